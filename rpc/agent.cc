@@ -1,0 +1,1155 @@
+#include "rpc/agent.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "rpc/message.h"
+#include "rpc/status_util.h"
+
+namespace remora {
+namespace {
+
+// The one gRPC method all remora traffic uses (see proto/remora.proto).
+constexpr char kMethod[] = "/remora.Agent/Call";
+
+std::chrono::system_clock::time_point DeadlineIn(absl::Duration d) {
+  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d);
+}
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+// Identifies the machine: processes with equal host ids share memory.
+std::string HostId() {
+  std::string boot_id;
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::getline(in, boot_id);
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  return absl::StrCat(host, "/", boot_id);
+}
+
+// gRPC settings shared by server and channels: explicit message limits and
+// flow-control windows large enough for 100+ MB activations.
+template <typename Args>
+void ApplyChannelArgs(Args& args, int max_message_bytes) {
+  args.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, max_message_bytes);
+  args.SetInt(GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, max_message_bytes);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, (1 << 24) - 1);
+  args.SetInt(GRPC_ARG_TCP_READ_CHUNK_SIZE, 4 << 20);
+  args.SetInt(GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 256 << 10);
+  args.SetInt(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 16 << 20);
+}
+
+std::string Describe(const wire::Request& r) {
+  switch (r.body_case()) {
+    case wire::Request::kCall:
+      return r.call().has_self() ? absl::StrCat("method '", r.call().function(), "'")
+                                 : absl::StrCat("function '", r.call().function(), "'");
+    case wire::Request::kFetch:
+      return "to_here";
+    case wire::Request::kJoin:
+      return "join";
+    default:
+      return "control message";
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Server side: one reactor per incoming call. The reactor reads the request,
+// hands it to the agent, and finishes when the agent replies or the client
+// cancels, whichever comes first; a reply after that is dropped.
+
+class ServerCall;
+
+// The reply slot shared by a reactor and the handler working on its request.
+class ReplySlot {
+ public:
+  explicit ReplySlot(ServerCall* call) : call_(call) {}
+  // Sends `message` and finishes the call; false when already finished.
+  bool Reply(grpc::ByteBuffer message);
+  // Finishes the call with `status` and no reply message.
+  bool Fail(grpc::Status status);
+  void Detach() {
+    absl::MutexLock lock(&mu_);
+    call_ = nullptr;
+  }
+
+ private:
+  ServerCall* Claim() {
+    absl::MutexLock lock(&mu_);
+    if (finished_ || call_ == nullptr) return nullptr;
+    finished_ = true;
+    return call_;
+  }
+
+  absl::Mutex mu_;
+  ServerCall* call_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::ByteBuffer response_;  // written once, by the claimer
+};
+
+class ServerCall final : public grpc::ServerGenericBidiReactor {
+ public:
+  ServerCall(Agent::Impl* impl) : impl_(impl), slot_(std::make_shared<ReplySlot>(this)) {
+    StartRead(&request_);
+  }
+  void OnReadDone(bool ok) override;
+  void OnCancel() override {
+    slot_->Fail(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the caller"));
+  }
+  void OnDone() override {
+    slot_->Detach();
+    delete this;
+  }
+
+ private:
+  friend class ReplySlot;
+  Agent::Impl* const impl_;
+  std::shared_ptr<ReplySlot> slot_;
+  grpc::ByteBuffer request_;
+};
+
+bool ReplySlot::Reply(grpc::ByteBuffer message) {
+  ServerCall* call = Claim();
+  if (call == nullptr) return false;
+  response_ = std::move(message);
+  call->StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
+  return true;
+}
+
+bool ReplySlot::Fail(grpc::Status status) {
+  ServerCall* call = Claim();
+  if (call == nullptr) return false;
+  call->Finish(std::move(status));
+  return true;
+}
+
+// A handler's way to answer one request. Replies exactly once: a responder
+// dropped without a reply answers with an internal error.
+class Responder {
+ public:
+  Responder(std::shared_ptr<ReplySlot> slot, Agent::Impl* impl, WorkerId to);
+  ~Responder();
+  void Reply(OutMessage message);
+  void ReplyError(const absl::Status& status);
+  void ReplyValue(absl::StatusOr<c10::IValue> value);
+  WorkerId to() const { return to_; }
+
+ private:
+  std::shared_ptr<ReplySlot> slot_;
+  Agent::Impl* impl_;
+  WorkerId to_;
+  bool replied_ = false;
+};
+
+// ---------------------------------------------------------------------------
+
+struct Peer {
+  WorkerInfo info;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<grpc::GenericStub> stub;
+};
+
+// One outgoing call in flight.
+struct ClientCall {
+  grpc::ClientContext context;
+  grpc::ByteBuffer request;
+  grpc::ByteBuffer response;
+  Future<InMessage> done;
+};
+
+class Agent::Impl final : public grpc::CallbackGenericService {
+ public:
+  explicit Impl(Agent* agent)
+      : agent_(agent), pool_(std::make_unique<ThreadPool>(agent->options_.num_threads)) {}
+
+  grpc::ServerGenericBidiReactor* CreateReactor(
+      grpc::GenericCallbackServerContext* ctx) override {
+    if (ctx->method() != kMethod) {
+      class Reject : public grpc::ServerGenericBidiReactor {
+       public:
+        Reject() { Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "not a remora method")); }
+        void OnDone() override { delete this; }
+      };
+      return new Reject;
+    }
+    return new ServerCall(this);
+  }
+
+  // Entry point of every request (on a gRPC thread): parse, then handle on
+  // the pool.
+  void Dispatch(grpc::ByteBuffer buffer, std::shared_ptr<ReplySlot> slot) {
+    incoming_.fetch_add(1);
+    pool_->Schedule([this, buffer = std::move(buffer), slot = std::move(slot)]() mutable {
+      auto message = ParseMessage(buffer);
+      buffer.Clear();
+      if (!message.ok()) {
+        Responder(std::move(slot), this, kUnknownWorker)
+            .ReplyError(Annotate(message.status(), "bad request"));
+        return;
+      }
+      Handle(std::move(*message), std::make_shared<Responder>(std::move(slot), this,
+                                                              message->header.request().from()));
+    });
+  }
+
+  void Handle(InMessage message, std::shared_ptr<Responder> responder);
+  void HandleCall(InMessage message, std::shared_ptr<Responder> responder);
+  void HandleFetch(const wire::Request& request, std::shared_ptr<Responder> responder);
+  void HandleJoin(const wire::JoinRequest& join, std::shared_ptr<Responder> responder);
+  void HandleProbe(const wire::ShutdownProbe& probe, std::shared_ptr<Responder> responder);
+
+  // Sends a request; the future completes on a gRPC thread.
+  Future<InMessage> Transmit(grpc::GenericStub* stub, OutMessage message,
+                             absl::Duration timeout, bool wait_for_ready);
+  // Sends a request to a group member; errors name it.
+  Future<InMessage> SendTo(WorkerId dst, OutMessage message, absl::Duration timeout);
+  // Turns a reply into a value (decoding RRefs) and completes `result`.
+  void CompleteWithReply(const absl::StatusOr<InMessage>& reply, WorkerId from,
+                         Future<c10::IValue> result);
+  absl::Status ErrorFromReply(const wire::Response& response) const;
+
+  Future<c10::IValue> Call(WorkerId dst, wire::CallRequest call,
+                           std::vector<c10::IValue> args, const c10::IValue* self,
+                           CallOptions options, c10::intrusive_ptr<UserRRef> result);
+
+  absl::StatusOr<WorkerId> Resolve(const std::string& name) const;
+  const Peer* FindPeer(WorkerId id) const;
+  void SetBook(std::vector<WorkerInfo> book);
+
+  void CancelOutgoing();
+  void Stop();
+
+  Agent* const agent_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<grpc::Server> server_;
+  std::atomic<int64_t> incoming_{0};
+  std::atomic<int64_t> outgoing_{0};
+
+  absl::Notification joined_;
+  absl::Notification finished_;  // worker: the master ended the group
+
+  mutable absl::Mutex mu_;
+  std::vector<std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);  // index = id
+  std::map<std::string, WorkerId> ids_ ABSL_GUARDED_BY(mu_);
+
+  // Master: workers that registered, by name.
+  struct Joiner {
+    std::string address;
+    std::string host_id;
+    std::shared_ptr<Responder> responder;
+  };
+  absl::Mutex join_mu_;
+  std::map<std::string, Joiner> joiners_ ABSL_GUARDED_BY(join_mu_);
+  bool formed_ ABSL_GUARDED_BY(join_mu_) = false;
+  std::vector<WorkerInfo> book_ ABSL_GUARDED_BY(join_mu_);
+
+  absl::Mutex calls_mu_;
+  absl::flat_hash_set<ClientCall*> calls_ ABSL_GUARDED_BY(calls_mu_);
+  bool stopped_ = false;
+};
+
+void ServerCall::OnReadDone(bool ok) {
+  if (!ok) {
+    slot_->Fail(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no request message"));
+    return;
+  }
+  impl_->Dispatch(std::move(request_), slot_);
+}
+
+Responder::Responder(std::shared_ptr<ReplySlot> slot, Agent::Impl* impl, WorkerId to)
+    : slot_(std::move(slot)), impl_(impl), to_(to) {}
+
+Responder::~Responder() {
+  if (!replied_) ReplyError(absl::InternalError("the request was dropped without a reply"));
+}
+
+void Responder::Reply(OutMessage message) {
+  if (replied_) return;
+  replied_ = true;
+  slot_->Reply(SerializeMessage(std::move(message)));
+  impl_->incoming_.fetch_sub(1);
+}
+
+void Responder::ReplyError(const absl::Status& status) {
+  OutMessage m;
+  auto* e = m.header.mutable_response()->mutable_error();
+  e->set_code(static_cast<int>(status.code()));
+  e->set_message(std::string(status.message()));
+  e->set_worker(impl_->agent_->self().name);
+  Reply(std::move(m));
+}
+
+void Responder::ReplyValue(absl::StatusOr<c10::IValue> value) {
+  if (!value.ok()) return ReplyError(value.status());
+  OutMessage m;
+  EncodeContext ctx{to_, impl_->agent_->rrefs_.get(), &m.payloads};
+  absl::Status s = EncodeValue(*value, ctx, m.header.mutable_response()->mutable_value());
+  if (!s.ok()) return ReplyError(Annotate(s, "sending the result"));
+  Reply(std::move(m));
+}
+
+// ---------------------------------------------------------------------------
+// Client side.
+
+Future<InMessage> Agent::Impl::Transmit(grpc::GenericStub* stub, OutMessage message,
+                                        absl::Duration timeout, bool wait_for_ready) {
+  auto* call = new ClientCall;
+  Future<InMessage> done = call->done;
+  call->context.set_deadline(DeadlineIn(timeout));
+  call->context.set_wait_for_ready(wait_for_ready);
+  call->request = SerializeMessage(std::move(message));
+  {
+    absl::MutexLock lock(&calls_mu_);
+    if (stopped_) {
+      delete call;
+      return Future<InMessage>::Ready(absl::CancelledError("the agent is shutting down"));
+    }
+    calls_.insert(call);
+  }
+  outgoing_.fetch_add(1);
+  stub->UnaryCall(&call->context, kMethod, grpc::StubOptions(), &call->request,
+                  &call->response, [this, call](grpc::Status status) {
+                    absl::StatusOr<InMessage> result =
+                        status.ok() ? ParseMessage(call->response) : FromGrpc(status);
+                    Future<InMessage> done = call->done;
+                    {
+                      absl::MutexLock lock(&calls_mu_);
+                      calls_.erase(call);
+                    }
+                    delete call;
+                    outgoing_.fetch_sub(1);
+                    done.Complete(std::move(result));
+                  });
+  return done;
+}
+
+Future<InMessage> Agent::Impl::SendTo(WorkerId dst, OutMessage message,
+                                      absl::Duration timeout) {
+  const Peer* peer = FindPeer(dst);
+  if (peer == nullptr) {
+    return Future<InMessage>::Ready(absl::NotFoundError(absl::StrCat(
+        "no worker with id ", dst, " in the group")));
+  }
+  const std::string what = Describe(message.header.request());
+  Future<InMessage> raw = Transmit(peer->stub.get(), std::move(message), timeout, false);
+  Future<InMessage> annotated;
+  raw.then([annotated, peer, what, timeout](const absl::StatusOr<InMessage>& r) mutable {
+    if (r.ok()) {
+      annotated.Complete(r);
+    } else if (r.status().code() == absl::StatusCode::kDeadlineExceeded) {
+      annotated.SetError(absl::DeadlineExceededError(absl::StrCat(
+          what, " on worker '", peer->info.name, "' timed out after ",
+          absl::FormatDuration(timeout))));
+    } else {
+      annotated.SetError(Annotate(r.status(), absl::StrCat(
+          what, " on worker '", peer->info.name, "' at ", peer->info.address,
+          " failed in transport (is the worker running?)")));
+    }
+  });
+  return annotated;
+}
+
+absl::Status Agent::Impl::ErrorFromReply(const wire::Response& response) const {
+  const auto& e = response.error();
+  int code = e.code();
+  if (code <= 0 || code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+    code = static_cast<int>(absl::StatusCode::kUnknown);
+  }
+  return absl::Status(static_cast<absl::StatusCode>(code),
+                      absl::StrCat("worker '", e.worker(), "': ", e.message()));
+}
+
+void Agent::Impl::CompleteWithReply(const absl::StatusOr<InMessage>& reply, WorkerId from,
+                                    Future<c10::IValue> result) {
+  if (!reply.ok()) {
+    result.SetError(reply.status());
+    return;
+  }
+  const wire::Response& response = reply->header.response();
+  if (response.has_error()) {
+    result.SetError(ErrorFromReply(response));
+    return;
+  }
+  std::vector<Future<Empty>> pending;
+  DecodeContext ctx{agent_->rrefs_.get(), &reply->payloads, &pending};
+  auto value = DecodeValue(response.value(), ctx);
+  if (!value.ok()) {
+    result.SetError(Annotate(value.status(),
+                             absl::StrCat("bad reply from worker '", agent_->NameOf(from), "'")));
+    return;
+  }
+  if (pending.empty()) {
+    result.SetValue(std::move(*value));
+    return;
+  }
+  WhenAll(pending).then([result, value = std::move(*value)](
+                            const absl::StatusOr<Empty>& r) mutable {
+    if (r.ok()) {
+      result.SetValue(value);
+    } else {
+      result.SetError(r.status());
+    }
+  });
+}
+
+Future<c10::IValue> Agent::Impl::Call(WorkerId dst, wire::CallRequest call,
+                                      std::vector<c10::IValue> args, const c10::IValue* self,
+                                      CallOptions options,
+                                      c10::intrusive_ptr<UserRRef> result_rref) {
+  Future<c10::IValue> result(pool_.get());
+  if (result_rref) {
+    // remote(): the reply confirms the user, or carries the creation error.
+    result.then([rrefs = agent_->rrefs_, result_rref](const absl::StatusOr<c10::IValue>& r) {
+      rrefs->FinishPendingUser(result_rref->fork_id(), r.status());
+    });
+  }
+  OutMessage m;
+  wire::Request* request = m.header.mutable_request();
+  request->set_from(agent_->self_.id);
+  EncodeContext ctx{dst, agent_->rrefs_.get(), &m.payloads};
+  absl::Status status;
+  for (const auto& arg : args) {
+    status = EncodeValue(arg, ctx, call.add_args());
+    if (!status.ok()) break;
+  }
+  if (status.ok() && self != nullptr) status = EncodeValue(*self, ctx, call.mutable_self());
+  if (!status.ok()) {
+    result.SetError(Annotate(status, absl::StrCat("encoding the arguments of '",
+                                                  call.function(), "'")));
+    return result;
+  }
+  *request->mutable_call() = std::move(call);
+  const absl::Duration timeout =
+      options.timeout > absl::ZeroDuration() ? options.timeout : agent_->options_.rpc_timeout;
+  SendTo(dst, std::move(m), timeout)
+      .then([this, dst, result](const absl::StatusOr<InMessage>& reply) {
+        CompleteWithReply(reply, dst, result);
+      });
+  return result;
+}
+
+// ---------------------------------------------------------------------------
+// Handlers (on the pool).
+
+void Agent::Impl::Handle(InMessage message, std::shared_ptr<Responder> responder) {
+  const wire::Request& request = message.header.request();
+  if (request.body_case() == wire::Request::kJoin) {
+    HandleJoin(request.join(), std::move(responder));
+    return;
+  }
+  // A peer may call before this agent processed its own join reply.
+  if (!joined_.WaitForNotificationWithTimeout(agent_->options_.connect_timeout)) {
+    responder->ReplyError(absl::UnavailableError("this worker has not joined the group yet"));
+    return;
+  }
+  if (!agent_->IsKnown(static_cast<WorkerId>(request.from())) || request.from() > kUnknownWorker) {
+    responder->ReplyError(absl::PermissionDeniedError(
+        absl::StrCat("request from unknown worker id ", request.from())));
+    return;
+  }
+  RRefContext& rrefs = *agent_->rrefs_;
+  switch (request.body_case()) {
+    case wire::Request::kCall:
+      HandleCall(std::move(message), std::move(responder));
+      return;
+    case wire::Request::kFetch:
+      HandleFetch(request, std::move(responder));
+      return;
+    case wire::Request::kFork:
+      rrefs.AddFork(FromWire(request.fork().rref_id()), FromWire(request.fork().fork_id()));
+      responder->Reply(OutMessage{});
+      return;
+    case wire::Request::kChildAccept:
+      rrefs.AcceptChild(FromWire(request.child_accept().fork_id()));
+      responder->Reply(OutMessage{});
+      return;
+    case wire::Request::kUserDelete: {
+      const auto& d = request.user_delete();
+      absl::Status s = rrefs.DeleteFork(FromWire(d.rref_id()), FromWire(d.fork_id()));
+      if (s.ok()) {
+        responder->Reply(OutMessage{});
+      } else {
+        responder->ReplyError(s);
+      }
+      return;
+    }
+    case wire::Request::kProbe:
+      HandleProbe(request.probe(), std::move(responder));
+      return;
+    case wire::Request::kFinish:
+      if (agent_->options_.is_master) {
+        responder->ReplyError(absl::PermissionDeniedError("only the master ends the group"));
+        return;
+      }
+      responder->Reply(OutMessage{});
+      finished_.Notify();
+      return;
+    default:
+      responder->ReplyError(absl::InvalidArgumentError("request without a known body"));
+  }
+}
+
+void Agent::Impl::HandleCall(InMessage message, std::shared_ptr<Responder> responder) {
+  const wire::Request& request = message.header.request();
+  const wire::CallRequest& call = request.call();
+  const WorkerId from = static_cast<WorkerId>(request.from());
+  RRefContext& rrefs = *agent_->rrefs_;
+
+  std::vector<Future<Empty>> pending;
+  DecodeContext ctx{&rrefs, &message.payloads, &pending};
+  std::vector<c10::IValue> args;
+  args.reserve(call.args_size());
+  for (const auto& a : call.args()) {
+    auto v = DecodeValue(a, ctx);
+    if (!v.ok()) return responder->ReplyError(Annotate(v.status(), "decoding the arguments"));
+    args.push_back(std::move(*v));
+  }
+  c10::intrusive_ptr<OwnerRRef> self_rref;
+  if (call.has_self()) {
+    auto v = DecodeValue(call.self(), ctx);
+    if (!v.ok()) return responder->ReplyError(Annotate(v.status(), "decoding the RRef"));
+    auto* owner = v->isRRef() ? dynamic_cast<OwnerRRef*>(v->toRRef().get()) : nullptr;
+    if (owner == nullptr) {
+      return responder->ReplyError(absl::InvalidArgumentError(
+          "a method call must target an RRef owned by the callee"));
+    }
+    self_rref = c10::intrusive_ptr<OwnerRRef>::unsafe_reclaim_from_nonowning(owner);
+  }
+  c10::intrusive_ptr<OwnerRRef> result_rref;
+  if (call.has_result_rref()) {
+    const RRefId id = FromWire(call.result_rref());
+    if (id.worker != from || FromWire(call.result_fork()) != id) {
+      return responder->ReplyError(
+          absl::InvalidArgumentError("remote(): the result RRef id must be the caller's"));
+    }
+    result_rref = rrefs.GetOrCreateOwner(id);
+    rrefs.AddFork(id, id);
+  }
+
+  // Runs once every RRef argument is confirmed and `self` holds its value.
+  auto run = [this, from, responder, result_rref, args = std::move(args),
+              function = call.function(), self_rref]() mutable {
+    CallContext cctx{agent_, WorkerInfo{}};
+    if (const Peer* p = FindPeer(from)) cctx.caller = p->info;
+    absl::StatusOr<c10::IValue> out;
+    const Args call_args(std::move(args));
+    if (self_rref) {
+      auto object = self_rref->value().wait();  // ready: see below
+      out = object.ok() ? agent_->registry_->InvokeMethod(*object, function, cctx, call_args)
+                        : object.status();
+    } else {
+      out = agent_->registry_->Invoke(function, cctx, call_args);
+    }
+    if (result_rref) {
+      result_rref->SetValue(out);
+      if (out.ok()) {
+        responder->Reply(OutMessage{});
+      } else {
+        responder->ReplyError(out.status());
+      }
+      return;
+    }
+    responder->ReplyValue(std::move(out));
+  };
+  auto after_args = [run = std::move(run), responder, result_rref,
+                     self_rref](const absl::StatusOr<Empty>& confirmed) mutable {
+    if (!confirmed.ok()) {
+      if (result_rref) result_rref->SetValue(confirmed.status());
+      return responder->ReplyError(Annotate(confirmed.status(), "an RRef argument"));
+    }
+    if (!self_rref) return run();
+    self_rref->value().then(
+        [run = std::move(run)](const absl::StatusOr<c10::IValue>&) mutable { run(); });
+  };
+  if (pending.empty() && (!self_rref || self_rref->value().ready())) {
+    after_args(Empty{});  // common case: run on this thread, no hop
+  } else {
+    Future<Empty> all = WhenAll(pending, pool_.get());
+    all.then(std::move(after_args));
+  }
+}
+
+void Agent::Impl::HandleFetch(const wire::Request& request,
+                              std::shared_ptr<Responder> responder) {
+  const RRefId id = FromWire(request.fetch().rref_id());
+  const WorkerId from = static_cast<WorkerId>(request.from());
+  RRefContext& rrefs = *agent_->rrefs_;
+  c10::intrusive_ptr<OwnerRRef> owner = rrefs.FindOwner(id);
+  if (!owner) {
+    if (id.worker != from || id.worker == agent_->self_.id) {
+      return responder->ReplyError(absl::NotFoundError(absl::StrCat(
+          "to_here: no RRef ", id.ToString(), " here (already deleted, or never created)")));
+    }
+    // The creator asks before its remote() arrived: wait for the value.
+    owner = rrefs.GetOrCreateOwner(id);
+  }
+  owner->value().then([responder](const absl::StatusOr<c10::IValue>& v) {
+    responder->ReplyValue(v);
+  });
+}
+
+void Agent::Impl::HandleJoin(const wire::JoinRequest& join,
+                             std::shared_ptr<Responder> responder) {
+  const AgentOptions& opts = agent_->options_;
+  if (!opts.is_master) {
+    return responder->ReplyError(absl::FailedPreconditionError(absl::StrCat(
+        "'", agent_->self_.name, "' is a worker, not the master; point --master at the master")));
+  }
+  if (!IsValidWorkerName(join.name())) {
+    return responder->ReplyError(absl::InvalidArgumentError(absl::StrCat(
+        "invalid worker name '", join.name(),
+        "': use 1 to 128 characters of [A-Za-z0-9_:-]")));
+  }
+  if (join.name() == opts.name ||
+      std::find(opts.workers.begin(), opts.workers.end(), join.name()) == opts.workers.end()) {
+    return responder->ReplyError(absl::NotFoundError(absl::StrCat(
+        "worker '", join.name(), "' is not one of the workers this master expects (",
+        absl::StrJoin(opts.workers, ","), ")")));
+  }
+  std::vector<std::shared_ptr<Responder>> to_answer;
+  std::vector<WorkerInfo> book;
+  {
+    absl::MutexLock lock(&join_mu_);
+    auto it = joiners_.find(join.name());
+    if (it != joiners_.end() && it->second.address != join.address()) {
+      return responder->ReplyError(absl::AlreadyExistsError(absl::StrCat(
+          "duplicate worker name '", join.name(), "': already registered from ",
+          it->second.address, "; give each worker its own --name")));
+    }
+    if (formed_) {
+      if (it == joiners_.end()) {
+        return responder->ReplyError(
+            absl::FailedPreconditionError("the group has already formed"));
+      }
+      to_answer.push_back(responder);  // a retried join: answer again
+      book = book_;
+    } else {
+      joiners_[join.name()] = Joiner{join.address(), join.host_id(), responder};
+      if (joiners_.size() == opts.workers.size()) {
+        formed_ = true;
+        book_.push_back(agent_->self_);
+        for (size_t i = 0; i < opts.workers.size(); ++i) {
+          const Joiner& j = joiners_[opts.workers[i]];
+          book_.push_back(WorkerInfo{static_cast<WorkerId>(i + 1), opts.workers[i],
+                                     j.address, j.host_id});
+        }
+        book = book_;
+        for (auto& [name, j] : joiners_) {
+          to_answer.push_back(std::move(j.responder));
+        }
+      }
+    }
+  }
+  if (book.empty()) return;  // answered when the last worker joins
+  SetBook(book);
+  for (auto& r : to_answer) {
+    OutMessage m;
+    auto* response = m.header.mutable_response();
+    for (const auto& w : book) {
+      auto* e = response->add_workers();
+      e->set_id(w.id);
+      e->set_name(w.name);
+      e->set_address(w.address);
+      e->set_host_id(w.host_id);
+    }
+    r->Reply(std::move(m));
+  }
+}
+
+void Agent::Impl::HandleProbe(const wire::ShutdownProbe& probe,
+                              std::shared_ptr<Responder> responder) {
+  if (probe.release_users()) agent_->rrefs_->ReleaseAllUsers();
+  absl::Status drained = agent_->rrefs_->WaitDrained(agent_->options_.shutdown_timeout);
+  if (!drained.ok()) return responder->ReplyError(drained);
+  OutMessage m;
+  // Minus one: this probe itself.
+  m.header.mutable_response()->set_active(agent_->active_calls() - 1);
+  responder->Reply(std::move(m));
+}
+
+// ---------------------------------------------------------------------------
+
+absl::StatusOr<WorkerId> Agent::Impl::Resolve(const std::string& name) const {
+  absl::MutexLock lock(&mu_);
+  auto it = ids_.find(name);
+  if (it == ids_.end()) {
+    std::vector<std::string> names;
+    for (const auto& [n, id] : ids_) names.push_back(n);
+    return absl::NotFoundError(absl::StrCat("unknown worker '", name, "' (the group has: ",
+                                            absl::StrJoin(names, ", "), ")"));
+  }
+  return it->second;
+}
+
+const Peer* Agent::Impl::FindPeer(WorkerId id) const {
+  absl::MutexLock lock(&mu_);
+  return id < peers_.size() ? peers_[id].get() : nullptr;
+}
+
+void Agent::Impl::SetBook(std::vector<WorkerInfo> book) {
+  std::vector<std::unique_ptr<Peer>> peers(book.size());
+  for (const auto& w : book) {
+    if (w.id >= book.size()) continue;
+    grpc::ChannelArguments args;
+    ApplyChannelArgs(args, agent_->options_.max_message_bytes);
+    auto peer = std::make_unique<Peer>();
+    peer->info = w;
+    peer->channel =
+        grpc::CreateCustomChannel(w.address, grpc::InsecureChannelCredentials(), args);
+    peer->stub = std::make_unique<grpc::GenericStub>(peer->channel);
+    peers[w.id] = std::move(peer);
+  }
+  WorkerId self_id = kUnknownWorker;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!peers_.empty()) return;  // set once
+    peers_ = std::move(peers);
+    for (const auto& p : peers_) {
+      if (!p) continue;
+      ids_[p->info.name] = p->info.id;
+      if (p->info.name == agent_->self_.name) self_id = p->info.id;
+    }
+  }
+  agent_->self_.id = self_id;
+  agent_->rrefs_ = std::make_shared<RRefContext>(self_id, agent_, agent_, pool_.get());
+  joined_.Notify();
+}
+
+void Agent::Impl::CancelOutgoing() {
+  absl::MutexLock lock(&calls_mu_);
+  stopped_ = true;
+  for (ClientCall* c : calls_) c->context.TryCancel();
+  auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(calls_mu_) { return calls_.empty(); };
+  calls_mu_.AwaitWithTimeout(absl::Condition(&none), absl::Seconds(10));
+}
+
+void Agent::Impl::Stop() {
+  if (agent_->rrefs_) agent_->rrefs_->Detach();
+  if (server_) {
+    server_->Shutdown(DeadlineIn(absl::Seconds(2)));
+  }
+  CancelOutgoing();
+  pool_.reset();  // runs what is queued, joins
+  if (server_) server_->Wait();
+  server_.reset();
+}
+
+// ---------------------------------------------------------------------------
+// Agent.
+
+Agent::Agent(AgentOptions options, const Registry* registry)
+    : options_(std::move(options)), registry_(registry) {}
+
+Agent::~Agent() {
+  if (impl_) impl_->Stop();
+}
+
+absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options,
+                                                    const Registry* registry) {
+  if (!IsValidWorkerName(options.name)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "invalid name '", options.name, "': use 1 to 128 characters of [A-Za-z0-9_:-]"));
+  }
+  if (registry == nullptr) return absl::InvalidArgumentError("no registry given");
+  if (options.is_master) {
+    std::set<std::string> seen;
+    for (const auto& w : options.workers) {
+      if (!IsValidWorkerName(w)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "invalid worker name '", w, "': use 1 to 128 characters of [A-Za-z0-9_:-]"));
+      }
+      if (w == options.name || !seen.insert(w).second) {
+        return absl::InvalidArgumentError(absl::StrCat("duplicate worker name '", w, "'"));
+      }
+    }
+    if (options.workers.size() >= kUnknownWorker) {
+      return absl::InvalidArgumentError("too many workers");
+    }
+  }
+  std::unique_ptr<Agent> agent(new Agent(std::move(options), registry));
+  agent->impl_ = std::make_unique<Impl>(agent.get());
+  agent->self_.name = agent->options_.name;
+  agent->self_.host_id = HostId();
+
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(agent->options_.listen_address,
+                           grpc::InsecureServerCredentials(), &port);
+  builder.RegisterCallbackGenericService(agent->impl_.get());
+  builder.SetMaxReceiveMessageSize(agent->options_.max_message_bytes);
+  builder.SetMaxSendMessageSize(agent->options_.max_message_bytes);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, (1 << 24) - 1);
+  builder.AddChannelArgument(GRPC_ARG_TCP_READ_CHUNK_SIZE, 4 << 20);
+  builder.AddChannelArgument(GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 256 << 10);
+  builder.AddChannelArgument(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 16 << 20);
+  agent->impl_->server_ = builder.BuildAndStart();
+  if (!agent->impl_->server_ || port == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "'", agent->options_.name, "' cannot listen on ", agent->options_.listen_address,
+        ": the address is invalid or the port is in use; pick another with --listen"));
+  }
+  agent->port_ = port;
+  const std::string& listen = agent->options_.listen_address;
+  agent->self_.address = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
+  return agent;
+}
+
+absl::Status Agent::Join() {
+  if (options_.is_master) {
+    if (options_.workers.empty()) {
+      impl_->SetBook({WorkerInfo{0, self_.name, self_.address, self_.host_id}});
+      return absl::OkStatus();
+    }
+    if (impl_->joined_.WaitForNotificationWithTimeout(options_.connect_timeout)) {
+      return absl::OkStatus();
+    }
+    std::vector<std::string> missing;
+    {
+      absl::MutexLock lock(&impl_->join_mu_);
+      for (const auto& w : options_.workers) {
+        if (!impl_->joiners_.count(w)) missing.push_back(w);
+      }
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        "master '", self_.name, "' at ", self_.address, ": workers ",
+        absl::StrJoin(missing, ", "), " did not register within ",
+        absl::FormatDuration(options_.connect_timeout),
+        "; start them with --master ", self_.address));
+  }
+
+  grpc::ChannelArguments args;
+  ApplyChannelArgs(args, options_.max_message_bytes);
+  auto channel = grpc::CreateCustomChannel(options_.master_address,
+                                           grpc::InsecureChannelCredentials(), args);
+  grpc::GenericStub stub(channel);
+  const absl::Time deadline = absl::Now() + options_.connect_timeout;
+  absl::Status last;
+  while (absl::Now() < deadline) {
+    OutMessage m;
+    auto* join = m.header.mutable_request()->mutable_join();
+    m.header.mutable_request()->set_from(kUnknownWorker);
+    join->set_name(self_.name);
+    join->set_address(self_.address);
+    join->set_host_id(self_.host_id);
+    auto reply = impl_->Transmit(&stub, std::move(m), deadline - absl::Now(), true).wait();
+    if (reply.ok() && reply->header.response().has_error()) {
+      return Annotate(impl_->ErrorFromReply(reply->header.response()),
+                      absl::StrCat("the master at ", options_.master_address,
+                                   " refused worker '", self_.name, "'"));
+    }
+    if (reply.ok()) {
+      std::vector<WorkerInfo> book;
+      for (const auto& e : reply->header.response().workers()) {
+        book.push_back(WorkerInfo{static_cast<WorkerId>(e.id()), e.name(), e.address(),
+                                  e.host_id()});
+      }
+      bool found = false;
+      for (const auto& w : book) found |= w.name == self_.name;
+      if (!found) return absl::InternalError("the address book does not list this worker");
+      impl_->SetBook(std::move(book));
+      return absl::OkStatus();
+    }
+    last = reply.status();
+    if (last.code() != absl::StatusCode::kUnavailable) break;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  const bool reached = channel->GetState(false) == GRPC_CHANNEL_READY;
+  return absl::DeadlineExceededError(absl::StrCat(
+      "worker '", self_.name, "' could not join the group at master ",
+      options_.master_address, " within ", absl::FormatDuration(options_.connect_timeout),
+      reached ? ": the master is up but the group did not form (are all workers started?)"
+              : ": the master is unreachable (is it running? check --master or "
+                "MASTER_ADDR/MASTER_PORT)",
+      last.ok() ? "" : absl::StrCat(" [", last.ToString(), "]")));
+}
+
+std::vector<WorkerInfo> Agent::workers() const {
+  absl::MutexLock lock(&impl_->mu_);
+  std::vector<WorkerInfo> out;
+  for (const auto& p : impl_->peers_) {
+    if (p) out.push_back(p->info);
+  }
+  return out;
+}
+
+absl::StatusOr<WorkerInfo> Agent::worker(const std::string& name) const {
+  ASSIGN_OR_RETURN(WorkerId id, impl_->Resolve(name));
+  return impl_->FindPeer(id)->info;
+}
+
+std::string Agent::NameOf(WorkerId id) const {
+  if (const Peer* p = impl_->FindPeer(id)) return p->info.name;
+  return absl::StrCat("worker#", id);
+}
+
+bool Agent::IsKnown(WorkerId id) const { return impl_->FindPeer(id) != nullptr; }
+
+int64_t Agent::active_calls() const {
+  return impl_->incoming_.load() + impl_->outgoing_.load();
+}
+
+Future<Empty> Agent::SendControl(WorkerId dst, wire::Request request) {
+  Future<Empty> done;
+  auto attempt = std::make_shared<std::function<void(int)>>();
+  *attempt = [this, dst, request, done, attempt](int tries) mutable {
+    OutMessage m;
+    *m.header.mutable_request() = request;
+    impl_->SendTo(dst, std::move(m), options_.rpc_timeout)
+        .then([this, done, attempt, tries](const absl::StatusOr<InMessage>& r) mutable {
+          absl::Status s = r.ok() && r->header.response().has_error()
+                               ? impl_->ErrorFromReply(r->header.response())
+                               : r.status();
+          // Control messages are idempotent: retry transport failures.
+          if (s.code() == absl::StatusCode::kUnavailable && tries < 5) {
+            impl_->pool_->Schedule([attempt, tries] {
+              absl::SleepFor(absl::Milliseconds(50 << tries));
+              (*attempt)(tries + 1);
+            });
+            return;
+          }
+          *attempt = nullptr;  // break the self-reference
+          if (s.ok()) {
+            done.SetValue(Empty{});
+          } else {
+            done.SetError(s);
+          }
+        });
+  };
+  (*attempt)(0);
+  return done;
+}
+
+absl::StatusOr<c10::IValue> Agent::rpc_sync(const std::string& to, const std::string& function,
+                                            std::vector<c10::IValue> args,
+                                            CallOptions options) {
+  return rpc_async(to, function, std::move(args), options).wait();
+}
+
+Future<c10::IValue> Agent::rpc_async(const std::string& to, const std::string& function,
+                                     std::vector<c10::IValue> args, CallOptions options) {
+  if (!impl_->joined_.HasBeenNotified()) {
+    return Future<c10::IValue>::Ready(
+        absl::FailedPreconditionError("call Join() before making calls"), impl_->pool_.get());
+  }
+  auto dst = impl_->Resolve(to);
+  if (!dst.ok()) return Future<c10::IValue>::Ready(dst.status(), impl_->pool_.get());
+  wire::CallRequest call;
+  call.set_function(function);
+  return impl_->Call(*dst, std::move(call), std::move(args), nullptr, options, {});
+}
+
+absl::StatusOr<RRef> Agent::remote(const std::string& to, const std::string& function,
+                                   std::vector<c10::IValue> args, CallOptions options) {
+  if (!impl_->joined_.HasBeenNotified()) {
+    return absl::FailedPreconditionError("call Join() before making calls");
+  }
+  ASSIGN_OR_RETURN(WorkerId dst, impl_->Resolve(to));
+  auto user = rrefs_->CreateUserForRemote(dst);
+  wire::CallRequest call;
+  call.set_function(function);
+  *call.mutable_result_rref() = ToWire(user->rref_id());
+  *call.mutable_result_fork() = ToWire(user->fork_id());
+  impl_->Call(dst, std::move(call), std::move(args), nullptr, options, user);
+  return RRef(user);
+}
+
+RRef Agent::local_rref(c10::IValue value) { return RRef(rrefs_->CreateLocal(std::move(value))); }
+
+Future<c10::IValue> Agent::CallOnRRef(const RRef& rref, const std::string& method,
+                                      std::vector<c10::IValue> args, CallOptions options,
+                                      c10::intrusive_ptr<UserRRef> result) {
+  wire::CallRequest call;
+  call.set_function(method);
+  if (result) {
+    *call.mutable_result_rref() = ToWire(result->rref_id());
+    *call.mutable_result_fork() = ToWire(result->fork_id());
+  }
+  c10::IValue self = rref.ToIValue();
+  return impl_->Call(rref.owner(), std::move(call), std::move(args), &self, options, result);
+}
+
+absl::StatusOr<RRef> Agent::RemoteOnRRef(const RRef& rref, const std::string& method,
+                                         std::vector<c10::IValue> args, CallOptions options) {
+  auto user = rrefs_->CreateUserForRemote(rref.owner());
+  CallOnRRef(rref, method, std::move(args), options, user);
+  return RRef(user);
+}
+
+Future<c10::IValue> Agent::Fetch(const UserRRef& rref, CallOptions options) {
+  Future<c10::IValue> result(impl_->pool_.get());
+  OutMessage m;
+  m.header.mutable_request()->set_from(self_.id);
+  auto* fetch = m.header.mutable_request()->mutable_fetch();
+  *fetch->mutable_rref_id() = ToWire(rref.rref_id());
+  *fetch->mutable_fork_id() = ToWire(rref.fork_id());
+  const absl::Duration timeout =
+      options.timeout > absl::ZeroDuration() ? options.timeout : options_.rpc_timeout;
+  const WorkerId owner = rref.owner();
+  impl_->SendTo(owner, std::move(m), timeout)
+      .then([this, owner, result](const absl::StatusOr<InMessage>& reply) {
+        impl_->CompleteWithReply(reply, owner, result);
+      });
+  return result;
+}
+
+void Agent::WaitForShutdown() { impl_->finished_.WaitForNotification(); }
+
+absl::Status Agent::Shutdown(bool graceful) {
+  if (!impl_->server_) return absl::OkStatus();  // already stopped
+  absl::Status status;
+  if (graceful && impl_->joined_.HasBeenNotified()) {
+    if (!options_.is_master) {
+      WaitForShutdown();
+    } else {
+      const absl::Time deadline = absl::Now() + options_.shutdown_timeout;
+      std::vector<WorkerInfo> others;
+      for (const auto& w : workers()) {
+        if (w.id != self_.id) others.push_back(w);
+      }
+      bool release = true;
+      while (true) {
+        if (release) rrefs_->ReleaseAllUsers();
+        status = rrefs_->WaitDrained(deadline - absl::Now());
+        if (!status.ok()) break;
+        int64_t active = active_calls();
+        std::vector<Future<InMessage>> replies;
+        for (const auto& w : others) {
+          OutMessage m;
+          m.header.mutable_request()->set_from(self_.id);
+          m.header.mutable_request()->mutable_probe()->set_release_users(release);
+          replies.push_back(impl_->SendTo(w.id, std::move(m), deadline - absl::Now()));
+        }
+        release = false;
+        std::vector<std::string> failed;
+        for (size_t i = 0; i < replies.size(); ++i) {
+          auto r = replies[i].wait();
+          if (r.ok() && r->header.response().has_error()) {
+            r = impl_->ErrorFromReply(r->header.response());
+          }
+          if (!r.ok()) {
+            failed.push_back(absl::StrCat(others[i].name, " (", r.status().message(), ")"));
+            continue;
+          }
+          active += r->header.response().active();
+        }
+        if (!failed.empty()) {
+          status = absl::DeadlineExceededError(absl::StrCat(
+              "shutdown: no answer from ", absl::StrJoin(failed, ", ")));
+          break;
+        }
+        if (active == 0) break;
+        if (absl::Now() > deadline) {
+          status = absl::DeadlineExceededError(absl::StrCat(
+              "shutdown: calls still in flight after ",
+              absl::FormatDuration(options_.shutdown_timeout)));
+          break;
+        }
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      // Tell every worker the group is done, even after an error.
+      std::vector<Future<InMessage>> finishes;
+      for (const auto& w : others) {
+        OutMessage m;
+        m.header.mutable_request()->set_from(self_.id);
+        m.header.mutable_request()->mutable_finish();
+        finishes.push_back(impl_->SendTo(w.id, std::move(m), absl::Seconds(5)));
+      }
+      for (auto& f : finishes) f.wait();
+    }
+  }
+  impl_->Stop();
+  return status;
+}
+
+// ---------------------------------------------------------------------------
+// RRef.
+
+absl::StatusOr<RRef> RRef::FromIValue(const c10::IValue& value) {
+  if (!value.isRRef()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected an RRef, got a ", value.tagKind()));
+  }
+  auto* impl = dynamic_cast<RRefImpl*>(value.toRRef().get());
+  if (impl == nullptr) return absl::InvalidArgumentError("not a remora RRef");
+  return RRef(c10::intrusive_ptr<RRefImpl>::unsafe_reclaim_from_nonowning(impl));
+}
+
+c10::IValue RRef::ToIValue() const {
+  return c10::IValue(c10::intrusive_ptr<c10::RRefInterface>(impl_));
+}
+
+absl::StatusOr<c10::IValue> RRef::to_here(CallOptions options) const {
+  return to_here_async(options).wait();
+}
+
+Future<c10::IValue> RRef::to_here_async(CallOptions options) const {
+  if (!impl_) return Future<c10::IValue>::Ready(absl::FailedPreconditionError("empty RRef"));
+  if (impl_->isOwner()) return static_cast<OwnerRRef*>(impl_.get())->value();
+  auto* user = static_cast<UserRRef*>(impl_.get());
+  // A creation error (remote() failed) is raised here.
+  if (user->confirmed().ready()) {
+    auto confirmed = user->confirmed().wait();
+    if (!confirmed.ok()) return Future<c10::IValue>::Ready(confirmed.status());
+  }
+  Agent* agent = impl_->agent();
+  if (agent == nullptr) {
+    return Future<c10::IValue>::Ready(absl::FailedPreconditionError("the agent has stopped"));
+  }
+  return agent->Fetch(*user, options);
+}
+
+absl::StatusOr<c10::IValue> RRef::local_value() const {
+  if (!impl_) return absl::FailedPreconditionError("empty RRef");
+  if (!impl_->isOwner()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "local_value() is only valid on the owner ('", impl_->ownerName(),
+        "'); use to_here() to fetch a copy"));
+  }
+  return static_cast<OwnerRRef*>(impl_.get())->value().wait();
+}
+
+absl::StatusOr<c10::IValue> RRef::rpc_sync(const std::string& method,
+                                           std::vector<c10::IValue> args,
+                                           CallOptions options) const {
+  return rpc_async(method, std::move(args), options).wait();
+}
+
+Future<c10::IValue> RRef::rpc_async(const std::string& method, std::vector<c10::IValue> args,
+                                    CallOptions options) const {
+  if (!impl_) return Future<c10::IValue>::Ready(absl::FailedPreconditionError("empty RRef"));
+  Agent* agent = impl_->agent();
+  if (agent == nullptr) {
+    return Future<c10::IValue>::Ready(absl::FailedPreconditionError("the agent has stopped"));
+  }
+  return agent->CallOnRRef(*this, method, std::move(args), options, {});
+}
+
+absl::StatusOr<RRef> RRef::remote(const std::string& method, std::vector<c10::IValue> args,
+                                  CallOptions options) const {
+  if (!impl_) return absl::FailedPreconditionError("empty RRef");
+  Agent* agent = impl_->agent();
+  if (agent == nullptr) return absl::FailedPreconditionError("the agent has stopped");
+  return agent->RemoteOnRRef(*this, method, std::move(args), options);
+}
+
+}  // namespace remora

@@ -1,0 +1,221 @@
+// The RPC agent: one per process, a named participant in a group.
+//
+// Every agent runs a gRPC server (callback API) and keeps one channel per
+// peer. The master agent listens at a known address; worker agents register
+// with it (name, address, host id) and every participant receives the same
+// address book with stable ids: the master is 0, workers are 1..N in the
+// order the master lists them.
+//
+//   AgentOptions opts;                       // worker side
+//   opts.name = "worker1";
+//   opts.master_address = "127.0.0.1:29500";
+//   auto agent = Agent::Start(opts, registry);
+//   (*agent)->Join();                        // blocks until the group formed
+//   (*agent)->WaitForShutdown();             // serve until the master ends it
+//
+//   auto y = agent->rpc_sync("worker1", "add", {x, x});
+//   RRef m = agent->remote("worker1", "Linear", {4, 2}).value();
+//   auto z = m.rpc_sync("forward", {x});
+//
+// Calls are PyTorch's: rpc_sync, rpc_async (a Future), remote (an RRef at
+// once). Functions and modules are found by name in the callee's Registry.
+// A remote failure completes the caller's future with an error that names
+// the worker and carries the original message. Callbacks and handlers run
+// on the agent's thread pool, never on gRPC's threads.
+//
+// Thread-safety: all public methods may be called from any thread after
+// Start(). Ownership: the caller owns the Agent; destroying it shuts down
+// without ceremony (call Shutdown() first for the graceful protocol).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/ivalue.h>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "rpc/future.h"
+#include "rpc/ids.h"
+#include "rpc/registry.h"
+#include "rpc/rref.h"
+
+namespace grpc {
+class Server;
+class Channel;
+class GenericStub;
+}  // namespace grpc
+
+namespace remora {
+
+inline constexpr char kDefaultMasterAddress[] = "127.0.0.1:29500";
+
+struct AgentOptions {
+  // This participant's name: 1 to 128 characters of [A-Za-z0-9_:-].
+  std::string name;
+  // Where this agent's server listens. Port 0 picks a free port. Workers
+  // default to a free port on 127.0.0.1; the master listens here and
+  // `master_address` is ignored for it.
+  std::string listen_address = "127.0.0.1:0";
+  // Where the master listens (workers register there).
+  std::string master_address = kDefaultMasterAddress;
+  // Set on the master only: the workers that must join, in id order.
+  bool is_master = false;
+  std::vector<std::string> workers;
+
+  // How long a worker keeps trying to reach the master, and how long the
+  // master waits for all workers to join.
+  absl::Duration connect_timeout = absl::Seconds(60);
+  // Default per-call timeout (PyTorch's default is also 60 s).
+  absl::Duration rpc_timeout = absl::Seconds(60);
+  // Bound on the graceful shutdown protocol.
+  absl::Duration shutdown_timeout = absl::Seconds(60);
+  // Threads that run request handlers and callbacks. Handlers may block on
+  // nested calls (to_here inside a stage), so keep a few spare.
+  int num_threads = 16;
+  // Largest message accepted or sent, both ends (default 2 GiB - 1).
+  int max_message_bytes = 0x7fffffff;
+};
+
+// Per-call options.
+struct CallOptions {
+  // Zero means the agent's rpc_timeout.
+  absl::Duration timeout = absl::ZeroDuration();
+};
+
+class Agent;
+
+// A reference to a value that lives on a worker (PyTorch's RRef).
+//
+// Copies refer to the same fork: the owner is told when the last copy in
+// this process is gone. Pass an RRef to a call by putting it in the
+// arguments (it converts to an IValue); the receiver gets its own fork.
+class RRef {
+ public:
+  RRef() = default;
+  explicit RRef(c10::intrusive_ptr<RRefImpl> impl) : impl_(std::move(impl)) {}
+
+  // The RRef an IValue argument holds; an error when it holds none.
+  static absl::StatusOr<RRef> FromIValue(const c10::IValue& value);
+
+  bool valid() const { return static_cast<bool>(impl_); }
+  bool is_owner() const { return impl_->isOwner(); }
+  // The owner's name and id.
+  std::string owner_name() const { return impl_->ownerName(); }
+  WorkerId owner() const { return impl_->owner(); }
+  const RRefId& id() const { return impl_->rref_id(); }
+  // True once the owner confirmed this user (always true on the owner).
+  bool confirmed_by_owner() const { return impl_->confirmedByOwner(); }
+
+  // Fetches a copy of the value (waits on the owner until it exists). On
+  // the owner, returns the value itself. A creation error is returned here.
+  absl::StatusOr<c10::IValue> to_here(CallOptions options = {}) const;
+  Future<c10::IValue> to_here_async(CallOptions options = {}) const;
+  // The value itself; only on the owner.
+  absl::StatusOr<c10::IValue> local_value() const;
+
+  // Runs registered method `method` of the module this RRef holds, on its
+  // owner (PyTorch's rref.rpc_sync().method(...)).
+  absl::StatusOr<c10::IValue> rpc_sync(const std::string& method,
+                                       std::vector<c10::IValue> args = {},
+                                       CallOptions options = {}) const;
+  Future<c10::IValue> rpc_async(const std::string& method,
+                                std::vector<c10::IValue> args = {},
+                                CallOptions options = {}) const;
+  // Same, with the result kept on the owner as a new RRef.
+  absl::StatusOr<RRef> remote(const std::string& method,
+                              std::vector<c10::IValue> args = {},
+                              CallOptions options = {}) const;
+
+  c10::IValue ToIValue() const;
+  operator c10::IValue() const { return ToIValue(); }  // NOLINT: pass as an arg
+
+  const c10::intrusive_ptr<RRefImpl>& impl() const { return impl_; }
+
+ private:
+  c10::intrusive_ptr<RRefImpl> impl_;
+};
+
+class Agent final : public ControlChannel {
+ public:
+  // Starts the server and returns at once. The registry must outlive the
+  // agent and must not change after this.
+  static absl::StatusOr<std::unique_ptr<Agent>> Start(AgentOptions options,
+                                                      const Registry* registry);
+  ~Agent() override;
+
+  // Rendezvous. Worker: registers with the master, retrying until
+  // connect_timeout, and receives the address book. Master: waits until
+  // every listed worker registered. Blocks; call once.
+  absl::Status Join();
+
+  // --- calls -----------------------------------------------------------
+  absl::StatusOr<c10::IValue> rpc_sync(const std::string& to,
+                                       const std::string& function,
+                                       std::vector<c10::IValue> args = {},
+                                       CallOptions options = {});
+  Future<c10::IValue> rpc_async(const std::string& to, const std::string& function,
+                                std::vector<c10::IValue> args = {},
+                                CallOptions options = {});
+  // Runs `function` (or constructs module type `function`) on `to` and keeps
+  // the result there. Returns at once; errors appear on the RRef.
+  absl::StatusOr<RRef> remote(const std::string& to, const std::string& function,
+                              std::vector<c10::IValue> args = {},
+                              CallOptions options = {});
+  // PyTorch's RRef(value): an RRef owned by this process.
+  RRef local_rref(c10::IValue value);
+
+  // --- group -----------------------------------------------------------
+  const WorkerInfo& self() const { return self_; }
+  std::vector<WorkerInfo> workers() const;
+  absl::StatusOr<WorkerInfo> worker(const std::string& name) const;
+  const AgentOptions& options() const { return options_; }
+  const Registry& registry() const { return *registry_; }
+  // Port the server listens on (useful after listening on port 0).
+  int port() const { return port_; }
+  RRefStats rref_stats() const { return rrefs_->stats(); }
+  // Calls this agent is serving or waiting for right now.
+  int64_t active_calls() const;
+
+  // --- shutdown --------------------------------------------------------
+  // Master: graceful shutdown of the whole group. Deletes outstanding RRef
+  // users everywhere, waits for their messages to drain, then repeats a
+  // barrier until no call is in flight on any participant, tells every
+  // worker to stop, and stops. A participant that does not answer within
+  // shutdown_timeout makes this return an error naming it (after stopping
+  // anyway). Worker: waits until the master ends the group, then stops.
+  // `graceful` false skips the protocol and stops at once.
+  absl::Status Shutdown(bool graceful = true);
+  // Worker: blocks until the master ended the group (then call Shutdown).
+  void WaitForShutdown();
+
+  // --- ControlChannel --------------------------------------------------
+  Future<Empty> SendControl(WorkerId dst, wire::Request request) override;
+  std::string NameOf(WorkerId id) const override;
+  bool IsKnown(WorkerId id) const override;
+
+  // Internal: calls on an RRef's module, used by RRef's methods.
+  Future<c10::IValue> CallOnRRef(const RRef& rref, const std::string& method,
+                                 std::vector<c10::IValue> args, CallOptions options,
+                                 c10::intrusive_ptr<UserRRef> result);
+  absl::StatusOr<RRef> RemoteOnRRef(const RRef& rref, const std::string& method,
+                                    std::vector<c10::IValue> args, CallOptions options);
+  Future<c10::IValue> Fetch(const UserRRef& rref, CallOptions options);
+
+  class Impl;
+
+ private:
+  Agent(AgentOptions options, const Registry* registry);
+
+  AgentOptions options_;
+  const Registry* registry_;
+  WorkerInfo self_;
+  int port_ = 0;
+  std::unique_ptr<Impl> impl_;
+  std::shared_ptr<RRefContext> rrefs_;
+};
+
+}  // namespace remora

@@ -1,0 +1,300 @@
+#include "rpc/codec.h"
+
+#include <cstring>
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/List.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <c10/core/ScalarType.h>
+
+#include "absl/strings/str_cat.h"
+#include "rpc/status_util.h"
+
+namespace remora {
+namespace {
+
+constexpr int32_t kUndefinedTensor = -1;
+
+wire::ElemKind KindOf(const c10::TypePtr& type) {
+  switch (type->kind()) {
+    case c10::TypeKind::IntType:
+      return wire::ELEM_INT;
+    case c10::TypeKind::FloatType:
+      return wire::ELEM_DOUBLE;
+    case c10::TypeKind::BoolType:
+      return wire::ELEM_BOOL;
+    case c10::TypeKind::TensorType:
+      return wire::ELEM_TENSOR;
+    case c10::TypeKind::StringType:
+      return wire::ELEM_STRING;
+    default:
+      return wire::ELEM_ANY;
+  }
+}
+
+c10::TypePtr TypeOf(wire::ElemKind kind) {
+  switch (kind) {
+    case wire::ELEM_INT:
+      return c10::IntType::get();
+    case wire::ELEM_DOUBLE:
+      return c10::FloatType::get();
+    case wire::ELEM_BOOL:
+      return c10::BoolType::get();
+    case wire::ELEM_TENSOR:
+      return c10::TensorType::get();
+    case wire::ELEM_STRING:
+      return c10::StringType::get();
+    default:
+      return c10::AnyType::get();
+  }
+}
+
+// True when `v` may be stored in a container whose element kind is `kind`.
+bool Matches(const c10::IValue& v, wire::ElemKind kind) {
+  switch (kind) {
+    case wire::ELEM_INT:
+      return v.isInt();
+    case wire::ELEM_DOUBLE:
+      return v.isDouble();
+    case wire::ELEM_BOOL:
+      return v.isBool();
+    case wire::ELEM_TENSOR:
+      return v.isTensor();
+    case wire::ELEM_STRING:
+      return v.isString();
+    default:
+      return true;
+  }
+}
+
+bool IsSendableDtype(int32_t dtype) {
+  if (dtype < 0 ||
+      dtype >= static_cast<int32_t>(c10::ScalarType::NumOptions)) {
+    return false;
+  }
+  auto t = static_cast<c10::ScalarType>(dtype);
+  return !c10::isQIntType(t) && t != c10::ScalarType::Undefined;
+}
+
+absl::Status EncodeTensor(const at::Tensor& tensor, EncodeContext& ctx,
+                          wire::TensorMeta* out) {
+  if (!tensor.defined()) {
+    out->set_dtype(kUndefinedTensor);
+    return absl::OkStatus();
+  }
+  if (!tensor.device().is_cpu()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot send a tensor on ", tensor.device().str(),
+        ": only CPU tensors cross the wire; move it to the CPU first"));
+  }
+  if (tensor.layout() != at::kStrided || tensor.is_quantized()) {
+    return absl::UnimplementedError(
+        "cannot send a sparse or quantized tensor; send a dense one");
+  }
+  if (ctx.payloads == nullptr) {
+    return absl::InternalError("codec: no payload list for tensors");
+  }
+  out->set_dtype(static_cast<int32_t>(tensor.scalar_type()));
+  for (int64_t s : tensor.sizes()) out->add_sizes(s);
+  out->set_requires_grad(tensor.requires_grad());
+  out->set_payload(static_cast<uint32_t>(ctx.payloads->size()));
+  // contiguous() returns the tensor itself when it already is; a view then
+  // sends [data_ptr, data_ptr + nbytes) and nothing else of its storage.
+  ctx.payloads->push_back(tensor.detach().contiguous());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<at::Tensor> DecodeTensor(const wire::TensorMeta& meta,
+                                        DecodeContext& ctx) {
+  if (meta.dtype() == kUndefinedTensor) return at::Tensor();
+  if (!IsSendableDtype(meta.dtype())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor: unknown dtype ", meta.dtype()));
+  }
+  const auto dtype = static_cast<c10::ScalarType>(meta.dtype());
+  const uint64_t item = c10::elementSize(dtype);
+  uint64_t numel = 1;
+  std::vector<int64_t> sizes;
+  sizes.reserve(meta.sizes_size());
+  for (int64_t s : meta.sizes()) {
+    if (s < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor: negative size ", s));
+    }
+    if (s > 0 && numel > (uint64_t{1} << 62) / static_cast<uint64_t>(s)) {
+      return absl::InvalidArgumentError("tensor: sizes overflow");
+    }
+    numel *= static_cast<uint64_t>(s);
+    sizes.push_back(s);
+  }
+  if (ctx.payloads == nullptr || meta.payload() >= ctx.payloads->size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor: payload ", meta.payload(), " does not exist"));
+  }
+  const at::Tensor& bytes = (*ctx.payloads)[meta.payload()];
+  if (numel > (uint64_t{1} << 62) / item ||
+      static_cast<uint64_t>(bytes.numel()) != numel * item) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor: ", bytes.numel(), " payload bytes do not match dtype ",
+        c10::toString(dtype), " x ", numel, " elements"));
+  }
+  auto options = at::TensorOptions().dtype(dtype);
+  at::Tensor t;
+  void* data = bytes.numel() > 0 ? bytes.data_ptr() : nullptr;
+  if (data != nullptr && reinterpret_cast<uintptr_t>(data) % item == 0) {
+    at::Tensor keep = bytes;  // the payload lives as long as this tensor
+    t = at::from_blob(data, sizes, [keep](void*) mutable { keep.reset(); },
+                      options);
+  } else {
+    t = at::empty(sizes, options);
+    if (data != nullptr) std::memcpy(t.data_ptr(), data, bytes.numel());
+  }
+  if (meta.requires_grad()) {
+    if (!c10::isFloatingType(dtype) && !c10::isComplexType(dtype)) {
+      return absl::InvalidArgumentError(
+          "tensor: only floating point tensors can require grad");
+    }
+    t.set_requires_grad(true);
+  }
+  return t;
+}
+
+absl::Status EncodeList(const std::vector<c10::IValue>& items,
+                        wire::ElemKind elem, EncodeContext& ctx,
+                        wire::ListValue* out) {
+  out->set_elem(elem);
+  for (const auto& item : items) {
+    RETURN_IF_ERROR(EncodeValue(item, ctx, out->add_items()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status EncodeValue(const c10::IValue& v, EncodeContext& ctx,
+                         wire::Value* out) {
+  if (v.isNone()) {
+    out->set_none(true);
+  } else if (v.isBool()) {
+    out->set_b(v.toBool());
+  } else if (v.isInt()) {
+    out->set_i(v.toInt());
+  } else if (v.isDouble()) {
+    out->set_d(v.toDouble());
+  } else if (v.isComplexDouble()) {
+    auto c = v.toComplexDouble();
+    out->mutable_c()->set_real(c.real());
+    out->mutable_c()->set_imag(c.imag());
+  } else if (v.isString()) {
+    out->set_s(v.toStringRef());
+  } else if (v.isDevice()) {
+    out->set_device(v.toDevice().str());
+  } else if (v.isTensor()) {
+    return EncodeTensor(v.toTensor(), ctx, out->mutable_tensor());
+  } else if (v.isList()) {
+    auto list = v.toList();
+    std::vector<c10::IValue> items(list.begin(), list.end());
+    return EncodeList(items, KindOf(list.elementType()), ctx, out->mutable_list());
+  } else if (v.isTuple()) {
+    const auto& elems = v.toTupleRef().elements();
+    std::vector<c10::IValue> items(elems.begin(), elems.end());
+    return EncodeList(items, wire::ELEM_ANY, ctx, out->mutable_tuple());
+  } else if (v.isGenericDict()) {
+    auto dict = v.toGenericDict();
+    auto* d = out->mutable_dict();
+    d->set_key(KindOf(dict.keyType()));
+    d->set_value(KindOf(dict.valueType()));
+    for (const auto& entry : dict) {
+      RETURN_IF_ERROR(EncodeValue(entry.key(), ctx, d->add_keys()));
+      RETURN_IF_ERROR(EncodeValue(entry.value(), ctx, d->add_values()));
+    }
+  } else if (v.isRRef()) {
+    if (ctx.rrefs == nullptr) {
+      return absl::FailedPreconditionError("cannot send an RRef outside an agent");
+    }
+    return ctx.rrefs->ForkForSend(v, ctx.dst, out->mutable_rref());
+  } else {
+    return absl::UnimplementedError(absl::StrCat(
+        "cannot send a value of type ", v.tagKind(),
+        "; send tensors, scalars, strings, lists, tuples, dicts or RRefs"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<c10::IValue> DecodeValue(const wire::Value& v, DecodeContext& ctx) {
+  switch (v.kind_case()) {
+    case wire::Value::kNone:
+      return c10::IValue();
+    case wire::Value::kB:
+      return c10::IValue(v.b());
+    case wire::Value::kI:
+      return c10::IValue(static_cast<int64_t>(v.i()));
+    case wire::Value::kD:
+      return c10::IValue(v.d());
+    case wire::Value::kC:
+      return c10::IValue(c10::complex<double>(v.c().real(), v.c().imag()));
+    case wire::Value::kS:
+      return c10::IValue(v.s());
+    case wire::Value::kDevice: {
+      try {
+        return c10::IValue(c10::Device(v.device()));
+      } catch (...) {
+        return StatusFromCurrentException("device");
+      }
+    }
+    case wire::Value::kTensor: {
+      ASSIGN_OR_RETURN(at::Tensor t, DecodeTensor(v.tensor(), ctx));
+      return c10::IValue(std::move(t));
+    }
+    case wire::Value::kList: {
+      const auto& l = v.list();
+      c10::impl::GenericList list(TypeOf(l.elem()));
+      list.reserve(l.items_size());
+      for (const auto& item : l.items()) {
+        ASSIGN_OR_RETURN(c10::IValue iv, DecodeValue(item, ctx));
+        if (!Matches(iv, l.elem())) {
+          return absl::InvalidArgumentError("list: element does not match its type");
+        }
+        list.push_back(std::move(iv));
+      }
+      return c10::IValue(std::move(list));
+    }
+    case wire::Value::kTuple: {
+      std::vector<c10::IValue> elems;
+      elems.reserve(v.tuple().items_size());
+      for (const auto& item : v.tuple().items()) {
+        ASSIGN_OR_RETURN(c10::IValue iv, DecodeValue(item, ctx));
+        elems.push_back(std::move(iv));
+      }
+      return c10::IValue(c10::ivalue::Tuple::create(std::move(elems)));
+    }
+    case wire::Value::kDict: {
+      const auto& d = v.dict();
+      if (d.keys_size() != d.values_size()) {
+        return absl::InvalidArgumentError("dict: key and value counts differ");
+      }
+      c10::impl::GenericDict dict(TypeOf(d.key()), TypeOf(d.value()));
+      for (int i = 0; i < d.keys_size(); ++i) {
+        ASSIGN_OR_RETURN(c10::IValue key, DecodeValue(d.keys(i), ctx));
+        ASSIGN_OR_RETURN(c10::IValue value, DecodeValue(d.values(i), ctx));
+        if (!Matches(key, d.key()) || !Matches(value, d.value()) ||
+            !(key.isString() || key.isInt() || key.isDouble() ||
+              key.isBool() || key.isTensor())) {
+          return absl::InvalidArgumentError("dict: entry does not match its type");
+        }
+        dict.insert_or_assign(std::move(key), std::move(value));
+      }
+      return c10::IValue(std::move(dict));
+    }
+    case wire::Value::kRref:
+      if (ctx.rrefs == nullptr) {
+        return absl::FailedPreconditionError("cannot receive an RRef outside an agent");
+      }
+      return ctx.rrefs->Receive(v.rref(), ctx.pending);
+    case wire::Value::KIND_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError("value: no kind set");
+}
+
+}  // namespace remora

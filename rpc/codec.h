@@ -1,0 +1,57 @@
+// The value codec: c10::IValue <-> wire::Value plus tensor payloads.
+//
+// Supported: None, bool, int, double, complex, string, device, tensors
+// (dense, CPU, any dtype, views included), lists (typed and generic),
+// tuples, dicts with string/int/double/bool/tensor keys, and RRefs. Each
+// tensor becomes one payload with only its own elements; a non-contiguous
+// view is made contiguous first. On receipt a tensor is built over its
+// payload's bytes when they are suitably aligned, and copied otherwise.
+//
+// RRefs need the RRef context (fork ids, reference counting); the codec
+// reaches it through RRefHooks. Without hooks, RRefs are an error.
+#pragma once
+
+#include <vector>
+
+#include <ATen/core/ivalue.h>
+
+#include "absl/status/statusor.h"
+#include "rpc/future.h"
+#include "rpc/ids.h"
+#include "remora.pb.h"
+
+namespace remora {
+
+// What the codec needs from the RRef layer. Implemented by RRefContext.
+class RRefHooks {
+ public:
+  virtual ~RRefHooks() = default;
+  // Prepares `rref` for sending to worker `dst` (creates and records a fork).
+  virtual absl::Status ForkForSend(const c10::IValue& rref, WorkerId dst,
+                                   wire::RRefMeta* out) = 0;
+  // Turns a received RRef into a local RRef value. When the receiver must
+  // wait for the owner to confirm it before using it, a future to wait on is
+  // appended to `pending`.
+  virtual absl::StatusOr<c10::IValue> Receive(const wire::RRefMeta& meta,
+                                              std::vector<Future<Empty>>* pending) = 0;
+};
+
+// Serialization state of one message being built.
+struct EncodeContext {
+  WorkerId dst = kUnknownWorker;
+  RRefHooks* rrefs = nullptr;
+  std::vector<at::Tensor>* payloads = nullptr;  // where tensors go
+};
+
+struct DecodeContext {
+  RRefHooks* rrefs = nullptr;
+  const std::vector<at::Tensor>* payloads = nullptr;  // uint8 tensors
+  std::vector<Future<Empty>>* pending = nullptr;       // RRef confirmations
+};
+
+absl::Status EncodeValue(const c10::IValue& value, EncodeContext& ctx,
+                         wire::Value* out);
+absl::StatusOr<c10::IValue> DecodeValue(const wire::Value& value,
+                                        DecodeContext& ctx);
+
+}  // namespace remora

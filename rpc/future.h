@@ -1,0 +1,178 @@
+// Future<T>: the result of an asynchronous operation, a value or an error.
+//
+// A future completes exactly once: the first SetValue/SetError wins and
+// every later one returns false. wait() blocks until completion; then()
+// registers a callback that runs once the future completes, on the future's
+// executor (never on the thread that completed it, which may be one of
+// gRPC's). A future without an executor runs callbacks inline; remora uses
+// that only for its own short bookkeeping.
+//
+// Thread-safety: every method may be called from any thread. Ownership:
+// copies share one state; the state lives while any copy or pending
+// callback holds it.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/optional.h"
+#include "rpc/thread_pool.h"
+
+namespace remora {
+
+// The value type of futures that carry no value.
+struct Empty {};
+
+template <typename T>
+class Future {
+ public:
+  using Callback = std::function<void(const absl::StatusOr<T>&)>;
+
+  // A pending future whose callbacks run on `executor` (may be null).
+  explicit Future(Executor* executor = nullptr)
+      : state_(std::make_shared<State>(executor)) {}
+
+  static Future Ready(absl::StatusOr<T> result, Executor* executor = nullptr) {
+    Future f(executor);
+    f.Complete(std::move(result));
+    return f;
+  }
+
+  bool SetValue(T value) { return Complete(std::move(value)); }
+  bool SetError(absl::Status status) {
+    if (status.ok()) status = absl::InternalError("SetError called with OK");
+    return Complete(std::move(status));
+  }
+  // Completes with `result`; returns false when already completed.
+  bool Complete(absl::StatusOr<T> result) {
+    std::vector<Callback> callbacks;
+    {
+      absl::MutexLock lock(&state_->mu);
+      if (state_->result.has_value()) return false;
+      state_->result = std::move(result);
+      callbacks.swap(state_->callbacks);
+    }
+    for (auto& cb : callbacks) Dispatch(std::move(cb));
+    return true;
+  }
+
+  bool ready() const {
+    absl::MutexLock lock(&state_->mu);
+    return state_->result.has_value();
+  }
+
+  // Blocks until completed; returns the result (a copy).
+  absl::StatusOr<T> wait() const {
+    absl::MutexLock lock(&state_->mu);
+    state_->mu.Await(absl::Condition(&state_->result, &HasValue));
+    return *state_->result;
+  }
+
+  // Blocks at most `timeout`; DEADLINE_EXCEEDED when still pending.
+  absl::StatusOr<T> wait_for(absl::Duration timeout) const {
+    absl::MutexLock lock(&state_->mu);
+    if (!state_->mu.AwaitWithTimeout(
+            absl::Condition(&state_->result, &HasValue), timeout)) {
+      return absl::DeadlineExceededError("future not completed in time");
+    }
+    return *state_->result;
+  }
+
+  // Runs `cb(result)` once completed, on the executor.
+  void then(Callback cb) const {
+    {
+      absl::MutexLock lock(&state_->mu);
+      if (!state_->result.has_value()) {
+        state_->callbacks.push_back(std::move(cb));
+        return;
+      }
+    }
+    Dispatch(std::move(cb));
+  }
+
+  Executor* executor() const { return state_->executor; }
+
+ private:
+  struct State {
+    explicit State(Executor* e) : executor(e) {}
+    absl::Mutex mu;
+    absl::optional<absl::StatusOr<T>> result ABSL_GUARDED_BY(mu);
+    std::vector<Callback> callbacks ABSL_GUARDED_BY(mu);
+    Executor* const executor;
+  };
+
+  static bool HasValue(absl::optional<absl::StatusOr<T>>* r) {
+    return r->has_value();
+  }
+
+  // Runs `cb` with the (completed, immutable) result.
+  void Dispatch(Callback cb) const {
+    auto state = state_;
+    auto run = [state, cb = std::move(cb)]() {
+      const absl::StatusOr<T>* result;
+      {
+        absl::MutexLock lock(&state->mu);
+        result = &*state->result;  // never changes once set
+      }
+      cb(*result);
+    };
+    if (state_->executor != nullptr) {
+      state_->executor->Schedule(std::move(run));
+    } else {
+      run();
+    }
+  }
+
+  std::shared_ptr<State> state_;
+};
+
+// Completes when every future in `futures` has; with the first error if any
+// failed. Callbacks of the result run on `executor`.
+template <typename T>
+Future<Empty> WhenAll(const std::vector<Future<T>>& futures,
+                      Executor* executor = nullptr) {
+  Future<Empty> all(executor);
+  if (futures.empty()) {
+    all.SetValue(Empty{});
+    return all;
+  }
+  struct Counter {
+    absl::Mutex mu;
+    size_t left ABSL_GUARDED_BY(mu);
+    absl::Status first_error ABSL_GUARDED_BY(mu);
+  };
+  auto counter = std::make_shared<Counter>();
+  {
+    absl::MutexLock lock(&counter->mu);
+    counter->left = futures.size();
+  }
+  for (const auto& f : futures) {
+    f.then([counter, all](const absl::StatusOr<T>& r) mutable {
+      absl::Status done_status;
+      bool done = false;
+      {
+        absl::MutexLock lock(&counter->mu);
+        if (!r.ok() && counter->first_error.ok()) counter->first_error = r.status();
+        done = --counter->left == 0;
+        done_status = counter->first_error;
+      }
+      if (done) {
+        if (done_status.ok()) {
+          all.SetValue(Empty{});
+        } else {
+          all.SetError(done_status);
+        }
+      }
+    });
+  }
+  return all;
+}
+
+}  // namespace remora

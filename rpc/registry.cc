@@ -1,0 +1,138 @@
+#include "rpc/registry.h"
+
+#include <stdexcept>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "rpc/status_util.h"
+
+namespace remora {
+namespace {
+
+bool IsNameChar(char c, bool allow_dot) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+         (c >= '0' && c <= '9') || c == '_' || c == ':' || c == '-' ||
+         (allow_dot && c == '.');
+}
+
+bool IsValidName(const std::string& name, bool allow_dot) {
+  if (name.empty() || name.size() > 128) return false;
+  for (char c : name) {
+    if (!IsNameChar(c, allow_dot)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool IsValidWorkerName(const std::string& name) { return IsValidName(name, false); }
+
+const c10::IValue& Args::operator[](size_t i) const {
+  if (i >= values_.size()) {
+    throw std::out_of_range(absl::StrCat("argument ", i, " was requested but ",
+                                         values_.size(), " were given"));
+  }
+  return values_[i];
+}
+
+RemoteObject* AsRemoteObject(const c10::IValue& value) {
+  if (!value.isCapsule()) return nullptr;
+  return dynamic_cast<RemoteObject*>(value.toCapsule().get());
+}
+
+absl::Status Registry::CheckNewName(const std::string& name) const {
+  if (!IsValidName(name, true)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "invalid registered name '", name,
+        "': use 1 to 128 characters of [A-Za-z0-9_.:-]"));
+  }
+  if (Contains(name)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("'", name, "' is already registered"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Registry::RegisterFunction(const std::string& name, Function fn) {
+  RETURN_IF_ERROR(CheckNewName(name));
+  if (!fn) return absl::InvalidArgumentError(absl::StrCat("function '", name, "' is empty"));
+  functions_.emplace(name, std::move(fn));
+  return absl::OkStatus();
+}
+
+absl::Status Registry::RegisterModuleType(const std::string& name, Factory factory,
+                                          std::map<std::string, Method> methods) {
+  RETURN_IF_ERROR(CheckNewName(name));
+  for (const auto& [method, fn] : methods) {
+    if (!IsValidName(method, true)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("module '", name, "': invalid method name '", method, "'"));
+    }
+  }
+  modules_.emplace(name, ModuleType{std::move(factory), std::move(methods)});
+  return absl::OkStatus();
+}
+
+bool Registry::Contains(const std::string& name) const {
+  return functions_.count(name) > 0 || modules_.count(name) > 0;
+}
+
+absl::StatusOr<c10::IValue> Registry::Invoke(const std::string& name,
+                                             CallContext& ctx,
+                                             const Args& args) const {
+  if (auto it = functions_.find(name); it != functions_.end()) {
+    try {
+      return it->second(ctx, args);
+    } catch (...) {
+      return StatusFromCurrentException(absl::StrCat("function '", name, "'"));
+    }
+  }
+  if (auto it = modules_.find(name); it != modules_.end()) {
+    try {
+      std::shared_ptr<void> object = it->second.factory(ctx, args);
+      if (!object) {
+        return absl::InternalError(
+            absl::StrCat("module '", name, "': factory returned null"));
+      }
+      return c10::IValue::make_capsule(
+          c10::make_intrusive<RemoteObject>(name, std::move(object)));
+    } catch (...) {
+      return StatusFromCurrentException(absl::StrCat("constructing module '", name, "'"));
+    }
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "no function or module named '", name,
+      "' is registered; register it before the worker starts serving"));
+}
+
+absl::StatusOr<c10::IValue> Registry::InvokeMethod(const c10::IValue& object,
+                                                   const std::string& method,
+                                                   CallContext& ctx,
+                                                   const Args& args) const {
+  RemoteObject* obj = AsRemoteObject(object);
+  if (obj == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot call method '", method,
+        "': the RRef does not hold a module (it holds a ", object.tagKind(), ")"));
+  }
+  auto type = modules_.find(obj->type());
+  if (type == modules_.end()) {
+    return absl::InternalError(absl::StrCat("module type '", obj->type(), "' vanished"));
+  }
+  auto m = type->second.methods.find(method);
+  if (m == type->second.methods.end()) {
+    std::vector<std::string> names;
+    for (const auto& [n, fn] : type->second.methods) names.push_back(n);
+    return absl::NotFoundError(absl::StrCat("module '", obj->type(), "' has no method '",
+                                            method, "' (it has: ", absl::StrJoin(names, ", "),
+                                            ")"));
+  }
+  try {
+    return m->second(obj->get<void>(), ctx, args);
+  } catch (...) {
+    return StatusFromCurrentException(
+        absl::StrCat("method '", obj->type(), ".", method, "'"));
+  }
+}
+
+}  // namespace remora

@@ -1,0 +1,320 @@
+#include "rpc/rref.h"
+
+#include <ATen/core/jit_type.h>
+
+#include "absl/strings/str_cat.h"
+#include "rpc/status_util.h"
+
+namespace remora {
+
+wire::Guid ToWire(const GloballyUniqueId& id) {
+  wire::Guid g;
+  g.set_worker(id.worker);
+  g.set_local(id.local);
+  return g;
+}
+
+GloballyUniqueId FromWire(const wire::Guid& id) {
+  return GloballyUniqueId{static_cast<WorkerId>(id.worker()), id.local()};
+}
+
+const c10::TypePtr RRefImpl::type() const {
+  return c10::RRefType::create(c10::AnyType::get());
+}
+
+Agent* RRefImpl::agent() const {
+  auto ctx = weak_ctx_.lock();
+  return ctx ? ctx->agent() : nullptr;
+}
+
+UserRRef::UserRRef(WorkerId owner, std::string owner_name, RRefId id, ForkId fork,
+                   std::shared_ptr<RRefContext> ctx)
+    : RRefImpl(owner, std::move(owner_name), id, ctx),
+      fork_id_(fork),
+      ctx_(std::move(ctx)),
+      confirmed_(ctx_->executor()) {}
+
+UserRRef::~UserRRef() { ctx_->OnUserDestroyed(*this); }
+
+void UserRRef::Confirm(absl::Status status) {
+  if (status.ok()) {
+    confirmed_.SetValue(Empty{});
+  } else {
+    confirmed_.SetError(std::move(status));
+  }
+}
+
+RRefContext::RRefContext(WorkerId self, Agent* agent, ControlChannel* channel,
+                         Executor* executor)
+    : self_(self), agent_(agent), channel_(channel), executor_(executor) {}
+
+Agent* RRefContext::agent() const {
+  absl::MutexLock lock(&mu_);
+  return detached_ ? nullptr : agent_;
+}
+
+GloballyUniqueId RRefContext::NewId() {
+  return GloballyUniqueId{self_, next_id_.fetch_add(1, std::memory_order_relaxed)};
+}
+
+c10::intrusive_ptr<OwnerRRef> RRefContext::CreateLocal(c10::IValue value) {
+  auto rref = c10::make_intrusive<OwnerRRef>(self_, channel_->NameOf(self_), NewId(),
+                                             weak_from_this(), executor_);
+  rref->SetValue(std::move(value));
+  return rref;
+}
+
+c10::intrusive_ptr<UserRRef> RRefContext::CreateUserForRemote(WorkerId owner) {
+  const RRefId id = NewId();
+  auto user = c10::make_intrusive<UserRRef>(owner, channel_->NameOf(owner), id, id,
+                                            shared_from_this());
+  absl::MutexLock lock(&mu_);
+  pending_users_[id] = user;
+  live_users_[id] = user.get();
+  return user;
+}
+
+c10::intrusive_ptr<OwnerRRef> RRefContext::GetOrCreateOwner(const RRefId& id) {
+  absl::MutexLock lock(&mu_);
+  auto& slot = owners_[id];
+  if (!slot) {
+    slot = c10::make_intrusive<OwnerRRef>(self_, channel_->NameOf(self_), id,
+                                          weak_from_this(), executor_);
+  }
+  return slot;
+}
+
+c10::intrusive_ptr<OwnerRRef> RRefContext::FindOwner(const RRefId& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = owners_.find(id);
+  return it == owners_.end() ? c10::intrusive_ptr<OwnerRRef>() : it->second;
+}
+
+void RRefContext::AddFork(const RRefId& id, const ForkId& fork) {
+  absl::MutexLock lock(&mu_);
+  forks_[id].insert(fork);
+}
+
+absl::Status RRefContext::DeleteFork(const RRefId& id, const ForkId& fork) {
+  c10::intrusive_ptr<OwnerRRef> freed;  // destroyed outside the lock
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = forks_.find(id);
+    // Unknown forks are already deleted: deletes are idempotent.
+    if (it == forks_.end() || it->second.erase(fork) == 0) return absl::OkStatus();
+    if (!it->second.empty()) return absl::OkStatus();
+    forks_.erase(it);
+    auto owner = owners_.find(id);
+    if (owner != owners_.end()) {
+      freed = std::move(owner->second);
+      owners_.erase(owner);
+    }
+  }
+  return absl::OkStatus();
+}
+
+void RRefContext::AcceptChild(const ForkId& fork) {
+  c10::intrusive_ptr<RRefImpl> child;  // may be the last reference: dropped unlocked
+  absl::MutexLock lock(&mu_);
+  auto it = pending_children_.find(fork);
+  if (it == pending_children_.end()) return;  // idempotent
+  child = std::move(it->second);
+  pending_children_.erase(it);
+}
+
+void RRefContext::FinishPendingUser(const ForkId& fork, absl::Status status) {
+  c10::intrusive_ptr<UserRRef> user;  // may be the last reference: dropped unlocked
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pending_users_.find(fork);
+    if (it == pending_users_.end()) return;
+    user = std::move(it->second);
+    pending_users_.erase(it);
+  }
+  user->Confirm(std::move(status));
+}
+
+void RRefContext::OnUserDestroyed(const UserRRef& user) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (live_users_.erase(user.fork_id()) == 0 || detached_) return;
+  }
+  wire::Request request;
+  *request.mutable_user_delete()->mutable_rref_id() = ToWire(user.rref_id());
+  *request.mutable_user_delete()->mutable_fork_id() = ToWire(user.fork_id());
+  Send(user.owner(), std::move(request));
+}
+
+Future<Empty> RRefContext::Send(WorkerId dst, wire::Request request) {
+  {
+    absl::MutexLock lock(&mu_);
+    ++pending_messages_;
+  }
+  request.set_from(self_);
+  Future<Empty> sent = detached() ? Future<Empty>::Ready(absl::CancelledError("stopped"))
+                                  : channel_->SendControl(dst, std::move(request));
+  // Keep the context alive until the message completed.
+  auto self = shared_from_this();
+  Future<Empty> done;  // inline: bookkeeping only
+  sent.then([self, done](const absl::StatusOr<Empty>& r) mutable {
+    {
+      absl::MutexLock lock(&self->mu_);
+      --self->pending_messages_;
+    }
+    done.Complete(r);
+  });
+  return done;
+}
+
+absl::Status RRefContext::ForkForSend(const c10::IValue& value, WorkerId dst,
+                                      wire::RRefMeta* out) {
+  auto* impl = dynamic_cast<RRefImpl*>(value.toRRef().get());
+  if (impl == nullptr) {
+    return absl::InvalidArgumentError("cannot send an RRef that remora did not create");
+  }
+  auto rref = c10::intrusive_ptr<RRefImpl>::unsafe_reclaim_from_nonowning(impl);
+  if (!channel_->IsKnown(dst)) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot send an RRef to unknown worker ", dst));
+  }
+  const ForkId fork = NewId();
+  if (rref->isOwner()) {
+    if (impl->owner() != self_) {
+      return absl::InternalError("owner RRef of another worker");
+    }
+    absl::MutexLock lock(&mu_);
+    auto& slot = owners_[rref->rref_id()];
+    if (!slot) slot = c10::static_intrusive_pointer_cast<OwnerRRef>(rref);
+    // Sent to itself: the receiver gets the owner RRef back, no new user.
+    if (dst != self_) forks_[rref->rref_id()].insert(fork);
+  } else {
+    auto* user = static_cast<UserRRef*>(impl);
+    if (user->confirmed().ready()) {
+      auto confirmed = user->confirmed().wait();
+      if (!confirmed.ok()) {
+        return Annotate(confirmed.status(), "cannot send a failed RRef");
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    pending_children_[fork] = rref;
+  }
+  out->set_owner(rref->owner());
+  *out->mutable_rref_id() = ToWire(rref->rref_id());
+  *out->mutable_fork_id() = ToWire(fork);
+  out->set_parent(self_);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<c10::IValue> RRefContext::Receive(const wire::RRefMeta& meta,
+                                                 std::vector<Future<Empty>>* pending) {
+  const WorkerId owner = static_cast<WorkerId>(meta.owner());
+  const WorkerId parent = static_cast<WorkerId>(meta.parent());
+  if (meta.owner() > kUnknownWorker || meta.parent() > kUnknownWorker ||
+      !channel_->IsKnown(owner) || !channel_->IsKnown(parent)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RRef names unknown workers (owner ", meta.owner(), ", parent ", meta.parent(), ")"));
+  }
+  const RRefId id = FromWire(meta.rref_id());
+  const ForkId fork = FromWire(meta.fork_id());
+  if (id.worker == kUnknownWorker || fork.worker == kUnknownWorker) {
+    return absl::InvalidArgumentError("RRef with an invalid id");
+  }
+  if (owner == self_) {
+    c10::intrusive_ptr<OwnerRRef> rref = GetOrCreateOwner(id);
+    if (parent != self_) {
+      // A user sent our own RRef back: no user is created here (PyTorch's
+      // "phantom fork"); the parent only needs to know it arrived.
+      wire::Request accept;
+      *accept.mutable_child_accept()->mutable_fork_id() = meta.fork_id();
+      Send(parent, std::move(accept));
+    }
+    return c10::IValue(c10::intrusive_ptr<c10::RRefInterface>(rref));
+  }
+
+  auto user = c10::make_intrusive<UserRRef>(owner, channel_->NameOf(owner), id, fork,
+                                            shared_from_this());
+  {
+    absl::MutexLock lock(&mu_);
+    live_users_[fork] = user.get();
+  }
+  if (parent == owner) {
+    // The owner recorded this fork before sending it.
+    user->Confirm(absl::OkStatus());
+  } else {
+    {
+      absl::MutexLock lock(&mu_);
+      pending_users_[fork] = user;
+    }
+    wire::Request request;
+    *request.mutable_fork()->mutable_rref_id() = meta.rref_id();
+    *request.mutable_fork()->mutable_fork_id() = meta.fork_id();
+    auto self = shared_from_this();
+    Send(owner, std::move(request))
+        .then([self, fork, parent, owner](const absl::StatusOr<Empty>& r) {
+          self->FinishPendingUser(
+              fork, r.ok() ? absl::OkStatus()
+                           : Annotate(r.status(), absl::StrCat(
+                                 "telling owner '", self->channel_->NameOf(owner),
+                                 "' about an RRef fork")));
+          wire::Request accept;
+          *accept.mutable_child_accept()->mutable_fork_id() = ToWire(fork);
+          self->Send(parent, std::move(accept));
+        });
+    if (pending != nullptr) pending->push_back(user->confirmed());
+  }
+  return c10::IValue(c10::intrusive_ptr<c10::RRefInterface>(user));
+}
+
+void RRefContext::ReleaseAllUsers() {
+  std::vector<std::pair<WorkerId, wire::Request>> deletes;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [fork, user] : live_users_) {
+      wire::Request request;
+      *request.mutable_user_delete()->mutable_rref_id() = ToWire(user->rref_id());
+      *request.mutable_user_delete()->mutable_fork_id() = ToWire(fork);
+      deletes.emplace_back(user->owner(), std::move(request));
+    }
+    live_users_.clear();
+  }
+  for (auto& [owner, request] : deletes) Send(owner, std::move(request));
+}
+
+bool RRefContext::drained() const {
+  return pending_messages_ == 0 && pending_users_.empty() && pending_children_.empty();
+}
+
+absl::Status RRefContext::WaitDrained(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto is_drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return drained(); };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&is_drained), timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "RRef control messages did not drain within ", absl::FormatDuration(timeout), " (",
+        pending_messages_, " messages, ", pending_users_.size(), " unconfirmed users, ",
+        pending_children_.size(), " unaccepted forks)"));
+  }
+  return absl::OkStatus();
+}
+
+bool RRefContext::detached() const {
+  absl::MutexLock lock(&mu_);
+  return detached_;
+}
+
+void RRefContext::Detach() {
+  absl::MutexLock lock(&mu_);
+  detached_ = true;
+}
+
+RRefStats RRefContext::stats() const {
+  absl::MutexLock lock(&mu_);
+  RRefStats s;
+  s.owners = owners_.size();
+  for (const auto& [id, forks] : forks_) s.forks += forks.size();
+  s.live_users = live_users_.size();
+  s.pending_users = pending_users_.size();
+  s.pending_children = pending_children_.size();
+  s.pending_messages = pending_messages_;
+  return s;
+}
+
+}  // namespace remora

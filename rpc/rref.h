@@ -1,0 +1,214 @@
+// Remote references (RRefs) and their reference counting.
+//
+// An RRef names a value that lives on one worker, its owner. The owner holds
+// an OwnerRRef with the value (or a pending value, or the error that creating
+// it raised); every other process that holds the RRef holds a UserRRef, one
+// per fork: each time an RRef is sent to a process, the receiver becomes a
+// new user with a new fork id. The rules are PyTorch's:
+//
+//  * remote() creates a user at once (its rref id is its fork id); the owner
+//    records that fork when the call arrives and confirms it when the value
+//    is made (or stores the error).
+//  * Sending a user to another process: the sender keeps its user alive as a
+//    "pending child" until the receiver accepts it (ChildAccept). A receiver
+//    that is not the owner tells the owner (ForkRequest) and uses the RRef
+//    only once the owner acknowledged. Sending an owner RRef records the
+//    fork directly.
+//  * A user that is destroyed tells the owner (UserDelete). The owner frees
+//    the value when its last recorded fork is deleted.
+//  * Every control message is idempotent, retried on transport errors, and
+//    correct in any arrival order; a fetch (to_here) that reaches the owner
+//    before the value exists waits for it.
+//
+// Thread-safety: RRefContext is safe to use from any thread. Ownership: the
+// agent owns the RRefContext (through a shared_ptr that every UserRRef also
+// holds, so a user that outlives the agent deletes itself quietly).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/ivalue.h>
+#include <ATen/core/rref_interface.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "rpc/codec.h"
+#include "rpc/future.h"
+#include "rpc/ids.h"
+
+namespace remora {
+
+class Agent;
+class RRefContext;
+
+// Common base of owner and user RRefs; what an RRef IValue holds.
+class RRefImpl : public c10::RRefInterface {
+ public:
+  RRefImpl(WorkerId owner, std::string owner_name, RRefId id,
+           std::weak_ptr<RRefContext> ctx)
+      : owner_(owner), owner_name_(std::move(owner_name)), rref_id_(id),
+        weak_ctx_(std::move(ctx)) {}
+
+  const RRefId& rref_id() const { return rref_id_; }
+  c10::WorkerId owner() const override { return owner_; }
+  std::string ownerName() const override { return owner_name_; }
+  const c10::TypePtr type() const override;
+  // The agent this RRef belongs to; null once that agent stopped.
+  Agent* agent() const;
+
+ private:
+  const WorkerId owner_;
+  const std::string owner_name_;
+  const RRefId rref_id_;
+  const std::weak_ptr<RRefContext> weak_ctx_;
+};
+
+// The owner's side: the value itself, possibly still being made.
+class OwnerRRef final : public RRefImpl {
+ public:
+  OwnerRRef(WorkerId owner, std::string owner_name, RRefId id,
+            std::weak_ptr<RRefContext> ctx, Executor* executor)
+      : RRefImpl(owner, std::move(owner_name), id, std::move(ctx)), value_(executor) {}
+
+  bool isOwner() const override { return true; }
+  bool confirmedByOwner() const override { return true; }
+
+  // Completes when the value exists, or with the error creating it raised.
+  const Future<c10::IValue>& value() const { return value_; }
+  void SetValue(absl::StatusOr<c10::IValue> value) { value_.Complete(std::move(value)); }
+
+ private:
+  Future<c10::IValue> value_;
+};
+
+// A user's side: one fork of a value that lives on `owner`.
+class UserRRef final : public RRefImpl {
+ public:
+  UserRRef(WorkerId owner, std::string owner_name, RRefId id, ForkId fork,
+           std::shared_ptr<RRefContext> ctx);
+  ~UserRRef() override;
+
+  bool isOwner() const override { return false; }
+  bool confirmedByOwner() const override { return confirmed_.ready(); }
+
+  const ForkId& fork_id() const { return fork_id_; }
+  // Completes when the owner confirmed this user; an error when creating the
+  // value failed (remote()) or the owner could not be told (fork).
+  const Future<Empty>& confirmed() const { return confirmed_; }
+  void Confirm(absl::Status status);
+  RRefContext& context() const { return *ctx_; }
+
+ private:
+  const ForkId fork_id_;
+  const std::shared_ptr<RRefContext> ctx_;
+  Future<Empty> confirmed_;
+};
+
+// How the RRef layer sends its control messages. Implemented by the agent.
+class ControlChannel {
+ public:
+  virtual ~ControlChannel() = default;
+  // Sends `request` to `dst`, retrying transport failures; the future holds
+  // the outcome.
+  virtual Future<Empty> SendControl(WorkerId dst, wire::Request request) = 0;
+  // The name of worker `id` (for RRef owner names and messages).
+  virtual std::string NameOf(WorkerId id) const = 0;
+  // Whether `id` is a member of the group.
+  virtual bool IsKnown(WorkerId id) const = 0;
+};
+
+// Counts of the RRef tables; all zero on a worker with nothing outstanding.
+struct RRefStats {
+  int64_t owners = 0;            // owner RRefs reachable by other processes
+  int64_t forks = 0;             // forks recorded on this owner
+  int64_t live_users = 0;        // user RRefs alive in this process
+  int64_t pending_users = 0;     // users waiting for the owner's confirmation
+  int64_t pending_children = 0;  // forks sent, not yet accepted
+  int64_t pending_messages = 0;  // control messages in flight
+};
+
+class RRefContext final : public RRefHooks,
+                          public std::enable_shared_from_this<RRefContext> {
+ public:
+  RRefContext(WorkerId self, Agent* agent, ControlChannel* channel, Executor* executor);
+
+  WorkerId self() const { return self_; }
+  // Null once detached.
+  Agent* agent() const;
+  Executor* executor() const { return executor_; }
+
+  // A new globally unique id created by this worker.
+  GloballyUniqueId NewId();
+
+  // --- creating RRefs --------------------------------------------------
+  // An owner RRef over a value this process holds (PyTorch's RRef(value)).
+  c10::intrusive_ptr<OwnerRRef> CreateLocal(c10::IValue value);
+  // The user for a remote() to `owner`, pending until the owner confirms.
+  c10::intrusive_ptr<UserRRef> CreateUserForRemote(WorkerId owner);
+
+  // --- owner side ------------------------------------------------------
+  // The owner RRef `id`, made as a placeholder (value pending) when absent.
+  c10::intrusive_ptr<OwnerRRef> GetOrCreateOwner(const RRefId& id);
+  // The owner RRef `id`, or null.
+  c10::intrusive_ptr<OwnerRRef> FindOwner(const RRefId& id);
+  void AddFork(const RRefId& id, const ForkId& fork);
+  // Records that user `fork` of `id` is gone; frees the value after the last.
+  absl::Status DeleteFork(const RRefId& id, const ForkId& fork);
+
+  // --- user / parent side ----------------------------------------------
+  void AcceptChild(const ForkId& fork);
+  // The owner answered about user `fork` (remote() reply or fork request):
+  // confirms it, or stores the error on it.
+  void FinishPendingUser(const ForkId& fork, absl::Status status);
+  // Called by ~UserRRef: tells the owner, unless already released.
+  void OnUserDestroyed(const UserRRef& user);
+
+  // --- codec hooks -----------------------------------------------------
+  absl::Status ForkForSend(const c10::IValue& rref, WorkerId dst,
+                           wire::RRefMeta* out) override;
+  absl::StatusOr<c10::IValue> Receive(const wire::RRefMeta& meta,
+                                      std::vector<Future<Empty>>* pending) override;
+
+  // --- shutdown --------------------------------------------------------
+  // Deletes every user this process still holds (as if destroyed).
+  void ReleaseAllUsers();
+  // Waits until no control message, pending user or pending child remains.
+  absl::Status WaitDrained(absl::Duration timeout);
+  // After this, destroyed users send nothing (the group is gone).
+  void Detach();
+  bool detached() const;
+
+  RRefStats stats() const;
+
+ private:
+  // Sends a control message and counts it until it completes.
+  Future<Empty> Send(WorkerId dst, wire::Request request);
+  bool drained() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const WorkerId self_;
+  Agent* const agent_;
+  ControlChannel* const channel_;
+  Executor* const executor_;
+  std::atomic<uint64_t> next_id_{1};
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<RRefId, c10::intrusive_ptr<OwnerRRef>> owners_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<RRefId, absl::flat_hash_set<ForkId>> forks_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<ForkId, c10::intrusive_ptr<UserRRef>> pending_users_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<ForkId, c10::intrusive_ptr<RRefImpl>> pending_children_ ABSL_GUARDED_BY(mu_);
+  // Users alive here, not yet deleted (raw: each removes itself when destroyed).
+  absl::flat_hash_map<ForkId, const UserRRef*> live_users_ ABSL_GUARDED_BY(mu_);
+  int64_t pending_messages_ ABSL_GUARDED_BY(mu_) = 0;
+  bool detached_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+wire::Guid ToWire(const GloballyUniqueId& id);
+GloballyUniqueId FromWire(const wire::Guid& id);
+
+}  // namespace remora

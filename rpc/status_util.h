@@ -1,0 +1,39 @@
+// Small helpers for absl::Status: the return-if-error macros that Debian's
+// Abseil (20220623) does not ship, and the one place where c10 and gRPC
+// errors become absl::Status.
+#pragma once
+
+#include <exception>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+
+#define REMORA_CONCAT_INNER(a, b) a##b
+#define REMORA_CONCAT(a, b) REMORA_CONCAT_INNER(a, b)
+
+// Returns from the enclosing function when `expr` (an absl::Status) fails.
+#define RETURN_IF_ERROR(expr)                         \
+  do {                                                \
+    ::absl::Status remora_status_ = (expr);           \
+    if (!remora_status_.ok()) return remora_status_;  \
+  } while (0)
+
+// `lhs = value of expr` (an absl::StatusOr), or returns its error.
+#define ASSIGN_OR_RETURN(lhs, expr)                                       \
+  auto REMORA_CONCAT(remora_statusor_, __LINE__) = (expr);                \
+  if (!REMORA_CONCAT(remora_statusor_, __LINE__).ok())                    \
+    return REMORA_CONCAT(remora_statusor_, __LINE__).status();            \
+  lhs = std::move(REMORA_CONCAT(remora_statusor_, __LINE__)).value()
+
+namespace remora {
+
+// Converts the exception currently being handled (call only inside a catch
+// block) into a status whose message starts with `context`.
+absl::Status StatusFromCurrentException(const std::string& context);
+
+// Returns `status` with `prefix: ` in front of its message (same code).
+absl::Status Annotate(const absl::Status& status, const std::string& prefix);
+
+}  // namespace remora
