@@ -237,6 +237,8 @@ class Agent::Impl final : public grpc::CallbackGenericService {
   void CancelOutgoing();
   void Stop();
 
+  RRefContext* rrefs() const { return agent_->rrefs_.get(); }
+
   Agent* const agent_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<grpc::Server> server_;
@@ -300,7 +302,7 @@ void Responder::ReplyError(const absl::Status& status) {
 void Responder::ReplyValue(absl::StatusOr<c10::IValue> value) {
   if (!value.ok()) return ReplyError(value.status());
   OutMessage m;
-  EncodeContext ctx{to_, impl_->agent_->rrefs_.get(), &m.payloads};
+  EncodeContext ctx{to_, impl_->rrefs(), &m.payloads};
   absl::Status s = EncodeValue(*value, ctx, m.header.mutable_response()->mutable_value());
   if (!s.ok()) return ReplyError(Annotate(s, "sending the result"));
   Reply(std::move(m));
@@ -560,11 +562,9 @@ void Agent::Impl::HandleCall(InMessage message, std::shared_ptr<Responder> respo
     }
     if (result_rref) {
       result_rref->SetValue(out);
-      if (out.ok()) {
-        responder->Reply(OutMessage{});
-      } else {
-        responder->ReplyError(out.status());
-      }
+      // The caller learns success or the creation error; the value stays.
+      responder->ReplyValue(out.ok() ? absl::StatusOr<c10::IValue>(c10::IValue())
+                                     : out.status());
       return;
     }
     responder->ReplyValue(std::move(out));
@@ -645,7 +645,8 @@ void Agent::Impl::HandleJoin(const wire::JoinRequest& join,
       joiners_[join.name()] = Joiner{join.address(), join.host_id(), responder};
       if (joiners_.size() == opts.workers.size()) {
         formed_ = true;
-        book_.push_back(agent_->self_);
+        book_.push_back(WorkerInfo{0, agent_->self_.name, agent_->self_.address,
+                                   agent_->self_.host_id});
         for (size_t i = 0; i < opts.workers.size(); ++i) {
           const Joiner& j = joiners_[opts.workers[i]];
           book_.push_back(WorkerInfo{static_cast<WorkerId>(i + 1), opts.workers[i],

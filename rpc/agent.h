@@ -43,12 +43,6 @@
 #include "rpc/registry.h"
 #include "rpc/rref.h"
 
-namespace grpc {
-class Server;
-class Channel;
-class GenericStub;
-}  // namespace grpc
-
 namespace remora {
 
 inline constexpr char kDefaultMasterAddress[] = "127.0.0.1:29500";

@@ -71,7 +71,7 @@ class Future {
   // Blocks until completed; returns the result (a copy).
   absl::StatusOr<T> wait() const {
     absl::MutexLock lock(&state_->mu);
-    state_->mu.Await(absl::Condition(&state_->result, &HasValue));
+    state_->mu.Await(absl::Condition(&HasValue, &state_->result));
     return *state_->result;
   }
 
@@ -79,7 +79,7 @@ class Future {
   absl::StatusOr<T> wait_for(absl::Duration timeout) const {
     absl::MutexLock lock(&state_->mu);
     if (!state_->mu.AwaitWithTimeout(
-            absl::Condition(&state_->result, &HasValue), timeout)) {
+            absl::Condition(&HasValue, &state_->result), timeout)) {
       return absl::DeadlineExceededError("future not completed in time");
     }
     return *state_->result;

@@ -56,7 +56,7 @@ class RRefImpl : public c10::RRefInterface {
         weak_ctx_(std::move(ctx)) {}
 
   const RRefId& rref_id() const { return rref_id_; }
-  c10::WorkerId owner() const override { return owner_; }
+  c10::worker_id_t owner() const override { return owner_; }
   std::string ownerName() const override { return owner_name_; }
   const c10::TypePtr type() const override;
   // The agent this RRef belongs to; null once that agent stopped.

@@ -1,0 +1,206 @@
+#include "examples/cli.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+
+namespace remora::cli {
+
+FlagParser::FlagParser(std::string program, std::string summary)
+    : program_(std::move(program)), summary_(std::move(summary)) {}
+
+void FlagParser::AddString(const std::string& name, std::string* target,
+                           const std::string& help) {
+  order_.push_back(name);
+  flags_[name] = Flag{help, *target, false, [target](const std::string& v) {
+                        *target = v;
+                        return absl::OkStatus();
+                      }};
+}
+
+void FlagParser::AddInt(const std::string& name, int* target, const std::string& help) {
+  order_.push_back(name);
+  flags_[name] = Flag{help, absl::StrCat(*target), false, [name, target](const std::string& v) {
+                        if (!absl::SimpleAtoi(v, target)) {
+                          return absl::InvalidArgumentError(
+                              absl::StrCat("--", name, " wants an integer, got '", v, "'"));
+                        }
+                        return absl::OkStatus();
+                      }};
+}
+
+void FlagParser::AddDouble(const std::string& name, double* target, const std::string& help) {
+  order_.push_back(name);
+  flags_[name] = Flag{help, absl::StrCat(*target), false, [name, target](const std::string& v) {
+                        if (!absl::SimpleAtod(v, target)) {
+                          return absl::InvalidArgumentError(
+                              absl::StrCat("--", name, " wants a number, got '", v, "'"));
+                        }
+                        return absl::OkStatus();
+                      }};
+}
+
+void FlagParser::AddBool(const std::string& name, bool* target, const std::string& help) {
+  order_.push_back(name);
+  flags_[name] = Flag{help, *target ? "true" : "false", true,
+                      [name, target](const std::string& v) {
+                        if (!absl::SimpleAtob(v, target)) {
+                          return absl::InvalidArgumentError(
+                              absl::StrCat("--", name, " wants true or false, got '", v, "'"));
+                        }
+                        return absl::OkStatus();
+                      }};
+}
+
+std::string FlagParser::Usage() const {
+  std::string out = absl::StrCat("usage: ", program_, " [flags]\n\n", summary_, "\n\nflags:\n");
+  for (const auto& name : order_) {
+    const Flag& f = flags_.at(name);
+    absl::StrAppend(&out, "  --", name, f.is_bool ? "" : " VALUE", "\n      ", f.help,
+                    f.default_text.empty() ? "" : absl::StrCat(" (default: ", f.default_text, ")"),
+                    "\n");
+  }
+  absl::StrAppend(&out, "  --help\n      print this and exit\n");
+  return out;
+}
+
+bool FlagParser::Parse(int argc, char** argv, int* exit_code) {
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::cout << Usage();
+      *exit_code = 0;
+      return false;
+    }
+    if (arg.rfind("--", 0) != 0) {
+      std::cerr << program_ << ": unexpected argument '" << arg << "'\n\n" << Usage();
+      *exit_code = 2;
+      return false;
+    }
+    std::string name = arg.substr(2), value;
+    bool has_value = false;
+    if (auto eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      has_value = true;
+    }
+    auto it = flags_.find(name);
+    if (it == flags_.end()) {
+      std::cerr << program_ << ": unknown flag --" << name << "\n\n" << Usage();
+      *exit_code = 2;
+      return false;
+    }
+    if (!has_value) {
+      if (it->second.is_bool) {
+        value = "true";
+      } else if (i + 1 < argc) {
+        value = argv[++i];
+      } else {
+        std::cerr << program_ << ": --" << name << " needs a value\n";
+        *exit_code = 2;
+        return false;
+      }
+    }
+    absl::Status s = it->second.set(value);
+    if (!s.ok()) {
+      std::cerr << program_ << ": " << s.message() << "\n";
+      *exit_code = 2;
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string MasterAddressFromEnv() {
+  const char* addr = std::getenv("MASTER_ADDR");
+  const char* port = std::getenv("MASTER_PORT");
+  return absl::StrCat(addr && *addr ? addr : "127.0.0.1", ":", port && *port ? port : "29500");
+}
+
+absl::Status CheckAddress(const std::string& address, const std::string& flag) {
+  auto colon = address.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " wants HOST:PORT (port 0 to 65535), got '", address, "'"));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> SplitList(const std::string& list) {
+  return absl::StrSplit(list, ',', absl::SkipWhitespace());
+}
+
+absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(
+    const std::vector<std::string>& argv) {
+  if (argv.empty()) return absl::InvalidArgumentError("empty command");
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) return absl::InternalError(absl::StrCat("fork failed for ", argv[0]));
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(1);  // the parent died already
+    execv(args[0], args.data());
+    std::perror(args[0]);
+    _exit(127);
+  }
+  return std::unique_ptr<Subprocess>(new Subprocess(pid));
+}
+
+Subprocess::~Subprocess() {
+  if (!reaped_) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+}
+
+void Subprocess::Signal(int sig) {
+  if (!reaped_) kill(pid_, sig);
+}
+
+bool Subprocess::running() {
+  if (reaped_) return false;
+  int status = 0;
+  pid_t r = waitpid(pid_, &status, WNOHANG);
+  if (r == pid_) {
+    reaped_ = true;
+    exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return false;
+  }
+  return true;
+}
+
+absl::StatusOr<int> Subprocess::Wait(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (running()) {
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("process ", pid_, " still running"));
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return exit_code_;
+}
+
+std::string SiblingProgram(const std::string& name) {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return name;
+  std::string self(buf, n);
+  return self.substr(0, self.rfind('/') + 1) + name;
+}
+
+}  // namespace remora::cli

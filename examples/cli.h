@@ -1,0 +1,81 @@
+// Command-line helpers shared by remora's programs: a small flag parser
+// with --help, the MASTER_ADDR/MASTER_PORT convention, and child processes.
+#pragma once
+
+#include <sys/types.h>
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace remora::cli {
+
+// Parses --name value and --name=value; --help prints the usage.
+//
+// Thread-compatible. Targets must outlive Parse().
+class FlagParser {
+ public:
+  FlagParser(std::string program, std::string summary);
+
+  void AddString(const std::string& name, std::string* target, const std::string& help);
+  void AddInt(const std::string& name, int* target, const std::string& help);
+  void AddDouble(const std::string& name, double* target, const std::string& help);
+  void AddBool(const std::string& name, bool* target, const std::string& help);
+
+  // Parses argv. Returns false after printing the usage (for --help: exit 0)
+  // or an error (exit 2); `exit_code` says which.
+  bool Parse(int argc, char** argv, int* exit_code);
+  std::string Usage() const;
+
+ private:
+  struct Flag {
+    std::string help;
+    std::string default_text;
+    bool is_bool = false;
+    std::function<absl::Status(const std::string&)> set;
+  };
+  std::string program_;
+  std::string summary_;
+  std::map<std::string, Flag> flags_;
+  std::vector<std::string> order_;
+};
+
+// "MASTER_ADDR:MASTER_PORT" from the environment, each part defaulting to
+// 127.0.0.1 and 29500 as in PyTorch.
+std::string MasterAddressFromEnv();
+
+// Checks HOST:PORT (port 0 to 65535).
+absl::Status CheckAddress(const std::string& address, const std::string& flag);
+
+// Splits "a,b,c", dropping empty parts.
+std::vector<std::string> SplitList(const std::string& list);
+
+// A child process started from argv. The child gets SIGTERM when this
+// process dies, so no child outlives its parent. The destructor kills (SIGKILL)
+// and reaps a child that is still running.
+class Subprocess {
+ public:
+  static absl::StatusOr<std::unique_ptr<Subprocess>> Spawn(const std::vector<std::string>& argv);
+  ~Subprocess();
+
+  pid_t pid() const { return pid_; }
+  void Signal(int sig);
+  // The exit code (128 + signal when killed by one), or DEADLINE_EXCEEDED.
+  absl::StatusOr<int> Wait(absl::Duration timeout);
+  bool running();
+
+ private:
+  explicit Subprocess(pid_t pid) : pid_(pid) {}
+  pid_t pid_;
+  bool reaped_ = false;
+  int exit_code_ = -1;
+};
+
+// The path of program `name` next to the running executable (build/bin/).
+std::string SiblingProgram(const std::string& name);
+
+}  // namespace remora::cli

@@ -1,0 +1,79 @@
+// worker: a remora worker process. It registers with the master, hosts
+// whatever functions and modules the master asks for, and exits 0 when the
+// master shuts the group down.
+#include <ATen/Parallel.h>
+
+#include <iostream>
+
+#include "examples/cli.h"
+#include "rpc/agent.h"
+#include "shards/builtins.h"
+
+int main(int argc, char** argv) {
+  using namespace remora;
+  std::string name;
+  std::string master = cli::MasterAddressFromEnv();
+  std::string listen = "127.0.0.1:0";
+  std::string device = "cpu";
+  int threads = 0;
+  int rpc_threads = 16;
+  int connect_timeout_s = 60;
+  cli::FlagParser flags("worker", "A remora worker: serves the master's calls until it ends the group.");
+  flags.AddString("name", &name, "this worker's name, 1-128 of [A-Za-z0-9_:-] (required)");
+  flags.AddString("master", &master, "HOST:PORT of the master (MASTER_ADDR/MASTER_PORT also work)");
+  flags.AddString("listen", &listen, "HOST:PORT this worker serves on; port 0 picks a free one");
+  flags.AddInt("threads", &threads, "intra-op threads for LibTorch; 0 keeps LibTorch's default");
+  flags.AddInt("rpc-threads", &rpc_threads, "threads that run incoming calls");
+  flags.AddInt("connect-timeout", &connect_timeout_s, "seconds to keep trying to reach the master");
+  flags.AddString("device", &device, "where shards live: cpu (cuda:N needs a CUDA build)");
+  int code = 0;
+  if (!flags.Parse(argc, argv, &code)) return code;
+  if (name.empty()) {
+    std::cerr << "worker: --name is required (e.g. --name worker1)\n";
+    return 2;
+  }
+  for (const auto& [flag, addr] : {std::pair{"--master", master}, std::pair{"--listen", listen}}) {
+    if (auto s = cli::CheckAddress(addr, flag); !s.ok()) {
+      std::cerr << "worker: " << s.message() << "\n";
+      return 2;
+    }
+  }
+  if (device != "cpu") {
+    std::cerr << "worker: --device " << device
+              << " is not available: this build places shards on the CPU only\n";
+    return 2;
+  }
+  if (threads < 0 || rpc_threads < 1 || connect_timeout_s < 1) {
+    std::cerr << "worker: --threads must be >= 0, --rpc-threads and --connect-timeout >= 1\n";
+    return 2;
+  }
+  if (threads > 0) at::set_num_threads(threads);
+
+  Registry registry;
+  if (auto s = shards::RegisterBuiltins(registry); !s.ok()) {
+    std::cerr << "worker: " << s << "\n";
+    return 1;
+  }
+  AgentOptions options;
+  options.name = name;
+  options.master_address = master;
+  options.listen_address = listen;
+  options.num_threads = rpc_threads;
+  options.connect_timeout = absl::Seconds(connect_timeout_s);
+  auto agent = Agent::Start(options, &registry);
+  if (!agent.ok()) {
+    std::cerr << "worker: " << agent.status().message() << "\n";
+    return 1;
+  }
+  if (auto s = (*agent)->Join(); !s.ok()) {
+    std::cerr << "worker: " << s.message() << "\n";
+    return 1;
+  }
+  std::cerr << "worker '" << name << "' (id " << (*agent)->self().id << ") serving at "
+            << (*agent)->self().address << "\n";
+  if (auto s = (*agent)->Shutdown(); !s.ok()) {
+    std::cerr << "worker '" << name << "': " << s.message() << "\n";
+    return 1;
+  }
+  return 0;
+}
