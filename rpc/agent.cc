@@ -216,11 +216,14 @@ class Agent::Impl final : public grpc::CallbackGenericService {
   void HandleJoin(const wire::JoinRequest& join, std::shared_ptr<Responder> responder);
   void HandleProbe(const wire::ShutdownProbe& probe, std::shared_ptr<Responder> responder);
 
-  // Sends a request; the future completes on a gRPC thread.
+  // Sends a request; the future completes on a gRPC thread, or on this
+  // thread before returning when `blocking`.
   Future<InMessage> Transmit(grpc::GenericStub* stub, OutMessage message,
-                             absl::Duration timeout, bool wait_for_ready);
+                             absl::Duration timeout, bool wait_for_ready,
+                             bool blocking = false);
   // Sends a request to a group member; errors name it.
-  Future<InMessage> SendTo(WorkerId dst, OutMessage message, absl::Duration timeout);
+  Future<InMessage> SendTo(WorkerId dst, OutMessage message, absl::Duration timeout,
+                           bool blocking = false);
   // Turns a reply into a value (decoding RRefs) and completes `result`.
   void CompleteWithReply(const absl::StatusOr<InMessage>& reply, WorkerId from,
                          Future<c10::IValue> result);
@@ -228,7 +231,8 @@ class Agent::Impl final : public grpc::CallbackGenericService {
 
   Future<c10::IValue> Call(WorkerId dst, wire::CallRequest call,
                            std::vector<c10::IValue> args, const c10::IValue* self,
-                           CallOptions options, c10::intrusive_ptr<UserRRef> result);
+                           CallOptions options, c10::intrusive_ptr<UserRRef> result,
+                           bool blocking = false);
 
   absl::StatusOr<WorkerId> Resolve(const std::string& name) const;
   const Peer* FindPeer(WorkerId id) const;
@@ -312,7 +316,8 @@ void Responder::ReplyValue(absl::StatusOr<c10::IValue> value) {
 // Client side.
 
 Future<InMessage> Agent::Impl::Transmit(grpc::GenericStub* stub, OutMessage message,
-                                        absl::Duration timeout, bool wait_for_ready) {
+                                        absl::Duration timeout, bool wait_for_ready,
+                                        bool blocking) {
   auto* call = new ClientCall;
   Future<InMessage> done = call->done;
   call->context.set_deadline(DeadlineIn(timeout));
@@ -327,31 +332,56 @@ Future<InMessage> Agent::Impl::Transmit(grpc::GenericStub* stub, OutMessage mess
     calls_.insert(call);
   }
   outgoing_.fetch_add(1);
-  stub->UnaryCall(&call->context, kMethod, grpc::StubOptions(), &call->request,
-                  &call->response, [this, call](grpc::Status status) {
-                    absl::StatusOr<InMessage> result =
-                        status.ok() ? ParseMessage(call->response) : FromGrpc(status);
-                    Future<InMessage> done = call->done;
-                    {
-                      absl::MutexLock lock(&calls_mu_);
-                      calls_.erase(call);
-                    }
-                    delete call;
-                    outgoing_.fetch_sub(1);
-                    done.Complete(std::move(result));
-                  });
+  auto complete = [this, call](const grpc::Status& status) {
+    absl::StatusOr<InMessage> result =
+        status.ok() ? ParseMessage(call->response) : FromGrpc(status);
+    Future<InMessage> done = call->done;
+    {
+      absl::MutexLock lock(&calls_mu_);
+      calls_.erase(call);
+    }
+    delete call;
+    outgoing_.fetch_sub(1);
+    done.Complete(std::move(result));
+  };
+  if (!blocking) {
+    stub->UnaryCall(&call->context, kMethod, grpc::StubOptions(), &call->request,
+                    &call->response, std::move(complete));
+    return done;
+  }
+  // The calling thread drives its own completion queue: the reply wakes
+  // this thread directly instead of a gRPC thread that would wake it.
+  thread_local std::unique_ptr<grpc::CompletionQueue, void (*)(grpc::CompletionQueue*)> cq(
+      new grpc::CompletionQueue, [](grpc::CompletionQueue* q) {
+        q->Shutdown();
+        void* tag;
+        bool ok;
+        while (q->Next(&tag, &ok)) {
+        }
+        delete q;
+      });
+  auto reader = stub->PrepareUnaryCall(&call->context, kMethod, call->request, cq.get());
+  reader->StartCall();
+  grpc::Status status;
+  reader->Finish(&call->response, &status, call);
+  void* tag = nullptr;
+  bool ok = false;
+  cq->Next(&tag, &ok);
+  reader.reset();
+  complete(status);
   return done;
 }
 
 Future<InMessage> Agent::Impl::SendTo(WorkerId dst, OutMessage message,
-                                      absl::Duration timeout) {
+                                      absl::Duration timeout, bool blocking) {
   const Peer* peer = FindPeer(dst);
   if (peer == nullptr) {
     return Future<InMessage>::Ready(absl::NotFoundError(absl::StrCat(
         "no worker with id ", dst, " in the group")));
   }
   const std::string what = Describe(message.header.request());
-  Future<InMessage> raw = Transmit(peer->stub.get(), std::move(message), timeout, false);
+  Future<InMessage> raw =
+      Transmit(peer->stub.get(), std::move(message), timeout, false, blocking);
   Future<InMessage> annotated;
   raw.then([annotated, peer, what, timeout](const absl::StatusOr<InMessage>& r) mutable {
     if (r.ok()) {
@@ -415,7 +445,8 @@ void Agent::Impl::CompleteWithReply(const absl::StatusOr<InMessage>& reply, Work
 Future<c10::IValue> Agent::Impl::Call(WorkerId dst, wire::CallRequest call,
                                       std::vector<c10::IValue> args, const c10::IValue* self,
                                       CallOptions options,
-                                      c10::intrusive_ptr<UserRRef> result_rref) {
+                                      c10::intrusive_ptr<UserRRef> result_rref,
+                                      bool blocking) {
   Future<c10::IValue> result(pool_.get());
   if (result_rref) {
     // remote(): the reply confirms the user, or carries the creation error.
@@ -441,7 +472,7 @@ Future<c10::IValue> Agent::Impl::Call(WorkerId dst, wire::CallRequest call,
   *request->mutable_call() = std::move(call);
   const absl::Duration timeout =
       options.timeout > absl::ZeroDuration() ? options.timeout : agent_->options_.rpc_timeout;
-  SendTo(dst, std::move(m), timeout)
+  SendTo(dst, std::move(m), timeout, blocking)
       .then([this, dst, result](const absl::StatusOr<InMessage>& reply) {
         CompleteWithReply(reply, dst, result);
       });
@@ -943,7 +974,13 @@ Future<Empty> Agent::SendControl(WorkerId dst, wire::Request request) {
 absl::StatusOr<c10::IValue> Agent::rpc_sync(const std::string& to, const std::string& function,
                                             std::vector<c10::IValue> args,
                                             CallOptions options) {
-  return rpc_async(to, function, std::move(args), options).wait();
+  if (!impl_->joined_.HasBeenNotified()) {
+    return absl::FailedPreconditionError("call Join() before making calls");
+  }
+  ASSIGN_OR_RETURN(WorkerId dst, impl_->Resolve(to));
+  wire::CallRequest call;
+  call.set_function(function);
+  return impl_->Call(dst, std::move(call), std::move(args), nullptr, options, {}, true).wait();
 }
 
 Future<c10::IValue> Agent::rpc_async(const std::string& to, const std::string& function,
