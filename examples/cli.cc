@@ -1,5 +1,6 @@
 #include "examples/cli.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -143,7 +144,7 @@ std::vector<std::string> SplitList(const std::string& list) {
 }
 
 absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(
-    const std::vector<std::string>& argv) {
+    const std::vector<std::string>& argv, const std::string& output) {
   if (argv.empty()) return absl::InvalidArgumentError("empty command");
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -154,6 +155,13 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(1);  // the parent died already
+    if (!output.empty()) {
+      int fd = open(output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd < 0) _exit(126);
+      dup2(fd, 1);
+      dup2(fd, 2);
+      close(fd);
+    }
     execv(args[0], args.data());
     std::perror(args[0]);
     _exit(127);

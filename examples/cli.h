@@ -59,7 +59,10 @@ std::vector<std::string> SplitList(const std::string& list);
 // and reaps a child that is still running.
 class Subprocess {
  public:
-  static absl::StatusOr<std::unique_ptr<Subprocess>> Spawn(const std::vector<std::string>& argv);
+  // Starts argv[0] (a path) with argv. When `output` is not empty, the
+  // child's stdout and stderr go to that file.
+  static absl::StatusOr<std::unique_ptr<Subprocess>> Spawn(const std::vector<std::string>& argv,
+                                                           const std::string& output = "");
   ~Subprocess();
 
   pid_t pid() const { return pid_; }

@@ -1065,10 +1065,18 @@ absl::Status Agent::Shutdown(bool graceful) {
         if (w.id != self_.id) others.push_back(w);
       }
       bool release = true;
+      int64_t last_active = 0;
       while (true) {
         if (release) rrefs_->ReleaseAllUsers();
         status = rrefs_->WaitDrained(deadline - absl::Now());
         if (!status.ok()) break;
+        if (deadline - absl::Now() < absl::Milliseconds(50)) {
+          status = absl::DeadlineExceededError(absl::StrCat(
+              "shutdown: ", last_active, " calls still in flight after ",
+              absl::FormatDuration(options_.shutdown_timeout),
+              "; a worker is stuck in a call (raise shutdown_timeout if it is just slow)"));
+          break;
+        }
         int64_t active = active_calls();
         std::vector<Future<InMessage>> replies;
         for (const auto& w : others) {
@@ -1096,12 +1104,7 @@ absl::Status Agent::Shutdown(bool graceful) {
           break;
         }
         if (active == 0) break;
-        if (absl::Now() > deadline) {
-          status = absl::DeadlineExceededError(absl::StrCat(
-              "shutdown: calls still in flight after ",
-              absl::FormatDuration(options_.shutdown_timeout)));
-          break;
-        }
+        last_active = active;
         absl::SleepFor(absl::Milliseconds(10));
       }
       // Tell every worker the group is done, even after an error.

@@ -1,11 +1,18 @@
 #include "rpc/thread_pool.h"
 
+#include <pthread.h>
+
 namespace remora {
 
 ThreadPool::ThreadPool(int num_threads) {
   if (num_threads < 1) num_threads = 1;
   threads_.reserve(num_threads);
-  for (int i = 0; i < num_threads; ++i) threads_.emplace_back([this] { Loop(); });
+  for (int i = 0; i < num_threads; ++i) {
+    threads_.emplace_back([this] {
+      pthread_setname_np(pthread_self(), kThreadName);
+      Loop();
+    });
+  }
 }
 
 ThreadPool::~ThreadPool() {

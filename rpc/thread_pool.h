@@ -25,6 +25,9 @@ class Executor {
 
 class ThreadPool final : public Executor {
  public:
+  // The name every pool thread carries (pthread_getname_np).
+  static constexpr char kThreadName[] = "remora-pool";
+
   explicit ThreadPool(int num_threads);
   ~ThreadPool() override;
   ThreadPool(const ThreadPool&) = delete;

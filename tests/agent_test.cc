@@ -1,0 +1,474 @@
+// Several agents in one process over loopback: calls, RRefs, reference
+// counting, rendezvous errors and shutdown.
+#include <pthread.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/rand.h>
+#include <ATen/ops/randn.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "rpc/agent.h"
+#include "shards/builtins.h"
+
+namespace remora {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A master and N workers in this process.
+class Group {
+ public:
+  explicit Group(int n, AgentOptions base = {}) {
+    EXPECT_TRUE(shards::RegisterBuiltins(registry_).ok());
+    AgentOptions m = base;
+    m.name = "master";
+    m.is_master = true;
+    for (int i = 1; i <= n; ++i) m.workers.push_back(absl::StrCat("w", i));
+    master_ = std::move(Agent::Start(m, &registry_).value());
+    std::vector<std::thread> joins;
+    for (int i = 1; i <= n; ++i) {
+      AgentOptions w = base;
+      w.name = absl::StrCat("w", i);
+      w.master_address = master_->self().address;
+      workers_.push_back(std::move(Agent::Start(w, &registry_).value()));
+    }
+    for (auto& w : workers_) {
+      joins.emplace_back([&w] { EXPECT_TRUE(w->Join().ok()); });
+    }
+    EXPECT_TRUE(master_->Join().ok());
+    for (auto& t : joins) t.join();
+  }
+
+  ~Group() { EXPECT_TRUE(Shutdown().ok()); }
+
+  absl::Status Shutdown() {
+    if (stopped_) return absl::OkStatus();
+    stopped_ = true;
+    std::vector<std::thread> waits;
+    for (auto& w : workers_) {
+      waits.emplace_back([&w] { EXPECT_TRUE(w->Shutdown().ok()); });
+    }
+    absl::Status s = master_->Shutdown();
+    for (auto& t : waits) t.join();
+    return s;
+  }
+
+  Agent& master() { return *master_; }
+  Agent& worker(int i) { return *workers_[i - 1]; }
+  std::vector<Agent*> all() {
+    std::vector<Agent*> out = {master_.get()};
+    for (auto& w : workers_) out.push_back(w.get());
+    return out;
+  }
+
+  // Waits until every agent's RRef tables are empty.
+  bool WaitTablesEmpty(absl::Duration timeout, std::string* why) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      bool empty = true;
+      for (Agent* a : all()) {
+        RRefStats s = a->rref_stats();
+        if (s.owners || s.forks || s.live_users || s.pending_users || s.pending_children ||
+            s.pending_messages) {
+          empty = false;
+          *why = absl::StrCat(a->self().name, ": owners=", s.owners, " forks=", s.forks,
+                              " live_users=", s.live_users, " pending_users=", s.pending_users,
+                              " pending_children=", s.pending_children,
+                              " pending_messages=", s.pending_messages);
+        }
+      }
+      if (empty) return true;
+      if (absl::Now() > deadline) return false;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+
+ private:
+  Registry registry_;
+  std::unique_ptr<Agent> master_;
+  std::vector<std::unique_ptr<Agent>> workers_;
+  bool stopped_ = false;
+};
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+TEST(Agent, AddressBookHasStableIdsEverywhere) {
+  Group g(2);
+  for (Agent* a : g.all()) {
+    auto book = a->workers();
+    ASSERT_EQ(book.size(), 3u);
+    EXPECT_EQ(book[0].name, "master");
+    EXPECT_EQ(book[1].name, "w1");
+    EXPECT_EQ(book[2].name, "w2");
+    for (size_t i = 0; i < book.size(); ++i) EXPECT_EQ(book[i].id, i);
+    EXPECT_EQ(book[1].host_id, book[2].host_id);
+  }
+  EXPECT_EQ(g.worker(2).self().id, 2);
+}
+
+TEST(Agent, RpcSyncAndAsyncReturnResults) {
+  Group g(2);
+  auto r = g.master().rpc_sync("w1", "add", {int64_t{2}, int64_t{3}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->toInt(), 5);
+  at::Tensor x = at::randn({3, 4});
+  auto f = g.master().rpc_async("w2", "add", {x, x});
+  auto t = f.wait();
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_TRUE(at::equal(t->toTensor(), x + x));
+  // A worker calls another worker directly.
+  auto w = g.worker(1).rpc_sync("w2", "echo", {std::string("hi")});
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->toStringRef(), "hi");
+}
+
+TEST(Agent, RemoteFailureNamesWorkerAndWorkerKeepsServing) {
+  Group g(1);
+  auto r = g.master().rpc_sync("w1", "raise", {std::string("boom at stage 3")});
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("worker 'w1'"));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("boom at stage 3"));
+  auto missing_arg = g.master().rpc_sync("w1", "add", {int64_t{1}});
+  ASSERT_FALSE(missing_arg.ok());
+  EXPECT_THAT(std::string(missing_arg.status().message()), HasSubstr("argument 1"));
+  auto wrong_type = g.master().rpc_sync("w1", "sink", {std::string("not a tensor")});
+  EXPECT_FALSE(wrong_type.ok());
+  auto ok = g.master().rpc_sync("w1", "add", {int64_t{1}, int64_t{1}});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->toInt(), 2);
+}
+
+TEST(Agent, UnknownDestinationOrFunctionIsAClearError) {
+  Group g(1);
+  auto r = g.master().rpc_sync("nobody", "add", {});
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("unknown worker 'nobody'"));
+  EXPECT_FALSE(g.master().remote("nobody", "add", {}).ok());
+  auto f = g.master().rpc_sync("w1", "no_such_function", {});
+  ASSERT_EQ(f.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(f.status().message()), HasSubstr("no_such_function"));
+}
+
+TEST(Agent, PerCallTimeoutFailsTheCall) {
+  Group g(1);
+  CallOptions opts;
+  opts.timeout = absl::Milliseconds(200);
+  const absl::Time start = absl::Now();
+  auto r = g.master().rpc_sync("w1", "sleep_ms", {int64_t{1500}}, opts);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("timed out"));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("w1"));
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(1400));
+  auto f = g.master().rpc_async("w1", "sleep_ms", {int64_t{1500}}, opts).wait();
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kDeadlineExceeded);
+  absl::SleepFor(absl::Milliseconds(1500));  // let the sleeps end before shutdown
+}
+
+TEST(Agent, CallbacksNeverRunOnGrpcThreads) {
+  Group g(1);
+  std::vector<Future<std::string>> names;
+  for (int i = 0; i < 20; ++i) {
+    Future<std::string> name;
+    g.master().rpc_async("w1", "echo", {int64_t{i}}).then(
+        [name](const absl::StatusOr<c10::IValue>&) mutable {
+          char buf[32] = {0};
+          pthread_getname_np(pthread_self(), buf, sizeof(buf));
+          name.SetValue(buf);
+        });
+    names.push_back(name);
+  }
+  for (auto& n : names) EXPECT_EQ(n.wait().value(), ThreadPool::kThreadName);
+}
+
+TEST(Agent, ManyConcurrentAsyncCallsAllComplete) {
+  Group g(1);
+  std::vector<Future<c10::IValue>> futures;
+  for (int64_t i = 0; i < 3000; ++i) {
+    futures.push_back(g.master().rpc_async("w1", "add", {i, int64_t{1}}));
+  }
+  for (int64_t i = 0; i < 3000; ++i) {
+    auto r = futures[i].wait();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->toInt(), i + 1);
+  }
+}
+
+TEST(Agent, LargeTensorsPassBothWays) {
+  Group g(1);
+  at::Tensor big = at::rand({40 << 20});  // 160 MB of float32
+  auto r = g.master().rpc_sync("w1", "echo", {big});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(at::equal(r->toTensor(), big));
+}
+
+TEST(Agent, RemoteReturnsAtOnceAndToHereWaitsForTheValue) {
+  Group g(1);
+  const absl::Time start = absl::Now();
+  auto rref = g.master().remote("w1", "sleep_ms", {int64_t{400}});
+  ASSERT_TRUE(rref.ok()) << rref.status();
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(300));
+  EXPECT_EQ(rref->owner_name(), "w1");
+  EXPECT_EQ(rref->owner(), 1);
+  EXPECT_FALSE(rref->is_owner());
+  auto v = rref->to_here();
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->toInt(), 400);
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(390));
+  // The owner's confirmation travels apart from the fetched value.
+  EXPECT_TRUE(rref->impl()->isOwner() ||
+              static_cast<UserRRef*>(rref->impl().get())->confirmed().wait_for(absl::Seconds(5)).ok());
+  EXPECT_TRUE(rref->confirmed_by_owner());
+}
+
+TEST(Agent, CreationErrorIsRaisedByToHere) {
+  Group g(1);
+  auto rref = g.master().remote("w1", "raise", {std::string("cannot build")});
+  ASSERT_TRUE(rref.ok());
+  auto v = rref->to_here();
+  ASSERT_FALSE(v.ok());
+  EXPECT_THAT(std::string(v.status().message()), HasSubstr("cannot build"));
+  EXPECT_THAT(std::string(v.status().message()), HasSubstr("w1"));
+}
+
+TEST(Agent, LocalValueOnlyOnTheOwner) {
+  Group g(1);
+  RRef local = g.master().local_rref(c10::IValue(int64_t{7}));
+  EXPECT_TRUE(local.is_owner());
+  EXPECT_EQ(local.local_value().value().toInt(), 7);
+  EXPECT_EQ(local.to_here().value().toInt(), 7);
+  auto user = g.master().remote("w1", "echo", {int64_t{8}}).value();
+  auto lv = user.local_value();
+  ASSERT_EQ(lv.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(lv.status().message()), HasSubstr("to_here"));
+}
+
+TEST(Agent, RRefPassedToAThirdProcessIsFetchedFromItsOwner) {
+  Group g(2);
+  at::Tensor x = at::randn({5});
+  // The value does not exist yet when w2 asks for it: the owner waits.
+  RRef slow = g.master().remote("w1", "sleep_ms", {int64_t{300}}).value();
+  auto v = g.master().rpc_sync("w2", "to_here", {slow});
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->toInt(), 300);
+  RRef held = g.master().remote("w1", "echo", {x}).value();
+  auto y = g.master().rpc_sync("w2", "rref_add", {held, x});
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_TRUE(at::allclose(y->toTensor(), x + x));
+}
+
+TEST(Agent, CanonicalPipelineMatchesLocalComputation) {
+  Group g(2);
+  RRef s1 = g.master().remote("w1", "Affine", {int64_t{6}, int64_t{5}, int64_t{1}}).value();
+  RRef s2 = g.master().remote("w2", "Affine", {int64_t{5}, int64_t{3}, int64_t{2}}).value();
+  at::Tensor w1 = s1.rpc_sync("weight").value().toTensor();
+  at::Tensor w2 = s2.rpc_sync("weight").value().toTensor();
+  for (int step = 0; step < 5; ++step) {
+    at::Tensor x = at::randn({4, 6});
+    RRef x_rref = g.master().local_rref(x);
+    RRef y_rref = s1.remote("forward", {x_rref}).value();
+    EXPECT_EQ(y_rref.owner_name(), "w1");
+    auto z = s2.rpc_async("forward", {y_rref}).wait();
+    ASSERT_TRUE(z.ok()) << z.status();
+    at::Tensor expected = at::matmul(at::matmul(x, w1.t()), w2.t());
+    EXPECT_TRUE(at::allclose(z->toTensor(), expected, 1e-5, 1e-6));
+  }
+}
+
+TEST(Agent, MethodErrorsAreClear) {
+  Group g(1);
+  RRef m = g.master().remote("w1", "Scale", {2.0}).value();
+  auto bad = m.rpc_sync("nope");
+  ASSERT_EQ(bad.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("forward"));
+  RRef not_module = g.master().remote("w1", "echo", {int64_t{1}}).value();
+  auto nm = not_module.rpc_sync("forward", {at::ones({1})});
+  EXPECT_EQ(nm.status().code(), absl::StatusCode::kInvalidArgument);
+  auto y = m.rpc_sync("forward", {at::ones({2})});
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_TRUE(at::equal(y->toTensor(), at::ones({2}) * 2));
+  EXPECT_DOUBLE_EQ(m.rpc_sync("factor").value().toDouble(), 2.0);
+}
+
+TEST(Agent, ThousandsOfRRefsLeaveEveryOwnerTableEmpty) {
+  Group g(2);
+  {
+    std::vector<RRef> keep;
+    std::vector<Future<c10::IValue>> pending;
+    for (int64_t i = 0; i < 1500; ++i) {
+      // remote on w1, forked to w2 which fetches it from w1.
+      RRef r = g.master().remote("w1", "echo", {i}).value();
+      pending.push_back(g.master().rpc_async("w2", "to_here", {r}));
+      // the master's own value, forked to w1.
+      RRef local = g.master().local_rref(c10::IValue(i));
+      pending.push_back(g.master().rpc_async("w1", "to_here", {local}));
+      // an RRef created by w2 and returned to the master.
+      pending.push_back(g.master().rpc_async("w2", "make_rref", {i}));
+      if (i % 100 == 0) keep.push_back(r);
+    }
+    for (auto& f : pending) ASSERT_TRUE(f.wait().ok());
+    for (auto& f : pending) {
+      auto v = f.wait().value();
+      if (v.isRRef()) EXPECT_EQ(RRef::FromIValue(v).value().owner_name(), "w2");
+    }
+    RRefStats w1 = g.worker(1).rref_stats();
+    EXPECT_GE(w1.owners, 15);  // the kept ones at least
+  }
+  std::string why;
+  EXPECT_TRUE(g.WaitTablesEmpty(absl::Seconds(30), &why)) << why;
+}
+
+TEST(Rendezvous, InvalidNamesAreRejected) {
+  Registry registry;
+  AgentOptions o;
+  o.name = "bad name";
+  EXPECT_EQ(Agent::Start(o, &registry).status().code(), absl::StatusCode::kInvalidArgument);
+  o.name = std::string(129, 'a');
+  EXPECT_EQ(Agent::Start(o, &registry).status().code(), absl::StatusCode::kInvalidArgument);
+  o.name = "master";
+  o.is_master = true;
+  o.workers = {"w1", "w1"};
+  auto dup = Agent::Start(o, &registry);
+  ASSERT_FALSE(dup.ok());
+  EXPECT_THAT(std::string(dup.status().message()), HasSubstr("duplicate"));
+  o.workers = {"w1", "no/slash"};
+  EXPECT_FALSE(Agent::Start(o, &registry).ok());
+}
+
+TEST(Rendezvous, DuplicateAndUnknownWorkerNamesAreRejected) {
+  Registry registry;
+  AgentOptions m;
+  m.name = "master";
+  m.is_master = true;
+  m.workers = {"w1", "w2"};
+  auto master = Agent::Start(m, &registry).value();
+  auto start_worker = [&](const std::string& name) {
+    AgentOptions w;
+    w.name = name;
+    w.master_address = master->self().address;
+    w.connect_timeout = absl::Seconds(20);
+    return Agent::Start(w, &registry).value();
+  };
+  auto first = start_worker("w1");
+  std::thread first_join([&] { EXPECT_TRUE(first->Join().ok()); });
+  absl::SleepFor(absl::Milliseconds(200));
+  auto second = start_worker("w1");
+  absl::Status dup = second->Join();
+  EXPECT_EQ(dup.code(), absl::StatusCode::kAlreadyExists) << dup;
+  EXPECT_THAT(std::string(dup.message()), HasSubstr("duplicate worker name 'w1'"));
+  auto stranger = start_worker("w9");
+  absl::Status unknown = stranger->Join();
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound) << unknown;
+  EXPECT_THAT(std::string(unknown.message()), HasSubstr("w9"));
+  auto w2 = start_worker("w2");
+  std::thread w2_join([&] { EXPECT_TRUE(w2->Join().ok()); });
+  EXPECT_TRUE(master->Join().ok());
+  first_join.join();
+  w2_join.join();
+  std::thread a([&] { EXPECT_TRUE(first->Shutdown().ok()); });
+  std::thread b([&] { EXPECT_TRUE(w2->Shutdown().ok()); });
+  EXPECT_TRUE(master->Shutdown().ok());
+  a.join();
+  b.join();
+}
+
+TEST(Rendezvous, WorkerStartedBeforeMasterRetriesUntilItAppears) {
+  Registry registry;
+  const int port = FreePort();
+  AgentOptions w;
+  w.name = "w1";
+  w.master_address = absl::StrCat("127.0.0.1:", port);
+  w.connect_timeout = absl::Seconds(20);
+  auto worker = Agent::Start(w, &registry).value();
+  std::thread join([&] { EXPECT_TRUE(worker->Join().ok()); });
+  absl::SleepFor(absl::Milliseconds(700));
+  AgentOptions m;
+  m.name = "master";
+  m.is_master = true;
+  m.workers = {"w1"};
+  m.listen_address = absl::StrCat("127.0.0.1:", port);
+  auto master = Agent::Start(m, &registry).value();
+  EXPECT_TRUE(master->Join().ok());
+  join.join();
+  std::thread stop([&] { EXPECT_TRUE(worker->Shutdown().ok()); });
+  EXPECT_TRUE(master->Shutdown().ok());
+  stop.join();
+}
+
+TEST(Rendezvous, TimeoutsGiveClearErrors) {
+  Registry registry;
+  AgentOptions w;
+  w.name = "w1";
+  w.master_address = absl::StrCat("127.0.0.1:", FreePort());
+  w.connect_timeout = absl::Seconds(1);
+  auto worker = Agent::Start(w, &registry).value();
+  const absl::Time start = absl::Now();
+  absl::Status s = worker->Join();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("unreachable"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+
+  AgentOptions m;
+  m.name = "master";
+  m.is_master = true;
+  m.workers = {"w1", "w2"};
+  m.connect_timeout = absl::Seconds(1);
+  auto master = Agent::Start(m, &registry).value();
+  absl::Status ms = master->Join();
+  EXPECT_EQ(ms.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(ms.message()), HasSubstr("w1, w2"));
+}
+
+TEST(Shutdown, ReleasesOutstandingRRefsEverywhere) {
+  Group g(2);
+  RRef a = g.master().remote("w1", "echo", {at::ones({3})}).value();
+  RRef b = g.master().remote("w2", "Scale", {3.0}).value();
+  ASSERT_TRUE(a.to_here().ok());
+  ASSERT_TRUE(g.master().rpc_sync("w2", "to_here", {a}).ok());
+  EXPECT_GE(g.worker(1).rref_stats().owners, 1);
+  ASSERT_TRUE(g.Shutdown().ok());
+  // The handles are still alive here; the owners freed the values anyway.
+  for (Agent* agent : g.all()) {
+    RRefStats s = agent->rref_stats();
+    EXPECT_EQ(s.owners, 0) << agent->self().name;
+    EXPECT_EQ(s.forks, 0) << agent->self().name;
+  }
+}
+
+TEST(Shutdown, StuckCallBecomesAnErrorNotAHang) {
+  AgentOptions opts;
+  opts.shutdown_timeout = absl::Seconds(1);
+  Group g(1, opts);
+  auto slow = g.master().rpc_async("w1", "sleep_ms", {int64_t{2500}});
+  absl::SleepFor(absl::Milliseconds(100));
+  const absl::Time start = absl::Now();
+  absl::Status s = g.Shutdown();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("in flight")) << s;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(6));
+  EXPECT_FALSE(slow.wait().ok());  // cancelled by the stop
+}
+
+}  // namespace
+}  // namespace remora

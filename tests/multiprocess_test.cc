@@ -1,0 +1,191 @@
+// Multi-process tests with the real programs: build/bin/worker and
+// build/bin/rpc_demo.
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/randn.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "examples/local_group.h"
+#include "shards/builtins.h"
+
+namespace remora {
+namespace {
+
+using ::testing::HasSubstr;
+
+const std::string kBin = REMORA_BIN_DIR;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string TempPath(const std::string& name) {
+  return absl::StrCat(testing::TempDir(), "/remora_", getpid(), "_", name);
+}
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Runs a program to completion; returns its exit code and output.
+std::pair<int, std::string> RunProgram(const std::vector<std::string>& argv,
+                                       absl::Duration timeout = absl::Seconds(60)) {
+  const std::string out = TempPath("out.txt");
+  auto p = cli::Subprocess::Spawn(argv, out).value();
+  auto code = p->Wait(timeout);
+  return {code.ok() ? *code : -1, ReadFile(out)};
+}
+
+TEST(WorkerProgram, HelpAndBadFlags) {
+  auto [help, help_out] = RunProgram({kBin + "/worker", "--help"});
+  EXPECT_EQ(help, 0);
+  EXPECT_THAT(help_out, HasSubstr("--name"));
+  EXPECT_THAT(help_out, HasSubstr("--master"));
+  auto [no_name, no_name_out] = RunProgram({kBin + "/worker"});
+  EXPECT_EQ(no_name, 2);
+  EXPECT_THAT(no_name_out, HasSubstr("--name is required"));
+  auto [bad, bad_out] = RunProgram({kBin + "/worker", "--name", "w1", "--bogus"});
+  EXPECT_EQ(bad, 2);
+  EXPECT_THAT(bad_out, HasSubstr("unknown flag --bogus"));
+  auto [bad_addr, bad_addr_out] =
+      RunProgram({kBin + "/worker", "--name", "w1", "--master", "nohost"});
+  EXPECT_EQ(bad_addr, 2);
+  EXPECT_THAT(bad_addr_out, HasSubstr("HOST:PORT"));
+  auto [bad_name, bad_name_out] = RunProgram(
+      {kBin + "/worker", "--name", "bad name", "--connect-timeout", "1"});
+  EXPECT_EQ(bad_name, 1);
+  EXPECT_THAT(bad_name_out, HasSubstr("invalid name"));
+}
+
+TEST(WorkerProgram, ExitsWithAClearMessageWhenTheMasterNeverAppears) {
+  const absl::Time start = absl::Now();
+  auto [code, out] = RunProgram({kBin + "/worker", "--name", "w1", "--master",
+                                 absl::StrCat("127.0.0.1:", FreePort()), "--connect-timeout",
+                                 "2"});
+  EXPECT_EQ(code, 1);
+  EXPECT_THAT(out, HasSubstr("could not join"));
+  EXPECT_THAT(out, HasSubstr("unreachable"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+}
+
+TEST(WorkerProgram, HonoursMasterAddrAndPort) {
+  Registry registry;
+  ASSERT_TRUE(shards::RegisterBuiltins(registry).ok());
+  const int port = FreePort();
+  AgentOptions m;
+  m.name = "master";
+  m.is_master = true;
+  m.workers = {"w1"};
+  m.listen_address = absl::StrCat("127.0.0.1:", port);
+  auto master = Agent::Start(m, &registry).value();
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", absl::StrCat(port).c_str(), 1);
+  auto worker = cli::Subprocess::Spawn({kBin + "/worker", "--name", "w1"}).value();
+  unsetenv("MASTER_ADDR");
+  unsetenv("MASTER_PORT");
+  ASSERT_TRUE(master->Join().ok());
+  EXPECT_EQ(master->rpc_sync("w1", "add", {int64_t{20}, int64_t{22}}).value().toInt(), 42);
+  ASSERT_TRUE(master->Shutdown().ok());
+  EXPECT_EQ(worker->Wait(absl::Seconds(20)).value(), 0);
+}
+
+TEST(MultiProcess, PipelineAndRRefsAcrossRealWorkers) {
+  Registry registry;
+  ASSERT_TRUE(shards::RegisterBuiltins(registry).ok());
+  auto group = cli::StartLocalGroup({"worker1", "worker2"}, &registry);
+  ASSERT_TRUE(group.ok()) << group.status();
+  Agent& master = *group->master;
+  {
+    RRef s1 = master.remote("worker1", "Affine", {int64_t{8}, int64_t{6}, int64_t{3}}).value();
+    RRef s2 = master.remote("worker2", "Affine", {int64_t{6}, int64_t{2}, int64_t{4}}).value();
+    at::Tensor w1 = s1.rpc_sync("weight").value().toTensor();
+    at::Tensor w2 = s2.rpc_sync("weight").value().toTensor();
+    std::vector<Future<c10::IValue>> outs;
+    std::vector<at::Tensor> inputs;
+    for (int i = 0; i < 200; ++i) {
+      inputs.push_back(at::randn({3, 8}));
+      RRef x = master.local_rref(inputs.back());
+      RRef y = s1.remote("forward", {x}).value();
+      outs.push_back(s2.rpc_async("forward", {y}));
+    }
+    for (int i = 0; i < 200; ++i) {
+      auto z = outs[i].wait();
+      ASSERT_TRUE(z.ok()) << z.status();
+      EXPECT_TRUE(at::allclose(z->toTensor(), at::matmul(at::matmul(inputs[i], w1.t()), w2.t()),
+                               1e-5, 1e-6));
+    }
+    auto err = master.rpc_sync("worker2", "raise", {std::string("bad input")});
+    EXPECT_THAT(std::string(err.status().message()), HasSubstr("worker 'worker2'"));
+  }
+  // Every owner table drains once the master dropped its RRefs.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  bool empty = false;
+  std::string last;
+  while (!empty && absl::Now() < deadline) {
+    empty = true;
+    for (const char* w : {"worker1", "worker2"}) {
+      auto stats = master.rpc_sync(w, "rref_stats").value().toGenericDict();
+      for (const auto& e : stats) {
+        if (e.value().toInt() != 0) {
+          empty = false;
+          last = absl::StrCat(w, " ", e.key().toStringRef(), "=", e.value().toInt());
+        }
+      }
+    }
+    if (!empty) absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_TRUE(empty) << last;
+  EXPECT_TRUE(group->Shutdown().ok());  // and every worker exits 0
+}
+
+TEST(MultiProcess, DuplicateWorkerNameExitsWithAnError) {
+  Registry registry;
+  AgentOptions m;
+  m.name = "master";
+  m.is_master = true;
+  m.workers = {"w1", "w2"};
+  auto master = Agent::Start(m, &registry).value();
+  const std::string addr = master->self().address;
+  auto first = cli::Subprocess::Spawn({kBin + "/worker", "--name", "w1", "--master", addr}).value();
+  absl::SleepFor(absl::Milliseconds(300));
+  auto [code, out] = RunProgram({kBin + "/worker", "--name", "w1", "--master", addr});
+  EXPECT_EQ(code, 1);
+  EXPECT_THAT(out, HasSubstr("duplicate worker name 'w1'"));
+  auto second = cli::Subprocess::Spawn({kBin + "/worker", "--name", "w2", "--master", addr}).value();
+  ASSERT_TRUE(master->Join().ok());
+  ASSERT_TRUE(master->Shutdown().ok());
+  EXPECT_EQ(first->Wait(absl::Seconds(20)).value(), 0);
+  EXPECT_EQ(second->Wait(absl::Seconds(20)).value(), 0);
+}
+
+TEST(RpcDemo, RunsEndToEnd) {
+  auto [code, out] = RunProgram({kBin + "/rpc_demo"}, absl::Seconds(120));
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("matches local computation: yes"));
+  EXPECT_THAT(out, HasSubstr("shut down cleanly"));
+}
+
+}  // namespace
+}  // namespace remora
