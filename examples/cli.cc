@@ -1,6 +1,7 @@
 #include "examples/cli.h"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -120,6 +121,11 @@ bool FlagParser::Parse(int argc, char** argv, int* exit_code) {
     }
   }
   return true;
+}
+
+void TuneAllocator() {
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  mallopt(M_TOP_PAD, 256 << 20);
 }
 
 std::string MasterAddressFromEnv() {

@@ -44,6 +44,12 @@ class FlagParser {
   std::vector<std::string> order_;
 };
 
+// Process-wide allocator settings for a remora program: keep freed heap
+// memory instead of returning it to the kernel after every message. gRPC
+// receives into fresh 64 KiB slices; with glibc's defaults each large
+// message then pays a page fault per 4 KiB (measured: bulk_gbps 1.6 -> 2.0).
+void TuneAllocator();
+
 // "MASTER_ADDR:MASTER_PORT" from the environment, each part defaulting to
 // 127.0.0.1 and 29500 as in PyTorch.
 std::string MasterAddressFromEnv();

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   flags.AddInt("bulk-calls", &bulk_calls, "timed bulk calls");
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
+  cli::TuneAllocator();
   if (calls < 1 || warmup < 0 || bulk_mib < 1 || bulk_mib > 1024 || bulk_calls < 1) {
     std::cerr << "rpc_bench: counts must be positive and --bulk-mib at most 1024\n";
     return 2;

@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
   flags.AddString("workers", &workers, "names of the two workers to start");
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
+  cli::TuneAllocator();
   auto names = cli::SplitList(workers);
   if (names.size() != 2) {
     std::cerr << "rpc_demo: --workers wants exactly two names, e.g. worker1,worker2\n";

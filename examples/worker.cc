@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   flags.AddString("device", &device, "where shards live: cpu (cuda:N needs a CUDA build)");
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
+  cli::TuneAllocator();
   if (name.empty()) {
     std::cerr << "worker: --name is required (e.g. --name worker1)\n";
     return 2;

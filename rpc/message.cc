@@ -7,6 +7,7 @@
 #include <new>
 #include <string>
 
+#include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 
@@ -74,6 +75,8 @@ class BufferCache {
 
 void DeleteTensor(void* tensor) { delete static_cast<at::Tensor*>(tensor); }
 
+constexpr size_t kParallelCopyBytes = 8 << 20;
+
 // Reads a sequence of gRPC slices front to back.
 class SliceReader {
  public:
@@ -111,7 +114,29 @@ class SliceReader {
                            at::TensorOptions().dtype(at::kByte));
     }
     at::Tensor out = BufferCache::Get().Allocate(n);
-    Copy(out.data_ptr(), n);
+    if (n < kParallelCopyBytes) {
+      Copy(out.data_ptr(), n);
+      return out;
+    }
+    // Large payloads: gather the pieces, then copy them on LibTorch's
+    // intra-op threads (the network side is idle by now).
+    std::vector<std::pair<const uint8_t*, size_t>> pieces;
+    size_t left = n;
+    while (left > 0) {
+      const grpc::Slice& s = slices_[index_];
+      size_t take = std::min(left, s.size() - offset_);
+      pieces.emplace_back(s.begin() + offset_, take);
+      Advance(take);
+      left -= take;
+    }
+    std::vector<size_t> starts(pieces.size());
+    for (size_t i = 1; i < pieces.size(); ++i) starts[i] = starts[i - 1] + pieces[i - 1].second;
+    auto* dst = static_cast<uint8_t*>(out.data_ptr());
+    at::parallel_for(0, static_cast<int64_t>(pieces.size()), 16, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        std::memcpy(dst + starts[i], pieces[i].first, pieces[i].second);
+      }
+    });
     return out;
   }
 
