@@ -1,5 +1,7 @@
 #include "examples/local_group.h"
 
+#include "autograd/dist_autograd.h"
+
 #include <csignal>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +19,7 @@ absl::StatusOr<LocalGroup> StartLocalGroup(const std::vector<std::string>& names
   auto master = Agent::Start(options, registry);
   if (!master.ok()) return master.status();
   group.master = std::move(*master);
+  dist_autograd::Enable(*group.master);
   const std::string worker_bin = SiblingProgram("worker");
   for (const auto& name : names) {
     std::vector<std::string> argv = {worker_bin, "--name", name, "--master",

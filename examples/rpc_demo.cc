@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   Registry registry;
-  if (auto s = shards::RegisterBuiltins(registry); !s.ok()) {
+  if (auto s = shards::RegisterAll(registry); !s.ok()) {
     std::cerr << "rpc_demo: " << s.message() << "\n";
     return 1;
   }

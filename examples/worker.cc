@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "examples/cli.h"
+#include "autograd/dist_autograd.h"
 #include "rpc/agent.h"
 #include "shards/builtins.h"
 
@@ -51,7 +52,7 @@ int main(int argc, char** argv) {
   if (threads > 0) at::set_num_threads(threads);
 
   Registry registry;
-  if (auto s = shards::RegisterBuiltins(registry); !s.ok()) {
+  if (auto s = shards::RegisterAll(registry); !s.ok()) {
     std::cerr << "worker: " << s << "\n";
     return 1;
   }
@@ -66,6 +67,7 @@ int main(int argc, char** argv) {
     std::cerr << "worker: " << agent.status().message() << "\n";
     return 1;
   }
+  dist_autograd::Enable(**agent);
   if (auto s = (*agent)->Join(); !s.ok()) {
     std::cerr << "worker: " << s.message() << "\n";
     return 1;

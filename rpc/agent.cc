@@ -151,11 +151,14 @@ class Responder {
   void ReplyError(const absl::Status& status);
   void ReplyValue(absl::StatusOr<c10::IValue> value);
   WorkerId to() const { return to_; }
+  // The distributed autograd context the reply belongs to.
+  void set_context(int64_t context_id) { context_id_ = context_id; }
 
  private:
   std::shared_ptr<ReplySlot> slot_;
   Agent::Impl* impl_;
   WorkerId to_;
+  int64_t context_id_ = kNoContext;
   bool replied_ = false;
 };
 
@@ -228,6 +231,12 @@ class Agent::Impl final : public grpc::CallbackGenericService {
   void CompleteWithReply(const absl::StatusOr<InMessage>& reply, WorkerId from,
                          Future<c10::IValue> result);
   absl::Status ErrorFromReply(const wire::Response& response) const;
+  // Distributed autograd bookkeeping for a message received from / sent to
+  // a peer (see rpc/autograd_hooks.h).
+  absl::Status RecordRecv(const wire::AutogradMeta& meta, WorkerId from,
+                          const std::vector<at::Tensor>& grad_tensors);
+  void RecordSend(int64_t context_id, WorkerId dst, std::vector<at::Tensor> grad_tensors,
+                  wire::AutogradMeta* meta);
 
   Future<c10::IValue> Call(WorkerId dst, wire::CallRequest call,
                            std::vector<c10::IValue> args, const c10::IValue* self,
@@ -306,9 +315,12 @@ void Responder::ReplyError(const absl::Status& status) {
 void Responder::ReplyValue(absl::StatusOr<c10::IValue> value) {
   if (!value.ok()) return ReplyError(value.status());
   OutMessage m;
-  EncodeContext ctx{to_, impl_->rrefs(), &m.payloads};
+  std::vector<at::Tensor> grad_tensors;
+  EncodeContext ctx{to_, impl_->rrefs(), &m.payloads, &grad_tensors};
   absl::Status s = EncodeValue(*value, ctx, m.header.mutable_response()->mutable_value());
   if (!s.ok()) return ReplyError(Annotate(s, "sending the result"));
+  impl_->RecordSend(context_id_, to_, std::move(grad_tensors),
+                    m.header.mutable_response()->mutable_autograd());
   Reply(std::move(m));
 }
 
@@ -421,10 +433,13 @@ void Agent::Impl::CompleteWithReply(const absl::StatusOr<InMessage>& reply, Work
     return;
   }
   std::vector<Future<Empty>> pending;
-  DecodeContext ctx{agent_->rrefs_.get(), &reply->payloads, &pending};
+  std::vector<at::Tensor> grad_tensors;
+  DecodeContext ctx{agent_->rrefs_.get(), &reply->payloads, &pending, &grad_tensors};
   auto value = DecodeValue(response.value(), ctx);
-  if (!value.ok()) {
-    result.SetError(Annotate(value.status(),
+  absl::Status recorded =
+      value.ok() ? RecordRecv(response.autograd(), from, grad_tensors) : value.status();
+  if (!recorded.ok()) {
+    result.SetError(Annotate(recorded,
                              absl::StrCat("bad reply from worker '", agent_->NameOf(from), "'")));
     return;
   }
@@ -457,7 +472,8 @@ Future<c10::IValue> Agent::Impl::Call(WorkerId dst, wire::CallRequest call,
   OutMessage m;
   wire::Request* request = m.header.mutable_request();
   request->set_from(agent_->self_.id);
-  EncodeContext ctx{dst, agent_->rrefs_.get(), &m.payloads};
+  std::vector<at::Tensor> grad_tensors;
+  EncodeContext ctx{dst, agent_->rrefs_.get(), &m.payloads, &grad_tensors};
   absl::Status status;
   for (const auto& arg : args) {
     status = EncodeValue(arg, ctx, call.add_args());
@@ -470,6 +486,7 @@ Future<c10::IValue> Agent::Impl::Call(WorkerId dst, wire::CallRequest call,
     return result;
   }
   *request->mutable_call() = std::move(call);
+  RecordSend(CurrentContextId(), dst, std::move(grad_tensors), request->mutable_autograd());
   const absl::Duration timeout =
       options.timeout > absl::ZeroDuration() ? options.timeout : agent_->options_.rpc_timeout;
   SendTo(dst, std::move(m), timeout, blocking)
@@ -545,9 +562,13 @@ void Agent::Impl::HandleCall(InMessage message, std::shared_ptr<Responder> respo
   const wire::CallRequest& call = request.call();
   const WorkerId from = static_cast<WorkerId>(request.from());
   RRefContext& rrefs = *agent_->rrefs_;
+  const int64_t context_id =
+      request.has_autograd() ? request.autograd().context_id() : kNoContext;
+  responder->set_context(context_id);
 
   std::vector<Future<Empty>> pending;
-  DecodeContext ctx{&rrefs, &message.payloads, &pending};
+  std::vector<at::Tensor> grad_tensors;
+  DecodeContext ctx{&rrefs, &message.payloads, &pending, &grad_tensors};
   std::vector<c10::IValue> args;
   args.reserve(call.args_size());
   for (const auto& a : call.args()) {
@@ -566,6 +587,8 @@ void Agent::Impl::HandleCall(InMessage message, std::shared_ptr<Responder> respo
     }
     self_rref = c10::intrusive_ptr<OwnerRRef>::unsafe_reclaim_from_nonowning(owner);
   }
+  absl::Status recorded = RecordRecv(request.autograd(), from, grad_tensors);
+  if (!recorded.ok()) return responder->ReplyError(recorded);
   c10::intrusive_ptr<OwnerRRef> result_rref;
   if (call.has_result_rref()) {
     const RRefId id = FromWire(call.result_rref());
@@ -578,37 +601,43 @@ void Agent::Impl::HandleCall(InMessage message, std::shared_ptr<Responder> respo
   }
 
   // Runs once every RRef argument is confirmed and `self` holds its value.
-  auto run = [this, from, responder, result_rref, args = std::move(args),
+  auto run = [this, from, responder, result_rref, context_id, args = std::move(args),
               function = call.function(), self_rref]() mutable {
+    ContextIdGuard in_context(context_id);
     CallContext cctx{agent_, WorkerInfo{}};
     if (const Peer* p = FindPeer(from)) cctx.caller = p->info;
-    absl::StatusOr<c10::IValue> out;
+    Future<c10::IValue> out;
     const Args call_args(std::move(args));
     if (self_rref) {
       auto object = self_rref->value().wait();  // ready: see below
-      out = object.ok() ? agent_->registry_->InvokeMethod(*object, function, cctx, call_args)
-                        : object.status();
+      out = Future<c10::IValue>::Ready(
+          object.ok() ? agent_->registry_->InvokeMethod(*object, function, cctx, call_args)
+                      : object.status());
     } else {
       out = agent_->registry_->Invoke(function, cctx, call_args);
     }
-    if (result_rref) {
-      result_rref->SetValue(out);
+    out.then([responder, result_rref](const absl::StatusOr<c10::IValue>& result) {
+      if (!result_rref) return responder->ReplyValue(result);
+      result_rref->SetValue(result);
       // The caller learns success or the creation error; the value stays.
-      responder->ReplyValue(out.ok() ? absl::StatusOr<c10::IValue>(c10::IValue())
-                                     : out.status());
-      return;
-    }
-    responder->ReplyValue(std::move(out));
+      responder->ReplyValue(result.ok() ? absl::StatusOr<c10::IValue>(c10::IValue())
+                                        : result.status());
+    });
   };
-  auto after_args = [run = std::move(run), responder, result_rref,
-                     self_rref](const absl::StatusOr<Empty>& confirmed) mutable {
+  const ForkId lane = call.has_caller_fork() ? FromWire(call.caller_fork()) : ForkId{};
+  const uint64_t seq = call.seq();
+  auto after_args = [run = std::move(run), responder, result_rref, self_rref, from, lane,
+                     seq](const absl::StatusOr<Empty>& confirmed) mutable {
     if (!confirmed.ok()) {
       if (result_rref) result_rref->SetValue(confirmed.status());
       return responder->ReplyError(Annotate(confirmed.status(), "an RRef argument"));
     }
     if (!self_rref) return run();
-    self_rref->value().then(
-        [run = std::move(run)](const absl::StatusOr<c10::IValue>&) mutable { run(); });
+    // Method calls through one user RRef run in the caller's order.
+    self_rref->value().then([run = std::move(run), self_rref, from, lane,
+                             seq](const absl::StatusOr<c10::IValue>&) mutable {
+      self_rref->RunInOrder(from, lane, seq, std::move(run));
+    });
   };
   if (pending.empty() && (!self_rref || self_rref->value().ready())) {
     after_args(Empty{});  // common case: run on this thread, no hop
@@ -618,10 +647,32 @@ void Agent::Impl::HandleCall(InMessage message, std::shared_ptr<Responder> respo
   }
 }
 
+absl::Status Agent::Impl::RecordRecv(const wire::AutogradMeta& meta, WorkerId from,
+                                     const std::vector<at::Tensor>& grad_tensors) {
+  if (grad_tensors.empty() || meta.message_id() == 0) return absl::OkStatus();
+  AutogradHooks* hooks = agent_->autograd_.get();
+  if (hooks == nullptr) {
+    return absl::FailedPreconditionError(
+        "distributed autograd is not enabled on this worker (autograd::Enable)");
+  }
+  hooks->RecordRecv(meta.context_id(), meta.message_id(), from, grad_tensors);
+  return absl::OkStatus();
+}
+
+void Agent::Impl::RecordSend(int64_t context_id, WorkerId dst,
+                             std::vector<at::Tensor> grad_tensors, wire::AutogradMeta* meta) {
+  if (context_id == kNoContext) return;
+  meta->set_context_id(context_id);
+  AutogradHooks* hooks = agent_->autograd_.get();
+  if (grad_tensors.empty() || hooks == nullptr) return;
+  meta->set_message_id(hooks->RecordSend(context_id, dst, std::move(grad_tensors)));
+}
+
 void Agent::Impl::HandleFetch(const wire::Request& request,
                               std::shared_ptr<Responder> responder) {
   const RRefId id = FromWire(request.fetch().rref_id());
   const WorkerId from = static_cast<WorkerId>(request.from());
+  if (request.has_autograd()) responder->set_context(request.autograd().context_id());
   RRefContext& rrefs = *agent_->rrefs_;
   c10::intrusive_ptr<OwnerRRef> owner = rrefs.FindOwner(id);
   if (!owner) {
@@ -936,6 +987,8 @@ std::string Agent::NameOf(WorkerId id) const {
 
 bool Agent::IsKnown(WorkerId id) const { return impl_->FindPeer(id) != nullptr; }
 
+Executor* Agent::executor() const { return impl_->pool_.get(); }
+
 int64_t Agent::active_calls() const {
   return impl_->incoming_.load() + impl_->outgoing_.load();
 }
@@ -1022,6 +1075,11 @@ Future<c10::IValue> Agent::CallOnRRef(const RRef& rref, const std::string& metho
     *call.mutable_result_rref() = ToWire(result->rref_id());
     *call.mutable_result_fork() = ToWire(result->fork_id());
   }
+  if (!rref.is_owner()) {
+    auto* user = static_cast<UserRRef*>(rref.impl().get());
+    *call.mutable_caller_fork() = ToWire(user->fork_id());
+    call.set_seq(user->NextCallSeq());
+  }
   c10::IValue self = rref.ToIValue();
   return impl_->Call(rref.owner(), std::move(call), std::move(args), &self, options, result);
 }
@@ -1037,6 +1095,9 @@ Future<c10::IValue> Agent::Fetch(const UserRRef& rref, CallOptions options) {
   Future<c10::IValue> result(impl_->pool_.get());
   OutMessage m;
   m.header.mutable_request()->set_from(self_.id);
+  if (CurrentContextId() != kNoContext) {
+    m.header.mutable_request()->mutable_autograd()->set_context_id(CurrentContextId());
+  }
   auto* fetch = m.header.mutable_request()->mutable_fetch();
   *fetch->mutable_rref_id() = ToWire(rref.rref_id());
   *fetch->mutable_fork_id() = ToWire(rref.fork_id());

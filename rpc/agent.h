@@ -38,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "rpc/autograd_hooks.h"
 #include "rpc/future.h"
 #include "rpc/ids.h"
 #include "rpc/registry.h"
@@ -168,11 +169,17 @@ class Agent final : public ControlChannel {
   absl::StatusOr<WorkerInfo> worker(const std::string& name) const;
   const AgentOptions& options() const { return options_; }
   const Registry& registry() const { return *registry_; }
+  // The pool that runs handlers and callbacks (for futures of async work).
+  Executor* executor() const;
   // Port the server listens on (useful after listening on port 0).
   int port() const { return port_; }
   RRefStats rref_stats() const { return rrefs_->stats(); }
   // Calls this agent is serving or waiting for right now.
   int64_t active_calls() const;
+
+  // Installs distributed autograd (see autograd/); call before Join().
+  void set_autograd(std::unique_ptr<AutogradHooks> hooks) { autograd_ = std::move(hooks); }
+  AutogradHooks* autograd() const { return autograd_.get(); }
 
   // --- shutdown --------------------------------------------------------
   // Master: graceful shutdown of the whole group. Deletes outstanding RRef
@@ -208,8 +215,9 @@ class Agent final : public ControlChannel {
   const Registry* registry_;
   WorkerInfo self_;
   int port_ = 0;
-  std::unique_ptr<Impl> impl_;
   std::shared_ptr<RRefContext> rrefs_;
+  std::unique_ptr<AutogradHooks> autograd_;  // before impl_: outlives the pool
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace remora

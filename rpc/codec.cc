@@ -6,6 +6,8 @@
 #include <ATen/core/List.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
+#include <ATen/ops/resolve_conj.h>
+#include <ATen/ops/resolve_neg.h>
 #include <c10/core/ScalarType.h>
 
 #include "absl/strings/str_cat.h"
@@ -101,7 +103,10 @@ absl::Status EncodeTensor(const at::Tensor& tensor, EncodeContext& ctx,
   out->set_payload(static_cast<uint32_t>(ctx.payloads->size()));
   // contiguous() returns the tensor itself when it already is; a view then
   // sends [data_ptr, data_ptr + nbytes) and nothing else of its storage.
-  ctx.payloads->push_back(tensor.detach().contiguous());
+  // resolve_conj/neg: a conjugate or negative view is a flag over the
+  // unchanged bytes; send the values it stands for.
+  ctx.payloads->push_back(tensor.detach().resolve_conj().resolve_neg().contiguous());
+  if (tensor.requires_grad() && ctx.grad_tensors != nullptr) ctx.grad_tensors->push_back(tensor);
   return absl::OkStatus();
 }
 
@@ -114,25 +119,32 @@ absl::StatusOr<at::Tensor> DecodeTensor(const wire::TensorMeta& meta,
   }
   const auto dtype = static_cast<c10::ScalarType>(meta.dtype());
   const uint64_t item = c10::elementSize(dtype);
-  uint64_t numel = 1;
+  // The product of the non-zero sizes bounds every stride, so it must not
+  // overflow even when another size is zero.
+  uint64_t extent = 1;
+  bool empty = false;
   std::vector<int64_t> sizes;
   sizes.reserve(meta.sizes_size());
   for (int64_t s : meta.sizes()) {
     if (s < 0) {
       return absl::InvalidArgumentError(absl::StrCat("tensor: negative size ", s));
     }
-    if (s > 0 && numel > (uint64_t{1} << 62) / static_cast<uint64_t>(s)) {
+    if (s == 0) {
+      empty = true;
+    } else if (extent > (uint64_t{1} << 62) / static_cast<uint64_t>(s)) {
       return absl::InvalidArgumentError("tensor: sizes overflow");
+    } else {
+      extent *= static_cast<uint64_t>(s);
     }
-    numel *= static_cast<uint64_t>(s);
     sizes.push_back(s);
   }
+  const uint64_t numel = empty ? 0 : extent;
   if (ctx.payloads == nullptr || meta.payload() >= ctx.payloads->size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor: payload ", meta.payload(), " does not exist"));
   }
   const at::Tensor& bytes = (*ctx.payloads)[meta.payload()];
-  if (numel > (uint64_t{1} << 62) / item ||
+  if (extent > (uint64_t{1} << 62) / item ||
       static_cast<uint64_t>(bytes.numel()) != numel * item) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tensor: ", bytes.numel(), " payload bytes do not match dtype ",
@@ -155,6 +167,7 @@ absl::StatusOr<at::Tensor> DecodeTensor(const wire::TensorMeta& meta,
           "tensor: only floating point tensors can require grad");
     }
     t.set_requires_grad(true);
+    if (ctx.grad_tensors != nullptr) ctx.grad_tensors->push_back(t);
   }
   return t;
 }

@@ -41,12 +41,17 @@ struct EncodeContext {
   WorkerId dst = kUnknownWorker;
   RRefHooks* rrefs = nullptr;
   std::vector<at::Tensor>* payloads = nullptr;  // where tensors go
+  // When set, receives every tensor that requires grad, as given (with its
+  // autograd history), in message order.
+  std::vector<at::Tensor>* grad_tensors = nullptr;
 };
 
 struct DecodeContext {
   RRefHooks* rrefs = nullptr;
   const std::vector<at::Tensor>* payloads = nullptr;  // uint8 tensors
   std::vector<Future<Empty>>* pending = nullptr;       // RRef confirmations
+  // When set, receives every decoded tensor that requires grad, in order.
+  std::vector<at::Tensor>* grad_tensors = nullptr;
 };
 
 absl::Status EncodeValue(const c10::IValue& value, EncodeContext& ctx,

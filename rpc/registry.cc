@@ -54,6 +54,13 @@ absl::Status Registry::CheckNewName(const std::string& name) const {
 }
 
 absl::Status Registry::RegisterFunction(const std::string& name, Function fn) {
+  if (!fn) return absl::InvalidArgumentError(absl::StrCat("function '", name, "' is empty"));
+  return RegisterAsyncFunction(name, [fn = std::move(fn)](CallContext& ctx, const Args& args) {
+    return Future<c10::IValue>::Ready(fn(ctx, args));
+  });
+}
+
+absl::Status Registry::RegisterAsyncFunction(const std::string& name, AsyncFunction fn) {
   RETURN_IF_ERROR(CheckNewName(name));
   if (!fn) return absl::InvalidArgumentError(absl::StrCat("function '", name, "' is empty"));
   functions_.emplace(name, std::move(fn));
@@ -77,32 +84,33 @@ bool Registry::Contains(const std::string& name) const {
   return functions_.count(name) > 0 || modules_.count(name) > 0;
 }
 
-absl::StatusOr<c10::IValue> Registry::Invoke(const std::string& name,
-                                             CallContext& ctx,
-                                             const Args& args) const {
+Future<c10::IValue> Registry::Invoke(const std::string& name, CallContext& ctx,
+                                     const Args& args) const {
+  using Result = Future<c10::IValue>;
   if (auto it = functions_.find(name); it != functions_.end()) {
     try {
       return it->second(ctx, args);
     } catch (...) {
-      return StatusFromCurrentException(absl::StrCat("function '", name, "'"));
+      return Result::Ready(StatusFromCurrentException(absl::StrCat("function '", name, "'")));
     }
   }
   if (auto it = modules_.find(name); it != modules_.end()) {
     try {
       std::shared_ptr<void> object = it->second.factory(ctx, args);
       if (!object) {
-        return absl::InternalError(
-            absl::StrCat("module '", name, "': factory returned null"));
+        return Result::Ready(absl::InternalError(
+            absl::StrCat("module '", name, "': factory returned null")));
       }
-      return c10::IValue::make_capsule(
-          c10::make_intrusive<RemoteObject>(name, std::move(object)));
+      return Result::Ready(c10::IValue::make_capsule(
+          c10::make_intrusive<RemoteObject>(name, std::move(object))));
     } catch (...) {
-      return StatusFromCurrentException(absl::StrCat("constructing module '", name, "'"));
+      return Result::Ready(
+          StatusFromCurrentException(absl::StrCat("constructing module '", name, "'")));
     }
   }
-  return absl::NotFoundError(absl::StrCat(
+  return Result::Ready(absl::NotFoundError(absl::StrCat(
       "no function or module named '", name,
-      "' is registered; register it before the worker starts serving"));
+      "' is registered; register it before the worker starts serving")));
 }
 
 absl::StatusOr<c10::IValue> Registry::InvokeMethod(const c10::IValue& object,
@@ -128,6 +136,7 @@ absl::StatusOr<c10::IValue> Registry::InvokeMethod(const c10::IValue& object,
                                             ")"));
   }
   try {
+    absl::MutexLock lock(&obj->mutex());
     return m->second(obj->get<void>(), ctx, args);
   } catch (...) {
     return StatusFromCurrentException(

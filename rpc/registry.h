@@ -22,7 +22,10 @@
 
 #include <ATen/core/ivalue.h>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "rpc/future.h"
 #include "rpc/ids.h"
 
 namespace remora {
@@ -52,9 +55,13 @@ class Args {
 };
 
 using Function = std::function<c10::IValue(CallContext&, const Args&)>;
+// A function that answers later: the call completes with the future. Use it
+// for work that waits on other calls, so that no thread waits with it.
+using AsyncFunction = std::function<Future<c10::IValue>(CallContext&, const Args&)>;
 
 // A module instance living on its owner worker; held by an owner RRef as an
-// IValue capsule. Only its registered methods can be called.
+// IValue capsule. Only its registered methods can be called, one at a time
+// (like the lock in each shard of PyTorch's pipeline example).
 class RemoteObject : public torch::CustomClassHolder {
  public:
   RemoteObject(std::string type, std::shared_ptr<void> object)
@@ -62,10 +69,13 @@ class RemoteObject : public torch::CustomClassHolder {
   const std::string& type() const { return type_; }
   template <typename T>
   T* get() const { return static_cast<T*>(object_.get()); }
+  // Held while a method runs.
+  absl::Mutex& mutex() const ABSL_LOCK_RETURNED(mu_) { return mu_; }
 
  private:
   std::string type_;
   std::shared_ptr<void> object_;
+  mutable absl::Mutex mu_;
 };
 
 // The RemoteObject held by `value`, or null when it holds none.
@@ -81,6 +91,7 @@ class Registry {
 
   // Names: 1 to 128 characters of [A-Za-z0-9_.:-]; each name once.
   absl::Status RegisterFunction(const std::string& name, Function fn);
+  absl::Status RegisterAsyncFunction(const std::string& name, AsyncFunction fn);
 
   template <typename T>
   absl::Status RegisterModule(
@@ -107,9 +118,10 @@ class Registry {
   bool Contains(const std::string& name) const;
 
   // Runs function `name`, or constructs module type `name` (the result is a
-  // RemoteObject capsule). Exceptions become errors.
-  absl::StatusOr<c10::IValue> Invoke(const std::string& name, CallContext& ctx,
-                                     const Args& args) const;
+  // RemoteObject capsule). Exceptions become errors. The future is ready on
+  // return unless `name` is an async function.
+  Future<c10::IValue> Invoke(const std::string& name, CallContext& ctx,
+                             const Args& args) const;
 
   // Runs method `method` of the module held by `object`.
   absl::StatusOr<c10::IValue> InvokeMethod(const c10::IValue& object,
@@ -125,7 +137,7 @@ class Registry {
 
   absl::Status CheckNewName(const std::string& name) const;
 
-  std::map<std::string, Function> functions_;
+  std::map<std::string, AsyncFunction> functions_;
   std::map<std::string, ModuleType> modules_;
 };
 

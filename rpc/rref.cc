@@ -27,6 +27,33 @@ Agent* RRefImpl::agent() const {
   return ctx ? ctx->agent() : nullptr;
 }
 
+void OwnerRRef::RunInOrder(WorkerId caller, const ForkId& lane_id, uint64_t seq,
+                           std::function<void()> fn) {
+  if (seq == 0) return fn();
+  const auto key = std::make_pair(caller, lane_id);
+  {
+    absl::MutexLock lock(&lanes_mu_);
+    Lane& lane = lanes_[key];
+    if (seq != lane.next) {
+      lane.waiting[seq] = std::move(fn);
+      return;
+    }
+  }
+  while (fn) {
+    fn();
+    absl::MutexLock lock(&lanes_mu_);
+    Lane& lane = lanes_[key];
+    ++lane.next;
+    auto it = lane.waiting.find(lane.next);
+    if (it == lane.waiting.end()) {
+      fn = nullptr;
+    } else {
+      fn = std::move(it->second);
+      lane.waiting.erase(it);
+    }
+  }
+}
+
 UserRRef::UserRRef(WorkerId owner, std::string owner_name, RRefId id, ForkId fork,
                    std::shared_ptr<RRefContext> ctx)
     : RRefImpl(owner, std::move(owner_name), id, ctx),

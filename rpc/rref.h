@@ -26,6 +26,8 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -83,8 +85,19 @@ class OwnerRRef final : public RRefImpl {
   const Future<c10::IValue>& value() const { return value_; }
   void SetValue(absl::StatusOr<c10::IValue> value) { value_.Complete(std::move(value)); }
 
+  // Runs `fn` after every call with a lower `seq` on the same lane ran (a
+  // lane is one caller's user RRef; seq counts from 1). seq 0: at once.
+  void RunInOrder(WorkerId caller, const ForkId& lane, uint64_t seq, std::function<void()> fn);
+
  private:
+  struct Lane {
+    uint64_t next = 1;
+    std::map<uint64_t, std::function<void()>> waiting;
+  };
+
   Future<c10::IValue> value_;
+  absl::Mutex lanes_mu_;
+  absl::flat_hash_map<std::pair<WorkerId, ForkId>, Lane> lanes_ ABSL_GUARDED_BY(lanes_mu_);
 };
 
 // A user's side: one fork of a value that lives on `owner`.
@@ -103,8 +116,11 @@ class UserRRef final : public RRefImpl {
   const Future<Empty>& confirmed() const { return confirmed_; }
   void Confirm(absl::Status status);
   RRefContext& context() const { return *ctx_; }
+  // The sequence number of the next method call made through this user.
+  uint64_t NextCallSeq() { return call_seq_.fetch_add(1) + 1; }
 
  private:
+  std::atomic<uint64_t> call_seq_{0};
   const ForkId fork_id_;
   const std::shared_ptr<RRefContext> ctx_;
   Future<Empty> confirmed_;

@@ -13,7 +13,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "autograd/dist_autograd.h"
+#include "optim/distributed_optimizer.h"
 #include "rpc/agent.h"
+#include "shards/mlp.h"
 #include "rpc/status_util.h"
 
 namespace remora::shards {
@@ -119,6 +122,13 @@ absl::Status RegisterBuiltins(Registry& r) {
         }},
        {"weight", [](Affine& m, CallContext&, const Args&) -> c10::IValue { return m.weight; }}}));
   return absl::OkStatus();
+}
+
+absl::Status RegisterAll(Registry& registry) {
+  RETURN_IF_ERROR(RegisterBuiltins(registry));
+  RETURN_IF_ERROR(RegisterMLP(registry));
+  RETURN_IF_ERROR(dist_autograd::RegisterFunctions(registry));
+  return optim::RegisterFunctions(registry);
 }
 
 }  // namespace remora::shards

@@ -15,6 +15,10 @@ namespace remora::shards {
 // Registers the builtins above; fails if a name is already taken.
 absl::Status RegisterBuiltins(Registry& registry);
 
+// Everything a remora worker offers: the builtins, the MLP stages, and the
+// functions of distributed autograd and the DistributedOptimizer.
+absl::Status RegisterAll(Registry& registry);
+
 // The tensor an argument holds, fetching it first when it is an RRef.
 // Throws with a clear message otherwise (inside a registered function).
 at::Tensor TensorOrFetch(const c10::IValue& value);

@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "autograd/dist_autograd.h"
 #include "rpc/agent.h"
 #include "shards/builtins.h"
 
@@ -31,18 +32,20 @@ using ::testing::HasSubstr;
 class Group {
  public:
   explicit Group(int n, AgentOptions base = {}) {
-    EXPECT_TRUE(shards::RegisterBuiltins(registry_).ok());
+    EXPECT_TRUE(shards::RegisterAll(registry_).ok());
     AgentOptions m = base;
     m.name = "master";
     m.is_master = true;
     for (int i = 1; i <= n; ++i) m.workers.push_back(absl::StrCat("w", i));
     master_ = std::move(Agent::Start(m, &registry_).value());
+    dist_autograd::Enable(*master_);
     std::vector<std::thread> joins;
     for (int i = 1; i <= n; ++i) {
       AgentOptions w = base;
       w.name = absl::StrCat("w", i);
       w.master_address = master_->self().address;
       workers_.push_back(std::move(Agent::Start(w, &registry_).value()));
+      dist_autograd::Enable(*workers_.back());
     }
     for (auto& w : workers_) {
       joins.emplace_back([&w] { EXPECT_TRUE(w->Join().ok()); });

@@ -92,7 +92,7 @@ TEST(WorkerProgram, ExitsWithAClearMessageWhenTheMasterNeverAppears) {
 
 TEST(WorkerProgram, HonoursMasterAddrAndPort) {
   Registry registry;
-  ASSERT_TRUE(shards::RegisterBuiltins(registry).ok());
+  ASSERT_TRUE(shards::RegisterAll(registry).ok());
   const int port = FreePort();
   AgentOptions m;
   m.name = "master";
@@ -113,7 +113,7 @@ TEST(WorkerProgram, HonoursMasterAddrAndPort) {
 
 TEST(MultiProcess, PipelineAndRRefsAcrossRealWorkers) {
   Registry registry;
-  ASSERT_TRUE(shards::RegisterBuiltins(registry).ok());
+  ASSERT_TRUE(shards::RegisterAll(registry).ok());
   auto group = cli::StartLocalGroup({"worker1", "worker2"}, &registry);
   ASSERT_TRUE(group.ok()) << group.status();
   Agent& master = *group->master;

@@ -1,0 +1,348 @@
+#include "autograd/dist_autograd.h"
+
+#include <iostream>
+#include <unordered_set>
+
+#include <ATen/core/List.h>
+#include <ATen/ops/ones_like.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+
+#include "absl/strings/str_cat.h"
+#include "autograd/container.h"
+#include "rpc/status_util.h"
+
+namespace remora::dist_autograd {
+
+// --- DistContext -------------------------------------------------------------
+
+void DistContext::AddSend(int64_t message_id, std::vector<at::Tensor> tensors) {
+  absl::MutexLock lock(&mu_);
+  sends_[message_id] = std::move(tensors);
+}
+
+std::optional<std::vector<at::Tensor>> DistContext::Send(int64_t message_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sends_.find(message_id);
+  if (it == sends_.end()) return std::nullopt;
+  return it->second;
+}
+
+void DistContext::AddRecv(int64_t message_id, WorkerId from,
+                          const std::vector<at::Tensor>& tensors) {
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    recvs_[tensors[i].unsafeGetTensorImpl()] = {
+        tensors[i], RecvInfo{from, message_id, i, tensors.size()}};
+  }
+}
+
+std::optional<RecvInfo> DistContext::Recv(const at::Tensor& tensor) const {
+  absl::MutexLock lock(&mu_);
+  auto it = recvs_.find(tensor.unsafeGetTensorImpl());
+  if (it == recvs_.end()) return std::nullopt;
+  return it->second.second;
+}
+
+void DistContext::AccumulateGrad(const at::Tensor& leaf, const at::Tensor& grad) {
+  at::NoGradGuard no_grad;
+  absl::MutexLock lock(&mu_);
+  auto [it, inserted] = grads_.try_emplace(leaf.unsafeGetTensorImpl(), leaf, grad);
+  if (!inserted) it->second.second = it->second.second + grad;
+}
+
+std::vector<std::pair<at::Tensor, at::Tensor>> DistContext::Gradients() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::pair<at::Tensor, at::Tensor>> out;
+  out.reserve(grads_.size());
+  for (const auto& [key, entry] : grads_) out.push_back(entry);
+  return out;
+}
+
+at::Tensor DistContext::Gradient(const at::Tensor& leaf) const {
+  absl::MutexLock lock(&mu_);
+  auto it = grads_.find(leaf.unsafeGetTensorImpl());
+  return it == grads_.end() ? at::Tensor() : it->second.second;
+}
+
+// --- Container -----------------------------------------------------------------
+
+int64_t Container::NextId() {
+  const int64_t worker = agent_->self().id;
+  return (worker << 48) | (counter_.fetch_add(1) + 1);
+}
+
+int64_t Container::NewContextId() { return NextId(); }
+int64_t Container::NewMessageId() { return NextId(); }
+
+std::shared_ptr<DistContext> Container::GetOrCreate(int64_t context_id) {
+  absl::MutexLock lock(&mu_);
+  auto& slot = contexts_[context_id];
+  if (!slot) slot = std::make_shared<DistContext>(context_id);
+  return slot;
+}
+
+std::shared_ptr<DistContext> Container::Find(int64_t context_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = contexts_.find(context_id);
+  return it == contexts_.end() ? nullptr : it->second;
+}
+
+void Container::Release(int64_t context_id) {
+  std::shared_ptr<DistContext> released;  // freed outside the lock
+  absl::MutexLock lock(&mu_);
+  auto it = contexts_.find(context_id);
+  if (it == contexts_.end()) return;
+  released = std::move(it->second);
+  contexts_.erase(it);
+}
+
+int64_t Container::size() const {
+  absl::MutexLock lock(&mu_);
+  return contexts_.size();
+}
+
+int64_t Container::RecordSend(int64_t context_id, WorkerId dst,
+                              std::vector<at::Tensor> tensors) {
+  const int64_t message_id = NewMessageId();
+  GetOrCreate(context_id)->AddSend(message_id, std::move(tensors));
+  return message_id;
+}
+
+void Container::RecordRecv(int64_t context_id, int64_t message_id, WorkerId from,
+                           const std::vector<at::Tensor>& tensors) {
+  GetOrCreate(context_id)->AddRecv(message_id, from, tensors);
+}
+
+Container* ContainerOf(Agent* agent) {
+  return agent == nullptr ? nullptr : dynamic_cast<Container*>(agent->autograd());
+}
+
+// --- the backward pass ---------------------------------------------------------
+
+namespace {
+
+// The leaves (parameters, received tensors) that gradients from `roots`
+// reach, in a deterministic order.
+std::vector<at::Tensor> CollectLeaves(const std::vector<at::Tensor>& roots) {
+  std::vector<at::Tensor> leaves;
+  std::unordered_set<const torch::autograd::Node*> seen;
+  std::unordered_set<const void*> seen_leaves;
+  std::vector<torch::autograd::Node*> stack;
+  for (const auto& r : roots) {
+    if (r.grad_fn()) {
+      stack.push_back(r.grad_fn().get());
+    } else if (r.requires_grad() && seen_leaves.insert(r.unsafeGetTensorImpl()).second) {
+      leaves.push_back(r);
+    }
+  }
+  while (!stack.empty()) {
+    torch::autograd::Node* node = stack.back();
+    stack.pop_back();
+    if (!seen.insert(node).second) continue;
+    if (auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(node)) {
+      if (seen_leaves.insert(acc->variable.unsafeGetTensorImpl()).second) {
+        leaves.push_back(acc->variable);
+      }
+      continue;
+    }
+    for (const auto& edge : node->next_edges()) {
+      if (edge.function) stack.push_back(edge.function.get());
+    }
+  }
+  return leaves;
+}
+
+}  // namespace
+
+Future<Empty> RunBackward(Container& container, std::shared_ptr<DistContext> context,
+                          std::vector<at::Tensor> roots, std::vector<at::Tensor> grads) {
+  Agent& agent = container.agent();
+  std::vector<at::Tensor> leaves = CollectLeaves(roots);
+  if (leaves.empty()) return Future<Empty>::Ready(Empty{});
+  std::vector<at::Tensor> results;
+  try {
+    // retain_graph: a send's graph may be reached again by another message
+    // of the same context; the context holds it until released.
+    results = torch::autograd::grad(roots, leaves, grads, /*retain_graph=*/true,
+                                    /*create_graph=*/false, /*allow_unused=*/true);
+  } catch (...) {
+    return Future<Empty>::Ready(
+        StatusFromCurrentException(absl::StrCat("backward on worker '", agent.self().name, "'")));
+  }
+  // Gradients of received tensors go back to their senders, per message.
+  std::map<std::pair<WorkerId, int64_t>, std::vector<at::Tensor>> outgoing;
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    if (!results[i].defined()) continue;
+    if (auto recv = context->Recv(leaves[i])) {
+      auto& grads_out = outgoing[{recv->from, recv->message_id}];
+      grads_out.resize(recv->count);
+      grads_out[recv->index] = results[i];
+    } else {
+      context->AccumulateGrad(leaves[i], results[i]);
+    }
+  }
+  std::vector<Future<c10::IValue>> sent;
+  for (auto& [key, grads_out] : outgoing) {
+    c10::List<at::Tensor> list;
+    for (auto& g : grads_out) list.push_back(g);
+    sent.push_back(agent.rpc_async(agent.NameOf(key.first), "remora.autograd.propagate",
+                                   {context->id(), key.second, list}));
+  }
+  return WhenAll(sent);
+}
+
+// --- public API ---------------------------------------------------------------
+
+void Enable(Agent& agent) { agent.set_autograd(std::make_unique<Container>(&agent)); }
+
+namespace {
+
+Container& Require(Agent* agent) {
+  Container* c = ContainerOf(agent);
+  if (c == nullptr) {
+    throw std::runtime_error(
+        "distributed autograd is not enabled on this worker (call dist_autograd::Enable)");
+  }
+  return *c;
+}
+
+}  // namespace
+
+absl::Status RegisterFunctions(Registry& registry) {
+  RETURN_IF_ERROR(registry.RegisterAsyncFunction(
+      "remora.autograd.propagate",
+      [](CallContext& ctx, const Args& args) -> Future<c10::IValue> {
+        Container& container = Require(ctx.agent);
+        const int64_t context_id = args[0].toInt();
+        const int64_t message_id = args[1].toInt();
+        std::vector<at::Tensor> grads = args[2].toTensorVector();
+        auto context = container.Find(context_id);
+        if (!context) {
+          throw std::invalid_argument(
+              absl::StrCat("unknown distributed autograd context ", context_id));
+        }
+        auto sent = context->Send(message_id);
+        if (!sent) {
+          throw std::invalid_argument(absl::StrCat("context ", context_id,
+                                                   " recorded no message ", message_id));
+        }
+        if (grads.size() != sent->size()) {
+          throw std::invalid_argument(absl::StrCat("message ", message_id, " sent ", sent->size(),
+                                                   " tensors but ", grads.size(),
+                                                   " gradients came back"));
+        }
+        std::vector<at::Tensor> roots, seeds;
+        for (size_t i = 0; i < grads.size(); ++i) {
+          if (!grads[i].defined()) continue;
+          if (!grads[i].sizes().equals((*sent)[i].sizes())) {
+            throw std::invalid_argument("gradient shape does not match the sent tensor");
+          }
+          roots.push_back((*sent)[i]);
+          seeds.push_back(grads[i]);
+        }
+        Future<c10::IValue> done(ctx.agent->executor());
+        RunBackward(container, context, std::move(roots), std::move(seeds))
+            .then([done](const absl::StatusOr<Empty>& r) mutable {
+              if (r.ok()) {
+                done.SetValue(c10::IValue());
+              } else {
+                done.SetError(r.status());
+              }
+            });
+        return done;
+      }));
+  RETURN_IF_ERROR(registry.RegisterFunction(
+      "remora.autograd.release", [](CallContext& ctx, const Args& args) -> c10::IValue {
+        Require(ctx.agent).Release(args[0].toInt());
+        return c10::IValue();
+      }));
+  RETURN_IF_ERROR(registry.RegisterFunction(
+      "remora.autograd.num_contexts", [](CallContext& ctx, const Args&) -> c10::IValue {
+        return Require(ctx.agent).size();
+      }));
+  return absl::OkStatus();
+}
+
+Context::Context(Agent& agent)
+    : agent_(agent), id_(Require(&agent).NewContextId()), current_(id_) {
+  Require(&agent).GetOrCreate(id_);
+}
+
+Context::~Context() {
+  Container* container = ContainerOf(&agent_);
+  if (container == nullptr) return;
+  container->Release(id_);
+  std::vector<std::pair<std::string, Future<c10::IValue>>> releases;
+  for (const auto& w : agent_.workers()) {
+    if (w.id == agent_.self().id) continue;
+    releases.emplace_back(w.name, agent_.rpc_async(w.name, "remora.autograd.release", {id_}));
+  }
+  for (auto& [name, f] : releases) {
+    auto r = f.wait();
+    // One retry: releasing is idempotent.
+    if (!r.ok() && r.status().code() == absl::StatusCode::kUnavailable) {
+      r = agent_.rpc_sync(name, "remora.autograd.release", {id_});
+    }
+    if (!r.ok()) {
+      std::cerr << "remora: releasing autograd context " << id_ << " on worker '" << name
+                << "' failed: " << r.status().message() << "\n";
+    }
+  }
+}
+
+Future<Empty> backward_async(Agent& agent, int64_t context_id,
+                             const std::vector<at::Tensor>& roots) {
+  Container* container = ContainerOf(&agent);
+  if (container == nullptr) {
+    return Future<Empty>::Ready(absl::FailedPreconditionError(
+        "distributed autograd is not enabled (call dist_autograd::Enable)"));
+  }
+  auto context = container->Find(context_id);
+  if (!context) {
+    return Future<Empty>::Ready(absl::NotFoundError(
+        absl::StrCat("backward: unknown distributed autograd context ", context_id)));
+  }
+  std::vector<at::Tensor> seeds;
+  for (const auto& r : roots) {
+    if (!r.requires_grad()) {
+      return Future<Empty>::Ready(absl::InvalidArgumentError(
+          "backward: a root does not require grad (was it computed inside the context?)"));
+    }
+    seeds.push_back(at::ones_like(r));
+  }
+  return RunBackward(*container, context, roots, std::move(seeds));
+}
+
+absl::Status backward(Agent& agent, int64_t context_id, const std::vector<at::Tensor>& roots) {
+  return backward_async(agent, context_id, roots).wait().status();
+}
+
+absl::StatusOr<std::vector<std::pair<at::Tensor, at::Tensor>>> get_gradients(
+    Agent& agent, int64_t context_id) {
+  Container* container = ContainerOf(&agent);
+  if (container == nullptr) return absl::FailedPreconditionError("distributed autograd is not enabled");
+  auto context = container->Find(context_id);
+  if (!context) {
+    return absl::NotFoundError(absl::StrCat("unknown distributed autograd context ", context_id));
+  }
+  return context->Gradients();
+}
+
+absl::StatusOr<at::Tensor> get_gradient(Agent& agent, int64_t context_id,
+                                        const at::Tensor& parameter) {
+  Container* container = ContainerOf(&agent);
+  if (container == nullptr) return absl::FailedPreconditionError("distributed autograd is not enabled");
+  auto context = container->Find(context_id);
+  if (!context) {
+    return absl::NotFoundError(absl::StrCat("unknown distributed autograd context ", context_id));
+  }
+  return context->Gradient(parameter);
+}
+
+int64_t num_contexts(Agent& agent) {
+  Container* container = ContainerOf(&agent);
+  return container == nullptr ? 0 : container->size();
+}
+
+}  // namespace remora::dist_autograd

@@ -1,0 +1,78 @@
+// Distributed autograd: backward across processes, as PyTorch's
+// torch.distributed.autograd does it (FAST mode).
+//
+//   dist_autograd::Enable(*agent);                  // every process, before Join()
+//   {
+//     dist_autograd::Context context(*agent);       // with dist_autograd.context()
+//     at::Tensor out = stage2.rpc_sync("forward", {stage1.remote("forward", {x})})->toTensor();
+//     at::Tensor loss = mse(out, target);
+//     dist_autograd::backward(*agent, context.id(), {loss});
+//     optimizer.step(context.id());
+//   }                                               // released on every worker
+//
+// Inside a context, every call whose arguments or result carry tensors that
+// require grad records a send/recv pair on both sides (also to_here()
+// fetches). backward() runs the local graph from the roots; gradients that
+// reach a received tensor travel back to its sender as a message keyed by
+// the recorded message id, and the sender continues from there. Gradients
+// of leaves (parameters) accumulate in the context on each worker, never in
+// .grad: read them with get_gradients() on that worker. Micro-batches of one
+// context may run backward concurrently; their gradients sum.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/statusor.h"
+#include "rpc/agent.h"
+
+namespace remora::dist_autograd {
+
+// Installs distributed autograd on `agent`. Call after Agent::Start and
+// before Join() on every participant.
+void Enable(Agent& agent);
+
+// Registers the functions distributed autograd calls on peers
+// (remora.autograd.*). Every participant's registry needs them.
+absl::Status RegisterFunctions(Registry& registry);
+
+// A distributed autograd context, current on this thread for its scope.
+// Context ids carry the creating worker's id in bits 48 and up. Destroying
+// it releases the context on every worker of the group (best effort,
+// retried); release errors are logged, not raised.
+class Context {
+ public:
+  explicit Context(Agent& agent);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  int64_t id() const { return id_; }
+
+ private:
+  Agent& agent_;
+  int64_t id_;
+  ContextIdGuard current_;
+};
+
+// Runs backward from `roots` (each seeded with ones) in context
+// `context_id`, across every worker the gradients reach. Returns when all
+// of them finished; an error names the worker that failed and its message.
+absl::Status backward(Agent& agent, int64_t context_id, const std::vector<at::Tensor>& roots);
+Future<Empty> backward_async(Agent& agent, int64_t context_id,
+                             const std::vector<at::Tensor>& roots);
+
+// Parameter -> accumulated gradient, on this worker, for `context_id`.
+absl::StatusOr<std::vector<std::pair<at::Tensor, at::Tensor>>> get_gradients(
+    Agent& agent, int64_t context_id);
+
+// The accumulated gradient of `parameter` (undefined when none).
+absl::StatusOr<at::Tensor> get_gradient(Agent& agent, int64_t context_id,
+                                        const at::Tensor& parameter);
+
+// Contexts alive on this worker (zero after training, when all released).
+int64_t num_contexts(Agent& agent);
+
+}  // namespace remora::dist_autograd

@@ -1,0 +1,158 @@
+#include "optim/distributed_optimizer.h"
+
+#include <map>
+
+#include <ATen/core/Dict.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include "absl/strings/str_cat.h"
+#include "autograd/container.h"
+#include "rpc/status_util.h"
+
+namespace remora::optim {
+namespace {
+
+constexpr char kLocalOptimizer[] = "remora.optim.LocalOptimizer";
+
+c10::Dict<std::string, double> ToDict(const OptimizerOptions& o) {
+  c10::Dict<std::string, double> d;
+  d.insert("kind", static_cast<double>(o.kind));
+  d.insert("lr", o.lr);
+  d.insert("momentum", o.momentum);
+  d.insert("dampening", o.dampening);
+  d.insert("weight_decay", o.weight_decay);
+  d.insert("nesterov", o.nesterov ? 1.0 : 0.0);
+  d.insert("beta1", o.beta1);
+  d.insert("beta2", o.beta2);
+  d.insert("eps", o.eps);
+  d.insert("amsgrad", o.amsgrad ? 1.0 : 0.0);
+  return d;
+}
+
+// One owner's optimizer over its own parameters.
+class LocalOptimizer {
+ public:
+  LocalOptimizer(const c10::impl::GenericDict& options, std::vector<at::Tensor> params)
+      : params_(std::move(params)) {
+    auto get = [&](const char* key) { return options.at(key).toDouble(); };
+    const auto kind = static_cast<OptimizerOptions::Kind>(static_cast<int>(get("kind")));
+    switch (kind) {
+      case OptimizerOptions::Kind::kSGD:
+        optimizer_ = std::make_unique<torch::optim::SGD>(
+            params_, torch::optim::SGDOptions(get("lr"))
+                         .momentum(get("momentum"))
+                         .dampening(get("dampening"))
+                         .weight_decay(get("weight_decay"))
+                         .nesterov(get("nesterov") != 0.0));
+        break;
+      case OptimizerOptions::Kind::kAdam:
+        optimizer_ = std::make_unique<torch::optim::Adam>(
+            params_, torch::optim::AdamOptions(get("lr"))
+                         .betas({get("beta1"), get("beta2")})
+                         .eps(get("eps"))
+                         .weight_decay(get("weight_decay"))
+                         .amsgrad(get("amsgrad") != 0.0));
+        break;
+      case OptimizerOptions::Kind::kAdamW:
+        optimizer_ = std::make_unique<torch::optim::AdamW>(
+            params_, torch::optim::AdamWOptions(get("lr"))
+                         .betas({get("beta1"), get("beta2")})
+                         .eps(get("eps"))
+                         .weight_decay(get("weight_decay"))
+                         .amsgrad(get("amsgrad") != 0.0));
+        break;
+      default:
+        throw std::invalid_argument("unknown optimizer kind");
+    }
+  }
+
+  // Steps with the gradients `context` accumulated here.
+  void Step(const dist_autograd::DistContext& context) {
+    for (auto& p : params_) p.mutable_grad() = context.Gradient(p);
+    optimizer_->step();
+    for (auto& p : params_) p.mutable_grad() = at::Tensor();
+  }
+
+ private:
+  std::vector<at::Tensor> params_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+};
+
+}  // namespace
+
+absl::Status RegisterFunctions(Registry& registry) {
+  return registry.RegisterModule<LocalOptimizer>(
+      kLocalOptimizer,
+      [](CallContext& ctx, const Args& args) {
+        std::vector<at::Tensor> params;
+        for (const c10::IValue& v : args[1].toListRef()) {
+          auto rref = RRef::FromIValue(v);
+          if (!rref.ok() || !rref->is_owner()) {
+            throw std::invalid_argument("LocalOptimizer: every parameter RRef must be owned here");
+          }
+          auto value = rref->local_value();
+          if (!value.ok() || !value->isTensor() || !value->toTensor().requires_grad()) {
+            throw std::invalid_argument("LocalOptimizer: an RRef does not hold a parameter");
+          }
+          params.push_back(value->toTensor());
+        }
+        return std::make_shared<LocalOptimizer>(args[0].toGenericDict(), std::move(params));
+      },
+      {{"step", [](LocalOptimizer& opt, CallContext& ctx, const Args& args) -> c10::IValue {
+          auto* container = dist_autograd::ContainerOf(ctx.agent);
+          if (container == nullptr) throw std::runtime_error("distributed autograd is not enabled");
+          auto context = container->Find(args[0].toInt());
+          if (!context) {
+            throw std::invalid_argument(
+                absl::StrCat("step: unknown distributed autograd context ", args[0].toInt()));
+          }
+          opt.Step(*context);
+          return c10::IValue();
+        }}});
+}
+
+absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Create(
+    Agent& agent, const OptimizerOptions& options, const std::vector<RRef>& params) {
+  if (params.empty()) return absl::InvalidArgumentError("DistributedOptimizer: no parameters");
+  std::map<std::string, c10::impl::GenericList> by_owner;
+  for (const RRef& p : params) {
+    if (!p.valid()) return absl::InvalidArgumentError("DistributedOptimizer: an empty RRef");
+    auto [it, inserted] =
+        by_owner.try_emplace(p.owner_name(), c10::impl::GenericList(c10::AnyType::get()));
+    it->second.push_back(p.ToIValue());
+  }
+  std::vector<RRef> optimizers;
+  for (auto& [owner, list] : by_owner) {
+    ASSIGN_OR_RETURN(RRef opt, agent.remote(owner, kLocalOptimizer, {ToDict(options), list}));
+    optimizers.push_back(opt);
+  }
+  // Surface construction errors now rather than at the first step.
+  for (RRef& opt : optimizers) {
+    auto* user = static_cast<UserRRef*>(opt.impl().get());
+    RETURN_IF_ERROR(Annotate(user->confirmed().wait().status(), "creating the optimizer"));
+  }
+  return std::unique_ptr<DistributedOptimizer>(new DistributedOptimizer(std::move(optimizers)));
+}
+
+absl::Status DistributedOptimizer::step(int64_t context_id) {
+  std::vector<Future<c10::IValue>> steps;
+  for (const RRef& opt : optimizers_) steps.push_back(opt.rpc_async("step", {context_id}));
+  absl::Status status;
+  for (auto& s : steps) status.Update(s.wait().status());
+  return status;
+}
+
+absl::StatusOr<std::vector<RRef>> parameter_rrefs(const RRef& module) {
+  ASSIGN_OR_RETURN(c10::IValue list, module.rpc_sync("parameter_rrefs"));
+  if (!list.isList()) return absl::InvalidArgumentError("parameter_rrefs did not return a list");
+  std::vector<RRef> out;
+  for (const c10::IValue& v : list.toListRef()) {
+    ASSIGN_OR_RETURN(RRef r, RRef::FromIValue(v));
+    out.push_back(r);
+  }
+  return out;
+}
+
+}  // namespace remora::optim

@@ -1,0 +1,83 @@
+// DistributedOptimizer: steps parameters that live on many workers, with the
+// gradients a distributed autograd context accumulated there (PyTorch's
+// torch.distributed.optim.DistributedOptimizer).
+//
+//   auto params = optim::parameter_rrefs(stage1).value();     // RRefs to parameters
+//   auto more = optim::parameter_rrefs(stage2).value();
+//   params.insert(params.end(), more.begin(), more.end());
+//   auto opt = optim::DistributedOptimizer::Create(
+//       *agent, optim::OptimizerOptions::SGD(0.05).set_momentum(0.9), params).value();
+//   ... backward(context.id()) ...
+//   opt->step(context.id());
+//
+// It creates one LibTorch optimizer per owner, on that owner, over the
+// owner's parameters; step(context_id) steps all owners concurrently with the
+// context's gradients (never .grad of other contexts). Optimizer state
+// (momentum, Adam moments) lives on the owners and persists across steps.
+//
+// Thread-safety: step() may be called from any thread, one step at a time.
+// Ownership: the optimizer holds RRefs to its per-owner optimizers; they are
+// freed on the owners when it is destroyed.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "rpc/agent.h"
+
+namespace remora::optim {
+
+struct OptimizerOptions {
+  enum class Kind { kSGD, kAdam, kAdamW };
+
+  static OptimizerOptions SGD(double lr) { return OptimizerOptions(Kind::kSGD, lr, 0.0); }
+  static OptimizerOptions Adam(double lr) { return OptimizerOptions(Kind::kAdam, lr, 0.0); }
+  // AdamW's default weight decay is LibTorch's (0.01).
+  static OptimizerOptions AdamW(double lr) { return OptimizerOptions(Kind::kAdamW, lr, 1e-2); }
+
+  OptimizerOptions& set_momentum(double v) { momentum = v; return *this; }
+  OptimizerOptions& set_dampening(double v) { dampening = v; return *this; }
+  OptimizerOptions& set_weight_decay(double v) { weight_decay = v; return *this; }
+  OptimizerOptions& set_nesterov(bool v) { nesterov = v; return *this; }
+  OptimizerOptions& set_betas(double b1, double b2) { beta1 = b1; beta2 = b2; return *this; }
+  OptimizerOptions& set_eps(double v) { eps = v; return *this; }
+  OptimizerOptions& set_amsgrad(bool v) { amsgrad = v; return *this; }
+
+  Kind kind;
+  double lr;
+  double momentum = 0.0, dampening = 0.0, weight_decay;
+  bool nesterov = false;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  bool amsgrad = false;
+
+ private:
+  OptimizerOptions(Kind k, double l, double wd) : kind(k), lr(l), weight_decay(wd) {}
+};
+
+// Registers remora.optim.LocalOptimizer, the per-owner optimizer. Every
+// worker's registry needs it.
+absl::Status RegisterFunctions(Registry& registry);
+
+class DistributedOptimizer {
+ public:
+  // `params`: RRefs to parameter tensors (owned by any workers).
+  static absl::StatusOr<std::unique_ptr<DistributedOptimizer>> Create(
+      Agent& agent, const OptimizerOptions& options, const std::vector<RRef>& params);
+
+  // Steps every owner with the gradients of `context_id`; an error names the
+  // worker that failed.
+  absl::Status step(int64_t context_id);
+
+ private:
+  explicit DistributedOptimizer(std::vector<RRef> optimizers)
+      : optimizers_(std::move(optimizers)) {}
+  std::vector<RRef> optimizers_;  // one remora.optim.LocalOptimizer per owner
+};
+
+// The parameter RRefs of a module that lives on a worker: calls its
+// registered "parameter_rrefs" method (PyTorch example's parameter_rrefs).
+absl::StatusOr<std::vector<RRef>> parameter_rrefs(const RRef& module);
+
+}  // namespace remora::optim

@@ -1,0 +1,105 @@
+#include "shards/mlp.h"
+
+#include <mutex>
+
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/utils.h>
+
+#include "rpc/agent.h"
+#include "rpc/status_util.h"
+#include "shards/builtins.h"
+
+namespace remora::shards {
+namespace {
+
+// LibTorch's default generator is process-wide: seed and build under a lock.
+std::mutex& SeedMutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+struct FailInBackward : public torch::autograd::Function<FailInBackward> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::Tensor x,
+                            std::string message) {
+    ctx->saved_data["message"] = message;
+    return x.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    throw std::runtime_error(ctx->saved_data["message"].toStringRef());
+  }
+};
+
+struct BackwardFails {
+  std::string message;
+};
+
+}  // namespace
+
+torch::nn::Sequential MakeMLPStage(const MLPStageOptions& o) {
+  std::lock_guard<std::mutex> lock(SeedMutex());
+  torch::manual_seed(o.seed);
+  torch::nn::Sequential seq(torch::nn::Linear(o.in, o.out));
+  if (o.batchnorm) seq->push_back(torch::nn::BatchNorm1d(o.out));
+  if (o.relu) seq->push_back(torch::nn::ReLU());
+  return seq;
+}
+
+std::vector<at::Tensor> ModuleState(torch::nn::Module& module) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : module.parameters()) out.push_back(p.detach().clone());
+  for (const auto& b : module.buffers()) out.push_back(b.detach().clone());
+  return out;
+}
+
+c10::IValue ParameterRRefs(CallContext& ctx, torch::nn::Module& module) {
+  c10::impl::GenericList list(c10::AnyType::get());
+  for (const auto& p : module.parameters()) list.push_back(ctx.agent->local_rref(p).ToIValue());
+  return list;
+}
+
+absl::Status RegisterMLP(Registry& registry) {
+  using Stage = torch::nn::SequentialImpl;
+  RETURN_IF_ERROR(registry.RegisterModule<Stage>(
+      "MLPStage",
+      [](CallContext&, const Args& a) {
+        MLPStageOptions o;
+        o.in = a[0].toInt();
+        o.out = a[1].toInt();
+        o.seed = a.size() > 2 ? a[2].toInt() : 0;
+        o.relu = a.size() > 3 ? a[3].toBool() : true;
+        o.batchnorm = a.size() > 4 ? a[4].toBool() : false;
+        if (o.in <= 0 || o.out <= 0) throw std::invalid_argument("MLPStage: sizes must be positive");
+        return MakeMLPStage(o).ptr();
+      },
+      {{"forward",
+        [](Stage& m, CallContext&, const Args& a) -> c10::IValue {
+          return m.forward(TensorOrFetch(a[0]));
+        }},
+       {"parameter_rrefs",
+        [](Stage& m, CallContext& ctx, const Args&) -> c10::IValue {
+          return ParameterRRefs(ctx, m);
+        }},
+       {"state",
+        [](Stage& m, CallContext&, const Args&) -> c10::IValue {
+          return c10::List<at::Tensor>(ModuleState(m));
+        }},
+       {"train", [](Stage& m, CallContext&, const Args& a) -> c10::IValue {
+          m.train(a.size() > 0 ? a[0].toBool() : true);
+          return c10::IValue();
+        }}}));
+  RETURN_IF_ERROR(registry.RegisterModule<BackwardFails>(
+      "BackwardFails",
+      [](CallContext&, const Args& a) {
+        return std::make_shared<BackwardFails>(BackwardFails{a[0].toStringRef()});
+      },
+      {{"forward", [](BackwardFails& m, CallContext&, const Args& a) -> c10::IValue {
+          return FailInBackward::apply(TensorOrFetch(a[0]), m.message);
+        }}}));
+  return absl::OkStatus();
+}
+
+}  // namespace remora::shards
