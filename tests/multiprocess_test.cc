@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "examples/local_group.h"
 #include "shards/builtins.h"
+#include "tests/test_group.h"
 
 namespace remora {
 namespace {
@@ -35,18 +36,6 @@ std::string ReadFile(const std::string& path) {
 
 std::string TempPath(const std::string& name) {
   return absl::StrCat(testing::TempDir(), "/remora_", getpid(), "_", name);
-}
-
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
 }
 
 // Runs a program to completion; returns its exit code and output.
