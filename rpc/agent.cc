@@ -676,11 +676,14 @@ void Agent::Impl::HandleFetch(const wire::Request& request,
   RRefContext& rrefs = *agent_->rrefs_;
   c10::intrusive_ptr<OwnerRRef> owner = rrefs.FindOwner(id);
   if (!owner) {
-    if (id.worker != from || id.worker == agent_->self_.id) {
+    // The value's remote() has not arrived yet. Wait for it when the asker
+    // is a known user: its creator, or a fork the owner recorded.
+    const ForkId fork = FromWire(request.fetch().fork_id());
+    const bool known_user = (id.worker == from && fork == id) || rrefs.HasFork(id, fork);
+    if (!known_user || id.worker == agent_->self_.id) {
       return responder->ReplyError(absl::NotFoundError(absl::StrCat(
           "to_here: no RRef ", id.ToString(), " here (already deleted, or never created)")));
     }
-    // The creator asks before its remote() arrived: wait for the value.
     owner = rrefs.GetOrCreateOwner(id);
   }
   owner->value().then([responder](const absl::StatusOr<c10::IValue>& v) {

@@ -122,6 +122,12 @@ void RRefContext::AddFork(const RRefId& id, const ForkId& fork) {
   forks_[id].insert(fork);
 }
 
+bool RRefContext::HasFork(const RRefId& id, const ForkId& fork) const {
+  absl::MutexLock lock(&mu_);
+  auto it = forks_.find(id);
+  return it != forks_.end() && it->second.contains(fork);
+}
+
 absl::Status RRefContext::DeleteFork(const RRefId& id, const ForkId& fork) {
   c10::intrusive_ptr<OwnerRRef> freed;  // destroyed outside the lock
   {

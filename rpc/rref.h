@@ -174,6 +174,7 @@ class RRefContext final : public RRefHooks,
   // The owner RRef `id`, or null.
   c10::intrusive_ptr<OwnerRRef> FindOwner(const RRefId& id);
   void AddFork(const RRefId& id, const ForkId& fork);
+  bool HasFork(const RRefId& id, const ForkId& fork) const;
   // Records that user `fork` of `id` is gone; frees the value after the last.
   absl::Status DeleteFork(const RRefId& id, const ForkId& fork);
 
