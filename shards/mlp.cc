@@ -1,12 +1,13 @@
 #include "shards/mlp.h"
 
-#include <mutex>
+#include <cmath>
+
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/linear.h>
-#include <torch/utils.h>
 
 #include "rpc/agent.h"
 #include "rpc/status_util.h"
@@ -15,11 +16,6 @@
 namespace remora::shards {
 namespace {
 
-// LibTorch's default generator is process-wide: seed and build under a lock.
-std::mutex& SeedMutex() {
-  static std::mutex mu;
-  return mu;
-}
 
 struct FailInBackward : public torch::autograd::Function<FailInBackward> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::Tensor x,
@@ -40,9 +36,18 @@ struct BackwardFails {
 }  // namespace
 
 torch::nn::Sequential MakeMLPStage(const MLPStageOptions& o) {
-  std::lock_guard<std::mutex> lock(SeedMutex());
-  torch::manual_seed(o.seed);
-  torch::nn::Sequential seq(torch::nn::Linear(o.in, o.out));
+  torch::nn::Linear linear(o.in, o.out);
+  // LibTorch's own init draws from the process-wide generator, which other
+  // threads use too; redraw from a private one seeded by `seed` (same
+  // distribution as nn.Linear's default: U(-1/sqrt(in), 1/sqrt(in))).
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
+  const double bound = 1.0 / std::sqrt(static_cast<double>(o.in));
+  {
+    at::NoGradGuard no_grad;
+    linear->weight.uniform_(-bound, bound, gen);
+    linear->bias.uniform_(-bound, bound, gen);
+  }
+  torch::nn::Sequential seq(linear);
   if (o.batchnorm) seq->push_back(torch::nn::BatchNorm1d(o.out));
   if (o.relu) seq->push_back(torch::nn::ReLU());
   return seq;
