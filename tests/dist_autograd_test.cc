@@ -9,6 +9,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
 #include "absl/strings/str_cat.h"
@@ -193,6 +194,10 @@ void ExpectParity(const ParityCase& c) {
     local_opt = std::make_unique<torch::optim::SGD>(
         local_params, torch::optim::SGDOptions(o.lr).momentum(o.momentum).dampening(o.dampening)
                           .weight_decay(o.weight_decay).nesterov(o.nesterov));
+  } else if (o.kind == optim::OptimizerOptions::Kind::kAdamW) {
+    local_opt = std::make_unique<torch::optim::AdamW>(
+        local_params, torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps)
+                          .weight_decay(o.weight_decay));
   } else {
     local_opt = std::make_unique<torch::optim::Adam>(
         local_params, torch::optim::AdamOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps)
@@ -279,6 +284,10 @@ TEST(Parity, NesterovSgdWithOneBackwardPerStepMatchesLocalTraining) {
 
 TEST(Parity, AdamMatchesLocalTraining) {
   ExpectParity({optim::OptimizerOptions::Adam(0.01)});
+}
+
+TEST(Parity, AdamWMatchesLocalTraining) {
+  ExpectParity({optim::OptimizerOptions::AdamW(0.01)});
 }
 
 TEST(Parity, BatchNormStageMatchesLocalTrainingAndRunningStats) {
