@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "autograd/container.h"
 #include "rpc/status_util.h"
+#include "rpc/trace.h"
 
 namespace remora::dist_autograd {
 
@@ -161,6 +162,8 @@ Future<Empty> RunBackward(Container& container, std::shared_ptr<DistContext> con
   std::vector<at::Tensor> leaves = CollectLeaves(roots);
   if (leaves.empty()) return Future<Empty>::Ready(Empty{});
   std::vector<at::Tensor> results;
+  trace::SetMicroBatch(-1);
+  const int64_t start_us = trace::NowUs();
   try {
     // retain_graph: a send's graph may be reached again by another message
     // of the same context; the context holds it until released.
@@ -170,6 +173,7 @@ Future<Empty> RunBackward(Container& container, std::shared_ptr<DistContext> con
     return Future<Empty>::Ready(
         StatusFromCurrentException(absl::StrCat("backward on worker '", agent.self().name, "'")));
   }
+  trace::Record("backward", trace::MicroBatch(), start_us, trace::NowUs());
   // Gradients of received tensors go back to their senders, per message.
   std::map<std::pair<WorkerId, int64_t>, std::vector<at::Tensor>> outgoing;
   for (size_t i = 0; i < leaves.size(); ++i) {

@@ -3,7 +3,9 @@
 // master shuts the group down.
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <iostream>
+#include <thread>
 
 #include "examples/cli.h"
 #include "autograd/dist_autograd.h"
@@ -23,7 +25,9 @@ int main(int argc, char** argv) {
   flags.AddString("name", &name, "this worker's name, 1-128 of [A-Za-z0-9_:-] (required)");
   flags.AddString("master", &master, "HOST:PORT of the master (MASTER_ADDR/MASTER_PORT also work)");
   flags.AddString("listen", &listen, "HOST:PORT this worker serves on; port 0 picks a free one");
-  flags.AddInt("threads", &threads, "intra-op threads for LibTorch; 0 keeps LibTorch's default");
+  flags.AddInt("threads", &threads,
+               "intra-op threads for LibTorch; 0: this machine's cores divided by the workers "
+               "it runs (never oversubscribed)");
   flags.AddInt("rpc-threads", &rpc_threads, "threads that run incoming calls");
   flags.AddInt("connect-timeout", &connect_timeout_s, "seconds to keep trying to reach the master");
   flags.AddString("device", &device, "where shards live: cpu (cuda:N needs a CUDA build)");
@@ -72,8 +76,18 @@ int main(int argc, char** argv) {
     std::cerr << "worker: " << s.message() << "\n";
     return 1;
   }
+  if (threads == 0) {
+    // Share the cores among the workers of this host (the master mostly waits).
+    int local_workers = 0;
+    for (const auto& w : (*agent)->workers()) {
+      local_workers += w.id != 0 && w.host_id == (*agent)->self().host_id;
+    }
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    threads = std::max(1, cores / std::max(1, local_workers));
+    at::set_num_threads(threads);
+  }
   std::cerr << "worker '" << name << "' (id " << (*agent)->self().id << ") serving at "
-            << (*agent)->self().address << "\n";
+            << (*agent)->self().address << " with " << threads << " intra-op threads\n";
   if (auto s = (*agent)->Shutdown(); !s.ok()) {
     std::cerr << "worker '" << name << "': " << s.message() << "\n";
     return 1;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "autograd/container.h"
 #include "rpc/status_util.h"
+#include "rpc/trace.h"
 
 namespace remora::optim {
 namespace {
@@ -70,6 +71,7 @@ class LocalOptimizer {
 
   // Steps with the gradients `context` accumulated here.
   void Step(const dist_autograd::DistContext& context) {
+    trace::Scope scope("step", -1);
     for (auto& p : params_) p.mutable_grad() = context.Gradient(p);
     optimizer_->step();
     for (auto& p : params_) p.mutable_grad() = at::Tensor();

@@ -16,7 +16,9 @@
 #include "autograd/dist_autograd.h"
 #include "optim/distributed_optimizer.h"
 #include "rpc/agent.h"
+#include "rpc/trace.h"
 #include "shards/mlp.h"
+#include "shards/resnet.h"
 #include "rpc/status_util.h"
 
 namespace remora::shards {
@@ -94,6 +96,18 @@ absl::Status RegisterBuiltins(Registry& r) {
     return TensorOrFetch(a[0]) + TensorOrFetch(a[1]);
   }));
 
+  RETURN_IF_ERROR(r.RegisterFunction("trace_enable", [](CallContext&, const Args& a) -> c10::IValue {
+    trace::Enable(a[0].toBool());
+    return c10::IValue();
+  }));
+  // Slices recorded here since the last call: (name, micro_batch, start_us, end_us).
+  RETURN_IF_ERROR(r.RegisterFunction("trace_collect", [](CallContext&, const Args&) -> c10::IValue {
+    c10::impl::GenericList out(c10::AnyType::get());
+    for (const auto& s : trace::Drain()) {
+      out.push_back(c10::ivalue::Tuple::create({s.name, s.micro_batch, s.start_us, s.end_us}));
+    }
+    return out;
+  }));
   RETURN_IF_ERROR(r.RegisterModule<Scale>(
       "Scale",
       [](CallContext&, const Args& a) {
@@ -127,6 +141,7 @@ absl::Status RegisterBuiltins(Registry& r) {
 absl::Status RegisterAll(Registry& registry) {
   RETURN_IF_ERROR(RegisterBuiltins(registry));
   RETURN_IF_ERROR(RegisterMLP(registry));
+  RETURN_IF_ERROR(RegisterResNet(registry));
   RETURN_IF_ERROR(dist_autograd::RegisterFunctions(registry));
   return optim::RegisterFunctions(registry);
 }

@@ -1,0 +1,403 @@
+// master: trains ResNet50 as a pipeline over worker processes (or, with
+// --local, in this process alone) and reports how the split count pays.
+//
+//   worker --name worker1 & worker --name worker2 &
+//   master --workers worker1,worker2 --splits 1,2,4,8
+//
+// The classic demo: random images, MSE loss against one-hot labels over
+// 1000 classes, SGD through the DistributedOptimizer. --splits N means N
+// micro-batches per batch (not their size).
+#include <ATen/Parallel.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/mse_loss.h>
+#include <ATen/ops/randint.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/optim/sgd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "autograd/dist_autograd.h"
+#include "examples/cli.h"
+#include "examples/timeline.h"
+#include "optim/distributed_optimizer.h"
+#include "rpc/trace.h"
+#include "shards/builtins.h"
+#include "shards/resnet.h"
+
+namespace remora {
+namespace {
+
+constexpr int64_t kClasses = 1000;
+
+struct Config {
+  std::vector<std::string> workers;
+  std::string listen;
+  std::vector<int> splits;
+  int batches = 3;
+  int batch_size = 120;
+  int image_size = 128;
+  double lr = 0.05;
+  int seed = 0;
+  std::string partition = "balanced";
+  int threads = 0;
+  bool local = false;
+  bool compare_local = false;
+  std::string report, trace, timeline;
+  int connect_timeout = 60;
+};
+
+struct Run {
+  int splits = 0;
+  double seconds = 0;
+  std::vector<double> losses;
+  std::vector<cli::TimelineSlice> slices;
+};
+
+// Batch b of the run: the same images and labels in every mode.
+std::pair<at::Tensor, at::Tensor> MakeBatch(const Config& c, int b) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(int64_t{c.seed} * 7919 + b);
+  at::Tensor images = at::randn({c.batch_size, 3, c.image_size, c.image_size}, gen, at::TensorOptions());
+  at::Tensor labels = at::randint(kClasses, {c.batch_size, 1}, gen, at::TensorOptions(at::kLong));
+  at::Tensor one_hot = at::zeros({c.batch_size, kClasses}).scatter_(1, labels, 1.0);
+  return {images, one_hot};
+}
+
+// This micro-batch's share of the full batch's mean squared error, so that
+// the shares add up to the full-batch loss whatever the split.
+at::Tensor LossShare(const at::Tensor& out, const at::Tensor& target, const Config& c) {
+  return at::mse_loss(out, target, at::Reduction::Sum) / (double(c.batch_size) * kClasses);
+}
+
+void PrintBatch(int b, double loss, double seconds) {
+  std::printf("batch=%d loss=%.6f seconds=%.3f\n", b, loss, seconds);
+  std::fflush(stdout);
+}
+
+absl::StatusOr<Run> TrainLocal(const Config& c, int splits) {
+  Run run{splits};
+  shards::ResNetShardImpl model(0, shards::kResNetBlocks, c.seed);
+  torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(c.lr));
+  const int64_t start = trace::NowUs();
+  for (int b = 0; b < c.batches; ++b) {
+    auto [images, one_hot] = MakeBatch(c, b);
+    const int64_t t0 = trace::NowUs();
+    opt.zero_grad();
+    double loss = 0;
+    auto xs = images.chunk(splits), ts = one_hot.chunk(splits);
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const int64_t f0 = trace::NowUs();
+      at::Tensor out = model.forward(xs[i]);
+      const int64_t f1 = trace::NowUs();
+      at::Tensor l = LossShare(out, ts[i], c);
+      l.backward();
+      run.slices.push_back({0, "forward", int64_t(i), f0 - start, f1 - start});
+      run.slices.push_back({0, "backward", int64_t(i), f1 - start, trace::NowUs() - start});
+      loss += l.item<double>();
+    }
+    const int64_t s0 = trace::NowUs();
+    opt.step();
+    run.slices.push_back({0, "step", -1, s0 - start, trace::NowUs() - start});
+    const double seconds = (trace::NowUs() - t0) / 1e6;
+    run.seconds += seconds;
+    run.losses.push_back(loss);
+    PrintBatch(b, loss, seconds);
+  }
+  return run;
+}
+
+// Stage boundaries (block indices) for the workers.
+absl::StatusOr<std::vector<int>> Partition(Agent& agent, const Config& c) {
+  if (c.partition == "tutorial") return shards::TutorialSplit();
+  int max_splits = *std::max_element(c.splits.begin(), c.splits.end());
+  const int64_t probe = std::max<int64_t>(1, std::min<int64_t>(16, c.batch_size / max_splits));
+  std::cout << "measuring per-block cost (forward + backward, " << probe << " images of "
+            << c.image_size << "x" << c.image_size << ") on " << c.workers[0] << " ..."
+            << std::endl;
+  auto costs = agent.rpc_sync(c.workers[0], "resnet.block_costs", {probe, int64_t{c.image_size}},
+                              CallOptions{absl::Minutes(10)});
+  if (!costs.ok()) return costs.status();
+  std::vector<double> v = costs->toDoubleVector();
+  std::vector<int> bounds = shards::BalancedSplit(v, static_cast<int>(c.workers.size()));
+  double total = 0;
+  for (double x : v) total += x;
+  for (size_t w = 0; w < c.workers.size(); ++w) {
+    double part = 0;
+    for (int b = bounds[w]; b < bounds[w + 1]; ++b) part += v[b];
+    std::printf("  %-10s blocks [%2d, %2d)  %5.1f%% of the measured cost\n", c.workers[w].c_str(),
+                bounds[w], bounds[w + 1], 100.0 * part / total);
+  }
+  return bounds;
+}
+
+absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c, const std::vector<int>& bounds,
+                                  int splits, bool traced) {
+  Run run{splits};
+  const size_t n = c.workers.size();
+  std::vector<RRef> stages;
+  std::vector<RRef> params;
+  for (size_t w = 0; w < n; ++w) {
+    auto stage = agent.remote(c.workers[w], "ResNetShard",
+                              {int64_t{bounds[w]}, int64_t{bounds[w + 1]}, int64_t{c.seed}});
+    if (!stage.ok()) return stage.status();
+    stages.push_back(*stage);
+  }
+  for (const RRef& s : stages) {
+    auto p = optim::parameter_rrefs(s);
+    if (!p.ok()) return p.status();
+    params.insert(params.end(), p->begin(), p->end());
+  }
+  auto opt = optim::DistributedOptimizer::Create(agent, optim::OptimizerOptions::SGD(c.lr), params);
+  if (!opt.ok()) return opt.status();
+  for (const auto& w : c.workers) {
+    agent.rpc_sync(w, "trace_enable", {traced}).IgnoreError();
+    agent.rpc_sync(w, "trace_collect").IgnoreError();  // drop older slices
+  }
+  const int64_t start = trace::NowUs();
+  for (int b = 0; b < c.batches; ++b) {
+    auto [images, one_hot] = MakeBatch(c, b);
+    const int64_t t0 = trace::NowUs();
+    double loss = 0;
+    {
+      dist_autograd::Context context(agent);
+      auto xs = images.chunk(splits), ts = one_hot.chunk(splits);
+      std::vector<Future<c10::IValue>> outs;
+      for (size_t i = 0; i < xs.size(); ++i) {
+        c10::IValue y = agent.local_rref(xs[i]);
+        const int64_t mb = static_cast<int64_t>(i);
+        for (size_t s = 0; s + 1 < n; ++s) {
+          auto next = stages[s].remote("forward", {y, mb});
+          if (!next.ok()) return next.status();
+          y = *next;
+        }
+        outs.push_back(stages[n - 1].rpc_async("forward", {y, mb}));
+      }
+      std::vector<Future<Empty>> backwards;
+      for (size_t i = 0; i < outs.size(); ++i) {
+        auto out = outs[i].wait();
+        if (!out.ok()) return out.status();
+        at::Tensor l = LossShare(out->toTensor(), ts[i], c);
+        loss += l.item<double>();
+        backwards.push_back(dist_autograd::backward_async(agent, context.id(), {l}));
+      }
+      for (auto& f : backwards) {
+        if (auto s = f.wait(); !s.ok()) return s.status();
+      }
+      if (auto s = (*opt)->step(context.id()); !s.ok()) return s;
+    }
+    const double seconds = (trace::NowUs() - t0) / 1e6;
+    run.seconds += seconds;
+    run.losses.push_back(loss);
+    PrintBatch(b, loss, seconds);
+  }
+  if (traced) {
+    for (size_t w = 0; w < n; ++w) {
+      auto slices = agent.rpc_sync(c.workers[w], "trace_collect");
+      agent.rpc_sync(c.workers[w], "trace_enable", {false}).IgnoreError();
+      if (!slices.ok()) return slices.status();
+      for (const c10::IValue& s : slices->toListRef()) {
+        const auto& t = s.toTupleRef().elements();
+        run.slices.push_back({static_cast<int>(w), t[0].toStringRef(), t[1].toInt(),
+                              t[2].toInt() - start, t[3].toInt() - start});
+      }
+    }
+  }
+  return run;
+}
+
+void PrintSummary(const std::vector<Run>& runs, const Config& c) {
+  std::printf("\n%8s %10s %18s %9s\n", "splits", "seconds", "images_per_second", "speedup");
+  for (const Run& r : runs) {
+    std::printf("%8d %10.3f %18.2f %8.2fx\n", r.splits, r.seconds,
+                c.batches * c.batch_size / r.seconds, runs[0].seconds / r.seconds);
+  }
+}
+
+absl::Status WriteReport(const std::string& path, bool local, const std::vector<Run>& runs,
+                         const Config& c) {
+  std::ofstream out(path);
+  if (!out) return absl::InvalidArgumentError(absl::StrCat("cannot write --report ", path));
+  out << "{\"mode\": \"" << (local ? "local" : "pipeline") << "\", \"runs\": [";
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const Run& r = runs[i];
+    std::vector<std::string> losses;
+    for (double l : r.losses) losses.push_back(absl::StrFormat("%.9g", l));
+    out << (i ? ", " : "") << "{\"splits\": " << r.splits << ", \"seconds\": "
+        << absl::StrFormat("%.6f", r.seconds) << ", \"images_per_second\": "
+        << absl::StrFormat("%.4f", c.batches * c.batch_size / r.seconds) << ", \"losses\": ["
+        << absl::StrJoin(losses, ", ") << "]}";
+  }
+  out << "]}\n";
+  return out.good() ? absl::OkStatus() : absl::DataLossError("writing the report failed");
+}
+
+std::vector<int> ParseSplits(const std::string& text, std::string* error) {
+  std::vector<int> out;
+  for (const auto& part : cli::SplitList(text)) {
+    int v = 0;
+    if (!absl::SimpleAtoi(part, &v) || v < 1) {
+      *error = absl::StrCat("--splits wants positive integers like 8 or 1,2,4,8; got '", text, "'");
+      return {};
+    }
+    out.push_back(v);
+  }
+  if (out.empty()) *error = "--splits is empty";
+  return out;
+}
+
+int Main(int argc, char** argv) {
+  Config c;
+  std::string workers, splits = "8";
+  c.listen = cli::MasterAddressFromEnv();
+  c.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  cli::FlagParser flags("master",
+                        "Trains ResNet50 as a pipeline over worker processes and reports the "
+                        "speedup of each split count.\nStart the workers first: "
+                        "worker --name worker1 (see worker --help).");
+  flags.AddString("workers", &workers, "comma-separated worker names, one stage each (required unless --local)");
+  flags.AddString("listen", &c.listen, "HOST:PORT where workers find the master (MASTER_ADDR/MASTER_PORT also work)");
+  flags.AddString("splits", &splits, "micro-batches per batch: one count (8) or a sweep (1,2,4,8)");
+  flags.AddInt("batches", &c.batches, "batches per split count");
+  flags.AddInt("batch-size", &c.batch_size, "images per batch");
+  flags.AddInt("image-size", &c.image_size, "image height and width");
+  flags.AddDouble("lr", &c.lr, "SGD learning rate");
+  flags.AddInt("seed", &c.seed, "seed of weights and data: same seed, same numbers");
+  flags.AddString("partition", &c.partition, "balanced (by measured block cost) or tutorial (2 workers)");
+  flags.AddInt("threads", &c.threads, "intra-op threads of this process (used by --local)");
+  flags.AddBool("local", &c.local, "train in this process alone, no workers");
+  flags.AddBool("compare-local", &c.compare_local, "after the sweep, also train --local --splits 1 and print the ratio");
+  flags.AddString("report", &c.report, "write a JSON report to this file");
+  flags.AddString("trace", &c.trace, "write a Chrome/Perfetto trace of the last split count");
+  flags.AddString("timeline", &c.timeline, "write an SVG Gantt chart of the last split count");
+  flags.AddInt("connect-timeout", &c.connect_timeout, "seconds to wait for all workers to register");
+  int code = 0;
+  if (!flags.Parse(argc, argv, &code)) return code;
+  cli::TuneAllocator();
+  std::string error;
+  c.splits = ParseSplits(splits, &error);
+  c.workers = cli::SplitList(workers);
+  auto fail = [](const std::string& msg) {
+    std::cerr << "master: " << msg << "\n";
+    return 2;
+  };
+  if (!error.empty()) return fail(error);
+  if (c.batches < 1 || c.batch_size < 1 || c.threads < 1 || c.connect_timeout < 1) {
+    return fail("--batches, --batch-size, --threads and --connect-timeout must be >= 1");
+  }
+  if (c.image_size < 16 || c.image_size > 1024) return fail("--image-size must be in [16, 1024]");
+  if (!(c.lr > 0)) return fail("--lr must be > 0");
+  for (int s : c.splits) {
+    if (s > c.batch_size) {
+      return fail(absl::StrCat("--splits ", s, " exceeds --batch-size ", c.batch_size,
+                               ": every micro-batch needs at least one image"));
+    }
+  }
+  if (!c.local) {
+    if (c.workers.empty()) return fail("--workers is required (e.g. --workers worker1,worker2), or use --local");
+    if (c.partition != "balanced" && c.partition != "tutorial") {
+      return fail("--partition must be balanced or tutorial");
+    }
+    if (c.partition == "tutorial" && c.workers.size() != 2) {
+      return fail("--partition tutorial splits ResNet50 in two: give exactly two --workers");
+    }
+    if (c.workers.size() > static_cast<size_t>(shards::kResNetBlocks)) {
+      return fail(absl::StrCat("at most ", shards::kResNetBlocks, " workers (ResNet50 has that many blocks)"));
+    }
+    if (auto s = cli::CheckAddress(c.listen, "--listen"); !s.ok()) return fail(std::string(s.message()));
+  }
+  at::set_num_threads(c.threads);
+
+  std::vector<Run> runs;
+  std::unique_ptr<Agent> agent;
+  Registry registry;
+  if (auto s = shards::RegisterAll(registry); !s.ok()) return fail(std::string(s.message()));
+  auto die = [&](const absl::Status& s) {
+    std::cerr << "master: " << s.message() << "\n";
+    if (agent) agent->Shutdown(/*graceful=*/false).IgnoreError();
+    return 1;
+  };
+  if (c.local) {
+    for (int s : c.splits) {
+      std::printf("local: splits=%d (%d micro-batches of %d images), %d threads\n", s, s,
+                  c.batch_size / s, c.threads);
+      auto run = TrainLocal(c, s);
+      if (!run.ok()) return die(run.status());
+      std::printf("splits=%d seconds=%.3f images_per_second=%.2f\n", s, run->seconds,
+                  c.batches * c.batch_size / run->seconds);
+      runs.push_back(std::move(*run));
+    }
+  } else {
+    AgentOptions opts;
+    opts.name = "master";
+    opts.is_master = true;
+    opts.listen_address = c.listen;
+    opts.workers = c.workers;
+    opts.connect_timeout = absl::Seconds(c.connect_timeout);
+    opts.rpc_timeout = absl::Minutes(10);
+    auto started = Agent::Start(opts, &registry);
+    if (!started.ok()) return die(started.status());
+    agent = std::move(*started);
+    dist_autograd::Enable(*agent);
+    std::cout << "master listening at " << agent->self().address << ", waiting for "
+              << absl::StrJoin(c.workers, ", ") << std::endl;
+    if (auto s = agent->Join(); !s.ok()) return die(s);
+    auto bounds = Partition(*agent, c);
+    if (!bounds.ok()) return die(bounds.status());
+    for (size_t i = 0; i < c.splits.size(); ++i) {
+      const int s = c.splits[i];
+      const bool last = i + 1 == c.splits.size();
+      std::printf("pipeline: splits=%d (%d micro-batches of ~%d images) over %zu workers\n", s, s,
+                  c.batch_size / s, c.workers.size());
+      auto run = TrainPipeline(*agent, c, *bounds, s, last && !(c.trace.empty() && c.timeline.empty()));
+      if (!run.ok()) return die(run.status());
+      std::printf("splits=%d seconds=%.3f images_per_second=%.2f\n", s, run->seconds,
+                  c.batches * c.batch_size / run->seconds);
+      runs.push_back(std::move(*run));
+    }
+  }
+  PrintSummary(runs, c);
+  std::vector<std::string> tracks = c.local ? std::vector<std::string>{"master (local)"} : c.workers;
+  if (!c.report.empty()) {
+    if (auto s = WriteReport(c.report, c.local, runs, c); !s.ok()) return die(s);
+    std::cout << "report: " << c.report << "\n";
+  }
+  if (!c.trace.empty()) {
+    if (auto s = cli::WriteChromeTrace(c.trace, tracks, runs.back().slices); !s.ok()) return die(s);
+    std::cout << "trace: " << c.trace << " (open in https://ui.perfetto.dev or chrome://tracing)\n";
+  }
+  if (!c.timeline.empty()) {
+    if (auto s = cli::WriteTimelineSvg(c.timeline, tracks, runs.back().slices, runs.back().splits);
+        !s.ok()) {
+      return die(s);
+    }
+    std::cout << "timeline: " << c.timeline << "\n";
+  }
+  if (c.compare_local && !c.local) {
+    std::printf("\nlocal baseline: splits=1 in this process, %d threads\n", c.threads);
+    auto run = TrainLocal(c, 1);
+    if (!run.ok()) return die(run.status());
+    std::printf("splits=1 seconds=%.3f images_per_second=%.2f (local)\n", run->seconds,
+                c.batches * c.batch_size / run->seconds);
+    std::printf("pipeline splits=%d takes %.2fx the time of local splits=1\n", runs.back().splits,
+                runs.back().seconds / run->seconds);
+  }
+  if (agent) {
+    if (auto s = agent->Shutdown(); !s.ok()) return die(s);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace remora
+
+int main(int argc, char** argv) { return remora::Main(argc, argv); }

@@ -1,0 +1,29 @@
+// Pictures of a pipeline run: a Chrome/Perfetto trace (JSON) and an SVG
+// Gantt chart, one track per worker, one slice per micro-batch forward,
+// backward and optimizer step.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace remora::cli {
+
+struct TimelineSlice {
+  int track;             // index into the track names
+  std::string name;      // forward, backward or step
+  int64_t micro_batch;   // -1 for none
+  int64_t start_us;      // since the run started
+  int64_t end_us;
+};
+
+absl::Status WriteChromeTrace(const std::string& path, const std::vector<std::string>& tracks,
+                              const std::vector<TimelineSlice>& slices);
+
+// `micro_batches` sets the colour wheel: one hue per micro-batch.
+absl::Status WriteTimelineSvg(const std::string& path, const std::vector<std::string>& tracks,
+                              const std::vector<TimelineSlice>& slices, int micro_batches);
+
+}  // namespace remora::cli

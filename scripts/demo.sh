@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The ResNet50 pipeline demo on one machine: starts two local workers, sweeps
+# --splits 1,2,4,8, then trains the same batches in one process (--local,
+# splits 1) for comparison. Writes build/demo/{report.json,trace.json,
+# timeline.svg}. Workers are stopped on success, failure and Ctrl-C.
+# Extra arguments go to the master (e.g. --batches 1 --image-size 64).
+set -euo pipefail
+cd "$(dirname "$(readlink -f "$0")")/.."
+BIN=${REMORA_BUILD_DIR:-build}/bin
+OUT=${REMORA_DEMO_DIR:-${REMORA_BUILD_DIR:-build}/demo}
+PORT=${MASTER_PORT:-29500}
+mkdir -p "$OUT"
+
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+for w in worker1 worker2; do
+  "$BIN/worker" --name "$w" --master "127.0.0.1:$PORT" &
+  pids+=($!)
+done
+"$BIN/master" --workers worker1,worker2 --listen "127.0.0.1:$PORT" --splits 1,2,4,8 \
+  --report "$OUT/report.json" --trace "$OUT/trace.json" --timeline "$OUT/timeline.svg" \
+  --compare-local "$@"

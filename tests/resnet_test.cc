@@ -1,0 +1,214 @@
+// ResNet50 shards, partitioning, and the master program end to end.
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include <ATen/ops/equal.h>
+#include <ATen/ops/randn.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "examples/cli.h"
+#include "shards/resnet.h"
+#include "tests/test_group.h"
+
+namespace remora {
+namespace {
+
+using ::testing::HasSubstr;
+
+const std::string kBin = REMORA_BIN_DIR;
+
+int64_t NumParameters(torch::nn::Module& m) {
+  int64_t n = 0;
+  for (const auto& p : m.parameters()) n += p.numel();
+  return n;
+}
+
+TEST(ResNet, HasTorchvisionsParameterCount) {
+  shards::ResNetShardImpl full(0, shards::kResNetBlocks, 0);
+  EXPECT_EQ(NumParameters(full), 25557032);
+  at::Tensor out = full.forward(at::randn({2, 3, 64, 64}));
+  EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 1000}));
+}
+
+TEST(ResNet, ShardsEqualTheSameBlocksOfTheFullModel) {
+  shards::ResNetShardImpl full(0, shards::kResNetBlocks, 3);
+  shards::ResNetShardImpl a(0, 8, 3), b(8, shards::kResNetBlocks, 3);
+  EXPECT_EQ(NumParameters(a) + NumParameters(b), NumParameters(full));
+  auto fp = full.parameters();
+  auto ap = a.parameters(), bp = b.parameters();
+  ap.insert(ap.end(), bp.begin(), bp.end());
+  ASSERT_EQ(ap.size(), fp.size());
+  for (size_t i = 0; i < fp.size(); ++i) EXPECT_TRUE(at::equal(ap[i], fp[i])) << i;
+  at::Tensor x = at::randn({2, 3, 32, 32});
+  EXPECT_TRUE(at::allclose(b.forward(a.forward(x)), full.forward(x), 1e-5, 1e-6));
+  EXPECT_THROW(shards::ResNetShardImpl(5, 5, 0), std::invalid_argument);
+  EXPECT_THROW(shards::ResNetShardImpl(0, 19, 0), std::invalid_argument);
+}
+
+TEST(ResNet, BalancedSplitMinimisesTheLargestPart) {
+  EXPECT_EQ(shards::BalancedSplit({1, 1, 1, 1}, 2), (std::vector<int>{0, 2, 4}));
+  EXPECT_EQ(shards::BalancedSplit({5, 1, 1, 1, 1, 1}, 2), (std::vector<int>{0, 1, 6}));
+  EXPECT_EQ(shards::BalancedSplit({1, 2, 3, 4, 5, 6}, 3), (std::vector<int>{0, 3, 5, 6}));
+  EXPECT_EQ(shards::BalancedSplit({3, 3, 3}, 3), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_THROW(shards::BalancedSplit({1, 2}, 3), std::invalid_argument);
+  EXPECT_EQ(shards::TutorialSplit(), (std::vector<int>{0, 8, 18}));
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string Temp(const std::string& name) {
+  return absl::StrCat(testing::TempDir(), "/remora_", getpid(), "_", name);
+}
+
+std::pair<int, std::string> RunProgram(const std::vector<std::string>& argv,
+                                absl::Duration timeout = absl::Seconds(240)) {
+  const std::string out = Temp("out.txt");
+  auto p = cli::Subprocess::Spawn(argv, out).value();
+  auto code = p->Wait(timeout);
+  return {code.ok() ? *code : -1, ReadFile(out)};
+}
+
+// Losses of every run in a --report file, in order.
+std::vector<std::vector<double>> ReportLosses(const std::string& json) {
+  std::vector<std::vector<double>> out;
+  std::regex losses("\"losses\": \\[([^\\]]*)\\]");
+  for (auto it = std::sregex_iterator(json.begin(), json.end(), losses);
+       it != std::sregex_iterator(); ++it) {
+    std::vector<double> v;
+    for (auto part : absl::StrSplit((*it)[1].str(), ", ")) v.push_back(std::stod(std::string(part)));
+    out.push_back(v);
+  }
+  return out;
+}
+
+// A pipeline run over `n` real workers; returns the master's exit code and output.
+std::pair<int, std::string> RunPipeline(int n, const std::vector<std::string>& master_args) {
+  const int port = FreePort();
+  const std::string addr = absl::StrCat("127.0.0.1:", port);
+  std::vector<std::unique_ptr<cli::Subprocess>> workers;
+  std::string names;
+  for (int i = 1; i <= n; ++i) {
+    const std::string name = absl::StrCat("worker", i);
+    names += (i > 1 ? "," : "") + name;
+    workers.push_back(cli::Subprocess::Spawn({kBin + "/worker", "--name", name, "--master", addr,
+                                              "--threads", "1"}, Temp(name + ".log"))
+                          .value());
+  }
+  std::vector<std::string> argv = {kBin + "/master", "--workers", names, "--listen", addr};
+  argv.insert(argv.end(), master_args.begin(), master_args.end());
+  auto result = RunProgram(argv);
+  for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
+  return result;
+}
+
+const std::vector<std::string> kSmall = {"--batches", "2", "--batch-size", "8",
+                                         "--image-size", "32"};
+
+TEST(Master, PipelineLossesMatchLocalTraining) {
+  const std::string report = Temp("pipeline.json"), local = Temp("local.json");
+  const std::string trace = Temp("trace.json"), svg = Temp("timeline.svg");
+  std::vector<std::string> args = kSmall;
+  for (const char* a : {"--splits", "1,2"}) args.push_back(a);
+  std::vector<std::string> pipeline_args = args;
+  for (const std::string& a : {std::string("--report"), report, std::string("--trace"), trace,
+                               std::string("--timeline"), svg}) {
+    pipeline_args.push_back(a);
+  }
+  auto [code, out] = RunPipeline(2, pipeline_args);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("batch=1 loss="));
+  EXPECT_THAT(out, HasSubstr("splits=2 seconds="));
+  EXPECT_THAT(out, HasSubstr("speedup"));
+  std::vector<std::string> local_args = {kBin + "/master", "--local", "--threads", "1",
+                                         "--report", local};
+  local_args.insert(local_args.end(), args.begin(), args.end());
+  auto [lcode, lout] = RunProgram(local_args);
+  ASSERT_EQ(lcode, 0) << lout;
+
+  const std::string pj = ReadFile(report), lj = ReadFile(local);
+  EXPECT_THAT(pj, HasSubstr("\"mode\": \"pipeline\""));
+  EXPECT_THAT(lj, HasSubstr("\"mode\": \"local\""));
+  auto p = ReportLosses(pj), l = ReportLosses(lj);
+  ASSERT_EQ(p.size(), 2u);
+  ASSERT_EQ(l.size(), 2u);
+  for (size_t r = 0; r < 2; ++r) {
+    ASSERT_EQ(p[r].size(), 2u);
+    ASSERT_EQ(l[r].size(), 2u);
+    for (size_t b = 0; b < 2; ++b) {
+      EXPECT_LT(std::abs(p[r][b] - l[r][b]) / std::abs(l[r][b]), 1e-4)
+          << "run " << r << " batch " << b << ": " << p[r][b] << " vs " << l[r][b];
+    }
+  }
+  // Training moved the model: the second batch's loss differs from the first's.
+  EXPECT_GT(std::abs(l[0][1] - l[0][0]), 1e-3);
+
+  // The trace has a track per worker and forward/backward slices per micro-batch.
+  const std::string tj = ReadFile(trace);
+  EXPECT_THAT(tj, HasSubstr("\"traceEvents\""));
+  EXPECT_THAT(tj, HasSubstr("\"name\": \"worker1\""));
+  EXPECT_THAT(tj, HasSubstr("\"name\": \"worker2\""));
+  for (const char* slice : {"forward mb0", "forward mb1", "backward mb0", "backward mb1", "step"}) {
+    EXPECT_THAT(tj, HasSubstr(slice)) << slice;
+  }
+  const std::string sj = ReadFile(svg);
+  EXPECT_THAT(sj, HasSubstr("<svg"));
+  EXPECT_THAT(sj, HasSubstr("worker2"));
+  EXPECT_GT(std::count(sj.begin(), sj.end(), '\n'), 20);
+}
+
+TEST(Master, BalancedSplitWorksForThreeAndFourWorkers) {
+  for (int n : {3, 4}) {
+    std::vector<std::string> args = kSmall;
+    args[1] = "1";  // one batch
+    args.push_back("--splits");
+    args.push_back("2");
+    auto [code, out] = RunPipeline(n, args);
+    ASSERT_EQ(code, 0) << out;
+    EXPECT_THAT(out, HasSubstr(absl::StrCat("worker", n, " ")));
+    EXPECT_THAT(out, HasSubstr("of the measured cost"));
+    EXPECT_THAT(out, HasSubstr("batch=0 loss="));
+  }
+}
+
+TEST(Master, TutorialPartitionRuns) {
+  std::vector<std::string> args = kSmall;
+  for (const char* a : {"--partition", "tutorial", "--splits", "2", "--batches", "1"}) {
+    args.push_back(a);
+  }
+  auto [code, out] = RunPipeline(2, args);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("batch=0 loss="));
+}
+
+TEST(Master, BadFlagsAndMissingWorkersAreClearErrors) {
+  const std::string m = kBin + "/master";
+  auto check = [&](std::vector<std::string> argv, int want, const std::string& text) {
+    argv.insert(argv.begin(), m);
+    auto [code, out] = RunProgram(argv, absl::Seconds(60));
+    EXPECT_EQ(code, want) << out;
+    EXPECT_THAT(out, HasSubstr(text));
+  };
+  check({"--help"}, 0, "--splits");
+  check({"--splits", "1"}, 2, "--workers is required");
+  check({"--local", "--splits", "0"}, 2, "positive integers");
+  check({"--local", "--splits", "16", "--batch-size", "8"}, 2, "exceeds --batch-size 8");
+  check({"--local", "--image-size", "4"}, 2, "--image-size");
+  check({"--workers", "a,b,c", "--partition", "tutorial"}, 2, "exactly two");
+  check({"--workers", "a", "--partition", "odd"}, 2, "balanced or tutorial");
+  check({"--workers", "a", "--listen", "nowhere"}, 2, "HOST:PORT");
+  check({"--workers", "ghost", "--listen", absl::StrCat("127.0.0.1:", FreePort()),
+         "--connect-timeout", "2"},
+        1, "ghost did not register");
+}
+
+}  // namespace
+}  // namespace remora
