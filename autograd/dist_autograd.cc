@@ -165,6 +165,7 @@ Future<Empty> RunBackward(Container& container, std::shared_ptr<DistContext> con
   trace::SetMicroBatch(-1);
   const int64_t start_us = trace::NowUs();
   try {
+    absl::MutexLock compute(&ComputeMutex());
     // retain_graph: a send's graph may be reached again by another message
     // of the same context; the context holds it until released.
     results = torch::autograd::grad(roots, leaves, grads, /*retain_graph=*/true,

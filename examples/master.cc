@@ -283,6 +283,7 @@ int Main(int argc, char** argv) {
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
   cli::TuneAllocator();
+  cli::InstallCachingCpuAllocator();
   std::string error;
   c.splits = ParseSplits(splits, &error);
   c.workers = cli::SplitList(workers);
@@ -315,7 +316,7 @@ int Main(int argc, char** argv) {
     }
     if (auto s = cli::CheckAddress(c.listen, "--listen"); !s.ok()) return fail(std::string(s.message()));
   }
-  at::set_num_threads(c.threads);
+  cli::SetComputeThreads(c.threads);
 
   std::vector<Run> runs;
   std::unique_ptr<Agent> agent;

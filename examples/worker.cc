@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
   cli::TuneAllocator();
+  cli::InstallCachingCpuAllocator();
   if (name.empty()) {
     std::cerr << "worker: --name is required (e.g. --name worker1)\n";
     return 2;
@@ -53,7 +54,7 @@ int main(int argc, char** argv) {
     std::cerr << "worker: --threads must be >= 0, --rpc-threads and --connect-timeout >= 1\n";
     return 2;
   }
-  if (threads > 0) at::set_num_threads(threads);
+  if (threads > 0) cli::SetComputeThreads(threads);
 
   Registry registry;
   if (auto s = shards::RegisterAll(registry); !s.ok()) {
@@ -84,7 +85,7 @@ int main(int argc, char** argv) {
     }
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     threads = std::max(1, cores / std::max(1, local_workers));
-    at::set_num_threads(threads);
+    cli::SetComputeThreads(threads);
   }
   std::cerr << "worker '" << name << "' (id " << (*agent)->self().id << ") serving at "
             << (*agent)->self().address << " with " << threads << " intra-op threads\n";

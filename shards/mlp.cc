@@ -82,7 +82,9 @@ absl::Status RegisterMLP(Registry& registry) {
       },
       {{"forward",
         [](Stage& m, CallContext&, const Args& a) -> c10::IValue {
-          return m.forward(TensorOrFetch(a[0]));
+          at::Tensor x = TensorOrFetch(a[0]);  // before taking the compute lane
+          absl::MutexLock compute(&ComputeMutex());
+          return m.forward(x);
         }},
        {"parameter_rrefs",
         [](Stage& m, CallContext& ctx, const Args&) -> c10::IValue {

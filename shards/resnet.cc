@@ -228,7 +228,8 @@ absl::Status RegisterResNet(Registry& registry) {
       {{"forward",
         [](ResNetShardImpl& m, CallContext&, const Args& a) -> c10::IValue {
           const int64_t mb = a.size() > 1 ? a[1].toInt() : -1;
-          at::Tensor x = TensorOrFetch(a[0]);
+          at::Tensor x = TensorOrFetch(a[0]);  // before taking the compute lane
+          absl::MutexLock compute(&ComputeMutex());
           trace::Scope scope("forward", mb);
           at::Tensor y = m.forward(x);
           if (trace::Enabled() && y.requires_grad()) y = TraceMark::apply(y, mb);
