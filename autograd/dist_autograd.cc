@@ -163,9 +163,10 @@ Future<Empty> RunBackward(Container& container, std::shared_ptr<DistContext> con
   if (leaves.empty()) return Future<Empty>::Ready(Empty{});
   std::vector<at::Tensor> results;
   trace::SetMicroBatch(-1);
-  const int64_t start_us = trace::NowUs();
+  int64_t start_us = 0;
   try {
     absl::MutexLock compute(&ComputeMutex());
+    start_us = trace::NowUs();
     // retain_graph: a send's graph may be reached again by another message
     // of the same context; the context holds it until released.
     results = torch::autograd::grad(roots, leaves, grads, /*retain_graph=*/true,
@@ -174,7 +175,7 @@ Future<Empty> RunBackward(Container& container, std::shared_ptr<DistContext> con
     return Future<Empty>::Ready(
         StatusFromCurrentException(absl::StrCat("backward on worker '", agent.self().name, "'")));
   }
-  trace::Record("backward", trace::MicroBatch(), start_us, trace::NowUs());
+  trace::Record("backward", trace::MicroBatch(), start_us, trace::NowUs());  // lock released
   // Gradients of received tensors go back to their senders, per message.
   std::map<std::pair<WorkerId, int64_t>, std::vector<at::Tensor>> outgoing;
   for (size_t i = 0; i < leaves.size(); ++i) {
