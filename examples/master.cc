@@ -58,6 +58,7 @@ struct Config {
 };
 
 struct Run {
+  explicit Run(int s) : splits(s) {}
   int splits = 0;
   double seconds = 0;
   std::vector<double> losses;
@@ -85,7 +86,7 @@ void PrintBatch(int b, double loss, double seconds) {
 }
 
 absl::StatusOr<Run> TrainLocal(const Config& c, int splits) {
-  Run run{splits};
+  Run run(splits);
   shards::ResNetShardImpl model(0, shards::kResNetBlocks, c.seed);
   torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(c.lr));
   const int64_t start = trace::NowUs();
@@ -142,7 +143,7 @@ absl::StatusOr<std::vector<int>> Partition(Agent& agent, const Config& c) {
 
 absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c, const std::vector<int>& bounds,
                                   int splits, bool traced) {
-  Run run{splits};
+  Run run(splits);
   const size_t n = c.workers.size();
   std::vector<RRef> stages;
   std::vector<RRef> params;

@@ -53,6 +53,12 @@ void ApplyChannelArgs(Args& args, int max_message_bytes) {
   args.SetInt(GRPC_ARG_TCP_READ_CHUNK_SIZE, 4 << 20);
   args.SetInt(GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 256 << 10);
   args.SetInt(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 16 << 20);
+  // Keepalive pings find a peer that vanished without closing its
+  // connection (a machine gone, a cable pulled) within about 10 s.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
 }
 
 std::string Describe(const wire::Request& r) {
@@ -544,6 +550,9 @@ void Agent::Impl::Handle(InMessage message, std::shared_ptr<Responder> responder
     case wire::Request::kProbe:
       HandleProbe(request.probe(), std::move(responder));
       return;
+    case wire::Request::kPing:
+      responder->Reply(OutMessage{});
+      return;
     case wire::Request::kFinish:
       if (agent_->options_.is_master) {
         responder->ReplyError(absl::PermissionDeniedError("only the master ends the group"));
@@ -888,6 +897,10 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options,
   builder.AddChannelArgument(GRPC_ARG_TCP_READ_CHUNK_SIZE, 4 << 20);
   builder.AddChannelArgument(GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 256 << 10);
   builder.AddChannelArgument(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 16 << 20);
+  // Accept the peers' keepalive pings (see ApplyChannelArgs).
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   agent->impl_->server_ = builder.BuildAndStart();
   if (!agent->impl_->server_ || port == 0) {
     return absl::UnavailableError(absl::StrCat(
@@ -1114,14 +1127,34 @@ Future<c10::IValue> Agent::Fetch(const UserRRef& rref, CallOptions options) {
   return result;
 }
 
-void Agent::WaitForShutdown() { impl_->finished_.WaitForNotification(); }
+absl::Status Agent::WaitForShutdown() {
+  const absl::Duration period = absl::Seconds(1);
+  absl::Time last_contact = absl::Now();
+  while (!impl_->finished_.WaitForNotificationWithTimeout(period)) {
+    if (options_.master_timeout <= absl::ZeroDuration() || options_.is_master) continue;
+    OutMessage m;
+    m.header.mutable_request()->set_from(self_.id);
+    m.header.mutable_request()->mutable_ping();
+    auto reply = impl_->SendTo(0, std::move(m), period).wait();
+    if (reply.ok()) {
+      last_contact = absl::Now();
+    } else if (absl::Now() - last_contact > options_.master_timeout) {
+      if (impl_->finished_.HasBeenNotified()) break;
+      return absl::UnavailableError(absl::StrCat(
+          "worker '", self_.name, "': the master '", NameOf(0), "' has not answered for ",
+          absl::FormatDuration(absl::Now() - last_contact), " (", reply.status().message(),
+          "); the group is gone, stopping"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::Status Agent::Shutdown(bool graceful) {
   if (!impl_->server_) return absl::OkStatus();  // already stopped
   absl::Status status;
   if (graceful && impl_->joined_.HasBeenNotified()) {
     if (!options_.is_master) {
-      WaitForShutdown();
+      status = WaitForShutdown();
     } else {
       const absl::Time deadline = absl::Now() + options_.shutdown_timeout;
       std::vector<WorkerInfo> others;
@@ -1179,7 +1212,8 @@ absl::Status Agent::Shutdown(bool graceful) {
         m.header.mutable_request()->mutable_finish();
         finishes.push_back(impl_->SendTo(w.id, std::move(m), absl::Seconds(5)));
       }
-      for (auto& f : finishes) f.wait();
+      // Best effort: a worker that does not answer is already gone.
+      for (auto& f : finishes) f.wait().IgnoreError();
     }
   }
   impl_->Stop();

@@ -68,6 +68,10 @@ struct AgentOptions {
   absl::Duration rpc_timeout = absl::Seconds(60);
   // Bound on the graceful shutdown protocol.
   absl::Duration shutdown_timeout = absl::Seconds(60);
+  // Worker: how long the master may stay unreachable while the worker waits
+  // for the group to end before the worker gives up (it pings the master
+  // every second). Zero waits forever.
+  absl::Duration master_timeout = absl::Seconds(10);
   // Threads that run request handlers and callbacks. Handlers may block on
   // nested calls (to_here inside a stage), so keep a few spare.
   int num_threads = 16;
@@ -187,11 +191,14 @@ class Agent final : public ControlChannel {
   // barrier until no call is in flight on any participant, tells every
   // worker to stop, and stops. A participant that does not answer within
   // shutdown_timeout makes this return an error naming it (after stopping
-  // anyway). Worker: waits until the master ends the group, then stops.
+  // anyway). Worker: waits until the master ends the group, then stops; an
+  // error when the master is gone.
   // `graceful` false skips the protocol and stops at once.
   absl::Status Shutdown(bool graceful = true);
-  // Worker: blocks until the master ended the group (then call Shutdown).
-  void WaitForShutdown();
+  // Worker: blocks until the master ended the group (then call Shutdown),
+  // or returns UNAVAILABLE naming the master once it has not answered for
+  // master_timeout.
+  absl::Status WaitForShutdown();
 
   // --- ControlChannel --------------------------------------------------
   Future<Empty> SendControl(WorkerId dst, wire::Request request) override;

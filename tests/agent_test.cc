@@ -245,7 +245,9 @@ TEST(Agent, ThousandsOfRRefsLeaveEveryOwnerTableEmpty) {
     for (auto& f : pending) ASSERT_TRUE(f.wait().ok());
     for (auto& f : pending) {
       auto v = f.wait().value();
-      if (v.isRRef()) EXPECT_EQ(RRef::FromIValue(v).value().owner_name(), "w2");
+      if (v.isRRef()) {
+        EXPECT_EQ(RRef::FromIValue(v).value().owner_name(), "w2");
+      }
     }
     RRefStats w1 = g.worker(1).rref_stats();
     EXPECT_GE(w1.owners, 15);  // the kept ones at least

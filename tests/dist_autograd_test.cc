@@ -128,7 +128,9 @@ TEST(DistAutograd, ConcurrentMicroBatchesSumTheirGradients) {
     ASSERT_EQ(grads.size(), 2u);
     for (const auto& [param, grad] : grads) {
       for (const auto& p : local1->parameters()) {
-        if (p.sizes() == param.sizes()) EXPECT_LT(RelativeError(grad, p.grad()), 1e-5);
+        if (p.sizes() == param.sizes()) {
+          EXPECT_LT(RelativeError(grad, p.grad()), 1e-5);
+        }
       }
     }
   }

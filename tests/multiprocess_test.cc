@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <fstream>
 #include <sstream>
 
@@ -167,6 +168,44 @@ TEST(MultiProcess, DuplicateWorkerNameExitsWithAnError) {
   ASSERT_TRUE(master->Shutdown().ok());
   EXPECT_EQ(first->Wait(absl::Seconds(20)).value(), 0);
   EXPECT_EQ(second->Wait(absl::Seconds(20)).value(), 0);
+}
+
+TEST(Failure, WorkerExitsNonZeroWhenTheMasterIsGone) {
+  Registry registry;
+  AgentOptions m;
+  m.name = "master";
+  m.is_master = true;
+  m.workers = {"w1"};
+  auto master = Agent::Start(m, &registry).value();
+  const std::string out = absl::StrCat(testing::TempDir(), "/remora_", getpid(), "_gone.txt");
+  auto worker = cli::Subprocess::Spawn(
+                    {kBin + "/worker", "--name", "w1", "--master", master->self().address}, out)
+                    .value();
+  ASSERT_TRUE(master->Join().ok());
+  const absl::Time start = absl::Now();
+  master.reset();  // the master vanishes without ending the group
+  auto code = worker->Wait(absl::Seconds(30));
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 1);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+  EXPECT_THAT(ReadFile(out), HasSubstr("has not answered"));
+}
+
+TEST(Failure, KilledWorkerFailsPendingCallsQuicklyWithItsName) {
+  Registry registry;
+  ASSERT_TRUE(shards::RegisterAll(registry).ok());
+  auto group = cli::StartLocalGroup({"worker1"}, &registry);
+  ASSERT_TRUE(group.ok()) << group.status();
+  auto pending = group->master->rpc_async("worker1", "sleep_ms", {int64_t{30000}});
+  absl::SleepFor(absl::Milliseconds(300));
+  const absl::Time start = absl::Now();
+  group->workers[0]->Signal(SIGKILL);
+  auto r = pending.wait();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("worker1"));
+  EXPECT_FALSE(group->master->rpc_sync("worker1", "echo", {int64_t{1}}).ok());
+  EXPECT_TRUE(group->master->Shutdown(/*graceful=*/false).ok());
 }
 
 TEST(RpcDemo, RunsEndToEnd) {
