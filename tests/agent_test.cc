@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "autograd/dist_autograd.h"
 #include "rpc/agent.h"
@@ -287,13 +288,26 @@ TEST(Rendezvous, DuplicateAndUnknownWorkerNamesAreRejected) {
     w.connect_timeout = absl::Seconds(20);
     return Agent::Start(w, &registry).value();
   };
+  // Two agents claim "w1"; whichever registers second is refused.
   auto first = start_worker("w1");
-  std::thread first_join([&] { EXPECT_TRUE(first->Join().ok()); });
-  absl::SleepFor(absl::Milliseconds(200));
   auto second = start_worker("w1");
-  absl::Status dup = second->Join();
-  EXPECT_EQ(dup.code(), absl::StatusCode::kAlreadyExists) << dup;
-  EXPECT_THAT(std::string(dup.message()), HasSubstr("duplicate worker name 'w1'"));
+  absl::Notification refused;
+  absl::Status statuses[2];
+  std::thread joins[2];
+  Agent* twins[2] = {first.get(), second.get()};
+  for (int i = 0; i < 2; ++i) {
+    joins[i] = std::thread([&, i] {
+      statuses[i] = twins[i]->Join();
+      if (!statuses[i].ok()) refused.Notify();
+    });
+  }
+  ASSERT_TRUE(refused.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  const int loser = statuses[0].ok() ? 1 : 0;
+  EXPECT_EQ(statuses[loser].code(), absl::StatusCode::kAlreadyExists) << statuses[loser];
+  EXPECT_THAT(std::string(statuses[loser].message()), HasSubstr("duplicate worker name 'w1'"));
+  joins[loser].join();
+  std::thread& first_join = joins[1 - loser];
+  if (loser == 0) std::swap(first, second);  // `first` is the one that joined
   auto stranger = start_worker("w9");
   absl::Status unknown = stranger->Join();
   EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound) << unknown;
