@@ -10,7 +10,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <mutex>
 #include <new>
 #include <unordered_map>
@@ -230,6 +232,19 @@ std::string MasterAddressFromEnv() {
   const char* addr = std::getenv("MASTER_ADDR");
   const char* port = std::getenv("MASTER_PORT");
   return absl::StrCat(addr && *addr ? addr : "127.0.0.1", ":", port && *port ? port : "29500");
+}
+
+absl::StatusOr<std::string> LoadToken(const std::string& token_file) {
+  if (token_file.empty()) {
+    const char* env = std::getenv("REMORA_TOKEN");
+    return std::string(env ? env : "");
+  }
+  std::ifstream in(token_file);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read --token-file ", token_file));
+  std::string token((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
+  if (token.empty()) return absl::InvalidArgumentError(absl::StrCat("--token-file ", token_file, " is empty"));
+  return token;
 }
 
 absl::Status CheckAddress(const std::string& address, const std::string& flag) {

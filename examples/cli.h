@@ -67,6 +67,10 @@ void SetComputeThreads(int n);
 // 127.0.0.1 and 29500 as in PyTorch.
 std::string MasterAddressFromEnv();
 
+// The shared secret for AgentOptions::token: the contents of `token_file`
+// (trailing newline dropped) when given, else $REMORA_TOKEN, else empty.
+absl::StatusOr<std::string> LoadToken(const std::string& token_file);
+
 // Checks HOST:PORT (port 0 to 65535).
 absl::Status CheckAddress(const std::string& address, const std::string& flag);
 

@@ -281,8 +281,16 @@ int Main(int argc, char** argv) {
   flags.AddString("trace", &c.trace, "write a Chrome/Perfetto trace of the last split count");
   flags.AddString("timeline", &c.timeline, "write an SVG Gantt chart of the last split count");
   flags.AddInt("connect-timeout", &c.connect_timeout, "seconds to wait for all workers to register");
+  std::string token_file;
+  flags.AddString("token-file", &token_file,
+                  "file holding the group's shared secret (else $REMORA_TOKEN; none: no check)");
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
+  auto token = cli::LoadToken(token_file);
+  if (!token.ok()) {
+    std::cerr << "master: " << token.status().message() << "\n";
+    return 2;
+  }
   cli::TuneAllocator();
   cli::InstallCachingCpuAllocator();
   std::string error;
@@ -346,6 +354,7 @@ int Main(int argc, char** argv) {
     opts.workers = c.workers;
     opts.connect_timeout = absl::Seconds(c.connect_timeout);
     opts.rpc_timeout = absl::Minutes(10);
+    opts.token = *token;
     auto started = Agent::Start(opts, &registry);
     if (!started.ok()) return die(started.status());
     agent = std::move(*started);

@@ -31,8 +31,16 @@ int main(int argc, char** argv) {
   flags.AddInt("rpc-threads", &rpc_threads, "threads that run incoming calls");
   flags.AddInt("connect-timeout", &connect_timeout_s, "seconds to keep trying to reach the master");
   flags.AddString("device", &device, "where shards live: cpu (cuda:N needs a CUDA build)");
+  std::string token_file;
+  flags.AddString("token-file", &token_file,
+                  "file holding the group's shared secret (else $REMORA_TOKEN; none: no check)");
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
+  auto token = cli::LoadToken(token_file);
+  if (!token.ok()) {
+    std::cerr << "worker: " << token.status().message() << "\n";
+    return 2;
+  }
   cli::TuneAllocator();
   cli::InstallCachingCpuAllocator();
   if (name.empty()) {
@@ -67,6 +75,7 @@ int main(int argc, char** argv) {
   options.listen_address = listen;
   options.num_threads = rpc_threads;
   options.connect_timeout = absl::Seconds(connect_timeout_s);
+  options.token = *token;
   auto agent = Agent::Start(options, &registry);
   if (!agent.ok()) {
     std::cerr << "worker: " << agent.status().message() << "\n";

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <set>
 
@@ -20,6 +21,9 @@
 
 namespace remora {
 namespace {
+
+// The metadata key that carries the shared secret (AgentOptions::token).
+constexpr char kTokenHeader[] = "remora-token";
 
 // The one gRPC method all remora traffic uses (see proto/remora.proto).
 constexpr char kMethod[] = "/remora.Agent/Call";
@@ -191,15 +195,36 @@ class Agent::Impl final : public grpc::CallbackGenericService {
 
   grpc::ServerGenericBidiReactor* CreateReactor(
       grpc::GenericCallbackServerContext* ctx) override {
+    class Reject : public grpc::ServerGenericBidiReactor {
+     public:
+      explicit Reject(grpc::Status status) { Finish(std::move(status)); }
+      void OnDone() override { delete this; }
+    };
     if (ctx->method() != kMethod) {
-      class Reject : public grpc::ServerGenericBidiReactor {
-       public:
-        Reject() { Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "not a remora method")); }
-        void OnDone() override { delete this; }
-      };
-      return new Reject;
+      return new Reject(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "not a remora method"));
+    }
+    if (!Authenticated(*ctx)) {
+      std::cerr << "remora: '" << agent_->self_.name << "' rejected a call from " << ctx->peer()
+                << ": missing or wrong token\n";
+      return new Reject(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                                     "missing or wrong remora token (REMORA_TOKEN / --token-file)"));
     }
     return new ServerCall(this);
+  }
+
+  // True when no token is configured, or the call carries the right one.
+  bool Authenticated(const grpc::GenericCallbackServerContext& ctx) const {
+    const std::string& want = agent_->options_.token;
+    if (want.empty()) return true;
+    auto it = ctx.client_metadata().find(kTokenHeader);
+    if (it == ctx.client_metadata().end()) return false;
+    const grpc::string_ref& got = it->second;
+    // Constant time in the token's length: no early exit on a mismatch.
+    unsigned char diff = got.size() != want.size();
+    for (size_t i = 0; i < want.size(); ++i) {
+      diff |= static_cast<unsigned char>(want[i] ^ (i < got.size() ? got.data()[i] : 0));
+    }
+    return diff == 0;
   }
 
   // Entry point of every request (on a gRPC thread): parse, then handle on
@@ -340,6 +365,9 @@ Future<InMessage> Agent::Impl::Transmit(grpc::GenericStub* stub, OutMessage mess
   Future<InMessage> done = call->done;
   call->context.set_deadline(DeadlineIn(timeout));
   call->context.set_wait_for_ready(wait_for_ready);
+  if (!agent_->options_.token.empty()) {
+    call->context.AddMetadata(kTokenHeader, agent_->options_.token);
+  }
   call->request = SerializeMessage(std::move(message));
   {
     absl::MutexLock lock(&calls_mu_);
@@ -969,6 +997,10 @@ absl::Status Agent::Join() {
       return absl::OkStatus();
     }
     last = reply.status();
+    if (last.code() == absl::StatusCode::kUnauthenticated) {
+      return Annotate(last, absl::StrCat("the master at ", options_.master_address,
+                                         " refused worker '", self_.name, "'"));
+    }
     if (last.code() != absl::StatusCode::kUnavailable) break;
     absl::SleepFor(absl::Milliseconds(200));
   }

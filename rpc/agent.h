@@ -77,6 +77,12 @@ struct AgentOptions {
   int num_threads = 16;
   // Largest message accepted or sent, both ends (default 2 GiB - 1).
   int max_message_bytes = 0x7fffffff;
+  // A shared secret. When set, every call this agent makes carries it and
+  // every call it serves must carry it too; others are rejected
+  // (UNAUTHENTICATED, logged, nothing runs). The token travels in clear
+  // text on an insecure channel: it keeps strangers on an open port out,
+  // it does not hide traffic.
+  std::string token;
 };
 
 // Per-call options.

@@ -22,8 +22,12 @@
 #include "absl/time/clock.h"
 #include "autograd/dist_autograd.h"
 #include "rpc/agent.h"
+#include "rpc/message.h"
 #include "shards/builtins.h"
 #include "tests/test_group.h"
+
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
 
 namespace remora {
 namespace {
@@ -369,6 +373,47 @@ TEST(Rendezvous, TimeoutsGiveClearErrors) {
   absl::Status ms = master->Join();
   EXPECT_EQ(ms.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(std::string(ms.message()), HasSubstr("w1, w2"));
+}
+
+TEST(Security, TokenIsRequiredOnEveryCall) {
+  AgentOptions opts;
+  opts.token = "s3cret-token";
+  Group g(1, opts);
+  EXPECT_EQ(g.master().rpc_sync("w1", "add", {int64_t{1}, int64_t{2}}).value().toInt(), 3);
+
+  // A worker with the wrong token cannot join.
+  Registry registry;
+  AgentOptions intruder;
+  intruder.name = "w1";
+  intruder.master_address = g.master().self().address;
+  intruder.token = "guess";
+  intruder.connect_timeout = absl::Seconds(5);
+  auto agent = Agent::Start(intruder, &registry).value();
+  absl::Status s = agent->Join();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated) << s;
+
+  // A raw call without a token is rejected before anything runs.
+  std::atomic<bool> ran{false};
+  auto channel = grpc::CreateChannel(g.worker(1).self().address, grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  for (const std::string& token : {std::string(), std::string("wrong"), std::string("s3cret-toke")}) {
+    OutMessage m;
+    m.header.mutable_request()->set_from(0);
+    m.header.mutable_request()->mutable_call()->set_function("sleep_ms");
+    wire::Value* arg = m.header.mutable_request()->mutable_call()->add_args();
+    arg->set_i(1);
+    grpc::ByteBuffer request = SerializeMessage(std::move(m)), response;
+    grpc::ClientContext ctx;
+    if (!token.empty()) ctx.AddMetadata("remora-token", token);
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    Future<grpc::Status> done;
+    stub.UnaryCall(&ctx, "/remora.Agent/Call", grpc::StubOptions(), &request, &response,
+                   [done](grpc::Status st) mutable { done.SetValue(st); });
+    grpc::Status st = done.wait().value();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED) << token;
+  }
+  // The worker keeps serving its group.
+  EXPECT_EQ(g.master().rpc_sync("w1", "add", {int64_t{2}, int64_t{2}}).value().toInt(), 4);
 }
 
 TEST(Shutdown, ReleasesOutstandingRRefsEverywhere) {

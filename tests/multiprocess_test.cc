@@ -223,6 +223,35 @@ TEST(Failure, KilledWorkerFailsPendingCallsQuicklyWithItsName) {
   EXPECT_TRUE(group->master->Shutdown(/*graceful=*/false).ok());
 }
 
+TEST(Security, WorkerProgramUsesTheTokenFile) {
+  Registry registry;
+  ASSERT_TRUE(shards::RegisterAll(registry).ok());
+  AgentOptions m;
+  m.name = "master";
+  m.is_master = true;
+  m.workers = {"w1"};
+  m.token = "group-secret";
+  auto master = Agent::Start(m, &registry).value();
+  const std::string good = TempPath("good.token"), bad = TempPath("bad.token");
+  std::ofstream(good) << "group-secret\n";
+  std::ofstream(bad) << "not-the-secret\n";
+  auto [code, out] = RunProgram({kBin + "/worker", "--name", "w1", "--master",
+                                 master->self().address, "--token-file", bad});
+  EXPECT_EQ(code, 1);
+  EXPECT_THAT(out, HasSubstr("token"));
+  auto [missing, missing_out] = RunProgram({kBin + "/worker", "--name", "w1", "--token-file",
+                                            TempPath("absent.token")});
+  EXPECT_EQ(missing, 2);
+  EXPECT_THAT(missing_out, HasSubstr("cannot read --token-file"));
+  auto worker = cli::Subprocess::Spawn({kBin + "/worker", "--name", "w1", "--master",
+                                        master->self().address, "--token-file", good})
+                    .value();
+  ASSERT_TRUE(master->Join().ok());
+  EXPECT_EQ(master->rpc_sync("w1", "add", {int64_t{1}, int64_t{1}}).value().toInt(), 2);
+  ASSERT_TRUE(master->Shutdown().ok());
+  EXPECT_EQ(worker->Wait(absl::Seconds(20)).value(), 0);
+}
+
 TEST(RpcDemo, RunsEndToEnd) {
   auto [code, out] = RunProgram({kBin + "/rpc_demo"}, absl::Seconds(120));
   EXPECT_EQ(code, 0) << out;
