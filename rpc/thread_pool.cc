@@ -2,8 +2,6 @@
 
 #include <pthread.h>
 
-#include <ATen/Parallel.h>
-
 namespace remora {
 
 ThreadPool::ThreadPool(int num_threads) {
@@ -49,11 +47,6 @@ void ThreadPool::Loop() {
       queue_.pop_front();
       ++running_;
     }
-    // OpenMP's thread count is per thread: apply LibTorch's current setting
-    // (at::set_num_threads) here, as PyTorch does for its own threads.
-    // Without this a pool thread runs ops with one OpenMP thread per core,
-    // oversubscribing machines that run several workers.
-    at::init_num_threads();
     task();
     task = nullptr;  // destroy captures outside the lock
     absl::MutexLock lock(&mu_);
