@@ -73,6 +73,11 @@ void FlagParser::AddBool(const std::string& name, bool* target, const std::strin
                       }};
 }
 
+void FlagParser::AddTokenFileFlag(std::string* target) {
+  AddString("token-file", target,
+            "file holding the group's shared secret (else $REMORA_TOKEN; none: no check)");
+}
+
 std::string FlagParser::Usage() const {
   std::string out = absl::StrCat("usage: ", program_, " [flags]\n\n", summary_, "\n\nflags:\n");
   for (const auto& name : order_) {

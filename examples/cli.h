@@ -25,6 +25,8 @@ class FlagParser {
   void AddInt(const std::string& name, int* target, const std::string& help);
   void AddDouble(const std::string& name, double* target, const std::string& help);
   void AddBool(const std::string& name, bool* target, const std::string& help);
+  // --token-file, as every program that joins a group takes it (LoadToken).
+  void AddTokenFileFlag(std::string* target);
 
   // Parses argv. Returns false after printing the usage (for --help: exit 0)
   // or an error (exit 2); `exit_code` says which.

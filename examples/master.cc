@@ -282,8 +282,7 @@ int Main(int argc, char** argv) {
   flags.AddString("timeline", &c.timeline, "write an SVG Gantt chart of the last split count");
   flags.AddInt("connect-timeout", &c.connect_timeout, "seconds to wait for all workers to register");
   std::string token_file;
-  flags.AddString("token-file", &token_file,
-                  "file holding the group's shared secret (else $REMORA_TOKEN; none: no check)");
+  flags.AddTokenFileFlag(&token_file);
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
   auto token = cli::LoadToken(token_file);

@@ -32,8 +32,7 @@ int main(int argc, char** argv) {
   flags.AddInt("connect-timeout", &connect_timeout_s, "seconds to keep trying to reach the master");
   flags.AddString("device", &device, "where shards live: cpu (cuda:N needs a CUDA build)");
   std::string token_file;
-  flags.AddString("token-file", &token_file,
-                  "file holding the group's shared secret (else $REMORA_TOKEN; none: no check)");
+  flags.AddTokenFileFlag(&token_file);
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
   auto token = cli::LoadToken(token_file);

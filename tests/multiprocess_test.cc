@@ -28,26 +28,6 @@ using ::testing::HasSubstr;
 
 const std::string kBin = REMORA_BIN_DIR;
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string TempPath(const std::string& name) {
-  return absl::StrCat(testing::TempDir(), "/remora_", getpid(), "_", name);
-}
-
-// Runs a program to completion; returns its exit code and output.
-std::pair<int, std::string> RunProgram(const std::vector<std::string>& argv,
-                                       absl::Duration timeout = absl::Seconds(60)) {
-  const std::string out = TempPath("out.txt");
-  auto p = cli::Subprocess::Spawn(argv, out).value();
-  auto code = p->Wait(timeout);
-  return {code.ok() ? *code : -1, ReadFile(out)};
-}
-
 TEST(WorkerProgram, HelpAndBadFlags) {
   auto [help, help_out] = RunProgram({kBin + "/worker", "--help"});
   EXPECT_EQ(help, 0);

@@ -58,25 +58,6 @@ TEST(ResNet, BalancedSplitMinimisesTheLargestPart) {
   EXPECT_EQ(shards::TutorialSplit(), (std::vector<int>{0, 8, 18}));
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string Temp(const std::string& name) {
-  return absl::StrCat(testing::TempDir(), "/remora_", getpid(), "_", name);
-}
-
-std::pair<int, std::string> RunProgram(const std::vector<std::string>& argv,
-                                absl::Duration timeout = absl::Seconds(240)) {
-  const std::string out = Temp("out.txt");
-  auto p = cli::Subprocess::Spawn(argv, out).value();
-  auto code = p->Wait(timeout);
-  return {code.ok() ? *code : -1, ReadFile(out)};
-}
-
 // Losses of every run in a --report file, in order.
 std::vector<std::vector<double>> ReportLosses(const std::string& json) {
   std::vector<std::vector<double>> out;
@@ -100,12 +81,12 @@ std::pair<int, std::string> RunPipeline(int n, const std::vector<std::string>& m
     const std::string name = absl::StrCat("worker", i);
     names += (i > 1 ? "," : "") + name;
     workers.push_back(cli::Subprocess::Spawn({kBin + "/worker", "--name", name, "--master", addr,
-                                              "--threads", "1"}, Temp(name + ".log"))
+                                              "--threads", "1"}, TempPath(name + ".log"))
                           .value());
   }
   std::vector<std::string> argv = {kBin + "/master", "--workers", names, "--listen", addr};
   argv.insert(argv.end(), master_args.begin(), master_args.end());
-  auto result = RunProgram(argv);
+  auto result = RunProgram(argv, absl::Seconds(240));
   for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
   return result;
 }
@@ -114,8 +95,8 @@ const std::vector<std::string> kSmall = {"--batches", "2", "--batch-size", "8",
                                          "--image-size", "32"};
 
 TEST(Master, PipelineLossesMatchLocalTraining) {
-  const std::string report = Temp("pipeline.json"), local = Temp("local.json");
-  const std::string trace = Temp("trace.json"), svg = Temp("timeline.svg");
+  const std::string report = TempPath("pipeline.json"), local = TempPath("local.json");
+  const std::string trace = TempPath("trace.json"), svg = TempPath("timeline.svg");
   std::vector<std::string> args = kSmall;
   for (const char* a : {"--splits", "1,2"}) args.push_back(a);
   std::vector<std::string> pipeline_args = args;
@@ -131,7 +112,7 @@ TEST(Master, PipelineLossesMatchLocalTraining) {
   std::vector<std::string> local_args = {kBin + "/master", "--local", "--threads", "1",
                                          "--report", local};
   local_args.insert(local_args.end(), args.begin(), args.end());
-  auto [lcode, lout] = RunProgram(local_args);
+  auto [lcode, lout] = RunProgram(local_args, absl::Seconds(240));
   ASSERT_EQ(lcode, 0) << lout;
 
   const std::string pj = ReadFile(report), lj = ReadFile(local);

@@ -1,12 +1,14 @@
-// Test helpers: a master and N workers as agents in this process, and a
-// free loopback port.
+// Test helpers: a master and N workers as agents in this process, a free
+// loopback port, and running the real programs.
 #pragma once
 
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "autograd/dist_autograd.h"
+#include "examples/cli.h"
 #include "rpc/agent.h"
 #include "shards/builtins.h"
 
@@ -97,6 +100,27 @@ class Group {
   std::vector<std::unique_ptr<Agent>> workers_;
   bool stopped_ = false;
 };
+
+inline std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A file name under the test's temporary directory, unique to this process.
+inline std::string TempPath(const std::string& name) {
+  return absl::StrCat(testing::TempDir(), "/remora_", getpid(), "_", name);
+}
+
+// Runs a program to completion; returns its exit code and its output.
+inline std::pair<int, std::string> RunProgram(const std::vector<std::string>& argv,
+                                              absl::Duration timeout = absl::Seconds(60)) {
+  const std::string out = TempPath("out.txt");
+  auto p = cli::Subprocess::Spawn(argv, out).value();
+  auto code = p->Wait(timeout);
+  return {code.ok() ? *code : -1, ReadFile(out)};
+}
 
 inline int FreePort() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
