@@ -232,6 +232,48 @@ TEST(Security, WorkerProgramUsesTheTokenFile) {
   EXPECT_EQ(worker->Wait(absl::Seconds(20)).value(), 0);
 }
 
+TEST(Load, TenThousandConcurrentCallsToOneWorkerAllComplete) {
+  Registry registry;
+  ASSERT_TRUE(shards::RegisterAll(registry).ok());
+  auto group = cli::StartLocalGroup({"worker1"}, &registry);
+  ASSERT_TRUE(group.ok()) << group.status();
+  std::vector<Future<c10::IValue>> futures;
+  futures.reserve(10000);
+  for (int64_t i = 0; i < 10000; ++i) {
+    futures.push_back(group->master->rpc_async("worker1", "add", {i, int64_t{1}}));
+  }
+  for (int64_t i = 0; i < 10000; ++i) {
+    auto r = futures[i].wait();
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->toInt(), i + 1);
+  }
+  EXPECT_TRUE(group->Shutdown().ok());
+}
+
+TEST(Restart, WorkerRejoinsANewMasterOnTheSamePortAtOnce) {
+  Registry registry;
+  ASSERT_TRUE(shards::RegisterAll(registry).ok());
+  const int port = FreePort();
+  for (int round = 0; round < 2; ++round) {
+    AgentOptions m;
+    m.name = "master";
+    m.is_master = true;
+    m.workers = {"w1"};
+    m.listen_address = absl::StrCat("127.0.0.1:", port);
+    m.connect_timeout = absl::Seconds(20);
+    auto master = Agent::Start(m, &registry);
+    ASSERT_TRUE(master.ok()) << "round " << round << ": " << master.status();
+    auto worker = cli::Subprocess::Spawn({kBin + "/worker", "--name", "w1", "--master",
+                                          (*master)->self().address})
+                      .value();
+    ASSERT_TRUE((*master)->Join().ok()) << "round " << round;
+    EXPECT_EQ((*master)->rpc_sync("w1", "add", {int64_t{round}, int64_t{1}}).value().toInt(),
+              round + 1);
+    ASSERT_TRUE((*master)->Shutdown().ok());
+    EXPECT_EQ(worker->Wait(absl::Seconds(20)).value(), 0);
+  }
+}
+
 TEST(RpcDemo, RunsEndToEnd) {
   auto [code, out] = RunProgram({kBin + "/rpc_demo"}, absl::Seconds(120));
   EXPECT_EQ(code, 0) << out;
