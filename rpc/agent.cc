@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <set>
@@ -46,23 +47,37 @@ std::string HostId() {
   return absl::StrCat(host, "/", boot_id);
 }
 
-// gRPC settings shared by server and channels: explicit message limits and
-// flow-control windows large enough for 100+ MB activations.
-template <typename Args>
-void ApplyChannelArgs(Args& args, int max_message_bytes) {
-  args.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, max_message_bytes);
-  args.SetInt(GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, max_message_bytes);
-  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
-  args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, (1 << 24) - 1);
-  args.SetInt(GRPC_ARG_TCP_READ_CHUNK_SIZE, 4 << 20);
-  args.SetInt(GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 256 << 10);
-  args.SetInt(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 16 << 20);
-  // Keepalive pings find a peer that vanished without closing its
-  // connection (a machine gone, a cable pulled) within about 10 s.
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 5000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+// gRPC settings of remora's channels (`server` false) and servers (true),
+// applied through `set(name, value)`: explicit message limits, flow-control
+// windows and read sizes large enough for 100+ MB activations, keepalive.
+void ApplyChannelArgs(const std::function<void(const char*, int)>& set, int max_message_bytes,
+                      bool server) {
+  set(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, max_message_bytes);
+  set(GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, max_message_bytes);
+  set(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
+  set(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, (1 << 24) - 1);
+  set(GRPC_ARG_TCP_READ_CHUNK_SIZE, 4 << 20);
+  set(GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 256 << 10);
+  set(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 16 << 20);
+  set(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  if (server) {
+    set(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    // Accept the peers' keepalive pings.
+    set(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+    set(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  } else {
+    // Keepalive pings find a peer that vanished without closing its
+    // connection (a machine gone, a cable pulled) within about 10 s.
+    set(GRPC_ARG_KEEPALIVE_TIME_MS, 5000);
+    set(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+    set(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  }
+}
+
+// The same for a client channel.
+void ApplyChannelArgs(grpc::ChannelArguments& args, int max_message_bytes) {
+  ApplyChannelArgs([&args](const char* name, int value) { args.SetInt(name, value); },
+                   max_message_bytes, /*server=*/false);
 }
 
 std::string Describe(const wire::Request& r) {
@@ -919,16 +934,9 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options,
   builder.RegisterCallbackGenericService(agent->impl_.get());
   builder.SetMaxReceiveMessageSize(agent->options_.max_message_bytes);
   builder.SetMaxSendMessageSize(agent->options_.max_message_bytes);
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, (1 << 24) - 1);
-  builder.AddChannelArgument(GRPC_ARG_TCP_READ_CHUNK_SIZE, 4 << 20);
-  builder.AddChannelArgument(GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 256 << 10);
-  builder.AddChannelArgument(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 16 << 20);
-  // Accept the peers' keepalive pings (see ApplyChannelArgs).
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  ApplyChannelArgs(
+      [&builder](const char* name, int value) { builder.AddChannelArgument(name, value); },
+      agent->options_.max_message_bytes, /*server=*/true);
   agent->impl_->server_ = builder.BuildAndStart();
   if (!agent->impl_->server_ || port == 0) {
     return absl::UnavailableError(absl::StrCat(
