@@ -193,7 +193,30 @@ struct Peer {
   WorkerInfo info;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<grpc::GenericStub> stub;
+  Route route;  // how large payloads reach it
 };
+
+void ToWire(const ShmEndpoint& e, wire::ShmEndpoint* w) {
+  w->set_domain(e.domain);
+  w->set_pid(e.pid);
+  w->set_incarnation(e.incarnation);
+}
+
+ShmEndpoint FromWire(const wire::ShmEndpoint& w) {
+  return ShmEndpoint{w.domain(), w.pid(), w.incarnation()};
+}
+
+// REMORA_SHM=0 turns shared memory off for this process.
+bool SharedMemoryWanted(const AgentOptions& options) {
+  const char* env = std::getenv("REMORA_SHM");
+  return options.shared_memory && !(env != nullptr && std::string(env) == "0");
+}
+
+// REMORA_DEBUG=channels logs the channel chosen for every peer.
+bool DebugChannels() {
+  const char* env = std::getenv("REMORA_DEBUG");
+  return env != nullptr && std::string(env).find("channels") != std::string::npos;
+}
 
 // One outgoing call in flight.
 struct ClientCall {
@@ -201,12 +224,16 @@ struct ClientCall {
   grpc::ByteBuffer request;
   grpc::ByteBuffer response;
   Future<InMessage> done;
+  std::vector<wire::ShmPayload> sent;  // segments to take back if it fails
 };
 
 class Agent::Impl final : public grpc::CallbackGenericService {
  public:
   explicit Impl(Agent* agent)
-      : agent_(agent), pool_(std::make_unique<ThreadPool>(agent->options_.num_threads)) {}
+      : agent_(agent),
+        pool_(std::make_unique<ThreadPool>(agent->options_.num_threads)),
+        shm_(std::make_unique<ShmChannel>(ShmChannel::Options{
+            SharedMemoryWanted(agent->options_), agent->options_.shm_max_bytes})) {}
 
   grpc::ServerGenericBidiReactor* CreateReactor(
       grpc::GenericCallbackServerContext* ctx) override {
@@ -247,7 +274,7 @@ class Agent::Impl final : public grpc::CallbackGenericService {
   void Dispatch(grpc::ByteBuffer buffer, std::shared_ptr<ReplySlot> slot) {
     incoming_.fetch_add(1);
     pool_->Schedule([this, buffer = std::move(buffer), slot = std::move(slot)]() mutable {
-      auto message = ParseMessage(buffer);
+      auto message = ParseMessage(buffer, shm_.get());
       buffer.Clear();
       if (!message.ok()) {
         Responder(std::move(slot), this, kUnknownWorker)
@@ -269,7 +296,7 @@ class Agent::Impl final : public grpc::CallbackGenericService {
   // thread before returning when `blocking`.
   Future<InMessage> Transmit(grpc::GenericStub* stub, OutMessage message,
                              absl::Duration timeout, bool wait_for_ready,
-                             bool blocking = false);
+                             bool blocking = false, const Route& route = {});
   // Sends a request to a group member; errors name it.
   Future<InMessage> SendTo(WorkerId dst, OutMessage message, absl::Duration timeout,
                            bool blocking = false);
@@ -291,6 +318,11 @@ class Agent::Impl final : public grpc::CallbackGenericService {
 
   absl::StatusOr<WorkerId> Resolve(const std::string& name) const;
   const Peer* FindPeer(WorkerId id) const;
+  // How large payloads reach `id` (inline when unknown).
+  Route RouteTo(WorkerId id) const {
+    const Peer* p = FindPeer(id);
+    return p != nullptr ? p->route : Route{};
+  }
   void SetBook(std::vector<WorkerInfo> book);
 
   void CancelOutgoing();
@@ -300,6 +332,7 @@ class Agent::Impl final : public grpc::CallbackGenericService {
 
   Agent* const agent_;
   std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<ShmChannel> shm_;
   std::unique_ptr<grpc::Server> server_;
   std::atomic<int64_t> incoming_{0};
   std::atomic<int64_t> outgoing_{0};
@@ -315,6 +348,7 @@ class Agent::Impl final : public grpc::CallbackGenericService {
   struct Joiner {
     std::string address;
     std::string host_id;
+    ShmEndpoint shm;
     std::shared_ptr<Responder> responder;
   };
   absl::Mutex join_mu_;
@@ -345,7 +379,10 @@ Responder::~Responder() {
 void Responder::Reply(OutMessage message) {
   if (replied_) return;
   replied_ = true;
-  slot_->Reply(SerializeMessage(std::move(message)));
+  std::vector<wire::ShmPayload> sent;
+  if (!slot_->Reply(SerializeMessage(std::move(message), impl_->RouteTo(to_), &sent))) {
+    for (const auto& d : sent) impl_->shm_->Reclaim(d);  // the caller is gone
+  }
   impl_->incoming_.fetch_sub(1);
 }
 
@@ -375,7 +412,7 @@ void Responder::ReplyValue(absl::StatusOr<c10::IValue> value) {
 
 Future<InMessage> Agent::Impl::Transmit(grpc::GenericStub* stub, OutMessage message,
                                         absl::Duration timeout, bool wait_for_ready,
-                                        bool blocking) {
+                                        bool blocking, const Route& route) {
   auto* call = new ClientCall;
   Future<InMessage> done = call->done;
   call->context.set_deadline(DeadlineIn(timeout));
@@ -383,7 +420,7 @@ Future<InMessage> Agent::Impl::Transmit(grpc::GenericStub* stub, OutMessage mess
   if (!agent_->options_.token.empty()) {
     call->context.AddMetadata(kTokenHeader, agent_->options_.token);
   }
-  call->request = SerializeMessage(std::move(message));
+  call->request = SerializeMessage(std::move(message), route, &call->sent);
   {
     absl::MutexLock lock(&calls_mu_);
     if (stopped_) {
@@ -395,7 +432,11 @@ Future<InMessage> Agent::Impl::Transmit(grpc::GenericStub* stub, OutMessage mess
   outgoing_.fetch_add(1);
   auto complete = [this, call](const grpc::Status& status) {
     absl::StatusOr<InMessage> result =
-        status.ok() ? ParseMessage(call->response) : FromGrpc(status);
+        status.ok() ? ParseMessage(call->response, shm_.get()) : FromGrpc(status);
+    // A failed call may never have been read: take its segments back.
+    if (!status.ok()) {
+      for (const auto& d : call->sent) shm_->Reclaim(d);
+    }
     Future<InMessage> done = call->done;
     {
       absl::MutexLock lock(&calls_mu_);
@@ -442,7 +483,7 @@ Future<InMessage> Agent::Impl::SendTo(WorkerId dst, OutMessage message,
   }
   const std::string what = Describe(message.header.request());
   Future<InMessage> raw =
-      Transmit(peer->stub.get(), std::move(message), timeout, false, blocking);
+      Transmit(peer->stub.get(), std::move(message), timeout, false, blocking, peer->route);
   Future<InMessage> annotated;
   raw.then([annotated, peer, what, timeout](const absl::StatusOr<InMessage>& r) mutable {
     if (r.ok()) {
@@ -779,15 +820,16 @@ void Agent::Impl::HandleJoin(const wire::JoinRequest& join,
       to_answer.push_back(responder);  // a retried join: answer again
       book = book_;
     } else {
-      joiners_[join.name()] = Joiner{join.address(), join.host_id(), responder};
+      joiners_[join.name()] = Joiner{join.address(), join.host_id(), FromWire(join.shm()),
+                                     responder};
       if (joiners_.size() == opts.workers.size()) {
         formed_ = true;
-        book_.push_back(WorkerInfo{0, agent_->self_.name, agent_->self_.address,
-                                   agent_->self_.host_id});
+        book_.push_back(agent_->self_);
+        book_.back().id = 0;
         for (size_t i = 0; i < opts.workers.size(); ++i) {
           const Joiner& j = joiners_[opts.workers[i]];
           book_.push_back(WorkerInfo{static_cast<WorkerId>(i + 1), opts.workers[i],
-                                     j.address, j.host_id});
+                                     j.address, j.host_id, j.shm});
         }
         book = book_;
         for (auto& [name, j] : joiners_) {
@@ -807,6 +849,7 @@ void Agent::Impl::HandleJoin(const wire::JoinRequest& join,
       e->set_name(w.name);
       e->set_address(w.address);
       e->set_host_id(w.host_id);
+      ToWire(w.shm, e->mutable_shm());
     }
     r->Reply(std::move(m));
   }
@@ -853,7 +896,24 @@ void Agent::Impl::SetBook(std::vector<WorkerInfo> book) {
     peer->channel =
         grpc::CreateCustomChannel(w.address, grpc::InsecureChannelCredentials(), args);
     peer->stub = std::make_unique<grpc::GenericStub>(peer->channel);
+    const ShmEndpoint& mine = shm_->endpoint();
+    if (!mine.domain.empty() && w.shm.domain == mine.domain &&
+        w.shm.incarnation != mine.incarnation) {
+      peer->route.shm = shm_.get();
+    }
+    peer->route.threshold = agent_->options_.oob_threshold_bytes;
     peers[w.id] = std::move(peer);
+  }
+  std::vector<ShmEndpoint> endpoints;
+  for (const auto& w : book) endpoints.push_back(w.shm);
+  shm_->Allow(endpoints);
+  if (DebugChannels()) {
+    for (const auto& p : peers) {
+      if (!p || p->info.name == agent_->self_.name) continue;
+      std::cerr << "remora: '" << agent_->self_.name << "' -> '" << p->info.name
+                << "': payloads >= " << p->route.threshold << " bytes via "
+                << (p->route.shm != nullptr ? "shm" : "grpc") << "\n";
+    }
   }
   WorkerId self_id = kUnknownWorker;
   {
@@ -926,6 +986,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options,
   agent->impl_ = std::make_unique<Impl>(agent.get());
   agent->self_.name = agent->options_.name;
   agent->self_.host_id = HostId();
+  agent->self_.shm = agent->impl_->shm_->endpoint();
 
   grpc::ServerBuilder builder;
   int port = 0;
@@ -952,7 +1013,9 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options,
 absl::Status Agent::Join() {
   if (options_.is_master) {
     if (options_.workers.empty()) {
-      impl_->SetBook({WorkerInfo{0, self_.name, self_.address, self_.host_id}});
+      WorkerInfo me = self_;
+      me.id = 0;
+      impl_->SetBook({me});
       return absl::OkStatus();
     }
     if (impl_->joined_.WaitForNotificationWithTimeout(options_.connect_timeout)) {
@@ -986,6 +1049,7 @@ absl::Status Agent::Join() {
     join->set_name(self_.name);
     join->set_address(self_.address);
     join->set_host_id(self_.host_id);
+    ToWire(self_.shm, join->mutable_shm());
     auto reply = impl_->Transmit(&stub, std::move(m), deadline - absl::Now(), true).wait();
     if (reply.ok() && reply->header.response().has_error()) {
       return Annotate(impl_->ErrorFromReply(reply->header.response()),
@@ -996,7 +1060,7 @@ absl::Status Agent::Join() {
       std::vector<WorkerInfo> book;
       for (const auto& e : reply->header.response().workers()) {
         book.push_back(WorkerInfo{static_cast<WorkerId>(e.id()), e.name(), e.address(),
-                                  e.host_id()});
+                                  e.host_id(), FromWire(e.shm())});
       }
       bool found = false;
       for (const auto& w : book) found |= w.name == self_.name;
@@ -1042,6 +1106,14 @@ std::string Agent::NameOf(WorkerId id) const {
 }
 
 bool Agent::IsKnown(WorkerId id) const { return impl_->FindPeer(id) != nullptr; }
+
+absl::StatusOr<std::string> Agent::channel_to(const std::string& name) const {
+  auto id = impl_->Resolve(name);
+  if (!id.ok()) return id.status();
+  return std::string(impl_->RouteTo(*id).shm != nullptr ? "shm" : "grpc");
+}
+
+ShmChannel::Stats Agent::shm_stats() const { return impl_->shm_->stats(); }
 
 Executor* Agent::executor() const { return impl_->pool_.get(); }
 

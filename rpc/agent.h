@@ -43,6 +43,7 @@
 #include "rpc/ids.h"
 #include "rpc/registry.h"
 #include "rpc/rref.h"
+#include "rpc/shm.h"
 
 namespace remora {
 
@@ -83,6 +84,15 @@ struct AgentOptions {
   // text on an insecure channel: it keeps strangers on an open port out,
   // it does not hide traffic.
   std::string token;
+
+  // Out-of-band payloads. Tensors of at least `oob_threshold_bytes` travel
+  // outside the gRPC message on the best channel to the peer: shared
+  // memory between processes on one host (`shared_memory`, unless the
+  // environment sets REMORA_SHM=0), else in the message. `shm_max_bytes`
+  // bounds this process's segments; beyond it payloads go inline.
+  size_t oob_threshold_bytes = 64 * 1024;
+  bool shared_memory = true;
+  size_t shm_max_bytes = size_t{1} << 30;
 };
 
 // Per-call options.
@@ -175,6 +185,10 @@ class Agent final : public ControlChannel {
 
   // --- group -----------------------------------------------------------
   const WorkerInfo& self() const { return self_; }
+  // The channel that carries large tensors to `name`: "shm" or "grpc".
+  absl::StatusOr<std::string> channel_to(const std::string& name) const;
+  // Shared-memory counters (segments, reads, writes) of this agent.
+  ShmChannel::Stats shm_stats() const;
   std::vector<WorkerInfo> workers() const;
   absl::StatusOr<WorkerInfo> worker(const std::string& name) const;
   const AgentOptions& options() const { return options_; }

@@ -12,12 +12,20 @@ namespace remora {
 using WorkerId = uint16_t;
 inline constexpr WorkerId kUnknownWorker = 0xFFFF;
 
+// Where a process's shared-memory segments can be read (rpc/shm.h).
+struct ShmEndpoint {
+  std::string domain;  // same boot, PID namespace and user; empty: off
+  uint32_t pid = 0;
+  uint64_t incarnation = 0;  // random per agent: tells restarts apart
+};
+
 // A participant in the group: its stable id, name and gRPC address.
 struct WorkerInfo {
   WorkerId id = kUnknownWorker;
   std::string name;
   std::string address;
   std::string host_id;  // equal on processes of the same host
+  ShmEndpoint shm;
 };
 
 // A globally unique id as PyTorch builds RRef and fork ids: the creating

@@ -14,6 +14,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "rpc/status_util.h"
 
 namespace remora {
 namespace {
@@ -169,8 +170,20 @@ class SliceReader {
 
 }  // namespace
 
-grpc::ByteBuffer SerializeMessage(OutMessage message) {
-  for (const auto& p : message.payloads) message.header.add_payload_sizes(p.nbytes());
+grpc::ByteBuffer SerializeMessage(OutMessage message, const Route& route,
+                                  std::vector<wire::ShmPayload>* sent) {
+  std::vector<bool> out_of_band(message.payloads.size(), false);
+  for (size_t i = 0; i < message.payloads.size(); ++i) {
+    const at::Tensor& p = message.payloads[i];
+    message.header.add_payload_sizes(p.nbytes());
+    if (route.shm == nullptr || p.nbytes() < route.threshold) continue;
+    std::optional<wire::ShmPayload> d = route.shm->Write(p);
+    if (!d) continue;  // no segment to spare: inline
+    d->set_payload(static_cast<uint32_t>(i));
+    if (sent != nullptr) sent->push_back(*d);
+    *message.header.add_shm_payloads() = std::move(*d);
+    out_of_band[i] = true;
+  }
   const uint32_t header_len = static_cast<uint32_t>(message.header.ByteSizeLong());
 
   std::vector<grpc::Slice> slices;
@@ -179,7 +192,9 @@ grpc::ByteBuffer SerializeMessage(OutMessage message) {
   std::memcpy(&buf[0], &header_len, 4);  // x86-64 and aarch64: little-endian
   message.header.SerializeWithCachedSizesToArray(
       reinterpret_cast<uint8_t*>(&buf[4]));
-  for (auto& p : message.payloads) {
+  for (size_t i = 0; i < message.payloads.size(); ++i) {
+    if (out_of_band[i]) continue;
+    at::Tensor& p = message.payloads[i];
     const size_t n = p.nbytes();
     if (n <= kInlinePayloadBytes) {
       buf.append(static_cast<const char*>(p.data_ptr()), n);
@@ -194,7 +209,7 @@ grpc::ByteBuffer SerializeMessage(OutMessage message) {
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
-absl::StatusOr<InMessage> ParseMessage(const grpc::ByteBuffer& buffer) {
+absl::StatusOr<InMessage> ParseMessage(const grpc::ByteBuffer& buffer, ShmChannel* shm) {
   std::vector<grpc::Slice> slices;
   if (!buffer.Dump(&slices).ok()) {
     return absl::InvalidArgumentError("frame: cannot read the received buffer");
@@ -223,8 +238,24 @@ absl::StatusOr<InMessage> ParseMessage(const grpc::ByteBuffer& buffer) {
   }
   if (!parsed) return absl::InvalidArgumentError("frame: header does not parse");
 
+  const auto& sizes = message.header.payload_sizes();
+  std::vector<const wire::ShmPayload*> shm_of(sizes.size(), nullptr);
+  for (const auto& d : message.header.shm_payloads()) {
+    if (d.payload() >= shm_of.size() || shm_of[d.payload()] != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "frame: shared-memory payload index ", d.payload(), " is out of range or repeated"));
+    }
+    shm_of[d.payload()] = &d;
+  }
+  if (!message.header.shm_payloads().empty() && shm == nullptr) {
+    return absl::InvalidArgumentError(
+        "frame: it carries shared-memory payloads, but the sender is not on this host "
+        "or shared memory is off here");
+  }
   uint64_t total = 0;
-  for (uint64_t n : message.header.payload_sizes()) {
+  for (int i = 0; i < sizes.size(); ++i) {
+    if (shm_of[i] != nullptr) continue;
+    const uint64_t n = sizes[i];
     if (n > reader.remaining() || total + n > reader.remaining()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "frame: payload sizes exceed the ", reader.remaining(),
@@ -237,9 +268,16 @@ absl::StatusOr<InMessage> ParseMessage(const grpc::ByteBuffer& buffer) {
         absl::StrCat("frame: payload sizes add up to ", total, " but ",
                      reader.remaining(), " bytes follow the header"));
   }
-  message.payloads.reserve(message.header.payload_sizes_size());
-  for (uint64_t n : message.header.payload_sizes()) {
-    message.payloads.push_back(reader.Take(n));
+  message.payloads.reserve(sizes.size());
+  for (int i = 0; i < sizes.size(); ++i) {
+    if (shm_of[i] == nullptr) {
+      message.payloads.push_back(reader.Take(sizes[i]));
+      continue;
+    }
+    auto out = shm->Read(*shm_of[i], sizes[i],
+                         [](size_t n) { return BufferCache::Get().Allocate(n); });
+    if (!out.ok()) return Annotate(out.status(), "frame");
+    message.payloads.push_back(std::move(*out));
   }
   return message;
 }

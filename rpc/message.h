@@ -4,8 +4,10 @@
 // never copies a large payload: each becomes a gRPC slice over the tensor's
 // own memory, kept alive until gRPC is done with it. Receiving builds each
 // payload over the received slice when it arrived in one piece, and copies
-// it once into a fresh buffer otherwise. See proto/remora.proto for the
-// frame layout.
+// it once into a fresh buffer otherwise. Between processes on one host,
+// payloads from a threshold up go through shared memory instead (see
+// rpc/shm.h) and the frame carries their descriptors. See
+// proto/remora.proto for the frame layout.
 #pragma once
 
 #include <vector>
@@ -15,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "remora.pb.h"
+#include "rpc/shm.h"
 
 namespace remora {
 
@@ -34,11 +37,27 @@ struct InMessage {
   std::vector<at::Tensor> payloads;
 };
 
-// Builds the frame. Fills header.payload_sizes.
-grpc::ByteBuffer SerializeMessage(OutMessage message);
+// Default size from which a payload leaves the frame for an out-of-band
+// channel (AgentOptions::oob_threshold_bytes).
+inline constexpr size_t kDefaultOobThresholdBytes = 64 * 1024;
 
-// Parses and checks a frame: the header must parse and the payload sizes
-// must add up to exactly the bytes that follow it.
-absl::StatusOr<InMessage> ParseMessage(const grpc::ByteBuffer& buffer);
+// How payloads reach one peer: payloads of at least `threshold` bytes go
+// through `shm` when it is set (a peer on this host), the rest in the frame.
+struct Route {
+  ShmChannel* shm = nullptr;
+  size_t threshold = kDefaultOobThresholdBytes;
+};
+
+// Builds the frame. Fills header.payload_sizes and header.shm_payloads;
+// appends the segments it used to `sent` (to reclaim if the call fails).
+grpc::ByteBuffer SerializeMessage(OutMessage message, const Route& route = {},
+                                  std::vector<wire::ShmPayload>* sent = nullptr);
+
+// Parses and checks a frame: the header must parse and the sizes of the
+// in-frame payloads must add up to exactly the bytes that follow it.
+// Shared-memory payloads are read through `shm`; a frame that has some is
+// refused when `shm` is null.
+absl::StatusOr<InMessage> ParseMessage(const grpc::ByteBuffer& buffer,
+                                       ShmChannel* shm = nullptr);
 
 }  // namespace remora
