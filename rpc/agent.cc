@@ -224,7 +224,7 @@ struct ClientCall {
   grpc::ByteBuffer request;
   grpc::ByteBuffer response;
   Future<InMessage> done;
-  std::vector<wire::ShmPayload> sent;  // segments to take back if it fails
+  std::vector<ShmFill> sent;  // segments to take back if it fails
 };
 
 class Agent::Impl final : public grpc::CallbackGenericService {
@@ -379,9 +379,12 @@ Responder::~Responder() {
 void Responder::Reply(OutMessage message) {
   if (replied_) return;
   replied_ = true;
-  std::vector<wire::ShmPayload> sent;
-  if (!slot_->Reply(SerializeMessage(std::move(message), impl_->RouteTo(to_), &sent))) {
-    for (const auto& d : sent) impl_->shm_->Reclaim(d);  // the caller is gone
+  std::vector<ShmFill> fills;
+  const Route route = impl_->RouteTo(to_);
+  const bool sent = slot_->Reply(SerializeMessage(std::move(message), route, &fills));
+  FillAll(route, fills);  // the caller copies out meanwhile
+  if (!sent) {
+    for (const auto& f : fills) impl_->shm_->Reclaim(f.descriptor);  // the caller is gone
   }
   impl_->incoming_.fetch_sub(1);
 }
@@ -421,10 +424,16 @@ Future<InMessage> Agent::Impl::Transmit(grpc::GenericStub* stub, OutMessage mess
     call->context.AddMetadata(kTokenHeader, agent_->options_.token);
   }
   call->request = SerializeMessage(std::move(message), route, &call->sent);
+  // Filled once the request is on its way (below); the call may complete,
+  // and `call` go, before that.
+  std::vector<ShmFill> fills = call->sent;
+  for (auto& f : call->sent) f.payload = at::Tensor();
   {
     absl::MutexLock lock(&calls_mu_);
     if (stopped_) {
       delete call;
+      FillAll(route, fills);
+      for (const auto& f : fills) shm_->Reclaim(f.descriptor);
       return Future<InMessage>::Ready(absl::CancelledError("the agent is shutting down"));
     }
     calls_.insert(call);
@@ -435,7 +444,7 @@ Future<InMessage> Agent::Impl::Transmit(grpc::GenericStub* stub, OutMessage mess
         status.ok() ? ParseMessage(call->response, shm_.get()) : FromGrpc(status);
     // A failed call may never have been read: take its segments back.
     if (!status.ok()) {
-      for (const auto& d : call->sent) shm_->Reclaim(d);
+      for (const auto& f : call->sent) shm_->Reclaim(f.descriptor);
     }
     Future<InMessage> done = call->done;
     {
@@ -449,6 +458,7 @@ Future<InMessage> Agent::Impl::Transmit(grpc::GenericStub* stub, OutMessage mess
   if (!blocking) {
     stub->UnaryCall(&call->context, kMethod, grpc::StubOptions(), &call->request,
                     &call->response, std::move(complete));
+    FillAll(route, fills);
     return done;
   }
   // The calling thread drives its own completion queue: the reply wakes
@@ -466,6 +476,7 @@ Future<InMessage> Agent::Impl::Transmit(grpc::GenericStub* stub, OutMessage mess
   reader->StartCall();
   grpc::Status status;
   reader->Finish(&call->response, &status, call);
+  FillAll(route, fills);
   void* tag = nullptr;
   bool ok = false;
   cq->Next(&tag, &ok);

@@ -170,17 +170,25 @@ class SliceReader {
 
 }  // namespace
 
+void FillAll(const Route& route, std::vector<ShmFill>& fills) {
+  for (auto& f : fills) {
+    route.shm->Fill(f.descriptor, f.payload);
+    f.payload = at::Tensor();
+  }
+}
+
 grpc::ByteBuffer SerializeMessage(OutMessage message, const Route& route,
-                                  std::vector<wire::ShmPayload>* sent) {
+                                  std::vector<ShmFill>* fills) {
   std::vector<bool> out_of_band(message.payloads.size(), false);
   for (size_t i = 0; i < message.payloads.size(); ++i) {
     const at::Tensor& p = message.payloads[i];
     message.header.add_payload_sizes(p.nbytes());
     if (route.shm == nullptr || p.nbytes() < route.threshold) continue;
-    std::optional<wire::ShmPayload> d = route.shm->Write(p);
+    std::optional<wire::ShmPayload> d =
+        fills != nullptr ? route.shm->Reserve(p.nbytes()) : route.shm->Write(p);
     if (!d) continue;  // no segment to spare: inline
     d->set_payload(static_cast<uint32_t>(i));
-    if (sent != nullptr) sent->push_back(*d);
+    if (fills != nullptr) fills->push_back(ShmFill{*d, p});
     *message.header.add_shm_payloads() = std::move(*d);
     out_of_band[i] = true;
   }

@@ -48,10 +48,23 @@ struct Route {
   size_t threshold = kDefaultOobThresholdBytes;
 };
 
-// Builds the frame. Fills header.payload_sizes and header.shm_payloads;
-// appends the segments it used to `sent` (to reclaim if the call fails).
+// A payload still to be copied into its shared-memory segment, once the
+// frame that describes it has been handed to gRPC (see ShmChannel::Fill).
+struct ShmFill {
+  wire::ShmPayload descriptor;
+  at::Tensor payload;
+};
+
+// Builds the frame. Fills header.payload_sizes and header.shm_payloads.
+// With `fills`, shared-memory payloads are only reserved and appended
+// there: the caller sends the frame, then calls FillAll(route, *fills) and
+// keeps the descriptors to reclaim if the call fails. Without, they are
+// copied before this returns.
 grpc::ByteBuffer SerializeMessage(OutMessage message, const Route& route = {},
-                                  std::vector<wire::ShmPayload>* sent = nullptr);
+                                  std::vector<ShmFill>* fills = nullptr);
+
+// Copies every reserved payload in; keeps only the descriptors in `fills`.
+void FillAll(const Route& route, std::vector<ShmFill>& fills);
 
 // Parses and checks a frame: the header must parse and the sizes of the
 // in-frame payloads must add up to exactly the bytes that follow it.

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <thread>
 
 #include <ATen/Parallel.h>
 
@@ -29,7 +30,8 @@ struct SegmentHeader {
   uint64_t incarnation;
   uint64_t id;
   uint64_t capacity;
-  std::atomic<uint64_t> word;  // sequence << 2 | state
+  std::atomic<uint64_t> word;     // sequence << 2 | state
+  std::atomic<uint64_t> written;  // bytes filled in so far (while BUSY)
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free,
               "segment state words are shared between processes");
@@ -88,6 +90,7 @@ struct ShmChannel::Segment {
   SegmentHeader* header = nullptr;
   uint8_t* data = nullptr;
   absl::Time ready_since;  // when it was last published (guarded by mu_)
+  bool reclaim_when_filled = false;  // guarded by mu_
 
   ~Segment() {
     if (base != nullptr) munmap(base, kHeaderBytes + capacity);
@@ -121,9 +124,8 @@ ShmChannel::ShmChannel(Options options) : options_(options) {
 
 ShmChannel::~ShmChannel() = default;
 
-std::optional<wire::ShmPayload> ShmChannel::Write(const at::Tensor& payload) {
+std::optional<wire::ShmPayload> ShmChannel::Reserve(size_t n) {
   if (self_.domain.empty()) return std::nullopt;
-  const size_t n = payload.nbytes();
   Segment* seg = nullptr;
   uint64_t id = 0, seq = 0;
   {
@@ -162,7 +164,7 @@ std::optional<wire::ShmPayload> ShmChannel::Write(const at::Tensor& payload) {
       }
       s->capacity = capacity;
       s->header = new (s->base) SegmentHeader{kMagic, self_.incarnation, segments_.size(),
-                                              capacity, {Word(0, kFree)}};
+                                              capacity, {Word(0, kFree)}, {0}};
       s->data = static_cast<uint8_t*>(s->base) + kHeaderBytes;
       seg = s.get();
       id = segments_.size();
@@ -170,15 +172,11 @@ std::optional<wire::ShmPayload> ShmChannel::Write(const at::Tensor& payload) {
       segments_.push_back(std::move(s));
     }
     seq = (seg->header->word.load(std::memory_order_relaxed) >> 2) + 1;
-    seg->header->word.store(Word(seq, kBusy), std::memory_order_relaxed);
+    seg->header->written.store(0, std::memory_order_relaxed);
+    seg->header->word.store(Word(seq, kBusy), std::memory_order_release);
+    seg->reclaim_when_filled = false;
     ++writes_;
   }
-  ParallelMemcpy(seg->data, payload.data_ptr(), n);
-  {
-    absl::MutexLock lock(&mu_);
-    seg->ready_since = absl::Now();
-  }
-  seg->header->word.store(Word(seq, kReady), std::memory_order_release);
 
   wire::ShmPayload d;
   d.set_pid(self_.pid);
@@ -190,11 +188,45 @@ std::optional<wire::ShmPayload> ShmChannel::Write(const at::Tensor& payload) {
   return d;
 }
 
+void ShmChannel::Fill(const wire::ShmPayload& d, const at::Tensor& payload) {
+  Segment* seg;
+  {
+    absl::MutexLock lock(&mu_);
+    if (d.incarnation() != self_.incarnation || d.segment() >= segments_.size()) return;
+    seg = segments_[d.segment()].get();
+  }
+  const size_t n = std::min<size_t>(payload.nbytes(), seg->capacity);
+  const auto* src = static_cast<const uint8_t*>(payload.data_ptr());
+  // Chunks small enough that the reader starts early, large enough that
+  // publishing costs nothing.
+  constexpr size_t kChunk = size_t{1} << 20;
+  for (size_t off = 0; off < n; off += kChunk) {
+    const size_t len = std::min(kChunk, n - off);
+    std::memcpy(seg->data + off, src + off, len);
+    seg->header->written.store(off + len, std::memory_order_release);
+  }
+  absl::MutexLock lock(&mu_);
+  seg->ready_since = absl::Now();
+  seg->header->word.store(Word(d.seq(), kReady), std::memory_order_release);
+  if (seg->reclaim_when_filled) {
+    uint64_t expect = Word(d.seq(), kReady);
+    seg->header->word.compare_exchange_strong(expect, Word(d.seq(), kFree));
+  }
+}
+
+std::optional<wire::ShmPayload> ShmChannel::Write(const at::Tensor& payload) {
+  auto d = Reserve(payload.nbytes());
+  if (d) Fill(*d, payload);
+  return d;
+}
+
 void ShmChannel::Reclaim(const wire::ShmPayload& d) {
   absl::MutexLock lock(&mu_);
   if (d.incarnation() != self_.incarnation || d.segment() >= segments_.size()) return;
+  Segment* seg = segments_[d.segment()].get();
   uint64_t expect = Word(d.seq(), kReady);
-  segments_[d.segment()]->header->word.compare_exchange_strong(expect, Word(d.seq(), kFree));
+  if (seg->header->word.compare_exchange_strong(expect, Word(d.seq(), kFree))) return;
+  if (expect == Word(d.seq(), kBusy)) seg->reclaim_when_filled = true;
 }
 
 absl::StatusOr<std::shared_ptr<ShmChannel::Mapping>> ShmChannel::Map(
@@ -263,14 +295,45 @@ absl::StatusOr<at::Tensor> ShmChannel::Read(const wire::ShmPayload& d, uint64_t 
     return absl::InvalidArgumentError(absl::StrCat(
         "shared-memory payload of ", length, " bytes exceeds its segment of ", seg.capacity));
   }
-  uint64_t expect = Word(d.seq(), kReady);
-  if (seg.header->word.load(std::memory_order_acquire) != expect) {
+  const uint64_t busy = Word(d.seq(), kBusy), ready = Word(d.seq(), kReady);
+  const uint64_t first = seg.header->word.load(std::memory_order_acquire);
+  if (first != busy && first != ready) {
     return absl::DataLossError(absl::StrCat(
         "shared-memory payload (segment ", d.segment(), ", sequence ", d.seq(),
         ") is no longer there: the sender took it back after the call failed"));
   }
   at::Tensor out = allocate(length);
-  ParallelMemcpy(out.data_ptr(), seg.data, length);
+  auto* dst = static_cast<uint8_t*>(out.data_ptr());
+  // Copy what the sender has published so far, until all of it is in and
+  // the segment is READY.
+  uint64_t done = 0;
+  absl::Time last_progress = absl::Now();
+  for (int spins = 0;; ++spins) {
+    const uint64_t written = seg.header->written.load(std::memory_order_acquire);
+    const uint64_t word = seg.header->word.load(std::memory_order_acquire);
+    if (word != busy && word != ready) {
+      return absl::DataLossError(absl::StrCat(
+          "shared-memory payload (segment ", d.segment(),
+          ") was taken back by the sender while it was read"));
+    }
+    const uint64_t avail = word == ready ? length : std::min(written, length);
+    if (avail > done) {
+      ParallelMemcpy(dst + done, seg.data + done, avail - done);
+      done = avail;
+      last_progress = absl::Now();
+      spins = 0;
+    }
+    if (done == length && word == ready) break;
+    if (spins < 64) continue;
+    std::this_thread::yield();
+    if (spins % 1024 == 0 && absl::Now() - last_progress > options_.stall_timeout) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "shared-memory payload (segment ", d.segment(), " of process ", d.pid(),
+          "): the sender made no progress for ", absl::FormatDuration(options_.stall_timeout),
+          " (did it die?)"));
+    }
+  }
+  uint64_t expect = ready;
   if (!seg.header->word.compare_exchange_strong(expect, Word(d.seq(), kFree),
                                                 std::memory_order_acq_rel)) {
     return absl::DataLossError(absl::StrCat(

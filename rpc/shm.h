@@ -3,11 +3,15 @@
 // gRPC carries a descriptor; the bytes go through a segment of the sender:
 //
 //   sender                               receiver
-//   Write(): copy into a free segment    Read(): map the segment once
+//   Reserve(): claim a free segment      Read(): map the segment once
 //            (memfd, mapped once,                (/proc/<pid>/fd/<fd>), copy
 //            reused across calls)                out into memory the
-//   descriptor --------- gRPC ---------->        receiver's tensor owns,
-//                                                mark the segment free
+//   descriptor --------- gRPC ---------->        receiver's tensor owns as
+//   Fill(): copy in, chunk by chunk,             the chunks arrive, mark
+//           publishing progress                  the segment free
+//
+// The sender copies in after the descriptor has left, so both copies run
+// at once: a large payload costs about one copy, not two.
 //
 // Segments are anonymous memory files (memfd_create): they never appear in
 // /dev/shm, so a process that exits or is killed leaves nothing behind; the
@@ -16,8 +20,9 @@
 //
 // Each segment starts with a header whose state word is (sequence << 2 |
 // state). The sender claims a FREE segment by bumping the sequence (BUSY),
-// copies, and publishes READY; the descriptor names the sequence. The
-// receiver copies and then swaps READY->FREE for exactly that sequence; if
+// copies while publishing how many bytes are in, and publishes READY; the
+// descriptor names the sequence. The receiver copies what is published and
+// then swaps READY->FREE for exactly that sequence; if
 // the word changed meanwhile (the sender took the segment back after its
 // call failed), the receiver reports the payload lost instead of using torn
 // bytes. No state is ever trusted without that check, so a confused or
@@ -70,6 +75,9 @@ class ShmChannel {
     // A READY segment nobody read for this long is taken back (its message
     // was lost with a failed call or a dead peer).
     absl::Duration reclaim_after = absl::Minutes(2);
+    // A reader gives up on a payload whose sender made no progress for this
+    // long.
+    absl::Duration stall_timeout = absl::Seconds(30);
   };
 
   // Counters for tests and logs.
@@ -90,19 +98,28 @@ class ShmChannel {
   // This process's endpoint: domain, pid, incarnation.
   const ShmEndpoint& endpoint() const { return self_; }
 
-  // Sending: copies `payload` (contiguous CPU bytes) into a free segment and
-  // describes it (payload index left 0). nullopt when the segment budget is
-  // spent or a segment cannot be made: send the payload inline instead.
+  // Sending, first step: claims a free segment for `n` bytes and describes
+  // it (payload index left 0). nullopt when the segment budget is spent or
+  // a segment cannot be made: send the payload inline instead.
+  std::optional<wire::ShmPayload> Reserve(size_t n);
+
+  // Sending, second step, after the descriptor has been sent: copies
+  // `payload` (contiguous CPU bytes, the size reserved) into its segment.
+  void Fill(const wire::ShmPayload& d, const at::Tensor& payload);
+
+  // Both steps at once (tests, and callers that cannot send in between).
   std::optional<wire::ShmPayload> Write(const at::Tensor& payload);
 
-  // Takes back a segment whose message was never read (its call failed).
-  // Safe when the receiver reads it after all: it then sees the loss.
+  // Takes back a segment whose message was never read (its call failed);
+  // one still being filled is taken back when its Fill ends. Safe when the
+  // receiver reads it after all: it then sees the loss.
   void Reclaim(const wire::ShmPayload& payload);
 
   // Receiving: checks the payload that `d` describes, `length` bytes, then
   // copies it into a tensor from `allocate(length)` (contiguous, at least
-  // `length` bytes) and frees the sender's segment. The sender must be an
-  // allowed peer (see Allow).
+  // `length` bytes) as the sender fills it, and frees the sender's segment.
+  // The sender must be an allowed peer (see Allow). A sender that stops
+  // filling for `stall_timeout` (it died) fails the read.
   absl::StatusOr<at::Tensor> Read(const wire::ShmPayload& d, uint64_t length,
                                   const std::function<at::Tensor(size_t)>& allocate);
 

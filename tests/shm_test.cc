@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <thread>
 
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/arange.h>
@@ -115,6 +116,37 @@ TEST(ShmChannel, AReadTwiceOrAfterReclaimIsALossNotTornData) {
   EXPECT_THAT(std::string(late.status().message()), HasSubstr("took it back"));
 }
 
+TEST(ShmChannel, TheReaderCopiesWhileTheSenderFills) {
+  Pair p;
+  at::Tensor x = at::rand({1 << 22});  // 16 MiB: 16 published chunks
+  auto d = p.a.Reserve(x.nbytes());
+  ASSERT_TRUE(d.has_value());
+  absl::StatusOr<at::Tensor> got;
+  std::thread reader([&] { got = p.b.Read(*d, x.nbytes(), Alloc); });
+  absl::SleepFor(absl::Milliseconds(5));
+  p.a.Fill(*d, Bytes(x));
+  reader.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(at::equal(*got, Bytes(x)));
+  EXPECT_EQ(p.a.stats().busy, 0);
+}
+
+TEST(ShmChannel, ASenderThatNeverFillsFailsTheReadInTime) {
+  ShmChannel::Options quick;
+  quick.stall_timeout = absl::Milliseconds(200);
+  ShmChannel a{ShmChannel::Options{}}, b{quick};
+  b.Allow({a.endpoint()});
+  auto d = a.Reserve(1 << 20);
+  ASSERT_TRUE(d.has_value());
+  auto r = b.Read(*d, 1 << 20, Alloc);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("no progress"));
+  // A failed call's segment filled late is still taken back.
+  a.Reclaim(*d);
+  a.Fill(*d, at::zeros({1 << 20}, at::kByte));
+  EXPECT_EQ(a.stats().busy, 0);
+}
+
 TEST(ShmChannel, RefusesStrangersAndBadDescriptors) {
   Pair p;
   ShmChannel stranger{ShmChannel::Options{}};
@@ -176,13 +208,18 @@ TEST(ShmFrame, LargePayloadsLeaveTheFrameAndComeBack) {
   at::Tensor small = at::arange(100, at::kFloat);
   at::Tensor big = at::rand({100000});  // 400 KB
   m.payloads = {Bytes(small), Bytes(big)};
-  std::vector<wire::ShmPayload> sent;
-  grpc::ByteBuffer frame = SerializeMessage(m, Route{&p.a, 64 << 10}, &sent);
-  ASSERT_EQ(sent.size(), 1u);
-  EXPECT_EQ(sent[0].payload(), 1u);
+  std::vector<ShmFill> fills;
+  grpc::ByteBuffer frame = SerializeMessage(m, Route{&p.a, 64 << 10}, &fills);
+  ASSERT_EQ(fills.size(), 1u);
+  EXPECT_EQ(fills[0].descriptor.payload(), 1u);
   EXPECT_LT(frame.Length(), 4096u);  // only the small payload is in the frame
 
-  auto in = ParseMessage(frame, &p.b);
+  // The receiver may start before the sender fills in: it copies as the
+  // bytes arrive.
+  absl::StatusOr<InMessage> in;
+  std::thread receiver([&] { in = ParseMessage(frame, &p.b); });
+  FillAll(Route{&p.a, 64 << 10}, fills);
+  receiver.join();
   ASSERT_TRUE(in.ok()) << in.status();
   ASSERT_EQ(in->payloads.size(), 2u);
   EXPECT_TRUE(at::equal(in->payloads[0], Bytes(small)));
