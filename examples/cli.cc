@@ -86,7 +86,13 @@ std::string FlagParser::Usage() const {
                     f.default_text.empty() ? "" : absl::StrCat(" (default: ", f.default_text, ")"),
                     "\n");
   }
-  absl::StrAppend(&out, "  --help\n      print this and exit\n");
+  absl::StrAppend(&out, "  --help\n      print this and exit\n",
+                  "\nenvironment:\n"
+                  "  MASTER_ADDR, MASTER_PORT  where the master listens (as in PyTorch)\n"
+                  "  REMORA_TOKEN              the group's shared secret\n"
+                  "  REMORA_SHM=0              no shared memory: large tensors go through gRPC\n"
+                  "  REMORA_DEBUG=channels     log the channel chosen for every peer\n"
+                  "  REMORA_MALLOC=default     keep glibc's default heap settings\n");
   return out;
 }
 
