@@ -993,6 +993,11 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options,
       return absl::InvalidArgumentError("too many workers");
     }
   }
+  // gRPC's "poll" engine, unless the environment chose one: on loopback
+  // round trips it measured about 3 fewer thread switches per call than the
+  // default epoll1 and a 10-20% lower median latency (README, "RPC").
+  // Takes effect only before gRPC's first use in this process.
+  setenv("GRPC_POLL_STRATEGY", "poll", /*overwrite=*/0);
   std::unique_ptr<Agent> agent(new Agent(std::move(options), registry));
   agent->impl_ = std::make_unique<Impl>(agent.get());
   agent->self_.name = agent->options_.name;
