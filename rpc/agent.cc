@@ -206,7 +206,9 @@ struct ClientCall {
 class Agent::Impl final : public grpc::CallbackGenericService {
  public:
   explicit Impl(Agent* agent)
-      : agent_(agent), pool_(std::make_unique<ThreadPool>(agent->options_.num_threads)) {}
+      : agent_(agent),
+        pool_(std::make_unique<ThreadPool>(agent->options_.num_threads)),
+        channel_credentials_(MakeChannelCredentials(agent->options_.tls)) {}
 
   grpc::ServerGenericBidiReactor* CreateReactor(
       grpc::GenericCallbackServerContext* ctx) override {
@@ -300,6 +302,8 @@ class Agent::Impl final : public grpc::CallbackGenericService {
 
   Agent* const agent_;
   std::unique_ptr<ThreadPool> pool_;
+  // Plaintext or TLS (AgentOptions::tls), for every channel to a peer.
+  const std::shared_ptr<grpc::ChannelCredentials> channel_credentials_;
   std::unique_ptr<grpc::Server> server_;
   std::atomic<int64_t> incoming_{0};
   std::atomic<int64_t> outgoing_{0};
@@ -850,8 +854,7 @@ void Agent::Impl::SetBook(std::vector<WorkerInfo> book) {
     ApplyChannelArgs(args, agent_->options_.max_message_bytes);
     auto peer = std::make_unique<Peer>();
     peer->info = w;
-    peer->channel =
-        grpc::CreateCustomChannel(w.address, grpc::InsecureChannelCredentials(), args);
+    peer->channel = grpc::CreateCustomChannel(w.address, channel_credentials_, args);
     peer->stub = std::make_unique<grpc::GenericStub>(peer->channel);
     peers[w.id] = std::move(peer);
   }
@@ -907,6 +910,9 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options,
         "invalid name '", options.name, "': use 1 to 128 characters of [A-Za-z0-9_:-]"));
   }
   if (registry == nullptr) return absl::InvalidArgumentError("no registry given");
+  if (absl::Status s = CheckTlsOptions(options.tls); !s.ok()) {
+    return Annotate(s, absl::StrCat("'", options.name, "'"));
+  }
   if (options.is_master) {
     std::set<std::string> seen;
     for (const auto& w : options.workers) {
@@ -930,7 +936,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options,
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(agent->options_.listen_address,
-                           grpc::InsecureServerCredentials(), &port);
+                           MakeServerCredentials(agent->options_.tls), &port);
   builder.RegisterCallbackGenericService(agent->impl_.get());
   builder.SetMaxReceiveMessageSize(agent->options_.max_message_bytes);
   builder.SetMaxSendMessageSize(agent->options_.max_message_bytes);
@@ -941,7 +947,11 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options,
   if (!agent->impl_->server_ || port == 0) {
     return absl::UnavailableError(absl::StrCat(
         "'", agent->options_.name, "' cannot listen on ", agent->options_.listen_address,
-        ": the address is invalid or the port is in use; pick another with --listen"));
+        agent->options_.tls.enabled()
+            ? ": the address is invalid, the port is in use, or the TLS certificate and key "
+              "are unusable (a key that does not match the certificate; gRPC's log above "
+              "says which); check --listen, --tls-cert and --tls-key"
+            : ": the address is invalid or the port is in use; pick another with --listen"));
   }
   agent->port_ = port;
   const std::string& listen = agent->options_.listen_address;
@@ -974,8 +984,8 @@ absl::Status Agent::Join() {
 
   grpc::ChannelArguments args;
   ApplyChannelArgs(args, options_.max_message_bytes);
-  auto channel = grpc::CreateCustomChannel(options_.master_address,
-                                           grpc::InsecureChannelCredentials(), args);
+  auto channel =
+      grpc::CreateCustomChannel(options_.master_address, impl_->channel_credentials_, args);
   grpc::GenericStub stub(channel);
   const absl::Time deadline = absl::Now() + options_.connect_timeout;
   absl::Status last;
@@ -1013,12 +1023,23 @@ absl::Status Agent::Join() {
     absl::SleepFor(absl::Milliseconds(200));
   }
   const bool reached = channel->GetState(false) == GRPC_CHANNEL_READY;
+  if (!reached) {
+    // Waiting for the channel hides why it never connected; one call that
+    // does not wait reports the last connection error (refused, or a TLS
+    // handshake that failed: "Socket closed").
+    OutMessage m;
+    m.header.mutable_request()->set_from(kUnknownWorker);
+    m.header.mutable_request()->mutable_ping();
+    auto probe = impl_->Transmit(&stub, std::move(m), absl::Seconds(1), false).wait();
+    if (!probe.ok()) last = probe.status();
+  }
   return absl::DeadlineExceededError(absl::StrCat(
       "worker '", self_.name, "' could not join the group at master ",
       options_.master_address, " within ", absl::FormatDuration(options_.connect_timeout),
       reached ? ": the master is up but the group did not form (are all workers started?)"
-              : ": the master is unreachable (is it running? check --master or "
-                "MASTER_ADDR/MASTER_PORT)",
+              : absl::StrCat(": the master is unreachable (is it running? check --master or "
+                             "MASTER_ADDR/MASTER_PORT; ",
+                             TlsHint(options_.tls), ")"),
       last.ok() ? "" : absl::StrCat(" [", last.ToString(), "]")));
 }
 

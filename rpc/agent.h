@@ -43,6 +43,7 @@
 #include "rpc/ids.h"
 #include "rpc/registry.h"
 #include "rpc/rref.h"
+#include "rpc/tls.h"
 
 namespace remora {
 
@@ -81,8 +82,12 @@ struct AgentOptions {
   // every call it serves must carry it too; others are rejected
   // (UNAUTHENTICATED, logged, nothing runs). The token travels in clear
   // text on an insecure channel: it keeps strangers on an open port out,
-  // it does not hide traffic.
+  // it does not hide traffic (use `tls` for that).
   std::string token;
+  // TLS or mutual TLS for this agent's server and its channels (see
+  // rpc/tls.h); empty: plaintext. Every member of a group must use the same
+  // mode and certificates from the same CA.
+  TlsOptions tls;
 };
 
 // Per-call options.

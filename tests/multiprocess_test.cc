@@ -232,6 +232,68 @@ TEST(Security, WorkerProgramUsesTheTokenFile) {
   EXPECT_EQ(worker->Wait(absl::Seconds(20)).value(), 0);
 }
 
+TEST(Security, WorkerProgramsTalkMutualTls) {
+  const TestPki pki = MakeTestPki("mp");
+  Registry registry;
+  ASSERT_TRUE(shards::RegisterAll(registry).ok());
+  AgentOptions options;
+  options.tls = pki.tls();
+  auto group =
+      cli::StartLocalGroup({"worker1", "worker2"}, &registry, pki.files().WorkerArgs(), options);
+  ASSERT_TRUE(group.ok()) << group.status();
+  Agent& master = *group->master;
+  EXPECT_EQ(master.rpc_sync("worker1", "add", {int64_t{2}, int64_t{3}}).value().toInt(), 5);
+  {
+    // worker2 fetches worker1's result: a TLS connection between two workers.
+    RRef s1 = master.remote("worker1", "Affine", {int64_t{4}, int64_t{3}, int64_t{1}}).value();
+    RRef s2 = master.remote("worker2", "Affine", {int64_t{3}, int64_t{2}, int64_t{2}}).value();
+    at::Tensor w1 = s1.rpc_sync("weight").value().toTensor();
+    at::Tensor w2 = s2.rpc_sync("weight").value().toTensor();
+    at::Tensor x = at::randn({2, 4});
+    RRef y = s1.remote("forward", {master.local_rref(x)}).value();
+    auto z = s2.rpc_sync("forward", {y});
+    ASSERT_TRUE(z.ok()) << z.status();
+    EXPECT_TRUE(at::allclose(z->toTensor(), at::matmul(at::matmul(x, w1.t()), w2.t()), 1e-5,
+                             1e-6));
+  }
+  EXPECT_TRUE(group->Shutdown().ok());  // every worker exits 0
+
+  // A plaintext worker program cannot join a TLS master, and says why.
+  AgentOptions m;
+  m.name = "master";
+  m.is_master = true;
+  m.workers = {"w1"};
+  m.tls = pki.tls();
+  m.connect_timeout = absl::Seconds(5);
+  auto tls_master = Agent::Start(m, &registry).value();
+  auto [code, out] = RunProgram({kBin + "/worker", "--name", "w1", "--master",
+                                 tls_master->self().address, "--connect-timeout", "2"});
+  EXPECT_EQ(code, 1);
+  EXPECT_THAT(out, HasSubstr("this process talks plaintext"));
+  // Half-specified or unreadable TLS flags: exit 2 before anything starts.
+  auto [half, half_out] = RunProgram({kBin + "/worker", "--name", "w1", "--tls-key", pki.key});
+  EXPECT_EQ(half, 2);
+  EXPECT_THAT(half_out, HasSubstr("--tls-key is given without --tls-cert"));
+  auto [ca_only, ca_only_out] = RunProgram({kBin + "/worker", "--name", "w1", "--tls-ca", pki.ca});
+  EXPECT_EQ(ca_only, 2);
+  EXPECT_THAT(ca_only_out, HasSubstr("--tls-ca needs --tls-cert and --tls-key"));
+  auto [unreadable, unreadable_out] =
+      RunProgram({kBin + "/worker", "--name", "w1", "--tls-cert", TempPath("absent.crt"),
+                  "--tls-key", pki.key, "--tls-ca", pki.ca});
+  EXPECT_EQ(unreadable, 2);
+  EXPECT_THAT(unreadable_out, HasSubstr("cannot read --tls-cert"));
+}
+
+TEST(RpcDemo, RunsOverMutualTls) {
+  const TestPki pki = MakeTestPki("demo");
+  auto [code, out] = RunProgram({kBin + "/rpc_demo", "--tls-cert", pki.cert, "--tls-key", pki.key,
+                                 "--tls-ca", pki.ca},
+                                absl::Seconds(120));
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("(mutual TLS)"));
+  EXPECT_THAT(out, HasSubstr("matches local computation: yes"));
+}
+
 TEST(Load, TenThousandConcurrentCallsToOneWorkerAllComplete) {
   Registry registry;
   ASSERT_TRUE(shards::RegisterAll(registry).ok());
