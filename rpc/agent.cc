@@ -80,6 +80,13 @@ void ApplyChannelArgs(grpc::ChannelArguments& args, int max_message_bytes) {
                    max_message_bytes, /*server=*/false);
 }
 
+// The distributed autograd context a request belongs to, or kNoContext
+// (context id 0, protobuf's default, means none).
+int64_t ContextOf(const wire::Request& r) {
+  return r.has_autograd() && r.autograd().context_id() != 0 ? r.autograd().context_id()
+                                                            : kNoContext;
+}
+
 std::string Describe(const wire::Request& r) {
   switch (r.body_case()) {
     case wire::Request::kCall:
@@ -279,6 +286,10 @@ class Agent::Impl final : public grpc::CallbackGenericService {
   void CompleteWithReply(const absl::StatusOr<InMessage>& reply, WorkerId from,
                          Future<c10::IValue> result);
   absl::Status ErrorFromReply(const wire::Response& response) const;
+  // Checks that ids received in `what` name workers of the group.
+  absl::Status CheckIds(const char* what, std::initializer_list<GloballyUniqueId> ids);
+  // Checks the distributed autograd context a request claims to belong to.
+  absl::Status CheckContext(const wire::Request& request);
   // Distributed autograd bookkeeping for a message received from / sent to
   // a peer (see rpc/autograd_hooks.h).
   absl::Status RecordRecv(const wire::AutogradMeta& meta, WorkerId from,
@@ -576,16 +587,23 @@ void Agent::Impl::Handle(InMessage message, std::shared_ptr<Responder> responder
     case wire::Request::kFetch:
       HandleFetch(request, std::move(responder));
       return;
-    case wire::Request::kFork:
-      rrefs.AddFork(FromWire(request.fork().rref_id()), FromWire(request.fork().fork_id()));
+    case wire::Request::kFork: {
+      const RRefId id = FromWire(request.fork().rref_id());
+      const ForkId fork = FromWire(request.fork().fork_id());
+      if (absl::Status s = CheckIds("fork request", {id, fork}); !s.ok()) {
+        return responder->ReplyError(s);
+      }
+      rrefs.AddFork(id, fork);
       responder->Reply(OutMessage{});
       return;
+    }
     case wire::Request::kChildAccept:
       rrefs.AcceptChild(FromWire(request.child_accept().fork_id()));
       responder->Reply(OutMessage{});
       return;
     case wire::Request::kUserDelete: {
       const auto& d = request.user_delete();
+      // Deletes are idempotent: an unknown or already deleted user is fine.
       absl::Status s = rrefs.DeleteFork(FromWire(d.rref_id()), FromWire(d.fork_id()));
       if (s.ok()) {
         responder->Reply(OutMessage{});
@@ -613,13 +631,51 @@ void Agent::Impl::Handle(InMessage message, std::shared_ptr<Responder> responder
   }
 }
 
+absl::Status Agent::Impl::CheckIds(const char* what, std::initializer_list<GloballyUniqueId> ids) {
+  for (const GloballyUniqueId& id : ids) {
+    if (!agent_->IsKnown(id.worker)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": id ", id.ToString(), " names worker id ", id.worker,
+          ", which is not in the group"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Agent::Impl::CheckContext(const wire::Request& request) {
+  if (!request.has_autograd()) return absl::OkStatus();
+  // Context ids carry their creator's worker id in bits 48 and up; the
+  // creator releases them everywhere. A context nobody in the group created
+  // would never be released.
+  const int64_t id = request.autograd().context_id();
+  const int64_t creator = id >> 48;
+  if (id == 0) {  // no context
+    if (request.autograd().message_id() == 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown distributed autograd context id 0: gradient message id ",
+        request.autograd().message_id(), " without a context"));
+  }
+  if (id <= 0 || creator >= kUnknownWorker || !agent_->IsKnown(static_cast<WorkerId>(creator))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown distributed autograd context id ", id, ": no worker of the group (id ", creator,
+        ") created it"));
+  }
+  return absl::OkStatus();
+}
+
 void Agent::Impl::HandleCall(InMessage message, std::shared_ptr<Responder> responder) {
   const wire::Request& request = message.header.request();
   const wire::CallRequest& call = request.call();
   const WorkerId from = static_cast<WorkerId>(request.from());
   RRefContext& rrefs = *agent_->rrefs_;
-  const int64_t context_id =
-      request.has_autograd() ? request.autograd().context_id() : kNoContext;
+  if (!IsValidRegisteredName(call.function())) {
+    return responder->ReplyError(absl::InvalidArgumentError(absl::StrCat(
+        "invalid ", call.has_self() ? "method" : "function", " name '",
+        call.function().substr(0, 64), call.function().size() > 64 ? "...' (" : "' (",
+        call.function().size(), " bytes): names are 1 to 128 characters of [A-Za-z0-9_.:-]")));
+  }
+  if (absl::Status s = CheckContext(request); !s.ok()) return responder->ReplyError(s);
+  const int64_t context_id = ContextOf(request);
   responder->set_context(context_id);
 
   std::vector<Future<Empty>> pending;
@@ -728,7 +784,8 @@ void Agent::Impl::HandleFetch(const wire::Request& request,
                               std::shared_ptr<Responder> responder) {
   const RRefId id = FromWire(request.fetch().rref_id());
   const WorkerId from = static_cast<WorkerId>(request.from());
-  if (request.has_autograd()) responder->set_context(request.autograd().context_id());
+  if (absl::Status s = CheckContext(request); !s.ok()) return responder->ReplyError(s);
+  responder->set_context(ContextOf(request));
   RRefContext& rrefs = *agent_->rrefs_;
   c10::intrusive_ptr<OwnerRRef> owner = rrefs.FindOwner(id);
   if (!owner) {
