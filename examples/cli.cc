@@ -78,6 +78,28 @@ void FlagParser::AddTokenFileFlag(std::string* target) {
             "file holding the group's shared secret (else $REMORA_TOKEN; none: no check)");
 }
 
+void FlagParser::AddTlsFlags(TlsFiles* target) {
+  AddString("tls-cert", &target->cert,
+            "PEM certificate of this process (with --tls-key: TLS; every process of the group "
+            "needs one)");
+  AddString("tls-key", &target->key, "PEM private key of --tls-cert");
+  AddString("tls-ca", &target->ca,
+            "PEM CA certificate: peers' certificates must be signed by it, clients' too "
+            "(mutual TLS)");
+}
+
+std::vector<std::string> TlsFiles::WorkerArgs() const {
+  std::vector<std::string> out;
+  if (!cert.empty()) out.insert(out.end(), {"--tls-cert", cert});
+  if (!key.empty()) out.insert(out.end(), {"--tls-key", key});
+  if (!ca.empty()) out.insert(out.end(), {"--tls-ca", ca});
+  return out;
+}
+
+absl::StatusOr<TlsOptions> LoadTls(const TlsFiles& files) {
+  return LoadTlsFiles(files.cert, files.key, files.ca);
+}
+
 std::string FlagParser::Usage() const {
   std::string out = absl::StrCat("usage: ", program_, " [flags]\n\n", summary_, "\n\nflags:\n");
   for (const auto& name : order_) {

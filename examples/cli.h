@@ -11,8 +11,18 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "rpc/tls.h"
 
 namespace remora::cli {
+
+// The PEM files of --tls-cert, --tls-key and --tls-ca (see rpc/tls.h).
+struct TlsFiles {
+  std::string cert;
+  std::string key;
+  std::string ca;
+  // The flags that pass the same files on to a worker program.
+  std::vector<std::string> WorkerArgs() const;
+};
 
 // Parses --name value and --name=value; --help prints the usage.
 //
@@ -27,6 +37,9 @@ class FlagParser {
   void AddBool(const std::string& name, bool* target, const std::string& help);
   // --token-file, as every program that joins a group takes it (LoadToken).
   void AddTokenFileFlag(std::string* target);
+  // --tls-cert, --tls-key and --tls-ca, as every program that joins a group
+  // takes them (LoadTls).
+  void AddTlsFlags(TlsFiles* target);
 
   // Parses argv. Returns false after printing the usage (for --help: exit 0)
   // or an error (exit 2); `exit_code` says which.
@@ -74,6 +87,11 @@ std::string MasterAddressFromEnv();
 // The shared secret for AgentOptions::token: the contents of `token_file`
 // (trailing newline dropped) when given, else $REMORA_TOKEN, else empty.
 absl::StatusOr<std::string> LoadToken(const std::string& token_file);
+
+// AgentOptions::tls from the files of AddTlsFlags: all empty is plaintext;
+// an error names the flag and file that is missing, unreadable or not PEM,
+// or the flag that is missing beside another (a cert without its key).
+absl::StatusOr<TlsOptions> LoadTls(const TlsFiles& files);
 
 // Checks HOST:PORT (port 0 to 65535).
 absl::Status CheckAddress(const std::string& address, const std::string& flag);

@@ -283,11 +283,18 @@ int Main(int argc, char** argv) {
   flags.AddInt("connect-timeout", &c.connect_timeout, "seconds to wait for all workers to register");
   std::string token_file;
   flags.AddTokenFileFlag(&token_file);
+  cli::TlsFiles tls_files;
+  flags.AddTlsFlags(&tls_files);
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
   auto token = cli::LoadToken(token_file);
   if (!token.ok()) {
     std::cerr << "master: " << token.status().message() << "\n";
+    return 2;
+  }
+  auto tls = cli::LoadTls(tls_files);
+  if (!tls.ok()) {
+    std::cerr << "master: " << tls.status().message() << "\n";
     return 2;
   }
   cli::TuneAllocator();
@@ -354,11 +361,13 @@ int Main(int argc, char** argv) {
     opts.connect_timeout = absl::Seconds(c.connect_timeout);
     opts.rpc_timeout = absl::Minutes(10);
     opts.token = *token;
+    opts.tls = *tls;
     auto started = Agent::Start(opts, &registry);
     if (!started.ok()) return die(started.status());
     agent = std::move(*started);
     dist_autograd::Enable(*agent);
-    std::cout << "master listening at " << agent->self().address << ", waiting for "
+    std::cout << "master listening at " << agent->self().address << " (" << TlsModeName(*tls)
+              << "), waiting for "
               << absl::StrJoin(c.workers, ", ") << std::endl;
     if (auto s = agent->Join(); !s.ok()) return die(s);
     auto bounds = Partition(*agent, c);

@@ -31,8 +31,15 @@ int main(int argc, char** argv) {
   cli::FlagParser flags("rpc_demo",
                         "Starts two local workers and exchanges calls and RRefs with them.");
   flags.AddString("workers", &workers, "names of the two workers to start");
+  cli::TlsFiles tls_files;
+  flags.AddTlsFlags(&tls_files);
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
+  auto tls = cli::LoadTls(tls_files);
+  if (!tls.ok()) {
+    std::cerr << "rpc_demo: " << tls.status().message() << "\n";
+    return 2;
+  }
   cli::TuneAllocator();
   auto names = cli::SplitList(workers);
   if (names.size() != 2) {
@@ -44,8 +51,11 @@ int main(int argc, char** argv) {
     std::cerr << "rpc_demo: " << s.message() << "\n";
     return 1;
   }
-  std::cout << "starting master and workers " << workers << "\n";
-  auto group = Check(cli::StartLocalGroup(names, &registry), "starting the group");
+  std::cout << "starting master and workers " << workers << " (" << TlsModeName(*tls) << ")\n";
+  AgentOptions options;
+  options.tls = *tls;
+  auto group = Check(cli::StartLocalGroup(names, &registry, tls_files.WorkerArgs(), options),
+                     "starting the group");
   Agent& agent = *group.master;
   for (const auto& w : agent.workers()) {
     std::cout << "  id " << w.id << "  " << w.name << " at " << w.address << "\n";

@@ -33,11 +33,18 @@ int main(int argc, char** argv) {
   flags.AddString("device", &device, "where shards live: cpu (cuda:N needs a CUDA build)");
   std::string token_file;
   flags.AddTokenFileFlag(&token_file);
+  cli::TlsFiles tls_files;
+  flags.AddTlsFlags(&tls_files);
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
   auto token = cli::LoadToken(token_file);
   if (!token.ok()) {
     std::cerr << "worker: " << token.status().message() << "\n";
+    return 2;
+  }
+  auto tls = cli::LoadTls(tls_files);
+  if (!tls.ok()) {
+    std::cerr << "worker: " << tls.status().message() << "\n";
     return 2;
   }
   cli::TuneAllocator();
@@ -75,6 +82,7 @@ int main(int argc, char** argv) {
   options.num_threads = rpc_threads;
   options.connect_timeout = absl::Seconds(connect_timeout_s);
   options.token = *token;
+  options.tls = *tls;
   auto agent = Agent::Start(options, &registry);
   if (!agent.ok()) {
     std::cerr << "worker: " << agent.status().message() << "\n";
@@ -96,7 +104,8 @@ int main(int argc, char** argv) {
     cli::SetComputeThreads(threads);
   }
   std::cerr << "worker '" << name << "' (id " << (*agent)->self().id << ") serving at "
-            << (*agent)->self().address << " with " << threads << " intra-op threads\n";
+            << (*agent)->self().address << " (" << TlsModeName(*tls) << ") with " << threads
+            << " intra-op threads\n";
   if (auto s = (*agent)->Shutdown(); !s.ok()) {
     std::cerr << "worker '" << name << "': " << s.message() << "\n";
     return 1;

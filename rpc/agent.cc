@@ -80,6 +80,13 @@ void ApplyChannelArgs(grpc::ChannelArguments& args, int max_message_bytes) {
                    max_message_bytes, /*server=*/false);
 }
 
+// The distributed autograd context a request belongs to, or kNoContext
+// (context id 0, protobuf's default, means none).
+int64_t ContextOf(const wire::Request& r) {
+  return r.has_autograd() && r.autograd().context_id() != 0 ? r.autograd().context_id()
+                                                            : kNoContext;
+}
+
 std::string Describe(const wire::Request& r) {
   switch (r.body_case()) {
     case wire::Request::kCall:
@@ -233,7 +240,8 @@ class Agent::Impl final : public grpc::CallbackGenericService {
       : agent_(agent),
         pool_(std::make_unique<ThreadPool>(agent->options_.num_threads)),
         shm_(std::make_unique<ShmChannel>(ShmChannel::Options{
-            SharedMemoryWanted(agent->options_), agent->options_.shm_max_bytes})) {}
+            SharedMemoryWanted(agent->options_), agent->options_.shm_max_bytes})),
+        channel_credentials_(MakeChannelCredentials(agent->options_.tls)) {}
 
   grpc::ServerGenericBidiReactor* CreateReactor(
       grpc::GenericCallbackServerContext* ctx) override {
@@ -304,6 +312,10 @@ class Agent::Impl final : public grpc::CallbackGenericService {
   void CompleteWithReply(const absl::StatusOr<InMessage>& reply, WorkerId from,
                          Future<c10::IValue> result);
   absl::Status ErrorFromReply(const wire::Response& response) const;
+  // Checks that ids received in `what` name workers of the group.
+  absl::Status CheckIds(const char* what, std::initializer_list<GloballyUniqueId> ids);
+  // Checks the distributed autograd context a request claims to belong to.
+  absl::Status CheckContext(const wire::Request& request);
   // Distributed autograd bookkeeping for a message received from / sent to
   // a peer (see rpc/autograd_hooks.h).
   absl::Status RecordRecv(const wire::AutogradMeta& meta, WorkerId from,
@@ -333,6 +345,8 @@ class Agent::Impl final : public grpc::CallbackGenericService {
   Agent* const agent_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<ShmChannel> shm_;
+  // Plaintext or TLS (AgentOptions::tls), for every channel to a peer.
+  const std::shared_ptr<grpc::ChannelCredentials> channel_credentials_;
   std::unique_ptr<grpc::Server> server_;
   std::atomic<int64_t> incoming_{0};
   std::atomic<int64_t> outgoing_{0};
@@ -624,16 +638,23 @@ void Agent::Impl::Handle(InMessage message, std::shared_ptr<Responder> responder
     case wire::Request::kFetch:
       HandleFetch(request, std::move(responder));
       return;
-    case wire::Request::kFork:
-      rrefs.AddFork(FromWire(request.fork().rref_id()), FromWire(request.fork().fork_id()));
+    case wire::Request::kFork: {
+      const RRefId id = FromWire(request.fork().rref_id());
+      const ForkId fork = FromWire(request.fork().fork_id());
+      if (absl::Status s = CheckIds("fork request", {id, fork}); !s.ok()) {
+        return responder->ReplyError(s);
+      }
+      rrefs.AddFork(id, fork);
       responder->Reply(OutMessage{});
       return;
+    }
     case wire::Request::kChildAccept:
       rrefs.AcceptChild(FromWire(request.child_accept().fork_id()));
       responder->Reply(OutMessage{});
       return;
     case wire::Request::kUserDelete: {
       const auto& d = request.user_delete();
+      // Deletes are idempotent: an unknown or already deleted user is fine.
       absl::Status s = rrefs.DeleteFork(FromWire(d.rref_id()), FromWire(d.fork_id()));
       if (s.ok()) {
         responder->Reply(OutMessage{});
@@ -661,13 +682,51 @@ void Agent::Impl::Handle(InMessage message, std::shared_ptr<Responder> responder
   }
 }
 
+absl::Status Agent::Impl::CheckIds(const char* what, std::initializer_list<GloballyUniqueId> ids) {
+  for (const GloballyUniqueId& id : ids) {
+    if (!agent_->IsKnown(id.worker)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": id ", id.ToString(), " names worker id ", id.worker,
+          ", which is not in the group"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Agent::Impl::CheckContext(const wire::Request& request) {
+  if (!request.has_autograd()) return absl::OkStatus();
+  // Context ids carry their creator's worker id in bits 48 and up; the
+  // creator releases them everywhere. A context nobody in the group created
+  // would never be released.
+  const int64_t id = request.autograd().context_id();
+  const int64_t creator = id >> 48;
+  if (id == 0) {  // no context
+    if (request.autograd().message_id() == 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown distributed autograd context id 0: gradient message id ",
+        request.autograd().message_id(), " without a context"));
+  }
+  if (id <= 0 || creator >= kUnknownWorker || !agent_->IsKnown(static_cast<WorkerId>(creator))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown distributed autograd context id ", id, ": no worker of the group (id ", creator,
+        ") created it"));
+  }
+  return absl::OkStatus();
+}
+
 void Agent::Impl::HandleCall(InMessage message, std::shared_ptr<Responder> responder) {
   const wire::Request& request = message.header.request();
   const wire::CallRequest& call = request.call();
   const WorkerId from = static_cast<WorkerId>(request.from());
   RRefContext& rrefs = *agent_->rrefs_;
-  const int64_t context_id =
-      request.has_autograd() ? request.autograd().context_id() : kNoContext;
+  if (!IsValidRegisteredName(call.function())) {
+    return responder->ReplyError(absl::InvalidArgumentError(absl::StrCat(
+        "invalid ", call.has_self() ? "method" : "function", " name '",
+        call.function().substr(0, 64), call.function().size() > 64 ? "...' (" : "' (",
+        call.function().size(), " bytes): names are 1 to 128 characters of [A-Za-z0-9_.:-]")));
+  }
+  if (absl::Status s = CheckContext(request); !s.ok()) return responder->ReplyError(s);
+  const int64_t context_id = ContextOf(request);
   responder->set_context(context_id);
 
   std::vector<Future<Empty>> pending;
@@ -776,7 +835,8 @@ void Agent::Impl::HandleFetch(const wire::Request& request,
                               std::shared_ptr<Responder> responder) {
   const RRefId id = FromWire(request.fetch().rref_id());
   const WorkerId from = static_cast<WorkerId>(request.from());
-  if (request.has_autograd()) responder->set_context(request.autograd().context_id());
+  if (absl::Status s = CheckContext(request); !s.ok()) return responder->ReplyError(s);
+  responder->set_context(ContextOf(request));
   RRefContext& rrefs = *agent_->rrefs_;
   c10::intrusive_ptr<OwnerRRef> owner = rrefs.FindOwner(id);
   if (!owner) {
@@ -904,8 +964,7 @@ void Agent::Impl::SetBook(std::vector<WorkerInfo> book) {
     ApplyChannelArgs(args, agent_->options_.max_message_bytes);
     auto peer = std::make_unique<Peer>();
     peer->info = w;
-    peer->channel =
-        grpc::CreateCustomChannel(w.address, grpc::InsecureChannelCredentials(), args);
+    peer->channel = grpc::CreateCustomChannel(w.address, channel_credentials_, args);
     peer->stub = std::make_unique<grpc::GenericStub>(peer->channel);
     const ShmEndpoint& mine = shm_->endpoint();
     if (!mine.domain.empty() && w.shm.domain == mine.domain &&
@@ -978,6 +1037,9 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options,
         "invalid name '", options.name, "': use 1 to 128 characters of [A-Za-z0-9_:-]"));
   }
   if (registry == nullptr) return absl::InvalidArgumentError("no registry given");
+  if (absl::Status s = CheckTlsOptions(options.tls); !s.ok()) {
+    return Annotate(s, absl::StrCat("'", options.name, "'"));
+  }
   if (options.is_master) {
     std::set<std::string> seen;
     for (const auto& w : options.workers) {
@@ -1007,7 +1069,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options,
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(agent->options_.listen_address,
-                           grpc::InsecureServerCredentials(), &port);
+                           MakeServerCredentials(agent->options_.tls), &port);
   builder.RegisterCallbackGenericService(agent->impl_.get());
   builder.SetMaxReceiveMessageSize(agent->options_.max_message_bytes);
   builder.SetMaxSendMessageSize(agent->options_.max_message_bytes);
@@ -1018,7 +1080,11 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options,
   if (!agent->impl_->server_ || port == 0) {
     return absl::UnavailableError(absl::StrCat(
         "'", agent->options_.name, "' cannot listen on ", agent->options_.listen_address,
-        ": the address is invalid or the port is in use; pick another with --listen"));
+        agent->options_.tls.enabled()
+            ? ": the address is invalid, the port is in use, or the TLS certificate and key "
+              "are unusable (a key that does not match the certificate; gRPC's log above "
+              "says which); check --listen, --tls-cert and --tls-key"
+            : ": the address is invalid or the port is in use; pick another with --listen"));
   }
   agent->port_ = port;
   const std::string& listen = agent->options_.listen_address;
@@ -1053,8 +1119,8 @@ absl::Status Agent::Join() {
 
   grpc::ChannelArguments args;
   ApplyChannelArgs(args, options_.max_message_bytes);
-  auto channel = grpc::CreateCustomChannel(options_.master_address,
-                                           grpc::InsecureChannelCredentials(), args);
+  auto channel =
+      grpc::CreateCustomChannel(options_.master_address, impl_->channel_credentials_, args);
   grpc::GenericStub stub(channel);
   const absl::Time deadline = absl::Now() + options_.connect_timeout;
   absl::Status last;
@@ -1093,12 +1159,23 @@ absl::Status Agent::Join() {
     absl::SleepFor(absl::Milliseconds(200));
   }
   const bool reached = channel->GetState(false) == GRPC_CHANNEL_READY;
+  if (!reached) {
+    // Waiting for the channel hides why it never connected; one call that
+    // does not wait reports the last connection error (refused, or a TLS
+    // handshake that failed: "Socket closed").
+    OutMessage m;
+    m.header.mutable_request()->set_from(kUnknownWorker);
+    m.header.mutable_request()->mutable_ping();
+    auto probe = impl_->Transmit(&stub, std::move(m), absl::Seconds(1), false).wait();
+    if (!probe.ok()) last = probe.status();
+  }
   return absl::DeadlineExceededError(absl::StrCat(
       "worker '", self_.name, "' could not join the group at master ",
       options_.master_address, " within ", absl::FormatDuration(options_.connect_timeout),
       reached ? ": the master is up but the group did not form (are all workers started?)"
-              : ": the master is unreachable (is it running? check --master or "
-                "MASTER_ADDR/MASTER_PORT)",
+              : absl::StrCat(": the master is unreachable (is it running? check --master or "
+                             "MASTER_ADDR/MASTER_PORT; ",
+                             TlsHint(options_.tls), ")"),
       last.ok() ? "" : absl::StrCat(" [", last.ToString(), "]")));
 }
 

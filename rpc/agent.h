@@ -44,6 +44,7 @@
 #include "rpc/registry.h"
 #include "rpc/rref.h"
 #include "rpc/shm.h"
+#include "rpc/tls.h"
 
 namespace remora {
 
@@ -82,7 +83,7 @@ struct AgentOptions {
   // every call it serves must carry it too; others are rejected
   // (UNAUTHENTICATED, logged, nothing runs). The token travels in clear
   // text on an insecure channel: it keeps strangers on an open port out,
-  // it does not hide traffic.
+  // it does not hide traffic (use `tls` for that).
   std::string token;
 
   // Out-of-band payloads. Tensors of at least `oob_threshold_bytes` travel
@@ -93,6 +94,10 @@ struct AgentOptions {
   size_t oob_threshold_bytes = 64 * 1024;
   bool shared_memory = true;
   size_t shm_max_bytes = size_t{1} << 30;
+  // TLS or mutual TLS for this agent's server and its channels (see
+  // rpc/tls.h); empty: plaintext. Every member of a group must use the same
+  // mode and certificates from the same CA.
+  TlsOptions tls;
 };
 
 // Per-call options.

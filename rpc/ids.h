@@ -55,4 +55,8 @@ using ForkId = GloballyUniqueId;
 // Names of participants: 1 to 128 characters of [A-Za-z0-9_:-].
 bool IsValidWorkerName(const std::string& name);
 
+// Names of registered functions, modules and methods: 1 to 128 characters
+// of [A-Za-z0-9_.:-].
+bool IsValidRegisteredName(const std::string& name);
+
 }  // namespace remora

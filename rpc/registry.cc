@@ -26,6 +26,7 @@ bool IsValidName(const std::string& name, bool allow_dot) {
 }  // namespace
 
 bool IsValidWorkerName(const std::string& name) { return IsValidName(name, false); }
+bool IsValidRegisteredName(const std::string& name) { return IsValidName(name, true); }
 
 const c10::IValue& Args::operator[](size_t i) const {
   if (i >= values_.size()) {

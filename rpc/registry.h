@@ -99,8 +99,9 @@ class Registry {
       std::function<std::shared_ptr<T>(CallContext&, const Args&)> factory,
       std::map<std::string, TypedMethod<T>> methods) {
     std::map<std::string, Method> erased;
-    for (auto& [method_name, m] : methods) {
-      erased[method_name] = [m](void* self, CallContext& ctx, const Args& args) {
+    for (auto& entry : methods) {
+      TypedMethod<T> m = std::move(entry.second);  // clang: no captured bindings in C++17
+      erased[entry.first] = [m](void* self, CallContext& ctx, const Args& args) {
         return m(*static_cast<T*>(self), ctx, args);
       };
     }

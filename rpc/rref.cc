@@ -117,6 +117,13 @@ c10::intrusive_ptr<OwnerRRef> RRefContext::FindOwner(const RRefId& id) {
   return it == owners_.end() ? c10::intrusive_ptr<OwnerRRef>() : it->second;
 }
 
+bool RRefContext::KnowsOwnValue(const RRefId& id) const {
+  absl::MutexLock lock(&mu_);
+  // A remote() this worker made to itself has a user (fork id = rref id)
+  // before its owner exists.
+  return owners_.contains(id) || live_users_.contains(id) || pending_users_.contains(id);
+}
+
 void RRefContext::AddFork(const RRefId& id, const ForkId& fork) {
   absl::MutexLock lock(&mu_);
   forks_[id].insert(fork);
@@ -248,10 +255,21 @@ absl::StatusOr<c10::IValue> RRefContext::Receive(const wire::RRefMeta& meta,
   }
   const RRefId id = FromWire(meta.rref_id());
   const ForkId fork = FromWire(meta.fork_id());
-  if (id.worker == kUnknownWorker || fork.worker == kUnknownWorker) {
-    return absl::InvalidArgumentError("RRef with an invalid id");
+  if (!channel_->IsKnown(id.worker) || !channel_->IsKnown(fork.worker)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RRef with an invalid id ", id.ToString(), " / fork ", fork.ToString(),
+        ": ids carry the id of a worker of the group"));
   }
   if (owner == self_) {
+    // A value this worker created itself exists as long as any user does;
+    // one that is missing was deleted (or never existed): waiting for it
+    // would wait forever. Values created by remote() of another worker may
+    // still be on their way and are waited for.
+    if (id.worker == self_ && !KnowsOwnValue(id)) {
+      return absl::NotFoundError(absl::StrCat(
+          "no RRef ", id.ToString(), " on its owner '", channel_->NameOf(self_),
+          "' (already deleted, or never created)"));
+    }
     c10::intrusive_ptr<OwnerRRef> rref = GetOrCreateOwner(id);
     if (parent != self_) {
       // A user sent our own RRef back: no user is created here (PyTorch's

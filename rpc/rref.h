@@ -204,6 +204,9 @@ class RRefContext final : public RRefHooks,
   RRefStats stats() const;
 
  private:
+  // Whether value `id`, created by this worker, still exists here (or is
+  // still being made by a remote() to itself).
+  bool KnowsOwnValue(const RRefId& id) const;
   // Sends a control message and counts it until it completes.
   Future<Empty> Send(WorkerId dst, wire::Request request);
   bool drained() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstring>
+#include <random>
 #include <fstream>
 #include <sstream>
 
@@ -230,6 +232,167 @@ TEST(Security, WorkerProgramUsesTheTokenFile) {
   EXPECT_EQ(master->rpc_sync("w1", "add", {int64_t{1}, int64_t{1}}).value().toInt(), 2);
   ASSERT_TRUE(master->Shutdown().ok());
   EXPECT_EQ(worker->Wait(absl::Seconds(20)).value(), 0);
+}
+
+TEST(Security, WorkerProgramsTalkMutualTls) {
+  const TestPki pki = MakeTestPki("mp");
+  Registry registry;
+  ASSERT_TRUE(shards::RegisterAll(registry).ok());
+  AgentOptions options;
+  options.tls = pki.tls();
+  auto group =
+      cli::StartLocalGroup({"worker1", "worker2"}, &registry, pki.files().WorkerArgs(), options);
+  ASSERT_TRUE(group.ok()) << group.status();
+  Agent& master = *group->master;
+  EXPECT_EQ(master.rpc_sync("worker1", "add", {int64_t{2}, int64_t{3}}).value().toInt(), 5);
+  {
+    // worker2 fetches worker1's result: a TLS connection between two workers.
+    RRef s1 = master.remote("worker1", "Affine", {int64_t{4}, int64_t{3}, int64_t{1}}).value();
+    RRef s2 = master.remote("worker2", "Affine", {int64_t{3}, int64_t{2}, int64_t{2}}).value();
+    at::Tensor w1 = s1.rpc_sync("weight").value().toTensor();
+    at::Tensor w2 = s2.rpc_sync("weight").value().toTensor();
+    at::Tensor x = at::randn({2, 4});
+    RRef y = s1.remote("forward", {master.local_rref(x)}).value();
+    auto z = s2.rpc_sync("forward", {y});
+    ASSERT_TRUE(z.ok()) << z.status();
+    EXPECT_TRUE(at::allclose(z->toTensor(), at::matmul(at::matmul(x, w1.t()), w2.t()), 1e-5,
+                             1e-6));
+  }
+  EXPECT_TRUE(group->Shutdown().ok());  // every worker exits 0
+
+  // A plaintext worker program cannot join a TLS master, and says why.
+  AgentOptions m;
+  m.name = "master";
+  m.is_master = true;
+  m.workers = {"w1"};
+  m.tls = pki.tls();
+  m.connect_timeout = absl::Seconds(5);
+  auto tls_master = Agent::Start(m, &registry).value();
+  auto [code, out] = RunProgram({kBin + "/worker", "--name", "w1", "--master",
+                                 tls_master->self().address, "--connect-timeout", "2"});
+  EXPECT_EQ(code, 1);
+  EXPECT_THAT(out, HasSubstr("this process talks plaintext"));
+  // Half-specified or unreadable TLS flags: exit 2 before anything starts.
+  auto [half, half_out] = RunProgram({kBin + "/worker", "--name", "w1", "--tls-key", pki.key});
+  EXPECT_EQ(half, 2);
+  EXPECT_THAT(half_out, HasSubstr("--tls-key is given without --tls-cert"));
+  auto [ca_only, ca_only_out] = RunProgram({kBin + "/worker", "--name", "w1", "--tls-ca", pki.ca});
+  EXPECT_EQ(ca_only, 2);
+  EXPECT_THAT(ca_only_out, HasSubstr("--tls-ca needs --tls-cert and --tls-key"));
+  auto [unreadable, unreadable_out] =
+      RunProgram({kBin + "/worker", "--name", "w1", "--tls-cert", TempPath("absent.crt"),
+                  "--tls-key", pki.key, "--tls-ca", pki.ca});
+  EXPECT_EQ(unreadable, 2);
+  EXPECT_THAT(unreadable_out, HasSubstr("cannot read --tls-cert"));
+}
+
+TEST(RpcDemo, RunsOverMutualTls) {
+  const TestPki pki = MakeTestPki("demo");
+  auto [code, out] = RunProgram({kBin + "/rpc_demo", "--tls-cert", pki.cert, "--tls-key", pki.key,
+                                 "--tls-ca", pki.ca},
+                                absl::Seconds(120));
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("(mutual TLS)"));
+  EXPECT_THAT(out, HasSubstr("matches local computation: yes"));
+}
+
+// Connects to 127.0.0.1:`port`, writes `bytes` (as much as the peer takes),
+// reads what comes back until the peer closes or 2 s pass, and closes.
+// Returns the number of bytes the peer sent back.
+size_t WriteRaw(int port, const std::string& bytes) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  timeval tv{2, 0};
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  size_t received = 0;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    size_t sent = 0;
+    while (sent < bytes.size()) {
+      ssize_t n = send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) break;  // the server closed the connection: fine
+      sent += n;
+    }
+    shutdown(fd, SHUT_WR);
+    char buf[4096];
+    ssize_t n;
+    while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) received += n;
+  }
+  close(fd);
+  return received;
+}
+
+TEST(Robustness, WorkerSurvivesRandomBytesAndGarbageCalls) {
+  Registry registry;
+  ASSERT_TRUE(shards::RegisterAll(registry).ok());
+  auto group = cli::StartLocalGroup({"worker1"}, &registry);
+  ASSERT_TRUE(group.ok()) << group.status();
+  Agent& master = *group->master;
+  const std::string address = master.worker("worker1").value().address;
+  const int port = std::stoi(address.substr(address.rfind(':') + 1));
+  std::mt19937_64 rng(20240611);
+  auto random_bytes = [&rng](size_t n) {
+    std::string out(n, '\0');
+    for (auto& c : out) c = static_cast<char>(rng());
+    return out;
+  };
+  // One connection that opens and then sends nothing, held open throughout.
+  int idle = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  ASSERT_EQ(connect(idle, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+
+  // Raw TCP: random bytes, HTTP/1, and an HTTP/2 preface followed by junk.
+  const std::string preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+  for (int i = 0; i < 40; ++i) {
+    WriteRaw(port, random_bytes(1 + rng() % 65536));
+    WriteRaw(port, preface + random_bytes(1 + rng() % 4096));
+  }
+  WriteRaw(port, "GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+  WriteRaw(port, preface + std::string(100000, '\0'));
+  EXPECT_EQ(master.rpc_sync("worker1", "add", {int64_t{1}, int64_t{2}}).value().toInt(), 3);
+
+  // Well-formed gRPC calls with garbage bodies, to remora's method and to
+  // others: each gets an answer (an error), none hangs.
+  RawClient client(address);
+  int error_replies = 0, grpc_errors = 0;
+  for (int i = 0; i < 300; ++i) {
+    std::string body = random_bytes(rng() % 2048);
+    if (i % 3 == 1 && body.size() >= 4) {
+      // A plausible header length in front, to get past the first check.
+      const uint32_t len = static_cast<uint32_t>(rng() % body.size());
+      std::memcpy(&body[0], &len, 4);
+    }
+    const std::string method = i % 10 == 9 ? "/remora.Agent/Other" : "/remora.Agent/Call";
+    auto reply = client.CallBytes(body, absl::Seconds(10), method);
+    if (!reply.ok()) {
+      ++grpc_errors;
+      EXPECT_NE(reply.status().code(), absl::StatusCode::kDeadlineExceeded) << reply.status();
+      continue;
+    }
+    grpc::Slice slice(*reply);
+    auto parsed = ParseMessage(grpc::ByteBuffer(&slice, 1));
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_TRUE(parsed->header.response().has_error());
+    ++error_replies;
+  }
+  EXPECT_EQ(error_replies + grpc_errors, 300);
+  EXPECT_GE(grpc_errors, 30);  // the unknown method at least
+  close(idle);
+
+  // The worker still serves, RRefs included, and shuts down cleanly.
+  EXPECT_EQ(master.rpc_sync("worker1", "add", {int64_t{20}, int64_t{22}}).value().toInt(), 42);
+  {
+    RRef r = master.remote("worker1", "echo", {at::randn({4})}).value();
+    EXPECT_TRUE(r.to_here().ok());
+  }
+  EXPECT_TRUE(group->workers[0]->running());
+  EXPECT_TRUE(group->Shutdown().ok());  // the worker exits 0
 }
 
 TEST(Load, TenThousandConcurrentCallsToOneWorkerAllComplete) {

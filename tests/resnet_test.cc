@@ -71,8 +71,10 @@ std::vector<std::vector<double>> ReportLosses(const std::string& json) {
   return out;
 }
 
-// A pipeline run over `n` real workers; returns the master's exit code and output.
-std::pair<int, std::string> RunPipeline(int n, const std::vector<std::string>& master_args) {
+// A pipeline run over `n` real workers; returns the master's exit code and
+// output. `common_args` go to the master and every worker.
+std::pair<int, std::string> RunPipeline(int n, const std::vector<std::string>& master_args,
+                                        const std::vector<std::string>& common_args = {}) {
   const int port = FreePort();
   const std::string addr = absl::StrCat("127.0.0.1:", port);
   std::vector<std::unique_ptr<cli::Subprocess>> workers;
@@ -80,12 +82,14 @@ std::pair<int, std::string> RunPipeline(int n, const std::vector<std::string>& m
   for (int i = 1; i <= n; ++i) {
     const std::string name = absl::StrCat("worker", i);
     names += (i > 1 ? "," : "") + name;
-    workers.push_back(cli::Subprocess::Spawn({kBin + "/worker", "--name", name, "--master", addr,
-                                              "--threads", "1"}, TempPath(name + ".log"))
-                          .value());
+    std::vector<std::string> worker_argv = {kBin + "/worker", "--name", name, "--master", addr,
+                                            "--threads", "1"};
+    worker_argv.insert(worker_argv.end(), common_args.begin(), common_args.end());
+    workers.push_back(cli::Subprocess::Spawn(worker_argv, TempPath(name + ".log")).value());
   }
   std::vector<std::string> argv = {kBin + "/master", "--workers", names, "--listen", addr};
   argv.insert(argv.end(), master_args.begin(), master_args.end());
+  argv.insert(argv.end(), common_args.begin(), common_args.end());
   auto result = RunProgram(argv, absl::Seconds(240));
   for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
   return result;
@@ -160,13 +164,15 @@ TEST(Master, BalancedSplitWorksForThreeAndFourWorkers) {
   }
 }
 
-TEST(Master, TutorialPartitionRuns) {
+TEST(Master, TutorialPartitionRunsOverMutualTls) {
   std::vector<std::string> args = kSmall;
   for (const char* a : {"--partition", "tutorial", "--splits", "2", "--batches", "1"}) {
     args.push_back(a);
   }
-  auto [code, out] = RunPipeline(2, args);
+  const TestPki pki = MakeTestPki("master");
+  auto [code, out] = RunPipeline(2, args, pki.files().WorkerArgs());
   ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("(mutual TLS)"));
   EXPECT_THAT(out, HasSubstr("batch=0 loss="));
 }
 
@@ -186,6 +192,9 @@ TEST(Master, BadFlagsAndMissingWorkersAreClearErrors) {
   check({"--workers", "a,b,c", "--partition", "tutorial"}, 2, "exactly two");
   check({"--workers", "a", "--partition", "odd"}, 2, "balanced or tutorial");
   check({"--workers", "a", "--listen", "nowhere"}, 2, "HOST:PORT");
+  check({"--workers", "a", "--tls-cert", "node.crt"}, 2, "--tls-cert is given without --tls-key");
+  check({"--workers", "a", "--tls-cert", TempPath("absent.crt"), "--tls-key", "k"}, 2,
+        "cannot read --tls-cert");
   check({"--workers", "ghost", "--listen", absl::StrCat("127.0.0.1:", FreePort()),
          "--connect-timeout", "2"},
         1, "ghost did not register");

@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
@@ -20,6 +22,7 @@
 #include "autograd/dist_autograd.h"
 #include "examples/cli.h"
 #include "rpc/agent.h"
+#include "rpc/message.h"
 #include "shards/builtins.h"
 
 namespace remora {
@@ -121,6 +124,107 @@ inline std::pair<int, std::string> RunProgram(const std::vector<std::string>& ar
   auto code = p->Wait(timeout);
   return {code.ok() ? *code : -1, ReadFile(out)};
 }
+
+// A certificate authority and one certificate it signed, made with the
+// openssl CLI: the certificate names 127.0.0.1 and localhost and serves as
+// server and client certificate (each process of a group is both).
+struct TestPki {
+  std::string ca;    // CA certificate
+  std::string cert;  // node certificate, signed by the CA
+  std::string key;   // its private key
+  TlsOptions tls() const { return LoadTlsFiles(cert, key, ca).value(); }
+  cli::TlsFiles files() const { return cli::TlsFiles{cert, key, ca}; }
+};
+
+// Makes a PKI named `name` under the test's temporary directory (P-256
+// keys: fast). Fails the test when openssl is missing or fails.
+inline TestPki MakeTestPki(const std::string& name) {
+  const std::string dir = TempPath(absl::StrCat("pki_", name));
+  const std::string script = absl::StrCat(
+      "set -e; mkdir -p '", dir, "'; cd '", dir, "'\n",
+      "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2"
+      " -subj '/CN=remora test CA ", name, "' -keyout ca.key -out ca.crt\n",
+      "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+      " -subj '/CN=localhost' -keyout node.key -out node.csr\n",
+      "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n"
+      "extendedKeyUsage=serverAuth,clientAuth\\nbasicConstraints=CA:FALSE\\n' > node.ext\n",
+      "openssl x509 -req -in node.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2"
+      " -extfile node.ext -out node.crt\n");
+  auto [code, out] = RunProgram({"/bin/sh", "-c", script});
+  EXPECT_EQ(code, 0) << "making test certificates with openssl failed (is openssl installed? "
+                        "./run installs it):\n"
+                     << out;
+  return TestPki{dir + "/ca.crt", dir + "/node.crt", dir + "/node.key"};
+}
+
+// A bare gRPC client of remora's one method, for hand-built frames and
+// garbage: what a buggy or hostile peer would send.
+class RawClient {
+ public:
+  explicit RawClient(const std::string& address,
+                     std::shared_ptr<grpc::ChannelCredentials> credentials =
+                         grpc::InsecureChannelCredentials())
+      : channel_(grpc::CreateChannel(address, std::move(credentials))), stub_(channel_) {}
+
+  // Sends `bytes` as the request of gRPC method `method`; the reply's bytes,
+  // or the gRPC error.
+  absl::StatusOr<std::string> CallBytes(const std::string& bytes,
+                                        absl::Duration timeout = absl::Seconds(10),
+                                        const std::string& method = "/remora.Agent/Call",
+                                        const std::string& token = "") {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+    if (!token.empty()) context.AddMetadata("remora-token", token);
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer request(&slice, 1), response;
+    grpc::CompletionQueue cq;
+    auto call = stub_.PrepareUnaryCall(&context, method, request, &cq);
+    call->StartCall();
+    grpc::Status status;
+    call->Finish(&response, &status, this);
+    void* tag = nullptr;
+    bool ok = false;
+    cq.Next(&tag, &ok);
+    if (!status.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                          status.error_message());
+    }
+    std::vector<grpc::Slice> slices;
+    std::string out;
+    if (response.Dump(&slices).ok()) {
+      for (const auto& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+    return out;
+  }
+
+  // Sends a frame built from `message`; the parsed reply.
+  absl::StatusOr<InMessage> Call(OutMessage message, absl::Duration timeout = absl::Seconds(10)) {
+    return CallBytesParsed(FrameBytes(std::move(message)), timeout);
+  }
+
+  // The bytes of the frame of `message`.
+  static std::string FrameBytes(OutMessage message) {
+    grpc::ByteBuffer buffer = SerializeMessage(std::move(message));
+    std::vector<grpc::Slice> slices;
+    std::string out;
+    if (buffer.Dump(&slices).ok()) {
+      for (const auto& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+    return out;
+  }
+
+  absl::StatusOr<InMessage> CallBytesParsed(const std::string& bytes,
+                                            absl::Duration timeout = absl::Seconds(10)) {
+    auto reply = CallBytes(bytes, timeout);
+    if (!reply.ok()) return reply.status();
+    grpc::Slice slice(*reply);
+    return ParseMessage(grpc::ByteBuffer(&slice, 1));
+  }
+
+ private:
+  std::shared_ptr<grpc::Channel> channel_;
+  grpc::GenericStub stub_;
+};
 
 inline int FreePort() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);

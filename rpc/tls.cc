@@ -1,0 +1,144 @@
+#include "rpc/tls.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace remora {
+namespace {
+
+bool HasPemBlock(const std::string& pem, const char* label) {
+  return absl::StrContains(pem, absl::StrCat("-----BEGIN ", label, "-----"));
+}
+
+bool HasPrivateKey(const std::string& pem) {
+  // PKCS#8 ("PRIVATE KEY"), and the traditional "RSA/EC PRIVATE KEY".
+  return absl::StrContains(pem, "-----BEGIN ") && absl::StrContains(pem, "PRIVATE KEY-----");
+}
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, const std::string& flag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("cannot read ", flag, " ", path, " (",
+                                            std::strerror(errno), ")"));
+  }
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) {
+    return absl::DataLossError(absl::StrCat("cannot read ", flag, " ", path));
+  }
+  return text;
+}
+
+}  // namespace
+
+absl::Status CheckTlsOptions(const TlsOptions& tls) {
+  if (!tls.enabled()) return absl::OkStatus();
+  if (tls.cert_pem.empty() || tls.key_pem.empty()) {
+    if (!tls.cert_pem.empty()) {
+      return absl::InvalidArgumentError(
+          "TLS: a certificate is given without its private key; give both (--tls-cert and "
+          "--tls-key)");
+    }
+    if (!tls.key_pem.empty()) {
+      return absl::InvalidArgumentError(
+          "TLS: a private key is given without its certificate; give both (--tls-cert and "
+          "--tls-key)");
+    }
+    return absl::InvalidArgumentError(
+        "TLS: a CA is given without a certificate and key; every process serves calls, so "
+        "each needs its own (--tls-cert and --tls-key beside --tls-ca)");
+  }
+  if (!HasPemBlock(tls.cert_pem, "CERTIFICATE")) {
+    return absl::InvalidArgumentError(
+        "TLS: the certificate holds no PEM certificate ('-----BEGIN CERTIFICATE-----')");
+  }
+  if (!HasPrivateKey(tls.key_pem)) {
+    return absl::InvalidArgumentError(
+        "TLS: the private key holds no PEM private key ('-----BEGIN ... PRIVATE KEY-----')");
+  }
+  if (!tls.ca_pem.empty() && !HasPemBlock(tls.ca_pem, "CERTIFICATE")) {
+    return absl::InvalidArgumentError(
+        "TLS: the CA holds no PEM certificate ('-----BEGIN CERTIFICATE-----')");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TlsOptions> LoadTlsFiles(const std::string& cert_file, const std::string& key_file,
+                                        const std::string& ca_file) {
+  TlsOptions tls;
+  if (cert_file.empty() != key_file.empty()) {
+    return absl::InvalidArgumentError(
+        cert_file.empty()
+            ? "--tls-key is given without --tls-cert: give both (this process's certificate "
+              "and its private key)"
+            : "--tls-cert is given without --tls-key: give both (this process's certificate "
+              "and its private key)");
+  }
+  if (!ca_file.empty() && cert_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-ca needs --tls-cert and --tls-key too: every process serves calls, so each "
+        "needs its own certificate");
+  }
+  struct File {
+    const std::string& path;
+    const char* flag;
+    std::string* out;
+    const char* label;  // nullptr: a private key
+  };
+  for (const File& f : {File{cert_file, "--tls-cert", &tls.cert_pem, "CERTIFICATE"},
+                        File{key_file, "--tls-key", &tls.key_pem, nullptr},
+                        File{ca_file, "--tls-ca", &tls.ca_pem, "CERTIFICATE"}}) {
+    if (f.path.empty()) continue;
+    auto text = ReadPem(f.path, f.flag);
+    if (!text.ok()) return text.status();
+    const bool ok = f.label ? HasPemBlock(*text, f.label) : HasPrivateKey(*text);
+    if (!ok) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          f.flag, " ", f.path, " holds no PEM ", f.label ? "certificate" : "private key",
+          " (expected '-----BEGIN ", f.label ? f.label : "... PRIVATE KEY", "-----')"));
+    }
+    *f.out = std::move(*text);
+  }
+  return tls;
+}
+
+std::shared_ptr<grpc::ServerCredentials> MakeServerCredentials(const TlsOptions& tls) {
+  if (!tls.enabled()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions options(
+      tls.mutual() ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                   : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  options.pem_root_certs = tls.ca_pem;
+  options.pem_key_cert_pairs.push_back({tls.key_pem, tls.cert_pem});
+  return grpc::SslServerCredentials(options);
+}
+
+std::shared_ptr<grpc::ChannelCredentials> MakeChannelCredentials(const TlsOptions& tls) {
+  if (!tls.enabled()) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions options;
+  options.pem_root_certs = tls.ca_pem;  // empty: the system's roots
+  options.pem_private_key = tls.key_pem;
+  options.pem_cert_chain = tls.cert_pem;
+  return grpc::SslCredentials(options);
+}
+
+std::string TlsModeName(const TlsOptions& tls) {
+  if (!tls.enabled()) return "plaintext";
+  return tls.mutual() ? "mutual TLS" : "TLS";
+}
+
+std::string TlsHint(const TlsOptions& tls) {
+  if (!tls.enabled()) {
+    return "this process talks plaintext; a peer that uses TLS refuses it (give every process "
+           "--tls-cert/--tls-key/--tls-ca, or none)";
+  }
+  return absl::StrCat(
+      "this process talks ", TlsModeName(tls),
+      "; a plaintext peer, a peer whose certificate is not signed by the CA or does not name "
+      "its address, or (mutual TLS) a peer without a certificate from the CA fails like this");
+}
+
+}  // namespace remora

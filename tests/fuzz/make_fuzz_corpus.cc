@@ -1,0 +1,334 @@
+// make_fuzz_corpus: writes the seed corpus of request_fuzzer, one valid
+// frame per file, covering every request kind, every value kind and the
+// response forms. The checked-in tests/fuzz/corpus is this program's output
+// (fuzz_corpus_test checks that it still is, and that every seed decodes).
+//
+//   build/bin/make_fuzz_corpus --out tests/fuzz/corpus
+#include <sys/stat.h>
+
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <map>
+
+#include <ATen/ops/arange.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/zeros.h>
+#include <grpcpp/support/byte_buffer.h>
+
+#include "examples/cli.h"
+#include "rpc/ids.h"
+#include "rpc/message.h"
+#include "tests/fuzz/request_decoder.h"
+
+namespace remora::fuzz {
+namespace {
+
+// Builds values, appending tensors to the message's payloads.
+class Builder {
+ public:
+  explicit Builder(OutMessage* m) : m_(m) {}
+
+  wire::Value Tensor(const at::Tensor& t, bool requires_grad = false) {
+    wire::Value v;
+    auto* meta = v.mutable_tensor();
+    meta->set_dtype(static_cast<int32_t>(t.scalar_type()));
+    for (int64_t s : t.sizes()) meta->add_sizes(s);
+    meta->set_payload(static_cast<uint32_t>(m_->payloads.size()));
+    meta->set_requires_grad(requires_grad);
+    m_->payloads.push_back(t.contiguous());
+    return v;
+  }
+  static wire::Value Undefined() {
+    wire::Value v;
+    v.mutable_tensor()->set_dtype(-1);
+    return v;
+  }
+  static wire::Value Int(int64_t i) {
+    wire::Value v;
+    v.set_i(i);
+    return v;
+  }
+  static wire::Value Double(double d) {
+    wire::Value v;
+    v.set_d(d);
+    return v;
+  }
+  static wire::Value Bool(bool b) {
+    wire::Value v;
+    v.set_b(b);
+    return v;
+  }
+  static wire::Value Str(const std::string& s) {
+    wire::Value v;
+    v.set_s(s);
+    return v;
+  }
+  static wire::Value List(wire::ElemKind elem, std::vector<wire::Value> items, bool tuple = false) {
+    wire::Value v;
+    auto* l = tuple ? v.mutable_tuple() : v.mutable_list();
+    l->set_elem(elem);
+    for (auto& i : items) *l->add_items() = std::move(i);
+    return v;
+  }
+  static wire::Value Dict(wire::ElemKind key, wire::ElemKind value,
+                          std::vector<std::pair<wire::Value, wire::Value>> entries) {
+    wire::Value v;
+    auto* d = v.mutable_dict();
+    d->set_key(key);
+    d->set_value(value);
+    for (auto& [k, val] : entries) {
+      *d->add_keys() = std::move(k);
+      *d->add_values() = std::move(val);
+    }
+    return v;
+  }
+  static wire::Guid Guid(uint32_t worker, uint64_t local) {
+    wire::Guid g;
+    g.set_worker(worker);
+    g.set_local(local);
+    return g;
+  }
+  static wire::Value RRef(uint32_t owner, wire::Guid id, wire::Guid fork, uint32_t parent) {
+    wire::Value v;
+    auto* r = v.mutable_rref();
+    r->set_owner(owner);
+    *r->mutable_rref_id() = id;
+    *r->mutable_fork_id() = fork;
+    r->set_parent(parent);
+    return v;
+  }
+
+ private:
+  OutMessage* m_;
+};
+
+OutMessage Request(uint32_t from = 0) {
+  OutMessage m;
+  m.header.mutable_request()->set_from(from);
+  return m;
+}
+
+std::map<std::string, OutMessage> Seeds() {
+  using B = Builder;
+  std::map<std::string, OutMessage> seeds;
+  {
+    OutMessage m = Request();
+    auto* call = m.header.mutable_request()->mutable_call();
+    call->set_function("echo");
+    *call->add_args() = B::Int(std::numeric_limits<int64_t>::min());
+    *call->add_args() = B::Double(-0.5);
+    *call->add_args() = B::Bool(true);
+    *call->add_args() = B::Str(std::string("a\0b", 3));
+    wire::Value none, complex, device;
+    none.set_none(true);
+    complex.mutable_c()->set_real(1.5);
+    complex.mutable_c()->set_imag(-2);
+    device.set_device("cpu");
+    *call->add_args() = none;
+    *call->add_args() = complex;
+    *call->add_args() = device;
+    seeds["call_scalars"] = std::move(m);
+  }
+  {
+    OutMessage m = Request();
+    B b(&m);
+    auto* call = m.header.mutable_request()->mutable_call();
+    call->set_function("add");
+    *call->add_args() = b.Tensor(at::arange(6, at::kFloat).reshape({2, 3}));
+    *call->add_args() = b.Tensor(at::ones({}, at::kLong));
+    *call->add_args() = b.Tensor(at::zeros({0, 4}, at::kDouble));
+    *call->add_args() = b.Tensor(at::ones({3}, at::kBool));
+    *call->add_args() = b.Tensor(at::ones({2, 2}, at::kBFloat16));
+    *call->add_args() = b.Tensor(at::ones({2}, at::kComplexFloat));
+    *call->add_args() = b.Tensor(at::ones({5}, at::kChar));
+    *call->add_args() = b.Tensor(at::ones({300}, at::kHalf));  // a payload of its own
+    *call->add_args() = B::Undefined();
+    seeds["call_tensors"] = std::move(m);
+  }
+  {
+    OutMessage m = Request();
+    B b(&m);
+    auto* call = m.header.mutable_request()->mutable_call();
+    call->set_function("remora.autograd.propagate");
+    *call->add_args() = B::Int(1);
+    *call->add_args() = B::Int(2);
+    *call->add_args() = B::List(wire::ELEM_TENSOR, {b.Tensor(at::ones({2}), true)});
+    m.header.mutable_request()->mutable_autograd()->set_context_id(1);
+    m.header.mutable_request()->mutable_autograd()->set_message_id((int64_t{2} << 48) | 3);
+    seeds["call_autograd"] = std::move(m);
+  }
+  {
+    OutMessage m = Request();
+    B b(&m);
+    auto* call = m.header.mutable_request()->mutable_call();
+    call->set_function("echo");
+    *call->add_args() = B::List(wire::ELEM_INT, {B::Int(1), B::Int(-2)});
+    *call->add_args() = B::List(wire::ELEM_DOUBLE, {B::Double(1.25)});
+    *call->add_args() = B::List(wire::ELEM_BOOL, {B::Bool(false), B::Bool(true)});
+    *call->add_args() = B::List(wire::ELEM_STRING, {B::Str("x"), B::Str("")});
+    *call->add_args() = B::List(wire::ELEM_TENSOR, {b.Tensor(at::ones({1}))});
+    *call->add_args() = B::List(wire::ELEM_ANY, {B::Int(1), B::Str("two"), B::List(wire::ELEM_ANY, {})});
+    *call->add_args() =
+        B::List(wire::ELEM_ANY, {B::Int(1), B::List(wire::ELEM_ANY, {B::Bool(true)}, true)}, true);
+    *call->add_args() = B::Dict(wire::ELEM_STRING, wire::ELEM_TENSOR,
+                                {{B::Str("w"), b.Tensor(at::ones({2, 2}))}});
+    *call->add_args() = B::Dict(wire::ELEM_INT, wire::ELEM_DOUBLE, {{B::Int(3), B::Double(0.5)}});
+    *call->add_args() = B::Dict(wire::ELEM_ANY, wire::ELEM_ANY,
+                                {{B::Bool(true), B::Str("yes")}, {B::Double(2.5), B::Int(1)}});
+    seeds["call_containers"] = std::move(m);
+  }
+  {
+    // A method call through a user RRef, with RRef arguments: one the owner
+    // sent (confirmed at once), one forwarded by a third worker (pending).
+    OutMessage m = Request(2);
+    auto* call = m.header.mutable_request()->mutable_call();
+    call->set_function("forward");
+    *call->add_args() = B::RRef(2, B::Guid(2, 10), B::Guid(2, 11), 2);
+    *call->add_args() = B::RRef(3, B::Guid(0, 20), B::Guid(2, 21), 2);
+    *call->mutable_self() = B::RRef(kSelf, B::Guid(0, 30), B::Guid(2, 31), 2);
+    *call->mutable_caller_fork() = B::Guid(2, 31);
+    call->set_seq(1);
+    seeds["call_method_with_rrefs"] = std::move(m);
+  }
+  {
+    OutMessage m = Request(0);
+    B b(&m);
+    auto* call = m.header.mutable_request()->mutable_call();
+    call->set_function("MLPStage");
+    *call->add_args() = B::Int(4);
+    *call->add_args() = B::Int(3);
+    *call->mutable_result_rref() = B::Guid(0, 40);
+    *call->mutable_result_fork() = B::Guid(0, 40);
+    seeds["call_remote"] = std::move(m);
+  }
+  {
+    OutMessage m = Request(0);
+    *m.header.mutable_request()->mutable_fetch()->mutable_rref_id() = B::Guid(0, 40);
+    *m.header.mutable_request()->mutable_fetch()->mutable_fork_id() = B::Guid(0, 40);
+    m.header.mutable_request()->mutable_autograd()->set_context_id(7);
+    seeds["fetch"] = std::move(m);
+  }
+  {
+    OutMessage m = Request(2);
+    *m.header.mutable_request()->mutable_fork()->mutable_rref_id() = B::Guid(0, 40);
+    *m.header.mutable_request()->mutable_fork()->mutable_fork_id() = B::Guid(3, 41);
+    seeds["fork"] = std::move(m);
+  }
+  {
+    OutMessage m = Request(3);
+    *m.header.mutable_request()->mutable_child_accept()->mutable_fork_id() = B::Guid(1, 42);
+    seeds["child_accept"] = std::move(m);
+  }
+  {
+    OutMessage m = Request(3);
+    *m.header.mutable_request()->mutable_user_delete()->mutable_rref_id() = B::Guid(0, 40);
+    *m.header.mutable_request()->mutable_user_delete()->mutable_fork_id() = B::Guid(3, 41);
+    seeds["user_delete"] = std::move(m);
+  }
+  {
+    OutMessage m = Request(remora::kUnknownWorker);
+    auto* join = m.header.mutable_request()->mutable_join();
+    join->set_name("worker1");
+    join->set_address("127.0.0.1:40001");
+    join->set_host_id("host/boot");
+    seeds["join"] = std::move(m);
+  }
+  {
+    OutMessage m = Request(0);
+    m.header.mutable_request()->mutable_probe()->set_release_users(true);
+    seeds["probe"] = std::move(m);
+  }
+  {
+    OutMessage m = Request(0);
+    m.header.mutable_request()->mutable_finish();
+    seeds["finish"] = std::move(m);
+  }
+  {
+    OutMessage m = Request(2);
+    m.header.mutable_request()->mutable_ping();
+    seeds["ping"] = std::move(m);
+  }
+  {
+    OutMessage m;
+    B b(&m);
+    *m.header.mutable_response()->mutable_value() =
+        B::List(wire::ELEM_ANY, {b.Tensor(at::ones({3, 2}), true),
+                                 B::RRef(2, B::Guid(2, 50), B::Guid(2, 51), 2)}, true);
+    m.header.mutable_response()->mutable_autograd()->set_context_id(1);
+    m.header.mutable_response()->mutable_autograd()->set_message_id((int64_t{2} << 48) | 9);
+    seeds["response_value"] = std::move(m);
+  }
+  {
+    OutMessage m;
+    auto* e = m.header.mutable_response()->mutable_error();
+    e->set_code(5);
+    e->set_message("no function or module named 'x'");
+    e->set_worker("worker2");
+    seeds["response_error"] = std::move(m);
+  }
+  {
+    OutMessage m;
+    auto* r = m.header.mutable_response();
+    for (int i = 0; i < 3; ++i) {
+      auto* w = r->add_workers();
+      w->set_id(i);
+      w->set_name(i == 0 ? "master" : absl::StrCat("worker", i));
+      w->set_address(absl::StrCat("127.0.0.1:4000", i));
+      w->set_host_id("host/boot");
+    }
+    r->set_your_id(1);
+    seeds["response_address_book"] = std::move(m);
+  }
+  {
+    OutMessage m;
+    m.header.mutable_response()->set_active(3);
+    seeds["response_probe"] = std::move(m);
+  }
+  return seeds;
+}
+
+std::string FrameBytes(OutMessage m) {
+  grpc::ByteBuffer buffer = SerializeMessage(std::move(m));
+  std::vector<grpc::Slice> slices;
+  std::string out;
+  if (buffer.Dump(&slices).ok()) {
+    for (const auto& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return out;
+}
+
+int Main(int argc, char** argv) {
+  std::string out_dir;
+  cli::FlagParser flags("make_fuzz_corpus",
+                        "Writes request_fuzzer's seed corpus: one valid frame per file.");
+  flags.AddString("out", &out_dir, "directory to write the seeds to (created; required)");
+  int code = 0;
+  if (!flags.Parse(argc, argv, &code)) return code;
+  if (out_dir.empty()) {
+    std::cerr << "make_fuzz_corpus: --out is required\n";
+    return 2;
+  }
+  mkdir(out_dir.c_str(), 0755);
+  for (auto& [name, message] : Seeds()) {
+    const std::string bytes = FrameBytes(std::move(message));
+    if (absl::Status s = DecodeRequestBytes(bytes); !s.ok()) {
+      std::cerr << "make_fuzz_corpus: seed " << name << " does not decode: " << s << "\n";
+      return 1;
+    }
+    const std::string path = out_dir + "/" + name;
+    std::ofstream out(path, std::ios::binary);
+    out << bytes;
+    if (!out.good()) {
+      std::cerr << "make_fuzz_corpus: cannot write " << path << "\n";
+      return 1;
+    }
+    std::cout << path << " (" << bytes.size() << " bytes)\n";
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace remora::fuzz
+
+int main(int argc, char** argv) { return remora::fuzz::Main(argc, argv); }
