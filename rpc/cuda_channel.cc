@@ -1276,6 +1276,8 @@ std::optional<wire::CudaPayload> CudaChannel::Send(WorkerId peer, const at::Tens
 
 void CudaChannel::Reclaim(WorkerId peer, const wire::CudaPayload& d) { impl_->Reclaim(peer, d); }
 
+void CudaChannel::Stop() { impl_->Stop(); }
+
 absl::StatusOr<at::Tensor> CudaChannel::Receive(WorkerId peer, const wire::CudaPayload& d,
                                                 uint64_t length) {
   return impl_->Receive(peer, d, length);

@@ -127,6 +127,11 @@ class CudaChannel {
   // process, ready for any stream.
   absl::StatusOr<at::Tensor> Receive(WorkerId peer, const wire::CudaPayload& d, uint64_t length);
 
+  // Makes every later call fail fast or stage, aborts the communicators and
+  // stops the background thread. The agent calls it while it stops, before
+  // the control path goes away.
+  void Stop();
+
   // Control requests from peers.
   absl::Status OnNcclSetup(WorkerId from, const wire::NcclSetup& setup);
   void OnNcclAbort(WorkerId from, const wire::NcclAbort& abort);

@@ -37,6 +37,7 @@ absl::Status CudaChannel::OnNcclSetup(WorkerId, const wire::NcclSetup&) {
   return absl::FailedPreconditionError(absl::StrCat("NCCL set-up: ", kNoCudaBuild));
 }
 
+void CudaChannel::Stop() {}
 void CudaChannel::OnNcclAbort(WorkerId, const wire::NcclAbort&) {}
 void CudaChannel::OnRelease(WorkerId, const wire::CudaRelease&) {}
 CudaChannel::Stats CudaChannel::stats() const { return {}; }
