@@ -60,9 +60,12 @@ int main(int argc, char** argv) {
     }
   }
   auto home = ParseDevice(device, "--device");
-  absl::Status device_ok = home.ok() ? CheckLocalDevice(*home) : home.status();
-  if (!device_ok.ok()) {
-    std::cerr << "worker: --device " << device_ok.message() << "\n";
+  if (!home.ok()) {
+    std::cerr << "worker: " << home.status().message() << "\n";
+    return 2;
+  }
+  if (absl::Status s = CheckLocalDevice(*home); !s.ok()) {
+    std::cerr << "worker: --device " << s.message() << "\n";
     return 2;
   }
   if (device_map.empty()) device_map = home->is_cuda() ? "auto" : "none";
