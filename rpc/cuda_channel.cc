@@ -66,13 +66,14 @@ std::string NcclText(ncclResult_t r) {
 
 // Makes `device` current on this thread for its lifetime, then restores
 // the previous one (LibTorch keeps its own idea of the current device).
+// Setting it also makes its primary context current, which the driver
+// calls below need.
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device) {
     if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != device) {
-      changed_ = cudaSetDevice(device) == cudaSuccess;
-    }
+    changed_ = cudaSetDevice(device) == cudaSuccess && previous_ != device;
+    cudaFree(nullptr);  // CUDA < 12: cudaSetDevice alone creates no context
   }
   ~DeviceGuard() {
     if (changed_ && previous_ >= 0) cudaSetDevice(previous_);
@@ -255,6 +256,7 @@ struct Comm {
       return ErrorLocked();
     }
     enqueueing = false;
+    DeviceGuard guard(device);  // events belong to the device current at creation
     cudaEvent_t done = nullptr;
     cudaError_t e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaEventRecord(done, stream);
@@ -269,8 +271,8 @@ struct Comm {
 
   ~Comm() {
     absl::MutexLock lock(&mu);
+    DeviceGuard guard(device);
     if (comm != nullptr) {
-      DeviceGuard guard(device);
       ncclCommAbort(comm);
       comm = nullptr;
     }
@@ -631,7 +633,8 @@ class CudaChannel::Impl {
         if (c.state == Comm::State::kReady) return absl::OkStatus();
         if (c.state == Comm::State::kFailed) return c.ErrorLocked();
         ncclResult_t state = ncclInProgress;
-        const ncclResult_t r = ncclCommGetAsyncError(c.comm, &state);
+        // No communicator yet: its creator is still starting it.
+        const ncclResult_t r = c.comm != nullptr ? ncclCommGetAsyncError(c.comm, &state) : ncclSuccess;
         if (r == ncclSuccess && state == ncclSuccess) {
           c.state = Comm::State::kReady;
           return absl::OkStatus();
