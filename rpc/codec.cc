@@ -188,7 +188,12 @@ absl::StatusOr<at::Tensor> DecodeTensor(const wire::TensorMeta& meta,
           "tensor: its bytes arrived on ", bytes.device().str(), " but it belongs on ",
           device ? device->str() : "cpu"));
     }
-    t = bytes.view(dtype).view(sizes);
+    at::Tensor keep = bytes;  // the payload lives as long as this tensor
+    t = at::for_blob(data, sizes)
+            .deleter([keep](void*) mutable { keep.reset(); })
+            .options(options.device(bytes.device()))
+            .target_device(bytes.device())
+            .make_tensor();
   } else if (data != nullptr && reinterpret_cast<uintptr_t>(data) % item == 0) {
     at::Tensor keep = bytes;  // the payload lives as long as this tensor
     t = at::from_blob(data, sizes, [keep](void*) mutable { keep.reset(); },
