@@ -18,9 +18,18 @@
 //     numbers its ncclSends as it enqueues them, the descriptor carries the
 //     number, and the receiver posts ncclRecvs strictly in that order
 //     (messages may arrive in any order). One direction per communicator
-//     means neither end ever waits for its own opposite transfer.
+//     means neither end ever waits for its own opposite transfer (two
+//     processes sending large tensors to each other through one 2-rank
+//     communicator could each block in ncclSend until the other posted its
+//     receive), and exactly one process ever creates a given communicator,
+//     so no "lower id creates" tie-break or crossing set-ups are needed.
+//     Communicators are non-blocking: an ncclSend may report "in progress"
+//     until the receiver posts its receive (NCCL may connect lazily, on the
+//     first transfer), so the sender does not wait for it: the frame leaves,
+//     and the enqueue settles in the background or before the next send.
 //
-// Ordering with the computation. Sender: the transfer waits for the work
+// Ordering with the computation (which of the two below a build uses is
+// decided by cmake/RemoraCuda.cmake). Sender: the transfer waits for the work
 // that produced the tensor: with LibTorch's CUDA API (REMORA_TORCH_CUDA), an
 // event recorded on LibTorch's current stream of that device; without it,
 // cudaDeviceSynchronize on the host. Receiver: the destination is allocated
