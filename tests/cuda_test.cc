@@ -559,6 +559,21 @@ TEST(CudaGpu, MappedToTheCpuArrivesOnTheCpu) {
   EXPECT_EQ(g.master().rpc_sync("w1", "device_of", {x}).value().toStringRef(), "cpu");
 }
 
+TEST(CudaGpu, ShardsLiveOnTheirWorkersDevice) {
+  REMORA_REQUIRE_GPUS(1);
+  AgentOptions opts;
+  opts.device = "cuda:0";
+  opts.map_to_peer_devices = true;
+  Group g(1, opts);
+  RRef head = g.master().remote("w1", "ResNetShard", {int64_t{17}, int64_t{18}, int64_t{0}}).value();
+  RRef y = head.remote("forward", {at::randn({2, 2048, 4, 4})}).value();  // a CPU input
+  EXPECT_EQ(g.master().rpc_sync("w1", "device_of", {y}).value().toStringRef(), "cuda:0");
+  auto out = y.to_here();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->toTensor().device(), Cuda(0));  // the master's home device
+  EXPECT_EQ(out->toTensor().sizes(), (std::vector<int64_t>{2, 1000}));
+}
+
 // Real worker processes on the master's GPU: CUDA IPC both ways.
 TEST(CudaGpu, IpcBetweenProcessesOnOneGpu) {
   REMORA_REQUIRE_CHANNEL();
