@@ -245,7 +245,9 @@ absl::Status RegisterFunctions(Registry& registry) {
             throw std::invalid_argument("gradient shape does not match the sent tensor");
           }
           roots.push_back((*sent)[i]);
-          seeds.push_back(grads[i]);
+          // A gradient may come back on another device than the tensor
+          // left from (device maps); autograd wants it on the tensor's.
+          seeds.push_back(grads[i].to((*sent)[i].device()));
         }
         Future<c10::IValue> done(ctx.agent->executor());
         RunBackward(container, context, std::move(roots), std::move(seeds))

@@ -295,6 +295,33 @@ std::vector<std::string> SplitList(const std::string& list) {
   return absl::StrSplit(list, ',', absl::SkipWhitespace());
 }
 
+absl::StatusOr<DeviceMapFlag> ParseDeviceMapFlag(const std::string& text) {
+  DeviceMapFlag out;
+  for (const auto& item : SplitList(text)) {
+    if (item == "auto") {
+      out.to_peer_devices = true;
+      continue;
+    }
+    if (item == "none") continue;
+    const auto slash = item.find('/');
+    const auto eq = item.find('=', slash == std::string::npos ? 0 : slash);
+    if (slash == std::string::npos || eq == std::string::npos || slash == 0 ||
+        eq == slash + 1 || eq + 1 == item.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--device-map: '", item, "' is not auto, none or PEER/cuda:I=DEVICE "
+          "(e.g. worker2/cuda:0=cuda:1 or master/cuda:0=cpu)"));
+    }
+    const std::string peer = item.substr(0, slash);
+    const std::string src = item.substr(slash + 1, eq - slash - 1);
+    auto& entries = out.maps[peer];
+    if (!entries.emplace(src, item.substr(eq + 1)).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--device-map: ", peer, "/", src, " is mapped twice"));
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(
     const std::vector<std::string>& argv, const std::string& output) {
   if (argv.empty()) return absl::InvalidArgumentError("empty command");

@@ -99,6 +99,17 @@ absl::Status CheckAddress(const std::string& address, const std::string& flag);
 // Splits "a,b,c", dropping empty parts.
 std::vector<std::string> SplitList(const std::string& list);
 
+// The --device-map flag of the programs: "none" (or empty), "auto" (a CUDA
+// tensor lands on the receiving peer's home device: its --device, the CPU
+// for the master), and/or entries PEER/cuda:I=DEVICE separated by commas,
+// for example "worker2/cuda:0=cuda:1,master/cuda:0=cpu". Entries win over
+// auto. Devices are checked later, by Agent::Start.
+struct DeviceMapFlag {
+  bool to_peer_devices = false;
+  std::map<std::string, std::map<std::string, std::string>> maps;
+};
+absl::StatusOr<DeviceMapFlag> ParseDeviceMapFlag(const std::string& text);
+
 // A child process started from argv. The child gets SIGTERM when this
 // process dies, so no child outlives its parent. The destructor kills (SIGKILL)
 // and reaps a child that is still running.

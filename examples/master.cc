@@ -6,7 +6,10 @@
 //
 // The classic demo: random images, MSE loss against one-hot labels over
 // 1000 classes, SGD through the DistributedOptimizer. --splits N means N
-// micro-batches per batch (not their size).
+// micro-batches per batch (not their size). Each worker places its shard on
+// its own --device (cuda:N for a GPU); activations between GPU workers go
+// GPU to GPU (CUDA IPC or NCCL) as the workers' device maps say, and the
+// last stage's output lands on the master's CPU.
 #include <ATen/Parallel.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/mse_loss.h>
@@ -31,6 +34,7 @@
 #include "examples/cli.h"
 #include "examples/timeline.h"
 #include "optim/distributed_optimizer.h"
+#include "rpc/devices.h"
 #include "rpc/trace.h"
 #include "shards/builtins.h"
 #include "shards/resnet.h"
@@ -55,6 +59,7 @@ struct Config {
   bool compare_local = false;
   std::string report, trace, timeline;
   int connect_timeout = 60;
+  std::string device = "cpu";  // --local and --compare-local train here
 };
 
 struct Run {
@@ -87,11 +92,13 @@ void PrintBatch(int b, double loss, double seconds) {
 
 absl::StatusOr<Run> TrainLocal(const Config& c, int splits) {
   Run run(splits);
-  shards::ResNetShardImpl model(0, shards::kResNetBlocks, c.seed);
+  const c10::Device device(c.device);
+  shards::ResNetShardImpl model(0, shards::kResNetBlocks, c.seed, device);
   torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(c.lr));
   const int64_t start = trace::NowUs();
   for (int b = 0; b < c.batches; ++b) {
-    auto [images, one_hot] = MakeBatch(c, b);
+    auto [cpu_images, cpu_one_hot] = MakeBatch(c, b);
+    at::Tensor images = cpu_images.to(device), one_hot = cpu_one_hot.to(device);
     const int64_t t0 = trace::NowUs();
     opt.zero_grad();
     double loss = 0;
@@ -281,6 +288,9 @@ int Main(int argc, char** argv) {
   flags.AddString("trace", &c.trace, "write a Chrome/Perfetto trace of the last split count");
   flags.AddString("timeline", &c.timeline, "write an SVG Gantt chart of the last split count");
   flags.AddInt("connect-timeout", &c.connect_timeout, "seconds to wait for all workers to register");
+  flags.AddString("device", &c.device,
+                  "where --local and --compare-local train: cpu or cuda:N (workers choose their "
+                  "own with worker --device)");
   std::string token_file;
   flags.AddTokenFileFlag(&token_file);
   cli::TlsFiles tls_files;
@@ -311,6 +321,9 @@ int Main(int argc, char** argv) {
     return fail("--batches, --batch-size, --threads and --connect-timeout must be >= 1");
   }
   if (c.image_size < 16 || c.image_size > 1024) return fail("--image-size must be in [16, 1024]");
+  if (auto d = ParseDevice(c.device, "--device"); !d.ok() || !CheckLocalDevice(*d).ok()) {
+    return fail(std::string(d.ok() ? CheckLocalDevice(*d).message() : d.status().message()));
+  }
   if (!(c.lr > 0)) return fail("--lr must be > 0");
   for (int s : c.splits) {
     if (s > c.batch_size) {
@@ -370,6 +383,9 @@ int Main(int argc, char** argv) {
               << "), waiting for "
               << absl::StrJoin(c.workers, ", ") << std::endl;
     if (auto s = agent->Join(); !s.ok()) return die(s);
+    for (const auto& w : agent->workers()) {
+      if (w.id != 0) std::cout << "  " << w.name << ": shards on " << w.device << "\n";
+    }
     auto bounds = Partition(*agent, c);
     if (!bounds.ok()) return die(bounds.status());
     for (size_t i = 0; i < c.splits.size(); ++i) {

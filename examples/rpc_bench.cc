@@ -5,6 +5,11 @@
 // to a function that returns one element, on the channel it names) and
 // memcpy_gbps (a single-thread copy of the same tensor, measured in the same
 // run, as the yardstick).
+//
+// --device cuda (a build with the CUDA channel, a GPU): the bulk tensor is
+// a 256 MiB CUDA tensor on this process's cuda:0 sent to the worker's
+// --peer-device (cuda:0: CUDA IPC; another GPU: NCCL), and the yardstick is
+// d2d_gbps, a cudaMemcpy within cuda:0 measured in the same run.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -16,29 +21,59 @@
 
 #include "absl/time/clock.h"
 #include "examples/local_group.h"
+#include "rpc/cuda_channel.h"
+#include "rpc/devices.h"
 #include "shards/builtins.h"
 
 int main(int argc, char** argv) {
   using namespace remora;
-  int calls = 2000, warmup = 200, bulk_mib = 64, bulk_calls = 20;
+  int calls = 2000, warmup = 200, bulk_mib = 0, bulk_calls = 20;
+  std::string device = "cpu", peer_device = "cuda:0";
   cli::FlagParser flags("rpc_bench", "Measures rpc_sync latency and bulk throughput to a local worker.");
   flags.AddInt("calls", &calls, "timed small calls (>= 2000 for the reported median)");
   flags.AddInt("warmup", &warmup, "untimed small calls first");
-  flags.AddInt("bulk-mib", &bulk_mib, "size of the bulk tensor in MiB");
+  flags.AddInt("bulk-mib", &bulk_mib, "size of the bulk tensor in MiB (0: 64, or 256 with --device cuda)");
   flags.AddInt("bulk-calls", &bulk_calls, "timed bulk calls");
+  flags.AddString("device", &device, "where the bulk tensor lives: cpu, or cuda (this process's cuda:0)");
+  flags.AddString("peer-device", &peer_device,
+                  "with --device cuda: the worker's GPU (cuda:0: CUDA IPC; another: NCCL)");
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
   cli::TuneAllocator();
+  const bool cuda = device == "cuda" || device == "cuda:0";
+  if (bulk_mib == 0) bulk_mib = cuda ? 256 : 64;
   if (calls < 1 || warmup < 0 || bulk_mib < 1 || bulk_mib > 1024 || bulk_calls < 1) {
     std::cerr << "rpc_bench: counts must be positive and --bulk-mib at most 1024\n";
     return 2;
+  }
+  if (device != "cpu" && !cuda) {
+    std::cerr << "rpc_bench: --device is cpu or cuda, not '" << device << "'\n";
+    return 2;
+  }
+  if (cuda) {
+    absl::Status ok = CudaChannelBuilt() ? CheckLocalDevice(c10::Device(c10::kCUDA, 0))
+                                         : absl::FailedPreconditionError(kNoCudaBuild);
+    if (auto peer = ParseDevice(peer_device, "--peer-device"); !peer.ok() || !peer->is_cuda()) {
+      ok = peer.ok() ? absl::InvalidArgumentError("--peer-device must be cuda:N") : peer.status();
+    }
+    if (!ok.ok()) {
+      std::cerr << "rpc_bench: --device cuda: " << ok.message() << "\n";
+      return 2;
+    }
   }
   Registry registry;
   if (auto s = shards::RegisterAll(registry); !s.ok()) {
     std::cerr << "rpc_bench: " << s.message() << "\n";
     return 1;
   }
-  auto group = cli::StartLocalGroup({"peer"}, &registry);
+  AgentOptions options;
+  std::vector<std::string> worker_args;
+  if (cuda) {
+    options.device = "cuda:0";
+    options.device_maps["peer"]["cuda:0"] = peer_device;
+    worker_args = {"--device", peer_device};
+  }
+  auto group = cli::StartLocalGroup({"peer"}, &registry, worker_args, options);
   if (!group.ok()) {
     std::cerr << "rpc_bench: " << group.status().message() << "\n";
     return 1;
@@ -67,6 +102,7 @@ int main(int argc, char** argv) {
 
   const int64_t numel = int64_t{bulk_mib} * (1 << 20) / 4;
   at::Tensor big = at::rand({numel});
+  if (cuda) big = big.to(c10::Device(c10::kCUDA, 0));
   const double bytes = static_cast<double>(big.nbytes());
   agent.rpc_sync("peer", "sink", {big}).IgnoreError();  // warm-up
   absl::Time t0 = absl::Now();
@@ -82,15 +118,26 @@ int main(int argc, char** argv) {
   // The yardstick: one thread copying the same bytes between two buffers
   // that are already resident (best of a few, as the bulk calls reuse
   // their buffers too).
-  at::Tensor copy = at::empty_like(big);
-  std::memcpy(copy.data_ptr(), big.data_ptr(), big.nbytes());
+  at::Tensor host = big.cpu();
+  at::Tensor copy = at::empty_like(host);
+  std::memcpy(copy.data_ptr(), host.data_ptr(), host.nbytes());
   double memcpy_seconds = 1e9;
   for (int i = 0; i < 5; ++i) {
     absl::Time c0 = absl::Now();
-    std::memcpy(copy.data_ptr(), big.data_ptr(), big.nbytes());
+    std::memcpy(copy.data_ptr(), host.data_ptr(), host.nbytes());
     memcpy_seconds = std::min(memcpy_seconds, absl::ToDoubleSeconds(absl::Now() - c0));
   }
-  const std::string channel = agent.channel_to("peer").value_or("unknown");
+  const std::string channel =
+      agent.channel_to("peer", cuda ? "cuda:0" : "cpu").value_or("unknown");
+  double d2d_gbps = 0;
+  if (cuda) {
+    auto d2d = MeasureDeviceCopyGbps(0, big.nbytes());
+    if (!d2d.ok()) {
+      std::cerr << "rpc_bench: " << d2d.status().message() << "\n";
+      return 1;
+    }
+    d2d_gbps = *d2d;
+  }
 
   std::printf("calls=%d latency_us_p10=%.1f latency_us_p90=%.1f latency_us_p99=%.1f\n", calls,
               us[us.size() / 10], us[us.size() * 9 / 10], us[us.size() * 99 / 100]);
@@ -103,6 +150,11 @@ int main(int argc, char** argv) {
   std::printf("bulk_gbps=%.2f\n", bulk_gbps);
   std::printf("memcpy_gbps=%.2f\n", memcpy_gbps);
   std::printf("bulk_over_memcpy=%.2f\n", bulk_gbps / memcpy_gbps);
+  if (cuda) {
+    std::printf("device=cuda:0 peer_device=%s\n", peer_device.c_str());
+    std::printf("d2d_gbps=%.2f\n", d2d_gbps);
+    std::printf("bulk_over_d2d=%.3f\n", bulk_gbps / d2d_gbps);
+  }
   std::fflush(stdout);
   if (auto s = group->Shutdown(); !s.ok()) {
     std::cerr << "rpc_bench: shutdown: " << s.message() << "\n";

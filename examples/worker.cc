@@ -10,6 +10,7 @@
 #include "examples/cli.h"
 #include "autograd/dist_autograd.h"
 #include "rpc/agent.h"
+#include "rpc/devices.h"
 #include "shards/builtins.h"
 
 int main(int argc, char** argv) {
@@ -30,7 +31,13 @@ int main(int argc, char** argv) {
                "it runs (never oversubscribed)");
   flags.AddInt("rpc-threads", &rpc_threads, "threads that run incoming calls");
   flags.AddInt("connect-timeout", &connect_timeout_s, "seconds to keep trying to reach the master");
-  flags.AddString("device", &device, "where shards live: cpu (cuda:N needs a CUDA build)");
+  flags.AddString("device", &device,
+                  "where shards live: cpu or cuda:N (a GPU; needs LibTorch with CUDA)");
+  std::string device_map;
+  flags.AddString("device-map", &device_map,
+                  "where CUDA tensors this worker sends land: auto (each peer's --device; the "
+                  "master's CPU), none, or PEER/cuda:I=DEVICE,... (default: auto with a cuda "
+                  "--device, else none)");
   std::string token_file;
   flags.AddTokenFileFlag(&token_file);
   cli::TlsFiles tls_files;
@@ -59,9 +66,19 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (device != "cpu") {
-    std::cerr << "worker: --device " << device
-              << " is not available: this build places shards on the CPU only\n";
+  auto home = ParseDevice(device, "--device");
+  if (!home.ok()) {
+    std::cerr << "worker: " << home.status().message() << "\n";
+    return 2;
+  }
+  if (absl::Status s = CheckLocalDevice(*home); !s.ok()) {
+    std::cerr << "worker: --device " << s.message() << "\n";
+    return 2;
+  }
+  if (device_map.empty()) device_map = home->is_cuda() ? "auto" : "none";
+  auto maps = cli::ParseDeviceMapFlag(device_map);
+  if (!maps.ok()) {
+    std::cerr << "worker: " << maps.status().message() << "\n";
     return 2;
   }
   if (threads < 0 || rpc_threads < 1 || connect_timeout_s < 1) {
@@ -83,6 +100,9 @@ int main(int argc, char** argv) {
   options.connect_timeout = absl::Seconds(connect_timeout_s);
   options.token = *token;
   options.tls = *tls;
+  options.device = home->str();
+  options.device_maps = maps->maps;
+  options.map_to_peer_devices = maps->to_peer_devices;
   auto agent = Agent::Start(options, &registry);
   if (!agent.ok()) {
     std::cerr << "worker: " << agent.status().message() << "\n";
@@ -105,7 +125,7 @@ int main(int argc, char** argv) {
   }
   std::cerr << "worker '" << name << "' (id " << (*agent)->self().id << ") serving at "
             << (*agent)->self().address << " (" << TlsModeName(*tls) << ") with " << threads
-            << " intra-op threads\n";
+            << " intra-op threads, shards on " << options.device << "\n";
   if (auto s = (*agent)->Shutdown(); !s.ok()) {
     std::cerr << "worker '" << name << "': " << s.message() << "\n";
     return 1;

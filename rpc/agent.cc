@@ -213,6 +213,22 @@ ShmEndpoint FromWire(const wire::ShmEndpoint& w) {
   return ShmEndpoint{w.domain(), w.pid(), w.incarnation()};
 }
 
+void ToWire(const CudaEndpoint& e, wire::CudaEndpoint* w) {
+  for (const auto& g : e.gpus) w->add_gpus(g);
+  w->set_nccl(e.nccl);
+  w->set_incarnation(e.incarnation);
+}
+
+CudaEndpoint FromWire(const wire::CudaEndpoint& w) {
+  return CudaEndpoint{{w.gpus().begin(), w.gpus().end()}, w.nccl(), w.incarnation()};
+}
+
+// REMORA_CUDA_CHANNEL=0 stages CUDA tensors through host memory.
+bool CudaChannelWanted(const AgentOptions& options) {
+  const char* env = std::getenv("REMORA_CUDA_CHANNEL");
+  return options.cuda_channel && !(env != nullptr && std::string(env) == "0");
+}
+
 // REMORA_SHM=0 turns shared memory off for this process.
 bool SharedMemoryWanted(const AgentOptions& options) {
   const char* env = std::getenv("REMORA_SHM");
@@ -232,6 +248,7 @@ struct ClientCall {
   grpc::ByteBuffer response;
   Future<InMessage> done;
   std::vector<ShmFill> sent;  // segments to take back if it fails
+  std::vector<wire::CudaPayload> cuda_sent;  // CUDA transfers, likewise
 };
 
 class Agent::Impl final : public grpc::CallbackGenericService {
@@ -241,7 +258,12 @@ class Agent::Impl final : public grpc::CallbackGenericService {
         pool_(std::make_unique<ThreadPool>(agent->options_.num_threads)),
         shm_(std::make_unique<ShmChannel>(ShmChannel::Options{
             SharedMemoryWanted(agent->options_), agent->options_.shm_max_bytes})),
-        channel_credentials_(MakeChannelCredentials(agent->options_.tls)) {}
+        channel_credentials_(MakeChannelCredentials(agent->options_.tls)),
+        cuda_(std::make_unique<CudaChannel>(
+            CudaChannel::Options{CudaChannelWanted(agent->options_), agent->options_.rpc_timeout},
+            [this](WorkerId peer, wire::Request request, absl::Duration timeout) {
+              return SendCudaControl(peer, std::move(request), timeout);
+            })) {}
 
   grpc::ServerGenericBidiReactor* CreateReactor(
       grpc::GenericCallbackServerContext* ctx) override {
@@ -282,7 +304,7 @@ class Agent::Impl final : public grpc::CallbackGenericService {
   void Dispatch(grpc::ByteBuffer buffer, std::shared_ptr<ReplySlot> slot) {
     incoming_.fetch_add(1);
     pool_->Schedule([this, buffer = std::move(buffer), slot = std::move(slot)]() mutable {
-      auto message = ParseMessage(buffer, shm_.get());
+      auto message = ParseMessage(buffer, shm_.get(), cuda_.get());
       buffer.Clear();
       if (!message.ok()) {
         Responder(std::move(slot), this, kUnknownWorker)
@@ -330,12 +352,26 @@ class Agent::Impl final : public grpc::CallbackGenericService {
 
   absl::StatusOr<WorkerId> Resolve(const std::string& name) const;
   const Peer* FindPeer(WorkerId id) const;
+  // Lets `ctx` send CUDA tensors to `to` (device maps, destinations in `m`).
+  void SetDevices(WorkerId to, OutMessage* m, EncodeContext* ctx) const {
+    const Peer* p = FindPeer(to);
+    ctx->devices = &devices_;
+    ctx->peer = p != nullptr ? &p->info : nullptr;
+    ctx->cuda_destinations = &m->cuda_destinations;
+  }
   // How large payloads reach `id` (inline when unknown).
   Route RouteTo(WorkerId id) const {
     const Peer* p = FindPeer(id);
     return p != nullptr ? p->route : Route{};
   }
   void SetBook(std::vector<WorkerInfo> book);
+  // The CUDA channel's control requests (NCCL set-up, releases): a call to
+  // `peer`, waited for.
+  absl::Status SendCudaControl(WorkerId peer, wire::Request request, absl::Duration timeout);
+  // What channel_to() reports for CUDA tensors on `device` sent to `p`.
+  absl::StatusOr<std::string> CudaChannelTo(const Peer& p, c10::Device device) const;
+  // REMORA_DEBUG=channels: the channel of each of this process's GPUs to `p`.
+  void LogCudaChannels(const Peer& p) const;
 
   void CancelOutgoing();
   void Stop();
@@ -347,6 +383,8 @@ class Agent::Impl final : public grpc::CallbackGenericService {
   std::unique_ptr<ShmChannel> shm_;
   // Plaintext or TLS (AgentOptions::tls), for every channel to a peer.
   const std::shared_ptr<grpc::ChannelCredentials> channel_credentials_;
+  std::unique_ptr<CudaChannel> cuda_;
+  DeviceMapper devices_;  // set in Start, then read-only
   std::unique_ptr<grpc::Server> server_;
   std::atomic<int64_t> incoming_{0};
   std::atomic<int64_t> outgoing_{0};
@@ -364,6 +402,8 @@ class Agent::Impl final : public grpc::CallbackGenericService {
     std::string host_id;
     ShmEndpoint shm;
     std::shared_ptr<Responder> responder;
+    CudaEndpoint cuda;
+    std::string device;
   };
   absl::Mutex join_mu_;
   std::map<std::string, Joiner> joiners_ ABSL_GUARDED_BY(join_mu_);
@@ -394,11 +434,14 @@ void Responder::Reply(OutMessage message) {
   if (replied_) return;
   replied_ = true;
   std::vector<ShmFill> fills;
+  std::vector<wire::CudaPayload> cuda_sent;
   const Route route = impl_->RouteTo(to_);
-  const bool sent = slot_->Reply(SerializeMessage(std::move(message), route, &fills));
+  const bool sent =
+      slot_->Reply(SerializeMessage(std::move(message), route, &fills, &cuda_sent));
   FillAll(route, fills);  // the caller copies out meanwhile
   if (!sent) {
     for (const auto& f : fills) impl_->shm_->Reclaim(f.descriptor);  // the caller is gone
+    for (const auto& d : cuda_sent) impl_->cuda_->Reclaim(to_, d);
   }
   impl_->incoming_.fetch_sub(1);
 }
@@ -417,6 +460,7 @@ void Responder::ReplyValue(absl::StatusOr<c10::IValue> value) {
   OutMessage m;
   std::vector<at::Tensor> grad_tensors;
   EncodeContext ctx{to_, impl_->rrefs(), &m.payloads, &grad_tensors};
+  impl_->SetDevices(to_, &m, &ctx);
   absl::Status s = EncodeValue(*value, ctx, m.header.mutable_response()->mutable_value());
   if (!s.ok()) return ReplyError(Annotate(s, "sending the result"));
   impl_->RecordSend(context_id_, to_, std::move(grad_tensors),
@@ -437,7 +481,7 @@ Future<InMessage> Agent::Impl::Transmit(grpc::GenericStub* stub, OutMessage mess
   if (!agent_->options_.token.empty()) {
     call->context.AddMetadata(kTokenHeader, agent_->options_.token);
   }
-  call->request = SerializeMessage(std::move(message), route, &call->sent);
+  call->request = SerializeMessage(std::move(message), route, &call->sent, &call->cuda_sent);
   // Filled once the request is on its way (below); the call may complete,
   // and `call` go, before that.
   std::vector<ShmFill> fills = call->sent;
@@ -453,12 +497,14 @@ Future<InMessage> Agent::Impl::Transmit(grpc::GenericStub* stub, OutMessage mess
     calls_.insert(call);
   }
   outgoing_.fetch_add(1);
-  auto complete = [this, call](const grpc::Status& status) {
+  auto complete = [this, call, peer = route.peer](const grpc::Status& status) {
     absl::StatusOr<InMessage> result =
-        status.ok() ? ParseMessage(call->response, shm_.get()) : FromGrpc(status);
+        status.ok() ? ParseMessage(call->response, shm_.get(), cuda_.get(), peer)
+                    : FromGrpc(status);
     // A failed call may never have been read: take its segments back.
     if (!status.ok()) {
       for (const auto& f : call->sent) shm_->Reclaim(f.descriptor);
+      for (const auto& d : call->cuda_sent) cuda_->Reclaim(peer, d);
     }
     Future<InMessage> done = call->done;
     {
@@ -589,6 +635,7 @@ Future<c10::IValue> Agent::Impl::Call(WorkerId dst, wire::CallRequest call,
   request->set_from(agent_->self_.id);
   std::vector<at::Tensor> grad_tensors;
   EncodeContext ctx{dst, agent_->rrefs_.get(), &m.payloads, &grad_tensors};
+  SetDevices(dst, &m, &ctx);
   absl::Status status;
   for (const auto& arg : args) {
     status = EncodeValue(arg, ctx, call.add_args());
@@ -667,6 +714,24 @@ void Agent::Impl::Handle(InMessage message, std::shared_ptr<Responder> responder
       HandleProbe(request.probe(), std::move(responder));
       return;
     case wire::Request::kPing:
+      responder->Reply(OutMessage{});
+      return;
+    case wire::Request::kNcclSetup: {
+      absl::Status s = cuda_->OnNcclSetup(static_cast<WorkerId>(request.from()),
+                                          request.nccl_setup());
+      if (s.ok()) {
+        responder->Reply(OutMessage{});
+      } else {
+        responder->ReplyError(s);
+      }
+      return;
+    }
+    case wire::Request::kNcclAbort:
+      cuda_->OnNcclAbort(static_cast<WorkerId>(request.from()), request.nccl_abort());
+      responder->Reply(OutMessage{});
+      return;
+    case wire::Request::kCudaRelease:
+      cuda_->OnRelease(static_cast<WorkerId>(request.from()), request.cuda_release());
       responder->Reply(OutMessage{});
       return;
     case wire::Request::kFinish:
@@ -892,7 +957,7 @@ void Agent::Impl::HandleJoin(const wire::JoinRequest& join,
       book = book_;
     } else {
       joiners_[join.name()] = Joiner{join.address(), join.host_id(), FromWire(join.shm()),
-                                     responder};
+                                     responder, FromWire(join.cuda()), join.device()};
       if (joiners_.size() == opts.workers.size()) {
         formed_ = true;
         book_.push_back(agent_->self_);
@@ -900,7 +965,7 @@ void Agent::Impl::HandleJoin(const wire::JoinRequest& join,
         for (size_t i = 0; i < opts.workers.size(); ++i) {
           const Joiner& j = joiners_[opts.workers[i]];
           book_.push_back(WorkerInfo{static_cast<WorkerId>(i + 1), opts.workers[i],
-                                     j.address, j.host_id, j.shm});
+                                     j.address, j.host_id, j.shm, j.cuda, j.device});
         }
         book = book_;
         for (auto& [name, j] : joiners_) {
@@ -921,6 +986,8 @@ void Agent::Impl::HandleJoin(const wire::JoinRequest& join,
       e->set_address(w.address);
       e->set_host_id(w.host_id);
       ToWire(w.shm, e->mutable_shm());
+      ToWire(w.cuda, e->mutable_cuda());
+      e->set_device(w.device);
     }
     r->Reply(std::move(m));
   }
@@ -972,17 +1039,23 @@ void Agent::Impl::SetBook(std::vector<WorkerInfo> book) {
       peer->route.shm = shm_.get();
     }
     peer->route.threshold = agent_->options_.oob_threshold_bytes;
+    peer->route.cuda = cuda_.get();
+    peer->route.peer = w.id;
     peers[w.id] = std::move(peer);
   }
   std::vector<ShmEndpoint> endpoints;
   for (const auto& w : book) endpoints.push_back(w.shm);
   shm_->Allow(endpoints);
+  for (const auto& w : book) {
+    if (w.name == agent_->self_.name) cuda_->SetGroup(w, book);
+  }
   if (DebugChannels()) {
     for (const auto& p : peers) {
       if (!p || p->info.name == agent_->self_.name) continue;
       std::cerr << "remora: '" << agent_->self_.name << "' -> '" << p->info.name
                 << "': payloads >= " << p->route.threshold << " bytes via "
                 << (p->route.shm != nullptr ? "shm" : "grpc") << "\n";
+      LogCudaChannels(*p);
     }
   }
   WorkerId self_id = kUnknownWorker;
@@ -1001,6 +1074,41 @@ void Agent::Impl::SetBook(std::vector<WorkerInfo> book) {
   joined_.Notify();
 }
 
+absl::Status Agent::Impl::SendCudaControl(WorkerId peer, wire::Request request,
+                                          absl::Duration timeout) {
+  OutMessage m;
+  request.set_from(agent_->self_.id);
+  *m.header.mutable_request() = std::move(request);
+  auto reply = SendTo(peer, std::move(m), timeout).wait();
+  if (!reply.ok()) return reply.status();
+  if (reply->header.response().has_error()) return ErrorFromReply(reply->header.response());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Agent::Impl::CudaChannelTo(const Peer& p, c10::Device device) const {
+  ASSIGN_OR_RETURN(c10::Device dst, devices_.Map(device, p.info));
+  const CudaRoute route =
+      dst.is_cuda() ? cuda_->RouteTo(p.info.id, device.index(), dst.index()) : CudaRoute::kStaged;
+  if (route != CudaRoute::kStaged) return std::string(CudaRouteName(route));
+  return absl::StrCat("staged:", p.route.shm != nullptr ? "shm" : "grpc");
+}
+
+void Agent::Impl::LogCudaChannels(const Peer& p) const {
+  const int gpus = LocalGpuCount();
+  if (gpus > 0 && !cuda_->disabled_reason().empty()) {
+    std::cerr << "remora: '" << agent_->self_.name << "': CUDA channel off ("
+              << cuda_->disabled_reason() << ")\n";
+  }
+  for (int i = 0; i < gpus; ++i) {
+    const c10::Device src(c10::kCUDA, static_cast<c10::DeviceIndex>(i));
+    auto dst = devices_.Map(src, p.info);
+    if (!dst.ok()) continue;  // unmapped: sending would fail, and say so
+    std::cerr << "remora: '" << agent_->self_.name << "' -> '" << p.info.name << "': "
+              << src.str() << " -> its " << dst->str() << " via "
+              << CudaChannelTo(p, src).value_or("?") << "\n";
+  }
+}
+
 void Agent::Impl::CancelOutgoing() {
   absl::MutexLock lock(&calls_mu_);
   stopped_ = true;
@@ -1015,6 +1123,7 @@ void Agent::Impl::Stop() {
     server_->Shutdown(DeadlineIn(absl::Seconds(2)));
   }
   CancelOutgoing();
+  cuda_->Stop();
   pool_.reset();  // runs what is queued, joins
   if (server_) server_->Wait();
   server_.reset();
@@ -1060,11 +1169,22 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options,
   // default epoll1 and a 10-20% lower median latency (README, "RPC").
   // Takes effect only before gRPC's first use in this process.
   setenv("GRPC_POLL_STRATEGY", "poll", /*overwrite=*/0);
+  auto home = ParseDevice(options.device, absl::StrCat("the device of '", options.name, "'"));
+  if (!home.ok()) return home.status();
+  if (absl::Status s = CheckLocalDevice(*home); !s.ok()) {
+    return Annotate(s, absl::StrCat("'", options.name, "'"));
+  }
+  auto devices = DeviceMapper::Create(options.name, options.device_maps,
+                                      options.map_to_peer_devices, LocalGpuCount());
+  if (!devices.ok()) return devices.status();
   std::unique_ptr<Agent> agent(new Agent(std::move(options), registry));
   agent->impl_ = std::make_unique<Impl>(agent.get());
+  agent->impl_->devices_ = std::move(*devices);
   agent->self_.name = agent->options_.name;
   agent->self_.host_id = HostId();
   agent->self_.shm = agent->impl_->shm_->endpoint();
+  agent->self_.cuda = agent->impl_->cuda_->endpoint();
+  agent->self_.device = home->str();
 
   grpc::ServerBuilder builder;
   int port = 0;
@@ -1132,6 +1252,8 @@ absl::Status Agent::Join() {
     join->set_address(self_.address);
     join->set_host_id(self_.host_id);
     ToWire(self_.shm, join->mutable_shm());
+    ToWire(self_.cuda, join->mutable_cuda());
+    join->set_device(self_.device);
     auto reply = impl_->Transmit(&stub, std::move(m), deadline - absl::Now(), true).wait();
     if (reply.ok() && reply->header.response().has_error()) {
       return Annotate(impl_->ErrorFromReply(reply->header.response()),
@@ -1142,7 +1264,8 @@ absl::Status Agent::Join() {
       std::vector<WorkerInfo> book;
       for (const auto& e : reply->header.response().workers()) {
         book.push_back(WorkerInfo{static_cast<WorkerId>(e.id()), e.name(), e.address(),
-                                  e.host_id(), FromWire(e.shm())});
+                                  e.host_id(), FromWire(e.shm()), FromWire(e.cuda()),
+                                  e.device().empty() ? "cpu" : e.device()});
       }
       bool found = false;
       for (const auto& w : book) found |= w.name == self_.name;
@@ -1200,13 +1323,20 @@ std::string Agent::NameOf(WorkerId id) const {
 
 bool Agent::IsKnown(WorkerId id) const { return impl_->FindPeer(id) != nullptr; }
 
-absl::StatusOr<std::string> Agent::channel_to(const std::string& name) const {
+absl::StatusOr<std::string> Agent::channel_to(const std::string& name,
+                                              const std::string& device) const {
   auto id = impl_->Resolve(name);
   if (!id.ok()) return id.status();
+  ASSIGN_OR_RETURN(c10::Device d, ParseDevice(device, "channel_to"));
+  if (d.is_cuda()) return impl_->CudaChannelTo(*impl_->FindPeer(*id), d);
   return std::string(impl_->RouteTo(*id).shm != nullptr ? "shm" : "grpc");
 }
 
 ShmChannel::Stats Agent::shm_stats() const { return impl_->shm_->stats(); }
+
+CudaChannel::Stats Agent::cuda_stats() const { return impl_->cuda_->stats(); }
+
+std::string Agent::cuda_disabled_reason() const { return impl_->cuda_->disabled_reason(); }
 
 Executor* Agent::executor() const { return impl_->pool_.get(); }
 

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,6 +40,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "rpc/autograd_hooks.h"
+#include "rpc/cuda_channel.h"
 #include "rpc/future.h"
 #include "rpc/ids.h"
 #include "rpc/registry.h"
@@ -98,6 +100,22 @@ struct AgentOptions {
   // rpc/tls.h); empty: plaintext. Every member of a group must use the same
   // mode and certificates from the same CA.
   TlsOptions tls;
+
+  // Devices (rpc/devices.h). `device` is this agent's home device, "cpu"
+  // or "cuda:N": shards it constructs live there (worker --device), and
+  // peers learn it at rendezvous. `device_maps[peer][src] = dst` (PyTorch's
+  // set_device_map): a tensor on this process's CUDA device `src` sent to
+  // `peer` lands on the peer's device `dst` ("cuda:N" or "cpu"); a CUDA
+  // tensor without an entry is an error at send time, unless
+  // `map_to_peer_devices` sends it to the peer's home device. CPU tensors
+  // always land on the CPU.
+  std::string device = "cpu";
+  std::map<std::string, std::map<std::string, std::string>> device_maps;
+  bool map_to_peer_devices = false;
+  // CUDA tensors of any size travel on the CUDA channel (rpc/cuda_channel.h):
+  // CUDA IPC to another process on the same GPU, NCCL to another GPU. False
+  // (or REMORA_CUDA_CHANNEL=0) stages them through host memory instead.
+  bool cuda_channel = true;
 };
 
 // Per-call options.
@@ -190,10 +208,17 @@ class Agent final : public ControlChannel {
 
   // --- group -----------------------------------------------------------
   const WorkerInfo& self() const { return self_; }
-  // The channel that carries large tensors to `name`: "shm" or "grpc".
-  absl::StatusOr<std::string> channel_to(const std::string& name) const;
+  // The channel that carries large tensors on `device` of this process to
+  // `name`: for CPU tensors "shm" or "grpc"; for CUDA tensors "cuda_ipc",
+  // "nccl", or "staged:shm" / "staged:grpc" (copied through host memory),
+  // or the device-map error that sending one would give.
+  absl::StatusOr<std::string> channel_to(const std::string& name,
+                                         const std::string& device = "cpu") const;
   // Shared-memory counters (segments, reads, writes) of this agent.
   ShmChannel::Stats shm_stats() const;
+  // CUDA channel counters, and why the channel is off here (empty when on).
+  CudaChannel::Stats cuda_stats() const;
+  std::string cuda_disabled_reason() const;
   std::vector<WorkerInfo> workers() const;
   absl::StatusOr<WorkerInfo> worker(const std::string& name) const;
   const AgentOptions& options() const { return options_; }

@@ -1,6 +1,7 @@
 #include "rpc/codec.h"
 
 #include <cstring>
+#include <optional>
 
 #include <ATen/core/Dict.h>
 #include <ATen/core/List.h>
@@ -85,10 +86,14 @@ absl::Status EncodeTensor(const at::Tensor& tensor, EncodeContext& ctx,
     out->set_dtype(kUndefinedTensor);
     return absl::OkStatus();
   }
+  c10::Device dst = tensor.device();
   if (!tensor.device().is_cpu()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cannot send a tensor on ", tensor.device().str(),
-        ": only CPU tensors cross the wire; move it to the CPU first"));
+    if (ctx.devices == nullptr || ctx.peer == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot send a tensor on ", tensor.device().str(),
+          ": no device maps here (only agents send CUDA tensors); move it to the CPU first"));
+    }
+    ASSIGN_OR_RETURN(dst, ctx.devices->Map(tensor.device(), *ctx.peer));
   }
   if (tensor.layout() != at::kStrided || tensor.is_quantized()) {
     return absl::UnimplementedError(
@@ -105,7 +110,19 @@ absl::Status EncodeTensor(const at::Tensor& tensor, EncodeContext& ctx,
   // sends [data_ptr, data_ptr + nbytes) and nothing else of its storage.
   // resolve_conj/neg: a conjugate or negative view is a flag over the
   // unchanged bytes; send the values it stands for.
-  ctx.payloads->push_back(tensor.detach().resolve_conj().resolve_neg().contiguous());
+  at::Tensor payload = tensor.detach().resolve_conj().resolve_neg().contiguous();
+  int cuda_destination = -1;
+  if (dst.is_cuda()) {
+    out->set_device(dst.str());
+    cuda_destination = dst.index();
+  } else if (payload.is_cuda()) {
+    payload = payload.cpu();  // mapped to the peer's CPU
+  }
+  if (ctx.cuda_destinations != nullptr) {
+    ctx.cuda_destinations->resize(ctx.payloads->size(), -1);
+    ctx.cuda_destinations->push_back(cuda_destination);
+  }
+  ctx.payloads->push_back(std::move(payload));
   if (tensor.requires_grad() && ctx.grad_tensors != nullptr) ctx.grad_tensors->push_back(tensor);
   return absl::OkStatus();
 }
@@ -152,14 +169,45 @@ absl::StatusOr<at::Tensor> DecodeTensor(const wire::TensorMeta& meta,
   }
   auto options = at::TensorOptions().dtype(dtype);
   at::Tensor t;
+  std::optional<c10::Device> device;
+  if (!meta.device().empty()) {
+    ASSIGN_OR_RETURN(device, ParseDevice(meta.device(), "tensor"));
+    if (!device->is_cpu()) {
+      if (absl::Status s = CheckLocalDevice(*device); !s.ok()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "a tensor for ", device->str(), " arrived, but ", s.message(),
+            "; fix the sender's device map"));
+      }
+    }
+  }
   void* data = bytes.numel() > 0 ? bytes.data_ptr() : nullptr;
-  if (data != nullptr && reinterpret_cast<uintptr_t>(data) % item == 0) {
+  if (bytes.is_cuda()) {
+    // Came through the CUDA channel: already on the device the map named.
+    if (!device || *device != bytes.device()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor: its bytes arrived on ", bytes.device().str(), " but it belongs on ",
+          device ? device->str() : "cpu"));
+    }
+    at::Tensor keep = bytes;  // the payload lives as long as this tensor
+    t = at::for_blob(data, sizes)
+            .deleter([keep](void*) mutable { keep.reset(); })
+            .options(options.device(bytes.device()))
+            .target_device(bytes.device())
+            .make_tensor();
+  } else if (data != nullptr && reinterpret_cast<uintptr_t>(data) % item == 0) {
     at::Tensor keep = bytes;  // the payload lives as long as this tensor
     t = at::from_blob(data, sizes, [keep](void*) mutable { keep.reset(); },
                       options);
   } else {
     t = at::empty(sizes, options);
     if (data != nullptr) std::memcpy(t.data_ptr(), data, bytes.numel());
+  }
+  if (device && device->is_cuda() && !t.is_cuda()) {
+    try {
+      t = t.to(*device);  // staged through host memory
+    } catch (...) {
+      return StatusFromCurrentException(absl::StrCat("copying a tensor to ", device->str()));
+    }
   }
   if (meta.requires_grad()) {
     if (!c10::isFloatingType(dtype) && !c10::isComplexType(dtype)) {

@@ -1,11 +1,14 @@
 // The value codec: c10::IValue <-> wire::Value plus tensor payloads.
 //
 // Supported: None, bool, int, double, complex, string, device, tensors
-// (dense, CPU, any dtype, views included), lists (typed and generic),
-// tuples, dicts with string/int/double/bool/tensor keys, and RRefs. Each
-// tensor becomes one payload with only its own elements; a non-contiguous
-// view is made contiguous first. On receipt a tensor is built over its
-// payload's bytes when they are suitably aligned, and copied otherwise.
+// (dense, CPU or CUDA, any dtype, views included), lists (typed and
+// generic), tuples, dicts with string/int/double/bool/tensor keys, and
+// RRefs. Each tensor becomes one payload with only its own elements; a
+// non-contiguous view is made contiguous first. On receipt a tensor is
+// built over its payload's bytes when they are suitably aligned, and copied
+// otherwise. A CUDA tensor lands where the sender's device map says
+// (rpc/devices.h): on a GPU of the receiver (TensorMeta.device), or on its
+// CPU; without a map entry it is an error at send time.
 //
 // RRefs need the RRef context (fork ids, reference counting); the codec
 // reaches it through RRefHooks. Without hooks, RRefs are an error.
@@ -16,6 +19,7 @@
 #include <ATen/core/ivalue.h>
 
 #include "absl/status/statusor.h"
+#include "rpc/devices.h"
 #include "rpc/future.h"
 #include "rpc/ids.h"
 #include "remora.pb.h"
@@ -44,6 +48,13 @@ struct EncodeContext {
   // When set, receives every tensor that requires grad, as given (with its
   // autograd history), in message order.
   std::vector<at::Tensor>* grad_tensors = nullptr;
+  // CUDA tensors: where they land on `peer` (the receiver). Without these,
+  // a CUDA tensor is an error.
+  const DeviceMapper* devices = nullptr;
+  const WorkerInfo* peer = nullptr;
+  // By payload index: the receiver's GPU for CUDA payloads (-1 otherwise);
+  // see OutMessage::cuda_destinations.
+  std::vector<int>* cuda_destinations = nullptr;
 };
 
 struct DecodeContext {

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -19,6 +20,13 @@ struct ShmEndpoint {
   uint64_t incarnation = 0;  // random per agent: tells restarts apart
 };
 
+// A process's GPUs as peers see them (rpc/cuda_channel.h).
+struct CudaEndpoint {
+  std::vector<std::string> gpus;  // UUIDs by device ordinal; empty: no CUDA channel
+  bool nccl = false;              // NCCL is usable
+  uint64_t incarnation = 0;       // random per agent: tells restarts apart
+};
+
 // A participant in the group: its stable id, name and gRPC address.
 struct WorkerInfo {
   WorkerId id = kUnknownWorker;
@@ -26,6 +34,8 @@ struct WorkerInfo {
   std::string address;
   std::string host_id;  // equal on processes of the same host
   ShmEndpoint shm;
+  CudaEndpoint cuda;
+  std::string device = "cpu";  // its home device (AgentOptions::device)
 };
 
 // A globally unique id as PyTorch builds RRef and fork ids: the creating

@@ -178,11 +178,25 @@ void FillAll(const Route& route, std::vector<ShmFill>& fills) {
 }
 
 grpc::ByteBuffer SerializeMessage(OutMessage message, const Route& route,
-                                  std::vector<ShmFill>* fills) {
+                                  std::vector<ShmFill>* fills,
+                                  std::vector<wire::CudaPayload>* cuda_sent) {
   std::vector<bool> out_of_band(message.payloads.size(), false);
   for (size_t i = 0; i < message.payloads.size(); ++i) {
-    const at::Tensor& p = message.payloads[i];
+    at::Tensor& p = message.payloads[i];
     message.header.add_payload_sizes(p.nbytes());
+    if (p.is_cuda()) {
+      const int dst = i < message.cuda_destinations.size() ? message.cuda_destinations[i] : -1;
+      if (route.cuda != nullptr && dst >= 0) {
+        if (auto d = route.cuda->Send(route.peer, p, dst)) {
+          d->set_payload(static_cast<uint32_t>(i));
+          if (cuda_sent != nullptr) cuda_sent->push_back(*d);
+          *message.header.add_cuda_payloads() = std::move(*d);
+          out_of_band[i] = true;
+          continue;
+        }
+      }
+      p = p.cpu();  // staged: waits for the producer, then travels as bytes
+    }
     if (route.shm == nullptr || p.nbytes() < route.threshold) continue;
     std::optional<wire::ShmPayload> d =
         fills != nullptr ? route.shm->Reserve(p.nbytes()) : route.shm->Write(p);
@@ -217,7 +231,8 @@ grpc::ByteBuffer SerializeMessage(OutMessage message, const Route& route,
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
-absl::StatusOr<InMessage> ParseMessage(const grpc::ByteBuffer& buffer, ShmChannel* shm) {
+absl::StatusOr<InMessage> ParseMessage(const grpc::ByteBuffer& buffer, ShmChannel* shm,
+                                       CudaChannel* cuda, WorkerId from) {
   std::vector<grpc::Slice> slices;
   if (!buffer.Dump(&slices).ok()) {
     return absl::InvalidArgumentError("frame: cannot read the received buffer");
@@ -260,9 +275,25 @@ absl::StatusOr<InMessage> ParseMessage(const grpc::ByteBuffer& buffer, ShmChanne
         "frame: it carries shared-memory payloads, but the sender is not on this host "
         "or shared memory is off here");
   }
+  std::vector<const wire::CudaPayload*> cuda_of(sizes.size(), nullptr);
+  for (const auto& d : message.header.cuda_payloads()) {
+    if (d.payload() >= cuda_of.size() || cuda_of[d.payload()] != nullptr ||
+        shm_of[d.payload()] != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "frame: CUDA payload index ", d.payload(), " is out of range or repeated"));
+    }
+    cuda_of[d.payload()] = &d;
+  }
+  if (!message.header.cuda_payloads().empty()) {
+    if (cuda == nullptr) {
+      return absl::InvalidArgumentError(
+          "frame: it carries CUDA payloads, but this process has no CUDA channel");
+    }
+    if (from == kUnknownWorker) from = static_cast<WorkerId>(message.header.request().from());
+  }
   uint64_t total = 0;
   for (int i = 0; i < sizes.size(); ++i) {
-    if (shm_of[i] != nullptr) continue;
+    if (shm_of[i] != nullptr || cuda_of[i] != nullptr) continue;
     const uint64_t n = sizes[i];
     if (n > reader.remaining() || total + n > reader.remaining()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -278,6 +309,12 @@ absl::StatusOr<InMessage> ParseMessage(const grpc::ByteBuffer& buffer, ShmChanne
   }
   message.payloads.reserve(sizes.size());
   for (int i = 0; i < sizes.size(); ++i) {
+    if (cuda_of[i] != nullptr) {
+      auto out = cuda->Receive(from, *cuda_of[i], sizes[i]);
+      if (!out.ok()) return Annotate(out.status(), "frame");
+      message.payloads.push_back(std::move(*out));
+      continue;
+    }
     if (shm_of[i] == nullptr) {
       message.payloads.push_back(reader.Take(sizes[i]));
       continue;

@@ -6,8 +6,10 @@
 // payload over the received slice when it arrived in one piece, and copies
 // it once into a fresh buffer otherwise. Between processes on one host,
 // payloads from a threshold up go through shared memory instead (see
-// rpc/shm.h) and the frame carries their descriptors. See
-// proto/remora.proto for the frame layout.
+// rpc/shm.h) and the frame carries their descriptors. CUDA payloads of any
+// size go through the CUDA channel (rpc/cuda_channel.h) where it offers a
+// route to the peer, and are otherwise staged: copied to the CPU, then sent
+// like any CPU payload. See proto/remora.proto for the frame layout.
 #pragma once
 
 #include <vector>
@@ -17,6 +19,8 @@
 
 #include "absl/status/statusor.h"
 #include "remora.pb.h"
+#include "rpc/cuda_channel.h"
+#include "rpc/ids.h"
 #include "rpc/shm.h"
 
 namespace remora {
@@ -27,13 +31,18 @@ inline constexpr size_t kInlinePayloadBytes = 16 * 1024;
 
 struct OutMessage {
   wire::Header header;
-  // Contiguous CPU tensors; each is sent as its bytes [data_ptr, +nbytes).
+  // Contiguous tensors, CPU or CUDA; each is sent as its bytes
+  // [data_ptr, +nbytes).
   std::vector<at::Tensor> payloads;
+  // By payload index: the receiver's GPU for a CUDA payload that should
+  // arrive on one (-1 or missing: stage it through host memory).
+  std::vector<int> cuda_destinations;
 };
 
 struct InMessage {
   wire::Header header;
-  // One-dimensional uint8 tensors, one per payload.
+  // One-dimensional uint8 tensors, one per payload: on the CPU, or on the
+  // receiver's GPU for payloads that came through the CUDA channel.
   std::vector<at::Tensor> payloads;
 };
 
@@ -41,11 +50,15 @@ struct InMessage {
 // channel (AgentOptions::oob_threshold_bytes).
 inline constexpr size_t kDefaultOobThresholdBytes = 64 * 1024;
 
-// How payloads reach one peer: payloads of at least `threshold` bytes go
-// through `shm` when it is set (a peer on this host), the rest in the frame.
+// How payloads reach one peer: CPU payloads of at least `threshold` bytes
+// go through `shm` when it is set (a peer on this host), the rest in the
+// frame; CUDA payloads go through `cuda` to worker `peer` when it offers a
+// route, else they are staged.
 struct Route {
   ShmChannel* shm = nullptr;
   size_t threshold = kDefaultOobThresholdBytes;
+  CudaChannel* cuda = nullptr;
+  WorkerId peer = kUnknownWorker;
 };
 
 // A payload still to be copied into its shared-memory segment, once the
@@ -55,22 +68,26 @@ struct ShmFill {
   at::Tensor payload;
 };
 
-// Builds the frame. Fills header.payload_sizes and header.shm_payloads.
-// With `fills`, shared-memory payloads are only reserved and appended
-// there: the caller sends the frame, then calls FillAll(route, *fills) and
-// keeps the descriptors to reclaim if the call fails. Without, they are
-// copied before this returns.
+// Builds the frame. Fills header.payload_sizes, header.shm_payloads and
+// header.cuda_payloads. With `fills`, shared-memory payloads are only
+// reserved and appended there: the caller sends the frame, then calls
+// FillAll(route, *fills) and keeps the descriptors to reclaim if the call
+// fails. Without, they are copied before this returns. CUDA payloads used
+// are appended to `cuda_sent` (to reclaim if the call fails).
 grpc::ByteBuffer SerializeMessage(OutMessage message, const Route& route = {},
-                                  std::vector<ShmFill>* fills = nullptr);
+                                  std::vector<ShmFill>* fills = nullptr,
+                                  std::vector<wire::CudaPayload>* cuda_sent = nullptr);
 
 // Copies every reserved payload in; keeps only the descriptors in `fills`.
 void FillAll(const Route& route, std::vector<ShmFill>& fills);
 
 // Parses and checks a frame: the header must parse and the sizes of the
 // in-frame payloads must add up to exactly the bytes that follow it.
-// Shared-memory payloads are read through `shm`; a frame that has some is
-// refused when `shm` is null.
+// Shared-memory payloads are read through `shm`, CUDA payloads through
+// `cuda` as coming from worker `from` (default: the request's sender); a
+// frame that has some is refused when the channel is null.
 absl::StatusOr<InMessage> ParseMessage(const grpc::ByteBuffer& buffer,
-                                       ShmChannel* shm = nullptr);
+                                       ShmChannel* shm = nullptr, CudaChannel* cuda = nullptr,
+                                       WorkerId from = kUnknownWorker);
 
 }  // namespace remora

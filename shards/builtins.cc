@@ -66,6 +66,9 @@ absl::Status RegisterBuiltins(Registry& r) {
   RETURN_IF_ERROR(r.RegisterFunction("sink", [](CallContext&, const Args& a) -> c10::IValue {
     return at::full({1}, static_cast<double>(a[0].toTensor().numel()));
   }));
+  RETURN_IF_ERROR(r.RegisterFunction("device_of", [](CallContext&, const Args& a) -> c10::IValue {
+    return TensorOrFetch(a[0]).device().str();
+  }));
   RETURN_IF_ERROR(r.RegisterFunction("raise", [](CallContext&, const Args& a) -> c10::IValue {
     throw std::runtime_error(a.size() > 0 ? a[0].toStringRef() : "raised on request");
   }));

@@ -1,7 +1,8 @@
 // Small functions and modules every worker offers: the building blocks of
 // the RPC example, the tests and rpc_bench.
 //
-//   functions: add(a, b), echo(x), sink(t) -> [numel], raise(message),
+//   functions: add(a, b), echo(x), sink(t) -> [numel], device_of(t or RRef t)
+//              -> "cpu" or "cuda:N", raise(message),
 //              sleep_ms(ms), rref_stats(), to_here(rref), make_rref(value),
 //              rref_add(rref, t)
 //   modules:   Scale(factor) with forward(x or RRef x) and factor();

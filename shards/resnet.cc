@@ -4,7 +4,9 @@
 #include <limits>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/ones_like.h>
 #include <ATen/ops/randn.h>
+#include <torch/cuda.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/batchnorm.h>
@@ -131,9 +133,15 @@ struct TraceMark : public torch::autograd::Function<TraceMark> {
   }
 };
 
+// Where shards constructed by this call live: the agent's home device.
+c10::Device HomeDevice(const CallContext& ctx) {
+  return ctx.agent != nullptr ? c10::Device(ctx.agent->options().device) : c10::Device(c10::kCPU);
+}
+
 }  // namespace
 
-ResNetShardImpl::ResNetShardImpl(int first, int last, int64_t seed) : first_(first), last_(last) {
+ResNetShardImpl::ResNetShardImpl(int first, int last, int64_t seed, c10::Device device)
+    : first_(first), last_(last), device_(device) {
   if (first < 0 || last > kResNetBlocks || first >= last) {
     throw std::invalid_argument(absl::StrCat("ResNetShard: blocks [", first, ", ", last,
                                              ") are not a range within [0, ", kResNetBlocks, ")"));
@@ -156,11 +164,13 @@ ResNetShardImpl::ResNetShardImpl(int first, int last, int64_t seed) : first_(fir
     }
     InitBlock(*blocks_.back(), seed, b);
   }
+  if (!device_.is_cpu()) to(device_);
 }
 
 at::Tensor ResNetShardImpl::ForwardBlock(size_t i, const at::Tensor& x) { return forwards_[i](x); }
 
 at::Tensor ResNetShardImpl::forward(at::Tensor x) {
+  if (x.device() != device_) x = x.to(device_);  // differentiable: gradients go back
   for (auto& f : forwards_) x = f(x);
   return x;
 }
@@ -197,18 +207,24 @@ std::vector<int> BalancedSplit(const std::vector<double>& costs, int parts) {
 
 std::vector<int> TutorialSplit() { return {0, 8, kResNetBlocks}; }
 
-std::vector<double> MeasureBlockCosts(int64_t batch, int64_t image_size) {
-  ResNetShardImpl model(0, kResNetBlocks, /*seed=*/0);
-  at::Tensor x = at::randn({batch, 3, image_size, image_size});
+std::vector<double> MeasureBlockCosts(int64_t batch, int64_t image_size, c10::Device device) {
+  ResNetShardImpl model(0, kResNetBlocks, /*seed=*/0, device);
+  at::Tensor x = at::randn({batch, 3, image_size, image_size}).to(device);
+  // GPU work is asynchronous: time it to completion.
+  auto sync = [&device] {
+    if (device.is_cuda()) torch::cuda::synchronize(device.index());
+  };
   std::vector<double> costs;
   for (size_t i = 0; i < model.num_blocks(); ++i) {
     at::Tensor in = x.detach().set_requires_grad(i > 0);
     double best = std::numeric_limits<double>::infinity();
     at::Tensor out;
     for (int rep = 0; rep < 4; ++rep) {  // the minimum of 4 runs: robust to a noisy machine
+      sync();
       const int64_t t0 = trace::NowUs();
       out = model.ForwardBlock(i, in);
       out.backward(at::ones_like(out));
+      sync();
       best = std::min(best, (trace::NowUs() - t0) / 1000.0);
     }
     costs.push_back(best);
@@ -220,10 +236,12 @@ std::vector<double> MeasureBlockCosts(int64_t batch, int64_t image_size) {
 absl::Status RegisterResNet(Registry& registry) {
   RETURN_IF_ERROR(registry.RegisterModule<ResNetShardImpl>(
       "ResNetShard",
-      [](CallContext&, const Args& a) {
+      [](CallContext& ctx, const Args& a) {
+        c10::Device device = HomeDevice(ctx);
+        if (a.size() > 3) device = c10::Device(a[3].toStringRef());
         return std::make_shared<ResNetShardImpl>(static_cast<int>(a[0].toInt()),
                                                  static_cast<int>(a[1].toInt()),
-                                                 a.size() > 2 ? a[2].toInt() : 0);
+                                                 a.size() > 2 ? a[2].toInt() : 0, device);
       },
       {{"forward",
         [](ResNetShardImpl& m, CallContext&, const Args& a) -> c10::IValue {
@@ -245,8 +263,8 @@ absl::Status RegisterResNet(Registry& registry) {
           return n;
         }}}));
   return registry.RegisterFunction(
-      "resnet.block_costs", [](CallContext&, const Args& a) -> c10::IValue {
-        return c10::List<double>(MeasureBlockCosts(a[0].toInt(), a[1].toInt()));
+      "resnet.block_costs", [](CallContext& ctx, const Args& a) -> c10::IValue {
+        return c10::List<double>(MeasureBlockCosts(a[0].toInt(), a[1].toInt(), HomeDevice(ctx)));
       });
 }
 

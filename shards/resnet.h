@@ -14,10 +14,13 @@
 // (seed, block), so a shard's weights equal the same blocks of the full
 // model whichever range a worker builds.
 //
-// Registered module "ResNetShard"(first, last, seed): blocks [first, last),
-// methods forward(x or RRef x[, micro_batch]) -> tensor, parameter_rrefs(),
+// Registered module "ResNetShard"(first, last, seed[, device]): blocks
+// [first, last) on `device` (default: the hosting agent's home device,
+// worker --device), methods forward(x or RRef x[, micro_batch]) -> tensor
+// (x is moved to the shard's device first), parameter_rrefs(),
 // num_parameters(). Function "resnet.block_costs"(batch, image_size) times
-// forward + backward of every block here (milliseconds, for balancing).
+// forward + backward of every block on the agent's home device
+// (milliseconds, for balancing).
 #pragma once
 
 #include <memory>
@@ -35,16 +38,19 @@ inline constexpr int kResNetBlocks = 18;
 // Blocks [first, last) of ResNet50 as one module.
 class ResNetShardImpl : public torch::nn::Module {
  public:
-  ResNetShardImpl(int first, int last, int64_t seed);
+  // Weights are drawn on the CPU (the same on every device), then moved.
+  ResNetShardImpl(int first, int last, int64_t seed, c10::Device device = c10::kCPU);
   at::Tensor forward(at::Tensor x);
   // Forward of block `i` (relative to `first`) alone.
   at::Tensor ForwardBlock(size_t i, const at::Tensor& x);
   size_t num_blocks() const { return blocks_.size(); }
   int first() const { return first_; }
   int last() const { return last_; }
+  c10::Device device() const { return device_; }
 
  private:
   int first_, last_;
+  c10::Device device_;
   std::vector<std::shared_ptr<torch::nn::Module>> blocks_;
   std::vector<std::function<at::Tensor(const at::Tensor&)>> forwards_;
 };
@@ -57,7 +63,8 @@ std::vector<int> BalancedSplit(const std::vector<double>& costs, int parts);
 std::vector<int> TutorialSplit();
 
 // Times forward + backward of every block on this process (milliseconds).
-std::vector<double> MeasureBlockCosts(int64_t batch, int64_t image_size);
+std::vector<double> MeasureBlockCosts(int64_t batch, int64_t image_size,
+                                      c10::Device device = c10::kCPU);
 
 absl::Status RegisterResNet(Registry& registry);
 

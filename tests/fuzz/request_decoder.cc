@@ -74,6 +74,10 @@ absl::Status DecodeRequest(const wire::Request& r, DecodeContext& ctx,
     case wire::Request::kProbe:
     case wire::Request::kFinish:
     case wire::Request::kPing:
+    // CUDA channel control: checked by CudaChannel (tests/cuda_test.cc).
+    case wire::Request::kNcclSetup:
+    case wire::Request::kNcclAbort:
+    case wire::Request::kCudaRelease:
       return absl::OkStatus();
     case wire::Request::BODY_NOT_SET:
       break;

@@ -1,0 +1,90 @@
+# The CUDA channel's dependencies (see rpc/cuda_channel.h).
+#
+# REMORA_CUDA (AUTO, ON, OFF) decides whether the channel is compiled:
+#   REMORA_WITH_CUDA   the CUDA toolkit (runtime, headers) and NCCL >= 2.14
+#                      were found: rpc/cuda_channel.cc is compiled and linked
+#                      against CUDA::cudart and NCCL. This does not need a GPU
+#                      or a CUDA build of LibTorch: CPU-only machines compile
+#                      it too, so that CI keeps it building.
+#   REMORA_TORCH_CUDA  LibTorch itself was built with CUDA (torch_cuda /
+#                      c10_cuda): the channel orders its copies against
+#                      LibTorch's current CUDA stream with events. Without it,
+#                      the channel synchronises the device on the host instead.
+# Without the toolkit or NCCL everything CUDA is left out and the stub
+# (rpc/cuda_channel_stub.cc) answers with "this build has no CUDA".
+set(REMORA_WITH_CUDA OFF)
+set(REMORA_TORCH_CUDA OFF)
+string(TOUPPER "${REMORA_CUDA}" _remora_cuda)
+if(NOT _remora_cuda MATCHES "^(AUTO|ON|OFF)$")
+  message(FATAL_ERROR "REMORA_CUDA must be AUTO, ON or OFF, not '${REMORA_CUDA}'")
+endif()
+
+if(_remora_cuda STREQUAL "OFF")
+  message(STATUS "remora: CUDA channel left out (REMORA_CUDA=OFF)")
+else()
+  if(NOT CUDAToolkit_ROOT AND NOT DEFINED ENV{CUDAToolkit_ROOT} AND EXISTS /usr/local/cuda)
+    set(CUDAToolkit_ROOT /usr/local/cuda)
+  endif()
+  find_package(CUDAToolkit QUIET)
+  set(_remora_cuda_hints ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT} /usr/local/cuda)
+  find_path(REMORA_NCCL_INCLUDE_DIR nccl.h
+            HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include ENV NCCL_ROOT
+            PATH_SUFFIXES include)
+  find_library(REMORA_NCCL_LIBRARY nccl
+               HINTS ${_remora_cuda_hints} ENV NCCL_ROOT PATH_SUFFIXES lib lib64)
+  set(_remora_nccl_version "")
+  if(REMORA_NCCL_INCLUDE_DIR)
+    file(STRINGS "${REMORA_NCCL_INCLUDE_DIR}/nccl.h" _remora_nccl_code
+         REGEX "^#define NCCL_VERSION_CODE [0-9]+")
+    string(REGEX REPLACE "^#define NCCL_VERSION_CODE ([0-9]+).*" "\\1" _remora_nccl_code
+           "${_remora_nccl_code}")
+    if(_remora_nccl_code)
+      set(_remora_nccl_version "${_remora_nccl_code}")
+    endif()
+  endif()
+  set(_remora_missing "")
+  if(NOT CUDAToolkit_FOUND)
+    list(APPEND _remora_missing "the CUDA toolkit (set CUDAToolkit_ROOT)")
+  endif()
+  if(NOT REMORA_NCCL_INCLUDE_DIR OR NOT REMORA_NCCL_LIBRARY)
+    list(APPEND _remora_missing "NCCL (nccl.h and libnccl; set NCCL_ROOT)")
+  elseif(_remora_nccl_version AND _remora_nccl_version LESS 21400)
+    list(APPEND _remora_missing "NCCL >= 2.14 (found version code ${_remora_nccl_version})")
+  endif()
+  if(_remora_missing)
+    string(REPLACE ";" " and " _remora_missing_text "${_remora_missing}")
+    if(_remora_cuda STREQUAL "ON")
+      message(FATAL_ERROR "remora: REMORA_CUDA=ON but ${_remora_missing_text} not found")
+    endif()
+    message(STATUS "remora: CUDA channel left out: ${_remora_missing_text} not found "
+                   "(CUDA tensors cross through host memory when LibTorch has CUDA)")
+  else()
+    set(REMORA_WITH_CUDA ON)
+    if(NOT TARGET remora::nccl)
+      add_library(remora::nccl UNKNOWN IMPORTED)
+      set_target_properties(remora::nccl PROPERTIES
+        IMPORTED_LOCATION "${REMORA_NCCL_LIBRARY}"
+        INTERFACE_INCLUDE_DIRECTORIES "${REMORA_NCCL_INCLUDE_DIR}")
+    endif()
+    message(STATUS "remora: CUDA channel on: CUDA toolkit ${CUDAToolkit_VERSION} at "
+                   "${CUDAToolkit_INCLUDE_DIRS}, NCCL ${REMORA_NCCL_LIBRARY} "
+                   "(version code ${_remora_nccl_version})")
+  endif()
+endif()
+
+# Does LibTorch itself have CUDA? (Its CMake config defines these only then.)
+if(TARGET torch_cuda OR TARGET c10_cuda OR TORCH_CUDA_LIBRARIES)
+  set(_remora_torch_has_cuda ON)
+else()
+  set(_remora_torch_has_cuda OFF)
+endif()
+if(REMORA_WITH_CUDA AND _remora_torch_has_cuda)
+  set(REMORA_TORCH_CUDA ON)
+  message(STATUS "remora: LibTorch has CUDA: copies are ordered with events on its current stream")
+elseif(REMORA_WITH_CUDA)
+  message(STATUS "remora: LibTorch has no CUDA (CPU build): the CUDA channel is compiled, "
+                 "synchronises on the host, and finds no CUDA tensors to move here")
+elseif(_remora_torch_has_cuda)
+  message(STATUS "remora: LibTorch has CUDA but the channel is left out: CUDA tensors are "
+                 "staged through host memory")
+endif()

@@ -1,0 +1,1337 @@
+// The CUDA channel (see rpc/cuda_channel.h). Compiled only with
+// REMORA_WITH_CUDA; REMORA_TORCH_CUDA adds LibTorch's CUDA stream API.
+#include "rpc/cuda_channel.h"
+
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <iostream>
+#include <map>
+#include <random>
+#include <set>
+#include <thread>
+#include <tuple>
+
+#include <ATen/Context.h>
+#include <ATen/ops/empty.h>
+#ifdef REMORA_TORCH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "rpc/status_util.h"
+
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
+#error "remora's CUDA channel needs NCCL >= 2.14 (non-blocking communicators)"
+#endif
+
+namespace remora {
+
+static_assert(sizeof(cudaIpcMemHandle_t) == kCudaIpcHandleBytes, "CUDA IPC handle size");
+static_assert(sizeof(cudaIpcEventHandle_t) == kCudaIpcHandleBytes, "CUDA IPC handle size");
+
+namespace {
+
+std::string CudaText(cudaError_t e) {
+  return absl::StrCat(cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
+}
+
+// `what` failed with `e`; clears the runtime's (non-sticky) last error.
+absl::Status CudaFailure(const std::string& what, cudaError_t e) {
+  cudaGetLastError();
+  return absl::InternalError(absl::StrCat(what, ": ", CudaText(e)));
+}
+
+#define REMORA_CUDA_TRY(expr, what)                   \
+  do {                                                \
+    const cudaError_t remora_e_ = (expr);             \
+    if (remora_e_ != cudaSuccess) {                   \
+      return CudaFailure((what), remora_e_);          \
+    }                                                 \
+  } while (0)
+
+std::string NcclText(ncclResult_t r) {
+  return absl::StrCat(ncclGetErrorString(r), " (NCCL ", static_cast<int>(r),
+                      "; NCCL_DEBUG=INFO says more)");
+}
+
+// Makes `device` current on this thread for its lifetime, then restores
+// the previous one (LibTorch keeps its own idea of the current device).
+// Setting it also makes its primary context current, which the driver
+// calls below need.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    changed_ = cudaSetDevice(device) == cudaSuccess && previous_ != device;
+    cudaFree(nullptr);  // CUDA < 12: cudaSetDevice alone creates no context
+  }
+  ~DeviceGuard() {
+    if (changed_ && previous_ >= 0) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+  bool changed_ = false;
+};
+
+// cuMemGetAddressRange from the driver, found at run time: an IPC handle
+// covers a whole allocation, and LibTorch's caching allocator hands out
+// pieces of larger ones. (Linking libcuda would make every program fail to
+// start on machines without a driver.)
+using AddressRangeFn = int (*)(unsigned long long* base, size_t* size, unsigned long long ptr);
+
+AddressRangeFn AddressRange() {
+  static const AddressRangeFn fn = []() -> AddressRangeFn {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (lib == nullptr) lib = dlopen("libcuda.so.1", RTLD_NOW);
+    if (lib == nullptr) return nullptr;
+    return reinterpret_cast<AddressRangeFn>(dlsym(lib, "cuMemGetAddressRange_v2"));
+  }();
+  return fn;
+}
+
+std::string UuidText(const cudaUUID_t& uuid) {
+  const auto* b = reinterpret_cast<const unsigned char*>(uuid.bytes);
+  return absl::StrFormat(
+      "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+      b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+}
+
+uint64_t RandomIncarnation() {
+  std::random_device rd;
+  uint64_t v = 0;
+  while (v == 0) v = (uint64_t{rd()} << 32) ^ rd();
+  return v;
+}
+
+// Makes `stream` wait for the work LibTorch queued on `device` so far (the
+// producer of a tensor being sent, or whatever last used memory LibTorch
+// just handed out). Call with `device` current.
+absl::Status AfterLibTorch(int device, cudaStream_t stream) {
+#ifdef REMORA_TORCH_CUDA
+  cudaStream_t current = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+  if (current == stream) return absl::OkStatus();
+  cudaEvent_t event;
+  REMORA_CUDA_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "creating an event");
+  cudaError_t e = cudaEventRecord(event, current);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(stream, event, 0);
+  cudaEventDestroy(event);  // freed once it completes
+  if (e != cudaSuccess) return CudaFailure("ordering after LibTorch's stream", e);
+  return absl::OkStatus();
+#else
+  // No LibTorch CUDA API in this build: wait on the host for everything.
+  (void)stream;
+  REMORA_CUDA_TRY(cudaDeviceSynchronize(),
+                  absl::StrCat("synchronising cuda:", device, " before a transfer"));
+  return absl::OkStatus();
+#endif
+}
+
+// Waits on the host until `event` completed, `deadline` passes, or `check`
+// (called between polls) reports an error.
+absl::Status PollEvent(cudaEvent_t event, absl::Time deadline, const std::string& what,
+                       const std::function<absl::Status()>& check = nullptr) {
+  absl::Duration pause = absl::Microseconds(10);
+  while (true) {
+    const cudaError_t e = cudaEventQuery(event);
+    if (e == cudaSuccess) return absl::OkStatus();
+    if (e != cudaErrorNotReady) return CudaFailure(what, e);
+    if (check) {
+      absl::Status s = check();
+      if (!s.ok()) return s;
+    }
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(what, ": not done in time"));
+    }
+    absl::SleepFor(pause);
+    pause = std::min(pause * 2, absl::Milliseconds(1));
+  }
+}
+
+// One NCCL communicator: one direction (sender rank 0 -> receiver rank 1),
+// one device pair, one generation.
+//
+// Thread-safe: `mu` guards the communicator and everything that changes.
+// Shared by the channel's tables and the threads using it.
+struct Comm {
+  WorkerId peer = kUnknownWorker;
+  std::string peer_name;
+  int src = 0, dst = 0;     // sender's and receiver's device ordinals
+  uint64_t generation = 0;
+  bool sending = false;     // this end sends (rank 0)
+  int device = 0;           // this end's device
+  cudaStream_t stream = nullptr;  // set before the Comm is shared
+
+  enum class State { kInitializing, kReady, kFailed };
+
+  struct InFlight {  // a send not yet complete (sender only)
+    uint64_t seq;
+    cudaEvent_t done;   // null while NCCL is still enqueueing it
+    at::Tensor tensor;  // kept alive until `done`
+    absl::Time deadline;
+  };
+
+  absl::Mutex mu;
+  ncclComm_t comm ABSL_GUARDED_BY(mu) = nullptr;
+  State state ABSL_GUARDED_BY(mu) = State::kInitializing;
+  std::string error ABSL_GUARDED_BY(mu);
+  uint64_t next_seq ABSL_GUARDED_BY(mu) = 1;  // next to enqueue (both ends)
+  std::deque<InFlight> in_flight ABSL_GUARDED_BY(mu);
+  // The last call returned ncclInProgress (a non-blocking communicator
+  // connects lazily: the first send completes its enqueue only once the
+  // receiver posts its first receive). No other NCCL call may be made on
+  // the communicator until it settles.
+  bool enqueueing ABSL_GUARDED_BY(mu) = false;
+  std::atomic<bool> failed{false};
+
+  std::string Describe() const {
+    return sending ? absl::StrCat("NCCL to '", peer_name, "' (cuda:", src, " -> its cuda:", dst,
+                                  ", generation ", generation, ")")
+                   : absl::StrCat("NCCL from '", peer_name, "' (its cuda:", src, " -> cuda:",
+                                  dst, ", generation ", generation, ")");
+  }
+
+  // Aborts the communicator; every waiter sees `reason`. Returns false when
+  // it had failed already.
+  bool FailLocked(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (state == State::kFailed) return false;
+    state = State::kFailed;
+    error = reason;
+    failed = true;
+    if (comm != nullptr) {
+      DeviceGuard guard(device);
+      ncclCommAbort(comm);  // ends its kernels; frees it
+      comm = nullptr;
+    }
+    for (auto& f : in_flight) {
+      if (f.done != nullptr) cudaEventDestroy(f.done);
+    }
+    in_flight.clear();
+    enqueueing = false;
+    return true;
+  }
+
+  absl::Status ErrorLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return absl::UnavailableError(absl::StrCat(Describe(), " failed: ", error));
+  }
+
+  // Polls a call that returned ncclInProgress until it settles or
+  // `deadline` passes (then ncclInProgress).
+  ncclResult_t SettleLocked(ncclResult_t r, absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    absl::Duration pause = absl::Microseconds(5);
+    while (r == ncclInProgress) {
+      ncclResult_t state_now = ncclSuccess;
+      r = ncclCommGetAsyncError(comm, &state_now);
+      if (r == ncclSuccess) r = state_now;
+      if (r != ncclInProgress || absl::Now() > deadline) break;
+      absl::SleepFor(pause);
+      pause = std::min(pause * 2, absl::Microseconds(500));
+    }
+    return r;
+  }
+
+  // Sender: when the last send finished enqueueing, records its event.
+  // Returns an error when the communicator failed (and fails it).
+  absl::Status PollEnqueueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (state == State::kFailed) return ErrorLocked();
+    if (!enqueueing) return absl::OkStatus();
+    ncclResult_t now = ncclSuccess;
+    ncclResult_t r = ncclCommGetAsyncError(comm, &now);
+    if (r == ncclSuccess) r = now;
+    if (r == ncclInProgress) return absl::OkStatus();
+    if (r != ncclSuccess) {
+      FailLocked(absl::StrCat("ncclSend: ", NcclText(r)));
+      return ErrorLocked();
+    }
+    enqueueing = false;
+    DeviceGuard guard(device);  // events belong to the device current at creation
+    cudaEvent_t done = nullptr;
+    cudaError_t e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventRecord(done, stream);
+    if (e != cudaSuccess) {
+      if (done != nullptr) cudaEventDestroy(done);
+      FailLocked(absl::StrCat("recording a send's event: ", CudaText(e)));
+      return ErrorLocked();
+    }
+    in_flight.back().done = done;
+    return absl::OkStatus();
+  }
+
+  ~Comm() {
+    absl::MutexLock lock(&mu);
+    DeviceGuard guard(device);
+    if (comm != nullptr) {
+      ncclCommAbort(comm);
+      comm = nullptr;
+    }
+    for (auto& f : in_flight) {
+      if (f.done != nullptr) cudaEventDestroy(f.done);
+    }
+    in_flight.clear();
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+};
+
+ncclConfig_t NonBlockingConfig() {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  return config;
+}
+
+// A peer's allocation opened here.
+struct Opened {
+  std::string handle;  // the cudaIpcMemHandle_t it was opened from
+  void* ptr = nullptr;
+  uint64_t bytes = 0;  // the mapping's size as the driver reports it
+  int device = 0;
+  ~Opened() {
+    if (ptr != nullptr) {
+      DeviceGuard guard(device);
+      cudaIpcCloseMemHandle(ptr);
+    }
+  }
+};
+
+// One of this process's interprocess events: recorded after a payload's
+// producer, waited on by the receiver, reused once that buffer is released.
+struct IpcEvent {
+  uint64_t id = 0;
+  int device = 0;
+  cudaEvent_t event = nullptr;
+  cudaIpcEventHandle_t handle{};
+  bool busy = false;
+};
+
+}  // namespace
+
+class CudaChannel::Impl {
+ public:
+  Impl(Options options, Control control) : options_(options), control_(std::move(control)) {
+    self_ep_.incarnation = RandomIncarnation();
+    Probe();
+    if (!self_ep_.gpus.empty()) background_ = std::thread([this] { Background(); });
+  }
+
+  ~Impl() {
+    Stop();
+    // Destroyed outside mu_: a Comm's destructor takes its own lock first.
+    decltype(send_comms_) send_comms;
+    decltype(recv_comms_) recv_comms;
+    {
+      absl::MutexLock lock(&mu_);
+      send_comms.swap(send_comms_);
+      recv_comms.swap(recv_comms_);
+    }
+    send_comms.clear();  // aborts
+    recv_comms.clear();
+    absl::MutexLock lock(&mu_);
+    held_.clear();
+    opened_.clear();
+    for (auto& [key, event] : opened_events_) cudaEventDestroy(event);
+    opened_events_.clear();
+    for (auto& e : events_) cudaEventDestroy(e->event);
+    events_.clear();
+    for (auto& [device, stream] : copy_streams_) cudaStreamDestroy(stream);
+    copy_streams_.clear();
+  }
+
+  void Stop() {
+    {
+      absl::MutexLock lock(&queue_mu_);
+      if (stopping_) return;
+      stopping_ = true;
+    }
+    if (background_.joinable()) background_.join();
+    std::vector<std::shared_ptr<Comm>> comms;
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto& [k, c] : send_comms_) comms.push_back(c);
+      for (auto& [k, c] : recv_comms_) comms.push_back(c);
+    }
+    for (auto& c : comms) {
+      absl::MutexLock lock(&c->mu);
+      c->FailLocked("the agent is shutting down");
+    }
+  }
+
+  bool stopping() {
+    absl::MutexLock lock(&queue_mu_);
+    return stopping_;
+  }
+
+  // --- group -----------------------------------------------------------
+
+  void SetGroup(const WorkerInfo& self, const std::vector<WorkerInfo>& book) {
+    {
+      absl::MutexLock lock(&mu_);
+      self_ = self;
+      self_.cuda = self_ep_;
+      peers_.clear();
+      for (const auto& w : book) {
+        if (w.name != self.name) peers_[w.id] = w;
+      }
+    }
+    if (!group_set_.HasBeenNotified()) group_set_.Notify();
+  }
+
+  absl::StatusOr<WorkerInfo> Peer(WorkerId id) {
+    if (!group_set_.WaitForNotificationWithTimeout(options_.timeout)) {
+      return absl::UnavailableError("the CUDA channel has no group yet (rendezvous not done)");
+    }
+    absl::MutexLock lock(&mu_);
+    auto it = peers_.find(id);
+    if (it == peers_.end()) {
+      return absl::PermissionDeniedError(absl::StrCat("CUDA payload from unknown worker #", id));
+    }
+    return it->second;
+  }
+
+  CudaRoute RouteTo(WorkerId peer, int src, int dst) {
+    absl::MutexLock lock(&mu_);
+    auto it = peers_.find(peer);
+    if (it == peers_.end()) return CudaRoute::kStaged;
+    return ChooseCudaRoute(self_, src, it->second, dst);
+  }
+
+  // --- sending ---------------------------------------------------------
+
+  std::optional<wire::CudaPayload> Send(WorkerId peer, const at::Tensor& payload, int dst) {
+    if (!payload.is_cuda() || payload.nbytes() == 0 || !payload.is_contiguous() || stopping()) {
+      return std::nullopt;
+    }
+    const int src = payload.device().index();
+    absl::StatusOr<std::optional<wire::CudaPayload>> d;
+    switch (RouteTo(peer, src, dst)) {
+      case CudaRoute::kIpc:
+        d = SendIpc(peer, payload, src, dst);
+        break;
+      case CudaRoute::kNccl:
+        d = SendNccl(peer, payload, src, dst);
+        break;
+      case CudaRoute::kStaged:
+        return std::nullopt;
+    }
+    if (!d.ok()) {
+      Warn(peer, d.status());
+      return std::nullopt;
+    }
+    return *d;
+  }
+
+  absl::StatusOr<std::optional<wire::CudaPayload>> SendIpc(WorkerId peer, const at::Tensor& payload,
+                                                          int src, int dst) {
+    DeviceGuard guard(src);
+    AddressRangeFn range = AddressRange();
+    if (range == nullptr) {
+      return absl::UnavailableError(
+          "CUDA IPC needs the driver's cuMemGetAddressRange (libcuda.so.1 not found)");
+    }
+    unsigned long long base = 0;
+    size_t size = 0;
+    const auto ptr = reinterpret_cast<unsigned long long>(payload.data_ptr());
+    if (range(&base, &size, ptr) != 0 || base == 0) {
+      return absl::InternalError("CUDA IPC: cannot find the allocation of a tensor");
+    }
+    cudaIpcMemHandle_t mem;
+    const cudaError_t e = cudaIpcGetMemHandle(&mem, reinterpret_cast<void*>(base));
+    if (e != cudaSuccess) {
+      return CudaFailure(
+          "CUDA IPC cannot share this tensor's memory (expandable segments in "
+          "PYTORCH_CUDA_ALLOC_CONF are not shareable)", e);
+    }
+    auto event = TakeEvent(src);
+    if (!event.ok()) return event.status();
+    IpcEvent* ev = *event;
+#ifdef REMORA_TORCH_CUDA
+    cudaStream_t producer =
+        c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(src)).stream();
+    cudaError_t recorded = cudaEventRecord(ev->event, producer);
+#else
+    cudaError_t recorded = cudaDeviceSynchronize();
+    if (recorded == cudaSuccess) recorded = cudaEventRecord(ev->event, nullptr);
+#endif
+    if (recorded != cudaSuccess) {
+      ReturnEvent(ev);
+      return CudaFailure("CUDA IPC: recording the producer's event", recorded);
+    }
+    wire::CudaPayload d;
+    d.set_channel(wire::CudaPayload::CUDA_IPC);
+    d.set_src_device(src);
+    d.set_dst_device(dst);
+    d.set_incarnation(self_ep_.incarnation);
+    d.set_mem_handle(std::string(reinterpret_cast<const char*>(&mem), sizeof(mem)));
+    d.set_base(base);
+    d.set_alloc_bytes(size);
+    d.set_offset(ptr - base);
+    d.set_event_handle(std::string(reinterpret_cast<const char*>(&ev->handle), sizeof(ev->handle)));
+    d.set_event_id(ev->id);
+    d.set_gpu(self_ep_.gpus[src]);
+    {
+      absl::MutexLock lock(&mu_);
+      const uint64_t id = next_buffer_++;
+      held_[id] = Held{payload, peer, ev, absl::Now(), false};
+      d.set_buffer(id);
+    }
+    ipc_sends_.fetch_add(1);
+    return std::optional<wire::CudaPayload>(std::move(d));
+  }
+
+  absl::StatusOr<std::optional<wire::CudaPayload>> SendNccl(WorkerId peer, const at::Tensor& payload,
+                                                           int src, int dst) {
+    ASSIGN_OR_RETURN(std::shared_ptr<Comm> c, SendComm(peer, src, dst));
+    DeviceGuard guard(src);
+#ifndef REMORA_TORCH_CUDA
+    RETURN_IF_ERROR(AfterLibTorch(src, c->stream));
+#endif
+    const absl::Time deadline = absl::Now() + options_.timeout;
+    absl::MutexLock lock(&c->mu);
+    // The previous send must have finished enqueueing (its message is on
+    // its way, so its receive will be posted).
+    while (true) {
+      if (c->state != Comm::State::kReady) return c->ErrorLocked();
+      absl::Status s = c->PollEnqueueLocked();
+      if (!s.ok()) {
+        QueueAbort(*c);
+        return s;
+      }
+      if (!c->enqueueing) break;
+      if (absl::Now() > deadline) {
+        c->FailLocked(absl::StrCat("the receiver did not take transfer ", c->next_seq - 1,
+                                   " within ", absl::FormatDuration(options_.timeout)));
+        QueueAbort(*c);
+        return c->ErrorLocked();
+      }
+      c->mu.Unlock();
+      absl::SleepFor(absl::Microseconds(100));
+      c->mu.Lock();
+    }
+#ifdef REMORA_TORCH_CUDA
+    RETURN_IF_ERROR(AfterLibTorch(src, c->stream));
+#endif
+    const ncclResult_t r =
+        ncclSend(payload.data_ptr(), payload.nbytes(), ncclUint8, 1, c->comm, c->stream);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      c->FailLocked(absl::StrCat("ncclSend: ", NcclText(r)));
+      QueueAbort(*c);
+      return c->ErrorLocked();
+    }
+    const uint64_t seq = c->next_seq++;
+    c->in_flight.push_back({seq, nullptr, payload, deadline});
+    c->enqueueing = true;
+    if (r == ncclSuccess) {
+      absl::Status s = c->PollEnqueueLocked();  // records the event at once
+      if (!s.ok()) {
+        QueueAbort(*c);
+        return s;
+      }
+    }
+    wire::CudaPayload d;
+    d.set_channel(wire::CudaPayload::NCCL);
+    d.set_src_device(src);
+    d.set_dst_device(dst);
+    d.set_incarnation(self_ep_.incarnation);
+    d.set_generation(c->generation);
+    d.set_seq(seq);
+    nccl_sends_.fetch_add(1);
+    Wake();
+    return std::optional<wire::CudaPayload>(std::move(d));
+  }
+
+  // The communicator for transfers to `peer` from `src` to its `dst`:
+  // created (and announced to the peer) by the first caller, ready on return.
+  absl::StatusOr<std::shared_ptr<Comm>> SendComm(WorkerId peer, int src, int dst) {
+    const auto key = std::make_tuple(peer, src, dst);
+    std::shared_ptr<Comm> c;
+    bool create = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (auto b = broken_until_.find(key); b != broken_until_.end()) {
+        if (absl::Now() < b->second.first) return b->second.second;
+        broken_until_.erase(b);
+      }
+      auto& slot = send_comms_[key];
+      if (slot && slot->failed) slot.reset();
+      if (!slot) {
+        slot = std::make_shared<Comm>();
+        slot->peer = peer;
+        slot->peer_name = peers_.count(peer) ? peers_[peer].name : absl::StrCat("#", peer);
+        slot->src = src;
+        slot->dst = dst;
+        slot->generation = ++generations_[key];
+        slot->sending = true;
+        slot->device = src;
+        create = true;
+      }
+      c = slot;
+    }
+    if (create) {
+      absl::Status s = InitSender(*c);
+      if (!s.ok()) {
+        {
+          absl::MutexLock lock(&c->mu);
+          c->FailLocked(std::string(s.message()));
+        }
+        // Do not retry on every message: stage for a while.
+        absl::MutexLock lock(&mu_);
+        broken_until_[key] = {absl::Now() + absl::Seconds(30), s};
+        return s;
+      }
+    }
+    RETURN_IF_ERROR(WaitReady(*c, absl::Now() + options_.timeout));
+    return c;
+  }
+
+  absl::Status InitSender(Comm& c) {
+    DeviceGuard guard(c.device);
+    REMORA_CUDA_TRY(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking),
+                    "creating the NCCL stream");
+    ncclUniqueId id;
+    if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {
+      return absl::UnavailableError(absl::StrCat("ncclGetUniqueId: ", NcclText(r)));
+    }
+    {
+      absl::MutexLock lock(&c.mu);
+      ncclConfig_t config = NonBlockingConfig();
+      const ncclResult_t r = ncclCommInitRankConfig(&c.comm, 2, id, 0, &config);
+      if (r != ncclSuccess && r != ncclInProgress) {
+        c.comm = nullptr;
+        return absl::UnavailableError(absl::StrCat("ncclCommInitRankConfig: ", NcclText(r)));
+      }
+    }
+    wire::Request request;
+    auto* setup = request.mutable_nccl_setup();
+    setup->set_unique_id(std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
+    setup->set_src_device(c.src);
+    setup->set_dst_device(c.dst);
+    setup->set_generation(c.generation);
+    setup->set_incarnation(self_ep_.incarnation);
+    absl::Status s = control_(c.peer, std::move(request), options_.timeout);
+    if (!s.ok()) {
+      return absl::UnavailableError(absl::StrCat("setting up ", c.Describe(), ": ", s.message()));
+    }
+    return absl::OkStatus();
+  }
+
+  // Polls the communicator until it formed, failed or `deadline`.
+  absl::Status WaitReady(Comm& c, absl::Time deadline) {
+    absl::Duration pause = absl::Microseconds(50);
+    while (true) {
+      {
+        absl::MutexLock lock(&c.mu);
+        if (c.state == Comm::State::kReady) return absl::OkStatus();
+        if (c.state == Comm::State::kFailed) return c.ErrorLocked();
+        ncclResult_t state = ncclInProgress;
+        // No communicator yet: its creator is still starting it.
+        const ncclResult_t r = c.comm != nullptr ? ncclCommGetAsyncError(c.comm, &state) : ncclSuccess;
+        if (r == ncclSuccess && state == ncclSuccess) {
+          c.state = Comm::State::kReady;
+          return absl::OkStatus();
+        }
+        if (r != ncclSuccess || state != ncclInProgress) {
+          c.FailLocked(absl::StrCat("forming the communicator: ",
+                                    NcclText(r != ncclSuccess ? r : state)));
+          QueueAbort(c);
+          return c.ErrorLocked();
+        }
+        if (absl::Now() > deadline) {
+          c.FailLocked(absl::StrCat("the communicator did not form within ",
+                                    absl::FormatDuration(options_.timeout),
+                                    " (is the peer alive and its GPU reachable?)"));
+          QueueAbort(c);
+          return c.ErrorLocked();
+        }
+      }
+      absl::SleepFor(pause);
+      pause = std::min(pause * 2, absl::Milliseconds(2));
+    }
+  }
+
+  void Reclaim(WorkerId peer, const wire::CudaPayload& d) {
+    if (d.channel() == wire::CudaPayload::CUDA_IPC) {
+      absl::MutexLock lock(&mu_);
+      if (auto it = held_.find(d.buffer()); it != held_.end()) it->second.orphaned = true;
+      return;
+    }
+    // NCCL: the receiver may never post this receive; give it a short grace.
+    std::shared_ptr<Comm> c;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = send_comms_.find(std::make_tuple(peer, d.src_device(), d.dst_device()));
+      if (it == send_comms_.end() || it->second->generation != d.generation()) return;
+      c = it->second;
+    }
+    absl::MutexLock lock(&c->mu);
+    const absl::Time soon = absl::Now() + std::min(options_.timeout, absl::Seconds(5));
+    for (auto& f : c->in_flight) {
+      if (f.seq == d.seq()) f.deadline = std::min(f.deadline, soon);
+    }
+  }
+
+  // --- receiving -------------------------------------------------------
+
+  absl::StatusOr<at::Tensor> Receive(WorkerId from, const wire::CudaPayload& d, uint64_t length) {
+    ASSIGN_OR_RETURN(WorkerInfo peer, Peer(from));
+    if (stopping()) return absl::CancelledError("the agent is shutting down");
+    RETURN_IF_ERROR(ValidateCudaPayload(d, length, peer, self_ep_));
+    const int dst = d.dst_device();
+    DeviceGuard guard(dst);
+    at::Tensor out;
+    try {
+      out = at::empty({static_cast<int64_t>(length)},
+                      at::TensorOptions().dtype(at::kByte).device(
+                          c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(dst))));
+    } catch (const std::exception& e) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "allocating ", length, " bytes on cuda:", dst, " for a payload from '", peer.name,
+          "': ", e.what()));
+    }
+    if (d.channel() == wire::CudaPayload::CUDA_IPC) {
+      RETURN_IF_ERROR(ReceiveIpc(peer, d, length, out));
+      ipc_receives_.fetch_add(1);
+    } else {
+      RETURN_IF_ERROR(ReceiveNccl(peer, d, length, out));
+      nccl_receives_.fetch_add(1);
+    }
+    return out;
+  }
+
+  absl::Status ReceiveIpc(const WorkerInfo& peer, const wire::CudaPayload& d, uint64_t length,
+                          at::Tensor& out) {
+    const int dst = d.dst_device();
+    const std::string what = absl::StrCat("CUDA IPC payload from '", peer.name, "'");
+    ASSIGN_OR_RETURN(std::shared_ptr<Opened> mem, Open(d));
+    if (d.offset() > mem->bytes || length > mem->bytes - d.offset()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": ", length, " bytes at offset ", d.offset(), " exceed the opened allocation of ",
+          mem->bytes, " bytes"));
+    }
+    ASSIGN_OR_RETURN(cudaEvent_t producer, OpenEvent(d));
+    ASSIGN_OR_RETURN(cudaStream_t stream, CopyStream(dst));
+    RETURN_IF_ERROR(AfterLibTorch(dst, stream));
+    REMORA_CUDA_TRY(cudaStreamWaitEvent(stream, producer, 0), what + ": waiting for the sender");
+    REMORA_CUDA_TRY(cudaMemcpyAsync(out.data_ptr(), static_cast<char*>(mem->ptr) + d.offset(),
+                                    length, cudaMemcpyDeviceToDevice, stream),
+                    what + ": copying");
+    cudaEvent_t done;
+    REMORA_CUDA_TRY(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), what);
+    cudaError_t e = cudaEventRecord(done, stream);
+    absl::Status s = e == cudaSuccess
+                         ? PollEvent(done, absl::Now() + options_.timeout, what + ": the copy")
+                         : CudaFailure(what, e);
+    cudaEventDestroy(done);
+    if (!s.ok()) return s;
+    QueueRelease(peer.id, d.buffer());
+    return absl::OkStatus();
+  }
+
+  absl::Status ReceiveNccl(const WorkerInfo& peer, const wire::CudaPayload& d, uint64_t length,
+                           at::Tensor& out) {
+    const absl::Time deadline = absl::Now() + options_.timeout;
+    std::shared_ptr<Comm> c;
+    {
+      absl::MutexLock lock(&mu_);
+      auto key = std::make_tuple(peer.id, d.src_device(), d.dst_device(), d.generation());
+      auto found = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return recv_comms_.count(key) > 0; };
+      mu_.AwaitWithDeadline(absl::Condition(&found), deadline);
+      auto it = recv_comms_.find(key);
+      if (it == recv_comms_.end()) {
+        return absl::UnavailableError(absl::StrCat(
+            "NCCL payload from '", peer.name, "': no communicator generation ", d.generation(),
+            " (its set-up never arrived, or it was aborted)"));
+      }
+      c = it->second;
+    }
+    RETURN_IF_ERROR(WaitReady(*c, deadline));
+    const int dst = d.dst_device();
+#ifndef REMORA_TORCH_CUDA
+    RETURN_IF_ERROR(AfterLibTorch(dst, c->stream));
+#endif
+    cudaEvent_t done;
+    REMORA_CUDA_TRY(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "creating an event");
+    {
+      absl::MutexLock lock(&c->mu);
+      // Receives are posted strictly in the sender's order.
+      auto turn = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu) {
+        return c->state == Comm::State::kFailed || c->next_seq >= d.seq();
+      };
+      c->mu.AwaitWithDeadline(absl::Condition(&turn), deadline);
+      absl::Status s;
+      if (c->state == Comm::State::kFailed) {
+        s = c->ErrorLocked();
+      } else if (c->next_seq > d.seq()) {
+        s = absl::InvalidArgumentError(absl::StrCat(c->Describe(), ": transfer ", d.seq(),
+                                                    " was received already"));
+      } else if (c->next_seq < d.seq()) {
+        c->FailLocked(absl::StrCat("transfer ", c->next_seq, " never arrived within ",
+                                   absl::FormatDuration(options_.timeout), " (", d.seq(),
+                                   " did; its call was lost)"));
+        QueueAbort(*c);
+        s = c->ErrorLocked();
+      } else {
+#ifdef REMORA_TORCH_CUDA
+        s = AfterLibTorch(dst, c->stream);
+#endif
+        if (s.ok()) {
+          const ncclResult_t r = c->SettleLocked(
+              ncclRecv(out.data_ptr(), length, ncclUint8, 0, c->comm, c->stream), deadline);
+          if (r != ncclSuccess) {
+            c->FailLocked(absl::StrCat("ncclRecv: ", NcclText(r)));
+            QueueAbort(*c);
+            s = c->ErrorLocked();
+          } else {
+            c->next_seq++;
+            const cudaError_t e = cudaEventRecord(done, c->stream);
+            if (e != cudaSuccess) {
+              c->FailLocked(absl::StrCat("recording the receive's event: ", CudaText(e)));
+              QueueAbort(*c);
+              s = c->ErrorLocked();
+            }
+          }
+        }
+      }
+      if (!s.ok()) {
+        cudaEventDestroy(done);
+        return s;
+      }
+    }
+    // Wait on the host: errors and a dead sender surface here, not as a
+    // kernel that never ends.
+    absl::Status s = PollEvent(done, deadline, absl::StrCat(c->Describe(), ": transfer ", d.seq()),
+                               [&]() -> absl::Status {
+                                 absl::MutexLock lock(&c->mu);
+                                 if (c->state == Comm::State::kFailed) return c->ErrorLocked();
+                                 ncclResult_t state = ncclSuccess;
+                                 ncclCommGetAsyncError(c->comm, &state);
+                                 if (state != ncclSuccess && state != ncclInProgress) {
+                                   c->FailLocked(NcclText(state));
+                                   QueueAbort(*c);
+                                   return c->ErrorLocked();
+                                 }
+                                 return absl::OkStatus();
+                               });
+    cudaEventDestroy(done);
+    if (s.code() == absl::StatusCode::kDeadlineExceeded) {
+      absl::MutexLock lock(&c->mu);
+      c->FailLocked(absl::StrCat("transfer ", d.seq(), " did not complete within ",
+                                 absl::FormatDuration(options_.timeout),
+                                 " (is the sender alive?)"));
+      QueueAbort(*c);
+      return c->ErrorLocked();
+    }
+    return s;
+  }
+
+  // --- control requests ------------------------------------------------
+
+  absl::Status OnNcclSetup(WorkerId from, const wire::NcclSetup& setup) {
+    ASSIGN_OR_RETURN(WorkerInfo peer, Peer(from));
+    if (self_ep_.gpus.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat("NCCL set-up: this process has no CUDA channel (",
+                                                   disabled_, ")"));
+    }
+    if (setup.incarnation() != peer.cuda.incarnation || setup.incarnation() == 0) {
+      return absl::PermissionDeniedError("NCCL set-up: not from the process the group lists");
+    }
+    if (setup.unique_id().size() != sizeof(ncclUniqueId)) {
+      return absl::InvalidArgumentError("NCCL set-up: malformed unique id");
+    }
+    if (setup.dst_device() < 0 || static_cast<size_t>(setup.dst_device()) >= self_ep_.gpus.size() ||
+        setup.src_device() < 0 ||
+        static_cast<size_t>(setup.src_device()) >= peer.cuda.gpus.size() ||
+        setup.generation() == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "NCCL set-up from '", peer.name, "': bad devices cuda:", setup.src_device(),
+          " -> cuda:", setup.dst_device(), " or generation ", setup.generation()));
+    }
+    auto c = std::make_shared<Comm>();
+    c->peer = from;
+    c->peer_name = peer.name;
+    c->src = setup.src_device();
+    c->dst = setup.dst_device();
+    c->generation = setup.generation();
+    c->sending = false;
+    c->device = setup.dst_device();
+    {
+      DeviceGuard guard(c->device);
+      REMORA_CUDA_TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking),
+                      "creating the NCCL stream");
+      ncclUniqueId id;
+      std::memcpy(&id, setup.unique_id().data(), sizeof(id));
+      absl::MutexLock lock(&c->mu);
+      ncclConfig_t config = NonBlockingConfig();
+      const ncclResult_t r = ncclCommInitRankConfig(&c->comm, 2, id, 1, &config);
+      if (r != ncclSuccess && r != ncclInProgress) {
+        c->comm = nullptr;
+        return absl::UnavailableError(absl::StrCat("ncclCommInitRankConfig: ", NcclText(r)));
+      }
+    }
+    std::vector<std::shared_ptr<Comm>> older;
+    {
+      absl::MutexLock lock(&mu_);
+      // A newer generation means the sender gave up on the older ones.
+      for (auto it = recv_comms_.begin(); it != recv_comms_.end();) {
+        const auto& [p, s, d, g] = it->first;
+        if (p == from && s == c->src && d == c->dst && g < c->generation) {
+          older.push_back(it->second);
+          it = recv_comms_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      recv_comms_[std::make_tuple(from, c->src, c->dst, c->generation)] = c;
+    }
+    for (auto& o : older) {
+      absl::MutexLock lock(&o->mu);
+      o->FailLocked("the sender opened a newer communicator");
+    }
+    return absl::OkStatus();
+  }
+
+  void OnNcclAbort(WorkerId from, const wire::NcclAbort& abort) {
+    std::shared_ptr<Comm> c;
+    {
+      absl::MutexLock lock(&mu_);
+      if (abort.from_receiver()) {
+        auto it = send_comms_.find(std::make_tuple(from, abort.src_device(), abort.dst_device()));
+        if (it != send_comms_.end() && it->second->generation == abort.generation()) c = it->second;
+      } else {
+        auto it = recv_comms_.find(
+            std::make_tuple(from, abort.src_device(), abort.dst_device(), abort.generation()));
+        if (it != recv_comms_.end()) c = it->second;
+      }
+    }
+    if (!c) return;
+    absl::MutexLock lock(&c->mu);
+    if (c->FailLocked(absl::StrCat("the other end aborted it: ", abort.reason()))) {
+      aborted_.fetch_add(1);
+    }
+  }
+
+  void OnRelease(WorkerId from, const wire::CudaRelease& release) {
+    if (release.incarnation() != self_ep_.incarnation) return;  // meant for an older process
+    absl::MutexLock lock(&mu_);
+    for (uint64_t id : release.buffers()) {
+      auto it = held_.find(id);
+      if (it == held_.end() || it->second.peer != from) continue;
+      it->second.event->busy = false;
+      held_.erase(it);
+    }
+  }
+
+  Stats stats() {
+    Stats s;
+    s.ipc_sends = ipc_sends_.load();
+    s.ipc_receives = ipc_receives_.load();
+    s.nccl_sends = nccl_sends_.load();
+    s.nccl_receives = nccl_receives_.load();
+    s.aborted = aborted_.load();
+    absl::MutexLock lock(&mu_);
+    s.held_buffers = static_cast<int64_t>(held_.size());
+    s.opened_handles = static_cast<int64_t>(opened_.size());
+    for (const auto& [k, c] : send_comms_) s.communicators += !c->failed;
+    for (const auto& [k, c] : recv_comms_) s.communicators += !c->failed;
+    return s;
+  }
+
+  const CudaEndpoint& endpoint() const { return self_ep_; }
+  const std::string& disabled_reason() const { return disabled_; }
+
+ private:
+  // What the channel holds for an IPC payload until the receiver is done.
+  struct Held {
+    at::Tensor tensor;
+    WorkerId peer;
+    IpcEvent* event;
+    absl::Time since;
+    bool orphaned;  // its call failed
+  };
+
+  // Decides what this process offers: its GPUs, unless something is missing.
+  void Probe() {
+    if (!options_.enabled) {
+      disabled_ = "turned off (AgentOptions::cuda_channel)";
+      return;
+    }
+    if (!at::hasCUDA()) {
+      disabled_ = "LibTorch has no CUDA here (a CPU-only build, or no driver)";
+      return;
+    }
+    int n = 0;
+    if (cudaError_t e = cudaGetDeviceCount(&n); e != cudaSuccess) {
+      cudaGetLastError();
+      disabled_ = absl::StrCat("cudaGetDeviceCount: ", CudaText(e));
+      return;
+    }
+    if (n == 0) {
+      disabled_ = "no GPU visible";
+      return;
+    }
+    std::vector<std::string> gpus;
+    for (int i = 0; i < n; ++i) {
+      cudaDeviceProp prop;
+      if (cudaError_t e = cudaGetDeviceProperties(&prop, i); e != cudaSuccess) {
+        cudaGetLastError();
+        disabled_ = absl::StrCat("cudaGetDeviceProperties(", i, "): ", CudaText(e));
+        return;
+      }
+      gpus.push_back(UuidText(prop.uuid));
+    }
+    int version = 0;
+    self_ep_.nccl = ncclGetVersion(&version) == ncclSuccess;
+    self_ep_.gpus = std::move(gpus);
+  }
+
+  void Warn(WorkerId peer, const absl::Status& why) {
+    std::string name, self;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!warned_.insert(peer).second) return;
+      name = peers_.count(peer) ? peers_[peer].name : absl::StrCat("#", peer);
+      self = self_.name;
+    }
+    std::cerr << "remora: '" << self << "' -> '" << name << "': " << why.message()
+              << "; CUDA tensors to it go through host memory for now\n";
+  }
+
+  absl::StatusOr<IpcEvent*> TakeEvent(int device) {
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto& e : events_) {
+        if (!e->busy && e->device == device) {
+          e->busy = true;
+          return e.get();
+        }
+      }
+    }
+    auto e = std::make_unique<IpcEvent>();
+    e->device = device;
+    REMORA_CUDA_TRY(
+        cudaEventCreateWithFlags(&e->event, cudaEventDisableTiming | cudaEventInterprocess),
+        "creating an interprocess event");
+    if (cudaError_t err = cudaIpcGetEventHandle(&e->handle, e->event); err != cudaSuccess) {
+      cudaEventDestroy(e->event);
+      return CudaFailure("cudaIpcGetEventHandle", err);
+    }
+    e->busy = true;
+    absl::MutexLock lock(&mu_);
+    e->id = events_.size() + 1;
+    events_.push_back(std::move(e));
+    return events_.back().get();
+  }
+
+  void ReturnEvent(IpcEvent* e) {
+    absl::MutexLock lock(&mu_);
+    e->busy = false;
+  }
+
+  // The sender's allocation, opened once per (sender, allocation). A new
+  // handle for the same address means the old allocation was freed and its
+  // address reused: the stale mapping is closed.
+  absl::StatusOr<std::shared_ptr<Opened>> Open(const wire::CudaPayload& d) {
+    const auto key = std::make_pair(d.incarnation(), d.base());
+    absl::MutexLock lock(&open_mu_);
+    {
+      absl::MutexLock l(&mu_);
+      auto it = opened_.find(key);
+      if (it != opened_.end() && it->second->handle == d.mem_handle()) return it->second;
+    }
+    auto mem = std::make_shared<Opened>();
+    mem->handle = d.mem_handle();
+    mem->device = d.dst_device();
+    cudaIpcMemHandle_t handle;
+    std::memcpy(&handle, d.mem_handle().data(), sizeof(handle));
+    REMORA_CUDA_TRY(cudaIpcOpenMemHandle(&mem->ptr, handle, cudaIpcMemLazyEnablePeerAccess),
+                    "CUDA IPC: opening the sender's memory");
+    mem->bytes = d.alloc_bytes();
+    if (AddressRangeFn range = AddressRange()) {
+      unsigned long long base = 0;
+      size_t size = 0;
+      if (range(&base, &size, reinterpret_cast<unsigned long long>(mem->ptr)) == 0) {
+        mem->bytes = std::min<uint64_t>(mem->bytes, size - (reinterpret_cast<uintptr_t>(mem->ptr) - base));
+      }
+    }
+    absl::MutexLock l(&mu_);
+    opened_[key] = mem;
+    return mem;
+  }
+
+  absl::StatusOr<cudaEvent_t> OpenEvent(const wire::CudaPayload& d) {
+    const auto key = std::make_pair(d.incarnation(), d.event_id());
+    absl::MutexLock lock(&mu_);
+    if (auto it = opened_events_.find(key); it != opened_events_.end()) return it->second;
+    cudaIpcEventHandle_t handle;
+    std::memcpy(&handle, d.event_handle().data(), sizeof(handle));
+    cudaEvent_t event;
+    REMORA_CUDA_TRY(cudaIpcOpenEventHandle(&event, handle), "CUDA IPC: opening the sender's event");
+    opened_events_[key] = event;
+    return event;
+  }
+
+  absl::StatusOr<cudaStream_t> CopyStream(int device) {
+    absl::MutexLock lock(&mu_);
+    if (auto it = copy_streams_.find(device); it != copy_streams_.end()) return it->second;
+    cudaStream_t stream;
+    REMORA_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                    "creating the copy stream");
+    copy_streams_[device] = stream;
+    return stream;
+  }
+
+  // --- the background thread -------------------------------------------
+
+  void QueueRelease(WorkerId peer, uint64_t buffer) {
+    absl::MutexLock lock(&queue_mu_);
+    releases_[peer].push_back(buffer);
+    wake_ = true;
+  }
+
+  // Tells the other end of `c` that it is gone (best effort).
+  void QueueAbort(const Comm& c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    aborted_.fetch_add(1);
+    wire::Request r;
+    auto* a = r.mutable_nccl_abort();
+    a->set_src_device(c.src);
+    a->set_dst_device(c.dst);
+    a->set_generation(c.generation);
+    a->set_reason(c.error);
+    a->set_from_receiver(!c.sending);
+    absl::MutexLock lock(&queue_mu_);
+    outbox_.emplace_back(c.peer, std::move(r));
+    wake_ = true;
+  }
+
+  void Wake() {
+    absl::MutexLock lock(&queue_mu_);
+    wake_ = true;
+  }
+
+  void Background() {
+    while (true) {
+      std::map<WorkerId, std::vector<uint64_t>> releases;
+      std::vector<std::pair<WorkerId, wire::Request>> outbox;
+      {
+        absl::MutexLock lock(&queue_mu_);
+        auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_) {
+          return wake_ || stopping_;
+        };
+        queue_mu_.AwaitWithTimeout(absl::Condition(&woken),
+                                   sends_in_flight_ ? absl::Milliseconds(2) : absl::Milliseconds(200));
+        if (stopping_) return;
+        wake_ = false;
+        releases.swap(releases_);
+        outbox.swap(outbox_);
+      }
+      for (auto& [peer, buffers] : releases) {
+        wire::Request r;
+        r.mutable_cuda_release()->mutable_buffers()->Add(buffers.begin(), buffers.end());
+        absl::MutexLock lock(&mu_);
+        auto it = peers_.find(peer);
+        if (it == peers_.end()) continue;
+        r.mutable_cuda_release()->set_incarnation(it->second.cuda.incarnation);
+        outbox.emplace_back(peer, std::move(r));
+      }
+      for (auto& [peer, request] : outbox) {
+        control_(peer, std::move(request), absl::Seconds(10)).IgnoreError();
+      }
+      bool in_flight = PollSends();
+      ReclaimStale();
+      absl::MutexLock lock(&queue_mu_);
+      sends_in_flight_ = in_flight;
+    }
+  }
+
+  // Completes finished NCCL sends (frees their tensors); aborts
+  // communicators whose sends did not complete in time. True while sends
+  // are still in flight.
+  bool PollSends() {
+    std::vector<std::shared_ptr<Comm>> comms;
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto& [k, c] : send_comms_) {
+        if (!c->failed) comms.push_back(c);
+      }
+    }
+    bool any = false;
+    for (auto& c : comms) {
+      absl::MutexLock lock(&c->mu);
+      if (!c->PollEnqueueLocked().ok()) {
+        QueueAbort(*c);
+        continue;
+      }
+      while (!c->in_flight.empty()) {
+        Comm::InFlight& f = c->in_flight.front();
+        const cudaError_t e = f.done != nullptr ? cudaEventQuery(f.done) : cudaErrorNotReady;
+        if (e == cudaSuccess) {
+          cudaEventDestroy(f.done);
+          c->in_flight.pop_front();
+          continue;
+        }
+        if (e != cudaErrorNotReady) {
+          cudaGetLastError();
+          c->FailLocked(absl::StrCat("send ", f.seq, ": ", CudaText(e)));
+          QueueAbort(*c);
+        } else if (absl::Now() > f.deadline) {
+          c->FailLocked(absl::StrCat("the receiver did not take transfer ", f.seq, " within ",
+                                     absl::FormatDuration(options_.timeout),
+                                     " (its call failed, or it is gone)"));
+          QueueAbort(*c);
+        } else if (c->comm != nullptr) {
+          ncclResult_t state = ncclSuccess;
+          ncclCommGetAsyncError(c->comm, &state);
+          if (state != ncclSuccess && state != ncclInProgress) {
+            c->FailLocked(NcclText(state));
+            QueueAbort(*c);
+          }
+        }
+        break;
+      }
+      any |= !c->in_flight.empty();
+    }
+    return any;
+  }
+
+  void ReclaimStale() {
+    const absl::Time now = absl::Now();
+    absl::MutexLock lock(&mu_);
+    for (auto it = held_.begin(); it != held_.end();) {
+      if (now - it->second.since > options_.reclaim_after) {
+        it->second.event->busy = false;
+        it = held_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  const Options options_;
+  const Control control_;
+  CudaEndpoint self_ep_;
+  std::string disabled_;
+  absl::Notification group_set_;
+
+  std::atomic<int64_t> ipc_sends_{0}, ipc_receives_{0}, nccl_sends_{0}, nccl_receives_{0},
+      aborted_{0};
+
+  // Lock order: a Comm's mu before mu_ or queue_mu_; open_mu_ before mu_.
+  absl::Mutex mu_;
+  WorkerInfo self_ ABSL_GUARDED_BY(mu_);
+  std::map<WorkerId, WorkerInfo> peers_ ABSL_GUARDED_BY(mu_);
+  std::set<WorkerId> warned_ ABSL_GUARDED_BY(mu_);
+  // NCCL, sending: by (peer, src, dst); receiving: by (peer, src, dst, generation).
+  std::map<std::tuple<WorkerId, int, int>, std::shared_ptr<Comm>> send_comms_ ABSL_GUARDED_BY(mu_);
+  std::map<std::tuple<WorkerId, int, int>, uint64_t> generations_ ABSL_GUARDED_BY(mu_);
+  std::map<std::tuple<WorkerId, int, int>, std::pair<absl::Time, absl::Status>> broken_until_
+      ABSL_GUARDED_BY(mu_);
+  std::map<std::tuple<WorkerId, int, int, uint64_t>, std::shared_ptr<Comm>> recv_comms_
+      ABSL_GUARDED_BY(mu_);
+  // CUDA IPC, sending: buffers held until released; the event pool.
+  std::map<uint64_t, Held> held_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_buffer_ ABSL_GUARDED_BY(mu_) = 1;
+  std::vector<std::unique_ptr<IpcEvent>> events_ ABSL_GUARDED_BY(mu_);
+  // CUDA IPC, receiving: peers' allocations and events opened here.
+  absl::Mutex open_mu_;  // serialises opening (about 1 ms each)
+  std::map<std::pair<uint64_t, uint64_t>, std::shared_ptr<Opened>> opened_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<uint64_t, uint64_t>, cudaEvent_t> opened_events_ ABSL_GUARDED_BY(mu_);
+  std::map<int, cudaStream_t> copy_streams_ ABSL_GUARDED_BY(mu_);
+
+  absl::Mutex queue_mu_;
+  bool stopping_ ABSL_GUARDED_BY(queue_mu_) = false;
+  bool wake_ ABSL_GUARDED_BY(queue_mu_) = false;
+  bool sends_in_flight_ ABSL_GUARDED_BY(queue_mu_) = false;
+  std::map<WorkerId, std::vector<uint64_t>> releases_ ABSL_GUARDED_BY(queue_mu_);
+  std::vector<std::pair<WorkerId, wire::Request>> outbox_ ABSL_GUARDED_BY(queue_mu_);
+  std::thread background_;
+};
+
+// ---------------------------------------------------------------------------
+
+CudaChannel::CudaChannel(Options options, Control control)
+    : impl_(std::make_unique<Impl>(options, std::move(control))) {}
+CudaChannel::~CudaChannel() = default;
+
+const CudaEndpoint& CudaChannel::endpoint() const { return impl_->endpoint(); }
+const std::string& CudaChannel::disabled_reason() const { return impl_->disabled_reason(); }
+
+void CudaChannel::SetGroup(const WorkerInfo& self, const std::vector<WorkerInfo>& book) {
+  impl_->SetGroup(self, book);
+}
+
+CudaRoute CudaChannel::RouteTo(WorkerId peer, int src, int dst) const {
+  return impl_->RouteTo(peer, src, dst);
+}
+
+std::optional<wire::CudaPayload> CudaChannel::Send(WorkerId peer, const at::Tensor& payload,
+                                                   int dst) {
+  return impl_->Send(peer, payload, dst);
+}
+
+void CudaChannel::Reclaim(WorkerId peer, const wire::CudaPayload& d) { impl_->Reclaim(peer, d); }
+
+void CudaChannel::Stop() { impl_->Stop(); }
+
+absl::StatusOr<at::Tensor> CudaChannel::Receive(WorkerId peer, const wire::CudaPayload& d,
+                                                uint64_t length) {
+  return impl_->Receive(peer, d, length);
+}
+
+absl::Status CudaChannel::OnNcclSetup(WorkerId from, const wire::NcclSetup& setup) {
+  return impl_->OnNcclSetup(from, setup);
+}
+
+void CudaChannel::OnNcclAbort(WorkerId from, const wire::NcclAbort& abort) {
+  impl_->OnNcclAbort(from, abort);
+}
+
+void CudaChannel::OnRelease(WorkerId from, const wire::CudaRelease& release) {
+  impl_->OnRelease(from, release);
+}
+
+CudaChannel::Stats CudaChannel::stats() const { return impl_->stats(); }
+
+absl::StatusOr<double> MeasureDeviceCopyGbps(int device, size_t bytes, int reps) {
+  if (LocalGpuCount() <= device || device < 0) {
+    return absl::FailedPreconditionError(absl::StrCat("no GPU cuda:", device, " here"));
+  }
+  DeviceGuard guard(device);
+  void* a = nullptr;
+  void* b = nullptr;
+  REMORA_CUDA_TRY(cudaMalloc(&a, bytes), "cudaMalloc");
+  if (cudaError_t e = cudaMalloc(&b, bytes); e != cudaSuccess) {
+    cudaFree(a);
+    return CudaFailure("cudaMalloc", e);
+  }
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  double best_ms = 1e30;
+  cudaError_t e = cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);  // warm-up
+  for (int i = 0; i < reps && e == cudaSuccess; ++i) {
+    cudaEventRecord(start, nullptr);
+    e = cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, nullptr);
+    cudaEventRecord(stop, nullptr);
+    if (e == cudaSuccess) e = cudaEventSynchronize(stop);
+    float ms = 0;
+    if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, start, stop);
+    if (e == cudaSuccess && ms > 0) best_ms = std::min(best_ms, static_cast<double>(ms));
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaFree(a);
+  cudaFree(b);
+  if (e != cudaSuccess) return CudaFailure("measuring cudaMemcpy", e);
+  return static_cast<double>(bytes) / (best_ms / 1e3) / 1e9;
+}
+
+}  // namespace remora
