@@ -127,7 +127,7 @@ int main(int argc, char** argv) {
             << (*agent)->self().address << " (" << TlsModeName(*tls) << ") with " << threads
             << " intra-op threads, shards on " << options.device << "\n";
   if (auto s = (*agent)->Shutdown(); !s.ok()) {
-    std::cerr << "worker '" << name << "': " << s.message() << "\n";
+    std::cerr << "worker: " << s.message() << "\n";  // the message names this worker
     return 1;
   }
   return 0;

@@ -1,5 +1,9 @@
 #include "shards/builtins.h"
 
+#include <dirent.h>
+#include <unistd.h>
+
+#include <fstream>
 #include <stdexcept>
 
 #include <ATen/TensorOperators.h>
@@ -38,7 +42,30 @@ struct Affine {
   at::Tensor bias;    // [out]
 };
 
+int64_t CountEntries(const std::string& dir) {
+  int64_t n = 0;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return n;
+}
+
 }  // namespace
+
+ProcessStats ReadProcessStats(int64_t pid) {
+  ProcessStats s;
+  s.pid = pid == 0 ? getpid() : pid;
+  const std::string proc = absl::StrCat("/proc/", s.pid);
+  s.threads = CountEntries(proc + "/task");
+  s.fds = CountEntries(proc + "/fd");
+  std::ifstream status(proc + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) s.rss_kb = std::atoll(line.c_str() + 6);
+  }
+  return s;
+}
 
 at::Tensor TensorOrFetch(const c10::IValue& value) {
   if (value.isTensor()) return value.toTensor();
@@ -85,6 +112,15 @@ absl::Status RegisterBuiltins(Registry& r) {
     d.insert("pending_users", s.pending_users);
     d.insert("pending_children", s.pending_children);
     d.insert("pending_messages", s.pending_messages);
+    return d;
+  }));
+  RETURN_IF_ERROR(r.RegisterFunction("process_stats", [](CallContext&, const Args&) -> c10::IValue {
+    const ProcessStats s = ReadProcessStats();
+    c10::Dict<std::string, int64_t> d;
+    d.insert("pid", s.pid);
+    d.insert("threads", s.threads);
+    d.insert("fds", s.fds);
+    d.insert("rss_kb", s.rss_kb);
     return d;
   }));
   RETURN_IF_ERROR(r.RegisterFunction("to_here", [](CallContext&, const Args& a) -> c10::IValue {

@@ -159,6 +159,9 @@ inline TestPki MakeTestPki(const std::string& name) {
 
 // A bare gRPC client of remora's one method, for hand-built frames and
 // garbage: what a buggy or hostile peer would send.
+//
+// Thread-compatible; owns its channel. Calls block until answered or
+// `timeout` passes.
 class RawClient {
  public:
   explicit RawClient(const std::string& address,

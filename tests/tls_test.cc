@@ -28,6 +28,8 @@ const TestPki& OtherPki() {
 
 // A master without workers, serving a registry whose one function counts
 // its calls: a call that ran is a call that got through.
+//
+// Owns its agent and registry; calls() may be read from any thread.
 class CountingMaster {
  public:
   explicit CountingMaster(AgentOptions options) {

@@ -25,6 +25,7 @@ namespace remora::fuzz {
 namespace {
 
 // Builds values, appending tensors to the message's payloads.
+// Thread-compatible; the message must outlive it.
 class Builder {
  public:
   explicit Builder(OutMessage* m) : m_(m) {}

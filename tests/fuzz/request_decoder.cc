@@ -13,7 +13,7 @@ namespace remora::fuzz {
 namespace {
 
 // The group as the decoding worker sees it: workers 0..kGroupSize-1; control
-// messages "succeed" at once and go nowhere.
+// messages "succeed" at once and go nowhere. Stateless, so thread-safe.
 class FakeChannel final : public ControlChannel {
  public:
   Future<Empty> SendControl(WorkerId dst, wire::Request request) override {

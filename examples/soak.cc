@@ -1,0 +1,333 @@
+// soak: trains a small two-stage MLP through the pipeline for many steps
+// (remote forward, distributed backward, DistributedOptimizer) and reports
+// the resources of the master and every worker at the start and at the end:
+// RRef tables, distributed autograd contexts, threads, open file
+// descriptors (sockets included) and resident memory. Exits 1 when a table
+// or the context count grew, or when threads, descriptors or memory grew
+// past the given bounds.
+//
+//   soak --steps 1000                       # starts two local workers
+//   soak --external --workers w1,w2 --listen 127.0.0.1:29500 --steps 100000
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <thread>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/mse_loss.h>
+#include <ATen/ops/randn.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "autograd/dist_autograd.h"
+#include "examples/cli.h"
+#include "examples/local_group.h"
+#include "optim/distributed_optimizer.h"
+#include "rpc/agent.h"
+#include "rpc/status_util.h"
+#include "shards/builtins.h"
+
+namespace remora {
+namespace {
+
+struct Config {
+  int steps = 1000;
+  int warmup = 20;
+  int micro_batches = 4;
+  int batch_size = 32;
+  int hidden = 32;
+  int progress = 100;
+  double lr = 0.02;
+  double max_rss_growth_mib = 64;
+  int max_thread_growth = 16;
+  int max_fd_growth = 16;
+  bool external = false;
+  std::string workers = "soak1,soak2";
+  std::string listen = "127.0.0.1:0";
+  int connect_timeout = 60;
+};
+
+// One process's figures at one moment.
+struct Figures {
+  shards::ProcessStats process;
+  RRefStats rrefs;
+  int64_t contexts = 0;
+};
+
+constexpr int kIn = 16;
+constexpr int kOut = 4;
+
+absl::StatusOr<Figures> WorkerFigures(Agent& agent, const std::string& worker) {
+  Figures f;
+  ASSIGN_OR_RETURN(c10::IValue process, agent.rpc_sync(worker, "process_stats"));
+  ASSIGN_OR_RETURN(c10::IValue rrefs, agent.rpc_sync(worker, "rref_stats"));
+  ASSIGN_OR_RETURN(c10::IValue contexts, agent.rpc_sync(worker, "remora.autograd.num_contexts"));
+  std::map<std::string, int64_t> p, r;
+  for (const auto& e : process.toGenericDict()) p[e.key().toStringRef()] = e.value().toInt();
+  for (const auto& e : rrefs.toGenericDict()) r[e.key().toStringRef()] = e.value().toInt();
+  f.process = shards::ProcessStats{p["pid"], p["threads"], p["fds"], p["rss_kb"]};
+  f.rrefs = RRefStats{r["owners"], r["forks"], r["live_users"], r["pending_users"],
+                      r["pending_children"], r["pending_messages"]};
+  f.contexts = contexts.toInt();
+  return f;
+}
+
+Figures MasterFigures(Agent& agent) {
+  Figures f;
+  f.process = shards::ReadProcessStats();
+  f.rrefs = agent.rref_stats();
+  f.contexts = dist_autograd::num_contexts(agent);
+  return f;
+}
+
+std::string Tables(const RRefStats& s) {
+  return absl::StrCat("owners=", s.owners, " forks=", s.forks, " live_users=", s.live_users,
+                      " pending_users=", s.pending_users,
+                      " pending_children=", s.pending_children,
+                      " pending_messages=", s.pending_messages);
+}
+
+bool SameTables(const RRefStats& a, const RRefStats& b) { return Tables(a) == Tables(b); }
+
+std::string Mib(double mib) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f", mib);
+  return buf;
+}
+
+std::string Line(const std::string& name, const std::string& when, const Figures& f) {
+  return absl::StrCat(name, " ", when, ": rss_mib=", Mib(f.process.rss_kb / 1024.0),
+                      " threads=", f.process.threads, " fds=", f.process.fds,
+                      " contexts=", f.contexts, " ", Tables(f.rrefs));
+}
+
+int Main(int argc, char** argv) {
+  Config c;
+  cli::FlagParser flags(
+      "soak",
+      "Trains a small two-stage MLP through the pipeline with the DistributedOptimizer for\n"
+      "--steps steps and compares resources at the start (after --warmup steps) and the end:\n"
+      "RRef tables, autograd contexts, threads, file descriptors, resident memory of the\n"
+      "master and every worker. Exits 1 when any of them grew past its bound.");
+  flags.AddInt("steps", &c.steps, "training steps after the warm-up");
+  flags.AddInt("warmup", &c.warmup, "steps before the start figures are taken");
+  flags.AddInt("micro-batches", &c.micro_batches, "micro-batches per step");
+  flags.AddInt("batch-size", &c.batch_size, "samples per step");
+  flags.AddInt("hidden", &c.hidden, "width of the hidden layer");
+  flags.AddDouble("lr", &c.lr, "SGD learning rate (momentum 0.9)");
+  flags.AddInt("progress", &c.progress, "print a progress line every this many steps (0: never)");
+  flags.AddDouble("max-rss-growth-mib", &c.max_rss_growth_mib,
+                  "largest resident memory growth allowed per process, MiB");
+  flags.AddInt("max-thread-growth", &c.max_thread_growth, "largest thread count growth allowed");
+  flags.AddInt("max-fd-growth", &c.max_fd_growth, "largest file descriptor growth allowed");
+  flags.AddString("workers", &c.workers,
+                  "worker names; stage 1 runs on the first, stage 2 on the second (or the first)");
+  flags.AddBool("external", &c.external,
+                "do not start the workers: wait for them to register at --listen");
+  flags.AddString("listen", &c.listen, "HOST:PORT of this master (port 0: a free one)");
+  flags.AddInt("connect-timeout", &c.connect_timeout, "seconds to wait for the workers");
+  std::string token_file;
+  flags.AddTokenFileFlag(&token_file);
+  cli::TlsFiles tls_files;
+  flags.AddTlsFlags(&tls_files);
+  int code = 0;
+  if (!flags.Parse(argc, argv, &code)) return code;
+  auto fail = [](const std::string& message) {
+    std::cerr << "soak: " << message << "\n";
+    return 2;
+  };
+  auto token = cli::LoadToken(token_file);
+  if (!token.ok()) return fail(std::string(token.status().message()));
+  auto tls = cli::LoadTls(tls_files);
+  if (!tls.ok()) return fail(std::string(tls.status().message()));
+  const std::vector<std::string> names = cli::SplitList(c.workers);
+  if (names.empty() || names.size() > 2) return fail("--workers wants one or two names");
+  if (c.steps < 1 || c.warmup < 0 || c.micro_batches < 1 || c.hidden < 1 ||
+      c.batch_size < c.micro_batches || c.progress < 0 || c.connect_timeout < 1) {
+    return fail("--steps, --micro-batches, --hidden, --connect-timeout must be >= 1, --warmup "
+                "and --progress >= 0, --batch-size >= --micro-batches");
+  }
+  if (auto s = cli::CheckAddress(c.listen, "--listen"); !s.ok()) {
+    return fail(std::string(s.message()));
+  }
+  cli::TuneAllocator();
+  cli::SetComputeThreads(1);
+
+  Registry registry;
+  if (auto s = shards::RegisterAll(registry); !s.ok()) return fail(std::string(s.message()));
+  AgentOptions options;
+  options.name = "master";
+  options.listen_address = c.listen;
+  options.token = *token;
+  options.tls = *tls;
+  options.connect_timeout = absl::Seconds(c.connect_timeout);
+  cli::LocalGroup group;
+  if (c.external) {
+    options.is_master = true;
+    options.workers = names;
+    auto agent = Agent::Start(options, &registry);
+    if (!agent.ok()) return fail(std::string(agent.status().message()));
+    group.master = std::move(*agent);
+    dist_autograd::Enable(*group.master);
+    std::cout << "soak: master at " << group.master->self().address << " waiting for "
+              << c.workers << std::endl;
+    if (auto s = group.master->Join(); !s.ok()) return fail(std::string(s.message()));
+  } else {
+    std::vector<std::string> worker_args = tls_files.WorkerArgs();
+    if (!token_file.empty()) worker_args.insert(worker_args.end(), {"--token-file", token_file});
+    worker_args.insert(worker_args.end(), {"--threads", "1"});
+    auto started = cli::StartLocalGroup(names, &registry, worker_args, options);
+    if (!started.ok()) return fail(std::string(started.status().message()));
+    group = std::move(*started);
+  }
+  Agent& agent = *group.master;
+  auto die = [&](const absl::Status& s) {
+    std::cerr << "soak: " << s.message() << "\n";
+    agent.Shutdown(/*graceful=*/false).IgnoreError();
+    return 1;
+  };
+
+  // The model: Linear(16, hidden) + ReLU on the first worker, Linear(hidden, 4)
+  // on the second. The data: a fixed regression problem, 8 batches cycled.
+  const std::string first = names[0], second = names.back();
+  auto stage1 = agent.remote(first, "MLPStage", {int64_t{kIn}, int64_t{c.hidden}, int64_t{1}});
+  auto stage2 = agent.remote(second, "MLPStage",
+                             {int64_t{c.hidden}, int64_t{kOut}, int64_t{2}, false});
+  if (!stage1.ok()) return die(stage1.status());
+  if (!stage2.ok()) return die(stage2.status());
+  std::vector<RRef> params;
+  for (const RRef* stage : {&*stage1, &*stage2}) {
+    auto p = optim::parameter_rrefs(*stage);
+    if (!p.ok()) return die(p.status());
+    params.insert(params.end(), p->begin(), p->end());
+  }
+  auto optimizer = optim::DistributedOptimizer::Create(
+      agent, optim::OptimizerOptions::SGD(c.lr).set_momentum(0.9), params);
+  if (!optimizer.ok()) return die(optimizer.status());
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  const at::Tensor truth = at::randn({kIn, kOut}, gen, at::TensorOptions()) / 4.0;
+  std::vector<std::pair<at::Tensor, at::Tensor>> data;
+  for (int i = 0; i < 8; ++i) {
+    at::Tensor x = at::randn({c.batch_size, kIn}, gen, at::TensorOptions());
+    data.emplace_back(x, at::matmul(x, truth));
+  }
+
+  auto step = [&](int i) -> absl::StatusOr<double> {
+    const auto& [x, y] = data[i % data.size()];
+    dist_autograd::Context context(agent);
+    std::vector<Future<Empty>> backwards;
+    double loss_sum = 0;
+    const int64_t per = c.batch_size / c.micro_batches;
+    for (int m = 0; m < c.micro_batches; ++m) {
+      const int64_t begin = m * per;
+      const int64_t end = m + 1 == c.micro_batches ? c.batch_size : begin + per;
+      ASSIGN_OR_RETURN(RRef h, stage1->remote("forward", {agent.local_rref(x.slice(0, begin, end))}));
+      ASSIGN_OR_RETURN(c10::IValue out, stage2->rpc_sync("forward", {h}));
+      at::Tensor loss = at::mse_loss(out.toTensor(), y.slice(0, begin, end));
+      loss_sum += loss.item<double>();
+      backwards.push_back(dist_autograd::backward_async(agent, context.id(), {loss}));
+    }
+    for (auto& b : backwards) RETURN_IF_ERROR(b.wait().status());
+    RETURN_IF_ERROR((*optimizer)->step(context.id()));
+    return loss_sum / c.micro_batches;
+  };
+
+  auto snapshot = [&](std::map<std::string, Figures>* out) -> absl::Status {
+    (*out)["master"] = MasterFigures(agent);
+    for (const auto& w : names) {
+      ASSIGN_OR_RETURN((*out)[w], WorkerFigures(agent, w));
+    }
+    return absl::OkStatus();
+  };
+
+  std::printf("soak: %d warm-up + %d steps, %d micro-batches of %d samples, MLP %d-%d-%d on %s\n",
+              c.warmup, c.steps, c.micro_batches, c.batch_size / c.micro_batches, kIn, c.hidden,
+              kOut, c.workers.c_str());
+  double first_loss = 0, last_loss = 0;
+  for (int i = 0; i < c.warmup; ++i) {
+    auto loss = step(i);
+    if (!loss.ok()) return die(loss.status());
+    if (i == 0) first_loss = *loss;
+  }
+  std::map<std::string, Figures> start, end;
+  if (auto s = snapshot(&start); !s.ok()) return die(s);
+  for (const auto& [name, f] : start) std::printf("%s\n", Line(name, "start", f).c_str());
+  std::fflush(stdout);
+  const absl::Time t0 = absl::Now();
+  for (int i = 0; i < c.steps; ++i) {
+    auto loss = step(c.warmup + i);
+    if (!loss.ok()) {
+      return die(Annotate(loss.status(), absl::StrCat("step ", c.warmup + i + 1)));
+    }
+    if (c.warmup == 0 && i == 0) first_loss = *loss;
+    last_loss = *loss;
+    if (c.progress > 0 && (i + 1) % c.progress == 0) {
+      std::printf("step %d/%d loss=%.5f elapsed_s=%.1f master_rss_mib=%.1f\n", i + 1, c.steps,
+                  *loss, absl::ToDoubleSeconds(absl::Now() - t0),
+                  shards::ReadProcessStats().rss_kb / 1024.0);
+      std::fflush(stdout);
+    }
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  if (auto s = snapshot(&end); !s.ok()) return die(s);
+  for (const auto& [name, f] : end) std::printf("%s\n", Line(name, "end", f).c_str());
+  std::printf("steps=%d seconds=%.1f steps_per_second=%.1f first_loss=%.5f last_loss=%.5f\n",
+              c.steps, seconds, c.steps / seconds, first_loss, last_loss);
+
+  std::vector<std::string> problems;
+  for (const auto& [name, s] : start) {
+    const Figures& e = end[name];
+    const double rss_growth = (e.process.rss_kb - s.process.rss_kb) / 1024.0;
+    std::printf("%s growth: rss_mib=%+.1f threads=%+lld fds=%+lld contexts=%+lld\n", name.c_str(),
+                rss_growth, static_cast<long long>(e.process.threads - s.process.threads),
+                static_cast<long long>(e.process.fds - s.process.fds),
+                static_cast<long long>(e.contexts - s.contexts));
+    if (!SameTables(s.rrefs, e.rrefs)) {
+      problems.push_back(absl::StrCat(name, ": RRef tables changed from ", Tables(s.rrefs),
+                                      " to ", Tables(e.rrefs)));
+    }
+    if (e.contexts != s.contexts) {
+      problems.push_back(absl::StrCat(name, ": autograd contexts ", s.contexts, " -> ",
+                                      e.contexts));
+    }
+    if (rss_growth > c.max_rss_growth_mib) {
+      problems.push_back(absl::StrCat(name, ": resident memory grew by ", Mib(rss_growth),
+                                      " MiB (bound ",
+                                      c.max_rss_growth_mib, ", --max-rss-growth-mib)"));
+    }
+    if (e.process.threads - s.process.threads > c.max_thread_growth) {
+      problems.push_back(absl::StrCat(name, ": threads ", s.process.threads, " -> ",
+                                      e.process.threads));
+    }
+    if (e.process.fds - s.process.fds > c.max_fd_growth) {
+      problems.push_back(absl::StrCat(name, ": file descriptors ", s.process.fds, " -> ",
+                                      e.process.fds));
+    }
+  }
+  if (!(last_loss < first_loss)) {
+    problems.push_back(absl::StrCat("the loss did not go down (", first_loss, " -> ", last_loss,
+                                    "): training is broken"));
+  }
+  optimizer->reset();
+  params.clear();
+  stage1 = RRef();
+  stage2 = RRef();
+  absl::Status down = group.Shutdown();
+  if (!down.ok()) problems.push_back(absl::StrCat("shutdown: ", down.message()));
+  if (!problems.empty()) {
+    std::printf("soak: FAILED\n  %s\n", absl::StrJoin(problems, "\n  ").c_str());
+    return 1;
+  }
+  std::printf("soak: OK (no table or context growth; threads, descriptors and memory in bounds)\n");
+  return 0;
+}
+
+}  // namespace
+}  // namespace remora
+
+int main(int argc, char** argv) { return remora::Main(argc, argv); }

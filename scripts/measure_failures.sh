@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Measures how long a group takes to notice a killed process, with the real
+# programs: `soak --external` trains as the master of two `worker`s started
+# here (not its children), and one of them is killed with SIGKILL mid-run.
+#
+#   killed worker: from the kill until the master reports the failed step
+#                  naming the worker (its calls fail when the connection drops)
+#   killed master: from the kill until a worker reports that the master has
+#                  not answered (workers ping it every second and give up
+#                  after AgentOptions::master_timeout, 10 s)
+#
+#   scripts/measure_failures.sh [RUNS]     (default 5; prints each run and the median)
+set -euo pipefail
+cd "$(dirname "$(readlink -f "$0")")/.."
+BIN=${REMORA_BUILD_DIR:-build}/bin
+RUNS=${1:-5}
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+now() { date +%s.%N; }
+
+# Waits until file $1 contains text $2 (at most $3 seconds); prints the time.
+wait_for() {
+  local deadline
+  deadline=$(awk -v t="$(now)" -v s="$3" 'BEGIN { printf "%.3f", t + s }')
+  until grep -q -- "$2" "$1" 2>/dev/null; do
+    if awk -v t="$(now)" -v d="$deadline" 'BEGIN { exit !(t > d) }'; then
+      echo "measure_failures: '$2' did not appear in $1 within $3 s" >&2
+      cat "$1" >&2
+      return 1
+    fi
+    sleep 0.005
+  done
+  now
+}
+
+# Starts the soak master and two workers; sets SOAK, W1, W2 and the logs.
+start_group() {
+  local port=$((20000 + RANDOM % 20000)) run=$1
+  SOAK_LOG=$WORK/soak$run.log W1_LOG=$WORK/w1_$run.log W2_LOG=$WORK/w2_$run.log
+  "$BIN/soak" --external --workers w1,w2 --listen "127.0.0.1:$port" --steps 100000000 \
+    --progress 0 >"$SOAK_LOG" 2>&1 &
+  SOAK=$!
+  "$BIN/worker" --name w1 --master "127.0.0.1:$port" --threads 1 >"$W1_LOG" 2>&1 &
+  W1=$!
+  "$BIN/worker" --name w2 --master "127.0.0.1:$port" --threads 1 >"$W2_LOG" 2>&1 &
+  W2=$!
+  disown "$SOAK" "$W1" "$W2"  # no job notices when they are killed
+  PIDS+=("$SOAK" "$W1" "$W2")
+  wait_for "$SOAK_LOG" "master start:" 60 >/dev/null
+  sleep 1  # training is under way
+}
+
+# Kills the given processes and waits until they are gone.
+stop() {
+  kill -9 "$@" 2>/dev/null || true
+  for p in "$@"; do
+    while kill -0 "$p" 2>/dev/null; do sleep 0.01; done
+  done
+}
+
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+worker_times=()
+master_times=()
+for run in $(seq 1 "$RUNS"); do
+  start_group "w$run"
+  t0=$(now)
+  kill -9 "$W2"
+  t1=$(wait_for "$SOAK_LOG" "soak: step" 60)
+  d=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
+  worker_times+=("$d")
+  echo "run $run killed worker: master reported it after $d s: $(grep -m1 "^soak: step" "$SOAK_LOG" | cut -c1-200)"
+  stop "$SOAK" "$W1"
+
+  start_group "m$run"
+  t0=$(now)
+  kill -9 "$SOAK"
+  t1=$(wait_for "$W1_LOG" "has not answered" 60)
+  d=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
+  master_times+=("$d")
+  echo "run $run killed master: worker w1 gave up after $d s: $(grep -m1 "has not answered" "$W1_LOG" | cut -c1-200)"
+  stop "$W1" "$W2"
+done
+echo "killed worker: median $(printf '%s\n' "${worker_times[@]}" | median) s over $RUNS runs (${worker_times[*]})"
+echo "killed master: median $(printf '%s\n' "${master_times[@]}" | median) s over $RUNS runs (${master_times[*]})"
