@@ -854,17 +854,18 @@ void Agent::Impl::HandleCall(InMessage message, std::shared_ptr<Responder> respo
   };
   const ForkId lane = call.has_caller_fork() ? FromWire(call.caller_fork()) : ForkId{};
   const uint64_t seq = call.seq();
-  auto after_args = [run = std::move(run), responder, result_rref, self_rref, from, lane,
-                     seq](const absl::StatusOr<Empty>& confirmed) mutable {
+  const absl::Duration gap = agent_->options_.rpc_timeout;
+  auto after_args = [run = std::move(run), responder, result_rref, self_rref, from, lane, seq,
+                     gap](const absl::StatusOr<Empty>& confirmed) mutable {
     if (!confirmed.ok()) {
       if (result_rref) result_rref->SetValue(confirmed.status());
       return responder->ReplyError(Annotate(confirmed.status(), "an RRef argument"));
     }
     if (!self_rref) return run();
     // Method calls through one user RRef run in the caller's order.
-    self_rref->value().then([run = std::move(run), self_rref, from, lane,
-                             seq](const absl::StatusOr<c10::IValue>&) mutable {
-      self_rref->RunInOrder(from, lane, seq, std::move(run));
+    self_rref->value().then([run = std::move(run), self_rref, from, lane, seq,
+                             gap](const absl::StatusOr<c10::IValue>&) mutable {
+      self_rref->RunInOrder(from, lane, seq, std::move(run), gap);
     });
   };
   if (pending.empty() && (!self_rref || self_rref->value().ready())) {

@@ -28,17 +28,30 @@ Agent* RRefImpl::agent() const {
 }
 
 void OwnerRRef::RunInOrder(WorkerId caller, const ForkId& lane_id, uint64_t seq,
-                           std::function<void()> fn) {
+                           std::function<void()> fn, absl::Duration gap_timeout,
+                           absl::Time now) {
   if (seq == 0) return fn();
   const auto key = std::make_pair(caller, lane_id);
+  bool late = false;
   {
     absl::MutexLock lock(&lanes_mu_);
     Lane& lane = lanes_[key];
-    if (seq != lane.next) {
+    late = seq < lane.next;  // its turn was skipped (see the header)
+    if (!late && seq == lane.next && !lane.running) {
+      lane.running = true;
+    } else if (!late) {
+      if (lane.waiting.empty()) lane.gap_since = now;
       lane.waiting[seq] = std::move(fn);
-      return;
+      if (lane.running || now - lane.gap_since < gap_timeout) return;
+      // The missing calls have been given up on by their caller: go on.
+      auto first = lane.waiting.begin();
+      lane.next = first->first;
+      fn = std::move(first->second);
+      lane.waiting.erase(first);
+      lane.running = true;
     }
   }
+  if (late) return fn();  // late, but not lost
   while (fn) {
     fn();
     absl::MutexLock lock(&lanes_mu_);
@@ -47,6 +60,8 @@ void OwnerRRef::RunInOrder(WorkerId caller, const ForkId& lane_id, uint64_t seq,
     auto it = lane.waiting.find(lane.next);
     if (it == lane.waiting.end()) {
       fn = nullptr;
+      lane.running = false;
+      if (!lane.waiting.empty()) lane.gap_since = absl::Now();  // a new gap
     } else {
       fn = std::move(it->second);
       lane.waiting.erase(it);

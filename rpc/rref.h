@@ -87,12 +87,21 @@ class OwnerRRef final : public RRefImpl {
 
   // Runs `fn` after every call with a lower `seq` on the same lane ran (a
   // lane is one caller's user RRef; seq counts from 1). seq 0: at once.
-  void RunInOrder(WorkerId caller, const ForkId& lane, uint64_t seq, std::function<void()> fn);
+  //
+  // A call that never arrives (its caller's request failed in transport)
+  // must not stop the lane for good: once calls have waited behind a gap for
+  // `gap_timeout` (the caller has given up on the missing one by then), the
+  // next arrival on the lane skips the gap and the waiting calls run in
+  // order. A call that arrives after its turn was skipped runs at once.
+  void RunInOrder(WorkerId caller, const ForkId& lane, uint64_t seq, std::function<void()> fn,
+                  absl::Duration gap_timeout = absl::Seconds(60), absl::Time now = absl::Now());
 
  private:
   struct Lane {
     uint64_t next = 1;
     std::map<uint64_t, std::function<void()>> waiting;
+    absl::Time gap_since;  // when calls started waiting behind the gap
+    bool running = false;  // a thread is running this lane's calls
   };
 
   Future<c10::IValue> value_;

@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "rpc/future.h"
 #include "rpc/ids.h"
+#include "rpc/rref.h"
 
 namespace remora {
 namespace {
@@ -541,6 +542,47 @@ TEST(WorkerName, RejectsInvalidNames) {
         std::string("w\0x", 3), std::string("wörker")}) {
     EXPECT_FALSE(IsValidWorkerName(name)) << "'" << name << "'";
   }
+}
+
+// Method-call lanes of an owner RRef (no sockets: RunInOrder directly).
+class Lanes : public ::testing::Test {
+ protected:
+  OwnerRRef owner_{1, "w1", RRefId{1, 1}, {}, nullptr};
+  const ForkId lane_{2, 7};
+  std::vector<int> ran_;
+  std::function<void()> Record(int seq) {
+    return [this, seq] { ran_.push_back(seq); };
+  }
+};
+
+TEST_F(Lanes, CallsRunInTheCallersOrder) {
+  const absl::Time t = absl::Now();
+  owner_.RunInOrder(0, lane_, 3, Record(3), absl::Seconds(60), t);
+  owner_.RunInOrder(0, lane_, 2, Record(2), absl::Seconds(60), t);
+  EXPECT_TRUE(ran_.empty());
+  owner_.RunInOrder(0, lane_, 1, Record(1), absl::Seconds(60), t);
+  EXPECT_THAT(ran_, ::testing::ElementsAre(1, 2, 3));
+  owner_.RunInOrder(0, lane_, 0, Record(0), absl::Seconds(60), t);  // unordered: at once
+  EXPECT_THAT(ran_, ::testing::ElementsAre(1, 2, 3, 0));
+}
+
+TEST_F(Lanes, AMissingCallStopsTheLaneOnlyUntilTheGapTimesOut) {
+  const absl::Time t = absl::Now();
+  const absl::Duration gap = absl::Seconds(10);
+  owner_.RunInOrder(0, lane_, 1, Record(1), gap, t);
+  // Call 2 never arrives (its request failed in transport).
+  owner_.RunInOrder(0, lane_, 3, Record(3), gap, t + absl::Seconds(1));
+  owner_.RunInOrder(0, lane_, 4, Record(4), gap, t + absl::Seconds(9));
+  EXPECT_THAT(ran_, ::testing::ElementsAre(1));
+  owner_.RunInOrder(0, lane_, 5, Record(5), gap, t + absl::Seconds(12));
+  EXPECT_THAT(ran_, ::testing::ElementsAre(1, 3, 4, 5));
+  // Call 2 after all: late, but it runs.
+  owner_.RunInOrder(0, lane_, 2, Record(2), gap, t + absl::Seconds(13));
+  EXPECT_THAT(ran_, ::testing::ElementsAre(1, 3, 4, 5, 2));
+  // The lane goes on in order, and other lanes never waited.
+  owner_.RunInOrder(0, ForkId{2, 8}, 1, Record(100), gap, t + absl::Seconds(13));
+  owner_.RunInOrder(0, lane_, 6, Record(6), gap, t + absl::Seconds(14));
+  EXPECT_THAT(ran_, ::testing::ElementsAre(1, 3, 4, 5, 2, 100, 6));
 }
 
 }  // namespace
