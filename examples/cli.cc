@@ -73,9 +73,16 @@ void FlagParser::AddBool(const std::string& name, bool* target, const std::strin
                       }};
 }
 
-void FlagParser::AddTokenFileFlag(std::string* target) {
-  AddString("token-file", target,
+void FlagParser::AddSecurityFlags(SecurityFiles* target) {
+  AddString("token-file", &target->token_file,
             "file holding the group's shared secret (else $REMORA_TOKEN; none: no check)");
+  AddTlsFlags(&target->tls);
+}
+
+std::vector<std::string> SecurityFiles::WorkerArgs() const {
+  std::vector<std::string> out = tls.WorkerArgs();
+  if (!token_file.empty()) out.insert(out.end(), {"--token-file", token_file});
+  return out;
 }
 
 void FlagParser::AddTlsFlags(TlsFiles* target) {
@@ -98,6 +105,14 @@ std::vector<std::string> TlsFiles::WorkerArgs() const {
 
 absl::StatusOr<TlsOptions> LoadTls(const TlsFiles& files) {
   return LoadTlsFiles(files.cert, files.key, files.ca);
+}
+
+absl::StatusOr<Security> LoadSecurity(const SecurityFiles& files) {
+  auto token = LoadToken(files.token_file);
+  if (!token.ok()) return token.status();
+  auto tls = LoadTls(files.tls);
+  if (!tls.ok()) return tls.status();
+  return Security{*std::move(token), *std::move(tls)};
 }
 
 std::string FlagParser::Usage() const {

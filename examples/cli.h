@@ -24,6 +24,21 @@ struct TlsFiles {
   std::vector<std::string> WorkerArgs() const;
 };
 
+// What a program that joins a group proves itself with: --token-file and
+// the TLS flags (FlagParser::AddSecurityFlags, LoadSecurity).
+struct SecurityFiles {
+  std::string token_file;
+  TlsFiles tls;
+  // The flags that pass the same files on to a worker program.
+  std::vector<std::string> WorkerArgs() const;
+};
+
+// AgentOptions::token and AgentOptions::tls, loaded from SecurityFiles.
+struct Security {
+  std::string token;
+  TlsOptions tls;
+};
+
 // Parses --name value and --name=value; --help prints the usage.
 //
 // Thread-compatible. Targets must outlive Parse().
@@ -35,10 +50,10 @@ class FlagParser {
   void AddInt(const std::string& name, int* target, const std::string& help);
   void AddDouble(const std::string& name, double* target, const std::string& help);
   void AddBool(const std::string& name, bool* target, const std::string& help);
-  // --token-file, as every program that joins a group takes it (LoadToken).
-  void AddTokenFileFlag(std::string* target);
-  // --tls-cert, --tls-key and --tls-ca, as every program that joins a group
-  // takes them (LoadTls).
+  // --token-file, --tls-cert, --tls-key and --tls-ca, as every program
+  // that joins a group takes them (LoadSecurity).
+  void AddSecurityFlags(SecurityFiles* target);
+  // Only the TLS flags (LoadTls).
   void AddTlsFlags(TlsFiles* target);
 
   // Parses argv. Returns false after printing the usage (for --help: exit 0)
@@ -92,6 +107,9 @@ absl::StatusOr<std::string> LoadToken(const std::string& token_file);
 // an error names the flag and file that is missing, unreadable or not PEM,
 // or the flag that is missing beside another (a cert without its key).
 absl::StatusOr<TlsOptions> LoadTls(const TlsFiles& files);
+
+// LoadToken and LoadTls together; the first error wins.
+absl::StatusOr<Security> LoadSecurity(const SecurityFiles& files);
 
 // Checks HOST:PORT (port 0 to 65535).
 absl::Status CheckAddress(const std::string& address, const std::string& flag);

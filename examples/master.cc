@@ -291,20 +291,13 @@ int Main(int argc, char** argv) {
   flags.AddString("device", &c.device,
                   "where --local and --compare-local train: cpu or cuda:N (workers choose their "
                   "own with worker --device)");
-  std::string token_file;
-  flags.AddTokenFileFlag(&token_file);
-  cli::TlsFiles tls_files;
-  flags.AddTlsFlags(&tls_files);
+  cli::SecurityFiles security_files;
+  flags.AddSecurityFlags(&security_files);
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
-  auto token = cli::LoadToken(token_file);
-  if (!token.ok()) {
-    std::cerr << "master: " << token.status().message() << "\n";
-    return 2;
-  }
-  auto tls = cli::LoadTls(tls_files);
-  if (!tls.ok()) {
-    std::cerr << "master: " << tls.status().message() << "\n";
+  auto security = cli::LoadSecurity(security_files);
+  if (!security.ok()) {
+    std::cerr << "master: " << security.status().message() << "\n";
     return 2;
   }
   cli::TuneAllocator();
@@ -373,13 +366,13 @@ int Main(int argc, char** argv) {
     opts.workers = c.workers;
     opts.connect_timeout = absl::Seconds(c.connect_timeout);
     opts.rpc_timeout = absl::Minutes(10);
-    opts.token = *token;
-    opts.tls = *tls;
+    opts.token = security->token;
+    opts.tls = security->tls;
     auto started = Agent::Start(opts, &registry);
     if (!started.ok()) return die(started.status());
     agent = std::move(*started);
     dist_autograd::Enable(*agent);
-    std::cout << "master listening at " << agent->self().address << " (" << TlsModeName(*tls)
+    std::cout << "master listening at " << agent->self().address << " (" << TlsModeName(security->tls)
               << "), waiting for "
               << absl::StrJoin(c.workers, ", ") << std::endl;
     if (auto s = agent->Join(); !s.ok()) return die(s);

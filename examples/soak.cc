@@ -131,20 +131,16 @@ int Main(int argc, char** argv) {
                 "do not start the workers: wait for them to register at --listen");
   flags.AddString("listen", &c.listen, "HOST:PORT of this master (port 0: a free one)");
   flags.AddInt("connect-timeout", &c.connect_timeout, "seconds to wait for the workers");
-  std::string token_file;
-  flags.AddTokenFileFlag(&token_file);
-  cli::TlsFiles tls_files;
-  flags.AddTlsFlags(&tls_files);
+  cli::SecurityFiles security_files;
+  flags.AddSecurityFlags(&security_files);
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
   auto fail = [](const std::string& message) {
     std::cerr << "soak: " << message << "\n";
     return 2;
   };
-  auto token = cli::LoadToken(token_file);
-  if (!token.ok()) return fail(std::string(token.status().message()));
-  auto tls = cli::LoadTls(tls_files);
-  if (!tls.ok()) return fail(std::string(tls.status().message()));
+  auto security = cli::LoadSecurity(security_files);
+  if (!security.ok()) return fail(std::string(security.status().message()));
   const std::vector<std::string> names = cli::SplitList(c.workers);
   if (names.empty() || names.size() > 2) return fail("--workers wants one or two names");
   if (c.steps < 1 || c.warmup < 0 || c.micro_batches < 1 || c.hidden < 1 ||
@@ -163,8 +159,8 @@ int Main(int argc, char** argv) {
   AgentOptions options;
   options.name = "master";
   options.listen_address = c.listen;
-  options.token = *token;
-  options.tls = *tls;
+  options.token = security->token;
+  options.tls = security->tls;
   options.connect_timeout = absl::Seconds(c.connect_timeout);
   cli::LocalGroup group;
   if (c.external) {
@@ -178,8 +174,7 @@ int Main(int argc, char** argv) {
               << c.workers << std::endl;
     if (auto s = group.master->Join(); !s.ok()) return fail(std::string(s.message()));
   } else {
-    std::vector<std::string> worker_args = tls_files.WorkerArgs();
-    if (!token_file.empty()) worker_args.insert(worker_args.end(), {"--token-file", token_file});
+    std::vector<std::string> worker_args = security_files.WorkerArgs();
     worker_args.insert(worker_args.end(), {"--threads", "1"});
     auto started = cli::StartLocalGroup(names, &registry, worker_args, options);
     if (!started.ok()) return fail(std::string(started.status().message()));

@@ -38,20 +38,13 @@ int main(int argc, char** argv) {
                   "where CUDA tensors this worker sends land: auto (each peer's --device; the "
                   "master's CPU), none, or PEER/cuda:I=DEVICE,... (default: auto with a cuda "
                   "--device, else none)");
-  std::string token_file;
-  flags.AddTokenFileFlag(&token_file);
-  cli::TlsFiles tls_files;
-  flags.AddTlsFlags(&tls_files);
+  cli::SecurityFiles security_files;
+  flags.AddSecurityFlags(&security_files);
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
-  auto token = cli::LoadToken(token_file);
-  if (!token.ok()) {
-    std::cerr << "worker: " << token.status().message() << "\n";
-    return 2;
-  }
-  auto tls = cli::LoadTls(tls_files);
-  if (!tls.ok()) {
-    std::cerr << "worker: " << tls.status().message() << "\n";
+  auto security = cli::LoadSecurity(security_files);
+  if (!security.ok()) {
+    std::cerr << "worker: " << security.status().message() << "\n";
     return 2;
   }
   cli::TuneAllocator();
@@ -98,8 +91,8 @@ int main(int argc, char** argv) {
   options.listen_address = listen;
   options.num_threads = rpc_threads;
   options.connect_timeout = absl::Seconds(connect_timeout_s);
-  options.token = *token;
-  options.tls = *tls;
+  options.token = security->token;
+  options.tls = security->tls;
   options.device = home->str();
   options.device_maps = maps->maps;
   options.map_to_peer_devices = maps->to_peer_devices;
@@ -124,7 +117,7 @@ int main(int argc, char** argv) {
     cli::SetComputeThreads(threads);
   }
   std::cerr << "worker '" << name << "' (id " << (*agent)->self().id << ") serving at "
-            << (*agent)->self().address << " (" << TlsModeName(*tls) << ") with " << threads
+            << (*agent)->self().address << " (" << TlsModeName(security->tls) << ") with " << threads
             << " intra-op threads, shards on " << options.device << "\n";
   if (auto s = (*agent)->Shutdown(); !s.ok()) {
     std::cerr << "worker: " << s.message() << "\n";  // the message names this worker
