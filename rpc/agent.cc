@@ -181,6 +181,8 @@ class Responder {
   ~Responder();
   void Reply(OutMessage message);
   void ReplyError(const absl::Status& status);
+  // An empty reply when `status` is OK, else the error.
+  void ReplyStatus(const absl::Status& status);
   void ReplyValue(absl::StatusOr<c10::IValue> value);
   WorkerId to() const { return to_; }
   // The distributed autograd context the reply belongs to.
@@ -247,7 +249,7 @@ struct ClientCall {
   grpc::ByteBuffer request;
   grpc::ByteBuffer response;
   Future<InMessage> done;
-  std::vector<ShmFill> sent;  // segments to take back if it fails
+  std::vector<wire::ShmPayload> sent;  // segments to take back if it fails
   std::vector<wire::CudaPayload> cuda_sent;  // CUDA transfers, likewise
 };
 
@@ -455,6 +457,14 @@ void Responder::ReplyError(const absl::Status& status) {
   Reply(std::move(m));
 }
 
+void Responder::ReplyStatus(const absl::Status& status) {
+  if (status.ok()) {
+    Reply(OutMessage{});
+  } else {
+    ReplyError(status);
+  }
+}
+
 void Responder::ReplyValue(absl::StatusOr<c10::IValue> value) {
   if (!value.ok()) return ReplyError(value.status());
   OutMessage m;
@@ -481,11 +491,11 @@ Future<InMessage> Agent::Impl::Transmit(grpc::GenericStub* stub, OutMessage mess
   if (!agent_->options_.token.empty()) {
     call->context.AddMetadata(kTokenHeader, agent_->options_.token);
   }
-  call->request = SerializeMessage(std::move(message), route, &call->sent, &call->cuda_sent);
   // Filled once the request is on its way (below); the call may complete,
   // and `call` go, before that.
-  std::vector<ShmFill> fills = call->sent;
-  for (auto& f : call->sent) f.payload = at::Tensor();
+  std::vector<ShmFill> fills;
+  call->request = SerializeMessage(std::move(message), route, &fills, &call->cuda_sent);
+  for (const auto& f : fills) call->sent.push_back(f.descriptor);
   {
     absl::MutexLock lock(&calls_mu_);
     if (stopped_) {
@@ -503,7 +513,7 @@ Future<InMessage> Agent::Impl::Transmit(grpc::GenericStub* stub, OutMessage mess
                     : FromGrpc(status);
     // A failed call may never have been read: take its segments back.
     if (!status.ok()) {
-      for (const auto& f : call->sent) shm_->Reclaim(f.descriptor);
+      for (const auto& d : call->sent) shm_->Reclaim(d);
       for (const auto& d : call->cuda_sent) cuda_->Reclaim(peer, d);
     }
     Future<InMessage> done = call->done;
@@ -702,12 +712,7 @@ void Agent::Impl::Handle(InMessage message, std::shared_ptr<Responder> responder
     case wire::Request::kUserDelete: {
       const auto& d = request.user_delete();
       // Deletes are idempotent: an unknown or already deleted user is fine.
-      absl::Status s = rrefs.DeleteFork(FromWire(d.rref_id()), FromWire(d.fork_id()));
-      if (s.ok()) {
-        responder->Reply(OutMessage{});
-      } else {
-        responder->ReplyError(s);
-      }
+      responder->ReplyStatus(rrefs.DeleteFork(FromWire(d.rref_id()), FromWire(d.fork_id())));
       return;
     }
     case wire::Request::kProbe:
@@ -716,16 +721,10 @@ void Agent::Impl::Handle(InMessage message, std::shared_ptr<Responder> responder
     case wire::Request::kPing:
       responder->Reply(OutMessage{});
       return;
-    case wire::Request::kNcclSetup: {
-      absl::Status s = cuda_->OnNcclSetup(static_cast<WorkerId>(request.from()),
-                                          request.nccl_setup());
-      if (s.ok()) {
-        responder->Reply(OutMessage{});
-      } else {
-        responder->ReplyError(s);
-      }
+    case wire::Request::kNcclSetup:
+      responder->ReplyStatus(
+          cuda_->OnNcclSetup(static_cast<WorkerId>(request.from()), request.nccl_setup()));
       return;
-    }
     case wire::Request::kNcclAbort:
       cuda_->OnNcclAbort(static_cast<WorkerId>(request.from()), request.nccl_abort());
       responder->Reply(OutMessage{});
