@@ -11,13 +11,14 @@
 #include <gtest/gtest.h>
 
 #include "tests/test_group.h"
+#include "tests/wire_values.h"
 
 namespace remora {
 namespace {
 
 using ::testing::HasSubstr;
 
-class BadInput : public ::testing::Test {
+class BadInput : public ::testing::Test, protected WireValues {
  protected:
   BadInput() : group_(2), client_(group_.worker(1).self().address) {}
 
@@ -36,16 +37,6 @@ class BadInput : public ::testing::Test {
     return m;
   }
 
-  static wire::Value Int(int64_t i) {
-    wire::Value v;
-    v.set_i(i);
-    return v;
-  }
-  static wire::Value Str(const std::string& s) {
-    wire::Value v;
-    v.set_s(s);
-    return v;
-  }
   static wire::Value Tensor(int32_t dtype, std::vector<int64_t> sizes, uint32_t payload = 0,
                             bool requires_grad = false) {
     wire::Value v;
@@ -55,12 +46,6 @@ class BadInput : public ::testing::Test {
     t->set_payload(payload);
     t->set_requires_grad(requires_grad);
     return v;
-  }
-  static wire::Guid Guid(uint32_t worker, uint64_t local) {
-    wire::Guid g;
-    g.set_worker(worker);
-    g.set_local(local);
-    return g;
   }
   static at::Tensor Bytes(int64_t n) { return at::zeros({n}, at::kByte); }
 

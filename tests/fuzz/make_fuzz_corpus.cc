@@ -19,6 +19,7 @@
 #include "examples/cli.h"
 #include "rpc/ids.h"
 #include "rpc/message.h"
+#include "tests/wire_values.h"
 #include "tests/fuzz/request_decoder.h"
 
 namespace remora::fuzz {
@@ -26,7 +27,7 @@ namespace {
 
 // Builds values, appending tensors to the message's payloads.
 // Thread-compatible; the message must outlive it.
-class Builder {
+class Builder : public WireValues {
  public:
   explicit Builder(OutMessage* m) : m_(m) {}
 
@@ -40,66 +41,6 @@ class Builder {
     m_->payloads.push_back(t.contiguous());
     return v;
   }
-  static wire::Value Undefined() {
-    wire::Value v;
-    v.mutable_tensor()->set_dtype(-1);
-    return v;
-  }
-  static wire::Value Int(int64_t i) {
-    wire::Value v;
-    v.set_i(i);
-    return v;
-  }
-  static wire::Value Double(double d) {
-    wire::Value v;
-    v.set_d(d);
-    return v;
-  }
-  static wire::Value Bool(bool b) {
-    wire::Value v;
-    v.set_b(b);
-    return v;
-  }
-  static wire::Value Str(const std::string& s) {
-    wire::Value v;
-    v.set_s(s);
-    return v;
-  }
-  static wire::Value List(wire::ElemKind elem, std::vector<wire::Value> items, bool tuple = false) {
-    wire::Value v;
-    auto* l = tuple ? v.mutable_tuple() : v.mutable_list();
-    l->set_elem(elem);
-    for (auto& i : items) *l->add_items() = std::move(i);
-    return v;
-  }
-  static wire::Value Dict(wire::ElemKind key, wire::ElemKind value,
-                          std::vector<std::pair<wire::Value, wire::Value>> entries) {
-    wire::Value v;
-    auto* d = v.mutable_dict();
-    d->set_key(key);
-    d->set_value(value);
-    for (auto& [k, val] : entries) {
-      *d->add_keys() = std::move(k);
-      *d->add_values() = std::move(val);
-    }
-    return v;
-  }
-  static wire::Guid Guid(uint32_t worker, uint64_t local) {
-    wire::Guid g;
-    g.set_worker(worker);
-    g.set_local(local);
-    return g;
-  }
-  static wire::Value RRef(uint32_t owner, wire::Guid id, wire::Guid fork, uint32_t parent) {
-    wire::Value v;
-    auto* r = v.mutable_rref();
-    r->set_owner(owner);
-    *r->mutable_rref_id() = id;
-    *r->mutable_fork_id() = fork;
-    r->set_parent(parent);
-    return v;
-  }
-
  private:
   OutMessage* m_;
 };
@@ -185,9 +126,9 @@ std::map<std::string, OutMessage> Seeds() {
     OutMessage m = Request(2);
     auto* call = m.header.mutable_request()->mutable_call();
     call->set_function("forward");
-    *call->add_args() = B::RRef(2, B::Guid(2, 10), B::Guid(2, 11), 2);
-    *call->add_args() = B::RRef(3, B::Guid(0, 20), B::Guid(2, 21), 2);
-    *call->mutable_self() = B::RRef(kSelf, B::Guid(0, 30), B::Guid(2, 31), 2);
+    *call->add_args() = B::RRefValue(2, B::Guid(2, 10), B::Guid(2, 11), 2);
+    *call->add_args() = B::RRefValue(3, B::Guid(0, 20), B::Guid(2, 21), 2);
+    *call->mutable_self() = B::RRefValue(kSelf, B::Guid(0, 30), B::Guid(2, 31), 2);
     *call->mutable_caller_fork() = B::Guid(2, 31);
     call->set_seq(1);
     seeds["call_method_with_rrefs"] = std::move(m);
@@ -255,7 +196,7 @@ std::map<std::string, OutMessage> Seeds() {
     B b(&m);
     *m.header.mutable_response()->mutable_value() =
         B::List(wire::ELEM_ANY, {b.Tensor(at::ones({3, 2}), true),
-                                 B::RRef(2, B::Guid(2, 50), B::Guid(2, 51), 2)}, true);
+                                 B::RRefValue(2, B::Guid(2, 50), B::Guid(2, 51), 2)}, true);
     m.header.mutable_response()->mutable_autograd()->set_context_id(1);
     m.header.mutable_response()->mutable_autograd()->set_message_id((int64_t{2} << 48) | 9);
     seeds["response_value"] = std::move(m);
