@@ -165,7 +165,7 @@ Future<Empty> RunBackward(Container& container, std::shared_ptr<DistContext> con
   trace::SetMicroBatch(-1);
   int64_t start_us = 0;
   try {
-    absl::MutexLock compute(&ComputeMutex());
+    ComputeTurn compute;
     start_us = trace::NowUs();
     // retain_graph: a send's graph may be reached again by another message
     // of the same context; the context holds it until released.

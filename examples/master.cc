@@ -54,6 +54,7 @@ struct Config {
   double lr = 0.05;
   int seed = 0;
   std::string partition = "balanced";
+  int interleave = 1;  // stages per worker
   int threads = 0;
   bool local = false;
   bool compare_local = false;
@@ -129,21 +130,40 @@ absl::StatusOr<std::vector<int>> Partition(Agent& agent, const Config& c) {
   if (c.partition == "tutorial") return shards::TutorialSplit();
   int max_splits = *std::max_element(c.splits.begin(), c.splits.end());
   const int64_t probe = std::max<int64_t>(1, std::min<int64_t>(16, c.batch_size / max_splits));
+  // Every worker times every block at once: in the pipeline the stages run
+  // side by side and share the machine's memory bandwidth and caches, and
+  // blocks suffer from that unequally (timed alone on one worker, the split
+  // came out up to 9% off the stages' busy times in the trace).
   std::cout << "measuring per-block cost (forward + backward, " << probe << " images of "
-            << c.image_size << "x" << c.image_size << ") on " << c.workers[0] << " ..."
-            << std::endl;
-  auto costs = agent.rpc_sync(c.workers[0], "resnet.block_costs", {probe, int64_t{c.image_size}},
-                              CallOptions{absl::Minutes(10)});
-  if (!costs.ok()) return costs.status();
-  std::vector<double> v = costs->toDoubleVector();
-  std::vector<int> bounds = shards::BalancedSplit(v, static_cast<int>(c.workers.size()));
+            << c.image_size << "x" << c.image_size << ") on " << absl::StrJoin(c.workers, ", ")
+            << " at once ..." << std::endl;
+  std::vector<Future<c10::IValue>> pending;
+  for (const auto& w : c.workers) {
+    pending.push_back(agent.rpc_async(w, "resnet.block_costs", {probe, int64_t{c.image_size}},
+                                      CallOptions{absl::Minutes(10)}));
+  }
+  std::vector<double> v;
+  for (auto& f : pending) {
+    auto costs = f.wait();
+    if (!costs.ok()) return costs.status();
+    std::vector<double> mine = costs->toDoubleVector();
+    if (v.empty()) v.assign(mine.size(), 0.0);
+    if (mine.size() != v.size()) return absl::InternalError("workers measured different block counts");
+    for (size_t i = 0; i < v.size(); ++i) v[i] += mine[i] / c.workers.size();
+  }
+  const int n = static_cast<int>(c.workers.size());
+  std::vector<int> bounds = shards::InterleavedSplit(v, n, c.interleave, max_splits);
   double total = 0;
   for (double x : v) total += x;
-  for (size_t w = 0; w < c.workers.size(); ++w) {
+  for (int w = 0; w < n; ++w) {
     double part = 0;
-    for (int b = bounds[w]; b < bounds[w + 1]; ++b) part += v[b];
-    std::printf("  %-10s blocks [%2d, %2d)  %5.1f%% of the measured cost\n", c.workers[w].c_str(),
-                bounds[w], bounds[w + 1], 100.0 * part / total);
+    std::vector<std::string> ranges;
+    for (int k = w; k + 1 < static_cast<int>(bounds.size()); k += n) {
+      for (int b = bounds[k]; b < bounds[k + 1]; ++b) part += v[b];
+      ranges.push_back(absl::StrFormat("[%2d, %2d)", bounds[k], bounds[k + 1]));
+    }
+    std::printf("  %-10s blocks %s  %5.1f%% of the measured cost\n", c.workers[w].c_str(),
+                absl::StrJoin(ranges, " + ").c_str(), 100.0 * part / total);
   }
   return bounds;
 }
@@ -151,12 +171,13 @@ absl::StatusOr<std::vector<int>> Partition(Agent& agent, const Config& c) {
 absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c, const std::vector<int>& bounds,
                                   int splits, bool traced) {
   Run run(splits);
-  const size_t n = c.workers.size();
+  // Stage k (blocks [bounds[k], bounds[k + 1])) lives on worker k mod n.
+  const size_t n = bounds.size() - 1;
   std::vector<RRef> stages;
   std::vector<RRef> params;
-  for (size_t w = 0; w < n; ++w) {
-    auto stage = agent.remote(c.workers[w], "ResNetShard",
-                              {int64_t{bounds[w]}, int64_t{bounds[w + 1]}, int64_t{c.seed}});
+  for (size_t k = 0; k < n; ++k) {
+    auto stage = agent.remote(c.workers[k % c.workers.size()], "ResNetShard",
+                              {int64_t{bounds[k]}, int64_t{bounds[k + 1]}, int64_t{c.seed}});
     if (!stage.ok()) return stage.status();
     stages.push_back(*stage);
   }
@@ -209,7 +230,7 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c, const std::vect
     PrintBatch(b, loss, seconds);
   }
   if (traced) {
-    for (size_t w = 0; w < n; ++w) {
+    for (size_t w = 0; w < c.workers.size(); ++w) {
       auto slices = agent.rpc_sync(c.workers[w], "trace_collect");
       agent.rpc_sync(c.workers[w], "trace_enable", {false}).IgnoreError();
       if (!slices.ok()) return slices.status();
@@ -281,6 +302,9 @@ int Main(int argc, char** argv) {
   flags.AddDouble("lr", &c.lr, "SGD learning rate");
   flags.AddInt("seed", &c.seed, "seed of weights and data: same seed, same numbers");
   flags.AddString("partition", &c.partition, "balanced (by measured block cost) or tutorial (2 workers)");
+  flags.AddInt("interleave", &c.interleave,
+               "stages per worker: with 2, worker k of n also hosts stage k + n, which halves "
+               "the pipeline's fill and drain (balanced partition only)");
   flags.AddInt("threads", &c.threads, "intra-op threads of this process (used by --local)");
   flags.AddBool("local", &c.local, "train in this process alone, no workers");
   flags.AddBool("compare-local", &c.compare_local, "after the sweep, also train --local --splits 1 and print the ratio");
@@ -329,11 +353,16 @@ int Main(int argc, char** argv) {
     if (c.partition != "balanced" && c.partition != "tutorial") {
       return fail("--partition must be balanced or tutorial");
     }
+    if (c.interleave < 1) return fail("--interleave must be >= 1");
+    if (c.partition == "tutorial" && c.interleave != 1) {
+      return fail("--partition tutorial has one stage per worker: drop --interleave");
+    }
     if (c.partition == "tutorial" && c.workers.size() != 2) {
       return fail("--partition tutorial splits ResNet50 in two: give exactly two --workers");
     }
-    if (c.workers.size() > static_cast<size_t>(shards::kResNetBlocks)) {
-      return fail(absl::StrCat("at most ", shards::kResNetBlocks, " workers (ResNet50 has that many blocks)"));
+    if (c.workers.size() * c.interleave > static_cast<size_t>(shards::kResNetBlocks)) {
+      return fail(absl::StrCat("--workers times --interleave is at most ", shards::kResNetBlocks,
+                               " (ResNet50 has that many blocks)"));
     }
     if (auto s = cli::CheckAddress(c.listen, "--listen"); !s.ok()) return fail(std::string(s.message()));
   }
@@ -384,8 +413,8 @@ int Main(int argc, char** argv) {
     for (size_t i = 0; i < c.splits.size(); ++i) {
       const int s = c.splits[i];
       const bool last = i + 1 == c.splits.size();
-      std::printf("pipeline: splits=%d (%d micro-batches of ~%d images) over %zu workers\n", s, s,
-                  c.batch_size / s, c.workers.size());
+      std::printf("pipeline: splits=%d (%d micro-batches of ~%d images) over %zu workers, %zu stages\n",
+                  s, s, c.batch_size / s, c.workers.size(), bounds->size() - 1);
       auto run = TrainPipeline(*agent, c, *bounds, s, last && !(c.trace.empty() && c.timeline.empty()));
       if (!run.ok()) return die(run.status());
       std::printf("splits=%d seconds=%.3f images_per_second=%.2f\n", s, run->seconds,

@@ -71,7 +71,7 @@ class LocalOptimizer {
 
   // Steps with the gradients `context` accumulated here.
   void Step(const dist_autograd::DistContext& context) {
-    absl::MutexLock compute(&ComputeMutex());
+    ComputeTurn compute;
     trace::Scope scope("step", -1);
     for (auto& p : params_) p.mutable_grad() = context.Gradient(p);
     optimizer_->step();

@@ -54,9 +54,36 @@ void ThreadPool::Loop() {
   }
 }
 
-absl::Mutex& ComputeMutex() {
-  static absl::Mutex* mu = new absl::Mutex;  // never destroyed
-  return *mu;
+namespace {
+
+// A ticket lock: tickets in arrival order, served one at a time.
+struct ComputeLane {
+  absl::Mutex mu;
+  uint64_t next ABSL_GUARDED_BY(mu) = 0;
+  uint64_t serving ABSL_GUARDED_BY(mu) = 0;
+};
+
+ComputeLane& Lane() {
+  static ComputeLane* lane = new ComputeLane;  // never destroyed
+  return *lane;
+}
+
+}  // namespace
+
+ComputeTurn::ComputeTurn() {
+  ComputeLane& lane = Lane();
+  absl::MutexLock lock(&lane.mu);
+  ticket_ = lane.next++;
+  auto my_turn = [&lane, this]() ABSL_SHARED_LOCKS_REQUIRED(lane.mu) {
+    return lane.serving == ticket_;
+  };
+  lane.mu.Await(absl::Condition(&my_turn));
+}
+
+ComputeTurn::~ComputeTurn() {
+  ComputeLane& lane = Lane();
+  absl::MutexLock lock(&lane.mu);
+  ++lane.serving;
 }
 
 }  // namespace remora

@@ -6,6 +6,7 @@
 // task already scheduled, then joins.
 #pragma once
 
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <thread>
@@ -48,13 +49,28 @@ class ThreadPool final : public Executor {
   std::vector<std::thread> threads_;
 };
 
-// The process's compute lane. A worker process hosts one pipeline stage and
+// The process's compute lane. A worker process hosts pipeline stages and
 // behaves as one device: forward passes, backward passes and optimizer
-// steps take this lock, so that they run one at a time, each with all the
-// intra-op threads, instead of many at once fighting over the cores
+// steps hold a ComputeTurn, so that they run one at a time, each with all
+// the intra-op threads, instead of many at once fighting over the cores
 // (measured: 8 concurrent backward passes on a 1-thread worker made a
-// ResNet50 step twice as slow). Never hold it while waiting on another
-// process.
-absl::Mutex& ComputeMutex();
+// ResNet50 step twice as slow). Turns are served first come, first served:
+// with interleaved stages the order matters, and a simulation of the
+// 2-worker, 4-stage pipeline finished a batch about 1% sooner in arrival
+// order than in the arbitrary order of a plain mutex. Never hold a turn
+// while waiting on another process.
+//
+// Thread-safety: a turn is taken and given back on one thread; any number
+// of threads may wait.
+class ComputeTurn {
+ public:
+  ComputeTurn();   // blocks until every earlier turn has ended
+  ~ComputeTurn();  // lets the next one run
+  ComputeTurn(const ComputeTurn&) = delete;
+  ComputeTurn& operator=(const ComputeTurn&) = delete;
+
+ private:
+  uint64_t ticket_;
+};
 
 }  // namespace remora

@@ -83,7 +83,7 @@ absl::Status RegisterMLP(Registry& registry) {
       {{"forward",
         [](Stage& m, CallContext&, const Args& a) -> c10::IValue {
           at::Tensor x = TensorOrFetch(a[0]);  // before taking the compute lane
-          absl::MutexLock compute(&ComputeMutex());
+          ComputeTurn compute;
           return m.forward(x);
         }},
        {"parameter_rrefs",

@@ -1,6 +1,8 @@
 #include "shards/resnet.h"
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -205,6 +207,51 @@ std::vector<int> BalancedSplit(const std::vector<double>& costs, int parts) {
   return bounds;
 }
 
+std::vector<int> InterleavedSplit(const std::vector<double>& costs, int workers, int per_worker,
+                                  int micro_batches) {
+  const int n = static_cast<int>(costs.size());
+  const int parts = workers * per_worker;
+  if (workers < 1 || per_worker < 1 || micro_batches < 1 || parts > n) {
+    throw std::invalid_argument("InterleavedSplit: bad number of workers or chunks");
+  }
+  if (per_worker == 1) return BalancedSplit(costs, workers);
+  std::vector<double> prefix(n + 1, 0.0);
+  for (int i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + costs[i];
+  std::vector<int> bounds(parts + 1, 0), best;
+  bounds[parts] = n;
+  double best_time = std::numeric_limits<double>::infinity();
+  std::vector<double> load(workers, 0.0);
+  // Places the cut ending chunk k - 1 (bounds[k]), given bounds[0..k-1].
+  std::function<void(int, double)> place = [&](int k, double largest_chunk) {
+    if (k == parts) {
+      const double chunk = prefix[n] - prefix[bounds[k - 1]];
+      const int w = (k - 1) % workers;
+      load[w] += chunk;
+      const double busiest = *std::max_element(load.begin(), load.end());
+      const double time = micro_batches * busiest + (workers - 1) * std::max(largest_chunk, chunk);
+      if (time < best_time) {
+        best_time = time;
+        best = bounds;
+      }
+      load[w] -= chunk;
+      return;
+    }
+    // Chunk k - 1 is [bounds[k - 1], bounds[k]); leave a block for each later chunk.
+    for (int end = bounds[k - 1] + 1; end <= n - (parts - k); ++end) {
+      const double chunk = prefix[end] - prefix[bounds[k - 1]];
+      const int w = (k - 1) % workers;
+      load[w] += chunk;
+      if (micro_batches * load[w] < best_time) {  // no better split down this way otherwise
+        bounds[k] = end;
+        place(k + 1, std::max(largest_chunk, chunk));
+      }
+      load[w] -= chunk;
+    }
+  };
+  place(1, 0.0);
+  return best;
+}
+
 std::vector<int> TutorialSplit() { return {0, 8, kResNetBlocks}; }
 
 std::vector<double> MeasureBlockCosts(int64_t batch, int64_t image_size, c10::Device device) {
@@ -247,7 +294,7 @@ absl::Status RegisterResNet(Registry& registry) {
         [](ResNetShardImpl& m, CallContext&, const Args& a) -> c10::IValue {
           const int64_t mb = a.size() > 1 ? a[1].toInt() : -1;
           at::Tensor x = TensorOrFetch(a[0]);  // before taking the compute lane
-          absl::MutexLock compute(&ComputeMutex());
+          ComputeTurn compute;
           trace::Scope scope("forward", mb);
           at::Tensor y = m.forward(x);
           if (trace::Enabled() && y.requires_grad()) y = TraceMark::apply(y, mb);

@@ -59,6 +59,18 @@ class ResNetShardImpl : public torch::nn::Module {
 // largest range's cost. Returns the `parts + 1` boundaries (0 ... n).
 std::vector<int> BalancedSplit(const std::vector<double>& costs, int parts);
 
+// Interleaved stages (Megatron-LM's virtual pipeline stages): splits the
+// blocks into `workers * per_worker` contiguous chunks, chunk k to run on
+// worker k % workers, so that each worker hosts `per_worker` chunks from
+// different depths. With m micro-batches a batch takes about
+//   m * (the busiest worker's cost) + (workers - 1) * (the largest chunk),
+// the second term being the pipeline's fill and drain; more chunks per
+// worker shrink it. Returns the cuts minimising that estimate (exhaustive
+// over all cuts; fine for ResNet50's 18 blocks). per_worker 1 is
+// BalancedSplit(costs, workers).
+std::vector<int> InterleavedSplit(const std::vector<double>& costs, int workers, int per_worker,
+                                  int micro_batches);
+
 // torchvision's two-part split: stem + layer1 + layer2 | layer3 + layer4 + head.
 std::vector<int> TutorialSplit();
 

@@ -58,6 +58,25 @@ TEST(ResNet, BalancedSplitMinimisesTheLargestPart) {
   EXPECT_EQ(shards::TutorialSplit(), (std::vector<int>{0, 8, 18}));
 }
 
+TEST(ResNet, InterleavedSplitBalancesWorkersThenChunks) {
+  // Chunk k runs on worker k % workers.
+  EXPECT_EQ(shards::InterleavedSplit(std::vector<double>(8, 1.0), 2, 2, 8),
+            (std::vector<int>{0, 2, 4, 6, 8}));
+  // 5 | 1 1 1 1 | 1 1 1 1 | 5: each worker carries 9 although the chunks
+  // are uneven; the largest chunk (5) cannot be smaller.
+  EXPECT_EQ(shards::InterleavedSplit({5, 1, 1, 1, 1, 1, 1, 1, 1, 5}, 2, 2, 8),
+            (std::vector<int>{0, 1, 5, 9, 10}));
+  // Three workers, two chunks each (6 9 6 | 7 8 9): the workers carry 13, 17
+  // and 15; no cut beats 4 x 17 + 2 x 9 (the largest chunk).
+  EXPECT_EQ(shards::InterleavedSplit({1, 2, 3, 4, 5, 6, 7, 8, 9}, 3, 2, 4),
+            (std::vector<int>{0, 3, 5, 6, 7, 8, 9}));
+  // One chunk per worker is the plain balanced split.
+  EXPECT_EQ(shards::InterleavedSplit({1, 2, 3, 4, 5, 6}, 3, 1, 8),
+            shards::BalancedSplit({1, 2, 3, 4, 5, 6}, 3));
+  EXPECT_THROW(shards::InterleavedSplit({1, 2, 3}, 2, 2, 8), std::invalid_argument);
+  EXPECT_THROW(shards::InterleavedSplit({1, 2, 3}, 1, 1, 0), std::invalid_argument);
+}
+
 // Losses of every run in a --report file, in order.
 std::vector<std::vector<double>> ReportLosses(const std::string& json) {
   std::vector<std::vector<double>> out;
@@ -150,6 +169,39 @@ TEST(Master, PipelineLossesMatchLocalTraining) {
   EXPECT_GT(std::count(sj.begin(), sj.end(), '\n'), 20);
 }
 
+// Interleaved stages (worker k also hosts stage k + n) train the same model:
+// one stage per worker and three per worker give local training's losses.
+TEST(Master, InterleavedStagesMatchLocalTraining) {
+  std::vector<std::string> args = kSmall;
+  for (const char* a : {"--splits", "2"}) args.push_back(a);
+  const std::string local = TempPath("local2.json");
+  std::vector<std::string> local_args = {kBin + "/master", "--local", "--threads", "1",
+                                         "--report", local};
+  local_args.insert(local_args.end(), args.begin(), args.end());
+  auto [lcode, lout] = RunProgram(local_args, absl::Seconds(240));
+  ASSERT_EQ(lcode, 0) << lout;
+  auto l = ReportLosses(ReadFile(local));
+  ASSERT_EQ(l.size(), 1u);
+  for (int per_worker : {1, 3}) {
+    const std::string report = TempPath(absl::StrCat("interleave", per_worker, ".json"));
+    std::vector<std::string> pipeline_args = args;
+    for (const std::string& a : {std::string("--interleave"), absl::StrCat(per_worker),
+                                 std::string("--report"), report}) {
+      pipeline_args.push_back(a);
+    }
+    auto [code, out] = RunPipeline(2, pipeline_args);
+    ASSERT_EQ(code, 0) << out;
+    EXPECT_THAT(out, HasSubstr(absl::StrCat("over 2 workers, ", 2 * per_worker, " stages")));
+    auto p = ReportLosses(ReadFile(report));
+    ASSERT_EQ(p.size(), 1u);
+    ASSERT_EQ(p[0].size(), l[0].size());
+    for (size_t b = 0; b < l[0].size(); ++b) {
+      EXPECT_LT(std::abs(p[0][b] - l[0][b]) / std::abs(l[0][b]), 1e-4)
+          << "--interleave " << per_worker << " batch " << b << ": " << p[0][b] << " vs " << l[0][b];
+    }
+  }
+}
+
 TEST(Master, BalancedSplitWorksForThreeAndFourWorkers) {
   for (int n : {3, 4}) {
     std::vector<std::string> args = kSmall;
@@ -191,6 +243,10 @@ TEST(Master, BadFlagsAndMissingWorkersAreClearErrors) {
   check({"--local", "--image-size", "4"}, 2, "--image-size");
   check({"--workers", "a,b,c", "--partition", "tutorial"}, 2, "exactly two");
   check({"--workers", "a", "--partition", "odd"}, 2, "balanced or tutorial");
+  check({"--workers", "a,b", "--interleave", "0"}, 2, "--interleave must be >= 1");
+  check({"--workers", "a,b", "--interleave", "10"}, 2, "--workers times --interleave is at most 18");
+  check({"--workers", "a,b", "--partition", "tutorial", "--interleave", "2"}, 2,
+        "drop --interleave");
   check({"--workers", "a", "--listen", "nowhere"}, 2, "HOST:PORT");
   check({"--workers", "a", "--tls-cert", "node.crt"}, 2, "--tls-cert is given without --tls-key");
   check({"--workers", "a", "--tls-cert", TempPath("absent.crt"), "--tls-key", "k"}, 2,
