@@ -54,7 +54,7 @@ struct Config {
   double lr = 0.05;
   int seed = 0;
   std::string partition = "balanced";
-  int interleave = 1;  // stages per worker
+  int interleave = 0;  // stages per worker; 0: 2 with balanced, 1 with tutorial
   int threads = 0;
   bool local = false;
   bool compare_local = false;
@@ -304,7 +304,8 @@ int Main(int argc, char** argv) {
   flags.AddString("partition", &c.partition, "balanced (by measured block cost) or tutorial (2 workers)");
   flags.AddInt("interleave", &c.interleave,
                "stages per worker: with 2, worker k of n also hosts stage k + n, which halves "
-               "the pipeline's fill and drain (balanced partition only)");
+               "the pipeline's fill and drain (0: 2 with --partition balanced where the blocks allow, 1 "
+               "with tutorial)");
   flags.AddInt("threads", &c.threads, "intra-op threads of this process (used by --local)");
   flags.AddBool("local", &c.local, "train in this process alone, no workers");
   flags.AddBool("compare-local", &c.compare_local, "after the sweep, also train --local --splits 1 and print the ratio");
@@ -353,7 +354,11 @@ int Main(int argc, char** argv) {
     if (c.partition != "balanced" && c.partition != "tutorial") {
       return fail("--partition must be balanced or tutorial");
     }
-    if (c.interleave < 1) return fail("--interleave must be >= 1");
+    if (c.interleave < 0) return fail("--interleave must be >= 1, or 0 for the default");
+    if (c.interleave == 0) {
+      const bool room = c.workers.size() * 2 <= static_cast<size_t>(shards::kResNetBlocks);
+      c.interleave = c.partition == "balanced" && room ? 2 : 1;
+    }
     if (c.partition == "tutorial" && c.interleave != 1) {
       return fail("--partition tutorial has one stage per worker: drop --interleave");
     }

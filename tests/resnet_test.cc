@@ -170,7 +170,8 @@ TEST(Master, PipelineLossesMatchLocalTraining) {
 }
 
 // Interleaved stages (worker k also hosts stage k + n) train the same model:
-// one stage per worker and three per worker give local training's losses.
+// one stage per worker and three per worker (the default is two) give local
+// training's losses.
 TEST(Master, InterleavedStagesMatchLocalTraining) {
   std::vector<std::string> args = kSmall;
   for (const char* a : {"--splits", "2"}) args.push_back(a);
@@ -243,7 +244,7 @@ TEST(Master, BadFlagsAndMissingWorkersAreClearErrors) {
   check({"--local", "--image-size", "4"}, 2, "--image-size");
   check({"--workers", "a,b,c", "--partition", "tutorial"}, 2, "exactly two");
   check({"--workers", "a", "--partition", "odd"}, 2, "balanced or tutorial");
-  check({"--workers", "a,b", "--interleave", "0"}, 2, "--interleave must be >= 1");
+  check({"--workers", "a,b", "--interleave", "-1"}, 2, "--interleave must be >= 1");
   check({"--workers", "a,b", "--interleave", "10"}, 2, "--workers times --interleave is at most 18");
   check({"--workers", "a,b", "--partition", "tutorial", "--interleave", "2"}, 2,
         "drop --interleave");
