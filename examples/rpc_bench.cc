@@ -4,7 +4,10 @@
 // bulk_gbps (one-way payload rate of a large float tensor sent with rpc_sync
 // to a function that returns one element, on the channel it names) and
 // memcpy_gbps (a single-thread copy of the same tensor, measured in the same
-// run, as the yardstick).
+// run, as the yardstick). grpc_floor_us_median is the round trip of a bare
+// gRPC unary call to the same worker that gRPC answers itself on its own
+// thread (a method remora does not serve): what the transport costs before
+// remora does anything, measured in the same run.
 //
 // --device cuda (a build with the CUDA channel, a GPU): the bulk tensor is
 // a 256 MiB CUDA tensor on this process's cuda:0 sent to the worker's
@@ -19,11 +22,49 @@
 #include <ATen/ops/ones.h>
 #include <ATen/ops/rand.h>
 
+#include <grpcpp/create_channel.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/security/credentials.h>
+
 #include "absl/time/clock.h"
 #include "examples/local_group.h"
 #include "rpc/cuda_channel.h"
 #include "rpc/devices.h"
 #include "shards/builtins.h"
+
+namespace {
+
+// Round trips (microseconds, sorted) of `calls` bare gRPC unary calls to
+// `address`, each driven on this thread's own completion queue as rpc_sync
+// drives its calls. The worker rejects the method at once (UNIMPLEMENTED).
+std::vector<double> GrpcFloor(const std::string& address, int warmup, int calls) {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::CompletionQueue cq;
+  grpc::ByteBuffer request, response;
+  std::vector<double> us;
+  for (int i = 0; i < warmup + calls; ++i) {
+    absl::Time t0 = absl::Now();
+    grpc::ClientContext context;
+    auto call = stub.PrepareUnaryCall(&context, "/remora.bench/Floor", request, &cq);
+    call->StartCall();
+    grpc::Status status;
+    call->Finish(&response, &status, nullptr);
+    void* tag = nullptr;
+    bool ok = false;
+    cq.Next(&tag, &ok);
+    if (i >= warmup) us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+  }
+  cq.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq.Next(&tag, &ok)) {
+  }
+  std::sort(us.begin(), us.end());
+  return us;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace remora;
@@ -99,6 +140,10 @@ int main(int argc, char** argv) {
     }
   }
   std::sort(us.begin(), us.end());
+  std::vector<double> floor_us;
+  if (!options.tls.enabled()) {
+    floor_us = GrpcFloor(agent.worker("peer")->address, warmup, calls);
+  }
 
   const int64_t numel = int64_t{bulk_mib} * (1 << 20) / 4;
   at::Tensor big = at::rand({numel});
@@ -145,6 +190,11 @@ int main(int argc, char** argv) {
               bulk_calls, seconds, channel.c_str());
   const double bulk_gbps = bytes * bulk_calls / seconds / 1e9;
   const double memcpy_gbps = bytes / memcpy_seconds / 1e9;
+  if (!floor_us.empty()) {
+    std::printf("grpc_floor_us_p10=%.1f grpc_floor_us_median=%.1f grpc_floor_us_p90=%.1f\n",
+                floor_us[floor_us.size() / 10], floor_us[floor_us.size() / 2],
+                floor_us[floor_us.size() * 9 / 10]);
+  }
   std::printf("latency_us_median=%.1f\n", us[us.size() / 2]);
   std::printf("channel=%s\n", channel.c_str());
   std::printf("bulk_gbps=%.2f\n", bulk_gbps);
