@@ -36,8 +36,10 @@ namespace {
 
 // Round trips (microseconds, sorted) of `calls` bare gRPC unary calls to
 // `address`, each driven on this thread's own completion queue as rpc_sync
-// drives its calls. The worker rejects the method at once (UNIMPLEMENTED).
-std::vector<double> GrpcFloor(const std::string& address, int warmup, int calls) {
+// drives its calls (polling for `spin` first). The worker rejects the
+// method at once (UNIMPLEMENTED).
+std::vector<double> GrpcFloor(const std::string& address, absl::Duration spin, int warmup,
+                              int calls) {
   auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
   grpc::GenericStub stub(channel);
   grpc::CompletionQueue cq;
@@ -52,7 +54,12 @@ std::vector<double> GrpcFloor(const std::string& address, int warmup, int calls)
     call->Finish(&response, &status, nullptr);
     void* tag = nullptr;
     bool ok = false;
-    cq.Next(&tag, &ok);
+    bool got = false;
+    for (absl::Time until = absl::Now() + spin; !got && absl::Now() < until;) {
+      got = cq.AsyncNext(&tag, &ok, gpr_time_0(GPR_CLOCK_MONOTONIC)) ==
+            grpc::CompletionQueue::GOT_EVENT;
+    }
+    if (!got) cq.Next(&tag, &ok);
     if (i >= warmup) us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
   }
   cq.Shutdown();
@@ -142,7 +149,7 @@ int main(int argc, char** argv) {
   std::sort(us.begin(), us.end());
   std::vector<double> floor_us;
   if (!options.tls.enabled()) {
-    floor_us = GrpcFloor(agent.worker("peer")->address, warmup, calls);
+    floor_us = GrpcFloor(agent.worker("peer")->address, agent.sync_spin(), warmup, calls);
   }
 
   const int64_t numel = int64_t{bulk_mib} * (1 << 20) / 4;

@@ -15,6 +15,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "rpc/message.h"
@@ -237,6 +238,14 @@ bool SharedMemoryWanted(const AgentOptions& options) {
   return options.shared_memory && !(env != nullptr && std::string(env) == "0");
 }
 
+// AgentOptions::sync_spin, unless REMORA_SYNC_SPIN_US gives microseconds.
+absl::Duration SyncSpin(const AgentOptions& options) {
+  const char* env = std::getenv("REMORA_SYNC_SPIN_US");
+  int us = 0;
+  if (env != nullptr && absl::SimpleAtoi(env, &us) && us >= 0) return absl::Microseconds(us);
+  return options.sync_spin;
+}
+
 // REMORA_DEBUG=channels logs the channel chosen for every peer.
 bool DebugChannels() {
   const char* env = std::getenv("REMORA_DEBUG");
@@ -257,6 +266,7 @@ class Agent::Impl final : public grpc::CallbackGenericService {
  public:
   explicit Impl(Agent* agent)
       : agent_(agent),
+        sync_spin_(SyncSpin(agent->options_)),
         pool_(std::make_unique<ThreadPool>(agent->options_.num_threads)),
         shm_(std::make_unique<ShmChannel>(ShmChannel::Options{
             SharedMemoryWanted(agent->options_), agent->options_.shm_max_bytes})),
@@ -381,6 +391,7 @@ class Agent::Impl final : public grpc::CallbackGenericService {
   RRefContext* rrefs() const { return agent_->rrefs_.get(); }
 
   Agent* const agent_;
+  const absl::Duration sync_spin_;  // see AgentOptions::sync_spin
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<ShmChannel> shm_;
   // Plaintext or TLS (AgentOptions::tls), for every channel to a peer.
@@ -549,7 +560,17 @@ Future<InMessage> Agent::Impl::Transmit(grpc::GenericStub* stub, OutMessage mess
   FillAll(route, fills);
   void* tag = nullptr;
   bool ok = false;
-  cq->Next(&tag, &ok);
+  // Poll for the reply a little before sleeping: waking a sleeping thread
+  // (an idle vCPU) costs more than a short round trip (AgentOptions::sync_spin).
+  bool got = false;
+  if (sync_spin_ > absl::ZeroDuration()) {
+    const absl::Time until = absl::Now() + sync_spin_;
+    while (!got && absl::Now() < until) {
+      got = cq->AsyncNext(&tag, &ok, gpr_time_0(GPR_CLOCK_MONOTONIC)) ==
+            grpc::CompletionQueue::GOT_EVENT;
+    }
+  }
+  if (!got) cq->Next(&tag, &ok);
   reader.reset();
   complete(status);
   return done;
@@ -1339,6 +1360,8 @@ CudaChannel::Stats Agent::cuda_stats() const { return impl_->cuda_->stats(); }
 std::string Agent::cuda_disabled_reason() const { return impl_->cuda_->disabled_reason(); }
 
 Executor* Agent::executor() const { return impl_->pool_.get(); }
+
+absl::Duration Agent::sync_spin() const { return impl_->sync_spin_; }
 
 int64_t Agent::active_calls() const {
   return impl_->incoming_.load() + impl_->outgoing_.load();

@@ -106,6 +106,33 @@ TEST(Agent, PerCallTimeoutFailsTheCall) {
   absl::SleepFor(absl::Milliseconds(1500));  // let the sleeps end before shutdown
 }
 
+// rpc_sync polls for its reply before sleeping (AgentOptions::sync_spin;
+// REMORA_SYNC_SPIN_US overrides it). Calls behave the same either way:
+// quick replies, replies after the polling ended, and timeouts.
+TEST(Agent, SyncCallsWorkWithAndWithoutPolling) {
+  for (absl::Duration spin : {absl::ZeroDuration(), absl::Microseconds(200), absl::Seconds(1)}) {
+    AgentOptions base;
+    base.sync_spin = spin;
+    Group g(1, base);
+    EXPECT_EQ(g.master().sync_spin(), spin);
+    auto quick = g.master().rpc_sync("w1", "add", {int64_t{2}, int64_t{3}});
+    ASSERT_TRUE(quick.ok()) << quick.status();
+    EXPECT_EQ(quick->toInt(), 5);
+    auto slow = g.master().rpc_sync("w1", "sleep_ms", {int64_t{30}});
+    EXPECT_TRUE(slow.ok()) << slow.status();
+    CallOptions opts;
+    opts.timeout = absl::Milliseconds(100);
+    auto late = g.master().rpc_sync("w1", "sleep_ms", {int64_t{400}}, opts);
+    EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
+    absl::SleepFor(absl::Milliseconds(400));  // let the sleep end before shutdown
+  }
+  setenv("REMORA_SYNC_SPIN_US", "0", 1);
+  Group g(1);
+  unsetenv("REMORA_SYNC_SPIN_US");
+  EXPECT_EQ(g.master().sync_spin(), absl::ZeroDuration());
+  EXPECT_TRUE(g.master().rpc_sync("w1", "add", {int64_t{1}, int64_t{1}}).ok());
+}
+
 TEST(Agent, CallbacksNeverRunOnGrpcThreads) {
   Group g(1);
   std::vector<Future<std::string>> names;
