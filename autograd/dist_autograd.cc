@@ -175,7 +175,8 @@ Future<Empty> RunBackward(Container& container, std::shared_ptr<DistContext> con
     return Future<Empty>::Ready(
         StatusFromCurrentException(absl::StrCat("backward on worker '", agent.self().name, "'")));
   }
-  trace::Record("backward", trace::MicroBatch(), start_us, trace::NowUs());  // lock released
+  // The turn has ended; the mark in the graph told this thread its micro-batch.
+  trace::Record("backward", trace::MicroBatch(), start_us, trace::NowUs(), trace::Stage());
   // Gradients of received tensors go back to their senders, per message.
   std::map<std::pair<WorkerId, int64_t>, std::vector<at::Tensor>> outgoing;
   for (size_t i = 0; i < leaves.size(); ++i) {

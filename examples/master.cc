@@ -110,13 +110,13 @@ absl::StatusOr<Run> TrainLocal(const Config& c, int splits) {
       const int64_t f1 = trace::NowUs();
       at::Tensor l = LossShare(out, ts[i], c);
       l.backward();
-      run.slices.push_back({0, "forward", int64_t(i), f0 - start, f1 - start});
-      run.slices.push_back({0, "backward", int64_t(i), f1 - start, trace::NowUs() - start});
+      run.slices.push_back({0, "forward", int64_t(i), f0 - start, f1 - start, ""});
+      run.slices.push_back({0, "backward", int64_t(i), f1 - start, trace::NowUs() - start, ""});
       loss += l.item<double>();
     }
     const int64_t s0 = trace::NowUs();
     opt.step();
-    run.slices.push_back({0, "step", -1, s0 - start, trace::NowUs() - start});
+    run.slices.push_back({0, "step", -1, s0 - start, trace::NowUs() - start, ""});
     const double seconds = (trace::NowUs() - t0) / 1e6;
     run.seconds += seconds;
     run.losses.push_back(loss);
@@ -235,9 +235,10 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c, const std::vect
       agent.rpc_sync(c.workers[w], "trace_enable", {false}).IgnoreError();
       if (!slices.ok()) return slices.status();
       for (const c10::IValue& s : slices->toListRef()) {
-        const auto& t = s.toTupleRef().elements();
+        const c10::ArrayRef<c10::IValue> t = s.toTupleRef().elements().asArrayRef();
         run.slices.push_back({static_cast<int>(w), t[0].toStringRef(), t[1].toInt(),
-                              t[2].toInt() - start, t[3].toInt() - start});
+                              t[2].toInt() - start, t[3].toInt() - start,
+                              t.size() > 4 ? t[4].toStringRef() : std::string()});
       }
     }
   }

@@ -13,6 +13,11 @@ std::string Label(const TimelineSlice& s) {
   return s.micro_batch >= 0 ? absl::StrCat(s.name, " mb", s.micro_batch) : s.name;
 }
 
+// The label with the stage, for tooltips.
+std::string LongLabel(const TimelineSlice& s) {
+  return s.stage.empty() ? Label(s) : absl::StrCat(Label(s), ", ", s.stage);
+}
+
 }  // namespace
 
 absl::Status WriteChromeTrace(const std::string& path, const std::vector<std::string>& tracks,
@@ -30,7 +35,8 @@ absl::Status WriteChromeTrace(const std::string& path, const std::vector<std::st
     out << ",\n{\"name\": \"" << Label(s) << "\", \"cat\": \"" << s.name
         << "\", \"ph\": \"X\", \"pid\": " << s.track << ", \"tid\": 0, \"ts\": " << s.start_us
         << ", \"dur\": " << std::max<int64_t>(1, s.end_us - s.start_us)
-        << ", \"args\": {\"micro_batch\": " << s.micro_batch << "}}";
+        << ", \"args\": {\"micro_batch\": " << s.micro_batch << ", \"stage\": \"" << s.stage
+        << "\"}}";
   }
   out << "\n]}\n";
   return out.good() ? absl::OkStatus() : absl::DataLossError("writing the trace failed");
@@ -71,7 +77,7 @@ absl::Status WriteTimelineSvg(const std::string& path, const std::vector<std::st
     out << absl::StrFormat(
         "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\" stroke=\"white\" "
         "stroke-width=\"0.5\"><title>%s: %.1f ms</title></rect>\n",
-        x, y, w, kRow - 12, fill, Label(s), (s.end_us - s.start_us) / 1000.0);
+        x, y, w, kRow - 12, fill, LongLabel(s), (s.end_us - s.start_us) / 1000.0);
     if (w > 26 && s.micro_batch >= 0) {
       out << absl::StrFormat("<text x=\"%.1f\" y=\"%d\" fill=\"%s\">%s%d</text>\n", x + 3,
                              y + (kRow - 12) / 2 + 4, s.name == "forward" ? "black" : "white",

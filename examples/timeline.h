@@ -17,6 +17,7 @@ struct TimelineSlice {
   int64_t micro_batch;   // -1 for none
   int64_t start_us;      // since the run started
   int64_t end_us;
+  std::string stage;     // the worker's stage, e.g. "blocks [8, 13)"; may be empty
 };
 
 absl::Status WriteChromeTrace(const std::string& path, const std::vector<std::string>& tracks,

@@ -11,6 +11,7 @@ namespace {
 
 std::atomic<bool> enabled{false};
 thread_local int64_t current_micro_batch = -1;
+thread_local std::string current_stage;
 
 struct Buffer {
   absl::Mutex mu;
@@ -33,15 +34,20 @@ int64_t NowUs() {
 void Enable(bool on) { enabled.store(on); }
 bool Enabled() { return enabled.load(std::memory_order_relaxed); }
 
-void Record(const std::string& name, int64_t micro_batch, int64_t start_us, int64_t end_us) {
+void Record(const std::string& name, int64_t micro_batch, int64_t start_us, int64_t end_us,
+            const std::string& stage) {
   if (!Enabled()) return;
   Buffer& b = GetBuffer();
   absl::MutexLock lock(&b.mu);
-  b.slices.push_back(Slice{name, micro_batch, start_us, end_us});
+  b.slices.push_back(Slice{name, micro_batch, start_us, end_us, stage});
 }
 
-void SetMicroBatch(int64_t micro_batch) { current_micro_batch = micro_batch; }
+void SetMicroBatch(int64_t micro_batch, std::string stage) {
+  current_micro_batch = micro_batch;
+  current_stage = std::move(stage);
+}
 int64_t MicroBatch() { return current_micro_batch; }
+const std::string& Stage() { return current_stage; }
 
 std::vector<Slice> Drain() {
   Buffer& b = GetBuffer();

@@ -143,7 +143,8 @@ absl::Status RegisterBuiltins(Registry& r) {
   RETURN_IF_ERROR(r.RegisterFunction("trace_collect", [](CallContext&, const Args&) -> c10::IValue {
     c10::impl::GenericList out(c10::AnyType::get());
     for (const auto& s : trace::Drain()) {
-      out.push_back(c10::ivalue::Tuple::create({s.name, s.micro_batch, s.start_us, s.end_us}));
+      out.push_back(
+          c10::ivalue::Tuple::create({s.name, s.micro_batch, s.start_us, s.end_us, s.stage}));
     }
     return out;
   }));

@@ -124,14 +124,15 @@ void InitBlock(nn::Module& block, int64_t seed, int index) {
 // backward pass running on this thread belongs to.
 struct TraceMark : public torch::autograd::Function<TraceMark> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::Tensor x,
-                            int64_t micro_batch) {
+                            int64_t micro_batch, std::string stage) {
     ctx->saved_data["mb"] = micro_batch;
+    ctx->saved_data["stage"] = stage;
     return x.view_as(x);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    trace::SetMicroBatch(ctx->saved_data["mb"].toInt());
-    return {grads[0], at::Tensor()};
+    trace::SetMicroBatch(ctx->saved_data["mb"].toInt(), ctx->saved_data["stage"].toStringRef());
+    return {grads[0], at::Tensor(), at::Tensor()};
   }
 };
 
@@ -295,9 +296,10 @@ absl::Status RegisterResNet(Registry& registry) {
           const int64_t mb = a.size() > 1 ? a[1].toInt() : -1;
           at::Tensor x = TensorOrFetch(a[0]);  // before taking the compute lane
           ComputeTurn compute;
-          trace::Scope scope("forward", mb);
+          const std::string stage = absl::StrCat("blocks [", m.first(), ", ", m.last(), ")");
+          trace::Scope scope("forward", mb, stage);
           at::Tensor y = m.forward(x);
-          if (trace::Enabled() && y.requires_grad()) y = TraceMark::apply(y, mb);
+          if (trace::Enabled() && y.requires_grad()) y = TraceMark::apply(y, mb, stage);
           return y;
         }},
        {"parameter_rrefs",

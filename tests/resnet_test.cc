@@ -163,6 +163,14 @@ TEST(Master, PipelineLossesMatchLocalTraining) {
   for (const char* slice : {"forward mb0", "forward mb1", "backward mb0", "backward mb1", "step"}) {
     EXPECT_THAT(tj, HasSubstr(slice)) << slice;
   }
+  // Forward and backward slices name their stage (two per worker here).
+  EXPECT_THAT(tj, HasSubstr("\"cat\": \"forward\", \"ph\": \"X\", \"pid\": 0"));
+  EXPECT_THAT(tj, HasSubstr("\"stage\": \"blocks [0, "));
+  for (const char* kind : {"forward", "backward"}) {
+    std::regex staged(absl::StrCat("\"name\": \"", kind,
+                                   " mb[0-9]+\"[^}]*\"stage\": \"blocks \\[[0-9]+, [0-9]+\\)\""));
+    EXPECT_TRUE(std::regex_search(tj, staged)) << kind;
+  }
   const std::string sj = ReadFile(svg);
   EXPECT_THAT(sj, HasSubstr("<svg"));
   EXPECT_THAT(sj, HasSubstr("worker2"));
