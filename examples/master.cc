@@ -23,7 +23,9 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <functional>
 #include <map>
+#include <memory>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -91,38 +93,61 @@ void PrintBatch(int b, double loss, double seconds) {
   std::fflush(stdout);
 }
 
-absl::StatusOr<Run> TrainLocal(const Config& c, int splits) {
-  Run run(splits);
-  const c10::Device device(c.device);
-  shards::ResNetShardImpl model(0, shards::kResNetBlocks, c.seed, device);
-  torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(c.lr));
-  const int64_t start = trace::NowUs();
-  for (int b = 0; b < c.batches; ++b) {
-    auto [cpu_images, cpu_one_hot] = MakeBatch(c, b);
-    at::Tensor images = cpu_images.to(device), one_hot = cpu_one_hot.to(device);
+// Training in this process alone (--local, --compare-local), one batch at
+// a time. Owns its model and optimizer; not thread-safe.
+class LocalTrainer {
+ public:
+  LocalTrainer(const Config& c, int splits)
+      : c_(c),
+        run_(splits),
+        device_(c.device),
+        model_(0, shards::kResNetBlocks, c.seed, device_),
+        opt_(model_.parameters(), torch::optim::SGDOptions(c.lr)),
+        start_(trace::NowUs()) {}
+
+  // Trains batch b and prints its line (after `prefix`).
+  void Step(int b, const char* prefix = "") {
+    auto [cpu_images, cpu_one_hot] = MakeBatch(c_, b);
+    at::Tensor images = cpu_images.to(device_), one_hot = cpu_one_hot.to(device_);
     const int64_t t0 = trace::NowUs();
-    opt.zero_grad();
+    opt_.zero_grad();
     double loss = 0;
-    auto xs = images.chunk(splits), ts = one_hot.chunk(splits);
+    auto xs = images.chunk(run_.splits), ts = one_hot.chunk(run_.splits);
     for (size_t i = 0; i < xs.size(); ++i) {
       const int64_t f0 = trace::NowUs();
-      at::Tensor out = model.forward(xs[i]);
+      at::Tensor out = model_.forward(xs[i]);
       const int64_t f1 = trace::NowUs();
-      at::Tensor l = LossShare(out, ts[i], c);
+      at::Tensor l = LossShare(out, ts[i], c_);
       l.backward();
-      run.slices.push_back({0, "forward", int64_t(i), f0 - start, f1 - start, ""});
-      run.slices.push_back({0, "backward", int64_t(i), f1 - start, trace::NowUs() - start, ""});
+      run_.slices.push_back({0, "forward", int64_t(i), f0 - start_, f1 - start_, ""});
+      run_.slices.push_back({0, "backward", int64_t(i), f1 - start_, trace::NowUs() - start_, ""});
       loss += l.item<double>();
     }
     const int64_t s0 = trace::NowUs();
-    opt.step();
-    run.slices.push_back({0, "step", -1, s0 - start, trace::NowUs() - start, ""});
+    opt_.step();
+    run_.slices.push_back({0, "step", -1, s0 - start_, trace::NowUs() - start_, ""});
     const double seconds = (trace::NowUs() - t0) / 1e6;
-    run.seconds += seconds;
-    run.losses.push_back(loss);
+    run_.seconds += seconds;
+    run_.losses.push_back(loss);
+    std::printf("%s", prefix);
     PrintBatch(b, loss, seconds);
   }
-  return run;
+
+  Run& run() { return run_; }
+
+ private:
+  const Config& c_;
+  Run run_;
+  const c10::Device device_;
+  shards::ResNetShardImpl model_;
+  torch::optim::SGD opt_;
+  const int64_t start_;
+};
+
+Run TrainLocal(const Config& c, int splits) {
+  LocalTrainer trainer(c, splits);
+  for (int b = 0; b < c.batches; ++b) trainer.Step(b);
+  return std::move(trainer.run());
 }
 
 // Stage boundaries (block indices) for the workers.
@@ -168,8 +193,10 @@ absl::StatusOr<std::vector<int>> Partition(Agent& agent, const Config& c) {
   return bounds;
 }
 
+// `after_batch` (if set) runs after each batch, outside its timing.
 absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c, const std::vector<int>& bounds,
-                                  int splits, bool traced) {
+                                  int splits, bool traced,
+                                  const std::function<void(int)>& after_batch = nullptr) {
   Run run(splits);
   // Stage k (blocks [bounds[k], bounds[k + 1])) lives on worker k mod n.
   const size_t n = bounds.size() - 1;
@@ -193,6 +220,7 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c, const std::vect
     agent.rpc_sync(w, "trace_collect").IgnoreError();  // drop older slices
   }
   const int64_t start = trace::NowUs();
+  std::vector<std::pair<int64_t, int64_t>> paused;  // after_batch's windows
   for (int b = 0; b < c.batches; ++b) {
     auto [images, one_hot] = MakeBatch(c, b);
     const int64_t t0 = trace::NowUs();
@@ -228,6 +256,11 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c, const std::vect
     run.seconds += seconds;
     run.losses.push_back(loss);
     PrintBatch(b, loss, seconds);
+    if (after_batch) {
+      const int64_t p0 = trace::NowUs();
+      after_batch(b);
+      paused.emplace_back(p0, trace::NowUs());
+    }
   }
   if (traced) {
     for (size_t w = 0; w < c.workers.size(); ++w) {
@@ -236,8 +269,13 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c, const std::vect
       if (!slices.ok()) return slices.status();
       for (const c10::IValue& s : slices->toListRef()) {
         const c10::ArrayRef<c10::IValue> t = s.toTupleRef().elements().asArrayRef();
+        // The timeline leaves out the windows where after_batch ran.
+        int64_t skipped = 0;
+        for (const auto& [p0, p1] : paused) {
+          if (p1 <= t[2].toInt()) skipped += p1 - p0;
+        }
         run.slices.push_back({static_cast<int>(w), t[0].toStringRef(), t[1].toInt(),
-                              t[2].toInt() - start, t[3].toInt() - start,
+                              t[2].toInt() - start - skipped, t[3].toInt() - start - skipped,
                               t.size() > 4 ? t[4].toStringRef() : std::string()});
       }
     }
@@ -309,7 +347,9 @@ int Main(int argc, char** argv) {
                "with tutorial)");
   flags.AddInt("threads", &c.threads, "intra-op threads of this process (used by --local)");
   flags.AddBool("local", &c.local, "train in this process alone, no workers");
-  flags.AddBool("compare-local", &c.compare_local, "after the sweep, also train --local --splits 1 and print the ratio");
+  flags.AddBool("compare-local", &c.compare_local,
+                "also train --local --splits 1 in this process, batch by batch between the last "
+                "split count's batches, and print the ratio");
   flags.AddString("report", &c.report, "write a JSON report to this file");
   flags.AddString("trace", &c.trace, "write a Chrome/Perfetto trace of the last split count");
   flags.AddString("timeline", &c.timeline, "write an SVG Gantt chart of the last split count");
@@ -375,6 +415,7 @@ int Main(int argc, char** argv) {
   cli::SetComputeThreads(c.threads);
 
   std::vector<Run> runs;
+  std::unique_ptr<LocalTrainer> local_baseline;  // --compare-local
   std::unique_ptr<Agent> agent;
   Registry registry;
   if (auto s = shards::RegisterAll(registry); !s.ok()) return fail(std::string(s.message()));
@@ -387,11 +428,10 @@ int Main(int argc, char** argv) {
     for (int s : c.splits) {
       std::printf("local: splits=%d (%d micro-batches of %d images), %d threads\n", s, s,
                   c.batch_size / s, c.threads);
-      auto run = TrainLocal(c, s);
-      if (!run.ok()) return die(run.status());
-      std::printf("splits=%d seconds=%.3f images_per_second=%.2f\n", s, run->seconds,
-                  c.batches * c.batch_size / run->seconds);
-      runs.push_back(std::move(*run));
+      Run run = TrainLocal(c, s);
+      std::printf("splits=%d seconds=%.3f images_per_second=%.2f\n", s, run.seconds,
+                  c.batches * c.batch_size / run.seconds);
+      runs.push_back(std::move(run));
     }
   } else {
     AgentOptions opts;
@@ -421,7 +461,18 @@ int Main(int argc, char** argv) {
       const bool last = i + 1 == c.splits.size();
       std::printf("pipeline: splits=%d (%d micro-batches of ~%d images) over %zu workers, %zu stages\n",
                   s, s, c.batch_size / s, c.workers.size(), bounds->size() - 1);
-      auto run = TrainPipeline(*agent, c, *bounds, s, last && !(c.trace.empty() && c.timeline.empty()));
+      // --compare-local: the local baseline trains batch by batch between
+      // the last split count's batches, so that both meet the same minutes
+      // of a machine whose speed drifts (measured: by 30% within minutes).
+      std::function<void(int)> after_batch;
+      if (last && c.compare_local) {
+        std::printf("  alternating with local training (splits=1, %d threads, in this process)\n",
+                    c.threads);
+        local_baseline = std::make_unique<LocalTrainer>(c, 1);
+        after_batch = [&local_baseline](int b) { local_baseline->Step(b, "local "); };
+      }
+      auto run = TrainPipeline(*agent, c, *bounds, s, last && !(c.trace.empty() && c.timeline.empty()),
+                               after_batch);
       if (!run.ok()) return die(run.status());
       std::printf("splits=%d seconds=%.3f images_per_second=%.2f\n", s, run->seconds,
                   c.batches * c.batch_size / run->seconds);
@@ -445,14 +496,14 @@ int Main(int argc, char** argv) {
     }
     std::cout << "timeline: " << c.timeline << "\n";
   }
-  if (c.compare_local && !c.local) {
-    std::printf("\nlocal baseline: splits=1 in this process, %d threads\n", c.threads);
-    auto run = TrainLocal(c, 1);
-    if (!run.ok()) return die(run.status());
-    std::printf("splits=1 seconds=%.3f images_per_second=%.2f (local)\n", run->seconds,
-                c.batches * c.batch_size / run->seconds);
+  if (local_baseline != nullptr) {
+    const Run& run = local_baseline->run();
+    std::printf("\nlocal baseline, batches alternating with splits=%d: splits=1 in this process, "
+                "%d threads\n", runs.back().splits, c.threads);
+    std::printf("splits=1 seconds=%.3f images_per_second=%.2f (local)\n", run.seconds,
+                c.batches * c.batch_size / run.seconds);
     std::printf("pipeline splits=%d takes %.2fx the time of local splits=1\n", runs.back().splits,
-                runs.back().seconds / run->seconds);
+                runs.back().seconds / run.seconds);
   }
   if (agent) {
     if (auto s = agent->Shutdown(); !s.ok()) return die(s);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The ResNet50 pipeline demo on one machine: starts two local workers, sweeps
-# --splits 1,2,4,8, then trains the same batches in one process (--local,
-# splits 1) for comparison. Writes build/demo/{report.json,trace.json,
+# --splits 1,2,4,8, and trains the same batches in one process (--local,
+# splits 1) for comparison, batch by batch between the last split count's. Writes build/demo/{report.json,trace.json,
 # timeline.svg}. Workers are stopped on success, failure and Ctrl-C.
 # Extra arguments go to the master (e.g. --batches 1 --image-size 64).
 set -euo pipefail

@@ -211,6 +211,27 @@ TEST(Master, InterleavedStagesMatchLocalTraining) {
   }
 }
 
+// --compare-local trains the local baseline batch by batch between the last
+// split count's batches (both meet the same minutes of a drifting machine).
+TEST(Master, CompareLocalAlternatesBatchesWithThePipeline) {
+  std::vector<std::string> args = kSmall;
+  for (const char* a : {"--splits", "1,2", "--compare-local"}) args.push_back(a);
+  auto [code, out] = RunPipeline(2, args);
+  ASSERT_EQ(code, 0) << out;
+  const size_t last = out.find("pipeline: splits=2");
+  ASSERT_NE(last, std::string::npos) << out;
+  size_t at = last;
+  for (const char* line : {"\nbatch=0 loss=", "\nlocal batch=0 loss=", "\nbatch=1 loss=",
+                           "\nlocal batch=1 loss=", "splits=1 seconds=",
+                           "pipeline splits=2 takes "}) {
+    const size_t next = out.find(line, at);
+    ASSERT_NE(next, std::string::npos) << "missing, in order: " << line << "\n" << out;
+    at = next;
+  }
+  // The first split count ran alone.
+  EXPECT_EQ(out.substr(0, last).find("local batch="), std::string::npos) << out;
+}
+
 TEST(Master, BalancedSplitWorksForThreeAndFourWorkers) {
   for (int n : {3, 4}) {
     std::vector<std::string> args = kSmall;
