@@ -343,8 +343,7 @@ int Main(int argc, char** argv) {
   flags.AddString("partition", &c.partition, "balanced (by measured block cost) or tutorial (2 workers)");
   flags.AddInt("interleave", &c.interleave,
                "stages per worker: with 2, worker k of n also hosts stage k + n, which halves "
-               "the pipeline's fill and drain (0: 2 with --partition balanced where the blocks allow, 1 "
-               "with tutorial)");
+               "the pipeline's fill and drain (0: 2 with --partition balanced and 2 to 9 workers, else 1)");
   flags.AddInt("threads", &c.threads, "intra-op threads of this process (used by --local)");
   flags.AddBool("local", &c.local, "train in this process alone, no workers");
   flags.AddBool("compare-local", &c.compare_local,
@@ -397,8 +396,10 @@ int Main(int argc, char** argv) {
     }
     if (c.interleave < 0) return fail("--interleave must be >= 1, or 0 for the default");
     if (c.interleave == 0) {
-      const bool room = c.workers.size() * 2 <= static_cast<size_t>(shards::kResNetBlocks);
-      c.interleave = c.partition == "balanced" && room ? 2 : 1;
+      // One worker has nothing to overlap; past 9 workers there are too few blocks.
+      const bool useful = c.workers.size() >= 2 &&
+                          c.workers.size() * 2 <= static_cast<size_t>(shards::kResNetBlocks);
+      c.interleave = c.partition == "balanced" && useful ? 2 : 1;
     }
     if (c.partition == "tutorial" && c.interleave != 1) {
       return fail("--partition tutorial has one stage per worker: drop --interleave");

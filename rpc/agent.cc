@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -40,12 +39,9 @@ absl::Status FromGrpc(const grpc::Status& s) {
 
 // Identifies the machine: processes with equal host ids share memory.
 std::string HostId() {
-  std::string boot_id;
-  std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::getline(in, boot_id);
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
-  return absl::StrCat(host, "/", boot_id);
+  return absl::StrCat(host, "/", BootId());
 }
 
 // gRPC settings of remora's channels (`server` false) and servers (true),

@@ -72,10 +72,15 @@ void ParallelMemcpy(void* dst, const void* src, size_t n) {
   });
 }
 
-std::string ShmDomain() {
+std::string BootId() {
   std::string boot_id;
   std::ifstream in("/proc/sys/kernel/random/boot_id");
   std::getline(in, boot_id);
+  return boot_id;
+}
+
+std::string ShmDomain() {
+  const std::string boot_id = BootId();
   char ns[128] = {0};
   const ssize_t len = readlink("/proc/self/ns/pid", ns, sizeof(ns) - 1);
   if (boot_id.empty() || len <= 0) return "";

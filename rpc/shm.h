@@ -55,6 +55,10 @@ namespace remora {
 // Copies n bytes, on LibTorch's intra-op threads when n is large.
 void ParallelMemcpy(void* dst, const void* src, size_t n);
 
+// This boot of this machine (/proc/sys/kernel/random/boot_id); empty when
+// unknown.
+std::string BootId();
+
 // What processes must share for one to read the other's segments: the same
 // kernel boot, PID namespace and user. Empty when this process cannot
 // offer shared memory at all.
