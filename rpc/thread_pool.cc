@@ -80,6 +80,12 @@ ComputeTurn::ComputeTurn() {
   lane.mu.Await(absl::Condition(&my_turn));
 }
 
+int64_t ComputeTurn::Queued() {
+  ComputeLane& lane = Lane();
+  absl::MutexLock lock(&lane.mu);
+  return static_cast<int64_t>(lane.next - lane.serving);
+}
+
 ComputeTurn::~ComputeTurn() {
   ComputeLane& lane = Lane();
   absl::MutexLock lock(&lane.mu);
