@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "rpc/message.h"
+#include "rpc/request_checks.h"
 #include "rpc/status_util.h"
 
 namespace remora {
@@ -342,10 +343,8 @@ class Agent::Impl final : public grpc::CallbackGenericService {
   void CompleteWithReply(const absl::StatusOr<InMessage>& reply, WorkerId from,
                          Future<c10::IValue> result);
   absl::Status ErrorFromReply(const wire::Response& response) const;
-  // Checks that ids received in `what` name workers of the group.
-  absl::Status CheckIds(const char* what, std::initializer_list<GloballyUniqueId> ids);
-  // Checks the distributed autograd context a request claims to belong to.
-  absl::Status CheckContext(const wire::Request& request);
+  // Whether `id` belongs to the group (for rpc/request_checks.h).
+  bool IsMember(WorkerId id) const { return agent_->IsKnown(id); }
   // Distributed autograd bookkeeping for a message received from / sent to
   // a peer (see rpc/autograd_hooks.h).
   absl::Status RecordRecv(const wire::AutogradMeta& meta, WorkerId from,
@@ -699,9 +698,9 @@ void Agent::Impl::Handle(InMessage message, std::shared_ptr<Responder> responder
     responder->ReplyError(absl::UnavailableError("this worker has not joined the group yet"));
     return;
   }
-  if (!agent_->IsKnown(static_cast<WorkerId>(request.from())) || request.from() > kUnknownWorker) {
-    responder->ReplyError(absl::PermissionDeniedError(
-        absl::StrCat("request from unknown worker id ", request.from())));
+  auto member = [this](WorkerId id) { return IsMember(id); };
+  if (absl::Status s = CheckSender(request, member); !s.ok()) {
+    responder->ReplyError(s);
     return;
   }
   RRefContext& rrefs = *agent_->rrefs_;
@@ -715,7 +714,7 @@ void Agent::Impl::Handle(InMessage message, std::shared_ptr<Responder> responder
     case wire::Request::kFork: {
       const RRefId id = FromWire(request.fork().rref_id());
       const ForkId fork = FromWire(request.fork().fork_id());
-      if (absl::Status s = CheckIds("fork request", {id, fork}); !s.ok()) {
+      if (absl::Status s = CheckIds("fork request", {id, fork}, member); !s.ok()) {
         return responder->ReplyError(s);
       }
       rrefs.AddFork(id, fork);
@@ -763,50 +762,14 @@ void Agent::Impl::Handle(InMessage message, std::shared_ptr<Responder> responder
   }
 }
 
-absl::Status Agent::Impl::CheckIds(const char* what, std::initializer_list<GloballyUniqueId> ids) {
-  for (const GloballyUniqueId& id : ids) {
-    if (!agent_->IsKnown(id.worker)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": id ", id.ToString(), " names worker id ", id.worker,
-          ", which is not in the group"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Agent::Impl::CheckContext(const wire::Request& request) {
-  if (!request.has_autograd()) return absl::OkStatus();
-  // Context ids carry their creator's worker id in bits 48 and up; the
-  // creator releases them everywhere. A context nobody in the group created
-  // would never be released.
-  const int64_t id = request.autograd().context_id();
-  const int64_t creator = id >> 48;
-  if (id == 0) {  // no context
-    if (request.autograd().message_id() == 0) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unknown distributed autograd context id 0: gradient message id ",
-        request.autograd().message_id(), " without a context"));
-  }
-  if (id <= 0 || creator >= kUnknownWorker || !agent_->IsKnown(static_cast<WorkerId>(creator))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unknown distributed autograd context id ", id, ": no worker of the group (id ", creator,
-        ") created it"));
-  }
-  return absl::OkStatus();
-}
-
 void Agent::Impl::HandleCall(InMessage message, std::shared_ptr<Responder> responder) {
   const wire::Request& request = message.header.request();
   const wire::CallRequest& call = request.call();
   const WorkerId from = static_cast<WorkerId>(request.from());
   RRefContext& rrefs = *agent_->rrefs_;
-  if (!IsValidRegisteredName(call.function())) {
-    return responder->ReplyError(absl::InvalidArgumentError(absl::StrCat(
-        "invalid ", call.has_self() ? "method" : "function", " name '",
-        call.function().substr(0, 64), call.function().size() > 64 ? "...' (" : "' (",
-        call.function().size(), " bytes): names are 1 to 128 characters of [A-Za-z0-9_.:-]")));
-  }
-  if (absl::Status s = CheckContext(request); !s.ok()) return responder->ReplyError(s);
+  auto member = [this](WorkerId id) { return IsMember(id); };
+  if (absl::Status s = CheckCall(call, from); !s.ok()) return responder->ReplyError(s);
+  if (absl::Status s = CheckContext(request, member); !s.ok()) return responder->ReplyError(s);
   const int64_t context_id = ContextOf(request);
   responder->set_context(context_id);
 
@@ -834,12 +797,8 @@ void Agent::Impl::HandleCall(InMessage message, std::shared_ptr<Responder> respo
   absl::Status recorded = RecordRecv(request.autograd(), from, grad_tensors);
   if (!recorded.ok()) return responder->ReplyError(recorded);
   c10::intrusive_ptr<OwnerRRef> result_rref;
-  if (call.has_result_rref()) {
+  if (call.has_result_rref()) {  // the caller's own id: CheckCall
     const RRefId id = FromWire(call.result_rref());
-    if (id.worker != from || FromWire(call.result_fork()) != id) {
-      return responder->ReplyError(
-          absl::InvalidArgumentError("remote(): the result RRef id must be the caller's"));
-    }
     result_rref = rrefs.GetOrCreateOwner(id);
     rrefs.AddFork(id, id);
   }
@@ -917,7 +876,10 @@ void Agent::Impl::HandleFetch(const wire::Request& request,
                               std::shared_ptr<Responder> responder) {
   const RRefId id = FromWire(request.fetch().rref_id());
   const WorkerId from = static_cast<WorkerId>(request.from());
-  if (absl::Status s = CheckContext(request); !s.ok()) return responder->ReplyError(s);
+  if (absl::Status s = CheckContext(request, [this](WorkerId id) { return IsMember(id); });
+      !s.ok()) {
+    return responder->ReplyError(s);
+  }
   responder->set_context(ContextOf(request));
   RRefContext& rrefs = *agent_->rrefs_;
   c10::intrusive_ptr<OwnerRRef> owner = rrefs.FindOwner(id);

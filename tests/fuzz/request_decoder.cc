@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "rpc/codec.h"
 #include "rpc/message.h"
+#include "rpc/request_checks.h"
 #include "rpc/rref.h"
 #include "rpc/status_util.h"
 
@@ -23,27 +24,39 @@ class FakeChannel final : public ControlChannel {
   bool IsKnown(WorkerId id) const override { return id < kGroupSize; }
 };
 
+// The channel's membership, as rpc/request_checks.h asks for it.
+auto Member(const FakeChannel& channel) {
+  return [&channel](WorkerId id) { return channel.IsKnown(id); };
+}
+
+// Every id names a member of the group (rpc/request_checks.h).
 absl::Status CheckIds(const FakeChannel& channel, std::initializer_list<wire::Guid> ids) {
   for (const wire::Guid& g : ids) {
-    const GloballyUniqueId id = FromWire(g);
-    if (g.worker() > kUnknownWorker || !channel.IsKnown(id.worker)) {
-      return absl::InvalidArgumentError(absl::StrCat("id ", id.ToString(), " of an unknown worker"));
+    if (g.worker() > kUnknownWorker) {
+      return absl::InvalidArgumentError(absl::StrCat("id of worker ", g.worker(), " out of range"));
     }
+    RETURN_IF_ERROR(remora::CheckIds("request", {FromWire(g)}, Member(channel)));
   }
   return absl::OkStatus();
 }
 
+// What the agent checks before it acts on a request, then decoding every
+// value as its handlers would.
 absl::Status DecodeRequest(const wire::Request& r, DecodeContext& ctx,
                            const FakeChannel& channel) {
-  if (r.from() != kUnknownWorker && !channel.IsKnown(static_cast<WorkerId>(r.from()))) {
-    return absl::PermissionDeniedError(absl::StrCat("request from unknown worker id ", r.from()));
+  // A joining worker has no id yet: the agent handles joins before
+  // CheckSender (and only on the master).
+  if (r.body_case() == wire::Request::kJoin) {
+    return IsValidWorkerName(r.join().name())
+               ? absl::OkStatus()
+               : absl::InvalidArgumentError("invalid worker name");
   }
+  RETURN_IF_ERROR(CheckSender(r, Member(channel)));
+  RETURN_IF_ERROR(CheckContext(r, Member(channel)));
   switch (r.body_case()) {
     case wire::Request::kCall: {
       const wire::CallRequest& call = r.call();
-      if (!IsValidRegisteredName(call.function())) {
-        return absl::InvalidArgumentError("invalid function name");
-      }
+      RETURN_IF_ERROR(CheckCall(call, static_cast<WorkerId>(r.from())));
       for (const auto& arg : call.args()) {
         auto v = DecodeValue(arg, ctx);
         if (!v.ok()) return Annotate(v.status(), "decoding the arguments");
@@ -52,9 +65,6 @@ absl::Status DecodeRequest(const wire::Request& r, DecodeContext& ctx,
         auto v = DecodeValue(call.self(), ctx);
         if (!v.ok()) return Annotate(v.status(), "decoding the RRef");
         if (!v->isRRef()) return absl::InvalidArgumentError("a method call must target an RRef");
-      }
-      if (call.has_result_rref()) {
-        RETURN_IF_ERROR(CheckIds(channel, {call.result_rref(), call.result_fork()}));
       }
       if (call.has_caller_fork()) RETURN_IF_ERROR(CheckIds(channel, {call.caller_fork()}));
       return absl::OkStatus();
@@ -67,10 +77,7 @@ absl::Status DecodeRequest(const wire::Request& r, DecodeContext& ctx,
       return CheckIds(channel, {r.child_accept().fork_id()});
     case wire::Request::kUserDelete:
       return CheckIds(channel, {r.user_delete().rref_id(), r.user_delete().fork_id()});
-    case wire::Request::kJoin:
-      return IsValidWorkerName(r.join().name())
-                 ? absl::OkStatus()
-                 : absl::InvalidArgumentError("invalid worker name");
+    case wire::Request::kJoin:  // above
     case wire::Request::kProbe:
     case wire::Request::kFinish:
     case wire::Request::kPing:
