@@ -232,12 +232,26 @@ int Main(int argc, char** argv) {
     return loss_sum / c.micro_batches;
   };
 
+  // Figures of every process once the RRef protocol's messages in flight
+  // (child accepts, deletes) have landed, which takes milliseconds: a step
+  // returns before its last control messages do, and a snapshot taken in
+  // between would differ from the other for no leak. Gives up waiting after
+  // 10 s and returns what it sees, so that stuck messages still show.
   auto snapshot = [&](std::map<std::string, Figures>* out) -> absl::Status {
-    (*out)["master"] = MasterFigures(agent);
-    for (const auto& w : names) {
-      ASSIGN_OR_RETURN((*out)[w], WorkerFigures(agent, w));
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (true) {
+      (*out)["master"] = MasterFigures(agent);
+      for (const auto& w : names) {
+        ASSIGN_OR_RETURN((*out)[w], WorkerFigures(agent, w));
+      }
+      bool settled = true;
+      for (const auto& [name, f] : *out) {
+        settled &= f.rrefs.pending_users == 0 && f.rrefs.pending_children == 0 &&
+                   f.rrefs.pending_messages == 0;
+      }
+      if (settled || absl::Now() > deadline) return absl::OkStatus();
+      absl::SleepFor(absl::Milliseconds(10));
     }
-    return absl::OkStatus();
   };
 
   std::printf("soak: %d warm-up + %d steps, %d micro-batches of %d samples, MLP %d-%d-%d on %s\n",
