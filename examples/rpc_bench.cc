@@ -54,12 +54,7 @@ std::vector<double> GrpcFloor(const std::string& address, absl::Duration spin, i
     call->Finish(&response, &status, nullptr);
     void* tag = nullptr;
     bool ok = false;
-    bool got = false;
-    for (absl::Time until = absl::Now() + spin; !got && absl::Now() < until;) {
-      got = cq.AsyncNext(&tag, &ok, gpr_time_0(GPR_CLOCK_MONOTONIC)) ==
-            grpc::CompletionQueue::GOT_EVENT;
-    }
-    if (!got) cq.Next(&tag, &ok);
+    remora::NextPolling(&cq, spin, &tag, &ok);
     if (i >= warmup) us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
   }
   cq.Shutdown();

@@ -557,15 +557,7 @@ Future<InMessage> Agent::Impl::Transmit(grpc::GenericStub* stub, OutMessage mess
   bool ok = false;
   // Poll for the reply a little before sleeping: waking a sleeping thread
   // (an idle vCPU) costs more than a short round trip (AgentOptions::sync_spin).
-  bool got = false;
-  if (sync_spin_ > absl::ZeroDuration()) {
-    const absl::Time until = absl::Now() + sync_spin_;
-    while (!got && absl::Now() < until) {
-      got = cq->AsyncNext(&tag, &ok, gpr_time_0(GPR_CLOCK_MONOTONIC)) ==
-            grpc::CompletionQueue::GOT_EVENT;
-    }
-  }
-  if (!got) cq->Next(&tag, &ok);
+  NextPolling(cq.get(), sync_spin_, &tag, &ok);
   reader.reset();
   complete(status);
   return done;
@@ -1318,6 +1310,20 @@ CudaChannel::Stats Agent::cuda_stats() const { return impl_->cuda_->stats(); }
 std::string Agent::cuda_disabled_reason() const { return impl_->cuda_->disabled_reason(); }
 
 Executor* Agent::executor() const { return impl_->pool_.get(); }
+
+bool NextPolling(grpc::CompletionQueue* cq, absl::Duration spin, void** tag, bool* ok) {
+  for (const absl::Time until = absl::Now() + spin; absl::Now() < until;) {
+    switch (cq->AsyncNext(tag, ok, gpr_time_0(GPR_CLOCK_MONOTONIC))) {
+      case grpc::CompletionQueue::GOT_EVENT:
+        return true;
+      case grpc::CompletionQueue::SHUTDOWN:
+        return false;
+      case grpc::CompletionQueue::TIMEOUT:
+        break;
+    }
+  }
+  return cq->Next(tag, ok);
+}
 
 absl::Duration Agent::sync_spin() const { return impl_->sync_spin_; }
 

@@ -48,7 +48,16 @@
 #include "rpc/shm.h"
 #include "rpc/tls.h"
 
+namespace grpc {
+class CompletionQueue;
+}  // namespace grpc
+
 namespace remora {
+
+// Takes the next event of `cq`, polling for up to `spin` before sleeping:
+// how rpc_sync waits for its reply (AgentOptions::sync_spin). False when
+// `cq` is shut down and drained.
+bool NextPolling(grpc::CompletionQueue* cq, absl::Duration spin, void** tag, bool* ok);
 
 inline constexpr char kDefaultMasterAddress[] = "127.0.0.1:29500";
 
