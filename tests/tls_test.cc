@@ -145,45 +145,39 @@ TEST(Tls, ServerFromAnotherCaIsRefusedByTheClient) {
   EXPECT_EQ(master.calls(), 0);
 }
 
-TEST(Tls, PlaintextWorkerCannotJoinATlsMasterAndSaysWhy) {
+// A master and a worker, one of them with TLS: returns the worker's join
+// status, after checking that the master's join fails too.
+absl::Status JoinWithMismatchedTls(bool master_tls) {
   Registry registry;
   AgentOptions m;
   m.name = "master";
   m.is_master = true;
   m.workers = {"w1"};
-  m.tls = Pki().tls();
   m.connect_timeout = absl::Seconds(3);
+  if (master_tls) m.tls = Pki().tls();
   auto master = Agent::Start(m, &registry).value();
   AgentOptions w;
   w.name = "w1";
   w.master_address = master->self().address;
   w.connect_timeout = absl::Seconds(2);
+  if (!master_tls) w.tls = Pki().tls();
   auto worker = Agent::Start(w, &registry).value();
   absl::Status s = worker->Join();
+  EXPECT_FALSE(master->Join().ok());
+  return s;
+}
+
+TEST(Tls, PlaintextWorkerCannotJoinATlsMasterAndSaysWhy) {
+  absl::Status s = JoinWithMismatchedTls(/*master_tls=*/true);
   EXPECT_FALSE(s.ok());
   EXPECT_THAT(std::string(s.message()), HasSubstr("plaintext"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("--tls-cert"));
-  EXPECT_FALSE(master->Join().ok());
 }
 
 TEST(Tls, TlsWorkerCannotJoinAPlaintextMasterAndSaysWhy) {
-  Registry registry;
-  AgentOptions m;
-  m.name = "master";
-  m.is_master = true;
-  m.workers = {"w1"};
-  m.connect_timeout = absl::Seconds(3);
-  auto master = Agent::Start(m, &registry).value();
-  AgentOptions w;
-  w.name = "w1";
-  w.master_address = master->self().address;
-  w.connect_timeout = absl::Seconds(2);
-  w.tls = Pki().tls();
-  auto worker = Agent::Start(w, &registry).value();
-  absl::Status s = worker->Join();
+  absl::Status s = JoinWithMismatchedTls(/*master_tls=*/false);
   EXPECT_FALSE(s.ok());
   EXPECT_THAT(std::string(s.message()), HasSubstr("mutual TLS"));
-  EXPECT_FALSE(master->Join().ok());
 }
 
 TEST(Tls, IncompleteOrInvalidOptionsAreClearErrors) {
