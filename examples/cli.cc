@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -200,7 +201,20 @@ class CachingCpuAllocator final : public c10::Allocator {
  public:
   explicit CachingCpuAllocator(size_t max_cached) : max_cached_(max_cached) {}
 
-  c10::DataPtr allocate(size_t n) const override {
+  // LibTorch 1.13 declares allocate() const; 2.x (2.3 on) declares it
+  // non-const and adds a pure copy_data(). Defining both forms of
+  // allocate(), and copy_data(), without `override` builds against either:
+  // each overrides the virtual its LibTorch declares.
+  c10::DataPtr allocate(size_t n) { return Allocate(n); }
+  c10::DataPtr allocate(size_t n) const { return Allocate(n); }
+  void copy_data(void* dest, const void* src, size_t count) const {
+    std::memcpy(dest, src, count);
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &Release; }
+
+ private:
+  c10::DataPtr Allocate(size_t n) const {
     if (n == 0) n = 1;
     // A 64-byte header in front of the data records the block's size, so
     // that the data pointer alone identifies the block (LibTorch's
@@ -225,9 +239,6 @@ class CachingCpuAllocator final : public c10::Allocator {
     return c10::DataPtr(data, data, &Release, c10::Device(c10::DeviceType::CPU));
   }
 
-  c10::DeleterFnPtr raw_deleter() const override { return &Release; }
-
- private:
   static constexpr size_t kMinCached = 1 << 20;
   static constexpr size_t kHeader = 64;
   struct Header {
