@@ -307,10 +307,7 @@ TEST(Rendezvous, InvalidNamesAreRejected) {
 
 TEST(Rendezvous, DuplicateAndUnknownWorkerNamesAreRejected) {
   Registry registry;
-  AgentOptions m;
-  m.name = "master";
-  m.is_master = true;
-  m.workers = {"w1", "w2"};
+  AgentOptions m = MasterOptions({"w1", "w2"});
   auto master = Agent::Start(m, &registry).value();
   auto start_worker = [&](const std::string& name) {
     AgentOptions w;
@@ -365,10 +362,7 @@ TEST(Rendezvous, WorkerStartedBeforeMasterRetriesUntilItAppears) {
   auto worker = Agent::Start(w, &registry).value();
   std::thread join([&] { EXPECT_TRUE(worker->Join().ok()); });
   absl::SleepFor(absl::Milliseconds(700));
-  AgentOptions m;
-  m.name = "master";
-  m.is_master = true;
-  m.workers = {"w1"};
+  AgentOptions m = MasterOptions({"w1"});
   m.listen_address = absl::StrCat("127.0.0.1:", port);
   auto master = Agent::Start(m, &registry).value();
   EXPECT_TRUE(master->Join().ok());
@@ -391,10 +385,7 @@ TEST(Rendezvous, TimeoutsGiveClearErrors) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("unreachable"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 
-  AgentOptions m;
-  m.name = "master";
-  m.is_master = true;
-  m.workers = {"w1", "w2"};
+  AgentOptions m = MasterOptions({"w1", "w2"});
   m.connect_timeout = absl::Seconds(1);
   auto master = Agent::Start(m, &registry).value();
   absl::Status ms = master->Join();

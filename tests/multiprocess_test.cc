@@ -66,10 +66,7 @@ TEST(WorkerProgram, HonoursMasterAddrAndPort) {
   Registry registry;
   ASSERT_TRUE(shards::RegisterAll(registry).ok());
   const int port = FreePort();
-  AgentOptions m;
-  m.name = "master";
-  m.is_master = true;
-  m.workers = {"w1"};
+  AgentOptions m = MasterOptions({"w1"});
   m.listen_address = absl::StrCat("127.0.0.1:", port);
   auto master = Agent::Start(m, &registry).value();
   setenv("MASTER_ADDR", "127.0.0.1", 1);
@@ -134,10 +131,7 @@ TEST(MultiProcess, PipelineAndRRefsAcrossRealWorkers) {
 
 TEST(MultiProcess, DuplicateWorkerNameExitsWithAnError) {
   Registry registry;
-  AgentOptions m;
-  m.name = "master";
-  m.is_master = true;
-  m.workers = {"w1", "w2"};
+  AgentOptions m = MasterOptions({"w1", "w2"});
   auto master = Agent::Start(m, &registry).value();
   const std::string addr = master->self().address;
   // Two processes claim "w1"; whichever registers second is refused.
@@ -169,10 +163,7 @@ TEST(MultiProcess, DuplicateWorkerNameExitsWithAnError) {
 
 TEST(Failure, WorkerExitsNonZeroWhenTheMasterIsGone) {
   Registry registry;
-  AgentOptions m;
-  m.name = "master";
-  m.is_master = true;
-  m.workers = {"w1"};
+  AgentOptions m = MasterOptions({"w1"});
   auto master = Agent::Start(m, &registry).value();
   const std::string out = absl::StrCat(testing::TempDir(), "/remora_", getpid(), "_gone.txt");
   auto worker = cli::Subprocess::Spawn(
@@ -208,10 +199,7 @@ TEST(Failure, KilledWorkerFailsPendingCallsQuicklyWithItsName) {
 TEST(Security, WorkerProgramUsesTheTokenFile) {
   Registry registry;
   ASSERT_TRUE(shards::RegisterAll(registry).ok());
-  AgentOptions m;
-  m.name = "master";
-  m.is_master = true;
-  m.workers = {"w1"};
+  AgentOptions m = MasterOptions({"w1"});
   m.token = "group-secret";
   auto master = Agent::Start(m, &registry).value();
   const std::string good = TempPath("good.token"), bad = TempPath("bad.token");
@@ -261,10 +249,7 @@ TEST(Security, WorkerProgramsTalkMutualTls) {
   EXPECT_TRUE(group->Shutdown().ok());  // every worker exits 0
 
   // A plaintext worker program cannot join a TLS master, and says why.
-  AgentOptions m;
-  m.name = "master";
-  m.is_master = true;
-  m.workers = {"w1"};
+  AgentOptions m = MasterOptions({"w1"});
   m.tls = pki.tls();
   m.connect_timeout = absl::Seconds(5);
   auto tls_master = Agent::Start(m, &registry).value();
@@ -418,10 +403,7 @@ TEST(Restart, WorkerRejoinsANewMasterOnTheSamePortAtOnce) {
   ASSERT_TRUE(shards::RegisterAll(registry).ok());
   const int port = FreePort();
   for (int round = 0; round < 2; ++round) {
-    AgentOptions m;
-    m.name = "master";
-    m.is_master = true;
-    m.workers = {"w1"};
+    AgentOptions m = MasterOptions({"w1"});
     m.listen_address = absl::StrCat("127.0.0.1:", port);
     m.connect_timeout = absl::Seconds(20);
     auto master = Agent::Start(m, &registry);

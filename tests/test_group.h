@@ -27,6 +27,15 @@
 
 namespace remora {
 
+// Options of an agent named "master" that waits for `workers` to join.
+inline AgentOptions MasterOptions(std::vector<std::string> workers) {
+  AgentOptions m;
+  m.name = "master";
+  m.is_master = true;
+  m.workers = std::move(workers);
+  return m;
+}
+
 // A master and N workers in this process.
 class Group {
  public:

@@ -149,10 +149,7 @@ TEST(Tls, ServerFromAnotherCaIsRefusedByTheClient) {
 // status, after checking that the master's join fails too.
 absl::Status JoinWithMismatchedTls(bool master_tls) {
   Registry registry;
-  AgentOptions m;
-  m.name = "master";
-  m.is_master = true;
-  m.workers = {"w1"};
+  AgentOptions m = MasterOptions({"w1"});
   m.connect_timeout = absl::Seconds(3);
   if (master_tls) m.tls = Pki().tls();
   auto master = Agent::Start(m, &registry).value();
