@@ -66,23 +66,26 @@ stop() {
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
+# Kills process $1, waits for $3 in log $2; prints the seconds in between.
+kill_and_time() {
+  local t0 t1
+  t0=$(now)
+  kill -9 "$1"
+  t1=$(wait_for "$2" "$3" 60)
+  awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }'
+}
+
 worker_times=()
 master_times=()
 for run in $(seq 1 "$RUNS"); do
   start_group "w$run"
-  t0=$(now)
-  kill -9 "$W2"
-  t1=$(wait_for "$SOAK_LOG" "soak: step" 60)
-  d=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
+  d=$(kill_and_time "$W2" "$SOAK_LOG" "soak: step")
   worker_times+=("$d")
   echo "run $run killed worker: master reported it after $d s: $(grep -m1 "^soak: step" "$SOAK_LOG" | cut -c1-200)"
   stop "$SOAK" "$W1"
 
   start_group "m$run"
-  t0=$(now)
-  kill -9 "$SOAK"
-  t1=$(wait_for "$W1_LOG" "has not answered" 60)
-  d=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
+  d=$(kill_and_time "$SOAK" "$W1_LOG" "has not answered")
   master_times+=("$d")
   echo "run $run killed master: worker w1 gave up after $d s: $(grep -m1 "has not answered" "$W1_LOG" | cut -c1-200)"
   stop "$W1" "$W2"
