@@ -71,13 +71,29 @@ bool Matches(const c10::IValue& v, wire::ElemKind kind) {
   }
 }
 
+// The dtypes on the wire, by their number in LibTorch 1.13's ScalarType
+// (2.x keeps these numbers and adds Bits, Float8, UInt16-64 and sub-byte
+// types after them). Listed, not ranged, so that processes built against
+// different LibTorch versions accept exactly the same tensors.
 bool IsSendableDtype(int32_t dtype) {
-  if (dtype < 0 ||
-      dtype >= static_cast<int32_t>(c10::ScalarType::NumOptions)) {
-    return false;
+  switch (dtype) {
+    case static_cast<int32_t>(c10::ScalarType::Byte):
+    case static_cast<int32_t>(c10::ScalarType::Char):
+    case static_cast<int32_t>(c10::ScalarType::Short):
+    case static_cast<int32_t>(c10::ScalarType::Int):
+    case static_cast<int32_t>(c10::ScalarType::Long):
+    case static_cast<int32_t>(c10::ScalarType::Half):
+    case static_cast<int32_t>(c10::ScalarType::Float):
+    case static_cast<int32_t>(c10::ScalarType::Double):
+    case static_cast<int32_t>(c10::ScalarType::ComplexHalf):
+    case static_cast<int32_t>(c10::ScalarType::ComplexFloat):
+    case static_cast<int32_t>(c10::ScalarType::ComplexDouble):
+    case static_cast<int32_t>(c10::ScalarType::Bool):
+    case static_cast<int32_t>(c10::ScalarType::BFloat16):
+      return true;
+    default:
+      return false;
   }
-  auto t = static_cast<c10::ScalarType>(dtype);
-  return !c10::isQIntType(t) && t != c10::ScalarType::Undefined;
 }
 
 absl::Status EncodeTensor(const at::Tensor& tensor, EncodeContext& ctx,
@@ -98,6 +114,11 @@ absl::Status EncodeTensor(const at::Tensor& tensor, EncodeContext& ctx,
   if (tensor.layout() != at::kStrided || tensor.is_quantized()) {
     return absl::UnimplementedError(
         "cannot send a sparse or quantized tensor; send a dense one");
+  }
+  if (!IsSendableDtype(static_cast<int32_t>(tensor.scalar_type()))) {
+    return absl::UnimplementedError(absl::StrCat(
+        "cannot send a tensor of dtype ", c10::toString(tensor.scalar_type()),
+        "; convert it to a standard integer, floating, complex or bool dtype first"));
   }
   if (ctx.payloads == nullptr) {
     return absl::InternalError("codec: no payload list for tensors");
