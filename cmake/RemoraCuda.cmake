@@ -26,12 +26,20 @@ else()
     set(CUDAToolkit_ROOT /usr/local/cuda)
   endif()
   find_package(CUDAToolkit QUIET)
+  # A PyTorch wheel loads its own NCCL (site-packages/nvidia/nccl, found by
+  # its RPATH). Two NCCLs in one process share one soname and whichever loads
+  # first serves both, so prefer the wheel's: beside torch/, Torch_DIR is
+  # torch/share/cmake/Torch. NCCL_ROOT still comes first.
+  get_filename_component(_remora_wheel_nccl "${Torch_DIR}/../../../../nvidia/nccl" ABSOLUTE)
   set(_remora_cuda_hints ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT} /usr/local/cuda)
   find_path(REMORA_NCCL_INCLUDE_DIR nccl.h
-            HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include ENV NCCL_ROOT
+            HINTS ENV NCCL_ROOT ${_remora_wheel_nccl} ${CUDAToolkit_INCLUDE_DIRS}
+                  /usr/local/cuda/include
             PATH_SUFFIXES include)
-  find_library(REMORA_NCCL_LIBRARY nccl
-               HINTS ${_remora_cuda_hints} ENV NCCL_ROOT PATH_SUFFIXES lib lib64)
+  # Wheels ship libnccl.so.2 without the libnccl.so link.
+  find_library(REMORA_NCCL_LIBRARY NAMES nccl libnccl.so.2
+               HINTS ENV NCCL_ROOT ${_remora_wheel_nccl} ${_remora_cuda_hints}
+               PATH_SUFFIXES lib lib64)
   set(_remora_nccl_version "")
   if(REMORA_NCCL_INCLUDE_DIR)
     file(STRINGS "${REMORA_NCCL_INCLUDE_DIR}/nccl.h" _remora_nccl_code
