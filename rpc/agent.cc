@@ -421,6 +421,8 @@ class Agent::Impl final : public grpc::CallbackGenericService {
   absl::Mutex calls_mu_;
   absl::flat_hash_set<ClientCall*> calls_ ABSL_GUARDED_BY(calls_mu_);
   bool stopped_ = false;
+  // Set before pool_ goes: replies then complete where they arrive.
+  bool pool_closed_ ABSL_GUARDED_BY(calls_mu_) = false;
 };
 
 void ServerCall::OnReadDone(bool ok) {
@@ -532,8 +534,21 @@ Future<InMessage> Agent::Impl::Transmit(grpc::GenericStub* stub, OutMessage mess
     done.Complete(std::move(result));
   };
   if (!blocking) {
+    // A reply may carry CUDA payloads, and receiving them waits for their
+    // transfers (NCCL posts them in order): not on a gRPC thread, which the
+    // transfer it waits for may need. Only processes that offer GPUs get them.
+    const bool off_grpc = !cuda_->endpoint().gpus.empty();
     stub->UnaryCall(&call->context, kMethod, grpc::StubOptions(), &call->request,
-                    &call->response, std::move(complete));
+                    &call->response, [this, off_grpc, complete](grpc::Status status) {
+                      if (off_grpc) {
+                        absl::MutexLock lock(&calls_mu_);
+                        if (!pool_closed_) {
+                          pool_->Schedule([complete, status] { complete(status); });
+                          return;
+                        }
+                      }
+                      complete(status);
+                    });
     FillAll(route, fills);
     return done;
   }
@@ -1095,6 +1110,10 @@ void Agent::Impl::Stop() {
   }
   CancelOutgoing();
   cuda_->Stop();
+  {
+    absl::MutexLock lock(&calls_mu_);
+    pool_closed_ = true;
+  }
   pool_.reset();  // runs what is queued, joins
   if (server_) server_->Wait();
   server_.reset();

@@ -209,12 +209,7 @@ absl::StatusOr<at::Tensor> DecodeTensor(const wire::TensorMeta& meta,
           "tensor: its bytes arrived on ", bytes.device().str(), " but it belongs on ",
           device ? device->str() : "cpu"));
     }
-    at::Tensor keep = bytes;  // the payload lives as long as this tensor
-    t = at::for_blob(data, sizes)
-            .deleter([keep](void*) mutable { keep.reset(); })
-            .options(options.device(bytes.device()))
-            .target_device(bytes.device())
-            .make_tensor();
+    ASSIGN_OR_RETURN(t, ViewBytesAs(bytes, dtype, sizes));
   } else if (data != nullptr && reinterpret_cast<uintptr_t>(data) % item == 0) {
     at::Tensor keep = bytes;  // the payload lives as long as this tensor
     t = at::from_blob(data, sizes, [keep](void*) mutable { keep.reset(); },
@@ -252,6 +247,20 @@ absl::Status EncodeList(const std::vector<c10::IValue>& items,
 }
 
 }  // namespace
+
+absl::StatusOr<at::Tensor> ViewBytesAs(const at::Tensor& bytes, c10::ScalarType dtype,
+                                       at::IntArrayRef sizes) {
+  try {
+    at::Tensor flat = bytes.reshape({-1});
+    // view(dtype) reinterprets the last dimension; a byte tensor of zero
+    // elements has nothing to reinterpret.
+    if (flat.numel() == 0) return at::empty(sizes, bytes.options().dtype(dtype));
+    return flat.view(dtype).view(sizes);
+  } catch (...) {
+    return StatusFromCurrentException(absl::StrCat(
+        "viewing ", bytes.numel(), " payload bytes as ", c10::toString(dtype)));
+  }
+}
 
 absl::Status EncodeValue(const c10::IValue& v, EncodeContext& ctx,
                          wire::Value* out) {

@@ -70,4 +70,11 @@ absl::Status EncodeValue(const c10::IValue& value, EncodeContext& ctx,
 absl::StatusOr<c10::IValue> DecodeValue(const wire::Value& value,
                                         DecodeContext& ctx);
 
+// `bytes` (a contiguous uint8 tensor, any device) seen as a `dtype` tensor
+// of `sizes`, sharing its storage: how payloads that arrive on a GPU become
+// tensors. A view, not a tensor over a raw pointer, so that LibTorch's
+// caching allocator still knows the memory (record_stream works on it).
+absl::StatusOr<at::Tensor> ViewBytesAs(const at::Tensor& bytes, c10::ScalarType dtype,
+                                       at::IntArrayRef sizes);
+
 }  // namespace remora

@@ -19,6 +19,7 @@
 #include <ATen/Context.h>
 #include <ATen/ops/empty.h>
 #ifdef REMORA_TORCH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -160,11 +161,63 @@ absl::Status PollEvent(cudaEvent_t event, absl::Time deadline, const std::string
   }
 }
 
+// LibTorch's caching allocator must not hand `t`'s memory out again before
+// the work queued on `stream` (of `device`) so far is done, even when `t`
+// is dropped first (a receive that failed while its copy was queued).
+// Without LibTorch's CUDA API there is no stream-aware allocator to tell.
+void KeepForStream(const at::Tensor& t, cudaStream_t stream, int device) {
+#ifdef REMORA_TORCH_CUDA
+  c10::cuda::CUDACachingAllocator::recordStream(
+      t.storage().data_ptr(),
+      c10::cuda::getStreamFromExternal(stream, static_cast<c10::DeviceIndex>(device)));
+#else
+  (void)t, (void)stream, (void)device;
+#endif
+}
+
+ncclConfig_t NonBlockingConfig() {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  return config;
+}
+
+// An event on LibTorch's current stream of `device` (current on this
+// thread): the work that produced a tensor being sent, or that last used the
+// memory of a tensor just allocated. Without LibTorch's CUDA API, waits for
+// the whole device on the host instead and returns null.
+absl::StatusOr<cudaEvent_t> LibTorchEvent(int device) {
+#ifdef REMORA_TORCH_CUDA
+  cudaStream_t current =
+      c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+  cudaEvent_t event = nullptr;
+  REMORA_CUDA_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "creating an event");
+  if (cudaError_t e = cudaEventRecord(event, current); e != cudaSuccess) {
+    cudaEventDestroy(event);
+    return CudaFailure("recording an event on LibTorch's stream", e);
+  }
+  return event;
+#else
+  REMORA_CUDA_TRY(cudaDeviceSynchronize(),
+                  absl::StrCat("synchronising cuda:", device, " before a transfer"));
+  return static_cast<cudaEvent_t>(nullptr);
+#endif
+}
+
 // One NCCL communicator: one direction (sender rank 0 -> receiver rank 1),
 // one device pair, one generation.
 //
+// Every NCCL call on it (initialisation, each ncclSend or ncclRecv) is made
+// by its own lane thread, in sequence order, each settled before the next.
+// NCCL keeps the state of a non-blocking call that is still in progress per
+// calling thread, so calls must not be spread over the agent's pool threads
+// (a pool thread that left a send in progress could not make its next NCCL
+// call), and a caller never waits for a call to settle: the first transfer
+// stays in progress until the receiver posts its receive, which needs the
+// frame that the caller is still building.
+//
 // Thread-safe: `mu` guards the communicator and everything that changes.
-// Shared by the channel's tables and the threads using it.
+// Shared by the channel's tables and the threads using it; the lane thread
+// holds no reference and is joined by the destructor.
 struct Comm {
   WorkerId peer = kUnknownWorker;
   std::string peer_name;
@@ -172,14 +225,23 @@ struct Comm {
   uint64_t generation = 0;
   bool sending = false;     // this end sends (rank 0)
   int device = 0;           // this end's device
+  absl::Duration timeout;   // longest settle of one call
   cudaStream_t stream = nullptr;  // set before the Comm is shared
+  // Called (with mu held) when the communicator fails on the lane thread:
+  // tells the other end.
+  std::function<void(const Comm&)> on_failure;
 
   enum class State { kInitializing, kReady, kFailed };
 
   struct InFlight {  // a send not yet complete (sender only)
     uint64_t seq;
-    cudaEvent_t done;   // null while NCCL is still enqueueing it
+    cudaEvent_t done;   // null until the lane has posted it
     at::Tensor tensor;  // kept alive until `done`
+    absl::Time deadline;
+  };
+  struct Job {  // a transfer for the lane to post
+    at::Tensor tensor;
+    cudaEvent_t after = nullptr;  // the stream waits for it first (may be null)
     absl::Time deadline;
   };
 
@@ -187,20 +249,27 @@ struct Comm {
   ncclComm_t comm ABSL_GUARDED_BY(mu) = nullptr;
   State state ABSL_GUARDED_BY(mu) = State::kInitializing;
   std::string error ABSL_GUARDED_BY(mu);
-  uint64_t next_seq ABSL_GUARDED_BY(mu) = 1;  // next to enqueue (both ends)
+  bool stop ABSL_GUARDED_BY(mu) = false;
+  uint64_t next_seq ABSL_GUARDED_BY(mu) = 1;   // sender: next number to give
+  uint64_t next_post ABSL_GUARDED_BY(mu) = 1;  // the lane's next to post
+  std::map<uint64_t, Job> jobs ABSL_GUARDED_BY(mu);  // by sequence number
+  std::map<uint64_t, cudaEvent_t> posted ABSL_GUARDED_BY(mu);  // receiver: done events
   std::deque<InFlight> in_flight ABSL_GUARDED_BY(mu);
-  // The last call returned ncclInProgress (a non-blocking communicator
-  // connects lazily: the first send completes its enqueue only once the
-  // receiver posts its first receive). No other NCCL call may be made on
-  // the communicator until it settles.
-  bool enqueueing ABSL_GUARDED_BY(mu) = false;
   std::atomic<bool> failed{false};
+  std::thread lane;
 
   std::string Describe() const {
     return sending ? absl::StrCat("NCCL to '", peer_name, "' (cuda:", src, " -> its cuda:", dst,
                                   ", generation ", generation, ")")
                    : absl::StrCat("NCCL from '", peer_name, "' (its cuda:", src, " -> cuda:",
                                   dst, ", generation ", generation, ")");
+  }
+
+  // Starts the lane: it creates the communicator as `rank` of 2 from `id`,
+  // then posts jobs in sequence order until the communicator fails or the
+  // Comm is destroyed.
+  void Start(const ncclUniqueId& id, int rank) {
+    lane = std::thread([this, id, rank] { Lane(id, rank); });
   }
 
   // Aborts the communicator; every waiter sees `reason`. Returns false when
@@ -210,16 +279,12 @@ struct Comm {
     state = State::kFailed;
     error = reason;
     failed = true;
+    DeviceGuard guard(device);
     if (comm != nullptr) {
-      DeviceGuard guard(device);
       ncclCommAbort(comm);  // ends its kernels; frees it
       comm = nullptr;
     }
-    for (auto& f : in_flight) {
-      if (f.done != nullptr) cudaEventDestroy(f.done);
-    }
-    in_flight.clear();
-    enqueueing = false;
+    DropEventsLocked();
     return true;
   }
 
@@ -227,68 +292,168 @@ struct Comm {
     return absl::UnavailableError(absl::StrCat(Describe(), " failed: ", error));
   }
 
-  // Polls a call that returned ncclInProgress until it settles or
-  // `deadline` passes (then ncclInProgress).
-  ncclResult_t SettleLocked(ncclResult_t r, absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    absl::Duration pause = absl::Microseconds(5);
-    while (r == ncclInProgress) {
-      ncclResult_t state_now = ncclSuccess;
-      r = ncclCommGetAsyncError(comm, &state_now);
-      if (r == ncclSuccess) r = state_now;
-      if (r != ncclInProgress || absl::Now() > deadline) break;
-      absl::SleepFor(pause);
-      pause = std::min(pause * 2, absl::Microseconds(500));
+  // Waits until the communicator formed or failed, or `deadline` (then
+  // fails it).
+  absl::Status WaitReadyLocked(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    auto formed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      return state != State::kInitializing;
+    };
+    mu.AwaitWithDeadline(absl::Condition(&formed), deadline);
+    if (state == State::kReady) return absl::OkStatus();
+    if (state == State::kInitializing) {
+      FailLocked(absl::StrCat("the communicator did not form within ",
+                              absl::FormatDuration(timeout),
+                              " (is the peer alive and its GPU reachable?)"));
+      if (on_failure) on_failure(*this);
     }
-    return r;
-  }
-
-  // Sender: when the last send finished enqueueing, records its event.
-  // Returns an error when the communicator failed (and fails it).
-  absl::Status PollEnqueueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (state == State::kFailed) return ErrorLocked();
-    if (!enqueueing) return absl::OkStatus();
-    ncclResult_t now = ncclSuccess;
-    ncclResult_t r = ncclCommGetAsyncError(comm, &now);
-    if (r == ncclSuccess) r = now;
-    if (r == ncclInProgress) return absl::OkStatus();
-    if (r != ncclSuccess) {
-      FailLocked(absl::StrCat("ncclSend: ", NcclText(r)));
-      return ErrorLocked();
-    }
-    enqueueing = false;
-    DeviceGuard guard(device);  // events belong to the device current at creation
-    cudaEvent_t done = nullptr;
-    cudaError_t e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
-    if (e == cudaSuccess) e = cudaEventRecord(done, stream);
-    if (e != cudaSuccess) {
-      if (done != nullptr) cudaEventDestroy(done);
-      FailLocked(absl::StrCat("recording a send's event: ", CudaText(e)));
-      return ErrorLocked();
-    }
-    in_flight.back().done = done;
-    return absl::OkStatus();
+    return ErrorLocked();
   }
 
   ~Comm() {
+    {
+      absl::MutexLock lock(&mu);
+      stop = true;
+    }
+    if (lane.joinable()) lane.join();
     absl::MutexLock lock(&mu);
     DeviceGuard guard(device);
     if (comm != nullptr) {
       ncclCommAbort(comm);
       comm = nullptr;
     }
+    DropEventsLocked();
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+
+ private:
+  void DropEventsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     for (auto& f : in_flight) {
       if (f.done != nullptr) cudaEventDestroy(f.done);
     }
     in_flight.clear();
-    if (stream != nullptr) cudaStreamDestroy(stream);
+    for (auto& [seq, job] : jobs) {
+      if (job.after != nullptr) cudaEventDestroy(job.after);
+    }
+    jobs.clear();
+    for (auto& [seq, done] : posted) cudaEventDestroy(done);
+    posted.clear();
+  }
+
+  bool EndedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return stop || state == State::kFailed;
+  }
+
+  // Polls a call that returned ncclInProgress until it settles, the
+  // communicator fails or is dropped, or `deadline` passes (then
+  // ncclInProgress). Releases mu between polls.
+  ncclResult_t SettleLocked(ncclResult_t r, absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    absl::Duration pause = absl::Microseconds(5);
+    auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return EndedLocked(); };
+    while (r == ncclInProgress) {
+      ncclResult_t state_now = ncclSuccess;
+      r = ncclCommGetAsyncError(comm, &state_now);
+      if (r == ncclSuccess) r = state_now;
+      if (r != ncclInProgress || absl::Now() > deadline) break;
+      mu.AwaitWithTimeout(absl::Condition(&ended), pause);
+      if (EndedLocked()) return ncclInProgress;
+      pause = std::min(pause * 2, absl::Microseconds(500));
+    }
+    return r;
+  }
+
+  void FailFromLaneLocked(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (FailLocked(reason) && on_failure) on_failure(*this);
+  }
+
+  void Lane(ncclUniqueId id, int rank) {
+    // This thread's current device stays `device`: events and NCCL's
+    // kernels belong to it.
+    cudaSetDevice(device);
+    cudaFree(nullptr);
+    absl::MutexLock lock(&mu);
+    if (EndedLocked()) return;
+    const absl::Time init_deadline = absl::Now() + timeout;
+    ncclConfig_t config = NonBlockingConfig();
+    ncclResult_t r = ncclCommInitRankConfig(&comm, 2, id, rank, &config);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      comm = nullptr;
+      FailFromLaneLocked(absl::StrCat("ncclCommInitRankConfig: ", NcclText(r)));
+      return;
+    }
+    r = SettleLocked(r, init_deadline);
+    if (EndedLocked()) return;
+    if (r != ncclSuccess) {
+      FailFromLaneLocked(r == ncclInProgress
+                             ? absl::StrCat("the communicator did not form within ",
+                                            absl::FormatDuration(timeout),
+                                            " (is the peer alive and its GPU reachable?)")
+                             : absl::StrCat("forming the communicator: ", NcclText(r)));
+      return;
+    }
+    state = State::kReady;
+    auto next = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      return EndedLocked() || (!jobs.empty() && jobs.begin()->first == next_post);
+    };
+    while (true) {
+      // Between transfers the lane also watches for asynchronous errors (a
+      // peer gone mid-transfer): only this thread makes NCCL calls.
+      if (!mu.AwaitWithTimeout(absl::Condition(&next), absl::Milliseconds(10))) {
+        ncclResult_t async = ncclSuccess;
+        if (ncclCommGetAsyncError(comm, &async) == ncclSuccess && async != ncclSuccess &&
+            async != ncclInProgress) {
+          FailFromLaneLocked(NcclText(async));
+          return;
+        }
+        continue;
+      }
+      if (EndedLocked()) return;
+      const uint64_t seq = next_post;
+      Job job = std::move(jobs.begin()->second);
+      jobs.erase(jobs.begin());
+      cudaError_t e = cudaSuccess;
+      if (job.after != nullptr) {
+        e = cudaStreamWaitEvent(stream, job.after, 0);
+        cudaEventDestroy(job.after);
+        if (e != cudaSuccess) {
+          FailFromLaneLocked(absl::StrCat("ordering transfer ", seq, ": ", CudaText(e)));
+          return;
+        }
+      }
+      KeepForStream(job.tensor, stream, device);
+      const size_t bytes = job.tensor.nbytes();
+      r = sending ? ncclSend(job.tensor.data_ptr(), bytes, ncclUint8, 1, comm, stream)
+                  : ncclRecv(job.tensor.data_ptr(), bytes, ncclUint8, 0, comm, stream);
+      r = SettleLocked(r, job.deadline);
+      if (EndedLocked()) return;
+      if (r != ncclSuccess) {
+        FailFromLaneLocked(
+            r == ncclInProgress
+                ? absl::StrCat(sending ? "the receiver did not take transfer "
+                                       : "the sender did not send transfer ",
+                               seq, " within ", absl::FormatDuration(timeout))
+                : absl::StrCat(sending ? "ncclSend " : "ncclRecv ", seq, ": ", NcclText(r)));
+        return;
+      }
+      cudaEvent_t done = nullptr;
+      e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+      if (e == cudaSuccess) e = cudaEventRecord(done, stream);
+      if (e != cudaSuccess) {
+        if (done != nullptr) cudaEventDestroy(done);
+        FailFromLaneLocked(absl::StrCat("recording transfer ", seq, "'s event: ", CudaText(e)));
+        return;
+      }
+      ++next_post;
+      if (sending) {
+        for (auto& f : in_flight) {
+          if (f.seq == seq) std::swap(f.done, done);
+        }
+        if (done != nullptr) cudaEventDestroy(done);  // reclaimed meanwhile
+      } else {
+        posted[seq] = done;
+      }
+    }
   }
 };
-
-ncclConfig_t NonBlockingConfig() {
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  return config;
-}
 
 // A peer's allocation opened here.
 struct Opened {
@@ -492,51 +657,18 @@ class CudaChannel::Impl {
                                                            int src, int dst) {
     ASSIGN_OR_RETURN(std::shared_ptr<Comm> c, SendComm(peer, src, dst));
     DeviceGuard guard(src);
-#ifndef REMORA_TORCH_CUDA
-    RETURN_IF_ERROR(AfterLibTorch(src, c->stream));
-#endif
-    const absl::Time deadline = absl::Now() + options_.timeout;
+    // The lane posts the send after the work that produced the tensor; the
+    // frame leaves at once (the receiver's ncclRecv needs it).
+    ASSIGN_OR_RETURN(cudaEvent_t after, LibTorchEvent(src));
     absl::MutexLock lock(&c->mu);
-    // The previous send must have finished enqueueing (its message is on
-    // its way, so its receive will be posted).
-    while (true) {
-      if (c->state != Comm::State::kReady) return c->ErrorLocked();
-      absl::Status s = c->PollEnqueueLocked();
-      if (!s.ok()) {
-        QueueAbort(*c);
-        return s;
-      }
-      if (!c->enqueueing) break;
-      if (absl::Now() > deadline) {
-        c->FailLocked(absl::StrCat("the receiver did not take transfer ", c->next_seq - 1,
-                                   " within ", absl::FormatDuration(options_.timeout)));
-        QueueAbort(*c);
-        return c->ErrorLocked();
-      }
-      c->mu.Unlock();
-      absl::SleepFor(absl::Microseconds(100));
-      c->mu.Lock();
-    }
-#ifdef REMORA_TORCH_CUDA
-    RETURN_IF_ERROR(AfterLibTorch(src, c->stream));
-#endif
-    const ncclResult_t r =
-        ncclSend(payload.data_ptr(), payload.nbytes(), ncclUint8, 1, c->comm, c->stream);
-    if (r != ncclSuccess && r != ncclInProgress) {
-      c->FailLocked(absl::StrCat("ncclSend: ", NcclText(r)));
-      QueueAbort(*c);
+    if (c->state != Comm::State::kReady) {
+      if (after != nullptr) cudaEventDestroy(after);
       return c->ErrorLocked();
     }
     const uint64_t seq = c->next_seq++;
+    const absl::Time deadline = absl::Now() + options_.timeout;
     c->in_flight.push_back({seq, nullptr, payload, deadline});
-    c->enqueueing = true;
-    if (r == ncclSuccess) {
-      absl::Status s = c->PollEnqueueLocked();  // records the event at once
-      if (!s.ok()) {
-        QueueAbort(*c);
-        return s;
-      }
-    }
+    c->jobs[seq] = Comm::Job{payload, after, deadline};
     wire::CudaPayload d;
     d.set_channel(wire::CudaPayload::NCCL);
     d.set_src_device(src);
@@ -564,14 +696,8 @@ class CudaChannel::Impl {
       auto& slot = send_comms_[key];
       if (slot && slot->failed) slot.reset();
       if (!slot) {
-        slot = std::make_shared<Comm>();
-        slot->peer = peer;
-        slot->peer_name = peers_.count(peer) ? peers_[peer].name : absl::StrCat("#", peer);
-        slot->src = src;
-        slot->dst = dst;
-        slot->generation = ++generations_[key];
-        slot->sending = true;
-        slot->device = src;
+        slot = NewComm(peer, peers_.count(peer) ? peers_[peer].name : absl::StrCat("#", peer),
+                       src, dst, ++generations_[key], /*sending=*/true);
         create = true;
       }
       c = slot;
@@ -589,27 +715,44 @@ class CudaChannel::Impl {
         return s;
       }
     }
-    RETURN_IF_ERROR(WaitReady(*c, absl::Now() + options_.timeout));
+    absl::MutexLock lock(&c->mu);
+    RETURN_IF_ERROR(c->WaitReadyLocked(absl::Now() + options_.timeout));
     return c;
   }
 
-  absl::Status InitSender(Comm& c) {
+  // A communicator's fixed parts; its lane starts once it has a unique id.
+  std::shared_ptr<Comm> NewComm(WorkerId peer, std::string peer_name, int src, int dst,
+                                uint64_t generation, bool sending) {
+    auto c = std::make_shared<Comm>();
+    c->peer = peer;
+    c->peer_name = std::move(peer_name);
+    c->src = src;
+    c->dst = dst;
+    c->generation = generation;
+    c->sending = sending;
+    c->device = sending ? src : dst;
+    c->timeout = options_.timeout;
+    c->on_failure = [this](const Comm& failed) { QueueAbort(failed); };
+    return c;
+  }
+
+  // Creates the stream of `c` and starts its lane as `rank` of `id`.
+  absl::Status StartComm(Comm& c, const ncclUniqueId& id, int rank) {
     DeviceGuard guard(c.device);
     REMORA_CUDA_TRY(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking),
                     "creating the NCCL stream");
+    c.Start(id, rank);
+    return absl::OkStatus();
+  }
+
+  // Starts the sending end of `c` and tells the peer to start the other.
+  // Both ends form the communicator concurrently, on their lanes.
+  absl::Status InitSender(Comm& c) {
     ncclUniqueId id;
     if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {
       return absl::UnavailableError(absl::StrCat("ncclGetUniqueId: ", NcclText(r)));
     }
-    {
-      absl::MutexLock lock(&c.mu);
-      ncclConfig_t config = NonBlockingConfig();
-      const ncclResult_t r = ncclCommInitRankConfig(&c.comm, 2, id, 0, &config);
-      if (r != ncclSuccess && r != ncclInProgress) {
-        c.comm = nullptr;
-        return absl::UnavailableError(absl::StrCat("ncclCommInitRankConfig: ", NcclText(r)));
-      }
-    }
+    RETURN_IF_ERROR(StartComm(c, id, /*rank=*/0));
     wire::Request request;
     auto* setup = request.mutable_nccl_setup();
     setup->set_unique_id(std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
@@ -622,40 +765,6 @@ class CudaChannel::Impl {
       return absl::UnavailableError(absl::StrCat("setting up ", c.Describe(), ": ", s.message()));
     }
     return absl::OkStatus();
-  }
-
-  // Polls the communicator until it formed, failed or `deadline`.
-  absl::Status WaitReady(Comm& c, absl::Time deadline) {
-    absl::Duration pause = absl::Microseconds(50);
-    while (true) {
-      {
-        absl::MutexLock lock(&c.mu);
-        if (c.state == Comm::State::kReady) return absl::OkStatus();
-        if (c.state == Comm::State::kFailed) return c.ErrorLocked();
-        ncclResult_t state = ncclInProgress;
-        // No communicator yet: its creator is still starting it.
-        const ncclResult_t r = c.comm != nullptr ? ncclCommGetAsyncError(c.comm, &state) : ncclSuccess;
-        if (r == ncclSuccess && state == ncclSuccess) {
-          c.state = Comm::State::kReady;
-          return absl::OkStatus();
-        }
-        if (r != ncclSuccess || state != ncclInProgress) {
-          c.FailLocked(absl::StrCat("forming the communicator: ",
-                                    NcclText(r != ncclSuccess ? r : state)));
-          QueueAbort(c);
-          return c.ErrorLocked();
-        }
-        if (absl::Now() > deadline) {
-          c.FailLocked(absl::StrCat("the communicator did not form within ",
-                                    absl::FormatDuration(options_.timeout),
-                                    " (is the peer alive and its GPU reachable?)"));
-          QueueAbort(c);
-          return c.ErrorLocked();
-        }
-      }
-      absl::SleepFor(pause);
-      pause = std::min(pause * 2, absl::Milliseconds(2));
-    }
   }
 
   void Reclaim(WorkerId peer, const wire::CudaPayload& d) {
@@ -721,6 +830,7 @@ class CudaChannel::Impl {
     ASSIGN_OR_RETURN(cudaStream_t stream, CopyStream(dst));
     RETURN_IF_ERROR(AfterLibTorch(dst, stream));
     REMORA_CUDA_TRY(cudaStreamWaitEvent(stream, producer, 0), what + ": waiting for the sender");
+    KeepForStream(out, stream, dst);
     REMORA_CUDA_TRY(cudaMemcpyAsync(out.data_ptr(), static_cast<char*>(mem->ptr) + d.offset(),
                                     length, cudaMemcpyDeviceToDevice, stream),
                     what + ": copying");
@@ -753,72 +863,49 @@ class CudaChannel::Impl {
       }
       c = it->second;
     }
-    RETURN_IF_ERROR(WaitReady(*c, deadline));
-    const int dst = d.dst_device();
-#ifndef REMORA_TORCH_CUDA
-    RETURN_IF_ERROR(AfterLibTorch(dst, c->stream));
-#endif
-    cudaEvent_t done;
-    REMORA_CUDA_TRY(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "creating an event");
+    // The lane posts the receive once the memory LibTorch just handed out
+    // is free of its earlier work, and strictly in the sender's order.
+    ASSIGN_OR_RETURN(cudaEvent_t after, LibTorchEvent(d.dst_device()));
+    cudaEvent_t done = nullptr;
     {
       absl::MutexLock lock(&c->mu);
-      // Receives are posted strictly in the sender's order.
-      auto turn = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu) {
-        return c->state == Comm::State::kFailed || c->next_seq >= d.seq();
-      };
-      c->mu.AwaitWithDeadline(absl::Condition(&turn), deadline);
-      absl::Status s;
-      if (c->state == Comm::State::kFailed) {
-        s = c->ErrorLocked();
-      } else if (c->next_seq > d.seq()) {
+      absl::Status s = c->WaitReadyLocked(deadline);
+      if (s.ok() && (d.seq() < c->next_post || c->jobs.count(d.seq()) > 0 ||
+                     c->posted.count(d.seq()) > 0)) {
         s = absl::InvalidArgumentError(absl::StrCat(c->Describe(), ": transfer ", d.seq(),
                                                     " was received already"));
-      } else if (c->next_seq < d.seq()) {
-        c->FailLocked(absl::StrCat("transfer ", c->next_seq, " never arrived within ",
-                                   absl::FormatDuration(options_.timeout), " (", d.seq(),
-                                   " did; its call was lost)"));
-        QueueAbort(*c);
-        s = c->ErrorLocked();
-      } else {
-#ifdef REMORA_TORCH_CUDA
-        s = AfterLibTorch(dst, c->stream);
-#endif
-        if (s.ok()) {
-          const ncclResult_t r = c->SettleLocked(
-              ncclRecv(out.data_ptr(), length, ncclUint8, 0, c->comm, c->stream), deadline);
-          if (r != ncclSuccess) {
-            c->FailLocked(absl::StrCat("ncclRecv: ", NcclText(r)));
-            QueueAbort(*c);
-            s = c->ErrorLocked();
-          } else {
-            c->next_seq++;
-            const cudaError_t e = cudaEventRecord(done, c->stream);
-            if (e != cudaSuccess) {
-              c->FailLocked(absl::StrCat("recording the receive's event: ", CudaText(e)));
-              QueueAbort(*c);
-              s = c->ErrorLocked();
-            }
-          }
-        }
       }
       if (!s.ok()) {
-        cudaEventDestroy(done);
+        if (after != nullptr) cudaEventDestroy(after);
         return s;
       }
+      c->jobs[d.seq()] = Comm::Job{out, after, deadline};
+      auto posted = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu) {
+        return c->state == Comm::State::kFailed || c->posted.count(d.seq()) > 0;
+      };
+      c->mu.AwaitWithDeadline(absl::Condition(&posted), deadline);
+      if (c->state == Comm::State::kFailed) return c->ErrorLocked();
+      auto it = c->posted.find(d.seq());
+      if (it == c->posted.end()) {
+        c->FailLocked(c->next_post < d.seq()
+                          ? absl::StrCat("transfer ", c->next_post, " never arrived within ",
+                                         absl::FormatDuration(options_.timeout), " (", d.seq(),
+                                         " did; its call was lost)")
+                          : absl::StrCat("transfer ", d.seq(), " was not posted within ",
+                                         absl::FormatDuration(options_.timeout)));
+        QueueAbort(*c);
+        return c->ErrorLocked();
+      }
+      done = it->second;
+      c->posted.erase(it);
     }
     // Wait on the host: errors and a dead sender surface here, not as a
     // kernel that never ends.
     absl::Status s = PollEvent(done, deadline, absl::StrCat(c->Describe(), ": transfer ", d.seq()),
                                [&]() -> absl::Status {
+                                 // The lane watches NCCL's errors.
                                  absl::MutexLock lock(&c->mu);
                                  if (c->state == Comm::State::kFailed) return c->ErrorLocked();
-                                 ncclResult_t state = ncclSuccess;
-                                 ncclCommGetAsyncError(c->comm, &state);
-                                 if (state != ncclSuccess && state != ncclInProgress) {
-                                   c->FailLocked(NcclText(state));
-                                   QueueAbort(*c);
-                                   return c->ErrorLocked();
-                                 }
                                  return absl::OkStatus();
                                });
     cudaEventDestroy(done);
@@ -855,28 +942,13 @@ class CudaChannel::Impl {
           "NCCL set-up from '", peer.name, "': bad devices cuda:", setup.src_device(),
           " -> cuda:", setup.dst_device(), " or generation ", setup.generation()));
     }
-    auto c = std::make_shared<Comm>();
-    c->peer = from;
-    c->peer_name = peer.name;
-    c->src = setup.src_device();
-    c->dst = setup.dst_device();
-    c->generation = setup.generation();
-    c->sending = false;
-    c->device = setup.dst_device();
-    {
-      DeviceGuard guard(c->device);
-      REMORA_CUDA_TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking),
-                      "creating the NCCL stream");
-      ncclUniqueId id;
-      std::memcpy(&id, setup.unique_id().data(), sizeof(id));
-      absl::MutexLock lock(&c->mu);
-      ncclConfig_t config = NonBlockingConfig();
-      const ncclResult_t r = ncclCommInitRankConfig(&c->comm, 2, id, 1, &config);
-      if (r != ncclSuccess && r != ncclInProgress) {
-        c->comm = nullptr;
-        return absl::UnavailableError(absl::StrCat("ncclCommInitRankConfig: ", NcclText(r)));
-      }
-    }
+    auto c = NewComm(from, peer.name, setup.src_device(), setup.dst_device(), setup.generation(),
+                     /*sending=*/false);
+    ncclUniqueId id;
+    std::memcpy(&id, setup.unique_id().data(), sizeof(id));
+    // The lane forms the communicator while this reply goes back; the
+    // sender's first transfer waits for it.
+    RETURN_IF_ERROR(StartComm(*c, id, /*rank=*/1));
     std::vector<std::shared_ptr<Comm>> older;
     {
       absl::MutexLock lock(&mu_);
@@ -1166,10 +1238,7 @@ class CudaChannel::Impl {
     bool any = false;
     for (auto& c : comms) {
       absl::MutexLock lock(&c->mu);
-      if (!c->PollEnqueueLocked().ok()) {
-        QueueAbort(*c);
-        continue;
-      }
+      if (c->state == Comm::State::kFailed) continue;
       while (!c->in_flight.empty()) {
         Comm::InFlight& f = c->in_flight.front();
         const cudaError_t e = f.done != nullptr ? cudaEventQuery(f.done) : cudaErrorNotReady;
@@ -1187,13 +1256,6 @@ class CudaChannel::Impl {
                                      absl::FormatDuration(options_.timeout),
                                      " (its call failed, or it is gone)"));
           QueueAbort(*c);
-        } else if (c->comm != nullptr) {
-          ncclResult_t state = ncclSuccess;
-          ncclCommGetAsyncError(c->comm, &state);
-          if (state != ncclSuccess && state != ncclInProgress) {
-            c->FailLocked(NcclText(state));
-            QueueAbort(*c);
-          }
         }
         break;
       }
@@ -1206,7 +1268,12 @@ class CudaChannel::Impl {
     const absl::Time now = absl::Now();
     absl::MutexLock lock(&mu_);
     for (auto it = held_.begin(); it != held_.end();) {
-      if (now - it->second.since > options_.reclaim_after) {
+      // A buffer whose call failed is freed after reclaim_after; one whose
+      // call went through waits much longer for its release (its frame may
+      // still be queued at the receiver, which would copy freed memory).
+      const absl::Duration limit =
+          it->second.orphaned ? options_.reclaim_after : 10 * options_.reclaim_after;
+      if (now - it->second.since > limit) {
         it->second.event->busy = false;
         it = held_.erase(it);
       } else {

@@ -23,10 +23,12 @@
 //     communicator could each block in ncclSend until the other posted its
 //     receive), and exactly one process ever creates a given communicator,
 //     so no "lower id creates" tie-break or crossing set-ups are needed.
-//     Communicators are non-blocking: an ncclSend may report "in progress"
-//     until the receiver posts its receive (NCCL may connect lazily, on the
-//     first transfer), so the sender does not wait for it: the frame leaves,
-//     and the enqueue settles in the background or before the next send.
+//     Every NCCL call on a communicator (creation, each send or receive) is
+//     made by that communicator's own lane thread, in sequence order, each
+//     settled before the next: NCCL keeps an unfinished non-blocking call's
+//     state per thread, and a first send stays "in progress" until the
+//     receiver posts its receive (NCCL connects lazily). Callers only queue
+//     transfers: a frame with several CUDA tensors leaves at once.
 //
 // Ordering with the computation (which of the two below a build uses is
 // decided by cmake/RemoraCuda.cmake). Sender: the transfer waits for the work
@@ -82,8 +84,9 @@ class CudaChannel {
     // The longest any one wait may take: a communicator's set-up, the
     // sequence gap before a transfer, a transfer itself.
     absl::Duration timeout = absl::Seconds(60);
-    // An IPC buffer nobody released for this long is freed (its message was
-    // lost with a failed call or a dead peer).
+    // An IPC buffer whose call failed and that nobody released for this
+    // long is freed (its message was lost); one whose call went through,
+    // after 10 times as long (a dead peer never releases it).
     absl::Duration reclaim_after = absl::Minutes(2);
   };
 

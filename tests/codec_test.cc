@@ -309,6 +309,19 @@ TEST_P(CodecDtype, RoundTripsExactlyAcrossTinySlices) {
   ExpectSameTensor(v->toTensor(), t);
 }
 
+// How a payload that arrived through the CUDA channel becomes a tensor; the
+// same view works on any device, so the CPU checks it here.
+TEST_P(CodecDtype, BytesViewedAsTheDtypeShareTheirStorage) {
+  const at::Tensor t = Sample(GetParam());
+  const at::Tensor bytes =
+      at::from_blob(t.data_ptr(), {static_cast<int64_t>(t.nbytes())}, at::kByte).clone();
+  auto v = ViewBytesAs(bytes, GetParam(), t.sizes());
+  ASSERT_TRUE(v.ok()) << v.status();
+  ExpectSameTensor(*v, t);
+  EXPECT_EQ(v->data_ptr(), bytes.data_ptr());
+  EXPECT_TRUE(v->storage().is_alias_of(bytes.storage()));
+}
+
 INSTANTIATE_TEST_SUITE_P(
     AllDtypes, CodecDtype,
     ::testing::Values(at::kFloat, at::kDouble, at::kHalf, at::kBFloat16,
@@ -680,6 +693,16 @@ TEST(Codec, UnsupportedValuesAreErrors) {
   EXPECT_EQ(EncodeAlone(list).code(), absl::StatusCode::kUnimplemented);
   EXPECT_EQ(EncodeAlone(c10::ivalue::Tuple::create(std::vector<c10::IValue>{future})).code(),
             absl::StatusCode::kUnimplemented);
+}
+
+TEST(Codec, BytesThatDoNotFitTheDtypeAreAnError) {
+  // 6 bytes are one and a half floats.
+  auto v = ViewBytesAs(at::zeros({6}, at::kByte), at::kFloat, {2});
+  EXPECT_FALSE(v.ok());
+  EXPECT_THAT(std::string(v.status().message()), HasSubstr("viewing 6 payload bytes as Float"));
+  auto empty = ViewBytesAs(at::zeros({0}, at::kByte), at::kFloat, {0, 3});
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(empty->sizes(), (std::vector<int64_t>{0, 3}));
 }
 
 TEST(Codec, SparseTensorIsAnError) {
