@@ -644,6 +644,41 @@ TEST(CudaGpu, NcclBetweenTwoGpusKeepsTransfersInOrder) {
   ASSERT_TRUE(group->Shutdown().ok());
 }
 
+// The first send on a new communicator stays in progress until the
+// receiver posts its receive, which needs the very message that is being
+// built: a message with several CUDA tensors must still leave at once.
+TEST(CudaGpu, NcclFirstMessageWithSeveralTensorsDoesNotWait) {
+  REMORA_REQUIRE_CHANNEL();
+  REMORA_REQUIRE_GPUS(2);
+  Registry registry;
+  ASSERT_TRUE(shards::RegisterAll(registry).ok());
+  AgentOptions opts;
+  opts.device = "cuda:0";
+  opts.device_maps["w1"]["cuda:0"] = "cuda:1";
+  opts.rpc_timeout = absl::Seconds(30);
+  auto group = cli::StartLocalGroup({"w1"}, &registry, {"--device", "cuda:1"}, opts);
+  ASSERT_TRUE(group.ok()) << group.status();
+  Agent& master = *group->master;
+  const auto on0 = at::TensorOptions().device(Cuda(0));
+  const std::vector<at::Tensor> xs = {at::randn({1 << 20}, on0), at::randn({4096}, on0),
+                                      at::randn({3, 5}, on0)};
+  const absl::Time start = absl::Now();
+  auto y = master.rpc_sync("w1", "echo", {c10::ivalue::Tuple::create(std::vector<c10::IValue>(
+                                             xs.begin(), xs.end()))});
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "the message waited for its first send";
+  const auto& back = y->toTupleRef().elements();
+  ASSERT_EQ(back.size(), xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    EXPECT_EQ(back[i].toTensor().device(), Cuda(0));
+    EXPECT_TRUE(at::equal(back[i].toTensor(), xs[i])) << "tensor " << i;
+  }
+  EXPECT_GE(master.cuda_stats().nccl_sends, 3);
+  EXPECT_GE(master.cuda_stats().nccl_receives, 3);
+  EXPECT_EQ(master.cuda_stats().aborted, 0);
+  ASSERT_TRUE(group->Shutdown().ok());
+}
+
 TEST(CudaGpu, NcclToAWorkerThatDiedFailsTheCallInsteadOfHanging) {
   REMORA_REQUIRE_CHANNEL();
   REMORA_REQUIRE_GPUS(2);
@@ -671,6 +706,7 @@ TEST(CudaGpu, ResNetPipelineOnGpuWorkersMatchesLocalTraining) {
   const int port = FreePort();
   const std::string addr = absl::StrCat("127.0.0.1:", port);
   std::vector<std::unique_ptr<cli::Subprocess>> workers;
+  setenv("REMORA_DEBUG", "channels", 1);  // the workers log their routes
   for (const char* name : {"worker1", "worker2"}) {
     workers.push_back(cli::Subprocess::Spawn({kBin + "/worker", "--name", name, "--master", addr,
                                               "--device", "cuda:0"},
@@ -684,8 +720,14 @@ TEST(CudaGpu, ResNetPipelineOnGpuWorkersMatchesLocalTraining) {
   argv.insert(argv.end(), small.begin(), small.end());
   auto [code, out] = RunProgram(argv, absl::Seconds(240));
   for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
+  unsetenv("REMORA_DEBUG");
   ASSERT_EQ(code, 0) << out;
   EXPECT_THAT(out, HasSubstr("worker1: shards on cuda:0"));
+  // Activations went GPU to GPU, not through host memory.
+  std::ifstream log(TempPath("worker1.log"));
+  const std::string worker_log((std::istreambuf_iterator<char>(log)),
+                               std::istreambuf_iterator<char>());
+  EXPECT_THAT(worker_log, HasSubstr("-> 'worker2': cuda:0 -> its cuda:0 via cuda_ipc"));
   std::vector<std::string> local = {kBin + "/master", "--local", "--device", "cuda:0"};
   local.insert(local.end(), small.begin(), small.end());
   auto [local_code, local_out] = RunProgram(local, absl::Seconds(240));
