@@ -574,16 +574,24 @@ TEST(CudaGpu, ShardsLiveOnTheirWorkersDevice) {
   EXPECT_EQ(out->toTensor().sizes(), (std::vector<int64_t>{2, 1000}));
 }
 
+// This process as the master on cuda:0 and one `worker` process "w1" on
+// `device`, where the master's cuda:0 maps.
+absl::StatusOr<cli::LocalGroup> StartWorkerOn(const Registry& registry, const std::string& device,
+                                              absl::Duration rpc_timeout = absl::Seconds(60)) {
+  AgentOptions opts;
+  opts.device = "cuda:0";
+  opts.device_maps["w1"]["cuda:0"] = device;
+  opts.rpc_timeout = rpc_timeout;
+  return cli::StartLocalGroup({"w1"}, &registry, {"--device", device}, opts);
+}
+
 // Real worker processes on the master's GPU: CUDA IPC both ways.
 TEST(CudaGpu, IpcBetweenProcessesOnOneGpu) {
   REMORA_REQUIRE_CHANNEL();
   REMORA_REQUIRE_GPUS(1);
   Registry registry;
   ASSERT_TRUE(shards::RegisterAll(registry).ok());
-  AgentOptions opts;
-  opts.device = "cuda:0";
-  opts.device_maps["w1"]["cuda:0"] = "cuda:0";
-  auto group = cli::StartLocalGroup({"w1"}, &registry, {"--device", "cuda:0"}, opts);
+  auto group = StartWorkerOn(registry, "cuda:0");
   ASSERT_TRUE(group.ok()) << group.status();
   Agent& master = *group->master;
   ASSERT_EQ(master.channel_to("w1", "cuda:0").value(), "cuda_ipc")
@@ -618,10 +626,7 @@ TEST(CudaGpu, NcclBetweenTwoGpusKeepsTransfersInOrder) {
   REMORA_REQUIRE_GPUS(2);
   Registry registry;
   ASSERT_TRUE(shards::RegisterAll(registry).ok());
-  AgentOptions opts;
-  opts.device = "cuda:0";
-  opts.device_maps["w1"]["cuda:0"] = "cuda:1";
-  auto group = cli::StartLocalGroup({"w1"}, &registry, {"--device", "cuda:1"}, opts);
+  auto group = StartWorkerOn(registry, "cuda:1");
   ASSERT_TRUE(group.ok()) << group.status();
   Agent& master = *group->master;
   ASSERT_EQ(master.channel_to("w1", "cuda:0").value(), "nccl") << master.cuda_disabled_reason();
@@ -652,11 +657,7 @@ TEST(CudaGpu, NcclFirstMessageWithSeveralTensorsDoesNotWait) {
   REMORA_REQUIRE_GPUS(2);
   Registry registry;
   ASSERT_TRUE(shards::RegisterAll(registry).ok());
-  AgentOptions opts;
-  opts.device = "cuda:0";
-  opts.device_maps["w1"]["cuda:0"] = "cuda:1";
-  opts.rpc_timeout = absl::Seconds(30);
-  auto group = cli::StartLocalGroup({"w1"}, &registry, {"--device", "cuda:1"}, opts);
+  auto group = StartWorkerOn(registry, "cuda:1", absl::Seconds(30));
   ASSERT_TRUE(group.ok()) << group.status();
   Agent& master = *group->master;
   const auto on0 = at::TensorOptions().device(Cuda(0));
@@ -684,11 +685,7 @@ TEST(CudaGpu, NcclToAWorkerThatDiedFailsTheCallInsteadOfHanging) {
   REMORA_REQUIRE_GPUS(2);
   Registry registry;
   ASSERT_TRUE(shards::RegisterAll(registry).ok());
-  AgentOptions opts;
-  opts.device = "cuda:0";
-  opts.device_maps["w1"]["cuda:0"] = "cuda:1";
-  opts.rpc_timeout = absl::Seconds(20);
-  auto group = cli::StartLocalGroup({"w1"}, &registry, {"--device", "cuda:1"}, opts);
+  auto group = StartWorkerOn(registry, "cuda:1", absl::Seconds(20));
   ASSERT_TRUE(group.ok()) << group.status();
   Agent& master = *group->master;
   at::Tensor x = at::randn({1 << 20}, at::TensorOptions().device(Cuda(0)));
