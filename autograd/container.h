@@ -89,8 +89,10 @@ Container* ContainerOf(Agent* agent);
 // The local step of a backward pass: runs this process's graph from `roots`
 // seeded with `grads`, accumulates leaf gradients in `context`, and sends
 // the gradients of received tensors back to their senders. Completes when
-// every worker downstream finished.
+// every worker downstream finished. `retain_graph` keeps the graph (here
+// and downstream) for another pass.
 Future<Empty> RunBackward(Container& container, std::shared_ptr<DistContext> context,
-                          std::vector<at::Tensor> roots, std::vector<at::Tensor> grads);
+                          std::vector<at::Tensor> roots, std::vector<at::Tensor> grads,
+                          bool retain_graph);
 
 }  // namespace remora::dist_autograd

@@ -157,7 +157,8 @@ std::vector<at::Tensor> CollectLeaves(const std::vector<at::Tensor>& roots) {
 }  // namespace
 
 Future<Empty> RunBackward(Container& container, std::shared_ptr<DistContext> context,
-                          std::vector<at::Tensor> roots, std::vector<at::Tensor> grads) {
+                          std::vector<at::Tensor> roots, std::vector<at::Tensor> grads,
+                          bool retain_graph) {
   Agent& agent = container.agent();
   std::vector<at::Tensor> leaves = CollectLeaves(roots);
   if (leaves.empty()) return Future<Empty>::Ready(Empty{});
@@ -167,9 +168,7 @@ Future<Empty> RunBackward(Container& container, std::shared_ptr<DistContext> con
   try {
     ComputeTurn compute;
     start_us = trace::NowUs();
-    // retain_graph: a send's graph may be reached again by another message
-    // of the same context; the context holds it until released.
-    results = torch::autograd::grad(roots, leaves, grads, /*retain_graph=*/true,
+    results = torch::autograd::grad(roots, leaves, grads, retain_graph,
                                     /*create_graph=*/false, /*allow_unused=*/true);
   } catch (...) {
     return Future<Empty>::Ready(
@@ -194,7 +193,7 @@ Future<Empty> RunBackward(Container& container, std::shared_ptr<DistContext> con
     c10::List<at::Tensor> list;
     for (auto& g : grads_out) list.push_back(g);
     sent.push_back(agent.rpc_async(agent.NameOf(key.first), "remora.autograd.propagate",
-                                   {context->id(), key.second, list}));
+                                   {context->id(), key.second, list, retain_graph}));
   }
   return WhenAll(sent);
 }
@@ -224,6 +223,7 @@ absl::Status RegisterFunctions(Registry& registry) {
         const int64_t context_id = args[0].toInt();
         const int64_t message_id = args[1].toInt();
         std::vector<at::Tensor> grads = args[2].toTensorVector();
+        const bool retain_graph = args.size() > 3 && args[3].toBool();
         auto context = container.Find(context_id);
         if (!context) {
           throw std::invalid_argument(
@@ -251,7 +251,7 @@ absl::Status RegisterFunctions(Registry& registry) {
           seeds.push_back(grads[i].to((*sent)[i].device()));
         }
         Future<c10::IValue> done(ctx.agent->executor());
-        RunBackward(container, context, std::move(roots), std::move(seeds))
+        RunBackward(container, context, std::move(roots), std::move(seeds), retain_graph)
             .then([done](const absl::StatusOr<Empty>& r) mutable {
               if (r.ok()) {
                 done.SetValue(c10::IValue());
@@ -301,7 +301,7 @@ Context::~Context() {
 }
 
 Future<Empty> backward_async(Agent& agent, int64_t context_id,
-                             const std::vector<at::Tensor>& roots) {
+                             const std::vector<at::Tensor>& roots, bool retain_graph) {
   Container* container = ContainerOf(&agent);
   if (container == nullptr) {
     return Future<Empty>::Ready(absl::FailedPreconditionError(
@@ -320,11 +320,12 @@ Future<Empty> backward_async(Agent& agent, int64_t context_id,
     }
     seeds.push_back(at::ones_like(r));
   }
-  return RunBackward(*container, context, roots, std::move(seeds));
+  return RunBackward(*container, context, roots, std::move(seeds), retain_graph);
 }
 
-absl::Status backward(Agent& agent, int64_t context_id, const std::vector<at::Tensor>& roots) {
-  return backward_async(agent, context_id, roots).wait().status();
+absl::Status backward(Agent& agent, int64_t context_id, const std::vector<at::Tensor>& roots,
+                      bool retain_graph) {
+  return backward_async(agent, context_id, roots, retain_graph).wait().status();
 }
 
 absl::StatusOr<std::vector<std::pair<at::Tensor, at::Tensor>>> get_gradients(

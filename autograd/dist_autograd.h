@@ -60,9 +60,14 @@ class Context {
 // Runs backward from `roots` (each seeded with ones) in context
 // `context_id`, across every worker the gradients reach. Returns when all
 // of them finished; an error names the worker that failed and its message.
-absl::Status backward(Agent& agent, int64_t context_id, const std::vector<at::Tensor>& roots);
+// As in PyTorch, each worker frees the graph it ran (its saved activations)
+// unless `retain_graph`; running backward through the same graph again, for
+// example over a tensor sent twice in one context, then needs
+// retain_graph = true on the first pass.
+absl::Status backward(Agent& agent, int64_t context_id, const std::vector<at::Tensor>& roots,
+                      bool retain_graph = false);
 Future<Empty> backward_async(Agent& agent, int64_t context_id,
-                             const std::vector<at::Tensor>& roots);
+                             const std::vector<at::Tensor>& roots, bool retain_graph = false);
 
 // Parameter -> accumulated gradient, on this worker, for `context_id`.
 absl::StatusOr<std::vector<std::pair<at::Tensor, at::Tensor>>> get_gradients(

@@ -63,6 +63,35 @@ TEST(DistAutograd, ContextIdsCarryTheWorkerIdAndAreCurrent) {
   EXPECT_EQ(CurrentContextId(), kNoContext);
 }
 
+// As in PyTorch: backward frees the graph on every worker it ran on, unless
+// retain_graph; then a second pass runs and its gradients add up.
+TEST(DistAutograd, RetainGraphKeepsTheRemoteGraphForAnotherPass) {
+  Group g(1);
+  const auto o = Stage(4, 3, 21, false);
+  RRef stage = RemoteStage(g.master(), "w1", o);
+  const at::Tensor x = at::randn({5, 4});
+  {
+    dist_autograd::Context context(g.master());
+    at::Tensor out = stage.rpc_sync("forward", {x}).value().toTensor().sum();
+    ASSERT_TRUE(dist_autograd::backward(g.master(), context.id(), {out}, true).ok());
+    const auto once = dist_autograd::get_gradients(g.worker(1), context.id()).value();
+    ASSERT_FALSE(once.empty());
+    std::vector<at::Tensor> first;
+    for (const auto& [param, grad] : once) first.push_back(grad.clone());
+    ASSERT_TRUE(dist_autograd::backward(g.master(), context.id(), {out}).ok());
+    const auto twice = dist_autograd::get_gradients(g.worker(1), context.id()).value();
+    ASSERT_EQ(twice.size(), first.size());
+    for (size_t i = 0; i < first.size(); ++i) {
+      EXPECT_LT(RelativeError(twice[i].second, 2 * first[i]), 1e-6);
+    }
+    // The second pass did not retain it: a third reaches freed buffers on w1.
+    absl::Status third = dist_autograd::backward(g.master(), context.id(), {out});
+    EXPECT_FALSE(third.ok());
+    EXPECT_THAT(std::string(third.message()), HasSubstr("w1"));
+    EXPECT_THAT(std::string(third.message()), HasSubstr("second time"));
+  }
+}
+
 TEST(DistAutograd, GradientsFlowThroughRRefsAndToHere) {
   Group g(2);
   const auto o1 = Stage(4, 3, 11, true), o2 = Stage(3, 2, 12, false);
