@@ -461,6 +461,7 @@ struct Opened {
   void* ptr = nullptr;
   uint64_t bytes = 0;  // the mapping's size as the driver reports it
   int device = 0;
+  absl::Time last_used;  // guarded by the channel's mu_
   ~Opened() {
     if (ptr != nullptr) {
       DeviceGuard guard(device);
@@ -1117,7 +1118,10 @@ class CudaChannel::Impl {
     {
       absl::MutexLock l(&mu_);
       auto it = opened_.find(key);
-      if (it != opened_.end() && it->second->handle == d.mem_handle()) return it->second;
+      if (it != opened_.end() && it->second->handle == d.mem_handle()) {
+        it->second->last_used = absl::Now();
+        return it->second;
+      }
     }
     auto mem = std::make_shared<Opened>();
     mem->handle = d.mem_handle();
@@ -1135,6 +1139,7 @@ class CudaChannel::Impl {
       }
     }
     absl::MutexLock l(&mu_);
+    mem->last_used = absl::Now();
     opened_[key] = mem;
     return mem;
   }
@@ -1266,7 +1271,20 @@ class CudaChannel::Impl {
 
   void ReclaimStale() {
     const absl::Time now = absl::Now();
+    // A sender's allocation mapped here keeps its memory alive after the
+    // sender frees it (and CUDA leaves freeing it while mapped undefined):
+    // close mappings unused for reclaim_after. Receives still copying hold
+    // their own reference; the last one closes it.
+    std::vector<std::shared_ptr<Opened>> idle;  // closed outside the lock
     absl::MutexLock lock(&mu_);
+    for (auto it = opened_.begin(); it != opened_.end();) {
+      if (now - it->second->last_used > options_.reclaim_after) {
+        idle.push_back(std::move(it->second));
+        it = opened_.erase(it);
+      } else {
+        ++it;
+      }
+    }
     for (auto it = held_.begin(); it != held_.end();) {
       // A buffer whose call failed is freed after reclaim_after; one whose
       // call went through waits much longer for its release (its frame may
