@@ -23,6 +23,13 @@
 #include "rpc/message.h"
 #include "test_group.h"
 
+#ifdef REMORA_TORCH_CUDA
+#include <ATen/ops/full.h>
+#include <ATen/ops/matmul.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 namespace remora {
 namespace {
 
@@ -585,6 +592,26 @@ absl::StatusOr<cli::LocalGroup> StartWorkerOn(const Registry& registry, const st
   return cli::StartLocalGroup({"w1"}, &registry, {"--device", device}, opts);
 }
 
+#ifdef REMORA_TORCH_CUDA
+// Sends a tensor that a side stream produces behind about half a second of
+// matrix products, from that stream and without waiting for it on the
+// host: the channel must order the transfer after the producer (an event on
+// LibTorch's current stream), or the worker copies stale memory.
+void ExpectSentAfterItsProducer(Agent& master) {
+  const auto on0 = at::TensorOptions().device(Cuda(0));
+  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, 0);
+  c10::cuda::CUDAStreamGuard current(side);
+  at::Tensor a = at::randn({4096, 4096}, on0);
+  const at::Tensor b = at::randn({4096, 4096}, on0).div(64);
+  for (int i = 0; i < 200; ++i) a = at::matmul(a, b).tanh();  // bounded; 27 TFLOP in all
+  const at::Tensor x = at::full({1 << 22}, 7.0, on0).add(a.sum().mul(0));
+  auto y = master.rpc_sync("w1", "echo", {x});
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_TRUE(at::equal(y->toTensor(), at::full({1 << 22}, 7.0, on0)))
+      << "the transfer read the tensor before its producer wrote it";
+}
+#endif
+
 // Real worker processes on the master's GPU: CUDA IPC both ways.
 TEST(CudaGpu, IpcBetweenProcessesOnOneGpu) {
   REMORA_REQUIRE_CHANNEL();
@@ -618,6 +645,38 @@ TEST(CudaGpu, IpcBetweenProcessesOnOneGpu) {
   EXPECT_TRUE(Eventually([&] { return master.cuda_stats().held_buffers == 0; }))
       << "the worker never released " << master.cuda_stats().held_buffers << " buffers";
   ASSERT_TRUE(group->Shutdown().ok());
+}
+
+TEST(CudaGpu, IpcWaitsForAProducerOnAnotherStream) {
+#ifndef REMORA_TORCH_CUDA
+  GTEST_SKIP() << "needs a LibTorch with CUDA (its stream API) at build time";
+#else
+  REMORA_REQUIRE_CHANNEL();
+  REMORA_REQUIRE_GPUS(1);
+  Registry registry;
+  ASSERT_TRUE(shards::RegisterAll(registry).ok());
+  auto group = StartWorkerOn(registry, "cuda:0");
+  ASSERT_TRUE(group.ok()) << group.status();
+  ASSERT_EQ(group->master->channel_to("w1", "cuda:0").value(), "cuda_ipc");
+  ExpectSentAfterItsProducer(*group->master);
+  ASSERT_TRUE(group->Shutdown().ok());
+#endif
+}
+
+TEST(CudaGpu, NcclWaitsForAProducerOnAnotherStream) {
+#ifndef REMORA_TORCH_CUDA
+  GTEST_SKIP() << "needs a LibTorch with CUDA (its stream API) at build time";
+#else
+  REMORA_REQUIRE_CHANNEL();
+  REMORA_REQUIRE_GPUS(2);
+  Registry registry;
+  ASSERT_TRUE(shards::RegisterAll(registry).ok());
+  auto group = StartWorkerOn(registry, "cuda:1");
+  ASSERT_TRUE(group.ok()) << group.status();
+  ASSERT_EQ(group->master->channel_to("w1", "cuda:0").value(), "nccl");
+  ExpectSentAfterItsProducer(*group->master);
+  ASSERT_TRUE(group->Shutdown().ok());
+#endif
 }
 
 // A worker on the second GPU: NCCL, many transfers in flight at once.
