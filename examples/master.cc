@@ -37,6 +37,7 @@
 #include "examples/timeline.h"
 #include "optim/distributed_optimizer.h"
 #include "rpc/devices.h"
+#include "rpc/status_util.h"
 #include "rpc/trace.h"
 #include "shards/builtins.h"
 #include "shards/resnet.h"
@@ -57,6 +58,7 @@ struct Config {
   int seed = 0;
   std::string partition = "balanced";
   int interleave = 0;  // stages per worker; 0: 2 with balanced, 1 with tutorial
+  int in_flight = 0;   // micro-batches started and not yet through backward; 0: all
   int threads = 0;
   bool local = false;
   bool compare_local = false;
@@ -228,8 +230,10 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c, const std::vect
     {
       dist_autograd::Context context(agent);
       auto xs = images.chunk(splits), ts = one_hot.chunk(splits);
+      const size_t m = xs.size();
+      // Starts micro-batch i's forward pass through every stage.
       std::vector<Future<c10::IValue>> outs;
-      for (size_t i = 0; i < xs.size(); ++i) {
+      auto start_forward = [&](size_t i) -> absl::Status {
         c10::IValue y = agent.local_rref(xs[i]);
         const int64_t mb = static_cast<int64_t>(i);
         for (size_t s = 0; s + 1 < n; ++s) {
@@ -238,14 +242,24 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c, const std::vect
           y = *next;
         }
         outs.push_back(stages[n - 1].rpc_async("forward", {y, mb}));
-      }
+        return absl::OkStatus();
+      };
+      // With --in-flight K, micro-batch i + K starts once micro-batch i's
+      // backward pass is done (1F1B's bound: at most K micro-batches' saved
+      // activations at a time); otherwise all start at once (GPipe).
+      const size_t window = c.in_flight > 0 ? static_cast<size_t>(c.in_flight) : m;
+      for (size_t i = 0; i < std::min(window, m); ++i) RETURN_IF_ERROR(start_forward(i));
       std::vector<Future<Empty>> backwards;
-      for (size_t i = 0; i < outs.size(); ++i) {
+      for (size_t i = 0; i < m; ++i) {
         auto out = outs[i].wait();
         if (!out.ok()) return out.status();
         at::Tensor l = LossShare(out->toTensor(), ts[i], c);
         loss += l.item<double>();
         backwards.push_back(dist_autograd::backward_async(agent, context.id(), {l}));
+        if (i + window < m) {
+          if (auto s = backwards[i].wait(); !s.ok()) return s.status();
+          RETURN_IF_ERROR(start_forward(i + window));
+        }
       }
       for (auto& f : backwards) {
         if (auto s = f.wait(); !s.ok()) return s.status();
@@ -344,6 +358,9 @@ int Main(int argc, char** argv) {
   flags.AddInt("interleave", &c.interleave,
                "stages per worker: with 2, worker k of n also hosts stage k + n, which halves "
                "the pipeline's fill and drain (0: 2 with --partition balanced and 2 to 9 workers, else 1)");
+  flags.AddInt("in-flight", &c.in_flight,
+               "micro-batches in the pipeline at once: the next starts when one finishes its "
+               "backward pass, which bounds saved activations (1F1B); 0: all of them (GPipe)");
   flags.AddInt("threads", &c.threads, "intra-op threads of this process (used by --local)");
   flags.AddBool("local", &c.local, "train in this process alone, no workers");
   flags.AddBool("compare-local", &c.compare_local,
@@ -395,6 +412,7 @@ int Main(int argc, char** argv) {
       return fail("--partition must be balanced or tutorial");
     }
     if (c.interleave < 0) return fail("--interleave must be >= 1, or 0 for the default");
+    if (c.in_flight < 0) return fail("--in-flight must be >= 1, or 0 for all micro-batches");
     if (c.interleave == 0) {
       // One worker has nothing to overlap; past 9 workers there are too few blocks.
       const bool useful = c.workers.size() >= 2 &&

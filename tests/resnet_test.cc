@@ -211,6 +211,50 @@ TEST(Master, InterleavedStagesMatchLocalTraining) {
   }
 }
 
+// --in-flight 1 starts a micro-batch only once the previous one finished its
+// backward pass: the first stage's trace then alternates forward and
+// backward, micro-batch by micro-batch, and training is unchanged.
+TEST(Master, InFlightBoundsTheMicroBatchesInThePipeline) {
+  std::vector<std::string> args = kSmall;
+  for (const char* a : {"--splits", "3"}) args.push_back(a);
+  const std::string local = TempPath("local3.json");
+  std::vector<std::string> local_args = {kBin + "/master", "--local", "--threads", "1",
+                                         "--report", local};
+  local_args.insert(local_args.end(), args.begin(), args.end());
+  auto [lcode, lout] = RunProgram(local_args, absl::Seconds(240));
+  ASSERT_EQ(lcode, 0) << lout;
+  const std::string report = TempPath("inflight.json"), trace = TempPath("inflight_trace.json");
+  std::vector<std::string> pipeline_args = args;
+  for (const std::string& a : {std::string("--in-flight"), std::string("1"),
+                               std::string("--report"), report, std::string("--trace"), trace}) {
+    pipeline_args.push_back(a);
+  }
+  auto [code, out] = RunPipeline(2, pipeline_args);
+  ASSERT_EQ(code, 0) << out;
+  auto p = ReportLosses(ReadFile(report)), l = ReportLosses(ReadFile(local));
+  ASSERT_EQ(p.size(), 1u);
+  ASSERT_EQ(l.size(), 1u);
+  ASSERT_EQ(p[0].size(), l[0].size());
+  for (size_t b = 0; b < l[0].size(); ++b) {
+    EXPECT_LT(std::abs(p[0][b] - l[0][b]) / std::abs(l[0][b]), 1e-4)
+        << "batch " << b << ": " << p[0][b] << " vs " << l[0][b];
+  }
+  // The first stage's slices in time order: F0 B0 F1 B1 F2 B2, once per batch.
+  const std::string tj = ReadFile(trace);
+  const std::regex slice(
+      "\"name\": \"(forward|backward) mb([0-9]+)\"[^}]*\"ts\": ([0-9]+)[^}]*"
+      "\"stage\": \"blocks \\[0, ");
+  std::vector<std::pair<int64_t, std::string>> first_stage;
+  for (auto it = std::sregex_iterator(tj.begin(), tj.end(), slice); it != std::sregex_iterator();
+       ++it) {
+    first_stage.emplace_back(std::stoll((*it)[3]), (*it)[1].str().substr(0, 1) + (*it)[2].str());
+  }
+  std::sort(first_stage.begin(), first_stage.end());
+  std::string order;
+  for (const auto& [ts, name] : first_stage) order += name + " ";
+  EXPECT_EQ(order, "f0 b0 f1 b1 f2 b2 f0 b0 f1 b1 f2 b2 ");
+}
+
 // --compare-local trains the local baseline batch by batch between the last
 // split count's batches (both meet the same minutes of a drifting machine).
 TEST(Master, CompareLocalAlternatesBatchesWithThePipeline) {
@@ -274,6 +318,7 @@ TEST(Master, BadFlagsAndMissingWorkersAreClearErrors) {
   check({"--workers", "a,b,c", "--partition", "tutorial"}, 2, "exactly two");
   check({"--workers", "a", "--partition", "odd"}, 2, "balanced or tutorial");
   check({"--workers", "a,b", "--interleave", "-1"}, 2, "--interleave must be >= 1");
+  check({"--workers", "a,b", "--in-flight", "-2"}, 2, "--in-flight must be >= 1");
   check({"--workers", "a,b", "--interleave", "10"}, 2, "--workers times --interleave is at most 18");
   check({"--workers", "a,b", "--partition", "tutorial", "--interleave", "2"}, 2,
         "drop --interleave");
