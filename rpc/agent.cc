@@ -312,7 +312,8 @@ class Agent::Impl final : public grpc::CallbackGenericService {
   // the pool.
   void Dispatch(grpc::ByteBuffer buffer, std::shared_ptr<ReplySlot> slot) {
     incoming_.fetch_add(1);
-    pool_->Schedule([this, buffer = std::move(buffer), slot = std::move(slot)]() mutable {
+    const bool own_thread = !cuda_->endpoint().gpus.empty() && CarriesCudaPayloads(buffer);
+    auto task = [this, buffer = std::move(buffer), slot = std::move(slot)]() mutable {
       auto message = ParseMessage(buffer, shm_.get(), cuda_.get());
       buffer.Clear();
       if (!message.ok()) {
@@ -322,7 +323,11 @@ class Agent::Impl final : public grpc::CallbackGenericService {
       }
       Handle(std::move(*message), std::make_shared<Responder>(std::move(slot), this,
                                                               message->header.request().from()));
-    });
+    };
+    // A request with CUDA payloads is received (and handled) on a thread of
+    // its own, not on the pool (see RunOwnThread).
+    if (own_thread) return RunOwnThread(std::move(task));
+    pool_->Schedule(std::move(task));
   }
 
   void Handle(InMessage message, std::shared_ptr<Responder> responder);
@@ -421,8 +426,46 @@ class Agent::Impl final : public grpc::CallbackGenericService {
   absl::Mutex calls_mu_;
   absl::flat_hash_set<ClientCall*> calls_ ABSL_GUARDED_BY(calls_mu_);
   bool stopped_ = false;
-  // Set before pool_ goes: replies then complete where they arrive.
-  bool pool_closed_ ABSL_GUARDED_BY(calls_mu_) = false;
+
+  // Threads started by RunOwnThread and not yet done. Shared with them, so
+  // that a finishing thread never touches the Impl after Stop() saw zero.
+  struct OwnThreads {
+    absl::Mutex mu;
+    int running ABSL_GUARDED_BY(mu) = 0;
+    bool closed ABSL_GUARDED_BY(mu) = false;
+  };
+  std::shared_ptr<OwnThreads> own_threads_ = std::make_shared<OwnThreads>();
+
+ public:
+  // Runs `task` on a thread of its own, or here once Stop() has begun. For
+  // frames with CUDA payloads: receiving them waits for their transfers,
+  // and NCCL posts a communicator's transfers in order, so frames waiting on
+  // pool or gRPC threads could hold up the very frame they wait for (or the
+  // replies a pool thread waits for).
+  void RunOwnThread(std::function<void()> task) {
+    {
+      absl::MutexLock lock(&own_threads_->mu);
+      if (!own_threads_->closed) {
+        ++own_threads_->running;
+        std::thread([state = own_threads_, task = std::move(task)] {
+          task();
+          absl::MutexLock lock(&state->mu);
+          --state->running;
+        }).detach();
+        return;
+      }
+    }
+    task();
+  }
+
+  // Stops RunOwnThread from starting threads and waits for those running.
+  void JoinOwnThreads() {
+    OwnThreads& state = *own_threads_;
+    absl::MutexLock lock(&state.mu);
+    state.closed = true;
+    auto done = [&state]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.mu) { return state.running == 0; };
+    state.mu.Await(absl::Condition(&done));
+  }
 };
 
 void ServerCall::OnReadDone(bool ok) {
@@ -534,18 +577,13 @@ Future<InMessage> Agent::Impl::Transmit(grpc::GenericStub* stub, OutMessage mess
     done.Complete(std::move(result));
   };
   if (!blocking) {
-    // A reply may carry CUDA payloads, and receiving them waits for their
-    // transfers (NCCL posts them in order): not on a gRPC thread, which the
-    // transfer it waits for may need. Only processes that offer GPUs get them.
-    const bool off_grpc = !cuda_->endpoint().gpus.empty();
+    // A reply with CUDA payloads is received on a thread of its own (see
+    // RunOwnThread); only processes that offer GPUs get such replies.
+    const bool gpus = !cuda_->endpoint().gpus.empty();
     stub->UnaryCall(&call->context, kMethod, grpc::StubOptions(), &call->request,
-                    &call->response, [this, off_grpc, complete](grpc::Status status) {
-                      if (off_grpc) {
-                        absl::MutexLock lock(&calls_mu_);
-                        if (!pool_closed_) {
-                          pool_->Schedule([complete, status] { complete(status); });
-                          return;
-                        }
+                    &call->response, [this, gpus, call, complete](grpc::Status status) {
+                      if (gpus && status.ok() && CarriesCudaPayloads(call->response)) {
+                        return RunOwnThread([complete, status] { complete(status); });
                       }
                       complete(status);
                     });
@@ -1109,11 +1147,8 @@ void Agent::Impl::Stop() {
     server_->Shutdown(DeadlineIn(absl::Seconds(2)));
   }
   CancelOutgoing();
-  cuda_->Stop();
-  {
-    absl::MutexLock lock(&calls_mu_);
-    pool_closed_ = true;
-  }
+  cuda_->Stop();  // receives waiting on their own threads fail now
+  JoinOwnThreads();
   pool_.reset();  // runs what is queued, joins
   if (server_) server_->Wait();
   server_.reset();

@@ -208,8 +208,9 @@ absl::StatusOr<cudaEvent_t> LibTorchEvent(int device) {
 //
 // Every NCCL call on it (initialisation, each ncclSend or ncclRecv) is made
 // by its own lane thread, in sequence order, each settled before the next.
-// NCCL keeps the state of a non-blocking call that is still in progress per
-// calling thread, so calls must not be spread over the agent's pool threads
+// Before NCCL 2.19 the state of a non-blocking call still in progress lives
+// with the calling thread (so does aborting it), so calls must not be spread
+// over the agent's pool threads
 // (a pool thread that left a send in progress could not make its next NCCL
 // call), and a caller never waits for a call to settle: the first transfer
 // stays in progress until the receiver posts its receive, which needs the
@@ -272,18 +273,16 @@ struct Comm {
     lane = std::thread([this, id, rank] { Lane(id, rank); });
   }
 
-  // Aborts the communicator; every waiter sees `reason`. Returns false when
-  // it had failed already.
+  // Fails the communicator; every waiter sees `reason`, and the lane wakes
+  // and aborts it (ncclCommAbort ends its kernels and frees it; before NCCL
+  // 2.19 only the thread with a call in progress may abort). Returns false
+  // when it had failed already.
   bool FailLocked(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (state == State::kFailed) return false;
     state = State::kFailed;
     error = reason;
     failed = true;
     DeviceGuard guard(device);
-    if (comm != nullptr) {
-      ncclCommAbort(comm);  // ends its kernels; frees it
-      comm = nullptr;
-    }
     DropEventsLocked();
     return true;
   }
@@ -314,13 +313,9 @@ struct Comm {
       absl::MutexLock lock(&mu);
       stop = true;
     }
-    if (lane.joinable()) lane.join();
+    if (lane.joinable()) lane.join();  // it aborts the communicator
     absl::MutexLock lock(&mu);
     DeviceGuard guard(device);
-    if (comm != nullptr) {
-      ncclCommAbort(comm);
-      comm = nullptr;
-    }
     DropEventsLocked();
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
@@ -370,7 +365,20 @@ struct Comm {
     // kernels belong to it.
     cudaSetDevice(device);
     cudaFree(nullptr);
-    absl::MutexLock lock(&mu);
+    ncclComm_t ended = nullptr;
+    {
+      absl::MutexLock lock(&mu);
+      RunLocked(id, rank);
+      ended = comm;
+      comm = nullptr;
+    }
+    // Only this thread made NCCL calls on it, so only it aborts it, and
+    // without holding mu (an abort can take a while).
+    if (ended != nullptr) ncclCommAbort(ended);
+  }
+
+  // The lane's work until the communicator fails or the Comm goes.
+  void RunLocked(const ncclUniqueId& id, int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (EndedLocked()) return;
     const absl::Time init_deadline = absl::Now() + timeout;
     ncclConfig_t config = NonBlockingConfig();
@@ -687,6 +695,7 @@ class CudaChannel::Impl {
   absl::StatusOr<std::shared_ptr<Comm>> SendComm(WorkerId peer, int src, int dst) {
     const auto key = std::make_tuple(peer, src, dst);
     std::shared_ptr<Comm> c;
+    std::shared_ptr<Comm> replaced;  // a failed one, destroyed (lane joined) outside mu_
     bool create = false;
     {
       absl::MutexLock lock(&mu_);
@@ -695,7 +704,7 @@ class CudaChannel::Impl {
         broken_until_.erase(b);
       }
       auto& slot = send_comms_[key];
-      if (slot && slot->failed) slot.reset();
+      if (slot && slot->failed) replaced = std::move(slot);
       if (!slot) {
         slot = NewComm(peer, peers_.count(peer) ? peers_[peer].name : absl::StrCat("#", peer),
                        src, dst, ++generations_[key], /*sending=*/true);
@@ -790,6 +799,26 @@ class CudaChannel::Impl {
   }
 
   // --- receiving -------------------------------------------------------
+
+  void Abandon(WorkerId peer, const wire::CudaPayload& d, const std::string& why) {
+    if (d.channel() == wire::CudaPayload::CUDA_IPC) {
+      QueueRelease(peer, d.buffer());
+      return;
+    }
+    std::shared_ptr<Comm> c;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = recv_comms_.find(
+          std::make_tuple(peer, d.src_device(), d.dst_device(), d.generation()));
+      if (it == recv_comms_.end()) return;
+      c = it->second;
+    }
+    absl::MutexLock lock(&c->mu);
+    if (d.seq() < c->next_post || c->posted.count(d.seq()) > 0) return;  // on its way
+    if (c->FailLocked(absl::StrCat("transfer ", d.seq(), " cannot be received (", why, ")"))) {
+      QueueAbort(*c);
+    }
+  }
 
   absl::StatusOr<at::Tensor> Receive(WorkerId from, const wire::CudaPayload& d, uint64_t length) {
     ASSIGN_OR_RETURN(WorkerInfo peer, Peer(from));
@@ -1363,6 +1392,10 @@ std::optional<wire::CudaPayload> CudaChannel::Send(WorkerId peer, const at::Tens
 }
 
 void CudaChannel::Reclaim(WorkerId peer, const wire::CudaPayload& d) { impl_->Reclaim(peer, d); }
+
+void CudaChannel::Abandon(WorkerId peer, const wire::CudaPayload& d, const std::string& why) {
+  impl_->Abandon(peer, d, why);
+}
 
 void CudaChannel::Stop() { impl_->Stop(); }
 

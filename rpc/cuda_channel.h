@@ -25,10 +25,14 @@
 //     so no "lower id creates" tie-break or crossing set-ups are needed.
 //     Every NCCL call on a communicator (creation, each send or receive) is
 //     made by that communicator's own lane thread, in sequence order, each
-//     settled before the next: NCCL keeps an unfinished non-blocking call's
-//     state per thread, and a first send stays "in progress" until the
-//     receiver posts its receive (NCCL connects lazily). Callers only queue
-//     transfers: a frame with several CUDA tensors leaves at once.
+//     settled before the next, and the lane alone aborts it: before NCCL
+//     2.19 an unfinished non-blocking call's state lives with the calling
+//     thread, and a first send stays "in progress" until the receiver posts
+//     its receive (NCCL connects lazily). Callers only queue transfers: a
+//     frame with several CUDA tensors leaves at once. Frames with CUDA
+//     payloads are received on threads of their own, never on the pool's
+//     or gRPC's (a receive waits for the transfers before it), and a frame
+//     that fails abandons its later CUDA payloads at once (Abandon).
 //
 // Ordering with the computation (which of the two below a build uses is
 // decided by cmake/RemoraCuda.cmake). Sender: the transfer waits for the work
@@ -133,6 +137,12 @@ class CudaChannel {
   // communicator is aborted unless the transfer completes shortly. IPC: the
   // buffer is freed after reclaim_after unless released before.
   void Reclaim(WorkerId peer, const wire::CudaPayload& d);
+
+  // Receiving side: the payload `d` from `peer` will not be received (its
+  // frame failed at or before it). IPC: the sender's buffer is released.
+  // NCCL: the communicator fails now (later transfers could never be
+  // posted) rather than after the timeout. Nothing if it was received.
+  void Abandon(WorkerId peer, const wire::CudaPayload& d, const std::string& why);
 
   // Receiving: checks `d` (from `peer`, `length` bytes), waits for the bytes
   // and returns them as a uint8 tensor on GPU d.dst_device() of this

@@ -27,6 +27,8 @@ std::optional<wire::CudaPayload> CudaChannel::Send(WorkerId, const at::Tensor&, 
 
 void CudaChannel::Reclaim(WorkerId, const wire::CudaPayload&) {}
 
+void CudaChannel::Abandon(WorkerId, const wire::CudaPayload&, const std::string&) {}
+
 absl::StatusOr<at::Tensor> CudaChannel::Receive(WorkerId peer, const wire::CudaPayload& d,
                                                 uint64_t) {
   return absl::FailedPreconditionError(absl::StrCat(

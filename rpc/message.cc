@@ -231,13 +231,10 @@ grpc::ByteBuffer SerializeMessage(OutMessage message, const Route& route,
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
-absl::StatusOr<InMessage> ParseMessage(const grpc::ByteBuffer& buffer, ShmChannel* shm,
-                                       CudaChannel* cuda, WorkerId from) {
-  std::vector<grpc::Slice> slices;
-  if (!buffer.Dump(&slices).ok()) {
-    return absl::InvalidArgumentError("frame: cannot read the received buffer");
-  }
-  SliceReader reader(std::move(slices));
+namespace {
+
+// Reads a frame's header into `header` and leaves `reader` at the payloads.
+absl::Status ReadHeader(SliceReader& reader, wire::Header* header) {
   if (reader.remaining() < 4) {
     return absl::InvalidArgumentError(
         absl::StrCat("frame: ", reader.remaining(), " bytes is too short"));
@@ -249,17 +246,40 @@ absl::StatusOr<InMessage> ParseMessage(const grpc::ByteBuffer& buffer, ShmChanne
         "frame: header length ", header_len, " exceeds the ",
         reader.remaining(), " bytes received"));
   }
-  InMessage message;
   bool parsed;
   if (const uint8_t* p = reader.Peek(header_len)) {
-    parsed = message.header.ParseFromArray(p, static_cast<int>(header_len));
+    parsed = header->ParseFromArray(p, static_cast<int>(header_len));
     reader.Advance(header_len);
   } else {
     std::string bytes(header_len, '\0');
     reader.Copy(&bytes[0], header_len);
-    parsed = message.header.ParseFromString(bytes);
+    parsed = header->ParseFromString(bytes);
   }
   if (!parsed) return absl::InvalidArgumentError("frame: header does not parse");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SliceReader> ReaderOf(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  if (!buffer.Dump(&slices).ok()) {
+    return absl::InvalidArgumentError("frame: cannot read the received buffer");
+  }
+  return SliceReader(std::move(slices));
+}
+
+}  // namespace
+
+bool CarriesCudaPayloads(const grpc::ByteBuffer& buffer) {
+  auto reader = ReaderOf(buffer);
+  wire::Header header;
+  return reader.ok() && ReadHeader(*reader, &header).ok() && !header.cuda_payloads().empty();
+}
+
+absl::StatusOr<InMessage> ParseMessage(const grpc::ByteBuffer& buffer, ShmChannel* shm,
+                                       CudaChannel* cuda, WorkerId from) {
+  ASSIGN_OR_RETURN(SliceReader reader, ReaderOf(buffer));
+  InMessage message;
+  RETURN_IF_ERROR(ReadHeader(reader, &message.header));
 
   const auto& sizes = message.header.payload_sizes();
   std::vector<const wire::ShmPayload*> shm_of(sizes.size(), nullptr);
@@ -307,11 +327,20 @@ absl::StatusOr<InMessage> ParseMessage(const grpc::ByteBuffer& buffer, ShmChanne
         absl::StrCat("frame: payload sizes add up to ", total, " but ",
                      reader.remaining(), " bytes follow the header"));
   }
+  // A payload that fails leaves the frame's later CUDA payloads unreceived:
+  // the channel lets their senders know at once (an NCCL transfer that is
+  // never posted would hold up the ones after it until they time out).
+  auto fail_from = [&](int i, const absl::Status& why) {
+    for (int k = i; k < sizes.size(); ++k) {
+      if (cuda_of[k] != nullptr) cuda->Abandon(from, *cuda_of[k], std::string(why.message()));
+    }
+    return Annotate(why, "frame");
+  };
   message.payloads.reserve(sizes.size());
   for (int i = 0; i < sizes.size(); ++i) {
     if (cuda_of[i] != nullptr) {
       auto out = cuda->Receive(from, *cuda_of[i], sizes[i]);
-      if (!out.ok()) return Annotate(out.status(), "frame");
+      if (!out.ok()) return fail_from(i, out.status());
       message.payloads.push_back(std::move(*out));
       continue;
     }
@@ -321,7 +350,7 @@ absl::StatusOr<InMessage> ParseMessage(const grpc::ByteBuffer& buffer, ShmChanne
     }
     auto out = shm->Read(*shm_of[i], sizes[i],
                          [](size_t n) { return BufferCache::Get().Allocate(n); });
-    if (!out.ok()) return Annotate(out.status(), "frame");
+    if (!out.ok()) return fail_from(i + 1, out.status());
     message.payloads.push_back(std::move(*out));
   }
   return message;

@@ -90,4 +90,9 @@ absl::StatusOr<InMessage> ParseMessage(const grpc::ByteBuffer& buffer,
                                        ShmChannel* shm = nullptr, CudaChannel* cuda = nullptr,
                                        WorkerId from = kUnknownWorker);
 
+// Whether a frame's header lists CUDA payloads (false for a frame that does
+// not parse: ParseMessage says why). Receiving those waits for transfers,
+// which callers keep off threads that other transfers may need.
+bool CarriesCudaPayloads(const grpc::ByteBuffer& buffer);
+
 }  // namespace remora
