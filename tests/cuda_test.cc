@@ -331,6 +331,21 @@ TEST(CudaFrame, CudaPayloadsNeedAChannelAndGoodIndices) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The agent receives frames that list CUDA payloads on threads of their
+// own; telling them apart reads the header alone.
+TEST(CudaFrame, CarriesCudaPayloadsReadsTheHeader) {
+  OutMessage plain;
+  plain.payloads = {at::zeros({64}, at::kByte)};
+  EXPECT_FALSE(CarriesCudaPayloads(SerializeMessage(plain)));
+  OutMessage cuda;
+  cuda.payloads = {at::zeros({64}, at::kByte)};
+  cuda.header.add_cuda_payloads()->set_payload(0);
+  EXPECT_TRUE(CarriesCudaPayloads(SerializeMessage(cuda)));
+  grpc::Slice junk(std::string("\xff\xff\xff\x7f not a frame"));
+  EXPECT_FALSE(CarriesCudaPayloads(grpc::ByteBuffer(&junk, 1)));
+  EXPECT_FALSE(CarriesCudaPayloads(grpc::ByteBuffer()));
+}
+
 TEST(CudaFrame, ADescriptorFromAStrangerOrForAMissingGpuIsRefused) {
   CudaChannel channel(CudaChannel::Options{}, nullptr);
   WorkerInfo self = Info(0, "me", "host1", 1, channel.endpoint().gpus);
