@@ -608,22 +608,32 @@ absl::StatusOr<cli::LocalGroup> StartWorkerOn(const Registry& registry, const st
 }
 
 #ifdef REMORA_TORCH_CUDA
-// Sends a tensor that a side stream produces behind about half a second of
-// matrix products, from that stream and without waiting for it on the
-// host: the channel must order the transfer after the producer (an event on
-// LibTorch's current stream), or the worker copies stale memory.
-void ExpectSentAfterItsProducer(Agent& master) {
+// Sends a worker process on `device` (reached by `channel`) a tensor that a
+// side stream produces behind about half a second of matrix products, from
+// that stream and without waiting for it on the host: the channel must
+// order the transfer after the producer (an event on LibTorch's current
+// stream), or the worker copies stale memory.
+void ExpectSentAfterItsProducer(const std::string& device, const std::string& channel) {
+  Registry registry;
+  ASSERT_TRUE(shards::RegisterAll(registry).ok());
+  auto group = StartWorkerOn(registry, device);
+  ASSERT_TRUE(group.ok()) << group.status();
+  Agent& master = *group->master;
+  ASSERT_EQ(master.channel_to("w1", "cuda:0").value(), channel);
   const auto on0 = at::TensorOptions().device(Cuda(0));
-  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, 0);
-  c10::cuda::CUDAStreamGuard current(side);
-  at::Tensor a = at::randn({4096, 4096}, on0);
-  const at::Tensor b = at::randn({4096, 4096}, on0).div(64);
-  for (int i = 0; i < 200; ++i) a = at::matmul(a, b).tanh();  // bounded; 27 TFLOP in all
-  const at::Tensor x = at::full({1 << 22}, 7.0, on0).add(a.sum().mul(0));
-  auto y = master.rpc_sync("w1", "echo", {x});
-  ASSERT_TRUE(y.ok()) << y.status();
-  EXPECT_TRUE(at::equal(y->toTensor(), at::full({1 << 22}, 7.0, on0)))
-      << "the transfer read the tensor before its producer wrote it";
+  {
+    c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, 0);
+    c10::cuda::CUDAStreamGuard current(side);
+    at::Tensor a = at::randn({4096, 4096}, on0);
+    const at::Tensor b = at::randn({4096, 4096}, on0).div(64);
+    for (int i = 0; i < 200; ++i) a = at::matmul(a, b).tanh();  // bounded; 27 TFLOP in all
+    const at::Tensor x = at::full({1 << 22}, 7.0, on0).add(a.sum().mul(0));
+    auto y = master.rpc_sync("w1", "echo", {x});
+    ASSERT_TRUE(y.ok()) << y.status();
+    EXPECT_TRUE(at::equal(y->toTensor(), at::full({1 << 22}, 7.0, on0)))
+        << "the transfer read the tensor before its producer wrote it";
+  }
+  ASSERT_TRUE(group->Shutdown().ok());
 }
 #endif
 
@@ -668,13 +678,7 @@ TEST(CudaGpu, IpcWaitsForAProducerOnAnotherStream) {
 #else
   REMORA_REQUIRE_CHANNEL();
   REMORA_REQUIRE_GPUS(1);
-  Registry registry;
-  ASSERT_TRUE(shards::RegisterAll(registry).ok());
-  auto group = StartWorkerOn(registry, "cuda:0");
-  ASSERT_TRUE(group.ok()) << group.status();
-  ASSERT_EQ(group->master->channel_to("w1", "cuda:0").value(), "cuda_ipc");
-  ExpectSentAfterItsProducer(*group->master);
-  ASSERT_TRUE(group->Shutdown().ok());
+  ExpectSentAfterItsProducer("cuda:0", "cuda_ipc");
 #endif
 }
 
@@ -684,13 +688,7 @@ TEST(CudaGpu, NcclWaitsForAProducerOnAnotherStream) {
 #else
   REMORA_REQUIRE_CHANNEL();
   REMORA_REQUIRE_GPUS(2);
-  Registry registry;
-  ASSERT_TRUE(shards::RegisterAll(registry).ok());
-  auto group = StartWorkerOn(registry, "cuda:1");
-  ASSERT_TRUE(group.ok()) << group.status();
-  ASSERT_EQ(group->master->channel_to("w1", "cuda:0").value(), "nccl");
-  ExpectSentAfterItsProducer(*group->master);
-  ASSERT_TRUE(group->Shutdown().ok());
+  ExpectSentAfterItsProducer("cuda:1", "nccl");
 #endif
 }
 
