@@ -114,6 +114,29 @@ std::pair<int, std::string> RunPipeline(int n, const std::vector<std::string>& m
   return result;
 }
 
+// The losses of `master --local --threads 1` with `args`, one list per
+// split count (empty when it failed, which the test is told).
+std::vector<std::vector<double>> LocalLosses(const std::vector<std::string>& args,
+                                             const std::string& name) {
+  const std::string report = TempPath(name + ".json");
+  std::vector<std::string> argv = {kBin + "/master", "--local", "--threads", "1", "--report",
+                                   report};
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto [code, out] = RunProgram(argv, absl::Seconds(240));
+  EXPECT_EQ(code, 0) << out;
+  return code == 0 ? ReportLosses(ReadFile(report)) : std::vector<std::vector<double>>{};
+}
+
+// Every batch's loss of `got` within 1e-4 (relative) of `want`'s.
+void ExpectSameLosses(const std::vector<double>& got, const std::vector<double>& want,
+                      const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t b = 0; b < want.size(); ++b) {
+    EXPECT_LT(std::abs(got[b] - want[b]) / std::abs(want[b]), 1e-4)
+        << what << " batch " << b << ": " << got[b] << " vs " << want[b];
+  }
+}
+
 const std::vector<std::string> kSmall = {"--batches", "2", "--batch-size", "8",
                                          "--image-size", "32"};
 
@@ -183,13 +206,7 @@ TEST(Master, PipelineLossesMatchLocalTraining) {
 TEST(Master, InterleavedStagesMatchLocalTraining) {
   std::vector<std::string> args = kSmall;
   for (const char* a : {"--splits", "2"}) args.push_back(a);
-  const std::string local = TempPath("local2.json");
-  std::vector<std::string> local_args = {kBin + "/master", "--local", "--threads", "1",
-                                         "--report", local};
-  local_args.insert(local_args.end(), args.begin(), args.end());
-  auto [lcode, lout] = RunProgram(local_args, absl::Seconds(240));
-  ASSERT_EQ(lcode, 0) << lout;
-  auto l = ReportLosses(ReadFile(local));
+  auto l = LocalLosses(args, "local2");
   ASSERT_EQ(l.size(), 1u);
   for (int per_worker : {1, 3}) {
     const std::string report = TempPath(absl::StrCat("interleave", per_worker, ".json"));
@@ -203,11 +220,7 @@ TEST(Master, InterleavedStagesMatchLocalTraining) {
     EXPECT_THAT(out, HasSubstr(absl::StrCat("over 2 workers, ", 2 * per_worker, " stages")));
     auto p = ReportLosses(ReadFile(report));
     ASSERT_EQ(p.size(), 1u);
-    ASSERT_EQ(p[0].size(), l[0].size());
-    for (size_t b = 0; b < l[0].size(); ++b) {
-      EXPECT_LT(std::abs(p[0][b] - l[0][b]) / std::abs(l[0][b]), 1e-4)
-          << "--interleave " << per_worker << " batch " << b << ": " << p[0][b] << " vs " << l[0][b];
-    }
+    ExpectSameLosses(p[0], l[0], absl::StrCat("--interleave ", per_worker));
   }
 }
 
@@ -217,12 +230,8 @@ TEST(Master, InterleavedStagesMatchLocalTraining) {
 TEST(Master, InFlightBoundsTheMicroBatchesInThePipeline) {
   std::vector<std::string> args = kSmall;
   for (const char* a : {"--splits", "3"}) args.push_back(a);
-  const std::string local = TempPath("local3.json");
-  std::vector<std::string> local_args = {kBin + "/master", "--local", "--threads", "1",
-                                         "--report", local};
-  local_args.insert(local_args.end(), args.begin(), args.end());
-  auto [lcode, lout] = RunProgram(local_args, absl::Seconds(240));
-  ASSERT_EQ(lcode, 0) << lout;
+  auto l = LocalLosses(args, "local3");
+  ASSERT_EQ(l.size(), 1u);
   const std::string report = TempPath("inflight.json"), trace = TempPath("inflight_trace.json");
   std::vector<std::string> pipeline_args = args;
   for (const std::string& a : {std::string("--in-flight"), std::string("1"),
@@ -231,14 +240,9 @@ TEST(Master, InFlightBoundsTheMicroBatchesInThePipeline) {
   }
   auto [code, out] = RunPipeline(2, pipeline_args);
   ASSERT_EQ(code, 0) << out;
-  auto p = ReportLosses(ReadFile(report)), l = ReportLosses(ReadFile(local));
+  auto p = ReportLosses(ReadFile(report));
   ASSERT_EQ(p.size(), 1u);
-  ASSERT_EQ(l.size(), 1u);
-  ASSERT_EQ(p[0].size(), l[0].size());
-  for (size_t b = 0; b < l[0].size(); ++b) {
-    EXPECT_LT(std::abs(p[0][b] - l[0][b]) / std::abs(l[0][b]), 1e-4)
-        << "batch " << b << ": " << p[0][b] << " vs " << l[0][b];
-  }
+  ExpectSameLosses(p[0], l[0], "--in-flight 1");
   // The first stage's slices in time order: F0 B0 F1 B1 F2 B2, once per batch.
   const std::string tj = ReadFile(trace);
   const std::regex slice(
