@@ -61,9 +61,9 @@ class Context {
 // `context_id`, across every worker the gradients reach. Returns when all
 // of them finished; an error names the worker that failed and its message.
 // As in PyTorch, each worker frees the graph it ran (its saved activations)
-// unless `retain_graph`; running backward through the same graph again, for
-// example over a tensor sent twice in one context, then needs
-// retain_graph = true on the first pass.
+// unless `retain_graph`. A pass that reaches one graph twice (a tensor sent
+// in two messages of one context) needs retain_graph = true, and so does a
+// pass that another pass over the same graph follows.
 absl::Status backward(Agent& agent, int64_t context_id, const std::vector<at::Tensor>& roots,
                       bool retain_graph = false);
 Future<Empty> backward_async(Agent& agent, int64_t context_id,

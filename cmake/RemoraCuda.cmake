@@ -37,7 +37,9 @@ else()
                   /usr/local/cuda/include
             PATH_SUFFIXES include)
   # Wheels ship libnccl.so.2 without the libnccl.so link.
-  find_library(REMORA_NCCL_LIBRARY NAMES nccl libnccl.so.2
+  # NAMES_PER_DIR: the first directory with either name wins, so a system
+  # libnccl.so does not beat the wheel's libnccl.so.2.
+  find_library(REMORA_NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR
                HINTS ENV NCCL_ROOT ${_remora_wheel_nccl} ${_remora_cuda_hints}
                PATH_SUFFIXES lib lib64)
   set(_remora_nccl_version "")

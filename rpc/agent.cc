@@ -8,6 +8,8 @@
 #include <iostream>
 #include <map>
 #include <set>
+#include <system_error>
+#include <thread>
 
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/generic/generic_stub.h>
@@ -447,12 +449,16 @@ class Agent::Impl final : public grpc::CallbackGenericService {
       absl::MutexLock lock(&own_threads_->mu);
       if (!own_threads_->closed) {
         ++own_threads_->running;
-        std::thread([state = own_threads_, task = std::move(task)] {
-          task();
-          absl::MutexLock lock(&state->mu);
-          --state->running;
-        }).detach();
-        return;
+        try {
+          std::thread([state = own_threads_, task] {
+            task();
+            absl::MutexLock lock(&state->mu);
+            --state->running;
+          }).detach();
+          return;
+        } catch (const std::system_error&) {  // no thread to be had: run it here
+          --own_threads_->running;
+        }
       }
     }
     task();
@@ -1134,9 +1140,15 @@ void Agent::Impl::LogCudaChannels(const Peer& p) const {
 }
 
 void Agent::Impl::CancelOutgoing() {
+  {
+    absl::MutexLock lock(&calls_mu_);
+    stopped_ = true;
+    for (ClientCall* c : calls_) c->context.TryCancel();
+  }
+  // A reply still receiving CUDA payloads stays in calls_ until its
+  // transfers end: stopping the channel ends them now.
+  cuda_->Stop();
   absl::MutexLock lock(&calls_mu_);
-  stopped_ = true;
-  for (ClientCall* c : calls_) c->context.TryCancel();
   auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(calls_mu_) { return calls_.empty(); };
   calls_mu_.AwaitWithTimeout(absl::Condition(&none), absl::Seconds(10));
 }
@@ -1146,8 +1158,7 @@ void Agent::Impl::Stop() {
   if (server_) {
     server_->Shutdown(DeadlineIn(absl::Seconds(2)));
   }
-  CancelOutgoing();
-  cuda_->Stop();  // receives waiting on their own threads fail now
+  CancelOutgoing();  // stops the CUDA channel too: waiting receives fail
   JoinOwnThreads();
   pool_.reset();  // runs what is queued, joins
   if (server_) server_->Wait();
