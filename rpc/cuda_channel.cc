@@ -117,27 +117,38 @@ uint64_t RandomIncarnation() {
   return v;
 }
 
+// An event on LibTorch's current stream of `device` (current on this
+// thread): the work that produced a tensor being sent, or that last used the
+// memory of a tensor just allocated. Without LibTorch's CUDA API, waits for
+// the whole device on the host instead and returns null.
+absl::StatusOr<cudaEvent_t> LibTorchEvent(int device) {
+#ifdef REMORA_TORCH_CUDA
+  cudaStream_t current =
+      c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+  cudaEvent_t event = nullptr;
+  REMORA_CUDA_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "creating an event");
+  if (cudaError_t e = cudaEventRecord(event, current); e != cudaSuccess) {
+    cudaEventDestroy(event);
+    return CudaFailure("recording an event on LibTorch's stream", e);
+  }
+  return event;
+#else
+  REMORA_CUDA_TRY(cudaDeviceSynchronize(),
+                  absl::StrCat("synchronising cuda:", device, " before a transfer"));
+  return static_cast<cudaEvent_t>(nullptr);
+#endif
+}
+
 // Makes `stream` wait for the work LibTorch queued on `device` so far (the
 // producer of a tensor being sent, or whatever last used memory LibTorch
 // just handed out). Call with `device` current.
 absl::Status AfterLibTorch(int device, cudaStream_t stream) {
-#ifdef REMORA_TORCH_CUDA
-  cudaStream_t current = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
-  if (current == stream) return absl::OkStatus();
-  cudaEvent_t event;
-  REMORA_CUDA_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "creating an event");
-  cudaError_t e = cudaEventRecord(event, current);
-  if (e == cudaSuccess) e = cudaStreamWaitEvent(stream, event, 0);
+  ASSIGN_OR_RETURN(cudaEvent_t event, LibTorchEvent(device));
+  if (event == nullptr) return absl::OkStatus();  // waited for on the host
+  const cudaError_t e = cudaStreamWaitEvent(stream, event, 0);
   cudaEventDestroy(event);  // freed once it completes
-  if (e != cudaSuccess) return CudaFailure("ordering after LibTorch's stream", e);
+  REMORA_CUDA_TRY(e, "ordering after LibTorch's stream");
   return absl::OkStatus();
-#else
-  // No LibTorch CUDA API in this build: wait on the host for everything.
-  (void)stream;
-  REMORA_CUDA_TRY(cudaDeviceSynchronize(),
-                  absl::StrCat("synchronising cuda:", device, " before a transfer"));
-  return absl::OkStatus();
-#endif
 }
 
 // Waits on the host until `event` completed, `deadline` passes, or `check`
@@ -181,28 +192,6 @@ ncclConfig_t NonBlockingConfig() {
   return config;
 }
 
-// An event on LibTorch's current stream of `device` (current on this
-// thread): the work that produced a tensor being sent, or that last used the
-// memory of a tensor just allocated. Without LibTorch's CUDA API, waits for
-// the whole device on the host instead and returns null.
-absl::StatusOr<cudaEvent_t> LibTorchEvent(int device) {
-#ifdef REMORA_TORCH_CUDA
-  cudaStream_t current =
-      c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
-  cudaEvent_t event = nullptr;
-  REMORA_CUDA_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "creating an event");
-  if (cudaError_t e = cudaEventRecord(event, current); e != cudaSuccess) {
-    cudaEventDestroy(event);
-    return CudaFailure("recording an event on LibTorch's stream", e);
-  }
-  return event;
-#else
-  REMORA_CUDA_TRY(cudaDeviceSynchronize(),
-                  absl::StrCat("synchronising cuda:", device, " before a transfer"));
-  return static_cast<cudaEvent_t>(nullptr);
-#endif
-}
-
 // One NCCL communicator: one direction (sender rank 0 -> receiver rank 1),
 // one device pair, one generation.
 //
@@ -210,11 +199,10 @@ absl::StatusOr<cudaEvent_t> LibTorchEvent(int device) {
 // by its own lane thread, in sequence order, each settled before the next.
 // Before NCCL 2.19 the state of a non-blocking call still in progress lives
 // with the calling thread (so does aborting it), so calls must not be spread
-// over the agent's pool threads
-// (a pool thread that left a send in progress could not make its next NCCL
-// call), and a caller never waits for a call to settle: the first transfer
-// stays in progress until the receiver posts its receive, which needs the
-// frame that the caller is still building.
+// over the agent's pool threads (a pool thread that left a send in progress
+// could not make its next NCCL call), and a caller never waits for a call to
+// settle: the first transfer stays in progress until the receiver posts its
+// receive, which needs the frame that the caller is still building.
 //
 // Thread-safe: `mu` guards the communicator and everything that changes.
 // Shared by the channel's tables and the threads using it; the lane thread
@@ -291,6 +279,11 @@ struct Comm {
     return absl::UnavailableError(absl::StrCat(Describe(), " failed: ", error));
   }
 
+  std::string NotFormed() const {
+    return absl::StrCat("the communicator did not form within ", absl::FormatDuration(timeout),
+                        " (is the peer alive and its GPU reachable?)");
+  }
+
   // Waits until the communicator formed or failed, or `deadline` (then
   // fails it).
   absl::Status WaitReadyLocked(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -300,9 +293,7 @@ struct Comm {
     mu.AwaitWithDeadline(absl::Condition(&formed), deadline);
     if (state == State::kReady) return absl::OkStatus();
     if (state == State::kInitializing) {
-      FailLocked(absl::StrCat("the communicator did not form within ",
-                              absl::FormatDuration(timeout),
-                              " (is the peer alive and its GPU reachable?)"));
+      FailLocked(NotFormed());
       if (on_failure) on_failure(*this);
     }
     return ErrorLocked();
@@ -392,9 +383,7 @@ struct Comm {
     if (EndedLocked()) return;
     if (r != ncclSuccess) {
       FailFromLaneLocked(r == ncclInProgress
-                             ? absl::StrCat("the communicator did not form within ",
-                                            absl::FormatDuration(timeout),
-                                            " (is the peer alive and its GPU reachable?)")
+                             ? NotFormed()
                              : absl::StrCat("forming the communicator: ", NcclText(r)));
       return;
     }

@@ -67,9 +67,10 @@ class ComputeTurn {
   ComputeTurn();   // blocks until every earlier turn has ended
   ~ComputeTurn();  // lets the next one run
   ComputeTurn(const ComputeTurn&) = delete;
+  ComputeTurn& operator=(const ComputeTurn&) = delete;
+
   // Turns held or waited for right now in this process (tests, diagnostics).
   static int64_t Queued();
-  ComputeTurn& operator=(const ComputeTurn&) = delete;
 
  private:
   uint64_t ticket_;
