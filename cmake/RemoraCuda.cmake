@@ -98,3 +98,38 @@ elseif(_remora_torch_has_cuda)
   message(STATUS "remora: LibTorch has CUDA but the channel is left out: CUDA tensors are "
                  "staged through host memory")
 endif()
+
+# A CPU-only LibTorch links the channel without LibTorch's CUDA API, so the
+# code that GPU machines build (REMORA_TORCH_CUDA: event ordering on
+# LibTorch's current stream, in the channel and in the GPU tests) would go
+# unchecked. Where this LibTorch's c10/cuda headers are installed anyway
+# (Debian's libtorch-dev has them), REMORA_TORCH_CUDA_CHECK is on and
+# remora_torch_cuda_check() compiles that variant too, into objects that
+# nothing links: CI then fails on code that would not compile on a GPU
+# machine.
+set(REMORA_TORCH_CUDA_CHECK OFF)
+if(REMORA_WITH_CUDA AND NOT REMORA_TORCH_CUDA)
+  # This LibTorch's own headers only, never another install's.
+  find_path(REMORA_C10_CUDA_INCLUDE c10/cuda/CUDAStream.h PATHS ${TORCH_INCLUDE_DIRS}
+            NO_DEFAULT_PATH)
+  if(REMORA_C10_CUDA_INCLUDE)
+    set(REMORA_TORCH_CUDA_CHECK ON)
+    message(STATUS "remora: the LibTorch-CUDA code is compile-checked against "
+                   "${REMORA_C10_CUDA_INCLUDE}/c10/cuda")
+  else()
+    message(STATUS "remora: no c10/cuda headers: the LibTorch-CUDA code is not compile-checked")
+  endif()
+endif()
+
+# remora_torch_cuda_check(<target> <source> <link libraries...>): <source>
+# compiled with REMORA_TORCH_CUDA into the object library <target>.
+function(remora_torch_cuda_check target source)
+  add_library(${target} OBJECT ${source})
+  target_compile_definitions(${target} PRIVATE REMORA_TORCH_CUDA=1)
+  target_compile_options(${target} PRIVATE -O0)
+  if(NOT EXISTS "${REMORA_C10_CUDA_INCLUDE}/c10/cuda/impl/cuda_cmake_macros.h")
+    # Only a CUDA build of LibTorch generates it: a one-line stand-in.
+    target_include_directories(${target} SYSTEM PRIVATE ${PROJECT_SOURCE_DIR}/cmake/torch_cuda_shim)
+  endif()
+  target_link_libraries(${target} PRIVATE ${ARGN})
+endfunction()
