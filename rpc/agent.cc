@@ -22,6 +22,7 @@
 #include "rpc/message.h"
 #include "rpc/request_checks.h"
 #include "rpc/status_util.h"
+#include "rpc/stream.h"
 
 namespace remora {
 namespace {
@@ -110,12 +111,13 @@ std::string Describe(const wire::Request& r) {
 
 class ServerCall;
 
-// The reply slot shared by a reactor and the handler working on its request.
-class ReplySlot {
+// The reply slot of a unary call, shared by its reactor and the handler
+// working on the request.
+class UnaryReplySlot final : public ReplySlot {
  public:
-  explicit ReplySlot(ServerCall* call) : call_(call) {}
+  explicit UnaryReplySlot(ServerCall* call) : call_(call) {}
   // Sends `message` and finishes the call; false when already finished.
-  bool Reply(grpc::ByteBuffer message);
+  bool Reply(grpc::ByteBuffer message) override;
   // Finishes the call with `status` and no reply message.
   bool Fail(grpc::Status status);
   void Detach() {
@@ -139,7 +141,7 @@ class ReplySlot {
 
 class ServerCall final : public grpc::ServerGenericBidiReactor {
  public:
-  ServerCall(Agent::Impl* impl) : impl_(impl), slot_(std::make_shared<ReplySlot>(this)) {
+  ServerCall(Agent::Impl* impl) : impl_(impl), slot_(std::make_shared<UnaryReplySlot>(this)) {
     StartRead(&request_);
   }
   void OnReadDone(bool ok) override;
@@ -152,13 +154,13 @@ class ServerCall final : public grpc::ServerGenericBidiReactor {
   }
 
  private:
-  friend class ReplySlot;
+  friend class UnaryReplySlot;
   Agent::Impl* const impl_;
-  std::shared_ptr<ReplySlot> slot_;
+  std::shared_ptr<UnaryReplySlot> slot_;
   grpc::ByteBuffer request_;
 };
 
-bool ReplySlot::Reply(grpc::ByteBuffer message) {
+bool UnaryReplySlot::Reply(grpc::ByteBuffer message) {
   ServerCall* call = Claim();
   if (call == nullptr) return false;
   response_ = std::move(message);
@@ -166,7 +168,7 @@ bool ReplySlot::Reply(grpc::ByteBuffer message) {
   return true;
 }
 
-bool ReplySlot::Fail(grpc::Status status) {
+bool UnaryReplySlot::Fail(grpc::Status status) {
   ServerCall* call = Claim();
   if (call == nullptr) return false;
   call->Finish(std::move(status));
@@ -203,6 +205,9 @@ struct Peer {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<grpc::GenericStub> stub;
   Route route;  // how large payloads reach it
+  // Streams to it that no rpc_sync is using (AgentOptions::streams).
+  mutable absl::Mutex stream_mu;
+  mutable std::vector<std::unique_ptr<SyncStream>> idle_streams ABSL_GUARDED_BY(stream_mu);
 };
 
 void ToWire(const ShmEndpoint& e, wire::ShmEndpoint* w) {
@@ -245,15 +250,21 @@ absl::Duration SyncSpin(const AgentOptions& options) {
   return options.sync_spin;
 }
 
+// REMORA_STREAMS=0 sends every call as a unary gRPC call.
+bool StreamsWanted(const AgentOptions& options) {
+  const char* env = std::getenv("REMORA_STREAMS");
+  return options.streams && !(env != nullptr && std::string(env) == "0");
+}
+
 // REMORA_DEBUG=channels logs the channel chosen for every peer.
 bool DebugChannels() {
   const char* env = std::getenv("REMORA_DEBUG");
   return env != nullptr && std::string(env).find("channels") != std::string::npos;
 }
 
-// One outgoing call in flight.
+// One outgoing call in flight, unary or on a stream.
 struct ClientCall {
-  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientContext> context;  // unary calls only
   grpc::ByteBuffer request;
   grpc::ByteBuffer response;
   Future<InMessage> done;
@@ -266,6 +277,7 @@ class Agent::Impl final : public grpc::CallbackGenericService {
   explicit Impl(Agent* agent)
       : agent_(agent),
         sync_spin_(SyncSpin(agent->options_)),
+        streams_(StreamsWanted(agent->options_)),
         pool_(std::make_unique<ThreadPool>(agent->options_.num_threads)),
         shm_(std::make_unique<ShmChannel>(ShmChannel::Options{
             SharedMemoryWanted(agent->options_), agent->options_.shm_max_bytes})),
@@ -283,7 +295,8 @@ class Agent::Impl final : public grpc::CallbackGenericService {
       explicit Reject(grpc::Status status) { Finish(std::move(status)); }
       void OnDone() override { delete this; }
     };
-    if (ctx->method() != kMethod) {
+    const bool stream = ctx->method() == kStreamMethod;
+    if (!stream && ctx->method() != kMethod) {
       return new Reject(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "not a remora method"));
     }
     if (!Authenticated(*ctx)) {
@@ -292,7 +305,22 @@ class Agent::Impl final : public grpc::CallbackGenericService {
       return new Reject(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                                      "missing or wrong remora token (REMORA_TOKEN / --token-file)"));
     }
-    return new ServerCall(this);
+    if (!stream) return new ServerCall(this);
+    absl::MutexLock lock(&server_streams_mu_);
+    if (server_streams_closed_) {
+      return new Reject(grpc::Status(grpc::StatusCode::UNAVAILABLE, absl::StrCat(
+          "worker '", agent_->self_.name, "' is shutting down")));
+    }
+    auto* reactor = new ServerStream(
+        [this](grpc::ByteBuffer frame, std::shared_ptr<ReplySlot> slot) {
+          Dispatch(std::move(frame), std::move(slot));
+        },
+        [this](const std::shared_ptr<ServerStream::State>& state) {
+          absl::MutexLock lock(&server_streams_mu_);
+          server_streams_.erase(state);
+        });
+    server_streams_.insert(reactor->state());
+    return reactor;
   }
 
   // True when no token is configured, or the call carries the right one.
@@ -338,11 +366,35 @@ class Agent::Impl final : public grpc::CallbackGenericService {
   void HandleJoin(const wire::JoinRequest& join, std::shared_ptr<Responder> responder);
   void HandleProbe(const wire::ShutdownProbe& probe, std::shared_ptr<Responder> responder);
 
-  // Sends a request; the future completes on a gRPC thread, or on this
-  // thread before returning when `blocking`.
+  // Sends a request as a unary call; the future completes on a gRPC
+  // thread, or on this thread before returning when `blocking`.
   Future<InMessage> Transmit(grpc::GenericStub* stub, OutMessage message,
                              absl::Duration timeout, bool wait_for_ready,
                              bool blocking = false, const Route& route = {});
+  // Sends a request on a stream to `peer` (see rpc/stream.h) and waits for
+  // the reply on this thread: what Transmit does when `blocking`.
+  Future<InMessage> TransmitOnStream(const Peer& peer, OutMessage message,
+                                     absl::Duration timeout);
+  // Serializes `message` for `route` and registers the call; null once the
+  // agent is stopping (the payloads are taken back). The caller sends
+  // call->request, then calls FillAll(route, *fills).
+  ClientCall* NewCall(OutMessage message, const Route& route, std::vector<ShmFill>* fills);
+  // Sends `call` (from NewCall) as a unary call, as Transmit does.
+  Future<InMessage> SendUnary(grpc::GenericStub* stub, ClientCall* call, absl::Duration timeout,
+                              bool wait_for_ready, bool blocking, const Route& route,
+                              std::vector<ShmFill>& fills);
+  // Completes `call` with its reply (call->response, when `status` is OK)
+  // or `status`, and forgets it.
+  void FinishCall(ClientCall* call, WorkerId peer, const absl::Status& status);
+  // Finishes `call` here, or on a thread of its own when its reply carries
+  // CUDA payloads (see RunOwnThread).
+  void FinishCallOffGrpc(ClientCall* call, WorkerId peer, const absl::Status& status);
+  // An idle stream to `peer`, or a new one; registered as in use (null once
+  // the agent is stopping).
+  std::unique_ptr<SyncStream> TakeStream(const Peer& peer);
+  // Puts a stream that `TakeStream` gave back among the idle ones, or drops
+  // it when it cannot be used again.
+  void GiveBack(const Peer& peer, std::unique_ptr<SyncStream> stream, bool reusable);
   // Sends a request to a group member; errors name it.
   Future<InMessage> SendTo(WorkerId dst, OutMessage message, absl::Duration timeout,
                            bool blocking = false);
@@ -394,6 +446,7 @@ class Agent::Impl final : public grpc::CallbackGenericService {
 
   Agent* const agent_;
   const absl::Duration sync_spin_;  // see AgentOptions::sync_spin
+  const bool streams_;              // see AgentOptions::streams
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<ShmChannel> shm_;
   // Plaintext or TLS (AgentOptions::tls), for every channel to a peer.
@@ -427,7 +480,16 @@ class Agent::Impl final : public grpc::CallbackGenericService {
 
   absl::Mutex calls_mu_;
   absl::flat_hash_set<ClientCall*> calls_ ABSL_GUARDED_BY(calls_mu_);
+  absl::flat_hash_set<SyncStream*> streams_in_use_ ABSL_GUARDED_BY(calls_mu_);
+  std::atomic<int64_t> streams_opened_{0};
   bool stopped_ = false;
+
+  // Streams peers opened to this agent's server; closed (and no new ones
+  // taken) when it stops, which would otherwise wait for them.
+  absl::Mutex server_streams_mu_;
+  absl::flat_hash_set<std::shared_ptr<ServerStream::State>> server_streams_
+      ABSL_GUARDED_BY(server_streams_mu_);
+  bool server_streams_closed_ ABSL_GUARDED_BY(server_streams_mu_) = false;
 
   // Threads started by RunOwnThread and not yet done. Shared with them, so
   // that a finishing thread never touches the Impl after Stop() saw zero.
@@ -538,60 +600,82 @@ void Responder::ReplyValue(absl::StatusOr<c10::IValue> value) {
 // ---------------------------------------------------------------------------
 // Client side.
 
+ClientCall* Agent::Impl::NewCall(OutMessage message, const Route& route,
+                                 std::vector<ShmFill>* fills) {
+  auto* call = new ClientCall;
+  // Filled once the request is on its way (by the caller); the call may
+  // complete, and `call` go, before that.
+  call->request = SerializeMessage(std::move(message), route, fills, &call->cuda_sent);
+  for (const auto& f : *fills) call->sent.push_back(f.descriptor);
+  {
+    absl::MutexLock lock(&calls_mu_);
+    if (!stopped_) {
+      calls_.insert(call);
+      outgoing_.fetch_add(1);
+      return call;
+    }
+  }
+  for (const auto& d : call->cuda_sent) cuda_->Reclaim(route.peer, d);
+  delete call;
+  FillAll(route, *fills);
+  for (const auto& f : *fills) shm_->Reclaim(f.descriptor);
+  return nullptr;
+}
+
+void Agent::Impl::FinishCall(ClientCall* call, WorkerId peer, const absl::Status& status) {
+  absl::StatusOr<InMessage> result =
+      status.ok() ? ParseMessage(call->response, shm_.get(), cuda_.get(), peer) : status;
+  // A failed call may never have been read: take its segments back.
+  if (!status.ok()) {
+    for (const auto& d : call->sent) shm_->Reclaim(d);
+    for (const auto& d : call->cuda_sent) cuda_->Reclaim(peer, d);
+  }
+  Future<InMessage> done = call->done;
+  {
+    absl::MutexLock lock(&calls_mu_);
+    calls_.erase(call);
+  }
+  delete call;
+  outgoing_.fetch_sub(1);
+  done.Complete(std::move(result));
+}
+
+void Agent::Impl::FinishCallOffGrpc(ClientCall* call, WorkerId peer,
+                                    const absl::Status& status) {
+  // Only processes that offer GPUs get replies with CUDA payloads.
+  if (status.ok() && !cuda_->endpoint().gpus.empty() && CarriesCudaPayloads(call->response)) {
+    return RunOwnThread([this, call, peer] { FinishCall(call, peer, absl::OkStatus()); });
+  }
+  FinishCall(call, peer, status);
+}
+
 Future<InMessage> Agent::Impl::Transmit(grpc::GenericStub* stub, OutMessage message,
                                         absl::Duration timeout, bool wait_for_ready,
                                         bool blocking, const Route& route) {
-  auto* call = new ClientCall;
-  Future<InMessage> done = call->done;
-  call->context.set_deadline(DeadlineIn(timeout));
-  call->context.set_wait_for_ready(wait_for_ready);
-  if (!agent_->options_.token.empty()) {
-    call->context.AddMetadata(kTokenHeader, agent_->options_.token);
-  }
-  // Filled once the request is on its way (below); the call may complete,
-  // and `call` go, before that.
   std::vector<ShmFill> fills;
-  call->request = SerializeMessage(std::move(message), route, &fills, &call->cuda_sent);
-  for (const auto& f : fills) call->sent.push_back(f.descriptor);
-  {
-    absl::MutexLock lock(&calls_mu_);
-    if (stopped_) {
-      delete call;
-      FillAll(route, fills);
-      for (const auto& f : fills) shm_->Reclaim(f.descriptor);
-      return Future<InMessage>::Ready(absl::CancelledError("the agent is shutting down"));
-    }
-    calls_.insert(call);
+  ClientCall* call = NewCall(std::move(message), route, &fills);
+  if (call == nullptr) {
+    return Future<InMessage>::Ready(absl::CancelledError("the agent is shutting down"));
   }
-  outgoing_.fetch_add(1);
-  auto complete = [this, call, peer = route.peer](const grpc::Status& status) {
-    absl::StatusOr<InMessage> result =
-        status.ok() ? ParseMessage(call->response, shm_.get(), cuda_.get(), peer)
-                    : FromGrpc(status);
-    // A failed call may never have been read: take its segments back.
-    if (!status.ok()) {
-      for (const auto& d : call->sent) shm_->Reclaim(d);
-      for (const auto& d : call->cuda_sent) cuda_->Reclaim(peer, d);
-    }
-    Future<InMessage> done = call->done;
-    {
-      absl::MutexLock lock(&calls_mu_);
-      calls_.erase(call);
-    }
-    delete call;
-    outgoing_.fetch_sub(1);
-    done.Complete(std::move(result));
-  };
+  return SendUnary(stub, call, timeout, wait_for_ready, blocking, route, fills);
+}
+
+Future<InMessage> Agent::Impl::SendUnary(grpc::GenericStub* stub, ClientCall* call,
+                                         absl::Duration timeout, bool wait_for_ready,
+                                         bool blocking, const Route& route,
+                                         std::vector<ShmFill>& fills) {
+  Future<InMessage> done = call->done;
+  call->context = std::make_unique<grpc::ClientContext>();
+  call->context->set_deadline(DeadlineIn(timeout));
+  call->context->set_wait_for_ready(wait_for_ready);
+  if (!agent_->options_.token.empty()) {
+    call->context->AddMetadata(kTokenHeader, agent_->options_.token);
+  }
+  const WorkerId peer = route.peer;
   if (!blocking) {
-    // A reply with CUDA payloads is received on a thread of its own (see
-    // RunOwnThread); only processes that offer GPUs get such replies.
-    const bool gpus = !cuda_->endpoint().gpus.empty();
-    stub->UnaryCall(&call->context, kMethod, grpc::StubOptions(), &call->request,
-                    &call->response, [this, gpus, call, complete](grpc::Status status) {
-                      if (gpus && status.ok() && CarriesCudaPayloads(call->response)) {
-                        return RunOwnThread([complete, status] { complete(status); });
-                      }
-                      complete(status);
+    stub->UnaryCall(call->context.get(), kMethod, grpc::StubOptions(), &call->request,
+                    &call->response, [this, call, peer](grpc::Status status) {
+                      FinishCallOffGrpc(call, peer, FromGrpc(status));
                     });
     FillAll(route, fills);
     return done;
@@ -607,7 +691,8 @@ Future<InMessage> Agent::Impl::Transmit(grpc::GenericStub* stub, OutMessage mess
         }
         delete q;
       });
-  auto reader = stub->PrepareUnaryCall(&call->context, kMethod, call->request, cq.get());
+  auto reader =
+      stub->PrepareUnaryCall(call->context.get(), kMethod, call->request, cq.get());
   reader->StartCall();
   grpc::Status status;
   reader->Finish(&call->response, &status, call);
@@ -618,7 +703,63 @@ Future<InMessage> Agent::Impl::Transmit(grpc::GenericStub* stub, OutMessage mess
   // (an idle vCPU) costs more than a short round trip (AgentOptions::sync_spin).
   NextPolling(cq.get(), sync_spin_, &tag, &ok);
   reader.reset();
-  complete(status);
+  FinishCall(call, peer, FromGrpc(status));
+  return done;
+}
+
+std::unique_ptr<SyncStream> Agent::Impl::TakeStream(const Peer& peer) {
+  std::unique_ptr<SyncStream> stream;
+  while (true) {
+    {
+      absl::MutexLock lock(&peer.stream_mu);
+      if (peer.idle_streams.empty()) break;
+      stream = std::move(peer.idle_streams.back());
+      peer.idle_streams.pop_back();
+    }
+    if (stream->usable()) break;
+    stream.reset();  // the peer ended it meanwhile (it restarted, say)
+  }
+  if (stream == nullptr) {
+    stream = SyncStream::Open(peer.stub.get(), agent_->options_.token);
+    streams_opened_.fetch_add(1);
+  }
+  absl::MutexLock lock(&calls_mu_);
+  if (stopped_) return nullptr;
+  streams_in_use_.insert(stream.get());
+  return stream;
+}
+
+void Agent::Impl::GiveBack(const Peer& peer, std::unique_ptr<SyncStream> stream, bool reusable) {
+  {
+    absl::MutexLock lock(&calls_mu_);
+    streams_in_use_.erase(stream.get());
+    reusable = reusable && !stopped_;
+  }
+  if (!reusable) return;  // destroyed here: cancelled, and gRPC let go of it
+  absl::MutexLock lock(&peer.stream_mu);
+  peer.idle_streams.push_back(std::move(stream));
+}
+
+Future<InMessage> Agent::Impl::TransmitOnStream(const Peer& peer, OutMessage message,
+                                                absl::Duration timeout) {
+  const Route& route = peer.route;
+  std::vector<ShmFill> fills;
+  ClientCall* call = NewCall(std::move(message), route, &fills);
+  if (call == nullptr) {
+    return Future<InMessage>::Ready(absl::CancelledError("the agent is shutting down"));
+  }
+  Future<InMessage> done = call->done;
+  std::unique_ptr<SyncStream> stream = TakeStream(peer);
+  if (stream == nullptr) {
+    FillAll(route, fills);
+    FinishCall(call, peer.info.id, absl::CancelledError("the agent is shutting down"));
+    return done;
+  }
+  auto reply = stream->Call(
+      call->request, [&] { FillAll(route, fills); }, absl::Now() + timeout, sync_spin_);
+  GiveBack(peer, std::move(stream), reply.ok());
+  if (reply.ok()) call->response = std::move(*reply);
+  FinishCall(call, peer.info.id, reply.status());
   return done;
 }
 
@@ -631,7 +772,8 @@ Future<InMessage> Agent::Impl::SendTo(WorkerId dst, OutMessage message,
   }
   const std::string what = Describe(message.header.request());
   Future<InMessage> raw =
-      Transmit(peer->stub.get(), std::move(message), timeout, false, blocking, peer->route);
+      streams_ && blocking ? TransmitOnStream(*peer, std::move(message), timeout)
+          : Transmit(peer->stub.get(), std::move(message), timeout, false, blocking, peer->route);
   Future<InMessage> annotated;
   raw.then([annotated, peer, what, timeout](const absl::StatusOr<InMessage>& r) mutable {
     if (r.ok()) {
@@ -1143,18 +1285,47 @@ void Agent::Impl::CancelOutgoing() {
   {
     absl::MutexLock lock(&calls_mu_);
     stopped_ = true;
-    for (ClientCall* c : calls_) c->context.TryCancel();
+    for (ClientCall* c : calls_) {
+      if (c->context) c->context->TryCancel();
+    }
+    for (SyncStream* s : streams_in_use_) s->Cancel();
   }
+  // Idle streams go now; the callers of those in use give them back.
+  std::vector<std::unique_ptr<SyncStream>> idle;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& p : peers_) {
+      if (p == nullptr) continue;
+      absl::MutexLock stream_lock(&p->stream_mu);
+      for (auto& s : p->idle_streams) idle.push_back(std::move(s));
+      p->idle_streams.clear();
+    }
+  }
+  idle.clear();
   // A reply still receiving CUDA payloads stays in calls_ until its
   // transfers end: stopping the channel ends them now.
   cuda_->Stop();
-  absl::MutexLock lock(&calls_mu_);
-  auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(calls_mu_) { return calls_.empty(); };
-  calls_mu_.AwaitWithTimeout(absl::Condition(&none), absl::Seconds(10));
+  {
+    absl::MutexLock lock(&calls_mu_);
+    auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(calls_mu_) { return calls_.empty(); };
+    calls_mu_.AwaitWithTimeout(absl::Condition(&none), absl::Seconds(10));
+  }
 }
 
 void Agent::Impl::Stop() {
   if (agent_->rrefs_) agent_->rrefs_->Detach();
+  // Peers' streams stay open until closed: the server's Shutdown would
+  // wait for them. Replies already queued on them go out first.
+  std::vector<std::shared_ptr<ServerStream::State>> server_streams;
+  {
+    absl::MutexLock lock(&server_streams_mu_);
+    server_streams_closed_ = true;
+    server_streams.assign(server_streams_.begin(), server_streams_.end());
+  }
+  for (const auto& s : server_streams) {
+    ServerStream::Close(s, grpc::Status(grpc::StatusCode::UNAVAILABLE, absl::StrCat(
+                               "worker '", agent_->self_.name, "' is shutting down")));
+  }
   if (server_) {
     server_->Shutdown(DeadlineIn(absl::Seconds(2)));
   }
@@ -1377,20 +1548,13 @@ std::string Agent::cuda_disabled_reason() const { return impl_->cuda_->disabled_
 Executor* Agent::executor() const { return impl_->pool_.get(); }
 
 bool NextPolling(grpc::CompletionQueue* cq, absl::Duration spin, void** tag, bool* ok) {
-  for (const absl::Time until = absl::Now() + spin; absl::Now() < until;) {
-    switch (cq->AsyncNext(tag, ok, gpr_time_0(GPR_CLOCK_MONOTONIC))) {
-      case grpc::CompletionQueue::GOT_EVENT:
-        return true;
-      case grpc::CompletionQueue::SHUTDOWN:
-        return false;
-      case grpc::CompletionQueue::TIMEOUT:
-        break;
-    }
-  }
-  return cq->Next(tag, ok);
+  return NextPolling(cq, spin, absl::InfiniteFuture(), tag, ok) ==
+         grpc::CompletionQueue::GOT_EVENT;
 }
 
 absl::Duration Agent::sync_spin() const { return impl_->sync_spin_; }
+
+int64_t Agent::streams_opened() const { return impl_->streams_opened_.load(); }
 
 int64_t Agent::active_calls() const {
   return impl_->incoming_.load() + impl_->outgoing_.load();

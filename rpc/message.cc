@@ -1,5 +1,6 @@
 #include "rpc/message.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -268,6 +269,47 @@ absl::StatusOr<SliceReader> ReaderOf(const grpc::ByteBuffer& buffer) {
 }
 
 }  // namespace
+
+grpc::ByteBuffer TagFrame(uint64_t id, const grpc::ByteBuffer& frame) {
+  std::vector<grpc::Slice> slices;
+  slices.reserve(4);
+  char tag[8];
+  std::memcpy(tag, &id, 8);  // x86-64 and aarch64: little-endian
+  slices.emplace_back(tag, 8);
+  if (frame.Valid()) {
+    std::vector<grpc::Slice> rest;
+    if (frame.Dump(&rest).ok()) {
+      for (auto& s : rest) slices.push_back(std::move(s));
+    }
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+absl::StatusOr<uint64_t> UntagFrame(grpc::ByteBuffer* message) {
+  std::vector<grpc::Slice> slices;
+  if (!message->Valid() || !message->Dump(&slices).ok()) {
+    return absl::InvalidArgumentError("stream message: cannot read the received buffer");
+  }
+  uint64_t id = 0;
+  size_t got = 0;
+  size_t first = 0;  // slices wholly taken by the id
+  for (; first < slices.size() && got < 8; ++first) {
+    const size_t take = std::min<size_t>(8 - got, slices[first].size());
+    std::memcpy(reinterpret_cast<char*>(&id) + got, slices[first].begin(), take);
+    got += take;
+    if (take < slices[first].size()) {
+      slices[first] = slices[first].sub(take, slices[first].size());
+      break;
+    }
+  }
+  if (got < 8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stream message: ", got, " bytes is too short to hold a call id"));
+  }
+  slices.erase(slices.begin(), slices.begin() + static_cast<std::ptrdiff_t>(first));
+  *message = grpc::ByteBuffer(slices.data(), slices.size());
+  return id;
+}
 
 bool CarriesCudaPayloads(const grpc::ByteBuffer& buffer) {
   auto reader = ReaderOf(buffer);

@@ -90,6 +90,14 @@ absl::StatusOr<InMessage> ParseMessage(const grpc::ByteBuffer& buffer,
                                        ShmChannel* shm = nullptr, CudaChannel* cuda = nullptr,
                                        WorkerId from = kUnknownWorker);
 
+// Frames on a stream (rpc/stream.h) travel behind the id of their call:
+// [u64 little-endian id][frame]. Tagging adds a slice; untagging drops the
+// id's bytes and leaves the frame's own slices untouched (no copy).
+grpc::ByteBuffer TagFrame(uint64_t id, const grpc::ByteBuffer& frame);
+// Reads the id and removes it from `message`; an error when the message is
+// too short to hold one.
+absl::StatusOr<uint64_t> UntagFrame(grpc::ByteBuffer* message);
+
 // Whether a frame's header lists CUDA payloads (false for a frame that does
 // not parse: ParseMessage says why). Receiving those waits for transfers,
 // which callers keep off threads that other transfers may need.

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <unistd.h>
 
+#include <set>
 #include <thread>
 
 #include <ATen/TensorOperators.h>
@@ -23,6 +24,7 @@
 #include "autograd/dist_autograd.h"
 #include "rpc/agent.h"
 #include "rpc/message.h"
+#include "rpc/stream.h"
 #include "shards/builtins.h"
 #include "tests/test_group.h"
 
@@ -131,6 +133,73 @@ TEST(Agent, SyncCallsWorkWithAndWithoutPolling) {
   unsetenv("REMORA_SYNC_SPIN_US");
   EXPECT_EQ(g.master().sync_spin(), absl::ZeroDuration());
   EXPECT_TRUE(g.master().rpc_sync("w1", "add", {int64_t{1}, int64_t{1}}).ok());
+}
+
+// rpc_sync rides a long-lived stream to the peer (rpc/stream.h): one stream
+// carries a thread's calls one after another; a call that timed out takes
+// its stream down with it, so its late reply cannot answer the next call;
+// callers on several threads get streams of their own.
+TEST(Agent, RpcSyncReusesStreamsAndDropsOneThatTimedOut) {
+  Group g(1);
+  for (int64_t i = 0; i < 50; ++i) {
+    auto r = g.master().rpc_sync("w1", "add", {i, int64_t{1}});
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->toInt(), i + 1);
+  }
+  EXPECT_EQ(g.master().streams_opened(), 1);
+
+  CallOptions opts;
+  opts.timeout = absl::Milliseconds(100);
+  auto late = g.master().rpc_sync("w1", "sleep_ms", {int64_t{300}}, opts);
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
+  EXPECT_THAT(std::string(late.status().message()), HasSubstr("w1"));
+  auto next = g.master().rpc_sync("w1", "add", {int64_t{2}, int64_t{3}});
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->toInt(), 5);
+  EXPECT_EQ(g.master().streams_opened(), 2);
+
+  std::vector<std::thread> callers;
+  for (int64_t t = 0; t < 4; ++t) {
+    callers.emplace_back([&g, t] {
+      for (int64_t i = 0; i < 25; ++i) {
+        auto r = g.master().rpc_sync("w1", "add", {t * 1000, i});
+        ASSERT_TRUE(r.ok()) << r.status();
+        EXPECT_EQ(r->toInt(), t * 1000 + i);
+      }
+    });
+  }
+  for (auto& t : callers) t.join();
+  EXPECT_LE(g.master().streams_opened(), 2 + 4);
+  absl::SleepFor(absl::Milliseconds(300));  // let the sleep end before shutdown
+}
+
+// AgentOptions::streams = false, or REMORA_STREAMS=0, sends every call as
+// a unary gRPC call. Large requests and replies pass on streams too.
+TEST(Agent, StreamsCanBeTurnedOffAndCarryLargeMessages) {
+  AgentOptions no_streams;
+  no_streams.streams = false;
+  {
+    Group g(1, no_streams);
+    auto r = g.master().rpc_sync("w1", "add", {int64_t{2}, int64_t{3}});
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->toInt(), 5);
+    EXPECT_EQ(g.master().streams_opened(), 0);
+  }
+  setenv("REMORA_STREAMS", "0", 1);
+  {
+    Group g(1);
+    unsetenv("REMORA_STREAMS");
+    EXPECT_TRUE(g.master().rpc_sync("w1", "add", {int64_t{1}, int64_t{1}}).ok());
+    EXPECT_EQ(g.master().streams_opened(), 0);
+  }
+  AgentOptions inline_only;
+  inline_only.shared_memory = false;  // tensors travel in the messages
+  Group g(1, inline_only);
+  at::Tensor big = at::rand({1 << 22});  // 16 MiB
+  auto r = g.master().rpc_sync("w1", "add", {big, big});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(at::equal(r->toTensor(), big + big));
+  EXPECT_EQ(g.master().streams_opened(), 1);
 }
 
 TEST(Agent, CallbacksNeverRunOnGrpcThreads) {
@@ -448,6 +517,168 @@ TEST(Shutdown, ReleasesOutstandingRRefsEverywhere) {
     EXPECT_EQ(s.owners, 0) << agent->self().name;
     EXPECT_EQ(s.forks, 0) << agent->self().name;
   }
+}
+
+// A bare gRPC server whose streams hand each request to `dispatch`: the
+// two ends of rpc/stream.h without an agent around them.
+class StreamServer final : public grpc::CallbackGenericService {
+ public:
+  explicit StreamServer(ServerStream::Dispatch dispatch) : dispatch_(std::move(dispatch)) {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterCallbackGenericService(this);
+    server_ = builder.BuildAndStart();
+    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                   grpc::InsecureChannelCredentials());
+    stub_ = std::make_unique<grpc::GenericStub>(channel_);
+  }
+  ~StreamServer() override {
+    CloseAll(grpc::Status(grpc::StatusCode::UNAVAILABLE, "test over"));
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  }
+
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext*) override {
+    auto* stream = new ServerStream(dispatch_, [this](const std::shared_ptr<ServerStream::State>& s) {
+      absl::MutexLock lock(&mu_);
+      open_.erase(s);
+    });
+    absl::MutexLock lock(&mu_);
+    open_.insert(stream->state());
+    return stream;
+  }
+
+  void CloseAll(const grpc::Status& status) {
+    std::vector<std::shared_ptr<ServerStream::State>> open;
+    {
+      absl::MutexLock lock(&mu_);
+      open.assign(open_.begin(), open_.end());
+    }
+    for (const auto& s : open) ServerStream::Close(s, status);
+  }
+
+  std::unique_ptr<SyncStream> Open() { return SyncStream::Open(stub_.get(), ""); }
+
+ private:
+  const ServerStream::Dispatch dispatch_;
+  std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<grpc::GenericStub> stub_;
+  absl::Mutex mu_;
+  std::set<std::shared_ptr<ServerStream::State>> open_ ABSL_GUARDED_BY(mu_);
+};
+
+grpc::ByteBuffer Bytes(const std::string& s) {
+  grpc::Slice slice(s.data(), s.size());
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+std::string String(const grpc::ByteBuffer& b) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(b.Dump(&slices).ok());
+  std::string s;
+  for (const auto& slice : slices) s.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  return s;
+}
+
+// Requests a handler holds on to, to answer (or drop) when the test says.
+struct HeldRequests {
+  absl::Mutex mu;
+  std::vector<std::pair<std::string, std::shared_ptr<ReplySlot>>> held ABSL_GUARDED_BY(mu);
+  ServerStream::Dispatch Dispatch() {
+    return [this](grpc::ByteBuffer frame, std::shared_ptr<ReplySlot> slot) {
+      absl::MutexLock lock(&mu);
+      held.emplace_back(String(frame), std::move(slot));
+    };
+  }
+  size_t count() {
+    absl::MutexLock lock(&mu);
+    return held.size();
+  }
+  bool WaitFor(size_t n) {
+    absl::MutexLock lock(&mu);
+    auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return held.size() >= n; };
+    return mu.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
+  }
+};
+
+const absl::Duration kNoSpin = absl::ZeroDuration();
+
+TEST(Stream, CallsGoOneAfterAnotherOnOneStream) {
+  StreamServer server([](grpc::ByteBuffer frame, std::shared_ptr<ReplySlot> slot) {
+    slot->Reply(Bytes(String(frame) + "!"));
+  });
+  auto stream = server.Open();
+  for (int i = 0; i < 100; ++i) {
+    bool sent = false;
+    auto reply = stream->Call(Bytes(absl::StrCat("call ", i)), [&sent] { sent = true; },
+                              absl::Now() + absl::Seconds(10), i % 2 ? kNoSpin : absl::Microseconds(200));
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    EXPECT_EQ(String(*reply), absl::StrCat("call ", i, "!"));
+    EXPECT_TRUE(sent);
+    EXPECT_TRUE(stream->usable());
+  }
+}
+
+TEST(Stream, TimedOutOrCancelledCallLeavesTheStreamUnusable) {
+  HeldRequests handler;
+  StreamServer server(handler.Dispatch());
+  auto stream = server.Open();
+  const absl::Time start = absl::Now();
+  auto late = stream->Call(Bytes("a"), nullptr, absl::Now() + absl::Milliseconds(100), kNoSpin);
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_FALSE(stream->usable());
+  EXPECT_EQ(stream->Call(Bytes("b"), nullptr, absl::Now() + absl::Seconds(1), kNoSpin)
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  auto other = server.Open();
+  std::thread canceller([&] {
+    handler.WaitFor(2);
+    other->Cancel();
+  });
+  auto cancelled = other->Call(Bytes("c"), nullptr, absl::Now() + absl::Seconds(10), kNoSpin);
+  canceller.join();
+  EXPECT_EQ(cancelled.status().code(), absl::StatusCode::kCancelled) << cancelled.status();
+  EXPECT_FALSE(other->usable());
+}
+
+// Close() (an agent stopping) lets the request in hand have its reply, then
+// ends the stream; an idle stream that the callee ended is seen as unusable
+// before a call is sent on it.
+TEST(Stream, CloseAnswersTheRequestInHandThenEndsTheStream) {
+  HeldRequests handler;
+  StreamServer server(handler.Dispatch());
+  auto stream = server.Open();
+  absl::StatusOr<grpc::ByteBuffer> reply;
+  std::thread caller([&] {
+    reply = stream->Call(Bytes("q"), nullptr, absl::Now() + absl::Seconds(10), kNoSpin);
+  });
+  ASSERT_TRUE(handler.WaitFor(1));
+  server.CloseAll(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stopping"));
+  {
+    absl::MutexLock lock(&handler.mu);
+    EXPECT_TRUE(handler.held[0].second->Reply(Bytes("answer")));
+  }
+  caller.join();
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(String(*reply), "answer");
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  while (stream->usable() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_FALSE(stream->usable());
+}
+
+// A request dropped without a reply fails its call instead of leaving the
+// caller waiting for its deadline.
+TEST(Stream, RequestDroppedWithoutAReplyFailsTheCall) {
+  StreamServer server([](grpc::ByteBuffer, std::shared_ptr<ReplySlot>) {});
+  auto stream = server.Open();
+  const absl::Time start = absl::Now();
+  auto r = stream->Call(Bytes("x"), nullptr, absl::Now() + absl::Seconds(30), kNoSpin);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal) << r.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
 }
 
 TEST(Shutdown, StuckCallBecomesAnErrorNotAHang) {

@@ -966,6 +966,36 @@ TEST(Frame, UninitializedBuffer) {
   EXPECT_EQ(in.status().code(), absl::StatusCode::kInvalidArgument) << in.status();
 }
 
+// Frames on a stream travel behind their call's id (rpc/stream.h). Untagging
+// gives back the frame's bytes however the message was sliced, and refuses
+// a message too short to hold an id.
+TEST(Frame, TaggedFrameGivesBackIdAndFrame) {
+  const std::string bytes = FrameBytes({2, 3}, "abcde");
+  for (size_t piece : {size_t{1}, size_t{3}, size_t{8}, size_t{1000}}) {
+    grpc::ByteBuffer message = Reslice(TagFrame(0x0102030405060708ULL, BufferOf(bytes)), piece);
+    auto id = UntagFrame(&message);
+    ASSERT_TRUE(id.ok()) << id.status();
+    EXPECT_EQ(*id, 0x0102030405060708ULL);
+    auto in = ParseMessage(message);
+    ASSERT_TRUE(in.ok()) << "slices of " << piece << ": " << in.status();
+    EXPECT_EQ(std::string(static_cast<const char*>(in->payloads[1].data_ptr()), 3), "cde");
+  }
+  grpc::ByteBuffer empty_frame = TagFrame(7, grpc::ByteBuffer());
+  EXPECT_EQ(UntagFrame(&empty_frame).value(), 7u);
+  EXPECT_EQ(empty_frame.Length(), 0u);
+}
+
+TEST(Frame, UntagRefusesShortMessages) {
+  for (const std::string& bytes : {std::string(), std::string("1234567")}) {
+    grpc::ByteBuffer message = Reslice(BufferOf(bytes), 2);
+    auto id = UntagFrame(&message);
+    EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument) << id.status();
+    EXPECT_THAT(std::string(id.status().message()), HasSubstr("too short"));
+  }
+  grpc::ByteBuffer invalid;
+  EXPECT_FALSE(UntagFrame(&invalid).ok());
+}
+
 TEST(Frame, HeaderLengthBeyondBuffer) {
   ExpectFrameError(BufferOf(Le32(100) + "abc"), "exceeds");
   ExpectFrameError(BufferOf(Le32(0xFFFFFFFF) + "abc"), "exceeds");
