@@ -4,7 +4,9 @@
 // bulk_gbps (one-way payload rate of a large float tensor sent with rpc_sync
 // to a function that returns one element, on the channel it names) and
 // memcpy_gbps (a single-thread copy of the same tensor, measured in the same
-// run, as the yardstick). grpc_floor_us_median is the round trip of a bare
+// run, as the yardstick); rpc_sync_on says whether the calls went on
+// long-lived streams (the default) or as unary calls (REMORA_STREAMS=0).
+// grpc_floor_us_median is the round trip of a bare
 // gRPC unary call to the same worker that gRPC answers itself on its own
 // thread (a method remora does not serve): what the transport costs before
 // remora does anything, measured in the same run.
@@ -186,6 +188,8 @@ int main(int argc, char** argv) {
     d2d_gbps = *d2d;
   }
 
+  // Streams (rpc/stream.h) carry rpc_sync unless REMORA_STREAMS=0.
+  std::printf("rpc_sync_on=%s\n", agent.streams_opened() > 0 ? "streams" : "unary calls");
   std::printf("calls=%d latency_us_p10=%.1f latency_us_p90=%.1f latency_us_p99=%.1f\n", calls,
               us[us.size() / 10], us[us.size() * 9 / 10], us[us.size() * 99 / 100]);
   std::printf("bulk_bytes=%.0f bulk_calls=%d bulk_seconds=%.3f channel=%s\n", bytes,

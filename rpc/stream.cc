@@ -62,7 +62,6 @@ grpc::CompletionQueue::NextStatus SyncStream::Step(absl::Duration spin, absl::Ti
   bool ok = false;
   auto status = NextPolling(&cq_, spin, deadline, &tag, &ok);
   if (status != grpc::CompletionQueue::GOT_EVENT) return status;
-
   pending_ &= ~reinterpret_cast<uintptr_t>(tag);
   if (!ok) broken_ = true;
   return status;

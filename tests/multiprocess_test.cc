@@ -9,6 +9,7 @@
 #include <random>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/allclose.h>
@@ -185,6 +186,13 @@ TEST(Failure, KilledWorkerFailsPendingCallsQuicklyWithItsName) {
   auto group = cli::StartLocalGroup({"worker1"}, &registry);
   ASSERT_TRUE(group.ok()) << group.status();
   auto pending = group->master->rpc_async("worker1", "sleep_ms", {int64_t{30000}});
+  // rpc_sync waits on a stream (rpc/stream.h), which must fail as quickly.
+  absl::Status sync_status;
+  absl::Time sync_failed;
+  std::thread sync_caller([&] {
+    sync_status = group->master->rpc_sync("worker1", "sleep_ms", {int64_t{30000}}).status();
+    sync_failed = absl::Now();
+  });
   absl::SleepFor(absl::Milliseconds(300));
   const absl::Time start = absl::Now();
   group->workers[0]->Signal(SIGKILL);
@@ -192,6 +200,10 @@ TEST(Failure, KilledWorkerFailsPendingCallsQuicklyWithItsName) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("worker1"));
+  sync_caller.join();
+  EXPECT_FALSE(sync_status.ok());
+  EXPECT_THAT(std::string(sync_status.message()), HasSubstr("worker1"));
+  EXPECT_LT(sync_failed - start, absl::Seconds(10));
   EXPECT_FALSE(group->master->rpc_sync("worker1", "echo", {int64_t{1}}).ok());
   EXPECT_TRUE(group->master->Shutdown(/*graceful=*/false).ok());
 }
