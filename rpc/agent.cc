@@ -1643,7 +1643,7 @@ RRef Agent::local_rref(c10::IValue value) { return RRef(rrefs_->CreateLocal(std:
 
 Future<c10::IValue> Agent::CallOnRRef(const RRef& rref, const std::string& method,
                                       std::vector<c10::IValue> args, CallOptions options,
-                                      c10::intrusive_ptr<UserRRef> result) {
+                                      c10::intrusive_ptr<UserRRef> result, bool blocking) {
   wire::CallRequest call;
   call.set_function(method);
   if (result) {
@@ -1656,7 +1656,8 @@ Future<c10::IValue> Agent::CallOnRRef(const RRef& rref, const std::string& metho
     call.set_seq(user->NextCallSeq());
   }
   c10::IValue self = rref.ToIValue();
-  return impl_->Call(rref.owner(), std::move(call), std::move(args), &self, options, result);
+  return impl_->Call(rref.owner(), std::move(call), std::move(args), &self, options, result,
+                     blocking);
 }
 
 absl::StatusOr<RRef> Agent::RemoteOnRRef(const RRef& rref, const std::string& method,
@@ -1666,7 +1667,7 @@ absl::StatusOr<RRef> Agent::RemoteOnRRef(const RRef& rref, const std::string& me
   return RRef(user);
 }
 
-Future<c10::IValue> Agent::Fetch(const UserRRef& rref, CallOptions options) {
+Future<c10::IValue> Agent::Fetch(const UserRRef& rref, CallOptions options, bool blocking) {
   Future<c10::IValue> result(impl_->pool_.get());
   OutMessage m;
   m.header.mutable_request()->set_from(self_.id);
@@ -1679,7 +1680,7 @@ Future<c10::IValue> Agent::Fetch(const UserRRef& rref, CallOptions options) {
   const absl::Duration timeout =
       options.timeout > absl::ZeroDuration() ? options.timeout : options_.rpc_timeout;
   const WorkerId owner = rref.owner();
-  impl_->SendTo(owner, std::move(m), timeout)
+  impl_->SendTo(owner, std::move(m), timeout, blocking)
       .then([this, owner, result](const absl::StatusOr<InMessage>& reply) {
         impl_->CompleteWithReply(reply, owner, result);
       });
@@ -1797,10 +1798,14 @@ c10::IValue RRef::ToIValue() const {
 }
 
 absl::StatusOr<c10::IValue> RRef::to_here(CallOptions options) const {
-  return to_here_async(options).wait();
+  return Fetch(options, /*blocking=*/true).wait();
 }
 
 Future<c10::IValue> RRef::to_here_async(CallOptions options) const {
+  return Fetch(options, /*blocking=*/false);
+}
+
+Future<c10::IValue> RRef::Fetch(CallOptions options, bool blocking) const {
   if (!impl_) return Future<c10::IValue>::Ready(absl::FailedPreconditionError("empty RRef"));
   if (impl_->isOwner()) return static_cast<OwnerRRef*>(impl_.get())->value();
   auto* user = static_cast<UserRRef*>(impl_.get());
@@ -1813,7 +1818,7 @@ Future<c10::IValue> RRef::to_here_async(CallOptions options) const {
   if (agent == nullptr) {
     return Future<c10::IValue>::Ready(absl::FailedPreconditionError("the agent has stopped"));
   }
-  return agent->Fetch(*user, options);
+  return agent->Fetch(*user, options, blocking);
 }
 
 absl::StatusOr<c10::IValue> RRef::local_value() const {
@@ -1829,7 +1834,11 @@ absl::StatusOr<c10::IValue> RRef::local_value() const {
 absl::StatusOr<c10::IValue> RRef::rpc_sync(const std::string& method,
                                            std::vector<c10::IValue> args,
                                            CallOptions options) const {
-  return rpc_async(method, std::move(args), options).wait();
+  if (!impl_) return absl::FailedPreconditionError("empty RRef");
+  Agent* agent = impl_->agent();
+  if (agent == nullptr) return absl::FailedPreconditionError("the agent has stopped");
+  return agent->CallOnRRef(*this, method, std::move(args), options, {}, /*blocking=*/true)
+      .wait();
 }
 
 Future<c10::IValue> RRef::rpc_async(const std::string& method, std::vector<c10::IValue> args,

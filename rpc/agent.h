@@ -196,6 +196,10 @@ class RRef {
   const c10::intrusive_ptr<RRefImpl>& impl() const { return impl_; }
 
  private:
+  // to_here(_async): `blocking` waits for the reply on this thread (on a
+  // stream, as rpc_sync does) and returns a completed future.
+  Future<c10::IValue> Fetch(CallOptions options, bool blocking) const;
+
   c10::intrusive_ptr<RRefImpl> impl_;
 };
 
@@ -282,13 +286,14 @@ class Agent final : public ControlChannel {
   std::string NameOf(WorkerId id) const override;
   bool IsKnown(WorkerId id) const override;
 
-  // Internal: calls on an RRef's module, used by RRef's methods.
+  // Internal: calls on an RRef's module, used by RRef's methods. With
+  // `blocking`, the reply is waited for on this thread, as rpc_sync does.
   Future<c10::IValue> CallOnRRef(const RRef& rref, const std::string& method,
                                  std::vector<c10::IValue> args, CallOptions options,
-                                 c10::intrusive_ptr<UserRRef> result);
+                                 c10::intrusive_ptr<UserRRef> result, bool blocking = false);
   absl::StatusOr<RRef> RemoteOnRRef(const RRef& rref, const std::string& method,
                                     std::vector<c10::IValue> args, CallOptions options);
-  Future<c10::IValue> Fetch(const UserRRef& rref, CallOptions options);
+  Future<c10::IValue> Fetch(const UserRRef& rref, CallOptions options, bool blocking = false);
 
   class Impl;
 

@@ -173,6 +173,28 @@ TEST(Agent, RpcSyncReusesStreamsAndDropsOneThatTimedOut) {
   absl::SleepFor(absl::Milliseconds(300));  // let the sleep end before shutdown
 }
 
+// The blocking calls on an RRef wait on streams too: rpc_sync of a method
+// and to_here (a pipeline stage fetching its input); their async forms
+// and remote() stay unary.
+TEST(Agent, RRefRpcSyncAndToHereWaitOnStreams) {
+  Group g(1);
+  RRef m = g.master().remote("w1", "Scale", {2.0}).value();
+  RRef v = g.master().remote("w1", "echo", {int64_t{7}}).value();
+  EXPECT_EQ(g.master().streams_opened(), 0);
+  for (int i = 0; i < 10; ++i) {
+    auto y = m.rpc_sync("forward", {at::ones({2})});
+    ASSERT_TRUE(y.ok()) << y.status();
+    EXPECT_TRUE(at::equal(y->toTensor(), at::ones({2}) * 2));
+    auto x = v.to_here();
+    ASSERT_TRUE(x.ok()) << x.status();
+    EXPECT_EQ(x->toInt(), 7);
+  }
+  EXPECT_EQ(g.master().streams_opened(), 1);
+  EXPECT_EQ(v.to_here_async().wait().value().toInt(), 7);
+  EXPECT_TRUE(m.rpc_async("factor").wait().ok());
+  EXPECT_EQ(g.master().streams_opened(), 1);
+}
+
 // AgentOptions::streams = false, or REMORA_STREAMS=0, sends every call as
 // a unary gRPC call. Large requests and replies pass on streams too.
 TEST(Agent, StreamsCanBeTurnedOffAndCarryLargeMessages) {
