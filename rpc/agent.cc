@@ -402,8 +402,11 @@ class Agent::Impl final : public grpc::CallbackGenericService {
   void CompleteWithReply(const absl::StatusOr<InMessage>& reply, WorkerId from,
                          Future<c10::IValue> result);
   absl::Status ErrorFromReply(const wire::Response& response) const;
-  // Whether `id` belongs to the group (for rpc/request_checks.h).
-  bool IsMember(WorkerId id) const { return agent_->IsKnown(id); }
+  // Whether an id belongs to the group (for rpc/request_checks.h).
+  struct Membership {
+    const Agent* agent;
+    bool operator()(WorkerId id) const { return agent->IsKnown(id); }
+  };
   // Distributed autograd bookkeeping for a message received from / sent to
   // a peer (see rpc/autograd_hooks.h).
   absl::Status RecordRecv(const wire::AutogradMeta& meta, WorkerId from,
@@ -891,7 +894,7 @@ void Agent::Impl::Handle(InMessage message, std::shared_ptr<Responder> responder
     responder->ReplyError(absl::UnavailableError("this worker has not joined the group yet"));
     return;
   }
-  auto member = [this](WorkerId id) { return IsMember(id); };
+  const Membership member{agent_};
   if (absl::Status s = CheckSender(request, member); !s.ok()) {
     responder->ReplyError(s);
     return;
@@ -960,7 +963,7 @@ void Agent::Impl::HandleCall(InMessage message, std::shared_ptr<Responder> respo
   const wire::CallRequest& call = request.call();
   const WorkerId from = static_cast<WorkerId>(request.from());
   RRefContext& rrefs = *agent_->rrefs_;
-  auto member = [this](WorkerId id) { return IsMember(id); };
+  const Membership member{agent_};
   if (absl::Status s = CheckCall(call, from); !s.ok()) return responder->ReplyError(s);
   if (absl::Status s = CheckContext(request, member); !s.ok()) return responder->ReplyError(s);
   const int64_t context_id = ContextOf(request);
@@ -1069,8 +1072,7 @@ void Agent::Impl::HandleFetch(const wire::Request& request,
                               std::shared_ptr<Responder> responder) {
   const RRefId id = FromWire(request.fetch().rref_id());
   const WorkerId from = static_cast<WorkerId>(request.from());
-  if (absl::Status s = CheckContext(request, [this](WorkerId id) { return IsMember(id); });
-      !s.ok()) {
+  if (absl::Status s = CheckContext(request, Membership{agent_}); !s.ok()) {
     return responder->ReplyError(s);
   }
   responder->set_context(ContextOf(request));
