@@ -112,9 +112,10 @@ struct AgentOptions {
   // of polling against 92-114 us without. A call that takes longer wastes
   // at most this much CPU.
   absl::Duration sync_spin = absl::Microseconds(200);
-  // rpc_sync reuses long-lived gRPC streams to the peer (rpc/stream.h)
-  // instead of opening a unary gRPC call each time (rpc_bench, 10 paired
-  // runs: lower median in 5, higher in 2, within 3% in 3; README,
+  // rpc_sync (and RRef::rpc_sync, to_here) reuse long-lived gRPC streams
+  // to the peer (rpc/stream.h) instead of opening a unary gRPC call each
+  // time. rpc_bench medians in paired runs: about 10 us lower in quiet
+  // minutes, 45-117 us against 127-247 us in slow ones (README,
   // "Measured"). False (or REMORA_STREAMS=0): unary calls only.
   // Asynchronous calls are always unary.
   bool streams = true;
