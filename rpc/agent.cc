@@ -200,12 +200,17 @@ class Responder {
 
 // ---------------------------------------------------------------------------
 
+// Idle streams kept per peer (rpc/stream.h); each holds a call open on both
+// sides.
+constexpr size_t kMaxIdleStreams = 8;
+
 struct Peer {
   WorkerInfo info;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<grpc::GenericStub> stub;
   Route route;  // how large payloads reach it
-  // Streams to it that no rpc_sync is using (AgentOptions::streams).
+  // Streams to it that no rpc_sync is using (AgentOptions::streams), at
+  // most kMaxIdleStreams: a burst of callers does not keep its streams.
   mutable absl::Mutex stream_mu;
   mutable std::vector<std::unique_ptr<SyncStream>> idle_streams ABSL_GUARDED_BY(stream_mu);
 };
@@ -734,13 +739,19 @@ std::unique_ptr<SyncStream> Agent::Impl::TakeStream(const Peer& peer) {
 
 void Agent::Impl::GiveBack(const Peer& peer, std::unique_ptr<SyncStream> stream, bool reusable) {
   {
+    // Under calls_mu_ throughout, so that CancelOutgoing, once it set
+    // stopped_, finds every idle stream there is.
     absl::MutexLock lock(&calls_mu_);
     streams_in_use_.erase(stream.get());
-    reusable = reusable && !stopped_;
+    if (reusable && !stopped_) {
+      absl::MutexLock stream_lock(&peer.stream_mu);
+      if (peer.idle_streams.size() < kMaxIdleStreams) {
+        peer.idle_streams.push_back(std::move(stream));
+        return;
+      }
+    }
   }
-  if (!reusable) return;  // destroyed here: cancelled, and gRPC let go of it
-  absl::MutexLock lock(&peer.stream_mu);
-  peer.idle_streams.push_back(std::move(stream));
+  stream.reset();  // cancelled, and waited for until gRPC let go of it
 }
 
 Future<InMessage> Agent::Impl::TransmitOnStream(const Peer& peer, OutMessage message,

@@ -1,6 +1,7 @@
 #include "rpc/stream.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -103,6 +104,8 @@ absl::StatusOr<grpc::ByteBuffer> SyncStream::Call(const grpc::ByteBuffer& frame,
     if (status == grpc::CompletionQueue::TIMEOUT) timed_out = true;
     if (status != grpc::CompletionQueue::GOT_EVENT) break;
   }
+  // The request's slices may hold its tensors: an idle stream keeps none.
+  if (!(pending_ & kWrite)) out_.Clear();
   if (timed_out) {
     broken_ = true;
     End(/*cancel=*/true).IgnoreError();
@@ -140,6 +143,7 @@ absl::Status SyncStream::End(bool cancel) {
   while (pending_ != 0 &&
          Step(absl::ZeroDuration(), absl::InfiniteFuture()) == grpc::CompletionQueue::GOT_EVENT) {
   }
+  out_.Clear();
   if (final_status_.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(final_status_.error_code()),
                       final_status_.error_message());
@@ -155,9 +159,12 @@ class ServerStream::State {
  public:
   explicit State(ServerStream* reactor) : reactor_(reactor) {}
 
-  // The request just read (the stream is handling it from now on).
-  grpc::ByteBuffer TakeRequest() {
+  // The request just read (the stream is handling it from now on), or
+  // nothing when the stream is ending: its caller has had its status (a
+  // request handled now could run after the caller was told it failed).
+  std::optional<grpc::ByteBuffer> TakeRequest() {
     absl::MutexLock lock(&mu_);
+    if (ending_) return std::nullopt;
     handling_ = true;
     grpc::ByteBuffer frame = std::move(in_);
     in_ = grpc::ByteBuffer();
@@ -275,7 +282,9 @@ void ServerStream::OnReadDone(bool ok) {
     state_->End(grpc::Status::OK, false);  // the caller closed its side
     return;
   }
-  grpc::ByteBuffer message = state_->TakeRequest();
+  std::optional<grpc::ByteBuffer> request = state_->TakeRequest();
+  if (!request) return;
+  grpc::ByteBuffer message = std::move(*request);
   absl::StatusOr<uint64_t> id = UntagFrame(&message);
   if (!id.ok()) {
     state_->End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(id.status().message())),

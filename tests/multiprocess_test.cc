@@ -198,9 +198,10 @@ TEST(Failure, KilledWorkerFailsPendingCallsQuicklyWithItsName) {
   group->workers[0]->Signal(SIGKILL);
   auto r = pending.wait();
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  sync_caller.join();
+  EXPECT_EQ(group->master->streams_opened(), 1);
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("worker1"));
-  sync_caller.join();
   EXPECT_FALSE(sync_status.ok());
   EXPECT_THAT(std::string(sync_status.message()), HasSubstr("worker1"));
   EXPECT_LT(sync_failed - start, absl::Seconds(10));
