@@ -211,6 +211,8 @@ struct Peer {
   Route route;  // how large payloads reach it
   // Streams to it that no rpc_sync is using (AgentOptions::streams), at
   // most kMaxIdleStreams: a burst of callers does not keep its streams.
+  // Taken inside Impl::calls_mu_ (GiveBack) and Impl::mu_ (CancelOutgoing),
+  // never the other way round.
   mutable absl::Mutex stream_mu;
   mutable std::vector<std::unique_ptr<SyncStream>> idle_streams ABSL_GUARDED_BY(stream_mu);
 };
@@ -1328,7 +1330,7 @@ void Agent::Impl::CancelOutgoing() {
 void Agent::Impl::Stop() {
   if (agent_->rrefs_) agent_->rrefs_->Detach();
   // Peers' streams stay open until closed: the server's Shutdown would
-  // wait for them. Replies already queued on them go out first.
+  // wait for them. A request being handled still gets its reply first.
   std::vector<std::shared_ptr<ServerStream::State>> server_streams;
   {
     absl::MutexLock lock(&server_streams_mu_);

@@ -1,5 +1,6 @@
-// Streams for rpc_sync: a caller that blocks for its reply reuses a
-// long-lived gRPC stream to the peer instead of opening a unary call.
+// Streams for blocking calls (rpc_sync, RRef::rpc_sync, to_here): a caller
+// that waits for its reply reuses a long-lived gRPC stream to the peer
+// instead of opening a unary call.
 //
 // A unary call opens an HTTP/2 stream, sends headers, the request and
 // trailers, and tears the stream down again. On a stream that is already
