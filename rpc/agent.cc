@@ -237,16 +237,13 @@ CudaEndpoint FromWire(const wire::CudaEndpoint& w) {
   return CudaEndpoint{{w.gpus().begin(), w.gpus().end()}, w.nccl(), w.incarnation()};
 }
 
-// REMORA_CUDA_CHANNEL=0 stages CUDA tensors through host memory.
-bool CudaChannelWanted(const AgentOptions& options) {
-  const char* env = std::getenv("REMORA_CUDA_CHANNEL");
-  return options.cuda_channel && !(env != nullptr && std::string(env) == "0");
-}
-
-// REMORA_SHM=0 turns shared memory off for this process.
-bool SharedMemoryWanted(const AgentOptions& options) {
-  const char* env = std::getenv("REMORA_SHM");
-  return options.shared_memory && !(env != nullptr && std::string(env) == "0");
+// `option`, unless the environment sets `variable` to 0 for this process:
+// REMORA_CUDA_CHANNEL=0 stages CUDA tensors through host memory, REMORA_SHM=0
+// turns shared memory off, REMORA_STREAMS=0 sends every call as a unary
+// gRPC call.
+bool OnUnlessEnvOff(bool option, const char* variable) {
+  const char* env = std::getenv(variable);
+  return option && !(env != nullptr && std::string(env) == "0");
 }
 
 // AgentOptions::sync_spin, unless REMORA_SYNC_SPIN_US gives microseconds.
@@ -255,12 +252,6 @@ absl::Duration SyncSpin(const AgentOptions& options) {
   int us = 0;
   if (env != nullptr && absl::SimpleAtoi(env, &us) && us >= 0) return absl::Microseconds(us);
   return options.sync_spin;
-}
-
-// REMORA_STREAMS=0 sends every call as a unary gRPC call.
-bool StreamsWanted(const AgentOptions& options) {
-  const char* env = std::getenv("REMORA_STREAMS");
-  return options.streams && !(env != nullptr && std::string(env) == "0");
 }
 
 // REMORA_DEBUG=channels logs the channel chosen for every peer.
@@ -284,13 +275,15 @@ class Agent::Impl final : public grpc::CallbackGenericService {
   explicit Impl(Agent* agent)
       : agent_(agent),
         sync_spin_(SyncSpin(agent->options_)),
-        streams_(StreamsWanted(agent->options_)),
+        streams_(OnUnlessEnvOff(agent->options_.streams, "REMORA_STREAMS")),
         pool_(std::make_unique<ThreadPool>(agent->options_.num_threads)),
         shm_(std::make_unique<ShmChannel>(ShmChannel::Options{
-            SharedMemoryWanted(agent->options_), agent->options_.shm_max_bytes})),
+            OnUnlessEnvOff(agent->options_.shared_memory, "REMORA_SHM"),
+            agent->options_.shm_max_bytes})),
         channel_credentials_(MakeChannelCredentials(agent->options_.tls)),
         cuda_(std::make_unique<CudaChannel>(
-            CudaChannel::Options{CudaChannelWanted(agent->options_), agent->options_.rpc_timeout},
+            CudaChannel::Options{OnUnlessEnvOff(agent->options_.cuda_channel, "REMORA_CUDA_CHANNEL"),
+                                 agent->options_.rpc_timeout},
             [this](WorkerId peer, wire::Request request, absl::Duration timeout) {
               return SendCudaControl(peer, std::move(request), timeout);
             })) {}
