@@ -27,10 +27,8 @@
 namespace remora {
 namespace {
 
-// The metadata key that carries the shared secret (AgentOptions::token).
-constexpr char kTokenHeader[] = "remora-token";
-
-// The one gRPC method all remora traffic uses (see proto/remora.proto).
+// The gRPC method of unary calls (see proto/remora.proto); streams use
+// kStreamMethod (rpc/stream.h).
 constexpr char kMethod[] = "/remora.Agent/Call";
 
 std::chrono::system_clock::time_point DeadlineIn(absl::Duration d) {

@@ -38,7 +38,7 @@ grpc::CompletionQueue::NextStatus NextPolling(grpc::CompletionQueue* cq, absl::D
 
 std::unique_ptr<SyncStream> SyncStream::Open(grpc::GenericStub* stub, const std::string& token) {
   std::unique_ptr<SyncStream> stream(new SyncStream);
-  if (!token.empty()) stream->context_.AddMetadata("remora-token", token);
+  if (!token.empty()) stream->context_.AddMetadata(kTokenHeader, token);
   stream->call_ = stub->PrepareCall(&stream->context_, kStreamMethod, &stream->cq_);
   stream->call_->StartCall(Tag(kStart));
   // The read for the first reply is in flight from the start, as the read
@@ -68,6 +68,16 @@ grpc::CompletionQueue::NextStatus SyncStream::Step(absl::Duration spin, absl::Ti
   return status;
 }
 
+bool SyncStream::Await(unsigned ops, absl::Duration spin, absl::Time deadline,
+                       bool* timed_out) {
+  while (!broken_ && pending_ & ops) {
+    auto status = Step(spin, deadline);
+    if (status == grpc::CompletionQueue::TIMEOUT) *timed_out = true;
+    if (status != grpc::CompletionQueue::GOT_EVENT) return false;
+  }
+  return !broken_;
+}
+
 bool SyncStream::usable() {
   // Between calls only the start and the read are in flight; an event for
   // the read means the callee ended the stream (or broke its protocol).
@@ -87,23 +97,15 @@ absl::StatusOr<grpc::ByteBuffer> SyncStream::Call(const grpc::ByteBuffer& frame,
   // The start and the writes share gRPC's op set: the first write waits
   // until the start is done.
   bool timed_out = false;
-  while (!broken_ && pending_ & kStart) {
-    auto status = Step(spin, deadline);
-    if (status == grpc::CompletionQueue::TIMEOUT) timed_out = true;
-    if (status != grpc::CompletionQueue::GOT_EVENT) break;
-  }
+  const bool started = Await(kStart, spin, deadline, &timed_out);
   const uint64_t id = next_id_++;
-  if (!broken_ && !timed_out) {
+  if (started) {
     out_ = TagFrame(id, frame);
     call_->Write(out_, Tag(kWrite));
     pending_ |= kWrite;
   }
   if (sent) sent();
-  while (!broken_ && !timed_out && pending_ & (kWrite | kRead)) {
-    auto status = Step(spin, deadline);
-    if (status == grpc::CompletionQueue::TIMEOUT) timed_out = true;
-    if (status != grpc::CompletionQueue::GOT_EVENT) break;
-  }
+  if (started) Await(kWrite | kRead, spin, deadline, &timed_out);
   // The request's slices may hold its tensors: an idle stream keeps none.
   if (!(pending_ & kWrite)) out_.Clear();
   if (timed_out) {

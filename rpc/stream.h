@@ -39,6 +39,10 @@ namespace remora {
 // The gRPC method of streams (unary calls use "/remora.Agent/Call").
 inline constexpr char kStreamMethod[] = "/remora.Agent/Stream";
 
+// The metadata key that carries the shared secret (AgentOptions::token), on
+// streams and unary calls alike.
+inline constexpr char kTokenHeader[] = "remora-token";
+
 // Where a handler's reply goes: a unary call, or a stream with the call's id.
 class ReplySlot {
  public:
@@ -60,7 +64,7 @@ grpc::CompletionQueue::NextStatus NextPolling(grpc::CompletionQueue* cq, absl::D
 class SyncStream {
  public:
   // Opens a stream on `stub` (the stub's channel must outlive it), with
-  // `token` as the remora-token metadata when not empty.
+  // `token` as the kTokenHeader metadata when not empty.
   static std::unique_ptr<SyncStream> Open(grpc::GenericStub* stub, const std::string& token);
   ~SyncStream();
   SyncStream(const SyncStream&) = delete;
@@ -85,6 +89,9 @@ class SyncStream {
   // Takes one event off cq_ (see NextPolling) and clears its op from
   // pending_; marks the stream broken when the op failed.
   grpc::CompletionQueue::NextStatus Step(absl::Duration spin, absl::Time deadline);
+  // Steps until none of `ops` is in flight. False when the stream broke or
+  // `deadline` passed (then *timed_out).
+  bool Await(unsigned ops, absl::Duration spin, absl::Time deadline, bool* timed_out);
   // Collects the call's status (cancelling it first when `cancel`) and
   // waits until no op is in flight; returns the status.
   absl::Status End(bool cancel);
