@@ -187,7 +187,6 @@ TEST(Agent, RpcSyncReusesStreamsAndDropsOneThatTimedOut) {
   burst();
   EXPECT_GT(g.master().streams_opened() - after_first, 0);
   EXPECT_LE(g.master().streams_opened() - after_first, 12 - 8);
-  absl::SleepFor(absl::Milliseconds(300));  // let the sleep end before shutdown
 }
 
 // The blocking calls on an RRef wait on streams too: rpc_sync of a method
