@@ -1,0 +1,58 @@
+# Compile-checks remora against another LibTorch's headers (`./run torch2-check`).
+#
+# GPU machines build remora against LibTorch 2.x with CUDA; the development
+# machines have Debian 12's LibTorch 1.13 (CPU). REMORA_TORCH_CHECK_PREFIX
+# names an unpacked LibTorch whose <prefix>/include holds ATen/, c10/ and
+# torch/ (the run script unpacks Debian 13's libtorch-cuda-dev, LibTorch 2.6
+# built with CUDA, there). Every remora source, the channel's LibTorch-CUDA
+# code (REMORA_TORCH_CUDA) and the GPU tests included, is then compiled
+# against those headers, syntax only, into the target remora_torch_api_check
+# (not part of `all`: nothing links it, since the libraries are not
+# unpacked). The headers it reads are listed in each object's .d file; the
+# run script fails the check when one of them came from the LibTorch of this
+# build (a header the other LibTorch no longer has).
+get_filename_component(_remora_check_include "${REMORA_TORCH_CHECK_PREFIX}/include" ABSOLUTE)
+if(NOT EXISTS "${_remora_check_include}/ATen/ATen.h")
+  message(FATAL_ERROR "REMORA_TORCH_CHECK_PREFIX: no ATen/ATen.h under ${_remora_check_include}")
+endif()
+
+file(GLOB _remora_check_sources CONFIGURE_DEPENDS
+     ${PROJECT_SOURCE_DIR}/rpc/*.cc ${PROJECT_SOURCE_DIR}/autograd/*.cc
+     ${PROJECT_SOURCE_DIR}/optim/*.cc ${PROJECT_SOURCE_DIR}/shards/*.cc
+     ${PROJECT_SOURCE_DIR}/examples/*.cc ${PROJECT_SOURCE_DIR}/tests/*.cc
+     ${PROJECT_SOURCE_DIR}/tests/fuzz/*.cc)
+if(REMORA_WITH_CUDA)
+  list(FILTER _remora_check_sources EXCLUDE REGEX "/rpc/cuda_channel_stub\\.cc$")
+else()
+  list(FILTER _remora_check_sources EXCLUDE REGEX "/rpc/cuda_channel\\.cc$")
+endif()
+
+add_library(remora_torch_api_check OBJECT EXCLUDE_FROM_ALL ${_remora_check_sources})
+# Ahead of every other directory, this build's LibTorch included.
+target_include_directories(remora_torch_api_check SYSTEM BEFORE PRIVATE
+  ${_remora_check_include} ${_remora_check_include}/torch/csrc/api/include)
+target_include_directories(remora_torch_api_check PRIVATE ${PROJECT_SOURCE_DIR})
+target_compile_options(remora_torch_api_check PRIVATE -fsyntax-only)
+target_compile_definitions(remora_torch_api_check PRIVATE
+  REMORA_BIN_DIR="${CMAKE_RUNTIME_OUTPUT_DIRECTORY}"
+  REMORA_FUZZ_CORPUS="${PROJECT_SOURCE_DIR}/tests/fuzz/corpus"
+  # What LibTorch's CMake config gives its users (torch_cpu, torch_cuda).
+  USE_DISTRIBUTED USE_C10D_GLOO USE_RPC USE_TENSORPIPE)
+# Usage requirements only (headers, definitions): linking the remora
+# libraries would build them against this build's LibTorch first.
+target_link_libraries(remora_torch_api_check PRIVATE
+  remora_proto gRPC::grpc++ Threads::Threads
+  absl::status absl::statusor absl::strings absl::synchronization absl::time
+  absl::flat_hash_map absl::flat_hash_set GTest::gmock GTest::gtest)
+if(REMORA_WITH_CUDA)
+  if(EXISTS "${_remora_check_include}/c10/cuda/impl/cuda_cmake_macros.h")
+    set(_remora_check_torch_cuda REMORA_TORCH_CUDA=1 USE_C10D_NCCL)
+    message(STATUS "remora: torch API check: ${_remora_check_include} (LibTorch with CUDA)")
+  else()
+    set(_remora_check_torch_cuda "")
+    message(STATUS "remora: torch API check: ${_remora_check_include} (LibTorch without CUDA)")
+  endif()
+  target_compile_definitions(remora_torch_api_check PRIVATE REMORA_WITH_CUDA=1
+                             ${_remora_check_torch_cuda})
+  target_link_libraries(remora_torch_api_check PRIVATE CUDA::cudart remora::nccl)
+endif()
