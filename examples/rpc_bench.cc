@@ -15,7 +15,13 @@
 // a 256 MiB CUDA tensor on this process's cuda:0 sent to the worker's
 // --peer-device (cuda:0: CUDA IPC; another GPU: NCCL), and the yardstick is
 // d2d_gbps, a cudaMemcpy within cuda:0 measured in the same run.
+//
+// Before those, --sizes sweeps tensor sizes (CPU): a line per size with the
+// channel that carried it (shm when the shared-memory channel wrote it,
+// else inline: in the gRPC message) and its one-way rate, so that the
+// out-of-band threshold shows.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -28,6 +34,10 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/security/credentials.h>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "examples/local_group.h"
 #include "rpc/cuda_channel.h"
@@ -68,12 +78,58 @@ std::vector<double> GrpcFloor(const std::string& address, absl::Duration spin, i
   return us;
 }
 
+// Parses --sizes: comma-separated sizes with an optional K or M suffix
+// (KiB, MiB), each from 1 byte to 1 GiB.
+absl::StatusOr<std::vector<int64_t>> ParseSizes(const std::string& text) {
+  std::vector<int64_t> sizes;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    int64_t scale = 1;
+    if (absl::EndsWithIgnoreCase(part, "k")) scale = 1 << 10;
+    if (absl::EndsWithIgnoreCase(part, "m")) scale = 1 << 20;
+    if (scale > 1) part.remove_suffix(1);
+    int64_t n = 0;
+    if (!absl::SimpleAtoi(part, &n) || n < 1 || n > (int64_t{1} << 30) / scale) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--sizes: '", part, "' is not a size (e.g. 4K, 64K, 1M: 1 byte to 1 GiB)"));
+    }
+    sizes.push_back(n * scale);
+  }
+  return sizes;
+}
+
+// One line per size: `size_bytes=<n> channel=<shm|inline> gbps=<rate>`,
+// the one-way rate of rpc_sync sending a byte tensor of that size to the
+// peer's `sink` (after one warm-up call), over enough calls to move 256 MiB
+// (20 to 2000 calls).
+absl::Status SweepSizes(remora::Agent& agent, const std::vector<int64_t>& sizes) {
+  for (int64_t size : sizes) {
+    at::Tensor t = at::ones({size}, at::kByte);
+    const int calls = static_cast<int>(std::clamp<int64_t>((int64_t{256} << 20) / size, 20, 2000));
+    if (auto r = agent.rpc_sync("peer", "sink", {t}); !r.ok()) return r.status();
+    const int64_t writes = agent.shm_stats().writes;
+    absl::Time t0 = absl::Now();
+    for (int i = 0; i < calls; ++i) {
+      auto r = agent.rpc_sync("peer", "sink", {t});
+      if (!r.ok()) return r.status();
+      // sink answers the element count as a float: exact up to 2^24.
+      if (std::abs(r->toTensor().item<double>() - static_cast<double>(size)) > size * 1e-6) {
+        return absl::InternalError(absl::StrCat("sink saw a wrong size for ", size, " bytes"));
+      }
+    }
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+    const bool shm = agent.shm_stats().writes - writes >= calls;
+    std::printf("size_bytes=%lld channel=%s calls=%d gbps=%.3f\n", static_cast<long long>(size),
+                shm ? "shm" : "inline", calls, static_cast<double>(size) * calls / seconds / 1e9);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace remora;
   int calls = 2000, warmup = 200, bulk_mib = 0, bulk_calls = 20;
-  std::string device = "cpu", peer_device = "cuda:0";
+  std::string device = "cpu", peer_device = "cuda:0", sizes_flag = "4K,32K,64K,256K,1M,16M";
   cli::FlagParser flags("rpc_bench", "Measures rpc_sync latency and bulk throughput to a local worker.");
   flags.AddInt("calls", &calls, "timed small calls (>= 2000 for the reported median)");
   flags.AddInt("warmup", &warmup, "untimed small calls first");
@@ -82,6 +138,8 @@ int main(int argc, char** argv) {
   flags.AddString("device", &device, "where the bulk tensor lives: cpu, or cuda (this process's cuda:0)");
   flags.AddString("peer-device", &peer_device,
                   "with --device cuda: the worker's GPU (cuda:0: CUDA IPC; another: NCCL)");
+  flags.AddString("sizes", &sizes_flag,
+                  "CPU tensor sizes to sweep first (K, M suffixes; empty: none), a line each");
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
   cli::TuneAllocator();
@@ -89,6 +147,11 @@ int main(int argc, char** argv) {
   if (bulk_mib == 0) bulk_mib = cuda ? 256 : 64;
   if (calls < 1 || warmup < 0 || bulk_mib < 1 || bulk_mib > 1024 || bulk_calls < 1) {
     std::cerr << "rpc_bench: counts must be positive and --bulk-mib at most 1024\n";
+    return 2;
+  }
+  auto sizes = ParseSizes(sizes_flag);
+  if (!sizes.ok()) {
+    std::cerr << "rpc_bench: " << sizes.status().message() << "\n";
     return 2;
   }
   if (device != "cpu" && !cuda) {
@@ -147,6 +210,11 @@ int main(int argc, char** argv) {
   std::vector<double> floor_us;
   if (!options.tls.enabled()) {
     floor_us = GrpcFloor(agent.worker("peer")->address, agent.sync_spin(), warmup, calls);
+  }
+
+  if (auto s = SweepSizes(agent, *sizes); !s.ok()) {
+    std::cerr << "rpc_bench: size sweep: " << s.message() << "\n";
+    return 1;
   }
 
   const int64_t numel = int64_t{bulk_mib} * (1 << 20) / 4;

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# The GPU checks in one go, for a CUDA machine that reaches no package archive
+# (README, "Running the GPU tests on a GPU machine").
+#
+# On a machine that reaches Debian's archive first: `./run gpu-prep` puts
+# Debian 12's gRPC, protobuf, Abseil, GoogleTest and OpenSSL packages in
+# .debs/ (about 20 MB; nothing is installed). Bring .debs/ along with the
+# source tree, then on the GPU machine, from the repository root:
+#
+#   scripts/gpu_check.sh [OUTDIR] [STEPS]
+#
+# STEPS (default all, in this order; a later call may resume with the rest,
+# since build-gpu/ stays):
+#   build   unpacks .debs/ into .deps-root/, configures build-gpu/ against
+#           the CUDA LibTorch of `python3 -c 'import torch'` with
+#           REMORA_CUDA=ON, builds everything
+#   gpu     ctest -R 'Cuda|Device' (CudaGpu.*: the channels on the GPU)
+#   bench   rpc_bench --device cuda (CUDA IPC: bulk_gbps, d2d_gbps), with
+#           --peer-device cuda:1 too (NCCL) when there are two GPUs, and the
+#           CPU rpc_bench for comparison
+#   demo    the ResNet50 demo with two `worker --device cuda:0` processes
+#           (--splits 1,2,4,8, 2 batches), and --local on cuda:0
+#   all-tests  the whole ctest suite against this LibTorch (CPU paths too)
+#
+# Every step's output goes to OUTDIR/<step>.log (default build-gpu/check),
+# and a line per step, with its exit code and seconds, to OUTDIR/summary.txt.
+# Exits non-zero when a step failed (the later ones still run, except after
+# a failed build).
+# REMORA_GPU_TORCH_DIR names LibTorch's CMake directory instead of asking
+# python3; REMORA_GPU_JOBS the build's parallelism (default: all cores).
+set -uo pipefail
+cd "$(dirname "$(readlink -f "$0")")/.."
+out=${1:-build-gpu/check}
+steps=${2:-build gpu bench demo all-tests}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+jobs=${REMORA_GPU_JOBS:-$(nproc)}
+build=build-gpu
+bin=$build/bin
+failed=0
+
+log() { echo "gpu_check: $*" | tee -a "$out/summary.txt" >&2; }
+
+# Unpacks .debs/ (no dpkg database, no root) and points CMake, the loader
+# and PATH there.
+use_debs() {
+  local prefix=$PWD/.deps-root lib
+  [ -d .debs ] || { echo "gpu_check: no .debs/: run ./run gpu-prep where Debian's archive is reachable" >&2; return 1; }
+  if [ ! -f "$prefix/.unpacked" ]; then
+    mkdir -p "$prefix"
+    for f in .debs/*.deb; do dpkg-deb -x "$f" "$prefix" || return 1; done
+    # Debian's -dev symlinks can be absolute: point them into the prefix.
+    find "$prefix" -type l | while read -r l; do
+      t=$(readlink "$l")
+      case "$t" in /*) [ -e "$prefix$t" ] && ln -sfn "$prefix$t" "$l" ;; esac
+    done
+    touch "$prefix/.unpacked"
+  fi
+  lib=$prefix/usr/lib/x86_64-linux-gnu
+  export CMAKE_PREFIX_PATH="$prefix/usr:$lib/cmake${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+  export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export PATH="$prefix/usr/bin:$PATH"
+}
+
+step_build() {
+  local torch_dir=${REMORA_GPU_TORCH_DIR:-}
+  nvidia-smi || true
+  if [ -z "$torch_dir" ]; then
+    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
+                "devices", torch.cuda.device_count())' || return 1
+    torch_dir=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')/Torch
+  fi
+  echo "LibTorch: $torch_dir"
+  g++ --version | head -1
+  nvcc --version | tail -1 || true
+  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DREMORA_CUDA="${REMORA_GPU_CUDA:-ON}" \
+    -DTorch_DIR="$torch_dir" || return 1
+  cmake --build "$build" -j "$jobs"
+}
+
+step_gpu() {
+  (cd "$build" && ctest --output-on-failure -R 'Cuda|Device')
+}
+
+step_bench() {
+  local rc=0 gpus
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  "$bin/rpc_bench" --device cuda || rc=1
+  if [ "${gpus:-0}" -ge 2 ]; then
+    "$bin/rpc_bench" --device cuda --peer-device cuda:1 || rc=1
+  else
+    echo "one GPU: no NCCL run (NCCL needs two GPUs)"
+  fi
+  "$bin/rpc_bench" || rc=1
+  return $rc
+}
+
+step_demo() {
+  local port=29671 rc=0 w1 w2
+  "$bin/worker" --name worker1 --device cuda:0 --master "127.0.0.1:$port" & w1=$!
+  "$bin/worker" --name worker2 --device cuda:0 --master "127.0.0.1:$port" & w2=$!
+  "$bin/master" --workers worker1,worker2 --listen "127.0.0.1:$port" --splits 1,2,4,8 \
+    --batches 2 --report "$out/demo_report.json" || rc=1
+  wait "$w1" || rc=1
+  wait "$w2" || rc=1
+  "$bin/master" --local --device cuda:0 --splits 1,8 --batches 2 || rc=1
+  return $rc
+}
+
+step_all-tests() {
+  (cd "$build" && ctest --output-on-failure -j 4)
+}
+
+[ -d .debs ] && { use_debs || exit 1; }
+for s in $steps; do
+  if ! declare -F "step_$s" >/dev/null; then
+    echo "gpu_check: unknown step '$s' (build gpu bench demo all-tests)" >&2
+    exit 2
+  fi
+  t0=$(date +%s)
+  echo "gpu_check: step $s (log: $out/$s.log)" >&2
+  "step_$s" >"$out/$s.log" 2>&1
+  rc=$?
+  log "$s rc=$rc seconds=$(( $(date +%s) - t0 ))"
+  if [ $rc -ne 0 ]; then
+    failed=1
+    tail -30 "$out/$s.log" >&2
+    [ "$s" = build ] && exit 1
+  fi
+done
+exit $failed

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The whole test suite on Debian 13 ("trixie"): LibTorch 2.6 (CPU), g++ 14,
+# Abseil 20240722, GoogleTest 1.16, against Debian 12's LibTorch 1.13 that
+# the other commands use. GPU machines build with LibTorch 2.x; this runs
+# everything that does not need a GPU on that major version, here.
+#
+# A trixie root is made once with debootstrap under build-trixie/root
+# (about 2 GB with the build dependencies, which `./run` installs inside it
+# as it does here); the source tree is bind-mounted at /src, and
+# `./run test` builds in /build inside the root and runs ctest there
+# (without the fuzzer: clang-14 is a Debian 12 package). Needs root:
+# debootstrap, chroot and mount.
+#
+# usage: scripts/torch2_test.sh [ctest arguments]   (./run torch2-test)
+set -euo pipefail
+cd "$(dirname "$(readlink -f "$0")")/.."
+src=$PWD
+root=$src/${REMORA_TRIXIE_DIR:-build-trixie}/root
+mirror=http://deb.debian.org/debian
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "torch2_test: needs root (debootstrap, chroot, mount)" >&2
+  exit 2
+fi
+if [ ! -f "$root/.remora-ready" ]; then
+  command -v debootstrap >/dev/null || {
+    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap; }
+  echo "torch2_test: making a Debian 13 root in $root (once)" >&2
+  rm -rf "$root"
+  mkdir -p "$root"
+  debootstrap --variant=minbase trixie "$root" "$mirror" >"$root.debootstrap.log" 2>&1 || {
+    tail -20 "$root.debootstrap.log" >&2; exit 1; }
+  touch "$root/.remora-ready"
+fi
+cp /etc/resolv.conf /etc/hosts "$root/etc/"
+mkdir -p "$root/src" "$root/proc" "$root/dev"
+
+mounted=()
+cleanup() {
+  local i
+  for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount -l "${mounted[$i]}" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+mountpoint -q "$root/proc" || { mount -t proc proc "$root/proc"; mounted+=("$root/proc"); }
+mountpoint -q "$root/dev" || { mount --rbind /dev "$root/dev"; mounted+=("$root/dev"); }
+mountpoint -q "$root/src" || { mount --bind "$src" "$root/src"; mounted+=("$root/src"); }
+
+# ctest arguments keep `./run test` from fuzzing (clang-14 is Debian 12's).
+args=("$@")
+[ ${#args[@]} -gt 0 ] || args=(--timeout 600)
+chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
+  REMORA_BUILD_DIR=/build /bin/bash -c '
+    cd /src
+    echo "torch2_test: Debian $(cat /etc/debian_version), $(g++ --version | head -1)"
+    ./run build >/build.log 2>&1 || { tail -60 /build.log; exit 1; }
+    dpkg-query -W -f="torch2_test: \${Package} \${Version}\n" libtorch-dev libabsl-dev libgtest-dev libgrpc++-dev
+    ./run test "$@"' torch2_test "${args[@]}"
