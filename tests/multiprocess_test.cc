@@ -1,5 +1,5 @@
-// Multi-process tests with the real programs: build/bin/worker and
-// build/bin/rpc_demo.
+// Multi-process tests with the real programs: build/bin/worker, rpc_demo,
+// soak and rpc_bench.
 #include <sys/socket.h>
 #include <netinet/in.h>
 #include <unistd.h>
@@ -462,6 +462,30 @@ TEST(RpcDemo, RunsEndToEnd) {
   EXPECT_EQ(code, 0) << out;
   EXPECT_THAT(out, HasSubstr("matches local computation: yes"));
   EXPECT_THAT(out, HasSubstr("shut down cleanly"));
+}
+
+// rpc_bench's figures are not checked (timings are not asserted in tests),
+// only that it measures what it says: sizes below the out-of-band threshold
+// travel inline, sizes from it on through shared memory, and the bulk line
+// names the channel.
+TEST(RpcBench, SweepsSizesAcrossTheThresholdAndNamesTheChannels) {
+  auto [code, out] = RunProgram({kBin + "/rpc_bench", "--calls", "100", "--warmup", "10",
+                                 "--bulk-mib", "2", "--bulk-calls", "2", "--sizes", "4K,64K,1M"},
+                                absl::Seconds(120));
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("size_bytes=4096 channel=inline calls=2000 gbps="));
+  EXPECT_THAT(out, HasSubstr("size_bytes=65536 channel=shm calls=2000 gbps="));
+  EXPECT_THAT(out, HasSubstr("size_bytes=1048576 channel=shm calls=256 gbps="));
+  EXPECT_THAT(out, HasSubstr("\nchannel=shm\n"));
+  EXPECT_THAT(out, HasSubstr("\nbulk_gbps="));
+  EXPECT_THAT(out, HasSubstr("\nmemcpy_gbps="));
+
+  auto [bad, bad_out] = RunProgram({kBin + "/rpc_bench", "--sizes", "4K,0"});
+  EXPECT_EQ(bad, 2);
+  EXPECT_THAT(bad_out, HasSubstr("--sizes: '0' is not a size"));
+  auto [huge, huge_out] = RunProgram({kBin + "/rpc_bench", "--sizes", "2048M"});
+  EXPECT_EQ(huge, 2);
+  EXPECT_THAT(huge_out, HasSubstr("1 byte to 1 GiB"));
 }
 
 }  // namespace
