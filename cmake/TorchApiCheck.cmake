@@ -3,8 +3,7 @@
 # GPU machines build remora against LibTorch 2.x with CUDA; the development
 # machines have Debian 12's LibTorch 1.13 (CPU). REMORA_TORCH_CHECK_PREFIX
 # names an unpacked LibTorch whose <prefix>/include holds ATen/, c10/ and
-# torch/ (the run script unpacks Debian 13's libtorch-cuda-dev, LibTorch 2.6
-# built with CUDA, there). Every remora source, the channel's LibTorch-CUDA
+# torch/ (the run script unpacks Debian's packages of LibTorch 2.x there). Every remora source, the channel's LibTorch-CUDA
 # code (REMORA_TORCH_CUDA) and the GPU tests included, is then compiled
 # against those headers, syntax only, into the target remora_torch_api_check
 # (not part of `all`: nothing links it, since the libraries are not
@@ -45,12 +44,19 @@ target_link_libraries(remora_torch_api_check PRIVATE
   absl::status absl::statusor absl::strings absl::synchronization absl::time
   absl::flat_hash_map absl::flat_hash_set GTest::gmock GTest::gtest)
 if(REMORA_WITH_CUDA)
-  if(EXISTS "${_remora_check_include}/c10/cuda/impl/cuda_cmake_macros.h")
+  # The channel's LibTorch-CUDA code wherever the c10/cuda headers are:
+  # LibTorch built with CUDA has them all; a CPU build (Debian's) lacks only
+  # the generated one, for which cmake/torch_cuda_shim stands in.
+  set(_remora_check_torch_cuda "")
+  if(EXISTS "${_remora_check_include}/c10/cuda/CUDAStream.h")
     set(_remora_check_torch_cuda REMORA_TORCH_CUDA=1 USE_C10D_NCCL)
-    message(STATUS "remora: torch API check: ${_remora_check_include} (LibTorch with CUDA)")
+    if(NOT EXISTS "${_remora_check_include}/c10/cuda/impl/cuda_cmake_macros.h")
+      target_include_directories(remora_torch_api_check SYSTEM PRIVATE
+                                 ${PROJECT_SOURCE_DIR}/cmake/torch_cuda_shim)
+    endif()
+    message(STATUS "remora: torch API check: ${_remora_check_include}, with its c10/cuda")
   else()
-    set(_remora_check_torch_cuda "")
-    message(STATUS "remora: torch API check: ${_remora_check_include} (LibTorch without CUDA)")
+    message(STATUS "remora: torch API check: ${_remora_check_include}, without c10/cuda")
   endif()
   target_compile_definitions(remora_torch_api_check PRIVATE REMORA_WITH_CUDA=1
                              ${_remora_check_torch_cuda})

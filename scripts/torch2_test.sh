@@ -11,11 +11,16 @@
 # (without the fuzzer: clang-14 is a Debian 12 package). Needs root:
 # debootstrap, chroot and mount.
 #
+# REMORA_TORCH2_SUITE=sid runs it on Debian unstable instead (LibTorch
+# 2.14, which needs C++20; g++ 16; a moving target, so not part of CI),
+# in build-sid/.
+#
 # usage: scripts/torch2_test.sh [ctest arguments]   (./run torch2-test)
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
 src=$PWD
-root=$src/${REMORA_TRIXIE_DIR:-build-trixie}/root
+suite=${REMORA_TORCH2_SUITE:-trixie}
+root=$src/build-$suite/root
 mirror=http://deb.debian.org/debian
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -25,10 +30,10 @@ fi
 if [ ! -f "$root/.remora-ready" ]; then
   command -v debootstrap >/dev/null || {
     apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap; }
-  echo "torch2_test: making a Debian 13 root in $root (once)" >&2
+  echo "torch2_test: making a Debian $suite root in $root (once)" >&2
   rm -rf "$root"
   mkdir -p "$root"
-  debootstrap --variant=minbase trixie "$root" "$mirror" >"$root.debootstrap.log" 2>&1 || {
+  debootstrap --variant=minbase "$suite" "$root" "$mirror" >"$root.debootstrap.log" 2>&1 || {
     tail -20 "$root.debootstrap.log" >&2; exit 1; }
   touch "$root/.remora-ready"
 fi
