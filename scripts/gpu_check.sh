@@ -71,6 +71,16 @@ step_build() {
     torch_dir=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')/Torch
   fi
   echo "LibTorch: $torch_dir"
+  # NCCL: the wheel's own (nvidia-nccl-*), wherever this Python keeps it,
+  # unless NCCL_ROOT says otherwise (cmake/RemoraCuda.cmake also looks
+  # beside torch/ and in the CUDA toolkit).
+  if [ -z "${NCCL_ROOT:-}" ]; then
+    local header
+    header=$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null |
+             xargs -r -n1 -I{} find {}/nvidia -name nccl.h 2>/dev/null | head -1)
+    [ -n "$header" ] && export NCCL_ROOT=$(dirname "$(dirname "$header")")
+  fi
+  echo "NCCL_ROOT: ${NCCL_ROOT:-unset}"
   g++ --version | head -1
   nvcc --version | tail -1 || true
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DREMORA_CUDA="${REMORA_GPU_CUDA:-ON}" \

@@ -38,6 +38,10 @@ if [ ! -f "$root/.remora-ready" ]; then
   touch "$root/.remora-ready"
 fi
 cp /etc/resolv.conf /etc/hosts "$root/etc/"
+# The root uses this machine's mirror: trust its dates as apt here does
+# (a frozen mirror's unstable Release file is past its Valid-Until).
+apt-config dump | grep -E '^Acquire::Check-(Valid-Until|Date) ' \
+  >"$root/etc/apt/apt.conf.d/99remora-host-mirror" || true
 mkdir -p "$root/src" "$root/proc" "$root/dev"
 
 mounted=()
