@@ -27,7 +27,10 @@
 # Exits non-zero when a step failed (the later ones still run, except after
 # a failed build).
 # REMORA_GPU_TORCH_DIR names LibTorch's CMake directory instead of asking
-# python3; REMORA_GPU_JOBS the build's parallelism (default: all cores).
+# Python (REMORA_GPU_PYTHON, default python3, else /opt/torch/.venv's);
+# REMORA_GPU_JOBS the build's parallelism (default: all cores). Run the
+# steps in two calls where one command may take at most 10 minutes:
+# `build gpu bench`, then `demo all-tests`.
 set -uo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
 out=${1:-build-gpu/check}
@@ -62,25 +65,30 @@ use_debs() {
   export PATH="$prefix/usr/bin:$PATH"
 }
 
+# The Python that holds PyTorch, asked without the unpacked Debian
+# libraries on the loader's path (they could shadow the image's own).
+py() {
+  env -u LD_LIBRARY_PATH "$python" "$@"
+}
+
 step_build() {
   local torch_dir=${REMORA_GPU_TORCH_DIR:-}
   nvidia-smi || true
   if [ -z "$torch_dir" ]; then
-    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
-                "devices", torch.cuda.device_count())' || return 1
-    torch_dir=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')/Torch
+    py -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
+           "devices", torch.cuda.device_count())' || return 1
+    torch_dir=$(py -c 'import torch; print(torch.utils.cmake_prefix_path)')/Torch
+    # NCCL: the wheel's own (nvidia-nccl-*, beside torch/), unless NCCL_ROOT
+    # says otherwise (cmake/RemoraCuda.cmake also looks in the toolkit).
+    if [ -z "${NCCL_ROOT:-}" ]; then
+      local nccl
+      nccl=$(py -c 'import os, torch; print(os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "nvidia", "nccl"))')
+      [ -f "$nccl/include/nccl.h" ] && export NCCL_ROOT=$nccl
+    fi
   fi
   echo "LibTorch: $torch_dir"
-  # NCCL: the wheel's own (nvidia-nccl-*), wherever this Python keeps it,
-  # unless NCCL_ROOT says otherwise (cmake/RemoraCuda.cmake also looks
-  # beside torch/ and in the CUDA toolkit).
-  if [ -z "${NCCL_ROOT:-}" ]; then
-    local header
-    header=$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null |
-             xargs -r -n1 -I{} find {}/nvidia -name nccl.h 2>/dev/null | head -1)
-    [ -n "$header" ] && export NCCL_ROOT=$(dirname "$(dirname "$header")")
-  fi
   echo "NCCL_ROOT: ${NCCL_ROOT:-unset}"
+  command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
   g++ --version | head -1
   nvcc --version | tail -1 || true
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DREMORA_CUDA="${REMORA_GPU_CUDA:-ON}" \
@@ -89,38 +97,50 @@ step_build() {
 }
 
 step_gpu() {
-  (cd "$build" && ctest --output-on-failure -R 'Cuda|Device')
+  (cd "$build" && ctest --output-on-failure --no-tests=error -R 'Cuda|Device')
 }
 
 step_bench() {
   local rc=0 gpus
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-  "$bin/rpc_bench" --device cuda || rc=1
+  timeout -k 10 240 "$bin/rpc_bench" --device cuda || rc=1
   if [ "${gpus:-0}" -ge 2 ]; then
-    "$bin/rpc_bench" --device cuda --peer-device cuda:1 || rc=1
+    timeout -k 10 240 "$bin/rpc_bench" --device cuda --peer-device cuda:1 || rc=1
   else
     echo "one GPU: no NCCL run (NCCL needs two GPUs)"
   fi
-  "$bin/rpc_bench" || rc=1
+  timeout -k 10 120 "$bin/rpc_bench" || rc=1
   return $rc
 }
 
+# Two GPU workers and a master on this machine; the workers are killed if
+# the master fails, so that nothing holds the port or the GPU afterwards.
 step_demo() {
   local port=29671 rc=0 w1 w2
-  "$bin/worker" --name worker1 --device cuda:0 --master "127.0.0.1:$port" & w1=$!
-  "$bin/worker" --name worker2 --device cuda:0 --master "127.0.0.1:$port" & w2=$!
-  "$bin/master" --workers worker1,worker2 --listen "127.0.0.1:$port" --splits 1,2,4,8 \
-    --batches 2 --report "$out/demo_report.json" || rc=1
+  "$bin/worker" --name worker1 --device cuda:0 --master "127.0.0.1:$port" --connect-timeout 30 & w1=$!
+  "$bin/worker" --name worker2 --device cuda:0 --master "127.0.0.1:$port" --connect-timeout 30 & w2=$!
+  timeout -k 10 300 "$bin/master" --workers worker1,worker2 --listen "127.0.0.1:$port" \
+    --connect-timeout 30 --splits 1,2,4,8 --batches 2 --report "$out/demo_report.json" || {
+    rc=1
+    kill "$w1" "$w2" 2>/dev/null
+  }
   wait "$w1" || rc=1
   wait "$w2" || rc=1
-  "$bin/master" --local --device cuda:0 --splits 1,8 --batches 2 || rc=1
+  timeout -k 10 120 "$bin/master" --local --device cuda:0 --splits 1,8 --batches 2 || rc=1
   return $rc
 }
 
 step_all-tests() {
-  (cd "$build" && ctest --output-on-failure -j 4)
+  (cd "$build" && ctest --output-on-failure -j 4 --timeout 300)
 }
 
+# python3 holds PyTorch on the GPU machines; the image's venv otherwise.
+python=${REMORA_GPU_PYTHON:-python3}
+if ! env -u LD_LIBRARY_PATH "$python" -c 'import torch' 2>/dev/null &&
+   [ -x /opt/torch/.venv/bin/python3 ]; then
+  python=/opt/torch/.venv/bin/python3
+fi
+trap 'kill $(jobs -p) 2>/dev/null' EXIT
 [ -d .debs ] && { use_debs || exit 1; }
 for s in $steps; do
   if ! declare -F "step_$s" >/dev/null; then
