@@ -27,11 +27,16 @@ if [ "$(id -u)" -ne 0 ]; then
   echo "torch2_test: needs root (debootstrap, chroot, mount)" >&2
   exit 2
 fi
+# In a mount namespace of its own, private: the mounts below vanish with
+# this process however it ends, and never reach this machine's own.
+if [ -z "${REMORA_TORCH2_UNSHARED:-}" ]; then
+  REMORA_TORCH2_UNSHARED=1 exec unshare --mount --propagation private "$0" "$@"
+fi
 if [ ! -f "$root/.remora-ready" ]; then
   command -v debootstrap >/dev/null || {
     apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap; }
   echo "torch2_test: making a Debian $suite root in $root (once)" >&2
-  rm -rf "$root"
+  rm -rf --one-file-system "$root"
   mkdir -p "$root"
   debootstrap --variant=minbase "$suite" "$root" "$mirror" >"$root.debootstrap.log" 2>&1 || {
     tail -20 "$root.debootstrap.log" >&2; exit 1; }
@@ -44,15 +49,9 @@ apt-config dump | grep -E '^Acquire::Check-(Valid-Until|Date) ' \
   >"$root/etc/apt/apt.conf.d/99remora-host-mirror" || true
 mkdir -p "$root/src" "$root/proc" "$root/dev"
 
-mounted=()
-cleanup() {
-  local i
-  for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount -l "${mounted[$i]}" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-mountpoint -q "$root/proc" || { mount -t proc proc "$root/proc"; mounted+=("$root/proc"); }
-mountpoint -q "$root/dev" || { mount --rbind /dev "$root/dev"; mounted+=("$root/dev"); }
-mountpoint -q "$root/src" || { mount --bind "$src" "$root/src"; mounted+=("$root/src"); }
+mount -t proc proc "$root/proc"
+mount --rbind /dev "$root/dev"
+mount --bind "$src" "$root/src"
 
 # ctest arguments keep `./run test` from fuzzing (clang-14 is Debian 12's).
 args=("$@")
