@@ -59,7 +59,9 @@ args=("$@")
 chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
   REMORA_BUILD_DIR=/build /bin/bash -c '
     cd /src
+    echo "torch2_test: installing the build dependencies and building in /build" \
+         "(log: $0/build.log)"
     ./run build >/build.log 2>&1 || { tail -60 /build.log; exit 1; }
     echo "torch2_test: Debian $(cat /etc/debian_version), $(g++ --version | head -1)"
     dpkg-query -W -f="torch2_test: \${Package} \${Version}\n" libtorch-dev libabsl-dev libgtest-dev libgrpc++-dev
-    ./run test "$@"' torch2_test "${args[@]}"
+    ./run test "$@"' "${root#"$src"/}" "${args[@]}"
