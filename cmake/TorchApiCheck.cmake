@@ -3,9 +3,10 @@
 # GPU machines build remora against LibTorch 2.x with CUDA; the development
 # machines have Debian 12's LibTorch 1.13 (CPU). REMORA_TORCH_CHECK_PREFIX
 # names an unpacked LibTorch whose <prefix>/include holds ATen/, c10/ and
-# torch/ (the run script unpacks Debian's packages of LibTorch 2.x there). Every remora source, the channel's LibTorch-CUDA
-# code (REMORA_TORCH_CUDA) and the GPU tests included, is then compiled
-# against those headers, syntax only, into the target remora_torch_api_check
+# torch/ (the run script unpacks Debian's packages of LibTorch 2.x there).
+# Every remora source, the channel's LibTorch-CUDA code (REMORA_TORCH_CUDA)
+# and the GPU tests included, is then compiled against those headers,
+# syntax only, into the target remora_torch_api_check
 # (not part of `all`: nothing links it, since the libraries are not
 # unpacked). The headers it reads are listed in each object's .d file; the
 # run script fails the check when one of them came from the LibTorch of this

@@ -25,7 +25,7 @@ function(remora_torch_pch)
     get_property(targets DIRECTORY ${dir} PROPERTY BUILDSYSTEM_TARGETS)
     foreach(target ${targets})
       get_target_property(type ${target} TYPE)
-      # Object libraries compile at -O0 (remora_torch_cuda_check): not these.
+      # Object libraries (remora_torch_cuda_check, at -O0) are left alone.
       if(target MATCHES "^(remora_rpc|worker)$")
         continue()
       elseif(type STREQUAL "STATIC_LIBRARY")
