@@ -22,9 +22,8 @@ endif()
 if(_remora_cuda STREQUAL "OFF")
   message(STATUS "remora: CUDA channel left out (REMORA_CUDA=OFF)")
 else()
-  if(NOT CUDAToolkit_ROOT AND NOT DEFINED ENV{CUDAToolkit_ROOT} AND EXISTS /usr/local/cuda)
-    set(CUDAToolkit_ROOT /usr/local/cuda)
-  endif()
+  # (cmake/TorchCudaCompat.cmake looked for it first, in /usr/local/cuda
+  # unless CUDAToolkit_ROOT says otherwise.)
   find_package(CUDAToolkit QUIET)
   # A PyTorch wheel loads its own NCCL (site-packages/nvidia/nccl, found by
   # its RPATH). Two NCCLs in one process share one soname and whichever loads

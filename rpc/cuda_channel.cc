@@ -186,6 +186,21 @@ void KeepForStream(const at::Tensor& t, cudaStream_t stream, int device) {
 #endif
 }
 
+// Ends the channel's use of `stream`. With LibTorch's CUDA API the stream
+// is never destroyed: KeepForStream recorded it on tensors that may outlive
+// the channel (received tensors handed to the user, views of sent ones),
+// and the caching allocator records an event on it whenever such a tensor
+// is freed, which on a destroyed stream fails inside a tensor's deleter
+// and terminates the process. One stream per device and per communicator
+// generation (a new one only after a failure) stays allocated.
+void ReleaseStream(cudaStream_t stream) {
+#ifdef REMORA_TORCH_CUDA
+  (void)stream;
+#else
+  if (stream != nullptr) cudaStreamDestroy(stream);
+#endif
+}
+
 ncclConfig_t NonBlockingConfig() {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
@@ -308,7 +323,7 @@ struct Comm {
     absl::MutexLock lock(&mu);
     DeviceGuard guard(device);
     DropEventsLocked();
-    if (stream != nullptr) cudaStreamDestroy(stream);
+    ReleaseStream(stream);
   }
 
  private:
@@ -506,7 +521,7 @@ class CudaChannel::Impl {
     opened_events_.clear();
     for (auto& e : events_) cudaEventDestroy(e->event);
     events_.clear();
-    for (auto& [device, stream] : copy_streams_) cudaStreamDestroy(stream);
+    for (auto& [device, stream] : copy_streams_) ReleaseStream(stream);
     copy_streams_.clear();
   }
 

@@ -91,9 +91,17 @@ step_build() {
   command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
   g++ --version | head -1
   nvcc --version | tail -1 || true
+  # What decides whether processes can share the GPU (Exclusive_Process
+  # would fail every multi-process step) and whether its memory can be
+  # exported (expandable segments cannot: such tensors are staged).
+  nvidia-smi -q -d COMPUTE 2>/dev/null | grep -i 'compute mode' || true
+  echo "PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-unset}"
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DREMORA_CUDA="${REMORA_GPU_CUDA:-ON}" \
     -DTorch_DIR="$torch_dir" || return 1
-  cmake --build "$build" -j "$jobs"
+  cmake --build "$build" -j "$jobs" || return 1
+  # Which CUDA runtime, NCCL, LibTorch and protobuf the programs load (one
+  # of each per process: the toolkit's and the wheel's share sonames).
+  ldd "$bin/worker" | grep -E 'cudart|nccl|torch|c10|protobuf' || true
 }
 
 step_gpu() {
