@@ -63,6 +63,10 @@ use_debs() {
   export CMAKE_PREFIX_PATH="$prefix/usr:$lib/cmake${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
   export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export PATH="$prefix/usr/bin:$PATH"
+  # The unpacked openssl (the tests make certificates with it) would read
+  # its configuration from /usr/lib/ssl/openssl.cnf, which may not exist
+  # here.
+  export OPENSSL_CONF=$prefix/etc/ssl/openssl.cnf
 }
 
 # The Python that holds PyTorch, asked without the unpacked Debian

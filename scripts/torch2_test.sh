@@ -21,43 +21,18 @@ cd "$(dirname "$(readlink -f "$0")")/.."
 src=$PWD
 suite=${REMORA_TORCH2_SUITE:-trixie}
 root=$src/build-$suite/root
-mirror=http://deb.debian.org/debian
+. scripts/debian_root.sh
 
-if [ "$(id -u)" -ne 0 ]; then
-  echo "torch2_test: needs root (debootstrap, chroot, mount)" >&2
-  exit 2
-fi
-# In a mount namespace of its own, private: the mounts below vanish with
-# this process however it ends, and never reach this machine's own.
-if [ -z "${REMORA_TORCH2_UNSHARED:-}" ]; then
-  REMORA_TORCH2_UNSHARED=1 exec unshare --mount --propagation private "$0" "$@"
-fi
-if [ ! -f "$root/.remora-ready" ]; then
-  command -v debootstrap >/dev/null || {
-    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap; }
-  echo "torch2_test: making a Debian $suite root in $root (once)" >&2
-  rm -rf --one-file-system "$root"
-  mkdir -p "$root"
-  debootstrap --variant=minbase "$suite" "$root" "$mirror" >"$root.debootstrap.log" 2>&1 || {
-    tail -20 "$root.debootstrap.log" >&2; exit 1; }
-  touch "$root/.remora-ready"
-fi
-cp /etc/resolv.conf /etc/hosts "$root/etc/"
-# The root uses this machine's mirror: trust its dates as apt here does
-# (a frozen mirror's unstable Release file is past its Valid-Until).
-apt-config dump | grep -E '^Acquire::Check-(Valid-Until|Date) ' \
-  >"$root/etc/apt/apt.conf.d/99remora-host-mirror" || true
-mkdir -p "$root/src" "$root/proc" "$root/dev"
-
-mount -t proc proc "$root/proc"
-mount --rbind /dev "$root/dev"
+debian_root_unshare "$@"
+debian_root_make "$suite" "$root"
+debian_root_mount "$root"
+mkdir -p "$root/src"
 mount --bind "$src" "$root/src"
 
 # ctest arguments keep `./run test` from fuzzing (clang-14 is Debian 12's).
 args=("$@")
 [ ${#args[@]} -gt 0 ] || args=(--timeout 600)
-chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
-  REMORA_BUILD_DIR=/build /bin/bash -c '
+debian_root_run "$root" REMORA_BUILD_DIR=/build /bin/bash -c '
     cd /src
     echo "torch2_test: installing the build dependencies and building in /build" \
          "(log: $0/build.log)"
