@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "autograd/container.h"
+#include "rpc/mutex_lock.h"
 #include "rpc/status_util.h"
 #include "rpc/trace.h"
 
@@ -18,12 +19,12 @@ namespace remora::dist_autograd {
 // --- DistContext -------------------------------------------------------------
 
 void DistContext::AddSend(int64_t message_id, std::vector<at::Tensor> tensors) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   sends_[message_id] = std::move(tensors);
 }
 
 std::optional<std::vector<at::Tensor>> DistContext::Send(int64_t message_id) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   auto it = sends_.find(message_id);
   if (it == sends_.end()) return std::nullopt;
   return it->second;
@@ -31,7 +32,7 @@ std::optional<std::vector<at::Tensor>> DistContext::Send(int64_t message_id) con
 
 void DistContext::AddRecv(int64_t message_id, WorkerId from,
                           const std::vector<at::Tensor>& tensors) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   for (size_t i = 0; i < tensors.size(); ++i) {
     recvs_[tensors[i].unsafeGetTensorImpl()] = {
         tensors[i], RecvInfo{from, message_id, i, tensors.size()}};
@@ -39,7 +40,7 @@ void DistContext::AddRecv(int64_t message_id, WorkerId from,
 }
 
 std::optional<RecvInfo> DistContext::Recv(const at::Tensor& tensor) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   auto it = recvs_.find(tensor.unsafeGetTensorImpl());
   if (it == recvs_.end()) return std::nullopt;
   return it->second.second;
@@ -47,13 +48,13 @@ std::optional<RecvInfo> DistContext::Recv(const at::Tensor& tensor) const {
 
 void DistContext::AccumulateGrad(const at::Tensor& leaf, const at::Tensor& grad) {
   at::NoGradGuard no_grad;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   auto [it, inserted] = grads_.try_emplace(leaf.unsafeGetTensorImpl(), leaf, grad);
   if (!inserted) it->second.second = it->second.second + grad;
 }
 
 std::vector<std::pair<at::Tensor, at::Tensor>> DistContext::Gradients() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   std::vector<std::pair<at::Tensor, at::Tensor>> out;
   out.reserve(grads_.size());
   for (const auto& [key, entry] : grads_) out.push_back(entry);
@@ -61,7 +62,7 @@ std::vector<std::pair<at::Tensor, at::Tensor>> DistContext::Gradients() const {
 }
 
 at::Tensor DistContext::Gradient(const at::Tensor& leaf) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   auto it = grads_.find(leaf.unsafeGetTensorImpl());
   return it == grads_.end() ? at::Tensor() : it->second.second;
 }
@@ -77,21 +78,21 @@ int64_t Container::NewContextId() { return NextId(); }
 int64_t Container::NewMessageId() { return NextId(); }
 
 std::shared_ptr<DistContext> Container::GetOrCreate(int64_t context_id) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   auto& slot = contexts_[context_id];
   if (!slot) slot = std::make_shared<DistContext>(context_id);
   return slot;
 }
 
 std::shared_ptr<DistContext> Container::Find(int64_t context_id) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   auto it = contexts_.find(context_id);
   return it == contexts_.end() ? nullptr : it->second;
 }
 
 void Container::Release(int64_t context_id) {
   std::shared_ptr<DistContext> released;  // freed outside the lock
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   auto it = contexts_.find(context_id);
   if (it == contexts_.end()) return;
   released = std::move(it->second);
@@ -99,7 +100,7 @@ void Container::Release(int64_t context_id) {
 }
 
 int64_t Container::size() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   return contexts_.size();
 }
 

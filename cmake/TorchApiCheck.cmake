@@ -16,34 +16,14 @@ if(NOT EXISTS "${_remora_check_include}/ATen/ATen.h")
   message(FATAL_ERROR "REMORA_TORCH_CHECK_PREFIX: no ATen/ATen.h under ${_remora_check_include}")
 endif()
 
-file(GLOB _remora_check_sources CONFIGURE_DEPENDS
-     ${PROJECT_SOURCE_DIR}/rpc/*.cc ${PROJECT_SOURCE_DIR}/autograd/*.cc
-     ${PROJECT_SOURCE_DIR}/optim/*.cc ${PROJECT_SOURCE_DIR}/shards/*.cc
-     ${PROJECT_SOURCE_DIR}/examples/*.cc ${PROJECT_SOURCE_DIR}/tests/*.cc
-     ${PROJECT_SOURCE_DIR}/tests/fuzz/*.cc)
-if(REMORA_WITH_CUDA)
-  list(FILTER _remora_check_sources EXCLUDE REGEX "/rpc/cuda_channel_stub\\.cc$")
-else()
-  list(FILTER _remora_check_sources EXCLUDE REGEX "/rpc/cuda_channel\\.cc$")
-endif()
-
-add_library(remora_torch_api_check OBJECT EXCLUDE_FROM_ALL ${_remora_check_sources})
+include(${CMAKE_CURRENT_LIST_DIR}/SourceCheck.cmake)
+remora_source_check(remora_torch_api_check)
 # Ahead of every other directory, this build's LibTorch included.
 target_include_directories(remora_torch_api_check SYSTEM BEFORE PRIVATE
   ${_remora_check_include} ${_remora_check_include}/torch/csrc/api/include)
-target_include_directories(remora_torch_api_check PRIVATE ${PROJECT_SOURCE_DIR})
-target_compile_options(remora_torch_api_check PRIVATE -fsyntax-only)
+# What LibTorch's CMake config gives its users (torch_cpu, torch_cuda).
 target_compile_definitions(remora_torch_api_check PRIVATE
-  REMORA_BIN_DIR="${CMAKE_RUNTIME_OUTPUT_DIRECTORY}"
-  REMORA_FUZZ_CORPUS="${PROJECT_SOURCE_DIR}/tests/fuzz/corpus"
-  # What LibTorch's CMake config gives its users (torch_cpu, torch_cuda).
   USE_DISTRIBUTED USE_C10D_GLOO USE_RPC USE_TENSORPIPE)
-# Usage requirements only (headers, definitions): linking the remora
-# libraries would build them against this build's LibTorch first.
-target_link_libraries(remora_torch_api_check PRIVATE
-  remora_proto gRPC::grpc++ Threads::Threads
-  absl::status absl::statusor absl::strings absl::synchronization absl::time
-  absl::flat_hash_map absl::flat_hash_set GTest::gmock GTest::gtest)
 if(REMORA_WITH_CUDA)
   # The channel's LibTorch-CUDA code wherever the c10/cuda headers are:
   # LibTorch built with CUDA has them all; a CPU build (Debian's) lacks only
@@ -59,7 +39,5 @@ if(REMORA_WITH_CUDA)
   else()
     message(STATUS "remora: torch API check: ${_remora_check_include}, without c10/cuda")
   endif()
-  target_compile_definitions(remora_torch_api_check PRIVATE REMORA_WITH_CUDA=1
-                             ${_remora_check_torch_cuda})
-  target_link_libraries(remora_torch_api_check PRIVATE CUDA::cudart remora::nccl)
+  target_compile_definitions(remora_torch_api_check PRIVATE ${_remora_check_torch_cuda})
 endif()

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "rpc/message.h"
+#include "rpc/mutex_lock.h"
 #include "rpc/request_checks.h"
 #include "rpc/status_util.h"
 #include "rpc/stream.h"
@@ -119,13 +120,13 @@ class UnaryReplySlot final : public ReplySlot {
   // Finishes the call with `status` and no reply message.
   bool Fail(grpc::Status status);
   void Detach() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     call_ = nullptr;
   }
 
  private:
   ServerCall* Claim() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     if (finished_ || call_ == nullptr) return nullptr;
     finished_ = true;
     return call_;
@@ -304,7 +305,7 @@ class Agent::Impl final : public grpc::CallbackGenericService {
                                      "missing or wrong remora token (REMORA_TOKEN / --token-file)"));
     }
     if (!stream) return new ServerCall(this);
-    absl::MutexLock lock(&server_streams_mu_);
+    MutexLock lock(server_streams_mu_);
     if (server_streams_closed_) {
       return new Reject(grpc::Status(grpc::StatusCode::UNAVAILABLE, absl::StrCat(
           "worker '", agent_->self_.name, "' is shutting down")));
@@ -314,7 +315,7 @@ class Agent::Impl final : public grpc::CallbackGenericService {
           Dispatch(std::move(frame), std::move(slot));
         },
         [this](const std::shared_ptr<ServerStream::State>& state) {
-          absl::MutexLock lock(&server_streams_mu_);
+          MutexLock lock(server_streams_mu_);
           server_streams_.erase(state);
         });
     server_streams_.insert(reactor->state());
@@ -509,13 +510,13 @@ class Agent::Impl final : public grpc::CallbackGenericService {
   // replies a pool thread waits for).
   void RunOwnThread(std::function<void()> task) {
     {
-      absl::MutexLock lock(&own_threads_->mu);
+      MutexLock lock(own_threads_->mu);
       if (!own_threads_->closed) {
         ++own_threads_->running;
         try {
           std::thread([state = own_threads_, task] {
             task();
-            absl::MutexLock lock(&state->mu);
+            MutexLock lock(state->mu);
             --state->running;
           }).detach();
           return;
@@ -530,7 +531,7 @@ class Agent::Impl final : public grpc::CallbackGenericService {
   // Stops RunOwnThread from starting threads and waits for those running.
   void JoinOwnThreads() {
     OwnThreads& state = *own_threads_;
-    absl::MutexLock lock(&state.mu);
+    MutexLock lock(state.mu);
     state.closed = true;
     auto done = [&state]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.mu) { return state.running == 0; };
     state.mu.Await(absl::Condition(&done));
@@ -609,7 +610,7 @@ ClientCall* Agent::Impl::NewCall(OutMessage message, const Route& route,
   call->request = SerializeMessage(std::move(message), route, fills, &call->cuda_sent);
   for (const auto& f : *fills) call->sent.push_back(f.descriptor);
   {
-    absl::MutexLock lock(&calls_mu_);
+    MutexLock lock(calls_mu_);
     if (!stopped_) {
       calls_.insert(call);
       outgoing_.fetch_add(1);
@@ -633,7 +634,7 @@ void Agent::Impl::FinishCall(ClientCall* call, WorkerId peer, const absl::Status
   }
   Future<InMessage> done = call->done;
   {
-    absl::MutexLock lock(&calls_mu_);
+    MutexLock lock(calls_mu_);
     calls_.erase(call);
   }
   delete call;
@@ -712,7 +713,7 @@ std::unique_ptr<SyncStream> Agent::Impl::TakeStream(const Peer& peer) {
   std::unique_ptr<SyncStream> stream;
   while (true) {
     {
-      absl::MutexLock lock(&peer.stream_mu);
+      MutexLock lock(peer.stream_mu);
       if (peer.idle_streams.empty()) break;
       stream = std::move(peer.idle_streams.back());
       peer.idle_streams.pop_back();
@@ -724,7 +725,7 @@ std::unique_ptr<SyncStream> Agent::Impl::TakeStream(const Peer& peer) {
     stream = SyncStream::Open(peer.stub.get(), agent_->options_.token);
     streams_opened_.fetch_add(1);
   }
-  absl::MutexLock lock(&calls_mu_);
+  MutexLock lock(calls_mu_);
   if (stopped_) return nullptr;
   streams_in_use_.insert(stream.get());
   return stream;
@@ -734,10 +735,10 @@ void Agent::Impl::GiveBack(const Peer& peer, std::unique_ptr<SyncStream> stream,
   {
     // Under calls_mu_ throughout, so that CancelOutgoing, once it set
     // stopped_, finds every idle stream there is.
-    absl::MutexLock lock(&calls_mu_);
+    MutexLock lock(calls_mu_);
     streams_in_use_.erase(stream.get());
     if (reusable && !stopped_) {
-      absl::MutexLock stream_lock(&peer.stream_mu);
+      MutexLock stream_lock(peer.stream_mu);
       if (peer.idle_streams.size() < kMaxIdleStreams) {
         peer.idle_streams.push_back(std::move(stream));
         return;
@@ -1119,7 +1120,7 @@ void Agent::Impl::HandleJoin(const wire::JoinRequest& join,
   std::vector<std::shared_ptr<Responder>> to_answer;
   std::vector<WorkerInfo> book;
   {
-    absl::MutexLock lock(&join_mu_);
+    MutexLock lock(join_mu_);
     auto it = joiners_.find(join.name());
     if (it != joiners_.end() && it->second.address != join.address()) {
       return responder->ReplyError(absl::AlreadyExistsError(absl::StrCat(
@@ -1185,7 +1186,7 @@ void Agent::Impl::HandleProbe(const wire::ShutdownProbe& probe,
 // ---------------------------------------------------------------------------
 
 absl::StatusOr<WorkerId> Agent::Impl::Resolve(const std::string& name) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   auto it = ids_.find(name);
   if (it == ids_.end()) {
     std::vector<std::string> names;
@@ -1197,7 +1198,7 @@ absl::StatusOr<WorkerId> Agent::Impl::Resolve(const std::string& name) const {
 }
 
 const Peer* Agent::Impl::FindPeer(WorkerId id) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   return id < peers_.size() ? peers_[id].get() : nullptr;
 }
 
@@ -1238,7 +1239,7 @@ void Agent::Impl::SetBook(std::vector<WorkerInfo> book) {
   }
   WorkerId self_id = kUnknownWorker;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     if (!peers_.empty()) return;  // set once
     peers_ = std::move(peers);
     for (const auto& p : peers_) {
@@ -1289,7 +1290,7 @@ void Agent::Impl::LogCudaChannels(const Peer& p) const {
 
 void Agent::Impl::CancelOutgoing() {
   {
-    absl::MutexLock lock(&calls_mu_);
+    MutexLock lock(calls_mu_);
     stopped_ = true;
     for (ClientCall* c : calls_) {
       if (c->context) c->context->TryCancel();
@@ -1299,10 +1300,10 @@ void Agent::Impl::CancelOutgoing() {
   // Idle streams go now; the callers of those in use give them back.
   std::vector<std::unique_ptr<SyncStream>> idle;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     for (const auto& p : peers_) {
       if (p == nullptr) continue;
-      absl::MutexLock stream_lock(&p->stream_mu);
+      MutexLock stream_lock(p->stream_mu);
       for (auto& s : p->idle_streams) idle.push_back(std::move(s));
       p->idle_streams.clear();
     }
@@ -1312,7 +1313,7 @@ void Agent::Impl::CancelOutgoing() {
   // transfers end: stopping the channel ends them now.
   cuda_->Stop();
   {
-    absl::MutexLock lock(&calls_mu_);
+    MutexLock lock(calls_mu_);
     auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(calls_mu_) { return calls_.empty(); };
     calls_mu_.AwaitWithTimeout(absl::Condition(&none), absl::Seconds(10));
   }
@@ -1324,7 +1325,7 @@ void Agent::Impl::Stop() {
   // wait for them. A request being handled still gets its reply first.
   std::vector<std::shared_ptr<ServerStream::State>> server_streams;
   {
-    absl::MutexLock lock(&server_streams_mu_);
+    MutexLock lock(server_streams_mu_);
     server_streams_closed_ = true;
     server_streams.assign(server_streams_.begin(), server_streams_.end());
   }
@@ -1446,7 +1447,7 @@ absl::Status Agent::Join() {
     }
     std::vector<std::string> missing;
     {
-      absl::MutexLock lock(&impl_->join_mu_);
+      MutexLock lock(impl_->join_mu_);
       for (const auto& w : options_.workers) {
         if (!impl_->joiners_.count(w)) missing.push_back(w);
       }
@@ -1524,7 +1525,7 @@ absl::Status Agent::Join() {
 }
 
 std::vector<WorkerInfo> Agent::workers() const {
-  absl::MutexLock lock(&impl_->mu_);
+  MutexLock lock(impl_->mu_);
   std::vector<WorkerInfo> out;
   for (const auto& p : impl_->peers_) {
     if (p) out.push_back(p->info);

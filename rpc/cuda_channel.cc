@@ -29,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "rpc/mutex_lock.h"
 #include "rpc/status_util.h"
 
 #if NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
@@ -316,11 +317,11 @@ struct Comm {
 
   ~Comm() {
     {
-      absl::MutexLock lock(&mu);
+      MutexLock lock(mu);
       stop = true;
     }
     if (lane.joinable()) lane.join();  // it aborts the communicator
-    absl::MutexLock lock(&mu);
+    MutexLock lock(mu);
     DeviceGuard guard(device);
     DropEventsLocked();
     ReleaseStream(stream);
@@ -373,7 +374,7 @@ struct Comm {
     cudaFree(nullptr);
     ncclComm_t ended = nullptr;
     {
-      absl::MutexLock lock(&mu);
+      MutexLock lock(mu);
       RunLocked(id, rank);
       ended = comm;
       comm = nullptr;
@@ -508,13 +509,13 @@ class CudaChannel::Impl {
     decltype(send_comms_) send_comms;
     decltype(recv_comms_) recv_comms;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(mu_);
       send_comms.swap(send_comms_);
       recv_comms.swap(recv_comms_);
     }
     send_comms.clear();  // aborts
     recv_comms.clear();
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     held_.clear();
     opened_.clear();
     for (auto& [key, event] : opened_events_) cudaEventDestroy(event);
@@ -527,25 +528,25 @@ class CudaChannel::Impl {
 
   void Stop() {
     {
-      absl::MutexLock lock(&queue_mu_);
+      MutexLock lock(queue_mu_);
       if (stopping_) return;
       stopping_ = true;
     }
     if (background_.joinable()) background_.join();
     std::vector<std::shared_ptr<Comm>> comms;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(mu_);
       for (auto& [k, c] : send_comms_) comms.push_back(c);
       for (auto& [k, c] : recv_comms_) comms.push_back(c);
     }
     for (auto& c : comms) {
-      absl::MutexLock lock(&c->mu);
+      MutexLock lock(c->mu);
       c->FailLocked("the agent is shutting down");
     }
   }
 
   bool stopping() {
-    absl::MutexLock lock(&queue_mu_);
+    MutexLock lock(queue_mu_);
     return stopping_;
   }
 
@@ -553,7 +554,7 @@ class CudaChannel::Impl {
 
   void SetGroup(const WorkerInfo& self, const std::vector<WorkerInfo>& book) {
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(mu_);
       self_ = self;
       self_.cuda = self_ep_;
       peers_.clear();
@@ -568,7 +569,7 @@ class CudaChannel::Impl {
     if (!group_set_.WaitForNotificationWithTimeout(options_.timeout)) {
       return absl::UnavailableError("the CUDA channel has no group yet (rendezvous not done)");
     }
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     auto it = peers_.find(id);
     if (it == peers_.end()) {
       return absl::PermissionDeniedError(absl::StrCat("CUDA payload from unknown worker #", id));
@@ -577,7 +578,7 @@ class CudaChannel::Impl {
   }
 
   CudaRoute RouteTo(WorkerId peer, int src, int dst) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     auto it = peers_.find(peer);
     if (it == peers_.end()) return CudaRoute::kStaged;
     return ChooseCudaRoute(self_, src, it->second, dst);
@@ -657,7 +658,7 @@ class CudaChannel::Impl {
     d.set_event_id(ev->id);
     d.set_gpu(self_ep_.gpus[src]);
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(mu_);
       const uint64_t id = next_buffer_++;
       held_[id] = Held{payload, peer, ev, absl::Now(), false};
       d.set_buffer(id);
@@ -673,7 +674,7 @@ class CudaChannel::Impl {
     // The lane posts the send after the work that produced the tensor; the
     // frame leaves at once (the receiver's ncclRecv needs it).
     ASSIGN_OR_RETURN(cudaEvent_t after, LibTorchEvent(src));
-    absl::MutexLock lock(&c->mu);
+    MutexLock lock(c->mu);
     if (c->state != Comm::State::kReady) {
       if (after != nullptr) cudaEventDestroy(after);
       return c->ErrorLocked();
@@ -702,7 +703,7 @@ class CudaChannel::Impl {
     std::shared_ptr<Comm> replaced;  // a failed one, destroyed (lane joined) outside mu_
     bool create = false;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(mu_);
       if (auto b = broken_until_.find(key); b != broken_until_.end()) {
         if (absl::Now() < b->second.first) return b->second.second;
         broken_until_.erase(b);
@@ -720,16 +721,16 @@ class CudaChannel::Impl {
       absl::Status s = InitSender(*c);
       if (!s.ok()) {
         {
-          absl::MutexLock lock(&c->mu);
+          MutexLock lock(c->mu);
           c->FailLocked(std::string(s.message()));
         }
         // Do not retry on every message: stage for a while.
-        absl::MutexLock lock(&mu_);
+        MutexLock lock(mu_);
         broken_until_[key] = {absl::Now() + absl::Seconds(30), s};
         return s;
       }
     }
-    absl::MutexLock lock(&c->mu);
+    MutexLock lock(c->mu);
     RETURN_IF_ERROR(c->WaitReadyLocked(absl::Now() + options_.timeout));
     return c;
   }
@@ -783,19 +784,19 @@ class CudaChannel::Impl {
 
   void Reclaim(WorkerId peer, const wire::CudaPayload& d) {
     if (d.channel() == wire::CudaPayload::CUDA_IPC) {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(mu_);
       if (auto it = held_.find(d.buffer()); it != held_.end()) it->second.orphaned = true;
       return;
     }
     // NCCL: the receiver may never post this receive; give it a short grace.
     std::shared_ptr<Comm> c;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(mu_);
       auto it = send_comms_.find(std::make_tuple(peer, d.src_device(), d.dst_device()));
       if (it == send_comms_.end() || it->second->generation != d.generation()) return;
       c = it->second;
     }
-    absl::MutexLock lock(&c->mu);
+    MutexLock lock(c->mu);
     const absl::Time soon = absl::Now() + std::min(options_.timeout, absl::Seconds(5));
     for (auto& f : c->in_flight) {
       if (f.seq == d.seq()) f.deadline = std::min(f.deadline, soon);
@@ -811,13 +812,13 @@ class CudaChannel::Impl {
     }
     std::shared_ptr<Comm> c;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(mu_);
       auto it = recv_comms_.find(
           std::make_tuple(peer, d.src_device(), d.dst_device(), d.generation()));
       if (it == recv_comms_.end()) return;
       c = it->second;
     }
-    absl::MutexLock lock(&c->mu);
+    MutexLock lock(c->mu);
     if (d.seq() < c->next_post || c->posted.count(d.seq()) > 0) return;  // on its way
     if (c->FailLocked(absl::StrCat("transfer ", d.seq(), " cannot be received (", why, ")"))) {
       QueueAbort(*c);
@@ -885,7 +886,7 @@ class CudaChannel::Impl {
     const absl::Time deadline = absl::Now() + options_.timeout;
     std::shared_ptr<Comm> c;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(mu_);
       auto key = std::make_tuple(peer.id, d.src_device(), d.dst_device(), d.generation());
       auto found = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return recv_comms_.count(key) > 0; };
       mu_.AwaitWithDeadline(absl::Condition(&found), deadline);
@@ -902,7 +903,7 @@ class CudaChannel::Impl {
     ASSIGN_OR_RETURN(cudaEvent_t after, LibTorchEvent(d.dst_device()));
     cudaEvent_t done = nullptr;
     {
-      absl::MutexLock lock(&c->mu);
+      MutexLock lock(c->mu);
       absl::Status s = c->WaitReadyLocked(deadline);
       if (s.ok() && (d.seq() < c->next_post || c->jobs.count(d.seq()) > 0 ||
                      c->posted.count(d.seq()) > 0)) {
@@ -938,13 +939,13 @@ class CudaChannel::Impl {
     absl::Status s = PollEvent(done, deadline, absl::StrCat(c->Describe(), ": transfer ", d.seq()),
                                [&]() -> absl::Status {
                                  // The lane watches NCCL's errors.
-                                 absl::MutexLock lock(&c->mu);
+                                 MutexLock lock(c->mu);
                                  if (c->state == Comm::State::kFailed) return c->ErrorLocked();
                                  return absl::OkStatus();
                                });
     cudaEventDestroy(done);
     if (s.code() == absl::StatusCode::kDeadlineExceeded) {
-      absl::MutexLock lock(&c->mu);
+      MutexLock lock(c->mu);
       c->FailLocked(absl::StrCat("transfer ", d.seq(), " did not complete within ",
                                  absl::FormatDuration(options_.timeout),
                                  " (is the sender alive?)"));
@@ -985,7 +986,7 @@ class CudaChannel::Impl {
     RETURN_IF_ERROR(StartComm(*c, id, /*rank=*/1));
     std::vector<std::shared_ptr<Comm>> older;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(mu_);
       // A newer generation means the sender gave up on the older ones.
       for (auto it = recv_comms_.begin(); it != recv_comms_.end();) {
         const auto& [p, s, d, g] = it->first;
@@ -999,7 +1000,7 @@ class CudaChannel::Impl {
       recv_comms_[std::make_tuple(from, c->src, c->dst, c->generation)] = c;
     }
     for (auto& o : older) {
-      absl::MutexLock lock(&o->mu);
+      MutexLock lock(o->mu);
       o->FailLocked("the sender opened a newer communicator");
     }
     return absl::OkStatus();
@@ -1008,7 +1009,7 @@ class CudaChannel::Impl {
   void OnNcclAbort(WorkerId from, const wire::NcclAbort& abort) {
     std::shared_ptr<Comm> c;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(mu_);
       if (abort.from_receiver()) {
         auto it = send_comms_.find(std::make_tuple(from, abort.src_device(), abort.dst_device()));
         if (it != send_comms_.end() && it->second->generation == abort.generation()) c = it->second;
@@ -1019,7 +1020,7 @@ class CudaChannel::Impl {
       }
     }
     if (!c) return;
-    absl::MutexLock lock(&c->mu);
+    MutexLock lock(c->mu);
     if (c->FailLocked(absl::StrCat("the other end aborted it: ", abort.reason()))) {
       aborted_.fetch_add(1);
     }
@@ -1027,7 +1028,7 @@ class CudaChannel::Impl {
 
   void OnRelease(WorkerId from, const wire::CudaRelease& release) {
     if (release.incarnation() != self_ep_.incarnation) return;  // meant for an older process
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     for (uint64_t id : release.buffers()) {
       auto it = held_.find(id);
       if (it == held_.end() || it->second.peer != from) continue;
@@ -1043,7 +1044,7 @@ class CudaChannel::Impl {
     s.nccl_sends = nccl_sends_.load();
     s.nccl_receives = nccl_receives_.load();
     s.aborted = aborted_.load();
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     s.held_buffers = static_cast<int64_t>(held_.size());
     s.opened_handles = static_cast<int64_t>(opened_.size());
     for (const auto& [k, c] : send_comms_) s.communicators += !c->failed;
@@ -1102,7 +1103,7 @@ class CudaChannel::Impl {
   void Warn(WorkerId peer, const absl::Status& why) {
     std::string name, self;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(mu_);
       if (!warned_.insert(peer).second) return;
       name = peers_.count(peer) ? peers_[peer].name : absl::StrCat("#", peer);
       self = self_.name;
@@ -1113,7 +1114,7 @@ class CudaChannel::Impl {
 
   absl::StatusOr<IpcEvent*> TakeEvent(int device) {
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(mu_);
       for (auto& e : events_) {
         if (!e->busy && e->device == device) {
           e->busy = true;
@@ -1131,14 +1132,14 @@ class CudaChannel::Impl {
       return CudaFailure("cudaIpcGetEventHandle", err);
     }
     e->busy = true;
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     e->id = events_.size() + 1;
     events_.push_back(std::move(e));
     return events_.back().get();
   }
 
   void ReturnEvent(IpcEvent* e) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     e->busy = false;
   }
 
@@ -1147,9 +1148,9 @@ class CudaChannel::Impl {
   // address reused: the stale mapping is closed.
   absl::StatusOr<std::shared_ptr<Opened>> Open(const wire::CudaPayload& d) {
     const auto key = std::make_pair(d.incarnation(), d.base());
-    absl::MutexLock lock(&open_mu_);
+    MutexLock lock(open_mu_);
     {
-      absl::MutexLock l(&mu_);
+      MutexLock l(mu_);
       auto it = opened_.find(key);
       if (it != opened_.end() && it->second->handle == d.mem_handle()) {
         it->second->last_used = absl::Now();
@@ -1171,7 +1172,7 @@ class CudaChannel::Impl {
         mem->bytes = std::min<uint64_t>(mem->bytes, size - (reinterpret_cast<uintptr_t>(mem->ptr) - base));
       }
     }
-    absl::MutexLock l(&mu_);
+    MutexLock l(mu_);
     mem->last_used = absl::Now();
     opened_[key] = mem;
     return mem;
@@ -1179,7 +1180,7 @@ class CudaChannel::Impl {
 
   absl::StatusOr<cudaEvent_t> OpenEvent(const wire::CudaPayload& d) {
     const auto key = std::make_pair(d.incarnation(), d.event_id());
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     if (auto it = opened_events_.find(key); it != opened_events_.end()) return it->second;
     cudaIpcEventHandle_t handle;
     std::memcpy(&handle, d.event_handle().data(), sizeof(handle));
@@ -1190,7 +1191,7 @@ class CudaChannel::Impl {
   }
 
   absl::StatusOr<cudaStream_t> CopyStream(int device) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     if (auto it = copy_streams_.find(device); it != copy_streams_.end()) return it->second;
     cudaStream_t stream;
     REMORA_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
@@ -1202,7 +1203,7 @@ class CudaChannel::Impl {
   // --- the background thread -------------------------------------------
 
   void QueueRelease(WorkerId peer, uint64_t buffer) {
-    absl::MutexLock lock(&queue_mu_);
+    MutexLock lock(queue_mu_);
     releases_[peer].push_back(buffer);
     wake_ = true;
   }
@@ -1217,13 +1218,13 @@ class CudaChannel::Impl {
     a->set_generation(c.generation);
     a->set_reason(c.error);
     a->set_from_receiver(!c.sending);
-    absl::MutexLock lock(&queue_mu_);
+    MutexLock lock(queue_mu_);
     outbox_.emplace_back(c.peer, std::move(r));
     wake_ = true;
   }
 
   void Wake() {
-    absl::MutexLock lock(&queue_mu_);
+    MutexLock lock(queue_mu_);
     wake_ = true;
   }
 
@@ -1232,7 +1233,7 @@ class CudaChannel::Impl {
       std::map<WorkerId, std::vector<uint64_t>> releases;
       std::vector<std::pair<WorkerId, wire::Request>> outbox;
       {
-        absl::MutexLock lock(&queue_mu_);
+        MutexLock lock(queue_mu_);
         auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_) {
           return wake_ || stopping_;
         };
@@ -1246,7 +1247,7 @@ class CudaChannel::Impl {
       for (auto& [peer, buffers] : releases) {
         wire::Request r;
         r.mutable_cuda_release()->mutable_buffers()->Add(buffers.begin(), buffers.end());
-        absl::MutexLock lock(&mu_);
+        MutexLock lock(mu_);
         auto it = peers_.find(peer);
         if (it == peers_.end()) continue;
         r.mutable_cuda_release()->set_incarnation(it->second.cuda.incarnation);
@@ -1257,7 +1258,7 @@ class CudaChannel::Impl {
       }
       bool in_flight = PollSends();
       ReclaimStale();
-      absl::MutexLock lock(&queue_mu_);
+      MutexLock lock(queue_mu_);
       sends_in_flight_ = in_flight;
     }
   }
@@ -1268,14 +1269,14 @@ class CudaChannel::Impl {
   bool PollSends() {
     std::vector<std::shared_ptr<Comm>> comms;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(mu_);
       for (auto& [k, c] : send_comms_) {
         if (!c->failed) comms.push_back(c);
       }
     }
     bool any = false;
     for (auto& c : comms) {
-      absl::MutexLock lock(&c->mu);
+      MutexLock lock(c->mu);
       if (c->state == Comm::State::kFailed) continue;
       while (!c->in_flight.empty()) {
         Comm::InFlight& f = c->in_flight.front();
@@ -1309,7 +1310,7 @@ class CudaChannel::Impl {
     // close mappings unused for reclaim_after. Receives still copying hold
     // their own reference; the last one closes it.
     std::vector<std::shared_ptr<Opened>> idle;  // closed outside the lock
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     for (auto it = opened_.begin(); it != opened_.end();) {
       if (now - it->second->last_used > options_.reclaim_after) {
         idle.push_back(std::move(it->second));

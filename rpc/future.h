@@ -23,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/optional.h"
+#include "rpc/mutex_lock.h"
 #include "rpc/thread_pool.h"
 
 namespace remora {
@@ -54,7 +55,7 @@ class Future {
   bool Complete(absl::StatusOr<T> result) {
     std::vector<Callback> callbacks;
     {
-      absl::MutexLock lock(&state_->mu);
+      MutexLock lock(state_->mu);
       if (state_->result.has_value()) return false;
       state_->result = std::move(result);
       callbacks.swap(state_->callbacks);
@@ -64,20 +65,20 @@ class Future {
   }
 
   bool ready() const {
-    absl::MutexLock lock(&state_->mu);
+    MutexLock lock(state_->mu);
     return state_->result.has_value();
   }
 
   // Blocks until completed; returns the result (a copy).
   absl::StatusOr<T> wait() const {
-    absl::MutexLock lock(&state_->mu);
+    MutexLock lock(state_->mu);
     state_->mu.Await(absl::Condition(&HasValue, &state_->result));
     return *state_->result;
   }
 
   // Blocks at most `timeout`; DEADLINE_EXCEEDED when still pending.
   absl::StatusOr<T> wait_for(absl::Duration timeout) const {
-    absl::MutexLock lock(&state_->mu);
+    MutexLock lock(state_->mu);
     if (!state_->mu.AwaitWithTimeout(
             absl::Condition(&HasValue, &state_->result), timeout)) {
       return absl::DeadlineExceededError("future not completed in time");
@@ -88,7 +89,7 @@ class Future {
   // Runs `cb(result)` once completed, on the executor.
   void then(Callback cb) const {
     {
-      absl::MutexLock lock(&state_->mu);
+      MutexLock lock(state_->mu);
       if (!state_->result.has_value()) {
         state_->callbacks.push_back(std::move(cb));
         return;
@@ -118,7 +119,7 @@ class Future {
     auto run = [state, cb = std::move(cb)]() {
       const absl::StatusOr<T>* result;
       {
-        absl::MutexLock lock(&state->mu);
+        MutexLock lock(state->mu);
         result = &*state->result;  // never changes once set
       }
       cb(*result);
@@ -150,7 +151,7 @@ Future<Empty> WhenAll(const std::vector<Future<T>>& futures,
   };
   auto counter = std::make_shared<Counter>();
   {
-    absl::MutexLock lock(&counter->mu);
+    MutexLock lock(counter->mu);
     counter->left = futures.size();
   }
   for (const auto& f : futures) {
@@ -158,7 +159,7 @@ Future<Empty> WhenAll(const std::vector<Future<T>>& futures,
       absl::Status done_status;
       bool done = false;
       {
-        absl::MutexLock lock(&counter->mu);
+        MutexLock lock(counter->mu);
         if (!r.ok() && counter->first_error.ok()) counter->first_error = r.status();
         done = --counter->left == 0;
         done_status = counter->first_error;

@@ -15,6 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "rpc/mutex_lock.h"
 #include "rpc/status_util.h"
 
 namespace remora {
@@ -42,7 +43,7 @@ class BufferCache {
     void* data = nullptr;
     size_t capacity = n;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(mu_);
       auto it = free_.lower_bound(n);
       if (it != free_.end() && it->first <= 2 * n) {
         capacity = it->first;
@@ -60,7 +61,7 @@ class BufferCache {
  private:
   void Release(void* data, size_t capacity) {
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(mu_);
       if (cached_ + capacity <= kMaxCachedBytes) {
         free_.emplace(capacity, data);
         cached_ += capacity;

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "rpc/mutex_lock.h"
 #include "rpc/status_util.h"
 
 namespace remora {
@@ -137,7 +138,7 @@ absl::StatusOr<c10::IValue> Registry::InvokeMethod(const c10::IValue& object,
                                             ")"));
   }
   try {
-    absl::MutexLock lock(&obj->mutex());
+    MutexLock lock(obj->mutex());
     return m->second(obj->get<void>(), ctx, args);
   } catch (...) {
     return StatusFromCurrentException(

@@ -3,6 +3,7 @@
 #include <ATen/core/jit_type.h>
 
 #include "absl/strings/str_cat.h"
+#include "rpc/mutex_lock.h"
 #include "rpc/status_util.h"
 
 namespace remora {
@@ -34,7 +35,7 @@ void OwnerRRef::RunInOrder(WorkerId caller, const ForkId& lane_id, uint64_t seq,
   const auto key = std::make_pair(caller, lane_id);
   bool late = false;
   {
-    absl::MutexLock lock(&lanes_mu_);
+    MutexLock lock(lanes_mu_);
     Lane& lane = lanes_[key];
     late = seq < lane.next;  // its turn was skipped (see the header)
     if (!late && seq == lane.next && !lane.running) {
@@ -54,7 +55,7 @@ void OwnerRRef::RunInOrder(WorkerId caller, const ForkId& lane_id, uint64_t seq,
   if (late) return fn();  // late, but not lost
   while (fn) {
     fn();
-    absl::MutexLock lock(&lanes_mu_);
+    MutexLock lock(lanes_mu_);
     Lane& lane = lanes_[key];
     ++lane.next;
     auto it = lane.waiting.find(lane.next);
@@ -91,7 +92,7 @@ RRefContext::RRefContext(WorkerId self, Agent* agent, ControlChannel* channel,
     : self_(self), agent_(agent), channel_(channel), executor_(executor) {}
 
 Agent* RRefContext::agent() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   return detached_ ? nullptr : agent_;
 }
 
@@ -110,14 +111,14 @@ c10::intrusive_ptr<UserRRef> RRefContext::CreateUserForRemote(WorkerId owner) {
   const RRefId id = NewId();
   auto user = c10::make_intrusive<UserRRef>(owner, channel_->NameOf(owner), id, id,
                                             shared_from_this());
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   pending_users_[id] = user;
   live_users_[id] = user.get();
   return user;
 }
 
 c10::intrusive_ptr<OwnerRRef> RRefContext::GetOrCreateOwner(const RRefId& id) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   auto& slot = owners_[id];
   if (!slot) {
     slot = c10::make_intrusive<OwnerRRef>(self_, channel_->NameOf(self_), id,
@@ -127,25 +128,25 @@ c10::intrusive_ptr<OwnerRRef> RRefContext::GetOrCreateOwner(const RRefId& id) {
 }
 
 c10::intrusive_ptr<OwnerRRef> RRefContext::FindOwner(const RRefId& id) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   auto it = owners_.find(id);
   return it == owners_.end() ? c10::intrusive_ptr<OwnerRRef>() : it->second;
 }
 
 bool RRefContext::KnowsOwnValue(const RRefId& id) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   // A remote() this worker made to itself has a user (fork id = rref id)
   // before its owner exists.
   return owners_.contains(id) || live_users_.contains(id) || pending_users_.contains(id);
 }
 
 void RRefContext::AddFork(const RRefId& id, const ForkId& fork) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   forks_[id].insert(fork);
 }
 
 bool RRefContext::HasFork(const RRefId& id, const ForkId& fork) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   auto it = forks_.find(id);
   return it != forks_.end() && it->second.contains(fork);
 }
@@ -153,7 +154,7 @@ bool RRefContext::HasFork(const RRefId& id, const ForkId& fork) const {
 absl::Status RRefContext::DeleteFork(const RRefId& id, const ForkId& fork) {
   c10::intrusive_ptr<OwnerRRef> freed;  // destroyed outside the lock
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     auto it = forks_.find(id);
     // Unknown forks are already deleted: deletes are idempotent.
     if (it == forks_.end() || it->second.erase(fork) == 0) return absl::OkStatus();
@@ -170,7 +171,7 @@ absl::Status RRefContext::DeleteFork(const RRefId& id, const ForkId& fork) {
 
 void RRefContext::AcceptChild(const ForkId& fork) {
   c10::intrusive_ptr<RRefImpl> child;  // may be the last reference: dropped unlocked
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   auto it = pending_children_.find(fork);
   if (it == pending_children_.end()) return;  // idempotent
   child = std::move(it->second);
@@ -180,7 +181,7 @@ void RRefContext::AcceptChild(const ForkId& fork) {
 void RRefContext::FinishPendingUser(const ForkId& fork, absl::Status status) {
   c10::intrusive_ptr<UserRRef> user;  // may be the last reference: dropped unlocked
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     auto it = pending_users_.find(fork);
     if (it == pending_users_.end()) return;
     user = std::move(it->second);
@@ -191,7 +192,7 @@ void RRefContext::FinishPendingUser(const ForkId& fork, absl::Status status) {
 
 void RRefContext::OnUserDestroyed(const UserRRef& user) {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     if (live_users_.erase(user.fork_id()) == 0 || detached_) return;
   }
   wire::Request request;
@@ -202,7 +203,7 @@ void RRefContext::OnUserDestroyed(const UserRRef& user) {
 
 Future<Empty> RRefContext::Send(WorkerId dst, wire::Request request) {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     ++pending_messages_;
   }
   request.set_from(self_);
@@ -213,7 +214,7 @@ Future<Empty> RRefContext::Send(WorkerId dst, wire::Request request) {
   Future<Empty> done;  // inline: bookkeeping only
   sent.then([self, done](const absl::StatusOr<Empty>& r) mutable {
     {
-      absl::MutexLock lock(&self->mu_);
+      MutexLock lock(self->mu_);
       --self->pending_messages_;
     }
     done.Complete(r);
@@ -236,7 +237,7 @@ absl::Status RRefContext::ForkForSend(const c10::IValue& value, WorkerId dst,
     if (impl->owner() != self_) {
       return absl::InternalError("owner RRef of another worker");
     }
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     auto& slot = owners_[rref->rref_id()];
     if (!slot) slot = c10::static_intrusive_pointer_cast<OwnerRRef>(rref);
     // Sent to itself: the receiver gets the owner RRef back, no new user.
@@ -249,7 +250,7 @@ absl::Status RRefContext::ForkForSend(const c10::IValue& value, WorkerId dst,
         return Annotate(confirmed.status(), "cannot send a failed RRef");
       }
     }
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     pending_children_[fork] = rref;
   }
   out->set_owner(rref->owner());
@@ -299,7 +300,7 @@ absl::StatusOr<c10::IValue> RRefContext::Receive(const wire::RRefMeta& meta,
   auto user = c10::make_intrusive<UserRRef>(owner, channel_->NameOf(owner), id, fork,
                                             shared_from_this());
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     live_users_[fork] = user.get();
   }
   if (parent == owner) {
@@ -307,7 +308,7 @@ absl::StatusOr<c10::IValue> RRefContext::Receive(const wire::RRefMeta& meta,
     user->Confirm(absl::OkStatus());
   } else {
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(mu_);
       pending_users_[fork] = user;
     }
     wire::Request request;
@@ -333,7 +334,7 @@ absl::StatusOr<c10::IValue> RRefContext::Receive(const wire::RRefMeta& meta,
 void RRefContext::ReleaseAllUsers() {
   std::vector<std::pair<WorkerId, wire::Request>> deletes;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     for (const auto& [fork, user] : live_users_) {
       wire::Request request;
       *request.mutable_user_delete()->mutable_rref_id() = ToWire(user->rref_id());
@@ -350,7 +351,7 @@ bool RRefContext::drained() const {
 }
 
 absl::Status RRefContext::WaitDrained(absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   auto is_drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return drained(); };
   if (!mu_.AwaitWithTimeout(absl::Condition(&is_drained), timeout)) {
     return absl::DeadlineExceededError(absl::StrCat(
@@ -362,17 +363,17 @@ absl::Status RRefContext::WaitDrained(absl::Duration timeout) {
 }
 
 bool RRefContext::detached() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   return detached_;
 }
 
 void RRefContext::Detach() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   detached_ = true;
 }
 
 RRefStats RRefContext::stats() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   RRefStats s;
   s.owners = owners_.size();
   for (const auto& [id, forks] : forks_) s.forks += forks.size();

@@ -1,3 +1,4 @@
+#include "rpc/mutex_lock.h"
 #include "rpc/shm.h"
 
 #include <fcntl.h>
@@ -134,7 +135,7 @@ std::optional<wire::ShmPayload> ShmChannel::Reserve(size_t n) {
   Segment* seg = nullptr;
   uint64_t id = 0, seq = 0;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     const absl::Time now = absl::Now();
     size_t best_capacity = 0;
     for (size_t i = 0; i < segments_.size(); ++i) {
@@ -196,7 +197,7 @@ std::optional<wire::ShmPayload> ShmChannel::Reserve(size_t n) {
 void ShmChannel::Fill(const wire::ShmPayload& d, const at::Tensor& payload) {
   Segment* seg;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     if (d.incarnation() != self_.incarnation || d.segment() >= segments_.size()) return;
     seg = segments_[d.segment()].get();
   }
@@ -210,7 +211,7 @@ void ShmChannel::Fill(const wire::ShmPayload& d, const at::Tensor& payload) {
     std::memcpy(seg->data + off, src + off, len);
     seg->header->written.store(off + len, std::memory_order_release);
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   seg->ready_since = absl::Now();
   seg->header->word.store(Word(d.seq(), kReady), std::memory_order_release);
   if (seg->reclaim_when_filled) {
@@ -226,7 +227,7 @@ std::optional<wire::ShmPayload> ShmChannel::Write(const at::Tensor& payload) {
 }
 
 void ShmChannel::Reclaim(const wire::ShmPayload& d) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   if (d.incarnation() != self_.incarnation || d.segment() >= segments_.size()) return;
   Segment* seg = segments_[d.segment()].get();
   uint64_t expect = Word(d.seq(), kReady);
@@ -238,7 +239,7 @@ absl::StatusOr<std::shared_ptr<ShmChannel::Mapping>> ShmChannel::Map(
     const wire::ShmPayload& d) {
   const auto key = std::make_pair(d.incarnation(), d.segment());
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     auto allowed = allowed_.find(d.incarnation());
     if (allowed == allowed_.end() || allowed->second != d.pid()) {
       return absl::PermissionDeniedError(absl::StrCat(
@@ -284,7 +285,7 @@ absl::StatusOr<std::shared_ptr<ShmChannel::Mapping>> ShmChannel::Map(
     return absl::InvalidArgumentError(absl::StrCat(
         "shared-memory segment ", path, " does not match its descriptor"));
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   if (!allowed_.contains(d.incarnation())) {
     return absl::UnavailableError("the sender left the group while its payload was read");
   }
@@ -350,7 +351,7 @@ absl::StatusOr<at::Tensor> ShmChannel::Read(const wire::ShmPayload& d, uint64_t 
 }
 
 void ShmChannel::Allow(const std::vector<ShmEndpoint>& peers) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   allowed_.clear();
   for (const auto& p : peers) {
     if (!p.domain.empty() && p.domain == self_.domain) allowed_[p.incarnation] = p.pid;
@@ -361,7 +362,7 @@ void ShmChannel::Allow(const std::vector<ShmEndpoint>& peers) {
 }
 
 ShmChannel::Stats ShmChannel::stats() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   Stats s;
   s.segments = static_cast<int64_t>(segments_.size());
   s.segment_bytes = static_cast<int64_t>(total_bytes_);

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "rpc/message.h"
+#include "rpc/mutex_lock.h"
 
 namespace remora {
 namespace {
@@ -165,7 +166,7 @@ class ServerStream::State {
   // nothing when the stream is ending: its caller has had its status (a
   // request handled now could run after the caller was told it failed).
   std::optional<grpc::ByteBuffer> TakeRequest() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     if (ending_) return std::nullopt;
     handling_ = true;
     grpc::ByteBuffer frame = std::move(in_);
@@ -175,7 +176,7 @@ class ServerStream::State {
 
   // The reply to the request in hand.
   bool Write(grpc::ByteBuffer frame) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     handling_ = false;
     if (reactor_ == nullptr || finished_) return false;
     out_ = std::move(frame);
@@ -185,7 +186,7 @@ class ServerStream::State {
   }
 
   void OnWriteDone(bool ok) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     writing_ = false;
     out_.Clear();
     if (!ok) EndLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the caller is gone"), false);
@@ -194,19 +195,19 @@ class ServerStream::State {
   }
 
   void StartFirstRead() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     reactor_->StartRead(&in_);
   }
 
   // Ends the stream with `status`: at once, or, when `graceful`, once the
   // request in hand has had its reply written.
   void End(const grpc::Status& status, bool graceful) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     EndLocked(status, graceful);
   }
 
   void Detach() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     reactor_ = nullptr;
   }
 

@@ -1,3 +1,4 @@
+#include "rpc/mutex_lock.h"
 #include "rpc/thread_pool.h"
 
 #include <pthread.h>
@@ -17,19 +18,19 @@ ThreadPool::ThreadPool(int num_threads) {
 
 ThreadPool::~ThreadPool() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
   for (auto& t : threads_) t.join();
 }
 
 void ThreadPool::Schedule(std::function<void()> task) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   queue_.push_back(std::move(task));
 }
 
 int ThreadPool::busy() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   return running_ + static_cast<int>(queue_.size());
 }
 
@@ -37,7 +38,7 @@ void ThreadPool::Loop() {
   while (true) {
     std::function<void()> task;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(mu_);
       auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
         return stopping_ || !queue_.empty();
       };
@@ -49,7 +50,7 @@ void ThreadPool::Loop() {
     }
     task();
     task = nullptr;  // destroy captures outside the lock
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     --running_;
   }
 }
@@ -72,7 +73,7 @@ ComputeLane& Lane() {
 
 ComputeTurn::ComputeTurn() {
   ComputeLane& lane = Lane();
-  absl::MutexLock lock(&lane.mu);
+  MutexLock lock(lane.mu);
   ticket_ = lane.next++;
   auto my_turn = [&lane, this]() ABSL_SHARED_LOCKS_REQUIRED(lane.mu) {
     return lane.serving == ticket_;
@@ -82,13 +83,13 @@ ComputeTurn::ComputeTurn() {
 
 int64_t ComputeTurn::Queued() {
   ComputeLane& lane = Lane();
-  absl::MutexLock lock(&lane.mu);
+  MutexLock lock(lane.mu);
   return static_cast<int64_t>(lane.next - lane.serving);
 }
 
 ComputeTurn::~ComputeTurn() {
   ComputeLane& lane = Lane();
-  absl::MutexLock lock(&lane.mu);
+  MutexLock lock(lane.mu);
   ++lane.serving;
 }
 

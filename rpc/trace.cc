@@ -1,3 +1,4 @@
+#include "rpc/mutex_lock.h"
 #include "rpc/trace.h"
 
 #include <time.h>
@@ -38,7 +39,7 @@ void Record(const std::string& name, int64_t micro_batch, int64_t start_us, int6
             const std::string& stage) {
   if (!Enabled()) return;
   Buffer& b = GetBuffer();
-  absl::MutexLock lock(&b.mu);
+  MutexLock lock(b.mu);
   b.slices.push_back(Slice{name, micro_batch, start_us, end_us, stage});
 }
 
@@ -51,7 +52,7 @@ const std::string& Stage() { return current_stage; }
 
 std::vector<Slice> Drain() {
   Buffer& b = GetBuffer();
-  absl::MutexLock lock(&b.mu);
+  MutexLock lock(b.mu);
   std::vector<Slice> out;
   out.swap(b.slices);
   return out;

@@ -24,6 +24,7 @@
 #include "autograd/dist_autograd.h"
 #include "rpc/agent.h"
 #include "rpc/message.h"
+#include "rpc/mutex_lock.h"
 #include "rpc/stream.h"
 #include "shards/builtins.h"
 #include "tests/test_group.h"
@@ -572,10 +573,10 @@ class StreamServer final : public grpc::CallbackGenericService {
 
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext*) override {
     auto* stream = new ServerStream(dispatch_, [this](const std::shared_ptr<ServerStream::State>& s) {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(mu_);
       open_.erase(s);
     });
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     open_.insert(stream->state());
     return stream;
   }
@@ -583,7 +584,7 @@ class StreamServer final : public grpc::CallbackGenericService {
   void CloseAll(const grpc::Status& status) {
     std::vector<std::shared_ptr<ServerStream::State>> open;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(mu_);
       open.assign(open_.begin(), open_.end());
     }
     for (const auto& s : open) ServerStream::Close(s, status);
@@ -619,16 +620,16 @@ struct HeldRequests {
   std::vector<std::pair<std::string, std::shared_ptr<ReplySlot>>> held ABSL_GUARDED_BY(mu);
   ServerStream::Dispatch Dispatch() {
     return [this](grpc::ByteBuffer frame, std::shared_ptr<ReplySlot> slot) {
-      absl::MutexLock lock(&mu);
+      MutexLock lock(mu);
       held.emplace_back(String(frame), std::move(slot));
     };
   }
   size_t count() {
-    absl::MutexLock lock(&mu);
+    MutexLock lock(mu);
     return held.size();
   }
   bool WaitFor(size_t n) {
-    absl::MutexLock lock(&mu);
+    MutexLock lock(mu);
     auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return held.size() >= n; };
     return mu.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
   }
@@ -692,7 +693,7 @@ TEST(Stream, CloseAnswersTheRequestInHandThenEndsTheStream) {
   EXPECT_TRUE(handler.WaitFor(1));
   server.CloseAll(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stopping"));
   {
-    absl::MutexLock lock(&handler.mu);
+    MutexLock lock(handler.mu);
     if (handler.held.empty()) {
       stream->Cancel();  // fails the call below instead of hanging the test
     } else {

@@ -19,6 +19,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "rpc/mutex_lock.h"
 #include "rpc/thread_pool.h"
 
 namespace remora {
@@ -41,7 +42,7 @@ struct Record {
   Future<int>::Callback Callback() {
     return [this](const absl::StatusOr<int>& r) {
       std::string name = CurrentThreadName();
-      absl::MutexLock lock(&mu);
+      MutexLock lock(mu);
       ++calls;
       thread = std::this_thread::get_id();
       thread_name = name;
@@ -49,11 +50,11 @@ struct Record {
     };
   }
   int Calls() {
-    absl::MutexLock lock(&mu);
+    MutexLock lock(mu);
     return calls;
   }
   void AwaitCalls(int n) {
-    absl::MutexLock lock(&mu);
+    MutexLock lock(mu);
     auto reached = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu) { return calls >= n; };
     ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&reached), absl::Seconds(5)));
   }
@@ -169,7 +170,7 @@ TEST(Future, ThenBeforeAndAfterCompletionRunOnceInlineWithoutExecutor) {
   f.SetValue(8);  // no effect
   EXPECT_EQ(before.Calls(), 1);
   EXPECT_EQ(after.Calls(), 1);
-  absl::MutexLock lock(&before.mu);
+  MutexLock lock(before.mu);
   EXPECT_EQ(before.thread, std::this_thread::get_id());
   EXPECT_EQ(*before.result, 7);
 }
@@ -179,7 +180,7 @@ TEST(Future, ThenSeesTheError) {
   Record rec;
   f.then(rec.Callback());
   f.SetError(absl::PermissionDeniedError("no"));
-  absl::MutexLock lock(&rec.mu);
+  MutexLock lock(rec.mu);
   EXPECT_EQ(rec.result.status().code(), absl::StatusCode::kPermissionDenied);
 }
 
@@ -199,12 +200,12 @@ TEST(Future, ThenRunsOnExecutorThreadsOnly) {
     other.join();
   }  // the pool runs every scheduled task before it joins
   for (Record* r : {&before, &after, &late}) {
-    absl::MutexLock lock(&r->mu);
+    MutexLock lock(r->mu);
     EXPECT_EQ(r->calls, 1);
     EXPECT_NE(r->thread, std::this_thread::get_id());
     EXPECT_EQ(r->thread_name, ThreadPool::kThreadName);
   }
-  absl::MutexLock lock(&late.mu);
+  MutexLock lock(late.mu);
   EXPECT_EQ(*late.result, 4);
 }
 
@@ -214,7 +215,7 @@ TEST(Future, ThenAfterCompletionDoesNotRunOnCallerWithExecutor) {
   auto f = Future<int>::Ready(9, &pool);
   f.then(rec.Callback());
   rec.AwaitCalls(1);
-  absl::MutexLock lock(&rec.mu);
+  MutexLock lock(rec.mu);
   EXPECT_NE(rec.thread, std::this_thread::get_id());
   EXPECT_EQ(rec.thread_name, ThreadPool::kThreadName);
   EXPECT_EQ(*rec.result, 9);
@@ -233,7 +234,7 @@ TEST(Future, CallbackKeepsStateAliveAfterFutureIsGone) {
     }  // every copy of the future is gone; the callback is still queued
     block.Notify();
   }
-  absl::MutexLock lock(&rec.mu);
+  MutexLock lock(rec.mu);
   EXPECT_EQ(rec.calls, 1);
   EXPECT_EQ(*rec.result, 11);
 }

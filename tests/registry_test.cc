@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "rpc/future.h"
 #include "rpc/ids.h"
+#include "rpc/mutex_lock.h"
 #include "rpc/rref.h"
 #include "rpc/thread_pool.h"
 
@@ -604,7 +605,7 @@ TEST(ComputeTurn, OneAtATimeInArrivalOrder) {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
       {
-        absl::MutexLock lock(&mu);
+        MutexLock lock(mu);
         order.push_back(i);
       }
       inside.fetch_sub(1);
@@ -612,7 +613,7 @@ TEST(ComputeTurn, OneAtATimeInArrivalOrder) {
     while (ComputeTurn::Queued() < i + 2) std::this_thread::yield();
   }
   {
-    absl::MutexLock lock(&mu);
+    MutexLock lock(mu);
     EXPECT_TRUE(order.empty());  // all wait behind the first turn
   }
   first.reset();

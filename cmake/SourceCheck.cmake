@@ -1,0 +1,34 @@
+# remora_source_check(<target>): every remora source (libraries, programs,
+# tests, the fuzz harness; the CUDA channel or its stub, as this build has
+# it) compiled syntax only into the object library <target>, which is not
+# part of `all` and which nothing links. It gets the usage requirements of
+# remora's dependencies (headers, definitions), not LibTorch's: the caller
+# adds the LibTorch headers and the flags it checks with. Used by
+# TorchApiCheck.cmake (another LibTorch's headers) and
+# ThreadSafetyCheck.cmake (clang's thread-safety analysis).
+function(remora_source_check target)
+  file(GLOB sources CONFIGURE_DEPENDS
+       ${PROJECT_SOURCE_DIR}/rpc/*.cc ${PROJECT_SOURCE_DIR}/autograd/*.cc
+       ${PROJECT_SOURCE_DIR}/optim/*.cc ${PROJECT_SOURCE_DIR}/shards/*.cc
+       ${PROJECT_SOURCE_DIR}/examples/*.cc ${PROJECT_SOURCE_DIR}/tests/*.cc
+       ${PROJECT_SOURCE_DIR}/tests/fuzz/*.cc)
+  if(REMORA_WITH_CUDA)
+    list(FILTER sources EXCLUDE REGEX "/rpc/cuda_channel_stub\\.cc$")
+  else()
+    list(FILTER sources EXCLUDE REGEX "/rpc/cuda_channel\\.cc$")
+  endif()
+  add_library(${target} OBJECT EXCLUDE_FROM_ALL ${sources})
+  target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR})
+  target_compile_options(${target} PRIVATE -fsyntax-only)
+  target_compile_definitions(${target} PRIVATE
+    REMORA_BIN_DIR="${CMAKE_RUNTIME_OUTPUT_DIRECTORY}"
+    REMORA_FUZZ_CORPUS="${PROJECT_SOURCE_DIR}/tests/fuzz/corpus")
+  target_link_libraries(${target} PRIVATE
+    remora_proto gRPC::grpc++ Threads::Threads
+    absl::status absl::statusor absl::strings absl::synchronization absl::time
+    absl::flat_hash_map absl::flat_hash_set GTest::gmock GTest::gtest)
+  if(REMORA_WITH_CUDA)
+    target_compile_definitions(${target} PRIVATE REMORA_WITH_CUDA=1)
+    target_link_libraries(${target} PRIVATE CUDA::cudart remora::nccl)
+  endif()
+endfunction()
