@@ -22,8 +22,8 @@ endif()
 if(_remora_cuda STREQUAL "OFF")
   message(STATUS "remora: CUDA channel left out (REMORA_CUDA=OFF)")
 else()
-  # (cmake/TorchCudaCompat.cmake looked for it first, in /usr/local/cuda
-  # unless CUDAToolkit_ROOT says otherwise.)
+  # (cmake/TorchCudaCompat.cmake looked for it first: CUDAToolkit_ROOT,
+  # else the nvcc on PATH, else /usr/local/cuda.)
   find_package(CUDAToolkit QUIET)
   # A PyTorch wheel loads its own NCCL (site-packages/nvidia/nccl, found by
   # its RPATH). Two NCCLs in one process share one soname and whichever loads

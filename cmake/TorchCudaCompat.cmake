@@ -11,9 +11,11 @@
 # not found". Here CUDA::nvToolsExt stands for the header-only NVTX3
 # instead (remora itself makes no NVTX calls). Nothing happens without a
 # CUDA toolkit, or where the toolkit still has the library.
-if(NOT CUDAToolkit_ROOT AND NOT DEFINED ENV{CUDAToolkit_ROOT} AND EXISTS /usr/local/cuda)
-  set(CUDAToolkit_ROOT /usr/local/cuda)
-endif()
+#
+# The toolkit is looked for as LibTorch's config and CMake's CUDA language
+# will look (CUDAToolkit_ROOT, else the nvcc on PATH, else /usr/local/cuda),
+# never pointed elsewhere: the results are cached, and LibTorch stops at
+# "two conflicting CUDA versions" if its nvcc is not this toolkit's.
 find_package(CUDAToolkit QUIET)
 if(CUDAToolkit_FOUND AND NOT TARGET CUDA::nvToolsExt)
   add_library(CUDA::nvToolsExt INTERFACE IMPORTED)
