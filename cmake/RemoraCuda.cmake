@@ -22,9 +22,8 @@ endif()
 if(_remora_cuda STREQUAL "OFF")
   message(STATUS "remora: CUDA channel left out (REMORA_CUDA=OFF)")
 else()
-  # (cmake/TorchCudaCompat.cmake looked for it first: CUDAToolkit_ROOT,
-  # else the nvcc on PATH, else /usr/local/cuda.)
-  find_package(CUDAToolkit QUIET)
+  # The CUDA toolkit was looked for before LibTorch, in this scope
+  # (cmake/TorchCudaCompat.cmake): CUDAToolkit_FOUND and CUDA:: targets.
   # A PyTorch wheel loads its own NCCL (site-packages/nvidia/nccl, found by
   # its RPATH). Two NCCLs in one process share one soname and whichever loads
   # first serves both, so prefer the wheel's: beside torch/, Torch_DIR is

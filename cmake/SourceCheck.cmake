@@ -7,6 +7,9 @@
 # TorchApiCheck.cmake (another LibTorch's headers) and
 # ThreadSafetyCheck.cmake (clang's thread-safety analysis).
 function(remora_source_check target)
+  if(NOT REMORA_BUILD_TESTS)
+    message(FATAL_ERROR "${target} checks the tests too: it needs REMORA_BUILD_TESTS=ON")
+  endif()
   file(GLOB sources CONFIGURE_DEPENDS
        ${PROJECT_SOURCE_DIR}/rpc/*.cc ${PROJECT_SOURCE_DIR}/autograd/*.cc
        ${PROJECT_SOURCE_DIR}/optim/*.cc ${PROJECT_SOURCE_DIR}/shards/*.cc

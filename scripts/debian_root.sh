@@ -11,6 +11,9 @@
 #                                its apt and name lookup at this machine's
 #   debian_root_mount ROOT       /proc and /dev inside ROOT
 #   debian_root_run ROOT CMD...  CMD in ROOT with a clean environment
+#   debian_root_run_offline ROOT CMD...  the same with no network but
+#                                loopback, where this machine can make a
+#                                network namespace
 
 debian_root_unshare() {
   if [ "$(id -u)" -ne 0 ]; then
@@ -48,8 +51,21 @@ debian_root_mount() {
   mount --rbind /dev "$root/dev"
 }
 
+debian_root_env=(/usr/bin/env -i HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8)
+
 debian_root_run() {
   local root=$1
   shift
-  chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 "$@"
+  chroot "$root" "${debian_root_env[@]}" "$@"
+}
+
+debian_root_run_offline() {
+  local root=$1
+  shift
+  if unshare --net ip link set lo up 2>/dev/null; then
+    unshare --net /bin/bash -c 'ip link set lo up && exec chroot "$@"' net \
+      "$root" "${debian_root_env[@]}" "$@"
+  else
+    debian_root_run "$root" "$@"
+  fi
 }

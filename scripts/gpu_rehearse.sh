@@ -65,14 +65,8 @@ else
 fi
 
 rc=0
-# No network inside but loopback (as on the device), when this machine can
-# make a network namespace.
-net=()
-if unshare --net ip link set lo up 2>/dev/null; then
-  net=(unshare --net /bin/bash -c 'ip link set lo up && exec "$@"' net)
-fi
-"${net[@]}" chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin \
-  LANG=C.UTF-8 REMORA_GPU_TORCH_DIR=/usr/lib/x86_64-linux-gnu/cmake/Torch \
+# No network inside but loopback, as on the device.
+debian_root_run_offline "$root" REMORA_GPU_TORCH_DIR=/usr/lib/x86_64-linux-gnu/cmake/Torch \
   REMORA_GPU_CUDA=$cuda /bin/bash -c 'cd /work/remora && scripts/gpu_check.sh /work/out "$0"' \
   "$steps" || rc=$?
 rm -rf "$src/build-bookworm/check"
