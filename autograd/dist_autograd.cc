@@ -10,9 +10,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "autograd/container.h"
-#include "rpc/mutex_lock.h"
-#include "rpc/status_util.h"
-#include "rpc/trace.h"
+#include "base/mutex_lock.h"
+#include "base/status_util.h"
+#include "runtime/compute_lane.h"
+#include "runtime/trace.h"
 
 namespace remora::dist_autograd {
 

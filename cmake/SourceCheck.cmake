@@ -10,15 +10,15 @@ function(remora_source_check target)
   if(NOT REMORA_BUILD_TESTS)
     message(FATAL_ERROR "${target} checks the tests too: it needs REMORA_BUILD_TESTS=ON")
   endif()
-  file(GLOB sources CONFIGURE_DEPENDS
-       ${PROJECT_SOURCE_DIR}/rpc/*.cc ${PROJECT_SOURCE_DIR}/autograd/*.cc
-       ${PROJECT_SOURCE_DIR}/optim/*.cc ${PROJECT_SOURCE_DIR}/shards/*.cc
-       ${PROJECT_SOURCE_DIR}/examples/*.cc ${PROJECT_SOURCE_DIR}/tests/*.cc
-       ${PROJECT_SOURCE_DIR}/tests/fuzz/*.cc)
+  set(globs)
+  foreach(dir ${REMORA_SOURCE_DIRS})
+    list(APPEND globs ${PROJECT_SOURCE_DIR}/${dir}/*.cc)
+  endforeach()
+  file(GLOB sources CONFIGURE_DEPENDS ${globs})
   if(REMORA_WITH_CUDA)
-    list(FILTER sources EXCLUDE REGEX "/rpc/cuda_channel_stub\\.cc$")
+    list(FILTER sources EXCLUDE REGEX "/channel/cuda/stub\\.cc$")
   else()
-    list(FILTER sources EXCLUDE REGEX "/rpc/cuda_channel\\.cc$")
+    list(FILTER sources EXCLUDE REGEX "/channel/cuda/(cuda_channel|ipc|nccl|common)\\.cc$")
   endif()
   add_library(${target} OBJECT EXCLUDE_FROM_ALL ${sources})
   target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR})

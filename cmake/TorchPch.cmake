@@ -12,24 +12,24 @@ option(REMORA_PCH "Precompile LibTorch's core headers once and reuse them in eve
 # remora_torch_pch(<directories...>): applies the header to every library
 # and executable defined in those directories. Libraries compile with -fPIC
 # and executables with -fPIE, and GCC rejects a header precompiled with the
-# other, so there are two: remora_rpc's for the libraries, worker's for the
+# other, so there are two: remora_channel's for the libraries, worker's for the
 # executables.
 set(_remora_pch_headers <ATen/core/Tensor.h> <ATen/core/ivalue.h> <ATen/TensorOperators.h>)
 function(remora_torch_pch)
   if(NOT REMORA_PCH)
     return()
   endif()
-  target_precompile_headers(remora_rpc PRIVATE ${_remora_pch_headers})
+  target_precompile_headers(remora_channel PRIVATE ${_remora_pch_headers})
   target_precompile_headers(worker PRIVATE ${_remora_pch_headers})
   foreach(dir ${ARGN})
     get_property(targets DIRECTORY ${dir} PROPERTY BUILDSYSTEM_TARGETS)
     foreach(target ${targets})
       get_target_property(type ${target} TYPE)
       # Object libraries (remora_torch_cuda_check, at -O0) are left alone.
-      if(target MATCHES "^(remora_rpc|worker)$")
+      if(target MATCHES "^(remora_channel|worker)$")
         continue()
       elseif(type STREQUAL "STATIC_LIBRARY")
-        target_precompile_headers(${target} REUSE_FROM remora_rpc)
+        target_precompile_headers(${target} REUSE_FROM remora_channel)
       elseif(type STREQUAL "EXECUTABLE")
         target_precompile_headers(${target} REUSE_FROM worker)
       endif()

@@ -33,14 +33,16 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "autograd/dist_autograd.h"
-#include "examples/cli.h"
+#include "launch/cli.h"
 #include "examples/timeline.h"
 #include "optim/distributed_optimizer.h"
-#include "rpc/devices.h"
-#include "rpc/status_util.h"
-#include "rpc/trace.h"
-#include "shards/builtins.h"
-#include "shards/resnet.h"
+#include "channel/devices.h"
+#include "base/status_util.h"
+#include "runtime/allocator.h"
+#include "runtime/threads.h"
+#include "runtime/trace.h"
+#include "examples/builtins.h"
+#include "models/resnet.h"
 
 namespace remora {
 namespace {
@@ -103,7 +105,7 @@ class LocalTrainer {
       : c_(c),
         run_(splits),
         device_(c.device),
-        model_(0, shards::kResNetBlocks, c.seed, device_),
+        model_(0, models::kResNetBlocks, c.seed, device_),
         opt_(model_.parameters(), torch::optim::SGDOptions(c.lr)),
         start_(trace::NowUs()) {}
 
@@ -141,7 +143,7 @@ class LocalTrainer {
   const Config& c_;
   Run run_;
   const c10::Device device_;
-  shards::ResNetShardImpl model_;
+  models::ResNetShardImpl model_;
   torch::optim::SGD opt_;
   const int64_t start_;
 };
@@ -154,7 +156,7 @@ Run TrainLocal(const Config& c, int splits) {
 
 // Stage boundaries (block indices) for the workers.
 absl::StatusOr<std::vector<int>> Partition(Agent& agent, const Config& c) {
-  if (c.partition == "tutorial") return shards::TutorialSplit();
+  if (c.partition == "tutorial") return models::TutorialSplit();
   int max_splits = *std::max_element(c.splits.begin(), c.splits.end());
   const int64_t probe = std::max<int64_t>(1, std::min<int64_t>(16, c.batch_size / max_splits));
   // Every worker times every block at once: in the pipeline the stages run
@@ -179,7 +181,7 @@ absl::StatusOr<std::vector<int>> Partition(Agent& agent, const Config& c) {
     for (size_t i = 0; i < v.size(); ++i) v[i] += mine[i] / c.workers.size();
   }
   const int n = static_cast<int>(c.workers.size());
-  std::vector<int> bounds = shards::InterleavedSplit(v, n, c.interleave, max_splits);
+  std::vector<int> bounds = models::InterleavedSplit(v, n, c.interleave, max_splits);
   double total = 0;
   for (double x : v) total += x;
   for (int w = 0; w < n; ++w) {
@@ -382,8 +384,8 @@ int Main(int argc, char** argv) {
     std::cerr << "master: " << security.status().message() << "\n";
     return 2;
   }
-  cli::TuneAllocator();
-  cli::InstallCachingCpuAllocator();
+  runtime::TuneAllocator();
+  runtime::InstallCachingCpuAllocator();
   std::string error;
   c.splits = ParseSplits(splits, &error);
   c.workers = cli::SplitList(workers);
@@ -416,7 +418,7 @@ int Main(int argc, char** argv) {
     if (c.interleave == 0) {
       // One worker has nothing to overlap; past 9 workers there are too few blocks.
       const bool useful = c.workers.size() >= 2 &&
-                          c.workers.size() * 2 <= static_cast<size_t>(shards::kResNetBlocks);
+                          c.workers.size() * 2 <= static_cast<size_t>(models::kResNetBlocks);
       c.interleave = c.partition == "balanced" && useful ? 2 : 1;
     }
     if (c.partition == "tutorial" && c.interleave != 1) {
@@ -425,19 +427,19 @@ int Main(int argc, char** argv) {
     if (c.partition == "tutorial" && c.workers.size() != 2) {
       return fail("--partition tutorial splits ResNet50 in two: give exactly two --workers");
     }
-    if (c.workers.size() * c.interleave > static_cast<size_t>(shards::kResNetBlocks)) {
-      return fail(absl::StrCat("--workers times --interleave is at most ", shards::kResNetBlocks,
+    if (c.workers.size() * c.interleave > static_cast<size_t>(models::kResNetBlocks)) {
+      return fail(absl::StrCat("--workers times --interleave is at most ", models::kResNetBlocks,
                                " (ResNet50 has that many blocks)"));
     }
     if (auto s = cli::CheckAddress(c.listen, "--listen"); !s.ok()) return fail(std::string(s.message()));
   }
-  cli::SetComputeThreads(c.threads);
+  runtime::SetComputeThreads(c.threads);
 
   std::vector<Run> runs;
   std::unique_ptr<LocalTrainer> local_baseline;  // --compare-local
   std::unique_ptr<Agent> agent;
   Registry registry;
-  if (auto s = shards::RegisterAll(registry); !s.ok()) return fail(std::string(s.message()));
+  if (auto s = examples::RegisterStockWorker(registry); !s.ok()) return fail(std::string(s.message()));
   auto die = [&](const absl::Status& s) {
     std::cerr << "master: " << s.message() << "\n";
     if (agent) agent->Shutdown(/*graceful=*/false).IgnoreError();

@@ -39,10 +39,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "examples/local_group.h"
-#include "rpc/cuda_channel.h"
-#include "rpc/devices.h"
-#include "shards/builtins.h"
+#include "launch/local_group.h"
+#include "channel/cuda/cuda_channel.h"
+#include "channel/devices.h"
+#include "examples/builtins.h"
+#include "runtime/allocator.h"
 
 namespace {
 
@@ -142,7 +143,7 @@ int main(int argc, char** argv) {
                   "CPU tensor sizes to sweep first (K, M suffixes; empty: none), a line each");
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
-  cli::TuneAllocator();
+  runtime::TuneAllocator();
   const bool cuda = device == "cuda" || device == "cuda:0";
   if (bulk_mib == 0) bulk_mib = cuda ? 256 : 64;
   if (calls < 1 || warmup < 0 || bulk_mib < 1 || bulk_mib > 1024 || bulk_calls < 1) {
@@ -170,7 +171,7 @@ int main(int argc, char** argv) {
     }
   }
   Registry registry;
-  if (auto s = shards::RegisterAll(registry); !s.ok()) {
+  if (auto s = examples::RegisterStockWorker(registry); !s.ok()) {
     std::cerr << "rpc_bench: " << s.message() << "\n";
     return 1;
   }

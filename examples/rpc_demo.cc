@@ -9,8 +9,9 @@
 #include <ATen/ops/ones.h>
 #include <ATen/ops/randn.h>
 
-#include "examples/local_group.h"
-#include "shards/builtins.h"
+#include "launch/local_group.h"
+#include "examples/builtins.h"
+#include "runtime/allocator.h"
 
 namespace {
 
@@ -40,14 +41,14 @@ int main(int argc, char** argv) {
     std::cerr << "rpc_demo: " << tls.status().message() << "\n";
     return 2;
   }
-  cli::TuneAllocator();
+  runtime::TuneAllocator();
   auto names = cli::SplitList(workers);
   if (names.size() != 2) {
     std::cerr << "rpc_demo: --workers wants exactly two names, e.g. worker1,worker2\n";
     return 2;
   }
   Registry registry;
-  if (auto s = shards::RegisterAll(registry); !s.ok()) {
+  if (auto s = examples::RegisterStockWorker(registry); !s.ok()) {
     std::cerr << "rpc_demo: " << s.message() << "\n";
     return 1;
   }
@@ -90,7 +91,9 @@ int main(int argc, char** argv) {
             << ", matches local computation: " << (at::allclose(z, expected, 1e-5, 1e-6) ? "yes" : "NO")
             << "\n";
 
-  auto err = agent.rpc_sync(names[1], "raise", {std::string("boom")});
+  // A stage fed a string instead of a tensor: the worker's exception comes
+  // back as the caller's error, naming the worker.
+  auto err = stage2.rpc_sync("forward", {std::string("not a tensor")});
   std::cout << "a failing remote function reports: " << err.status().message() << "\n";
 
   // Drop the RRefs before shutting down, then check every owner table.

@@ -25,12 +25,15 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "autograd/dist_autograd.h"
-#include "examples/cli.h"
-#include "examples/local_group.h"
+#include "launch/cli.h"
+#include "launch/local_group.h"
 #include "optim/distributed_optimizer.h"
 #include "rpc/agent.h"
-#include "rpc/status_util.h"
-#include "shards/builtins.h"
+#include "base/status_util.h"
+#include "examples/builtins.h"
+#include "runtime/allocator.h"
+#include "runtime/process_stats.h"
+#include "runtime/threads.h"
 
 namespace remora {
 namespace {
@@ -54,7 +57,7 @@ struct Config {
 
 // One process's figures at one moment.
 struct Figures {
-  shards::ProcessStats process;
+  runtime::ProcessStats process;
   RRefStats rrefs;
   int64_t contexts = 0;
 };
@@ -70,7 +73,7 @@ absl::StatusOr<Figures> WorkerFigures(Agent& agent, const std::string& worker) {
   std::map<std::string, int64_t> p, r;
   for (const auto& e : process.toGenericDict()) p[e.key().toStringRef()] = e.value().toInt();
   for (const auto& e : rrefs.toGenericDict()) r[e.key().toStringRef()] = e.value().toInt();
-  f.process = shards::ProcessStats{p["pid"], p["threads"], p["fds"], p["rss_kb"]};
+  f.process = runtime::ProcessStats{p["pid"], p["threads"], p["fds"], p["rss_kb"]};
   f.rrefs = RRefStats{r["owners"], r["forks"], r["live_users"], r["pending_users"],
                       r["pending_children"], r["pending_messages"]};
   f.contexts = contexts.toInt();
@@ -79,7 +82,7 @@ absl::StatusOr<Figures> WorkerFigures(Agent& agent, const std::string& worker) {
 
 Figures MasterFigures(Agent& agent) {
   Figures f;
-  f.process = shards::ReadProcessStats();
+  f.process = runtime::ReadProcessStats();
   f.rrefs = agent.rref_stats();
   f.contexts = dist_autograd::num_contexts(agent);
   return f;
@@ -151,11 +154,11 @@ int Main(int argc, char** argv) {
   if (auto s = cli::CheckAddress(c.listen, "--listen"); !s.ok()) {
     return fail(std::string(s.message()));
   }
-  cli::TuneAllocator();
-  cli::SetComputeThreads(1);
+  runtime::TuneAllocator();
+  runtime::SetComputeThreads(1);
 
   Registry registry;
-  if (auto s = shards::RegisterAll(registry); !s.ok()) return fail(std::string(s.message()));
+  if (auto s = examples::RegisterStockWorker(registry); !s.ok()) return fail(std::string(s.message()));
   AgentOptions options;
   options.name = "master";
   options.listen_address = c.listen;
@@ -278,7 +281,7 @@ int Main(int argc, char** argv) {
     if (c.progress > 0 && (i + 1) % c.progress == 0) {
       std::printf("step %d/%d loss=%.5f elapsed_s=%.1f master_rss_mib=%.1f\n", i + 1, c.steps,
                   *loss, absl::ToDoubleSeconds(absl::Now() - t0),
-                  shards::ReadProcessStats().rss_kb / 1024.0);
+                  runtime::ReadProcessStats().rss_kb / 1024.0);
       std::fflush(stdout);
     }
   }

@@ -9,8 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "autograd/container.h"
-#include "rpc/status_util.h"
-#include "rpc/trace.h"
+#include "base/status_util.h"
+#include "runtime/compute_lane.h"
+#include "runtime/trace.h"
 
 namespace remora::optim {
 namespace {

@@ -40,12 +40,12 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "rpc/autograd_hooks.h"
-#include "rpc/cuda_channel.h"
+#include "channel/cuda/cuda_channel.h"
 #include "rpc/future.h"
-#include "rpc/ids.h"
+#include "base/ids.h"
 #include "rpc/registry.h"
 #include "rpc/rref.h"
-#include "rpc/shm.h"
+#include "channel/shm/shm.h"
 #include "rpc/tls.h"
 
 namespace grpc {
@@ -53,6 +53,8 @@ class CompletionQueue;
 }  // namespace grpc
 
 namespace remora {
+
+class DispatchTable;
 
 // Takes the next event of `cq`, polling for up to `spin` before sleeping:
 // how rpc_sync waits for its reply (AgentOptions::sync_spin). False when
@@ -262,6 +264,10 @@ class Agent final : public ControlChannel {
   int64_t active_calls() const;
   // Streams this agent opened for rpc_sync (AgentOptions::streams), ever.
   int64_t streams_opened() const;
+
+  // The request kinds this agent serves (rpc/dispatch.h). A subsystem above
+  // rpc/ registers its own kinds here; call before Join().
+  DispatchTable& requests();
 
   // Installs distributed autograd (see autograd/); call before Join().
   void set_autograd(std::unique_ptr<AutogradHooks> hooks) { autograd_ = std::move(hooks); }

@@ -13,7 +13,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "rpc/ids.h"
+#include "base/ids.h"
 
 namespace remora {
 

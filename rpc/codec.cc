@@ -12,7 +12,7 @@
 #include <c10/core/ScalarType.h>
 
 #include "absl/strings/str_cat.h"
-#include "rpc/status_util.h"
+#include "base/status_util.h"
 
 namespace remora {
 namespace {

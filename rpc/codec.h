@@ -19,10 +19,10 @@
 #include <ATen/core/ivalue.h>
 
 #include "absl/status/statusor.h"
-#include "rpc/devices.h"
+#include "channel/devices.h"
 #include "rpc/future.h"
-#include "rpc/ids.h"
-#include "remora.pb.h"
+#include "base/ids.h"
+#include "proto/common.pb.h"
 
 namespace remora {
 

@@ -23,7 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/optional.h"
-#include "rpc/mutex_lock.h"
+#include "base/mutex_lock.h"
 #include "rpc/thread_pool.h"
 
 namespace remora {

@@ -15,8 +15,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "rpc/mutex_lock.h"
-#include "rpc/status_util.h"
+#include "base/mutex_lock.h"
+#include "base/status_util.h"
 
 namespace remora {
 namespace {

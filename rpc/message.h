@@ -18,10 +18,10 @@
 #include <grpcpp/support/byte_buffer.h>
 
 #include "absl/status/statusor.h"
-#include "remora.pb.h"
-#include "rpc/cuda_channel.h"
-#include "rpc/ids.h"
-#include "rpc/shm.h"
+#include "proto/agent.pb.h"
+#include "channel/cuda/cuda_channel.h"
+#include "base/ids.h"
+#include "channel/shm/shm.h"
 
 namespace remora {
 

@@ -4,30 +4,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "rpc/mutex_lock.h"
-#include "rpc/status_util.h"
+#include "base/mutex_lock.h"
+#include "base/status_util.h"
 
 namespace remora {
-namespace {
-
-bool IsNameChar(char c, bool allow_dot) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-         (c >= '0' && c <= '9') || c == '_' || c == ':' || c == '-' ||
-         (allow_dot && c == '.');
-}
-
-bool IsValidName(const std::string& name, bool allow_dot) {
-  if (name.empty() || name.size() > 128) return false;
-  for (char c : name) {
-    if (!IsNameChar(c, allow_dot)) return false;
-  }
-  return true;
-}
-
-}  // namespace
-
-bool IsValidWorkerName(const std::string& name) { return IsValidName(name, false); }
-bool IsValidRegisteredName(const std::string& name) { return IsValidName(name, true); }
 
 const c10::IValue& Args::operator[](size_t i) const {
   if (i >= values_.size()) {
@@ -43,7 +23,7 @@ RemoteObject* AsRemoteObject(const c10::IValue& value) {
 }
 
 absl::Status Registry::CheckNewName(const std::string& name) const {
-  if (!IsValidName(name, true)) {
+  if (!IsValidRegisteredName(name)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "invalid registered name '", name,
         "': use 1 to 128 characters of [A-Za-z0-9_.:-]"));
@@ -73,7 +53,7 @@ absl::Status Registry::RegisterModuleType(const std::string& name, Factory facto
                                           std::map<std::string, Method> methods) {
   RETURN_IF_ERROR(CheckNewName(name));
   for (const auto& [method, fn] : methods) {
-    if (!IsValidName(method, true)) {
+    if (!IsValidRegisteredName(method)) {
       return absl::InvalidArgumentError(
           absl::StrCat("module '", name, "': invalid method name '", method, "'"));
     }

@@ -26,7 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "rpc/future.h"
-#include "rpc/ids.h"
+#include "base/ids.h"
 
 namespace remora {
 

@@ -9,8 +9,9 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
-#include "remora.pb.h"
-#include "rpc/ids.h"
+#include "proto/agent.pb.h"
+#include "proto/rref.pb.h"
+#include "base/ids.h"
 
 namespace remora {
 

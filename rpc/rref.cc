@@ -3,8 +3,10 @@
 #include <ATen/core/jit_type.h>
 
 #include "absl/strings/str_cat.h"
-#include "rpc/mutex_lock.h"
-#include "rpc/status_util.h"
+#include "proto/request.h"
+#include "proto/rref.pb.h"
+#include "base/mutex_lock.h"
+#include "base/status_util.h"
 
 namespace remora {
 
@@ -195,9 +197,10 @@ void RRefContext::OnUserDestroyed(const UserRRef& user) {
     MutexLock lock(mu_);
     if (live_users_.erase(user.fork_id()) == 0 || detached_) return;
   }
-  wire::Request request;
-  *request.mutable_user_delete()->mutable_rref_id() = ToWire(user.rref_id());
-  *request.mutable_user_delete()->mutable_fork_id() = ToWire(user.fork_id());
+  wire::UserDelete del;
+  *del.mutable_rref_id() = ToWire(user.rref_id());
+  *del.mutable_fork_id() = ToWire(user.fork_id());
+  wire::Request request = MakeRequest(del);
   Send(user.owner(), std::move(request));
 }
 
@@ -290,8 +293,9 @@ absl::StatusOr<c10::IValue> RRefContext::Receive(const wire::RRefMeta& meta,
     if (parent != self_) {
       // A user sent our own RRef back: no user is created here (PyTorch's
       // "phantom fork"); the parent only needs to know it arrived.
-      wire::Request accept;
-      *accept.mutable_child_accept()->mutable_fork_id() = meta.fork_id();
+      wire::ChildAccept child;
+      *child.mutable_fork_id() = meta.fork_id();
+      wire::Request accept = MakeRequest(child);
       Send(parent, std::move(accept));
     }
     return c10::IValue(c10::intrusive_ptr<c10::RRefInterface>(rref));
@@ -311,9 +315,10 @@ absl::StatusOr<c10::IValue> RRefContext::Receive(const wire::RRefMeta& meta,
       MutexLock lock(mu_);
       pending_users_[fork] = user;
     }
-    wire::Request request;
-    *request.mutable_fork()->mutable_rref_id() = meta.rref_id();
-    *request.mutable_fork()->mutable_fork_id() = meta.fork_id();
+    wire::ForkRequest fork_request;
+    *fork_request.mutable_rref_id() = meta.rref_id();
+    *fork_request.mutable_fork_id() = meta.fork_id();
+    wire::Request request = MakeRequest(fork_request);
     auto self = shared_from_this();
     Send(owner, std::move(request))
         .then([self, fork, parent, owner](const absl::StatusOr<Empty>& r) {
@@ -322,8 +327,9 @@ absl::StatusOr<c10::IValue> RRefContext::Receive(const wire::RRefMeta& meta,
                            : Annotate(r.status(), absl::StrCat(
                                  "telling owner '", self->channel_->NameOf(owner),
                                  "' about an RRef fork")));
-          wire::Request accept;
-          *accept.mutable_child_accept()->mutable_fork_id() = ToWire(fork);
+          wire::ChildAccept child;
+          *child.mutable_fork_id() = ToWire(fork);
+          wire::Request accept = MakeRequest(child);
           self->Send(parent, std::move(accept));
         });
     if (pending != nullptr) pending->push_back(user->confirmed());
@@ -336,9 +342,10 @@ void RRefContext::ReleaseAllUsers() {
   {
     MutexLock lock(mu_);
     for (const auto& [fork, user] : live_users_) {
-      wire::Request request;
-      *request.mutable_user_delete()->mutable_rref_id() = ToWire(user->rref_id());
-      *request.mutable_user_delete()->mutable_fork_id() = ToWire(fork);
+      wire::UserDelete del;
+      *del.mutable_rref_id() = ToWire(user->rref_id());
+      *del.mutable_fork_id() = ToWire(fork);
+      wire::Request request = MakeRequest(del);
       deletes.emplace_back(user->owner(), std::move(request));
     }
     live_users_.clear();

@@ -40,9 +40,10 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "proto/agent.pb.h"
 #include "rpc/codec.h"
 #include "rpc/future.h"
-#include "rpc/ids.h"
+#include "base/ids.h"
 
 namespace remora {
 

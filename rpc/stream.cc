@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "rpc/message.h"
-#include "rpc/mutex_lock.h"
+#include "base/mutex_lock.h"
 
 namespace remora {
 namespace {

@@ -1,4 +1,4 @@
-#include "rpc/mutex_lock.h"
+#include "base/mutex_lock.h"
 #include "rpc/thread_pool.h"
 
 #include <pthread.h>
@@ -53,44 +53,6 @@ void ThreadPool::Loop() {
     MutexLock lock(mu_);
     --running_;
   }
-}
-
-namespace {
-
-// A ticket lock: tickets in arrival order, served one at a time.
-struct ComputeLane {
-  absl::Mutex mu;
-  uint64_t next ABSL_GUARDED_BY(mu) = 0;
-  uint64_t serving ABSL_GUARDED_BY(mu) = 0;
-};
-
-ComputeLane& Lane() {
-  static ComputeLane* lane = new ComputeLane;  // never destroyed
-  return *lane;
-}
-
-}  // namespace
-
-ComputeTurn::ComputeTurn() {
-  ComputeLane& lane = Lane();
-  MutexLock lock(lane.mu);
-  ticket_ = lane.next++;
-  auto my_turn = [&lane, this]() ABSL_SHARED_LOCKS_REQUIRED(lane.mu) {
-    return lane.serving == ticket_;
-  };
-  lane.mu.Await(absl::Condition(&my_turn));
-}
-
-int64_t ComputeTurn::Queued() {
-  ComputeLane& lane = Lane();
-  MutexLock lock(lane.mu);
-  return static_cast<int64_t>(lane.next - lane.serving);
-}
-
-ComputeTurn::~ComputeTurn() {
-  ComputeLane& lane = Lane();
-  MutexLock lock(lane.mu);
-  ++lane.serving;
 }
 
 }  // namespace remora

@@ -10,7 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/fuzz/request_decoder.h"
-#include "tests/test_group.h"
+#include "tests/support/test_group.h"
 
 namespace remora::fuzz {
 namespace {

@@ -16,10 +16,10 @@
 #include <ATen/ops/zeros.h>
 #include <grpcpp/support/byte_buffer.h>
 
-#include "examples/cli.h"
-#include "rpc/ids.h"
+#include "launch/cli.h"
+#include "base/ids.h"
 #include "rpc/message.h"
-#include "tests/wire_values.h"
+#include "tests/support/wire_values.h"
 #include "tests/fuzz/request_decoder.h"
 
 namespace remora::fuzz {
@@ -56,7 +56,8 @@ std::map<std::string, OutMessage> Seeds() {
   std::map<std::string, OutMessage> seeds;
   {
     OutMessage m = Request();
-    auto* call = m.header.mutable_request()->mutable_call();
+    wire::CallRequest call_body;
+    auto* call = &call_body;
     call->set_function("echo");
     *call->add_args() = B::Int(std::numeric_limits<int64_t>::min());
     *call->add_args() = B::Double(-0.5);
@@ -70,12 +71,14 @@ std::map<std::string, OutMessage> Seeds() {
     *call->add_args() = none;
     *call->add_args() = complex;
     *call->add_args() = device;
+    B::SetBody(m.header.mutable_request(), call_body);
     seeds["call_scalars"] = std::move(m);
   }
   {
     OutMessage m = Request();
     B b(&m);
-    auto* call = m.header.mutable_request()->mutable_call();
+    wire::CallRequest call_body;
+    auto* call = &call_body;
     call->set_function("add");
     *call->add_args() = b.Tensor(at::arange(6, at::kFloat).reshape({2, 3}));
     *call->add_args() = b.Tensor(at::ones({}, at::kLong));
@@ -86,24 +89,28 @@ std::map<std::string, OutMessage> Seeds() {
     *call->add_args() = b.Tensor(at::ones({5}, at::kChar));
     *call->add_args() = b.Tensor(at::ones({300}, at::kHalf));  // a payload of its own
     *call->add_args() = B::Undefined();
+    B::SetBody(m.header.mutable_request(), call_body);
     seeds["call_tensors"] = std::move(m);
   }
   {
     OutMessage m = Request();
     B b(&m);
-    auto* call = m.header.mutable_request()->mutable_call();
+    wire::CallRequest call_body;
+    auto* call = &call_body;
     call->set_function("remora.autograd.propagate");
     *call->add_args() = B::Int(1);
     *call->add_args() = B::Int(2);
     *call->add_args() = B::List(wire::ELEM_TENSOR, {b.Tensor(at::ones({2}), true)});
     m.header.mutable_request()->mutable_autograd()->set_context_id(1);
     m.header.mutable_request()->mutable_autograd()->set_message_id((int64_t{2} << 48) | 3);
+    B::SetBody(m.header.mutable_request(), call_body);
     seeds["call_autograd"] = std::move(m);
   }
   {
     OutMessage m = Request();
     B b(&m);
-    auto* call = m.header.mutable_request()->mutable_call();
+    wire::CallRequest call_body;
+    auto* call = &call_body;
     call->set_function("echo");
     *call->add_args() = B::List(wire::ELEM_INT, {B::Int(1), B::Int(-2)});
     *call->add_args() = B::List(wire::ELEM_DOUBLE, {B::Double(1.25)});
@@ -118,77 +125,84 @@ std::map<std::string, OutMessage> Seeds() {
     *call->add_args() = B::Dict(wire::ELEM_INT, wire::ELEM_DOUBLE, {{B::Int(3), B::Double(0.5)}});
     *call->add_args() = B::Dict(wire::ELEM_ANY, wire::ELEM_ANY,
                                 {{B::Bool(true), B::Str("yes")}, {B::Double(2.5), B::Int(1)}});
+    B::SetBody(m.header.mutable_request(), call_body);
     seeds["call_containers"] = std::move(m);
   }
   {
     // A method call through a user RRef, with RRef arguments: one the owner
     // sent (confirmed at once), one forwarded by a third worker (pending).
     OutMessage m = Request(2);
-    auto* call = m.header.mutable_request()->mutable_call();
+    wire::CallRequest call_body;
+    auto* call = &call_body;
     call->set_function("forward");
     *call->add_args() = B::RRefValue(2, B::Guid(2, 10), B::Guid(2, 11), 2);
     *call->add_args() = B::RRefValue(3, B::Guid(0, 20), B::Guid(2, 21), 2);
     *call->mutable_self() = B::RRefValue(kSelf, B::Guid(0, 30), B::Guid(2, 31), 2);
     *call->mutable_caller_fork() = B::Guid(2, 31);
     call->set_seq(1);
+    B::SetBody(m.header.mutable_request(), call_body);
     seeds["call_method_with_rrefs"] = std::move(m);
   }
   {
     OutMessage m = Request(0);
     B b(&m);
-    auto* call = m.header.mutable_request()->mutable_call();
+    wire::CallRequest call_body;
+    auto* call = &call_body;
     call->set_function("MLPStage");
     *call->add_args() = B::Int(4);
     *call->add_args() = B::Int(3);
     *call->mutable_result_rref() = B::Guid(0, 40);
     *call->mutable_result_fork() = B::Guid(0, 40);
+    B::SetBody(m.header.mutable_request(), call_body);
     seeds["call_remote"] = std::move(m);
   }
   {
     OutMessage m = Request(0);
-    *m.header.mutable_request()->mutable_fetch()->mutable_rref_id() = B::Guid(0, 40);
-    *m.header.mutable_request()->mutable_fetch()->mutable_fork_id() = B::Guid(0, 40);
+    B::SetBody(m.header.mutable_request(), B::Fetch(B::Guid(0, 40), B::Guid(0, 40)));
     m.header.mutable_request()->mutable_autograd()->set_context_id(7);
     seeds["fetch"] = std::move(m);
   }
   {
     OutMessage m = Request(2);
-    *m.header.mutable_request()->mutable_fork()->mutable_rref_id() = B::Guid(0, 40);
-    *m.header.mutable_request()->mutable_fork()->mutable_fork_id() = B::Guid(3, 41);
+    B::SetBody(m.header.mutable_request(), B::Fork(B::Guid(0, 40), B::Guid(3, 41)));
     seeds["fork"] = std::move(m);
   }
   {
     OutMessage m = Request(3);
-    *m.header.mutable_request()->mutable_child_accept()->mutable_fork_id() = B::Guid(1, 42);
+    wire::ChildAccept accept;
+    *accept.mutable_fork_id() = B::Guid(1, 42);
+    B::SetBody(m.header.mutable_request(), accept);
     seeds["child_accept"] = std::move(m);
   }
   {
     OutMessage m = Request(3);
-    *m.header.mutable_request()->mutable_user_delete()->mutable_rref_id() = B::Guid(0, 40);
-    *m.header.mutable_request()->mutable_user_delete()->mutable_fork_id() = B::Guid(3, 41);
+    B::SetBody(m.header.mutable_request(), B::Delete(B::Guid(0, 40), B::Guid(3, 41)));
     seeds["user_delete"] = std::move(m);
   }
   {
     OutMessage m = Request(remora::kUnknownWorker);
-    auto* join = m.header.mutable_request()->mutable_join();
-    join->set_name("worker1");
-    join->set_address("127.0.0.1:40001");
-    join->set_host_id("host/boot");
+    wire::JoinRequest join;
+    join.set_name("worker1");
+    join.set_address("127.0.0.1:40001");
+    join.set_host_id("host/boot");
+    B::SetBody(m.header.mutable_request(), join);
     seeds["join"] = std::move(m);
   }
   {
     OutMessage m = Request(0);
-    m.header.mutable_request()->mutable_probe()->set_release_users(true);
+    wire::ShutdownProbe probe;
+    probe.set_release_users(true);
+    B::SetBody(m.header.mutable_request(), probe);
     seeds["probe"] = std::move(m);
   }
   {
     OutMessage m = Request(0);
-    m.header.mutable_request()->mutable_finish();
+    B::SetBody(m.header.mutable_request(), wire::ShutdownFinish());
     seeds["finish"] = std::move(m);
   }
   {
     OutMessage m = Request(2);
-    m.header.mutable_request()->mutable_ping();
+    B::SetBody(m.header.mutable_request(), wire::Ping());
     seeds["ping"] = std::move(m);
   }
   {

@@ -8,7 +8,9 @@
 #include "rpc/message.h"
 #include "rpc/request_checks.h"
 #include "rpc/rref.h"
-#include "rpc/status_util.h"
+#include "base/status_util.h"
+#include "proto/request.h"
+#include "proto/rref.pb.h"
 
 namespace remora::fuzz {
 namespace {
@@ -40,56 +42,69 @@ absl::Status CheckIds(const FakeChannel& channel, std::initializer_list<wire::Gu
   return absl::OkStatus();
 }
 
+template <typename Body>
+bool Is(const wire::Request& r) {
+  return r.kind() == Body::descriptor()->full_name();
+}
+
+// Parses the body as a `Body`, as the dispatch table does (rpc/dispatch.h).
+template <typename Body>
+absl::Status Parses(const wire::Request& r) {
+  return RequestBody<Body>(r).status();
+}
+
 // What the agent checks before it acts on a request, then decoding every
 // value as its handlers would.
 absl::Status DecodeRequest(const wire::Request& r, DecodeContext& ctx,
                            const FakeChannel& channel) {
   // A joining worker has no id yet: the agent handles joins before
   // CheckSender (and only on the master).
-  if (r.body_case() == wire::Request::kJoin) {
-    return IsValidWorkerName(r.join().name())
-               ? absl::OkStatus()
-               : absl::InvalidArgumentError("invalid worker name");
+  if (Is<wire::JoinRequest>(r)) {
+    ASSIGN_OR_RETURN(wire::JoinRequest join, RequestBody<wire::JoinRequest>(r));
+    return IsValidWorkerName(join.name()) ? absl::OkStatus()
+                                          : absl::InvalidArgumentError("invalid worker name");
   }
   RETURN_IF_ERROR(CheckSender(r, Member(channel)));
   RETURN_IF_ERROR(CheckContext(r, Member(channel)));
-  switch (r.body_case()) {
-    case wire::Request::kCall: {
-      const wire::CallRequest& call = r.call();
-      RETURN_IF_ERROR(CheckCall(call, static_cast<WorkerId>(r.from())));
-      for (const auto& arg : call.args()) {
-        auto v = DecodeValue(arg, ctx);
-        if (!v.ok()) return Annotate(v.status(), "decoding the arguments");
-      }
-      if (call.has_self()) {
-        auto v = DecodeValue(call.self(), ctx);
-        if (!v.ok()) return Annotate(v.status(), "decoding the RRef");
-        if (!v->isRRef()) return absl::InvalidArgumentError("a method call must target an RRef");
-      }
-      if (call.has_caller_fork()) RETURN_IF_ERROR(CheckIds(channel, {call.caller_fork()}));
-      return absl::OkStatus();
+  if (Is<wire::CallRequest>(r)) {
+    ASSIGN_OR_RETURN(wire::CallRequest call, RequestBody<wire::CallRequest>(r));
+    RETURN_IF_ERROR(CheckCall(call, static_cast<WorkerId>(r.from())));
+    for (const auto& arg : call.args()) {
+      auto v = DecodeValue(arg, ctx);
+      if (!v.ok()) return Annotate(v.status(), "decoding the arguments");
     }
-    case wire::Request::kFetch:
-      return CheckIds(channel, {r.fetch().rref_id(), r.fetch().fork_id()});
-    case wire::Request::kFork:
-      return CheckIds(channel, {r.fork().rref_id(), r.fork().fork_id()});
-    case wire::Request::kChildAccept:
-      return CheckIds(channel, {r.child_accept().fork_id()});
-    case wire::Request::kUserDelete:
-      return CheckIds(channel, {r.user_delete().rref_id(), r.user_delete().fork_id()});
-    case wire::Request::kJoin:  // above
-    case wire::Request::kProbe:
-    case wire::Request::kFinish:
-    case wire::Request::kPing:
-    // CUDA channel control: checked by CudaChannel (tests/cuda_test.cc).
-    case wire::Request::kNcclSetup:
-    case wire::Request::kNcclAbort:
-    case wire::Request::kCudaRelease:
-      return absl::OkStatus();
-    case wire::Request::BODY_NOT_SET:
-      break;
+    if (call.has_self()) {
+      auto v = DecodeValue(call.self(), ctx);
+      if (!v.ok()) return Annotate(v.status(), "decoding the RRef");
+      if (!v->isRRef()) return absl::InvalidArgumentError("a method call must target an RRef");
+    }
+    if (call.has_caller_fork()) RETURN_IF_ERROR(CheckIds(channel, {call.caller_fork()}));
+    return absl::OkStatus();
   }
-  return absl::InvalidArgumentError("request without a known body");
+  if (Is<wire::FetchRequest>(r)) {
+    ASSIGN_OR_RETURN(wire::FetchRequest f, RequestBody<wire::FetchRequest>(r));
+    return CheckIds(channel, {f.rref_id(), f.fork_id()});
+  }
+  if (Is<wire::ForkRequest>(r)) {
+    ASSIGN_OR_RETURN(wire::ForkRequest f, RequestBody<wire::ForkRequest>(r));
+    return CheckIds(channel, {f.rref_id(), f.fork_id()});
+  }
+  if (Is<wire::ChildAccept>(r)) {
+    ASSIGN_OR_RETURN(wire::ChildAccept a, RequestBody<wire::ChildAccept>(r));
+    return CheckIds(channel, {a.fork_id()});
+  }
+  if (Is<wire::UserDelete>(r)) {
+    ASSIGN_OR_RETURN(wire::UserDelete d, RequestBody<wire::UserDelete>(r));
+    return CheckIds(channel, {d.rref_id(), d.fork_id()});
+  }
+  if (Is<wire::ShutdownProbe>(r)) return Parses<wire::ShutdownProbe>(r);
+  if (Is<wire::ShutdownFinish>(r)) return Parses<wire::ShutdownFinish>(r);
+  if (Is<wire::Ping>(r)) return Parses<wire::Ping>(r);
+  // CUDA channel control: checked by CudaChannel (tests/channel/cuda_test.cc).
+  if (Is<wire::NcclSetup>(r)) return Parses<wire::NcclSetup>(r);
+  if (Is<wire::NcclAbort>(r)) return Parses<wire::NcclAbort>(r);
+  if (Is<wire::CudaRelease>(r)) return Parses<wire::CudaRelease>(r);
+  return absl::InvalidArgumentError("unknown request kind");
 }
 
 absl::Status DecodeResponse(const wire::Response& r, DecodeContext& ctx) {

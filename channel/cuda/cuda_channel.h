@@ -1,0 +1,175 @@
+// The CUDA channel: CUDA tensors between processes without a trip through
+// host memory. gRPC carries a descriptor (wire::CudaPayload); the bytes go
+// GPU to GPU:
+//
+//   CUDA IPC (the peer is another process on this host, same GPU):
+//     sender                                receiver
+//     cudaIpcGetMemHandle(allocation)       open the handle (cached per
+//     record an IPC event after the            allocation and sender), wait
+//       producer's work                        on the sender's event, copy
+//     hold the tensor  ---- descriptor --->    into a tensor of its own,
+//     free it on CudaRelease  <-- release --   wait for the copy, release
+//
+//   NCCL (different GPUs, this host or another):
+//     one communicator per direction and device pair (sender rank 0,
+//     receiver rank 1), created lazily by the sender, which sends the
+//     ncclUniqueId in an NcclSetup request; both initialise concurrently.
+//     Each communicator has its own CUDA stream and a sequence: the sender
+//     numbers its ncclSends as it enqueues them, the descriptor carries the
+//     number, and the receiver posts ncclRecvs strictly in that order
+//     (messages may arrive in any order). One direction per communicator
+//     means neither end ever waits for its own opposite transfer (two
+//     processes sending large tensors to each other through one 2-rank
+//     communicator could each block in ncclSend until the other posted its
+//     receive), and exactly one process ever creates a given communicator,
+//     so no "lower id creates" tie-break or crossing set-ups are needed.
+//     Every NCCL call on a communicator (creation, each send or receive) is
+//     made by that communicator's own lane thread, in sequence order, each
+//     settled before the next, and the lane alone aborts it: before NCCL
+//     2.19 an unfinished non-blocking call's state lives with the calling
+//     thread, and a first send stays "in progress" until the receiver posts
+//     its receive (NCCL connects lazily). Callers only queue transfers: a
+//     frame with several CUDA tensors leaves at once. Frames with CUDA
+//     payloads are received on threads of their own, never on the pool's
+//     or gRPC's (a receive waits for the transfers before it), and a frame
+//     that fails abandons its later CUDA payloads at once (Abandon).
+//
+// Ordering with the computation (which of the two below a build uses is
+// decided by cmake/RemoraCuda.cmake). Sender: the transfer waits for the work
+// that produced the tensor: with LibTorch's CUDA API (REMORA_TORCH_CUDA), an
+// event recorded on LibTorch's current stream of that device; without it,
+// cudaDeviceSynchronize on the host. Receiver: the destination is allocated
+// by LibTorch and written only after LibTorch's earlier work on that device
+// (same event or device synchronisation), and the receiver waits on the host
+// until the bytes are there before the tensor reaches any kernel. That wait
+// is also where failures surface: a transfer that does not complete within
+// Options::timeout, or a communicator that reports an error
+// (ncclCommGetAsyncError), fails the call with a message naming the peer,
+// and the communicator is aborted (ncclCommAbort) on both ends; the next
+// transfer opens a new one. Nothing waits forever.
+//
+// Zero-byte payloads, peers without the channel, agents in one process and
+// any failure to set a route up (for example IPC on memory that cannot be
+// shared) fall back to staging through host memory: the tensor is copied to
+// the CPU and travels like any CPU payload (shared memory or gRPC); the
+// receiver copies it to its device.
+//
+// Built only with REMORA_WITH_CUDA (cmake/RemoraCuda.cmake); without it the
+// channel is off and stages everything (rpc/cuda_channel_stub.cc).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/agent.pb.h"
+#include "channel/devices.h"
+#include "base/ids.h"
+
+namespace remora {
+
+// Both ends of the CUDA channel for one agent.
+//
+// Thread-safe. Owned by the agent. Runs one background thread (releases,
+// completed NCCL sends, watchdog). Destroying it aborts its communicators
+// and closes every handle it opened.
+class CudaChannel {
+ public:
+  struct Options {
+    // False: offer no GPUs to peers; every CUDA tensor is staged.
+    bool enabled = true;
+    // The longest any one wait may take: a communicator's set-up, the
+    // sequence gap before a transfer, a transfer itself.
+    absl::Duration timeout = absl::Seconds(60);
+    // An IPC buffer whose call failed and that nobody released for this
+    // long is freed (its message was lost); one whose call went through,
+    // after 10 times as long (a dead peer never releases it).
+    absl::Duration reclaim_after = absl::Minutes(2);
+  };
+
+  // Counters for tests and logs.
+  struct Stats {
+    int64_t ipc_sends = 0;
+    int64_t ipc_receives = 0;
+    int64_t nccl_sends = 0;
+    int64_t nccl_receives = 0;
+    int64_t held_buffers = 0;     // IPC buffers not yet released by receivers
+    int64_t opened_handles = 0;   // peers' allocations opened here
+    int64_t communicators = 0;    // live NCCL communicators, both directions
+    int64_t aborted = 0;          // communicators aborted after a failure
+  };
+
+  // Sends a control request (NcclSetup, NcclAbort, CudaRelease) to `peer`
+  // and waits for its reply; an error reply is an error.
+  using Control =
+      std::function<absl::Status(WorkerId peer, wire::Request request, absl::Duration timeout)>;
+
+  CudaChannel(Options options, Control control);
+  ~CudaChannel();
+  CudaChannel(const CudaChannel&) = delete;
+  CudaChannel& operator=(const CudaChannel&) = delete;
+
+  // This process's GPUs as peers should see them; no GPUs when the channel
+  // is off, and then disabled_reason() says why.
+  const CudaEndpoint& endpoint() const;
+  const std::string& disabled_reason() const;
+
+  // The group, once rendezvous is done. Receiving waits for it.
+  void SetGroup(const WorkerInfo& self, const std::vector<WorkerInfo>& book);
+
+  // How a tensor on this process's GPU `src` reaches GPU `dst` of `peer`.
+  CudaRoute RouteTo(WorkerId peer, int src, int dst) const;
+
+  // Sending (before the frame leaves): starts moving `payload` (contiguous,
+  // on a GPU of this process) towards GPU `dst` of `peer` and describes it
+  // (payload index left 0). nullopt: stage it through host memory instead
+  // (no route, or the route failed; failures are logged once per peer).
+  std::optional<wire::CudaPayload> Send(WorkerId peer, const at::Tensor& payload, int dst);
+
+  // The call that carried `d` failed: it may never be received. NCCL: the
+  // communicator is aborted unless the transfer completes shortly. IPC: the
+  // buffer is freed after reclaim_after unless released before.
+  void Reclaim(WorkerId peer, const wire::CudaPayload& d);
+
+  // Receiving side: the payload `d` from `peer` will not be received (its
+  // frame failed at or before it). IPC: the sender's buffer is released.
+  // NCCL: the communicator fails now (later transfers could never be
+  // posted) rather than after the timeout. Nothing if it was received.
+  void Abandon(WorkerId peer, const wire::CudaPayload& d, const std::string& why);
+
+  // Receiving: checks `d` (from `peer`, `length` bytes), waits for the bytes
+  // and returns them as a uint8 tensor on GPU d.dst_device() of this
+  // process, ready for any stream.
+  absl::StatusOr<at::Tensor> Receive(WorkerId peer, const wire::CudaPayload& d, uint64_t length);
+
+  // Makes every later call fail fast or stage, aborts the communicators and
+  // stops the background thread. The agent calls it while it stops, before
+  // the control path goes away.
+  void Stop();
+
+  // Control requests from peers.
+  absl::Status OnNcclSetup(WorkerId from, const wire::NcclSetup& setup);
+  void OnNcclAbort(WorkerId from, const wire::NcclAbort& abort);
+  void OnRelease(WorkerId from, const wire::CudaRelease& release);
+
+  Stats stats() const;
+
+  class Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Device-to-device copy bandwidth of GPU `device` (cudaMemcpy of `bytes`
+// within it, best of `reps`), in GB/s of bytes copied: the yardstick for
+// rpc_bench --device cuda. An error in builds without the channel.
+absl::StatusOr<double> MeasureDeviceCopyGbps(int device, size_t bytes, int reps = 5);
+
+}  // namespace remora

@@ -1,0 +1,51 @@
+// The CUDA channel in builds without the CUDA toolkit or NCCL: it offers no
+// GPUs, so every peer stages CUDA tensors through host memory, and whatever
+// asks for the channel itself gets kNoCudaBuild.
+#include "channel/cuda/cuda_channel.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace remora {
+
+class CudaChannel::Impl {
+ public:
+  CudaEndpoint endpoint;
+  std::string reason = kNoCudaBuild;
+};
+
+CudaChannel::CudaChannel(Options, Control) : impl_(std::make_unique<Impl>()) {}
+CudaChannel::~CudaChannel() = default;
+
+const CudaEndpoint& CudaChannel::endpoint() const { return impl_->endpoint; }
+const std::string& CudaChannel::disabled_reason() const { return impl_->reason; }
+void CudaChannel::SetGroup(const WorkerInfo&, const std::vector<WorkerInfo>&) {}
+CudaRoute CudaChannel::RouteTo(WorkerId, int, int) const { return CudaRoute::kStaged; }
+
+std::optional<wire::CudaPayload> CudaChannel::Send(WorkerId, const at::Tensor&, int) {
+  return std::nullopt;
+}
+
+void CudaChannel::Reclaim(WorkerId, const wire::CudaPayload&) {}
+
+void CudaChannel::Abandon(WorkerId, const wire::CudaPayload&, const std::string&) {}
+
+absl::StatusOr<at::Tensor> CudaChannel::Receive(WorkerId peer, const wire::CudaPayload& d,
+                                                uint64_t) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "CUDA payload ", d.payload(), " from worker #", peer, ": ", kNoCudaBuild));
+}
+
+absl::Status CudaChannel::OnNcclSetup(WorkerId, const wire::NcclSetup&) {
+  return absl::FailedPreconditionError(absl::StrCat("NCCL set-up: ", kNoCudaBuild));
+}
+
+void CudaChannel::Stop() {}
+void CudaChannel::OnNcclAbort(WorkerId, const wire::NcclAbort&) {}
+void CudaChannel::OnRelease(WorkerId, const wire::CudaRelease&) {}
+CudaChannel::Stats CudaChannel::stats() const { return {}; }
+
+absl::StatusOr<double> MeasureDeviceCopyGbps(int, size_t, int) {
+  return absl::FailedPreconditionError(kNoCudaBuild);
+}
+
+}  // namespace remora

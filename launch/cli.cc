@@ -1,0 +1,315 @@
+#include "launch/cli.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <malloc.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <mutex>
+#include <new>
+#include <unordered_map>
+
+#include <ATen/Parallel.h>
+#include <c10/core/CPUAllocator.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+
+namespace remora::cli {
+
+FlagParser::FlagParser(std::string program, std::string summary)
+    : program_(std::move(program)), summary_(std::move(summary)) {}
+
+void FlagParser::AddString(const std::string& name, std::string* target,
+                           const std::string& help) {
+  order_.push_back(name);
+  flags_[name] = Flag{help, *target, false, [target](const std::string& v) {
+                        *target = v;
+                        return absl::OkStatus();
+                      }};
+}
+
+void FlagParser::AddInt(const std::string& name, int* target, const std::string& help) {
+  order_.push_back(name);
+  flags_[name] = Flag{help, absl::StrCat(*target), false, [name, target](const std::string& v) {
+                        if (!absl::SimpleAtoi(v, target)) {
+                          return absl::InvalidArgumentError(
+                              absl::StrCat("--", name, " wants an integer, got '", v, "'"));
+                        }
+                        return absl::OkStatus();
+                      }};
+}
+
+void FlagParser::AddDouble(const std::string& name, double* target, const std::string& help) {
+  order_.push_back(name);
+  flags_[name] = Flag{help, absl::StrCat(*target), false, [name, target](const std::string& v) {
+                        if (!absl::SimpleAtod(v, target)) {
+                          return absl::InvalidArgumentError(
+                              absl::StrCat("--", name, " wants a number, got '", v, "'"));
+                        }
+                        return absl::OkStatus();
+                      }};
+}
+
+void FlagParser::AddBool(const std::string& name, bool* target, const std::string& help) {
+  order_.push_back(name);
+  flags_[name] = Flag{help, *target ? "true" : "false", true,
+                      [name, target](const std::string& v) {
+                        if (!absl::SimpleAtob(v, target)) {
+                          return absl::InvalidArgumentError(
+                              absl::StrCat("--", name, " wants true or false, got '", v, "'"));
+                        }
+                        return absl::OkStatus();
+                      }};
+}
+
+void FlagParser::AddSecurityFlags(SecurityFiles* target) {
+  AddString("token-file", &target->token_file,
+            "file holding the group's shared secret (else $REMORA_TOKEN; none: no check)");
+  AddTlsFlags(&target->tls);
+}
+
+std::vector<std::string> SecurityFiles::WorkerArgs() const {
+  std::vector<std::string> out = tls.WorkerArgs();
+  if (!token_file.empty()) out.insert(out.end(), {"--token-file", token_file});
+  return out;
+}
+
+void FlagParser::AddTlsFlags(TlsFiles* target) {
+  AddString("tls-cert", &target->cert,
+            "PEM certificate of this process (with --tls-key: TLS; every process of the group "
+            "needs one)");
+  AddString("tls-key", &target->key, "PEM private key of --tls-cert");
+  AddString("tls-ca", &target->ca,
+            "PEM CA certificate: peers' certificates must be signed by it, clients' too "
+            "(mutual TLS)");
+}
+
+std::vector<std::string> TlsFiles::WorkerArgs() const {
+  std::vector<std::string> out;
+  if (!cert.empty()) out.insert(out.end(), {"--tls-cert", cert});
+  if (!key.empty()) out.insert(out.end(), {"--tls-key", key});
+  if (!ca.empty()) out.insert(out.end(), {"--tls-ca", ca});
+  return out;
+}
+
+absl::StatusOr<TlsOptions> LoadTls(const TlsFiles& files) {
+  return LoadTlsFiles(files.cert, files.key, files.ca);
+}
+
+absl::StatusOr<Security> LoadSecurity(const SecurityFiles& files) {
+  auto token = LoadToken(files.token_file);
+  if (!token.ok()) return token.status();
+  auto tls = LoadTls(files.tls);
+  if (!tls.ok()) return tls.status();
+  return Security{*std::move(token), *std::move(tls)};
+}
+
+std::string FlagParser::Usage() const {
+  std::string out = absl::StrCat("usage: ", program_, " [flags]\n\n", summary_, "\n\nflags:\n");
+  for (const auto& name : order_) {
+    const Flag& f = flags_.at(name);
+    absl::StrAppend(&out, "  --", name, f.is_bool ? "" : " VALUE", "\n      ", f.help,
+                    f.default_text.empty() ? "" : absl::StrCat(" (default: ", f.default_text, ")"),
+                    "\n");
+  }
+  absl::StrAppend(&out, "  --help\n      print this and exit\n",
+                  "\nenvironment:\n"
+                  "  MASTER_ADDR, MASTER_PORT  where the master listens (as in PyTorch)\n"
+                  "  REMORA_TOKEN              the group's shared secret\n"
+                  "  REMORA_SHM=0              no shared memory: large tensors go through gRPC\n"
+                  "  REMORA_DEBUG=channels     log the channel chosen for every peer\n"
+                  "  REMORA_SYNC_SPIN_US=N     rpc_sync polls N us for its reply before sleeping (200; 0: off)\n"
+                  "  REMORA_STREAMS=0          rpc_sync opens a unary gRPC call each time, not a stream\n"
+                  "  REMORA_MALLOC=default     keep glibc's default heap settings\n");
+  return out;
+}
+
+bool FlagParser::Parse(int argc, char** argv, int* exit_code) {
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::cout << Usage();
+      *exit_code = 0;
+      return false;
+    }
+    if (arg.rfind("--", 0) != 0) {
+      std::cerr << program_ << ": unexpected argument '" << arg << "'\n\n" << Usage();
+      *exit_code = 2;
+      return false;
+    }
+    std::string name = arg.substr(2), value;
+    bool has_value = false;
+    if (auto eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      has_value = true;
+    }
+    auto it = flags_.find(name);
+    if (it == flags_.end()) {
+      std::cerr << program_ << ": unknown flag --" << name << "\n\n" << Usage();
+      *exit_code = 2;
+      return false;
+    }
+    if (!has_value) {
+      if (it->second.is_bool) {
+        value = "true";
+      } else if (i + 1 < argc) {
+        value = argv[++i];
+      } else {
+        std::cerr << program_ << ": --" << name << " needs a value\n";
+        *exit_code = 2;
+        return false;
+      }
+    }
+    absl::Status s = it->second.set(value);
+    if (!s.ok()) {
+      std::cerr << program_ << ": " << s.message() << "\n";
+      *exit_code = 2;
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string MasterAddressFromEnv() {
+  const char* addr = std::getenv("MASTER_ADDR");
+  const char* port = std::getenv("MASTER_PORT");
+  return absl::StrCat(addr && *addr ? addr : "127.0.0.1", ":", port && *port ? port : "29500");
+}
+
+absl::StatusOr<std::string> LoadToken(const std::string& token_file) {
+  if (token_file.empty()) {
+    const char* env = std::getenv("REMORA_TOKEN");
+    return std::string(env ? env : "");
+  }
+  std::ifstream in(token_file);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read --token-file ", token_file));
+  std::string token((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
+  if (token.empty()) return absl::InvalidArgumentError(absl::StrCat("--token-file ", token_file, " is empty"));
+  return token;
+}
+
+absl::Status CheckAddress(const std::string& address, const std::string& flag) {
+  auto colon = address.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " wants HOST:PORT (port 0 to 65535), got '", address, "'"));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> SplitList(const std::string& list) {
+  return absl::StrSplit(list, ',', absl::SkipWhitespace());
+}
+
+absl::StatusOr<DeviceMapFlag> ParseDeviceMapFlag(const std::string& text) {
+  DeviceMapFlag out;
+  for (const auto& item : SplitList(text)) {
+    if (item == "auto") {
+      out.to_peer_devices = true;
+      continue;
+    }
+    if (item == "none") continue;
+    const auto slash = item.find('/');
+    const auto eq = item.find('=', slash == std::string::npos ? 0 : slash);
+    if (slash == std::string::npos || eq == std::string::npos || slash == 0 ||
+        eq == slash + 1 || eq + 1 == item.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--device-map: '", item, "' is not auto, none or PEER/cuda:I=DEVICE "
+          "(e.g. worker2/cuda:0=cuda:1 or master/cuda:0=cpu)"));
+    }
+    const std::string peer = item.substr(0, slash);
+    const std::string src = item.substr(slash + 1, eq - slash - 1);
+    auto& entries = out.maps[peer];
+    if (!entries.emplace(src, item.substr(eq + 1)).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--device-map: ", peer, "/", src, " is mapped twice"));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(
+    const std::vector<std::string>& argv, const std::string& output) {
+  if (argv.empty()) return absl::InvalidArgumentError("empty command");
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) return absl::InternalError(absl::StrCat("fork failed for ", argv[0]));
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(1);  // the parent died already
+    if (!output.empty()) {
+      int fd = open(output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd < 0) _exit(126);
+      dup2(fd, 1);
+      dup2(fd, 2);
+      close(fd);
+    }
+    execv(args[0], args.data());
+    std::perror(args[0]);
+    _exit(127);
+  }
+  return std::unique_ptr<Subprocess>(new Subprocess(pid));
+}
+
+Subprocess::~Subprocess() {
+  if (!reaped_) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+}
+
+void Subprocess::Signal(int sig) {
+  if (!reaped_) kill(pid_, sig);
+}
+
+bool Subprocess::running() {
+  if (reaped_) return false;
+  int status = 0;
+  pid_t r = waitpid(pid_, &status, WNOHANG);
+  if (r == pid_) {
+    reaped_ = true;
+    exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return false;
+  }
+  return true;
+}
+
+absl::StatusOr<int> Subprocess::Wait(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (running()) {
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("process ", pid_, " still running"));
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return exit_code_;
+}
+
+std::string SiblingProgram(const std::string& name) {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return name;
+  std::string self(buf, n);
+  return self.substr(0, self.rfind('/') + 1) + name;
+}
+
+}  // namespace remora::cli

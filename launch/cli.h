@@ -1,0 +1,137 @@
+// Command-line helpers shared by remora's programs: a small flag parser
+// with --help, the MASTER_ADDR/MASTER_PORT convention, and child processes.
+#pragma once
+
+#include <sys/types.h>
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "rpc/tls.h"
+
+namespace remora::cli {
+
+// The PEM files of --tls-cert, --tls-key and --tls-ca (see rpc/tls.h).
+struct TlsFiles {
+  std::string cert;
+  std::string key;
+  std::string ca;
+  // The flags that pass the same files on to a worker program.
+  std::vector<std::string> WorkerArgs() const;
+};
+
+// What a program that joins a group proves itself with: --token-file and
+// the TLS flags (FlagParser::AddSecurityFlags, LoadSecurity).
+struct SecurityFiles {
+  std::string token_file;
+  TlsFiles tls;
+  // The flags that pass the same files on to a worker program.
+  std::vector<std::string> WorkerArgs() const;
+};
+
+// AgentOptions::token and AgentOptions::tls, loaded from SecurityFiles.
+struct Security {
+  std::string token;
+  TlsOptions tls;
+};
+
+// Parses --name value and --name=value; --help prints the usage.
+//
+// Thread-compatible. Targets must outlive Parse().
+class FlagParser {
+ public:
+  FlagParser(std::string program, std::string summary);
+
+  void AddString(const std::string& name, std::string* target, const std::string& help);
+  void AddInt(const std::string& name, int* target, const std::string& help);
+  void AddDouble(const std::string& name, double* target, const std::string& help);
+  void AddBool(const std::string& name, bool* target, const std::string& help);
+  // --token-file, --tls-cert, --tls-key and --tls-ca, as every program
+  // that joins a group takes them (LoadSecurity).
+  void AddSecurityFlags(SecurityFiles* target);
+  // Only the TLS flags (LoadTls).
+  void AddTlsFlags(TlsFiles* target);
+
+  // Parses argv. Returns false after printing the usage (for --help: exit 0)
+  // or an error (exit 2); `exit_code` says which.
+  bool Parse(int argc, char** argv, int* exit_code);
+  std::string Usage() const;
+
+ private:
+  struct Flag {
+    std::string help;
+    std::string default_text;
+    bool is_bool = false;
+    std::function<absl::Status(const std::string&)> set;
+  };
+  std::string program_;
+  std::string summary_;
+  std::map<std::string, Flag> flags_;
+  std::vector<std::string> order_;
+};
+
+// "MASTER_ADDR:MASTER_PORT" from the environment, each part defaulting to
+// 127.0.0.1 and 29500 as in PyTorch.
+std::string MasterAddressFromEnv();
+
+// The shared secret for AgentOptions::token: the contents of `token_file`
+// (trailing newline dropped) when given, else $REMORA_TOKEN, else empty.
+absl::StatusOr<std::string> LoadToken(const std::string& token_file);
+
+// AgentOptions::tls from the files of AddTlsFlags: all empty is plaintext;
+// an error names the flag and file that is missing, unreadable or not PEM,
+// or the flag that is missing beside another (a cert without its key).
+absl::StatusOr<TlsOptions> LoadTls(const TlsFiles& files);
+
+// LoadToken and LoadTls together; the first error wins.
+absl::StatusOr<Security> LoadSecurity(const SecurityFiles& files);
+
+// Checks HOST:PORT (port 0 to 65535).
+absl::Status CheckAddress(const std::string& address, const std::string& flag);
+
+// Splits "a,b,c", dropping empty parts.
+std::vector<std::string> SplitList(const std::string& list);
+
+// The --device-map flag of the programs: "none" (or empty), "auto" (a CUDA
+// tensor lands on the receiving peer's home device: its --device, the CPU
+// for the master), and/or entries PEER/cuda:I=DEVICE separated by commas,
+// for example "worker2/cuda:0=cuda:1,master/cuda:0=cpu". Entries win over
+// auto. Devices are checked later, by Agent::Start.
+struct DeviceMapFlag {
+  bool to_peer_devices = false;
+  std::map<std::string, std::map<std::string, std::string>> maps;
+};
+absl::StatusOr<DeviceMapFlag> ParseDeviceMapFlag(const std::string& text);
+
+// A child process started from argv. The child gets SIGTERM when this
+// process dies, so no child outlives its parent. The destructor kills (SIGKILL)
+// and reaps a child that is still running.
+class Subprocess {
+ public:
+  // Starts argv[0] (a path) with argv. When `output` is not empty, the
+  // child's stdout and stderr go to that file.
+  static absl::StatusOr<std::unique_ptr<Subprocess>> Spawn(const std::vector<std::string>& argv,
+                                                           const std::string& output = "");
+  ~Subprocess();
+
+  pid_t pid() const { return pid_; }
+  void Signal(int sig);
+  // The exit code (128 + signal when killed by one), or DEADLINE_EXCEEDED.
+  absl::StatusOr<int> Wait(absl::Duration timeout);
+  bool running();
+
+ private:
+  explicit Subprocess(pid_t pid) : pid_(pid) {}
+  pid_t pid_;
+  bool reaped_ = false;
+  int exit_code_ = -1;
+};
+
+// The path of program `name` next to the running executable (build/bin/).
+std::string SiblingProgram(const std::string& name);
+
+}  // namespace remora::cli

@@ -1,0 +1,33 @@
+// Starts a master agent in this process and worker programs beside it, on
+// this machine: how the demo, rpc_bench and the multi-process tests run a
+// group without a cluster.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "launch/cli.h"
+#include "rpc/agent.h"
+
+namespace remora::cli {
+
+struct LocalGroup {
+  std::unique_ptr<Agent> master;
+  std::vector<std::unique_ptr<Subprocess>> workers;
+
+  // Shuts the group down gracefully and waits for every worker to exit;
+  // an error names the first worker that did not exit 0.
+  absl::Status Shutdown(absl::Duration timeout = absl::Seconds(30));
+};
+
+// Starts the master (listening on 127.0.0.1, a free port), spawns one
+// worker program per name with `extra_args`, and joins. `program` is the
+// worker program's name beside this executable (SiblingProgram).
+absl::StatusOr<LocalGroup> StartLocalGroup(const std::vector<std::string>& names,
+                                           const Registry* registry,
+                                           const std::vector<std::string>& extra_args = {},
+                                           AgentOptions options = {},
+                                           const std::string& program = "worker");
+
+}  // namespace remora::cli

@@ -1,0 +1,113 @@
+#include "models/mlp.h"
+
+#include <cmath>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/linear.h>
+
+#include "rpc/agent.h"
+#include "base/status_util.h"
+#include "rpc/rref_args.h"
+#include "runtime/compute_lane.h"
+
+namespace remora::models {
+namespace {
+
+
+struct FailInBackward : public torch::autograd::Function<FailInBackward> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::Tensor x,
+                            std::string message) {
+    ctx->saved_data["message"] = message;
+    return x.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    throw std::runtime_error(ctx->saved_data["message"].toStringRef());
+  }
+};
+
+struct BackwardFails {
+  std::string message;
+};
+
+}  // namespace
+
+torch::nn::Sequential MakeMLPStage(const MLPStageOptions& o) {
+  torch::nn::Linear linear(o.in, o.out);
+  // LibTorch's own init draws from the process-wide generator, which other
+  // threads use too; redraw from a private one seeded by `seed` (same
+  // distribution as nn.Linear's default: U(-1/sqrt(in), 1/sqrt(in))).
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
+  const double bound = 1.0 / std::sqrt(static_cast<double>(o.in));
+  {
+    at::NoGradGuard no_grad;
+    linear->weight.uniform_(-bound, bound, gen);
+    linear->bias.uniform_(-bound, bound, gen);
+  }
+  torch::nn::Sequential seq(linear);
+  if (o.batchnorm) seq->push_back(torch::nn::BatchNorm1d(o.out));
+  if (o.relu) seq->push_back(torch::nn::ReLU());
+  return seq;
+}
+
+std::vector<at::Tensor> ModuleState(torch::nn::Module& module) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : module.parameters()) out.push_back(p.detach().clone());
+  for (const auto& b : module.buffers()) out.push_back(b.detach().clone());
+  return out;
+}
+
+c10::IValue ParameterRRefs(CallContext& ctx, torch::nn::Module& module) {
+  c10::impl::GenericList list(c10::AnyType::get());
+  for (const auto& p : module.parameters()) list.push_back(ctx.agent->local_rref(p).ToIValue());
+  return list;
+}
+
+absl::Status RegisterMLP(Registry& registry) {
+  using Stage = torch::nn::SequentialImpl;
+  RETURN_IF_ERROR(registry.RegisterModule<Stage>(
+      "MLPStage",
+      [](CallContext&, const Args& a) {
+        MLPStageOptions o;
+        o.in = a[0].toInt();
+        o.out = a[1].toInt();
+        o.seed = a.size() > 2 ? a[2].toInt() : 0;
+        o.relu = a.size() > 3 ? a[3].toBool() : true;
+        o.batchnorm = a.size() > 4 ? a[4].toBool() : false;
+        if (o.in <= 0 || o.out <= 0) throw std::invalid_argument("MLPStage: sizes must be positive");
+        return MakeMLPStage(o).ptr();
+      },
+      {{"forward",
+        [](Stage& m, CallContext&, const Args& a) -> c10::IValue {
+          at::Tensor x = TensorOrFetch(a[0]);  // before taking the compute lane
+          ComputeTurn compute;
+          return m.forward(x);
+        }},
+       {"parameter_rrefs",
+        [](Stage& m, CallContext& ctx, const Args&) -> c10::IValue {
+          return ParameterRRefs(ctx, m);
+        }},
+       {"state",
+        [](Stage& m, CallContext&, const Args&) -> c10::IValue {
+          return c10::List<at::Tensor>(ModuleState(m));
+        }},
+       {"train", [](Stage& m, CallContext&, const Args& a) -> c10::IValue {
+          m.train(a.size() > 0 ? a[0].toBool() : true);
+          return c10::IValue();
+        }}}));
+  RETURN_IF_ERROR(registry.RegisterModule<BackwardFails>(
+      "BackwardFails",
+      [](CallContext&, const Args& a) {
+        return std::make_shared<BackwardFails>(BackwardFails{a[0].toStringRef()});
+      },
+      {{"forward", [](BackwardFails& m, CallContext&, const Args& a) -> c10::IValue {
+          return FailInBackward::apply(TensorOrFetch(a[0]), m.message);
+        }}}));
+  return absl::OkStatus();
+}
+
+}  // namespace remora::models

@@ -1,0 +1,266 @@
+// Agent::Impl: the agent's internals, shared by the files that implement
+// them. Not part of the API; include only from rpc/.
+//
+//   server.cc        the gRPC service: reactors, authentication, dispatch,
+//                    Responder
+//   client.cc        outgoing calls: unary calls, the stream pool, replies
+//   rendezvous.cc    the address book: join, peers, routes
+//   shutdown.cc      the graceful protocol, ping, stopping
+//   rref_requests.cc handlers of calls, fetches and RRef control messages
+//   channel_requests.cc handlers of the CUDA channel's control messages
+//   agent.cc         the public Agent and RRef methods
+//
+// Thread-safety: as documented per member; mutexes are taken in the order
+// calls_mu_ -> Peer::stream_mu, mu_ -> Peer::stream_mu, never the other way.
+// Ownership: the Agent owns its Impl; the Impl owns the pool, the channels,
+// the server and the peers.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "base/mutex_lock.h"
+#include "channel/devices.h"
+#include "proto/rref.pb.h"
+#include "rpc/agent.h"
+#include "rpc/dispatch.h"
+#include "rpc/message.h"
+#include "rpc/responder.h"
+#include "rpc/stream.h"
+#include "rpc/thread_pool.h"
+
+namespace remora {
+
+// The gRPC method of unary calls; streams use kStreamMethod (rpc/stream.h).
+inline constexpr char kUnaryMethod[] = "/remora.Agent/Call";
+
+// Idle streams kept per peer (rpc/stream.h); each holds a call open on both
+// sides.
+inline constexpr size_t kMaxIdleStreams = 8;
+
+std::chrono::system_clock::time_point DeadlineIn(absl::Duration d);
+
+// gRPC settings of remora's client channels (`server` false) and servers
+// (true), applied through `set(name, value)`.
+void ApplyChannelArgs(const std::function<void(const char*, int)>& set, int max_message_bytes,
+                      bool server);
+void ApplyChannelArgs(grpc::ChannelArguments& args, int max_message_bytes);
+
+// Identifies the machine: processes with equal host ids share memory.
+std::string HostId();
+
+// The distributed autograd context a request belongs to, or kNoContext.
+int64_t ContextOf(const wire::Request& r);
+
+// A member of the group as this agent reaches it.
+struct Peer {
+  WorkerInfo info;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<grpc::GenericStub> stub;
+  Route route;  // how large payloads reach it
+  // Streams to it that no rpc_sync is using (AgentOptions::streams), at
+  // most kMaxIdleStreams: a burst of callers does not keep its streams.
+  // Taken inside Impl::calls_mu_ (GiveBack) and Impl::mu_ (CancelOutgoing),
+  // never the other way round.
+  mutable absl::Mutex stream_mu;
+  mutable std::vector<std::unique_ptr<SyncStream>> idle_streams ABSL_GUARDED_BY(stream_mu);
+};
+
+// One outgoing call in flight, unary or on a stream.
+struct ClientCall {
+  std::unique_ptr<grpc::ClientContext> context;  // unary calls only
+  grpc::ByteBuffer request;
+  grpc::ByteBuffer response;
+  Future<InMessage> done;
+  std::vector<wire::ShmPayload> sent;        // segments to take back if it fails
+  std::vector<wire::CudaPayload> cuda_sent;  // CUDA transfers, likewise
+};
+
+// Handler registrations of the request kinds that rpc/ owns, each in its
+// subsystem's file.
+absl::Status RegisterRRefRequests(Agent::Impl* impl);       // rref_requests.cc
+absl::Status RegisterChannelRequests(Agent::Impl* impl);    // channel_requests.cc
+absl::Status RegisterRendezvousRequests(Agent::Impl* impl); // rendezvous.cc
+absl::Status RegisterShutdownRequests(Agent::Impl* impl);   // shutdown.cc
+
+class Agent::Impl final : public grpc::CallbackGenericService, public Responder::Server {
+ public:
+  explicit Impl(Agent* agent);
+
+  // --- server (server.cc) ------------------------------------------------
+  grpc::ServerGenericBidiReactor* CreateReactor(
+      grpc::GenericCallbackServerContext* ctx) override;
+  // True when no token is configured, or the call carries the right one.
+  bool Authenticated(const grpc::GenericCallbackServerContext& ctx) const;
+  // Entry point of every request (on a gRPC thread): parse, then handle on
+  // the pool (or a thread of its own for CUDA payloads).
+  void Dispatch(grpc::ByteBuffer buffer, std::shared_ptr<ReplySlot> slot);
+  // Looks the request's kind up in `requests_` and runs its handler.
+  void Handle(InMessage message, std::shared_ptr<Responder> responder);
+  // Responder::Server.
+  void SendReply(ReplySlot& slot, WorkerId to, OutMessage message) override;
+  absl::Status EncodeReplyValue(WorkerId to, int64_t context_id, const c10::IValue& value,
+                                OutMessage* message) override;
+  const std::string& server_name() const override { return agent_->self_.name; }
+
+  // --- client (client.cc) ------------------------------------------------
+  // Sends a request as a unary call; the future completes on a gRPC
+  // thread, or on this thread before returning when `blocking`.
+  Future<InMessage> Transmit(grpc::GenericStub* stub, OutMessage message,
+                             absl::Duration timeout, bool wait_for_ready,
+                             bool blocking = false, const Route& route = {});
+  // Sends a request on a stream to `peer` (see rpc/stream.h) and waits for
+  // the reply on this thread: what Transmit does when `blocking`.
+  Future<InMessage> TransmitOnStream(const Peer& peer, OutMessage message,
+                                     absl::Duration timeout);
+  // Serializes `message` for `route` and registers the call; null once the
+  // agent is stopping (the payloads are taken back). The caller sends
+  // call->request, then calls FillAll(route, *fills).
+  ClientCall* NewCall(OutMessage message, const Route& route, std::vector<ShmFill>* fills);
+  // Sends `call` (from NewCall) as a unary call, as Transmit does.
+  Future<InMessage> SendUnary(grpc::GenericStub* stub, ClientCall* call, absl::Duration timeout,
+                              bool wait_for_ready, bool blocking, const Route& route,
+                              std::vector<ShmFill>& fills);
+  // Completes `call` with its reply (call->response, when `status` is OK)
+  // or `status`, and forgets it.
+  void FinishCall(ClientCall* call, WorkerId peer, const absl::Status& status);
+  // Finishes `call` here, or on a thread of its own when its reply carries
+  // CUDA payloads (see RunOwnThread).
+  void FinishCallOffGrpc(ClientCall* call, WorkerId peer, const absl::Status& status);
+  // An idle stream to `peer`, or a new one; registered as in use (null once
+  // the agent is stopping).
+  std::unique_ptr<SyncStream> TakeStream(const Peer& peer);
+  // Puts a stream that `TakeStream` gave back among the idle ones, or drops
+  // it when it cannot be used again.
+  void GiveBack(const Peer& peer, std::unique_ptr<SyncStream> stream, bool reusable);
+  // Sends a request to a group member; errors name it and `what` (e.g.
+  // "function 'add'").
+  Future<InMessage> SendTo(WorkerId dst, OutMessage message, absl::Duration timeout,
+                           bool blocking = false, const std::string& what = "control message");
+  // Sends `request` (from MakeRequest) to `dst` and waits for the reply.
+  absl::Status SendAndWait(WorkerId dst, wire::Request request, absl::Duration timeout);
+  // Turns a reply into a value (decoding RRefs) and completes `result`.
+  void CompleteWithReply(const absl::StatusOr<InMessage>& reply, WorkerId from,
+                         Future<c10::IValue> result);
+  absl::Status ErrorFromReply(const wire::Response& response) const;
+  // Runs `call` (a CallRequest) on `dst`: encodes the arguments and `self`,
+  // records autograd, sends, and decodes the reply into the result.
+  Future<c10::IValue> Call(WorkerId dst, wire::CallRequest call,
+                           std::vector<c10::IValue> args, const c10::IValue* self,
+                           CallOptions options, c10::intrusive_ptr<UserRRef> result,
+                           bool blocking = false);
+  // Distributed autograd bookkeeping for a message received from / sent to
+  // a peer (see rpc/autograd_hooks.h).
+  absl::Status RecordRecv(const wire::AutogradMeta& meta, WorkerId from,
+                          const std::vector<at::Tensor>& grad_tensors);
+  void RecordSend(int64_t context_id, WorkerId dst, std::vector<at::Tensor> grad_tensors,
+                  wire::AutogradMeta* meta);
+
+  // --- the address book (rendezvous.cc) ------------------------------------
+  // Whether an id belongs to the group (for rpc/request_checks.h).
+  struct Membership {
+    const Agent* agent;
+    bool operator()(WorkerId id) const { return agent->IsKnown(id); }
+  };
+  absl::StatusOr<WorkerId> Resolve(const std::string& name) const;
+  const Peer* FindPeer(WorkerId id) const;
+  // Lets `ctx` send CUDA tensors to `to` (device maps, destinations in `m`).
+  void SetDevices(WorkerId to, OutMessage* m, EncodeContext* ctx) const;
+  // How large payloads reach `id` (inline when unknown).
+  Route RouteTo(WorkerId id) const;
+  void SetBook(std::vector<WorkerInfo> book);
+  void HandleJoin(const wire::JoinRequest& join, std::shared_ptr<Responder> responder);
+
+  // --- channels (channel_requests.cc) --------------------------------------
+  // What channel_to() reports for CUDA tensors on `device` sent to `p`.
+  absl::StatusOr<std::string> CudaChannelTo(const Peer& p, c10::Device device) const;
+  // REMORA_DEBUG=channels: the channel of each of this process's GPUs to `p`.
+  void LogCudaChannels(const Peer& p) const;
+
+  // --- stopping (shutdown.cc) ----------------------------------------------
+  void HandleProbe(const wire::ShutdownProbe& probe, std::shared_ptr<Responder> responder);
+  void CancelOutgoing();
+  void Stop();
+  // Runs `task` on a thread of its own, or here once Stop() has begun. For
+  // frames with CUDA payloads: receiving them waits for their transfers,
+  // and NCCL posts a communicator's transfers in order, so frames waiting on
+  // pool or gRPC threads could hold up the very frame they wait for (or the
+  // replies a pool thread waits for).
+  void RunOwnThread(std::function<void()> task);
+  // Stops RunOwnThread from starting threads and waits for those running.
+  void JoinOwnThreads();
+
+  RRefContext* rrefs() const { return agent_->rrefs_.get(); }
+
+  Agent* const agent_;
+  const absl::Duration sync_spin_;  // see AgentOptions::sync_spin
+  const bool streams_;              // see AgentOptions::streams
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<ShmChannel> shm_;
+  // Plaintext or TLS (AgentOptions::tls), for every channel to a peer.
+  const std::shared_ptr<grpc::ChannelCredentials> channel_credentials_;
+  std::unique_ptr<CudaChannel> cuda_;
+  DeviceMapper devices_;  // set in Start, then read-only
+  // Request kinds and their handlers; filled before the server starts
+  // (and by Agent::requests() before Join), then read-only.
+  DispatchTable requests_;
+  std::unique_ptr<grpc::Server> server_;
+  std::atomic<int64_t> incoming_{0};
+  std::atomic<int64_t> outgoing_{0};
+
+  absl::Notification joined_;
+  absl::Notification finished_;  // worker: the master ended the group
+
+  mutable absl::Mutex mu_;
+  std::vector<std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);  // index = id
+  std::map<std::string, WorkerId> ids_ ABSL_GUARDED_BY(mu_);
+
+  // Master: workers that registered, by name.
+  struct Joiner {
+    std::string address;
+    std::string host_id;
+    ShmEndpoint shm;
+    std::shared_ptr<Responder> responder;
+    CudaEndpoint cuda;
+    std::string device;
+  };
+  absl::Mutex join_mu_;
+  std::map<std::string, Joiner> joiners_ ABSL_GUARDED_BY(join_mu_);
+  bool formed_ ABSL_GUARDED_BY(join_mu_) = false;
+  std::vector<WorkerInfo> book_ ABSL_GUARDED_BY(join_mu_);
+
+  absl::Mutex calls_mu_;
+  absl::flat_hash_set<ClientCall*> calls_ ABSL_GUARDED_BY(calls_mu_);
+  absl::flat_hash_set<SyncStream*> streams_in_use_ ABSL_GUARDED_BY(calls_mu_);
+  std::atomic<int64_t> streams_opened_{0};
+  bool stopped_ = false;
+
+  // Streams peers opened to this agent's server; closed (and no new ones
+  // taken) when it stops, which would otherwise wait for them.
+  absl::Mutex server_streams_mu_;
+  absl::flat_hash_set<std::shared_ptr<ServerStream::State>> server_streams_
+      ABSL_GUARDED_BY(server_streams_mu_);
+  bool server_streams_closed_ ABSL_GUARDED_BY(server_streams_mu_) = false;
+
+  // Threads started by RunOwnThread and not yet done. Shared with them, so
+  // that a finishing thread never touches the Impl after Stop() saw zero.
+  struct OwnThreads {
+    absl::Mutex mu;
+    int running ABSL_GUARDED_BY(mu) = 0;
+    bool closed ABSL_GUARDED_BY(mu) = false;
+  };
+  std::shared_ptr<OwnThreads> own_threads_ = std::make_shared<OwnThreads>();
+};
+
+}  // namespace remora

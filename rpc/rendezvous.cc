@@ -1,0 +1,326 @@
+// Rendezvous and the address book: workers join the master, which answers
+// every joiner with the same book once all have come; each participant then
+// opens a channel to every peer and picks the route its payloads take.
+#include <unistd.h>
+
+#include <algorithm>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status_util.h"
+#include "rpc/agent_impl.h"
+
+namespace remora {
+
+// Identifies the machine: processes with equal host ids share memory.
+std::string HostId() {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  return absl::StrCat(host, "/", BootId());
+}
+
+void ToWire(const ShmEndpoint& e, wire::ShmEndpoint* w) {
+  w->set_domain(e.domain);
+  w->set_pid(e.pid);
+  w->set_incarnation(e.incarnation);
+}
+
+ShmEndpoint FromWire(const wire::ShmEndpoint& w) {
+  return ShmEndpoint{w.domain(), w.pid(), w.incarnation()};
+}
+
+void ToWire(const CudaEndpoint& e, wire::CudaEndpoint* w) {
+  for (const auto& g : e.gpus) w->add_gpus(g);
+  w->set_nccl(e.nccl);
+  w->set_incarnation(e.incarnation);
+}
+
+CudaEndpoint FromWire(const wire::CudaEndpoint& w) {
+  return CudaEndpoint{{w.gpus().begin(), w.gpus().end()}, w.nccl(), w.incarnation()};
+}
+
+namespace {
+
+// REMORA_DEBUG=channels logs the channel chosen for every peer.
+bool DebugChannels() {
+  const char* env = std::getenv("REMORA_DEBUG");
+  return env != nullptr && std::string(env).find("channels") != std::string::npos;
+}
+
+}  // namespace
+
+absl::Status RegisterRendezvousRequests(Agent::Impl* impl) {
+  return impl->requests_.Register<wire::JoinRequest>(
+      [impl](Incoming<wire::JoinRequest> in, std::shared_ptr<Responder> r) {
+        impl->HandleJoin(in.body, std::move(r));
+      },
+      /*before_join=*/true);
+}
+
+void Agent::Impl::HandleJoin(const wire::JoinRequest& join,
+                             std::shared_ptr<Responder> responder) {
+  const AgentOptions& opts = agent_->options_;
+  if (!opts.is_master) {
+    return responder->ReplyError(absl::FailedPreconditionError(absl::StrCat(
+        "'", agent_->self_.name, "' is a worker, not the master; point --master at the master")));
+  }
+  if (!IsValidWorkerName(join.name())) {
+    return responder->ReplyError(absl::InvalidArgumentError(absl::StrCat(
+        "invalid worker name '", join.name(),
+        "': use 1 to 128 characters of [A-Za-z0-9_:-]")));
+  }
+  if (join.name() == opts.name ||
+      std::find(opts.workers.begin(), opts.workers.end(), join.name()) == opts.workers.end()) {
+    return responder->ReplyError(absl::NotFoundError(absl::StrCat(
+        "worker '", join.name(), "' is not one of the workers this master expects (",
+        absl::StrJoin(opts.workers, ","), ")")));
+  }
+  std::vector<std::shared_ptr<Responder>> to_answer;
+  std::vector<WorkerInfo> book;
+  {
+    MutexLock lock(join_mu_);
+    auto it = joiners_.find(join.name());
+    if (it != joiners_.end() && it->second.address != join.address()) {
+      return responder->ReplyError(absl::AlreadyExistsError(absl::StrCat(
+          "duplicate worker name '", join.name(), "': already registered from ",
+          it->second.address, "; give each worker its own --name")));
+    }
+    if (formed_) {
+      if (it == joiners_.end()) {
+        return responder->ReplyError(
+            absl::FailedPreconditionError("the group has already formed"));
+      }
+      to_answer.push_back(responder);  // a retried join: answer again
+      book = book_;
+    } else {
+      joiners_[join.name()] = Joiner{join.address(), join.host_id(), FromWire(join.shm()),
+                                     responder, FromWire(join.cuda()), join.device()};
+      if (joiners_.size() == opts.workers.size()) {
+        formed_ = true;
+        book_.push_back(agent_->self_);
+        book_.back().id = 0;
+        for (size_t i = 0; i < opts.workers.size(); ++i) {
+          const Joiner& j = joiners_[opts.workers[i]];
+          book_.push_back(WorkerInfo{static_cast<WorkerId>(i + 1), opts.workers[i],
+                                     j.address, j.host_id, j.shm, j.cuda, j.device});
+        }
+        book = book_;
+        for (auto& [name, j] : joiners_) {
+          to_answer.push_back(std::move(j.responder));
+        }
+      }
+    }
+  }
+  if (book.empty()) return;  // answered when the last worker joins
+  SetBook(book);
+  for (auto& r : to_answer) {
+    OutMessage m;
+    auto* response = m.header.mutable_response();
+    for (const auto& w : book) {
+      auto* e = response->add_workers();
+      e->set_id(w.id);
+      e->set_name(w.name);
+      e->set_address(w.address);
+      e->set_host_id(w.host_id);
+      ToWire(w.shm, e->mutable_shm());
+      ToWire(w.cuda, e->mutable_cuda());
+      e->set_device(w.device);
+    }
+    r->Reply(std::move(m));
+  }
+}
+
+absl::StatusOr<WorkerId> Agent::Impl::Resolve(const std::string& name) const {
+  MutexLock lock(mu_);
+  auto it = ids_.find(name);
+  if (it == ids_.end()) {
+    std::vector<std::string> names;
+    for (const auto& [n, id] : ids_) names.push_back(n);
+    return absl::NotFoundError(absl::StrCat("unknown worker '", name, "' (the group has: ",
+                                            absl::StrJoin(names, ", "), ")"));
+  }
+  return it->second;
+}
+
+const Peer* Agent::Impl::FindPeer(WorkerId id) const {
+  MutexLock lock(mu_);
+  return id < peers_.size() ? peers_[id].get() : nullptr;
+}
+
+void Agent::Impl::SetBook(std::vector<WorkerInfo> book) {
+  std::vector<std::unique_ptr<Peer>> peers(book.size());
+  for (const auto& w : book) {
+    if (w.id >= book.size()) continue;
+    grpc::ChannelArguments args;
+    ApplyChannelArgs(args, agent_->options_.max_message_bytes);
+    auto peer = std::make_unique<Peer>();
+    peer->info = w;
+    peer->channel = grpc::CreateCustomChannel(w.address, channel_credentials_, args);
+    peer->stub = std::make_unique<grpc::GenericStub>(peer->channel);
+    const ShmEndpoint& mine = shm_->endpoint();
+    if (!mine.domain.empty() && w.shm.domain == mine.domain &&
+        w.shm.incarnation != mine.incarnation) {
+      peer->route.shm = shm_.get();
+    }
+    peer->route.threshold = agent_->options_.oob_threshold_bytes;
+    peer->route.cuda = cuda_.get();
+    peer->route.peer = w.id;
+    peers[w.id] = std::move(peer);
+  }
+  std::vector<ShmEndpoint> endpoints;
+  for (const auto& w : book) endpoints.push_back(w.shm);
+  shm_->Allow(endpoints);
+  for (const auto& w : book) {
+    if (w.name == agent_->self_.name) cuda_->SetGroup(w, book);
+  }
+  if (DebugChannels()) {
+    for (const auto& p : peers) {
+      if (!p || p->info.name == agent_->self_.name) continue;
+      std::cerr << "remora: '" << agent_->self_.name << "' -> '" << p->info.name
+                << "': payloads >= " << p->route.threshold << " bytes via "
+                << (p->route.shm != nullptr ? "shm" : "grpc") << "\n";
+      LogCudaChannels(*p);
+    }
+  }
+  WorkerId self_id = kUnknownWorker;
+  {
+    MutexLock lock(mu_);
+    if (!peers_.empty()) return;  // set once
+    peers_ = std::move(peers);
+    for (const auto& p : peers_) {
+      if (!p) continue;
+      ids_[p->info.name] = p->info.id;
+      if (p->info.name == agent_->self_.name) self_id = p->info.id;
+    }
+  }
+  agent_->self_.id = self_id;
+  agent_->rrefs_ = std::make_shared<RRefContext>(self_id, agent_, agent_, pool_.get());
+  joined_.Notify();
+}
+
+void Agent::Impl::SetDevices(WorkerId to, OutMessage* m, EncodeContext* ctx) const {
+  const Peer* p = FindPeer(to);
+  ctx->devices = &devices_;
+  ctx->peer = p != nullptr ? &p->info : nullptr;
+  ctx->cuda_destinations = &m->cuda_destinations;
+}
+
+Route Agent::Impl::RouteTo(WorkerId id) const {
+  const Peer* p = FindPeer(id);
+  return p != nullptr ? p->route : Route{};
+}
+
+absl::Status Agent::Join() {
+  if (options_.is_master) {
+    if (options_.workers.empty()) {
+      WorkerInfo me = self_;
+      me.id = 0;
+      impl_->SetBook({me});
+      return absl::OkStatus();
+    }
+    if (impl_->joined_.WaitForNotificationWithTimeout(options_.connect_timeout)) {
+      return absl::OkStatus();
+    }
+    std::vector<std::string> missing;
+    {
+      MutexLock lock(impl_->join_mu_);
+      for (const auto& w : options_.workers) {
+        if (!impl_->joiners_.count(w)) missing.push_back(w);
+      }
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        "master '", self_.name, "' at ", self_.address, ": workers ",
+        absl::StrJoin(missing, ", "), " did not register within ",
+        absl::FormatDuration(options_.connect_timeout),
+        "; start them with --master ", self_.address));
+  }
+
+  grpc::ChannelArguments args;
+  ApplyChannelArgs(args, options_.max_message_bytes);
+  auto channel =
+      grpc::CreateCustomChannel(options_.master_address, impl_->channel_credentials_, args);
+  grpc::GenericStub stub(channel);
+  const absl::Time deadline = absl::Now() + options_.connect_timeout;
+  absl::Status last;
+  while (absl::Now() < deadline) {
+    wire::JoinRequest join;
+    join.set_name(self_.name);
+    join.set_address(self_.address);
+    join.set_host_id(self_.host_id);
+    ToWire(self_.shm, join.mutable_shm());
+    ToWire(self_.cuda, join.mutable_cuda());
+    join.set_device(self_.device);
+    OutMessage m;
+    *m.header.mutable_request() = MakeRequest(join);
+    m.header.mutable_request()->set_from(kUnknownWorker);
+    auto reply = impl_->Transmit(&stub, std::move(m), deadline - absl::Now(), true).wait();
+    if (reply.ok() && reply->header.response().has_error()) {
+      return Annotate(impl_->ErrorFromReply(reply->header.response()),
+                      absl::StrCat("the master at ", options_.master_address,
+                                   " refused worker '", self_.name, "'"));
+    }
+    if (reply.ok()) {
+      std::vector<WorkerInfo> book;
+      for (const auto& e : reply->header.response().workers()) {
+        book.push_back(WorkerInfo{static_cast<WorkerId>(e.id()), e.name(), e.address(),
+                                  e.host_id(), FromWire(e.shm()), FromWire(e.cuda()),
+                                  e.device().empty() ? "cpu" : e.device()});
+      }
+      bool found = false;
+      for (const auto& w : book) found |= w.name == self_.name;
+      if (!found) return absl::InternalError("the address book does not list this worker");
+      impl_->SetBook(std::move(book));
+      return absl::OkStatus();
+    }
+    last = reply.status();
+    if (last.code() == absl::StatusCode::kUnauthenticated) {
+      return Annotate(last, absl::StrCat("the master at ", options_.master_address,
+                                         " refused worker '", self_.name, "'"));
+    }
+    if (last.code() != absl::StatusCode::kUnavailable) break;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  const bool reached = channel->GetState(false) == GRPC_CHANNEL_READY;
+  if (!reached) {
+    // Waiting for the channel hides why it never connected; one call that
+    // does not wait reports the last connection error (refused, or a TLS
+    // handshake that failed: "Socket closed").
+    OutMessage m;
+    *m.header.mutable_request() = MakeRequest(wire::Ping());
+    m.header.mutable_request()->set_from(kUnknownWorker);
+    auto probe = impl_->Transmit(&stub, std::move(m), absl::Seconds(1), false).wait();
+    if (!probe.ok()) last = probe.status();
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "worker '", self_.name, "' could not join the group at master ",
+      options_.master_address, " within ", absl::FormatDuration(options_.connect_timeout),
+      reached ? ": the master is up but the group did not form (are all workers started?)"
+              : absl::StrCat(": the master is unreachable (is it running? check --master or "
+                             "MASTER_ADDR/MASTER_PORT; ",
+                             TlsHint(options_.tls), ")"),
+      last.ok() ? "" : absl::StrCat(" [", last.ToString(), "]")));
+}
+
+std::vector<WorkerInfo> Agent::workers() const {
+  MutexLock lock(impl_->mu_);
+  std::vector<WorkerInfo> out;
+  for (const auto& p : impl_->peers_) {
+    if (p) out.push_back(p->info);
+  }
+  return out;
+}
+
+absl::StatusOr<WorkerInfo> Agent::worker(const std::string& name) const {
+  ASSIGN_OR_RETURN(WorkerId id, impl_->Resolve(name));
+  return impl_->FindPeer(id)->info;
+}
+
+std::string Agent::NameOf(WorkerId id) const {
+  if (const Peer* p = impl_->FindPeer(id)) return p->info.name;
+  return absl::StrCat("worker#", id);
+}
+
+bool Agent::IsKnown(WorkerId id) const { return impl_->FindPeer(id) != nullptr; }
+
+}  // namespace remora

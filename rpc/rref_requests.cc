@@ -1,0 +1,173 @@
+// Handlers of the request kinds of calls and RRefs (proto/rref.proto):
+// function and method calls, to_here(), and the reference-counting messages
+// between an owner and its users (PyTorch's fork request, child accept and
+// user delete).
+#include "absl/strings/str_cat.h"
+#include "base/status_util.h"
+#include "proto/rref.pb.h"
+#include "rpc/agent_impl.h"
+#include "rpc/request_checks.h"
+
+namespace remora {
+namespace {
+
+// Runs a registered function, or a method on an owner RRef, once every RRef
+// argument is confirmed; a remote() keeps the result as an owner RRef.
+void HandleCall(Agent::Impl* impl, Incoming<wire::CallRequest> in,
+                std::shared_ptr<Responder> responder) {
+  InMessage& message = in.message;
+  const wire::Request& request = message.header.request();
+  const wire::CallRequest& call = in.body;
+  const WorkerId from = in.from;
+  Agent* const agent = impl->agent_;
+  RRefContext& rrefs = *impl->rrefs();
+  const Agent::Impl::Membership member{agent};
+  if (absl::Status s = CheckCall(call, from); !s.ok()) return responder->ReplyError(s);
+  if (absl::Status s = CheckContext(request, member); !s.ok()) return responder->ReplyError(s);
+  const int64_t context_id = ContextOf(request);
+  responder->set_context(context_id);
+
+  std::vector<Future<Empty>> pending;
+  std::vector<at::Tensor> grad_tensors;
+  DecodeContext ctx{&rrefs, &message.payloads, &pending, &grad_tensors};
+  std::vector<c10::IValue> args;
+  args.reserve(call.args_size());
+  for (const auto& a : call.args()) {
+    auto v = DecodeValue(a, ctx);
+    if (!v.ok()) return responder->ReplyError(Annotate(v.status(), "decoding the arguments"));
+    args.push_back(std::move(*v));
+  }
+  c10::intrusive_ptr<OwnerRRef> self_rref;
+  if (call.has_self()) {
+    auto v = DecodeValue(call.self(), ctx);
+    if (!v.ok()) return responder->ReplyError(Annotate(v.status(), "decoding the RRef"));
+    auto* owner = v->isRRef() ? dynamic_cast<OwnerRRef*>(v->toRRef().get()) : nullptr;
+    if (owner == nullptr) {
+      return responder->ReplyError(absl::InvalidArgumentError(
+          "a method call must target an RRef owned by the callee"));
+    }
+    self_rref = c10::intrusive_ptr<OwnerRRef>::unsafe_reclaim_from_nonowning(owner);
+  }
+  absl::Status recorded = impl->RecordRecv(request.autograd(), from, grad_tensors);
+  if (!recorded.ok()) return responder->ReplyError(recorded);
+  c10::intrusive_ptr<OwnerRRef> result_rref;
+  if (call.has_result_rref()) {  // the caller's own id: CheckCall
+    const RRefId id = FromWire(call.result_rref());
+    result_rref = rrefs.GetOrCreateOwner(id);
+    rrefs.AddFork(id, id);
+  }
+
+  // Runs once every RRef argument is confirmed and `self` holds its value.
+  auto run = [impl, agent, from, responder, result_rref, context_id, args = std::move(args),
+              function = call.function(), self_rref]() mutable {
+    ContextIdGuard in_context(context_id);
+    CallContext cctx{agent, WorkerInfo{}};
+    if (const Peer* p = impl->FindPeer(from)) cctx.caller = p->info;
+    Future<c10::IValue> out;
+    const Args call_args(std::move(args));
+    if (self_rref) {
+      auto object = self_rref->value().wait();  // ready: see below
+      out = Future<c10::IValue>::Ready(
+          object.ok() ? agent->registry().InvokeMethod(*object, function, cctx, call_args)
+                      : object.status());
+    } else {
+      out = agent->registry().Invoke(function, cctx, call_args);
+    }
+    out.then([responder, result_rref](const absl::StatusOr<c10::IValue>& result) {
+      if (!result_rref) return responder->ReplyValue(result);
+      result_rref->SetValue(result);
+      // The caller learns success or the creation error; the value stays.
+      responder->ReplyValue(result.ok() ? absl::StatusOr<c10::IValue>(c10::IValue())
+                                        : result.status());
+    });
+  };
+  const ForkId lane = call.has_caller_fork() ? FromWire(call.caller_fork()) : ForkId{};
+  const uint64_t seq = call.seq();
+  const absl::Duration gap = agent->options().rpc_timeout;
+  auto after_args = [run = std::move(run), responder, result_rref, self_rref, from, lane, seq,
+                     gap](const absl::StatusOr<Empty>& confirmed) mutable {
+    if (!confirmed.ok()) {
+      if (result_rref) result_rref->SetValue(confirmed.status());
+      return responder->ReplyError(Annotate(confirmed.status(), "an RRef argument"));
+    }
+    if (!self_rref) return run();
+    // Method calls through one user RRef run in the caller's order.
+    self_rref->value().then([run = std::move(run), self_rref, from, lane, seq,
+                             gap](const absl::StatusOr<c10::IValue>&) mutable {
+      self_rref->RunInOrder(from, lane, seq, std::move(run), gap);
+    });
+  };
+  if (pending.empty() && (!self_rref || self_rref->value().ready())) {
+    after_args(Empty{});  // common case: run on this thread, no hop
+  } else {
+    Future<Empty> all = WhenAll(pending, impl->pool_.get());
+    all.then(std::move(after_args));
+  }
+}
+
+// to_here(): answers with the value once it exists.
+void HandleFetch(Agent::Impl* impl, const Incoming<wire::FetchRequest>& in,
+                 std::shared_ptr<Responder> responder) {
+  const wire::Request& request = in.message.header.request();
+  const RRefId id = FromWire(in.body.rref_id());
+  const WorkerId from = in.from;
+  if (absl::Status s = CheckContext(request, Agent::Impl::Membership{impl->agent_}); !s.ok()) {
+    return responder->ReplyError(s);
+  }
+  responder->set_context(ContextOf(request));
+  RRefContext& rrefs = *impl->rrefs();
+  c10::intrusive_ptr<OwnerRRef> owner = rrefs.FindOwner(id);
+  if (!owner) {
+    // The value's remote() has not arrived yet. Wait for it when the asker
+    // is a known user: its creator, or a fork the owner recorded.
+    const ForkId fork = FromWire(in.body.fork_id());
+    const bool known_user = (id.worker == from && fork == id) || rrefs.HasFork(id, fork);
+    if (!known_user || id.worker == impl->agent_->self().id) {
+      return responder->ReplyError(absl::NotFoundError(absl::StrCat(
+          "to_here: no RRef ", id.ToString(), " here (already deleted, or never created)")));
+    }
+    owner = rrefs.GetOrCreateOwner(id);
+  }
+  owner->value().then([responder](const absl::StatusOr<c10::IValue>& v) {
+    responder->ReplyValue(v);
+  });
+}
+
+}  // namespace
+
+absl::Status RegisterRRefRequests(Agent::Impl* impl) {
+  DispatchTable& t = impl->requests_;
+  RETURN_IF_ERROR(t.Register<wire::CallRequest>(
+      [impl](Incoming<wire::CallRequest> in, std::shared_ptr<Responder> r) {
+        HandleCall(impl, std::move(in), std::move(r));
+      }));
+  RETURN_IF_ERROR(t.Register<wire::FetchRequest>(
+      [impl](Incoming<wire::FetchRequest> in, std::shared_ptr<Responder> r) {
+        HandleFetch(impl, in, std::move(r));
+      }));
+  RETURN_IF_ERROR(t.Register<wire::ForkRequest>(
+      [impl](Incoming<wire::ForkRequest> in, std::shared_ptr<Responder> r) {
+        const RRefId id = FromWire(in.body.rref_id());
+        const ForkId fork = FromWire(in.body.fork_id());
+        if (absl::Status s = CheckIds("fork request", {id, fork},
+                                      Agent::Impl::Membership{impl->agent_});
+            !s.ok()) {
+          return r->ReplyError(s);
+        }
+        impl->rrefs()->AddFork(id, fork);
+        r->Reply(OutMessage{});
+      }));
+  RETURN_IF_ERROR(t.Register<wire::ChildAccept>(
+      [impl](Incoming<wire::ChildAccept> in, std::shared_ptr<Responder> r) {
+        impl->rrefs()->AcceptChild(FromWire(in.body.fork_id()));
+        r->Reply(OutMessage{});
+      }));
+  return t.Register<wire::UserDelete>(
+      [impl](Incoming<wire::UserDelete> in, std::shared_ptr<Responder> r) {
+        // Deletes are idempotent: an unknown or already deleted user is fine.
+        r->ReplyStatus(
+            impl->rrefs()->DeleteFork(FromWire(in.body.rref_id()), FromWire(in.body.fork_id())));
+      });
+}
+
+}  // namespace remora

@@ -1,0 +1,222 @@
+// Stopping: the graceful shutdown protocol (drain RRef deletes, then a
+// barrier repeated until no call is in flight anywhere, then finish), the
+// worker's wait for it with pings to the master, and tearing an agent down.
+#include <system_error>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status_util.h"
+#include "rpc/agent_impl.h"
+
+namespace remora {
+
+void Agent::Impl::HandleProbe(const wire::ShutdownProbe& probe,
+                              std::shared_ptr<Responder> responder) {
+  if (probe.release_users()) agent_->rrefs_->ReleaseAllUsers();
+  absl::Status drained = agent_->rrefs_->WaitDrained(agent_->options_.shutdown_timeout);
+  if (!drained.ok()) return responder->ReplyError(drained);
+  OutMessage m;
+  // Minus one: this probe itself.
+  m.header.mutable_response()->set_active(agent_->active_calls() - 1);
+  responder->Reply(std::move(m));
+}
+
+absl::Status RegisterShutdownRequests(Agent::Impl* impl) {
+  DispatchTable& t = impl->requests_;
+  RETURN_IF_ERROR(t.Register<wire::ShutdownProbe>(
+      [impl](Incoming<wire::ShutdownProbe> in, std::shared_ptr<Responder> r) {
+        impl->HandleProbe(in.body, std::move(r));
+      }));
+  RETURN_IF_ERROR(t.Register<wire::Ping>(
+      [](Incoming<wire::Ping>, std::shared_ptr<Responder> r) { r->Reply(OutMessage{}); }));
+  return t.Register<wire::ShutdownFinish>(
+      [impl](Incoming<wire::ShutdownFinish>, std::shared_ptr<Responder> r) {
+        if (impl->agent_->options().is_master) {
+          return r->ReplyError(absl::PermissionDeniedError("only the master ends the group"));
+        }
+        r->Reply(OutMessage{});
+        impl->finished_.Notify();
+      });
+}
+
+void Agent::Impl::RunOwnThread(std::function<void()> task) {
+  {
+    MutexLock lock(own_threads_->mu);
+    if (!own_threads_->closed) {
+      ++own_threads_->running;
+      try {
+        std::thread([state = own_threads_, task] {
+          task();
+          MutexLock lock(state->mu);
+          --state->running;
+        }).detach();
+        return;
+      } catch (const std::system_error&) {  // no thread to be had: run it here
+        --own_threads_->running;
+      }
+    }
+  }
+  task();
+}
+
+// Stops RunOwnThread from starting threads and waits for those running.
+void Agent::Impl::JoinOwnThreads() {
+  OwnThreads& state = *own_threads_;
+  MutexLock lock(state.mu);
+  state.closed = true;
+  auto done = [&state]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.mu) { return state.running == 0; };
+  state.mu.Await(absl::Condition(&done));
+}
+
+void Agent::Impl::CancelOutgoing() {
+  {
+    MutexLock lock(calls_mu_);
+    stopped_ = true;
+    for (ClientCall* c : calls_) {
+      if (c->context) c->context->TryCancel();
+    }
+    for (SyncStream* s : streams_in_use_) s->Cancel();
+  }
+  // Idle streams go now; the callers of those in use give them back.
+  std::vector<std::unique_ptr<SyncStream>> idle;
+  {
+    MutexLock lock(mu_);
+    for (const auto& p : peers_) {
+      if (p == nullptr) continue;
+      MutexLock stream_lock(p->stream_mu);
+      for (auto& s : p->idle_streams) idle.push_back(std::move(s));
+      p->idle_streams.clear();
+    }
+  }
+  idle.clear();
+  // A reply still receiving CUDA payloads stays in calls_ until its
+  // transfers end: stopping the channel ends them now.
+  cuda_->Stop();
+  {
+    MutexLock lock(calls_mu_);
+    auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(calls_mu_) { return calls_.empty(); };
+    calls_mu_.AwaitWithTimeout(absl::Condition(&none), absl::Seconds(10));
+  }
+}
+
+void Agent::Impl::Stop() {
+  if (agent_->rrefs_) agent_->rrefs_->Detach();
+  // Peers' streams stay open until closed: the server's Shutdown would
+  // wait for them. A request being handled still gets its reply first.
+  std::vector<std::shared_ptr<ServerStream::State>> server_streams;
+  {
+    MutexLock lock(server_streams_mu_);
+    server_streams_closed_ = true;
+    server_streams.assign(server_streams_.begin(), server_streams_.end());
+  }
+  for (const auto& s : server_streams) {
+    ServerStream::Close(s, grpc::Status(grpc::StatusCode::UNAVAILABLE, absl::StrCat(
+                               "worker '", agent_->self_.name, "' is shutting down")));
+  }
+  if (server_) {
+    server_->Shutdown(DeadlineIn(absl::Seconds(2)));
+  }
+  CancelOutgoing();  // stops the CUDA channel too: waiting receives fail
+  JoinOwnThreads();
+  pool_.reset();  // runs what is queued, joins
+  if (server_) server_->Wait();
+  server_.reset();
+}
+
+absl::Status Agent::WaitForShutdown() {
+  const absl::Duration period = absl::Seconds(1);
+  absl::Time last_contact = absl::Now();
+  while (!impl_->finished_.WaitForNotificationWithTimeout(period)) {
+    if (options_.master_timeout <= absl::ZeroDuration() || options_.is_master) continue;
+    OutMessage m;
+    *m.header.mutable_request() = MakeRequest(wire::Ping());
+    m.header.mutable_request()->set_from(self_.id);
+    auto reply = impl_->SendTo(0, std::move(m), period).wait();
+    if (reply.ok()) {
+      last_contact = absl::Now();
+    } else if (absl::Now() - last_contact > options_.master_timeout) {
+      if (impl_->finished_.HasBeenNotified()) break;
+      return absl::UnavailableError(absl::StrCat(
+          "worker '", self_.name, "': the master '", NameOf(0), "' has not answered for ",
+          absl::FormatDuration(absl::Now() - last_contact), " (", reply.status().message(),
+          "); the group is gone, stopping"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Agent::Shutdown(bool graceful) {
+  if (!impl_->server_) return absl::OkStatus();  // already stopped
+  absl::Status status;
+  if (graceful && impl_->joined_.HasBeenNotified()) {
+    if (!options_.is_master) {
+      status = WaitForShutdown();
+    } else {
+      const absl::Time deadline = absl::Now() + options_.shutdown_timeout;
+      std::vector<WorkerInfo> others;
+      for (const auto& w : workers()) {
+        if (w.id != self_.id) others.push_back(w);
+      }
+      bool release = true;
+      int64_t last_active = 0;
+      while (true) {
+        if (release) rrefs_->ReleaseAllUsers();
+        status = rrefs_->WaitDrained(deadline - absl::Now());
+        if (!status.ok()) break;
+        if (deadline - absl::Now() < absl::Milliseconds(50)) {
+          status = absl::DeadlineExceededError(absl::StrCat(
+              "shutdown: ", last_active, " calls still in flight after ",
+              absl::FormatDuration(options_.shutdown_timeout),
+              "; a worker is stuck in a call (raise shutdown_timeout if it is just slow)"));
+          break;
+        }
+        int64_t active = active_calls();
+        std::vector<Future<InMessage>> replies;
+        for (const auto& w : others) {
+          wire::ShutdownProbe probe;
+          probe.set_release_users(release);
+          OutMessage m;
+          *m.header.mutable_request() = MakeRequest(probe);
+          m.header.mutable_request()->set_from(self_.id);
+          replies.push_back(impl_->SendTo(w.id, std::move(m), deadline - absl::Now()));
+        }
+        release = false;
+        std::vector<std::string> failed;
+        for (size_t i = 0; i < replies.size(); ++i) {
+          auto r = replies[i].wait();
+          if (r.ok() && r->header.response().has_error()) {
+            r = impl_->ErrorFromReply(r->header.response());
+          }
+          if (!r.ok()) {
+            failed.push_back(absl::StrCat(others[i].name, " (", r.status().message(), ")"));
+            continue;
+          }
+          active += r->header.response().active();
+        }
+        if (!failed.empty()) {
+          status = absl::DeadlineExceededError(absl::StrCat(
+              "shutdown: no answer from ", absl::StrJoin(failed, ", ")));
+          break;
+        }
+        if (active == 0) break;
+        last_active = active;
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      // Tell every worker the group is done, even after an error.
+      std::vector<Future<InMessage>> finishes;
+      for (const auto& w : others) {
+        OutMessage m;
+        *m.header.mutable_request() = MakeRequest(wire::ShutdownFinish());
+        m.header.mutable_request()->set_from(self_.id);
+        finishes.push_back(impl_->SendTo(w.id, std::move(m), absl::Seconds(5)));
+      }
+      // Best effort: a worker that does not answer is already gone.
+      for (auto& f : finishes) f.wait().IgnoreError();
+    }
+  }
+  impl_->Stop();
+  return status;
+}
+
+}  // namespace remora

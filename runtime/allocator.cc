@@ -1,0 +1,115 @@
+#include "runtime/allocator.h"
+
+#include <malloc.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <c10/core/CPUAllocator.h>
+
+namespace remora::runtime {
+
+void TuneAllocator() {
+  if (const char* v = std::getenv("REMORA_MALLOC"); v != nullptr && std::string(v) == "default") {
+    return;
+  }
+  // Setting the trim threshold turns off glibc's adaptive mmap threshold, so
+  // set that too, to its maximum: blocks up to 32 MiB (most activations of
+  // a micro-batch) then come from the heap and are reused without faults.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  mallopt(M_TOP_PAD, 256 << 20);
+}
+
+namespace {
+
+// See InstallCachingCpuAllocator. Thread-safe; never destroyed.
+class CachingCpuAllocator final : public c10::Allocator {
+ public:
+  explicit CachingCpuAllocator(size_t max_cached) : max_cached_(max_cached) {}
+
+  // LibTorch 1.13 declares allocate() const; 2.x (2.3 on) declares it
+  // non-const and adds a pure copy_data(). Defining both forms of
+  // allocate(), and copy_data(), without `override` builds against either:
+  // each overrides the virtual its LibTorch declares.
+  c10::DataPtr allocate(size_t n) { return Allocate(n); }
+  c10::DataPtr allocate(size_t n) const { return Allocate(n); }
+  void copy_data(void* dest, const void* src, size_t count) const {
+    std::memcpy(dest, src, count);
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &Release; }
+
+ private:
+  c10::DataPtr Allocate(size_t n) const {
+    if (n == 0) n = 1;
+    // A 64-byte header in front of the data records the block's size, so
+    // that the data pointer alone identifies the block (LibTorch's
+    // raw_allocate needs context == data).
+    const size_t total = n + kHeader;
+    void* base = nullptr;
+    if (n >= kMinCached) {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = free_.find(total);
+      if (it != free_.end() && !it->second.empty()) {
+        base = it->second.back();
+        it->second.pop_back();
+        cached_ -= total;
+      }
+    }
+    if (base == nullptr) {
+      if (posix_memalign(&base, kHeader, total) != 0) throw std::bad_alloc();
+      static_cast<Header*>(base)->size = total;
+      static_cast<Header*>(base)->owner = this;
+    }
+    void* data = static_cast<char*>(base) + kHeader;
+    return c10::DataPtr(data, data, &Release, c10::Device(c10::DeviceType::CPU));
+  }
+
+  static constexpr size_t kMinCached = 1 << 20;
+  static constexpr size_t kHeader = 64;
+  struct Header {
+    size_t size;  // header included
+    const CachingCpuAllocator* owner;
+  };
+
+  static void Release(void* data) {
+    void* base = static_cast<char*>(data) - kHeader;
+    auto* header = static_cast<Header*>(base);
+    header->owner->Free(base, header->size);
+  }
+
+  void Free(void* base, size_t total) const {
+    if (total >= kMinCached) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (cached_ + total <= max_cached_) {
+        free_[total].push_back(base);
+        cached_ += total;
+        return;
+      }
+    }
+    free(base);
+  }
+
+  const size_t max_cached_;
+  mutable std::mutex mu_;
+  mutable std::unordered_map<size_t, std::vector<void*>> free_;  // guarded by mu_
+  mutable size_t cached_ = 0;                                     // guarded by mu_
+};
+
+}  // namespace
+
+void InstallCachingCpuAllocator(size_t max_cached_bytes) {
+  if (const char* v = std::getenv("REMORA_MALLOC"); v != nullptr && std::string(v) == "default") {
+    return;
+  }
+  static CachingCpuAllocator* allocator = new CachingCpuAllocator(max_cached_bytes);
+  c10::SetCPUAllocator(allocator, /*priority=*/10);
+}
+
+}  // namespace remora::runtime

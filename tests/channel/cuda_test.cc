@@ -1,0 +1,816 @@
+// Devices and the CUDA channel. The first half runs anywhere: device
+// parsing, device maps and their errors, the channel choice from endpoint
+// information, descriptor checks, frames with CUDA payloads, and what a
+// build or process without CUDA says. The second half (CudaGpu.*) needs
+// GPUs and skips, reported as skipped, where there are none.
+#include <csignal>
+
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/zeros.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "launch/cli.h"
+#include "launch/local_group.h"
+#include "rpc/codec.h"
+#include "channel/cuda/cuda_channel.h"
+#include "channel/devices.h"
+#include "rpc/message.h"
+#include "tests/support/test_functions.h"
+#include "tests/support/test_group.h"
+
+#ifdef REMORA_TORCH_CUDA
+#include <ATen/ops/full.h>
+#include <ATen/ops/matmul.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace remora {
+namespace {
+
+using ::testing::HasSubstr;
+
+const std::string kBin = REMORA_BIN_DIR;
+
+const c10::Device kCpu(c10::kCPU);
+c10::Device Cuda(int i) { return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)); }
+
+// A participant as the address book would list it.
+WorkerInfo Info(WorkerId id, const std::string& name, const std::string& host, uint32_t pid,
+                std::vector<std::string> gpus, bool nccl = true,
+                const std::string& device = "cpu") {
+  WorkerInfo w;
+  w.id = id;
+  w.name = name;
+  w.host_id = host;
+  w.shm.pid = pid;
+  w.cuda.gpus = std::move(gpus);
+  w.cuda.nccl = nccl;
+  w.cuda.incarnation = 1000 + id;
+  w.device = device;
+  return w;
+}
+
+std::string Message(const absl::Status& s) { return std::string(s.message()); }
+
+// --- devices ---------------------------------------------------------------
+
+TEST(Devices, ParseTakesCpuAndIndexedCudaOnly) {
+  EXPECT_EQ(ParseDevice("cpu", "x").value(), kCpu);
+  EXPECT_EQ(ParseDevice("cuda:0", "x").value(), Cuda(0));
+  EXPECT_EQ(ParseDevice("cuda:12", "x").value(), Cuda(12));
+  for (const char* bad : {"cuda", "gpu", "cuda:-1", "cuda:01", "cuda:x", "", "CPU", "cuda:1:2"}) {
+    auto d = ParseDevice(bad, "--device");
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(Message(d.status()), HasSubstr("--device")) << bad;
+  }
+}
+
+TEST(Devices, CheckLocalDeviceSaysWhatIsMissing) {
+  EXPECT_TRUE(CheckLocalDevice(kCpu).ok());
+  const int gpus = LocalGpuCount();
+  absl::Status s = CheckLocalDevice(Cuda(gpus));  // one past the last GPU
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Message(s), HasSubstr(absl::StrCat("cuda:", gpus, " is not available")));
+  if (gpus == 0) {
+    EXPECT_THAT(Message(s), HasSubstr("LibTorch has no CUDA"));
+  } else {
+    EXPECT_THAT(Message(s), HasSubstr(absl::StrCat("sees ", gpus, " GPU(s)")));
+    EXPECT_TRUE(CheckLocalDevice(Cuda(0)).ok());
+  }
+}
+
+// --- device maps -----------------------------------------------------------
+
+TEST(DeviceMaps, CpuTensorsAlwaysLandOnTheCpu) {
+  auto m = DeviceMapper::Create("me", {}, /*map_to_peer_devices=*/true, /*local_gpus=*/0);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->Map(kCpu, Info(1, "w1", "h", 1, {}, true, "cuda:0")).value(), kCpu);
+}
+
+TEST(DeviceMaps, AnUnmappedCudaTensorIsAnErrorNamingDeviceAndPeer) {
+  auto m = DeviceMapper::Create("me", {{"w2", {{"cuda:0", "cuda:0"}}}}, false, /*local_gpus=*/2);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const WorkerInfo w2 = Info(2, "w2", "h", 2, {"GPU-a", "GPU-b"});
+  EXPECT_EQ(m->Map(Cuda(0), w2).value(), Cuda(0));
+  auto unmapped = m->Map(Cuda(1), w2);
+  EXPECT_EQ(unmapped.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Message(unmapped.status()), HasSubstr("tensor on cuda:1"));
+  EXPECT_THAT(Message(unmapped.status()), HasSubstr("to worker 'w2'"));
+  EXPECT_THAT(Message(unmapped.status()), HasSubstr("device_maps[\"w2\"][\"cuda:1\"]"));
+  // Another peer has no entries at all.
+  auto other = m->Map(Cuda(0), Info(3, "w3", "h", 3, {"GPU-a"}));
+  EXPECT_THAT(Message(other.status()), HasSubstr("'w3'"));
+}
+
+TEST(DeviceMaps, EntriesWinOverPeerHomeDevices) {
+  auto m = DeviceMapper::Create("me", {{"w2", {{"cuda:1", "cpu"}}}}, /*map_to_peer_devices=*/true,
+                                2);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const WorkerInfo w2 = Info(2, "w2", "h", 2, {"GPU-a", "GPU-b"}, true, "cuda:1");
+  EXPECT_EQ(m->Map(Cuda(0), w2).value(), Cuda(1));  // its home device
+  EXPECT_EQ(m->Map(Cuda(1), w2).value(), kCpu);     // the entry
+  const WorkerInfo master = Info(0, "master", "h", 9, {});
+  EXPECT_EQ(m->Map(Cuda(0), master).value(), kCpu);  // the master trains on the CPU
+  ASSERT_EQ(m->EntriesFor("w2").size(), 1u);
+  EXPECT_TRUE(m->EntriesFor("nobody").empty());
+}
+
+TEST(DeviceMaps, AGpuThePeerDoesNotHaveIsAnError) {
+  auto m = DeviceMapper::Create("me", {{"w2", {{"cuda:0", "cuda:3"}}}}, false, 1);
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto r = m->Map(Cuda(0), Info(2, "w2", "h", 2, {"GPU-a"}));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Message(r.status()), HasSubstr("cuda:3"));
+  EXPECT_THAT(Message(r.status()), HasSubstr("has 1 GPU(s)"));
+  // A peer that advertises no GPUs (no CUDA channel) is not second-guessed:
+  // the tensor is staged and the peer itself checks its device.
+  EXPECT_EQ(m->Map(Cuda(0), Info(2, "w2", "h", 2, {})).value(), Cuda(3));
+}
+
+TEST(DeviceMaps, CreateRejectsBadEntries) {
+  auto check = [](const DeviceMapper::Maps& maps, int gpus, const std::string& text) {
+    auto m = DeviceMapper::Create("me", maps, false, gpus);
+    EXPECT_FALSE(m.ok()) << text;
+    EXPECT_THAT(Message(m.status()), HasSubstr(text));
+  };
+  check({{"w2", {{"cpu", "cuda:0"}}}}, 1, "only CUDA devices are mapped");
+  check({{"w2", {{"cuda:0", "tpu"}}}}, 1, "'tpu' is not a device");
+  check({{"w2", {{"gpu0", "cuda:0"}}}}, 1, "'gpu0' is not a device");
+  check({{"w2", {{"cuda:1", "cuda:0"}}}}, 1, "has 1 GPU(s)");
+  check({{"w2", {{"cuda:0", "cuda:0"}}}}, 0, "LibTorch without CUDA, or no GPU");
+  check({{"me", {{"cuda:0", "cuda:0"}}}}, 1, "not a peer's name");
+  check({{"bad name", {{"cuda:0", "cuda:0"}}}}, 1, "not a peer's name");
+}
+
+TEST(DeviceMapFlag, ParsesAutoNoneAndEntries) {
+  auto a = cli::ParseDeviceMapFlag("auto");
+  ASSERT_TRUE(a.ok());
+  EXPECT_TRUE(a->to_peer_devices);
+  EXPECT_TRUE(a->maps.empty());
+  auto n = cli::ParseDeviceMapFlag("none");
+  ASSERT_TRUE(n.ok());
+  EXPECT_FALSE(n->to_peer_devices);
+  auto e = cli::ParseDeviceMapFlag("worker2/cuda:0=cuda:1,master/cuda:0=cpu,auto");
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_TRUE(e->to_peer_devices);
+  EXPECT_EQ(e->maps.at("worker2").at("cuda:0"), "cuda:1");
+  EXPECT_EQ(e->maps.at("master").at("cuda:0"), "cpu");
+  // Names may hold ':'; the first '/' ends the name.
+  auto colon = cli::ParseDeviceMapFlag("job:1/cuda:0=cuda:0");
+  ASSERT_TRUE(colon.ok()) << colon.status();
+  EXPECT_EQ(colon->maps.at("job:1").at("cuda:0"), "cuda:0");
+  for (const char* bad : {"bogus", "w2/cuda:0", "/cuda:0=cpu", "w2/=cpu", "w2/cuda:0=",
+                          "w2/cuda:0=cpu,w2/cuda:0=cuda:1"}) {
+    EXPECT_FALSE(cli::ParseDeviceMapFlag(bad).ok()) << bad;
+  }
+}
+
+// --- channel choice ----------------------------------------------------------
+
+TEST(CudaRoutes, ChosenFromTheEndpointsExchangedAtRendezvous) {
+  const WorkerInfo a = Info(1, "a", "host1", 100, {"GPU-0", "GPU-1"});
+  const WorkerInfo same_gpu = Info(2, "b", "host1", 200, {"GPU-0"});
+  const WorkerInfo other_gpu = Info(3, "c", "host1", 300, {"GPU-1", "GPU-0"});
+  const WorkerInfo remote = Info(4, "d", "host2", 100, {"GPU-9"});
+  const WorkerInfo no_nccl = Info(5, "e", "host1", 500, {"GPU-1"}, /*nccl=*/false);
+  const WorkerInfo no_channel = Info(6, "f", "host1", 600, {});
+  WorkerInfo same_process = Info(7, "g", "host1", 100, {"GPU-0"});
+
+  EXPECT_EQ(ChooseCudaRoute(a, 0, same_gpu, 0), CudaRoute::kIpc);        // one GPU, two processes
+  EXPECT_EQ(ChooseCudaRoute(a, 1, same_gpu, 0), CudaRoute::kNccl);       // GPU-1 -> GPU-0
+  EXPECT_EQ(ChooseCudaRoute(a, 0, other_gpu, 1), CudaRoute::kIpc);       // ordinals differ, UUIDs match
+  EXPECT_EQ(ChooseCudaRoute(a, 0, other_gpu, 0), CudaRoute::kNccl);
+  EXPECT_EQ(ChooseCudaRoute(a, 0, remote, 0), CudaRoute::kNccl);         // across hosts
+  EXPECT_EQ(ChooseCudaRoute(a, 0, no_nccl, 0), CudaRoute::kStaged);      // different GPU, no NCCL
+  EXPECT_EQ(ChooseCudaRoute(a, 1, no_nccl, 0), CudaRoute::kIpc);         // same GPU needs no NCCL
+  EXPECT_EQ(ChooseCudaRoute(a, 0, no_channel, 0), CudaRoute::kStaged);   // peer without a channel
+  EXPECT_EQ(ChooseCudaRoute(a, 0, same_process, 0), CudaRoute::kStaged); // IPC cannot open its own
+  EXPECT_EQ(ChooseCudaRoute(a, 2, same_gpu, 0), CudaRoute::kStaged);     // no such local GPU
+  EXPECT_EQ(ChooseCudaRoute(a, 0, same_gpu, 1), CudaRoute::kStaged);     // no such peer GPU
+  EXPECT_EQ(ChooseCudaRoute(no_channel, 0, a, 0), CudaRoute::kStaged);
+  EXPECT_STREQ(CudaRouteName(CudaRoute::kIpc), "cuda_ipc");
+  EXPECT_STREQ(CudaRouteName(CudaRoute::kNccl), "nccl");
+  EXPECT_STREQ(CudaRouteName(CudaRoute::kStaged), "staged");
+}
+
+// --- descriptors -------------------------------------------------------------
+
+struct Descriptors {
+  WorkerInfo sender = Info(1, "w1", "host1", 100, {"GPU-0", "GPU-1"});
+  CudaEndpoint receiver{{"GPU-1", "GPU-0"}, true, 42};
+
+  wire::CudaPayload Ipc() const {
+    wire::CudaPayload d;
+    d.set_channel(wire::CudaPayload::CUDA_IPC);
+    d.set_src_device(0);
+    d.set_dst_device(1);  // GPU-0 here
+    d.set_incarnation(sender.cuda.incarnation);
+    d.set_mem_handle(std::string(kCudaIpcHandleBytes, 'm'));
+    d.set_event_handle(std::string(kCudaIpcHandleBytes, 'e'));
+    d.set_base(0x7f0000000000);
+    d.set_alloc_bytes(1 << 20);
+    d.set_offset(4096);
+    d.set_buffer(7);
+    d.set_event_id(1);
+    d.set_gpu("GPU-0");
+    return d;
+  }
+
+  wire::CudaPayload Nccl() const {
+    wire::CudaPayload d;
+    d.set_channel(wire::CudaPayload::NCCL);
+    d.set_src_device(1);  // GPU-1
+    d.set_dst_device(1);  // GPU-0 here
+    d.set_incarnation(sender.cuda.incarnation);
+    d.set_generation(1);
+    d.set_seq(1);
+    return d;
+  }
+};
+
+TEST(CudaPayloads, GoodDescriptorsPass) {
+  Descriptors t;
+  EXPECT_TRUE(ValidateCudaPayload(t.Ipc(), 1 << 19, t.sender, t.receiver).ok());
+  EXPECT_TRUE(ValidateCudaPayload(t.Ipc(), (1 << 20) - 4096, t.sender, t.receiver).ok());
+  EXPECT_TRUE(ValidateCudaPayload(t.Nccl(), 1 << 19, t.sender, t.receiver).ok());
+}
+
+TEST(CudaPayloads, BadDescriptorsAreRefusedBeforeAnythingTouchesThem) {
+  Descriptors t;
+  auto expect = [&](const wire::CudaPayload& d, uint64_t length, absl::StatusCode code,
+                    const std::string& text) {
+    absl::Status s = ValidateCudaPayload(d, length, t.sender, t.receiver);
+    EXPECT_EQ(s.code(), code) << text << ": " << s;
+    EXPECT_THAT(Message(s), HasSubstr(text));
+  };
+  const auto invalid = absl::StatusCode::kInvalidArgument;
+  wire::CudaPayload d = t.Ipc();
+  d.set_incarnation(99);
+  expect(d, 16, absl::StatusCode::kPermissionDenied, "not from the process");
+  d = t.Ipc();
+  d.set_src_device(2);
+  expect(d, 16, invalid, "source device 2");
+  d = t.Ipc();
+  d.set_dst_device(-1);
+  expect(d, 16, invalid, "destination cuda:-1");
+  d = t.Ipc();
+  d.set_dst_device(0);  // GPU-1: not the sender's GPU-0
+  expect(d, 16, invalid, "one GPU on both ends");
+  d = t.Ipc();
+  d.set_mem_handle("short");
+  expect(d, 16, invalid, "malformed IPC handle");
+  d = t.Ipc();
+  d.set_event_handle(std::string(kCudaIpcHandleBytes + 1, 'e'));
+  expect(d, 16, invalid, "malformed IPC handle");
+  d = t.Ipc();
+  d.set_base(0);
+  expect(d, 16, invalid, "no allocation");
+  expect(t.Ipc(), (1 << 20) - 4095, invalid, "do not lie inside");
+  d = t.Ipc();
+  d.set_offset(uint64_t{1} << 40);
+  expect(d, 1, invalid, "do not lie inside");
+  d = t.Ipc();
+  d.set_alloc_bytes(0);
+  expect(d, 0, invalid, "no allocation");
+
+  d = t.Nccl();
+  d.set_src_device(0);  // GPU-0 -> GPU-0: one GPU
+  expect(d, 16, invalid, "impossible");
+  d = t.Nccl();
+  d.set_seq(0);
+  expect(d, 16, invalid, "sequence");
+  d = t.Nccl();
+  d.set_generation(0);
+  expect(d, 16, invalid, "communicator");
+  expect(t.Nccl(), 0, invalid, "empty");
+  d = t.Nccl();
+  d.set_channel(static_cast<wire::CudaPayload::Channel>(7));
+  expect(d, 16, invalid, "unknown channel");
+  WorkerInfo unregistered = t.sender;
+  unregistered.cuda.incarnation = 0;
+  EXPECT_EQ(ValidateCudaPayload(t.Nccl(), 16, unregistered, t.receiver).code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
+// --- frames --------------------------------------------------------------------
+
+TEST(CudaFrame, CudaPayloadsNeedAChannelAndGoodIndices) {
+  OutMessage m;
+  m.header.mutable_request()->set_from(1);
+  m.payloads = {at::zeros({64}, at::kByte)};
+  m.header.add_cuda_payloads()->set_payload(0);
+  // The frame then claims payload 0 is not in it: 64 bytes too many.
+  auto none = ParseMessage(SerializeMessage(m), nullptr, nullptr);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(none.status()), HasSubstr("CUDA payloads"));
+
+  OutMessage out_of_range;
+  out_of_range.header.add_cuda_payloads()->set_payload(3);
+  auto r = ParseMessage(SerializeMessage(out_of_range));
+  EXPECT_THAT(Message(r.status()), HasSubstr("out of range or repeated"));
+
+  OutMessage twice;
+  twice.payloads = {at::zeros({8}, at::kByte)};
+  twice.header.add_cuda_payloads()->set_payload(0);
+  twice.header.add_cuda_payloads()->set_payload(0);
+  EXPECT_THAT(Message(ParseMessage(SerializeMessage(twice)).status()),
+              HasSubstr("out of range or repeated"));
+
+  OutMessage both;
+  both.payloads = {at::zeros({8}, at::kByte)};
+  both.header.add_shm_payloads()->set_payload(0);
+  both.header.add_cuda_payloads()->set_payload(0);
+  ShmChannel shm{ShmChannel::Options{}};
+  EXPECT_EQ(ParseMessage(SerializeMessage(both), &shm).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// The agent receives frames that list CUDA payloads on threads of their
+// own; telling them apart reads the header alone.
+TEST(CudaFrame, CarriesCudaPayloadsReadsTheHeader) {
+  OutMessage plain;
+  plain.payloads = {at::zeros({64}, at::kByte)};
+  EXPECT_FALSE(CarriesCudaPayloads(SerializeMessage(plain)));
+  OutMessage cuda;
+  cuda.payloads = {at::zeros({64}, at::kByte)};
+  cuda.header.add_cuda_payloads()->set_payload(0);
+  EXPECT_TRUE(CarriesCudaPayloads(SerializeMessage(cuda)));
+  grpc::Slice junk(std::string("\xff\xff\xff\x7f not a frame"));
+  EXPECT_FALSE(CarriesCudaPayloads(grpc::ByteBuffer(&junk, 1)));
+  EXPECT_FALSE(CarriesCudaPayloads(grpc::ByteBuffer()));
+}
+
+TEST(CudaFrame, ADescriptorFromAStrangerOrForAMissingGpuIsRefused) {
+  CudaChannel channel(CudaChannel::Options{}, nullptr);
+  WorkerInfo self = Info(0, "me", "host1", 1, channel.endpoint().gpus);
+  self.cuda = channel.endpoint();
+  const WorkerInfo peer = Info(1, "w1", "host1", 2, {"GPU-x"});
+  channel.SetGroup(self, {self, peer});
+  Descriptors t;
+  wire::CudaPayload d = t.Nccl();
+  d.set_src_device(0);
+  d.set_incarnation(peer.cuda.incarnation);
+  d.set_dst_device(static_cast<int>(channel.endpoint().gpus.size()));  // one past the last
+  auto got = channel.Receive(1, d, 64);
+  EXPECT_FALSE(got.ok());
+  auto stranger = channel.Receive(9, t.Nccl(), 64);
+  EXPECT_FALSE(stranger.ok());
+  if (CudaChannelBuilt()) {
+    EXPECT_THAT(Message(got.status()), HasSubstr("not one of this process's"));
+    EXPECT_EQ(stranger.status().code(), absl::StatusCode::kPermissionDenied);
+  } else {
+    EXPECT_THAT(Message(got.status()), HasSubstr(kNoCudaBuild));
+  }
+}
+
+// --- the channel without GPUs -------------------------------------------------
+
+TEST(CudaChannel, OffersNoGpusWhereThereAreNoneAndSaysWhy) {
+  CudaChannel off(CudaChannel::Options{/*enabled=*/false}, nullptr);
+  EXPECT_TRUE(off.endpoint().gpus.empty());
+  EXPECT_FALSE(off.disabled_reason().empty());
+  CudaChannel channel(CudaChannel::Options{}, nullptr);
+  EXPECT_EQ(channel.RouteTo(5, 0, 0), CudaRoute::kStaged);  // nobody known yet
+  if (!CudaChannelBuilt()) {
+    EXPECT_EQ(channel.disabled_reason(), kNoCudaBuild);
+    EXPECT_THAT(off.disabled_reason(), HasSubstr("rebuild"));
+  } else {
+    EXPECT_THAT(off.disabled_reason(), HasSubstr("turned off"));
+    EXPECT_NE(channel.endpoint().incarnation, 0u);
+  }
+  if (LocalGpuCount() == 0) {
+    EXPECT_TRUE(channel.endpoint().gpus.empty());
+    EXPECT_FALSE(channel.disabled_reason().empty());
+    if (CudaChannelBuilt()) {
+      EXPECT_THAT(channel.disabled_reason(), HasSubstr("LibTorch has no CUDA"));
+    }
+  }
+  // Nothing to send: a CPU tensor is never the channel's.
+  EXPECT_FALSE(channel.Send(1, at::ones({4}), 0).has_value());
+  channel.Stop();
+  channel.Stop();  // idempotent
+}
+
+TEST(CudaChannel, WithoutTheBuildEveryEntryPointSaysRebuild) {
+  CudaChannel channel(CudaChannel::Options{}, nullptr);
+  auto d2d = MeasureDeviceCopyGbps(0, 1 << 20);
+  if (CudaChannelBuilt()) {
+    if (LocalGpuCount() == 0) {
+      EXPECT_THAT(Message(d2d.status()), HasSubstr("no GPU cuda:0"));
+    }
+    GTEST_SKIP() << "this build has the CUDA channel; the stub's messages are checked in "
+                    "builds without it (cmake -DREMORA_CUDA=OFF)";
+  }
+  EXPECT_EQ(Message(d2d.status()), kNoCudaBuild);
+  EXPECT_THAT(Message(channel.OnNcclSetup(1, wire::NcclSetup())), HasSubstr(kNoCudaBuild));
+  EXPECT_THAT(Message(channel.Receive(1, wire::CudaPayload(), 8).status()),
+              HasSubstr(kNoCudaBuild));
+}
+
+// --- the codec -------------------------------------------------------------------
+
+TEST(CudaCodec, ATensorMeantForAGpuThisProcessLacksIsAClearError) {
+  // What a sender whose map says cuda:0 produces, received here: the bytes
+  // staged through host memory, the destination in TensorMeta.device.
+  at::Tensor x = at::arange(16, at::kFloat);
+  std::vector<at::Tensor> payloads = {
+      at::from_blob(x.data_ptr(), {static_cast<int64_t>(x.nbytes())}, at::kByte)};
+  wire::Value v;
+  v.mutable_tensor()->set_dtype(static_cast<int32_t>(at::kFloat));
+  v.mutable_tensor()->add_sizes(16);
+  v.mutable_tensor()->set_payload(0);
+  v.mutable_tensor()->set_device("cuda:0");
+  DecodeContext ctx{nullptr, &payloads};
+  auto got = DecodeValue(v, ctx);
+  if (LocalGpuCount() == 0) {
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(Message(got.status()), HasSubstr("a tensor for cuda:0 arrived"));
+    EXPECT_THAT(Message(got.status()), HasSubstr("fix the sender's device map"));
+  } else {
+    ASSERT_TRUE(got.ok()) << got.status();  // staged: copied to the GPU on arrival
+    EXPECT_EQ(got->toTensor().device(), Cuda(0));
+    EXPECT_TRUE(at::equal(got->toTensor().cpu(), x));
+  }
+  v.mutable_tensor()->set_device("gpu:0");
+  EXPECT_EQ(DecodeValue(v, ctx).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// --- agents ------------------------------------------------------------------------
+
+TEST(CudaAgents, EndpointsAndHomeDevicesAreExchangedAtRendezvous) {
+  Group g(2);
+  for (Agent* a : g.all()) {
+    EXPECT_EQ(a->self().device, "cpu");
+    for (const auto& w : a->workers()) {
+      Agent* owner = w.name == "master" ? &g.master() : &g.worker(w.name == "w1" ? 1 : 2);
+      EXPECT_EQ(w.device, "cpu");
+      EXPECT_EQ(w.cuda.incarnation, owner->self().cuda.incarnation) << w.name;
+      EXPECT_EQ(w.cuda.gpus, owner->self().cuda.gpus) << w.name;
+    }
+  }
+  EXPECT_EQ(g.master().cuda_stats().ipc_sends, 0);
+}
+
+TEST(CudaAgents, ChannelToExplainsCudaTensors) {
+  AgentOptions opts;
+  Group g(1, opts);
+  EXPECT_EQ(g.master().channel_to("w1").value(), "shm");
+  auto unmapped = g.master().channel_to("w1", "cuda:0");
+  EXPECT_EQ(unmapped.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Message(unmapped.status()), HasSubstr("no device map entry for cuda:0"));
+  EXPECT_THAT(Message(unmapped.status()), HasSubstr("'w1'"));
+  EXPECT_EQ(g.master().channel_to("w1", "gpu").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(g.master().channel_to("nobody", "cuda:0").ok());
+}
+
+TEST(CudaAgents, MapToPeerDevicesStagesToACpuPeer) {
+  AgentOptions opts;
+  opts.map_to_peer_devices = true;
+  Group g(1, opts);
+  // w1's home is the CPU: a CUDA tensor would be copied to the host and
+  // travel through shared memory.
+  EXPECT_EQ(g.master().channel_to("w1", "cuda:0").value(), "staged:shm");
+}
+
+TEST(CudaAgents, StartRefusesDevicesThisProcessLacks) {
+  if (LocalGpuCount() > 0) GTEST_SKIP() << "this machine has a GPU: CudaGpu.* cover it";
+  Registry registry;
+  AgentOptions opts;
+  opts.name = "w1";
+  opts.device = "cuda:0";
+  auto a = Agent::Start(opts, &registry);
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Message(a.status()), HasSubstr("cuda:0 is not available"));
+  opts.device = "cpu";
+  opts.device_maps["w2"]["cuda:0"] = "cuda:0";
+  auto b = Agent::Start(opts, &registry);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Message(b.status()), HasSubstr("device_maps[\"w2\"][\"cuda:0\"]"));
+  opts.device_maps.clear();
+  opts.device = "tpu:0";
+  EXPECT_EQ(Agent::Start(opts, &registry).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CudaPrograms, WorkerAndBenchRefuseAGpuTheyDoNotHave) {
+  auto [bad, bad_out] = RunProgram({kBin + "/worker", "--name", "w1", "--device", "gpu"});
+  EXPECT_EQ(bad, 2);
+  EXPECT_THAT(bad_out, HasSubstr("'gpu' is not a device"));
+  auto [map, map_out] =
+      RunProgram({kBin + "/worker", "--name", "w1", "--device-map", "w2/cuda:0"});
+  EXPECT_EQ(map, 2);
+  EXPECT_THAT(map_out, HasSubstr("--device-map"));
+  if (LocalGpuCount() > 0) GTEST_SKIP() << "this machine has a GPU: CudaGpu.* cover it";
+  auto [gpu, gpu_out] = RunProgram({kBin + "/worker", "--name", "w1", "--device", "cuda:0"});
+  EXPECT_EQ(gpu, 2);
+  EXPECT_THAT(gpu_out, HasSubstr("--device cuda:0 is not available"));
+  EXPECT_THAT(gpu_out, HasSubstr("LibTorch has no CUDA"));
+  auto [bench, bench_out] = RunProgram({kBin + "/rpc_bench", "--device", "cuda"});
+  EXPECT_EQ(bench, 2);
+  EXPECT_THAT(bench_out, HasSubstr(CudaChannelBuilt() ? "LibTorch has no CUDA" : kNoCudaBuild));
+  auto [master, master_out] =
+      RunProgram({kBin + "/master", "--local", "--device", "cuda:0", "--splits", "1"});
+  EXPECT_EQ(master, 2);
+  EXPECT_THAT(master_out, HasSubstr("cuda:0 is not available"));
+}
+
+// --- GPUs -------------------------------------------------------------------------
+// Everything below needs GPUs and skips, with the reason, where there are none.
+
+#define REMORA_REQUIRE_GPUS(n)                                                              \
+  do {                                                                                      \
+    if (LocalGpuCount() < (n)) {                                                            \
+      GTEST_SKIP() << "needs " << (n) << " GPU(s); this process's LibTorch sees "           \
+                   << LocalGpuCount();                                                      \
+    }                                                                                       \
+  } while (0)
+
+#define REMORA_REQUIRE_CHANNEL()                                                            \
+  do {                                                                                      \
+    if (!CudaChannelBuilt()) GTEST_SKIP() << kNoCudaBuild;                                  \
+  } while (0)
+
+// Waits until `done()` or 20 s (what happens in the background, e.g. a
+// release, is not instantaneous; no timing is asserted).
+template <typename F>
+bool Eventually(F done) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
+}
+
+TEST(CudaGpu, UnmappedCudaTensorFailsAtSendTimeNamingDeviceAndPeer) {
+  REMORA_REQUIRE_GPUS(1);
+  Group g(1);
+  at::Tensor x = at::ones({8}, at::TensorOptions().device(Cuda(0)));
+  auto r = g.master().rpc_sync("w1", "echo", {x});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Message(r.status()), HasSubstr("tensor on cuda:0"));
+  EXPECT_THAT(Message(r.status()), HasSubstr("'w1'"));
+}
+
+TEST(CudaGpu, AgentsInOneProcessStageThroughHostMemory) {
+  REMORA_REQUIRE_GPUS(1);
+  AgentOptions opts;
+  opts.device = "cuda:0";
+  opts.map_to_peer_devices = true;
+  Group g(1, opts);
+  EXPECT_EQ(g.master().channel_to("w1", "cuda:0").value(), "staged:shm");
+  at::Tensor x = at::randn({512, 512}, at::TensorOptions().device(Cuda(0)));
+  EXPECT_EQ(g.master().rpc_sync("w1", "device_of", {x}).value().toStringRef(), "cuda:0");
+  auto y = g.master().rpc_sync("w1", "echo", {x});
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_EQ(y->toTensor().device(), Cuda(0));
+  EXPECT_TRUE(at::equal(y->toTensor(), x));
+}
+
+TEST(CudaGpu, MappedToTheCpuArrivesOnTheCpu) {
+  REMORA_REQUIRE_GPUS(1);
+  AgentOptions opts;
+  opts.device_maps["w1"]["cuda:0"] = "cpu";
+  Group g(1, opts);
+  at::Tensor x = at::randn({64}, at::TensorOptions().device(Cuda(0)));
+  EXPECT_EQ(g.master().rpc_sync("w1", "device_of", {x}).value().toStringRef(), "cpu");
+}
+
+TEST(CudaGpu, ShardsLiveOnTheirWorkersDevice) {
+  REMORA_REQUIRE_GPUS(1);
+  AgentOptions opts;
+  opts.device = "cuda:0";
+  opts.map_to_peer_devices = true;
+  Group g(1, opts);
+  RRef head = g.master().remote("w1", "ResNetShard", {int64_t{17}, int64_t{18}, int64_t{0}}).value();
+  RRef y = head.remote("forward", {at::randn({2, 2048, 4, 4})}).value();  // a CPU input
+  EXPECT_EQ(g.master().rpc_sync("w1", "device_of", {y}).value().toStringRef(), "cuda:0");
+  auto out = y.to_here();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->toTensor().device(), Cuda(0));  // the master's home device
+  EXPECT_EQ(out->toTensor().sizes(), (std::vector<int64_t>{2, 1000}));
+}
+
+// This process as the master on cuda:0 and one `worker` process "w1" on
+// `device`, where the master's cuda:0 maps.
+absl::StatusOr<cli::LocalGroup> StartWorkerOn(const Registry& registry, const std::string& device,
+                                              absl::Duration rpc_timeout = absl::Seconds(60)) {
+  AgentOptions opts;
+  opts.device = "cuda:0";
+  opts.device_maps["w1"]["cuda:0"] = device;
+  opts.rpc_timeout = rpc_timeout;
+  return cli::StartLocalGroup({"w1"}, &registry, {"--device", device}, opts);
+}
+
+#ifdef REMORA_TORCH_CUDA
+// Sends a worker process on `device` (reached by `channel`) a tensor that a
+// side stream produces behind about half a second of matrix products, from
+// that stream and without waiting for it on the host: the channel must
+// order the transfer after the producer (an event on LibTorch's current
+// stream), or the worker copies stale memory.
+void ExpectSentAfterItsProducer(const std::string& device, const std::string& channel) {
+  Registry registry;
+  ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
+  auto group = StartWorkerOn(registry, device);
+  ASSERT_TRUE(group.ok()) << group.status();
+  Agent& master = *group->master;
+  ASSERT_EQ(master.channel_to("w1", "cuda:0").value(), channel);
+  const auto on0 = at::TensorOptions().device(Cuda(0));
+  {
+    c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, 0);
+    c10::cuda::CUDAStreamGuard current(side);
+    at::Tensor a = at::randn({4096, 4096}, on0);
+    const at::Tensor b = at::randn({4096, 4096}, on0).div(64);
+    for (int i = 0; i < 200; ++i) a = at::matmul(a, b).tanh();  // bounded; 27 TFLOP in all
+    const at::Tensor x = at::full({1 << 22}, 7.0, on0).add(a.sum().mul(0));
+    auto y = master.rpc_sync("w1", "echo", {x});
+    ASSERT_TRUE(y.ok()) << y.status();
+    EXPECT_TRUE(at::equal(y->toTensor(), at::full({1 << 22}, 7.0, on0)))
+        << "the transfer read the tensor before its producer wrote it";
+  }
+  ASSERT_TRUE(group->Shutdown().ok());
+}
+#endif
+
+// Real worker processes on the master's GPU: CUDA IPC both ways.
+TEST(CudaGpu, IpcBetweenProcessesOnOneGpu) {
+  REMORA_REQUIRE_CHANNEL();
+  REMORA_REQUIRE_GPUS(1);
+  Registry registry;
+  ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
+  auto group = StartWorkerOn(registry, "cuda:0");
+  ASSERT_TRUE(group.ok()) << group.status();
+  Agent& master = *group->master;
+  ASSERT_EQ(master.channel_to("w1", "cuda:0").value(), "cuda_ipc")
+      << master.cuda_disabled_reason();
+  std::vector<at::Tensor> xs;
+  std::vector<Future<c10::IValue>> ys;
+  for (int i = 0; i < 8; ++i) {
+    xs.push_back(at::randn({1 << 20}, at::TensorOptions().device(Cuda(0))));  // 4 MiB
+    ys.push_back(master.rpc_async("w1", "echo", {xs.back()}));
+  }
+  for (int i = 0; i < 8; ++i) {
+    auto y = ys[i].wait();
+    ASSERT_TRUE(y.ok()) << y.status();
+    EXPECT_EQ(y->toTensor().device(), Cuda(0));
+    EXPECT_TRUE(at::equal(y->toTensor(), xs[i]));
+  }
+  // A view sends only its own elements.
+  at::Tensor view = xs[0].narrow(0, 1000, 4096);
+  EXPECT_TRUE(at::equal(master.rpc_sync("w1", "echo", {view}).value().toTensor(), view));
+  EXPECT_EQ(master.rpc_sync("w1", "device_of", {xs[0]}).value().toStringRef(), "cuda:0");
+  CudaChannel::Stats s = master.cuda_stats();
+  EXPECT_GE(s.ipc_sends, 9);
+  EXPECT_GE(s.ipc_receives, 9);  // the echoes came back the same way
+  EXPECT_TRUE(Eventually([&] { return master.cuda_stats().held_buffers == 0; }))
+      << "the worker never released " << master.cuda_stats().held_buffers << " buffers";
+  ASSERT_TRUE(group->Shutdown().ok());
+}
+
+TEST(CudaGpu, IpcWaitsForAProducerOnAnotherStream) {
+#ifndef REMORA_TORCH_CUDA
+  GTEST_SKIP() << "needs a LibTorch with CUDA (its stream API) at build time";
+#else
+  REMORA_REQUIRE_CHANNEL();
+  REMORA_REQUIRE_GPUS(1);
+  ExpectSentAfterItsProducer("cuda:0", "cuda_ipc");
+#endif
+}
+
+TEST(CudaGpu, NcclWaitsForAProducerOnAnotherStream) {
+#ifndef REMORA_TORCH_CUDA
+  GTEST_SKIP() << "needs a LibTorch with CUDA (its stream API) at build time";
+#else
+  REMORA_REQUIRE_CHANNEL();
+  REMORA_REQUIRE_GPUS(2);
+  ExpectSentAfterItsProducer("cuda:1", "nccl");
+#endif
+}
+
+// A worker on the second GPU: NCCL, many transfers in flight at once.
+TEST(CudaGpu, NcclBetweenTwoGpusKeepsTransfersInOrder) {
+  REMORA_REQUIRE_CHANNEL();
+  REMORA_REQUIRE_GPUS(2);
+  Registry registry;
+  ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
+  auto group = StartWorkerOn(registry, "cuda:1");
+  ASSERT_TRUE(group.ok()) << group.status();
+  Agent& master = *group->master;
+  ASSERT_EQ(master.channel_to("w1", "cuda:0").value(), "nccl") << master.cuda_disabled_reason();
+  std::vector<at::Tensor> xs;
+  std::vector<Future<c10::IValue>> ys;
+  for (int i = 0; i < 32; ++i) {
+    // Different sizes: a receive posted out of order would not match.
+    xs.push_back(at::randn({1000 + 977 * i}, at::TensorOptions().device(Cuda(0))));
+    ys.push_back(master.rpc_async("w1", "echo", {xs.back()}));
+  }
+  for (int i = 0; i < 32; ++i) {
+    auto y = ys[i].wait();
+    ASSERT_TRUE(y.ok()) << y.status();
+    EXPECT_EQ(y->toTensor().device(), Cuda(0));
+    EXPECT_TRUE(at::equal(y->toTensor(), xs[i]));
+  }
+  EXPECT_EQ(master.rpc_sync("w1", "device_of", {xs[0]}).value().toStringRef(), "cuda:1");
+  EXPECT_GE(master.cuda_stats().nccl_sends, 33);
+  EXPECT_GE(master.cuda_stats().nccl_receives, 32);
+  ASSERT_TRUE(group->Shutdown().ok());
+}
+
+// The first send on a new communicator stays in progress until the
+// receiver posts its receive, which needs the very message that is being
+// built: a message with several CUDA tensors must still leave at once.
+TEST(CudaGpu, NcclFirstMessageWithSeveralTensorsDoesNotWait) {
+  REMORA_REQUIRE_CHANNEL();
+  REMORA_REQUIRE_GPUS(2);
+  Registry registry;
+  ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
+  auto group = StartWorkerOn(registry, "cuda:1", absl::Seconds(30));
+  ASSERT_TRUE(group.ok()) << group.status();
+  Agent& master = *group->master;
+  const auto on0 = at::TensorOptions().device(Cuda(0));
+  const std::vector<at::Tensor> xs = {at::randn({1 << 20}, on0), at::randn({4096}, on0),
+                                      at::randn({3, 5}, on0)};
+  const absl::Time start = absl::Now();
+  auto y = master.rpc_sync("w1", "echo", {c10::ivalue::Tuple::create(std::vector<c10::IValue>(
+                                             xs.begin(), xs.end()))});
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "the message waited for its first send";
+  const auto& back = y->toTupleRef().elements();
+  ASSERT_EQ(back.size(), xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    EXPECT_EQ(back[i].toTensor().device(), Cuda(0));
+    EXPECT_TRUE(at::equal(back[i].toTensor(), xs[i])) << "tensor " << i;
+  }
+  EXPECT_GE(master.cuda_stats().nccl_sends, 3);
+  EXPECT_GE(master.cuda_stats().nccl_receives, 3);
+  EXPECT_EQ(master.cuda_stats().aborted, 0);
+  ASSERT_TRUE(group->Shutdown().ok());
+}
+
+TEST(CudaGpu, NcclToAWorkerThatDiedFailsTheCallInsteadOfHanging) {
+  REMORA_REQUIRE_CHANNEL();
+  REMORA_REQUIRE_GPUS(2);
+  Registry registry;
+  ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
+  auto group = StartWorkerOn(registry, "cuda:1", absl::Seconds(20));
+  ASSERT_TRUE(group.ok()) << group.status();
+  Agent& master = *group->master;
+  at::Tensor x = at::randn({1 << 20}, at::TensorOptions().device(Cuda(0)));
+  ASSERT_TRUE(master.rpc_sync("w1", "sink", {x}).ok());  // the communicator exists
+  group->workers[0]->Signal(SIGKILL);
+  ASSERT_TRUE(group->workers[0]->Wait(absl::Seconds(10)).ok());
+  auto r = master.rpc_sync("w1", "sink", {x});
+  EXPECT_FALSE(r.ok());
+  EXPECT_THAT(Message(r.status()), HasSubstr("w1"));
+  master.Shutdown(/*graceful=*/false).IgnoreError();
+}
+
+TEST(CudaGpu, ResNetPipelineOnGpuWorkersMatchesLocalTraining) {
+  REMORA_REQUIRE_GPUS(1);
+  const int port = FreePort();
+  const std::string addr = absl::StrCat("127.0.0.1:", port);
+  std::vector<std::unique_ptr<cli::Subprocess>> workers;
+  setenv("REMORA_DEBUG", "channels", 1);  // the workers log their routes
+  for (const char* name : {"worker1", "worker2"}) {
+    workers.push_back(cli::Subprocess::Spawn({kBin + "/worker", "--name", name, "--master", addr,
+                                              "--device", "cuda:0"},
+                                             TempPath(std::string(name) + ".log"))
+                          .value());
+  }
+  const std::vector<std::string> small = {"--batches", "1", "--batch-size", "8",
+                                          "--image-size", "32", "--splits", "2"};
+  std::vector<std::string> argv = {kBin + "/master", "--workers", "worker1,worker2",
+                                   "--listen", addr, "--report", TempPath("gpu.json")};
+  argv.insert(argv.end(), small.begin(), small.end());
+  auto [code, out] = RunProgram(argv, absl::Seconds(240));
+  for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
+  unsetenv("REMORA_DEBUG");
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("worker1: shards on cuda:0"));
+  // Activations went GPU to GPU, not through host memory.
+  std::ifstream log(TempPath("worker1.log"));
+  const std::string worker_log((std::istreambuf_iterator<char>(log)),
+                               std::istreambuf_iterator<char>());
+  EXPECT_THAT(worker_log, HasSubstr("-> 'worker2': cuda:0 -> its cuda:0 via cuda_ipc"));
+  std::vector<std::string> local = {kBin + "/master", "--local", "--device", "cuda:0"};
+  local.insert(local.end(), small.begin(), small.end());
+  auto [local_code, local_out] = RunProgram(local, absl::Seconds(240));
+  ASSERT_EQ(local_code, 0) << local_out;
+  auto loss = [](const std::string& text) {
+    const auto at = text.find("batch=0 loss=");
+    return at == std::string::npos ? -1.0 : std::stod(text.substr(at + 13));
+  };
+  ASSERT_GT(loss(out), 0) << out;
+  // Same weights, same images: the first batch's loss agrees (TF32 and
+  // kernel choices differ a little between the two runs).
+  EXPECT_NEAR(loss(out), loss(local_out), 2e-2 * loss(local_out));
+}
+
+}  // namespace
+}  // namespace remora

@@ -1,0 +1,339 @@
+// ResNet50 shards, partitioning, and the master program end to end.
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include <ATen/ops/equal.h>
+#include <ATen/ops/randn.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "launch/cli.h"
+#include "models/resnet.h"
+#include "tests/support/test_group.h"
+
+namespace remora {
+namespace {
+
+using ::testing::HasSubstr;
+
+const std::string kBin = REMORA_BIN_DIR;
+
+int64_t NumParameters(torch::nn::Module& m) {
+  int64_t n = 0;
+  for (const auto& p : m.parameters()) n += p.numel();
+  return n;
+}
+
+TEST(ResNet, HasTorchvisionsParameterCount) {
+  models::ResNetShardImpl full(0, models::kResNetBlocks, 0);
+  EXPECT_EQ(NumParameters(full), 25557032);
+  at::Tensor out = full.forward(at::randn({2, 3, 64, 64}));
+  EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 1000}));
+}
+
+TEST(ResNet, ShardsEqualTheSameBlocksOfTheFullModel) {
+  models::ResNetShardImpl full(0, models::kResNetBlocks, 3);
+  models::ResNetShardImpl a(0, 8, 3), b(8, models::kResNetBlocks, 3);
+  EXPECT_EQ(NumParameters(a) + NumParameters(b), NumParameters(full));
+  auto fp = full.parameters();
+  auto ap = a.parameters(), bp = b.parameters();
+  ap.insert(ap.end(), bp.begin(), bp.end());
+  ASSERT_EQ(ap.size(), fp.size());
+  for (size_t i = 0; i < fp.size(); ++i) EXPECT_TRUE(at::equal(ap[i], fp[i])) << i;
+  at::Tensor x = at::randn({2, 3, 32, 32});
+  EXPECT_TRUE(at::allclose(b.forward(a.forward(x)), full.forward(x), 1e-5, 1e-6));
+  EXPECT_THROW(models::ResNetShardImpl(5, 5, 0), std::invalid_argument);
+  EXPECT_THROW(models::ResNetShardImpl(0, 19, 0), std::invalid_argument);
+}
+
+TEST(ResNet, BalancedSplitMinimisesTheLargestPart) {
+  EXPECT_EQ(models::BalancedSplit({1, 1, 1, 1}, 2), (std::vector<int>{0, 2, 4}));
+  EXPECT_EQ(models::BalancedSplit({5, 1, 1, 1, 1, 1}, 2), (std::vector<int>{0, 1, 6}));
+  EXPECT_EQ(models::BalancedSplit({1, 2, 3, 4, 5, 6}, 3), (std::vector<int>{0, 3, 5, 6}));
+  EXPECT_EQ(models::BalancedSplit({3, 3, 3}, 3), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_THROW(models::BalancedSplit({1, 2}, 3), std::invalid_argument);
+  EXPECT_EQ(models::TutorialSplit(), (std::vector<int>{0, 8, 18}));
+}
+
+TEST(ResNet, InterleavedSplitBalancesWorkersThenChunks) {
+  // Chunk k runs on worker k % workers.
+  EXPECT_EQ(models::InterleavedSplit(std::vector<double>(8, 1.0), 2, 2, 8),
+            (std::vector<int>{0, 2, 4, 6, 8}));
+  // 5 | 1 1 1 1 | 1 1 1 1 | 5: each worker carries 9 although the chunks
+  // are uneven; the largest chunk (5) cannot be smaller.
+  EXPECT_EQ(models::InterleavedSplit({5, 1, 1, 1, 1, 1, 1, 1, 1, 5}, 2, 2, 8),
+            (std::vector<int>{0, 1, 5, 9, 10}));
+  // Three workers, two chunks each (6 9 6 | 7 8 9): the workers carry 13, 17
+  // and 15; no cut beats 4 x 17 + 2 x 9 (the largest chunk).
+  EXPECT_EQ(models::InterleavedSplit({1, 2, 3, 4, 5, 6, 7, 8, 9}, 3, 2, 4),
+            (std::vector<int>{0, 3, 5, 6, 7, 8, 9}));
+  // One chunk per worker is the plain balanced split.
+  EXPECT_EQ(models::InterleavedSplit({1, 2, 3, 4, 5, 6}, 3, 1, 8),
+            models::BalancedSplit({1, 2, 3, 4, 5, 6}, 3));
+  EXPECT_THROW(models::InterleavedSplit({1, 2, 3}, 2, 2, 8), std::invalid_argument);
+  EXPECT_THROW(models::InterleavedSplit({1, 2, 3}, 1, 1, 0), std::invalid_argument);
+}
+
+// Losses of every run in a --report file, in order.
+std::vector<std::vector<double>> ReportLosses(const std::string& json) {
+  std::vector<std::vector<double>> out;
+  std::regex losses("\"losses\": \\[([^\\]]*)\\]");
+  for (auto it = std::sregex_iterator(json.begin(), json.end(), losses);
+       it != std::sregex_iterator(); ++it) {
+    std::vector<double> v;
+    for (auto part : absl::StrSplit((*it)[1].str(), ", ")) v.push_back(std::stod(std::string(part)));
+    out.push_back(v);
+  }
+  return out;
+}
+
+// A pipeline run over `n` real workers; returns the master's exit code and
+// output. `common_args` go to the master and every worker.
+std::pair<int, std::string> RunPipeline(int n, const std::vector<std::string>& master_args,
+                                        const std::vector<std::string>& common_args = {}) {
+  const int port = FreePort();
+  const std::string addr = absl::StrCat("127.0.0.1:", port);
+  std::vector<std::unique_ptr<cli::Subprocess>> workers;
+  std::string names;
+  for (int i = 1; i <= n; ++i) {
+    const std::string name = absl::StrCat("worker", i);
+    names += (i > 1 ? "," : "") + name;
+    std::vector<std::string> worker_argv = {kBin + "/worker", "--name", name, "--master", addr,
+                                            "--threads", "1"};
+    worker_argv.insert(worker_argv.end(), common_args.begin(), common_args.end());
+    workers.push_back(cli::Subprocess::Spawn(worker_argv, TempPath(name + ".log")).value());
+  }
+  std::vector<std::string> argv = {kBin + "/master", "--workers", names, "--listen", addr};
+  argv.insert(argv.end(), master_args.begin(), master_args.end());
+  argv.insert(argv.end(), common_args.begin(), common_args.end());
+  auto result = RunProgram(argv, absl::Seconds(240));
+  for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
+  return result;
+}
+
+// The losses of `master --local --threads 1` with `args`, one list per
+// split count (empty when it failed, which the test is told).
+std::vector<std::vector<double>> LocalLosses(const std::vector<std::string>& args,
+                                             const std::string& name) {
+  const std::string report = TempPath(name + ".json");
+  std::vector<std::string> argv = {kBin + "/master", "--local", "--threads", "1", "--report",
+                                   report};
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto [code, out] = RunProgram(argv, absl::Seconds(240));
+  EXPECT_EQ(code, 0) << out;
+  return code == 0 ? ReportLosses(ReadFile(report)) : std::vector<std::vector<double>>{};
+}
+
+// Every batch's loss of `got` within 1e-4 (relative) of `want`'s.
+void ExpectSameLosses(const std::vector<double>& got, const std::vector<double>& want,
+                      const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t b = 0; b < want.size(); ++b) {
+    EXPECT_LT(std::abs(got[b] - want[b]) / std::abs(want[b]), 1e-4)
+        << what << " batch " << b << ": " << got[b] << " vs " << want[b];
+  }
+}
+
+const std::vector<std::string> kSmall = {"--batches", "2", "--batch-size", "8",
+                                         "--image-size", "32"};
+
+TEST(Master, PipelineLossesMatchLocalTraining) {
+  const std::string report = TempPath("pipeline.json"), local = TempPath("local.json");
+  const std::string trace = TempPath("trace.json"), svg = TempPath("timeline.svg");
+  std::vector<std::string> args = kSmall;
+  for (const char* a : {"--splits", "1,2"}) args.push_back(a);
+  std::vector<std::string> pipeline_args = args;
+  for (const std::string& a : {std::string("--report"), report, std::string("--trace"), trace,
+                               std::string("--timeline"), svg}) {
+    pipeline_args.push_back(a);
+  }
+  auto [code, out] = RunPipeline(2, pipeline_args);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("batch=1 loss="));
+  EXPECT_THAT(out, HasSubstr("splits=2 seconds="));
+  EXPECT_THAT(out, HasSubstr("speedup"));
+  std::vector<std::string> local_args = {kBin + "/master", "--local", "--threads", "1",
+                                         "--report", local};
+  local_args.insert(local_args.end(), args.begin(), args.end());
+  auto [lcode, lout] = RunProgram(local_args, absl::Seconds(240));
+  ASSERT_EQ(lcode, 0) << lout;
+
+  const std::string pj = ReadFile(report), lj = ReadFile(local);
+  EXPECT_THAT(pj, HasSubstr("\"mode\": \"pipeline\""));
+  EXPECT_THAT(lj, HasSubstr("\"mode\": \"local\""));
+  auto p = ReportLosses(pj), l = ReportLosses(lj);
+  ASSERT_EQ(p.size(), 2u);
+  ASSERT_EQ(l.size(), 2u);
+  for (size_t r = 0; r < 2; ++r) {
+    ASSERT_EQ(p[r].size(), 2u);
+    ASSERT_EQ(l[r].size(), 2u);
+    for (size_t b = 0; b < 2; ++b) {
+      EXPECT_LT(std::abs(p[r][b] - l[r][b]) / std::abs(l[r][b]), 1e-4)
+          << "run " << r << " batch " << b << ": " << p[r][b] << " vs " << l[r][b];
+    }
+  }
+  // Training moved the model: the second batch's loss differs from the first's.
+  EXPECT_GT(std::abs(l[0][1] - l[0][0]), 1e-3);
+
+  // The trace has a track per worker and forward/backward slices per micro-batch.
+  const std::string tj = ReadFile(trace);
+  EXPECT_THAT(tj, HasSubstr("\"traceEvents\""));
+  EXPECT_THAT(tj, HasSubstr("\"name\": \"worker1\""));
+  EXPECT_THAT(tj, HasSubstr("\"name\": \"worker2\""));
+  for (const char* slice : {"forward mb0", "forward mb1", "backward mb0", "backward mb1", "step"}) {
+    EXPECT_THAT(tj, HasSubstr(slice)) << slice;
+  }
+  // Forward and backward slices name their stage (two per worker here).
+  EXPECT_THAT(tj, HasSubstr("\"cat\": \"forward\", \"ph\": \"X\", \"pid\": 0"));
+  EXPECT_THAT(tj, HasSubstr("\"stage\": \"blocks [0, "));
+  for (const char* kind : {"forward", "backward"}) {
+    std::regex staged(absl::StrCat("\"name\": \"", kind,
+                                   " mb[0-9]+\"[^}]*\"stage\": \"blocks \\[[0-9]+, [0-9]+\\)\""));
+    EXPECT_TRUE(std::regex_search(tj, staged)) << kind;
+  }
+  const std::string sj = ReadFile(svg);
+  EXPECT_THAT(sj, HasSubstr("<svg"));
+  EXPECT_THAT(sj, HasSubstr("worker2"));
+  EXPECT_GT(std::count(sj.begin(), sj.end(), '\n'), 20);
+}
+
+// Interleaved stages (worker k also hosts stage k + n) train the same model:
+// one stage per worker and three per worker (the default is two) give local
+// training's losses.
+TEST(Master, InterleavedStagesMatchLocalTraining) {
+  std::vector<std::string> args = kSmall;
+  for (const char* a : {"--splits", "2"}) args.push_back(a);
+  auto l = LocalLosses(args, "local2");
+  ASSERT_EQ(l.size(), 1u);
+  for (int per_worker : {1, 3}) {
+    const std::string report = TempPath(absl::StrCat("interleave", per_worker, ".json"));
+    std::vector<std::string> pipeline_args = args;
+    for (const std::string& a : {std::string("--interleave"), absl::StrCat(per_worker),
+                                 std::string("--report"), report}) {
+      pipeline_args.push_back(a);
+    }
+    auto [code, out] = RunPipeline(2, pipeline_args);
+    ASSERT_EQ(code, 0) << out;
+    EXPECT_THAT(out, HasSubstr(absl::StrCat("over 2 workers, ", 2 * per_worker, " stages")));
+    auto p = ReportLosses(ReadFile(report));
+    ASSERT_EQ(p.size(), 1u);
+    ExpectSameLosses(p[0], l[0], absl::StrCat("--interleave ", per_worker));
+  }
+}
+
+// --in-flight 1 starts a micro-batch only once the previous one finished its
+// backward pass: the first stage's trace then alternates forward and
+// backward, micro-batch by micro-batch, and training is unchanged.
+TEST(Master, InFlightBoundsTheMicroBatchesInThePipeline) {
+  std::vector<std::string> args = kSmall;
+  for (const char* a : {"--splits", "3"}) args.push_back(a);
+  auto l = LocalLosses(args, "local3");
+  ASSERT_EQ(l.size(), 1u);
+  const std::string report = TempPath("inflight.json"), trace = TempPath("inflight_trace.json");
+  std::vector<std::string> pipeline_args = args;
+  for (const std::string& a : {std::string("--in-flight"), std::string("1"),
+                               std::string("--report"), report, std::string("--trace"), trace}) {
+    pipeline_args.push_back(a);
+  }
+  auto [code, out] = RunPipeline(2, pipeline_args);
+  ASSERT_EQ(code, 0) << out;
+  auto p = ReportLosses(ReadFile(report));
+  ASSERT_EQ(p.size(), 1u);
+  ExpectSameLosses(p[0], l[0], "--in-flight 1");
+  // The first stage's slices in time order: F0 B0 F1 B1 F2 B2, once per batch.
+  const std::string tj = ReadFile(trace);
+  const std::regex slice(
+      "\"name\": \"(forward|backward) mb([0-9]+)\"[^}]*\"ts\": ([0-9]+)[^}]*"
+      "\"stage\": \"blocks \\[0, ");
+  std::vector<std::pair<int64_t, std::string>> first_stage;
+  for (auto it = std::sregex_iterator(tj.begin(), tj.end(), slice); it != std::sregex_iterator();
+       ++it) {
+    first_stage.emplace_back(std::stoll((*it)[3]), (*it)[1].str().substr(0, 1) + (*it)[2].str());
+  }
+  std::sort(first_stage.begin(), first_stage.end());
+  std::string order;
+  for (const auto& [ts, name] : first_stage) order += name + " ";
+  EXPECT_EQ(order, "f0 b0 f1 b1 f2 b2 f0 b0 f1 b1 f2 b2 ");
+}
+
+// --compare-local trains the local baseline batch by batch between the last
+// split count's batches (both meet the same minutes of a drifting machine).
+TEST(Master, CompareLocalAlternatesBatchesWithThePipeline) {
+  std::vector<std::string> args = kSmall;
+  for (const char* a : {"--splits", "1,2", "--compare-local"}) args.push_back(a);
+  auto [code, out] = RunPipeline(2, args);
+  ASSERT_EQ(code, 0) << out;
+  const size_t last = out.find("pipeline: splits=2");
+  ASSERT_NE(last, std::string::npos) << out;
+  size_t at = last;
+  for (const char* line : {"\nbatch=0 loss=", "\nlocal batch=0 loss=", "\nbatch=1 loss=",
+                           "\nlocal batch=1 loss=", "splits=1 seconds=",
+                           "pipeline splits=2 takes "}) {
+    const size_t next = out.find(line, at);
+    ASSERT_NE(next, std::string::npos) << "missing, in order: " << line << "\n" << out;
+    at = next;
+  }
+  // The first split count ran alone.
+  EXPECT_EQ(out.substr(0, last).find("local batch="), std::string::npos) << out;
+}
+
+TEST(Master, BalancedSplitWorksForThreeAndFourWorkers) {
+  for (int n : {3, 4}) {
+    std::vector<std::string> args = kSmall;
+    args[1] = "1";  // one batch
+    args.push_back("--splits");
+    args.push_back("2");
+    auto [code, out] = RunPipeline(n, args);
+    ASSERT_EQ(code, 0) << out;
+    EXPECT_THAT(out, HasSubstr(absl::StrCat("worker", n, " ")));
+    EXPECT_THAT(out, HasSubstr("of the measured cost"));
+    EXPECT_THAT(out, HasSubstr("batch=0 loss="));
+  }
+}
+
+TEST(Master, TutorialPartitionRunsOverMutualTls) {
+  std::vector<std::string> args = kSmall;
+  for (const char* a : {"--partition", "tutorial", "--splits", "2", "--batches", "1"}) {
+    args.push_back(a);
+  }
+  const TestPki pki = MakeTestPki("master");
+  auto [code, out] = RunPipeline(2, args, pki.files().WorkerArgs());
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("(mutual TLS)"));
+  EXPECT_THAT(out, HasSubstr("batch=0 loss="));
+}
+
+TEST(Master, BadFlagsAndMissingWorkersAreClearErrors) {
+  const std::string m = kBin + "/master";
+  auto check = [&](std::vector<std::string> argv, int want, const std::string& text) {
+    argv.insert(argv.begin(), m);
+    auto [code, out] = RunProgram(argv, absl::Seconds(60));
+    EXPECT_EQ(code, want) << out;
+    EXPECT_THAT(out, HasSubstr(text));
+  };
+  check({"--help"}, 0, "--splits");
+  check({"--splits", "1"}, 2, "--workers is required");
+  check({"--local", "--splits", "0"}, 2, "positive integers");
+  check({"--local", "--splits", "16", "--batch-size", "8"}, 2, "exceeds --batch-size 8");
+  check({"--local", "--image-size", "4"}, 2, "--image-size");
+  check({"--workers", "a,b,c", "--partition", "tutorial"}, 2, "exactly two");
+  check({"--workers", "a", "--partition", "odd"}, 2, "balanced or tutorial");
+  check({"--workers", "a,b", "--interleave", "-1"}, 2, "--interleave must be >= 1");
+  check({"--workers", "a,b", "--in-flight", "-2"}, 2, "--in-flight must be >= 1");
+  check({"--workers", "a,b", "--interleave", "10"}, 2, "--workers times --interleave is at most 18");
+  check({"--workers", "a,b", "--partition", "tutorial", "--interleave", "2"}, 2,
+        "drop --interleave");
+  check({"--workers", "a", "--listen", "nowhere"}, 2, "HOST:PORT");
+  check({"--workers", "a", "--tls-cert", "node.crt"}, 2, "--tls-cert is given without --tls-key");
+  check({"--workers", "a", "--tls-cert", TempPath("absent.crt"), "--tls-key", "k"}, 2,
+        "cannot read --tls-cert");
+  check({"--workers", "ghost", "--listen", absl::StrCat("127.0.0.1:", FreePort()),
+         "--connect-timeout", "2"},
+        1, "ghost did not register");
+}
+
+}  // namespace
+}  // namespace remora

@@ -1,0 +1,347 @@
+// Bad requests, handler by handler: hand-built frames sent to an in-process
+// worker (over loopback, as a buggy or hostile peer would send them), and
+// bad arguments through the API. Every case must answer with an error the
+// caller sees, and the worker must go on serving.
+#include <limits>
+
+#include <ATen/ops/ones.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/zeros.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/support/test_group.h"
+#include "tests/support/wire_values.h"
+
+namespace remora {
+namespace {
+
+using ::testing::HasSubstr;
+
+class BadInput : public ::testing::Test, protected WireValues {
+ protected:
+  BadInput() : group_(2), client_(group_.worker(1).self().address) {}
+
+  // Worker w1's id (the master is 0).
+  WorkerId w1() { return group_.worker(1).self().id; }
+
+  // A call frame from the master to w1.
+  static OutMessage Call(const std::string& function, std::vector<wire::Value> args = {},
+                         std::vector<at::Tensor> payloads = {}) {
+    OutMessage m;
+    m.header.mutable_request()->set_from(0);
+    wire::CallRequest call;
+    call.set_function(function);
+    for (auto& a : args) *call.add_args() = std::move(a);
+    SetBody(m.header.mutable_request(), call);
+    m.payloads = std::move(payloads);
+    return m;
+  }
+
+  static wire::Value Tensor(int32_t dtype, std::vector<int64_t> sizes, uint32_t payload = 0,
+                            bool requires_grad = false) {
+    wire::Value v;
+    auto* t = v.mutable_tensor();
+    t->set_dtype(dtype);
+    for (int64_t s : sizes) t->add_sizes(s);
+    t->set_payload(payload);
+    t->set_requires_grad(requires_grad);
+    return v;
+  }
+  static at::Tensor Bytes(int64_t n) { return at::zeros({n}, at::kByte); }
+
+  // Sends `m` to w1 and expects an error reply from w1 that contains `text`.
+  void ExpectError(OutMessage m, const std::string& text) {
+    ExpectErrorBytes(RawClient::FrameBytes(std::move(m)), text);
+  }
+  void ExpectErrorBytes(const std::string& frame, const std::string& text) {
+    auto reply = client_.CallBytesParsed(frame);
+    ASSERT_TRUE(reply.ok()) << "no reply at all: " << reply.status();
+    const wire::Response& r = reply->header.response();
+    ASSERT_TRUE(r.has_error()) << "expected an error containing '" << text << "'";
+    EXPECT_EQ(r.error().worker(), "w1");
+    EXPECT_NE(r.error().code(), 0);
+    EXPECT_THAT(r.error().message(), HasSubstr(text));
+    ExpectServing();
+  }
+  // Sends `m` to w1 and expects a reply without an error.
+  InMessage ExpectOk(OutMessage m) {
+    auto reply = client_.Call(std::move(m));
+    EXPECT_TRUE(reply.ok()) << reply.status();
+    if (!reply.ok()) return {};
+    EXPECT_FALSE(reply->header.response().has_error())
+        << reply->header.response().error().message();
+    return std::move(*reply);
+  }
+  // A good call still works.
+  void ExpectServing() {
+    auto r = group_.master().rpc_sync("w1", "add", {int64_t{20}, int64_t{22}});
+    ASSERT_TRUE(r.ok()) << "w1 stopped serving: " << r.status();
+    EXPECT_EQ(r->toInt(), 42);
+  }
+
+  Group group_;
+  RawClient client_;
+};
+
+const int32_t kFloat = static_cast<int32_t>(at::kFloat);
+const int32_t kLong = static_cast<int32_t>(at::kLong);
+
+TEST_F(BadInput, UnknownFunctionModuleAndMethodNames) {
+  ExpectError(Call("no_such_function"), "no function or module named 'no_such_function'");
+  Agent& master = group_.master();
+  auto module = master.remote("w1", "NoSuchModule", {int64_t{1}}).value();
+  auto fetched = module.to_here();
+  ASSERT_FALSE(fetched.ok());
+  EXPECT_THAT(std::string(fetched.status().message()), HasSubstr("'NoSuchModule'"));
+  RRef affine = master.remote("w1", "Affine", {int64_t{2}, int64_t{2}}).value();
+  auto method = affine.rpc_sync("no_such_method");
+  ASSERT_FALSE(method.ok());
+  EXPECT_THAT(std::string(method.status().message()), HasSubstr("has no method 'no_such_method'"));
+  ExpectServing();
+  // A method call on a value that is not a module.
+  RRef tensor = master.remote("w1", "echo", {at::ones({2})}).value();
+  auto not_module = tensor.rpc_sync("forward", {at::ones({2})});
+  ASSERT_FALSE(not_module.ok());
+  EXPECT_THAT(std::string(not_module.status().message()), HasSubstr("does not hold a module"));
+  ExpectServing();
+}
+
+TEST_F(BadInput, InvalidNames) {
+  ExpectError(Call(""), "invalid function name ''");
+  ExpectError(Call("bad name!"), "invalid function name 'bad name!'");
+  ExpectError(Call(std::string("a\0b", 3)), "invalid function name");
+  // A megabyte-long name is refused without echoing it back.
+  OutMessage huge = Call(std::string(1 << 20, 'x'));
+  auto reply = client_.Call(std::move(huge));
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_TRUE(reply->header.response().has_error());
+  EXPECT_THAT(reply->header.response().error().message(), HasSubstr("(1048576 bytes)"));
+  EXPECT_LT(reply->header.response().error().message().size(), 400u);
+  // Join requests go to the master only, and name valid workers.
+  OutMessage join;
+  join.header.mutable_request()->set_from(kUnknownWorker);
+  wire::JoinRequest bad_name;
+  bad_name.set_name("bad name");
+  SetBody(join.header.mutable_request(), bad_name);
+  ExpectError(std::move(join), "is a worker, not the master");
+  RawClient to_master(group_.master().self().address);
+  OutMessage bad_join;
+  bad_join.header.mutable_request()->set_from(kUnknownWorker);
+  SetBody(bad_join.header.mutable_request(), bad_name);
+  auto refused = to_master.Call(std::move(bad_join));
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_THAT(refused->header.response().error().message(), HasSubstr("invalid worker name"));
+  ExpectServing();
+}
+
+TEST_F(BadInput, WrongArgumentCountsAndTypes) {
+  ExpectError(Call("add", {Int(1)}), "argument 1 was requested but 1 were given");
+  ExpectError(Call("add"), "argument 0 was requested but 0 were given");
+  ExpectError(Call("add", {Str("x"), Int(1)}), "function 'add'");
+  ExpectError(Call("sleep_ms", {Str("soon")}), "function 'sleep_ms'");
+  ExpectError(Call("sink", {Int(3)}), "function 'sink'");
+  ExpectError(Call("remora.autograd.propagate", {Int(1)}), "remora.autograd.propagate");
+  ExpectError(Call("remora.autograd.propagate", {Str("a"), Str("b"), Str("c")}),
+              "remora.autograd.propagate");
+  ExpectError(Call("rref_add", {Int(1), Int(2)}), "expected a tensor or an RRef to one");
+  Agent& master = group_.master();
+  RRef affine = master.remote("w1", "Affine", {std::string("four"), int64_t{2}}).value();
+  auto created = affine.to_here();
+  ASSERT_FALSE(created.ok());
+  EXPECT_THAT(std::string(created.status().message()), HasSubstr("constructing module 'Affine'"));
+  RRef good = master.remote("w1", "Affine", {int64_t{3}, int64_t{2}}).value();
+  auto wrong_shape = good.rpc_sync("forward", {at::ones({5, 7})});
+  ASSERT_FALSE(wrong_shape.ok());
+  auto no_args = good.rpc_sync("forward");
+  ASSERT_FALSE(no_args.ok());
+  EXPECT_THAT(std::string(no_args.status().message()), HasSubstr("argument 0 was requested"));
+  ExpectServing();
+}
+
+TEST_F(BadInput, TensorDescriptorsThatDoNotMatchTheirBytes) {
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  // 2x3 float32 needs 24 bytes.
+  ExpectError(Call("echo", {Tensor(kFloat, {2, 3})}, {Bytes(23)}), "payload bytes do not match");
+  ExpectError(Call("echo", {Tensor(kFloat, {2, 3})}, {Bytes(25)}), "payload bytes do not match");
+  ExpectError(Call("echo", {Tensor(kFloat, {2, -3})}, {Bytes(24)}), "negative size");
+  ExpectError(Call("echo", {Tensor(kFloat, {max, max})}, {Bytes(16)}), "sizes overflow");
+  ExpectError(Call("echo", {Tensor(kLong, {1LL << 32, 1LL << 32, 16})}, {Bytes(16)}),
+              "sizes overflow");
+  ExpectError(Call("echo", {Tensor(kLong, {1LL << 61})}, {Bytes(16)}),
+              "payload bytes do not match");
+  ExpectError(Call("echo", {Tensor(kFloat, {1LL << 40})}, {Bytes(16)}),
+              "payload bytes do not match");
+  ExpectError(Call("echo", {Tensor(kFloat, {2}, /*payload=*/1)}, {Bytes(8)}),
+              "payload 1 does not exist");
+  ExpectError(Call("echo", {Tensor(kFloat, {2}, /*payload=*/std::numeric_limits<uint32_t>::max())}),
+              "does not exist");
+  ExpectError(Call("echo", {Tensor(999, {2})}, {Bytes(8)}), "unknown dtype 999");
+  ExpectError(Call("echo", {Tensor(kLong, {1}, 0, /*requires_grad=*/true)}, {Bytes(8)}),
+              "only floating point tensors can require grad");
+  // The same descriptor with the right bytes works.
+  InMessage ok = ExpectOk(Call("echo", {Tensor(kFloat, {2, 3})}, {Bytes(24)}));
+  EXPECT_EQ(ok.header.response().value().tensor().sizes_size(), 2);
+}
+
+TEST_F(BadInput, BrokenFrames) {
+  // Payload sizes that do not add up to the bytes that follow the header.
+  wire::Header header;
+  header.mutable_request()->set_from(0);
+  wire::CallRequest echo;
+  echo.set_function("echo");
+  SetBody(header.mutable_request(), echo);
+  header.add_payload_sizes(100);
+  std::string h = header.SerializeAsString();
+  uint32_t len = static_cast<uint32_t>(h.size());
+  std::string frame(reinterpret_cast<const char*>(&len), 4);
+  frame += h + std::string(10, 'x');
+  ExpectErrorBytes(frame, "bad request: frame: payload sizes exceed");
+  ExpectErrorBytes(std::string("\xff\xff\xff\x7f", 4) + "abc", "header length");
+  ExpectErrorBytes("ab", "too short");
+  ExpectErrorBytes(std::string("\x05\x00\x00\x00", 4) + "\xff\xff\xff\xff\xff",
+                   "header does not parse");
+  ExpectErrorBytes("", "too short");
+  // A header without a request body, a response sent as a request, a kind
+  // no subsystem registered, and a body that is not its kind's message.
+  OutMessage empty;
+  empty.header.mutable_request()->set_from(0);
+  ExpectError(std::move(empty), "unknown request kind ''");
+  OutMessage response;
+  response.header.mutable_response()->mutable_value()->set_i(1);
+  ExpectError(std::move(response), "unknown request kind ''");
+  OutMessage unknown;
+  unknown.header.mutable_request()->set_from(0);
+  unknown.header.mutable_request()->set_kind("remora.wire.NoSuchRequest");
+  ExpectError(std::move(unknown), "unknown request kind 'remora.wire.NoSuchRequest'");
+  OutMessage garbled = Call("echo");
+  garbled.header.mutable_request()->set_body("\xff\xff\xff");
+  ExpectError(std::move(garbled), "malformed body of a remora.wire.CallRequest request");
+  // Senders that are not in the group.
+  for (uint32_t from : {77u, 65535u, 65536u + 1u, 0xffffffffu}) {
+    OutMessage m = Call("add", {Int(1), Int(2)});
+    m.header.mutable_request()->set_from(from);
+    ExpectError(std::move(m), "request from unknown worker id");
+  }
+}
+
+TEST_F(BadInput, UnknownRRefIds) {
+  // to_here of values that do not exist.
+  for (const auto& [rref, fork] : {std::pair{Guid(w1(), 123456), Guid(w1(), 123456)},
+                                   std::pair{Guid(0, 99999), Guid(0, 88888)},
+                                   std::pair{Guid(999, 1), Guid(999, 1)}}) {
+    OutMessage m;
+    m.header.mutable_request()->set_from(0);
+    SetBody(m.header.mutable_request(), Fetch(rref, fork));
+    ExpectError(std::move(m), "to_here: no RRef");
+  }
+  // A method call on an RRef w1 should own but does not.
+  OutMessage self_call = Call("forward", {Tensor(kFloat, {1})}, {Bytes(4)});
+  wire::CallRequest forward = RequestBody<wire::CallRequest>(self_call.header.request()).value();
+  auto* self = forward.mutable_self()->mutable_rref();
+  self->set_owner(w1());
+  *self->mutable_rref_id() = Guid(w1(), 777777);
+  *self->mutable_fork_id() = Guid(0, 777778);
+  self->set_parent(0);
+  SetBody(self_call.header.mutable_request(), forward);
+  ExpectError(std::move(self_call), "no RRef G(1,777777) on its owner 'w1'");
+  // RRef arguments naming workers outside the group.
+  for (const auto& [owner, parent, rref_worker] :
+       {std::tuple{77u, 0u, 0u}, std::tuple{0u, 70000u, 0u}, std::tuple{0u, 0u, 999u}}) {
+    wire::Value v;
+    v.mutable_rref()->set_owner(owner);
+    v.mutable_rref()->set_parent(parent);
+    *v.mutable_rref()->mutable_rref_id() = Guid(rref_worker, 5);
+    *v.mutable_rref()->mutable_fork_id() = Guid(0, 6);
+    ExpectError(Call("echo", {v}), "decoding the arguments");
+  }
+  // Fork requests naming workers outside the group.
+  OutMessage fork;
+  fork.header.mutable_request()->set_from(0);
+  SetBody(fork.header.mutable_request(), Fork(Guid(4242, 1), Guid(0, 2)));
+  ExpectError(std::move(fork), "fork request: id G(4242,1) names worker id 4242");
+  // Deleting or accepting unknown users is harmless (both are idempotent).
+  OutMessage del;
+  del.header.mutable_request()->set_from(0);
+  SetBody(del.header.mutable_request(), Delete(Guid(0, 31337), Guid(0, 31338)));
+  ExpectOk(std::move(del));
+  OutMessage accept;
+  accept.header.mutable_request()->set_from(0);
+  wire::ChildAccept child;
+  *child.mutable_fork_id() = Guid(3, 4);
+  SetBody(accept.header.mutable_request(), child);
+  ExpectOk(std::move(accept));
+  ExpectServing();
+  std::string why;
+  EXPECT_TRUE(group_.WaitTablesEmpty(absl::Seconds(20), &why)) << why;
+}
+
+TEST_F(BadInput, DoubleDeleteOfAnRRefUserFreesNothingTwice) {
+  Agent& master = group_.master();
+  RRef value = master.remote("w1", "echo", {at::ones({3})}).value();
+  ASSERT_TRUE(value.to_here().ok());
+  // A second user of the value that the owner knows of (as after a fork).
+  const wire::Guid rref = ToWire(value.id());
+  const wire::Guid extra = Guid(0, 4000000);
+  OutMessage fork;
+  fork.header.mutable_request()->set_from(0);
+  SetBody(fork.header.mutable_request(), Fork(rref, extra));
+  ExpectOk(std::move(fork));
+  EXPECT_EQ(group_.worker(1).rref_stats().forks, 2);
+  // That user is deleted twice: the second delete changes nothing, and the
+  // master's own user still reaches the value.
+  for (int i = 0; i < 2; ++i) {
+    OutMessage del;
+    del.header.mutable_request()->set_from(0);
+    SetBody(del.header.mutable_request(), Delete(rref, extra));
+    ExpectOk(std::move(del));
+    EXPECT_EQ(group_.worker(1).rref_stats().forks, 1);
+    EXPECT_EQ(group_.worker(1).rref_stats().owners, 1);
+  }
+  auto again = value.to_here();
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->toTensor().numel(), 3);
+  value = RRef();  // the real delete frees the value
+  std::string why;
+  EXPECT_TRUE(group_.WaitTablesEmpty(absl::Seconds(20), &why)) << why;
+  ExpectServing();
+}
+
+TEST_F(BadInput, UnknownAutogradContextIds) {
+  // Tensors that require grad, in a context no worker of the group created.
+  for (int64_t context : {int64_t{-7}, int64_t{0}, (int64_t{999} << 48) | 5,
+                          std::numeric_limits<int64_t>::max()}) {
+    OutMessage m = Call("echo", {Tensor(kFloat, {2}, 0, true)}, {Bytes(8)});
+    m.header.mutable_request()->mutable_autograd()->set_context_id(context);
+    m.header.mutable_request()->mutable_autograd()->set_message_id(12);
+    ExpectError(std::move(m), "unknown distributed autograd context id");
+    if (context == 0) continue;  // 0 means "no context" without a message id
+    OutMessage fetch;
+    fetch.header.mutable_request()->set_from(0);
+    fetch.header.mutable_request()->mutable_autograd()->set_context_id(context);
+    SetBody(fetch.header.mutable_request(), Fetch(Guid(0, 1), Guid(0, 1)));
+    ExpectError(std::move(fetch), "unknown distributed autograd context id");
+  }
+  // Gradients for a context this worker does not have.
+  wire::Value grads;
+  grads.mutable_list()->set_elem(wire::ELEM_TENSOR);
+  *grads.mutable_list()->add_items() = Tensor(kFloat, {2});
+  ExpectError(Call("remora.autograd.propagate", {Int(123), Int(4), grads}, {Bytes(8)}),
+              "unknown distributed autograd context 123");
+  EXPECT_EQ(dist_autograd::num_contexts(group_.worker(1)), 0);
+  // A gradient message for a real context but a message it never recorded.
+  {
+    dist_autograd::Context context(group_.master());
+    at::Tensor x = at::ones({2});
+    x.set_requires_grad(true);
+    ASSERT_TRUE(group_.master().rpc_sync("w1", "add", {x, at::ones({2})}).ok());
+    EXPECT_EQ(dist_autograd::num_contexts(group_.worker(1)), 1);
+    ExpectError(Call("remora.autograd.propagate", {Int(context.id()), Int(987654), grads},
+                     {Bytes(8)}),
+                "recorded no message 987654");
+  }
+  ExpectServing();
+}
+
+}  // namespace
+}  // namespace remora

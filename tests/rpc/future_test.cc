@@ -1,0 +1,430 @@
+// Tests of Future<T>, WhenAll and their interplay with ThreadPool.
+
+#include "rpc/future.h"
+
+#include <pthread.h>
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "base/mutex_lock.h"
+#include "rpc/thread_pool.h"
+
+namespace remora {
+namespace {
+
+std::string CurrentThreadName() {
+  char name[16] = {};
+  EXPECT_EQ(pthread_getname_np(pthread_self(), name, sizeof(name)), 0);
+  return name;
+}
+
+// Where and how often a callback ran.
+struct Record {
+  absl::Mutex mu;
+  int calls ABSL_GUARDED_BY(mu) = 0;
+  std::thread::id thread ABSL_GUARDED_BY(mu);
+  std::string thread_name ABSL_GUARDED_BY(mu);
+  absl::StatusOr<int> result ABSL_GUARDED_BY(mu) = absl::UnknownError("unset");
+
+  Future<int>::Callback Callback() {
+    return [this](const absl::StatusOr<int>& r) {
+      std::string name = CurrentThreadName();
+      MutexLock lock(mu);
+      ++calls;
+      thread = std::this_thread::get_id();
+      thread_name = name;
+      result = r;
+    };
+  }
+  int Calls() {
+    MutexLock lock(mu);
+    return calls;
+  }
+  void AwaitCalls(int n) {
+    MutexLock lock(mu);
+    auto reached = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu) { return calls >= n; };
+    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&reached), absl::Seconds(5)));
+  }
+};
+
+TEST(Future, StartsPending) {
+  Future<int> f;
+  EXPECT_FALSE(f.ready());
+  EXPECT_EQ(f.executor(), nullptr);
+}
+
+TEST(Future, CompletesExactlyOnceWithValue) {
+  Future<int> f;
+  EXPECT_TRUE(f.SetValue(1));
+  EXPECT_TRUE(f.ready());
+  EXPECT_FALSE(f.SetValue(2));
+  EXPECT_FALSE(f.SetError(absl::InternalError("late")));
+  EXPECT_FALSE(f.Complete(3));
+  auto r = f.wait();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, 1);
+}
+
+TEST(Future, CompletesExactlyOnceWithError) {
+  Future<std::string> f;
+  EXPECT_TRUE(f.SetError(absl::NotFoundError("first")));
+  EXPECT_FALSE(f.SetValue("value"));
+  EXPECT_FALSE(f.SetError(absl::InternalError("second")));
+  auto r = f.wait();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(r.status().message(), "first");
+}
+
+TEST(Future, SetErrorWithOkBecomesAnError) {
+  Future<int> f;
+  EXPECT_TRUE(f.SetError(absl::OkStatus()));
+  auto r = f.wait();
+  EXPECT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal);
+}
+
+TEST(Future, CopiesShareOneState) {
+  Future<int> a;
+  Future<int> b = a;
+  EXPECT_TRUE(b.SetValue(5));
+  EXPECT_TRUE(a.ready());
+  EXPECT_FALSE(a.SetValue(6));
+  EXPECT_EQ(*a.wait(), 5);
+}
+
+TEST(Future, WaitBlocksUntilAnotherThreadCompletes) {
+  Future<int> f;
+  std::atomic<bool> set{false};
+  std::thread t([&] {
+    absl::SleepFor(absl::Milliseconds(30));
+    set = true;
+    f.SetValue(42);
+  });
+  auto r = f.wait();
+  EXPECT_TRUE(set.load());
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r, 42);
+  t.join();
+}
+
+TEST(Future, WaitReturnsTheError) {
+  Future<int> f;
+  std::thread t([&] { f.SetError(absl::UnavailableError("down")); });
+  auto r = f.wait();
+  t.join();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(r.status().message(), "down");
+}
+
+TEST(Future, WaitForTimesOutOnPendingFuture) {
+  Future<int> f;
+  const absl::Time start = absl::Now();
+  auto r = f.wait_for(absl::Milliseconds(50));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(45));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_FALSE(f.ready());
+  // The future is still usable afterwards.
+  EXPECT_TRUE(f.SetValue(1));
+  auto later = f.wait_for(absl::Milliseconds(50));
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_EQ(*later, 1);
+}
+
+TEST(Future, WaitForReturnsOnceCompleted) {
+  Future<int> f;
+  std::thread t([&] {
+    absl::SleepFor(absl::Milliseconds(20));
+    f.SetValue(8);
+  });
+  auto r = f.wait_for(absl::Seconds(10));
+  t.join();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, 8);
+  // And with an error.
+  Future<int> e = Future<int>::Ready(absl::AbortedError("x"));
+  EXPECT_EQ(e.wait_for(absl::Seconds(1)).status().code(), absl::StatusCode::kAborted);
+}
+
+TEST(Future, ThenBeforeAndAfterCompletionRunOnceInlineWithoutExecutor) {
+  Future<int> f;
+  Record before, after;
+  f.then(before.Callback());
+  EXPECT_EQ(before.Calls(), 0);
+  f.SetValue(7);
+  EXPECT_EQ(before.Calls(), 1);  // inline: already ran
+  f.then(after.Callback());
+  EXPECT_EQ(after.Calls(), 1);
+  f.SetValue(8);  // no effect
+  EXPECT_EQ(before.Calls(), 1);
+  EXPECT_EQ(after.Calls(), 1);
+  MutexLock lock(before.mu);
+  EXPECT_EQ(before.thread, std::this_thread::get_id());
+  EXPECT_EQ(*before.result, 7);
+}
+
+TEST(Future, ThenSeesTheError) {
+  Future<int> f;
+  Record rec;
+  f.then(rec.Callback());
+  f.SetError(absl::PermissionDeniedError("no"));
+  MutexLock lock(rec.mu);
+  EXPECT_EQ(rec.result.status().code(), absl::StatusCode::kPermissionDenied);
+}
+
+TEST(Future, ThenRunsOnExecutorThreadsOnly) {
+  Record before, after, late;
+  {
+    ThreadPool pool(2);
+    Future<int> f(&pool);
+    EXPECT_EQ(f.executor(), &pool);
+    f.then(before.Callback());
+    f.SetValue(3);  // completed on this (the test's) thread
+    f.then(after.Callback());
+    // Completed by a thread that is neither the test's nor the pool's.
+    Future<int> g(&pool);
+    g.then(late.Callback());
+    std::thread other([&] { g.SetValue(4); });
+    other.join();
+  }  // the pool runs every scheduled task before it joins
+  for (Record* r : {&before, &after, &late}) {
+    MutexLock lock(r->mu);
+    EXPECT_EQ(r->calls, 1);
+    EXPECT_NE(r->thread, std::this_thread::get_id());
+    EXPECT_EQ(r->thread_name, ThreadPool::kThreadName);
+  }
+  MutexLock lock(late.mu);
+  EXPECT_EQ(*late.result, 4);
+}
+
+TEST(Future, ThenAfterCompletionDoesNotRunOnCallerWithExecutor) {
+  Record rec;  // outlives the pool
+  ThreadPool pool(1);
+  auto f = Future<int>::Ready(9, &pool);
+  f.then(rec.Callback());
+  rec.AwaitCalls(1);
+  MutexLock lock(rec.mu);
+  EXPECT_NE(rec.thread, std::this_thread::get_id());
+  EXPECT_EQ(rec.thread_name, ThreadPool::kThreadName);
+  EXPECT_EQ(*rec.result, 9);
+}
+
+TEST(Future, CallbackKeepsStateAliveAfterFutureIsGone) {
+  Record rec;
+  {
+    absl::Notification block;  // outlives the pool, which waits on it
+    ThreadPool pool(1);
+    pool.Schedule([&] { block.WaitForNotification(); });  // hold the pool
+    {
+      Future<int> f(&pool);
+      f.then(rec.Callback());
+      f.SetValue(11);
+    }  // every copy of the future is gone; the callback is still queued
+    block.Notify();
+  }
+  MutexLock lock(rec.mu);
+  EXPECT_EQ(rec.calls, 1);
+  EXPECT_EQ(*rec.result, 11);
+}
+
+TEST(Future, RacingCompletersExactlyOneWins) {
+  constexpr int kThreads = 8;
+  for (int round = 0; round < 50; ++round) {
+    Future<int> f;
+    std::atomic<int> wins{0};
+    std::atomic<int> callbacks{0};
+    std::atomic<int> seen{-1};
+    f.then([&](const absl::StatusOr<int>& r) {
+      ++callbacks;
+      seen = r.ok() ? *r : -2;
+    });
+    absl::Notification go;
+    std::vector<std::thread> threads;
+    std::atomic<int> won_by{-1};
+    for (int i = 0; i < kThreads; ++i) {
+      threads.emplace_back([&, i] {
+        go.WaitForNotification();
+        bool w = (i % 2 == 0) ? f.SetValue(i)
+                              : f.SetError(absl::InternalError(std::to_string(i)));
+        if (w) {
+          ++wins;
+          won_by = i;
+        }
+      });
+    }
+    go.Notify();
+    for (auto& t : threads) t.join();
+    ASSERT_EQ(wins.load(), 1) << "round " << round;
+    ASSERT_EQ(callbacks.load(), 1) << "round " << round;
+    const int winner = won_by.load();
+    ASSERT_GE(winner, 0);
+    auto r = f.wait();
+    if (winner % 2 == 0) {
+      ASSERT_TRUE(r.ok());
+      EXPECT_EQ(*r, winner);
+      EXPECT_EQ(seen.load(), winner);
+    } else {
+      ASSERT_FALSE(r.ok());
+      EXPECT_EQ(r.status().message(), std::to_string(winner));
+      EXPECT_EQ(seen.load(), -2);
+    }
+  }
+}
+
+TEST(Future, ReadyIsCompleted) {
+  auto ok = Future<int>::Ready(5);
+  EXPECT_TRUE(ok.ready());
+  EXPECT_FALSE(ok.SetValue(6));
+  EXPECT_EQ(*ok.wait(), 5);
+
+  auto err = Future<int>::Ready(absl::CancelledError("c"));
+  EXPECT_TRUE(err.ready());
+  EXPECT_EQ(err.wait().status().code(), absl::StatusCode::kCancelled);
+
+  ThreadPool pool(1);
+  auto with_executor = Future<Empty>::Ready(Empty{}, &pool);
+  EXPECT_EQ(with_executor.executor(), &pool);
+  EXPECT_TRUE(with_executor.wait().ok());
+}
+
+// --- WhenAll ----------------------------------------------------------------
+
+TEST(WhenAll, EmptyIsReady) {
+  auto all = WhenAll(std::vector<Future<int>>{});
+  EXPECT_TRUE(all.ready());
+  EXPECT_TRUE(all.wait().ok());
+}
+
+TEST(WhenAll, CompletesOnlyAfterEveryInput) {
+  std::vector<Future<int>> fs(3);
+  auto all = WhenAll(fs);
+  EXPECT_FALSE(all.ready());
+  fs[1].SetValue(1);
+  fs[0].SetValue(0);
+  EXPECT_FALSE(all.ready());
+  fs[2].SetValue(2);
+  EXPECT_TRUE(all.ready());
+  EXPECT_TRUE(all.wait().ok());
+}
+
+TEST(WhenAll, OverReadyFutures) {
+  std::vector<Future<int>> fs = {Future<int>::Ready(1), Future<int>::Ready(2)};
+  auto all = WhenAll(fs);
+  EXPECT_TRUE(all.ready());
+  EXPECT_TRUE(all.wait().ok());
+}
+
+TEST(WhenAll, ErrorWaitsForTheRestThenPropagates) {
+  std::vector<Future<int>> fs(3);
+  auto all = WhenAll(fs);
+  fs[0].SetError(absl::DataLossError("first failure"));
+  EXPECT_FALSE(all.ready());  // an error does not short-circuit
+  fs[1].SetError(absl::InternalError("second failure"));
+  EXPECT_FALSE(all.ready());
+  fs[2].SetValue(2);
+  ASSERT_TRUE(all.ready());
+  auto r = all.wait();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(r.status().message(), "first failure");
+}
+
+TEST(WhenAll, CompletedFromManyThreads) {
+  constexpr int kInputs = 64;
+  std::vector<Future<int>> fs(kInputs);
+  auto all = WhenAll(fs);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = t; i < kInputs; i += 4) {
+        if (i == 37) {
+          fs[i].SetError(absl::OutOfRangeError("37"));
+        } else {
+          fs[i].SetValue(i);
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(all.ready());
+  EXPECT_EQ(all.wait().status().code(), absl::StatusCode::kOutOfRange);
+}
+
+TEST(WhenAll, ResultCallbacksRunOnItsExecutor) {
+  std::atomic<int> calls{0};
+  std::string name;
+  std::thread::id id;
+  {
+    ThreadPool pool(1);
+    std::vector<Future<int>> fs(2);
+    auto all = WhenAll(fs, &pool);
+    EXPECT_EQ(all.executor(), &pool);
+    all.then([&](const absl::StatusOr<Empty>& r) {
+      name = CurrentThreadName();
+      id = std::this_thread::get_id();
+      EXPECT_TRUE(r.ok());
+      ++calls;
+    });
+    fs[0].SetValue(0);
+    fs[1].SetValue(1);
+    EXPECT_TRUE(all.wait_for(absl::Seconds(5)).ok());
+  }
+  EXPECT_EQ(calls.load(), 1);
+  EXPECT_EQ(name, ThreadPool::kThreadName);
+  EXPECT_NE(id, std::this_thread::get_id());
+}
+
+// --- ThreadPool -------------------------------------------------------------
+
+TEST(ThreadPool, DestructorRunsEveryScheduledTask) {
+  std::atomic<int> ran{0};
+  {
+    ThreadPool pool(2);
+    for (int i = 0; i < 100; ++i) pool.Schedule([&] { ++ran; });
+  }
+  EXPECT_EQ(ran.load(), 100);
+}
+
+TEST(ThreadPool, TasksMayScheduleMoreTasks) {
+  std::atomic<int> ran{0};
+  {
+    absl::Notification done;  // outlives the pool
+    ThreadPool pool(1);
+    pool.Schedule([&] {
+      ++ran;
+      pool.Schedule([&] {
+        ++ran;
+        done.Notify();
+      });
+    });
+    EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  }
+  EXPECT_EQ(ran.load(), 2);
+}
+
+TEST(ThreadPool, BusyCountsQueuedAndRunningTasks) {
+  absl::Notification release, started;  // outlive the pool
+  ThreadPool pool(1);
+  pool.Schedule([&] {
+    started.Notify();
+    release.WaitForNotification();
+  });
+  pool.Schedule([] {});
+  started.WaitForNotification();
+  EXPECT_EQ(pool.busy(), 2);
+  release.Notify();
+}
+
+}  // namespace
+}  // namespace remora

@@ -1,0 +1,19 @@
+// Functions that only tests register: they make a worker fail or stall on
+// request. Linked by tests and tests/support's test_worker, never by the
+// stock worker.
+//
+//   raise(message): throws `message` (a remote failure)
+//   sleep_ms(ms):   sleeps, then returns ms (a slow call)
+#pragma once
+
+#include "rpc/registry.h"
+
+namespace remora::test_support {
+
+absl::Status RegisterTestFunctions(Registry& registry);
+
+// The stock worker's registrations plus RegisterTestFunctions: what the
+// tests' groups and test_worker offer.
+absl::Status RegisterForTests(Registry& registry);
+
+}  // namespace remora::test_support

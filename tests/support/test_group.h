@@ -1,0 +1,253 @@
+// Test helpers: a master and N workers as agents in this process, a free
+// loopback port, and running the real programs.
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "autograd/dist_autograd.h"
+#include "launch/cli.h"
+#include "rpc/agent.h"
+#include "rpc/message.h"
+#include "tests/support/test_functions.h"
+
+namespace remora {
+
+// Options of an agent named "master" that waits for `workers` to join.
+inline AgentOptions MasterOptions(std::vector<std::string> workers) {
+  AgentOptions m;
+  m.name = "master";
+  m.is_master = true;
+  m.workers = std::move(workers);
+  return m;
+}
+
+// A master and N workers in this process.
+class Group {
+ public:
+  explicit Group(int n, AgentOptions base = {}) {
+    EXPECT_TRUE(test_support::RegisterForTests(registry_).ok());
+    AgentOptions m = base;
+    m.name = "master";
+    m.is_master = true;
+    for (int i = 1; i <= n; ++i) m.workers.push_back(absl::StrCat("w", i));
+    master_ = std::move(Agent::Start(m, &registry_).value());
+    dist_autograd::Enable(*master_);
+    std::vector<std::thread> joins;
+    for (int i = 1; i <= n; ++i) {
+      AgentOptions w = base;
+      w.name = absl::StrCat("w", i);
+      w.master_address = master_->self().address;
+      workers_.push_back(std::move(Agent::Start(w, &registry_).value()));
+      dist_autograd::Enable(*workers_.back());
+    }
+    for (auto& w : workers_) {
+      joins.emplace_back([&w] { EXPECT_TRUE(w->Join().ok()); });
+    }
+    EXPECT_TRUE(master_->Join().ok());
+    for (auto& t : joins) t.join();
+  }
+
+  ~Group() { EXPECT_TRUE(Shutdown().ok()); }
+
+  absl::Status Shutdown() {
+    if (stopped_) return absl::OkStatus();
+    stopped_ = true;
+    std::vector<std::thread> waits;
+    for (auto& w : workers_) {
+      waits.emplace_back([&w] { EXPECT_TRUE(w->Shutdown().ok()); });
+    }
+    absl::Status s = master_->Shutdown();
+    for (auto& t : waits) t.join();
+    return s;
+  }
+
+  Agent& master() { return *master_; }
+  Agent& worker(int i) { return *workers_[i - 1]; }
+  std::vector<Agent*> all() {
+    std::vector<Agent*> out = {master_.get()};
+    for (auto& w : workers_) out.push_back(w.get());
+    return out;
+  }
+
+  // Waits until every agent's RRef tables are empty.
+  bool WaitTablesEmpty(absl::Duration timeout, std::string* why) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      bool empty = true;
+      for (Agent* a : all()) {
+        RRefStats s = a->rref_stats();
+        if (s.owners || s.forks || s.live_users || s.pending_users || s.pending_children ||
+            s.pending_messages) {
+          empty = false;
+          *why = absl::StrCat(a->self().name, ": owners=", s.owners, " forks=", s.forks,
+                              " live_users=", s.live_users, " pending_users=", s.pending_users,
+                              " pending_children=", s.pending_children,
+                              " pending_messages=", s.pending_messages);
+        }
+      }
+      if (empty) return true;
+      if (absl::Now() > deadline) return false;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+
+ private:
+  Registry registry_;
+  std::unique_ptr<Agent> master_;
+  std::vector<std::unique_ptr<Agent>> workers_;
+  bool stopped_ = false;
+};
+
+inline std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A file name under the test's temporary directory, unique to this process.
+inline std::string TempPath(const std::string& name) {
+  return absl::StrCat(testing::TempDir(), "/remora_", getpid(), "_", name);
+}
+
+// Runs a program to completion; returns its exit code and its output.
+inline std::pair<int, std::string> RunProgram(const std::vector<std::string>& argv,
+                                              absl::Duration timeout = absl::Seconds(60)) {
+  const std::string out = TempPath("out.txt");
+  auto p = cli::Subprocess::Spawn(argv, out).value();
+  auto code = p->Wait(timeout);
+  return {code.ok() ? *code : -1, ReadFile(out)};
+}
+
+// A certificate authority and one certificate it signed, made with the
+// openssl CLI: the certificate names 127.0.0.1 and localhost and serves as
+// server and client certificate (each process of a group is both).
+struct TestPki {
+  std::string ca;    // CA certificate
+  std::string cert;  // node certificate, signed by the CA
+  std::string key;   // its private key
+  TlsOptions tls() const { return LoadTlsFiles(cert, key, ca).value(); }
+  cli::TlsFiles files() const { return cli::TlsFiles{cert, key, ca}; }
+};
+
+// Makes a PKI named `name` under the test's temporary directory (P-256
+// keys: fast). Fails the test when openssl is missing or fails.
+inline TestPki MakeTestPki(const std::string& name) {
+  const std::string dir = TempPath(absl::StrCat("pki_", name));
+  const std::string script = absl::StrCat(
+      "set -e; mkdir -p '", dir, "'; cd '", dir, "'\n",
+      "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2"
+      " -subj '/CN=remora test CA ", name, "' -keyout ca.key -out ca.crt\n",
+      "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+      " -subj '/CN=localhost' -keyout node.key -out node.csr\n",
+      "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n"
+      "extendedKeyUsage=serverAuth,clientAuth\\nbasicConstraints=CA:FALSE\\n' > node.ext\n",
+      "openssl x509 -req -in node.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2"
+      " -extfile node.ext -out node.crt\n");
+  auto [code, out] = RunProgram({"/bin/sh", "-c", script});
+  EXPECT_EQ(code, 0) << "making test certificates with openssl failed (is openssl installed? "
+                        "./run installs it):\n"
+                     << out;
+  return TestPki{dir + "/ca.crt", dir + "/node.crt", dir + "/node.key"};
+}
+
+// A bare gRPC client of remora's one method, for hand-built frames and
+// garbage: what a buggy or hostile peer would send.
+//
+// Thread-compatible; owns its channel. Calls block until answered or
+// `timeout` passes.
+class RawClient {
+ public:
+  explicit RawClient(const std::string& address,
+                     std::shared_ptr<grpc::ChannelCredentials> credentials =
+                         grpc::InsecureChannelCredentials())
+      : channel_(grpc::CreateChannel(address, std::move(credentials))), stub_(channel_) {}
+
+  // Sends `bytes` as the request of gRPC method `method`; the reply's bytes,
+  // or the gRPC error.
+  absl::StatusOr<std::string> CallBytes(const std::string& bytes,
+                                        absl::Duration timeout = absl::Seconds(10),
+                                        const std::string& method = "/remora.Agent/Call",
+                                        const std::string& token = "") {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+    if (!token.empty()) context.AddMetadata("remora-token", token);
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer request(&slice, 1), response;
+    grpc::CompletionQueue cq;
+    auto call = stub_.PrepareUnaryCall(&context, method, request, &cq);
+    call->StartCall();
+    grpc::Status status;
+    call->Finish(&response, &status, this);
+    void* tag = nullptr;
+    bool ok = false;
+    cq.Next(&tag, &ok);
+    if (!status.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                          status.error_message());
+    }
+    std::vector<grpc::Slice> slices;
+    std::string out;
+    if (response.Dump(&slices).ok()) {
+      for (const auto& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+    return out;
+  }
+
+  // Sends a frame built from `message`; the parsed reply.
+  absl::StatusOr<InMessage> Call(OutMessage message, absl::Duration timeout = absl::Seconds(10)) {
+    return CallBytesParsed(FrameBytes(std::move(message)), timeout);
+  }
+
+  // The bytes of the frame of `message`.
+  static std::string FrameBytes(OutMessage message) {
+    grpc::ByteBuffer buffer = SerializeMessage(std::move(message));
+    std::vector<grpc::Slice> slices;
+    std::string out;
+    if (buffer.Dump(&slices).ok()) {
+      for (const auto& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+    return out;
+  }
+
+  absl::StatusOr<InMessage> CallBytesParsed(const std::string& bytes,
+                                            absl::Duration timeout = absl::Seconds(10)) {
+    auto reply = CallBytes(bytes, timeout);
+    if (!reply.ok()) return reply.status();
+    grpc::Slice slice(*reply);
+    return ParseMessage(grpc::ByteBuffer(&slice, 1));
+  }
+
+ private:
+  std::shared_ptr<grpc::Channel> channel_;
+  grpc::GenericStub stub_;
+};
+
+inline int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+}  // namespace remora
