@@ -1,8 +1,8 @@
-# The CUDA channel's dependencies (see rpc/cuda_channel.h).
+# The CUDA channel's dependencies (see channel/cuda/cuda_channel.h).
 #
 # REMORA_CUDA (AUTO, ON, OFF) decides whether the channel is compiled:
 #   REMORA_WITH_CUDA   the CUDA toolkit (runtime, headers) and NCCL >= 2.14
-#                      were found: rpc/cuda_channel.cc is compiled and linked
+#                      were found: channel/cuda/ is compiled and linked
 #                      against CUDA::cudart and NCCL. This does not need a GPU
 #                      or a CUDA build of LibTorch: CPU-only machines compile
 #                      it too, so that CI keeps it building.
@@ -11,7 +11,7 @@
 #                      LibTorch's current CUDA stream with events. Without it,
 #                      the channel synchronises the device on the host instead.
 # Without the toolkit or NCCL everything CUDA is left out and the stub
-# (rpc/cuda_channel_stub.cc) answers with "this build has no CUDA".
+# (channel/cuda/stub.cc) answers with "this build has no CUDA".
 set(REMORA_WITH_CUDA OFF)
 set(REMORA_TORCH_CUDA OFF)
 string(TOUPPER "${REMORA_CUDA}" _remora_cuda)
@@ -119,15 +119,16 @@ if(REMORA_WITH_CUDA AND NOT REMORA_TORCH_CUDA)
   endif()
 endif()
 
-# remora_torch_cuda_check(<target> <source> <link libraries...>): <source>
-# compiled with REMORA_TORCH_CUDA into the object library <target>.
-function(remora_torch_cuda_check target source)
-  add_library(${target} OBJECT ${source})
+# remora_torch_cuda_check(<target> SOURCES <sources...> LIBS <link libraries...>):
+# the sources compiled with REMORA_TORCH_CUDA into the object library <target>.
+function(remora_torch_cuda_check target)
+  cmake_parse_arguments(ARG "" "" "SOURCES;LIBS" ${ARGN})
+  add_library(${target} OBJECT ${ARG_SOURCES})
   target_compile_definitions(${target} PRIVATE REMORA_TORCH_CUDA=1)
   target_compile_options(${target} PRIVATE -O0)
   if(NOT EXISTS "${REMORA_C10_CUDA_INCLUDE}/c10/cuda/impl/cuda_cmake_macros.h")
     # Only a CUDA build of LibTorch generates it: a one-line stand-in.
     target_include_directories(${target} SYSTEM PRIVATE ${PROJECT_SOURCE_DIR}/cmake/torch_cuda_shim)
   endif()
-  target_link_libraries(${target} PRIVATE ${ARGN})
+  target_link_libraries(${target} PRIVATE ${ARG_LIBS})
 endfunction()

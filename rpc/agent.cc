@@ -148,8 +148,8 @@ absl::StatusOr<std::string> Agent::channel_to(const std::string& name,
   auto id = impl_->Resolve(name);
   if (!id.ok()) return id.status();
   ASSIGN_OR_RETURN(c10::Device d, ParseDevice(device, "channel_to"));
-  if (d.is_cuda()) return impl_->CudaChannelTo(*impl_->FindPeer(*id), d);
-  return std::string(impl_->RouteTo(*id).shm != nullptr ? "shm" : "grpc");
+  const Peer& peer = *impl_->FindPeer(*id);
+  return DescribeRoute(peer.route, impl_->devices_, peer.info, d);
 }
 
 ShmChannel::Stats Agent::shm_stats() const { return impl_->shm_->stats(); }
@@ -179,6 +179,7 @@ Future<Empty> Agent::SendControl(WorkerId dst, wire::Request request) {
   *attempt = [this, dst, request, done, attempt](int tries) mutable {
     OutMessage m;
     *m.header.mutable_request() = request;
+    m.header.mutable_request()->set_from(self_.id);
     impl_->SendTo(dst, std::move(m), options_.rpc_timeout)
         .then([this, done, attempt, tries](const absl::StatusOr<InMessage>& r) mutable {
           absl::Status s = r.ok() && r->header.response().has_error()

@@ -289,6 +289,10 @@ class Agent final : public ControlChannel {
   absl::Status WaitForShutdown();
 
   // --- ControlChannel --------------------------------------------------
+  // Sends `request` (proto/request.h's MakeRequest) from this agent to
+  // group member `dst`, retrying transport failures (control messages are
+  // idempotent); an error reply completes the future with an error naming
+  // `dst`. How a subsystem sends the request kinds it registered.
   Future<Empty> SendControl(WorkerId dst, wire::Request request) override;
   std::string NameOf(WorkerId id) const override;
   bool IsKnown(WorkerId id) const override;

@@ -183,8 +183,6 @@ class Agent::Impl final : public grpc::CallbackGenericService, public Responder:
   void HandleJoin(const wire::JoinRequest& join, std::shared_ptr<Responder> responder);
 
   // --- channels (channel_requests.cc) --------------------------------------
-  // What channel_to() reports for CUDA tensors on `device` sent to `p`.
-  absl::StatusOr<std::string> CudaChannelTo(const Peer& p, c10::Device device) const;
   // REMORA_DEBUG=channels: the channel of each of this process's GPUs to `p`.
   void LogCudaChannels(const Peer& p) const;
 

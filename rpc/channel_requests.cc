@@ -27,14 +27,6 @@ absl::Status RegisterChannelRequests(Agent::Impl* impl) {
       });
 }
 
-absl::StatusOr<std::string> Agent::Impl::CudaChannelTo(const Peer& p, c10::Device device) const {
-  ASSIGN_OR_RETURN(c10::Device dst, devices_.Map(device, p.info));
-  const CudaRoute route =
-      dst.is_cuda() ? cuda_->RouteTo(p.info.id, device.index(), dst.index()) : CudaRoute::kStaged;
-  if (route != CudaRoute::kStaged) return std::string(CudaRouteName(route));
-  return absl::StrCat("staged:", p.route.shm != nullptr ? "shm" : "grpc");
-}
-
 void Agent::Impl::LogCudaChannels(const Peer& p) const {
   const int gpus = LocalGpuCount();
   if (gpus > 0 && !cuda_->disabled_reason().empty()) {
@@ -47,7 +39,7 @@ void Agent::Impl::LogCudaChannels(const Peer& p) const {
     if (!dst.ok()) continue;  // unmapped: sending would fail, and say so
     std::cerr << "remora: '" << agent_->self_.name << "' -> '" << p.info.name << "': "
               << src.str() << " -> its " << dst->str() << " via "
-              << CudaChannelTo(p, src).value_or("?") << "\n";
+              << DescribeRoute(p.route, devices_, p.info, src).value_or("?") << "\n";
   }
 }
 

@@ -19,10 +19,11 @@
 // handler runs, the agent has checked that the sender belongs to the group
 // (except for kinds registered with `before_join`, which rendezvous serves).
 //
-// Thread-safety: Register() only before the agent serves requests of that
-// kind (Agent::Start, or Agent::requests() before Join()); Find() from any
-// thread afterwards. Ownership: the agent owns its table; handlers are
-// copied in.
+// Thread-safety: thread-safe. A kind registered after the agent started
+// serving (Agent::requests() before Join()) is unknown to requests that
+// came before. Entries are never removed, so what Find() returns stays
+// valid as long as the table. Ownership: the agent owns its table; handlers
+// are copied in.
 #pragma once
 
 #include <functional>
@@ -30,10 +31,13 @@
 #include <string>
 #include <utility>
 
-#include "absl/container/flat_hash_map.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "base/mutex_lock.h"
 #include "proto/request.h"
 #include "rpc/message.h"
 #include "rpc/responder.h"
@@ -77,12 +81,14 @@ class DispatchTable {
 
   // The entry of `kind`, or null.
   const Entry* Find(const std::string& kind) const {
+    MutexLock lock(mu_);
     auto it = entries_.find(kind);
     return it == entries_.end() ? nullptr : &it->second;
   }
 
  private:
   absl::Status Add(const std::string& kind, Entry entry) {
+    MutexLock lock(mu_);
     if (!entries_.emplace(kind, std::move(entry)).second) {
       return absl::AlreadyExistsError(
           absl::StrCat("request kind '", kind, "' already has a handler"));
@@ -90,7 +96,9 @@ class DispatchTable {
     return absl::OkStatus();
   }
 
-  absl::flat_hash_map<std::string, Entry> entries_;
+  mutable absl::Mutex mu_;
+  // A node map: entries stay where they are when others are added.
+  absl::node_hash_map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace remora

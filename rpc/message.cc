@@ -17,64 +17,10 @@
 #include "absl/synchronization/mutex.h"
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
+#include "runtime/buffer_cache.h"
 
 namespace remora {
 namespace {
-
-// Received payloads too big for one slice are copied into buffers from this
-// cache. Reusing buffers matters: a fresh 64 MiB allocation costs a page
-// fault per 4 KiB page, which doubled the receive time in rpc_bench.
-//
-// Thread-safe. Process-wide, like any allocator cache; holds at most
-// kMaxCachedBytes of free buffers.
-class BufferCache {
- public:
-  static constexpr size_t kMinBytes = 1 << 20;
-  static constexpr size_t kMaxCachedBytes = size_t{512} << 20;
-
-  static BufferCache& Get() {
-    static BufferCache* cache = new BufferCache;  // never destroyed
-    return *cache;
-  }
-
-  // A uint8 tensor of n bytes, over a recycled buffer when one fits.
-  at::Tensor Allocate(size_t n) {
-    if (n < kMinBytes) return at::empty({static_cast<int64_t>(n)}, at::kByte);
-    void* data = nullptr;
-    size_t capacity = n;
-    {
-      MutexLock lock(mu_);
-      auto it = free_.lower_bound(n);
-      if (it != free_.end() && it->first <= 2 * n) {
-        capacity = it->first;
-        data = it->second;
-        cached_ -= capacity;
-        free_.erase(it);
-      }
-    }
-    if (data == nullptr && posix_memalign(&data, 64, n) != 0) throw std::bad_alloc();
-    return at::from_blob(data, {static_cast<int64_t>(n)},
-                         [this, capacity](void* p) { Release(p, capacity); },
-                         at::TensorOptions().dtype(at::kByte));
-  }
-
- private:
-  void Release(void* data, size_t capacity) {
-    {
-      MutexLock lock(mu_);
-      if (cached_ + capacity <= kMaxCachedBytes) {
-        free_.emplace(capacity, data);
-        cached_ += capacity;
-        return;
-      }
-    }
-    free(data);
-  }
-
-  absl::Mutex mu_;
-  std::multimap<size_t, void*> free_ ABSL_GUARDED_BY(mu_);
-  size_t cached_ ABSL_GUARDED_BY(mu_) = 0;
-};
 
 void DeleteTensor(void* tensor) { delete static_cast<at::Tensor*>(tensor); }
 
@@ -116,7 +62,7 @@ class SliceReader {
       return at::from_blob(data, {len}, [slice](void*) mutable { slice.reset(); },
                            at::TensorOptions().dtype(at::kByte));
     }
-    at::Tensor out = BufferCache::Get().Allocate(n);
+    at::Tensor out = runtime::AllocateReceiveBuffer(n);
     if (n < kParallelCopyBytes) {
       Copy(out.data_ptr(), n);
       return out;
@@ -391,8 +337,7 @@ absl::StatusOr<InMessage> ParseMessage(const grpc::ByteBuffer& buffer, ShmChanne
       message.payloads.push_back(reader.Take(sizes[i]));
       continue;
     }
-    auto out = shm->Read(*shm_of[i], sizes[i],
-                         [](size_t n) { return BufferCache::Get().Allocate(n); });
+    auto out = shm->Receive(from, *shm_of[i], sizes[i]);
     if (!out.ok()) return fail_from(i + 1, out.status());
     message.payloads.push_back(std::move(*out));
   }

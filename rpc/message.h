@@ -21,6 +21,7 @@
 #include "proto/agent.pb.h"
 #include "channel/cuda/cuda_channel.h"
 #include "base/ids.h"
+#include "channel/route.h"
 #include "channel/shm/shm.h"
 
 namespace remora {
@@ -48,19 +49,6 @@ struct InMessage {
 
 // Default size from which a payload leaves the frame for an out-of-band
 // channel (AgentOptions::oob_threshold_bytes).
-inline constexpr size_t kDefaultOobThresholdBytes = 64 * 1024;
-
-// How payloads reach one peer: CPU payloads of at least `threshold` bytes
-// go through `shm` when it is set (a peer on this host), the rest in the
-// frame; CUDA payloads go through `cuda` to worker `peer` when it offers a
-// route, else they are staged.
-struct Route {
-  ShmChannel* shm = nullptr;
-  size_t threshold = kDefaultOobThresholdBytes;
-  CudaChannel* cuda = nullptr;
-  WorkerId peer = kUnknownWorker;
-};
-
 // A payload still to be copied into its shared-memory segment, once the
 // frame that describes it has been handed to gRPC (see ShmChannel::Fill).
 struct ShmFill {

@@ -158,14 +158,7 @@ void Agent::Impl::SetBook(std::vector<WorkerInfo> book) {
     peer->info = w;
     peer->channel = grpc::CreateCustomChannel(w.address, channel_credentials_, args);
     peer->stub = std::make_unique<grpc::GenericStub>(peer->channel);
-    const ShmEndpoint& mine = shm_->endpoint();
-    if (!mine.domain.empty() && w.shm.domain == mine.domain &&
-        w.shm.incarnation != mine.incarnation) {
-      peer->route.shm = shm_.get();
-    }
-    peer->route.threshold = agent_->options_.oob_threshold_bytes;
-    peer->route.cuda = cuda_.get();
-    peer->route.peer = w.id;
+    peer->route = SelectRoute(w, shm_.get(), cuda_.get(), agent_->options_.oob_threshold_bytes);
     peers[w.id] = std::move(peer);
   }
   std::vector<ShmEndpoint> endpoints;

@@ -93,6 +93,7 @@ void Agent::Impl::CancelOutgoing() {
   // A reply still receiving CUDA payloads stays in calls_ until its
   // transfers end: stopping the channel ends them now.
   cuda_->Stop();
+  shm_->Stop();  // replies still going out travel in their frames
   {
     MutexLock lock(calls_mu_);
     auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(calls_mu_) { return calls_.empty(); };

@@ -55,7 +55,7 @@
 // receiver copies it to its device.
 //
 // Built only with REMORA_WITH_CUDA (cmake/RemoraCuda.cmake); without it the
-// channel is off and stages everything (rpc/cuda_channel_stub.cc).
+// channel is off and stages everything (channel/cuda/stub.cc).
 #pragma once
 
 #include <cstdint>
@@ -69,9 +69,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "proto/agent.pb.h"
-#include "channel/devices.h"
 #include "base/ids.h"
+#include "channel/channel.h"
+#include "channel/devices.h"
+#include "proto/agent.pb.h"
 
 namespace remora {
 
@@ -80,7 +81,7 @@ namespace remora {
 // Thread-safe. Owned by the agent. Runs one background thread (releases,
 // completed NCCL sends, watchdog). Destroying it aborts its communicators
 // and closes every handle it opened.
-class CudaChannel {
+class CudaChannel final : public Channel<wire::CudaPayload> {
  public:
   struct Options {
     // False: offer no GPUs to peers; every CUDA tensor is staged.
@@ -112,7 +113,7 @@ class CudaChannel {
       std::function<absl::Status(WorkerId peer, wire::Request request, absl::Duration timeout)>;
 
   CudaChannel(Options options, Control control);
-  ~CudaChannel();
+  ~CudaChannel() override;
   CudaChannel(const CudaChannel&) = delete;
   CudaChannel& operator=(const CudaChannel&) = delete;
 
@@ -131,28 +132,30 @@ class CudaChannel {
   // on a GPU of this process) towards GPU `dst` of `peer` and describes it
   // (payload index left 0). nullopt: stage it through host memory instead
   // (no route, or the route failed; failures are logged once per peer).
-  std::optional<wire::CudaPayload> Send(WorkerId peer, const at::Tensor& payload, int dst);
+  std::optional<wire::CudaPayload> Send(WorkerId peer, const at::Tensor& payload,
+                                        int dst) override;
 
   // The call that carried `d` failed: it may never be received. NCCL: the
   // communicator is aborted unless the transfer completes shortly. IPC: the
   // buffer is freed after reclaim_after unless released before.
-  void Reclaim(WorkerId peer, const wire::CudaPayload& d);
+  void Reclaim(WorkerId peer, const wire::CudaPayload& d) override;
 
   // Receiving side: the payload `d` from `peer` will not be received (its
   // frame failed at or before it). IPC: the sender's buffer is released.
   // NCCL: the communicator fails now (later transfers could never be
   // posted) rather than after the timeout. Nothing if it was received.
-  void Abandon(WorkerId peer, const wire::CudaPayload& d, const std::string& why);
+  void Abandon(WorkerId peer, const wire::CudaPayload& d, const std::string& why) override;
 
   // Receiving: checks `d` (from `peer`, `length` bytes), waits for the bytes
   // and returns them as a uint8 tensor on GPU d.dst_device() of this
   // process, ready for any stream.
-  absl::StatusOr<at::Tensor> Receive(WorkerId peer, const wire::CudaPayload& d, uint64_t length);
+  absl::StatusOr<at::Tensor> Receive(WorkerId peer, const wire::CudaPayload& d,
+                                     uint64_t length) override;
 
   // Makes every later call fail fast or stage, aborts the communicators and
   // stops the background thread. The agent calls it while it stops, before
   // the control path goes away.
-  void Stop();
+  void Stop() override;
 
   // Control requests from peers.
   absl::Status OnNcclSetup(WorkerId from, const wire::NcclSetup& setup);

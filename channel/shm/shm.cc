@@ -1,4 +1,3 @@
-#include "base/mutex_lock.h"
 #include "channel/shm/shm.h"
 
 #include <fcntl.h>
@@ -15,6 +14,8 @@
 #include <ATen/Parallel.h>
 
 #include "absl/strings/str_cat.h"
+#include "base/mutex_lock.h"
+#include "runtime/buffer_cache.h"
 
 namespace remora {
 namespace {
@@ -131,7 +132,7 @@ ShmChannel::ShmChannel(Options options) : options_(options) {
 ShmChannel::~ShmChannel() = default;
 
 std::optional<wire::ShmPayload> ShmChannel::Reserve(size_t n) {
-  if (self_.domain.empty()) return std::nullopt;
+  if (self_.domain.empty() || stopped_.load()) return std::nullopt;
   Segment* seg = nullptr;
   uint64_t id = 0, seq = 0;
   {
@@ -224,6 +225,16 @@ std::optional<wire::ShmPayload> ShmChannel::Write(const at::Tensor& payload) {
   auto d = Reserve(payload.nbytes());
   if (d) Fill(*d, payload);
   return d;
+}
+
+std::optional<wire::ShmPayload> ShmChannel::Send(WorkerId peer, const at::Tensor& payload,
+                                                  int dst_device) {
+  return Write(payload);
+}
+
+absl::StatusOr<at::Tensor> ShmChannel::Receive(WorkerId peer, const wire::ShmPayload& d,
+                                               uint64_t length) {
+  return Read(d, length, [](size_t n) { return runtime::AllocateReceiveBuffer(n); });
 }
 
 void ShmChannel::Reclaim(const wire::ShmPayload& d) {

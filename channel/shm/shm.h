@@ -47,8 +47,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "proto/channel.pb.h"
 #include "base/ids.h"
+#include "channel/channel.h"
+#include "proto/channel.pb.h"
 
 namespace remora {
 
@@ -65,11 +66,14 @@ std::string BootId();
 std::string ShmDomain();
 
 // Both ends of the channel for one agent: its own segments (sending) and
-// the mappings of its peers' segments (receiving).
+// the mappings of its peers' segments (receiving). As a Channel: Send is
+// Write, Receive is Read into a buffer of runtime/buffer_cache.h, Reclaim
+// takes the segment back, Abandon leaves an unread segment to the sender's
+// reclaim (reclaim_after), and Stop makes Send and Reserve decline.
 //
 // Thread-safe. Owned by the agent; unmaps and closes everything when
 // destroyed.
-class ShmChannel {
+class ShmChannel final : public Channel<wire::ShmPayload> {
  public:
   struct Options {
     // False: offer no shared memory (an empty domain); peers send inline.
@@ -95,7 +99,7 @@ class ShmChannel {
   };
 
   explicit ShmChannel(Options options);
-  ~ShmChannel();
+  ~ShmChannel() override;
   ShmChannel(const ShmChannel&) = delete;
   ShmChannel& operator=(const ShmChannel&) = delete;
 
@@ -127,6 +131,15 @@ class ShmChannel {
   absl::StatusOr<at::Tensor> Read(const wire::ShmPayload& d, uint64_t length,
                                   const std::function<at::Tensor(size_t)>& allocate);
 
+  // Channel (see above).
+  std::optional<wire::ShmPayload> Send(WorkerId peer, const at::Tensor& payload,
+                                       int dst_device) override;
+  absl::StatusOr<at::Tensor> Receive(WorkerId peer, const wire::ShmPayload& d,
+                                     uint64_t length) override;
+  void Reclaim(WorkerId peer, const wire::ShmPayload& d) override { Reclaim(d); }
+  void Abandon(WorkerId peer, const wire::ShmPayload& d, const std::string& why) override {}
+  void Stop() override { stopped_.store(true); }
+
   // Peers whose segments may be mapped: exactly `peers` from now on; the
   // mappings of every other process are dropped.
   void Allow(const std::vector<ShmEndpoint>& peers);
@@ -152,6 +165,7 @@ class ShmChannel {
   std::map<std::pair<uint64_t, uint64_t>, std::shared_ptr<Mapping>> mappings_
       ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> reads_{0};
+  std::atomic<bool> stopped_{false};
 };
 
 }  // namespace remora

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -36,10 +37,13 @@ inline AgentOptions MasterOptions(std::vector<std::string> workers) {
   return m;
 }
 
-// A master and N workers in this process.
+// A master and N workers in this process. `setup`, when given, runs on
+// every agent after it started and before it joins (to register request
+// kinds, say).
 class Group {
  public:
-  explicit Group(int n, AgentOptions base = {}) {
+  explicit Group(int n, AgentOptions base = {},
+                 const std::function<void(Agent&)>& setup = nullptr) {
     EXPECT_TRUE(test_support::RegisterForTests(registry_).ok());
     AgentOptions m = base;
     m.name = "master";
@@ -47,6 +51,7 @@ class Group {
     for (int i = 1; i <= n; ++i) m.workers.push_back(absl::StrCat("w", i));
     master_ = std::move(Agent::Start(m, &registry_).value());
     dist_autograd::Enable(*master_);
+    if (setup) setup(*master_);
     std::vector<std::thread> joins;
     for (int i = 1; i <= n; ++i) {
       AgentOptions w = base;
@@ -54,6 +59,7 @@ class Group {
       w.master_address = master_->self().address;
       workers_.push_back(std::move(Agent::Start(w, &registry_).value()));
       dist_autograd::Enable(*workers_.back());
+      if (setup) setup(*workers_.back());
     }
     for (auto& w : workers_) {
       joins.emplace_back([&w] { EXPECT_TRUE(w->Join().ok()); });

@@ -1,0 +1,179 @@
+// CudaChannel::Impl: the channel's state and methods, defined in three
+// files by concern:
+//
+//   cuda_channel.cc  the facade, the group, routing, sending and receiving
+//                    (dispatching to IPC or NCCL), the background thread
+//   ipc.cc           CUDA IPC: sharing allocations and events, copies,
+//                    releases
+//   nccl.cc          NCCL: communicators, their set-up and abort, transfers
+//
+// Thread-safety: as annotated; lock order: a Comm's mu before mu_ or
+// queue_mu_, open_mu_ before mu_. Ownership: the CudaChannel owns its Impl;
+// the Impl owns its communicators, held buffers, events and streams.
+// Include only from channel/cuda/.
+#pragma once
+
+#include "channel/cuda/nccl_comm.h"
+
+namespace remora {
+
+class CudaChannel::Impl {
+ public:
+  Impl(Options options, Control control);
+
+  ~Impl();
+
+  void Stop();
+
+  bool stopping() {
+    MutexLock lock(queue_mu_);
+    return stopping_;
+  }
+
+  // --- group -----------------------------------------------------------
+
+  void SetGroup(const WorkerInfo& self, const std::vector<WorkerInfo>& book);
+
+  absl::StatusOr<WorkerInfo> Peer(WorkerId id);
+
+  CudaRoute RouteTo(WorkerId peer, int src, int dst);
+
+  // --- sending ---------------------------------------------------------
+
+  std::optional<wire::CudaPayload> Send(WorkerId peer, const at::Tensor& payload, int dst);
+
+  absl::StatusOr<std::optional<wire::CudaPayload>> SendIpc(WorkerId peer, const at::Tensor& payload,
+                                                          int src, int dst);
+
+  absl::StatusOr<std::optional<wire::CudaPayload>> SendNccl(WorkerId peer, const at::Tensor& payload,
+                                                           int src, int dst);
+
+  // The communicator for transfers to `peer` from `src` to its `dst`:
+  // created (and announced to the peer) by the first caller, ready on return.
+  absl::StatusOr<std::shared_ptr<Comm>> SendComm(WorkerId peer, int src, int dst);
+
+  // A communicator's fixed parts; its lane starts once it has a unique id.
+  std::shared_ptr<Comm> NewComm(WorkerId peer, std::string peer_name, int src, int dst,
+                                uint64_t generation, bool sending);
+
+  // Creates the stream of `c` and starts its lane as `rank` of `id`.
+  absl::Status StartComm(Comm& c, const ncclUniqueId& id, int rank);
+
+  // Starts the sending end of `c` and tells the peer to start the other.
+  // Both ends form the communicator concurrently, on their lanes.
+  absl::Status InitSender(Comm& c);
+
+  void Reclaim(WorkerId peer, const wire::CudaPayload& d);
+
+  // --- receiving -------------------------------------------------------
+
+  void Abandon(WorkerId peer, const wire::CudaPayload& d, const std::string& why);
+
+  absl::StatusOr<at::Tensor> Receive(WorkerId from, const wire::CudaPayload& d, uint64_t length);
+
+  absl::Status ReceiveIpc(const WorkerInfo& peer, const wire::CudaPayload& d, uint64_t length,
+                          at::Tensor& out);
+
+  absl::Status ReceiveNccl(const WorkerInfo& peer, const wire::CudaPayload& d, uint64_t length,
+                           at::Tensor& out);
+
+  // --- control requests ------------------------------------------------
+
+  absl::Status OnNcclSetup(WorkerId from, const wire::NcclSetup& setup);
+
+  void OnNcclAbort(WorkerId from, const wire::NcclAbort& abort);
+
+  void OnRelease(WorkerId from, const wire::CudaRelease& release);
+
+  Stats stats();
+
+  const CudaEndpoint& endpoint() const { return self_ep_; }
+  const std::string& disabled_reason() const { return disabled_; }
+
+ private:
+  // What the channel holds for an IPC payload until the receiver is done.
+  struct Held {
+    at::Tensor tensor;
+    WorkerId peer;
+    IpcEvent* event;
+    absl::Time since;
+    bool orphaned;  // its call failed
+  };
+
+  // Decides what this process offers: its GPUs, unless something is missing.
+  void Probe();
+
+  void Warn(WorkerId peer, const absl::Status& why);
+
+  absl::StatusOr<IpcEvent*> TakeEvent(int device);
+
+  void ReturnEvent(IpcEvent* e);
+
+  // The sender's allocation, opened once per (sender, allocation). A new
+  // handle for the same address means the old allocation was freed and its
+  // address reused: the stale mapping is closed.
+  absl::StatusOr<std::shared_ptr<Opened>> Open(const wire::CudaPayload& d);
+
+  absl::StatusOr<cudaEvent_t> OpenEvent(const wire::CudaPayload& d);
+
+  absl::StatusOr<cudaStream_t> CopyStream(int device);
+
+  // --- the background thread -------------------------------------------
+
+  void QueueRelease(WorkerId peer, uint64_t buffer);
+
+  // Tells the other end of `c` that it is gone (best effort).
+  void QueueAbort(const Comm& c) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+
+  void Wake();
+
+  void Background();
+
+  // Completes finished NCCL sends (frees their tensors); aborts
+  // communicators whose sends did not complete in time. True while sends
+  // are still in flight.
+  bool PollSends();
+
+  void ReclaimStale();
+
+  const Options options_;
+  const Control control_;
+  CudaEndpoint self_ep_;
+  std::string disabled_;
+  absl::Notification group_set_;
+
+  std::atomic<int64_t> ipc_sends_{0}, ipc_receives_{0}, nccl_sends_{0}, nccl_receives_{0},
+      aborted_{0};
+
+  // Lock order: a Comm's mu before mu_ or queue_mu_; open_mu_ before mu_.
+  absl::Mutex mu_;
+  WorkerInfo self_ ABSL_GUARDED_BY(mu_);
+  std::map<WorkerId, WorkerInfo> peers_ ABSL_GUARDED_BY(mu_);
+  std::set<WorkerId> warned_ ABSL_GUARDED_BY(mu_);
+  // NCCL, sending: by (peer, src, dst); receiving: by (peer, src, dst, generation).
+  std::map<std::tuple<WorkerId, int, int>, std::shared_ptr<Comm>> send_comms_ ABSL_GUARDED_BY(mu_);
+  std::map<std::tuple<WorkerId, int, int>, uint64_t> generations_ ABSL_GUARDED_BY(mu_);
+  std::map<std::tuple<WorkerId, int, int>, std::pair<absl::Time, absl::Status>> broken_until_
+      ABSL_GUARDED_BY(mu_);
+  std::map<std::tuple<WorkerId, int, int, uint64_t>, std::shared_ptr<Comm>> recv_comms_
+      ABSL_GUARDED_BY(mu_);
+  // CUDA IPC, sending: buffers held until released; the event pool.
+  std::map<uint64_t, Held> held_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_buffer_ ABSL_GUARDED_BY(mu_) = 1;
+  std::vector<std::unique_ptr<IpcEvent>> events_ ABSL_GUARDED_BY(mu_);
+  // CUDA IPC, receiving: peers' allocations and events opened here.
+  absl::Mutex open_mu_;  // serialises opening (about 1 ms each)
+  std::map<std::pair<uint64_t, uint64_t>, std::shared_ptr<Opened>> opened_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<uint64_t, uint64_t>, cudaEvent_t> opened_events_ ABSL_GUARDED_BY(mu_);
+  std::map<int, cudaStream_t> copy_streams_ ABSL_GUARDED_BY(mu_);
+
+  absl::Mutex queue_mu_;
+  bool stopping_ ABSL_GUARDED_BY(queue_mu_) = false;
+  bool wake_ ABSL_GUARDED_BY(queue_mu_) = false;
+  bool sends_in_flight_ ABSL_GUARDED_BY(queue_mu_) = false;
+  std::map<WorkerId, std::vector<uint64_t>> releases_ ABSL_GUARDED_BY(queue_mu_);
+  std::vector<std::pair<WorkerId, wire::Request>> outbox_ ABSL_GUARDED_BY(queue_mu_);
+  std::thread background_;
+};
+
+}  // namespace remora

@@ -1,0 +1,337 @@
+// The CUDA channel on GPUs (CudaGpu.*): staging, device maps, CUDA IPC
+// between processes on one GPU, NCCL between GPUs, failures, and the
+// ResNet50 pipeline on GPU workers. Each test skips, saying why, where the
+// GPUs or the channel it needs are missing.
+#include <csignal>
+
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/zeros.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "launch/cli.h"
+#include "launch/local_group.h"
+#include "rpc/codec.h"
+#include "channel/cuda/cuda_channel.h"
+#include "channel/devices.h"
+#include "rpc/message.h"
+#include "tests/support/test_functions.h"
+#include "tests/support/test_group.h"
+
+#ifdef REMORA_TORCH_CUDA
+#include <ATen/ops/full.h>
+#include <ATen/ops/matmul.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace remora {
+namespace {
+
+using ::testing::HasSubstr;
+
+const std::string kBin = REMORA_BIN_DIR;
+
+c10::Device Cuda(int i) { return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)); }
+
+std::string Message(const absl::Status& s) { return std::string(s.message()); }
+
+// --- GPUs -------------------------------------------------------------------------
+// Everything below needs GPUs and skips, with the reason, where there are none.
+
+#define REMORA_REQUIRE_GPUS(n)                                                              \
+  do {                                                                                      \
+    if (LocalGpuCount() < (n)) {                                                            \
+      GTEST_SKIP() << "needs " << (n) << " GPU(s); this process's LibTorch sees "           \
+                   << LocalGpuCount();                                                      \
+    }                                                                                       \
+  } while (0)
+
+#define REMORA_REQUIRE_CHANNEL()                                                            \
+  do {                                                                                      \
+    if (!CudaChannelBuilt()) GTEST_SKIP() << kNoCudaBuild;                                  \
+  } while (0)
+
+// Waits until `done()` or 20 s (what happens in the background, e.g. a
+// release, is not instantaneous; no timing is asserted).
+template <typename F>
+bool Eventually(F done) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
+}
+
+TEST(CudaGpu, UnmappedCudaTensorFailsAtSendTimeNamingDeviceAndPeer) {
+  REMORA_REQUIRE_GPUS(1);
+  Group g(1);
+  at::Tensor x = at::ones({8}, at::TensorOptions().device(Cuda(0)));
+  auto r = g.master().rpc_sync("w1", "echo", {x});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Message(r.status()), HasSubstr("tensor on cuda:0"));
+  EXPECT_THAT(Message(r.status()), HasSubstr("'w1'"));
+}
+
+TEST(CudaGpu, AgentsInOneProcessStageThroughHostMemory) {
+  REMORA_REQUIRE_GPUS(1);
+  AgentOptions opts;
+  opts.device = "cuda:0";
+  opts.map_to_peer_devices = true;
+  Group g(1, opts);
+  EXPECT_EQ(g.master().channel_to("w1", "cuda:0").value(), "staged:shm");
+  at::Tensor x = at::randn({512, 512}, at::TensorOptions().device(Cuda(0)));
+  EXPECT_EQ(g.master().rpc_sync("w1", "device_of", {x}).value().toStringRef(), "cuda:0");
+  auto y = g.master().rpc_sync("w1", "echo", {x});
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_EQ(y->toTensor().device(), Cuda(0));
+  EXPECT_TRUE(at::equal(y->toTensor(), x));
+}
+
+TEST(CudaGpu, MappedToTheCpuArrivesOnTheCpu) {
+  REMORA_REQUIRE_GPUS(1);
+  AgentOptions opts;
+  opts.device_maps["w1"]["cuda:0"] = "cpu";
+  Group g(1, opts);
+  at::Tensor x = at::randn({64}, at::TensorOptions().device(Cuda(0)));
+  EXPECT_EQ(g.master().rpc_sync("w1", "device_of", {x}).value().toStringRef(), "cpu");
+}
+
+TEST(CudaGpu, ShardsLiveOnTheirWorkersDevice) {
+  REMORA_REQUIRE_GPUS(1);
+  AgentOptions opts;
+  opts.device = "cuda:0";
+  opts.map_to_peer_devices = true;
+  Group g(1, opts);
+  RRef head = g.master().remote("w1", "ResNetShard", {int64_t{17}, int64_t{18}, int64_t{0}}).value();
+  RRef y = head.remote("forward", {at::randn({2, 2048, 4, 4})}).value();  // a CPU input
+  EXPECT_EQ(g.master().rpc_sync("w1", "device_of", {y}).value().toStringRef(), "cuda:0");
+  auto out = y.to_here();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->toTensor().device(), Cuda(0));  // the master's home device
+  EXPECT_EQ(out->toTensor().sizes(), (std::vector<int64_t>{2, 1000}));
+}
+
+// This process as the master on cuda:0 and one `worker` process "w1" on
+// `device`, where the master's cuda:0 maps.
+absl::StatusOr<cli::LocalGroup> StartWorkerOn(const Registry& registry, const std::string& device,
+                                              absl::Duration rpc_timeout = absl::Seconds(60)) {
+  AgentOptions opts;
+  opts.device = "cuda:0";
+  opts.device_maps["w1"]["cuda:0"] = device;
+  opts.rpc_timeout = rpc_timeout;
+  return cli::StartLocalGroup({"w1"}, &registry, {"--device", device}, opts);
+}
+
+#ifdef REMORA_TORCH_CUDA
+// Sends a worker process on `device` (reached by `channel`) a tensor that a
+// side stream produces behind about half a second of matrix products, from
+// that stream and without waiting for it on the host: the channel must
+// order the transfer after the producer (an event on LibTorch's current
+// stream), or the worker copies stale memory.
+void ExpectSentAfterItsProducer(const std::string& device, const std::string& channel) {
+  Registry registry;
+  ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
+  auto group = StartWorkerOn(registry, device);
+  ASSERT_TRUE(group.ok()) << group.status();
+  Agent& master = *group->master;
+  ASSERT_EQ(master.channel_to("w1", "cuda:0").value(), channel);
+  const auto on0 = at::TensorOptions().device(Cuda(0));
+  {
+    c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, 0);
+    c10::cuda::CUDAStreamGuard current(side);
+    at::Tensor a = at::randn({4096, 4096}, on0);
+    const at::Tensor b = at::randn({4096, 4096}, on0).div(64);
+    for (int i = 0; i < 200; ++i) a = at::matmul(a, b).tanh();  // bounded; 27 TFLOP in all
+    const at::Tensor x = at::full({1 << 22}, 7.0, on0).add(a.sum().mul(0));
+    auto y = master.rpc_sync("w1", "echo", {x});
+    ASSERT_TRUE(y.ok()) << y.status();
+    EXPECT_TRUE(at::equal(y->toTensor(), at::full({1 << 22}, 7.0, on0)))
+        << "the transfer read the tensor before its producer wrote it";
+  }
+  ASSERT_TRUE(group->Shutdown().ok());
+}
+#endif
+
+// Real worker processes on the master's GPU: CUDA IPC both ways.
+TEST(CudaGpu, IpcBetweenProcessesOnOneGpu) {
+  REMORA_REQUIRE_CHANNEL();
+  REMORA_REQUIRE_GPUS(1);
+  Registry registry;
+  ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
+  auto group = StartWorkerOn(registry, "cuda:0");
+  ASSERT_TRUE(group.ok()) << group.status();
+  Agent& master = *group->master;
+  ASSERT_EQ(master.channel_to("w1", "cuda:0").value(), "cuda_ipc")
+      << master.cuda_disabled_reason();
+  std::vector<at::Tensor> xs;
+  std::vector<Future<c10::IValue>> ys;
+  for (int i = 0; i < 8; ++i) {
+    xs.push_back(at::randn({1 << 20}, at::TensorOptions().device(Cuda(0))));  // 4 MiB
+    ys.push_back(master.rpc_async("w1", "echo", {xs.back()}));
+  }
+  for (int i = 0; i < 8; ++i) {
+    auto y = ys[i].wait();
+    ASSERT_TRUE(y.ok()) << y.status();
+    EXPECT_EQ(y->toTensor().device(), Cuda(0));
+    EXPECT_TRUE(at::equal(y->toTensor(), xs[i]));
+  }
+  // A view sends only its own elements.
+  at::Tensor view = xs[0].narrow(0, 1000, 4096);
+  EXPECT_TRUE(at::equal(master.rpc_sync("w1", "echo", {view}).value().toTensor(), view));
+  EXPECT_EQ(master.rpc_sync("w1", "device_of", {xs[0]}).value().toStringRef(), "cuda:0");
+  CudaChannel::Stats s = master.cuda_stats();
+  EXPECT_GE(s.ipc_sends, 9);
+  EXPECT_GE(s.ipc_receives, 9);  // the echoes came back the same way
+  EXPECT_TRUE(Eventually([&] { return master.cuda_stats().held_buffers == 0; }))
+      << "the worker never released " << master.cuda_stats().held_buffers << " buffers";
+  ASSERT_TRUE(group->Shutdown().ok());
+}
+
+TEST(CudaGpu, IpcWaitsForAProducerOnAnotherStream) {
+#ifndef REMORA_TORCH_CUDA
+  GTEST_SKIP() << "needs a LibTorch with CUDA (its stream API) at build time";
+#else
+  REMORA_REQUIRE_CHANNEL();
+  REMORA_REQUIRE_GPUS(1);
+  ExpectSentAfterItsProducer("cuda:0", "cuda_ipc");
+#endif
+}
+
+TEST(CudaGpu, NcclWaitsForAProducerOnAnotherStream) {
+#ifndef REMORA_TORCH_CUDA
+  GTEST_SKIP() << "needs a LibTorch with CUDA (its stream API) at build time";
+#else
+  REMORA_REQUIRE_CHANNEL();
+  REMORA_REQUIRE_GPUS(2);
+  ExpectSentAfterItsProducer("cuda:1", "nccl");
+#endif
+}
+
+// A worker on the second GPU: NCCL, many transfers in flight at once.
+TEST(CudaGpu, NcclBetweenTwoGpusKeepsTransfersInOrder) {
+  REMORA_REQUIRE_CHANNEL();
+  REMORA_REQUIRE_GPUS(2);
+  Registry registry;
+  ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
+  auto group = StartWorkerOn(registry, "cuda:1");
+  ASSERT_TRUE(group.ok()) << group.status();
+  Agent& master = *group->master;
+  ASSERT_EQ(master.channel_to("w1", "cuda:0").value(), "nccl") << master.cuda_disabled_reason();
+  std::vector<at::Tensor> xs;
+  std::vector<Future<c10::IValue>> ys;
+  for (int i = 0; i < 32; ++i) {
+    // Different sizes: a receive posted out of order would not match.
+    xs.push_back(at::randn({1000 + 977 * i}, at::TensorOptions().device(Cuda(0))));
+    ys.push_back(master.rpc_async("w1", "echo", {xs.back()}));
+  }
+  for (int i = 0; i < 32; ++i) {
+    auto y = ys[i].wait();
+    ASSERT_TRUE(y.ok()) << y.status();
+    EXPECT_EQ(y->toTensor().device(), Cuda(0));
+    EXPECT_TRUE(at::equal(y->toTensor(), xs[i]));
+  }
+  EXPECT_EQ(master.rpc_sync("w1", "device_of", {xs[0]}).value().toStringRef(), "cuda:1");
+  EXPECT_GE(master.cuda_stats().nccl_sends, 33);
+  EXPECT_GE(master.cuda_stats().nccl_receives, 32);
+  ASSERT_TRUE(group->Shutdown().ok());
+}
+
+// The first send on a new communicator stays in progress until the
+// receiver posts its receive, which needs the very message that is being
+// built: a message with several CUDA tensors must still leave at once.
+TEST(CudaGpu, NcclFirstMessageWithSeveralTensorsDoesNotWait) {
+  REMORA_REQUIRE_CHANNEL();
+  REMORA_REQUIRE_GPUS(2);
+  Registry registry;
+  ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
+  auto group = StartWorkerOn(registry, "cuda:1", absl::Seconds(30));
+  ASSERT_TRUE(group.ok()) << group.status();
+  Agent& master = *group->master;
+  const auto on0 = at::TensorOptions().device(Cuda(0));
+  const std::vector<at::Tensor> xs = {at::randn({1 << 20}, on0), at::randn({4096}, on0),
+                                      at::randn({3, 5}, on0)};
+  const absl::Time start = absl::Now();
+  auto y = master.rpc_sync("w1", "echo", {c10::ivalue::Tuple::create(std::vector<c10::IValue>(
+                                             xs.begin(), xs.end()))});
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "the message waited for its first send";
+  const auto& back = y->toTupleRef().elements();
+  ASSERT_EQ(back.size(), xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    EXPECT_EQ(back[i].toTensor().device(), Cuda(0));
+    EXPECT_TRUE(at::equal(back[i].toTensor(), xs[i])) << "tensor " << i;
+  }
+  EXPECT_GE(master.cuda_stats().nccl_sends, 3);
+  EXPECT_GE(master.cuda_stats().nccl_receives, 3);
+  EXPECT_EQ(master.cuda_stats().aborted, 0);
+  ASSERT_TRUE(group->Shutdown().ok());
+}
+
+TEST(CudaGpu, NcclToAWorkerThatDiedFailsTheCallInsteadOfHanging) {
+  REMORA_REQUIRE_CHANNEL();
+  REMORA_REQUIRE_GPUS(2);
+  Registry registry;
+  ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
+  auto group = StartWorkerOn(registry, "cuda:1", absl::Seconds(20));
+  ASSERT_TRUE(group.ok()) << group.status();
+  Agent& master = *group->master;
+  at::Tensor x = at::randn({1 << 20}, at::TensorOptions().device(Cuda(0)));
+  ASSERT_TRUE(master.rpc_sync("w1", "sink", {x}).ok());  // the communicator exists
+  group->workers[0]->Signal(SIGKILL);
+  ASSERT_TRUE(group->workers[0]->Wait(absl::Seconds(10)).ok());
+  auto r = master.rpc_sync("w1", "sink", {x});
+  EXPECT_FALSE(r.ok());
+  EXPECT_THAT(Message(r.status()), HasSubstr("w1"));
+  master.Shutdown(/*graceful=*/false).IgnoreError();
+}
+
+TEST(CudaGpu, ResNetPipelineOnGpuWorkersMatchesLocalTraining) {
+  REMORA_REQUIRE_GPUS(1);
+  const int port = FreePort();
+  const std::string addr = absl::StrCat("127.0.0.1:", port);
+  std::vector<std::unique_ptr<cli::Subprocess>> workers;
+  setenv("REMORA_DEBUG", "channels", 1);  // the workers log their routes
+  for (const char* name : {"worker1", "worker2"}) {
+    workers.push_back(cli::Subprocess::Spawn({kBin + "/worker", "--name", name, "--master", addr,
+                                              "--device", "cuda:0"},
+                                             TempPath(std::string(name) + ".log"))
+                          .value());
+  }
+  const std::vector<std::string> small = {"--batches", "1", "--batch-size", "8",
+                                          "--image-size", "32", "--splits", "2"};
+  std::vector<std::string> argv = {kBin + "/master", "--workers", "worker1,worker2",
+                                   "--listen", addr, "--report", TempPath("gpu.json")};
+  argv.insert(argv.end(), small.begin(), small.end());
+  auto [code, out] = RunProgram(argv, absl::Seconds(240));
+  for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
+  unsetenv("REMORA_DEBUG");
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("worker1: shards on cuda:0"));
+  // Activations went GPU to GPU, not through host memory.
+  std::ifstream log(TempPath("worker1.log"));
+  const std::string worker_log((std::istreambuf_iterator<char>(log)),
+                               std::istreambuf_iterator<char>());
+  EXPECT_THAT(worker_log, HasSubstr("-> 'worker2': cuda:0 -> its cuda:0 via cuda_ipc"));
+  std::vector<std::string> local = {kBin + "/master", "--local", "--device", "cuda:0"};
+  local.insert(local.end(), small.begin(), small.end());
+  auto [local_code, local_out] = RunProgram(local, absl::Seconds(240));
+  ASSERT_EQ(local_code, 0) << local_out;
+  auto loss = [](const std::string& text) {
+    const auto at = text.find("batch=0 loss=");
+    return at == std::string::npos ? -1.0 : std::stod(text.substr(at + 13));
+  };
+  ASSERT_GT(loss(out), 0) << out;
+  // Same weights, same images: the first batch's loss agrees (TF32 and
+  // kernel choices differ a little between the two runs).
+  EXPECT_NEAR(loss(out), loss(local_out), 2e-2 * loss(local_out));
+}
+
+}  // namespace
+}  // namespace remora
