@@ -37,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "rpc/future.h"
 #include "rpc/message.h"
+#include "tests/support/slices.h"
 #include "proto/agent.pb.h"
 #include "proto/request.h"
 #include "proto/rref.pb.h"
@@ -53,23 +54,6 @@ struct Received {
   std::vector<c10::IValue> values;
   InMessage message;  // header and the raw payloads
 };
-
-// Copies `buffer` into fresh slices of `piece` bytes each (the last one may
-// be shorter), so that nothing received aliases what was sent and payloads
-// may span slices.
-grpc::ByteBuffer Reslice(const grpc::ByteBuffer& buffer, size_t piece) {
-  std::vector<grpc::Slice> in;
-  EXPECT_TRUE(buffer.Dump(&in).ok());
-  std::string flat;
-  for (const auto& s : in) {
-    flat.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  }
-  std::vector<grpc::Slice> out;
-  for (size_t at = 0; at < flat.size(); at += piece) {
-    out.emplace_back(flat.data() + at, std::min(piece, flat.size() - at));
-  }
-  return grpc::ByteBuffer(out.data(), out.size());
-}
 
 size_t SliceCount(const grpc::ByteBuffer& buffer) {
   std::vector<grpc::Slice> slices;

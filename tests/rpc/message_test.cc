@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "rpc/future.h"
 #include "rpc/message.h"
+#include "tests/support/slices.h"
 #include "proto/agent.pb.h"
 #include "proto/request.h"
 #include "proto/rref.pb.h"

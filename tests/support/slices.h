@@ -1,0 +1,31 @@
+// gRPC byte buffers cut differently from how they were sent, for tests of
+// code that must not care where one slice ends and the next begins.
+#pragma once
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include <grpcpp/support/byte_buffer.h>
+#include <gtest/gtest.h>
+
+namespace remora {
+
+// Copies `buffer` into fresh slices of `piece` bytes each (the last one may
+// be shorter), so that nothing received aliases what was sent and payloads
+// may span slices.
+inline grpc::ByteBuffer Reslice(const grpc::ByteBuffer& buffer, size_t piece) {
+  std::vector<grpc::Slice> in;
+  EXPECT_TRUE(buffer.Dump(&in).ok());
+  std::string flat;
+  for (const auto& s : in) {
+    flat.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  std::vector<grpc::Slice> out;
+  for (size_t at = 0; at < flat.size(); at += piece) {
+    out.emplace_back(flat.data() + at, std::min(piece, flat.size() - at));
+  }
+  return grpc::ByteBuffer(out.data(), out.size());
+}
+
+}  // namespace remora
