@@ -13,14 +13,14 @@ namespace remora {
 using WorkerId = uint16_t;
 inline constexpr WorkerId kUnknownWorker = 0xFFFF;
 
-// Where a process's shared-memory segments can be read (rpc/shm.h).
+// Where a process's shared-memory segments can be read (channel/shm/shm.h).
 struct ShmEndpoint {
   std::string domain;  // same boot, PID namespace and user; empty: off
   uint32_t pid = 0;
   uint64_t incarnation = 0;  // random per agent: tells restarts apart
 };
 
-// A process's GPUs as peers see them (rpc/cuda_channel.h).
+// A process's GPUs as peers see them (channel/cuda/cuda_channel.h).
 struct CudaEndpoint {
   std::vector<std::string> gpus;  // UUIDs by device ordinal; empty: no CUDA channel
   bool nccl = false;              // NCCL is usable

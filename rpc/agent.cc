@@ -89,7 +89,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options,
   }
   // gRPC's "poll" engine, unless the environment chose one: on loopback
   // round trips it measured about 3 fewer thread switches per call than the
-  // default epoll1 and a 10-20% lower median latency (README, "RPC").
+  // default epoll1 and a 10-20% lower median latency (docs/measurements.md, "RPC: rpc_bench").
   // Takes effect only before gRPC's first use in this process.
   setenv("GRPC_POLL_STRATEGY", "poll", /*overwrite=*/0);
 #if defined(NDEBUG) && !defined(REMORA_SANITIZE)

@@ -117,16 +117,17 @@ struct AgentOptions {
   // rpc_sync (and RRef::rpc_sync, to_here) reuse long-lived gRPC streams
   // to the peer (rpc/stream.h) instead of opening a unary gRPC call each
   // time. rpc_bench medians in paired runs: about 10 us lower in quiet
-  // minutes, 45-117 us against 127-247 us in slow ones (README,
-  // "Measured"). False (or REMORA_STREAMS=0): unary calls only.
-  // Asynchronous calls are always unary.
+  // minutes, 45-117 us against 127-247 us in slow ones
+  // (docs/measurements.md, "Streams and Abseil's deadlock detection").
+  // False (or REMORA_STREAMS=0): unary calls only. Asynchronous calls are
+  // always unary.
   bool streams = true;
   // TLS or mutual TLS for this agent's server and its channels (see
   // rpc/tls.h); empty: plaintext. Every member of a group must use the same
   // mode and certificates from the same CA.
   TlsOptions tls;
 
-  // Devices (rpc/devices.h). `device` is this agent's home device, "cpu"
+  // Devices (channel/devices.h). `device` is this agent's home device, "cpu"
   // or "cuda:N": shards it constructs live there (worker --device), and
   // peers learn it at rendezvous. `device_maps[peer][src] = dst` (PyTorch's
   // set_device_map): a tensor on this process's CUDA device `src` sent to
@@ -137,7 +138,7 @@ struct AgentOptions {
   std::string device = "cpu";
   std::map<std::string, std::map<std::string, std::string>> device_maps;
   bool map_to_peer_devices = false;
-  // CUDA tensors of any size travel on the CUDA channel (rpc/cuda_channel.h):
+  // CUDA tensors of any size travel on the CUDA channel (channel/cuda/cuda_channel.h):
   // CUDA IPC to another process on the same GPU, NCCL to another GPU. False
   // (or REMORA_CUDA_CHANNEL=0) stages them through host memory instead.
   bool cuda_channel = true;

@@ -7,7 +7,7 @@
 // non-contiguous view is made contiguous first. On receipt a tensor is
 // built over its payload's bytes when they are suitably aligned, and copied
 // otherwise. A CUDA tensor lands where the sender's device map says
-// (rpc/devices.h): on a GPU of the receiver (TensorMeta.device), or on its
+// (channel/devices.h): on a GPU of the receiver (TensorMeta.device), or on its
 // CPU; without a map entry it is an error at send time.
 //
 // RRefs need the RRef context (fork ids, reference counting); the codec

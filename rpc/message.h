@@ -6,10 +6,10 @@
 // payload over the received slice when it arrived in one piece, and copies
 // it once into a fresh buffer otherwise. Between processes on one host,
 // payloads from a threshold up go through shared memory instead (see
-// rpc/shm.h) and the frame carries their descriptors. CUDA payloads of any
-// size go through the CUDA channel (rpc/cuda_channel.h) where it offers a
+// channel/shm/shm.h) and the frame carries their descriptors. CUDA payloads of any
+// size go through the CUDA channel (channel/cuda/cuda_channel.h) where it offers a
 // route to the peer, and are otherwise staged: copied to the CPU, then sent
-// like any CPU payload. See proto/remora.proto for the frame layout.
+// like any CPU payload. See proto/agent.proto for the frame layout.
 #pragma once
 
 #include <vector>

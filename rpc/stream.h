@@ -6,7 +6,7 @@
 // trailers, and tears the stream down again. On a stream that is already
 // open, a call is one message each way, and the waiting thread drives the
 // stream's own completion queue itself, so the reply wakes no other thread
-// on the way (the rpc_bench figures are in the README).
+// on the way (the rpc_bench figures are in docs/measurements.md).
 //
 //   caller (SyncStream, one call at a time)     callee (ServerStream)
 //   Call(frame) ------------ [id|frame] ------>  read; dispatch(frame, slot)

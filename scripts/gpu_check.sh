@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks in one go, for a CUDA machine that reaches no package archive
-# (README, "Running the GPU tests on a GPU machine").
+# (docs/cuda-and-libtorch2.md, "Running the GPU tests on a GPU machine").
 #
 # On a machine that reaches Debian's archive first: `./run gpu-prep` puts
 # Debian 12's gRPC, protobuf, Abseil, GoogleTest and OpenSSL packages in
