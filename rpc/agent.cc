@@ -1,7 +1,6 @@
 // The public Agent and RRef methods: starting an agent, calls, remote()
 // and RRef operations, and what an agent reports about itself. The work is
 // done by Agent::Impl (rpc/agent_impl.h, one file per concern).
-#include <iostream>
 #include <set>
 
 #include "absl/strings/numbers.h"
@@ -46,14 +45,7 @@ Agent::Impl::Impl(Agent* agent)
                                agent->options_.rpc_timeout},
           [this](WorkerId peer, wire::Request request, absl::Duration timeout) {
             return SendAndWait(peer, std::move(request), timeout);
-          })) {
-// The request kinds rpc/ serves, each registered by its own file.
-for (absl::Status s : {RegisterRendezvousRequests(this), RegisterShutdownRequests(this),
-                       RegisterRRefRequests(this), RegisterChannelRequests(this)}) {
-  if (!s.ok()) std::cerr << "remora: " << s << "\n";
-}
-}
-
+          })) {}
 
 Agent::Agent(AgentOptions options, const Registry* registry)
     : options_(std::move(options)), registry_(registry) {}
@@ -110,6 +102,11 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options,
   if (!devices.ok()) return devices.status();
   std::unique_ptr<Agent> agent(new Agent(std::move(options), registry));
   agent->impl_ = std::make_unique<Impl>(agent.get());
+  // The request kinds rpc/ serves, each registered by its own file.
+  for (auto* register_kinds : {&RegisterRendezvousRequests, &RegisterShutdownRequests,
+                               &RegisterRRefRequests, &RegisterChannelRequests}) {
+    RETURN_IF_ERROR(register_kinds(agent->impl_.get()));
+  }
   agent->impl_->devices_ = std::move(*devices);
   agent->self_.name = agent->options_.name;
   agent->self_.host_id = HostId();
