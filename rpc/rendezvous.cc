@@ -20,6 +20,14 @@ std::string HostId() {
   return absl::StrCat(host, "/", BootId());
 }
 
+namespace {
+
+// REMORA_DEBUG=channels logs the channel chosen for every peer.
+bool DebugChannels() {
+  const char* env = std::getenv("REMORA_DEBUG");
+  return env != nullptr && std::string(env).find("channels") != std::string::npos;
+}
+
 void ToWire(const ShmEndpoint& e, wire::ShmEndpoint* w) {
   w->set_domain(e.domain);
   w->set_pid(e.pid);
@@ -40,15 +48,8 @@ CudaEndpoint FromWire(const wire::CudaEndpoint& w) {
   return CudaEndpoint{{w.gpus().begin(), w.gpus().end()}, w.nccl(), w.incarnation()};
 }
 
-namespace {
-
-// REMORA_DEBUG=channels logs the channel chosen for every peer.
-bool DebugChannels() {
-  const char* env = std::getenv("REMORA_DEBUG");
-  return env != nullptr && std::string(env).find("channels") != std::string::npos;
-}
-
 }  // namespace
+
 
 absl::Status RegisterRendezvousRequests(Agent::Impl* impl) {
   return impl->requests_.Register<wire::JoinRequest>(
