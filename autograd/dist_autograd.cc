@@ -1,6 +1,8 @@
 #include "autograd/dist_autograd.h"
 
 #include <iostream>
+#include <map>
+#include <optional>
 #include <unordered_set>
 
 #include <ATen/core/List.h>
@@ -12,6 +14,7 @@
 #include "autograd/container.h"
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
+#include "runtime/action_mark.h"
 #include "runtime/compute_lane.h"
 #include "runtime/trace.h"
 
@@ -158,36 +161,45 @@ std::vector<at::Tensor> CollectLeaves(const std::vector<at::Tensor>& roots) {
 
 }  // namespace
 
-Future<Empty> RunBackward(Container& container, std::shared_ptr<DistContext> context,
-                          std::vector<at::Tensor> roots, std::vector<at::Tensor> grads,
-                          bool retain_graph) {
-  Agent& agent = container.agent();
-  std::vector<at::Tensor> leaves = CollectLeaves(roots);
-  if (leaves.empty()) return Future<Empty>::Ready(Empty{});
-  std::vector<at::Tensor> results;
-  trace::SetMicroBatch(-1);
-  int64_t start_us = 0;
-  try {
-    ComputeTurn compute;
-    start_us = trace::NowUs();
-    results = torch::autograd::grad(roots, leaves, grads, retain_graph,
-                                    /*create_graph=*/false, /*allow_unused=*/true);
-  } catch (...) {
-    return Future<Empty>::Ready(
-        StatusFromCurrentException(absl::StrCat("backward on worker '", agent.self().name, "'")));
+namespace {
+
+// The local part of a backward pass, holding the compute turn: gradients of
+// `leaves` from `roots`. The slice is labelled with the marked action.
+absl::Status ComputeGradients(Agent& agent, const std::vector<at::Tensor>& roots,
+                              const std::vector<at::Tensor>& grads,
+                              const std::vector<at::Tensor>& leaves, bool retain_graph,
+                              const std::optional<ActionMarkInfo>& mark,
+                              std::vector<at::Tensor>* results) {
+  if (mark) {
+    trace::SetMicroBatch(mark->action.micro_batch, mark->stage);
+  } else {
+    trace::SetMicroBatch(-1);
   }
-  // The turn has ended; the mark in the graph told this thread its micro-batch.
+  const int64_t start_us = trace::NowUs();
+  try {
+    *results = torch::autograd::grad(roots, leaves, grads, retain_graph,
+                                     /*create_graph=*/false, /*allow_unused=*/true);
+  } catch (...) {
+    return StatusFromCurrentException(absl::StrCat("backward on worker '", agent.self().name, "'"));
+  }
+  // A mark deeper in the graph (models' own) may have told this thread more.
   trace::Record("backward", trace::MicroBatch(), start_us, trace::NowUs(), trace::Stage());
-  // Gradients of received tensors go back to their senders, per message.
+  return absl::OkStatus();
+}
+
+// Gradients of received tensors go back to their senders, per message;
+// the others accumulate in the context.
+Future<Empty> Deliver(Agent& agent, DistContext& context, const std::vector<at::Tensor>& leaves,
+                      const std::vector<at::Tensor>& results, bool retain_graph) {
   std::map<std::pair<WorkerId, int64_t>, std::vector<at::Tensor>> outgoing;
   for (size_t i = 0; i < leaves.size(); ++i) {
     if (!results[i].defined()) continue;
-    if (auto recv = context->Recv(leaves[i])) {
+    if (auto recv = context.Recv(leaves[i])) {
       auto& grads_out = outgoing[{recv->from, recv->message_id}];
       grads_out.resize(recv->count);
       grads_out[recv->index] = results[i];
     } else {
-      context->AccumulateGrad(leaves[i], results[i]);
+      context.AccumulateGrad(leaves[i], results[i]);
     }
   }
   std::vector<Future<c10::IValue>> sent;
@@ -195,9 +207,59 @@ Future<Empty> RunBackward(Container& container, std::shared_ptr<DistContext> con
     c10::List<at::Tensor> list;
     for (auto& g : grads_out) list.push_back(g);
     sent.push_back(agent.rpc_async(agent.NameOf(key.first), "remora.autograd.propagate",
-                                   {context->id(), key.second, list, retain_graph}));
+                                   {context.id(), key.second, list, retain_graph}));
   }
   return WhenAll(sent);
+}
+
+}  // namespace
+
+Future<Empty> RunBackward(Container& container, std::shared_ptr<DistContext> context,
+                          std::vector<at::Tensor> roots, std::vector<at::Tensor> grads,
+                          bool retain_graph) {
+  Agent& agent = container.agent();
+  std::vector<at::Tensor> leaves = CollectLeaves(roots);
+  if (leaves.empty()) return Future<Empty>::Ready(Empty{});
+  // A pipeline stage's output carries its action: the pass then runs in the
+  // schedule's order, without a thread waiting for its turn.
+  std::optional<ActionMarkInfo> mark;
+  if (!roots.empty()) mark = MarkedAction(roots[0]);
+  if (!mark) {
+    std::vector<at::Tensor> results;
+    absl::Status status;
+    {
+      ComputeTurn compute;
+      status = ComputeGradients(agent, roots, grads, leaves, retain_graph, mark, &results);
+    }
+    if (!status.ok()) return Future<Empty>::Ready(status);
+    return Deliver(agent, *context, leaves, results, retain_graph);
+  }
+  Future<Empty> done(agent.executor());
+  Executor* executor = agent.executor();
+  ComputeTurn::RunInTurn(
+      mark->action,
+      [&agent, context, roots = std::move(roots), grads = std::move(grads),
+       leaves = std::move(leaves), retain_graph, mark, done]() mutable {
+        std::vector<at::Tensor> results;
+        absl::Status status =
+            ComputeGradients(agent, roots, grads, leaves, retain_graph, mark, &results);
+        roots.clear();  // the graph is freed with the turn
+        grads.clear();
+        if (!status.ok()) {
+          done.SetError(status);
+          return;
+        }
+        Deliver(agent, *context, leaves, results, retain_graph)
+            .then([done](const absl::StatusOr<Empty>& r) mutable {
+              if (r.ok()) {
+                done.SetValue(Empty{});
+              } else {
+                done.SetError(r.status());
+              }
+            });
+      },
+      [executor](std::function<void()> fn) { executor->Schedule(std::move(fn)); });
+  return done;
 }
 
 // --- public API ---------------------------------------------------------------

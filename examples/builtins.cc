@@ -17,6 +17,7 @@
 #include "models/mlp.h"
 #include "models/resnet.h"
 #include "optim/distributed_optimizer.h"
+#include "pipeline/stage.h"
 #include "rpc/agent.h"
 #include "rpc/rref_args.h"
 #include "runtime/process_stats.h"
@@ -132,12 +133,38 @@ absl::Status RegisterBuiltins(Registry& r) {
   return absl::OkStatus();
 }
 
+absl::Status RegisterStockStageTypes() {
+  // Once per process: tests start several agents in one.
+  static const absl::Status status = [] {
+    RETURN_IF_ERROR(pipeline::RegisterStageModule<torch::nn::SequentialImpl>(
+        "MLPStage", [](const std::vector<c10::IValue>& a, c10::Device) {
+          models::MLPStageOptions o;
+          o.in = a.at(0).toInt();
+          o.out = a.at(1).toInt();
+          o.seed = a.size() > 2 ? a[2].toInt() : 0;
+          o.relu = a.size() > 3 ? a[3].toBool() : true;
+          o.batchnorm = a.size() > 4 ? a[4].toBool() : false;
+          if (o.in <= 0 || o.out <= 0) throw std::invalid_argument("MLPStage: sizes must be positive");
+          return models::MakeMLPStage(o).ptr();
+        }));
+    return pipeline::RegisterStageModule<models::ResNetShardImpl>(
+        "ResNetShard", [](const std::vector<c10::IValue>& a, c10::Device device) {
+          return std::make_shared<models::ResNetShardImpl>(
+              static_cast<int>(a.at(0).toInt()), static_cast<int>(a.at(1).toInt()),
+              a.size() > 2 ? a[2].toInt() : 0, device);
+        });
+  }();
+  return status;
+}
+
 absl::Status RegisterStockWorker(Registry& registry) {
   RETURN_IF_ERROR(RegisterBuiltins(registry));
   RETURN_IF_ERROR(models::RegisterMLP(registry));
   RETURN_IF_ERROR(models::RegisterResNet(registry));
   RETURN_IF_ERROR(dist_autograd::RegisterFunctions(registry));
-  return optim::RegisterFunctions(registry);
+  RETURN_IF_ERROR(optim::RegisterFunctions(registry));
+  RETURN_IF_ERROR(pipeline::RegisterFunctions(registry));
+  return RegisterStockStageTypes();
 }
 
 }  // namespace remora::examples

@@ -20,9 +20,14 @@ namespace remora::examples {
 // Registers the builtins above; fails if a name is already taken.
 absl::Status RegisterBuiltins(Registry& registry);
 
+// The stock worker's pipeline stage types (pipeline/stage.h): "MLPStage"
+// (in, out, seed, relu, batchnorm) and "ResNetShard" (first, last, seed).
+// Registered once per process; later calls return the first result.
+absl::Status RegisterStockStageTypes();
+
 // Everything the stock worker offers: the builtins, the MLP and ResNet50
 // stages, and the functions of distributed autograd and the
-// DistributedOptimizer.
+// DistributedOptimizer, the pipeline stage wrapper and the stock stage types.
 absl::Status RegisterStockWorker(Registry& registry);
 
 }  // namespace remora::examples

@@ -23,4 +23,13 @@ at::Tensor TensorOrFetch(const c10::IValue& value) {
       absl::StrCat("expected a tensor or an RRef to one, got a ", value.tagKind()));
 }
 
+c10::IValue ValueOrFetch(const c10::IValue& value) {
+  if (!value.isRRef()) return value;
+  auto rref = RRef::FromIValue(value);
+  if (!rref.ok()) throw std::runtime_error(std::string(rref.status().message()));
+  auto fetched = rref->to_here();
+  if (!fetched.ok()) throw std::runtime_error(std::string(fetched.status().message()));
+  return std::move(*fetched);
+}
+
 }  // namespace remora

@@ -14,4 +14,8 @@ namespace remora {
 // Throws with a clear message otherwise.
 at::Tensor TensorOrFetch(const c10::IValue& value);
 
+// The value an argument holds (any type), fetching it first when it is an
+// RRef.
+c10::IValue ValueOrFetch(const c10::IValue& value);
+
 }  // namespace remora

@@ -1,47 +1,211 @@
 #include "runtime/compute_lane.h"
 
+#include <algorithm>
+#include <deque>
+#include <memory>
+#include <tuple>
+
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/mutex_lock.h"
 
 namespace remora {
 
+std::string LaneAction::ToString() const {
+  return absl::StrCat(backward ? "B" : "F", micro_batch, "@stage", stage);
+}
+
 namespace {
 
-// A ticket lock: tickets in arrival order, served one at a time.
-struct ComputeLane {
-  absl::Mutex mu;
-  uint64_t next ABSL_GUARDED_BY(mu) = 0;
-  uint64_t serving ABSL_GUARDED_BY(mu) = 0;
+using Key = std::tuple<int64_t, int64_t, bool>;  // stage, micro-batch, backward
+
+Key KeyOf(const LaneAction& a) { return {a.stage, a.micro_batch, a.backward}; }
+
+// One turn asked for: a thread waiting (sync) or a closure to post (async).
+struct Waiter {
+  uint64_t ticket = 0;
+  bool granted = false;
+  bool in_order = false;  // granted as the order's next action
+  std::function<void()> run;  // async only
+  std::function<void(std::function<void()>)> post;
 };
 
-ComputeLane& Lane() {
-  static ComputeLane* lane = new ComputeLane;  // never destroyed
+// The lane: one turn at a time; the epoch's order first, then arrival order.
+class Lane {
+ public:
+  // Queues `w` (keyed by `action` when it has one) and grants what can run.
+  // Returns the async waiter to start, if the grant went to one.
+  Waiter* Enqueue(Waiter* w, const LaneAction* action) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    w->ticket = next_ticket_++;
+    if (action != nullptr && action->epoch == epoch_) {
+      auto it = index_.find(KeyOf(*action));
+      if (it != index_.end() && it->second >= pos_ && !ordered_.contains(it->first)) {
+        ordered_[it->first] = w;
+        return Grant();
+      }
+    }
+    plain_.push_back(w);
+    return Grant();
+  }
+
+  Waiter* Release(bool in_order) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    busy_ = false;
+    if (in_order) ++pos_;
+    return Grant();
+  }
+
+  Waiter* SetOrder(int64_t epoch, std::vector<LaneAction> order) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    // Waiters of the old order become plain turns, in arrival order.
+    std::vector<Waiter*> old;
+    for (auto& [key, w] : ordered_) old.push_back(w);
+    std::sort(old.begin(), old.end(), [](Waiter* a, Waiter* b) { return a->ticket < b->ticket; });
+    plain_.insert(plain_.end(), old.begin(), old.end());
+    std::sort(plain_.begin(), plain_.end(),
+              [](Waiter* a, Waiter* b) { return a->ticket < b->ticket; });
+    ordered_.clear();
+    index_.clear();
+    order_.clear();
+    for (const LaneAction& a : order) {
+      if (index_.try_emplace(KeyOf(a), order_.size()).second) order_.push_back(KeyOf(a));
+    }
+    epoch_ = epoch;
+    pos_ = 0;
+    return Grant();
+  }
+
+  int64_t Queued() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return static_cast<int64_t>(plain_.size() + ordered_.size()) + (busy_ ? 1 : 0);
+  }
+
+  absl::Mutex mu;
+
+ private:
+  Waiter* Grant() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (busy_) return nullptr;
+    Waiter* w = nullptr;
+    if (pos_ < order_.size()) {
+      auto it = ordered_.find(order_[pos_]);
+      if (it != ordered_.end()) {
+        w = it->second;
+        w->in_order = true;
+        ordered_.erase(it);
+      }
+    }
+    if (w == nullptr && !plain_.empty()) {
+      w = plain_.front();
+      plain_.pop_front();
+    }
+    if (w == nullptr) return nullptr;
+    busy_ = true;
+    w->granted = true;
+    return w->run ? w : nullptr;  // sync waiters wake on `granted`
+  }
+
+  bool busy_ ABSL_GUARDED_BY(mu) = false;
+  uint64_t next_ticket_ ABSL_GUARDED_BY(mu) = 0;
+  std::deque<Waiter*> plain_ ABSL_GUARDED_BY(mu);
+  int64_t epoch_ ABSL_GUARDED_BY(mu) = -1;
+  std::vector<Key> order_ ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<Key, size_t> index_ ABSL_GUARDED_BY(mu);
+  size_t pos_ ABSL_GUARDED_BY(mu) = 0;
+  absl::flat_hash_map<Key, Waiter*> ordered_ ABSL_GUARDED_BY(mu);
+};
+
+Lane& TheLane() {
+  static Lane* lane = new Lane;  // never destroyed
   return *lane;
+}
+
+// Hands a granted async waiter its turn: `run`, then the turn ends.
+void Start(Waiter* w) {
+  if (w == nullptr) return;
+  std::function<void(std::function<void()>)> post = std::move(w->post);
+  post([w] {
+    std::unique_ptr<Waiter> owned(w);
+    owned->run();
+    Lane& lane = TheLane();
+    Waiter* next;
+    {
+      MutexLock lock(lane.mu);
+      next = lane.Release(owned->in_order);
+    }
+    Start(next);
+  });
+}
+
+// Blocks until `w` (a sync waiter) is granted.
+void Await(Lane& lane, Waiter& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane.mu) {
+  lane.mu.Await(absl::Condition(&w.granted));
 }
 
 }  // namespace
 
 ComputeTurn::ComputeTurn() {
-  ComputeLane& lane = Lane();
-  MutexLock lock(lane.mu);
-  ticket_ = lane.next++;
-  auto my_turn = [&lane, this]() ABSL_SHARED_LOCKS_REQUIRED(lane.mu) {
-    return lane.serving == ticket_;
-  };
-  lane.mu.Await(absl::Condition(&my_turn));
+  Lane& lane = TheLane();
+  Waiter w;
+  Waiter* start;
+  {
+    MutexLock lock(lane.mu);
+    start = lane.Enqueue(&w, nullptr);
+    Await(lane, w);
+  }
+  Start(start);
+  in_order_ = w.in_order;
 }
 
-int64_t ComputeTurn::Queued() {
-  ComputeLane& lane = Lane();
-  MutexLock lock(lane.mu);
-  return static_cast<int64_t>(lane.next - lane.serving);
+ComputeTurn::ComputeTurn(const LaneAction& action) {
+  Lane& lane = TheLane();
+  Waiter w;
+  Waiter* start;
+  {
+    MutexLock lock(lane.mu);
+    start = lane.Enqueue(&w, &action);
+    Await(lane, w);
+  }
+  Start(start);
+  in_order_ = w.in_order;
 }
 
 ComputeTurn::~ComputeTurn() {
-  ComputeLane& lane = Lane();
+  Lane& lane = TheLane();
+  Waiter* next;
+  {
+    MutexLock lock(lane.mu);
+    next = lane.Release(in_order_);
+  }
+  Start(next);
+}
+
+void ComputeTurn::RunInTurn(const LaneAction& action, std::function<void()> run,
+                            const std::function<void(std::function<void()>)>& post) {
+  auto* w = new Waiter;
+  w->run = std::move(run);
+  w->post = post;
+  Lane& lane = TheLane();
+  Waiter* start;
+  {
+    MutexLock lock(lane.mu);
+    start = lane.Enqueue(w, &action);
+  }
+  Start(start);
+}
+
+void ComputeTurn::SetOrder(int64_t epoch, std::vector<LaneAction> order) {
+  Lane& lane = TheLane();
+  Waiter* start;
+  {
+    MutexLock lock(lane.mu);
+    start = lane.SetOrder(epoch, std::move(order));
+  }
+  Start(start);
+}
+
+int64_t ComputeTurn::Queued() {
+  Lane& lane = TheLane();
   MutexLock lock(lane.mu);
-  ++lane.serving;
+  return lane.Queued();
 }
 
 }  // namespace remora

@@ -1,36 +1,75 @@
 // The process's compute lane: forward passes, backward passes and optimizer
-// steps of one process run one at a time (see ComputeTurn).
+// steps of one process run one at a time (see ComputeTurn), first come,
+// first served, or in the order of a pipeline schedule (see LaneAction).
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
 
 namespace remora {
+
+// One action of a pipeline schedule as the lane sees it: the forward or
+// backward pass of micro-batch `micro_batch` through stage `stage`, in
+// batch `epoch` (the pipeline uses the batch's autograd context id).
+struct LaneAction {
+  int64_t epoch = -1;
+  int64_t stage = -1;
+  int64_t micro_batch = -1;
+  bool backward = false;
+
+  friend bool operator==(const LaneAction& a, const LaneAction& b) {
+    return a.epoch == b.epoch && a.stage == b.stage && a.micro_batch == b.micro_batch &&
+           a.backward == b.backward;
+  }
+  std::string ToString() const;  // e.g. "F3@stage1", "B0@stage2"
+};
 
 // The process's compute lane. A worker process hosts pipeline stages and
 // behaves as one device: forward passes, backward passes and optimizer
 // steps hold a ComputeTurn, so that they run one at a time, each with all
 // the intra-op threads, instead of many at once fighting over the cores
 // (measured: 8 concurrent backward passes on a 1-thread worker made a
-// ResNet50 step twice as slow). Turns are served first come, first served:
-// with interleaved stages the order matters, and a simulation of the
-// 2-worker, 4-stage pipeline finished a batch about 1% sooner in arrival
-// order than in the arbitrary order of a plain mutex. Never hold a turn
-// while waiting on another process.
+// ResNet50 step twice as slow).
+//
+// Plain turns are served first come, first served. Turns for a LaneAction
+// of the epoch set by SetOrder are served in that order: the lane is given
+// to the next action of the order as soon as it is waiting, and to plain
+// turns (and actions of other epochs, or not in the order) only while the
+// next action of the order has not arrived. That is how a worker runs its
+// stages' forward and backward passes exactly in its schedule's order,
+// whatever order the requests arrive in. Never hold a turn while waiting on
+// another process.
 //
 // Thread-safety: a turn is taken and given back on one thread; any number
-// of threads may wait.
+// of threads may wait. The static functions are thread-safe.
 class ComputeTurn {
  public:
-  ComputeTurn();   // blocks until every earlier turn has ended
+  ComputeTurn();  // blocks until every earlier plain turn has ended
+  // Blocks until `action`'s place in the order (see above).
+  explicit ComputeTurn(const LaneAction& action);
   ~ComputeTurn();  // lets the next one run
   ComputeTurn(const ComputeTurn&) = delete;
   ComputeTurn& operator=(const ComputeTurn&) = delete;
+
+  // Runs `run` holding `action`'s turn, without a thread waiting for it:
+  // once the turn comes, `post` is called (under no lock) with a closure
+  // that runs `run` and then ends the turn. `post` must hand the closure to
+  // another thread (an executor), never run it inline.
+  static void RunInTurn(const LaneAction& action, std::function<void()> run,
+                        const std::function<void(std::function<void()>)>& post);
+
+  // Makes `order` the order of `epoch`'s actions in this process, from its
+  // first. Actions of earlier epochs that still wait are served as plain
+  // turns from then on (a failed batch cannot hold the lane).
+  static void SetOrder(int64_t epoch, std::vector<LaneAction> order);
 
   // Turns held or waited for right now in this process (tests, diagnostics).
   static int64_t Queued();
 
  private:
-  uint64_t ticket_;
+  bool in_order_ = false;  // granted as its order's next action
 };
 
 }  // namespace remora

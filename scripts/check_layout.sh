@@ -16,6 +16,7 @@ LAYERS=("base proto"
         "rpc"
         "autograd"
         "optim"
+        "pipeline"
         "models launch"
         "examples"
         "tests")

@@ -1,0 +1,253 @@
+#include "pipeline/pipeline.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mse_loss.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "autograd/dist_autograd.h"
+#include "base/status_util.h"
+#include "pipeline/microbatch.h"
+
+namespace remora::pipeline {
+
+// --- stage specs -----------------------------------------------------------------
+
+StageSpec StageSpec::Registered(std::string type, std::vector<c10::IValue> args) {
+  StageSpec s;
+  s.kind = "type";
+  s.name = std::move(type);
+  s.args = std::move(args);
+  return s;
+}
+
+StageSpec StageSpec::TorchScript(std::string bytes, std::string label) {
+  StageSpec s;
+  s.kind = "script";
+  s.name = std::move(label);
+  s.script = std::move(bytes);
+  return s;
+}
+
+absl::StatusOr<StageSpec> StageSpec::TorchScriptFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("cannot read the TorchScript file ", path,
+                                            " (does it exist, and may this user read it?)"));
+  }
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  if (bytes.str().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("the TorchScript file ", path, " is empty"));
+  }
+  return TorchScript(bytes.str(), path);
+}
+
+absl::StatusOr<std::vector<StageSpec>> TorchScriptStages(const std::string& model) {
+  std::vector<std::string> paths;
+  std::error_code ec;
+  if (std::filesystem::is_directory(model, ec)) {
+    for (int k = 0;; ++k) {
+      const std::string p = (std::filesystem::path(model) / absl::StrCat("stage", k, ".pt")).string();
+      if (!std::filesystem::exists(p, ec)) break;
+      paths.push_back(p);
+    }
+    if (paths.empty()) {
+      return absl::NotFoundError(absl::StrCat(
+          "--model ", model, " is a directory without stage0.pt (it should hold stage0.pt, "
+          "stage1.pt, ... in pipeline order)"));
+    }
+  } else {
+    for (absl::string_view p : absl::StrSplit(model, ',', absl::SkipEmpty())) paths.emplace_back(p);
+    if (paths.empty()) return absl::InvalidArgumentError("--model names no TorchScript file");
+  }
+  std::vector<StageSpec> specs;
+  for (const auto& p : paths) {
+    ASSIGN_OR_RETURN(StageSpec s, StageSpec::TorchScriptFile(p));
+    specs.push_back(std::move(s));
+  }
+  return specs;
+}
+
+LossFn MseLoss() {
+  return [](const c10::IValue& out, const c10::IValue& target) {
+    return at::mse_loss(out.toTensor(), target.toTensor());
+  };
+}
+
+LossFn CrossEntropyLoss() {
+  return [](const c10::IValue& out, const c10::IValue& target) {
+    return at::cross_entropy_loss(out.toTensor(), target.toTensor());
+  };
+}
+
+// --- the pipeline ----------------------------------------------------------------
+
+namespace {
+
+c10::IValue SpecArgs(const StageSpec& s) {
+  if (s.kind == "script") {
+    at::Tensor bytes = at::empty({static_cast<int64_t>(s.script.size())}, at::kByte);
+    std::memcpy(bytes.data_ptr(), s.script.data(), s.script.size());
+    return bytes;
+  }
+  c10::impl::GenericList list(c10::AnyType::get());
+  for (const auto& a : s.args) list.push_back(a);
+  return list;
+}
+
+// The schedule `name` resolves to for this shape.
+std::string ResolveSchedule(const std::string& name, int workers, int per_worker, int m) {
+  if (name != "auto") return name;
+  if (per_worker >= 2 && m % workers == 0) return "interleaved";
+  return per_worker == 1 ? "1f1b" : "gpipe";
+}
+
+}  // namespace
+
+Pipeline::Pipeline(Agent& agent, PipelineOptions options, std::vector<std::string> workers,
+                   std::vector<RRef> stages, Schedule schedule,
+                   std::unique_ptr<optim::DistributedOptimizer> optimizer)
+    : agent_(agent),
+      options_(std::move(options)),
+      workers_(std::move(workers)),
+      stages_(std::move(stages)),
+      schedule_(std::move(schedule)),
+      optimizer_(std::move(optimizer)) {}
+
+absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(Agent& agent, PipelineOptions o) {
+  const int n = static_cast<int>(o.workers.size());
+  const int S = static_cast<int>(o.stages.size());
+  if (n < 1) return absl::InvalidArgumentError("pipeline: no workers given");
+  if (S < 1) return absl::InvalidArgumentError("pipeline: no stages given");
+  if (S % n != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline: ", S, " stages do not spread evenly over ", n,
+        " workers (stage k runs on worker k mod ", n, "): give a multiple of ", n, " stages"));
+  }
+  if (n == 1 && S > 1) {
+    return absl::InvalidArgumentError(
+        "pipeline: several stages need at least two workers (consecutive stages must be on "
+        "different workers)");
+  }
+  if (!o.loss) return absl::InvalidArgumentError("pipeline: no loss function given");
+  ASSIGN_OR_RETURN(Schedule schedule,
+                   MakeSchedule(ResolveSchedule(o.schedule, n, S / n, o.micro_batches), n, S / n,
+                                o.micro_batches));
+  RETURN_IF_ERROR(Simulate(schedule).status());
+  std::vector<RRef> stages;
+  for (int k = 0; k < S; ++k) {
+    const StageSpec& s = o.stages[k];
+    const std::string& w = o.workers[k % n];
+    auto stage = agent.remote(w, "remora.pipeline.Stage",
+                              {s.kind, s.name, SpecArgs(s), int64_t{k}, s.device});
+    if (!stage.ok()) {
+      return Annotate(stage.status(), absl::StrCat("placing stage ", k, " on worker '", w, "'"));
+    }
+    stages.push_back(*stage);
+  }
+  std::vector<RRef> params;
+  for (int k = 0; k < S; ++k) {
+    auto p = optim::parameter_rrefs(stages[k]);
+    if (!p.ok()) {
+      return Annotate(p.status(), absl::StrCat("stage ", k, " on worker '", o.workers[k % n], "'"));
+    }
+    params.insert(params.end(), p->begin(), p->end());
+  }
+  ASSIGN_OR_RETURN(auto optimizer, optim::DistributedOptimizer::Create(agent, o.optimizer, params));
+  std::vector<std::string> workers = o.workers;
+  return std::unique_ptr<Pipeline>(new Pipeline(agent, std::move(o), std::move(workers),
+                                                std::move(stages), std::move(schedule),
+                                                std::move(optimizer)));
+}
+
+absl::StatusOr<double> Pipeline::train_step(const c10::IValue& inputs, const c10::IValue& targets) {
+  const int m = schedule_.micro_batches;
+  ASSIGN_OR_RETURN(std::vector<c10::IValue> xs, SplitMicroBatches(inputs, m));
+  ASSIGN_OR_RETURN(std::vector<c10::IValue> ts, SplitMicroBatches(targets, m));
+  const double rows = static_cast<double>(BatchRows(inputs));
+  dist_autograd::Context context(agent_);
+  const int64_t epoch = context.id();
+  // Every worker learns its actions' order for this batch before any starts.
+  std::vector<Future<c10::IValue>> told;
+  for (size_t w = 0; w < workers_.size(); ++w) {
+    std::vector<int64_t> flat;
+    for (const Action& a : schedule_.actions[w]) {
+      flat.insert(flat.end(), {a.stage, a.micro_batch, a.kind == Action::kBackward ? 1 : 0});
+    }
+    told.push_back(agent_.rpc_async(workers_[w], "remora.pipeline.set_order", {epoch, flat}));
+  }
+  for (size_t w = 0; w < told.size(); ++w) {
+    if (auto r = told[w].wait(); !r.ok()) {
+      return Annotate(r.status(), absl::StrCat("sending the schedule to worker '", workers_[w], "'"));
+    }
+  }
+  // Every micro-batch's forward pass starts at once; the workers run them
+  // in their order. Stage k's output stays on its worker (an RRef) until
+  // stage k + 1 fetches it; the last stage's comes here.
+  const int S = num_stages();
+  std::vector<Future<c10::IValue>> outs;
+  for (int i = 0; i < m; ++i) {
+    c10::IValue y = agent_.local_rref(xs[i]);
+    for (int s = 0; s + 1 < S; ++s) {
+      ASSIGN_OR_RETURN(RRef next, stages_[s].remote("forward", {y, int64_t{i}, epoch}));
+      y = next;
+    }
+    outs.push_back(stages_[S - 1].rpc_async("forward", {y, int64_t{i}, epoch}));
+  }
+  double loss = 0;
+  std::vector<Future<Empty>> backwards;
+  for (int i = 0; i < m; ++i) {
+    ASSIGN_OR_RETURN(c10::IValue out, outs[i].wait());
+    at::Tensor l;
+    try {
+      l = options_.loss(out, ts[i]) * (static_cast<double>(BatchRows(xs[i])) / rows);
+    } catch (...) {
+      return StatusFromCurrentException(absl::StrCat(
+          "the loss of micro-batch ", i, " (the last stage's output against the targets)"));
+    }
+    loss += l.item<double>();
+    backwards.push_back(dist_autograd::backward_async(agent_, epoch, {l}));
+  }
+  for (auto& b : backwards) RETURN_IF_ERROR(b.wait().status());
+  RETURN_IF_ERROR(optimizer_->step(epoch));
+  return loss;
+}
+
+absl::StatusOr<c10::IValue> Pipeline::eval_step(const c10::IValue& inputs) {
+  const int m = std::min<int64_t>(schedule_.micro_batches, std::max<int64_t>(1, BatchRows(inputs)));
+  ASSIGN_OR_RETURN(std::vector<c10::IValue> xs, SplitMicroBatches(inputs, m));
+  const int S = num_stages();
+  std::vector<Future<c10::IValue>> outs;
+  for (int i = 0; i < m; ++i) {
+    c10::IValue y = agent_.local_rref(xs[i]);
+    for (int s = 0; s + 1 < S; ++s) {
+      ASSIGN_OR_RETURN(RRef next, stages_[s].remote("eval", {y, int64_t{i}}));
+      y = next;
+    }
+    outs.push_back(stages_[S - 1].rpc_async("eval", {y, int64_t{i}}));
+  }
+  std::vector<c10::IValue> parts;
+  for (auto& f : outs) {
+    ASSIGN_OR_RETURN(c10::IValue out, f.wait());
+    parts.push_back(std::move(out));
+  }
+  return MergeMicroBatches(parts);
+}
+
+absl::StatusOr<std::vector<at::Tensor>> Pipeline::stage_state(int k) {
+  if (k < 0 || k >= num_stages()) {
+    return absl::OutOfRangeError(absl::StrCat("stage ", k, " of ", num_stages()));
+  }
+  ASSIGN_OR_RETURN(c10::IValue state, stages_[k].rpc_sync("state"));
+  return state.toTensorVector();
+}
+
+}  // namespace remora::pipeline

@@ -1,0 +1,115 @@
+// pipeline::Pipeline: trains a model cut into stages as a pipeline over
+// worker processes, through distributed autograd and the
+// DistributedOptimizer (PyTorch's torch.distributed.pipelining, natively).
+//
+//   pipeline::PipelineOptions o;
+//   o.stages = {pipeline::StageSpec::Registered("MLPStage", {16, 32, 1}),
+//               pipeline::StageSpec::Registered("MLPStage", {32, 4, 2, false})};
+//   o.workers = {"worker1", "worker2"};          // stage k on workers[k % 2]
+//   o.schedule = "1f1b";
+//   o.micro_batches = 4;
+//   o.loss = pipeline::MseLoss();
+//   o.optimizer = optim::OptimizerOptions::SGD(0.05);
+//   auto pipe = pipeline::Pipeline::Create(*agent, o).value();
+//   double loss = pipe->train_step(inputs, targets).value();
+//   c10::IValue outputs = pipe->eval_step(inputs).value();
+//
+// train_step cuts the batch into micro-batches (pipeline/microbatch.h),
+// tells every worker its actions' order for the batch (pipeline/schedule.h),
+// starts every micro-batch's forward pass (each worker runs them in its
+// order), computes each micro-batch's loss on this process as its output
+// arrives, runs the backward passes through distributed autograd (again in
+// each worker's order) and steps the optimizer once. The loss function sees
+// one micro-batch's output and targets and returns their mean loss; the
+// pipeline weights the micro-batches by their rows, so the step equals one
+// step on the whole batch with that loss. eval_step runs forward only (eval
+// mode, no autograd context, no gradients kept) and returns the outputs.
+//
+// Thread-safety: one step at a time (train_step and eval_step are not
+// concurrent). Ownership: the pipeline holds the RRefs to its stages and the
+// optimizer; they are freed on the workers when it is destroyed.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/ivalue.h>
+
+#include "absl/status/statusor.h"
+#include "optim/distributed_optimizer.h"
+#include "pipeline/schedule.h"
+#include "rpc/agent.h"
+
+namespace remora::pipeline {
+
+// What one stage is: a stage type registered in the worker program, with
+// its arguments, or a TorchScript module's bytes.
+struct StageSpec {
+  static StageSpec Registered(std::string type, std::vector<c10::IValue> args = {});
+  // The file's bytes are read here and shipped to the worker.
+  static absl::StatusOr<StageSpec> TorchScriptFile(const std::string& path);
+  static StageSpec TorchScript(std::string bytes, std::string label);
+
+  std::string kind;  // "type" or "script"
+  std::string name;  // the type, or the script's label (its path)
+  std::vector<c10::IValue> args;
+  std::string script;
+  std::string device;  // "" : the worker's home device (worker --device)
+};
+
+// TorchScript stages from `model`: a directory holding stage0.pt,
+// stage1.pt, ... (in order), or a comma-separated list of files.
+absl::StatusOr<std::vector<StageSpec>> TorchScriptStages(const std::string& model);
+
+// The mean loss of one micro-batch's output against its targets.
+using LossFn = std::function<at::Tensor(const c10::IValue& output, const c10::IValue& target)>;
+LossFn MseLoss();           // output and target tensors of one shape
+LossFn CrossEntropyLoss();  // logits [N, C], class indices [N]
+
+struct PipelineOptions {
+  std::vector<StageSpec> stages;
+  std::vector<std::string> workers;  // stage k runs on workers[k % workers.size()]
+  // gpipe, 1f1b, interleaved, or auto: interleaved with several stages per
+  // worker (when the micro-batches divide into groups of the worker
+  // count), else 1f1b.
+  std::string schedule = "auto";
+  int micro_batches = 4;
+  LossFn loss;
+  optim::OptimizerOptions optimizer = optim::OptimizerOptions::SGD(0.01);
+};
+
+class Pipeline {
+ public:
+  // Places the stages on the workers and creates the optimizer. An error
+  // names the stage and the worker that failed.
+  static absl::StatusOr<std::unique_ptr<Pipeline>> Create(Agent& agent, PipelineOptions options);
+
+  // One training step on the batch; returns its loss (the whole batch's).
+  absl::StatusOr<double> train_step(const c10::IValue& inputs, const c10::IValue& targets);
+
+  // The model's outputs for `inputs`, forward only.
+  absl::StatusOr<c10::IValue> eval_step(const c10::IValue& inputs);
+
+  // Stage k's parameters then buffers (copies on this process's CPU).
+  absl::StatusOr<std::vector<at::Tensor>> stage_state(int k);
+
+  const Schedule& schedule() const { return schedule_; }
+  int num_stages() const { return static_cast<int>(stages_.size()); }
+  const std::string& worker_of(int k) const { return workers_[k % workers_.size()]; }
+
+ private:
+  Pipeline(Agent& agent, PipelineOptions options, std::vector<std::string> workers,
+           std::vector<RRef> stages, Schedule schedule,
+           std::unique_ptr<optim::DistributedOptimizer> optimizer);
+
+  Agent& agent_;
+  const PipelineOptions options_;
+  const std::vector<std::string> workers_;
+  std::vector<RRef> stages_;
+  const Schedule schedule_;
+  std::unique_ptr<optim::DistributedOptimizer> optimizer_;
+};
+
+}  // namespace remora::pipeline

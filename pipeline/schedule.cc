@@ -1,0 +1,216 @@
+#include "pipeline/schedule.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace remora::pipeline {
+
+std::string Action::ToString() const {
+  return absl::StrCat(kind == kForward ? "F" : "B", micro_batch, "@", stage);
+}
+
+std::string Schedule::ToString() const {
+  std::string out;
+  for (size_t w = 0; w < actions.size(); ++w) {
+    absl::StrAppend(&out, "worker ", w, ":");
+    for (const Action& a : actions[w]) absl::StrAppend(&out, " ", a.ToString());
+    absl::StrAppend(&out, "\n");
+  }
+  return out;
+}
+
+const std::vector<std::string>& ScheduleNames() {
+  static const auto* names = new std::vector<std::string>{"gpipe", "1f1b", "interleaved"};
+  return *names;
+}
+
+namespace {
+
+Action F(int stage, int mb) { return Action{Action::kForward, stage, mb}; }
+Action B(int stage, int mb) { return Action{Action::kBackward, stage, mb}; }
+
+// Every forward, ordered by (micro-batch, stage), then every backward,
+// ordered by (micro-batch, stage from the last).
+std::vector<Action> GPipe(int worker, int workers, int per_worker, int m) {
+  std::vector<Action> out;
+  for (int i = 0; i < m; ++i) {
+    for (int v = 0; v < per_worker; ++v) out.push_back(F(v * workers + worker, i));
+  }
+  for (int i = 0; i < m; ++i) {
+    for (int v = per_worker - 1; v >= 0; --v) out.push_back(B(v * workers + worker, i));
+  }
+  return out;
+}
+
+// PipeDream-flush for stage `s` of `stages` (one stage per worker).
+std::vector<Action> OneFOneB(int s, int stages, int m) {
+  std::vector<Action> out;
+  const int warmup = std::min(stages - s - 1, m);
+  for (int i = 0; i < warmup; ++i) out.push_back(F(s, i));
+  for (int i = 0; i + warmup < m; ++i) {
+    out.push_back(F(s, warmup + i));
+    out.push_back(B(s, i));
+  }
+  for (int i = std::max(0, m - warmup); i < m; ++i) out.push_back(B(s, i));
+  return out;
+}
+
+// Megatron-LM's interleaved 1F1B for pipeline rank `w` of `p`, `v` chunks
+// per rank: the k-th forward of the rank is micro-batch
+// (k / (p v)) p + k % p through chunk (k % (p v)) / p; backwards go through
+// the chunks in reverse.
+std::vector<Action> Interleaved(int w, int p, int v, int m) {
+  const int total = m * v;
+  const int warmup = m == p ? total : std::min((p - w - 1) * 2 + (v - 1) * p, total);
+  auto action = [&](int k, bool forward) {
+    int chunk = (k % (p * v)) / p;
+    if (!forward) chunk = v - 1 - chunk;
+    const int mb = (k / (p * v)) * p + k % p;
+    return forward ? F(chunk * p + w, mb) : B(chunk * p + w, mb);
+  };
+  std::vector<Action> out;
+  for (int k = 0; k < warmup; ++k) out.push_back(action(k, true));
+  for (int i = 0; i < total - warmup; ++i) {
+    out.push_back(action(warmup + i, true));
+    out.push_back(action(i, false));
+  }
+  for (int k = total - warmup; k < total; ++k) out.push_back(action(k, false));
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<Schedule> MakeSchedule(const std::string& name, int workers,
+                                      int stages_per_worker, int micro_batches) {
+  if (workers < 1 || stages_per_worker < 1 || micro_batches < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "schedule: workers (", workers, "), stages per worker (", stages_per_worker,
+        ") and micro-batches (", micro_batches, ") must all be at least 1"));
+  }
+  Schedule s;
+  s.name = name;
+  s.workers = workers;
+  s.stages = workers * stages_per_worker;
+  s.micro_batches = micro_batches;
+  s.actions.resize(workers);
+  if (name == "gpipe") {
+    for (int w = 0; w < workers; ++w) s.actions[w] = GPipe(w, workers, stages_per_worker, micro_batches);
+  } else if (name == "1f1b") {
+    if (stages_per_worker != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "schedule 1f1b runs one stage per worker, not ", stages_per_worker,
+          ": use the interleaved schedule for several stages per worker, or one stage each"));
+    }
+    for (int w = 0; w < workers; ++w) s.actions[w] = OneFOneB(w, workers, micro_batches);
+  } else if (name == "interleaved") {
+    if (stages_per_worker < 2) {
+      return absl::InvalidArgumentError(
+          "schedule interleaved needs at least 2 stages per worker (with one, use 1f1b)");
+    }
+    if (micro_batches % workers != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "schedule interleaved runs micro-batches in groups of the worker count: ",
+          micro_batches, " micro-batches do not divide into groups of ", workers,
+          "; use a multiple of ", workers));
+    }
+    for (int w = 0; w < workers; ++w) {
+      s.actions[w] = Interleaved(w, workers, stages_per_worker, micro_batches);
+    }
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("unknown schedule '", name, "'; known: ",
+                                                   absl::StrJoin(ScheduleNames(), ", ")));
+  }
+  return s;
+}
+
+absl::StatusOr<Simulation> Simulate(const Schedule& schedule) {
+  const int n = schedule.workers, S = schedule.stages, M = schedule.micro_batches;
+  if (n < 1 || S < n || S % n != 0 || M < 1 || static_cast<int>(schedule.actions.size()) != n) {
+    return absl::FailedPreconditionError("schedule: inconsistent worker, stage or micro-batch counts");
+  }
+  // Each action once, on its stage's worker.
+  std::set<std::tuple<int, int, int>> seen;
+  for (int w = 0; w < n; ++w) {
+    for (const Action& a : schedule.actions[w]) {
+      if (a.stage < 0 || a.stage >= S || a.micro_batch < 0 || a.micro_batch >= M) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("schedule: ", a.ToString(), " on worker ", w, " is out of range"));
+      }
+      if (schedule.WorkerOf(a.stage) != w) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "schedule: ", a.ToString(), " is on worker ", w, ", its stage is on worker ",
+            schedule.WorkerOf(a.stage)));
+      }
+      if (!seen.insert({a.kind, a.stage, a.micro_batch}).second) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("schedule: ", a.ToString(), " appears twice"));
+      }
+    }
+  }
+  if (static_cast<int>(seen.size()) != 2 * S * M) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "schedule: ", seen.size(), " actions, but ", S, " stages x ", M,
+        " micro-batches need ", 2 * S * M));
+  }
+  // Unit-time simulation.
+  std::map<std::tuple<int, int, int>, int> done_at;  // action -> end time
+  auto ready = [&](const Action& a, int t) {
+    auto at = [&](Action::Kind k, int s, int i) {
+      auto it = done_at.find({k, s, i});
+      return it != done_at.end() && it->second <= t;
+    };
+    if (a.kind == Action::kForward) return a.stage == 0 || at(Action::kForward, a.stage - 1, a.micro_batch);
+    if (a.stage == S - 1) return at(Action::kForward, a.stage, a.micro_batch);
+    return at(Action::kBackward, a.stage + 1, a.micro_batch);
+  };
+  Simulation sim;
+  sim.idle.assign(n, 0);
+  sim.peak_in_flight.assign(S, 0);
+  std::vector<int> in_flight(S, 0);
+  std::vector<size_t> next(n, 0);
+  std::vector<int> busy_until(n, 0);
+  size_t remaining = seen.size();
+  for (int t = 0; remaining > 0; ++t) {
+    bool running = false;
+    for (int w = 0; w < n; ++w) {
+      if (busy_until[w] > t) {
+        running = true;
+        continue;
+      }
+      if (next[w] >= schedule.actions[w].size()) continue;
+      const Action& a = schedule.actions[w][next[w]];
+      if (!ready(a, t)) continue;
+      done_at[{a.kind, a.stage, a.micro_batch}] = t + 1;
+      busy_until[w] = t + 1;
+      ++next[w];
+      --remaining;
+      running = true;
+      int& f = in_flight[a.stage];
+      f += a.kind == Action::kForward ? 1 : -1;
+      sim.peak_in_flight[a.stage] = std::max(sim.peak_in_flight[a.stage], f);
+      sim.makespan = std::max(sim.makespan, t + 1);
+    }
+    if (!running) {
+      std::vector<std::string> stuck;
+      for (int w = 0; w < n; ++w) {
+        if (next[w] < schedule.actions[w].size()) {
+          stuck.push_back(absl::StrCat("worker ", w, " at ", schedule.actions[w][next[w]].ToString()));
+        }
+      }
+      return absl::FailedPreconditionError(absl::StrCat(
+          "schedule ", schedule.name, " cannot run: every worker waits (",
+          absl::StrJoin(stuck, ", "), ")"));
+    }
+  }
+  for (int w = 0; w < n; ++w) {
+    sim.idle[w] = sim.makespan - static_cast<int>(schedule.actions[w].size());
+  }
+  return sim;
+}
+
+}  // namespace remora::pipeline

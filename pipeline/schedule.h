@@ -1,0 +1,80 @@
+// Pipeline schedules as data: for each worker, the ordered list of the
+// forward and backward actions of its stages for one batch. Workers run
+// their actions in exactly this order (see ComputeTurn and LaneAction).
+//
+//   auto s = pipeline::MakeSchedule("1f1b", /*workers=*/2, /*stages_per_worker=*/1,
+//                                   /*micro_batches=*/8).value();
+//   s.actions[0]  // worker 0: F0 F1 B0 F2 B1 ... B7 (stage 0)
+//
+// Stage k lives on worker k % workers (with several stages per worker:
+// Megatron-LM's interleaved "virtual" stages). The generators:
+//
+//   gpipe        every forward, then every backward (any stages per worker)
+//   1f1b         PipeDream-flush: stage s runs (stages - s - 1) warm-up
+//                forwards, then alternates one forward and one backward,
+//                then drains; it holds at most (stages - s) micro-batches'
+//                activations instead of all of them (one stage per worker)
+//   interleaved  interleaved 1F1B over virtual stages (Megatron-LM): 1F1B
+//                in groups of `workers` micro-batches, chunk by chunk; the
+//                fill and drain shrink by the stages per worker (two or more
+//                stages per worker; micro-batches a multiple of workers)
+//
+// Thread-safety: plain values.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace remora::pipeline {
+
+struct Action {
+  enum Kind { kForward, kBackward };
+  Kind kind = kForward;
+  int stage = 0;
+  int micro_batch = 0;
+
+  friend bool operator==(const Action& a, const Action& b) {
+    return a.kind == b.kind && a.stage == b.stage && a.micro_batch == b.micro_batch;
+  }
+  std::string ToString() const;  // "F3@1": forward of micro-batch 3 through stage 1
+};
+
+struct Schedule {
+  std::string name;
+  int workers = 0;
+  int stages = 0;  // workers * stages per worker
+  int micro_batches = 0;
+  std::vector<std::vector<Action>> actions;  // per worker, in order
+
+  int WorkerOf(int stage) const { return stage % workers; }
+  std::string ToString() const;  // one line per worker
+};
+
+// The schedule names MakeSchedule knows.
+const std::vector<std::string>& ScheduleNames();
+
+// A schedule by name; InvalidArgument for unknown names and shapes the
+// generator does not take (with what to do instead).
+absl::StatusOr<Schedule> MakeSchedule(const std::string& name, int workers,
+                                      int stages_per_worker, int micro_batches);
+
+// What running a schedule with unit-time actions gives (each forward and
+// each backward of a stage takes 1; a worker runs one action at a time, in
+// its order, as soon as the action's inputs are ready).
+struct Simulation {
+  int makespan = 0;                // time units for the whole batch
+  std::vector<int> idle;           // per worker: makespan - its busy time
+  std::vector<int> peak_in_flight; // per stage: most micro-batches forwarded
+                                   // and not yet backwarded at once
+};
+
+// Checks that every forward and backward of every (stage, micro-batch)
+// appears exactly once, on the stage's worker, and that the orders can run
+// (no worker waits forever: the dependencies F(s-1, i) -> F(s, i),
+// F(S-1, i) -> B(S-1, i) and B(s+1, i) -> B(s, i) are respected), and
+// simulates it. FailedPrecondition names the first problem.
+absl::StatusOr<Simulation> Simulate(const Schedule& schedule);
+
+}  // namespace remora::pipeline

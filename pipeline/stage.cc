@@ -1,0 +1,275 @@
+#include "pipeline/stage.h"
+
+#include <map>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+
+#include <ATen/core/List.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/serialization/import.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "base/mutex_lock.h"
+#include "base/status_util.h"
+#include "rpc/agent.h"
+#include "rpc/rref_args.h"
+#include "runtime/action_mark.h"
+#include "runtime/compute_lane.h"
+#include "runtime/trace.h"
+
+namespace remora::pipeline {
+namespace {
+
+// The process's stage types.
+struct StageTypes {
+  absl::Mutex mu;
+  std::map<std::string, StageFactory> factories ABSL_GUARDED_BY(mu);
+};
+
+StageTypes& Types() {
+  static StageTypes* types = new StageTypes;  // never destroyed
+  return *types;
+}
+
+// A TorchScript module as a stage.
+class ScriptStage final : public StageModule {
+ public:
+  // Every parameter trains, whatever requires_grad it was saved with
+  // (modules scripted in C++ or loaded for inference come without it).
+  explicit ScriptStage(torch::jit::Module m) : m_(std::move(m)) {
+    for (const at::Tensor& p : m_.parameters()) p.requires_grad_(true);
+  }
+  c10::IValue Forward(const c10::IValue& input) override {
+    std::vector<c10::IValue> args;
+    if (input.isTuple()) {
+      for (const auto& e : input.toTupleRef().elements()) args.push_back(e);
+    } else {
+      args.push_back(input);
+    }
+    return m_.forward(std::move(args));
+  }
+  std::vector<at::Tensor> Parameters() override {
+    std::vector<at::Tensor> out;
+    for (const at::Tensor& p : m_.parameters()) out.push_back(p);
+    return out;
+  }
+  std::vector<at::Tensor> Buffers() override {
+    std::vector<at::Tensor> out;
+    for (const at::Tensor& b : m_.buffers()) out.push_back(b);
+    return out;
+  }
+  void Train(bool on) override { m_.train(on); }
+
+ private:
+  torch::jit::Module m_;
+};
+
+// `value` with `fn` applied to every tensor inside (tuples and lists too).
+c10::IValue MapTensors(const c10::IValue& value, const std::function<at::Tensor(const at::Tensor&)>& fn) {
+  if (value.isTensor()) return fn(value.toTensor());
+  if (value.isTuple()) {
+    std::vector<c10::IValue> out;
+    for (const auto& e : value.toTupleRef().elements()) out.push_back(MapTensors(e, fn));
+    return c10::ivalue::Tuple::create(std::move(out));
+  }
+  if (value.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : value.toTensorList()) out.push_back(fn(t));
+    return out;
+  }
+  return value;
+}
+
+// A stage on its worker: the module and where it sits in the pipeline.
+class Stage {
+ public:
+  Stage(std::unique_ptr<StageModule> module, int64_t index, std::string label,
+        std::string worker)
+      : module_(std::move(module)),
+        index_(index),
+        label_(std::move(label)),
+        trace_label_(absl::StrCat("stage ", index_)),
+        worker_(std::move(worker)) {}
+
+  c10::IValue Forward(const c10::IValue& arg, int64_t mb, int64_t epoch, c10::Device device,
+                      bool train) {
+    try {
+      c10::IValue x = MapTensors(ValueOrFetch(arg), [device](const at::Tensor& t) {
+        return t.to(device);
+      });  // before taking the lane
+      std::optional<c10::AutoGradMode> grad_mode;
+      if (!train) grad_mode.emplace(false);
+      module_->Train(train);
+      std::optional<ComputeTurn> turn;
+      if (train && epoch >= 0) {
+        turn.emplace(LaneAction{epoch, index_, mb, /*backward=*/false});
+      } else {
+        turn.emplace();
+      }
+      trace::Scope scope(train ? "forward" : "eval", mb, trace_label_);
+      c10::IValue y = module_->Forward(x);
+      // (A TorchScript graph may hand out outputs that require grad even
+      // with grad mode off.)
+      if (!train) return MapTensors(y, [](const at::Tensor& t) { return t.detach(); });
+      const ActionMarkInfo mark{LaneAction{epoch, index_, mb, true}, trace_label_};
+      return MapTensors(y, [&mark](const at::Tensor& t) { return MarkAction(t, mark); });
+    } catch (...) {
+      absl::Status s = StatusFromCurrentException(
+          absl::StrCat("stage ", index_, " (", label_, ") on worker '", worker_, "', ",
+                       train ? "forward" : "eval", " of micro-batch ", mb));
+      throw std::runtime_error(std::string(s.message()));
+    }
+  }
+
+  StageModule& module() { return *module_; }
+
+ private:
+  std::unique_ptr<StageModule> module_;
+  const int64_t index_;
+  const std::string label_, trace_label_, worker_;
+};
+
+c10::Device DeviceOf(CallContext& ctx, const std::string& requested) {
+  if (!requested.empty()) return c10::Device(requested);
+  return ctx.agent != nullptr ? c10::Device(ctx.agent->options().device) : c10::Device(c10::kCPU);
+}
+
+std::string WorkerName(CallContext& ctx) {
+  return ctx.agent != nullptr ? ctx.agent->self().name : std::string("?");
+}
+
+// Where a stage's device is: the first parameter's, else the home device.
+struct HostedStage {
+  std::unique_ptr<Stage> stage;
+  c10::Device device = c10::kCPU;
+};
+
+std::shared_ptr<HostedStage> MakeStage(CallContext& ctx, const Args& a) {
+  const std::string kind = a[0].toStringRef();
+  const std::string name = a[1].toStringRef();
+  const int64_t index = a[3].toInt();
+  const c10::Device device = DeviceOf(ctx, a.size() > 4 ? a[4].toStringRef() : "");
+  const std::string where = absl::StrCat("stage ", index, " (", name, ") on worker '",
+                                         WorkerName(ctx), "'");
+  std::unique_ptr<StageModule> module;
+  if (kind == "script") {
+    at::Tensor bytes = a[2].toTensor().contiguous().cpu();
+    std::string data(static_cast<const char*>(bytes.data_ptr()), bytes.numel());
+    auto loaded = LoadScriptStage(data, name, device);
+    if (!loaded.ok()) throw std::invalid_argument(absl::StrCat(where, ": ", loaded.status().message()));
+    module = std::move(*loaded);
+  } else if (kind == "type") {
+    StageFactory factory;
+    {
+      StageTypes& types = Types();
+      MutexLock lock(types.mu);
+      auto it = types.factories.find(name);
+      if (it == types.factories.end()) {
+        std::string known;
+        for (const auto& [n, f] : types.factories) absl::StrAppend(&known, known.empty() ? "" : ", ", n);
+        throw std::invalid_argument(absl::StrCat(
+            where, ": no stage type '", name, "' is registered in this worker program (it has: ",
+            known.empty() ? "none" : known, ")"));
+      }
+      factory = it->second;
+    }
+    std::vector<c10::IValue> args;
+    for (const auto& v : a[2].toListRef()) args.push_back(v);
+    try {
+      module = factory(args, device);
+    } catch (...) {
+      absl::Status s = StatusFromCurrentException(absl::StrCat(where, ": building it failed"));
+      throw std::invalid_argument(std::string(s.message()));
+    }
+  } else {
+    throw std::invalid_argument(absl::StrCat(where, ": unknown stage kind '", kind, "'"));
+  }
+  auto hosted = std::make_shared<HostedStage>();
+  hosted->device = device;
+  hosted->stage = std::make_unique<Stage>(std::move(module), index, name, WorkerName(ctx));
+  return hosted;
+}
+
+}  // namespace
+
+absl::Status RegisterStageType(const std::string& name, StageFactory factory) {
+  StageTypes& types = Types();
+  MutexLock lock(types.mu);
+  if (!types.factories.emplace(name, std::move(factory)).second) {
+    return absl::AlreadyExistsError(absl::StrCat("stage type '", name, "' is already registered"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<StageModule>> LoadScriptStage(const std::string& bytes,
+                                                            const std::string& label,
+                                                            c10::Device device) {
+  torch::jit::Module m;
+  try {
+    std::istringstream in(bytes);
+    m = torch::jit::load(in, device);
+  } catch (...) {
+    return StatusFromCurrentException(absl::StrCat(
+        "cannot load TorchScript from ", label,
+        " (save it with torch.jit.script(module).save(path))"));
+  }
+  if (!m.find_method("forward")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the TorchScript module ", label, " has no forward method"));
+  }
+  return std::unique_ptr<StageModule>(new ScriptStage(std::move(m)));
+}
+
+absl::Status RegisterFunctions(Registry& registry) {
+  using Hosted = HostedStage;
+  RETURN_IF_ERROR(registry.RegisterModule<Hosted>(
+      "remora.pipeline.Stage", [](CallContext& ctx, const Args& a) { return MakeStage(ctx, a); },
+      {{"forward",
+        [](Hosted& h, CallContext&, const Args& a) -> c10::IValue {
+          return h.stage->Forward(a[0], a[1].toInt(), a.size() > 2 ? a[2].toInt() : -1, h.device,
+                                  /*train=*/true);
+        }},
+       {"eval",
+        [](Hosted& h, CallContext&, const Args& a) -> c10::IValue {
+          return h.stage->Forward(a[0], a[1].toInt(), -1, h.device, /*train=*/false);
+        }},
+       {"parameter_rrefs",
+        [](Hosted& h, CallContext& ctx, const Args&) -> c10::IValue {
+          c10::impl::GenericList list(c10::AnyType::get());
+          for (const auto& p : h.stage->module().Parameters()) {
+            list.push_back(ctx.agent->local_rref(p).ToIValue());
+          }
+          return list;
+        }},
+       {"num_parameters",
+        [](Hosted& h, CallContext&, const Args&) -> c10::IValue {
+          int64_t n = 0;
+          for (const auto& p : h.stage->module().Parameters()) n += p.numel();
+          return n;
+        }},
+       {"state", [](Hosted& h, CallContext&, const Args&) -> c10::IValue {
+          c10::List<at::Tensor> out;
+          for (const auto& p : h.stage->module().Parameters()) out.push_back(p.detach().cpu().clone());
+          for (const auto& b : h.stage->module().Buffers()) out.push_back(b.detach().cpu().clone());
+          return out;
+        }}}));
+  return registry.RegisterFunction(
+      "remora.pipeline.set_order", [](CallContext&, const Args& a) -> c10::IValue {
+        // (epoch, [stage, micro-batch, backward, stage, ...])
+        const int64_t epoch = a[0].toInt();
+        const std::vector<int64_t> flat = a[1].toIntVector();
+        if (flat.size() % 3 != 0) throw std::invalid_argument("set_order: a flat list of triples");
+        std::vector<LaneAction> order;
+        for (size_t i = 0; i < flat.size(); i += 3) {
+          order.push_back(LaneAction{epoch, flat[i], flat[i + 1], flat[i + 2] != 0});
+        }
+        ComputeTurn::SetOrder(epoch, std::move(order));
+        return c10::IValue();
+      });
+}
+
+}  // namespace remora::pipeline

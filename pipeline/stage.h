@@ -1,0 +1,98 @@
+// Pipeline stages on workers: one wrapper for any module.
+//
+// A stage is what one worker computes for one part of the model. What it
+// computes comes from either
+//   - a stage type registered by name in the worker program
+//     (RegisterStageType, or RegisterStageModule for a torch::nn::Module
+//     whose forward takes and returns a tensor), or
+//   - a TorchScript module (torch.jit.script(stage).save(path) in Python),
+//     whose bytes the master ships to the worker: the stock worker hosts
+//     any TorchScript stage without being rebuilt.
+//
+// The wrapper (registered module "remora.pipeline.Stage") is written once:
+// it fetches its input when it is an RRef to the previous stage's output,
+// moves it to the stage's device, runs the forward pass in the worker's
+// compute lane in the schedule's order, marks the outputs so that their
+// backward pass runs in that order too (runtime/action_mark.h), records
+// trace slices, and turns a failure into an error that names the stage,
+// the worker and the micro-batch. Contract: stage k's forward takes stage
+// k-1's output (a tuple is passed as that many arguments to a TorchScript
+// forward); the first stage takes the input batch.
+//
+// Thread-safety: the stage-type table is process-wide and thread-safe;
+// register types before the worker starts serving. A stage's methods run
+// one at a time (the registry holds the object's lock).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/ivalue.h>
+#include <torch/nn/module.h>
+
+#include "absl/status/statusor.h"
+#include "rpc/registry.h"
+
+namespace remora::pipeline {
+
+// What a stage computes, whatever defined it.
+class StageModule {
+ public:
+  virtual ~StageModule() = default;
+  virtual c10::IValue Forward(const c10::IValue& input) = 0;
+  virtual std::vector<at::Tensor> Parameters() = 0;
+  virtual std::vector<at::Tensor> Buffers() = 0;
+  virtual void Train(bool on) = 0;
+};
+
+// Builds a stage type's module from the spec's arguments, on `device`.
+// May throw (the caller gets the message).
+using StageFactory = std::function<std::unique_ptr<StageModule>(
+    const std::vector<c10::IValue>& args, c10::Device device)>;
+
+// Adds a stage type to this process's table; AlreadyExists for a taken name.
+absl::Status RegisterStageType(const std::string& name, StageFactory factory);
+
+// A torch::nn::Module as a stage: `make(args, device)` builds it (it is
+// moved to `device` afterwards if it is not there), and its forward takes
+// and returns one tensor.
+template <typename M>
+absl::Status RegisterStageModule(
+    const std::string& name,
+    std::function<std::shared_ptr<M>(const std::vector<c10::IValue>& args, c10::Device device)>
+        make) {
+  class Adapter final : public StageModule {
+   public:
+    explicit Adapter(std::shared_ptr<M> m) : m_(std::move(m)) {}
+    c10::IValue Forward(const c10::IValue& input) override {
+      return m_->forward(input.toTensor());
+    }
+    std::vector<at::Tensor> Parameters() override { return m_->parameters(); }
+    std::vector<at::Tensor> Buffers() override { return m_->buffers(); }
+    void Train(bool on) override { m_->train(on); }
+
+   private:
+    std::shared_ptr<M> m_;
+  };
+  return RegisterStageType(
+      name, [make](const std::vector<c10::IValue>& args, c10::Device device) {
+        std::shared_ptr<M> m = make(args, device);
+        m->to(device);
+        return std::unique_ptr<StageModule>(new Adapter(std::move(m)));
+      });
+}
+
+// Loads a TorchScript module from the bytes of a file saved with
+// torch.jit.save; InvalidArgument (naming `label`) when they are not one or
+// it has no forward method.
+absl::StatusOr<std::unique_ptr<StageModule>> LoadScriptStage(const std::string& bytes,
+                                                            const std::string& label,
+                                                            c10::Device device);
+
+// Registers the stage wrapper and the schedule-order function
+// ("remora.pipeline.set_order") in a worker's registry.
+absl::Status RegisterFunctions(Registry& registry);
+
+}  // namespace remora::pipeline

@@ -1,0 +1,43 @@
+#include "runtime/action_mark.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace remora {
+namespace {
+
+struct ActionMarkFn : public torch::autograd::Function<ActionMarkFn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::Tensor x,
+                            const ActionMarkInfo& info) {
+    ctx->saved_data["epoch"] = info.action.epoch;
+    ctx->saved_data["stage"] = info.action.stage;
+    ctx->saved_data["mb"] = info.action.micro_batch;
+    ctx->saved_data["label"] = info.stage;
+    return x.view_as(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list grads) {
+    return {grads[0], at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor MarkAction(const at::Tensor& output, const ActionMarkInfo& info) {
+  if (!output.requires_grad()) return output;
+  return ActionMarkFn::apply(output, info);
+}
+
+std::optional<ActionMarkInfo> MarkedAction(const at::Tensor& root) {
+  auto* node = dynamic_cast<torch::autograd::CppNode<ActionMarkFn>*>(root.grad_fn().get());
+  if (node == nullptr) return std::nullopt;
+  const auto& data = node->ctx_.saved_data;
+  ActionMarkInfo info;
+  info.action.epoch = data.at("epoch").toInt();
+  info.action.stage = data.at("stage").toInt();
+  info.action.micro_batch = data.at("mb").toInt();
+  info.action.backward = true;
+  info.stage = data.at("label").toStringRef();
+  return info;
+}
+
+}  // namespace remora

@@ -1,0 +1,271 @@
+// pipeline::Pipeline with real worker processes: pipelined training equals
+// training the same model in one process on the whole batch, for every
+// schedule, for registered and TorchScript stages; eval_step; bad stages
+// and options are clear errors that name the stage and the worker.
+#include "pipeline/pipeline.h"
+
+#include <sstream>
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/mse_loss.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/relu.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/serialization/import.h>
+#include <torch/optim/sgd.h>
+
+#include "launch/local_group.h"
+#include "models/mlp.h"
+#include "tests/support/test_functions.h"
+
+namespace remora::pipeline {
+namespace {
+
+double RelativeError(const at::Tensor& a, const at::Tensor& b) {
+  const double scale = std::max(b.abs().max().item<double>(), 1e-12);
+  return (a - b).abs().max().item<double>() / scale;
+}
+
+// Two real workers and a master in this process.
+class Workers {
+ public:
+  Workers() {
+    EXPECT_TRUE(test_support::RegisterForTests(registry_).ok());
+    auto g = cli::StartLocalGroup({"w1", "w2"}, &registry_, {"--threads", "1"});
+    EXPECT_TRUE(g.ok()) << g.status();
+    group_ = std::move(*g);
+  }
+  ~Workers() { EXPECT_TRUE(group_.Shutdown().ok()); }
+  Agent& master() { return *group_.master; }
+
+ private:
+  Registry registry_;
+  cli::LocalGroup group_;
+};
+
+models::MLPStageOptions Mlp(int64_t in, int64_t out, int64_t seed, bool relu = true) {
+  models::MLPStageOptions o;
+  o.in = in;
+  o.out = out;
+  o.seed = seed;
+  o.relu = relu;
+  return o;
+}
+
+StageSpec Spec(const models::MLPStageOptions& o) {
+  return StageSpec::Registered("MLPStage", {o.in, o.out, o.seed, o.relu});
+}
+
+std::vector<std::pair<at::Tensor, at::Tensor>> Data(int steps, int rows, int in, int out) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(42);
+  std::vector<std::pair<at::Tensor, at::Tensor>> data;
+  for (int i = 0; i < steps; ++i) {
+    data.emplace_back(at::randn({rows, in}, gen, at::TensorOptions()),
+                      at::randn({rows, out}, gen, at::TensorOptions()));
+  }
+  return data;
+}
+
+TEST(Pipeline, RegisteredStagesMatchOneProcessUnderEverySchedule) {
+  Workers workers;
+  struct Case {
+    std::string schedule;
+    std::vector<models::MLPStageOptions> stages;
+  };
+  const std::vector<Case> cases = {
+      {"gpipe", {Mlp(8, 16, 1), Mlp(16, 4, 2, false)}},
+      {"1f1b", {Mlp(8, 16, 1), Mlp(16, 4, 2, false)}},
+      {"gpipe", {Mlp(8, 16, 1), Mlp(16, 12, 2), Mlp(12, 16, 3), Mlp(16, 4, 4, false)}},
+      {"interleaved", {Mlp(8, 16, 1), Mlp(16, 12, 2), Mlp(12, 16, 3), Mlp(16, 4, 4, false)}},
+  };
+  const auto data = Data(3, 10, 8, 4);  // 10 rows in 4 micro-batches: 3, 3, 2, 2
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.schedule + " over " + std::to_string(c.stages.size()) + " stages");
+    // The reference: the same model in this process, whole batches.
+    std::vector<torch::nn::Sequential> local;
+    std::vector<at::Tensor> params;
+    for (const auto& o : c.stages) {
+      local.push_back(models::MakeMLPStage(o));
+      for (const auto& p : local.back()->parameters()) params.push_back(p);
+    }
+    torch::optim::SGD local_opt(params, torch::optim::SGDOptions(0.05).momentum(0.9));
+    std::vector<double> local_losses;
+    for (const auto& [x, t] : data) {
+      local_opt.zero_grad();
+      at::Tensor y = x;
+      for (auto& m : local) y = m->forward(y);
+      at::Tensor l = at::mse_loss(y, t);
+      l.backward();
+      local_opt.step();
+      local_losses.push_back(l.item<double>());
+    }
+
+    PipelineOptions o;
+    for (const auto& s : c.stages) o.stages.push_back(Spec(s));
+    o.workers = {"w1", "w2"};
+    o.schedule = c.schedule;
+    o.micro_batches = 4;
+    o.loss = MseLoss();
+    o.optimizer = optim::OptimizerOptions::SGD(0.05).set_momentum(0.9);
+    auto pipe = Pipeline::Create(workers.master(), o);
+    ASSERT_TRUE(pipe.ok()) << pipe.status();
+    EXPECT_EQ((*pipe)->schedule().name, c.schedule);
+    for (size_t i = 0; i < data.size(); ++i) {
+      auto loss = (*pipe)->train_step(data[i].first, data[i].second);
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      EXPECT_NEAR(*loss, local_losses[i], 1e-5 * std::abs(local_losses[i])) << "step " << i;
+    }
+    for (size_t k = 0; k < local.size(); ++k) {
+      auto state = (*pipe)->stage_state(static_cast<int>(k));
+      ASSERT_TRUE(state.ok()) << state.status();
+      auto want = models::ModuleState(*local[k]);
+      ASSERT_EQ(state->size(), want.size());
+      for (size_t j = 0; j < want.size(); ++j) {
+        EXPECT_LT(RelativeError((*state)[j], want[j]), 1e-5) << "stage " << k << " tensor " << j;
+      }
+    }
+    // Training moved the weights: the comparison is not trivially equal.
+    EXPECT_GT(RelativeError(models::ModuleState(*local[0])[0],
+                            models::ModuleState(*models::MakeMLPStage(c.stages[0]))[0]),
+              1e-3);
+  }
+  for (const char* w : {"w1", "w2"}) {
+    EXPECT_EQ(workers.master().rpc_sync(w, "remora.autograd.num_contexts").value().toInt(), 0) << w;
+  }
+}
+
+// A TorchScript linear layer (ReLU optional) made in C++: no Python needed.
+std::string ScriptLinear(int64_t in, int64_t out, int64_t seed, bool relu,
+                         const std::string& method = "forward") {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  torch::jit::Module m("Linear");
+  m.register_parameter("weight", at::randn({out, in}, gen, at::TensorOptions()) / 3.0, false);
+  m.register_parameter("bias", at::randn({out}, gen, at::TensorOptions()) / 3.0, false);
+  m.define("def " + method + "(self, x):\n  y = torch.matmul(x, self.weight.t()) + self.bias\n" +
+           (relu ? "  return torch.relu(y)\n" : "  return y\n"));
+  std::ostringstream bytes;
+  m.save(bytes);
+  return bytes.str();
+}
+
+TEST(Pipeline, TorchScriptStagesTrainAndMatchOneProcess) {
+  Workers workers;
+  const std::string s0 = ScriptLinear(8, 16, 1, true), s1 = ScriptLinear(16, 4, 2, false);
+  std::istringstream in0(s0), in1(s1);
+  torch::jit::Module l0 = torch::jit::load(in0), l1 = torch::jit::load(in1);
+  std::vector<at::Tensor> params;
+  for (auto* m : {&l0, &l1}) {
+    for (const at::Tensor& p : m->parameters()) params.push_back(p);
+  }
+  for (auto& p : params) p.requires_grad_(true);
+  torch::optim::SGD local_opt(params, torch::optim::SGDOptions(0.1));
+  const auto data = Data(3, 8, 8, 4);
+  std::vector<double> local_losses;
+  for (const auto& [x, t] : data) {
+    local_opt.zero_grad();
+    at::Tensor y = l1.forward({l0.forward({x})}).toTensor();
+    at::Tensor l = at::mse_loss(y, t);
+    l.backward();
+    local_opt.step();
+    local_losses.push_back(l.item<double>());
+  }
+  for (const std::string schedule : {"gpipe", "1f1b"}) {
+    SCOPED_TRACE(schedule);
+    PipelineOptions o;
+    o.stages = {StageSpec::TorchScript(s0, "stage0.pt"), StageSpec::TorchScript(s1, "stage1.pt")};
+    o.workers = {"w1", "w2"};
+    o.schedule = schedule;
+    o.micro_batches = 4;
+    o.loss = MseLoss();
+    o.optimizer = optim::OptimizerOptions::SGD(0.1);
+    auto pipe = Pipeline::Create(workers.master(), o);
+    ASSERT_TRUE(pipe.ok()) << pipe.status();
+    for (size_t i = 0; i < data.size(); ++i) {
+      auto loss = (*pipe)->train_step(data[i].first, data[i].second);
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      EXPECT_NEAR(*loss, local_losses[i], 1e-5 * std::abs(local_losses[i])) << "step " << i;
+    }
+    auto w0 = (*pipe)->stage_state(0).value(), w1 = (*pipe)->stage_state(1).value();
+    EXPECT_LT(RelativeError(w0[0], params[0]), 1e-5);
+    EXPECT_LT(RelativeError(w1[0], params[2]), 1e-5);
+    // eval_step: forward only, the trained model's outputs, no context left.
+    auto out = (*pipe)->eval_step(data[0].first);
+    ASSERT_TRUE(out.ok()) << out.status();
+    at::Tensor want = l1.forward({l0.forward({data[0].first})}).toTensor();
+    EXPECT_LT(RelativeError(out->toTensor(), want), 1e-5);
+    EXPECT_FALSE(out->toTensor().requires_grad());
+  }
+  for (const char* w : {"w1", "w2"}) {
+    EXPECT_EQ(workers.master().rpc_sync(w, "remora.autograd.num_contexts").value().toInt(), 0) << w;
+  }
+}
+
+PipelineOptions TwoStages(StageSpec a, StageSpec b) {
+  PipelineOptions o;
+  o.stages = {std::move(a), std::move(b)};
+  o.workers = {"w1", "w2"};
+  o.micro_batches = 2;
+  o.loss = MseLoss();
+  return o;
+}
+
+void ExpectError(const absl::Status& s, const std::vector<std::string>& parts) {
+  ASSERT_FALSE(s.ok());
+  for (const auto& p : parts) {
+    EXPECT_NE(s.message().find(p), std::string::npos) << "'" << p << "' not in: " << s.message();
+  }
+}
+
+TEST(Pipeline, BadStagesAreClearErrorsNamingTheStageAndTheWorker) {
+  Workers workers;
+  Agent& master = workers.master();
+  const StageSpec good = Spec(Mlp(8, 16, 1));
+  ExpectError(Pipeline::Create(master, TwoStages(good, StageSpec::TorchScript("not a zip", "bad.pt")))
+                  .status(),
+              {"stage 1", "w2", "bad.pt", "TorchScript"});
+  ExpectError(Pipeline::Create(master, TwoStages(good, StageSpec::TorchScript(
+                                                           ScriptLinear(16, 4, 2, false, "run"),
+                                                           "run_only.pt")))
+                  .status(),
+              {"stage 1", "w2", "no forward method"});
+  ExpectError(Pipeline::Create(master, TwoStages(good, StageSpec::Registered("Nope"))).status(),
+              {"stage 1", "w2", "no stage type 'Nope'", "MLPStage"});
+  // Shapes that do not fit: stage 0 gives 16 features, stage 1 takes 8.
+  auto pipe = Pipeline::Create(master, TwoStages(good, Spec(Mlp(8, 4, 2, false))));
+  ASSERT_TRUE(pipe.ok()) << pipe.status();
+  ExpectError((*pipe)->train_step(at::randn({4, 8}), at::randn({4, 4})).status(),
+              {"stage 1", "w2", "forward of micro-batch"});
+  ExpectError((*pipe)->train_step(at::randn({1, 8}), at::randn({1, 4})).status(),
+              {"1 rows cannot be split into 2"});
+  // The workers keep serving: a good pipeline trains on them.
+  auto fine = Pipeline::Create(master, TwoStages(good, Spec(Mlp(16, 4, 2, false))));
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  EXPECT_TRUE((*fine)->train_step(at::randn({4, 8}), at::randn({4, 4})).ok());
+}
+
+TEST(Pipeline, BadOptionsAreClearErrors) {
+  Workers workers;
+  Agent& master = workers.master();
+  const StageSpec a = Spec(Mlp(8, 8, 1));
+  PipelineOptions three = TwoStages(a, a);
+  three.stages.push_back(a);
+  ExpectError(Pipeline::Create(master, three).status(), {"3 stages", "2 workers"});
+  PipelineOptions four = TwoStages(a, a);
+  four.stages.insert(four.stages.end(), {a, a});
+  four.schedule = "1f1b";
+  ExpectError(Pipeline::Create(master, four).status(), {"1f1b", "interleaved"});
+  PipelineOptions no_loss = TwoStages(a, a);
+  no_loss.loss = nullptr;
+  ExpectError(Pipeline::Create(master, no_loss).status(), {"loss"});
+  PipelineOptions unknown = TwoStages(a, a);
+  unknown.schedule = "zigzag";
+  ExpectError(Pipeline::Create(master, unknown).status(), {"unknown schedule 'zigzag'"});
+  ExpectError(StageSpec::TorchScriptFile("/nonexistent/stage0.pt").status(), {"/nonexistent/stage0.pt"});
+  ExpectError(TorchScriptStages("/").status(), {"stage0.pt"});
+}
+
+}  // namespace
+}  // namespace remora::pipeline
