@@ -19,6 +19,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/optim/sgd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -36,6 +37,7 @@
 #include "launch/cli.h"
 #include "examples/timeline.h"
 #include "optim/distributed_optimizer.h"
+#include "pipeline/pipeline.h"
 #include "channel/devices.h"
 #include "base/status_util.h"
 #include "runtime/allocator.h"
@@ -60,7 +62,7 @@ struct Config {
   int seed = 0;
   std::string partition = "balanced";
   int interleave = 0;  // stages per worker; 0: 2 with balanced, 1 with tutorial
-  int in_flight = 0;   // micro-batches started and not yet through backward; 0: all
+  std::string schedule = "auto";  // pipeline/schedule.h
   int threads = 0;
   bool local = false;
   bool compare_local = false;
@@ -72,7 +74,9 @@ struct Config {
 struct Run {
   explicit Run(int s) : splits(s) {}
   int splits = 0;
+  std::string schedule = "local";
   double seconds = 0;
+  std::vector<double> batch_seconds;  // every batch's
   std::vector<double> losses;
   std::vector<cli::TimelineSlice> slices;
 };
@@ -132,6 +136,7 @@ class LocalTrainer {
     run_.slices.push_back({0, "step", -1, s0 - start_, trace::NowUs() - start_, ""});
     const double seconds = (trace::NowUs() - t0) / 1e6;
     run_.seconds += seconds;
+    run_.batch_seconds.push_back(seconds);
     run_.losses.push_back(loss);
     std::printf("%s", prefix);
     PrintBatch(b, loss, seconds);
@@ -203,22 +208,20 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c, const std::vect
                                   const std::function<void(int)>& after_batch = nullptr) {
   Run run(splits);
   // Stage k (blocks [bounds[k], bounds[k + 1])) lives on worker k mod n.
-  const size_t n = bounds.size() - 1;
-  std::vector<RRef> stages;
-  std::vector<RRef> params;
-  for (size_t k = 0; k < n; ++k) {
-    auto stage = agent.remote(c.workers[k % c.workers.size()], "ResNetShard",
-                              {int64_t{bounds[k]}, int64_t{bounds[k + 1]}, int64_t{c.seed}});
-    if (!stage.ok()) return stage.status();
-    stages.push_back(*stage);
+  pipeline::PipelineOptions o;
+  for (size_t k = 0; k + 1 < bounds.size(); ++k) {
+    o.stages.push_back(pipeline::StageSpec::Registered(
+        "ResNetShard", {int64_t{bounds[k]}, int64_t{bounds[k + 1]}, int64_t{c.seed}}));
   }
-  for (const RRef& s : stages) {
-    auto p = optim::parameter_rrefs(s);
-    if (!p.ok()) return p.status();
-    params.insert(params.end(), p->begin(), p->end());
-  }
-  auto opt = optim::DistributedOptimizer::Create(agent, optim::OptimizerOptions::SGD(c.lr), params);
-  if (!opt.ok()) return opt.status();
+  o.workers = c.workers;
+  o.schedule = c.schedule;
+  o.micro_batches = splits;
+  o.loss = pipeline::MseLoss();
+  o.optimizer = optim::OptimizerOptions::SGD(c.lr);
+  ASSIGN_OR_RETURN(auto pipe, pipeline::Pipeline::Create(agent, std::move(o)));
+  std::printf("  schedule %s: %d stages over %zu workers\n", pipe->schedule().name.c_str(),
+              pipe->num_stages(), c.workers.size());
+  run.schedule = pipe->schedule().name;
   for (const auto& w : c.workers) {
     agent.rpc_sync(w, "trace_enable", {traced}).IgnoreError();
     agent.rpc_sync(w, "trace_collect").IgnoreError();  // drop older slices
@@ -228,48 +231,10 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c, const std::vect
   for (int b = 0; b < c.batches; ++b) {
     auto [images, one_hot] = MakeBatch(c, b);
     const int64_t t0 = trace::NowUs();
-    double loss = 0;
-    {
-      dist_autograd::Context context(agent);
-      auto xs = images.chunk(splits), ts = one_hot.chunk(splits);
-      const size_t m = xs.size();
-      // Starts micro-batch i's forward pass through every stage.
-      std::vector<Future<c10::IValue>> outs;
-      auto start_forward = [&](size_t i) -> absl::Status {
-        c10::IValue y = agent.local_rref(xs[i]);
-        const int64_t mb = static_cast<int64_t>(i);
-        for (size_t s = 0; s + 1 < n; ++s) {
-          auto next = stages[s].remote("forward", {y, mb});
-          if (!next.ok()) return next.status();
-          y = *next;
-        }
-        outs.push_back(stages[n - 1].rpc_async("forward", {y, mb}));
-        return absl::OkStatus();
-      };
-      // With --in-flight K, micro-batch i + K starts once micro-batch i's
-      // backward pass is done (1F1B's bound: at most K micro-batches' saved
-      // activations at a time); otherwise all start at once (GPipe).
-      const size_t window = c.in_flight > 0 ? static_cast<size_t>(c.in_flight) : m;
-      for (size_t i = 0; i < std::min(window, m); ++i) RETURN_IF_ERROR(start_forward(i));
-      std::vector<Future<Empty>> backwards;
-      for (size_t i = 0; i < m; ++i) {
-        auto out = outs[i].wait();
-        if (!out.ok()) return out.status();
-        at::Tensor l = LossShare(out->toTensor(), ts[i], c);
-        loss += l.item<double>();
-        backwards.push_back(dist_autograd::backward_async(agent, context.id(), {l}));
-        if (i + window < m) {
-          if (auto s = backwards[i].wait(); !s.ok()) return s.status();
-          RETURN_IF_ERROR(start_forward(i + window));
-        }
-      }
-      for (auto& f : backwards) {
-        if (auto s = f.wait(); !s.ok()) return s.status();
-      }
-      if (auto s = (*opt)->step(context.id()); !s.ok()) return s;
-    }
+    ASSIGN_OR_RETURN(double loss, pipe->train_step(images, one_hot));
     const double seconds = (trace::NowUs() - t0) / 1e6;
     run.seconds += seconds;
+    run.batch_seconds.push_back(seconds);
     run.losses.push_back(loss);
     PrintBatch(b, loss, seconds);
     if (after_batch) {
@@ -299,11 +264,22 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c, const std::vect
   return run;
 }
 
+// The steady-state batch time: the median of the batches after the first
+// (the first warms up allocators and caches); the only batch when one ran.
+double SteadySeconds(const Run& r) {
+  std::vector<double> v(r.batch_seconds.begin() + (r.batch_seconds.size() > 1 ? 1 : 0),
+                        r.batch_seconds.end());
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
 void PrintSummary(const std::vector<Run>& runs, const Config& c) {
-  std::printf("\n%8s %10s %18s %9s\n", "splits", "seconds", "images_per_second", "speedup");
+  std::printf("\n%8s %12s %10s %14s %18s %9s\n", "splits", "schedule", "seconds",
+              "steady_batch_s", "images_per_second", "speedup");
   for (const Run& r : runs) {
-    std::printf("%8d %10.3f %18.2f %8.2fx\n", r.splits, r.seconds,
-                c.batches * c.batch_size / r.seconds, runs[0].seconds / r.seconds);
+    std::printf("%8d %12s %10.3f %14.3f %18.2f %8.2fx\n", r.splits, r.schedule.c_str(), r.seconds,
+                SteadySeconds(r), c.batches * c.batch_size / r.seconds, runs[0].seconds / r.seconds);
   }
 }
 
@@ -316,9 +292,14 @@ absl::Status WriteReport(const std::string& path, bool local, const std::vector<
     const Run& r = runs[i];
     std::vector<std::string> losses;
     for (double l : r.losses) losses.push_back(absl::StrFormat("%.9g", l));
-    out << (i ? ", " : "") << "{\"splits\": " << r.splits << ", \"seconds\": "
-        << absl::StrFormat("%.6f", r.seconds) << ", \"images_per_second\": "
-        << absl::StrFormat("%.4f", c.batches * c.batch_size / r.seconds) << ", \"losses\": ["
+    std::vector<std::string> batch_seconds;
+    for (double b : r.batch_seconds) batch_seconds.push_back(absl::StrFormat("%.6f", b));
+    out << (i ? ", " : "") << "{\"splits\": " << r.splits << ", \"schedule\": \"" << r.schedule
+        << "\", \"seconds\": " << absl::StrFormat("%.6f", r.seconds)
+        << ", \"steady_batch_seconds\": " << absl::StrFormat("%.6f", SteadySeconds(r))
+        << ", \"images_per_second\": "
+        << absl::StrFormat("%.4f", c.batches * c.batch_size / r.seconds) << ", \"batch_seconds\": ["
+        << absl::StrJoin(batch_seconds, ", ") << "], \"losses\": ["
         << absl::StrJoin(losses, ", ") << "]}";
   }
   out << "]}\n";
@@ -360,9 +341,9 @@ int Main(int argc, char** argv) {
   flags.AddInt("interleave", &c.interleave,
                "stages per worker: with 2, worker k of n also hosts stage k + n, which halves "
                "the pipeline's fill and drain (0: 2 with --partition balanced and 2 to 9 workers, else 1)");
-  flags.AddInt("in-flight", &c.in_flight,
-               "micro-batches in the pipeline at once: the next starts when one finishes its "
-               "backward pass, which bounds saved activations (1F1B); 0: all of them (GPipe)");
+  flags.AddString("schedule", &c.schedule,
+                  "gpipe, 1f1b (one stage per worker), interleaved (several stages per worker) "
+                  "or auto: interleaved with several stages per worker, else 1f1b");
   flags.AddInt("threads", &c.threads, "intra-op threads of this process (used by --local)");
   flags.AddBool("local", &c.local, "train in this process alone, no workers");
   flags.AddBool("compare-local", &c.compare_local,
@@ -414,7 +395,11 @@ int Main(int argc, char** argv) {
       return fail("--partition must be balanced or tutorial");
     }
     if (c.interleave < 0) return fail("--interleave must be >= 1, or 0 for the default");
-    if (c.in_flight < 0) return fail("--in-flight must be >= 1, or 0 for all micro-batches");
+    if (c.schedule != "auto" && std::find(pipeline::ScheduleNames().begin(), pipeline::ScheduleNames().end(),
+                                          c.schedule) == pipeline::ScheduleNames().end()) {
+      return fail(absl::StrCat("--schedule must be auto, ", absl::StrJoin(pipeline::ScheduleNames(), ", "),
+                               "; got '", c.schedule, "'"));
+    }
     if (c.interleave == 0) {
       // One worker has nothing to overlap; past 9 workers there are too few blocks.
       const bool useful = c.workers.size() >= 2 &&
@@ -523,8 +508,11 @@ int Main(int argc, char** argv) {
                 "%d threads\n", runs.back().splits, c.threads);
     std::printf("splits=1 seconds=%.3f images_per_second=%.2f (local)\n", run.seconds,
                 c.batches * c.batch_size / run.seconds);
-    std::printf("pipeline splits=%d takes %.2fx the time of local splits=1\n", runs.back().splits,
-                runs.back().seconds / run.seconds);
+    std::printf("pipeline splits=%d takes %.2fx the time of local splits=1 in all, %.2fx in steady "
+                "state (median batch after the first: %.3f s against %.3f s)\n",
+                runs.back().splits, runs.back().seconds / run.seconds,
+                SteadySeconds(runs.back()) / SteadySeconds(run), SteadySeconds(runs.back()),
+                SteadySeconds(run));
   }
   if (agent) {
     if (auto s = agent->Shutdown(); !s.ok()) return die(s);

@@ -12,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "launch/cli.h"
 #include "models/resnet.h"
+#include "pipeline/schedule.h"
 #include "tests/support/test_group.h"
 
 namespace remora {
@@ -188,10 +189,10 @@ TEST(Master, PipelineLossesMatchLocalTraining) {
   }
   // Forward and backward slices name their stage (two per worker here).
   EXPECT_THAT(tj, HasSubstr("\"cat\": \"forward\", \"ph\": \"X\", \"pid\": 0"));
-  EXPECT_THAT(tj, HasSubstr("\"stage\": \"blocks [0, "));
+  EXPECT_THAT(tj, HasSubstr("\"stage\": \"stage 0\""));
   for (const char* kind : {"forward", "backward"}) {
     std::regex staged(absl::StrCat("\"name\": \"", kind,
-                                   " mb[0-9]+\"[^}]*\"stage\": \"blocks \\[[0-9]+, [0-9]+\\)\""));
+                                   " mb[0-9]+\"[^}]*\"stage\": \"stage [0-9]+\""));
     EXPECT_TRUE(std::regex_search(tj, staged)) << kind;
   }
   const std::string sj = ReadFile(svg);
@@ -224,39 +225,56 @@ TEST(Master, InterleavedStagesMatchLocalTraining) {
   }
 }
 
-// --in-flight 1 starts a micro-batch only once the previous one finished its
-// backward pass: the first stage's trace then alternates forward and
-// backward, micro-batch by micro-batch, and training is unchanged.
-TEST(Master, InFlightBoundsTheMicroBatchesInThePipeline) {
+// Each worker runs its stages' forward and backward passes in exactly its
+// schedule's order (read from the trace, one batch after the other), and
+// training is unchanged by the schedule.
+TEST(Master, WorkersRunTheirActionsInTheSchedulesOrder) {
   std::vector<std::string> args = kSmall;
-  for (const char* a : {"--splits", "3"}) args.push_back(a);
-  auto l = LocalLosses(args, "local3");
+  for (const char* a : {"--splits", "4"}) args.push_back(a);
+  auto l = LocalLosses(args, "local4");
   ASSERT_EQ(l.size(), 1u);
-  const std::string report = TempPath("inflight.json"), trace = TempPath("inflight_trace.json");
-  std::vector<std::string> pipeline_args = args;
-  for (const std::string& a : {std::string("--in-flight"), std::string("1"),
-                               std::string("--report"), report, std::string("--trace"), trace}) {
-    pipeline_args.push_back(a);
+  struct Case {
+    std::string schedule;
+    int per_worker;
+  };
+  for (const Case& k : {Case{"1f1b", 1}, Case{"gpipe", 1}, Case{"interleaved", 2}}) {
+    SCOPED_TRACE(k.schedule);
+    const std::string report = TempPath(k.schedule + ".json"), trace = TempPath(k.schedule + "_trace.json");
+    std::vector<std::string> pipeline_args = args;
+    for (const std::string& a : {std::string("--schedule"), k.schedule, std::string("--interleave"),
+                                 std::to_string(k.per_worker), std::string("--report"), report,
+                                 std::string("--trace"), trace}) {
+      pipeline_args.push_back(a);
+    }
+    auto [code, out] = RunPipeline(2, pipeline_args);
+    ASSERT_EQ(code, 0) << out;
+    auto p = ReportLosses(ReadFile(report));
+    ASSERT_EQ(p.size(), 1u);
+    ExpectSameLosses(p[0], l[0], "--schedule " + k.schedule);
+    // Per worker (trace pid), the forward and backward slices in time order.
+    const std::string tj = ReadFile(trace);
+    const std::regex slice(
+        "\"name\": \"(forward|backward) mb([0-9]+)\"[^}]*\"pid\": ([0-9]+)[^}]*\"ts\": "
+        "([0-9]+)[^}]*\"stage\": \"stage ([0-9]+)\"");
+    std::vector<std::vector<std::pair<int64_t, std::string>>> ran(2);
+    for (auto it = std::sregex_iterator(tj.begin(), tj.end(), slice); it != std::sregex_iterator();
+         ++it) {
+      const int pid = std::stoi((*it)[3]);
+      ASSERT_LT(pid, 2);
+      ran[pid].emplace_back(std::stoll((*it)[4]), absl::StrCat((*it)[1].str() == "forward" ? "F" : "B",
+                                                               (*it)[2].str(), "@", (*it)[5].str()));
+    }
+    auto schedule = pipeline::MakeSchedule(k.schedule, 2, k.per_worker, 4).value();
+    for (int w = 0; w < 2; ++w) {
+      std::sort(ran[w].begin(), ran[w].end());
+      std::string got, want;
+      for (const auto& [ts, name] : ran[w]) got += name + " ";
+      for (int batch = 0; batch < 2; ++batch) {
+        for (const auto& a : schedule.actions[w]) want += a.ToString() + " ";
+      }
+      EXPECT_EQ(got, want) << "worker " << w;
+    }
   }
-  auto [code, out] = RunPipeline(2, pipeline_args);
-  ASSERT_EQ(code, 0) << out;
-  auto p = ReportLosses(ReadFile(report));
-  ASSERT_EQ(p.size(), 1u);
-  ExpectSameLosses(p[0], l[0], "--in-flight 1");
-  // The first stage's slices in time order: F0 B0 F1 B1 F2 B2, once per batch.
-  const std::string tj = ReadFile(trace);
-  const std::regex slice(
-      "\"name\": \"(forward|backward) mb([0-9]+)\"[^}]*\"ts\": ([0-9]+)[^}]*"
-      "\"stage\": \"blocks \\[0, ");
-  std::vector<std::pair<int64_t, std::string>> first_stage;
-  for (auto it = std::sregex_iterator(tj.begin(), tj.end(), slice); it != std::sregex_iterator();
-       ++it) {
-    first_stage.emplace_back(std::stoll((*it)[3]), (*it)[1].str().substr(0, 1) + (*it)[2].str());
-  }
-  std::sort(first_stage.begin(), first_stage.end());
-  std::string order;
-  for (const auto& [ts, name] : first_stage) order += name + " ";
-  EXPECT_EQ(order, "f0 b0 f1 b1 f2 b2 f0 b0 f1 b1 f2 b2 ");
 }
 
 // --compare-local trains the local baseline batch by batch between the last
@@ -322,7 +340,7 @@ TEST(Master, BadFlagsAndMissingWorkersAreClearErrors) {
   check({"--workers", "a,b,c", "--partition", "tutorial"}, 2, "exactly two");
   check({"--workers", "a", "--partition", "odd"}, 2, "balanced or tutorial");
   check({"--workers", "a,b", "--interleave", "-1"}, 2, "--interleave must be >= 1");
-  check({"--workers", "a,b", "--in-flight", "-2"}, 2, "--in-flight must be >= 1");
+  check({"--workers", "a,b", "--schedule", "zigzag"}, 2, "--schedule must be auto, gpipe, 1f1b, interleaved");
   check({"--workers", "a,b", "--interleave", "10"}, 2, "--workers times --interleave is at most 18");
   check({"--workers", "a,b", "--partition", "tutorial", "--interleave", "2"}, 2,
         "drop --interleave");
