@@ -18,7 +18,6 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/matmul.h>
-#include <ATen/ops/mse_loss.h>
 #include <ATen/ops/randn.h>
 
 #include "absl/strings/str_cat.h"
@@ -28,6 +27,7 @@
 #include "launch/cli.h"
 #include "launch/local_group.h"
 #include "optim/distributed_optimizer.h"
+#include "pipeline/pipeline.h"
 #include "rpc/agent.h"
 #include "base/status_util.h"
 #include "examples/builtins.h"
@@ -129,7 +129,7 @@ int Main(int argc, char** argv) {
   flags.AddInt("max-thread-growth", &c.max_thread_growth, "largest thread count growth allowed");
   flags.AddInt("max-fd-growth", &c.max_fd_growth, "largest file descriptor growth allowed");
   flags.AddString("workers", &c.workers,
-                  "worker names; stage 1 runs on the first, stage 2 on the second (or the first)");
+                  "two worker names; stage 1 runs on the first, stage 2 on the second");
   flags.AddBool("external", &c.external,
                 "do not start the workers: wait for them to register at --listen");
   flags.AddString("listen", &c.listen, "HOST:PORT of this master (port 0: a free one)");
@@ -145,7 +145,7 @@ int Main(int argc, char** argv) {
   auto security = cli::LoadSecurity(security_files);
   if (!security.ok()) return fail(std::string(security.status().message()));
   const std::vector<std::string> names = cli::SplitList(c.workers);
-  if (names.empty() || names.size() > 2) return fail("--workers wants one or two names");
+  if (names.size() != 2 || names[0] == names[1]) return fail("--workers wants two names");
   if (c.steps < 1 || c.warmup < 0 || c.micro_batches < 1 || c.hidden < 1 ||
       c.batch_size < c.micro_batches || c.progress < 0 || c.connect_timeout < 1) {
     return fail("--steps, --micro-batches, --hidden, --connect-timeout must be >= 1, --warmup "
@@ -191,22 +191,19 @@ int Main(int argc, char** argv) {
   };
 
   // The model: Linear(16, hidden) + ReLU on the first worker, Linear(hidden, 4)
-  // on the second. The data: a fixed regression problem, 8 batches cycled.
-  const std::string first = names[0], second = names.back();
-  auto stage1 = agent.remote(first, "MLPStage", {int64_t{kIn}, int64_t{c.hidden}, int64_t{1}});
-  auto stage2 = agent.remote(second, "MLPStage",
-                             {int64_t{c.hidden}, int64_t{kOut}, int64_t{2}, false});
-  if (!stage1.ok()) return die(stage1.status());
-  if (!stage2.ok()) return die(stage2.status());
-  std::vector<RRef> params;
-  for (const RRef* stage : {&*stage1, &*stage2}) {
-    auto p = optim::parameter_rrefs(*stage);
-    if (!p.ok()) return die(p.status());
-    params.insert(params.end(), p->begin(), p->end());
-  }
-  auto optimizer = optim::DistributedOptimizer::Create(
-      agent, optim::OptimizerOptions::SGD(c.lr).set_momentum(0.9), params);
-  if (!optimizer.ok()) return die(optimizer.status());
+  // on the second, as a 1F1B pipeline. The data: a fixed regression
+  // problem, 8 batches cycled.
+  pipeline::PipelineOptions o;
+  o.stages = {pipeline::StageSpec::Registered("MLPStage", {int64_t{kIn}, int64_t{c.hidden}, int64_t{1}}),
+              pipeline::StageSpec::Registered("MLPStage",
+                                              {int64_t{c.hidden}, int64_t{kOut}, int64_t{2}, false})};
+  o.workers = names;
+  o.schedule = "1f1b";
+  o.micro_batches = c.micro_batches;
+  o.loss = pipeline::MseLoss();
+  o.optimizer = optim::OptimizerOptions::SGD(c.lr).set_momentum(0.9);
+  auto pipe = pipeline::Pipeline::Create(agent, std::move(o));
+  if (!pipe.ok()) return die(pipe.status());
   auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
   const at::Tensor truth = at::randn({kIn, kOut}, gen, at::TensorOptions()) / 4.0;
   std::vector<std::pair<at::Tensor, at::Tensor>> data;
@@ -214,25 +211,9 @@ int Main(int argc, char** argv) {
     at::Tensor x = at::randn({c.batch_size, kIn}, gen, at::TensorOptions());
     data.emplace_back(x, at::matmul(x, truth));
   }
-
   auto step = [&](int i) -> absl::StatusOr<double> {
     const auto& [x, y] = data[i % data.size()];
-    dist_autograd::Context context(agent);
-    std::vector<Future<Empty>> backwards;
-    double loss_sum = 0;
-    const int64_t per = c.batch_size / c.micro_batches;
-    for (int m = 0; m < c.micro_batches; ++m) {
-      const int64_t begin = m * per;
-      const int64_t end = m + 1 == c.micro_batches ? c.batch_size : begin + per;
-      ASSIGN_OR_RETURN(RRef h, stage1->remote("forward", {agent.local_rref(x.slice(0, begin, end))}));
-      ASSIGN_OR_RETURN(c10::IValue out, stage2->rpc_sync("forward", {h}));
-      at::Tensor loss = at::mse_loss(out.toTensor(), y.slice(0, begin, end));
-      loss_sum += loss.item<double>();
-      backwards.push_back(dist_autograd::backward_async(agent, context.id(), {loss}));
-    }
-    for (auto& b : backwards) RETURN_IF_ERROR(b.wait().status());
-    RETURN_IF_ERROR((*optimizer)->step(context.id()));
-    return loss_sum / c.micro_batches;
+    return (*pipe)->train_step(x, y);
   };
 
   // Figures of every process once the RRef protocol's messages in flight
@@ -325,10 +306,7 @@ int Main(int argc, char** argv) {
     problems.push_back(absl::StrCat("the loss did not go down (", first_loss, " -> ", last_loss,
                                     "): training is broken"));
   }
-  optimizer->reset();
-  params.clear();
-  stage1 = RRef();
-  stage2 = RRef();
+  pipe->reset();  // frees the stages and the optimizer on the workers
   absl::Status down = group.Shutdown();
   if (!down.ok()) problems.push_back(absl::StrCat("shutdown: ", down.message()));
   if (!problems.empty()) {
