@@ -37,7 +37,9 @@
 #include "launch/cli.h"
 #include "examples/timeline.h"
 #include "optim/distributed_optimizer.h"
+#include "pipeline/microbatch.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/stage.h"
 #include "channel/devices.h"
 #include "base/status_util.h"
 #include "runtime/allocator.h"
@@ -69,6 +71,11 @@ struct Config {
   std::string report, trace, timeline;
   int connect_timeout = 60;
   std::string device = "cpu";  // --local and --compare-local train here
+  // --model: TorchScript stages trained on random data of this shape.
+  std::string model;
+  std::vector<int64_t> input_shape = {3, 32, 32};
+  int classes = 10;
+  std::vector<pipeline::StageSpec> scripts;  // read from --model
 };
 
 struct Run {
@@ -81,19 +88,25 @@ struct Run {
   std::vector<cli::TimelineSlice> slices;
 };
 
-// Batch b of the run: the same images and labels in every mode.
+// Batch b of the run: the same inputs and targets in every mode. The
+// ResNet50 demo: images and one-hot labels (MSE); --model: inputs of
+// --input-shape and class indices (cross-entropy).
 std::pair<at::Tensor, at::Tensor> MakeBatch(const Config& c, int b) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(int64_t{c.seed} * 7919 + b);
+  if (!c.model.empty()) {
+    std::vector<int64_t> shape = {c.batch_size};
+    shape.insert(shape.end(), c.input_shape.begin(), c.input_shape.end());
+    at::Tensor inputs = at::randn(shape, gen, at::TensorOptions());
+    return {inputs, at::randint(c.classes, {c.batch_size}, gen, at::TensorOptions(at::kLong))};
+  }
   at::Tensor images = at::randn({c.batch_size, 3, c.image_size, c.image_size}, gen, at::TensorOptions());
   at::Tensor labels = at::randint(kClasses, {c.batch_size, 1}, gen, at::TensorOptions(at::kLong));
   at::Tensor one_hot = at::zeros({c.batch_size, kClasses}).scatter_(1, labels, 1.0);
   return {images, one_hot};
 }
 
-// This micro-batch's share of the full batch's mean squared error, so that
-// the shares add up to the full-batch loss whatever the split.
-at::Tensor LossShare(const at::Tensor& out, const at::Tensor& target, const Config& c) {
-  return at::mse_loss(out, target, at::Reduction::Sum) / (double(c.batch_size) * kClasses);
+pipeline::LossFn Loss(const Config& c) {
+  return c.model.empty() ? pipeline::MseLoss() : pipeline::CrossEntropyLoss();
 }
 
 void PrintBatch(int b, double loss, double seconds) {
@@ -102,37 +115,50 @@ void PrintBatch(int b, double loss, double seconds) {
 }
 
 // Training in this process alone (--local, --compare-local), one batch at
-// a time. Owns its model and optimizer; not thread-safe.
+// a time, with the stages the pipeline would run, one after the other.
+// Owns its model and optimizer; not thread-safe.
 class LocalTrainer {
  public:
-  LocalTrainer(const Config& c, int splits)
-      : c_(c),
-        run_(splits),
-        device_(c.device),
-        model_(0, models::kResNetBlocks, c.seed, device_),
-        opt_(model_.parameters(), torch::optim::SGDOptions(c.lr)),
-        start_(trace::NowUs()) {}
+  static absl::StatusOr<std::unique_ptr<LocalTrainer>> Create(const Config& c, int splits) {
+    const c10::Device device(c.device);
+    std::vector<std::unique_ptr<pipeline::StageModule>> stages;
+    if (c.model.empty()) {
+      stages.push_back(pipeline::WrapModule(
+          std::make_shared<models::ResNetShardImpl>(0, models::kResNetBlocks, c.seed, device)));
+    }
+    for (const auto& spec : c.scripts) {
+      ASSIGN_OR_RETURN(auto stage, pipeline::LoadScriptStage(spec.script, spec.name, device));
+      stages.push_back(std::move(stage));
+    }
+    return std::unique_ptr<LocalTrainer>(new LocalTrainer(c, splits, std::move(stages)));
+  }
 
   // Trains batch b and prints its line (after `prefix`).
-  void Step(int b, const char* prefix = "") {
-    auto [cpu_images, cpu_one_hot] = MakeBatch(c_, b);
-    at::Tensor images = cpu_images.to(device_), one_hot = cpu_one_hot.to(device_);
+  absl::Status Step(int b, const char* prefix = "") {
+    auto [cpu_inputs, cpu_targets] = MakeBatch(c_, b);
+    at::Tensor inputs = cpu_inputs.to(device_), targets = cpu_targets.to(device_);
     const int64_t t0 = trace::NowUs();
-    opt_.zero_grad();
+    opt_->zero_grad();
     double loss = 0;
-    auto xs = images.chunk(run_.splits), ts = one_hot.chunk(run_.splits);
-    for (size_t i = 0; i < xs.size(); ++i) {
-      const int64_t f0 = trace::NowUs();
-      at::Tensor out = model_.forward(xs[i]);
-      const int64_t f1 = trace::NowUs();
-      at::Tensor l = LossShare(out, ts[i], c_);
-      l.backward();
-      run_.slices.push_back({0, "forward", int64_t(i), f0 - start_, f1 - start_, ""});
-      run_.slices.push_back({0, "backward", int64_t(i), f1 - start_, trace::NowUs() - start_, ""});
-      loss += l.item<double>();
+    ASSIGN_OR_RETURN(auto xs, pipeline::SplitMicroBatches(inputs, run_.splits));
+    ASSIGN_OR_RETURN(auto ts, pipeline::SplitMicroBatches(targets, run_.splits));
+    try {
+      for (size_t i = 0; i < xs.size(); ++i) {
+        const int64_t f0 = trace::NowUs();
+        c10::IValue out = xs[i];
+        for (auto& stage : stages_) out = stage->Forward(out);
+        const int64_t f1 = trace::NowUs();
+        at::Tensor l = loss_(out, ts[i]) * (double(xs[i].toTensor().size(0)) / c_.batch_size);
+        l.backward();
+        run_.slices.push_back({0, "forward", int64_t(i), f0 - start_, f1 - start_, ""});
+        run_.slices.push_back({0, "backward", int64_t(i), f1 - start_, trace::NowUs() - start_, ""});
+        loss += l.item<double>();
+      }
+    } catch (...) {
+      return StatusFromCurrentException("local training");
     }
     const int64_t s0 = trace::NowUs();
-    opt_.step();
+    opt_->step();
     run_.slices.push_back({0, "step", -1, s0 - start_, trace::NowUs() - start_, ""});
     const double seconds = (trace::NowUs() - t0) / 1e6;
     run_.seconds += seconds;
@@ -140,23 +166,35 @@ class LocalTrainer {
     run_.losses.push_back(loss);
     std::printf("%s", prefix);
     PrintBatch(b, loss, seconds);
+    return absl::OkStatus();
   }
 
   Run& run() { return run_; }
 
  private:
+  LocalTrainer(const Config& c, int splits, std::vector<std::unique_ptr<pipeline::StageModule>> stages)
+      : c_(c), run_(splits), device_(c.device), stages_(std::move(stages)), loss_(Loss(c)),
+        start_(trace::NowUs()) {
+    std::vector<at::Tensor> params;
+    for (auto& stage : stages_) {
+      for (const at::Tensor& p : stage->Parameters()) params.push_back(p);
+    }
+    opt_ = std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(c.lr));
+  }
+
   const Config& c_;
   Run run_;
   const c10::Device device_;
-  models::ResNetShardImpl model_;
-  torch::optim::SGD opt_;
+  std::vector<std::unique_ptr<pipeline::StageModule>> stages_;
+  pipeline::LossFn loss_;
+  std::unique_ptr<torch::optim::SGD> opt_;
   const int64_t start_;
 };
 
-Run TrainLocal(const Config& c, int splits) {
-  LocalTrainer trainer(c, splits);
-  for (int b = 0; b < c.batches; ++b) trainer.Step(b);
-  return std::move(trainer.run());
+absl::StatusOr<Run> TrainLocal(const Config& c, int splits) {
+  ASSIGN_OR_RETURN(auto trainer, LocalTrainer::Create(c, splits));
+  for (int b = 0; b < c.batches; ++b) RETURN_IF_ERROR(trainer->Step(b));
+  return std::move(trainer->run());
 }
 
 // Stage boundaries (block indices) for the workers.
@@ -203,20 +241,18 @@ absl::StatusOr<std::vector<int>> Partition(Agent& agent, const Config& c) {
 }
 
 // `after_batch` (if set) runs after each batch, outside its timing.
-absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c, const std::vector<int>& bounds,
-                                  int splits, bool traced,
+absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
+                                  const std::vector<pipeline::StageSpec>& stages, int splits,
+                                  bool traced,
                                   const std::function<void(int)>& after_batch = nullptr) {
   Run run(splits);
-  // Stage k (blocks [bounds[k], bounds[k + 1])) lives on worker k mod n.
+  // Stage k lives on worker k mod n.
   pipeline::PipelineOptions o;
-  for (size_t k = 0; k + 1 < bounds.size(); ++k) {
-    o.stages.push_back(pipeline::StageSpec::Registered(
-        "ResNetShard", {int64_t{bounds[k]}, int64_t{bounds[k + 1]}, int64_t{c.seed}}));
-  }
+  o.stages = stages;
   o.workers = c.workers;
   o.schedule = c.schedule;
   o.micro_batches = splits;
-  o.loss = pipeline::MseLoss();
+  o.loss = Loss(c);
   o.optimizer = optim::OptimizerOptions::SGD(c.lr);
   ASSIGN_OR_RETURN(auto pipe, pipeline::Pipeline::Create(agent, std::move(o)));
   std::printf("  schedule %s: %d stages over %zu workers\n", pipe->schedule().name.c_str(),
@@ -356,6 +392,13 @@ int Main(int argc, char** argv) {
   flags.AddString("device", &c.device,
                   "where --local and --compare-local train: cpu or cuda:N (workers choose their "
                   "own with worker --device)");
+  std::string input_shape = "3,32,32";
+  flags.AddString("model", &c.model,
+                  "train TorchScript stages instead of ResNet50: a directory holding stage0.pt, "
+                  "stage1.pt, ... or a comma-separated list of .pt files (stage k runs on worker "
+                  "k mod n; random inputs of --input-shape, labels in [0, --classes), cross-entropy)");
+  flags.AddString("input-shape", &input_shape, "with --model: one input's shape, e.g. 3,32,32 or 784");
+  flags.AddInt("classes", &c.classes, "with --model: the number of classes of the labels");
   cli::SecurityFiles security_files;
   flags.AddSecurityFlags(&security_files);
   int code = 0;
@@ -383,6 +426,22 @@ int Main(int argc, char** argv) {
     return fail(std::string(d.ok() ? CheckLocalDevice(*d).message() : d.status().message()));
   }
   if (!(c.lr > 0)) return fail("--lr must be > 0");
+  if (!c.model.empty()) {
+    c.input_shape.clear();
+    bool bad = false;
+    for (const auto& part : cli::SplitList(input_shape)) {
+      int64_t v = 0;
+      bad |= !absl::SimpleAtoi(part, &v) || v < 1;
+      c.input_shape.push_back(v);
+    }
+    if (bad || c.input_shape.empty()) {
+      return fail(absl::StrCat("--input-shape wants positive sizes like 3,32,32; got '", input_shape, "'"));
+    }
+    if (c.classes < 1) return fail("--classes must be >= 1");
+    auto scripts = pipeline::TorchScriptStages(c.model);
+    if (!scripts.ok()) return fail(std::string(scripts.status().message()));
+    c.scripts = std::move(*scripts);
+  }
   for (int s : c.splits) {
     if (s > c.batch_size) {
       return fail(absl::StrCat("--splits ", s, " exceeds --batch-size ", c.batch_size,
@@ -399,6 +458,11 @@ int Main(int argc, char** argv) {
                                           c.schedule) == pipeline::ScheduleNames().end()) {
       return fail(absl::StrCat("--schedule must be auto, ", absl::StrJoin(pipeline::ScheduleNames(), ", "),
                                "; got '", c.schedule, "'"));
+    }
+    if (!c.model.empty() && c.scripts.size() % c.workers.size() != 0) {
+      return fail(absl::StrCat("--model has ", c.scripts.size(), " stages for ", c.workers.size(),
+                               " workers: stage k runs on worker k mod n, so give a multiple of ",
+                               c.workers.size(), " stages"));
     }
     if (c.interleave == 0) {
       // One worker has nothing to overlap; past 9 workers there are too few blocks.
@@ -422,6 +486,7 @@ int Main(int argc, char** argv) {
 
   std::vector<Run> runs;
   std::unique_ptr<LocalTrainer> local_baseline;  // --compare-local
+  absl::Status baseline_status;
   std::unique_ptr<Agent> agent;
   Registry registry;
   if (auto s = examples::RegisterStockWorker(registry); !s.ok()) return fail(std::string(s.message()));
@@ -434,7 +499,9 @@ int Main(int argc, char** argv) {
     for (int s : c.splits) {
       std::printf("local: splits=%d (%d micro-batches of %d images), %d threads\n", s, s,
                   c.batch_size / s, c.threads);
-      Run run = TrainLocal(c, s);
+      auto trained = TrainLocal(c, s);
+      if (!trained.ok()) return die(trained.status());
+      Run run = std::move(*trained);
       std::printf("splits=%d seconds=%.3f images_per_second=%.2f\n", s, run.seconds,
                   c.batches * c.batch_size / run.seconds);
       runs.push_back(std::move(run));
@@ -460,13 +527,22 @@ int Main(int argc, char** argv) {
     for (const auto& w : agent->workers()) {
       if (w.id != 0) std::cout << "  " << w.name << ": shards on " << w.device << "\n";
     }
-    auto bounds = Partition(*agent, c);
-    if (!bounds.ok()) return die(bounds.status());
+    // The stages: the TorchScript files, or ResNet50's blocks as the
+    // partition cuts them (stage k: blocks [bounds[k], bounds[k + 1])).
+    std::vector<pipeline::StageSpec> stages = c.scripts;
+    if (c.model.empty()) {
+      auto bounds = Partition(*agent, c);
+      if (!bounds.ok()) return die(bounds.status());
+      for (size_t k = 0; k + 1 < bounds->size(); ++k) {
+        stages.push_back(pipeline::StageSpec::Registered(
+            "ResNetShard", {int64_t{(*bounds)[k]}, int64_t{(*bounds)[k + 1]}, int64_t{c.seed}}));
+      }
+    }
     for (size_t i = 0; i < c.splits.size(); ++i) {
       const int s = c.splits[i];
       const bool last = i + 1 == c.splits.size();
       std::printf("pipeline: splits=%d (%d micro-batches of ~%d images) over %zu workers, %zu stages\n",
-                  s, s, c.batch_size / s, c.workers.size(), bounds->size() - 1);
+                  s, s, c.batch_size / s, c.workers.size(), stages.size());
       // --compare-local: the local baseline trains batch by batch between
       // the last split count's batches, so that both meet the same minutes
       // of a machine whose speed drifts (measured: by 30% within minutes).
@@ -474,10 +550,14 @@ int Main(int argc, char** argv) {
       if (last && c.compare_local) {
         std::printf("  alternating with local training (splits=1, %d threads, in this process)\n",
                     c.threads);
-        local_baseline = std::make_unique<LocalTrainer>(c, 1);
-        after_batch = [&local_baseline](int b) { local_baseline->Step(b, "local "); };
+        auto trainer = LocalTrainer::Create(c, 1);
+        if (!trainer.ok()) return die(trainer.status());
+        local_baseline = std::move(*trainer);
+        after_batch = [&local_baseline, &baseline_status](int b) {
+          if (baseline_status.ok()) baseline_status = local_baseline->Step(b, "local ");
+        };
       }
-      auto run = TrainPipeline(*agent, c, *bounds, s, last && !(c.trace.empty() && c.timeline.empty()),
+      auto run = TrainPipeline(*agent, c, stages, s, last && !(c.trace.empty() && c.timeline.empty()),
                                after_batch);
       if (!run.ok()) return die(run.status());
       std::printf("splits=%d seconds=%.3f images_per_second=%.2f\n", s, run->seconds,
@@ -502,6 +582,7 @@ int Main(int argc, char** argv) {
     }
     std::cout << "timeline: " << c.timeline << "\n";
   }
+  if (!baseline_status.ok()) return die(baseline_status);
   if (local_baseline != nullptr) {
     const Run& run = local_baseline->run();
     std::printf("\nlocal baseline, batches alternating with splits=%d: splits=1 in this process, "

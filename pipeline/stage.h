@@ -55,14 +55,10 @@ using StageFactory = std::function<std::unique_ptr<StageModule>(
 // Adds a stage type to this process's table; AlreadyExists for a taken name.
 absl::Status RegisterStageType(const std::string& name, StageFactory factory);
 
-// A torch::nn::Module as a stage: `make(args, device)` builds it (it is
-// moved to `device` afterwards if it is not there), and its forward takes
-// and returns one tensor.
+// A torch::nn::Module whose forward takes and returns one tensor, as a
+// StageModule (shares the module).
 template <typename M>
-absl::Status RegisterStageModule(
-    const std::string& name,
-    std::function<std::shared_ptr<M>(const std::vector<c10::IValue>& args, c10::Device device)>
-        make) {
+std::unique_ptr<StageModule> WrapModule(std::shared_ptr<M> m) {
   class Adapter final : public StageModule {
    public:
     explicit Adapter(std::shared_ptr<M> m) : m_(std::move(m)) {}
@@ -76,11 +72,21 @@ absl::Status RegisterStageModule(
    private:
     std::shared_ptr<M> m_;
   };
+  return std::make_unique<Adapter>(std::move(m));
+}
+
+// A torch::nn::Module as a stage type: `make(args, device)` builds it (it
+// is moved to `device` afterwards if it is not there).
+template <typename M>
+absl::Status RegisterStageModule(
+    const std::string& name,
+    std::function<std::shared_ptr<M>(const std::vector<c10::IValue>& args, c10::Device device)>
+        make) {
   return RegisterStageType(
       name, [make](const std::vector<c10::IValue>& args, c10::Device device) {
         std::shared_ptr<M> m = make(args, device);
         m->to(device);
-        return std::unique_ptr<StageModule>(new Adapter(std::move(m)));
+        return WrapModule(std::move(m));
       });
 }
 

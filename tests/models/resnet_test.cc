@@ -1,12 +1,15 @@
 // ResNet50 shards, partitioning, and the master program end to end.
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
 
 #include <ATen/ops/equal.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/randn.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/jit/api/module.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -277,6 +280,48 @@ TEST(Master, WorkersRunTheirActionsInTheSchedulesOrder) {
   }
 }
 
+// A TorchScript linear layer saved to `path` (made in C++: no Python).
+void SaveScriptLinear(const std::string& path, int64_t in, int64_t out, int64_t seed, bool relu) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  torch::jit::Module m("Linear");
+  m.register_parameter("weight", at::randn({out, in}, gen, at::TensorOptions()) / 3.0, false);
+  m.register_parameter("bias", at::randn({out}, gen, at::TensorOptions()) / 3.0, false);
+  m.define(std::string("def forward(self, x):\n  y = torch.matmul(x, self.weight.t()) + self.bias\n") +
+           (relu ? "  return torch.relu(y)\n" : "  return y\n"));
+  m.save(path);
+}
+
+// master --model DIR trains TorchScript stages (the stock worker hosts them
+// without being rebuilt) as --local trains them in one process.
+TEST(Master, TrainsTorchScriptStagesFromADirectory) {
+  const std::string dir = TempPath("script_model");
+  std::filesystem::create_directories(dir);
+  SaveScriptLinear(dir + "/stage0.pt", 12, 16, 1, true);
+  SaveScriptLinear(dir + "/stage1.pt", 16, 16, 2, true);
+  SaveScriptLinear(dir + "/stage2.pt", 16, 16, 3, true);
+  SaveScriptLinear(dir + "/stage3.pt", 16, 5, 4, false);
+  const std::vector<std::string> args = {"--model", dir, "--input-shape", "12", "--classes", "5",
+                                         "--batches", "3", "--batch-size", "16", "--splits", "4",
+                                         "--lr", "0.1"};
+  auto l = LocalLosses(args, "script_local");
+  ASSERT_EQ(l.size(), 1u);
+  ASSERT_EQ(l[0].size(), 3u);
+  EXPECT_LT(l[0][2], l[0][0]);  // it trains
+  for (const std::string schedule : {"interleaved", "gpipe"}) {
+    const std::string report = TempPath("script_" + schedule + ".json");
+    std::vector<std::string> pipeline_args = args;
+    for (const std::string& a : {std::string("--schedule"), schedule, std::string("--report"), report}) {
+      pipeline_args.push_back(a);
+    }
+    auto [code, out] = RunPipeline(2, pipeline_args);
+    ASSERT_EQ(code, 0) << out;
+    EXPECT_THAT(out, HasSubstr("schedule " + schedule + ": 4 stages over 2 workers"));
+    auto p = ReportLosses(ReadFile(report));
+    ASSERT_EQ(p.size(), 1u);
+    ExpectSameLosses(p[0], l[0], "--model, --schedule " + schedule);
+  }
+}
+
 // --compare-local trains the local baseline batch by batch between the last
 // split count's batches (both meet the same minutes of a drifting machine).
 TEST(Master, CompareLocalAlternatesBatchesWithThePipeline) {
@@ -340,6 +385,8 @@ TEST(Master, BadFlagsAndMissingWorkersAreClearErrors) {
   check({"--workers", "a,b,c", "--partition", "tutorial"}, 2, "exactly two");
   check({"--workers", "a", "--partition", "odd"}, 2, "balanced or tutorial");
   check({"--workers", "a,b", "--interleave", "-1"}, 2, "--interleave must be >= 1");
+  check({"--local", "--model", TempPath("no_such_model")}, 2, "cannot read the TorchScript file");
+  check({"--local", "--model", "x.pt", "--input-shape", "3,0"}, 2, "--input-shape wants positive sizes");
   check({"--workers", "a,b", "--schedule", "zigzag"}, 2, "--schedule must be auto, gpipe, 1f1b, interleaved");
   check({"--workers", "a,b", "--interleave", "10"}, 2, "--workers times --interleave is at most 18");
   check({"--workers", "a,b", "--partition", "tutorial", "--interleave", "2"}, 2,
