@@ -85,6 +85,7 @@ struct Run {
   double seconds = 0;
   std::vector<double> batch_seconds;  // every batch's
   std::vector<double> losses;
+  std::vector<int64_t> peak_activation_bytes;  // per stage; pipeline runs only
   std::vector<cli::TimelineSlice> slices;
 };
 
@@ -279,6 +280,11 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
       paused.emplace_back(p0, trace::NowUs());
     }
   }
+  ASSIGN_OR_RETURN(run.peak_activation_bytes, pipe->peak_activation_bytes());
+  for (size_t k = 0; k < run.peak_activation_bytes.size(); ++k) {
+    std::printf("  stage %zu on %s: peak saved activations %.1f MiB\n", k,
+                c.workers[k % c.workers.size()].c_str(), run.peak_activation_bytes[k] / 1048576.0);
+  }
   if (traced) {
     for (size_t w = 0; w < c.workers.size(); ++w) {
       auto slices = agent.rpc_sync(c.workers[w], "trace_collect");
@@ -336,7 +342,13 @@ absl::Status WriteReport(const std::string& path, bool local, const std::vector<
         << ", \"images_per_second\": "
         << absl::StrFormat("%.4f", c.batches * c.batch_size / r.seconds) << ", \"batch_seconds\": ["
         << absl::StrJoin(batch_seconds, ", ") << "], \"losses\": ["
-        << absl::StrJoin(losses, ", ") << "]}";
+        << absl::StrJoin(losses, ", ") << "], \"stages\": [";
+    for (size_t k = 0; k < r.peak_activation_bytes.size(); ++k) {
+      out << (k ? ", " : "") << "{\"stage\": " << k << ", \"worker\": \""
+          << c.workers[k % c.workers.size()] << "\", \"peak_activation_bytes\": "
+          << r.peak_activation_bytes[k] << "}";
+    }
+    out << "]}";
   }
   out << "]}\n";
   return out.good() ? absl::OkStatus() : absl::DataLossError("writing the report failed");

@@ -155,6 +155,11 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(Agent& agent, Pipelin
   }
   std::vector<RRef> params;
   for (int k = 0; k < S; ++k) {
+    // Also starts the stage's activation count afresh (stage indices repeat
+    // across pipelines).
+    if (auto r = stages[k].rpc_sync("activation_bytes", {true}); !r.ok()) {
+      return Annotate(r.status(), absl::StrCat("placing stage ", k, " on worker '", o.workers[k % n], "'"));
+    }
     auto p = optim::parameter_rrefs(stages[k]);
     if (!p.ok()) {
       return Annotate(p.status(), absl::StrCat("stage ", k, " on worker '", o.workers[k % n], "'"));
@@ -240,6 +245,17 @@ absl::StatusOr<c10::IValue> Pipeline::eval_step(const c10::IValue& inputs) {
     parts.push_back(std::move(out));
   }
   return MergeMicroBatches(parts);
+}
+
+absl::StatusOr<std::vector<int64_t>> Pipeline::peak_activation_bytes(bool reset) {
+  std::vector<Future<c10::IValue>> pending;
+  for (const RRef& s : stages_) pending.push_back(s.rpc_async("activation_bytes", {reset}));
+  std::vector<int64_t> out;
+  for (auto& f : pending) {
+    ASSIGN_OR_RETURN(c10::IValue v, f.wait());
+    out.push_back(v.toIntVector().at(0));
+  }
+  return out;
 }
 
 absl::StatusOr<std::vector<at::Tensor>> Pipeline::stage_state(int k) {

@@ -95,6 +95,13 @@ class Pipeline {
   // Stage k's parameters then buffers (copies on this process's CPU).
   absl::StatusOr<std::vector<at::Tensor>> stage_state(int k);
 
+  // Per stage, the peak bytes of saved activations (what its training
+  // forward passes allocated and still held, from each forward pass until
+  // that micro-batch's backward pass started) since the pipeline was
+  // created, or since the last call with `reset`; -1 where the worker runs
+  // without remora's caching CPU allocator (REMORA_MALLOC=default).
+  absl::StatusOr<std::vector<int64_t>> peak_activation_bytes(bool reset = false);
+
   const Schedule& schedule() const { return schedule_; }
   int num_stages() const { return static_cast<int>(stages_.size()); }
   const std::string& worker_of(int k) const { return workers_[k % workers_.size()]; }

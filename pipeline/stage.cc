@@ -1,5 +1,6 @@
 #include "pipeline/stage.h"
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -18,6 +19,7 @@
 #include "rpc/agent.h"
 #include "rpc/rref_args.h"
 #include "runtime/action_mark.h"
+#include "runtime/allocator.h"
 #include "runtime/compute_lane.h"
 #include "runtime/trace.h"
 
@@ -84,6 +86,67 @@ c10::IValue MapTensors(const c10::IValue& value, const std::function<at::Tensor(
   return value;
 }
 
+// Saved activations per stage index in this process: the bytes a training
+// forward pass allocated and still held when it returned (its saved
+// tensors and output), counted from then until that micro-batch's backward
+// pass starts; the peak of their sum over micro-batches. Measured with the
+// caching CPU allocator's count of live bytes, so other threads' allocations
+// during a forward pass (messages arriving) add noise; -1 without it.
+class ActivationMeter {
+ public:
+  static ActivationMeter& Get() {
+    static ActivationMeter* meter = [] {
+      SetMarkObserver([](const ActionMarkInfo& info) {
+        Get().Release(info.action.stage, info.action.epoch, info.action.micro_batch);
+      });
+      return new ActivationMeter;
+    }();
+    return *meter;
+  }
+
+  void Hold(int64_t stage, int64_t epoch, int64_t mb, int64_t bytes) {
+    MutexLock lock(mu_);
+    Entry& e = stages_[stage];
+    auto [it, inserted] = e.held.try_emplace({epoch, mb}, bytes);
+    if (!inserted) return;
+    e.live += bytes;
+    e.peak = std::max(e.peak, e.live);
+  }
+
+  void Release(int64_t stage, int64_t epoch, int64_t mb) {
+    MutexLock lock(mu_);
+    Entry& e = stages_[stage];
+    auto it = e.held.find({epoch, mb});
+    if (it == e.held.end()) return;
+    e.live -= it->second;
+    e.held.erase(it);
+  }
+
+  // (peak, live) of `stage`; `reset` starts a new peak from what is live.
+  std::pair<int64_t, int64_t> Read(int64_t stage, bool reset) {
+    MutexLock lock(mu_);
+    Entry& e = stages_[stage];
+    std::pair<int64_t, int64_t> out{e.peak, e.live};
+    if (reset) {
+      // Micro-batches of earlier batches whose backward never came (failed
+      // batches) are dropped with the reset.
+      e.held.clear();
+      e.live = 0;
+      e.peak = 0;
+    }
+    return out;
+  }
+
+ private:
+  struct Entry {
+    std::map<std::pair<int64_t, int64_t>, int64_t> held;  // (epoch, mb) -> bytes
+    int64_t live = 0;
+    int64_t peak = 0;
+  };
+  absl::Mutex mu_;
+  std::map<int64_t, Entry> stages_ ABSL_GUARDED_BY(mu_);
+};
+
 // A stage on its worker: the module and where it sits in the pipeline.
 class Stage {
  public:
@@ -111,12 +174,18 @@ class Stage {
         turn.emplace();
       }
       trace::Scope scope(train ? "forward" : "eval", mb, trace_label_);
+      const int64_t before = runtime::CpuBytesInUse();
       c10::IValue y = module_->Forward(x);
       // (A TorchScript graph may hand out outputs that require grad even
       // with grad mode off.)
       if (!train) return MapTensors(y, [](const at::Tensor& t) { return t.detach(); });
       const ActionMarkInfo mark{LaneAction{epoch, index_, mb, true}, trace_label_};
-      return MapTensors(y, [&mark](const at::Tensor& t) { return MarkAction(t, mark); });
+      y = MapTensors(y, [&mark](const at::Tensor& t) { return MarkAction(t, mark); });
+      if (before >= 0 && epoch >= 0) {
+        ActivationMeter::Get().Hold(index_, epoch, mb,
+                                    std::max<int64_t>(0, runtime::CpuBytesInUse() - before));
+      }
+      return y;
     } catch (...) {
       absl::Status s = StatusFromCurrentException(
           absl::StrCat("stage ", index_, " (", label_, ") on worker '", worker_, "', ",
@@ -126,6 +195,7 @@ class Stage {
   }
 
   StageModule& module() { return *module_; }
+  int64_t index() const { return index_; }
 
  private:
   std::unique_ptr<StageModule> module_;
@@ -250,6 +320,13 @@ absl::Status RegisterFunctions(Registry& registry) {
           int64_t n = 0;
           for (const auto& p : h.stage->module().Parameters()) n += p.numel();
           return n;
+        }},
+       {"activation_bytes",
+        [](Hosted& h, CallContext&, const Args& a) -> c10::IValue {
+          if (runtime::CpuBytesInUse() < 0) return c10::List<int64_t>({-1, -1});
+          auto [peak, live] =
+              ActivationMeter::Get().Read(h.stage->index(), a.size() > 0 && a[0].toBool());
+          return c10::List<int64_t>({peak, live});
         }},
        {"state", [](Hosted& h, CallContext&, const Args&) -> c10::IValue {
           c10::List<at::Tensor> out;

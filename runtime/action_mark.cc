@@ -1,9 +1,24 @@
 #include "runtime/action_mark.h"
 
+#include <atomic>
+
 #include <torch/csrc/autograd/custom_function.h>
 
 namespace remora {
 namespace {
+
+std::atomic<MarkObserver> observer{nullptr};
+
+ActionMarkInfo InfoOf(const torch::autograd::AutogradContext& ctx) {
+  const auto& data = ctx.saved_data;
+  ActionMarkInfo info;
+  info.action.epoch = data.at("epoch").toInt();
+  info.action.stage = data.at("stage").toInt();
+  info.action.micro_batch = data.at("mb").toInt();
+  info.action.backward = true;
+  info.stage = data.at("label").toStringRef();
+  return info;
+}
 
 struct ActionMarkFn : public torch::autograd::Function<ActionMarkFn> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::Tensor x,
@@ -14,8 +29,9 @@ struct ActionMarkFn : public torch::autograd::Function<ActionMarkFn> {
     ctx->saved_data["label"] = info.stage;
     return x.view_as(x);
   }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
+    if (MarkObserver o = observer.load()) o(InfoOf(*ctx));
     return {grads[0], at::Tensor()};
   }
 };
@@ -30,14 +46,9 @@ at::Tensor MarkAction(const at::Tensor& output, const ActionMarkInfo& info) {
 std::optional<ActionMarkInfo> MarkedAction(const at::Tensor& root) {
   auto* node = dynamic_cast<torch::autograd::CppNode<ActionMarkFn>*>(root.grad_fn().get());
   if (node == nullptr) return std::nullopt;
-  const auto& data = node->ctx_.saved_data;
-  ActionMarkInfo info;
-  info.action.epoch = data.at("epoch").toInt();
-  info.action.stage = data.at("stage").toInt();
-  info.action.micro_batch = data.at("mb").toInt();
-  info.action.backward = true;
-  info.stage = data.at("label").toStringRef();
-  return info;
+  return InfoOf(node->ctx_);
 }
+
+void SetMarkObserver(MarkObserver o) { observer.store(o); }
 
 }  // namespace remora

@@ -1,5 +1,7 @@
 #include "runtime/allocator.h"
 
+#include <atomic>
+
 #include <malloc.h>
 
 #include <cstdlib>
@@ -27,6 +29,10 @@ void TuneAllocator() {
 }
 
 namespace {
+
+// Bytes of LibTorch CPU tensors alive (headers included); -1 until the
+// caching allocator is installed.
+std::atomic<int64_t> bytes_in_use{-1};
 
 // See InstallCachingCpuAllocator. Thread-safe; never destroyed.
 class CachingCpuAllocator final : public c10::Allocator {
@@ -67,6 +73,7 @@ class CachingCpuAllocator final : public c10::Allocator {
       static_cast<Header*>(base)->size = total;
       static_cast<Header*>(base)->owner = this;
     }
+    bytes_in_use.fetch_add(static_cast<int64_t>(total), std::memory_order_relaxed);
     void* data = static_cast<char*>(base) + kHeader;
     return c10::DataPtr(data, data, &Release, c10::Device(c10::DeviceType::CPU));
   }
@@ -85,6 +92,7 @@ class CachingCpuAllocator final : public c10::Allocator {
   }
 
   void Free(void* base, size_t total) const {
+    bytes_in_use.fetch_sub(static_cast<int64_t>(total), std::memory_order_relaxed);
     if (total >= kMinCached) {
       std::lock_guard<std::mutex> lock(mu_);
       if (cached_ + total <= max_cached_) {
@@ -108,8 +116,13 @@ void InstallCachingCpuAllocator(size_t max_cached_bytes) {
   if (const char* v = std::getenv("REMORA_MALLOC"); v != nullptr && std::string(v) == "default") {
     return;
   }
-  static CachingCpuAllocator* allocator = new CachingCpuAllocator(max_cached_bytes);
+  static CachingCpuAllocator* allocator = [max_cached_bytes] {
+    bytes_in_use.store(0);
+    return new CachingCpuAllocator(max_cached_bytes);
+  }();
   c10::SetCPUAllocator(allocator, /*priority=*/10);
 }
+
+int64_t CpuBytesInUse() { return bytes_in_use.load(std::memory_order_relaxed); }
 
 }  // namespace remora::runtime

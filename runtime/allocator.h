@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace remora::runtime {
 
@@ -25,5 +26,10 @@ void TuneAllocator();
 // (measured: about half of a ResNet50 step was kernel time before). Keeps at
 // most `max_cached_bytes` of free blocks. Call once, before any tensor work.
 void InstallCachingCpuAllocator(size_t max_cached_bytes = size_t{8} << 30);
+
+// Bytes of LibTorch CPU tensors alive now, as the caching allocator counts
+// them (tensors allocated before it was installed are not counted); -1 when
+// it is not installed. Thread-safe.
+int64_t CpuBytesInUse();
 
 }  // namespace remora::runtime

@@ -4,6 +4,7 @@
 // and options are clear errors that name the stage and the worker.
 #include "pipeline/pipeline.h"
 
+#include <map>
 #include <sstream>
 
 #include <ATen/TensorOperators.h>
@@ -201,6 +202,39 @@ TEST(Pipeline, TorchScriptStagesTrainAndMatchOneProcess) {
   for (const char* w : {"w1", "w2"}) {
     EXPECT_EQ(workers.master().rpc_sync(w, "remora.autograd.num_contexts").value().toInt(), 0) << w;
   }
+}
+
+// 1F1B holds at most (stages - s) micro-batches' saved activations on stage
+// s; GPipe holds all of them. Measured by the workers' allocators: stage 0
+// at M = 8, S = 2 must hold at most about 2/8 of what GPipe holds (some
+// slack for messages that arrive during a forward pass).
+TEST(Pipeline, OneFOneBBoundsSavedActivationsAndGPipeDoesNot) {
+  Workers workers;
+  std::map<std::string, std::vector<int64_t>> peaks;
+  for (const std::string schedule : {"gpipe", "1f1b"}) {
+    PipelineOptions o;
+    o.stages = {Spec(Mlp(64, 1024, 1)), Spec(Mlp(1024, 8, 2, false))};
+    o.workers = {"w1", "w2"};
+    o.schedule = schedule;
+    o.micro_batches = 8;
+    o.loss = MseLoss();
+    auto pipe = Pipeline::Create(workers.master(), o);
+    ASSERT_TRUE(pipe.ok()) << pipe.status();
+    for (int step = 0; step < 2; ++step) {
+      ASSERT_TRUE((*pipe)->train_step(at::randn({512, 64}), at::randn({512, 8})).ok());
+    }
+    auto p = (*pipe)->peak_activation_bytes();
+    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_EQ(p->size(), 2u);
+    peaks[schedule] = *p;
+  }
+  // Stage 0's forward keeps at least its ReLU output and the Linear output
+  // (64 rows x 1024 floats each, 256 KiB) per micro-batch.
+  EXPECT_GE(peaks["gpipe"][0], 8 * 2 * 64 * 1024 * 4) << "GPipe holds all 8 micro-batches";
+  EXPECT_LE(peaks["1f1b"][0], peaks["gpipe"][0] * 0.3)
+      << "1f1b " << peaks["1f1b"][0] << " bytes against gpipe " << peaks["gpipe"][0];
+  EXPECT_LE(peaks["1f1b"][1], peaks["gpipe"][1] * 0.3)
+      << "1f1b " << peaks["1f1b"][1] << " bytes against gpipe " << peaks["gpipe"][1];
 }
 
 PipelineOptions TwoStages(StageSpec a, StageSpec b) {

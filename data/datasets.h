@@ -1,0 +1,52 @@
+// Datasets for training and evaluation, in memory: Fashion-MNIST and MNIST
+// (IDX files, read by LibTorch's torch::data MNIST reader) and CIFAR-10
+// (its binary format), plus the order batches are drawn in.
+//
+//   auto train = data::LoadIdx("/usr/share/datasets/fashion-mnist", /*train=*/true,
+//                              "build/data").value();
+//   for (const at::Tensor& rows : data::EpochBatches(train.size(), 64, true, seed, epoch)) {
+//     at::Tensor x = train.images.index_select(0, rows), y = train.labels.index_select(0, rows);
+//     ...
+//   }
+//
+// Thread-safety: plain functions; a Dataset is a pair of tensors.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/statusor.h"
+
+namespace remora::data {
+
+struct Dataset {
+  at::Tensor images;  // float [N, C, H, W] in [0, 1]
+  at::Tensor labels;  // int64 [N]
+  int64_t size() const { return labels.defined() ? labels.size(0) : 0; }
+};
+
+// Where Debian's dataset-fashion-mnist package puts the files.
+inline constexpr char kFashionMnistDir[] = "/usr/share/datasets/fashion-mnist";
+
+// The training or test half of an IDX dataset (Fashion-MNIST, MNIST) in
+// `dir`: train-images-idx3-ubyte, train-labels-idx1-ubyte,
+// t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, each plain or gzipped
+// (.gz, as Debian ships them; decompressed once into `cache_dir`). Images
+// [N, 1, 28, 28]. NotFound names the missing file and what to install.
+absl::StatusOr<Dataset> LoadIdx(const std::string& dir, bool train, const std::string& cache_dir);
+
+// The training (data_batch_1.bin ... data_batch_5.bin) or test
+// (test_batch.bin) half of CIFAR-10's binary version in `dir`: records of
+// one label byte and 3072 pixel bytes (R, G, B planes of 32x32). Images
+// [N, 3, 32, 32]. A file that is not whole records is an error naming it.
+absl::StatusOr<Dataset> LoadCifar10(const std::string& dir, bool train);
+
+// The row indices of each batch of one epoch over `n` rows, `batch_size`
+// rows a batch (the last one may be smaller): a permutation drawn from
+// (seed, epoch) when `shuffle`, else file order.
+std::vector<at::Tensor> EpochBatches(int64_t n, int64_t batch_size, bool shuffle, uint64_t seed,
+                                     int epoch);
+
+}  // namespace remora::data
