@@ -17,6 +17,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "rpc/agent.h"
 #include "rpc/autograd_hooks.h"
@@ -39,8 +40,16 @@ class DistContext {
   void AddSend(int64_t message_id, std::vector<at::Tensor> tensors);
   // The tensors a send recorded, or nullopt for an unknown message.
   std::optional<std::vector<at::Tensor>> Send(int64_t message_id) const;
+  // The same, forgetting them (a backward pass without retain_graph frees
+  // what they hold); `*taken_before` tells a message already taken.
+  std::optional<std::vector<at::Tensor>> TakeSend(int64_t message_id, bool* taken_before);
   void AddRecv(int64_t message_id, WorkerId from, const std::vector<at::Tensor>& tensors);
   std::optional<RecvInfo> Recv(const at::Tensor& tensor) const;
+  // The same, forgetting the tensor (its gradient has been sent back); a
+  // later pass that reaches it again finds it in RecvTaken.
+  std::optional<RecvInfo> TakeRecv(const at::Tensor& tensor);
+  // The sender of a taken tensor, or nullopt.
+  std::optional<WorkerId> RecvTaken(const at::Tensor& tensor) const;
 
   void AccumulateGrad(const at::Tensor& leaf, const at::Tensor& grad);
   std::vector<std::pair<at::Tensor, at::Tensor>> Gradients() const;
@@ -50,8 +59,13 @@ class DistContext {
   const int64_t id_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<int64_t, std::vector<at::Tensor>> sends_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<int64_t> taken_sends_ ABSL_GUARDED_BY(mu_);
   // Keyed by TensorImpl; the tensor is kept so that the key stays unique.
   absl::flat_hash_map<const void*, std::pair<at::Tensor, RecvInfo>> recvs_ ABSL_GUARDED_BY(mu_);
+  // Taken received tensors, held weakly: their storage is freed, and their
+  // addresses cannot be reused while the context lives.
+  absl::flat_hash_map<const void*, std::pair<c10::weak_intrusive_ptr<c10::TensorImpl>, WorkerId>>
+      taken_recvs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<const void*, std::pair<at::Tensor, at::Tensor>> grads_ ABSL_GUARDED_BY(mu_);
 };
 

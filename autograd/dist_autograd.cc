@@ -34,6 +34,18 @@ std::optional<std::vector<at::Tensor>> DistContext::Send(int64_t message_id) con
   return it->second;
 }
 
+std::optional<std::vector<at::Tensor>> DistContext::TakeSend(int64_t message_id,
+                                                             bool* taken_before) {
+  MutexLock lock(mu_);
+  auto it = sends_.find(message_id);
+  *taken_before = it == sends_.end() && taken_sends_.contains(message_id);
+  if (it == sends_.end()) return std::nullopt;
+  std::vector<at::Tensor> out = std::move(it->second);
+  sends_.erase(it);
+  taken_sends_.insert(message_id);
+  return out;
+}
+
 void DistContext::AddRecv(int64_t message_id, WorkerId from,
                           const std::vector<at::Tensor>& tensors) {
   MutexLock lock(mu_);
@@ -47,6 +59,24 @@ std::optional<RecvInfo> DistContext::Recv(const at::Tensor& tensor) const {
   MutexLock lock(mu_);
   auto it = recvs_.find(tensor.unsafeGetTensorImpl());
   if (it == recvs_.end()) return std::nullopt;
+  return it->second.second;
+}
+
+std::optional<RecvInfo> DistContext::TakeRecv(const at::Tensor& tensor) {
+  MutexLock lock(mu_);
+  auto it = recvs_.find(tensor.unsafeGetTensorImpl());
+  if (it == recvs_.end()) return std::nullopt;
+  RecvInfo info = it->second.second;
+  taken_recvs_.try_emplace(
+      it->first, c10::weak_intrusive_ptr<c10::TensorImpl>(tensor.getIntrusivePtr()), info.from);
+  recvs_.erase(it);
+  return info;
+}
+
+std::optional<WorkerId> DistContext::RecvTaken(const at::Tensor& tensor) const {
+  MutexLock lock(mu_);
+  auto it = taken_recvs_.find(tensor.unsafeGetTensorImpl());
+  if (it == taken_recvs_.end()) return std::nullopt;
   return it->second.second;
 }
 
@@ -191,10 +221,23 @@ absl::Status ComputeGradients(Agent& agent, const std::vector<at::Tensor>& roots
 // the others accumulate in the context.
 Future<Empty> Deliver(Agent& agent, DistContext& context, const std::vector<at::Tensor>& leaves,
                       const std::vector<at::Tensor>& results, bool retain_graph) {
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    if (!results[i].defined()) continue;
+    if (auto from = context.RecvTaken(leaves[i])) {
+      return Future<Empty>::Ready(absl::FailedPreconditionError(absl::StrCat(
+          "backward on worker '", agent.self().name, "' reached a tensor received from worker '",
+          agent.NameOf(*from), "' whose gradient an earlier pass already sent back, freeing "
+          "its graph there: Trying to backward through the graph a second time (run the "
+          "earlier passes with retain_graph=true)")));
+    }
+  }
   std::map<std::pair<WorkerId, int64_t>, std::vector<at::Tensor>> outgoing;
   for (size_t i = 0; i < leaves.size(); ++i) {
     if (!results[i].defined()) continue;
-    if (auto recv = context.Recv(leaves[i])) {
+    // Without retain_graph no later pass can reach this tensor again: the
+    // context lets go of it (under 1F1B that frees a micro-batch's input
+    // as soon as its backward pass is through).
+    if (auto recv = retain_graph ? context.Recv(leaves[i]) : context.TakeRecv(leaves[i])) {
       auto& grads_out = outgoing[{recv->from, recv->message_id}];
       grads_out.resize(recv->count);
       grads_out[recv->index] = results[i];
@@ -293,7 +336,17 @@ absl::Status RegisterFunctions(Registry& registry) {
           throw std::invalid_argument(
               absl::StrCat("unknown distributed autograd context ", context_id));
         }
-        auto sent = context->Send(message_id);
+        // Without retain_graph the pass frees the graph behind the sent
+        // tensors, and the context lets go of them too.
+        bool taken_before = false;
+        auto sent = retain_graph ? context->Send(message_id)
+                                 : context->TakeSend(message_id, &taken_before);
+        if (!sent && taken_before) {
+          throw std::invalid_argument(absl::StrCat(
+              "gradients for message ", message_id, " of context ", context_id,
+              " came a second time, after the first pass freed its graph: Trying to backward "
+              "through the graph a second time (run the earlier passes with retain_graph=true)"));
+        }
         if (!sent) {
           throw std::invalid_argument(absl::StrCat("context ", context_id,
                                                    " recorded no message ", message_id));

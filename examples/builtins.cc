@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "autograd/dist_autograd.h"
 #include "base/status_util.h"
+#include "models/cnn.h"
 #include "models/mlp.h"
 #include "models/resnet.h"
 #include "optim/distributed_optimizer.h"
@@ -146,6 +147,12 @@ absl::Status RegisterStockStageTypes() {
           o.batchnorm = a.size() > 4 ? a[4].toBool() : false;
           if (o.in <= 0 || o.out <= 0) throw std::invalid_argument("MLPStage: sizes must be positive");
           return models::MakeMLPStage(o).ptr();
+        }));
+    RETURN_IF_ERROR(pipeline::RegisterStageModule<models::SmallCnnImpl>(
+        "SmallCnn", [](const std::vector<c10::IValue>& a, c10::Device) {
+          return std::make_shared<models::SmallCnnImpl>(static_cast<int>(a.at(0).toInt()),
+                                                        static_cast<int>(a.at(1).toInt()),
+                                                        a.size() > 2 ? a[2].toInt() : 0);
         }));
     return pipeline::RegisterStageModule<models::ResNetShardImpl>(
         "ResNetShard", [](const std::vector<c10::IValue>& a, c10::Device device) {

@@ -21,7 +21,8 @@ namespace remora::examples {
 absl::Status RegisterBuiltins(Registry& registry);
 
 // The stock worker's pipeline stage types (pipeline/stage.h): "MLPStage"
-// (in, out, seed, relu, batchnorm) and "ResNetShard" (first, last, seed).
+// (in, out, seed, relu, batchnorm), "SmallCnn" (first, last, seed) and
+// "ResNetShard" (first, last, seed).
 // Registered once per process; later calls return the first result.
 absl::Status RegisterStockStageTypes();
 

@@ -253,7 +253,7 @@ absl::StatusOr<std::vector<int64_t>> Pipeline::peak_activation_bytes(bool reset)
   std::vector<int64_t> out;
   for (auto& f : pending) {
     ASSIGN_OR_RETURN(c10::IValue v, f.wait());
-    out.push_back(v.toIntVector().at(0));
+    out.push_back(v.toInt());
   }
   return out;
 }

@@ -96,8 +96,8 @@ class Pipeline {
   absl::StatusOr<std::vector<at::Tensor>> stage_state(int k);
 
   // Per stage, the peak bytes of saved activations (what its training
-  // forward passes allocated and still held, from each forward pass until
-  // that micro-batch's backward pass started) since the pipeline was
+  // forward passes allocated and were still alive, summed over
+  // micro-batches, as each forward pass ended) since the pipeline was
   // created, or since the last call with `reset`; -1 where the worker runs
   // without remora's caching CPU allocator (REMORA_MALLOC=default).
   absl::StatusOr<std::vector<int64_t>> peak_activation_bytes(bool reset = false);

@@ -86,64 +86,57 @@ c10::IValue MapTensors(const c10::IValue& value, const std::function<at::Tensor(
   return value;
 }
 
-// Saved activations per stage index in this process: the bytes a training
-// forward pass allocated and still held when it returned (its saved
-// tensors and output), counted from then until that micro-batch's backward
-// pass starts; the peak of their sum over micro-batches. Measured with the
-// caching CPU allocator's count of live bytes, so other threads' allocations
-// during a forward pass (messages arriving) add noise; -1 without it.
+// Saved activations per stage index in this process: the bytes that its
+// training forward passes allocated and are still alive (saved tensors,
+// outputs), counted through allocation tags (runtime/allocator.h), summed
+// over micro-batches; the peak of that sum, taken as each forward pass
+// ends (the sum only grows then). -1 without the caching allocator.
 class ActivationMeter {
  public:
   static ActivationMeter& Get() {
-    static ActivationMeter* meter = [] {
-      SetMarkObserver([](const ActionMarkInfo& info) {
-        Get().Release(info.action.stage, info.action.epoch, info.action.micro_batch);
-      });
-      return new ActivationMeter;
-    }();
+    static ActivationMeter* meter = new ActivationMeter;  // never destroyed
     return *meter;
   }
 
-  void Hold(int64_t stage, int64_t epoch, int64_t mb, int64_t bytes) {
+  // A fresh tag for a forward pass of `stage`.
+  int64_t NewTag(int64_t stage) {
     MutexLock lock(mu_);
-    Entry& e = stages_[stage];
-    auto [it, inserted] = e.held.try_emplace({epoch, mb}, bytes);
-    if (!inserted) return;
-    e.live += bytes;
-    e.peak = std::max(e.peak, e.live);
+    const int64_t tag = next_tag_++;
+    stages_[stage].tags.push_back(tag);
+    return tag;
   }
 
-  void Release(int64_t stage, int64_t epoch, int64_t mb) {
+  // Adds up what `stage`'s forward passes still hold; updates the peak.
+  void Sample(int64_t stage) {
     MutexLock lock(mu_);
     Entry& e = stages_[stage];
-    auto it = e.held.find({epoch, mb});
-    if (it == e.held.end()) return;
-    e.live -= it->second;
-    e.held.erase(it);
-  }
-
-  // (peak, live) of `stage`; `reset` starts a new peak from what is live.
-  std::pair<int64_t, int64_t> Read(int64_t stage, bool reset) {
-    MutexLock lock(mu_);
-    Entry& e = stages_[stage];
-    std::pair<int64_t, int64_t> out{e.peak, e.live};
-    if (reset) {
-      // Micro-batches of earlier batches whose backward never came (failed
-      // batches) are dropped with the reset.
-      e.held.clear();
-      e.live = 0;
-      e.peak = 0;
+    int64_t live = 0;
+    std::vector<int64_t> alive;
+    for (int64_t tag : e.tags) {
+      const int64_t b = runtime::TaggedBytes(tag);
+      if (b > 0) alive.push_back(tag);
+      live += b;
     }
-    return out;
+    e.tags = std::move(alive);
+    e.peak = std::max(e.peak, live);
+  }
+
+  // The peak of `stage`; `reset` starts a new one.
+  int64_t Peak(int64_t stage, bool reset) {
+    MutexLock lock(mu_);
+    Entry& e = stages_[stage];
+    const int64_t peak = e.peak;
+    if (reset) e.peak = 0;
+    return peak;
   }
 
  private:
   struct Entry {
-    std::map<std::pair<int64_t, int64_t>, int64_t> held;  // (epoch, mb) -> bytes
-    int64_t live = 0;
+    std::vector<int64_t> tags;  // of forward passes with bytes alive
     int64_t peak = 0;
   };
   absl::Mutex mu_;
+  int64_t next_tag_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int64_t, Entry> stages_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -174,17 +167,17 @@ class Stage {
         turn.emplace();
       }
       trace::Scope scope(train ? "forward" : "eval", mb, trace_label_);
-      const int64_t before = runtime::CpuBytesInUse();
+      const bool metered = train && runtime::CpuBytesInUse() >= 0;
+      std::optional<runtime::ScopedAllocationTag> tag;
+      if (metered) tag.emplace(ActivationMeter::Get().NewTag(index_));
       c10::IValue y = module_->Forward(x);
       // (A TorchScript graph may hand out outputs that require grad even
       // with grad mode off.)
       if (!train) return MapTensors(y, [](const at::Tensor& t) { return t.detach(); });
       const ActionMarkInfo mark{LaneAction{epoch, index_, mb, true}, trace_label_};
       y = MapTensors(y, [&mark](const at::Tensor& t) { return MarkAction(t, mark); });
-      if (before >= 0 && epoch >= 0) {
-        ActivationMeter::Get().Hold(index_, epoch, mb,
-                                    std::max<int64_t>(0, runtime::CpuBytesInUse() - before));
-      }
+      tag.reset();
+      if (metered) ActivationMeter::Get().Sample(index_);
       return y;
     } catch (...) {
       absl::Status s = StatusFromCurrentException(
@@ -323,10 +316,8 @@ absl::Status RegisterFunctions(Registry& registry) {
         }},
        {"activation_bytes",
         [](Hosted& h, CallContext&, const Args& a) -> c10::IValue {
-          if (runtime::CpuBytesInUse() < 0) return c10::List<int64_t>({-1, -1});
-          auto [peak, live] =
-              ActivationMeter::Get().Read(h.stage->index(), a.size() > 0 && a[0].toBool());
-          return c10::List<int64_t>({peak, live});
+          if (runtime::CpuBytesInUse() < 0) return int64_t{-1};
+          return ActivationMeter::Get().Peak(h.stage->index(), a.size() > 0 && a[0].toBool());
         }},
        {"state", [](Hosted& h, CallContext&, const Args&) -> c10::IValue {
           c10::List<at::Tensor> out;

@@ -1,13 +1,9 @@
 #include "runtime/action_mark.h"
 
-#include <atomic>
-
 #include <torch/csrc/autograd/custom_function.h>
 
 namespace remora {
 namespace {
-
-std::atomic<MarkObserver> observer{nullptr};
 
 ActionMarkInfo InfoOf(const torch::autograd::AutogradContext& ctx) {
   const auto& data = ctx.saved_data;
@@ -29,9 +25,8 @@ struct ActionMarkFn : public torch::autograd::Function<ActionMarkFn> {
     ctx->saved_data["label"] = info.stage;
     return x.view_as(x);
   }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
                                                  torch::autograd::variable_list grads) {
-    if (MarkObserver o = observer.load()) o(InfoOf(*ctx));
     return {grads[0], at::Tensor()};
   }
 };
@@ -48,7 +43,5 @@ std::optional<ActionMarkInfo> MarkedAction(const at::Tensor& root) {
   if (node == nullptr) return std::nullopt;
   return InfoOf(node->ctx_);
 }
-
-void SetMarkObserver(MarkObserver o) { observer.store(o); }
 
 }  // namespace remora

@@ -29,10 +29,4 @@ at::Tensor MarkAction(const at::Tensor& output, const ActionMarkInfo& info);
 // The mark directly on `root`'s grad_fn, if it has one.
 std::optional<ActionMarkInfo> MarkedAction(const at::Tensor& root);
 
-// Called (on the backward pass's thread) when a backward pass reaches a
-// mark, i.e. when the marked forward's backward starts. Process-wide; set
-// once, before marks are made (null: none).
-using MarkObserver = void (*)(const ActionMarkInfo& info);
-void SetMarkObserver(MarkObserver observer);
-
 }  // namespace remora

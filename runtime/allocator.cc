@@ -34,6 +34,24 @@ namespace {
 // caching allocator is installed.
 std::atomic<int64_t> bytes_in_use{-1};
 
+// Allocation tags: this thread's current tag, and the bytes alive per tag.
+thread_local int64_t current_tag = -1;
+struct Tags {
+  std::mutex mu;
+  std::unordered_map<int64_t, int64_t> bytes;  // guarded by mu
+};
+Tags& TagTable() {
+  static Tags* tags = new Tags;  // never destroyed
+  return *tags;
+}
+void CountTag(int64_t tag, int64_t delta) {
+  Tags& t = TagTable();
+  std::lock_guard<std::mutex> lock(t.mu);
+  int64_t& b = t.bytes[tag];
+  b += delta;
+  if (b == 0) t.bytes.erase(tag);
+}
+
 // See InstallCachingCpuAllocator. Thread-safe; never destroyed.
 class CachingCpuAllocator final : public c10::Allocator {
  public:
@@ -74,6 +92,8 @@ class CachingCpuAllocator final : public c10::Allocator {
       static_cast<Header*>(base)->owner = this;
     }
     bytes_in_use.fetch_add(static_cast<int64_t>(total), std::memory_order_relaxed);
+    static_cast<Header*>(base)->tag = current_tag;
+    if (current_tag >= 0) CountTag(current_tag, static_cast<int64_t>(total));
     void* data = static_cast<char*>(base) + kHeader;
     return c10::DataPtr(data, data, &Release, c10::Device(c10::DeviceType::CPU));
   }
@@ -83,11 +103,13 @@ class CachingCpuAllocator final : public c10::Allocator {
   struct Header {
     size_t size;  // header included
     const CachingCpuAllocator* owner;
+    int64_t tag;  // the allocating thread's tag, or -1
   };
 
   static void Release(void* data) {
     void* base = static_cast<char*>(data) - kHeader;
     auto* header = static_cast<Header*>(base);
+    if (header->tag >= 0) CountTag(header->tag, -static_cast<int64_t>(header->size));
     header->owner->Free(base, header->size);
   }
 
@@ -124,5 +146,15 @@ void InstallCachingCpuAllocator(size_t max_cached_bytes) {
 }
 
 int64_t CpuBytesInUse() { return bytes_in_use.load(std::memory_order_relaxed); }
+
+ScopedAllocationTag::ScopedAllocationTag(int64_t tag) : previous_(current_tag) { current_tag = tag; }
+ScopedAllocationTag::~ScopedAllocationTag() { current_tag = previous_; }
+
+int64_t TaggedBytes(int64_t tag) {
+  Tags& t = TagTable();
+  std::lock_guard<std::mutex> lock(t.mu);
+  auto it = t.bytes.find(tag);
+  return it == t.bytes.end() ? 0 : it->second;
+}
 
 }  // namespace remora::runtime

@@ -32,4 +32,23 @@ void InstallCachingCpuAllocator(size_t max_cached_bytes = size_t{8} << 30);
 // it is not installed. Thread-safe.
 int64_t CpuBytesInUse();
 
+// Tags the CPU tensors this thread allocates in its scope (through the
+// caching allocator), so that the bytes still alive of what one piece of
+// work allocated can be counted wherever they are freed: a pipeline stage
+// tags a forward pass's allocations to measure its saved activations.
+// Scopes nest; tags are caller-chosen ids >= 0.
+class ScopedAllocationTag {
+ public:
+  explicit ScopedAllocationTag(int64_t tag);
+  ~ScopedAllocationTag();
+  ScopedAllocationTag(const ScopedAllocationTag&) = delete;
+  ScopedAllocationTag& operator=(const ScopedAllocationTag&) = delete;
+
+ private:
+  int64_t previous_;
+};
+
+// Bytes alive now of the allocations made under `tag`. Thread-safe.
+int64_t TaggedBytes(int64_t tag);
+
 }  // namespace remora::runtime

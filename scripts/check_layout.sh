@@ -17,7 +17,7 @@ LAYERS=("base proto"
         "autograd"
         "optim"
         "pipeline"
-        "models launch"
+        "models launch data"
         "examples"
         "tests")
 MAX_LINES=700

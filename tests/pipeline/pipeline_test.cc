@@ -205,9 +205,11 @@ TEST(Pipeline, TorchScriptStagesTrainAndMatchOneProcess) {
 }
 
 // 1F1B holds at most (stages - s) micro-batches' saved activations on stage
-// s; GPipe holds all of them. Measured by the workers' allocators: stage 0
-// at M = 8, S = 2 must hold at most about 2/8 of what GPipe holds (some
-// slack for messages that arrive during a forward pass).
+// s; GPipe holds all of them. Measured by the workers' allocators (bytes a
+// forward pass allocated that are still alive): stage 0 at M = 8, S = 2
+// holds 2 micro-batches' plus, at most, the output of one whose backward
+// pass is through but whose RRef the owner has not yet been told to free:
+// at most 3/8 of what GPipe holds. Here a stage keeps only its ReLU output.
 TEST(Pipeline, OneFOneBBoundsSavedActivationsAndGPipeDoesNot) {
   Workers workers;
   std::map<std::string, std::vector<int64_t>> peaks;
@@ -228,12 +230,12 @@ TEST(Pipeline, OneFOneBBoundsSavedActivationsAndGPipeDoesNot) {
     ASSERT_EQ(p->size(), 2u);
     peaks[schedule] = *p;
   }
-  // Stage 0's forward keeps at least its ReLU output and the Linear output
-  // (64 rows x 1024 floats each, 256 KiB) per micro-batch.
-  EXPECT_GE(peaks["gpipe"][0], 8 * 2 * 64 * 1024 * 4) << "GPipe holds all 8 micro-batches";
-  EXPECT_LE(peaks["1f1b"][0], peaks["gpipe"][0] * 0.3)
+  // Stage 0's forward keeps its ReLU output (64 rows x 1024 floats, 256 KiB)
+  // per micro-batch.
+  EXPECT_GE(peaks["gpipe"][0], 8 * 64 * 1024 * 4) << "GPipe holds all 8 micro-batches";
+  EXPECT_LE(peaks["1f1b"][0], peaks["gpipe"][0] * 3 / 8 + 4096)
       << "1f1b " << peaks["1f1b"][0] << " bytes against gpipe " << peaks["gpipe"][0];
-  EXPECT_LE(peaks["1f1b"][1], peaks["gpipe"][1] * 0.3)
+  EXPECT_LE(peaks["1f1b"][1], peaks["gpipe"][1] * 3 / 8 + 4096)
       << "1f1b " << peaks["1f1b"][1] << " bytes against gpipe " << peaks["gpipe"][1];
 }
 
