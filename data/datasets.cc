@@ -8,7 +8,10 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/arange.h>
+#include <ATen/TensorOperators.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/mean.h>
+#include <ATen/ops/std.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/randperm.h>
 #include <torch/data/datasets/mnist.h>
@@ -123,6 +126,13 @@ absl::StatusOr<Dataset> LoadCifar10(const std::string& dir, bool train) {
     return absl::DataLossError(absl::StrCat("a CIFAR-10 label in ", dir, " is above 9"));
   }
   return Dataset{at::cat(images), y};
+}
+
+void Normalize(Dataset* train, Dataset* test) {
+  const at::Tensor mean = train->images.mean({0, 2, 3}, /*keepdim=*/true);
+  const at::Tensor std = train->images.std({0, 2, 3}, /*unbiased=*/true, /*keepdim=*/true).clamp_min(1e-6);
+  train->images = (train->images - mean) / std;
+  test->images = (test->images - mean) / std;
 }
 
 std::vector<at::Tensor> EpochBatches(int64_t n, int64_t batch_size, bool shuffle, uint64_t seed,

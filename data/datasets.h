@@ -43,6 +43,10 @@ absl::StatusOr<Dataset> LoadIdx(const std::string& dir, bool train, const std::s
 // [N, 3, 32, 32]. A file that is not whole records is an error naming it.
 absl::StatusOr<Dataset> LoadCifar10(const std::string& dir, bool train);
 
+// Normalises both sets per channel with the training set's mean and
+// standard deviation (torchvision's Normalize with the set's own figures).
+void Normalize(Dataset* train, Dataset* test);
+
 // The row indices of each batch of one epoch over `n` rows, `batch_size`
 // rows a batch (the last one may be smaller): a permutation drawn from
 // (seed, epoch) when `shuffle`, else file order.

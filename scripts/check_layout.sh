@@ -11,13 +11,13 @@ cd "${1:-$(dirname "$(readlink -f "$0")")/..}"
 # The layers, bottom up; folders on one line are one layer and must not
 # include each other.
 LAYERS=("base proto"
-        "runtime"
+        "runtime data"
         "channel"
         "rpc"
         "autograd"
         "optim"
         "pipeline"
-        "models launch data"
+        "models launch"
         "examples"
         "tests")
 MAX_LINES=700

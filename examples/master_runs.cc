@@ -1,0 +1,439 @@
+#include "examples/master_runs.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/mse_loss.h>
+#include <ATen/ops/randint.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
+#include <unistd.h>
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <thread>
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "autograd/dist_autograd.h"
+#include "launch/cli.h"
+#include "examples/timeline.h"
+#include "optim/distributed_optimizer.h"
+#include "pipeline/microbatch.h"
+#include "pipeline/pipeline.h"
+#include "pipeline/stage.h"
+#include "channel/devices.h"
+#include "base/status_util.h"
+#include "runtime/allocator.h"
+#include "runtime/threads.h"
+#include "runtime/trace.h"
+#include "examples/builtins.h"
+#include "models/cnn.h"
+#include "models/resnet.h"
+
+namespace remora::master {
+
+
+// Batch b of the run: the same inputs and targets in every mode. The
+// ResNet50 demo: images and one-hot labels (MSE); --model: inputs of
+// --input-shape and class indices (cross-entropy).
+std::pair<at::Tensor, at::Tensor> MakeBatch(const Config& c, int b) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(int64_t{c.seed} * 7919 + b);
+  if (!c.model.empty()) {
+    std::vector<int64_t> shape = {c.batch_size};
+    shape.insert(shape.end(), c.input_shape.begin(), c.input_shape.end());
+    at::Tensor inputs = at::randn(shape, gen, at::TensorOptions());
+    return {inputs, at::randint(c.classes, {c.batch_size}, gen, at::TensorOptions(at::kLong))};
+  }
+  at::Tensor images = at::randn({c.batch_size, 3, c.image_size, c.image_size}, gen, at::TensorOptions());
+  at::Tensor labels = at::randint(kClasses, {c.batch_size, 1}, gen, at::TensorOptions(at::kLong));
+  at::Tensor one_hot = at::zeros({c.batch_size, kClasses}).scatter_(1, labels, 1.0);
+  return {images, one_hot};
+}
+
+pipeline::LossFn Loss(const Config& c) {
+  return c.model.empty() && c.dataset.empty() ? pipeline::MseLoss() : pipeline::CrossEntropyLoss();
+}
+
+void PrintBatch(int b, double loss, double seconds) {
+  std::printf("batch=%d loss=%.6f seconds=%.3f\n", b, loss, seconds);
+  std::fflush(stdout);
+}
+
+absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const Config& c, int splits) {
+  const c10::Device device(c.device);
+  std::vector<std::unique_ptr<pipeline::StageModule>> stages;
+  try {
+    if (!c.dataset.empty() && c.model.empty()) {
+      auto cnn = std::make_shared<models::SmallCnnImpl>(0, models::kSmallCnnBlocks, c.seed);
+      cnn->to(device);
+      stages.push_back(pipeline::WrapModule(std::move(cnn)));
+    } else if (c.model.empty()) {
+      stages.push_back(pipeline::WrapModule(
+          std::make_shared<models::ResNetShardImpl>(0, models::kResNetBlocks, c.seed, device)));
+    }
+  } catch (...) {
+    return StatusFromCurrentException("building the model");
+  }
+  for (const auto& spec : c.scripts) {
+    ASSIGN_OR_RETURN(auto stage, pipeline::LoadScriptStage(spec.script, spec.name, device));
+    stages.push_back(std::move(stage));
+  }
+  return std::unique_ptr<LocalTrainer>(new LocalTrainer(c, splits, std::move(stages)));
+}
+
+LocalTrainer::LocalTrainer(const Config& c, int splits,
+                           std::vector<std::unique_ptr<pipeline::StageModule>> stages)
+    : c_(c), run_(splits), device_(c.device), stages_(std::move(stages)), loss_(Loss(c)),
+      start_(trace::NowUs()) {
+  std::vector<at::Tensor> params;
+  for (auto& stage : stages_) {
+    for (const at::Tensor& p : stage->Parameters()) params.push_back(p);
+  }
+  const optim::OptimizerOptions o = OptimizerOf(c);
+  if (o.kind == optim::OptimizerOptions::Kind::kAdam) {
+    opt_ = std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(o.lr));
+  } else {
+    opt_ = std::make_unique<torch::optim::SGD>(params,
+                                               torch::optim::SGDOptions(o.lr).momentum(o.momentum));
+  }
+}
+
+absl::StatusOr<double> LocalTrainer::Train(const at::Tensor& cpu_x, const at::Tensor& cpu_y,
+                                           bool record) {
+  at::Tensor x = cpu_x.to(device_), y = cpu_y.to(device_);
+  for (auto& stage : stages_) stage->Train(true);
+  opt_->zero_grad();
+  double loss = 0;
+  ASSIGN_OR_RETURN(auto xs, pipeline::SplitMicroBatches(x, run_.splits));
+  ASSIGN_OR_RETURN(auto ts, pipeline::SplitMicroBatches(y, run_.splits));
+  try {
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const int64_t f0 = trace::NowUs();
+      c10::IValue out = xs[i];
+      for (auto& stage : stages_) out = stage->Forward(out);
+      const int64_t f1 = trace::NowUs();
+      at::Tensor l = loss_(out, ts[i]) * (double(xs[i].toTensor().size(0)) / x.size(0));
+      l.backward();
+      if (record) {
+        run_.slices.push_back({0, "forward", int64_t(i), f0 - start_, f1 - start_, ""});
+        run_.slices.push_back({0, "backward", int64_t(i), f1 - start_, trace::NowUs() - start_, ""});
+      }
+      loss += l.item<double>();
+    }
+  } catch (...) {
+    return StatusFromCurrentException("local training");
+  }
+  const int64_t s0 = trace::NowUs();
+  opt_->step();
+  if (record) run_.slices.push_back({0, "step", -1, s0 - start_, trace::NowUs() - start_, ""});
+  return loss;
+}
+
+absl::StatusOr<at::Tensor> LocalTrainer::Eval(const at::Tensor& x) {
+  at::NoGradGuard no_grad;
+  c10::IValue out = x.to(device_);
+  try {
+    for (auto& stage : stages_) stage->Train(false);
+    for (auto& stage : stages_) out = stage->Forward(out);
+  } catch (...) {
+    return StatusFromCurrentException("local evaluation");
+  }
+  return out.toTensor().cpu();
+}
+
+absl::Status LocalTrainer::Step(int b, const char* prefix) {
+  auto [inputs, targets] = MakeBatch(c_, b);
+  const int64_t t0 = trace::NowUs();
+  ASSIGN_OR_RETURN(double loss, Train(inputs, targets, /*record=*/true));
+  const double seconds = (trace::NowUs() - t0) / 1e6;
+  run_.seconds += seconds;
+  run_.batch_seconds.push_back(seconds);
+  run_.losses.push_back(loss);
+  std::printf("%s", prefix);
+  PrintBatch(b, loss, seconds);
+  return absl::OkStatus();
+}
+
+optim::OptimizerOptions OptimizerOf(const Config& c) {
+  if (c.optimizer == "adam") return optim::OptimizerOptions::Adam(c.lr);
+  const bool demo = c.dataset.empty() && c.model.empty();
+  return optim::OptimizerOptions::SGD(c.lr).set_momentum(demo ? 0.0 : c.momentum);
+}
+
+absl::StatusOr<std::pair<data::Dataset, data::Dataset>> LoadDataset(const Config& c) {
+  std::string kind = c.dataset, dir;
+  if (c.dataset == "fashion-mnist") {
+    kind = "idx";
+    dir = data::kFashionMnistDir;
+  } else if (auto colon = c.dataset.find(':'); colon != std::string::npos) {
+    kind = c.dataset.substr(0, colon);
+    dir = c.dataset.substr(colon + 1);
+  }
+  std::pair<data::Dataset, data::Dataset> sets;
+  if (kind == "idx") {
+    ASSIGN_OR_RETURN(sets.first, data::LoadIdx(dir, true, c.data_cache));
+    ASSIGN_OR_RETURN(sets.second, data::LoadIdx(dir, false, c.data_cache));
+  } else if (kind == "cifar10") {
+    ASSIGN_OR_RETURN(sets.first, data::LoadCifar10(dir, true));
+    ASSIGN_OR_RETURN(sets.second, data::LoadCifar10(dir, false));
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--dataset wants fashion-mnist, idx:DIR or cifar10:DIR; got '", c.dataset, "'"));
+  }
+  data::Normalize(&sets.first, &sets.second);
+  return sets;
+}
+
+std::vector<pipeline::StageSpec> SmallCnnStages(const Config& c) {
+  const int n = static_cast<int>(c.workers.size());
+  std::vector<pipeline::StageSpec> out;
+  for (int k = 0; k < n; ++k) {
+    const int64_t first = models::kSmallCnnBlocks * k / n, last = models::kSmallCnnBlocks * (k + 1) / n;
+    out.push_back(pipeline::StageSpec::Registered("SmallCnn", {first, last, int64_t{c.seed}}));
+  }
+  return out;
+}
+
+namespace {
+
+pipeline::FitOptions FitOptionsOf(const Config& c, int splits) {
+  pipeline::FitOptions f;
+  f.epochs = c.epochs;
+  f.batch_size = c.batch_size;
+  f.min_batch_rows = splits;
+  f.shuffle = c.shuffle;
+  f.seed = static_cast<uint64_t>(c.seed);
+  f.progress_bar = isatty(fileno(stdout));
+  return f;
+}
+
+}  // namespace
+
+absl::StatusOr<Run> FitLocal(const Config& c, int splits, const data::Dataset& train,
+                             const data::Dataset& test) {
+  ASSIGN_OR_RETURN(auto trainer, LocalTrainer::Create(c, splits));
+  ASSIGN_OR_RETURN(
+      auto epochs,
+      pipeline::Fit([&](const at::Tensor& x, const at::Tensor& y) { return trainer->Train(x, y); },
+                    [&](const at::Tensor& x) { return trainer->Eval(x); }, train, test,
+                    FitOptionsOf(c, splits), std::cout));
+  Run run(splits);
+  run.epochs = std::move(epochs);
+  for (const auto& e : run.epochs) run.seconds += e.seconds;
+  return run;
+}
+
+absl::StatusOr<Run> FitPipeline(Agent& agent, const Config& c,
+                                const std::vector<pipeline::StageSpec>& stages, int splits,
+                                const data::Dataset& train, const data::Dataset& test) {
+  pipeline::PipelineOptions o;
+  o.stages = stages;
+  o.workers = c.workers;
+  o.schedule = c.schedule;
+  o.micro_batches = splits;
+  o.loss = Loss(c);
+  o.optimizer = OptimizerOf(c);
+  ASSIGN_OR_RETURN(auto pipe, pipeline::Pipeline::Create(agent, std::move(o)));
+  std::printf("  schedule %s: %d stages over %zu workers\n", pipe->schedule().name.c_str(),
+              pipe->num_stages(), c.workers.size());
+  ASSIGN_OR_RETURN(
+      auto epochs,
+      pipeline::Fit([&](const at::Tensor& x, const at::Tensor& y) { return pipe->train_step(x, y); },
+                    [&](const at::Tensor& x) -> absl::StatusOr<at::Tensor> {
+                      ASSIGN_OR_RETURN(c10::IValue out, pipe->eval_step(x));
+                      return out.toTensor();
+                    },
+                    train, test, FitOptionsOf(c, splits), std::cout));
+  Run run(splits);
+  run.schedule = pipe->schedule().name;
+  run.epochs = std::move(epochs);
+  for (const auto& e : run.epochs) run.seconds += e.seconds;
+  ASSIGN_OR_RETURN(run.peak_activation_bytes, pipe->peak_activation_bytes());
+  return run;
+}
+
+absl::StatusOr<Run> TrainLocal(const Config& c, int splits) {
+  ASSIGN_OR_RETURN(auto trainer, LocalTrainer::Create(c, splits));
+  for (int b = 0; b < c.batches; ++b) RETURN_IF_ERROR(trainer->Step(b));
+  return std::move(trainer->run());
+}
+
+absl::StatusOr<std::vector<int>> Partition(Agent& agent, const Config& c) {
+  if (c.partition == "tutorial") return models::TutorialSplit();
+  int max_splits = *std::max_element(c.splits.begin(), c.splits.end());
+  const int64_t probe = std::max<int64_t>(1, std::min<int64_t>(16, c.batch_size / max_splits));
+  // Every worker times every block at once: in the pipeline the stages run
+  // side by side and share the machine's memory bandwidth and caches, and
+  // blocks suffer from that unequally (timed alone on one worker, the split
+  // came out up to 9% off the stages' busy times in the trace).
+  std::cout << "measuring per-block cost (forward + backward, " << probe << " images of "
+            << c.image_size << "x" << c.image_size << ") on " << absl::StrJoin(c.workers, ", ")
+            << " at once ..." << std::endl;
+  std::vector<Future<c10::IValue>> pending;
+  for (const auto& w : c.workers) {
+    pending.push_back(agent.rpc_async(w, "resnet.block_costs", {probe, int64_t{c.image_size}},
+                                      CallOptions{absl::Minutes(10)}));
+  }
+  std::vector<double> v;
+  for (auto& f : pending) {
+    auto costs = f.wait();
+    if (!costs.ok()) return costs.status();
+    std::vector<double> mine = costs->toDoubleVector();
+    if (v.empty()) v.assign(mine.size(), 0.0);
+    if (mine.size() != v.size()) return absl::InternalError("workers measured different block counts");
+    for (size_t i = 0; i < v.size(); ++i) v[i] += mine[i] / c.workers.size();
+  }
+  const int n = static_cast<int>(c.workers.size());
+  std::vector<int> bounds = models::InterleavedSplit(v, n, c.interleave, max_splits);
+  double total = 0;
+  for (double x : v) total += x;
+  for (int w = 0; w < n; ++w) {
+    double part = 0;
+    std::vector<std::string> ranges;
+    for (int k = w; k + 1 < static_cast<int>(bounds.size()); k += n) {
+      for (int b = bounds[k]; b < bounds[k + 1]; ++b) part += v[b];
+      ranges.push_back(absl::StrFormat("[%2d, %2d)", bounds[k], bounds[k + 1]));
+    }
+    std::printf("  %-10s blocks %s  %5.1f%% of the measured cost\n", c.workers[w].c_str(),
+                absl::StrJoin(ranges, " + ").c_str(), 100.0 * part / total);
+  }
+  return bounds;
+}
+
+absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
+                                  const std::vector<pipeline::StageSpec>& stages, int splits,
+                                  bool traced,
+                                  const std::function<void(int)>& after_batch) {
+  Run run(splits);
+  // Stage k lives on worker k mod n.
+  pipeline::PipelineOptions o;
+  o.stages = stages;
+  o.workers = c.workers;
+  o.schedule = c.schedule;
+  o.micro_batches = splits;
+  o.loss = Loss(c);
+  o.optimizer = OptimizerOf(c);
+  ASSIGN_OR_RETURN(auto pipe, pipeline::Pipeline::Create(agent, std::move(o)));
+  std::printf("  schedule %s: %d stages over %zu workers\n", pipe->schedule().name.c_str(),
+              pipe->num_stages(), c.workers.size());
+  run.schedule = pipe->schedule().name;
+  for (const auto& w : c.workers) {
+    agent.rpc_sync(w, "trace_enable", {traced}).IgnoreError();
+    agent.rpc_sync(w, "trace_collect").IgnoreError();  // drop older slices
+  }
+  const int64_t start = trace::NowUs();
+  std::vector<std::pair<int64_t, int64_t>> paused;  // after_batch's windows
+  for (int b = 0; b < c.batches; ++b) {
+    auto [images, one_hot] = MakeBatch(c, b);
+    const int64_t t0 = trace::NowUs();
+    ASSIGN_OR_RETURN(double loss, pipe->train_step(images, one_hot));
+    const double seconds = (trace::NowUs() - t0) / 1e6;
+    run.seconds += seconds;
+    run.batch_seconds.push_back(seconds);
+    run.losses.push_back(loss);
+    PrintBatch(b, loss, seconds);
+    if (after_batch) {
+      const int64_t p0 = trace::NowUs();
+      after_batch(b);
+      paused.emplace_back(p0, trace::NowUs());
+    }
+  }
+  ASSIGN_OR_RETURN(run.peak_activation_bytes, pipe->peak_activation_bytes());
+  for (size_t k = 0; k < run.peak_activation_bytes.size(); ++k) {
+    std::printf("  stage %zu on %s: peak saved activations %.1f MiB\n", k,
+                c.workers[k % c.workers.size()].c_str(), run.peak_activation_bytes[k] / 1048576.0);
+  }
+  if (traced) {
+    for (size_t w = 0; w < c.workers.size(); ++w) {
+      auto slices = agent.rpc_sync(c.workers[w], "trace_collect");
+      agent.rpc_sync(c.workers[w], "trace_enable", {false}).IgnoreError();
+      if (!slices.ok()) return slices.status();
+      for (const c10::IValue& s : slices->toListRef()) {
+        const c10::ArrayRef<c10::IValue> t = s.toTupleRef().elements().asArrayRef();
+        // The timeline leaves out the windows where after_batch ran.
+        int64_t skipped = 0;
+        for (const auto& [p0, p1] : paused) {
+          if (p1 <= t[2].toInt()) skipped += p1 - p0;
+        }
+        run.slices.push_back({static_cast<int>(w), t[0].toStringRef(), t[1].toInt(),
+                              t[2].toInt() - start - skipped, t[3].toInt() - start - skipped,
+                              t.size() > 4 ? t[4].toStringRef() : std::string()});
+      }
+    }
+  }
+  return run;
+}
+
+// The steady-state batch time: the median of the batches after the first
+// (the first warms up allocators and caches); the only batch when one ran.
+double Images(const Run& r, const Config& c) {
+  if (r.epochs.empty()) return static_cast<double>(c.batches) * c.batch_size;
+  double n = 0;
+  for (const auto& e : r.epochs) n += e.images;
+  return n;
+}
+
+double SteadySeconds(const Run& r) {
+  std::vector<double> v(r.batch_seconds.begin() + (r.batch_seconds.size() > 1 ? 1 : 0),
+                        r.batch_seconds.end());
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+void PrintSummary(const std::vector<Run>& runs, const Config& c) {
+  std::printf("\n%8s %12s %10s %14s %18s %9s\n", "splits", "schedule", "seconds",
+              "steady_batch_s", "images_per_second", "speedup");
+  for (const Run& r : runs) {
+    std::printf("%8d %12s %10.3f %14.3f %18.2f %8.2fx\n", r.splits, r.schedule.c_str(), r.seconds,
+                SteadySeconds(r), Images(r, c) / r.seconds, runs[0].seconds / r.seconds);
+  }
+}
+
+absl::Status WriteReport(const std::string& path, bool local, const std::vector<Run>& runs,
+                         const Config& c) {
+  std::ofstream out(path);
+  if (!out) return absl::InvalidArgumentError(absl::StrCat("cannot write --report ", path));
+  out << "{\"mode\": \"" << (local ? "local" : "pipeline") << "\", \"runs\": [";
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const Run& r = runs[i];
+    std::vector<std::string> losses;
+    for (double l : r.losses) losses.push_back(absl::StrFormat("%.9g", l));
+    std::vector<std::string> batch_seconds;
+    for (double b : r.batch_seconds) batch_seconds.push_back(absl::StrFormat("%.6f", b));
+    out << (i ? ", " : "") << "{\"splits\": " << r.splits << ", \"schedule\": \"" << r.schedule
+        << "\", \"seconds\": " << absl::StrFormat("%.6f", r.seconds)
+        << ", \"steady_batch_seconds\": " << absl::StrFormat("%.6f", SteadySeconds(r))
+        << ", \"images_per_second\": "
+        << absl::StrFormat("%.4f", Images(r, c) / r.seconds) << ", \"batch_seconds\": ["
+        << absl::StrJoin(batch_seconds, ", ") << "], \"losses\": ["
+        << absl::StrJoin(losses, ", ") << "], \"stages\": [";
+    for (size_t k = 0; k < r.peak_activation_bytes.size(); ++k) {
+      out << (k ? ", " : "") << "{\"stage\": " << k << ", \"worker\": \""
+          << c.workers[k % c.workers.size()] << "\", \"peak_activation_bytes\": "
+          << r.peak_activation_bytes[k] << "}";
+    }
+    out << "], \"epochs\": [";
+    for (size_t e = 0; e < r.epochs.size(); ++e) {
+      const auto& x = r.epochs[e];
+      out << (e ? ", " : "") << "{\"epoch\": " << x.epoch << ", \"train_loss\": "
+          << absl::StrFormat("%.6f", x.train_loss) << ", \"test_accuracy\": "
+          << absl::StrFormat("%.6f", x.test_accuracy) << ", \"seconds\": "
+          << absl::StrFormat("%.3f", x.seconds) << "}";
+    }
+    out << "]}";
+  }
+  out << "]}\n";
+  return out.good() ? absl::OkStatus() : absl::DataLossError("writing the report failed");
+}
+
+}  // namespace remora::master

@@ -1,0 +1,137 @@
+// The master program's training runs: the ResNet50 demo, TorchScript
+// stages (--model) and datasets (--dataset), as a pipeline over workers or
+// in this process (--local), with their figures and reports. master.cc
+// holds the command line; this holds what it runs.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/optim/optimizer.h>
+
+#include "absl/status/statusor.h"
+#include "base/status_util.h"
+#include "pipeline/microbatch.h"
+#include "pipeline/stage.h"
+#include "runtime/trace.h"
+#include "data/datasets.h"
+#include "models/resnet.h"
+#include "optim/distributed_optimizer.h"
+#include "examples/timeline.h"
+#include "pipeline/fit.h"
+#include "pipeline/pipeline.h"
+#include "rpc/agent.h"
+
+namespace remora::master {
+
+constexpr int64_t kClasses = 1000;
+
+struct Config {
+  std::vector<std::string> workers;
+  std::string listen;
+  std::vector<int> splits;
+  int batches = 3;
+  int batch_size = 120;
+  int image_size = 128;
+  double lr = 0.05;
+  int seed = 0;
+  std::string partition = "balanced";
+  int interleave = 0;  // stages per worker; 0: 2 with balanced, 1 with tutorial
+  std::string schedule = "auto";  // pipeline/schedule.h
+  int threads = 0;
+  bool local = false;
+  bool compare_local = false;
+  std::string report, trace, timeline;
+  int connect_timeout = 60;
+  std::string device = "cpu";  // --local and --compare-local train here
+  // --model: TorchScript stages trained on random data of this shape.
+  std::string model;
+  std::vector<int64_t> input_shape = {3, 32, 32};
+  int classes = 10;
+  std::vector<pipeline::StageSpec> scripts;  // read from --model
+  // --dataset: epochs over a real dataset, the test accuracy after each.
+  std::string dataset;     // fashion-mnist, idx:DIR or cifar10:DIR
+  std::string data_cache;  // where gzipped IDX files are decompressed
+  int epochs = 3;
+  bool shuffle = true;
+  std::string optimizer = "sgd";  // or adam
+  double momentum = 0.9;          // SGD's, with --dataset and --model
+};
+
+struct Run {
+  explicit Run(int s) : splits(s) {}
+  int splits = 0;
+  std::string schedule = "local";
+  double seconds = 0;
+  std::vector<double> batch_seconds;  // every batch's
+  std::vector<double> losses;
+  std::vector<int64_t> peak_activation_bytes;  // per stage; pipeline runs only
+  std::vector<pipeline::EpochResult> epochs;   // --dataset runs
+  std::vector<cli::TimelineSlice> slices;
+};
+
+// Batch b of the ResNet50 demo or --model runs: the same in every mode.
+std::pair<at::Tensor, at::Tensor> MakeBatch(const Config& c, int b);
+pipeline::LossFn Loss(const Config& c);
+void PrintBatch(int b, double loss, double seconds);
+
+// Training in this process alone (--local, --compare-local), with the
+// stages the pipeline would run, one after the other. Owns its model and
+// optimizer; not thread-safe.
+class LocalTrainer {
+ public:
+  static absl::StatusOr<std::unique_ptr<LocalTrainer>> Create(const Config& c, int splits);
+
+  // Trains batch b of the demo or --model run and prints its line (after
+  // `prefix`).
+  absl::Status Step(int b, const char* prefix = "");
+  // One step on (x, y) in `splits` micro-batches; returns the batch's loss.
+  absl::StatusOr<double> Train(const at::Tensor& x, const at::Tensor& y, bool record = false);
+  // The model's outputs for x, in eval mode without gradients.
+  absl::StatusOr<at::Tensor> Eval(const at::Tensor& x);
+
+  Run& run() { return run_; }
+
+ private:
+  LocalTrainer(const Config& c, int splits, std::vector<std::unique_ptr<pipeline::StageModule>> stages);
+
+  const Config& c_;
+  Run run_;
+  const c10::Device device_;
+  std::vector<std::unique_ptr<pipeline::StageModule>> stages_;
+  pipeline::LossFn loss_;
+  std::unique_ptr<torch::optim::Optimizer> opt_;
+  const int64_t start_;
+};
+
+absl::StatusOr<Run> TrainLocal(const Config& c, int splits);
+
+// The optimizer of a run: SGD with --momentum (the demo: none) or Adam.
+optim::OptimizerOptions OptimizerOf(const Config& c);
+
+// --dataset's training and test sets.
+absl::StatusOr<std::pair<data::Dataset, data::Dataset>> LoadDataset(const Config& c);
+// The small CNN's blocks split into one contiguous stage per worker.
+std::vector<pipeline::StageSpec> SmallCnnStages(const Config& c);
+// Epochs over the dataset, in this process or as a pipeline of `stages`.
+absl::StatusOr<Run> FitLocal(const Config& c, int splits, const data::Dataset& train,
+                             const data::Dataset& test);
+absl::StatusOr<Run> FitPipeline(Agent& agent, const Config& c,
+                                const std::vector<pipeline::StageSpec>& stages, int splits,
+                                const data::Dataset& train, const data::Dataset& test);
+// ResNet50's stage boundaries (block indices) for the workers.
+absl::StatusOr<std::vector<int>> Partition(Agent& agent, const Config& c);
+// `after_batch` (if set) runs after each batch, outside its timing.
+absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
+                                  const std::vector<pipeline::StageSpec>& stages, int splits,
+                                  bool traced, const std::function<void(int)>& after_batch = nullptr);
+double SteadySeconds(const Run& r);
+// Images a run trained.
+double Images(const Run& r, const Config& c);
+void PrintSummary(const std::vector<Run>& runs, const Config& c);
+absl::Status WriteReport(const std::string& path, bool local, const std::vector<Run>& runs,
+                         const Config& c);
+
+}  // namespace remora::master

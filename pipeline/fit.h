@@ -1,0 +1,65 @@
+// Fit: epochs of training over a dataset in memory, with the test set's
+// accuracy after every epoch and progress output, for any training and
+// evaluation step (a pipeline's train_step and eval_step, or training in
+// one process).
+//
+//   auto epochs = pipeline::Fit(
+//       [&](const at::Tensor& x, const at::Tensor& y) { return pipe->train_step(x, y); },
+//       [&](const at::Tensor& x) -> absl::StatusOr<at::Tensor> {
+//         ASSIGN_OR_RETURN(c10::IValue out, pipe->eval_step(x));
+//         return out.toTensor();
+//       },
+//       train, test, options, std::cout);
+//
+// Thread-safety: runs on the calling thread; the steps are called from it.
+#pragma once
+
+#include <functional>
+#include <ostream>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/statusor.h"
+#include "data/datasets.h"
+
+namespace remora::pipeline {
+
+struct FitOptions {
+  int epochs = 3;
+  int64_t batch_size = 64;
+  // A last batch with fewer rows is dropped (a pipeline needs at least one
+  // row per micro-batch).
+  int64_t min_batch_rows = 1;
+  bool shuffle = true;  // a permutation per epoch from (seed, epoch); else file order
+  uint64_t seed = 0;
+  int64_t eval_batch_size = 1000;
+  // A progress line redrawn in place (for a terminal); otherwise a plain
+  // line every tenth of an epoch.
+  bool progress_bar = false;
+};
+
+struct EpochResult {
+  int epoch = 0;             // from 1
+  double train_loss = 0;     // mean over the epoch's batches
+  double test_accuracy = 0;  // fraction of the test set classified right
+  double seconds = 0;        // training time of the epoch (evaluation not included)
+  int64_t images = 0;        // trained
+};
+
+using TrainStep = std::function<absl::StatusOr<double>(const at::Tensor& x, const at::Tensor& y)>;
+using EvalStep = std::function<absl::StatusOr<at::Tensor>(const at::Tensor& x)>;  // logits [N, C]
+
+// Trains `options.epochs` epochs over `train`, evaluating on `test` after
+// each; prints the progress and one line per epoch
+// ("epoch=E train_loss=L test_accuracy=A seconds=S images_per_second=I")
+// to `out`. An error names the epoch and batch it happened in.
+absl::StatusOr<std::vector<EpochResult>> Fit(const TrainStep& train_step, const EvalStep& eval_step,
+                                             const data::Dataset& train, const data::Dataset& test,
+                                             const FitOptions& options, std::ostream& out);
+
+// The fraction of `set` whose argmax of `eval_step`'s logits is its label.
+absl::StatusOr<double> Accuracy(const EvalStep& eval_step, const data::Dataset& set,
+                                int64_t batch_size);
+
+}  // namespace remora::pipeline
