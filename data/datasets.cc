@@ -2,7 +2,6 @@
 
 #include <zlib.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -14,7 +13,6 @@
 #include <ATen/ops/std.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/randperm.h>
-#include <torch/data/datasets/mnist.h>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_util.h"
@@ -24,74 +22,85 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// `gz` decompressed to `out` (written to a temporary name, then renamed, so
-// that a half-written file is never taken for a whole one).
-absl::Status Gunzip(const std::string& gz, const std::string& out) {
+}  // namespace
+
+namespace {
+
+// The bytes of `path`, or of `path`.gz decompressed.
+absl::StatusOr<std::string> ReadMaybeGz(const std::string& path) {
+  std::error_code ec;
+  if (fs::exists(path, ec)) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return absl::PermissionDeniedError(absl::StrCat("cannot read ", path));
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  const std::string gz = path + ".gz";
+  if (!fs::exists(gz, ec)) return absl::NotFoundError(gz);
   gzFile in = gzopen(gz.c_str(), "rb");
   if (in == nullptr) return absl::NotFoundError(absl::StrCat("cannot open ", gz));
-  const std::string tmp = out + ".part";
-  std::ofstream o(tmp, std::ios::binary);
-  if (!o) {
-    gzclose(in);
-    return absl::PermissionDeniedError(absl::StrCat("cannot write ", tmp, " (is the cache directory writable?)"));
-  }
+  std::string out;
   char buf[1 << 16];
   int n;
-  while ((n = gzread(in, buf, sizeof(buf))) > 0) o.write(buf, n);
-  const bool failed = n < 0;
+  while ((n = gzread(in, buf, sizeof(buf))) > 0) out.append(buf, n);
   gzclose(in);
-  o.close();
-  if (failed || !o) {
-    std::remove(tmp.c_str());
-    return absl::DataLossError(absl::StrCat("decompressing ", gz, " failed (a damaged file?)"));
+  if (n < 0) return absl::DataLossError(absl::StrCat("decompressing ", gz, " failed (a damaged file?)"));
+  return out;
+}
+
+uint32_t BigEndian(const std::string& b, size_t at) {
+  return (uint32_t(uint8_t(b[at])) << 24) | (uint32_t(uint8_t(b[at + 1])) << 16) |
+         (uint32_t(uint8_t(b[at + 2])) << 8) | uint32_t(uint8_t(b[at + 3]));
+}
+
+// An IDX file of unsigned bytes with `dims` dimensions: its sizes, checked
+// against the file's length.
+absl::StatusOr<std::vector<int64_t>> IdxSizes(const std::string& b, int dims, const std::string& name) {
+  const size_t header = 4 + 4 * dims;
+  if (b.size() < header || BigEndian(b, 0) != static_cast<uint32_t>(0x0800 + dims)) {
+    return absl::DataLossError(absl::StrCat(name, " is not an IDX file of unsigned bytes with ", dims,
+                                            " dimensions (wrong magic number)"));
   }
-  std::error_code ec;
-  fs::rename(tmp, out, ec);
-  if (ec) return absl::InternalError(absl::StrCat("renaming ", tmp, ": ", ec.message()));
-  return absl::OkStatus();
+  std::vector<int64_t> sizes;
+  int64_t count = 1;
+  for (int d = 0; d < dims; ++d) {
+    sizes.push_back(BigEndian(b, 4 + 4 * d));
+    count *= sizes.back();
+  }
+  if (b.size() != header + static_cast<size_t>(count)) {
+    return absl::DataLossError(absl::StrCat(name, " holds ", b.size() - header, " bytes of data, its header says ",
+                                            count, " (a truncated file?)"));
+  }
+  return sizes;
 }
 
 }  // namespace
 
-absl::StatusOr<Dataset> LoadIdx(const std::string& dir, bool train, const std::string& cache_dir) {
+absl::StatusOr<Dataset> LoadIdx(const std::string& dir, bool train) {
   const std::string prefix = train ? "train" : "t10k";
-  const std::vector<std::string> names = {prefix + "-images-idx3-ubyte", prefix + "-labels-idx1-ubyte"};
-  // The reader wants both plain files in one directory: `dir` itself when
-  // they are there, else `cache_dir`, filled from the .gz files.
-  std::string root = dir;
-  std::error_code ec;
-  for (const auto& name : names) {
-    if (fs::exists(fs::path(dir) / name, ec)) continue;
-    const std::string gz = (fs::path(dir) / (name + ".gz")).string();
-    if (!fs::exists(gz, ec)) {
+  std::string bytes[2];
+  const std::string names[2] = {prefix + "-images-idx3-ubyte", prefix + "-labels-idx1-ubyte"};
+  for (int i = 0; i < 2; ++i) {
+    auto read = ReadMaybeGz((fs::path(dir) / names[i]).string());
+    if (absl::IsNotFound(read.status())) {
       return absl::NotFoundError(absl::StrCat(
-          "no ", name, " or ", name, ".gz in ", dir,
+          "no ", names[i], " or ", names[i], ".gz in ", dir,
           " (for Fashion-MNIST: apt-get install dataset-fashion-mnist, which puts it in ",
           kFashionMnistDir, ")"));
     }
-    root = cache_dir;
+    if (!read.ok()) return read.status();
+    bytes[i] = std::move(*read);
   }
-  if (root != dir) {
-    fs::create_directories(cache_dir, ec);
-    for (const auto& name : names) {
-      const std::string plain = (fs::path(cache_dir) / name).string();
-      if (fs::exists(plain, ec)) continue;
-      const fs::path src = fs::path(dir) / name;
-      if (fs::exists(src, ec)) {
-        fs::copy_file(src, plain, ec);
-        if (ec) return absl::InternalError(absl::StrCat("copying ", src.string(), ": ", ec.message()));
-      } else {
-        RETURN_IF_ERROR(Gunzip(src.string() + ".gz", plain));
-      }
-    }
+  ASSIGN_OR_RETURN(std::vector<int64_t> image_sizes, IdxSizes(bytes[0], 3, names[0]));
+  ASSIGN_OR_RETURN(std::vector<int64_t> label_sizes, IdxSizes(bytes[1], 1, names[1]));
+  if (image_sizes[0] != label_sizes[0]) {
+    return absl::DataLossError(absl::StrCat(dir, ": ", image_sizes[0], " images but ", label_sizes[0], " labels"));
   }
-  try {
-    torch::data::datasets::MNIST mnist(root, train ? torch::data::datasets::MNIST::Mode::kTrain
-                                                   : torch::data::datasets::MNIST::Mode::kTest);
-    return Dataset{mnist.images(), mnist.targets()};
-  } catch (...) {
-    return StatusFromCurrentException(absl::StrCat("reading the IDX files in ", root));
-  }
+  const int64_t n = image_sizes[0];
+  at::Tensor images = at::from_blob(bytes[0].data() + 16, {n, 1, image_sizes[1], image_sizes[2]}, at::kByte)
+                          .to(at::kFloat)
+                          .div_(255.0);
+  at::Tensor labels = at::from_blob(bytes[1].data() + 8, {n}, at::kByte).to(at::kLong);
+  return Dataset{images, labels};
 }
 
 absl::StatusOr<Dataset> LoadCifar10(const std::string& dir, bool train) {

@@ -1,9 +1,10 @@
 // Datasets for training and evaluation, in memory: Fashion-MNIST and MNIST
-// (IDX files, read by LibTorch's torch::data MNIST reader) and CIFAR-10
-// (its binary format), plus the order batches are drawn in.
+// (IDX files, plain or gzipped, of any size: LibTorch's torch::data MNIST
+// reader wants exactly 60,000 and 10,000 images and no .gz; a test checks
+// that both read Fashion-MNIST alike) and CIFAR-10 (its binary format),
+// plus the order batches are drawn in.
 //
-//   auto train = data::LoadIdx("/usr/share/datasets/fashion-mnist", /*train=*/true,
-//                              "build/data").value();
+//   auto train = data::LoadIdx("/usr/share/datasets/fashion-mnist", /*train=*/true).value();
 //   for (const at::Tensor& rows : data::EpochBatches(train.size(), 64, true, seed, epoch)) {
 //     at::Tensor x = train.images.index_select(0, rows), y = train.labels.index_select(0, rows);
 //     ...
@@ -33,9 +34,9 @@ inline constexpr char kFashionMnistDir[] = "/usr/share/datasets/fashion-mnist";
 // The training or test half of an IDX dataset (Fashion-MNIST, MNIST) in
 // `dir`: train-images-idx3-ubyte, train-labels-idx1-ubyte,
 // t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, each plain or gzipped
-// (.gz, as Debian ships them; decompressed once into `cache_dir`). Images
-// [N, 1, 28, 28]. NotFound names the missing file and what to install.
-absl::StatusOr<Dataset> LoadIdx(const std::string& dir, bool train, const std::string& cache_dir);
+// (.gz, as Debian ships them). Images [N, 1, H, W]. NotFound names the
+// missing file and what to install; DataLoss a damaged or truncated file.
+absl::StatusOr<Dataset> LoadIdx(const std::string& dir, bool train);
 
 // The training (data_batch_1.bin ... data_batch_5.bin) or test
 // (test_batch.bin) half of CIFAR-10's binary version in `dir`: records of

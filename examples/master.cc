@@ -123,8 +123,6 @@ int Main(int argc, char** argv) {
   flags.AddBool("shuffle", &c.shuffle, "with --dataset: shuffle each epoch by --seed (false: file order)");
   flags.AddString("optimizer", &c.optimizer, "sgd or adam (the ResNet50 demo: plain SGD)");
   flags.AddDouble("momentum", &c.momentum, "SGD momentum with --model or --dataset");
-  c.data_cache = cli::DefaultCacheDir("remora/data");
-  flags.AddString("data-cache", &c.data_cache, "where gzipped IDX files are decompressed once");
   cli::SecurityFiles security_files;
   flags.AddSecurityFlags(&security_files);
   int code = 0;

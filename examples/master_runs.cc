@@ -180,8 +180,8 @@ absl::StatusOr<std::pair<data::Dataset, data::Dataset>> LoadDataset(const Config
   }
   std::pair<data::Dataset, data::Dataset> sets;
   if (kind == "idx") {
-    ASSIGN_OR_RETURN(sets.first, data::LoadIdx(dir, true, c.data_cache));
-    ASSIGN_OR_RETURN(sets.second, data::LoadIdx(dir, false, c.data_cache));
+    ASSIGN_OR_RETURN(sets.first, data::LoadIdx(dir, true));
+    ASSIGN_OR_RETURN(sets.second, data::LoadIdx(dir, false));
   } else if (kind == "cifar10") {
     ASSIGN_OR_RETURN(sets.first, data::LoadCifar10(dir, true));
     ASSIGN_OR_RETURN(sets.second, data::LoadCifar10(dir, false));

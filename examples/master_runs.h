@@ -53,7 +53,6 @@ struct Config {
   std::vector<pipeline::StageSpec> scripts;  // read from --model
   // --dataset: epochs over a real dataset, the test accuracy after each.
   std::string dataset;     // fashion-mnist, idx:DIR or cifar10:DIR
-  std::string data_cache;  // where gzipped IDX files are decompressed
   int epochs = 3;
   bool shuffle = true;
   std::string optimizer = "sgd";  // or adam

@@ -312,14 +312,4 @@ std::string SiblingProgram(const std::string& name) {
   return self.substr(0, self.rfind('/') + 1) + name;
 }
 
-std::string DefaultCacheDir(const std::string& sub) {
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0') {
-    return absl::StrCat(xdg, "/", sub);
-  }
-  if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
-    return absl::StrCat(home, "/.cache/", sub);
-  }
-  return absl::StrCat("/tmp/", sub);
-}
-
 }  // namespace remora::cli

@@ -134,8 +134,4 @@ class Subprocess {
 // The path of program `name` next to the running executable (build/bin/).
 std::string SiblingProgram(const std::string& name);
 
-// `sub` under the user's cache directory ($XDG_CACHE_HOME, else
-// $HOME/.cache, else /tmp).
-std::string DefaultCacheDir(const std::string& sub);
-
 }  // namespace remora::cli

@@ -6,6 +6,7 @@
 
 #include <ATen/ops/equal.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -320,6 +321,77 @@ TEST(Master, TrainsTorchScriptStagesFromADirectory) {
     ASSERT_EQ(p.size(), 1u);
     ExpectSameLosses(p[0], l[0], "--model, --schedule " + schedule);
   }
+}
+
+// A learnable toy IDX dataset in `dir`: class c is a bright 6x6 square at
+// one of ten places, on noise.
+void WriteToyIdx(const std::string& dir, int train, int test) {
+  std::filesystem::create_directories(dir);
+  auto be = [](std::string* out, uint32_t v) {
+    for (int s = 24; s >= 0; s -= 8) out->push_back(static_cast<char>((v >> s) & 0xff));
+  };
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  for (auto [prefix, n] : {std::pair<std::string, int>{"train", train}, {"t10k", test}}) {
+    std::string images, labels;
+    be(&images, 2051), be(&images, n), be(&images, 28), be(&images, 28);
+    be(&labels, 2049), be(&labels, n);
+    at::Tensor noise = at::randint(0, 60, {n, 28, 28}, gen, at::TensorOptions(at::kByte));
+    for (int i = 0; i < n; ++i) {
+      const int c = i % 10, r = 2 + (c / 5) * 14, col = 2 + (c % 5) * 5;
+      noise[i].slice(0, r, r + 6).slice(1, col, col + 6).fill_(250);
+      labels.push_back(static_cast<char>(c));
+    }
+    images.append(static_cast<const char*>(noise.data_ptr()), n * 28 * 28);
+    std::ofstream(dir + "/" + prefix + "-images-idx3-ubyte", std::ios::binary) << images;
+    std::ofstream(dir + "/" + prefix + "-labels-idx1-ubyte", std::ios::binary) << labels;
+  }
+}
+
+// (train_loss, test_accuracy) per epoch in a report.
+std::vector<std::pair<double, double>> ReportEpochs(const std::string& json) {
+  std::vector<std::pair<double, double>> out;
+  std::regex epoch("\"train_loss\": ([0-9.e+-]+), \"test_accuracy\": ([0-9.e+-]+)");
+  for (auto it = std::sregex_iterator(json.begin(), json.end(), epoch); it != std::sregex_iterator(); ++it) {
+    out.emplace_back(std::stod((*it)[1]), std::stod((*it)[2]));
+  }
+  return out;
+}
+
+// master --dataset trains the small CNN for --epochs, prints the test
+// accuracy after each, and the pipeline matches training in one process.
+TEST(Master, DatasetEpochsReportTestAccuracyAndMatchLocalTraining) {
+  const std::string dir = TempPath("toy_idx");
+  WriteToyIdx(dir, 320, 100);
+  const std::vector<std::string> args = {"--dataset", "idx:" + dir, "--epochs", "2",
+                                         "--batch-size", "32", "--splits", "2"};
+  const std::string local_report = TempPath("toy_local.json");
+  std::vector<std::string> local_argv = {kBin + "/master", "--local", "--threads", "1", "--report",
+                                         local_report};
+  local_argv.insert(local_argv.end(), args.begin(), args.end());
+  auto [local_code, local_out] = RunProgram(local_argv, absl::Seconds(240));
+  ASSERT_EQ(local_code, 0) << local_out;
+  EXPECT_THAT(local_out, HasSubstr("320 training and 100 test images"));
+  EXPECT_THAT(local_out, HasSubstr("epoch=2 train_loss="));
+  auto local = ReportEpochs(ReadFile(local_report));
+  ASSERT_EQ(local.size(), 2u);
+  EXPECT_LT(local[1].first, local[0].first);
+  EXPECT_GT(local[1].second, 0.5) << "the toy classes are easy to learn";
+  const std::string report = TempPath("toy_pipeline.json");
+  std::vector<std::string> pipeline_args = args;
+  for (const std::string& a : {std::string("--report"), report}) pipeline_args.push_back(a);
+  auto [code, out] = RunPipeline(2, pipeline_args);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("schedule 1f1b: 2 stages over 2 workers"));
+  auto piped = ReportEpochs(ReadFile(report));
+  ASSERT_EQ(piped.size(), 2u);
+  for (size_t e = 0; e < 2; ++e) {
+    EXPECT_LT(std::abs(piped[e].first - local[e].first) / local[e].first, 1e-4) << "epoch " << e + 1;
+    EXPECT_NEAR(piped[e].second, local[e].second, 0.011) << "epoch " << e + 1;
+  }
+  // A dataset that is not there is a clear error before any worker is needed.
+  auto [bad, bad_out] = RunProgram({kBin + "/master", "--local", "--dataset", "idx:" + TempPath("none")});
+  EXPECT_EQ(bad, 1) << bad_out;
+  EXPECT_THAT(bad_out, HasSubstr("train-images-idx3-ubyte"));
 }
 
 // --compare-local trains the local baseline batch by batch between the last
