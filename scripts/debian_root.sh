@@ -7,6 +7,12 @@
 #                                a private mount namespace, so the mounts
 #                                vanish with it however it ends and never
 #                                reach this machine's own
+#   debian_root_path SUITE FALLBACK  where SUITE's root lives: under
+#                                $REMORA_ROOTS (default /var/cache/remora/roots),
+#                                shared by every clone on this machine, so CI
+#                                does not debootstrap and install 2 GB of
+#                                packages per run; REMORA_ROOTS=local keeps
+#                                it at FALLBACK inside the tree
 #   debian_root_make SUITE ROOT  debootstraps ROOT (minbase) once, and points
 #                                its apt and name lookup at this machine's
 #   debian_root_mount ROOT       /proc and /dev inside ROOT
@@ -22,6 +28,15 @@ debian_root_unshare() {
   fi
   if [ -z "${REMORA_ROOT_UNSHARED:-}" ]; then
     REMORA_ROOT_UNSHARED=1 exec unshare --mount --propagation private "$0" "$@"
+  fi
+}
+
+debian_root_path() {
+  local suite=$1 fallback=$2 roots=${REMORA_ROOTS:-/var/cache/remora/roots}
+  if [ "$roots" = local ]; then
+    echo "$fallback"
+  else
+    echo "$roots/$suite"
   fi
 }
 

@@ -17,15 +17,15 @@
 # (bench and demo need a GPU), with no network inside the check. The logs
 # and summary land in build-bookworm/check/. Fails when gpu_check.sh does.
 # Needs root (debootstrap, chroot, mount); the root is made once (about
-# 1.5 GB with LibTorch).
+# 1.5 GB with LibTorch) and kept across clones (see debian_root_path).
 #
 # usage: scripts/gpu_rehearse.sh [STEPS]   (default "build gpu all-tests")
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
 src=$PWD
-root=$src/build-bookworm/root
 steps=${1:-build gpu all-tests}
 . scripts/debian_root.sh
+root=$(debian_root_path bookworm "$src/build-bookworm/root")
 
 debian_root_unshare "$@"
 [ -d .debs ] || ./run gpu-prep

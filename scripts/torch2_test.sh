@@ -4,9 +4,9 @@
 # the other commands use. GPU machines build with LibTorch 2.x; this runs
 # everything that does not need a GPU on that major version, here.
 #
-# A trixie root is made once with debootstrap under build-trixie/root
-# (about 2 GB with the build dependencies, which `./run` installs inside it
-# as it does here); the source tree is bind-mounted at /src, and
+# A trixie root is made once with debootstrap (about 2 GB with the build
+# dependencies, which `./run` installs inside it as it does here), kept
+# across clones in /var/cache/remora/roots (see debian_root_path); the source tree is bind-mounted at /src, and
 # `./run test` builds in /build inside the root and runs ctest there
 # (without the fuzzer: clang-14 is a Debian 12 package). Needs root:
 # debootstrap, chroot and mount.
@@ -20,12 +20,13 @@ set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
 src=$PWD
 suite=${REMORA_TORCH2_SUITE:-trixie}
-root=$src/build-$suite/root
 . scripts/debian_root.sh
+root=$(debian_root_path "$suite" "$src/build-$suite/root")
 
 debian_root_unshare "$@"
 debian_root_make "$suite" "$root"
 debian_root_mount "$root"
+rm -rf --one-file-system "$root/build" "$root/build.log"  # a fresh build each time
 mkdir -p "$root/src"
 mount --bind "$src" "$root/src"
 
