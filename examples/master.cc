@@ -156,6 +156,10 @@ int Main(int argc, char** argv) {
     return fail(std::string(d.ok() ? CheckLocalDevice(*d).message() : d.status().message()));
   }
   if (!(c.lr > 0)) return fail("--lr must be > 0");
+  if (!c.dataset.empty() && c.compare_local) {
+    return fail("--compare-local compares the ResNet50 demo or --model batches; with --dataset, "
+                "run --local separately and compare the epoch lines");
+  }
   if (!c.model.empty()) {
     c.input_shape.clear();
     bool bad = false;
@@ -194,7 +198,8 @@ int Main(int argc, char** argv) {
                                " workers: stage k runs on worker k mod n, so give a multiple of ",
                                c.workers.size(), " stages"));
     }
-    if (!c.dataset.empty() && c.workers.size() > static_cast<size_t>(models::kSmallCnnBlocks)) {
+    if (!c.dataset.empty() && c.model.empty() &&
+        c.workers.size() > static_cast<size_t>(models::kSmallCnnBlocks)) {
       return fail(absl::StrCat("--dataset's small CNN has ", models::kSmallCnnBlocks,
                                " blocks: give at most that many --workers"));
     }
@@ -234,6 +239,11 @@ int Main(int argc, char** argv) {
     auto loaded = LoadDataset(c);
     if (!loaded.ok()) return die(loaded.status());
     sets = std::move(*loaded);
+    if (c.model.empty() && sets.first.images.sizes().slice(1) != c10::IntArrayRef({1, 28, 28})) {
+      return die(absl::InvalidArgumentError(absl::StrCat(
+          "--dataset ", c.dataset, " has images of ", c10::str(sets.first.images.sizes().slice(1)),
+          "; remora's small CNN takes [1, 28, 28]: give --model stages for these")));
+    }
     std::printf("dataset %s: %lld training and %lld test images of %s\n", c.dataset.c_str(),
                 static_cast<long long>(sets.first.size()), static_cast<long long>(sets.second.size()),
                 c10::str(sets.first.images.sizes().slice(1)).c_str());

@@ -258,7 +258,15 @@ absl::StatusOr<Run> FitPipeline(Agent& agent, const Config& c,
   run.epochs = std::move(epochs);
   for (const auto& e : run.epochs) run.seconds += e.seconds;
   ASSIGN_OR_RETURN(run.peak_activation_bytes, pipe->peak_activation_bytes());
+  PrintActivations(run, c);
   return run;
+}
+
+void PrintActivations(const Run& run, const Config& c) {
+  for (size_t k = 0; k < run.peak_activation_bytes.size(); ++k) {
+    std::printf("  stage %zu on %s: peak saved activations %.1f MiB\n", k,
+                c.workers[k % c.workers.size()].c_str(), run.peak_activation_bytes[k] / 1048576.0);
+  }
 }
 
 absl::StatusOr<Run> TrainLocal(const Config& c, int splits) {
@@ -348,10 +356,7 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
     }
   }
   ASSIGN_OR_RETURN(run.peak_activation_bytes, pipe->peak_activation_bytes());
-  for (size_t k = 0; k < run.peak_activation_bytes.size(); ++k) {
-    std::printf("  stage %zu on %s: peak saved activations %.1f MiB\n", k,
-                c.workers[k % c.workers.size()].c_str(), run.peak_activation_bytes[k] / 1048576.0);
-  }
+  PrintActivations(run, c);
   if (traced) {
     for (size_t w = 0; w < c.workers.size(); ++w) {
       auto slices = agent.rpc_sync(c.workers[w], "trace_collect");

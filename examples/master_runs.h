@@ -127,6 +127,8 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
                                   const std::vector<pipeline::StageSpec>& stages, int splits,
                                   bool traced, const std::function<void(int)>& after_batch = nullptr);
 double SteadySeconds(const Run& r);
+// "  stage K on W: peak saved activations X MiB" per stage.
+void PrintActivations(const Run& run, const Config& c);
 // Images a run trained.
 double Images(const Run& r, const Config& c);
 void PrintSummary(const std::vector<Run>& runs, const Config& c);

@@ -1,0 +1,20 @@
+// custom_worker: the stock worker's functions plus the stage type "TinyNet"
+// (in, out, relu), which this project defines. Start it as `worker` is
+// started; train_custom starts two beside itself.
+#include "examples/builtins.h"
+#include "launch/worker_main.h"
+#include "pipeline/stage.h"
+#include "tiny_net.h"
+
+absl::Status Register(remora::Registry& registry) {
+  static const absl::Status registered = remora::pipeline::RegisterStageModule<TinyNetImpl>(
+      "TinyNet", [](const std::vector<c10::IValue>& a, c10::Device) {
+        return std::make_shared<TinyNetImpl>(a.at(0).toInt(), a.at(1).toInt(), a.at(2).toBool());
+      });
+  if (!registered.ok()) return registered;
+  return remora::examples::RegisterStockWorker(registry);
+}
+
+int main(int argc, char** argv) {
+  return remora::launch::WorkerMain(argc, argv, "custom_worker", Register);
+}
