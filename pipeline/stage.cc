@@ -91,6 +91,7 @@ c10::IValue MapTensors(const c10::IValue& value, const std::function<at::Tensor(
 // outputs), counted through allocation tags (runtime/allocator.h), summed
 // over micro-batches; the peak of that sum, taken as each forward pass
 // ends (the sum only grows then). -1 without the caching allocator.
+// Thread-safe; process-wide, never destroyed.
 class ActivationMeter {
  public:
   static ActivationMeter& Get() {
@@ -141,6 +142,8 @@ class ActivationMeter {
 };
 
 // A stage on its worker: the module and where it sits in the pipeline.
+// Owns the module. Not thread-safe: the registry runs one method of a
+// remote object at a time.
 class Stage {
  public:
   Stage(std::unique_ptr<StageModule> module, int64_t index, std::string label,

@@ -591,38 +591,6 @@ TEST_F(Lanes, AMissingCallStopsTheLaneOnlyUntilTheGapTimesOut) {
 
 // The compute lane: one turn at a time, served in the order they were asked
 // for (each thread below asks only after the previous one is waiting).
-TEST(ComputeTurn, OneAtATimeInArrivalOrder) {
-  auto first = std::make_unique<ComputeTurn>();
-  ASSERT_EQ(ComputeTurn::Queued(), 1);
-  absl::Mutex mu;
-  std::vector<int> order;
-  std::atomic<int> inside{0}, most{0};
-  std::vector<std::thread> threads;
-  for (int i = 0; i < 4; ++i) {
-    threads.emplace_back([&, i] {
-      ComputeTurn turn;
-      const int now = inside.fetch_add(1) + 1;
-      for (int seen = most.load(); seen < now && !most.compare_exchange_weak(seen, now);) {
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      {
-        MutexLock lock(mu);
-        order.push_back(i);
-      }
-      inside.fetch_sub(1);
-    });
-    while (ComputeTurn::Queued() < i + 2) std::this_thread::yield();
-  }
-  {
-    MutexLock lock(mu);
-    EXPECT_TRUE(order.empty());  // all wait behind the first turn
-  }
-  first.reset();
-  for (auto& t : threads) t.join();
-  EXPECT_THAT(order, ::testing::ElementsAre(0, 1, 2, 3));
-  EXPECT_EQ(most.load(), 1);
-  EXPECT_EQ(ComputeTurn::Queued(), 0);
-}
 
 }  // namespace
 }  // namespace remora

@@ -1,0 +1,179 @@
+// The compute lane without sockets: plain turns one at a time in arrival
+// order; a schedule's actions in the schedule's order, whatever order they
+// arrive in; plain turns while the next action has not arrived; a new
+// order releases the old one's waiters.
+#include "runtime/compute_lane.h"
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/synchronization/mutex.h"
+#include "base/mutex_lock.h"
+
+namespace remora {
+namespace {
+
+TEST(ComputeTurn, OneAtATimeInArrivalOrder) {
+  auto first = std::make_unique<ComputeTurn>();
+  ASSERT_EQ(ComputeTurn::Queued(), 1);
+  absl::Mutex mu;
+  std::vector<int> order;
+  std::atomic<int> inside{0}, most{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] {
+      ComputeTurn turn;
+      const int now = inside.fetch_add(1) + 1;
+      for (int seen = most.load(); seen < now && !most.compare_exchange_weak(seen, now);) {
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      {
+        MutexLock lock(mu);
+        order.push_back(i);
+      }
+      inside.fetch_sub(1);
+    });
+    while (ComputeTurn::Queued() < i + 2) std::this_thread::yield();
+  }
+  {
+    MutexLock lock(mu);
+    EXPECT_TRUE(order.empty());  // all wait behind the first turn
+  }
+  first.reset();
+  for (auto& t : threads) t.join();
+  EXPECT_THAT(order, ::testing::ElementsAre(0, 1, 2, 3));
+  EXPECT_EQ(most.load(), 1);
+  EXPECT_EQ(ComputeTurn::Queued(), 0);
+}
+
+
+// Records what ran, in order; runs async turns on threads of its own.
+class Recorder {
+ public:
+  ~Recorder() {
+    for (auto& t : threads_) t.join();
+  }
+  void Add(const std::string& what) {
+    MutexLock lock(mu_);
+    order_.push_back(what);
+  }
+  std::vector<std::string> order() {
+    MutexLock lock(mu_);
+    return order_;
+  }
+  // A sync turn for `a` on a thread of its own.
+  void Sync(const LaneAction& a) {
+    threads_.emplace_back([this, a] {
+      ComputeTurn turn(a);
+      Add(a.ToString());
+    });
+  }
+  void Plain(const std::string& name) {
+    threads_.emplace_back([this, name] {
+      ComputeTurn turn;
+      Add(name);
+    });
+  }
+  // An async turn for `a`; `post` starts a thread.
+  void Async(const LaneAction& a) {
+    ComputeTurn::RunInTurn(
+        a, [this, a] { Add(a.ToString()); },
+        [this](std::function<void()> fn) {
+          MutexLock lock(mu_);
+          posted_.emplace_back(std::move(fn));
+        });
+  }
+  // Runs posted closures until `n` entries are recorded.
+  void Drive(size_t n) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (order().size() < n && std::chrono::steady_clock::now() < deadline) {
+      std::vector<std::function<void()>> ready;
+      {
+        MutexLock lock(mu_);
+        ready.swap(posted_);
+      }
+      for (auto& fn : ready) threads_.emplace_back(std::move(fn));
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::string> order_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::function<void()>> posted_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> threads_;  // touched by the test's thread only
+};
+
+void WaitQueued(int64_t n) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (ComputeTurn::Queued() < n && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  ASSERT_EQ(ComputeTurn::Queued(), n);
+}
+
+LaneAction F(int64_t epoch, int64_t mb) { return LaneAction{epoch, 0, mb, false}; }
+LaneAction B(int64_t epoch, int64_t mb) { return LaneAction{epoch, 0, mb, true}; }
+
+TEST(ComputeTurn, ActionsRunInTheirOrderWhateverOrderTheyArriveIn) {
+  ComputeTurn::SetOrder(1, {F(1, 0), F(1, 1), B(1, 0), F(1, 2), B(1, 1), B(1, 2)});
+  {
+    Recorder r;
+    // Arrivals in reverse order; backwards wait without a thread.
+    r.Async(B(1, 2));
+    r.Async(B(1, 1));
+    r.Sync(F(1, 2));
+    WaitQueued(3);
+    r.Async(B(1, 0));
+    r.Sync(F(1, 1));
+    WaitQueued(5);
+    EXPECT_TRUE(r.order().empty());  // F0 has not come: nothing of the order runs
+    r.Sync(F(1, 0));
+    r.Drive(6);
+    EXPECT_THAT(r.order(), ::testing::ElementsAre("F0@stage0", "F1@stage0", "B0@stage0",
+                                                  "F2@stage0", "B1@stage0", "B2@stage0"));
+  }
+  EXPECT_EQ(ComputeTurn::Queued(), 0);
+}
+
+TEST(ComputeTurn, PlainTurnsRunWhileTheNextActionHasNotArrived) {
+  ComputeTurn::SetOrder(2, {F(2, 0), F(2, 1)});
+  {
+    Recorder r;
+    r.Sync(F(2, 1));  // waits for F0
+    WaitQueued(1);
+    r.Plain("plain");
+    r.Drive(1);
+    EXPECT_THAT(r.order(), ::testing::ElementsAre("plain"));
+    r.Sync(LaneAction{99, 0, 0, false});  // another epoch's: a plain turn
+    r.Drive(2);
+    r.Sync(F(2, 0));
+    r.Drive(4);
+    EXPECT_THAT(r.order(), ::testing::ElementsAre("plain", "F0@stage0", "F0@stage0", "F1@stage0"));
+  }
+  EXPECT_EQ(ComputeTurn::Queued(), 0);
+}
+
+TEST(ComputeTurn, ANewOrderLetsTheOldOrdersWaitersRun) {
+  ComputeTurn::SetOrder(3, {F(3, 0), F(3, 1)});
+  {
+    Recorder r;
+    r.Sync(F(3, 1));  // F0 never comes: a failed batch
+    r.Async(B(3, 1));
+    WaitQueued(2);
+    ComputeTurn::SetOrder(4, {F(4, 0)});
+    r.Drive(2);
+    EXPECT_EQ(r.order().size(), 2u);
+  }
+  EXPECT_EQ(ComputeTurn::Queued(), 0);
+}
+
+}  // namespace
+}  // namespace remora
