@@ -4,7 +4,6 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/linear.h>
@@ -15,26 +14,6 @@
 #include "runtime/compute_lane.h"
 
 namespace remora::models {
-namespace {
-
-
-struct FailInBackward : public torch::autograd::Function<FailInBackward> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::Tensor x,
-                            std::string message) {
-    ctx->saved_data["message"] = message;
-    return x.clone();
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    throw std::runtime_error(ctx->saved_data["message"].toStringRef());
-  }
-};
-
-struct BackwardFails {
-  std::string message;
-};
-
-}  // namespace
 
 torch::nn::Sequential MakeMLPStage(const MLPStageOptions& o) {
   torch::nn::Linear linear(o.in, o.out);
@@ -98,14 +77,6 @@ absl::Status RegisterMLP(Registry& registry) {
        {"train", [](Stage& m, CallContext&, const Args& a) -> c10::IValue {
           m.train(a.size() > 0 ? a[0].toBool() : true);
           return c10::IValue();
-        }}}));
-  RETURN_IF_ERROR(registry.RegisterModule<BackwardFails>(
-      "BackwardFails",
-      [](CallContext&, const Args& a) {
-        return std::make_shared<BackwardFails>(BackwardFails{a[0].toStringRef()});
-      },
-      {{"forward", [](BackwardFails& m, CallContext&, const Args& a) -> c10::IValue {
-          return FailInBackward::apply(TensorOrFetch(a[0]), m.message);
         }}}));
   return absl::OkStatus();
 }

@@ -5,8 +5,6 @@
 //   module "MLPStage"(in, out, seed, relu=true, batchnorm=false), methods:
 //     forward(x or RRef x) -> tensor, parameter_rrefs() -> [RRef],
 //     state() -> [parameters..., buffers...] (detached copies)
-//   module "BackwardFails"(message): forward(x) passes x through; its
-//     backward throws `message` (for failure tests).
 #pragma once
 
 #include <torch/nn/modules/container/sequential.h>

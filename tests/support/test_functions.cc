@@ -3,13 +3,44 @@
 #include <stdexcept>
 #include <string>
 
+#include <torch/csrc/autograd/custom_function.h>
+
 #include "absl/time/clock.h"
 #include "base/status_util.h"
 #include "examples/builtins.h"
+#include "rpc/rref_args.h"
 
 namespace remora::test_support {
+namespace {
+
+// Identity in forward; its backward throws the message.
+struct FailInBackward : public torch::autograd::Function<FailInBackward> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::Tensor x,
+                            std::string message) {
+    ctx->saved_data["message"] = message;
+    return x.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list) {
+    throw std::runtime_error(ctx->saved_data["message"].toStringRef());
+  }
+};
+
+struct BackwardFails {
+  std::string message;
+};
+
+}  // namespace
 
 absl::Status RegisterTestFunctions(Registry& r) {
+  RETURN_IF_ERROR(r.RegisterModule<BackwardFails>(
+      "BackwardFails",
+      [](CallContext&, const Args& a) {
+        return std::make_shared<BackwardFails>(BackwardFails{a[0].toStringRef()});
+      },
+      {{"forward", [](BackwardFails& m, CallContext&, const Args& a) -> c10::IValue {
+          return FailInBackward::apply(TensorOrFetch(a[0]), m.message);
+        }}}));
   RETURN_IF_ERROR(r.RegisterFunction("raise", [](CallContext&, const Args& a) -> c10::IValue {
     throw std::runtime_error(a.size() > 0 ? a[0].toStringRef() : "raised on request");
   }));

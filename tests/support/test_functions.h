@@ -4,6 +4,8 @@
 //
 //   raise(message): throws `message` (a remote failure)
 //   sleep_ms(ms):   sleeps, then returns ms (a slow call)
+//   module "BackwardFails"(message): forward(x or RRef x) passes x
+//                   through; its backward throws `message`
 #pragma once
 
 #include "rpc/registry.h"
