@@ -10,7 +10,8 @@
 //   modules:   Scale(factor) with forward(x or RRef x) and factor();
 //              Affine(in, out, seed) with forward(x or RRef x) and weight()
 //
-// Test-only functions (raise, sleep_ms) are not here: tests/support has them.
+// Test-only functions (raise, sleep_ms, BackwardFails) are not here:
+// tests/support has them.
 #pragma once
 
 #include "rpc/registry.h"
