@@ -101,8 +101,6 @@ class Agent::Impl final : public grpc::CallbackGenericService, public Responder:
   // --- server (server.cc) ------------------------------------------------
   grpc::ServerGenericBidiReactor* CreateReactor(
       grpc::GenericCallbackServerContext* ctx) override;
-  // True when no token is configured, or the call carries the right one.
-  bool Authenticated(const grpc::GenericCallbackServerContext& ctx) const;
   // Entry point of every request (on a gRPC thread): parse, then handle on
   // the pool (or a thread of its own for CUDA payloads).
   void Dispatch(grpc::ByteBuffer buffer, std::shared_ptr<ReplySlot> slot);

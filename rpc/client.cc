@@ -5,6 +5,7 @@
 #include "base/status_util.h"
 #include "proto/rref.pb.h"
 #include "rpc/agent_impl.h"
+#include "rpc/auth.h"
 
 namespace remora {
 namespace {
@@ -127,9 +128,7 @@ Future<InMessage> Agent::Impl::SendUnary(grpc::GenericStub* stub, ClientCall* ca
   call->context = std::make_unique<grpc::ClientContext>();
   call->context->set_deadline(DeadlineIn(timeout));
   call->context->set_wait_for_ready(wait_for_ready);
-  if (!agent_->options_.token.empty()) {
-    call->context->AddMetadata(kTokenHeader, agent_->options_.token);
-  }
+  AttachToken(call->context.get(), agent_->options_.token);
   const WorkerId peer = route.peer;
   if (!blocking) {
     stub->UnaryCall(call->context.get(), kUnaryMethod, grpc::StubOptions(), &call->request,

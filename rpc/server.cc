@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_util.h"
 #include "rpc/agent_impl.h"
+#include "rpc/auth.h"
 #include "rpc/request_checks.h"
 
 namespace remora {
@@ -101,7 +102,7 @@ grpc::ServerGenericBidiReactor* Agent::Impl::CreateReactor(
   if (!stream && ctx->method() != kUnaryMethod) {
     return new Reject(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "not a remora method"));
   }
-  if (!Authenticated(*ctx)) {
+  if (!TokenMatches(*ctx, agent_->options_.token)) {
     std::cerr << "remora: '" << agent_->self_.name << "' rejected a call from " << ctx->peer()
               << ": missing or wrong token\n";
     return new Reject(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
@@ -123,20 +124,6 @@ grpc::ServerGenericBidiReactor* Agent::Impl::CreateReactor(
       });
   server_streams_.insert(reactor->state());
   return reactor;
-}
-
-bool Agent::Impl::Authenticated(const grpc::GenericCallbackServerContext& ctx) const {
-  const std::string& want = agent_->options_.token;
-  if (want.empty()) return true;
-  auto it = ctx.client_metadata().find(kTokenHeader);
-  if (it == ctx.client_metadata().end()) return false;
-  const grpc::string_ref& got = it->second;
-  // Constant time in the token's length: no early exit on a mismatch.
-  unsigned char diff = got.size() != want.size();
-  for (size_t i = 0; i < want.size(); ++i) {
-    diff |= static_cast<unsigned char>(want[i] ^ (i < got.size() ? got.data()[i] : 0));
-  }
-  return diff == 0;
 }
 
 void Agent::Impl::Dispatch(grpc::ByteBuffer buffer, std::shared_ptr<ReplySlot> slot) {

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "rpc/auth.h"
 #include "rpc/message.h"
 #include "base/mutex_lock.h"
 
@@ -39,7 +40,7 @@ grpc::CompletionQueue::NextStatus NextPolling(grpc::CompletionQueue* cq, absl::D
 
 std::unique_ptr<SyncStream> SyncStream::Open(grpc::GenericStub* stub, const std::string& token) {
   std::unique_ptr<SyncStream> stream(new SyncStream);
-  if (!token.empty()) stream->context_.AddMetadata(kTokenHeader, token);
+  AttachToken(&stream->context_, token);
   stream->call_ = stub->PrepareCall(&stream->context_, kStreamMethod, &stream->cq_);
   stream->call_->StartCall(Tag(kStart));
   // The read for the first reply is in flight from the start, as the read

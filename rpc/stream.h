@@ -39,10 +39,6 @@ namespace remora {
 // The gRPC method of streams (unary calls use "/remora.Agent/Call").
 inline constexpr char kStreamMethod[] = "/remora.Agent/Stream";
 
-// The metadata key that carries the shared secret (AgentOptions::token), on
-// streams and unary calls alike.
-inline constexpr char kTokenHeader[] = "remora-token";
-
 // Where a handler's reply goes: a unary call, or a stream with the call's id.
 class ReplySlot {
  public:

@@ -1,0 +1,22 @@
+#include "rpc/auth.h"
+
+namespace remora {
+
+void AttachToken(grpc::ClientContext* context, const std::string& token) {
+  if (!token.empty()) context->AddMetadata(kTokenHeader, token);
+}
+
+bool TokenMatches(const grpc::GenericCallbackServerContext& call, const std::string& want) {
+  if (want.empty()) return true;
+  auto it = call.client_metadata().find(kTokenHeader);
+  if (it == call.client_metadata().end()) return false;
+  const grpc::string_ref& got = it->second;
+  // No early exit on a mismatch.
+  unsigned char diff = got.size() != want.size();
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff |= static_cast<unsigned char>(want[i] ^ (i < got.size() ? got.data()[i] : 0));
+  }
+  return diff == 0;
+}
+
+}  // namespace remora
