@@ -1,6 +1,7 @@
 // Micro-batch split and merge, without sockets.
 #include "pipeline/microbatch.h"
 
+#include <ATen/TensorOperators.h>
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/arange.h>
 #include <gtest/gtest.h>
