@@ -205,6 +205,23 @@ std::vector<pipeline::StageSpec> SmallCnnStages(const Config& c) {
 
 namespace {
 
+// The run's pipeline over the workers (stage k on worker k mod n), its
+// schedule printed.
+absl::StatusOr<std::unique_ptr<pipeline::Pipeline>> CreatePipeline(
+    Agent& agent, const Config& c, const std::vector<pipeline::StageSpec>& stages, int splits) {
+  pipeline::PipelineOptions o;
+  o.stages = stages;
+  o.workers = c.workers;
+  o.schedule = c.schedule;
+  o.micro_batches = splits;
+  o.loss = Loss(c);
+  o.optimizer = OptimizerOf(c);
+  ASSIGN_OR_RETURN(auto pipe, pipeline::Pipeline::Create(agent, std::move(o)));
+  std::printf("  schedule %s: %d stages over %zu workers\n", pipe->schedule().name.c_str(),
+              pipe->num_stages(), c.workers.size());
+  return pipe;
+}
+
 pipeline::FitOptions FitOptionsOf(const Config& c, int splits) {
   pipeline::FitOptions f;
   f.epochs = c.epochs;
@@ -235,16 +252,7 @@ absl::StatusOr<Run> FitLocal(const Config& c, int splits, const data::Dataset& t
 absl::StatusOr<Run> FitPipeline(Agent& agent, const Config& c,
                                 const std::vector<pipeline::StageSpec>& stages, int splits,
                                 const data::Dataset& train, const data::Dataset& test) {
-  pipeline::PipelineOptions o;
-  o.stages = stages;
-  o.workers = c.workers;
-  o.schedule = c.schedule;
-  o.micro_batches = splits;
-  o.loss = Loss(c);
-  o.optimizer = OptimizerOf(c);
-  ASSIGN_OR_RETURN(auto pipe, pipeline::Pipeline::Create(agent, std::move(o)));
-  std::printf("  schedule %s: %d stages over %zu workers\n", pipe->schedule().name.c_str(),
-              pipe->num_stages(), c.workers.size());
+  ASSIGN_OR_RETURN(auto pipe, CreatePipeline(agent, c, stages, splits));
   ASSIGN_OR_RETURN(
       auto epochs,
       pipeline::Fit([&](const at::Tensor& x, const at::Tensor& y) { return pipe->train_step(x, y); },
@@ -322,17 +330,7 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
                                   bool traced,
                                   const std::function<void(int)>& after_batch) {
   Run run(splits);
-  // Stage k lives on worker k mod n.
-  pipeline::PipelineOptions o;
-  o.stages = stages;
-  o.workers = c.workers;
-  o.schedule = c.schedule;
-  o.micro_batches = splits;
-  o.loss = Loss(c);
-  o.optimizer = OptimizerOf(c);
-  ASSIGN_OR_RETURN(auto pipe, pipeline::Pipeline::Create(agent, std::move(o)));
-  std::printf("  schedule %s: %d stages over %zu workers\n", pipe->schedule().name.c_str(),
-              pipe->num_stages(), c.workers.size());
+  ASSIGN_OR_RETURN(auto pipe, CreatePipeline(agent, c, stages, splits));
   run.schedule = pipe->schedule().name;
   for (const auto& w : c.workers) {
     agent.rpc_sync(w, "trace_enable", {traced}).IgnoreError();

@@ -208,7 +208,8 @@ std::string WorkerName(CallContext& ctx) {
   return ctx.agent != nullptr ? ctx.agent->self().name : std::string("?");
 }
 
-// Where a stage's device is: the first parameter's, else the home device.
+// A stage and the device it computes on (the spec's, else the worker's home
+// device).
 struct HostedStage {
   std::unique_ptr<Stage> stage;
   c10::Device device = c10::kCPU;
