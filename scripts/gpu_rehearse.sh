@@ -69,6 +69,8 @@ rc=0
 debian_root_run_offline "$root" REMORA_GPU_TORCH_DIR=/usr/lib/x86_64-linux-gnu/cmake/Torch \
   REMORA_GPU_CUDA=$cuda /bin/bash -c 'cd /work/remora && scripts/gpu_check.sh /work/out "$0"' \
   "$steps" || rc=$?
+# The root may live outside the tree (debian_root_path); the logs do not.
+mkdir -p "$src/build-bookworm"
 rm -rf "$src/build-bookworm/check"
 cp -r "$work/out" "$src/build-bookworm/check"
 echo "gpu_rehearse: gpu_check.sh exited $rc; logs in build-bookworm/check/:" >&2
