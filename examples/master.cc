@@ -20,6 +20,7 @@
 #include <torch/optim/sgd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -38,6 +39,7 @@
 #include "examples/timeline.h"
 #include "optim/distributed_optimizer.h"
 #include "pipeline/microbatch.h"
+#include "pipeline/partition.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/stage.h"
 #include "channel/devices.h"
@@ -88,10 +90,18 @@ int Main(int argc, char** argv) {
   double lr = -1;
   flags.AddDouble("lr", &lr, "learning rate (default 0.05 for the ResNet50 demo, 0.01 with --model or --dataset)");
   flags.AddInt("seed", &c.seed, "seed of weights and data: same seed, same numbers");
-  flags.AddString("partition", &c.partition, "balanced (by measured block cost) or tutorial (2 workers)");
+  flags.AddString("partition", &c.partition,
+                  "how ResNet50 or a one-file sequential --model is cut into stages: balanced (by "
+                  "each layer's forward + backward time, measured on the workers) or tutorial "
+                  "(ResNet50 in two, torchvision's split)");
+  std::string split_at;
+  flags.AddString("split-at", &split_at,
+                  "explicit cuts instead of --partition: the first layer of stages 1, 2, ... "
+                  "(e.g. 8 or 5,9,14; workers x --interleave stages)");
   flags.AddInt("interleave", &c.interleave,
                "stages per worker: with 2, worker k of n also hosts stage k + n, which halves "
-               "the pipeline's fill and drain (0: 2 with --partition balanced and 2 to 9 workers, else 1)");
+               "the pipeline's fill and drain (0: 2 with --partition balanced when every stage "
+               "gets a layer, else 1)");
   flags.AddString("schedule", &c.schedule,
                   "gpipe, 1f1b (one stage per worker), interleaved (several stages per worker) "
                   "or auto: interleaved with several stages per worker, else 1f1b");
@@ -109,9 +119,11 @@ int Main(int argc, char** argv) {
                   "own with worker --device)");
   std::string input_shape = "3,32,32";
   flags.AddString("model", &c.model,
-                  "train TorchScript stages instead of ResNet50: a directory holding stage0.pt, "
+                  "train TorchScript instead of ResNet50: a directory holding stage0.pt, "
                   "stage1.pt, ... or a comma-separated list of .pt files (stage k runs on worker "
-                  "k mod n; random inputs of --input-shape, labels in [0, --classes), cross-entropy)");
+                  "k mod n), or one .pt file of a scripted nn.Sequential, cut into stages over the "
+                  "workers by --partition or --split-at; random inputs of --input-shape, labels in "
+                  "[0, --classes), cross-entropy");
   flags.AddString("input-shape", &input_shape, "with --model: one input's shape, e.g. 3,32,32 or 784");
   flags.AddInt("classes", &c.classes, "with --model: the number of classes of the labels");
   flags.AddString("dataset", &c.dataset,
@@ -142,6 +154,13 @@ int Main(int argc, char** argv) {
     return 2;
   };
   if (!error.empty()) return fail(error);
+  for (const auto& part : cli::SplitList(split_at)) {
+    int v = 0;
+    if (!absl::SimpleAtoi(part, &v) || v < 1) {
+      return fail(absl::StrCat("--split-at wants layer indices like 8 or 5,9,14; got '", split_at, "'"));
+    }
+    c.split_at.push_back(v);
+  }
   c.batch_size = batch_size > 0 ? batch_size : (c.dataset.empty() ? 120 : 64);
   c.lr = lr != -1 ? lr : (c.dataset.empty() && c.model.empty() ? 0.05 : 0.01);
   if (batch_size == 0 || batch_size < -1) return fail("--batch-size must be >= 1");
@@ -175,6 +194,15 @@ int Main(int argc, char** argv) {
     auto scripts = pipeline::TorchScriptStages(c.model);
     if (!scripts.ok()) return fail(std::string(scripts.status().message()));
     c.scripts = std::move(*scripts);
+    // One file over several workers: a sequential model to cut.
+    std::error_code ec;
+    c.sequential = c.scripts.size() == 1 && c.workers.size() > 1 &&
+                   !std::filesystem::is_directory(c.model, ec);
+  }
+  const bool cut = c.model.empty() ? c.dataset.empty() : c.sequential;
+  if (!c.split_at.empty() && !cut) {
+    return fail("--split-at cuts ResNet50 or a one-file sequential --model over several workers; "
+                "these stages are given already");
   }
   for (int s : c.splits) {
     if (s > c.batch_size) {
@@ -193,7 +221,7 @@ int Main(int argc, char** argv) {
       return fail(absl::StrCat("--schedule must be auto, ", absl::StrJoin(pipeline::ScheduleNames(), ", "),
                                "; got '", c.schedule, "'"));
     }
-    if (!c.model.empty() && c.scripts.size() % c.workers.size() != 0) {
+    if (!c.model.empty() && !c.sequential && c.scripts.size() % c.workers.size() != 0) {
       return fail(absl::StrCat("--model has ", c.scripts.size(), " stages for ", c.workers.size(),
                                " workers: stage k runs on worker k mod n, so give a multiple of ",
                                c.workers.size(), " stages"));
@@ -203,21 +231,18 @@ int Main(int argc, char** argv) {
       return fail(absl::StrCat("--dataset's small CNN has ", models::kSmallCnnBlocks,
                                " blocks: give at most that many --workers"));
     }
-    if (c.interleave == 0) {
-      // One worker has nothing to overlap; past 9 workers there are too few blocks.
-      const bool useful = c.workers.size() >= 2 &&
-                          c.workers.size() * 2 <= static_cast<size_t>(models::kResNetBlocks);
-      c.interleave = c.partition == "balanced" && useful ? 2 : 1;
+    if (c.partition == "tutorial" && (!c.model.empty() || c.workers.size() != 2)) {
+      return fail("--partition tutorial splits ResNet50 in two: give exactly two --workers and no --model");
     }
-    if (c.partition == "tutorial" && c.interleave != 1) {
-      return fail("--partition tutorial has one stage per worker: drop --interleave");
-    }
-    if (c.partition == "tutorial" && c.workers.size() != 2) {
-      return fail("--partition tutorial splits ResNet50 in two: give exactly two --workers");
-    }
-    if (c.workers.size() * c.interleave > static_cast<size_t>(models::kResNetBlocks)) {
-      return fail(absl::StrCat("--workers times --interleave is at most ", models::kResNetBlocks,
-                               " (ResNet50 has that many blocks)"));
+    if (c.model.empty() ? c.dataset.empty() : c.sequential) {
+      // The cut's counts and split points, checked before any worker waits.
+      int layers = models::kResNetBlocks;
+      if (c.sequential) {
+        auto model = pipeline::SequentialModel::TorchScript(c.scripts[0].script, c.scripts[0].name);
+        if (!model.ok()) return fail(std::string(model.status().message()));
+        layers = model->num_layers();
+      }
+      if (auto s = StagesPerWorker(c, layers); !s.ok()) return fail(std::string(s.status().message()));
     }
     if (auto s = cli::CheckAddress(c.listen, "--listen"); !s.ok()) return fail(std::string(s.message()));
   }
@@ -280,18 +305,15 @@ int Main(int argc, char** argv) {
     for (const auto& w : agent->workers()) {
       if (w.id != 0) std::cout << "  " << w.name << ": shards on " << w.device << "\n";
     }
-    // The stages: the TorchScript files, or ResNet50's blocks as the
-    // partition cuts them (stage k: blocks [bounds[k], bounds[k + 1])).
+    // The stages: the TorchScript files, the small CNN, or ResNet50's
+    // blocks or a sequential model's layers as the partition cuts them.
     std::vector<pipeline::StageSpec> stages = c.scripts;
     if (c.model.empty() && !c.dataset.empty()) {
       stages = SmallCnnStages(c);
-    } else if (c.model.empty()) {
-      auto bounds = Partition(*agent, c);
-      if (!bounds.ok()) return die(bounds.status());
-      for (size_t k = 0; k + 1 < bounds->size(); ++k) {
-        stages.push_back(pipeline::StageSpec::Registered(
-            "ResNetShard", {int64_t{(*bounds)[k]}, int64_t{(*bounds)[k + 1]}, int64_t{c.seed}}));
-      }
+    } else if (c.model.empty() || c.sequential) {
+      auto cut = PartitionStages(*agent, c);
+      if (!cut.ok()) return die(cut.status());
+      stages = std::move(*cut);
     }
     for (size_t i = 0; i < c.splits.size(); ++i) {
       const int s = c.splits[i];

@@ -28,6 +28,7 @@
 #include "examples/timeline.h"
 #include "optim/distributed_optimizer.h"
 #include "pipeline/microbatch.h"
+#include "pipeline/partition.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/stage.h"
 #include "channel/devices.h"
@@ -283,46 +284,64 @@ absl::StatusOr<Run> TrainLocal(const Config& c, int splits) {
   return std::move(trainer->run());
 }
 
-absl::StatusOr<std::vector<int>> Partition(Agent& agent, const Config& c) {
-  if (c.partition == "tutorial") return models::TutorialSplit();
-  int max_splits = *std::max_element(c.splits.begin(), c.splits.end());
-  const int64_t probe = std::max<int64_t>(1, std::min<int64_t>(16, c.batch_size / max_splits));
-  // Every worker times every block at once: in the pipeline the stages run
-  // side by side and share the machine's memory bandwidth and caches, and
-  // blocks suffer from that unequally (timed alone on one worker, the split
-  // came out up to 9% off the stages' busy times in the trace).
-  std::cout << "measuring per-block cost (forward + backward, " << probe << " images of "
-            << c.image_size << "x" << c.image_size << ") on " << absl::StrJoin(c.workers, ", ")
-            << " at once ..." << std::endl;
-  std::vector<Future<c10::IValue>> pending;
-  for (const auto& w : c.workers) {
-    pending.push_back(agent.rpc_async(w, "resnet.block_costs", {probe, int64_t{c.image_size}},
-                                      CallOptions{absl::Minutes(10)}));
-  }
-  std::vector<double> v;
-  for (auto& f : pending) {
-    auto costs = f.wait();
-    if (!costs.ok()) return costs.status();
-    std::vector<double> mine = costs->toDoubleVector();
-    if (v.empty()) v.assign(mine.size(), 0.0);
-    if (mine.size() != v.size()) return absl::InternalError("workers measured different block counts");
-    for (size_t i = 0; i < v.size(); ++i) v[i] += mine[i] / c.workers.size();
-  }
+std::vector<int> SplitPoints(const Config& c) {
+  if (c.model.empty() && c.partition == "tutorial") return {models::TutorialSplit()[1]};
+  return c.split_at;
+}
+
+absl::StatusOr<int> StagesPerWorker(const Config& c, int num_layers) {
   const int n = static_cast<int>(c.workers.size());
-  std::vector<int> bounds = models::InterleavedSplit(v, n, c.interleave, max_splits);
-  double total = 0;
-  for (double x : v) total += x;
-  for (int w = 0; w < n; ++w) {
-    double part = 0;
-    std::vector<std::string> ranges;
-    for (int k = w; k + 1 < static_cast<int>(bounds.size()); k += n) {
-      for (int b = bounds[k]; b < bounds[k + 1]; ++b) part += v[b];
-      ranges.push_back(absl::StrFormat("[%2d, %2d)", bounds[k], bounds[k + 1]));
+  const std::vector<int> split_at = SplitPoints(c);
+  int per_worker = c.interleave;
+  if (per_worker == 0 && !split_at.empty()) {
+    const int stages = static_cast<int>(split_at.size()) + 1;
+    if (stages % n != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--split-at makes ", stages, " stages for ", n, " workers: stage k runs on worker k mod ",
+          n, ", so give a multiple of ", n, " stages (", n - 1, ", ", 2 * n - 1, ", ... split points)"));
     }
-    std::printf("  %-10s blocks %s  %5.1f%% of the measured cost\n", c.workers[w].c_str(),
-                absl::StrJoin(ranges, " + ").c_str(), 100.0 * part / total);
+    per_worker = stages / n;
+  } else if (per_worker == 0) {
+    // Two halve the pipeline's fill and drain, where every stage gets a layer.
+    per_worker = n >= 2 && num_layers >= 2 * n ? 2 : 1;
   }
-  return bounds;
+  if (n * per_worker > num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        n, " workers x ", per_worker, " stages per worker (--interleave) is more stages than the ",
+        num_layers, " layers there are to cut"));
+  }
+  if (!split_at.empty()) {
+    RETURN_IF_ERROR(pipeline::SplitAt(num_layers, split_at, n * per_worker).status());
+  }
+  return per_worker;
+}
+
+absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, const Config& c) {
+  const bool resnet = c.model.empty();
+  ASSIGN_OR_RETURN(pipeline::SequentialModel model,
+                   resnet ? pipeline::SequentialModel::Registered("ResNetShard", models::kResNetBlocks,
+                                                                  {int64_t{c.seed}})
+                          : pipeline::SequentialModel::TorchScript(c.scripts[0].script,
+                                                                   c.scripts[0].name));
+  pipeline::PartitionOptions p;
+  p.split_at = SplitPoints(c);
+  ASSIGN_OR_RETURN(p.stages_per_worker, StagesPerWorker(c, model.num_layers()));
+  p.micro_batches = *std::max_element(c.splits.begin(), c.splits.end());
+  if (p.split_at.empty()) {
+    // One micro-batch of the largest split count, at most 16 rows.
+    const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(16, c.batch_size / p.micro_batches));
+    p.sample = MakeBatch(c, 0).first.slice(0, 0, rows).clone();
+    // Every worker times every layer at once: in the pipeline the stages run
+    // side by side and share the machine's memory bandwidth and caches, and
+    // layers suffer from that unequally (timed alone on one worker, the
+    // split came out up to 9% off the stages' busy times in the trace).
+    std::cout << "measuring per-layer cost of " << model.label() << " (forward + backward, "
+              << rows << " rows) on " << absl::StrJoin(c.workers, ", ") << " at once ..."
+              << std::endl;
+  }
+  ASSIGN_OR_RETURN(pipeline::Partitioning cut, pipeline::Partition(agent, model, c.workers, p));
+  std::cout << cut.Describe(c.workers) << std::flush;
+  return cut.stages;
 }
 
 absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,

@@ -38,6 +38,7 @@ struct Config {
   double lr = 0.05;
   int seed = 0;
   std::string partition = "balanced";
+  std::vector<int> split_at;  // explicit cuts (--split-at): first layer of stages 1, 2, ...
   int interleave = 0;  // stages per worker; 0: 2 with balanced, 1 with tutorial
   std::string schedule = "auto";  // pipeline/schedule.h
   int threads = 0;
@@ -51,6 +52,9 @@ struct Config {
   std::vector<int64_t> input_shape = {3, 32, 32};
   int classes = 10;
   std::vector<pipeline::StageSpec> scripts;  // read from --model
+  // --model is one file of a sequential model, cut into stages over the
+  // workers (pipeline/partition.h); scripts holds that one file.
+  bool sequential = false;
   // --dataset: epochs over a real dataset, the test accuracy after each.
   std::string dataset;     // fashion-mnist, idx:DIR or cifar10:DIR
   int epochs = 3;
@@ -121,7 +125,15 @@ absl::StatusOr<Run> FitPipeline(Agent& agent, const Config& c,
                                 const std::vector<pipeline::StageSpec>& stages, int splits,
                                 const data::Dataset& train, const data::Dataset& test);
 // ResNet50's stage boundaries (block indices) for the workers.
-absl::StatusOr<std::vector<int>> Partition(Agent& agent, const Config& c);
+// The split points of --split-at, or of --partition tutorial.
+std::vector<int> SplitPoints(const Config& c);
+// Stages per worker for cutting `num_layers` layers: --interleave, else as
+// many as the split points make, else 2 where every stage gets a layer;
+// an error when the split points or the counts do not fit.
+absl::StatusOr<int> StagesPerWorker(const Config& c, int num_layers);
+// The stages of the ResNet50 demo or of a sequential --model, cut by
+// --partition / --split-at / --interleave and printed.
+absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, const Config& c);
 // `after_batch` (if set) runs after each batch, outside its timing.
 absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
                                   const std::vector<pipeline::StageSpec>& stages, int splits,

@@ -3,12 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <limits>
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/ops/ones_like.h>
-#include <ATen/ops/randn.h>
-#include <torch/cuda.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/batchnorm.h>
@@ -179,111 +175,10 @@ at::Tensor ResNetShardImpl::forward(at::Tensor x) {
   return x;
 }
 
-std::vector<int> BalancedSplit(const std::vector<double>& costs, int parts) {
-  const int n = static_cast<int>(costs.size());
-  if (parts < 1 || parts > n) throw std::invalid_argument("BalancedSplit: bad number of parts");
-  std::vector<double> prefix(n + 1, 0.0);
-  for (int i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + costs[i];
-  const double inf = std::numeric_limits<double>::infinity();
-  // best[k][i]: minimal largest part splitting blocks [0, i) into k parts.
-  std::vector<std::vector<double>> best(parts + 1, std::vector<double>(n + 1, inf));
-  std::vector<std::vector<int>> cut(parts + 1, std::vector<int>(n + 1, 0));
-  best[0][0] = 0.0;
-  for (int k = 1; k <= parts; ++k) {
-    for (int i = k; i <= n; ++i) {
-      for (int j = k - 1; j < i; ++j) {
-        const double v = std::max(best[k - 1][j], prefix[i] - prefix[j]);
-        if (v < best[k][i]) {
-          best[k][i] = v;
-          cut[k][i] = j;
-        }
-      }
-    }
-  }
-  std::vector<int> bounds(parts + 1);
-  bounds[parts] = n;
-  for (int k = parts, i = n; k > 0; --k) {
-    i = cut[k][i];
-    bounds[k - 1] = i;
-  }
-  return bounds;
-}
-
-std::vector<int> InterleavedSplit(const std::vector<double>& costs, int workers, int per_worker,
-                                  int micro_batches) {
-  const int n = static_cast<int>(costs.size());
-  const int parts = workers * per_worker;
-  if (workers < 1 || per_worker < 1 || micro_batches < 1 || parts > n) {
-    throw std::invalid_argument("InterleavedSplit: bad number of workers or chunks");
-  }
-  if (per_worker == 1) return BalancedSplit(costs, workers);
-  std::vector<double> prefix(n + 1, 0.0);
-  for (int i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + costs[i];
-  std::vector<int> bounds(parts + 1, 0), best;
-  bounds[parts] = n;
-  double best_time = std::numeric_limits<double>::infinity();
-  std::vector<double> load(workers, 0.0);
-  // Places the cut ending chunk k - 1 (bounds[k]), given bounds[0..k-1].
-  std::function<void(int, double)> place = [&](int k, double largest_chunk) {
-    if (k == parts) {
-      const double chunk = prefix[n] - prefix[bounds[k - 1]];
-      const int w = (k - 1) % workers;
-      load[w] += chunk;
-      const double busiest = *std::max_element(load.begin(), load.end());
-      const double time = micro_batches * busiest + (workers - 1) * std::max(largest_chunk, chunk);
-      if (time < best_time) {
-        best_time = time;
-        best = bounds;
-      }
-      load[w] -= chunk;
-      return;
-    }
-    // Chunk k - 1 is [bounds[k - 1], bounds[k]); leave a block for each later chunk.
-    for (int end = bounds[k - 1] + 1; end <= n - (parts - k); ++end) {
-      const double chunk = prefix[end] - prefix[bounds[k - 1]];
-      const int w = (k - 1) % workers;
-      load[w] += chunk;
-      if (micro_batches * load[w] < best_time) {  // no better split down this way otherwise
-        bounds[k] = end;
-        place(k + 1, std::max(largest_chunk, chunk));
-      }
-      load[w] -= chunk;
-    }
-  };
-  place(1, 0.0);
-  return best;
-}
-
 std::vector<int> TutorialSplit() { return {0, 8, kResNetBlocks}; }
 
-std::vector<double> MeasureBlockCosts(int64_t batch, int64_t image_size, c10::Device device) {
-  ResNetShardImpl model(0, kResNetBlocks, /*seed=*/0, device);
-  at::Tensor x = at::randn({batch, 3, image_size, image_size}).to(device);
-  // GPU work is asynchronous: time it to completion.
-  auto sync = [&device] {
-    if (device.is_cuda()) torch::cuda::synchronize(device.index());
-  };
-  std::vector<double> costs;
-  for (size_t i = 0; i < model.num_blocks(); ++i) {
-    at::Tensor in = x.detach().set_requires_grad(i > 0);
-    double best = std::numeric_limits<double>::infinity();
-    at::Tensor out;
-    for (int rep = 0; rep < 4; ++rep) {  // the minimum of 4 runs: robust to a noisy machine
-      sync();
-      const int64_t t0 = trace::NowUs();
-      out = model.ForwardBlock(i, in);
-      out.backward(at::ones_like(out));
-      sync();
-      best = std::min(best, (trace::NowUs() - t0) / 1000.0);
-    }
-    costs.push_back(best);
-    x = out.detach();
-  }
-  return costs;
-}
-
 absl::Status RegisterResNet(Registry& registry) {
-  RETURN_IF_ERROR(registry.RegisterModule<ResNetShardImpl>(
+  return registry.RegisterModule<ResNetShardImpl>(
       "ResNetShard",
       [](CallContext& ctx, const Args& a) {
         c10::Device device = HomeDevice(ctx);
@@ -311,11 +206,7 @@ absl::Status RegisterResNet(Registry& registry) {
           int64_t n = 0;
           for (const auto& p : m.parameters()) n += p.numel();
           return n;
-        }}}));
-  return registry.RegisterFunction(
-      "resnet.block_costs", [](CallContext& ctx, const Args& a) -> c10::IValue {
-        return c10::List<double>(MeasureBlockCosts(a[0].toInt(), a[1].toInt(), HomeDevice(ctx)));
-      });
+        }}});
 }
 
 }  // namespace remora::models

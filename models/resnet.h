@@ -18,9 +18,9 @@
 // [first, last) on `device` (default: the hosting agent's home device,
 // worker --device), methods forward(x or RRef x[, micro_batch]) -> tensor
 // (x is moved to the shard's device first), parameter_rrefs(),
-// num_parameters(). Function "resnet.block_costs"(batch, image_size) times
-// forward + backward of every block on the agent's home device
-// (milliseconds, for balancing).
+// num_parameters(). As a stage type (examples/builtins) its first two
+// arguments are a block range, so pipeline::SequentialModel::Registered
+// ("ResNetShard", kResNetBlocks, {seed}) cuts it (pipeline/partition.h).
 #pragma once
 
 #include <memory>
@@ -55,28 +55,8 @@ class ResNetShardImpl : public torch::nn::Module {
   std::vector<std::function<at::Tensor(const at::Tensor&)>> forwards_;
 };
 
-// Splits per-block costs into `parts` contiguous ranges minimising the
-// largest range's cost. Returns the `parts + 1` boundaries (0 ... n).
-std::vector<int> BalancedSplit(const std::vector<double>& costs, int parts);
-
-// Interleaved stages (Megatron-LM's virtual pipeline stages): splits the
-// blocks into `workers * per_worker` contiguous chunks, chunk k to run on
-// worker k % workers, so that each worker hosts `per_worker` chunks from
-// different depths. With m micro-batches a batch takes about
-//   m * (the busiest worker's cost) + (workers - 1) * (the largest chunk),
-// the second term being the pipeline's fill and drain; more chunks per
-// worker shrink it. Returns the cuts minimising that estimate (exhaustive
-// over all cuts; fine for ResNet50's 18 blocks). per_worker 1 is
-// BalancedSplit(costs, workers).
-std::vector<int> InterleavedSplit(const std::vector<double>& costs, int workers, int per_worker,
-                                  int micro_batches);
-
 // torchvision's two-part split: stem + layer1 + layer2 | layer3 + layer4 + head.
 std::vector<int> TutorialSplit();
-
-// Times forward + backward of every block on this process (milliseconds).
-std::vector<double> MeasureBlockCosts(int64_t batch, int64_t image_size,
-                                      c10::Device device = c10::kCPU);
 
 absl::Status RegisterResNet(Registry& registry);
 

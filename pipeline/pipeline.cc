@@ -76,6 +76,17 @@ absl::StatusOr<std::vector<StageSpec>> TorchScriptStages(const std::string& mode
   return specs;
 }
 
+c10::IValue StageSpec::Payload() const {
+  if (kind == "script") {
+    at::Tensor bytes = at::empty({static_cast<int64_t>(script.size())}, at::kByte);
+    std::memcpy(bytes.data_ptr(), script.data(), script.size());
+    return bytes;
+  }
+  c10::impl::GenericList list(c10::AnyType::get());
+  for (const auto& a : args) list.push_back(a);
+  return list;
+}
+
 LossFn MseLoss() {
   return [](const c10::IValue& out, const c10::IValue& target) {
     return at::mse_loss(out.toTensor(), target.toTensor());
@@ -91,17 +102,6 @@ LossFn CrossEntropyLoss() {
 // --- the pipeline ----------------------------------------------------------------
 
 namespace {
-
-c10::IValue SpecArgs(const StageSpec& s) {
-  if (s.kind == "script") {
-    at::Tensor bytes = at::empty({static_cast<int64_t>(s.script.size())}, at::kByte);
-    std::memcpy(bytes.data_ptr(), s.script.data(), s.script.size());
-    return bytes;
-  }
-  c10::impl::GenericList list(c10::AnyType::get());
-  for (const auto& a : s.args) list.push_back(a);
-  return list;
-}
 
 // The schedule `name` resolves to for this shape.
 std::string ResolveSchedule(const std::string& name, int workers, int per_worker, int m) {
@@ -147,7 +147,7 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(Agent& agent, Pipelin
     const StageSpec& s = o.stages[k];
     const std::string& w = o.workers[k % n];
     auto stage = agent.remote(w, "remora.pipeline.Stage",
-                              {s.kind, s.name, SpecArgs(s), int64_t{k}, s.device});
+                              {s.kind, s.name, s.Payload(), int64_t{k}, s.device});
     if (!stage.ok()) {
       return Annotate(stage.status(), absl::StrCat("placing stage ", k, " on worker '", w, "'"));
     }

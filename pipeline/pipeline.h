@@ -52,6 +52,10 @@ struct StageSpec {
   static absl::StatusOr<StageSpec> TorchScriptFile(const std::string& path);
   static StageSpec TorchScript(std::string bytes, std::string label);
 
+  // What the worker builds the stage from: the script's bytes (a byte
+  // tensor) or the type's arguments (a list).
+  c10::IValue Payload() const;
+
   std::string kind;  // "type" or "script"
   std::string name;  // the type, or the script's label (its path)
   std::vector<c10::IValue> args;

@@ -4,11 +4,13 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <limits>
 #include <stdexcept>
 
 #include <ATen/core/List.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/jit/api/module.h>
+#include <torch/cuda.h>
 #include <torch/csrc/jit/serialization/import.h>
 
 #include "absl/base/thread_annotations.h"
@@ -215,50 +217,117 @@ struct HostedStage {
   c10::Device device = c10::kCPU;
 };
 
+// The module of a stage spec as the master sends it (kind, name, payload:
+// the script's bytes or the type's arguments), built on `device`; throws
+// std::invalid_argument naming `where`.
+std::unique_ptr<StageModule> BuildModule(const std::string& kind, const std::string& name,
+                                         const c10::IValue& payload, c10::Device device,
+                                         const std::string& where) {
+  if (kind == "script") {
+    at::Tensor bytes = payload.toTensor().contiguous().cpu();
+    std::string data(static_cast<const char*>(bytes.data_ptr()), bytes.numel());
+    auto loaded = LoadScriptStage(data, name, device);
+    if (!loaded.ok()) throw std::invalid_argument(absl::StrCat(where, ": ", loaded.status().message()));
+    return std::move(*loaded);
+  }
+  if (kind != "type") {
+    throw std::invalid_argument(absl::StrCat(where, ": unknown stage kind '", kind, "'"));
+  }
+  StageFactory factory;
+  {
+    StageTypes& types = Types();
+    MutexLock lock(types.mu);
+    auto it = types.factories.find(name);
+    if (it == types.factories.end()) {
+      std::string known;
+      for (const auto& [n, f] : types.factories) absl::StrAppend(&known, known.empty() ? "" : ", ", n);
+      throw std::invalid_argument(absl::StrCat(
+          where, ": no stage type '", name, "' is registered in this worker program (it has: ",
+          known.empty() ? "none" : known, ")"));
+    }
+    factory = it->second;
+  }
+  std::vector<c10::IValue> args;
+  for (const auto& v : payload.toListRef()) args.push_back(v);
+  try {
+    return factory(args, device);
+  } catch (...) {
+    absl::Status s = StatusFromCurrentException(absl::StrCat(where, ": building it failed"));
+    throw std::invalid_argument(std::string(s.message()));
+  }
+}
+
 std::shared_ptr<HostedStage> MakeStage(CallContext& ctx, const Args& a) {
-  const std::string kind = a[0].toStringRef();
   const std::string name = a[1].toStringRef();
   const int64_t index = a[3].toInt();
   const c10::Device device = DeviceOf(ctx, a.size() > 4 ? a[4].toStringRef() : "");
   const std::string where = absl::StrCat("stage ", index, " (", name, ") on worker '",
                                          WorkerName(ctx), "'");
-  std::unique_ptr<StageModule> module;
-  if (kind == "script") {
-    at::Tensor bytes = a[2].toTensor().contiguous().cpu();
-    std::string data(static_cast<const char*>(bytes.data_ptr()), bytes.numel());
-    auto loaded = LoadScriptStage(data, name, device);
-    if (!loaded.ok()) throw std::invalid_argument(absl::StrCat(where, ": ", loaded.status().message()));
-    module = std::move(*loaded);
-  } else if (kind == "type") {
-    StageFactory factory;
-    {
-      StageTypes& types = Types();
-      MutexLock lock(types.mu);
-      auto it = types.factories.find(name);
-      if (it == types.factories.end()) {
-        std::string known;
-        for (const auto& [n, f] : types.factories) absl::StrAppend(&known, known.empty() ? "" : ", ", n);
-        throw std::invalid_argument(absl::StrCat(
-            where, ": no stage type '", name, "' is registered in this worker program (it has: ",
-            known.empty() ? "none" : known, ")"));
-      }
-      factory = it->second;
-    }
-    std::vector<c10::IValue> args;
-    for (const auto& v : a[2].toListRef()) args.push_back(v);
-    try {
-      module = factory(args, device);
-    } catch (...) {
-      absl::Status s = StatusFromCurrentException(absl::StrCat(where, ": building it failed"));
-      throw std::invalid_argument(std::string(s.message()));
-    }
-  } else {
-    throw std::invalid_argument(absl::StrCat(where, ": unknown stage kind '", kind, "'"));
-  }
   auto hosted = std::make_shared<HostedStage>();
   hosted->device = device;
-  hosted->stage = std::make_unique<Stage>(std::move(module), index, name, WorkerName(ctx));
+  hosted->stage = std::make_unique<Stage>(BuildModule(a[0].toStringRef(), name, a[2], device, where),
+                                          index, name, WorkerName(ctx));
   return hosted;
+}
+
+// The sum of every floating-point tensor in `v`: what a timed backward pass
+// starts from.
+at::Tensor SumOfOutputs(const c10::IValue& v) {
+  at::Tensor total;
+  MapTensors(v, [&total](const at::Tensor& t) {
+    if (t.requires_grad()) total = total.defined() ? total + t.sum().cpu() : t.sum().cpu();
+    return t;
+  });
+  return total;
+}
+
+void Synchronize(c10::Device device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
+// remora.pipeline.layer_costs(kinds, names, payloads, sample, repeats): the
+// milliseconds of forward + backward of each layer (a stage spec each) on
+// this worker's home device, each layer taking the previous one's output
+// (the first takes `sample`); the fastest of `repeats` runs counts.
+c10::IValue LayerCosts(CallContext& ctx, const Args& a) {
+  const std::vector<std::string> kinds = a[0].to<std::vector<std::string>>();
+  const std::vector<std::string> names = a[1].to<std::vector<std::string>>();
+  const c10::ArrayRef<c10::IValue> payloads = a[2].toListRef();
+  const int64_t repeats = std::max<int64_t>(1, a[4].toInt());
+  const c10::Device device = DeviceOf(ctx, "");
+  if (kinds.size() != names.size() || kinds.size() != payloads.size()) {
+    throw std::invalid_argument("layer_costs: kinds, names and payloads differ in length");
+  }
+  c10::IValue x = MapTensors(ValueOrFetch(a[3]), [device](const at::Tensor& t) { return t.to(device); });
+  c10::List<double> costs;
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    const std::string where = absl::StrCat("layer ", i, " (", names[i], ") on worker '",
+                                           WorkerName(ctx), "'");
+    std::unique_ptr<StageModule> layer = BuildModule(kinds[i], names[i], payloads[i], device, where);
+    layer->Train(true);
+    const c10::IValue in = MapTensors(x, [](const at::Tensor& t) {
+      return t.is_floating_point() ? t.detach().requires_grad_(true) : t;
+    });
+    double best = std::numeric_limits<double>::infinity();
+    c10::IValue out;
+    for (int64_t rep = 0; rep < repeats; ++rep) {
+      try {
+        Synchronize(device);
+        const int64_t t0 = trace::NowUs();
+        out = layer->Forward(in);
+        if (at::Tensor total = SumOfOutputs(out); total.defined()) total.backward();
+        Synchronize(device);
+        best = std::min(best, (trace::NowUs() - t0) / 1000.0);
+      } catch (...) {
+        absl::Status s = StatusFromCurrentException(absl::StrCat(
+            where, ": timing it on the previous layer's output failed"));
+        throw std::invalid_argument(std::string(s.message()));
+      }
+    }
+    costs.push_back(best);
+    x = MapTensors(out, [](const at::Tensor& t) { return t.detach(); });
+  }
+  return costs;
 }
 
 }  // namespace
@@ -329,6 +398,7 @@ absl::Status RegisterFunctions(Registry& registry) {
           for (const auto& b : h.stage->module().Buffers()) out.push_back(b.detach().cpu().clone());
           return out;
         }}}));
+  RETURN_IF_ERROR(registry.RegisterFunction("remora.pipeline.layer_costs", LayerCosts));
   return registry.RegisterFunction(
       "remora.pipeline.set_order", [](CallContext&, const Args& a) -> c10::IValue {
         // (epoch, [stage, micro-batch, backward, stage, ...])

@@ -97,8 +97,10 @@ absl::StatusOr<std::unique_ptr<StageModule>> LoadScriptStage(const std::string& 
                                                             const std::string& label,
                                                             c10::Device device);
 
-// Registers the stage wrapper and the schedule-order function
-// ("remora.pipeline.set_order") in a worker's registry.
+// Registers the stage wrapper, the schedule-order function
+// ("remora.pipeline.set_order") and the per-layer timing that the
+// partitioner asks for ("remora.pipeline.layer_costs", pipeline/partition.h)
+// in a worker's registry.
 absl::Status RegisterFunctions(Registry& registry);
 
 }  // namespace remora::pipeline

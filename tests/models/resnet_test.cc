@@ -13,10 +13,12 @@
 #include <torch/csrc/jit/api/module.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "launch/cli.h"
 #include "models/resnet.h"
 #include "pipeline/schedule.h"
+#include "tests/support/script_models.h"
 #include "tests/support/test_group.h"
 
 namespace remora {
@@ -54,32 +56,8 @@ TEST(ResNet, ShardsEqualTheSameBlocksOfTheFullModel) {
   EXPECT_THROW(models::ResNetShardImpl(0, 19, 0), std::invalid_argument);
 }
 
-TEST(ResNet, BalancedSplitMinimisesTheLargestPart) {
-  EXPECT_EQ(models::BalancedSplit({1, 1, 1, 1}, 2), (std::vector<int>{0, 2, 4}));
-  EXPECT_EQ(models::BalancedSplit({5, 1, 1, 1, 1, 1}, 2), (std::vector<int>{0, 1, 6}));
-  EXPECT_EQ(models::BalancedSplit({1, 2, 3, 4, 5, 6}, 3), (std::vector<int>{0, 3, 5, 6}));
-  EXPECT_EQ(models::BalancedSplit({3, 3, 3}, 3), (std::vector<int>{0, 1, 2, 3}));
-  EXPECT_THROW(models::BalancedSplit({1, 2}, 3), std::invalid_argument);
+TEST(ResNet, TutorialSplitIsTorchvisions) {
   EXPECT_EQ(models::TutorialSplit(), (std::vector<int>{0, 8, 18}));
-}
-
-TEST(ResNet, InterleavedSplitBalancesWorkersThenChunks) {
-  // Chunk k runs on worker k % workers.
-  EXPECT_EQ(models::InterleavedSplit(std::vector<double>(8, 1.0), 2, 2, 8),
-            (std::vector<int>{0, 2, 4, 6, 8}));
-  // 5 | 1 1 1 1 | 1 1 1 1 | 5: each worker carries 9 although the chunks
-  // are uneven; the largest chunk (5) cannot be smaller.
-  EXPECT_EQ(models::InterleavedSplit({5, 1, 1, 1, 1, 1, 1, 1, 1, 5}, 2, 2, 8),
-            (std::vector<int>{0, 1, 5, 9, 10}));
-  // Three workers, two chunks each (6 9 6 | 7 8 9): the workers carry 13, 17
-  // and 15; no cut beats 4 x 17 + 2 x 9 (the largest chunk).
-  EXPECT_EQ(models::InterleavedSplit({1, 2, 3, 4, 5, 6, 7, 8, 9}, 3, 2, 4),
-            (std::vector<int>{0, 3, 5, 6, 7, 8, 9}));
-  // One chunk per worker is the plain balanced split.
-  EXPECT_EQ(models::InterleavedSplit({1, 2, 3, 4, 5, 6}, 3, 1, 8),
-            models::BalancedSplit({1, 2, 3, 4, 5, 6}, 3));
-  EXPECT_THROW(models::InterleavedSplit({1, 2, 3}, 2, 2, 8), std::invalid_argument);
-  EXPECT_THROW(models::InterleavedSplit({1, 2, 3}, 1, 1, 0), std::invalid_argument);
 }
 
 // Losses of every run in a --report file, in order.
@@ -283,13 +261,7 @@ TEST(Master, WorkersRunTheirActionsInTheSchedulesOrder) {
 
 // A TorchScript linear layer saved to `path` (made in C++: no Python).
 void SaveScriptLinear(const std::string& path, int64_t in, int64_t out, int64_t seed, bool relu) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  torch::jit::Module m("Linear");
-  m.register_parameter("weight", at::randn({out, in}, gen, at::TensorOptions()) / 3.0, false);
-  m.register_parameter("bias", at::randn({out}, gen, at::TensorOptions()) / 3.0, false);
-  m.define(std::string("def forward(self, x):\n  y = torch.matmul(x, self.weight.t()) + self.bias\n") +
-           (relu ? "  return torch.relu(y)\n" : "  return y\n"));
-  m.save(path);
+  test_support::ScriptLinear(in, out, seed, relu).save(path);
 }
 
 // master --model DIR trains TorchScript stages (the stock worker hosts them
@@ -320,6 +292,48 @@ TEST(Master, TrainsTorchScriptStagesFromADirectory) {
     auto p = ReportLosses(ReadFile(report));
     ASSERT_EQ(p.size(), 1u);
     ExpectSameLosses(p[0], l[0], "--model, --schedule " + schedule);
+  }
+}
+
+// master --model FILE of one scripted nn.Sequential cuts it over the
+// workers, by measured cost (two interleaved stages per worker) or at
+// --split-at, and trains as --local trains the whole module.
+TEST(Master, CutsOneSequentialTorchScriptFileOverTheWorkers) {
+  const std::string file = TempPath("sequential.pt");
+  test_support::ScriptSequential({12, 16, 16, 16, 16, 16, 5}).save(file);
+  const std::vector<std::string> args = {"--model", file, "--input-shape", "12", "--classes", "5",
+                                         "--batches", "3", "--batch-size", "16", "--splits", "4",
+                                         "--lr", "0.1"};
+  auto l = LocalLosses(args, "sequential_local");
+  ASSERT_EQ(l.size(), 1u);
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cuts = {
+      {{}, "schedule interleaved: 4 stages over 2 workers"},
+      {{"--split-at", "2"}, "schedule 1f1b: 2 stages over 2 workers"}};
+  for (const auto& [cut, want] : cuts) {
+    const std::string report = TempPath("sequential_pipeline.json");
+    std::vector<std::string> pipeline_args = args;
+    pipeline_args.insert(pipeline_args.end(), cut.begin(), cut.end());
+    pipeline_args.insert(pipeline_args.end(), {"--report", report});
+    auto [code, out] = RunPipeline(2, pipeline_args);
+    ASSERT_EQ(code, 0) << out;
+    EXPECT_THAT(out, HasSubstr(want));
+    EXPECT_THAT(out, HasSubstr("worker1    layers [ 0,"));
+    if (cut.empty()) {
+      EXPECT_THAT(out, HasSubstr("of the measured cost"));
+    }
+    auto p = ReportLosses(ReadFile(report));
+    ASSERT_EQ(p.size(), 1u);
+    ExpectSameLosses(p[0], l[0], absl::StrCat("--model FILE ", absl::StrJoin(cut, " ")));
+  }
+  // Bad cuts are found before any worker is waited for.
+  for (const auto& [split_at, error] : std::vector<std::pair<std::string, std::string>>{
+           {"9", "must increase strictly and lie in 1..5 (the model has 6 layers"},
+           {"1,2", "--split-at makes 3 stages for 2 workers"}}) {
+    auto [code, out] = RunProgram({kBin + "/master", "--workers", "a,b", "--model", file,
+                                   "--input-shape", "12", "--split-at", split_at},
+                                  absl::Seconds(60));
+    EXPECT_EQ(code, 2) << out;
+    EXPECT_THAT(out, HasSubstr(error));
   }
 }
 
@@ -460,9 +474,15 @@ TEST(Master, BadFlagsAndMissingWorkersAreClearErrors) {
   check({"--local", "--model", TempPath("no_such_model")}, 2, "cannot read the TorchScript file");
   check({"--local", "--model", "x.pt", "--input-shape", "3,0"}, 2, "--input-shape wants positive sizes");
   check({"--workers", "a,b", "--schedule", "zigzag"}, 2, "--schedule must be auto, gpipe, 1f1b, interleaved");
-  check({"--workers", "a,b", "--interleave", "10"}, 2, "--workers times --interleave is at most 18");
+  check({"--workers", "a,b", "--interleave", "10"}, 2,
+        "2 workers x 10 stages per worker (--interleave) is more stages than the 18 layers");
   check({"--workers", "a,b", "--partition", "tutorial", "--interleave", "2"}, 2,
-        "drop --interleave");
+        "split points 8 make 2 stages; 4 are wanted");
+  check({"--workers", "a,b", "--split-at", "3,x"}, 2, "--split-at wants layer indices");
+  check({"--workers", "a,b", "--split-at", "12,5,7"}, 2, "must increase strictly");
+  check({"--workers", "a,b,c", "--split-at", "8"}, 2, "--split-at makes 2 stages for 3 workers");
+  check({"--workers", "a,b", "--model", TempPath("no_such_model"), "--split-at", "2"}, 2,
+        "cannot read the TorchScript file");
   check({"--workers", "a", "--listen", "nowhere"}, 2, "HOST:PORT");
   check({"--workers", "a", "--tls-cert", "node.crt"}, 2, "--tls-cert is given without --tls-key");
   check({"--workers", "a", "--tls-cert", TempPath("absent.crt"), "--tls-key", "k"}, 2,

@@ -20,6 +20,7 @@
 
 #include "launch/local_group.h"
 #include "models/mlp.h"
+#include "tests/support/script_models.h"
 #include "tests/support/test_functions.h"
 
 namespace remora::pipeline {
@@ -138,18 +139,11 @@ TEST(Pipeline, RegisteredStagesMatchOneProcessUnderEverySchedule) {
   }
 }
 
-// A TorchScript linear layer (ReLU optional) made in C++: no Python needed.
+// A TorchScript linear layer's bytes (tests/support/script_models.h).
 std::string ScriptLinear(int64_t in, int64_t out, int64_t seed, bool relu,
                          const std::string& method = "forward") {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  torch::jit::Module m("Linear");
-  m.register_parameter("weight", at::randn({out, in}, gen, at::TensorOptions()) / 3.0, false);
-  m.register_parameter("bias", at::randn({out}, gen, at::TensorOptions()) / 3.0, false);
-  m.define("def " + method + "(self, x):\n  y = torch.matmul(x, self.weight.t()) + self.bias\n" +
-           (relu ? "  return torch.relu(y)\n" : "  return y\n"));
-  std::ostringstream bytes;
-  m.save(bytes);
-  return bytes.str();
+  torch::jit::Module m = test_support::ScriptLinear(in, out, seed, relu, method);
+  return test_support::SaveToBytes(m);
 }
 
 TEST(Pipeline, TorchScriptStagesTrainAndMatchOneProcess) {

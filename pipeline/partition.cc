@@ -1,0 +1,376 @@
+#include "pipeline/partition.h"
+
+#include <algorithm>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <sstream>
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/allclose.h>
+#include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/serialization/import.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "base/status_util.h"
+
+namespace remora::pipeline {
+namespace {
+
+// `value` with every tensor replaced by fn(tensor) (tuples and lists too).
+c10::IValue Map(const c10::IValue& value, const std::function<at::Tensor(const at::Tensor&)>& fn) {
+  if (value.isTensor()) return fn(value.toTensor());
+  if (value.isTuple()) {
+    std::vector<c10::IValue> out;
+    for (const auto& e : value.toTupleRef().elements()) out.push_back(Map(e, fn));
+    return c10::ivalue::Tuple::create(std::move(out));
+  }
+  if (value.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : value.toTensorList()) out.push_back(fn(t));
+    return out;
+  }
+  return value;
+}
+
+// The arguments a TorchScript forward gets for `input` (a tuple spreads).
+std::vector<c10::IValue> ScriptArgs(const c10::IValue& input) {
+  if (!input.isTuple()) return {input};
+  std::vector<c10::IValue> args;
+  for (const auto& e : input.toTupleRef().elements()) args.push_back(e);
+  return args;
+}
+
+// Whether `a` and `b` hold the same tensors, within float rounding.
+bool Close(const c10::IValue& a, const c10::IValue& b) {
+  if (a.isTensor() && b.isTensor()) {
+    const at::Tensor x = a.toTensor(), y = b.toTensor();
+    return x.sizes() == y.sizes() && x.dtype() == y.dtype() &&
+           (!x.is_floating_point() ? x.equal(y) : at::allclose(x, y, 1e-4, 1e-5));
+  }
+  if (a.isTuple() && b.isTuple()) {
+    const auto& xs = a.toTupleRef().elements();
+    const auto& ys = b.toTupleRef().elements();
+    if (xs.size() != ys.size()) return false;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      if (!Close(xs[i], ys[i])) return false;
+    }
+    return true;
+  }
+  return false;
+}
+
+std::string Describe(const std::vector<int>& v) { return absl::StrJoin(v, ","); }
+
+}  // namespace
+
+// --- SequentialModel -------------------------------------------------------------
+
+SequentialModel SequentialModel::Registered(std::string type, int num_layers,
+                                            std::vector<c10::IValue> args) {
+  SequentialModel m;
+  m.label_ = type;
+  m.type_ = std::move(type);
+  m.num_layers_ = num_layers;
+  m.args_ = std::move(args);
+  return m;
+}
+
+absl::StatusOr<SequentialModel> SequentialModel::TorchScript(const std::string& bytes,
+                                                             std::string label) {
+  auto module = std::make_shared<torch::jit::Module>();
+  try {
+    std::istringstream in(bytes);
+    *module = torch::jit::load(in);
+  } catch (...) {
+    return StatusFromCurrentException(absl::StrCat(
+        "cannot load TorchScript from ", label,
+        " (save it with torch.jit.script(nn.Sequential(...)).save(path))"));
+  }
+  SequentialModel m;
+  for (const auto& child : module->named_children()) {
+    if (!child.value.find_method("forward")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layer ", m.children_.size(), " ('", child.name, "') of ", label, " has no forward method"));
+    }
+    m.children_.push_back(child.name);
+  }
+  if (m.children_.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        label, " has no child modules to cut into stages (it should be a scripted "
+               "nn.Sequential; a model already cut goes in as one file per stage)"));
+  }
+  m.label_ = std::move(label);
+  m.num_layers_ = static_cast<int>(m.children_.size());
+  m.script_ = std::move(module);
+  return m;
+}
+
+absl::StatusOr<SequentialModel> SequentialModel::TorchScriptFile(const std::string& path) {
+  ASSIGN_OR_RETURN(StageSpec file, StageSpec::TorchScriptFile(path));
+  return TorchScript(file.script, path);
+}
+
+absl::StatusOr<StageSpec> SequentialModel::Stage(int first, int last) const {
+  if (first < 0 || last > num_layers_ || first >= last) {
+    return absl::OutOfRangeError(absl::StrCat("layers [", first, ", ", last, ") of ", label_,
+                                              ", which has ", num_layers_));
+  }
+  if (!script_) {
+    std::vector<c10::IValue> args = {int64_t{first}, int64_t{last}};
+    args.insert(args.end(), args_.begin(), args_.end());
+    return StageSpec::Registered(type_, std::move(args));
+  }
+  // A module of those children, its forward their chain; each step has a
+  // variable of its own, so a layer may change the value's type.
+  const std::string label = absl::StrCat(label_, " layers [", first, ", ", last, ")");
+  try {
+    torch::jit::Module stage("remora.SequentialStage");
+    std::string code = "def forward(self, x0):\n";
+    for (int i = first; i < last; ++i) {
+      const int j = i - first;
+      stage.register_module(absl::StrCat("layer", i), script_->attr(children_[i]).toModule());
+      absl::StrAppend(&code, "  x", j + 1, " = self.layer", i, ".forward(x", j, ")\n");
+    }
+    absl::StrAppend(&code, "  return x", last - first, "\n");
+    stage.define(code);
+    std::ostringstream out;
+    stage.save(out);
+    return StageSpec::TorchScript(out.str(), label);
+  } catch (...) {
+    return StatusFromCurrentException(absl::StrCat(
+        "making a stage of ", label, " (does each layer's forward take the previous one's output?)"));
+  }
+}
+
+absl::Status SequentialModel::Check(const c10::IValue& sample) const {
+  if (!script_) return absl::OkStatus();
+  torch::jit::Module m = script_->deepcopy();
+  m.eval();
+  at::NoGradGuard no_grad;
+  c10::IValue whole, chained = sample;
+  try {
+    whole = m.forward(ScriptArgs(sample));
+  } catch (...) {
+    return StatusFromCurrentException(absl::StrCat("the forward of ", label_, " on the sample input"));
+  }
+  for (size_t i = 0; i < children_.size(); ++i) {
+    try {
+      chained = m.attr(children_[i]).toModule().forward(ScriptArgs(chained));
+    } catch (...) {
+      return StatusFromCurrentException(absl::StrCat(
+          "layer ", i, " ('", children_[i], "') of ", label_,
+          " on the previous layer's output: the layers do not run one after another, so ",
+          label_, " cannot be cut at them (export an nn.Sequential, or one file per stage)"));
+    }
+  }
+  if (!Close(whole, chained)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the forward of ", label_, " is not its ", children_.size(),
+        " child modules run one after another (their chain gives other outputs), so it cannot "
+        "be cut at them: export an nn.Sequential, or one file per stage"));
+  }
+  return absl::OkStatus();
+}
+
+// --- the arithmetic --------------------------------------------------------------
+
+absl::StatusOr<std::vector<int>> BalancedSplit(const std::vector<double>& costs, int parts) {
+  const int n = static_cast<int>(costs.size());
+  if (parts < 1 || parts > n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot cut ", n, " layers into ", parts, " stages (at most one per layer)"));
+  }
+  std::vector<double> prefix(n + 1, 0.0);
+  for (int i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + costs[i];
+  const double inf = std::numeric_limits<double>::infinity();
+  // best[k][i]: the smallest largest part cutting layers [0, i) into k parts.
+  std::vector<std::vector<double>> best(parts + 1, std::vector<double>(n + 1, inf));
+  std::vector<std::vector<int>> cut(parts + 1, std::vector<int>(n + 1, 0));
+  best[0][0] = 0.0;
+  for (int k = 1; k <= parts; ++k) {
+    for (int i = k; i <= n; ++i) {
+      for (int j = k - 1; j < i; ++j) {
+        const double v = std::max(best[k - 1][j], prefix[i] - prefix[j]);
+        if (v < best[k][i]) {
+          best[k][i] = v;
+          cut[k][i] = j;
+        }
+      }
+    }
+  }
+  std::vector<int> bounds(parts + 1);
+  bounds[parts] = n;
+  for (int k = parts, i = n; k > 0; --k) {
+    i = cut[k][i];
+    bounds[k - 1] = i;
+  }
+  return bounds;
+}
+
+absl::StatusOr<std::vector<int>> InterleavedSplit(const std::vector<double>& costs, int workers,
+                                                  int per_worker, int micro_batches) {
+  const int n = static_cast<int>(costs.size());
+  const int parts = workers * per_worker;
+  if (workers < 1 || per_worker < 1 || micro_batches < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "interleaved split: workers (", workers, "), stages per worker (", per_worker,
+        ") and micro-batches (", micro_batches, ") must be at least 1"));
+  }
+  if (per_worker == 1 || parts > n) return BalancedSplit(costs, parts);
+  std::vector<double> prefix(n + 1, 0.0);
+  for (int i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + costs[i];
+  std::vector<int> bounds(parts + 1, 0), best;
+  bounds[parts] = n;
+  double best_time = std::numeric_limits<double>::infinity();
+  std::vector<double> load(workers, 0.0);
+  // Places the cut ending chunk k - 1 (bounds[k]), given bounds[0..k-1].
+  std::function<void(int, double)> place = [&](int k, double largest_chunk) {
+    if (k == parts) {
+      const double chunk = prefix[n] - prefix[bounds[k - 1]];
+      const int w = (k - 1) % workers;
+      load[w] += chunk;
+      const double busiest = *std::max_element(load.begin(), load.end());
+      const double time = micro_batches * busiest + (workers - 1) * std::max(largest_chunk, chunk);
+      if (time < best_time) {
+        best_time = time;
+        best = bounds;
+      }
+      load[w] -= chunk;
+      return;
+    }
+    // Chunk k - 1 is [bounds[k - 1], bounds[k]); a layer is left for each later chunk.
+    for (int end = bounds[k - 1] + 1; end <= n - (parts - k); ++end) {
+      const double chunk = prefix[end] - prefix[bounds[k - 1]];
+      const int w = (k - 1) % workers;
+      load[w] += chunk;
+      if (micro_batches * load[w] < best_time) {  // nothing better down this way otherwise
+        bounds[k] = end;
+        place(k + 1, std::max(largest_chunk, chunk));
+      }
+      load[w] -= chunk;
+    }
+  };
+  place(1, 0.0);
+  return best;
+}
+
+absl::StatusOr<std::vector<int>> SplitAt(int num_layers, const std::vector<int>& split_at,
+                                         int parts) {
+  if (static_cast<int>(split_at.size()) + 1 != parts) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "split points ", Describe(split_at), " make ", split_at.size() + 1, " stages; ", parts,
+        " are wanted (give ", parts - 1, " points: the first layer of stages 1 to ", parts - 1, ")"));
+  }
+  std::vector<int> bounds = {0};
+  for (int p : split_at) {
+    if (p <= bounds.back() || p >= num_layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "split points ", Describe(split_at), " must increase strictly and lie in 1..",
+          num_layers - 1, " (the model has ", num_layers, " layers; every stage needs one)"));
+    }
+    bounds.push_back(p);
+  }
+  bounds.push_back(num_layers);
+  return bounds;
+}
+
+// --- Partition --------------------------------------------------------------------
+
+absl::StatusOr<std::vector<std::vector<double>>> MeasureLayers(
+    Agent& agent, const SequentialModel& model, const std::vector<std::string>& workers,
+    const c10::IValue& sample, int repeats) {
+  if (sample.isNone()) {
+    return absl::InvalidArgumentError(
+        "measuring layers needs a sample micro-batch of inputs (PartitionOptions::sample)");
+  }
+  std::vector<std::string> kinds, names;
+  c10::impl::GenericList payloads(c10::AnyType::get());
+  for (int i = 0; i < model.num_layers(); ++i) {
+    ASSIGN_OR_RETURN(StageSpec layer, model.Stage(i, i + 1));
+    kinds.push_back(layer.kind);
+    names.push_back(layer.name);
+    payloads.push_back(layer.Payload());
+  }
+  const c10::IValue in = agent.local_rref(sample).ToIValue();
+  std::vector<Future<c10::IValue>> pending;
+  for (const auto& w : workers) {
+    pending.push_back(agent.rpc_async(w, "remora.pipeline.layer_costs",
+                                      {kinds, names, payloads, in, int64_t{repeats}},
+                                      CallOptions{absl::Minutes(10)}));
+  }
+  std::vector<std::vector<double>> out;
+  for (size_t w = 0; w < workers.size(); ++w) {
+    auto costs = pending[w].wait();
+    if (!costs.ok()) {
+      return Annotate(costs.status(), absl::StrCat("measuring the layers of ", model.label(),
+                                                   " on worker '", workers[w], "'"));
+    }
+    out.push_back(costs->toDoubleVector());
+  }
+  return out;
+}
+
+absl::StatusOr<Partitioning> Partition(Agent& agent, const SequentialModel& model,
+                                       const std::vector<std::string>& workers,
+                                       const PartitionOptions& o) {
+  const int n = static_cast<int>(workers.size());
+  if (n < 1) return absl::InvalidArgumentError("partition: no workers given");
+  if (o.stages_per_worker < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("partition: stages per worker must be at least 1, not ", o.stages_per_worker));
+  }
+  const int parts = n * o.stages_per_worker;
+  if (parts > model.num_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot cut ", model.label(), " (", model.num_layers(), " layers) into ", parts,
+        " stages (", n, " workers x ", o.stages_per_worker,
+        " per worker): use fewer workers or stages per worker"));
+  }
+  Partitioning p;
+  if (!o.split_at.empty()) {
+    ASSIGN_OR_RETURN(p.bounds, SplitAt(model.num_layers(), o.split_at, parts));
+  } else {
+    RETURN_IF_ERROR(model.Check(o.sample));
+    ASSIGN_OR_RETURN(auto measured, MeasureLayers(agent, model, workers, o.sample, o.repeats));
+    p.layer_ms.assign(model.num_layers(), 0.0);
+    for (const auto& costs : measured) {
+      if (costs.size() != p.layer_ms.size()) {
+        return absl::InternalError("workers measured different numbers of layers");
+      }
+      for (size_t i = 0; i < costs.size(); ++i) p.layer_ms[i] += costs[i] / n;
+    }
+    ASSIGN_OR_RETURN(p.bounds,
+                     InterleavedSplit(p.layer_ms, n, o.stages_per_worker, o.micro_batches));
+  }
+  for (int k = 0; k < parts; ++k) {
+    ASSIGN_OR_RETURN(StageSpec s, model.Stage(p.bounds[k], p.bounds[k + 1]));
+    p.stages.push_back(std::move(s));
+  }
+  return p;
+}
+
+std::string Partitioning::Describe(const std::vector<std::string>& workers) const {
+  const int n = static_cast<int>(workers.size());
+  double total = 0;
+  for (double x : layer_ms) total += x;
+  std::string out;
+  for (int w = 0; w < n; ++w) {
+    double part = 0;
+    std::vector<std::string> ranges;
+    for (int k = w; k + 1 < static_cast<int>(bounds.size()); k += n) {
+      for (int b = bounds[k]; b < bounds[k + 1] && b < static_cast<int>(layer_ms.size()); ++b) {
+        part += layer_ms[b];
+      }
+      ranges.push_back(absl::StrFormat("[%2d, %2d)", bounds[k], bounds[k + 1]));
+    }
+    absl::StrAppendFormat(&out, "  %-10s layers %s", workers[w], absl::StrJoin(ranges, " + "));
+    if (total > 0) absl::StrAppendFormat(&out, "  %5.1f%% of the measured cost", 100.0 * part / total);
+    out += "\n";
+  }
+  return out;
+}
+
+}  // namespace remora::pipeline

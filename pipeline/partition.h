@@ -1,0 +1,130 @@
+// Cutting a sequential model into pipeline stages.
+//
+// A SequentialModel is a list of layers, each taking the previous one's
+// output: a TorchScript nn.Sequential (its children are the layers), or a
+// stage type registered in the worker programs whose first two arguments
+// are a layer range [first, last) (e.g. "ResNetShard"(first, last, seed)).
+// Partition cuts it into stages, either at explicit split points or
+// balanced by cost: every worker times the forward and backward pass of
+// every layer on a sample micro-batch at once (in the pipeline the stages
+// share the machine, and layers suffer from that unequally), and the
+// layers are split to minimise the pipeline's estimated batch time. With
+// several stages per worker the placement is interleaved (stage k on
+// worker k mod n, Megatron-LM's virtual stages).
+//
+//   auto model = pipeline::SequentialModel::TorchScriptFile("model.pt").value();
+//   pipeline::PartitionOptions p;
+//   p.sample = at::randn({16, 3, 32, 32});   // one micro-batch
+//   p.micro_batches = 8;
+//   auto cut = pipeline::Partition(agent, model, {"worker1", "worker2"}, p).value();
+//   std::cout << cut.Describe({"worker1", "worker2"});
+//   options.stages = cut.stages;             // pipeline::PipelineOptions
+//
+// Thread-safety: SequentialModel is immutable after creation and may be
+// shared; the free functions are thread-safe.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/ivalue.h>
+
+#include "absl/status/statusor.h"
+#include "pipeline/pipeline.h"
+#include "rpc/agent.h"
+
+namespace torch::jit {
+struct Module;
+}  // namespace torch::jit
+
+namespace remora::pipeline {
+
+class SequentialModel {
+ public:
+  // A registered stage type that hosts layers [first, last) of
+  // `num_layers` when built with arguments (first, last, args...).
+  static SequentialModel Registered(std::string type, int num_layers,
+                                    std::vector<c10::IValue> args = {});
+  // A TorchScript module whose children, in order, are the layers (what
+  // torch.jit.script(nn.Sequential(...)).save(path) writes). Its own
+  // forward must be the children's chain: Check tests that on a sample.
+  static absl::StatusOr<SequentialModel> TorchScript(const std::string& bytes, std::string label);
+  static absl::StatusOr<SequentialModel> TorchScriptFile(const std::string& path);
+
+  int num_layers() const { return num_layers_; }
+  const std::string& label() const { return label_; }
+
+  // Layers [first, last) as one stage: the registered type with the range,
+  // or a TorchScript module made of those children.
+  absl::StatusOr<StageSpec> Stage(int first, int last) const;
+
+  // For TorchScript: the module's forward on `sample` equals running its
+  // children one after another (eval mode); an error says where they part.
+  // Registered models: always OK.
+  absl::Status Check(const c10::IValue& sample) const;
+
+ private:
+  SequentialModel() = default;
+
+  std::string label_;
+  int num_layers_ = 0;
+  std::string type_;                  // registered
+  std::vector<c10::IValue> args_;     // registered
+  std::shared_ptr<const torch::jit::Module> script_;  // TorchScript
+  std::vector<std::string> children_;                 // TorchScript
+};
+
+struct PartitionOptions {
+  // Stages per worker: 1 is one stage per worker; more interleave (stage k
+  // on worker k mod n).
+  int stages_per_worker = 1;
+  // Explicit cuts: the first layer of stages 1, 2, ... (strictly
+  // increasing, inside the model); nothing is measured. Empty: balanced.
+  std::vector<int> split_at;
+  // One micro-batch of inputs for the measurement (the first layer's input).
+  c10::IValue sample;
+  int micro_batches = 1;  // what the balance minimises the batch time for
+  int repeats = 3;        // timings per layer; the fastest counts
+};
+
+struct Partitioning {
+  std::vector<int> bounds;        // stage k has layers [bounds[k], bounds[k + 1])
+  std::vector<double> layer_ms;   // measured, averaged over the workers; empty with split_at
+  std::vector<StageSpec> stages;
+  // One line per worker: its stages' layer ranges and share of the cost.
+  std::string Describe(const std::vector<std::string>& workers) const;
+};
+
+// Cuts `model` into workers.size() * stages_per_worker stages.
+absl::StatusOr<Partitioning> Partition(Agent& agent, const SequentialModel& model,
+                                       const std::vector<std::string>& workers,
+                                       const PartitionOptions& options);
+
+// Per-layer cost (milliseconds of forward + backward) of `model` on
+// `sample`, measured on each of `workers` at once; one vector per worker.
+absl::StatusOr<std::vector<std::vector<double>>> MeasureLayers(
+    Agent& agent, const SequentialModel& model, const std::vector<std::string>& workers,
+    const c10::IValue& sample, int repeats = 3);
+
+// --- the arithmetic (no sockets) ----------------------------------------------------
+
+// Splits per-layer costs into `parts` contiguous ranges minimising the
+// largest range's cost; returns the parts + 1 bounds (0 ... n).
+absl::StatusOr<std::vector<int>> BalancedSplit(const std::vector<double>& costs, int parts);
+
+// Interleaved stages: `workers * per_worker` contiguous chunks, chunk k on
+// worker k % workers. With m micro-batches a batch takes about
+//   m * (the busiest worker's cost) + (workers - 1) * (the largest chunk),
+// the second term being the pipeline's fill and drain; returns the cuts
+// minimising that (exhaustive over cuts of the busiest-worker bound, fine
+// for tens of layers). per_worker 1 is BalancedSplit(costs, workers).
+absl::StatusOr<std::vector<int>> InterleavedSplit(const std::vector<double>& costs, int workers,
+                                                  int per_worker, int micro_batches);
+
+// The bounds for explicit split points over `num_layers` layers into
+// `parts` stages; an error says what is wrong with them.
+absl::StatusOr<std::vector<int>> SplitAt(int num_layers, const std::vector<int>& split_at,
+                                         int parts);
+
+}  // namespace remora::pipeline

@@ -1,0 +1,210 @@
+// pipeline/partition.h: the split arithmetic (no sockets), cutting a
+// TorchScript sequential model into stage modules, and Partition with real
+// worker processes: measured and explicit cuts train like one process.
+#include "pipeline/partition.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/randint.h>
+#include <ATen/ops/randn.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/jit/api/module.h>
+#include <torch/optim/sgd.h>
+
+#include "launch/local_group.h"
+#include "models/cnn.h"
+#include "tests/support/script_models.h"
+#include "tests/support/test_functions.h"
+
+namespace remora::pipeline {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(Partition, BalancedSplitMinimisesTheLargestPart) {
+  EXPECT_EQ(BalancedSplit({1, 1, 1, 1}, 2).value(), (std::vector<int>{0, 2, 4}));
+  EXPECT_EQ(BalancedSplit({5, 1, 1, 1, 1, 1}, 2).value(), (std::vector<int>{0, 1, 6}));
+  EXPECT_EQ(BalancedSplit({1, 2, 3, 4, 5, 6}, 3).value(), (std::vector<int>{0, 3, 5, 6}));
+  EXPECT_EQ(BalancedSplit({3, 3, 3}, 3).value(), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_THAT(BalancedSplit({1, 2}, 3).status().message(), HasSubstr("cannot cut 2 layers into 3"));
+}
+
+TEST(Partition, InterleavedSplitBalancesWorkersThenChunks) {
+  // Chunk k runs on worker k % workers.
+  EXPECT_EQ(InterleavedSplit(std::vector<double>(8, 1.0), 2, 2, 8).value(),
+            (std::vector<int>{0, 2, 4, 6, 8}));
+  // 5 | 1 1 1 1 | 1 1 1 1 | 5: each worker carries 9 although the chunks
+  // are uneven; the largest chunk (5) cannot be smaller.
+  EXPECT_EQ(InterleavedSplit({5, 1, 1, 1, 1, 1, 1, 1, 1, 5}, 2, 2, 8).value(),
+            (std::vector<int>{0, 1, 5, 9, 10}));
+  // Three workers, two chunks each (6 9 6 | 7 8 9): the workers carry 13, 17
+  // and 15; no cut beats 4 x 17 + 2 x 9 (the largest chunk).
+  EXPECT_EQ(InterleavedSplit({1, 2, 3, 4, 5, 6, 7, 8, 9}, 3, 2, 4).value(),
+            (std::vector<int>{0, 3, 5, 6, 7, 8, 9}));
+  // One chunk per worker is the plain balanced split.
+  EXPECT_EQ(InterleavedSplit({1, 2, 3, 4, 5, 6}, 3, 1, 8).value(),
+            BalancedSplit({1, 2, 3, 4, 5, 6}, 3).value());
+  EXPECT_FALSE(InterleavedSplit({1, 2, 3}, 2, 2, 8).ok());
+  EXPECT_FALSE(InterleavedSplit({1, 2, 3}, 1, 1, 0).ok());
+}
+
+TEST(Partition, SplitPointsAreCheckedAndBecomeBounds) {
+  EXPECT_EQ(SplitAt(6, {2, 5}, 3).value(), (std::vector<int>{0, 2, 5, 6}));
+  EXPECT_THAT(SplitAt(6, {2}, 3).status().message(), HasSubstr("make 2 stages; 3 are wanted"));
+  EXPECT_THAT(SplitAt(6, {3, 3}, 3).status().message(), HasSubstr("increase strictly"));
+  EXPECT_THAT(SplitAt(6, {0, 3}, 3).status().message(), HasSubstr("lie in 1..5"));
+  EXPECT_THAT(SplitAt(6, {3, 6}, 3).status().message(), HasSubstr("the model has 6 layers"));
+}
+
+using test_support::LoadFromBytes;
+using test_support::SaveToBytes;
+using test_support::ScriptLinear;
+
+std::string ScriptSequential(const std::vector<int64_t>& widths, bool residual = false) {
+  torch::jit::Module m = test_support::ScriptSequential(widths, residual);
+  return SaveToBytes(m);
+}
+
+TEST(Partition, TorchScriptSequentialCutsIntoStagesThatChainToTheWhole) {
+  const std::string bytes = ScriptSequential({6, 8, 8, 5, 3});
+  auto model = SequentialModel::TorchScript(bytes, "seq.pt");
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ(model->num_layers(), 4);
+  const at::Tensor x = at::randn({5, 6});
+  EXPECT_TRUE(model->Check(x).ok()) << model->Check(x);
+  torch::jit::Module whole = LoadFromBytes(bytes);
+  c10::IValue y = x;
+  for (auto [first, last] : std::vector<std::pair<int, int>>{{0, 1}, {1, 3}, {3, 4}}) {
+    auto stage = model->Stage(first, last);
+    ASSERT_TRUE(stage.ok()) << stage.status();
+    EXPECT_EQ(stage->kind, "script");
+    EXPECT_THAT(stage->name, HasSubstr("seq.pt layers ["));
+    torch::jit::Module m = LoadFromBytes(stage->script);
+    EXPECT_EQ(m.parameters().size(), 2u * (last - first));
+    y = m.forward({y});
+  }
+  EXPECT_TRUE(at::allclose(y.toTensor(), whole.forward({x}).toTensor()));
+  EXPECT_THAT(model->Stage(2, 5).status().message(), HasSubstr("which has 4"));
+  EXPECT_FALSE(model->Stage(2, 2).ok());
+}
+
+TEST(Partition, ModelsThatAreNotSequentialAreClearErrors) {
+  auto residual = SequentialModel::TorchScript(ScriptSequential({4, 4, 2}, true), "res.pt");
+  ASSERT_TRUE(residual.ok());
+  EXPECT_THAT(residual->Check(at::randn({2, 4})).message(),
+              HasSubstr("is not its 2 child modules run one after another"));
+  torch::jit::Module flat = ScriptLinear(4, 2, 1, false);
+  EXPECT_THAT(SequentialModel::TorchScript(SaveToBytes(flat), "flat.pt").status().message(),
+              HasSubstr("flat.pt has no child modules"));
+  EXPECT_THAT(SequentialModel::TorchScript("not a zip", "junk.pt").status().message(),
+              HasSubstr("cannot load TorchScript from junk.pt"));
+  // Shapes that do not chain: layer 1 takes 8 features, the sample has 5.
+  auto seq = SequentialModel::TorchScript(ScriptSequential({6, 8, 3}), "seq.pt");
+  EXPECT_THAT(seq->Check(at::randn({2, 5})).message(), HasSubstr("the forward of seq.pt"));
+}
+
+// Two real workers and a master in this process.
+class Workers {
+ public:
+  Workers() {
+    EXPECT_TRUE(test_support::RegisterForTests(registry_).ok());
+    auto g = cli::StartLocalGroup({"w1", "w2"}, &registry_, {"--threads", "1"});
+    EXPECT_TRUE(g.ok()) << g.status();
+    group_ = std::move(*g);
+  }
+  ~Workers() { EXPECT_TRUE(group_.Shutdown().ok()); }
+  Agent& master() { return *group_.master; }
+
+ private:
+  Registry registry_;
+  cli::LocalGroup group_;
+};
+
+// One SGD step's losses for `steps` batches through the pipeline.
+std::vector<double> Train(Agent& agent, std::vector<StageSpec> stages, const at::Tensor& x,
+                          const at::Tensor& t, int steps) {
+  PipelineOptions o;
+  o.stages = std::move(stages);
+  o.workers = {"w1", "w2"};
+  o.micro_batches = 4;
+  o.loss = CrossEntropyLoss();
+  o.optimizer = optim::OptimizerOptions::SGD(0.05);
+  auto pipe = Pipeline::Create(agent, o);
+  EXPECT_TRUE(pipe.ok()) << pipe.status();
+  std::vector<double> losses;
+  for (int i = 0; pipe.ok() && i < steps; ++i) losses.push_back((*pipe)->train_step(x, t).value());
+  return losses;
+}
+
+TEST(Partition, MeasuredAndExplicitCutsTrainLikeOneProcess) {
+  Workers workers;
+  const std::string bytes = ScriptSequential({6, 16, 16, 16, 16, 16, 16, 4});
+  auto model = SequentialModel::TorchScript(bytes, "seq.pt").value();
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  const at::Tensor x = at::randn({16, 6}, gen, at::TensorOptions());
+  const at::Tensor t = at::randint(4, {16}, gen, at::TensorOptions(at::kLong));
+  // The same steps in one process.
+  torch::jit::Module whole = LoadFromBytes(bytes);
+  std::vector<at::Tensor> params;
+  for (const at::Tensor& p : whole.parameters()) params.push_back(p.requires_grad_(true));
+  torch::optim::SGD opt(params, torch::optim::SGDOptions(0.05));
+  std::vector<double> want;
+  for (int i = 0; i < 3; ++i) {
+    opt.zero_grad();
+    at::Tensor l = at::cross_entropy_loss(whole.forward({x}).toTensor(), t);
+    l.backward();
+    opt.step();
+    want.push_back(l.item<double>());
+  }
+  PartitionOptions measured;
+  measured.stages_per_worker = 2;
+  measured.sample = x.slice(0, 0, 4);
+  measured.micro_batches = 4;
+  auto cut = Partition(workers.master(), model, {"w1", "w2"}, measured);
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  ASSERT_EQ(cut->bounds.size(), 5u);
+  EXPECT_EQ(cut->bounds.front(), 0);
+  EXPECT_EQ(cut->bounds.back(), 7);
+  ASSERT_EQ(cut->layer_ms.size(), 7u);
+  for (double ms : cut->layer_ms) EXPECT_GT(ms, 0.0);
+  EXPECT_THAT(cut->Describe({"w1", "w2"}), HasSubstr("of the measured cost"));
+  PartitionOptions given;
+  given.split_at = {2, 4, 6};
+  given.stages_per_worker = 2;
+  auto explicit_cut = Partition(workers.master(), model, {"w1", "w2"}, given);
+  ASSERT_TRUE(explicit_cut.ok()) << explicit_cut.status();
+  EXPECT_EQ(explicit_cut->bounds, (std::vector<int>{0, 2, 4, 6, 7}));
+  EXPECT_TRUE(explicit_cut->layer_ms.empty());
+  for (const auto* c : {&*cut, &*explicit_cut}) {
+    const std::vector<double> got = Train(workers.master(), c->stages, x, t, 3);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << i;
+  }
+  // More stages than layers; a split point outside the model.
+  PartitionOptions many;
+  many.stages_per_worker = 4;
+  EXPECT_THAT(Partition(workers.master(), model, {"w1", "w2"}, many).status().message(),
+              HasSubstr("into 8 stages (2 workers x 4 per worker)"));
+  PartitionOptions outside;
+  outside.split_at = {9};
+  EXPECT_THAT(Partition(workers.master(), model, {"w1", "w2"}, outside).status().message(),
+              HasSubstr("lie in 1..6"));
+  // A registered layered type: the small CNN's blocks, measured on the workers.
+  PartitionOptions cnn;
+  cnn.sample = at::randn({2, 1, 28, 28});
+  auto cnn_cut = Partition(workers.master(),
+                           SequentialModel::Registered("SmallCnn", models::kSmallCnnBlocks, {int64_t{5}}),
+                           {"w1", "w2"}, cnn);
+  ASSERT_TRUE(cnn_cut.ok()) << cnn_cut.status();
+  ASSERT_EQ(cnn_cut->stages.size(), 2u);
+  EXPECT_EQ(cnn_cut->stages[0].args[0].toInt(), 0);
+  EXPECT_EQ(cnn_cut->stages[1].args[1].toInt(), models::kSmallCnnBlocks);
+  EXPECT_EQ(cnn_cut->stages[0].args[1].toInt(), cnn_cut->stages[1].args[0].toInt());
+  EXPECT_EQ(cnn_cut->stages[1].args[2].toInt(), 5);
+}
+
+}  // namespace
+}  // namespace remora::pipeline

@@ -1,0 +1,48 @@
+#include "tests/support/script_models.h"
+
+#include <sstream>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/randn.h>
+#include <torch/csrc/jit/serialization/import.h>
+
+namespace remora::test_support {
+
+torch::jit::Module ScriptLinear(int64_t in, int64_t out, int64_t seed, bool relu,
+                                const std::string& method) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  torch::jit::Module m("Linear");
+  m.register_parameter("weight", at::randn({out, in}, gen, at::TensorOptions()) / 3.0, false);
+  m.register_parameter("bias", at::randn({out}, gen, at::TensorOptions()) / 3.0, false);
+  m.define("def " + method + "(self, x):\n  y = torch.matmul(x, self.weight.t()) + self.bias\n" +
+           (relu ? "  return torch.relu(y)\n" : "  return y\n"));
+  return m;
+}
+
+torch::jit::Module ScriptSequential(const std::vector<int64_t>& widths, bool residual) {
+  torch::jit::Module m("Sequential");
+  std::string code = "def forward(self, x):\n";
+  for (size_t i = 0; i + 1 < widths.size(); ++i) {
+    const std::string name = "l" + std::to_string(i);
+    m.register_module(name, ScriptLinear(widths[i], widths[i + 1], 10 + static_cast<int64_t>(i),
+                                         i + 2 < widths.size()));
+    code += "  x = self." + name + ".forward(x)\n";
+  }
+  code += residual ? "  return x + 1.0\n" : "  return x\n";
+  m.define(code);
+  return m;
+}
+
+std::string SaveToBytes(torch::jit::Module& m) {
+  std::ostringstream bytes;
+  m.save(bytes);
+  return bytes.str();
+}
+
+torch::jit::Module LoadFromBytes(const std::string& bytes) {
+  std::istringstream in(bytes);
+  return torch::jit::load(in);
+}
+
+}  // namespace remora::test_support

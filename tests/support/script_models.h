@@ -1,0 +1,28 @@
+// TorchScript modules made in C++ for tests (no Python needed): what
+// torch.jit.script(...).save(path) writes for a linear layer and for an
+// nn.Sequential of them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/jit/api/module.h>
+
+namespace remora::test_support {
+
+// x @ weight.t() + bias (then ReLU with `relu`) as `method`; weights drawn
+// from `seed`, scaled by 1/3.
+torch::jit::Module ScriptLinear(int64_t in, int64_t out, int64_t seed, bool relu,
+                                const std::string& method = "forward");
+
+// Linear layers widths[0] -> widths[1] -> ... (ReLU between them) as the
+// children l0, l1, ... of one module whose forward is their chain; with
+// `residual` its forward adds 1 at the end (not the chain).
+torch::jit::Module ScriptSequential(const std::vector<int64_t>& widths, bool residual = false);
+
+// A module's bytes as torch.jit.save writes them, and back.
+std::string SaveToBytes(torch::jit::Module& m);
+torch::jit::Module LoadFromBytes(const std::string& bytes);
+
+}  // namespace remora::test_support
