@@ -85,7 +85,7 @@ struct PartitionOptions {
   // One micro-batch of inputs for the measurement (the first layer's input).
   c10::IValue sample;
   int micro_batches = 1;  // what the balance minimises the batch time for
-  int repeats = 3;        // timings per layer; the fastest counts
+  int repeats = 4;        // timings per layer; the fastest counts
 };
 
 struct Partitioning {
@@ -105,7 +105,7 @@ absl::StatusOr<Partitioning> Partition(Agent& agent, const SequentialModel& mode
 // `sample`, measured on each of `workers` at once; one vector per worker.
 absl::StatusOr<std::vector<std::vector<double>>> MeasureLayers(
     Agent& agent, const SequentialModel& model, const std::vector<std::string>& workers,
-    const c10::IValue& sample, int repeats = 3);
+    const c10::IValue& sample, int repeats = 4);
 
 // --- the arithmetic (no sockets) ----------------------------------------------------
 

@@ -180,7 +180,14 @@ class Stage {
       // with grad mode off.)
       if (!train) return MapTensors(y, [](const at::Tensor& t) { return t.detach(); });
       const ActionMarkInfo mark{LaneAction{epoch, index_, mb, true}, trace_label_};
-      y = MapTensors(y, [&mark](const at::Tensor& t) { return MarkAction(t, mark); });
+      bool needs_grad = false;
+      y = MapTensors(y, [&mark, &needs_grad](const at::Tensor& t) {
+        needs_grad |= t.requires_grad();
+        return MarkAction(t, mark);
+      });
+      // No gradient flows back here (a first stage without parameters): its
+      // backward action will never come, and the order must not wait for it.
+      if (!needs_grad && epoch >= 0) ComputeTurn::Skip(mark.action);
       tag.reset();
       if (metered) ActivationMeter::Get().Sample(index_);
       return y;

@@ -7,6 +7,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/mutex_lock.h"
@@ -65,6 +66,7 @@ class Lane {
     std::sort(plain_.begin(), plain_.end(),
               [](Waiter* a, Waiter* b) { return a->ticket < b->ticket; });
     ordered_.clear();
+    skipped_.clear();
     index_.clear();
     order_.clear();
     for (const LaneAction& a : order) {
@@ -72,6 +74,14 @@ class Lane {
     }
     epoch_ = epoch;
     pos_ = 0;
+    return Grant();
+  }
+
+  Waiter* Skip(const LaneAction& action) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (action.epoch != epoch_) return nullptr;
+    auto it = index_.find(KeyOf(action));
+    if (it == index_.end() || it->second < pos_) return nullptr;
+    skipped_.insert(it->first);
     return Grant();
   }
 
@@ -84,6 +94,7 @@ class Lane {
  private:
   Waiter* Grant() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (busy_) return nullptr;
+    while (pos_ < order_.size() && skipped_.contains(order_[pos_])) ++pos_;
     Waiter* w = nullptr;
     if (pos_ < order_.size()) {
       auto it = ordered_.find(order_[pos_]);
@@ -111,6 +122,7 @@ class Lane {
   absl::flat_hash_map<Key, size_t> index_ ABSL_GUARDED_BY(mu);
   size_t pos_ ABSL_GUARDED_BY(mu) = 0;
   absl::flat_hash_map<Key, Waiter*> ordered_ ABSL_GUARDED_BY(mu);
+  absl::flat_hash_set<Key> skipped_ ABSL_GUARDED_BY(mu);  // of the order, never to come
 };
 
 Lane& TheLane() {
@@ -188,6 +200,16 @@ void ComputeTurn::RunInTurn(const LaneAction& action, std::function<void()> run,
   {
     MutexLock lock(lane.mu);
     start = lane.Enqueue(w, &action);
+  }
+  Start(start);
+}
+
+void ComputeTurn::Skip(const LaneAction& action) {
+  Lane& lane = TheLane();
+  Waiter* start;
+  {
+    MutexLock lock(lane.mu);
+    start = lane.Skip(action);
   }
   Start(start);
 }

@@ -65,6 +65,11 @@ class ComputeTurn {
   // turns from then on (a failed batch cannot hold the lane).
   static void SetOrder(int64_t epoch, std::vector<LaneAction> order);
 
+  // Counts `action` (of the current order) as done without running it: a
+  // backward pass that will never come, because the forward pass's outputs
+  // need no gradient (a first stage without parameters). Later actions of
+  // the order do not wait for it.
+  static void Skip(const LaneAction& action);
   // Turns held or waited for right now in this process (tests, diagnostics).
   static int64_t Queued();
 

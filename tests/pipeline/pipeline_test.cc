@@ -4,6 +4,7 @@
 // and options are clear errors that name the stage and the worker.
 #include "pipeline/pipeline.h"
 
+#include <cmath>
 #include <map>
 #include <sstream>
 
@@ -195,6 +196,40 @@ TEST(Pipeline, TorchScriptStagesTrainAndMatchOneProcess) {
   }
   for (const char* w : {"w1", "w2"}) {
     EXPECT_EQ(workers.master().rpc_sync(w, "remora.autograd.num_contexts").value().toInt(), 0) << w;
+  }
+}
+
+// A first stage without parameters (a flatten, a scale) sends no gradient
+// back: its backward actions never come, and the workers' orders must not
+// wait for them (they did: stage 2's forward passes waited forever).
+TEST(Pipeline, AFirstStageWithoutParametersDoesNotStallTheSchedule) {
+  Workers workers;
+  torch::jit::Module scale("Scale");
+  scale.define("def forward(self, x):\n  return x * 2.0\n");
+  const std::string first = test_support::SaveToBytes(scale);
+  const auto data = Data(2, 8, 8, 4);
+  for (const std::string schedule : {"1f1b", "interleaved"}) {
+    SCOPED_TRACE(schedule);
+    PipelineOptions o;
+    o.stages = {StageSpec::TorchScript(first, "scale.pt"),
+                StageSpec::TorchScript(ScriptLinear(8, 16, 1, true), "l1.pt")};
+    if (schedule == "interleaved") {
+      o.stages.push_back(StageSpec::TorchScript(ScriptLinear(16, 16, 2, true), "l2.pt"));
+      o.stages.push_back(StageSpec::TorchScript(ScriptLinear(16, 4, 3, false), "l3.pt"));
+    } else {
+      o.stages[1] = StageSpec::TorchScript(ScriptLinear(8, 4, 1, false), "l1.pt");
+    }
+    o.workers = {"w1", "w2"};
+    o.schedule = schedule;
+    o.micro_batches = 4;
+    o.loss = MseLoss();
+    auto pipe = Pipeline::Create(workers.master(), o);
+    ASSERT_TRUE(pipe.ok()) << pipe.status();
+    for (const auto& [x, t] : data) {
+      auto loss = (*pipe)->train_step(x, t);
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      EXPECT_TRUE(std::isfinite(*loss));
+    }
   }
 }
 

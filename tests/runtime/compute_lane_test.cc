@@ -1,7 +1,7 @@
 // The compute lane without sockets: plain turns one at a time in arrival
 // order; a schedule's actions in the schedule's order, whatever order they
 // arrive in; plain turns while the next action has not arrived; a new
-// order releases the old one's waiters.
+// order releases the old one's waiters; skipped actions are not waited for.
 #include "runtime/compute_lane.h"
 
 #include <atomic>
@@ -171,6 +171,24 @@ TEST(ComputeTurn, ANewOrderLetsTheOldOrdersWaitersRun) {
     ComputeTurn::SetOrder(4, {F(4, 0)});
     r.Drive(2);
     EXPECT_EQ(r.order().size(), 2u);
+  }
+  EXPECT_EQ(ComputeTurn::Queued(), 0);
+}
+
+TEST(ComputeTurn, SkippedActionsAreNotWaitedFor) {
+  ComputeTurn::SetOrder(5, {F(5, 0), B(5, 0), F(5, 1), B(5, 1)});
+  {
+    Recorder r;
+    r.Sync(F(5, 1));  // waits for B0, which will never come
+    r.Sync(F(5, 0));
+    r.Drive(1);
+    EXPECT_THAT(r.order(), ::testing::ElementsAre("F0@stage0"));
+    WaitQueued(1);
+    ComputeTurn::Skip(B(5, 0));
+    ComputeTurn::Skip(B(5, 1));
+    ComputeTurn::Skip(B(99, 0));  // not of this order: nothing happens
+    r.Drive(2);
+    EXPECT_THAT(r.order(), ::testing::ElementsAre("F0@stage0", "F1@stage0"));
   }
   EXPECT_EQ(ComputeTurn::Queued(), 0);
 }
