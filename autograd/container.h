@@ -52,6 +52,8 @@ class DistContext {
   std::optional<WorkerId> RecvTaken(const at::Tensor& tensor) const;
 
   void AccumulateGrad(const at::Tensor& leaf, const at::Tensor& grad);
+  // Replaces the gradient of `leaf` (parallel/: the replicas' sum).
+  void SetGradient(const at::Tensor& leaf, const at::Tensor& grad);
   std::vector<std::pair<at::Tensor, at::Tensor>> Gradients() const;
   at::Tensor Gradient(const at::Tensor& leaf) const;
 

@@ -87,6 +87,11 @@ void DistContext::AccumulateGrad(const at::Tensor& leaf, const at::Tensor& grad)
   if (!inserted) it->second.second = it->second.second + grad;
 }
 
+void DistContext::SetGradient(const at::Tensor& leaf, const at::Tensor& grad) {
+  MutexLock lock(mu_);
+  grads_.insert_or_assign(leaf.unsafeGetTensorImpl(), std::make_pair(leaf, grad));
+}
+
 std::vector<std::pair<at::Tensor, at::Tensor>> DistContext::Gradients() const {
   MutexLock lock(mu_);
   std::vector<std::pair<at::Tensor, at::Tensor>> out;
@@ -292,8 +297,10 @@ Future<Empty> RunBackward(Container& container, std::shared_ptr<DistContext> con
           done.SetError(status);
           return;
         }
-        Deliver(agent, *context, leaves, results, retain_graph)
-            .then([done](const absl::StatusOr<Empty>& r) mutable {
+        Future<Empty> delivered = Deliver(agent, *context, leaves, results, retain_graph);
+        // The pass's gradients are in the context now.
+        if (MarkedBackwardHook hook = GetMarkedBackwardHook()) hook(context->id(), mark->action);
+        delivered.then([done](const absl::StatusOr<Empty>& r) mutable {
               if (r.ok()) {
                 done.SetValue(Empty{});
               } else {
@@ -306,6 +313,32 @@ Future<Empty> RunBackward(Container& container, std::shared_ptr<DistContext> con
 }
 
 // --- public API ---------------------------------------------------------------
+
+namespace {
+
+struct HookSlot {
+  absl::Mutex mu;
+  MarkedBackwardHook hook ABSL_GUARDED_BY(mu);
+};
+
+HookSlot& TheHook() {
+  static HookSlot* slot = new HookSlot;  // never destroyed
+  return *slot;
+}
+
+}  // namespace
+
+void SetMarkedBackwardHook(MarkedBackwardHook hook) {
+  HookSlot& slot = TheHook();
+  MutexLock lock(slot.mu);
+  slot.hook = std::move(hook);
+}
+
+MarkedBackwardHook GetMarkedBackwardHook() {
+  HookSlot& slot = TheHook();
+  MutexLock lock(slot.mu);
+  return slot.hook;
+}
 
 void Enable(Agent& agent) { agent.set_autograd(std::make_unique<Container>(&agent)); }
 

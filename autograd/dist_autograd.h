@@ -23,10 +23,13 @@
 #include <cstdint>
 #include <vector>
 
+#include <functional>
+
 #include <ATen/core/Tensor.h>
 
 #include "absl/status/statusor.h"
 #include "rpc/agent.h"
+#include "runtime/compute_lane.h"
 
 namespace remora::dist_autograd {
 
@@ -79,5 +82,14 @@ absl::StatusOr<at::Tensor> get_gradient(Agent& agent, int64_t context_id,
 
 // Contexts alive on this worker (zero after training, when all released).
 int64_t num_contexts(Agent& agent);
+
+// Called on this process after a backward pass marked with a pipeline
+// action (runtime/action_mark.h) has added its gradients to context
+// `context_id`, on the thread that ran it; must not block (parallel/
+// launches the replicas' gradient all-reduce from here). One per process;
+// an empty function removes it. Thread-safe.
+using MarkedBackwardHook = std::function<void(int64_t context_id, const LaneAction& action)>;
+void SetMarkedBackwardHook(MarkedBackwardHook hook);
+MarkedBackwardHook GetMarkedBackwardHook();
 
 }  // namespace remora::dist_autograd

@@ -18,6 +18,7 @@
 #include "models/mlp.h"
 #include "models/resnet.h"
 #include "optim/distributed_optimizer.h"
+#include "parallel/gradient_group.h"
 #include "pipeline/stage.h"
 #include "rpc/agent.h"
 #include "rpc/rref_args.h"
@@ -171,6 +172,7 @@ absl::Status RegisterStockWorker(Registry& registry) {
   RETURN_IF_ERROR(dist_autograd::RegisterFunctions(registry));
   RETURN_IF_ERROR(optim::RegisterFunctions(registry));
   RETURN_IF_ERROR(pipeline::RegisterFunctions(registry));
+  RETURN_IF_ERROR(parallel::RegisterFunctions(registry));
   return RegisterStockStageTypes();
 }
 

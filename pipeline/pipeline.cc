@@ -174,12 +174,22 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(Agent& agent, Pipelin
 }
 
 absl::StatusOr<double> Pipeline::train_step(const c10::IValue& inputs, const c10::IValue& targets) {
+  dist_autograd::Context context(agent_);
+  ASSIGN_OR_RETURN(double loss, forward_backward(inputs, targets, context.id(), BatchRows(inputs)));
+  RETURN_IF_ERROR(step(context.id()));
+  return loss;
+}
+
+absl::Status Pipeline::step(int64_t context_id) { return optimizer_->step(context_id); }
+
+absl::StatusOr<double> Pipeline::forward_backward(const c10::IValue& inputs,
+                                                  const c10::IValue& targets, int64_t context_id,
+                                                  int64_t total_rows) {
   const int m = schedule_.micro_batches;
   ASSIGN_OR_RETURN(std::vector<c10::IValue> xs, SplitMicroBatches(inputs, m));
   ASSIGN_OR_RETURN(std::vector<c10::IValue> ts, SplitMicroBatches(targets, m));
-  const double rows = static_cast<double>(BatchRows(inputs));
-  dist_autograd::Context context(agent_);
-  const int64_t epoch = context.id();
+  const double rows = static_cast<double>(total_rows);
+  const int64_t epoch = context_id;
   // Every worker learns its actions' order for this batch before any starts.
   std::vector<Future<c10::IValue>> told;
   for (size_t w = 0; w < workers_.size(); ++w) {
@@ -222,7 +232,6 @@ absl::StatusOr<double> Pipeline::train_step(const c10::IValue& inputs, const c10
     backwards.push_back(dist_autograd::backward_async(agent_, epoch, {l}));
   }
   for (auto& b : backwards) RETURN_IF_ERROR(b.wait().status());
-  RETURN_IF_ERROR(optimizer_->step(epoch));
   return loss;
 }
 

@@ -93,6 +93,17 @@ class Pipeline {
   // One training step on the batch; returns its loss (the whole batch's).
   absl::StatusOr<double> train_step(const c10::IValue& inputs, const c10::IValue& targets);
 
+  // train_step in two parts, for data parallelism (parallel/): the batch's
+  // forward and backward passes in distributed autograd context
+  // `context_id` (the gradients stay in the context on the workers), each
+  // micro-batch's loss weighted by its rows / `total_rows` (the rows of the
+  // whole batch, of which `inputs` may be one replica's share); returns
+  // the weighted loss. Then step() steps the optimizer with the context's
+  // gradients.
+  absl::StatusOr<double> forward_backward(const c10::IValue& inputs, const c10::IValue& targets,
+                                          int64_t context_id, int64_t total_rows);
+  absl::Status step(int64_t context_id);
+
   // The model's outputs for `inputs`, forward only.
   absl::StatusOr<c10::IValue> eval_step(const c10::IValue& inputs);
 
@@ -107,6 +118,7 @@ class Pipeline {
   absl::StatusOr<std::vector<int64_t>> peak_activation_bytes(bool reset = false);
 
   const Schedule& schedule() const { return schedule_; }
+  const std::vector<RRef>& stages() const { return stages_; }
   int num_stages() const { return static_cast<int>(stages_.size()); }
   const std::string& worker_of(int k) const { return workers_[k % workers_.size()]; }
 

@@ -17,6 +17,7 @@ LAYERS=("base proto"
         "autograd"
         "optim"
         "pipeline"
+        "parallel"
         "models launch"
         "examples"
         "tests")

@@ -1,0 +1,213 @@
+#include "parallel/data_parallel.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
+#include "autograd/dist_autograd.h"
+#include "base/status_util.h"
+#include "optim/distributed_optimizer.h"
+#include "pipeline/microbatch.h"
+
+namespace remora::parallel {
+namespace {
+
+// The host part of HOST:PORT (IPv6 brackets removed).
+std::string HostOf(const std::string& address) {
+  std::string host = address.substr(0, address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return host;
+}
+
+// Waits for every future; the first error, annotated with `what` and the
+// worker it came from.
+absl::Status WaitAll(std::vector<Future<c10::IValue>>& pending, const std::vector<std::string>& workers,
+                     const std::string& what, std::vector<c10::IValue>* values = nullptr) {
+  absl::Status first;
+  for (size_t i = 0; i < pending.size(); ++i) {
+    auto r = pending[i].wait();
+    if (!r.ok() && first.ok()) first = Annotate(r.status(), absl::StrCat(what, " on worker '", workers[i], "'"));
+    if (r.ok() && values != nullptr) values->push_back(*r);
+  }
+  return first;
+}
+
+}  // namespace
+
+DataParallelPipeline::DataParallelPipeline(Agent& agent, DataParallelOptions options,
+                                           std::vector<std::unique_ptr<pipeline::Pipeline>> replicas,
+                                           std::unique_ptr<StoreServer> store,
+                                           std::vector<Member> members)
+    : agent_(agent),
+      options_(std::move(options)),
+      replicas_(std::move(replicas)),
+      store_(std::move(store)),
+      members_(std::move(members)) {}
+
+DataParallelPipeline::~DataParallelPipeline() = default;
+
+absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Create(
+    Agent& agent, DataParallelOptions o) {
+  const int R = o.replicas;
+  const int n = static_cast<int>(o.pipeline.workers.size());
+  if (R < 1) return absl::InvalidArgumentError(absl::StrCat("replicas must be >= 1, not ", R));
+  if (n % R != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        n, " workers do not make ", R, " replicas of one pipeline: give P x ", R,
+        " workers (replica r runs on workers r*P .. r*P + P - 1)"));
+  }
+  if (o.bucket_bytes < 1) return absl::InvalidArgumentError("the bucket size must be positive");
+  const int P = n / R;
+  std::vector<std::unique_ptr<pipeline::Pipeline>> replicas;
+  for (int r = 0; r < R; ++r) {
+    pipeline::PipelineOptions p = o.pipeline;
+    p.workers.assign(o.pipeline.workers.begin() + r * P, o.pipeline.workers.begin() + (r + 1) * P);
+    auto pipe = pipeline::Pipeline::Create(agent, std::move(p));
+    if (!pipe.ok()) return Annotate(pipe.status(), absl::StrCat("replica ", r));
+    replicas.push_back(std::move(*pipe));
+  }
+  std::unique_ptr<StoreServer> store;
+  std::vector<Member> members;
+  if (R > 1) {
+    ASSIGN_OR_RETURN(store, StoreServer::Start(HostOf(agent.self().address)));
+    static std::atomic<int64_t> next_id{0};
+    const std::string prefix =
+        absl::StrCat("remora-dp-", agent.self().name, "-", getpid(), "-", next_id++);
+    std::vector<Future<c10::IValue>> made;
+    std::vector<std::string> where;
+    for (int r = 0; r < R; ++r) {
+      const int S = replicas[r]->num_stages();
+      for (int p = 0; p < P; ++p) {
+        std::vector<int64_t> indices;
+        c10::impl::GenericList params(c10::AnyType::get());
+        for (int k = p; k < S; k += P) {
+          ASSIGN_OR_RETURN(std::vector<RRef> mine, optim::parameter_rrefs(replicas[r]->stages()[k]));
+          c10::impl::GenericList list(c10::AnyType::get());
+          for (const RRef& x : mine) list.push_back(x.ToIValue());
+          indices.push_back(k);
+          params.push_back(list);
+        }
+        Member m;
+        m.worker = o.pipeline.workers[r * P + p];
+        m.slot = p;
+        m.replica = r;
+        ASSIGN_OR_RETURN(m.group, agent.remote(m.worker, "remora.parallel.GradientGroup",
+                                               {store->host(), int64_t{store->port()},
+                                                absl::StrCat(prefix, "-slot", p), int64_t{r},
+                                                int64_t{R}, absl::ToInt64Milliseconds(o.timeout),
+                                                o.bucket_bytes, o.overlap, indices, params}));
+        members.push_back(m);
+      }
+    }
+    // Every member joins its group at once; wait for all of them.
+    for (const Member& m : members) {
+      made.push_back(m.group.rpc_async("discard", {int64_t{-1}}));
+      where.push_back(m.worker);
+    }
+    RETURN_IF_ERROR(WaitAll(made, where, "making the gradient group"));
+  }
+  return std::unique_ptr<DataParallelPipeline>(new DataParallelPipeline(
+      agent, std::move(o), std::move(replicas), std::move(store), std::move(members)));
+}
+
+absl::StatusOr<double> DataParallelPipeline::train_step(const c10::IValue& inputs,
+                                                        const c10::IValue& targets) {
+  const int R = replicas();
+  if (R == 1) return replicas_[0]->train_step(inputs, targets);
+  const int64_t rows = pipeline::BatchRows(inputs);
+  ASSIGN_OR_RETURN(std::vector<c10::IValue> xs, pipeline::SplitMicroBatches(inputs, R));
+  ASSIGN_OR_RETURN(std::vector<c10::IValue> ts, pipeline::SplitMicroBatches(targets, R));
+  const int m = replicas_[0]->schedule().micro_batches;
+  for (int r = 0; r < R; ++r) {
+    if (pipeline::BatchRows(xs[r]) < m) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a batch of ", rows, " rows gives replica ", r, " ", pipeline::BatchRows(xs[r]),
+          " rows, fewer than its ", m, " micro-batches: give at least ", m * R, " rows"));
+    }
+  }
+  std::vector<int64_t> ids(R, -1);
+  std::vector<absl::StatusOr<double>> losses(R, absl::UnknownError("not run"));
+  std::vector<absl::Status> steps(R);
+  std::vector<absl::Notification> passed(R);
+  absl::Notification go;
+  std::atomic<bool> proceed{false};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < R; ++r) {
+    threads.emplace_back([&, r] {
+      dist_autograd::Context context(agent_);  // current on this thread
+      ids[r] = context.id();
+      std::vector<Future<c10::IValue>> begun;
+      std::vector<std::string> where;
+      for (const Member& mb : members_) {
+        if (mb.replica != r) continue;
+        begun.push_back(mb.group.rpc_async("begin", {context.id(), int64_t{m}}));
+        where.push_back(mb.worker);
+      }
+      absl::Status s = WaitAll(begun, where, "starting the batch");
+      losses[r] = s.ok() ? replicas_[r]->forward_backward(xs[r], ts[r], context.id(), rows) : s;
+      passed[r].Notify();
+      go.WaitForNotification();
+      if (proceed) {
+        steps[r] = replicas_[r]->step(context.id());
+      } else {
+        for (const Member& mb : members_) {
+          if (mb.replica == r) mb.group.rpc_async("discard", {context.id()});
+        }
+      }
+    });
+  }
+  absl::Status status;
+  for (int r = 0; r < R; ++r) {
+    passed[r].WaitForNotification();
+    if (!losses[r].ok() && status.ok()) status = Annotate(losses[r].status(), absl::StrCat("replica ", r));
+  }
+  if (status.ok()) {
+    std::vector<Future<c10::IValue>> finished;
+    std::vector<std::string> where;
+    for (const Member& mb : members_) {
+      finished.push_back(mb.group.rpc_async("finish", {ids[mb.replica]}));
+      where.push_back(mb.worker);
+    }
+    std::vector<c10::IValue> buckets;
+    status = WaitAll(finished, where, "summing the replicas' gradients", &buckets);
+    last_buckets_ = 0;
+    for (const auto& b : buckets) last_buckets_ += b.toInt();
+  }
+  proceed = status.ok();
+  go.Notify();
+  for (auto& t : threads) t.join();
+  RETURN_IF_ERROR(status);
+  double loss = 0;
+  for (int r = 0; r < R; ++r) {
+    RETURN_IF_ERROR(Annotate(steps[r], absl::StrCat("the optimizer step of replica ", r)));
+    loss += *losses[r];
+  }
+  return loss;
+}
+
+absl::StatusOr<c10::IValue> DataParallelPipeline::eval_step(const c10::IValue& inputs) {
+  return replicas_[0]->eval_step(inputs);
+}
+
+std::string DataParallelPipeline::Placement() const {
+  const int R = replicas();
+  const int P = static_cast<int>(options_.pipeline.workers.size()) / R;
+  std::string out = absl::StrFormat("  %-12s %-8s %s\n", "worker", "replica", "stages");
+  for (int r = 0; r < R; ++r) {
+    const int S = replicas_[r]->num_stages();
+    for (int p = 0; p < P; ++p) {
+      std::vector<int> stages;
+      for (int k = p; k < S; k += P) stages.push_back(k);
+      absl::StrAppendFormat(&out, "  %-12s %-8d %s\n", options_.pipeline.workers[r * P + p], r,
+                            absl::StrJoin(stages, ", "));
+    }
+  }
+  return out;
+}
+
+}  // namespace remora::parallel

@@ -1,0 +1,85 @@
+// Data parallelism and hybrid data x pipeline parallelism: R replicas of a
+// pipeline over P workers each (P x R workers), their gradients summed per
+// stage group over c10d (parallel/gradient_group.h), one optimizer step on
+// every replica with the same gradients, so that the replicas stay equal.
+//
+//   parallel::DataParallelOptions o;
+//   o.pipeline = ...;                      // pipeline::PipelineOptions, workers: all P x R
+//   o.replicas = 2;                        // replica r: workers [r*P, (r+1)*P)
+//   auto dp = parallel::DataParallelPipeline::Create(agent, o).value();
+//   std::cout << dp->Placement();
+//   double loss = dp->train_step(inputs, targets).value();
+//
+// train_step gives replica r its contiguous share of the batch's rows (so
+// no row is seen twice and their union is the batch), runs the replicas'
+// forward and backward passes side by side, sums the gradients of each
+// stage over its replicas (each micro-batch's loss weighted by its share of
+// the whole batch: the sum is the whole batch's gradient, also when the
+// shares differ by a row) and steps every replica. With R = 1 it is the
+// plain pipeline; with P = 1 plain data parallelism (DDP).
+//
+// The master hosts the groups' TCPStore on the host of its listen address.
+// A replica that fails, dies or stalls fails the step within the
+// collective timeout, with an error naming the worker; the pipeline is
+// then unusable (its groups' collectives are out of step).
+//
+// Thread-safety: one step at a time. Ownership: holds the replicas'
+// pipelines, the groups (freed on the workers with it) and the store.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "parallel/process_group.h"
+#include "pipeline/pipeline.h"
+
+namespace remora::parallel {
+
+struct DataParallelOptions {
+  pipeline::PipelineOptions pipeline;  // its workers: all P x R, replica by replica
+  int replicas = 1;
+  int64_t bucket_bytes = int64_t{25} << 20;
+  bool overlap = true;  // start a stage's sum as its last backward pass ends
+  absl::Duration timeout = absl::Seconds(10);  // per collective
+};
+
+class DataParallelPipeline {
+ public:
+  static absl::StatusOr<std::unique_ptr<DataParallelPipeline>> Create(Agent& agent,
+                                                                     DataParallelOptions options);
+  ~DataParallelPipeline();
+
+  // One step on the whole batch; returns its loss.
+  absl::StatusOr<double> train_step(const c10::IValue& inputs, const c10::IValue& targets);
+  // Forward only, through replica 0.
+  absl::StatusOr<c10::IValue> eval_step(const c10::IValue& inputs);
+
+  int replicas() const { return static_cast<int>(replicas_.size()); }
+  pipeline::Pipeline& replica(int r) { return *replicas_[r]; }
+  // Worker -> (pipeline stages, replica), one line each.
+  std::string Placement() const;
+  // The buckets the last step summed (over all groups).
+  int64_t last_buckets() const { return last_buckets_; }
+
+ private:
+  struct Member {
+    std::string worker;
+    int slot = 0, replica = 0;
+    RRef group;
+  };
+  DataParallelPipeline(Agent& agent, DataParallelOptions options,
+                       std::vector<std::unique_ptr<pipeline::Pipeline>> replicas,
+                       std::unique_ptr<StoreServer> store, std::vector<Member> members);
+
+  Agent& agent_;
+  const DataParallelOptions options_;
+  std::vector<std::unique_ptr<pipeline::Pipeline>> replicas_;
+  std::unique_ptr<StoreServer> store_;
+  std::vector<Member> members_;  // replica by replica
+  int64_t last_buckets_ = 0;
+};
+
+}  // namespace remora::parallel

@@ -1,0 +1,286 @@
+#include "parallel/gradient_group.h"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <set>
+#include <stdexcept>
+#include <vector>
+
+#include <ATen/ops/cat.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "autograd/container.h"
+#include "autograd/dist_autograd.h"
+#include "base/mutex_lock.h"
+#include "base/status_util.h"
+#include "parallel/process_group.h"
+#include "rpc/agent.h"
+#include "runtime/trace.h"
+
+namespace remora::parallel {
+namespace {
+
+// One bucket in flight: its parameters, their gradients flattened, and
+// the sum being computed.
+struct Bucket {
+  std::vector<at::Tensor> params;
+  at::Tensor flat;
+  Collective sum;
+};
+
+class GradientGroup {
+ public:
+  GradientGroup(Agent* agent, std::unique_ptr<ProcessGroup> group, int64_t bucket_bytes,
+                bool overlap, std::map<int64_t, std::vector<at::Tensor>> stages)
+      : agent_(agent),
+        group_(std::move(group)),
+        bucket_bytes_(bucket_bytes),
+        overlap_(overlap),
+        stages_(std::move(stages)) {}
+
+  // Checks that every replica holds the same parameters (count, shapes,
+  // dtypes), then copies rank 0's to all.
+  void Synchronize() {
+    std::vector<int64_t> sig = {0, 0, 0};
+    for (const auto& [k, params] : stages_) {
+      for (const at::Tensor& p : params) {
+        sig[0] += 1;
+        sig[1] += p.numel();
+        for (int64_t d : p.sizes()) sig[2] = sig[2] * 1000003 + d;
+        sig[2] = sig[2] * 31 + static_cast<int64_t>(p.scalar_type());
+      }
+    }
+    at::Tensor theirs = at::tensor(sig, at::kLong);
+    Check(group_->Broadcast(theirs, 0));
+    if (theirs[0].item<int64_t>() != sig[0] || theirs[1].item<int64_t>() != sig[1] ||
+        theirs[2].item<int64_t>() != sig[2]) {
+      throw std::invalid_argument(absl::StrCat(
+          "worker '", agent_->self().name, "' (", group_->Describe(), ") holds ", sig[0],
+          " parameters of ", sig[1], " values; rank 0 holds ", theirs[0].item<int64_t>(), " of ",
+          theirs[1].item<int64_t>(), (theirs[0].item<int64_t>() == sig[0] ? " (other shapes or types)" : ""),
+          ": every replica must build the same stages"));
+    }
+    at::NoGradGuard no_grad;
+    for (auto& [k, params] : stages_) {
+      for (at::Tensor& p : params) {
+        at::Tensor copy = p.detach().contiguous();
+        Check(group_->Broadcast(copy, 0));
+        if (copy.data_ptr() != p.data_ptr()) p.detach().copy_(copy);
+      }
+    }
+  }
+
+  void Begin(int64_t context, int64_t micro_batches) {
+    MutexLock lock(mu_);
+    contexts_[context].micro_batches = micro_batches;
+  }
+
+  // From the backward hook: stage `stage`'s pass of one micro-batch is in.
+  void OnBackward(int64_t context, int64_t stage) {
+    if (!overlap_ || stages_.count(stage) == 0) return;
+    MutexLock lock(mu_);
+    auto it = contexts_.find(context);
+    if (it == contexts_.end()) return;
+    PerContext& c = it->second;
+    if (++c.done[stage] == c.micro_batches) Launch(context, stage, c);
+  }
+
+  int64_t Finish(int64_t context) {
+    PerContext c;
+    {
+      MutexLock lock(mu_);
+      auto it = contexts_.find(context);
+      if (it == contexts_.end()) {
+        throw std::invalid_argument(absl::StrCat("finish: context ", context, " was not begun"));
+      }
+      // Stages in descending order: the order their last backward passes end.
+      for (auto s = stages_.rbegin(); s != stages_.rend(); ++s) {
+        if (!it->second.launched.count(s->first)) Launch(context, s->first, it->second);
+      }
+      c = std::move(it->second);
+      contexts_.erase(it);
+    }
+    auto dist = FindContext(context);
+    absl::Status status;
+    for (Bucket& b : c.buckets) {
+      status.Update(b.sum.Wait());
+      if (!status.ok()) continue;
+      int64_t offset = 0;
+      for (const at::Tensor& p : b.params) {
+        dist->SetGradient(p, b.flat.slice(0, offset, offset + p.numel()).view_as(p));
+        offset += p.numel();
+      }
+    }
+    if (!status.ok()) {
+      throw std::runtime_error(absl::StrCat("worker '", agent_->self().name, "': ", status.message()));
+    }
+    return static_cast<int64_t>(c.buckets.size());
+  }
+
+  void Discard(int64_t context) {
+    MutexLock lock(mu_);
+    contexts_.erase(context);
+  }
+
+ private:
+  struct PerContext {
+    int64_t micro_batches = 0;
+    std::map<int64_t, int64_t> done;  // stage -> backward passes in
+    std::set<int64_t> launched;
+    std::vector<Bucket> buckets;
+  };
+
+  static void Check(const absl::Status& s) {
+    if (!s.ok()) throw std::runtime_error(std::string(s.message()));
+  }
+
+  std::shared_ptr<dist_autograd::DistContext> FindContext(int64_t context) {
+    auto* container = dist_autograd::ContainerOf(agent_);
+    std::shared_ptr<dist_autograd::DistContext> c = container ? container->Find(context) : nullptr;
+    if (!c) throw std::invalid_argument(absl::StrCat("unknown distributed autograd context ", context));
+    return c;
+  }
+
+  // Starts summing stage `stage`'s gradients in `context`, bucket by bucket
+  // (parameters in reverse order, as their gradients are made).
+  void Launch(int64_t context, int64_t stage, PerContext& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    c.launched.insert(stage);
+    auto dist = FindContext(context);
+    const std::vector<at::Tensor>& params = stages_.at(stage);
+    std::vector<at::Tensor> members, grads;
+    int64_t bytes = 0;
+    auto flush = [&] {
+      if (members.empty()) return;
+      Bucket b;
+      b.params = std::move(members);
+      b.flat = at::cat(grads);
+      b.sum = group_->AllReduceSum(b.flat);
+      c.buckets.push_back(std::move(b));
+      members.clear();
+      grads.clear();
+      bytes = 0;
+    };
+    for (auto p = params.rbegin(); p != params.rend(); ++p) {
+      const int64_t size = p->numel() * static_cast<int64_t>(p->element_size());
+      if (!members.empty() && (bytes + size > bucket_bytes_ ||
+                               p->scalar_type() != members.back().scalar_type())) {
+        flush();
+      }
+      at::Tensor g = dist->Gradient(*p);
+      // A parameter this replica's batch did not reach still takes part.
+      grads.push_back(g.defined() ? g.detach().reshape({-1}) : at::zeros({p->numel()}, p->options()));
+      members.push_back(*p);
+      bytes += size;
+    }
+    flush();
+  }
+
+  Agent* agent_;
+  const std::unique_ptr<ProcessGroup> group_;
+  const int64_t bucket_bytes_;
+  const bool overlap_;
+  std::map<int64_t, std::vector<at::Tensor>> stages_;  // stage index -> parameters
+  absl::Mutex mu_;
+  std::map<int64_t, PerContext> contexts_ ABSL_GUARDED_BY(mu_);
+};
+
+// The groups alive in this process, for the backward hook.
+struct Groups {
+  absl::Mutex mu;
+  std::vector<std::weak_ptr<GradientGroup>> live ABSL_GUARDED_BY(mu);
+};
+
+Groups& TheGroups() {
+  static Groups* groups = new Groups;  // never destroyed
+  return *groups;
+}
+
+void OnMarkedBackward(int64_t context, const LaneAction& action) {
+  std::vector<std::shared_ptr<GradientGroup>> groups;
+  {
+    Groups& g = TheGroups();
+    MutexLock lock(g.mu);
+    for (auto it = g.live.begin(); it != g.live.end();) {
+      if (auto group = it->lock()) {
+        groups.push_back(std::move(group));
+        ++it;
+      } else {
+        it = g.live.erase(it);
+      }
+    }
+  }
+  for (auto& group : groups) group->OnBackward(context, action.stage);
+}
+
+std::vector<at::Tensor> OwnedParameters(const c10::IValue& list) {
+  std::vector<at::Tensor> params;
+  for (const c10::IValue& v : list.toListRef()) {
+    auto rref = RRef::FromIValue(v);
+    if (!rref.ok() || !rref->is_owner()) {
+      throw std::invalid_argument("GradientGroup: every parameter RRef must be owned here");
+    }
+    auto value = rref->local_value();
+    if (!value.ok() || !value->isTensor()) {
+      throw std::invalid_argument("GradientGroup: an RRef does not hold a tensor");
+    }
+    params.push_back(value->toTensor());
+  }
+  return params;
+}
+
+}  // namespace
+
+absl::Status RegisterFunctions(Registry& registry) {
+  dist_autograd::SetMarkedBackwardHook(OnMarkedBackward);
+  return registry.RegisterModule<GradientGroup>(
+      "remora.parallel.GradientGroup",
+      [](CallContext& ctx, const Args& a) {
+        GroupOptions g;
+        g.store_host = a[0].toStringRef();
+        g.store_port = static_cast<int>(a[1].toInt());
+        g.name = a[2].toStringRef();
+        g.rank = static_cast<int>(a[3].toInt());
+        g.size = static_cast<int>(a[4].toInt());
+        g.timeout = absl::Milliseconds(a[5].toInt());
+        std::map<int64_t, std::vector<at::Tensor>> stages;
+        const std::vector<int64_t> indices = a[8].toIntVector();
+        const auto lists = a[9].toListRef();
+        if (indices.size() != lists.size()) {
+          throw std::invalid_argument("GradientGroup: stage indices and parameter lists differ");
+        }
+        for (size_t i = 0; i < indices.size(); ++i) stages[indices[i]] = OwnedParameters(lists[i]);
+        auto joined = ProcessGroup::Join(g);
+        if (!joined.ok()) {
+          throw std::runtime_error(absl::StrCat("worker '", ctx.agent->self().name, "': ",
+                                                joined.status().message()));
+        }
+        auto group = std::make_shared<GradientGroup>(ctx.agent, std::move(*joined), a[6].toInt(),
+                                                     a[7].toBool(), std::move(stages));
+        group->Synchronize();
+        Groups& all = TheGroups();
+        MutexLock lock(all.mu);
+        all.live.push_back(group);
+        return group;
+      },
+      {{"begin",
+        [](GradientGroup& g, CallContext&, const Args& a) -> c10::IValue {
+          g.Begin(a[0].toInt(), a[1].toInt());
+          return c10::IValue();
+        }},
+       {"finish",
+        [](GradientGroup& g, CallContext&, const Args& a) -> c10::IValue {
+          trace::Scope scope("allreduce", -1);
+          return g.Finish(a[0].toInt());
+        }},
+       {"discard", [](GradientGroup& g, CallContext&, const Args& a) -> c10::IValue {
+          g.Discard(a[0].toInt());
+          return c10::IValue();
+        }}});
+}
+
+}  // namespace remora::parallel

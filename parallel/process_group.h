@@ -1,0 +1,98 @@
+// Collectives between processes on c10d, LibTorch's own engine: Gloo
+// process groups (CPU tensors) that meet through a TCPStore.
+//
+// The master hosts the store (StoreServer, on its listen address, on a port
+// the system picks); each member joins a group by name with its rank
+// (ProcessGroup::Join), which returns once all members have joined. Every
+// member must issue the same collectives in the same order; a member that
+// died or stalled makes the others' collectives fail after the group's
+// timeout, with an error naming the group, instead of blocking them.
+//
+//   auto store = parallel::StoreServer::Start("127.0.0.1").value();   // master
+//   parallel::GroupOptions g{store->host(), store->port(), "stage0", rank, 2};
+//   auto group = parallel::ProcessGroup::Join(g).value();             // members
+//   parallel::Collective c = group->AllReduceSum(flat);
+//   ... other work ...
+//   RETURN_IF_ERROR(c.Wait());                                        // flat holds the sum
+//
+// Builds without Gloo (REMORA_WITH_GLOO unset: LibTorch or libgloo-dev
+// lacking) fail Join and Start with Unimplemented.
+//
+// Thread-safety: a ProcessGroup may be used from several threads, but the
+// order of collectives must be the same on every member. Ownership: the
+// store lives as long as its StoreServer; a group as long as its object.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace remora::parallel {
+
+// Whether this build has c10d's Gloo backend.
+bool HaveGloo();
+
+// The rendezvous store, hosted by the master.
+class StoreServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<StoreServer>> Start(const std::string& host,
+                                                            absl::Duration timeout = absl::Seconds(30));
+  ~StoreServer();
+  const std::string& host() const { return host_; }
+  int port() const { return port_; }
+
+ private:
+  struct Impl;
+  StoreServer(std::string host, int port, std::unique_ptr<Impl> impl);
+  std::string host_;
+  int port_;
+  std::unique_ptr<Impl> impl_;
+};
+
+struct GroupOptions {
+  std::string store_host;
+  int store_port = 0;
+  std::string name;  // unique per group within the store
+  int rank = 0;
+  int size = 1;
+  absl::Duration timeout = absl::Seconds(10);  // per collective, and for joining
+};
+
+// A collective in flight; Wait() once.
+class Collective {
+ public:
+  Collective() = default;
+  explicit Collective(std::function<absl::Status()> wait) : wait_(std::move(wait)) {}
+  absl::Status Wait();
+
+ private:
+  std::function<absl::Status()> wait_;
+};
+
+class ProcessGroup {
+ public:
+  static absl::StatusOr<std::unique_ptr<ProcessGroup>> Join(const GroupOptions& options);
+  ~ProcessGroup();
+
+  // Starts summing `tensor` (dense, contiguous, CPU) in place over the group.
+  Collective AllReduceSum(at::Tensor tensor);
+  // Copies `tensor` of rank `root` into every member's `tensor`.
+  absl::Status Broadcast(at::Tensor tensor, int root);
+
+  const GroupOptions& options() const { return options_; }
+  // "group 'NAME' (rank R of N)", for messages.
+  std::string Describe() const;
+
+ private:
+  struct Impl;
+  ProcessGroup(GroupOptions options, std::unique_ptr<Impl> impl);
+  const GroupOptions options_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace remora::parallel

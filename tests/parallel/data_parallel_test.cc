@@ -1,0 +1,274 @@
+// parallel/: Gloo groups meeting through the master's TCPStore; data and
+// hybrid data x pipeline parallelism with real worker processes: the same
+// losses and parameters as one process on the whole batch, for every
+// schedule, replicas bitwise equal; mismatched replicas and a dead
+// replica are clear errors, not hangs.
+#include "parallel/data_parallel.h"
+
+#include <csignal>
+#include <thread>
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/mse_loss.h>
+#include <ATen/ops/randn.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/optim/sgd.h>
+
+#include "absl/time/clock.h"
+#include "launch/local_group.h"
+#include "models/mlp.h"
+#include "optim/distributed_optimizer.h"
+#include "parallel/process_group.h"
+#include "tests/support/test_functions.h"
+
+namespace remora::parallel {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(ProcessGroup, MembersSumAndBroadcastThroughTheStore) {
+  if (!HaveGloo()) GTEST_SKIP() << "built without Gloo";
+  auto store = StoreServer::Start("127.0.0.1");
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::vector<at::Tensor> sums(2), copies(2);
+  std::vector<absl::Status> status(2);
+  std::vector<std::thread> members;
+  for (int r = 0; r < 2; ++r) {
+    members.emplace_back([&, r] {
+      auto group = ProcessGroup::Join({(*store)->host(), (*store)->port(), "g", r, 2});
+      if (!group.ok()) {
+        status[r] = group.status();
+        return;
+      }
+      sums[r] = at::full({5}, float(r + 1));
+      Collective c = (*group)->AllReduceSum(sums[r]);
+      status[r] = c.Wait();
+      copies[r] = at::full({3}, float(10 * r));
+      if (status[r].ok()) status[r] = (*group)->Broadcast(copies[r], 1);
+    });
+  }
+  for (auto& t : members) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(status[r].ok()) << status[r];
+    EXPECT_TRUE(at::equal(sums[r], at::full({5}, 3.0f)));
+    EXPECT_TRUE(at::equal(copies[r], at::full({3}, 10.0f)));
+  }
+  // A member whose peer never comes: an error after the timeout, naming the group.
+  GroupOptions alone{(*store)->host(), (*store)->port(), "lonely", 0, 2, absl::Milliseconds(500)};
+  auto lonely = ProcessGroup::Join(alone);
+  ASSERT_FALSE(lonely.ok());
+  EXPECT_THAT(lonely.status().message(), HasSubstr("joining group 'lonely' as rank 0 of 2"));
+}
+
+// Four real workers and a master in this process.
+class Workers {
+ public:
+  explicit Workers(int n) {
+    EXPECT_TRUE(test_support::RegisterForTests(registry_).ok());
+    std::vector<std::string> names;
+    for (int i = 1; i <= n; ++i) names.push_back("w" + std::to_string(i));
+    auto g = cli::StartLocalGroup(names, &registry_, {"--threads", "1"});
+    EXPECT_TRUE(g.ok()) << g.status();
+    group_ = std::move(*g);
+  }
+  ~Workers() { group_.Shutdown().IgnoreError(); }
+  Agent& master() { return *group_.master; }
+  cli::Subprocess& worker(int i) { return *group_.workers[i]; }
+
+ private:
+  Registry registry_;
+  cli::LocalGroup group_;
+};
+
+models::MLPStageOptions Mlp(int64_t in, int64_t out, int64_t seed, bool relu = true) {
+  models::MLPStageOptions o;
+  o.in = in;
+  o.out = out;
+  o.seed = seed;
+  o.relu = relu;
+  return o;
+}
+
+pipeline::StageSpec Spec(const models::MLPStageOptions& o) {
+  return pipeline::StageSpec::Registered("MLPStage", {o.in, o.out, o.seed, o.relu});
+}
+
+double RelativeError(const at::Tensor& a, const at::Tensor& b) {
+  const double scale = std::max(b.abs().max().item<double>(), 1e-12);
+  return (a - b).abs().max().item<double>() / scale;
+}
+
+// The model's stages, trained for `steps` batches in this process on the
+// whole batch (SGD with momentum); the losses and the stages' parameters.
+std::pair<std::vector<double>, std::vector<std::vector<at::Tensor>>> TrainLocally(
+    const std::vector<models::MLPStageOptions>& stages,
+    const std::vector<std::pair<at::Tensor, at::Tensor>>& data) {
+  std::vector<torch::nn::Sequential> local;
+  std::vector<at::Tensor> params;
+  for (const auto& s : stages) {
+    local.push_back(models::MakeMLPStage(s));
+    for (const auto& p : local.back()->parameters()) params.push_back(p);
+  }
+  torch::optim::SGD opt(params, torch::optim::SGDOptions(0.05).momentum(0.9));
+  std::vector<double> losses;
+  for (const auto& [x, t] : data) {
+    opt.zero_grad();
+    at::Tensor y = x;
+    for (auto& m : local) y = m->forward(y);
+    at::Tensor l = at::mse_loss(y, t);
+    l.backward();
+    opt.step();
+    losses.push_back(l.item<double>());
+  }
+  std::vector<std::vector<at::Tensor>> state;
+  for (auto& m : local) state.push_back(models::ModuleState(*m));
+  return {losses, state};
+}
+
+std::vector<std::pair<at::Tensor, at::Tensor>> Data(int steps, int rows, int in, int out) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(42);
+  std::vector<std::pair<at::Tensor, at::Tensor>> data;
+  for (int i = 0; i < steps; ++i) {
+    data.emplace_back(at::randn({rows, in}, gen, at::TensorOptions()),
+                      at::randn({rows, out}, gen, at::TensorOptions()));
+  }
+  return data;
+}
+
+// Trains `stages` with `replicas` replicas over `workers` and compares
+// with one process: losses, every replica's parameters, replicas equal.
+void ExpectParity(Agent& master, const std::vector<std::string>& workers, int replicas,
+                  const std::vector<models::MLPStageOptions>& stages, const std::string& schedule,
+                  bool overlap) {
+  SCOPED_TRACE(absl::StrCat(schedule, ", ", replicas, " replicas over ", workers.size(),
+                            " workers, overlap ", overlap));
+  // 18 rows: the replicas' shares of a micro-batch differ by a row.
+  const auto data = Data(3, 18, 6, 3);
+  auto [want_losses, want_state] = TrainLocally(stages, data);
+  DataParallelOptions o;
+  for (const auto& s : stages) o.pipeline.stages.push_back(Spec(s));
+  o.pipeline.workers = workers;
+  o.pipeline.schedule = schedule;
+  o.pipeline.micro_batches = 4;
+  o.pipeline.loss = pipeline::MseLoss();
+  o.pipeline.optimizer = optim::OptimizerOptions::SGD(0.05).set_momentum(0.9);
+  o.replicas = replicas;
+  o.overlap = overlap;
+  o.bucket_bytes = 64;  // several buckets per stage
+  auto dp = DataParallelPipeline::Create(master, o);
+  ASSERT_TRUE(dp.ok()) << dp.status();
+  for (size_t i = 0; i < data.size(); ++i) {
+    auto loss = (*dp)->train_step(data[i].first, data[i].second);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    EXPECT_NEAR(*loss, want_losses[i], 1e-5 * want_losses[i]) << "step " << i;
+  }
+  if (replicas > 1) {
+    EXPECT_GT((*dp)->last_buckets(), replicas * static_cast<int64_t>(stages.size()));
+  }
+  for (size_t k = 0; k < stages.size(); ++k) {
+    auto first = (*dp)->replica(0).stage_state(static_cast<int>(k));
+    ASSERT_TRUE(first.ok()) << first.status();
+    for (size_t i = 0; i < first->size(); ++i) {
+      EXPECT_LT(RelativeError((*first)[i], want_state[k][i]), 1e-5) << "stage " << k << " tensor " << i;
+    }
+    for (int r = 1; r < replicas; ++r) {
+      auto other = (*dp)->replica(r).stage_state(static_cast<int>(k));
+      ASSERT_TRUE(other.ok()) << other.status();
+      for (size_t i = 0; i < first->size(); ++i) {
+        EXPECT_TRUE(at::equal((*other)[i], (*first)[i])) << "replica " << r << " stage " << k;
+      }
+    }
+  }
+}
+
+TEST(DataParallel, HybridAndPlainMatchOneProcessUnderEverySchedule) {
+  if (!HaveGloo()) GTEST_SKIP() << "built without Gloo";
+  Workers workers(4);
+  const std::vector<std::string> four = {"w1", "w2", "w3", "w4"};
+  const std::vector<models::MLPStageOptions> two = {Mlp(6, 16, 1), Mlp(16, 3, 2, false)};
+  const std::vector<models::MLPStageOptions> four_stages = {Mlp(6, 16, 1), Mlp(16, 16, 2),
+                                                            Mlp(16, 16, 3), Mlp(16, 3, 4, false)};
+  ExpectParity(workers.master(), four, 2, two, "gpipe", true);
+  ExpectParity(workers.master(), four, 2, two, "1f1b", true);
+  ExpectParity(workers.master(), four, 2, four_stages, "interleaved", true);
+  ExpectParity(workers.master(), four, 2, two, "1f1b", false);
+  // Plain data parallelism: every worker a whole replica.
+  ExpectParity(workers.master(), {"w1", "w2"}, 2, {Mlp(6, 3, 7, false)}, "1f1b", true);
+  ExpectParity(workers.master(), four, 4, {Mlp(6, 3, 7, false)}, "1f1b", true);
+}
+
+TEST(DataParallel, BadTopologiesAndMismatchedReplicasAreClearErrors) {
+  if (!HaveGloo()) GTEST_SKIP() << "built without Gloo";
+  Workers workers(2);
+  DataParallelOptions o;
+  o.pipeline.stages = {Spec(Mlp(6, 3, 1))};
+  o.pipeline.workers = {"w1", "w2"};
+  o.pipeline.loss = pipeline::MseLoss();
+  o.replicas = 3;
+  EXPECT_THAT(DataParallelPipeline::Create(workers.master(), o).status().message(),
+              HasSubstr("2 workers do not make 3 replicas"));
+  o.replicas = 2;
+  o.pipeline.micro_batches = 4;
+  auto dp = DataParallelPipeline::Create(workers.master(), o);
+  ASSERT_TRUE(dp.ok()) << dp.status();
+  auto small = (*dp)->train_step(at::randn({6, 6}), at::randn({6, 3}));
+  EXPECT_THAT(small.status().message(), HasSubstr("give at least 8 rows"));
+  // Replicas whose stages differ (here made by hand): an error naming the
+  // worker when the groups are made, not a hang.
+  pipeline::PipelineOptions a = o.pipeline, b = o.pipeline;
+  a.workers = {"w1"};
+  b.workers = {"w2"};
+  b.stages = {Spec(Mlp(6, 4, 1))};
+  auto pa = pipeline::Pipeline::Create(workers.master(), a).value();
+  auto pb = pipeline::Pipeline::Create(workers.master(), b).value();
+  auto store = StoreServer::Start("127.0.0.1").value();
+  std::vector<RRef> groups;
+  int rank = 0;
+  for (auto* p : {pa.get(), pb.get()}) {
+    c10::impl::GenericList list(c10::AnyType::get());
+    const std::vector<RRef> mine = optim::parameter_rrefs(p->stages()[0]).value();
+    for (const RRef& x : mine) list.push_back(x.ToIValue());
+    c10::impl::GenericList params(c10::AnyType::get());
+    params.push_back(list);
+    groups.push_back(workers.master()
+                         .remote(p->worker_of(0), "remora.parallel.GradientGroup",
+                                 {store->host(), int64_t{store->port()}, std::string("mismatch"),
+                                  int64_t{rank++}, int64_t{2}, int64_t{5000}, int64_t{1 << 20},
+                                  true, std::vector<int64_t>{0}, params})
+                         .value());
+  }
+  auto made = groups[1].rpc_sync("discard", {int64_t{-1}});
+  ASSERT_FALSE(made.ok());
+  EXPECT_THAT(made.status().message(), HasSubstr("worker 'w2'"));
+  EXPECT_THAT(made.status().message(), HasSubstr("every replica must build the same stages"));
+}
+
+TEST(DataParallel, AReplicaThatDiesFailsTheStepWithinTheTimeout) {
+  if (!HaveGloo()) GTEST_SKIP() << "built without Gloo";
+  Workers workers(2);
+  DataParallelOptions o;
+  o.pipeline.stages = {Spec(Mlp(6, 3, 1))};
+  o.pipeline.workers = {"w1", "w2"};
+  o.pipeline.loss = pipeline::MseLoss();
+  o.pipeline.micro_batches = 2;
+  o.replicas = 2;
+  o.timeout = absl::Seconds(3);
+  auto dp = DataParallelPipeline::Create(workers.master(), o);
+  ASSERT_TRUE(dp.ok()) << dp.status();
+  const auto data = Data(1, 8, 6, 3);
+  ASSERT_TRUE((*dp)->train_step(data[0].first, data[0].second).ok());
+  workers.worker(1).Signal(SIGKILL);
+  ASSERT_TRUE(workers.worker(1).Wait(absl::Seconds(10)).ok());
+  const absl::Time start = absl::Now();
+  auto loss = (*dp)->train_step(data[0].first, data[0].second);
+  ASSERT_FALSE(loss.ok());
+  EXPECT_THAT(loss.status().message(), HasSubstr("w2"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+}
+
+}  // namespace
+}  // namespace remora::parallel
