@@ -39,6 +39,7 @@
 #include "examples/timeline.h"
 #include "optim/distributed_optimizer.h"
 #include "pipeline/microbatch.h"
+#include "parallel/process_group.h"
 #include "pipeline/partition.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/stage.h"
@@ -80,7 +81,24 @@ int Main(int argc, char** argv) {
                         "Trains ResNet50 as a pipeline over worker processes and reports the "
                         "speedup of each split count.\nStart the workers first: "
                         "worker --name worker1 (see worker --help).");
-  flags.AddString("workers", &workers, "comma-separated worker names, one stage each (required unless --local)");
+  flags.AddString("workers", &workers,
+                  "comma-separated worker names (required unless --local): one pipeline over "
+                  "them, or with --replicas R, R pipelines of P = n / R workers each, replica r on "
+                  "workers r*P .. r*P + P - 1");
+  flags.AddInt("replicas", &c.replicas,
+               "data parallelism: copies of the pipeline, each training its share of every "
+               "batch, gradients summed per stage over c10d's Gloo (1: none)");
+  int pipeline_stages = 0;
+  flags.AddInt("pipeline-stages", &pipeline_stages,
+               "workers per pipeline, P (0: --workers / --replicas); P x --replicas must be the "
+               "worker count");
+  flags.AddInt("bucket-mb", &c.bucket_mb, "with --replicas: MiB of gradients summed per bucket");
+  flags.AddBool("overlap", &c.overlap,
+                "with --replicas: start summing a stage's gradients as its last backward pass "
+                "ends, beside the other backward passes (false: after all of them)");
+  flags.AddInt("collective-timeout", &c.collective_timeout,
+               "with --replicas: seconds a replica waits for the others in a collective before "
+               "the step fails");
   flags.AddString("listen", &c.listen, "HOST:PORT where workers find the master (MASTER_ADDR/MASTER_PORT also work)");
   flags.AddString("splits", &splits, "micro-batches per batch: one count (8) or a sweep (1,2,4,8)");
   flags.AddInt("batches", &c.batches, "batches per split count");
@@ -148,7 +166,11 @@ int Main(int argc, char** argv) {
   runtime::InstallCachingCpuAllocator();
   std::string error;
   c.splits = ParseSplits(splits, &error);
-  c.workers = cli::SplitList(workers);
+  c.all_workers = cli::SplitList(workers);
+  c.workers = c.all_workers;  // replica 0's (checked below)
+  if (c.replicas >= 1 && c.all_workers.size() % c.replicas == 0) {
+    c.workers.resize(c.all_workers.size() / c.replicas);
+  }
   auto fail = [](const std::string& msg) {
     std::cerr << "master: " << msg << "\n";
     return 2;
@@ -205,13 +227,28 @@ int Main(int argc, char** argv) {
                 "these stages are given already");
   }
   for (int s : c.splits) {
-    if (s > c.batch_size) {
-      return fail(absl::StrCat("--splits ", s, " exceeds --batch-size ", c.batch_size,
+    if (s * c.replicas > c.batch_size) {
+      return fail(absl::StrCat("--splits ", s, c.replicas > 1 ? absl::StrCat(" x --replicas ", c.replicas) : "",
+                               " exceeds --batch-size ", c.batch_size,
                                ": every micro-batch needs at least one image"));
     }
   }
+  if (c.replicas < 1 || c.bucket_mb < 1 || c.collective_timeout < 1) {
+    return fail("--replicas, --bucket-mb and --collective-timeout must be >= 1");
+  }
   if (!c.local) {
     if (c.workers.empty()) return fail("--workers is required (e.g. --workers worker1,worker2), or use --local");
+    const int n = static_cast<int>(c.all_workers.size());
+    if (pipeline_stages < 0) return fail("--pipeline-stages must be >= 1, or 0 for --workers / --replicas");
+    if (n % c.replicas != 0 || (pipeline_stages > 0 && pipeline_stages * c.replicas != n)) {
+      return fail(absl::StrCat(
+          "--replicas ", c.replicas, pipeline_stages > 0 ? absl::StrCat(" x --pipeline-stages ", pipeline_stages) : "",
+          " does not match the ", n, " --workers: give P x R workers, replica r on workers r*P .. "
+          "r*P + P - 1"));
+    }
+    if (c.replicas > 1 && !parallel::HaveGloo()) {
+      return fail("--replicas needs Gloo, which this build of remora lacks (install libgloo-dev and rebuild)");
+    }
     if (c.partition != "balanced" && c.partition != "tutorial") {
       return fail("--partition must be balanced or tutorial");
     }
@@ -289,7 +326,7 @@ int Main(int argc, char** argv) {
     opts.name = "master";
     opts.is_master = true;
     opts.listen_address = c.listen;
-    opts.workers = c.workers;
+    opts.workers = c.all_workers;
     opts.connect_timeout = absl::Seconds(c.connect_timeout);
     opts.rpc_timeout = absl::Minutes(10);
     opts.token = security->token;
@@ -300,7 +337,7 @@ int Main(int argc, char** argv) {
     dist_autograd::Enable(*agent);
     std::cout << "master listening at " << agent->self().address << " (" << TlsModeName(security->tls)
               << "), waiting for "
-              << absl::StrJoin(c.workers, ", ") << std::endl;
+              << absl::StrJoin(c.all_workers, ", ") << std::endl;
     if (auto s = agent->Join(); !s.ok()) return die(s);
     for (const auto& w : agent->workers()) {
       if (w.id != 0) std::cout << "  " << w.name << ": shards on " << w.device << "\n";
@@ -319,7 +356,7 @@ int Main(int argc, char** argv) {
       const int s = c.splits[i];
       const bool last = i + 1 == c.splits.size();
       std::printf("pipeline: splits=%d (%d micro-batches of ~%d images) over %zu workers, %zu stages\n",
-                  s, s, c.batch_size / s, c.workers.size(), stages.size());
+                  s, s, c.batch_size / (s * c.replicas), c.workers.size(), stages.size());
       // --compare-local: the local baseline trains batch by batch between
       // the last split count's batches, so that both meet the same minutes
       // of a machine whose speed drifts (measured: by 30% within minutes).

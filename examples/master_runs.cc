@@ -206,20 +206,30 @@ std::vector<pipeline::StageSpec> SmallCnnStages(const Config& c) {
 
 namespace {
 
-// The run's pipeline over the workers (stage k on worker k mod n), its
-// schedule printed.
-absl::StatusOr<std::unique_ptr<pipeline::Pipeline>> CreatePipeline(
+// The run's pipeline over the workers (stage k on worker k mod n), with
+// --replicas R copies of it, its schedule and placement printed.
+absl::StatusOr<std::unique_ptr<parallel::DataParallelPipeline>> CreatePipeline(
     Agent& agent, const Config& c, const std::vector<pipeline::StageSpec>& stages, int splits) {
-  pipeline::PipelineOptions o;
-  o.stages = stages;
-  o.workers = c.workers;
-  o.schedule = c.schedule;
-  o.micro_batches = splits;
-  o.loss = Loss(c);
-  o.optimizer = OptimizerOf(c);
-  ASSIGN_OR_RETURN(auto pipe, pipeline::Pipeline::Create(agent, std::move(o)));
-  std::printf("  schedule %s: %d stages over %zu workers\n", pipe->schedule().name.c_str(),
-              pipe->num_stages(), c.workers.size());
+  parallel::DataParallelOptions o;
+  o.pipeline.stages = stages;
+  o.pipeline.workers = c.all_workers;
+  o.pipeline.schedule = c.schedule;
+  o.pipeline.micro_batches = splits;
+  o.pipeline.loss = Loss(c);
+  o.pipeline.optimizer = OptimizerOf(c);
+  o.replicas = c.replicas;
+  o.bucket_bytes = int64_t{c.bucket_mb} << 20;
+  o.overlap = c.overlap;
+  o.timeout = absl::Seconds(c.collective_timeout);
+  ASSIGN_OR_RETURN(auto pipe, parallel::DataParallelPipeline::Create(agent, std::move(o)));
+  std::printf("  schedule %s: %d stages over %zu workers", pipe->replica(0).schedule().name.c_str(),
+              pipe->replica(0).num_stages(), c.workers.size());
+  if (c.replicas > 1) {
+    std::printf(", %d replicas (gradients summed over Gloo%s):\n%s", c.replicas,
+                c.overlap ? ", overlapping backward" : "", pipe->Placement().c_str());
+  } else {
+    std::printf("\n");
+  }
   return pipe;
 }
 
@@ -227,7 +237,7 @@ pipeline::FitOptions FitOptionsOf(const Config& c, int splits) {
   pipeline::FitOptions f;
   f.epochs = c.epochs;
   f.batch_size = c.batch_size;
-  f.min_batch_rows = splits;
+  f.min_batch_rows = splits * c.replicas;
   f.shuffle = c.shuffle;
   f.seed = static_cast<uint64_t>(c.seed);
   f.progress_bar = isatty(fileno(stdout));
@@ -263,10 +273,10 @@ absl::StatusOr<Run> FitPipeline(Agent& agent, const Config& c,
                     },
                     train, test, FitOptionsOf(c, splits), std::cout));
   Run run(splits);
-  run.schedule = pipe->schedule().name;
+  run.schedule = pipe->replica(0).schedule().name;
   run.epochs = std::move(epochs);
   for (const auto& e : run.epochs) run.seconds += e.seconds;
-  ASSIGN_OR_RETURN(run.peak_activation_bytes, pipe->peak_activation_bytes());
+  ASSIGN_OR_RETURN(run.peak_activation_bytes, pipe->replica(0).peak_activation_bytes());
   PrintActivations(run, c);
   return run;
 }
@@ -351,7 +361,7 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
                                   const std::function<void(int)>& after_batch) {
   Run run(splits);
   ASSIGN_OR_RETURN(auto pipe, CreatePipeline(agent, c, stages, splits));
-  run.schedule = pipe->schedule().name;
+  run.schedule = pipe->replica(0).schedule().name;
   for (const auto& w : c.workers) {
     agent.rpc_sync(w, "trace_enable", {traced}).IgnoreError();
     agent.rpc_sync(w, "trace_collect").IgnoreError();  // drop older slices
@@ -373,7 +383,7 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
       paused.emplace_back(p0, trace::NowUs());
     }
   }
-  ASSIGN_OR_RETURN(run.peak_activation_bytes, pipe->peak_activation_bytes());
+  ASSIGN_OR_RETURN(run.peak_activation_bytes, pipe->replica(0).peak_activation_bytes());
   PrintActivations(run, c);
   if (traced) {
     for (size_t w = 0; w < c.workers.size(); ++w) {

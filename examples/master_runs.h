@@ -21,6 +21,7 @@
 #include "optim/distributed_optimizer.h"
 #include "examples/timeline.h"
 #include "pipeline/fit.h"
+#include "parallel/data_parallel.h"
 #include "pipeline/pipeline.h"
 #include "rpc/agent.h"
 
@@ -29,7 +30,14 @@ namespace remora::master {
 constexpr int64_t kClasses = 1000;
 
 struct Config {
+  // One replica's pipeline workers (the first P of --workers); all_workers:
+  // every worker, replica by replica (--replicas R: P x R).
   std::vector<std::string> workers;
+  std::vector<std::string> all_workers;
+  int replicas = 1;
+  int bucket_mb = 25;
+  bool overlap = true;
+  int collective_timeout = 10;  // seconds
   std::string listen;
   std::vector<int> splits;
   int batches = 3;

@@ -268,6 +268,8 @@ TEST(DataParallel, AReplicaThatDiesFailsTheStepWithinTheTimeout) {
   ASSERT_FALSE(loss.ok());
   EXPECT_THAT(loss.status().message(), HasSubstr("w2"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+  // The group cannot shut down gracefully without w2.
+  workers.master().Shutdown(/*graceful=*/false).IgnoreError();
 }
 
 }  // namespace
