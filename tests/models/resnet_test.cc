@@ -337,6 +337,36 @@ TEST(Master, CutsOneSequentialTorchScriptFileOverTheWorkers) {
   }
 }
 
+// master --replicas: two copies of a two-stage pipeline over four
+// workers (hybrid), and two single-worker replicas (plain data
+// parallelism), train as --local trains the model on the whole batch.
+TEST(Master, ReplicasTrainLikeOneProcess) {
+  const std::string dir = TempPath("replica_model");
+  std::filesystem::create_directories(dir);
+  SaveScriptLinear(dir + "/stage0.pt", 12, 16, 1, true);
+  SaveScriptLinear(dir + "/stage1.pt", 16, 5, 2, false);
+  const std::string file = TempPath("replica_model.pt");
+  test_support::ScriptSequential({12, 16, 5}).save(file);
+  for (const std::string& model : {dir, file}) {
+    const std::vector<std::string> args = {"--model", model, "--input-shape", "12", "--classes",
+                                           "5", "--batches", "3", "--batch-size", "18",
+                                           "--splits", "2", "--lr", "0.1"};
+    auto l = LocalLosses(args, "replica_local");
+    ASSERT_EQ(l.size(), 1u);
+    const int workers = model == dir ? 4 : 2;
+    const std::string report = TempPath("replica_pipeline.json");
+    std::vector<std::string> pipeline_args = args;
+    pipeline_args.insert(pipeline_args.end(), {"--replicas", "2", "--report", report});
+    auto [code, out] = RunPipeline(workers, pipeline_args);
+    ASSERT_EQ(code, 0) << out;
+    EXPECT_THAT(out, HasSubstr("2 replicas (gradients summed over Gloo, overlapping backward)"));
+    EXPECT_THAT(out, HasSubstr(workers == 4 ? "worker4      1        1" : "worker2      1        0"));
+    auto p = ReportLosses(ReadFile(report));
+    ASSERT_EQ(p.size(), 1u);
+    ExpectSameLosses(p[0], l[0], absl::StrCat("--replicas 2 over ", workers, " workers"));
+  }
+}
+
 // A learnable toy IDX dataset in `dir`: class c is a bright 6x6 square at
 // one of ten places, on noise.
 void WriteToyIdx(const std::string& dir, int train, int test) {
@@ -479,6 +509,11 @@ TEST(Master, BadFlagsAndMissingWorkersAreClearErrors) {
   check({"--workers", "a,b", "--partition", "tutorial", "--interleave", "2"}, 2,
         "split points 8 make 2 stages; 4 are wanted");
   check({"--workers", "a,b", "--split-at", "3,x"}, 2, "--split-at wants layer indices");
+  check({"--workers", "a,b,c", "--replicas", "2"}, 2, "--replicas 2 does not match the 3 --workers");
+  check({"--workers", "a,b,c,d", "--replicas", "2", "--pipeline-stages", "3"}, 2,
+        "--replicas 2 x --pipeline-stages 3 does not match the 4 --workers");
+  check({"--workers", "a,b", "--replicas", "2", "--splits", "8", "--batch-size", "12"}, 2,
+        "--splits 8 x --replicas 2 exceeds --batch-size 12");
   check({"--workers", "a,b", "--split-at", "12,5,7"}, 2, "must increase strictly");
   check({"--workers", "a,b,c", "--split-at", "8"}, 2, "--split-at makes 2 stages for 3 workers");
   check({"--workers", "a,b", "--model", TempPath("no_such_model"), "--split-at", "2"}, 2,
