@@ -34,7 +34,7 @@ debian_root_mount "$root"
 
 # What a GPU machine has besides the GPU: a compiler, CMake, LibTorch
 # (the wheel's there; Debian's here), Python. Never gRPC, protobuf, Abseil.
-want=(cmake make g++ libtorch-dev libopenblas0-pthread python3)
+want=(cmake make g++ libtorch-dev libgloo-dev libopenblas0-pthread python3)
 if ! debian_root_run "$root" dpkg-query -W "${want[@]}" >/dev/null 2>&1; then
   echo "gpu_rehearse: installing ${want[*]} in $root (once)" >&2
   debian_root_run "$root" /bin/bash -c "apt-get update -q >/dev/null &&

@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "launch/cli.h"
 #include "models/resnet.h"
+#include "parallel/process_group.h"
 #include "pipeline/schedule.h"
 #include "tests/support/script_models.h"
 #include "tests/support/test_group.h"
@@ -341,6 +342,7 @@ TEST(Master, CutsOneSequentialTorchScriptFileOverTheWorkers) {
 // workers (hybrid), and two single-worker replicas (plain data
 // parallelism), train as --local trains the model on the whole batch.
 TEST(Master, ReplicasTrainLikeOneProcess) {
+  if (!parallel::HaveGloo()) GTEST_SKIP() << "built without Gloo";
   const std::string dir = TempPath("replica_model");
   std::filesystem::create_directories(dir);
   SaveScriptLinear(dir + "/stage0.pt", 12, 16, 1, true);
