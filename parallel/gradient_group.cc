@@ -1,6 +1,7 @@
 #include "parallel/gradient_group.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <set>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 
@@ -55,14 +57,15 @@ class GradientGroup {
         sig[2] = sig[2] * 31 + static_cast<int64_t>(p.scalar_type());
       }
     }
-    at::Tensor theirs = at::tensor(sig, at::kLong);
-    Check(group_->Broadcast(theirs, 0));
-    if (theirs[0].item<int64_t>() != sig[0] || theirs[1].item<int64_t>() != sig[1] ||
-        theirs[2].item<int64_t>() != sig[2]) {
+    at::Tensor broadcast = at::empty({3}, at::kLong);
+    std::memcpy(broadcast.data_ptr<int64_t>(), sig.data(), sizeof(int64_t) * 3);
+    Check(group_->Broadcast(broadcast, 0));
+    const int64_t* theirs = broadcast.data_ptr<int64_t>();
+    if (!std::equal(sig.begin(), sig.end(), theirs)) {
       throw std::invalid_argument(absl::StrCat(
           "worker '", agent_->self().name, "' (", group_->Describe(), ") holds ", sig[0],
-          " parameters of ", sig[1], " values; rank 0 holds ", theirs[0].item<int64_t>(), " of ",
-          theirs[1].item<int64_t>(), (theirs[0].item<int64_t>() == sig[0] ? " (other shapes or types)" : ""),
+          " parameters of ", sig[1], " values; rank 0 holds ", theirs[0], " of ", theirs[1],
+          (theirs[0] == sig[0] && theirs[1] == sig[1] ? " (of other shapes or types)" : ""),
           ": every replica must build the same stages"));
     }
     at::NoGradGuard no_grad;

@@ -19,22 +19,6 @@
 namespace remora::pipeline {
 namespace {
 
-// `value` with every tensor replaced by fn(tensor) (tuples and lists too).
-c10::IValue Map(const c10::IValue& value, const std::function<at::Tensor(const at::Tensor&)>& fn) {
-  if (value.isTensor()) return fn(value.toTensor());
-  if (value.isTuple()) {
-    std::vector<c10::IValue> out;
-    for (const auto& e : value.toTupleRef().elements()) out.push_back(Map(e, fn));
-    return c10::ivalue::Tuple::create(std::move(out));
-  }
-  if (value.isTensorList()) {
-    c10::List<at::Tensor> out;
-    for (const at::Tensor& t : value.toTensorList()) out.push_back(fn(t));
-    return out;
-  }
-  return value;
-}
-
 // The arguments a TorchScript forward gets for `input` (a tuple spreads).
 std::vector<c10::IValue> ScriptArgs(const c10::IValue& input) {
   if (!input.isTuple()) return {input};
