@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <ATen/ops/cat.h>
+#include <c10/core/GradMode.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
@@ -68,7 +69,7 @@ class GradientGroup {
           (theirs[0] == sig[0] && theirs[1] == sig[1] ? " (of other shapes or types)" : ""),
           ": every replica must build the same stages"));
     }
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     for (auto& [k, params] : stages_) {
       for (at::Tensor& p : params) {
         at::Tensor copy = p.detach().contiguous();

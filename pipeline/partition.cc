@@ -6,7 +6,7 @@
 #include <limits>
 #include <sstream>
 
-#include <ATen/core/grad_mode.h>
+#include <c10/core/GradMode.h>
 #include <ATen/ops/allclose.h>
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/serialization/import.h>
@@ -133,7 +133,7 @@ absl::Status SequentialModel::Check(const c10::IValue& sample) const {
   if (!script_) return absl::OkStatus();
   torch::jit::Module m = script_->deepcopy();
   m.eval();
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   c10::IValue whole, chained = sample;
   try {
     whole = m.forward(ScriptArgs(sample));
