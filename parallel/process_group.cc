@@ -34,6 +34,15 @@ std::chrono::milliseconds Millis(absl::Duration d) {
   return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
 }
 
+// LibTorch 2.4 and later default the store to libuv, which some builds
+// (Debian's) lack: the classic backend is in all of them.
+template <typename O>
+auto ClassicStore(O& o, int) -> decltype(o.useLibUV = false, void()) {
+  o.useLibUV = false;
+}
+template <typename O>
+void ClassicStore(O&, long) {}
+
 }  // namespace
 
 bool HaveGloo() { return true; }
@@ -56,6 +65,7 @@ absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(const std::strin
   try {
     c10d::TCPStoreOptions o;
     o.port = 0;  // the system's choice (29500, c10d's default, is the master's own)
+    ClassicStore(o, 0);
     o.isServer = true;
     o.waitWorkers = false;
     o.timeout = Millis(timeout);
@@ -80,6 +90,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Join(const GroupOpti
   try {
     c10d::TCPStoreOptions o;
     o.port = static_cast<std::uint16_t>(g.store_port);
+    ClassicStore(o, 0);
     o.isServer = false;
     o.waitWorkers = false;
     o.timeout = Millis(g.timeout);
