@@ -37,7 +37,10 @@ debian_root_mount "$root"
 want=(cmake make g++ libtorch-dev libgloo-dev libopenblas0-pthread python3)
 if ! debian_root_run "$root" dpkg-query -W "${want[@]}" >/dev/null 2>&1; then
   echo "gpu_rehearse: installing ${want[*]} in $root (once)" >&2
+  # (-f first: a kept root lacks what the loop below removed, which apt
+  # counts as broken.)
   debian_root_run "$root" /bin/bash -c "apt-get update -q >/dev/null &&
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q -f --no-install-recommends >/dev/null &&
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends ${want[*]} >/dev/null"
 fi
 # Debian's libtorch-dev depends on libprotobuf-dev, which a wheel does not
