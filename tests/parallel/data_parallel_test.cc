@@ -24,11 +24,14 @@
 #include "optim/distributed_optimizer.h"
 #include "parallel/process_group.h"
 #include "tests/support/test_functions.h"
+#include "tests/support/test_group.h"
 
 namespace remora::parallel {
 namespace {
 
 using ::testing::HasSubstr;
+
+const std::string kBin = REMORA_BIN_DIR;
 
 TEST(ProcessGroup, MembersSumAndBroadcastThroughTheStore) {
   if (!HaveGloo()) GTEST_SKIP() << "built without Gloo";
@@ -270,6 +273,21 @@ TEST(DataParallel, AReplicaThatDiesFailsTheStepWithinTheTimeout) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(15));
   // The group cannot shut down gracefully without w2.
   workers.master().Shutdown(/*graceful=*/false).IgnoreError();
+}
+
+// The collective benchmark runs its ranks as processes and prints a row
+// per size.
+TEST(CollectiveBench, PrintsAllReduceBandwidthBesideMemcpy) {
+  if (!HaveGloo()) GTEST_SKIP() << "built without Gloo";
+  auto [code, out] = RunProgram(
+      {kBin + "/collective_bench", "--ranks", "2", "--reps", "1"}, absl::Seconds(120));
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("allreduce_ms"));
+  EXPECT_THAT(out, HasSubstr("     2        64Mi"));
+  auto [bad, message] = RunProgram(
+      {kBin + "/collective_bench", "--ranks", "1"}, absl::Seconds(30));
+  EXPECT_EQ(bad, 2);
+  EXPECT_THAT(message, HasSubstr("--ranks wants counts in 2..16"));
 }
 
 }  // namespace
