@@ -18,57 +18,13 @@ namespace {
 
 constexpr char kLocalOptimizer[] = "remora.optim.LocalOptimizer";
 
-c10::Dict<std::string, double> ToDict(const OptimizerOptions& o) {
-  c10::Dict<std::string, double> d;
-  d.insert("kind", static_cast<double>(o.kind));
-  d.insert("lr", o.lr);
-  d.insert("momentum", o.momentum);
-  d.insert("dampening", o.dampening);
-  d.insert("weight_decay", o.weight_decay);
-  d.insert("nesterov", o.nesterov ? 1.0 : 0.0);
-  d.insert("beta1", o.beta1);
-  d.insert("beta2", o.beta2);
-  d.insert("eps", o.eps);
-  d.insert("amsgrad", o.amsgrad ? 1.0 : 0.0);
-  return d;
-}
-
 // One owner's optimizer over its own parameters.
 class LocalOptimizer {
  public:
   LocalOptimizer(const c10::impl::GenericDict& options, std::vector<at::Tensor> params)
-      : params_(std::move(params)) {
-    auto get = [&](const char* key) { return options.at(key).toDouble(); };
-    const auto kind = static_cast<OptimizerOptions::Kind>(static_cast<int>(get("kind")));
-    switch (kind) {
-      case OptimizerOptions::Kind::kSGD:
-        optimizer_ = std::make_unique<torch::optim::SGD>(
-            params_, torch::optim::SGDOptions(get("lr"))
-                         .momentum(get("momentum"))
-                         .dampening(get("dampening"))
-                         .weight_decay(get("weight_decay"))
-                         .nesterov(get("nesterov") != 0.0));
-        break;
-      case OptimizerOptions::Kind::kAdam:
-        optimizer_ = std::make_unique<torch::optim::Adam>(
-            params_, torch::optim::AdamOptions(get("lr"))
-                         .betas({get("beta1"), get("beta2")})
-                         .eps(get("eps"))
-                         .weight_decay(get("weight_decay"))
-                         .amsgrad(get("amsgrad") != 0.0));
-        break;
-      case OptimizerOptions::Kind::kAdamW:
-        optimizer_ = std::make_unique<torch::optim::AdamW>(
-            params_, torch::optim::AdamWOptions(get("lr"))
-                         .betas({get("beta1"), get("beta2")})
-                         .eps(get("eps"))
-                         .weight_decay(get("weight_decay"))
-                         .amsgrad(get("amsgrad") != 0.0));
-        break;
-      default:
-        throw std::invalid_argument("unknown optimizer kind");
-    }
-  }
+      : params_(params), optimizer_(MakeOptimizer(options, std::move(params))) {}
+
+  int64_t state_bytes() const { return StateBytes(*optimizer_); }
 
   // Steps with the gradients `context` accumulated here.
   void Step(const dist_autograd::DistContext& context) {
@@ -85,6 +41,72 @@ class LocalOptimizer {
 };
 
 }  // namespace
+
+c10::Dict<std::string, double> OptionsToDict(const OptimizerOptions& o) {
+  c10::Dict<std::string, double> d;
+  d.insert("kind", static_cast<double>(o.kind));
+  d.insert("lr", o.lr);
+  d.insert("momentum", o.momentum);
+  d.insert("dampening", o.dampening);
+  d.insert("weight_decay", o.weight_decay);
+  d.insert("nesterov", o.nesterov ? 1.0 : 0.0);
+  d.insert("beta1", o.beta1);
+  d.insert("beta2", o.beta2);
+  d.insert("eps", o.eps);
+  d.insert("amsgrad", o.amsgrad ? 1.0 : 0.0);
+  return d;
+}
+
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const c10::impl::GenericDict& options,
+                                                       std::vector<at::Tensor> params) {
+  auto get = [&](const char* key) { return options.at(key).toDouble(); };
+  const auto kind = static_cast<OptimizerOptions::Kind>(static_cast<int>(get("kind")));
+  switch (kind) {
+    case OptimizerOptions::Kind::kSGD:
+      return std::make_unique<torch::optim::SGD>(
+          params, torch::optim::SGDOptions(get("lr"))
+                      .momentum(get("momentum"))
+                      .dampening(get("dampening"))
+                      .weight_decay(get("weight_decay"))
+                      .nesterov(get("nesterov") != 0.0));
+    case OptimizerOptions::Kind::kAdam:
+      return std::make_unique<torch::optim::Adam>(
+          params, torch::optim::AdamOptions(get("lr"))
+                      .betas({get("beta1"), get("beta2")})
+                      .eps(get("eps"))
+                      .weight_decay(get("weight_decay"))
+                      .amsgrad(get("amsgrad") != 0.0));
+    case OptimizerOptions::Kind::kAdamW:
+      return std::make_unique<torch::optim::AdamW>(
+          params, torch::optim::AdamWOptions(get("lr"))
+                      .betas({get("beta1"), get("beta2")})
+                      .eps(get("eps"))
+                      .weight_decay(get("weight_decay"))
+                      .amsgrad(get("amsgrad") != 0.0));
+  }
+  throw std::invalid_argument("unknown optimizer kind");
+}
+
+int64_t StateBytes(const torch::optim::Optimizer& optimizer) {
+  int64_t bytes = 0;
+  auto add = [&bytes](const at::Tensor& t) {
+    if (t.defined()) bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  };
+  for (const auto& [key, state] : optimizer.state()) {
+    if (auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(state.get())) {
+      add(sgd->momentum_buffer());
+    } else if (auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(state.get())) {
+      add(adam->exp_avg());
+      add(adam->exp_avg_sq());
+      add(adam->max_exp_avg_sq());
+    } else if (auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(state.get())) {
+      add(adamw->exp_avg());
+      add(adamw->exp_avg_sq());
+      add(adamw->max_exp_avg_sq());
+    }
+  }
+  return bytes;
+}
 
 absl::Status RegisterFunctions(Registry& registry) {
   return registry.RegisterModule<LocalOptimizer>(
@@ -104,7 +126,9 @@ absl::Status RegisterFunctions(Registry& registry) {
         }
         return std::make_shared<LocalOptimizer>(args[0].toGenericDict(), std::move(params));
       },
-      {{"step", [](LocalOptimizer& opt, CallContext& ctx, const Args& args) -> c10::IValue {
+      {{"state_bytes",
+        [](LocalOptimizer& opt, CallContext&, const Args&) -> c10::IValue { return opt.state_bytes(); }},
+       {"step", [](LocalOptimizer& opt, CallContext& ctx, const Args& args) -> c10::IValue {
           auto* container = dist_autograd::ContainerOf(ctx.agent);
           if (container == nullptr) throw std::runtime_error("distributed autograd is not enabled");
           auto context = container->Find(args[0].toInt());
@@ -129,7 +153,7 @@ absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Crea
   }
   std::vector<RRef> optimizers;
   for (auto& [owner, list] : by_owner) {
-    ASSIGN_OR_RETURN(RRef opt, agent.remote(owner, kLocalOptimizer, {ToDict(options), list}));
+    ASSIGN_OR_RETURN(RRef opt, agent.remote(owner, kLocalOptimizer, {OptionsToDict(options), list}));
     optimizers.push_back(opt);
   }
   // Surface construction errors now rather than at the first step.
@@ -138,6 +162,17 @@ absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Crea
     RETURN_IF_ERROR(Annotate(user->confirmed().wait().status(), "creating the optimizer"));
   }
   return std::unique_ptr<DistributedOptimizer>(new DistributedOptimizer(std::move(optimizers)));
+}
+
+absl::StatusOr<int64_t> DistributedOptimizer::state_bytes() const {
+  std::vector<Future<c10::IValue>> pending;
+  for (const RRef& opt : optimizers_) pending.push_back(opt.rpc_async("state_bytes"));
+  int64_t bytes = 0;
+  for (auto& p : pending) {
+    ASSIGN_OR_RETURN(c10::IValue v, p.wait());
+    bytes += v.toInt();
+  }
+  return bytes;
 }
 
 absl::Status DistributedOptimizer::step(int64_t context_id) {

@@ -24,6 +24,9 @@
 #include <string>
 #include <vector>
 
+#include <ATen/core/Dict.h>
+#include <torch/optim/optimizer.h>
+
 #include "absl/status/statusor.h"
 #include "rpc/agent.h"
 
@@ -56,6 +59,16 @@ struct OptimizerOptions {
   OptimizerOptions(Kind k, double l, double wd) : kind(k), lr(l), weight_decay(wd) {}
 };
 
+// The options as they travel to owners (kind, lr, momentum, ...), and the
+// LibTorch optimizer they make over `params` (parallel/'s ZeRO-1 shards
+// make theirs so too).
+c10::Dict<std::string, double> OptionsToDict(const OptimizerOptions& options);
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const c10::impl::GenericDict& options,
+                                                       std::vector<at::Tensor> params);
+
+// Bytes of an optimizer's state (SGD's momentum buffers, Adam's moments).
+int64_t StateBytes(const torch::optim::Optimizer& optimizer);
+
 // Registers remora.optim.LocalOptimizer, the per-owner optimizer. Every
 // worker's registry needs it.
 absl::Status RegisterFunctions(Registry& registry);
@@ -69,6 +82,9 @@ class DistributedOptimizer {
   // Steps every owner with the gradients of `context_id`; an error names the
   // worker that failed.
   absl::Status step(int64_t context_id);
+
+  // The bytes of optimizer state on all owners together.
+  absl::StatusOr<int64_t> state_bytes() const;
 
  private:
   explicit DistributedOptimizer(std::vector<RRef> optimizers)

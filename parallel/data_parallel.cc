@@ -62,6 +62,9 @@ absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Crea
         " workers (replica r runs on workers r*P .. r*P + P - 1)"));
   }
   if (o.bucket_bytes < 1) return absl::InvalidArgumentError("the bucket size must be positive");
+  if (o.zero != 0 && o.zero != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("ZeRO stage ", o.zero, ": 0 or 1 are offered"));
+  }
   const int P = n / R;
   std::vector<std::unique_ptr<pipeline::Pipeline>> replicas;
   for (int r = 0; r < R; ++r) {
@@ -100,7 +103,9 @@ absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Crea
                                                {store->host(), int64_t{store->port()},
                                                 absl::StrCat(prefix, "-slot", p), int64_t{r},
                                                 int64_t{R}, absl::ToInt64Milliseconds(o.timeout),
-                                                o.bucket_bytes, o.overlap, indices, params}));
+                                                o.bucket_bytes, o.overlap, indices, params,
+                                                o.zero == 1 && R > 1,
+                                                optim::OptionsToDict(o.pipeline.optimizer)}));
         members.push_back(m);
       }
     }
@@ -153,7 +158,8 @@ absl::StatusOr<double> DataParallelPipeline::train_step(const c10::IValue& input
       passed[r].Notify();
       go.WaitForNotification();
       if (proceed) {
-        steps[r] = replicas_[r]->step(context.id());
+        // Under ZeRO-1 the groups stepped the shares in "finish".
+        if (options_.zero == 0) steps[r] = replicas_[r]->step(context.id());
       } else {
         for (const Member& mb : members_) {
           if (mb.replica == r) mb.group.rpc_async("discard", {context.id()});
@@ -192,6 +198,26 @@ absl::StatusOr<double> DataParallelPipeline::train_step(const c10::IValue& input
 
 absl::StatusOr<c10::IValue> DataParallelPipeline::eval_step(const c10::IValue& inputs) {
   return replicas_[0]->eval_step(inputs);
+}
+
+absl::StatusOr<std::vector<int64_t>> DataParallelPipeline::optimizer_state_bytes() {
+  std::vector<int64_t> out(replicas(), 0);
+  if (options_.zero == 0 || replicas() == 1) {
+    for (int r = 0; r < replicas(); ++r) {
+      ASSIGN_OR_RETURN(out[r], replicas_[r]->optimizer_state_bytes());
+    }
+    return out;
+  }
+  std::vector<Future<c10::IValue>> pending;
+  std::vector<std::string> where;
+  for (const Member& m : members_) {
+    pending.push_back(m.group.rpc_async("state_bytes"));
+    where.push_back(m.worker);
+  }
+  std::vector<c10::IValue> values;
+  RETURN_IF_ERROR(WaitAll(pending, where, "reading the optimizer state's size", &values));
+  for (size_t i = 0; i < members_.size(); ++i) out[members_[i].replica] += values[i].toInt();
+  return out;
 }
 
 std::string DataParallelPipeline::Placement() const {

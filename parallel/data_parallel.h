@@ -44,6 +44,10 @@ struct DataParallelOptions {
   int64_t bucket_bytes = int64_t{25} << 20;
   bool overlap = true;  // start a stage's sum as its last backward pass ends
   absl::Duration timeout = absl::Seconds(10);  // per collective
+  // ZeRO stage: 0 (every replica holds all optimizer state) or 1 (each
+  // replica of a stage group holds the state of its share of the
+  // parameters, steps that share and sends it to the others).
+  int zero = 0;
 };
 
 class DataParallelPipeline {
@@ -61,6 +65,8 @@ class DataParallelPipeline {
   pipeline::Pipeline& replica(int r) { return *replicas_[r]; }
   // Worker -> (pipeline stages, replica), one line each.
   std::string Placement() const;
+  // Per replica, the bytes of optimizer state its workers hold.
+  absl::StatusOr<std::vector<int64_t>> optimizer_state_bytes();
   // The buckets the last step summed (over all groups).
   int64_t last_buckets() const { return last_buckets_; }
 

@@ -21,8 +21,10 @@
 #include "autograd/dist_autograd.h"
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
+#include "optim/distributed_optimizer.h"
 #include "parallel/process_group.h"
 #include "rpc/agent.h"
+#include "runtime/compute_lane.h"
 #include "runtime/trace.h"
 
 namespace remora::parallel {
@@ -45,6 +47,37 @@ class GradientGroup {
         bucket_bytes_(bucket_bytes),
         overlap_(overlap),
         stages_(std::move(stages)) {}
+
+  // ZeRO-1: the group's parameters are shared out among the ranks (whole
+  // tensors, largest first, each to the least loaded rank: the same on
+  // every rank); this rank keeps the optimizer state of its share only.
+  void ShardOptimizer(const c10::impl::GenericDict& options) {
+    std::vector<at::Tensor> all;
+    for (const auto& [k, params] : stages_) all.insert(all.end(), params.begin(), params.end());
+    std::vector<size_t> order(all.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&all](size_t a, size_t b) { return all[a].numel() > all[b].numel(); });
+    const int size = group_->options().size;
+    std::vector<int64_t> load(size, 0);
+    std::vector<at::Tensor> mine;
+    zero_owner_.assign(all.size(), 0);
+    for (size_t i : order) {
+      const int q = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+      zero_owner_[i] = q;
+      load[q] += all[i].numel();
+    }
+    for (size_t i = 0; i < all.size(); ++i) {
+      if (zero_owner_[i] == group_->options().rank) mine.push_back(all[i]);
+    }
+    zero_params_ = std::move(all);
+    if (!mine.empty()) zero_optimizer_ = optim::MakeOptimizer(options, std::move(mine));
+    zero_ = true;
+  }
+
+  int64_t StateBytes() const {
+    return zero_optimizer_ ? optim::StateBytes(*zero_optimizer_) : 0;
+  }
 
   // Checks that every replica holds the same parameters (count, shapes,
   // dtypes), then copies rank 0's to all.
@@ -123,7 +156,44 @@ class GradientGroup {
     if (!status.ok()) {
       throw std::runtime_error(absl::StrCat("worker '", agent_->self().name, "': ", status.message()));
     }
+    if (zero_) StepShard(*dist);
     return static_cast<int64_t>(c.buckets.size());
+  }
+
+  // ZeRO-1's step: this rank steps its share with the summed gradients,
+  // then every rank's share is copied to the others (one broadcast per
+  // owner).
+  void StepShard(const dist_autograd::DistContext& context) {
+    const int rank = group_->options().rank;
+    if (zero_optimizer_) {
+      ComputeTurn turn;
+      trace::Scope scope("step", -1);
+      for (size_t i = 0; i < zero_params_.size(); ++i) {
+        if (zero_owner_[i] == rank) zero_params_[i].mutable_grad() = context.Gradient(zero_params_[i]);
+      }
+      zero_optimizer_->step();
+      for (size_t i = 0; i < zero_params_.size(); ++i) {
+        if (zero_owner_[i] == rank) zero_params_[i].mutable_grad() = at::Tensor();
+      }
+    }
+    c10::NoGradGuard no_grad;
+    for (int q = 0; q < group_->options().size; ++q) {
+      std::vector<at::Tensor> owned;
+      for (size_t i = 0; i < zero_params_.size(); ++i) {
+        if (zero_owner_[i] == q) owned.push_back(zero_params_[i]);
+      }
+      if (owned.empty()) continue;
+      std::vector<at::Tensor> flat_parts;
+      for (const at::Tensor& p : owned) flat_parts.push_back(p.detach().reshape({-1}));
+      at::Tensor flat = at::cat(flat_parts);
+      Check(group_->Broadcast(flat, q));
+      if (q == rank) continue;
+      int64_t offset = 0;
+      for (const at::Tensor& p : owned) {
+        p.detach().copy_(flat.slice(0, offset, offset + p.numel()).view_as(p));
+        offset += p.numel();
+      }
+    }
   }
 
   void Discard(int64_t context) {
@@ -191,6 +261,12 @@ class GradientGroup {
   std::map<int64_t, std::vector<at::Tensor>> stages_;  // stage index -> parameters
   absl::Mutex mu_;
   std::map<int64_t, PerContext> contexts_ ABSL_GUARDED_BY(mu_);
+  // ZeRO-1 (set before the group serves; read-only after): every parameter
+  // of the group, its owning rank, this rank's optimizer over its share.
+  bool zero_ = false;
+  std::vector<at::Tensor> zero_params_;
+  std::vector<int> zero_owner_;
+  std::unique_ptr<torch::optim::Optimizer> zero_optimizer_;
 };
 
 // The groups alive in this process, for the backward hook.
@@ -266,6 +342,7 @@ absl::Status RegisterFunctions(Registry& registry) {
         auto group = std::make_shared<GradientGroup>(ctx.agent, std::move(*joined), a[6].toInt(),
                                                      a[7].toBool(), std::move(stages));
         group->Synchronize();
+        if (a.size() > 10 && a[10].toBool()) group->ShardOptimizer(a[11].toGenericDict());
         Groups& all = TheGroups();
         MutexLock lock(all.mu);
         all.live.push_back(group);
@@ -281,6 +358,8 @@ absl::Status RegisterFunctions(Registry& registry) {
           trace::Scope scope("allreduce", -1);
           return g.Finish(a[0].toInt());
         }},
+       {"state_bytes",
+        [](GradientGroup& g, CallContext&, const Args&) -> c10::IValue { return g.StateBytes(); }},
        {"discard", [](GradientGroup& g, CallContext&, const Args& a) -> c10::IValue {
           g.Discard(a[0].toInt());
           return c10::IValue();

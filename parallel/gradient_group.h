@@ -21,11 +21,20 @@
 // shapes and types of parameters: a mismatch is an error naming the
 // worker, not a hang.
 //
+// ZeRO-1 (zero = true): the group's parameters are shared out among the
+// ranks, each rank keeps the optimizer state of its share only, and
+// "finish" also steps: each rank steps its share with the summed
+// gradients, then broadcasts it to the others (Gloo in LibTorch 1.13 has
+// no reduce-scatter or flat all-gather; the sum is an all-reduce, the
+// gather one broadcast per owner, as PyTorch's ZeroRedundancyOptimizer
+// does). The master then steps no optimizer of its own.
+//
 // Module "remora.parallel.GradientGroup"(store_host, store_port, name,
-// rank, size, timeout_ms, bucket_bytes, overlap, stage_indices, stage_params)
-// with stage_params a list (one per stage index) of parameter RRefs owned
-// here; methods begin(context_id, micro_batches), finish(context_id) ->
-// number of buckets, discard(context_id).
+// rank, size, timeout_ms, bucket_bytes, overlap, stage_indices, stage_params
+// [, zero, optimizer options]) with stage_params a list (one per stage
+// index) of parameter RRefs owned here; methods begin(context_id,
+// micro_batches), finish(context_id) -> number of buckets,
+// state_bytes() (ZeRO-1's optimizer state here), discard(context_id).
 //
 // Thread-safety: the hook and the methods may run on any threads; a
 // group's collectives are issued under its lock, in an order that the

@@ -117,6 +117,9 @@ class Pipeline {
   // without remora's caching CPU allocator (REMORA_MALLOC=default).
   absl::StatusOr<std::vector<int64_t>> peak_activation_bytes(bool reset = false);
 
+  // The bytes of optimizer state on the workers (momentum, Adam's moments).
+  absl::StatusOr<int64_t> optimizer_state_bytes() const { return optimizer_->state_bytes(); }
+
   const Schedule& schedule() const { return schedule_; }
   const std::vector<RRef>& stages() const { return stages_; }
   int num_stages() const { return static_cast<int>(stages_.size()); }

@@ -204,6 +204,54 @@ TEST(DataParallel, HybridAndPlainMatchOneProcessUnderEverySchedule) {
   ExpectParity(workers.master(), four, 4, {Mlp(6, 3, 7, false)}, "1f1b", true);
 }
 
+// ZeRO-1 steps the same parameters as plain data parallelism (SGD with
+// momentum, Adam), with each replica holding about half the optimizer
+// state: the replicas' shares add up to one replica's state without it.
+TEST(DataParallel, ZeroOneMatchesPlainDataParallelismWithAShareOfTheState) {
+  if (!HaveGloo()) GTEST_SKIP() << "built without Gloo";
+  Workers workers(4);
+  // Whole tensors are shared out: equal layers make equal shares.
+  const auto data = Data(3, 16, 16, 16);
+  for (const auto& optimizer : {optim::OptimizerOptions::SGD(0.05).set_momentum(0.9),
+                                optim::OptimizerOptions::Adam(0.01)}) {
+    SCOPED_TRACE(optimizer.kind == optim::OptimizerOptions::Kind::kAdam ? "adam" : "sgd");
+    std::vector<std::vector<at::Tensor>> state[2];
+    std::vector<double> losses[2];
+    std::vector<int64_t> bytes[2];
+    for (int zero : {0, 1}) {
+      DataParallelOptions o;
+      o.pipeline.stages = {Spec(Mlp(16, 16, 1)), Spec(Mlp(16, 16, 2)), Spec(Mlp(16, 16, 3)),
+                           Spec(Mlp(16, 16, 4, false))};
+      o.pipeline.workers = {"w1", "w2", "w3", "w4"};
+      o.pipeline.micro_batches = 2;
+      o.pipeline.loss = pipeline::MseLoss();
+      o.pipeline.optimizer = optimizer;
+      o.replicas = 2;
+      o.zero = zero;
+      auto dp = DataParallelPipeline::Create(workers.master(), o);
+      ASSERT_TRUE(dp.ok()) << dp.status();
+      for (const auto& [x, t] : data) losses[zero].push_back((*dp)->train_step(x, t).value());
+      for (int r = 0; r < 2; ++r) {
+        for (int k = 0; k < 4; ++k) state[zero].push_back((*dp)->replica(r).stage_state(k).value());
+      }
+      bytes[zero] = (*dp)->optimizer_state_bytes().value();
+    }
+    EXPECT_EQ(losses[0], losses[1]);
+    ASSERT_EQ(state[0].size(), state[1].size());
+    for (size_t i = 0; i < state[0].size(); ++i) {
+      for (size_t j = 0; j < state[0][i].size(); ++j) {
+        EXPECT_LT(RelativeError(state[1][i][j], state[0][i][j]), 1e-6) << i << "/" << j;
+      }
+    }
+    // Plain: each replica holds all of it. ZeRO-1: the shares add up to that.
+    EXPECT_EQ(bytes[0][0], bytes[0][1]);
+    EXPECT_GT(bytes[0][0], 0);
+    EXPECT_EQ(bytes[1][0] + bytes[1][1], bytes[0][0]);
+    EXPECT_LT(bytes[1][0], bytes[0][0] * 3 / 4);
+    EXPECT_LT(bytes[1][1], bytes[0][0] * 3 / 4);
+  }
+}
+
 TEST(DataParallel, BadTopologiesAndMismatchedReplicasAreClearErrors) {
   if (!HaveGloo()) GTEST_SKIP() << "built without Gloo";
   Workers workers(2);
