@@ -96,6 +96,10 @@ int Main(int argc, char** argv) {
   flags.AddBool("overlap", &c.overlap,
                 "with --replicas: start summing a stage's gradients as its last backward pass "
                 "ends, beside the other backward passes (false: after all of them)");
+  flags.AddInt("zero", &c.zero,
+               "with --replicas: 1 shards the optimizer state over each stage's replicas "
+               "(ZeRO-1: each steps its share and sends it to the others); 0: every replica "
+               "holds all of it");
   flags.AddInt("collective-timeout", &c.collective_timeout,
                "with --replicas: seconds a replica waits for the others in a collective before "
                "the step fails");
@@ -233,6 +237,7 @@ int Main(int argc, char** argv) {
                                ": every micro-batch needs at least one image"));
     }
   }
+  if (c.zero != 0 && c.zero != 1) return fail("--zero must be 0 or 1");
   if (c.replicas < 1 || c.bucket_mb < 1 || c.collective_timeout < 1) {
     return fail("--replicas, --bucket-mb and --collective-timeout must be >= 1");
   }

@@ -221,12 +221,14 @@ absl::StatusOr<std::unique_ptr<parallel::DataParallelPipeline>> CreatePipeline(
   o.bucket_bytes = int64_t{c.bucket_mb} << 20;
   o.overlap = c.overlap;
   o.timeout = absl::Seconds(c.collective_timeout);
+  o.zero = c.zero;
   ASSIGN_OR_RETURN(auto pipe, parallel::DataParallelPipeline::Create(agent, std::move(o)));
   std::printf("  schedule %s: %d stages over %zu workers", pipe->replica(0).schedule().name.c_str(),
               pipe->replica(0).num_stages(), c.workers.size());
   if (c.replicas > 1) {
-    std::printf(", %d replicas (gradients summed over Gloo%s):\n%s", c.replicas,
-                c.overlap ? ", overlapping backward" : "", pipe->Placement().c_str());
+    std::printf(", %d replicas (gradients summed over Gloo%s%s):\n%s", c.replicas,
+                c.overlap ? ", overlapping backward" : "",
+                c.zero == 1 ? ", ZeRO-1: optimizer state sharded" : "", pipe->Placement().c_str());
   } else {
     std::printf("\n");
   }
@@ -277,6 +279,7 @@ absl::StatusOr<Run> FitPipeline(Agent& agent, const Config& c,
   run.epochs = std::move(epochs);
   for (const auto& e : run.epochs) run.seconds += e.seconds;
   ASSIGN_OR_RETURN(run.peak_activation_bytes, pipe->replica(0).peak_activation_bytes());
+  ASSIGN_OR_RETURN(run.optimizer_state_bytes, pipe->optimizer_state_bytes());
   PrintActivations(run, c);
   return run;
 }
@@ -285,6 +288,9 @@ void PrintActivations(const Run& run, const Config& c) {
   for (size_t k = 0; k < run.peak_activation_bytes.size(); ++k) {
     std::printf("  stage %zu on %s: peak saved activations %.1f MiB\n", k,
                 c.workers[k % c.workers.size()].c_str(), run.peak_activation_bytes[k] / 1048576.0);
+  }
+  for (size_t r = 0; r < run.optimizer_state_bytes.size() && c.replicas > 1; ++r) {
+    std::printf("  replica %zu: optimizer state %.2f MiB\n", r, run.optimizer_state_bytes[r] / 1048576.0);
   }
 }
 
@@ -384,6 +390,7 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
     }
   }
   ASSIGN_OR_RETURN(run.peak_activation_bytes, pipe->replica(0).peak_activation_bytes());
+  ASSIGN_OR_RETURN(run.optimizer_state_bytes, pipe->optimizer_state_bytes());
   PrintActivations(run, c);
   if (traced) {
     for (size_t w = 0; w < c.workers.size(); ++w) {
@@ -455,7 +462,8 @@ absl::Status WriteReport(const std::string& path, bool local, const std::vector<
           << c.workers[k % c.workers.size()] << "\", \"peak_activation_bytes\": "
           << r.peak_activation_bytes[k] << "}";
     }
-    out << "], \"epochs\": [";
+    out << "], \"optimizer_state_bytes\": [" << absl::StrJoin(r.optimizer_state_bytes, ", ")
+        << "], \"epochs\": [";
     for (size_t e = 0; e < r.epochs.size(); ++e) {
       const auto& x = r.epochs[e];
       out << (e ? ", " : "") << "{\"epoch\": " << x.epoch << ", \"train_loss\": "

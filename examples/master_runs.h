@@ -38,6 +38,7 @@ struct Config {
   int bucket_mb = 25;
   bool overlap = true;
   int collective_timeout = 10;  // seconds
+  int zero = 0;  // ZeRO stage with --replicas: 0 or 1
   std::string listen;
   std::vector<int> splits;
   int batches = 3;
@@ -79,6 +80,7 @@ struct Run {
   std::vector<double> batch_seconds;  // every batch's
   std::vector<double> losses;
   std::vector<int64_t> peak_activation_bytes;  // per stage; pipeline runs only
+  std::vector<int64_t> optimizer_state_bytes;  // per replica; pipeline runs only
   std::vector<pipeline::EpochResult> epochs;   // --dataset runs
   std::vector<cli::TimelineSlice> slices;
 };

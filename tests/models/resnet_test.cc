@@ -349,7 +349,9 @@ TEST(Master, ReplicasTrainLikeOneProcess) {
   SaveScriptLinear(dir + "/stage1.pt", 16, 5, 2, false);
   const std::string file = TempPath("replica_model.pt");
   test_support::ScriptSequential({12, 16, 5}).save(file);
-  for (const std::string& model : {dir, file}) {
+  const std::vector<std::pair<std::string, std::string>> runs = {
+      {dir, "0"}, {dir, "1"}, {file, "0"}};  // (model, --zero)
+  for (const auto& [model, zero] : runs) {
     const std::vector<std::string> args = {"--model", model, "--input-shape", "12", "--classes",
                                            "5", "--batches", "3", "--batch-size", "18",
                                            "--splits", "2", "--lr", "0.1"};
@@ -358,14 +360,16 @@ TEST(Master, ReplicasTrainLikeOneProcess) {
     const int workers = model == dir ? 4 : 2;
     const std::string report = TempPath("replica_pipeline.json");
     std::vector<std::string> pipeline_args = args;
-    pipeline_args.insert(pipeline_args.end(), {"--replicas", "2", "--report", report});
+    pipeline_args.insert(pipeline_args.end(), {"--replicas", "2", "--zero", zero, "--report", report});
     auto [code, out] = RunPipeline(workers, pipeline_args);
     ASSERT_EQ(code, 0) << out;
-    EXPECT_THAT(out, HasSubstr("2 replicas (gradients summed over Gloo, overlapping backward)"));
+    EXPECT_THAT(out, HasSubstr(zero == "1" ? "overlapping backward, ZeRO-1: optimizer state sharded)"
+                                           : "2 replicas (gradients summed over Gloo, overlapping backward)"));
     EXPECT_THAT(out, HasSubstr(workers == 4 ? "worker4      1        1" : "worker2      1        0"));
+    EXPECT_THAT(out, HasSubstr("replica 1: optimizer state"));
     auto p = ReportLosses(ReadFile(report));
     ASSERT_EQ(p.size(), 1u);
-    ExpectSameLosses(p[0], l[0], absl::StrCat("--replicas 2 over ", workers, " workers"));
+    ExpectSameLosses(p[0], l[0], absl::StrCat("--replicas 2 --zero ", zero, " over ", workers, " workers"));
   }
 }
 
