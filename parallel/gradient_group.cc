@@ -83,14 +83,16 @@ class GradientGroup {
   // dtypes), then copies rank 0's to all.
   void Synchronize() {
     std::vector<int64_t> sig = {0, 0, 0};
+    uint64_t hash = 0;  // of shapes and types (unsigned: it wraps)
     for (const auto& [k, params] : stages_) {
       for (const at::Tensor& p : params) {
         sig[0] += 1;
         sig[1] += p.numel();
-        for (int64_t d : p.sizes()) sig[2] = sig[2] * 1000003 + d;
-        sig[2] = sig[2] * 31 + static_cast<int64_t>(p.scalar_type());
+        for (int64_t d : p.sizes()) hash = hash * 1000003u + static_cast<uint64_t>(d);
+        hash = hash * 31u + static_cast<uint64_t>(p.scalar_type());
       }
     }
+    std::memcpy(&sig[2], &hash, sizeof(hash));
     at::Tensor broadcast = at::empty({3}, at::kLong);
     std::memcpy(broadcast.data_ptr<int64_t>(), sig.data(), sizeof(int64_t) * 3);
     Check(group_->Broadcast(broadcast, 0));
