@@ -30,8 +30,8 @@
 namespace remora::parallel {
 namespace {
 
-// One bucket in flight: its parameters, their gradients flattened, and
-// the sum being computed.
+// One bucket in flight: its parameters, their gradients flattened (in
+// host memory), and the sum being computed.
 struct Bucket {
   std::vector<at::Tensor> params;
   at::Tensor flat;
@@ -107,7 +107,7 @@ class GradientGroup {
     c10::NoGradGuard no_grad;
     for (auto& [k, params] : stages_) {
       for (at::Tensor& p : params) {
-        at::Tensor copy = p.detach().contiguous();
+        at::Tensor copy = p.detach().contiguous().cpu();  // Gloo's groups sum host memory
         Check(group_->Broadcast(copy, 0));
         if (copy.data_ptr() != p.data_ptr()) p.detach().copy_(copy);
       }
@@ -151,7 +151,7 @@ class GradientGroup {
       if (!status.ok()) continue;
       int64_t offset = 0;
       for (const at::Tensor& p : b.params) {
-        dist->SetGradient(p, b.flat.slice(0, offset, offset + p.numel()).view_as(p));
+        dist->SetGradient(p, b.flat.slice(0, offset, offset + p.numel()).view_as(p).to(p.device()));
         offset += p.numel();
       }
     }
@@ -186,7 +186,7 @@ class GradientGroup {
       }
       if (owned.empty()) continue;
       std::vector<at::Tensor> flat_parts;
-      for (const at::Tensor& p : owned) flat_parts.push_back(p.detach().reshape({-1}));
+      for (const at::Tensor& p : owned) flat_parts.push_back(p.detach().reshape({-1}).cpu());
       at::Tensor flat = at::cat(flat_parts);
       Check(group_->Broadcast(flat, q));
       if (q == rank) continue;
@@ -249,7 +249,10 @@ class GradientGroup {
       }
       at::Tensor g = dist->Gradient(*p);
       // A parameter this replica's batch did not reach still takes part.
-      grads.push_back(g.defined() ? g.detach().reshape({-1}) : at::zeros({p->numel()}, p->options()));
+      // Buckets live in host memory, where Gloo's groups sum (a CUDA
+      // stage's gradients are staged through it).
+      grads.push_back(g.defined() ? g.detach().reshape({-1}).cpu()
+                                  : at::zeros({p->numel()}, p->options().device(c10::kCPU)));
       members.push_back(*p);
       bytes += size;
     }
