@@ -11,19 +11,15 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
-#include <ATen/ops/mse_loss.h>
 #include <ATen/ops/randn.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <torch/optim/sgd.h>
 
 #include "absl/time/clock.h"
-#include "launch/local_group.h"
 #include "models/mlp.h"
 #include "optim/distributed_optimizer.h"
 #include "parallel/process_group.h"
-#include "tests/support/test_functions.h"
+#include "tests/support/pipeline_fixtures.h"
 #include "tests/support/test_group.h"
 
 namespace remora::parallel {
@@ -67,79 +63,24 @@ TEST(ProcessGroup, MembersSumAndBroadcastThroughTheStore) {
   EXPECT_THAT(lonely.status().message(), HasSubstr("joining group 'lonely' as rank 0 of 2"));
 }
 
-// Four real workers and a master in this process.
-class Workers {
- public:
-  explicit Workers(int n) {
-    EXPECT_TRUE(test_support::RegisterForTests(registry_).ok());
-    std::vector<std::string> names;
-    for (int i = 1; i <= n; ++i) names.push_back("w" + std::to_string(i));
-    auto g = cli::StartLocalGroup(names, &registry_, {"--threads", "1"});
-    EXPECT_TRUE(g.ok()) << g.status();
-    group_ = std::move(*g);
-  }
-  ~Workers() { group_.Shutdown().IgnoreError(); }
-  Agent& master() { return *group_.master; }
-  cli::Subprocess& worker(int i) { return *group_.workers[i]; }
+using test_support::Mlp;
+using test_support::RelativeError;
+using Workers = test_support::TestWorkers;
 
- private:
-  Registry registry_;
-  cli::LocalGroup group_;
-};
-
-models::MLPStageOptions Mlp(int64_t in, int64_t out, int64_t seed, bool relu = true) {
-  models::MLPStageOptions o;
-  o.in = in;
-  o.out = out;
-  o.seed = seed;
-  o.relu = relu;
-  return o;
-}
-
-pipeline::StageSpec Spec(const models::MLPStageOptions& o) {
-  return pipeline::StageSpec::Registered("MLPStage", {o.in, o.out, o.seed, o.relu});
-}
-
-double RelativeError(const at::Tensor& a, const at::Tensor& b) {
-  const double scale = std::max(b.abs().max().item<double>(), 1e-12);
-  return (a - b).abs().max().item<double>() / scale;
-}
-
-// The model's stages, trained for `steps` batches in this process on the
-// whole batch (SGD with momentum); the losses and the stages' parameters.
-std::pair<std::vector<double>, std::vector<std::vector<at::Tensor>>> TrainLocally(
-    const std::vector<models::MLPStageOptions>& stages,
-    const std::vector<std::pair<at::Tensor, at::Tensor>>& data) {
-  std::vector<torch::nn::Sequential> local;
-  std::vector<at::Tensor> params;
-  for (const auto& s : stages) {
-    local.push_back(models::MakeMLPStage(s));
-    for (const auto& p : local.back()->parameters()) params.push_back(p);
-  }
-  torch::optim::SGD opt(params, torch::optim::SGDOptions(0.05).momentum(0.9));
-  std::vector<double> losses;
-  for (const auto& [x, t] : data) {
-    opt.zero_grad();
-    at::Tensor y = x;
-    for (auto& m : local) y = m->forward(y);
-    at::Tensor l = at::mse_loss(y, t);
-    l.backward();
-    opt.step();
-    losses.push_back(l.item<double>());
-  }
-  std::vector<std::vector<at::Tensor>> state;
-  for (auto& m : local) state.push_back(models::ModuleState(*m));
-  return {losses, state};
-}
+pipeline::StageSpec Spec(const models::MLPStageOptions& o) { return test_support::MlpSpec(o); }
 
 std::vector<std::pair<at::Tensor, at::Tensor>> Data(int steps, int rows, int in, int out) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(42);
-  std::vector<std::pair<at::Tensor, at::Tensor>> data;
-  for (int i = 0; i < steps; ++i) {
-    data.emplace_back(at::randn({rows, in}, gen, at::TensorOptions()),
-                      at::randn({rows, out}, gen, at::TensorOptions()));
-  }
-  return data;
+  return test_support::RandomBatches(steps, rows, in, out);
+}
+
+// One MLP stage, replicated over w1 and w2 (plain data parallelism).
+DataParallelOptions TwoPlainReplicas() {
+  DataParallelOptions o;
+  o.pipeline.stages = {Spec(Mlp(6, 3, 1))};
+  o.pipeline.workers = {"w1", "w2"};
+  o.pipeline.loss = pipeline::MseLoss();
+  o.replicas = 2;
+  return o;
 }
 
 // Trains `stages` with `replicas` replicas over `workers` and compares
@@ -151,7 +92,7 @@ void ExpectParity(Agent& master, const std::vector<std::string>& workers, int re
                             " workers, overlap ", overlap));
   // 18 rows: the replicas' shares of a micro-batch differ by a row.
   const auto data = Data(3, 18, 6, 3);
-  auto [want_losses, want_state] = TrainLocally(stages, data);
+  auto [want_losses, want_state] = test_support::TrainMlpLocally(stages, data);
   DataParallelOptions o;
   for (const auto& s : stages) o.pipeline.stages.push_back(Spec(s));
   o.pipeline.workers = workers;
@@ -255,10 +196,7 @@ TEST(DataParallel, ZeroOneMatchesPlainDataParallelismWithAShareOfTheState) {
 TEST(DataParallel, BadTopologiesAndMismatchedReplicasAreClearErrors) {
   if (!HaveGloo()) GTEST_SKIP() << "built without Gloo";
   Workers workers(2);
-  DataParallelOptions o;
-  o.pipeline.stages = {Spec(Mlp(6, 3, 1))};
-  o.pipeline.workers = {"w1", "w2"};
-  o.pipeline.loss = pipeline::MseLoss();
+  DataParallelOptions o = TwoPlainReplicas();
   o.replicas = 3;
   EXPECT_THAT(DataParallelPipeline::Create(workers.master(), o).status().message(),
               HasSubstr("2 workers do not make 3 replicas"));
@@ -301,12 +239,9 @@ TEST(DataParallel, BadTopologiesAndMismatchedReplicasAreClearErrors) {
 TEST(DataParallel, AReplicaThatDiesFailsTheStepWithinTheTimeout) {
   if (!HaveGloo()) GTEST_SKIP() << "built without Gloo";
   Workers workers(2);
-  DataParallelOptions o;
-  o.pipeline.stages = {Spec(Mlp(6, 3, 1))};
-  o.pipeline.workers = {"w1", "w2"};
-  o.pipeline.loss = pipeline::MseLoss();
+  workers.ExpectUncleanShutdown();  // w2 is killed
+  DataParallelOptions o = TwoPlainReplicas();
   o.pipeline.micro_batches = 2;
-  o.replicas = 2;
   o.timeout = absl::Seconds(3);
   auto dp = DataParallelPipeline::Create(workers.master(), o);
   ASSERT_TRUE(dp.ok()) << dp.status();

@@ -14,10 +14,9 @@
 #include <torch/csrc/jit/api/module.h>
 #include <torch/optim/sgd.h>
 
-#include "launch/local_group.h"
 #include "models/cnn.h"
+#include "tests/support/pipeline_fixtures.h"
 #include "tests/support/script_models.h"
-#include "tests/support/test_functions.h"
 
 namespace remora::pipeline {
 namespace {
@@ -106,22 +105,7 @@ TEST(Partition, ModelsThatAreNotSequentialAreClearErrors) {
   EXPECT_THAT(seq->Check(at::randn({2, 5})).message(), HasSubstr("the forward of seq.pt"));
 }
 
-// Two real workers and a master in this process.
-class Workers {
- public:
-  Workers() {
-    EXPECT_TRUE(test_support::RegisterForTests(registry_).ok());
-    auto g = cli::StartLocalGroup({"w1", "w2"}, &registry_, {"--threads", "1"});
-    EXPECT_TRUE(g.ok()) << g.status();
-    group_ = std::move(*g);
-  }
-  ~Workers() { EXPECT_TRUE(group_.Shutdown().ok()); }
-  Agent& master() { return *group_.master; }
-
- private:
-  Registry registry_;
-  cli::LocalGroup group_;
-};
+using Workers = test_support::TestWorkers;
 
 // One SGD step's losses for `steps` batches through the pipeline.
 std::vector<double> Train(Agent& agent, std::vector<StageSpec> stages, const at::Tensor& x,

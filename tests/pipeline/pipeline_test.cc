@@ -13,63 +13,26 @@
 #include <ATen/ops/mse_loss.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/relu.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/serialization/import.h>
 #include <torch/optim/sgd.h>
 
-#include "launch/local_group.h"
 #include "models/mlp.h"
+#include "tests/support/pipeline_fixtures.h"
 #include "tests/support/script_models.h"
-#include "tests/support/test_functions.h"
 
 namespace remora::pipeline {
 namespace {
 
-double RelativeError(const at::Tensor& a, const at::Tensor& b) {
-  const double scale = std::max(b.abs().max().item<double>(), 1e-12);
-  return (a - b).abs().max().item<double>() / scale;
-}
+using test_support::Mlp;
+using test_support::RelativeError;
+using Workers = test_support::TestWorkers;
 
-// Two real workers and a master in this process.
-class Workers {
- public:
-  Workers() {
-    EXPECT_TRUE(test_support::RegisterForTests(registry_).ok());
-    auto g = cli::StartLocalGroup({"w1", "w2"}, &registry_, {"--threads", "1"});
-    EXPECT_TRUE(g.ok()) << g.status();
-    group_ = std::move(*g);
-  }
-  ~Workers() { EXPECT_TRUE(group_.Shutdown().ok()); }
-  Agent& master() { return *group_.master; }
-
- private:
-  Registry registry_;
-  cli::LocalGroup group_;
-};
-
-models::MLPStageOptions Mlp(int64_t in, int64_t out, int64_t seed, bool relu = true) {
-  models::MLPStageOptions o;
-  o.in = in;
-  o.out = out;
-  o.seed = seed;
-  o.relu = relu;
-  return o;
-}
-
-StageSpec Spec(const models::MLPStageOptions& o) {
-  return StageSpec::Registered("MLPStage", {o.in, o.out, o.seed, o.relu});
-}
+StageSpec Spec(const models::MLPStageOptions& o) { return test_support::MlpSpec(o); }
 
 std::vector<std::pair<at::Tensor, at::Tensor>> Data(int steps, int rows, int in, int out) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(42);
-  std::vector<std::pair<at::Tensor, at::Tensor>> data;
-  for (int i = 0; i < steps; ++i) {
-    data.emplace_back(at::randn({rows, in}, gen, at::TensorOptions()),
-                      at::randn({rows, out}, gen, at::TensorOptions()));
-  }
-  return data;
+  return test_support::RandomBatches(steps, rows, in, out);
 }
 
 TEST(Pipeline, RegisteredStagesMatchOneProcessUnderEverySchedule) {
@@ -88,23 +51,8 @@ TEST(Pipeline, RegisteredStagesMatchOneProcessUnderEverySchedule) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.schedule + " over " + std::to_string(c.stages.size()) + " stages");
     // The reference: the same model in this process, whole batches.
-    std::vector<torch::nn::Sequential> local;
-    std::vector<at::Tensor> params;
-    for (const auto& o : c.stages) {
-      local.push_back(models::MakeMLPStage(o));
-      for (const auto& p : local.back()->parameters()) params.push_back(p);
-    }
-    torch::optim::SGD local_opt(params, torch::optim::SGDOptions(0.05).momentum(0.9));
-    std::vector<double> local_losses;
-    for (const auto& [x, t] : data) {
-      local_opt.zero_grad();
-      at::Tensor y = x;
-      for (auto& m : local) y = m->forward(y);
-      at::Tensor l = at::mse_loss(y, t);
-      l.backward();
-      local_opt.step();
-      local_losses.push_back(l.item<double>());
-    }
+    const test_support::LocalRun local = test_support::TrainMlpLocally(c.stages, data);
+    const std::vector<double>& local_losses = local.losses;
 
     PipelineOptions o;
     for (const auto& s : c.stages) o.stages.push_back(Spec(s));
@@ -121,17 +69,17 @@ TEST(Pipeline, RegisteredStagesMatchOneProcessUnderEverySchedule) {
       ASSERT_TRUE(loss.ok()) << loss.status();
       EXPECT_NEAR(*loss, local_losses[i], 1e-5 * std::abs(local_losses[i])) << "step " << i;
     }
-    for (size_t k = 0; k < local.size(); ++k) {
+    for (size_t k = 0; k < local.state.size(); ++k) {
       auto state = (*pipe)->stage_state(static_cast<int>(k));
       ASSERT_TRUE(state.ok()) << state.status();
-      auto want = models::ModuleState(*local[k]);
+      const std::vector<at::Tensor>& want = local.state[k];
       ASSERT_EQ(state->size(), want.size());
       for (size_t j = 0; j < want.size(); ++j) {
         EXPECT_LT(RelativeError((*state)[j], want[j]), 1e-5) << "stage " << k << " tensor " << j;
       }
     }
     // Training moved the weights: the comparison is not trivially equal.
-    EXPECT_GT(RelativeError(models::ModuleState(*local[0])[0],
+    EXPECT_GT(RelativeError(local.state[0][0],
                             models::ModuleState(*models::MakeMLPStage(c.stages[0]))[0]),
               1e-3);
   }

@@ -1,0 +1,83 @@
+#include "tests/support/pipeline_fixtures.h"
+
+#include <algorithm>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/mse_loss.h>
+#include <ATen/ops/randn.h>
+#include <gtest/gtest.h>
+#include <torch/optim/sgd.h>
+
+#include "tests/support/test_functions.h"
+
+namespace remora::test_support {
+
+TestWorkers::TestWorkers(int n) {
+  EXPECT_TRUE(RegisterForTests(registry_).ok());
+  std::vector<std::string> names;
+  for (int i = 1; i <= n; ++i) names.push_back("w" + std::to_string(i));
+  auto g = cli::StartLocalGroup(names, &registry_, {"--threads", "1"});
+  EXPECT_TRUE(g.ok()) << g.status();
+  if (g.ok()) group_ = std::move(*g);
+}
+
+TestWorkers::~TestWorkers() {
+  absl::Status s = group_.Shutdown();
+  if (clean_) {
+    EXPECT_TRUE(s.ok()) << s;
+  }
+}
+
+models::MLPStageOptions Mlp(int64_t in, int64_t out, int64_t seed, bool relu) {
+  models::MLPStageOptions o;
+  o.in = in;
+  o.out = out;
+  o.seed = seed;
+  o.relu = relu;
+  return o;
+}
+
+pipeline::StageSpec MlpSpec(const models::MLPStageOptions& o) {
+  return pipeline::StageSpec::Registered("MLPStage", {o.in, o.out, o.seed, o.relu});
+}
+
+std::vector<std::pair<at::Tensor, at::Tensor>> RandomBatches(int steps, int rows, int in, int out) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(42);
+  std::vector<std::pair<at::Tensor, at::Tensor>> data;
+  for (int i = 0; i < steps; ++i) {
+    data.emplace_back(at::randn({rows, in}, gen, at::TensorOptions()),
+                      at::randn({rows, out}, gen, at::TensorOptions()));
+  }
+  return data;
+}
+
+double RelativeError(const at::Tensor& a, const at::Tensor& b) {
+  const double scale = std::max(b.abs().max().item<double>(), 1e-12);
+  return (a - b).abs().max().item<double>() / scale;
+}
+
+LocalRun TrainMlpLocally(const std::vector<models::MLPStageOptions>& stages,
+                         const std::vector<std::pair<at::Tensor, at::Tensor>>& data) {
+  std::vector<torch::nn::Sequential> local;
+  std::vector<at::Tensor> params;
+  for (const auto& s : stages) {
+    local.push_back(models::MakeMLPStage(s));
+    for (const auto& p : local.back()->parameters()) params.push_back(p);
+  }
+  torch::optim::SGD opt(params, torch::optim::SGDOptions(0.05).momentum(0.9));
+  LocalRun run;
+  for (const auto& [x, t] : data) {
+    opt.zero_grad();
+    at::Tensor y = x;
+    for (auto& m : local) y = m->forward(y);
+    at::Tensor l = at::mse_loss(y, t);
+    l.backward();
+    opt.step();
+    run.losses.push_back(l.item<double>());
+  }
+  for (auto& m : local) run.state.push_back(models::ModuleState(*m));
+  return run;
+}
+
+}  // namespace remora::test_support

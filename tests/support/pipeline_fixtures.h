@@ -1,0 +1,57 @@
+// What the pipeline, partition and data-parallel suites share: real worker
+// processes beside a master in the test's process, MLP stages and random
+// batches, and the same MLP trained in one process as the reference.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "launch/local_group.h"
+#include "models/mlp.h"
+#include "pipeline/pipeline.h"
+
+namespace remora::test_support {
+
+// Workers w1 .. wn (the stock worker, one intra-op thread each) and a
+// master in this process. The destructor shuts the group down and expects
+// it to go cleanly, unless the test killed a worker (ExpectUncleanShutdown).
+class TestWorkers {
+ public:
+  explicit TestWorkers(int n = 2);
+  ~TestWorkers();
+  TestWorkers(const TestWorkers&) = delete;
+  TestWorkers& operator=(const TestWorkers&) = delete;
+
+  Agent& master() { return *group_.master; }
+  cli::Subprocess& worker(int i) { return *group_.workers[i]; }
+  void ExpectUncleanShutdown() { clean_ = false; }
+
+ private:
+  Registry registry_;
+  cli::LocalGroup group_;
+  bool clean_ = true;
+};
+
+models::MLPStageOptions Mlp(int64_t in, int64_t out, int64_t seed, bool relu = true);
+pipeline::StageSpec MlpSpec(const models::MLPStageOptions& o);  // "MLPStage"
+
+// `steps` (inputs [rows, in], targets [rows, out]) pairs, seeded.
+std::vector<std::pair<at::Tensor, at::Tensor>> RandomBatches(int steps, int rows, int in, int out);
+
+// max |a - b| / max |b|.
+double RelativeError(const at::Tensor& a, const at::Tensor& b);
+
+// The MLP stages trained in one process on whole batches, with MSE and
+// SGD (lr 0.05, momentum 0.9): each step's loss and, per stage, its
+// parameters then buffers after the last step.
+struct LocalRun {
+  std::vector<double> losses;
+  std::vector<std::vector<at::Tensor>> state;
+};
+LocalRun TrainMlpLocally(const std::vector<models::MLPStageOptions>& stages,
+                         const std::vector<std::pair<at::Tensor, at::Tensor>>& data);
+
+}  // namespace remora::test_support
