@@ -108,23 +108,28 @@ int64_t StateBytes(const torch::optim::Optimizer& optimizer) {
   return bytes;
 }
 
+std::vector<at::Tensor> OwnedParameters(const c10::IValue& rrefs, const std::string& who) {
+  std::vector<at::Tensor> params;
+  for (const c10::IValue& v : rrefs.toListRef()) {
+    auto rref = RRef::FromIValue(v);
+    if (!rref.ok() || !rref->is_owner()) {
+      throw std::invalid_argument(absl::StrCat(who, ": every parameter RRef must be owned here"));
+    }
+    auto value = rref->local_value();
+    if (!value.ok() || !value->isTensor() || !value->toTensor().requires_grad()) {
+      throw std::invalid_argument(absl::StrCat(who, ": an RRef does not hold a parameter"));
+    }
+    params.push_back(value->toTensor());
+  }
+  return params;
+}
+
 absl::Status RegisterFunctions(Registry& registry) {
   return registry.RegisterModule<LocalOptimizer>(
       kLocalOptimizer,
       [](CallContext& ctx, const Args& args) {
-        std::vector<at::Tensor> params;
-        for (const c10::IValue& v : args[1].toListRef()) {
-          auto rref = RRef::FromIValue(v);
-          if (!rref.ok() || !rref->is_owner()) {
-            throw std::invalid_argument("LocalOptimizer: every parameter RRef must be owned here");
-          }
-          auto value = rref->local_value();
-          if (!value.ok() || !value->isTensor() || !value->toTensor().requires_grad()) {
-            throw std::invalid_argument("LocalOptimizer: an RRef does not hold a parameter");
-          }
-          params.push_back(value->toTensor());
-        }
-        return std::make_shared<LocalOptimizer>(args[0].toGenericDict(), std::move(params));
+        return std::make_shared<LocalOptimizer>(args[0].toGenericDict(),
+                                                OwnedParameters(args[1], "LocalOptimizer"));
       },
       {{"state_bytes",
         [](LocalOptimizer& opt, CallContext&, const Args&) -> c10::IValue { return opt.state_bytes(); }},

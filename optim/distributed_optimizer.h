@@ -66,6 +66,10 @@ c10::Dict<std::string, double> OptionsToDict(const OptimizerOptions& options);
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const c10::impl::GenericDict& options,
                                                        std::vector<at::Tensor> params);
 
+// The tensors behind a list of parameter RRefs owned by this process;
+// throws std::invalid_argument, naming `who`, for any other entry.
+std::vector<at::Tensor> OwnedParameters(const c10::IValue& rrefs, const std::string& who);
+
 // Bytes of an optimizer's state (SGD's momentum buffers, Adam's moments).
 int64_t StateBytes(const torch::optim::Optimizer& optimizer);
 

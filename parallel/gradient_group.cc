@@ -302,22 +302,6 @@ void OnMarkedBackward(int64_t context, const LaneAction& action) {
   for (auto& group : groups) group->OnBackward(context, action.stage);
 }
 
-std::vector<at::Tensor> OwnedParameters(const c10::IValue& list) {
-  std::vector<at::Tensor> params;
-  for (const c10::IValue& v : list.toListRef()) {
-    auto rref = RRef::FromIValue(v);
-    if (!rref.ok() || !rref->is_owner()) {
-      throw std::invalid_argument("GradientGroup: every parameter RRef must be owned here");
-    }
-    auto value = rref->local_value();
-    if (!value.ok() || !value->isTensor()) {
-      throw std::invalid_argument("GradientGroup: an RRef does not hold a tensor");
-    }
-    params.push_back(value->toTensor());
-  }
-  return params;
-}
-
 }  // namespace
 
 absl::Status RegisterFunctions(Registry& registry) {
@@ -338,7 +322,9 @@ absl::Status RegisterFunctions(Registry& registry) {
         if (indices.size() != lists.size()) {
           throw std::invalid_argument("GradientGroup: stage indices and parameter lists differ");
         }
-        for (size_t i = 0; i < indices.size(); ++i) stages[indices[i]] = OwnedParameters(lists[i]);
+        for (size_t i = 0; i < indices.size(); ++i) {
+          stages[indices[i]] = optim::OwnedParameters(lists[i], "GradientGroup");
+        }
         auto joined = ProcessGroup::Join(g);
         if (!joined.ok()) {
           throw std::runtime_error(absl::StrCat("worker '", ctx.agent->self().name, "': ",

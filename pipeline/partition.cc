@@ -15,17 +15,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/status_util.h"
+#include "pipeline/stage.h"
 
 namespace remora::pipeline {
 namespace {
-
-// The arguments a TorchScript forward gets for `input` (a tuple spreads).
-std::vector<c10::IValue> ScriptArgs(const c10::IValue& input) {
-  if (!input.isTuple()) return {input};
-  std::vector<c10::IValue> args;
-  for (const auto& e : input.toTupleRef().elements()) args.push_back(e);
-  return args;
-}
 
 // Whether `a` and `b` hold the same tensors, within float rounding.
 bool Close(const c10::IValue& a, const c10::IValue& b) {

@@ -47,15 +47,7 @@ class ScriptStage final : public StageModule {
   explicit ScriptStage(torch::jit::Module m) : m_(std::move(m)) {
     for (const at::Tensor& p : m_.parameters()) p.requires_grad_(true);
   }
-  c10::IValue Forward(const c10::IValue& input) override {
-    std::vector<c10::IValue> args;
-    if (input.isTuple()) {
-      for (const auto& e : input.toTupleRef().elements()) args.push_back(e);
-    } else {
-      args.push_back(input);
-    }
-    return m_.forward(std::move(args));
-  }
+  c10::IValue Forward(const c10::IValue& input) override { return m_.forward(ScriptArgs(input)); }
   std::vector<at::Tensor> Parameters() override {
     std::vector<at::Tensor> out;
     for (const at::Tensor& p : m_.parameters()) out.push_back(p);
@@ -338,6 +330,13 @@ c10::IValue LayerCosts(CallContext& ctx, const Args& a) {
 }
 
 }  // namespace
+
+std::vector<c10::IValue> ScriptArgs(const c10::IValue& input) {
+  if (!input.isTuple()) return {input};
+  std::vector<c10::IValue> args;
+  for (const auto& e : input.toTupleRef().elements()) args.push_back(e);
+  return args;
+}
 
 absl::Status RegisterStageType(const std::string& name, StageFactory factory) {
   StageTypes& types = Types();

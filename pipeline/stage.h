@@ -90,6 +90,10 @@ absl::Status RegisterStageModule(
       });
 }
 
+// The arguments a TorchScript forward gets for one stage input: a tuple
+// spreads into its elements, anything else is the one argument.
+std::vector<c10::IValue> ScriptArgs(const c10::IValue& input);
+
 // Loads a TorchScript module from the bytes of a file saved with
 // torch.jit.save; InvalidArgument (naming `label`) when they are not one or
 // it has no forward method.
