@@ -222,10 +222,17 @@ int Main(int argc, char** argv) {
     c.scripts = std::move(*scripts);
     // One file over several workers: a sequential model to cut.
     std::error_code ec;
-    c.sequential = c.scripts.size() == 1 && c.workers.size() > 1 &&
-                   !std::filesystem::is_directory(c.model, ec);
+    if (c.scripts.size() == 1 && c.workers.size() > 1 && !std::filesystem::is_directory(c.model, ec)) {
+      // (--local trains the file whole, cut or not.)
+      auto model = pipeline::SequentialModel::TorchScript(c.scripts[0].script, c.scripts[0].name);
+      if (model.ok()) {
+        c.sequential = std::make_shared<const pipeline::SequentialModel>(std::move(*model));
+      } else if (!c.local) {
+        return fail(std::string(model.status().message()));
+      }
+    }
   }
-  const bool cut = c.model.empty() ? c.dataset.empty() : c.sequential;
+  const bool cut = c.model.empty() ? c.dataset.empty() : c.sequential != nullptr;
   if (!c.split_at.empty() && !cut) {
     return fail("--split-at cuts ResNet50 or a one-file sequential --model over several workers; "
                 "these stages are given already");
@@ -276,14 +283,9 @@ int Main(int argc, char** argv) {
     if (c.partition == "tutorial" && (!c.model.empty() || c.workers.size() != 2)) {
       return fail("--partition tutorial splits ResNet50 in two: give exactly two --workers and no --model");
     }
-    if (c.model.empty() ? c.dataset.empty() : c.sequential) {
+    if (cut) {
       // The cut's counts and split points, checked before any worker waits.
-      int layers = models::kResNetBlocks;
-      if (c.sequential) {
-        auto model = pipeline::SequentialModel::TorchScript(c.scripts[0].script, c.scripts[0].name);
-        if (!model.ok()) return fail(std::string(model.status().message()));
-        layers = model->num_layers();
-      }
+      const int layers = c.sequential ? c.sequential->num_layers() : models::kResNetBlocks;
       if (auto s = StagesPerWorker(c, layers); !s.ok()) return fail(std::string(s.status().message()));
     }
     if (auto s = cli::CheckAddress(c.listen, "--listen"); !s.ok()) return fail(std::string(s.message()));

@@ -333,12 +333,10 @@ absl::StatusOr<int> StagesPerWorker(const Config& c, int num_layers) {
 }
 
 absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, const Config& c) {
-  const bool resnet = c.model.empty();
-  ASSIGN_OR_RETURN(pipeline::SequentialModel model,
-                   resnet ? pipeline::SequentialModel::Registered("ResNetShard", models::kResNetBlocks,
-                                                                  {int64_t{c.seed}})
-                          : pipeline::SequentialModel::TorchScript(c.scripts[0].script,
-                                                                   c.scripts[0].name));
+  const pipeline::SequentialModel model =
+      c.sequential ? *c.sequential
+                   : pipeline::SequentialModel::Registered("ResNetShard", models::kResNetBlocks,
+                                                           {int64_t{c.seed}});
   pipeline::PartitionOptions p;
   p.split_at = SplitPoints(c);
   ASSIGN_OR_RETURN(p.stages_per_worker, StagesPerWorker(c, model.num_layers()));

@@ -22,6 +22,7 @@
 #include "examples/timeline.h"
 #include "pipeline/fit.h"
 #include "parallel/data_parallel.h"
+#include "pipeline/partition.h"
 #include "pipeline/pipeline.h"
 #include "rpc/agent.h"
 
@@ -62,8 +63,9 @@ struct Config {
   int classes = 10;
   std::vector<pipeline::StageSpec> scripts;  // read from --model
   // --model is one file of a sequential model, cut into stages over the
-  // workers (pipeline/partition.h); scripts holds that one file.
-  bool sequential = false;
+  // workers (pipeline/partition.h): the model, loaded once (scripts holds
+  // its file's bytes too).
+  std::shared_ptr<const pipeline::SequentialModel> sequential;
   // --dataset: epochs over a real dataset, the test accuracy after each.
   std::string dataset;     // fashion-mnist, idx:DIR or cifar10:DIR
   int epochs = 3;
