@@ -89,12 +89,12 @@ int Main(int argc, char** argv) {
     return 2;
   }
   if (!store.empty()) {  // a rank started by rank 0
-    const size_t colon = store.rfind(':');
-    int port = 0;
-    if (colon == std::string::npos || !absl::SimpleAtoi(store.substr(colon + 1), &port)) {
-      std::fprintf(stderr, "collective_bench: --store wants HOST:PORT\n");
+    if (auto s = cli::CheckAddress(store, "--store"); !s.ok()) {
+      std::fprintf(stderr, "collective_bench: %s\n", std::string(s.message()).c_str());
       return 2;
     }
+    const size_t colon = store.rfind(':');
+    const int port = std::stoi(store.substr(colon + 1));
     auto done = RunRank({store.substr(0, colon), port, absl::StrCat("bench", size), rank, size,
                          absl::Seconds(60)}, reps);
     if (!done.ok()) std::fprintf(stderr, "collective_bench rank %d: %s\n", rank, done.status().ToString().c_str());
