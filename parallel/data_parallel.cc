@@ -24,19 +24,6 @@ std::string HostOf(const std::string& address) {
   return host;
 }
 
-// Waits for every future; the first error, annotated with `what` and the
-// worker it came from.
-absl::Status WaitAll(std::vector<Future<c10::IValue>>& pending, const std::vector<std::string>& workers,
-                     const std::string& what, std::vector<c10::IValue>* values = nullptr) {
-  absl::Status first;
-  for (size_t i = 0; i < pending.size(); ++i) {
-    auto r = pending[i].wait();
-    if (!r.ok() && first.ok()) first = Annotate(r.status(), absl::StrCat(what, " on worker '", workers[i], "'"));
-    if (r.ok() && values != nullptr) values->push_back(*r);
-  }
-  return first;
-}
-
 }  // namespace
 
 DataParallelPipeline::DataParallelPipeline(Agent& agent, DataParallelOptions options,
@@ -50,6 +37,27 @@ DataParallelPipeline::DataParallelPipeline(Agent& agent, DataParallelOptions opt
       members_(std::move(members)) {}
 
 DataParallelPipeline::~DataParallelPipeline() = default;
+
+absl::Status DataParallelPipeline::CallGroups(
+    const std::vector<Member>& members, int replica, const std::string& method,
+    const std::function<std::vector<c10::IValue>(const Member&)>& args_of, const std::string& what,
+    std::vector<c10::IValue>* values) {
+  std::vector<std::pair<const Member*, Future<c10::IValue>>> pending;
+  for (const Member& m : members) {
+    if (replica < 0 || m.replica == replica) {
+      pending.emplace_back(&m, m.group.rpc_async(method, args_of(m)));
+    }
+  }
+  absl::Status first;
+  for (auto& [m, reply] : pending) {
+    auto r = reply.wait();
+    if (!r.ok() && first.ok()) {
+      first = Annotate(r.status(), absl::StrCat(what, " on worker '", m->worker, "'"));
+    }
+    if (r.ok() && values != nullptr) values->push_back(*r);
+  }
+  return first;
+}
 
 absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Create(
     Agent& agent, DataParallelOptions o) {
@@ -81,8 +89,6 @@ absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Crea
     static std::atomic<int64_t> next_id{0};
     const std::string prefix =
         absl::StrCat("remora-dp-", agent.self().name, "-", getpid(), "-", next_id++);
-    std::vector<Future<c10::IValue>> made;
-    std::vector<std::string> where;
     for (int r = 0; r < R; ++r) {
       const int S = replicas[r]->num_stages();
       for (int p = 0; p < P; ++p) {
@@ -110,11 +116,9 @@ absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Crea
       }
     }
     // Every member joins its group at once; wait for all of them.
-    for (const Member& m : members) {
-      made.push_back(m.group.rpc_async("discard", {int64_t{-1}}));
-      where.push_back(m.worker);
-    }
-    RETURN_IF_ERROR(WaitAll(made, where, "making the gradient group"));
+    RETURN_IF_ERROR(CallGroups(members, -1, "discard",
+                               [](const Member&) -> std::vector<c10::IValue> { return {int64_t{-1}}; },
+                               "making the gradient group"));
   }
   return std::unique_ptr<DataParallelPipeline>(new DataParallelPipeline(
       agent, std::move(o), std::move(replicas), std::move(store), std::move(members)));
@@ -146,14 +150,11 @@ absl::StatusOr<double> DataParallelPipeline::train_step(const c10::IValue& input
     threads.emplace_back([&, r] {
       dist_autograd::Context context(agent_);  // current on this thread
       ids[r] = context.id();
-      std::vector<Future<c10::IValue>> begun;
-      std::vector<std::string> where;
-      for (const Member& mb : members_) {
-        if (mb.replica != r) continue;
-        begun.push_back(mb.group.rpc_async("begin", {context.id(), int64_t{m}}));
-        where.push_back(mb.worker);
-      }
-      absl::Status s = WaitAll(begun, where, "starting the batch");
+      const int64_t id = context.id();
+      absl::Status s = CallGroups(
+          members_, r, "begin",
+          [id, m](const Member&) -> std::vector<c10::IValue> { return {id, int64_t{m}}; },
+          "starting the batch");
       losses[r] = s.ok() ? replicas_[r]->forward_backward(xs[r], ts[r], context.id(), rows) : s;
       passed[r].Notify();
       go.WaitForNotification();
@@ -173,14 +174,11 @@ absl::StatusOr<double> DataParallelPipeline::train_step(const c10::IValue& input
     if (!losses[r].ok() && status.ok()) status = Annotate(losses[r].status(), absl::StrCat("replica ", r));
   }
   if (status.ok()) {
-    std::vector<Future<c10::IValue>> finished;
-    std::vector<std::string> where;
-    for (const Member& mb : members_) {
-      finished.push_back(mb.group.rpc_async("finish", {ids[mb.replica]}));
-      where.push_back(mb.worker);
-    }
     std::vector<c10::IValue> buckets;
-    status = WaitAll(finished, where, "summing the replicas' gradients", &buckets);
+    status = CallGroups(
+        members_, -1, "finish",
+        [&ids](const Member& mb) -> std::vector<c10::IValue> { return {ids[mb.replica]}; },
+        "summing the replicas' gradients", &buckets);
     last_buckets_ = 0;
     for (const auto& b : buckets) last_buckets_ += b.toInt();
   }
@@ -208,14 +206,10 @@ absl::StatusOr<std::vector<int64_t>> DataParallelPipeline::optimizer_state_bytes
     }
     return out;
   }
-  std::vector<Future<c10::IValue>> pending;
-  std::vector<std::string> where;
-  for (const Member& m : members_) {
-    pending.push_back(m.group.rpc_async("state_bytes"));
-    where.push_back(m.worker);
-  }
   std::vector<c10::IValue> values;
-  RETURN_IF_ERROR(WaitAll(pending, where, "reading the optimizer state's size", &values));
+  RETURN_IF_ERROR(CallGroups(members_, -1, "state_bytes",
+                             [](const Member&) { return std::vector<c10::IValue>{}; },
+                             "reading the optimizer state's size", &values));
   for (size_t i = 0; i < members_.size(); ++i) out[members_[i].replica] += values[i].toInt();
   return out;
 }

@@ -27,6 +27,7 @@
 // pipelines, the groups (freed on the workers with it) and the store.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -76,6 +77,15 @@ class DataParallelPipeline {
     int slot = 0, replica = 0;
     RRef group;
   };
+  // Calls `method` on the groups of `members` (of `replica` only, unless
+  // it is -1) with args_of(member), all at once, and waits for every
+  // reply: the first error, naming `what` and the worker; the replies in
+  // member order.
+  static absl::Status CallGroups(
+      const std::vector<Member>& members, int replica, const std::string& method,
+      const std::function<std::vector<c10::IValue>(const Member&)>& args_of,
+      const std::string& what, std::vector<c10::IValue>* values = nullptr);
+
   DataParallelPipeline(Agent& agent, DataParallelOptions options,
                        std::vector<std::unique_ptr<pipeline::Pipeline>> replicas,
                        std::unique_ptr<StoreServer> store, std::vector<Member> members);
