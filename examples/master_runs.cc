@@ -345,7 +345,6 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, c
     // One micro-batch of the largest split count, at most 16 rows.
     const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(16, c.batch_size / p.micro_batches));
     p.sample = MakeBatch(c, 0).first.slice(0, 0, rows).clone();
-    RETURN_IF_ERROR(model.Check(p.sample));  // before the workers are asked
     // Every worker times every layer at once: in the pipeline the stages run
     // side by side and share the machine's memory bandwidth and caches, and
     // layers suffer from that unequally (timed alone on one worker, the
