@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "autograd/dist_autograd.h"
 #include "base/status_util.h"
+#include "checkpoint/checkpoint.h"
 #include "models/cnn.h"
 #include "models/mlp.h"
 #include "models/resnet.h"
@@ -173,6 +174,7 @@ absl::Status RegisterStockWorker(Registry& registry) {
   RETURN_IF_ERROR(optim::RegisterFunctions(registry));
   RETURN_IF_ERROR(pipeline::RegisterFunctions(registry));
   RETURN_IF_ERROR(parallel::RegisterFunctions(registry));
+  RETURN_IF_ERROR(checkpoint::RegisterFunctions(registry));
   return RegisterStockStageTypes();
 }
 

@@ -157,6 +157,14 @@ int Main(int argc, char** argv) {
   flags.AddBool("shuffle", &c.shuffle, "with --dataset: shuffle each epoch by --seed (false: file order)");
   flags.AddString("optimizer", &c.optimizer, "sgd or adam (the ResNet50 demo: plain SGD)");
   flags.AddDouble("momentum", &c.momentum, "SGD momentum with --model or --dataset");
+  flags.AddInt("train-rows", &c.train_rows, "with --dataset: train on the first N images only (0: all)");
+  flags.AddString("checkpoint-dir", &c.checkpoint_dir,
+                  "save checkpoints here (each worker writes its shard; a shared or same-path directory)");
+  flags.AddInt("checkpoint-every", &c.checkpoint_every,
+               "with --checkpoint-dir: save every N steps (0: only when training ends)");
+  flags.AddInt("keep", &c.keep, "with --checkpoint-dir: how many checkpoints to keep");
+  flags.AddString("resume", &c.resume,
+                  "go on from the latest checkpoint in this directory (the same flags as the run that wrote it)");
   cli::SecurityFiles security_files;
   flags.AddSecurityFlags(&security_files);
   int code = 0;
@@ -290,6 +298,36 @@ int Main(int argc, char** argv) {
     }
     if (auto s = cli::CheckAddress(c.listen, "--listen"); !s.ok()) return fail(std::string(s.message()));
   }
+  // Checkpoints: the flags, and the checkpoint to resume, checked before
+  // any worker waits.
+  Checkpointing checkpoints;
+  if (c.checkpoint_every < 0 || c.keep < 1 || c.train_rows < 0) {
+    return fail("--checkpoint-every and --train-rows must be >= 0, --keep >= 1");
+  }
+  if (!c.checkpoint_dir.empty() || !c.resume.empty()) {
+    if (c.local) return fail("--checkpoint-dir and --resume save and load workers' stages: not with --local");
+    if (c.splits.size() != 1) return fail("--checkpoint-dir and --resume train one --splits count, not a sweep");
+    if (c.zero != 0) return fail("--checkpoint-dir and --resume do not save ZeRO-1's sharded optimizer state yet");
+    if (c.compare_local) return fail("--compare-local does not go with --checkpoint-dir or --resume");
+    checkpoints.identity = IdentityOf(c, c.splits[0]);
+  }
+  if (!c.resume.empty()) {
+    auto ck = checkpoint::Latest(c.resume);
+    if (!ck.ok()) return fail(std::string(ck.status().message()));
+    if (auto s = checkpoint::CheckMatches(*ck, checkpoints.identity); !s.ok()) return fail(std::string(s.message()));
+    if (ck->manifest.shards_size() != static_cast<int>(c.workers.size())) {
+      return fail(absl::StrCat("checkpoint ", ck->manifest_path, " has ", ck->manifest.shards_size(),
+                               " shards, one per pipeline worker: give ", ck->manifest.shards_size(),
+                               " workers per replica, not ", c.workers.size()));
+    }
+    auto stages = checkpoint::LoadStageSpecs(*ck);
+    if (!stages.ok()) return fail(std::string(stages.status().message()));
+    checkpoints.stages = std::move(*stages);
+    if (c.checkpoint_dir.empty()) {  // go on saving beside it
+      c.checkpoint_dir = ck->dir == c.resume ? std::filesystem::path(ck->dir).parent_path().string() : c.resume;
+    }
+    checkpoints.resume = std::move(*ck);
+  }
   runtime::SetComputeThreads(c.threads);
 
   std::vector<Run> runs;
@@ -352,12 +390,21 @@ int Main(int argc, char** argv) {
     // The stages: the TorchScript files, the small CNN, or ResNet50's
     // blocks or a sequential model's layers as the partition cuts them.
     std::vector<pipeline::StageSpec> stages = c.scripts;
-    if (c.model.empty() && !c.dataset.empty()) {
+    if (checkpoints.resume) {
+      stages = checkpoints.stages;  // the cut the checkpoint was saved from
+      std::printf("resuming %zu stages from %s\n", stages.size(), checkpoints.resume->dir.c_str());
+    } else if (c.model.empty() && !c.dataset.empty()) {
       stages = SmallCnnStages(c);
     } else if (c.model.empty() || c.sequential) {
       auto cut = PartitionStages(*agent, c);
       if (!cut.ok()) return die(cut.status());
       stages = std::move(*cut);
+    }
+    if (!c.checkpoint_dir.empty()) {
+      auto saver = checkpoint::Checkpointer::Create(*agent, c.checkpoint_dir, c.keep);
+      if (!saver.ok()) return die(saver.status());
+      checkpoints.saver = std::move(*saver);
+      checkpoints.stages = stages;
     }
     for (size_t i = 0; i < c.splits.size(); ++i) {
       const int s = c.splits[i];
@@ -380,8 +427,9 @@ int Main(int argc, char** argv) {
       }
       auto run = c.dataset.empty()
                      ? TrainPipeline(*agent, c, stages, s,
-                                     last && !(c.trace.empty() && c.timeline.empty()), after_batch)
-                     : FitPipeline(*agent, c, stages, s, sets.first, sets.second);
+                                     last && !(c.trace.empty() && c.timeline.empty()), after_batch,
+                                     &checkpoints)
+                     : FitPipeline(*agent, c, stages, s, sets.first, sets.second, &checkpoints);
       if (!run.ok()) return die(run.status());
       std::printf("splits=%d seconds=%.3f images_per_second=%.2f\n", s, run->seconds,
                   Images(*run, c) / run->seconds);

@@ -191,6 +191,10 @@ absl::StatusOr<std::pair<data::Dataset, data::Dataset>> LoadDataset(const Config
         "--dataset wants fashion-mnist, idx:DIR or cifar10:DIR; got '", c.dataset, "'"));
   }
   data::Normalize(&sets.first, &sets.second);
+  if (c.train_rows > 0 && c.train_rows < sets.first.size()) {
+    sets.first.images = sets.first.images.slice(0, 0, c.train_rows);
+    sets.first.labels = sets.first.labels.slice(0, 0, c.train_rows);
+  }
   return sets;
 }
 
@@ -248,6 +252,63 @@ pipeline::FitOptions FitOptionsOf(const Config& c, int splits) {
 
 }  // namespace
 
+checkpoint::RunIdentity IdentityOf(const Config& c, int splits) {
+  checkpoint::RunIdentity id;
+  if (!c.model.empty()) {
+    std::vector<std::string> crcs;
+    for (const auto& spec : c.scripts) crcs.push_back(checkpoint::Crc32(spec.script));
+    id.model = absl::StrCat("torchscript crc32=", absl::StrJoin(crcs, ","));
+  } else {
+    id.model = c.dataset.empty() ? absl::StrCat("resnet50 image-size=", c.image_size) : "small-cnn";
+  }
+  if (c.dataset.empty()) {
+    id.data = absl::StrCat("random batch-size=", c.batch_size, " seed=", c.seed);
+    if (!c.model.empty()) {
+      absl::StrAppend(&id.data, " input-shape=", absl::StrJoin(c.input_shape, ","), " classes=", c.classes);
+    }
+  } else {
+    id.data = absl::StrCat(c.dataset, " batch-size=", c.batch_size, " seed=", c.seed,
+                           c.shuffle ? " shuffle" : " file-order",
+                           c.train_rows > 0 ? absl::StrCat(" train-rows=", c.train_rows) : "");
+  }
+  const optim::OptimizerOptions o = OptimizerOf(c);
+  id.optimizer = o.kind == optim::OptimizerOptions::Kind::kAdam
+                     ? absl::StrCat("adam lr=", o.lr)
+                     : absl::StrCat("sgd lr=", o.lr, " momentum=", o.momentum);
+  id.schedule = c.schedule;
+  id.micro_batches = splits;
+  id.replicas = c.replicas;
+  return id;
+}
+
+absl::Status Checkpointing::Restore(parallel::DataParallelPipeline& pipe) {
+  if (!resume) return absl::OkStatus();
+  for (int r = 0; r < pipe.replicas(); ++r) {
+    RETURN_IF_ERROR(Annotate(checkpoint::Restore(pipe.replica(r), *resume),
+                             absl::StrCat("resuming replica ", r)));
+  }
+  const checkpoint::TrainingState s = resume->state();
+  std::printf("resumed from %s: step %lld", resume->dir.c_str(), static_cast<long long>(s.step));
+  if (s.epoch > 0) std::printf(", epoch %d after batch %lld", s.epoch, static_cast<long long>(s.batch));
+  std::printf("\n");
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
+absl::Status Checkpointing::Save(parallel::DataParallelPipeline& pipe, const Config& c,
+                                 const checkpoint::TrainingState& state, bool final) {
+  if (saver == nullptr) return absl::OkStatus();
+  const bool due = c.checkpoint_every > 0 && state.step % c.checkpoint_every == 0;
+  if (!due && !final) return absl::OkStatus();
+  const int64_t t0 = trace::NowUs();
+  RETURN_IF_ERROR(saver->Save(pipe.replica(0), stages, identity, state, final));
+  std::printf("checkpoint: step %lld in %s (%.1f MiB, %.2f s%s)\n", static_cast<long long>(state.step),
+              saver->last().c_str(), saver->last_bytes() / 1048576.0, (trace::NowUs() - t0) / 1e6,
+              final ? ", final" : "");
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Run> FitLocal(const Config& c, int splits, const data::Dataset& train,
                              const data::Dataset& test) {
   ASSIGN_OR_RETURN(auto trainer, LocalTrainer::Create(c, splits));
@@ -264,8 +325,23 @@ absl::StatusOr<Run> FitLocal(const Config& c, int splits, const data::Dataset& t
 
 absl::StatusOr<Run> FitPipeline(Agent& agent, const Config& c,
                                 const std::vector<pipeline::StageSpec>& stages, int splits,
-                                const data::Dataset& train, const data::Dataset& test) {
+                                const data::Dataset& train, const data::Dataset& test,
+                                Checkpointing* checkpoints) {
   ASSIGN_OR_RETURN(auto pipe, CreatePipeline(agent, c, stages, splits));
+  pipeline::FitOptions options = FitOptionsOf(c, splits);
+  pipeline::FitPosition last;
+  if (checkpoints != nullptr && checkpoints->active()) {
+    RETURN_IF_ERROR(checkpoints->Restore(*pipe));
+    if (checkpoints->resume) {
+      const checkpoint::TrainingState s = checkpoints->resume->state();
+      options.start = pipeline::FitPosition{s.epoch, s.batch, s.epoch_loss_sum, s.epoch_images, s.step};
+      last = options.start;
+    }
+    options.after_step = [&](const pipeline::FitPosition& p) {
+      last = p;
+      return checkpoints->Save(*pipe, c, {p.step, p.epoch, p.batch, p.loss_sum, p.images, {}}, false);
+    };
+  }
   ASSIGN_OR_RETURN(
       auto epochs,
       pipeline::Fit([&](const at::Tensor& x, const at::Tensor& y) { return pipe->train_step(x, y); },
@@ -273,7 +349,11 @@ absl::StatusOr<Run> FitPipeline(Agent& agent, const Config& c,
                       ASSIGN_OR_RETURN(c10::IValue out, pipe->eval_step(x));
                       return out.toTensor();
                     },
-                    train, test, FitOptionsOf(c, splits), std::cout));
+                    train, test, options, std::cout));
+  if (checkpoints != nullptr && checkpoints->saver) {
+    RETURN_IF_ERROR(checkpoints->Save(
+        *pipe, c, {last.step, last.epoch, last.batch, last.loss_sum, last.images, {}}, /*final=*/true));
+  }
   Run run(splits);
   run.schedule = pipe->replica(0).schedule().name;
   run.epochs = std::move(epochs);
@@ -361,17 +441,26 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, c
 absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
                                   const std::vector<pipeline::StageSpec>& stages, int splits,
                                   bool traced,
-                                  const std::function<void(int)>& after_batch) {
+                                  const std::function<void(int)>& after_batch,
+                                  Checkpointing* checkpoints) {
   Run run(splits);
   ASSIGN_OR_RETURN(auto pipe, CreatePipeline(agent, c, stages, splits));
   run.schedule = pipe->replica(0).schedule().name;
+  int first = 0;  // a resumed run's next batch
+  if (checkpoints != nullptr && checkpoints->active()) {
+    RETURN_IF_ERROR(checkpoints->Restore(*pipe));
+    if (checkpoints->resume) {
+      run.losses = checkpoints->resume->state().losses;
+      first = static_cast<int>(checkpoints->resume->state().step);
+    }
+  }
   for (const auto& w : c.workers) {
     agent.rpc_sync(w, "trace_enable", {traced}).IgnoreError();
     agent.rpc_sync(w, "trace_collect").IgnoreError();  // drop older slices
   }
   const int64_t start = trace::NowUs();
   std::vector<std::pair<int64_t, int64_t>> paused;  // after_batch's windows
-  for (int b = 0; b < c.batches; ++b) {
+  for (int b = first; b < c.batches; ++b) {
     auto [images, one_hot] = MakeBatch(c, b);
     const int64_t t0 = trace::NowUs();
     ASSIGN_OR_RETURN(double loss, pipe->train_step(images, one_hot));
@@ -380,6 +469,10 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
     run.batch_seconds.push_back(seconds);
     run.losses.push_back(loss);
     PrintBatch(b, loss, seconds);
+    if (checkpoints != nullptr && checkpoints->saver) {
+      RETURN_IF_ERROR(checkpoints->Save(*pipe, c, {b + 1, 0, b + 1, 0, 0, run.losses},
+                                        /*final=*/b + 1 == c.batches));
+    }
     if (after_batch) {
       const int64_t p0 = trace::NowUs();
       after_batch(b);
@@ -413,7 +506,7 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
 // The steady-state batch time: the median of the batches after the first
 // (the first warms up allocators and caches); the only batch when one ran.
 double Images(const Run& r, const Config& c) {
-  if (r.epochs.empty()) return static_cast<double>(c.batches) * c.batch_size;
+  if (r.epochs.empty()) return static_cast<double>(r.batch_seconds.size()) * c.batch_size;
   double n = 0;
   for (const auto& e : r.epochs) n += e.images;
   return n;

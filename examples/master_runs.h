@@ -6,12 +6,14 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <torch/optim/optimizer.h>
 
 #include "absl/status/statusor.h"
+#include "checkpoint/checkpoint.h"
 #include "base/status_util.h"
 #include "pipeline/microbatch.h"
 #include "pipeline/stage.h"
@@ -72,7 +74,35 @@ struct Config {
   bool shuffle = true;
   std::string optimizer = "sgd";  // or adam
   double momentum = 0.9;          // SGD's, with --dataset and --model
+  int train_rows = 0;             // --dataset: the first N training images (0: all)
+  // Checkpoints (checkpoint/checkpoint.h): where, how often (steps; 0:
+  // only at the end), how many kept; --resume: the directory to go on from.
+  std::string checkpoint_dir;
+  int checkpoint_every = 0;
+  int keep = 3;
+  std::string resume;
 };
+
+// A run's checkpointing: the saver (--checkpoint-dir) and the checkpoint
+// it resumes from (--resume), with the run's identity. Used by the
+// training loop's thread only.
+struct Checkpointing {
+  checkpoint::RunIdentity identity;
+  std::optional<checkpoint::Checkpoint> resume;
+  std::unique_ptr<checkpoint::Checkpointer> saver;
+  std::vector<pipeline::StageSpec> stages;  // what the pipeline was made from
+
+  bool active() const { return saver != nullptr || resume.has_value(); }
+  // Restores every replica from `resume` (if set) and says so.
+  absl::Status Restore(parallel::DataParallelPipeline& pipe);
+  // Saves when `state.step` is a multiple of --checkpoint-every, or always
+  // with `final`; prints what it wrote.
+  absl::Status Save(parallel::DataParallelPipeline& pipe, const Config& c,
+                    const checkpoint::TrainingState& state, bool final);
+};
+
+// The run's identity, as checkpoints record it.
+checkpoint::RunIdentity IdentityOf(const Config& c, int splits);
 
 struct Run {
   explicit Run(int s) : splits(s) {}
@@ -135,7 +165,8 @@ absl::StatusOr<Run> FitLocal(const Config& c, int splits, const data::Dataset& t
                              const data::Dataset& test);
 absl::StatusOr<Run> FitPipeline(Agent& agent, const Config& c,
                                 const std::vector<pipeline::StageSpec>& stages, int splits,
-                                const data::Dataset& train, const data::Dataset& test);
+                                const data::Dataset& train, const data::Dataset& test,
+                                Checkpointing* checkpoints = nullptr);
 // ResNet50's stage boundaries (block indices) for the workers.
 // The split points of --split-at, or of --partition tutorial.
 std::vector<int> SplitPoints(const Config& c);
@@ -149,7 +180,8 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, c
 // `after_batch` (if set) runs after each batch, outside its timing.
 absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
                                   const std::vector<pipeline::StageSpec>& stages, int splits,
-                                  bool traced, const std::function<void(int)>& after_batch = nullptr);
+                                  bool traced, const std::function<void(int)>& after_batch = nullptr,
+                                  Checkpointing* checkpoints = nullptr);
 double SteadySeconds(const Run& r);
 // "  stage K on W: peak saved activations X MiB" per stage.
 void PrintActivations(const Run& run, const Config& c);

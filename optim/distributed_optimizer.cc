@@ -1,11 +1,15 @@
 #include "optim/distributed_optimizer.h"
 
+#include <cstring>
 #include <map>
+#include <sstream>
 
 #include <ATen/core/Dict.h>
+#include <ATen/ops/empty.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
+#include <torch/serialize/archive.h>
 
 #include "absl/strings/str_cat.h"
 #include "autograd/container.h"
@@ -25,6 +29,25 @@ class LocalOptimizer {
       : params_(params), optimizer_(MakeOptimizer(options, std::move(params))) {}
 
   int64_t state_bytes() const { return StateBytes(*optimizer_); }
+
+  // The optimizer's state (LibTorch's archive) as bytes, and back.
+  at::Tensor SaveState() const {
+    torch::serialize::OutputArchive archive;
+    optimizer_->save(archive);
+    std::ostringstream out;
+    archive.save_to(out);
+    const std::string bytes = out.str();
+    at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+    std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+    return t;
+  }
+  void LoadState(const at::Tensor& bytes) {
+    const at::Tensor b = bytes.contiguous().cpu();
+    std::istringstream in(std::string(static_cast<const char*>(b.data_ptr()), b.numel()));
+    torch::serialize::InputArchive archive;
+    archive.load_from(in);
+    optimizer_->load(archive);
+  }
 
   // Steps with the gradients `context` accumulated here.
   void Step(const dist_autograd::DistContext& context) {
@@ -133,6 +156,13 @@ absl::Status RegisterFunctions(Registry& registry) {
       },
       {{"state_bytes",
         [](LocalOptimizer& opt, CallContext&, const Args&) -> c10::IValue { return opt.state_bytes(); }},
+       {"save_state",
+        [](LocalOptimizer& opt, CallContext&, const Args&) -> c10::IValue { return opt.SaveState(); }},
+       {"load_state",
+        [](LocalOptimizer& opt, CallContext&, const Args& args) -> c10::IValue {
+          opt.LoadState(args[0].toTensor());
+          return c10::IValue();
+        }},
        {"step", [](LocalOptimizer& opt, CallContext& ctx, const Args& args) -> c10::IValue {
           auto* container = dist_autograd::ContainerOf(ctx.agent);
           if (container == nullptr) throw std::runtime_error("distributed autograd is not enabled");

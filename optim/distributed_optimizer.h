@@ -90,6 +90,12 @@ class DistributedOptimizer {
   // The bytes of optimizer state on all owners together.
   absl::StatusOr<int64_t> state_bytes() const;
 
+  // The per-owner optimizers (remora.optim.LocalOptimizer, one per owner of
+  // parameters, in owner-name order). Their methods "save_state" (the
+  // LibTorch optimizer's archive, as bytes in a uint8 tensor) and
+  // "load_state" (those bytes) serve checkpoints (checkpoint/).
+  const std::vector<RRef>& owners() const { return optimizers_; }
+
  private:
   explicit DistributedOptimizer(std::vector<RRef> optimizers)
       : optimizers_(std::move(optimizers)) {}

@@ -48,18 +48,27 @@ absl::StatusOr<std::vector<EpochResult>> Fit(const TrainStep& train_step, const 
     return absl::InvalidArgumentError("fit: epochs and batch size must be at least 1");
   }
   std::vector<EpochResult> results;
-  for (int e = 1; e <= o.epochs; ++e) {
+  int64_t step = o.start.step;
+  for (int e = std::max(1, o.start.epoch); e <= o.epochs; ++e) {
+    const bool resumed = e == o.start.epoch;
     std::vector<at::Tensor> batches = data::EpochBatches(train.size(), o.batch_size, o.shuffle, o.seed, e);
     if (!batches.empty() && batches.back().size(0) < o.min_batch_rows) batches.pop_back();
     if (batches.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("fit: ", train.size(),
                                                      " training rows make no batch of ", o.min_batch_rows));
     }
+    if (resumed && o.start.batch > static_cast<int64_t>(batches.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("fit: resuming at batch ", o.start.batch, " of epoch ", e,
+                                                     ", which has ", batches.size(), " batches"));
+    }
     EpochResult r;
     r.epoch = e;
     const double t0 = Now();
-    double loss_sum = 0, next_line = 0;
-    for (size_t b = 0; b < batches.size(); ++b) {
+    double loss_sum = resumed ? o.start.loss_sum : 0, next_line = 0;
+    r.images = resumed ? o.start.images : 0;
+    int64_t trained = 0;  // images of this epoch trained by this call
+    const size_t first = resumed ? static_cast<size_t>(o.start.batch) : 0;
+    for (size_t b = first; b < batches.size(); ++b) {
       const at::Tensor& rows = batches[b];
       auto loss = train_step(train.images.index_select(0, rows), train.labels.index_select(0, rows));
       if (!loss.ok()) {
@@ -67,17 +76,23 @@ absl::StatusOr<std::vector<EpochResult>> Fit(const TrainStep& train_step, const 
       }
       loss_sum += *loss;
       r.images += rows.size(0);
-      const double done = static_cast<double>(b + 1) / batches.size();
+      trained += rows.size(0);
+      ++step;
+      const double done = static_cast<double>(b + 1 - first) / (batches.size() - first);
       const double elapsed = Now() - t0;
       const std::string line = absl::StrFormat(
           "epoch %d/%d  %zu/%zu batches  loss=%.4f  %.0f images/s  ETA %s", e, o.epochs, b + 1,
-          batches.size(), loss_sum / (b + 1), r.images / std::max(elapsed, 1e-9),
+          batches.size(), loss_sum / (b + 1), trained / std::max(elapsed, 1e-9),
           Duration(elapsed / done - elapsed));
       if (o.progress_bar) {
         out << "\r" << line << "   " << std::flush;
       } else if (done >= next_line && b + 1 < batches.size()) {
         out << line << "\n" << std::flush;
         next_line += 0.1;
+      }
+      if (o.after_step) {
+        absl::Status s = o.after_step(FitPosition{e, static_cast<int64_t>(b + 1), loss_sum, r.images, step});
+        if (!s.ok()) return Annotate(s, absl::StrCat("after epoch ", e, ", batch ", b + 1));
       }
     }
     r.seconds = Now() - t0;
@@ -87,7 +102,8 @@ absl::StatusOr<std::vector<EpochResult>> Fit(const TrainStep& train_step, const 
     if (!accuracy.ok()) return Annotate(accuracy.status(), absl::StrCat("evaluating after epoch ", e));
     r.test_accuracy = *accuracy;
     out << absl::StrFormat("epoch=%d train_loss=%.4f test_accuracy=%.4f seconds=%.1f images_per_second=%.0f\n",
-                           e, r.train_loss, r.test_accuracy, r.seconds, r.images / r.seconds)
+                           e, r.train_loss, r.test_accuracy, r.seconds,
+                           trained / std::max(r.seconds, 1e-9))
         << std::flush;
     results.push_back(r);
   }

@@ -25,6 +25,16 @@
 
 namespace remora::pipeline {
 
+// Where a run is: the epoch (from 1), the next batch of it, that epoch's
+// loss sum and images so far, and the steps taken in all.
+struct FitPosition {
+  int epoch = 1;
+  int64_t batch = 0;
+  double loss_sum = 0;
+  int64_t images = 0;
+  int64_t step = 0;
+};
+
 struct FitOptions {
   int epochs = 3;
   int64_t batch_size = 64;
@@ -37,6 +47,12 @@ struct FitOptions {
   // A progress line redrawn in place (for a terminal); otherwise a plain
   // line every tenth of an epoch.
   bool progress_bar = false;
+  // Where to start: a resumed run's position (the epochs before
+  // start.epoch are not run; its batches before start.batch neither).
+  FitPosition start;
+  // Runs after every step with the position after it (a checkpoint);
+  // an error stops the fit.
+  std::function<absl::Status(const FitPosition&)> after_step;
 };
 
 struct EpochResult {

@@ -63,6 +63,12 @@ struct StageSpec {
   std::string device;  // "" : the worker's home device (worker --device)
 };
 
+// The module a spec describes, built in this process on `device` (what a
+// worker builds for the stage, for code that needs no worker: an
+// evaluator, local training). The stage types must be registered here.
+class StageModule;
+absl::StatusOr<std::unique_ptr<StageModule>> BuildStage(const StageSpec& spec, c10::Device device);
+
 // TorchScript stages from `model`: a directory holding stage0.pt,
 // stage1.pt, ... (in order), or a comma-separated list of files.
 absl::StatusOr<std::vector<StageSpec>> TorchScriptStages(const std::string& model);
@@ -122,6 +128,9 @@ class Pipeline {
 
   const Schedule& schedule() const { return schedule_; }
   const std::vector<RRef>& stages() const { return stages_; }
+  const optim::DistributedOptimizer& optimizer() const { return *optimizer_; }
+  const std::vector<std::string>& workers() const { return workers_; }
+  Agent& agent() const { return agent_; }
   int num_stages() const { return static_cast<int>(stages_.size()); }
   const std::string& worker_of(int k) const { return workers_[k % workers_.size()]; }
 

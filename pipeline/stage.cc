@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
+#include "pipeline/pipeline.h"
 #include "rpc/agent.h"
 #include "rpc/rref_args.h"
 #include "runtime/action_mark.h"
@@ -338,6 +339,36 @@ std::vector<c10::IValue> ScriptArgs(const c10::IValue& input) {
   return args;
 }
 
+void LoadState(StageModule& module, const std::vector<at::Tensor>& state, const std::string& where) {
+  std::vector<at::Tensor> targets = module.Parameters();
+  const size_t num_parameters = targets.size();
+  for (const at::Tensor& b : module.Buffers()) targets.push_back(b);
+  if (state.size() != targets.size()) {
+    throw std::invalid_argument(absl::StrCat(
+        where, ": the saved state has ", state.size(), " tensors; the stage has ", num_parameters,
+        " parameters and ", targets.size() - num_parameters, " buffers (is it the same model?)"));
+  }
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (state[i].sizes() != targets[i].sizes() || state[i].scalar_type() != targets[i].scalar_type()) {
+      throw std::invalid_argument(absl::StrCat(
+          where, ": saved ", i < num_parameters ? "parameter " : "buffer ",
+          i < num_parameters ? i : i - num_parameters, " is ", c10::toString(state[i].scalar_type()),
+          c10::str(state[i].sizes()), "; the stage's is ", c10::toString(targets[i].scalar_type()),
+          c10::str(targets[i].sizes()), " (is it the same model?)"));
+    }
+  }
+  c10::NoGradGuard no_grad;
+  for (size_t i = 0; i < targets.size(); ++i) targets[i].copy_(state[i]);
+}
+
+absl::StatusOr<std::unique_ptr<StageModule>> BuildStage(const StageSpec& spec, c10::Device device) {
+  try {
+    return BuildModule(spec.kind, spec.name, spec.Payload(), device, spec.name);
+  } catch (...) {
+    return StatusFromCurrentException(absl::StrCat("building stage ", spec.name));
+  }
+}
+
 absl::Status RegisterStageType(const std::string& name, StageFactory factory) {
   StageTypes& types = Types();
   MutexLock lock(types.mu);
@@ -403,6 +434,11 @@ absl::Status RegisterFunctions(Registry& registry) {
           for (const auto& p : h.stage->module().Parameters()) out.push_back(p.detach().cpu().clone());
           for (const auto& b : h.stage->module().Buffers()) out.push_back(b.detach().cpu().clone());
           return out;
+        }},
+       {"load_state", [](Hosted& h, CallContext& ctx, const Args& a) -> c10::IValue {
+          LoadState(h.stage->module(), a[0].toTensorVector(),
+                    absl::StrCat("stage ", h.stage->index(), " on worker '", WorkerName(ctx), "'"));
+          return c10::IValue();
         }}}));
   RETURN_IF_ERROR(registry.RegisterFunction("remora.pipeline.layer_costs", LayerCosts));
   return registry.RegisterFunction(

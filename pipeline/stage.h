@@ -101,6 +101,11 @@ absl::StatusOr<std::unique_ptr<StageModule>> LoadScriptStage(const std::string& 
                                                             const std::string& label,
                                                             c10::Device device);
 
+// Copies `state` (parameters then buffers, as the stage method "state"
+// returns them) into the module; throws std::invalid_argument naming
+// `where` when the count, a shape or a dtype differs.
+void LoadState(StageModule& module, const std::vector<at::Tensor>& state, const std::string& where);
+
 // Registers the stage wrapper, the schedule-order function
 // ("remora.pipeline.set_order") and the per-layer timing that the
 // partitioner asks for ("remora.pipeline.layer_costs", pipeline/partition.h)

@@ -17,7 +17,7 @@ LAYERS=("base proto"
         "autograd"
         "optim"
         "pipeline"
-        "parallel"
+        "parallel checkpoint"
         "models launch"
         "examples"
         "tests")

@@ -1,0 +1,393 @@
+#include "checkpoint/checkpoint.h"
+
+#include <algorithm>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <map>
+#include <mutex>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Dict.h>
+#include <ATen/core/List.h>
+#include <ATen/ops/empty.h>
+#include <google/protobuf/util/json_util.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "base/status_util.h"
+#include "checkpoint/shard.h"
+
+namespace remora::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kManifest[] = "manifest.json";
+constexpr char kModelFile[] = "model.pt";
+constexpr int kFormat = 1;
+
+std::string StepDir(const std::string& dir, int64_t step) {
+  return absl::StrFormat("%s/step-%08d", dir, step);
+}
+
+// The step of a directory named step-NNNNNNNN, or -1.
+int64_t StepOf(const fs::path& p) {
+  const std::string name = p.filename().string();
+  int64_t step = -1;
+  if (name.rfind("step-", 0) != 0 || !absl::SimpleAtoi(name.substr(5), &step)) return -1;
+  return step;
+}
+
+std::string NowUtc() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// The stage specs as model.pt holds them: [{kind, name, payload, device}].
+std::string EncodeSpecs(const std::vector<pipeline::StageSpec>& stages) {
+  c10::impl::GenericList list(c10::AnyType::get());
+  for (const auto& s : stages) {
+    c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+    d.insert("kind", s.kind);
+    d.insert("name", s.name);
+    d.insert("payload", s.Payload());
+    d.insert("device", s.device);
+    list.push_back(d);
+  }
+  const std::vector<char> bytes = torch::jit::pickle_save(list);
+  return std::string(bytes.begin(), bytes.end());
+}
+
+// The optimizer RRef of `worker` among the per-owner optimizers, or None
+// (a worker whose stages have no parameters has none).
+c10::IValue OptimizerOf(const pipeline::Pipeline& pipe, const std::string& worker) {
+  for (const RRef& opt : pipe.optimizer().owners()) {
+    if (opt.owner_name() == worker) return opt.ToIValue();
+  }
+  return c10::IValue();
+}
+
+// Stage indices and RRefs on pipeline worker i.
+std::pair<c10::List<int64_t>, c10::impl::GenericList> StagesOn(const pipeline::Pipeline& pipe, size_t i) {
+  c10::List<int64_t> indices;
+  c10::impl::GenericList rrefs(c10::AnyType::get());
+  for (int k = static_cast<int>(i); k < pipe.num_stages(); k += static_cast<int>(pipe.workers().size())) {
+    indices.push_back(k);
+    rrefs.push_back(pipe.stages()[k].ToIValue());
+  }
+  return {indices, rrefs};
+}
+
+absl::StatusOr<Checkpoint> Open(const std::string& dir) {
+  Checkpoint ck;
+  ck.dir = dir;
+  ck.manifest_path = absl::StrCat(dir, "/", kManifest);
+  ASSIGN_OR_RETURN(std::string json, ReadFile(ck.manifest_path));
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = true;
+  auto parsed = google::protobuf::util::JsonStringToMessage(json, &ck.manifest, options);
+  if (!parsed.ok()) {
+    return absl::DataLossError(absl::StrCat(ck.manifest_path, " is not a remora manifest: ",
+                                            parsed.ToString()));
+  }
+  if (ck.manifest.format() != kFormat) {
+    return absl::InvalidArgumentError(absl::StrCat(ck.manifest_path, ": format ", ck.manifest.format(),
+                                                   " is not ", kFormat, " (written by another remora?)"));
+  }
+  if (ck.manifest.shards_size() == 0 || ck.manifest.stages_size() == 0) {
+    return absl::DataLossError(absl::StrCat(ck.manifest_path, " lists no shards or no stages"));
+  }
+  for (const auto& stage : ck.manifest.stages()) {
+    if (stage.shard() < 0 || stage.shard() >= ck.manifest.shards_size()) {
+      return absl::DataLossError(absl::StrCat(ck.manifest_path, ": stage ", stage.index(),
+                                              " names shard ", stage.shard(), " of ",
+                                              ck.manifest.shards_size()));
+    }
+  }
+  return ck;
+}
+
+}  // namespace
+
+TrainingState Checkpoint::state() const {
+  TrainingState s;
+  s.step = manifest.step();
+  s.epoch = manifest.epoch();
+  s.batch = manifest.batch();
+  s.epoch_loss_sum = manifest.epoch_loss_sum();
+  s.epoch_images = manifest.epoch_images();
+  s.losses.assign(manifest.losses().begin(), manifest.losses().end());
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(Agent& agent, std::string dir, int keep) {
+  if (keep < 1) return absl::InvalidArgumentError("checkpoints: keep at least 1");
+  std::error_code ec;
+  const fs::path abs = fs::absolute(dir, ec);
+  if (ec || (!fs::create_directories(abs, ec) && ec) || !fs::is_directory(abs, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot make the checkpoint directory ", dir, ": ",
+                                                   ec ? ec.message() : "not a directory"));
+  }
+  return std::unique_ptr<Checkpointer>(new Checkpointer(agent, abs.lexically_normal().string(), keep));
+}
+
+absl::Status Checkpointer::Save(pipeline::Pipeline& pipe, const std::vector<pipeline::StageSpec>& stages,
+                                const RunIdentity& identity, const TrainingState& state, bool final) {
+  if (static_cast<int>(stages.size()) != pipe.num_stages()) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", stages.size(), " stage specs for ",
+                                                   pipe.num_stages(), " stages"));
+  }
+  const std::string dir = StepDir(dir_, state.step);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot make ", dir, ": ", ec.message()));
+
+  wire::Manifest m;
+  m.set_format(kFormat);
+  m.set_step(state.step);
+  m.set_epoch(state.epoch);
+  m.set_batch(state.batch);
+  m.set_epoch_loss_sum(state.epoch_loss_sum);
+  m.set_epoch_images(state.epoch_images);
+  for (double l : state.losses) m.add_losses(l);
+  m.set_model(identity.model);
+  m.set_data(identity.data);
+  m.set_optimizer(identity.optimizer);
+  m.set_schedule(identity.schedule);
+  m.set_micro_batches(identity.micro_batches);
+  m.set_replicas(identity.replicas);
+  m.set_final(final);
+  m.set_created(NowUtc());
+
+  // Every owner writes its shard at once.
+  const std::vector<std::string>& workers = pipe.workers();
+  std::vector<Future<c10::IValue>> pending;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    auto [indices, rrefs] = StagesOn(pipe, i);
+    const std::string file = absl::StrCat("shard-", i, ".pt");
+    wire::CheckpointShard* shard = m.add_shards();
+    shard->set_file(file);
+    shard->set_worker(workers[i]);
+    for (int64_t k : indices) shard->add_stages(static_cast<int32_t>(k));
+    pending.push_back(agent_.rpc_async(workers[i], "remora.checkpoint.save_shard",
+                                      {absl::StrCat(dir, "/", file), indices, rrefs,
+                                       OptimizerOf(pipe, workers[i])}));
+  }
+  int64_t total = 0;
+  absl::Status status;
+  for (size_t i = 0; i < pending.size(); ++i) {
+    auto written = pending[i].wait();
+    if (!written.ok()) {
+      status.Update(Annotate(written.status(), absl::StrCat("saving shard ", i, " on worker '", workers[i], "'")));
+      continue;
+    }
+    const auto& t = written->toTupleRef().elements();
+    m.mutable_shards(static_cast<int>(i))->set_bytes(t[0].toInt());
+    m.mutable_shards(static_cast<int>(i))->set_crc32(t[1].toStringRef());
+    total += t[0].toInt();
+  }
+  RETURN_IF_ERROR(Annotate(status, absl::StrCat("checkpoint of step ", state.step, " in ", dir,
+                                                " (the previous checkpoint is still the latest)")));
+  for (size_t k = 0; k < stages.size(); ++k) {
+    wire::CheckpointStage* s = m.add_stages();
+    s->set_index(static_cast<int32_t>(k));
+    s->set_kind(stages[k].kind);
+    s->set_name(stages[k].name);
+    s->set_shard(static_cast<int32_t>(k % workers.size()));
+  }
+  const std::string specs = EncodeSpecs(stages);
+  RETURN_IF_ERROR(WriteFileAtomically(absl::StrCat(dir, "/", kModelFile), specs));
+  m.set_model_file(kModelFile);
+  m.set_model_crc32(Crc32(specs));
+  {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    const at::Tensor rng = gen.get_state().contiguous();
+    m.set_master_rng(std::string(static_cast<const char*>(rng.data_ptr()), rng.numel()));
+  }
+  std::string json;
+  google::protobuf::util::JsonPrintOptions print;
+  print.add_whitespace = true;
+  print.preserve_proto_field_names = true;
+  print.always_print_primitive_fields = true;
+  if (auto s = google::protobuf::util::MessageToJsonString(m, &json, print); !s.ok()) {
+    return absl::InternalError(absl::StrCat("cannot write the manifest as JSON: ", s.ToString()));
+  }
+  // The commit: the manifest, last.
+  RETURN_IF_ERROR(WriteFileAtomically(absl::StrCat(dir, "/", kManifest), json));
+  last_ = dir;
+  last_bytes_ = total + static_cast<int64_t>(specs.size() + json.size());
+  return Prune(workers);
+}
+
+std::vector<int64_t> CompleteSteps(const std::string& dir) {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const int64_t step = StepOf(entry.path());
+    if (step >= 0 && fs::exists(entry.path() / kManifest, ec)) steps.push_back(step);
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+absl::Status Checkpointer::Prune(const std::vector<std::string>& workers) {
+  const std::vector<int64_t> complete = CompleteSteps(dir_);
+  if (complete.empty()) return absl::OkStatus();
+  const int64_t newest = complete.back();
+  const size_t drop = complete.size() > static_cast<size_t>(keep_) ? complete.size() - keep_ : 0;
+  const int64_t oldest_kept = complete[drop];
+  std::vector<std::string> doomed;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+    const int64_t step = StepOf(entry.path());
+    // Older than the kept ones, or an incomplete one older than the newest.
+    const bool incomplete = !fs::exists(entry.path() / kManifest, ec);
+    if (step >= 0 && (step < oldest_kept || (incomplete && step < newest))) {
+      doomed.push_back(entry.path().string());
+    }
+  }
+  for (const std::string& dir : doomed) {
+    fs::remove(fs::path(dir) / kManifest, ec);  // no longer a checkpoint
+    std::vector<Future<c10::IValue>> removing;
+    for (const auto& w : workers) removing.push_back(agent_.rpc_async(w, "remora.checkpoint.remove", {dir}));
+    for (auto& r : removing) r.wait().IgnoreError();  // a file left behind is not a failure
+    RemoveCheckpointFiles(dir, /*all=*/true);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Checkpoint> Latest(const std::string& path) {
+  std::error_code ec;
+  if (fs::exists(fs::path(path) / kManifest, ec)) return Open(path);
+  if (!fs::is_directory(path, ec)) {
+    return absl::NotFoundError(absl::StrCat("no checkpoint at ", path, ": not a directory"));
+  }
+  const std::vector<int64_t> steps = CompleteSteps(path);
+  if (steps.empty()) {
+    return absl::NotFoundError(absl::StrCat("no complete checkpoint in ", path,
+                                            " (one is complete once its manifest.json is written)"));
+  }
+  return Open(StepDir(fs::path(path).lexically_normal().string(), steps.back()));
+}
+
+absl::Status CheckMatches(const Checkpoint& ck, const RunIdentity& id) {
+  const wire::Manifest& m = ck.manifest;
+  std::vector<std::string> diffs;
+  auto check = [&diffs](const char* what, const std::string& saved, const std::string& now) {
+    if (saved != now) diffs.push_back(absl::StrCat(what, " was '", saved, "', this run's is '", now, "'"));
+  };
+  check("the model", m.model(), id.model);
+  check("the data", m.data(), id.data);
+  check("the optimizer", m.optimizer(), id.optimizer);
+  check("the schedule", m.schedule(), id.schedule);
+  check("the micro-batches", absl::StrCat(m.micro_batches()), absl::StrCat(id.micro_batches));
+  if (diffs.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "checkpoint ", ck.manifest_path, " is of another run: ", absl::StrJoin(diffs, "; "),
+      ". Resume with the flags of the run that wrote it"));
+}
+
+absl::StatusOr<std::vector<pipeline::StageSpec>> LoadStageSpecs(const Checkpoint& ck) {
+  const std::string path = absl::StrCat(ck.dir, "/", ck.manifest.model_file());
+  ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
+  if (Crc32(bytes) != ck.manifest.model_crc32()) {
+    return absl::DataLossError(absl::StrCat(path, " has CRC-32 ", Crc32(bytes), "; the manifest says ",
+                                            ck.manifest.model_crc32(), ": the file is corrupt"));
+  }
+  std::vector<pipeline::StageSpec> specs;
+  try {
+    const c10::IValue v = torch::jit::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+    for (const c10::IValue& e : v.toListRef()) {
+      const c10::impl::GenericDict d = e.toGenericDict();
+      pipeline::StageSpec spec;
+      if (d.at("kind").toStringRef() == "script") {
+        const at::Tensor b = d.at("payload").toTensor().contiguous();
+        spec = pipeline::StageSpec::TorchScript(
+            std::string(static_cast<const char*>(b.data_ptr()), b.numel()), d.at("name").toStringRef());
+      } else {
+        std::vector<c10::IValue> args;
+        for (const c10::IValue& a : d.at("payload").toListRef()) args.push_back(a);
+        spec = pipeline::StageSpec::Registered(d.at("name").toStringRef(), std::move(args));
+      }
+      spec.device = d.at("device").toStringRef();
+      specs.push_back(std::move(spec));
+    }
+  } catch (...) {
+    return StatusFromCurrentException(absl::StrCat(path, ": not a remora model file"));
+  }
+  if (static_cast<int>(specs.size()) != ck.manifest.stages_size()) {
+    return absl::DataLossError(absl::StrCat(path, " has ", specs.size(), " stages; ", ck.manifest_path,
+                                            " lists ", ck.manifest.stages_size()));
+  }
+  return specs;
+}
+
+absl::Status Restore(pipeline::Pipeline& pipe, const Checkpoint& ck) {
+  const wire::Manifest& m = ck.manifest;
+  const std::vector<std::string>& workers = pipe.workers();
+  if (m.stages_size() != pipe.num_stages() || m.shards_size() != static_cast<int>(workers.size())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", ck.manifest_path, " holds ", m.stages_size(), " stages in ", m.shards_size(),
+        " shards (one per pipeline worker); this run has ", pipe.num_stages(), " stages over ",
+        workers.size(), " workers: give ", m.shards_size(), " workers per replica"));
+  }
+  std::vector<Future<c10::IValue>> pending;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    const wire::CheckpointShard& shard = m.shards(static_cast<int>(i));
+    auto [indices, rrefs] = StagesOn(pipe, i);
+    pending.push_back(pipe.agent().rpc_async(
+        workers[i], "remora.checkpoint.load_shard",
+        {absl::StrCat(ck.dir, "/", shard.file()), shard.bytes(), shard.crc32(), indices, rrefs,
+         OptimizerOf(pipe, workers[i])}));
+  }
+  absl::Status status;
+  for (size_t i = 0; i < pending.size(); ++i) {
+    status.Update(Annotate(pending[i].wait().status(),
+                           absl::StrCat("restoring shard ", i, " on worker '", workers[i], "'")));
+  }
+  RETURN_IF_ERROR(status);
+  const std::string& rng = m.master_rng();
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  at::Tensor state = at::empty({static_cast<int64_t>(rng.size())}, at::kByte);
+  std::memcpy(state.data_ptr(), rng.data(), rng.size());
+  try {
+    gen.set_state(state);
+  } catch (...) {
+    return StatusFromCurrentException(absl::StrCat(ck.manifest_path, ": master_rng"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::vector<at::Tensor>>> ReadStageTensors(const Checkpoint& ck) {
+  const wire::Manifest& m = ck.manifest;
+  std::vector<std::vector<at::Tensor>> out(m.stages_size());
+  std::vector<bool> seen(m.stages_size(), false);
+  for (const auto& s : m.shards()) {
+    ASSIGN_OR_RETURN(Shard shard, ReadShard(absl::StrCat(ck.dir, "/", s.file()), s.bytes(), s.crc32()));
+    for (size_t i = 0; i < shard.stages.size(); ++i) {
+      const int64_t k = shard.stages[i];
+      if (k < 0 || k >= m.stages_size() || seen[k]) {
+        return absl::DataLossError(absl::StrCat(ck.dir, "/", s.file(), " holds stage ", k,
+                                                ", which is out of range or in another shard too"));
+      }
+      seen[k] = true;
+      out[k] = std::move(shard.tensors[i]);
+    }
+  }
+  for (int k = 0; k < m.stages_size(); ++k) {
+    if (!seen[k]) return absl::DataLossError(absl::StrCat(ck.manifest_path, ": no shard holds stage ", k));
+  }
+  return out;
+}
+
+}  // namespace remora::checkpoint

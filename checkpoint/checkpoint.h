@@ -1,0 +1,147 @@
+// Checkpoints of a pipeline's training: sharded by owner, committed
+// atomically, resumable, and readable without workers.
+//
+//   auto saver = checkpoint::Checkpointer::Create(agent, "/ckpt", /*keep=*/3).value();
+//   ... every N steps:
+//   RETURN_IF_ERROR(saver->Save(*pipe, stages, identity, state));
+//
+//   // A later run, same flags plus --resume:
+//   auto ck = checkpoint::Latest("/ckpt").value();
+//   RETURN_IF_ERROR(checkpoint::CheckMatches(ck, identity));
+//   auto stages = checkpoint::LoadStageSpecs(ck).value();   // the same cut
+//   ... create the pipeline from `stages` ...
+//   RETURN_IF_ERROR(checkpoint::Restore(*pipe, ck));
+//   // continue from ck.manifest.step()
+//
+// Layout: DIR/step-00000120/ holds one shard per pipeline worker position
+// (shard-<i>.pt: the stages k with k mod P == i, their parameters and
+// buffers, the owner's optimizer state and its CPU generator state;
+// torch.load reads it), model.pt (the stage specs: registered type and
+// arguments, or the TorchScript bytes) and manifest.json (proto/
+// checkpoint.proto as JSON: step, position in the data, the run's
+// identity, every file's size and CRC-32). Each owner writes its shard
+// itself, where the master says (a shared file system, or a directory of
+// the same path on each host); every file is written to a temporary name,
+// fsynced and renamed, and the master writes the manifest last: a
+// checkpoint without a manifest is incomplete and never read, so a crash
+// mid-save leaves the previous checkpoint as the latest. After a commit,
+// all but the newest `keep` checkpoints are removed.
+//
+// With data parallelism, replica 0's pipeline is saved (every replica
+// holds the same parameters and optimizer state) and every replica is
+// restored from it. ZeRO-1's sharded optimizer state is not saved.
+//
+// Thread-safety: a Checkpointer is used by one thread (the training loop);
+// the free functions are thread-compatible. Ownership: the Checkpointer
+// borrows the agent.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/statusor.h"
+#include "pipeline/pipeline.h"
+#include "proto/checkpoint.pb.h"
+#include "rpc/agent.h"
+#include "rpc/registry.h"
+
+namespace remora::checkpoint {
+
+// What the run is; a checkpoint resumes only a run that matches it.
+struct RunIdentity {
+  std::string model;      // e.g. "resnet50", "torchscript:crc32=..."
+  std::string data;       // e.g. "fashion-mnist batch=64 seed=0 shuffle"
+  std::string optimizer;  // e.g. "sgd lr=0.01 momentum=0.9"
+  std::string schedule;
+  int micro_batches = 1;
+  int replicas = 1;
+};
+
+// Where the run is: steps taken and the next batch to train.
+struct TrainingState {
+  int64_t step = 0;
+  int epoch = 0;      // from 1 for epochs over a dataset; 0 for batch runs
+  int64_t batch = 0;  // the next batch (of the epoch)
+  double epoch_loss_sum = 0;
+  int64_t epoch_images = 0;
+  std::vector<double> losses;  // every step's loss (batch runs)
+};
+
+// A complete checkpoint: its directory and manifest.
+struct Checkpoint {
+  std::string dir;
+  std::string manifest_path;
+  wire::Manifest manifest;
+  TrainingState state() const;
+};
+
+class Checkpointer {
+ public:
+  // Makes `dir` if needed (an error says why it cannot); keeps the newest
+  // `keep` (>= 1) checkpoints.
+  static absl::StatusOr<std::unique_ptr<Checkpointer>> Create(Agent& agent, std::string dir, int keep);
+
+  // Saves `pipe` (the stages it was created from: `stages`) at `state` and
+  // commits it; `final` marks the run's last checkpoint (an evaluator stops
+  // after it). An error names the worker or file that failed; the previous
+  // checkpoint stays the latest.
+  absl::Status Save(pipeline::Pipeline& pipe, const std::vector<pipeline::StageSpec>& stages,
+                    const RunIdentity& identity, const TrainingState& state, bool final = false);
+
+  // The directory of the last checkpoint saved.
+  const std::string& last() const { return last_; }
+  int64_t last_bytes() const { return last_bytes_; }
+
+ private:
+  Checkpointer(Agent& agent, std::string dir, int keep) : agent_(agent), dir_(std::move(dir)), keep_(keep) {}
+  // Removes all but the newest `keep_` complete checkpoints, and incomplete
+  // ones older than the newest.
+  absl::Status Prune(const std::vector<std::string>& workers);
+
+  Agent& agent_;
+  const std::string dir_;
+  const int keep_;
+  std::string last_;
+  int64_t last_bytes_ = 0;
+};
+
+// The checkpoint in `path`: a checkpoint's directory (with manifest.json)
+// or a directory of checkpoints (the newest complete one). NotFound when
+// there is none; an error naming the file for a manifest that cannot be
+// read.
+absl::StatusOr<Checkpoint> Latest(const std::string& path);
+
+// Steps of the complete checkpoints in `dir`, ascending.
+std::vector<int64_t> CompleteSteps(const std::string& dir);
+
+// FailedPrecondition naming the manifest and what differs when the run
+// `identity` describes is not the checkpoint's (replicas may differ).
+absl::Status CheckMatches(const Checkpoint& ck, const RunIdentity& identity);
+
+// The stages the checkpoint was saved from (model.pt, checked).
+absl::StatusOr<std::vector<pipeline::StageSpec>> LoadStageSpecs(const Checkpoint& ck);
+
+// Loads the checkpoint into `pipe`: shard i into the pipeline's worker i
+// (its stages' tensors, its optimizer state, its generator), and this
+// process's CPU generator. Each worker checks its file's size and CRC-32;
+// an error names the file and the worker.
+absl::Status Restore(pipeline::Pipeline& pipe, const Checkpoint& ck);
+
+// Every stage's parameters then buffers, read from the shards in this
+// process (for an evaluator: no workers needed), checked.
+absl::StatusOr<std::vector<std::vector<at::Tensor>>> ReadStageTensors(const Checkpoint& ck);
+
+// Registers the worker side (remora.checkpoint.save_shard, load_shard,
+// remove) in a worker's registry.
+absl::Status RegisterFunctions(Registry& registry);
+
+// Files: written to a temporary name beside `path`, fsynced, renamed over
+// `path`, the directory fsynced; the CRC-32 of bytes as 8 hex digits.
+absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes);
+absl::StatusOr<std::string> ReadFile(const std::string& path);
+std::string Crc32(const std::string& bytes);
+
+}  // namespace remora::checkpoint

@@ -1,0 +1,235 @@
+// The worker side of checkpoints (remora.checkpoint.save_shard, load_shard,
+// remove) and the files they write: atomic writes, CRC-32, the shard's
+// encoding (torch.save's format: a dict of lists of tensors).
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Dict.h>
+#include <ATen/core/List.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/status_util.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/shard.h"
+
+namespace remora::checkpoint {
+namespace {
+
+absl::Status ErrnoError(const std::string& what, const std::string& path) {
+  return absl::InternalError(absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
+}
+
+absl::Status FsyncPath(const std::string& path, int flags) {
+  const int fd = ::open(path.c_str(), flags);
+  if (fd < 0) return ErrnoError("cannot open", path);
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  return rc == 0 ? absl::OkStatus() : ErrnoError("cannot fsync", path);
+}
+
+// The local object behind an owner RRef argument, for a method call.
+c10::IValue LocalObject(const c10::IValue& v, const char* what) {
+  auto rref = RRef::FromIValue(v);
+  if (!rref.ok() || !rref->is_owner()) {
+    throw std::invalid_argument(absl::StrCat("checkpoint: the ", what, " RRef is not owned here"));
+  }
+  auto value = rref->local_value();
+  if (!value.ok()) throw std::invalid_argument(std::string(value.status().message()));
+  return *value;
+}
+
+c10::IValue Call(CallContext& ctx, const c10::IValue& object, const std::string& method,
+                 std::vector<c10::IValue> args = {}) {
+  auto out = ctx.agent->registry().InvokeMethod(object, method, ctx, Args(std::move(args)));
+  if (!out.ok()) throw std::runtime_error(std::string(out.status().message()));
+  return *out;
+}
+
+// remora.checkpoint.save_shard(path, stage indices, stage RRefs, optimizer
+// RRef or None) -> (bytes, crc32): this worker's stages, optimizer and
+// generator, written atomically to `path`.
+c10::IValue SaveShardFn(CallContext& ctx, const Args& a) {
+  const std::string path = a[0].toStringRef();
+  Shard shard;
+  shard.stages = a[1].toIntVector();
+  for (const c10::IValue& stage : a[2].toListRef()) {
+    shard.tensors.push_back(Call(ctx, LocalObject(stage, "stage"), "state").toTensorVector());
+  }
+  if (!a[3].isNone()) shard.optimizer = Call(ctx, LocalObject(a[3], "optimizer"), "save_state").toTensor();
+  {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    shard.rng = gen.get_state();
+  }
+  const std::string bytes = EncodeShard(shard);
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  if (auto s = WriteFileAtomically(path, bytes); !s.ok()) throw std::runtime_error(std::string(s.message()));
+  return c10::ivalue::Tuple::create({static_cast<int64_t>(bytes.size()), Crc32(bytes)});
+}
+
+// remora.checkpoint.load_shard(path, bytes, crc32, stage indices, stage
+// RRefs, optimizer RRef or None): the reverse, after checking the file.
+c10::IValue LoadShardFn(CallContext& ctx, const Args& a) {
+  const std::string path = a[0].toStringRef();
+  auto shard = ReadShard(path, a[1].toInt(), a[2].toStringRef());
+  if (!shard.ok()) throw std::runtime_error(std::string(shard.status().message()));
+  if (shard->stages != a[3].toIntVector()) {
+    throw std::invalid_argument(absl::StrCat(path, " holds stages ",
+                                             c10::str(shard->stages), ", not ", c10::str(a[3].toIntVector())));
+  }
+  const c10::ArrayRef<c10::IValue> stages = a[4].toListRef();
+  for (size_t i = 0; i < stages.size(); ++i) {
+    Call(ctx, LocalObject(stages[i], "stage"), "load_state", {c10::List<at::Tensor>(shard->tensors[i])});
+  }
+  if (!a[5].isNone()) {
+    if (!shard->optimizer.defined()) {
+      throw std::invalid_argument(absl::StrCat(path, " holds no optimizer state"));
+    }
+    Call(ctx, LocalObject(a[5], "optimizer"), "load_state", {shard->optimizer});
+  }
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(shard->rng);
+  return c10::IValue();
+}
+
+// remora.checkpoint.remove(dir): removes a checkpoint's shard files (and
+// their temporaries) from `dir`, then `dir` if it is empty.
+c10::IValue RemoveFn(CallContext&, const Args& a) {
+  RemoveCheckpointFiles(a[0].toStringRef(), /*all=*/false);
+  return c10::IValue();
+}
+
+}  // namespace
+
+std::string Crc32(const std::string& bytes) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  size_t at = 0;
+  while (at < bytes.size()) {  // crc32 takes a uInt length
+    const size_t n = std::min<size_t>(bytes.size() - at, 1u << 30);
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(bytes.data() + at), static_cast<uInt>(n));
+    at += n;
+  }
+  return absl::StrFormat("%08x", static_cast<uint32_t>(crc));
+}
+
+absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
+  const std::filesystem::path target(path);
+  const std::string dir = target.parent_path().empty() ? "." : target.parent_path().string();
+  const std::string tmp = absl::StrCat(dir, "/.", target.filename().string(), ".tmp-", ::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoError("cannot create", tmp);
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      absl::Status s = ErrnoError("cannot write", tmp);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return s;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    absl::Status s = ErrnoError("cannot fsync", tmp);
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    absl::Status s = ErrnoError(absl::StrCat("cannot rename ", tmp, " to"), path);
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  return FsyncPath(dir, O_RDONLY | O_DIRECTORY);
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  std::ostringstream out;
+  out << in.rdbuf();
+  if (in.bad()) return absl::DataLossError(absl::StrCat("cannot read ", path));
+  return out.str();
+}
+
+std::string EncodeShard(const Shard& shard) {
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("format", int64_t{1});
+  d.insert("stages", c10::List<int64_t>(shard.stages));
+  c10::impl::GenericList tensors(c10::ListType::ofTensors());
+  for (const auto& t : shard.tensors) tensors.push_back(c10::List<at::Tensor>(t));
+  d.insert("tensors", tensors);
+  d.insert("optimizer", shard.optimizer.defined() ? c10::IValue(shard.optimizer) : c10::IValue());
+  d.insert("rng", shard.rng);
+  const std::vector<char> bytes = torch::jit::pickle_save(d);
+  return std::string(bytes.begin(), bytes.end());
+}
+
+absl::StatusOr<Shard> DecodeShard(const std::string& bytes, const std::string& label) {
+  try {
+    const c10::IValue v = torch::jit::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+    const c10::impl::GenericDict d = v.toGenericDict();
+    if (d.at("format").toInt() != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(label, ": shard format ", d.at("format").toInt(),
+                                                     " is not 1 (written by a newer remora?)"));
+    }
+    Shard shard;
+    shard.stages = d.at("stages").toIntVector();
+    for (const c10::IValue& t : d.at("tensors").toListRef()) shard.tensors.push_back(t.toTensorVector());
+    if (!d.at("optimizer").isNone()) shard.optimizer = d.at("optimizer").toTensor();
+    shard.rng = d.at("rng").toTensor();
+    if (shard.tensors.size() != shard.stages.size()) {
+      return absl::DataLossError(absl::StrCat(label, ": ", shard.stages.size(), " stages but ",
+                                              shard.tensors.size(), " tensor lists"));
+    }
+    return shard;
+  } catch (...) {
+    return StatusFromCurrentException(absl::StrCat(label, ": not a remora checkpoint shard"));
+  }
+}
+
+absl::StatusOr<Shard> ReadShard(const std::string& path, int64_t bytes, const std::string& crc32) {
+  ASSIGN_OR_RETURN(std::string data, ReadFile(path));
+  if (static_cast<int64_t>(data.size()) != bytes) {
+    return absl::DataLossError(absl::StrCat(path, " has ", data.size(), " bytes; the manifest says ", bytes,
+                                            ": the file is truncated or was replaced"));
+  }
+  if (const std::string crc = Crc32(data); crc != crc32) {
+    return absl::DataLossError(absl::StrCat(path, " has CRC-32 ", crc, "; the manifest says ", crc32,
+                                            ": the file is corrupt"));
+  }
+  return DecodeShard(data, path);
+}
+
+void RemoveCheckpointFiles(const std::string& dir, bool all) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const bool shard = name.rfind("shard-", 0) == 0 || name.rfind(".shard-", 0) == 0;
+    if (all || shard) std::filesystem::remove(entry.path(), ec);
+  }
+  std::filesystem::remove(dir, ec);  // only when empty
+}
+
+absl::Status RegisterFunctions(Registry& registry) {
+  RETURN_IF_ERROR(registry.RegisterFunction("remora.checkpoint.save_shard", SaveShardFn));
+  RETURN_IF_ERROR(registry.RegisterFunction("remora.checkpoint.load_shard", LoadShardFn));
+  return registry.RegisterFunction("remora.checkpoint.remove", RemoveFn);
+}
+
+}  // namespace remora::checkpoint

@@ -1,0 +1,35 @@
+// One owner's checkpoint file (checkpoint/checkpoint.h): its encoding
+// (torch.save's format, so torch.load reads it too), reading it back with
+// its size and CRC-32 checked, and removing a checkpoint's files.
+//
+// Thread-compatible free functions.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/statusor.h"
+
+namespace remora::checkpoint {
+
+struct Shard {
+  std::vector<int64_t> stages;                   // the pipeline's stage indices
+  std::vector<std::vector<at::Tensor>> tensors;  // per stage: parameters then buffers
+  at::Tensor optimizer;                          // the owner's optimizer archive (uint8), or undefined
+  at::Tensor rng;                                // the owner's CPU generator state
+};
+
+std::string EncodeShard(const Shard& shard);
+// InvalidArgument/DataLoss naming `label` for bytes that are not a shard.
+absl::StatusOr<Shard> DecodeShard(const std::string& bytes, const std::string& label);
+// The shard at `path`, after checking its size and CRC-32 against the
+// manifest's; DataLoss naming the file when they differ.
+absl::StatusOr<Shard> ReadShard(const std::string& path, int64_t bytes, const std::string& crc32);
+
+// Removes the shard files (all files with `all`) and their temporaries
+// from a checkpoint's directory, then the directory if it is empty.
+void RemoveCheckpointFiles(const std::string& dir, bool all);
+
+}  // namespace remora::checkpoint
