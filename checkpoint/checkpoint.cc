@@ -390,4 +390,22 @@ absl::StatusOr<std::vector<std::vector<at::Tensor>>> ReadStageTensors(const Chec
   return out;
 }
 
+absl::StatusOr<std::vector<std::unique_ptr<pipeline::StageModule>>> LoadModel(const Checkpoint& ck,
+                                                                              c10::Device device) {
+  ASSIGN_OR_RETURN(std::vector<pipeline::StageSpec> specs, LoadStageSpecs(ck));
+  ASSIGN_OR_RETURN(auto tensors, ReadStageTensors(ck));
+  std::vector<std::unique_ptr<pipeline::StageModule>> model;
+  for (size_t k = 0; k < specs.size(); ++k) {
+    ASSIGN_OR_RETURN(auto stage, pipeline::BuildStage(specs[k], device));
+    try {
+      pipeline::LoadState(*stage, tensors[k], absl::StrCat(ck.dir, ": stage ", k));
+    } catch (...) {
+      return StatusFromCurrentException("loading the checkpoint's parameters");
+    }
+    stage->Train(false);
+    model.push_back(std::move(stage));
+  }
+  return model;
+}
+
 }  // namespace remora::checkpoint

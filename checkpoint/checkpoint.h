@@ -44,6 +44,7 @@
 
 #include "absl/status/statusor.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/stage.h"
 #include "proto/checkpoint.pb.h"
 #include "rpc/agent.h"
 #include "rpc/registry.h"
@@ -133,6 +134,12 @@ absl::Status Restore(pipeline::Pipeline& pipe, const Checkpoint& ck);
 // Every stage's parameters then buffers, read from the shards in this
 // process (for an evaluator: no workers needed), checked.
 absl::StatusOr<std::vector<std::vector<at::Tensor>>> ReadStageTensors(const Checkpoint& ck);
+
+// The whole model of a checkpoint, built in this process on `device` from
+// its stage specs with its saved parameters and buffers, in eval mode (for
+// an evaluator; the stage types must be registered in this process).
+absl::StatusOr<std::vector<std::unique_ptr<pipeline::StageModule>>> LoadModel(const Checkpoint& ck,
+                                                                              c10::Device device);
 
 // Registers the worker side (remora.checkpoint.save_shard, load_shard,
 // remove) in a worker's registry.

@@ -137,6 +137,30 @@ absl::StatusOr<Dataset> LoadCifar10(const std::string& dir, bool train) {
   return Dataset{at::cat(images), y};
 }
 
+absl::StatusOr<std::pair<Dataset, Dataset>> LoadNamed(const std::string& name) {
+  std::string kind = name, dir;
+  if (name == "fashion-mnist") {
+    kind = "idx";
+    dir = kFashionMnistDir;
+  } else if (auto colon = name.find(':'); colon != std::string::npos) {
+    kind = name.substr(0, colon);
+    dir = name.substr(colon + 1);
+  }
+  std::pair<Dataset, Dataset> sets;
+  if (kind == "idx") {
+    ASSIGN_OR_RETURN(sets.first, LoadIdx(dir, true));
+    ASSIGN_OR_RETURN(sets.second, LoadIdx(dir, false));
+  } else if (kind == "cifar10") {
+    ASSIGN_OR_RETURN(sets.first, LoadCifar10(dir, true));
+    ASSIGN_OR_RETURN(sets.second, LoadCifar10(dir, false));
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dataset wants fashion-mnist, idx:DIR or cifar10:DIR; got '", name, "'"));
+  }
+  Normalize(&sets.first, &sets.second);
+  return sets;
+}
+
 void Normalize(Dataset* train, Dataset* test) {
   const at::Tensor mean = train->images.mean({0, 2, 3}, /*keepdim=*/true);
   const at::Tensor std = train->images.std({0, 2, 3}, /*unbiased=*/true, /*keepdim=*/true).clamp_min(1e-6);

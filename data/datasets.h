@@ -14,6 +14,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -43,6 +44,11 @@ absl::StatusOr<Dataset> LoadIdx(const std::string& dir, bool train);
 // one label byte and 3072 pixel bytes (R, G, B planes of 32x32). Images
 // [N, 3, 32, 32]. A file that is not whole records is an error naming it.
 absl::StatusOr<Dataset> LoadCifar10(const std::string& dir, bool train);
+
+// The training and test sets a name gives: fashion-mnist (Debian's
+// package), idx:DIR or cifar10:DIR, normalised (Normalize); an
+// InvalidArgument error lists the names for any other.
+absl::StatusOr<std::pair<Dataset, Dataset>> LoadNamed(const std::string& name);
 
 // Normalises both sets per channel with the training set's mean and
 // standard deviation (torchvision's Normalize with the set's own figures).

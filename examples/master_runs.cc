@@ -171,26 +171,7 @@ optim::OptimizerOptions OptimizerOf(const Config& c) {
 }
 
 absl::StatusOr<std::pair<data::Dataset, data::Dataset>> LoadDataset(const Config& c) {
-  std::string kind = c.dataset, dir;
-  if (c.dataset == "fashion-mnist") {
-    kind = "idx";
-    dir = data::kFashionMnistDir;
-  } else if (auto colon = c.dataset.find(':'); colon != std::string::npos) {
-    kind = c.dataset.substr(0, colon);
-    dir = c.dataset.substr(colon + 1);
-  }
-  std::pair<data::Dataset, data::Dataset> sets;
-  if (kind == "idx") {
-    ASSIGN_OR_RETURN(sets.first, data::LoadIdx(dir, true));
-    ASSIGN_OR_RETURN(sets.second, data::LoadIdx(dir, false));
-  } else if (kind == "cifar10") {
-    ASSIGN_OR_RETURN(sets.first, data::LoadCifar10(dir, true));
-    ASSIGN_OR_RETURN(sets.second, data::LoadCifar10(dir, false));
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--dataset wants fashion-mnist, idx:DIR or cifar10:DIR; got '", c.dataset, "'"));
-  }
-  data::Normalize(&sets.first, &sets.second);
+  ASSIGN_OR_RETURN(auto sets, data::LoadNamed(c.dataset));
   if (c.train_rows > 0 && c.train_rows < sets.first.size()) {
     sets.first.images = sets.first.images.slice(0, 0, c.train_rows);
     sets.first.labels = sets.first.labels.slice(0, 0, c.train_rows);

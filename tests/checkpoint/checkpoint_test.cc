@@ -35,7 +35,7 @@ using test_support::Mlp;
 const std::string kBin = REMORA_BIN_DIR;
 
 std::string FreshDir(const std::string& name) {
-  const std::string dir = TempPath(name);
+  const std::string dir = fs::path(TempPath(name)).lexically_normal().string();
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
@@ -273,6 +273,133 @@ TEST(Checkpoint, CorruptOrMismatchedCheckpointsAreClearErrors) {
   auto specs = LoadStageSpecs(ck);
   EXPECT_EQ(specs.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(std::string(specs.status().message()), HasSubstr("model.pt has CRC-32"));
+}
+
+// Workers `names` (the stock worker) for a master at `addr`, logging to
+// files named after `tag`.
+std::vector<std::unique_ptr<cli::Subprocess>> StartWorkers(const std::vector<std::string>& names,
+                                                          const std::string& addr, const std::string& tag) {
+  std::vector<std::unique_ptr<cli::Subprocess>> out;
+  for (const auto& n : names) {
+    out.push_back(cli::Subprocess::Spawn({kBin + "/worker", "--name", n, "--master", addr, "--threads", "1"},
+                                         TempPath(tag + "_" + n + ".log"))
+                      .value());
+  }
+  return out;
+}
+
+std::vector<std::string> MasterArgv(const std::string& workers, const std::string& addr,
+                                    const std::string& data, std::vector<std::string> more) {
+  std::vector<std::string> argv = {kBin + "/master", "--workers", workers, "--listen", addr,
+                                   "--dataset", "idx:" + data, "--epochs", "3", "--batch-size", "32",
+                                   "--splits", "2", "--threads", "1"};
+  argv.insert(argv.end(), more.begin(), more.end());
+  return argv;
+}
+
+// The line of `output` that starts with `prefix` ("" when none).
+std::string LineStarting(const std::string& output, const std::string& prefix) {
+  for (size_t at = 0; at < output.size();) {
+    const size_t end = std::min(output.find('\n', at), output.size());
+    if (output.compare(at, prefix.size(), prefix) == 0) return output.substr(at, end - at);
+    at = end + 1;
+  }
+  return "";
+}
+
+// The real programs: a job whose worker is SIGKILLed mid-epoch, restarted
+// with --resume on workers of other names, ends bitwise equal to a job
+// that never stopped; an evaluator follows the uninterrupted job's
+// checkpoints and stops after its final one.
+TEST(CheckpointJob, AJobKilledMidEpochResumesAndEndsEqualToAnUninterruptedOne) {
+  const std::string data = fs::path(TempPath("ckpt_toy")).lexically_normal().string();
+  test_support::WriteToyIdx(data, 320, 100);  // 10 batches of 32 per epoch, 3 epochs
+  const std::string whole = FreshDir("ckpt_whole"), broken = FreshDir("ckpt_broken");
+
+  // Uninterrupted, with the evaluator following it.
+  std::string whole_out;
+  {
+    const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+    auto evaluator = cli::Subprocess::Spawn({kBin + "/evaluator", "--checkpoint-dir", whole, "--dataset",
+                                             "idx:" + data, "--poll-ms", "50", "--timeout", "200",
+                                             "--threads", "1"},
+                                            TempPath("ckpt_evaluator.log"))
+                         .value();
+    auto workers = StartWorkers({"w1", "w2"}, addr, "whole");
+    auto [code, out] = RunProgram(
+        MasterArgv("w1,w2", addr, data, {"--checkpoint-dir", whole, "--checkpoint-every", "3", "--keep", "2"}),
+        absl::Seconds(200));
+    ASSERT_EQ(code, 0) << out;
+    for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
+    EXPECT_THAT(out, HasSubstr("checkpoint: step 30 in " + whole + "/step-00000030"));
+    EXPECT_THAT(out, HasSubstr(", final)"));
+    EXPECT_EQ(CompleteSteps(whole), (std::vector<int64_t>{27, 30}));  // --keep 2
+    whole_out = out;
+    EXPECT_EQ(evaluator->Wait(absl::Seconds(60)).value_or(-1), 0) << "the evaluator stops after the final checkpoint";
+    const std::string evaluated = ReadFile(TempPath("ckpt_evaluator.log")).value_or("");
+    const std::string jsonl = ReadFile(whole + "/eval.jsonl").value_or("");
+    EXPECT_THAT(jsonl, HasSubstr("\"step\": 30, \"epoch\": 3, \"batch\": 10"));
+    EXPECT_THAT(jsonl, HasSubstr("\"final\": true"));
+    // The evaluator's accuracy of the final weights is the master's after epoch 3.
+    const std::string epoch3 = LineStarting(out, "epoch=3 ");
+    const size_t acc = epoch3.find("test_accuracy=");
+    ASSERT_NE(acc, std::string::npos) << out;
+    EXPECT_THAT(evaluated, HasSubstr("step=30 epoch=3 " + epoch3.substr(acc, 20)));
+  }
+
+  // Killed: worker w2 is SIGKILLed once the checkpoint of step 6 is
+  // written (epoch 1 of 3); the master fails naming it.
+  {
+    const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+    auto workers = StartWorkers({"w1", "w2"}, addr, "broken");
+    const std::string log = TempPath("ckpt_broken_master.log");
+    auto master = cli::Subprocess::Spawn(
+                      MasterArgv("w1,w2", addr, data, {"--checkpoint-dir", broken, "--checkpoint-every", "3"}), log)
+                      .value();
+    const auto deadline = absl::Now() + absl::Seconds(120);
+    while (ReadFile(log).value_or("").find("checkpoint: step 6 ") == std::string::npos && master->running() &&
+           absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    workers[1]->Signal(SIGKILL);
+    const int code = master->Wait(absl::Seconds(60)).value_or(-1);
+    const std::string out = ReadFile(log).value_or("");
+    ASSERT_NE(code, 0) << "the job ended before w2 was killed:\n" << out;
+    EXPECT_THAT(out, HasSubstr("w2"));
+    EXPECT_EQ(LineStarting(out, "epoch=3 "), "");
+    workers[0]->Wait(absl::Seconds(30)).IgnoreError();
+    ASSERT_FALSE(CompleteSteps(broken).empty());
+    EXPECT_LT(CompleteSteps(broken).back(), 30);
+  }
+
+  // Resumed on workers named otherwise: it ends where the whole job did.
+  {
+    const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+    auto workers = StartWorkers({"x1", "x2"}, addr, "resumed");
+    auto [code, out] = RunProgram(MasterArgv("x1,x2", addr, data, {"--resume", broken}), absl::Seconds(200));
+    ASSERT_EQ(code, 0) << out;
+    for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
+    EXPECT_THAT(out, HasSubstr("resumed from " + broken + "/step-"));
+    EXPECT_EQ(LineStarting(out, "epoch=3 ").substr(0, 50), LineStarting(whole_out, "epoch=3 ").substr(0, 50));
+    auto a = ReadStageTensors(Latest(whole).value()), b = ReadStageTensors(Latest(broken).value());
+    ASSERT_TRUE(a.ok() && b.ok());
+    ASSERT_EQ(a->size(), b->size());
+    for (size_t k = 0; k < a->size(); ++k) {
+      ASSERT_EQ((*a)[k].size(), (*b)[k].size());
+      for (size_t j = 0; j < (*a)[k].size(); ++j) EXPECT_TRUE(at::equal((*a)[k][j], (*b)[k][j])) << k << "/" << j;
+    }
+    EXPECT_EQ(Latest(broken)->manifest.step(), 30);
+  }
+
+  // A checkpoint of another run: refused, naming the manifest, before any
+  // worker is waited for; nothing is written.
+  const std::vector<int64_t> before = CompleteSteps(broken);
+  auto [code, out] = RunProgram(
+      {kBin + "/master", "--workers", "x1,x2", "--dataset", "idx:" + data, "--epochs", "3", "--batch-size", "64",
+       "--splits", "2", "--resume", broken, "--connect-timeout", "1"});
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_THAT(out, HasSubstr("manifest.json is of another run: the data was"));
+  EXPECT_EQ(CompleteSteps(broken), before);
 }
 
 }  // namespace

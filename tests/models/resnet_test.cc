@@ -19,6 +19,7 @@
 #include "models/resnet.h"
 #include "parallel/process_group.h"
 #include "pipeline/schedule.h"
+#include "tests/support/pipeline_fixtures.h"
 #include "tests/support/script_models.h"
 #include "tests/support/test_group.h"
 
@@ -373,30 +374,6 @@ TEST(Master, ReplicasTrainLikeOneProcess) {
   }
 }
 
-// A learnable toy IDX dataset in `dir`: class c is a bright 6x6 square at
-// one of ten places, on noise.
-void WriteToyIdx(const std::string& dir, int train, int test) {
-  std::filesystem::create_directories(dir);
-  auto be = [](std::string* out, uint32_t v) {
-    for (int s = 24; s >= 0; s -= 8) out->push_back(static_cast<char>((v >> s) & 0xff));
-  };
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
-  for (auto [prefix, n] : {std::pair<std::string, int>{"train", train}, {"t10k", test}}) {
-    std::string images, labels;
-    be(&images, 2051), be(&images, n), be(&images, 28), be(&images, 28);
-    be(&labels, 2049), be(&labels, n);
-    at::Tensor noise = at::randint(0, 60, {n, 28, 28}, gen, at::TensorOptions(at::kByte));
-    for (int i = 0; i < n; ++i) {
-      const int c = i % 10, r = 2 + (c / 5) * 14, col = 2 + (c % 5) * 5;
-      noise[i].slice(0, r, r + 6).slice(1, col, col + 6).fill_(250);
-      labels.push_back(static_cast<char>(c));
-    }
-    images.append(static_cast<const char*>(noise.data_ptr()), n * 28 * 28);
-    std::ofstream(dir + "/" + prefix + "-images-idx3-ubyte", std::ios::binary) << images;
-    std::ofstream(dir + "/" + prefix + "-labels-idx1-ubyte", std::ios::binary) << labels;
-  }
-}
-
 // (train_loss, test_accuracy) per epoch in a report.
 std::vector<std::pair<double, double>> ReportEpochs(const std::string& json) {
   std::vector<std::pair<double, double>> out;
@@ -411,7 +388,7 @@ std::vector<std::pair<double, double>> ReportEpochs(const std::string& json) {
 // accuracy after each, and the pipeline matches training in one process.
 TEST(Master, DatasetEpochsReportTestAccuracyAndMatchLocalTraining) {
   const std::string dir = TempPath("toy_idx");
-  WriteToyIdx(dir, 320, 100);
+  test_support::WriteToyIdx(dir, 320, 100);
   const std::vector<std::string> args = {"--dataset", "idx:" + dir, "--epochs", "2",
                                          "--batch-size", "32", "--splits", "2"};
   const std::string local_report = TempPath("toy_local.json");

@@ -1,10 +1,13 @@
 #include "tests/support/pipeline_fixtures.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/mse_loss.h>
+#include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
 #include <gtest/gtest.h>
 #include <torch/optim/sgd.h>
@@ -78,6 +81,28 @@ LocalRun TrainMlpLocally(const std::vector<models::MLPStageOptions>& stages,
   }
   for (auto& m : local) run.state.push_back(models::ModuleState(*m));
   return run;
+}
+
+void WriteToyIdx(const std::string& dir, int train, int test) {
+  std::filesystem::create_directories(dir);
+  auto be = [](std::string* out, uint32_t v) {
+    for (int s = 24; s >= 0; s -= 8) out->push_back(static_cast<char>((v >> s) & 0xff));
+  };
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  for (auto [prefix, n] : {std::pair<std::string, int>{"train", train}, {"t10k", test}}) {
+    std::string images, labels;
+    be(&images, 2051), be(&images, n), be(&images, 28), be(&images, 28);
+    be(&labels, 2049), be(&labels, n);
+    at::Tensor noise = at::randint(0, 60, {n, 28, 28}, gen, at::TensorOptions(at::kByte));
+    for (int i = 0; i < n; ++i) {
+      const int c = i % 10, r = 2 + (c / 5) * 14, col = 2 + (c % 5) * 5;
+      noise[i].slice(0, r, r + 6).slice(1, col, col + 6).fill_(250);
+      labels.push_back(static_cast<char>(c));
+    }
+    images.append(static_cast<const char*>(noise.data_ptr()), n * 28 * 28);
+    std::ofstream(dir + "/" + prefix + "-images-idx3-ubyte", std::ios::binary) << images;
+    std::ofstream(dir + "/" + prefix + "-labels-idx1-ubyte", std::ios::binary) << labels;
+  }
 }
 
 }  // namespace remora::test_support

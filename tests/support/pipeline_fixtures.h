@@ -54,4 +54,8 @@ struct LocalRun {
 LocalRun TrainMlpLocally(const std::vector<models::MLPStageOptions>& stages,
                          const std::vector<std::pair<at::Tensor, at::Tensor>>& data);
 
+// A learnable toy IDX dataset in `dir` (master --dataset idx:DIR): class c
+// is a bright 6x6 square at one of ten places, on noise.
+void WriteToyIdx(const std::string& dir, int train, int test);
+
 }  // namespace remora::test_support

@@ -1,0 +1,177 @@
+// evaluator: follows a training job's checkpoints and reports the model's
+// test accuracy and loss at each, without any worker (it rebuilds the
+// whole model from the shards, checkpoint/checkpoint.h).
+//
+//   master --workers w1,w2 --dataset fashion-mnist --checkpoint-dir /ckpt --checkpoint-every 200 &
+//   evaluator --checkpoint-dir /ckpt --dataset fashion-mnist
+//
+// It waits for new checkpoints (polling the directory), evaluates each on
+// the test set, prints a line and appends a JSON line to --output; it
+// exits after the run's final checkpoint, on SIGINT/SIGTERM (after the
+// evaluation under way), after --timeout seconds without a new checkpoint,
+// or with --once after the latest one.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include <ATen/ops/argmax.h>
+#include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/eq.h>
+#include <c10/core/GradMode.h>
+
+#include "absl/strings/str_format.h"
+#include "base/status_util.h"
+#include "checkpoint/checkpoint.h"
+#include "data/datasets.h"
+#include "examples/builtins.h"
+#include "launch/cli.h"
+#include "runtime/threads.h"
+
+namespace remora {
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+void OnSignal(int) { g_stop = true; }
+
+struct Score {
+  double accuracy = 0, loss = 0;
+};
+
+// Accuracy and mean cross-entropy of `model` (stages applied in turn) on `set`.
+absl::StatusOr<Score> Evaluate(std::vector<std::unique_ptr<pipeline::StageModule>>& model,
+                               const data::Dataset& set, int64_t batch_size) {
+  c10::NoGradGuard no_grad;
+  int64_t right = 0;
+  double loss_sum = 0;
+  try {
+    for (int64_t at = 0; at < set.size(); at += batch_size) {
+      const int64_t end = std::min(set.size(), at + batch_size);
+      c10::IValue x = set.images.slice(0, at, end);
+      for (auto& stage : model) x = stage->Forward(x);
+      const at::Tensor logits = x.toTensor().cpu();
+      const at::Tensor labels = set.labels.slice(0, at, end);
+      if (logits.dim() != 2 || logits.size(0) != end - at) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "the model's output for %d images has shape %s; the evaluator wants [%d, classes]", end - at,
+            c10::str(logits.sizes()), end - at));
+      }
+      right += logits.argmax(1).eq(labels).sum().item<int64_t>();
+      loss_sum += at::cross_entropy_loss(logits, labels).item<double>() * (end - at);
+    }
+  } catch (...) {
+    return StatusFromCurrentException("evaluating the model");
+  }
+  return Score{static_cast<double>(right) / set.size(), loss_sum / set.size()};
+}
+
+int Main(int argc, char** argv) {
+  std::string dir, dataset, output;
+  int poll_ms = 500, timeout_s = 0, batch_size = 1000, test_rows = 0;
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  bool once = false;
+  cli::FlagParser flags("evaluator",
+                        "Follows a training job's checkpoints: evaluates each new one on the test set "
+                        "(no workers needed) and appends its accuracy and loss to a JSON-lines file.");
+  flags.AddString("checkpoint-dir", &dir, "the job's --checkpoint-dir (required)");
+  flags.AddString("dataset", &dataset, "fashion-mnist, idx:DIR or cifar10:DIR: its test set (required)");
+  flags.AddString("output", &output, "JSON-lines file to append to (default: CHECKPOINT_DIR/eval.jsonl)");
+  flags.AddInt("poll-ms", &poll_ms, "how often to look for a new checkpoint");
+  flags.AddInt("timeout", &timeout_s, "exit (status 3) after this many seconds without a new checkpoint; 0: wait");
+  flags.AddBool("once", &once, "evaluate the latest checkpoint and exit");
+  flags.AddInt("batch-size", &batch_size, "test images per forward pass");
+  flags.AddInt("test-rows", &test_rows, "evaluate the first N test images only (0: all)");
+  flags.AddInt("threads", &threads, "intra-op threads");
+  int code = 0;
+  if (!flags.Parse(argc, argv, &code)) return code;
+  auto fail = [](const std::string& msg, int rc) {
+    std::cerr << "evaluator: " << msg << "\n";
+    return rc;
+  };
+  if (dir.empty() || dataset.empty()) return fail("--checkpoint-dir and --dataset are required", 2);
+  if (poll_ms < 1 || batch_size < 1 || threads < 1 || timeout_s < 0 || test_rows < 0) {
+    return fail("--poll-ms, --batch-size and --threads must be >= 1; --timeout and --test-rows >= 0", 2);
+  }
+  if (output.empty()) output = dir + "/eval.jsonl";
+  runtime::SetComputeThreads(threads);
+  if (auto s = examples::RegisterStockStageTypes(); !s.ok()) return fail(std::string(s.message()), 1);
+  auto sets = data::LoadNamed(dataset);
+  if (!sets.ok()) return fail(std::string(sets.status().message()), 1);
+  data::Dataset test = std::move(sets->second);
+  if (test_rows > 0 && test_rows < test.size()) {
+    test.images = test.images.slice(0, 0, test_rows);
+    test.labels = test.labels.slice(0, 0, test_rows);
+  }
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  std::printf("evaluator: following %s, %lld test images of %s; results to %s\n", dir.c_str(),
+              static_cast<long long>(test.size()), dataset.c_str(), output.c_str());
+  std::fflush(stdout);
+
+  // The last checkpoint evaluated, and its score (the run's final
+  // checkpoint may be the last periodic one, committed again as final).
+  std::string done;
+  Score done_score;
+  auto last_new = std::chrono::steady_clock::now();
+  bool warned = false;
+  while (!g_stop) {
+    auto ck = checkpoint::Latest(dir);
+    const bool again = ck.ok() && ck->dir == done;
+    if (ck.ok() && (!again || ck->manifest.final())) {
+      auto model = again ? absl::StatusOr<std::vector<std::unique_ptr<pipeline::StageModule>>>()
+                         : checkpoint::LoadModel(*ck, c10::kCPU);
+      auto score = again ? absl::StatusOr<Score>(done_score)
+                         : model.ok() ? Evaluate(*model, test, batch_size) : absl::StatusOr<Score>(model.status());
+      if (!score.ok()) {
+        if (once || std::filesystem::exists(ck->manifest_path)) {
+          return fail(std::string(score.status().message()), 1);
+        }
+        // Pruned while it was read (--keep): a newer one is there.
+      } else {
+        const auto& m = ck->manifest;
+        std::printf("step=%lld epoch=%d test_accuracy=%.4f test_loss=%.4f%s\n", static_cast<long long>(m.step()),
+                    m.epoch(), score->accuracy, score->loss, m.final() ? " (final)" : "");
+        std::fflush(stdout);
+        std::ofstream out(output, std::ios::app);
+        out << absl::StrFormat(
+                   "{\"step\": %d, \"epoch\": %d, \"batch\": %d, \"test_accuracy\": %.6f, \"test_loss\": %.6f, "
+                   "\"final\": %s, \"checkpoint\": \"%s\", \"created\": \"%s\"}\n",
+                   m.step(), m.epoch(), m.batch(), score->accuracy, score->loss, m.final() ? "true" : "false",
+                   ck->dir, m.created())
+            << std::flush;
+        if (!out) return fail("cannot append to " + output, 1);
+        done = ck->dir;
+        done_score = *score;
+        last_new = std::chrono::steady_clock::now();
+        if (m.final() || once) return 0;
+      }
+    } else if (!ck.ok()) {
+      if (once) return fail(std::string(ck.status().message()), 1);
+      if (ck.status().code() != absl::StatusCode::kNotFound) return fail(std::string(ck.status().message()), 1);
+      if (!warned) {
+        std::printf("evaluator: no checkpoint yet in %s; waiting\n", dir.c_str());
+        std::fflush(stdout);
+        warned = true;
+      }
+    }
+    if (timeout_s > 0 && std::chrono::steady_clock::now() - last_new > std::chrono::seconds(timeout_s)) {
+      return fail(absl::StrFormat("no new checkpoint in %s for %d s (--timeout)", dir, timeout_s), 3);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(poll_ms));
+  }
+  std::printf("evaluator: stopped\n");
+  return 0;
+}
+
+}  // namespace
+}  // namespace remora
+
+int main(int argc, char** argv) { return remora::Main(argc, argv); }
