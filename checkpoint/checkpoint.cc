@@ -146,6 +146,10 @@ absl::Status Checkpointer::Save(pipeline::Pipeline& pipe, const std::vector<pipe
                                                    pipe.num_stages(), " stages"));
   }
   const std::string dir = StepDir(dir_, state.step);
+  if (dir == last_ && final && !last_manifest_.final()) {
+    last_manifest_.set_final(true);
+    return CommitManifest(last_manifest_, dir);
+  }
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot make ", dir, ": ", ec.message()));
@@ -213,6 +217,15 @@ absl::Status Checkpointer::Save(pipeline::Pipeline& pipe, const std::vector<pipe
     const at::Tensor rng = gen.get_state().contiguous();
     m.set_master_rng(std::string(static_cast<const char*>(rng.data_ptr()), rng.numel()));
   }
+  // The commit: the manifest, last.
+  RETURN_IF_ERROR(CommitManifest(m, dir));
+  last_ = dir;
+  last_bytes_ = total + static_cast<int64_t>(specs.size());
+  last_manifest_ = std::move(m);
+  return Prune(workers);
+}
+
+absl::Status Checkpointer::CommitManifest(const wire::Manifest& m, const std::string& dir) {
   std::string json;
   google::protobuf::util::JsonPrintOptions print;
   print.add_whitespace = true;
@@ -221,11 +234,7 @@ absl::Status Checkpointer::Save(pipeline::Pipeline& pipe, const std::vector<pipe
   if (auto s = google::protobuf::util::MessageToJsonString(m, &json, print); !s.ok()) {
     return absl::InternalError(absl::StrCat("cannot write the manifest as JSON: ", s.ToString()));
   }
-  // The commit: the manifest, last.
-  RETURN_IF_ERROR(WriteFileAtomically(absl::StrCat(dir, "/", kManifest), json));
-  last_ = dir;
-  last_bytes_ = total + static_cast<int64_t>(specs.size() + json.size());
-  return Prune(workers);
+  return WriteFileAtomically(absl::StrCat(dir, "/", kManifest), json);
 }
 
 std::vector<int64_t> CompleteSteps(const std::string& dir) {

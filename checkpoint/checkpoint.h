@@ -92,12 +92,16 @@ class Checkpointer {
   absl::Status Save(pipeline::Pipeline& pipe, const std::vector<pipeline::StageSpec>& stages,
                     const RunIdentity& identity, const TrainingState& state, bool final = false);
 
+  // Saving step N again (the run's last step was also a periodic one)
+  // only commits its manifest again, now `final`.
   // The directory of the last checkpoint saved.
   const std::string& last() const { return last_; }
   int64_t last_bytes() const { return last_bytes_; }
 
  private:
   Checkpointer(Agent& agent, std::string dir, int keep) : agent_(agent), dir_(std::move(dir)), keep_(keep) {}
+  // Writes `m` as dir/manifest.json, atomically.
+  static absl::Status CommitManifest(const wire::Manifest& m, const std::string& dir);
   // Removes all but the newest `keep_` complete checkpoints, and incomplete
   // ones older than the newest.
   absl::Status Prune(const std::vector<std::string>& workers);
@@ -107,6 +111,7 @@ class Checkpointer {
   const int keep_;
   std::string last_;
   int64_t last_bytes_ = 0;
+  wire::Manifest last_manifest_;  // of last_
 };
 
 // The checkpoint in `path`: a checkpoint's directory (with manifest.json)

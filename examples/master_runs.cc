@@ -264,6 +264,7 @@ checkpoint::RunIdentity IdentityOf(const Config& c, int splits) {
 
 absl::Status Checkpointing::Restore(parallel::DataParallelPipeline& pipe) {
   if (!resume) return absl::OkStatus();
+  const int64_t t0 = trace::NowUs();
   for (int r = 0; r < pipe.replicas(); ++r) {
     RETURN_IF_ERROR(Annotate(checkpoint::Restore(pipe.replica(r), *resume),
                              absl::StrCat("resuming replica ", r)));
@@ -271,7 +272,10 @@ absl::Status Checkpointing::Restore(parallel::DataParallelPipeline& pipe) {
   const checkpoint::TrainingState s = resume->state();
   std::printf("resumed from %s: step %lld", resume->dir.c_str(), static_cast<long long>(s.step));
   if (s.epoch > 0) std::printf(", epoch %d after batch %lld", s.epoch, static_cast<long long>(s.batch));
-  std::printf("\n");
+  int64_t bytes = 0;
+  for (const auto& shard : resume->manifest.shards()) bytes += shard.bytes();
+  std::printf(" (%.1f MiB of shards loaded in %.2f s)\n", bytes * pipe.replicas() / 1048576.0,
+              (trace::NowUs() - t0) / 1e6);
   std::fflush(stdout);
   return absl::OkStatus();
 }
