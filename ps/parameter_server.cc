@@ -84,13 +84,13 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(Agent& 
     }
   }
   return std::unique_ptr<ParameterServer>(
-      new ParameterServer(agent, std::move(options), std::move(model), std::move(params), std::move(slots)));
+      new ParameterServer(std::move(options), std::move(model), std::move(params), std::move(slots)));
 }
 
-ParameterServer::ParameterServer(Agent& agent, PsOptions options,
+ParameterServer::ParameterServer(PsOptions options,
                                  std::vector<std::unique_ptr<pipeline::StageModule>> model,
                                  std::vector<at::Tensor> params, std::vector<Slot> slots)
-    : agent_(agent), options_(std::move(options)), model_(std::move(model)), params_(std::move(params)),
+    : options_(std::move(options)), model_(std::move(model)), params_(std::move(params)),
       slots_(std::move(slots)), signal_(std::make_shared<Signal>()) {
   optimizer_ = optim::MakeOptimizer(c10::IValue(optim::OptionsToDict(options_.optimizer)).toGenericDict(),
                                     params_);

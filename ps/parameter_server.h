@@ -34,7 +34,7 @@
 // Thread-safety: one train_step (or eval) at a time; the completion
 // signal the calls' callbacks share is thread-safe. Ownership: the server
 // owns its model and optimizer and holds RRefs to the workers' replicas
-// (freed on the workers when it is destroyed); it borrows the agent.
+// (freed on the workers when it is destroyed); the agent must outlive it.
 #pragma once
 
 #include <memory>
@@ -120,7 +120,7 @@ class ParameterServer {
     std::string lost_reason;
   };
 
-  ParameterServer(Agent& agent, PsOptions options, std::vector<std::unique_ptr<pipeline::StageModule>> model,
+  ParameterServer(PsOptions options, std::vector<std::unique_ptr<pipeline::StageModule>> model,
                   std::vector<at::Tensor> params, std::vector<Slot> slots);
 
   // Sends every idle live worker its share of the batch; returns their slots.
@@ -132,7 +132,6 @@ class ParameterServer {
   // the count now.
   int64_t WaitForCompletion(int64_t seen);
 
-  Agent& agent_;
   const PsOptions options_;
   std::vector<std::unique_ptr<pipeline::StageModule>> model_;
   std::vector<at::Tensor> params_;  // the model's, in order
