@@ -157,3 +157,33 @@ absl::StatusOr<std::string> ReadFile(const std::string& path);
 std::string Crc32(const std::string& bytes);
 
 }  // namespace remora::checkpoint
+
+// --- Stages held in this process (checkpoint/local.cc) ---------------------
+namespace remora::checkpoint {
+
+// What SaveLocal wrote: the checkpoint's directory and its bytes.
+struct LocalSave {
+  std::string dir;
+  int64_t bytes = 0;
+};
+
+// Saves stages whose tensors this process holds (a parameter server's
+// model, ps/) in the format above, so that Latest, LoadStageSpecs and
+// ReadStageTensors read it like any checkpoint: one shard, shard-0.pt
+// (recorded as written by `owner`), holding every stage's `tensors`
+// (parameters then buffers), `optimizer` (a LibTorch archive as uint8, or
+// undefined) and this process's CPU generator; model.pt; the manifest,
+// written last. Then keeps the newest `keep` (>= 1) checkpoints in `dir`.
+// An error names the file that failed; the previous checkpoint stays the
+// latest.
+absl::StatusOr<LocalSave> SaveLocal(const std::string& dir, const std::vector<pipeline::StageSpec>& stages,
+                                    const std::vector<std::vector<at::Tensor>>& tensors,
+                                    const at::Tensor& optimizer, const RunIdentity& identity,
+                                    const TrainingState& state, bool final, int keep,
+                                    const std::string& owner = "master");
+
+// The optimizer archive of a one-shard checkpoint (SaveLocal's), checked;
+// undefined when it holds none.
+absl::StatusOr<at::Tensor> ReadLocalOptimizer(const Checkpoint& ck);
+
+}  // namespace remora::checkpoint

@@ -6,7 +6,7 @@
 #   target_link_libraries(app PRIVATE remora::pipeline remora::examples)
 #
 # Targets (remora::<folder>): base proto runtime data channel rpc autograd
-# optim pipeline parallel checkpoint models launch examples (examples: what the stock worker
+# optim pipeline parallel checkpoint ps models launch examples (examples: what the stock worker
 # registers, RegisterStockWorker). Headers keep their folders under
 # include/remora (#include "pipeline/pipeline.h"). The package finds the
 # same dependencies (LibTorch, gRPC, protobuf, Abseil, zlib, and the CUDA
@@ -15,7 +15,7 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(REMORA_INSTALL_LIBRARIES base proto runtime data channel rpc autograd optim pipeline parallel checkpoint models
+set(REMORA_INSTALL_LIBRARIES base proto runtime data channel rpc autograd optim pipeline parallel checkpoint ps models
     launch examples)
 set(_remora_install_targets)
 foreach(name ${REMORA_INSTALL_LIBRARIES})
@@ -25,7 +25,7 @@ endforeach()
 install(TARGETS ${_remora_install_targets} EXPORT remoraTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(TARGETS worker master evaluator rpc_demo rpc_bench collective_bench soak RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-foreach(dir base proto runtime data channel channel/shm channel/cuda rpc autograd optim pipeline parallel checkpoint
+foreach(dir base proto runtime data channel channel/shm channel/cuda rpc autograd optim pipeline parallel checkpoint ps
             models launch examples)
   file(GLOB _remora_headers ${PROJECT_SOURCE_DIR}/${dir}/*.h)
   install(FILES ${_remora_headers} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/remora/${dir})

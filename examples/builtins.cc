@@ -21,6 +21,7 @@
 #include "optim/distributed_optimizer.h"
 #include "parallel/gradient_group.h"
 #include "pipeline/stage.h"
+#include "ps/replica.h"
 #include "rpc/agent.h"
 #include "rpc/rref_args.h"
 #include "runtime/process_stats.h"
@@ -175,6 +176,7 @@ absl::Status RegisterStockWorker(Registry& registry) {
   RETURN_IF_ERROR(pipeline::RegisterFunctions(registry));
   RETURN_IF_ERROR(parallel::RegisterFunctions(registry));
   RETURN_IF_ERROR(checkpoint::RegisterFunctions(registry));
+  RETURN_IF_ERROR(ps::RegisterFunctions(registry));
   return RegisterStockStageTypes();
 }
 

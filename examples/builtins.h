@@ -29,7 +29,8 @@ absl::Status RegisterStockStageTypes();
 
 // Everything the stock worker offers: the builtins, the MLP and ResNet50
 // stages, and the functions of distributed autograd and the
-// DistributedOptimizer, the pipeline stage wrapper and the stock stage types.
+// DistributedOptimizer, the pipeline stage wrapper, checkpoints, the
+// parameter server's replica (ps/replica.h) and the stock stage types.
 absl::Status RegisterStockWorker(Registry& registry);
 
 }  // namespace remora::examples

@@ -50,6 +50,7 @@
 #include "runtime/trace.h"
 #include "examples/builtins.h"
 #include "examples/master_runs.h"
+#include "examples/ps_runs.h"
 #include "models/cnn.h"
 #include "models/resnet.h"
 
@@ -74,7 +75,7 @@ std::vector<int> ParseSplits(const std::string& text, std::string* error) {
 
 int Main(int argc, char** argv) {
   Config c;
-  std::string workers, splits = "8";
+  std::string workers, splits;
   c.listen = cli::MasterAddressFromEnv();
   c.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   cli::FlagParser flags("master",
@@ -85,6 +86,19 @@ int Main(int argc, char** argv) {
                   "comma-separated worker names (required unless --local): one pipeline over "
                   "them, or with --replicas R, R pipelines of P = n / R workers each, replica r on "
                   "workers r*P .. r*P + P - 1");
+  std::string mode = "pipeline";
+  flags.AddString("mode", &mode,
+                  "pipeline (the model cut into stages over the workers) or ps (a parameter server: "
+                  "the master holds the model and optimizer; every step each worker pulls the "
+                  "parameters and pushes the gradient of its share of the batch; see "
+                  "docs/parameter-server.md)");
+  PsFlags ps_flags;
+  flags.AddInt("ps-shards", &ps_flags.shards,
+               "with --mode ps: server processes holding a partition of the parameters each (0 or 1: "
+               "the master; more is not implemented yet)");
+  flags.AddInt("backup-workers", &ps_flags.backup_workers,
+               "with --mode ps: k; each step goes on with the first n - k gradient sets and drops "
+               "the stragglers' (0: synchronous, equal to one process on the whole batch)");
   flags.AddInt("replicas", &c.replicas,
                "data parallelism: copies of the pipeline, each training its share of every "
                "batch, gradients summed per stage over c10d's Gloo (1: none)");
@@ -177,7 +191,9 @@ int Main(int argc, char** argv) {
   runtime::TuneAllocator();
   runtime::InstallCachingCpuAllocator();
   std::string error;
-  c.splits = ParseSplits(splits, &error);
+  const bool splits_given = !splits.empty();
+  const bool ps_mode = mode == "ps";
+  c.splits = ParseSplits(splits_given ? splits : (ps_mode ? "1" : "8"), &error);
   c.all_workers = cli::SplitList(workers);
   c.workers = c.all_workers;  // replica 0's (checked below)
   if (c.replicas >= 1 && c.all_workers.size() % c.replicas == 0) {
@@ -188,6 +204,7 @@ int Main(int argc, char** argv) {
     return 2;
   };
   if (!error.empty()) return fail(error);
+  if (mode != "pipeline" && !ps_mode) return fail(absl::StrCat("--mode must be pipeline or ps; got '", mode, "'"));
   for (const auto& part : cli::SplitList(split_at)) {
     int v = 0;
     if (!absl::SimpleAtoi(part, &v) || v < 1) {
@@ -256,6 +273,8 @@ int Main(int argc, char** argv) {
   if (c.replicas < 1 || c.bucket_mb < 1 || c.collective_timeout < 1) {
     return fail("--replicas, --bucket-mb and --collective-timeout must be >= 1");
   }
+  if (ps_mode) c.schedule = "ps";  // what its checkpoints record
+  if (auto e = CheckPsFlags(c, ps_flags, ps_mode, splits_given, pipeline_stages); !e.empty()) return fail(e);
   if (!c.local) {
     if (c.workers.empty()) return fail("--workers is required (e.g. --workers worker1,worker2), or use --local");
     const int n = static_cast<int>(c.all_workers.size());
@@ -273,17 +292,17 @@ int Main(int argc, char** argv) {
       return fail("--partition must be balanced or tutorial");
     }
     if (c.interleave < 0) return fail("--interleave must be >= 1, or 0 for the default");
-    if (c.schedule != "auto" && std::find(pipeline::ScheduleNames().begin(), pipeline::ScheduleNames().end(),
+    if (!ps_mode && c.schedule != "auto" && std::find(pipeline::ScheduleNames().begin(), pipeline::ScheduleNames().end(),
                                           c.schedule) == pipeline::ScheduleNames().end()) {
       return fail(absl::StrCat("--schedule must be auto, ", absl::StrJoin(pipeline::ScheduleNames(), ", "),
                                "; got '", c.schedule, "'"));
     }
-    if (!c.model.empty() && !c.sequential && c.scripts.size() % c.workers.size() != 0) {
+    if (!ps_mode && !c.model.empty() && !c.sequential && c.scripts.size() % c.workers.size() != 0) {
       return fail(absl::StrCat("--model has ", c.scripts.size(), " stages for ", c.workers.size(),
                                " workers: stage k runs on worker k mod n, so give a multiple of ",
                                c.workers.size(), " stages"));
     }
-    if (!c.dataset.empty() && c.model.empty() &&
+    if (!ps_mode && !c.dataset.empty() && c.model.empty() &&
         c.workers.size() > static_cast<size_t>(models::kSmallCnnBlocks)) {
       return fail(absl::StrCat("--dataset's small CNN has ", models::kSmallCnnBlocks,
                                " blocks: give at most that many --workers"));
@@ -291,7 +310,7 @@ int Main(int argc, char** argv) {
     if (c.partition == "tutorial" && (!c.model.empty() || c.workers.size() != 2)) {
       return fail("--partition tutorial splits ResNet50 in two: give exactly two --workers and no --model");
     }
-    if (cut) {
+    if (cut && !ps_mode) {
       // The cut's counts and split points, checked before any worker waits.
       const int layers = c.sequential ? c.sequential->num_layers() : models::kResNetBlocks;
       if (auto s = StagesPerWorker(c, layers); !s.ok()) return fail(std::string(s.status().message()));
@@ -315,7 +334,7 @@ int Main(int argc, char** argv) {
     auto ck = checkpoint::Latest(c.resume);
     if (!ck.ok()) return fail(std::string(ck.status().message()));
     if (auto s = checkpoint::CheckMatches(*ck, checkpoints.identity); !s.ok()) return fail(std::string(s.message()));
-    if (ck->manifest.shards_size() != static_cast<int>(c.workers.size())) {
+    if (!ps_mode && ck->manifest.shards_size() != static_cast<int>(c.workers.size())) {
       return fail(absl::StrCat("checkpoint ", ck->manifest_path, " has ", ck->manifest.shards_size(),
                                " shards, one per pipeline worker: give ", ck->manifest.shards_size(),
                                " workers per replica, not ", c.workers.size()));
@@ -393,6 +412,8 @@ int Main(int argc, char** argv) {
     if (checkpoints.resume) {
       stages = checkpoints.stages;  // the cut the checkpoint was saved from
       std::printf("resuming %zu stages from %s\n", stages.size(), checkpoints.resume->dir.c_str());
+    } else if (ps_mode) {
+      stages = PsStages(c);  // whole, in the master
     } else if (c.model.empty() && !c.dataset.empty()) {
       stages = SmallCnnStages(c);
     } else if (c.model.empty() || c.sequential) {
@@ -406,7 +427,13 @@ int Main(int argc, char** argv) {
       checkpoints.saver = std::move(*saver);
       checkpoints.stages = stages;
     }
-    for (size_t i = 0; i < c.splits.size(); ++i) {
+    if (ps_mode) {
+      auto run = TrainPs(*agent, c, ps_flags, stages, sets, &checkpoints);
+      if (!run.ok()) return die(run.status());
+      std::printf("splits=1 seconds=%.3f images_per_second=%.2f\n", run->seconds, Images(*run, c) / run->seconds);
+      runs.push_back(std::move(*run));
+    }
+    for (size_t i = 0; !ps_mode && i < c.splits.size(); ++i) {
       const int s = c.splits[i];
       const bool last = i + 1 == c.splits.size();
       std::printf("pipeline: splits=%d (%d micro-batches of ~%d images) over %zu workers, %zu stages\n",

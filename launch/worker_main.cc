@@ -6,6 +6,7 @@
 
 #include "autograd/dist_autograd.h"
 #include "channel/devices.h"
+#include "ps/replica.h"
 #include "launch/cli.h"
 #include "rpc/agent.h"
 #include "runtime/allocator.h"
@@ -38,6 +39,10 @@ int WorkerMain(int argc, char** argv, const std::string& program,
                   "where CUDA tensors this worker sends land: auto (each peer's --device; the "
                   "master's CPU), none, or PEER/cuda:I=DEVICE,... (default: auto with a cuda "
                   "--device, else none)");
+  int slow_ms = 0;
+  flags.AddInt("slow-ms", &slow_ms,
+               "a deliberately slow worker: each parameter-server gradient computation (master "
+               "--mode ps) first sleeps this many milliseconds (for measuring stragglers)");
   cli::SecurityFiles security_files;
   flags.AddSecurityFlags(&security_files);
   int code = 0;
@@ -74,10 +79,11 @@ int WorkerMain(int argc, char** argv, const std::string& program,
     std::cerr << program << ": " << maps.status().message() << "\n";
     return 2;
   }
-  if (threads < 0 || rpc_threads < 1 || connect_timeout_s < 1) {
-    std::cerr << "worker: --threads must be >= 0, --rpc-threads and --connect-timeout >= 1\n";
+  if (threads < 0 || rpc_threads < 1 || connect_timeout_s < 1 || slow_ms < 0) {
+    std::cerr << "worker: --threads and --slow-ms must be >= 0, --rpc-threads and --connect-timeout >= 1\n";
     return 2;
   }
+  ps::SetComputeDelay(absl::Milliseconds(slow_ms));
   if (threads > 0) runtime::SetComputeThreads(threads);
 
   Registry registry;

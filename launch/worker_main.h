@@ -1,5 +1,5 @@
 // The main() of a worker program: flags (--name, --master, --listen,
-// --threads, --device, security), the agent, distributed autograd, and
+// --threads, --device, --slow-ms, security), the agent, distributed autograd, and
 // serving until the master ends the group. A worker program decides what it
 // offers by the registrations it passes: the stock `worker` registers
 // examples/builtins.h's RegisterStockWorker, a user's worker adds its own

@@ -18,6 +18,7 @@ LAYERS=("base proto"
         "optim"
         "pipeline"
         "parallel checkpoint"
+        "ps"
         "models launch"
         "examples"
         "tests")

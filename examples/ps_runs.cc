@@ -1,0 +1,231 @@
+#include "examples/ps_runs.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status_util.h"
+#include "checkpoint/checkpoint.h"
+#include "models/cnn.h"
+#include "models/resnet.h"
+#include "pipeline/fit.h"
+#include "ps/parameter_server.h"
+#include "runtime/trace.h"
+
+namespace remora::master {
+namespace {
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+// What the steps did, for the summary.
+struct PsStats {
+  std::vector<double> step_seconds;
+  int64_t pull_bytes = 0, push_bytes = 0;
+  std::map<std::string, int64_t> dropped, lost;
+
+  void Add(const ps::StepReport& r, double seconds) {
+    step_seconds.push_back(seconds);
+    pull_bytes += r.pull_bytes;
+    push_bytes += r.push_bytes;
+    for (const auto& w : r.dropped) ++dropped[w];
+    for (const auto& w : r.lost) ++lost[w];
+  }
+};
+
+std::string Counts(const std::map<std::string, int64_t>& m) {
+  std::vector<std::string> out;
+  for (const auto& [w, n] : m) out.push_back(absl::StrCat(w, " x", n));
+  return out.empty() ? "none" : absl::StrJoin(out, ", ");
+}
+
+// "ps step=S used=w1,w2 dropped=w3 lost=none rows=R/B loss=L seconds=T pull_bytes=P push_bytes=Q"
+void PrintStep(const ps::StepReport& r, double seconds) {
+  auto list = [](const std::vector<std::string>& v) { return v.empty() ? std::string("none") : absl::StrJoin(v, ","); };
+  std::printf("ps step=%lld used=%s dropped=%s lost=%s rows=%lld/%lld loss=%.6f seconds=%.3f "
+              "pull_bytes=%lld push_bytes=%lld%s\n",
+              static_cast<long long>(r.step), list(r.used).c_str(), list(r.dropped).c_str(),
+              list(r.lost).c_str(), static_cast<long long>(r.rows), static_cast<long long>(r.batch_rows),
+              r.loss, seconds, static_cast<long long>(r.pull_bytes), static_cast<long long>(r.push_bytes),
+              r.rounds > 1 ? absl::StrCat(" rounds=", r.rounds).c_str() : "");
+  std::fflush(stdout);
+}
+
+absl::Status MaybeSave(const ps::ParameterServer& server, const Config& c, Checkpointing* ck,
+                       const checkpoint::TrainingState& state, bool final) {
+  if (ck == nullptr || ck->saver == nullptr) return absl::OkStatus();
+  const bool due = c.checkpoint_every > 0 && state.step % c.checkpoint_every == 0;
+  if (!due && !final) return absl::OkStatus();
+  const int64_t t0 = trace::NowUs();
+  ASSIGN_OR_RETURN(checkpoint::LocalSave saved,
+                   checkpoint::SaveLocal(c.checkpoint_dir, ck->stages, server.stage_state(),
+                                         server.optimizer_state(), ck->identity, state, final, c.keep));
+  std::printf("checkpoint: step %lld in %s (%.1f MiB, %.2f s%s)\n", static_cast<long long>(state.step),
+              saved.dir.c_str(), saved.bytes / 1048576.0, (trace::NowUs() - t0) / 1e6, final ? ", final" : "");
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
+absl::Status Resume(ps::ParameterServer& server, const checkpoint::Checkpoint& ck) {
+  ASSIGN_OR_RETURN(auto tensors, checkpoint::ReadStageTensors(ck));
+  ASSIGN_OR_RETURN(at::Tensor optimizer, checkpoint::ReadLocalOptimizer(ck));
+  RETURN_IF_ERROR(Annotate(server.Load(tensors, optimizer), absl::StrCat("resuming from ", ck.dir)));
+  const checkpoint::TrainingState s = ck.state();
+  std::printf("resumed from %s: step %lld", ck.dir.c_str(), static_cast<long long>(s.step));
+  if (s.epoch > 0) std::printf(", epoch %d after batch %lld", s.epoch, static_cast<long long>(s.batch));
+  std::printf("\n");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string CheckPsFlags(const Config& c, const PsFlags& p, bool ps_mode, bool splits_given,
+                         int pipeline_stages) {
+  if (!ps_mode) {
+    return p.shards != 0 || p.backup_workers != 0 ? "--ps-shards and --backup-workers go with --mode ps" : "";
+  }
+  if (c.local) return "--mode ps trains over workers: not with --local (which trains in this process)";
+  if (c.replicas != 1 || pipeline_stages != 0 || c.zero != 0) {
+    return "--mode ps is data parallelism through a parameter server: not with --replicas, "
+           "--pipeline-stages or --zero (the pipeline's data parallelism)";
+  }
+  if (splits_given || !c.split_at.empty() || c.interleave != 0) {
+    return "--mode ps gives each worker its whole share of a batch at once: --splits, --split-at "
+           "and --interleave are the pipeline's";
+  }
+  if (c.compare_local || !c.trace.empty() || !c.timeline.empty()) {
+    return "--compare-local, --trace and --timeline are the pipeline's: not with --mode ps";
+  }
+  if (p.shards < 0) return "--ps-shards must be >= 0";
+  if (p.shards > 1) {
+    return "--ps-shards above 1 (the parameters partitioned over server processes) is not "
+           "implemented yet: use --ps-shards 1 (or 0), the master holds the model and optimizer";
+  }
+  const int n = static_cast<int>(c.all_workers.size());
+  if (p.backup_workers < 0 || p.backup_workers >= n) {
+    return absl::StrCat("--backup-workers ", p.backup_workers, " with ", n,
+                        " --workers: give 0 <= k < n (each step needs the gradients of n - k workers)");
+  }
+  if (c.batch_size < n) {
+    return absl::StrCat("--batch-size ", c.batch_size, " is less than the ", n,
+                        " workers: each needs at least one row of every batch");
+  }
+  return "";
+}
+
+std::vector<pipeline::StageSpec> PsStages(const Config& c) {
+  if (!c.model.empty()) return c.scripts;
+  if (!c.dataset.empty()) {
+    return {pipeline::StageSpec::Registered("SmallCnn", {int64_t{0}, int64_t{models::kSmallCnnBlocks},
+                                                         int64_t{c.seed}})};
+  }
+  return {pipeline::StageSpec::Registered("ResNetShard", {int64_t{0}, int64_t{models::kResNetBlocks},
+                                                          int64_t{c.seed}})};
+}
+
+absl::StatusOr<Run> TrainPs(Agent& agent, const Config& c, const PsFlags& p,
+                            const std::vector<pipeline::StageSpec>& stages,
+                            const std::pair<data::Dataset, data::Dataset>& sets,
+                            Checkpointing* checkpoints) {
+  ps::PsOptions o;
+  o.stages = stages;
+  o.workers = c.all_workers;
+  o.loss = c.model.empty() && c.dataset.empty() ? "mse" : "cross_entropy";
+  o.optimizer = OptimizerOf(c);
+  o.backup_workers = p.backup_workers;
+  o.device = c.device;
+  ASSIGN_OR_RETURN(auto server, ps::ParameterServer::Create(agent, o));
+  std::printf("parameter server: %zu stages, %.2f MiB of parameters in the master, %zu workers%s\n",
+              stages.size(), server->parameter_bytes() / 1048576.0, c.all_workers.size(),
+              p.backup_workers > 0
+                  ? absl::StrCat(", going on with the first ", c.all_workers.size() - p.backup_workers,
+                                 " gradient sets of each step (--backup-workers ", p.backup_workers, ")")
+                        .c_str()
+                  : ", synchronous");
+  for (const auto& w : c.all_workers) {
+    auto route = agent.channel_to(w);
+    std::printf("  %s: tensors over %s\n", w.c_str(), route.ok() ? route->c_str() : "?");
+  }
+  std::fflush(stdout);
+  const checkpoint::Checkpoint* resume =
+      checkpoints != nullptr && checkpoints->resume ? &*checkpoints->resume : nullptr;
+  if (resume != nullptr) RETURN_IF_ERROR(Resume(*server, *resume));
+  const bool every_step = p.backup_workers > 0;
+  PsStats stats;
+  auto step = [&](const at::Tensor& x, const at::Tensor& y) -> absl::StatusOr<ps::StepReport> {
+    const int64_t t0 = trace::NowUs();
+    ASSIGN_OR_RETURN(ps::StepReport r, server->train_step(x, y));
+    const double seconds = (trace::NowUs() - t0) / 1e6;
+    stats.Add(r, seconds);
+    if (every_step || !r.dropped.empty() || !r.lost.empty()) PrintStep(r, seconds);
+    return r;
+  };
+  Run run(1);
+  run.schedule = "ps";
+  if (c.dataset.empty()) {
+    int first = 0;
+    if (resume != nullptr) {
+      run.losses = resume->state().losses;
+      first = static_cast<int>(resume->state().step);
+    }
+    for (int b = first; b < c.batches; ++b) {
+      auto [x, y] = MakeBatch(c, b);
+      const int64_t t0 = trace::NowUs();
+      ASSIGN_OR_RETURN(ps::StepReport r, step(x, y));
+      const double seconds = (trace::NowUs() - t0) / 1e6;
+      run.seconds += seconds;
+      run.batch_seconds.push_back(seconds);
+      run.losses.push_back(r.loss);
+      PrintBatch(b, r.loss, seconds);
+      RETURN_IF_ERROR(MaybeSave(*server, c, checkpoints, {b + 1, 0, b + 1, 0, 0, run.losses}, b + 1 == c.batches));
+    }
+  } else {
+    pipeline::FitOptions f;
+    f.epochs = c.epochs;
+    f.batch_size = c.batch_size;
+    f.min_batch_rows = static_cast<int64_t>(c.all_workers.size());
+    f.shuffle = c.shuffle;
+    f.seed = static_cast<uint64_t>(c.seed);
+    f.progress_bar = isatty(fileno(stdout));
+    pipeline::FitPosition last;
+    if (resume != nullptr) {
+      const checkpoint::TrainingState s = resume->state();
+      f.start = pipeline::FitPosition{s.epoch, s.batch, s.epoch_loss_sum, s.epoch_images, s.step};
+      last = f.start;
+    }
+    f.after_step = [&](const pipeline::FitPosition& pos) {
+      last = pos;
+      return MaybeSave(*server, c, checkpoints, {pos.step, pos.epoch, pos.batch, pos.loss_sum, pos.images, {}},
+                       false);
+    };
+    ASSIGN_OR_RETURN(
+        run.epochs,
+        pipeline::Fit(
+            [&](const at::Tensor& x, const at::Tensor& y) -> absl::StatusOr<double> {
+              ASSIGN_OR_RETURN(ps::StepReport r, step(x, y));
+              return r.loss;
+            },
+            [&](const at::Tensor& x) { return server->eval(x); }, sets.first, sets.second, f, std::cout));
+    for (const auto& e : run.epochs) run.seconds += e.seconds;
+    RETURN_IF_ERROR(MaybeSave(*server, c, checkpoints,
+                              {last.step, last.epoch, last.batch, last.loss_sum, last.images, {}}, true));
+  }
+  const double steps = std::max<double>(1, static_cast<double>(stats.step_seconds.size()));
+  std::printf("ps: steps=%zu median_step_seconds=%.4f pull_bytes_per_step=%.0f push_bytes_per_step=%.0f "
+              "dropped: %s; lost: %s; live workers: %s\n",
+              stats.step_seconds.size(), Median(stats.step_seconds), stats.pull_bytes / steps,
+              stats.push_bytes / steps, Counts(stats.dropped).c_str(), Counts(stats.lost).c_str(),
+              absl::StrJoin(server->live_workers(), ",").c_str());
+  std::fflush(stdout);
+  return run;
+}
+
+}  // namespace remora::master

@@ -1,0 +1,49 @@
+// The master program's parameter-server runs (master --mode ps): the model
+// and optimizer in the master (ps/parameter_server.h), the workers pulling
+// the parameters and pushing their shares' gradients every step, over the
+// ResNet50 demo, --model or --dataset, with checkpoints the evaluator
+// follows. master.cc holds the command line; master_runs.h the pipeline's
+// runs and what both share.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "data/datasets.h"
+#include "examples/master_runs.h"
+#include "pipeline/pipeline.h"
+#include "rpc/agent.h"
+
+namespace remora::master {
+
+// The parameter-server flags.
+struct PsFlags {
+  int shards = 0;          // --ps-shards: server processes (0 or 1: the master)
+  int backup_workers = 0;  // --backup-workers k
+};
+
+// An error message for flags that do not go with --mode ps (or for --ps
+// flags without it); empty when they are fine. `splits_given`: --splits
+// was on the command line.
+std::string CheckPsFlags(const Config& c, const PsFlags& p, bool ps_mode, bool splits_given,
+                         int pipeline_stages);
+
+// The model the server holds: --model's stages, the small CNN whole
+// (--dataset), or ResNet50 whole (the demo).
+std::vector<pipeline::StageSpec> PsStages(const Config& c);
+
+// Trains with the parameter server over c.workers: c.batches batches of
+// the demo or --model, or c.epochs epochs of `sets` (--dataset). Prints
+// every batch (or, with backup workers or when one was dropped or lost,
+// every step) and a summary: median step time and the bytes pulled and
+// pushed per step. Saves and resumes through `checkpoints` (its saver
+// only marks that --checkpoint-dir is set; the server writes
+// checkpoint::SaveLocal's one-shard checkpoints).
+absl::StatusOr<Run> TrainPs(Agent& agent, const Config& c, const PsFlags& p,
+                            const std::vector<pipeline::StageSpec>& stages,
+                            const std::pair<data::Dataset, data::Dataset>& sets,
+                            Checkpointing* checkpoints);
+
+}  // namespace remora::master

@@ -1,0 +1,359 @@
+#include "ps/parameter_server.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <sstream>
+
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Dict.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/tensor_split.h>
+#include <torch/serialize/archive.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/mutex_lock.h"
+#include "base/status_util.h"
+#include "ps/replica.h"
+
+namespace remora::ps {
+namespace {
+
+int64_t Bytes(const std::vector<at::Tensor>& ts) {
+  int64_t n = 0;
+  for (const at::Tensor& t : ts) n += static_cast<int64_t>(t.numel() * t.element_size());
+  return n;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(Agent& agent, PsOptions options) {
+  const int n = static_cast<int>(options.workers.size());
+  if (n == 0) return absl::InvalidArgumentError("parameter server: no workers");
+  if (options.backup_workers < 0 || options.backup_workers >= n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameter server: --backup-workers ", options.backup_workers, " with ", n,
+        " workers: give 0 <= k < n (each step needs the gradients of n - k >= 1 workers)"));
+  }
+  RETURN_IF_ERROR(LossByName(options.loss).status());
+  if (options.stages.empty()) return absl::InvalidArgumentError("parameter server: the model has no stages");
+  c10::Device device = c10::kCPU;
+  try {
+    device = c10::Device(options.device);
+  } catch (...) {
+    return StatusFromCurrentException(absl::StrCat("parameter server: device '", options.device, "'"));
+  }
+  std::vector<std::unique_ptr<pipeline::StageModule>> model;
+  std::vector<at::Tensor> params;
+  for (size_t k = 0; k < options.stages.size(); ++k) {
+    auto stage = pipeline::BuildStage(options.stages[k], device);
+    if (!stage.ok()) return Annotate(stage.status(), absl::StrCat("parameter server: stage ", k));
+    for (const at::Tensor& p : (*stage)->Parameters()) params.push_back(p);
+    model.push_back(std::move(*stage));
+  }
+  if (params.empty()) return absl::InvalidArgumentError("parameter server: the model has no parameters");
+  // A replica on every worker, then its shapes, checked.
+  std::vector<Slot> slots(n);
+  const c10::IValue encoded = EncodeStages(options.stages);
+  for (int i = 0; i < n; ++i) {
+    slots[i].name = options.workers[i];
+    auto replica = agent.remote(options.workers[i], kReplicaType, {encoded, options.loss});
+    if (!replica.ok()) {
+      return Annotate(replica.status(), absl::StrCat("parameter server: placing the replica on worker '",
+                                                     options.workers[i], "'"));
+    }
+    slots[i].replica = std::move(*replica);
+  }
+  std::vector<Future<c10::IValue>> shapes;
+  for (int i = 0; i < n; ++i) shapes.push_back(slots[i].replica.rpc_async("shapes"));
+  for (int i = 0; i < n; ++i) {
+    auto got = shapes[i].wait();
+    if (!got.ok()) {
+      return Annotate(got.status(), absl::StrCat("parameter server: building the replica on worker '",
+                                                 options.workers[i], "'"));
+    }
+    const auto list = got->toListRef();
+    bool same = list.size() == params.size();
+    for (size_t j = 0; same && j < list.size(); ++j) same = list[j].toIntVector() == params[j].sizes().vec();
+    if (!same) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "parameter server: the replica on worker '", options.workers[i], "' has ", list.size(),
+          " parameters of other shapes than the server's ", params.size(),
+          " (does that worker program register another model under the same stage type?)"));
+    }
+  }
+  return std::unique_ptr<ParameterServer>(
+      new ParameterServer(std::move(options), std::move(model), std::move(params), std::move(slots)));
+}
+
+ParameterServer::ParameterServer(PsOptions options,
+                                 std::vector<std::unique_ptr<pipeline::StageModule>> model,
+                                 std::vector<at::Tensor> params, std::vector<Slot> slots)
+    : options_(std::move(options)), model_(std::move(model)), params_(std::move(params)),
+      slots_(std::move(slots)), signal_(std::make_shared<Signal>()) {
+  optimizer_ = optim::MakeOptimizer(c10::IValue(optim::OptionsToDict(options_.optimizer)).toGenericDict(),
+                                    params_);
+}
+
+ParameterServer::~ParameterServer() = default;
+
+void ParameterServer::Lose(size_t i, const absl::Status& status) {
+  slots_[i].lost = true;
+  slots_[i].busy = false;
+  slots_[i].lost_reason = std::string(status.message());
+}
+
+namespace {
+
+struct Waiting {
+  const int64_t* completions;
+  int64_t seen;
+};
+
+bool Changed(Waiting* w) { return *w->completions != w->seen; }
+
+}  // namespace
+
+int64_t ParameterServer::WaitForCompletion(int64_t seen) {
+  Signal& s = *signal_;
+  MutexLock lock(s.mu);
+  Waiting w{&s.completions, seen};
+  s.mu.Await(absl::Condition(&Changed, &w));
+  return s.completions;
+}
+
+std::vector<size_t> ParameterServer::Send(const at::Tensor& inputs, const at::Tensor& targets, int64_t round,
+                                          StepReport* report) {
+  std::vector<size_t> idle;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (!slots_[i].lost && !slots_[i].busy) idle.push_back(i);
+  }
+  // One snapshot of the parameters for every worker: the optimizer steps
+  // them in place while a straggler's call may still be on its way.
+  c10::List<at::Tensor> snapshot;
+  {
+    c10::NoGradGuard no_grad;
+    for (const at::Tensor& p : params_) snapshot.push_back(p.detach().to(c10::kCPU).clone());
+  }
+  const int64_t param_bytes = Bytes(snapshot.vec());
+  const std::vector<at::Tensor> xs = at::tensor_split(inputs, static_cast<int64_t>(idle.size()));
+  const std::vector<at::Tensor> ys = at::tensor_split(targets, static_cast<int64_t>(idle.size()));
+  const int64_t total = inputs.size(0);
+  for (size_t j = 0; j < idle.size(); ++j) {
+    Slot& slot = slots_[idle[j]];
+    slot.busy = true;
+    slot.call_step = round;
+    slot.rows = xs[j].size(0);
+    slot.call = slot.replica.rpc_async("compute", {snapshot, xs[j], ys[j], total});
+    slot.call.then([signal = signal_](const absl::StatusOr<c10::IValue>&) {
+      MutexLock lock(signal->mu);
+      ++signal->completions;
+    });
+    report->pull_bytes += param_bytes;
+  }
+  return idle;
+}
+
+absl::StatusOr<StepReport> ParameterServer::train_step(const at::Tensor& inputs, const at::Tensor& targets) {
+  const int n = static_cast<int>(slots_.size());
+  const int needed = n - options_.backup_workers;
+  StepReport report;
+  report.step = step_ + 1;
+  report.batch_rows = inputs.size(0);
+  const std::string where = absl::StrCat("parameter server, step ", report.step);
+  if (inputs.size(0) < n || targets.size(0) != inputs.size(0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": a batch of ", inputs.size(0), " rows (targets: ", targets.size(0), ") for ", n,
+        " workers: give at least one row per worker and as many targets as rows"));
+  }
+  auto lost_list = [this]() {
+    std::vector<std::string> out;
+    for (const Slot& s : slots_) {
+      if (s.lost) out.push_back(absl::StrCat("'", s.name, "' (", s.lost_reason, ")"));
+    }
+    return absl::StrJoin(out, ", ");
+  };
+  auto too_few = [&](int live) {
+    return absl::UnavailableError(absl::StrCat(
+        where, ": only ", live, " of ", n, " workers are left; ",
+        options_.backup_workers == 0 ? "every worker's gradient is needed without --backup-workers"
+                                     : absl::StrCat("--backup-workers ", options_.backup_workers,
+                                                    " needs at least ", needed),
+        ". Lost: ", lost_list(), ". Restart the lost workers and resume from the last checkpoint"));
+  };
+  int64_t seen = 0;
+  {
+    MutexLock lock(signal_->mu);
+    seen = signal_->completions;
+  }
+  std::map<size_t, c10::IValue> done;  // slot -> (grads, loss), this round's
+  std::vector<size_t> sent;
+  for (report.rounds = 1; report.rounds <= n + 1; ++report.rounds) {
+    // Settle earlier calls; wait until `needed` live workers are idle.
+    for (;;) {
+      int live = 0, idle = 0;
+      for (size_t i = 0; i < slots_.size(); ++i) {
+        Slot& s = slots_[i];
+        if (s.busy && s.call.ready()) {
+          s.busy = false;
+          if (auto r = s.call.wait(); !r.ok()) {
+            Lose(i, r.status());
+            report.lost.push_back(s.name);
+          }
+        }
+        live += !s.lost;
+        idle += !s.lost && !s.busy;
+      }
+      if (live < needed) return too_few(live);
+      if (idle >= needed) break;
+      seen = WaitForCompletion(seen);
+    }
+    done.clear();
+    sent = Send(inputs, targets, ++round_, &report);
+    // Wait for the first `needed` gradient sets of this round.
+    bool hopeless = false;
+    for (;;) {
+      int pending = 0;
+      for (size_t i : sent) {
+        Slot& s = slots_[i];
+        if (s.lost || done.count(i)) continue;
+        if (!s.call.ready()) {
+          ++pending;
+          continue;
+        }
+        s.busy = false;
+        auto r = s.call.wait();
+        if (r.ok()) {
+          done.emplace(i, *r);
+          continue;
+        }
+        Lose(i, r.status());
+        if (options_.backup_workers == 0) {
+          return Annotate(r.status(), absl::StrCat(where, ": worker '", s.name,
+                                                   "' failed (without --backup-workers every worker's "
+                                                   "gradient is needed; restart it and resume from the "
+                                                   "last checkpoint)"));
+        }
+        report.lost.push_back(s.name);
+      }
+      if (static_cast<int>(done.size()) >= needed) break;
+      if (static_cast<int>(done.size()) + pending < needed) {
+        hopeless = true;
+        break;
+      }
+      seen = WaitForCompletion(seen);
+    }
+    if (!hopeless) break;
+    // Too many of this round's workers were lost: the step starts again
+    // over the workers left (the round's gradients are dropped).
+  }
+  if (static_cast<int>(done.size()) < needed) return too_few(static_cast<int>(live_workers().size()));
+  // Use the first `needed` to arrive (done may hold more when several
+  // completed together: keep them all, they are this step's), in worker
+  // order for a sum that does not depend on arrival order.
+  std::vector<at::Tensor> sum(params_.size());
+  double loss = 0;
+  for (const auto& [i, value] : done) {
+    const auto& t = value.toTupleRef().elements();
+    const std::vector<at::Tensor> grads = t[0].toTensorVector();
+    if (grads.size() != params_.size()) {
+      return absl::DataLossError(absl::StrCat(where, ": worker '", slots_[i].name, "' sent ", grads.size(),
+                                              " gradients for ", params_.size(), " parameters"));
+    }
+    for (size_t j = 0; j < grads.size(); ++j) sum[j] = sum[j].defined() ? sum[j] + grads[j] : grads[j];
+    loss += t[1].toDouble();
+    report.rows += slots_[i].rows;
+    report.push_bytes += Bytes(grads);
+    report.used.push_back(slots_[i].name);
+  }
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (!slots_[i].lost && !done.count(i)) report.dropped.push_back(slots_[i].name);
+  }
+  // The sum weighted each share by rows / batch rows; the mean over the
+  // rows used is that times batch rows / rows used.
+  const double scale = static_cast<double>(report.batch_rows) / static_cast<double>(report.rows);
+  try {
+    c10::NoGradGuard no_grad;
+    for (size_t j = 0; j < params_.size(); ++j) {
+      at::Tensor g = sum[j].to(params_[j].device());
+      params_[j].mutable_grad() = report.rows == report.batch_rows ? g : g * scale;
+    }
+    optimizer_->step();
+    for (at::Tensor& p : params_) p.mutable_grad() = at::Tensor();
+  } catch (...) {
+    return StatusFromCurrentException(absl::StrCat(where, ": the optimizer step"));
+  }
+  report.loss = report.rows == report.batch_rows ? loss : loss * scale;
+  step_ = report.step;
+  return report;
+}
+
+absl::StatusOr<at::Tensor> ParameterServer::eval(const at::Tensor& inputs) {
+  c10::NoGradGuard no_grad;
+  try {
+    c10::IValue out = inputs.to(params_[0].device());
+    for (auto& stage : model_) stage->Train(false);
+    for (auto& stage : model_) out = stage->Forward(out);
+    return out.toTensor().cpu();
+  } catch (...) {
+    return StatusFromCurrentException("parameter server: evaluating the model");
+  }
+}
+
+std::vector<std::vector<at::Tensor>> ParameterServer::stage_state() const {
+  std::vector<std::vector<at::Tensor>> out;
+  for (const auto& stage : model_) {
+    std::vector<at::Tensor> state;
+    for (const at::Tensor& p : stage->Parameters()) state.push_back(p.detach().cpu().clone());
+    for (const at::Tensor& b : stage->Buffers()) state.push_back(b.detach().cpu().clone());
+    out.push_back(std::move(state));
+  }
+  return out;
+}
+
+at::Tensor ParameterServer::optimizer_state() const {
+  torch::serialize::OutputArchive archive;
+  optimizer_->save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  const std::string bytes = out.str();
+  at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+  std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+  return t;
+}
+
+absl::Status ParameterServer::Load(const std::vector<std::vector<at::Tensor>>& stages,
+                                   const at::Tensor& optimizer) {
+  if (stages.size() != model_.size()) {
+    return absl::FailedPreconditionError(absl::StrCat("parameter server: ", stages.size(),
+                                                      " saved stages for a model of ", model_.size()));
+  }
+  try {
+    for (size_t k = 0; k < stages.size(); ++k) {
+      pipeline::LoadState(*model_[k], stages[k], absl::StrCat("parameter server, stage ", k));
+    }
+    if (optimizer.defined()) {
+      const at::Tensor b = optimizer.contiguous().cpu();
+      std::istringstream in(std::string(static_cast<const char*>(b.data_ptr()), b.numel()));
+      torch::serialize::InputArchive archive;
+      archive.load_from(in);
+      optimizer_->load(archive);
+    }
+  } catch (...) {
+    return StatusFromCurrentException("parameter server: loading the saved state");
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> ParameterServer::live_workers() const {
+  std::vector<std::string> out;
+  for (const Slot& s : slots_) {
+    if (!s.lost) out.push_back(s.name);
+  }
+  return out;
+}
+
+int64_t ParameterServer::parameter_bytes() const { return Bytes(params_); }
+
+}  // namespace remora::ps

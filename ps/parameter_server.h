@@ -1,0 +1,145 @@
+// ps::ParameterServer: the parameter-server mode of training. This process
+// holds the model and its optimizer; every step, each worker pulls the
+// current parameters, computes the gradient of its share of the batch and
+// pushes it; the server sums the gradients and steps.
+//
+//   ps::PsOptions o;
+//   o.stages = {pipeline::StageSpec::Registered("SmallCnn", {0, 4, 0})};
+//   o.workers = {"worker1", "worker2"};
+//   o.loss = "cross_entropy";
+//   o.optimizer = optim::OptimizerOptions::SGD(0.01).set_momentum(0.9);
+//   auto server = ps::ParameterServer::Create(*agent, o).value();
+//   ps::StepReport r = server->train_step(images, labels).value();
+//
+// Synchronous by default: the batch's rows are shared out contiguously
+// (tensor_split) among the workers, each loss weighted by its rows over
+// the batch's, and the gradients summed: one step equals a step of the
+// model in one process on the whole batch. With `backup_workers` k > 0,
+// the step goes on with the first n - k gradient sets to arrive (the
+// others' rows are left out of the step and the gradient rescaled to the
+// mean over the rows used); a worker still busy with an earlier step is
+// not sent a share and counts as dropped. A late reply is ignored: each
+// step waits only on its own calls. The report of each step names the
+// workers used, dropped and lost.
+//
+// Failures: a worker whose call fails fails the step, naming it, without
+// backup workers; with them, it is dropped for good and reported, and
+// training goes on while at least n - k workers remain (the step is redone
+// over those left when its round can no longer collect n - k).
+//
+// Parameters and gradients travel as tensors in the calls: between
+// processes on one host through shared memory (channel/shm), else in the
+// gRPC messages.
+//
+// Thread-safety: one train_step (or eval) at a time; the completion
+// signal the calls' callbacks share is thread-safe. Ownership: the server
+// owns its model and optimizer and holds RRefs to the workers' replicas
+// (freed on the workers when it is destroyed); the agent must outlive it.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/optim/optimizer.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "optim/distributed_optimizer.h"
+#include "pipeline/pipeline.h"
+#include "pipeline/stage.h"
+#include "rpc/agent.h"
+
+namespace remora::ps {
+
+struct PsOptions {
+  std::vector<pipeline::StageSpec> stages;  // the model, in order
+  std::vector<std::string> workers;
+  std::string loss = "cross_entropy";  // or "mse" (ps/replica.h)
+  optim::OptimizerOptions optimizer = optim::OptimizerOptions::SGD(0.01);
+  int backup_workers = 0;  // k, 0 <= k < workers
+  std::string device = "cpu";  // where the server's model lives
+};
+
+// What one step did.
+struct StepReport {
+  int64_t step = 0;  // from 1
+  double loss = 0;   // the mean loss over the rows used
+  int64_t rows = 0;  // rows whose gradients the step used
+  int64_t batch_rows = 0;
+  std::vector<std::string> used;     // workers whose gradients the step used
+  std::vector<std::string> dropped;  // stragglers: not waited for, or still busy
+  std::vector<std::string> lost;     // failed in this step (backup workers only)
+  int64_t pull_bytes = 0;  // parameters sent to workers
+  int64_t push_bytes = 0;  // gradients received from the workers used
+  int rounds = 1;          // > 1 when a lost worker made the step start again
+};
+
+class ParameterServer {
+ public:
+  // Builds the model here and a replica on every worker (checking that
+  // its parameters have the model's shapes) and creates the optimizer. An
+  // error names the worker that failed.
+  static absl::StatusOr<std::unique_ptr<ParameterServer>> Create(Agent& agent, PsOptions options);
+  ~ParameterServer();
+
+  // One step on the batch (see above).
+  absl::StatusOr<StepReport> train_step(const at::Tensor& inputs, const at::Tensor& targets);
+
+  // The model's outputs for `inputs`, in eval mode, in this process.
+  absl::StatusOr<at::Tensor> eval(const at::Tensor& inputs);
+
+  // Per stage, its parameters then buffers (copies on the CPU); the
+  // optimizer's state as a LibTorch archive (uint8); and their reverse.
+  std::vector<std::vector<at::Tensor>> stage_state() const;
+  at::Tensor optimizer_state() const;
+  absl::Status Load(const std::vector<std::vector<at::Tensor>>& stages, const at::Tensor& optimizer);
+
+  // Workers not lost so far, in --workers order.
+  std::vector<std::string> live_workers() const;
+  int64_t parameter_bytes() const;
+  int64_t steps() const { return step_; }
+
+ private:
+  // Shared with the calls' callbacks, which may outlive the server.
+  struct Signal {
+    absl::Mutex mu;
+    int64_t completions ABSL_GUARDED_BY(mu) = 0;
+  };
+  // One worker, as seen from the training thread.
+  struct Slot {
+    std::string name;
+    RRef replica;
+    bool busy = false;          // `call` not yet settled
+    Future<c10::IValue> call;   // its latest compute call
+    int64_t call_step = 0;      // the step (round) it belongs to
+    int64_t rows = 0;
+    bool lost = false;
+    std::string lost_reason;
+  };
+
+  ParameterServer(PsOptions options, std::vector<std::unique_ptr<pipeline::StageModule>> model,
+                  std::vector<at::Tensor> params, std::vector<Slot> slots);
+
+  // Sends every idle live worker its share of the batch; returns their slots.
+  std::vector<size_t> Send(const at::Tensor& inputs, const at::Tensor& targets, int64_t round,
+                           StepReport* report);
+  // Marks slot i lost with `status`.
+  void Lose(size_t i, const absl::Status& status);
+  // Waits until the calls' completion count differs from `seen`; returns
+  // the count now.
+  int64_t WaitForCompletion(int64_t seen);
+
+  const PsOptions options_;
+  std::vector<std::unique_ptr<pipeline::StageModule>> model_;
+  std::vector<at::Tensor> params_;  // the model's, in order
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::vector<Slot> slots_;
+  std::shared_ptr<Signal> signal_;
+  int64_t step_ = 0;
+  int64_t round_ = 0;  // every round of every step, for tagging calls
+};
+
+}  // namespace remora::ps

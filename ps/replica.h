@@ -1,0 +1,55 @@
+// The worker side of the parameter server (ps/parameter_server.h): the
+// module "remora.ps.Replica", a copy of the model that a worker builds from
+// the server's stage specs and that computes gradients with the
+// parameters the server sends.
+//
+//   replica = remote(worker, "remora.ps.Replica", {EncodeStages(stages), "cross_entropy"})
+//   replica.rpc_async("compute", {params, inputs, targets, total_rows})
+//       -> (grads, weighted loss)
+//
+// compute copies `params` (every stage's parameters, in order) into the
+// replica, runs the forward and backward passes on its rows in the
+// worker's compute lane with the loss weighted by rows / total_rows (so
+// the gradients of the shares of a batch sum to the whole batch's, as
+// parallel/ weights its replicas), and returns the gradients (zeros for a
+// parameter the loss does not reach) and the weighted loss. The replica's
+// buffers (BatchNorm's running statistics) are its own and are not sent.
+//
+// Thread-safety: a replica's methods run one at a time (the registry holds
+// its lock); SetComputeDelay and ComputeDelay are thread-safe.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <ATen/core/ivalue.h>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "pipeline/pipeline.h"
+#include "rpc/registry.h"
+
+namespace remora::ps {
+
+inline constexpr char kReplicaType[] = "remora.ps.Replica";
+
+// The losses a replica computes, by name: "mse" (pipeline::MseLoss) and
+// "cross_entropy" (pipeline::CrossEntropyLoss); InvalidArgument otherwise.
+absl::StatusOr<pipeline::LossFn> LossByName(const std::string& name);
+
+// Stage specs as the replica's factory takes them: a list of
+// (kind, name, payload, device) tuples; and back.
+c10::IValue EncodeStages(const std::vector<pipeline::StageSpec>& stages);
+absl::StatusOr<std::vector<pipeline::StageSpec>> DecodeStages(const c10::IValue& encoded);
+
+// Every compute call of this process's replicas first sleeps this long
+// (worker --slow-ms: a deliberately slow worker, for measuring stragglers
+// and backup workers). Zero by default.
+void SetComputeDelay(absl::Duration delay);
+absl::Duration ComputeDelay();
+
+// Registers "remora.ps.Replica" (methods "compute" and "shapes": the
+// parameters' shapes, checked by the server) in a worker's registry.
+absl::Status RegisterFunctions(Registry& registry);
+
+}  // namespace remora::ps

@@ -1,0 +1,399 @@
+// The parameter server (ps/): synchronous steps equal one process on the
+// whole batch, backup workers drop a slowed worker, lost workers fail the
+// step or are dropped, checkpoints the evaluator reads, and master --mode ps.
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/randint.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "checkpoint/checkpoint.h"
+#include "launch/local_group.h"
+#include "ps/parameter_server.h"
+#include "ps/replica.h"
+#include "tests/support/pipeline_fixtures.h"
+#include "tests/support/test_group.h"
+
+namespace remora {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using test_support::Mlp;
+using test_support::MlpSpec;
+using test_support::RelativeError;
+using test_support::TestWorkers;
+
+const std::string kBin = REMORA_BIN_DIR;
+
+const std::vector<models::MLPStageOptions> kStages = {Mlp(8, 16, 1), Mlp(16, 4, 2, /*relu=*/false)};
+
+ps::PsOptions MlpServer(const std::vector<std::string>& workers, int backup = 0) {
+  ps::PsOptions o;
+  for (const auto& s : kStages) o.stages.push_back(MlpSpec(s));
+  o.workers = workers;
+  o.loss = "mse";
+  o.optimizer = optim::OptimizerOptions::SGD(0.05).set_momentum(0.9);  // TrainMlpLocally's
+  o.backup_workers = backup;
+  return o;
+}
+
+void ExpectStateNear(const std::vector<std::vector<at::Tensor>>& got,
+                     const std::vector<std::vector<at::Tensor>>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t k = 0; k < want.size(); ++k) {
+    ASSERT_EQ(got[k].size(), want[k].size()) << what << " stage " << k;
+    for (size_t i = 0; i < want[k].size(); ++i) {
+      EXPECT_LE(RelativeError(got[k][i], want[k][i]), 1e-5) << what << " stage " << k << " tensor " << i;
+    }
+  }
+}
+
+TEST(Ps, SyncStepsEqualOneProcessOnTheWholeBatch) {
+  TestWorkers workers(2);
+  auto server = ps::ParameterServer::Create(workers.master(), MlpServer({"w1", "w2"}));
+  ASSERT_TRUE(server.ok()) << server.status();
+  const auto data = test_support::RandomBatches(4, 13, 8, 4);  // 13 rows: shares of 7 and 6
+  const test_support::LocalRun local = test_support::TrainMlpLocally(kStages, data);
+  const int64_t param_bytes = (*server)->parameter_bytes();
+  for (size_t s = 0; s < data.size(); ++s) {
+    auto r = (*server)->train_step(data[s].first, data[s].second);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->step, static_cast<int64_t>(s + 1));
+    EXPECT_LE(std::abs(r->loss - local.losses[s]) / std::abs(local.losses[s]), 1e-5)
+        << "step " << s << ": " << r->loss << " vs " << local.losses[s];
+    EXPECT_THAT(r->used, ElementsAre("w1", "w2"));
+    EXPECT_TRUE(r->dropped.empty() && r->lost.empty());
+    EXPECT_EQ(r->rows, 13);
+    EXPECT_EQ(r->pull_bytes, 2 * param_bytes);  // every worker pulled every parameter
+    EXPECT_EQ(r->push_bytes, 2 * param_bytes);  // and pushed a gradient of each
+  }
+  ExpectStateNear((*server)->stage_state(), local.state, "after 4 steps");
+}
+
+TEST(Ps, BadOptionsAreClearErrors) {
+  TestWorkers workers(2);
+  auto too_many = ps::ParameterServer::Create(workers.master(), MlpServer({"w1", "w2"}, /*backup=*/2));
+  ASSERT_FALSE(too_many.ok());
+  EXPECT_THAT(too_many.status().message(), HasSubstr("0 <= k < n"));
+  ps::PsOptions bad_loss = MlpServer({"w1", "w2"});
+  bad_loss.loss = "hinge";
+  EXPECT_THAT(ps::ParameterServer::Create(workers.master(), bad_loss).status().message(),
+              HasSubstr("unknown loss 'hinge'"));
+  ps::PsOptions bad_type = MlpServer({"w1", "w2"});
+  bad_type.stages = {pipeline::StageSpec::Registered("NoSuchStage", {})};
+  EXPECT_FALSE(ps::ParameterServer::Create(workers.master(), bad_type).ok());
+  auto server = ps::ParameterServer::Create(workers.master(), MlpServer({"w1", "w2"}));
+  ASSERT_TRUE(server.ok()) << server.status();
+  const auto data = test_support::RandomBatches(1, 1, 8, 4);  // one row for two workers
+  EXPECT_THAT((*server)->train_step(data[0].first, data[0].second).status().message(),
+              HasSubstr("at least one row per worker"));
+}
+
+// A master in this process and worker programs with their own flags each.
+cli::LocalGroup StartWorkers(Registry* registry, const std::vector<std::vector<std::string>>& args) {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < args.size(); ++i) names.push_back(absl::StrCat("w", i + 1));
+  cli::LocalGroup group;
+  AgentOptions o = MasterOptions(names);
+  group.master = std::move(Agent::Start(o, registry).value());
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::vector<std::string> argv = {kBin + "/worker", "--name", names[i], "--master",
+                                     group.master->self().address, "--threads", "1"};
+    argv.insert(argv.end(), args[i].begin(), args[i].end());
+    group.workers.push_back(cli::Subprocess::Spawn(argv).value());
+  }
+  EXPECT_TRUE(group.master->Join().ok());
+  return group;
+}
+
+// With --backup-workers 1, a worker slowed by --slow-ms is left behind:
+// each step uses the first two gradient sets, rescaled to the mean over
+// the rows they cover (the first step: rows 0-7 of 12, as one process on
+// those rows); the slow worker, still busy, is not sent the next step's
+// share, and its late reply changes nothing.
+TEST(Ps, BackupWorkersGoOnWithoutTheSlowedWorker) {
+  Registry registry;
+  ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
+  cli::LocalGroup group = StartWorkers(&registry, {{}, {}, {"--slow-ms", "4000"}});
+  auto server = ps::ParameterServer::Create(*group.master, MlpServer({"w1", "w2", "w3"}, 1));
+  ASSERT_TRUE(server.ok()) << server.status();
+  const auto data = test_support::RandomBatches(2, 12, 8, 4);
+  auto first = (*server)->train_step(data[0].first, data[0].second);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_THAT(first->used, ElementsAre("w1", "w2"));
+  EXPECT_THAT(first->dropped, ElementsAre("w3"));
+  EXPECT_EQ(first->rows, 8);
+  auto second = (*server)->train_step(data[1].first, data[1].second);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_THAT(second->used, ElementsAre("w1", "w2"));
+  EXPECT_THAT(second->dropped, ElementsAre("w3"));  // still busy with step 1
+  EXPECT_EQ(second->rows, 12);                      // the batch shared by the two
+  // The reference: one process, step 1 on rows 0-7, step 2 on all rows.
+  const test_support::LocalRun local = test_support::TrainMlpLocally(
+      kStages, {{data[0].first.slice(0, 0, 8), data[0].second.slice(0, 0, 8)}, data[1]});
+  EXPECT_LE(std::abs(first->loss - local.losses[0]) / local.losses[0], 1e-5);
+  EXPECT_LE(std::abs(second->loss - local.losses[1]) / local.losses[1], 1e-5);
+  ExpectStateNear((*server)->stage_state(), local.state, "after the steps without w3");
+  // Training goes on; w3's late replies are ignored.
+  for (int s = 0; s < 3; ++s) {
+    auto r = (*server)->train_step(data[1].first, data[1].second);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_THAT(r->used, ElementsAre("w1", "w2"));
+    EXPECT_TRUE(r->lost.empty());
+  }
+  EXPECT_THAT((*server)->live_workers(), ElementsAre("w1", "w2", "w3"));
+  server->reset();
+  EXPECT_TRUE(group.Shutdown(absl::Seconds(60)).ok());
+}
+
+TEST(Ps, AKilledWorkerFailsTheStepNamingIt) {
+  TestWorkers workers(2);
+  workers.ExpectUncleanShutdown();  // w2 is killed
+  auto server = ps::ParameterServer::Create(workers.master(), MlpServer({"w1", "w2"}));
+  ASSERT_TRUE(server.ok()) << server.status();
+  const auto data = test_support::RandomBatches(1, 8, 8, 4);
+  ASSERT_TRUE((*server)->train_step(data[0].first, data[0].second).ok());
+  workers.worker(1).Signal(SIGKILL);
+  ASSERT_TRUE(workers.worker(1).Wait(absl::Seconds(10)).ok());
+  auto r = (*server)->train_step(data[0].first, data[0].second);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("worker 'w2' failed"));
+  workers.master().Shutdown(/*graceful=*/false).IgnoreError();
+}
+
+TEST(Ps, WithBackupWorkersALostWorkerIsDroppedUntilTooFewAreLeft) {
+  TestWorkers workers(3);
+  workers.ExpectUncleanShutdown();  // w3 and w2 are killed
+  auto server = ps::ParameterServer::Create(workers.master(), MlpServer({"w1", "w2", "w3"}, 1));
+  ASSERT_TRUE(server.ok()) << server.status();
+  const auto data = test_support::RandomBatches(1, 12, 8, 4);
+  ASSERT_TRUE((*server)->train_step(data[0].first, data[0].second).ok());
+  workers.worker(2).Signal(SIGKILL);
+  ASSERT_TRUE(workers.worker(2).Wait(absl::Seconds(10)).ok());
+  // Training goes on over w1 and w2; w3's call fails when its connection
+  // attempt does, and the step that sees it reports it (the first, unless
+  // w1 and w2 answer before it fails).
+  std::vector<std::string> lost;
+  for (int s = 0; s < 200 && lost.empty(); ++s) {
+    auto r = (*server)->train_step(data[0].first, data[0].second);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_THAT(r->used, ElementsAre("w1", "w2"));
+    lost = r->lost;
+    if (lost.empty()) absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_THAT(lost, ElementsAre("w3"));
+  auto next = (*server)->train_step(data[0].first, data[0].second);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->rows, 12);  // w1 and w2 share the batch
+  EXPECT_TRUE(next->lost.empty() && next->dropped.empty());
+  EXPECT_THAT((*server)->live_workers(), ElementsAre("w1", "w2"));
+  workers.worker(1).Signal(SIGKILL);
+  ASSERT_TRUE(workers.worker(1).Wait(absl::Seconds(10)).ok());
+  auto failed = (*server)->train_step(data[0].first, data[0].second);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_THAT(failed.status().message(), HasSubstr("only 1 of 3 workers are left"));
+  EXPECT_THAT(failed.status().message(), HasSubstr("'w2'"));
+  EXPECT_THAT(failed.status().message(), HasSubstr("'w3'"));
+  workers.master().Shutdown(/*graceful=*/false).IgnoreError();
+}
+
+// The server's checkpoints are ordinary checkpoints: Latest, LoadStageSpecs
+// and ReadStageTensors read them, and a new server resumes from them.
+TEST(Ps, CheckpointsHoldTheServersModelAndResume) {
+  TestWorkers workers(2);
+  ps::PsOptions o = MlpServer({"w1", "w2"});
+  auto server = ps::ParameterServer::Create(workers.master(), o);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const auto data = test_support::RandomBatches(3, 8, 8, 4);
+  const std::string dir = TempPath("ps_ckpt");
+  checkpoint::RunIdentity id;
+  id.model = "mlp";
+  id.schedule = "ps";
+  for (int s = 0; s < 2; ++s) {
+    ASSERT_TRUE((*server)->train_step(data[s].first, data[s].second).ok());
+    auto saved = checkpoint::SaveLocal(dir, o.stages, (*server)->stage_state(), (*server)->optimizer_state(),
+                                       id, {s + 1, 0, s + 1, 0, 0, {}}, s == 1, /*keep=*/1);
+    ASSERT_TRUE(saved.ok()) << saved.status();
+  }
+  EXPECT_THAT(checkpoint::CompleteSteps(dir), ElementsAre(2));  // keep=1 pruned step 1
+  auto ck = checkpoint::Latest(dir);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  EXPECT_EQ(ck->manifest.step(), 2);
+  EXPECT_TRUE(ck->manifest.final());
+  EXPECT_EQ(ck->manifest.shards(0).worker(), "master");
+  auto specs = checkpoint::LoadStageSpecs(*ck);
+  ASSERT_TRUE(specs.ok()) << specs.status();
+  ASSERT_EQ(specs->size(), 2u);
+  EXPECT_EQ((*specs)[1].name, "MLPStage");
+  EXPECT_EQ((*specs)[1].args[1].toInt(), 4);
+  auto tensors = checkpoint::ReadStageTensors(*ck);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  const auto state = (*server)->stage_state();
+  ASSERT_EQ(tensors->size(), state.size());
+  for (size_t k = 0; k < state.size(); ++k) {
+    ASSERT_EQ((*tensors)[k].size(), state[k].size());
+    for (size_t i = 0; i < state[k].size(); ++i) EXPECT_TRUE(at::equal((*tensors)[k][i], state[k][i]));
+  }
+  // A fresh server loaded from it takes the same third step.
+  auto optimizer = checkpoint::ReadLocalOptimizer(*ck);
+  ASSERT_TRUE(optimizer.ok()) << optimizer.status();
+  EXPECT_TRUE(optimizer->defined());
+  auto resumed = ps::ParameterServer::Create(workers.master(), o);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  ASSERT_TRUE((*resumed)->Load(*tensors, *optimizer).ok());
+  auto a = (*server)->train_step(data[2].first, data[2].second);
+  auto b = (*resumed)->train_step(data[2].first, data[2].second);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->loss, b->loss);
+  ExpectStateNear((*resumed)->stage_state(), (*server)->stage_state(), "resumed");
+}
+
+// A learnable toy IDX dataset in `dir` (as resnet_test's): class c is a
+// bright 6x6 square at one of ten places, on noise.
+void WriteToyIdx(const std::string& dir, int train, int test) {
+  std::filesystem::create_directories(dir);
+  auto be = [](std::string* out, uint32_t v) {
+    for (int s = 24; s >= 0; s -= 8) out->push_back(static_cast<char>((v >> s) & 0xff));
+  };
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  for (auto [prefix, n] : {std::pair<std::string, int>{"train", train}, {"t10k", test}}) {
+    std::string images, labels;
+    be(&images, 2051), be(&images, n), be(&images, 28), be(&images, 28);
+    be(&labels, 2049), be(&labels, n);
+    at::Tensor noise = at::randint(0, 60, {n, 28, 28}, gen, at::TensorOptions(at::kByte));
+    for (int i = 0; i < n; ++i) {
+      const int c = i % 10, r = 2 + (c / 5) * 14, col = 2 + (c % 5) * 5;
+      noise[i].slice(0, r, r + 6).slice(1, col, col + 6).fill_(250);
+      labels.push_back(static_cast<char>(c));
+    }
+    images.append(static_cast<const char*>(noise.data_ptr()), n * 28 * 28);
+    std::ofstream(dir + "/" + prefix + "-images-idx3-ubyte", std::ios::binary) << images;
+    std::ofstream(dir + "/" + prefix + "-labels-idx1-ubyte", std::ios::binary) << labels;
+  }
+}
+
+// (train_loss, test_accuracy) per epoch in a --report file.
+std::vector<std::pair<double, double>> ReportEpochs(const std::string& json) {
+  std::vector<std::pair<double, double>> out;
+  std::regex epoch("\"train_loss\": ([0-9.e+-]+), \"test_accuracy\": ([0-9.e+-]+)");
+  for (auto it = std::sregex_iterator(json.begin(), json.end(), epoch); it != std::sregex_iterator(); ++it) {
+    out.emplace_back(std::stod((*it)[1]), std::stod((*it)[2]));
+  }
+  return out;
+}
+
+// master --mode ps over two real workers; returns its exit code and output.
+std::pair<int, std::string> RunPs(const std::vector<std::string>& master_args) {
+  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+  std::vector<std::unique_ptr<cli::Subprocess>> workers;
+  for (const char* name : {"worker1", "worker2"}) {
+    workers.push_back(cli::Subprocess::Spawn({kBin + "/worker", "--name", name, "--master", addr, "--threads", "1"},
+                                             TempPath(absl::StrCat(name, ".log")))
+                          .value());
+  }
+  std::vector<std::string> argv = {kBin + "/master", "--mode", "ps", "--workers", "worker1,worker2",
+                                   "--listen", addr};
+  argv.insert(argv.end(), master_args.begin(), master_args.end());
+  auto result = RunProgram(argv, absl::Seconds(240));
+  for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
+  return result;
+}
+
+// master --mode ps trains the small CNN on a dataset like one process on
+// whole batches (--local --splits 1), and its checkpoints are readable.
+TEST(Ps, MasterProgramTrainsADatasetLikeOneProcess) {
+  const std::string dir = TempPath("ps_toy_idx");
+  WriteToyIdx(dir, 320, 100);
+  const std::vector<std::string> args = {"--dataset", "idx:" + dir, "--epochs", "2", "--batch-size", "32"};
+  const std::string local_report = TempPath("ps_local.json");
+  std::vector<std::string> local_argv = {kBin + "/master", "--local", "--threads", "1", "--splits", "1",
+                                         "--report", local_report};
+  local_argv.insert(local_argv.end(), args.begin(), args.end());
+  auto [local_code, local_out] = RunProgram(local_argv, absl::Seconds(240));
+  ASSERT_EQ(local_code, 0) << local_out;
+  const auto local = ReportEpochs(ReadFile(local_report));
+  ASSERT_EQ(local.size(), 2u);
+  const std::string report = TempPath("ps.json"), ckpt = TempPath("ps_master_ckpt");
+  std::vector<std::string> ps_args = args;
+  for (const std::string& a : {std::string("--report"), report, std::string("--threads"), std::string("1"),
+                               std::string("--checkpoint-dir"), ckpt, std::string("--checkpoint-every"),
+                               std::string("4")}) {
+    ps_args.push_back(a);
+  }
+  auto [code, out] = RunPs(ps_args);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("parameter server: 1 stages"));
+  EXPECT_THAT(out, HasSubstr("ps: steps=20 median_step_seconds="));
+  EXPECT_THAT(out, HasSubstr("dropped: none; lost: none; live workers: worker1,worker2"));
+  const auto piped = ReportEpochs(ReadFile(report));
+  ASSERT_EQ(piped.size(), 2u);
+  for (size_t e = 0; e < 2; ++e) {
+    EXPECT_LT(std::abs(piped[e].first - local[e].first) / local[e].first, 1e-4) << "epoch " << e + 1;
+    EXPECT_NEAR(piped[e].second, local[e].second, 0.011) << "epoch " << e + 1;
+  }
+  auto ck = checkpoint::Latest(ckpt);
+  ASSERT_TRUE(ck.ok()) << ck.status() << "\n" << out;
+  EXPECT_EQ(ck->manifest.step(), 20);
+  EXPECT_TRUE(ck->manifest.final());
+  EXPECT_EQ(ck->manifest.schedule(), "ps");
+  auto tensors = checkpoint::ReadStageTensors(*ck);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  ASSERT_EQ(tensors->size(), 1u);
+  EXPECT_EQ((*tensors)[0].size(), 8u);  // the small CNN's four layers' weights and biases
+}
+
+// master --mode ps --resume goes on from the server's checkpoint as if it
+// had not stopped.
+TEST(Ps, MasterResumesFromTheServersCheckpoint) {
+  const std::string dir = TempPath("ps_resume_idx");
+  WriteToyIdx(dir, 160, 50);
+  const std::vector<std::string> args = {"--dataset", "idx:" + dir, "--batch-size", "32", "--threads", "1"};
+  auto with = [&args](std::vector<std::string> more) {
+    more.insert(more.begin(), args.begin(), args.end());
+    return more;
+  };
+  const std::string whole = TempPath("ps_whole.json"), resumed = TempPath("ps_resumed.json");
+  const std::string ckpt = TempPath("ps_resume_ckpt");
+  auto [code, out] = RunPs(with({"--epochs", "2", "--report", whole}));
+  ASSERT_EQ(code, 0) << out;
+  auto [first, first_out] = RunPs(with({"--epochs", "1", "--checkpoint-dir", ckpt}));
+  ASSERT_EQ(first, 0) << first_out;
+  auto [second, second_out] = RunPs(with({"--epochs", "2", "--resume", ckpt, "--report", resumed}));
+  ASSERT_EQ(second, 0) << second_out;
+  EXPECT_THAT(second_out, HasSubstr("resumed from "));
+  const auto a = ReportEpochs(ReadFile(whole)), b = ReportEpochs(ReadFile(resumed));
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_LT(std::abs(b[1].first - a[1].first) / a[1].first, 1e-6) << "epoch 2's loss";
+  EXPECT_EQ(b[1].second, a[1].second) << "epoch 2's test accuracy";
+}
+
+TEST(Ps, MasterRefusesFlagsThatDoNotGoWithPsMode) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--mode", "ps", "--workers", "a,b", "--replicas", "2"}, "not with --replicas"},
+      {{"--mode", "ps", "--workers", "a,b", "--backup-workers", "2"}, "give 0 <= k < n"},
+      {{"--mode", "ps", "--workers", "a,b", "--ps-shards", "2"}, "not implemented yet"},
+      {{"--mode", "ps", "--workers", "a,b", "--splits", "4"}, "--splits"},
+      {{"--mode", "ps", "--local"}, "not with --local"},
+      {{"--workers", "a,b", "--backup-workers", "1"}, "go with --mode ps"},
+      {{"--mode", "sideways", "--workers", "a"}, "--mode must be pipeline or ps"},
+  };
+  for (const auto& [args, message] : cases) {
+    std::vector<std::string> argv = {kBin + "/master"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto [code, out] = RunProgram(argv, absl::Seconds(30));
+    EXPECT_EQ(code, 2) << out;
+    EXPECT_THAT(out, HasSubstr(message));
+  }
+}
+
+}  // namespace
+}  // namespace remora
