@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/status_util.h"
+#include "checkpoint/manifest.h"
 #include "checkpoint/shard.h"
 
 namespace remora::checkpoint {
@@ -27,44 +28,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr char kManifest[] = "manifest.json";
-constexpr char kModelFile[] = "model.pt";
-constexpr int kFormat = 1;
-
-std::string StepDir(const std::string& dir, int64_t step) {
-  return absl::StrFormat("%s/step-%08d", dir, step);
-}
-
-// The step of a directory named step-NNNNNNNN, or -1.
-int64_t StepOf(const fs::path& p) {
-  const std::string name = p.filename().string();
-  int64_t step = -1;
-  if (name.rfind("step-", 0) != 0 || !absl::SimpleAtoi(name.substr(5), &step)) return -1;
-  return step;
-}
-
-std::string NowUtc() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
-// The stage specs as model.pt holds them: [{kind, name, payload, device}].
-std::string EncodeSpecs(const std::vector<pipeline::StageSpec>& stages) {
-  c10::impl::GenericList list(c10::AnyType::get());
-  for (const auto& s : stages) {
-    c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
-    d.insert("kind", s.kind);
-    d.insert("name", s.name);
-    d.insert("payload", s.Payload());
-    d.insert("device", s.device);
-    list.push_back(d);
-  }
-  const std::vector<char> bytes = torch::jit::pickle_save(list);
-  return std::string(bytes.begin(), bytes.end());
-}
 
 // The optimizer RRef of `worker` among the per-owner optimizers, or None
 // (a worker whose stages have no parameters has none).
@@ -154,22 +117,7 @@ absl::Status Checkpointer::Save(pipeline::Pipeline& pipe, const std::vector<pipe
   fs::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot make ", dir, ": ", ec.message()));
 
-  wire::Manifest m;
-  m.set_format(kFormat);
-  m.set_step(state.step);
-  m.set_epoch(state.epoch);
-  m.set_batch(state.batch);
-  m.set_epoch_loss_sum(state.epoch_loss_sum);
-  m.set_epoch_images(state.epoch_images);
-  for (double l : state.losses) m.add_losses(l);
-  m.set_model(identity.model);
-  m.set_data(identity.data);
-  m.set_optimizer(identity.optimizer);
-  m.set_schedule(identity.schedule);
-  m.set_micro_batches(identity.micro_batches);
-  m.set_replicas(identity.replicas);
-  m.set_final(final);
-  m.set_created(NowUtc());
+  wire::Manifest m = NewManifest(identity, state, final);
 
   // Every owner writes its shard at once.
   const std::vector<std::string>& workers = pipe.workers();
@@ -200,71 +148,18 @@ absl::Status Checkpointer::Save(pipeline::Pipeline& pipe, const std::vector<pipe
   }
   RETURN_IF_ERROR(Annotate(status, absl::StrCat("checkpoint of step ", state.step, " in ", dir,
                                                 " (the previous checkpoint is still the latest)")));
-  for (size_t k = 0; k < stages.size(); ++k) {
-    wire::CheckpointStage* s = m.add_stages();
-    s->set_index(static_cast<int32_t>(k));
-    s->set_kind(stages[k].kind);
-    s->set_name(stages[k].name);
-    s->set_shard(static_cast<int32_t>(k % workers.size()));
-  }
-  const std::string specs = EncodeSpecs(stages);
-  RETURN_IF_ERROR(WriteFileAtomically(absl::StrCat(dir, "/", kModelFile), specs));
-  m.set_model_file(kModelFile);
-  m.set_model_crc32(Crc32(specs));
-  {
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    const at::Tensor rng = gen.get_state().contiguous();
-    m.set_master_rng(std::string(static_cast<const char*>(rng.data_ptr()), rng.numel()));
-  }
+  RETURN_IF_ERROR(WriteModel(stages, static_cast<int>(workers.size()), dir, &m));
   // The commit: the manifest, last.
   RETURN_IF_ERROR(CommitManifest(m, dir));
   last_ = dir;
-  last_bytes_ = total + static_cast<int64_t>(specs.size());
+  last_bytes_ = total;
   last_manifest_ = std::move(m);
   return Prune(workers);
 }
 
-absl::Status Checkpointer::CommitManifest(const wire::Manifest& m, const std::string& dir) {
-  std::string json;
-  google::protobuf::util::JsonPrintOptions print;
-  print.add_whitespace = true;
-  print.preserve_proto_field_names = true;
-  print.always_print_primitive_fields = true;
-  if (auto s = google::protobuf::util::MessageToJsonString(m, &json, print); !s.ok()) {
-    return absl::InternalError(absl::StrCat("cannot write the manifest as JSON: ", s.ToString()));
-  }
-  return WriteFileAtomically(absl::StrCat(dir, "/", kManifest), json);
-}
-
-std::vector<int64_t> CompleteSteps(const std::string& dir) {
-  std::vector<int64_t> steps;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const int64_t step = StepOf(entry.path());
-    if (step >= 0 && fs::exists(entry.path() / kManifest, ec)) steps.push_back(step);
-  }
-  std::sort(steps.begin(), steps.end());
-  return steps;
-}
-
 absl::Status Checkpointer::Prune(const std::vector<std::string>& workers) {
-  const std::vector<int64_t> complete = CompleteSteps(dir_);
-  if (complete.empty()) return absl::OkStatus();
-  const int64_t newest = complete.back();
-  const size_t drop = complete.size() > static_cast<size_t>(keep_) ? complete.size() - keep_ : 0;
-  const int64_t oldest_kept = complete[drop];
-  std::vector<std::string> doomed;
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
-    const int64_t step = StepOf(entry.path());
-    // Older than the kept ones, or an incomplete one older than the newest.
-    const bool incomplete = !fs::exists(entry.path() / kManifest, ec);
-    if (step >= 0 && (step < oldest_kept || (incomplete && step < newest))) {
-      doomed.push_back(entry.path().string());
-    }
-  }
-  for (const std::string& dir : doomed) {
+  for (const std::string& dir : PrunableDirs(dir_, keep_)) {
     fs::remove(fs::path(dir) / kManifest, ec);  // no longer a checkpoint
     std::vector<Future<c10::IValue>> removing;
     for (const auto& w : workers) removing.push_back(agent_.rpc_async(w, "remora.checkpoint.remove", {dir}));
@@ -365,12 +260,10 @@ absl::Status Restore(pipeline::Pipeline& pipe, const Checkpoint& ck) {
   }
   RETURN_IF_ERROR(status);
   const std::string& rng = m.master_rng();
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
   at::Tensor state = at::empty({static_cast<int64_t>(rng.size())}, at::kByte);
   std::memcpy(state.data_ptr(), rng.data(), rng.size());
   try {
-    gen.set_state(state);
+    SetCpuGeneratorState(state);
   } catch (...) {
     return StatusFromCurrentException(absl::StrCat(ck.manifest_path, ": master_rng"));
   }

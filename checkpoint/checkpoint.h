@@ -100,8 +100,6 @@ class Checkpointer {
 
  private:
   Checkpointer(Agent& agent, std::string dir, int keep) : agent_(agent), dir_(std::move(dir)), keep_(keep) {}
-  // Writes `m` as dir/manifest.json, atomically.
-  static absl::Status CommitManifest(const wire::Manifest& m, const std::string& dir);
   // Removes all but the newest `keep_` complete checkpoints, and incomplete
   // ones older than the newest.
   absl::Status Prune(const std::vector<std::string>& workers);

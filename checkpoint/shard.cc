@@ -67,11 +67,7 @@ c10::IValue SaveShardFn(CallContext& ctx, const Args& a) {
     shard.tensors.push_back(Call(ctx, LocalObject(stage, "stage"), "state").toTensorVector());
   }
   if (!a[3].isNone()) shard.optimizer = Call(ctx, LocalObject(a[3], "optimizer"), "save_state").toTensor();
-  {
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    shard.rng = gen.get_state();
-  }
+  shard.rng = CpuGeneratorState();
   const std::string bytes = EncodeShard(shard);
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
@@ -99,9 +95,7 @@ c10::IValue LoadShardFn(CallContext& ctx, const Args& a) {
     }
     Call(ctx, LocalObject(a[5], "optimizer"), "load_state", {shard->optimizer});
   }
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(shard->rng);
+  SetCpuGeneratorState(shard->rng);
   return c10::IValue();
 }
 
@@ -113,6 +107,18 @@ c10::IValue RemoveFn(CallContext&, const Args& a) {
 }
 
 }  // namespace
+
+at::Tensor CpuGeneratorState() {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void SetCpuGeneratorState(const at::Tensor& state) {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
 
 std::string Crc32(const std::string& bytes) {
   uLong crc = crc32(0L, Z_NULL, 0);

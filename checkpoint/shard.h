@@ -28,6 +28,11 @@ absl::StatusOr<Shard> DecodeShard(const std::string& bytes, const std::string& l
 // manifest's; DataLoss naming the file when they differ.
 absl::StatusOr<Shard> ReadShard(const std::string& path, int64_t bytes, const std::string& crc32);
 
+// This process's CPU generator state, and setting it (throws for a state
+// that is not one).
+at::Tensor CpuGeneratorState();
+void SetCpuGeneratorState(const at::Tensor& state);
+
 // Removes the shard files (all files with `all`) and their temporaries
 // from a checkpoint's directory, then the directory if it is empty.
 void RemoveCheckpointFiles(const std::string& dir, bool all);

@@ -282,16 +282,23 @@ absl::Status Checkpointing::Restore(parallel::DataParallelPipeline& pipe) {
 
 absl::Status Checkpointing::Save(parallel::DataParallelPipeline& pipe, const Config& c,
                                  const checkpoint::TrainingState& state, bool final) {
-  if (saver == nullptr) return absl::OkStatus();
-  const bool due = c.checkpoint_every > 0 && state.step % c.checkpoint_every == 0;
-  if (!due && !final) return absl::OkStatus();
+  if (!Due(c, state.step, final)) return absl::OkStatus();
   const int64_t t0 = trace::NowUs();
   RETURN_IF_ERROR(saver->Save(pipe.replica(0), stages, identity, state, final));
-  std::printf("checkpoint: step %lld in %s (%.1f MiB, %.2f s%s)\n", static_cast<long long>(state.step),
-              saver->last().c_str(), saver->last_bytes() / 1048576.0, (trace::NowUs() - t0) / 1e6,
-              final ? ", final" : "");
-  std::fflush(stdout);
+  PrintSaved(state.step, saver->last(), saver->last_bytes(), (trace::NowUs() - t0) / 1e6, final);
   return absl::OkStatus();
+}
+
+bool Checkpointing::Due(const Config& c, int64_t step, bool final) const {
+  if (saver == nullptr) return false;
+  return final || (c.checkpoint_every > 0 && step % c.checkpoint_every == 0);
+}
+
+void Checkpointing::PrintSaved(int64_t step, const std::string& dir, int64_t bytes, double seconds,
+                               bool final) {
+  std::printf("checkpoint: step %lld in %s (%.1f MiB, %.2f s%s)\n", static_cast<long long>(step), dir.c_str(),
+              bytes / 1048576.0, seconds, final ? ", final" : "");
+  std::fflush(stdout);
 }
 
 absl::StatusOr<Run> FitLocal(const Config& c, int splits, const data::Dataset& train,

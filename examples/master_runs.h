@@ -95,8 +95,11 @@ struct Checkpointing {
   bool active() const { return saver != nullptr || resume.has_value(); }
   // Restores every replica from `resume` (if set) and says so.
   absl::Status Restore(parallel::DataParallelPipeline& pipe);
-  // Saves when `state.step` is a multiple of --checkpoint-every, or always
-  // with `final`; prints what it wrote.
+  // Whether step `step` saves: a multiple of --checkpoint-every, or final.
+  bool Due(const Config& c, int64_t step, bool final) const;
+  // "checkpoint: step N in DIR (X MiB, S s[, final])".
+  static void PrintSaved(int64_t step, const std::string& dir, int64_t bytes, double seconds, bool final);
+  // Saves when Due; prints what it wrote.
   absl::Status Save(parallel::DataParallelPipeline& pipe, const Config& c,
                     const checkpoint::TrainingState& state, bool final);
 };

@@ -61,16 +61,12 @@ void PrintStep(const ps::StepReport& r, double seconds) {
 
 absl::Status MaybeSave(const ps::ParameterServer& server, const Config& c, Checkpointing* ck,
                        const checkpoint::TrainingState& state, bool final) {
-  if (ck == nullptr || ck->saver == nullptr) return absl::OkStatus();
-  const bool due = c.checkpoint_every > 0 && state.step % c.checkpoint_every == 0;
-  if (!due && !final) return absl::OkStatus();
+  if (ck == nullptr || !ck->Due(c, state.step, final)) return absl::OkStatus();
   const int64_t t0 = trace::NowUs();
   ASSIGN_OR_RETURN(checkpoint::LocalSave saved,
                    checkpoint::SaveLocal(c.checkpoint_dir, ck->stages, server.stage_state(),
                                          server.optimizer_state(), ck->identity, state, final, c.keep));
-  std::printf("checkpoint: step %lld in %s (%.1f MiB, %.2f s%s)\n", static_cast<long long>(state.step),
-              saved.dir.c_str(), saved.bytes / 1048576.0, (trace::NowUs() - t0) / 1e6, final ? ", final" : "");
-  std::fflush(stdout);
+  Checkpointing::PrintSaved(state.step, saved.dir, saved.bytes, (trace::NowUs() - t0) / 1e6, final);
   return absl::OkStatus();
 }
 

@@ -1,0 +1,136 @@
+#include "checkpoint/manifest.h"
+
+#include <algorithm>
+#include <ctime>
+#include <filesystem>
+#include <mutex>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Dict.h>
+#include <ATen/core/List.h>
+#include <google/protobuf/util/json_util.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/status_util.h"
+#include "checkpoint/shard.h"
+
+namespace remora::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The step of a directory named step-NNNNNNNN, or -1.
+int64_t StepOf(const fs::path& p) {
+  const std::string name = p.filename().string();
+  int64_t step = -1;
+  if (name.rfind("step-", 0) != 0 || !absl::SimpleAtoi(name.substr(5), &step)) return -1;
+  return step;
+}
+
+std::string NowUtc() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+}  // namespace
+
+std::string StepDir(const std::string& dir, int64_t step) {
+  return absl::StrFormat("%s/step-%08d", dir, step);
+}
+
+wire::Manifest NewManifest(const RunIdentity& identity, const TrainingState& state, bool final) {
+  wire::Manifest m;
+  m.set_format(kFormat);
+  m.set_step(state.step);
+  m.set_epoch(state.epoch);
+  m.set_batch(state.batch);
+  m.set_epoch_loss_sum(state.epoch_loss_sum);
+  m.set_epoch_images(state.epoch_images);
+  for (double l : state.losses) m.add_losses(l);
+  m.set_model(identity.model);
+  m.set_data(identity.data);
+  m.set_optimizer(identity.optimizer);
+  m.set_schedule(identity.schedule);
+  m.set_micro_batches(identity.micro_batches);
+  m.set_replicas(identity.replicas);
+  m.set_final(final);
+  m.set_created(NowUtc());
+  const at::Tensor rng = CpuGeneratorState().contiguous();
+  m.set_master_rng(std::string(static_cast<const char*>(rng.data_ptr()), rng.numel()));
+  return m;
+}
+
+absl::Status WriteModel(const std::vector<pipeline::StageSpec>& stages, int num_shards,
+                        const std::string& dir, wire::Manifest* m) {
+  // model.pt: [{kind, name, payload, device}], as LoadStageSpecs reads it.
+  c10::impl::GenericList list(c10::AnyType::get());
+  for (size_t k = 0; k < stages.size(); ++k) {
+    const pipeline::StageSpec& s = stages[k];
+    c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+    d.insert("kind", s.kind);
+    d.insert("name", s.name);
+    d.insert("payload", s.Payload());
+    d.insert("device", s.device);
+    list.push_back(d);
+    wire::CheckpointStage* stage = m->add_stages();
+    stage->set_index(static_cast<int32_t>(k));
+    stage->set_kind(s.kind);
+    stage->set_name(s.name);
+    stage->set_shard(static_cast<int32_t>(k % num_shards));
+  }
+  const std::vector<char> pickled = torch::jit::pickle_save(list);
+  const std::string bytes(pickled.begin(), pickled.end());
+  RETURN_IF_ERROR(WriteFileAtomically(absl::StrCat(dir, "/", kModelFile), bytes));
+  m->set_model_file(kModelFile);
+  m->set_model_crc32(Crc32(bytes));
+  return absl::OkStatus();
+}
+
+absl::Status CommitManifest(const wire::Manifest& m, const std::string& dir) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions print;
+  print.add_whitespace = true;
+  print.preserve_proto_field_names = true;
+  print.always_print_primitive_fields = true;
+  if (auto s = google::protobuf::util::MessageToJsonString(m, &json, print); !s.ok()) {
+    return absl::InternalError(absl::StrCat("cannot write the manifest as JSON: ", s.ToString()));
+  }
+  return WriteFileAtomically(absl::StrCat(dir, "/", kManifestFile), json);
+}
+
+std::vector<int64_t> CompleteSteps(const std::string& dir) {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const int64_t step = StepOf(entry.path());
+    if (step >= 0 && fs::exists(entry.path() / kManifestFile, ec)) steps.push_back(step);
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+std::vector<std::string> PrunableDirs(const std::string& dir, int keep) {
+  const std::vector<int64_t> complete = CompleteSteps(dir);
+  if (complete.empty()) return {};
+  const size_t drop = complete.size() > static_cast<size_t>(keep) ? complete.size() - keep : 0;
+  const int64_t oldest_kept = complete[drop], newest = complete.back();
+  std::vector<std::string> doomed;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const int64_t step = StepOf(entry.path());
+    const bool incomplete = !fs::exists(entry.path() / kManifestFile, ec);
+    if (step >= 0 && (step < oldest_kept || (incomplete && step < newest))) {
+      doomed.push_back(entry.path().string());
+    }
+  }
+  return doomed;
+}
+
+}  // namespace remora::checkpoint

@@ -1,0 +1,40 @@
+// What Checkpointer::Save (a pipeline's shards, written by the workers) and
+// SaveLocal (stages held in this process: the parameter server) share: the
+// step directories, the manifest's fields, model.pt, the commit and the
+// choice of checkpoints to prune. Internal to checkpoint/.
+//
+// Thread-compatible free functions.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "proto/checkpoint.pb.h"
+
+namespace remora::checkpoint {
+
+inline constexpr char kManifestFile[] = "manifest.json";
+inline constexpr char kModelFile[] = "model.pt";
+inline constexpr int kFormat = 1;
+
+// DIR/step-NNNNNNNN.
+std::string StepDir(const std::string& dir, int64_t step);
+
+// A manifest of `identity` at `state`, created now, with this process's
+// CPU generator state; shards and stages are added by the caller.
+wire::Manifest NewManifest(const RunIdentity& identity, const TrainingState& state, bool final);
+
+// Writes model.pt (the stage specs) into `dir`, and lists the stages in
+// `m`, stage k in shard k mod `num_shards`.
+absl::Status WriteModel(const std::vector<pipeline::StageSpec>& stages, int num_shards,
+                        const std::string& dir, wire::Manifest* m);
+
+// Writes `m` as dir/manifest.json, atomically: the commit.
+absl::Status CommitManifest(const wire::Manifest& m, const std::string& dir);
+
+// The step directories in `dir` to remove so that `keep` complete
+// checkpoints remain: older ones, and incomplete ones older than the newest.
+std::vector<std::string> PrunableDirs(const std::string& dir, int keep);
+
+}  // namespace remora::checkpoint
