@@ -525,7 +525,8 @@ absl::Status WriteReport(const std::string& path, bool local, const std::vector<
                          const Config& c) {
   std::ofstream out(path);
   if (!out) return absl::InvalidArgumentError(absl::StrCat("cannot write --report ", path));
-  out << "{\"mode\": \"" << (local ? "local" : "pipeline") << "\", \"runs\": [";
+  const char* mode = local ? "local" : c.schedule == "ps" ? "ps" : "pipeline";  // --mode ps sets "ps"
+  out << "{\"mode\": \"" << mode << "\", \"runs\": [";
   for (size_t i = 0; i < runs.size(); ++i) {
     const Run& r = runs[i];
     std::vector<std::string> losses;
