@@ -38,6 +38,10 @@ int WorkerMain(int argc, char** argv, const std::string& program,
                   "where CUDA tensors this worker sends land: auto (each peer's --device; the "
                   "master's CPU), none, or PEER/cuda:I=DEVICE,... (default: auto with a cuda "
                   "--device, else none)");
+  std::string host_id;
+  flags.AddString("host-id", &host_id,
+                  "this process's host identity (else $REMORA_HOST_ID, else host name, boot and "
+                  "network namespace): only processes with equal ids share memory");
   cli::SecurityFiles security_files;
   flags.AddSecurityFlags(&security_files);
   int code = 0;
@@ -94,6 +98,7 @@ int WorkerMain(int argc, char** argv, const std::string& program,
   options.token = security->token;
   options.tls = security->tls;
   options.device = home->str();
+  options.host_id = host_id;
   options.device_maps = maps->maps;
   options.map_to_peer_devices = maps->to_peer_devices;
   auto agent = Agent::Start(options, &registry);
