@@ -264,7 +264,7 @@ TEST_F(NetNamespaces, AMasterCertificateForAnotherNameIsRefusedWithAClearMessage
   }
   const std::string worker = ReadFile(Output(1));
   EXPECT_THAT(worker, HasSubstr("10.47.0.1:29500"));
-  EXPECT_THAT(worker, HasSubstr("certificate"));
+  EXPECT_THAT(worker, HasSubstr("Peer name 10.47.0.1 is not in peer certificate"));
   EXPECT_THAT(ReadFile(Output(0)), HasSubstr("did not register"));
 }
 
