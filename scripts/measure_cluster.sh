@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
 bin=$(readlink -f "${1:-build}")/bin
-for n in 2 4 8; do "$bin/rpc_bench" --rendezvous "$n"; done
+for n in 2 4 8; do "$bin/rpc_bench" --rendezvous "$n" 2>/dev/null; done
 if [ "$(id -u)" -ne 0 ]; then
   echo "measure_cluster: not root: no network namespaces, no veth figures" >&2
   exit 0
@@ -27,9 +27,9 @@ ip -n "$b" addr add 10.48.0.2/24 dev eth0
 for ns in "$a" "$b"; do ip -n "$ns" link set lo up; ip -n "$ns" link set eth0 up; done
 bench=(--sizes "" --calls 2000 --bulk-mib 64 --bulk-calls 20)
 echo "== loopback (one namespace; shared memory for the bulk tensor)"
-"$bin/rpc_bench" "${bench[@]}" | grep -E '^(latency_us_median|channel|bulk_gbps)='
+"$bin/rpc_bench" "${bench[@]}" 2>/dev/null | grep -E '^(latency_us_median|channel|bulk_gbps)='
 echo "== loopback, REMORA_SHM=0 (gRPC over TCP on lo)"
-REMORA_SHM=0 "$bin/rpc_bench" "${bench[@]}" | grep -E '^(latency_us_median|channel|bulk_gbps)='
+REMORA_SHM=0 "$bin/rpc_bench" "${bench[@]}" 2>/dev/null | grep -E '^(latency_us_median|channel|bulk_gbps)='
 echo "== veth pair between two network namespaces"
 ip netns exec "$b" "$bin/worker" --name peer --master 10.48.0.1:29500 --listen 10.48.0.2:0 \
   --connect-timeout 60 >/dev/null 2>&1 &
