@@ -1,19 +1,44 @@
 #include "channel/route.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "base/status_util.h"
 
 namespace remora {
 
-Route SelectRoute(const WorkerInfo& peer, ShmChannel* shm, CudaChannel* cuda,
-                  size_t threshold) {
-  Route route;
-  const ShmEndpoint& mine = shm->endpoint();
-  // The same domain, and not this very process (its own incarnation).
-  if (!mine.domain.empty() && peer.shm.domain == mine.domain &&
-      peer.shm.incarnation != mine.incarnation) {
-    route.shm = shm;
+std::string HostIdentity(const std::string& explicit_id) {
+  if (!explicit_id.empty()) return explicit_id;
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  char net[128] = {0};
+  const ssize_t len = readlink("/proc/self/ns/net", net, sizeof(net) - 1);
+  return absl::StrCat(host, "/", BootId(), "/", len > 0 ? std::string(net, len) : "net:?");
+}
+
+absl::Status CheckHostId(const std::string& id) {
+  const bool printable = std::all_of(id.begin(), id.end(), [](char c) { return c > ' ' && c < 127; });
+  if (id.empty() || id.size() > 255 || !printable) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "host id '", id, "' must be 1 to 255 printable characters without spaces"));
   }
+  return absl::OkStatus();
+}
+
+bool SharesMemory(const WorkerInfo& self, const WorkerInfo& peer) {
+  return !self.host_id.empty() && self.host_id == peer.host_id && !self.shm.domain.empty() &&
+         self.shm.domain == peer.shm.domain && self.shm.incarnation != peer.shm.incarnation;
+}
+
+Route SelectRoute(const WorkerInfo& self, const WorkerInfo& peer, ShmChannel* shm,
+                  CudaChannel* cuda, size_t threshold) {
+  Route route;
+  WorkerInfo me = self;
+  me.shm = shm->endpoint();
+  // The same host and domain, and not this very process (its own incarnation).
+  if (SharesMemory(me, peer)) route.shm = shm;
   route.threshold = threshold;
   route.cuda = cuda;
   route.peer = peer.id;

@@ -40,10 +40,26 @@ struct Route {
   WorkerId peer = kUnknownWorker;
 };
 
-// The route from this process (whose shared-memory endpoint is `shm`'s) to
-// `peer`.
-Route SelectRoute(const WorkerInfo& peer, ShmChannel* shm, CudaChannel* cuda,
-                  size_t threshold);
+// This process's host identity, which every participant sends at
+// rendezvous: `explicit_id` when not empty (worker --host-id, or
+// REMORA_HOST_ID: for containers), else "<hostname>/<boot id>/<network
+// namespace>", e.g. "n1/5c0e.../net:[4026531840]". Processes in different
+// network namespaces count as different hosts, as they would be on a
+// cluster: they reach each other only through the network.
+std::string HostIdentity(const std::string& explicit_id = "");
+
+// Checks an explicit host id: 1 to 255 printable characters, no spaces.
+absl::Status CheckHostId(const std::string& id);
+
+// Whether `self` may send `peer` payloads through shared memory: the same
+// host identity (not empty), the same shared-memory domain (boot, PID
+// namespace, user; not empty) and another agent (incarnation).
+bool SharesMemory(const WorkerInfo& self, const WorkerInfo& peer);
+
+// The route from this process (`self`, whose shared-memory endpoint is
+// `shm`'s) to `peer`.
+Route SelectRoute(const WorkerInfo& self, const WorkerInfo& peer, ShmChannel* shm,
+                  CudaChannel* cuda, size_t threshold);
 
 // What carries a tensor on `device` of this process to `peer` along
 // `route`: for CPU tensors "shm" or "grpc"; for CUDA tensors "cuda_ipc",

@@ -16,7 +16,7 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 set(REMORA_INSTALL_LIBRARIES base proto runtime data channel rpc autograd optim pipeline parallel checkpoint ps models
-    launch examples)
+    launch_env launch examples)
 set(_remora_install_targets)
 foreach(name ${REMORA_INSTALL_LIBRARIES})
   set_target_properties(remora_${name} PROPERTIES EXPORT_NAME ${name})
@@ -24,7 +24,7 @@ foreach(name ${REMORA_INSTALL_LIBRARIES})
 endforeach()
 install(TARGETS ${_remora_install_targets} EXPORT remoraTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
-install(TARGETS worker master evaluator rpc_demo rpc_bench collective_bench soak RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(TARGETS worker master evaluator remora-launch rpc_demo rpc_bench collective_bench soak RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 foreach(dir base proto runtime data channel channel/shm channel/cuda rpc autograd optim pipeline parallel checkpoint ps
             models launch examples)
   file(GLOB _remora_headers ${PROJECT_SOURCE_DIR}/${dir}/*.h)

@@ -25,6 +25,11 @@ function(remora_torch_pch)
     get_property(targets DIRECTORY ${dir} PROPERTY BUILDSYSTEM_TARGETS)
     foreach(target ${targets})
       get_target_property(type ${target} TYPE)
+      # Targets marked REMORA_TORCH_FREE (the launcher) include no LibTorch.
+      get_target_property(torch_free ${target} REMORA_TORCH_FREE)
+      if(torch_free)
+        continue()
+      endif()
       # Object libraries (remora_torch_cuda_check, at -O0) are left alone.
       if(target MATCHES "^(remora_channel|worker)$")
         continue()

@@ -37,6 +37,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "launch/local_group.h"
@@ -125,6 +127,35 @@ absl::Status SweepSizes(remora::Agent& agent, const std::vector<int64_t>& sizes)
   return absl::OkStatus();
 }
 
+// --rendezvous N: starts N local workers and times the group's forming
+// (their processes starting included), `runs` times; one line.
+int MeasureRendezvous(int workers, int runs, const remora::Registry& registry,
+                      const remora::AgentOptions& options) {
+  std::vector<std::string> names;
+  for (int i = 1; i <= workers; ++i) names.push_back(absl::StrCat("peer", i));
+  std::vector<double> seconds;
+  for (int run = 0; run < runs; ++run) {
+    const absl::Time t0 = absl::Now();
+    auto group = remora::cli::StartLocalGroup(names, &registry, {"--threads", "1"}, options);
+    if (!group.ok()) {
+      std::cerr << "rpc_bench: rendezvous of " << workers << " workers: " << group.status().message()
+                << "\n";
+      return 1;
+    }
+    seconds.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+    if (auto s = group->Shutdown(); !s.ok()) {
+      std::cerr << "rpc_bench: shutdown: " << s.message() << "\n";
+      return 1;
+    }
+  }
+  std::vector<std::string> each;
+  for (double s : seconds) each.push_back(absl::StrFormat("%.3f", s));
+  std::sort(seconds.begin(), seconds.end());
+  std::printf("rendezvous_workers=%d runs=%s seconds_median=%.3f\n", workers,
+              absl::StrJoin(each, ",").c_str(), seconds[seconds.size() / 2]);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -141,8 +172,22 @@ int main(int argc, char** argv) {
                   "with --device cuda: the worker's GPU (cuda:0: CUDA IPC; another: NCCL)");
   flags.AddString("sizes", &sizes_flag,
                   "CPU tensor sizes to sweep first (K, M suffixes; empty: none), a line each");
+  std::string listen = "127.0.0.1:0";
+  flags.AddString("listen", &listen, "HOST:PORT where this process (the master) listens");
+  bool external = false;
+  flags.AddBool("external", &external,
+                "start no worker: wait at --listen for one named 'peer' (worker --name peer "
+                "--master HOST:PORT, on another host or network namespace)");
+  int rendezvous = 0;
+  flags.AddInt("rendezvous", &rendezvous,
+               "only time the rendezvous of this many local workers (3 runs; their start "
+               "included) and exit");
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
+  if (auto s = cli::CheckAddress(listen, "--listen"); !s.ok() || rendezvous < 0) {
+    std::cerr << "rpc_bench: " << (s.ok() ? "--rendezvous must be >= 0" : s.message()) << "\n";
+    return 2;
+  }
   runtime::TuneAllocator();
   const bool cuda = device == "cuda" || device == "cuda:0";
   if (bulk_mib == 0) bulk_mib = cuda ? 256 : 64;
@@ -176,13 +221,31 @@ int main(int argc, char** argv) {
     return 1;
   }
   AgentOptions options;
+  options.listen_address = listen;
+  if (rendezvous > 0) return MeasureRendezvous(rendezvous, 3, registry, options);
   std::vector<std::string> worker_args;
   if (cuda) {
     options.device = "cuda:0";
     options.device_maps["peer"]["cuda:0"] = peer_device;
     worker_args = {"--device", peer_device};
   }
-  auto group = cli::StartLocalGroup({"peer"}, &registry, worker_args, options);
+  absl::StatusOr<cli::LocalGroup> group;
+  if (external) {
+    options.name = "master";
+    options.is_master = true;
+    options.workers = {"peer"};
+    auto master = Agent::Start(options, &registry);
+    if (master.ok()) {
+      std::cerr << "rpc_bench: waiting for worker 'peer' at " << (*master)->self().address << "\n";
+      absl::Status joined = (*master)->Join();
+      group = joined.ok() ? absl::StatusOr<cli::LocalGroup>(cli::LocalGroup{std::move(*master), {}})
+                          : joined;
+    } else {
+      group = master.status();
+    }
+  } else {
+    group = cli::StartLocalGroup({"peer"}, &registry, worker_args, options);
+  }
   if (!group.ok()) {
     std::cerr << "rpc_bench: " << group.status().message() << "\n";
     return 1;

@@ -130,6 +130,7 @@ std::string FlagParser::Usage() const {
                   "  REMORA_TOKEN              the group's shared secret\n"
                   "  REMORA_SHM=0              no shared memory: large tensors go through gRPC\n"
                   "  REMORA_DEBUG=channels     log the channel chosen for every peer\n"
+                  "  REMORA_HOST_ID=ID         this process's host identity (shared memory only between equal ids)\n"
                   "  REMORA_SYNC_SPIN_US=N     rpc_sync polls N us for its reply before sleeping (200; 0: off)\n"
                   "  REMORA_STREAMS=0          rpc_sync opens a unary gRPC call each time, not a stream\n"
                   "  REMORA_MALLOC=default     keep glibc's default heap settings\n");

@@ -43,6 +43,10 @@ int WorkerMain(int argc, char** argv, const std::string& program,
   flags.AddInt("slow-ms", &slow_ms,
                "a deliberately slow worker: each parameter-server gradient computation (master "
                "--mode ps) first sleeps this many milliseconds (for measuring stragglers)");
+  std::string host_id;
+  flags.AddString("host-id", &host_id,
+                  "this process's host identity (else $REMORA_HOST_ID, else host name, boot and "
+                  "network namespace): only processes with equal ids share memory");
   cli::SecurityFiles security_files;
   flags.AddSecurityFlags(&security_files);
   int code = 0;
@@ -100,6 +104,7 @@ int WorkerMain(int argc, char** argv, const std::string& program,
   options.token = security->token;
   options.tls = security->tls;
   options.device = home->str();
+  options.host_id = host_id;
   options.device_maps = maps->maps;
   options.map_to_peer_devices = maps->to_peer_devices;
   auto agent = Agent::Start(options, &registry);

@@ -1,6 +1,7 @@
 // The public Agent and RRef methods: starting an agent, calls, remote()
 // and RRef operations, and what an agent reports about itself. The work is
 // done by Agent::Impl (rpc/agent_impl.h, one file per concern).
+#include <cstdlib>
 #include <set>
 
 #include "absl/strings/numbers.h"
@@ -92,6 +93,15 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options,
   // builds keep it.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 #endif
+  if (options.host_id.empty()) {
+    const char* env = std::getenv("REMORA_HOST_ID");
+    options.host_id = env != nullptr ? env : "";
+  }
+  if (!options.host_id.empty()) {
+    if (absl::Status s = CheckHostId(options.host_id); !s.ok()) {
+      return Annotate(s, absl::StrCat("'", options.name, "' (--host-id or REMORA_HOST_ID)"));
+    }
+  }
   auto home = ParseDevice(options.device, absl::StrCat("the device of '", options.name, "'"));
   if (!home.ok()) return home.status();
   if (absl::Status s = CheckLocalDevice(*home); !s.ok()) {
@@ -109,7 +119,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options,
   }
   agent->impl_->devices_ = std::move(*devices);
   agent->self_.name = agent->options_.name;
-  agent->self_.host_id = HostId();
+  agent->self_.host_id = HostIdentity(agent->options_.host_id);
   agent->self_.shm = agent->impl_->shm_->endpoint();
   agent->self_.cuda = agent->impl_->cuda_->endpoint();
   agent->self_.device = home->str();

@@ -142,6 +142,12 @@ struct AgentOptions {
   // CUDA IPC to another process on the same GPU, NCCL to another GPU. False
   // (or REMORA_CUDA_CHANNEL=0) stages them through host memory instead.
   bool cuda_channel = true;
+  // This process's host identity (channel/route.h, HostIdentity): empty
+  // detects it (host name, boot, network namespace), unless REMORA_HOST_ID
+  // is set. Peers with another host identity never share memory with it.
+  // Containers that share a kernel but stand for separate hosts, or share
+  // a host but not a network namespace, say so here (worker --host-id).
+  std::string host_id;
 };
 
 // Per-call options.

@@ -57,9 +57,6 @@ void ApplyChannelArgs(const std::function<void(const char*, int)>& set, int max_
                       bool server);
 void ApplyChannelArgs(grpc::ChannelArguments& args, int max_message_bytes);
 
-// Identifies the machine: processes with equal host ids share memory.
-std::string HostId();
-
 // The distributed autograd context a request belongs to, or kNoContext.
 int64_t ContextOf(const wire::Request& r);
 

@@ -36,13 +36,20 @@ void ApplyChannelArgs(const std::function<void(const char*, int)>& set, int max_
   if (server) {
     set(GRPC_ARG_ALLOW_REUSEPORT, 0);
     // Accept the peers' keepalive pings.
-    set(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+    set(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500);
     set(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   } else {
     // Keepalive pings find a peer that vanished without closing its
-    // connection (a machine gone, a cable pulled) within about 10 s.
-    set(GRPC_ARG_KEEPALIVE_TIME_MS, 5000);
-    set(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+    // connection (a machine gone, a cable pulled): a ping every second,
+    // unanswered for 2 s (gRPC also makes that the socket's TCP_USER_TIMEOUT)
+    // closes the connection and fails its calls. A worker's link cut between
+    // network namespaces failed the master after 6.6-6.7 s with these
+    // values, 8.7-8.9 s with 1 s / 3 s, 10.6-10.9 s with 2 s / 4 s and 12.4 s
+    // with the earlier 5 s / 5 s (tests/integration/netns_test.cc; the
+    // issue asks for 10 s). The peer's gRPC answers pings on its own
+    // threads, whatever its handlers do.
+    set(GRPC_ARG_KEEPALIVE_TIME_MS, 1000);
+    set(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
     set(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   }
 }

@@ -13,13 +13,6 @@
 
 namespace remora {
 
-// Identifies the machine: processes with equal host ids share memory.
-std::string HostId() {
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  return absl::StrCat(host, "/", BootId());
-}
-
 namespace {
 
 // REMORA_DEBUG=channels logs the channel chosen for every peer.
@@ -159,11 +152,16 @@ void Agent::Impl::SetBook(std::vector<WorkerInfo> book) {
     peer->info = w;
     peer->channel = grpc::CreateCustomChannel(w.address, channel_credentials_, args);
     peer->stub = std::make_unique<grpc::GenericStub>(peer->channel);
-    peer->route = SelectRoute(w, shm_.get(), cuda_.get(), agent_->options_.oob_threshold_bytes);
+    peer->route = SelectRoute(agent_->self_, w, shm_.get(), cuda_.get(),
+                              agent_->options_.oob_threshold_bytes);
     peers[w.id] = std::move(peer);
   }
+  // Segments are mapped only from peers of this host (a process in another
+  // network namespace, or with another --host-id, is another host).
   std::vector<ShmEndpoint> endpoints;
-  for (const auto& w : book) endpoints.push_back(w.shm);
+  for (const auto& w : book) {
+    if (w.host_id == agent_->self_.host_id) endpoints.push_back(w.shm);
+  }
   shm_->Allow(endpoints);
   for (const auto& w : book) {
     if (w.name == agent_->self_.name) cuda_->SetGroup(w, book);

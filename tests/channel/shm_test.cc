@@ -2,6 +2,7 @@
 // frame format with out-of-band payloads, then agents that choose it by
 // themselves (in one process and across real worker processes).
 #include <dirent.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <fstream>
@@ -22,6 +23,7 @@
 
 #include "launch/local_group.h"
 #include "rpc/message.h"
+#include "channel/route.h"
 #include "channel/shm/shm.h"
 #include "tests/support/test_functions.h"
 #include "tests/support/test_group.h"
@@ -279,6 +281,94 @@ TEST(ShmAgents, ThresholdIsConfigurable) {
   Group g(1, opts);
   ASSERT_TRUE(g.master().rpc_sync("w1", "echo", {at::ones({1024})}).ok());  // 4 KiB
   EXPECT_EQ(g.master().shm_stats().writes, 1);
+}
+
+// Processes of different hosts never share memory: the host identity sent
+// at rendezvous holds the network namespace (or an explicit --host-id).
+TEST(HostIdentity, HoldsTheNetworkNamespaceUnlessGivenExplicitly) {
+  char net[128] = {0};
+  ASSERT_GT(readlink("/proc/self/ns/net", net, sizeof(net) - 1), 0);
+  const std::string detected = HostIdentity();
+  EXPECT_THAT(detected, HasSubstr(BootId()));
+  EXPECT_THAT(detected, ::testing::EndsWith(absl::StrCat("/", net)));
+  EXPECT_EQ(HostIdentity("rack4-box7"), "rack4-box7");
+  EXPECT_TRUE(CheckHostId("rack4-box7").ok());
+  EXPECT_THAT(CheckHostId("two words").message(), HasSubstr("without spaces"));
+  EXPECT_FALSE(CheckHostId("").ok());
+  EXPECT_FALSE(CheckHostId(std::string(256, 'x')).ok());
+}
+
+TEST(HostIdentity, SharedMemoryOnlyBetweenEqualHostsAndDomains) {
+  WorkerInfo a, b;
+  a.host_id = b.host_id = "host/boot/net:[1]";
+  a.shm = ShmEndpoint{"boot/pid:[2]/uid0", 10, 1};
+  b.shm = ShmEndpoint{"boot/pid:[2]/uid0", 11, 2};
+  EXPECT_TRUE(SharesMemory(a, b));
+  WorkerInfo other_netns = b;
+  other_netns.host_id = "host/boot/net:[3]";
+  EXPECT_FALSE(SharesMemory(a, other_netns));
+  WorkerInfo unknown = b;
+  unknown.host_id.clear();
+  EXPECT_FALSE(SharesMemory(unknown, unknown));
+  WorkerInfo other_domain = b;
+  other_domain.shm.domain = "boot/pid:[4]/uid0";
+  EXPECT_FALSE(SharesMemory(a, other_domain));
+  WorkerInfo off = b;
+  off.shm.domain.clear();
+  EXPECT_FALSE(SharesMemory(off, off));
+  EXPECT_FALSE(SharesMemory(a, a));  // the same agent: its own incarnation
+  // The route follows the same rule.
+  ShmChannel shm{ShmChannel::Options{}};
+  WorkerInfo self;
+  self.host_id = "h1";
+  WorkerInfo peer;
+  peer.host_id = "h1";
+  peer.shm = ShmChannel(ShmChannel::Options{}).endpoint();
+  if (shm.endpoint().domain.empty()) GTEST_SKIP() << "no sealed memfd segments on this kernel";
+  EXPECT_EQ(SelectRoute(self, peer, &shm, nullptr, 1024).shm, &shm);
+  peer.host_id = "h2";
+  EXPECT_EQ(SelectRoute(self, peer, &shm, nullptr, 1024).shm, nullptr);
+}
+
+// Agents in one process given different host ids talk through gRPC, as
+// separate hosts do; those with the same id through shared memory.
+TEST(ShmAgents, AnotherHostIdMeansGrpc) {
+  Registry registry;
+  ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
+  AgentOptions m = MasterOptions({"w1", "w2"});
+  m.host_id = "host-a";
+  auto master = Agent::Start(m, &registry).value();
+  std::vector<std::unique_ptr<Agent>> workers;
+  for (const char* host : {"host-b", "host-a"}) {
+    AgentOptions w;
+    w.name = absl::StrCat("w", workers.size() + 1);
+    w.master_address = master->self().address;
+    w.host_id = host;
+    workers.push_back(Agent::Start(w, &registry).value());
+  }
+  std::vector<std::thread> joins;
+  for (auto& w : workers) joins.emplace_back([&w] { EXPECT_TRUE(w->Join().ok()); });
+  ASSERT_TRUE(master->Join().ok());
+  for (auto& t : joins) t.join();
+  EXPECT_EQ(master->self().host_id, "host-a");
+  EXPECT_EQ(master->channel_to("w1").value(), "grpc");
+  EXPECT_EQ(master->channel_to("w2").value(), "shm");
+  EXPECT_EQ(workers[0]->channel_to("w2").value(), "grpc");
+  at::Tensor x = at::randn({512, 512});  // 1 MiB
+  auto y = master->rpc_sync("w1", "echo", {x});
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_TRUE(at::equal(y->toTensor(), x));
+  EXPECT_EQ(master->shm_stats().writes, 0);
+  EXPECT_EQ(workers[0]->shm_stats().reads, 0);
+  ASSERT_TRUE(master->rpc_sync("w2", "echo", {x}).ok());
+  EXPECT_GE(master->shm_stats().writes, 1);
+  std::vector<std::thread> stops;
+  for (auto& w : workers) stops.emplace_back([&w] { EXPECT_TRUE(w->Shutdown().ok()); });
+  EXPECT_TRUE(master->Shutdown().ok());
+  for (auto& t : stops) t.join();
+  AgentOptions bad = MasterOptions({"w1"});
+  bad.host_id = "a b";
+  EXPECT_THAT(Agent::Start(bad, &registry).status().message(), HasSubstr("--host-id"));
 }
 
 int CountRemoraFilesInDevShm() {

@@ -1,0 +1,271 @@
+// remora-launch: starts this process's role in a cluster job from the
+// environment (torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, or
+// Slurm's SLURM_PROCID/SLURM_NTASKS/SLURM_JOB_NODELIST): rank 0 becomes the
+// master with the given master flags, every other rank the worker
+// `worker<rank>` joining it. It replaces itself with that program (exec),
+// so the job's exit code and signals are the role's own.
+//
+//   srun remora-launch --batches 2 --image-size 32        (Slurm)
+//   RANK=1 WORLD_SIZE=3 MASTER_ADDR=10.0.0.1 MASTER_PORT=29500 remora-launch ...
+//
+// Links no LibTorch: launch/cluster_env.h does the work.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "launch/cluster_env.h"
+
+namespace {
+
+using remora::launch::ClusterRole;
+using remora::launch::EnvSource;
+
+constexpr char kUsage[] = R"(usage: remora-launch [launcher flags] [master flags] [-- worker flags]
+
+Starts this process's part of a remora job from the cluster's environment:
+rank 0 runs `master` with the master flags, every other rank r runs `worker
+--name worker<r>`, which joins it. Ranks come from torchrun's variables (RANK,
+WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) or Slurm's (SLURM_PROCID,
+SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_JOB_NODELIST). Rank 0's host
+is MASTER_ADDR, else the first host of the node list (a Slurm node name that
+does not resolve is looked up with `scontrol show node`); MASTER_PORT defaults
+to 29500. The master listens on that host's address (or --listen), each worker
+on the address of its host that routes to the master, on a free port.
+
+launcher flags:
+  --env auto|torchrun|slurm   which variables to read; auto: torchrun's when RANK
+                              or WORLD_SIZE is set, else Slurm's (default: auto)
+  --listen HOST:PORT          where rank 0 listens (default: rank 0's host address
+                              and MASTER_PORT; 0.0.0.0 only when given here)
+  --worker-listen HOST:PORT   where workers serve (default: this host's address
+                              toward the master, port 0)
+  --host-id ID                this process's host identity (REMORA_HOST_ID), for
+                              containers: processes share memory only when their
+                              host ids are equal
+  --master-program PATH       the master program (default: master beside this one)
+  --worker-program PATH       the worker program (default: worker beside this one),
+                              e.g. your own built with launch::WorkerMain
+  --dry-run                   print the role and its command line, start nothing
+  --help                      print this and exit
+
+Passed to every rank: --token-file, --tls-cert, --tls-key, --tls-ca and
+--connect-timeout. Every other flag before `--` goes to the master (see
+`master --help`); flags after `--` go to the workers (see `worker --help`).
+remora-launch sets the master's --workers itself, so do not pass it.
+)";
+
+// Flags remora-launch takes, and the master flags it passes to every rank.
+struct Flags {
+  std::string env = "auto";
+  std::string listen;
+  std::string worker_listen;
+  std::string host_id;
+  std::string master_program;
+  std::string worker_program;
+  bool dry_run = false;
+  std::vector<std::string> master_args;
+  std::vector<std::string> shared_args;
+  std::vector<std::string> worker_args;
+};
+
+std::string ProgramDir() {
+  char path[4096] = {0};
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  std::string self = n > 0 ? std::string(path, n) : "";
+  const size_t slash = self.rfind('/');
+  return slash == std::string::npos ? "." : self.substr(0, slash);
+}
+
+// Parses argv into Flags; false after printing the usage or an error, with
+// the exit code in *code.
+bool ParseFlags(int argc, char** argv, Flags* f, int* code) {
+  const std::vector<std::string> own = {"env", "listen", "worker-listen", "host-id",
+                                        "master-program", "worker-program"};
+  const std::vector<std::string> shared = {"token-file", "tls-cert", "tls-key", "tls-ca",
+                                           "connect-timeout"};
+  auto in = [](const std::vector<std::string>& v, const std::string& s) {
+    return std::find(v.begin(), v.end(), s) != v.end();
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--") {
+      f->worker_args.assign(argv + i + 1, argv + argc);
+      break;
+    }
+    if (arg == "--help" || arg == "-h") {
+      std::cout << kUsage;
+      *code = 0;
+      return false;
+    }
+    if (arg == "--dry-run") {
+      f->dry_run = true;
+      continue;
+    }
+    std::string name = arg.rfind("--", 0) == 0 ? arg.substr(2) : "", value;
+    bool inline_value = false;
+    if (auto eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      inline_value = true;
+    }
+    if (name == "workers" || name == "local") {
+      std::cerr << "remora-launch: --" << name
+                << " is not for remora-launch: it starts the master and one worker per rank "
+                   "(worker1 ... worker<N-1>) from the environment\n";
+      *code = 2;
+      return false;
+    }
+    if (!in(own, name) && !in(shared, name)) {
+      f->master_args.push_back(arg);  // the master's, value and all
+      continue;
+    }
+    if (!inline_value) {
+      if (i + 1 >= argc) {
+        std::cerr << "remora-launch: --" << name << " needs a value\n";
+        *code = 2;
+        return false;
+      }
+      value = argv[++i];
+    }
+    if (in(shared, name)) {
+      f->shared_args.insert(f->shared_args.end(), {"--" + name, value});
+    } else if (name == "env") {
+      f->env = value;
+    } else if (name == "listen") {
+      f->listen = value;
+    } else if (name == "worker-listen") {
+      f->worker_listen = value;
+    } else if (name == "host-id") {
+      f->host_id = value;
+    } else if (name == "master-program") {
+      f->master_program = value;
+    } else {
+      f->worker_program = value;
+    }
+  }
+  return true;
+}
+
+// The IP address of rank 0's host: MASTER_ADDR or the node list's first
+// host, through the resolver, else (Slurm) its NodeAddr from scontrol.
+absl::StatusOr<std::string> MasterIp(const ClusterRole& role) {
+  auto resolved = remora::launch::ResolveHost(role.master_host);
+  if (resolved.ok() || role.source != EnvSource::kSlurm) {
+    if (!resolved.ok()) {
+      return absl::NotFoundError(absl::StrCat(resolved.status().message(), " (rank 0's host, from ",
+                                              role.master_host_origin,
+                                              "); set MASTER_ADDR to its IP address"));
+    }
+    return resolved;
+  }
+  // A Slurm node name need not resolve (NodeName=n1 NodeAddr=10.0.0.1).
+  const std::string command =
+      absl::StrCat("scontrol show node -o '", role.master_host, "' 2>&1");
+  std::string output;
+  if (role.master_host.find('\'') == std::string::npos) {
+    if (FILE* p = popen(command.c_str(), "r")) {
+      char buf[4096];
+      size_t n;
+      while ((n = fread(buf, 1, sizeof(buf), p)) > 0) output.append(buf, n);
+      pclose(p);
+    }
+  }
+  auto addr = remora::launch::NodeAddrFromScontrol(output);
+  if (addr.ok()) {
+    auto ip = remora::launch::ResolveHost(*addr);
+    if (ip.ok()) return ip;
+    addr = ip.status();
+  }
+  return absl::NotFoundError(absl::StrCat(
+      resolved.status().message(), " (rank 0's host, from ", role.master_host_origin,
+      "), and `scontrol show node ", role.master_host, "` gave no usable NodeAddr (",
+      addr.status().message(), "); set MASTER_ADDR to rank 0's IP address"));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f;
+  int code = 0;
+  if (!ParseFlags(argc, argv, &f, &code)) return code;
+  auto choice = remora::launch::ParseEnvChoice(f.env);
+  if (!choice.ok()) {
+    std::cerr << "remora-launch: " << choice.status().message() << "\n";
+    return 2;
+  }
+  auto role = remora::launch::RoleFromEnvironment(remora::launch::ReadClusterEnvironment(), *choice);
+  if (!role.ok()) {
+    std::cerr << "remora-launch: " << role.status().message() << "\n";
+    return 2;
+  }
+  const std::string dir = ProgramDir();
+  remora::launch::LaunchOptions o;
+  o.master_program = f.master_program.empty() ? dir + "/master" : f.master_program;
+  o.worker_program = f.worker_program.empty() ? dir + "/worker" : f.worker_program;
+  o.master_args = f.master_args;
+  o.shared_args = f.shared_args;
+  o.worker_args = f.worker_args;
+  auto fail = [&](const std::string& why) {
+    std::cerr << "remora-launch: " << role->Describe() << ": " << why << "\n";
+    return 1;
+  };
+  if (role->is_master() && !f.listen.empty()) {
+    o.master_address = f.listen;  // the master checks HOST:PORT itself
+  } else {
+    if (role->master_host == "0.0.0.0" || role->master_host == "::") {
+      return fail(absl::StrCat(role->master_host_origin, " is ", role->master_host,
+                               ", which workers cannot reach; give rank 0's address (to listen "
+                               "on every interface, pass --listen ",
+                               role->master_host == "::" ? "[::]" : "0.0.0.0", ":PORT)"));
+    }
+    auto ip = MasterIp(*role);
+    if (!ip.ok()) return fail(std::string(ip.status().message()));
+    o.master_address = remora::launch::JoinHostPort(*ip, role->master_port);
+    if (role->is_master()) {
+      if (auto s = remora::launch::CheckLocalAddress(*ip); !s.ok()) {
+        char host[256] = {0};
+        gethostname(host, sizeof(host) - 1);
+        return fail(absl::StrCat("rank 0 runs on ", host, ", but rank 0's host '",
+                                 role->master_host, "' (from ", role->master_host_origin,
+                                 ") is ", *ip, ": ", s.message(),
+                                 ". Set MASTER_ADDR to this host's address, or pass --listen"));
+      }
+    } else if (!f.worker_listen.empty()) {
+      o.worker_listen = f.worker_listen;
+    } else {
+      auto local = remora::launch::LocalAddressToward(*ip, role->master_port);
+      if (!local.ok()) return fail(std::string(local.status().message()));
+      o.worker_listen = remora::launch::JoinHostPort(*local, 0);
+    }
+  }
+  const std::vector<std::string> command = remora::launch::RoleCommand(*role, o);
+  const std::string summary =
+      role->is_master()
+          ? absl::StrCat("master at ", o.master_address, " for ",
+                         absl::StrJoin(role->worker_names(), ","))
+          : absl::StrCat("worker '", role->name(), "' at ", o.worker_listen, " joining ",
+                         o.master_address);
+  if (f.dry_run) {
+    std::cout << role->Describe() << ": " << summary << "\n"
+              << absl::StrJoin(command, " ") << "\n";
+    if (!f.host_id.empty()) std::cout << "REMORA_HOST_ID=" << f.host_id << "\n";
+    return 0;
+  }
+  std::cerr << "remora-launch: " << role->Describe() << ": " << summary << std::endl;
+  if (!f.host_id.empty()) setenv("REMORA_HOST_ID", f.host_id.c_str(), 1);
+  std::vector<char*> args;
+  for (const auto& a : command) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  execv(args[0], args.data());
+  return fail(absl::StrCat("cannot start ", command[0], ": ", std::strerror(errno),
+                           " (--master-program / --worker-program give another path)"));
+}

@@ -1,0 +1,144 @@
+// remora-launch, the real program: flags and errors, the command each rank
+// gets under torchrun's and Slurm's variables (--dry-run), and a group of
+// three ranks that trains under torchrun's variables.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "tests/support/test_group.h"
+
+namespace remora {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+const std::string kBin = REMORA_BIN_DIR;
+const std::string kLaunch = kBin + "/remora-launch";
+
+// remora-launch with exactly `env` as its environment (env -i).
+std::pair<int, std::string> Launch(const std::vector<std::string>& env,
+                                   const std::vector<std::string>& args,
+                                   absl::Duration timeout = absl::Seconds(60)) {
+  std::vector<std::string> argv = {"/usr/bin/env", "-i", "PATH=/usr/bin:/bin"};
+  argv.insert(argv.end(), env.begin(), env.end());
+  argv.push_back(kLaunch);
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunProgram(argv, timeout);
+}
+
+TEST(RemoraLaunch, HelpAndBadFlags) {
+  auto [help, help_out] = Launch({}, {"--help"});
+  EXPECT_EQ(help, 0);
+  EXPECT_THAT(help_out, HasSubstr("SLURM_JOB_NODELIST"));
+  EXPECT_THAT(help_out, HasSubstr("MASTER_ADDR"));
+  EXPECT_THAT(help_out, HasSubstr("--host-id"));
+  auto [workers, workers_out] = Launch({"RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1"},
+                                       {"--workers", "a,b"});
+  EXPECT_EQ(workers, 2);
+  EXPECT_THAT(workers_out, HasSubstr("--workers is not for remora-launch"));
+  auto [env, env_out] = Launch({}, {"--env", "mpi"});
+  EXPECT_EQ(env, 2);
+  EXPECT_THAT(env_out, HasSubstr("auto, torchrun or slurm"));
+  auto [no_value, no_value_out] = Launch({}, {"--listen"});
+  EXPECT_EQ(no_value, 2);
+  EXPECT_THAT(no_value_out, HasSubstr("--listen needs a value"));
+}
+
+TEST(RemoraLaunch, MissingOrContradictoryEnvironmentIsAnErrorListingWhatWasFound) {
+  auto [none, none_out] = Launch({"MASTER_PORT=29999"}, {"--dry-run"});
+  EXPECT_EQ(none, 2);
+  EXPECT_THAT(none_out, HasSubstr("no cluster environment"));
+  EXPECT_THAT(none_out, HasSubstr("Found: MASTER_PORT=29999."));
+  auto [bad, bad_out] = Launch({"SLURM_PROCID=4", "SLURM_NTASKS=4", "SLURM_JOB_NODELIST=n[1-2]"},
+                               {"--dry-run"});
+  EXPECT_EQ(bad, 2);
+  EXPECT_THAT(bad_out, HasSubstr("SLURM_PROCID=4 is not below SLURM_NTASKS=4"));
+  EXPECT_THAT(bad_out, HasSubstr("SLURM_JOB_NODELIST=n[1-2]"));
+}
+
+TEST(RemoraLaunch, EachRankGetsItsRoleUnderTorchrunAndSlurm) {
+  const std::vector<std::string> torchrun = {"WORLD_SIZE=3", "MASTER_ADDR=127.0.0.1",
+                                             "MASTER_PORT=29611"};
+  auto env = [](std::vector<std::string> e, const std::string& more) {
+    e.push_back(more);
+    return e;
+  };
+  auto [m, m_out] = Launch(env(torchrun, "RANK=0"),
+                           {"--dry-run", "--batches", "2", "--token-file", "tok", "--", "--threads", "1"});
+  EXPECT_EQ(m, 0) << m_out;
+  EXPECT_THAT(m_out, HasSubstr("rank 0 of 3 (torchrun, local rank 0): master at 127.0.0.1:29611"));
+  EXPECT_THAT(m_out, HasSubstr("/master --batches 2 --token-file tok --listen 127.0.0.1:29611 "
+                               "--workers worker1,worker2\n"));
+  auto [w, w_out] = Launch(env(torchrun, "RANK=2"),
+                           {"--dry-run", "--batches", "2", "--token-file", "tok", "--", "--threads", "1"});
+  EXPECT_EQ(w, 0) << w_out;
+  EXPECT_THAT(w_out, HasSubstr("/worker --token-file tok --threads 1 --name worker2 --master "
+                               "127.0.0.1:29611 --listen 127.0.0.1:0\n"));
+  EXPECT_THAT(w_out, Not(HasSubstr("--batches")));
+
+  // Slurm: rank 0's host is the node list's first, here a name that resolves.
+  const std::vector<std::string> slurm = {"SLURM_NTASKS=4", "SLURM_JOB_NODELIST=localhost",
+                                          "SLURM_NODEID=0"};
+  auto [s0, s0_out] = Launch(env(env(slurm, "SLURM_PROCID=0"), "SLURM_LOCALID=0"),
+                             {"--dry-run", "--host-id", "box7"});
+  EXPECT_EQ(s0, 0) << s0_out;
+  EXPECT_THAT(s0_out, HasSubstr("rank 0 of 4 (slurm, node localhost, local rank 0)"));
+  EXPECT_THAT(s0_out, HasSubstr("--listen 127.0.0.1:29500 --workers worker1,worker2,worker3"));
+  EXPECT_THAT(s0_out, HasSubstr("REMORA_HOST_ID=box7"));
+  auto [s3, s3_out] = Launch(env(env(slurm, "SLURM_PROCID=3"), "SLURM_LOCALID=3"), {"--dry-run"});
+  EXPECT_EQ(s3, 0) << s3_out;
+  EXPECT_THAT(s3_out, HasSubstr("--name worker3 --master 127.0.0.1:29500 --listen 127.0.0.1:0"));
+}
+
+TEST(RemoraLaunch, TheMastersAddressMustBeThisHostsAndNeverTheWildcardUnasked) {
+  // 192.0.2.1 (TEST-NET-1) is no address of this host.
+  auto [away, away_out] = Launch({"RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=192.0.2.1"}, {"--dry-run"});
+  EXPECT_EQ(away, 1);
+  EXPECT_THAT(away_out, HasSubstr("192.0.2.1 is not an address of this host"));
+  EXPECT_THAT(away_out, HasSubstr("Set MASTER_ADDR to this host's address, or pass --listen"));
+  auto [any, any_out] = Launch({"RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=0.0.0.0"}, {"--dry-run"});
+  EXPECT_EQ(any, 1);
+  EXPECT_THAT(any_out, HasSubstr("MASTER_ADDR is 0.0.0.0, which workers cannot reach"));
+  auto [asked, asked_out] = Launch({"RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=0.0.0.0"},
+                                   {"--dry-run", "--listen", "0.0.0.0:29612"});
+  EXPECT_EQ(asked, 0) << asked_out;
+  EXPECT_THAT(asked_out, HasSubstr("--listen 0.0.0.0:29612"));
+  auto [unknown, unknown_out] =
+      Launch({"RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=no-such-host.invalid"}, {"--dry-run"});
+  EXPECT_EQ(unknown, 1);
+  EXPECT_THAT(unknown_out, HasSubstr("cannot resolve host 'no-such-host.invalid'"));
+  EXPECT_THAT(unknown_out, HasSubstr("from MASTER_ADDR"));
+}
+
+// Three ranks started as torchrun starts them train the smallest demo:
+// rank 0 is the master, ranks 1 and 2 the workers.
+TEST(RemoraLaunch, ThreeRanksTrainUnderTorchrunsVariables) {
+  const std::string port = absl::StrCat(FreePort());
+  std::vector<std::unique_ptr<cli::Subprocess>> ranks;
+  std::vector<std::string> outputs;
+  for (int rank = 0; rank < 3; ++rank) {
+    outputs.push_back(TempPath(absl::StrCat("launch_rank", rank, ".txt")));
+    ranks.push_back(cli::Subprocess::Spawn(
+                        {"/usr/bin/env", absl::StrCat("RANK=", rank), "WORLD_SIZE=3",
+                         absl::StrCat("LOCAL_RANK=", rank), "MASTER_ADDR=127.0.0.1",
+                         "MASTER_PORT=" + port, kLaunch, "--batches", "1", "--batch-size", "8",
+                         "--image-size", "32", "--splits", "2", "--partition", "tutorial",
+                         "--connect-timeout", "60", "--", "--threads", "1"},
+                        outputs.back())
+                        .value());
+  }
+  for (int rank = 0; rank < 3; ++rank) {
+    auto code = ranks[rank]->Wait(absl::Seconds(240));
+    ASSERT_TRUE(code.ok()) << "rank " << rank << " did not exit: " << ReadFile(outputs[rank]);
+    EXPECT_EQ(*code, 0) << "rank " << rank << ":\n" << ReadFile(outputs[rank]);
+  }
+  const std::string master = ReadFile(outputs[0]);
+  EXPECT_THAT(master, HasSubstr("remora-launch: rank 0 of 3 (torchrun, local rank 0): master at "
+                                "127.0.0.1:" + port));
+  EXPECT_THAT(master, HasSubstr("batch=0 loss="));
+  EXPECT_THAT(ReadFile(outputs[2]), HasSubstr("worker 'worker2' at 127.0.0.1:0 joining"));
+}
+
+}  // namespace
+}  // namespace remora
