@@ -204,6 +204,21 @@ TEST(Checkpoint, AResumedPipelineEndsBitwiseEqualToOneThatNeverStopped) {
   for (const auto& s : saved) flat.insert(flat.end(), s.begin(), s.end());
   ASSERT_EQ(flat.size(), want.size());
   for (size_t j = 0; j < want.size(); ++j) EXPECT_TRUE(at::equal(flat[j], want[j])) << j;
+  // The evaluator's way: the whole model in this process, TorchScript and
+  // registered stages alike, with the saved weights.
+  auto model = LoadModel(Latest(dir).value(), c10::kCPU);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_EQ(model->size(), 4u);
+  std::vector<at::Tensor> loaded;
+  c10::IValue x = data[0].first;
+  for (auto& stage : *model) {
+    for (const at::Tensor& p : stage->Parameters()) loaded.push_back(p);
+    for (const at::Tensor& b : stage->Buffers()) loaded.push_back(b);
+    x = stage->Forward(x);
+  }
+  EXPECT_EQ(x.toTensor().sizes(), data[0].second.sizes());
+  ASSERT_EQ(loaded.size(), want.size());
+  for (size_t j = 0; j < want.size(); ++j) EXPECT_TRUE(at::equal(loaded[j], want[j])) << j;
   pipe.reset();
 
   // Resumed after step 5: fresh stages, the checkpoint loaded, step 6 again.
