@@ -43,6 +43,7 @@ class NetNamespaces : public ::testing::Test {
  protected:
   void SetUp() override {
     if (geteuid() != 0) GTEST_SKIP() << "needs root to create network namespaces";
+    if (access(kIp, X_OK) != 0) GTEST_SKIP() << "needs " << kIp << " (Debian's iproute2; ./run installs it)";
     RemoveStaleNamespaces();
     prefix_ = absl::StrCat("remora-t", getpid(), "-");
     std::string script = absl::StrCat("set -e\n", kIp, " netns add ", prefix_, "hub\n", kIp,
