@@ -48,8 +48,10 @@ class NetNamespaces : public ::testing::Test {
     prefix_ = absl::StrCat("remora-t", getpid(), "-");
     // A root without the means (a chroot whose / is no mount point, no
     // CAP_SYS_ADMIN) cannot make namespaces at all: say so and skip.
-    auto [probe, why] = Shell(absl::StrCat(kIp, " netns add ", prefix_, "probe && ", kIp, " netns del ",
-                                           prefix_, "probe"));
+    const std::string probe_ns = prefix_ + "probe";
+    auto [probe, why] = Shell(absl::StrCat(kIp, " netns add ", probe_ns, " && ", kIp, " -n ", probe_ns,
+                                           " link set lo up; rc=$?; ", kIp, " netns del ", probe_ns,
+                                           " 2>/dev/null; exit $rc"));
     if (probe != 0) GTEST_SKIP() << "cannot create network namespaces here: " << why;
     std::string script = absl::StrCat("set -e\n", kIp, " netns add ", prefix_, "hub\n", kIp,
                                       " -n ", prefix_, "hub link add br0 type bridge\n", kIp, " -n ",
