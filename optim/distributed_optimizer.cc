@@ -30,24 +30,8 @@ class LocalOptimizer {
 
   int64_t state_bytes() const { return StateBytes(*optimizer_); }
 
-  // The optimizer's state (LibTorch's archive) as bytes, and back.
-  at::Tensor SaveState() const {
-    torch::serialize::OutputArchive archive;
-    optimizer_->save(archive);
-    std::ostringstream out;
-    archive.save_to(out);
-    const std::string bytes = out.str();
-    at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
-    std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
-    return t;
-  }
-  void LoadState(const at::Tensor& bytes) {
-    const at::Tensor b = bytes.contiguous().cpu();
-    std::istringstream in(std::string(static_cast<const char*>(b.data_ptr()), b.numel()));
-    torch::serialize::InputArchive archive;
-    archive.load_from(in);
-    optimizer_->load(archive);
-  }
+  at::Tensor SaveState() const { return SaveOptimizerState(*optimizer_); }
+  void LoadState(const at::Tensor& bytes) { LoadOptimizerState(*optimizer_, bytes); }
 
   // Steps with the gradients `context` accumulated here.
   void Step(const dist_autograd::DistContext& context) {
@@ -108,6 +92,25 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const c10::impl::GenericD
                       .amsgrad(get("amsgrad") != 0.0));
   }
   throw std::invalid_argument("unknown optimizer kind");
+}
+
+at::Tensor SaveOptimizerState(const torch::optim::Optimizer& optimizer) {
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  const std::string bytes = out.str();
+  at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+  std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+  return t;
+}
+
+void LoadOptimizerState(torch::optim::Optimizer& optimizer, const at::Tensor& bytes) {
+  const at::Tensor b = bytes.contiguous().cpu();
+  std::istringstream in(std::string(static_cast<const char*>(b.data_ptr()), b.numel()));
+  torch::serialize::InputArchive archive;
+  archive.load_from(in);
+  optimizer.load(archive);
 }
 
 int64_t StateBytes(const torch::optim::Optimizer& optimizer) {

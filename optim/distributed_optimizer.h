@@ -70,6 +70,11 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const c10::impl::GenericD
 // throws std::invalid_argument, naming `who`, for any other entry.
 std::vector<at::Tensor> OwnedParameters(const c10::IValue& rrefs, const std::string& who);
 
+// An optimizer's state as LibTorch's archive in a uint8 tensor (what
+// checkpoints store), and loading it back (throws when it does not fit).
+at::Tensor SaveOptimizerState(const torch::optim::Optimizer& optimizer);
+void LoadOptimizerState(torch::optim::Optimizer& optimizer, const at::Tensor& bytes);
+
 // Bytes of an optimizer's state (SGD's momentum buffers, Adam's moments).
 int64_t StateBytes(const torch::optim::Optimizer& optimizer);
 

@@ -1,15 +1,11 @@
 #include "ps/parameter_server.h"
 
 #include <algorithm>
-#include <cstring>
 #include <map>
-#include <sstream>
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Dict.h>
-#include <ATen/ops/empty.h>
 #include <ATen/ops/tensor_split.h>
-#include <torch/serialize/archive.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -312,16 +308,7 @@ std::vector<std::vector<at::Tensor>> ParameterServer::stage_state() const {
   return out;
 }
 
-at::Tensor ParameterServer::optimizer_state() const {
-  torch::serialize::OutputArchive archive;
-  optimizer_->save(archive);
-  std::ostringstream out;
-  archive.save_to(out);
-  const std::string bytes = out.str();
-  at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
-  std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
-  return t;
-}
+at::Tensor ParameterServer::optimizer_state() const { return optim::SaveOptimizerState(*optimizer_); }
 
 absl::Status ParameterServer::Load(const std::vector<std::vector<at::Tensor>>& stages,
                                    const at::Tensor& optimizer) {
@@ -333,13 +320,7 @@ absl::Status ParameterServer::Load(const std::vector<std::vector<at::Tensor>>& s
     for (size_t k = 0; k < stages.size(); ++k) {
       pipeline::LoadState(*model_[k], stages[k], absl::StrCat("parameter server, stage ", k));
     }
-    if (optimizer.defined()) {
-      const at::Tensor b = optimizer.contiguous().cpu();
-      std::istringstream in(std::string(static_cast<const char*>(b.data_ptr()), b.numel()));
-      torch::serialize::InputArchive archive;
-      archive.load_from(in);
-      optimizer_->load(archive);
-    }
+    if (optimizer.defined()) optim::LoadOptimizerState(*optimizer_, optimizer);
   } catch (...) {
     return StatusFromCurrentException("parameter server: loading the saved state");
   }

@@ -2,13 +2,9 @@
 // whole batch, backup workers drop a slowed worker, lost workers fail the
 // step or are dropped, checkpoints the evaluator reads, and master --mode ps.
 #include <csignal>
-#include <filesystem>
-#include <fstream>
 #include <regex>
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/equal.h>
-#include <ATen/ops/randint.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -256,30 +252,6 @@ TEST(Ps, CheckpointsHoldTheServersModelAndResume) {
   ExpectStateNear((*resumed)->stage_state(), (*server)->stage_state(), "resumed");
 }
 
-// A learnable toy IDX dataset in `dir` (as resnet_test's): class c is a
-// bright 6x6 square at one of ten places, on noise.
-void WriteToyIdx(const std::string& dir, int train, int test) {
-  std::filesystem::create_directories(dir);
-  auto be = [](std::string* out, uint32_t v) {
-    for (int s = 24; s >= 0; s -= 8) out->push_back(static_cast<char>((v >> s) & 0xff));
-  };
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
-  for (auto [prefix, n] : {std::pair<std::string, int>{"train", train}, {"t10k", test}}) {
-    std::string images, labels;
-    be(&images, 2051), be(&images, n), be(&images, 28), be(&images, 28);
-    be(&labels, 2049), be(&labels, n);
-    at::Tensor noise = at::randint(0, 60, {n, 28, 28}, gen, at::TensorOptions(at::kByte));
-    for (int i = 0; i < n; ++i) {
-      const int c = i % 10, r = 2 + (c / 5) * 14, col = 2 + (c % 5) * 5;
-      noise[i].slice(0, r, r + 6).slice(1, col, col + 6).fill_(250);
-      labels.push_back(static_cast<char>(c));
-    }
-    images.append(static_cast<const char*>(noise.data_ptr()), n * 28 * 28);
-    std::ofstream(dir + "/" + prefix + "-images-idx3-ubyte", std::ios::binary) << images;
-    std::ofstream(dir + "/" + prefix + "-labels-idx1-ubyte", std::ios::binary) << labels;
-  }
-}
-
 // (train_loss, test_accuracy) per epoch in a --report file.
 std::vector<std::pair<double, double>> ReportEpochs(const std::string& json) {
   std::vector<std::pair<double, double>> out;
@@ -311,7 +283,7 @@ std::pair<int, std::string> RunPs(const std::vector<std::string>& master_args) {
 // whole batches (--local --splits 1), and its checkpoints are readable.
 TEST(Ps, MasterProgramTrainsADatasetLikeOneProcess) {
   const std::string dir = TempPath("ps_toy_idx");
-  WriteToyIdx(dir, 320, 100);
+  test_support::WriteToyIdx(dir, 320, 100);
   const std::vector<std::string> args = {"--dataset", "idx:" + dir, "--epochs", "2", "--batch-size", "32"};
   const std::string local_report = TempPath("ps_local.json");
   std::vector<std::string> local_argv = {kBin + "/master", "--local", "--threads", "1", "--splits", "1",
@@ -354,7 +326,7 @@ TEST(Ps, MasterProgramTrainsADatasetLikeOneProcess) {
 // had not stopped.
 TEST(Ps, MasterResumesFromTheServersCheckpoint) {
   const std::string dir = TempPath("ps_resume_idx");
-  WriteToyIdx(dir, 160, 50);
+  test_support::WriteToyIdx(dir, 160, 50);
   const std::vector<std::string> args = {"--dataset", "idx:" + dir, "--batch-size", "32", "--threads", "1"};
   auto with = [&args](std::vector<std::string> more) {
     more.insert(more.begin(), args.begin(), args.end());
