@@ -34,7 +34,9 @@ debian_root_mount "$root"
 
 # What a GPU machine has besides the GPU: a compiler, CMake, LibTorch
 # (the wheel's there; Debian's here), Python. Never gRPC, protobuf, Abseil.
-want=(cmake make g++ libtorch-dev libgloo-dev libopenblas0-pthread python3)
+# And ccache, which a GPU machine may lack (the build then goes without it):
+# here it keeps the rehearsal's builds in the kept root's cache.
+want=(cmake make g++ libtorch-dev libgloo-dev libopenblas0-pthread python3 ccache)
 if ! debian_root_run "$root" dpkg-query -W "${want[@]}" >/dev/null 2>&1; then
   echo "gpu_rehearse: installing ${want[*]} in $root (once)" >&2
   # (-f first: a kept root lacks what the loop below removed, which apt
