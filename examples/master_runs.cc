@@ -211,7 +211,8 @@ absl::StatusOr<std::unique_ptr<parallel::DataParallelPipeline>> CreatePipeline(
   std::printf("  schedule %s: %d stages over %zu workers", pipe->replica(0).schedule().name.c_str(),
               pipe->replica(0).num_stages(), c.workers.size());
   if (c.replicas > 1) {
-    std::printf(", %d replicas (gradients summed over Gloo%s%s):\n%s", c.replicas,
+    std::printf(", %d replicas (gradients summed over %s%s%s):\n%s", c.replicas,
+                pipe->backend().c_str(),
                 c.overlap ? ", overlapping backward" : "",
                 c.zero == 1 ? ", ZeRO-1: optimizer state sharded" : "", pipe->Placement().c_str());
   } else {

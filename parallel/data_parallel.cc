@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -29,12 +30,13 @@ std::string HostOf(const std::string& address) {
 DataParallelPipeline::DataParallelPipeline(Agent& agent, DataParallelOptions options,
                                            std::vector<std::unique_ptr<pipeline::Pipeline>> replicas,
                                            std::unique_ptr<StoreServer> store,
-                                           std::vector<Member> members)
+                                           std::vector<Member> members, std::string backend)
     : agent_(agent),
       options_(std::move(options)),
       replicas_(std::move(replicas)),
       store_(std::move(store)),
-      members_(std::move(members)) {}
+      members_(std::move(members)),
+      backend_(std::move(backend)) {}
 
 DataParallelPipeline::~DataParallelPipeline() = default;
 
@@ -84,6 +86,7 @@ absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Crea
   }
   std::unique_ptr<StoreServer> store;
   std::vector<Member> members;
+  std::string backend;
   if (R > 1) {
     ASSIGN_OR_RETURN(store, StoreServer::Start(HostOf(agent.self().address)));
     static std::atomic<int64_t> next_id{0};
@@ -116,12 +119,17 @@ absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Crea
       }
     }
     // Every member joins its group at once; wait for all of them.
-    RETURN_IF_ERROR(CallGroups(members, -1, "discard",
-                               [](const Member&) -> std::vector<c10::IValue> { return {int64_t{-1}}; },
-                               "making the gradient group"));
+    std::vector<c10::IValue> backends;
+    RETURN_IF_ERROR(CallGroups(members, -1, "backend",
+                               [](const Member&) -> std::vector<c10::IValue> { return {}; },
+                               "making the gradient group", &backends));
+    std::set<std::string> names;
+    for (const c10::IValue& b : backends) names.insert(b.toStringRef());
+    backend = absl::StrJoin(names.rbegin(), names.rend(), " and ");
   }
   return std::unique_ptr<DataParallelPipeline>(new DataParallelPipeline(
-      agent, std::move(o), std::move(replicas), std::move(store), std::move(members)));
+      agent, std::move(o), std::move(replicas), std::move(store), std::move(members),
+      std::move(backend)));
 }
 
 absl::StatusOr<double> DataParallelPipeline::train_step(const c10::IValue& inputs,

@@ -68,6 +68,10 @@ class DataParallelPipeline {
   std::string Placement() const;
   // Per replica, the bytes of optimizer state its workers hold.
   absl::StatusOr<std::vector<int64_t>> optimizer_state_bytes();
+  // The c10d backend the groups sum over: "Gloo", "NCCL" (CUDA stages,
+  // each replica on a GPU of its own), or "NCCL and Gloo"; empty with one
+  // replica.
+  const std::string& backend() const { return backend_; }
   // The buckets the last step summed (over all groups).
   int64_t last_buckets() const { return last_buckets_; }
 
@@ -88,13 +92,15 @@ class DataParallelPipeline {
 
   DataParallelPipeline(Agent& agent, DataParallelOptions options,
                        std::vector<std::unique_ptr<pipeline::Pipeline>> replicas,
-                       std::unique_ptr<StoreServer> store, std::vector<Member> members);
+                       std::unique_ptr<StoreServer> store, std::vector<Member> members,
+                       std::string backend);
 
   Agent& agent_;
   const DataParallelOptions options_;
   std::vector<std::unique_ptr<pipeline::Pipeline>> replicas_;
   std::unique_ptr<StoreServer> store_;
   std::vector<Member> members_;  // replica by replica
+  const std::string backend_;
   int64_t last_buckets_ = 0;
 };
 

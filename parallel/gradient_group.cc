@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <vector>
@@ -30,8 +32,8 @@
 namespace remora::parallel {
 namespace {
 
-// One bucket in flight: its parameters, their gradients flattened (in
-// host memory), and the sum being computed.
+// One bucket in flight: its parameters, their gradients flattened (on the
+// group's device: see Collectable), and the sum being computed.
 struct Bucket {
   std::vector<at::Tensor> params;
   at::Tensor flat;
@@ -75,6 +77,13 @@ class GradientGroup {
     zero_ = true;
   }
 
+  // `t` where the group's collectives take it: as it is for an NCCL group
+  // (the stage's CUDA device), else in host memory, where Gloo's groups sum
+  // (a CUDA stage's tensors are then staged through it).
+  at::Tensor Collectable(const at::Tensor& t) const { return group_->on_device() ? t : t.cpu(); }
+
+  std::string Backend() const { return group_->on_device() ? "NCCL" : "Gloo"; }
+
   int64_t StateBytes() const {
     return zero_optimizer_ ? optim::StateBytes(*zero_optimizer_) : 0;
   }
@@ -93,9 +102,11 @@ class GradientGroup {
       }
     }
     std::memcpy(&sig[2], &hash, sizeof(hash));
-    at::Tensor broadcast = at::empty({3}, at::kLong);
-    std::memcpy(broadcast.data_ptr<int64_t>(), sig.data(), sizeof(int64_t) * 3);
+    at::Tensor mine = at::empty({3}, at::kLong);
+    std::memcpy(mine.data_ptr<int64_t>(), sig.data(), sizeof(int64_t) * 3);
+    at::Tensor broadcast = Collectable(FirstParameterDevice(mine));
     Check(group_->Broadcast(broadcast, 0));
+    broadcast = broadcast.cpu();
     const int64_t* theirs = broadcast.data_ptr<int64_t>();
     if (!std::equal(sig.begin(), sig.end(), theirs)) {
       throw std::invalid_argument(absl::StrCat(
@@ -107,7 +118,7 @@ class GradientGroup {
     c10::NoGradGuard no_grad;
     for (auto& [k, params] : stages_) {
       for (at::Tensor& p : params) {
-        at::Tensor copy = p.detach().contiguous().cpu();  // Gloo's groups sum host memory
+        at::Tensor copy = Collectable(p.detach().contiguous());
         Check(group_->Broadcast(copy, 0));
         if (copy.data_ptr() != p.data_ptr()) p.detach().copy_(copy);
       }
@@ -186,7 +197,7 @@ class GradientGroup {
       }
       if (owned.empty()) continue;
       std::vector<at::Tensor> flat_parts;
-      for (const at::Tensor& p : owned) flat_parts.push_back(p.detach().reshape({-1}).cpu());
+      for (const at::Tensor& p : owned) flat_parts.push_back(Collectable(p.detach().reshape({-1})));
       at::Tensor flat = at::cat(flat_parts);
       Check(group_->Broadcast(flat, q));
       if (q == rank) continue;
@@ -210,6 +221,14 @@ class GradientGroup {
     std::set<int64_t> launched;
     std::vector<Bucket> buckets;
   };
+
+  // `t` on the device of the group's first parameter (the CPU when none).
+  at::Tensor FirstParameterDevice(const at::Tensor& t) const {
+    for (const auto& [k, params] : stages_) {
+      if (!params.empty()) return t.to(params.front().device());
+    }
+    return t;
+  }
 
   static void Check(const absl::Status& s) {
     if (!s.ok()) throw std::runtime_error(std::string(s.message()));
@@ -249,10 +268,8 @@ class GradientGroup {
       }
       at::Tensor g = dist->Gradient(*p);
       // A parameter this replica's batch did not reach still takes part.
-      // Buckets live in host memory, where Gloo's groups sum (a CUDA
-      // stage's gradients are staged through it).
-      grads.push_back(g.defined() ? g.detach().reshape({-1}).cpu()
-                                  : at::zeros({p->numel()}, p->options().device(c10::kCPU)));
+      grads.push_back(Collectable(g.defined() ? g.detach().reshape({-1})
+                                              : at::zeros({p->numel()}, p->options())));
       members.push_back(*p);
       bytes += size;
     }
@@ -273,6 +290,25 @@ class GradientGroup {
   std::vector<int> zero_owner_;
   std::unique_ptr<torch::optim::Optimizer> zero_optimizer_;
 };
+
+// The CUDA device index of the group's parameters (all on the same one:
+// an NCCL group has one device per member); -1 when on the CPU.
+int CudaDeviceOf(const std::map<int64_t, std::vector<at::Tensor>>& stages,
+                 const std::string& worker) {
+  std::optional<c10::Device> device;
+  for (const auto& [k, params] : stages) {
+    for (const at::Tensor& p : params) {
+      if (!device) device = p.device();
+      if (p.device() != *device) {
+        throw std::invalid_argument(absl::StrCat(
+            "worker '", worker, "': a replicated stage's parameters are on ", device->str(), " and ",
+            p.device().str(), "; the stages one worker hosts in a replica must share one device"));
+      }
+    }
+  }
+  if (!device || !device->is_cuda()) return -1;
+  return device->has_index() ? device->index() : 0;
+}
 
 // The groups alive in this process, for the backward hook.
 struct Groups {
@@ -325,10 +361,18 @@ absl::Status RegisterFunctions(Registry& registry) {
         for (size_t i = 0; i < indices.size(); ++i) {
           stages[indices[i]] = optim::OwnedParameters(lists[i], "GradientGroup");
         }
+        g.cuda_device = CudaDeviceOf(stages, ctx.agent->self().name);
         auto joined = ProcessGroup::Join(g);
         if (!joined.ok()) {
           throw std::runtime_error(absl::StrCat("worker '", ctx.agent->self().name, "': ",
                                                 joined.status().message()));
+        }
+        if (g.cuda_device >= 0 && !(*joined)->on_device() && g.rank == 0) {
+          std::cerr << "remora: " << (*joined)->Describe() << ": the CUDA stages' gradients are "
+                    << "summed in host memory over Gloo ("
+                    << (HaveNcclGroups() ? "two members share a GPU, and NCCL needs one per member"
+                                         : "this build's LibTorch has no NCCL groups")
+                    << ")\n";
         }
         auto group = std::make_shared<GradientGroup>(ctx.agent, std::move(*joined), a[6].toInt(),
                                                      a[7].toBool(), std::move(stages));
@@ -349,6 +393,8 @@ absl::Status RegisterFunctions(Registry& registry) {
           trace::Scope scope("allreduce", -1);
           return g.Finish(a[0].toInt());
         }},
+       {"backend",
+        [](GradientGroup& g, CallContext&, const Args&) -> c10::IValue { return g.Backend(); }},
        {"state_bytes",
         [](GradientGroup& g, CallContext&, const Args&) -> c10::IValue { return g.StateBytes(); }},
        {"discard", [](GradientGroup& g, CallContext&, const Args& a) -> c10::IValue {

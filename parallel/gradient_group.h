@@ -34,11 +34,14 @@
 // [, zero, optimizer options]) with stage_params a list (one per stage
 // index) of parameter RRefs owned here; methods begin(context_id,
 // micro_batches), finish(context_id) -> number of buckets,
-// state_bytes() (ZeRO-1's optimizer state here), discard(context_id)
-// (discard(-1) does nothing: the master calls it to wait until the group
-// is made). The groups are Gloo's: buckets are summed in host memory, so a
-// CUDA stage's gradients are staged through it (NCCL groups are not there
-// yet).
+// state_bytes() (ZeRO-1's optimizer state here), backend() ("NCCL" or
+// "Gloo": the master calls it to wait until the group is made),
+// discard(context_id)
+// (discard(-1) does nothing). A group whose parameters are on a CUDA device is NCCL's where
+// the build has NCCL groups (LibTorch with CUDA), and its buckets are
+// summed on that device; otherwise the group is Gloo's and buckets are
+// summed in host memory (a CUDA stage's gradients staged through it). The
+// stages one worker hosts in a replica must share one device.
 //
 // Thread-safety: the hook and the methods may run on any threads; a
 // group's collectives are issued under its lock, in an order that the

@@ -1,6 +1,7 @@
 #include "parallel/process_group.h"
 
 #include <chrono>
+#include <cstdlib>
 #include <utility>
 #include <vector>
 
@@ -8,6 +9,14 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#if REMORA_WITH_NCCL_GROUPS
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#include <fstream>
+#include <set>
+#include <unistd.h>
+#endif
 #endif
 
 #include "absl/strings/str_cat.h"
@@ -43,16 +52,60 @@ auto ClassicStore(O& o, int) -> decltype(o.useLibUV = false, void()) {
 template <typename O>
 void ClassicStore(O&, long) {}
 
+#if REMORA_WITH_NCCL_GROUPS
+// This member's GPU as a number equal on members that use the same one:
+// the machine's boot id (else its host name) and the device's PCI address.
+int64_t GpuKey(int device) {
+  std::string machine;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> machine;
+  if (machine.empty()) {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    machine = host;
+  }
+  const cudaDeviceProp* p = at::cuda::getDeviceProperties(device);
+  return static_cast<int64_t>(std::hash<std::string>()(
+      absl::StrCat(machine, "/", p->pciDomainID, ":", p->pciBusID, ":", p->pciDeviceID)));
+}
+
+// Whether the members' GPUs are all different (one sum over `gloo`, which
+// every member calls with its own key).
+bool DistinctGpus(c10d::ProcessGroupGloo& gloo, const GroupOptions& g) {
+  at::Tensor keys = at::zeros({g.size}, at::kLong);
+  keys.data_ptr<int64_t>()[g.rank] = GpuKey(g.cuda_device);
+  std::vector<at::Tensor> tensors = {keys};
+  gloo.allreduce(tensors)->wait();
+  const int64_t* k = keys.data_ptr<int64_t>();
+  return std::set<int64_t>(k, k + g.size).size() == static_cast<size_t>(g.size);
+}
+#endif
+
 }  // namespace
 
 bool HaveGloo() { return true; }
+#if REMORA_WITH_NCCL_GROUPS
+bool HaveNcclGroups() { return true; }
+#else
+bool HaveNcclGroups() { return false; }
+#endif
 
 struct StoreServer::Impl {
   c10::intrusive_ptr<c10d::TCPStore> store;
 };
 
+// One of the two backends; With(f) calls f on the one there is.
 struct ProcessGroup::Impl {
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
+#if REMORA_WITH_NCCL_GROUPS
+  c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl;
+#endif
+  template <typename F>
+  auto With(F&& f) {
+#if REMORA_WITH_NCCL_GROUPS
+    if (nccl) return f(*nccl);
+#endif
+    return f(*gloo);
+  }
 };
 
 StoreServer::StoreServer(std::string host, int port, std::unique_ptr<Impl> impl)
@@ -99,7 +152,20 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Join(const GroupOpti
     auto options = c10d::ProcessGroupGloo::Options::create();
     options->timeout = Millis(g.timeout);
     options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(g.store_host));
-    impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, g.rank, g.size, options);
+    impl->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, g.rank, g.size, options);
+#if REMORA_WITH_NCCL_GROUPS
+    if (g.cuda_device >= 0 && DistinctGpus(*impl->gloo, g)) {
+      // wait() then blocks until the collective ends and throws when it
+      // times out (LibTorch 2.x reads this when the group is made; before
+      // 2.2 the name was NCCL_BLOCKING_WAIT). The environment may say 0.
+      setenv("TORCH_NCCL_BLOCKING_WAIT", "1", /*overwrite=*/0);
+      setenv("NCCL_BLOCKING_WAIT", "1", /*overwrite=*/0);
+      auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+      nccl_options->timeout = Millis(g.timeout);
+      impl->nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+          c10::make_intrusive<c10d::PrefixStore>("nccl/", prefixed), g.rank, g.size, nccl_options);
+    }
+#endif
   } catch (...) {
     return StatusFromCurrentException(absl::StrCat(
         "joining group '", g.name, "' as rank ", g.rank, " of ", g.size, " through the store at ",
@@ -113,7 +179,7 @@ Collective ProcessGroup::AllReduceSum(at::Tensor tensor) {
   const std::string what = absl::StrCat("all-reduce of ", tensor.numel(), " values in ", Describe());
   try {
     std::vector<at::Tensor> tensors = {std::move(tensor)};
-    auto work = impl_->pg->allreduce(tensors);
+    auto work = impl_->With([&](auto& pg) { return pg.allreduce(tensors); });
     return Collective([work, what]() -> absl::Status {
       try {
         work->wait();
@@ -134,11 +200,19 @@ absl::Status ProcessGroup::Broadcast(at::Tensor tensor, int root) {
     std::vector<at::Tensor> tensors = {std::move(tensor)};
     c10d::BroadcastOptions o;
     o.rootRank = root;
-    impl_->pg->broadcast(tensors, o)->wait();
+    impl_->With([&](auto& pg) { return pg.broadcast(tensors, o); })->wait();
     return absl::OkStatus();
   } catch (...) {
     return StatusFromCurrentException(absl::StrCat("broadcast from rank ", root, " in ", Describe()));
   }
+}
+
+bool ProcessGroup::on_device() const {
+#if REMORA_WITH_NCCL_GROUPS
+  return impl_->nccl != nullptr;
+#else
+  return false;
+#endif
 }
 
 #else  // !REMORA_WITH_GLOO
@@ -154,6 +228,7 @@ absl::Status NoGloo() {
 }  // namespace
 
 bool HaveGloo() { return false; }
+bool HaveNcclGroups() { return false; }
 
 struct StoreServer::Impl {};
 struct ProcessGroup::Impl {};
@@ -175,6 +250,7 @@ Collective ProcessGroup::AllReduceSum(at::Tensor) {
   return Collective([] { return NoGloo(); });
 }
 absl::Status ProcessGroup::Broadcast(at::Tensor, int) { return NoGloo(); }
+bool ProcessGroup::on_device() const { return false; }
 
 #endif  // REMORA_WITH_GLOO
 

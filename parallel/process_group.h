@@ -1,5 +1,6 @@
 // Collectives between processes on c10d, LibTorch's own engine: Gloo
-// process groups (CPU tensors) that meet through a TCPStore.
+// process groups (CPU tensors) or NCCL process groups (CUDA tensors, one
+// device per member) that meet through a TCPStore.
 //
 // The master hosts the store (StoreServer, on its listen address, on a port
 // the system picks); each member joins a group by name with its rank
@@ -16,7 +17,17 @@
 //   RETURN_IF_ERROR(c.Wait());                                        // flat holds the sum
 //
 // Builds without Gloo (REMORA_WITH_GLOO unset: LibTorch or libgloo-dev
-// lacking) fail Join and Start with Unimplemented.
+// lacking) fail Join and Start with Unimplemented. Every group is first a
+// Gloo group. Members whose tensors are on CUDA devices
+// (GroupOptions::cuda_device) then also make an NCCL group, used for every
+// collective, where this build has NCCL groups (HaveNcclGroups: LibTorch
+// built with CUDA) and no two members are on one GPU (NCCL needs a device
+// per member; the members compare their machines' boot ids and their
+// devices' PCI addresses over Gloo first). Otherwise the collectives stay
+// Gloo's and take host tensors; on_device() says which. NCCL's collectives
+// wait with TORCH_NCCL_BLOCKING_WAIT=1 (set unless the environment says
+// otherwise), so a dead or stalled member fails them after the timeout, as
+// with Gloo, instead of blocking.
 //
 // Thread-safety: a ProcessGroup may be used from several threads, but the
 // order of collectives must be the same on every member. Ownership: the
@@ -34,8 +45,9 @@
 
 namespace remora::parallel {
 
-// Whether this build has c10d's Gloo backend.
+// Whether this build has c10d's Gloo backend; its NCCL backend.
 bool HaveGloo();
+bool HaveNcclGroups();
 
 // The rendezvous store, hosted by the master.
 class StoreServer {
@@ -61,6 +73,7 @@ struct GroupOptions {
   int rank = 0;
   int size = 1;
   absl::Duration timeout = absl::Seconds(10);  // per collective, and for joining
+  int cuda_device = -1;  // this member's CUDA device index, or -1 (CPU tensors)
 };
 
 // A collective in flight; Wait() once.
@@ -79,12 +92,15 @@ class ProcessGroup {
   static absl::StatusOr<std::unique_ptr<ProcessGroup>> Join(const GroupOptions& options);
   ~ProcessGroup();
 
-  // Starts summing `tensor` (dense, contiguous, CPU) in place over the group.
+  // Starts summing `tensor` (dense, contiguous; on this member's CUDA
+  // device when on_device(), else on the CPU) in place over the group.
   Collective AllReduceSum(at::Tensor tensor);
   // Copies `tensor` of rank `root` into every member's `tensor`.
   absl::Status Broadcast(at::Tensor tensor, int root);
 
   const GroupOptions& options() const { return options_; }
+  // Whether the collectives take CUDA tensors (an NCCL group).
+  bool on_device() const;
   // "group 'NAME' (rank R of N)", for messages.
   std::string Describe() const;
 

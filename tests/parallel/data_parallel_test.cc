@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/time/clock.h"
+#include "channel/devices.h"
 #include "models/mlp.h"
 #include "optim/distributed_optimizer.h"
 #include "parallel/process_group.h"
@@ -85,16 +86,20 @@ DataParallelOptions TwoPlainReplicas() {
 
 // Trains `stages` with `replicas` replicas over `workers` and compares
 // with one process: losses, every replica's parameters, replicas equal.
+// `device`: the stages' (default: the workers' home device).
 void ExpectParity(Agent& master, const std::vector<std::string>& workers, int replicas,
                   const std::vector<models::MLPStageOptions>& stages, const std::string& schedule,
-                  bool overlap) {
+                  bool overlap, const std::string& device = "", double tolerance = 1e-5) {
   SCOPED_TRACE(absl::StrCat(schedule, ", ", replicas, " replicas over ", workers.size(),
                             " workers, overlap ", overlap));
   // 18 rows: the replicas' shares of a micro-batch differ by a row.
   const auto data = Data(3, 18, 6, 3);
   auto [want_losses, want_state] = test_support::TrainMlpLocally(stages, data);
   DataParallelOptions o;
-  for (const auto& s : stages) o.pipeline.stages.push_back(Spec(s));
+  for (const auto& s : stages) {
+    o.pipeline.stages.push_back(Spec(s));
+    o.pipeline.stages.back().device = device;
+  }
   o.pipeline.workers = workers;
   o.pipeline.schedule = schedule;
   o.pipeline.micro_batches = 4;
@@ -108,7 +113,7 @@ void ExpectParity(Agent& master, const std::vector<std::string>& workers, int re
   for (size_t i = 0; i < data.size(); ++i) {
     auto loss = (*dp)->train_step(data[i].first, data[i].second);
     ASSERT_TRUE(loss.ok()) << loss.status();
-    EXPECT_NEAR(*loss, want_losses[i], 1e-5 * want_losses[i]) << "step " << i;
+    EXPECT_NEAR(*loss, want_losses[i], tolerance * want_losses[i]) << "step " << i;
   }
   if (replicas > 1) {
     EXPECT_GT((*dp)->last_buckets(), replicas * static_cast<int64_t>(stages.size()));
@@ -117,7 +122,8 @@ void ExpectParity(Agent& master, const std::vector<std::string>& workers, int re
     auto first = (*dp)->replica(0).stage_state(static_cast<int>(k));
     ASSERT_TRUE(first.ok()) << first.status();
     for (size_t i = 0; i < first->size(); ++i) {
-      EXPECT_LT(RelativeError((*first)[i], want_state[k][i]), 1e-5) << "stage " << k << " tensor " << i;
+      EXPECT_LT(RelativeError((*first)[i].cpu(), want_state[k][i]), tolerance)
+          << "stage " << k << " tensor " << i;
     }
     for (int r = 1; r < replicas; ++r) {
       auto other = (*dp)->replica(r).stage_state(static_cast<int>(k));
@@ -256,6 +262,61 @@ TEST(DataParallel, AReplicaThatDiesFailsTheStepWithinTheTimeout) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(15));
   // The group cannot shut down gracefully without w2.
   workers.master().Shutdown(/*graceful=*/false).IgnoreError();
+}
+
+// On a GPU machine (scripts/gpu_check.sh runs the Cuda* tests): members on
+// CUDA devices make an NCCL group where the build has them and each member
+// has a GPU of its own, and sum on their devices; members that share a GPU
+// (or a build without NCCL groups) sum over Gloo in host memory instead.
+TEST(CudaProcessGroup, MembersOnGpusSumOverNcclOrOverGlooWhenTheyShareOne) {
+  if (!HaveGloo()) GTEST_SKIP() << "built without Gloo";
+  const int gpus = LocalGpuCount();
+  if (gpus == 0) GTEST_SKIP() << "no GPU here";
+  auto store = StoreServer::Start("127.0.0.1");
+  ASSERT_TRUE(store.ok()) << store.status();
+  // Two members on GPUs 0 and 1 (or both on 0), then one member alone.
+  for (int size : {2, 1}) {
+    SCOPED_TRACE(absl::StrCat(size, " members on ", gpus, " GPUs"));
+    std::vector<at::Tensor> sums(size);
+    std::vector<absl::Status> status(size);
+    std::vector<int> on_device(size, -1);
+    std::vector<std::thread> members;
+    for (int r = 0; r < size; ++r) {
+      members.emplace_back([&, r] {
+        GroupOptions g{(*store)->host(), (*store)->port(), absl::StrCat("cuda", size), r, size};
+        g.cuda_device = r % gpus;
+        auto group = ProcessGroup::Join(g);
+        if (!group.ok()) {
+          status[r] = group.status();
+          return;
+        }
+        on_device[r] = (*group)->on_device();
+        at::Tensor t = at::full({5}, float(r + 1));
+        if ((*group)->on_device()) t = t.to(c10::Device(c10::kCUDA, g.cuda_device));
+        status[r] = (*group)->AllReduceSum(t).Wait();
+        sums[r] = t.cpu();
+      });
+    }
+    for (auto& t : members) t.join();
+    const bool nccl = HaveNcclGroups() && (size == 1 || gpus >= 2);
+    for (int r = 0; r < size; ++r) {
+      ASSERT_TRUE(status[r].ok()) << status[r];
+      EXPECT_EQ(on_device[r], nccl ? 1 : 0) << "rank " << r;
+      EXPECT_TRUE(at::equal(sums[r], at::full({5}, float(size * (size + 1) / 2)))) << sums[r];
+    }
+  }
+}
+
+// Replicas of a CUDA stage train like one process (on one GPU the two
+// replicas share it, so their group sums over Gloo, staging the gradients
+// through host memory; on two or more the stage is on cuda:0 in both, the
+// same).
+TEST(CudaDataParallel, ReplicasOfACudaStageMatchOneProcess) {
+  if (!HaveGloo()) GTEST_SKIP() << "built without Gloo";
+  if (LocalGpuCount() == 0) GTEST_SKIP() << "no GPU here";
+  Workers workers(2);
+  ExpectParity(workers.master(), {"w1", "w2"}, 2, {Mlp(6, 5, 1), Mlp(5, 3, 2)}, "1f1b",
+               /*overlap=*/true, "cuda:0", /*tolerance=*/1e-4);
 }
 
 // The collective benchmark runs its ranks as processes and prints a row
