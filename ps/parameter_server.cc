@@ -109,7 +109,15 @@ ParameterServer::ParameterServer(PsOptions options,
   }
 }
 
-ParameterServer::~ParameterServer() = default;
+ParameterServer::~ParameterServer() {
+  // With shards, a straggler's call still in flight pulls from and pushes
+  // to the shards: let it finish (each call is bounded by the agent's RPC
+  // timeout), so that a shutdown right after does not cut it off midway.
+  if (shards_ == nullptr) return;
+  for (Slot& s : slots_) {
+    if (s.busy) s.call.wait().status().IgnoreError();
+  }
+}
 
 absl::Status ParameterServer::Lose(size_t i, const absl::Status& status) {
   slots_[i].busy = false;

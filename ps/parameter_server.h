@@ -99,6 +99,7 @@ class ParameterServer {
   // its parameters have the model's shapes) and creates the optimizer. An
   // error names the worker that failed.
   static absl::StatusOr<std::unique_ptr<ParameterServer>> Create(Agent& agent, PsOptions options);
+  // With shards, waits for the workers' calls still in flight (stragglers').
   ~ParameterServer();
 
   // One step on the batch (see above).
