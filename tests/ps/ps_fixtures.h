@@ -3,6 +3,7 @@
 // worker and master programs.
 #pragma once
 
+#include <cmath>
 #include <memory>
 #include <regex>
 #include <string>
@@ -105,6 +106,38 @@ inline std::pair<int, std::string> RunPs(const std::vector<std::string>& master_
   auto result = RunProgram(programs.MasterArgv(master_args), absl::Seconds(240));
   for (auto& w : programs.workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
   return result;
+}
+
+// Trains two epochs of toy IDX data at once, then one epoch with a
+// checkpoint and a second resumed from it (master --mode ps `flags` over
+// `n` workers), and expects the resumed second epoch to equal the
+// uninterrupted one's. Returns the checkpoint directory.
+inline std::string ExpectResumeGoesOn(const std::vector<std::string>& flags, int n, const std::string& tag) {
+  const std::string dir = TempPath(tag + "_idx");
+  test_support::WriteToyIdx(dir, 160, 50);
+  std::vector<std::string> args = {"--dataset", "idx:" + dir, "--batch-size", "32", "--threads", "1"};
+  args.insert(args.end(), flags.begin(), flags.end());
+  auto with = [&args](std::vector<std::string> more) {
+    more.insert(more.begin(), args.begin(), args.end());
+    return more;
+  };
+  const std::string whole = TempPath(tag + "_whole.json"), resumed = TempPath(tag + "_resumed.json");
+  const std::string ckpt = TempPath(tag + "_ckpt");
+  auto [code, out] = RunPs(with({"--epochs", "2", "--report", whole}), n);
+  EXPECT_EQ(code, 0) << out;
+  auto [first, first_out] = RunPs(with({"--epochs", "1", "--checkpoint-dir", ckpt}), n);
+  EXPECT_EQ(first, 0) << first_out;
+  auto [second, second_out] = RunPs(with({"--epochs", "2", "--resume", ckpt, "--report", resumed}), n);
+  EXPECT_EQ(second, 0) << second_out;
+  EXPECT_NE(second_out.find("resumed from "), std::string::npos) << second_out;
+  const auto a = ReportEpochs(ReadFile(whole)), b = ReportEpochs(ReadFile(resumed));
+  EXPECT_EQ(a.size(), 2u);
+  EXPECT_EQ(b.size(), 2u);
+  if (a.size() == 2 && b.size() == 2) {
+    EXPECT_LT(std::abs(b[1].first - a[1].first) / a[1].first, 1e-6) << "epoch 2's loss";
+    EXPECT_EQ(b[1].second, a[1].second) << "epoch 2's test accuracy";
+  }
+  return ckpt;
 }
 
 }  // namespace remora::ps_fixtures

@@ -246,28 +246,8 @@ TEST(PsShards, MasterProgramWithShardsTrainsLikeOneServer) {
 // not stopped; resuming it with another number of shards is refused,
 // naming the number to give.
 TEST(PsShards, MasterResumesWithTheSameShardCountOnly) {
-  const std::string dir = TempPath("ps_shards_resume_idx");
-  test_support::WriteToyIdx(dir, 160, 50);
-  const std::vector<std::string> args = {"--dataset", "idx:" + dir, "--batch-size", "32", "--threads", "1",
-                                         "--ps-shards", "2"};
-  auto with = [&args](std::vector<std::string> more) {
-    more.insert(more.begin(), args.begin(), args.end());
-    return more;
-  };
-  const std::string whole = TempPath("ps_shards_whole.json"), resumed = TempPath("ps_shards_resumed.json");
-  const std::string ckpt = TempPath("ps_shards_resume_ckpt");
-  auto [code, out] = RunPs(with({"--epochs", "2", "--report", whole}), 3);
-  ASSERT_EQ(code, 0) << out;
-  auto [first, first_out] = RunPs(with({"--epochs", "1", "--checkpoint-dir", ckpt}), 3);
-  ASSERT_EQ(first, 0) << first_out;
-  auto [second, second_out] = RunPs(with({"--epochs", "2", "--resume", ckpt, "--report", resumed}), 3);
-  ASSERT_EQ(second, 0) << second_out;
-  EXPECT_THAT(second_out, HasSubstr("resumed from "));
-  const auto a = ReportEpochs(ReadFile(whole)), b = ReportEpochs(ReadFile(resumed));
-  ASSERT_EQ(a.size(), 2u);
-  ASSERT_EQ(b.size(), 2u);
-  EXPECT_LT(std::abs(b[1].first - a[1].first) / a[1].first, 1e-6) << "epoch 2's loss";
-  EXPECT_EQ(b[1].second, a[1].second) << "epoch 2's test accuracy";
+  const std::string ckpt = ps_fixtures::ExpectResumeGoesOn({"--ps-shards", "2"}, 3, "ps_shards_resume");
+  const std::string dir = TempPath("ps_shards_resume_idx");  // ExpectResumeGoesOn's data
   PsPrograms programs(2);  // their exit codes do not matter: the master fails
   auto [other, other_out] = RunProgram(programs.MasterArgv({"--dataset", "idx:" + dir, "--batch-size", "32",
                                                             "--threads", "1", "--ps-shards", "1", "--epochs",

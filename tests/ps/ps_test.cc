@@ -26,6 +26,7 @@ using test_support::Mlp;
 using test_support::MlpSpec;
 using test_support::RelativeError;
 using test_support::TestWorkers;
+using ps_fixtures::ExpectResumeGoesOn;
 using ps_fixtures::ExpectStateNear;
 using ps_fixtures::kBin;
 using ps_fixtures::kStages;
@@ -263,29 +264,7 @@ TEST(Ps, MasterProgramTrainsADatasetLikeOneProcess) {
 
 // master --mode ps --resume goes on from the server's checkpoint as if it
 // had not stopped.
-TEST(Ps, MasterResumesFromTheServersCheckpoint) {
-  const std::string dir = TempPath("ps_resume_idx");
-  test_support::WriteToyIdx(dir, 160, 50);
-  const std::vector<std::string> args = {"--dataset", "idx:" + dir, "--batch-size", "32", "--threads", "1"};
-  auto with = [&args](std::vector<std::string> more) {
-    more.insert(more.begin(), args.begin(), args.end());
-    return more;
-  };
-  const std::string whole = TempPath("ps_whole.json"), resumed = TempPath("ps_resumed.json");
-  const std::string ckpt = TempPath("ps_resume_ckpt");
-  auto [code, out] = RunPs(with({"--epochs", "2", "--report", whole}));
-  ASSERT_EQ(code, 0) << out;
-  auto [first, first_out] = RunPs(with({"--epochs", "1", "--checkpoint-dir", ckpt}));
-  ASSERT_EQ(first, 0) << first_out;
-  auto [second, second_out] = RunPs(with({"--epochs", "2", "--resume", ckpt, "--report", resumed}));
-  ASSERT_EQ(second, 0) << second_out;
-  EXPECT_THAT(second_out, HasSubstr("resumed from "));
-  const auto a = ReportEpochs(ReadFile(whole)), b = ReportEpochs(ReadFile(resumed));
-  ASSERT_EQ(a.size(), 2u);
-  ASSERT_EQ(b.size(), 2u);
-  EXPECT_LT(std::abs(b[1].first - a[1].first) / a[1].first, 1e-6) << "epoch 2's loss";
-  EXPECT_EQ(b[1].second, a[1].second) << "epoch 2's test accuracy";
-}
+TEST(Ps, MasterResumesFromTheServersCheckpoint) { ExpectResumeGoesOn({}, 2, "ps_resume"); }
 
 TEST(Ps, MasterRefusesFlagsThatDoNotGoWithPsMode) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
