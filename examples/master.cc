@@ -89,13 +89,13 @@ int Main(int argc, char** argv) {
   std::string mode = "pipeline";
   flags.AddString("mode", &mode,
                   "pipeline (the model cut into stages over the workers) or ps (a parameter server: "
-                  "the master holds the model and optimizer; every step each worker pulls the "
+                  "the master, or --ps-shards servers, hold the model and optimizer; every step each worker pulls the "
                   "parameters and pushes the gradient of its share of the batch; see "
                   "docs/parameter-server.md)");
   PsFlags ps_flags;
   flags.AddInt("ps-shards", &ps_flags.shards,
-               "with --mode ps: server processes holding a partition of the parameters each (0 or 1: "
-               "the master; more is not implemented yet)");
+               "with --mode ps: K server processes holding a partition of the parameters and its "
+               "optimizer each: the first K --workers (0 or 1: the master holds them)");
   flags.AddInt("backup-workers", &ps_flags.backup_workers,
                "with --mode ps: k; each step goes on with the first n - k gradient sets and drops "
                "the stragglers' (0: synchronous, equal to one process on the whole batch)");

@@ -59,13 +59,15 @@ void PrintStep(const ps::StepReport& r, double seconds) {
   std::fflush(stdout);
 }
 
-absl::Status MaybeSave(const ps::ParameterServer& server, const Config& c, Checkpointing* ck,
+absl::Status MaybeSave(ps::ParameterServer& server, const Config& c, Checkpointing* ck,
                        const checkpoint::TrainingState& state, bool final) {
   if (ck == nullptr || !ck->Due(c, state.step, final)) return absl::OkStatus();
   const int64_t t0 = trace::NowUs();
+  ASSIGN_OR_RETURN(auto stages, server.stage_state());  // gathered from the shards, if any
+  ASSIGN_OR_RETURN(at::Tensor optimizer, server.optimizer_state());
   ASSIGN_OR_RETURN(checkpoint::LocalSave saved,
-                   checkpoint::SaveLocal(c.checkpoint_dir, ck->stages, server.stage_state(),
-                                         server.optimizer_state(), ck->identity, state, final, c.keep));
+                   checkpoint::SaveLocal(c.checkpoint_dir, ck->stages, stages, optimizer, ck->identity, state,
+                                         final, c.keep));
   Checkpointing::PrintSaved(state.step, saved.dir, saved.bytes, (trace::NowUs() - t0) / 1e6, final);
   return absl::OkStatus();
 }
@@ -79,6 +81,28 @@ absl::Status Resume(ps::ParameterServer& server, const checkpoint::Checkpoint& c
   if (s.epoch > 0) std::printf(", epoch %d after batch %lld", s.epoch, static_cast<long long>(s.batch));
   std::printf("\n");
   return absl::OkStatus();
+}
+
+// How many of --workers are servers: K for --ps-shards K >= 2, else none.
+int ServerCount(const PsFlags& p) { return p.shards > 1 ? p.shards : 0; }
+
+// Where the parameters live and which workers compute, with the channel
+// the master reaches each over.
+void PrintPlacement(Agent& agent, const std::vector<ps::ShardPlacement>& shards,
+                    const std::vector<std::string>& workers) {
+  auto route = [&agent](const std::string& w) {
+    auto r = agent.channel_to(w);
+    return r.ok() ? *r : std::string("?");
+  };
+  for (size_t k = 0; k < shards.size(); ++k) {
+    std::printf("  %s: server of shard %zu, %zu parameter tensors, %.1f KiB; tensors over %s\n",
+                shards[k].server.c_str(), k, shards[k].params.size(), shards[k].bytes / 1024.0,
+                route(shards[k].server).c_str());
+  }
+  for (const auto& w : workers) {
+    std::printf("  %s: computes; tensors over %s\n", w.c_str(), route(w).c_str());
+  }
+  std::fflush(stdout);
 }
 
 }  // namespace
@@ -100,19 +124,26 @@ std::string CheckPsFlags(const Config& c, const PsFlags& p, bool ps_mode, bool s
   if (c.compare_local || !c.trace.empty() || !c.timeline.empty()) {
     return "--compare-local, --trace and --timeline are the pipeline's: not with --mode ps";
   }
-  if (p.shards < 0) return "--ps-shards must be >= 0";
-  if (p.shards > 1) {
-    return "--ps-shards above 1 (the parameters partitioned over server processes) is not "
-           "implemented yet: use --ps-shards 1 (or 0), the master holds the model and optimizer";
+  if (p.shards < 0) {
+    return absl::StrCat("--ps-shards ", p.shards, ": give 0 or 1 (the master holds the model and optimizer) "
+                        "or K >= 2 (the first K --workers hold a partition each)");
   }
-  const int n = static_cast<int>(c.all_workers.size());
+  const int servers = ServerCount(p);
+  const int all = static_cast<int>(c.all_workers.size());
+  if (servers >= all) {
+    return absl::StrCat("--ps-shards ", p.shards, " with ", all, " --workers: the first ", p.shards,
+                        " workers are the servers and at least one more must compute: give at most ",
+                        all - 1, " shards or more --workers");
+  }
+  const int n = all - servers;
+  const std::string computing = servers > 0 ? " compute workers (the --workers after the servers)" : " --workers";
   if (p.backup_workers < 0 || p.backup_workers >= n) {
-    return absl::StrCat("--backup-workers ", p.backup_workers, " with ", n,
-                        " --workers: give 0 <= k < n (each step needs the gradients of n - k workers)");
+    return absl::StrCat("--backup-workers ", p.backup_workers, " with ", n, computing,
+                        ": give 0 <= k < n (each step needs the gradients of n - k workers)");
   }
   if (c.batch_size < n) {
-    return absl::StrCat("--batch-size ", c.batch_size, " is less than the ", n,
-                        " workers: each needs at least one row of every batch");
+    return absl::StrCat("--batch-size ", c.batch_size, " is less than the ", n, computing,
+                        ": each needs at least one row of every batch");
   }
   return "";
 }
@@ -133,24 +164,25 @@ absl::StatusOr<Run> TrainPs(Agent& agent, const Config& c, const PsFlags& p,
                             Checkpointing* checkpoints) {
   ps::PsOptions o;
   o.stages = stages;
-  o.workers = c.all_workers;
+  const auto first_worker = c.all_workers.begin() + ServerCount(p);
+  o.servers.assign(c.all_workers.begin(), first_worker);
+  o.workers.assign(first_worker, c.all_workers.end());
   o.loss = c.model.empty() && c.dataset.empty() ? "mse" : "cross_entropy";
   o.optimizer = OptimizerOf(c);
   o.backup_workers = p.backup_workers;
   o.device = c.device;
   ASSIGN_OR_RETURN(auto server, ps::ParameterServer::Create(agent, o));
-  std::printf("parameter server: %zu stages, %.2f MiB of parameters in the master, %zu workers%s\n",
-              stages.size(), server->parameter_bytes() / 1048576.0, c.all_workers.size(),
+  std::printf("parameter server: %zu stages, %.2f MiB of parameters %s, %zu workers%s\n", stages.size(),
+              server->parameter_bytes() / 1048576.0,
+              o.servers.empty() ? "in the master"
+                                : absl::StrCat("over ", o.servers.size(), " server processes").c_str(),
+              o.workers.size(),
               p.backup_workers > 0
-                  ? absl::StrCat(", going on with the first ", c.all_workers.size() - p.backup_workers,
+                  ? absl::StrCat(", going on with the first ", o.workers.size() - p.backup_workers,
                                  " gradient sets of each step (--backup-workers ", p.backup_workers, ")")
                         .c_str()
                   : ", synchronous");
-  for (const auto& w : c.all_workers) {
-    auto route = agent.channel_to(w);
-    std::printf("  %s: tensors over %s\n", w.c_str(), route.ok() ? route->c_str() : "?");
-  }
-  std::fflush(stdout);
+  PrintPlacement(agent, server->placement(), o.workers);
   const checkpoint::Checkpoint* resume =
       checkpoints != nullptr && checkpoints->resume ? &*checkpoints->resume : nullptr;
   if (resume != nullptr) RETURN_IF_ERROR(Resume(*server, *resume));
@@ -187,7 +219,7 @@ absl::StatusOr<Run> TrainPs(Agent& agent, const Config& c, const PsFlags& p,
     pipeline::FitOptions f;
     f.epochs = c.epochs;
     f.batch_size = c.batch_size;
-    f.min_batch_rows = static_cast<int64_t>(c.all_workers.size());
+    f.min_batch_rows = static_cast<int64_t>(o.workers.size());
     f.shuffle = c.shuffle;
     f.seed = static_cast<uint64_t>(c.seed);
     f.progress_bar = isatty(fileno(stdout));

@@ -32,6 +32,14 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(Agent& 
         "parameter server: --backup-workers ", options.backup_workers, " with ", n,
         " workers: give 0 <= k < n (each step needs the gradients of n - k >= 1 workers)"));
   }
+  for (const std::string& server : options.servers) {
+    if (std::count(options.servers.begin(), options.servers.end(), server) > 1 ||
+        std::find(options.workers.begin(), options.workers.end(), server) != options.workers.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter server: '", server, "' is named twice among the servers and workers: give each "
+          "process one role (a server holds a shard, a worker computes)"));
+    }
+  }
   RETURN_IF_ERROR(LossByName(options.loss).status());
   if (options.stages.empty()) return absl::InvalidArgumentError("parameter server: the model has no stages");
   c10::Device device = c10::kCPU;
@@ -49,12 +57,17 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(Agent& 
     model.push_back(std::move(*stage));
   }
   if (params.empty()) return absl::InvalidArgumentError("parameter server: the model has no parameters");
-  // A replica on every worker, then its shapes, checked.
+  // The shards, if any; a replica on every worker, then its shapes, checked.
+  std::unique_ptr<ShardSet> shards;
+  std::vector<c10::IValue> replica_args = {EncodeStages(options.stages), options.loss};
+  if (!options.servers.empty()) {
+    ASSIGN_OR_RETURN(shards, ShardSet::Create(agent, options.servers, params, options.optimizer));
+    for (c10::IValue& v : shards->ForReplicas()) replica_args.push_back(std::move(v));
+  }
   std::vector<Slot> slots(n);
-  const c10::IValue encoded = EncodeStages(options.stages);
   for (int i = 0; i < n; ++i) {
     slots[i].name = options.workers[i];
-    auto replica = agent.remote(options.workers[i], kReplicaType, {encoded, options.loss});
+    auto replica = agent.remote(options.workers[i], kReplicaType, replica_args);
     if (!replica.ok()) {
       return Annotate(replica.status(), absl::StrCat("parameter server: placing the replica on worker '",
                                                      options.workers[i], "'"));
@@ -80,24 +93,41 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(Agent& 
     }
   }
   return std::unique_ptr<ParameterServer>(
-      new ParameterServer(std::move(options), std::move(model), std::move(params), std::move(slots)));
+      new ParameterServer(std::move(options), std::move(model), std::move(params), std::move(slots),
+                          std::move(shards)));
 }
 
 ParameterServer::ParameterServer(PsOptions options,
                                  std::vector<std::unique_ptr<pipeline::StageModule>> model,
-                                 std::vector<at::Tensor> params, std::vector<Slot> slots)
+                                 std::vector<at::Tensor> params, std::vector<Slot> slots,
+                                 std::unique_ptr<ShardSet> shards)
     : options_(std::move(options)), model_(std::move(model)), params_(std::move(params)),
-      slots_(std::move(slots)), signal_(std::make_shared<Signal>()) {
-  optimizer_ = optim::MakeOptimizer(c10::IValue(optim::OptionsToDict(options_.optimizer)).toGenericDict(),
-                                    params_);
+      shards_(std::move(shards)), slots_(std::move(slots)), signal_(std::make_shared<Signal>()) {
+  if (shards_ == nullptr) {
+    optimizer_ = optim::MakeOptimizer(c10::IValue(optim::OptionsToDict(options_.optimizer)).toGenericDict(),
+                                      params_);
+  }
 }
 
-ParameterServer::~ParameterServer() = default;
+ParameterServer::~ParameterServer() {
+  // With shards, a straggler's call still in flight pulls from and pushes
+  // to the shards: let it finish (each call is bounded by the agent's RPC
+  // timeout), so that a shutdown right after does not cut it off midway.
+  if (shards_ == nullptr) return;
+  for (Slot& s : slots_) {
+    if (s.busy) s.call.wait().status().IgnoreError();
+  }
+}
 
-void ParameterServer::Lose(size_t i, const absl::Status& status) {
-  slots_[i].lost = true;
+absl::Status ParameterServer::Lose(size_t i, const absl::Status& status) {
   slots_[i].busy = false;
+  if (shards_ != nullptr) {
+    RETURN_IF_ERROR(Annotate(shards_->Check(), absl::StrCat("after worker '", slots_[i].name, "' failed (",
+                                                            status.message(), ")")));
+  }
+  slots_[i].lost = true;
   slots_[i].lost_reason = std::string(status.message());
+  return absl::OkStatus();
 }
 
 namespace {
@@ -126,13 +156,14 @@ std::vector<size_t> ParameterServer::Send(const at::Tensor& inputs, const at::Te
     if (!slots_[i].lost && !slots_[i].busy) idle.push_back(i);
   }
   // One snapshot of the parameters for every worker: the optimizer steps
-  // them in place while a straggler's call may still be on its way.
+  // them in place while a straggler's call may still be on its way. With
+  // shards, the workers pull the parameters from them.
   c10::List<at::Tensor> snapshot;
-  {
+  if (shards_ == nullptr) {
     c10::NoGradGuard no_grad;
     for (const at::Tensor& p : params_) snapshot.push_back(p.detach().to(c10::kCPU).clone());
   }
-  const int64_t param_bytes = Bytes(snapshot.vec());
+  const int64_t param_bytes = parameter_bytes();
   const std::vector<at::Tensor> xs = at::tensor_split(inputs, static_cast<int64_t>(idle.size()));
   const std::vector<at::Tensor> ys = at::tensor_split(targets, static_cast<int64_t>(idle.size()));
   const int64_t total = inputs.size(0);
@@ -141,7 +172,8 @@ std::vector<size_t> ParameterServer::Send(const at::Tensor& inputs, const at::Te
     slot.busy = true;
     slot.call_step = round;
     slot.rows = xs[j].size(0);
-    slot.call = slot.replica.rpc_async("compute", {snapshot, xs[j], ys[j], total});
+    slot.call = shards_ != nullptr ? slot.replica.rpc_async("compute_sharded", {round, xs[j], ys[j], total})
+                                   : slot.replica.rpc_async("compute", {snapshot, xs[j], ys[j], total});
     slot.call.then([signal = signal_](const absl::StatusOr<c10::IValue>&) {
       MutexLock lock(signal->mu);
       ++signal->completions;
@@ -194,7 +226,7 @@ absl::StatusOr<StepReport> ParameterServer::train_step(const at::Tensor& inputs,
         if (s.busy && s.call.ready()) {
           s.busy = false;
           if (auto r = s.call.wait(); !r.ok()) {
-            Lose(i, r.status());
+            RETURN_IF_ERROR(Annotate(Lose(i, r.status()), where));
             report.lost.push_back(s.name);
           }
         }
@@ -224,7 +256,7 @@ absl::StatusOr<StepReport> ParameterServer::train_step(const at::Tensor& inputs,
           done.emplace(i, *r);
           continue;
         }
-        Lose(i, r.status());
+        RETURN_IF_ERROR(Annotate(Lose(i, r.status()), where));
         if (options_.backup_workers == 0) {
           return Annotate(r.status(), absl::StrCat(where, ": worker '", s.name,
                                                    "' failed (without --backup-workers every worker's "
@@ -245,6 +277,12 @@ absl::StatusOr<StepReport> ParameterServer::train_step(const at::Tensor& inputs,
     // over the workers left (the round's gradients are dropped).
   }
   if (static_cast<int>(done.size()) < needed) return too_few(static_cast<int>(live_workers().size()));
+  RETURN_IF_ERROR(Annotate(Apply(done, report), where));
+  step_ = report.step;
+  return report;
+}
+
+absl::Status ParameterServer::Apply(const std::map<size_t, c10::IValue>& done, StepReport& report) {
   // Use the first `needed` to arrive (done may hold more when several
   // completed together: keep them all, they are this step's), in worker
   // order for a sum that does not depend on arrival order.
@@ -252,40 +290,43 @@ absl::StatusOr<StepReport> ParameterServer::train_step(const at::Tensor& inputs,
   double loss = 0;
   for (const auto& [i, value] : done) {
     const auto& t = value.toTupleRef().elements();
+    loss += t[1].toDouble();
+    report.rows += slots_[i].rows;
+    report.push_bytes += parameter_bytes();  // a gradient of every parameter
+    report.used.push_back(slots_[i].name);
+    if (shards_ != nullptr) continue;  // the worker pushed them to the shards
     const std::vector<at::Tensor> grads = t[0].toTensorVector();
     if (grads.size() != params_.size()) {
-      return absl::DataLossError(absl::StrCat(where, ": worker '", slots_[i].name, "' sent ", grads.size(),
+      return absl::DataLossError(absl::StrCat("worker '", slots_[i].name, "' sent ", grads.size(),
                                               " gradients for ", params_.size(), " parameters"));
     }
     for (size_t j = 0; j < grads.size(); ++j) sum[j] = sum[j].defined() ? sum[j] + grads[j] : grads[j];
-    loss += t[1].toDouble();
-    report.rows += slots_[i].rows;
-    report.push_bytes += Bytes(grads);
-    report.used.push_back(slots_[i].name);
   }
   for (size_t i = 0; i < slots_.size(); ++i) {
     if (!slots_[i].lost && !done.count(i)) report.dropped.push_back(slots_[i].name);
   }
   // The sum weighted each share by rows / batch rows; the mean over the
   // rows used is that times batch rows / rows used.
+  const bool whole = report.rows == report.batch_rows;
   const double scale = static_cast<double>(report.batch_rows) / static_cast<double>(report.rows);
+  report.loss = whole ? loss : loss * scale;
+  if (shards_ != nullptr) return shards_->Apply(round_, report.used, whole ? 1.0 : scale);
   try {
     c10::NoGradGuard no_grad;
     for (size_t j = 0; j < params_.size(); ++j) {
       at::Tensor g = sum[j].to(params_[j].device());
-      params_[j].mutable_grad() = report.rows == report.batch_rows ? g : g * scale;
+      params_[j].mutable_grad() = whole ? g : g * scale;
     }
     optimizer_->step();
     for (at::Tensor& p : params_) p.mutable_grad() = at::Tensor();
   } catch (...) {
-    return StatusFromCurrentException(absl::StrCat(where, ": the optimizer step"));
+    return StatusFromCurrentException("the optimizer step");
   }
-  report.loss = report.rows == report.batch_rows ? loss : loss * scale;
-  step_ = report.step;
-  return report;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<at::Tensor> ParameterServer::eval(const at::Tensor& inputs) {
+  if (shards_ != nullptr) RETURN_IF_ERROR(Annotate(shards_->Gather(params_), "parameter server: evaluating"));
   c10::NoGradGuard no_grad;
   try {
     c10::IValue out = inputs.to(params_[0].device());
@@ -297,7 +338,8 @@ absl::StatusOr<at::Tensor> ParameterServer::eval(const at::Tensor& inputs) {
   }
 }
 
-std::vector<std::vector<at::Tensor>> ParameterServer::stage_state() const {
+absl::StatusOr<std::vector<std::vector<at::Tensor>>> ParameterServer::stage_state() {
+  if (shards_ != nullptr) RETURN_IF_ERROR(Annotate(shards_->Gather(params_), "parameter server: saving"));
   std::vector<std::vector<at::Tensor>> out;
   for (const auto& stage : model_) {
     std::vector<at::Tensor> state;
@@ -308,7 +350,10 @@ std::vector<std::vector<at::Tensor>> ParameterServer::stage_state() const {
   return out;
 }
 
-at::Tensor ParameterServer::optimizer_state() const { return optim::SaveOptimizerState(*optimizer_); }
+absl::StatusOr<at::Tensor> ParameterServer::optimizer_state() const {
+  if (shards_ != nullptr) return shards_->OptimizerState();
+  return optim::SaveOptimizerState(*optimizer_);
+}
 
 absl::Status ParameterServer::Load(const std::vector<std::vector<at::Tensor>>& stages,
                                    const at::Tensor& optimizer) {
@@ -320,11 +365,28 @@ absl::Status ParameterServer::Load(const std::vector<std::vector<at::Tensor>>& s
     for (size_t k = 0; k < stages.size(); ++k) {
       pipeline::LoadState(*model_[k], stages[k], absl::StrCat("parameter server, stage ", k));
     }
-    if (optimizer.defined()) optim::LoadOptimizerState(*optimizer_, optimizer);
+    if (shards_ == nullptr && optimizer.defined()) {
+      if (const int k = SavedShards(optimizer); k > 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "parameter server: the saved optimizer state comes from ", k, " parameter-server shards: resume "
+            "with --ps-shards ", k, " (the partition of the optimizer's state follows the number of shards)"));
+      }
+      optim::LoadOptimizerState(*optimizer_, optimizer);
+    }
   } catch (...) {
     return StatusFromCurrentException("parameter server: loading the saved state");
   }
+  if (shards_ != nullptr) return Annotate(shards_->Load(params_, optimizer), "parameter server: resuming");
   return absl::OkStatus();
+}
+
+std::vector<ShardPlacement> ParameterServer::placement() const {
+  return shards_ != nullptr ? shards_->placement() : std::vector<ShardPlacement>{};
+}
+
+absl::StatusOr<std::vector<std::vector<at::Tensor>>> ParameterServer::shard_parameters() const {
+  if (shards_ == nullptr) return absl::FailedPreconditionError("parameter server: no shards (no servers given)");
+  return shards_->Parameters();
 }
 
 std::vector<std::string> ParameterServer::live_workers() const {

@@ -31,12 +31,24 @@
 // processes on one host through shared memory (channel/shm), else in the
 // gRPC messages.
 //
+// With `servers` (master --ps-shards K >= 2) the parameters live on those
+// server processes instead, partitioned by bytes (ps/shards.h): the
+// workers pull from and push to the shards directly, and this process
+// sends the rows, learns which gradient sets came first (as above) and
+// tells the shards whose gradients to apply. It keeps a copy of the model
+// that eval, stage_state and Load bring up to date from (or send to) the
+// shards. A server whose call fails fails the step naming it (it is never
+// a dropped straggler): when a worker's call fails, the servers are
+// checked first.
+//
 // Thread-safety: one train_step (or eval) at a time; the completion
 // signal the calls' callbacks share is thread-safe. Ownership: the server
-// owns its model and optimizer and holds RRefs to the workers' replicas
-// (freed on the workers when it is destroyed); the agent must outlive it.
+// owns its model and optimizer (or its ShardSet) and holds RRefs to the
+// workers' replicas (freed on the workers when it is destroyed); the agent
+// must outlive it.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,6 +62,7 @@
 #include "optim/distributed_optimizer.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/stage.h"
+#include "ps/shards.h"
 #include "rpc/agent.h"
 
 namespace remora::ps {
@@ -60,6 +73,9 @@ struct PsOptions {
   std::string loss = "cross_entropy";  // or "mse" (ps/replica.h)
   optim::OptimizerOptions optimizer = optim::OptimizerOptions::SGD(0.01);
   int backup_workers = 0;  // k, 0 <= k < workers
+  // Server processes holding a partition of the parameters each (not
+  // among `workers`); empty: the parameters live in this process.
+  std::vector<std::string> servers;
   std::string device = "cpu";  // where the server's model lives
 };
 
@@ -83,6 +99,7 @@ class ParameterServer {
   // its parameters have the model's shapes) and creates the optimizer. An
   // error names the worker that failed.
   static absl::StatusOr<std::unique_ptr<ParameterServer>> Create(Agent& agent, PsOptions options);
+  // With shards, waits for the workers' calls still in flight (stragglers').
   ~ParameterServer();
 
   // One step on the batch (see above).
@@ -92,10 +109,17 @@ class ParameterServer {
   absl::StatusOr<at::Tensor> eval(const at::Tensor& inputs);
 
   // Per stage, its parameters then buffers (copies on the CPU); the
-  // optimizer's state as a LibTorch archive (uint8); and their reverse.
-  std::vector<std::vector<at::Tensor>> stage_state() const;
-  at::Tensor optimizer_state() const;
+  // optimizer's state as a LibTorch archive (uint8; with shards, their
+  // archives packed, ps/shards.h); and their reverse (an error when the
+  // saved optimizer state comes from another number of shards).
+  absl::StatusOr<std::vector<std::vector<at::Tensor>>> stage_state();
+  absl::StatusOr<at::Tensor> optimizer_state() const;
   absl::Status Load(const std::vector<std::vector<at::Tensor>>& stages, const at::Tensor& optimizer);
+
+  // With servers: which holds which parameters (empty without); and each
+  // shard's parameters as it holds them.
+  std::vector<ShardPlacement> placement() const;
+  absl::StatusOr<std::vector<std::vector<at::Tensor>>> shard_parameters() const;
 
   // Workers not lost so far, in --workers order.
   std::vector<std::string> live_workers() const;
@@ -121,13 +145,17 @@ class ParameterServer {
   };
 
   ParameterServer(PsOptions options, std::vector<std::unique_ptr<pipeline::StageModule>> model,
-                  std::vector<at::Tensor> params, std::vector<Slot> slots);
+                  std::vector<at::Tensor> params, std::vector<Slot> slots, std::unique_ptr<ShardSet> shards);
 
   // Sends every idle live worker its share of the batch; returns their slots.
   std::vector<size_t> Send(const at::Tensor& inputs, const at::Tensor& targets, int64_t round,
                            StepReport* report);
-  // Marks slot i lost with `status`.
-  void Lose(size_t i, const absl::Status& status);
+  // Marks slot i lost with `status`, unless a server is lost: then the
+  // error naming it (the job cannot go on).
+  absl::Status Lose(size_t i, const absl::Status& status);
+  // Steps with the gradients in `done` (this round's, by slot), filling
+  // the report's used, dropped, rows, loss and push_bytes.
+  absl::Status Apply(const std::map<size_t, c10::IValue>& done, StepReport& report);
   // Waits until the calls' completion count differs from `seen`; returns
   // the count now.
   int64_t WaitForCompletion(int64_t seen);
@@ -135,7 +163,8 @@ class ParameterServer {
   const PsOptions options_;
   std::vector<std::unique_ptr<pipeline::StageModule>> model_;
   std::vector<at::Tensor> params_;  // the model's, in order
-  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;  // null with shards_
+  std::unique_ptr<ShardSet> shards_;  // null without servers
   std::vector<Slot> slots_;
   std::shared_ptr<Signal> signal_;
   int64_t step_ = 0;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_util.h"
 #include "pipeline/stage.h"
+#include "ps/shards.h"
 #include "rpc/agent.h"
 #include "runtime/compute_lane.h"
 #include "runtime/trace.h"
@@ -28,6 +29,10 @@ struct Replica {
   std::vector<std::unique_ptr<pipeline::StageModule>> stages;
   std::vector<at::Tensor> params;  // every stage's, in order
   pipeline::LossFn loss;
+  // With --ps-shards: the shards (ps/shards.h) and each one's parameter
+  // indices; empty when the server sends the parameters with each call.
+  std::vector<RRef> shards;
+  std::vector<std::vector<int64_t>> shard_params;
 };
 
 std::shared_ptr<Replica> MakeReplica(CallContext& ctx, const Args& a) {
@@ -46,20 +51,47 @@ std::shared_ptr<Replica> MakeReplica(CallContext& ctx, const Args& a) {
     r->stages.push_back(std::move(*stage));
   }
   if (r->params.empty()) throw std::invalid_argument(absl::StrCat(r->where, ": the model has no parameters"));
+  if (a.size() > 2) {  // the shards' RRefs and indices
+    for (const c10::IValue& v : a[2].toListRef()) {
+      auto rref = RRef::FromIValue(v);
+      if (!rref.ok()) throw std::invalid_argument(absl::StrCat(r->where, ": ", rref.status().message()));
+      r->shards.push_back(std::move(*rref));
+    }
+    for (const c10::IValue& v : a[3].toListRef()) r->shard_params.push_back(v.toIntVector());
+    size_t count = 0;
+    for (const auto& indices : r->shard_params) {
+      for (int64_t i : indices) {
+        if (i < 0 || i >= static_cast<int64_t>(r->params.size())) {
+          throw std::invalid_argument(absl::StrCat(r->where, ": a shard holds parameter ", i, " of ",
+                                                   r->params.size()));
+        }
+      }
+      count += indices.size();
+    }
+    if (r->shards.size() != r->shard_params.size() || count != r->params.size()) {
+      throw std::invalid_argument(absl::StrCat(r->where, ": ", r->shards.size(), " shards holding ", count,
+                                               " parameters for a model of ", r->params.size()));
+    }
+  }
   return r;
 }
 
-// compute(params, inputs, targets, total_rows) -> (grads, weighted loss).
-c10::IValue Compute(Replica& r, const Args& a) {
+void SlowDown() {
   if (const int64_t us = compute_delay_us.load(std::memory_order_relaxed); us > 0) {
     std::this_thread::sleep_for(std::chrono::microseconds(us));  // --slow-ms, outside the lane
   }
-  const std::vector<at::Tensor> params = a[0].toTensorVector();
+}
+
+// Copies `params` into the replica, runs the forward and backward passes on
+// `inputs` with the loss weighted by their rows over `total_rows`, and
+// returns the gradients (CPU) and the weighted loss.
+std::pair<std::vector<at::Tensor>, double> Gradients(Replica& r, const std::vector<at::Tensor>& params,
+                                                    const at::Tensor& inputs, const at::Tensor& targets,
+                                                    int64_t total_rows) {
   if (params.size() != r.params.size()) {
     throw std::invalid_argument(absl::StrCat(r.where, ": got ", params.size(), " parameters; the model has ",
                                              r.params.size()));
   }
-  const double total_rows = static_cast<double>(a[3].toInt());
   ComputeTurn turn;
   trace::Scope scope("ps compute", -1);
   {
@@ -74,20 +106,82 @@ c10::IValue Compute(Replica& r, const Args& a) {
     }
   }
   const c10::Device device = r.params[0].device();
-  c10::IValue out = a[1].toTensor().to(device);
-  const at::Tensor targets = a[2].toTensor().to(device);
-  const double rows = static_cast<double>(a[1].toTensor().size(0));
+  c10::IValue out = inputs.to(device);
+  const double rows = static_cast<double>(inputs.size(0));
   for (auto& stage : r.stages) stage->Train(true);
   for (auto& stage : r.stages) out = stage->Forward(out);
-  at::Tensor loss = r.loss(out, targets) * (rows / total_rows);
+  at::Tensor loss = r.loss(out, targets.to(device)) * (rows / static_cast<double>(total_rows));
   loss.backward();
-  c10::List<at::Tensor> grads;
+  std::vector<at::Tensor> grads;
   for (at::Tensor& p : r.params) {
     at::Tensor g = p.grad().defined() ? p.grad() : at::zeros_like(p);
     grads.push_back(g.cpu());
     p.mutable_grad() = at::Tensor();
   }
-  return c10::ivalue::Tuple::create({grads, loss.item<double>()});
+  return {std::move(grads), loss.item<double>()};
+}
+
+// compute(params, inputs, targets, total_rows) -> (grads, weighted loss).
+c10::IValue Compute(Replica& r, CallContext&, const Args& a) {
+  SlowDown();
+  auto [grads, loss] = Gradients(r, a[0].toTensorVector(), a[1].toTensor(), a[2].toTensor(), a[3].toInt());
+  return c10::ivalue::Tuple::create({c10::List<at::Tensor>(grads), loss});
+}
+
+// Waits for every shard's reply to `calls`; an error names the server.
+std::vector<c10::IValue> WaitForShards(Replica& r, std::vector<Future<c10::IValue>>& calls, const std::string& what) {
+  std::vector<c10::IValue> out;
+  for (size_t k = 0; k < calls.size(); ++k) {
+    auto got = calls[k].wait();
+    if (!got.ok()) {
+      throw std::runtime_error(absl::StrCat(r.where, ": ", what, " parameter server '", r.shards[k].owner_name(),
+                                            "': ", got.status().message()));
+    }
+    out.push_back(*got);
+  }
+  return out;
+}
+
+// compute_sharded(round, inputs, targets, total_rows) -> ([], weighted
+// loss): pulls the parameters from every shard, computes, and pushes each
+// shard the gradients of its parameters for `round`.
+c10::IValue ComputeSharded(Replica& r, CallContext& ctx, const Args& a) {
+  if (r.shards.empty()) throw std::invalid_argument(absl::StrCat(r.where, ": it has no shards to pull from"));
+  SlowDown();
+  std::vector<Future<c10::IValue>> pulls;
+  for (const RRef& shard : r.shards) pulls.push_back(shard.rpc_async("pull"));
+  const std::vector<c10::IValue> pulled = WaitForShards(r, pulls, "pulling the parameters from");
+  std::vector<at::Tensor> params(r.params.size());
+  for (size_t k = 0; k < pulled.size(); ++k) {
+    const std::vector<at::Tensor> part = pulled[k].toTensorVector();
+    if (part.size() != r.shard_params[k].size()) {
+      throw std::runtime_error(absl::StrCat(r.where, ": parameter server '", r.shards[k].owner_name(), "' sent ",
+                                            part.size(), " parameters; its shard holds ",
+                                            r.shard_params[k].size()));
+    }
+    for (size_t j = 0; j < part.size(); ++j) params[r.shard_params[k][j]] = part[j];
+  }
+  auto [grads, loss] = Gradients(r, params, a[1].toTensor(), a[2].toTensor(), a[3].toInt());
+  std::vector<Future<c10::IValue>> pushes;
+  for (size_t k = 0; k < r.shards.size(); ++k) {
+    c10::List<at::Tensor> part;
+    for (int64_t i : r.shard_params[k]) part.push_back(grads[i]);
+    pushes.push_back(r.shards[k].rpc_async("push", {a[0], ctx.agent->self().name, part}));
+  }
+  WaitForShards(r, pushes, "pushing the gradients to");
+  return c10::ivalue::Tuple::create({c10::List<at::Tensor>(), loss});
+}
+
+// A compute method whose exception names the replica.
+Registry::TypedMethod<Replica> Computing(c10::IValue (*fn)(Replica&, CallContext&, const Args&)) {
+  return [fn](Replica& r, CallContext& ctx, const Args& a) -> c10::IValue {
+    try {
+      return fn(r, ctx, a);
+    } catch (...) {
+      absl::Status s = StatusFromCurrentException(absl::StrCat(r.where, ": computing gradients"));
+      throw std::runtime_error(std::string(s.message()));
+    }
+  };
 }
 
 }  // namespace
@@ -141,16 +235,11 @@ void SetComputeDelay(absl::Duration delay) {
 absl::Duration ComputeDelay() { return absl::Microseconds(compute_delay_us.load(std::memory_order_relaxed)); }
 
 absl::Status RegisterFunctions(Registry& registry) {
+  RETURN_IF_ERROR(RegisterShard(registry));
   return registry.RegisterModule<Replica>(
       kReplicaType, MakeReplica,
-      {{"compute", [](Replica& r, CallContext&, const Args& a) -> c10::IValue {
-          try {
-            return Compute(r, a);
-          } catch (...) {
-            absl::Status s = StatusFromCurrentException(absl::StrCat(r.where, ": computing gradients"));
-            throw std::runtime_error(std::string(s.message()));
-          }
-        }},
+      {{"compute", Computing(Compute)},
+       {"compute_sharded", Computing(ComputeSharded)},
        {"shapes", [](Replica& r, CallContext&, const Args&) -> c10::IValue {
           c10::impl::GenericList out(c10::ListType::ofInts());
           for (const at::Tensor& p : r.params) out.push_back(c10::List<int64_t>(p.sizes().vec()));

@@ -15,6 +15,16 @@
 // parameter the loss does not reach) and the weighted loss. The replica's
 // buffers (BatchNorm's running statistics) are its own and are not sent.
 //
+// With parameter-server shards (ps/shards.h) the factory also takes the
+// shards' RRefs and each one's parameter indices, and
+//
+//   replica.rpc_async("compute_sharded", {round, inputs, targets, total_rows})
+//       -> ([], weighted loss)
+//
+// pulls the parameters from every shard itself, computes as above and
+// pushes each shard the gradients of its parameters for `round`; an error
+// names the server a pull or push failed on.
+//
 // Thread-safety: a replica's methods run one at a time (the registry holds
 // its lock); SetComputeDelay and ComputeDelay are thread-safe.
 #pragma once
@@ -48,8 +58,9 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> DecodeStages(const c10::IValue&
 void SetComputeDelay(absl::Duration delay);
 absl::Duration ComputeDelay();
 
-// Registers "remora.ps.Replica" (methods "compute" and "shapes": the
-// parameters' shapes, checked by the server) in a worker's registry.
+// Registers "remora.ps.Replica" (methods "compute", "compute_sharded" and
+// "shapes": the parameters' shapes, checked by the server) and
+// "remora.ps.Shard" (ps/shards.h) in a worker's registry.
 absl::Status RegisterFunctions(Registry& registry);
 
 }  // namespace remora::ps

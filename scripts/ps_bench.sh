@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Parameter server (master --mode ps) against data parallelism (--replicas
 # n) on the small CNN and Fashion-MNIST, with the same workers on the same
-# cores, and a deliberately slowed worker with and without --backup-workers.
-# Each configuration runs REPS times, the configurations alternating, so
-# that all meet the same minutes of a machine whose speed drifts.
+# cores, and a deliberately slowed worker with and without --backup-workers;
+# or (WHICH=shards) the server in the master against --ps-shards 2, with two
+# compute workers each. Each configuration runs REPS times, the
+# configurations alternating, so that all meet the same minutes of a
+# machine whose speed drifts.
 #
-#   scripts/ps_bench.sh [ROWS] [REPS] [SLOW_MS]    (defaults 6400 2 50)
+#   scripts/ps_bench.sh [ROWS] [REPS] [SLOW_MS] [WHICH]  (defaults 6400 2 50 all)
 #
 # Prints one line per run: the configuration, the epoch's images per second
 # and, for --mode ps, the median step time and the bytes pulled and pushed
@@ -16,6 +18,7 @@ BIN=${REMORA_BUILD_DIR:-build}/bin
 ROWS=${1:-6400}
 REPS=${2:-2}
 SLOW=${3:-50}
+WHICH=${4:-all}
 WORK=$(mktemp -d)
 PORT=$((30000 + RANDOM % 20000))
 trap 'rm -rf "$WORK"' EXIT
@@ -44,6 +47,11 @@ run() {
 
 for rep in $(seq 1 "$REPS"); do
   echo "# repetition $rep"
+  if [ "$WHICH" = shards ]; then
+    run "ps K=1 (master), 2 compute" 2 0 --mode ps
+    run "ps K=2 (w1,w2), 2 compute" 4 0 --mode ps --ps-shards 2
+    continue
+  fi
   for n in 1 2 4; do
     run "ps n=$n" "$n" 0 --mode ps
     run "data-parallel n=$n" "$n" 0 --replicas "$n" --splits 1

@@ -2,7 +2,6 @@
 // whole batch, backup workers drop a slowed worker, lost workers fail the
 // step or are dropped, checkpoints the evaluator reads, and master --mode ps.
 #include <csignal>
-#include <regex>
 
 #include <ATen/ops/equal.h>
 #include <gmock/gmock.h>
@@ -14,6 +13,7 @@
 #include "launch/local_group.h"
 #include "ps/parameter_server.h"
 #include "ps/replica.h"
+#include "tests/ps/ps_fixtures.h"
 #include "tests/support/pipeline_fixtures.h"
 #include "tests/support/test_group.h"
 
@@ -26,31 +26,14 @@ using test_support::Mlp;
 using test_support::MlpSpec;
 using test_support::RelativeError;
 using test_support::TestWorkers;
-
-const std::string kBin = REMORA_BIN_DIR;
-
-const std::vector<models::MLPStageOptions> kStages = {Mlp(8, 16, 1), Mlp(16, 4, 2, /*relu=*/false)};
-
-ps::PsOptions MlpServer(const std::vector<std::string>& workers, int backup = 0) {
-  ps::PsOptions o;
-  for (const auto& s : kStages) o.stages.push_back(MlpSpec(s));
-  o.workers = workers;
-  o.loss = "mse";
-  o.optimizer = optim::OptimizerOptions::SGD(0.05).set_momentum(0.9);  // TrainMlpLocally's
-  o.backup_workers = backup;
-  return o;
-}
-
-void ExpectStateNear(const std::vector<std::vector<at::Tensor>>& got,
-                     const std::vector<std::vector<at::Tensor>>& want, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t k = 0; k < want.size(); ++k) {
-    ASSERT_EQ(got[k].size(), want[k].size()) << what << " stage " << k;
-    for (size_t i = 0; i < want[k].size(); ++i) {
-      EXPECT_LE(RelativeError(got[k][i], want[k][i]), 1e-5) << what << " stage " << k << " tensor " << i;
-    }
-  }
-}
+using ps_fixtures::ExpectResumeGoesOn;
+using ps_fixtures::ExpectStateNear;
+using ps_fixtures::kBin;
+using ps_fixtures::kStages;
+using ps_fixtures::MlpServer;
+using ps_fixtures::ReportEpochs;
+using ps_fixtures::RunPs;
+using ps_fixtures::StartWorkers;
 
 TEST(Ps, SyncStepsEqualOneProcessOnTheWholeBatch) {
   TestWorkers workers(2);
@@ -71,7 +54,7 @@ TEST(Ps, SyncStepsEqualOneProcessOnTheWholeBatch) {
     EXPECT_EQ(r->pull_bytes, 2 * param_bytes);  // every worker pulled every parameter
     EXPECT_EQ(r->push_bytes, 2 * param_bytes);  // and pushed a gradient of each
   }
-  ExpectStateNear((*server)->stage_state(), local.state, "after 4 steps");
+  ExpectStateNear((*server)->stage_state().value(), local.state, "after 4 steps");
 }
 
 TEST(Ps, BadOptionsAreClearErrors) {
@@ -91,23 +74,6 @@ TEST(Ps, BadOptionsAreClearErrors) {
   const auto data = test_support::RandomBatches(1, 1, 8, 4);  // one row for two workers
   EXPECT_THAT((*server)->train_step(data[0].first, data[0].second).status().message(),
               HasSubstr("at least one row per worker"));
-}
-
-// A master in this process and worker programs with their own flags each.
-cli::LocalGroup StartWorkers(Registry* registry, const std::vector<std::vector<std::string>>& args) {
-  std::vector<std::string> names;
-  for (size_t i = 0; i < args.size(); ++i) names.push_back(absl::StrCat("w", i + 1));
-  cli::LocalGroup group;
-  AgentOptions o = MasterOptions(names);
-  group.master = std::move(Agent::Start(o, registry).value());
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::vector<std::string> argv = {kBin + "/worker", "--name", names[i], "--master",
-                                     group.master->self().address, "--threads", "1"};
-    argv.insert(argv.end(), args[i].begin(), args[i].end());
-    group.workers.push_back(cli::Subprocess::Spawn(argv).value());
-  }
-  EXPECT_TRUE(group.master->Join().ok());
-  return group;
 }
 
 // With --backup-workers 1, a worker slowed by --slow-ms is left behind:
@@ -137,7 +103,7 @@ TEST(Ps, BackupWorkersGoOnWithoutTheSlowedWorker) {
       kStages, {{data[0].first.slice(0, 0, 8), data[0].second.slice(0, 0, 8)}, data[1]});
   EXPECT_LE(std::abs(first->loss - local.losses[0]) / local.losses[0], 1e-5);
   EXPECT_LE(std::abs(second->loss - local.losses[1]) / local.losses[1], 1e-5);
-  ExpectStateNear((*server)->stage_state(), local.state, "after the steps without w3");
+  ExpectStateNear((*server)->stage_state().value(), local.state, "after the steps without w3");
   // Training goes on; w3's late replies are ignored.
   for (int s = 0; s < 3; ++s) {
     auto r = (*server)->train_step(data[1].first, data[1].second);
@@ -215,7 +181,8 @@ TEST(Ps, CheckpointsHoldTheServersModelAndResume) {
   id.schedule = "ps";
   for (int s = 0; s < 2; ++s) {
     ASSERT_TRUE((*server)->train_step(data[s].first, data[s].second).ok());
-    auto saved = checkpoint::SaveLocal(dir, o.stages, (*server)->stage_state(), (*server)->optimizer_state(),
+    auto saved = checkpoint::SaveLocal(dir, o.stages, (*server)->stage_state().value(),
+                                       (*server)->optimizer_state().value(),
                                        id, {s + 1, 0, s + 1, 0, 0, {}}, s == 1, /*keep=*/1);
     ASSERT_TRUE(saved.ok()) << saved.status();
   }
@@ -232,7 +199,7 @@ TEST(Ps, CheckpointsHoldTheServersModelAndResume) {
   EXPECT_EQ((*specs)[1].args[1].toInt(), 4);
   auto tensors = checkpoint::ReadStageTensors(*ck);
   ASSERT_TRUE(tensors.ok()) << tensors.status();
-  const auto state = (*server)->stage_state();
+  const auto state = (*server)->stage_state().value();
   ASSERT_EQ(tensors->size(), state.size());
   for (size_t k = 0; k < state.size(); ++k) {
     ASSERT_EQ((*tensors)[k].size(), state[k].size());
@@ -249,34 +216,7 @@ TEST(Ps, CheckpointsHoldTheServersModelAndResume) {
   auto b = (*resumed)->train_step(data[2].first, data[2].second);
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(a->loss, b->loss);
-  ExpectStateNear((*resumed)->stage_state(), (*server)->stage_state(), "resumed");
-}
-
-// (train_loss, test_accuracy) per epoch in a --report file.
-std::vector<std::pair<double, double>> ReportEpochs(const std::string& json) {
-  std::vector<std::pair<double, double>> out;
-  std::regex epoch("\"train_loss\": ([0-9.e+-]+), \"test_accuracy\": ([0-9.e+-]+)");
-  for (auto it = std::sregex_iterator(json.begin(), json.end(), epoch); it != std::sregex_iterator(); ++it) {
-    out.emplace_back(std::stod((*it)[1]), std::stod((*it)[2]));
-  }
-  return out;
-}
-
-// master --mode ps over two real workers; returns its exit code and output.
-std::pair<int, std::string> RunPs(const std::vector<std::string>& master_args) {
-  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
-  std::vector<std::unique_ptr<cli::Subprocess>> workers;
-  for (const char* name : {"worker1", "worker2"}) {
-    workers.push_back(cli::Subprocess::Spawn({kBin + "/worker", "--name", name, "--master", addr, "--threads", "1"},
-                                             TempPath(absl::StrCat(name, ".log")))
-                          .value());
-  }
-  std::vector<std::string> argv = {kBin + "/master", "--mode", "ps", "--workers", "worker1,worker2",
-                                   "--listen", addr};
-  argv.insert(argv.end(), master_args.begin(), master_args.end());
-  auto result = RunProgram(argv, absl::Seconds(240));
-  for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
-  return result;
+  ExpectStateNear((*resumed)->stage_state().value(), (*server)->stage_state().value(), "resumed");
 }
 
 // master --mode ps trains the small CNN on a dataset like one process on
@@ -324,35 +264,17 @@ TEST(Ps, MasterProgramTrainsADatasetLikeOneProcess) {
 
 // master --mode ps --resume goes on from the server's checkpoint as if it
 // had not stopped.
-TEST(Ps, MasterResumesFromTheServersCheckpoint) {
-  const std::string dir = TempPath("ps_resume_idx");
-  test_support::WriteToyIdx(dir, 160, 50);
-  const std::vector<std::string> args = {"--dataset", "idx:" + dir, "--batch-size", "32", "--threads", "1"};
-  auto with = [&args](std::vector<std::string> more) {
-    more.insert(more.begin(), args.begin(), args.end());
-    return more;
-  };
-  const std::string whole = TempPath("ps_whole.json"), resumed = TempPath("ps_resumed.json");
-  const std::string ckpt = TempPath("ps_resume_ckpt");
-  auto [code, out] = RunPs(with({"--epochs", "2", "--report", whole}));
-  ASSERT_EQ(code, 0) << out;
-  auto [first, first_out] = RunPs(with({"--epochs", "1", "--checkpoint-dir", ckpt}));
-  ASSERT_EQ(first, 0) << first_out;
-  auto [second, second_out] = RunPs(with({"--epochs", "2", "--resume", ckpt, "--report", resumed}));
-  ASSERT_EQ(second, 0) << second_out;
-  EXPECT_THAT(second_out, HasSubstr("resumed from "));
-  const auto a = ReportEpochs(ReadFile(whole)), b = ReportEpochs(ReadFile(resumed));
-  ASSERT_EQ(a.size(), 2u);
-  ASSERT_EQ(b.size(), 2u);
-  EXPECT_LT(std::abs(b[1].first - a[1].first) / a[1].first, 1e-6) << "epoch 2's loss";
-  EXPECT_EQ(b[1].second, a[1].second) << "epoch 2's test accuracy";
-}
+TEST(Ps, MasterResumesFromTheServersCheckpoint) { ExpectResumeGoesOn({}, 2, "ps_resume"); }
 
 TEST(Ps, MasterRefusesFlagsThatDoNotGoWithPsMode) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--mode", "ps", "--workers", "a,b", "--replicas", "2"}, "not with --replicas"},
       {{"--mode", "ps", "--workers", "a,b", "--backup-workers", "2"}, "give 0 <= k < n"},
-      {{"--mode", "ps", "--workers", "a,b", "--ps-shards", "2"}, "not implemented yet"},
+      {{"--mode", "ps", "--workers", "a,b", "--ps-shards", "2"}, "at least one more must compute"},
+      {{"--mode", "ps", "--workers", "a,b", "--ps-shards", "-1"}, "--ps-shards -1: give 0 or 1"},
+      {{"--mode", "ps", "--workers", "a,b,c", "--ps-shards", "2", "--backup-workers", "1"},
+       "--backup-workers 1 with 1 compute workers"},
+      {{"--mode", "ps", "--local", "--ps-shards", "2"}, "not with --local"},
       {{"--mode", "ps", "--workers", "a,b", "--splits", "4"}, "--splits"},
       {{"--mode", "ps", "--local"}, "not with --local"},
       {{"--workers", "a,b", "--backup-workers", "1"}, "go with --mode ps"},

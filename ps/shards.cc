@@ -1,0 +1,346 @@
+#include "ps/shards.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <numeric>
+#include <sstream>
+#include <stdexcept>
+
+#include <ATen/TensorOperators.h>
+#include <ATen/core/List.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_util.h"
+#include "runtime/compute_lane.h"
+
+namespace remora::ps {
+namespace {
+
+int64_t Bytes(const at::Tensor& t) { return static_cast<int64_t>(t.numel() * t.element_size()); }
+
+// A partition of the parameters, as one server holds it.
+struct Shard {
+  std::string where;  // "the parameter-server shard on worker 'w1'"
+  std::vector<at::Tensor> params;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  int64_t applied = 0;  // the last round applied
+  // Round -> worker -> its gradients, not yet applied.
+  std::map<int64_t, std::map<std::string, std::vector<at::Tensor>>> pending;
+};
+
+c10::List<at::Tensor> Copies(const std::vector<at::Tensor>& ts) {
+  c10::NoGradGuard no_grad;
+  c10::List<at::Tensor> out;
+  for (const at::Tensor& t : ts) out.push_back(t.detach().cpu().clone());
+  return out;
+}
+
+// Checks that `ts` match the shard's parameters' count and shapes.
+void CheckShapes(const Shard& s, const std::vector<at::Tensor>& ts, const std::string& what) {
+  if (ts.size() != s.params.size()) {
+    throw std::invalid_argument(absl::StrCat(s.where, ": ", what, " holds ", ts.size(), " tensors for its ",
+                                             s.params.size(), " parameters"));
+  }
+  for (size_t i = 0; i < ts.size(); ++i) {
+    if (ts[i].sizes() != s.params[i].sizes()) {
+      throw std::invalid_argument(absl::StrCat(s.where, ": ", what, "'s tensor ", i, " is ",
+                                               c10::str(ts[i].sizes()), "; the parameter is ",
+                                               c10::str(s.params[i].sizes())));
+    }
+  }
+}
+
+std::shared_ptr<Shard> MakeShard(CallContext& ctx, const Args& a) {
+  auto s = std::make_shared<Shard>();
+  s->where = absl::StrCat("the parameter-server shard on worker '", ctx.agent->self().name, "'");
+  const c10::Device device(ctx.agent->options().device);
+  c10::NoGradGuard no_grad;
+  for (const at::Tensor& t : a[0].toTensorVector()) {
+    s->params.push_back(t.detach().to(device).clone().requires_grad_(true));
+  }
+  if (s->params.empty()) throw std::invalid_argument(absl::StrCat(s->where, ": no parameters"));
+  s->optimizer = optim::MakeOptimizer(a[1].toGenericDict(), s->params);
+  return s;
+}
+
+// push(round, worker, grads) -> kept.
+c10::IValue Push(Shard& s, const Args& a) {
+  const int64_t round = a[0].toInt();
+  if (round <= s.applied) return false;  // late: that round was applied without it
+  std::vector<at::Tensor> grads = a[2].toTensorVector();
+  CheckShapes(s, grads, absl::StrCat("the gradients of worker '", a[1].toStringRef(), "'"));
+  s.pending[round][a[1].toStringRef()] = std::move(grads);
+  return true;
+}
+
+// apply(round, workers, scale): sums the workers' gradients in that order
+// and steps.
+c10::IValue Apply(Shard& s, const Args& a) {
+  const int64_t round = a[0].toInt();
+  const double scale = a[2].toDouble();
+  std::vector<at::Tensor> sum(s.params.size());
+  auto& got = s.pending[round];
+  for (const c10::IValue& w : a[1].toListRef()) {
+    auto it = got.find(w.toStringRef());
+    if (it == got.end()) {
+      throw std::runtime_error(absl::StrCat(s.where, ": round ", round, " has no gradients from worker '",
+                                            w.toStringRef(), "'"));
+    }
+    for (size_t j = 0; j < sum.size(); ++j) sum[j] = sum[j].defined() ? sum[j] + it->second[j] : it->second[j];
+  }
+  ComputeTurn turn;
+  c10::NoGradGuard no_grad;
+  for (size_t j = 0; j < s.params.size(); ++j) {
+    at::Tensor g = sum[j].to(s.params[j].device());
+    s.params[j].mutable_grad() = scale == 1.0 ? g : g * scale;
+  }
+  s.optimizer->step();
+  for (at::Tensor& p : s.params) p.mutable_grad() = at::Tensor();
+  s.applied = round;
+  s.pending.erase(s.pending.begin(), s.pending.upper_bound(round));
+  return c10::IValue();
+}
+
+// load(params, optimizer archive or None).
+c10::IValue Load(Shard& s, const Args& a) {
+  const std::vector<at::Tensor> params = a[0].toTensorVector();
+  CheckShapes(s, params, "the saved parameters");
+  c10::NoGradGuard no_grad;
+  for (size_t i = 0; i < params.size(); ++i) s.params[i].copy_(params[i]);
+  if (!a[1].isNone()) optim::LoadOptimizerState(*s.optimizer, a[1].toTensor());
+  s.pending.clear();
+  return c10::IValue();
+}
+
+// Wraps a shard method: an exception's message names the shard.
+Registry::TypedMethod<Shard> Named(const std::string& what, c10::IValue (*fn)(Shard&, const Args&)) {
+  return [what, fn](Shard& s, CallContext&, const Args& a) -> c10::IValue {
+    try {
+      return fn(s, a);
+    } catch (...) {
+      throw std::runtime_error(std::string(StatusFromCurrentException(absl::StrCat(s.where, ": ", what)).message()));
+    }
+  };
+}
+
+}  // namespace
+
+std::vector<std::vector<int64_t>> PartitionByBytes(const std::vector<int64_t>& bytes, int k) {
+  std::vector<int64_t> order(bytes.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return bytes[a] > bytes[b]; });
+  std::vector<std::vector<int64_t>> out(k);
+  std::vector<int64_t> load(k, 0);
+  for (int64_t i : order) {
+    const auto lightest = std::min_element(load.begin(), load.end()) - load.begin();
+    out[lightest].push_back(i);
+    load[lightest] += bytes[i];
+  }
+  for (auto& v : out) std::sort(v.begin(), v.end());
+  return out;
+}
+
+at::Tensor PackShardStates(const std::vector<at::Tensor>& archives) {
+  torch::serialize::OutputArchive archive;
+  archive.write("ps_shards", at::scalar_tensor(static_cast<int64_t>(archives.size()), at::kLong));
+  for (size_t i = 0; i < archives.size(); ++i) archive.write(absl::StrCat("shard_", i), archives[i]);
+  std::ostringstream out;
+  archive.save_to(out);
+  const std::string bytes = out.str();
+  at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+  std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+  return t;
+}
+
+namespace {
+
+// The record as an archive; null for an undefined record.
+std::unique_ptr<torch::serialize::InputArchive> OpenRecord(const at::Tensor& record) {
+  if (!record.defined()) return nullptr;
+  const at::Tensor b = record.contiguous().cpu();
+  std::istringstream in(std::string(static_cast<const char*>(b.data_ptr()), b.numel()));
+  auto archive = std::make_unique<torch::serialize::InputArchive>();
+  archive->load_from(in);
+  return archive;
+}
+
+}  // namespace
+
+int SavedShards(const at::Tensor& record) {
+  try {
+    auto archive = OpenRecord(record);
+    at::Tensor k;
+    if (archive == nullptr || !archive->try_read("ps_shards", k)) return 0;
+    return static_cast<int>(k.item<int64_t>());
+  } catch (...) {
+    return 0;
+  }
+}
+
+absl::StatusOr<std::vector<at::Tensor>> UnpackShardStates(const at::Tensor& record, int k) {
+  const int saved = SavedShards(record);
+  if (saved != k) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the checkpoint's optimizer state comes from ",
+        saved == 0 ? std::string("a parameter server in the master (--ps-shards 0 or 1)")
+                   : absl::StrCat(saved, " parameter-server shards (--ps-shards ", saved, ")"),
+        ", not ", k, " shards: resume with --ps-shards ", saved == 0 ? 1 : saved,
+        " (the partition of the optimizer's state follows the number of shards)"));
+  }
+  std::vector<at::Tensor> out(k);
+  try {
+    auto archive = OpenRecord(record);
+    for (int i = 0; i < k; ++i) archive->read(absl::StrCat("shard_", i), out[i]);
+  } catch (...) {
+    return StatusFromCurrentException("reading the shards' optimizer states");
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(Agent& agent, const std::vector<std::string>& servers,
+                                                           const std::vector<at::Tensor>& params,
+                                                           const optim::OptimizerOptions& optimizer) {
+  std::vector<int64_t> bytes;
+  for (const at::Tensor& p : params) bytes.push_back(Bytes(p));
+  const auto parts = PartitionByBytes(bytes, static_cast<int>(servers.size()));
+  std::vector<ShardPlacement> placement(servers.size());
+  std::vector<RRef> shards;
+  const c10::IValue options(optim::OptionsToDict(optimizer));
+  for (size_t k = 0; k < servers.size(); ++k) {
+    placement[k].server = servers[k];
+    placement[k].params = parts[k];
+    std::vector<at::Tensor> mine;
+    for (int64_t i : parts[k]) {
+      mine.push_back(params[i]);
+      placement[k].bytes += bytes[i];
+    }
+    if (mine.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter server: ", servers.size(), " shards for a model of ", params.size(),
+          " parameter tensors leave server '", servers[k], "' none: give at most ", params.size(), " shards"));
+    }
+    auto shard = agent.remote(servers[k], kShardType, {Copies(mine), options});
+    if (!shard.ok()) {
+      return Annotate(shard.status(), absl::StrCat("parameter server: placing shard ", k, " on server '",
+                                                   servers[k], "'"));
+    }
+    shards.push_back(std::move(*shard));
+  }
+  auto set = std::unique_ptr<ShardSet>(new ShardSet(std::move(placement), std::move(shards)));
+  RETURN_IF_ERROR(set->CallAll("ping", {}, "building its shard").status());
+  return set;
+}
+
+std::vector<c10::IValue> ShardSet::ForReplicas() const {
+  c10::impl::GenericList rrefs(c10::AnyType::get());
+  c10::impl::GenericList indices(c10::ListType::ofInts());
+  for (size_t k = 0; k < shards_.size(); ++k) {
+    rrefs.push_back(shards_[k].ToIValue());
+    indices.push_back(c10::List<int64_t>(placement_[k].params));
+  }
+  return {rrefs, indices};
+}
+
+absl::StatusOr<std::vector<c10::IValue>> ShardSet::CallAll(const std::string& method,
+                                                           const std::vector<std::vector<c10::IValue>>& args,
+                                                           const std::string& what, CallOptions options) const {
+  std::vector<Future<c10::IValue>> calls;
+  for (size_t k = 0; k < shards_.size(); ++k) {
+    calls.push_back(shards_[k].rpc_async(method, args.empty() ? std::vector<c10::IValue>{} : args[k], options));
+  }
+  std::vector<c10::IValue> out;
+  absl::Status first;
+  for (size_t k = 0; k < calls.size(); ++k) {
+    auto r = calls[k].wait();
+    if (r.ok()) {
+      out.push_back(*r);
+    } else if (first.ok()) {
+      first = Annotate(r.status(), absl::StrCat("parameter server '", placement_[k].server, "' (shard ", k,
+                                                ") failed ", what, "; its parameters live there only, so the "
+                                                "job cannot go on: restart it and resume from the last "
+                                                "checkpoint"));
+    }
+  }
+  if (!first.ok()) return first;
+  return out;
+}
+
+absl::Status ShardSet::Apply(int64_t round, const std::vector<std::string>& workers, double scale) {
+  const std::vector<c10::IValue> args = {round, c10::List<std::string>(workers), scale};
+  return CallAll("apply", std::vector<std::vector<c10::IValue>>(shards_.size(), args), "applying the step")
+      .status();
+}
+
+absl::StatusOr<std::vector<std::vector<at::Tensor>>> ShardSet::Parameters() const {
+  ASSIGN_OR_RETURN(std::vector<c10::IValue> got, CallAll("pull", {}, "sending its parameters"));
+  std::vector<std::vector<at::Tensor>> out;
+  for (size_t k = 0; k < got.size(); ++k) {
+    out.push_back(got[k].toTensorVector());
+    if (out.back().size() != placement_[k].params.size()) {
+      return absl::DataLossError(absl::StrCat("parameter server '", placement_[k].server, "' sent ",
+                                              out.back().size(), " parameters; its shard holds ",
+                                              placement_[k].params.size()));
+    }
+  }
+  return out;
+}
+
+absl::Status ShardSet::Gather(std::vector<at::Tensor>& params) const {
+  ASSIGN_OR_RETURN(auto shards, Parameters());
+  c10::NoGradGuard no_grad;
+  for (size_t k = 0; k < shards.size(); ++k) {
+    for (size_t j = 0; j < shards[k].size(); ++j) params[placement_[k].params[j]].copy_(shards[k][j]);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<at::Tensor> ShardSet::OptimizerState() const {
+  ASSIGN_OR_RETURN(std::vector<c10::IValue> got, CallAll("optimizer_state", {}, "sending its optimizer state"));
+  std::vector<at::Tensor> archives;
+  for (const c10::IValue& v : got) archives.push_back(v.toTensor());
+  return PackShardStates(archives);
+}
+
+absl::Status ShardSet::Load(const std::vector<at::Tensor>& params, const at::Tensor& optimizer) {
+  std::vector<at::Tensor> archives(shards_.size());
+  if (optimizer.defined()) {
+    ASSIGN_OR_RETURN(archives, UnpackShardStates(optimizer, static_cast<int>(shards_.size())));
+  }
+  std::vector<std::vector<c10::IValue>> args;
+  for (size_t k = 0; k < shards_.size(); ++k) {
+    std::vector<at::Tensor> mine;
+    for (int64_t i : placement_[k].params) mine.push_back(params[i]);
+    args.push_back({Copies(mine), archives[k].defined() ? c10::IValue(archives[k]) : c10::IValue()});
+  }
+  return CallAll("load", args, "loading the saved state").status();
+}
+
+absl::Status ShardSet::Check() const {
+  CallOptions o;
+  o.timeout = absl::Seconds(4);
+  return CallAll("ping", {}, "to answer", o).status();
+}
+
+absl::Status RegisterShard(Registry& registry) {
+  return registry.RegisterModule<Shard>(
+      kShardType, MakeShard,
+      {{"pull", Named("sending its parameters", [](Shard& s, const Args&) -> c10::IValue { return Copies(s.params); })},
+       {"push", Named("taking gradients", Push)},
+       {"apply", Named("applying a step", Apply)},
+       {"optimizer_state", Named("saving its optimizer state",
+                                 [](Shard& s, const Args&) -> c10::IValue {
+                                   return optim::SaveOptimizerState(*s.optimizer);
+                                 })},
+       {"load", Named("loading the saved state", Load)},
+       {"ping", Named("answering", [](Shard& s, const Args&) -> c10::IValue {
+          return static_cast<int64_t>(s.params.size());
+        })}});
+}
+
+}  // namespace remora::ps

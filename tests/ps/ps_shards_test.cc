@@ -1,0 +1,289 @@
+// Parameter-server shards (ps/shards.h, master --ps-shards K): the
+// partition, synchronous steps equal to one process (and to the server in
+// the master) with the parameters living on the shards, backup workers
+// with shards, a lost server failing the step or the job naming it, and
+// the master program.
+#include <csignal>
+
+#include <ATen/ops/equal.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/zeros.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/time/clock.h"
+#include "checkpoint/checkpoint.h"
+#include "ps/parameter_server.h"
+#include "ps/shards.h"
+#include "tests/ps/ps_fixtures.h"
+#include "tests/support/pipeline_fixtures.h"
+#include "tests/support/test_group.h"
+
+namespace remora {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ps_fixtures::ExpectStateNear;
+using ps_fixtures::kStages;
+using ps_fixtures::MlpServer;
+using ps_fixtures::PsPrograms;
+using ps_fixtures::ReportEpochs;
+using ps_fixtures::RunPs;
+using ps_fixtures::StartWorkers;
+using test_support::TestWorkers;
+
+TEST(PsShards, PartitionIsBalancedByBytesAndDeterministic) {
+  EXPECT_THAT(ps::PartitionByBytes({512, 64, 256, 16}, 2),
+              ElementsAre(ElementsAre(0), ElementsAre(1, 2, 3)));
+  EXPECT_THAT(ps::PartitionByBytes({10, 10, 10}, 2), ElementsAre(ElementsAre(0, 2), ElementsAre(1)));
+  EXPECT_THAT(ps::PartitionByBytes({4}, 2), ElementsAre(ElementsAre(0), ElementsAre()));
+}
+
+TEST(PsShards, PackedOptimizerStatesNameTheShardCount) {
+  const at::Tensor a = at::ones({3}, at::kByte), b = at::zeros({2}, at::kByte);
+  const at::Tensor packed = ps::PackShardStates({a, b});
+  EXPECT_EQ(ps::SavedShards(packed), 2);
+  auto back = ps::UnpackShardStates(packed, 2);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(at::equal((*back)[0], a) && at::equal((*back)[1], b));
+  EXPECT_THAT(ps::UnpackShardStates(packed, 3).status().message(), HasSubstr("resume with --ps-shards 2"));
+  EXPECT_EQ(ps::SavedShards(at::ones({5}, at::kByte)), 0);  // not an archive: a single server's would be
+}
+
+// w1 and w2 hold the shards, w3 and w4 compute. Each step equals the
+// server in the master (and, with SGD, one process on the whole batch),
+// with SGD + momentum and with Adam; the shards hold their partitions, and
+// the master's copy is only brought up to date when asked.
+TEST(PsShards, SyncStepsEqualOneProcessWithTheParametersOnTheShards) {
+  TestWorkers workers(4);
+  const auto data = test_support::RandomBatches(4, 13, 8, 4);
+  const test_support::LocalRun local = test_support::TrainMlpLocally(kStages, data);
+  for (const auto& optimizer :
+       {optim::OptimizerOptions::SGD(0.05).set_momentum(0.9), optim::OptimizerOptions::Adam(0.01)}) {
+    ps::PsOptions whole = MlpServer({"w3", "w4"});
+    whole.optimizer = optimizer;
+    ps::PsOptions sharded = whole;
+    sharded.servers = {"w1", "w2"};
+    auto one = ps::ParameterServer::Create(workers.master(), whole);
+    ASSERT_TRUE(one.ok()) << one.status();
+    auto server = ps::ParameterServer::Create(workers.master(), sharded);
+    ASSERT_TRUE(server.ok()) << server.status();
+    const auto placement = (*server)->placement();
+    ASSERT_EQ(placement.size(), 2u);
+    EXPECT_EQ(placement[0].server, "w1");
+    EXPECT_THAT(placement[0].params, ElementsAre(0));        // the 8x16 weights: 512 bytes
+    EXPECT_THAT(placement[1].params, ElementsAre(1, 2, 3));  // 64 + 256 + 16 bytes
+    EXPECT_EQ(placement[0].bytes + placement[1].bytes, (*server)->parameter_bytes());
+    const auto before = (*server)->stage_state().value();
+    for (size_t s = 0; s < data.size(); ++s) {
+      auto a = (*one)->train_step(data[s].first, data[s].second);
+      auto b = (*server)->train_step(data[s].first, data[s].second);
+      ASSERT_TRUE(a.ok() && b.ok()) << a.status() << " / " << b.status();
+      EXPECT_LE(std::abs(b->loss - a->loss) / std::abs(a->loss), 1e-5) << "step " << s;
+      if (optimizer.kind == optim::OptimizerOptions::Kind::kSGD) {
+        EXPECT_LE(std::abs(b->loss - local.losses[s]) / std::abs(local.losses[s]), 1e-5) << "step " << s;
+      }
+      EXPECT_THAT(b->used, ElementsAre("w3", "w4"));
+      EXPECT_EQ(b->rows, 13);
+      EXPECT_EQ(b->pull_bytes, 2 * (*server)->parameter_bytes());
+      EXPECT_EQ(b->push_bytes, 2 * (*server)->parameter_bytes());
+    }
+    // The shards hold the trained parameters: each its partition.
+    auto held = (*server)->shard_parameters();
+    ASSERT_TRUE(held.ok()) << held.status();
+    ASSERT_EQ(held->size(), 2u);
+    ASSERT_EQ((*held)[0].size(), 1u);
+    ASSERT_EQ((*held)[1].size(), 3u);
+    EXPECT_FALSE(at::equal((*held)[0][0], before[0][0]));  // stepped there
+    const auto state = (*server)->stage_state().value();  // gathered from the shards
+    EXPECT_TRUE(at::equal((*held)[0][0], state[0][0]));
+    EXPECT_TRUE(at::equal((*held)[1][2], state[1][1]));  // parameter 3: the second stage's bias
+    ExpectStateNear(state, (*one)->stage_state().value(), "sharded vs the server in the master");
+    if (optimizer.kind == optim::OptimizerOptions::Kind::kSGD) {
+      ExpectStateNear(state, local.state, "sharded vs one process");
+    }
+  }
+}
+
+// Saved state goes back to the shards: a fresh sharded server loaded from
+// another's state and optimizer record takes the same next step; a record
+// from another number of shards is refused, naming the count to give.
+TEST(PsShards, StateAndOptimizerRecordLoadIntoFreshShards) {
+  TestWorkers workers(3);
+  ps::PsOptions o = MlpServer({"w3"});
+  o.optimizer = optim::OptimizerOptions::Adam(0.01);
+  o.servers = {"w1", "w2"};
+  auto server = ps::ParameterServer::Create(workers.master(), o);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const auto data = test_support::RandomBatches(3, 8, 8, 4);
+  for (int s = 0; s < 2; ++s) ASSERT_TRUE((*server)->train_step(data[s].first, data[s].second).ok());
+  const auto state = (*server)->stage_state().value();
+  const at::Tensor record = (*server)->optimizer_state().value();
+  EXPECT_EQ(ps::SavedShards(record), 2);
+  auto resumed = ps::ParameterServer::Create(workers.master(), o);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  ASSERT_TRUE((*resumed)->Load(state, record).ok());
+  auto a = (*server)->train_step(data[2].first, data[2].second);
+  auto b = (*resumed)->train_step(data[2].first, data[2].second);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->loss, b->loss);
+  ExpectStateNear((*resumed)->stage_state().value(), (*server)->stage_state().value(), "resumed");
+  ps::PsOptions in_master = o;
+  in_master.servers.clear();
+  auto single = ps::ParameterServer::Create(workers.master(), in_master);
+  ASSERT_TRUE(single.ok()) << single.status();
+  EXPECT_THAT((*single)->Load(state, record).message(), HasSubstr("resume with --ps-shards 2"));
+  ps::PsOptions three = o;
+  three.servers = {"w1", "w2", "w3"};
+  three.workers = {"w3"};
+  EXPECT_THAT(ps::ParameterServer::Create(workers.master(), three).status().message(),
+              HasSubstr("'w3' is named twice"));
+}
+
+// With --backup-workers 1 of three compute workers, the slowed one is left
+// behind while the shards step with the first two; its late pushes are
+// discarded.
+TEST(PsShards, BackupWorkersGoOnWithoutTheSlowedWorker) {
+  Registry registry;
+  ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
+  cli::LocalGroup group = StartWorkers(&registry, {{}, {}, {}, {}, {"--slow-ms", "3000"}});
+  ps::PsOptions o = MlpServer({"w3", "w4", "w5"}, 1);
+  o.servers = {"w1", "w2"};
+  auto server = ps::ParameterServer::Create(*group.master, o);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const auto data = test_support::RandomBatches(2, 12, 8, 4);
+  auto first = (*server)->train_step(data[0].first, data[0].second);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_THAT(first->used, ElementsAre("w3", "w4"));
+  EXPECT_THAT(first->dropped, ElementsAre("w5"));
+  EXPECT_EQ(first->rows, 8);
+  auto second = (*server)->train_step(data[1].first, data[1].second);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_THAT(second->dropped, ElementsAre("w5"));  // still busy with step 1
+  EXPECT_EQ(second->rows, 12);
+  const test_support::LocalRun local = test_support::TrainMlpLocally(
+      kStages, {{data[0].first.slice(0, 0, 8), data[0].second.slice(0, 0, 8)}, data[1]});
+  EXPECT_LE(std::abs(first->loss - local.losses[0]) / local.losses[0], 1e-5);
+  EXPECT_LE(std::abs(second->loss - local.losses[1]) / local.losses[1], 1e-5);
+  ExpectStateNear((*server)->stage_state().value(), local.state, "after the steps without w5");
+  absl::SleepFor(absl::Seconds(3.5));  // w5's late pushes for step 1 reach the shards
+  auto third = (*server)->train_step(data[1].first, data[1].second);
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_TRUE(third->lost.empty());
+  EXPECT_THAT((*server)->live_workers(), ElementsAre("w3", "w4", "w5"));
+  server->reset();
+  EXPECT_TRUE(group.Shutdown(absl::Seconds(60)).ok());
+}
+
+// A lost server fails the step naming it, even with backup workers (it is
+// never a dropped straggler), and soon.
+TEST(PsShards, AKilledServerFailsTheStepNamingIt) {
+  TestWorkers workers(4);
+  workers.ExpectUncleanShutdown();  // w2 is killed
+  ps::PsOptions o = MlpServer({"w3", "w4"}, 1);
+  o.servers = {"w1", "w2"};
+  auto server = ps::ParameterServer::Create(workers.master(), o);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const auto data = test_support::RandomBatches(1, 8, 8, 4);
+  ASSERT_TRUE((*server)->train_step(data[0].first, data[0].second).ok());
+  workers.worker(1).Signal(SIGKILL);
+  ASSERT_TRUE(workers.worker(1).Wait(absl::Seconds(10)).ok());
+  const absl::Time t0 = absl::Now();
+  auto r = (*server)->train_step(data[0].first, data[0].second);
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("parameter server 'w2' (shard 1)"));
+  EXPECT_LT(seconds, 10);
+  workers.master().Shutdown(/*graceful=*/false).IgnoreError();
+}
+
+// master --mode ps --ps-shards 2 over four workers (two servers, two
+// computing) trains the toy dataset like --ps-shards 1 over two.
+TEST(PsShards, MasterProgramWithShardsTrainsLikeOneServer) {
+  const std::string dir = TempPath("ps_shards_idx");
+  test_support::WriteToyIdx(dir, 320, 100);
+  const std::vector<std::string> args = {"--dataset", "idx:" + dir, "--epochs", "2", "--batch-size", "32",
+                                         "--threads", "1"};
+  const std::string one_report = TempPath("ps_one.json"), report = TempPath("ps_shards.json");
+  std::vector<std::string> one_args = args, shard_args = args;
+  for (const std::string& a : {std::string("--ps-shards"), std::string("1"), std::string("--report"), one_report}) {
+    one_args.push_back(a);
+  }
+  const std::string ckpt = TempPath("ps_shards_ckpt");
+  for (const std::string& a : {std::string("--ps-shards"), std::string("2"), std::string("--report"), report,
+                               std::string("--checkpoint-dir"), ckpt}) {
+    shard_args.push_back(a);
+  }
+  auto [one_code, one_out] = RunPs(one_args, 2);
+  ASSERT_EQ(one_code, 0) << one_out;
+  auto [code, out] = RunPs(shard_args, 4);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("parameter server: 1 stages"));
+  EXPECT_THAT(out, HasSubstr("over 2 server processes, 2 workers, synchronous"));
+  EXPECT_THAT(out, HasSubstr("worker1: server of shard 0"));
+  EXPECT_THAT(out, HasSubstr("worker2: server of shard 1"));
+  EXPECT_THAT(out, HasSubstr("worker3: computes"));
+  EXPECT_THAT(out, HasSubstr("live workers: worker3,worker4"));
+  const auto a = ReportEpochs(ReadFile(one_report)), b = ReportEpochs(ReadFile(report));
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), 2u);
+  for (size_t e = 0; e < 2; ++e) {
+    EXPECT_LT(std::abs(b[e].first - a[e].first) / a[e].first, 1e-4) << "epoch " << e + 1;
+    EXPECT_NEAR(b[e].second, a[e].second, 0.011) << "epoch " << e + 1;
+  }
+  // Its checkpoint holds the whole model, as the server in the master's.
+  auto ck = checkpoint::Latest(ckpt);
+  ASSERT_TRUE(ck.ok()) << ck.status() << "\n" << out;
+  auto tensors = checkpoint::ReadStageTensors(*ck);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  ASSERT_EQ(tensors->size(), 1u);
+  EXPECT_EQ((*tensors)[0].size(), 8u);
+  EXPECT_EQ(ps::SavedShards(checkpoint::ReadLocalOptimizer(*ck).value()), 2);
+}
+
+// master --ps-shards 2 --resume goes on from its checkpoint as if it had
+// not stopped; resuming it with another number of shards is refused,
+// naming the number to give.
+TEST(PsShards, MasterResumesWithTheSameShardCountOnly) {
+  const std::string ckpt = ps_fixtures::ExpectResumeGoesOn({"--ps-shards", "2"}, 3, "ps_shards_resume");
+  const std::string dir = TempPath("ps_shards_resume_idx");  // ExpectResumeGoesOn's data
+  PsPrograms programs(2);  // their exit codes do not matter: the master fails
+  auto [other, other_out] = RunProgram(programs.MasterArgv({"--dataset", "idx:" + dir, "--batch-size", "32",
+                                                            "--threads", "1", "--ps-shards", "1", "--epochs",
+                                                            "2", "--resume", ckpt}),
+                                       absl::Seconds(60));
+  EXPECT_NE(other, 0) << other_out;
+  EXPECT_THAT(other_out, HasSubstr("resume with --ps-shards 2"));
+}
+
+// A server SIGKILLed mid-training makes master --ps-shards 2 exit non-zero
+// within 10 s, naming it.
+TEST(PsShards, MasterProgramFailsWithinTenSecondsWhenAServerIsKilled) {
+  const std::string dir = TempPath("ps_kill_idx");
+  test_support::WriteToyIdx(dir, 320, 50);
+  PsPrograms programs(4);
+  const std::string log = TempPath("ps_kill_master.txt");
+  auto master = cli::Subprocess::Spawn(programs.MasterArgv({"--ps-shards", "2", "--dataset", "idx:" + dir,
+                                                            "--epochs", "500", "--batch-size", "32",
+                                                            "--threads", "1"}),
+                                       log)
+                    .value();
+  // Train for an epoch first.
+  for (int i = 0; i < 600 && ReadFile(log).find("epoch=1 ") == std::string::npos; ++i) {
+    ASSERT_TRUE(master->running()) << ReadFile(log);
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_THAT(ReadFile(log), HasSubstr("epoch=1 "));
+  programs.workers[1]->Signal(SIGKILL);  // worker2: the server of shard 1
+  const absl::Time t0 = absl::Now();
+  auto code = master->Wait(absl::Seconds(30));
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  ASSERT_TRUE(code.ok()) << ReadFile(log);
+  EXPECT_NE(*code, 0);
+  EXPECT_LT(seconds, 10) << ReadFile(log);
+  EXPECT_THAT(ReadFile(log), HasSubstr("parameter server 'worker2'"));
+}  // the other workers are killed with `programs`
+
+}  // namespace
+}  // namespace remora
