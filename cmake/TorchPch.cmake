@@ -37,6 +37,12 @@ function(remora_torch_pch)
         target_precompile_headers(${target} REUSE_FROM remora_channel)
       elseif(type STREQUAL "EXECUTABLE")
         target_precompile_headers(${target} REUSE_FROM worker)
+        # The header was precompiled with remora_channel's public
+        # definition, which a program that does not link the channel
+        # (datasets_test, launch_test) lacks; GCC then ignores the header.
+        if(REMORA_WITH_CUDA)
+          target_compile_definitions(${target} PRIVATE REMORA_WITH_CUDA=1)
+        endif()
       endif()
     endforeach()
   endforeach()
