@@ -13,7 +13,9 @@
 #include <sstream>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/core/Dict.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/core/List.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
@@ -68,6 +70,7 @@ c10::IValue SaveShardFn(CallContext& ctx, const Args& a) {
   }
   if (!a[3].isNone()) shard.optimizer = Call(ctx, LocalObject(a[3], "optimizer"), "save_state").toTensor();
   shard.rng = CpuGeneratorState();
+  shard.cuda_rng = CudaGeneratorStates();
   const std::string bytes = EncodeShard(shard);
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
@@ -96,6 +99,7 @@ c10::IValue LoadShardFn(CallContext& ctx, const Args& a) {
     Call(ctx, LocalObject(a[5], "optimizer"), "load_state", {shard->optimizer});
   }
   SetCpuGeneratorState(shard->rng);
+  SetCudaGeneratorStates(shard->cuda_rng);
   return c10::IValue();
 }
 
@@ -118,6 +122,26 @@ void SetCpuGeneratorState(const at::Tensor& state) {
   at::Generator gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(state);
+}
+
+std::vector<at::Tensor> CudaGeneratorStates() {
+  std::vector<at::Tensor> states;
+  const int n = static_cast<int>(at::detail::getCUDAHooks().getNumGPUs());
+  for (int i = 0; i < n; ++i) {
+    at::Generator gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, i));
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    states.push_back(gen.get_state());
+  }
+  return states;
+}
+
+void SetCudaGeneratorStates(const std::vector<at::Tensor>& states) {
+  const int n = static_cast<int>(at::detail::getCUDAHooks().getNumGPUs());
+  for (int i = 0; i < n && i < static_cast<int>(states.size()); ++i) {
+    at::Generator gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, i));
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(states[i]);
+  }
 }
 
 std::string Crc32(const std::string& bytes) {
@@ -182,6 +206,7 @@ std::string EncodeShard(const Shard& shard) {
   d.insert("tensors", tensors);
   d.insert("optimizer", shard.optimizer.defined() ? c10::IValue(shard.optimizer) : c10::IValue());
   d.insert("rng", shard.rng);
+  d.insert("cuda_rng", c10::List<at::Tensor>(shard.cuda_rng));
   const std::vector<char> bytes = torch::jit::pickle_save(d);
   return std::string(bytes.begin(), bytes.end());
 }
@@ -199,6 +224,8 @@ absl::StatusOr<Shard> DecodeShard(const std::string& bytes, const std::string& l
     for (const c10::IValue& t : d.at("tensors").toListRef()) shard.tensors.push_back(t.toTensorVector());
     if (!d.at("optimizer").isNone()) shard.optimizer = d.at("optimizer").toTensor();
     shard.rng = d.at("rng").toTensor();
+    // (Shards written before CUDA generators were saved lack the entry.)
+    if (d.contains("cuda_rng")) shard.cuda_rng = d.at("cuda_rng").toTensorVector();
     if (shard.tensors.size() != shard.stages.size()) {
       return absl::DataLossError(absl::StrCat(label, ": ", shard.stages.size(), " stages but ",
                                               shard.tensors.size(), " tensor lists"));

@@ -19,6 +19,7 @@ struct Shard {
   std::vector<std::vector<at::Tensor>> tensors;  // per stage: parameters then buffers
   at::Tensor optimizer;                          // the owner's optimizer archive (uint8), or undefined
   at::Tensor rng;                                // the owner's CPU generator state
+  std::vector<at::Tensor> cuda_rng;              // each of its CUDA devices' generator state
 };
 
 std::string EncodeShard(const Shard& shard);
@@ -32,6 +33,11 @@ absl::StatusOr<Shard> ReadShard(const std::string& path, int64_t bytes, const st
 // that is not one).
 at::Tensor CpuGeneratorState();
 void SetCpuGeneratorState(const at::Tensor& state);
+// The generator state of each CUDA device of this process (none without
+// CUDA); and setting them, device by device, as far as both lists go (a
+// process resumed with fewer devices sets the ones it has).
+std::vector<at::Tensor> CudaGeneratorStates();
+void SetCudaGeneratorStates(const std::vector<at::Tensor>& states);
 
 // Removes the shard files (all files with `all`) and their temporaries
 // from a checkpoint's directory, then the directory if it is empty.

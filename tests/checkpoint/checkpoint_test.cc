@@ -15,6 +15,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -81,6 +82,15 @@ TEST(CheckpointFiles, ShardsRoundTripAndCorruptionIsNamed) {
   EXPECT_TRUE(at::equal(back->tensors[1][0], shard.tensors[1][0]));
   EXPECT_FALSE(back->optimizer.defined());
   EXPECT_TRUE(at::equal(back->rng, shard.rng));
+  // This process's CUDA generators (none here; one per device on a GPU
+  // machine) travel in the shard too.
+  EXPECT_EQ(back->cuda_rng.size(), CudaGeneratorStates().size());
+  shard.cuda_rng = {at::randint(255, {16}).to(at::kByte), at::randint(255, {16}).to(at::kByte)};
+  auto with_cuda = DecodeShard(EncodeShard(shard), "y.pt");
+  ASSERT_TRUE(with_cuda.ok()) << with_cuda.status();
+  ASSERT_EQ(with_cuda->cuda_rng.size(), 2u);
+  EXPECT_TRUE(at::equal(with_cuda->cuda_rng[1], shard.cuda_rng[1]));
+  SetCudaGeneratorStates(with_cuda->cuda_rng);  // sets the devices there are: none here
 
   auto garbage = DecodeShard("not a shard", "x.pt");
   EXPECT_FALSE(garbage.ok());
