@@ -121,7 +121,7 @@ int Main(int argc, char** argv) {
   flags.AddString("splits", &splits, "micro-batches per batch: one count (8) or a sweep (1,2,4,8)");
   flags.AddInt("batches", &c.batches, "batches per split count");
   int batch_size = -1;
-  flags.AddInt("batch-size", &batch_size, "images per batch (default 120; 64 with --dataset)");
+  flags.AddInt("batch-size", &batch_size, "images per batch (default 128; 64 with --dataset)");
   flags.AddInt("image-size", &c.image_size, "image height and width");
   double lr = -1;
   flags.AddDouble("lr", &lr, "learning rate (default 0.05 for the ResNet50 demo, 0.01 with --model or --dataset)");
@@ -212,7 +212,7 @@ int Main(int argc, char** argv) {
     }
     c.split_at.push_back(v);
   }
-  c.batch_size = batch_size > 0 ? batch_size : (c.dataset.empty() ? 120 : 64);
+  c.batch_size = batch_size > 0 ? batch_size : (c.dataset.empty() ? 128 : 64);
   c.lr = lr != -1 ? lr : (c.dataset.empty() && c.model.empty() ? 0.05 : 0.01);
   if (batch_size == 0 || batch_size < -1) return fail("--batch-size must be >= 1");
   if (c.optimizer != "sgd" && c.optimizer != "adam") return fail("--optimizer must be sgd or adam");
@@ -438,6 +438,12 @@ int Main(int argc, char** argv) {
       const bool last = i + 1 == c.splits.size();
       std::printf("pipeline: splits=%d (%d micro-batches of ~%d images) over %zu workers, %zu stages\n",
                   s, s, c.batch_size / (s * c.replicas), c.workers.size(), stages.size());
+      if (c.batch_size / (s * c.replicas) < kOneDnnRows) {
+        std::printf("  note: micro-batches under %d rows: on a one-thread CPU worker, LibTorch's "
+                    "1x1 convolutions leave oneDNN for a slower path below %d rows (ResNet50: "
+                    "1.2x the time per image at 15 rows; see docs/pipeline.md)\n",
+                    kOneDnnRows, kOneDnnRows);
+      }
       // --compare-local: the local baseline trains batch by batch between
       // the last split count's batches, so that both meet the same minutes
       // of a machine whose speed drifts (measured: by 30% within minutes).
