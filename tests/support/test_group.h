@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -244,16 +245,28 @@ class RawClient {
   grpc::GenericStub stub_;
 };
 
+// A loopback port that nothing listens on now, for a master that a test
+// starts after its workers. Chosen at random in [20000, 32000), below
+// Linux's ephemeral range (32768-60999): the kernel's own choice (bind to
+// port 0) tends to hand the same port to tests running side by side, and
+// an outgoing connection may take an ephemeral port meanwhile. Seen in CI:
+// two tests got the same port, and one's workers joined the other's master.
+// The master's own default, 29500, and its neighbours are left out.
 inline int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
+  static std::mt19937 random(std::random_device{}() ^ static_cast<unsigned>(getpid()));
+  std::uniform_int_distribution<int> pick(20000, 31999);
+  for (int attempt = 0;; ++attempt) {
+    const int port = pick(random);
+    if (port >= 29400 && port < 29600) continue;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    close(fd);
+    if (free || attempt > 1000) return port;
+  }
 }
 
 }  // namespace remora
