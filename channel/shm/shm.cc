@@ -251,6 +251,11 @@ absl::StatusOr<std::shared_ptr<ShmChannel::Mapping>> ShmChannel::Map(
   const auto key = std::make_pair(d.incarnation(), d.segment());
   {
     MutexLock lock(mu_);
+    // A request sent right after rendezvous may come before this process
+    // has the group's membership: wait for it rather than refuse a member.
+    if (!members_known_) {
+      mu_.AwaitWithTimeout(absl::Condition(&members_known_), absl::Seconds(10));
+    }
     auto allowed = allowed_.find(d.incarnation());
     if (allowed == allowed_.end() || allowed->second != d.pid()) {
       return absl::PermissionDeniedError(absl::StrCat(
@@ -363,6 +368,7 @@ absl::StatusOr<at::Tensor> ShmChannel::Read(const wire::ShmPayload& d, uint64_t 
 
 void ShmChannel::Allow(const std::vector<ShmEndpoint>& peers) {
   MutexLock lock(mu_);
+  members_known_ = true;
   allowed_.clear();
   for (const auto& p : peers) {
     if (!p.domain.empty() && p.domain == self_.domain) allowed_[p.incarnation] = p.pid;

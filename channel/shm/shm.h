@@ -141,7 +141,9 @@ class ShmChannel final : public Channel<wire::ShmPayload> {
   void Stop() override { stopped_.store(true); }
 
   // Peers whose segments may be mapped: exactly `peers` from now on; the
-  // mappings of every other process are dropped.
+  // mappings of every other process are dropped. Until the first Allow, a
+  // payload waits up to 10 s for it (a request may arrive before this
+  // process has read the group's membership at rendezvous).
   void Allow(const std::vector<ShmEndpoint>& peers);
 
   Stats stats() const;
@@ -161,6 +163,7 @@ class ShmChannel final : public Channel<wire::ShmPayload> {
   int64_t writes_ ABSL_GUARDED_BY(mu_) = 0;
   // Allowed peers: incarnation -> pid.
   absl::flat_hash_map<uint64_t, uint32_t> allowed_ ABSL_GUARDED_BY(mu_);
+  bool members_known_ ABSL_GUARDED_BY(mu_) = false;  // Allow has been called
   // Peer segments mapped here, by (incarnation, segment id).
   std::map<std::pair<uint64_t, uint64_t>, std::shared_ptr<Mapping>> mappings_
       ABSL_GUARDED_BY(mu_);
