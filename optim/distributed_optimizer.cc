@@ -94,9 +94,7 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const c10::impl::GenericD
   throw std::invalid_argument("unknown optimizer kind");
 }
 
-at::Tensor SaveOptimizerState(const torch::optim::Optimizer& optimizer) {
-  torch::serialize::OutputArchive archive;
-  optimizer.save(archive);
+at::Tensor ArchiveBytes(torch::serialize::OutputArchive& archive) {
   std::ostringstream out;
   archive.save_to(out);
   const std::string bytes = out.str();
@@ -105,11 +103,21 @@ at::Tensor SaveOptimizerState(const torch::optim::Optimizer& optimizer) {
   return t;
 }
 
-void LoadOptimizerState(torch::optim::Optimizer& optimizer, const at::Tensor& bytes) {
+void ReadArchive(const at::Tensor& bytes, torch::serialize::InputArchive& archive) {
   const at::Tensor b = bytes.contiguous().cpu();
   std::istringstream in(std::string(static_cast<const char*>(b.data_ptr()), b.numel()));
-  torch::serialize::InputArchive archive;
   archive.load_from(in);
+}
+
+at::Tensor SaveOptimizerState(const torch::optim::Optimizer& optimizer) {
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  return ArchiveBytes(archive);
+}
+
+void LoadOptimizerState(torch::optim::Optimizer& optimizer, const at::Tensor& bytes) {
+  torch::serialize::InputArchive archive;
+  ReadArchive(bytes, archive);
   optimizer.load(archive);
 }
 

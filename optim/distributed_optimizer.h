@@ -74,6 +74,10 @@ std::vector<at::Tensor> OwnedParameters(const c10::IValue& rrefs, const std::str
 // checkpoints store), and loading it back (throws when it does not fit).
 at::Tensor SaveOptimizerState(const torch::optim::Optimizer& optimizer);
 void LoadOptimizerState(torch::optim::Optimizer& optimizer, const at::Tensor& bytes);
+// Any LibTorch archive as such a uint8 tensor, and the archive back into
+// `archive` (throws for bytes that are not one).
+at::Tensor ArchiveBytes(torch::serialize::OutputArchive& archive);
+void ReadArchive(const at::Tensor& bytes, torch::serialize::InputArchive& archive);
 
 // Bytes of an optimizer's state (SGD's momentum buffers, Adam's moments).
 int64_t StateBytes(const torch::optim::Optimizer& optimizer);

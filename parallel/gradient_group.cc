@@ -77,10 +77,14 @@ class GradientGroup {
     zero_ = true;
   }
 
-  // `t` where the group's collectives take it: as it is for an NCCL group
-  // (the stage's CUDA device), else in host memory, where Gloo's groups sum
-  // (a CUDA stage's tensors are then staged through it).
-  at::Tensor Collectable(const at::Tensor& t) const { return group_->on_device() ? t : t.cpu(); }
+  // `t` where the group's collectives take it: on this member's CUDA
+  // device for an NCCL group (the stage's, where its tensors already are),
+  // else in host memory, where Gloo's groups sum (a CUDA stage's tensors
+  // are then staged through it).
+  at::Tensor Collectable(const at::Tensor& t) const {
+    return group_->on_device() ? t.to(c10::Device(c10::kCUDA, group_->options().cuda_device))
+                               : t.cpu();
+  }
 
   std::string Backend() const { return group_->on_device() ? "NCCL" : "Gloo"; }
 
@@ -104,7 +108,7 @@ class GradientGroup {
     std::memcpy(&sig[2], &hash, sizeof(hash));
     at::Tensor mine = at::empty({3}, at::kLong);
     std::memcpy(mine.data_ptr<int64_t>(), sig.data(), sizeof(int64_t) * 3);
-    at::Tensor broadcast = Collectable(FirstParameterDevice(mine));
+    at::Tensor broadcast = Collectable(mine);
     Check(group_->Broadcast(broadcast, 0));
     broadcast = broadcast.cpu();
     const int64_t* theirs = broadcast.data_ptr<int64_t>();
@@ -221,14 +225,6 @@ class GradientGroup {
     std::set<int64_t> launched;
     std::vector<Bucket> buckets;
   };
-
-  // `t` on the device of the group's first parameter (the CPU when none).
-  at::Tensor FirstParameterDevice(const at::Tensor& t) const {
-    for (const auto& [k, params] : stages_) {
-      if (!params.empty()) return t.to(params.front().device());
-    }
-    return t;
-  }
 
   static void Check(const absl::Status& s) {
     if (!s.ok()) throw std::runtime_error(std::string(s.message()));

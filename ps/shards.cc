@@ -1,10 +1,8 @@
 #include "ps/shards.h"
 
 #include <algorithm>
-#include <cstring>
 #include <map>
 #include <numeric>
-#include <sstream>
 #include <stdexcept>
 
 #include <ATen/TensorOperators.h>
@@ -151,12 +149,7 @@ at::Tensor PackShardStates(const std::vector<at::Tensor>& archives) {
   torch::serialize::OutputArchive archive;
   archive.write("ps_shards", at::scalar_tensor(static_cast<int64_t>(archives.size()), at::kLong));
   for (size_t i = 0; i < archives.size(); ++i) archive.write(absl::StrCat("shard_", i), archives[i]);
-  std::ostringstream out;
-  archive.save_to(out);
-  const std::string bytes = out.str();
-  at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
-  std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
-  return t;
+  return optim::ArchiveBytes(archive);
 }
 
 namespace {
@@ -164,10 +157,8 @@ namespace {
 // The record as an archive; null for an undefined record.
 std::unique_ptr<torch::serialize::InputArchive> OpenRecord(const at::Tensor& record) {
   if (!record.defined()) return nullptr;
-  const at::Tensor b = record.contiguous().cpu();
-  std::istringstream in(std::string(static_cast<const char*>(b.data_ptr()), b.numel()));
   auto archive = std::make_unique<torch::serialize::InputArchive>();
-  archive->load_from(in);
+  optim::ReadArchive(record, *archive);
   return archive;
 }
 
