@@ -91,6 +91,13 @@ absl::Status RegisterChannelRequests(Agent::Impl* impl);    // channel_requests.
 absl::Status RegisterRendezvousRequests(Agent::Impl* impl); // rendezvous.cc
 absl::Status RegisterShutdownRequests(Agent::Impl* impl);   // shutdown.cc
 
+// For a request refused before its handler ran (`why`): when it is a
+// remote() from a member with a valid result id, creates the result's owner
+// RRef holding `why`, so that later users of that RRef get the creation
+// error instead of waiting for a value. Anything else is left alone.
+void FailRefusedRemote(Agent::Impl* impl, const wire::Request& request,
+                       const absl::Status& why);  // rref_requests.cc
+
 class Agent::Impl final : public grpc::CallbackGenericService, public Responder::Server {
  public:
   explicit Impl(Agent* agent);
@@ -103,6 +110,10 @@ class Agent::Impl final : public grpc::CallbackGenericService, public Responder:
   void Dispatch(grpc::ByteBuffer buffer, std::shared_ptr<ReplySlot> slot);
   // Looks the request's kind up in `requests_` and runs its handler.
   void Handle(InMessage message, std::shared_ptr<Responder> responder);
+  // The request's sender is a member of the group: waits up to
+  // connect_timeout for this agent to join (Unavailable after), then
+  // CheckSender.
+  absl::Status CheckMember(const wire::Request& request);
   // Responder::Server.
   void SendReply(ReplySlot& slot, WorkerId to, OutMessage message) override;
   absl::Status EncodeReplyValue(WorkerId to, int64_t context_id, const c10::IValue& value,

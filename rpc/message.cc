@@ -258,10 +258,16 @@ absl::StatusOr<uint64_t> UntagFrame(grpc::ByteBuffer* message) {
   return id;
 }
 
-bool CarriesCudaPayloads(const grpc::ByteBuffer& buffer) {
-  auto reader = ReaderOf(buffer);
+absl::StatusOr<wire::Header> ReadFrameHeader(const grpc::ByteBuffer& buffer) {
+  ASSIGN_OR_RETURN(SliceReader reader, ReaderOf(buffer));
   wire::Header header;
-  return reader.ok() && ReadHeader(*reader, &header).ok() && !header.cuda_payloads().empty();
+  RETURN_IF_ERROR(ReadHeader(reader, &header));
+  return header;
+}
+
+bool CarriesCudaPayloads(const grpc::ByteBuffer& buffer) {
+  auto header = ReadFrameHeader(buffer);
+  return header.ok() && !header->cuda_payloads().empty();
 }
 
 absl::StatusOr<InMessage> ParseMessage(const grpc::ByteBuffer& buffer, ShmChannel* shm,

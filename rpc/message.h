@@ -78,6 +78,10 @@ absl::StatusOr<InMessage> ParseMessage(const grpc::ByteBuffer& buffer,
                                        ShmChannel* shm = nullptr, CudaChannel* cuda = nullptr,
                                        WorkerId from = kUnknownWorker);
 
+// The header of a frame alone, payloads not read: what a frame that
+// ParseMessage refused asked for. An error when the header does not parse.
+absl::StatusOr<wire::Header> ReadFrameHeader(const grpc::ByteBuffer& buffer);
+
 // Frames on a stream (rpc/stream.h) travel behind the id of their call:
 // [u64 little-endian id][frame]. Tagging adds a slice; untagging drops the
 // id's bytes and leaves the frame's own slices untouched (no copy).

@@ -52,11 +52,14 @@ absl::Status CheckCall(const wire::CallRequest& call, WorkerId from) {
         call.function().substr(0, 64), call.function().size() > 64 ? "...' (" : "' (",
         call.function().size(), " bytes): names are 1 to 128 characters of [A-Za-z0-9_.:-]"));
   }
-  if (call.has_result_rref()) {
-    const RRefId id = FromWire(call.result_rref());
-    if (id.worker != from || FromWire(call.result_fork()) != id) {
-      return absl::InvalidArgumentError("remote(): the result RRef id must be the caller's");
-    }
+  return CheckResultRRef(call, from);
+}
+
+absl::Status CheckResultRRef(const wire::CallRequest& call, WorkerId from) {
+  if (!call.has_result_rref()) return absl::OkStatus();
+  const RRefId id = FromWire(call.result_rref());
+  if (id.worker != from || FromWire(call.result_fork()) != id) {
+    return absl::InvalidArgumentError("remote(): the result RRef id must be the caller's");
   }
   return absl::OkStatus();
 }

@@ -31,7 +31,12 @@ absl::Status CheckIds(const char* what, std::initializer_list<GloballyUniqueId> 
 absl::Status CheckContext(const wire::Request& request, IsGroupMember member);
 
 // A call names a valid function or method, and a remote()'s result RRef id
-// is the caller's own (its creator and first user).
+// is valid (CheckResultRRef).
 absl::Status CheckCall(const wire::CallRequest& call, WorkerId from);
+
+// A remote()'s result RRef id is the caller's own (its creator and first
+// user); OK for a call that is not a remote(). Once it is, the callee can
+// keep even a refusal as that RRef's value.
+absl::Status CheckResultRRef(const wire::CallRequest& call, WorkerId from);
 
 }  // namespace remora

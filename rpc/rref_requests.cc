@@ -11,6 +11,15 @@
 namespace remora {
 namespace {
 
+// The owner RRef of a remote()'s result, whose id CheckResultRRef accepted;
+// its creator is its first user.
+c10::intrusive_ptr<OwnerRRef> CreateResultOwner(RRefContext& rrefs, const wire::CallRequest& call) {
+  const RRefId id = FromWire(call.result_rref());
+  c10::intrusive_ptr<OwnerRRef> owner = rrefs.GetOrCreateOwner(id);
+  rrefs.AddFork(id, id);
+  return owner;
+}
+
 // Runs a registered function, or a method on an owner RRef, once every RRef
 // argument is confirmed; a remote() keeps the result as an owner RRef.
 void HandleCall(Agent::Impl* impl, Incoming<wire::CallRequest> in,
@@ -22,8 +31,21 @@ void HandleCall(Agent::Impl* impl, Incoming<wire::CallRequest> in,
   Agent* const agent = impl->agent_;
   RRefContext& rrefs = *impl->rrefs();
   const Agent::Impl::Membership member{agent};
-  if (absl::Status s = CheckCall(call, from); !s.ok()) return responder->ReplyError(s);
-  if (absl::Status s = CheckContext(request, member); !s.ok()) return responder->ReplyError(s);
+  // A remote() whose result id is valid gets its owner RRef before any
+  // other check, and every refusal below becomes that RRef's value too:
+  // the caller's user RRef may already have been forked, and a later user
+  // on this worker (a method call on it, an argument, a to_here()) must get
+  // the creation error rather than wait for a value that never comes.
+  c10::intrusive_ptr<OwnerRRef> result_rref;
+  if (call.has_result_rref() && CheckResultRRef(call, from).ok()) {
+    result_rref = CreateResultOwner(rrefs, call);
+  }
+  auto refuse = [&](const absl::Status& why) {
+    if (result_rref) result_rref->SetValue(why);
+    responder->ReplyError(why);
+  };
+  if (absl::Status s = CheckCall(call, from); !s.ok()) return refuse(s);
+  if (absl::Status s = CheckContext(request, member); !s.ok()) return refuse(s);
   const int64_t context_id = ContextOf(request);
   responder->set_context(context_id);
 
@@ -34,28 +56,22 @@ void HandleCall(Agent::Impl* impl, Incoming<wire::CallRequest> in,
   args.reserve(call.args_size());
   for (const auto& a : call.args()) {
     auto v = DecodeValue(a, ctx);
-    if (!v.ok()) return responder->ReplyError(Annotate(v.status(), "decoding the arguments"));
+    if (!v.ok()) return refuse(Annotate(v.status(), "decoding the arguments"));
     args.push_back(std::move(*v));
   }
   c10::intrusive_ptr<OwnerRRef> self_rref;
   if (call.has_self()) {
     auto v = DecodeValue(call.self(), ctx);
-    if (!v.ok()) return responder->ReplyError(Annotate(v.status(), "decoding the RRef"));
+    if (!v.ok()) return refuse(Annotate(v.status(), "decoding the RRef"));
     auto* owner = v->isRRef() ? dynamic_cast<OwnerRRef*>(v->toRRef().get()) : nullptr;
     if (owner == nullptr) {
-      return responder->ReplyError(absl::InvalidArgumentError(
-          "a method call must target an RRef owned by the callee"));
+      return refuse(
+          absl::InvalidArgumentError("a method call must target an RRef owned by the callee"));
     }
     self_rref = c10::intrusive_ptr<OwnerRRef>::unsafe_reclaim_from_nonowning(owner);
   }
   absl::Status recorded = impl->RecordRecv(request.autograd(), from, grad_tensors);
-  if (!recorded.ok()) return responder->ReplyError(recorded);
-  c10::intrusive_ptr<OwnerRRef> result_rref;
-  if (call.has_result_rref()) {  // the caller's own id: CheckCall
-    const RRefId id = FromWire(call.result_rref());
-    result_rref = rrefs.GetOrCreateOwner(id);
-    rrefs.AddFork(id, id);
-  }
+  if (!recorded.ok()) return refuse(recorded);
 
   // Runs once every RRef argument is confirmed and `self` holds its value.
   auto run = [impl, agent, from, responder, result_rref, context_id, args = std::move(args),
@@ -134,6 +150,17 @@ void HandleFetch(Agent::Impl* impl, const Incoming<wire::FetchRequest>& in,
 }
 
 }  // namespace
+
+void FailRefusedRemote(Agent::Impl* impl, const wire::Request& request, const absl::Status& why) {
+  if (request.kind() != wire::CallRequest::descriptor()->full_name()) return;
+  absl::StatusOr<wire::CallRequest> call = RequestBody<wire::CallRequest>(request);
+  if (!call.ok() || !call->has_result_rref()) return;
+  // Only a member's own id: nobody could ever delete an owner made for
+  // anyone else.
+  if (!impl->CheckMember(request).ok()) return;
+  if (!CheckResultRRef(*call, static_cast<WorkerId>(request.from())).ok()) return;
+  CreateResultOwner(*impl->rrefs(), *call)->SetValue(why);
+}
 
 absl::Status RegisterRRefRequests(Agent::Impl* impl) {
   DispatchTable& t = impl->requests_;

@@ -131,12 +131,18 @@ void Agent::Impl::Dispatch(grpc::ByteBuffer buffer, std::shared_ptr<ReplySlot> s
   const bool own_thread = !cuda_->endpoint().gpus.empty() && CarriesCudaPayloads(buffer);
   auto task = [this, buffer = std::move(buffer), slot = std::move(slot)]() mutable {
     auto message = ParseMessage(buffer, shm_.get(), cuda_.get());
-    buffer.Clear();
     if (!message.ok()) {
-      Responder(std::move(slot), this, kUnknownWorker)
-          .ReplyError(Annotate(message.status(), "bad request"));
+      const absl::Status refused = Annotate(message.status(), "bad request");
+      // A remote() refused here (a payload that could not be received) never
+      // reaches its handler; its result RRef still has to hold the refusal.
+      if (auto header = ReadFrameHeader(buffer); header.ok()) {
+        FailRefusedRemote(this, header->request(), refused);
+      }
+      buffer.Clear();
+      Responder(std::move(slot), this, kUnknownWorker).ReplyError(refused);
       return;
     }
+    buffer.Clear();
     const WorkerId from = static_cast<WorkerId>(message->header.request().from());
     Handle(std::move(*message), std::make_shared<Responder>(std::move(slot), this, from));
   };
@@ -155,16 +161,17 @@ void Agent::Impl::Handle(InMessage message, std::shared_ptr<Responder> responder
         "' (a newer or different remora on the other side?)")));
   }
   if (!entry->before_join) {
-    // A peer may call before this agent processed its own join reply.
-    if (!joined_.WaitForNotificationWithTimeout(agent_->options_.connect_timeout)) {
-      return responder->ReplyError(
-          absl::UnavailableError("this worker has not joined the group yet"));
-    }
-    if (absl::Status s = CheckSender(request, Membership{agent_}); !s.ok()) {
-      return responder->ReplyError(s);
-    }
+    if (absl::Status s = CheckMember(request); !s.ok()) return responder->ReplyError(s);
   }
   entry->handler(std::move(message), std::move(responder));
+}
+
+absl::Status Agent::Impl::CheckMember(const wire::Request& request) {
+  // A peer may call before this agent processed its own join reply.
+  if (!joined_.WaitForNotificationWithTimeout(agent_->options_.connect_timeout)) {
+    return absl::UnavailableError("this worker has not joined the group yet");
+  }
+  return CheckSender(request, Membership{agent_});
 }
 
 // ---------------------------------------------------------------------------

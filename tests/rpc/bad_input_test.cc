@@ -50,13 +50,16 @@ class BadInput : public ::testing::Test, protected WireValues {
   }
   static at::Tensor Bytes(int64_t n) { return at::zeros({n}, at::kByte); }
 
-  // Sends `m` to w1 and expects an error reply from w1 that contains `text`.
-  void ExpectError(OutMessage m, const std::string& text) {
-    ExpectErrorBytes(RawClient::FrameBytes(std::move(m)), text);
+  // Sends `m` to w1 and expects an error reply from w1 that contains `text`
+  // within `timeout`.
+  void ExpectError(OutMessage m, const std::string& text,
+                   absl::Duration timeout = absl::Seconds(10)) {
+    ExpectErrorBytes(RawClient::FrameBytes(std::move(m)), text, timeout);
   }
-  void ExpectErrorBytes(const std::string& frame, const std::string& text) {
-    auto reply = client_.CallBytesParsed(frame);
-    ASSERT_TRUE(reply.ok()) << "no reply at all: " << reply.status();
+  void ExpectErrorBytes(const std::string& frame, const std::string& text,
+                        absl::Duration timeout = absl::Seconds(10)) {
+    auto reply = client_.CallBytesParsed(frame, timeout);
+    ASSERT_TRUE(reply.ok()) << "no reply within " << timeout << ": " << reply.status();
     const wire::Response& r = reply->header.response();
     ASSERT_TRUE(r.has_error()) << "expected an error containing '" << text << "'";
     EXPECT_EQ(r.error().worker(), "w1");
@@ -272,6 +275,90 @@ TEST_F(BadInput, UnknownRRefIds) {
   SetBody(accept.header.mutable_request(), child);
   ExpectOk(std::move(accept));
   ExpectServing();
+  std::string why;
+  EXPECT_TRUE(group_.WaitTablesEmpty(absl::Seconds(20), &why)) << why;
+}
+
+// A remote() that w1 refuses, however far it got, leaves w1 an owner RRef
+// that holds the refusal: a later method call on that RRef or a to_here()
+// from its creator gets the creation error at once. (w1 used to create the
+// owner only once the call passed every check, and then such a user waited
+// for a value that would never come.)
+TEST_F(BadInput, RefusedRemoteLeavesAnRRefThatFailsItsLaterUsers) {
+  // Makes the call in `m` a remote() from the master whose result is
+  // G(0, local).
+  auto remote = [](OutMessage m, uint64_t local) {
+    wire::CallRequest call = RequestBody<wire::CallRequest>(m.header.request()).value();
+    *call.mutable_result_rref() = Guid(0, local);
+    *call.mutable_result_fork() = Guid(0, local);
+    SetBody(m.header.mutable_request(), call);
+    return m;
+  };
+  struct Refused {
+    uint64_t local;     // the result's id: G(0, local)
+    std::string frame;  // the remote() request
+    std::string error;  // what its refusal says
+  };
+  std::vector<Refused> refused;
+  refused.push_back({6000001, RawClient::FrameBytes(remote(Call("bad name!"), 6000001)),
+                     "invalid function name 'bad name!'"});
+  refused.push_back(
+      {6000002,
+       RawClient::FrameBytes(remote(Call("echo", {Tensor(kFloat, {2, 3})}, {Bytes(23)}), 6000002)),
+       "payload bytes do not match"});
+  OutMessage in_no_context = remote(Call("echo", {Int(1)}), 6000003);
+  in_no_context.header.mutable_request()->mutable_autograd()->set_context_id((999LL << 48) | 5);
+  refused.push_back({6000003, RawClient::FrameBytes(std::move(in_no_context)),
+                     "unknown distributed autograd context id"});
+  // A method call on an RRef that w1 should own but does not.
+  OutMessage on_missing = remote(Call("forward"), 6000004);
+  wire::CallRequest forward = RequestBody<wire::CallRequest>(on_missing.header.request()).value();
+  *forward.mutable_self() = RRefValue(w1(), Guid(w1(), 777777), Guid(0, 777778), 0);
+  SetBody(on_missing.header.mutable_request(), forward);
+  refused.push_back({6000004, RawClient::FrameBytes(std::move(on_missing)),
+                     "no RRef G(1,777777) on its owner 'w1'"});
+  // A frame whose payloads w1 cannot receive (as when a shared-memory
+  // payload is refused), so its request never reaches the call's handler.
+  {
+    wire::Header header = remote(Call("echo"), 6000005).header;
+    header.add_payload_sizes(100);
+    const std::string h = header.SerializeAsString();
+    const uint32_t len = static_cast<uint32_t>(h.size());
+    refused.push_back(
+        {6000005, std::string(reinterpret_cast<const char*>(&len), 4) + h + std::string(10, 'x'),
+         "bad request: frame: payload sizes exceed"});
+  }
+
+  for (const Refused& r : refused) {
+    SCOPED_TRACE(r.error);
+    ExpectErrorBytes(r.frame, r.error);
+    // Each later user gets the creation error well before its deadline.
+    OutMessage fetch;
+    fetch.header.mutable_request()->set_from(0);
+    SetBody(fetch.header.mutable_request(), Fetch(Guid(0, r.local), Guid(0, r.local)));
+    ExpectError(std::move(fetch), r.error, absl::Seconds(5));
+    OutMessage method = Call("forward", {Tensor(kFloat, {1})}, {Bytes(4)});
+    wire::CallRequest call = RequestBody<wire::CallRequest>(method.header.request()).value();
+    *call.mutable_self() = RRefValue(w1(), Guid(0, r.local), Guid(0, r.local + 500000), 0);
+    SetBody(method.header.mutable_request(), call);
+    ExpectError(std::move(method), r.error, absl::Seconds(5));
+  }
+  // A result id that is not the caller's own gets no owner at all.
+  const int64_t owners = group_.worker(1).rref_stats().owners;
+  OutMessage not_own = remote(Call("echo", {Int(1)}), 6000006);
+  wire::CallRequest stolen = RequestBody<wire::CallRequest>(not_own.header.request()).value();
+  *stolen.mutable_result_rref() = Guid(w1(), 6000006);
+  *stolen.mutable_result_fork() = Guid(w1(), 6000006);
+  SetBody(not_own.header.mutable_request(), stolen);
+  ExpectError(std::move(not_own), "the result RRef id must be the caller's");
+  EXPECT_EQ(group_.worker(1).rref_stats().owners, owners);
+  // The creator's user deletes free the failed values.
+  for (const Refused& r : refused) {
+    OutMessage del;
+    del.header.mutable_request()->set_from(0);
+    SetBody(del.header.mutable_request(), Delete(Guid(0, r.local), Guid(0, r.local)));
+    ExpectOk(std::move(del));
+  }
   std::string why;
   EXPECT_TRUE(group_.WaitTablesEmpty(absl::Seconds(20), &why)) << why;
 }
