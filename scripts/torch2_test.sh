@@ -51,6 +51,12 @@ debian_root_run "$root" REMORA_BUILD_DIR=/build /bin/bash -c '
       echo "torch2_test: WARNING: LibTorch 2.6 here cannot train a convolution" \
            "($(grep -o "Caught signal [0-9]* ([^)]*)" /build/probe.log | head -1)); the" \
            "Master.* tests are left out (see docs/cuda-and-libtorch2.md)" >&2
-      set -- "$@" -E "^Master[.]"
+      # (merged with an -E of the caller'"'"'s: ctest keeps only the last -E)
+      excluded="^Master[.]" kept=()
+      while [ $# -gt 0 ]; do
+        if [ "$1" = -E ] && [ $# -gt 1 ]; then excluded="($2)|$excluded"; shift 2
+        else kept+=("$1"); shift; fi
+      done
+      set -- "${kept[@]}" -E "$excluded"
     fi
     ./run test "$@"' "${root#"$src"/}" "${args[@]}"
