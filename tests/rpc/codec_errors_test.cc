@@ -58,7 +58,7 @@ absl::Status EncodeAlone(const c10::IValue& v) {
 
 struct Holder : torch::CustomClassHolder {};
 
-TEST(Codec, UnsupportedValuesAreErrors) {
+TEST(CodecErrors, UnsupportedValuesAreErrors) {
   const c10::IValue future(c10::make_intrusive<c10::ivalue::Future>(c10::IntType::get()));
   const c10::IValue capsule = c10::IValue::make_capsule(c10::make_intrusive<Holder>());
   for (const auto& v : {future, capsule}) {
@@ -75,7 +75,7 @@ TEST(Codec, UnsupportedValuesAreErrors) {
             absl::StatusCode::kUnimplemented);
 }
 
-TEST(Codec, BytesThatDoNotFitTheDtypeAreAnError) {
+TEST(CodecErrors, BytesThatDoNotFitTheDtypeAreAnError) {
   // 6 bytes are one and a half floats.
   auto v = ViewBytesAs(at::zeros({6}, at::kByte), at::kFloat, {2});
   EXPECT_FALSE(v.ok());
@@ -85,13 +85,13 @@ TEST(Codec, BytesThatDoNotFitTheDtypeAreAnError) {
   EXPECT_EQ(empty->sizes(), (std::vector<int64_t>{0, 3}));
 }
 
-TEST(Codec, SparseTensorIsAnError) {
+TEST(CodecErrors, SparseTensorIsAnError) {
   const at::Tensor sparse = at::ones({2, 2}).to_sparse();
   absl::Status s = EncodeAlone(sparse);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
 }
 
-TEST(Codec, TensorWithoutPayloadListIsAnError) {
+TEST(CodecErrors, TensorWithoutPayloadListIsAnError) {
   EncodeContext ectx{kDst, nullptr, nullptr};
   wire::Value wv;
   EXPECT_EQ(EncodeValue(at::ones({1}), ectx, &wv).code(),

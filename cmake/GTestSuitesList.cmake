@@ -1,0 +1,34 @@
+# Writes REMORA_SUITES_OUT: an add_test per GoogleTest suite of
+# REMORA_SUITES_EXE, from its --gtest_list_tests (cmake/GTestSuites.cmake).
+# Run with cmake -P after a build, or included by ctest (PRE_TEST).
+foreach(var REMORA_SUITES_EXE REMORA_SUITES_OUT REMORA_SUITES_WORKDIR REMORA_SUITES_TIMEOUT)
+  if(NOT DEFINED ${var})
+    message(FATAL_ERROR "GTestSuitesList.cmake: ${var} is not set")
+  endif()
+endforeach()
+execute_process(COMMAND "${REMORA_SUITES_EXE}" --gtest_list_tests
+                WORKING_DIRECTORY "${REMORA_SUITES_WORKDIR}"
+                OUTPUT_VARIABLE listing ERROR_VARIABLE listing_errors
+                RESULT_VARIABLE rc TIMEOUT 60)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "listing the tests of ${REMORA_SUITES_EXE} failed (${rc}):\n"
+          "${listing}${listing_errors}")
+endif()
+# A suite's line is its name and a dot at the start of the line (a typed or
+# parameterized one adds a comment); its tests' lines are indented.
+string(REGEX MATCHALL "(^|\n)[^ \n#]+\\." suite_lines "${listing}")
+set(tests "")
+set(count 0)
+foreach(line IN LISTS suite_lines)
+  string(STRIP "${line}" suite)
+  string(REGEX REPLACE "\\.$" "" suite "${suite}")
+  string(APPEND tests
+         "add_test([==[${suite}.*]==] [==[${REMORA_SUITES_EXE}]==] [==[--gtest_filter=${suite}.*]==])\n"
+         "set_tests_properties([==[${suite}.*]==] PROPERTIES WORKING_DIRECTORY "
+         "[==[${REMORA_SUITES_WORKDIR}]==] TIMEOUT ${REMORA_SUITES_TIMEOUT})\n")
+  math(EXPR count "${count} + 1")
+endforeach()
+if(count EQUAL 0)
+  message(FATAL_ERROR "${REMORA_SUITES_EXE} lists no GoogleTest suite:\n${listing}")
+endif()
+file(WRITE "${REMORA_SUITES_OUT}" "${tests}")
