@@ -29,8 +29,14 @@ function(remora_gtest_suites target)
            "set(REMORA_SUITES_WORKDIR [==[${CMAKE_CURRENT_BINARY_DIR}]==])\n"
            "set(REMORA_SUITES_TIMEOUT ${arg_TIMEOUT})\n")
   if(CMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE STREQUAL "PRE_TEST")
-    file(GENERATE OUTPUT "${include_file}" CONTENT
-         "${vars}include([==[${_REMORA_GTEST_SUITES_SCRIPT}]==])\ninclude([==[${suites_file}]==])\n")
+    string(CONCAT content "${vars}"
+           "if(EXISTS \"\${REMORA_SUITES_EXE}\")\n"
+           "  include([==[${_REMORA_GTEST_SUITES_SCRIPT}]==])\n"
+           "  include([==[${suites_file}]==])\n"
+           "else()\n"
+           "  add_test(${target}_NOT_BUILT ${target}_NOT_BUILT)\n"
+           "endif()\n")
+    file(GENERATE OUTPUT "${include_file}" CONTENT "${content}")
   else()
     add_custom_command(TARGET ${target} POST_BUILD
       COMMAND ${CMAKE_COMMAND} -D "REMORA_SUITES_EXE=$<TARGET_FILE:${target}>"
