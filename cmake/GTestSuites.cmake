@@ -24,12 +24,11 @@ function(remora_gtest_suites target)
   endif()
   set(suites_file "${CMAKE_CURRENT_BINARY_DIR}/${target}_suites.cmake")
   set(include_file "${CMAKE_CURRENT_BINARY_DIR}/${target}_suites_include.cmake")
-  string(CONCAT vars "set(REMORA_SUITES_EXE [==[$<TARGET_FILE:${target}>]==])\n"
+  if(CMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE STREQUAL "PRE_TEST")
+    string(CONCAT content "set(REMORA_SUITES_EXE [==[$<TARGET_FILE:${target}>]==])\n"
            "set(REMORA_SUITES_OUT [==[${suites_file}]==])\n"
            "set(REMORA_SUITES_WORKDIR [==[${CMAKE_CURRENT_BINARY_DIR}]==])\n"
-           "set(REMORA_SUITES_TIMEOUT ${arg_TIMEOUT})\n")
-  if(CMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE STREQUAL "PRE_TEST")
-    string(CONCAT content "${vars}"
+           "set(REMORA_SUITES_TIMEOUT ${arg_TIMEOUT})\n"
            "if(EXISTS \"\${REMORA_SUITES_EXE}\")\n"
            "  include([==[${_REMORA_GTEST_SUITES_SCRIPT}]==])\n"
            "  include([==[${suites_file}]==])\n"

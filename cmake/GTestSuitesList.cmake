@@ -17,8 +17,10 @@ endif()
 # A suite's line is its name and a dot at the start of the line (a typed or
 # parameterized one adds a comment); its tests' lines are indented.
 string(REGEX MATCHALL "(^|\n)[^ \n#]+\\." suite_lines "${listing}")
+if(NOT suite_lines)
+  message(FATAL_ERROR "${REMORA_SUITES_EXE} lists no GoogleTest suite:\n${listing}")
+endif()
 set(tests "")
-set(count 0)
 foreach(line IN LISTS suite_lines)
   string(STRIP "${line}" suite)
   string(REGEX REPLACE "\\.$" "" suite "${suite}")
@@ -26,9 +28,5 @@ foreach(line IN LISTS suite_lines)
          "add_test([==[${suite}.*]==] [==[${REMORA_SUITES_EXE}]==] [==[--gtest_filter=${suite}.*]==])\n"
          "set_tests_properties([==[${suite}.*]==] PROPERTIES WORKING_DIRECTORY "
          "[==[${REMORA_SUITES_WORKDIR}]==] TIMEOUT ${REMORA_SUITES_TIMEOUT})\n")
-  math(EXPR count "${count} + 1")
 endforeach()
-if(count EQUAL 0)
-  message(FATAL_ERROR "${REMORA_SUITES_EXE} lists no GoogleTest suite:\n${listing}")
-endif()
 file(WRITE "${REMORA_SUITES_OUT}" "${tests}")
