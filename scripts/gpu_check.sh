@@ -28,7 +28,9 @@
 # a failed build).
 # REMORA_GPU_TORCH_DIR names LibTorch's CMake directory instead of asking
 # Python (REMORA_GPU_PYTHON, default python3, else /opt/torch/.venv's);
-# REMORA_GPU_JOBS the build's parallelism (default: all cores). Run the
+# REMORA_GPU_JOBS the build's parallelism (default: all cores);
+# REMORA_GPU_TARGETS, when set, the only targets `build` builds (e.g. what
+# `gpu bench demo` need, on a short lease). Run the
 # steps in two calls where one command may take at most 10 minutes:
 # `build gpu bench`, then `demo all-tests`.
 set -uo pipefail
@@ -102,7 +104,8 @@ step_build() {
   echo "PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-unset}"
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DREMORA_CUDA="${REMORA_GPU_CUDA:-ON}" \
     -DTorch_DIR="$torch_dir" || return 1
-  cmake --build "$build" -j "$jobs" || return 1
+  # shellcheck disable=SC2086  # a list of target names
+  cmake --build "$build" -j "$jobs" ${REMORA_GPU_TARGETS:+--target $REMORA_GPU_TARGETS} || return 1
   # Which CUDA runtime, NCCL, LibTorch and protobuf the programs load (one
   # of each per process: the toolkit's and the wheel's share sonames).
   ldd "$bin/worker" | grep -E 'cudart|nccl|torch|c10|protobuf' || true
