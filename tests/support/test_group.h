@@ -57,6 +57,7 @@ class Group {
     for (int i = 1; i <= n; ++i) {
       AgentOptions w = base;
       w.name = absl::StrCat("w", i);
+      w.device_maps.erase(w.name);  // `base`'s maps are the master's: none to itself
       w.master_address = master_->self().address;
       workers_.push_back(std::move(Agent::Start(w, &registry_).value()));
       dist_autograd::Enable(*workers_.back());
