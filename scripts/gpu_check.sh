@@ -112,7 +112,8 @@ step_build() {
 }
 
 step_gpu() {
-  (cd "$build" && ctest --output-on-failure --no-tests=error -R 'Cuda|Device')
+  # (a test that hangs must not spend the lease: 180 s each at most)
+  (cd "$build" && ctest --output-on-failure --no-tests=error --timeout 180 -R 'Cuda|Device')
 }
 
 step_bench() {
