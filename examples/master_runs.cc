@@ -359,8 +359,11 @@ absl::StatusOr<Run> FitPipeline(Agent& agent, const Config& c,
 
 void PrintActivations(const Run& run, const Config& c) {
   for (size_t k = 0; k < run.peak_activation_bytes.size(); ++k) {
-    std::printf("  stage %zu on %s: peak saved activations %.1f MiB\n", k,
-                c.workers[k % c.workers.size()].c_str(), run.peak_activation_bytes[k] / 1048576.0);
+    const int64_t bytes = run.peak_activation_bytes[k];
+    const std::string peak = bytes < 0 ? std::string("not measured (a GPU stage, or REMORA_MALLOC=default)")
+                                       : absl::StrFormat("%.1f MiB", bytes / 1048576.0);
+    std::printf("  stage %zu on %s: peak saved activations %s\n", k,
+                c.workers[k % c.workers.size()].c_str(), peak.c_str());
   }
   for (size_t r = 0; r < run.optimizer_state_bytes.size() && c.replicas > 1; ++r) {
     std::printf("  replica %zu: optimizer state %.2f MiB\n", r, run.optimizer_state_bytes[r] / 1048576.0);
@@ -544,7 +547,9 @@ absl::Status WriteReport(const std::string& path, bool local, const std::vector<
     for (size_t k = 0; k < r.peak_activation_bytes.size(); ++k) {
       out << (k ? ", " : "") << "{\"stage\": " << k << ", \"worker\": \""
           << c.workers[k % c.workers.size()] << "\", \"peak_activation_bytes\": "
-          << r.peak_activation_bytes[k] << "}";
+          << (r.peak_activation_bytes[k] < 0 ? std::string("null")
+                                             : std::to_string(r.peak_activation_bytes[k]))
+          << "}";
     }
     out << "], \"optimizer_state_bytes\": [" << absl::StrJoin(r.optimizer_state_bytes, ", ")
         << "], \"epochs\": [";

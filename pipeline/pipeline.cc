@@ -204,6 +204,24 @@ absl::StatusOr<double> Pipeline::forward_backward(const c10::IValue& inputs,
       return Annotate(r.status(), absl::StrCat("sending the schedule to worker '", workers_[w], "'"));
     }
   }
+  absl::StatusOr<double> loss = RunMicroBatches(xs, ts, rows, epoch);
+  if (!loss.ok()) AbandonOrder(epoch);
+  return loss;
+}
+
+void Pipeline::AbandonOrder(int64_t epoch) {
+  // Not waited for: a stalled or dead worker must not delay the error, and
+  // one that cannot be told is the failure already being reported. (A late
+  // message does nothing once a later batch's order is in place.)
+  for (const std::string& w : workers_) {
+    agent_.rpc_async(w, "remora.pipeline.abandon_order", {epoch});
+  }
+}
+
+absl::StatusOr<double> Pipeline::RunMicroBatches(const std::vector<c10::IValue>& xs,
+                                                 const std::vector<c10::IValue>& ts, double rows,
+                                                 int64_t epoch) {
+  const int m = schedule_.micro_batches;
   // Every micro-batch's forward pass starts at once; the workers run them
   // in their order. Stage k's output stays on its worker (an RRef) until
   // stage k + 1 fetches it; the last stage's comes here.

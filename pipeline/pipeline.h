@@ -119,8 +119,9 @@ class Pipeline {
   // Per stage, the peak bytes of saved activations (what its training
   // forward passes allocated and were still alive, summed over
   // micro-batches, as each forward pass ended) since the pipeline was
-  // created, or since the last call with `reset`; -1 where the worker runs
-  // without remora's caching CPU allocator (REMORA_MALLOC=default).
+  // created, or since the last call with `reset`; -1 where it is not
+  // measured: a stage on a GPU (only remora's CPU allocator counts bytes),
+  // or a worker without that allocator (REMORA_MALLOC=default).
   absl::StatusOr<std::vector<int64_t>> peak_activation_bytes(bool reset = false);
 
   // The bytes of optimizer state on the workers (momentum, Adam's moments).
@@ -138,6 +139,15 @@ class Pipeline {
   Pipeline(Agent& agent, PipelineOptions options, std::vector<std::string> workers,
            std::vector<RRef> stages, Schedule schedule,
            std::unique_ptr<optim::DistributedOptimizer> optimizer);
+
+  // forward_backward after the workers have the batch's order.
+  absl::StatusOr<double> RunMicroBatches(const std::vector<c10::IValue>& xs,
+                                         const std::vector<c10::IValue>& ts, double rows,
+                                         int64_t epoch);
+  // After a failed batch: tells every worker to serve what still waits for
+  // the batch's order as it comes (actions after the failure never arrive,
+  // and a forward pass queued behind one of them would wait for ever).
+  void AbandonOrder(int64_t epoch);
 
   Agent& agent_;
   const PipelineOptions options_;

@@ -426,7 +426,7 @@ absl::Status RegisterFunctions(Registry& registry) {
         }},
        {"activation_bytes",
         [](Hosted& h, CallContext&, const Args& a) -> c10::IValue {
-          if (runtime::CpuBytesInUse() < 0) return int64_t{-1};
+          if (runtime::CpuBytesInUse() < 0 || !h.device.is_cpu()) return int64_t{-1};
           return ActivationMeter::Get().Peak(h.stage->index(), a.size() > 0 && a[0].toBool());
         }},
        {"state", [](Hosted& h, CallContext&, const Args&) -> c10::IValue {
@@ -441,7 +441,7 @@ absl::Status RegisterFunctions(Registry& registry) {
           return c10::IValue();
         }}}));
   RETURN_IF_ERROR(registry.RegisterFunction("remora.pipeline.layer_costs", LayerCosts));
-  return registry.RegisterFunction(
+  RETURN_IF_ERROR(registry.RegisterFunction(
       "remora.pipeline.set_order", [](CallContext&, const Args& a) -> c10::IValue {
         // (epoch, [stage, micro-batch, backward, stage, ...])
         const int64_t epoch = a[0].toInt();
@@ -452,6 +452,12 @@ absl::Status RegisterFunctions(Registry& registry) {
           order.push_back(LaneAction{epoch, flat[i], flat[i + 1], flat[i + 2] != 0});
         }
         ComputeTurn::SetOrder(epoch, std::move(order));
+        return c10::IValue();
+      }));
+  // (epoch): the batch failed; what waits for its order runs as it comes.
+  return registry.RegisterFunction(
+      "remora.pipeline.abandon_order", [](CallContext&, const Args& a) -> c10::IValue {
+        ComputeTurn::Abandon(a[0].toInt());
         return c10::IValue();
       });
 }

@@ -77,6 +77,11 @@ class Lane {
     return Grant();
   }
 
+  Waiter* Abandon(int64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (epoch != epoch_) return nullptr;
+    return SetOrder(epoch, {});  // an order of nothing: every arrival is plain
+  }
+
   Waiter* Skip(const LaneAction& action) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (action.epoch != epoch_) return nullptr;
     auto it = index_.find(KeyOf(action));
@@ -210,6 +215,16 @@ void ComputeTurn::Skip(const LaneAction& action) {
   {
     MutexLock lock(lane.mu);
     start = lane.Skip(action);
+  }
+  Start(start);
+}
+
+void ComputeTurn::Abandon(int64_t epoch) {
+  Lane& lane = TheLane();
+  Waiter* start;
+  {
+    MutexLock lock(lane.mu);
+    start = lane.Abandon(epoch);
   }
   Start(start);
 }

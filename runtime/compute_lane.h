@@ -70,6 +70,11 @@ class ComputeTurn {
   // need no gradient (a first stage without parameters). Later actions of
   // the order do not wait for it.
   static void Skip(const LaneAction& action);
+  // Gives up `epoch`'s order (its batch failed, so some of its actions
+  // will never come): the actions of the order still waiting, and those
+  // of `epoch` that arrive later, are served as plain turns. Does nothing
+  // when another epoch's order is the current one.
+  static void Abandon(int64_t epoch);
   // Turns held or waited for right now in this process (tests, diagnostics).
   static int64_t Queued();
 

@@ -18,6 +18,7 @@
 #include <torch/csrc/jit/serialization/import.h>
 #include <torch/optim/sgd.h>
 
+#include "absl/time/clock.h"
 #include "models/mlp.h"
 #include "tests/support/pipeline_fixtures.h"
 #include "tests/support/script_models.h"
@@ -257,6 +258,31 @@ TEST(Pipeline, BadStagesAreClearErrorsNamingTheStageAndTheWorker) {
   auto fine = Pipeline::Create(master, TwoStages(good, Spec(Mlp(16, 4, 2, false))));
   ASSERT_TRUE(fine.ok()) << fine.status();
   EXPECT_TRUE((*fine)->train_step(at::randn({4, 8}), at::randn({4, 4})).ok());
+}
+
+// A batch that fails in stage 1 never sends the backward passes that its
+// later forward passes are ordered behind (1F1B: F0 B0 F1 B1 ... on w2,
+// F0 F1 B0 F2 ... on w1): the master abandons the batch's order, so that
+// nothing is left waiting for the compute lane on either worker.
+TEST(Pipeline, AFailedBatchLeavesNothingWaitingOnTheWorkers) {
+  Workers workers(2, "test_worker");  // for lane_queued
+  Agent& master = workers.master();
+  PipelineOptions o = TwoStages(Spec(Mlp(8, 16, 1)), Spec(Mlp(8, 4, 2, false)));  // 16 != 8
+  o.micro_batches = 4;
+  o.schedule = "1f1b";
+  auto pipe = Pipeline::Create(master, o);
+  ASSERT_TRUE(pipe.ok()) << pipe.status();
+  EXPECT_FALSE((*pipe)->train_step(at::randn({8, 8}), at::randn({8, 4})).ok());
+  for (const char* w : {"w1", "w2"}) {
+    int64_t queued = -1;
+    for (int i = 0; i < 200 && queued != 0; ++i) {
+      if (i > 0) absl::SleepFor(absl::Milliseconds(100));
+      auto q = master.rpc_sync(w, "lane_queued");
+      ASSERT_TRUE(q.ok()) << q.status();
+      queued = q->toInt();
+    }
+    EXPECT_EQ(queued, 0) << "passes still waiting for the compute lane on " << w;
+  }
 }
 
 TEST(Pipeline, BadOptionsAreClearErrors) {

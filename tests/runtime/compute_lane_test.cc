@@ -1,7 +1,8 @@
 // The compute lane without sockets: plain turns one at a time in arrival
 // order; a schedule's actions in the schedule's order, whatever order they
 // arrive in; plain turns while the next action has not arrived; a new
-// order releases the old one's waiters; skipped actions are not waited for.
+// order releases the old one's waiters; skipped actions are not waited for;
+// an abandoned order (a failed batch) releases its waiters.
 #include "runtime/compute_lane.h"
 
 #include <atomic>
@@ -189,6 +190,27 @@ TEST(ComputeTurn, SkippedActionsAreNotWaitedFor) {
     ComputeTurn::Skip(B(99, 0));  // not of this order: nothing happens
     r.Drive(2);
     EXPECT_THAT(r.order(), ::testing::ElementsAre("F0@stage0", "F1@stage0"));
+  }
+  EXPECT_EQ(ComputeTurn::Queued(), 0);
+}
+
+TEST(ComputeTurn, AnAbandonedOrderServesItsWaitersAndLaterArrivalsAsPlainTurns) {
+  ComputeTurn::SetOrder(6, {F(6, 0), B(6, 0), F(6, 1), B(6, 1), F(6, 2)});
+  {
+    Recorder r;
+    r.Sync(F(6, 0));
+    r.Drive(1);
+    r.Sync(F(6, 1));  // waits for B0, which a failed batch never sends
+    WaitQueued(1);
+    ComputeTurn::Abandon(99);  // another epoch's: nothing happens
+    ComputeTurn::Abandon(5);
+    EXPECT_THAT(r.order(), ::testing::ElementsAre("F0@stage0"));
+    WaitQueued(1);
+    ComputeTurn::Abandon(6);
+    r.Drive(2);
+    r.Sync(F(6, 2));  // arrives after: a plain turn
+    r.Drive(3);
+    EXPECT_THAT(r.order(), ::testing::ElementsAre("F0@stage0", "F1@stage0", "F2@stage0"));
   }
   EXPECT_EQ(ComputeTurn::Queued(), 0);
 }

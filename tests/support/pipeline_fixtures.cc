@@ -16,11 +16,11 @@
 
 namespace remora::test_support {
 
-TestWorkers::TestWorkers(int n) {
+TestWorkers::TestWorkers(int n, const std::string& program) {
   EXPECT_TRUE(RegisterForTests(registry_).ok());
   std::vector<std::string> names;
   for (int i = 1; i <= n; ++i) names.push_back("w" + std::to_string(i));
-  auto g = cli::StartLocalGroup(names, &registry_, {"--threads", "1"});
+  auto g = cli::StartLocalGroup(names, &registry_, {"--threads", "1"}, {}, program);
   EXPECT_TRUE(g.ok()) << g.status();
   if (g.ok()) group_ = std::move(*g);
 }

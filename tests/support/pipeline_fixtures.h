@@ -20,7 +20,9 @@ namespace remora::test_support {
 // it to go cleanly, unless the test killed a worker (ExpectUncleanShutdown).
 class TestWorkers {
  public:
-  explicit TestWorkers(int n = 2);
+  // `program`: the workers' program, "worker" or "test_worker" (which
+  // also offers tests/support/test_functions.h's functions).
+  explicit TestWorkers(int n = 2, const std::string& program = "worker");
   ~TestWorkers();
   TestWorkers(const TestWorkers&) = delete;
   TestWorkers& operator=(const TestWorkers&) = delete;

@@ -9,6 +9,7 @@
 #include "base/status_util.h"
 #include "examples/builtins.h"
 #include "rpc/rref_args.h"
+#include "runtime/compute_lane.h"
 
 namespace remora::test_support {
 namespace {
@@ -43,6 +44,9 @@ absl::Status RegisterTestFunctions(Registry& r) {
         }}}));
   RETURN_IF_ERROR(r.RegisterFunction("raise", [](CallContext&, const Args& a) -> c10::IValue {
     throw std::runtime_error(a.size() > 0 ? a[0].toStringRef() : "raised on request");
+  }));
+  RETURN_IF_ERROR(r.RegisterFunction("lane_queued", [](CallContext&, const Args&) -> c10::IValue {
+    return ComputeTurn::Queued();
   }));
   return r.RegisterFunction("sleep_ms", [](CallContext&, const Args& a) -> c10::IValue {
     absl::SleepFor(absl::Milliseconds(a[0].toInt()));

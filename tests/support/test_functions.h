@@ -4,6 +4,7 @@
 //
 //   raise(message): throws `message` (a remote failure)
 //   sleep_ms(ms):   sleeps, then returns ms (a slow call)
+//   lane_queued():  the compute turns held or waited for in the process
 //   module "BackwardFails"(message): forward(x or RRef x) passes x
 //                   through; its backward throws `message`
 #pragma once
