@@ -360,7 +360,7 @@ absl::StatusOr<Run> FitPipeline(Agent& agent, const Config& c,
 void PrintActivations(const Run& run, const Config& c) {
   for (size_t k = 0; k < run.peak_activation_bytes.size(); ++k) {
     const int64_t bytes = run.peak_activation_bytes[k];
-    const std::string peak = bytes < 0 ? std::string("not measured (a GPU stage, or REMORA_MALLOC=default)")
+    const std::string peak = bytes < 0 ? "not measured (a GPU stage, or REMORA_MALLOC=default)"
                                        : absl::StrFormat("%.1f MiB", bytes / 1048576.0);
     std::printf("  stage %zu on %s: peak saved activations %s\n", k,
                 c.workers[k % c.workers.size()].c_str(), peak.c_str());
