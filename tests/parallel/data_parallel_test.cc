@@ -314,7 +314,9 @@ TEST(CudaProcessGroup, MembersOnGpusSumOverNcclOrOverGlooWhenTheyShareOne) {
 TEST(CudaDataParallel, ReplicasOfACudaStageMatchOneProcess) {
   if (!HaveGloo()) GTEST_SKIP() << "built without Gloo";
   if (LocalGpuCount() == 0) GTEST_SKIP() << "no GPU here";
-  Workers workers(4);
+  // Workers on the GPU, as users start them: their activations go to each
+  // other's cuda:0 (worker --device-map auto), to the master's CPU.
+  Workers workers(4, "worker", {"--device", "cuda:0"});
   // Hybrid (2 stages x 2 replicas), then plain data parallelism.
   ExpectParity(workers.master(), {"w1", "w2", "w3", "w4"}, 2, {Mlp(6, 5, 1), Mlp(5, 3, 2, false)},
                "1f1b", /*overlap=*/true, "cuda:0", /*tolerance=*/1e-4);

@@ -16,11 +16,14 @@
 
 namespace remora::test_support {
 
-TestWorkers::TestWorkers(int n, const std::string& program) {
+TestWorkers::TestWorkers(int n, const std::string& program,
+                         const std::vector<std::string>& args) {
   EXPECT_TRUE(RegisterForTests(registry_).ok());
   std::vector<std::string> names;
   for (int i = 1; i <= n; ++i) names.push_back("w" + std::to_string(i));
-  auto g = cli::StartLocalGroup(names, &registry_, {"--threads", "1"}, {}, program);
+  std::vector<std::string> flags = {"--threads", "1"};
+  flags.insert(flags.end(), args.begin(), args.end());
+  auto g = cli::StartLocalGroup(names, &registry_, flags, {}, program);
   EXPECT_TRUE(g.ok()) << g.status();
   if (g.ok()) group_ = std::move(*g);
 }
