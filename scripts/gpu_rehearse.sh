@@ -72,8 +72,8 @@ fi
 rc=0
 # No network inside but loopback, as on the device.
 debian_root_run_offline "$root" REMORA_GPU_TORCH_DIR=/usr/lib/x86_64-linux-gnu/cmake/Torch \
-  REMORA_GPU_CUDA=$cuda REMORA_GPU_TARGETS="${REMORA_GPU_TARGETS:-}" /bin/bash -c 'cd /work/remora && scripts/gpu_check.sh /work/out "$0"' \
-  "$steps" || rc=$?
+  REMORA_GPU_CUDA=$cuda REMORA_GPU_TARGETS="${REMORA_GPU_TARGETS:-}" \
+  /bin/bash -c 'cd /work/remora && scripts/gpu_check.sh /work/out "$0"' "$steps" || rc=$?
 # The root may live outside the tree (debian_root_path); the logs do not.
 mkdir -p "$src/build-bookworm"
 rm -rf "$src/build-bookworm/check"
