@@ -28,7 +28,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-const std::string kBin = REMORA_BIN_DIR;
+const std::string kBin = BinDir();
 
 const c10::Device kCpu(c10::kCPU);
 c10::Device Cuda(int i) { return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)); }

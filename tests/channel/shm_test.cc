@@ -33,7 +33,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-const std::string kBin = REMORA_BIN_DIR;
+const std::string kBin = BinDir();
 
 at::Tensor Bytes(const at::Tensor& t) {
   return at::from_blob(t.data_ptr(), {static_cast<int64_t>(t.nbytes())}, at::kByte);

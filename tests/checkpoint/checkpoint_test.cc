@@ -33,7 +33,7 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using test_support::Mlp;
 
-const std::string kBin = REMORA_BIN_DIR;
+const std::string kBin = BinDir();
 
 std::string FreshDir(const std::string& name) {
   const std::string dir = fs::path(TempPath(name)).lexically_normal().string();

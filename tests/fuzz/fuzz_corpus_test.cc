@@ -16,7 +16,7 @@ namespace remora::fuzz {
 namespace {
 
 const std::string kCorpus = REMORA_FUZZ_CORPUS;
-const std::string kBin = REMORA_BIN_DIR;
+const std::string kBin = BinDir();
 
 std::map<std::string, std::string> ReadDir(const std::string& dir) {
   std::map<std::string, std::string> files;

@@ -13,7 +13,7 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-const std::string kBin = REMORA_BIN_DIR;
+const std::string kBin = BinDir();
 const std::string kLaunch = kBin + "/remora-launch";
 
 // remora-launch with exactly `env` as its environment (env -i).

@@ -29,7 +29,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-const std::string kBin = REMORA_BIN_DIR;
+const std::string kBin = BinDir();
 
 TEST(WorkerProgram, HelpAndBadFlags) {
   auto [help, help_out] = RunProgram({kBin + "/worker", "--help"});

@@ -26,7 +26,7 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-const std::string kBin = REMORA_BIN_DIR;
+const std::string kBin = BinDir();
 constexpr char kIp[] = "/sbin/ip";
 constexpr int kRanks = 3;
 

@@ -28,7 +28,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-const std::string kBin = REMORA_BIN_DIR;
+const std::string kBin = BinDir();
 
 int64_t NumParameters(torch::nn::Module& m) {
   int64_t n = 0;

@@ -28,7 +28,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-const std::string kBin = REMORA_BIN_DIR;
+const std::string kBin = BinDir();
 
 TEST(ProcessGroup, MembersSumAndBroadcastThroughTheStore) {
   if (!HaveGloo()) GTEST_SKIP() << "built without Gloo";

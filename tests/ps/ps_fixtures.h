@@ -21,7 +21,7 @@
 
 namespace remora::ps_fixtures {
 
-inline const std::string kBin = REMORA_BIN_DIR;
+inline const std::string kBin = BinDir();
 
 inline const std::vector<models::MLPStageOptions> kStages = {test_support::Mlp(8, 16, 1),
                                                              test_support::Mlp(16, 4, 2, /*relu=*/false)};

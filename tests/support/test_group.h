@@ -128,6 +128,21 @@ inline std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
+// The folder of the running test program, where the build also puts the
+// programs the tests start (bin/). Found at run time, not passed as a
+// compile definition: a path in one differs from clone to clone and would
+// make every test a compiler-cache miss in a fresh clone.
+inline const std::string& BinDir() {
+  static const std::string dir = [] {
+    char path[4096];
+    const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+    if (n <= 0) return std::string(".");
+    std::string exe(path, static_cast<size_t>(n));
+    return exe.substr(0, exe.rfind('/'));
+  }();
+  return dir;
+}
+
 // A file name under the test's temporary directory, unique to this process.
 inline std::string TempPath(const std::string& name) {
   return absl::StrCat(testing::TempDir(), "/remora_", getpid(), "_", name);
