@@ -134,11 +134,8 @@ inline std::string ReadFile(const std::string& path) {
 // make every test a compiler-cache miss in a fresh clone.
 inline const std::string& BinDir() {
   static const std::string dir = [] {
-    char path[4096];
-    const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
-    if (n <= 0) return std::string(".");
-    std::string exe(path, static_cast<size_t>(n));
-    return exe.substr(0, exe.rfind('/'));
+    const std::string sibling = cli::SiblingProgram("");  // "<bin>/", or "" when unknown
+    return sibling.empty() ? std::string(".") : sibling.substr(0, sibling.size() - 1);
   }();
   return dir;
 }
