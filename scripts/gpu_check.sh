@@ -14,12 +14,16 @@
 #   build   unpacks .debs/ into .deps-root/, configures build-gpu/ against
 #           the CUDA LibTorch of `python3 -c 'import torch'` with
 #           REMORA_CUDA=ON, builds everything
-#   gpu     ctest -R 'Cuda|Device' (CudaGpu.*: the channels on the GPU)
+#   gpu     ctest -R 'Cuda|Device' but the dp step's (CudaGpu.*: the
+#           channels on the GPU)
 #   bench   rpc_bench --device cuda (CUDA IPC: bulk_gbps, d2d_gbps), with
 #           --peer-device cuda:1 too (NCCL) when there are two GPUs, and the
 #           CPU rpc_bench for comparison
 #   demo    the ResNet50 demo with two `worker --device cuda:0` processes
 #           (--splits 1,2,4,8, 2 batches), and --local on cuda:0
+#   dp      data parallelism on the GPU: CudaProcessGroup.* and
+#           CudaDataParallel.* with REMORA_DEBUG=channels, then ResNet50
+#           (64x64) as --replicas 2 over two `worker --device cuda:0`
 #   all-tests  the whole ctest suite against this LibTorch (CPU paths too)
 #
 # Every step's output goes to OUTDIR/<step>.log (default build-gpu/check),
@@ -37,13 +41,14 @@
 set -uo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
 out=${1:-build-gpu/check}
-steps=${2:-build gpu bench demo all-tests}
+steps=${2:-build gpu bench demo dp all-tests}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 jobs=${REMORA_GPU_JOBS:-$(nproc)}
 build=build-gpu
 bin=$build/bin
 failed=0
+dp_tests='CudaDataParallel|CudaProcessGroup'  # the dp step's, not gpu's
 
 log() { echo "gpu_check: $*" | tee -a "$out/summary.txt" >&2; }
 
@@ -117,7 +122,8 @@ step_build() {
 
 step_gpu() {
   # (a test that hangs must not spend the lease: 180 s each at most)
-  (cd "$build" && ctest --output-on-failure --no-tests=error --timeout 180 -R 'Cuda|Device')
+  (cd "$build" && ctest --output-on-failure --no-tests=error --timeout 180 -R 'Cuda|Device' \
+    -E "$dp_tests")
 }
 
 step_bench() {
@@ -133,20 +139,41 @@ step_bench() {
   return $rc
 }
 
-# Two GPU workers and a master on this machine; the workers are killed if
-# the master fails, so that nothing holds the port or the GPU afterwards.
-step_demo() {
-  local port=29671 rc=0 w1 w2
+# Two GPU workers (`worker --device cuda:0`) and a master on this machine,
+# the master run with SECONDS and the rest of the arguments; the workers are
+# killed if the master fails, so that nothing holds the port or the GPU
+# afterwards.
+two_gpu_workers() {
+  local port=29671 rc=0 w1 w2 seconds=$1
+  shift
   "$bin/worker" --name worker1 --device cuda:0 --master "127.0.0.1:$port" --connect-timeout 30 & w1=$!
   "$bin/worker" --name worker2 --device cuda:0 --master "127.0.0.1:$port" --connect-timeout 30 & w2=$!
-  timeout -k 10 300 "$bin/master" --workers worker1,worker2 --listen "127.0.0.1:$port" \
-    --connect-timeout 30 --splits 1,2,4,8 --batches 2 --report "$out/demo_report.json" || {
+  timeout -k 10 "$seconds" "$bin/master" --workers worker1,worker2 --listen "127.0.0.1:$port" \
+    --connect-timeout 30 "$@" || {
     rc=1
     kill "$w1" "$w2" 2>/dev/null
   }
   wait "$w1" || rc=1
   wait "$w2" || rc=1
+  return $rc
+}
+
+step_demo() {
+  local rc=0
+  two_gpu_workers 300 --splits 1,2,4,8 --batches 2 --report "$out/demo_report.json" || rc=1
   timeout -k 10 120 "$bin/master" --local --device cuda:0 --splits 1,8 --batches 2 || rc=1
+  return $rc
+}
+
+# Data parallelism on the GPU: the c10d groups and the CUDA replica test,
+# their channels traced,
+# then ResNet50 as two replicas on the two GPU workers.
+step_dp() {
+  local rc=0
+  (cd "$build" && REMORA_DEBUG=channels ctest -V --no-tests=error --timeout 180 \
+    -R "$dp_tests") || rc=1
+  two_gpu_workers 240 --replicas 2 --splits 1,2 --batches 2 --image-size 64 \
+    --report "$out/dp_report.json" || rc=1
   return $rc
 }
 
@@ -164,7 +191,7 @@ trap 'kill $(jobs -p) 2>/dev/null' EXIT
 [ -d .debs ] && { use_debs || exit 1; }
 for s in $steps; do
   if ! declare -F "step_$s" >/dev/null; then
-    echo "gpu_check: unknown step '$s' (build gpu bench demo all-tests)" >&2
+    echo "gpu_check: unknown step '$s' (build gpu bench demo dp all-tests)" >&2
     exit 2
   fi
   t0=$(date +%s)
