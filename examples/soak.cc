@@ -47,7 +47,7 @@ struct Config {
   int progress = 100;
   double lr = 0.02;
   double max_rss_growth_mib = 64;
-  int max_thread_growth = 16;
+  int max_thread_growth = -1;  // -1: 16 + 2 per core
   int max_fd_growth = 16;
   bool external = false;
   std::string workers = "soak1,soak2";
@@ -126,7 +126,9 @@ int Main(int argc, char** argv) {
   flags.AddInt("progress", &c.progress, "print a progress line every this many steps (0: never)");
   flags.AddDouble("max-rss-growth-mib", &c.max_rss_growth_mib,
                   "largest resident memory growth allowed per process, MiB");
-  flags.AddInt("max-thread-growth", &c.max_thread_growth, "largest thread count growth allowed");
+  flags.AddInt("max-thread-growth", &c.max_thread_growth,
+               "largest thread count growth allowed (-1: 16 + 2 per core of this machine; gRPC's "
+               "executor adds threads under load, up to twice the cores)");
   flags.AddInt("max-fd-growth", &c.max_fd_growth, "largest file descriptor growth allowed");
   flags.AddString("workers", &c.workers,
                   "two worker names; stage 1 runs on the first, stage 2 on the second");
@@ -153,6 +155,9 @@ int Main(int argc, char** argv) {
   }
   if (auto s = cli::CheckAddress(c.listen, "--listen"); !s.ok()) {
     return fail(std::string(s.message()));
+  }
+  if (c.max_thread_growth < 0) {
+    c.max_thread_growth = 16 + 2 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }
   runtime::TuneAllocator();
   runtime::SetComputeThreads(1);
@@ -294,12 +299,12 @@ int Main(int argc, char** argv) {
                                       c.max_rss_growth_mib, ", --max-rss-growth-mib)"));
     }
     if (e.process.threads - s.process.threads > c.max_thread_growth) {
-      problems.push_back(absl::StrCat(name, ": threads ", s.process.threads, " -> ",
-                                      e.process.threads));
+      problems.push_back(absl::StrCat(name, ": threads ", s.process.threads, " -> ", e.process.threads,
+                                      " (bound +", c.max_thread_growth, ", --max-thread-growth)"));
     }
     if (e.process.fds - s.process.fds > c.max_fd_growth) {
-      problems.push_back(absl::StrCat(name, ": file descriptors ", s.process.fds, " -> ",
-                                      e.process.fds));
+      problems.push_back(absl::StrCat(name, ": file descriptors ", s.process.fds, " -> ", e.process.fds,
+                                      " (bound +", c.max_fd_growth, ", --max-fd-growth)"));
     }
   }
   if (!(last_loss < first_loss)) {

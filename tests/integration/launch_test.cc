@@ -1,6 +1,8 @@
 // remora-launch, the real program: flags and errors, the command each rank
 // gets under torchrun's and Slurm's variables (--dry-run), and a group of
 // three ranks that trains under torchrun's variables.
+#include <cstdlib>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -16,11 +18,16 @@ using ::testing::Not;
 const std::string kBin = BinDir();
 const std::string kLaunch = kBin + "/remora-launch";
 
-// remora-launch with exactly `env` as its environment (env -i).
+// remora-launch with exactly `env` as its environment (env -i), plus
+// this process's LD_LIBRARY_PATH: where the libraries live on a machine
+// that keeps them outside the loader's paths (scripts/gpu_check.sh).
 std::pair<int, std::string> Launch(const std::vector<std::string>& env,
                                    const std::vector<std::string>& args,
                                    absl::Duration timeout = absl::Seconds(60)) {
   std::vector<std::string> argv = {"/usr/bin/env", "-i", "PATH=/usr/bin:/bin"};
+  if (const char* libs = std::getenv("LD_LIBRARY_PATH")) {
+    argv.push_back(absl::StrCat("LD_LIBRARY_PATH=", libs));
+  }
   argv.insert(argv.end(), env.begin(), env.end());
   argv.push_back(kLaunch);
   argv.insert(argv.end(), args.begin(), args.end());
