@@ -7,6 +7,8 @@
 // uninterrupted one.
 #include "checkpoint/checkpoint.h"
 
+#include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -342,20 +344,27 @@ std::string LineStarting(const std::string& output, const std::string& prefix) {
   return "";
 }
 
-// The stage tensors of the checkpoints in `a` and `b` are bitwise equal.
-void ExpectSameStages(const std::string& a_path, const std::string& b_path, const std::string& what) {
-  SCOPED_TRACE(what);
+// How the stage tensors of the checkpoints in `a_path` and `b_path`
+// compare: bitwise equal, and the largest difference.
+struct StageDifference {
+  bool equal = true;
+  double largest = 0;
+};
+StageDifference CompareStages(const std::string& a_path, const std::string& b_path) {
+  StageDifference d;
   auto a = ReadStageTensors(Latest(a_path).value()), b = ReadStageTensors(Latest(b_path).value());
-  ASSERT_TRUE(a.ok() && b.ok());
-  ASSERT_EQ(a->size(), b->size());
+  EXPECT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->size(), b->size());
+  if (!a.ok() || !b.ok() || a->size() != b->size()) return {false, INFINITY};
   for (size_t k = 0; k < a->size(); ++k) {
-    ASSERT_EQ((*a)[k].size(), (*b)[k].size());
+    EXPECT_EQ((*a)[k].size(), (*b)[k].size()) << "stage " << k;
+    if ((*a)[k].size() != (*b)[k].size()) return {false, INFINITY};
     for (size_t j = 0; j < (*a)[k].size(); ++j) {
-      EXPECT_TRUE(at::equal((*a)[k][j], (*b)[k][j]))
-          << "stage " << k << " tensor " << j << ": largest difference "
-          << ((*a)[k][j] - (*b)[k][j]).abs().max().item<double>();
+      d.equal = d.equal && at::equal((*a)[k][j], (*b)[k][j]);
+      d.largest = std::max(d.largest, ((*a)[k][j] - (*b)[k][j]).abs().max().item<double>());
     }
   }
+  return d;
 }
 
 // The real programs: a job whose worker is SIGKILLed mid-epoch, restarted
@@ -432,10 +441,19 @@ TEST(CheckpointJob, AJobKilledMidEpochResumesAndEndsEqualToAnUninterruptedOne) {
     for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
     EXPECT_THAT(out, HasSubstr("resumed from " + broken + "/step-"));
     EXPECT_EQ(LineStarting(out, "epoch=3 ").substr(0, 50), LineStarting(whole_out, "epoch=3 ").substr(0, 50));
-    // Step 6, written before the kill, tells a resume that lost state from
-    // training that is not deterministic here.
-    ExpectSameStages(whole + "/step-00000006", broken + "/step-00000006", "step 6, before the kill");
-    ExpectSameStages(whole, broken, "the final step, after the resume");
+    // Step 6, written before the kill, tells whether training is bitwise
+    // reproducible here: with Debian's LibTorch (OpenBLAS) it is, and the
+    // resumed job must end bitwise equal; with a PyTorch wheel's (MKL) on
+    // an H200 machine, two runs differed by up to 7e-9 already at step 6,
+    // and the resumed job ended 6e-8 from the uninterrupted one.
+    const StageDifference before = CompareStages(whole + "/step-00000006", broken + "/step-00000006");
+    const StageDifference after = CompareStages(whole, broken);
+    if (before.equal) {
+      EXPECT_TRUE(after.equal) << "the resumed job ended " << after.largest << " away from the uninterrupted one";
+    } else {
+      EXPECT_LT(after.largest, 1e-5) << "training is not bitwise reproducible here (step 6 differed by "
+                                     << before.largest << "), but the resumed job ended this far away";
+    }
     EXPECT_EQ(Latest(broken)->manifest.step(), 30);
   }
 
