@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "launch/cluster_env.h"
+#include "launch/program_path.h"
 
 namespace {
 
@@ -76,14 +77,6 @@ struct Flags {
   std::vector<std::string> shared_args;
   std::vector<std::string> worker_args;
 };
-
-std::string ProgramDir() {
-  char path[4096] = {0};
-  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
-  std::string self = n > 0 ? std::string(path, n) : "";
-  const size_t slash = self.rfind('/');
-  return slash == std::string::npos ? "." : self.substr(0, slash);
-}
 
 // Parses argv into Flags; false after printing the usage or an error, with
 // the exit code in *code.
@@ -207,10 +200,9 @@ int main(int argc, char** argv) {
     std::cerr << "remora-launch: " << role.status().message() << "\n";
     return 2;
   }
-  const std::string dir = ProgramDir();
   remora::launch::LaunchOptions o;
-  o.master_program = f.master_program.empty() ? dir + "/master" : f.master_program;
-  o.worker_program = f.worker_program.empty() ? dir + "/worker" : f.worker_program;
+  o.master_program = f.master_program.empty() ? remora::launch::SiblingProgram("master") : f.master_program;
+  o.worker_program = f.worker_program.empty() ? remora::launch::SiblingProgram("worker") : f.worker_program;
   o.master_args = f.master_args;
   o.shared_args = f.shared_args;
   o.worker_args = f.worker_args;

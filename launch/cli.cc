@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "launch/program_path.h"
 
 namespace remora::cli {
 
@@ -305,12 +306,6 @@ absl::StatusOr<int> Subprocess::Wait(absl::Duration timeout) {
   return exit_code_;
 }
 
-std::string SiblingProgram(const std::string& name) {
-  char buf[4096];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return name;
-  std::string self(buf, n);
-  return self.substr(0, self.rfind('/') + 1) + name;
-}
+std::string SiblingProgram(const std::string& name) { return launch::SiblingProgram(name); }
 
 }  // namespace remora::cli
