@@ -166,8 +166,8 @@ step_demo() {
 }
 
 # Data parallelism on the GPU: the c10d groups and the CUDA replica test,
-# their channels traced,
-# then ResNet50 as two replicas on the two GPU workers.
+# their channels traced, then ResNet50 as two replicas on the two GPU
+# workers.
 step_dp() {
   local rc=0
   (cd "$build" && REMORA_DEBUG=channels ctest -V --no-tests=error --timeout 180 \
