@@ -1,5 +1,6 @@
-# Writes REMORA_SUITES_OUT: an add_test per GoogleTest suite of
-# REMORA_SUITES_EXE, from its --gtest_list_tests (cmake/GTestSuites.cmake).
+# Writes REMORA_SUITES_OUT: one add_test that runs every GoogleTest suite
+# of REMORA_SUITES_EXE, listed by its --gtest_list_tests
+# (cmake/GTestSuites.cmake).
 # Run with cmake -P after a build, or included by ctest (PRE_TEST).
 foreach(var REMORA_SUITES_EXE REMORA_SUITES_OUT REMORA_SUITES_WORKDIR REMORA_SUITES_TIMEOUT)
   if(NOT DEFINED ${var})
@@ -20,13 +21,17 @@ string(REGEX MATCHALL "(^|\n)[^ \n#]+\\." suite_lines "${listing}")
 if(NOT suite_lines)
   message(FATAL_ERROR "${REMORA_SUITES_EXE} lists no GoogleTest suite:\n${listing}")
 endif()
-set(tests "")
+set(filter "")
 foreach(line IN LISTS suite_lines)
   string(STRIP "${line}" suite)
   string(REGEX REPLACE "\\.$" "" suite "${suite}")
-  string(APPEND tests
-         "add_test([==[${suite}.*]==] [==[${REMORA_SUITES_EXE}]==] [==[--gtest_filter=${suite}.*]==])\n"
-         "set_tests_properties([==[${suite}.*]==] PROPERTIES WORKING_DIRECTORY "
-         "[==[${REMORA_SUITES_WORKDIR}]==] TIMEOUT ${REMORA_SUITES_TIMEOUT})\n")
+  if(filter)
+    string(APPEND filter ":")
+  endif()
+  string(APPEND filter "${suite}.*")
 endforeach()
-file(WRITE "${REMORA_SUITES_OUT}" "${tests}")
+# One test for the whole executable, named by its filter ("Codec.*:Frame.*").
+file(WRITE "${REMORA_SUITES_OUT}"
+     "add_test([==[${filter}]==] [==[${REMORA_SUITES_EXE}]==] [==[--gtest_filter=${filter}]==])\n"
+     "set_tests_properties([==[${filter}]==] PROPERTIES WORKING_DIRECTORY "
+     "[==[${REMORA_SUITES_WORKDIR}]==] TIMEOUT ${REMORA_SUITES_TIMEOUT})\n")

@@ -266,28 +266,5 @@ TEST(Ps, MasterProgramTrainsADatasetLikeOneProcess) {
 // had not stopped.
 TEST(Ps, MasterResumesFromTheServersCheckpoint) { ExpectResumeGoesOn({}, 2, "ps_resume"); }
 
-TEST(Ps, MasterRefusesFlagsThatDoNotGoWithPsMode) {
-  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
-      {{"--mode", "ps", "--workers", "a,b", "--replicas", "2"}, "not with --replicas"},
-      {{"--mode", "ps", "--workers", "a,b", "--backup-workers", "2"}, "give 0 <= k < n"},
-      {{"--mode", "ps", "--workers", "a,b", "--ps-shards", "2"}, "at least one more must compute"},
-      {{"--mode", "ps", "--workers", "a,b", "--ps-shards", "-1"}, "--ps-shards -1: give 0 or 1"},
-      {{"--mode", "ps", "--workers", "a,b,c", "--ps-shards", "2", "--backup-workers", "1"},
-       "--backup-workers 1 with 1 compute workers"},
-      {{"--mode", "ps", "--local", "--ps-shards", "2"}, "not with --local"},
-      {{"--mode", "ps", "--workers", "a,b", "--splits", "4"}, "--splits"},
-      {{"--mode", "ps", "--local"}, "not with --local"},
-      {{"--workers", "a,b", "--backup-workers", "1"}, "go with --mode ps"},
-      {{"--mode", "sideways", "--workers", "a"}, "--mode must be pipeline or ps"},
-  };
-  for (const auto& [args, message] : cases) {
-    std::vector<std::string> argv = {kBin + "/master"};
-    argv.insert(argv.end(), args.begin(), args.end());
-    auto [code, out] = RunProgram(argv, absl::Seconds(30));
-    EXPECT_EQ(code, 2) << out;
-    EXPECT_THAT(out, HasSubstr(message));
-  }
-}
-
 }  // namespace
 }  // namespace remora

@@ -1,0 +1,342 @@
+#include "examples/master_flags.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <memory>
+#include <thread>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "channel/devices.h"
+#include "checkpoint/checkpoint.h"
+#include "models/cnn.h"
+#include "models/resnet.h"
+#include "parallel/process_group.h"
+#include "pipeline/partition.h"
+#include "pipeline/schedule.h"
+
+namespace remora::master {
+namespace {
+
+absl::Status Bad(const std::string& message) { return absl::InvalidArgumentError(message); }
+
+absl::StatusOr<std::vector<int>> ParseSplits(const std::string& text) {
+  std::vector<int> out;
+  for (const auto& part : cli::SplitList(text)) {
+    int v = 0;
+    if (!absl::SimpleAtoi(part, &v) || v < 1) {
+      return Bad(absl::StrCat("--splits wants positive integers like 8 or 1,2,4,8; got '", text, "'"));
+    }
+    out.push_back(v);
+  }
+  if (out.empty()) return Bad("--splits is empty");
+  return out;
+}
+
+// The numbers and choices that need no file and no other flag's meaning.
+absl::Status CheckValues(const Flags& f, const Config& c) {
+  if (f.batch_size == 0 || f.batch_size < -1) return Bad("--batch-size must be >= 1");
+  if (c.optimizer != "sgd" && c.optimizer != "adam") return Bad("--optimizer must be sgd or adam");
+  if (c.epochs < 1) return Bad("--epochs must be >= 1");
+  if (c.momentum < 0 || c.momentum >= 1) return Bad("--momentum must be in [0, 1)");
+  if (c.batches < 1 || c.batch_size < 1 || c.threads < 1 || c.connect_timeout < 1) {
+    return Bad("--batches, --batch-size, --threads and --connect-timeout must be >= 1");
+  }
+  if (c.image_size < 16 || c.image_size > 1024) return Bad("--image-size must be in [16, 1024]");
+  auto device = ParseDevice(c.device, "--device");
+  if (!device.ok()) return Bad(std::string(device.status().message()));
+  if (auto s = CheckLocalDevice(*device); !s.ok()) return Bad(std::string(s.message()));
+  if (!(c.lr > 0)) return Bad("--lr must be > 0");
+  if (!c.dataset.empty() && c.compare_local) {
+    return Bad("--compare-local compares the ResNet50 demo or --model batches; with --dataset, "
+               "run --local separately and compare the epoch lines");
+  }
+  return absl::OkStatus();
+}
+
+// --model's stages, read; a one-file sequential model to cut kept whole.
+absl::Status ReadModel(const Flags& f, Config& c) {
+  c.input_shape.clear();
+  bool bad = false;
+  for (const auto& part : cli::SplitList(f.input_shape)) {
+    int64_t v = 0;
+    bad |= !absl::SimpleAtoi(part, &v) || v < 1;
+    c.input_shape.push_back(v);
+  }
+  if (bad || c.input_shape.empty()) {
+    return Bad(absl::StrCat("--input-shape wants positive sizes like 3,32,32; got '", f.input_shape, "'"));
+  }
+  if (c.classes < 1) return Bad("--classes must be >= 1");
+  auto scripts = pipeline::TorchScriptStages(c.model);
+  if (!scripts.ok()) return Bad(std::string(scripts.status().message()));
+  c.scripts = std::move(*scripts);
+  // One file over several workers: a sequential model to cut. (--local
+  // trains the file whole, cut or not.)
+  std::error_code ec;
+  if (c.scripts.size() == 1 && c.workers.size() > 1 && !std::filesystem::is_directory(c.model, ec)) {
+    auto model = pipeline::SequentialModel::TorchScript(c.scripts[0].script, c.scripts[0].name);
+    if (model.ok()) {
+      c.sequential = std::make_shared<const pipeline::SequentialModel>(std::move(*model));
+    } else if (!c.local) {
+      return Bad(std::string(model.status().message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The workers, the topology and how the model is cut: what a run over
+// workers needs, checked before any worker is waited for.
+absl::Status CheckWorkers(const Flags& f, const Config& c, bool ps_mode, bool cut) {
+  if (c.workers.empty()) return Bad("--workers is required (e.g. --workers worker1,worker2), or use --local");
+  const int n = static_cast<int>(c.all_workers.size());
+  if (f.pipeline_stages < 0) return Bad("--pipeline-stages must be >= 1, or 0 for --workers / --replicas");
+  if (n % c.replicas != 0 || (f.pipeline_stages > 0 && f.pipeline_stages * c.replicas != n)) {
+    return Bad(absl::StrCat("--replicas ", c.replicas,
+                            f.pipeline_stages > 0 ? absl::StrCat(" x --pipeline-stages ", f.pipeline_stages) : "",
+                            " does not match the ", n, " --workers: give P x R workers, replica r on workers "
+                            "r*P .. r*P + P - 1"));
+  }
+  if (c.replicas > 1 && !parallel::HaveGloo()) {
+    return Bad("--replicas needs Gloo, which this build of remora lacks (install libgloo-dev and rebuild)");
+  }
+  if (c.partition != "balanced" && c.partition != "tutorial") return Bad("--partition must be balanced or tutorial");
+  if (c.interleave < 0) return Bad("--interleave must be >= 1, or 0 for the default");
+  const auto& names = pipeline::ScheduleNames();
+  if (!ps_mode && c.schedule != "auto" && std::find(names.begin(), names.end(), c.schedule) == names.end()) {
+    return Bad(absl::StrCat("--schedule must be auto, ", absl::StrJoin(names, ", "), "; got '", c.schedule, "'"));
+  }
+  if (!ps_mode && !c.model.empty() && !c.sequential && c.scripts.size() % c.workers.size() != 0) {
+    return Bad(absl::StrCat("--model has ", c.scripts.size(), " stages for ", c.workers.size(),
+                            " workers: stage k runs on worker k mod n, so give a multiple of ",
+                            c.workers.size(), " stages"));
+  }
+  if (!ps_mode && !c.dataset.empty() && c.model.empty() &&
+      c.workers.size() > static_cast<size_t>(models::kSmallCnnBlocks)) {
+    return Bad(absl::StrCat("--dataset's small CNN has ", models::kSmallCnnBlocks,
+                            " blocks: give at most that many --workers"));
+  }
+  if (c.partition == "tutorial" && (!c.model.empty() || c.workers.size() != 2)) {
+    return Bad("--partition tutorial splits ResNet50 in two: give exactly two --workers and no --model");
+  }
+  if (cut && !ps_mode) {
+    // The cut's counts and split points.
+    const int layers = c.sequential ? c.sequential->num_layers() : models::kResNetBlocks;
+    if (auto s = StagesPerWorker(c, layers); !s.ok()) return Bad(std::string(s.status().message()));
+  }
+  return cli::CheckAddress(c.listen, "--listen");
+}
+
+// The checkpoint flags, and with --resume the checkpoint itself.
+absl::Status CheckCheckpoints(CommandLine& line) {
+  Config& c = line.config;
+  if (c.checkpoint_every < 0 || c.keep < 1 || c.train_rows < 0) {
+    return Bad("--checkpoint-every and --train-rows must be >= 0, --keep >= 1");
+  }
+  if (!c.checkpoint_dir.empty() || !c.resume.empty()) {
+    if (c.local) return Bad("--checkpoint-dir and --resume save and load workers' stages: not with --local");
+    if (c.splits.size() != 1) return Bad("--checkpoint-dir and --resume train one --splits count, not a sweep");
+    if (c.zero != 0) return Bad("--checkpoint-dir and --resume do not save ZeRO-1's sharded optimizer state yet");
+    if (c.compare_local) return Bad("--compare-local does not go with --checkpoint-dir or --resume");
+    line.checkpoints.identity = IdentityOf(c, c.splits[0]);
+  }
+  if (c.resume.empty()) return absl::OkStatus();
+  auto ck = checkpoint::Latest(c.resume);
+  if (!ck.ok()) return ck.status();
+  if (auto s = checkpoint::CheckMatches(*ck, line.checkpoints.identity); !s.ok()) return s;
+  if (!line.ps_mode && ck->manifest.shards_size() != static_cast<int>(c.workers.size())) {
+    return Bad(absl::StrCat("checkpoint ", ck->manifest_path, " has ", ck->manifest.shards_size(),
+                            " shards, one per pipeline worker: give ", ck->manifest.shards_size(),
+                            " workers per replica, not ", c.workers.size()));
+  }
+  auto stages = checkpoint::LoadStageSpecs(*ck);
+  if (!stages.ok()) return stages.status();
+  line.checkpoints.stages = std::move(*stages);
+  if (c.checkpoint_dir.empty()) {  // go on saving beside it
+    c.checkpoint_dir = ck->dir == c.resume ? std::filesystem::path(ck->dir).parent_path().string() : c.resume;
+  }
+  line.checkpoints.resume = std::move(*ck);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Flags DefaultFlags() {
+  Flags f;
+  f.config.listen = cli::MasterAddressFromEnv();
+  f.config.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return f;
+}
+
+void AddFlags(cli::FlagParser& flags, Flags* f) {
+  Config& c = f->config;
+  flags.AddString("workers", &f->workers,
+                  "comma-separated worker names (required unless --local): one pipeline over "
+                  "them, or with --replicas R, R pipelines of P = n / R workers each, replica r on "
+                  "workers r*P .. r*P + P - 1");
+  flags.AddString("mode", &f->mode,
+                  "pipeline (the model cut into stages over the workers) or ps (a parameter server: "
+                  "the master, or --ps-shards servers, hold the model and optimizer; every step each worker pulls the "
+                  "parameters and pushes the gradient of its share of the batch; see "
+                  "docs/parameter-server.md)");
+  flags.AddInt("ps-shards", &f->ps.shards,
+               "with --mode ps: K server processes holding a partition of the parameters and its "
+               "optimizer each: the first K --workers (0 or 1: the master holds them)");
+  flags.AddInt("backup-workers", &f->ps.backup_workers,
+               "with --mode ps: k; each step goes on with the first n - k gradient sets and drops "
+               "the stragglers' (0: synchronous, equal to one process on the whole batch)");
+  flags.AddInt("replicas", &c.replicas,
+               "data parallelism: copies of the pipeline, each training its share of every "
+               "batch, gradients summed per stage over c10d's Gloo (1: none)");
+  flags.AddInt("pipeline-stages", &f->pipeline_stages,
+               "workers per pipeline, P (0: --workers / --replicas); P x --replicas must be the "
+               "worker count");
+  flags.AddInt("bucket-mb", &c.bucket_mb, "with --replicas: MiB of gradients summed per bucket");
+  flags.AddBool("overlap", &c.overlap,
+                "with --replicas: start summing a stage's gradients as its last backward pass "
+                "ends, beside the other backward passes (false: after all of them)");
+  flags.AddInt("zero", &c.zero,
+               "with --replicas: 1 shards the optimizer state over each stage's replicas "
+               "(ZeRO-1: each steps its share and sends it to the others); 0: every replica "
+               "holds all of it");
+  flags.AddInt("collective-timeout", &c.collective_timeout,
+               "with --replicas: seconds a replica waits for the others in a collective before "
+               "the step fails");
+  flags.AddString("listen", &c.listen, "HOST:PORT where workers find the master (MASTER_ADDR/MASTER_PORT also work)");
+  flags.AddString("splits", &f->splits, "micro-batches per batch: one count (8) or a sweep (1,2,4,8)");
+  flags.AddInt("batches", &c.batches, "batches per split count");
+  flags.AddInt("batch-size", &f->batch_size, "images per batch (default 128; 64 with --dataset)");
+  flags.AddInt("image-size", &c.image_size, "image height and width");
+  flags.AddDouble("lr", &f->lr, "learning rate (default 0.05 for the ResNet50 demo, 0.01 with --model or --dataset)");
+  flags.AddInt("seed", &c.seed, "seed of weights and data: same seed, same numbers");
+  flags.AddString("partition", &c.partition,
+                  "how ResNet50 or a one-file sequential --model is cut into stages: balanced (by "
+                  "each layer's forward + backward time, measured on the workers) or tutorial "
+                  "(ResNet50 in two, torchvision's split)");
+  flags.AddString("split-at", &f->split_at,
+                  "explicit cuts instead of --partition: the first layer of stages 1, 2, ... "
+                  "(e.g. 8 or 5,9,14; workers x --interleave stages)");
+  flags.AddInt("interleave", &c.interleave,
+               "stages per worker: with 2, worker k of n also hosts stage k + n, which halves "
+               "the pipeline's fill and drain (0: 2 with --partition balanced when every stage "
+               "gets a layer, else 1)");
+  flags.AddString("schedule", &c.schedule,
+                  "gpipe, 1f1b (one stage per worker), interleaved (several stages per worker) "
+                  "or auto: interleaved with several stages per worker, else 1f1b");
+  flags.AddInt("threads", &c.threads, "intra-op threads of this process (used by --local)");
+  flags.AddBool("local", &c.local, "train in this process alone, no workers");
+  flags.AddBool("compare-local", &c.compare_local,
+                "also train --local --splits 1 in this process, batch by batch between the last "
+                "split count's batches, and print the ratio");
+  flags.AddString("report", &c.report, "write a JSON report to this file");
+  flags.AddString("trace", &c.trace, "write a Chrome/Perfetto trace of the last split count");
+  flags.AddString("timeline", &c.timeline, "write an SVG Gantt chart of the last split count");
+  flags.AddInt("connect-timeout", &c.connect_timeout, "seconds to wait for all workers to register");
+  flags.AddString("device", &c.device,
+                  "where --local and --compare-local train: cpu or cuda:N (workers choose their "
+                  "own with worker --device)");
+  flags.AddString("model", &c.model,
+                  "train TorchScript instead of ResNet50: a directory holding stage0.pt, "
+                  "stage1.pt, ... or a comma-separated list of .pt files (stage k runs on worker "
+                  "k mod n), or one .pt file of a scripted nn.Sequential, cut into stages over the "
+                  "workers by --partition or --split-at; random inputs of --input-shape, labels in "
+                  "[0, --classes), cross-entropy");
+  flags.AddString("input-shape", &f->input_shape, "with --model: one input's shape, e.g. 3,32,32 or 784");
+  flags.AddInt("classes", &c.classes, "with --model: the number of classes of the labels");
+  flags.AddString("dataset", &c.dataset,
+                  "train on a real dataset for --epochs and print the test accuracy after each: "
+                  "fashion-mnist (Debian's dataset-fashion-mnist), idx:DIR (MNIST-format IDX "
+                  "files) or cifar10:DIR (CIFAR-10's binary version); the model is a small CNN "
+                  "over the workers (1 to 4), or the --model stages; cross-entropy");
+  flags.AddInt("epochs", &c.epochs, "with --dataset: epochs to train");
+  flags.AddBool("shuffle", &c.shuffle, "with --dataset: shuffle each epoch by --seed (false: file order)");
+  flags.AddString("optimizer", &c.optimizer, "sgd or adam (the ResNet50 demo: plain SGD)");
+  flags.AddDouble("momentum", &c.momentum, "SGD momentum with --model or --dataset");
+  flags.AddInt("train-rows", &c.train_rows, "with --dataset: train on the first N images only (0: all)");
+  flags.AddString("checkpoint-dir", &c.checkpoint_dir,
+                  "save checkpoints here (each worker writes its shard; a shared or same-path directory)");
+  flags.AddInt("checkpoint-every", &c.checkpoint_every,
+               "with --checkpoint-dir: save every N steps (0: only when training ends)");
+  flags.AddInt("keep", &c.keep, "with --checkpoint-dir: how many checkpoints to keep");
+  flags.AddString("resume", &c.resume,
+                  "go on from the latest checkpoint in this directory (the same flags as the run that wrote it)");
+  flags.AddSecurityFlags(&f->security);
+}
+
+absl::StatusOr<CommandLine> Check(Flags f) {
+  CommandLine line;
+  auto security = cli::LoadSecurity(f.security);
+  if (!security.ok()) return Bad(std::string(security.status().message()));
+  line.security = std::move(*security);
+  line.ps = f.ps;
+  Config& c = line.config;
+  c = std::move(f.config);
+  const bool splits_given = !f.splits.empty();
+  line.ps_mode = f.mode == "ps";
+  auto splits = ParseSplits(splits_given ? f.splits : (line.ps_mode ? "1" : "8"));
+  if (!splits.ok()) return splits.status();
+  c.splits = std::move(*splits);
+  c.all_workers = cli::SplitList(f.workers);
+  c.workers = c.all_workers;  // replica 0's (checked below)
+  if (c.replicas >= 1 && c.all_workers.size() % c.replicas == 0) {
+    c.workers.resize(c.all_workers.size() / c.replicas);
+  }
+  if (f.mode != "pipeline" && !line.ps_mode) {
+    return Bad(absl::StrCat("--mode must be pipeline or ps; got '", f.mode, "'"));
+  }
+  for (const auto& part : cli::SplitList(f.split_at)) {
+    int v = 0;
+    if (!absl::SimpleAtoi(part, &v) || v < 1) {
+      return Bad(absl::StrCat("--split-at wants layer indices like 8 or 5,9,14; got '", f.split_at, "'"));
+    }
+    c.split_at.push_back(v);
+  }
+  c.batch_size = f.batch_size > 0 ? f.batch_size : (c.dataset.empty() ? 128 : 64);
+  c.lr = f.lr != -1 ? f.lr : (c.dataset.empty() && c.model.empty() ? 0.05 : 0.01);
+  if (auto s = CheckValues(f, c); !s.ok()) return s;
+  if (!c.model.empty()) {
+    if (auto s = ReadModel(f, c); !s.ok()) return s;
+  }
+  const bool cut = c.model.empty() ? c.dataset.empty() : c.sequential != nullptr;
+  if (!c.split_at.empty() && !cut) {
+    return Bad("--split-at cuts ResNet50 or a one-file sequential --model over several workers; "
+               "these stages are given already");
+  }
+  for (int s : c.splits) {
+    if (s * c.replicas > c.batch_size) {
+      return Bad(absl::StrCat("--splits ", s, c.replicas > 1 ? absl::StrCat(" x --replicas ", c.replicas) : "",
+                              " exceeds --batch-size ", c.batch_size,
+                              ": every micro-batch needs at least one image"));
+    }
+  }
+  if (c.zero != 0 && c.zero != 1) return Bad("--zero must be 0 or 1");
+  if (c.replicas < 1 || c.bucket_mb < 1 || c.collective_timeout < 1) {
+    return Bad("--replicas, --bucket-mb and --collective-timeout must be >= 1");
+  }
+  if (line.ps_mode) c.schedule = "ps";  // what its checkpoints record
+  if (auto e = CheckPsFlags(c, f.ps, line.ps_mode, splits_given, f.pipeline_stages); !e.empty()) return Bad(e);
+  if (!c.local) {
+    if (auto s = CheckWorkers(f, c, line.ps_mode, cut); !s.ok()) return s;
+  }
+  if (auto s = CheckCheckpoints(line); !s.ok()) return s;
+  return line;
+}
+
+absl::StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& args) {
+  std::vector<std::string> storage = {"master"};
+  storage.insert(storage.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : storage) argv.push_back(a.data());
+  Flags flags = DefaultFlags();
+  cli::FlagParser parser("master", "");
+  AddFlags(parser, &flags);
+  int code = 0;
+  if (!parser.Parse(static_cast<int>(argv.size()), argv.data(), &code)) {
+    return Bad(absl::StrCat("the parser stopped with exit code ", code, " (it printed why)"));
+  }
+  return Check(std::move(flags));
+}
+
+}  // namespace remora::master

@@ -1,0 +1,65 @@
+// master's command line: its flags with their help, and the checks that
+// turn them into a Config before any worker is waited for. Apart from
+// master.cc so that tests check every bad flag in this process
+// (tests/examples/master_flags_test.cc) instead of starting the program
+// once per case.
+//
+// Thread-compatible: plain functions over values the caller owns.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "examples/master_runs.h"
+#include "examples/ps_runs.h"
+#include "launch/cli.h"
+
+namespace remora::master {
+
+// The flags as given, before the checks and the defaults that depend on
+// other flags. Most flags write straight into `config`.
+struct Flags {
+  Config config;
+  PsFlags ps;
+  cli::SecurityFiles security;
+  std::string workers;
+  std::string splits;  // empty: 8, or 1 with --mode ps
+  std::string mode = "pipeline";
+  std::string split_at;
+  std::string input_shape = "3,32,32";
+  int pipeline_stages = 0;
+  int batch_size = -1;  // -1: 128, or 64 with --dataset
+  double lr = -1;       // -1: 0.05 for the ResNet50 demo, 0.01 with --model or --dataset
+};
+
+// master's defaults: --listen from MASTER_ADDR and MASTER_PORT, --threads
+// one per core.
+Flags DefaultFlags();
+
+// Adds every flag of master to `parser`, bound to `flags` (which must
+// outlive the parsing).
+void AddFlags(cli::FlagParser& parser, Flags* flags);
+
+// A command line that passed the checks: what master runs.
+struct CommandLine {
+  Config config;
+  PsFlags ps;
+  bool ps_mode = false;
+  cli::Security security;
+  // The run's identity with --checkpoint-dir or --resume; with --resume,
+  // the checkpoint and the stages it was saved from.
+  Checkpointing checkpoints;
+};
+
+// Checks `flags` and resolves them: reads the token and TLS files, --model's
+// TorchScript files and the checkpoint to resume. Every error names the
+// flag (or file) and says what to give instead.
+absl::StatusOr<CommandLine> Check(Flags flags);
+
+// AddFlags, parsing and Check in one: `args` without the program's name.
+// For tests. When the parser stops (it prints why: --help, an unknown flag,
+// a flag without its value), an InvalidArgument error saying so.
+absl::StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& args);
+
+}  // namespace remora::master

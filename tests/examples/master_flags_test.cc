@@ -1,0 +1,186 @@
+// master's command line in this process: every bad flag is an error that
+// names it, and good ones resolve to the configuration master runs. (The
+// program itself is tested in tests/models/resnet_test.cc: --help, the
+// exit codes, workers that never come.)
+#include "examples/master_flags.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "parallel/process_group.h"
+#include "tests/support/script_models.h"
+#include "tests/support/test_group.h"
+
+namespace remora::master {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// The error of `args`, which must not pass.
+std::string ErrorOf(const std::vector<std::string>& args) {
+  auto line = ParseCommandLine(args);
+  if (line.ok()) return "(passed)";
+  return std::string(line.status().message());
+}
+
+struct Case {
+  std::vector<std::string> args;
+  std::string error;
+};
+
+void ExpectErrors(const std::vector<Case>& cases) {
+  for (const Case& k : cases) {
+    EXPECT_THAT(ErrorOf(k.args), HasSubstr(k.error)) << absl::StrJoin(k.args, " ");
+  }
+}
+
+TEST(MasterFlags, BadValuesAreClearErrorsNamingTheFlag) {
+  ExpectErrors({
+      {{"--splits", "1"}, "--workers is required"},
+      {{"--local", "--splits", "0"}, "positive integers"},
+      {{"--local", "--splits", ","}, "--splits is empty"},
+      {{"--local", "--splits", "16", "--batch-size", "8"}, "exceeds --batch-size 8"},
+      {{"--local", "--batch-size", "0"}, "--batch-size must be >= 1"},
+      {{"--local", "--image-size", "4"}, "--image-size"},
+      {{"--local", "--lr", "0"}, "--lr must be > 0"},
+      {{"--local", "--momentum", "1"}, "--momentum must be in [0, 1)"},
+      {{"--local", "--optimizer", "lbfgs"}, "--optimizer must be sgd or adam"},
+      {{"--local", "--epochs", "0"}, "--epochs must be >= 1"},
+      {{"--local", "--device", "tpu:0"}, "--device"},
+      {{"--local", "--dataset", "fashion-mnist", "--compare-local"}, "--compare-local compares"},
+      {{"--workers", "a,b", "--zero", "2"}, "--zero must be 0 or 1"},
+      {{"--workers", "a,b", "--bucket-mb", "0"}, "--bucket-mb"},
+      {{"--workers", "a,b,c", "--partition", "tutorial"}, "exactly two"},
+      {{"--workers", "a", "--partition", "odd"}, "balanced or tutorial"},
+      {{"--workers", "a,b", "--interleave", "-1"}, "--interleave must be >= 1"},
+      {{"--workers", "a,b", "--schedule", "zigzag"}, "--schedule must be auto, gpipe, 1f1b, interleaved"},
+      {{"--workers", "a,b", "--pipeline-stages", "-1"}, "--pipeline-stages must be >= 1"},
+      {{"--workers", "a", "--listen", "nowhere"}, "HOST:PORT"},
+      {{"--workers", "a", "--listen", "127.0.0.1:70000"}, "--listen"},
+      {{"--workers", "a,b,c,d,e", "--dataset", "fashion-mnist"}, "give at most that many --workers"},
+  });
+}
+
+TEST(MasterFlags, CutsAndTopologiesThatDoNotFitAreErrors) {
+  ExpectErrors({
+      {{"--workers", "a,b", "--interleave", "10"},
+       "2 workers x 10 stages per worker (--interleave) is more stages than the 18 layers"},
+      {{"--workers", "a,b", "--partition", "tutorial", "--interleave", "2"},
+       "split points 8 make 2 stages; 4 are wanted"},
+      {{"--workers", "a,b", "--split-at", "3,x"}, "--split-at wants layer indices"},
+      {{"--workers", "a,b", "--split-at", "12,5,7"}, "must increase strictly"},
+      {{"--workers", "a,b,c", "--split-at", "8"}, "--split-at makes 2 stages for 3 workers"},
+      {{"--workers", "a,b", "--dataset", "fashion-mnist", "--split-at", "2"}, "these stages are given already"},
+      {{"--workers", "a,b,c", "--replicas", "2"}, "--replicas 2 does not match the 3 --workers"},
+      {{"--workers", "a,b,c,d", "--replicas", "2", "--pipeline-stages", "3"},
+       "--replicas 2 x --pipeline-stages 3 does not match the 4 --workers"},
+      {{"--workers", "a,b", "--replicas", "2", "--splits", "8", "--batch-size", "12"},
+       "--splits 8 x --replicas 2 exceeds --batch-size 12"},
+      {{"--workers", "a,b", "--replicas", "0"}, "--replicas, --bucket-mb and --collective-timeout must be >= 1"},
+  });
+}
+
+TEST(MasterFlags, MissingOrBadFilesAreErrorsNamingThem) {
+  ExpectErrors({
+      {{"--local", "--model", TempPath("no_such_model")}, "cannot read the TorchScript file"},
+      {{"--workers", "a,b", "--model", TempPath("no_such_model"), "--split-at", "2"},
+       "cannot read the TorchScript file"},
+      {{"--local", "--model", "x.pt", "--input-shape", "3,0"}, "--input-shape wants positive sizes"},
+      {{"--local", "--model", "x.pt", "--classes", "0"}, "--classes must be >= 1"},
+      {{"--workers", "a", "--tls-cert", "node.crt"}, "--tls-cert is given without --tls-key"},
+      {{"--workers", "a", "--tls-cert", TempPath("absent.crt"), "--tls-key", "k"}, "cannot read --tls-cert"},
+      {{"--workers", "a", "--token-file", TempPath("absent.token")}, "--token-file"},
+      {{"--workers", "a,b", "--splits", "2", "--resume", TempPath("no_checkpoints")},
+       TempPath("no_checkpoints")},
+  });
+  // A sequential model cut by --split-at: the cut is checked against its layers.
+  const std::string file = TempPath("flags_sequential.pt");
+  test_support::ScriptSequential({12, 16, 16, 5}).save(file);
+  ExpectErrors({
+      {{"--workers", "a,b", "--model", file, "--input-shape", "12", "--split-at", "9"},
+       "must increase strictly and lie in 1..2 (the model has 3 layers"},
+      {{"--workers", "a,b", "--model", file, "--input-shape", "12", "--split-at", "1,2"},
+       "--split-at makes 3 stages for 2 workers"},
+  });
+}
+
+TEST(MasterFlags, CheckpointFlagsGoWithOneSplitCountOverWorkers) {
+  const std::string dir = TempPath("flags_checkpoints");
+  ExpectErrors({
+      {{"--local", "--checkpoint-dir", dir}, "not with --local"},
+      {{"--workers", "a,b", "--checkpoint-dir", dir, "--splits", "1,2"}, "not a sweep"},
+      {{"--workers", "a,b", "--checkpoint-dir", dir, "--splits", "2", "--compare-local"},
+       "--compare-local does not go with"},
+      {{"--workers", "a,b", "--checkpoint-every", "-1"}, "--checkpoint-every and --train-rows must be >= 0"},
+      {{"--workers", "a,b", "--keep", "0"}, "--keep >= 1"},
+  });
+  if (parallel::HaveGloo()) {
+    EXPECT_THAT(ErrorOf({"--workers", "a,b", "--replicas", "2", "--zero", "1", "--checkpoint-dir", dir,
+                         "--splits", "2"}),
+                HasSubstr("ZeRO-1's sharded optimizer state"));
+  }
+}
+
+TEST(MasterFlags, PsModeRefusesFlagsThatDoNotGoWithIt) {
+  ExpectErrors({
+      {{"--mode", "ps", "--workers", "a,b", "--replicas", "2"}, "not with --replicas"},
+      {{"--mode", "ps", "--workers", "a,b", "--backup-workers", "2"}, "give 0 <= k < n"},
+      {{"--mode", "ps", "--workers", "a,b", "--ps-shards", "2"}, "at least one more must compute"},
+      {{"--mode", "ps", "--workers", "a,b", "--ps-shards", "-1"}, "--ps-shards -1: give 0 or 1"},
+      {{"--mode", "ps", "--workers", "a,b,c", "--ps-shards", "2", "--backup-workers", "1"},
+       "--backup-workers 1 with 1 compute workers"},
+      {{"--mode", "ps", "--local", "--ps-shards", "2"}, "not with --local"},
+      {{"--mode", "ps", "--workers", "a,b", "--splits", "4"}, "--splits"},
+      {{"--mode", "ps", "--local"}, "not with --local"},
+      {{"--workers", "a,b", "--backup-workers", "1"}, "go with --mode ps"},
+      {{"--mode", "sideways", "--workers", "a"}, "--mode must be pipeline or ps"},
+  });
+}
+
+TEST(MasterFlags, DefaultsDependOnWhatIsTrained) {
+  auto demo = ParseCommandLine({"--workers", "w1,w2"});
+  ASSERT_TRUE(demo.ok()) << demo.status();
+  EXPECT_EQ(demo->config.batch_size, 128);
+  EXPECT_DOUBLE_EQ(demo->config.lr, 0.05);
+  EXPECT_THAT(demo->config.splits, ElementsAre(8));
+  EXPECT_THAT(demo->config.workers, ElementsAre("w1", "w2"));
+  EXPECT_FALSE(demo->ps_mode);
+  EXPECT_TRUE(demo->security.token.empty());
+
+  auto dataset = ParseCommandLine({"--local", "--dataset", "fashion-mnist", "--splits", "1,2"});
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  EXPECT_EQ(dataset->config.batch_size, 64);
+  EXPECT_DOUBLE_EQ(dataset->config.lr, 0.01);
+  EXPECT_THAT(dataset->config.splits, ElementsAre(1, 2));
+
+  auto ps = ParseCommandLine({"--mode", "ps", "--workers", "a,b,c", "--ps-shards", "2", "--lr", "0.2"});
+  ASSERT_TRUE(ps.ok()) << ps.status();
+  EXPECT_TRUE(ps->ps_mode);
+  EXPECT_EQ(ps->config.schedule, "ps");
+  EXPECT_THAT(ps->config.splits, ElementsAre(1));
+  EXPECT_EQ(ps->ps.shards, 2);
+  EXPECT_DOUBLE_EQ(ps->config.lr, 0.2);
+}
+
+TEST(MasterFlags, ReplicasSplitTheWorkersIntoPipelines) {
+  if (!parallel::HaveGloo()) GTEST_SKIP() << "built without Gloo";
+  auto line = ParseCommandLine({"--workers", "a,b,c,d", "--replicas", "2", "--splits", "2",
+                                "--checkpoint-dir", TempPath("flags_ckpt")});
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_THAT(line->config.workers, ElementsAre("a", "b"));  // replica 0's pipeline
+  EXPECT_THAT(line->config.all_workers, ElementsAre("a", "b", "c", "d"));
+  EXPECT_EQ(line->checkpoints.identity.micro_batches, 2);
+  EXPECT_EQ(line->checkpoints.identity.replicas, 2);
+  EXPECT_FALSE(line->checkpoints.resume.has_value());
+}
+
+TEST(MasterFlags, AParseErrorIsAnError) {
+  EXPECT_THAT(ErrorOf({"--workers", "a", "--bogus"}), HasSubstr("exit code 2"));
+  EXPECT_THAT(ErrorOf({"--workers"}), HasSubstr("exit code 2"));
+}
+
+}  // namespace
+}  // namespace remora::master
