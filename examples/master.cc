@@ -36,6 +36,189 @@ namespace {
 
 using namespace master;  // NOLINT: the program and its runs
 
+using Sets = std::pair<data::Dataset, data::Dataset>;  // --dataset: training, test
+
+// "1 micro-batch of 8 images", "4 micro-batches of ~2 images".
+std::string MicroBatches(int count, int rows, bool about) {
+  return absl::StrCat(count, count == 1 ? " micro-batch of " : " micro-batches of ", about ? "~" : "",
+                      rows, rows == 1 ? " image" : " images");
+}
+
+// --dataset's sets, loaded and described (none without --dataset).
+absl::StatusOr<Sets> LoadSets(const Config& c) {
+  if (c.dataset.empty()) return Sets{};
+  auto sets = LoadDataset(c);
+  if (!sets.ok()) return sets.status();
+  const auto shape = sets->first.images.sizes().slice(1);
+  if (c.model.empty() && shape != c10::IntArrayRef({1, 28, 28})) {
+    return absl::InvalidArgumentError(absl::StrCat("--dataset ", c.dataset, " has images of ", c10::str(shape),
+                                                   "; remora's small CNN takes [1, 28, 28]: give --model "
+                                                   "stages for these"));
+  }
+  std::printf("dataset %s: %lld training and %lld test images of %s\n", c.dataset.c_str(),
+              static_cast<long long>(sets->first.size()), static_cast<long long>(sets->second.size()),
+              c10::str(shape).c_str());
+  return sets;
+}
+
+void PrintRun(const Run& run, const Config& c) {
+  std::printf("splits=%d seconds=%.3f images_per_second=%.2f\n", run.splits, run.seconds,
+              Images(run, c) / run.seconds);
+}
+
+// --local: each split count trained in this process.
+absl::StatusOr<std::vector<Run>> TrainHere(const Config& c, const Sets& sets) {
+  std::vector<Run> runs;
+  for (int s : c.splits) {
+    std::printf("local: splits=%d (%s), %d threads\n", s, MicroBatches(s, c.batch_size / s, false).c_str(),
+                c.threads);
+    auto run = c.dataset.empty() ? TrainLocal(c, s) : FitLocal(c, s, sets.first, sets.second);
+    if (!run.ok()) return run.status();
+    PrintRun(*run, c);
+    runs.push_back(std::move(*run));
+  }
+  return runs;
+}
+
+// The master's agent, started, with every worker joined and listed.
+absl::StatusOr<std::unique_ptr<Agent>> StartMaster(const CommandLine& line, Registry& registry) {
+  const Config& c = line.config;
+  AgentOptions opts;
+  opts.name = "master";
+  opts.is_master = true;
+  opts.listen_address = c.listen;
+  opts.workers = c.all_workers;
+  opts.connect_timeout = absl::Seconds(c.connect_timeout);
+  opts.rpc_timeout = absl::Minutes(10);
+  opts.token = line.security.token;
+  opts.tls = line.security.tls;
+  auto agent = Agent::Start(opts, &registry);
+  if (!agent.ok()) return agent.status();
+  dist_autograd::Enable(**agent);
+  std::cout << "master listening at " << (*agent)->self().address << " (" << TlsModeName(line.security.tls)
+            << "), waiting for " << absl::StrJoin(c.all_workers, ", ") << std::endl;
+  if (auto s = (*agent)->Join(); !s.ok()) {
+    (*agent)->Shutdown(/*graceful=*/false).IgnoreError();
+    return s;
+  }
+  for (const auto& w : (*agent)->workers()) {
+    if (w.id != 0) std::cout << "  " << w.name << ": shards on " << w.device << "\n";
+  }
+  return agent;
+}
+
+// The stages: the checkpoint's (the cut it was saved from), the whole
+// model for the parameter server, the small CNN's, the TorchScript files,
+// or ResNet50's blocks or a sequential model's layers as the partition
+// cuts them.
+absl::StatusOr<std::vector<pipeline::StageSpec>> ChooseStages(Agent& agent, const CommandLine& line) {
+  const Config& c = line.config;
+  if (line.checkpoints.resume) {
+    std::printf("resuming %zu stages from %s\n", line.checkpoints.stages.size(),
+                line.checkpoints.resume->dir.c_str());
+    return line.checkpoints.stages;
+  }
+  if (line.ps_mode) return PsStages(c);
+  if (c.model.empty() && !c.dataset.empty()) return SmallCnnStages(c);
+  if (c.model.empty() || c.sequential) return PartitionStages(agent, c);
+  return c.scripts;
+}
+
+// --compare-local: the local baseline, trained batch by batch between the
+// last split count's batches, so that both meet the same minutes of a
+// machine whose speed drifts (measured: by 30% within minutes).
+struct Baseline {
+  std::unique_ptr<LocalTrainer> trainer;
+  absl::Status status;  // the first failed batch's
+};
+
+// Training over the workers: the parameter server's run, or each split
+// count's pipeline run.
+absl::StatusOr<std::vector<Run>> TrainOverWorkers(Agent& agent, CommandLine& line, const Sets& sets,
+                                                  Baseline& baseline) {
+  const Config& c = line.config;
+  Checkpointing& checkpoints = line.checkpoints;
+  auto stages = ChooseStages(agent, line);
+  if (!stages.ok()) return stages.status();
+  if (!c.checkpoint_dir.empty()) {
+    auto saver = checkpoint::Checkpointer::Create(agent, c.checkpoint_dir, c.keep);
+    if (!saver.ok()) return saver.status();
+    checkpoints.saver = std::move(*saver);
+    checkpoints.stages = *stages;
+  }
+  std::vector<Run> runs;
+  if (line.ps_mode) {
+    auto run = TrainPs(agent, c, line.ps, *stages, sets, &checkpoints);
+    if (!run.ok()) return run.status();
+    PrintRun(*run, c);
+    runs.push_back(std::move(*run));
+    return runs;
+  }
+  for (size_t i = 0; i < c.splits.size(); ++i) {
+    const int s = c.splits[i];
+    const bool last = i + 1 == c.splits.size();
+    const int rows = c.batch_size / (s * c.replicas);
+    std::printf("pipeline: splits=%d (%s) over %zu workers, %zu stages\n", s,
+                MicroBatches(s, rows, true).c_str(), c.workers.size(), stages->size());
+    if (rows < kOneDnnRows) {
+      std::printf("  note: micro-batches under %d rows: on a one-thread CPU worker, LibTorch's "
+                  "1x1 convolutions leave oneDNN for a slower path below %d rows (ResNet50: "
+                  "1.2x the time per image at 15 rows; see docs/pipeline.md)\n",
+                  kOneDnnRows, kOneDnnRows);
+    }
+    std::function<void(int)> after_batch;
+    if (last && c.compare_local) {
+      std::printf("  alternating with local training (splits=1, %d threads, in this process)\n", c.threads);
+      auto trainer = LocalTrainer::Create(c, 1);
+      if (!trainer.ok()) return trainer.status();
+      baseline.trainer = std::move(*trainer);
+      after_batch = [&baseline](int b) {
+        if (baseline.status.ok()) baseline.status = baseline.trainer->Step(b, "local ");
+      };
+    }
+    auto run = c.dataset.empty()
+                   ? TrainPipeline(agent, c, *stages, s, last && !(c.trace.empty() && c.timeline.empty()),
+                                   after_batch, &checkpoints)
+                   : FitPipeline(agent, c, *stages, s, sets.first, sets.second, &checkpoints);
+    if (!run.ok()) return run.status();
+    PrintRun(*run, c);
+    runs.push_back(std::move(*run));
+  }
+  return runs;
+}
+
+// The summary table, and the report, trace and timeline asked for.
+absl::Status WriteOutputs(const std::vector<Run>& runs, const Config& c) {
+  PrintSummary(runs, c);
+  std::vector<std::string> tracks = c.local ? std::vector<std::string>{"master (local)"} : c.workers;
+  if (!c.report.empty()) {
+    if (auto s = WriteReport(c.report, c.local, runs, c); !s.ok()) return s;
+    std::cout << "report: " << c.report << "\n";
+  }
+  if (!c.trace.empty()) {
+    if (auto s = cli::WriteChromeTrace(c.trace, tracks, runs.back().slices); !s.ok()) return s;
+    std::cout << "trace: " << c.trace << " (open in https://ui.perfetto.dev or chrome://tracing)\n";
+  }
+  if (!c.timeline.empty()) {
+    if (auto s = cli::WriteTimelineSvg(c.timeline, tracks, runs.back().slices, runs.back().splits); !s.ok()) {
+      return s;
+    }
+    std::cout << "timeline: " << c.timeline << "\n";
+  }
+  return absl::OkStatus();
+}
+
+void PrintBaseline(const Run& pipelined, const Run& local, const Config& c) {
+  std::printf("\nlocal baseline, batches alternating with splits=%d: splits=1 in this process, "
+              "%d threads\n", pipelined.splits, c.threads);
+  std::printf("splits=1 seconds=%.3f images_per_second=%.2f (local)\n", local.seconds,
+              c.batches * c.batch_size / local.seconds);
+  std::printf("pipeline splits=%d takes %.2fx the time of local splits=1 in all, %.2fx in steady "
+              "state (median batch after the first: %.3f s against %.3f s)\n",
+              pipelined.splits, pipelined.seconds / local.seconds, SteadySeconds(pipelined) / SteadySeconds(local),
+              SteadySeconds(pipelined), SteadySeconds(local));
+}
+
 int Main(int argc, char** argv) {
   Flags flags = DefaultFlags();
   cli::FlagParser parser("master",
@@ -45,173 +228,40 @@ int Main(int argc, char** argv) {
   AddFlags(parser, &flags);
   int code = 0;
   if (!parser.Parse(argc, argv, &code)) return code;
-  auto checked = Check(std::move(flags));
-  if (!checked.ok()) {
-    std::cerr << "master: " << checked.status().message() << "\n";
+  auto line = Check(std::move(flags));
+  if (!line.ok()) {
+    std::cerr << "master: " << line.status().message() << "\n";
     return 2;
   }
-  CommandLine& line = *checked;
-  Config& c = line.config;
-  const PsFlags& ps_flags = line.ps;
-  const bool ps_mode = line.ps_mode;
-  Checkpointing& checkpoints = line.checkpoints;
+  const Config& c = line->config;
   runtime::TuneAllocator();
   runtime::InstallCachingCpuAllocator();
   runtime::SetComputeThreads(c.threads);
 
-  std::vector<Run> runs;
-  std::unique_ptr<LocalTrainer> local_baseline;  // --compare-local
-  absl::Status baseline_status;
   std::unique_ptr<Agent> agent;
-  Registry registry;
-  if (auto s = examples::RegisterStockWorker(registry); !s.ok()) {
-    std::cerr << "master: " << s.message() << "\n";
-    return 1;
-  }
-  auto die = [&](const absl::Status& s) {
+  auto die = [&agent](const absl::Status& s) {
     std::cerr << "master: " << s.message() << "\n";
     if (agent) agent->Shutdown(/*graceful=*/false).IgnoreError();
     return 1;
   };
-  std::pair<data::Dataset, data::Dataset> sets;  // --dataset: training, test
-  if (!c.dataset.empty()) {
-    auto loaded = LoadDataset(c);
-    if (!loaded.ok()) return die(loaded.status());
-    sets = std::move(*loaded);
-    if (c.model.empty() && sets.first.images.sizes().slice(1) != c10::IntArrayRef({1, 28, 28})) {
-      return die(absl::InvalidArgumentError(absl::StrCat(
-          "--dataset ", c.dataset, " has images of ", c10::str(sets.first.images.sizes().slice(1)),
-          "; remora's small CNN takes [1, 28, 28]: give --model stages for these")));
-    }
-    std::printf("dataset %s: %lld training and %lld test images of %s\n", c.dataset.c_str(),
-                static_cast<long long>(sets.first.size()), static_cast<long long>(sets.second.size()),
-                c10::str(sets.first.images.sizes().slice(1)).c_str());
-  }
+  Registry registry;
+  if (auto s = examples::RegisterStockWorker(registry); !s.ok()) return die(s);
+  auto sets = LoadSets(c);
+  if (!sets.ok()) return die(sets.status());
+  Baseline baseline;
+  absl::StatusOr<std::vector<Run>> runs;
   if (c.local) {
-    for (int s : c.splits) {
-      std::printf("local: splits=%d (%d micro-batches of %d images), %d threads\n", s, s,
-                  c.batch_size / s, c.threads);
-      auto trained = c.dataset.empty() ? TrainLocal(c, s) : FitLocal(c, s, sets.first, sets.second);
-      if (!trained.ok()) return die(trained.status());
-      Run run = std::move(*trained);
-      std::printf("splits=%d seconds=%.3f images_per_second=%.2f\n", s, run.seconds,
-                  Images(run, c) / run.seconds);
-      runs.push_back(std::move(run));
-    }
+    runs = TrainHere(c, *sets);
   } else {
-    AgentOptions opts;
-    opts.name = "master";
-    opts.is_master = true;
-    opts.listen_address = c.listen;
-    opts.workers = c.all_workers;
-    opts.connect_timeout = absl::Seconds(c.connect_timeout);
-    opts.rpc_timeout = absl::Minutes(10);
-    opts.token = line.security.token;
-    opts.tls = line.security.tls;
-    auto started = Agent::Start(opts, &registry);
+    auto started = StartMaster(*line, registry);
     if (!started.ok()) return die(started.status());
     agent = std::move(*started);
-    dist_autograd::Enable(*agent);
-    std::cout << "master listening at " << agent->self().address << " (" << TlsModeName(line.security.tls)
-              << "), waiting for "
-              << absl::StrJoin(c.all_workers, ", ") << std::endl;
-    if (auto s = agent->Join(); !s.ok()) return die(s);
-    for (const auto& w : agent->workers()) {
-      if (w.id != 0) std::cout << "  " << w.name << ": shards on " << w.device << "\n";
-    }
-    // The stages: the TorchScript files, the small CNN, or ResNet50's
-    // blocks or a sequential model's layers as the partition cuts them.
-    std::vector<pipeline::StageSpec> stages = c.scripts;
-    if (checkpoints.resume) {
-      stages = checkpoints.stages;  // the cut the checkpoint was saved from
-      std::printf("resuming %zu stages from %s\n", stages.size(), checkpoints.resume->dir.c_str());
-    } else if (ps_mode) {
-      stages = PsStages(c);  // whole, in the master
-    } else if (c.model.empty() && !c.dataset.empty()) {
-      stages = SmallCnnStages(c);
-    } else if (c.model.empty() || c.sequential) {
-      auto cut = PartitionStages(*agent, c);
-      if (!cut.ok()) return die(cut.status());
-      stages = std::move(*cut);
-    }
-    if (!c.checkpoint_dir.empty()) {
-      auto saver = checkpoint::Checkpointer::Create(*agent, c.checkpoint_dir, c.keep);
-      if (!saver.ok()) return die(saver.status());
-      checkpoints.saver = std::move(*saver);
-      checkpoints.stages = stages;
-    }
-    if (ps_mode) {
-      auto run = TrainPs(*agent, c, ps_flags, stages, sets, &checkpoints);
-      if (!run.ok()) return die(run.status());
-      std::printf("splits=1 seconds=%.3f images_per_second=%.2f\n", run->seconds, Images(*run, c) / run->seconds);
-      runs.push_back(std::move(*run));
-    }
-    for (size_t i = 0; !ps_mode && i < c.splits.size(); ++i) {
-      const int s = c.splits[i];
-      const bool last = i + 1 == c.splits.size();
-      std::printf("pipeline: splits=%d (%d micro-batches of ~%d images) over %zu workers, %zu stages\n",
-                  s, s, c.batch_size / (s * c.replicas), c.workers.size(), stages.size());
-      if (c.batch_size / (s * c.replicas) < kOneDnnRows) {
-        std::printf("  note: micro-batches under %d rows: on a one-thread CPU worker, LibTorch's "
-                    "1x1 convolutions leave oneDNN for a slower path below %d rows (ResNet50: "
-                    "1.2x the time per image at 15 rows; see docs/pipeline.md)\n",
-                    kOneDnnRows, kOneDnnRows);
-      }
-      // --compare-local: the local baseline trains batch by batch between
-      // the last split count's batches, so that both meet the same minutes
-      // of a machine whose speed drifts (measured: by 30% within minutes).
-      std::function<void(int)> after_batch;
-      if (last && c.compare_local) {
-        std::printf("  alternating with local training (splits=1, %d threads, in this process)\n",
-                    c.threads);
-        auto trainer = LocalTrainer::Create(c, 1);
-        if (!trainer.ok()) return die(trainer.status());
-        local_baseline = std::move(*trainer);
-        after_batch = [&local_baseline, &baseline_status](int b) {
-          if (baseline_status.ok()) baseline_status = local_baseline->Step(b, "local ");
-        };
-      }
-      auto run = c.dataset.empty()
-                     ? TrainPipeline(*agent, c, stages, s,
-                                     last && !(c.trace.empty() && c.timeline.empty()), after_batch,
-                                     &checkpoints)
-                     : FitPipeline(*agent, c, stages, s, sets.first, sets.second, &checkpoints);
-      if (!run.ok()) return die(run.status());
-      std::printf("splits=%d seconds=%.3f images_per_second=%.2f\n", s, run->seconds,
-                  Images(*run, c) / run->seconds);
-      runs.push_back(std::move(*run));
-    }
+    runs = TrainOverWorkers(*agent, *line, *sets, baseline);
   }
-  PrintSummary(runs, c);
-  std::vector<std::string> tracks = c.local ? std::vector<std::string>{"master (local)"} : c.workers;
-  if (!c.report.empty()) {
-    if (auto s = WriteReport(c.report, c.local, runs, c); !s.ok()) return die(s);
-    std::cout << "report: " << c.report << "\n";
-  }
-  if (!c.trace.empty()) {
-    if (auto s = cli::WriteChromeTrace(c.trace, tracks, runs.back().slices); !s.ok()) return die(s);
-    std::cout << "trace: " << c.trace << " (open in https://ui.perfetto.dev or chrome://tracing)\n";
-  }
-  if (!c.timeline.empty()) {
-    if (auto s = cli::WriteTimelineSvg(c.timeline, tracks, runs.back().slices, runs.back().splits);
-        !s.ok()) {
-      return die(s);
-    }
-    std::cout << "timeline: " << c.timeline << "\n";
-  }
-  if (!baseline_status.ok()) return die(baseline_status);
-  if (local_baseline != nullptr) {
-    const Run& run = local_baseline->run();
-    std::printf("\nlocal baseline, batches alternating with splits=%d: splits=1 in this process, "
-                "%d threads\n", runs.back().splits, c.threads);
-    std::printf("splits=1 seconds=%.3f images_per_second=%.2f (local)\n", run.seconds,
-                c.batches * c.batch_size / run.seconds);
-    std::printf("pipeline splits=%d takes %.2fx the time of local splits=1 in all, %.2fx in steady "
-                "state (median batch after the first: %.3f s against %.3f s)\n",
-                runs.back().splits, runs.back().seconds / run.seconds,
-                SteadySeconds(runs.back()) / SteadySeconds(run), SteadySeconds(runs.back()),
-                SteadySeconds(run));
-  }
+  if (!runs.ok()) return die(runs.status());
+  if (auto s = WriteOutputs(*runs, c); !s.ok()) return die(s);
+  if (!baseline.status.ok()) return die(baseline.status);
+  if (baseline.trainer != nullptr) PrintBaseline(runs->back(), baseline.trainer->run(), c);
   if (agent) {
     if (auto s = agent->Shutdown(); !s.ok()) return die(s);
   }
