@@ -1,4 +1,5 @@
-# remora_gtest_suites(TARGET [TIMEOUT SECONDS]): one ctest test for all
+# remora_gtest_suites(TARGET [TIMEOUT SECONDS] [COST SECONDS]): one ctest
+# test for all
 # the GoogleTest suites of TARGET, named by their filter ("Codec.*:Frame.*")
 # and run as `TARGET --gtest_filter=Codec.*:Frame.*`.
 #
@@ -18,9 +19,12 @@
 set(_REMORA_GTEST_SUITES_SCRIPT ${CMAKE_CURRENT_LIST_DIR}/GTestSuitesList.cmake)
 
 function(remora_gtest_suites target)
-  cmake_parse_arguments(PARSE_ARGV 1 arg "" "TIMEOUT" "")
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "TIMEOUT;COST" "")
   if(NOT arg_TIMEOUT)
     set(arg_TIMEOUT 300)
+  endif()
+  if(NOT arg_COST)
+    set(arg_COST 0)
   endif()
   set(suites_file "${CMAKE_CURRENT_BINARY_DIR}/${target}_suites.cmake")
   set(include_file "${CMAKE_CURRENT_BINARY_DIR}/${target}_suites_include.cmake")
@@ -29,6 +33,7 @@ function(remora_gtest_suites target)
            "set(REMORA_SUITES_OUT [==[${suites_file}]==])\n"
            "set(REMORA_SUITES_WORKDIR [==[${CMAKE_CURRENT_BINARY_DIR}]==])\n"
            "set(REMORA_SUITES_TIMEOUT ${arg_TIMEOUT})\n"
+           "set(REMORA_SUITES_COST ${arg_COST})\n"
            "if(EXISTS \"\${REMORA_SUITES_EXE}\")\n"
            "  include([==[${_REMORA_GTEST_SUITES_SCRIPT}]==])\n"
            "  include([==[${suites_file}]==])\n"
@@ -40,7 +45,8 @@ function(remora_gtest_suites target)
     add_custom_command(TARGET ${target} POST_BUILD
       COMMAND ${CMAKE_COMMAND} -D "REMORA_SUITES_EXE=$<TARGET_FILE:${target}>"
               -D "REMORA_SUITES_OUT=${suites_file}" -D "REMORA_SUITES_WORKDIR=${CMAKE_CURRENT_BINARY_DIR}"
-              -D "REMORA_SUITES_TIMEOUT=${arg_TIMEOUT}" -P "${_REMORA_GTEST_SUITES_SCRIPT}"
+              -D "REMORA_SUITES_TIMEOUT=${arg_TIMEOUT}" -D "REMORA_SUITES_COST=${arg_COST}"
+              -P "${_REMORA_GTEST_SUITES_SCRIPT}"
       BYPRODUCTS "${suites_file}"
       VERBATIM)
     file(WRITE "${include_file}"

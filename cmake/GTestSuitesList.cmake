@@ -2,7 +2,8 @@
 # of REMORA_SUITES_EXE, listed by its --gtest_list_tests
 # (cmake/GTestSuites.cmake).
 # Run with cmake -P after a build, or included by ctest (PRE_TEST).
-foreach(var REMORA_SUITES_EXE REMORA_SUITES_OUT REMORA_SUITES_WORKDIR REMORA_SUITES_TIMEOUT)
+foreach(var REMORA_SUITES_EXE REMORA_SUITES_OUT REMORA_SUITES_WORKDIR REMORA_SUITES_TIMEOUT
+        REMORA_SUITES_COST)
   if(NOT DEFINED ${var})
     message(FATAL_ERROR "GTestSuitesList.cmake: ${var} is not set")
   endif()
@@ -34,4 +35,4 @@ endforeach()
 file(WRITE "${REMORA_SUITES_OUT}"
      "add_test([==[${filter}]==] [==[${REMORA_SUITES_EXE}]==] [==[--gtest_filter=${filter}]==])\n"
      "set_tests_properties([==[${filter}]==] PROPERTIES WORKING_DIRECTORY "
-     "[==[${REMORA_SUITES_WORKDIR}]==] TIMEOUT ${REMORA_SUITES_TIMEOUT})\n")
+     "[==[${REMORA_SUITES_WORKDIR}]==] TIMEOUT ${REMORA_SUITES_TIMEOUT} COST ${REMORA_SUITES_COST})\n")
