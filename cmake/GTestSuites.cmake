@@ -1,7 +1,6 @@
 # remora_gtest_suites(TARGET [TIMEOUT SECONDS] [COST SECONDS]): one ctest
-# test for all
-# the GoogleTest suites of TARGET, named by their filter ("Codec.*:Frame.*")
-# and run as `TARGET --gtest_filter=Codec.*:Frame.*`.
+# test for all the GoogleTest suites of TARGET, named by their filter
+# ("Codec.*:Frame.*") and run as `TARGET --gtest_filter=Codec.*:Frame.*`.
 #
 # Why: gtest_discover_tests makes one ctest test, hence one process, per
 # test, and every process of a test linked with LibTorch pays about 0.75 s
