@@ -500,6 +500,23 @@ absl::StatusOr<at::Tensor> get_gradient(Agent& agent, int64_t context_id,
   return context->Gradient(parameter);
 }
 
+int64_t NewContextId(Agent& agent) { return Require(&agent).NewContextId(); }
+
+absl::Status EnsureContext(Agent& agent, int64_t context_id) {
+  Container* container = ContainerOf(&agent);
+  if (container == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "distributed autograd is not enabled on worker '", agent.self().name,
+        "' (call dist_autograd::Enable)"));
+  }
+  container->GetOrCreate(context_id);
+  return absl::OkStatus();
+}
+
+void ReleaseHere(Agent& agent, int64_t context_id) {
+  if (Container* container = ContainerOf(&agent)) container->Release(context_id);
+}
+
 int64_t num_contexts(Agent& agent) {
   Container* container = ContainerOf(&agent);
   return container == nullptr ? 0 : container->size();

@@ -60,6 +60,14 @@ class Context {
   ContextIdGuard current_;
 };
 
+// For code that drives a context's lifetime itself (the pipeline's step
+// protocol, pipeline/runner.h): a fresh context id of this process, with no
+// state created anywhere; the context on this process (created if absent);
+// and releasing it on this process only (no message).
+int64_t NewContextId(Agent& agent);
+absl::Status EnsureContext(Agent& agent, int64_t context_id);
+void ReleaseHere(Agent& agent, int64_t context_id);
+
 // Runs backward from `roots` (each seeded with ones) in context
 // `context_id`, across every worker the gradients reach. Returns when all
 // of them finished; an error names the worker that failed and its message.

@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "autograd/dist_autograd.h"
 #include "launch/cli.h"
 #include "examples/timeline.h"
@@ -456,7 +457,13 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
   }
   const int64_t start = trace::NowUs();
   std::vector<std::pair<int64_t, int64_t>> paused;  // after_batch's windows
+  // Messages are counted over the batches after the first.
+  const bool count_messages = pipe->replicas() == 1 && c.batches - first > 1;
+  std::map<std::string, int64_t> sent_before;
   for (int b = first; b < c.batches; ++b) {
+    if (count_messages && b == first + 1) {
+      ASSIGN_OR_RETURN(sent_before, pipe->replica(0).sent_messages());
+    }
     auto [images, one_hot] = MakeBatch(c, b);
     const int64_t t0 = trace::NowUs();
     ASSIGN_OR_RETURN(double loss, pipe->train_step(images, one_hot));
@@ -474,6 +481,20 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
       after_batch(b);
       paused.emplace_back(p0, trace::NowUs());
     }
+  }
+  if (count_messages) {
+    ASSIGN_OR_RETURN(auto sent_after, pipe->replica(0).sent_messages());
+    const double batches = c.batches - first - 1;
+    double total = 0;
+    std::string line;
+    for (const auto& [kind, n] : sent_after) {
+      const int64_t d = n - (sent_before.count(kind) ? sent_before.at(kind) : 0);
+      if (d == 0) continue;
+      run.messages_per_batch[kind] = d / batches;
+      total += d / batches;
+      absl::StrAppendFormat(&line, "%s%s %g", line.empty() ? "" : ", ", kind, d / batches);
+    }
+    std::printf("messages_per_batch=%g (%s)\n", total, line.c_str());
   }
   ASSIGN_OR_RETURN(run.peak_activation_bytes, pipe->replica(0).peak_activation_bytes());
   ASSIGN_OR_RETURN(run.optimizer_state_bytes, pipe->optimizer_state_bytes());
@@ -551,7 +572,18 @@ absl::Status WriteReport(const std::string& path, bool local, const std::vector<
                                              : std::to_string(r.peak_activation_bytes[k]))
           << "}";
     }
-    out << "], \"optimizer_state_bytes\": [" << absl::StrJoin(r.optimizer_state_bytes, ", ")
+    out << "]";
+    if (!r.messages_per_batch.empty()) {
+      double total = 0;
+      std::vector<std::string> kinds;
+      for (const auto& [kind, n] : r.messages_per_batch) {
+        total += n;
+        kinds.push_back(absl::StrFormat("\"%s\": %g", absl::StrReplaceAll(kind, {{"'", ""}}), n));
+      }
+      out << ", \"messages_per_batch\": {\"total\": " << absl::StrFormat("%g", total)
+          << ", \"by_kind\": {" << absl::StrJoin(kinds, ", ") << "}}";
+    }
+    out << ", \"optimizer_state_bytes\": [" << absl::StrJoin(r.optimizer_state_bytes, ", ")
         << "], \"epochs\": [";
     for (size_t e = 0; e < r.epochs.size(); ++e) {
       const auto& x = r.epochs[e];

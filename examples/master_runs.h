@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -126,6 +127,10 @@ struct Run {
   std::vector<int64_t> optimizer_state_bytes;  // per replica; pipeline runs only
   std::vector<pipeline::EpochResult> epochs;   // --dataset runs
   std::vector<cli::TimelineSlice> slices;
+  // Requests sent per batch by the master and the workers together, by
+  // kind (pipeline::Pipeline::sent_messages), over the batches after the
+  // first; empty when not measured (one batch, or --replicas).
+  std::map<std::string, double> messages_per_batch;
 };
 
 // Batch b of the ResNet50 demo or --model runs: the same in every mode.

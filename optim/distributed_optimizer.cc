@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "autograd/container.h"
+#include "base/mutex_lock.h"
 #include "base/status_util.h"
 #include "runtime/compute_lane.h"
 #include "runtime/trace.h"
@@ -156,6 +157,34 @@ std::vector<at::Tensor> OwnedParameters(const c10::IValue& rrefs, const std::str
     params.push_back(value->toTensor());
   }
   return params;
+}
+
+absl::Status StepHere(Agent& agent, const RRef& optimizer, int64_t context_id) {
+  if (!optimizer.is_owner()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "stepping an optimizer on worker '", agent.self().name, "': it lives on another worker"));
+  }
+  ASSIGN_OR_RETURN(c10::IValue value, optimizer.local_value());
+  RemoteObject* object = AsRemoteObject(value);
+  if (object == nullptr || object->type() != kLocalOptimizer) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stepping an optimizer on worker '", agent.self().name, "': the RRef holds no ",
+        kLocalOptimizer));
+  }
+  auto* container = dist_autograd::ContainerOf(&agent);
+  auto context = container == nullptr ? nullptr : container->Find(context_id);
+  if (!context) {
+    return absl::NotFoundError(absl::StrCat("stepping the optimizer on worker '", agent.self().name,
+                                            "': unknown distributed autograd context ", context_id));
+  }
+  MutexLock lock(object->mutex());  // one method of the object at a time
+  try {
+    object->get<LocalOptimizer>()->Step(*context);
+  } catch (...) {
+    return StatusFromCurrentException(
+        absl::StrCat("the optimizer step on worker '", agent.self().name, "'"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status RegisterFunctions(Registry& registry) {

@@ -86,6 +86,12 @@ int64_t StateBytes(const torch::optim::Optimizer& optimizer);
 // worker's registry needs it.
 absl::Status RegisterFunctions(Registry& registry);
 
+// On the owner of `optimizer` (one of DistributedOptimizer::owners()):
+// steps it with the gradients that context `context_id` accumulated in this
+// process, without a message (what a worker does at the end of its part of
+// a pipeline step, pipeline/runner.h). An error says what is wrong.
+absl::Status StepHere(Agent& agent, const RRef& optimizer, int64_t context_id);
+
 class DistributedOptimizer {
  public:
   // `params`: RRefs to parameter tensors (owned by any workers).

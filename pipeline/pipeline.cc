@@ -1,18 +1,23 @@
 #include "pipeline/pipeline.h"
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include <ATen/TensorOperators.h>
+#include <ATen/core/List.h>
 #include <ATen/ops/cross_entropy_loss.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mse_loss.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "autograd/dist_autograd.h"
+#include "base/mutex_lock.h"
 #include "base/status_util.h"
 #include "pipeline/microbatch.h"
 
@@ -87,17 +92,52 @@ c10::IValue StageSpec::Payload() const {
   return list;
 }
 
-LossFn MseLoss() {
-  return [](const c10::IValue& out, const c10::IValue& target) {
-    return at::mse_loss(out.toTensor(), target.toTensor());
-  };
+namespace {
+
+// The process's named losses.
+struct LossTable {
+  absl::Mutex mu;
+  std::map<std::string, LossFn::Fn> fns ABSL_GUARDED_BY(mu);
+};
+
+LossTable& Losses() {
+  static LossTable* table = [] {
+    auto* t = new LossTable;  // never destroyed
+    t->fns["mse"] = [](const c10::IValue& out, const c10::IValue& target) {
+      return at::mse_loss(out.toTensor(), target.toTensor());
+    };
+    t->fns["cross_entropy"] = [](const c10::IValue& out, const c10::IValue& target) {
+      return at::cross_entropy_loss(out.toTensor(), target.toTensor());
+    };
+    return t;
+  }();
+  return *table;
 }
 
-LossFn CrossEntropyLoss() {
-  return [](const c10::IValue& out, const c10::IValue& target) {
-    return at::cross_entropy_loss(out.toTensor(), target.toTensor());
-  };
+}  // namespace
+
+LossFn LossFn::Named(const std::string& name) {
+  LossTable& table = Losses();
+  MutexLock lock(table.mu);
+  auto it = table.fns.find(name);
+  if (it == table.fns.end()) return LossFn();
+  LossFn loss(it->second);
+  loss.name_ = name;
+  return loss;
 }
+
+absl::Status RegisterLoss(const std::string& name, LossFn::Fn fn) {
+  if (name.empty() || !fn) return absl::InvalidArgumentError("RegisterLoss: a name and a function");
+  LossTable& table = Losses();
+  MutexLock lock(table.mu);
+  if (!table.fns.emplace(name, std::move(fn)).second) {
+    return absl::AlreadyExistsError(absl::StrCat("a loss named '", name, "' is already registered"));
+  }
+  return absl::OkStatus();
+}
+
+LossFn MseLoss() { return LossFn::Named("mse"); }
+LossFn CrossEntropyLoss() { return LossFn::Named("cross_entropy"); }
 
 // --- the pipeline ----------------------------------------------------------------
 
@@ -168,12 +208,103 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(Agent& agent, Pipelin
   }
   ASSIGN_OR_RETURN(auto optimizer, optim::DistributedOptimizer::Create(agent, o.optimizer, params));
   std::vector<std::string> workers = o.workers;
-  return std::unique_ptr<Pipeline>(new Pipeline(agent, std::move(o), std::move(workers),
-                                                std::move(stages), std::move(schedule),
-                                                std::move(optimizer)));
+  const bool named_loss = !o.loss.name().empty();
+  std::unique_ptr<Pipeline> pipe(new Pipeline(agent, std::move(o), std::move(workers),
+                                              std::move(stages), std::move(schedule),
+                                              std::move(optimizer)));
+  if (named_loss) RETURN_IF_ERROR(pipe->MakeRunners());
+  return pipe;
+}
+
+absl::Status Pipeline::MakeRunners() {
+  // Ids differ between the pipelines of this process and, with the clock
+  // in them, between masters that one worker meets.
+  static std::atomic<int64_t> next{(absl::ToUnixMicros(absl::Now()) & 0xffffffffff) << 16};
+  const int64_t id = next++;
+  const int n = static_cast<int>(workers_.size());
+  const int S = num_stages();
+  c10::List<std::string> stage_workers;
+  for (int k = 0; k < S; ++k) stage_workers.push_back(worker_of(k));
+  std::vector<Future<c10::IValue>> made;
+  for (int w = 0; w < n; ++w) {
+    std::vector<int64_t> flat;
+    for (const Action& a : schedule_.actions[w]) {
+      flat.insert(flat.end(), {a.stage, a.micro_batch, a.kind == Action::kBackward ? 1 : 0});
+    }
+    c10::impl::GenericList mine(c10::AnyType::get());
+    for (int k = w; k < S; k += n) mine.push_back(stages_[k].ToIValue());
+    c10::IValue optimizer;
+    ASSIGN_OR_RETURN(WorkerInfo info, agent_.worker(workers_[w]));
+    for (const RRef& o : optimizer_->owners()) {
+      if (o.owner() == info.id) optimizer = o.ToIValue();
+    }
+    made.push_back(agent_.rpc_async(workers_[w], "remora.pipeline.make_runner",
+                                    {id, stage_workers, int64_t{schedule_.micro_batches}, flat,
+                                     mine, options_.loss.name(), optimizer}));
+  }
+  for (int w = 0; w < n; ++w) {
+    if (auto r = made[w].wait(); !r.ok()) {
+      return Annotate(r.status(), absl::StrCat("starting the step runner on worker '", workers_[w], "'"));
+    }
+  }
+  runner_id_ = id;
+  return absl::OkStatus();
+}
+
+Pipeline::~Pipeline() {
+  if (runner_id_ < 0) return;
+  std::vector<Future<c10::IValue>> dropped;
+  for (const std::string& w : workers_) {
+    dropped.push_back(agent_.rpc_async(w, "remora.pipeline.drop_runner", {runner_id_}));
+  }
+  for (auto& d : dropped) d.wait();  // (a worker that is gone has nothing to drop)
+}
+
+absl::StatusOr<double> Pipeline::RunOnWorkers(const c10::IValue& inputs, const c10::IValue& targets) {
+  const int64_t rows = BatchRows(inputs);
+  const int m = schedule_.micro_batches;
+  if (rows < m) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a batch of ", rows, " rows cannot be split into ", m,
+        " micro-batches (use a larger batch or fewer splits)"));
+  }
+  if (BatchRows(targets) != rows) {
+    return absl::InvalidArgumentError(absl::StrCat("the batch has ", rows, " inputs but ",
+                                                   BatchRows(targets), " targets"));
+  }
+  const int n = static_cast<int>(workers_.size());
+  const int last = (num_stages() - 1) % n;
+  const int64_t context = dist_autograd::NewContextId(agent_);
+  std::vector<Future<c10::IValue>> replies;
+  for (int w = 0; w < n; ++w) {
+    replies.push_back(agent_.rpc_async(
+        workers_[w], "remora.pipeline.run",
+        {runner_id_, context, w == 0 ? inputs : c10::IValue(), w == last ? targets : c10::IValue(),
+         rows}));
+  }
+  absl::Status failed;
+  double loss = 0;
+  for (int w = 0; w < n; ++w) {
+    auto r = replies[w].wait();
+    if (!r.ok()) {
+      if (failed.ok()) {
+        failed = Annotate(r.status(), absl::StrCat("the training step on worker '", workers_[w], "'"));
+        // The others drop the batch now instead of waiting for what will
+        // never come (not waited for: a dead worker must not delay this).
+        for (const std::string& other : workers_) {
+          agent_.rpc_async(other, "remora.pipeline.abandon", {runner_id_, context});
+        }
+      }
+    } else if (w == last) {
+      loss = r->toDouble();
+    }
+  }
+  RETURN_IF_ERROR(failed);
+  return loss;
 }
 
 absl::StatusOr<double> Pipeline::train_step(const c10::IValue& inputs, const c10::IValue& targets) {
+  if (runs_on_workers()) return RunOnWorkers(inputs, targets);
   dist_autograd::Context context(agent_);
   ASSIGN_OR_RETURN(double loss, forward_backward(inputs, targets, context.id(), BatchRows(inputs)));
   RETURN_IF_ERROR(step(context.id()));
@@ -283,6 +414,24 @@ absl::StatusOr<std::vector<int64_t>> Pipeline::peak_activation_bytes(bool reset)
     out.push_back(v.toInt());
   }
   return out;
+}
+
+absl::StatusOr<std::map<std::string, int64_t>> Pipeline::sent_messages() const {
+  constexpr char kAsk[] = "remora.pipeline.sent_messages";
+  std::vector<Future<c10::IValue>> asked;
+  for (const std::string& w : workers_) asked.push_back(agent_.rpc_async(w, kAsk));
+  std::map<std::string, int64_t> total = agent_.sent_messages();
+  for (size_t w = 0; w < asked.size(); ++w) {
+    auto r = asked[w].wait();
+    if (!r.ok()) {
+      return Annotate(r.status(), absl::StrCat("counting the messages of worker '", workers_[w], "'"));
+    }
+    for (const auto& entry : r->toGenericDict()) {
+      total[entry.key().toStringRef()] += entry.value().toInt();
+    }
+  }
+  total.erase(absl::StrCat("function '", kAsk, "'"));
+  return total;
 }
 
 absl::StatusOr<std::vector<at::Tensor>> Pipeline::stage_state(int k) {

@@ -31,8 +31,11 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/ivalue.h>
@@ -73,10 +76,45 @@ absl::StatusOr<std::unique_ptr<StageModule>> BuildStage(const StageSpec& spec, c
 // stage1.pt, ... (in order), or a comma-separated list of files.
 absl::StatusOr<std::vector<StageSpec>> TorchScriptStages(const std::string& model);
 
-// The mean loss of one micro-batch's output against its targets.
-using LossFn = std::function<at::Tensor(const c10::IValue& output, const c10::IValue& target)>;
-LossFn MseLoss();           // output and target tensors of one shape
-LossFn CrossEntropyLoss();  // logits [N, C], class indices [N]
+// The mean loss of one micro-batch's output against its targets. A named
+// loss (MseLoss, CrossEntropyLoss, or one registered with RegisterLoss in
+// every worker program) is computed on the last stage's worker, on its
+// device, and only the batch's loss comes back; an unnamed one (any
+// function) is computed on this process, and each micro-batch's output
+// travels here for it (the slower protocol of PyTorch RPC's tutorials).
+class LossFn {
+ public:
+  using Fn = std::function<at::Tensor(const c10::IValue& output, const c10::IValue& target)>;
+
+  LossFn() = default;
+  LossFn(std::nullptr_t) {}  // NOLINT: no loss
+  // Any function of (output, target) is a loss.
+  template <typename F, typename = std::enable_if_t<
+                            std::is_constructible_v<Fn, F> &&
+                            !std::is_same_v<std::decay_t<F>, LossFn> &&
+                            !std::is_same_v<std::decay_t<F>, std::nullptr_t>>>
+  LossFn(F&& fn) : fn_(std::forward<F>(fn)) {}  // NOLINT
+  // A loss of this process's table (RegisterLoss); empty when unknown.
+  static LossFn Named(const std::string& name);
+
+  at::Tensor operator()(const c10::IValue& output, const c10::IValue& target) const {
+    return fn_(output, target);
+  }
+  explicit operator bool() const { return static_cast<bool>(fn_); }
+  // The name workers know it by; empty for an unnamed loss.
+  const std::string& name() const { return name_; }
+
+ private:
+  Fn fn_;
+  std::string name_;
+};
+LossFn MseLoss();           // "mse": output and target tensors of one shape
+LossFn CrossEntropyLoss();  // "cross_entropy": logits [N, C], class indices [N]
+
+// Adds a named loss to this process's table ("mse" and "cross_entropy" are
+// there from the start); AlreadyExists for a taken name. A worker program
+// registers its own losses before it serves; the master's program too.
+absl::Status RegisterLoss(const std::string& name, LossFn::Fn fn);
 
 struct PipelineOptions {
   std::vector<StageSpec> stages;
@@ -92,12 +130,18 @@ struct PipelineOptions {
 
 class Pipeline {
  public:
-  // Places the stages on the workers and creates the optimizer. An error
-  // names the stage and the worker that failed.
+  // Places the stages on the workers and creates the optimizer; with a
+  // named loss, also each worker's step runner (pipeline/runner.h). An
+  // error names the stage and the worker that failed.
   static absl::StatusOr<std::unique_ptr<Pipeline>> Create(Agent& agent, PipelineOptions options);
+  ~Pipeline();
 
   // One training step on the batch; returns its loss (the whole batch's).
+  // With a named loss: one call per worker (the inputs to stage 0's, the
+  // targets to the last stage's), the workers do the rest (runner.h).
   absl::StatusOr<double> train_step(const c10::IValue& inputs, const c10::IValue& targets);
+  // Whether train_step runs the step protocol (a named loss).
+  bool runs_on_workers() const { return runner_id_ >= 0; }
 
   // train_step in two parts, for data parallelism (parallel/): the batch's
   // forward and backward passes in distributed autograd context
@@ -124,6 +168,12 @@ class Pipeline {
   // or a worker without that allocator (REMORA_MALLOC=default).
   absl::StatusOr<std::vector<int64_t>> peak_activation_bytes(bool reset = false);
 
+  // The requests this process and the pipeline's workers have sent so far,
+  // by kind (Agent::sent_messages), summed; the calls that ask for them are
+  // left out. The difference over N steps, divided by N, is the protocol's
+  // messages per batch.
+  absl::StatusOr<std::map<std::string, int64_t>> sent_messages() const;
+
   // The bytes of optimizer state on the workers (momentum, Adam's moments).
   absl::StatusOr<int64_t> optimizer_state_bytes() const { return optimizer_->state_bytes(); }
 
@@ -140,6 +190,10 @@ class Pipeline {
            std::vector<RRef> stages, Schedule schedule,
            std::unique_ptr<optim::DistributedOptimizer> optimizer);
 
+  // Gives every worker its step runner.
+  absl::Status MakeRunners();
+  // train_step on the workers' step runners.
+  absl::StatusOr<double> RunOnWorkers(const c10::IValue& inputs, const c10::IValue& targets);
   // forward_backward after the workers have the batch's order.
   absl::StatusOr<double> RunMicroBatches(const std::vector<c10::IValue>& xs,
                                          const std::vector<c10::IValue>& ts, double rows,
@@ -155,6 +209,7 @@ class Pipeline {
   std::vector<RRef> stages_;
   const Schedule schedule_;
   std::unique_ptr<optim::DistributedOptimizer> optimizer_;
+  int64_t runner_id_ = -1;  // the workers' step runners, or -1: none
 };
 
 }  // namespace remora::pipeline

@@ -19,6 +19,7 @@
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/runner.h"
 #include "rpc/agent.h"
 #include "rpc/rref_args.h"
 #include "runtime/action_mark.h"
@@ -149,8 +150,9 @@ class Stage {
         trace_label_(absl::StrCat("stage ", index_)),
         worker_(std::move(worker)) {}
 
+  // `turn_held`: the caller holds the forward action's compute turn.
   c10::IValue Forward(const c10::IValue& arg, int64_t mb, int64_t epoch, c10::Device device,
-                      bool train) {
+                      bool train, bool turn_held = false) {
     try {
       c10::IValue x = MapTensors(ValueOrFetch(arg), [device](const at::Tensor& t) {
         return t.to(device);
@@ -159,7 +161,9 @@ class Stage {
       if (!train) grad_mode.emplace(false);
       module_->Train(train);
       std::optional<ComputeTurn> turn;
-      if (train && epoch >= 0) {
+      if (turn_held) {
+        // The step runner took the turn.
+      } else if (train && epoch >= 0) {
         turn.emplace(LaneAction{epoch, index_, mb, /*backward=*/false});
       } else {
         turn.emplace();
@@ -194,6 +198,7 @@ class Stage {
 
   StageModule& module() { return *module_; }
   int64_t index() const { return index_; }
+  const std::string& trace_label() const { return trace_label_; }
 
  private:
   std::unique_ptr<StageModule> module_;
@@ -369,6 +374,34 @@ absl::StatusOr<std::unique_ptr<StageModule>> BuildStage(const StageSpec& spec, c
   }
 }
 
+absl::StatusOr<LocalStage> LocalStage::Resolve(const RRef& rref) {
+  if (!rref.is_owner()) {
+    return absl::InvalidArgumentError("a step runner's stage must live on the runner's worker");
+  }
+  ASSIGN_OR_RETURN(c10::IValue value, rref.local_value());
+  RemoteObject* object = AsRemoteObject(value);
+  if (object == nullptr || object->type() != "remora.pipeline.Stage") {
+    return absl::InvalidArgumentError("a step runner's stage RRef holds no remora.pipeline.Stage");
+  }
+  return LocalStage(rref, object);
+}
+
+c10::IValue LocalStage::Forward(const c10::IValue& input, int64_t mb, int64_t epoch) const {
+  HostedStage* h = object_->get<HostedStage>();
+  MutexLock lock(object_->mutex());
+  return h->stage->Forward(input, mb, epoch, h->device, /*train=*/true, /*turn_held=*/true);
+}
+
+c10::IValue LocalStage::Eval(const c10::IValue& input, int64_t mb) const {
+  HostedStage* h = object_->get<HostedStage>();
+  MutexLock lock(object_->mutex());
+  return h->stage->Forward(input, mb, -1, h->device, /*train=*/false, /*turn_held=*/true);
+}
+
+int64_t LocalStage::index() const { return object_->get<HostedStage>()->stage->index(); }
+c10::Device LocalStage::device() const { return object_->get<HostedStage>()->device; }
+std::string LocalStage::label() const { return object_->get<HostedStage>()->stage->trace_label(); }
+
 absl::Status RegisterStageType(const std::string& name, StageFactory factory) {
   StageTypes& types = Types();
   MutexLock lock(types.mu);
@@ -441,6 +474,7 @@ absl::Status RegisterFunctions(Registry& registry) {
           return c10::IValue();
         }}}));
   RETURN_IF_ERROR(registry.RegisterFunction("remora.pipeline.layer_costs", LayerCosts));
+  RETURN_IF_ERROR(RegisterRunnerFunctions(registry));
   RETURN_IF_ERROR(registry.RegisterFunction(
       "remora.pipeline.set_order", [](CallContext&, const Args& a) -> c10::IValue {
         // (epoch, [stage, micro-batch, backward, stage, ...])

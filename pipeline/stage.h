@@ -33,6 +33,7 @@
 #include <torch/nn/module.h>
 
 #include "absl/status/statusor.h"
+#include "rpc/agent.h"
 #include "rpc/registry.h"
 
 namespace remora::pipeline {
@@ -105,6 +106,35 @@ absl::StatusOr<std::unique_ptr<StageModule>> LoadScriptStage(const std::string& 
 // returns them) into the module; throws std::invalid_argument naming
 // `where` when the count, a shape or a dtype differs.
 void LoadState(StageModule& module, const std::vector<at::Tensor>& state, const std::string& where);
+
+// A stage hosted on this worker, as the step runner (pipeline/runner.h)
+// drives it: it holds the owner RRef, so the stage lives as long as this.
+// Thread-safety: Forward takes the stage object's lock, like its methods.
+class LocalStage {
+ public:
+  // The stage behind `rref`, which must be an owner RRef of a
+  // "remora.pipeline.Stage" in this process.
+  static absl::StatusOr<LocalStage> Resolve(const RRef& rref);
+
+  // The training forward pass of micro-batch `mb` of batch `epoch` (the
+  // batch's autograd context id) on `input`, moved to the stage's device;
+  // the caller holds the compute turn of that forward action. The outputs
+  // are marked for their backward action (runtime/action_mark.h). Throws
+  // with a message naming the stage, the worker and the micro-batch.
+  c10::IValue Forward(const c10::IValue& input, int64_t mb, int64_t epoch) const;
+  // The same forward pass in eval mode, without autograd.
+  c10::IValue Eval(const c10::IValue& input, int64_t mb) const;
+
+  int64_t index() const;
+  c10::Device device() const;
+  // "stage K", as traces and action marks label it.
+  std::string label() const;
+
+ private:
+  LocalStage(RRef rref, RemoteObject* object) : rref_(std::move(rref)), object_(object) {}
+  RRef rref_;
+  RemoteObject* object_;  // held by rref_
+};
 
 // Registers the stage wrapper, the schedule-order function
 // ("remora.pipeline.set_order") and the per-layer timing that the

@@ -180,6 +180,11 @@ int64_t Agent::active_calls() const {
   return impl_->incoming_.load() + impl_->outgoing_.load();
 }
 
+std::map<std::string, int64_t> Agent::sent_messages() const {
+  MutexLock lock(impl_->sent_mu_);
+  return impl_->sent_;
+}
+
 Future<Empty> Agent::SendControl(WorkerId dst, wire::Request request) {
   Future<Empty> done;
   auto attempt = std::make_shared<std::function<void(int)>>();

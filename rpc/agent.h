@@ -269,6 +269,11 @@ class Agent final : public ControlChannel {
   RRefStats rref_stats() const { return rrefs_->stats(); }
   // Calls this agent is serving or waiting for right now.
   int64_t active_calls() const;
+  // Requests this agent has sent since it started, by kind: calls as
+  // "function 'NAME'" or "method 'NAME'", fetches as "to_here", control
+  // messages by their request kind (e.g. "remora.wire.UserDeleteRequest").
+  // Replies are not counted. Thread-safe.
+  std::map<std::string, int64_t> sent_messages() const;
   // Streams this agent opened for rpc_sync (AgentOptions::streams), ever.
   int64_t streams_opened() const;
 

@@ -246,6 +246,9 @@ class Agent::Impl final : public grpc::CallbackGenericService, public Responder:
 
   absl::Mutex calls_mu_;
   absl::flat_hash_set<ClientCall*> calls_ ABSL_GUARDED_BY(calls_mu_);
+  // Requests this agent sent, by kind (see Agent::sent_messages).
+  mutable absl::Mutex sent_mu_;
+  std::map<std::string, int64_t> sent_ ABSL_GUARDED_BY(sent_mu_);
   absl::flat_hash_set<SyncStream*> streams_in_use_ ABSL_GUARDED_BY(calls_mu_);
   std::atomic<int64_t> streams_opened_{0};
   bool stopped_ = false;

@@ -242,6 +242,11 @@ Future<InMessage> Agent::Impl::SendTo(WorkerId dst, OutMessage message,
     return Future<InMessage>::Ready(absl::NotFoundError(absl::StrCat(
         "no worker with id ", dst, " in the group")));
   }
+  {
+    // Control messages are counted by their request kind, calls by name.
+    MutexLock lock(sent_mu_);
+    ++sent_[what == "control message" ? message.header.request().kind() : what];
+  }
   Future<InMessage> raw =
       streams_ && blocking ? TransmitOnStream(*peer, std::move(message), timeout)
           : Transmit(peer->stub.get(), std::move(message), timeout, false, blocking, peer->route);

@@ -4,6 +4,7 @@
 #include <deque>
 #include <memory>
 #include <tuple>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -57,7 +58,22 @@ class Lane {
     return Grant();
   }
 
+  bool WhenDone(int64_t epoch, std::function<void()> done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (epoch != epoch_) return false;
+    on_done_ = std::move(done);
+    return true;
+  }
+
+  // The order's completion callback, once its last action has ended.
+  std::function<void()> TakeDone() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (!on_done_) return nullptr;
+    while (pos_ < order_.size() && skipped_.contains(order_[pos_])) ++pos_;
+    if (pos_ < order_.size()) return nullptr;
+    return std::exchange(on_done_, nullptr);
+  }
+
   Waiter* SetOrder(int64_t epoch, std::vector<LaneAction> order) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    on_done_ = nullptr;
     // Waiters of the old order become plain turns, in arrival order.
     std::vector<Waiter*> old;
     for (auto& [key, w] : ordered_) old.push_back(w);
@@ -128,6 +144,7 @@ class Lane {
   size_t pos_ ABSL_GUARDED_BY(mu) = 0;
   absl::flat_hash_map<Key, Waiter*> ordered_ ABSL_GUARDED_BY(mu);
   absl::flat_hash_set<Key> skipped_ ABSL_GUARDED_BY(mu);  // of the order, never to come
+  std::function<void()> on_done_ ABSL_GUARDED_BY(mu);     // see WhenOrderDone
 };
 
 Lane& TheLane() {
@@ -144,10 +161,13 @@ void Start(Waiter* w) {
     owned->run();
     Lane& lane = TheLane();
     Waiter* next;
+    std::function<void()> done;
     {
       MutexLock lock(lane.mu);
       next = lane.Release(owned->in_order);
+      done = lane.TakeDone();
     }
+    if (done) done();
     Start(next);
   });
 }
@@ -188,10 +208,13 @@ ComputeTurn::ComputeTurn(const LaneAction& action) {
 ComputeTurn::~ComputeTurn() {
   Lane& lane = TheLane();
   Waiter* next;
+  std::function<void()> done;
   {
     MutexLock lock(lane.mu);
     next = lane.Release(in_order_);
+    done = lane.TakeDone();
   }
+  if (done) done();
   Start(next);
 }
 
@@ -212,11 +235,26 @@ void ComputeTurn::RunInTurn(const LaneAction& action, std::function<void()> run,
 void ComputeTurn::Skip(const LaneAction& action) {
   Lane& lane = TheLane();
   Waiter* start;
+  std::function<void()> done;
   {
     MutexLock lock(lane.mu);
     start = lane.Skip(action);
+    done = lane.TakeDone();
   }
+  if (done) done();
   Start(start);
+}
+
+bool ComputeTurn::WhenOrderDone(int64_t epoch, std::function<void()> done) {
+  Lane& lane = TheLane();
+  std::function<void()> now;
+  {
+    MutexLock lock(lane.mu);
+    if (!lane.WhenDone(epoch, std::move(done))) return false;
+    now = lane.TakeDone();
+  }
+  if (now) now();
+  return true;
 }
 
 void ComputeTurn::Abandon(int64_t epoch) {

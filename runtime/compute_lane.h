@@ -75,6 +75,12 @@ class ComputeTurn {
   // of `epoch` that arrive later, are served as plain turns. Does nothing
   // when another epoch's order is the current one.
   static void Abandon(int64_t epoch);
+  // Calls `done` (on the thread that ends the order's last action, under no
+  // lock; it must not block) once every action of `epoch`'s order has run
+  // or been skipped, at once when that is so already. Returns false, and
+  // never calls `done`, when `epoch`'s order is not the current one; a
+  // later SetOrder or Abandon drops `done` uncalled.
+  static bool WhenOrderDone(int64_t epoch, std::function<void()> done);
   // Turns held or waited for right now in this process (tests, diagnostics).
   static int64_t Queued();
 

@@ -18,6 +18,7 @@
 #include <torch/csrc/jit/serialization/import.h>
 #include <torch/optim/sgd.h>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "models/mlp.h"
 #include "tests/support/pipeline_fixtures.h"
@@ -215,6 +216,64 @@ TEST(Pipeline, OneFOneBBoundsSavedActivationsAndGPipeDoesNot) {
       << "1f1b " << peaks["1f1b"][0] << " bytes against gpipe " << peaks["gpipe"][0];
   EXPECT_LE(peaks["1f1b"][1], peaks["gpipe"][1] * 3 / 8 + 4096)
       << "1f1b " << peaks["1f1b"][1] << " bytes against gpipe " << peaks["gpipe"][1];
+}
+
+// The step protocol (pipeline/runner.h): per batch, one call from the
+// master to each of the W workers, and per stage boundary and micro-batch
+// one push of the activation forward and one of its gradient back: W +
+// 2M(S-1) requests in all processes together, nothing else (no schedule,
+// no RRef forks or deletes, no optimizer or release round).
+TEST(Pipeline, AStepSendsOneCallPerWorkerAndOnePushEachWayPerBoundary) {
+  Workers workers;
+  struct Case {
+    std::vector<models::MLPStageOptions> stages;
+    int m;
+    std::string schedule;
+  };
+  const std::vector<Case> cases = {
+      {{Mlp(8, 16, 1), Mlp(16, 4, 2, false)}, 1, "1f1b"},
+      {{Mlp(8, 16, 1), Mlp(16, 4, 2, false)}, 8, "1f1b"},
+      {{Mlp(8, 16, 1), Mlp(16, 12, 2), Mlp(12, 16, 3), Mlp(16, 4, 4, false)}, 8, "interleaved"},
+  };
+  constexpr int kSteps = 3;
+  constexpr int64_t kW = 2;
+  for (const Case& c : cases) {
+    const int64_t S = static_cast<int64_t>(c.stages.size());
+    SCOPED_TRACE(absl::StrCat("S=", S, " M=", c.m, " W=", kW));
+    PipelineOptions o;
+    for (const auto& st : c.stages) o.stages.push_back(Spec(st));
+    o.workers = {"w1", "w2"};
+    o.schedule = c.schedule;
+    o.micro_batches = c.m;
+    o.loss = MseLoss();
+    auto pipe = Pipeline::Create(workers.master(), o);
+    ASSERT_TRUE(pipe.ok()) << pipe.status();
+    ASSERT_TRUE((*pipe)->runs_on_workers());
+    const auto data = Data(kSteps + 1, 16, 8, 4);
+    ASSERT_TRUE((*pipe)->train_step(data[0].first, data[0].second).ok());
+    auto before = (*pipe)->sent_messages();
+    ASSERT_TRUE(before.ok()) << before.status();
+    for (int i = 1; i <= kSteps; ++i) {
+      auto loss = (*pipe)->train_step(data[i].first, data[i].second);
+      ASSERT_TRUE(loss.ok()) << loss.status();
+    }
+    auto after = (*pipe)->sent_messages();
+    ASSERT_TRUE(after.ok()) << after.status();
+    std::map<std::string, int64_t> sent;
+    int64_t total = 0;
+    std::string listing;
+    for (const auto& [kind, n] : *after) {
+      const int64_t d = n - (before->count(kind) ? before->at(kind) : 0);
+      if (d == 0) continue;
+      sent[kind] = d;
+      total += d;
+      absl::StrAppend(&listing, kind, ": ", d, "\n");
+    }
+    EXPECT_EQ(total, kSteps * (kW + 2 * c.m * (S - 1))) << listing;
+    EXPECT_EQ(sent["function 'remora.pipeline.run'"], kSteps * kW) << listing;
+    EXPECT_EQ(sent["function 'remora.pipeline.push'"], kSteps * c.m * (S - 1)) << listing;
+    EXPECT_EQ(sent["function 'remora.autograd.propagate'"], kSteps * c.m * (S - 1)) << listing;
+  }
 }
 
 PipelineOptions TwoStages(StageSpec a, StageSpec b) {

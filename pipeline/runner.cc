@@ -1,0 +1,383 @@
+#include "pipeline/runner.h"
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/List.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "autograd/dist_autograd.h"
+#include "base/mutex_lock.h"
+#include "base/status_util.h"
+#include "optim/distributed_optimizer.h"
+#include "pipeline/microbatch.h"
+#include "pipeline/pipeline.h"
+#include "pipeline/stage.h"
+#include "rpc/agent.h"
+#include "runtime/action_mark.h"
+#include "runtime/compute_lane.h"
+
+namespace remora::pipeline {
+namespace {
+
+// One batch on this worker. Guarded by its runner's mutex.
+struct Batch {
+  explicit Batch(int64_t c, Executor* executor) : context(c), done(executor) {}
+  const int64_t context;
+  bool started = false;  // its "run" call has come
+  bool over = false;     // finished or failed: nothing more runs for it
+  // Outputs pushed here before "run" came: (stage, micro-batch, value).
+  std::vector<std::tuple<int64_t, int64_t, c10::IValue>> early;
+  std::vector<c10::IValue> targets;  // on the last stage's worker
+  std::vector<double> weights;       // each micro-batch's share of the batch's rows
+  at::Tensor loss_sum;               // detached, on the last stage's device
+  std::vector<Future<Empty>> backwards;  // started here, from the losses
+  Future<c10::IValue> done;          // the reply to "run"
+};
+
+// `value` on `device` (a tensor; anything else as it is).
+c10::IValue ToDevice(const c10::IValue& value, c10::Device device) {
+  return value.isTensor() ? c10::IValue(value.toTensor().to(device)) : value;
+}
+
+// One pipeline's part on this worker (see runner.h). Owns its batches'
+// state; shared by the process's runner table and the closures in flight.
+// Thread-safety: every method may be called from any thread.
+class Runner : public std::enable_shared_from_this<Runner> {
+ public:
+  struct Plan {
+    int64_t id = 0;
+    std::vector<std::string> stage_workers;  // stage k's worker
+    int micro_batches = 1;
+    std::vector<LaneAction> actions;         // this worker's order (epoch unset)
+    std::map<int64_t, LocalStage> stages;    // this worker's, by index
+    LossFn loss;                             // empty unless the last stage is here
+    std::optional<RRef> optimizer;           // this worker's LocalOptimizer
+  };
+
+  Runner(Agent& agent, Plan plan) : agent_(agent), plan_(std::move(plan)) {}
+
+  int num_stages() const { return static_cast<int>(plan_.stage_workers.size()); }
+  bool hosts(int64_t stage) const { return plan_.stages.count(stage) > 0; }
+
+  Future<c10::IValue> Run(int64_t context, const c10::IValue& inputs, const c10::IValue& targets,
+                          int64_t total_rows) {
+    const int m = plan_.micro_batches;
+    const int last = num_stages() - 1;
+    std::vector<c10::IValue> xs, ts;
+    std::vector<double> weights;
+    absl::Status status = dist_autograd::EnsureContext(agent_, context);
+    if (status.ok() && hosts(0)) {
+      auto split = SplitMicroBatches(inputs, m);
+      if (split.ok()) xs = std::move(*split);
+      status = split.status();
+    }
+    if (status.ok() && hosts(last)) {
+      auto split = SplitMicroBatches(targets, m);
+      if (split.ok()) ts = std::move(*split);
+      status = split.status();
+      for (const c10::IValue& t : ts) {
+        weights.push_back(static_cast<double>(BatchRows(t)) / static_cast<double>(total_rows));
+      }
+    }
+    if (!status.ok()) {
+      return Future<c10::IValue>::Ready(Annotate(status, absl::StrCat("worker '", agent_.self().name, "'")));
+    }
+    std::shared_ptr<Batch> b;
+    std::vector<std::tuple<int64_t, int64_t, c10::IValue>> early;
+    {
+      MutexLock lock(mu_);
+      // Batches run one at a time and their ids grow: older entries are a
+      // failed batch's (and late pushes for them are dropped).
+      batches_.erase(batches_.begin(), batches_.lower_bound(context));
+      latest_ = context;
+      b = BatchOf(context);
+      if (b->over) {
+        return Future<c10::IValue>::Ready(absl::AbortedError(absl::StrCat(
+            "batch ", context, " was abandoned before it started on worker '", agent_.self().name, "'")));
+      }
+      std::vector<LaneAction> order = plan_.actions;
+      for (LaneAction& a : order) a.epoch = context;
+      // Under the lock, so that no push starts a forward pass before the
+      // order is in place.
+      ComputeTurn::SetOrder(context, std::move(order));
+      std::weak_ptr<Runner> weak = weak_from_this();
+      Executor* executor = agent_.executor();
+      ComputeTurn::WhenOrderDone(context, [weak, b, executor] {
+        executor->Schedule([weak, b] {
+          if (auto self = weak.lock()) self->Finish(b);
+        });
+      });
+      b->started = true;
+      b->targets = std::move(ts);
+      b->weights = std::move(weights);
+      early = std::move(b->early);
+    }
+    for (int i = 0; i < static_cast<int>(xs.size()); ++i) StartForward(b, 0, i, std::move(xs[i]));
+    for (auto& [stage, mb, value] : early) StartForward(b, stage, mb, std::move(value));
+    return b->done;
+  }
+
+  void Push(int64_t context, int64_t stage, int64_t mb, c10::IValue value) {
+    if (!hosts(stage)) {
+      throw std::invalid_argument(absl::StrCat("worker '", agent_.self().name, "' hosts no stage ",
+                                               stage, " of this pipeline"));
+    }
+    std::shared_ptr<Batch> b;
+    {
+      MutexLock lock(mu_);
+      if (context < latest_) return;  // a failed batch's
+      b = BatchOf(context);
+      if (b->over) return;
+      if (!b->started) {
+        b->early.emplace_back(stage, mb, std::move(value));
+        return;
+      }
+    }
+    StartForward(b, stage, mb, std::move(value));
+  }
+
+  void Abandon(int64_t context) {
+    std::shared_ptr<Batch> b;
+    {
+      MutexLock lock(mu_);
+      b = BatchOf(context);
+    }
+    Fail(b, absl::AbortedError(absl::StrCat(
+        "the batch was abandoned on worker '", agent_.self().name, "' (another worker failed)")));
+  }
+
+ private:
+  std::shared_ptr<Batch> BatchOf(int64_t context) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto& slot = batches_[context];
+    if (!slot) slot = std::make_shared<Batch>(context, agent_.executor());
+    return slot;
+  }
+
+  // Queues the forward pass of (stage, mb) for its turn in the order.
+  void StartForward(std::shared_ptr<Batch> b, int64_t stage, int64_t mb, c10::IValue x) {
+    Executor* executor = agent_.executor();
+    std::shared_ptr<Runner> self = shared_from_this();
+    ComputeTurn::RunInTurn(
+        LaneAction{b->context, stage, mb, /*backward=*/false},
+        [self, b, stage, mb, x = std::move(x)] { self->Forward(b, stage, mb, x); },
+        [executor](std::function<void()> fn) { executor->Schedule(std::move(fn)); });
+  }
+
+  // Runs holding the forward action's turn.
+  void Forward(const std::shared_ptr<Batch>& b, int64_t stage, int64_t mb, const c10::IValue& x) {
+    {
+      MutexLock lock(mu_);
+      if (b->over) return;
+    }
+    const LocalStage& s = plan_.stages.at(stage);
+    ContextIdGuard in_context(b->context);
+    try {
+      c10::IValue y = s.Forward(x, mb, b->context);
+      if (stage + 1 < num_stages()) {
+        // Straight to the next stage's worker; recorded in the context.
+        agent_.rpc_async(plan_.stage_workers[stage + 1], "remora.pipeline.push",
+                         {plan_.id, b->context, stage + 1, mb, y})
+            .then([self = shared_from_this(), b, stage, mb](const absl::StatusOr<c10::IValue>& r) {
+              if (!r.ok()) {
+                self->Fail(b, Annotate(r.status(), absl::StrCat("pushing stage ", stage,
+                                                                "'s output of micro-batch ", mb)));
+              }
+            });
+        return;
+      }
+      at::Tensor loss =
+          plan_.loss(y, ToDevice(b->targets.at(mb), s.device())) * b->weights.at(mb);
+      const LaneAction back{b->context, stage, mb, /*backward=*/true};
+      {
+        MutexLock lock(mu_);
+        b->loss_sum = b->loss_sum.defined() ? b->loss_sum + loss.detach() : loss.detach();
+      }
+      if (!loss.requires_grad()) {
+        ComputeTurn::Skip(back);
+        return;
+      }
+      // Its backward pass runs in the order's turn for `back`.
+      Future<Empty> pass = dist_autograd::backward_async(
+          agent_, b->context, {MarkAction(loss, ActionMarkInfo{back, s.label()})});
+      MutexLock lock(mu_);
+      b->backwards.push_back(pass);
+    } catch (...) {
+      Fail(b, StatusFromCurrentException(absl::StrCat(
+          stage + 1 == num_stages() ? "the loss or " : "", "stage ", stage, " on worker '",
+          agent_.self().name, "', micro-batch ", mb)));
+    }
+  }
+
+  // Every action of the batch here has run: step, release, reply.
+  void Finish(std::shared_ptr<Batch> b) {
+    std::vector<Future<Empty>> backwards;
+    {
+      MutexLock lock(mu_);
+      if (b->over) return;
+      b->over = true;
+      backwards = std::move(b->backwards);
+    }
+    absl::Status status;
+    if (plan_.optimizer) status = optim::StepHere(agent_, *plan_.optimizer, b->context);
+    dist_autograd::ReleaseHere(agent_, b->context);
+    if (!status.ok()) {
+      b->done.SetError(status);
+      return;
+    }
+    c10::IValue reply;
+    if (b->loss_sum.defined()) reply = b->loss_sum.item<double>();
+    // The last stage's passes end when the whole chain behind them has;
+    // an error there (another worker's backward) fails this reply.
+    WhenAll(backwards).then([done = b->done, reply](const absl::StatusOr<Empty>& r) mutable {
+      if (r.ok()) {
+        done.SetValue(reply);
+      } else {
+        done.SetError(r.status());
+      }
+    });
+  }
+
+  void Fail(const std::shared_ptr<Batch>& b, absl::Status status) {
+    {
+      MutexLock lock(mu_);
+      if (b->over) return;
+      b->over = true;
+      b->early.clear();
+    }
+    ComputeTurn::Abandon(b->context);
+    dist_autograd::ReleaseHere(agent_, b->context);
+    b->done.SetError(std::move(status));
+  }
+
+  Agent& agent_;
+  const Plan plan_;
+  absl::Mutex mu_;
+  int64_t latest_ ABSL_GUARDED_BY(mu_) = -1;
+  std::map<int64_t, std::shared_ptr<Batch>> batches_ ABSL_GUARDED_BY(mu_);
+};
+
+// The process's runners, by pipeline id.
+struct Runners {
+  absl::Mutex mu;
+  std::map<int64_t, std::shared_ptr<Runner>> by_id ABSL_GUARDED_BY(mu);
+};
+
+Runners& TheRunners() {
+  static Runners* runners = new Runners;  // never destroyed
+  return *runners;
+}
+
+std::shared_ptr<Runner> FindRunner(CallContext& ctx, int64_t id) {
+  Runners& runners = TheRunners();
+  MutexLock lock(runners.mu);
+  auto it = runners.by_id.find(id);
+  if (it == runners.by_id.end()) {
+    throw std::invalid_argument(absl::StrCat(
+        "worker '", ctx.agent->self().name, "' has no step runner for pipeline ", id,
+        " (was the pipeline created by this group's master?)"));
+  }
+  return it->second;
+}
+
+// make_runner(id, stage_workers, micro_batches, [stage, mb, backward, ...],
+//             [stage RRefs of this worker], loss name, optimizer RRef or None)
+c10::IValue MakeRunner(CallContext& ctx, const Args& a) {
+  if (ctx.agent == nullptr) throw std::runtime_error("make_runner needs an agent");
+  Agent& agent = *ctx.agent;
+  const std::string& me = agent.self().name;
+  Runner::Plan plan;
+  plan.id = a[0].toInt();
+  plan.stage_workers = a[1].to<std::vector<std::string>>();
+  plan.micro_batches = static_cast<int>(a[2].toInt());
+  const std::vector<int64_t> flat = a[3].toIntVector();
+  if (flat.size() % 3 != 0) throw std::invalid_argument("make_runner: a flat list of triples");
+  for (size_t i = 0; i < flat.size(); i += 3) {
+    plan.actions.push_back(LaneAction{-1, flat[i], flat[i + 1], flat[i + 2] != 0});
+  }
+  for (const c10::IValue& v : a[4].toListRef()) {
+    auto rref = RRef::FromIValue(v);
+    if (!rref.ok()) throw std::invalid_argument(std::string(rref.status().message()));
+    auto stage = LocalStage::Resolve(*rref);
+    if (!stage.ok()) {
+      throw std::invalid_argument(absl::StrCat("worker '", me, "': ", stage.status().message()));
+    }
+    plan.stages.emplace(stage->index(), std::move(*stage));
+  }
+  const int64_t last = static_cast<int64_t>(plan.stage_workers.size()) - 1;
+  if (plan.stages.count(last) > 0) {
+    const std::string name = a[5].toStringRef();
+    plan.loss = LossFn::Named(name);
+    if (!plan.loss) {
+      throw std::invalid_argument(absl::StrCat(
+          "the loss '", name, "' is not registered in worker '", me,
+          "' (register it with pipeline::RegisterLoss in the worker program)"));
+    }
+  }
+  if (!a[6].isNone()) {
+    auto rref = RRef::FromIValue(a[6]);
+    if (!rref.ok()) throw std::invalid_argument(std::string(rref.status().message()));
+    plan.optimizer = *rref;
+  }
+  auto runner = std::make_shared<Runner>(agent, std::move(plan));
+  Runners& runners = TheRunners();
+  MutexLock lock(runners.mu);
+  if (!runners.by_id.emplace(a[0].toInt(), std::move(runner)).second) {
+    throw std::invalid_argument(absl::StrCat("worker '", me, "' already has a step runner for pipeline ",
+                                             a[0].toInt()));
+  }
+  return c10::IValue();
+}
+
+}  // namespace
+
+absl::Status RegisterRunnerFunctions(Registry& registry) {
+  RETURN_IF_ERROR(registry.RegisterFunction("remora.pipeline.make_runner", MakeRunner));
+  // run(id, context, inputs or None, targets or None, total rows)
+  RETURN_IF_ERROR(registry.RegisterAsyncFunction(
+      "remora.pipeline.run", [](CallContext& ctx, const Args& a) -> Future<c10::IValue> {
+        return FindRunner(ctx, a[0].toInt())->Run(a[1].toInt(), a[2], a[3], a[4].toInt());
+      }));
+  // push(id, context, stage, micro-batch, value)
+  RETURN_IF_ERROR(registry.RegisterFunction(
+      "remora.pipeline.push", [](CallContext& ctx, const Args& a) -> c10::IValue {
+        FindRunner(ctx, a[0].toInt())->Push(a[1].toInt(), a[2].toInt(), a[3].toInt(), a[4]);
+        return c10::IValue();
+      }));
+  // abandon(id, context)
+  RETURN_IF_ERROR(registry.RegisterFunction(
+      "remora.pipeline.abandon", [](CallContext& ctx, const Args& a) -> c10::IValue {
+        FindRunner(ctx, a[0].toInt())->Abandon(a[1].toInt());
+        return c10::IValue();
+      }));
+  // sent_messages(): this process's requests sent, by kind (Agent::sent_messages).
+  RETURN_IF_ERROR(registry.RegisterFunction(
+      "remora.pipeline.sent_messages", [](CallContext& ctx, const Args&) -> c10::IValue {
+        c10::Dict<std::string, int64_t> out;
+        if (ctx.agent != nullptr) {
+          for (const auto& [kind, n] : ctx.agent->sent_messages()) out.insert(kind, n);
+        }
+        return out;
+      }));
+  // drop_runner(id)
+  return registry.RegisterFunction(
+      "remora.pipeline.drop_runner", [](CallContext&, const Args& a) -> c10::IValue {
+        Runners& runners = TheRunners();
+        std::shared_ptr<Runner> dropped;  // freed outside the lock
+        MutexLock lock(runners.mu);
+        auto it = runners.by_id.find(a[0].toInt());
+        if (it != runners.by_id.end()) {
+          dropped = std::move(it->second);
+          runners.by_id.erase(it);
+        }
+        return c10::IValue();
+      });
+}
+
+}  // namespace remora::pipeline

@@ -1,0 +1,42 @@
+// The step protocol's worker side: each worker runs its part of a pipeline's
+// training step by itself, from one call of the master per batch.
+//
+// When a Pipeline with a named loss is created, the master gives every
+// worker a step runner ("remora.pipeline.make_runner") holding what does not
+// change from batch to batch: the worker's stages, its actions' order (the
+// schedule), where every other stage lives, the loss and the worker's
+// optimizer. A batch is then one call per worker ("remora.pipeline.run"):
+// the batch's autograd context id, the inputs for the worker of stage 0 and
+// the targets for the worker of the last stage. The worker
+//
+//   - runs its actions in the schedule's order (runtime/compute_lane.h),
+//     each forward pass as soon as its input is here;
+//   - pushes each stage's output straight to the next stage's worker
+//     ("remora.pipeline.push"), one message per micro-batch, recorded in the
+//     batch's distributed autograd context like any RPC that carries
+//     tensors that require grad, so that gradients go back the same way
+//     ("remora.autograd.propagate");
+//   - on the last stage, computes each micro-batch's loss (weighted by its
+//     share of the batch's rows) on the stage's device and starts its
+//     backward pass there;
+//   - once its order's last action has ended, steps its optimizer with the
+//     context's gradients, releases the context and replies: the last
+//     stage's worker with the batch's loss.
+//
+// A batch that fails anywhere fails on every worker once the master tells
+// them ("remora.pipeline.abandon"): what waits for it is dropped and the
+// next batch starts clean.
+//
+// Thread-safety: the registered functions may run on any thread.
+#pragma once
+
+#include "absl/status/status.h"
+#include "rpc/registry.h"
+
+namespace remora::pipeline {
+
+// Registers make_runner, run, push, abandon, drop_runner and
+// sent_messages (remora.pipeline.*) in a worker's registry.
+absl::Status RegisterRunnerFunctions(Registry& registry);
+
+}  // namespace remora::pipeline
