@@ -282,24 +282,52 @@ absl::StatusOr<double> Pipeline::RunOnWorkers(const c10::IValue& inputs, const c
         {runner_id_, context, w == 0 ? inputs : c10::IValue(), w == last ? targets : c10::IValue(),
          rows}));
   }
-  absl::Status failed;
-  double loss = 0;
+  // The first error (a worker's own, not another's abandoned batch) is the
+  // step's; the others are told at once to drop the batch, instead of
+  // waiting for what will never come. Not waited for: a dead worker must
+  // not delay the error.
+  struct Outcome {
+    absl::Mutex mu;
+    int pending ABSL_GUARDED_BY(mu) = 0;
+    int first_failed ABSL_GUARDED_BY(mu) = -1;
+    absl::Status status ABSL_GUARDED_BY(mu);
+  };
+  auto outcome = std::make_shared<Outcome>();
+  {
+    MutexLock lock(outcome->mu);
+    outcome->pending = n;
+  }
   for (int w = 0; w < n; ++w) {
-    auto r = replies[w].wait();
-    if (!r.ok()) {
-      if (failed.ok()) {
-        failed = Annotate(r.status(), absl::StrCat("the training step on worker '", workers_[w], "'"));
-        // The others drop the batch now instead of waiting for what will
-        // never come (not waited for: a dead worker must not delay this).
-        for (const std::string& other : workers_) {
-          agent_.rpc_async(other, "remora.pipeline.abandon", {runner_id_, context});
-        }
+    replies[w].then([outcome, w](const absl::StatusOr<c10::IValue>& r) {
+      MutexLock lock(outcome->mu);
+      --outcome->pending;
+      if (!r.ok() && outcome->first_failed < 0) {
+        outcome->first_failed = w;
+        outcome->status = r.status();
       }
-    } else if (w == last) {
-      loss = r->toDouble();
+    });
+  }
+  absl::Status failed;
+  {
+    MutexLock lock(outcome->mu);
+    outcome->mu.Await(absl::Condition(
+        +[](Outcome* o) ABSL_EXCLUSIVE_LOCKS_REQUIRED(o->mu) {
+          return o->pending == 0 || o->first_failed >= 0;
+        },
+        outcome.get()));
+    if (outcome->first_failed >= 0) {
+      failed = Annotate(outcome->status, absl::StrCat("the training step on worker '",
+                                                      workers_[outcome->first_failed], "'"));
     }
   }
-  RETURN_IF_ERROR(failed);
+  if (!failed.ok()) {
+    for (const std::string& w : workers_) {
+      agent_.rpc_async(w, "remora.pipeline.abandon", {runner_id_, context});
+    }
+    return failed;
+  }
+  double loss = 0;
+  if (auto r = replies[last].wait(); r.ok()) loss = r->toDouble();
   return loss;
 }
 
