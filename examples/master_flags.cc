@@ -205,7 +205,9 @@ void AddFlags(cli::FlagParser& flags, Flags* f) {
                "with --replicas: seconds a replica waits for the others in a collective before "
                "the step fails");
   flags.AddString("listen", &c.listen, "HOST:PORT where workers find the master (MASTER_ADDR/MASTER_PORT also work)");
-  flags.AddString("splits", &f->splits, "micro-batches per batch: one count (8) or a sweep (1,2,4,8)");
+  flags.AddString("splits", &f->splits,
+                  "micro-batches per batch: one count or a sweep (1,2,4,8); default 8, or 1 with one "
+                  "stage per replica (--replicas R over R workers) and with --mode ps");
   flags.AddInt("batches", &c.batches, "batches per split count");
   flags.AddInt("batch-size", &f->batch_size, "images per batch (default 128; 64 with --dataset)");
   flags.AddInt("image-size", &c.image_size, "image height and width");
@@ -275,10 +277,15 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   c = std::move(f.config);
   const bool splits_given = !f.splits.empty();
   line.ps_mode = f.mode == "ps";
-  auto splits = ParseSplits(splits_given ? f.splits : (line.ps_mode ? "1" : "8"));
+  c.all_workers = cli::SplitList(f.workers);
+  // One stage per replica is plain data parallelism: one micro-batch per
+  // replica by default, as DDP trains (micro-batches only pay in a pipeline).
+  const bool one_stage_per_replica =
+      c.replicas > 1 && c.all_workers.size() == static_cast<size_t>(c.replicas);
+  auto splits = ParseSplits(splits_given ? f.splits
+                                         : (line.ps_mode || one_stage_per_replica ? "1" : "8"));
   if (!splits.ok()) return splits.status();
   c.splits = std::move(*splits);
-  c.all_workers = cli::SplitList(f.workers);
   c.workers = c.all_workers;  // replica 0's (checked below)
   if (c.replicas >= 1 && c.all_workers.size() % c.replicas == 0) {
     c.workers.resize(c.all_workers.size() / c.replicas);

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <functional>
@@ -62,7 +63,17 @@ std::pair<at::Tensor, at::Tensor> MakeBatch(const Config& c, int b) {
 }
 
 pipeline::LossFn Loss(const Config& c) {
-  return c.model.empty() && c.dataset.empty() ? pipeline::MseLoss() : pipeline::CrossEntropyLoss();
+  pipeline::LossFn loss =
+      c.model.empty() && c.dataset.empty() ? pipeline::MseLoss() : pipeline::CrossEntropyLoss();
+  // REMORA_STEP_PROTOCOL=master: the loss unnamed, so the pipeline keeps the
+  // master in the data path (the earlier protocol), to measure one against
+  // the other with one binary.
+  if (const char* p = std::getenv("REMORA_STEP_PROTOCOL"); p != nullptr && std::string(p) == "master") {
+    return pipeline::LossFn([loss](const c10::IValue& out, const c10::IValue& target) {
+      return loss(out, target);
+    });
+  }
+  return loss;
 }
 
 void PrintBatch(int b, double loss, double seconds) {
@@ -458,11 +469,11 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
   const int64_t start = trace::NowUs();
   std::vector<std::pair<int64_t, int64_t>> paused;  // after_batch's windows
   // Messages are counted over the batches after the first.
-  const bool count_messages = pipe->replicas() == 1 && c.batches - first > 1;
+  const bool count_messages = c.batches - first > 1;
   std::map<std::string, int64_t> sent_before;
   for (int b = first; b < c.batches; ++b) {
     if (count_messages && b == first + 1) {
-      ASSIGN_OR_RETURN(sent_before, pipe->replica(0).sent_messages());
+      ASSIGN_OR_RETURN(sent_before, pipe->sent_messages());
     }
     auto [images, one_hot] = MakeBatch(c, b);
     const int64_t t0 = trace::NowUs();
@@ -483,7 +494,7 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
     }
   }
   if (count_messages) {
-    ASSIGN_OR_RETURN(auto sent_after, pipe->replica(0).sent_messages());
+    ASSIGN_OR_RETURN(auto sent_after, pipe->sent_messages());
     const double batches = c.batches - first - 1;
     double total = 0;
     std::string line;

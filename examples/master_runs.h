@@ -129,7 +129,7 @@ struct Run {
   std::vector<cli::TimelineSlice> slices;
   // Requests sent per batch by the master and the workers together, by
   // kind (pipeline::Pipeline::sent_messages), over the batches after the
-  // first; empty when not measured (one batch, or --replicas).
+  // first; empty when not measured (one batch).
   std::map<std::string, double> messages_per_batch;
 };
 

@@ -126,6 +126,19 @@ absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Crea
     std::set<std::string> names;
     for (const c10::IValue& b : backends) names.insert(b.toStringRef());
     backend = absl::StrJoin(names.rbegin(), names.rend(), " and ");
+    // With the step protocol, each worker's step runner sums the gradients
+    // at the end of its batch (the group takes part in it) and the master
+    // is no part of the step.
+    bool on_workers = true;
+    for (const auto& r : replicas) on_workers = on_workers && r->runs_on_workers();
+    if (on_workers) {
+      RETURN_IF_ERROR(CallGroups(
+          members, -1, "attach",
+          [&replicas](const Member& m) -> std::vector<c10::IValue> {
+            return {replicas[m.replica]->runner_id()};
+          },
+          "joining the gradient group to the step runner"));
+    }
   }
   return std::unique_ptr<DataParallelPipeline>(new DataParallelPipeline(
       agent, std::move(o), std::move(replicas), std::move(store), std::move(members),
@@ -146,6 +159,36 @@ absl::StatusOr<double> DataParallelPipeline::train_step(const c10::IValue& input
           "a batch of ", rows, " rows gives replica ", r, " ", pipeline::BatchRows(xs[r]),
           " rows, fewer than its ", m, " micro-batches: give at least ", m * R, " rows"));
     }
+  }
+  if (replicas_[0]->runs_on_workers()) {
+    // One call per worker of every replica, in one context (the replicas'
+    // workers are distinct); each worker's runner sums its gradients with
+    // the other replicas' and steps.
+    const int64_t context = dist_autograd::NewContextId(agent_);
+    std::vector<Future<c10::IValue>> replies;
+    std::vector<std::pair<int, int>> who;  // (replica, worker index in it)
+    for (int r = 0; r < R; ++r) {
+      ASSIGN_OR_RETURN(std::vector<Future<c10::IValue>> part,
+                       replicas_[r]->StartStep(xs[r], ts[r], context, rows));
+      for (size_t w = 0; w < part.size(); ++w) {
+        replies.push_back(std::move(part[w]));
+        who.emplace_back(r, static_cast<int>(w));
+      }
+    }
+    absl::Status status;
+    if (const int i = pipeline::FirstFailure(replies, &status); i >= 0) {
+      for (auto& replica : replicas_) replica->AbandonStep(context);
+      const auto [r, w] = who[i];
+      return Annotate(status, absl::StrCat("replica ", r, ", the training step on worker '",
+                                           replicas_[r]->workers()[w], "'"));
+    }
+    double loss = 0;
+    for (size_t i = 0; i < replies.size(); ++i) {
+      if (who[i].second != replicas_[who[i].first]->last_worker()) continue;
+      ASSIGN_OR_RETURN(c10::IValue l, replies[i].wait());
+      loss += l.toDouble();
+    }
+    return loss;
   }
   std::vector<int64_t> ids(R, -1);
   std::vector<absl::StatusOr<double>> losses(R, absl::UnknownError("not run"));
@@ -200,6 +243,21 @@ absl::StatusOr<double> DataParallelPipeline::train_step(const c10::IValue& input
     loss += *losses[r];
   }
   return loss;
+}
+
+absl::StatusOr<int64_t> DataParallelPipeline::last_buckets() const {
+  if (replicas() == 1 || !replicas_[0]->runs_on_workers()) return last_buckets_;
+  std::vector<c10::IValue> counts;
+  RETURN_IF_ERROR(CallGroups(members_, -1, "last_buckets",
+                             [](const Member&) { return std::vector<c10::IValue>{}; },
+                             "reading the buckets of the last step", &counts));
+  int64_t total = 0;
+  for (const c10::IValue& c : counts) total += c.toInt();
+  return total;
+}
+
+absl::StatusOr<std::map<std::string, int64_t>> DataParallelPipeline::sent_messages() const {
+  return pipeline::SentMessages(agent_, options_.pipeline.workers);
 }
 
 absl::StatusOr<c10::IValue> DataParallelPipeline::eval_step(const c10::IValue& inputs) {

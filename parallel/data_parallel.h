@@ -28,6 +28,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -73,7 +74,10 @@ class DataParallelPipeline {
   // replica.
   const std::string& backend() const { return backend_; }
   // The buckets the last step summed (over all groups).
-  int64_t last_buckets() const { return last_buckets_; }
+  absl::StatusOr<int64_t> last_buckets() const;
+  // The requests the master and every replica's workers have sent so far,
+  // by kind (pipeline::SentMessages).
+  absl::StatusOr<std::map<std::string, int64_t>> sent_messages() const;
 
  private:
   struct Member {

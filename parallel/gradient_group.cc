@@ -25,6 +25,7 @@
 #include "base/status_util.h"
 #include "optim/distributed_optimizer.h"
 #include "parallel/process_group.h"
+#include "pipeline/runner.h"
 #include "rpc/agent.h"
 #include "runtime/compute_lane.h"
 #include "runtime/trace.h"
@@ -40,7 +41,8 @@ struct Bucket {
   Collective sum;
 };
 
-class GradientGroup {
+class GradientGroup final : public pipeline::StepParticipant,
+                            public std::enable_shared_from_this<GradientGroup> {
  public:
   GradientGroup(Agent* agent, std::unique_ptr<ProcessGroup> group, int64_t bucket_bytes,
                 bool overlap, std::map<int64_t, std::vector<at::Tensor>> stages)
@@ -129,7 +131,7 @@ class GradientGroup {
     }
   }
 
-  void Begin(int64_t context, int64_t micro_batches) {
+  void Begin(int64_t context, int64_t micro_batches) override {
     MutexLock lock(mu_);
     contexts_[context].micro_batches = micro_batches;
   }
@@ -144,7 +146,22 @@ class GradientGroup {
     if (++c.done[stage] == c.micro_batches) Launch(context, stage, c);
   }
 
-  int64_t Finish(int64_t context) {
+  // pipeline::StepParticipant: the sum (ZeRO-1: and the step) at the end
+  // of a step runner's batch.
+  void Finish(int64_t context) override {
+    const int64_t buckets = Sum(context);
+    MutexLock lock(mu_);
+    last_buckets_ = buckets;
+  }
+  bool Steps() const override { return zero_; }
+  int64_t LastBuckets() const {
+    MutexLock lock(mu_);
+    return last_buckets_;
+  }
+
+  // Sums the context's gradients over the replicas (what has not started
+  // yet starts now) and writes them into the context; returns the buckets.
+  int64_t Sum(int64_t context) {
     PerContext c;
     {
       MutexLock lock(mu_);
@@ -213,7 +230,7 @@ class GradientGroup {
     }
   }
 
-  void Discard(int64_t context) {
+  void Discard(int64_t context) override {
     MutexLock lock(mu_);
     contexts_.erase(context);
   }
@@ -277,8 +294,9 @@ class GradientGroup {
   const int64_t bucket_bytes_;
   const bool overlap_;
   std::map<int64_t, std::vector<at::Tensor>> stages_;  // stage index -> parameters
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::map<int64_t, PerContext> contexts_ ABSL_GUARDED_BY(mu_);
+  int64_t last_buckets_ ABSL_GUARDED_BY(mu_) = 0;
   // ZeRO-1 (set before the group serves; read-only after): every parameter
   // of the group, its owning rank, this rank's optimizer over its share.
   bool zero_ = false;
@@ -387,8 +405,20 @@ absl::Status RegisterFunctions(Registry& registry) {
        {"finish",
         [](GradientGroup& g, CallContext&, const Args& a) -> c10::IValue {
           trace::Scope scope("allreduce", -1);
-          return g.Finish(a[0].toInt());
+          return g.Sum(a[0].toInt());
         }},
+       // attach(runner id): take part in that step runner's batches here
+       // (pipeline/runner.h); the master stops calling begin and finish.
+       {"attach",
+        [](GradientGroup& g, CallContext& ctx, const Args& a) -> c10::IValue {
+          absl::Status s = pipeline::AttachToRunner(a[0].toInt(), g.shared_from_this());
+          if (!s.ok()) {
+            throw std::invalid_argument(absl::StrCat("worker '", ctx.agent->self().name, "': ", s.message()));
+          }
+          return c10::IValue();
+        }},
+       {"last_buckets",
+        [](GradientGroup& g, CallContext&, const Args&) -> c10::IValue { return g.LastBuckets(); }},
        {"backend",
         [](GradientGroup& g, CallContext&, const Args&) -> c10::IValue { return g.Backend(); }},
        {"state_bytes",

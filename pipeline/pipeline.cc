@@ -257,10 +257,17 @@ Pipeline::~Pipeline() {
   for (const std::string& w : workers_) {
     dropped.push_back(agent_.rpc_async(w, "remora.pipeline.drop_runner", {runner_id_}));
   }
-  for (auto& d : dropped) d.wait();  // (a worker that is gone has nothing to drop)
+  // (A worker that is gone has nothing to drop.)
+  for (auto& d : dropped) d.wait().status().IgnoreError();
 }
 
-absl::StatusOr<double> Pipeline::RunOnWorkers(const c10::IValue& inputs, const c10::IValue& targets) {
+absl::StatusOr<std::vector<Future<c10::IValue>>> Pipeline::StartStep(const c10::IValue& inputs,
+                                                                     const c10::IValue& targets,
+                                                                     int64_t context_id,
+                                                                     int64_t total_rows) {
+  if (!runs_on_workers()) {
+    return absl::FailedPreconditionError("StartStep: the pipeline has no step runners (an unnamed loss)");
+  }
   const int64_t rows = BatchRows(inputs);
   const int m = schedule_.micro_batches;
   if (rows < m) {
@@ -273,19 +280,24 @@ absl::StatusOr<double> Pipeline::RunOnWorkers(const c10::IValue& inputs, const c
                                                    BatchRows(targets), " targets"));
   }
   const int n = static_cast<int>(workers_.size());
-  const int last = (num_stages() - 1) % n;
-  const int64_t context = dist_autograd::NewContextId(agent_);
   std::vector<Future<c10::IValue>> replies;
   for (int w = 0; w < n; ++w) {
     replies.push_back(agent_.rpc_async(
         workers_[w], "remora.pipeline.run",
-        {runner_id_, context, w == 0 ? inputs : c10::IValue(), w == last ? targets : c10::IValue(),
-         rows}));
+        {runner_id_, context_id, w == 0 ? inputs : c10::IValue(),
+         w == last_worker() ? targets : c10::IValue(), total_rows}));
   }
-  // The first error (a worker's own, not another's abandoned batch) is the
-  // step's; the others are told at once to drop the batch, instead of
-  // waiting for what will never come. Not waited for: a dead worker must
-  // not delay the error.
+  return replies;
+}
+
+void Pipeline::AbandonStep(int64_t context_id) {
+  // Not waited for: a dead worker must not delay the error.
+  for (const std::string& w : workers_) {
+    agent_.rpc_async(w, "remora.pipeline.abandon", {runner_id_, context_id});
+  }
+}
+
+int FirstFailure(std::vector<Future<c10::IValue>>& replies, absl::Status* status) {
   struct Outcome {
     absl::Mutex mu;
     int pending ABSL_GUARDED_BY(mu) = 0;
@@ -295,40 +307,41 @@ absl::StatusOr<double> Pipeline::RunOnWorkers(const c10::IValue& inputs, const c
   auto outcome = std::make_shared<Outcome>();
   {
     MutexLock lock(outcome->mu);
-    outcome->pending = n;
+    outcome->pending = static_cast<int>(replies.size());
   }
-  for (int w = 0; w < n; ++w) {
-    replies[w].then([outcome, w](const absl::StatusOr<c10::IValue>& r) {
+  for (size_t i = 0; i < replies.size(); ++i) {
+    replies[i].then([outcome, i](const absl::StatusOr<c10::IValue>& r) {
       MutexLock lock(outcome->mu);
       --outcome->pending;
       if (!r.ok() && outcome->first_failed < 0) {
-        outcome->first_failed = w;
+        outcome->first_failed = static_cast<int>(i);
         outcome->status = r.status();
       }
     });
   }
-  absl::Status failed;
-  {
-    MutexLock lock(outcome->mu);
-    outcome->mu.Await(absl::Condition(
-        +[](Outcome* o) ABSL_EXCLUSIVE_LOCKS_REQUIRED(o->mu) {
-          return o->pending == 0 || o->first_failed >= 0;
-        },
-        outcome.get()));
-    if (outcome->first_failed >= 0) {
-      failed = Annotate(outcome->status, absl::StrCat("the training step on worker '",
-                                                      workers_[outcome->first_failed], "'"));
-    }
+  MutexLock lock(outcome->mu);
+  outcome->mu.Await(absl::Condition(
+      +[](Outcome* o) ABSL_EXCLUSIVE_LOCKS_REQUIRED(o->mu) {
+        return o->pending == 0 || o->first_failed >= 0;
+      },
+      outcome.get()));
+  if (outcome->first_failed >= 0) *status = outcome->status;
+  return outcome->first_failed;
+}
+
+absl::StatusOr<double> Pipeline::RunOnWorkers(const c10::IValue& inputs, const c10::IValue& targets) {
+  const int64_t context = dist_autograd::NewContextId(agent_);
+  ASSIGN_OR_RETURN(std::vector<Future<c10::IValue>> replies,
+                   StartStep(inputs, targets, context, BatchRows(inputs)));
+  // The first error (a worker's own: the others are told to abandon the
+  // batch only after it) is the step's.
+  absl::Status status;
+  if (const int w = FirstFailure(replies, &status); w >= 0) {
+    AbandonStep(context);
+    return Annotate(status, absl::StrCat("the training step on worker '", workers_[w], "'"));
   }
-  if (!failed.ok()) {
-    for (const std::string& w : workers_) {
-      agent_.rpc_async(w, "remora.pipeline.abandon", {runner_id_, context});
-    }
-    return failed;
-  }
-  double loss = 0;
-  if (auto r = replies[last].wait(); r.ok()) loss = r->toDouble();
-  return loss;
+  ASSIGN_OR_RETURN(c10::IValue loss, replies[last_worker()].wait());
+  return loss.toDouble();
 }
 
 absl::StatusOr<double> Pipeline::train_step(const c10::IValue& inputs, const c10::IValue& targets) {
@@ -444,15 +457,16 @@ absl::StatusOr<std::vector<int64_t>> Pipeline::peak_activation_bytes(bool reset)
   return out;
 }
 
-absl::StatusOr<std::map<std::string, int64_t>> Pipeline::sent_messages() const {
+absl::StatusOr<std::map<std::string, int64_t>> SentMessages(Agent& agent,
+                                                            const std::vector<std::string>& workers) {
   constexpr char kAsk[] = "remora.pipeline.sent_messages";
   std::vector<Future<c10::IValue>> asked;
-  for (const std::string& w : workers_) asked.push_back(agent_.rpc_async(w, kAsk));
-  std::map<std::string, int64_t> total = agent_.sent_messages();
+  for (const std::string& w : workers) asked.push_back(agent.rpc_async(w, kAsk));
+  std::map<std::string, int64_t> total = agent.sent_messages();
   for (size_t w = 0; w < asked.size(); ++w) {
     auto r = asked[w].wait();
     if (!r.ok()) {
-      return Annotate(r.status(), absl::StrCat("counting the messages of worker '", workers_[w], "'"));
+      return Annotate(r.status(), absl::StrCat("counting the messages of worker '", workers[w], "'"));
     }
     for (const auto& entry : r->toGenericDict()) {
       total[entry.key().toStringRef()] += entry.value().toInt();
@@ -460,6 +474,10 @@ absl::StatusOr<std::map<std::string, int64_t>> Pipeline::sent_messages() const {
   }
   total.erase(absl::StrCat("function '", kAsk, "'"));
   return total;
+}
+
+absl::StatusOr<std::map<std::string, int64_t>> Pipeline::sent_messages() const {
+  return SentMessages(agent_, workers_);
 }
 
 absl::StatusOr<std::vector<at::Tensor>> Pipeline::stage_state(int k) {

@@ -76,6 +76,15 @@ absl::StatusOr<std::unique_ptr<StageModule>> BuildStage(const StageSpec& spec, c
 // stage1.pt, ... (in order), or a comma-separated list of files.
 absl::StatusOr<std::vector<StageSpec>> TorchScriptStages(const std::string& model);
 
+// Waits until every reply has come or one has failed; returns the index of
+// the first that failed (with its error in `status`), or -1.
+int FirstFailure(std::vector<Future<c10::IValue>>& replies, absl::Status* status);
+
+// The requests `agent` and `workers` have sent so far, by kind
+// (Agent::sent_messages), summed; the calls that ask are left out.
+absl::StatusOr<std::map<std::string, int64_t>> SentMessages(Agent& agent,
+                                                            const std::vector<std::string>& workers);
+
 // The mean loss of one micro-batch's output against its targets. A named
 // loss (MseLoss, CrossEntropyLoss, or one registered with RegisterLoss in
 // every worker program) is computed on the last stage's worker, on its
@@ -142,6 +151,19 @@ class Pipeline {
   absl::StatusOr<double> train_step(const c10::IValue& inputs, const c10::IValue& targets);
   // Whether train_step runs the step protocol (a named loss).
   bool runs_on_workers() const { return runner_id_ >= 0; }
+  // The step protocol in parts, for data parallelism (parallel/): starts
+  // the batch's `run` call on every worker, in context `context_id`, each
+  // micro-batch's loss weighted by its rows / `total_rows` (the whole
+  // batch's, of which `inputs` may be one replica's share); the replies in
+  // worker order, the last stage's worker's (last_worker()) carrying the
+  // weighted loss. After a failure, AbandonStep tells every worker to drop
+  // the batch.
+  absl::StatusOr<std::vector<Future<c10::IValue>>> StartStep(const c10::IValue& inputs,
+                                                            const c10::IValue& targets,
+                                                            int64_t context_id, int64_t total_rows);
+  void AbandonStep(int64_t context_id);
+  int last_worker() const { return (num_stages() - 1) % static_cast<int>(workers_.size()); }
+  int64_t runner_id() const { return runner_id_; }
 
   // train_step in two parts, for data parallelism (parallel/): the batch's
   // forward and backward passes in distributed autograd context

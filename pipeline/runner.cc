@@ -22,6 +22,7 @@
 #include "rpc/agent.h"
 #include "runtime/action_mark.h"
 #include "runtime/compute_lane.h"
+#include "runtime/trace.h"
 
 namespace remora::pipeline {
 namespace {
@@ -63,6 +64,17 @@ class Runner : public std::enable_shared_from_this<Runner> {
 
   Runner(Agent& agent, Plan plan) : agent_(agent), plan_(std::move(plan)) {}
 
+  absl::Status Attach(std::shared_ptr<StepParticipant> participant) {
+    MutexLock lock(mu_);
+    if (participant_) {
+      return absl::AlreadyExistsError(absl::StrCat("the step runner of pipeline ", plan_.id,
+                                                   " on worker '", agent_.self().name,
+                                                   "' has a participant already"));
+    }
+    participant_ = std::move(participant);
+    return absl::OkStatus();
+  }
+
   int num_stages() const { return static_cast<int>(plan_.stage_workers.size()); }
   bool hosts(int64_t stage) const { return plan_.stages.count(stage) > 0; }
 
@@ -93,6 +105,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
     std::vector<std::tuple<int64_t, int64_t, c10::IValue>> early;
     {
       MutexLock lock(mu_);
+      if (participant_) participant_->Begin(context, m);
       // Batches run one at a time and their ids grow: older entries are a
       // failed batch's (and late pushes for them are dropped).
       batches_.erase(batches_.begin(), batches_.lower_bound(context));
@@ -223,9 +236,27 @@ class Runner : public std::enable_shared_from_this<Runner> {
       if (b->over) return;
       b->over = true;
       backwards = std::move(b->backwards);
+      b->targets.clear();
+    }
+    std::shared_ptr<StepParticipant> participant;
+    {
+      MutexLock lock(mu_);
+      participant = participant_;
     }
     absl::Status status;
-    if (plan_.optimizer) status = optim::StepHere(agent_, *plan_.optimizer, b->context);
+    if (participant) {
+      // The replicas' gradient sum (ZeRO-1: and the step).
+      try {
+        trace::Scope scope("allreduce", -1);
+        participant->Finish(b->context);
+      } catch (...) {
+        status = StatusFromCurrentException(
+            absl::StrCat("summing the gradients over the replicas on worker '", agent_.self().name, "'"));
+      }
+    }
+    if (status.ok() && plan_.optimizer && !(participant && participant->Steps())) {
+      status = optim::StepHere(agent_, *plan_.optimizer, b->context);
+    }
     dist_autograd::ReleaseHere(agent_, b->context);
     if (!status.ok()) {
       b->done.SetError(status);
@@ -250,6 +281,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
       if (b->over) return;
       b->over = true;
       b->early.clear();
+      if (participant_) participant_->Discard(b->context);
     }
     ComputeTurn::Abandon(b->context);
     dist_autograd::ReleaseHere(agent_, b->context);
@@ -260,6 +292,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
   const Plan plan_;
   absl::Mutex mu_;
   int64_t latest_ ABSL_GUARDED_BY(mu_) = -1;
+  std::shared_ptr<StepParticipant> participant_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, std::shared_ptr<Batch>> batches_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -336,6 +369,20 @@ c10::IValue MakeRunner(CallContext& ctx, const Args& a) {
 }
 
 }  // namespace
+
+absl::Status AttachToRunner(int64_t runner_id, std::shared_ptr<StepParticipant> participant) {
+  std::shared_ptr<Runner> runner;
+  {
+    Runners& runners = TheRunners();
+    MutexLock lock(runners.mu);
+    auto it = runners.by_id.find(runner_id);
+    if (it == runners.by_id.end()) {
+      return absl::NotFoundError(absl::StrCat("no step runner for pipeline ", runner_id, " here"));
+    }
+    runner = it->second;
+  }
+  return runner->Attach(std::move(participant));
+}
 
 absl::Status RegisterRunnerFunctions(Registry& registry) {
   RETURN_IF_ERROR(registry.RegisterFunction("remora.pipeline.make_runner", MakeRunner));

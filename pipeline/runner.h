@@ -30,10 +30,37 @@
 // Thread-safety: the registered functions may run on any thread.
 #pragma once
 
+#include <cstdint>
+#include <memory>
+
 #include "absl/status/status.h"
 #include "rpc/registry.h"
 
 namespace remora::pipeline {
+
+// What takes part in each batch beside a worker's step runner: data
+// parallelism's gradient group (parallel/gradient_group.h), which sums the
+// gradients over the replicas. Thread-safety: called from the runner's
+// threads, one batch at a time; must be thread-safe against its own hooks.
+class StepParticipant {
+ public:
+  virtual ~StepParticipant() = default;
+  // Before the batch's first action.
+  virtual void Begin(int64_t context_id, int64_t micro_batches) = 0;
+  // After the batch's last action here, before the optimizer step; may
+  // block (on the other replicas). Throws on failure, naming the worker.
+  virtual void Finish(int64_t context_id) = 0;
+  // The batch failed: forget it.
+  virtual void Discard(int64_t context_id) = 0;
+  // Whether Finish stepped the parameters itself (ZeRO-1): the runner then
+  // steps no optimizer of its own.
+  virtual bool Steps() const = 0;
+};
+
+// Makes `participant` take part in every later batch of the step runner of
+// pipeline `runner_id` in this process (one participant per runner).
+// NotFound for an unknown runner, AlreadyExists when it has one.
+absl::Status AttachToRunner(int64_t runner_id, std::shared_ptr<StepParticipant> participant);
 
 // Registers make_runner, run, push, abandon, drop_runner and
 // sent_messages (remora.pipeline.*) in a worker's registry.

@@ -187,9 +187,9 @@ Registry::TypedMethod<Replica> Computing(c10::IValue (*fn)(Replica&, CallContext
 }  // namespace
 
 absl::StatusOr<pipeline::LossFn> LossByName(const std::string& name) {
-  if (name == "mse") return pipeline::MseLoss();
-  if (name == "cross_entropy") return pipeline::CrossEntropyLoss();
-  return absl::InvalidArgumentError(absl::StrCat("unknown loss '", name, "' (mse or cross_entropy)"));
+  if (pipeline::LossFn loss = pipeline::LossFn::Named(name)) return loss;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown loss '", name, "' (mse, cross_entropy, or one registered with pipeline::RegisterLoss)"));
 }
 
 c10::IValue EncodeStages(const std::vector<pipeline::StageSpec>& stages) {

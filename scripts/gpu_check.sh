@@ -21,6 +21,11 @@
 #           CPU rpc_bench for comparison
 #   demo    the ResNet50 demo with two `worker --device cuda:0` processes
 #           (--splits 1,2,4,8, 2 batches), and --local on cuda:0
+#   protocol  the step protocol's cost on one GPU: ResNet50 (batch 128 at
+#           128x128, torchvision's two-part cut) over two `worker --device
+#           cuda:0` at --splits 1 and 8, 6 batches, against `master --local
+#           --device cuda:0` at the same splits (steady_batch_s side by side),
+#           and the master-centred protocol (REMORA_STEP_PROTOCOL=master)
 #   dp      data parallelism on the GPU: CudaProcessGroup.* and
 #           CudaDataParallel.* with REMORA_DEBUG=channels, then ResNet50
 #           (64x64) as --replicas 2 over two `worker --device cuda:0`
@@ -41,7 +46,7 @@
 set -uo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
 out=${1:-build-gpu/check}
-steps=${2:-build gpu bench demo dp all-tests}
+steps=${2:-build gpu bench demo protocol dp all-tests}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 jobs=${REMORA_GPU_JOBS:-$(nproc)}
@@ -165,6 +170,20 @@ step_demo() {
   return $rc
 }
 
+step_protocol() {
+  local rc=0
+  echo "== the step protocol"
+  two_gpu_workers 300 --partition tutorial --splits 1,8 --batches 6 \
+    --report "$out/protocol_report.json" || rc=1
+  echo "== the master-centred protocol (REMORA_STEP_PROTOCOL=master), for comparison"
+  REMORA_STEP_PROTOCOL=master two_gpu_workers 300 --partition tutorial --splits 1,8 --batches 6 \
+    --report "$out/protocol_master_report.json" || rc=1
+  echo "== one process"
+  timeout -k 10 180 "$bin/master" --local --device cuda:0 --splits 1,8 --batches 6 \
+    --report "$out/protocol_local.json" || rc=1
+  return $rc
+}
+
 # Data parallelism on the GPU: the c10d groups and the CUDA replica test,
 # their channels traced, then ResNet50 as two replicas on the two GPU
 # workers.
@@ -192,7 +211,7 @@ trap 'kill $(jobs -p) 2>/dev/null' EXIT
 [ -d .debs ] && { use_debs || exit 1; }
 for s in $steps; do
   if ! declare -F "step_$s" >/dev/null; then
-    echo "gpu_check: unknown step '$s' (build gpu bench demo dp all-tests)" >&2
+    echo "gpu_check: unknown step '$s' (build gpu bench demo protocol dp all-tests)" >&2
     exit 2
   fi
   t0=$(date +%s)

@@ -175,6 +175,15 @@ TEST(MasterFlags, ReplicasSplitTheWorkersIntoPipelines) {
   EXPECT_EQ(line->checkpoints.identity.micro_batches, 2);
   EXPECT_EQ(line->checkpoints.identity.replicas, 2);
   EXPECT_FALSE(line->checkpoints.resume.has_value());
+
+  // One stage per replica is DDP: one micro-batch per replica unless
+  // --splits says otherwise; a pipeline per replica keeps 8.
+  auto ddp = ParseCommandLine({"--workers", "a,b", "--replicas", "2"});
+  ASSERT_TRUE(ddp.ok()) << ddp.status();
+  EXPECT_THAT(ddp->config.splits, ElementsAre(1));
+  auto hybrid = ParseCommandLine({"--workers", "a,b,c,d", "--replicas", "2"});
+  ASSERT_TRUE(hybrid.ok()) << hybrid.status();
+  EXPECT_THAT(hybrid->config.splits, ElementsAre(8));
 }
 
 TEST(MasterFlags, AParseErrorIsAnError) {

@@ -116,7 +116,7 @@ void ExpectParity(Agent& master, const std::vector<std::string>& workers, int re
     EXPECT_NEAR(*loss, want_losses[i], tolerance * want_losses[i]) << "step " << i;
   }
   if (replicas > 1) {
-    EXPECT_GT((*dp)->last_buckets(), replicas * static_cast<int64_t>(stages.size()));
+    EXPECT_GT((*dp)->last_buckets().value(), replicas * static_cast<int64_t>(stages.size()));
   }
   for (size_t k = 0; k < stages.size(); ++k) {
     auto first = (*dp)->replica(0).stage_state(static_cast<int>(k));
@@ -240,6 +240,55 @@ TEST(DataParallel, BadTopologiesAndMismatchedReplicasAreClearErrors) {
   ASSERT_FALSE(made.ok());
   EXPECT_THAT(made.status().message(), HasSubstr("worker 'w2'"));
   EXPECT_THAT(made.status().message(), HasSubstr("every replica must build the same stages"));
+}
+
+// The step protocol with data parallelism: one call per worker per batch
+// from the master, and per replica one push each way per stage boundary
+// and micro-batch; the gradient sums travel over c10d, not RPC.
+TEST(DataParallel, AStepSendsOneCallPerWorkerAndNoPerStepRounds) {
+  if (!HaveGloo()) GTEST_SKIP() << "built without Gloo";
+  Workers workers(4);
+  struct Case {
+    std::vector<std::string> workers;
+    std::vector<models::MLPStageOptions> stages;
+    int m;
+  };
+  const std::vector<Case> cases = {
+      {{"w1", "w2"}, {Mlp(6, 3, 1, false)}, 1},                          // R = 2, S = 1
+      {{"w1", "w2", "w3", "w4"}, {Mlp(6, 16, 1), Mlp(16, 3, 2, false)}, 4},  // R = 2, S = 2
+  };
+  for (const Case& c : cases) {
+    const int64_t W = static_cast<int64_t>(c.workers.size());
+    const int64_t S = static_cast<int64_t>(c.stages.size());
+    const int64_t R = 2;
+    SCOPED_TRACE(::testing::Message() << "W=" << W << " S=" << S << " M=" << c.m);
+    DataParallelOptions o;
+    for (const auto& st : c.stages) o.pipeline.stages.push_back(Spec(st));
+    o.pipeline.workers = c.workers;
+    o.pipeline.micro_batches = c.m;
+    o.pipeline.loss = pipeline::MseLoss();
+    o.replicas = static_cast<int>(R);
+    auto dp = DataParallelPipeline::Create(workers.master(), o);
+    ASSERT_TRUE(dp.ok()) << dp.status();
+    const auto data = Data(4, 16, 6, 3);
+    ASSERT_TRUE((*dp)->train_step(data[0].first, data[0].second).ok());
+    auto before = (*dp)->sent_messages();
+    ASSERT_TRUE(before.ok()) << before.status();
+    for (int i = 1; i < 4; ++i) {
+      auto loss = (*dp)->train_step(data[i].first, data[i].second);
+      ASSERT_TRUE(loss.ok()) << loss.status();
+    }
+    auto after = (*dp)->sent_messages();
+    ASSERT_TRUE(after.ok()) << after.status();
+    int64_t total = 0;
+    std::string listing;
+    for (const auto& [kind, n] : *after) {
+      const int64_t d = n - (before->count(kind) ? before->at(kind) : 0);
+      total += d;
+      if (d != 0) listing += kind + ": " + std::to_string(d) + "\n";
+    }
+    EXPECT_EQ(total, 3 * (W + R * 2 * c.m * (S - 1))) << listing;
+  }
 }
 
 TEST(DataParallel, AReplicaThatDiesFailsTheStepWithinTheTimeout) {

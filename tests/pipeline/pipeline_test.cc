@@ -5,6 +5,7 @@
 #include "pipeline/pipeline.h"
 
 #include <cmath>
+#include <iostream>
 #include <map>
 #include <sstream>
 
@@ -274,6 +275,40 @@ TEST(Pipeline, AStepSendsOneCallPerWorkerAndOnePushEachWayPerBoundary) {
     EXPECT_EQ(sent["function 'remora.pipeline.push'"], kSteps * c.m * (S - 1)) << listing;
     EXPECT_EQ(sent["function 'remora.autograd.propagate'"], kSteps * c.m * (S - 1)) << listing;
   }
+}
+
+// The master-centred protocol (an unnamed loss, computed on the master)
+// sends more: its count is printed for docs/measurements.md.
+TEST(Pipeline, AnUnnamedLossKeepsTheMasterCentredProtocol) {
+  Workers workers;
+  PipelineOptions o;
+  o.stages = {Spec(Mlp(8, 16, 1)), Spec(Mlp(16, 4, 2, false))};
+  o.workers = {"w1", "w2"};
+  o.schedule = "1f1b";
+  o.micro_batches = 8;
+  o.loss = [](const c10::IValue& out, const c10::IValue& t) {
+    return at::mse_loss(out.toTensor(), t.toTensor());
+  };
+  auto pipe = Pipeline::Create(workers.master(), o);
+  ASSERT_TRUE(pipe.ok()) << pipe.status();
+  EXPECT_FALSE((*pipe)->runs_on_workers());
+  const auto data = Data(3, 16, 8, 4);
+  ASSERT_TRUE((*pipe)->train_step(data[0].first, data[0].second).ok());
+  auto before = (*pipe)->sent_messages();
+  ASSERT_TRUE(before.ok()) << before.status();
+  for (int i = 1; i < 3; ++i) ASSERT_TRUE((*pipe)->train_step(data[i].first, data[i].second).ok());
+  auto after = (*pipe)->sent_messages();
+  ASSERT_TRUE(after.ok()) << after.status();
+  int64_t total = 0;
+  std::string listing;
+  for (const auto& [kind, n] : *after) {
+    const int64_t d = n - (before->count(kind) ? before->at(kind) : 0);
+    total += d;
+    if (d != 0) absl::StrAppend(&listing, "  ", kind, ": ", d / 2.0, "\n");
+  }
+  std::cout << "master-centred protocol, S=2 M=8 W=2: " << total / 2.0 << " requests per batch\n"
+            << listing;
+  EXPECT_GT(total / 2, 2 + 2 * 8) << listing;
 }
 
 PipelineOptions TwoStages(StageSpec a, StageSpec b) {
