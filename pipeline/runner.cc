@@ -42,9 +42,17 @@ struct Batch {
   Future<c10::IValue> done;          // the reply to "run"
 };
 
-// `value` on `device` (a tensor; anything else as it is).
+// `value` (a tensor; anything else as it is) on `device`. To a GPU the
+// copy is from pinned memory and does not wait (a copy from pageable
+// memory would hold this thread until the stream had run everything queued
+// before it, and the host could no longer run ahead of the GPU).
 c10::IValue ToDevice(const c10::IValue& value, c10::Device device) {
-  return value.isTensor() ? c10::IValue(value.toTensor().to(device)) : value;
+  if (!value.isTensor() || value.toTensor().device() == device) return value;
+  at::Tensor t = value.toTensor();
+  if (device.is_cuda() && t.is_cpu()) {
+    return t.pin_memory().to(device, /*non_blocking=*/true);
+  }
+  return t.to(device);
 }
 
 // One pipeline's part on this worker (see runner.h). Owns its batches'
@@ -85,13 +93,15 @@ class Runner : public std::enable_shared_from_this<Runner> {
     std::vector<c10::IValue> xs, ts;
     std::vector<double> weights;
     absl::Status status = dist_autograd::EnsureContext(agent_, context);
+    // The whole batch goes to the stage's device at once, before the
+    // micro-batches are cut from it.
     if (status.ok() && hosts(0)) {
-      auto split = SplitMicroBatches(inputs, m);
+      auto split = SplitMicroBatches(ToDevice(inputs, plan_.stages.at(0).device()), m);
       if (split.ok()) xs = std::move(*split);
       status = split.status();
     }
     if (status.ok() && hosts(last)) {
-      auto split = SplitMicroBatches(targets, m);
+      auto split = SplitMicroBatches(ToDevice(targets, plan_.stages.at(last).device()), m);
       if (split.ok()) ts = std::move(*split);
       status = split.status();
       for (const c10::IValue& t : ts) {
@@ -205,8 +215,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
             });
         return;
       }
-      at::Tensor loss =
-          plan_.loss(y, ToDevice(b->targets.at(mb), s.device())) * b->weights.at(mb);
+      at::Tensor loss = plan_.loss(y, b->targets.at(mb)) * b->weights.at(mb);
       const LaneAction back{b->context, stage, mb, /*backward=*/true};
       {
         MutexLock lock(mu_);
