@@ -175,9 +175,12 @@ absl::StatusOr<double> DataParallelPipeline::train_step(const c10::IValue& input
         who.emplace_back(r, static_cast<int>(w));
       }
     }
+    std::vector<std::string> owers;
+    for (const auto& [r, w] : who) owers.push_back(replicas_[r]->workers()[w]);
     absl::Status status;
-    if (const int i = pipeline::FirstFailure(replies, &status); i >= 0) {
+    if (int i = pipeline::FirstFailure(agent_, owers, replies, &status); i >= 0) {
       for (auto& replica : replicas_) replica->AbandonStep(context);
+      i = pipeline::RootFailure(replies, i, &status);
       const auto [r, w] = who[i];
       return Annotate(status, absl::StrCat("replica ", r, ", the training step on worker '",
                                            replicas_[r]->workers()[w], "'"));

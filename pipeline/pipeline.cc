@@ -255,7 +255,9 @@ Pipeline::~Pipeline() {
   if (runner_id_ < 0) return;
   std::vector<Future<c10::IValue>> dropped;
   for (const std::string& w : workers_) {
-    dropped.push_back(agent_.rpc_async(w, "remora.pipeline.drop_runner", {runner_id_}));
+    CallOptions quick;  // (a stopped worker must not hold this up for long)
+    quick.timeout = absl::Seconds(5);
+    dropped.push_back(agent_.rpc_async(w, "remora.pipeline.drop_runner", {runner_id_}, quick));
   }
   // (A worker that is gone has nothing to drop.)
   for (auto& d : dropped) d.wait().status().IgnoreError();
@@ -297,36 +299,81 @@ void Pipeline::AbandonStep(int64_t context_id) {
   }
 }
 
-int FirstFailure(std::vector<Future<c10::IValue>>& replies, absl::Status* status) {
+int FirstFailure(Agent& agent, const std::vector<std::string>& workers,
+                 std::vector<Future<c10::IValue>>& replies, absl::Status* status,
+                 absl::Duration probe_every, absl::Duration probe_timeout) {
   struct Outcome {
     absl::Mutex mu;
     int pending ABSL_GUARDED_BY(mu) = 0;
     int first_failed ABSL_GUARDED_BY(mu) = -1;
     absl::Status status ABSL_GUARDED_BY(mu);
+    std::vector<bool> replied ABSL_GUARDED_BY(mu);
   };
   auto outcome = std::make_shared<Outcome>();
   {
     MutexLock lock(outcome->mu);
     outcome->pending = static_cast<int>(replies.size());
+    outcome->replied.assign(replies.size(), false);
   }
   for (size_t i = 0; i < replies.size(); ++i) {
     replies[i].then([outcome, i](const absl::StatusOr<c10::IValue>& r) {
       MutexLock lock(outcome->mu);
       --outcome->pending;
+      outcome->replied[i] = true;
       if (!r.ok() && outcome->first_failed < 0) {
         outcome->first_failed = static_cast<int>(i);
         outcome->status = r.status();
       }
     });
   }
-  MutexLock lock(outcome->mu);
-  outcome->mu.Await(absl::Condition(
-      +[](Outcome* o) ABSL_EXCLUSIVE_LOCKS_REQUIRED(o->mu) {
-        return o->pending == 0 || o->first_failed >= 0;
-      },
-      outcome.get()));
-  if (outcome->first_failed >= 0) *status = outcome->status;
-  return outcome->first_failed;
+  auto settled = +[](Outcome* o) ABSL_EXCLUSIVE_LOCKS_REQUIRED(o->mu) {
+    return o->pending == 0 || o->first_failed >= 0;
+  };
+  for (;;) {
+    std::vector<size_t> owing;
+    {
+      MutexLock lock(outcome->mu);
+      if (outcome->mu.AwaitWithTimeout(absl::Condition(settled, outcome.get()), probe_every)) {
+        if (outcome->first_failed >= 0) *status = outcome->status;
+        return outcome->first_failed;
+      }
+      for (size_t i = 0; i < replies.size(); ++i) {
+        if (!outcome->replied[i]) owing.push_back(i);
+      }
+    }
+    // A worker that is stopped or hung answers nothing, and nothing else
+    // would tell: probe those that still owe their reply.
+    std::vector<Future<c10::IValue>> probes;
+    CallOptions quick;
+    quick.timeout = probe_timeout;
+    for (size_t i : owing) {
+      probes.push_back(agent.rpc_async(workers[i], "remora.pipeline.alive", {}, quick));
+    }
+    for (size_t k = 0; k < owing.size(); ++k) {
+      if (auto r = probes[k].wait(); !r.ok()) {
+        *status = absl::DeadlineExceededError(absl::StrCat(
+            "worker '", workers[owing[k]], "' did not answer a liveness probe within ",
+            absl::FormatDuration(probe_timeout), " while the step waited for it (is it stopped, "
+            "hung or cut off?): ", r.status().message()));
+        return static_cast<int>(owing[k]);
+      }
+    }
+  }
+}
+
+int RootFailure(std::vector<Future<c10::IValue>>& replies, int first, absl::Status* status,
+                absl::Duration grace) {
+  if (status->code() == absl::StatusCode::kUnavailable) return first;
+  const absl::Time deadline = absl::Now() + grace;
+  for (size_t i = 0; i < replies.size(); ++i) {
+    if (static_cast<int>(i) == first) continue;
+    auto r = replies[i].wait_for(std::max(deadline - absl::Now(), absl::ZeroDuration()));
+    if (!r.ok() && r.status().code() == absl::StatusCode::kUnavailable) {
+      *status = r.status();
+      return static_cast<int>(i);
+    }
+  }
+  return first;
 }
 
 absl::StatusOr<double> Pipeline::RunOnWorkers(const c10::IValue& inputs, const c10::IValue& targets) {
@@ -336,8 +383,9 @@ absl::StatusOr<double> Pipeline::RunOnWorkers(const c10::IValue& inputs, const c
   // The first error (a worker's own: the others are told to abandon the
   // batch only after it) is the step's.
   absl::Status status;
-  if (const int w = FirstFailure(replies, &status); w >= 0) {
+  if (int w = FirstFailure(agent_, workers_, replies, &status); w >= 0) {
     AbandonStep(context);
+    w = RootFailure(replies, w, &status);
     return Annotate(status, absl::StrCat("the training step on worker '", workers_[w], "'"));
   }
   ASSIGN_OR_RETURN(c10::IValue loss, replies[last_worker()].wait());
@@ -427,6 +475,22 @@ absl::StatusOr<double> Pipeline::RunMicroBatches(const std::vector<c10::IValue>&
 
 absl::StatusOr<c10::IValue> Pipeline::eval_step(const c10::IValue& inputs) {
   const int m = std::min<int64_t>(schedule_.micro_batches, std::max<int64_t>(1, BatchRows(inputs)));
+  if (runs_on_workers()) {
+    const int64_t id = dist_autograd::NewContextId(agent_);
+    std::vector<Future<c10::IValue>> replies;
+    for (size_t w = 0; w < workers_.size(); ++w) {
+      replies.push_back(agent_.rpc_async(workers_[w], "remora.pipeline.eval",
+                                         {runner_id_, id, w == 0 ? inputs : c10::IValue(),
+                                          int64_t{m}}));
+    }
+    absl::Status status;
+    if (int w = FirstFailure(agent_, workers_, replies, &status); w >= 0) {
+      AbandonStep(id);
+      w = RootFailure(replies, w, &status);
+      return Annotate(status, absl::StrCat("evaluating on worker '", workers_[w], "'"));
+    }
+    return replies[last_worker()].wait();
+  }
   ASSIGN_OR_RETURN(std::vector<c10::IValue> xs, SplitMicroBatches(inputs, m));
   const int S = num_stages();
   std::vector<Future<c10::IValue>> outs;

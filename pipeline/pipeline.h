@@ -41,6 +41,7 @@
 #include <ATen/core/ivalue.h>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "optim/distributed_optimizer.h"
 #include "pipeline/schedule.h"
 #include "rpc/agent.h"
@@ -77,8 +78,21 @@ absl::StatusOr<std::unique_ptr<StageModule>> BuildStage(const StageSpec& spec, c
 absl::StatusOr<std::vector<StageSpec>> TorchScriptStages(const std::string& model);
 
 // Waits until every reply has come or one has failed; returns the index of
-// the first that failed (with its error in `status`), or -1.
-int FirstFailure(std::vector<Future<c10::IValue>>& replies, absl::Status* status);
+// the first that failed (with its error in `status`), or -1. `workers[i]`
+// owes `replies[i]`: while replies are pending, every `probe_every` each
+// worker still owing one is probed ("remora.pipeline.alive"), and one that
+// does not answer within `probe_timeout` (stopped, hung, cut off) is the
+// failure, named.
+int FirstFailure(Agent& agent, const std::vector<std::string>& workers,
+                 std::vector<Future<c10::IValue>>& replies, absl::Status* status,
+                 absl::Duration probe_every = absl::Seconds(2),
+                 absl::Duration probe_timeout = absl::Seconds(5));
+// After the first failure (`first`, `*status`) and the abandon: the failure
+// to report. A worker that could not be reached (UNAVAILABLE: dead, cut
+// off) caused the others' failures, so its error wins when it comes within
+// `grace`; returns its index, else `first`.
+int RootFailure(std::vector<Future<c10::IValue>>& replies, int first, absl::Status* status,
+                absl::Duration grace = absl::Seconds(2));
 
 // The requests `agent` and `workers` have sent so far, by kind
 // (Agent::sent_messages), summed; the calls that ask are left out.
@@ -176,7 +190,9 @@ class Pipeline {
                                           int64_t context_id, int64_t total_rows);
   absl::Status step(int64_t context_id);
 
-  // The model's outputs for `inputs`, forward only.
+  // The model's outputs for `inputs`, forward only (with step runners: one
+  // call per worker, outputs pushed worker to worker, the last stage's
+  // worker replying with them).
   absl::StatusOr<c10::IValue> eval_step(const c10::IValue& inputs);
 
   // Stage k's parameters then buffers (copies on this process's CPU).

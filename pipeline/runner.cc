@@ -42,6 +42,19 @@ struct Batch {
   Future<c10::IValue> done;          // the reply to "run"
 };
 
+// One evaluation batch on this worker (forward only, no autograd).
+// Guarded by its runner's mutex.
+struct EvalBatch {
+  EvalBatch(int64_t i, Executor* executor) : id(i), done(executor) {}
+  const int64_t id;
+  bool started = false;
+  bool over = false;
+  int remaining = 0;  // forward passes still to run here
+  std::vector<std::tuple<int64_t, int64_t, c10::IValue>> early;
+  std::vector<c10::IValue> outputs;  // the last stage's, per micro-batch
+  Future<c10::IValue> done;
+};
+
 // `value` (a tensor; anything else as it is) on `device`. To a GPU the
 // copy is from pinned memory and does not wait (a copy from pageable
 // memory would hold this thread until the stream had run everything queued
@@ -166,7 +179,70 @@ class Runner : public std::enable_shared_from_this<Runner> {
     StartForward(b, stage, mb, std::move(value));
   }
 
+  // Forward only, in eval mode: the micro-batches' outputs flow as in
+  // Run; the last stage's worker replies with them merged, the others
+  // with None once their passes are done.
+  Future<c10::IValue> Eval(int64_t id, const c10::IValue& inputs, int m) {
+    std::vector<c10::IValue> xs;
+    if (hosts(0)) {
+      auto split = SplitMicroBatches(ToDevice(inputs, plan_.stages.at(0).device()), m);
+      if (!split.ok()) {
+        return Future<c10::IValue>::Ready(
+            Annotate(split.status(), absl::StrCat("worker '", agent_.self().name, "'")));
+      }
+      xs = std::move(*split);
+    }
+    std::shared_ptr<EvalBatch> b;
+    std::vector<std::tuple<int64_t, int64_t, c10::IValue>> early;
+    {
+      MutexLock lock(mu_);
+      evals_.erase(evals_.begin(), evals_.lower_bound(id));
+      latest_eval_ = id;
+      b = EvalOf(id);
+      if (b->over) {
+        return Future<c10::IValue>::Ready(absl::AbortedError(absl::StrCat(
+            "evaluation ", id, " was abandoned before it started on worker '", agent_.self().name, "'")));
+      }
+      b->started = true;
+      b->remaining = m * static_cast<int>(plan_.stages.size());
+      if (hosts(num_stages() - 1)) b->outputs.resize(m);
+      early = std::move(b->early);
+    }
+    for (int i = 0; i < static_cast<int>(xs.size()); ++i) StartEval(b, 0, i, std::move(xs[i]));
+    for (auto& [stage, mb, value] : early) StartEval(b, stage, mb, std::move(value));
+    return b->done;
+  }
+
+  void EvalPush(int64_t id, int64_t stage, int64_t mb, c10::IValue value) {
+    if (!hosts(stage)) {
+      throw std::invalid_argument(absl::StrCat("worker '", agent_.self().name, "' hosts no stage ",
+                                               stage, " of this pipeline"));
+    }
+    std::shared_ptr<EvalBatch> b;
+    {
+      MutexLock lock(mu_);
+      if (id < latest_eval_) return;
+      b = EvalOf(id);
+      if (b->over) return;
+      if (!b->started) {
+        b->early.emplace_back(stage, mb, std::move(value));
+        return;
+      }
+    }
+    StartEval(b, stage, mb, std::move(value));
+  }
+
   void Abandon(int64_t context) {
+    std::shared_ptr<EvalBatch> eval;
+    {
+      MutexLock lock(mu_);
+      if (auto it = evals_.find(context); it != evals_.end()) eval = it->second;
+    }
+    if (eval) {
+      FailEval(eval, absl::AbortedError(absl::StrCat(
+          "the evaluation was abandoned on worker '", agent_.self().name, "' (another worker failed)")));
+      return;
+    }
     std::shared_ptr<Batch> b;
     {
       MutexLock lock(mu_);
@@ -181,6 +257,79 @@ class Runner : public std::enable_shared_from_this<Runner> {
     auto& slot = batches_[context];
     if (!slot) slot = std::make_shared<Batch>(context, agent_.executor());
     return slot;
+  }
+
+  std::shared_ptr<EvalBatch> EvalOf(int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto& slot = evals_[id];
+    if (!slot) slot = std::make_shared<EvalBatch>(id, agent_.executor());
+    return slot;
+  }
+
+  // Queues an eval pass: a plain turn of the compute lane (first come,
+  // first served), never waiting for a thread.
+  void StartEval(std::shared_ptr<EvalBatch> b, int64_t stage, int64_t mb, c10::IValue x) {
+    Executor* executor = agent_.executor();
+    std::shared_ptr<Runner> self = shared_from_this();
+    ComputeTurn::RunInTurn(
+        LaneAction{-1, stage, mb, /*backward=*/false},
+        [self, b, stage, mb, x = std::move(x)] { self->EvalForward(b, stage, mb, x); },
+        [executor](std::function<void()> fn) { executor->Schedule(std::move(fn)); });
+  }
+
+  void EvalForward(const std::shared_ptr<EvalBatch>& b, int64_t stage, int64_t mb,
+                   const c10::IValue& x) {
+    {
+      MutexLock lock(mu_);
+      if (b->over) return;
+    }
+    c10::IValue y;
+    try {
+      y = plan_.stages.at(stage).Eval(x, mb);
+    } catch (...) {
+      FailEval(b, StatusFromCurrentException(absl::StrCat(
+          "stage ", stage, " on worker '", agent_.self().name, "', eval of micro-batch ", mb)));
+      return;
+    }
+    if (stage + 1 < num_stages()) {
+      agent_.rpc_async(plan_.stage_workers[stage + 1], "remora.pipeline.eval_push",
+                       {plan_.id, b->id, stage + 1, mb, y})
+          .then([self = shared_from_this(), b, stage, mb](const absl::StatusOr<c10::IValue>& r) {
+            if (!r.ok()) {
+              self->FailEval(b, Annotate(r.status(), absl::StrCat("pushing stage ", stage,
+                                                                  "'s eval output of micro-batch ", mb)));
+            }
+          });
+    }
+    std::vector<c10::IValue> outputs;
+    {
+      MutexLock lock(mu_);
+      if (b->over) return;
+      if (stage + 1 == num_stages()) b->outputs.at(mb) = std::move(y);
+      if (--b->remaining > 0) return;
+      b->over = true;
+      outputs = std::move(b->outputs);
+    }
+    if (outputs.empty()) {
+      b->done.SetValue(c10::IValue());
+      return;
+    }
+    auto merged = MergeMicroBatches(outputs);
+    if (merged.ok()) {
+      b->done.SetValue(std::move(*merged));
+    } else {
+      b->done.SetError(merged.status());
+    }
+  }
+
+  void FailEval(const std::shared_ptr<EvalBatch>& b, absl::Status status) {
+    {
+      MutexLock lock(mu_);
+      if (b->over) return;
+      b->over = true;
+      b->early.clear();
+      b->outputs.clear();
+    }
+    b->done.SetError(std::move(status));
   }
 
   // Queues the forward pass of (stage, mb) for its turn in the order.
@@ -302,6 +451,8 @@ class Runner : public std::enable_shared_from_this<Runner> {
   absl::Mutex mu_;
   int64_t latest_ ABSL_GUARDED_BY(mu_) = -1;
   std::shared_ptr<StepParticipant> participant_ ABSL_GUARDED_BY(mu_);
+  int64_t latest_eval_ ABSL_GUARDED_BY(mu_) = -1;
+  std::map<int64_t, std::shared_ptr<EvalBatch>> evals_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, std::shared_ptr<Batch>> batches_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -406,12 +557,26 @@ absl::Status RegisterRunnerFunctions(Registry& registry) {
         FindRunner(ctx, a[0].toInt())->Push(a[1].toInt(), a[2].toInt(), a[3].toInt(), a[4]);
         return c10::IValue();
       }));
-  // abandon(id, context)
+  // eval(id, eval id, inputs or None, micro-batches)
+  RETURN_IF_ERROR(registry.RegisterAsyncFunction(
+      "remora.pipeline.eval", [](CallContext& ctx, const Args& a) -> Future<c10::IValue> {
+        return FindRunner(ctx, a[0].toInt())->Eval(a[1].toInt(), a[2], static_cast<int>(a[3].toInt()));
+      }));
+  // eval_push(id, eval id, stage, micro-batch, value)
+  RETURN_IF_ERROR(registry.RegisterFunction(
+      "remora.pipeline.eval_push", [](CallContext& ctx, const Args& a) -> c10::IValue {
+        FindRunner(ctx, a[0].toInt())->EvalPush(a[1].toInt(), a[2].toInt(), a[3].toInt(), a[4]);
+        return c10::IValue();
+      }));
+  // abandon(id, context or eval id)
   RETURN_IF_ERROR(registry.RegisterFunction(
       "remora.pipeline.abandon", [](CallContext& ctx, const Args& a) -> c10::IValue {
         FindRunner(ctx, a[0].toInt())->Abandon(a[1].toInt());
         return c10::IValue();
       }));
+  // alive(): answers at once (the master's probe of a worker it waits for).
+  RETURN_IF_ERROR(registry.RegisterFunction(
+      "remora.pipeline.alive", [](CallContext&, const Args&) -> c10::IValue { return c10::IValue(); }));
   // sent_messages(): this process's requests sent, by kind (Agent::sent_messages).
   RETURN_IF_ERROR(registry.RegisterFunction(
       "remora.pipeline.sent_messages", [](CallContext& ctx, const Args&) -> c10::IValue {

@@ -23,6 +23,10 @@
 //     context's gradients, releases the context and replies: the last
 //     stage's worker with the batch's loss.
 //
+// Evaluation ("remora.pipeline.eval") flows the same way, forward only
+// ("remora.pipeline.eval_push"), and the last stage's worker replies with
+// the outputs.
+//
 // A batch that fails anywhere fails on every worker once the master tells
 // them ("remora.pipeline.abandon"): what waits for it is dropped and the
 // next batch starts clean.
@@ -62,8 +66,8 @@ class StepParticipant {
 // NotFound for an unknown runner, AlreadyExists when it has one.
 absl::Status AttachToRunner(int64_t runner_id, std::shared_ptr<StepParticipant> participant);
 
-// Registers make_runner, run, push, abandon, drop_runner and
-// sent_messages (remora.pipeline.*) in a worker's registry.
+// Registers make_runner, run, push, eval, eval_push, abandon, drop_runner,
+// alive and sent_messages (remora.pipeline.*) in a worker's registry.
 absl::Status RegisterRunnerFunctions(Registry& registry);
 
 }  // namespace remora::pipeline

@@ -5,6 +5,7 @@
 #include "pipeline/pipeline.h"
 
 #include <cmath>
+#include <csignal>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -377,6 +378,42 @@ TEST(Pipeline, AFailedBatchLeavesNothingWaitingOnTheWorkers) {
     }
     EXPECT_EQ(queued, 0) << "passes still waiting for the compute lane on " << w;
   }
+}
+
+// A worker that stops (SIGSTOP) mid-batch fails the step within 10 s,
+// named (the master probes the workers it waits for); once it runs again,
+// the next batch starts clean. A worker that dies fails the step as fast.
+TEST(Pipeline, AStalledOrDeadWorkerFailsTheStepWithinTenSecondsNamingIt) {
+  Workers workers;
+  workers.ExpectUncleanShutdown();  // w2 is killed at the end
+  PipelineOptions o = TwoStages(Spec(Mlp(8, 64, 1)), Spec(Mlp(64, 4, 2, false)));
+  o.micro_batches = 4;
+  o.schedule = "1f1b";
+  auto pipe = Pipeline::Create(workers.master(), o);
+  ASSERT_TRUE(pipe.ok()) << pipe.status();
+  const auto data = Data(1, 64, 8, 4);
+  const auto& [x, t] = data[0];
+  ASSERT_TRUE((*pipe)->train_step(x, t).ok());
+
+  workers.worker(1).Signal(SIGSTOP);
+  absl::Time start = absl::Now();
+  auto stalled = (*pipe)->train_step(x, t);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  ASSERT_FALSE(stalled.ok());
+  EXPECT_NE(stalled.status().message().find("w2"), std::string::npos) << stalled.status();
+  workers.worker(1).Signal(SIGCONT);
+  auto again = (*pipe)->train_step(x, t);
+  EXPECT_TRUE(again.ok()) << again.status();
+
+  workers.worker(1).Signal(SIGKILL);
+  ASSERT_TRUE(workers.worker(1).Wait(absl::Seconds(10)).ok());
+  start = absl::Now();
+  auto dead = (*pipe)->train_step(x, t);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  ASSERT_FALSE(dead.ok());
+  EXPECT_NE(dead.status().message().find("w2"), std::string::npos) << dead.status();
+  pipe->reset();  // (its runners cannot all be dropped now)
+  workers.master().Shutdown(/*graceful=*/false).IgnoreError();
 }
 
 TEST(Pipeline, BadOptionsAreClearErrors) {

@@ -1,0 +1,203 @@
+// pipeline_bench: what the pipeline's step protocol costs. S stages of a
+// small MLP on S local workers (one intra-op thread each) train for --steps
+// steps at each micro-batch count of --micro-batches; the same model trains
+// in this process (one thread), micro-batch by micro-batch, for comparison.
+// Per micro-batch count it prints steps per second of both, the requests
+// sent per step, and the overhead per micro-batch per stage boundary: the
+// step time beyond one process's, divided by M (S - 1). With a small
+// --hidden the compute is negligible and the overhead is the protocol's.
+//
+//   pipeline_bench --stages 2 --micro-batches 1,2,8 --steps 200
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/mse_loss.h>
+#include <ATen/ops/randn.h>
+#include <torch/optim/sgd.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "autograd/dist_autograd.h"
+#include "base/status_util.h"
+#include "examples/builtins.h"
+#include "launch/cli.h"
+#include "launch/local_group.h"
+#include "pipeline/microbatch.h"
+#include "pipeline/pipeline.h"
+#include "pipeline/stage.h"
+#include "rpc/agent.h"
+#include "runtime/allocator.h"
+#include "runtime/threads.h"
+#include "runtime/trace.h"
+
+namespace remora {
+namespace {
+
+constexpr int64_t kIn = 16, kOut = 4;
+
+struct Config {
+  int stages = 2;
+  std::string micro_batches = "1,2,8";
+  int steps = 200;
+  int warmup = 20;
+  int batch_size = 64;
+  int hidden = 32;
+};
+
+// Stage k of the model: MLPStage(in, out, seed, relu).
+std::vector<pipeline::StageSpec> Stages(const Config& c) {
+  std::vector<pipeline::StageSpec> specs;
+  for (int k = 0; k < c.stages; ++k) {
+    const int64_t in = k == 0 ? kIn : c.hidden, out = k + 1 == c.stages ? kOut : c.hidden;
+    specs.push_back(pipeline::StageSpec::Registered(
+        "MLPStage", {in, out, int64_t{k + 1}, k + 1 < c.stages}));
+  }
+  return specs;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Seconds per step (median) of the model trained in this process.
+absl::StatusOr<double> LocalStepSeconds(const Config& c, int m, const at::Tensor& x,
+                                        const at::Tensor& y) {
+  std::vector<std::unique_ptr<pipeline::StageModule>> stages;
+  std::vector<at::Tensor> params;
+  for (const auto& spec : Stages(c)) {
+    ASSIGN_OR_RETURN(auto s, pipeline::BuildStage(spec, c10::kCPU));
+    for (const at::Tensor& p : s->Parameters()) params.push_back(p);
+    s->Train(true);
+    stages.push_back(std::move(s));
+  }
+  torch::optim::SGD sgd(params, torch::optim::SGDOptions(0.01).momentum(0.9));
+  ASSIGN_OR_RETURN(auto xs, pipeline::SplitMicroBatches(x, m));
+  ASSIGN_OR_RETURN(auto ys, pipeline::SplitMicroBatches(y, m));
+  std::vector<double> seconds;
+  for (int step = 0; step < c.warmup + c.steps; ++step) {
+    const int64_t t0 = trace::NowUs();
+    sgd.zero_grad();
+    for (int i = 0; i < m; ++i) {
+      c10::IValue v = xs[i];
+      for (auto& s : stages) v = s->Forward(v);
+      const double share = static_cast<double>(xs[i].toTensor().size(0)) / x.size(0);
+      (at::mse_loss(v.toTensor(), ys[i].toTensor()) * share).backward();
+    }
+    sgd.step();
+    if (step >= c.warmup) seconds.push_back((trace::NowUs() - t0) / 1e6);
+  }
+  return Median(seconds);
+}
+
+int Main(int argc, char** argv) {
+  Config c;
+  cli::FlagParser flags(
+      "pipeline_bench",
+      "Trains --stages stages of a small MLP on as many local workers (one thread each) and\n"
+      "the same model in this process (one thread), at each micro-batch count, and prints\n"
+      "steps per second of both, the requests per step and the overhead per micro-batch per\n"
+      "stage boundary (the step time beyond one process's, over M (S - 1)).");
+  flags.AddInt("stages", &c.stages, "pipeline stages, one per worker (>= 2)");
+  flags.AddString("micro-batches", &c.micro_batches, "micro-batch counts to measure, e.g. 1,2,8");
+  flags.AddInt("steps", &c.steps, "measured steps per micro-batch count");
+  flags.AddInt("warmup", &c.warmup, "steps before the measured ones");
+  flags.AddInt("batch-size", &c.batch_size, "rows per step");
+  flags.AddInt("hidden", &c.hidden, "width of the hidden layers");
+  int code = 0;
+  if (!flags.Parse(argc, argv, &code)) return code;
+  auto fail = [](const std::string& message) {
+    std::cerr << "pipeline_bench: " << message << "\n";
+    return 2;
+  };
+  std::vector<int> counts;
+  for (absl::string_view part : absl::StrSplit(c.micro_batches, ',', absl::SkipEmpty())) {
+    int m = 0;
+    if (!absl::SimpleAtoi(part, &m) || m < 1) {
+      return fail(absl::StrCat("--micro-batches wants counts like 1,2,8; got '", c.micro_batches, "'"));
+    }
+    counts.push_back(m);
+  }
+  if (counts.empty()) return fail("--micro-batches is empty");
+  if (c.stages < 2 || c.steps < 1 || c.warmup < 0 || c.hidden < 1) {
+    return fail("--stages must be >= 2, --steps and --hidden >= 1, --warmup >= 0");
+  }
+  for (int m : counts) {
+    if (m > c.batch_size) return fail(absl::StrCat("--batch-size ", c.batch_size, " < ", m, " micro-batches"));
+  }
+  runtime::TuneAllocator();
+  runtime::SetComputeThreads(1);
+  Registry registry;
+  if (auto s = examples::RegisterStockWorker(registry); !s.ok()) return fail(std::string(s.message()));
+  std::vector<std::string> names;
+  for (int k = 0; k < c.stages; ++k) names.push_back(absl::StrCat("bench", k + 1));
+  AgentOptions options;
+  options.name = "master";
+  options.listen_address = "127.0.0.1:0";
+  auto started = cli::StartLocalGroup(names, &registry, {"--threads", "1"}, options);
+  if (!started.ok()) return fail(std::string(started.status().message()));
+  cli::LocalGroup group = std::move(*started);
+  Agent& agent = *group.master;
+  auto die = [&](const absl::Status& s) {
+    std::cerr << "pipeline_bench: " << s.message() << "\n";
+    agent.Shutdown(/*graceful=*/false).IgnoreError();
+    return 1;
+  };
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  const at::Tensor x = at::randn({c.batch_size, kIn}, gen, at::TensorOptions());
+  const at::Tensor y = at::randn({c.batch_size, kOut}, gen, at::TensorOptions());
+  std::printf("%6s %4s %16s %16s %8s %10s %26s\n", "stages", "M", "steps_per_s", "local_steps_per_s",
+              "ratio", "requests", "overhead_us_per_mb_boundary");
+  for (int m : counts) {
+    pipeline::PipelineOptions o;
+    o.stages = Stages(c);
+    o.workers = names;
+    o.schedule = "1f1b";
+    o.micro_batches = m;
+    o.loss = pipeline::MseLoss();
+    o.optimizer = optim::OptimizerOptions::SGD(0.01).set_momentum(0.9);
+    auto pipe = pipeline::Pipeline::Create(agent, std::move(o));
+    if (!pipe.ok()) return die(pipe.status());
+    std::vector<double> seconds;
+    std::map<std::string, int64_t> before;
+    for (int step = 0; step < c.warmup + c.steps; ++step) {
+      if (step == c.warmup) {
+        auto sent = (*pipe)->sent_messages();
+        if (!sent.ok()) return die(sent.status());
+        before = *sent;
+      }
+      const int64_t t0 = trace::NowUs();
+      if (auto loss = (*pipe)->train_step(x, y); !loss.ok()) return die(loss.status());
+      if (step >= c.warmup) seconds.push_back((trace::NowUs() - t0) / 1e6);
+    }
+    auto after = (*pipe)->sent_messages();
+    if (!after.ok()) return die(after.status());
+    int64_t requests = 0;
+    for (const auto& [kind, n] : *after) requests += n - (before.count(kind) ? before.at(kind) : 0);
+    pipe->reset();
+    auto local = LocalStepSeconds(c, m, x, y);
+    if (!local.ok()) return die(local.status());
+    const double step_s = Median(seconds);
+    const double overhead_us = (step_s - *local) * 1e6 / (m * (c.stages - 1));
+    std::printf("%6d %4d %16.1f %16.1f %7.2fx %10.1f %26.1f\n", c.stages, m, 1 / step_s, 1 / *local,
+                step_s / *local, static_cast<double>(requests) / c.steps, overhead_us);
+    std::fflush(stdout);
+  }
+  if (auto s = group.Shutdown(); !s.ok()) {
+    std::cerr << "pipeline_bench: " << s.message() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace remora
+
+int main(int argc, char** argv) { return remora::Main(argc, argv); }
