@@ -8,6 +8,7 @@
 // --hidden the compute is negligible and the overhead is the protocol's.
 //
 //   pipeline_bench --stages 2 --micro-batches 1,2,8 --steps 200
+//   pipeline_bench --master-centred          # the earlier protocol, to compare
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
@@ -49,6 +50,7 @@ struct Config {
   int warmup = 20;
   int batch_size = 64;
   int hidden = 32;
+  bool master_centred = false;
 };
 
 // Stage k of the model: MLPStage(in, out, seed, relu).
@@ -111,6 +113,8 @@ int Main(int argc, char** argv) {
   flags.AddInt("warmup", &c.warmup, "steps before the measured ones");
   flags.AddInt("batch-size", &c.batch_size, "rows per step");
   flags.AddInt("hidden", &c.hidden, "width of the hidden layers");
+  flags.AddBool("master-centred", &c.master_centred,
+                "an unnamed loss: the earlier protocol, with the master in the data path");
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
   auto fail = [](const std::string& message) {
@@ -162,6 +166,11 @@ int Main(int argc, char** argv) {
     o.schedule = "1f1b";
     o.micro_batches = m;
     o.loss = pipeline::MseLoss();
+    if (c.master_centred) {
+      o.loss = pipeline::LossFn([](const c10::IValue& out, const c10::IValue& target) {
+        return at::mse_loss(out.toTensor(), target.toTensor());
+      });
+    }
     o.optimizer = optim::OptimizerOptions::SGD(0.01).set_momentum(0.9);
     auto pipe = pipeline::Pipeline::Create(agent, std::move(o));
     if (!pipe.ok()) return die(pipe.status());
