@@ -103,6 +103,7 @@ struct LossTable {
 LossTable& Losses() {
   static LossTable* table = [] {
     auto* t = new LossTable;  // never destroyed
+    MutexLock lock(t->mu);
     t->fns["mse"] = [](const c10::IValue& out, const c10::IValue& target) {
       return at::mse_loss(out.toTensor(), target.toTensor());
     };
