@@ -122,6 +122,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
       }
     }
     if (!status.ok()) {
+      dist_autograd::ReleaseHere(agent_, context);
       return Future<c10::IValue>::Ready(Annotate(status, absl::StrCat("worker '", agent_.self().name, "'")));
     }
     std::shared_ptr<Batch> b;
@@ -135,6 +136,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
       latest_ = context;
       b = BatchOf(context);
       if (b->over) {
+        dist_autograd::ReleaseHere(agent_, context);
         return Future<c10::IValue>::Ready(absl::AbortedError(absl::StrCat(
             "batch ", context, " was abandoned before it started on worker '", agent_.self().name, "'")));
       }
@@ -168,9 +170,14 @@ class Runner : public std::enable_shared_from_this<Runner> {
     std::shared_ptr<Batch> b;
     {
       MutexLock lock(mu_);
-      if (context < latest_) return;  // a failed batch's
+      // A failed batch's: receiving it made its context here again (the
+      // RPC layer records every message that carries gradients), which
+      // nothing else would release.
+      if (context < latest_ || BatchOf(context)->over) {
+        dist_autograd::ReleaseHere(agent_, context);
+        return;
+      }
       b = BatchOf(context);
-      if (b->over) return;
       if (!b->started) {
         b->early.emplace_back(stage, mb, std::move(value));
         return;

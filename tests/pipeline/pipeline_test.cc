@@ -377,6 +377,15 @@ TEST(Pipeline, AFailedBatchLeavesNothingWaitingOnTheWorkers) {
       queued = q->toInt();
     }
     EXPECT_EQ(queued, 0) << "passes still waiting for the compute lane on " << w;
+    // Nor any of the batch's autograd contexts (late pushes make them anew).
+    int64_t contexts = -1;
+    for (int i = 0; i < 50 && contexts != 0; ++i) {
+      if (i > 0) absl::SleepFor(absl::Milliseconds(100));
+      auto c = master.rpc_sync(w, "remora.autograd.num_contexts");
+      ASSERT_TRUE(c.ok()) << c.status();
+      contexts = c->toInt();
+    }
+    EXPECT_EQ(contexts, 0) << "autograd contexts left on " << w;
   }
 }
 
