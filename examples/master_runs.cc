@@ -498,9 +498,7 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
     const double batches = c.batches - first - 1;
     double total = 0;
     std::string line;
-    for (const auto& [kind, n] : sent_after) {
-      const int64_t d = n - (sent_before.count(kind) ? sent_before.at(kind) : 0);
-      if (d == 0) continue;
+    for (const auto& [kind, d] : pipeline::MessagesBetween(sent_before, sent_after)) {
       run.messages_per_batch[kind] = d / batches;
       total += d / batches;
       absl::StrAppendFormat(&line, "%s%s %g", line.empty() ? "" : ", ", kind, d / batches);

@@ -189,7 +189,7 @@ int Main(int argc, char** argv) {
     auto after = (*pipe)->sent_messages();
     if (!after.ok()) return die(after.status());
     int64_t requests = 0;
-    for (const auto& [kind, n] : *after) requests += n - (before.count(kind) ? before.at(kind) : 0);
+    for (const auto& [kind, n] : pipeline::MessagesBetween(before, *after)) requests += n;
     pipe->reset();
     auto local = LocalStepSeconds(c, m, x, y);
     if (!local.ok()) return die(local.status());

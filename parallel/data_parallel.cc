@@ -178,9 +178,13 @@ absl::StatusOr<double> DataParallelPipeline::train_step(const c10::IValue& input
     std::vector<std::string> owers;
     for (const auto& [r, w] : who) owers.push_back(replicas_[r]->workers()[w]);
     absl::Status status;
-    if (int i = pipeline::FirstFailure(agent_, owers, replies, &status); i >= 0) {
-      for (auto& replica : replicas_) replica->AbandonStep(context);
-      i = pipeline::RootFailure(replies, i, &status);
+    const int i = pipeline::WaitForReplies(
+        agent_, owers, replies,
+        [&] {
+          for (auto& replica : replicas_) replica->AbandonStep(context);
+        },
+        &status);
+    if (i >= 0) {
       const auto [r, w] = who[i];
       return Annotate(status, absl::StrCat("replica ", r, ", the training step on worker '",
                                            replicas_[r]->workers()[w], "'"));

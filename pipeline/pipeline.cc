@@ -144,6 +144,16 @@ LossFn CrossEntropyLoss() { return LossFn::Named("cross_entropy"); }
 
 namespace {
 
+// A worker's actions as the wire carries them: [stage, micro-batch,
+// backward, stage, ...] (set_order and make_runner).
+std::vector<int64_t> FlatOrder(const std::vector<Action>& actions) {
+  std::vector<int64_t> flat;
+  for (const Action& a : actions) {
+    flat.insert(flat.end(), {a.stage, a.micro_batch, a.kind == Action::kBackward ? 1 : 0});
+  }
+  return flat;
+}
+
 // The schedule `name` resolves to for this shape.
 std::string ResolveSchedule(const std::string& name, int workers, int per_worker, int m) {
   if (name != "auto") return name;
@@ -228,10 +238,6 @@ absl::Status Pipeline::MakeRunners() {
   for (int k = 0; k < S; ++k) stage_workers.push_back(worker_of(k));
   std::vector<Future<c10::IValue>> made;
   for (int w = 0; w < n; ++w) {
-    std::vector<int64_t> flat;
-    for (const Action& a : schedule_.actions[w]) {
-      flat.insert(flat.end(), {a.stage, a.micro_batch, a.kind == Action::kBackward ? 1 : 0});
-    }
     c10::impl::GenericList mine(c10::AnyType::get());
     for (int k = w; k < S; k += n) mine.push_back(stages_[k].ToIValue());
     c10::IValue optimizer;
@@ -240,7 +246,8 @@ absl::Status Pipeline::MakeRunners() {
       if (o.owner() == info.id) optimizer = o.ToIValue();
     }
     made.push_back(agent_.rpc_async(workers_[w], "remora.pipeline.make_runner",
-                                    {id, stage_workers, int64_t{schedule_.micro_batches}, flat,
+                                    {id, stage_workers, int64_t{schedule_.micro_batches},
+                                     FlatOrder(schedule_.actions[w]),
                                      mine, options_.loss.name(), optimizer}));
   }
   for (int w = 0; w < n; ++w) {
@@ -300,26 +307,30 @@ void Pipeline::AbandonStep(int64_t context_id) {
   }
 }
 
+namespace {
+
+// Waits until every reply has come or one has failed; returns the index of
+// the first that failed (with its error in `status`), or -1. While replies
+// are pending, every `probe_every` each worker still owing one is probed
+// ("remora.pipeline.alive"), and one that does not answer within
+// `probe_timeout` (stopped, hung, cut off) is the failure, named.
 int FirstFailure(Agent& agent, const std::vector<std::string>& workers,
                  std::vector<Future<c10::IValue>>& replies, absl::Status* status,
                  absl::Duration probe_every, absl::Duration probe_timeout) {
   struct Outcome {
     absl::Mutex mu;
-    int pending ABSL_GUARDED_BY(mu) = 0;
+    std::vector<bool> replied ABSL_GUARDED_BY(mu);
     int first_failed ABSL_GUARDED_BY(mu) = -1;
     absl::Status status ABSL_GUARDED_BY(mu);
-    std::vector<bool> replied ABSL_GUARDED_BY(mu);
   };
   auto outcome = std::make_shared<Outcome>();
   {
     MutexLock lock(outcome->mu);
-    outcome->pending = static_cast<int>(replies.size());
     outcome->replied.assign(replies.size(), false);
   }
   for (size_t i = 0; i < replies.size(); ++i) {
     replies[i].then([outcome, i](const absl::StatusOr<c10::IValue>& r) {
       MutexLock lock(outcome->mu);
-      --outcome->pending;
       outcome->replied[i] = true;
       if (!r.ok() && outcome->first_failed < 0) {
         outcome->first_failed = static_cast<int>(i);
@@ -328,7 +339,8 @@ int FirstFailure(Agent& agent, const std::vector<std::string>& workers,
     });
   }
   auto settled = +[](Outcome* o) ABSL_EXCLUSIVE_LOCKS_REQUIRED(o->mu) {
-    return o->pending == 0 || o->first_failed >= 0;
+    return o->first_failed >= 0 ||
+           std::find(o->replied.begin(), o->replied.end(), false) == o->replied.end();
   };
   for (;;) {
     std::vector<size_t> owing;
@@ -362,6 +374,10 @@ int FirstFailure(Agent& agent, const std::vector<std::string>& workers,
   }
 }
 
+// After the first failure (`first`, `*status`) and the abandon: the failure
+// to report. A worker that could not be reached (UNAVAILABLE: dead, cut
+// off) caused the others' failures, so its error wins when it comes within
+// `grace`; returns its index, else `first`.
 int RootFailure(std::vector<Future<c10::IValue>>& replies, int first, absl::Status* status,
                 absl::Duration grace) {
   if (status->code() == absl::StatusCode::kUnavailable) return first;
@@ -377,6 +393,17 @@ int RootFailure(std::vector<Future<c10::IValue>>& replies, int first, absl::Stat
   return first;
 }
 
+}  // namespace
+
+int WaitForReplies(Agent& agent, const std::vector<std::string>& workers,
+                   std::vector<Future<c10::IValue>>& replies, const std::function<void()>& abandon,
+                   absl::Status* status) {
+  int failed = FirstFailure(agent, workers, replies, status, absl::Seconds(2), absl::Seconds(5));
+  if (failed < 0) return -1;
+  abandon();
+  return RootFailure(replies, failed, status, absl::Seconds(2));
+}
+
 absl::StatusOr<double> Pipeline::RunOnWorkers(const c10::IValue& inputs, const c10::IValue& targets) {
   const int64_t context = dist_autograd::NewContextId(agent_);
   ASSIGN_OR_RETURN(std::vector<Future<c10::IValue>> replies,
@@ -384,9 +411,8 @@ absl::StatusOr<double> Pipeline::RunOnWorkers(const c10::IValue& inputs, const c
   // The first error (a worker's own: the others are told to abandon the
   // batch only after it) is the step's.
   absl::Status status;
-  if (int w = FirstFailure(agent_, workers_, replies, &status); w >= 0) {
-    AbandonStep(context);
-    w = RootFailure(replies, w, &status);
+  if (const int w = WaitForReplies(agent_, workers_, replies, [&] { AbandonStep(context); }, &status);
+      w >= 0) {
     return Annotate(status, absl::StrCat("the training step on worker '", workers_[w], "'"));
   }
   ASSIGN_OR_RETURN(c10::IValue loss, replies[last_worker()].wait());
@@ -414,11 +440,8 @@ absl::StatusOr<double> Pipeline::forward_backward(const c10::IValue& inputs,
   // Every worker learns its actions' order for this batch before any starts.
   std::vector<Future<c10::IValue>> told;
   for (size_t w = 0; w < workers_.size(); ++w) {
-    std::vector<int64_t> flat;
-    for (const Action& a : schedule_.actions[w]) {
-      flat.insert(flat.end(), {a.stage, a.micro_batch, a.kind == Action::kBackward ? 1 : 0});
-    }
-    told.push_back(agent_.rpc_async(workers_[w], "remora.pipeline.set_order", {epoch, flat}));
+    told.push_back(agent_.rpc_async(workers_[w], "remora.pipeline.set_order",
+                                    {epoch, FlatOrder(schedule_.actions[w])}));
   }
   for (size_t w = 0; w < told.size(); ++w) {
     if (auto r = told[w].wait(); !r.ok()) {
@@ -485,9 +508,8 @@ absl::StatusOr<c10::IValue> Pipeline::eval_step(const c10::IValue& inputs) {
                                           int64_t{m}}));
     }
     absl::Status status;
-    if (int w = FirstFailure(agent_, workers_, replies, &status); w >= 0) {
-      AbandonStep(id);
-      w = RootFailure(replies, w, &status);
+    if (const int w = WaitForReplies(agent_, workers_, replies, [&] { AbandonStep(id); }, &status);
+        w >= 0) {
       return Annotate(status, absl::StrCat("evaluating on worker '", workers_[w], "'"));
     }
     return replies[last_worker()].wait();
@@ -539,6 +561,17 @@ absl::StatusOr<std::map<std::string, int64_t>> SentMessages(Agent& agent,
   }
   total.erase(absl::StrCat("function '", kAsk, "'"));
   return total;
+}
+
+std::map<std::string, int64_t> MessagesBetween(const std::map<std::string, int64_t>& before,
+                                               const std::map<std::string, int64_t>& after) {
+  std::map<std::string, int64_t> sent;
+  for (const auto& [kind, n] : after) {
+    auto it = before.find(kind);
+    const int64_t d = n - (it == before.end() ? 0 : it->second);
+    if (d != 0) sent[kind] = d;
+  }
+  return sent;
 }
 
 absl::StatusOr<std::map<std::string, int64_t>> Pipeline::sent_messages() const {

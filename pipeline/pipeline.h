@@ -77,27 +77,25 @@ absl::StatusOr<std::unique_ptr<StageModule>> BuildStage(const StageSpec& spec, c
 // stage1.pt, ... (in order), or a comma-separated list of files.
 absl::StatusOr<std::vector<StageSpec>> TorchScriptStages(const std::string& model);
 
-// Waits until every reply has come or one has failed; returns the index of
-// the first that failed (with its error in `status`), or -1. `workers[i]`
-// owes `replies[i]`: while replies are pending, every `probe_every` each
-// worker still owing one is probed ("remora.pipeline.alive"), and one that
-// does not answer within `probe_timeout` (stopped, hung, cut off) is the
-// failure, named.
-int FirstFailure(Agent& agent, const std::vector<std::string>& workers,
-                 std::vector<Future<c10::IValue>>& replies, absl::Status* status,
-                 absl::Duration probe_every = absl::Seconds(2),
-                 absl::Duration probe_timeout = absl::Seconds(5));
-// After the first failure (`first`, `*status`) and the abandon: the failure
-// to report. A worker that could not be reached (UNAVAILABLE: dead, cut
-// off) caused the others' failures, so its error wins when it comes within
-// `grace`; returns its index, else `first`.
-int RootFailure(std::vector<Future<c10::IValue>>& replies, int first, absl::Status* status,
-                absl::Duration grace = absl::Seconds(2));
+// Waits for `replies` (`workers[i]` owes `replies[i]`) until all have come
+// or one has failed; a worker that stops answering is found by probing it
+// ("remora.pipeline.alive" every 2 s, 5 s to answer). On a failure calls
+// `abandon` (telling the others to drop the batch), then returns the index
+// of the failure to report, its error in `status`: the first, unless a
+// worker that could not be reached (UNAVAILABLE: dead, cut off) fails
+// within 2 s more, which caused the others'. -1 when all succeeded.
+int WaitForReplies(Agent& agent, const std::vector<std::string>& workers,
+                   std::vector<Future<c10::IValue>>& replies, const std::function<void()>& abandon,
+                   absl::Status* status);
 
 // The requests `agent` and `workers` have sent so far, by kind
 // (Agent::sent_messages), summed; the calls that ask are left out.
 absl::StatusOr<std::map<std::string, int64_t>> SentMessages(Agent& agent,
                                                             const std::vector<std::string>& workers);
+// The requests sent between two such counts, by kind (kinds with none left
+// out).
+std::map<std::string, int64_t> MessagesBetween(const std::map<std::string, int64_t>& before,
+                                               const std::map<std::string, int64_t>& after);
 
 // The mean loss of one micro-batch's output against its targets. A named
 // loss (MseLoss, CrossEntropyLoss, or one registered with RegisterLoss in

@@ -98,6 +98,13 @@ class Runner : public std::enable_shared_from_this<Runner> {
 
   int num_stages() const { return static_cast<int>(plan_.stage_workers.size()); }
   bool hosts(int64_t stage) const { return plan_.stages.count(stage) > 0; }
+  // What a push names must be one of this worker's stages.
+  void RequireHosted(int64_t stage) const {
+    if (!hosts(stage)) {
+      throw std::invalid_argument(absl::StrCat("worker '", agent_.self().name, "' hosts no stage ",
+                                               stage, " of this pipeline"));
+    }
+  }
 
   Future<c10::IValue> Run(int64_t context, const c10::IValue& inputs, const c10::IValue& targets,
                           int64_t total_rows) {
@@ -163,10 +170,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
   }
 
   void Push(int64_t context, int64_t stage, int64_t mb, c10::IValue value) {
-    if (!hosts(stage)) {
-      throw std::invalid_argument(absl::StrCat("worker '", agent_.self().name, "' hosts no stage ",
-                                               stage, " of this pipeline"));
-    }
+    RequireHosted(stage);
     std::shared_ptr<Batch> b;
     {
       MutexLock lock(mu_);
@@ -221,10 +225,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
   }
 
   void EvalPush(int64_t id, int64_t stage, int64_t mb, c10::IValue value) {
-    if (!hosts(stage)) {
-      throw std::invalid_argument(absl::StrCat("worker '", agent_.self().name, "' hosts no stage ",
-                                               stage, " of this pipeline"));
-    }
+    RequireHosted(stage);
     std::shared_ptr<EvalBatch> b;
     {
       MutexLock lock(mu_);

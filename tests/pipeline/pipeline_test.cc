@@ -261,13 +261,10 @@ TEST(Pipeline, AStepSendsOneCallPerWorkerAndOnePushEachWayPerBoundary) {
     }
     auto after = (*pipe)->sent_messages();
     ASSERT_TRUE(after.ok()) << after.status();
-    std::map<std::string, int64_t> sent;
+    std::map<std::string, int64_t> sent = MessagesBetween(*before, *after);
     int64_t total = 0;
     std::string listing;
-    for (const auto& [kind, n] : *after) {
-      const int64_t d = n - (before->count(kind) ? before->at(kind) : 0);
-      if (d == 0) continue;
-      sent[kind] = d;
+    for (const auto& [kind, d] : sent) {
       total += d;
       absl::StrAppend(&listing, kind, ": ", d, "\n");
     }
@@ -302,10 +299,9 @@ TEST(Pipeline, AnUnnamedLossKeepsTheMasterCentredProtocol) {
   ASSERT_TRUE(after.ok()) << after.status();
   int64_t total = 0;
   std::string listing;
-  for (const auto& [kind, n] : *after) {
-    const int64_t d = n - (before->count(kind) ? before->at(kind) : 0);
+  for (const auto& [kind, d] : MessagesBetween(*before, *after)) {
     total += d;
-    if (d != 0) absl::StrAppend(&listing, "  ", kind, ": ", d / 2.0, "\n");
+    absl::StrAppend(&listing, "  ", kind, ": ", d / 2.0, "\n");
   }
   std::cout << "master-centred protocol, S=2 M=8 W=2: " << total / 2.0 << " requests per batch\n"
             << listing;
@@ -368,24 +364,24 @@ TEST(Pipeline, AFailedBatchLeavesNothingWaitingOnTheWorkers) {
   auto pipe = Pipeline::Create(master, o);
   ASSERT_TRUE(pipe.ok()) << pipe.status();
   EXPECT_FALSE((*pipe)->train_step(at::randn({8, 8}), at::randn({8, 4})).ok());
+  // What `function` on worker `w` counts, polled every 100 ms for up to
+  // `tries` times until it is 0 (-1 when a call fails).
+  auto settles_at = [&master](const char* w, const char* function, int tries) {
+    int64_t count = -1;
+    for (int i = 0; i < tries && count != 0; ++i) {
+      if (i > 0) absl::SleepFor(absl::Milliseconds(100));
+      auto c = master.rpc_sync(w, function);
+      if (!c.ok()) return int64_t{-1};
+      count = c->toInt();
+    }
+    return count;
+  };
   for (const char* w : {"w1", "w2"}) {
-    int64_t queued = -1;
-    for (int i = 0; i < 200 && queued != 0; ++i) {
-      if (i > 0) absl::SleepFor(absl::Milliseconds(100));
-      auto q = master.rpc_sync(w, "lane_queued");
-      ASSERT_TRUE(q.ok()) << q.status();
-      queued = q->toInt();
-    }
-    EXPECT_EQ(queued, 0) << "passes still waiting for the compute lane on " << w;
+    EXPECT_EQ(settles_at(w, "lane_queued", 200), 0)
+        << "passes still waiting for the compute lane on " << w;
     // Nor any of the batch's autograd contexts (late pushes make them anew).
-    int64_t contexts = -1;
-    for (int i = 0; i < 50 && contexts != 0; ++i) {
-      if (i > 0) absl::SleepFor(absl::Milliseconds(100));
-      auto c = master.rpc_sync(w, "remora.autograd.num_contexts");
-      ASSERT_TRUE(c.ok()) << c.status();
-      contexts = c->toInt();
-    }
-    EXPECT_EQ(contexts, 0) << "autograd contexts left on " << w;
+    EXPECT_EQ(settles_at(w, "remora.autograd.num_contexts", 50), 0)
+        << "autograd contexts left on " << w;
   }
 }
 
