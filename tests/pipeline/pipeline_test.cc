@@ -407,6 +407,17 @@ TEST(Pipeline, AStalledOrDeadWorkerFailsTheStepWithinTenSecondsNamingIt) {
   ASSERT_FALSE(stalled.ok());
   EXPECT_NE(stalled.status().message().find("w2"), std::string::npos) << stalled.status();
   workers.worker(1).Signal(SIGCONT);
+  // gRPC's keepalive may have closed the master's link to w2 during the
+  // stall, and a link opened meanwhile (the kernel accepts connections for
+  // a stopped process) can fail its first call: the next batch is sent once
+  // w2 answers twice in a row on a live link (a loaded CI machine took
+  // seconds).
+  int answered = 0;
+  for (int i = 0; i < 200 && answered < 2; ++i) {
+    answered = workers.master().rpc_sync("w2", "remora.pipeline.alive").ok() ? answered + 1 : 0;
+    if (answered < 2) absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_EQ(answered, 2) << "w2 does not answer after SIGCONT";
   auto again = (*pipe)->train_step(x, t);
   EXPECT_TRUE(again.ok()) << again.status();
 
