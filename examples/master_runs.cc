@@ -18,6 +18,7 @@
 #include <iostream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <thread>
 #include "absl/strings/numbers.h"
@@ -320,7 +321,8 @@ absl::StatusOr<Run> FitLocal(const Config& c, int splits, const data::Dataset& t
   ASSIGN_OR_RETURN(
       auto epochs,
       pipeline::Fit([&](const at::Tensor& x, const at::Tensor& y) { return trainer->Train(x, y); },
-                    [&](const at::Tensor& x) { return trainer->Eval(x); }, train, test,
+                    pipeline::CountFromLogits([&](const at::Tensor& x) { return trainer->Eval(x); }),
+                    train, test,
                     FitOptionsOf(c, splits), std::cout));
   Run run(splits);
   run.epochs = std::move(epochs);
@@ -346,14 +348,16 @@ absl::StatusOr<Run> FitPipeline(Agent& agent, const Config& c,
       last = p;
       return checkpoints->Save(*pipe, c, {p.step, p.epoch, p.batch, p.loss_sum, p.images, {}}, false);
     };
+    options.settle_after = [&](int64_t step) { return checkpoints->Due(c, step, false); };
   }
+  // Each batch's step is sent before the last one is waited for.
   ASSIGN_OR_RETURN(
       auto epochs,
-      pipeline::Fit([&](const at::Tensor& x, const at::Tensor& y) { return pipe->train_step(x, y); },
-                    [&](const at::Tensor& x) -> absl::StatusOr<at::Tensor> {
-                      ASSIGN_OR_RETURN(c10::IValue out, pipe->eval_step(x));
-                      return out.toTensor();
+      pipeline::Fit([&](const at::Tensor& x, const at::Tensor& y) {
+                      auto step = std::make_shared<pipeline::PendingStep>(pipe->start_train_step(x, y));
+                      return pipeline::StartedStep{[step] { return step->wait(); }, [step] { step->abandon(); }};
                     },
+                    [&](const at::Tensor& x, const at::Tensor& y) { return pipe->eval_correct(x, y); },
                     train, test, options, std::cout));
   if (checkpoints != nullptr && checkpoints->saver) {
     RETURN_IF_ERROR(checkpoints->Save(
@@ -471,28 +475,60 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
   // Messages are counted over the batches after the first.
   const bool count_messages = c.batches - first > 1;
   std::map<std::string, int64_t> sent_before;
-  for (int b = first; b < c.batches; ++b) {
-    if (count_messages && b == first + 1) {
-      ASSIGN_OR_RETURN(sent_before, pipe->sent_messages());
-    }
-    auto [images, one_hot] = MakeBatch(c, b);
-    const int64_t t0 = trace::NowUs();
-    ASSIGN_OR_RETURN(double loss, pipe->train_step(images, one_hot));
-    const double seconds = (trace::NowUs() - t0) / 1e6;
+  // Each batch's step is sent before the last one is waited for, so that
+  // the workers do not idle while this process makes the next batch; a
+  // batch's time is from the end of the one before it to its own. The
+  // state after a batch is settled (nothing sent after it) before a
+  // checkpoint, a pause or the first count of messages.
+  struct Started {
+    int b;
+    pipeline::PendingStep step;
+  };
+  std::optional<Started> started;
+  int64_t last_end = trace::NowUs();
+  auto finish = [&]() -> absl::Status {
+    Started s = std::move(*started);
+    started.reset();
+    ASSIGN_OR_RETURN(double loss, s.step.wait());
+    const int64_t now = trace::NowUs();
+    const double seconds = (now - last_end) / 1e6;
+    last_end = now;
     run.seconds += seconds;
     run.batch_seconds.push_back(seconds);
     run.losses.push_back(loss);
-    PrintBatch(b, loss, seconds);
+    PrintBatch(s.b, loss, seconds);
     if (checkpoints != nullptr && checkpoints->saver) {
-      RETURN_IF_ERROR(checkpoints->Save(*pipe, c, {b + 1, 0, b + 1, 0, 0, run.losses},
-                                        /*final=*/b + 1 == c.batches));
+      RETURN_IF_ERROR(checkpoints->Save(*pipe, c, {s.b + 1, 0, s.b + 1, 0, 0, run.losses},
+                                        /*final=*/s.b + 1 == c.batches));
     }
     if (after_batch) {
       const int64_t p0 = trace::NowUs();
-      after_batch(b);
+      after_batch(s.b);
       paused.emplace_back(p0, trace::NowUs());
     }
+    if (count_messages && s.b == first) {
+      ASSIGN_OR_RETURN(sent_before, pipe->sent_messages());
+    }
+    last_end = trace::NowUs();
+    return absl::OkStatus();
+  };
+  auto settles_after = [&](int b) {
+    return after_batch || (count_messages && b == first) ||
+           (checkpoints != nullptr && checkpoints->Due(c, b + 1, b + 1 == c.batches));
+  };
+  for (int b = first; b < c.batches; ++b) {
+    if (started && settles_after(started->b)) RETURN_IF_ERROR(finish());
+    auto [images, one_hot] = MakeBatch(c, b);
+    pipeline::PendingStep step = pipe->start_train_step(images, one_hot);
+    if (started) {
+      if (absl::Status s = finish(); !s.ok()) {
+        step.abandon();
+        return s;
+      }
+    }
+    started = Started{b, std::move(step)};
   }
+  if (started) RETURN_IF_ERROR(finish());
   if (count_messages) {
     ASSIGN_OR_RETURN(auto sent_after, pipe->sent_messages());
     const double batches = c.batches - first - 1;

@@ -241,7 +241,8 @@ absl::StatusOr<Run> TrainPs(Agent& agent, const Config& c, const PsFlags& p,
               ASSIGN_OR_RETURN(ps::StepReport r, step(x, y));
               return r.loss;
             },
-            [&](const at::Tensor& x) { return server->eval(x); }, sets.first, sets.second, f, std::cout));
+            pipeline::CountFromLogits([&](const at::Tensor& x) { return server->eval(x); }),
+            sets.first, sets.second, f, std::cout));
     for (const auto& e : run.epochs) run.seconds += e.seconds;
     RETURN_IF_ERROR(MaybeSave(*server, c, checkpoints,
                               {last.step, last.epoch, last.batch, last.loss_sum, last.images, {}}, true));

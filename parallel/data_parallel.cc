@@ -145,10 +145,54 @@ absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Crea
       std::move(backend)));
 }
 
-absl::StatusOr<double> DataParallelPipeline::train_step(const c10::IValue& inputs,
-                                                        const c10::IValue& targets) {
+pipeline::PendingStep DataParallelPipeline::start_train_step(const c10::IValue& inputs,
+                                                             const c10::IValue& targets) {
   const int R = replicas();
-  if (R == 1) return replicas_[0]->train_step(inputs, targets);
+  if (R == 1) return replicas_[0]->start_train_step(inputs, targets);
+  if (!replicas_[0]->runs_on_workers()) return pipeline::PendingStep::Done(train_step(inputs, targets));
+  absl::StatusOr<std::pair<std::vector<c10::IValue>, std::vector<c10::IValue>>> shares =
+      Shares(inputs, targets);
+  if (!shares.ok()) return pipeline::PendingStep::Done(shares.status());
+  const std::vector<c10::IValue>& xs = shares->first;
+  const std::vector<c10::IValue>& ts = shares->second;
+  // One call per worker of every replica, in one context (the replicas'
+  // workers are distinct); each worker's runner sums its gradients with
+  // the other replicas' and steps.
+  const int64_t context = dist_autograd::NewContextId(agent_);
+  std::vector<Future<c10::IValue>> replies;
+  std::vector<std::string> owers;
+  std::vector<std::pair<int, int>> who;  // (replica, worker index in it)
+  std::vector<int> losses;               // the replies that carry a replica's loss
+  for (int r = 0; r < R; ++r) {
+    auto part = replicas_[r]->StartStep(xs[r], ts[r], context, pipeline::BatchRows(inputs));
+    if (!part.ok()) {
+      for (auto& replica : replicas_) replica->AbandonStep(context);
+      return pipeline::PendingStep::Done(part.status());
+    }
+    for (size_t w = 0; w < part->size(); ++w) {
+      if (static_cast<int>(w) == replicas_[r]->last_worker()) losses.push_back(static_cast<int>(replies.size()));
+      replies.push_back(std::move((*part)[w]));
+      owers.push_back(replicas_[r]->workers()[w]);
+      who.emplace_back(r, static_cast<int>(w));
+    }
+  }
+  return pipeline::PendingStep(
+      agent_, std::move(owers), std::move(replies), std::move(losses),
+      [this, context] {
+        for (auto& replica : replicas_) replica->AbandonStep(context);
+      },
+      [this, who](int i) {
+        const auto [r, w] = who[i];
+        return absl::StrCat("replica ", r, ", the training step on worker '", replicas_[r]->workers()[w], "'");
+      },
+      [this, context] {
+        for (auto& replica : replicas_) replica->StepOver(context);
+      });
+}
+
+absl::StatusOr<std::pair<std::vector<c10::IValue>, std::vector<c10::IValue>>> DataParallelPipeline::Shares(
+    const c10::IValue& inputs, const c10::IValue& targets) const {
+  const int R = replicas();
   const int64_t rows = pipeline::BatchRows(inputs);
   ASSIGN_OR_RETURN(std::vector<c10::IValue> xs, pipeline::SplitMicroBatches(inputs, R));
   ASSIGN_OR_RETURN(std::vector<c10::IValue> ts, pipeline::SplitMicroBatches(targets, R));
@@ -160,43 +204,18 @@ absl::StatusOr<double> DataParallelPipeline::train_step(const c10::IValue& input
           " rows, fewer than its ", m, " micro-batches: give at least ", m * R, " rows"));
     }
   }
-  if (replicas_[0]->runs_on_workers()) {
-    // One call per worker of every replica, in one context (the replicas'
-    // workers are distinct); each worker's runner sums its gradients with
-    // the other replicas' and steps.
-    const int64_t context = dist_autograd::NewContextId(agent_);
-    std::vector<Future<c10::IValue>> replies;
-    std::vector<std::pair<int, int>> who;  // (replica, worker index in it)
-    for (int r = 0; r < R; ++r) {
-      ASSIGN_OR_RETURN(std::vector<Future<c10::IValue>> part,
-                       replicas_[r]->StartStep(xs[r], ts[r], context, rows));
-      for (size_t w = 0; w < part.size(); ++w) {
-        replies.push_back(std::move(part[w]));
-        who.emplace_back(r, static_cast<int>(w));
-      }
-    }
-    std::vector<std::string> owers;
-    for (const auto& [r, w] : who) owers.push_back(replicas_[r]->workers()[w]);
-    absl::Status status;
-    const int i = pipeline::WaitForReplies(
-        agent_, owers, replies,
-        [&] {
-          for (auto& replica : replicas_) replica->AbandonStep(context);
-        },
-        &status);
-    if (i >= 0) {
-      const auto [r, w] = who[i];
-      return Annotate(status, absl::StrCat("replica ", r, ", the training step on worker '",
-                                           replicas_[r]->workers()[w], "'"));
-    }
-    double loss = 0;
-    for (size_t i = 0; i < replies.size(); ++i) {
-      if (who[i].second != replicas_[who[i].first]->last_worker()) continue;
-      ASSIGN_OR_RETURN(c10::IValue l, replies[i].wait());
-      loss += l.toDouble();
-    }
-    return loss;
-  }
+  return std::make_pair(std::move(xs), std::move(ts));
+}
+
+absl::StatusOr<double> DataParallelPipeline::train_step(const c10::IValue& inputs,
+                                                        const c10::IValue& targets) {
+  const int R = replicas();
+  if (R == 1 || replicas_[0]->runs_on_workers()) return start_train_step(inputs, targets).wait();
+  ASSIGN_OR_RETURN(auto shares, Shares(inputs, targets));
+  const std::vector<c10::IValue>& xs = shares.first;
+  const std::vector<c10::IValue>& ts = shares.second;
+  const int64_t rows = pipeline::BatchRows(inputs);
+  const int m = replicas_[0]->schedule().micro_batches;
   std::vector<int64_t> ids(R, -1);
   std::vector<absl::StatusOr<double>> losses(R, absl::UnknownError("not run"));
   std::vector<absl::Status> steps(R);
@@ -269,6 +288,11 @@ absl::StatusOr<std::map<std::string, int64_t>> DataParallelPipeline::sent_messag
 
 absl::StatusOr<c10::IValue> DataParallelPipeline::eval_step(const c10::IValue& inputs) {
   return replicas_[0]->eval_step(inputs);
+}
+
+absl::StatusOr<int64_t> DataParallelPipeline::eval_correct(const at::Tensor& inputs,
+                                                           const at::Tensor& labels) {
+  return replicas_[0]->eval_correct(inputs, labels);
 }
 
 absl::StatusOr<std::vector<int64_t>> DataParallelPipeline::optimizer_state_bytes() {

@@ -60,8 +60,14 @@ class DataParallelPipeline {
 
   // One step on the whole batch; returns its loss.
   absl::StatusOr<double> train_step(const c10::IValue& inputs, const c10::IValue& targets);
+  // train_step without waiting for its end (Pipeline::start_train_step):
+  // with step runners the next step may be started before this one is
+  // waited for.
+  pipeline::PendingStep start_train_step(const c10::IValue& inputs, const c10::IValue& targets);
   // Forward only, through replica 0.
   absl::StatusOr<c10::IValue> eval_step(const c10::IValue& inputs);
+  // How many rows replica 0 classifies right (Pipeline::eval_correct).
+  absl::StatusOr<int64_t> eval_correct(const at::Tensor& inputs, const at::Tensor& labels);
 
   int replicas() const { return static_cast<int>(replicas_.size()); }
   pipeline::Pipeline& replica(int r) { return *replicas_[r]; }
@@ -80,6 +86,10 @@ class DataParallelPipeline {
   absl::StatusOr<std::map<std::string, int64_t>> sent_messages() const;
 
  private:
+  // The batch cut into the replicas' shares (inputs, targets); an error
+  // when a share has fewer rows than a replica's micro-batches.
+  absl::StatusOr<std::pair<std::vector<c10::IValue>, std::vector<c10::IValue>>> Shares(
+      const c10::IValue& inputs, const c10::IValue& targets) const;
   struct Member {
     std::string worker;
     int slot = 0, replica = 0;

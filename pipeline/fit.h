@@ -5,10 +5,7 @@
 //
 //   auto epochs = pipeline::Fit(
 //       [&](const at::Tensor& x, const at::Tensor& y) { return pipe->train_step(x, y); },
-//       [&](const at::Tensor& x) -> absl::StatusOr<at::Tensor> {
-//         ASSIGN_OR_RETURN(c10::IValue out, pipe->eval_step(x));
-//         return out.toTensor();
-//       },
+//       [&](const at::Tensor& x, const at::Tensor& y) { return pipe->eval_correct(x, y); },
 //       train, test, options, std::cout);
 //
 // Thread-safety: runs on the calling thread; the steps are called from it.
@@ -53,6 +50,12 @@ struct FitOptions {
   // Runs after every step with the position after it (a checkpoint);
   // an error stops the fit.
   std::function<absl::Status(const FitPosition&)> after_step;
+  // With a step that can be started before the last one is waited for
+  // (StartTrainStep), the next batch's step is started first, then the
+  // last one waited for, so that no worker idles between batches; except
+  // after a step for which this says true (its after_step saves a
+  // checkpoint, which must see the state after that step alone).
+  std::function<bool(int64_t step)> settle_after;
 };
 
 struct EpochResult {
@@ -64,18 +67,38 @@ struct EpochResult {
 };
 
 using TrainStep = std::function<absl::StatusOr<double>(const at::Tensor& x, const at::Tensor& y)>;
+// A training step started and not waited for: `wait` returns its loss
+// (called once); `abandon` drops it (a step before it failed).
+struct StartedStep {
+  std::function<absl::StatusOr<double>()> wait;
+  std::function<void()> abandon;
+};
+using StartTrainStep = std::function<StartedStep(const at::Tensor& x, const at::Tensor& y)>;
 using EvalStep = std::function<absl::StatusOr<at::Tensor>(const at::Tensor& x)>;  // logits [N, C]
+// How many rows of `x` are classified as `labels` says.
+using CountStep = std::function<absl::StatusOr<int64_t>(const at::Tensor& x, const at::Tensor& labels)>;
+
+// How many rows' argmax of `logits` ([rows, classes]) is their label; an
+// error for logits of another shape.
+absl::StatusOr<int64_t> CountCorrect(const at::Tensor& logits, const at::Tensor& labels);
+// A CountStep that counts `eval_step`'s logits here.
+CountStep CountFromLogits(EvalStep eval_step);
 
 // Trains `options.epochs` epochs over `train`, evaluating on `test` after
 // each; prints the progress and one line per epoch
 // ("epoch=E train_loss=L test_accuracy=A seconds=S images_per_second=I")
 // to `out`. An error names the epoch and batch it happened in.
-absl::StatusOr<std::vector<EpochResult>> Fit(const TrainStep& train_step, const EvalStep& eval_step,
+absl::StatusOr<std::vector<EpochResult>> Fit(const TrainStep& train_step, const CountStep& count_correct,
+                                             const data::Dataset& train, const data::Dataset& test,
+                                             const FitOptions& options, std::ostream& out);
+// The same with steps that run ahead: batch b + 1's step is started before
+// batch b's is waited for (see FitOptions::settle_after).
+absl::StatusOr<std::vector<EpochResult>> Fit(const StartTrainStep& start_step, const CountStep& count_correct,
                                              const data::Dataset& train, const data::Dataset& test,
                                              const FitOptions& options, std::ostream& out);
 
-// The fraction of `set` whose argmax of `eval_step`'s logits is its label.
-absl::StatusOr<double> Accuracy(const EvalStep& eval_step, const data::Dataset& set,
+// The fraction of `set` that `count_correct` counts as classified right.
+absl::StatusOr<double> Accuracy(const CountStep& count_correct, const data::Dataset& set,
                                 int64_t batch_size);
 
 }  // namespace remora::pipeline

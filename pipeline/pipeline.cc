@@ -19,6 +19,7 @@
 #include "autograd/dist_autograd.h"
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
+#include "pipeline/fit.h"
 #include "pipeline/microbatch.h"
 
 namespace remora::pipeline {
@@ -294,9 +295,11 @@ absl::StatusOr<std::vector<Future<c10::IValue>>> Pipeline::StartStep(const c10::
   for (int w = 0; w < n; ++w) {
     replies.push_back(agent_.rpc_async(
         workers_[w], "remora.pipeline.run",
-        {runner_id_, context_id, w == 0 ? inputs : c10::IValue(),
+        {runner_id_, context_id, last_over_ ? int64_t{-1} : last_started_, w == 0 ? inputs : c10::IValue(),
          w == last_worker() ? targets : c10::IValue(), total_rows}));
   }
+  last_started_ = context_id;
+  last_over_ = false;
   return replies;
 }
 
@@ -404,23 +407,53 @@ int WaitForReplies(Agent& agent, const std::vector<std::string>& workers,
   return RootFailure(replies, failed, status, absl::Seconds(2));
 }
 
-absl::StatusOr<double> Pipeline::RunOnWorkers(const c10::IValue& inputs, const c10::IValue& targets) {
-  const int64_t context = dist_autograd::NewContextId(agent_);
-  ASSIGN_OR_RETURN(std::vector<Future<c10::IValue>> replies,
-                   StartStep(inputs, targets, context, BatchRows(inputs)));
+PendingStep PendingStep::Done(absl::StatusOr<double> loss) { return PendingStep(std::move(loss)); }
+
+PendingStep::PendingStep(Agent& agent, std::vector<std::string> workers,
+                         std::vector<Future<c10::IValue>> replies, std::vector<int> loss_replies,
+                         std::function<void()> abandon, Where where, std::function<void()> over)
+    : agent_(&agent),
+      workers_(std::move(workers)),
+      replies_(std::move(replies)),
+      loss_replies_(std::move(loss_replies)),
+      abandon_(std::move(abandon)),
+      where_(std::move(where)),
+      over_(std::move(over)) {}
+
+absl::StatusOr<double> PendingStep::wait() {
+  if (done_) return *done_;
   // The first error (a worker's own: the others are told to abandon the
   // batch only after it) is the step's.
   absl::Status status;
-  if (const int w = WaitForReplies(agent_, workers_, replies, [&] { AbandonStep(context); }, &status);
-      w >= 0) {
-    return Annotate(status, absl::StrCat("the training step on worker '", workers_[w], "'"));
+  if (const int i = WaitForReplies(*agent_, workers_, replies_, abandon_, &status); i >= 0) {
+    done_ = Annotate(status, where_(i));
+  } else {
+    double loss = 0;
+    for (int i : loss_replies_) loss += replies_[i].wait()->toDouble();
+    done_ = loss;
   }
-  ASSIGN_OR_RETURN(c10::IValue loss, replies[last_worker()].wait());
-  return loss.toDouble();
+  if (over_) over_();
+  return *done_;
+}
+
+void PendingStep::abandon() {
+  if (!done_ && abandon_) abandon_();
+}
+
+PendingStep Pipeline::start_train_step(const c10::IValue& inputs, const c10::IValue& targets) {
+  if (!runs_on_workers()) return PendingStep::Done(train_step(inputs, targets));
+  const int64_t context = dist_autograd::NewContextId(agent_);
+  absl::StatusOr<std::vector<Future<c10::IValue>>> replies =
+      StartStep(inputs, targets, context, BatchRows(inputs));
+  if (!replies.ok()) return PendingStep::Done(replies.status());
+  return PendingStep(agent_, workers_, std::move(*replies), {last_worker()},
+                     [this, context] { AbandonStep(context); },
+                     [this](int w) { return absl::StrCat("the training step on worker '", workers_[w], "'"); },
+                     [this, context] { StepOver(context); });
 }
 
 absl::StatusOr<double> Pipeline::train_step(const c10::IValue& inputs, const c10::IValue& targets) {
-  if (runs_on_workers()) return RunOnWorkers(inputs, targets);
+  if (runs_on_workers()) return start_train_step(inputs, targets).wait();
   dist_autograd::Context context(agent_);
   ASSIGN_OR_RETURN(double loss, forward_backward(inputs, targets, context.id(), BatchRows(inputs)));
   RETURN_IF_ERROR(step(context.id()));
@@ -497,23 +530,41 @@ absl::StatusOr<double> Pipeline::RunMicroBatches(const std::vector<c10::IValue>&
   return loss;
 }
 
-absl::StatusOr<c10::IValue> Pipeline::eval_step(const c10::IValue& inputs) {
+absl::StatusOr<c10::IValue> Pipeline::EvalOnWorkers(const c10::IValue& inputs, const c10::IValue& labels) {
   const int m = std::min<int64_t>(schedule_.micro_batches, std::max<int64_t>(1, BatchRows(inputs)));
-  if (runs_on_workers()) {
-    const int64_t id = dist_autograd::NewContextId(agent_);
-    std::vector<Future<c10::IValue>> replies;
-    for (size_t w = 0; w < workers_.size(); ++w) {
-      replies.push_back(agent_.rpc_async(workers_[w], "remora.pipeline.eval",
-                                         {runner_id_, id, w == 0 ? inputs : c10::IValue(),
-                                          int64_t{m}}));
-    }
-    absl::Status status;
-    if (const int w = WaitForReplies(agent_, workers_, replies, [&] { AbandonStep(id); }, &status);
-        w >= 0) {
-      return Annotate(status, absl::StrCat("evaluating on worker '", workers_[w], "'"));
-    }
-    return replies[last_worker()].wait();
+  const int64_t id = dist_autograd::NewContextId(agent_);
+  std::vector<Future<c10::IValue>> replies;
+  for (int w = 0; w < static_cast<int>(workers_.size()); ++w) {
+    replies.push_back(agent_.rpc_async(
+        workers_[w], "remora.pipeline.eval",
+        {runner_id_, id, w == 0 ? inputs : c10::IValue(), int64_t{m},
+         w == last_worker() ? labels : c10::IValue()}));
   }
+  absl::Status status;
+  if (const int w = WaitForReplies(agent_, workers_, replies, [&] { AbandonStep(id); }, &status);
+      w >= 0) {
+    return Annotate(status, absl::StrCat("evaluating on worker '", workers_[w], "'"));
+  }
+  return replies[last_worker()].wait();
+}
+
+absl::StatusOr<int64_t> Pipeline::eval_correct(const at::Tensor& inputs, const at::Tensor& labels) {
+  if (BatchRows(inputs) != labels.size(0)) {
+    return absl::InvalidArgumentError(absl::StrCat("eval_correct: ", BatchRows(inputs), " inputs but ",
+                                                   labels.size(0), " labels"));
+  }
+  if (!runs_on_workers()) {
+    ASSIGN_OR_RETURN(c10::IValue out, eval_step(inputs));
+    if (!out.isTensor()) return absl::InvalidArgumentError("eval_correct: the model's output is not a tensor");
+    return CountCorrect(out.toTensor(), labels);
+  }
+  ASSIGN_OR_RETURN(c10::IValue count, EvalOnWorkers(inputs, labels));
+  return count.toInt();
+}
+
+absl::StatusOr<c10::IValue> Pipeline::eval_step(const c10::IValue& inputs) {
+  if (runs_on_workers()) return EvalOnWorkers(inputs, c10::IValue());
+  const int m = std::min<int64_t>(schedule_.micro_batches, std::max<int64_t>(1, BatchRows(inputs)));
   ASSIGN_OR_RETURN(std::vector<c10::IValue> xs, SplitMicroBatches(inputs, m));
   const int S = num_stages();
   std::vector<Future<c10::IValue>> outs;

@@ -33,6 +33,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -87,6 +88,48 @@ absl::StatusOr<std::vector<StageSpec>> TorchScriptStages(const std::string& mode
 int WaitForReplies(Agent& agent, const std::vector<std::string>& workers,
                    std::vector<Future<c10::IValue>>& replies, const std::function<void()>& abandon,
                    absl::Status* status);
+
+// A training step started on the workers and not waited for yet
+// (Pipeline::start_train_step, DataParallelPipeline::start_train_step).
+// The master may start the next step before waiting for this one: each
+// worker runs its batches in the order they were started.
+//
+// Thread-safety: one thread at a time. Ownership: holds the replies; the
+// pipeline that started it must outlive it. A step never waited for still
+// runs to its end on the workers (or is dropped there by abandon()).
+class PendingStep {
+ public:
+  // Where a failure of the reply owed by worker i is reported from.
+  using Where = std::function<std::string(int i)>;
+  // A step already over (run on this process, or failed to start).
+  static PendingStep Done(absl::StatusOr<double> loss);
+  // `replies[i]` owed by `workers[i]`; the loss is the sum of the replies
+  // at `loss_replies`; `abandon` tells every worker to drop the step.
+  // `over` runs once wait() has its outcome.
+  PendingStep(Agent& agent, std::vector<std::string> workers, std::vector<Future<c10::IValue>> replies,
+              std::vector<int> loss_replies, std::function<void()> abandon, Where where,
+              std::function<void()> over);
+
+  // Blocks until the step has ended on every worker (WaitForReplies) and
+  // returns its loss, or the failure to report (the others told to drop
+  // the step). Called once.
+  absl::StatusOr<double> wait();
+  // Tells the workers to drop the step, not waiting for them (after an
+  // earlier step failed).
+  void abandon();
+
+ private:
+  explicit PendingStep(absl::StatusOr<double> loss) : done_(std::move(loss)) {}
+
+  std::optional<absl::StatusOr<double>> done_;
+  Agent* agent_ = nullptr;
+  std::vector<std::string> workers_;
+  std::vector<Future<c10::IValue>> replies_;
+  std::vector<int> loss_replies_;
+  std::function<void()> abandon_;
+  Where where_;
+  std::function<void()> over_;
+};
 
 // The requests `agent` and `workers` have sent so far, by kind
 // (Agent::sent_messages), summed; the calls that ask are left out.
@@ -161,6 +204,11 @@ class Pipeline {
   // With a named loss: one call per worker (the inputs to stage 0's, the
   // targets to the last stage's), the workers do the rest (runner.h).
   absl::StatusOr<double> train_step(const c10::IValue& inputs, const c10::IValue& targets);
+  // train_step without waiting for the step's end: with step runners, the
+  // call goes to every worker and returns; the next step may be started
+  // before this one is waited for (the workers queue it behind this one).
+  // Otherwise the step runs here first.
+  PendingStep start_train_step(const c10::IValue& inputs, const c10::IValue& targets);
   // Whether train_step runs the step protocol (a named loss).
   bool runs_on_workers() const { return runner_id_ >= 0; }
   // The step protocol in parts, for data parallelism (parallel/): starts
@@ -168,12 +216,18 @@ class Pipeline {
   // micro-batch's loss weighted by its rows / `total_rows` (the whole
   // batch's, of which `inputs` may be one replica's share); the replies in
   // worker order, the last stage's worker's (last_worker()) carrying the
-  // weighted loss. After a failure, AbandonStep tells every worker to drop
-  // the batch.
+  // weighted loss. Each worker starts it once the step started before it
+  // here has ended there. After a failure, AbandonStep tells every worker
+  // to drop the batch.
   absl::StatusOr<std::vector<Future<c10::IValue>>> StartStep(const c10::IValue& inputs,
                                                             const c10::IValue& targets,
                                                             int64_t context_id, int64_t total_rows);
   void AbandonStep(int64_t context_id);
+  // The master has the outcome of step `context_id` (its replies, or the
+  // failure it reported): the next StartStep waits for no earlier step.
+  void StepOver(int64_t context_id) {
+    if (context_id == last_started_) last_over_ = true;
+  }
   int last_worker() const { return (num_stages() - 1) % static_cast<int>(workers_.size()); }
   int64_t runner_id() const { return runner_id_; }
 
@@ -192,6 +246,11 @@ class Pipeline {
   // call per worker, outputs pushed worker to worker, the last stage's
   // worker replying with them).
   absl::StatusOr<c10::IValue> eval_step(const c10::IValue& inputs);
+  // How many rows of `inputs` the model classifies as `labels` says (the
+  // argmax of its output, [rows, classes]). With step runners the labels
+  // go to the last stage's worker, which counts there and replies with
+  // the count alone; otherwise counted here from eval_step's outputs.
+  absl::StatusOr<int64_t> eval_correct(const at::Tensor& inputs, const at::Tensor& labels);
 
   // Stage k's parameters then buffers (copies on this process's CPU).
   absl::StatusOr<std::vector<at::Tensor>> stage_state(int k);
@@ -228,8 +287,9 @@ class Pipeline {
 
   // Gives every worker its step runner.
   absl::Status MakeRunners();
-  // train_step on the workers' step runners.
-  absl::StatusOr<double> RunOnWorkers(const c10::IValue& inputs, const c10::IValue& targets);
+  // eval_step on the workers' step runners: the last stage's worker's
+  // reply (its outputs, or with `labels` its count of right answers).
+  absl::StatusOr<c10::IValue> EvalOnWorkers(const c10::IValue& inputs, const c10::IValue& labels);
   // forward_backward after the workers have the batch's order.
   absl::StatusOr<double> RunMicroBatches(const std::vector<c10::IValue>& xs,
                                          const std::vector<c10::IValue>& ts, double rows,
@@ -246,6 +306,8 @@ class Pipeline {
   const Schedule schedule_;
   std::unique_ptr<optim::DistributedOptimizer> optimizer_;
   int64_t runner_id_ = -1;  // the workers' step runners, or -1: none
+  int64_t last_started_ = -1;  // the context of the last step StartStep sent
+  bool last_over_ = true;      // whether that step's outcome is known here
 };
 
 }  // namespace remora::pipeline

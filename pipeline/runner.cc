@@ -1,5 +1,6 @@
 #include "pipeline/runner.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <optional>
@@ -18,6 +19,7 @@
 #include "optim/distributed_optimizer.h"
 #include "pipeline/microbatch.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/runner_plan.h"
 #include "pipeline/stage.h"
 #include "rpc/agent.h"
 #include "runtime/action_mark.h"
@@ -31,8 +33,13 @@ namespace {
 struct Batch {
   explicit Batch(int64_t c, Executor* executor) : context(c), done(executor) {}
   const int64_t context;
-  bool started = false;  // its "run" call has come
+  bool started = false;  // its actions are under way
   bool over = false;     // finished or failed: nothing more runs for it
+  // Its "run" call has come, but the batch before it (`after`) has not
+  // ended here yet: `inputs` wait with it.
+  bool queued = false;
+  int64_t after = -1;
+  std::vector<c10::IValue> inputs;   // on stage 0's worker, until it starts
   // Outputs pushed here before "run" came: (stage, micro-batch, value).
   std::vector<std::tuple<int64_t, int64_t, c10::IValue>> early;
   std::vector<c10::IValue> targets;  // on the last stage's worker
@@ -42,53 +49,22 @@ struct Batch {
   Future<c10::IValue> done;          // the reply to "run"
 };
 
-// One evaluation batch on this worker (forward only, no autograd).
-// Guarded by its runner's mutex.
-struct EvalBatch {
-  EvalBatch(int64_t i, Executor* executor) : id(i), done(executor) {}
-  const int64_t id;
-  bool started = false;
-  bool over = false;
-  int remaining = 0;  // forward passes still to run here
-  std::vector<std::tuple<int64_t, int64_t, c10::IValue>> early;
-  std::vector<c10::IValue> outputs;  // the last stage's, per micro-batch
-  Future<c10::IValue> done;
-};
-
-// `value` (a tensor; anything else as it is) on `device`. To a GPU the
-// copy is from pinned memory and does not wait (a copy from pageable
-// memory would hold this thread until the stream had run everything queued
-// before it, and the host could no longer run ahead of the GPU).
-c10::IValue ToDevice(const c10::IValue& value, c10::Device device) {
-  if (!value.isTensor() || value.toTensor().device() == device) return value;
-  at::Tensor t = value.toTensor();
-  if (device.is_cuda() && t.is_cpu()) {
-    return t.pin_memory().to(device, /*non_blocking=*/true);
-  }
-  return t.to(device);
-}
-
 // One pipeline's part on this worker (see runner.h). Owns its batches'
 // state; shared by the process's runner table and the closures in flight.
 // Thread-safety: every method may be called from any thread.
 class Runner : public std::enable_shared_from_this<Runner> {
  public:
-  struct Plan {
-    int64_t id = 0;
-    std::vector<std::string> stage_workers;  // stage k's worker
-    int micro_batches = 1;
-    std::vector<LaneAction> actions;         // this worker's order (epoch unset)
-    std::map<int64_t, LocalStage> stages;    // this worker's, by index
-    LossFn loss;                             // empty unless the last stage is here
-    std::optional<RRef> optimizer;           // this worker's LocalOptimizer
-  };
+  Runner(Agent& agent, RunnerPlan plan)
+      : agent_(agent),
+        plan_(std::make_shared<const RunnerPlan>(std::move(plan))),
+        evals_(std::make_shared<EvalRunner>(agent, plan_)) {}
 
-  Runner(Agent& agent, Plan plan) : agent_(agent), plan_(std::move(plan)) {}
+  EvalRunner& evals() { return *evals_; }
 
   absl::Status Attach(std::shared_ptr<StepParticipant> participant) {
     MutexLock lock(mu_);
     if (participant_) {
-      return absl::AlreadyExistsError(absl::StrCat("the step runner of pipeline ", plan_.id,
+      return absl::AlreadyExistsError(absl::StrCat("the step runner of pipeline ", plan_->id,
                                                    " on worker '", agent_.self().name,
                                                    "' has a participant already"));
     }
@@ -96,32 +72,31 @@ class Runner : public std::enable_shared_from_this<Runner> {
     return absl::OkStatus();
   }
 
-  int num_stages() const { return static_cast<int>(plan_.stage_workers.size()); }
-  bool hosts(int64_t stage) const { return plan_.stages.count(stage) > 0; }
-  // What a push names must be one of this worker's stages.
-  void RequireHosted(int64_t stage) const {
-    if (!hosts(stage)) {
-      throw std::invalid_argument(absl::StrCat("worker '", agent_.self().name, "' hosts no stage ",
-                                               stage, " of this pipeline"));
-    }
-  }
+  int num_stages() const { return plan_->num_stages(); }
+  bool hosts(int64_t stage) const { return plan_->hosts(stage); }
 
-  Future<c10::IValue> Run(int64_t context, const c10::IValue& inputs, const c10::IValue& targets,
-                          int64_t total_rows) {
-    const int m = plan_.micro_batches;
+  // Batch `context`, to start once batch `after` (the master's previous
+  // one) has ended here: the master may send a batch's call while the one
+  // before it still runs, and calls may arrive in any order. `after` -1:
+  // the master waits for no batch before this one, so any older one still
+  // here is one whose abandon was lost (sent to a worker cut off for a
+  // while): it is dropped.
+  Future<c10::IValue> Run(int64_t context, int64_t after, const c10::IValue& inputs,
+                          const c10::IValue& targets, int64_t total_rows) {
+    const int m = plan_->micro_batches;
     const int last = num_stages() - 1;
     std::vector<c10::IValue> xs, ts;
     std::vector<double> weights;
     absl::Status status = dist_autograd::EnsureContext(agent_, context);
     // The whole batch goes to the stage's device at once, before the
-    // micro-batches are cut from it.
+    // micro-batches are cut from it (while an earlier batch may still run).
     if (status.ok() && hosts(0)) {
-      auto split = SplitMicroBatches(ToDevice(inputs, plan_.stages.at(0).device()), m);
+      auto split = SplitMicroBatches(ToDevice(inputs, plan_->stages.at(0).device()), m);
       if (split.ok()) xs = std::move(*split);
       status = split.status();
     }
     if (status.ok() && hosts(last)) {
-      auto split = SplitMicroBatches(ToDevice(targets, plan_.stages.at(last).device()), m);
+      auto split = SplitMicroBatches(ToDevice(targets, plan_->stages.at(last).device()), m);
       if (split.ok()) ts = std::move(*split);
       status = split.status();
       for (const c10::IValue& t : ts) {
@@ -133,51 +108,46 @@ class Runner : public std::enable_shared_from_this<Runner> {
       return Future<c10::IValue>::Ready(Annotate(status, absl::StrCat("worker '", agent_.self().name, "'")));
     }
     std::shared_ptr<Batch> b;
-    std::vector<std::tuple<int64_t, int64_t, c10::IValue>> early;
     {
       MutexLock lock(mu_);
-      if (participant_) participant_->Begin(context, m);
-      // Batches run one at a time and their ids grow: older entries are a
-      // failed batch's (and late pushes for them are dropped).
-      batches_.erase(batches_.begin(), batches_.lower_bound(context));
-      latest_ = context;
       b = BatchOf(context);
-      if (b->over) {
+      if (b->over || context < latest_) {
         dist_autograd::ReleaseHere(agent_, context);
         return Future<c10::IValue>::Ready(absl::AbortedError(absl::StrCat(
             "batch ", context, " was abandoned before it started on worker '", agent_.self().name, "'")));
       }
-      std::vector<LaneAction> order = plan_.actions;
-      for (LaneAction& a : order) a.epoch = context;
-      // Under the lock, so that no push starts a forward pass before the
-      // order is in place.
-      ComputeTurn::SetOrder(context, std::move(order));
-      std::weak_ptr<Runner> weak = weak_from_this();
-      Executor* executor = agent_.executor();
-      ComputeTurn::WhenOrderDone(context, [weak, b, executor] {
-        executor->Schedule([weak, b] {
-          if (auto self = weak.lock()) self->Finish(b);
-        });
-      });
-      b->started = true;
+      b->queued = true;
+      b->after = after;
+      b->inputs = std::move(xs);
       b->targets = std::move(ts);
       b->weights = std::move(weights);
-      early = std::move(b->early);
     }
-    for (int i = 0; i < static_cast<int>(xs.size()); ++i) StartForward(b, 0, i, std::move(xs[i]));
-    for (auto& [stage, mb, value] : early) StartForward(b, stage, mb, std::move(value));
+    if (after < 0) {
+      std::vector<std::shared_ptr<Batch>> older;
+      {
+        MutexLock lock(mu_);
+        for (auto it = batches_.begin(); it != batches_.end() && it->first < context; ++it) {
+          if (!it->second->over) older.push_back(it->second);
+        }
+      }
+      for (const auto& o : older) {
+        Fail(o, absl::AbortedError(absl::StrCat("batch ", o->context, " on worker '", agent_.self().name,
+                                                "' was given up by the master")));
+      }
+    }
+    StartReady();
     return b->done;
   }
 
   void Push(int64_t context, int64_t stage, int64_t mb, c10::IValue value) {
-    RequireHosted(stage);
+    plan_->RequireHosted(stage, agent_.self().name);
     std::shared_ptr<Batch> b;
     {
       MutexLock lock(mu_);
       // A failed batch's: receiving it made its context here again (the
       // RPC layer records every message that carries gradients), which
       // nothing else would release.
-      if (context < latest_ || BatchOf(context)->over) {
+      if (context < latest_ || (batches_.count(context) > 0 && batches_[context]->over)) {
         dist_autograd::ReleaseHere(agent_, context);
         return;
       }
@@ -190,67 +160,8 @@ class Runner : public std::enable_shared_from_this<Runner> {
     StartForward(b, stage, mb, std::move(value));
   }
 
-  // Forward only, in eval mode: the micro-batches' outputs flow as in
-  // Run; the last stage's worker replies with them merged, the others
-  // with None once their passes are done.
-  Future<c10::IValue> Eval(int64_t id, const c10::IValue& inputs, int m) {
-    std::vector<c10::IValue> xs;
-    if (hosts(0)) {
-      auto split = SplitMicroBatches(ToDevice(inputs, plan_.stages.at(0).device()), m);
-      if (!split.ok()) {
-        return Future<c10::IValue>::Ready(
-            Annotate(split.status(), absl::StrCat("worker '", agent_.self().name, "'")));
-      }
-      xs = std::move(*split);
-    }
-    std::shared_ptr<EvalBatch> b;
-    std::vector<std::tuple<int64_t, int64_t, c10::IValue>> early;
-    {
-      MutexLock lock(mu_);
-      evals_.erase(evals_.begin(), evals_.lower_bound(id));
-      latest_eval_ = id;
-      b = EvalOf(id);
-      if (b->over) {
-        return Future<c10::IValue>::Ready(absl::AbortedError(absl::StrCat(
-            "evaluation ", id, " was abandoned before it started on worker '", agent_.self().name, "'")));
-      }
-      b->started = true;
-      b->remaining = m * static_cast<int>(plan_.stages.size());
-      if (hosts(num_stages() - 1)) b->outputs.resize(m);
-      early = std::move(b->early);
-    }
-    for (int i = 0; i < static_cast<int>(xs.size()); ++i) StartEval(b, 0, i, std::move(xs[i]));
-    for (auto& [stage, mb, value] : early) StartEval(b, stage, mb, std::move(value));
-    return b->done;
-  }
-
-  void EvalPush(int64_t id, int64_t stage, int64_t mb, c10::IValue value) {
-    RequireHosted(stage);
-    std::shared_ptr<EvalBatch> b;
-    {
-      MutexLock lock(mu_);
-      if (id < latest_eval_) return;
-      b = EvalOf(id);
-      if (b->over) return;
-      if (!b->started) {
-        b->early.emplace_back(stage, mb, std::move(value));
-        return;
-      }
-    }
-    StartEval(b, stage, mb, std::move(value));
-  }
-
   void Abandon(int64_t context) {
-    std::shared_ptr<EvalBatch> eval;
-    {
-      MutexLock lock(mu_);
-      if (auto it = evals_.find(context); it != evals_.end()) eval = it->second;
-    }
-    if (eval) {
-      FailEval(eval, absl::AbortedError(absl::StrCat(
-          "the evaluation was abandoned on worker '", agent_.self().name, "' (another worker failed)")));
-      return;
-    }
+    if (evals_->Abandon(context)) return;
     std::shared_ptr<Batch> b;
     {
       MutexLock lock(mu_);
@@ -261,83 +172,64 @@ class Runner : public std::enable_shared_from_this<Runner> {
   }
 
  private:
+  // Starts the queued batch whose turn it is, if any: none runs here and
+  // the batch it waits for has ended.
+  void StartReady() {
+    std::shared_ptr<Batch> b;
+    std::vector<std::tuple<int64_t, int64_t, c10::IValue>> early;
+    std::vector<c10::IValue> xs;
+    {
+      MutexLock lock(mu_);
+      if (running_ >= 0) return;
+      for (auto& [context, batch] : batches_) {
+        if (batch->queued && !batch->over && batch->after <= last_ended_) {
+          b = batch;
+          break;
+        }
+      }
+      if (!b) return;
+      const int64_t context = b->context;
+      b->queued = false;
+      b->started = true;
+      running_ = context;
+      if (participant_) participant_->Begin(context, plan_->micro_batches);
+      // Batches run one at a time and their ids grow: older entries are
+      // failed batches' (and late pushes for them are dropped).
+      batches_.erase(batches_.begin(), batches_.lower_bound(context));
+      latest_ = context;
+      std::vector<LaneAction> order = plan_->actions;
+      for (LaneAction& a : order) a.epoch = context;
+      // Under the lock, so that no push starts a forward pass before the
+      // order is in place.
+      ComputeTurn::SetOrder(context, std::move(order));
+      std::weak_ptr<Runner> weak = weak_from_this();
+      Executor* executor = agent_.executor();
+      ComputeTurn::WhenOrderDone(context, [weak, b, executor] {
+        executor->Schedule([weak, b] {
+          if (auto self = weak.lock()) self->Finish(b);
+        });
+      });
+      xs = std::move(b->inputs);
+      early = std::move(b->early);
+    }
+    for (int i = 0; i < static_cast<int>(xs.size()); ++i) StartForward(b, 0, i, std::move(xs[i]));
+    for (auto& [stage, mb, value] : early) StartForward(b, stage, mb, std::move(value));
+  }
+
+  // Batch `b` has ended here (stepped, or failed): the next may start.
+  void Ended(const Batch& b) {
+    {
+      MutexLock lock(mu_);
+      last_ended_ = std::max(last_ended_, b.context);
+      if (running_ == b.context) running_ = -1;
+    }
+    StartReady();
+  }
+
   std::shared_ptr<Batch> BatchOf(int64_t context) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto& slot = batches_[context];
     if (!slot) slot = std::make_shared<Batch>(context, agent_.executor());
     return slot;
-  }
-
-  std::shared_ptr<EvalBatch> EvalOf(int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto& slot = evals_[id];
-    if (!slot) slot = std::make_shared<EvalBatch>(id, agent_.executor());
-    return slot;
-  }
-
-  // Queues an eval pass: a plain turn of the compute lane (first come,
-  // first served), never waiting for a thread.
-  void StartEval(std::shared_ptr<EvalBatch> b, int64_t stage, int64_t mb, c10::IValue x) {
-    Executor* executor = agent_.executor();
-    std::shared_ptr<Runner> self = shared_from_this();
-    ComputeTurn::RunInTurn(
-        LaneAction{-1, stage, mb, /*backward=*/false},
-        [self, b, stage, mb, x = std::move(x)] { self->EvalForward(b, stage, mb, x); },
-        [executor](std::function<void()> fn) { executor->Schedule(std::move(fn)); });
-  }
-
-  void EvalForward(const std::shared_ptr<EvalBatch>& b, int64_t stage, int64_t mb,
-                   const c10::IValue& x) {
-    {
-      MutexLock lock(mu_);
-      if (b->over) return;
-    }
-    c10::IValue y;
-    try {
-      y = plan_.stages.at(stage).Eval(x, mb);
-    } catch (...) {
-      FailEval(b, StatusFromCurrentException(absl::StrCat(
-          "stage ", stage, " on worker '", agent_.self().name, "', eval of micro-batch ", mb)));
-      return;
-    }
-    if (stage + 1 < num_stages()) {
-      agent_.rpc_async(plan_.stage_workers[stage + 1], "remora.pipeline.eval_push",
-                       {plan_.id, b->id, stage + 1, mb, y})
-          .then([self = shared_from_this(), b, stage, mb](const absl::StatusOr<c10::IValue>& r) {
-            if (!r.ok()) {
-              self->FailEval(b, Annotate(r.status(), absl::StrCat("pushing stage ", stage,
-                                                                  "'s eval output of micro-batch ", mb)));
-            }
-          });
-    }
-    std::vector<c10::IValue> outputs;
-    {
-      MutexLock lock(mu_);
-      if (b->over) return;
-      if (stage + 1 == num_stages()) b->outputs.at(mb) = std::move(y);
-      if (--b->remaining > 0) return;
-      b->over = true;
-      outputs = std::move(b->outputs);
-    }
-    if (outputs.empty()) {
-      b->done.SetValue(c10::IValue());
-      return;
-    }
-    auto merged = MergeMicroBatches(outputs);
-    if (merged.ok()) {
-      b->done.SetValue(std::move(*merged));
-    } else {
-      b->done.SetError(merged.status());
-    }
-  }
-
-  void FailEval(const std::shared_ptr<EvalBatch>& b, absl::Status status) {
-    {
-      MutexLock lock(mu_);
-      if (b->over) return;
-      b->over = true;
-      b->early.clear();
-      b->outputs.clear();
-    }
-    b->done.SetError(std::move(status));
   }
 
   // Queues the forward pass of (stage, mb) for its turn in the order.
@@ -356,14 +248,14 @@ class Runner : public std::enable_shared_from_this<Runner> {
       MutexLock lock(mu_);
       if (b->over) return;
     }
-    const LocalStage& s = plan_.stages.at(stage);
+    const LocalStage& s = plan_->stages.at(stage);
     ContextIdGuard in_context(b->context);
     try {
       c10::IValue y = s.Forward(x, mb, b->context);
       if (stage + 1 < num_stages()) {
         // Straight to the next stage's worker; recorded in the context.
-        agent_.rpc_async(plan_.stage_workers[stage + 1], "remora.pipeline.push",
-                         {plan_.id, b->context, stage + 1, mb, y})
+        agent_.rpc_async(plan_->stage_workers[stage + 1], "remora.pipeline.push",
+                         {plan_->id, b->context, stage + 1, mb, y})
             .then([self = shared_from_this(), b, stage, mb](const absl::StatusOr<c10::IValue>& r) {
               if (!r.ok()) {
                 self->Fail(b, Annotate(r.status(), absl::StrCat("pushing stage ", stage,
@@ -372,7 +264,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
             });
         return;
       }
-      at::Tensor loss = plan_.loss(y, b->targets.at(mb)) * b->weights.at(mb);
+      at::Tensor loss = plan_->loss(y, b->targets.at(mb)) * b->weights.at(mb);
       const LaneAction back{b->context, stage, mb, /*backward=*/true};
       {
         MutexLock lock(mu_);
@@ -420,10 +312,11 @@ class Runner : public std::enable_shared_from_this<Runner> {
             absl::StrCat("summing the gradients over the replicas on worker '", agent_.self().name, "'"));
       }
     }
-    if (status.ok() && plan_.optimizer && !(participant && participant->Steps())) {
-      status = optim::StepHere(agent_, *plan_.optimizer, b->context);
+    if (status.ok() && plan_->optimizer && !(participant && participant->Steps())) {
+      status = optim::StepHere(agent_, *plan_->optimizer, b->context);
     }
     dist_autograd::ReleaseHere(agent_, b->context);
+    Ended(*b);
     if (!status.ok()) {
       b->done.SetError(status);
       return;
@@ -446,21 +339,25 @@ class Runner : public std::enable_shared_from_this<Runner> {
       MutexLock lock(mu_);
       if (b->over) return;
       b->over = true;
+      b->queued = false;
       b->early.clear();
+      b->inputs.clear();
       if (participant_) participant_->Discard(b->context);
     }
     ComputeTurn::Abandon(b->context);
     dist_autograd::ReleaseHere(agent_, b->context);
+    Ended(*b);
     b->done.SetError(std::move(status));
   }
 
   Agent& agent_;
-  const Plan plan_;
+  const std::shared_ptr<const RunnerPlan> plan_;
+  const std::shared_ptr<EvalRunner> evals_;
   absl::Mutex mu_;
-  int64_t latest_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t latest_ ABSL_GUARDED_BY(mu_) = -1;     // the last batch started
+  int64_t running_ ABSL_GUARDED_BY(mu_) = -1;    // started and not ended, or -1
+  int64_t last_ended_ ABSL_GUARDED_BY(mu_) = -1;
   std::shared_ptr<StepParticipant> participant_ ABSL_GUARDED_BY(mu_);
-  int64_t latest_eval_ ABSL_GUARDED_BY(mu_) = -1;
-  std::map<int64_t, std::shared_ptr<EvalBatch>> evals_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, std::shared_ptr<Batch>> batches_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -493,7 +390,7 @@ c10::IValue MakeRunner(CallContext& ctx, const Args& a) {
   if (ctx.agent == nullptr) throw std::runtime_error("make_runner needs an agent");
   Agent& agent = *ctx.agent;
   const std::string& me = agent.self().name;
-  Runner::Plan plan;
+  RunnerPlan plan;
   plan.id = a[0].toInt();
   plan.stage_workers = a[1].to<std::vector<std::string>>();
   plan.micro_batches = static_cast<int>(a[2].toInt());
@@ -554,10 +451,11 @@ absl::Status AttachToRunner(int64_t runner_id, std::shared_ptr<StepParticipant> 
 
 absl::Status RegisterRunnerFunctions(Registry& registry) {
   RETURN_IF_ERROR(registry.RegisterFunction("remora.pipeline.make_runner", MakeRunner));
-  // run(id, context, inputs or None, targets or None, total rows)
+  // run(id, context, after (the previous batch's context, or -1), inputs or
+  // None, targets or None, total rows)
   RETURN_IF_ERROR(registry.RegisterAsyncFunction(
       "remora.pipeline.run", [](CallContext& ctx, const Args& a) -> Future<c10::IValue> {
-        return FindRunner(ctx, a[0].toInt())->Run(a[1].toInt(), a[2], a[3], a[4].toInt());
+        return FindRunner(ctx, a[0].toInt())->Run(a[1].toInt(), a[2].toInt(), a[3], a[4], a[5].toInt());
       }));
   // push(id, context, stage, micro-batch, value)
   RETURN_IF_ERROR(registry.RegisterFunction(
@@ -565,15 +463,17 @@ absl::Status RegisterRunnerFunctions(Registry& registry) {
         FindRunner(ctx, a[0].toInt())->Push(a[1].toInt(), a[2].toInt(), a[3].toInt(), a[4]);
         return c10::IValue();
       }));
-  // eval(id, eval id, inputs or None, micro-batches)
+  // eval(id, eval id, inputs or None, micro-batches, labels or None)
   RETURN_IF_ERROR(registry.RegisterAsyncFunction(
       "remora.pipeline.eval", [](CallContext& ctx, const Args& a) -> Future<c10::IValue> {
-        return FindRunner(ctx, a[0].toInt())->Eval(a[1].toInt(), a[2], static_cast<int>(a[3].toInt()));
+        return FindRunner(ctx, a[0].toInt())
+            ->evals()
+            .Eval(a[1].toInt(), a[2], static_cast<int>(a[3].toInt()), a[4]);
       }));
   // eval_push(id, eval id, stage, micro-batch, value)
   RETURN_IF_ERROR(registry.RegisterFunction(
       "remora.pipeline.eval_push", [](CallContext& ctx, const Args& a) -> c10::IValue {
-        FindRunner(ctx, a[0].toInt())->EvalPush(a[1].toInt(), a[2].toInt(), a[3].toInt(), a[4]);
+        FindRunner(ctx, a[0].toInt())->evals().Push(a[1].toInt(), a[2].toInt(), a[3].toInt(), a[4]);
         return c10::IValue();
       }));
   // abandon(id, context or eval id)

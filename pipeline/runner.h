@@ -6,8 +6,10 @@
 // change from batch to batch: the worker's stages, its actions' order (the
 // schedule), where every other stage lives, the loss and the worker's
 // optimizer. A batch is then one call per worker ("remora.pipeline.run"):
-// the batch's autograd context id, the inputs for the worker of stage 0 and
-// the targets for the worker of the last stage. The worker
+// the batch's autograd context id, the batch before it (whose end here it
+// waits for: the master may send the next batch's call while one runs, and
+// the calls may arrive in any order), the inputs for the worker of stage 0
+// and the targets for the worker of the last stage. The worker
 //
 //   - runs its actions in the schedule's order (runtime/compute_lane.h),
 //     each forward pass as soon as its input is here;
@@ -25,7 +27,7 @@
 //
 // Evaluation ("remora.pipeline.eval") flows the same way, forward only
 // ("remora.pipeline.eval_push"), and the last stage's worker replies with
-// the outputs.
+// the outputs, or with labels with the count of rows classified right.
 //
 // A batch that fails anywhere fails on every worker once the master tells
 // them ("remora.pipeline.abandon"): what waits for it is dropped and the

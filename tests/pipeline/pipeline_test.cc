@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "autograd/dist_autograd.h"
 #include "models/mlp.h"
 #include "tests/support/pipeline_fixtures.h"
 #include "tests/support/script_models.h"
@@ -321,6 +322,153 @@ void ExpectError(const absl::Status& s, const std::vector<std::string>& parts) {
   ASSERT_FALSE(s.ok());
   for (const auto& p : parts) {
     EXPECT_NE(s.message().find(p), std::string::npos) << "'" << p << "' not in: " << s.message();
+  }
+}
+
+// eval_correct: the labels go to the last stage's worker, which counts the
+// rows its outputs get right and replies with the count alone; the count
+// is the one the outputs give here. An output that is not [rows, classes]
+// is an error naming the stage and the worker.
+TEST(Pipeline, EvalCorrectCountsOnTheLastStagesWorker) {
+  Workers workers;
+  PipelineOptions o;
+  o.stages = {Spec(Mlp(8, 16, 1)), Spec(Mlp(16, 12, 2)), Spec(Mlp(12, 16, 3)), Spec(Mlp(16, 4, 4, false))};
+  o.workers = {"w1", "w2"};
+  o.schedule = "interleaved";
+  o.micro_batches = 4;
+  o.loss = MseLoss();
+  o.optimizer = optim::OptimizerOptions::SGD(0.05);
+  auto pipe = Pipeline::Create(workers.master(), o);
+  ASSERT_TRUE(pipe.ok()) << pipe.status();
+  ASSERT_TRUE((*pipe)->runs_on_workers());
+  const at::Tensor x = at::randn({10, 8});
+  auto out = (*pipe)->eval_step(x);
+  ASSERT_TRUE(out.ok()) << out.status();
+  // The outputs' own classes, 3 rows of them changed: 7 right.
+  at::Tensor labels = out->toTensor().argmax(1);
+  for (int64_t i : {0, 4, 9}) labels[i] = (labels[i].item<int64_t>() + 1) % 4;
+  auto before = (*pipe)->sent_messages();
+  auto right = (*pipe)->eval_correct(x, labels);
+  ASSERT_TRUE(right.ok()) << right.status();
+  EXPECT_EQ(*right, 7);
+  auto after = (*pipe)->sent_messages();
+  ASSERT_TRUE(before.ok() && after.ok());
+  // One call per worker and one push per boundary per micro-batch.
+  int64_t sent = 0;
+  for (const auto& [kind, n] : MessagesBetween(*before, *after)) sent += n;
+  EXPECT_EQ(sent, 2 + 3 * 4);
+  ExpectError((*pipe)->eval_correct(x, labels.slice(0, 0, 5)).status(), {"10 inputs", "5 labels"});
+
+  torch::jit::Module sum("Sum");
+  sum.define("def forward(self, x):\n  return x.sum(1)\n");
+  PipelineOptions flat = o;
+  flat.stages = {StageSpec::TorchScript(ScriptLinear(8, 4, 1, false), "l.pt"),
+                 StageSpec::TorchScript(test_support::SaveToBytes(sum), "sum.pt")};
+  flat.schedule = "1f1b";
+  auto bad = Pipeline::Create(workers.master(), flat);
+  ASSERT_TRUE(bad.ok()) << bad.status();
+  ExpectError((*bad)->eval_correct(x, labels).status(), {"stage 1", "w2", "micro-batch 0", "is [3]", "needs [3, classes]"});
+}
+
+// Steps started before the last one is waited for (start_train_step, as
+// Fit does), and even calls that reach the workers in reverse order, train
+// exactly as steps run one by one: each worker starts a batch only once the
+// batch started before it has ended there.
+TEST(Pipeline, StepsStartedAheadTrainAsStepsRunOneByOne) {
+  Workers workers;
+  const std::vector<models::MLPStageOptions> stages = {Mlp(8, 16, 1), Mlp(16, 12, 2), Mlp(12, 16, 3),
+                                                       Mlp(16, 4, 4, false)};
+  const auto data = Data(4, 12, 8, 4);
+  const test_support::LocalRun local = test_support::TrainMlpLocally(stages, data);
+  PipelineOptions o;
+  for (const auto& s : stages) o.stages.push_back(Spec(s));
+  o.workers = {"w1", "w2"};
+  o.schedule = "interleaved";
+  o.micro_batches = 4;
+  o.loss = MseLoss();
+  o.optimizer = optim::OptimizerOptions::SGD(0.05).set_momentum(0.9);
+  auto expect_local = [&](Pipeline& pipe, const std::vector<double>& losses) {
+    ASSERT_EQ(losses.size(), local.losses.size());
+    for (size_t i = 0; i < losses.size(); ++i) {
+      EXPECT_NEAR(losses[i], local.losses[i], 1e-5 * std::abs(local.losses[i])) << "step " << i;
+    }
+    for (size_t k = 0; k < local.state.size(); ++k) {
+      auto state = pipe.stage_state(static_cast<int>(k));
+      ASSERT_TRUE(state.ok()) << state.status();
+      for (size_t j = 0; j < state->size(); ++j) {
+        EXPECT_LT(RelativeError((*state)[j], local.state[k][j]), 1e-5) << "stage " << k << " tensor " << j;
+      }
+    }
+  };
+  {
+    SCOPED_TRACE("all four started, then waited for");
+    auto pipe = Pipeline::Create(workers.master(), o);
+    ASSERT_TRUE(pipe.ok()) << pipe.status();
+    std::vector<PendingStep> started;
+    for (const auto& [x, t] : data) started.push_back((*pipe)->start_train_step(x, t));
+    std::vector<double> losses;
+    for (PendingStep& s : started) {
+      auto loss = s.wait();
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      losses.push_back(*loss);
+    }
+    expect_local(**pipe, losses);
+  }
+  {
+    SCOPED_TRACE("the second batch's calls sent before the first's");
+    auto pipe = Pipeline::Create(workers.master(), o);
+    ASSERT_TRUE(pipe.ok()) << pipe.status();
+    Agent& master = workers.master();
+    const int64_t first = dist_autograd::NewContextId(master), second = dist_autograd::NewContextId(master);
+    // run(id, context, after, inputs, targets, rows), as StartStep sends it.
+    auto run = [&](const std::string& w, int64_t context, int64_t after, int i) {
+      return master.rpc_async(w, "remora.pipeline.run",
+                              {(*pipe)->runner_id(), context, after, w == "w1" ? data[i].first : c10::IValue(),
+                               w == "w2" ? data[i].second : c10::IValue(), int64_t{12}});
+    };
+    std::vector<Future<c10::IValue>> later = {run("w1", second, first, 1), run("w2", second, first, 1)};
+    absl::SleepFor(absl::Milliseconds(300));
+    EXPECT_FALSE(later[0].ready() || later[1].ready()) << "the second batch ran before the first came";
+    std::vector<Future<c10::IValue>> earlier = {run("w1", first, -1, 0), run("w2", first, -1, 0)};
+    std::vector<double> losses;
+    for (auto* replies : {&earlier, &later}) {
+      for (auto& r : *replies) ASSERT_TRUE(r.wait().ok()) << r.wait().status();
+      losses.push_back((*replies)[1].wait()->toDouble());
+    }
+    // The pipeline's own steps follow them.
+    for (int i = 2; i < 4; ++i) {
+      auto loss = (*pipe)->train_step(data[i].first, data[i].second);
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      losses.push_back(*loss);
+    }
+    expect_local(**pipe, losses);
+  }
+  for (const char* w : {"w1", "w2"}) {
+    EXPECT_EQ(workers.master().rpc_sync(w, "remora.autograd.num_contexts").value().toInt(), 0) << w;
+  }
+}
+
+// A step that fails with the next one already started: the failure is the
+// first step's, named; the next one, a good batch, still trains, and
+// nothing is left waiting on the workers.
+TEST(Pipeline, AFailedStepWithTheNextStartedFailsAloneAndLeavesNothingWaiting) {
+  Workers workers(2, "test_worker");  // for lane_queued
+  PipelineOptions o = TwoStages(Spec(Mlp(8, 16, 1)), Spec(Mlp(16, 4, 2, false)));
+  o.micro_batches = 4;
+  o.schedule = "1f1b";
+  auto pipe = Pipeline::Create(workers.master(), o);
+  ASSERT_TRUE(pipe.ok()) << pipe.status();
+  const auto data = Data(2, 8, 8, 4);
+  // Targets of 3 columns: the loss fails on w2, after w1's forward passes.
+  PendingStep bad = (*pipe)->start_train_step(data[0].first, at::randn({8, 3}));
+  PendingStep good = (*pipe)->start_train_step(data[1].first, data[1].second);
+  ExpectError(bad.wait().status(), {"w2", "the loss or stage 1"});
+  auto loss = good.wait();
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  EXPECT_TRUE((*pipe)->train_step(data[0].first, data[0].second).ok());
+  for (const char* w : {"w1", "w2"}) {
+    EXPECT_EQ(workers.master().rpc_sync(w, "lane_queued").value().toInt(), 0) << w;
+    EXPECT_EQ(workers.master().rpc_sync(w, "remora.autograd.num_contexts").value().toInt(), 0) << w;
   }
 }
 

@@ -1,0 +1,206 @@
+// The evaluation half of a worker's step runner (pipeline/runner_plan.h).
+#include <algorithm>
+#include <utility>
+
+#include <ATen/ops/argmax.h>
+#include <ATen/ops/eq.h>
+#include <ATen/ops/sum.h>
+
+#include "absl/strings/str_cat.h"
+#include "base/mutex_lock.h"
+#include "base/status_util.h"
+#include "pipeline/microbatch.h"
+#include "pipeline/runner_plan.h"
+
+namespace remora::pipeline {
+
+void RunnerPlan::RequireHosted(int64_t stage, const std::string& me) const {
+  if (!hosts(stage)) {
+    throw std::invalid_argument(absl::StrCat("worker '", me, "' hosts no stage ", stage, " of this pipeline"));
+  }
+}
+
+c10::IValue ToDevice(const c10::IValue& value, c10::Device device) {
+  if (!value.isTensor() || value.toTensor().device() == device) return value;
+  at::Tensor t = value.toTensor();
+  if (device.is_cuda() && t.is_cpu()) {
+    return t.pin_memory().to(device, /*non_blocking=*/true);
+  }
+  return t.to(device);
+}
+
+bool EvalRunner::Abandon(int64_t id) {
+  std::shared_ptr<EvalBatch> eval;
+  {
+    MutexLock lock(mu_);
+    if (auto it = evals_.find(id); it != evals_.end()) eval = it->second;
+  }
+  if (!eval) return false;
+  FailEval(eval, absl::AbortedError(absl::StrCat(
+      "the evaluation was abandoned on worker '", agent_.self().name, "' (another worker failed)")));
+  return true;
+}
+
+Future<c10::IValue> EvalRunner::Eval(int64_t id, const c10::IValue& inputs, int m,
+                                     const c10::IValue& labels) {
+  std::vector<c10::IValue> xs;
+  std::vector<at::Tensor> ls;
+  absl::Status status;
+  if (plan_->hosts(0)) {
+    auto split = SplitMicroBatches(ToDevice(inputs, plan_->stages.at(0).device()), m);
+    if (split.ok()) xs = std::move(*split);
+    status = split.status();
+  }
+  const int64_t last = plan_->num_stages() - 1;
+  if (status.ok() && plan_->hosts(last) && labels.isTensor()) {
+    auto split = SplitMicroBatches(ToDevice(labels, plan_->stages.at(last).device()), m);
+    if (split.ok()) {
+      for (const c10::IValue& l : *split) ls.push_back(l.toTensor());
+    }
+    status = split.status();
+  }
+  if (!status.ok()) {
+    return Future<c10::IValue>::Ready(Annotate(status, absl::StrCat("worker '", agent_.self().name, "'")));
+  }
+  std::shared_ptr<EvalBatch> b;
+  std::vector<std::tuple<int64_t, int64_t, c10::IValue>> early;
+  {
+    MutexLock lock(mu_);
+    evals_.erase(evals_.begin(), evals_.lower_bound(id));
+    latest_eval_ = id;
+    b = EvalOf(id);
+    if (b->over) {
+      return Future<c10::IValue>::Ready(absl::AbortedError(absl::StrCat(
+          "evaluation ", id, " was abandoned before it started on worker '", agent_.self().name, "'")));
+    }
+    b->started = true;
+    b->remaining = m * static_cast<int>(plan_->stages.size());
+    if (plan_->hosts(last) && ls.empty()) b->outputs.resize(m);
+    b->labels = std::move(ls);
+    early = std::move(b->early);
+  }
+  for (int i = 0; i < static_cast<int>(xs.size()); ++i) StartEval(b, 0, i, std::move(xs[i]));
+  for (auto& [stage, mb, value] : early) StartEval(b, stage, mb, std::move(value));
+  return b->done;
+}
+
+void EvalRunner::Push(int64_t id, int64_t stage, int64_t mb, c10::IValue value) {
+  plan_->RequireHosted(stage, agent_.self().name);
+  std::shared_ptr<EvalBatch> b;
+  {
+    MutexLock lock(mu_);
+    if (id < latest_eval_) return;
+    b = EvalOf(id);
+    if (b->over) return;
+    if (!b->started) {
+      b->early.emplace_back(stage, mb, std::move(value));
+      return;
+    }
+  }
+  StartEval(b, stage, mb, std::move(value));
+}
+
+std::shared_ptr<EvalBatch> EvalRunner::EvalOf(int64_t id) {
+  auto& slot = evals_[id];
+  if (!slot) slot = std::make_shared<EvalBatch>(id, agent_.executor());
+  return slot;
+}
+
+void EvalRunner::StartEval(std::shared_ptr<EvalBatch> b, int64_t stage, int64_t mb, c10::IValue x) {
+  Executor* executor = agent_.executor();
+  std::shared_ptr<EvalRunner> self = shared_from_this();
+  ComputeTurn::RunInTurn(
+      LaneAction{-1, stage, mb, /*backward=*/false},
+      [self, b, stage, mb, x = std::move(x)] { self->EvalForward(b, stage, mb, x); },
+      [executor](std::function<void()> fn) { executor->Schedule(std::move(fn)); });
+}
+
+void EvalRunner::EvalForward(const std::shared_ptr<EvalBatch>& b, int64_t stage, int64_t mb,
+                 const c10::IValue& x) {
+  {
+    MutexLock lock(mu_);
+    if (b->over) return;
+  }
+  c10::IValue y;
+  try {
+    y = plan_->stages.at(stage).Eval(x, mb);
+  } catch (...) {
+    FailEval(b, StatusFromCurrentException(absl::StrCat(
+        "stage ", stage, " on worker '", agent_.self().name, "', eval of micro-batch ", mb)));
+    return;
+  }
+  if (stage + 1 < plan_->num_stages()) {
+    agent_.rpc_async(plan_->stage_workers[stage + 1], "remora.pipeline.eval_push",
+                     {plan_->id, b->id, stage + 1, mb, y})
+        .then([self = shared_from_this(), b, stage, mb](const absl::StatusOr<c10::IValue>& r) {
+          if (!r.ok()) {
+            self->FailEval(b, Annotate(r.status(), absl::StrCat("pushing stage ", stage,
+                                                                "'s eval output of micro-batch ", mb)));
+          }
+        });
+  }
+  // Counting: how many of the micro-batch's rows the output gets right.
+  at::Tensor right;
+  if (stage + 1 == plan_->num_stages()) {
+    at::Tensor labels;
+    {
+      MutexLock lock(mu_);
+      if (b->over) return;
+      if (!b->labels.empty()) labels = b->labels.at(mb);
+    }
+    if (labels.defined()) {
+      if (!y.isTensor() || y.toTensor().dim() != 2 || y.toTensor().size(0) != labels.size(0)) {
+        FailEval(b, absl::InvalidArgumentError(absl::StrCat(
+            "stage ", stage, " on worker '", agent_.self().name, "', micro-batch ", mb,
+            ": the model's output for ",
+            labels.size(0), " rows is ", y.isTensor() ? c10::str(y.toTensor().sizes()) : y.tagKind(),
+            "; counting the right answers needs [", labels.size(0), ", classes]")));
+        return;
+      }
+      right = y.toTensor().argmax(1).eq(labels).sum();
+    }
+  }
+  std::vector<c10::IValue> outputs;
+  at::Tensor correct;
+  {
+    MutexLock lock(mu_);
+    if (b->over) return;
+    if (right.defined()) {
+      b->correct = b->correct.defined() ? b->correct + right : right;
+    } else if (stage + 1 == plan_->num_stages()) {
+      b->outputs.at(mb) = std::move(y);
+    }
+    if (--b->remaining > 0) return;
+    b->over = true;
+    outputs = std::move(b->outputs);
+    correct = std::move(b->correct);
+  }
+  if (correct.defined()) {
+    b->done.SetValue(c10::IValue(correct.item<int64_t>()));
+    return;
+  }
+  if (outputs.empty()) {
+    b->done.SetValue(c10::IValue());
+    return;
+  }
+  auto merged = MergeMicroBatches(outputs);
+  if (merged.ok()) {
+    b->done.SetValue(std::move(*merged));
+  } else {
+    b->done.SetError(merged.status());
+  }
+}
+
+void EvalRunner::FailEval(const std::shared_ptr<EvalBatch>& b, absl::Status status) {
+  {
+    MutexLock lock(mu_);
+    if (b->over) return;
+    b->over = true;
+    b->early.clear();
+    b->outputs.clear();
+    b->labels.clear();
+  }
+  b->done.SetError(std::move(status));
+}
+
+}  // namespace remora::pipeline

@@ -1,0 +1,80 @@
+// pipeline::Fit's order of steps, without sockets: each batch's step is
+// started before the last one is waited for, except after a step that a
+// checkpoint must see alone; a failed step drops the one started after it.
+#include "pipeline/fit.h"
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <ATen/ops/arange.h>
+#include <ATen/ops/zeros.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace remora::pipeline {
+namespace {
+
+// 10 rows in batches of 2, file order, one epoch.
+struct Recorder {
+  data::Dataset train{at::zeros({10, 1}), at::arange(10)};
+  data::Dataset test{at::zeros({2, 1}), at::arange(2)};
+  FitOptions options;
+  std::vector<std::string> log;
+  int fail_batch = -1;  // (by its first row / 2)
+
+  Recorder() {
+    options.epochs = 1;
+    options.batch_size = 2;
+    options.shuffle = false;
+    options.after_step = [this](const FitPosition& p) {
+      log.push_back(absl::StrCat("after", p.step));
+      return absl::OkStatus();
+    };
+  }
+
+  absl::StatusOr<std::vector<EpochResult>> Run() {
+    std::ostringstream out;
+    return Fit(
+        [this](const at::Tensor&, const at::Tensor& y) {
+          const int b = static_cast<int>(y[0].item<int64_t>() / 2);
+          log.push_back(absl::StrCat("start", b));
+          return StartedStep{[this, b]() -> absl::StatusOr<double> {
+                               log.push_back(absl::StrCat("wait", b));
+                               if (b == fail_batch) return absl::InternalError("the step failed");
+                               return 1.0;
+                             },
+                             [this, b] { log.push_back(absl::StrCat("abandon", b)); }};
+        },
+        [](const at::Tensor&, const at::Tensor&) -> absl::StatusOr<int64_t> { return 1; }, train, test,
+        options, out);
+  }
+};
+
+TEST(Fit, StartsEachStepBeforeWaitingForTheLastExceptBeforeACheckpoint) {
+  Recorder r;
+  r.options.settle_after = [](int64_t step) { return step == 3; };
+  auto epochs = r.Run();
+  ASSERT_TRUE(epochs.ok()) << epochs.status();
+  EXPECT_EQ(r.log, (std::vector<std::string>{"start0", "start1", "wait0", "after1", "start2", "wait1",
+                                             "after2", "wait2", "after3", "start3", "start4", "wait3",
+                                             "after4", "wait4", "after5"}));
+  ASSERT_EQ(epochs->size(), 1u);
+  EXPECT_DOUBLE_EQ((*epochs)[0].train_loss, 1.0);
+  EXPECT_EQ((*epochs)[0].images, 10);
+  EXPECT_DOUBLE_EQ((*epochs)[0].test_accuracy, 0.5);
+}
+
+TEST(Fit, AFailedStepDropsTheStepStartedAfterIt) {
+  Recorder r;
+  r.fail_batch = 1;
+  auto epochs = r.Run();
+  ASSERT_FALSE(epochs.ok());
+  EXPECT_NE(epochs.status().message().find("epoch 1, batch 2 of 5"), std::string::npos) << epochs.status();
+  EXPECT_EQ(r.log, (std::vector<std::string>{"start0", "start1", "wait0", "after1", "start2", "wait1",
+                                             "abandon2"}));
+}
+
+}  // namespace
+}  // namespace remora::pipeline
