@@ -59,6 +59,10 @@ struct RunIdentity {
   std::string schedule;
   int micro_batches = 1;
   int replicas = 1;
+  // The run's checkpoint settings: recorded (a resumed run keeps them),
+  // not checked.
+  int checkpoint_every = 0;
+  int keep = 0;
 };
 
 // Where the run is: steps taken and the next batch to train.

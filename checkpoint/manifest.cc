@@ -60,6 +60,8 @@ wire::Manifest NewManifest(const RunIdentity& identity, const TrainingState& sta
   m.set_schedule(identity.schedule);
   m.set_micro_batches(identity.micro_batches);
   m.set_replicas(identity.replicas);
+  m.set_checkpoint_every(identity.checkpoint_every);
+  m.set_keep(identity.keep);
   m.set_final(final);
   m.set_created(NowUtc());
   const at::Tensor rng = CpuGeneratorState().contiguous();

@@ -82,10 +82,13 @@ absl::StatusOr<Dataset> LoadIdx(const std::string& dir, bool train) {
   for (int i = 0; i < 2; ++i) {
     auto read = ReadMaybeGz((fs::path(dir) / names[i]).string());
     if (absl::IsNotFound(read.status())) {
+      // The package is the cure only where Fashion-MNIST was looked for.
+      const bool fashion = fs::path(dir).lexically_normal() == fs::path(kFashionMnistDir).lexically_normal();
       return absl::NotFoundError(absl::StrCat(
           "no ", names[i], " or ", names[i], ".gz in ", dir,
-          " (for Fashion-MNIST: apt-get install dataset-fashion-mnist, which puts it in ",
-          kFashionMnistDir, ")"));
+          fashion ? absl::StrCat(" (apt-get install dataset-fashion-mnist puts Fashion-MNIST in ",
+                                 kFashionMnistDir, ")")
+                  : std::string(fs::exists(dir) ? "" : ": the directory does not exist")));
     }
     if (!read.ok()) return read.status();
     bytes[i] = std::move(*read);
@@ -137,7 +140,19 @@ absl::StatusOr<Dataset> LoadCifar10(const std::string& dir, bool train) {
   return Dataset{at::cat(images), y};
 }
 
+absl::Status CheckDatasetName(const std::string& name) {
+  const size_t colon = name.find(':');
+  const std::string kind = name.substr(0, colon);
+  if (name == "fashion-mnist" ||
+      ((kind == "idx" || kind == "cifar10") && colon != std::string::npos && colon + 1 < name.size())) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--dataset wants fashion-mnist, idx:DIR or cifar10:DIR; got '", name, "'"));
+}
+
 absl::StatusOr<std::pair<Dataset, Dataset>> LoadNamed(const std::string& name) {
+  RETURN_IF_ERROR(CheckDatasetName(name));
   std::string kind = name, dir;
   if (name == "fashion-mnist") {
     kind = "idx";

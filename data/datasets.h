@@ -49,6 +49,8 @@ absl::StatusOr<Dataset> LoadCifar10(const std::string& dir, bool train);
 // package), idx:DIR or cifar10:DIR, normalised (Normalize); an
 // InvalidArgument error lists the names for any other.
 absl::StatusOr<std::pair<Dataset, Dataset>> LoadNamed(const std::string& name);
+// Whether `name` is one LoadNamed takes (its form only; nothing is read).
+absl::Status CheckDatasetName(const std::string& name);
 
 // Normalises both sets per channel with the training set's mean and
 // standard deviation (torchvision's Normalize with the set's own figures).

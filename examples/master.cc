@@ -10,6 +10,8 @@
 // its own --device (cuda:N for a GPU); activations between GPU workers go
 // GPU to GPU (CUDA IPC or NCCL) as the workers' device maps say, and the
 // last stage's output lands on the master's CPU.
+#include <ATen/Context.h>
+
 #include <cstdio>
 #include <functional>
 #include <iostream>
@@ -21,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "autograd/dist_autograd.h"
+#include "base/status_util.h"
 #include "examples/builtins.h"
 #include "examples/master_flags.h"
 #include "examples/master_runs.h"
@@ -61,6 +64,21 @@ absl::StatusOr<Sets> LoadSets(const Config& c) {
   return sets;
 }
 
+// --model with --dataset: the model's inputs are the dataset's images
+// (--input-shape, when given, must say the same).
+absl::Status FitInputShape(Config& c, const data::Dataset& train) {
+  if (c.model.empty() || c.dataset.empty()) return absl::OkStatus();
+  const auto sizes = train.images.sizes();
+  const std::vector<int64_t> shape(sizes.begin() + 1, sizes.end());
+  if (c.input_shape_given && c.input_shape != shape) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--input-shape ", absl::StrJoin(c.input_shape, ","), " does not match --dataset ", c.dataset,
+        "'s images of ", absl::StrJoin(shape, ","), ": leave --input-shape out with --dataset"));
+  }
+  c.input_shape = shape;
+  return absl::OkStatus();
+}
+
 void PrintRun(const Run& run, const Config& c) {
   std::printf("splits=%d seconds=%.3f images_per_second=%.2f\n", run.splits, run.seconds,
               Images(run, c) / run.seconds);
@@ -80,7 +98,8 @@ absl::StatusOr<std::vector<Run>> TrainHere(const Config& c, const Sets& sets) {
   return runs;
 }
 
-// The master's agent, started, with every worker joined and listed.
+// The master's agent, listening (workers may register from now on; Join
+// waits for them all).
 absl::StatusOr<std::unique_ptr<Agent>> StartMaster(const CommandLine& line, Registry& registry) {
   const Config& c = line.config;
   AgentOptions opts;
@@ -97,14 +116,16 @@ absl::StatusOr<std::unique_ptr<Agent>> StartMaster(const CommandLine& line, Regi
   dist_autograd::Enable(**agent);
   std::cout << "master listening at " << (*agent)->self().address << " (" << TlsModeName(line.security.tls)
             << "), waiting for " << absl::StrJoin(c.all_workers, ", ") << std::endl;
-  if (auto s = (*agent)->Join(); !s.ok()) {
-    (*agent)->Shutdown(/*graceful=*/false).IgnoreError();
-    return s;
-  }
-  for (const auto& w : (*agent)->workers()) {
+  return agent;
+}
+
+// Waits until every worker joined; lists them.
+absl::Status JoinWorkers(Agent& agent) {
+  RETURN_IF_ERROR(agent.Join());
+  for (const auto& w : agent.workers()) {
     if (w.id != 0) std::cout << "  " << w.name << ": shards on " << w.device << "\n";
   }
-  return agent;
+  return absl::OkStatus();
 }
 
 // The stages: the checkpoint's (the cut it was saved from), the whole
@@ -160,7 +181,7 @@ absl::StatusOr<std::vector<Run>> TrainOverWorkers(Agent& agent, CommandLine& lin
     const int rows = c.batch_size / (s * c.replicas);
     std::printf("pipeline: splits=%d (%s) over %zu workers, %zu stages\n", s,
                 MicroBatches(s, rows, true).c_str(), c.workers.size(), stages->size());
-    if (rows < kOneDnnRows) {
+    if (rows < kOneDnnRows && c.model.empty() && c.dataset.empty()) {  // ResNet50's note
       std::printf("  note: micro-batches under %d rows: on a one-thread CPU worker, LibTorch's "
                   "1x1 convolutions leave oneDNN for a slower path below %d rows (ResNet50: "
                   "1.2x the time per image at 15 rows; see docs/pipeline.md)\n",
@@ -228,6 +249,7 @@ int Main(int argc, char** argv) {
   AddFlags(parser, &flags);
   int code = 0;
   if (!parser.Parse(argc, argv, &code)) return code;
+  flags.given = parser.given();
   auto line = Check(std::move(flags));
   if (!line.ok()) {
     std::cerr << "master: " << line.status().message() << "\n";
@@ -237,25 +259,37 @@ int Main(int argc, char** argv) {
   runtime::TuneAllocator();
   runtime::InstallCachingCpuAllocator();
   runtime::SetComputeThreads(c.threads);
+  // This process's generators too (dropout in --local runs); the workers'
+  // are seeded when their stages are placed.
+  at::manual_seed(static_cast<uint64_t>(c.seed));
 
   std::unique_ptr<Agent> agent;
+  // Every error ends the group: the workers are told why and exit at once.
   auto die = [&agent](const absl::Status& s) {
     std::cerr << "master: " << s.message() << "\n";
-    if (agent) agent->Shutdown(/*graceful=*/false).IgnoreError();
+    if (agent) agent->Abort(s);
     return 1;
   };
   Registry registry;
   if (auto s = examples::RegisterStockWorker(registry); !s.ok()) return die(s);
+  // Listening before the dataset loads: a port in use is found at once
+  // (checked first, so that gRPC's own log line does not precede remora's
+  // message), and workers that register meanwhile learn of a failure.
+  if (!c.local) {
+    if (auto s = cli::CheckCanListen(c.listen, "--listen"); !s.ok()) return die(s);
+    auto started = StartMaster(*line, registry);
+    if (!started.ok()) return die(started.status());
+    agent = std::move(*started);
+  }
   auto sets = LoadSets(c);
   if (!sets.ok()) return die(sets.status());
+  if (auto s = FitInputShape(line->config, sets->first); !s.ok()) return die(s);
   Baseline baseline;
   absl::StatusOr<std::vector<Run>> runs;
   if (c.local) {
     runs = TrainHere(c, *sets);
   } else {
-    auto started = StartMaster(*line, registry);
-    if (!started.ok()) return die(started.status());
-    agent = std::move(*started);
+    if (auto s = JoinWorkers(*agent); !s.ok()) return die(s);
     runs = TrainOverWorkers(*agent, *line, *sets, baseline);
   }
   if (!runs.ok()) return die(runs.status());

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "channel/devices.h"
 #include "checkpoint/checkpoint.h"
+#include "data/datasets.h"
 #include "models/cnn.h"
 #include "models/resnet.h"
 #include "parallel/process_group.h"
@@ -50,6 +51,9 @@ absl::Status CheckValues(const Flags& f, const Config& c) {
   if (!device.ok()) return Bad(std::string(device.status().message()));
   if (auto s = CheckLocalDevice(*device); !s.ok()) return Bad(std::string(s.message()));
   if (!(c.lr > 0)) return Bad("--lr must be > 0");
+  if (!c.dataset.empty()) {
+    if (auto s = data::CheckDatasetName(c.dataset); !s.ok()) return Bad(std::string(s.message()));
+  }
   if (!c.dataset.empty() && c.compare_local) {
     return Bad("--compare-local compares the ResNet50 demo or --model batches; with --dataset, "
                "run --local separately and compare the epoch lines");
@@ -61,13 +65,17 @@ absl::Status CheckValues(const Flags& f, const Config& c) {
 absl::Status ReadModel(const Flags& f, Config& c) {
   c.input_shape.clear();
   bool bad = false;
-  for (const auto& part : cli::SplitList(f.input_shape)) {
+  // Not given: with --dataset, the dataset's images (set once it is
+  // loaded: FitInputShape), else one 3x32x32 image.
+  c.input_shape_given = !f.input_shape.empty();
+  const std::string shape = c.input_shape_given ? f.input_shape : "3,32,32";
+  for (const auto& part : cli::SplitList(shape)) {
     int64_t v = 0;
     bad |= !absl::SimpleAtoi(part, &v) || v < 1;
     c.input_shape.push_back(v);
   }
   if (bad || c.input_shape.empty()) {
-    return Bad(absl::StrCat("--input-shape wants positive sizes like 3,32,32; got '", f.input_shape, "'"));
+    return Bad(absl::StrCat("--input-shape wants positive sizes like 3,32,32; got '", shape, "'"));
   }
   if (c.classes < 1) return Bad("--classes must be >= 1");
   auto scripts = pipeline::TorchScriptStages(c.model);
@@ -130,7 +138,7 @@ absl::Status CheckWorkers(const Flags& f, const Config& c, bool ps_mode, bool cu
 }
 
 // The checkpoint flags, and with --resume the checkpoint itself.
-absl::Status CheckCheckpoints(CommandLine& line) {
+absl::Status CheckCheckpoints(CommandLine& line, const std::set<std::string>& given) {
   Config& c = line.config;
   if (c.checkpoint_every < 0 || c.keep < 1 || c.train_rows < 0) {
     return Bad("--checkpoint-every and --train-rows must be >= 0, --keep >= 1");
@@ -154,6 +162,14 @@ absl::Status CheckCheckpoints(CommandLine& line) {
   auto stages = checkpoint::LoadStageSpecs(*ck);
   if (!stages.ok()) return stages.status();
   line.checkpoints.stages = std::move(*stages);
+  // The run's checkpoint settings go on, unless the flags say otherwise
+  // (a manifest from before they were recorded has keep 0).
+  if (ck->manifest.keep() > 0) {
+    if (!given.count("checkpoint-every")) c.checkpoint_every = ck->manifest.checkpoint_every();
+    if (!given.count("keep")) c.keep = ck->manifest.keep();
+  }
+  line.checkpoints.identity.checkpoint_every = c.checkpoint_every;
+  line.checkpoints.identity.keep = c.keep;
   if (c.checkpoint_dir.empty()) {  // go on saving beside it
     c.checkpoint_dir = ck->dir == c.resume ? std::filesystem::path(ck->dir).parent_path().string() : c.resume;
   }
@@ -245,7 +261,9 @@ void AddFlags(cli::FlagParser& flags, Flags* f) {
                   "k mod n), or one .pt file of a scripted nn.Sequential, cut into stages over the "
                   "workers by --partition or --split-at; random inputs of --input-shape, labels in "
                   "[0, --classes), cross-entropy");
-  flags.AddString("input-shape", &f->input_shape, "with --model: one input's shape, e.g. 3,32,32 or 784");
+  flags.AddString("input-shape", &f->input_shape,
+                  "with --model: one input's shape, e.g. 3,32,32 or 784 (default: the --dataset's images, "
+                  "else 3,32,32)");
   flags.AddInt("classes", &c.classes, "with --model: the number of classes of the labels");
   flags.AddString("dataset", &c.dataset,
                   "train on a real dataset for --epochs and print the test accuracy after each: "
@@ -327,7 +345,7 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   if (!c.local) {
     if (auto s = CheckWorkers(f, c, line.ps_mode, cut); !s.ok()) return s;
   }
-  if (auto s = CheckCheckpoints(line); !s.ok()) return s;
+  if (auto s = CheckCheckpoints(line, f.given); !s.ok()) return s;
   return line;
 }
 
@@ -343,6 +361,7 @@ absl::StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& arg
   if (!parser.Parse(static_cast<int>(argv.size()), argv.data(), &code)) {
     return Bad(absl::StrCat("the parser stopped with exit code ", code, " (it printed why)"));
   }
+  flags.given = parser.given();
   return Check(std::move(flags));
 }
 

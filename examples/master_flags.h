@@ -7,6 +7,7 @@
 // Thread-compatible: plain functions over values the caller owns.
 #pragma once
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -27,10 +28,11 @@ struct Flags {
   std::string splits;  // empty: 8, or 1 with --mode ps
   std::string mode = "pipeline";
   std::string split_at;
-  std::string input_shape = "3,32,32";
+  std::string input_shape;  // empty: the dataset's images, else 3,32,32
   int pipeline_stages = 0;
   int batch_size = -1;  // -1: 128, or 64 with --dataset
   double lr = -1;       // -1: 0.05 for the ResNet50 demo, 0.01 with --model or --dataset
+  std::set<std::string> given;  // the flags on the command line (FlagParser::given)
 };
 
 // master's defaults: --listen from MASTER_ADDR and MASTER_PORT, --threads

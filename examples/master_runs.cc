@@ -215,6 +215,7 @@ absl::StatusOr<std::unique_ptr<parallel::DataParallelPipeline>> CreatePipeline(
   o.pipeline.micro_batches = splits;
   o.pipeline.loss = Loss(c);
   o.pipeline.optimizer = OptimizerOf(c);
+  o.pipeline.seed = static_cast<uint64_t>(c.seed);
   o.replicas = c.replicas;
   o.bucket_bytes = int64_t{c.bucket_mb} << 20;
   o.overlap = c.overlap;
@@ -249,6 +250,8 @@ pipeline::FitOptions FitOptionsOf(const Config& c, int splits) {
 
 checkpoint::RunIdentity IdentityOf(const Config& c, int splits) {
   checkpoint::RunIdentity id;
+  id.checkpoint_every = c.checkpoint_every;
+  id.keep = c.keep;
   if (!c.model.empty()) {
     std::vector<std::string> crcs;
     for (const auto& spec : c.scripts) crcs.push_back(checkpoint::Crc32(spec.script));

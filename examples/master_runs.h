@@ -71,6 +71,7 @@ struct Config {
   // --model: TorchScript stages trained on random data of this shape.
   std::string model;
   std::vector<int64_t> input_shape = {3, 32, 32};
+  bool input_shape_given = false;  // by --input-shape
   int classes = 10;
   std::vector<pipeline::StageSpec> scripts;  // read from --model
   // --model is one file of a sequential model, cut into stages over the

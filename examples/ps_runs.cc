@@ -164,6 +164,7 @@ absl::StatusOr<Run> TrainPs(Agent& agent, const Config& c, const PsFlags& p,
                             Checkpointing* checkpoints) {
   ps::PsOptions o;
   o.stages = stages;
+  o.seed = static_cast<uint64_t>(c.seed);
   const auto first_worker = c.all_workers.begin() + ServerCount(p);
   o.servers.assign(c.all_workers.begin(), first_worker);
   o.workers.assign(first_worker, c.all_workers.end());

@@ -3,11 +3,14 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <malloc.h>
+#include <netdb.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -176,6 +179,7 @@ bool FlagParser::Parse(int argc, char** argv, int* exit_code) {
       }
     }
     absl::Status s = it->second.set(value);
+    given_.insert(name);
     if (!s.ok()) {
       std::cerr << program_ << ": " << s.message() << "\n";
       *exit_code = 2;
@@ -213,6 +217,38 @@ absl::Status CheckAddress(const std::string& address, const std::string& flag) {
         absl::StrCat(flag, " wants HOST:PORT (port 0 to 65535), got '", address, "'"));
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckCanListen(const std::string& address, const std::string& flag) {
+  if (absl::Status s = CheckAddress(address, flag); !s.ok()) return s;
+  const size_t colon = address.rfind(':');
+  std::string host = address.substr(0, colon);
+  const std::string port = address.substr(colon + 1);
+  if (port == "0") return absl::OkStatus();
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.empty() || host == "*" ? nullptr : host.c_str(), port.c_str(), &hints, &found) != 0) {
+    return absl::OkStatus();
+  }
+  absl::Status status;
+  for (addrinfo* a = found; a != nullptr && status.ok(); a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));  // as gRPC's server does
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 && errno == EADDRINUSE) {
+      status = absl::UnavailableError(absl::StrCat(
+          flag, " ", address, ": the port is in use (another master, or a run that did not exit?); "
+          "pick another port or stop that process"));
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return status;
 }
 
 std::vector<std::string> SplitList(const std::string& list) {

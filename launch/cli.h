@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,8 @@ class FlagParser {
   // or an error (exit 2); `exit_code` says which.
   bool Parse(int argc, char** argv, int* exit_code);
   std::string Usage() const;
+  // The flags Parse was given (names without "--").
+  const std::set<std::string>& given() const { return given_; }
 
  private:
   struct Flag {
@@ -72,6 +75,7 @@ class FlagParser {
   std::string summary_;
   std::map<std::string, Flag> flags_;
   std::vector<std::string> order_;
+  std::set<std::string> given_;
 };
 
 // "MASTER_ADDR:MASTER_PORT" from the environment, each part defaulting to
@@ -92,6 +96,11 @@ absl::StatusOr<Security> LoadSecurity(const SecurityFiles& files);
 
 // Checks HOST:PORT (port 0 to 65535).
 absl::Status CheckAddress(const std::string& address, const std::string& flag);
+// Whether this process could listen on HOST:PORT now (binds a socket and
+// closes it): a port in use is an error naming `flag` before a program
+// spends time loading data. Port 0, or a host that does not resolve here,
+// passes (the server reports those itself).
+absl::Status CheckCanListen(const std::string& address, const std::string& flag);
 
 // Splits "a,b,c", dropping empty parts.
 std::vector<std::string> SplitList(const std::string& list);

@@ -80,6 +80,8 @@ absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Crea
   for (int r = 0; r < R; ++r) {
     pipeline::PipelineOptions p = o.pipeline;
     p.workers.assign(o.pipeline.workers.begin() + r * P, o.pipeline.workers.begin() + (r + 1) * P);
+    // Each replica's workers their own seeds (their dropout masks differ).
+    if (p.seed) *p.seed += static_cast<uint64_t>(r) * 1000003;
     auto pipe = pipeline::Pipeline::Create(agent, std::move(p));
     if (!pipe.ok()) return Annotate(pipe.status(), absl::StrCat("replica ", r));
     replicas.push_back(std::move(*pipe));

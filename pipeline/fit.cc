@@ -94,6 +94,9 @@ absl::StatusOr<std::vector<EpochResult>> Fit(const StartTrainStep& start_step, c
     r.images = resumed ? o.start.images : 0;
     int64_t trained = 0;  // images of this epoch trained by this call
     const size_t first = resumed ? static_cast<size_t>(o.start.batch) : 0;
+    // Resumed after its last batch (a run that ended with the epoch, now
+    // given more epochs): the epoch was reported then.
+    if (resumed && first == batches.size() && first > 0) continue;
     // Steps started and not yet waited for, oldest first: (batch, step).
     std::deque<std::pair<size_t, StartedStep>> started;
     auto drop_started = [&started] {

@@ -174,6 +174,22 @@ Pipeline::Pipeline(Agent& agent, PipelineOptions options, std::vector<std::strin
       schedule_(std::move(schedule)),
       optimizer_(std::move(optimizer)) {}
 
+absl::Status SeedWorkers(Agent& agent, const std::vector<std::string>& workers, uint64_t seed) {
+  std::vector<Future<c10::IValue>> seeded;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    // Distinct per worker, and far from the run's own seed's neighbours.
+    const uint64_t s = seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull * (i + 1);
+    seeded.push_back(agent.rpc_async(workers[i], "remora.pipeline.seed",
+                                     {static_cast<int64_t>(s & 0x7fffffffffffffffull)}));
+  }
+  for (size_t i = 0; i < seeded.size(); ++i) {
+    if (auto r = seeded[i].wait(); !r.ok()) {
+      return Annotate(r.status(), absl::StrCat("seeding worker '", workers[i], "'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(Agent& agent, PipelineOptions o) {
   const int n = static_cast<int>(o.workers.size());
   const int S = static_cast<int>(o.stages.size());
@@ -194,6 +210,7 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(Agent& agent, Pipelin
                    MakeSchedule(ResolveSchedule(o.schedule, n, S / n, o.micro_batches), n, S / n,
                                 o.micro_batches));
   RETURN_IF_ERROR(Simulate(schedule).status());
+  if (o.seed) RETURN_IF_ERROR(SeedWorkers(agent, o.workers, *o.seed));
   std::vector<RRef> stages;
   for (int k = 0; k < S; ++k) {
     const StageSpec& s = o.stages[k];

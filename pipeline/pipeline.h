@@ -190,7 +190,17 @@ struct PipelineOptions {
   int micro_batches = 4;
   LossFn loss;
   optim::OptimizerOptions optimizer = optim::OptimizerOptions::SGD(0.01);
+  // When set, every worker's random generators (CPU and CUDA) are seeded
+  // from it and the worker's place in `workers` before the stages are
+  // placed (SeedWorkers), so that dropout draws the same numbers in two
+  // runs with the same seed.
+  std::optional<uint64_t> seed;
 };
+
+// Seeds the random generators (CPU and every CUDA device's) of each of
+// `workers` from `seed` and its place in the list
+// ("remora.pipeline.seed"). An error names the worker.
+absl::Status SeedWorkers(Agent& agent, const std::vector<std::string>& workers, uint64_t seed);
 
 class Pipeline {
  public:

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <ATen/core/Dict.h>
+#include <ATen/Context.h>
 #include <ATen/core/List.h>
 
 #include "absl/base/thread_annotations.h"
@@ -480,6 +481,12 @@ absl::Status RegisterRunnerFunctions(Registry& registry) {
   RETURN_IF_ERROR(registry.RegisterFunction(
       "remora.pipeline.abandon", [](CallContext& ctx, const Args& a) -> c10::IValue {
         FindRunner(ctx, a[0].toInt())->Abandon(a[1].toInt());
+        return c10::IValue();
+      }));
+  // seed(s): seeds this process's random generators, CPU and CUDA.
+  RETURN_IF_ERROR(registry.RegisterFunction(
+      "remora.pipeline.seed", [](CallContext&, const Args& a) -> c10::IValue {
+        at::manual_seed(static_cast<uint64_t>(a[0].toInt()));
         return c10::IValue();
       }));
   // alive(): answers at once (the master's probe of a worker it waits for).

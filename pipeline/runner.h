@@ -69,7 +69,7 @@ class StepParticipant {
 absl::Status AttachToRunner(int64_t runner_id, std::shared_ptr<StepParticipant> participant);
 
 // Registers make_runner, run, push, eval, eval_push, abandon, drop_runner,
-// alive and sent_messages (remora.pipeline.*) in a worker's registry.
+// seed, alive and sent_messages (remora.pipeline.*) in a worker's registry.
 absl::Status RegisterRunnerFunctions(Registry& registry);
 
 }  // namespace remora::pipeline

@@ -64,6 +64,7 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(Agent& 
     ASSIGN_OR_RETURN(shards, ShardSet::Create(agent, options.servers, params, options.optimizer));
     for (c10::IValue& v : shards->ForReplicas()) replica_args.push_back(std::move(v));
   }
+  if (options.seed) RETURN_IF_ERROR(pipeline::SeedWorkers(agent, options.workers, *options.seed));
   std::vector<Slot> slots(n);
   for (int i = 0; i < n; ++i) {
     slots[i].name = options.workers[i];

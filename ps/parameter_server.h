@@ -50,6 +50,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,9 @@ struct PsOptions {
   // among `workers`); empty: the parameters live in this process.
   std::vector<std::string> servers;
   std::string device = "cpu";  // where the server's model lives
+  // When set, the workers' random generators are seeded from it
+  // (pipeline::SeedWorkers) before their replicas are placed.
+  std::optional<uint64_t> seed;
 };
 
 // What one step did.

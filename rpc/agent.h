@@ -223,7 +223,10 @@ class Agent final : public ControlChannel {
 
   // Rendezvous. Worker: registers with the master, retrying until
   // connect_timeout, and receives the address book. Master: waits until
-  // every listed worker registered. Blocks; call once.
+  // every listed worker registered; fails as soon as each has either
+  // joined or been refused (a name not listed, a wrong token), or at
+  // connect_timeout, naming who is missing and who was refused and why,
+  // and tells the workers that joined to exit. Blocks; call once.
   absl::Status Join();
 
   // --- calls -----------------------------------------------------------
@@ -295,6 +298,12 @@ class Agent final : public ControlChannel {
   // error when the master is gone.
   // `graceful` false skips the protocol and stops at once.
   absl::Status Shutdown(bool graceful = true);
+  // Master: ends the group because of `why` (the run failed), without the
+  // graceful protocol: tells every worker to stop with `why` as its error
+  // (best effort, at most about 2 s; before the group formed, the workers
+  // that registered so far), then stops. Elsewhere the same as
+  // Shutdown(false).
+  void Abort(const absl::Status& why);
   // Worker: blocks until the master ended the group (then call Shutdown),
   // or returns UNAVAILABLE naming the master once it has not answered for
   // master_timeout.

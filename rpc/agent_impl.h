@@ -187,6 +187,18 @@ class Agent::Impl final : public grpc::CallbackGenericService, public Responder:
   Route RouteTo(WorkerId id) const;
   void SetBook(std::vector<WorkerInfo> book);
   void HandleJoin(const wire::JoinRequest& join, std::shared_ptr<Responder> responder);
+  // Master, before the group forms: a process that tried to join was
+  // refused (`who`: its name or address), and why: a name not expected or
+  // a wrong token, which may be a missing worker's. Join gives up as soon
+  // as as many have joined or been refused as it expects.
+  void NoteRefused(const std::string& who, const std::string& why);
+  // Master: the error Join returns when the group did not form (who is
+  // missing, who was refused and why); the workers that did join are told
+  // to exit with it.
+  absl::Status GiveUpJoining(const absl::Status& why);
+  // Master, before the group formed: no group will form; the workers that
+  // joined are told `text` and exit. Whether the group had formed.
+  bool EndJoining(const std::string& text);
 
   // --- channels (channel_requests.cc) --------------------------------------
   // REMORA_DEBUG=channels: the channel of each of this process's GPUs to `p`.
@@ -225,6 +237,9 @@ class Agent::Impl final : public grpc::CallbackGenericService, public Responder:
 
   absl::Notification joined_;
   absl::Notification finished_;  // worker: the master ended the group
+  absl::Mutex abort_mu_;
+  // Worker: why the master ended the group, when it failed (Agent::Abort).
+  std::string abort_error_ ABSL_GUARDED_BY(abort_mu_);
 
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);  // index = id
@@ -242,7 +257,10 @@ class Agent::Impl final : public grpc::CallbackGenericService, public Responder:
   absl::Mutex join_mu_;
   std::map<std::string, Joiner> joiners_ ABSL_GUARDED_BY(join_mu_);
   bool formed_ ABSL_GUARDED_BY(join_mu_) = false;
+  bool gave_up_ ABSL_GUARDED_BY(join_mu_) = false;
   std::vector<WorkerInfo> book_ ABSL_GUARDED_BY(join_mu_);
+  // Refused joiners (who -> why), before the group formed.
+  std::map<std::string, std::string> refused_ ABSL_GUARDED_BY(join_mu_);
 
   absl::Mutex calls_mu_;
   absl::flat_hash_set<ClientCall*> calls_ ABSL_GUARDED_BY(calls_mu_);

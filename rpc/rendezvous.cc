@@ -59,13 +59,16 @@ void Agent::Impl::HandleJoin(const wire::JoinRequest& join,
     return responder->ReplyError(absl::FailedPreconditionError(absl::StrCat(
         "'", agent_->self_.name, "' is a worker, not the master; point --master at the master")));
   }
+  const std::string who = absl::StrCat("'", join.name(), "' at ", join.address());
   if (!IsValidWorkerName(join.name())) {
+    NoteRefused(who, "invalid worker name");
     return responder->ReplyError(absl::InvalidArgumentError(absl::StrCat(
         "invalid worker name '", join.name(),
         "': use 1 to 128 characters of [A-Za-z0-9_:-]")));
   }
   if (join.name() == opts.name ||
       std::find(opts.workers.begin(), opts.workers.end(), join.name()) == opts.workers.end()) {
+    NoteRefused(who, absl::StrCat("not in --workers (", absl::StrJoin(opts.workers, ","), ")"));
     return responder->ReplyError(absl::NotFoundError(absl::StrCat(
         "worker '", join.name(), "' is not one of the workers this master expects (",
         absl::StrJoin(opts.workers, ","), ")")));
@@ -76,9 +79,14 @@ void Agent::Impl::HandleJoin(const wire::JoinRequest& join,
     MutexLock lock(join_mu_);
     auto it = joiners_.find(join.name());
     if (it != joiners_.end() && it->second.address != join.address()) {
+      // Not counted as refused: the worker of that name is here (the
+      // second one is told, and exits).
       return responder->ReplyError(absl::AlreadyExistsError(absl::StrCat(
           "duplicate worker name '", join.name(), "': already registered from ",
           it->second.address, "; give each worker its own --name")));
+    }
+    if (gave_up_) {
+      return responder->ReplyError(absl::DeadlineExceededError("the master gave up forming the group"));
     }
     if (formed_) {
       if (it == joiners_.end()) {
@@ -123,6 +131,48 @@ void Agent::Impl::HandleJoin(const wire::JoinRequest& join,
     }
     r->Reply(std::move(m));
   }
+}
+
+void Agent::Impl::NoteRefused(const std::string& who, const std::string& why) {
+  MutexLock lock(join_mu_);
+  if (!formed_) refused_[who] = why;
+}
+
+absl::Status Agent::Impl::GiveUpJoining(const absl::Status& why) {
+  const AgentOptions& opts = agent_->options_;
+  std::vector<std::string> missing, refused;
+  {
+    MutexLock lock(join_mu_);
+    if (formed_) return absl::OkStatus();
+    for (const auto& w : opts.workers) {
+      if (!joiners_.count(w)) missing.push_back(w);
+    }
+    for (const auto& [who, reason] : refused_) refused.push_back(absl::StrCat(who, " was refused: ", reason));
+  }
+  std::string text = absl::StrCat("master '", agent_->self_.name, "' at ", agent_->self_.address, ": ");
+  if (!missing.empty()) absl::StrAppend(&text, "workers ", absl::StrJoin(missing, ", "), " did not register");
+  if (!refused.empty()) absl::StrAppend(&text, missing.empty() ? "" : "; ", absl::StrJoin(refused, "; "));
+  absl::StrAppend(&text, " (", why.message(), ")");
+  if (!missing.empty()) absl::StrAppend(&text, "; start them with --master ", agent_->self_.address);
+  // (Formed meanwhile: the last worker came in the last moment.)
+  if (!EndJoining(absl::StrCat("the group did not form: ", text))) return absl::OkStatus();
+  return absl::Status(why.code(), text);
+}
+
+bool Agent::Impl::EndJoining(const std::string& text) {
+  std::vector<std::shared_ptr<Responder>> waiting;
+  {
+    MutexLock lock(join_mu_);
+    if (formed_) return false;
+    gave_up_ = true;
+    for (auto& [name, j] : joiners_) waiting.push_back(std::move(j.responder));
+    joiners_.clear();
+  }
+  // The workers that joined wait for the group: they exit with the reason.
+  for (auto& r : waiting) {
+    if (r) r->ReplyError(absl::AbortedError(text));
+  }
+  return true;
 }
 
 absl::StatusOr<WorkerId> Agent::Impl::Resolve(const std::string& name) const {
@@ -211,21 +261,35 @@ absl::Status Agent::Join() {
       impl_->SetBook({me});
       return absl::OkStatus();
     }
-    if (impl_->joined_.WaitForNotificationWithTimeout(options_.connect_timeout)) {
+    // Until the group forms, or every expected worker has joined or been
+    // refused (nothing more will come), or the timeout.
+    bool settled = false, formed = false;
+    {
+      Impl* impl = impl_.get();
+      MutexLock lock(impl->join_mu_);
+      settled = impl->join_mu_.AwaitWithTimeout(
+          absl::Condition(
+              +[](Impl* i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(i->join_mu_) {
+                return i->formed_ ||
+                       i->joiners_.size() + i->refused_.size() >= i->agent_->options_.workers.size();
+              },
+              impl),
+          options_.connect_timeout);
+      formed = impl->formed_;
+    }
+    if (formed) {
+      impl_->joined_.WaitForNotification();  // the book is being set
       return absl::OkStatus();
     }
-    std::vector<std::string> missing;
-    {
-      MutexLock lock(impl_->join_mu_);
-      for (const auto& w : options_.workers) {
-        if (!impl_->joiners_.count(w)) missing.push_back(w);
-      }
+    absl::Status given_up = impl_->GiveUpJoining(
+        settled ? absl::FailedPreconditionError("every expected worker has either joined or been refused")
+                : absl::DeadlineExceededError(absl::StrCat(
+                      "waited --connect-timeout ", absl::FormatDuration(options_.connect_timeout))));
+    if (given_up.ok()) {  // formed just now
+      impl_->joined_.WaitForNotification();
+      return absl::OkStatus();
     }
-    return absl::DeadlineExceededError(absl::StrCat(
-        "master '", self_.name, "' at ", self_.address, ": workers ",
-        absl::StrJoin(missing, ", "), " did not register within ",
-        absl::FormatDuration(options_.connect_timeout),
-        "; start them with --master ", self_.address));
+    return given_up;
   }
 
   grpc::ChannelArguments args;

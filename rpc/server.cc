@@ -105,6 +105,7 @@ grpc::ServerGenericBidiReactor* Agent::Impl::CreateReactor(
   if (!TokenMatches(*ctx, agent_->options_.token)) {
     std::cerr << "remora: '" << agent_->self_.name << "' rejected a call from " << ctx->peer()
               << ": missing or wrong token\n";
+    if (agent_->options_.is_master) NoteRefused(ctx->peer(), "missing or wrong token (REMORA_TOKEN / --token-file)");
     return new Reject(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                                    "missing or wrong remora token (REMORA_TOKEN / --token-file)"));
   }

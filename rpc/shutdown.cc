@@ -31,9 +31,13 @@ absl::Status RegisterShutdownRequests(Agent::Impl* impl) {
   RETURN_IF_ERROR(t.Register<wire::Ping>(
       [](Incoming<wire::Ping>, std::shared_ptr<Responder> r) { r->Reply(OutMessage{}); }));
   return t.Register<wire::ShutdownFinish>(
-      [impl](Incoming<wire::ShutdownFinish>, std::shared_ptr<Responder> r) {
+      [impl](Incoming<wire::ShutdownFinish> in, std::shared_ptr<Responder> r) {
         if (impl->agent_->options().is_master) {
           return r->ReplyError(absl::PermissionDeniedError("only the master ends the group"));
+        }
+        if (!in.body.error().empty()) {
+          MutexLock lock(impl->abort_mu_);
+          impl->abort_error_ = in.body.error();
         }
         r->Reply(OutMessage{});
         impl->finished_.Notify();
@@ -144,7 +148,32 @@ absl::Status Agent::WaitForShutdown() {
           "); the group is gone, stopping"));
     }
   }
+  MutexLock lock(impl_->abort_mu_);
+  if (!impl_->abort_error_.empty()) {
+    return absl::AbortedError(absl::StrCat("worker '", self_.name, "': the master '", NameOf(0),
+                                           "' failed and ended the group: ", impl_->abort_error_));
+  }
   return absl::OkStatus();
+}
+
+void Agent::Abort(const absl::Status& why) {
+  if (!impl_->server_) return;
+  if (options_.is_master && !impl_->joined_.HasBeenNotified()) {
+    impl_->EndJoining(absl::StrCat("the master failed before the group formed: ", why.message()));
+  } else if (options_.is_master) {
+    std::vector<Future<InMessage>> finishes;
+    for (const auto& w : workers()) {
+      if (w.id == self_.id) continue;
+      wire::ShutdownFinish finish;
+      finish.set_error(std::string(why.message()));
+      OutMessage m;
+      *m.header.mutable_request() = MakeRequest(finish);
+      m.header.mutable_request()->set_from(self_.id);
+      finishes.push_back(impl_->SendTo(w.id, std::move(m), absl::Seconds(2)));
+    }
+    for (auto& f : finishes) f.wait().IgnoreError();  // best effort: one may be gone
+  }
+  impl_->Stop();
 }
 
 absl::Status Agent::Shutdown(bool graceful) {

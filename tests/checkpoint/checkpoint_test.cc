@@ -432,6 +432,14 @@ TEST(CheckpointJob, AJobKilledMidEpochResumesAndEndsEqualToAnUninterruptedOne) {
     EXPECT_LT(CompleteSteps(broken).back(), 30);
   }
 
+  // Step 6, written before the kill, tells whether training is bitwise
+  // reproducible here: with Debian's LibTorch (OpenBLAS) it is, and the
+  // resumed job must end bitwise equal; with a PyTorch wheel's (MKL) on
+  // an H200 machine, two runs differed by up to 7e-9 already at step 6,
+  // and the resumed job ended 6e-8 from the uninterrupted one. (Compared
+  // now: the resumed job's checkpoints replace it, --keep 3.)
+  const StageDifference step6 = CompareStages(whole + "/step-00000006", broken + "/step-00000006");
+
   // Resumed on workers named otherwise: it ends where the whole job did.
   {
     const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
@@ -441,20 +449,20 @@ TEST(CheckpointJob, AJobKilledMidEpochResumesAndEndsEqualToAnUninterruptedOne) {
     for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
     EXPECT_THAT(out, HasSubstr("resumed from " + broken + "/step-"));
     EXPECT_EQ(LineStarting(out, "epoch=3 ").substr(0, 50), LineStarting(whole_out, "epoch=3 ").substr(0, 50));
-    // Step 6, written before the kill, tells whether training is bitwise
-    // reproducible here: with Debian's LibTorch (OpenBLAS) it is, and the
-    // resumed job must end bitwise equal; with a PyTorch wheel's (MKL) on
-    // an H200 machine, two runs differed by up to 7e-9 already at step 6,
-    // and the resumed job ended 6e-8 from the uninterrupted one.
-    const StageDifference before = CompareStages(whole + "/step-00000006", broken + "/step-00000006");
     const StageDifference after = CompareStages(whole, broken);
-    if (before.equal) {
+    if (step6.equal) {
       EXPECT_TRUE(after.equal) << "the resumed job ended " << after.largest << " away from the uninterrupted one";
     } else {
       EXPECT_LT(after.largest, 1e-5) << "training is not bitwise reproducible here (step 6 differed by "
-                                     << before.largest << "), but the resumed job ended this far away";
+                                     << step6.largest << "), but the resumed job ended this far away";
     }
     EXPECT_EQ(Latest(broken)->manifest.step(), 30);
+    // Resumed as the README shows (no checkpoint flags), the run's
+    // --checkpoint-every 3 and --keep 3 (the default) go on.
+    EXPECT_THAT(out, HasSubstr("checkpoint: step 27 in " + broken + "/step-00000027"));
+    EXPECT_EQ(CompleteSteps(broken), (std::vector<int64_t>{24, 27, 30}));
+    EXPECT_EQ(Latest(broken)->manifest.checkpoint_every(), 3);
+    EXPECT_EQ(Latest(broken)->manifest.keep(), 3);
   }
 
   // A checkpoint of another run: refused, naming the manifest, before any

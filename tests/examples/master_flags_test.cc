@@ -61,6 +61,10 @@ TEST(MasterFlags, BadValuesAreClearErrorsNamingTheFlag) {
       {{"--workers", "a", "--listen", "nowhere"}, "HOST:PORT"},
       {{"--workers", "a", "--listen", "127.0.0.1:70000"}, "--listen"},
       {{"--workers", "a,b,c,d,e", "--dataset", "fashion-mnist"}, "give at most that many --workers"},
+      // A typo in --dataset is a bad flag like any other (exit 2), found
+      // before anything starts.
+      {{"--local", "--dataset", "fashion-mnsit"}, "--dataset wants fashion-mnist, idx:DIR or cifar10:DIR"},
+      {{"--local", "--dataset", "idx:"}, "--dataset wants"},
   });
 }
 

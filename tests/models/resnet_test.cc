@@ -1,4 +1,9 @@
 // ResNet50 shards, partitioning, and the master program end to end.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -27,6 +32,7 @@ namespace remora {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 const std::string kBin = BinDir();
 
@@ -476,6 +482,170 @@ TEST(Master, HelpBadFlagsAndMissingWorkersGiveTheirExitCodes) {
   check({"--workers", "ghost", "--listen", absl::StrCat("127.0.0.1:", FreePort()),
          "--connect-timeout", "2"},
         1, "ghost did not register");
+}
+
+// master --model FILE --dataset: a one-file model over two workers is cut
+// on the dataset's image shape (1x28x28 here), not --input-shape's default;
+// an --input-shape that contradicts the dataset is an error naming both.
+TEST(Master, AOneFileModelWithADatasetTakesTheDatasetsShape) {
+  const std::string data = TempPath("one_file_idx");
+  test_support::WriteToyIdx(data, 96, 32);
+  torch::jit::Module model("Sequential"), flat("Flatten");
+  flat.define("def forward(self, x):\n  return x.flatten(1)\n");
+  model.register_module("f", flat);
+  model.register_module("l0", test_support::ScriptLinear(784, 32, 1, true));
+  model.register_module("l1", test_support::ScriptLinear(32, 10, 2, false));
+  model.define("def forward(self, x):\n  x = self.f.forward(x)\n  x = self.l0.forward(x)\n"
+               "  return self.l1.forward(x)\n");
+  const std::string file = TempPath("one_file_model.pt");
+  model.save(file);
+  const std::vector<std::string> args = {"--model", file, "--dataset", "idx:" + data, "--epochs", "1",
+                                         "--classes", "10", "--batch-size", "16", "--splits", "2"};
+  auto [code, out] = RunPipeline(2, args);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("test_accuracy="));
+  // Found once the dataset is loaded, before any worker is waited for.
+  std::vector<std::string> contradicting = {kBin + "/master", "--workers", "worker1,worker2", "--listen",
+                                            absl::StrCat("127.0.0.1:", FreePort()), "--input-shape",
+                                            "3,32,32"};
+  contradicting.insert(contradicting.end(), args.begin(), args.end());
+  auto [bad_code, bad_out] = RunProgram(contradicting, absl::Seconds(60));
+  EXPECT_EQ(bad_code, 1) << bad_out;
+  EXPECT_THAT(bad_out, HasSubstr("--input-shape 3,32,32 does not match --dataset idx:" + data +
+                                 "'s images of 1,28,28"));
+}
+
+// The same --seed gives bitwise the same losses when a stage has dropout,
+// in every mode: every worker's generators are seeded from the run's seed
+// and the worker's place (they started from random seeds).
+TEST(Master, TheSameSeedGivesTheSameLossesWithDropoutInEveryMode) {
+  const std::string dir = TempPath("dropout_model");
+  std::filesystem::create_directories(dir);
+  torch::jit::Module first("DropoutStage");
+  first.register_module("l0", test_support::ScriptLinear(12, 16, 1, true));
+  first.define("def forward(self, x):\n  return torch.dropout(self.l0.forward(x), 0.5, True)\n");
+  first.save(dir + "/stage0.pt");
+  SaveScriptLinear(dir + "/stage1.pt", 16, 5, 2, false);
+  const std::vector<std::string> common = {"--model", dir, "--input-shape", "12", "--classes", "5",
+                                           "--batches", "3", "--batch-size", "16", "--lr", "0.1",
+                                           "--seed", "7"};
+  struct Mode {
+    std::string name;
+    int workers;
+    std::vector<std::string> args;
+  };
+  for (const Mode& m : {Mode{"pipeline", 2, {"--splits", "2"}},
+                        Mode{"replicas", 4, {"--splits", "2", "--replicas", "2"}},
+                        Mode{"parameter server", 2, {"--mode", "ps"}}}) {
+    SCOPED_TRACE(m.name);
+    std::vector<std::vector<double>> losses;
+    for (int run = 0; run < 2; ++run) {
+      const std::string report = TempPath(absl::StrCat("dropout_", run, ".json"));
+      std::vector<std::string> args = common;
+      args.insert(args.end(), m.args.begin(), m.args.end());
+      args.insert(args.end(), {"--report", report});
+      auto [code, out] = RunPipeline(m.workers, args);
+      ASSERT_EQ(code, 0) << out;
+      auto p = ReportLosses(ReadFile(report));
+      ASSERT_EQ(p.size(), 1u);
+      ASSERT_EQ(p[0].size(), 3u);
+      losses.push_back(p[0]);
+    }
+    EXPECT_EQ(losses[0], losses[1]);  // bitwise
+  }
+}
+
+// A master that fails after the group formed (stages whose shapes do not
+// fit) tells its workers why: they exit at once with its error instead of
+// waiting out the master's silence.
+TEST(Master, AFailedMasterEndsItsGroupAndTheWorkersExitWithItsError) {
+  const std::string dir = TempPath("misfit_model");
+  std::filesystem::create_directories(dir);
+  SaveScriptLinear(dir + "/stage0.pt", 12, 16, 1, true);
+  SaveScriptLinear(dir + "/stage1.pt", 8, 5, 2, false);  // takes 8 features, gets 16
+  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+  std::vector<std::unique_ptr<cli::Subprocess>> workers;
+  for (const std::string name : {"worker1", "worker2"}) {
+    workers.push_back(cli::Subprocess::Spawn({kBin + "/worker", "--name", name, "--master", addr},
+                                             TempPath(name + "_misfit.log"))
+                          .value());
+  }
+  auto [code, out] = RunProgram({kBin + "/master", "--workers", "worker1,worker2", "--listen", addr,
+                                 "--model", dir, "--input-shape", "12", "--classes", "5", "--batches",
+                                 "2", "--batch-size", "8", "--splits", "2"},
+                                absl::Seconds(120));
+  EXPECT_EQ(code, 1) << out;
+  const absl::Time ended = absl::Now();
+  for (size_t i = 0; i < workers.size(); ++i) {
+    EXPECT_EQ(workers[i]->Wait(absl::Seconds(30)).value_or(0), 1);
+    const std::string log = ReadFile(TempPath(absl::StrCat("worker", i + 1, "_misfit.log")));
+    EXPECT_THAT(log, HasSubstr("failed and ended the group"));
+    EXPECT_THAT(log, HasSubstr("stage 1"));
+  }
+  // The heartbeat would have taken 10 s.
+  EXPECT_LT(absl::Now() - ended, absl::Seconds(5));
+}
+
+// A --listen port in use is found before the dataset is loaded, in
+// remora's words only.
+TEST(Master, ABusyListenPortFailsBeforeTheDatasetLoads) {
+  const std::string data = TempPath("busy_idx");
+  test_support::WriteToyIdx(data, 64, 16);
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(listen(fd, 4), 0);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const std::string addr = absl::StrCat("127.0.0.1:", ntohs(a.sin_port));
+  auto [code, out] = RunProgram({kBin + "/master", "--workers", "worker1", "--listen", addr, "--dataset",
+                                 "idx:" + data},
+                                absl::Seconds(60));
+  close(fd);
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_THAT(out, HasSubstr("--listen " + addr + ": the port is in use"));
+  EXPECT_THAT(out, Not(HasSubstr("training and")));  // the dataset line
+  EXPECT_THAT(out, Not(HasSubstr("Address already in use")));  // gRPC's own log
+}
+
+// A worker under a name not in --workers, or one holding the wrong token:
+// the master fails as soon as every expected worker has joined or been
+// refused (not at --connect-timeout), naming the refused one and why, and
+// the worker that joined is told to exit.
+TEST(Master, RefusedWorkersFailTheMasterAtOnceNamingThemAndTheJoinedWorkerExits) {
+  const std::string token = TempPath("token"), wrong = TempPath("wrong-token");
+  std::ofstream(token) << "the-run-s-secret\n";
+  std::ofstream(wrong) << "another-secret\n";
+  struct Case {
+    std::string name, token, want;
+  };
+  for (const Case& c : {Case{"wroker2", token, "'wroker2' at "}, Case{"worker2", wrong, "wrong token"}}) {
+    SCOPED_TRACE(c.want);
+    const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+    auto worker1 = cli::Subprocess::Spawn({kBin + "/worker", "--name", "worker1", "--master", addr,
+                                           "--token-file", token},
+                                          TempPath("worker1.log"));
+    auto worker2 = cli::Subprocess::Spawn({kBin + "/worker", "--name", c.name, "--master", addr,
+                                           "--token-file", c.token},
+                                          TempPath("worker2.log"));
+    ASSERT_TRUE(worker1.ok() && worker2.ok());
+    const absl::Time start = absl::Now();
+    auto [code, out] = RunProgram({kBin + "/master", "--workers", "worker1,worker2", "--listen", addr,
+                                   "--token-file", token, "--connect-timeout", "60"},
+                                  absl::Seconds(90));
+    EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "the master waited out --connect-timeout";
+    EXPECT_EQ(code, 1) << out;
+    EXPECT_THAT(out, HasSubstr("worker2 did not register"));
+    EXPECT_THAT(out, HasSubstr("was refused"));
+    EXPECT_THAT(out, HasSubstr(c.want));
+    if (c.name == "wroker2") EXPECT_THAT(out, HasSubstr("not in --workers"));
+    // worker1 joined and was told the group did not form.
+    EXPECT_NE((*worker1)->Wait(absl::Seconds(20)).value_or(0), 0);
+    EXPECT_THAT(ReadFile(TempPath("worker1.log")), HasSubstr("the group did not form"));
+    (*worker2)->Wait(absl::Seconds(20)).IgnoreError();
+  }
 }
 
 }  // namespace

@@ -34,8 +34,9 @@ struct Recorder {
     };
   }
 
+  std::ostringstream out;
+
   absl::StatusOr<std::vector<EpochResult>> Run() {
-    std::ostringstream out;
     return Fit(
         [this](const at::Tensor&, const at::Tensor& y) {
           const int b = static_cast<int>(y[0].item<int64_t>() / 2);
@@ -64,6 +65,22 @@ TEST(Fit, StartsEachStepBeforeWaitingForTheLastExceptBeforeACheckpoint) {
   EXPECT_DOUBLE_EQ((*epochs)[0].train_loss, 1.0);
   EXPECT_EQ((*epochs)[0].images, 10);
   EXPECT_DOUBLE_EQ((*epochs)[0].test_accuracy, 0.5);
+}
+
+// A run resumed after the last batch of an epoch (it ended there, and is
+// now given more epochs) goes on with the next epoch, without a line for
+// the one reported before.
+TEST(Fit, AResumedRunAfterAnEpochsLastBatchGoesOnWithTheNext) {
+  Recorder r;
+  r.options.epochs = 2;
+  r.options.start = FitPosition{1, 5, 5.0, 10, 5};
+  auto epochs = r.Run();
+  ASSERT_TRUE(epochs.ok()) << epochs.status();
+  ASSERT_EQ(epochs->size(), 1u);
+  EXPECT_EQ((*epochs)[0].epoch, 2);
+  EXPECT_EQ(r.out.str().find("epoch=1 "), std::string::npos) << r.out.str();
+  EXPECT_NE(r.out.str().find("epoch=2 "), std::string::npos) << r.out.str();
+  EXPECT_EQ(r.log.back(), "after10");
 }
 
 TEST(Fit, AFailedStepDropsTheStepStartedAfterIt) {

@@ -440,20 +440,54 @@ TEST(Rendezvous, DuplicateAndUnknownWorkerNamesAreRejected) {
   joins[loser].join();
   std::thread& first_join = joins[1 - loser];
   if (loser == 0) std::swap(first, second);  // `first` is the one that joined
-  auto stranger = start_worker("w9");
-  absl::Status unknown = stranger->Join();
-  EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound) << unknown;
-  EXPECT_THAT(std::string(unknown.message()), HasSubstr("w9"));
   auto w2 = start_worker("w2");
   std::thread w2_join([&] { EXPECT_TRUE(w2->Join().ok()); });
   EXPECT_TRUE(master->Join().ok());
   first_join.join();
   w2_join.join();
+  // A name not listed is refused. (Before the group formed, it would end
+  // the master's wait: w1 joined and one refused make the two it expects.)
+  auto stranger = start_worker("w9");
+  absl::Status unknown = stranger->Join();
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound) << unknown;
+  EXPECT_THAT(std::string(unknown.message()), HasSubstr("w9"));
   std::thread a([&] { EXPECT_TRUE(first->Shutdown().ok()); });
   std::thread b([&] { EXPECT_TRUE(w2->Shutdown().ok()); });
   EXPECT_TRUE(master->Shutdown().ok());
   a.join();
   b.join();
+}
+
+// The master stops waiting as soon as every worker it expects has joined
+// or been refused, names the refused one and why, and tells the worker
+// that joined that the group did not form.
+TEST(Rendezvous, TheMasterStopsWaitingOnceEachExpectedWorkerJoinedOrWasRefused) {
+  Registry registry;
+  AgentOptions m = MasterOptions({"w1", "w2"});
+  m.connect_timeout = absl::Seconds(60);
+  auto master = Agent::Start(m, &registry).value();
+  auto start_worker = [&](const std::string& name) {
+    AgentOptions w;
+    w.name = name;
+    w.master_address = master->self().address;
+    w.connect_timeout = absl::Seconds(20);
+    return Agent::Start(w, &registry).value();
+  };
+  auto w1 = start_worker("w1");
+  absl::Status w1_status;
+  std::thread w1_join([&] { w1_status = w1->Join(); });
+  auto typo = start_worker("w3");
+  EXPECT_EQ(typo->Join().code(), absl::StatusCode::kNotFound);
+  const absl::Time start = absl::Now();
+  absl::Status joined = master->Join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  ASSERT_FALSE(joined.ok());
+  EXPECT_THAT(std::string(joined.message()), HasSubstr("workers w2 did not register"));
+  EXPECT_THAT(std::string(joined.message()), HasSubstr("'w3' at "));
+  EXPECT_THAT(std::string(joined.message()), HasSubstr("was refused: not in --workers (w1,w2)"));
+  w1_join.join();
+  EXPECT_THAT(std::string(w1_status.message()), HasSubstr("the group did not form"));
+  master->Shutdown(/*graceful=*/false).IgnoreError();
 }
 
 TEST(Rendezvous, WorkerStartedBeforeMasterRetriesUntilItAppears) {
