@@ -640,7 +640,9 @@ TEST(Master, RefusedWorkersFailTheMasterAtOnceNamingThemAndTheJoinedWorkerExits)
     EXPECT_THAT(out, HasSubstr("worker2 did not register"));
     EXPECT_THAT(out, HasSubstr("was refused"));
     EXPECT_THAT(out, HasSubstr(c.want));
-    if (c.name == "wroker2") EXPECT_THAT(out, HasSubstr("not in --workers"));
+    if (c.name == "wroker2") {
+      EXPECT_THAT(out, HasSubstr("not in --workers"));
+    }
     // worker1 joined and was told the group did not form.
     EXPECT_NE((*worker1)->Wait(absl::Seconds(20)).value_or(0), 0);
     EXPECT_THAT(ReadFile(TempPath("worker1.log")), HasSubstr("the group did not form"));
