@@ -225,7 +225,9 @@ void AddFlags(cli::FlagParser& flags, Flags* f) {
                   "micro-batches per batch: one count or a sweep (1,2,4,8); default 8, or 1 with one "
                   "stage per replica (--replicas R over R workers) and with --mode ps");
   flags.AddInt("batches", &c.batches, "batches per split count");
-  flags.AddInt("batch-size", &f->batch_size, "images per batch (default 128; 64 with --dataset)");
+  flags.AddInt("batch-size", &f->batch_size,
+               "images per batch, the whole batch: with --replicas R each replica trains 1/R of it "
+               "(PyTorch DDP's batch size is per rank) (default 128; 64 with --dataset)");
   flags.AddInt("image-size", &c.image_size, "image height and width");
   flags.AddDouble("lr", &f->lr, "learning rate (default 0.05 for the ResNet50 demo, 0.01 with --model or --dataset)");
   flags.AddInt("seed", &c.seed, "seed of weights and data: same seed, same numbers");
