@@ -179,8 +179,15 @@ absl::StatusOr<std::vector<Run>> TrainOverWorkers(Agent& agent, CommandLine& lin
     const int s = c.splits[i];
     const bool last = i + 1 == c.splits.size();
     const int rows = c.batch_size / (s * c.replicas);
-    std::printf("pipeline: splits=%d (%s) over %zu workers, %zu stages\n", s,
-                MicroBatches(s, rows, true).c_str(), c.workers.size(), stages->size());
+    if (c.replicas > 1) {
+      const size_t p = c.workers.size(), k = stages->size();
+      std::printf("pipeline: splits=%d (%s per replica) over %zu workers: %d replicas of %zu %s, %zu %s each\n",
+                  s, MicroBatches(s, rows, true).c_str(), c.all_workers.size(), c.replicas, p,
+                  p == 1 ? "worker" : "workers", k, k == 1 ? "stage" : "stages");
+    } else {
+      std::printf("pipeline: splits=%d (%s) over %zu workers, %zu stages\n", s,
+                  MicroBatches(s, rows, true).c_str(), c.workers.size(), stages->size());
+    }
     if (rows < kOneDnnRows && c.model.empty() && c.dataset.empty()) {  // ResNet50's note
       std::printf("  note: micro-batches under %d rows: on a one-thread CPU worker, LibTorch's "
                   "1x1 convolutions leave oneDNN for a slower path below %d rows (ResNet50: "

@@ -364,6 +364,8 @@ TEST(Master, ReplicasTrainLikeOneProcess) {
                                            : "2 replicas (gradients summed over Gloo, overlapping backward)"));
     EXPECT_THAT(out, HasSubstr(workers == 4 ? "worker4      1        1" : "worker2      1        0"));
     EXPECT_THAT(out, HasSubstr("replica 1: optimizer state"));
+    EXPECT_THAT(out, HasSubstr(workers == 4 ? "over 4 workers: 2 replicas of 2 workers, 2 stages each"
+                                            : "over 2 workers: 2 replicas of 1 worker, 1 stage each"));
     auto p = ReportLosses(ReadFile(report));
     ASSERT_EQ(p.size(), 1u);
     ExpectSameLosses(p[0], l[0], absl::StrCat("--replicas 2 --zero ", zero, " over ", workers, " workers"));
