@@ -573,7 +573,7 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
 double Images(const Run& r, const Config& c) {
   if (r.epochs.empty()) return static_cast<double>(r.batch_seconds.size()) * c.batch_size;
   double n = 0;
-  for (const auto& e : r.epochs) n += e.images;
+  for (const auto& e : r.epochs) n += e.trained;  // as the epoch lines count
   return n;
 }
 

@@ -152,6 +152,7 @@ absl::StatusOr<std::vector<EpochResult>> Fit(const StartTrainStep& start_step, c
     }
     while (!started.empty()) RETURN_IF_ERROR(finish_oldest());
     r.seconds = Now() - t0;
+    r.trained = trained;
     r.train_loss = loss_sum / batches.size();
     if (o.progress_bar) out << "\n";
     auto accuracy = Accuracy(count_correct, test, o.eval_batch_size);

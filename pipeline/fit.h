@@ -63,7 +63,8 @@ struct EpochResult {
   double train_loss = 0;     // mean over the epoch's batches
   double test_accuracy = 0;  // fraction of the test set classified right
   double seconds = 0;        // training time of the epoch (evaluation not included)
-  int64_t images = 0;        // trained
+  int64_t images = 0;        // trained in the epoch (a resumed epoch's before the resume too)
+  int64_t trained = 0;       // of them, trained by this call (the images/s figures)
 };
 
 using TrainStep = std::function<absl::StatusOr<double>(const at::Tensor& x, const at::Tensor& y)>;

@@ -83,6 +83,20 @@ TEST(Fit, AResumedRunAfterAnEpochsLastBatchGoesOnWithTheNext) {
   EXPECT_EQ(r.log.back(), "after10");
 }
 
+// Resumed mid-epoch: the epoch counts all its images, of which this run
+// trained the rest (what images/s is figured from, here and in master's
+// splits line).
+TEST(Fit, AResumedEpochCountsTheImagesThisRunTrainedApart) {
+  Recorder r;
+  r.options.start = FitPosition{1, 2, 2.0, 4, 2};
+  auto epochs = r.Run();
+  ASSERT_TRUE(epochs.ok()) << epochs.status();
+  ASSERT_EQ(epochs->size(), 1u);
+  EXPECT_EQ((*epochs)[0].images, 10);
+  EXPECT_EQ((*epochs)[0].trained, 6);
+  EXPECT_EQ(r.log.front(), "start2");
+}
+
 TEST(Fit, AFailedStepDropsTheStepStartedAfterIt) {
   Recorder r;
   r.fail_batch = 1;
