@@ -199,6 +199,9 @@ class Agent::Impl final : public grpc::CallbackGenericService, public Responder:
   // Master, before the group formed: no group will form; the workers that
   // joined are told `text` and exit. Whether the group had formed.
   bool EndJoining(const std::string& text);
+  // Master: tells every worker the group has ended (ShutdownFinish; with
+  // `error`, because the master failed), waiting up to `timeout` for each.
+  void FinishWorkers(const std::string& error, absl::Duration timeout);
 
   // --- channels (channel_requests.cc) --------------------------------------
   // REMORA_DEBUG=channels: the channel of each of this process's GPUs to `p`.

@@ -161,19 +161,24 @@ void Agent::Abort(const absl::Status& why) {
   if (options_.is_master && !impl_->joined_.HasBeenNotified()) {
     impl_->EndJoining(absl::StrCat("the master failed before the group formed: ", why.message()));
   } else if (options_.is_master) {
-    std::vector<Future<InMessage>> finishes;
-    for (const auto& w : workers()) {
-      if (w.id == self_.id) continue;
-      wire::ShutdownFinish finish;
-      finish.set_error(std::string(why.message()));
-      OutMessage m;
-      *m.header.mutable_request() = MakeRequest(finish);
-      m.header.mutable_request()->set_from(self_.id);
-      finishes.push_back(impl_->SendTo(w.id, std::move(m), absl::Seconds(2)));
-    }
-    for (auto& f : finishes) f.wait().IgnoreError();  // best effort: one may be gone
+    impl_->FinishWorkers(std::string(why.message()), absl::Seconds(2));
   }
   impl_->Stop();
+}
+
+void Agent::Impl::FinishWorkers(const std::string& error, absl::Duration timeout) {
+  std::vector<Future<InMessage>> finishes;
+  for (const auto& w : agent_->workers()) {
+    if (w.id == agent_->self_.id) continue;
+    wire::ShutdownFinish finish;
+    finish.set_error(error);
+    OutMessage m;
+    *m.header.mutable_request() = MakeRequest(finish);
+    m.header.mutable_request()->set_from(agent_->self_.id);
+    finishes.push_back(SendTo(w.id, std::move(m), timeout));
+  }
+  // Best effort: a worker that does not answer is already gone.
+  for (auto& f : finishes) f.wait().IgnoreError();
 }
 
 absl::Status Agent::Shutdown(bool graceful) {
@@ -234,15 +239,7 @@ absl::Status Agent::Shutdown(bool graceful) {
         absl::SleepFor(absl::Milliseconds(10));
       }
       // Tell every worker the group is done, even after an error.
-      std::vector<Future<InMessage>> finishes;
-      for (const auto& w : others) {
-        OutMessage m;
-        *m.header.mutable_request() = MakeRequest(wire::ShutdownFinish());
-        m.header.mutable_request()->set_from(self_.id);
-        finishes.push_back(impl_->SendTo(w.id, std::move(m), absl::Seconds(5)));
-      }
-      // Best effort: a worker that does not answer is already gone.
-      for (auto& f : finishes) f.wait().IgnoreError();
+      impl_->FinishWorkers("", absl::Seconds(5));
     }
   }
   impl_->Stop();

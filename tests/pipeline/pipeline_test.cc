@@ -318,6 +318,15 @@ PipelineOptions TwoStages(StageSpec a, StageSpec b) {
   return o;
 }
 
+// TwoStages in 4 micro-batches under 1F1B, where a batch's later forward
+// passes wait behind its backward passes (the failure tests' case).
+PipelineOptions TwoStagesIn1F1B(StageSpec a, StageSpec b) {
+  PipelineOptions o = TwoStages(std::move(a), std::move(b));
+  o.micro_batches = 4;
+  o.schedule = "1f1b";
+  return o;
+}
+
 void ExpectError(const absl::Status& s, const std::vector<std::string>& parts) {
   ASSERT_FALSE(s.ok());
   for (const auto& p : parts) {
@@ -453,9 +462,7 @@ TEST(Pipeline, StepsStartedAheadTrainAsStepsRunOneByOne) {
 // nothing is left waiting on the workers.
 TEST(Pipeline, AFailedStepWithTheNextStartedFailsAloneAndLeavesNothingWaiting) {
   Workers workers(2, "test_worker");  // for lane_queued
-  PipelineOptions o = TwoStages(Spec(Mlp(8, 16, 1)), Spec(Mlp(16, 4, 2, false)));
-  o.micro_batches = 4;
-  o.schedule = "1f1b";
+  PipelineOptions o = TwoStagesIn1F1B(Spec(Mlp(8, 16, 1)), Spec(Mlp(16, 4, 2, false)));
   auto pipe = Pipeline::Create(workers.master(), o);
   ASSERT_TRUE(pipe.ok()) << pipe.status();
   const auto data = Data(2, 8, 8, 4);
@@ -506,9 +513,7 @@ TEST(Pipeline, BadStagesAreClearErrorsNamingTheStageAndTheWorker) {
 TEST(Pipeline, AFailedBatchLeavesNothingWaitingOnTheWorkers) {
   Workers workers(2, "test_worker");  // for lane_queued
   Agent& master = workers.master();
-  PipelineOptions o = TwoStages(Spec(Mlp(8, 16, 1)), Spec(Mlp(8, 4, 2, false)));  // 16 != 8
-  o.micro_batches = 4;
-  o.schedule = "1f1b";
+  PipelineOptions o = TwoStagesIn1F1B(Spec(Mlp(8, 16, 1)), Spec(Mlp(8, 4, 2, false)));  // 16 != 8
   auto pipe = Pipeline::Create(master, o);
   ASSERT_TRUE(pipe.ok()) << pipe.status();
   EXPECT_FALSE((*pipe)->train_step(at::randn({8, 8}), at::randn({8, 4})).ok());
@@ -539,9 +544,7 @@ TEST(Pipeline, AFailedBatchLeavesNothingWaitingOnTheWorkers) {
 TEST(Pipeline, AStalledOrDeadWorkerFailsTheStepWithinTenSecondsNamingIt) {
   Workers workers;
   workers.ExpectUncleanShutdown();  // w2 is killed at the end
-  PipelineOptions o = TwoStages(Spec(Mlp(8, 64, 1)), Spec(Mlp(64, 4, 2, false)));
-  o.micro_batches = 4;
-  o.schedule = "1f1b";
+  PipelineOptions o = TwoStagesIn1F1B(Spec(Mlp(8, 64, 1)), Spec(Mlp(64, 4, 2, false)));
   auto pipe = Pipeline::Create(workers.master(), o);
   ASSERT_TRUE(pipe.ok()) << pipe.status();
   const auto data = Data(1, 64, 8, 4);

@@ -409,17 +409,20 @@ TEST(Rendezvous, InvalidNamesAreRejected) {
   EXPECT_FALSE(Agent::Start(o, &registry).ok());
 }
 
+// A worker agent named `name`, started (not joined) for `master`'s group.
+std::unique_ptr<Agent> StartWorker(Registry& registry, const Agent& master, const std::string& name) {
+  AgentOptions w;
+  w.name = name;
+  w.master_address = master.self().address;
+  w.connect_timeout = absl::Seconds(20);
+  return Agent::Start(w, &registry).value();
+}
+
 TEST(Rendezvous, DuplicateAndUnknownWorkerNamesAreRejected) {
   Registry registry;
   AgentOptions m = MasterOptions({"w1", "w2"});
   auto master = Agent::Start(m, &registry).value();
-  auto start_worker = [&](const std::string& name) {
-    AgentOptions w;
-    w.name = name;
-    w.master_address = master->self().address;
-    w.connect_timeout = absl::Seconds(20);
-    return Agent::Start(w, &registry).value();
-  };
+  auto start_worker = [&](const std::string& name) { return StartWorker(registry, *master, name); };
   // Two agents claim "w1"; whichever registers second is refused.
   auto first = start_worker("w1");
   auto second = start_worker("w1");
@@ -466,13 +469,7 @@ TEST(Rendezvous, TheMasterStopsWaitingOnceEachExpectedWorkerJoinedOrWasRefused) 
   AgentOptions m = MasterOptions({"w1", "w2"});
   m.connect_timeout = absl::Seconds(60);
   auto master = Agent::Start(m, &registry).value();
-  auto start_worker = [&](const std::string& name) {
-    AgentOptions w;
-    w.name = name;
-    w.master_address = master->self().address;
-    w.connect_timeout = absl::Seconds(20);
-    return Agent::Start(w, &registry).value();
-  };
+  auto start_worker = [&](const std::string& name) { return StartWorker(registry, *master, name); };
   auto w1 = start_worker("w1");
   absl::Status w1_status;
   std::thread w1_join([&] { w1_status = w1->Join(); });
