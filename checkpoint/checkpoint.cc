@@ -270,9 +270,11 @@ absl::Status Restore(pipeline::Pipeline& pipe, const Checkpoint& ck) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<std::vector<at::Tensor>>> ReadStageTensors(const Checkpoint& ck) {
+absl::StatusOr<std::vector<std::vector<at::Tensor>>> ReadStageTensors(const Checkpoint& ck,
+                                                                       std::vector<std::vector<std::string>>* names) {
   const wire::Manifest& m = ck.manifest;
   std::vector<std::vector<at::Tensor>> out(m.stages_size());
+  if (names != nullptr) names->assign(m.stages_size(), {});
   std::vector<bool> seen(m.stages_size(), false);
   for (const auto& s : m.shards()) {
     ASSIGN_OR_RETURN(Shard shard, ReadShard(absl::StrCat(ck.dir, "/", s.file()), s.bytes(), s.crc32()));
@@ -284,6 +286,7 @@ absl::StatusOr<std::vector<std::vector<at::Tensor>>> ReadStageTensors(const Chec
       }
       seen[k] = true;
       out[k] = std::move(shard.tensors[i]);
+      if (names != nullptr && !shard.names.empty()) (*names)[k] = std::move(shard.names[i]);
     }
   }
   for (int k = 0; k < m.stages_size(); ++k) {
@@ -295,12 +298,13 @@ absl::StatusOr<std::vector<std::vector<at::Tensor>>> ReadStageTensors(const Chec
 absl::StatusOr<std::vector<std::unique_ptr<pipeline::StageModule>>> LoadModel(const Checkpoint& ck,
                                                                               c10::Device device) {
   ASSIGN_OR_RETURN(std::vector<pipeline::StageSpec> specs, LoadStageSpecs(ck));
-  ASSIGN_OR_RETURN(auto tensors, ReadStageTensors(ck));
+  std::vector<std::vector<std::string>> names;
+  ASSIGN_OR_RETURN(auto tensors, ReadStageTensors(ck, &names));
   std::vector<std::unique_ptr<pipeline::StageModule>> model;
   for (size_t k = 0; k < specs.size(); ++k) {
     ASSIGN_OR_RETURN(auto stage, pipeline::BuildStage(specs[k], device));
     try {
-      pipeline::LoadState(*stage, tensors[k], absl::StrCat(ck.dir, ": stage ", k));
+      pipeline::LoadState(*stage, tensors[k], absl::StrCat(ck.dir, ": stage ", k), names[k]);
     } catch (...) {
       return StatusFromCurrentException("loading the checkpoint's parameters");
     }

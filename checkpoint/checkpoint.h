@@ -139,8 +139,10 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> LoadStageSpecs(const Checkpoint
 absl::Status Restore(pipeline::Pipeline& pipe, const Checkpoint& ck);
 
 // Every stage's parameters then buffers, read from the shards in this
-// process (for an evaluator: no workers needed), checked.
-absl::StatusOr<std::vector<std::vector<at::Tensor>>> ReadStageTensors(const Checkpoint& ck);
+// process (for an evaluator: no workers needed), checked; with `names`,
+// their names too (none for a stage saved before shards named them).
+absl::StatusOr<std::vector<std::vector<at::Tensor>>> ReadStageTensors(
+    const Checkpoint& ck, std::vector<std::vector<std::string>>* names = nullptr);
 
 // The whole model of a checkpoint, built in this process on `device` from
 // its stage specs with its saved parameters and buffers, in eval mode (for
@@ -173,18 +175,20 @@ struct LocalSave {
 // model, ps/) in the format above, so that Latest, LoadStageSpecs and
 // ReadStageTensors read it like any checkpoint: one shard, shard-0.pt
 // (recorded as written by `owner`), holding every stage's `tensors`
-// (parameters then buffers), `optimizer` (a LibTorch archive as uint8, or
-// undefined) and this process's CPU generator; model.pt; the manifest,
+// (parameters then buffers) by their `names` (pipeline::StateNames),
+// `optimizer` (optim::SaveOptimizerState's bytes or ps::PackShardStates',
+// or undefined) and this process's CPU generator; model.pt; the manifest,
 // written last. Then keeps the newest `keep` (>= 1) checkpoints in `dir`.
 // An error names the file that failed; the previous checkpoint stays the
 // latest.
 absl::StatusOr<LocalSave> SaveLocal(const std::string& dir, const std::vector<pipeline::StageSpec>& stages,
                                     const std::vector<std::vector<at::Tensor>>& tensors,
+                                    const std::vector<std::vector<std::string>>& names,
                                     const at::Tensor& optimizer, const RunIdentity& identity,
                                     const TrainingState& state, bool final, int keep,
                                     const std::string& owner = "master");
 
-// The optimizer archive of a one-shard checkpoint (SaveLocal's), checked;
+// The optimizer state of a one-shard checkpoint (SaveLocal's), checked;
 // undefined when it holds none.
 absl::StatusOr<at::Tensor> ReadLocalOptimizer(const Checkpoint& ck);
 

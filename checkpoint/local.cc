@@ -31,11 +31,12 @@ constexpr char kShardFile[] = "shard-0.pt";
 
 absl::StatusOr<LocalSave> SaveLocal(const std::string& dir, const std::vector<pipeline::StageSpec>& stages,
                                     const std::vector<std::vector<at::Tensor>>& tensors,
+                                    const std::vector<std::vector<std::string>>& names,
                                     const at::Tensor& optimizer, const RunIdentity& identity,
                                     const TrainingState& state, bool final, int keep,
                                     const std::string& owner) {
   if (keep < 1) return absl::InvalidArgumentError("checkpoints: keep at least 1");
-  if (stages.empty() || stages.size() != tensors.size()) {
+  if (stages.empty() || stages.size() != tensors.size() || names.size() != tensors.size()) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", stages.size(), " stage specs and ",
                                                    tensors.size(), " stages' tensors"));
   }
@@ -48,6 +49,7 @@ absl::StatusOr<LocalSave> SaveLocal(const std::string& dir, const std::vector<pi
   Shard shard;
   for (size_t k = 0; k < stages.size(); ++k) shard.stages.push_back(static_cast<int64_t>(k));
   shard.tensors = tensors;
+  shard.names = names;
   shard.optimizer = optimizer;
   shard.rng = CpuGeneratorState();
   const std::string shard_bytes = EncodeShard(shard);

@@ -24,6 +24,7 @@
 #include "base/status_util.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/shard.h"
+#include "optim/distributed_optimizer.h"
 
 namespace remora::checkpoint {
 namespace {
@@ -66,7 +67,12 @@ c10::IValue SaveShardFn(CallContext& ctx, const Args& a) {
   Shard shard;
   shard.stages = a[1].toIntVector();
   for (const c10::IValue& stage : a[2].toListRef()) {
-    shard.tensors.push_back(Call(ctx, LocalObject(stage, "stage"), "state").toTensorVector());
+    const c10::IValue object = LocalObject(stage, "stage");
+    shard.tensors.push_back(Call(ctx, object, "state").toTensorVector());
+    std::vector<std::string> names;
+    const c10::IValue listed = Call(ctx, object, "state_names");
+    for (const c10::IValue& n : listed.toListRef()) names.push_back(n.toStringRef());
+    shard.names.push_back(std::move(names));
   }
   if (!a[3].isNone()) shard.optimizer = Call(ctx, LocalObject(a[3], "optimizer"), "save_state").toTensor();
   shard.rng = CpuGeneratorState();
@@ -90,7 +96,9 @@ c10::IValue LoadShardFn(CallContext& ctx, const Args& a) {
   }
   const c10::ArrayRef<c10::IValue> stages = a[4].toListRef();
   for (size_t i = 0; i < stages.size(); ++i) {
-    Call(ctx, LocalObject(stages[i], "stage"), "load_state", {c10::List<at::Tensor>(shard->tensors[i])});
+    std::vector<c10::IValue> args{c10::List<at::Tensor>(shard->tensors[i])};
+    if (!shard->names.empty()) args.push_back(c10::List<std::string>(shard->names[i]));
+    Call(ctx, LocalObject(stages[i], "stage"), "load_state", std::move(args));
   }
   if (!a[5].isNone()) {
     if (!shard->optimizer.defined()) {
@@ -198,13 +206,37 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 }
 
 std::string EncodeShard(const Shard& shard) {
+  if (!shard.names.empty() && shard.names.size() != shard.tensors.size()) {
+    throw std::invalid_argument(absl::StrCat("checkpoint shard: ", shard.tensors.size(), " stages' tensors but ",
+                                             shard.names.size(), " stages' names"));
+  }
   c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
-  d.insert("format", int64_t{1});
+  d.insert("format", int64_t{2});
   d.insert("stages", c10::List<int64_t>(shard.stages));
-  c10::impl::GenericList tensors(c10::ListType::ofTensors());
-  for (const auto& t : shard.tensors) tensors.push_back(c10::List<at::Tensor>(t));
-  d.insert("tensors", tensors);
-  d.insert("optimizer", shard.optimizer.defined() ? c10::IValue(shard.optimizer) : c10::IValue());
+  c10::impl::GenericList state_dicts(c10::AnyType::get());
+  for (size_t k = 0; k < shard.tensors.size(); ++k) {
+    const auto& tensors = shard.tensors[k];
+    std::vector<std::string> names;  // numbered when the shard names none
+    if (shard.names.empty()) {
+      for (size_t i = 0; i < tensors.size(); ++i) names.push_back(absl::StrCat(i));
+    } else {
+      names = shard.names[k];
+    }
+    if (names.size() != tensors.size()) {
+      throw std::invalid_argument(absl::StrCat("checkpoint shard: stage ", shard.stages[k], " has ",
+                                               tensors.size(), " tensors but ", names.size(), " names"));
+    }
+    c10::Dict<std::string, at::Tensor> state;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (!state.insert(names[i], tensors[i]).second) {
+        throw std::invalid_argument(absl::StrCat("checkpoint shard: stage ", shard.stages[k],
+                                                 " names two tensors '", names[i], "'"));
+      }
+    }
+    state_dicts.push_back(state);
+  }
+  d.insert("state_dicts", state_dicts);
+  d.insert("optimizer", shard.optimizer.defined() ? optim::Unpickle(shard.optimizer) : c10::IValue());
   d.insert("rng", shard.rng);
   d.insert("cuda_rng", c10::List<at::Tensor>(shard.cuda_rng));
   const std::vector<char> bytes = torch::jit::pickle_save(d);
@@ -215,14 +247,30 @@ absl::StatusOr<Shard> DecodeShard(const std::string& bytes, const std::string& l
   try {
     const c10::IValue v = torch::jit::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
     const c10::impl::GenericDict d = v.toGenericDict();
-    if (d.at("format").toInt() != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(label, ": shard format ", d.at("format").toInt(),
-                                                     " is not 1 (written by a newer remora?)"));
+    const int64_t format = d.at("format").toInt();
+    if (format != 1 && format != 2) {
+      return absl::InvalidArgumentError(absl::StrCat(label, ": shard format ", format,
+                                                     " is not 1 or 2 (written by a newer remora?)"));
     }
     Shard shard;
     shard.stages = d.at("stages").toIntVector();
-    for (const c10::IValue& t : d.at("tensors").toListRef()) shard.tensors.push_back(t.toTensorVector());
-    if (!d.at("optimizer").isNone()) shard.optimizer = d.at("optimizer").toTensor();
+    if (format == 1) {
+      for (const c10::IValue& t : d.at("tensors").toListRef()) shard.tensors.push_back(t.toTensorVector());
+      // LibTorch's optimizer archive, as optim::LoadOptimizerState still takes.
+      if (!d.at("optimizer").isNone()) shard.optimizer = d.at("optimizer").toTensor();
+    } else {
+      for (const c10::IValue& sd : d.at("state_dicts").toListRef()) {
+        std::vector<at::Tensor> tensors;
+        std::vector<std::string> names;
+        for (const auto& entry : sd.toGenericDict()) {
+          names.push_back(entry.key().toStringRef());
+          tensors.push_back(entry.value().toTensor());
+        }
+        shard.tensors.push_back(std::move(tensors));
+        shard.names.push_back(std::move(names));
+      }
+      if (!d.at("optimizer").isNone()) shard.optimizer = optim::PickleBytes(d.at("optimizer"));
+    }
     shard.rng = d.at("rng").toTensor();
     // (Shards written before CUDA generators were saved lack the entry.)
     if (d.contains("cuda_rng")) shard.cuda_rng = d.at("cuda_rng").toTensorVector();

@@ -14,10 +14,17 @@
 
 namespace remora::checkpoint {
 
+// In the file (format 2) a dict: "stages"; "state_dicts", per stage its
+// tensors by name (PyTorch's state_dict() keys, parameters then buffers);
+// "optimizer", the owner's optimizer state dict (PyTorch's layout, its
+// parameters numbered through the shard's stages in order) or None; "rng"
+// and "cuda_rng". Format 1 (unnamed lists, LibTorch's optimizer archive)
+// is read too. The same state gives the same bytes.
 struct Shard {
   std::vector<int64_t> stages;                   // the pipeline's stage indices
   std::vector<std::vector<at::Tensor>> tensors;  // per stage: parameters then buffers
-  at::Tensor optimizer;                          // the owner's optimizer archive (uint8), or undefined
+  std::vector<std::vector<std::string>> names;   // per stage, the tensors' names (format 1: none)
+  at::Tensor optimizer;                          // optim::SaveOptimizerState's bytes, or undefined
   at::Tensor rng;                                // the owner's CPU generator state
   std::vector<at::Tensor> cuda_rng;              // each of its CUDA devices' generator state
 };

@@ -24,6 +24,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "autograd/dist_autograd.h"
@@ -448,9 +449,18 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, c
               << rows << " rows) on " << absl::StrJoin(c.workers, ", ") << " at once ..."
               << std::endl;
   }
-  ASSIGN_OR_RETURN(pipeline::Partitioning cut, pipeline::Partition(agent, model, c.workers, p));
-  std::cout << cut.Describe(c.workers) << std::flush;
-  return cut.stages;
+  auto cut = pipeline::Partition(agent, model, c.workers, p);
+  if (!cut.ok() && c.sequential &&
+      absl::StrContains(cut.status().message(), ") does not take the ")) {
+    // Say where the input's shape came from.
+    return absl::Status(cut.status().code(), absl::StrCat(
+        cut.status().message(), "; one input is ", absl::StrJoin(c.input_shape, ","),
+        c.dataset.empty() ? (c.input_shape_given ? " (--input-shape)" : " (--input-shape's default)")
+                          : absl::StrCat(" (--dataset ", c.dataset, "'s images)")));
+  }
+  if (!cut.ok()) return cut.status();
+  std::cout << cut->Describe(c.workers) << std::flush;
+  return cut->stages;
 }
 
 absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,

@@ -66,7 +66,7 @@ absl::Status MaybeSave(ps::ParameterServer& server, const Config& c, Checkpointi
   ASSIGN_OR_RETURN(auto stages, server.stage_state());  // gathered from the shards, if any
   ASSIGN_OR_RETURN(at::Tensor optimizer, server.optimizer_state());
   ASSIGN_OR_RETURN(checkpoint::LocalSave saved,
-                   checkpoint::SaveLocal(c.checkpoint_dir, ck->stages, stages, optimizer, ck->identity, state,
+                   checkpoint::SaveLocal(c.checkpoint_dir, ck->stages, stages, server.stage_names(), optimizer, ck->identity, state,
                                          final, c.keep));
   Checkpointing::PrintSaved(state.step, saved.dir, saved.bytes, (trace::NowUs() - t0) / 1e6, final);
   return absl::OkStatus();

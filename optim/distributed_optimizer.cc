@@ -110,18 +110,6 @@ void ReadArchive(const at::Tensor& bytes, torch::serialize::InputArchive& archiv
   archive.load_from(in);
 }
 
-at::Tensor SaveOptimizerState(const torch::optim::Optimizer& optimizer) {
-  torch::serialize::OutputArchive archive;
-  optimizer.save(archive);
-  return ArchiveBytes(archive);
-}
-
-void LoadOptimizerState(torch::optim::Optimizer& optimizer, const at::Tensor& bytes) {
-  torch::serialize::InputArchive archive;
-  ReadArchive(bytes, archive);
-  optimizer.load(archive);
-}
-
 int64_t StateBytes(const torch::optim::Optimizer& optimizer) {
   int64_t bytes = 0;
   auto add = [&bytes](const at::Tensor& t) {

@@ -70,10 +70,24 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const c10::impl::GenericD
 // throws std::invalid_argument, naming `who`, for any other entry.
 std::vector<at::Tensor> OwnedParameters(const c10::IValue& rrefs, const std::string& who);
 
-// An optimizer's state as LibTorch's archive in a uint8 tensor (what
-// checkpoints store), and loading it back (throws when it does not fit).
+// An optimizer's state as PyTorch's optimizer.state_dict() lays it out
+// ({"state": {i: {...}}, "param_groups": [{"lr": ..., "params": [i, ...]}]},
+// parameters numbered in the optimizer's order; SGD, Adam and AdamW), and
+// loading one back (throws std::invalid_argument, naming the parameter,
+// when it does not fit). Python's `optimizer.load_state_dict` takes it.
+c10::IValue OptimizerStateDict(const torch::optim::Optimizer& optimizer);
+void LoadOptimizerStateDict(torch::optim::Optimizer& optimizer, const c10::IValue& dict);
+// The same pickled (torch.save's legacy format) in a uint8 tensor: what
+// checkpoints store; the same state gives the same bytes. Loading also
+// takes LibTorch's archive, which older checkpoints hold.
 at::Tensor SaveOptimizerState(const torch::optim::Optimizer& optimizer);
 void LoadOptimizerState(torch::optim::Optimizer& optimizer, const at::Tensor& bytes);
+// Any value pickled into a uint8 tensor, and back (throws for bytes that
+// are not a pickle); whether bytes are a LibTorch module archive (what
+// remora saved optimizer states as before).
+at::Tensor PickleBytes(const c10::IValue& value);
+c10::IValue Unpickle(const at::Tensor& bytes);
+bool IsModuleArchive(const at::Tensor& bytes);
 // Any LibTorch archive as such a uint8 tensor, and the archive back into
 // `archive` (throws for bytes that are not one).
 at::Tensor ArchiveBytes(torch::serialize::OutputArchive& archive);

@@ -14,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "base/status_util.h"
 #include "pipeline/stage.h"
 
@@ -122,6 +124,33 @@ absl::StatusOr<StageSpec> SequentialModel::Stage(int first, int last) const {
   }
 }
 
+namespace {
+
+// "a Float tensor of shape [16, 3, 32, 32]"; a tuple's elements so.
+std::string Describe(const c10::IValue& v) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    return absl::StrCat("a ", c10::toString(t.scalar_type()), " tensor of shape ", c10::str(t.sizes()));
+  }
+  if (v.isTuple()) {
+    std::vector<std::string> parts;
+    for (const auto& e : v.toTupleRef().elements()) parts.push_back(Describe(e));
+    return absl::StrCat("(", absl::StrJoin(parts, ", "), ")");
+  }
+  return absl::StrCat("a ", v.tagKind());
+}
+
+// The last non-empty line of an error: PyTorch's own message, after the
+// TorchScript interpreter's traceback.
+std::string LastLine(absl::string_view message) {
+  std::vector<absl::string_view> lines = absl::StrSplit(message, '\n', absl::SkipWhitespace());
+  absl::string_view line = lines.empty() ? message : absl::StripAsciiWhitespace(lines.back());
+  absl::ConsumePrefix(&line, ": ");
+  return std::string(line);
+}
+
+}  // namespace
+
 absl::Status SequentialModel::Check(const c10::IValue& sample) const {
   if (!script_) return absl::OkStatus();
   torch::jit::Module m = script_->deepcopy();
@@ -131,7 +160,26 @@ absl::Status SequentialModel::Check(const c10::IValue& sample) const {
   try {
     whole = m.forward(ScriptArgs(sample));
   } catch (...) {
-    return StatusFromCurrentException(absl::StrCat("the forward of ", label_, " on the sample input"));
+    const absl::Status failed =
+        StatusFromCurrentException(absl::StrCat("the forward of ", label_, " on the sample input"));
+    // Name the layer that refuses its input, with the input's shape and
+    // PyTorch's own line (which gives the shape the layer wants), not the
+    // interpreter's traceback.
+    c10::IValue x = sample;
+    for (size_t i = 0; i < children_.size(); ++i) {
+      torch::jit::Module layer = m.attr(children_[i]).toModule();
+      try {
+        x = layer.forward(ScriptArgs(x));
+      } catch (...) {
+        const absl::Status s = StatusFromCurrentException("");
+        const auto type = layer.type()->name();
+        return absl::InvalidArgumentError(absl::StrCat(
+            label_, ": layer ", i, " ('", children_[i], "'", type ? absl::StrCat(", ", type->name()) : "",
+            ") does not take ", i == 0 ? "the input, " : "the previous layer's output, ", Describe(x), ": ",
+            LastLine(s.message())));
+      }
+    }
+    return failed;
   }
   for (size_t i = 0; i < children_.size(); ++i) {
     try {

@@ -61,6 +61,12 @@ class ScriptStage final : public StageModule {
     return out;
   }
   void Train(bool on) override { m_.train(on); }
+  std::vector<std::string> Names() override {
+    std::vector<std::string> names;
+    for (const auto& p : m_.named_parameters()) names.push_back(p.name);
+    for (const auto& b : m_.named_buffers()) names.push_back(b.name);
+    return names;
+  }
 
  private:
   torch::jit::Module m_;
@@ -344,7 +350,18 @@ std::vector<c10::IValue> ScriptArgs(const c10::IValue& input) {
   return args;
 }
 
-void LoadState(StageModule& module, const std::vector<at::Tensor>& state, const std::string& where) {
+std::vector<std::string> StateNames(StageModule& module) {
+  std::vector<std::string> names = module.Names();
+  if (!names.empty()) return names;
+  const size_t num_parameters = module.Parameters().size();
+  for (size_t i = 0; i < num_parameters; ++i) names.push_back(absl::StrCat("parameters.", i));
+  const size_t num_buffers = module.Buffers().size();
+  for (size_t i = 0; i < num_buffers; ++i) names.push_back(absl::StrCat("buffers.", i));
+  return names;
+}
+
+void LoadState(StageModule& module, const std::vector<at::Tensor>& state, const std::string& where,
+               const std::vector<std::string>& names) {
   std::vector<at::Tensor> targets = module.Parameters();
   const size_t num_parameters = targets.size();
   for (const at::Tensor& b : module.Buffers()) targets.push_back(b);
@@ -352,6 +369,15 @@ void LoadState(StageModule& module, const std::vector<at::Tensor>& state, const 
     throw std::invalid_argument(absl::StrCat(
         where, ": the saved state has ", state.size(), " tensors; the stage has ", num_parameters,
         " parameters and ", targets.size() - num_parameters, " buffers (is it the same model?)"));
+  }
+  if (!names.empty()) {
+    const std::vector<std::string> mine = StateNames(module);
+    for (size_t i = 0; i < mine.size() && i < names.size(); ++i) {
+      if (names[i] != mine[i]) {
+        throw std::invalid_argument(absl::StrCat(where, ": saved tensor ", i, " is '", names[i],
+                                                 "'; the stage's is '", mine[i], "' (is it the same model?)"));
+      }
+    }
   }
   for (size_t i = 0; i < targets.size(); ++i) {
     if (state[i].sizes() != targets[i].sizes() || state[i].scalar_type() != targets[i].scalar_type()) {
@@ -468,9 +494,18 @@ absl::Status RegisterFunctions(Registry& registry) {
           for (const auto& b : h.stage->module().Buffers()) out.push_back(b.detach().cpu().clone());
           return out;
         }},
+       {"state_names",
+        [](Hosted& h, CallContext&, const Args&) -> c10::IValue {
+          return c10::List<std::string>(StateNames(h.stage->module()));
+        }},
+       // (tensors[, names])
        {"load_state", [](Hosted& h, CallContext& ctx, const Args& a) -> c10::IValue {
+          std::vector<std::string> names;
+          if (a.size() > 1) {
+            for (const c10::IValue& n : a[1].toListRef()) names.push_back(n.toStringRef());
+          }
           LoadState(h.stage->module(), a[0].toTensorVector(),
-                    absl::StrCat("stage ", h.stage->index(), " on worker '", WorkerName(ctx), "'"));
+                    absl::StrCat("stage ", h.stage->index(), " on worker '", WorkerName(ctx), "'"), names);
           return c10::IValue();
         }}}));
   RETURN_IF_ERROR(registry.RegisterFunction("remora.pipeline.layer_costs", LayerCosts));

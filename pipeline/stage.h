@@ -46,7 +46,15 @@ class StageModule {
   virtual std::vector<at::Tensor> Parameters() = 0;
   virtual std::vector<at::Tensor> Buffers() = 0;
   virtual void Train(bool on) = 0;
+  // The names of Parameters() then Buffers(), as PyTorch's state_dict()
+  // keys them ("0.weight", "fc.bias"); empty when the module has none
+  // (StateNames() then numbers them).
+  virtual std::vector<std::string> Names() { return {}; }
 };
+
+// `module`'s state names: its Names(), or "parameters.<i>" then
+// "buffers.<i>" when it gives none.
+std::vector<std::string> StateNames(StageModule& module);
 
 // Builds a stage type's module from the spec's arguments, on `device`.
 // May throw (the caller gets the message).
@@ -69,6 +77,11 @@ std::unique_ptr<StageModule> WrapModule(std::shared_ptr<M> m) {
     std::vector<at::Tensor> Parameters() override { return m_->parameters(); }
     std::vector<at::Tensor> Buffers() override { return m_->buffers(); }
     void Train(bool on) override { m_->train(on); }
+    std::vector<std::string> Names() override {
+      std::vector<std::string> names = m_->named_parameters().keys();
+      for (const std::string& b : m_->named_buffers().keys()) names.push_back(b);
+      return names;
+    }
 
    private:
     std::shared_ptr<M> m_;
@@ -104,8 +117,10 @@ absl::StatusOr<std::unique_ptr<StageModule>> LoadScriptStage(const std::string& 
 
 // Copies `state` (parameters then buffers, as the stage method "state"
 // returns them) into the module; throws std::invalid_argument naming
-// `where` when the count, a shape or a dtype differs.
-void LoadState(StageModule& module, const std::vector<at::Tensor>& state, const std::string& where);
+// `where` when the count, a name (`names`, when given: StateNames' of the
+// saved module), a shape or a dtype differs.
+void LoadState(StageModule& module, const std::vector<at::Tensor>& state, const std::string& where,
+               const std::vector<std::string>& names = {});
 
 // A stage hosted on this worker, as the step runner (pipeline/runner.h)
 // drives it: it holds the owner RRef, so the stage lives as long as this.

@@ -351,6 +351,12 @@ absl::StatusOr<std::vector<std::vector<at::Tensor>>> ParameterServer::stage_stat
   return out;
 }
 
+std::vector<std::vector<std::string>> ParameterServer::stage_names() const {
+  std::vector<std::vector<std::string>> out;
+  for (const auto& stage : model_) out.push_back(pipeline::StateNames(*stage));
+  return out;
+}
+
 absl::StatusOr<at::Tensor> ParameterServer::optimizer_state() const {
   if (shards_ != nullptr) return shards_->OptimizerState();
   return optim::SaveOptimizerState(*optimizer_);

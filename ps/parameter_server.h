@@ -113,11 +113,13 @@ class ParameterServer {
   absl::StatusOr<at::Tensor> eval(const at::Tensor& inputs);
 
   // Per stage, its parameters then buffers (copies on the CPU); the
-  // optimizer's state as a LibTorch archive (uint8; with shards, their
-  // archives packed, ps/shards.h); and their reverse (an error when the
+  // optimizer's state (optim::SaveOptimizerState's bytes; with shards,
+  // theirs packed, ps/shards.h); and their reverse (an error when the
   // saved optimizer state comes from another number of shards).
   absl::StatusOr<std::vector<std::vector<at::Tensor>>> stage_state();
   absl::StatusOr<at::Tensor> optimizer_state() const;
+  // Each stage's state names (pipeline::StateNames), in stage_state's order.
+  std::vector<std::vector<std::string>> stage_names() const;
   absl::Status Load(const std::vector<std::vector<at::Tensor>>& stages, const at::Tensor& optimizer);
 
   // With servers: which holds which parameters (empty without); and each

@@ -145,31 +145,45 @@ std::vector<std::vector<int64_t>> PartitionByBytes(const std::vector<int64_t>& b
   return out;
 }
 
-at::Tensor PackShardStates(const std::vector<at::Tensor>& archives) {
-  torch::serialize::OutputArchive archive;
-  archive.write("ps_shards", at::scalar_tensor(static_cast<int64_t>(archives.size()), at::kLong));
-  for (size_t i = 0; i < archives.size(); ++i) archive.write(absl::StrCat("shard_", i), archives[i]);
-  return optim::ArchiveBytes(archive);
+at::Tensor PackShardStates(const std::vector<at::Tensor>& states) {
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("ps_shards", static_cast<int64_t>(states.size()));
+  c10::impl::GenericList list(c10::AnyType::get());
+  for (const at::Tensor& state : states) list.push_back(optim::Unpickle(state));
+  d.insert("shards", list);
+  return optim::PickleBytes(d);
 }
 
 namespace {
 
-// The record as an archive; null for an undefined record.
-std::unique_ptr<torch::serialize::InputArchive> OpenRecord(const at::Tensor& record) {
-  if (!record.defined()) return nullptr;
+// Records written before optimizer states were state dicts: LibTorch
+// archives holding "ps_shards" and "shard_<i>" (each an archive too).
+std::unique_ptr<torch::serialize::InputArchive> OpenArchive(const at::Tensor& record) {
   auto archive = std::make_unique<torch::serialize::InputArchive>();
   optim::ReadArchive(record, *archive);
   return archive;
 }
 
+// A record's dict ({"ps_shards": k, "shards": [...]}); None for a single
+// server's own state dict.
+c10::IValue RecordDict(const at::Tensor& record) {
+  const c10::IValue v = optim::Unpickle(record);
+  if (v.isGenericDict() && v.toGenericDict().contains("ps_shards")) return v;
+  return c10::IValue();
+}
+
 }  // namespace
 
 int SavedShards(const at::Tensor& record) {
+  if (!record.defined()) return 0;
   try {
-    auto archive = OpenRecord(record);
-    at::Tensor k;
-    if (archive == nullptr || !archive->try_read("ps_shards", k)) return 0;
-    return static_cast<int>(k.item<int64_t>());
+    if (optim::IsModuleArchive(record)) {
+      at::Tensor k;
+      if (!OpenArchive(record)->try_read("ps_shards", k)) return 0;
+      return static_cast<int>(k.item<int64_t>());
+    }
+    const c10::IValue d = RecordDict(record);
+    return d.isNone() ? 0 : static_cast<int>(d.toGenericDict().at("ps_shards").toInt());
   } catch (...) {
     return 0;
   }
@@ -187,8 +201,15 @@ absl::StatusOr<std::vector<at::Tensor>> UnpackShardStates(const at::Tensor& reco
   }
   std::vector<at::Tensor> out(k);
   try {
-    auto archive = OpenRecord(record);
-    for (int i = 0; i < k; ++i) archive->read(absl::StrCat("shard_", i), out[i]);
+    if (optim::IsModuleArchive(record)) {
+      auto archive = OpenArchive(record);
+      for (int i = 0; i < k; ++i) archive->read(absl::StrCat("shard_", i), out[i]);
+    } else {
+      const c10::IValue shards = RecordDict(record).toGenericDict().at("shards");
+      const c10::ArrayRef<c10::IValue> states = shards.toListRef();
+      if (static_cast<int>(states.size()) != k) throw std::invalid_argument("a record of the wrong length");
+      for (int i = 0; i < k; ++i) out[i] = optim::PickleBytes(states[i]);
+    }
   } catch (...) {
     return StatusFromCurrentException("reading the shards' optimizer states");
   }

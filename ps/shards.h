@@ -50,11 +50,13 @@ inline constexpr char kShardType[] = "remora.ps.Shard";
 // Deterministic. Returns each shard's indices, ascending.
 std::vector<std::vector<int64_t>> PartitionByBytes(const std::vector<int64_t>& bytes, int k);
 
-// The shards' optimizer archives packed into one archive (uint8), the
-// checkpoint's optimizer record with shards; the number of shards a record
-// holds (0: a single server's own archive); and the archives back (an
-// error, saying what to give, when the record holds another number).
-at::Tensor PackShardStates(const std::vector<at::Tensor>& archives);
+// The shards' optimizer states (optim::SaveOptimizerState's bytes) packed
+// into one record, the checkpoint's optimizer entry with shards: pickled
+// {"ps_shards": k, "shards": [state dict, ...]}; the number of shards a
+// record holds (0: a single server's own state); and the states back (an
+// error, saying what to give, when the record holds another number). Older
+// records (LibTorch archives) are read too.
+at::Tensor PackShardStates(const std::vector<at::Tensor>& states);
 int SavedShards(const at::Tensor& record);
 absl::StatusOr<std::vector<at::Tensor>> UnpackShardStates(const at::Tensor& record, int k);
 

@@ -76,6 +76,7 @@ TEST(CheckpointFiles, ShardsRoundTripAndCorruptionIsNamed) {
   Shard shard;
   shard.stages = {1, 3};
   shard.tensors = {{at::randn({3, 4}), at::randn({4})}, {at::randn({2})}};
+  shard.names = {{"fc.weight", "fc.bias"}, {"bn.running_mean"}};
   shard.rng = at::detail::getDefaultCPUGenerator().get_state();
   shard.cuda_rng = CudaGeneratorStates();  // one per device on a GPU machine; none here
   const std::string bytes = EncodeShard(shard);
@@ -85,7 +86,9 @@ TEST(CheckpointFiles, ShardsRoundTripAndCorruptionIsNamed) {
   ASSERT_EQ(back->tensors.size(), 2u);
   EXPECT_TRUE(at::equal(back->tensors[0][0], shard.tensors[0][0]));
   EXPECT_TRUE(at::equal(back->tensors[1][0], shard.tensors[1][0]));
+  EXPECT_EQ(back->names, shard.names);
   EXPECT_FALSE(back->optimizer.defined());
+  EXPECT_EQ(EncodeShard(*back), bytes) << "the same state, the same bytes";
   EXPECT_TRUE(at::equal(back->rng, shard.rng));
   // The CUDA generators' states travel in the shard too, and load back
   // into the generators (on a machine without GPUs, two made-up states
@@ -201,6 +204,47 @@ std::vector<at::Tensor> AllState(pipeline::Pipeline& pipe) {
   return out;
 }
 
+// Loads shard-0.pt of the pipeline above (worker w1: stage 0, the dropout
+// TorchScript stage `script`, and stage 2, a registered MLP) with Debian's
+// python3-torch, as a Python user would: the stage's state_dict into the
+// TorchScript module (strict), the optimizer's into torch.optim.Adam over
+// the shard's parameters in order, then one Adam step. Skipped where
+// /usr/bin/python3 has no torch.
+const char kLoadInPyTorch[] = R"(import sys, torch
+shard_path, script_path = sys.argv[1], sys.argv[2]
+shard = torch.load(shard_path)
+assert shard["format"] == 2, shard["format"]
+assert shard["stages"] == [0, 2], shard["stages"]
+stage0, stage2 = shard["state_dicts"]
+m = torch.jit.load(script_path)
+m.load_state_dict(stage0)
+assert torch.equal(m.weight, stage0["weight"])
+assert list(stage2.keys()) == ["0.weight", "0.bias"], list(stage2.keys())
+params = list(m.parameters()) + [torch.nn.Parameter(t.clone()) for t in stage2.values()]
+opt = torch.optim.Adam(params, lr=0.01)
+opt.load_state_dict(shard["optimizer"])
+assert len(opt.state) == len(params), len(opt.state)
+assert float(opt.state[params[1]]["step"]) == 6.0, opt.state[params[1]]["step"]
+for p in params:
+    p.grad = torch.ones_like(p)
+opt.step()
+print("loaded in PyTorch", torch.__version__)
+)";
+
+void CheckShardInPyTorch(const std::string& shard, const std::string& script_bytes) {
+  if (RunProgram({"/usr/bin/python3", "-c", "import torch"}).first != 0) {
+    std::printf("(no python3-torch: the shard is not opened in PyTorch)\n");
+    return;
+  }
+  const std::string script = TempPath("dropout.pt");
+  const std::string code = TempPath("load_shard.py");
+  Overwrite(script, script_bytes);
+  Overwrite(code, kLoadInPyTorch);
+  const auto [rc, out] = RunProgram({"/usr/bin/python3", code, shard, script}, absl::Seconds(120));
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_THAT(out, HasSubstr("loaded in PyTorch"));
+}
+
 TEST(Checkpoint, AResumedPipelineEndsBitwiseEqualToOneThatNeverStopped) {
   test_support::TestWorkers workers;
   const auto data = test_support::RandomBatches(6, 10, 8, 4);
@@ -217,7 +261,8 @@ TEST(Checkpoint, AResumedPipelineEndsBitwiseEqualToOneThatNeverStopped) {
   std::vector<double> losses;
   for (size_t i = 0; i < data.size(); ++i) {
     losses.push_back(pipe->train_step(data[i].first, data[i].second).value());
-    ASSERT_TRUE((*saver)->Save(*pipe, Stages(), id, At(static_cast<int64_t>(i + 1))).ok());
+    const absl::Status saved = (*saver)->Save(*pipe, Stages(), id, At(static_cast<int64_t>(i + 1)));
+    ASSERT_TRUE(saved.ok()) << saved;
   }
   const std::vector<at::Tensor> want = AllState(*pipe);
   EXPECT_EQ(CompleteSteps(dir), (std::vector<int64_t>{5, 6}));  // --keep 2
@@ -255,13 +300,29 @@ TEST(Checkpoint, AResumedPipelineEndsBitwiseEqualToOneThatNeverStopped) {
   auto resumed = MakePipeline(workers.master(), *stages);
   ASSERT_NE(resumed, nullptr);
   const std::vector<at::Tensor> fresh = AllState(*resumed);
-  ASSERT_TRUE(Restore(*resumed, *ck).ok());
+  const absl::Status restored = Restore(*resumed, *ck);
+  ASSERT_TRUE(restored.ok()) << restored;
   EXPECT_FALSE(at::equal(AllState(*resumed)[2], fresh[2])) << "Restore loaded the trained weights";
   const double loss = resumed->train_step(data[5].first, data[5].second).value();
   EXPECT_EQ(loss, losses[5]);
   const std::vector<at::Tensor> got = AllState(*resumed);
   ASSERT_EQ(got.size(), want.size());
   for (size_t j = 0; j < want.size(); ++j) EXPECT_TRUE(at::equal(got[j], want[j])) << "tensor " << j;
+
+  // Another run that reached the same state saves the same bytes: the
+  // optimizer's state is numbered by parameter, not keyed by address.
+  const std::string again = FreshDir("resume_again");
+  auto saver2 = Checkpointer::Create(workers.master(), again, /*keep=*/1);
+  ASSERT_TRUE(saver2.ok()) << saver2.status();
+  ASSERT_TRUE((*saver2)->Save(*resumed, *stages, id, At(6)).ok());
+  for (const char* file : {"shard-0.pt", "shard-1.pt"}) {
+    const std::string a = ReadFile(absl::StrCat(dir, "/step-00000006/", file)).value();
+    const std::string b = ReadFile(absl::StrCat(again, "/step-00000006/", file)).value();
+    EXPECT_TRUE(a == b) << file << " differs between the runs (" << a.size() << " and " << b.size() << " bytes)";
+  }
+  // PyTorch opens a shard: each stage's state_dict by name, the optimizer's
+  // in PyTorch's layout.
+  CheckShardInPyTorch(absl::StrCat(dir, "/step-00000006/shard-0.pt"), Stages()[0].script);
 
   // With w1's generator moved on (an eval pass draws dropout masks), the
   // same step gives another loss: the equality above needs the saved

@@ -82,9 +82,11 @@ std::vector<std::vector<double>> ReportLosses(const std::string& json) {
 }
 
 // A pipeline run over `n` real workers; returns the master's exit code and
-// output. `common_args` go to the master and every worker.
+// output. `common_args` go to the master and every worker; the workers
+// must exit with `worker_code` (1 when the master fails: it ends the group).
 std::pair<int, std::string> RunPipeline(int n, const std::vector<std::string>& master_args,
-                                        const std::vector<std::string>& common_args = {}) {
+                                        const std::vector<std::string>& common_args = {},
+                                        int worker_code = 0) {
   const int port = FreePort();
   const std::string addr = absl::StrCat("127.0.0.1:", port);
   std::vector<std::unique_ptr<cli::Subprocess>> workers;
@@ -101,7 +103,7 @@ std::pair<int, std::string> RunPipeline(int n, const std::vector<std::string>& m
   argv.insert(argv.end(), master_args.begin(), master_args.end());
   argv.insert(argv.end(), common_args.begin(), common_args.end());
   auto result = RunProgram(argv, absl::Seconds(240));
-  for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
+  for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), worker_code);
   return result;
 }
 
@@ -515,6 +517,15 @@ TEST(Master, AOneFileModelWithADatasetTakesTheDatasetsShape) {
   EXPECT_EQ(bad_code, 1) << bad_out;
   EXPECT_THAT(bad_out, HasSubstr("--input-shape 3,32,32 does not match --dataset idx:" + data +
                                  "'s images of 1,28,28"));
+  // Without --dataset, --input-shape's default 3,32,32 does not fit: the
+  // layer that refuses it and both shapes, no TorchScript traceback.
+  auto [unfit_code, unfit_out] =
+      RunPipeline(2, {"--model", file, "--batches", "1", "--batch-size", "16", "--splits", "2"}, {}, 1);
+  EXPECT_EQ(unfit_code, 1) << unfit_out;
+  EXPECT_THAT(unfit_out, HasSubstr("layer 1 ('l0', Linear) does not take the previous layer's output, a Float "
+                                   "tensor of shape [8, 3072]: "));
+  EXPECT_THAT(unfit_out, HasSubstr("(8x3072 and 784x32); one input is 3,32,32 (--input-shape's default)"));
+  EXPECT_THAT(unfit_out, Not(HasSubstr("Traceback")));
 }
 
 // The same --seed gives bitwise the same losses when a stage has dropout,

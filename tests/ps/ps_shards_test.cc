@@ -41,14 +41,24 @@ TEST(PsShards, PartitionIsBalancedByBytesAndDeterministic) {
 }
 
 TEST(PsShards, PackedOptimizerStatesNameTheShardCount) {
-  const at::Tensor a = at::ones({3}, at::kByte), b = at::zeros({2}, at::kByte);
-  const at::Tensor packed = ps::PackShardStates({a, b});
+  // Two servers' optimizer states (state dicts, pickled).
+  auto state = [](double lr) {
+    c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+    d.insert("lr", lr);
+    return optim::PickleBytes(d);
+  };
+  const at::Tensor a = state(0.1);
+  const at::Tensor packed = ps::PackShardStates({a, state(0.2)});
   EXPECT_EQ(ps::SavedShards(packed), 2);
   auto back = ps::UnpackShardStates(packed, 2);
   ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_TRUE(at::equal((*back)[0], a) && at::equal((*back)[1], b));
+  ASSERT_EQ(back->size(), 2u);
+  EXPECT_EQ(optim::Unpickle((*back)[0]).toGenericDict().at("lr").toDouble(), 0.1);
+  EXPECT_EQ(optim::Unpickle((*back)[1]).toGenericDict().at("lr").toDouble(), 0.2);
+  EXPECT_TRUE(at::equal(ps::PackShardStates(*back), packed)) << "the same states, the same bytes";
   EXPECT_THAT(ps::UnpackShardStates(packed, 3).status().message(), HasSubstr("resume with --ps-shards 2"));
-  EXPECT_EQ(ps::SavedShards(at::ones({5}, at::kByte)), 0);  // not an archive: a single server's would be
+  EXPECT_EQ(ps::SavedShards(a), 0);  // a single server's own state
+  EXPECT_EQ(ps::SavedShards(at::ones({5}, at::kByte)), 0);  // not a record
 }
 
 // w1 and w2 hold the shards, w3 and w4 compute. Each step equals the

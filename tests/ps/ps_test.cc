@@ -181,7 +181,7 @@ TEST(Ps, CheckpointsHoldTheServersModelAndResume) {
   id.schedule = "ps";
   for (int s = 0; s < 2; ++s) {
     ASSERT_TRUE((*server)->train_step(data[s].first, data[s].second).ok());
-    auto saved = checkpoint::SaveLocal(dir, o.stages, (*server)->stage_state().value(),
+    auto saved = checkpoint::SaveLocal(dir, o.stages, (*server)->stage_state().value(), (*server)->stage_names(),
                                        (*server)->optimizer_state().value(),
                                        id, {s + 1, 0, s + 1, 0, 0, {}}, s == 1, /*keep=*/1);
     ASSERT_TRUE(saved.ok()) << saved.status();
