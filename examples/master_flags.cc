@@ -202,7 +202,11 @@ void AddFlags(cli::FlagParser& flags, Flags* f) {
                "optimizer each: the first K --workers (0 or 1: the master holds them)");
   flags.AddInt("backup-workers", &f->ps.backup_workers,
                "with --mode ps: k; each step goes on with the first n - k gradient sets and drops "
-               "the stragglers' (0: synchronous, equal to one process on the whole batch)");
+               "the stragglers' (0: synchronous, equal to one process on the whole batch); the summary counts "
+               "each worker's dropped steps");
+  flags.AddBool("ps-step-lines", &f->ps.step_lines,
+                "with --mode ps: print a line per step (the workers used, dropped and lost, rows, loss, "
+                "seconds, bytes); without it only steps that lose a worker print one");
   flags.AddInt("replicas", &c.replicas,
                "data parallelism: copies of the pipeline, each training its share of every "
                "batch, gradients summed per stage over c10d's Gloo (1: none)");

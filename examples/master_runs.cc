@@ -371,23 +371,32 @@ absl::StatusOr<Run> FitPipeline(Agent& agent, const Config& c,
   run.schedule = pipe->replica(0).schedule().name;
   run.epochs = std::move(epochs);
   for (const auto& e : run.epochs) run.seconds += e.seconds;
-  ASSIGN_OR_RETURN(run.peak_activation_bytes, pipe->replica(0).peak_activation_bytes());
-  ASSIGN_OR_RETURN(run.optimizer_state_bytes, pipe->optimizer_state_bytes());
-  PrintActivations(run, c);
+  RETURN_IF_ERROR(ReportMemory(*pipe, c, run));
   return run;
 }
 
-void PrintActivations(const Run& run, const Config& c) {
-  for (size_t k = 0; k < run.peak_activation_bytes.size(); ++k) {
-    const int64_t bytes = run.peak_activation_bytes[k];
-    const std::string peak = bytes < 0 ? "not measured (a GPU stage, or REMORA_MALLOC=default)"
-                                       : absl::StrFormat("%.1f MiB", bytes / 1048576.0);
-    std::printf("  stage %zu on %s: peak saved activations %s\n", k,
-                c.workers[k % c.workers.size()].c_str(), peak.c_str());
+absl::Status ReportMemory(parallel::DataParallelPipeline& pipe, const Config& c, Run& run) {
+  run.stage_memory.clear();
+  for (int r = 0; r < pipe.replicas(); ++r) {
+    pipeline::Pipeline& replica = pipe.replica(r);
+    ASSIGN_OR_RETURN(const std::vector<int64_t> peaks, replica.peak_activation_bytes());
+    const std::vector<std::string>& workers = replica.workers();
+    for (size_t k = 0; k < peaks.size(); ++k) {
+      run.stage_memory.push_back({r, static_cast<int>(k), workers[k % workers.size()], peaks[k]});
+    }
+  }
+  ASSIGN_OR_RETURN(run.optimizer_state_bytes, pipe.optimizer_state_bytes());
+  for (const Run::StageMemory& m : run.stage_memory) {
+    const std::string peak = m.bytes < 0 ? "not measured (a GPU stage, or REMORA_MALLOC=default)"
+                                         : absl::StrFormat("%.1f MiB", m.bytes / 1048576.0);
+    std::printf("  %sstage %d on %s: peak saved activations %s\n",
+                pipe.replicas() > 1 ? absl::StrCat("replica ", m.replica, ", ").c_str() : "", m.stage,
+                m.worker.c_str(), peak.c_str());
   }
   for (size_t r = 0; r < run.optimizer_state_bytes.size() && c.replicas > 1; ++r) {
     std::printf("  replica %zu: optimizer state %.2f MiB\n", r, run.optimizer_state_bytes[r] / 1048576.0);
   }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Run> TrainLocal(const Config& c, int splits) {
@@ -554,9 +563,7 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
     }
     std::printf("messages_per_batch=%g (%s)\n", total, line.c_str());
   }
-  ASSIGN_OR_RETURN(run.peak_activation_bytes, pipe->replica(0).peak_activation_bytes());
-  ASSIGN_OR_RETURN(run.optimizer_state_bytes, pipe->optimizer_state_bytes());
-  PrintActivations(run, c);
+  RETURN_IF_ERROR(ReportMemory(*pipe, c, run));
   if (traced) {
     for (size_t w = 0; w < c.workers.size(); ++w) {
       auto slices = agent.rpc_sync(c.workers[w], "trace_collect");
@@ -623,12 +630,11 @@ absl::Status WriteReport(const std::string& path, bool local, const std::vector<
         << absl::StrFormat("%.4f", Images(r, c) / r.seconds) << ", \"batch_seconds\": ["
         << absl::StrJoin(batch_seconds, ", ") << "], \"losses\": ["
         << absl::StrJoin(losses, ", ") << "], \"stages\": [";
-    for (size_t k = 0; k < r.peak_activation_bytes.size(); ++k) {
-      out << (k ? ", " : "") << "{\"stage\": " << k << ", \"worker\": \""
-          << c.workers[k % c.workers.size()] << "\", \"peak_activation_bytes\": "
-          << (r.peak_activation_bytes[k] < 0 ? std::string("null")
-                                             : std::to_string(r.peak_activation_bytes[k]))
-          << "}";
+    for (size_t k = 0; k < r.stage_memory.size(); ++k) {
+      const Run::StageMemory& m = r.stage_memory[k];
+      out << (k ? ", " : "") << "{\"replica\": " << m.replica << ", \"stage\": " << m.stage
+          << ", \"worker\": \"" << m.worker << "\", \"peak_activation_bytes\": "
+          << (m.bytes < 0 ? std::string("null") : std::to_string(m.bytes)) << "}";
     }
     out << "]";
     if (!r.messages_per_batch.empty()) {

@@ -124,7 +124,15 @@ struct Run {
   double seconds = 0;
   std::vector<double> batch_seconds;  // every batch's
   std::vector<double> losses;
-  std::vector<int64_t> peak_activation_bytes;  // per stage; pipeline runs only
+  // Each stage's peak saved activations (bytes; -1: not measured), every
+  // replica's; pipeline runs only.
+  struct StageMemory {
+    int replica = 0;
+    int stage = 0;
+    std::string worker;
+    int64_t bytes = -1;
+  };
+  std::vector<StageMemory> stage_memory;
   std::vector<int64_t> optimizer_state_bytes;  // per replica; pipeline runs only
   std::vector<pipeline::EpochResult> epochs;   // --dataset runs
   std::vector<cli::TimelineSlice> slices;
@@ -200,8 +208,10 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
                                   bool traced, const std::function<void(int)>& after_batch = nullptr,
                                   Checkpointing* checkpoints = nullptr);
 double SteadySeconds(const Run& r);
-// "  stage K on W: peak saved activations X MiB" per stage.
-void PrintActivations(const Run& run, const Config& c);
+// Fills run.stage_memory from every replica of `pipe` and prints
+// "  [replica R, ]stage K on W: peak saved activations X MiB" per stage,
+// then each replica's optimizer state.
+absl::Status ReportMemory(parallel::DataParallelPipeline& pipe, const Config& c, Run& run);
 // Images a run trained.
 double Images(const Run& r, const Config& c);
 void PrintSummary(const std::vector<Run>& runs, const Config& c);

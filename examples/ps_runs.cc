@@ -110,7 +110,9 @@ void PrintPlacement(Agent& agent, const std::vector<ps::ShardPlacement>& shards,
 std::string CheckPsFlags(const Config& c, const PsFlags& p, bool ps_mode, bool splits_given,
                          int pipeline_stages) {
   if (!ps_mode) {
-    return p.shards != 0 || p.backup_workers != 0 ? "--ps-shards and --backup-workers go with --mode ps" : "";
+    return p.shards != 0 || p.backup_workers != 0 || p.step_lines
+               ? "--ps-shards, --backup-workers and --ps-step-lines go with --mode ps"
+               : "";
   }
   if (c.local) return "--mode ps trains over workers: not with --local (which trains in this process)";
   if (c.replicas != 1 || pipeline_stages != 0 || c.zero != 0) {
@@ -187,14 +189,13 @@ absl::StatusOr<Run> TrainPs(Agent& agent, const Config& c, const PsFlags& p,
   const checkpoint::Checkpoint* resume =
       checkpoints != nullptr && checkpoints->resume ? &*checkpoints->resume : nullptr;
   if (resume != nullptr) RETURN_IF_ERROR(Resume(*server, *resume));
-  const bool every_step = p.backup_workers > 0;
   PsStats stats;
   auto step = [&](const at::Tensor& x, const at::Tensor& y) -> absl::StatusOr<ps::StepReport> {
     const int64_t t0 = trace::NowUs();
     ASSIGN_OR_RETURN(ps::StepReport r, server->train_step(x, y));
     const double seconds = (trace::NowUs() - t0) / 1e6;
     stats.Add(r, seconds);
-    if (every_step || !r.dropped.empty() || !r.lost.empty()) PrintStep(r, seconds);
+    if (p.step_lines || !r.lost.empty()) PrintStep(r, seconds);
     return r;
   };
   Run run(1);

@@ -22,6 +22,7 @@ namespace remora::master {
 struct PsFlags {
   int shards = 0;          // --ps-shards: server processes, the first K --workers (0 or 1: the master)
   int backup_workers = 0;  // --backup-workers k
+  bool step_lines = false;  // --ps-step-lines: a line per step
 };
 
 // An error message for flags that do not go with --mode ps (or for --ps
@@ -36,9 +37,9 @@ std::vector<pipeline::StageSpec> PsStages(const Config& c);
 
 // Trains with the parameter server over c.workers: c.batches batches of
 // the demo or --model, or c.epochs epochs of `sets` (--dataset). Prints
-// every batch (or, with backup workers or when one was dropped or lost,
-// every step) and a summary: median step time and the bytes pulled and
-// pushed per step. Saves and resumes through `checkpoints` (its saver
+// every demo batch, a line for each step that lost a worker (every step
+// with --ps-step-lines), and a summary: steps, median step time, bytes
+// pulled and pushed per step, each worker's dropped and lost steps. Saves and resumes through `checkpoints` (its saver
 // only marks that --checkpoint-dir is set; the server writes
 // checkpoint::SaveLocal's one-shard checkpoints).
 absl::StatusOr<Run> TrainPs(Agent& agent, const Config& c, const PsFlags& p,

@@ -12,6 +12,7 @@
 // takes it. Parameters are numbered in the optimizer's order, as PyTorch
 // numbers them.
 #include <cstring>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -20,7 +21,6 @@
 #include <ATen/core/List.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/scalar_tensor.h>
-#include <c10/util/string_utils.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -40,7 +40,9 @@ using GenericDict = c10::impl::GenericDict;
 template <typename Map>
 typename Map::key_type StateKey(const at::Tensor& p) {
   if constexpr (std::is_same_v<typename Map::key_type, std::string>) {
-    return c10::guts::to_string(p.unsafeGetTensorImpl());
+    std::ostringstream key;  // as c10::guts::to_string wrote it
+    key << static_cast<const void*>(p.unsafeGetTensorImpl());
+    return key.str();
   } else {
     return p.unsafeGetTensorImpl();
   }

@@ -222,6 +222,15 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(Agent& agent, Pipelin
     }
     stages.push_back(*stage);
   }
+  // A stage that failed to build (a file that does not load) fails here,
+  // with its own error, before any call is made on it.
+  for (int k = 0; k < S; ++k) {
+    if (stages[k].is_owner()) continue;
+    const absl::Status built = static_cast<UserRRef*>(stages[k].impl().get())->confirmed().wait().status();
+    if (!built.ok()) {
+      return Annotate(built, absl::StrCat("placing stage ", k, " on worker '", o.workers[k % n], "'"));
+    }
+  }
   std::vector<RRef> params;
   for (int k = 0; k < S; ++k) {
     // Also starts the stage's activation count afresh (stage indices repeat

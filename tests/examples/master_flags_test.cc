@@ -140,6 +140,7 @@ TEST(MasterFlags, PsModeRefusesFlagsThatDoNotGoWithIt) {
       {{"--mode", "ps", "--workers", "a,b", "--splits", "4"}, "--splits"},
       {{"--mode", "ps", "--local"}, "not with --local"},
       {{"--workers", "a,b", "--backup-workers", "1"}, "go with --mode ps"},
+      {{"--workers", "a,b", "--ps-step-lines"}, "--ps-step-lines go with --mode ps"},
       {{"--mode", "sideways", "--workers", "a"}, "--mode must be pipeline or ps"},
   });
 }

@@ -366,6 +366,11 @@ TEST(Master, ReplicasTrainLikeOneProcess) {
                                            : "2 replicas (gradients summed over Gloo, overlapping backward)"));
     EXPECT_THAT(out, HasSubstr(workers == 4 ? "worker4      1        1" : "worker2      1        0"));
     EXPECT_THAT(out, HasSubstr("replica 1: optimizer state"));
+    // Every replica's stages, on their own workers (replica 0's only before).
+    EXPECT_THAT(out, HasSubstr(workers == 4 ? "replica 1, stage 1 on worker4: peak saved activations"
+                                            : "replica 1, stage 0 on worker2: peak saved activations"));
+    EXPECT_THAT(ReadFile(report), HasSubstr(workers == 4 ? "{\"replica\": 1, \"stage\": 1, \"worker\": \"worker4\""
+                                                         : "{\"replica\": 1, \"stage\": 0, \"worker\": \"worker2\""));
     EXPECT_THAT(out, HasSubstr(workers == 4 ? "over 4 workers: 2 replicas of 2 workers, 2 stages each"
                                             : "over 2 workers: 2 replicas of 1 worker, 1 stage each"));
     auto p = ReportLosses(ReadFile(report));
@@ -597,6 +602,28 @@ TEST(Master, AFailedMasterEndsItsGroupAndTheWorkersExitWithItsError) {
   }
   // The heartbeat would have taken 10 s.
   EXPECT_LT(absl::Now() - ended, absl::Seconds(5));
+}
+
+// A stage file that does not load on its worker fails the master with the
+// cause first: which stage, which worker, TorchScript's refusal; no
+// internal call (it read "encoding the arguments of 'activation_bytes':
+// cannot send a failed RRef: cannot load TorchScript ...").
+TEST(Master, AStageFileThatDoesNotLoadIsNamedWithItsCause) {
+  const std::string dir = TempPath("unloadable_model");
+  std::filesystem::create_directories(dir);
+  SaveScriptLinear(dir + "/stage0.pt", 12, 16, 1, true);
+  {
+    std::ofstream junk(dir + "/stage1.pt");
+    junk << "not a TorchScript archive";
+  }
+  auto [code, out] = RunPipeline(2, {"--model", dir, "--input-shape", "12", "--classes", "5", "--batches", "1",
+                                     "--batch-size", "8", "--splits", "2"},
+                                 {}, /*worker_code=*/1);
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_THAT(out, HasSubstr("placing stage 1 on worker 'worker2': "));
+  EXPECT_THAT(out, HasSubstr("cannot load TorchScript from"));
+  EXPECT_THAT(out, Not(HasSubstr("activation_bytes")));
+  EXPECT_THAT(out, Not(HasSubstr("failed RRef")));
 }
 
 // A --listen port in use is found before the dataset is loaded, in

@@ -22,6 +22,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using test_support::Mlp;
 using test_support::MlpSpec;
 using test_support::RelativeError;
@@ -260,6 +261,26 @@ TEST(Ps, MasterProgramTrainsADatasetLikeOneProcess) {
   ASSERT_TRUE(tensors.ok()) << tensors.status();
   ASSERT_EQ(tensors->size(), 1u);
   EXPECT_EQ((*tensors)[0].size(), 8u);  // the small CNN's four layers' weights and biases
+}
+
+// master --mode ps --backup-workers: a summary counts each worker's
+// dropped steps; a line per step only with --ps-step-lines (every step
+// printed one).
+TEST(Ps, BackupWorkersPrintASummaryAndStepLinesOnlyWhenAsked) {
+  const std::string dir = TempPath("ps_backup_idx");
+  test_support::WriteToyIdx(dir, 96, 32);
+  const std::vector<std::string> args = {"--dataset", "idx:" + dir, "--epochs", "1", "--batch-size", "32",
+                                         "--threads", "1", "--backup-workers", "1"};
+  auto [code, out] = RunPs(args, 3);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("ps: steps=3 median_step_seconds="));
+  EXPECT_THAT(out, HasSubstr("dropped: "));
+  EXPECT_THAT(out, Not(HasSubstr("ps step=")));
+  std::vector<std::string> lines = args;
+  lines.push_back("--ps-step-lines");
+  auto [lines_code, lines_out] = RunPs(lines, 3);
+  ASSERT_EQ(lines_code, 0) << lines_out;
+  for (int s = 1; s <= 3; ++s) EXPECT_THAT(lines_out, HasSubstr(absl::StrCat("ps step=", s, " used="))) << s;
 }
 
 // master --mode ps --resume goes on from the server's checkpoint as if it
