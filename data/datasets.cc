@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_util.h"
+#include "data/source.h"
 
 namespace remora::data {
 namespace {
@@ -197,6 +198,10 @@ std::vector<at::Tensor> EpochBatches(int64_t n, int64_t batch_size, bool shuffle
     out.push_back(order.slice(0, at, std::min(n, at + batch_size)));
   }
   return out;
+}
+
+absl::StatusOr<Batch> InMemory::Get(const at::Tensor& rows, int) const {
+  return Batch{set_.images.index_select(0, rows), set_.labels.index_select(0, rows), 0};
 }
 
 }  // namespace remora::data

@@ -1,0 +1,164 @@
+// JPEG (libjpeg-turbo's libjpeg API) and PNG (libpng's simplified API)
+// decoding to 8-bit RGB (data/imagefolder.h). libjpeg reports errors by a
+// callback that must not return: it long-jumps back to the decoding
+// function, whose locals are plain C values only; what it fills lives in
+// the caller.
+#include "absl/strings/str_cat.h"
+#include "data/imagefolder.h"
+
+#if REMORA_HAVE_IMAGE_CODECS
+#include <csetjmp>
+#include <cstdio>
+#include <cstring>
+
+#include <jpeglib.h>
+#include <png.h>
+
+namespace remora::data {
+namespace {
+
+struct JpegErrors {
+  jpeg_error_mgr base;  // first: libjpeg sees a jpeg_error_mgr*
+  jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+};
+
+void OnJpegError(j_common_ptr cinfo) {
+  auto* e = reinterpret_cast<JpegErrors*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, e->message);
+  std::longjmp(e->jump, 1);
+}
+
+void OnJpegWarning(j_common_ptr, int) {}  // corrupt-data warnings: the pixels decoded are kept
+
+bool IsJpeg(const std::string& b) {
+  return b.size() >= 3 && static_cast<uint8_t>(b[0]) == 0xFF && static_cast<uint8_t>(b[1]) == 0xD8 &&
+         static_cast<uint8_t>(b[2]) == 0xFF;
+}
+
+bool IsPng(const std::string& b) { return b.size() >= 8 && png_sig_cmp(reinterpret_cast<png_const_bytep>(b.data()), 0, 8) == 0; }
+
+// Decodes into `out` (or, with `header_only`, sets its size alone);
+// false with `message` set on an error. No C++ object is made between
+// setjmp and the last libjpeg call.
+bool DecodeJpegInto(const std::string& bytes, int min_width, int min_height, bool header_only, Rgb* out,
+                    char* message) {
+  jpeg_decompress_struct cinfo;
+  JpegErrors errors;
+  cinfo.err = jpeg_std_error(&errors.base);
+  errors.base.error_exit = OnJpegError;
+  errors.base.emit_message = OnJpegWarning;
+  if (setjmp(errors.jump)) {
+    std::snprintf(message, JMSG_LENGTH_MAX, "%s", errors.message);
+    jpeg_destroy_decompress(&cinfo);
+    return false;
+  }
+  jpeg_create_decompress(&cinfo);
+  jpeg_mem_src(&cinfo, reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size());
+  jpeg_read_header(&cinfo, TRUE);
+  if (header_only) {
+    out->width = static_cast<int>(cinfo.image_width);
+    out->height = static_cast<int>(cinfo.image_height);
+    jpeg_destroy_decompress(&cinfo);
+    return true;
+  }
+  cinfo.out_color_space = JCS_RGB;
+  cinfo.dct_method = JDCT_ISLOW;  // exact, and the same on every machine
+  // The smallest n/8 that keeps the image at least min_width x min_height
+  // (none asked: the whole size).
+  for (unsigned n = (min_width > 0 || min_height > 0) ? 1 : 8; n <= 8; ++n) {
+    cinfo.scale_num = n;
+    cinfo.scale_denom = 8;
+    jpeg_calc_output_dimensions(&cinfo);
+    if (static_cast<int>(cinfo.output_width) >= min_width && static_cast<int>(cinfo.output_height) >= min_height) {
+      break;
+    }
+  }
+  jpeg_start_decompress(&cinfo);
+  out->width = static_cast<int>(cinfo.output_width);
+  out->height = static_cast<int>(cinfo.output_height);
+  out->pixels.resize(static_cast<size_t>(out->width) * out->height * 3);
+  while (cinfo.output_scanline < cinfo.output_height) {
+    JSAMPROW row = out->pixels.data() + static_cast<size_t>(cinfo.output_scanline) * out->width * 3;
+    jpeg_read_scanlines(&cinfo, &row, 1);
+  }
+  jpeg_finish_decompress(&cinfo);
+  jpeg_destroy_decompress(&cinfo);
+  return true;
+}
+
+absl::StatusOr<Rgb> DecodePng(const std::string& bytes, const std::string& label, bool header_only) {
+  png_image image;
+  std::memset(&image, 0, sizeof(image));
+  image.version = PNG_IMAGE_VERSION;
+  if (!png_image_begin_read_from_memory(&image, bytes.data(), bytes.size())) {
+    return absl::DataLossError(absl::StrCat(label, ": a damaged PNG image (", image.message, ")"));
+  }
+  Rgb out;
+  out.width = static_cast<int>(image.width);
+  out.height = static_cast<int>(image.height);
+  if (header_only) {
+    png_image_free(&image);
+    return out;
+  }
+  image.format = PNG_FORMAT_RGB;  // grey, palette and 16-bit images converted; alpha composed on black
+  out.pixels.resize(PNG_IMAGE_SIZE(image));
+  if (!png_image_finish_read(&image, nullptr, out.pixels.data(), 0, nullptr)) {
+    const std::string why = image.message;
+    png_image_free(&image);
+    return absl::DataLossError(absl::StrCat(label, ": a damaged PNG image (", why, ")"));
+  }
+  return out;
+}
+
+absl::StatusOr<Rgb> Decode(const std::string& bytes, const std::string& label, int min_width, int min_height,
+                           bool header_only) {
+  if (IsJpeg(bytes)) {
+    Rgb out;
+    char message[JMSG_LENGTH_MAX] = "";
+    if (!DecodeJpegInto(bytes, min_width, min_height, header_only, &out, message)) {
+      return absl::DataLossError(absl::StrCat(label, ": a damaged JPEG image (", message, ")"));
+    }
+    return out;
+  }
+  if (IsPng(bytes)) return DecodePng(bytes, label, header_only);
+  return absl::DataLossError(absl::StrCat(label, ": neither a JPEG nor a PNG image (", bytes.size(), " bytes)"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::pair<int, int>> ImageSize(const std::string& bytes, const std::string& label) {
+  auto rgb = Decode(bytes, label, 0, 0, /*header_only=*/true);
+  if (!rgb.ok()) return rgb.status();
+  return std::make_pair(rgb->width, rgb->height);
+}
+
+absl::StatusOr<Rgb> DecodeImage(const std::string& bytes, const std::string& label, int min_width,
+                                int min_height) {
+  return Decode(bytes, label, min_width, min_height, /*header_only=*/false);
+}
+
+}  // namespace remora::data
+
+#else  // built without libjpeg and libpng (their -dev packages were missing)
+
+namespace remora::data {
+namespace {
+
+absl::Status NoCodecs(const std::string& label) {
+  return absl::UnimplementedError(absl::StrCat(
+      "cannot decode ", label, ": remora was built without libjpeg and libpng (install libjpeg-dev and "
+      "libpng-dev, then rebuild)"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::pair<int, int>> ImageSize(const std::string&, const std::string& label) {
+  return NoCodecs(label);
+}
+
+absl::StatusOr<Rgb> DecodeImage(const std::string&, const std::string& label, int, int) { return NoCodecs(label); }
+
+}  // namespace remora::data
+
+#endif

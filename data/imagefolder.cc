@@ -1,0 +1,379 @@
+// data::ImageFolder (data/imagefolder.h): the listing and its cache, the
+// pool of decoding threads, the crops.
+#include "data/imagefolder.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/_upsample_bilinear2d_aa.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/tensor.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "base/status_util.h"
+
+namespace remora::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kListingHeader[] = "remora-imagefolder-listing 1";
+constexpr double kMean[3] = {0.485, 0.456, 0.406};
+constexpr double kStd[3] = {0.229, 0.224, 0.225};
+
+bool IsImageName(const fs::path& p) {
+  const std::string ext = absl::AsciiStrToLower(p.extension().string());
+  return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
+}
+
+// A listing cache's lines back, if it lists `root`.
+std::optional<ImageListing> ReadListing(const std::string& path, const std::string& root) {
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line) || line != absl::StrCat(kListingHeader, " ", root)) return std::nullopt;
+  ImageListing l;
+  int64_t classes = 0, files = 0;
+  if (!std::getline(in, line) || !absl::SimpleAtoi(line, &classes)) return std::nullopt;
+  for (int64_t i = 0; i < classes && std::getline(in, line); ++i) l.classes.push_back(line);
+  if (!std::getline(in, line) || !absl::SimpleAtoi(line, &files)) return std::nullopt;
+  for (int64_t i = 0; i < files && std::getline(in, line); ++i) {
+    const std::vector<std::string> parts = absl::StrSplit(line, absl::MaxSplits('\t', 1));
+    int64_t label = 0;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &label) || label < 0 || label >= classes) {
+      return std::nullopt;
+    }
+    l.labels.push_back(label);
+    l.files.push_back(parts[1]);
+  }
+  if (static_cast<int64_t>(l.classes.size()) != classes || static_cast<int64_t>(l.files.size()) != files) {
+    return std::nullopt;
+  }
+  return l;
+}
+
+void WriteListing(const std::string& path, const std::string& root, const ImageListing& l) {
+  const std::string tmp = absl::StrCat(path, ".tmp");
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << kListingHeader << " " << root << "\n" << l.classes.size() << "\n";
+    for (const std::string& c : l.classes) out << c << "\n";
+    out << l.files.size() << "\n";
+    for (size_t i = 0; i < l.files.size(); ++i) out << l.labels[i] << "\t" << l.files[i] << "\n";
+    if (!out) return;  // a cache that cannot be written is only slower next time
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+}
+
+// 64 well-mixed bits from (seed, epoch, index): splitmix64 over the three.
+uint64_t Mix(uint64_t seed, uint64_t epoch, uint64_t index) {
+  uint64_t x = seed;
+  for (uint64_t v : {epoch, index}) {
+    x += 0x9e3779b97f4a7c15ull + v;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    x ^= x >> 31;
+  }
+  return x;
+}
+
+// Uniform doubles in [0, 1) from a splitmix64 stream.
+class Draws {
+ public:
+  explicit Draws(uint64_t state) : state_(state) {}
+  double Uniform() {
+    state_ += 0x9e3779b97f4a7c15ull;
+    uint64_t z = state_;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return static_cast<double>(z >> 11) * 0x1.0p-53;
+  }
+  double Uniform(double lo, double hi) { return lo + (hi - lo) * Uniform(); }
+  int64_t Int(int64_t lo, int64_t hi) {  // [lo, hi]
+    return lo + std::min<int64_t>(hi - lo, static_cast<int64_t>(Uniform() * static_cast<double>(hi - lo + 1)));
+  }
+
+ private:
+  uint64_t state_;
+};
+
+struct Box {
+  double x = 0, y = 0, w = 0, h = 0;  // in the file's pixels
+};
+
+// torchvision's RandomResizedCrop.get_params: ten tries at an area of
+// scale 0.08-1 and a log-uniform aspect ratio 3/4-4/3, else the centre
+// crop of the ratio clamped into that range.
+Box RandomResizedCrop(int width, int height, Draws& d) {
+  const double area = static_cast<double>(width) * height;
+  const double log_lo = std::log(3.0 / 4.0), log_hi = std::log(4.0 / 3.0);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const double target = area * d.Uniform(0.08, 1.0);
+    const double ratio = std::exp(d.Uniform(log_lo, log_hi));
+    const int64_t w = std::llround(std::sqrt(target * ratio));
+    const int64_t h = std::llround(std::sqrt(target / ratio));
+    if (w > 0 && h > 0 && w <= width && h <= height) {
+      const int64_t y = d.Int(0, height - h), x = d.Int(0, width - w);
+      return {static_cast<double>(x), static_cast<double>(y), static_cast<double>(w), static_cast<double>(h)};
+    }
+  }
+  const double in_ratio = static_cast<double>(width) / height;
+  double w = width, h = height;
+  if (in_ratio < 3.0 / 4.0) {
+    h = std::round(w / (3.0 / 4.0));
+  } else if (in_ratio > 4.0 / 3.0) {
+    w = std::round(h * (4.0 / 3.0));
+  }
+  return {std::floor((width - w) / 2), std::floor((height - h) / 2), w, h};
+}
+
+// `box` (in the file's pixels) of `rgb` (decoded at rgb.width / width of
+// the file's size), resized to out_w x out_h with antialiasing, as a
+// float [3, out_h, out_w] tensor in [0, 255].
+at::Tensor CropResize(const Rgb& rgb, int width, int height, Box box, int64_t out_w, int64_t out_h) {
+  const double sx = static_cast<double>(rgb.width) / width, sy = static_cast<double>(rgb.height) / height;
+  int64_t x0 = std::llround(box.x * sx), y0 = std::llround(box.y * sy);
+  int64_t w = std::max<int64_t>(1, std::llround(box.w * sx)), h = std::max<int64_t>(1, std::llround(box.h * sy));
+  x0 = std::clamp<int64_t>(x0, 0, rgb.width - 1);
+  y0 = std::clamp<int64_t>(y0, 0, rgb.height - 1);
+  w = std::min<int64_t>(w, rgb.width - x0);
+  h = std::min<int64_t>(h, rgb.height - y0);
+  const at::Tensor hwc = at::from_blob(const_cast<uint8_t*>(rgb.pixels.data()), {rgb.height, rgb.width, 3}, at::kByte);
+  const at::Tensor crop = hwc.slice(0, y0, y0 + h).slice(1, x0, x0 + w).permute({2, 0, 1}).unsqueeze(0).to(at::kFloat);
+  return at::_upsample_bilinear2d_aa(crop, {out_h, out_w}, /*align_corners=*/false).squeeze(0).clamp(0, 255);
+}
+
+}  // namespace
+
+// Runs ForEach's jobs on its threads and the caller's. Thread-safe; jobs
+// from several callers queue up and run in turn.
+class ImageFolder::Pool {
+ public:
+  explicit Pool(int threads) {
+    for (int i = 0; i < threads - 1; ++i) threads_.emplace_back([this] { Serve(); });
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+  void ForEach(int64_t n, const std::function<void(int64_t)>& fn) {
+    auto job = std::make_shared<Job>();
+    job->n = n;
+    job->fn = &fn;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      jobs_.push_back(job);
+    }
+    wake_.notify_all();
+    Work(*job);
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [&] { return job->finished == job->n; });
+  }
+
+ private:
+  struct Job {
+    int64_t n = 0;
+    const std::function<void(int64_t)>* fn = nullptr;
+    std::atomic<int64_t> next{0};
+    int64_t finished = 0;  // guarded by mu_
+  };
+
+  // Takes indices of `job` until none are left.
+  void Work(Job& job) {
+    for (int64_t i; (i = job.next.fetch_add(1)) < job.n;) {
+      (*job.fn)(i);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (++job.finished == job.n) done_.notify_all();
+    }
+  }
+
+  void Serve() {
+    for (;;) {
+      std::shared_ptr<Job> job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        wake_.wait(lock, [&] {
+          while (!jobs_.empty() && jobs_.front()->next.load() >= jobs_.front()->n) jobs_.pop_front();
+          return stop_ || !jobs_.empty();
+        });
+        if (stop_) return;
+        job = jobs_.front();
+      }
+      Work(*job);
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable wake_, done_;
+  std::deque<std::shared_ptr<Job>> jobs_;  // guarded by mu_
+  bool stop_ = false;                      // guarded by mu_
+  std::vector<std::thread> threads_;
+};
+
+absl::StatusOr<ImageListing> ListImageFolder(const std::string& dir, const std::string& split) {
+  const fs::path root = fs::path(dir) / split;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) {
+    return absl::NotFoundError(absl::StrCat(
+        "no folder ", root.string(), ": an image folder holds ", split, "/<class>/<image> files (torchvision's "
+        "ImageFolder layout)"));
+  }
+  ImageListing l;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    if (entry.is_directory(ec)) l.classes.push_back(entry.path().filename().string());
+  }
+  if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot list ", root.string(), ": ", ec.message()));
+  std::sort(l.classes.begin(), l.classes.end());
+  if (l.classes.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(root.string(), " has no class folders (", split,
+                                                   "/<class>/<image> files)"));
+  }
+  for (size_t c = 0; c < l.classes.size(); ++c) {
+    std::vector<std::string> names;
+    for (const auto& entry : fs::directory_iterator(root / l.classes[c], ec)) {
+      if (!entry.is_directory(ec) && IsImageName(entry.path())) names.push_back(entry.path().filename().string());
+    }
+    std::sort(names.begin(), names.end());
+    for (const std::string& n : names) {
+      l.files.push_back(absl::StrCat(l.classes[c], "/", n));
+      l.labels.push_back(static_cast<int64_t>(c));
+    }
+  }
+  if (l.files.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(root.string(), " has ", l.classes.size(),
+                                                   " class folders but no .jpg, .jpeg or .png files in them"));
+  }
+  return l;
+}
+
+ImageFolder::ImageFolder(std::string root, ImageListing listing, ImageFolderOptions options)
+    : root_(std::move(root)),
+      listing_(std::move(listing)),
+      options_(std::move(options)),
+      pool_(std::make_unique<Pool>(std::max(1, options_.threads))) {}
+
+ImageFolder::~ImageFolder() = default;
+
+absl::StatusOr<std::unique_ptr<ImageFolder>> ImageFolder::Open(const std::string& dir, const std::string& split,
+                                                               const ImageFolderOptions& options) {
+  if (options.image_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("image folder: image size ", options.image_size));
+  }
+  std::error_code ec;
+  const std::string root = fs::absolute(fs::path(dir) / split, ec).lexically_normal().string();
+  std::optional<ImageListing> listing;
+  if (!options.listing_cache.empty()) listing = ReadListing(options.listing_cache, root);
+  if (!listing) {
+    ASSIGN_OR_RETURN(ImageListing scanned, ListImageFolder(dir, split));
+    if (!options.listing_cache.empty()) WriteListing(options.listing_cache, root, scanned);
+    listing = std::move(scanned);
+  }
+  return std::unique_ptr<ImageFolder>(new ImageFolder(root, std::move(*listing), options));
+}
+
+absl::StatusOr<Batch> ImageFolder::Get(const at::Tensor& rows, int epoch) const {
+  const at::Tensor index = rows.to(at::kLong).contiguous();
+  const int64_t n = index.numel();
+  const int64_t* ids = index.data_ptr<int64_t>();
+  for (int64_t r = 0; r < n; ++r) {
+    if (ids[r] < 0 || ids[r] >= size()) {
+      return absl::OutOfRangeError(absl::StrCat("image folder ", root_, ": row ", ids[r], " of ", size()));
+    }
+  }
+  std::vector<at::Tensor> images(n);
+  std::vector<absl::Status> errors(n);
+  const int64_t s = options_.image_size;
+  pool_->ForEach(n, [&](int64_t r) {
+    const int64_t id = ids[r];
+    const std::string path = absl::StrCat(root_, "/", listing_.files[id]);
+    try {
+      std::ifstream in(path, std::ios::binary);
+      if (!in) {
+        errors[r] = absl::NotFoundError(absl::StrCat("cannot open ", path));
+        return;
+      }
+      const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      auto size = ImageSize(bytes, path);
+      if (!size.ok()) {
+        errors[r] = size.status();
+        return;
+      }
+      const auto [width, height] = *size;
+      Box box;
+      int64_t out_w = s, out_h = s;
+      bool flip = false;
+      if (options_.train) {
+        Draws d(Mix(options_.seed, static_cast<uint64_t>(epoch), static_cast<uint64_t>(id)));
+        box = RandomResizedCrop(width, height, d);
+        flip = d.Uniform() < 0.5;
+      } else {
+        // The short side to s / 0.875 (256 for 224), then the centre s x s.
+        const int64_t target = std::llround(static_cast<double>(s) / 0.875);
+        const double scale = static_cast<double>(target) / std::min(width, height);
+        out_w = std::max<int64_t>(s, std::llround(width * scale));
+        out_h = std::max<int64_t>(s, std::llround(height * scale));
+        box = {0, 0, static_cast<double>(width), static_cast<double>(height)};
+      }
+      // Decode no larger than the crop needs (JPEG's DCT scaling).
+      const int min_w = static_cast<int>(std::min<double>(width, std::ceil(out_w * width / box.w)));
+      const int min_h = static_cast<int>(std::min<double>(height, std::ceil(out_h * height / box.h)));
+      auto rgb = DecodeImage(bytes, path, min_w, min_h);
+      if (!rgb.ok()) {
+        errors[r] = rgb.status();
+        return;
+      }
+      at::Tensor img = CropResize(*rgb, width, height, box, out_w, out_h);
+      if (!options_.train) {
+        const int64_t y = (out_h - s) / 2, x = (out_w - s) / 2;
+        img = img.slice(1, y, y + s).slice(2, x, x + s);
+      }
+      if (flip) img = img.flip({2});
+      const at::Tensor mean = at::tensor({kMean[0], kMean[1], kMean[2]}, at::kFloat).view({3, 1, 1});
+      const at::Tensor stdev = at::tensor({kStd[0], kStd[1], kStd[2]}, at::kFloat).view({3, 1, 1});
+      images[r] = ((img / 255.0 - mean) / stdev).contiguous();
+    } catch (...) {
+      errors[r] = StatusFromCurrentException(absl::StrCat("decoding ", path));
+    }
+  });
+  Batch batch;
+  std::vector<at::Tensor> kept;
+  std::vector<int64_t> labels;
+  for (int64_t r = 0; r < n; ++r) {
+    if (!errors[r].ok()) {
+      if (!options_.skip_bad_images) {
+        return absl::Status(errors[r].code(),
+                            absl::StrCat(errors[r].message(), " (give --skip-bad-images to leave such files out)"));
+      }
+      ++batch.skipped;
+      continue;
+    }
+    kept.push_back(images[r]);
+    labels.push_back(listing_.labels[ids[r]]);
+  }
+  batch.images = kept.empty() ? at::empty({0, 3, s, s}, at::kFloat) : at::stack(kept);
+  batch.labels = at::tensor(labels, at::kLong);
+  return batch;
+}
+
+}  // namespace remora::data

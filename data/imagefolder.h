@@ -1,0 +1,103 @@
+// Image folders as torchvision's ImageFolder lays them out, read from disk
+// as batches need them: DIR/<split>/<class>/*.jpg|*.jpeg|*.png, classes
+// numbered in name order. Files are decoded (JPEG through libjpeg-turbo,
+// scaled down in the DCT where the crop allows; PNG through libpng) and
+// augmented by a pool of threads: training takes the ImageNet recipe's
+// random resized crop (scale 0.08-1, ratio 3/4-4/3) to `image_size` and a
+// horizontal flip; evaluation resizes the short side to image_size / 0.875
+// and takes the centre crop; both normalise by ImageNet's mean and std.
+// The augmentation of row i in epoch e is drawn from (seed, e, i) alone,
+// so a batch is the same whichever thread makes it and whenever, and a
+// resumed run sees what an uninterrupted one saw.
+//
+//   data::ImageFolderOptions o;
+//   o.image_size = 224;
+//   o.threads = 8;
+//   auto train = data::ImageFolder::Open("/data/imagenet", "train", o).value();
+//   data::Batch b = train->Get(rows, epoch).value();   // [n, 3, 224, 224]
+//
+// Thread-safety: Get may be called from several threads at once; they
+// share the pool.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "data/source.h"
+
+namespace remora::data {
+
+struct ImageFolderOptions {
+  int64_t image_size = 224;  // the square side of every image out
+  bool train = true;         // the training recipe; else evaluation's
+  int threads = 4;           // decoding and augmenting threads
+  uint64_t seed = 0;
+  // Leave unreadable files out of their batch (counted in Batch::skipped)
+  // instead of failing the batch naming the file.
+  bool skip_bad_images = false;
+  // Where to keep the listing (empty: nowhere): read when it is there and
+  // lists this folder, else written after the scan, so a restarted run
+  // does not list a million files again.
+  std::string listing_cache;
+};
+
+// What was found: classes in name order, and every file with its class.
+struct ImageListing {
+  std::vector<std::string> classes;
+  std::vector<std::string> files;  // relative to the split's folder
+  std::vector<int64_t> labels;
+};
+
+// Lists DIR/<split>/<class>/ (files with a .jpg, .jpeg or .png name, any
+// case, in name order within a class). NotFound when the folder is
+// missing; InvalidArgument when it has no class folders or no images.
+absl::StatusOr<ImageListing> ListImageFolder(const std::string& dir, const std::string& split);
+
+class ImageFolder final : public Source {
+ public:
+  // The `split` ("train" or "val") of the image folder `dir`.
+  static absl::StatusOr<std::unique_ptr<ImageFolder>> Open(const std::string& dir, const std::string& split,
+                                                         const ImageFolderOptions& options);
+  ~ImageFolder() override;
+
+  int64_t size() const override { return static_cast<int64_t>(listing_.files.size()); }
+  const std::vector<std::string>& classes() const { return listing_.classes; }
+  const std::string& root() const { return root_; }
+  // The rows' images, decoded and augmented for `epoch` (evaluation
+  // ignores it). An unreadable file fails the batch naming it, unless
+  // skip_bad_images.
+  absl::StatusOr<Batch> Get(const at::Tensor& rows, int epoch) const override;
+
+ private:
+  class Pool;
+  ImageFolder(std::string root, ImageListing listing, ImageFolderOptions options);
+
+  const std::string root_;  // DIR/<split>
+  const ImageListing listing_;
+  const ImageFolderOptions options_;
+  std::unique_ptr<Pool> pool_;
+};
+
+// --- decoding (data/image_decode.cc) -----------------------------------------
+
+// A decoded image: 8-bit RGB, rows of width * 3 bytes.
+struct Rgb {
+  int width = 0;
+  int height = 0;
+  std::vector<uint8_t> pixels;
+};
+
+// The size of the JPEG or PNG image in `bytes` without decoding it.
+absl::StatusOr<std::pair<int, int>> ImageSize(const std::string& bytes, const std::string& label);
+// Decodes a JPEG or PNG image (by its first bytes, not its name). For a
+// JPEG, `min_width` x `min_height` lets the decoder scale down in the DCT
+// (by n/8) as far as the result stays at least that large; the image out
+// is then smaller than the file's. DataLoss naming `label` for a file that
+// is neither or is damaged.
+absl::StatusOr<Rgb> DecodeImage(const std::string& bytes, const std::string& label, int min_width = 0,
+                                int min_height = 0);
+
+}  // namespace remora::data

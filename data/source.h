@@ -1,0 +1,51 @@
+// Where a training loop gets its rows: a Source hands out the rows a batch
+// names, as (images, labels), whether the set is in memory (InMemory, over
+// a Dataset) or read from disk as it is needed (ImageFolder,
+// data/imagefolder.h). `epoch` seeds a source's augmentation (0: none, as
+// for evaluation), so a batch is the same whenever it is asked for.
+//
+// Thread-safety: Get may be called from several threads at once (a
+// prefetcher's); a Source is otherwise immutable after it is made.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/statusor.h"
+#include "data/datasets.h"
+
+namespace remora::data {
+
+struct Batch {
+  at::Tensor images;  // float [n, C, H, W]
+  at::Tensor labels;  // int64 [n]
+  // Rows left out because their file could not be read (a source told to
+  // skip bad images); n above is the rows asked for less these.
+  int64_t skipped = 0;
+};
+
+class Source {
+ public:
+  virtual ~Source() = default;
+  virtual int64_t size() const = 0;
+  // The rows `rows` (int64 indices into the set) of epoch `epoch`.
+  virtual absl::StatusOr<Batch> Get(const at::Tensor& rows, int epoch) const = 0;
+};
+
+// A Dataset in memory as a Source (no augmentation; `epoch` is unused).
+// Holds a reference: the Dataset must outlive it.
+class InMemory final : public Source {
+ public:
+  explicit InMemory(const Dataset& set) : set_(set) {}
+  int64_t size() const override { return set_.size(); }
+  absl::StatusOr<Batch> Get(const at::Tensor& rows, int epoch) const override;
+
+ private:
+  const Dataset& set_;
+};
+
+}  // namespace remora::data

@@ -1,0 +1,232 @@
+// Image folders: the listing (classes in name order, only image files, the
+// cache a restart reads), JPEG and PNG decoding (DCT scaling), the
+// evaluation crop's exact values, training crops drawn from (seed, epoch,
+// row) whatever the threads, and bad files named or skipped. The images
+// are written here with libjpeg and libpng.
+#include "data/imagefolder.h"
+
+#include <jpeglib.h>
+#include <png.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/abs.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/equal.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace remora::data {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+std::string FreshDir(const std::string& name) {
+  const std::string dir = absl::StrCat(testing::TempDir(), "/remora_imagefolder_", getpid(), "_", name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+// An RGB image whose pixel (x, y) is fn(x, y, channel).
+std::vector<uint8_t> Pixels(int w, int h, const std::function<int(int, int, int)>& fn) {
+  std::vector<uint8_t> p(static_cast<size_t>(w) * h * 3);
+  for (int y = 0; y < h; ++y) {
+    for (int x = 0; x < w; ++x) {
+      for (int c = 0; c < 3; ++c) p[(static_cast<size_t>(y) * w + x) * 3 + c] = static_cast<uint8_t>(fn(x, y, c));
+    }
+  }
+  return p;
+}
+
+void WritePng(const std::string& path, int w, int h, const std::vector<uint8_t>& rgb) {
+  png_image image;
+  std::memset(&image, 0, sizeof(image));
+  image.version = PNG_IMAGE_VERSION;
+  image.width = w;
+  image.height = h;
+  image.format = PNG_FORMAT_RGB;
+  ASSERT_TRUE(png_image_write_to_file(&image, path.c_str(), 0, rgb.data(), 0, nullptr)) << path;
+}
+
+void WriteJpeg(const std::string& path, int w, int h, const std::vector<uint8_t>& rgb, int quality = 95) {
+  jpeg_compress_struct cinfo;
+  jpeg_error_mgr err;
+  cinfo.err = jpeg_std_error(&err);
+  jpeg_create_compress(&cinfo);
+  FILE* f = std::fopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr) << path;
+  jpeg_stdio_dest(&cinfo, f);
+  cinfo.image_width = w;
+  cinfo.image_height = h;
+  cinfo.input_components = 3;
+  cinfo.in_color_space = JCS_RGB;
+  jpeg_set_defaults(&cinfo);
+  jpeg_set_quality(&cinfo, quality, TRUE);
+  jpeg_start_compress(&cinfo, TRUE);
+  while (cinfo.next_scanline < cinfo.image_height) {
+    JSAMPROW row = const_cast<uint8_t*>(rgb.data()) + static_cast<size_t>(cinfo.next_scanline) * w * 3;
+    jpeg_write_scanlines(&cinfo, &row, 1);
+  }
+  jpeg_finish_compress(&cinfo);
+  jpeg_destroy_compress(&cinfo);
+  std::fclose(f);
+}
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// DIR/train/{cat,dog}: 3 and 2 gradient images, JPEG and PNG, plus a
+// file that is not an image; DIR/val/{cat,dog}: one each.
+std::string SmallFolder(const std::string& name) {
+  const std::string dir = FreshDir(name);
+  for (const char* split : {"train", "val"}) {
+    for (const char* cls : {"dog", "cat"}) fs::create_directories(absl::StrCat(dir, "/", split, "/", cls));
+  }
+  auto gradient = [](int seed) {
+    return Pixels(48, 40, [seed](int x, int y, int c) { return (x * 5 + y * 3 + c * 40 + seed * 17) % 256; });
+  };
+  WriteJpeg(dir + "/train/cat/b.jpg", 48, 40, gradient(1));
+  WritePng(dir + "/train/cat/a.png", 48, 40, gradient(2));
+  WriteJpeg(dir + "/train/cat/c.JPEG", 48, 40, gradient(3));
+  WriteJpeg(dir + "/train/dog/x.jpeg", 48, 40, gradient(4));
+  WritePng(dir + "/train/dog/y.png", 48, 40, gradient(5));
+  std::ofstream(dir + "/train/dog/notes.txt") << "not an image";
+  WritePng(dir + "/val/cat/v.png", 48, 40, gradient(6));
+  WriteJpeg(dir + "/val/dog/w.jpg", 48, 40, gradient(7));
+  return dir;
+}
+
+TEST(ImageFolder, ListsClassesInNameOrderAndCachesTheListing) {
+  if (!REMORA_HAVE_IMAGE_CODECS) GTEST_SKIP() << "built without libjpeg/libpng";
+  const std::string dir = SmallFolder("listing");
+  auto l = ListImageFolder(dir, "train");
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_THAT(l->classes, ElementsAre("cat", "dog"));
+  EXPECT_THAT(l->files, ElementsAre("cat/a.png", "cat/b.jpg", "cat/c.JPEG", "dog/x.jpeg", "dog/y.png"));
+  EXPECT_THAT(l->labels, ElementsAre(0, 0, 0, 1, 1));
+
+  ImageFolderOptions o;
+  o.image_size = 16;
+  o.listing_cache = dir + "/train.list";
+  EXPECT_EQ(ImageFolder::Open(dir, "train", o).value()->size(), 5);
+  ASSERT_TRUE(fs::exists(o.listing_cache));
+  // A restart reads the cache and does not list the folder again.
+  fs::copy_file(dir + "/train/dog/y.png", dir + "/train/dog/z.png");
+  EXPECT_EQ(ImageFolder::Open(dir, "train", o).value()->size(), 5);
+  o.listing_cache.clear();
+  EXPECT_EQ(ImageFolder::Open(dir, "train", o).value()->size(), 6);
+
+  EXPECT_THAT(std::string(ListImageFolder(dir, "test").status().message()),
+              HasSubstr("test/<class>/<image> files (torchvision's ImageFolder layout)"));
+  fs::create_directories(dir + "/empty/cls");
+  EXPECT_THAT(std::string(ListImageFolder(dir, "empty").status().message()),
+              HasSubstr("has 1 class folders but no .jpg, .jpeg or .png files"));
+}
+
+TEST(ImageFolder, JpegAndPngDecodeToTheirPixelsAndJpegScalesInTheDct) {
+  if (!REMORA_HAVE_IMAGE_CODECS) GTEST_SKIP() << "built without libjpeg/libpng";
+  const std::string dir = FreshDir("decode");
+  const auto pixels = Pixels(64, 48, [](int x, int y, int c) { return x * 2 + y * 2 + c * 10; });  // smooth
+  WritePng(dir + "/p.png", 64, 48, pixels);
+  WriteJpeg(dir + "/j.jpg", 64, 48, pixels);
+  auto png = DecodeImage(Slurp(dir + "/p.png"), "p.png");
+  ASSERT_TRUE(png.ok()) << png.status();
+  EXPECT_EQ(png->width, 64);
+  EXPECT_EQ(png->height, 48);
+  EXPECT_EQ(png->pixels, pixels);  // lossless
+  auto jpg = DecodeImage(Slurp(dir + "/j.jpg"), "j.jpg");
+  ASSERT_TRUE(jpg.ok()) << jpg.status();
+  ASSERT_EQ(jpg->pixels.size(), pixels.size());
+  double diff = 0;
+  for (size_t i = 0; i < pixels.size(); ++i) diff += std::abs(int(jpg->pixels[i]) - int(pixels[i]));
+  EXPECT_LT(diff / pixels.size(), 3.0);
+  // At least 16 x 12 wanted: decoded at 2/8 of the size.
+  auto small = DecodeImage(Slurp(dir + "/j.jpg"), "j.jpg", 16, 12);
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(small->width, 16);
+  EXPECT_EQ(small->height, 12);
+  EXPECT_EQ(ImageSize(Slurp(dir + "/j.jpg"), "j.jpg").value(), std::make_pair(64, 48));
+  EXPECT_THAT(std::string(DecodeImage("GIF89a....", "g.gif").status().message()),
+              HasSubstr("g.gif: neither a JPEG nor a PNG image"));
+  std::string cut = Slurp(dir + "/p.png");
+  cut.resize(cut.size() / 2);
+  EXPECT_THAT(std::string(DecodeImage(cut, "cut.png").status().message()), HasSubstr("cut.png: a damaged PNG"));
+}
+
+TEST(ImageFolder, EvaluationResizesTheShortSideCentreCropsAndNormalises) {
+  if (!REMORA_HAVE_IMAGE_CODECS) GTEST_SKIP() << "built without libjpeg/libpng";
+  const std::string dir = FreshDir("eval");
+  fs::create_directories(dir + "/val/red");
+  // Left half red, right half blue, 64 x 32: the short side goes to
+  // 16 / 0.875 = 18, the long to 36, and the centre 16 x 16 straddles the
+  // border.
+  WritePng(dir + "/val/red/a.png", 64, 32,
+           Pixels(64, 32, [](int x, int, int c) { return x < 32 ? (c == 0 ? 255 : 0) : (c == 2 ? 255 : 0); }));
+  ImageFolderOptions o;
+  o.image_size = 16;
+  o.train = false;
+  auto set = ImageFolder::Open(dir, "val", o).value();
+  auto b = set->Get(at::arange(1, at::kLong), 0);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(b->images.sizes(), (std::vector<int64_t>{1, 3, 16, 16}));
+  EXPECT_EQ(b->labels.item<int64_t>(), 0);
+  // The far left column is red, the far right blue, exactly normalised.
+  const at::Tensor img = b->images[0];
+  EXPECT_NEAR(img[0][8][0].item<float>(), (1.0 - 0.485) / 0.229, 1e-3);
+  EXPECT_NEAR(img[2][8][0].item<float>(), (0.0 - 0.406) / 0.225, 1e-3);
+  EXPECT_NEAR(img[0][8][15].item<float>(), (0.0 - 0.485) / 0.229, 1e-3);
+  EXPECT_NEAR(img[2][8][15].item<float>(), (1.0 - 0.406) / 0.225, 1e-3);
+}
+
+TEST(ImageFolder, TrainingCropsComeFromSeedEpochAndRowWhateverTheThreads) {
+  if (!REMORA_HAVE_IMAGE_CODECS) GTEST_SKIP() << "built without libjpeg/libpng";
+  const std::string dir = SmallFolder("crops");
+  auto get = [&](int threads, uint64_t seed, int epoch, std::vector<int64_t> rows) {
+    ImageFolderOptions o;
+    o.image_size = 24;
+    o.threads = threads;
+    o.seed = seed;
+    auto set = ImageFolder::Open(dir, "train", o).value();
+    auto b = set->Get(at::tensor(rows, at::kLong), epoch);
+    EXPECT_TRUE(b.ok()) << b.status();
+    return b.ok() ? b->images : at::Tensor();
+  };
+  const at::Tensor one = get(1, 7, 1, {0, 1, 2, 3, 4});
+  ASSERT_EQ(one.sizes(), (std::vector<int64_t>{5, 3, 24, 24}));
+  EXPECT_TRUE(at::equal(one, get(4, 7, 1, {0, 1, 2, 3, 4}))) << "another thread count";
+  // Row 3 alone, in another batch, is cropped as in the first.
+  EXPECT_TRUE(at::equal(one[3], get(2, 7, 1, {3})[0]));
+  EXPECT_FALSE(at::equal(one, get(1, 7, 2, {0, 1, 2, 3, 4}))) << "another epoch, other crops";
+  EXPECT_FALSE(at::equal(one, get(1, 8, 1, {0, 1, 2, 3, 4}))) << "another seed, other crops";
+}
+
+TEST(ImageFolder, ABadFileFailsTheBatchNamingItOrIsSkippedAndCounted) {
+  if (!REMORA_HAVE_IMAGE_CODECS) GTEST_SKIP() << "built without libjpeg/libpng";
+  const std::string dir = SmallFolder("bad");
+  std::ofstream(dir + "/train/cat/b.jpg", std::ios::trunc) << "\xff\xd8\xff truncated";
+  ImageFolderOptions o;
+  o.image_size = 16;
+  auto set = ImageFolder::Open(dir, "train", o).value();
+  auto failed = set->Get(at::arange(5, at::kLong), 1);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_THAT(std::string(failed.status().message()), HasSubstr("cat/b.jpg: a damaged JPEG image"));
+  EXPECT_THAT(std::string(failed.status().message()), HasSubstr("--skip-bad-images"));
+  o.skip_bad_images = true;
+  auto skipping = ImageFolder::Open(dir, "train", o).value();
+  auto b = skipping->Get(at::arange(5, at::kLong), 1);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->skipped, 1);
+  EXPECT_EQ(b->images.size(0), 4);
+  EXPECT_TRUE(at::equal(b->labels, at::tensor({0, 0, 1, 1}, at::kLong)));
+}
+
+}  // namespace
+}  // namespace remora::data
