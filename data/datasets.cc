@@ -144,12 +144,12 @@ absl::StatusOr<Dataset> LoadCifar10(const std::string& dir, bool train) {
 absl::Status CheckDatasetName(const std::string& name) {
   const size_t colon = name.find(':');
   const std::string kind = name.substr(0, colon);
-  if (name == "fashion-mnist" ||
-      ((kind == "idx" || kind == "cifar10") && colon != std::string::npos && colon + 1 < name.size())) {
+  if (name == "fashion-mnist" || ((kind == "idx" || kind == "cifar10" || kind == "imagefolder") &&
+                                   colon != std::string::npos && colon + 1 < name.size())) {
     return absl::OkStatus();
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--dataset wants fashion-mnist, idx:DIR or cifar10:DIR; got '", name, "'"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--dataset wants fashion-mnist, idx:DIR, cifar10:DIR or imagefolder:DIR; got '", name, "'"));
 }
 
 absl::StatusOr<std::pair<Dataset, Dataset>> LoadNamed(const std::string& name) {
@@ -169,6 +169,9 @@ absl::StatusOr<std::pair<Dataset, Dataset>> LoadNamed(const std::string& name) {
   } else if (kind == "cifar10") {
     ASSIGN_OR_RETURN(sets.first, LoadCifar10(dir, true));
     ASSIGN_OR_RETURN(sets.second, LoadCifar10(dir, false));
+  } else if (kind == "imagefolder") {
+    return absl::UnimplementedError(absl::StrCat(
+        name, " is read from disk as batches need it, never loaded whole: open it with data::ImageFolder::Open"));
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("--dataset wants fashion-mnist, idx:DIR or cifar10:DIR; got '", name, "'"));

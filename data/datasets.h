@@ -47,7 +47,8 @@ absl::StatusOr<Dataset> LoadCifar10(const std::string& dir, bool train);
 
 // The training and test sets a name gives: fashion-mnist (Debian's
 // package), idx:DIR or cifar10:DIR, normalised (Normalize); an
-// InvalidArgument error lists the names for any other.
+// InvalidArgument error lists the names for any other. (imagefolder:DIR
+// is a name too, but not loaded whole: data/imagefolder.h.)
 absl::StatusOr<std::pair<Dataset, Dataset>> LoadNamed(const std::string& name);
 // Whether `name` is one LoadNamed takes (its form only; nothing is read).
 absl::Status CheckDatasetName(const std::string& name);

@@ -39,37 +39,33 @@ namespace {
 
 using namespace master;  // NOLINT: the program and its runs
 
-using Sets = std::pair<data::Dataset, data::Dataset>;  // --dataset: training, test
-
 // "1 micro-batch of 8 images", "4 micro-batches of ~2 images".
 std::string MicroBatches(int count, int rows, bool about) {
   return absl::StrCat(count, count == 1 ? " micro-batch of " : " micro-batches of ", about ? "~" : "",
                       rows, rows == 1 ? " image" : " images");
 }
 
-// --dataset's sets, loaded and described (none without --dataset).
-absl::StatusOr<Sets> LoadSets(const Config& c) {
-  if (c.dataset.empty()) return Sets{};
+// --dataset's sets, loaded (or, for an image folder, listed) and
+// described (empty sets without --dataset).
+absl::StatusOr<std::unique_ptr<Sets>> LoadSets(const Config& c) {
+  if (c.dataset.empty()) return std::make_unique<Sets>();
   auto sets = LoadDataset(c);
   if (!sets.ok()) return sets.status();
-  const auto shape = sets->first.images.sizes().slice(1);
-  if (c.model.empty() && shape != c10::IntArrayRef({1, 28, 28})) {
-    return absl::InvalidArgumentError(absl::StrCat("--dataset ", c.dataset, " has images of ", c10::str(shape),
+  const std::vector<int64_t>& shape = (*sets)->shape;
+  if (c.model.empty() && shape != std::vector<int64_t>{1, 28, 28}) {
+    return absl::InvalidArgumentError(absl::StrCat("--dataset ", c.dataset, " has images of ", c10::str(c10::IntArrayRef(shape)),
                                                    "; remora's small CNN takes [1, 28, 28]: give --model "
                                                    "stages for these"));
   }
-  std::printf("dataset %s: %lld training and %lld test images of %s\n", c.dataset.c_str(),
-              static_cast<long long>(sets->first.size()), static_cast<long long>(sets->second.size()),
-              c10::str(shape).c_str());
+  std::printf("dataset %s: %s\n", c.dataset.c_str(), (*sets)->Describe().c_str());
   return sets;
 }
 
 // --model with --dataset: the model's inputs are the dataset's images
 // (--input-shape, when given, must say the same).
-absl::Status FitInputShape(Config& c, const data::Dataset& train) {
+absl::Status FitInputShape(Config& c, const Sets& sets) {
   if (c.model.empty() || c.dataset.empty()) return absl::OkStatus();
-  const auto sizes = train.images.sizes();
-  const std::vector<int64_t> shape(sizes.begin() + 1, sizes.end());
+  const std::vector<int64_t>& shape = sets.shape;
   if (c.input_shape_given && c.input_shape != shape) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--input-shape ", absl::StrJoin(c.input_shape, ","), " does not match --dataset ", c.dataset,
@@ -90,7 +86,7 @@ absl::StatusOr<std::vector<Run>> TrainHere(const Config& c, const Sets& sets) {
   for (int s : c.splits) {
     std::printf("local: splits=%d (%s), %d threads\n", s, MicroBatches(s, c.batch_size / s, false).c_str(),
                 c.threads);
-    auto run = c.dataset.empty() ? TrainLocal(c, s) : FitLocal(c, s, sets.first, sets.second);
+    auto run = c.dataset.empty() ? TrainLocal(c, s) : FitLocal(c, s, *sets.train, *sets.test);
     if (!run.ok()) return run.status();
     PrintRun(*run, c);
     runs.push_back(std::move(*run));
@@ -207,7 +203,7 @@ absl::StatusOr<std::vector<Run>> TrainOverWorkers(Agent& agent, CommandLine& lin
     auto run = c.dataset.empty()
                    ? TrainPipeline(agent, c, *stages, s, last && !(c.trace.empty() && c.timeline.empty()),
                                    after_batch, &checkpoints)
-                   : FitPipeline(agent, c, *stages, s, sets.first, sets.second, &checkpoints);
+                   : FitPipeline(agent, c, *stages, s, *sets.train, *sets.test, &checkpoints);
     if (!run.ok()) return run.status();
     PrintRun(*run, c);
     runs.push_back(std::move(*run));
@@ -290,14 +286,14 @@ int Main(int argc, char** argv) {
   }
   auto sets = LoadSets(c);
   if (!sets.ok()) return die(sets.status());
-  if (auto s = FitInputShape(line->config, sets->first); !s.ok()) return die(s);
+  if (auto s = FitInputShape(line->config, **sets); !s.ok()) return die(s);
   Baseline baseline;
   absl::StatusOr<std::vector<Run>> runs;
   if (c.local) {
-    runs = TrainHere(c, *sets);
+    runs = TrainHere(c, **sets);
   } else {
     if (auto s = JoinWorkers(*agent); !s.ok()) return die(s);
-    runs = TrainOverWorkers(*agent, *line, *sets, baseline);
+    runs = TrainOverWorkers(*agent, *line, **sets, baseline);
   }
   if (!runs.ok()) return die(runs.status());
   if (auto s = WriteOutputs(*runs, c); !s.ok()) return die(s);

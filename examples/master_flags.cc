@@ -53,6 +53,8 @@ absl::Status CheckValues(const Flags& f, const Config& c) {
   if (!(c.lr > 0)) return Bad("--lr must be > 0");
   if (!c.dataset.empty()) {
     if (auto s = data::CheckDatasetName(c.dataset); !s.ok()) return Bad(std::string(s.message()));
+    if (c.data_threads < 1 || c.data_threads > 256) return Bad("--data-threads must be in [1, 256]");
+    if (c.prefetch < 0 || c.prefetch > 64) return Bad("--prefetch must be in [0, 64]");
   }
   if (!c.dataset.empty() && c.compare_local) {
     return Bad("--compare-local compares the ResNet50 demo or --model batches; with --dataset, "
@@ -281,6 +283,13 @@ void AddFlags(cli::FlagParser& flags, Flags* f) {
   flags.AddString("optimizer", &c.optimizer, "sgd or adam (the ResNet50 demo: plain SGD)");
   flags.AddDouble("momentum", &c.momentum, "SGD momentum with --model or --dataset");
   flags.AddInt("train-rows", &c.train_rows, "with --dataset: train on the first N images only (0: all)");
+  flags.AddInt("data-threads", &c.data_threads,
+               "with --dataset imagefolder:DIR: threads that decode and augment the images");
+  flags.AddInt("prefetch", &c.prefetch,
+               "with --dataset imagefolder:DIR: batches read ahead while a step runs (0: none)");
+  flags.AddBool("skip-bad-images", &c.skip_bad_images,
+                "with --dataset imagefolder:DIR: leave unreadable image files out of their batch (counted "
+                "on the epoch line) instead of failing the run naming the file");
   flags.AddString("checkpoint-dir", &c.checkpoint_dir,
                   "save checkpoints here (each worker writes its shard; a shared or same-path directory)");
   flags.AddInt("checkpoint-every", &c.checkpoint_every,

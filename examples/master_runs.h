@@ -20,6 +20,7 @@
 #include "pipeline/stage.h"
 #include "runtime/trace.h"
 #include "data/datasets.h"
+#include "data/source.h"
 #include "models/resnet.h"
 #include "optim/distributed_optimizer.h"
 #include "examples/timeline.h"
@@ -79,7 +80,12 @@ struct Config {
   // its file's bytes too).
   std::shared_ptr<const pipeline::SequentialModel> sequential;
   // --dataset: epochs over a real dataset, the test accuracy after each.
-  std::string dataset;     // fashion-mnist, idx:DIR or cifar10:DIR
+  std::string dataset;     // fashion-mnist, idx:DIR, cifar10:DIR or imagefolder:DIR
+  // An image folder's reading: decoding threads, batches read ahead,
+  // unreadable files left out (counted) instead of failing the batch.
+  int data_threads = 4;
+  int prefetch = 2;
+  bool skip_bad_images = false;
   int epochs = 3;
   bool shuffle = true;
   std::string optimizer = "sgd";  // or adam
@@ -181,16 +187,27 @@ absl::StatusOr<Run> TrainLocal(const Config& c, int splits);
 // The optimizer of a run: SGD with --momentum (the demo: none) or Adam.
 optim::OptimizerOptions OptimizerOf(const Config& c);
 
-// --dataset's training and test sets.
-absl::StatusOr<std::pair<data::Dataset, data::Dataset>> LoadDataset(const Config& c);
+// --dataset's sets as the runs read them: in memory (fashion-mnist, idx:,
+// cifar10:) or from an image folder's files as batches need them
+// (imagefolder:DIR: DIR/train and DIR/val at --image-size). Not movable:
+// the sources refer to the sets held here.
+struct Sets {
+  Sets() = default;
+  Sets(const Sets&) = delete;
+  Sets& operator=(const Sets&) = delete;
+  data::Dataset train_set, test_set;  // in memory (none for an image folder)
+  std::unique_ptr<data::Source> train, test;
+  std::vector<int64_t> shape;  // one image's, [C, H, W]
+  std::string Describe() const;
+};
+absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const Config& c);
 // The small CNN's blocks split into one contiguous stage per worker.
 std::vector<pipeline::StageSpec> SmallCnnStages(const Config& c);
 // Epochs over the dataset, in this process or as a pipeline of `stages`.
-absl::StatusOr<Run> FitLocal(const Config& c, int splits, const data::Dataset& train,
-                             const data::Dataset& test);
+absl::StatusOr<Run> FitLocal(const Config& c, int splits, const data::Source& train, const data::Source& test);
 absl::StatusOr<Run> FitPipeline(Agent& agent, const Config& c,
                                 const std::vector<pipeline::StageSpec>& stages, int splits,
-                                const data::Dataset& train, const data::Dataset& test,
+                                const data::Source& train, const data::Source& test,
                                 Checkpointing* checkpoints = nullptr);
 // ResNet50's stage boundaries (block indices) for the workers.
 // The split points of --split-at, or of --partition tutorial.

@@ -7,6 +7,7 @@
 #include <iostream>
 #include <map>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_util.h"
@@ -162,7 +163,7 @@ std::vector<pipeline::StageSpec> PsStages(const Config& c) {
 
 absl::StatusOr<Run> TrainPs(Agent& agent, const Config& c, const PsFlags& p,
                             const std::vector<pipeline::StageSpec>& stages,
-                            const std::pair<data::Dataset, data::Dataset>& sets,
+                            const Sets& sets,
                             Checkpointing* checkpoints) {
   ps::PsOptions o;
   o.stages = stages;
@@ -224,6 +225,7 @@ absl::StatusOr<Run> TrainPs(Agent& agent, const Config& c, const PsFlags& p,
     f.min_batch_rows = static_cast<int64_t>(o.workers.size());
     f.shuffle = c.shuffle;
     f.seed = static_cast<uint64_t>(c.seed);
+    if (absl::StartsWith(c.dataset, "imagefolder:")) f.prefetch = c.prefetch;
     f.progress_bar = isatty(fileno(stdout));
     pipeline::FitPosition last;
     if (resume != nullptr) {
@@ -244,7 +246,7 @@ absl::StatusOr<Run> TrainPs(Agent& agent, const Config& c, const PsFlags& p,
               return r.loss;
             },
             pipeline::CountFromLogits([&](const at::Tensor& x) { return server->eval(x); }),
-            sets.first, sets.second, f, std::cout));
+            *sets.train, *sets.test, f, std::cout));
     for (const auto& e : run.epochs) run.seconds += e.seconds;
     RETURN_IF_ERROR(MaybeSave(*server, c, checkpoints,
                               {last.step, last.epoch, last.batch, last.loss_sum, last.images, {}}, true));

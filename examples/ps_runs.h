@@ -44,7 +44,7 @@ std::vector<pipeline::StageSpec> PsStages(const Config& c);
 // checkpoint::SaveLocal's one-shard checkpoints).
 absl::StatusOr<Run> TrainPs(Agent& agent, const Config& c, const PsFlags& p,
                             const std::vector<pipeline::StageSpec>& stages,
-                            const std::pair<data::Dataset, data::Dataset>& sets,
+                            const Sets& sets,
                             Checkpointing* checkpoints);
 
 }  // namespace remora::master

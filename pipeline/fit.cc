@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <future>
 #include <utility>
 
+#include <ATen/ops/arange.h>
 #include <ATen/ops/argmax.h>
 #include <ATen/ops/eq.h>
 
@@ -45,18 +47,38 @@ CountStep CountFromLogits(EvalStep eval_step) {
 
 absl::StatusOr<double> Accuracy(const CountStep& count_correct, const data::Dataset& set,
                                 int64_t batch_size) {
+  return Accuracy(count_correct, data::InMemory(set), batch_size);
+}
+
+absl::StatusOr<double> Accuracy(const CountStep& count_correct, const data::Source& set, int64_t batch_size) {
   if (set.size() == 0) return absl::InvalidArgumentError("accuracy: the set is empty");
-  int64_t right = 0;
+  int64_t right = 0, rows = 0;
   for (int64_t at = 0; at < set.size(); at += batch_size) {
     const int64_t end = std::min(set.size(), at + batch_size);
-    ASSIGN_OR_RETURN(int64_t n, count_correct(set.images.slice(0, at, end), set.labels.slice(0, at, end)));
+    ASSIGN_OR_RETURN(data::Batch b, set.Get(at::arange(at, end, at::kLong), /*epoch=*/0));
+    if (b.labels.size(0) == 0) continue;  // every file of it skipped
+    ASSIGN_OR_RETURN(int64_t n, count_correct(b.images, b.labels));
     right += n;
+    rows += b.labels.size(0);
   }
-  return static_cast<double>(right) / set.size();
+  if (rows == 0) return absl::InvalidArgumentError("accuracy: no row of the set could be read");
+  return static_cast<double>(right) / rows;
 }
 
 absl::StatusOr<std::vector<EpochResult>> Fit(const TrainStep& train_step, const CountStep& count_correct,
                                              const data::Dataset& train, const data::Dataset& test,
+                                             const FitOptions& o, std::ostream& out) {
+  return Fit(train_step, count_correct, data::InMemory(train), data::InMemory(test), o, out);
+}
+
+absl::StatusOr<std::vector<EpochResult>> Fit(const StartTrainStep& start_step, const CountStep& count_correct,
+                                             const data::Dataset& train, const data::Dataset& test,
+                                             const FitOptions& o, std::ostream& out) {
+  return Fit(start_step, count_correct, data::InMemory(train), data::InMemory(test), o, out);
+}
+
+absl::StatusOr<std::vector<EpochResult>> Fit(const TrainStep& train_step, const CountStep& count_correct,
+                                             const data::Source& train, const data::Source& test,
                                              const FitOptions& o, std::ostream& out) {
   // Each step runs as it is started.
   return Fit(
@@ -68,9 +90,9 @@ absl::StatusOr<std::vector<EpochResult>> Fit(const TrainStep& train_step, const 
 }
 
 absl::StatusOr<std::vector<EpochResult>> Fit(const StartTrainStep& start_step, const CountStep& count_correct,
-                                             const data::Dataset& train, const data::Dataset& test,
+                                             const data::Source& train, const data::Source& test,
                                              const FitOptions& o, std::ostream& out) {
-  if (o.epochs < 1 || o.batch_size < 1) {
+  if (o.epochs < 1 || o.batch_size < 1 || o.prefetch < 0) {
     return absl::InvalidArgumentError("fit: epochs and batch size must be at least 1");
   }
   std::vector<EpochResult> results;
@@ -97,22 +119,39 @@ absl::StatusOr<std::vector<EpochResult>> Fit(const StartTrainStep& start_step, c
     // Resumed after its last batch (a run that ended with the epoch, now
     // given more epochs): the epoch was reported then.
     if (resumed && first == batches.size() && first > 0) continue;
-    // Steps started and not yet waited for, oldest first: (batch, step).
-    std::deque<std::pair<size_t, StartedStep>> started;
+    // Batches read ahead (o.prefetch of them while a step runs), in order
+    // from batch `next_read`.
+    std::deque<std::future<absl::StatusOr<data::Batch>>> read;
+    size_t next_read = first;
+    auto read_ahead = [&] {
+      while (next_read < batches.size() && static_cast<int>(read.size()) <= o.prefetch) {
+        read.push_back(std::async(o.prefetch > 0 ? std::launch::async : std::launch::deferred,
+                                  [&train, rows = batches[next_read], e] { return train.Get(rows, e); }));
+        ++next_read;
+      }
+    };
+    // Steps started and not yet waited for, oldest first.
+    struct Started {
+      size_t batch;
+      int64_t rows;
+      StartedStep step;
+    };
+    std::deque<Started> started;
     auto drop_started = [&started] {
-      for (auto& [b, s] : started) s.abandon();
+      for (auto& s : started) s.step.abandon();
       started.clear();
     };
     // Waits for the oldest step started and accounts for it.
     auto finish_oldest = [&]() -> absl::Status {
-      auto [b, started_step] = std::move(started.front());
+      Started oldest = std::move(started.front());
       started.pop_front();
-      absl::StatusOr<double> loss = started_step.wait();
+      const size_t b = oldest.batch;
+      absl::StatusOr<double> loss = oldest.step.wait();
       if (!loss.ok()) {
         drop_started();
         return Annotate(loss.status(), absl::StrCat("epoch ", e, ", batch ", b + 1, " of ", batches.size()));
       }
-      const int64_t rows = batches[b].size(0);
+      const int64_t rows = oldest.rows;
       loss_sum += *loss;
       r.images += rows;
       trained += rows;
@@ -145,8 +184,18 @@ absl::StatusOr<std::vector<EpochResult>> Fit(const StartTrainStep& start_step, c
           o.settle_after(step + static_cast<int64_t>(started.size()))) {
         while (!started.empty()) RETURN_IF_ERROR(finish_oldest());
       }
-      const at::Tensor& rows = batches[b];
-      started.emplace_back(b, start_step(train.images.index_select(0, rows), train.labels.index_select(0, rows)));
+      read_ahead();
+      absl::StatusOr<data::Batch> batch = read.front().get();
+      read.pop_front();
+      read_ahead();  // the next batches are read while this one trains
+      if (!batch.ok()) {
+        drop_started();
+        return Annotate(batch.status(), absl::StrCat("reading epoch ", e, ", batch ", b + 1, " of ", batches.size()));
+      }
+      r.skipped += batch->skipped;
+      if (batch->labels.size(0) == 0) continue;  // every file of it skipped
+      const int64_t rows = batch->labels.size(0);
+      started.push_back(Started{b, rows, start_step(batch->images, batch->labels)});
       // One step ahead: the one before this is waited for now.
       while (started.size() > 1) RETURN_IF_ERROR(finish_oldest());
     }
@@ -158,9 +207,9 @@ absl::StatusOr<std::vector<EpochResult>> Fit(const StartTrainStep& start_step, c
     auto accuracy = Accuracy(count_correct, test, o.eval_batch_size);
     if (!accuracy.ok()) return Annotate(accuracy.status(), absl::StrCat("evaluating after epoch ", e));
     r.test_accuracy = *accuracy;
-    out << absl::StrFormat("epoch=%d train_loss=%.4f test_accuracy=%.4f seconds=%.1f images_per_second=%.0f\n",
-                           e, r.train_loss, r.test_accuracy, r.seconds,
-                           trained / std::max(r.seconds, 1e-9))
+    out << absl::StrFormat("epoch=%d train_loss=%.4f test_accuracy=%.4f seconds=%.1f images_per_second=%.0f%s\n",
+                           e, r.train_loss, r.test_accuracy, r.seconds, trained / std::max(r.seconds, 1e-9),
+                           r.skipped > 0 ? absl::StrCat(" skipped_images=", r.skipped) : "")
         << std::flush;
     results.push_back(r);
   }

@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "data/datasets.h"
+#include "data/source.h"
 
 namespace remora::pipeline {
 
@@ -56,6 +57,9 @@ struct FitOptions {
   // after a step for which this says true (its after_step saves a
   // checkpoint, which must see the state after that step alone).
   std::function<bool(int64_t step)> settle_after;
+  // Batches read ahead on other threads while a step runs (a source that
+  // reads files, data/imagefolder.h); 0: each read when it is needed.
+  int prefetch = 0;
 };
 
 struct EpochResult {
@@ -65,6 +69,7 @@ struct EpochResult {
   double seconds = 0;        // training time of the epoch (evaluation not included)
   int64_t images = 0;        // trained in the epoch (a resumed epoch's before the resume too)
   int64_t trained = 0;       // of them, trained by this call (the images/s figures)
+  int64_t skipped = 0;       // rows left out because their file could not be read
 };
 
 using TrainStep = std::function<absl::StatusOr<double>(const at::Tensor& x, const at::Tensor& y)>;
@@ -98,8 +103,18 @@ absl::StatusOr<std::vector<EpochResult>> Fit(const StartTrainStep& start_step, c
                                              const data::Dataset& train, const data::Dataset& test,
                                              const FitOptions& options, std::ostream& out);
 
-// The fraction of `set` that `count_correct` counts as classified right.
+// The same over any sources (read from disk as batches need them).
+absl::StatusOr<std::vector<EpochResult>> Fit(const TrainStep& train_step, const CountStep& count_correct,
+                                             const data::Source& train, const data::Source& test,
+                                             const FitOptions& options, std::ostream& out);
+absl::StatusOr<std::vector<EpochResult>> Fit(const StartTrainStep& start_step, const CountStep& count_correct,
+                                             const data::Source& train, const data::Source& test,
+                                             const FitOptions& options, std::ostream& out);
+
+// The fraction of `set` that `count_correct` counts as classified right
+// (of the rows read: a source may skip unreadable files).
 absl::StatusOr<double> Accuracy(const CountStep& count_correct, const data::Dataset& set,
                                 int64_t batch_size);
+absl::StatusOr<double> Accuracy(const CountStep& count_correct, const data::Source& set, int64_t batch_size);
 
 }  // namespace remora::pipeline

@@ -18,6 +18,13 @@
 #include <ATen/ops/equal.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/jit/api/module.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "tests/support/script_models.h"
+#include "tests/support/test_group.h"
 
 namespace remora::data {
 namespace {
@@ -226,6 +233,94 @@ TEST(ImageFolder, ABadFileFailsTheBatchNamingItOrIsSkippedAndCounted) {
   EXPECT_EQ(b->skipped, 1);
   EXPECT_EQ(b->images.size(0), 4);
   EXPECT_TRUE(at::equal(b->labels, at::tensor({0, 0, 1, 1}, at::kLong)));
+}
+
+// The train_loss of each "epoch=E train_loss=L ..." line of `out`.
+std::vector<double> EpochLosses(const std::string& out) {
+  std::vector<double> losses;
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    if (!absl::ConsumePrefix(&line, "epoch=")) continue;
+    const size_t at = line.find(" train_loss=");
+    if (at == absl::string_view::npos) continue;
+    double loss = 0;
+    const absl::string_view rest = line.substr(at + 12);
+    if (absl::SimpleAtod(rest.substr(0, rest.find(' ')), &loss)) losses.push_back(loss);
+  }
+  return losses;
+}
+
+// The real programs: master --dataset imagefolder:DIR with a one-file
+// model trains in one process and as a two-worker pipeline to the same
+// losses (the crops depend on the seed, epoch and row only); a damaged
+// file stops the run naming it, or is skipped and counted.
+TEST(ImageFolderMaster, TrainsLocallyAndOverWorkersAlikeAndNamesBadFiles) {
+  if (!REMORA_HAVE_IMAGE_CODECS) GTEST_SKIP() << "built without libjpeg/libpng";
+  const std::string dir = FreshDir("master");
+  for (const char* split : {"train", "val"}) {
+    for (int c = 0; c < 2; ++c) {
+      const std::string cls = absl::StrCat(dir, "/", split, "/", c == 0 ? "red" : "blue");
+      fs::create_directories(cls);
+      for (int i = 0; i < (std::string(split) == "train" ? 6 : 2); ++i) {
+        const auto px = Pixels(24, 20, [c, i](int x, int y, int ch) {
+          const int base = (ch == 0) == (c == 0) ? 200 : 30;
+          return base + (x * 7 + y * 5 + i * 11) % 40;
+        });
+        if (i % 2) {
+          WriteJpeg(absl::StrCat(cls, "/", i, ".jpg"), 24, 20, px);
+        } else {
+          WritePng(absl::StrCat(cls, "/", i, ".png"), 24, 20, px);
+        }
+      }
+    }
+  }
+  torch::jit::Module model("Sequential"), flat("Flatten");
+  flat.define("def forward(self, x):\n  return x.flatten(1)\n");
+  model.register_module("f", flat);
+  model.register_module("l0", test_support::ScriptLinear(3 * 16 * 16, 8, 1, true));
+  model.register_module("l1", test_support::ScriptLinear(8, 2, 2, false));
+  model.define("def forward(self, x):\n  x = self.f.forward(x)\n  x = self.l0.forward(x)\n"
+               "  return self.l1.forward(x)\n");
+  const std::string file = TempPath("imagefolder_model.pt");
+  model.save(file);
+  const std::vector<std::string> common = {"--dataset", "imagefolder:" + dir, "--model", file, "--classes", "2",
+                                           "--image-size", "16", "--epochs", "2", "--batch-size", "4",
+                                           "--data-threads", "2", "--seed", "3", "--lr", "0.0005"};
+  auto master = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), BinDir() + "/master");
+    args.insert(args.end(), common.begin(), common.end());
+    return args;
+  };
+  auto [local_code, local_out] = RunProgram(master({"--local", "--threads", "1", "--splits", "1"}), absl::Seconds(120));
+  ASSERT_EQ(local_code, 0) << local_out;
+  EXPECT_THAT(local_out, HasSubstr(": 12 training and 4 test images of [3, 16, 16]"));
+  const std::vector<double> local = EpochLosses(local_out);
+  ASSERT_EQ(local.size(), 2u) << local_out;
+
+  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+  std::vector<std::unique_ptr<cli::Subprocess>> workers;
+  for (const std::string name : {"w1", "w2"}) {
+    workers.push_back(cli::Subprocess::Spawn({BinDir() + "/worker", "--name", name, "--master", addr, "--threads",
+                                              "1"},
+                                             TempPath(name + "_imagefolder.log"))
+                          .value());
+  }
+  auto [code, out] = RunProgram(master({"--workers", "w1,w2", "--listen", addr, "--splits", "2"}),
+                                absl::Seconds(120));
+  ASSERT_EQ(code, 0) << out;
+  for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
+  const std::vector<double> piped = EpochLosses(out);
+  ASSERT_EQ(piped.size(), 2u) << out;
+  for (size_t e = 0; e < 2; ++e) EXPECT_NEAR(piped[e], local[e], 1e-4 * std::abs(local[e])) << "epoch " << e + 1;
+
+  std::ofstream(dir + "/train/red/9.jpg") << "\xff\xd8\xff cut short";
+  auto [bad_code, bad_out] = RunProgram(master({"--local", "--splits", "1"}), absl::Seconds(120));
+  EXPECT_EQ(bad_code, 1) << bad_out;
+  EXPECT_THAT(bad_out, HasSubstr("red/9.jpg: a damaged JPEG image"));
+  EXPECT_THAT(bad_out, HasSubstr("give --skip-bad-images"));
+  auto [skip_code, skip_out] = RunProgram(master({"--local", "--splits", "1", "--skip-bad-images"}),
+                                          absl::Seconds(120));
+  EXPECT_EQ(skip_code, 0) << skip_out;
+  EXPECT_THAT(skip_out, HasSubstr("skipped_images=1"));
 }
 
 }  // namespace

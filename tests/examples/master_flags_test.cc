@@ -63,7 +63,7 @@ TEST(MasterFlags, BadValuesAreClearErrorsNamingTheFlag) {
       {{"--workers", "a,b,c,d,e", "--dataset", "fashion-mnist"}, "give at most that many --workers"},
       // A typo in --dataset is a bad flag like any other (exit 2), found
       // before anything starts.
-      {{"--local", "--dataset", "fashion-mnsit"}, "--dataset wants fashion-mnist, idx:DIR or cifar10:DIR"},
+      {{"--local", "--dataset", "fashion-mnsit"}, "--dataset wants fashion-mnist, idx:DIR, cifar10:DIR or imagefolder:DIR"},
       {{"--local", "--dataset", "idx:"}, "--dataset wants"},
   });
 }
