@@ -1,0 +1,68 @@
+// The master's --dataset (examples/master_runs.h: Sets, LoadDataset): a
+// named set loaded into memory, or an image folder listed and read from
+// disk as batches need it.
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "base/status_util.h"
+#include "data/imagefolder.h"
+#include "examples/master_runs.h"
+
+namespace remora::master {
+
+absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const Config& c) {
+  auto sets = std::make_unique<Sets>();
+  if (absl::StartsWith(c.dataset, "imagefolder:")) {
+    const std::string dir = c.dataset.substr(std::strlen("imagefolder:"));
+    data::ImageFolderOptions o;
+    o.image_size = c.image_size;
+    o.threads = c.data_threads;
+    o.seed = static_cast<uint64_t>(c.seed);
+    o.skip_bad_images = c.skip_bad_images;
+    // Listed once per run directory: a resumed run reads the listing.
+    if (!c.checkpoint_dir.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(c.checkpoint_dir, ec);
+      o.listing_cache = absl::StrCat(c.checkpoint_dir, "/imagefolder-train.list");
+    }
+    ASSIGN_OR_RETURN(auto train, data::ImageFolder::Open(dir, "train", o));
+    o.train = false;
+    if (!o.listing_cache.empty()) o.listing_cache = absl::StrCat(c.checkpoint_dir, "/imagefolder-val.list");
+    ASSIGN_OR_RETURN(auto test, data::ImageFolder::Open(dir, "val", o));
+    if (train->classes() != test->classes()) {
+      return absl::InvalidArgumentError(absl::StrCat(dir, "/train has ", train->classes().size(), " classes and ",
+                                                     dir, "/val ", test->classes().size(),
+                                                     ": both need the same class folders"));
+    }
+    if (static_cast<int64_t>(train->classes().size()) != c.classes) {
+      return absl::InvalidArgumentError(absl::StrCat(dir, "/train has ", train->classes().size(),
+                                                     " classes; --classes is ", c.classes,
+                                                     ": give --classes ", train->classes().size()));
+    }
+    sets->shape = {3, c.image_size, c.image_size};
+    sets->train = std::move(train);
+    sets->test = std::move(test);
+    return sets;
+  }
+  ASSIGN_OR_RETURN(auto loaded, data::LoadNamed(c.dataset));
+  sets->train_set = std::move(loaded.first);
+  sets->test_set = std::move(loaded.second);
+  if (c.train_rows > 0 && c.train_rows < sets->train_set.size()) {
+    sets->train_set.images = sets->train_set.images.slice(0, 0, c.train_rows);
+    sets->train_set.labels = sets->train_set.labels.slice(0, 0, c.train_rows);
+  }
+  const auto sizes = sets->train_set.images.sizes();
+  sets->shape.assign(sizes.begin() + 1, sizes.end());
+  sets->train = std::make_unique<data::InMemory>(sets->train_set);
+  sets->test = std::make_unique<data::InMemory>(sets->test_set);
+  return sets;
+}
+
+std::string Sets::Describe() const {
+  return absl::StrCat(train->size(), " training and ", test->size(), " test images of ",
+                      c10::str(c10::IntArrayRef(shape)));
+}
+
+}  // namespace remora::master
