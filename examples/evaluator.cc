@@ -100,6 +100,9 @@ int Main(int argc, char** argv) {
   if (poll_ms < 1 || batch_size < 1 || threads < 1 || timeout_s < 0 || test_rows < 0) {
     return fail("--poll-ms, --batch-size and --threads must be >= 1; --timeout and --test-rows >= 0", 2);
   }
+  if (dataset.rfind("imagefolder:", 0) == 0) {
+    return fail("image folders are not evaluated yet: the master's epoch lines give their val accuracy", 2);
+  }
   if (output.empty()) output = dir + "/eval.jsonl";
   runtime::SetComputeThreads(threads);
   if (auto s = examples::RegisterStockStageTypes(); !s.ok()) return fail(std::string(s.message()), 1);
