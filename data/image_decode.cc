@@ -7,6 +7,8 @@
 #include "data/imagefolder.h"
 
 #if REMORA_HAVE_IMAGE_CODECS
+#include <algorithm>
+#include <cmath>
 #include <csetjmp>
 #include <cstdio>
 #include <cstring>
@@ -41,8 +43,8 @@ bool IsPng(const std::string& b) { return b.size() >= 8 && png_sig_cmp(reinterpr
 // Decodes into `out` (or, with `header_only`, sets its size alone);
 // false with `message` set on an error. No C++ object is made between
 // setjmp and the last libjpeg call.
-bool DecodeJpegInto(const std::string& bytes, int min_width, int min_height, bool header_only, Rgb* out,
-                    char* message) {
+bool DecodeJpegInto(const std::string& bytes, int min_width, int min_height, bool header_only,
+                    const Region& region, int margin, Rgb* out, char* message) {
   jpeg_decompress_struct cinfo;
   JpegErrors errors;
   cinfo.err = jpeg_std_error(&errors.base);
@@ -75,14 +77,44 @@ bool DecodeJpegInto(const std::string& bytes, int min_width, int min_height, boo
     }
   }
   jpeg_start_decompress(&cinfo);
-  out->width = static_cast<int>(cinfo.output_width);
-  out->height = static_cast<int>(cinfo.output_height);
+  out->full_width = static_cast<int>(cinfo.output_width);
+  out->full_height = static_cast<int>(cinfo.output_height);
+  // The region in decoded pixels, widened by the margin; columns go out to
+  // whole blocks (jpeg_crop_scanline moves the left edge down to one).
+  JDIMENSION x = 0, w = cinfo.output_width, y = 0, h = cinfo.output_height;
+  if (region.w > 0 && region.h > 0) {
+    const double sx = static_cast<double>(cinfo.output_width) / cinfo.image_width;
+    const double sy = static_cast<double>(cinfo.output_height) / cinfo.image_height;
+    const long left = std::max(0L, static_cast<long>(region.x * sx) - margin);
+    const long top = std::max(0L, static_cast<long>(region.y * sy) - margin);
+    const long right = std::min(static_cast<long>(cinfo.output_width),
+                                static_cast<long>(std::ceil((region.x + region.w) * sx)) + margin);
+    const long bottom = std::min(static_cast<long>(cinfo.output_height),
+                                 static_cast<long>(std::ceil((region.y + region.h) * sy)) + margin);
+    if (right > left && bottom > top) {
+      x = static_cast<JDIMENSION>(left);
+      w = static_cast<JDIMENSION>(right - left);
+      y = static_cast<JDIMENSION>(top);
+      h = static_cast<JDIMENSION>(bottom - top);
+      if (x > 0 || w < cinfo.output_width) jpeg_crop_scanline(&cinfo, &x, &w);
+    }
+  }
+  out->x0 = static_cast<int>(x);
+  out->y0 = static_cast<int>(y);
+  out->width = static_cast<int>(cinfo.output_width);  // the cropped width, after jpeg_crop_scanline
+  out->height = static_cast<int>(h);
   out->pixels.resize(static_cast<size_t>(out->width) * out->height * 3);
-  while (cinfo.output_scanline < cinfo.output_height) {
-    JSAMPROW row = out->pixels.data() + static_cast<size_t>(cinfo.output_scanline) * out->width * 3;
+  if (y > 0) jpeg_skip_scanlines(&cinfo, y);
+  for (JDIMENSION row_index = 0; row_index < h; ++row_index) {
+    JSAMPROW row = out->pixels.data() + static_cast<size_t>(row_index) * out->width * 3;
     jpeg_read_scanlines(&cinfo, &row, 1);
   }
-  jpeg_finish_decompress(&cinfo);
+  // The rows below the region are not decompressed.
+  if (cinfo.output_scanline < cinfo.output_height) {
+    jpeg_abort_decompress(&cinfo);
+  } else {
+    jpeg_finish_decompress(&cinfo);
+  }
   jpeg_destroy_decompress(&cinfo);
   return true;
 }
@@ -95,8 +127,8 @@ absl::StatusOr<Rgb> DecodePng(const std::string& bytes, const std::string& label
     return absl::DataLossError(absl::StrCat(label, ": a damaged PNG image (", image.message, ")"));
   }
   Rgb out;
-  out.width = static_cast<int>(image.width);
-  out.height = static_cast<int>(image.height);
+  out.width = out.full_width = static_cast<int>(image.width);
+  out.height = out.full_height = static_cast<int>(image.height);
   if (header_only) {
     png_image_free(&image);
     return out;
@@ -112,11 +144,11 @@ absl::StatusOr<Rgb> DecodePng(const std::string& bytes, const std::string& label
 }
 
 absl::StatusOr<Rgb> Decode(const std::string& bytes, const std::string& label, int min_width, int min_height,
-                           bool header_only) {
+                           bool header_only, const Region& region = {}, int margin = 0) {
   if (IsJpeg(bytes)) {
     Rgb out;
     char message[JMSG_LENGTH_MAX] = "";
-    if (!DecodeJpegInto(bytes, min_width, min_height, header_only, &out, message)) {
+    if (!DecodeJpegInto(bytes, min_width, min_height, header_only, region, margin, &out, message)) {
       return absl::DataLossError(absl::StrCat(label, ": a damaged JPEG image (", message, ")"));
     }
     return out;
@@ -134,8 +166,8 @@ absl::StatusOr<std::pair<int, int>> ImageSize(const std::string& bytes, const st
 }
 
 absl::StatusOr<Rgb> DecodeImage(const std::string& bytes, const std::string& label, int min_width,
-                                int min_height) {
-  return Decode(bytes, label, min_width, min_height, /*header_only=*/false);
+                                int min_height, Region region, int margin) {
+  return Decode(bytes, label, min_width, min_height, /*header_only=*/false, region, margin);
 }
 
 }  // namespace remora::data
@@ -157,7 +189,9 @@ absl::StatusOr<std::pair<int, int>> ImageSize(const std::string&, const std::str
   return NoCodecs(label);
 }
 
-absl::StatusOr<Rgb> DecodeImage(const std::string&, const std::string& label, int, int) { return NoCodecs(label); }
+absl::StatusOr<Rgb> DecodeImage(const std::string&, const std::string& label, int, int, Region, int) {
+  return NoCodecs(label);
+}
 
 }  // namespace remora::data
 

@@ -15,9 +15,7 @@
 #include <thread>
 
 #include <ATen/TensorOperators.h>
-#include <ATen/ops/_upsample_bilinear2d_aa.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/from_blob.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/tensor.h>
 
@@ -143,20 +141,95 @@ Box RandomResizedCrop(int width, int height, Draws& d) {
   return {std::floor((width - w) / 2), std::floor((height - h) / 2), w, h};
 }
 
+// Resampling from a span of input pixels [start, start + len) to `total`
+// output pixels, of which outputs [skip, skip + n) are made: output i
+// reads count[i] inputs from first[i], weighted by w[i * stride + k]. A
+// triangle (bilinear) filter, widened by the downscale factor so that
+// every input pixel counts (antialiasing, as PIL and torchvision's
+// antialiased resize do).
+struct Taps {
+  std::vector<int> first, count;
+  std::vector<float> w;
+  int stride = 0;
+};
+
+Taps MakeTaps(double start, double len, int in_size, int total, int skip, int n) {
+  Taps t;
+  const double scale = len / total;
+  const double support = std::max(scale, 1.0);
+  t.stride = static_cast<int>(std::ceil(support)) * 2 + 1;
+  t.first.resize(n);
+  t.count.resize(n);
+  t.w.assign(static_cast<size_t>(n) * t.stride, 0.f);
+  for (int i = 0; i < n; ++i) {
+    const double center = start + (skip + i + 0.5) * scale;
+    const int lo = std::max(0, static_cast<int>(std::floor(center - support + 0.5)));
+    const int hi = std::min({in_size, static_cast<int>(std::floor(center + support + 0.5)), lo + t.stride});
+    double sum = 0;
+    std::vector<double> w(std::max(0, hi - lo));
+    for (int x = lo; x < hi; ++x) {
+      w[x - lo] = std::max(0.0, 1.0 - std::abs((x - center + 0.5) / support));
+      sum += w[x - lo];
+    }
+    t.first[i] = lo;
+    t.count[i] = hi - lo;
+    for (int k = 0; k < hi - lo; ++k) t.w[static_cast<size_t>(i) * t.stride + k] = static_cast<float>(w[k] / sum);
+  }
+  return t;
+}
+
 // `box` (in the file's pixels) of `rgb` (decoded at rgb.width / width of
-// the file's size), resized to out_w x out_h with antialiasing, as a
-// float [3, out_h, out_w] tensor in [0, 255].
-at::Tensor CropResize(const Rgb& rgb, int width, int height, Box box, int64_t out_w, int64_t out_h) {
-  const double sx = static_cast<double>(rgb.width) / width, sy = static_cast<double>(rgb.height) / height;
-  int64_t x0 = std::llround(box.x * sx), y0 = std::llround(box.y * sy);
-  int64_t w = std::max<int64_t>(1, std::llround(box.w * sx)), h = std::max<int64_t>(1, std::llround(box.h * sy));
-  x0 = std::clamp<int64_t>(x0, 0, rgb.width - 1);
-  y0 = std::clamp<int64_t>(y0, 0, rgb.height - 1);
-  w = std::min<int64_t>(w, rgb.width - x0);
-  h = std::min<int64_t>(h, rgb.height - y0);
-  const at::Tensor hwc = at::from_blob(const_cast<uint8_t*>(rgb.pixels.data()), {rgb.height, rgb.width, 3}, at::kByte);
-  const at::Tensor crop = hwc.slice(0, y0, y0 + h).slice(1, x0, x0 + w).permute({2, 0, 1}).unsqueeze(0).to(at::kFloat);
-  return at::_upsample_bilinear2d_aa(crop, {out_h, out_w}, /*align_corners=*/false).squeeze(0).clamp(0, 255);
+// the file's size) resized to out_w x out_h (of which the centre s x s is
+// kept), flipped left to right if asked, normalised: a float
+// [3, s, s] tensor. Two separable passes over 8-bit pixels.
+at::Tensor CropResize(const Rgb& rgb, int width, int height, Box box, int out_w, int out_h, int s, bool flip) {
+  // The box in the decoded region's pixels.
+  const double sx = static_cast<double>(rgb.full_width) / width, sy = static_cast<double>(rgb.full_height) / height;
+  const int skip_x = (out_w - s) / 2, skip_y = (out_h - s) / 2;
+  const Taps tx = MakeTaps(box.x * sx - rgb.x0, box.w * sx, rgb.width, out_w, skip_x, s);
+  const Taps ty = MakeTaps(box.y * sy - rgb.y0, box.h * sy, rgb.height, out_h, skip_y, s);
+  const int y0 = ty.first.front(), y1 = ty.first.back() + ty.count.back();
+  // Horizontal pass: rows y0 .. y1 of the input, s columns out, RGB.
+  std::vector<float> rows(static_cast<size_t>(y1 - y0) * s * 3);
+  for (int y = y0; y < y1; ++y) {
+    const uint8_t* in = rgb.pixels.data() + static_cast<size_t>(y) * rgb.width * 3;
+    float* out = rows.data() + static_cast<size_t>(y - y0) * s * 3;
+    for (int i = 0; i < s; ++i) {
+      float r = 0, g = 0, b = 0;
+      const float* w = tx.w.data() + static_cast<size_t>(i) * tx.stride;
+      const uint8_t* p = in + static_cast<size_t>(tx.first[i]) * 3;
+      for (int k = 0; k < tx.count[i]; ++k, p += 3) {
+        r += w[k] * p[0];
+        g += w[k] * p[1];
+        b += w[k] * p[2];
+      }
+      out[i * 3] = r;
+      out[i * 3 + 1] = g;
+      out[i * 3 + 2] = b;
+    }
+  }
+  // Vertical pass into [3, s, s], normalised.
+  at::Tensor image = at::empty({3, s, s}, at::kFloat);
+  float* dst = image.data_ptr<float>();
+  const size_t plane = static_cast<size_t>(s) * s;
+  for (int j = 0; j < s; ++j) {
+    const float* w = ty.w.data() + static_cast<size_t>(j) * ty.stride;
+    for (int i = 0; i < s; ++i) {
+      float acc[3] = {0, 0, 0};
+      for (int k = 0; k < ty.count[j]; ++k) {
+        const float* p = rows.data() + (static_cast<size_t>(ty.first[j] + k - y0) * s + i) * 3;
+        acc[0] += w[k] * p[0];
+        acc[1] += w[k] * p[1];
+        acc[2] += w[k] * p[2];
+      }
+      const size_t at = static_cast<size_t>(j) * s + (flip ? s - 1 - i : i);
+      for (int c = 0; c < 3; ++c) {
+        const double v = std::clamp(acc[c], 0.f, 255.f) / 255.0;
+        dst[c * plane + at] = static_cast<float>((v - kMean[c]) / kStd[c]);
+      }
+    }
+  }
+  return image;
 }
 
 }  // namespace
@@ -338,20 +411,16 @@ absl::StatusOr<Batch> ImageFolder::Get(const at::Tensor& rows, int epoch) const 
       // Decode no larger than the crop needs (JPEG's DCT scaling).
       const int min_w = static_cast<int>(std::min<double>(width, std::ceil(out_w * width / box.w)));
       const int min_h = static_cast<int>(std::min<double>(height, std::ceil(out_h * height / box.h)));
-      auto rgb = DecodeImage(bytes, path, min_w, min_h);
+      // Only the rows and columns the crop reads (its filter's reach around it).
+      const double reach = std::max(box.w / out_w, box.h / out_h);
+      auto rgb = DecodeImage(bytes, path, min_w, min_h, Region{box.x, box.y, box.w, box.h},
+                             static_cast<int>(std::ceil(std::max(reach, 1.0))) + 2);
       if (!rgb.ok()) {
         errors[r] = rgb.status();
         return;
       }
-      at::Tensor img = CropResize(*rgb, width, height, box, out_w, out_h);
-      if (!options_.train) {
-        const int64_t y = (out_h - s) / 2, x = (out_w - s) / 2;
-        img = img.slice(1, y, y + s).slice(2, x, x + s);
-      }
-      if (flip) img = img.flip({2});
-      const at::Tensor mean = at::tensor({kMean[0], kMean[1], kMean[2]}, at::kFloat).view({3, 1, 1});
-      const at::Tensor stdev = at::tensor({kStd[0], kStd[1], kStd[2]}, at::kFloat).view({3, 1, 1});
-      images[r] = ((img / 255.0 - mean) / stdev).contiguous();
+      images[r] = CropResize(*rgb, width, height, box, static_cast<int>(out_w), static_cast<int>(out_h),
+                             static_cast<int>(s), flip);
     } catch (...) {
       errors[r] = StatusFromCurrentException(absl::StrCat("decoding ", path));
     }

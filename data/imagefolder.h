@@ -83,11 +83,21 @@ class ImageFolder final : public Source {
 
 // --- decoding (data/image_decode.cc) -----------------------------------------
 
-// A decoded image: 8-bit RGB, rows of width * 3 bytes.
+// A decoded image, or a region of one: 8-bit RGB, rows of width * 3
+// bytes, its top left corner at (x0, y0) of the whole image as decoded
+// (full_width x full_height: the file's size, or less where the decoder
+// scaled it down).
 struct Rgb {
   int width = 0;
   int height = 0;
   std::vector<uint8_t> pixels;
+  int x0 = 0, y0 = 0;
+  int full_width = 0, full_height = 0;
+};
+
+// A region of an image in the file's pixels.
+struct Region {
+  double x = 0, y = 0, w = 0, h = 0;
 };
 
 // The size of the JPEG or PNG image in `bytes` without decoding it.
@@ -95,9 +105,12 @@ absl::StatusOr<std::pair<int, int>> ImageSize(const std::string& bytes, const st
 // Decodes a JPEG or PNG image (by its first bytes, not its name). For a
 // JPEG, `min_width` x `min_height` lets the decoder scale down in the DCT
 // (by n/8) as far as the result stays at least that large; the image out
-// is then smaller than the file's. DataLoss naming `label` for a file that
-// is neither or is damaged.
+// is then smaller than the file's. With `region` (w > 0), a JPEG decodes
+// only the rows and block columns that cover it, `margin` decoded pixels
+// around it included (the rest of the file is not decompressed); a PNG
+// decodes whole. DataLoss naming `label` for a file that is neither or is
+// damaged.
 absl::StatusOr<Rgb> DecodeImage(const std::string& bytes, const std::string& label, int min_width = 0,
-                                int min_height = 0);
+                                int min_height = 0, Region region = {}, int margin = 0);
 
 }  // namespace remora::data

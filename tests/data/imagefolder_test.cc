@@ -160,6 +160,23 @@ TEST(ImageFolder, JpegAndPngDecodeToTheirPixelsAndJpegScalesInTheDct) {
   EXPECT_EQ(small->width, 16);
   EXPECT_EQ(small->height, 12);
   EXPECT_EQ(ImageSize(Slurp(dir + "/j.jpg"), "j.jpg").value(), std::make_pair(64, 48));
+  // A region decodes only the rows and block columns around it, to the
+  // same pixels as the whole image has there.
+  auto part = DecodeImage(Slurp(dir + "/j.jpg"), "j.jpg", 0, 0, Region{20, 10, 16, 12}, 2);
+  ASSERT_TRUE(part.ok()) << part.status();
+  EXPECT_LE(part->x0, 18);
+  EXPECT_EQ(part->y0, 8);
+  EXPECT_EQ(part->height, 16);
+  EXPECT_GE(part->x0 + part->width, 38);
+  EXPECT_LT(part->width, 64);
+  EXPECT_EQ(part->full_width, 64);
+  for (int y = 0; y < part->height; ++y) {
+    for (int x = 0; x < part->width * 3; ++x) {
+      ASSERT_EQ(part->pixels[static_cast<size_t>(y) * part->width * 3 + x],
+                jpg->pixels[static_cast<size_t>(y + part->y0) * 64 * 3 + part->x0 * 3 + x])
+          << "row " << y << ", byte " << x;
+    }
+  }
   EXPECT_THAT(std::string(DecodeImage("GIF89a....", "g.gif").status().message()),
               HasSubstr("g.gif: neither a JPEG nor a PNG image"));
   std::string cut = Slurp(dir + "/p.png");
