@@ -52,7 +52,7 @@ absl::StatusOr<std::unique_ptr<Sets>> LoadSets(const Config& c) {
   auto sets = LoadDataset(c);
   if (!sets.ok()) return sets.status();
   const std::vector<int64_t>& shape = (*sets)->shape;
-  if (c.model.empty() && shape != std::vector<int64_t>{1, 28, 28}) {
+  if (TrainsSmallCnn(c) && shape != std::vector<int64_t>{1, 28, 28}) {
     return absl::InvalidArgumentError(absl::StrCat("--dataset ", c.dataset, " has images of ", c10::str(c10::IntArrayRef(shape)),
                                                    "; remora's small CNN takes [1, 28, 28]: give --model "
                                                    "stages for these"));
@@ -136,7 +136,7 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> ChooseStages(Agent& agent, cons
     return line.checkpoints.stages;
   }
   if (line.ps_mode) return PsStages(c);
-  if (c.model.empty() && !c.dataset.empty()) return SmallCnnStages(c);
+  if (TrainsSmallCnn(c)) return SmallCnnStages(c);
   if (c.model.empty() || c.sequential) return PartitionStages(agent, c);
   return c.scripts;
 }
@@ -184,7 +184,7 @@ absl::StatusOr<std::vector<Run>> TrainOverWorkers(Agent& agent, CommandLine& lin
       std::printf("pipeline: splits=%d (%s) over %zu workers, %zu stages\n", s,
                   MicroBatches(s, rows, true).c_str(), c.workers.size(), stages->size());
     }
-    if (rows < kOneDnnRows && c.model.empty() && c.dataset.empty()) {  // ResNet50's note
+    if (rows < kOneDnnRows && c.model.empty() && !TrainsSmallCnn(c)) {  // ResNet50's note
       std::printf("  note: micro-batches under %d rows: on a one-thread CPU worker, LibTorch's "
                   "1x1 convolutions leave oneDNN for a slower path below %d rows (ResNet50: "
                   "1.2x the time per image at 15 rows; see docs/pipeline.md)\n",

@@ -12,9 +12,13 @@
 
 namespace remora::master {
 
+bool ReadsImageFolder(const Config& c) { return absl::StartsWith(c.dataset, "imagefolder:"); }
+
+bool TrainsSmallCnn(const Config& c) { return !c.dataset.empty() && c.model.empty() && !ReadsImageFolder(c); }
+
 absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const Config& c) {
   auto sets = std::make_unique<Sets>();
-  if (absl::StartsWith(c.dataset, "imagefolder:")) {
+  if (ReadsImageFolder(c)) {
     const std::string dir = c.dataset.substr(std::strlen("imagefolder:"));
     data::ImageFolderOptions o;
     o.image_size = c.image_size;
@@ -36,7 +40,11 @@ absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const Config& c) {
                                                      dir, "/val ", test->classes().size(),
                                                      ": both need the same class folders"));
     }
-    if (static_cast<int64_t>(train->classes().size()) != c.classes) {
+    if (c.model.empty() && train->classes().size() > 1000) {
+      return absl::InvalidArgumentError(absl::StrCat(dir, "/train has ", train->classes().size(),
+                                                     " classes; ResNet50 has 1000 outputs: give --model stages"));
+    }
+    if (!c.model.empty() && static_cast<int64_t>(train->classes().size()) != c.classes) {
       return absl::InvalidArgumentError(absl::StrCat(dir, "/train has ", train->classes().size(),
                                                      " classes; --classes is ", c.classes,
                                                      ": give --classes ", train->classes().size()));

@@ -123,7 +123,7 @@ absl::Status CheckWorkers(const Flags& f, const Config& c, bool ps_mode, bool cu
                             " workers: stage k runs on worker k mod n, so give a multiple of ",
                             c.workers.size(), " stages"));
   }
-  if (!ps_mode && !c.dataset.empty() && c.model.empty() &&
+  if (!ps_mode && TrainsSmallCnn(c) &&
       c.workers.size() > static_cast<size_t>(models::kSmallCnnBlocks)) {
     return Bad(absl::StrCat("--dataset's small CNN has ", models::kSmallCnnBlocks,
                             " blocks: give at most that many --workers"));
@@ -339,7 +339,7 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   if (!c.model.empty()) {
     if (auto s = ReadModel(f, c); !s.ok()) return s;
   }
-  const bool cut = c.model.empty() ? c.dataset.empty() : c.sequential != nullptr;
+  const bool cut = c.model.empty() ? !TrainsSmallCnn(c) : c.sequential != nullptr;
   if (!c.split_at.empty() && !cut) {
     return Bad("--split-at cuts ResNet50 or a one-file sequential --model over several workers; "
                "these stages are given already");

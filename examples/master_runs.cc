@@ -89,7 +89,7 @@ absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const Config&
   const c10::Device device(c.device);
   std::vector<std::unique_ptr<pipeline::StageModule>> stages;
   try {
-    if (!c.dataset.empty() && c.model.empty()) {
+    if (TrainsSmallCnn(c)) {
       auto cnn = std::make_shared<models::SmallCnnImpl>(0, models::kSmallCnnBlocks, c.seed);
       cnn->to(device);
       stages.push_back(pipeline::WrapModule(std::move(cnn)));
@@ -238,7 +238,7 @@ pipeline::FitOptions FitOptionsOf(const Config& c, int splits) {
   f.seed = static_cast<uint64_t>(c.seed);
   f.progress_bar = isatty(fileno(stdout));
   // Files are read and decoded ahead; sets in memory need no reading.
-  if (absl::StartsWith(c.dataset, "imagefolder:")) f.prefetch = c.prefetch;
+  if (ReadsImageFolder(c)) f.prefetch = c.prefetch;
   return f;
 }
 
@@ -253,7 +253,7 @@ checkpoint::RunIdentity IdentityOf(const Config& c, int splits) {
     for (const auto& spec : c.scripts) crcs.push_back(checkpoint::Crc32(spec.script));
     id.model = absl::StrCat("torchscript crc32=", absl::StrJoin(crcs, ","));
   } else {
-    id.model = c.dataset.empty() ? absl::StrCat("resnet50 image-size=", c.image_size) : "small-cnn";
+    id.model = TrainsSmallCnn(c) ? "small-cnn" : absl::StrCat("resnet50 image-size=", c.image_size);
   }
   if (c.dataset.empty()) {
     id.data = absl::StrCat("random batch-size=", c.batch_size, " seed=", c.seed);

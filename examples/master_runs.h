@@ -201,6 +201,11 @@ struct Sets {
   std::string Describe() const;
 };
 absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const Config& c);
+// --dataset imagefolder:DIR; and whether the run trains the small CNN
+// (--dataset in memory without --model; an image folder without --model
+// trains ResNet50).
+bool ReadsImageFolder(const Config& c);
+bool TrainsSmallCnn(const Config& c);
 // The small CNN's blocks split into one contiguous stage per worker.
 std::vector<pipeline::StageSpec> SmallCnnStages(const Config& c);
 // Epochs over the dataset, in this process or as a pipeline of `stages`.

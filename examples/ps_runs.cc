@@ -153,7 +153,7 @@ std::string CheckPsFlags(const Config& c, const PsFlags& p, bool ps_mode, bool s
 
 std::vector<pipeline::StageSpec> PsStages(const Config& c) {
   if (!c.model.empty()) return c.scripts;
-  if (!c.dataset.empty()) {
+  if (TrainsSmallCnn(c)) {
     return {pipeline::StageSpec::Registered("SmallCnn", {int64_t{0}, int64_t{models::kSmallCnnBlocks},
                                                          int64_t{c.seed}})};
   }
@@ -225,7 +225,7 @@ absl::StatusOr<Run> TrainPs(Agent& agent, const Config& c, const PsFlags& p,
     f.min_batch_rows = static_cast<int64_t>(o.workers.size());
     f.shuffle = c.shuffle;
     f.seed = static_cast<uint64_t>(c.seed);
-    if (absl::StartsWith(c.dataset, "imagefolder:")) f.prefetch = c.prefetch;
+    if (ReadsImageFolder(c)) f.prefetch = c.prefetch;
     f.progress_bar = isatty(fileno(stdout));
     pipeline::FitPosition last;
     if (resume != nullptr) {

@@ -324,6 +324,34 @@ TEST(ImageFolderMaster, TrainsLocallyAndOverWorkersAlikeAndNamesBadFiles) {
   ASSERT_EQ(piped.size(), 2u) << out;
   for (size_t e = 0; e < 2; ++e) EXPECT_NEAR(piped[e], local[e], 1e-4 * std::abs(local[e])) << "epoch " << e + 1;
 
+  // Without --model: ResNet50, in one process and cut in two over the workers.
+  const std::vector<std::string> resnet = {"--dataset", "imagefolder:" + dir, "--image-size", "32", "--epochs", "1",
+                                           "--batch-size", "4", "--seed", "3", "--lr", "0.001"};
+  // (Two micro-batches both ways: batch norm sees the same rows.)
+  std::vector<std::string> resnet_local = {BinDir() + "/master", "--local", "--threads", "1", "--splits", "2"};
+  resnet_local.insert(resnet_local.end(), resnet.begin(), resnet.end());
+  auto [resnet_code, resnet_out] = RunProgram(resnet_local, absl::Seconds(120));
+  ASSERT_EQ(resnet_code, 0) << resnet_out;
+  const std::vector<double> resnet_losses = EpochLosses(resnet_out);
+  ASSERT_EQ(resnet_losses.size(), 1u) << resnet_out;
+  const std::string addr2 = absl::StrCat("127.0.0.1:", FreePort());
+  workers.clear();
+  for (const std::string name : {"w1", "w2"}) {
+    workers.push_back(cli::Subprocess::Spawn({BinDir() + "/worker", "--name", name, "--master", addr2, "--threads",
+                                              "1"},
+                                             TempPath(name + "_imagefolder_resnet.log"))
+                          .value());
+  }
+  std::vector<std::string> resnet_piped = {BinDir() + "/master", "--workers", "w1,w2", "--listen", addr2,
+                                           "--splits", "2", "--partition", "tutorial"};
+  resnet_piped.insert(resnet_piped.end(), resnet.begin(), resnet.end());
+  auto [piped_code, piped_out] = RunProgram(resnet_piped, absl::Seconds(180));
+  ASSERT_EQ(piped_code, 0) << piped_out;
+  for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
+  const std::vector<double> resnet_piped_losses = EpochLosses(piped_out);
+  ASSERT_EQ(resnet_piped_losses.size(), 1u) << piped_out;
+  EXPECT_NEAR(resnet_piped_losses[0], resnet_losses[0], 1e-3 * std::abs(resnet_losses[0]));
+
   std::ofstream(dir + "/train/red/9.jpg") << "\xff\xd8\xff cut short";
   auto [bad_code, bad_out] = RunProgram(master({"--local", "--splits", "1"}), absl::Seconds(120));
   EXPECT_EQ(bad_code, 1) << bad_out;
