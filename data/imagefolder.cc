@@ -5,12 +5,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <condition_variable>
 #include <deque>
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -23,6 +21,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "base/mutex_lock.h"
 #include "base/status_util.h"
 
 namespace remora::data {
@@ -235,7 +235,8 @@ at::Tensor CropResize(const Rgb& rgb, int width, int height, Box box, int out_w,
 }  // namespace
 
 // Runs ForEach's jobs on its threads and the caller's. Thread-safe; jobs
-// from several callers queue up and run in turn.
+// from several callers queue up and run in turn. Owns its threads: the
+// destructor joins them (no ForEach may still run).
 class ImageFolder::Pool {
  public:
   explicit Pool(int threads) {
@@ -243,41 +244,46 @@ class ImageFolder::Pool {
   }
   ~Pool() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       stop_ = true;
     }
-    wake_.notify_all();
+    wake_.SignalAll();
     for (auto& t : threads_) t.join();
   }
 
+  // Runs fn(0) ... fn(n - 1), each once, on any of the threads; returns
+  // when all have run.
   void ForEach(int64_t n, const std::function<void(int64_t)>& fn) {
     auto job = std::make_shared<Job>();
     job->n = n;
     job->fn = &fn;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       jobs_.push_back(job);
     }
-    wake_.notify_all();
+    wake_.SignalAll();
     Work(*job);
-    std::unique_lock<std::mutex> lock(mu_);
-    done_.wait(lock, [&] { return job->finished == job->n; });
+    MutexLock lock(mu_);
+    while (job->finished.load() != n) done_.Wait(&mu_);
   }
 
  private:
   struct Job {
     int64_t n = 0;
     const std::function<void(int64_t)>* fn = nullptr;
-    std::atomic<int64_t> next{0};
-    int64_t finished = 0;  // guarded by mu_
+    std::atomic<int64_t> next{0};      // the next index to take
+    std::atomic<int64_t> finished{0};  // indices run
   };
 
-  // Takes indices of `job` until none are left.
+  // Takes indices of `job` until none are left. (The last one signals
+  // under mu_, so a ForEach that saw too few finished is already waiting.)
   void Work(Job& job) {
     for (int64_t i; (i = job.next.fetch_add(1)) < job.n;) {
       (*job.fn)(i);
-      std::lock_guard<std::mutex> lock(mu_);
-      if (++job.finished == job.n) done_.notify_all();
+      if (job.finished.fetch_add(1) + 1 == job.n) {
+        MutexLock lock(mu_);
+        done_.SignalAll();
+      }
     }
   }
 
@@ -285,11 +291,12 @@ class ImageFolder::Pool {
     for (;;) {
       std::shared_ptr<Job> job;
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        wake_.wait(lock, [&] {
+        MutexLock lock(mu_);
+        for (;;) {
           while (!jobs_.empty() && jobs_.front()->next.load() >= jobs_.front()->n) jobs_.pop_front();
-          return stop_ || !jobs_.empty();
-        });
+          if (stop_ || !jobs_.empty()) break;
+          wake_.Wait(&mu_);
+        }
         if (stop_) return;
         job = jobs_.front();
       }
@@ -297,10 +304,10 @@ class ImageFolder::Pool {
     }
   }
 
-  std::mutex mu_;
-  std::condition_variable wake_, done_;
-  std::deque<std::shared_ptr<Job>> jobs_;  // guarded by mu_
-  bool stop_ = false;                      // guarded by mu_
+  absl::Mutex mu_;
+  absl::CondVar wake_, done_;
+  std::deque<std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
 
