@@ -25,6 +25,7 @@
 #include <c10/core/CPUAllocator.h>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -124,8 +125,11 @@ std::string FlagParser::Usage() const {
   std::string out = absl::StrCat("usage: ", program_, " [flags]\n\n", summary_, "\n\nflags:\n");
   for (const auto& name : order_) {
     const Flag& f = flags_.at(name);
+    // A help text that gives its default itself (one that depends on other
+    // flags) is not followed by the variable's placeholder value.
+    const bool says_default = absl::StrContains(f.help, "(default");
     absl::StrAppend(&out, "  --", name, f.is_bool ? "" : " VALUE", "\n      ", f.help,
-                    f.default_text.empty() ? "" : absl::StrCat(" (default: ", f.default_text, ")"),
+                    f.default_text.empty() || says_default ? "" : absl::StrCat(" (default: ", f.default_text, ")"),
                     "\n");
   }
   absl::StrAppend(&out, "  --help\n      print this and exit\n",

@@ -486,6 +486,12 @@ TEST(Master, HelpBadFlagsAndMissingWorkersGiveTheirExitCodes) {
     EXPECT_THAT(out, HasSubstr(text));
   };
   check({"--help"}, 0, "--splits");
+  // A default that depends on other flags is said in words, not as the
+  // placeholder -1.
+  auto [help_code, help] = RunProgram({m, "--help"});
+  EXPECT_EQ(help_code, 0);
+  EXPECT_THAT(help, Not(HasSubstr("(default: -1)")));
+  EXPECT_THAT(help, HasSubstr("0.01 with --model or --dataset)\n"));
   check({"--workers", "a", "--bogus"}, 2, "unknown flag --bogus");
   check({"--local", "--splits", "0"}, 2, "master: --splits wants positive integers");
   check({"--workers", "ghost", "--listen", absl::StrCat("127.0.0.1:", FreePort()),
