@@ -17,20 +17,25 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <thread>
 
+#include <ATen/ops/any.h>
+#include <ATen/ops/arange.h>
 #include <ATen/ops/argmax.h>
 #include <ATen/ops/cross_entropy_loss.h>
 #include <ATen/ops/eq.h>
+#include <ATen/ops/topk.h>
 #include <c10/core/GradMode.h>
 
 #include "absl/strings/str_format.h"
 #include "base/status_util.h"
 #include "checkpoint/checkpoint.h"
 #include "data/datasets.h"
+#include "data/imagefolder.h"
 #include "examples/builtins.h"
 #include "launch/cli.h"
 #include "runtime/threads.h"
@@ -44,45 +49,57 @@ void OnSignal(int) { g_stop = true; }
 
 struct Score {
   double accuracy = 0, loss = 0;
+  double top5 = 0;  // a label among the five highest logits (with fewer than 5 classes: 1)
 };
 
-// Accuracy and mean cross-entropy of `model` (stages applied in turn) on `set`.
+// Accuracy, top-5 accuracy and mean cross-entropy of `model` (stages
+// applied in turn) on the first `rows` rows of `set`.
 absl::StatusOr<Score> Evaluate(std::vector<std::unique_ptr<pipeline::StageModule>>& model,
-                               const data::Dataset& set, int64_t batch_size) {
+                               const data::Source& set, int64_t rows, int64_t batch_size) {
   c10::NoGradGuard no_grad;
-  int64_t right = 0;
+  int64_t right = 0, right5 = 0, seen = 0;
   double loss_sum = 0;
   try {
-    for (int64_t at = 0; at < set.size(); at += batch_size) {
-      const int64_t end = std::min(set.size(), at + batch_size);
-      c10::IValue x = set.images.slice(0, at, end);
+    for (int64_t at = 0; at < rows; at += batch_size) {
+      const int64_t end = std::min(rows, at + batch_size);
+      ASSIGN_OR_RETURN(data::Batch batch, set.Get(at::arange(at, end, at::kLong), /*epoch=*/0));
+      const int64_t n = batch.labels.size(0);
+      if (n == 0) continue;  // every file of it skipped
+      c10::IValue x = batch.images;
       for (auto& stage : model) x = stage->Forward(x);
       const at::Tensor logits = x.toTensor().cpu();
-      const at::Tensor labels = set.labels.slice(0, at, end);
-      if (logits.dim() != 2 || logits.size(0) != end - at) {
+      const at::Tensor& labels = batch.labels;
+      if (logits.dim() != 2 || logits.size(0) != n) {
         return absl::InvalidArgumentError(absl::StrFormat(
-            "the model's output for %d images has shape %s; the evaluator wants [%d, classes]", end - at,
-            c10::str(logits.sizes()), end - at));
+            "the model's output for %d images has shape %s; the evaluator wants [%d, classes]", n,
+            c10::str(logits.sizes()), n));
       }
       right += logits.argmax(1).eq(labels).sum().item<int64_t>();
-      loss_sum += at::cross_entropy_loss(logits, labels).item<double>() * (end - at);
+      const int64_t k = std::min<int64_t>(5, logits.size(1));
+      right5 += std::get<1>(logits.topk(k, 1)).eq(labels.unsqueeze(1)).any(1).sum().item<int64_t>();
+      loss_sum += at::cross_entropy_loss(logits, labels).item<double>() * n;
+      seen += n;
     }
   } catch (...) {
     return StatusFromCurrentException("evaluating the model");
   }
-  return Score{static_cast<double>(right) / set.size(), loss_sum / set.size()};
+  if (seen == 0) return absl::InvalidArgumentError("evaluating the model: no test image could be read");
+  return Score{static_cast<double>(right) / seen, loss_sum / seen, static_cast<double>(right5) / seen};
 }
 
 int Main(int argc, char** argv) {
   std::string dir, dataset, output;
-  int poll_ms = 500, timeout_s = 0, batch_size = 1000, test_rows = 0;
+  int poll_ms = 500, timeout_s = 0, batch_size = 1000, test_rows = 0, image_size = 224, data_threads = 4;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   bool once = false;
   cli::FlagParser flags("evaluator",
                         "Follows a training job's checkpoints: evaluates each new one on the test set "
                         "(no workers needed) and appends its accuracy and loss to a JSON-lines file.");
   flags.AddString("checkpoint-dir", &dir, "the job's --checkpoint-dir (required)");
-  flags.AddString("dataset", &dataset, "fashion-mnist, idx:DIR or cifar10:DIR: its test set (required)");
+  flags.AddString("dataset", &dataset,
+                  "fashion-mnist, idx:DIR, cifar10:DIR or imagefolder:DIR (its val/ folder): the test set (required)");
+  flags.AddInt("image-size", &image_size, "with imagefolder: the training's --image-size (centre crops of it)");
+  flags.AddInt("data-threads", &data_threads, "with imagefolder: decoding threads");
   flags.AddString("output", &output, "JSON-lines file to append to (default: CHECKPOINT_DIR/eval.jsonl)");
   flags.AddInt("poll-ms", &poll_ms, "how often to look for a new checkpoint");
   flags.AddInt("timeout", &timeout_s, "exit (status 3) after this many seconds without a new checkpoint; 0: wait");
@@ -100,23 +117,33 @@ int Main(int argc, char** argv) {
   if (poll_ms < 1 || batch_size < 1 || threads < 1 || timeout_s < 0 || test_rows < 0) {
     return fail("--poll-ms, --batch-size and --threads must be >= 1; --timeout and --test-rows >= 0", 2);
   }
-  if (dataset.rfind("imagefolder:", 0) == 0) {
-    return fail("image folders are not evaluated yet: the master's epoch lines give their val accuracy", 2);
-  }
+  if (auto s = data::CheckDatasetName(dataset); !s.ok()) return fail(std::string(s.message()), 2);
+  if (image_size < 16 || data_threads < 1) return fail("--image-size must be >= 16, --data-threads >= 1", 2);
   if (output.empty()) output = dir + "/eval.jsonl";
   runtime::SetComputeThreads(threads);
   if (auto s = examples::RegisterStockStageTypes(); !s.ok()) return fail(std::string(s.message()), 1);
-  auto sets = data::LoadNamed(dataset);
-  if (!sets.ok()) return fail(std::string(sets.status().message()), 1);
-  data::Dataset test = std::move(sets->second);
-  if (test_rows > 0 && test_rows < test.size()) {
-    test.images = test.images.slice(0, 0, test_rows);
-    test.labels = test.labels.slice(0, 0, test_rows);
+  // The test set: in memory, or an image folder's val/ read as it is needed.
+  data::Dataset in_memory;
+  std::unique_ptr<data::Source> test;
+  if (dataset.rfind("imagefolder:", 0) == 0) {
+    data::ImageFolderOptions o;
+    o.train = false;
+    o.image_size = image_size;
+    o.threads = data_threads;
+    auto folder = data::ImageFolder::Open(dataset.substr(std::strlen("imagefolder:")), "val", o);
+    if (!folder.ok()) return fail(std::string(folder.status().message()), 1);
+    test = std::move(*folder);
+  } else {
+    auto sets = data::LoadNamed(dataset);
+    if (!sets.ok()) return fail(std::string(sets.status().message()), 1);
+    in_memory = std::move(sets->second);
+    test = std::make_unique<data::InMemory>(in_memory);
   }
+  const int64_t rows = test_rows > 0 ? std::min<int64_t>(test_rows, test->size()) : test->size();
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   std::printf("evaluator: following %s, %lld test images of %s; results to %s\n", dir.c_str(),
-              static_cast<long long>(test.size()), dataset.c_str(), output.c_str());
+              static_cast<long long>(rows), dataset.c_str(), output.c_str());
   std::fflush(stdout);
 
   // The last checkpoint evaluated, and its score (the run's final
@@ -132,7 +159,8 @@ int Main(int argc, char** argv) {
       auto model = again ? absl::StatusOr<std::vector<std::unique_ptr<pipeline::StageModule>>>()
                          : checkpoint::LoadModel(*ck, c10::kCPU);
       auto score = again ? absl::StatusOr<Score>(done_score)
-                         : model.ok() ? Evaluate(*model, test, batch_size) : absl::StatusOr<Score>(model.status());
+                         : model.ok() ? Evaluate(*model, *test, rows, batch_size)
+                                    : absl::StatusOr<Score>(model.status());
       if (!score.ok()) {
         if (once || std::filesystem::exists(ck->manifest_path)) {
           return fail(std::string(score.status().message()), 1);
@@ -140,14 +168,16 @@ int Main(int argc, char** argv) {
         // Pruned while it was read (--keep): a newer one is there.
       } else {
         const auto& m = ck->manifest;
-        std::printf("step=%lld epoch=%d test_accuracy=%.4f test_loss=%.4f%s\n", static_cast<long long>(m.step()),
-                    m.epoch(), score->accuracy, score->loss, m.final() ? " (final)" : "");
+        std::printf("step=%lld epoch=%d test_accuracy=%.4f test_top5=%.4f test_loss=%.4f%s\n",
+                    static_cast<long long>(m.step()), m.epoch(), score->accuracy, score->top5, score->loss,
+                    m.final() ? " (final)" : "");
         std::fflush(stdout);
         std::ofstream out(output, std::ios::app);
         out << absl::StrFormat(
-                   "{\"step\": %d, \"epoch\": %d, \"batch\": %d, \"test_accuracy\": %.6f, \"test_loss\": %.6f, "
-                   "\"final\": %s, \"checkpoint\": \"%s\", \"created\": \"%s\"}\n",
-                   m.step(), m.epoch(), m.batch(), score->accuracy, score->loss, m.final() ? "true" : "false",
+                   "{\"step\": %d, \"epoch\": %d, \"batch\": %d, \"test_accuracy\": %.6f, \"test_top5\": %.6f, "
+                   "\"test_loss\": %.6f, \"final\": %s, \"checkpoint\": \"%s\", \"created\": \"%s\"}\n",
+                   m.step(), m.epoch(), m.batch(), score->accuracy, score->top5, score->loss,
+                   m.final() ? "true" : "false",
                    ck->dir, m.created())
             << std::flush;
         if (!out) return fail("cannot append to " + output, 1);

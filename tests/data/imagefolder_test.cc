@@ -342,8 +342,9 @@ TEST(ImageFolderMaster, TrainsLocallyAndOverWorkersAlikeAndNamesBadFiles) {
                                              TempPath(name + "_imagefolder_resnet.log"))
                           .value());
   }
+  const std::string ckpt = TempPath("imagefolder_ckpt");
   std::vector<std::string> resnet_piped = {BinDir() + "/master", "--workers", "w1,w2", "--listen", addr2,
-                                           "--splits", "2", "--partition", "tutorial"};
+                                           "--splits", "2", "--partition", "tutorial", "--checkpoint-dir", ckpt};
   resnet_piped.insert(resnet_piped.end(), resnet.begin(), resnet.end());
   auto [piped_code, piped_out] = RunProgram(resnet_piped, absl::Seconds(180));
   ASSERT_EQ(piped_code, 0) << piped_out;
@@ -351,6 +352,14 @@ TEST(ImageFolderMaster, TrainsLocallyAndOverWorkersAlikeAndNamesBadFiles) {
   const std::vector<double> resnet_piped_losses = EpochLosses(piped_out);
   ASSERT_EQ(resnet_piped_losses.size(), 1u) << piped_out;
   EXPECT_NEAR(resnet_piped_losses[0], resnet_losses[0], 1e-3 * std::abs(resnet_losses[0]));
+  EXPECT_TRUE(fs::exists(ckpt + "/imagefolder-train.list"));  // a resumed run reads it
+  // The evaluator scores the checkpoint on val/ at the training's size.
+  auto [eval_code, eval_out] = RunProgram({BinDir() + "/evaluator", "--checkpoint-dir", ckpt, "--dataset",
+                                           "imagefolder:" + dir, "--image-size", "32", "--once", "--threads", "1"},
+                                          absl::Seconds(120));
+  EXPECT_EQ(eval_code, 0) << eval_out;
+  EXPECT_THAT(eval_out, HasSubstr("4 test images of imagefolder:"));
+  EXPECT_THAT(eval_out, HasSubstr("test_top5="));
 
   std::ofstream(dir + "/train/red/9.jpg") << "\xff\xd8\xff cut short";
   auto [bad_code, bad_out] = RunProgram(master({"--local", "--splits", "1"}), absl::Seconds(120));
