@@ -16,6 +16,22 @@ bool ReadsImageFolder(const Config& c) { return absl::StartsWith(c.dataset, "ima
 
 bool TrainsSmallCnn(const Config& c) { return !c.dataset.empty() && c.model.empty() && !ReadsImageFolder(c); }
 
+namespace {
+
+// The first `n` rows of a source (--train-rows). Holds the source.
+class FirstRows final : public data::Source {
+ public:
+  FirstRows(std::unique_ptr<data::Source> all, int64_t n) : all_(std::move(all)), n_(n) {}
+  int64_t size() const override { return n_; }
+  absl::StatusOr<data::Batch> Get(const at::Tensor& rows, int epoch) const override { return all_->Get(rows, epoch); }
+
+ private:
+  std::unique_ptr<data::Source> all_;
+  int64_t n_;
+};
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const Config& c) {
   auto sets = std::make_unique<Sets>();
   if (ReadsImageFolder(c)) {
@@ -51,6 +67,9 @@ absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const Config& c) {
     }
     sets->shape = {3, c.image_size, c.image_size};
     sets->train = std::move(train);
+    if (c.train_rows > 0 && c.train_rows < sets->train->size()) {
+      sets->train = std::make_unique<FirstRows>(std::move(sets->train), c.train_rows);
+    }
     sets->test = std::move(test);
     return sets;
   }

@@ -648,7 +648,7 @@ absl::Status WriteReport(const std::string& path, bool local, const std::vector<
       out << (e ? ", " : "") << "{\"epoch\": " << x.epoch << ", \"train_loss\": "
           << absl::StrFormat("%.6f", x.train_loss) << ", \"test_accuracy\": "
           << absl::StrFormat("%.6f", x.test_accuracy) << ", \"seconds\": "
-          << absl::StrFormat("%.3f", x.seconds) << "}";
+          << absl::StrFormat("%.3f", x.seconds) << ", \"skipped_images\": " << x.skipped << "}";
     }
     out << "]}";
   }

@@ -361,6 +361,11 @@ TEST(ImageFolderMaster, TrainsLocallyAndOverWorkersAlikeAndNamesBadFiles) {
   EXPECT_THAT(eval_out, HasSubstr("4 test images of imagefolder:"));
   EXPECT_THAT(eval_out, HasSubstr("test_top5="));
 
+  // --train-rows: the first N training images only.
+  auto [head_code, head_out] = RunProgram(master({"--local", "--splits", "1", "--train-rows", "8"}), absl::Seconds(120));
+  EXPECT_EQ(head_code, 0) << head_out;
+  EXPECT_THAT(head_out, HasSubstr(": 8 training and 4 test images of [3, 16, 16]"));
+
   std::ofstream(dir + "/train/red/9.jpg") << "\xff\xd8\xff cut short";
   auto [bad_code, bad_out] = RunProgram(master({"--local", "--splits", "1"}), absl::Seconds(120));
   EXPECT_EQ(bad_code, 1) << bad_out;
