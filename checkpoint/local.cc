@@ -19,6 +19,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/shard.h"
+#include "optim/distributed_optimizer.h"
 
 namespace remora::checkpoint {
 namespace {
@@ -50,7 +51,7 @@ absl::StatusOr<LocalSave> SaveLocal(const std::string& dir, const std::vector<pi
   for (size_t k = 0; k < stages.size(); ++k) shard.stages.push_back(static_cast<int64_t>(k));
   shard.tensors = tensors;
   shard.names = names;
-  shard.optimizer = optimizer;
+  if (optimizer.defined()) shard.optimizer = optim::Unpickle(optimizer);
   shard.rng = CpuGeneratorState();
   const std::string shard_bytes = EncodeShard(shard);
   RETURN_IF_ERROR(WriteFileAtomically(absl::StrCat(step_dir, "/", kShardFile), shard_bytes));
@@ -79,7 +80,9 @@ absl::StatusOr<at::Tensor> ReadLocalOptimizer(const Checkpoint& ck) {
   }
   const wire::CheckpointShard& s = ck.manifest.shards(0);
   ASSIGN_OR_RETURN(Shard shard, ReadShard(absl::StrCat(ck.dir, "/", s.file()), s.bytes(), s.crc32()));
-  return shard.optimizer;
+  if (shard.optimizer.isNone()) return at::Tensor();
+  // A state dict as the bytes the parameter server loads (format 1: its archive).
+  return shard.optimizer.isTensor() ? shard.optimizer.toTensor() : optim::PickleBytes(shard.optimizer);
 }
 
 }  // namespace remora::checkpoint

@@ -24,7 +24,6 @@
 #include "base/status_util.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/shard.h"
-#include "optim/distributed_optimizer.h"
 
 namespace remora::checkpoint {
 namespace {
@@ -74,7 +73,7 @@ c10::IValue SaveShardFn(CallContext& ctx, const Args& a) {
     for (const c10::IValue& n : listed.toListRef()) names.push_back(n.toStringRef());
     shard.names.push_back(std::move(names));
   }
-  if (!a[3].isNone()) shard.optimizer = Call(ctx, LocalObject(a[3], "optimizer"), "save_state").toTensor();
+  if (!a[3].isNone()) shard.optimizer = Call(ctx, LocalObject(a[3], "optimizer"), "save_state");
   shard.rng = CpuGeneratorState();
   shard.cuda_rng = CudaGeneratorStates();
   const std::string bytes = EncodeShard(shard);
@@ -101,7 +100,7 @@ c10::IValue LoadShardFn(CallContext& ctx, const Args& a) {
     Call(ctx, LocalObject(stages[i], "stage"), "load_state", std::move(args));
   }
   if (!a[5].isNone()) {
-    if (!shard->optimizer.defined()) {
+    if (shard->optimizer.isNone()) {
       throw std::invalid_argument(absl::StrCat(path, " holds no optimizer state"));
     }
     Call(ctx, LocalObject(a[5], "optimizer"), "load_state", {shard->optimizer});
@@ -236,7 +235,7 @@ std::string EncodeShard(const Shard& shard) {
     state_dicts.push_back(state);
   }
   d.insert("state_dicts", state_dicts);
-  d.insert("optimizer", shard.optimizer.defined() ? optim::Unpickle(shard.optimizer) : c10::IValue());
+  d.insert("optimizer", shard.optimizer);
   d.insert("rng", shard.rng);
   d.insert("cuda_rng", c10::List<at::Tensor>(shard.cuda_rng));
   const std::vector<char> bytes = torch::jit::pickle_save(d);
@@ -257,7 +256,7 @@ absl::StatusOr<Shard> DecodeShard(const std::string& bytes, const std::string& l
     if (format == 1) {
       for (const c10::IValue& t : d.at("tensors").toListRef()) shard.tensors.push_back(t.toTensorVector());
       // LibTorch's optimizer archive, as optim::LoadOptimizerState still takes.
-      if (!d.at("optimizer").isNone()) shard.optimizer = d.at("optimizer").toTensor();
+      shard.optimizer = d.at("optimizer");
     } else {
       for (const c10::IValue& sd : d.at("state_dicts").toListRef()) {
         std::vector<at::Tensor> tensors;
@@ -269,7 +268,7 @@ absl::StatusOr<Shard> DecodeShard(const std::string& bytes, const std::string& l
         shard.tensors.push_back(std::move(tensors));
         shard.names.push_back(std::move(names));
       }
-      if (!d.at("optimizer").isNone()) shard.optimizer = optim::PickleBytes(d.at("optimizer"));
+      shard.optimizer = d.at("optimizer");
     }
     shard.rng = d.at("rng").toTensor();
     // (Shards written before CUDA generators were saved lack the entry.)

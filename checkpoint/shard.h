@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
 
 #include "absl/status/statusor.h"
 
@@ -24,7 +25,9 @@ struct Shard {
   std::vector<int64_t> stages;                   // the pipeline's stage indices
   std::vector<std::vector<at::Tensor>> tensors;  // per stage: parameters then buffers
   std::vector<std::vector<std::string>> names;   // per stage, the tensors' names (format 1: none)
-  at::Tensor optimizer;                          // optim::SaveOptimizerState's bytes, or undefined
+  // The owner's optimizer state: its state dict (optim::OptimizerStateDict;
+  // format 1: LibTorch's archive as a uint8 tensor), or None.
+  c10::IValue optimizer;
   at::Tensor rng;                                // the owner's CPU generator state
   std::vector<at::Tensor> cuda_rng;              // each of its CUDA devices' generator state
 };

@@ -31,8 +31,16 @@ class LocalOptimizer {
 
   int64_t state_bytes() const { return StateBytes(*optimizer_); }
 
-  at::Tensor SaveState() const { return SaveOptimizerState(*optimizer_); }
-  void LoadState(const at::Tensor& bytes) { LoadOptimizerState(*optimizer_, bytes); }
+  // The state dict (OptimizerStateDict); and loading one, or the bytes of
+  // one or of LibTorch's archive (older checkpoints).
+  c10::IValue SaveState() const { return OptimizerStateDict(*optimizer_); }
+  void LoadState(const c10::IValue& state) {
+    if (state.isTensor()) {
+      LoadOptimizerState(*optimizer_, state.toTensor());
+    } else {
+      LoadOptimizerStateDict(*optimizer_, state);
+    }
+  }
 
   // Steps with the gradients `context` accumulated here.
   void Step(const dist_autograd::DistContext& context) {
@@ -188,7 +196,7 @@ absl::Status RegisterFunctions(Registry& registry) {
         [](LocalOptimizer& opt, CallContext&, const Args&) -> c10::IValue { return opt.SaveState(); }},
        {"load_state",
         [](LocalOptimizer& opt, CallContext&, const Args& args) -> c10::IValue {
-          opt.LoadState(args[0].toTensor());
+          opt.LoadState(args[0]);
           return c10::IValue();
         }},
        {"step", [](LocalOptimizer& opt, CallContext& ctx, const Args& args) -> c10::IValue {

@@ -121,8 +121,9 @@ class DistributedOptimizer {
 
   // The per-owner optimizers (remora.optim.LocalOptimizer, one per owner of
   // parameters, in owner-name order). Their methods "save_state" (the
-  // LibTorch optimizer's archive, as bytes in a uint8 tensor) and
-  // "load_state" (those bytes) serve checkpoints (checkpoint/).
+  // optimizer's state dict, OptimizerStateDict) and "load_state" (such a
+  // dict, or SaveOptimizerState's or LibTorch's archive bytes) serve
+  // checkpoints (checkpoint/).
   const std::vector<RRef>& owners() const { return optimizers_; }
 
  private:

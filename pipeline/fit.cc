@@ -93,7 +93,7 @@ absl::StatusOr<std::vector<EpochResult>> Fit(const StartTrainStep& start_step, c
                                              const data::Source& train, const data::Source& test,
                                              const FitOptions& o, std::ostream& out) {
   if (o.epochs < 1 || o.batch_size < 1 || o.prefetch < 0) {
-    return absl::InvalidArgumentError("fit: epochs and batch size must be at least 1");
+    return absl::InvalidArgumentError("fit: epochs and batch size must be at least 1, prefetch at least 0");
   }
   std::vector<EpochResult> results;
   int64_t step = o.start.step;

@@ -350,6 +350,13 @@ std::vector<c10::IValue> ScriptArgs(const c10::IValue& input) {
   return args;
 }
 
+std::vector<at::Tensor> StateTensors(StageModule& module) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& p : module.Parameters()) out.push_back(p.detach().cpu().clone());
+  for (const at::Tensor& b : module.Buffers()) out.push_back(b.detach().cpu().clone());
+  return out;
+}
+
 std::vector<std::string> StateNames(StageModule& module) {
   std::vector<std::string> names = module.Names();
   if (!names.empty()) return names;
@@ -489,10 +496,7 @@ absl::Status RegisterFunctions(Registry& registry) {
           return ActivationMeter::Get().Peak(h.stage->index(), a.size() > 0 && a[0].toBool());
         }},
        {"state", [](Hosted& h, CallContext&, const Args&) -> c10::IValue {
-          c10::List<at::Tensor> out;
-          for (const auto& p : h.stage->module().Parameters()) out.push_back(p.detach().cpu().clone());
-          for (const auto& b : h.stage->module().Buffers()) out.push_back(b.detach().cpu().clone());
-          return out;
+          return c10::List<at::Tensor>(StateTensors(h.stage->module()));
         }},
        {"state_names",
         [](Hosted& h, CallContext&, const Args&) -> c10::IValue {

@@ -52,8 +52,10 @@ class StageModule {
   virtual std::vector<std::string> Names() { return {}; }
 };
 
-// `module`'s state names: its Names(), or "parameters.<i>" then
-// "buffers.<i>" when it gives none.
+// `module`'s state: its parameters then buffers, as CPU copies (what the
+// stage method "state" and checkpoints hold); and their names: its
+// Names(), or "parameters.<i>" then "buffers.<i>" when it gives none.
+std::vector<at::Tensor> StateTensors(StageModule& module);
 std::vector<std::string> StateNames(StageModule& module);
 
 // Builds a stage type's module from the spec's arguments, on `device`.

@@ -342,12 +342,7 @@ absl::StatusOr<at::Tensor> ParameterServer::eval(const at::Tensor& inputs) {
 absl::StatusOr<std::vector<std::vector<at::Tensor>>> ParameterServer::stage_state() {
   if (shards_ != nullptr) RETURN_IF_ERROR(Annotate(shards_->Gather(params_), "parameter server: saving"));
   std::vector<std::vector<at::Tensor>> out;
-  for (const auto& stage : model_) {
-    std::vector<at::Tensor> state;
-    for (const at::Tensor& p : stage->Parameters()) state.push_back(p.detach().cpu().clone());
-    for (const at::Tensor& b : stage->Buffers()) state.push_back(b.detach().cpu().clone());
-    out.push_back(std::move(state));
-  }
+  for (const auto& stage : model_) out.push_back(pipeline::StateTensors(*stage));
   return out;
 }
 

@@ -156,41 +156,51 @@ at::Tensor PackShardStates(const std::vector<at::Tensor>& states) {
 
 namespace {
 
-// Records written before optimizer states were state dicts: LibTorch
-// archives holding "ps_shards" and "shard_<i>" (each an archive too).
-std::unique_ptr<torch::serialize::InputArchive> OpenArchive(const at::Tensor& record) {
-  auto archive = std::make_unique<torch::serialize::InputArchive>();
-  optim::ReadArchive(record, *archive);
-  return archive;
+// A record read once: how many shards' states it holds (0: a single
+// server's own state) and where they are: a pickled dict
+// ({"ps_shards": k, "shards": [...]}), or for records written before
+// optimizer states were state dicts, a LibTorch archive holding
+// "ps_shards" and "shard_<i>". Throws for bytes that are neither.
+struct Record {
+  int shards = 0;
+  c10::IValue dict;
+  std::unique_ptr<torch::serialize::InputArchive> archive;
+};
+
+Record ReadRecord(const at::Tensor& bytes) {
+  Record r;
+  if (optim::IsModuleArchive(bytes)) {
+    r.archive = std::make_unique<torch::serialize::InputArchive>();
+    optim::ReadArchive(bytes, *r.archive);
+    at::Tensor k;
+    if (r.archive->try_read("ps_shards", k)) r.shards = static_cast<int>(k.item<int64_t>());
+    return r;
+  }
+  const c10::IValue v = optim::Unpickle(bytes);
+  if (v.isGenericDict() && v.toGenericDict().contains("ps_shards")) {
+    r.shards = static_cast<int>(v.toGenericDict().at("ps_shards").toInt());
+    r.dict = v;
+  }
+  return r;
 }
 
-// A record's dict ({"ps_shards": k, "shards": [...]}); None for a single
-// server's own state dict.
-c10::IValue RecordDict(const at::Tensor& record) {
-  const c10::IValue v = optim::Unpickle(record);
-  if (v.isGenericDict() && v.toGenericDict().contains("ps_shards")) return v;
-  return c10::IValue();
+// The record read; an empty one (0 shards) for undefined or unreadable bytes.
+Record ReadRecordOrNone(const at::Tensor& bytes) {
+  if (!bytes.defined()) return Record{};
+  try {
+    return ReadRecord(bytes);
+  } catch (...) {
+    return Record{};
+  }
 }
 
 }  // namespace
 
-int SavedShards(const at::Tensor& record) {
-  if (!record.defined()) return 0;
-  try {
-    if (optim::IsModuleArchive(record)) {
-      at::Tensor k;
-      if (!OpenArchive(record)->try_read("ps_shards", k)) return 0;
-      return static_cast<int>(k.item<int64_t>());
-    }
-    const c10::IValue d = RecordDict(record);
-    return d.isNone() ? 0 : static_cast<int>(d.toGenericDict().at("ps_shards").toInt());
-  } catch (...) {
-    return 0;
-  }
-}
+int SavedShards(const at::Tensor& record) { return ReadRecordOrNone(record).shards; }
 
 absl::StatusOr<std::vector<at::Tensor>> UnpackShardStates(const at::Tensor& record, int k) {
-  const int saved = SavedShards(record);
+  const Record r = ReadRecordOrNone(record);
+  const int saved = r.shards;
   if (saved != k) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the checkpoint's optimizer state comes from ",
@@ -201,11 +211,10 @@ absl::StatusOr<std::vector<at::Tensor>> UnpackShardStates(const at::Tensor& reco
   }
   std::vector<at::Tensor> out(k);
   try {
-    if (optim::IsModuleArchive(record)) {
-      auto archive = OpenArchive(record);
-      for (int i = 0; i < k; ++i) archive->read(absl::StrCat("shard_", i), out[i]);
+    if (r.archive != nullptr) {
+      for (int i = 0; i < k; ++i) r.archive->read(absl::StrCat("shard_", i), out[i]);
     } else {
-      const c10::IValue shards = RecordDict(record).toGenericDict().at("shards");
+      const c10::IValue shards = r.dict.toGenericDict().at("shards");
       const c10::ArrayRef<c10::IValue> states = shards.toListRef();
       if (static_cast<int>(states.size()) != k) throw std::invalid_argument("a record of the wrong length");
       for (int i = 0; i < k; ++i) out[i] = optim::PickleBytes(states[i]);

@@ -87,7 +87,7 @@ TEST(CheckpointFiles, ShardsRoundTripAndCorruptionIsNamed) {
   EXPECT_TRUE(at::equal(back->tensors[0][0], shard.tensors[0][0]));
   EXPECT_TRUE(at::equal(back->tensors[1][0], shard.tensors[1][0]));
   EXPECT_EQ(back->names, shard.names);
-  EXPECT_FALSE(back->optimizer.defined());
+  EXPECT_TRUE(back->optimizer.isNone());
   EXPECT_EQ(EncodeShard(*back), bytes) << "the same state, the same bytes";
   EXPECT_TRUE(at::equal(back->rng, shard.rng));
   // The CUDA generators' states travel in the shard too, and load back
