@@ -2,6 +2,7 @@
 
 #include <zlib.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -9,6 +10,7 @@
 #include <ATen/ops/arange.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/mean.h>
 #include <ATen/ops/std.h>
 #include <ATen/ops/from_blob.h>
@@ -16,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_util.h"
+#include "data/imagefolder.h"
 #include "data/source.h"
 
 namespace remora::data {
@@ -203,8 +206,97 @@ std::vector<at::Tensor> EpochBatches(int64_t n, int64_t batch_size, bool shuffle
   return out;
 }
 
+namespace {
+
+// `t`'s rows `rows`, copied row by row on the calling thread: a reader runs
+// beside the training step, where index_select's intra-op team would spin
+// on the cores the step uses.
+absl::StatusOr<at::Tensor> GatherRows(const at::Tensor& t, const at::Tensor& rows) {
+  const at::Tensor src = t.contiguous();
+  const at::Tensor idx = rows.to(at::kLong).contiguous();
+  std::vector<int64_t> shape = src.sizes().vec();
+  const int64_t n = shape[0];
+  shape[0] = idx.numel();
+  at::Tensor out = at::empty(shape, src.options());
+  const size_t row_bytes = n == 0 ? 0 : src.nbytes() / static_cast<size_t>(n);
+  const auto* from = static_cast<const char*>(src.data_ptr());
+  auto* to = static_cast<char*>(out.data_ptr());
+  const int64_t* r = idx.data_ptr<int64_t>();
+  for (int64_t i = 0; i < idx.numel(); ++i) {
+    if (r[i] < 0 || r[i] >= n) {
+      return absl::OutOfRangeError(absl::StrCat("row ", r[i], " of a set of ", n, " rows"));
+    }
+    std::memcpy(to + i * row_bytes, from + r[i] * row_bytes, row_bytes);
+  }
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<Batch> InMemory::Get(const at::Tensor& rows, int) const {
-  return Batch{set_.images.index_select(0, rows), set_.labels.index_select(0, rows), 0};
+  auto images = GatherRows(set_.images, rows);
+  if (!images.ok()) return images.status();
+  auto labels = GatherRows(set_.labels, rows);
+  if (!labels.ok()) return labels.status();
+  return Batch{std::move(*images), std::move(*labels), 0};
+}
+
+namespace {
+
+// A Dataset this source owns (OpenSource's in-memory sets).
+class OwnedInMemory final : public Source {
+ public:
+  explicit OwnedInMemory(Dataset set) : set_(std::move(set)), view_(set_) {}
+  int64_t size() const override { return set_.size(); }
+  absl::StatusOr<Batch> Get(const at::Tensor& rows, int epoch) const override { return view_.Get(rows, epoch); }
+
+ private:
+  const Dataset set_;
+  const InMemory view_;
+};
+
+// The first `n` rows of a source. Holds the source.
+class FirstRowsOf final : public Source {
+ public:
+  FirstRowsOf(std::unique_ptr<Source> all, int64_t n) : all_(std::move(all)), n_(n) {}
+  int64_t size() const override { return n_; }
+  absl::StatusOr<Batch> Get(const at::Tensor& rows, int epoch) const override { return all_->Get(rows, epoch); }
+
+ private:
+  std::unique_ptr<Source> all_;
+  int64_t n_;
+};
+
+}  // namespace
+
+ImageFolderOptions FolderOptions(const SourceSpec& spec) {
+  ImageFolderOptions o;
+  o.image_size = spec.image_size;
+  o.train = spec.train;
+  o.threads = spec.threads;
+  o.seed = spec.seed;
+  o.skip_bad_images = spec.skip_bad_images;
+  o.listing_cache = spec.listing_cache;
+  return o;
+}
+
+std::unique_ptr<Source> FirstRows(std::unique_ptr<Source> all, int64_t n) {
+  if (n <= 0 || n >= all->size()) return all;
+  return std::make_unique<FirstRowsOf>(std::move(all), n);
+}
+
+absl::StatusOr<std::unique_ptr<Source>> OpenSource(const SourceSpec& spec) {
+  if (spec.rows < 0) return absl::InvalidArgumentError(absl::StrCat("a source of ", spec.rows, " rows"));
+  std::unique_ptr<Source> source;
+  constexpr char kFolder[] = "imagefolder:";
+  if (spec.dataset.rfind(kFolder, 0) == 0) {
+    ASSIGN_OR_RETURN(source, ImageFolder::Open(spec.dataset.substr(sizeof(kFolder) - 1),
+                                               spec.train ? "train" : "val", FolderOptions(spec)));
+  } else {
+    ASSIGN_OR_RETURN(auto sets, LoadNamed(spec.dataset));
+    source = std::make_unique<OwnedInMemory>(spec.train ? std::move(sets.first) : std::move(sets.second));
+  }
+  return FirstRows(std::move(source), spec.rows);
 }
 
 }  // namespace remora::data

@@ -44,6 +44,9 @@ struct ImageFolderOptions {
   std::string listing_cache;
 };
 
+// A SourceSpec's image-folder options (data/source.h).
+ImageFolderOptions FolderOptions(const SourceSpec& spec);
+
 // What was found: classes in name order, and every file with its class.
 struct ImageListing {
   std::vector<std::string> classes;

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -47,5 +48,28 @@ class InMemory final : public Source {
  private:
   const Dataset& set_;
 };
+
+// What names a source, so that another process (a worker that reads the
+// rows it trains on) can open the same one: a --dataset name, which split,
+// and how an image folder is read.
+struct SourceSpec {
+  // fashion-mnist, idx:DIR, cifar10:DIR (in memory, normalised with the
+  // training split's mean and std) or imagefolder:DIR (read from disk).
+  std::string dataset;
+  bool train = true;  // the training split; else the test (val) split
+  int64_t rows = 0;   // only the first `rows` rows (0: all)
+  // Image folders (data/imagefolder.h's ImageFolderOptions).
+  int64_t image_size = 224;
+  int threads = 4;
+  uint64_t seed = 0;
+  bool skip_bad_images = false;
+  std::string listing_cache;
+};
+
+// The first `n` rows of `all` (all of it when n <= 0 or n >= its size).
+std::unique_ptr<Source> FirstRows(std::unique_ptr<Source> all, int64_t n);
+
+// Opens the source `spec` names. An error says what is missing or bad.
+absl::StatusOr<std::unique_ptr<Source>> OpenSource(const SourceSpec& spec);
 
 }  // namespace remora::data

@@ -196,8 +196,11 @@ absl::StatusOr<std::vector<Run>> TrainOverWorkers(Agent& agent, CommandLine& lin
       auto trainer = LocalTrainer::Create(c, 1);
       if (!trainer.ok()) return trainer.status();
       baseline.trainer = std::move(*trainer);
-      after_batch = [&baseline](int b) {
-        if (baseline.status.ok()) baseline.status = baseline.trainer->Step(b, "local ");
+      after_batch = [&baseline, &c](int b) {
+        if (!baseline.status.ok()) return;
+        runtime::SetComputeThreads(c.threads);
+        baseline.status = baseline.trainer->Step(b, "local ");
+        runtime::SetComputeThreads(c.coordinator_threads);
       };
     }
     auto run = c.dataset.empty()
@@ -261,7 +264,7 @@ int Main(int argc, char** argv) {
   const Config& c = line->config;
   runtime::TuneAllocator();
   runtime::InstallCachingCpuAllocator();
-  runtime::SetComputeThreads(c.threads);
+  runtime::SetComputeThreads(c.local ? c.threads : c.coordinator_threads);
   // This process's generators too (dropout in --local runs); the workers'
   // are seeded when their stages are placed.
   at::manual_seed(static_cast<uint64_t>(c.seed));

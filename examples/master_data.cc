@@ -16,41 +16,32 @@ bool ReadsImageFolder(const Config& c) { return absl::StartsWith(c.dataset, "ima
 
 bool TrainsSmallCnn(const Config& c) { return !c.dataset.empty() && c.model.empty() && !ReadsImageFolder(c); }
 
-namespace {
-
-// The first `n` rows of a source (--train-rows). Holds the source.
-class FirstRows final : public data::Source {
- public:
-  FirstRows(std::unique_ptr<data::Source> all, int64_t n) : all_(std::move(all)), n_(n) {}
-  int64_t size() const override { return n_; }
-  absl::StatusOr<data::Batch> Get(const at::Tensor& rows, int epoch) const override { return all_->Get(rows, epoch); }
-
- private:
-  std::unique_ptr<data::Source> all_;
-  int64_t n_;
-};
-
-}  // namespace
+data::SourceSpec SourceSpecOf(const Config& c, bool train) {
+  data::SourceSpec s;
+  s.dataset = c.dataset;
+  s.train = train;
+  s.rows = train ? c.train_rows : 0;
+  s.image_size = c.image_size;
+  s.threads = c.data_threads;
+  s.seed = static_cast<uint64_t>(c.seed);
+  s.skip_bad_images = c.skip_bad_images;
+  // Listed once per run directory: a resumed run reads the listing.
+  if (ReadsImageFolder(c) && !c.checkpoint_dir.empty()) {
+    s.listing_cache = absl::StrCat(c.checkpoint_dir, "/imagefolder-", train ? "train" : "val", ".list");
+  }
+  return s;
+}
 
 absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const Config& c) {
   auto sets = std::make_unique<Sets>();
   if (ReadsImageFolder(c)) {
     const std::string dir = c.dataset.substr(std::strlen("imagefolder:"));
-    data::ImageFolderOptions o;
-    o.image_size = c.image_size;
-    o.threads = c.data_threads;
-    o.seed = static_cast<uint64_t>(c.seed);
-    o.skip_bad_images = c.skip_bad_images;
-    // Listed once per run directory: a resumed run reads the listing.
     if (!c.checkpoint_dir.empty()) {
       std::error_code ec;
       std::filesystem::create_directories(c.checkpoint_dir, ec);
-      o.listing_cache = absl::StrCat(c.checkpoint_dir, "/imagefolder-train.list");
     }
-    ASSIGN_OR_RETURN(auto train, data::ImageFolder::Open(dir, "train", o));
-    o.train = false;
-    if (!o.listing_cache.empty()) o.listing_cache = absl::StrCat(c.checkpoint_dir, "/imagefolder-val.list");
-    ASSIGN_OR_RETURN(auto test, data::ImageFolder::Open(dir, "val", o));
+    ASSIGN_OR_RETURN(auto train, data::ImageFolder::Open(dir, "train", data::FolderOptions(SourceSpecOf(c, true))));
+    ASSIGN_OR_RETURN(auto test, data::ImageFolder::Open(dir, "val", data::FolderOptions(SourceSpecOf(c, false))));
     if (train->classes() != test->classes()) {
       return absl::InvalidArgumentError(absl::StrCat(dir, "/train has ", train->classes().size(), " classes and ",
                                                      dir, "/val ", test->classes().size(),
@@ -67,9 +58,7 @@ absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const Config& c) {
     }
     sets->shape = {3, c.image_size, c.image_size};
     sets->train = std::move(train);
-    if (c.train_rows > 0 && c.train_rows < sets->train->size()) {
-      sets->train = std::make_unique<FirstRows>(std::move(sets->train), c.train_rows);
-    }
+    sets->train = data::FirstRows(std::move(sets->train), c.train_rows);
     sets->test = std::move(test);
     return sets;
   }

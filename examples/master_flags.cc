@@ -54,6 +54,9 @@ absl::Status CheckValues(const Flags& f, const Config& c) {
   if (!c.dataset.empty()) {
     if (auto s = data::CheckDatasetName(c.dataset); !s.ok()) return Bad(std::string(s.message()));
     if (c.data_threads < 1 || c.data_threads > 256) return Bad("--data-threads must be in [1, 256]");
+    if (c.data_on != "workers" && c.data_on != "master") {
+      return Bad(absl::StrCat("--data-on must be workers or master; got '", c.data_on, "'"));
+    }
     if (c.prefetch < 0 || c.prefetch > 64) return Bad("--prefetch must be in [0, 64]");
   }
   if (!c.dataset.empty() && c.compare_local) {
@@ -251,7 +254,9 @@ void AddFlags(cli::FlagParser& flags, Flags* f) {
   flags.AddString("schedule", &c.schedule,
                   "gpipe, 1f1b (one stage per worker), interleaved (several stages per worker) "
                   "or auto: interleaved with several stages per worker, else 1f1b");
-  flags.AddInt("threads", &c.threads, "intra-op threads of this process (used by --local)");
+  flags.AddInt("threads", &c.threads,
+               "intra-op threads of this process for --local and --compare-local training (a master "
+               "with workers otherwise slices batches on 1 thread unless this is given)");
   flags.AddBool("local", &c.local, "train in this process alone, no workers");
   flags.AddBool("compare-local", &c.compare_local,
                 "also train --local --splits 1 in this process, batch by batch between the last "
@@ -283,6 +288,10 @@ void AddFlags(cli::FlagParser& flags, Flags* f) {
   flags.AddString("optimizer", &c.optimizer, "sgd or adam (the ResNet50 demo: plain SGD)");
   flags.AddDouble("momentum", &c.momentum, "SGD momentum with --model or --dataset");
   flags.AddInt("train-rows", &c.train_rows, "with --dataset: train on the first N images only (0: all)");
+  flags.AddString("data-on", &c.data_on,
+                  "with --dataset: where training batches are read: workers (each replica's stage 0 worker "
+                  "reads its own rows from its own disk, as DDP's ranks do; the master sends row numbers) or "
+                  "master (the master reads them and sends the images)");
   flags.AddInt("data-threads", &c.data_threads,
                "with --dataset imagefolder:DIR: threads that decode and augment the images");
   flags.AddInt("prefetch", &c.prefetch,
@@ -361,6 +370,7 @@ absl::StatusOr<CommandLine> Check(Flags f) {
     if (auto s = CheckWorkers(f, c, line.ps_mode, cut); !s.ok()) return s;
   }
   if (auto s = CheckCheckpoints(line, f.given); !s.ok()) return s;
+  c.coordinator_threads = f.given.count("threads") && !c.compare_local ? c.threads : 1;
   return line;
 }
 

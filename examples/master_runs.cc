@@ -349,14 +349,26 @@ absl::StatusOr<Run> FitPipeline(Agent& agent, const Config& c,
     options.settle_after = [&](int64_t step) { return checkpoints->Due(c, step, false); };
   }
   // Each batch's step is sent before the last one is waited for.
-  ASSIGN_OR_RETURN(
-      auto epochs,
-      pipeline::Fit([&](const at::Tensor& x, const at::Tensor& y) {
-                      auto step = std::make_shared<pipeline::PendingStep>(pipe->start_train_step(x, y));
-                      return pipeline::StartedStep{[step] { return step->wait(); }, [step] { step->abandon(); }};
-                    },
-                    [&](const at::Tensor& x, const at::Tensor& y) { return pipe->eval_correct(x, y); },
-                    train, test, options, std::cout));
+  auto started = [](pipeline::PendingStep pending) {
+    auto step = std::make_shared<pipeline::PendingStep>(std::move(pending));
+    return pipeline::StartedStep{[step] { return step->wait(); }, [step] { step->abandon(); }};
+  };
+  auto count = [&](const at::Tensor& x, const at::Tensor& y) { return pipe->eval_correct(x, y); };
+  std::vector<pipeline::EpochResult> epochs;
+  if (c.data_on == "workers" && pipe->replica(0).runs_on_workers()) {
+    // Every replica's stage 0 worker reads its share of each batch.
+    std::vector<std::string> readers;
+    for (int r = 0; r < pipe->replicas(); ++r) readers.push_back(pipe->replica(r).worker_of(0));
+    ASSIGN_OR_RETURN(auto data, pipeline::WorkerData::Open(agent, readers, SourceSpecOf(c, true), train.size()));
+    ASSIGN_OR_RETURN(
+        epochs, pipeline::FitRows(
+                    [&](const at::Tensor& rows, int e) { return started(pipe->start_train_step(data->Rows(rows, e))); },
+                    train.size(), [&data] { return data->skipped(); }, count, test, options, std::cout));
+  } else {
+    ASSIGN_OR_RETURN(epochs, pipeline::Fit([&](const at::Tensor& x,
+                                               const at::Tensor& y) { return started(pipe->start_train_step(x, y)); },
+                                           count, train, test, options, std::cout));
+  }
   if (checkpoints != nullptr && checkpoints->saver) {
     RETURN_IF_ERROR(checkpoints->Save(
         *pipe, c, {last.step, last.epoch, last.batch, last.loss_sum, last.images, {}}, /*final=*/true));

@@ -63,7 +63,11 @@ struct Config {
   std::vector<int> split_at;  // explicit cuts (--split-at): first layer of stages 1, 2, ...
   int interleave = 0;  // stages per worker; 0: 2 with balanced, 1 with tutorial
   std::string schedule = "auto";  // pipeline/schedule.h
-  int threads = 0;
+  int threads = 0;  // --local's and --compare-local's training
+  // This process's intra-op threads while workers train: 1 (it slices
+  // batches and waits; more would spin beside the workers on their cores)
+  // unless --threads is given outside --compare-local.
+  int coordinator_threads = 1;
   bool local = false;
   bool compare_local = false;
   std::string report, trace, timeline;
@@ -83,6 +87,10 @@ struct Config {
   std::string dataset;     // fashion-mnist, idx:DIR, cifar10:DIR or imagefolder:DIR
   // An image folder's reading: decoding threads, batches read ahead,
   // unreadable files left out (counted) instead of failing the batch.
+  // Where training batches are read: "workers" (each replica's stage 0
+  // worker reads its rows itself; the master sends only row indices) or
+  // "master" (the master reads them and sends the tensors).
+  std::string data_on = "workers";
   int data_threads = 4;
   int prefetch = 2;
   bool skip_bad_images = false;
@@ -201,6 +209,9 @@ struct Sets {
   std::string Describe() const;
 };
 absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const Config& c);
+// --dataset's training or test split as a worker opens it (--data-on
+// workers: pipeline/worker_data.h).
+data::SourceSpec SourceSpecOf(const Config& c, bool train);
 // --dataset imagefolder:DIR; and whether the run trains the small CNN
 // (--dataset in memory without --model; an image folder without --model
 // trains ResNet50).

@@ -157,6 +157,28 @@ pipeline::PendingStep DataParallelPipeline::start_train_step(const c10::IValue& 
   if (!shares.ok()) return pipeline::PendingStep::Done(shares.status());
   const std::vector<c10::IValue>& xs = shares->first;
   const std::vector<c10::IValue>& ts = shares->second;
+  return StartOnReplicas(pipeline::BatchRows(inputs), [&](int r, int64_t context, int64_t total) {
+    return replicas_[r]->StartStep(xs[r], ts[r], context, total);
+  });
+}
+
+pipeline::PendingStep DataParallelPipeline::start_train_step(const pipeline::WorkerRows& rows) {
+  const int R = replicas();
+  if (R == 1) return replicas_[0]->start_train_step(rows);
+  if (!rows.rows.defined()) return pipeline::PendingStep::Done(absl::InvalidArgumentError("no rows"));
+  const int64_t n = rows.rows.numel();
+  absl::StatusOr<std::vector<c10::IValue>> shares = pipeline::SplitMicroBatches(rows.rows, R);
+  if (!shares.ok()) return pipeline::PendingStep::Done(shares.status());
+  return StartOnReplicas(n, [&](int r, int64_t context, int64_t total) {
+    return replicas_[r]->StartStep(pipeline::WorkerRows{rows.source, (*shares)[r].toTensor(), rows.epoch},
+                                   context, total);
+  });
+}
+
+pipeline::PendingStep DataParallelPipeline::StartOnReplicas(
+    int64_t total_rows,
+    const std::function<absl::StatusOr<std::vector<Future<c10::IValue>>>(int, int64_t, int64_t)>& start) {
+  const int R = replicas();
   // One call per worker of every replica, in one context (the replicas'
   // workers are distinct); each worker's runner sums its gradients with
   // the other replicas' and steps.
@@ -166,7 +188,7 @@ pipeline::PendingStep DataParallelPipeline::start_train_step(const c10::IValue& 
   std::vector<std::pair<int, int>> who;  // (replica, worker index in it)
   std::vector<int> losses;               // the replies that carry a replica's loss
   for (int r = 0; r < R; ++r) {
-    auto part = replicas_[r]->StartStep(xs[r], ts[r], context, pipeline::BatchRows(inputs));
+    auto part = start(r, context, total_rows);
     if (!part.ok()) {
       for (auto& replica : replicas_) replica->AbandonStep(context);
       return pipeline::PendingStep::Done(part.status());

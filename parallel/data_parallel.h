@@ -64,6 +64,10 @@ class DataParallelPipeline {
   // with step runners the next step may be started before this one is
   // waited for.
   pipeline::PendingStep start_train_step(const c10::IValue& inputs, const c10::IValue& targets);
+  // The same for a batch that each replica's stage 0 worker reads itself,
+  // its share of `rows` (pipeline/worker_data.h: the source opened on
+  // every replica's stage 0 worker).
+  pipeline::PendingStep start_train_step(const pipeline::WorkerRows& rows);
   // Forward only, through replica 0.
   absl::StatusOr<c10::IValue> eval_step(const c10::IValue& inputs);
   // How many rows replica 0 classifies right (Pipeline::eval_correct).
@@ -90,6 +94,11 @@ class DataParallelPipeline {
   // when a share has fewer rows than a replica's micro-batches.
   absl::StatusOr<std::pair<std::vector<c10::IValue>, std::vector<c10::IValue>>> Shares(
       const c10::IValue& inputs, const c10::IValue& targets) const;
+  // One step in one new context: start(replica, context, total_rows)
+  // sends a replica's run calls; the PendingStep waits for them all.
+  pipeline::PendingStep StartOnReplicas(
+      int64_t total_rows,
+      const std::function<absl::StatusOr<std::vector<Future<c10::IValue>>>(int, int64_t, int64_t)>& start);
   struct Member {
     std::string worker;
     int slot = 0, replica = 0;

@@ -26,6 +26,19 @@ std::string Duration(double s) {
   return total >= 60 ? absl::StrFormat("%dm%02ds", total / 60, total % 60) : absl::StrCat(total, "s");
 }
 
+// Reads a batch's rows (here, or only names them where a worker reads them).
+using RowReader = std::function<absl::StatusOr<data::Batch>(const at::Tensor& rows, int epoch)>;
+// Starts the step of a batch read (its rows and epoch too).
+using BatchStarter = std::function<StartedStep(const data::Batch& batch, const at::Tensor& rows, int epoch)>;
+
+// The epochs of Fit and FitRows over `train_size` rows; `skipped` (may be
+// empty) counts rows left out where they were read.
+absl::StatusOr<std::vector<EpochResult>> FitLoop(int64_t train_size, const RowReader& read_fn,
+                                                 const BatchStarter& start_step,
+                                                 const std::function<absl::StatusOr<int64_t>()>& skipped,
+                                                 const CountStep& count_correct, const data::Source& test,
+                                                 const FitOptions& o, std::ostream& out);
+
 }  // namespace
 
 absl::StatusOr<int64_t> CountCorrect(const at::Tensor& logits, const at::Tensor& labels) {
@@ -92,17 +105,47 @@ absl::StatusOr<std::vector<EpochResult>> Fit(const TrainStep& train_step, const 
 absl::StatusOr<std::vector<EpochResult>> Fit(const StartTrainStep& start_step, const CountStep& count_correct,
                                              const data::Source& train, const data::Source& test,
                                              const FitOptions& o, std::ostream& out) {
+  return FitLoop(
+      train.size(), [&train](const at::Tensor& rows, int e) { return train.Get(rows, e); },
+      [&start_step](const data::Batch& b, const at::Tensor&, int) { return start_step(b.images, b.labels); },
+      nullptr, count_correct, test, o, out);
+}
+
+absl::StatusOr<std::vector<EpochResult>> FitRows(const StartRowsStep& start_step, int64_t train_rows,
+                                                 const std::function<absl::StatusOr<int64_t>()>& skipped,
+                                                 const CountStep& count_correct, const data::Source& test,
+                                                 const FitOptions& o, std::ostream& out) {
+  FitOptions rows_only = o;
+  rows_only.prefetch = 0;  // nothing to read here
+  return FitLoop(
+      train_rows,
+      [](const at::Tensor& rows, int) -> absl::StatusOr<data::Batch> { return data::Batch{{}, rows, 0}; },
+      [&start_step](const data::Batch&, const at::Tensor& rows, int e) { return start_step(rows, e); }, skipped,
+      count_correct, test, rows_only, out);
+}
+
+namespace {
+
+absl::StatusOr<std::vector<EpochResult>> FitLoop(int64_t train_size, const RowReader& read_fn,
+                                                 const BatchStarter& start_step,
+                                                 const std::function<absl::StatusOr<int64_t>()>& skipped,
+                                                 const CountStep& count_correct, const data::Source& test,
+                                                 const FitOptions& o, std::ostream& out) {
   if (o.epochs < 1 || o.batch_size < 1 || o.prefetch < 0) {
     return absl::InvalidArgumentError("fit: epochs and batch size must be at least 1, prefetch at least 0");
   }
   std::vector<EpochResult> results;
   int64_t step = o.start.step;
+  int64_t skipped_before = 0;
+  if (skipped) {
+    ASSIGN_OR_RETURN(skipped_before, skipped());
+  }
   for (int e = std::max(1, o.start.epoch); e <= o.epochs; ++e) {
     const bool resumed = e == o.start.epoch;
-    std::vector<at::Tensor> batches = data::EpochBatches(train.size(), o.batch_size, o.shuffle, o.seed, e);
+    std::vector<at::Tensor> batches = data::EpochBatches(train_size, o.batch_size, o.shuffle, o.seed, e);
     if (!batches.empty() && batches.back().size(0) < o.min_batch_rows) batches.pop_back();
     if (batches.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("fit: ", train.size(),
+      return absl::InvalidArgumentError(absl::StrCat("fit: ", train_size,
                                                      " training rows make no batch of ", o.min_batch_rows));
     }
     if (resumed && o.start.batch > static_cast<int64_t>(batches.size())) {
@@ -122,11 +165,12 @@ absl::StatusOr<std::vector<EpochResult>> Fit(const StartTrainStep& start_step, c
     // Batches read ahead (o.prefetch of them while a step runs), in order
     // from batch `next_read`.
     std::deque<std::future<absl::StatusOr<data::Batch>>> read;
+    const RowReader& read_rows = read_fn;
     size_t next_read = first;
     auto read_ahead = [&] {
       while (next_read < batches.size() && static_cast<int>(read.size()) <= o.prefetch) {
         read.push_back(std::async(o.prefetch > 0 ? std::launch::async : std::launch::deferred,
-                                  [&train, rows = batches[next_read], e] { return train.Get(rows, e); }));
+                                  [&read_rows, rows = batches[next_read], e] { return read_rows(rows, e); }));
         ++next_read;
       }
     };
@@ -195,12 +239,21 @@ absl::StatusOr<std::vector<EpochResult>> Fit(const StartTrainStep& start_step, c
       r.skipped += batch->skipped;
       if (batch->labels.size(0) == 0) continue;  // every file of it skipped
       const int64_t rows = batch->labels.size(0);
-      started.push_back(Started{b, rows, start_step(batch->images, batch->labels)});
+      started.push_back(Started{b, rows, start_step(*batch, batches[b], e)});
       // One step ahead: the one before this is waited for now.
       while (started.size() > 1) RETURN_IF_ERROR(finish_oldest());
     }
     while (!started.empty()) RETURN_IF_ERROR(finish_oldest());
     r.seconds = Now() - t0;
+    if (skipped) {  // left out where the rows were read
+      auto now = skipped();
+      if (!now.ok()) return Annotate(now.status(), absl::StrCat("after epoch ", e));
+      const int64_t epoch_skipped = *now - skipped_before;
+      skipped_before = *now;
+      r.skipped += epoch_skipped;
+      r.images -= epoch_skipped;
+      trained -= epoch_skipped;
+    }
     r.trained = trained;
     r.train_loss = loss_sum / batches.size();
     if (o.progress_bar) out << "\n";
@@ -216,4 +269,5 @@ absl::StatusOr<std::vector<EpochResult>> Fit(const StartTrainStep& start_step, c
   return results;
 }
 
+}  // namespace
 }  // namespace remora::pipeline

@@ -111,6 +111,18 @@ absl::StatusOr<std::vector<EpochResult>> Fit(const StartTrainStep& start_step, c
                                              const data::Source& train, const data::Source& test,
                                              const FitOptions& options, std::ostream& out);
 
+// A training step of a batch that is read where it is used: started with
+// the batch's rows (int64 [n]) and epoch, e.g. Pipeline::start_train_step
+// with the WorkerRows of a WorkerData (pipeline/worker_data.h).
+using StartRowsStep = std::function<StartedStep(const at::Tensor& rows, int epoch)>;
+// Fit over the `train_rows` rows of a set the step reads itself; `skipped`
+// (may be empty) says how many rows the readers have left out so far
+// (unreadable files), counted after each epoch.
+absl::StatusOr<std::vector<EpochResult>> FitRows(const StartRowsStep& start_step, int64_t train_rows,
+                                                 const std::function<absl::StatusOr<int64_t>()>& skipped,
+                                                 const CountStep& count_correct, const data::Source& test,
+                                                 const FitOptions& options, std::ostream& out);
+
 // The fraction of `set` that `count_correct` counts as classified right
 // (of the rows read: a source may skip unreadable files).
 absl::StatusOr<double> Accuracy(const CountStep& count_correct, const data::Dataset& set,

@@ -316,13 +316,35 @@ absl::StatusOr<std::vector<Future<c10::IValue>>> Pipeline::StartStep(const c10::
     return absl::InvalidArgumentError(absl::StrCat("the batch has ", rows, " inputs but ",
                                                    BatchRows(targets), " targets"));
   }
+  return SendRun(inputs, targets, c10::IValue(), context_id, total_rows);
+}
+
+absl::StatusOr<std::vector<Future<c10::IValue>>> Pipeline::StartStep(const WorkerRows& rows, int64_t context_id,
+                                                                     int64_t total_rows) {
+  if (!runs_on_workers()) {
+    return absl::FailedPreconditionError(
+        "StartStep: rows read on the workers need step runners (a named loss)");
+  }
+  const int m = schedule_.micro_batches;
+  if (!rows.rows.defined() || rows.rows.dim() != 1 || rows.rows.size(0) < m) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a batch of ", rows.rows.defined() ? rows.rows.numel() : 0, " rows cannot be split into ", m,
+        " micro-batches (use a larger batch or fewer splits)"));
+  }
+  return SendRun(c10::IValue(), c10::IValue(), ToIValue(rows), context_id, total_rows);
+}
+
+std::vector<Future<c10::IValue>> Pipeline::SendRun(const c10::IValue& inputs, const c10::IValue& targets,
+                                                   const c10::IValue& rows, int64_t context_id,
+                                                   int64_t total_rows) {
   const int n = static_cast<int>(workers_.size());
   std::vector<Future<c10::IValue>> replies;
   for (int w = 0; w < n; ++w) {
     replies.push_back(agent_.rpc_async(
         workers_[w], "remora.pipeline.run",
         {runner_id_, context_id, last_over_ ? int64_t{-1} : last_started_, w == 0 ? inputs : c10::IValue(),
-         w == last_worker() ? targets : c10::IValue(), total_rows}));
+         w == last_worker() ? targets : c10::IValue(), total_rows,
+         w == 0 || w == last_worker() ? rows : c10::IValue()}));
   }
   last_started_ = context_id;
   last_over_ = false;
@@ -469,8 +491,15 @@ void PendingStep::abandon() {
 PendingStep Pipeline::start_train_step(const c10::IValue& inputs, const c10::IValue& targets) {
   if (!runs_on_workers()) return PendingStep::Done(train_step(inputs, targets));
   const int64_t context = dist_autograd::NewContextId(agent_);
-  absl::StatusOr<std::vector<Future<c10::IValue>>> replies =
-      StartStep(inputs, targets, context, BatchRows(inputs));
+  return Pending(context, StartStep(inputs, targets, context, BatchRows(inputs)));
+}
+
+PendingStep Pipeline::start_train_step(const WorkerRows& rows) {
+  const int64_t context = dist_autograd::NewContextId(agent_);
+  return Pending(context, StartStep(rows, context, rows.rows.defined() ? rows.rows.numel() : 0));
+}
+
+PendingStep Pipeline::Pending(int64_t context, absl::StatusOr<std::vector<Future<c10::IValue>>> replies) {
   if (!replies.ok()) return PendingStep::Done(replies.status());
   return PendingStep(agent_, workers_, std::move(*replies), {last_worker()},
                      [this, context] { AbandonStep(context); },

@@ -45,6 +45,7 @@
 #include "absl/time/time.h"
 #include "optim/distributed_optimizer.h"
 #include "pipeline/schedule.h"
+#include "pipeline/worker_data.h"
 #include "rpc/agent.h"
 
 namespace remora::pipeline {
@@ -219,6 +220,9 @@ class Pipeline {
   // before this one is waited for (the workers queue it behind this one).
   // Otherwise the step runs here first.
   PendingStep start_train_step(const c10::IValue& inputs, const c10::IValue& targets);
+  // The same for a batch that stage 0's worker reads itself
+  // (pipeline/worker_data.h); needs step runners.
+  PendingStep start_train_step(const WorkerRows& rows);
   // Whether train_step runs the step protocol (a named loss).
   bool runs_on_workers() const { return runner_id_ >= 0; }
   // The step protocol in parts, for data parallelism (parallel/): starts
@@ -232,6 +236,8 @@ class Pipeline {
   absl::StatusOr<std::vector<Future<c10::IValue>>> StartStep(const c10::IValue& inputs,
                                                             const c10::IValue& targets,
                                                             int64_t context_id, int64_t total_rows);
+  absl::StatusOr<std::vector<Future<c10::IValue>>> StartStep(const WorkerRows& rows, int64_t context_id,
+                                                            int64_t total_rows);
   void AbandonStep(int64_t context_id);
   // The master has the outcome of step `context_id` (its replies, or the
   // failure it reported): the next StartStep waits for no earlier step.
@@ -297,6 +303,13 @@ class Pipeline {
 
   // Gives every worker its step runner.
   absl::Status MakeRunners();
+  // The batch's run call to every worker: `inputs` to stage 0's, `targets`
+  // to the last stage's; or `rows` to both (the last stage's worker then
+  // waits for the labels from stage 0's).
+  std::vector<Future<c10::IValue>> SendRun(const c10::IValue& inputs, const c10::IValue& targets,
+                                           const c10::IValue& rows, int64_t context_id, int64_t total_rows);
+  // The PendingStep of step `context` started with `replies`.
+  PendingStep Pending(int64_t context, absl::StatusOr<std::vector<Future<c10::IValue>>> replies);
   // eval_step on the workers' step runners: the last stage's worker's
   // reply (its outputs, or with `labels` its count of right answers).
   absl::StatusOr<c10::IValue> EvalOnWorkers(const c10::IValue& inputs, const c10::IValue& labels);

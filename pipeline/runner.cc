@@ -22,6 +22,7 @@
 #include "pipeline/pipeline.h"
 #include "pipeline/runner_plan.h"
 #include "pipeline/stage.h"
+#include "pipeline/worker_data.h"
 #include "rpc/agent.h"
 #include "runtime/action_mark.h"
 #include "runtime/compute_lane.h"
@@ -45,6 +46,11 @@ struct Batch {
   std::vector<std::tuple<int64_t, int64_t, c10::IValue>> early;
   std::vector<c10::IValue> targets;  // on the last stage's worker
   std::vector<double> weights;       // each micro-batch's share of the batch's rows
+  // Whether `targets` are here: they come with "run", or, where stage 0's
+  // worker reads the batch (pipeline/worker_data.h), in its "targets"
+  // message; the last stage's forward passes wait for them in `awaiting`.
+  bool targets_here = false;
+  std::vector<std::tuple<int64_t, int64_t, c10::IValue>> awaiting;
   at::Tensor loss_sum;               // detached, on the last stage's device
   std::vector<Future<Empty>> backwards;  // started here, from the losses
   Future<c10::IValue> done;          // the reply to "run"
@@ -82,28 +88,39 @@ class Runner : public std::enable_shared_from_this<Runner> {
   // the master waits for no batch before this one, so any older one still
   // here is one whose abandon was lost (sent to a worker cut off for a
   // while): it is dropped.
+  // With `data` (WorkerRows), stage 0's worker reads the batch itself and
+  // sends the labels to the last stage's worker, which then gets none here.
   Future<c10::IValue> Run(int64_t context, int64_t after, const c10::IValue& inputs,
-                          const c10::IValue& targets, int64_t total_rows) {
-    const int m = plan_->micro_batches;
+                          const c10::IValue& targets, int64_t total_rows, const c10::IValue& data) {
     const int last = num_stages() - 1;
+    const std::optional<WorkerRows> rows = WorkerRowsFrom(data);
+    c10::IValue x = inputs, t = targets;
+    at::Tensor send_labels;  // to the last stage's worker
     std::vector<c10::IValue> xs, ts;
     std::vector<double> weights;
     absl::Status status = dist_autograd::EnsureContext(agent_, context);
+    if (status.ok() && rows && hosts(0)) {
+      absl::StatusOr<data::Batch> batch = ReadRows(agent_.self().name, rows->source, rows->rows, rows->epoch);
+      status = batch.status();
+      if (batch.ok()) {
+        x = std::move(batch->images);
+        total_rows -= batch->skipped;
+        if (hosts(last)) {
+          t = std::move(batch->labels);
+        } else {
+          send_labels = std::move(batch->labels);
+        }
+      }
+    }
     // The whole batch goes to the stage's device at once, before the
     // micro-batches are cut from it (while an earlier batch may still run).
     if (status.ok() && hosts(0)) {
-      auto split = SplitMicroBatches(ToDevice(inputs, plan_->stages.at(0).device()), m);
+      auto split = SplitMicroBatches(ToDevice(x, plan_->stages.at(0).device()), plan_->micro_batches);
       if (split.ok()) xs = std::move(*split);
       status = split.status();
     }
-    if (status.ok() && hosts(last)) {
-      auto split = SplitMicroBatches(ToDevice(targets, plan_->stages.at(last).device()), m);
-      if (split.ok()) ts = std::move(*split);
-      status = split.status();
-      for (const c10::IValue& t : ts) {
-        weights.push_back(static_cast<double>(BatchRows(t)) / static_cast<double>(total_rows));
-      }
-    }
+    const bool targets_come = hosts(last) && (!rows || hosts(0));
+    if (status.ok() && targets_come) status = SplitTargets(t, total_rows, &ts, &weights);
     if (!status.ok()) {
       dist_autograd::ReleaseHere(agent_, context);
       return Future<c10::IValue>::Ready(Annotate(status, absl::StrCat("worker '", agent_.self().name, "'")));
@@ -120,8 +137,18 @@ class Runner : public std::enable_shared_from_this<Runner> {
       b->queued = true;
       b->after = after;
       b->inputs = std::move(xs);
-      b->targets = std::move(ts);
-      b->weights = std::move(weights);
+      if (targets_come) {
+        b->targets = std::move(ts);
+        b->weights = std::move(weights);
+        b->targets_here = true;
+      }
+    }
+    if (send_labels.defined()) {
+      agent_.rpc_async(plan_->stage_workers[last], "remora.pipeline.targets",
+                       {plan_->id, context, send_labels, total_rows})
+          .then([self = shared_from_this(), b](const absl::StatusOr<c10::IValue>& r) {
+            if (!r.ok()) self->Fail(b, Annotate(r.status(), "sending the batch's labels to the last stage"));
+          });
     }
     if (after < 0) {
       std::vector<std::shared_ptr<Batch>> older;
@@ -159,6 +186,34 @@ class Runner : public std::enable_shared_from_this<Runner> {
       }
     }
     StartForward(b, stage, mb, std::move(value));
+  }
+
+  // The labels of batch `context` (of `total_rows` rows in all), from the
+  // worker of stage 0 that read it.
+  void Targets(int64_t context, const c10::IValue& labels, int64_t total_rows) {
+    const int last = num_stages() - 1;
+    plan_->RequireHosted(last, agent_.self().name);
+    std::vector<c10::IValue> ts;
+    std::vector<double> weights;
+    const absl::Status status = SplitTargets(labels, total_rows, &ts, &weights);
+    std::shared_ptr<Batch> b;
+    std::vector<std::tuple<int64_t, int64_t, c10::IValue>> awaiting;
+    {
+      MutexLock lock(mu_);
+      if (context < latest_ || (batches_.count(context) > 0 && batches_[context]->over)) return;
+      b = BatchOf(context);
+      if (status.ok()) {
+        b->targets = std::move(ts);
+        b->weights = std::move(weights);
+        b->targets_here = true;
+        awaiting = std::move(b->awaiting);
+      }
+    }
+    if (!status.ok()) {
+      Fail(b, Annotate(status, absl::StrCat("worker '", agent_.self().name, "'")));
+      return;
+    }
+    for (auto& [stage, mb, value] : awaiting) StartForward(b, stage, mb, std::move(value));
   }
 
   void Abandon(int64_t context) {
@@ -233,8 +288,28 @@ class Runner : public std::enable_shared_from_this<Runner> {
     return slot;
   }
 
-  // Queues the forward pass of (stage, mb) for its turn in the order.
+  // `targets` on the last stage's device, cut into the micro-batches, and
+  // each one's share of the batch's `total_rows` rows.
+  absl::Status SplitTargets(const c10::IValue& targets, int64_t total_rows, std::vector<c10::IValue>* ts,
+                            std::vector<double>* weights) const {
+    ASSIGN_OR_RETURN(*ts, SplitMicroBatches(ToDevice(targets, plan_->stages.at(num_stages() - 1).device()),
+                                            plan_->micro_batches));
+    for (const c10::IValue& t : *ts) {
+      weights->push_back(static_cast<double>(BatchRows(t)) / static_cast<double>(total_rows));
+    }
+    return absl::OkStatus();
+  }
+
+  // Queues the forward pass of (stage, mb) for its turn in the order; the
+  // last stage's waits for the batch's targets.
   void StartForward(std::shared_ptr<Batch> b, int64_t stage, int64_t mb, c10::IValue x) {
+    if (stage == num_stages() - 1) {
+      MutexLock lock(mu_);
+      if (!b->targets_here) {
+        b->awaiting.emplace_back(stage, mb, std::move(x));
+        return;
+      }
+    }
     Executor* executor = agent_.executor();
     std::shared_ptr<Runner> self = shared_from_this();
     ComputeTurn::RunInTurn(
@@ -342,6 +417,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
       b->over = true;
       b->queued = false;
       b->early.clear();
+      b->awaiting.clear();
       b->inputs.clear();
       if (participant_) participant_->Discard(b->context);
     }
@@ -453,10 +529,16 @@ absl::Status AttachToRunner(int64_t runner_id, std::shared_ptr<StepParticipant> 
 absl::Status RegisterRunnerFunctions(Registry& registry) {
   RETURN_IF_ERROR(registry.RegisterFunction("remora.pipeline.make_runner", MakeRunner));
   // run(id, context, after (the previous batch's context, or -1), inputs or
-  // None, targets or None, total rows)
+  // None, targets or None, total rows, WorkerRows or None)
   RETURN_IF_ERROR(registry.RegisterAsyncFunction(
       "remora.pipeline.run", [](CallContext& ctx, const Args& a) -> Future<c10::IValue> {
-        return FindRunner(ctx, a[0].toInt())->Run(a[1].toInt(), a[2].toInt(), a[3], a[4], a[5].toInt());
+        return FindRunner(ctx, a[0].toInt())->Run(a[1].toInt(), a[2].toInt(), a[3], a[4], a[5].toInt(), a[6]);
+      }));
+  // targets(id, context, labels, total rows)
+  RETURN_IF_ERROR(registry.RegisterFunction(
+      "remora.pipeline.targets", [](CallContext& ctx, const Args& a) -> c10::IValue {
+        FindRunner(ctx, a[0].toInt())->Targets(a[1].toInt(), a[2], a[3].toInt());
+        return c10::IValue();
       }));
   // push(id, context, stage, micro-batch, value)
   RETURN_IF_ERROR(registry.RegisterFunction(

@@ -20,6 +20,7 @@
 #include "base/status_util.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/runner.h"
+#include "pipeline/worker_data.h"
 #include "rpc/agent.h"
 #include "rpc/rref_args.h"
 #include "runtime/action_mark.h"
@@ -514,6 +515,7 @@ absl::Status RegisterFunctions(Registry& registry) {
         }}}));
   RETURN_IF_ERROR(registry.RegisterFunction("remora.pipeline.layer_costs", LayerCosts));
   RETURN_IF_ERROR(RegisterRunnerFunctions(registry));
+  RETURN_IF_ERROR(RegisterDataFunctions(registry));
   RETURN_IF_ERROR(registry.RegisterFunction(
       "remora.pipeline.set_order", [](CallContext&, const Args& a) -> c10::IValue {
         // (epoch, [stage, micro-batch, backward, stage, ...])

@@ -420,6 +420,31 @@ TEST(Master, DatasetEpochsReportTestAccuracyAndMatchLocalTraining) {
     EXPECT_LT(std::abs(piped[e].first - local[e].first) / local[e].first, 1e-4) << "epoch " << e + 1;
     EXPECT_NEAR(piped[e].second, local[e].second, 0.011) << "epoch " << e + 1;
   }
+  // Stage 0's worker read those batches itself (--data-on workers, the
+  // default): the same epochs as with the master sending them, also for
+  // two replicas that each read their half.
+  for (const std::vector<std::string>& mode : {std::vector<std::string>{}, {"--replicas", "2", "--splits", "1"}}) {
+    std::vector<std::pair<double, double>> by[2];
+    for (int on_master = 0; on_master < 2; ++on_master) {
+      if (mode.empty() && !on_master) {  // the run above
+        by[0] = piped;
+        continue;
+      }
+      std::vector<std::string> a = args;
+      a.insert(a.end(), mode.begin(), mode.end());
+      if (on_master) a.insert(a.end(), {"--data-on", "master"});
+      const std::string r = TempPath("toy_data_on.json");
+      a.insert(a.end(), {"--report", r});
+      auto [rc, text] = RunPipeline(2, a);
+      ASSERT_EQ(rc, 0) << text;
+      by[on_master] = ReportEpochs(ReadFile(r));
+      ASSERT_EQ(by[on_master].size(), 2u) << text;
+    }
+    for (size_t e = 0; e < 2; ++e) {
+      EXPECT_NEAR(by[0][e].first, by[1][e].first, 1e-6 * by[1][e].first) << absl::StrJoin(mode, " ") << " epoch " << e + 1;
+      EXPECT_EQ(by[0][e].second, by[1][e].second) << absl::StrJoin(mode, " ") << " epoch " << e + 1;
+    }
+  }
   // A dataset that is not there is a clear error before any worker is needed.
   auto [bad, bad_out] = RunProgram({kBin + "/master", "--local", "--dataset", "idx:" + TempPath("none")});
   EXPECT_EQ(bad, 1) << bad_out;

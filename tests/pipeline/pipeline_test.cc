@@ -11,10 +11,13 @@
 #include <sstream>
 
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/flip.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/mse_loss.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/relu.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/serialization/import.h>
@@ -23,9 +26,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "autograd/dist_autograd.h"
+#include "data/source.h"
+#include "models/cnn.h"
 #include "models/mlp.h"
 #include "tests/support/pipeline_fixtures.h"
 #include "tests/support/script_models.h"
+#include "tests/support/test_group.h"
 
 namespace remora::pipeline {
 namespace {
@@ -274,6 +280,83 @@ TEST(Pipeline, AStepSendsOneCallPerWorkerAndOnePushEachWayPerBoundary) {
     EXPECT_EQ(sent["function 'remora.pipeline.push'"], kSteps * c.m * (S - 1)) << listing;
     EXPECT_EQ(sent["function 'remora.autograd.propagate'"], kSteps * c.m * (S - 1)) << listing;
   }
+}
+
+// With the batch read on stage 0's worker (pipeline/worker_data.h), a step
+// trains exactly as with the batch sent by the master, and sends one
+// message more: the labels, from stage 0's worker to the last stage's.
+TEST(Pipeline, RowsReadOnStageZerosWorkerTrainAsBatchesSentByTheMaster) {
+  Workers workers;
+  const std::string dir = TempPath("worker_rows_idx");
+  test_support::WriteToyIdx(dir, 64, 10);
+  data::SourceSpec spec;
+  spec.dataset = "idx:" + dir;
+  auto here = data::OpenSource(spec);
+  ASSERT_TRUE(here.ok()) << here.status();
+  struct Case {
+    int stages, m;
+    std::string schedule;
+  };
+  for (const Case& c : {Case{2, 2, "1f1b"}, Case{4, 4, "interleaved"}}) {
+    SCOPED_TRACE(absl::StrCat(c.stages, " stages, ", c.m, " micro-batches"));
+    PipelineOptions o;
+    for (int k = 0; k < c.stages; ++k) {
+      const int64_t first = models::kSmallCnnBlocks * k / c.stages;
+      const int64_t last = models::kSmallCnnBlocks * (k + 1) / c.stages;
+      o.stages.push_back(StageSpec::Registered("SmallCnn", {first, last, int64_t{3}}));
+    }
+    o.workers = {"w1", "w2"};
+    o.schedule = c.schedule;
+    o.micro_batches = c.m;
+    o.loss = CrossEntropyLoss();
+    auto sent = Pipeline::Create(workers.master(), o);
+    ASSERT_TRUE(sent.ok()) << sent.status();
+    auto read = Pipeline::Create(workers.master(), o);
+    ASSERT_TRUE(read.ok()) << read.status();
+    auto data = WorkerData::Open(workers.master(), {"w1"}, spec, (*here)->size());
+    ASSERT_TRUE(data.ok()) << data.status();
+    constexpr int kSteps = 3;
+    auto rows_of = [](int step) { return at::arange(step * 16, step * 16 + 16, at::kLong).flip(0); };
+    std::vector<double> want;
+    for (int step = 0; step <= kSteps; ++step) {
+      auto batch = (*here)->Get(rows_of(step), 1);
+      ASSERT_TRUE(batch.ok()) << batch.status();
+      auto loss = (*sent)->train_step(batch->images, batch->labels);
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      want.push_back(*loss);
+    }
+    std::map<std::string, int64_t> before;
+    for (int step = 0; step <= kSteps; ++step) {
+      if (step == 1) before = *(*read)->sent_messages();
+      auto got = (*read)->start_train_step((*data)->Rows(rows_of(step), 1)).wait();
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_NEAR(*got, want[step], 1e-5 * std::abs(want[step])) << "step " << step;
+    }
+    auto after = (*read)->sent_messages();
+    ASSERT_TRUE(after.ok()) << after.status();
+    std::map<std::string, int64_t> d = MessagesBetween(before, *after);
+    int64_t total = 0;
+    for (const auto& [kind, n] : d) total += n;
+    const int64_t boundaries = c.m * (c.stages - 1);
+    EXPECT_EQ(total, kSteps * (2 + 2 * boundaries + 1));
+    EXPECT_EQ(d["function 'remora.pipeline.targets'"], kSteps);
+    EXPECT_EQ(d["function 'remora.pipeline.push'"], kSteps * boundaries);
+  }
+  // A worker that finds another set, and rows of a source never opened.
+  auto other = WorkerData::Open(workers.master(), {"w1"}, spec, 65);
+  ASSERT_FALSE(other.ok());
+  EXPECT_THAT(std::string(other.status().message()), testing::HasSubstr("worker 'w1' finds 64 rows"));
+  PipelineOptions o;
+  o.stages = {StageSpec::Registered("SmallCnn", {int64_t{0}, int64_t{2}, int64_t{3}}),
+              StageSpec::Registered("SmallCnn", {int64_t{2}, int64_t{4}, int64_t{3}})};
+  o.workers = {"w1", "w2"};
+  o.micro_batches = 1;
+  o.loss = CrossEntropyLoss();
+  auto pipe = Pipeline::Create(workers.master(), o);
+  ASSERT_TRUE(pipe.ok()) << pipe.status();
+  auto lost = (*pipe)->start_train_step(WorkerRows{999, at::arange(4, at::kLong), 1}).wait();
+  ASSERT_FALSE(lost.ok());
+  EXPECT_THAT(std::string(lost.status().message()), testing::HasSubstr("worker 'w1' has no data source 999"));
 }
 
 // The master-centred protocol (an unnamed loss, computed on the master)
