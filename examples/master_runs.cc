@@ -360,10 +360,15 @@ absl::StatusOr<Run> FitPipeline(Agent& agent, const Config& c,
     std::vector<std::string> readers;
     for (int r = 0; r < pipe->replicas(); ++r) readers.push_back(pipe->replica(r).worker_of(0));
     ASSIGN_OR_RETURN(auto data, pipeline::WorkerData::Open(agent, readers, SourceSpecOf(c, true), train.size()));
+    // The test set on replica 0's (which evaluates).
+    ASSIGN_OR_RETURN(auto test_data,
+                     pipeline::WorkerData::Open(agent, {readers[0]}, SourceSpecOf(c, false), test.size()));
     ASSIGN_OR_RETURN(
-        epochs, pipeline::FitRows(
-                    [&](const at::Tensor& rows, int e) { return started(pipe->start_train_step(data->Rows(rows, e))); },
-                    train.size(), [&data] { return data->skipped(); }, count, test, options, std::cout));
+        epochs,
+        pipeline::FitRows(
+            [&](const at::Tensor& rows, int e) { return started(pipe->start_train_step(data->Rows(rows, e))); },
+            train.size(), [&](const at::Tensor& rows) { return pipe->eval_correct(test_data->Rows(rows, 0)); },
+            test.size(), [&data] { return data->skipped(); }, options, std::cout));
   } else {
     ASSIGN_OR_RETURN(epochs, pipeline::Fit([&](const at::Tensor& x,
                                                const at::Tensor& y) { return started(pipe->start_train_step(x, y)); },

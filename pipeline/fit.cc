@@ -36,7 +36,7 @@ using BatchStarter = std::function<StartedStep(const data::Batch& batch, const a
 absl::StatusOr<std::vector<EpochResult>> FitLoop(int64_t train_size, const RowReader& read_fn,
                                                  const BatchStarter& start_step,
                                                  const std::function<absl::StatusOr<int64_t>()>& skipped,
-                                                 const CountStep& count_correct, const data::Source& test,
+                                                 const std::function<absl::StatusOr<double>()>& accuracy,
                                                  const FitOptions& o, std::ostream& out);
 
 }  // namespace
@@ -78,6 +78,18 @@ absl::StatusOr<double> Accuracy(const CountStep& count_correct, const data::Sour
   return static_cast<double>(right) / rows;
 }
 
+absl::StatusOr<double> Accuracy(const CountRowsStep& count_correct, int64_t n, int64_t batch_size) {
+  if (n <= 0) return absl::InvalidArgumentError("accuracy: the set is empty");
+  int64_t right = 0, rows = 0;
+  for (int64_t at = 0; at < n; at += batch_size) {
+    ASSIGN_OR_RETURN(auto counted, count_correct(at::arange(at, std::min(n, at + batch_size), at::kLong)));
+    right += counted.first;
+    rows += counted.second;
+  }
+  if (rows == 0) return absl::InvalidArgumentError("accuracy: no row of the set could be read");
+  return static_cast<double>(right) / rows;
+}
+
 absl::StatusOr<std::vector<EpochResult>> Fit(const TrainStep& train_step, const CountStep& count_correct,
                                              const data::Dataset& train, const data::Dataset& test,
                                              const FitOptions& o, std::ostream& out) {
@@ -108,12 +120,12 @@ absl::StatusOr<std::vector<EpochResult>> Fit(const StartTrainStep& start_step, c
   return FitLoop(
       train.size(), [&train](const at::Tensor& rows, int e) { return train.Get(rows, e); },
       [&start_step](const data::Batch& b, const at::Tensor&, int) { return start_step(b.images, b.labels); },
-      nullptr, count_correct, test, o, out);
+      nullptr, [&] { return Accuracy(count_correct, test, o.eval_batch_size); }, o, out);
 }
 
 absl::StatusOr<std::vector<EpochResult>> FitRows(const StartRowsStep& start_step, int64_t train_rows,
+                                                 const CountRowsStep& count_correct, int64_t test_rows,
                                                  const std::function<absl::StatusOr<int64_t>()>& skipped,
-                                                 const CountStep& count_correct, const data::Source& test,
                                                  const FitOptions& o, std::ostream& out) {
   FitOptions rows_only = o;
   rows_only.prefetch = 0;  // nothing to read here
@@ -121,7 +133,7 @@ absl::StatusOr<std::vector<EpochResult>> FitRows(const StartRowsStep& start_step
       train_rows,
       [](const at::Tensor& rows, int) -> absl::StatusOr<data::Batch> { return data::Batch{{}, rows, 0}; },
       [&start_step](const data::Batch&, const at::Tensor& rows, int e) { return start_step(rows, e); }, skipped,
-      count_correct, test, rows_only, out);
+      [&] { return Accuracy(count_correct, test_rows, o.eval_batch_size); }, rows_only, out);
 }
 
 namespace {
@@ -129,7 +141,7 @@ namespace {
 absl::StatusOr<std::vector<EpochResult>> FitLoop(int64_t train_size, const RowReader& read_fn,
                                                  const BatchStarter& start_step,
                                                  const std::function<absl::StatusOr<int64_t>()>& skipped,
-                                                 const CountStep& count_correct, const data::Source& test,
+                                                 const std::function<absl::StatusOr<double>()>& accuracy_fn,
                                                  const FitOptions& o, std::ostream& out) {
   if (o.epochs < 1 || o.batch_size < 1 || o.prefetch < 0) {
     return absl::InvalidArgumentError("fit: epochs and batch size must be at least 1, prefetch at least 0");
@@ -257,7 +269,7 @@ absl::StatusOr<std::vector<EpochResult>> FitLoop(int64_t train_size, const RowRe
     r.trained = trained;
     r.train_loss = loss_sum / batches.size();
     if (o.progress_bar) out << "\n";
-    auto accuracy = Accuracy(count_correct, test, o.eval_batch_size);
+    auto accuracy = accuracy_fn();
     if (!accuracy.ok()) return Annotate(accuracy.status(), absl::StrCat("evaluating after epoch ", e));
     r.test_accuracy = *accuracy;
     out << absl::StrFormat("epoch=%d train_loss=%.4f test_accuracy=%.4f seconds=%.1f images_per_second=%.0f%s\n",

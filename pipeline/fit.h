@@ -13,6 +13,7 @@
 
 #include <functional>
 #include <ostream>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -115,12 +116,16 @@ absl::StatusOr<std::vector<EpochResult>> Fit(const StartTrainStep& start_step, c
 // the batch's rows (int64 [n]) and epoch, e.g. Pipeline::start_train_step
 // with the WorkerRows of a WorkerData (pipeline/worker_data.h).
 using StartRowsStep = std::function<StartedStep(const at::Tensor& rows, int epoch)>;
-// Fit over the `train_rows` rows of a set the step reads itself; `skipped`
-// (may be empty) says how many rows the readers have left out so far
+// How many of the rows `rows` (int64 [n]) of a set read where they are
+// used are classified right, and how many were read: (right, read).
+using CountRowsStep = std::function<absl::StatusOr<std::pair<int64_t, int64_t>>(const at::Tensor& rows)>;
+// Fit over the `train_rows` rows of a training set and the `test_rows`
+// rows of a test set that the steps read themselves; `skipped` (may be
+// empty) says how many training rows the readers have left out so far
 // (unreadable files), counted after each epoch.
 absl::StatusOr<std::vector<EpochResult>> FitRows(const StartRowsStep& start_step, int64_t train_rows,
+                                                 const CountRowsStep& count_correct, int64_t test_rows,
                                                  const std::function<absl::StatusOr<int64_t>()>& skipped,
-                                                 const CountStep& count_correct, const data::Source& test,
                                                  const FitOptions& options, std::ostream& out);
 
 // The fraction of `set` that `count_correct` counts as classified right
@@ -128,5 +133,6 @@ absl::StatusOr<std::vector<EpochResult>> FitRows(const StartRowsStep& start_step
 absl::StatusOr<double> Accuracy(const CountStep& count_correct, const data::Dataset& set,
                                 int64_t batch_size);
 absl::StatusOr<double> Accuracy(const CountStep& count_correct, const data::Source& set, int64_t batch_size);
+absl::StatusOr<double> Accuracy(const CountRowsStep& count_correct, int64_t rows, int64_t batch_size);
 
 }  // namespace remora::pipeline

@@ -24,75 +24,6 @@
 
 namespace remora::pipeline {
 
-// --- stage specs -----------------------------------------------------------------
-
-StageSpec StageSpec::Registered(std::string type, std::vector<c10::IValue> args) {
-  StageSpec s;
-  s.kind = "type";
-  s.name = std::move(type);
-  s.args = std::move(args);
-  return s;
-}
-
-StageSpec StageSpec::TorchScript(std::string bytes, std::string label) {
-  StageSpec s;
-  s.kind = "script";
-  s.name = std::move(label);
-  s.script = std::move(bytes);
-  return s;
-}
-
-absl::StatusOr<StageSpec> StageSpec::TorchScriptFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat("cannot read the TorchScript file ", path,
-                                            " (does it exist, and may this user read it?)"));
-  }
-  std::stringstream bytes;
-  bytes << in.rdbuf();
-  if (bytes.str().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("the TorchScript file ", path, " is empty"));
-  }
-  return TorchScript(bytes.str(), path);
-}
-
-absl::StatusOr<std::vector<StageSpec>> TorchScriptStages(const std::string& model) {
-  std::vector<std::string> paths;
-  std::error_code ec;
-  if (std::filesystem::is_directory(model, ec)) {
-    for (int k = 0;; ++k) {
-      const std::string p = (std::filesystem::path(model) / absl::StrCat("stage", k, ".pt")).string();
-      if (!std::filesystem::exists(p, ec)) break;
-      paths.push_back(p);
-    }
-    if (paths.empty()) {
-      return absl::NotFoundError(absl::StrCat(
-          "--model ", model, " is a directory without stage0.pt (it should hold stage0.pt, "
-          "stage1.pt, ... in pipeline order)"));
-    }
-  } else {
-    for (absl::string_view p : absl::StrSplit(model, ',', absl::SkipEmpty())) paths.emplace_back(p);
-    if (paths.empty()) return absl::InvalidArgumentError("--model names no TorchScript file");
-  }
-  std::vector<StageSpec> specs;
-  for (const auto& p : paths) {
-    ASSIGN_OR_RETURN(StageSpec s, StageSpec::TorchScriptFile(p));
-    specs.push_back(std::move(s));
-  }
-  return specs;
-}
-
-c10::IValue StageSpec::Payload() const {
-  if (kind == "script") {
-    at::Tensor bytes = at::empty({static_cast<int64_t>(script.size())}, at::kByte);
-    std::memcpy(bytes.data_ptr(), script.data(), script.size());
-    return bytes;
-  }
-  c10::impl::GenericList list(c10::AnyType::get());
-  for (const auto& a : args) list.push_back(a);
-  return list;
-}
-
 namespace {
 
 // The process's named losses.
@@ -585,15 +516,18 @@ absl::StatusOr<double> Pipeline::RunMicroBatches(const std::vector<c10::IValue>&
   return loss;
 }
 
-absl::StatusOr<c10::IValue> Pipeline::EvalOnWorkers(const c10::IValue& inputs, const c10::IValue& labels) {
-  const int m = std::min<int64_t>(schedule_.micro_batches, std::max<int64_t>(1, BatchRows(inputs)));
+absl::StatusOr<c10::IValue> Pipeline::EvalOnWorkers(const c10::IValue& inputs, const c10::IValue& labels,
+                                                    const WorkerRows* rows) {
+  const int64_t n = rows != nullptr ? rows->rows.numel() : BatchRows(inputs);
+  const int m = std::min<int64_t>(schedule_.micro_batches, std::max<int64_t>(1, n));
   const int64_t id = dist_autograd::NewContextId(agent_);
+  const c10::IValue read = rows != nullptr ? ToIValue(*rows) : c10::IValue();
   std::vector<Future<c10::IValue>> replies;
   for (int w = 0; w < static_cast<int>(workers_.size()); ++w) {
     replies.push_back(agent_.rpc_async(
         workers_[w], "remora.pipeline.eval",
         {runner_id_, id, w == 0 ? inputs : c10::IValue(), int64_t{m},
-         w == last_worker() ? labels : c10::IValue()}));
+         w == last_worker() ? labels : c10::IValue(), w == 0 || w == last_worker() ? read : c10::IValue()}));
   }
   absl::Status status;
   if (const int w = WaitForReplies(agent_, workers_, replies, [&] { AbandonStep(id); }, &status);
@@ -615,6 +549,18 @@ absl::StatusOr<int64_t> Pipeline::eval_correct(const at::Tensor& inputs, const a
   }
   ASSIGN_OR_RETURN(c10::IValue count, EvalOnWorkers(inputs, labels));
   return count.toInt();
+}
+
+absl::StatusOr<std::pair<int64_t, int64_t>> Pipeline::eval_correct(const WorkerRows& rows) {
+  if (!runs_on_workers()) {
+    return absl::FailedPreconditionError("eval_correct: rows read on the workers need step runners (a named loss)");
+  }
+  if (!rows.rows.defined() || rows.rows.dim() != 1 || rows.rows.numel() == 0) {
+    return absl::InvalidArgumentError("eval_correct: no rows to evaluate");
+  }
+  ASSIGN_OR_RETURN(c10::IValue reply, EvalOnWorkers(c10::IValue(), c10::IValue(), &rows));
+  const auto& e = reply.toTupleRef().elements();
+  return std::make_pair(e[0].toInt(), e[1].toInt());
 }
 
 absl::StatusOr<c10::IValue> Pipeline::eval_step(const c10::IValue& inputs) {

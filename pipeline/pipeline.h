@@ -267,6 +267,10 @@ class Pipeline {
   // go to the last stage's worker, which counts there and replies with
   // the count alone; otherwise counted here from eval_step's outputs.
   absl::StatusOr<int64_t> eval_correct(const at::Tensor& inputs, const at::Tensor& labels);
+  // The same for rows that stage 0's worker reads itself (WorkerRows; a
+  // source opened there and the labels sent on to the last stage's
+  // worker): (rows right, rows read). Needs step runners.
+  absl::StatusOr<std::pair<int64_t, int64_t>> eval_correct(const WorkerRows& rows);
 
   // Stage k's parameters then buffers (copies on this process's CPU).
   absl::StatusOr<std::vector<at::Tensor>> stage_state(int k);
@@ -312,7 +316,8 @@ class Pipeline {
   PendingStep Pending(int64_t context, absl::StatusOr<std::vector<Future<c10::IValue>>> replies);
   // eval_step on the workers' step runners: the last stage's worker's
   // reply (its outputs, or with `labels` its count of right answers).
-  absl::StatusOr<c10::IValue> EvalOnWorkers(const c10::IValue& inputs, const c10::IValue& labels);
+  absl::StatusOr<c10::IValue> EvalOnWorkers(const c10::IValue& inputs, const c10::IValue& labels,
+                                            const WorkerRows* rows = nullptr);
   // forward_backward after the workers have the batch's order.
   absl::StatusOr<double> RunMicroBatches(const std::vector<c10::IValue>& xs,
                                          const std::vector<c10::IValue>& ts, double rows,

@@ -532,7 +532,8 @@ absl::Status RegisterRunnerFunctions(Registry& registry) {
   // None, targets or None, total rows, WorkerRows or None)
   RETURN_IF_ERROR(registry.RegisterAsyncFunction(
       "remora.pipeline.run", [](CallContext& ctx, const Args& a) -> Future<c10::IValue> {
-        return FindRunner(ctx, a[0].toInt())->Run(a[1].toInt(), a[2].toInt(), a[3], a[4], a[5].toInt(), a[6]);
+        return FindRunner(ctx, a[0].toInt())
+            ->Run(a[1].toInt(), a[2].toInt(), a[3], a[4], a[5].toInt(), a.size() > 6 ? a[6] : c10::IValue());
       }));
   // targets(id, context, labels, total rows)
   RETURN_IF_ERROR(registry.RegisterFunction(
@@ -546,12 +547,19 @@ absl::Status RegisterRunnerFunctions(Registry& registry) {
         FindRunner(ctx, a[0].toInt())->Push(a[1].toInt(), a[2].toInt(), a[3].toInt(), a[4]);
         return c10::IValue();
       }));
-  // eval(id, eval id, inputs or None, micro-batches, labels or None)
+  // eval(id, eval id, inputs or None, micro-batches, labels or None,
+  // WorkerRows or None)
   RETURN_IF_ERROR(registry.RegisterAsyncFunction(
       "remora.pipeline.eval", [](CallContext& ctx, const Args& a) -> Future<c10::IValue> {
         return FindRunner(ctx, a[0].toInt())
             ->evals()
-            .Eval(a[1].toInt(), a[2], static_cast<int>(a[3].toInt()), a[4]);
+            .Eval(a[1].toInt(), a[2], static_cast<int>(a[3].toInt()), a[4], a.size() > 5 ? a[5] : c10::IValue());
+      }));
+  // eval_targets(id, eval id, labels)
+  RETURN_IF_ERROR(registry.RegisterFunction(
+      "remora.pipeline.eval_targets", [](CallContext& ctx, const Args& a) -> c10::IValue {
+        FindRunner(ctx, a[0].toInt())->evals().Labels(a[1].toInt(), a[2].toTensor());
+        return c10::IValue();
       }));
   // eval_push(id, eval id, stage, micro-batch, value)
   RETURN_IF_ERROR(registry.RegisterFunction(

@@ -11,6 +11,7 @@
 #include "base/status_util.h"
 #include "pipeline/microbatch.h"
 #include "pipeline/runner_plan.h"
+#include "pipeline/worker_data.h"
 
 namespace remora::pipeline {
 
@@ -41,26 +42,31 @@ bool EvalRunner::Abandon(int64_t id) {
   return true;
 }
 
-Future<c10::IValue> EvalRunner::Eval(int64_t id, const c10::IValue& inputs, int m,
-                                     const c10::IValue& labels) {
-  std::vector<c10::IValue> xs;
-  std::vector<at::Tensor> ls;
+Future<c10::IValue> EvalRunner::Eval(int64_t id, const c10::IValue& inputs, int m, const c10::IValue& labels,
+                                     const c10::IValue& rows) {
+  const std::string& me = agent_.self().name;
+  const int64_t last = plan_->num_stages() - 1;
+  const std::optional<WorkerRows> read = WorkerRowsFrom(rows);
+  c10::IValue x = inputs;
+  at::Tensor l = labels.isTensor() ? labels.toTensor() : at::Tensor();
+  at::Tensor send;  // the labels, to the last stage's worker
   absl::Status status;
-  if (plan_->hosts(0)) {
-    auto split = SplitMicroBatches(ToDevice(inputs, plan_->stages.at(0).device()), m);
+  if (read && plan_->hosts(0)) {
+    absl::StatusOr<data::Batch> batch = ReadRows(me, read->source, read->rows, read->epoch);
+    status = batch.status();
+    if (batch.ok()) {
+      x = std::move(batch->images);
+      (plan_->hosts(last) ? l : send) = std::move(batch->labels);
+    }
+  }
+  std::vector<c10::IValue> xs;
+  if (status.ok() && plan_->hosts(0)) {
+    auto split = SplitMicroBatches(ToDevice(x, plan_->stages.at(0).device()), m);
     if (split.ok()) xs = std::move(*split);
     status = split.status();
   }
-  const int64_t last = plan_->num_stages() - 1;
-  if (status.ok() && plan_->hosts(last) && labels.isTensor()) {
-    auto split = SplitMicroBatches(ToDevice(labels, plan_->stages.at(last).device()), m);
-    if (split.ok()) {
-      for (const c10::IValue& l : *split) ls.push_back(l.toTensor());
-    }
-    status = split.status();
-  }
   if (!status.ok()) {
-    return Future<c10::IValue>::Ready(Annotate(status, absl::StrCat("worker '", agent_.self().name, "'")));
+    return Future<c10::IValue>::Ready(Annotate(status, absl::StrCat("worker '", me, "'")));
   }
   std::shared_ptr<EvalBatch> b;
   std::vector<std::tuple<int64_t, int64_t, c10::IValue>> early;
@@ -71,17 +77,69 @@ Future<c10::IValue> EvalRunner::Eval(int64_t id, const c10::IValue& inputs, int 
     b = EvalOf(id);
     if (b->over) {
       return Future<c10::IValue>::Ready(absl::AbortedError(absl::StrCat(
-          "evaluation ", id, " was abandoned before it started on worker '", agent_.self().name, "'")));
+          "evaluation ", id, " was abandoned before it started on worker '", me, "'")));
     }
     b->started = true;
+    b->m = m;
+    b->by_rows = read.has_value();
     b->remaining = m * static_cast<int>(plan_->stages.size());
-    if (plan_->hosts(last) && ls.empty()) b->outputs.resize(m);
-    b->labels = std::move(ls);
+    if (plan_->hosts(last)) {
+      if (read && !plan_->hosts(0)) {
+        l = b->sent_labels;  // undefined until they come
+        b->labels_come = !l.defined();
+      }
+      if (l.defined()) status = SetLabels(*b, l);
+      if (!read && !l.defined()) b->outputs.resize(m);
+    }
     early = std::move(b->early);
+  }
+  if (!status.ok()) {
+    FailEval(b, Annotate(status, absl::StrCat("worker '", me, "'")));
+    return b->done;
+  }
+  if (send.defined()) {
+    agent_.rpc_async(plan_->stage_workers[last], "remora.pipeline.eval_targets", {plan_->id, id, send})
+        .then([self = shared_from_this(), b](const absl::StatusOr<c10::IValue>& r) {
+          if (!r.ok()) self->FailEval(b, Annotate(r.status(), "sending the evaluation's labels to the last stage"));
+        });
   }
   for (int i = 0; i < static_cast<int>(xs.size()); ++i) StartEval(b, 0, i, std::move(xs[i]));
   for (auto& [stage, mb, value] : early) StartEval(b, stage, mb, std::move(value));
   return b->done;
+}
+
+absl::Status EvalRunner::SetLabels(EvalBatch& b, const at::Tensor& labels) {
+  ASSIGN_OR_RETURN(std::vector<c10::IValue> split,
+                   SplitMicroBatches(ToDevice(labels, plan_->stages.at(plan_->num_stages() - 1).device()), b.m));
+  b.labels.clear();
+  for (const c10::IValue& l : split) b.labels.push_back(l.toTensor());
+  b.rows = labels.size(0);
+  b.labels_come = false;
+  return absl::OkStatus();
+}
+
+void EvalRunner::Labels(int64_t id, const at::Tensor& labels) {
+  plan_->RequireHosted(plan_->num_stages() - 1, agent_.self().name);
+  std::shared_ptr<EvalBatch> b;
+  std::vector<std::pair<int64_t, c10::IValue>> uncounted;
+  absl::Status status;
+  {
+    MutexLock lock(mu_);
+    if (id < latest_eval_) return;
+    b = EvalOf(id);
+    if (b->over) return;
+    if (!b->started) {
+      b->sent_labels = labels;
+      return;
+    }
+    status = SetLabels(*b, labels);
+    uncounted = std::move(b->uncounted);
+  }
+  if (!status.ok()) {
+    FailEval(b, Annotate(status, absl::StrCat("worker '", agent_.self().name, "'")));
+    return;
+  }
+  for (auto& [mb, y] : uncounted) Account(b, plan_->num_stages() - 1, mb, std::move(y));
 }
 
 void EvalRunner::Push(int64_t id, int64_t stage, int64_t mb, c10::IValue value) {
@@ -139,6 +197,10 @@ void EvalRunner::EvalForward(const std::shared_ptr<EvalBatch>& b, int64_t stage,
           }
         });
   }
+  Account(b, stage, mb, std::move(y));
+}
+
+void EvalRunner::Account(const std::shared_ptr<EvalBatch>& b, int64_t stage, int64_t mb, c10::IValue y) {
   // Counting: how many of the micro-batch's rows the output gets right.
   at::Tensor right;
   if (stage + 1 == plan_->num_stages()) {
@@ -146,6 +208,10 @@ void EvalRunner::EvalForward(const std::shared_ptr<EvalBatch>& b, int64_t stage,
     {
       MutexLock lock(mu_);
       if (b->over) return;
+      if (b->labels_come) {  // counted when the labels come
+        b->uncounted.emplace_back(mb, std::move(y));
+        return;
+      }
       if (!b->labels.empty()) labels = b->labels.at(mb);
     }
     if (labels.defined()) {
@@ -162,9 +228,13 @@ void EvalRunner::EvalForward(const std::shared_ptr<EvalBatch>& b, int64_t stage,
   }
   std::vector<c10::IValue> outputs;
   at::Tensor correct;
+  bool by_rows = false;
+  int64_t rows = 0;
   {
     MutexLock lock(mu_);
     if (b->over) return;
+    by_rows = b->by_rows;
+    rows = b->rows;
     if (right.defined()) {
       b->correct = b->correct.defined() ? b->correct + right : right;
     } else if (stage + 1 == plan_->num_stages()) {
@@ -176,9 +246,11 @@ void EvalRunner::EvalForward(const std::shared_ptr<EvalBatch>& b, int64_t stage,
     correct = std::move(b->correct);
   }
   if (correct.defined()) {
-    b->done.SetValue(c10::IValue(correct.item<int64_t>()));
+    const int64_t n = correct.item<int64_t>();
+    b->done.SetValue(by_rows ? c10::IValue(c10::ivalue::Tuple::create({n, rows})) : c10::IValue(n));
     return;
   }
+
   if (outputs.empty()) {
     b->done.SetValue(c10::IValue());
     return;
@@ -199,6 +271,7 @@ void EvalRunner::FailEval(const std::shared_ptr<EvalBatch>& b, absl::Status stat
     b->early.clear();
     b->outputs.clear();
     b->labels.clear();
+    b->uncounted.clear();
   }
   b->done.SetError(std::move(status));
 }

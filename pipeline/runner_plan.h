@@ -61,6 +61,16 @@ struct EvalBatch {
   // only how many rows' argmax is their label (summed on the device).
   std::vector<at::Tensor> labels;  // per micro-batch
   at::Tensor correct;
+  // Where stage 0's worker reads the rows (pipeline/worker_data.h): the
+  // labels come from it ("eval_targets"; `sent_labels` until the batch has
+  // started), the outputs that came first wait in `uncounted`, and the
+  // reply is (right, rows).
+  bool labels_come = false;
+  at::Tensor sent_labels;
+  std::vector<std::pair<int64_t, c10::IValue>> uncounted;
+  bool by_rows = false;
+  int64_t rows = 0;  // labelled rows (the reply's, by_rows)
+  int m = 0;
   Future<c10::IValue> done;
 };
 
@@ -78,7 +88,11 @@ class EvalRunner : public std::enable_shared_from_this<EvalRunner> {
   // the last stage's worker replies with the outputs merged (with `labels`:
   // with the number of rows whose output's argmax is their label), the
   // others with None once their passes are done.
-  Future<c10::IValue> Eval(int64_t id, const c10::IValue& inputs, int m, const c10::IValue& labels);
+  Future<c10::IValue> Eval(int64_t id, const c10::IValue& inputs, int m, const c10::IValue& labels,
+                           const c10::IValue& rows = c10::IValue());
+  // The labels of evaluation `id`, from the worker of stage 0 that read
+  // its rows (WorkerRows).
+  void Labels(int64_t id, const at::Tensor& labels);
   // Stage `stage`'s input for micro-batch `mb` of evaluation `id`.
   void Push(int64_t id, int64_t stage, int64_t mb, c10::IValue value);
   // Fails evaluation `id` if it is one here; whether it was.
@@ -90,6 +104,13 @@ class EvalRunner : public std::enable_shared_from_this<EvalRunner> {
   // first served), never waiting for a thread.
   void StartEval(std::shared_ptr<EvalBatch> b, int64_t stage, int64_t mb, c10::IValue x);
   void EvalForward(const std::shared_ptr<EvalBatch>& b, int64_t stage, int64_t mb, const c10::IValue& x);
+  // Accounts for stage `stage`'s output `y` of micro-batch `mb`: counted
+  // against its labels on the last stage, kept, or only done; replies once
+  // all of the batch's passes here are.
+  void Account(const std::shared_ptr<EvalBatch>& b, int64_t stage, int64_t mb, c10::IValue y);
+  // Cuts `labels` into the batch's micro-batches on the last stage's
+  // device. Needs b->m.
+  absl::Status SetLabels(EvalBatch& b, const at::Tensor& labels) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailEval(const std::shared_ptr<EvalBatch>& b, absl::Status status);
 
   Agent& agent_;

@@ -25,6 +25,7 @@
 #include "parallel/process_group.h"
 #include "pipeline/schedule.h"
 #include "tests/support/pipeline_fixtures.h"
+#include "tests/support/master_runs.h"
 #include "tests/support/script_models.h"
 #include "tests/support/test_group.h"
 
@@ -33,6 +34,11 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
+using test_support::ExpectSameLosses;
+using test_support::LocalLosses;
+using test_support::ReportEpochs;
+using test_support::ReportLosses;
+using test_support::RunPipeline;
 
 const std::string kBin = BinDir();
 
@@ -66,68 +72,6 @@ TEST(ResNet, ShardsEqualTheSameBlocksOfTheFullModel) {
 
 TEST(ResNet, TutorialSplitIsTorchvisions) {
   EXPECT_EQ(models::TutorialSplit(), (std::vector<int>{0, 8, 18}));
-}
-
-// Losses of every run in a --report file, in order.
-std::vector<std::vector<double>> ReportLosses(const std::string& json) {
-  std::vector<std::vector<double>> out;
-  std::regex losses("\"losses\": \\[([^\\]]*)\\]");
-  for (auto it = std::sregex_iterator(json.begin(), json.end(), losses);
-       it != std::sregex_iterator(); ++it) {
-    std::vector<double> v;
-    for (auto part : absl::StrSplit((*it)[1].str(), ", ")) v.push_back(std::stod(std::string(part)));
-    out.push_back(v);
-  }
-  return out;
-}
-
-// A pipeline run over `n` real workers; returns the master's exit code and
-// output. `common_args` go to the master and every worker; the workers
-// must exit with `worker_code` (1 when the master fails: it ends the group).
-std::pair<int, std::string> RunPipeline(int n, const std::vector<std::string>& master_args,
-                                        const std::vector<std::string>& common_args = {},
-                                        int worker_code = 0) {
-  const int port = FreePort();
-  const std::string addr = absl::StrCat("127.0.0.1:", port);
-  std::vector<std::unique_ptr<cli::Subprocess>> workers;
-  std::string names;
-  for (int i = 1; i <= n; ++i) {
-    const std::string name = absl::StrCat("worker", i);
-    names += (i > 1 ? "," : "") + name;
-    std::vector<std::string> worker_argv = {kBin + "/worker", "--name", name, "--master", addr,
-                                            "--threads", "1"};
-    worker_argv.insert(worker_argv.end(), common_args.begin(), common_args.end());
-    workers.push_back(cli::Subprocess::Spawn(worker_argv, TempPath(name + ".log")).value());
-  }
-  std::vector<std::string> argv = {kBin + "/master", "--workers", names, "--listen", addr};
-  argv.insert(argv.end(), master_args.begin(), master_args.end());
-  argv.insert(argv.end(), common_args.begin(), common_args.end());
-  auto result = RunProgram(argv, absl::Seconds(240));
-  for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), worker_code);
-  return result;
-}
-
-// The losses of `master --local --threads 1` with `args`, one list per
-// split count (empty when it failed, which the test is told).
-std::vector<std::vector<double>> LocalLosses(const std::vector<std::string>& args,
-                                             const std::string& name) {
-  const std::string report = TempPath(name + ".json");
-  std::vector<std::string> argv = {kBin + "/master", "--local", "--threads", "1", "--report",
-                                   report};
-  argv.insert(argv.end(), args.begin(), args.end());
-  auto [code, out] = RunProgram(argv, absl::Seconds(240));
-  EXPECT_EQ(code, 0) << out;
-  return code == 0 ? ReportLosses(ReadFile(report)) : std::vector<std::vector<double>>{};
-}
-
-// Every batch's loss of `got` within 1e-4 (relative) of `want`'s.
-void ExpectSameLosses(const std::vector<double>& got, const std::vector<double>& want,
-                      const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t b = 0; b < want.size(); ++b) {
-    EXPECT_LT(std::abs(got[b] - want[b]) / std::abs(want[b]), 1e-4)
-        << what << " batch " << b << ": " << got[b] << " vs " << want[b];
-  }
 }
 
 const std::vector<std::string> kSmall = {"--batches", "2", "--batch-size", "8",
@@ -377,16 +321,6 @@ TEST(Master, ReplicasTrainLikeOneProcess) {
     ASSERT_EQ(p.size(), 1u);
     ExpectSameLosses(p[0], l[0], absl::StrCat("--replicas 2 --zero ", zero, " over ", workers, " workers"));
   }
-}
-
-// (train_loss, test_accuracy) per epoch in a report.
-std::vector<std::pair<double, double>> ReportEpochs(const std::string& json) {
-  std::vector<std::pair<double, double>> out;
-  std::regex epoch("\"train_loss\": ([0-9.e+-]+), \"test_accuracy\": ([0-9.e+-]+)");
-  for (auto it = std::sregex_iterator(json.begin(), json.end(), epoch); it != std::sregex_iterator(); ++it) {
-    out.emplace_back(std::stod((*it)[1]), std::stod((*it)[2]));
-  }
-  return out;
 }
 
 // master --dataset trains the small CNN for --epochs, prints the test

@@ -1,0 +1,31 @@
+// The real master and worker programs run from a test: a pipeline over
+// real workers, the losses and epochs of a --report file.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace remora::test_support {
+
+// Losses of every run in a --report file, in order.
+std::vector<std::vector<double>> ReportLosses(const std::string& json);
+
+// A pipeline run over `n` real workers; returns the master's exit code and
+// output. `common_args` go to the master and every worker; the workers
+// must exit with `worker_code` (1 when the master fails: it ends the group).
+std::pair<int, std::string> RunPipeline(int n, const std::vector<std::string>& master_args,
+                                        const std::vector<std::string>& common_args = {},
+                                        int worker_code = 0);
+
+// The losses of `master --local --threads 1` with `args`, one list per
+// split count (empty when it failed, which the test is told).
+std::vector<std::vector<double>> LocalLosses(const std::vector<std::string>& args, const std::string& name);
+
+// Every batch's loss of `got` within 1e-4 (relative) of `want`'s.
+void ExpectSameLosses(const std::vector<double>& got, const std::vector<double>& want, const std::string& what);
+
+// (train_loss, test_accuracy) per epoch in a report.
+std::vector<std::pair<double, double>> ReportEpochs(const std::string& json);
+
+}  // namespace remora::test_support
