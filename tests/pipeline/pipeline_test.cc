@@ -341,6 +341,16 @@ TEST(Pipeline, RowsReadOnStageZerosWorkerTrainAsBatchesSentByTheMaster) {
     EXPECT_EQ(total, kSteps * (2 + 2 * boundaries + 1));
     EXPECT_EQ(d["function 'remora.pipeline.targets'"], kSteps);
     EXPECT_EQ(d["function 'remora.pipeline.push'"], kSteps * boundaries);
+    // Evaluation too: the same count of right answers, and the rows read.
+    const at::Tensor all = at::arange(64, at::kLong);
+    auto batch = (*here)->Get(all, 0);
+    ASSERT_TRUE(batch.ok()) << batch.status();
+    auto right = (*sent)->eval_correct(batch->images, batch->labels);
+    ASSERT_TRUE(right.ok()) << right.status();
+    auto counted = (*read)->eval_correct((*data)->Rows(all, 0));
+    ASSERT_TRUE(counted.ok()) << counted.status();
+    EXPECT_EQ(counted->first, *right);
+    EXPECT_EQ(counted->second, 64);
   }
   // A worker that finds another set, and rows of a source never opened.
   auto other = WorkerData::Open(workers.master(), {"w1"}, spec, 65);
