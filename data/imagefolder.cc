@@ -2,6 +2,8 @@
 // pool of decoding threads, the crops.
 #include "data/imagefolder.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -65,7 +67,10 @@ std::optional<ImageListing> ReadListing(const std::string& path, const std::stri
 }
 
 void WriteListing(const std::string& path, const std::string& root, const ImageListing& l) {
-  const std::string tmp = absl::StrCat(path, ".tmp");
+  // Its own temporary file: the master and the workers that read the
+  // folder on one host may write the same listing at once.
+  static std::atomic<int64_t> written{0};
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid(), ".", written++);
   {
     std::ofstream out(tmp, std::ios::trunc);
     out << kListingHeader << " " << root << "\n" << l.classes.size() << "\n";

@@ -375,6 +375,39 @@ TEST(ImageFolderMaster, TrainsLocallyAndOverWorkersAlikeAndNamesBadFiles) {
                                           absl::Seconds(120));
   EXPECT_EQ(skip_code, 0) << skip_out;
   EXPECT_THAT(skip_out, HasSubstr("skipped_images=1"));
+  // Over workers, stage 0's worker reads the files itself: the same error
+  // from it, and with --skip-bad-images the same count and losses as in
+  // one process at two micro-batches (the last stage's worker weights by
+  // the rows stage 0's read; a last batch of one row is dropped both ways).
+  auto [skip2_code, skip2_out] = RunProgram(master({"--local", "--threads", "1", "--splits", "2",
+                                                    "--skip-bad-images"}),
+                                            absl::Seconds(120));
+  EXPECT_EQ(skip2_code, 0) << skip2_out;
+  for (const bool skip : {false, true}) {
+    const std::string at = absl::StrCat("127.0.0.1:", FreePort());
+    workers.clear();
+    for (const std::string name : {"w1", "w2"}) {
+      workers.push_back(cli::Subprocess::Spawn({BinDir() + "/worker", "--name", name, "--master", at, "--threads",
+                                                "1"},
+                                               TempPath(name + "_imagefolder_bad.log"))
+                            .value());
+    }
+    std::vector<std::string> args = {"--workers", "w1,w2", "--listen", at, "--splits", "2"};
+    if (skip) args.push_back("--skip-bad-images");
+    auto [over_code, over_out] = RunProgram(master(args), absl::Seconds(120));
+    for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), skip ? 0 : 1);
+    if (!skip) {
+      EXPECT_EQ(over_code, 1) << over_out;
+      EXPECT_THAT(over_out, HasSubstr("reading a batch on worker 'w1'"));
+      EXPECT_THAT(over_out, HasSubstr("red/9.jpg: a damaged JPEG image"));
+      continue;
+    }
+    EXPECT_EQ(over_code, 0) << over_out;
+    EXPECT_THAT(over_out, HasSubstr("skipped_images=1"));
+    const std::vector<double> want = EpochLosses(skip2_out), got = EpochLosses(over_out);
+    ASSERT_EQ(got.size(), want.size()) << over_out;
+    for (size_t e = 0; e < want.size(); ++e) EXPECT_NEAR(got[e], want[e], 1e-4 * std::abs(want[e])) << "epoch " << e + 1;
+  }
 }
 
 }  // namespace
