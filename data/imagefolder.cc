@@ -68,19 +68,27 @@ std::optional<ImageListing> ReadListing(const std::string& path, const std::stri
 
 void WriteListing(const std::string& path, const std::string& root, const ImageListing& l) {
   // Its own temporary file: the master and the workers that read the
-  // folder on one host may write the same listing at once.
+  // folder (on one host, or on several sharing the directory) may write
+  // the same listing at once.
   static std::atomic<int64_t> written{0};
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid(), ".", written++);
+  char host[256] = "host";
+  gethostname(host, sizeof(host) - 1);
+  const std::string tmp = absl::StrCat(path, ".tmp.", host, ".", getpid(), ".", written++);
+  std::error_code ec;
   {
     std::ofstream out(tmp, std::ios::trunc);
     out << kListingHeader << " " << root << "\n" << l.classes.size() << "\n";
     for (const std::string& c : l.classes) out << c << "\n";
     out << l.files.size() << "\n";
     for (size_t i = 0; i < l.files.size(); ++i) out << l.labels[i] << "\t" << l.files[i] << "\n";
-    if (!out) return;  // a cache that cannot be written is only slower next time
+    out.close();
+    if (!out) {  // a cache that cannot be written is only slower next time
+      fs::remove(tmp, ec);
+      return;
+    }
   }
-  std::error_code ec;
   fs::rename(tmp, path, ec);
+  if (ec) fs::remove(tmp, ec);
 }
 
 // 64 well-mixed bits from (seed, epoch, index): splitmix64 over the three.

@@ -255,8 +255,9 @@ void AddFlags(cli::FlagParser& flags, Flags* f) {
                   "gpipe, 1f1b (one stage per worker), interleaved (several stages per worker) "
                   "or auto: interleaved with several stages per worker, else 1f1b");
   flags.AddInt("threads", &c.threads,
-               "intra-op threads of this process for --local and --compare-local training (a master "
-               "with workers otherwise slices batches on 1 thread unless this is given)");
+               "intra-op threads of this process for --local, --compare-local and --mode ps (the "
+               "master steps the model); a pipeline's master otherwise slices batches on 1 thread "
+               "unless this is given");
   flags.AddBool("local", &c.local, "train in this process alone, no workers");
   flags.AddBool("compare-local", &c.compare_local,
                 "also train --local --splits 1 in this process, batch by batch between the last "
@@ -370,7 +371,8 @@ absl::StatusOr<CommandLine> Check(Flags f) {
     if (auto s = CheckWorkers(f, c, line.ps_mode, cut); !s.ok()) return s;
   }
   if (auto s = CheckCheckpoints(line, f.given); !s.ok()) return s;
-  c.coordinator_threads = f.given.count("threads") && !c.compare_local ? c.threads : 1;
+  c.coordinator_threads =
+      line.ps_mode || (f.given.count("threads") && !c.compare_local) ? c.threads : 1;
   return line;
 }
 

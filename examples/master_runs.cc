@@ -359,6 +359,7 @@ absl::StatusOr<Run> FitPipeline(Agent& agent, const Config& c,
     // Every replica's stage 0 worker reads its share of each batch.
     std::vector<std::string> readers;
     for (int r = 0; r < pipe->replicas(); ++r) readers.push_back(pipe->replica(r).worker_of(0));
+    std::printf("data: read on %s (the master sends row numbers)\n", absl::StrJoin(readers, ", ").c_str());
     ASSIGN_OR_RETURN(auto data, pipeline::WorkerData::Open(agent, readers, SourceSpecOf(c, true), train.size()));
     // The test set on replica 0's (which evaluates).
     ASSIGN_OR_RETURN(auto test_data,
@@ -370,6 +371,8 @@ absl::StatusOr<Run> FitPipeline(Agent& agent, const Config& c,
             train.size(), [&](const at::Tensor& rows) { return pipe->eval_correct(test_data->Rows(rows, 0)); },
             test.size(), [&data] { return data->skipped(); }, options, std::cout));
   } else {
+    std::printf("data: read on the master%s\n",
+                c.data_on == "workers" ? " (a loss computed on the master needs the batches here)" : "");
     ASSIGN_OR_RETURN(epochs, pipeline::Fit([&](const at::Tensor& x,
                                                const at::Tensor& y) { return started(pipe->start_train_step(x, y)); },
                                            count, train, test, options, std::cout));

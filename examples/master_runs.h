@@ -66,7 +66,8 @@ struct Config {
   int threads = 0;  // --local's and --compare-local's training
   // This process's intra-op threads while workers train: 1 (it slices
   // batches and waits; more would spin beside the workers on their cores)
-  // unless --threads is given outside --compare-local.
+  // unless --threads is given outside --compare-local; --threads with
+  // --mode ps (the master steps the model).
   int coordinator_threads = 1;
   bool local = false;
   bool compare_local = false;
@@ -85,12 +86,12 @@ struct Config {
   std::shared_ptr<const pipeline::SequentialModel> sequential;
   // --dataset: epochs over a real dataset, the test accuracy after each.
   std::string dataset;     // fashion-mnist, idx:DIR, cifar10:DIR or imagefolder:DIR
+  // Where batches are read: "workers" (each replica's stage 0 worker reads
+  // its rows itself; the master sends only row indices) or "master" (the
+  // master reads them and sends the tensors).
+  std::string data_on = "workers";
   // An image folder's reading: decoding threads, batches read ahead,
   // unreadable files left out (counted) instead of failing the batch.
-  // Where training batches are read: "workers" (each replica's stage 0
-  // worker reads its rows itself; the master sends only row indices) or
-  // "master" (the master reads them and sends the tensors).
-  std::string data_on = "workers";
   int data_threads = 4;
   int prefetch = 2;
   bool skip_bad_images = false;

@@ -167,6 +167,12 @@ pipeline::PendingStep DataParallelPipeline::start_train_step(const pipeline::Wor
   if (R == 1) return replicas_[0]->start_train_step(rows);
   if (!rows.rows.defined()) return pipeline::PendingStep::Done(absl::InvalidArgumentError("no rows"));
   const int64_t n = rows.rows.numel();
+  const int m = replicas_[0]->schedule().micro_batches;
+  if (n < static_cast<int64_t>(m) * R) {
+    return pipeline::PendingStep::Done(absl::InvalidArgumentError(absl::StrCat(
+        "a batch of ", n, " rows gives a replica fewer than its ", m, " micro-batches: give at least ", m * R,
+        " rows")));
+  }
   absl::StatusOr<std::vector<c10::IValue>> shares = pipeline::SplitMicroBatches(rows.rows, R);
   if (!shares.ok()) return pipeline::PendingStep::Done(shares.status());
   return StartOnReplicas(n, [&](int r, int64_t context, int64_t total) {

@@ -2,19 +2,14 @@
 
 #include <algorithm>
 #include <atomic>
-#include <filesystem>
-#include <fstream>
 #include <map>
-#include <sstream>
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/List.h>
 #include <ATen/ops/cross_entropy_loss.h>
-#include <ATen/ops/empty.h>
 #include <ATen/ops/mse_loss.h>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "autograd/dist_autograd.h"
 #include "base/mutex_lock.h"

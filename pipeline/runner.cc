@@ -98,13 +98,23 @@ class Runner : public std::enable_shared_from_this<Runner> {
     at::Tensor send_labels;  // to the last stage's worker
     std::vector<c10::IValue> xs, ts;
     std::vector<double> weights;
+    // What each micro-batch's rows are a share of.
+    double total = static_cast<double>(total_rows);
     absl::Status status = dist_autograd::EnsureContext(agent_, context);
     if (status.ok() && rows && hosts(0)) {
       absl::StatusOr<data::Batch> batch = ReadRows(agent_.self().name, rows->source, rows->rows, rows->epoch);
       status = batch.status();
       if (batch.ok()) {
+        const int64_t asked = rows->rows.numel(), read = asked - batch->skipped;
+        if (read < plan_->micro_batches) {
+          status = absl::FailedPreconditionError(absl::StrCat(
+              batch->skipped, " of the batch's ", asked, " files could not be read (--skip-bad-images), leaving ",
+              read, " rows for ", plan_->micro_batches, " micro-batches: replace the files or give fewer --splits"));
+        }
+        // Files left out: this share's micro-batches are weighted by the
+        // rows read, so that the replicas' weights still sum to one.
+        if (read > 0) total = static_cast<double>(total_rows) * read / asked;
         x = std::move(batch->images);
-        total_rows -= batch->skipped;
         if (hosts(last)) {
           t = std::move(batch->labels);
         } else {
@@ -120,7 +130,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
       status = split.status();
     }
     const bool targets_come = hosts(last) && (!rows || hosts(0));
-    if (status.ok() && targets_come) status = SplitTargets(t, total_rows, &ts, &weights);
+    if (status.ok() && targets_come) status = SplitTargets(t, total, &ts, &weights);
     if (!status.ok()) {
       dist_autograd::ReleaseHere(agent_, context);
       return Future<c10::IValue>::Ready(Annotate(status, absl::StrCat("worker '", agent_.self().name, "'")));
@@ -144,10 +154,14 @@ class Runner : public std::enable_shared_from_this<Runner> {
       }
     }
     if (send_labels.defined()) {
-      agent_.rpc_async(plan_->stage_workers[last], "remora.pipeline.targets",
-                       {plan_->id, context, send_labels, total_rows})
-          .then([self = shared_from_this(), b](const absl::StatusOr<c10::IValue>& r) {
-            if (!r.ok()) self->Fail(b, Annotate(r.status(), "sending the batch's labels to the last stage"));
+      const std::string& to = plan_->stage_workers[last];
+      agent_.rpc_async(to, "remora.pipeline.targets", {plan_->id, context, send_labels, total})
+          .then([self = shared_from_this(), b, to](const absl::StatusOr<c10::IValue>& r) {
+            if (!r.ok()) {
+              self->Fail(b, Annotate(r.status(), absl::StrCat("worker '", self->agent_.self().name,
+                                                              "' sending the batch's labels to worker '", to,
+                                                              "' (the last stage's)")));
+            }
           });
     }
     if (after < 0) {
@@ -188,20 +202,22 @@ class Runner : public std::enable_shared_from_this<Runner> {
     StartForward(b, stage, mb, std::move(value));
   }
 
-  // The labels of batch `context` (of `total_rows` rows in all), from the
-  // worker of stage 0 that read it.
-  void Targets(int64_t context, const c10::IValue& labels, int64_t total_rows) {
+  // The labels of batch `context` (of `total` rows in all), from the
+  // worker of stage 0 that read it. Throws what fails the batch here, so
+  // that the sender fails with the cause too.
+  void Targets(int64_t context, const c10::IValue& labels, double total) {
     const int last = num_stages() - 1;
     plan_->RequireHosted(last, agent_.self().name);
     std::vector<c10::IValue> ts;
     std::vector<double> weights;
-    const absl::Status status = SplitTargets(labels, total_rows, &ts, &weights);
+    const absl::Status status = SplitTargets(labels, total, &ts, &weights);
     std::shared_ptr<Batch> b;
     std::vector<std::tuple<int64_t, int64_t, c10::IValue>> awaiting;
     {
       MutexLock lock(mu_);
       if (context < latest_ || (batches_.count(context) > 0 && batches_[context]->over)) return;
       b = BatchOf(context);
+      if (b->targets_here) return;  // given already
       if (status.ok()) {
         b->targets = std::move(ts);
         b->weights = std::move(weights);
@@ -210,8 +226,9 @@ class Runner : public std::enable_shared_from_this<Runner> {
       }
     }
     if (!status.ok()) {
-      Fail(b, Annotate(status, absl::StrCat("worker '", agent_.self().name, "'")));
-      return;
+      const absl::Status failed = Annotate(status, absl::StrCat("worker '", agent_.self().name, "'"));
+      Fail(b, failed);
+      throw std::invalid_argument(std::string(failed.message()));
     }
     for (auto& [stage, mb, value] : awaiting) StartForward(b, stage, mb, std::move(value));
   }
@@ -290,13 +307,11 @@ class Runner : public std::enable_shared_from_this<Runner> {
 
   // `targets` on the last stage's device, cut into the micro-batches, and
   // each one's share of the batch's `total_rows` rows.
-  absl::Status SplitTargets(const c10::IValue& targets, int64_t total_rows, std::vector<c10::IValue>* ts,
+  absl::Status SplitTargets(const c10::IValue& targets, double total_rows, std::vector<c10::IValue>* ts,
                             std::vector<double>* weights) const {
     ASSIGN_OR_RETURN(*ts, SplitMicroBatches(ToDevice(targets, plan_->stages.at(num_stages() - 1).device()),
                                             plan_->micro_batches));
-    for (const c10::IValue& t : *ts) {
-      weights->push_back(static_cast<double>(BatchRows(t)) / static_cast<double>(total_rows));
-    }
+    for (const c10::IValue& t : *ts) weights->push_back(static_cast<double>(BatchRows(t)) / total_rows);
     return absl::OkStatus();
   }
 
@@ -535,10 +550,10 @@ absl::Status RegisterRunnerFunctions(Registry& registry) {
         return FindRunner(ctx, a[0].toInt())
             ->Run(a[1].toInt(), a[2].toInt(), a[3], a[4], a[5].toInt(), a.size() > 6 ? a[6] : c10::IValue());
       }));
-  // targets(id, context, labels, total rows)
+  // targets(id, context, labels, rows the micro-batches are a share of)
   RETURN_IF_ERROR(registry.RegisterFunction(
       "remora.pipeline.targets", [](CallContext& ctx, const Args& a) -> c10::IValue {
-        FindRunner(ctx, a[0].toInt())->Targets(a[1].toInt(), a[2], a[3].toInt());
+        FindRunner(ctx, a[0].toInt())->Targets(a[1].toInt(), a[2], a[3].toDouble());
         return c10::IValue();
       }));
   // push(id, context, stage, micro-batch, value)

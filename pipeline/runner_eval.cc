@@ -54,6 +54,11 @@ Future<c10::IValue> EvalRunner::Eval(int64_t id, const c10::IValue& inputs, int 
   if (read && plan_->hosts(0)) {
     absl::StatusOr<data::Batch> batch = ReadRows(me, read->source, read->rows, read->epoch);
     status = batch.status();
+    if (batch.ok() && batch->labels.size(0) < m) {
+      status = absl::FailedPreconditionError(absl::StrCat(
+          batch->skipped, " of the ", read->rows.numel(), " files to evaluate could not be read (--skip-bad-images), "
+          "leaving fewer rows than the ", m, " micro-batches: replace the files"));
+    }
     if (batch.ok()) {
       x = std::move(batch->images);
       (plan_->hosts(last) ? l : send) = std::move(batch->labels);
@@ -98,9 +103,13 @@ Future<c10::IValue> EvalRunner::Eval(int64_t id, const c10::IValue& inputs, int 
     return b->done;
   }
   if (send.defined()) {
-    agent_.rpc_async(plan_->stage_workers[last], "remora.pipeline.eval_targets", {plan_->id, id, send})
-        .then([self = shared_from_this(), b](const absl::StatusOr<c10::IValue>& r) {
-          if (!r.ok()) self->FailEval(b, Annotate(r.status(), "sending the evaluation's labels to the last stage"));
+    const std::string& to = plan_->stage_workers[last];
+    agent_.rpc_async(to, "remora.pipeline.eval_targets", {plan_->id, id, send})
+        .then([self = shared_from_this(), b, to, me](const absl::StatusOr<c10::IValue>& r) {
+          if (!r.ok()) {
+            self->FailEval(b, Annotate(r.status(), absl::StrCat("worker '", me, "' sending the evaluation's labels "
+                                                                "to worker '", to, "' (the last stage's)")));
+          }
         });
   }
   for (int i = 0; i < static_cast<int>(xs.size()); ++i) StartEval(b, 0, i, std::move(xs[i]));

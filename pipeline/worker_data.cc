@@ -10,6 +10,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "base/status_util.h"
 
 namespace remora::pipeline {
@@ -54,7 +56,7 @@ c10::IValue SpecToIValue(const data::SourceSpec& s) {
 }
 
 data::SourceSpec SpecFrom(const c10::IValue& v) {
-  const auto& e = v.toTupleRef().elements();
+  const c10::ArrayRef<c10::IValue> e = v.toTupleRef().elements().asArrayRef();
   if (e.size() != 8) throw std::invalid_argument("data.open: a source spec of 8 fields");
   data::SourceSpec s;
   s.dataset = e[0].toStringRef();
@@ -68,7 +70,9 @@ data::SourceSpec SpecFrom(const c10::IValue& v) {
   return s;
 }
 
-std::atomic<int64_t> next_id{1};
+// Ids differ between the sources of this process and, with the clock in
+// them, between masters that one worker meets.
+std::atomic<int64_t> next_id{(absl::ToUnixMicros(absl::Now()) & 0xffffffffff) << 16};
 
 }  // namespace
 
@@ -79,7 +83,7 @@ c10::IValue ToIValue(const WorkerRows& r) {
 
 std::optional<WorkerRows> WorkerRowsFrom(const c10::IValue& v) {
   if (!v.isTuple()) return std::nullopt;
-  const auto& e = v.toTupleRef().elements();
+  const c10::ArrayRef<c10::IValue> e = v.toTupleRef().elements().asArrayRef();
   if (e.size() != 4 || !e[0].isString() || e[0].toStringRef() != kRowsTag) return std::nullopt;
   return WorkerRows{e[1].toInt(), e[2].toTensor(), static_cast<int>(e[3].toInt())};
 }
@@ -94,21 +98,25 @@ absl::StatusOr<std::unique_ptr<WorkerData>> WorkerData::Open(Agent& agent, std::
   for (const std::string& w : workers) {
     opened.push_back(agent.rpc_async(w, "remora.data.open", {id, SpecToIValue(spec)}, slow));
   }
-  // Owns the workers' sources from here: an error below closes them.
+  // Owns the workers' sources from here: an error below closes them, once
+  // every open has answered (a close must not overtake its open).
   std::unique_ptr<WorkerData> data(new WorkerData(agent, workers, id, rows));
+  absl::Status first;
   for (size_t i = 0; i < workers.size(); ++i) {
     absl::StatusOr<c10::IValue> n = opened[i].wait();
+    if (!first.ok()) continue;
     if (!n.ok()) {
-      return Annotate(n.status(), absl::StrCat("opening ", spec.dataset, " on worker '", workers[i],
-                                               "' (it reads the rows it trains on)"));
-    }
-    if (n->toInt() != rows) {
-      return absl::FailedPreconditionError(absl::StrCat(
+      first = Annotate(n.status(), absl::StrCat("opening ", spec.dataset, " on worker '", workers[i],
+                                                "', which reads the rows it trains on (give it the same files "
+                                                "at the same path, or --data-on master)"));
+    } else if (n->toInt() != rows) {
+      first = absl::FailedPreconditionError(absl::StrCat(
           "worker '", workers[i], "' finds ", n->toInt(), " rows in ", spec.dataset, " (",
           spec.train ? "training" : "test", " split) where the master finds ", rows,
           ": give every worker the same files, or let the master send the batches (--data-on master)"));
     }
   }
+  if (!first.ok()) return first;
   return data;
 }
 
@@ -153,12 +161,13 @@ absl::Status RegisterDataFunctions(Registry& registry) {
         opened->source = std::move(*source);
         const int64_t rows = opened->source->size();
         Table& t = TheTable();
-        absl::MutexLock lock(&t.mu);
-        if (!t.by_id.emplace(Key(WorkerName(ctx), a[0].toInt()), std::move(opened)).second) {
-          throw std::invalid_argument(
-              absl::StrCat("worker '", WorkerName(ctx), "' has data source ", a[0].toInt(), " open already"));
+        {
+          absl::MutexLock lock(&t.mu);
+          if (t.by_id.emplace(Key(WorkerName(ctx), a[0].toInt()), opened).second) return rows;
         }
-        return rows;
+        // (`opened` is freed outside the lock.)
+        throw std::invalid_argument(
+            absl::StrCat("worker '", WorkerName(ctx), "' has data source ", a[0].toInt(), " open already"));
       }));
   // skipped(id): the rows left out so far.
   RETURN_IF_ERROR(registry.RegisterFunction(

@@ -16,10 +16,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
 
 #include "absl/status/statusor.h"
 #include "data/source.h"

@@ -348,6 +348,7 @@ TEST(Master, DatasetEpochsReportTestAccuracyAndMatchLocalTraining) {
   auto [code, out] = RunPipeline(2, pipeline_args);
   ASSERT_EQ(code, 0) << out;
   EXPECT_THAT(out, HasSubstr("schedule 1f1b: 2 stages over 2 workers"));
+  EXPECT_THAT(out, HasSubstr("data: read on worker1 (the master sends row numbers)"));
   auto piped = ReportEpochs(ReadFile(report));
   ASSERT_EQ(piped.size(), 2u);
   for (size_t e = 0; e < 2; ++e) {
@@ -371,6 +372,7 @@ TEST(Master, DatasetEpochsReportTestAccuracyAndMatchLocalTraining) {
       a.insert(a.end(), {"--report", r});
       auto [rc, text] = RunPipeline(2, a);
       ASSERT_EQ(rc, 0) << text;
+      EXPECT_THAT(text, HasSubstr(on_master ? "data: read on the master" : "data: read on worker1"));
       by[on_master] = ReportEpochs(ReadFile(r));
       ASSERT_EQ(by[on_master].size(), 2u) << text;
     }
