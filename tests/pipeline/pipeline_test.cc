@@ -333,10 +333,11 @@ TEST(Pipeline, RowsReadOnStageZerosWorkerTrainAsBatchesSentByTheMaster) {
       EXPECT_NEAR(*got, want[step], 1e-5 * std::abs(want[step])) << "step " << step;
     }
     std::map<std::string, int64_t> d = MessagesBetween(before, *(*read)->sent_messages());
+    for (const char* probe : {"function 'remora.pipeline.alive'", "remora.wire.Ping"}) d.erase(probe);  // slow steps'
     int64_t total = 0;
     for (const auto& [kind, n] : d) total += n;
     const int64_t boundaries = c.m * (c.stages - 1);
-    EXPECT_EQ(total, kSteps * (2 + 2 * boundaries + 1));
+    EXPECT_EQ(total, kSteps * (2 + 2 * boundaries + 1)) << ::testing::PrintToString(d);
     EXPECT_EQ(d["function 'remora.pipeline.targets'"], kSteps);
     EXPECT_EQ(d["function 'remora.pipeline.push'"], kSteps * boundaries);
     // Evaluation too: the same count of right answers, and the rows read.
@@ -350,8 +351,7 @@ TEST(Pipeline, RowsReadOnStageZerosWorkerTrainAsBatchesSentByTheMaster) {
     EXPECT_EQ(counted->first, *right);
     EXPECT_EQ(counted->second, 64);
   }
-  // A worker that finds another set, and rows of a source never opened.
-  auto other = WorkerData::Open(workers.master(), {"w1"}, spec, 65);
+  auto other = WorkerData::Open(workers.master(), {"w1"}, spec, 65);  // a worker that finds another set
   ASSERT_FALSE(other.ok());
   EXPECT_THAT(std::string(other.status().message()), testing::HasSubstr("worker 'w1' finds 64 rows"));
   PipelineOptions o;
@@ -362,7 +362,7 @@ TEST(Pipeline, RowsReadOnStageZerosWorkerTrainAsBatchesSentByTheMaster) {
   o.loss = CrossEntropyLoss();
   auto pipe = Pipeline::Create(workers.master(), o);
   ASSERT_TRUE(pipe.ok()) << pipe.status();
-  auto lost = (*pipe)->start_train_step(WorkerRows{999, at::arange(4, at::kLong), 1}).wait();
+  auto lost = (*pipe)->start_train_step(WorkerRows{999, at::arange(4, at::kLong), 1}).wait();  // never opened
   ASSERT_FALSE(lost.ok());
   EXPECT_THAT(std::string(lost.status().message()), testing::HasSubstr("worker 'w1' has no data source 999"));
 }
