@@ -353,7 +353,6 @@ absl::StatusOr<Run> FitPipeline(Agent& agent, const Config& c,
     auto step = std::make_shared<pipeline::PendingStep>(std::move(pending));
     return pipeline::StartedStep{[step] { return step->wait(); }, [step] { step->abandon(); }};
   };
-  auto count = [&](const at::Tensor& x, const at::Tensor& y) { return pipe->eval_correct(x, y); };
   std::vector<pipeline::EpochResult> epochs;
   if (c.data_on == "workers" && pipe->replica(0).runs_on_workers()) {
     // Every replica's stage 0 worker reads its share of each batch.
@@ -373,9 +372,11 @@ absl::StatusOr<Run> FitPipeline(Agent& agent, const Config& c,
   } else {
     std::printf("data: read on the master%s\n",
                 c.data_on == "workers" ? " (a loss computed on the master needs the batches here)" : "");
-    ASSIGN_OR_RETURN(epochs, pipeline::Fit([&](const at::Tensor& x,
-                                               const at::Tensor& y) { return started(pipe->start_train_step(x, y)); },
-                                           count, train, test, options, std::cout));
+    ASSIGN_OR_RETURN(epochs,
+                     pipeline::Fit([&](const at::Tensor& x,
+                                       const at::Tensor& y) { return started(pipe->start_train_step(x, y)); },
+                                   [&](const at::Tensor& x, const at::Tensor& y) { return pipe->eval_correct(x, y); },
+                                   train, test, options, std::cout));
   }
   if (checkpoints != nullptr && checkpoints->saver) {
     RETURN_IF_ERROR(checkpoints->Save(

@@ -33,7 +33,7 @@ using BatchStarter = std::function<StartedStep(const data::Batch& batch, const a
 
 // The epochs of Fit and FitRows over `train_size` rows; `skipped` (may be
 // empty) counts rows left out where they were read.
-absl::StatusOr<std::vector<EpochResult>> FitLoop(int64_t train_size, const RowReader& read_fn,
+absl::StatusOr<std::vector<EpochResult>> FitLoop(int64_t train_size, const RowReader& read_rows,
                                                  const BatchStarter& start_step,
                                                  const std::function<absl::StatusOr<int64_t>()>& skipped,
                                                  const std::function<absl::StatusOr<double>()>& accuracy,
@@ -138,7 +138,7 @@ absl::StatusOr<std::vector<EpochResult>> FitRows(const StartRowsStep& start_step
 
 namespace {
 
-absl::StatusOr<std::vector<EpochResult>> FitLoop(int64_t train_size, const RowReader& read_fn,
+absl::StatusOr<std::vector<EpochResult>> FitLoop(int64_t train_size, const RowReader& read_rows,
                                                  const BatchStarter& start_step,
                                                  const std::function<absl::StatusOr<int64_t>()>& skipped,
                                                  const std::function<absl::StatusOr<double>()>& accuracy_fn,
@@ -177,7 +177,6 @@ absl::StatusOr<std::vector<EpochResult>> FitLoop(int64_t train_size, const RowRe
     // Batches read ahead (o.prefetch of them while a step runs), in order
     // from batch `next_read`.
     std::deque<std::future<absl::StatusOr<data::Batch>>> read;
-    const RowReader& read_rows = read_fn;
     size_t next_read = first;
     auto read_ahead = [&] {
       while (next_read < batches.size() && static_cast<int>(read.size()) <= o.prefetch) {

@@ -308,14 +308,18 @@ TEST(ImageFolderMaster, TrainsLocallyAndOverWorkersAlikeAndNamesBadFiles) {
   const std::vector<double> local = EpochLosses(local_out);
   ASSERT_EQ(local.size(), 2u) << local_out;
 
-  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+  // Workers w1 and w2 of a master at `at`, one thread each.
   std::vector<std::unique_ptr<cli::Subprocess>> workers;
-  for (const std::string name : {"w1", "w2"}) {
-    workers.push_back(cli::Subprocess::Spawn({BinDir() + "/worker", "--name", name, "--master", addr, "--threads",
-                                              "1"},
-                                             TempPath(name + "_imagefolder.log"))
-                          .value());
-  }
+  auto start_workers = [&workers](const std::string& at, const std::string& log) {
+    workers.clear();
+    for (const std::string name : {"w1", "w2"}) {
+      workers.push_back(cli::Subprocess::Spawn({BinDir() + "/worker", "--name", name, "--master", at, "--threads", "1"},
+                                               TempPath(name + log))
+                            .value());
+    }
+  };
+  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+  start_workers(addr, "_imagefolder.log");
   auto [code, out] = RunProgram(master({"--workers", "w1,w2", "--listen", addr, "--splits", "2"}),
                                 absl::Seconds(120));
   ASSERT_EQ(code, 0) << out;
@@ -335,13 +339,7 @@ TEST(ImageFolderMaster, TrainsLocallyAndOverWorkersAlikeAndNamesBadFiles) {
   const std::vector<double> resnet_losses = EpochLosses(resnet_out);
   ASSERT_EQ(resnet_losses.size(), 1u) << resnet_out;
   const std::string addr2 = absl::StrCat("127.0.0.1:", FreePort());
-  workers.clear();
-  for (const std::string name : {"w1", "w2"}) {
-    workers.push_back(cli::Subprocess::Spawn({BinDir() + "/worker", "--name", name, "--master", addr2, "--threads",
-                                              "1"},
-                                             TempPath(name + "_imagefolder_resnet.log"))
-                          .value());
-  }
+  start_workers(addr2, "_imagefolder_resnet.log");
   const std::string ckpt = TempPath("imagefolder_ckpt");
   std::vector<std::string> resnet_piped = {BinDir() + "/master", "--workers", "w1,w2", "--listen", addr2,
                                            "--splits", "2", "--partition", "tutorial", "--checkpoint-dir", ckpt};
@@ -385,13 +383,7 @@ TEST(ImageFolderMaster, TrainsLocallyAndOverWorkersAlikeAndNamesBadFiles) {
   EXPECT_EQ(skip2_code, 0) << skip2_out;
   for (const bool skip : {false, true}) {
     const std::string at = absl::StrCat("127.0.0.1:", FreePort());
-    workers.clear();
-    for (const std::string name : {"w1", "w2"}) {
-      workers.push_back(cli::Subprocess::Spawn({BinDir() + "/worker", "--name", name, "--master", at, "--threads",
-                                                "1"},
-                                               TempPath(name + "_imagefolder_bad.log"))
-                            .value());
-    }
+    start_workers(at, "_imagefolder_bad.log");
     std::vector<std::string> args = {"--workers", "w1,w2", "--listen", at, "--splits", "2"};
     if (skip) args.push_back("--skip-bad-images");
     auto [over_code, over_out] = RunProgram(master(args), absl::Seconds(120));
@@ -406,7 +398,9 @@ TEST(ImageFolderMaster, TrainsLocallyAndOverWorkersAlikeAndNamesBadFiles) {
     EXPECT_THAT(over_out, HasSubstr("skipped_images=1"));
     const std::vector<double> want = EpochLosses(skip2_out), got = EpochLosses(over_out);
     ASSERT_EQ(got.size(), want.size()) << over_out;
-    for (size_t e = 0; e < want.size(); ++e) EXPECT_NEAR(got[e], want[e], 1e-4 * std::abs(want[e])) << "epoch " << e + 1;
+    for (size_t e = 0; e < want.size(); ++e) {
+      EXPECT_NEAR(got[e], want[e], 1e-4 * std::abs(want[e])) << "epoch " << e + 1;
+    }
   }
 }
 
