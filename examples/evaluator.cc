@@ -38,6 +38,7 @@
 #include "data/imagefolder.h"
 #include "examples/builtins.h"
 #include "launch/cli.h"
+#include "launch/worker_main.h"
 #include "runtime/threads.h"
 
 namespace remora {
@@ -207,4 +208,4 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace remora
 
-int main(int argc, char** argv) { return remora::Main(argc, argv); }
+int main(int argc, char** argv) { remora::launch::ExitProgram(remora::Main(argc, argv)); }

@@ -30,6 +30,7 @@
 #include "examples/ps_runs.h"
 #include "examples/timeline.h"
 #include "launch/cli.h"
+#include "launch/worker_main.h"
 #include "rpc/agent.h"
 #include "runtime/allocator.h"
 #include "runtime/threads.h"
@@ -311,4 +312,4 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace remora
 
-int main(int argc, char** argv) { return remora::Main(argc, argv); }
+int main(int argc, char** argv) { remora::launch::ExitProgram(remora::Main(argc, argv)); }

@@ -6,6 +6,6 @@
 #include "launch/worker_main.h"
 
 int main(int argc, char** argv) {
-  return remora::launch::WorkerMain(argc, argv, "worker",
-                                    remora::examples::RegisterStockWorker);
+  remora::launch::ExitProgram(
+      remora::launch::WorkerMain(argc, argv, "worker", remora::examples::RegisterStockWorker));
 }

@@ -1,6 +1,10 @@
 #include "launch/worker_main.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <thread>
 
@@ -135,6 +139,25 @@ int WorkerMain(int argc, char** argv, const std::string& program,
     return 1;
   }
   return 0;
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+#define REMORA_EXIT_NORMALLY 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define REMORA_EXIT_NORMALLY 1
+#endif
+#endif
+
+void ExitProgram(int code) {
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+#ifdef REMORA_EXIT_NORMALLY
+  std::exit(code);
+#else
+  _exit(code);
+#endif
 }
 
 }  // namespace remora::launch

@@ -16,5 +16,5 @@ absl::Status Register(remora::Registry& registry) {
 }
 
 int main(int argc, char** argv) {
-  return remora::launch::WorkerMain(argc, argv, "custom_worker", Register);
+  remora::launch::ExitProgram(remora::launch::WorkerMain(argc, argv, "custom_worker", Register));
 }

@@ -493,13 +493,24 @@ TEST(CheckpointJob, AJobKilledMidEpochResumesAndEndsEqualToAnUninterruptedOne) {
     EXPECT_LT(CompleteSteps(broken).back(), 30);
   }
 
-  // Step 6, written before the kill, tells whether training is bitwise
-  // reproducible here: with Debian's LibTorch (OpenBLAS) it is, and the
-  // resumed job must end bitwise equal; with a PyTorch wheel's (MKL) on
-  // an H200 machine, two runs differed by up to 7e-9 already at step 6,
-  // and the resumed job ended 6e-8 from the uninterrupted one. (Compared
-  // now: the resumed job's checkpoints replace it, --keep 3.)
-  const StageDifference step6 = CompareStages(whole + "/step-00000006", broken + "/step-00000006");
+  // Whether training is bitwise reproducible here, decided from a second
+  // uninterrupted job compared with the first at their ends. With Debian's
+  // LibTorch (OpenBLAS) it is, and the resumed job must end bitwise equal.
+  // With a PyTorch wheel's (MKL) on an H100, two jobs agreed at step 6 but
+  // the resumed one ended 6e-8 away: there only closeness can be asked.
+  StageDifference twice;
+  {
+    const std::string again = FreshDir("ckpt_again");
+    const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+    auto workers = StartWorkers({"w1", "w2"}, addr, "again");
+    auto [code, out] = RunProgram(MasterArgv("w1,w2", addr, data, {"--checkpoint-dir", again, "--checkpoint-every",
+                                                                   "30"}),
+                                  absl::Seconds(200));
+    ASSERT_EQ(code, 0) << out;
+    for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
+    twice = CompareStages(whole, again);
+    ASSERT_LT(twice.largest, 1e-5) << "two uninterrupted jobs ended this far apart";
+  }
 
   // Resumed on workers named otherwise: it ends where the whole job did.
   {
@@ -509,13 +520,13 @@ TEST(CheckpointJob, AJobKilledMidEpochResumesAndEndsEqualToAnUninterruptedOne) {
     ASSERT_EQ(code, 0) << out;
     for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
     EXPECT_THAT(out, HasSubstr("resumed from " + broken + "/step-"));
-    EXPECT_EQ(LineStarting(out, "epoch=3 ").substr(0, 50), LineStarting(whole_out, "epoch=3 ").substr(0, 50));
     const StageDifference after = CompareStages(whole, broken);
-    if (step6.equal) {
+    if (twice.equal) {
+      EXPECT_EQ(LineStarting(out, "epoch=3 ").substr(0, 50), LineStarting(whole_out, "epoch=3 ").substr(0, 50));
       EXPECT_TRUE(after.equal) << "the resumed job ended " << after.largest << " away from the uninterrupted one";
     } else {
-      EXPECT_LT(after.largest, 1e-5) << "training is not bitwise reproducible here (step 6 differed by "
-                                     << step6.largest << "), but the resumed job ended this far away";
+      EXPECT_LT(after.largest, 1e-5) << "training is not bitwise reproducible here (two uninterrupted jobs ended "
+                                     << twice.largest << " apart), but the resumed job ended this far away";
     }
     EXPECT_EQ(Latest(broken)->manifest.step(), 30);
     // Resumed as the README shows (no checkpoint flags), the run's

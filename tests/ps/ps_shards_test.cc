@@ -289,7 +289,7 @@ TEST(PsShards, MasterProgramFailsWithinTenSecondsWhenAServerIsKilled) {
   const absl::Time t0 = absl::Now();
   auto code = master->Wait(absl::Seconds(30));
   const double seconds = absl::ToDoubleSeconds(absl::Now() - t0);
-  ASSERT_TRUE(code.ok()) << ReadFile(log);
+  ASSERT_TRUE(code.ok()) << ReadFile(log) << StacksOf(master->pid());
   EXPECT_NE(*code, 0);
   EXPECT_LT(seconds, 10) << ReadFile(log);
   EXPECT_THAT(ReadFile(log), HasSubstr("parameter server 'worker2'"));

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -145,13 +146,27 @@ inline std::string TempPath(const std::string& name) {
   return absl::StrCat(testing::TempDir(), "/remora_", getpid(), "_", name);
 }
 
-// Runs a program to completion; returns its exit code and its output.
+// The stacks of every thread of process `pid`, for a test whose program
+// hung: gdb attaches for a moment (a note instead when gdb is missing).
+inline std::string StacksOf(pid_t pid) {
+  if (access("/usr/bin/gdb", X_OK) != 0) return "(no stacks: /usr/bin/gdb is not installed)\n";
+  const std::string out = TempPath(absl::StrCat("stacks_", pid, ".txt"));
+  const std::string command = absl::StrCat("timeout 60 /usr/bin/gdb -p ", pid,
+                                           " -batch -ex 'thread apply all bt' >", out, " 2>&1");
+  if (std::system(command.c_str()) != 0) return absl::StrCat("(gdb failed on ", pid, ")\n", ReadFile(out));
+  return absl::StrCat("stacks of the hung process ", pid, ":\n", ReadFile(out));
+}
+
+// Runs a program to completion; returns its exit code and its output
+// (-1 and, after the output, its threads' stacks when it outlives
+// `timeout`).
 inline std::pair<int, std::string> RunProgram(const std::vector<std::string>& argv,
                                               absl::Duration timeout = absl::Seconds(60)) {
   const std::string out = TempPath("out.txt");
   auto p = cli::Subprocess::Spawn(argv, out).value();
   auto code = p->Wait(timeout);
-  return {code.ok() ? *code : -1, ReadFile(out)};
+  if (!code.ok()) return {-1, ReadFile(out) + StacksOf(p->pid())};
+  return {*code, ReadFile(out)};
 }
 
 // A certificate authority and one certificate it signed, made with the
