@@ -254,21 +254,9 @@ absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(Agent& agent, const s
     }
     shards.push_back(std::move(*shard));
   }
-  // Each shard's creation first, then the calls through it. (A method call
-  // that overtook a remote() whose arguments were still on their way, the
-  // shard's ~1 MB of parameters through shared memory, was seen to wait
-  // forever on the owner under load: see the stop note of 2026-11-25.)
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  for (size_t k = 0; k < shards.size(); ++k) {
-    while (!shards[k].confirmed_by_owner()) {
-      if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "parameter server: server '", servers[k], "' did not confirm shard ", k,
-            " within 60 s (is it running and reachable?)"));
-      }
-      absl::SleepFor(absl::Milliseconds(1));
-    }
-  }
+  // The first calls through the shards may overtake their creation: the
+  // server holds them until the shard exists, or fails them with the error
+  // that refused it.
   auto set = std::unique_ptr<ShardSet>(new ShardSet(std::move(placement), std::move(shards)));
   RETURN_IF_ERROR(set->CallAll("ping", {}, "building its shard").status());
   return set;

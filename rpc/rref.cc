@@ -30,6 +30,19 @@ Agent* RRefImpl::agent() const {
   return ctx ? ctx->agent() : nullptr;
 }
 
+void OwnerRRef::Abandon(const absl::Status& why) {
+  value_.Complete(absl::Status(why.code(), absl::StrCat("RRef ", rref_id().ToString(), ": ", why.message())));
+  std::vector<std::function<void()>> dropped;
+  {
+    MutexLock lock(lanes_mu_);
+    for (auto& [key, lane] : lanes_) {
+      for (auto& [seq, fn] : lane.waiting) dropped.push_back(std::move(fn));
+      lane.waiting.clear();
+    }
+  }
+  dropped.clear();  // outside the lock: each call's responder answers as it goes
+}
+
 void OwnerRRef::RunInOrder(WorkerId caller, const ForkId& lane_id, uint64_t seq,
                            std::function<void()> fn, absl::Duration gap_timeout,
                            absl::Time now) {
@@ -377,6 +390,15 @@ bool RRefContext::detached() const {
 void RRefContext::Detach() {
   MutexLock lock(mu_);
   detached_ = true;
+}
+
+void RRefContext::AbandonWaiting(const absl::Status& why) {
+  std::vector<c10::intrusive_ptr<OwnerRRef>> owners;
+  {
+    MutexLock lock(mu_);
+    for (const auto& [id, owner] : owners_) owners.push_back(owner);
+  }
+  for (const auto& owner : owners) owner->Abandon(why);
 }
 
 RRefStats RRefContext::stats() const {

@@ -97,6 +97,11 @@ class OwnerRRef final : public RRefImpl {
   void RunInOrder(WorkerId caller, const ForkId& lane, uint64_t seq, std::function<void()> fn,
                   absl::Duration gap_timeout = absl::Seconds(60), absl::Time now = absl::Now());
 
+  // When the owner stops: a value still being made fails with `why` (the
+  // calls and fetches waiting for it get that error), and calls waiting
+  // behind a gap on a lane are dropped (their callers get an error reply).
+  void Abandon(const absl::Status& why);
+
  private:
   struct Lane {
     uint64_t next = 1;
@@ -209,6 +214,9 @@ class RRefContext final : public RRefHooks,
   absl::Status WaitDrained(absl::Duration timeout);
   // After this, destroyed users send nothing (the group is gone).
   void Detach();
+  // Abandons every owner's pending value and waiting calls with `why` (see
+  // OwnerRRef::Abandon): no request waits on this worker past its stop.
+  void AbandonWaiting(const absl::Status& why);
   bool detached() const;
 
   RRefStats stats() const;

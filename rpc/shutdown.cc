@@ -106,7 +106,13 @@ void Agent::Impl::CancelOutgoing() {
 }
 
 void Agent::Impl::Stop() {
-  if (agent_->rrefs_) agent_->rrefs_->Detach();
+  if (agent_->rrefs_) {
+    agent_->rrefs_->Detach();
+    // Calls waiting here for a value that will not come now (its remote()
+    // never arrived) get their answer before the server stops.
+    agent_->rrefs_->AbandonWaiting(absl::UnavailableError(absl::StrCat(
+        "its value was never made: worker '", agent_->self_.name, "' stopped first")));
+  }
   // Peers' streams stay open until closed: the server's Shutdown would
   // wait for them. A request being handled still gets its reply first.
   std::vector<std::shared_ptr<ServerStream::State>> server_streams;

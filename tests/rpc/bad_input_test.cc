@@ -2,7 +2,9 @@
 // worker (over loopback, as a buggy or hostile peer would send them), and
 // bad arguments through the API. Every case must answer with an error the
 // caller sees, and the worker must go on serving.
+#include <atomic>
 #include <limits>
+#include <thread>
 
 #include <ATen/ops/ones.h>
 #include <ATen/ops/randn.h>
@@ -361,6 +363,103 @@ TEST_F(BadInput, RefusedRemoteLeavesAnRRefThatFailsItsLaterUsers) {
   }
   std::string why;
   EXPECT_TRUE(group_.WaitTablesEmpty(absl::Seconds(20), &why)) << why;
+}
+
+// A method call on an RRef that overtakes the remote() creating it (as when
+// the remote()'s arguments travel through shared memory and the call does
+// not) waits on the owner until the value exists, then runs; a to_here()
+// that overtakes it likewise.
+TEST_F(BadInput, CallsThatOvertakeTheRemoteCreatingTheirRRefWaitForItAndRun) {
+  const uint64_t module = 6100001, tensor = 6100002;  // G(0, module), G(0, tensor)
+  OutMessage method = Call("forward", {Tensor(kFloat, {1, 2})}, {at::ones({1, 2})});
+  wire::CallRequest call = RequestBody<wire::CallRequest>(method.header.request()).value();
+  *call.mutable_self() = RRefValue(w1(), Guid(0, module), Guid(0, module), 0);
+  SetBody(method.header.mutable_request(), call);
+  OutMessage fetch;
+  fetch.header.mutable_request()->set_from(0);
+  SetBody(fetch.header.mutable_request(), Fetch(Guid(0, tensor), Guid(0, tensor)));
+  RawClient other(group_.worker(1).self().address);
+  absl::StatusOr<InMessage> method_reply, fetch_reply;
+  std::thread early_method([&] { method_reply = client_.Call(std::move(method), absl::Seconds(20)); });
+  std::thread early_fetch([&] { fetch_reply = other.Call(std::move(fetch), absl::Seconds(20)); });
+  absl::SleepFor(absl::Milliseconds(300));  // both reach w1 first and wait there
+  // The remote()s that create the two values.
+  auto remote = [](OutMessage m, uint64_t local) {
+    wire::CallRequest make = RequestBody<wire::CallRequest>(m.header.request()).value();
+    *make.mutable_result_rref() = Guid(0, local);
+    *make.mutable_result_fork() = Guid(0, local);
+    SetBody(m.header.mutable_request(), make);
+    return m;
+  };
+  RawClient creator(group_.worker(1).self().address);
+  for (auto made : {creator.Call(remote(Call("Affine", {Int(2), Int(2)}), module)),
+                    creator.Call(remote(Call("echo", {Tensor(kFloat, {3})}, {at::ones({3})}), tensor))}) {
+    ASSERT_TRUE(made.ok()) << made.status();
+    EXPECT_FALSE(made->header.response().has_error()) << made->header.response().error().message();
+  }
+  early_method.join();
+  early_fetch.join();
+  for (const auto* reply : {&method_reply, &fetch_reply}) {
+    ASSERT_TRUE(reply->ok()) << reply->status();
+    EXPECT_FALSE((*reply)->header.response().has_error()) << (*reply)->header.response().error().message();
+  }
+  // (Payloads arrive as bytes.)
+  ASSERT_EQ(method_reply->payloads.size(), 1u);
+  EXPECT_EQ(method_reply->payloads[0].numel(), 2 * 4);  // the [1, 2] output
+  ASSERT_EQ(fetch_reply->payloads.size(), 1u);
+  EXPECT_TRUE(at::equal(fetch_reply->payloads[0].view(at::kFloat), at::ones({3})));
+  for (uint64_t local : {module, tensor}) {
+    OutMessage del;
+    del.header.mutable_request()->set_from(0);
+    SetBody(del.header.mutable_request(), Delete(Guid(0, local), Guid(0, local)));
+    ExpectOk(std::move(del));
+  }
+  std::string why;
+  EXPECT_TRUE(group_.WaitTablesEmpty(absl::Seconds(20), &why)) << why;
+}
+
+// Calls that wait on an owner for a value whose remote() never comes (its
+// creator died before sending it) do not keep the owner from stopping:
+// stopping answers them with an error.
+TEST(RRefOwner, StoppingAnswersCallsWaitingForAValueThatNeverCame) {
+  Group group(1);
+  const WorkerId w1 = group.worker(1).self().id;
+  const uint64_t never = 6200001;  // G(0, never): no remote() creates it
+  OutMessage method;
+  method.header.mutable_request()->set_from(0);
+  wire::CallRequest call;
+  call.set_function("forward");
+  *call.mutable_self() = WireValues::RRefValue(w1, WireValues::Guid(0, never), WireValues::Guid(0, never), 0);
+  WireValues::SetBody(method.header.mutable_request(), call);
+  OutMessage fetch;
+  fetch.header.mutable_request()->set_from(0);
+  WireValues::SetBody(fetch.header.mutable_request(),
+          WireValues::Fetch(WireValues::Guid(0, never), WireValues::Guid(0, never)));
+  RawClient a(group.worker(1).self().address), b(group.worker(1).self().address);
+  std::atomic<int> answered{0};
+  absl::StatusOr<InMessage> method_reply, fetch_reply;
+  std::thread waiting_method([&] {
+    method_reply = a.Call(std::move(method), absl::Seconds(60));
+    ++answered;
+  });
+  std::thread waiting_fetch([&] {
+    fetch_reply = b.Call(std::move(fetch), absl::Seconds(60));
+    ++answered;
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(answered.load(), 0) << "the calls should wait for the value";
+  const absl::Time t0 = absl::Now();
+  group.StopNow();
+  waiting_method.join();
+  waiting_fetch.join();
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(20)) << "stopping waited for the calls";
+  // Answered by w1 with the cause, not cut off by the server's stop.
+  for (const auto* reply : {&method_reply, &fetch_reply}) {
+    ASSERT_TRUE(reply->ok()) << reply->status();
+    ASSERT_TRUE((*reply)->header.response().has_error());
+    EXPECT_THAT((*reply)->header.response().error().message(),
+                HasSubstr("RRef G(0,6200001): its value was never made: worker 'w1' stopped first"));
+  }
 }
 
 TEST_F(BadInput, DoubleDeleteOfAnRRefUserFreesNothingTwice) {

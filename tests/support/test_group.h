@@ -85,6 +85,14 @@ class Group {
     return s;
   }
 
+  // Stops every agent at once, as a failing process does: no graceful
+  // shutdown, nothing expected of it.
+  void StopNow() {
+    stopped_ = true;
+    for (auto& w : workers_) w->Shutdown(/*graceful=*/false).IgnoreError();
+    master_->Shutdown(/*graceful=*/false).IgnoreError();
+  }
+
   Agent& master() { return *master_; }
   Agent& worker(int i) { return *workers_[i - 1]; }
   std::vector<Agent*> all() {
