@@ -263,6 +263,7 @@ int Main(int argc, char** argv) {
     return 2;
   }
   const Config& c = line->config;
+  if (!line->note.empty()) std::cout << line->note << "\n";
   runtime::TuneAllocator();
   runtime::InstallCachingCpuAllocator();
   runtime::SetComputeThreads(c.local ? c.threads : c.coordinator_threads);

@@ -148,6 +148,22 @@ absl::Status CheckCheckpoints(CommandLine& line, const std::set<std::string>& gi
   if (c.checkpoint_every < 0 || c.keep < 1 || c.train_rows < 0) {
     return Bad("--checkpoint-every and --train-rows must be >= 0, --keep >= 1");
   }
+  if (c.resume == "auto") {
+    // As a supervisor restarts a job: the latest checkpoint of
+    // --checkpoint-dir when there is one, else a fresh start.
+    if (c.checkpoint_dir.empty()) {
+      return Bad("--resume auto goes on from the latest checkpoint in --checkpoint-dir: give --checkpoint-dir too");
+    }
+    auto latest = checkpoint::Latest(c.checkpoint_dir);
+    if (latest.ok()) {
+      c.resume = c.checkpoint_dir;
+    } else if (absl::IsNotFound(latest.status())) {
+      c.resume.clear();
+      line.note = absl::StrCat("resume: ", latest.status().message(), "; starting fresh (--resume auto)");
+    } else {
+      return latest.status();  // a damaged checkpoint is not a reason to start over
+    }
+  }
   if (!c.checkpoint_dir.empty() || !c.resume.empty()) {
     if (c.local) return Bad("--checkpoint-dir and --resume save and load workers' stages: not with --local");
     if (c.splits.size() != 1) return Bad("--checkpoint-dir and --resume train one --splits count, not a sweep");
@@ -306,7 +322,9 @@ void AddFlags(cli::FlagParser& flags, Flags* f) {
                "with --checkpoint-dir: save every N steps (0: only when training ends)");
   flags.AddInt("keep", &c.keep, "with --checkpoint-dir: how many checkpoints to keep");
   flags.AddString("resume", &c.resume,
-                  "go on from the latest checkpoint in this directory (the same flags as the run that wrote it)");
+                  "go on from the latest checkpoint in this directory (the same flags as the run that wrote it); "
+                  "auto: from the latest in --checkpoint-dir when there is one, else start fresh (for a "
+                  "supervisor that restarts the job)");
   flags.AddSecurityFlags(&f->security);
 }
 

@@ -52,6 +52,9 @@ struct CommandLine {
   // The run's identity with --checkpoint-dir or --resume; with --resume,
   // the checkpoint and the stages it was saved from.
   Checkpointing checkpoints;
+  // A line for the master to print before it starts, or empty (--resume
+  // auto that found no checkpoint).
+  std::string note;
 };
 
 // Checks `flags` and resolves them: reads the token and TLS files, --model's

@@ -469,13 +469,16 @@ TEST(CheckpointJob, AJobKilledMidEpochResumesAndEndsEqualToAnUninterruptedOne) {
   }
 
   // Killed: worker w2 is SIGKILLed once the checkpoint of step 6 is
-  // written (epoch 1 of 3); the master fails naming it.
+  // written (epoch 1 of 3); the master fails naming it. (Started with
+  // --resume auto, as a supervisor would: nothing to resume yet.)
   {
     const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
     auto workers = StartWorkers({"w1", "w2"}, addr, "broken");
     const std::string log = TempPath("ckpt_broken_master.log");
     auto master = cli::Subprocess::Spawn(
-                      MasterArgv("w1,w2", addr, data, {"--checkpoint-dir", broken, "--checkpoint-every", "3"}), log)
+                      MasterArgv("w1,w2", addr, data,
+                                 {"--checkpoint-dir", broken, "--checkpoint-every", "3", "--resume", "auto"}),
+                      log)
                       .value();
     const auto deadline = absl::Now() + absl::Seconds(120);
     while (ReadFile(log).value_or("").find("checkpoint: step 6 ") == std::string::npos && master->running() &&
@@ -487,6 +490,7 @@ TEST(CheckpointJob, AJobKilledMidEpochResumesAndEndsEqualToAnUninterruptedOne) {
     const std::string out = ReadFile(log).value_or("");
     ASSERT_NE(code, 0) << "the job ended before w2 was killed:\n" << out;
     EXPECT_THAT(out, HasSubstr("w2"));
+    EXPECT_THAT(out, HasSubstr("starting fresh (--resume auto)"));
     EXPECT_EQ(LineStarting(out, "epoch=3 "), "");
     workers[0]->Wait(absl::Seconds(30)).IgnoreError();
     ASSERT_FALSE(CompleteSteps(broken).empty());

@@ -4,6 +4,9 @@
 // exit codes, workers that never come.)
 #include "examples/master_flags.h"
 
+#include <filesystem>
+#include <fstream>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -189,6 +192,25 @@ TEST(MasterFlags, ReplicasSplitTheWorkersIntoPipelines) {
   auto hybrid = ParseCommandLine({"--workers", "a,b,c,d", "--replicas", "2"});
   ASSERT_TRUE(hybrid.ok()) << hybrid.status();
   EXPECT_THAT(hybrid->config.splits, ElementsAre(8));
+}
+
+// --resume auto, as a supervisor restarts a job: a fresh start when
+// --checkpoint-dir holds no checkpoint yet (said on a line of its own), an
+// error when the latest there is damaged (never a silent start over).
+// Going on from a real checkpoint: ps_fixtures::ExpectResumeGoesOn.
+TEST(MasterFlags, ResumeAutoStartsFreshWhenThereIsNoCheckpointYet) {
+  ExpectErrors({{{"--workers", "a,b", "--resume", "auto"}, "give --checkpoint-dir too"}});
+  const std::string dir = TempPath("auto_resume_ckpt");
+  auto fresh = ParseCommandLine({"--workers", "a,b", "--checkpoint-dir", dir, "--resume", "auto"});
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_EQ(fresh->config.resume, "");
+  EXPECT_FALSE(fresh->checkpoints.resume.has_value());
+  EXPECT_THAT(fresh->note, HasSubstr("no checkpoint at " + dir));
+  EXPECT_THAT(fresh->note, HasSubstr("starting fresh (--resume auto)"));
+  std::filesystem::create_directories(dir + "/step-00000003");
+  std::ofstream(dir + "/step-00000003/manifest.json") << "{ not json";
+  EXPECT_THAT(ErrorOf({"--workers", "a,b", "--checkpoint-dir", dir, "--resume", "auto"}),
+              HasSubstr("is not a remora manifest"));
 }
 
 TEST(MasterFlags, AParseErrorIsAnError) {

@@ -110,8 +110,8 @@ inline std::pair<int, std::string> RunPs(const std::vector<std::string>& master_
 
 // Trains two epochs of toy IDX data at once, then one epoch with a
 // checkpoint and a second resumed from it (master --mode ps `flags` over
-// `n` workers), and expects the resumed second epoch to equal the
-// uninterrupted one's. Returns the checkpoint directory.
+// `n` workers; both with --resume auto), and expects the resumed second
+// epoch to equal the uninterrupted one's. Returns the checkpoint directory.
 inline std::string ExpectResumeGoesOn(const std::vector<std::string>& flags, int n, const std::string& tag) {
   const std::string dir = TempPath(tag + "_idx");
   test_support::WriteToyIdx(dir, 160, 50);
@@ -125,11 +125,16 @@ inline std::string ExpectResumeGoesOn(const std::vector<std::string>& flags, int
   const std::string ckpt = TempPath(tag + "_ckpt");
   auto [code, out] = RunPs(with({"--epochs", "2", "--report", whole}), n);
   EXPECT_EQ(code, 0) << out;
-  auto [first, first_out] = RunPs(with({"--epochs", "1", "--checkpoint-dir", ckpt}), n);
+  // Both with --resume auto, as a supervisor restarts a job: the first
+  // finds no checkpoint and starts fresh, the second goes on from it.
+  auto [first, first_out] = RunPs(with({"--epochs", "1", "--checkpoint-dir", ckpt, "--resume", "auto"}), n);
   EXPECT_EQ(first, 0) << first_out;
-  auto [second, second_out] = RunPs(with({"--epochs", "2", "--resume", ckpt, "--report", resumed}), n);
+  EXPECT_NE(first_out.find("starting fresh (--resume auto)"), std::string::npos) << first_out;
+  auto [second, second_out] = RunPs(
+      with({"--epochs", "2", "--checkpoint-dir", ckpt, "--resume", "auto", "--report", resumed}), n);
   EXPECT_EQ(second, 0) << second_out;
   EXPECT_NE(second_out.find("resumed from "), std::string::npos) << second_out;
+  EXPECT_NE(second_out.find(tag + "_ckpt/step-"), std::string::npos) << second_out;
   const auto a = ReportEpochs(ReadFile(whole)), b = ReportEpochs(ReadFile(resumed));
   EXPECT_EQ(a.size(), 2u);
   // The resumed run trains epoch 2 only (epoch 1 ended in the checkpoint
