@@ -6,6 +6,7 @@
 #include <limits>
 #include <thread>
 
+#include <ATen/ops/equal.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/zeros.h>
