@@ -3,12 +3,16 @@
 // Slurm's SLURM_PROCID/SLURM_NTASKS/SLURM_JOB_NODELIST): rank 0 becomes the
 // master with the given master flags, every other rank the worker
 // `worker<rank>` joining it. It replaces itself with that program (exec),
-// so the job's exit code and signals are the role's own.
+// so the job's exit code and signals are the role's own; with
+// --max-restarts N it stays as the program's supervisor instead and starts
+// it again, under the same name, when it fails.
 //
 //   srun remora-launch --batches 2 --image-size 32        (Slurm)
 //   RANK=1 WORLD_SIZE=3 MASTER_ADDR=10.0.0.1 MASTER_PORT=29500 remora-launch ...
 //
 // Links no LibTorch: launch/cluster_env.h does the work.
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "launch/cluster_env.h"
@@ -55,6 +60,14 @@ launcher flags:
   --master-program PATH       the master program (default: master beside this one)
   --worker-program PATH       the worker program (default: worker beside this one),
                               e.g. your own built with launch::WorkerMain
+  --max-restarts N            start this rank's program again, under the same name,
+                              when it fails (exit code other than 0 and 2, or a
+                              signal), up to N times (default 0: replace this
+                              process with it). The master is restarted too: give
+                              it --checkpoint-dir DIR --resume auto, so that the job
+                              goes on from its last checkpoint
+  --restart-delay S           seconds to wait before a restart (default 3: the
+                              failed job's other processes end first)
   --dry-run                   print the role and its command line, start nothing
   --help                      print this and exit
 
@@ -73,6 +86,8 @@ struct Flags {
   std::string master_program;
   std::string worker_program;
   bool dry_run = false;
+  int max_restarts = 0;
+  double restart_delay = 3;
   std::vector<std::string> master_args;
   std::vector<std::string> shared_args;
   std::vector<std::string> worker_args;
@@ -81,8 +96,8 @@ struct Flags {
 // Parses argv into Flags; false after printing the usage or an error, with
 // the exit code in *code.
 bool ParseFlags(int argc, char** argv, Flags* f, int* code) {
-  const std::vector<std::string> own = {"env", "listen", "worker-listen", "host-id",
-                                        "master-program", "worker-program"};
+  const std::vector<std::string> own = {"env",         "listen",         "worker-listen", "host-id",
+                                        "master-program", "worker-program", "max-restarts",  "restart-delay"};
   const std::vector<std::string> shared = {"token-file", "tls-cert", "tls-key", "tls-ca",
                                            "connect-timeout"};
   auto in = [](const std::vector<std::string>& v, const std::string& s) {
@@ -141,6 +156,16 @@ bool ParseFlags(int argc, char** argv, Flags* f, int* code) {
       f->host_id = value;
     } else if (name == "master-program") {
       f->master_program = value;
+    } else if (name == "max-restarts" || name == "restart-delay") {
+      const bool count = name == "max-restarts";
+      const bool good = count ? absl::SimpleAtoi(value, &f->max_restarts) && f->max_restarts >= 0
+                              : absl::SimpleAtod(value, &f->restart_delay) && f->restart_delay >= 0;
+      if (!good) {
+        std::cerr << "remora-launch: --" << name << " wants " << (count ? "a count" : "seconds")
+                  << " >= 0, not '" << value << "'\n";
+        *code = 2;
+        return false;
+      }
     } else {
       f->worker_program = value;
     }
@@ -182,6 +207,78 @@ absl::StatusOr<std::string> MasterIp(const ClusterRole& role) {
       resolved.status().message(), " (rank 0's host, from ", role.master_host_origin,
       "), and `scontrol show node ", role.master_host, "` gave no usable NodeAddr (",
       addr.status().message(), "); set MASTER_ADDR to rank 0's IP address"));
+}
+
+// Whether the master's flags resume from their checkpoint directory.
+bool ResumesAuto(const std::vector<std::string>& args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--resume=auto" || (args[i] == "--resume" && i + 1 < args.size() && args[i + 1] == "auto")) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// The running program, for the signal handler to pass a signal on to.
+volatile sig_atomic_t g_child = 0;
+volatile sig_atomic_t g_stopping = 0;
+
+void PassOn(int sig) {
+  g_stopping = 1;
+  if (g_child > 0) kill(static_cast<pid_t>(g_child), sig);
+}
+
+// "exited with code N" / "was killed by signal N (NAME)".
+std::string Describe(int status) {
+  if (WIFSIGNALED(status)) {
+    return absl::StrCat("was killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
+  }
+  return absl::StrCat("exited with code ", WEXITSTATUS(status));
+}
+
+// Runs `argv` as a child and starts it again when it fails, up to
+// `restarts` times; returns the last run's exit code (128 + the signal
+// when killed by one). Exit code 2 (bad flags) is not retried: it would
+// fail the same way. SIGTERM, SIGINT and SIGHUP are passed on to the
+// program and end the restarts.
+int Supervise(std::vector<char*> argv, const std::string& who, const std::string& what, int restarts,
+              double delay) {
+  struct sigaction pass = {};
+  pass.sa_handler = PassOn;
+  sigemptyset(&pass.sa_mask);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaction(sig, &pass, nullptr);
+  for (int run = 0;; ++run) {
+    const pid_t pid = fork();
+    if (pid < 0) {
+      std::cerr << "remora-launch: " << who << ": cannot start " << what << ": " << std::strerror(errno) << "\n";
+      return 1;
+    }
+    if (pid == 0) {
+      for (int sig : {SIGTERM, SIGINT, SIGHUP}) signal(sig, SIG_DFL);
+      execv(argv[0], argv.data());
+      std::cerr << "remora-launch: " << who << ": cannot start " << argv[0] << ": " << std::strerror(errno)
+                << " (--master-program / --worker-program give another path)\n";
+      _exit(127);
+    }
+    g_child = pid;
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    g_child = 0;
+    const int code = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+    if (code == 0) return 0;
+    if (g_stopping || code == 2 || code == 127) return code;
+    if (run >= restarts) {
+      std::cerr << "remora-launch: " << who << ": " << what << " " << Describe(status) << " after " << run
+                << " restarts (--max-restarts " << restarts << "): giving up\n";
+      return code;
+    }
+    std::cerr << "remora-launch: " << who << ": " << what << " " << Describe(status) << "; restarting it in "
+              << delay << " s (restart " << run + 1 << " of " << restarts << ")" << std::endl;
+    // Slept in steps, so that a signal meanwhile ends the wait.
+    for (double left = delay; left > 0 && !g_stopping; left -= 0.1) usleep(static_cast<useconds_t>(1e5));
+    if (g_stopping) return code;
+  }
 }
 
 }  // namespace
@@ -239,6 +336,11 @@ int main(int argc, char** argv) {
       o.worker_listen = remora::launch::JoinHostPort(*local, 0);
     }
   }
+  if (f.max_restarts > 0 && !ResumesAuto(f.master_args)) {
+    // Checked on every rank: they share one command line.
+    return fail("--max-restarts restarts the master too: give it --checkpoint-dir DIR --resume auto, so that "
+                "the job goes on from its last checkpoint instead of starting over");
+  }
   const std::vector<std::string> command = remora::launch::RoleCommand(*role, o);
   const std::string summary =
       role->is_master()
@@ -250,6 +352,7 @@ int main(int argc, char** argv) {
     std::cout << role->Describe() << ": " << summary << "\n"
               << absl::StrJoin(command, " ") << "\n";
     if (!f.host_id.empty()) std::cout << "REMORA_HOST_ID=" << f.host_id << "\n";
+    if (f.max_restarts > 0) std::cout << "restarted up to " << f.max_restarts << " times\n";
     return 0;
   }
   std::cerr << "remora-launch: " << role->Describe() << ": " << summary << std::endl;
@@ -257,6 +360,10 @@ int main(int argc, char** argv) {
   std::vector<char*> args;
   for (const auto& a : command) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  if (f.max_restarts > 0) {
+    const std::string what = role->is_master() ? "the master" : absl::StrCat("worker '", role->name(), "'");
+    return Supervise(args, role->Describe(), what, f.max_restarts, f.restart_delay);
+  }
   execv(args[0], args.data());
   return fail(absl::StrCat("cannot start ", command[0], ": ", std::strerror(errno),
                            " (--master-program / --worker-program give another path)"));

@@ -1,12 +1,17 @@
 // remora-launch, the real program: flags and errors, the command each rank
 // gets under torchrun's and Slurm's variables (--dry-run), and a group of
-// three ranks that trains under torchrun's variables.
+// three ranks that trains under torchrun's variables, and one whose killed
+// worker remora-launch --max-restarts brings back.
+#include <signal.h>
+
 #include <cstdlib>
+#include <fstream>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "tests/support/pipeline_fixtures.h"
 #include "tests/support/test_group.h"
 
 namespace remora {
@@ -145,6 +150,85 @@ TEST(RemoraLaunch, ThreeRanksTrainUnderTorchrunsVariables) {
                                 "127.0.0.1:" + port));
   EXPECT_THAT(master, HasSubstr("batch=0 loss="));
   EXPECT_THAT(ReadFile(outputs[2]), HasSubstr("worker 'worker2' at 127.0.0.1:0 joining"));
+}
+
+// `ranks` ranks under torchrun's variables on one port, each remora-launch
+// with `args`; their outputs in `outputs`.
+std::vector<std::unique_ptr<cli::Subprocess>> StartRanks(int ranks, const std::vector<std::string>& args,
+                                                         const std::string& tag, std::vector<std::string>* outputs) {
+  const std::string port = absl::StrCat(FreePort());
+  std::vector<std::unique_ptr<cli::Subprocess>> out;
+  for (int rank = 0; rank < ranks; ++rank) {
+    outputs->push_back(TempPath(absl::StrCat(tag, "_rank", rank, ".txt")));
+    std::vector<std::string> argv = {"/usr/bin/env",          absl::StrCat("RANK=", rank), absl::StrCat("WORLD_SIZE=", ranks),
+                                     "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port,       kLaunch};
+    argv.insert(argv.end(), args.begin(), args.end());
+    out.push_back(cli::Subprocess::Spawn(argv, outputs->back()).value());
+  }
+  return out;
+}
+
+// The line of `text` that starts with `prefix` ("" when none).
+std::string LineStarting(const std::string& text, const std::string& prefix) {
+  const size_t at = text.rfind("\n" + prefix);
+  if (at == std::string::npos) return "";
+  return text.substr(at + 1, text.find('\n', at + 1) - at - 1);
+}
+
+// A worker SIGKILLed mid-training under remora-launch --max-restarts 1:
+// the master fails naming it, every rank's remora-launch starts its
+// program again, the new master goes on from the last checkpoint
+// (--resume auto), and the job ends by itself with the losses of a job
+// that never failed. Without --resume auto the restarts are refused.
+TEST(RemoraLaunch, MaxRestartsBringsAKilledWorkerBackAndTheJobGoesOnFromItsCheckpoint) {
+  auto [refused, refused_out] =
+      Launch({"RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1"}, {"--dry-run", "--max-restarts", "1"});
+  EXPECT_EQ(refused, 1) << refused_out;
+  EXPECT_THAT(refused_out, HasSubstr("give it --checkpoint-dir DIR --resume auto"));
+
+  const std::string data = TempPath("launch_restart_idx");
+  test_support::WriteToyIdx(data, 320, 50);  // 10 batches of 32 per epoch
+  auto args = [&](const std::string& ckpt) {
+    return std::vector<std::string>{"--max-restarts",   "1", "--restart-delay", "1", "--dataset", "idx:" + data,
+                                    "--epochs",         "3", "--batch-size",    "32", "--splits", "2",
+                                    "--threads",        "1", "--checkpoint-dir", ckpt, "--checkpoint-every", "3",
+                                    "--resume",         "auto", "--connect-timeout", "60", "--", "--threads", "1"};
+  };
+  // Uninterrupted, for the losses.
+  std::vector<std::string> whole_out;
+  auto whole = StartRanks(3, args(TempPath("launch_whole_ckpt")), "launch_whole", &whole_out);
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_EQ(whole[rank]->Wait(absl::Seconds(240)).value_or(-1), 0) << ReadFile(whole_out[rank]);
+  }
+  const std::string want = LineStarting(ReadFile(whole_out[0]), "epoch=3 ");
+  ASSERT_NE(want, "") << ReadFile(whole_out[0]);
+
+  std::vector<std::string> outputs;
+  auto ranks = StartRanks(3, args(TempPath("launch_restart_ckpt")), "launch_restart", &outputs);
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  while (ReadFile(outputs[0]).find("checkpoint: step 6 ") == std::string::npos && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_THAT(ReadFile(outputs[0]), HasSubstr("checkpoint: step 6 "));
+  // Rank 2's worker program: remora-launch's child.
+  std::ifstream children(absl::StrCat("/proc/", ranks[2]->pid(), "/task/", ranks[2]->pid(), "/children"));
+  pid_t worker = 0;
+  ASSERT_TRUE(children >> worker) << "rank 2 runs no worker";
+  ASSERT_EQ(kill(worker, SIGKILL), 0);
+  for (int rank = 0; rank < 3; ++rank) {
+    auto code = ranks[rank]->Wait(absl::Seconds(240));
+    ASSERT_TRUE(code.ok()) << "rank " << rank << " did not exit: " << ReadFile(outputs[rank]);
+    EXPECT_EQ(*code, 0) << "rank " << rank << ":\n" << ReadFile(outputs[rank]);
+  }
+  const std::string master = ReadFile(outputs[0]);
+  EXPECT_THAT(master, HasSubstr("starting fresh (--resume auto)"));
+  EXPECT_THAT(master, HasSubstr("worker2"));  // the first master's error names it
+  EXPECT_THAT(master, HasSubstr("the master exited with code 1; restarting it in 1 s (restart 1 of 1)"));
+  EXPECT_THAT(master, HasSubstr("resumed from "));
+  EXPECT_THAT(ReadFile(outputs[2]),
+              HasSubstr("worker 'worker2' was killed by signal 9 (Killed); restarting it in 1 s (restart 1 of 1)"));
+  EXPECT_THAT(ReadFile(outputs[1]), HasSubstr("worker 'worker1' exited with code 1; restarting it"));
+  EXPECT_EQ(LineStarting(master, "epoch=3 ").substr(0, 50), want.substr(0, 50));
 }
 
 }  // namespace
