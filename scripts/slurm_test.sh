@@ -147,4 +147,34 @@ grep -q "schedule" "$job_out" || { cat "$job_out"; die "the failed task's error 
 state=$(scontrol show job "$(cat "$dir/jobs/fail.id")" | grep -o 'JobState=[A-Z]*')
 [ "$state" = "JobState=FAILED" ] || die "the failing job's state is $state, not FAILED"
 say "the failing job failed (exit $job_rc, $state) with: $(grep -m1 -i 'schedule' "$job_out")"
-say "OK: trained over 4 tasks on 2 nodes in $train_seconds s; a failing task fails the job"
+# An elastic job: a worker SIGKILLed once mid-training is started again by
+# its task's remora-launch (--max-restarts), the other ranks' programs too,
+# and the master goes on from its last checkpoint (--resume auto): the job
+# still ends with exit code 0 and its last epoch.
+ckpt=$dir/jobs/elastic-ckpt
+job_out=$dir/jobs/elastic.out
+t=$SECONDS
+timeout 300 sbatch --wait --parsable --chdir="$PWD" --output="$job_out" \
+  --export="ALL,REMORA_BIN=$build/bin" examples/slurm/train.sbatch --max-restarts 1 --restart-delay 1 \
+  --dataset fashion-mnist --train-rows 960 --epochs 4 --batch-size 64 --splits 2 --threads 1 \
+  --checkpoint-dir "$ckpt" --checkpoint-every 5 --resume auto -- --threads 1 >"$dir/jobs/elastic.id" &
+sbatch_pid=$!
+for _ in $(seq 1200); do [ -f "$ckpt/step-00000005/manifest.json" ] && break; sleep 0.05; done
+[ -f "$ckpt/step-00000005/manifest.json" ] || die "the elastic job wrote no checkpoint in 60 s: $(tail -5 "$job_out")"
+victim=$(pgrep -f -- "bin/worker .*--name worker2 " | head -1)
+[ -n "$victim" ] || die "the elastic job runs no worker2 to kill"
+kill -KILL "$victim"
+say "killed worker2 (pid $victim) of the elastic job after its checkpoint of step 5"
+job_rc=0
+wait "$sbatch_pid" || job_rc=$?
+say "job 'elastic' ($(cat "$dir/jobs/elastic.id")) ended with exit code $job_rc in $((SECONDS - t)) s"
+[ "$job_rc" -eq 0 ] || { cat "$job_out"; die "the elastic job failed (exit $job_rc)"; }
+for line in "worker 'worker2' was killed by signal 9" "the master exited with code 1; restarting it" \
+            "resumed from $ckpt/step-" "epoch=4 train_loss="; do
+  grep -qF "$line" "$job_out" || { cat "$job_out"; die "the elastic job's output lacks '$line'"; }
+done
+state=$(scontrol show job "$(cat "$dir/jobs/elastic.id")" | grep -o 'JobState=[A-Z]*')
+[ "$state" = "JobState=COMPLETED" ] || die "the elastic job's state is $state"
+say "the elastic job lost worker2 once and completed: $(grep -m1 -F 'resumed from' "$job_out")"
+
+say "OK: trained over 4 tasks on 2 nodes in $train_seconds s; a failing task fails the job; an elastic job survives a killed worker"
