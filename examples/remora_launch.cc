@@ -12,6 +12,7 @@
 //
 // Links no LibTorch: launch/cluster_env.h does the work.
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -247,20 +248,30 @@ int Supervise(std::vector<char*> argv, const std::string& who, const std::string
   pass.sa_handler = PassOn;
   sigemptyset(&pass.sa_mask);
   for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaction(sig, &pass, nullptr);
+  sigset_t passed, before;
+  sigemptyset(&passed);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&passed, sig);
   for (int run = 0;; ++run) {
+    // Held until g_child is set, so that none arrives before it can be passed on.
+    sigprocmask(SIG_BLOCK, &passed, &before);
     const pid_t pid = fork();
     if (pid < 0) {
+      sigprocmask(SIG_SETMASK, &before, nullptr);
       std::cerr << "remora-launch: " << who << ": cannot start " << what << ": " << std::strerror(errno) << "\n";
       return 1;
     }
     if (pid == 0) {
       for (int sig : {SIGTERM, SIGINT, SIGHUP}) signal(sig, SIG_DFL);
+      sigprocmask(SIG_SETMASK, &before, nullptr);
+      prctl(PR_SET_PDEATHSIG, SIGTERM);  // the program ends with its supervisor
+      if (getppid() == 1) _exit(128 + SIGTERM);  // the supervisor is already gone
       execv(argv[0], argv.data());
       std::cerr << "remora-launch: " << who << ": cannot start " << argv[0] << ": " << std::strerror(errno)
                 << " (--master-program / --worker-program give another path)\n";
       _exit(127);
     }
     g_child = pid;
+    sigprocmask(SIG_SETMASK, &before, nullptr);
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
