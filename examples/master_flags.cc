@@ -154,14 +154,21 @@ absl::Status CheckCheckpoints(CommandLine& line, const std::set<std::string>& gi
     if (c.checkpoint_dir.empty()) {
       return Bad("--resume auto goes on from the latest checkpoint in --checkpoint-dir: give --checkpoint-dir too");
     }
-    auto latest = checkpoint::Latest(c.checkpoint_dir);
-    if (latest.ok()) {
-      c.resume = c.checkpoint_dir;
-    } else if (absl::IsNotFound(latest.status())) {
-      c.resume.clear();
-      line.note = absl::StrCat("resume: ", latest.status().message(), "; starting fresh (--resume auto)");
-    } else {
-      return latest.status();  // a damaged checkpoint is not a reason to start over
+    // Fresh only when the directory holds no complete checkpoint; one that
+    // cannot be read is an error below, never a reason to start over.
+    const std::filesystem::path dir(c.checkpoint_dir);
+    std::error_code ec;
+    const bool exists = std::filesystem::exists(dir, ec);
+    if (exists) std::filesystem::directory_iterator(dir, ec);
+    if (ec) return Bad(absl::StrCat("--resume auto: cannot look into --checkpoint-dir ", dir.string(), ": ",
+                                    ec.message()));
+    const bool fresh =
+        !exists || (!std::filesystem::exists(dir / "manifest.json", ec) &&
+                     checkpoint::CompleteSteps(dir.string()).empty());
+    c.resume = fresh ? "" : c.checkpoint_dir;
+    if (fresh) {
+      line.note =
+          absl::StrCat("resume: no complete checkpoint in ", dir.string(), " yet; starting fresh (--resume auto)");
     }
   }
   if (!c.checkpoint_dir.empty() || !c.resume.empty()) {

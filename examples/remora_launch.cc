@@ -160,10 +160,11 @@ bool ParseFlags(int argc, char** argv, Flags* f, int* code) {
     } else if (name == "max-restarts" || name == "restart-delay") {
       const bool count = name == "max-restarts";
       const bool good = count ? absl::SimpleAtoi(value, &f->max_restarts) && f->max_restarts >= 0
-                              : absl::SimpleAtod(value, &f->restart_delay) && f->restart_delay >= 0;
+                              : absl::SimpleAtod(value, &f->restart_delay) && f->restart_delay >= 0 &&
+                                    f->restart_delay <= 3600;
       if (!good) {
-        std::cerr << "remora-launch: --" << name << " wants " << (count ? "a count" : "seconds")
-                  << " >= 0, not '" << value << "'\n";
+        std::cerr << "remora-launch: --" << name << " wants " << (count ? "a count >= 0" : "seconds in 0..3600")
+                  << ", not '" << value << "'\n";
         *code = 2;
         return false;
       }
@@ -244,16 +245,29 @@ std::string Describe(int status) {
 // program and end the restarts.
 int Supervise(std::vector<char*> argv, const std::string& who, const std::string& what, int restarts,
               double delay) {
+  // Signals passed on (those not ignored: under nohup SIGHUP stays
+  // ignored, here and in the program); the program gets the dispositions
+  // remora-launch was started with.
+  const int kPassed[] = {SIGTERM, SIGINT, SIGHUP};
+  struct sigaction original[3];
   struct sigaction pass = {};
   pass.sa_handler = PassOn;
+  pass.sa_flags = SA_RESTART;
   sigemptyset(&pass.sa_mask);
-  for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaction(sig, &pass, nullptr);
   sigset_t passed, before;
   sigemptyset(&passed);
-  for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&passed, sig);
+  for (int k = 0; k < 3; ++k) {
+    sigaction(kPassed[k], nullptr, &original[k]);
+    if (original[k].sa_handler != SIG_IGN) sigaction(kPassed[k], &pass, nullptr);
+    sigaddset(&passed, kPassed[k]);
+  }
+  signal(SIGCHLD, SIG_DFL);  // an inherited SIG_IGN would reap the program before waitpid sees it
+  const pid_t self = getpid();
   for (int run = 0;; ++run) {
-    // Held until g_child is set, so that none arrives before it can be passed on.
+    // Held until g_child is set, so that none arrives before it can be
+    // passed on; one that came before is seen here.
     sigprocmask(SIG_BLOCK, &passed, &before);
+    if (g_stopping) return 128 + SIGTERM;
     const pid_t pid = fork();
     if (pid < 0) {
       sigprocmask(SIG_SETMASK, &before, nullptr);
@@ -261,10 +275,10 @@ int Supervise(std::vector<char*> argv, const std::string& who, const std::string
       return 1;
     }
     if (pid == 0) {
-      for (int sig : {SIGTERM, SIGINT, SIGHUP}) signal(sig, SIG_DFL);
+      for (int k = 0; k < 3; ++k) sigaction(kPassed[k], &original[k], nullptr);
       sigprocmask(SIG_SETMASK, &before, nullptr);
       prctl(PR_SET_PDEATHSIG, SIGTERM);  // the program ends with its supervisor
-      if (getppid() == 1) _exit(128 + SIGTERM);  // the supervisor is already gone
+      if (getppid() != self) _exit(128 + SIGTERM);  // the supervisor is already gone
       execv(argv[0], argv.data());
       std::cerr << "remora-launch: " << who << ": cannot start " << argv[0] << ": " << std::strerror(errno)
                 << " (--master-program / --worker-program give another path)\n";
@@ -273,9 +287,14 @@ int Supervise(std::vector<char*> argv, const std::string& who, const std::string
     g_child = pid;
     sigprocmask(SIG_SETMASK, &before, nullptr);
     int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    pid_t waited;
+    while ((waited = waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
     }
     g_child = 0;
+    if (waited < 0) {
+      std::cerr << "remora-launch: " << who << ": cannot wait for " << what << ": " << std::strerror(errno) << "\n";
+      return 1;
+    }
     const int code = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
     if (code == 0) return 0;
     if (g_stopping || code == 2 || code == 127) return code;

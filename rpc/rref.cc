@@ -35,6 +35,7 @@ void OwnerRRef::Abandon(const absl::Status& why) {
   std::vector<std::function<void()>> dropped;
   {
     MutexLock lock(lanes_mu_);
+    abandoned_ = true;
     for (auto& [key, lane] : lanes_) {
       for (auto& [seq, fn] : lane.waiting) dropped.push_back(std::move(fn));
       lane.waiting.clear();
@@ -49,12 +50,18 @@ void OwnerRRef::RunInOrder(WorkerId caller, const ForkId& lane_id, uint64_t seq,
   if (seq == 0) return fn();
   const auto key = std::make_pair(caller, lane_id);
   bool late = false;
+  std::function<void()> dropped;  // destroyed on return, outside the lock
   {
     MutexLock lock(lanes_mu_);
     Lane& lane = lanes_[key];
     late = seq < lane.next;  // its turn was skipped (see the header)
     if (!late && seq == lane.next && !lane.running) {
       lane.running = true;
+    } else if (!late && abandoned_) {
+      // Nothing waits once the owner has stopped: dropped (after the lock),
+      // the call is answered with an error (see Abandon).
+      dropped = std::move(fn);
+      fn = nullptr;
     } else if (!late) {
       if (lane.waiting.empty()) lane.gap_since = now;
       lane.waiting[seq] = std::move(fn);
@@ -133,13 +140,21 @@ c10::intrusive_ptr<UserRRef> RRefContext::CreateUserForRemote(WorkerId owner) {
 }
 
 c10::intrusive_ptr<OwnerRRef> RRefContext::GetOrCreateOwner(const RRefId& id) {
-  MutexLock lock(mu_);
-  auto& slot = owners_[id];
-  if (!slot) {
-    slot = c10::make_intrusive<OwnerRRef>(self_, channel_->NameOf(self_), id,
-                                          weak_from_this(), executor_);
+  c10::intrusive_ptr<OwnerRRef> owner;
+  absl::Status abandoned;
+  {
+    MutexLock lock(mu_);
+    auto& slot = owners_[id];
+    if (!slot) {
+      slot = c10::make_intrusive<OwnerRRef>(self_, channel_->NameOf(self_), id,
+                                            weak_from_this(), executor_);
+      abandoned = abandoned_;
+    }
+    owner = slot;
   }
-  return slot;
+  // Made after this worker stopped waiting for values: it fails at once.
+  if (!abandoned.ok()) owner->Abandon(abandoned);
+  return owner;
 }
 
 c10::intrusive_ptr<OwnerRRef> RRefContext::FindOwner(const RRefId& id) {
@@ -396,6 +411,7 @@ void RRefContext::AbandonWaiting(const absl::Status& why) {
   std::vector<c10::intrusive_ptr<OwnerRRef>> owners;
   {
     MutexLock lock(mu_);
+    abandoned_ = why;
     for (const auto& [id, owner] : owners_) owners.push_back(owner);
   }
   for (const auto& owner : owners) owner->Abandon(why);

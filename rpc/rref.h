@@ -113,6 +113,7 @@ class OwnerRRef final : public RRefImpl {
   Future<c10::IValue> value_;
   absl::Mutex lanes_mu_;
   absl::flat_hash_map<std::pair<WorkerId, ForkId>, Lane> lanes_ ABSL_GUARDED_BY(lanes_mu_);
+  bool abandoned_ ABSL_GUARDED_BY(lanes_mu_) = false;  // Abandon ran: nothing parks
 };
 
 // A user's side: one fork of a value that lives on `owner`.
@@ -215,7 +216,8 @@ class RRefContext final : public RRefHooks,
   // After this, destroyed users send nothing (the group is gone).
   void Detach();
   // Abandons every owner's pending value and waiting calls with `why` (see
-  // OwnerRRef::Abandon): no request waits on this worker past its stop.
+  // OwnerRRef::Abandon), and every owner made later at once: no request
+  // waits on this worker past its stop.
   void AbandonWaiting(const absl::Status& why);
   bool detached() const;
 
@@ -244,6 +246,7 @@ class RRefContext final : public RRefHooks,
   absl::flat_hash_map<ForkId, const UserRRef*> live_users_ ABSL_GUARDED_BY(mu_);
   int64_t pending_messages_ ABSL_GUARDED_BY(mu_) = 0;
   bool detached_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status abandoned_ ABSL_GUARDED_BY(mu_);  // AbandonWaiting's reason, once it ran
 };
 
 wire::Guid ToWire(const GloballyUniqueId& id);

@@ -111,7 +111,7 @@ void Agent::Impl::Stop() {
     // Calls waiting here for a value that will not come now (its remote()
     // never arrived) get their answer before the server stops.
     agent_->rrefs_->AbandonWaiting(absl::UnavailableError(absl::StrCat(
-        "its value was never made: worker '", agent_->self_.name, "' stopped first")));
+        "its value was not made before worker '", agent_->self_.name, "' stopped")));
   }
   // Peers' streams stay open until closed: the server's Shutdown would
   // wait for them. A request being handled still gets its reply first.

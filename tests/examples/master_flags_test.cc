@@ -205,9 +205,14 @@ TEST(MasterFlags, ResumeAutoStartsFreshWhenThereIsNoCheckpointYet) {
   ASSERT_TRUE(fresh.ok()) << fresh.status();
   EXPECT_EQ(fresh->config.resume, "");
   EXPECT_FALSE(fresh->checkpoints.resume.has_value());
-  EXPECT_THAT(fresh->note, HasSubstr("no checkpoint at " + dir));
+  EXPECT_THAT(fresh->note, HasSubstr("no complete checkpoint in " + dir + " yet"));
   EXPECT_THAT(fresh->note, HasSubstr("starting fresh (--resume auto)"));
+  // An existing directory without a complete checkpoint: fresh too.
   std::filesystem::create_directories(dir + "/step-00000003");
+  auto empty = ParseCommandLine({"--workers", "a,b", "--checkpoint-dir", dir, "--resume", "auto"});
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(empty->config.resume, "");
+  EXPECT_THAT(empty->note, HasSubstr("starting fresh"));
   std::ofstream(dir + "/step-00000003/manifest.json") << "{ not json";
   EXPECT_THAT(ErrorOf({"--workers", "a,b", "--checkpoint-dir", dir, "--resume", "auto"}),
               HasSubstr("is not a remora manifest"));

@@ -3,6 +3,7 @@
 // bad arguments through the API. Every case must answer with an error the
 // caller sees, and the worker must go on serving.
 #include <atomic>
+#include <functional>
 #include <limits>
 #include <thread>
 
@@ -366,6 +367,16 @@ TEST_F(BadInput, RefusedRemoteLeavesAnRRefThatFailsItsLaterUsers) {
   EXPECT_TRUE(group_.WaitTablesEmpty(absl::Seconds(20), &why)) << why;
 }
 
+// Waits up to 10 s until `done` holds; false when it never did.
+bool WaitUntil(const std::function<bool()>& done) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  return true;
+}
+
 // A method call on an RRef that overtakes the remote() creating it (as when
 // the remote()'s arguments travel through shared memory and the call does
 // not) waits on the owner until the value exists, then runs; a to_here()
@@ -381,9 +392,18 @@ TEST_F(BadInput, CallsThatOvertakeTheRemoteCreatingTheirRRefWaitForItAndRun) {
   SetBody(fetch.header.mutable_request(), Fetch(Guid(0, tensor), Guid(0, tensor)));
   RawClient other(group_.worker(1).self().address);
   absl::StatusOr<InMessage> method_reply, fetch_reply;
-  std::thread early_method([&] { method_reply = client_.Call(std::move(method), absl::Seconds(20)); });
-  std::thread early_fetch([&] { fetch_reply = other.Call(std::move(fetch), absl::Seconds(20)); });
-  absl::SleepFor(absl::Milliseconds(300));  // both reach w1 first and wait there
+  std::atomic<int> answered{0};
+  std::thread early_method([&] {
+    method_reply = client_.Call(std::move(method), absl::Seconds(20));
+    ++answered;
+  });
+  std::thread early_fetch([&] {
+    fetch_reply = other.Call(std::move(fetch), absl::Seconds(20));
+    ++answered;
+  });
+  // Both reach w1 first and wait there, each on an owner made for it.
+  EXPECT_TRUE(WaitUntil([&] { return group_.worker(1).rref_stats().owners >= 2; }));
+  EXPECT_EQ(answered.load(), 0) << "answered before their values existed";
   // The remote()s that create the two values.
   auto remote = [](OutMessage m, uint64_t local) {
     wire::CallRequest make = RequestBody<wire::CallRequest>(m.header.request()).value();
@@ -419,47 +439,77 @@ TEST_F(BadInput, CallsThatOvertakeTheRemoteCreatingTheirRRefWaitForItAndRun) {
   EXPECT_TRUE(group_.WaitTablesEmpty(absl::Seconds(20), &why)) << why;
 }
 
-// Calls that wait on an owner for a value whose remote() never comes (its
-// creator died before sending it) do not keep the owner from stopping:
-// stopping answers them with an error.
+// Calls that wait on an owner do not keep it from stopping, and stopping
+// answers them with an error: a method call and a to_here() waiting for
+// values whose remote() never came (their creator died before sending
+// them) get the cause, naming the RRef; a method call waiting behind a
+// gap in its caller's order (its predecessor never came) is dropped with
+// an error reply.
 TEST(RRefOwner, StoppingAnswersCallsWaitingForAValueThatNeverCame) {
+  using W = WireValues;
   Group group(1);
-  const WorkerId w1 = group.worker(1).self().id;
-  const uint64_t never = 6200001;  // G(0, never): no remote() creates it
-  OutMessage method;
-  method.header.mutable_request()->set_from(0);
-  wire::CallRequest call;
-  call.set_function("forward");
-  *call.mutable_self() = WireValues::RRefValue(w1, WireValues::Guid(0, never), WireValues::Guid(0, never), 0);
-  WireValues::SetBody(method.header.mutable_request(), call);
+  Agent& w1 = group.worker(1);
+  const uint64_t never = 6200001, never_fetched = 6200002, made = 6200003;  // G(0, ...)
+  auto call_on = [&](uint64_t local, uint64_t seq) {
+    OutMessage m;
+    m.header.mutable_request()->set_from(0);
+    wire::CallRequest call;
+    call.set_function("forward");
+    *call.mutable_self() = W::RRefValue(w1.self().id, W::Guid(0, local), W::Guid(0, local), 0);
+    if (seq > 0) {
+      *call.mutable_caller_fork() = W::Guid(0, local);
+      call.set_seq(seq);
+    }
+    W::SetBody(m.header.mutable_request(), call);
+    return m;
+  };
+  // The value of G(0, made) exists; a call on it with seq 2 waits for seq 1.
+  {
+    OutMessage remote;
+    remote.header.mutable_request()->set_from(0);
+    wire::CallRequest make;
+    make.set_function("Affine");
+    *make.add_args() = W::Int(2);
+    *make.add_args() = W::Int(2);
+    *make.mutable_result_rref() = W::Guid(0, made);
+    *make.mutable_result_fork() = W::Guid(0, made);
+    W::SetBody(remote.header.mutable_request(), make);
+    auto reply = RawClient(w1.self().address).Call(std::move(remote));
+    ASSERT_TRUE(reply.ok() && !reply->header.response().has_error());
+  }
   OutMessage fetch;
   fetch.header.mutable_request()->set_from(0);
-  WireValues::SetBody(fetch.header.mutable_request(),
-          WireValues::Fetch(WireValues::Guid(0, never), WireValues::Guid(0, never)));
-  RawClient a(group.worker(1).self().address), b(group.worker(1).self().address);
+  W::SetBody(fetch.header.mutable_request(), W::Fetch(W::Guid(0, never_fetched), W::Guid(0, never_fetched)));
+  std::vector<OutMessage> requests;
+  requests.push_back(call_on(never, 0));
+  requests.push_back(std::move(fetch));
+  requests.push_back(call_on(made, 2));
+  std::vector<absl::StatusOr<InMessage>> replies(requests.size());
   std::atomic<int> answered{0};
-  absl::StatusOr<InMessage> method_reply, fetch_reply;
-  std::thread waiting_method([&] {
-    method_reply = a.Call(std::move(method), absl::Seconds(60));
-    ++answered;
-  });
-  std::thread waiting_fetch([&] {
-    fetch_reply = b.Call(std::move(fetch), absl::Seconds(60));
-    ++answered;
-  });
-  absl::SleepFor(absl::Milliseconds(300));
-  EXPECT_EQ(answered.load(), 0) << "the calls should wait for the value";
+  std::vector<std::thread> callers;
+  for (size_t k = 0; k < requests.size(); ++k) {
+    callers.emplace_back([&, k] {
+      replies[k] = RawClient(w1.self().address).Call(std::move(requests[k]), absl::Seconds(60));
+      ++answered;
+    });
+  }
+  // All three are on w1, waiting: two owners made for them, three calls in.
+  EXPECT_TRUE(WaitUntil([&] { return w1.rref_stats().owners >= 3 && w1.active_calls() >= 3; }))
+      << "owners " << w1.rref_stats().owners << ", calls " << w1.active_calls();
+  EXPECT_EQ(answered.load(), 0) << "the calls should wait";
   const absl::Time t0 = absl::Now();
   group.StopNow();
-  waiting_method.join();
-  waiting_fetch.join();
+  for (auto& t : callers) t.join();
   EXPECT_LT(absl::Now() - t0, absl::Seconds(20)) << "stopping waited for the calls";
-  // Answered by w1 with the cause, not cut off by the server's stop.
-  for (const auto* reply : {&method_reply, &fetch_reply}) {
-    ASSERT_TRUE(reply->ok()) << reply->status();
-    ASSERT_TRUE((*reply)->header.response().has_error());
-    EXPECT_THAT((*reply)->header.response().error().message(),
-                HasSubstr("RRef G(0,6200001): its value was never made: worker 'w1' stopped first"));
+  // Answered by w1, not cut off by the server's stop.
+  const std::vector<std::string> why = {
+      "RRef G(0,6200001): its value was not made before worker 'w1' stopped",
+      "RRef G(0,6200002): its value was not made before worker 'w1' stopped",
+      "the request was dropped without a reply"};
+  for (size_t k = 0; k < replies.size(); ++k) {
+    ASSERT_TRUE(replies[k].ok()) << k << ": " << replies[k].status();
+    ASSERT_TRUE(replies[k]->header.response().has_error()) << k;
+    EXPECT_THAT(replies[k]->header.response().error().message(), HasSubstr(why[k]));
   }
 }
 
