@@ -56,23 +56,25 @@ absl::StatusOr<Checkpoint> Open(const std::string& dir) {
   ASSIGN_OR_RETURN(std::string json, ReadFile(ck.manifest_path));
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = true;
-  auto parsed = google::protobuf::util::JsonStringToMessage(json, &ck.manifest, options);
+  wire::Manifest read;
+  auto parsed = google::protobuf::util::JsonStringToMessage(json, &read, options);
   if (!parsed.ok()) {
     return absl::DataLossError(absl::StrCat(ck.manifest_path, " is not a remora manifest: ",
                                             parsed.ToString()));
   }
-  if (ck.manifest.format() != kFormat) {
-    return absl::InvalidArgumentError(absl::StrCat(ck.manifest_path, ": format ", ck.manifest.format(),
+  ck.manifest = ManifestFromWire(read);
+  const Manifest& m = ck.manifest;
+  if (m.format != kFormat) {
+    return absl::InvalidArgumentError(absl::StrCat(ck.manifest_path, ": format ", m.format,
                                                    " is not ", kFormat, " (written by another remora?)"));
   }
-  if (ck.manifest.shards_size() == 0 || ck.manifest.stages_size() == 0) {
+  if (m.shards.empty() || m.stages.empty()) {
     return absl::DataLossError(absl::StrCat(ck.manifest_path, " lists no shards or no stages"));
   }
-  for (const auto& stage : ck.manifest.stages()) {
-    if (stage.shard() < 0 || stage.shard() >= ck.manifest.shards_size()) {
-      return absl::DataLossError(absl::StrCat(ck.manifest_path, ": stage ", stage.index(),
-                                              " names shard ", stage.shard(), " of ",
-                                              ck.manifest.shards_size()));
+  for (const ManifestStage& stage : m.stages) {
+    if (stage.shard < 0 || stage.shard >= static_cast<int>(m.shards.size())) {
+      return absl::DataLossError(absl::StrCat(ck.manifest_path, ": stage ", stage.index,
+                                              " names shard ", stage.shard, " of ", m.shards.size()));
     }
   }
   return ck;
@@ -82,12 +84,12 @@ absl::StatusOr<Checkpoint> Open(const std::string& dir) {
 
 TrainingState Checkpoint::state() const {
   TrainingState s;
-  s.step = manifest.step();
-  s.epoch = manifest.epoch();
-  s.batch = manifest.batch();
-  s.epoch_loss_sum = manifest.epoch_loss_sum();
-  s.epoch_images = manifest.epoch_images();
-  s.losses.assign(manifest.losses().begin(), manifest.losses().end());
+  s.step = manifest.step;
+  s.epoch = manifest.epoch;
+  s.batch = manifest.batch;
+  s.epoch_loss_sum = manifest.epoch_loss_sum;
+  s.epoch_images = manifest.epoch_images;
+  s.losses = manifest.losses;
   return s;
 }
 
@@ -109,9 +111,9 @@ absl::Status Checkpointer::Save(pipeline::Pipeline& pipe, const std::vector<pipe
                                                    pipe.num_stages(), " stages"));
   }
   const std::string dir = StepDir(dir_, state.step);
-  if (dir == last_ && final && !last_manifest_.final()) {
-    last_manifest_.set_final(true);
-    return CommitManifest(last_manifest_, dir);
+  if (dir == last_ && final && !last_manifest_.final) {
+    last_manifest_.final = true;
+    return CommitManifest(ManifestToWire(last_manifest_), dir);
   }
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -153,7 +155,7 @@ absl::Status Checkpointer::Save(pipeline::Pipeline& pipe, const std::vector<pipe
   RETURN_IF_ERROR(CommitManifest(m, dir));
   last_ = dir;
   last_bytes_ = total;
-  last_manifest_ = std::move(m);
+  last_manifest_ = ManifestFromWire(m);
   return Prune(workers);
 }
 
@@ -184,16 +186,16 @@ absl::StatusOr<Checkpoint> Latest(const std::string& path) {
 }
 
 absl::Status CheckMatches(const Checkpoint& ck, const RunIdentity& id) {
-  const wire::Manifest& m = ck.manifest;
+  const Manifest& m = ck.manifest;
   std::vector<std::string> diffs;
   auto check = [&diffs](const char* what, const std::string& saved, const std::string& now) {
     if (saved != now) diffs.push_back(absl::StrCat(what, " was '", saved, "', this run's is '", now, "'"));
   };
-  check("the model", m.model(), id.model);
-  check("the data", m.data(), id.data);
-  check("the optimizer", m.optimizer(), id.optimizer);
-  check("the schedule", m.schedule(), id.schedule);
-  check("the micro-batches", absl::StrCat(m.micro_batches()), absl::StrCat(id.micro_batches));
+  check("the model", m.model, id.model);
+  check("the data", m.data, id.data);
+  check("the optimizer", m.optimizer, id.optimizer);
+  check("the schedule", m.schedule, id.schedule);
+  check("the micro-batches", absl::StrCat(m.micro_batches), absl::StrCat(id.micro_batches));
   if (diffs.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       "checkpoint ", ck.manifest_path, " is of another run: ", absl::StrJoin(diffs, "; "),
@@ -201,11 +203,11 @@ absl::Status CheckMatches(const Checkpoint& ck, const RunIdentity& id) {
 }
 
 absl::StatusOr<std::vector<pipeline::StageSpec>> LoadStageSpecs(const Checkpoint& ck) {
-  const std::string path = absl::StrCat(ck.dir, "/", ck.manifest.model_file());
+  const std::string path = absl::StrCat(ck.dir, "/", ck.manifest.model_file);
   ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
-  if (Crc32(bytes) != ck.manifest.model_crc32()) {
+  if (Crc32(bytes) != ck.manifest.model_crc32) {
     return absl::DataLossError(absl::StrCat(path, " has CRC-32 ", Crc32(bytes), "; the manifest says ",
-                                            ck.manifest.model_crc32(), ": the file is corrupt"));
+                                            ck.manifest.model_crc32, ": the file is corrupt"));
   }
   std::vector<pipeline::StageSpec> specs;
   try {
@@ -228,29 +230,29 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> LoadStageSpecs(const Checkpoint
   } catch (...) {
     return StatusFromCurrentException(absl::StrCat(path, ": not a remora model file"));
   }
-  if (static_cast<int>(specs.size()) != ck.manifest.stages_size()) {
+  if (specs.size() != ck.manifest.stages.size()) {
     return absl::DataLossError(absl::StrCat(path, " has ", specs.size(), " stages; ", ck.manifest_path,
-                                            " lists ", ck.manifest.stages_size()));
+                                            " lists ", ck.manifest.stages.size()));
   }
   return specs;
 }
 
 absl::Status Restore(pipeline::Pipeline& pipe, const Checkpoint& ck) {
-  const wire::Manifest& m = ck.manifest;
+  const Manifest& m = ck.manifest;
   const std::vector<std::string>& workers = pipe.workers();
-  if (m.stages_size() != pipe.num_stages() || m.shards_size() != static_cast<int>(workers.size())) {
+  if (static_cast<int>(m.stages.size()) != pipe.num_stages() || m.shards.size() != workers.size()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint ", ck.manifest_path, " holds ", m.stages_size(), " stages in ", m.shards_size(),
+        "checkpoint ", ck.manifest_path, " holds ", m.stages.size(), " stages in ", m.shards.size(),
         " shards (one per pipeline worker); this run has ", pipe.num_stages(), " stages over ",
-        workers.size(), " workers: give ", m.shards_size(), " workers per replica"));
+        workers.size(), " workers: give ", m.shards.size(), " workers per replica"));
   }
   std::vector<Future<c10::IValue>> pending;
   for (size_t i = 0; i < workers.size(); ++i) {
-    const wire::CheckpointShard& shard = m.shards(static_cast<int>(i));
+    const ManifestShard& shard = m.shards[i];
     auto [indices, rrefs] = StagesOn(pipe, i);
     pending.push_back(pipe.agent().rpc_async(
         workers[i], "remora.checkpoint.load_shard",
-        {absl::StrCat(ck.dir, "/", shard.file()), shard.bytes(), shard.crc32(), indices, rrefs,
+        {absl::StrCat(ck.dir, "/", shard.file), shard.bytes, shard.crc32, indices, rrefs,
          OptimizerOf(pipe, workers[i])}));
   }
   absl::Status status;
@@ -259,7 +261,7 @@ absl::Status Restore(pipeline::Pipeline& pipe, const Checkpoint& ck) {
                            absl::StrCat("restoring shard ", i, " on worker '", workers[i], "'")));
   }
   RETURN_IF_ERROR(status);
-  const std::string& rng = m.master_rng();
+  const std::string& rng = m.master_rng;
   at::Tensor state = at::empty({static_cast<int64_t>(rng.size())}, at::kByte);
   std::memcpy(state.data_ptr(), rng.data(), rng.size());
   try {
@@ -272,16 +274,16 @@ absl::Status Restore(pipeline::Pipeline& pipe, const Checkpoint& ck) {
 
 absl::StatusOr<std::vector<std::vector<at::Tensor>>> ReadStageTensors(const Checkpoint& ck,
                                                                        std::vector<std::vector<std::string>>* names) {
-  const wire::Manifest& m = ck.manifest;
-  std::vector<std::vector<at::Tensor>> out(m.stages_size());
-  if (names != nullptr) names->assign(m.stages_size(), {});
-  std::vector<bool> seen(m.stages_size(), false);
-  for (const auto& s : m.shards()) {
-    ASSIGN_OR_RETURN(Shard shard, ReadShard(absl::StrCat(ck.dir, "/", s.file()), s.bytes(), s.crc32()));
+  const Manifest& m = ck.manifest;
+  std::vector<std::vector<at::Tensor>> out(m.stages.size());
+  if (names != nullptr) names->assign(m.stages.size(), {});
+  std::vector<bool> seen(m.stages.size(), false);
+  for (const ManifestShard& s : m.shards) {
+    ASSIGN_OR_RETURN(Shard shard, ReadShard(absl::StrCat(ck.dir, "/", s.file), s.bytes, s.crc32));
     for (size_t i = 0; i < shard.stages.size(); ++i) {
       const int64_t k = shard.stages[i];
-      if (k < 0 || k >= m.stages_size() || seen[k]) {
-        return absl::DataLossError(absl::StrCat(ck.dir, "/", s.file(), " holds stage ", k,
+      if (k < 0 || k >= static_cast<int64_t>(m.stages.size()) || seen[k]) {
+        return absl::DataLossError(absl::StrCat(ck.dir, "/", s.file, " holds stage ", k,
                                                 ", which is out of range or in another shard too"));
       }
       seen[k] = true;
@@ -289,7 +291,7 @@ absl::StatusOr<std::vector<std::vector<at::Tensor>>> ReadStageTensors(const Chec
       if (names != nullptr && !shard.names.empty()) (*names)[k] = std::move(shard.names[i]);
     }
   }
-  for (int k = 0; k < m.stages_size(); ++k) {
+  for (size_t k = 0; k < m.stages.size(); ++k) {
     if (!seen[k]) return absl::DataLossError(absl::StrCat(ck.manifest_path, ": no shard holds stage ", k));
   }
   return out;

@@ -11,7 +11,7 @@
 //   auto stages = checkpoint::LoadStageSpecs(ck).value();   // the same cut
 //   ... create the pipeline from `stages` ...
 //   RETURN_IF_ERROR(checkpoint::Restore(*pipe, ck));
-//   // continue from ck.manifest.step()
+//   // continue from ck.manifest.step
 //
 // Layout: DIR/step-00000120/ holds one shard per pipeline worker position
 // (shard-<i>.pt: the stages k with k mod P == i, their parameters and
@@ -45,7 +45,6 @@
 #include "absl/status/statusor.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/stage.h"
-#include "proto/checkpoint.pb.h"
 #include "rpc/agent.h"
 #include "rpc/registry.h"
 
@@ -75,11 +74,61 @@ struct TrainingState {
   std::vector<double> losses;  // every step's loss (batch runs)
 };
 
+// One stage of a checkpoint's model: what it is built from and which shard
+// holds its tensors.
+struct ManifestStage {
+  int index = 0;
+  std::string kind;  // "type" or "script" (pipeline::StageSpec)
+  std::string name;
+  int shard = 0;     // index into Manifest::shards
+};
+
+// One owner's file: its stages' parameters and buffers, its optimizer state
+// and its random generator's state.
+struct ManifestShard {
+  std::string file;    // relative to the checkpoint's directory
+  std::string worker;  // the worker that wrote it
+  std::vector<int> stages;
+  int64_t bytes = 0;
+  std::string crc32;   // of the file's bytes, 8 hex digits
+};
+
+// A checkpoint's manifest.json, read (its fields are proto/checkpoint.proto's,
+// which is how it is written; a C++ struct here so that this header needs
+// no protobuf).
+struct Manifest {
+  int format = 0;
+  int64_t step = 0;  // optimizer steps taken
+  // The next batch to train (epoch from 1, 0 for batch runs), with the
+  // epoch's loss sum and images so far, and every step's loss (batch runs).
+  int epoch = 0;
+  int64_t batch = 0;
+  double epoch_loss_sum = 0;
+  int64_t epoch_images = 0;
+  std::vector<double> losses;
+  // What the run was (RunIdentity), checked on resume.
+  std::string model;
+  std::string data;
+  std::string optimizer;
+  std::string schedule;
+  int micro_batches = 0;
+  int replicas = 0;
+  int checkpoint_every = 0;
+  int keep = 0;  // 0: not recorded (an older manifest)
+  std::vector<ManifestStage> stages;
+  std::vector<ManifestShard> shards;
+  std::string model_file;  // the stage specs (model.pt)
+  std::string model_crc32;
+  std::string master_rng;  // the master's CPU generator state
+  bool final = false;      // the run's last checkpoint
+  std::string created;     // UTC time
+};
+
 // A complete checkpoint: its directory and manifest.
 struct Checkpoint {
   std::string dir;
   std::string manifest_path;
-  wire::Manifest manifest;
+  Manifest manifest;
   TrainingState state() const;
 };
 
@@ -113,7 +162,7 @@ class Checkpointer {
   const int keep_;
   std::string last_;
   int64_t last_bytes_ = 0;
-  wire::Manifest last_manifest_;  // of last_
+  Manifest last_manifest_;  // of last_
 };
 
 // The checkpoint in `path`: a checkpoint's directory (with manifest.json)

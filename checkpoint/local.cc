@@ -73,13 +73,13 @@ absl::StatusOr<LocalSave> SaveLocal(const std::string& dir, const std::vector<pi
 }
 
 absl::StatusOr<at::Tensor> ReadLocalOptimizer(const Checkpoint& ck) {
-  if (ck.manifest.shards_size() != 1) {
+  if (ck.manifest.shards.size() != 1) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint ", ck.manifest_path, " has ", ck.manifest.shards_size(),
+        "checkpoint ", ck.manifest_path, " has ", ck.manifest.shards.size(),
         " shards: it was saved by a pipeline, not by a parameter server (resume it without --mode ps)"));
   }
-  const wire::CheckpointShard& s = ck.manifest.shards(0);
-  ASSIGN_OR_RETURN(Shard shard, ReadShard(absl::StrCat(ck.dir, "/", s.file()), s.bytes(), s.crc32()));
+  const ManifestShard& s = ck.manifest.shards[0];
+  ASSIGN_OR_RETURN(Shard shard, ReadShard(absl::StrCat(ck.dir, "/", s.file), s.bytes, s.crc32));
   if (shard.optimizer.isNone()) return at::Tensor();
   // A state dict as the bytes the parameter server loads (format 1: its archive).
   return shard.optimizer.isTensor() ? shard.optimizer.toTensor() : optim::PickleBytes(shard.optimizer);

@@ -69,6 +69,78 @@ wire::Manifest NewManifest(const RunIdentity& identity, const TrainingState& sta
   return m;
 }
 
+Manifest ManifestFromWire(const wire::Manifest& w) {
+  Manifest m;
+  m.format = w.format();
+  m.step = w.step();
+  m.epoch = w.epoch();
+  m.batch = w.batch();
+  m.epoch_loss_sum = w.epoch_loss_sum();
+  m.epoch_images = w.epoch_images();
+  m.losses.assign(w.losses().begin(), w.losses().end());
+  m.model = w.model();
+  m.data = w.data();
+  m.optimizer = w.optimizer();
+  m.schedule = w.schedule();
+  m.micro_batches = w.micro_batches();
+  m.replicas = w.replicas();
+  m.checkpoint_every = w.checkpoint_every();
+  m.keep = w.keep();
+  for (const wire::CheckpointStage& s : w.stages()) {
+    m.stages.push_back(ManifestStage{s.index(), s.kind(), s.name(), s.shard()});
+  }
+  for (const wire::CheckpointShard& s : w.shards()) {
+    m.shards.push_back(ManifestShard{s.file(), s.worker(), {s.stages().begin(), s.stages().end()},
+                                     s.bytes(), s.crc32()});
+  }
+  m.model_file = w.model_file();
+  m.model_crc32 = w.model_crc32();
+  m.master_rng = w.master_rng();
+  m.final = w.final();
+  m.created = w.created();
+  return m;
+}
+
+wire::Manifest ManifestToWire(const Manifest& m) {
+  wire::Manifest w;
+  w.set_format(m.format);
+  w.set_step(m.step);
+  w.set_epoch(m.epoch);
+  w.set_batch(m.batch);
+  w.set_epoch_loss_sum(m.epoch_loss_sum);
+  w.set_epoch_images(m.epoch_images);
+  for (double l : m.losses) w.add_losses(l);
+  w.set_model(m.model);
+  w.set_data(m.data);
+  w.set_optimizer(m.optimizer);
+  w.set_schedule(m.schedule);
+  w.set_micro_batches(m.micro_batches);
+  w.set_replicas(m.replicas);
+  w.set_checkpoint_every(m.checkpoint_every);
+  w.set_keep(m.keep);
+  for (const ManifestStage& s : m.stages) {
+    wire::CheckpointStage* o = w.add_stages();
+    o->set_index(s.index);
+    o->set_kind(s.kind);
+    o->set_name(s.name);
+    o->set_shard(s.shard);
+  }
+  for (const ManifestShard& s : m.shards) {
+    wire::CheckpointShard* o = w.add_shards();
+    o->set_file(s.file);
+    o->set_worker(s.worker);
+    for (int k : s.stages) o->add_stages(k);
+    o->set_bytes(s.bytes);
+    o->set_crc32(s.crc32);
+  }
+  w.set_model_file(m.model_file);
+  w.set_model_crc32(m.model_crc32);
+  w.set_master_rng(m.master_rng);
+  w.set_final(m.final);
+  w.set_created(m.created);
+  return w;
+}
+
 absl::Status WriteModel(const std::vector<pipeline::StageSpec>& stages, int num_shards,
                         const std::string& dir, wire::Manifest* m) {
   // model.pt: [{kind, name, payload, device}], as LoadStageSpecs reads it.

@@ -30,6 +30,10 @@ wire::Manifest NewManifest(const RunIdentity& identity, const TrainingState& sta
 absl::Status WriteModel(const std::vector<pipeline::StageSpec>& stages, int num_shards,
                         const std::string& dir, wire::Manifest* m);
 
+// The manifest as read, and back as written.
+Manifest ManifestFromWire(const wire::Manifest& m);
+wire::Manifest ManifestToWire(const Manifest& m);
+
 // Writes `m` as dir/manifest.json, atomically: the commit.
 absl::Status CommitManifest(const wire::Manifest& m, const std::string& dir);
 

@@ -156,7 +156,7 @@ int Main(int argc, char** argv) {
   while (!g_stop) {
     auto ck = checkpoint::Latest(dir);
     const bool again = ck.ok() && ck->dir == done;
-    if (ck.ok() && (!again || ck->manifest.final())) {
+    if (ck.ok() && (!again || ck->manifest.final)) {
       auto model = again ? absl::StatusOr<std::vector<std::unique_ptr<pipeline::StageModule>>>()
                          : checkpoint::LoadModel(*ck, c10::kCPU);
       auto score = again ? absl::StatusOr<Score>(done_score)
@@ -170,22 +170,22 @@ int Main(int argc, char** argv) {
       } else {
         const auto& m = ck->manifest;
         std::printf("step=%lld epoch=%d test_accuracy=%.4f test_top5=%.4f test_loss=%.4f%s\n",
-                    static_cast<long long>(m.step()), m.epoch(), score->accuracy, score->top5, score->loss,
-                    m.final() ? " (final)" : "");
+                    static_cast<long long>(m.step), m.epoch, score->accuracy, score->top5, score->loss,
+                    m.final ? " (final)" : "");
         std::fflush(stdout);
         std::ofstream out(output, std::ios::app);
         out << absl::StrFormat(
                    "{\"step\": %d, \"epoch\": %d, \"batch\": %d, \"test_accuracy\": %.6f, \"test_top5\": %.6f, "
                    "\"test_loss\": %.6f, \"final\": %s, \"checkpoint\": \"%s\", \"created\": \"%s\"}\n",
-                   m.step(), m.epoch(), m.batch(), score->accuracy, score->top5, score->loss,
-                   m.final() ? "true" : "false",
-                   ck->dir, m.created())
+                   m.step, m.epoch, m.batch, score->accuracy, score->top5, score->loss,
+                   m.final ? "true" : "false",
+                   ck->dir, m.created)
             << std::flush;
         if (!out) return fail("cannot append to " + output, 1);
         done = ck->dir;
         done_score = *score;
         last_new = std::chrono::steady_clock::now();
-        if (m.final() || once) return 0;
+        if (m.final || once) return 0;
       }
     } else if (!ck.ok()) {
       if (once) return fail(std::string(ck.status().message()), 1);

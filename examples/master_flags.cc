@@ -182,9 +182,9 @@ absl::Status CheckCheckpoints(CommandLine& line, const std::set<std::string>& gi
   auto ck = checkpoint::Latest(c.resume);
   if (!ck.ok()) return ck.status();
   if (auto s = checkpoint::CheckMatches(*ck, line.checkpoints.identity); !s.ok()) return s;
-  if (!line.ps_mode && ck->manifest.shards_size() != static_cast<int>(c.workers.size())) {
-    return Bad(absl::StrCat("checkpoint ", ck->manifest_path, " has ", ck->manifest.shards_size(),
-                            " shards, one per pipeline worker: give ", ck->manifest.shards_size(),
+  if (!line.ps_mode && ck->manifest.shards.size() != c.workers.size()) {
+    return Bad(absl::StrCat("checkpoint ", ck->manifest_path, " has ", ck->manifest.shards.size(),
+                            " shards, one per pipeline worker: give ", ck->manifest.shards.size(),
                             " workers per replica, not ", c.workers.size()));
   }
   auto stages = checkpoint::LoadStageSpecs(*ck);
@@ -192,9 +192,9 @@ absl::Status CheckCheckpoints(CommandLine& line, const std::set<std::string>& gi
   line.checkpoints.stages = std::move(*stages);
   // The run's checkpoint settings go on, unless the flags say otherwise
   // (a manifest from before they were recorded has keep 0).
-  if (ck->manifest.keep() > 0) {
-    if (!given.count("checkpoint-every")) c.checkpoint_every = ck->manifest.checkpoint_every();
-    if (!given.count("keep")) c.keep = ck->manifest.keep();
+  if (ck->manifest.keep > 0) {
+    if (!given.count("checkpoint-every")) c.checkpoint_every = ck->manifest.checkpoint_every;
+    if (!given.count("keep")) c.keep = ck->manifest.keep;
   }
   line.checkpoints.identity.checkpoint_every = c.checkpoint_every;
   line.checkpoints.identity.keep = c.keep;

@@ -286,7 +286,7 @@ absl::Status Checkpointing::Restore(parallel::DataParallelPipeline& pipe) {
   std::printf("resumed from %s: step %lld", resume->dir.c_str(), static_cast<long long>(s.step));
   if (s.epoch > 0) std::printf(", epoch %d after batch %lld", s.epoch, static_cast<long long>(s.batch));
   int64_t bytes = 0;
-  for (const auto& shard : resume->manifest.shards()) bytes += shard.bytes();
+  for (const auto& shard : resume->manifest.shards) bytes += shard.bytes;
   std::printf(" (%.1f MiB of shards loaded in %.2f s)\n", bytes * pipe.replicas() / 1048576.0,
               (trace::NowUs() - t0) / 1e6);
   std::fflush(stdout);

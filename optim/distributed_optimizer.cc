@@ -229,8 +229,7 @@ absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Crea
   }
   // Surface construction errors now rather than at the first step.
   for (RRef& opt : optimizers) {
-    auto* user = static_cast<UserRRef*>(opt.impl().get());
-    RETURN_IF_ERROR(Annotate(user->confirmed().wait().status(), "creating the optimizer"));
+    RETURN_IF_ERROR(Annotate(opt.WaitConfirmed(), "creating the optimizer"));
   }
   return std::unique_ptr<DistributedOptimizer>(new DistributedOptimizer(std::move(optimizers)));
 }

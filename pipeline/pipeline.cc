@@ -151,8 +151,7 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(Agent& agent, Pipelin
   // A stage that failed to build (a file that does not load) fails here,
   // with its own error, before any call is made on it.
   for (int k = 0; k < S; ++k) {
-    if (stages[k].is_owner()) continue;
-    const absl::Status built = static_cast<UserRRef*>(stages[k].impl().get())->confirmed().wait().status();
+    const absl::Status built = stages[k].WaitConfirmed();
     if (!built.ok()) {
       return Annotate(built, absl::StrCat("placing stage ", k, " on worker '", o.workers[k % n], "'"));
     }

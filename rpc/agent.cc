@@ -159,9 +159,9 @@ absl::StatusOr<std::string> Agent::channel_to(const std::string& name,
   return DescribeRoute(peer.route, impl_->devices_, peer.info, d);
 }
 
-ShmChannel::Stats Agent::shm_stats() const { return impl_->shm_->stats(); }
+ShmStats Agent::shm_stats() const { return impl_->shm_->stats(); }
 
-CudaChannel::Stats Agent::cuda_stats() const { return impl_->cuda_->stats(); }
+CudaStats Agent::cuda_stats() const { return impl_->cuda_->stats(); }
 
 std::string Agent::cuda_disabled_reason() const { return impl_->cuda_->disabled_reason(); }
 
@@ -185,21 +185,21 @@ std::map<std::string, int64_t> Agent::sent_messages() const {
   return impl_->sent_;
 }
 
-Future<Empty> Agent::SendControl(WorkerId dst, wire::Request request) {
+Future<Empty> Agent::Impl::SendControl(WorkerId dst, wire::Request request) {
   Future<Empty> done;
   auto attempt = std::make_shared<std::function<void(int)>>();
   *attempt = [this, dst, request, done, attempt](int tries) mutable {
     OutMessage m;
     *m.header.mutable_request() = request;
-    m.header.mutable_request()->set_from(self_.id);
-    impl_->SendTo(dst, std::move(m), options_.rpc_timeout)
+    m.header.mutable_request()->set_from(agent_->self_.id);
+    SendTo(dst, std::move(m), agent_->options_.rpc_timeout)
         .then([this, done, attempt, tries](const absl::StatusOr<InMessage>& r) mutable {
           absl::Status s = r.ok() && r->header.response().has_error()
-                               ? impl_->ErrorFromReply(r->header.response())
+                               ? ErrorFromReply(r->header.response())
                                : r.status();
           // Control messages are idempotent: retry transport failures.
           if (s.code() == absl::StatusCode::kUnavailable && tries < 5) {
-            impl_->pool_->Schedule([attempt, tries] {
+            pool_->Schedule([attempt, tries] {
               absl::SleepFor(absl::Milliseconds(50 << tries));
               (*attempt)(tries + 1);
             });
@@ -259,9 +259,9 @@ absl::StatusOr<RRef> Agent::remote(const std::string& to, const std::string& fun
 
 RRef Agent::local_rref(c10::IValue value) { return RRef(rrefs_->CreateLocal(std::move(value))); }
 
-Future<c10::IValue> Agent::CallOnRRef(const RRef& rref, const std::string& method,
-                                      std::vector<c10::IValue> args, CallOptions options,
-                                      c10::intrusive_ptr<UserRRef> result, bool blocking) {
+Future<c10::IValue> Agent::Impl::CallOnRRef(const RRef& rref, const std::string& method,
+                                            std::vector<c10::IValue> args, CallOptions options,
+                                            c10::intrusive_ptr<UserRRef> result, bool blocking) {
   wire::CallRequest call;
   call.set_function(method);
   if (result) {
@@ -274,39 +274,41 @@ Future<c10::IValue> Agent::CallOnRRef(const RRef& rref, const std::string& metho
     call.set_seq(user->NextCallSeq());
   }
   c10::IValue self = rref.ToIValue();
-  return impl_->Call(rref.owner(), std::move(call), std::move(args), &self, options, result,
-                     blocking);
+  return Call(rref.owner(), std::move(call), std::move(args), &self, options, result, blocking);
 }
 
-absl::StatusOr<RRef> Agent::RemoteOnRRef(const RRef& rref, const std::string& method,
-                                         std::vector<c10::IValue> args, CallOptions options) {
-  auto user = rrefs_->CreateUserForRemote(rref.owner());
+absl::StatusOr<RRef> Agent::Impl::RemoteOnRRef(const RRef& rref, const std::string& method,
+                                               std::vector<c10::IValue> args,
+                                               CallOptions options) {
+  auto user = agent_->rrefs_->CreateUserForRemote(rref.owner());
   CallOnRRef(rref, method, std::move(args), options, user);
   return RRef(user);
 }
 
-Future<c10::IValue> Agent::Fetch(const UserRRef& rref, CallOptions options, bool blocking) {
-  Future<c10::IValue> result(impl_->pool_.get());
+Future<c10::IValue> Agent::Impl::Fetch(const UserRRef& rref, CallOptions options, bool blocking) {
+  Future<c10::IValue> result(pool_.get());
   wire::FetchRequest fetch;
   *fetch.mutable_rref_id() = ToWire(rref.rref_id());
   *fetch.mutable_fork_id() = ToWire(rref.fork_id());
   OutMessage m;
   *m.header.mutable_request() = MakeRequest(fetch);
-  m.header.mutable_request()->set_from(self_.id);
+  m.header.mutable_request()->set_from(agent_->self_.id);
   if (CurrentContextId() != kNoContext) {
     m.header.mutable_request()->mutable_autograd()->set_context_id(CurrentContextId());
   }
   const absl::Duration timeout =
-      options.timeout > absl::ZeroDuration() ? options.timeout : options_.rpc_timeout;
+      options.timeout > absl::ZeroDuration() ? options.timeout : agent_->options_.rpc_timeout;
   const WorkerId owner = rref.owner();
-  impl_->SendTo(owner, std::move(m), timeout, blocking, "to_here")
+  SendTo(owner, std::move(m), timeout, blocking, "to_here")
       .then([this, owner, result](const absl::StatusOr<InMessage>& reply) {
-        impl_->CompleteWithReply(reply, owner, result);
+        CompleteWithReply(reply, owner, result);
       });
   return result;
 }
 
 DispatchTable& Agent::requests() { return impl_->requests_; }
+
+RRefStats Agent::rref_stats() const { return rrefs_->stats(); }
 
 // ---------------------------------------------------------------------------
 // RRef.
@@ -346,7 +348,13 @@ Future<c10::IValue> RRef::Fetch(CallOptions options, bool blocking) const {
   if (agent == nullptr) {
     return Future<c10::IValue>::Ready(absl::FailedPreconditionError("the agent has stopped"));
   }
-  return agent->Fetch(*user, options, blocking);
+  return agent->impl().Fetch(*user, options, blocking);
+}
+
+absl::Status RRef::WaitConfirmed() const {
+  if (!impl_) return absl::FailedPreconditionError("empty RRef");
+  if (impl_->isOwner()) return absl::OkStatus();
+  return static_cast<UserRRef*>(impl_.get())->confirmed().wait().status();
 }
 
 absl::StatusOr<c10::IValue> RRef::local_value() const {
@@ -365,7 +373,7 @@ absl::StatusOr<c10::IValue> RRef::rpc_sync(const std::string& method,
   if (!impl_) return absl::FailedPreconditionError("empty RRef");
   Agent* agent = impl_->agent();
   if (agent == nullptr) return absl::FailedPreconditionError("the agent has stopped");
-  return agent->CallOnRRef(*this, method, std::move(args), options, {}, /*blocking=*/true)
+  return agent->impl().CallOnRRef(*this, method, std::move(args), options, {}, /*blocking=*/true)
       .wait();
 }
 
@@ -376,7 +384,7 @@ Future<c10::IValue> RRef::rpc_async(const std::string& method, std::vector<c10::
   if (agent == nullptr) {
     return Future<c10::IValue>::Ready(absl::FailedPreconditionError("the agent has stopped"));
   }
-  return agent->CallOnRRef(*this, method, std::move(args), options, {});
+  return agent->impl().CallOnRRef(*this, method, std::move(args), options, {});
 }
 
 absl::StatusOr<RRef> RRef::remote(const std::string& method, std::vector<c10::IValue> args,
@@ -384,7 +392,7 @@ absl::StatusOr<RRef> RRef::remote(const std::string& method, std::vector<c10::IV
   if (!impl_) return absl::FailedPreconditionError("empty RRef");
   Agent* agent = impl_->agent();
   if (agent == nullptr) return absl::FailedPreconditionError("the agent has stopped");
-  return agent->RemoteOnRRef(*this, method, std::move(args), options);
+  return agent->impl().RemoteOnRRef(*this, method, std::move(args), options);
 }
 
 }  // namespace remora

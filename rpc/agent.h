@@ -39,13 +39,12 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-#include "rpc/autograd_hooks.h"
-#include "channel/cuda/cuda_channel.h"
-#include "rpc/future.h"
 #include "base/ids.h"
+#include "channel/stats.h"
+#include "rpc/autograd_hooks.h"
+#include "rpc/future.h"
 #include "rpc/registry.h"
 #include "rpc/rref.h"
-#include "channel/shm/shm.h"
 #include "rpc/tls.h"
 
 namespace grpc {
@@ -150,76 +149,13 @@ struct AgentOptions {
   std::string host_id;
 };
 
-// Per-call options.
-struct CallOptions {
-  // Zero means the agent's rpc_timeout.
-  absl::Duration timeout = absl::ZeroDuration();
-};
-
-class Agent;
-
-// A reference to a value that lives on a worker (PyTorch's RRef).
-//
-// Copies refer to the same fork: the owner is told when the last copy in
-// this process is gone. Pass an RRef to a call by putting it in the
-// arguments (it converts to an IValue); the receiver gets its own fork.
-class RRef {
- public:
-  RRef() = default;
-  explicit RRef(c10::intrusive_ptr<RRefImpl> impl) : impl_(std::move(impl)) {}
-
-  // The RRef an IValue argument holds; an error when it holds none.
-  static absl::StatusOr<RRef> FromIValue(const c10::IValue& value);
-
-  bool valid() const { return static_cast<bool>(impl_); }
-  bool is_owner() const { return impl_->isOwner(); }
-  // The owner's name and id.
-  std::string owner_name() const { return impl_->ownerName(); }
-  WorkerId owner() const { return impl_->owner(); }
-  const RRefId& id() const { return impl_->rref_id(); }
-  // True once the owner confirmed this user (always true on the owner).
-  bool confirmed_by_owner() const { return impl_->confirmedByOwner(); }
-
-  // Fetches a copy of the value (waits on the owner until it exists). On
-  // the owner, returns the value itself. A creation error is returned here.
-  absl::StatusOr<c10::IValue> to_here(CallOptions options = {}) const;
-  Future<c10::IValue> to_here_async(CallOptions options = {}) const;
-  // The value itself; only on the owner.
-  absl::StatusOr<c10::IValue> local_value() const;
-
-  // Runs registered method `method` of the module this RRef holds, on its
-  // owner (PyTorch's rref.rpc_sync().method(...)).
-  absl::StatusOr<c10::IValue> rpc_sync(const std::string& method,
-                                       std::vector<c10::IValue> args = {},
-                                       CallOptions options = {}) const;
-  Future<c10::IValue> rpc_async(const std::string& method,
-                                std::vector<c10::IValue> args = {},
-                                CallOptions options = {}) const;
-  // Same, with the result kept on the owner as a new RRef.
-  absl::StatusOr<RRef> remote(const std::string& method,
-                              std::vector<c10::IValue> args = {},
-                              CallOptions options = {}) const;
-
-  c10::IValue ToIValue() const;
-  operator c10::IValue() const { return ToIValue(); }  // NOLINT: pass as an arg
-
-  const c10::intrusive_ptr<RRefImpl>& impl() const { return impl_; }
-
- private:
-  // to_here(_async): `blocking` waits for the reply on this thread (on a
-  // stream, as rpc_sync does) and returns a completed future.
-  Future<c10::IValue> Fetch(CallOptions options, bool blocking) const;
-
-  c10::intrusive_ptr<RRefImpl> impl_;
-};
-
-class Agent final : public ControlChannel {
+class Agent final {
  public:
   // Starts the server and returns at once. The registry must outlive the
   // agent and must not change after this.
   static absl::StatusOr<std::unique_ptr<Agent>> Start(AgentOptions options,
                                                       const Registry* registry);
-  ~Agent() override;
+  ~Agent();
 
   // Rendezvous. Worker: registers with the master, retrying until
   // connect_timeout, and receives the address book. Master: waits until
@@ -257,9 +193,9 @@ class Agent final : public ControlChannel {
   absl::StatusOr<std::string> channel_to(const std::string& name,
                                          const std::string& device = "cpu") const;
   // Shared-memory counters (segments, reads, writes) of this agent.
-  ShmChannel::Stats shm_stats() const;
+  ShmStats shm_stats() const;
   // CUDA channel counters, and why the channel is off here (empty when on).
-  CudaChannel::Stats cuda_stats() const;
+  CudaStats cuda_stats() const;
   std::string cuda_disabled_reason() const;
   std::vector<WorkerInfo> workers() const;
   absl::StatusOr<WorkerInfo> worker(const std::string& name) const;
@@ -269,7 +205,7 @@ class Agent final : public ControlChannel {
   Executor* executor() const;
   // Port the server listens on (useful after listening on port 0).
   int port() const { return port_; }
-  RRefStats rref_stats() const { return rrefs_->stats(); }
+  RRefStats rref_stats() const;
   // Calls this agent is serving or waiting for right now.
   int64_t active_calls() const;
   // Requests this agent has sent since it started, by kind: calls as
@@ -309,25 +245,16 @@ class Agent final : public ControlChannel {
   // master_timeout.
   absl::Status WaitForShutdown();
 
-  // --- ControlChannel --------------------------------------------------
-  // Sends `request` (proto/request.h's MakeRequest) from this agent to
-  // group member `dst`, retrying transport failures (control messages are
-  // idempotent); an error reply completes the future with an error naming
-  // `dst`. How a subsystem sends the request kinds it registered.
-  Future<Empty> SendControl(WorkerId dst, wire::Request request) override;
-  std::string NameOf(WorkerId id) const override;
-  bool IsKnown(WorkerId id) const override;
+  // --- names -----------------------------------------------------------
+  // The name of member `id` ("worker#7" when unknown), and whether `id` is
+  // a member of the group.
+  std::string NameOf(WorkerId id) const;
+  bool IsKnown(WorkerId id) const;
 
-  // Internal: calls on an RRef's module, used by RRef's methods. With
-  // `blocking`, the reply is waited for on this thread, as rpc_sync does.
-  Future<c10::IValue> CallOnRRef(const RRef& rref, const std::string& method,
-                                 std::vector<c10::IValue> args, CallOptions options,
-                                 c10::intrusive_ptr<UserRRef> result, bool blocking = false);
-  absl::StatusOr<RRef> RemoteOnRRef(const RRef& rref, const std::string& method,
-                                    std::vector<c10::IValue> args, CallOptions options);
-  Future<c10::IValue> Fetch(const UserRRef& rref, CallOptions options, bool blocking = false);
-
+  // Internal to rpc/ and the subsystems that register request kinds: the
+  // implementation (rpc/agent_impl.h), which sends control messages.
   class Impl;
+  Impl& impl() const { return *impl_; }
 
  private:
   Agent(AgentOptions options, const Registry* registry);

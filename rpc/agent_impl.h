@@ -37,7 +37,9 @@
 #include "rpc/dispatch.h"
 #include "rpc/message.h"
 #include "rpc/responder.h"
+#include "rpc/rref_context.h"
 #include "rpc/stream.h"
+#include "rpc/tls_credentials.h"
 #include "rpc/thread_pool.h"
 
 namespace remora {
@@ -98,9 +100,31 @@ absl::Status RegisterShutdownRequests(Agent::Impl* impl);   // shutdown.cc
 void FailRefusedRemote(Agent::Impl* impl, const wire::Request& request,
                        const absl::Status& why);  // rref_requests.cc
 
-class Agent::Impl final : public grpc::CallbackGenericService, public Responder::Server {
+class Agent::Impl final : public grpc::CallbackGenericService,
+                          public Responder::Server,
+                          public ControlChannel {
  public:
   explicit Impl(Agent* agent);
+
+  // --- ControlChannel (agent.cc) --------------------------------------------
+  // Sends `request` (proto/request.h's MakeRequest) from this agent to
+  // group member `dst`, retrying transport failures (control messages are
+  // idempotent); an error reply completes the future with an error naming
+  // `dst`. How a subsystem sends the request kinds it registered.
+  Future<Empty> SendControl(WorkerId dst, wire::Request request) override;
+  std::string NameOf(WorkerId id) const override { return agent_->NameOf(id); }
+  bool IsKnown(WorkerId id) const override { return agent_->IsKnown(id); }
+
+  // --- calls on RRefs (agent.cc), for RRef's methods ------------------------
+  // Runs `method` of the module `rref` holds on its owner; with `result`,
+  // keeps the value there as that RRef. With `blocking`, the reply is
+  // waited for on this thread, as rpc_sync does.
+  Future<c10::IValue> CallOnRRef(const RRef& rref, const std::string& method,
+                                 std::vector<c10::IValue> args, CallOptions options,
+                                 c10::intrusive_ptr<UserRRef> result, bool blocking = false);
+  absl::StatusOr<RRef> RemoteOnRRef(const RRef& rref, const std::string& method,
+                                    std::vector<c10::IValue> args, CallOptions options);
+  Future<c10::IValue> Fetch(const UserRRef& rref, CallOptions options, bool blocking = false);
 
   // --- server (server.cc) ------------------------------------------------
   grpc::ServerGenericBidiReactor* CreateReactor(

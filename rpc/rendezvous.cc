@@ -237,7 +237,7 @@ void Agent::Impl::SetBook(std::vector<WorkerInfo> book) {
     }
   }
   agent_->self_.id = self_id;
-  agent_->rrefs_ = std::make_shared<RRefContext>(self_id, agent_, agent_, pool_.get());
+  agent_->rrefs_ = std::make_shared<RRefContext>(self_id, agent_, this, pool_.get());
   joined_.Notify();
 }
 

@@ -1,7 +1,7 @@
 #include "rpc/request_checks.h"
 
 #include "absl/strings/str_cat.h"
-#include "rpc/rref.h"
+#include "rpc/rref_context.h"
 
 namespace remora {
 

@@ -1,4 +1,4 @@
-#include "rpc/rref.h"
+#include "rpc/rref_context.h"
 
 #include <ATen/core/jit_type.h>
 

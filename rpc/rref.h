@@ -1,33 +1,23 @@
-// Remote references (RRefs) and their reference counting.
+// RRef: a reference to a value that lives on one worker (PyTorch's RRef).
 //
-// An RRef names a value that lives on one worker, its owner. The owner holds
-// an OwnerRRef with the value (or a pending value, or the error that creating
-// it raised); every other process that holds the RRef holds a UserRRef, one
-// per fork: each time an RRef is sent to a process, the receiver becomes a
-// new user with a new fork id. The rules are PyTorch's:
+// An RRef names a value owned by one worker. The owner holds the value (or
+// a pending value, or the error that creating it raised); every other
+// process that holds the RRef holds one fork of it, and the owner frees the
+// value when the last fork is gone. RRefs come from Agent::remote(),
+// Agent::local_rref() and RRef::remote(), or arrive as call arguments;
+// pass one on by putting it in a call's arguments (the receiver gets its
+// own fork). The reference counting protocol is PyTorch's; it lives in
+// rpc/rref_context.h, internal to rpc/.
 //
-//  * remote() creates a user at once (its rref id is its fork id); the owner
-//    records that fork when the call arrives and confirms it when the value
-//    is made (or stores the error).
-//  * Sending a user to another process: the sender keeps its user alive as a
-//    "pending child" until the receiver accepts it (ChildAccept). A receiver
-//    that is not the owner tells the owner (ForkRequest) and uses the RRef
-//    only once the owner acknowledged. Sending an owner RRef records the
-//    fork directly.
-//  * A user that is destroyed tells the owner (UserDelete). The owner frees
-//    the value when its last recorded fork is deleted.
-//  * Every control message is idempotent, retried on transport errors, and
-//    correct in any arrival order; a fetch (to_here) that reaches the owner
-//    before the value exists waits for it.
+//   RRef m = agent->remote("worker1", "Linear", {4, 2}).value();
+//   auto y = m.rpc_sync("forward", {x});      // runs on worker1
+//   at::Tensor w = m.to_here()->toTensor();   // a copy of the value (here: no)
 //
-// Thread-safety: RRefContext is safe to use from any thread. Ownership: the
-// agent owns the RRefContext (through a shared_ptr that every UserRRef also
-// holds, so a user that outlives the agent deletes itself quietly).
+// Thread-safety: an RRef may be copied and used from any thread. Ownership:
+// copies share one fork; the owner is told when the last copy in this
+// process is gone.
 #pragma once
 
-#include <atomic>
-#include <functional>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,15 +25,10 @@
 #include <ATen/core/ivalue.h>
 #include <ATen/core/rref_interface.h>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
-#include "absl/synchronization/mutex.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "proto/agent.pb.h"
-#include "rpc/codec.h"
-#include "rpc/future.h"
 #include "base/ids.h"
+#include "rpc/future.h"
 
 namespace remora {
 
@@ -72,89 +57,6 @@ class RRefImpl : public c10::RRefInterface {
   const std::weak_ptr<RRefContext> weak_ctx_;
 };
 
-// The owner's side: the value itself, possibly still being made.
-class OwnerRRef final : public RRefImpl {
- public:
-  OwnerRRef(WorkerId owner, std::string owner_name, RRefId id,
-            std::weak_ptr<RRefContext> ctx, Executor* executor)
-      : RRefImpl(owner, std::move(owner_name), id, std::move(ctx)), value_(executor) {}
-
-  bool isOwner() const override { return true; }
-  bool confirmedByOwner() const override { return true; }
-
-  // Completes when the value exists, or with the error creating it raised.
-  const Future<c10::IValue>& value() const { return value_; }
-  void SetValue(absl::StatusOr<c10::IValue> value) { value_.Complete(std::move(value)); }
-
-  // Runs `fn` after every call with a lower `seq` on the same lane ran (a
-  // lane is one caller's user RRef; seq counts from 1). seq 0: at once.
-  //
-  // A call that never arrives (its caller's request failed in transport)
-  // must not stop the lane for good: once calls have waited behind a gap for
-  // `gap_timeout` (the caller has given up on the missing one by then), the
-  // next arrival on the lane skips the gap and the waiting calls run in
-  // order. A call that arrives after its turn was skipped runs at once.
-  void RunInOrder(WorkerId caller, const ForkId& lane, uint64_t seq, std::function<void()> fn,
-                  absl::Duration gap_timeout = absl::Seconds(60), absl::Time now = absl::Now());
-
-  // When the owner stops: a value still being made fails with `why` (the
-  // calls and fetches waiting for it get that error), and calls waiting
-  // behind a gap on a lane are dropped (their callers get an error reply).
-  void Abandon(const absl::Status& why);
-
- private:
-  struct Lane {
-    uint64_t next = 1;
-    std::map<uint64_t, std::function<void()>> waiting;
-    absl::Time gap_since;  // when calls started waiting behind the gap
-    bool running = false;  // a thread is running this lane's calls
-  };
-
-  Future<c10::IValue> value_;
-  absl::Mutex lanes_mu_;
-  absl::flat_hash_map<std::pair<WorkerId, ForkId>, Lane> lanes_ ABSL_GUARDED_BY(lanes_mu_);
-  bool abandoned_ ABSL_GUARDED_BY(lanes_mu_) = false;  // Abandon ran: nothing parks
-};
-
-// A user's side: one fork of a value that lives on `owner`.
-class UserRRef final : public RRefImpl {
- public:
-  UserRRef(WorkerId owner, std::string owner_name, RRefId id, ForkId fork,
-           std::shared_ptr<RRefContext> ctx);
-  ~UserRRef() override;
-
-  bool isOwner() const override { return false; }
-  bool confirmedByOwner() const override { return confirmed_.ready(); }
-
-  const ForkId& fork_id() const { return fork_id_; }
-  // Completes when the owner confirmed this user; an error when creating the
-  // value failed (remote()) or the owner could not be told (fork).
-  const Future<Empty>& confirmed() const { return confirmed_; }
-  void Confirm(absl::Status status);
-  RRefContext& context() const { return *ctx_; }
-  // The sequence number of the next method call made through this user.
-  uint64_t NextCallSeq() { return call_seq_.fetch_add(1) + 1; }
-
- private:
-  std::atomic<uint64_t> call_seq_{0};
-  const ForkId fork_id_;
-  const std::shared_ptr<RRefContext> ctx_;
-  Future<Empty> confirmed_;
-};
-
-// How the RRef layer sends its control messages. Implemented by the agent.
-class ControlChannel {
- public:
-  virtual ~ControlChannel() = default;
-  // Sends `request` to `dst`, retrying transport failures; the future holds
-  // the outcome.
-  virtual Future<Empty> SendControl(WorkerId dst, wire::Request request) = 0;
-  // The name of worker `id` (for RRef owner names and messages).
-  virtual std::string NameOf(WorkerId id) const = 0;
-  // Whether `id` is a member of the group.
-  virtual bool IsKnown(WorkerId id) const = 0;
-};
-
 // Counts of the RRef tables; all zero on a worker with nothing outstanding.
 struct RRefStats {
   int64_t owners = 0;            // owner RRefs reachable by other processes
@@ -165,91 +67,71 @@ struct RRefStats {
   int64_t pending_messages = 0;  // control messages in flight
 };
 
-class RRefContext final : public RRefHooks,
-                          public std::enable_shared_from_this<RRefContext> {
- public:
-  RRefContext(WorkerId self, Agent* agent, ControlChannel* channel, Executor* executor);
-
-  WorkerId self() const { return self_; }
-  // Null once detached.
-  Agent* agent() const;
-  Executor* executor() const { return executor_; }
-
-  // A new globally unique id created by this worker.
-  GloballyUniqueId NewId();
-
-  // --- creating RRefs --------------------------------------------------
-  // An owner RRef over a value this process holds (PyTorch's RRef(value)).
-  c10::intrusive_ptr<OwnerRRef> CreateLocal(c10::IValue value);
-  // The user for a remote() to `owner`, pending until the owner confirms.
-  c10::intrusive_ptr<UserRRef> CreateUserForRemote(WorkerId owner);
-
-  // --- owner side ------------------------------------------------------
-  // The owner RRef `id`, made as a placeholder (value pending) when absent.
-  c10::intrusive_ptr<OwnerRRef> GetOrCreateOwner(const RRefId& id);
-  // The owner RRef `id`, or null.
-  c10::intrusive_ptr<OwnerRRef> FindOwner(const RRefId& id);
-  void AddFork(const RRefId& id, const ForkId& fork);
-  bool HasFork(const RRefId& id, const ForkId& fork) const;
-  // Records that user `fork` of `id` is gone; frees the value after the last.
-  absl::Status DeleteFork(const RRefId& id, const ForkId& fork);
-
-  // --- user / parent side ----------------------------------------------
-  void AcceptChild(const ForkId& fork);
-  // The owner answered about user `fork` (remote() reply or fork request):
-  // confirms it, or stores the error on it.
-  void FinishPendingUser(const ForkId& fork, absl::Status status);
-  // Called by ~UserRRef: tells the owner, unless already released.
-  void OnUserDestroyed(const UserRRef& user);
-
-  // --- codec hooks -----------------------------------------------------
-  absl::Status ForkForSend(const c10::IValue& rref, WorkerId dst,
-                           wire::RRefMeta* out) override;
-  absl::StatusOr<c10::IValue> Receive(const wire::RRefMeta& meta,
-                                      std::vector<Future<Empty>>* pending) override;
-
-  // --- shutdown --------------------------------------------------------
-  // Deletes every user this process still holds (as if destroyed).
-  void ReleaseAllUsers();
-  // Waits until no control message, pending user or pending child remains.
-  absl::Status WaitDrained(absl::Duration timeout);
-  // After this, destroyed users send nothing (the group is gone).
-  void Detach();
-  // Abandons every owner's pending value and waiting calls with `why` (see
-  // OwnerRRef::Abandon), and every owner made later at once: no request
-  // waits on this worker past its stop.
-  void AbandonWaiting(const absl::Status& why);
-  bool detached() const;
-
-  RRefStats stats() const;
-
- private:
-  // Whether value `id`, created by this worker, still exists here (or is
-  // still being made by a remote() to itself).
-  bool KnowsOwnValue(const RRefId& id) const;
-  // Sends a control message and counts it until it completes.
-  Future<Empty> Send(WorkerId dst, wire::Request request);
-  bool drained() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  const WorkerId self_;
-  Agent* const agent_;
-  ControlChannel* const channel_;
-  Executor* const executor_;
-  std::atomic<uint64_t> next_id_{1};
-
-  mutable absl::Mutex mu_;
-  absl::flat_hash_map<RRefId, c10::intrusive_ptr<OwnerRRef>> owners_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<RRefId, absl::flat_hash_set<ForkId>> forks_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<ForkId, c10::intrusive_ptr<UserRRef>> pending_users_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<ForkId, c10::intrusive_ptr<RRefImpl>> pending_children_ ABSL_GUARDED_BY(mu_);
-  // Users alive here, not yet deleted (raw: each removes itself when destroyed).
-  absl::flat_hash_map<ForkId, const UserRRef*> live_users_ ABSL_GUARDED_BY(mu_);
-  int64_t pending_messages_ ABSL_GUARDED_BY(mu_) = 0;
-  bool detached_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status abandoned_ ABSL_GUARDED_BY(mu_);  // AbandonWaiting's reason, once it ran
+// Per-call options.
+struct CallOptions {
+  // Zero means the agent's rpc_timeout.
+  absl::Duration timeout = absl::ZeroDuration();
 };
 
-wire::Guid ToWire(const GloballyUniqueId& id);
-GloballyUniqueId FromWire(const wire::Guid& id);
+// A reference to a value that lives on a worker.
+//
+// Copies refer to the same fork: the owner is told when the last copy in
+// this process is gone. Pass an RRef to a call by putting it in the
+// arguments (it converts to an IValue); the receiver gets its own fork.
+class RRef {
+ public:
+  RRef() = default;
+  explicit RRef(c10::intrusive_ptr<RRefImpl> impl) : impl_(std::move(impl)) {}
+
+  // The RRef an IValue argument holds; an error when it holds none.
+  static absl::StatusOr<RRef> FromIValue(const c10::IValue& value);
+
+  bool valid() const { return static_cast<bool>(impl_); }
+  bool is_owner() const { return impl_->isOwner(); }
+  // The owner's name and id.
+  std::string owner_name() const { return impl_->ownerName(); }
+  WorkerId owner() const { return impl_->owner(); }
+  const RRefId& id() const { return impl_->rref_id(); }
+  // True once the owner confirmed this user (always true on the owner).
+  bool confirmed_by_owner() const { return impl_->confirmedByOwner(); }
+  // Waits until the owner confirmed this user: OK once the value exists
+  // there, or the error that creating it raised (a remote() whose function
+  // failed). OK at once on the owner. Surfaces a failed remote() before any
+  // call is made on it.
+  absl::Status WaitConfirmed() const;
+
+  // Fetches a copy of the value (waits on the owner until it exists). On
+  // the owner, returns the value itself. A creation error is returned here.
+  absl::StatusOr<c10::IValue> to_here(CallOptions options = {}) const;
+  Future<c10::IValue> to_here_async(CallOptions options = {}) const;
+  // The value itself; only on the owner.
+  absl::StatusOr<c10::IValue> local_value() const;
+
+  // Runs registered method `method` of the module this RRef holds, on its
+  // owner (PyTorch's rref.rpc_sync().method(...)).
+  absl::StatusOr<c10::IValue> rpc_sync(const std::string& method,
+                                       std::vector<c10::IValue> args = {},
+                                       CallOptions options = {}) const;
+  Future<c10::IValue> rpc_async(const std::string& method,
+                                std::vector<c10::IValue> args = {},
+                                CallOptions options = {}) const;
+  // Same, with the result kept on the owner as a new RRef.
+  absl::StatusOr<RRef> remote(const std::string& method,
+                              std::vector<c10::IValue> args = {},
+                              CallOptions options = {}) const;
+
+  c10::IValue ToIValue() const;
+  operator c10::IValue() const { return ToIValue(); }  // NOLINT: pass as an arg
+
+  // Internal (rpc/rref_context.h holds the concrete kinds).
+  const c10::intrusive_ptr<RRefImpl>& impl() const { return impl_; }
+
+ private:
+  // to_here(_async): `blocking` waits for the reply on this thread (on a
+  // stream, as rpc_sync does) and returns a completed future.
+  Future<c10::IValue> Fetch(CallOptions options, bool blocking) const;
+
+  c10::intrusive_ptr<RRefImpl> impl_;
+};
 
 }  // namespace remora

@@ -1,4 +1,4 @@
-#include "rpc/tls.h"
+#include "rpc/tls_credentials.h"
 
 #include <cerrno>
 #include <cstring>

@@ -20,13 +20,13 @@
 //
 //   TlsOptions tls = LoadTlsFiles("node.crt", "node.key", "ca.crt").value();
 //   options.tls = tls;                      // AgentOptions
+//
+// The gRPC credentials made from these options are internal to rpc/
+// (rpc/tls_credentials.h): this header is plain C++.
 #pragma once
 
 #include <memory>
 #include <string>
-
-#include <grpcpp/security/credentials.h>
-#include <grpcpp/security/server_credentials.h>
 
 #include "absl/status/statusor.h"
 
@@ -54,11 +54,6 @@ absl::Status CheckTlsOptions(const TlsOptions& tls);
 // `ca_file`: plaintext. Errors name the file and what to do.
 absl::StatusOr<TlsOptions> LoadTlsFiles(const std::string& cert_file, const std::string& key_file,
                                         const std::string& ca_file);
-
-// gRPC credentials for this process's server and for its channels to peers.
-// Call CheckTlsOptions first.
-std::shared_ptr<grpc::ServerCredentials> MakeServerCredentials(const TlsOptions& tls);
-std::shared_ptr<grpc::ChannelCredentials> MakeChannelCredentials(const TlsOptions& tls);
 
 // "plaintext", "TLS" or "mutual TLS".
 std::string TlsModeName(const TlsOptions& tls);

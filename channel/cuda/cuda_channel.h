@@ -71,6 +71,7 @@
 #include "absl/time/time.h"
 #include "base/ids.h"
 #include "channel/channel.h"
+#include "channel/stats.h"
 #include "channel/devices.h"
 #include "proto/agent.pb.h"
 
@@ -96,16 +97,7 @@ class CudaChannel final : public Channel<wire::CudaPayload> {
   };
 
   // Counters for tests and logs.
-  struct Stats {
-    int64_t ipc_sends = 0;
-    int64_t ipc_receives = 0;
-    int64_t nccl_sends = 0;
-    int64_t nccl_receives = 0;
-    int64_t held_buffers = 0;     // IPC buffers not yet released by receivers
-    int64_t opened_handles = 0;   // peers' allocations opened here
-    int64_t communicators = 0;    // live NCCL communicators, both directions
-    int64_t aborted = 0;          // communicators aborted after a failure
-  };
+  using Stats = CudaStats;  // channel/stats.h
 
   // Sends a control request (NcclSetup, NcclAbort, CudaRelease) to `peer`
   // and waits for its reply; an error reply is an error.

@@ -49,6 +49,7 @@
 #include "absl/time/time.h"
 #include "base/ids.h"
 #include "channel/channel.h"
+#include "channel/stats.h"
 #include "proto/channel.pb.h"
 
 namespace remora {
@@ -89,14 +90,7 @@ class ShmChannel final : public Channel<wire::ShmPayload> {
   };
 
   // Counters for tests and logs.
-  struct Stats {
-    int64_t segments = 0;        // segments this process created
-    int64_t segment_bytes = 0;   // their capacity in total
-    int64_t busy = 0;            // written and not yet read
-    int64_t mapped_peers = 0;    // peer segments mapped here
-    int64_t writes = 0;          // payloads sent through segments
-    int64_t reads = 0;           // payloads received through segments
-  };
+  using Stats = ShmStats;  // channel/stats.h
 
   explicit ShmChannel(Options options);
   ~ShmChannel() override;

@@ -26,6 +26,7 @@
 #include <torch/csrc/jit/api/module.h>
 
 #include "checkpoint/shard.h"
+#include "proto/checkpoint.pb.h"
 #include "tests/support/pipeline_fixtures.h"
 #include "tests/support/script_models.h"
 #include "tests/support/test_group.h"
@@ -142,9 +143,9 @@ TEST(CheckpointFiles, TheLatestIsTheNewestWithAManifest) {
   Overwrite(dir + "/step-00000008/shard-0.pt", "partial");
   auto latest = Latest(dir);
   ASSERT_TRUE(latest.ok()) << latest.status();
-  EXPECT_EQ(latest->manifest.step(), 4);
+  EXPECT_EQ(latest->manifest.step, 4);
   EXPECT_EQ(CompleteSteps(dir), std::vector<int64_t>{4});
-  EXPECT_EQ(Latest(dir + "/step-00000004")->manifest.step(), 4);  // a checkpoint's own directory
+  EXPECT_EQ(Latest(dir + "/step-00000004")->manifest.step, 4);  // a checkpoint's own directory
 
   Overwrite(dir + "/step-00000004/manifest.json", "{\"format\": 1, \"step\": ");
   auto broken = Latest(dir);
@@ -153,8 +154,8 @@ TEST(CheckpointFiles, TheLatestIsTheNewestWithAManifest) {
 
   Checkpoint ck;
   ck.manifest_path = "/x/manifest.json";
-  ck.manifest.set_model("mlp");
-  ck.manifest.set_micro_batches(2);
+  ck.manifest.model = "mlp";
+  ck.manifest.micro_batches = 2;
   RunIdentity id;
   id.model = "mlp";
   id.micro_batches = 2;
@@ -344,9 +345,9 @@ TEST(Checkpoint, CorruptOrMismatchedCheckpointsAreClearErrors) {
   pipe->train_step(data[0].first, data[0].second).value();
   ASSERT_TRUE(saver->Save(*pipe, Stages(), RunIdentity{}, At(1)).ok());
   Checkpoint ck = Latest(dir).value();
-  EXPECT_EQ(ck.manifest.shards_size(), 2);
-  EXPECT_EQ(ck.manifest.shards(1).worker(), "w2");
-  EXPECT_EQ(ck.manifest.stages(2).shard(), 0);  // stage 2 on w1 again
+  EXPECT_EQ(ck.manifest.shards.size(), 2u);
+  EXPECT_EQ(ck.manifest.shards[1].worker, "w2");
+  EXPECT_EQ(ck.manifest.stages[2].shard, 0);  // stage 2 on w1 again
 
   // A flipped byte in w2's shard: the error names the file and the worker.
   const std::string shard = ck.dir + "/shard-1.pt";
@@ -532,13 +533,13 @@ TEST(CheckpointJob, AJobKilledMidEpochResumesAndEndsEqualToAnUninterruptedOne) {
       EXPECT_LT(after.largest, 1e-5) << "training is not bitwise reproducible here (two uninterrupted jobs ended "
                                      << twice.largest << " apart), but the resumed job ended this far away";
     }
-    EXPECT_EQ(Latest(broken)->manifest.step(), 30);
+    EXPECT_EQ(Latest(broken)->manifest.step, 30);
     // Resumed as the README shows (no checkpoint flags), the run's
     // --checkpoint-every 3 and --keep 3 (the default) go on.
     EXPECT_THAT(out, HasSubstr("checkpoint: step 27 in " + broken + "/step-00000027"));
     EXPECT_EQ(CompleteSteps(broken), (std::vector<int64_t>{24, 27, 30}));
-    EXPECT_EQ(Latest(broken)->manifest.checkpoint_every(), 3);
-    EXPECT_EQ(Latest(broken)->manifest.keep(), 3);
+    EXPECT_EQ(Latest(broken)->manifest.checkpoint_every, 3);
+    EXPECT_EQ(Latest(broken)->manifest.keep, 3);
   }
 
   // A checkpoint of another run: refused, naming the manifest, before any

@@ -7,7 +7,7 @@
 #include "rpc/codec.h"
 #include "rpc/message.h"
 #include "rpc/request_checks.h"
-#include "rpc/rref.h"
+#include "rpc/rref_context.h"
 #include "base/status_util.h"
 #include "proto/request.h"
 #include "proto/rref.pb.h"

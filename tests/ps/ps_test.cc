@@ -190,9 +190,9 @@ TEST(Ps, CheckpointsHoldTheServersModelAndResume) {
   EXPECT_THAT(checkpoint::CompleteSteps(dir), ElementsAre(2));  // keep=1 pruned step 1
   auto ck = checkpoint::Latest(dir);
   ASSERT_TRUE(ck.ok()) << ck.status();
-  EXPECT_EQ(ck->manifest.step(), 2);
-  EXPECT_TRUE(ck->manifest.final());
-  EXPECT_EQ(ck->manifest.shards(0).worker(), "master");
+  EXPECT_EQ(ck->manifest.step, 2);
+  EXPECT_TRUE(ck->manifest.final);
+  EXPECT_EQ(ck->manifest.shards[0].worker, "master");
   auto specs = checkpoint::LoadStageSpecs(*ck);
   ASSERT_TRUE(specs.ok()) << specs.status();
   ASSERT_EQ(specs->size(), 2u);
@@ -254,9 +254,9 @@ TEST(Ps, MasterProgramTrainsADatasetLikeOneProcess) {
   }
   auto ck = checkpoint::Latest(ckpt);
   ASSERT_TRUE(ck.ok()) << ck.status() << "\n" << out;
-  EXPECT_EQ(ck->manifest.step(), 20);
-  EXPECT_TRUE(ck->manifest.final());
-  EXPECT_EQ(ck->manifest.schedule(), "ps");
+  EXPECT_EQ(ck->manifest.step, 20);
+  EXPECT_TRUE(ck->manifest.final);
+  EXPECT_EQ(ck->manifest.schedule, "ps");
   auto tensors = checkpoint::ReadStageTensors(*ck);
   ASSERT_TRUE(tensors.ok()) << tensors.status();
   ASSERT_EQ(tensors->size(), 1u);

@@ -25,6 +25,7 @@
 #include "proto/request.h"
 #include "proto/rref.pb.h"
 #include "rpc/agent.h"
+#include "rpc/rref_context.h"
 #include "rpc/message.h"
 #include "base/mutex_lock.h"
 #include "rpc/stream.h"

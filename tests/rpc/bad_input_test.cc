@@ -14,6 +14,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "rpc/rref_context.h"
 #include "tests/support/test_group.h"
 #include "tests/support/wire_values.h"
 

@@ -11,7 +11,7 @@
 
 #include "proto/request.h"
 #include "proto/rref.pb.h"
-#include "rpc/agent.h"
+#include "rpc/agent_impl.h"
 #include "rpc/dispatch.h"
 #include "tests/support/test_group.h"
 
@@ -184,13 +184,13 @@ TEST(DispatchTable, ASubsystemAddsARequestKindToRealAgents) {
   id.set_worker(0);
   id.set_local(5);
   for (int w = 1; w <= 2; ++w) {
-    absl::StatusOr<Empty> done = g.master().SendControl(g.worker(w).self().id, MakeRequest(id)).wait();
+    absl::StatusOr<Empty> done = g.master().impl().SendControl(g.worker(w).self().id, MakeRequest(id)).wait();
     EXPECT_TRUE(done.ok()) << done.status();
   }
   EXPECT_EQ(served.load(), 2);
   // Its errors reach the sender naming the worker, as any request's do.
   absl::StatusOr<Empty> refused =
-      g.worker(1).SendControl(g.worker(2).self().id, MakeRequest(wire::Guid())).wait();
+      g.worker(1).impl().SendControl(g.worker(2).self().id, MakeRequest(wire::Guid())).wait();
   ASSERT_FALSE(refused.ok());
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("worker 'w2'"));
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("no id from w1"));

@@ -23,7 +23,7 @@
 #include "rpc/future.h"
 #include "base/ids.h"
 #include "base/mutex_lock.h"
-#include "rpc/rref.h"
+#include "rpc/rref_context.h"
 #include "rpc/thread_pool.h"
 #include "runtime/compute_lane.h"
 
