@@ -7,11 +7,12 @@
 #
 # Targets (remora::<folder>): base proto runtime data channel rpc autograd
 # optim pipeline parallel checkpoint ps models launch examples (examples: what the stock worker
-# registers, RegisterStockWorker). Headers keep their folders under
-# include/remora (#include "pipeline/pipeline.h"). The package finds the
-# same dependencies (LibTorch, gRPC, protobuf, Abseil, zlib, and the CUDA
-# toolkit and NCCL when the channel has them) with the hints this build
-# used.
+# registers, RegisterStockWorker). The public headers (listed below) keep
+# their folders under include/remora (#include "pipeline/pipeline.h"). The
+# package finds the same dependencies (LibTorch, gRPC, protobuf, Abseil,
+# zlib, and the CUDA toolkit and NCCL when the channel has them) with the
+# hints this build used; gRPC, protobuf, CUDA and NCCL only to link them
+# (cmake/PrivateDeps.cmake).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
@@ -25,13 +26,36 @@ endforeach()
 install(TARGETS ${_remora_install_targets} EXPORT remoraTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(TARGETS worker master evaluator remora-launch rpc_demo rpc_bench collective_bench soak RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-foreach(dir base proto runtime data channel channel/shm channel/cuda rpc autograd optim pipeline parallel checkpoint ps
-            models launch examples)
-  file(GLOB _remora_headers ${PROJECT_SOURCE_DIR}/${dir}/*.h)
-  install(FILES ${_remora_headers} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/remora/${dir})
+# The public headers: what a user's program includes, and what those
+# include. They include only the C++ standard library, LibTorch and Abseil
+# (never protobuf's generated headers, grpcpp, CUDA or NCCL, nor the
+# channels' or the agent's internals); scripts/package_check.sh compiles
+# each alone, installed, with poisoned protobuf/gRPC/CUDA headers first on
+# the include path. A header added here must keep that true.
+set(REMORA_PUBLIC_HEADERS
+    base/ids.h base/mutex_lock.h base/status_util.h
+    channel/stats.h
+    rpc/agent.h rpc/autograd_hooks.h rpc/future.h rpc/registry.h rpc/rref.h rpc/thread_pool.h rpc/tls.h
+    runtime/compute_lane.h
+    autograd/dist_autograd.h
+    optim/distributed_optimizer.h
+    data/datasets.h data/imagefolder.h data/source.h
+    pipeline/fit.h pipeline/microbatch.h pipeline/partition.h pipeline/pipeline.h pipeline/schedule.h
+    pipeline/stage.h pipeline/worker_data.h
+    parallel/data_parallel.h parallel/process_group.h
+    checkpoint/checkpoint.h
+    ps/parameter_server.h ps/shards.h
+    models/cnn.h models/mlp.h models/resnet.h
+    launch/cli.h launch/cluster_env.h launch/local_group.h launch/worker_main.h
+    examples/builtins.h)
+foreach(header ${REMORA_PUBLIC_HEADERS})
+  get_filename_component(_remora_header_dir ${header} DIRECTORY)
+  install(FILES ${PROJECT_SOURCE_DIR}/${header}
+          DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/remora/${_remora_header_dir})
 endforeach()
-install(DIRECTORY ${CMAKE_BINARY_DIR}/proto/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/remora/proto
-        FILES_MATCHING PATTERN "*.pb.h")
+# The list, installed beside the package, for the check above.
+string(REPLACE ";" "\n" _remora_header_lines "${REMORA_PUBLIC_HEADERS}")
+file(GENERATE OUTPUT ${CMAKE_BINARY_DIR}/remora-public-headers.txt CONTENT "${_remora_header_lines}\n")
 
 set(REMORA_PACKAGE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/remora)
 install(EXPORT remoraTargets NAMESPACE remora:: DESTINATION ${REMORA_PACKAGE_DIR})
@@ -41,5 +65,6 @@ configure_package_config_file(cmake/remoraConfig.cmake.in
 write_basic_package_version_file(${CMAKE_BINARY_DIR}/remoraConfigVersion.cmake
                                  COMPATIBILITY SameMinorVersion)
 install(FILES ${CMAKE_BINARY_DIR}/remoraConfig.cmake ${CMAKE_BINARY_DIR}/remoraConfigVersion.cmake
+              ${CMAKE_BINARY_DIR}/remora-public-headers.txt
               cmake/RemoraRe2.cmake cmake/TorchCudaCompat.cmake
         DESTINATION ${REMORA_PACKAGE_DIR})

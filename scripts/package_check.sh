@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
-# Installs remora from BUILD (cmake --install) into WORK/prefix, builds
-# examples/custom_model against that package as a user's project would,
-# and runs its train_custom: a two-stage pipeline of the project's own
-# module over two of its own worker programs. Run by ctest
-# (Package.CustomModelBuildsAgainstTheInstalledPackage).
+# Installs remora from BUILD (cmake --install) into WORK/prefix and checks
+# what a user's project meets there:
+#  1. the exported targets ask users to link gRPC, protobuf, CUDA and NCCL,
+#     never to include their headers ($<LINK_ONLY:...>);
+#  2. every installed public header compiles alone, with an include folder
+#     first whose protobuf, gRPC, CUDA and NCCL headers stop the build with
+#     #error (a LibTorch wheel carries protobuf headers of another version:
+#     a public header that reached protobuf would break there);
+#  3. examples/custom_model builds against the package with that same
+#     folder first, and its train_custom runs: a two-stage pipeline of the
+#     project's own module over two of its own worker programs.
+# Run by ctest (Package.CustomModelBuildsAgainstTheInstalledPackage).
 #
 # usage: scripts/package_check.sh BUILD WORK
 set -euo pipefail
@@ -22,10 +29,71 @@ if command -v ccache >/dev/null; then
   export CCACHE_BASEDIR=$src CCACHE_INODECACHE=true
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER="$(command -v ccache)")
 fi
+
+# 1. Usage requirements: the private dependencies appear only as LINK_ONLY.
+targets=$(find "$work/prefix" -name 'remoraTargets.cmake')
+if grep -E 'INTERFACE_LINK_LIBRARIES' "$targets" | grep -oE '[^;"]*(gRPC::|protobuf::|CUDA::|remora::nccl)[^;"]*' |
+     grep -vE '^[\\]?[$]<LINK_ONLY:' ; then
+  echo "package_check: the exported targets above ask users for gRPC/protobuf/CUDA/NCCL usage requirements" \
+       "(use remora_private_dependency, cmake/PrivateDeps.cmake)"
+  exit 1
+fi
+if find "$work/prefix/include" -name '*.pb.h' | grep .; then
+  echo "package_check: generated protobuf headers were installed"; exit 1
+fi
+echo "package_check: the exported targets ask only to link gRPC, protobuf, CUDA and NCCL"
+
+# 2. The poisoned folder: every header name under these folders of this
+# machine's protobuf and gRPC, and CUDA's and NCCL's main headers.
+poison=$work/poison
+for d in google/protobuf grpcpp grpc grpc++; do
+  [ -d "/usr/include/$d" ] || continue
+  (cd /usr/include && find "$d" -name '*.h' -o -name '*.inc') | while read -r h; do
+    mkdir -p "$poison/$(dirname "$h")"
+    echo "#error \"a remora public header includes <$h>: keep protobuf/gRPC out of them\"" >"$poison/$h"
+  done
+done
+for h in cuda.h cuda_runtime.h cuda_runtime_api.h nccl.h; do
+  mkdir -p "$poison"
+  echo "#error \"a remora public header includes <$h>: keep CUDA/NCCL out of them\"" >"$poison/$h"
+done
+[ -f "$poison/google/protobuf/message.h" ] && [ -f "$poison/grpcpp/grpcpp.h" ] || {
+  echo "package_check: no protobuf or gRPC headers under /usr/include to poison"; exit 1; }
+
+headers=$work/headers
+mkdir -p "$headers"
+list=$(find "$work/prefix" -name remora-public-headers.txt)
+installed=$(cd "$work/prefix/include/remora" && find . -name '*.h' | sed 's|^\./||' | sort)
+if [ "$installed" != "$(sort "$list")" ]; then
+  echo "package_check: installed headers differ from $list"; exit 1
+fi
+{
+  echo 'cmake_minimum_required(VERSION 3.18)'
+  echo 'project(remora_headers LANGUAGES CXX)'
+  echo 'find_package(remora REQUIRED)'
+  echo 'set(CMAKE_CXX_FLAGS "${CMAKE_CXX_FLAGS} ${TORCH_CXX_FLAGS}")'
+  echo 'file(GLOB sources ${CMAKE_CURRENT_SOURCE_DIR}/*.cc)'
+  echo 'add_library(headers OBJECT ${sources})'
+  echo 'target_link_libraries(headers PRIVATE remora::examples)'
+} >"$headers/CMakeLists.txt"
+n=0
+while read -r h; do
+  # Twice: a header guard is there too.
+  printf '#include "%s"\n#include "%s"\n' "$h" "$h" >"$headers/$(echo "$h" | tr '/.' '__').cc"
+  n=$((n + 1))
+done <"$list"
+cmake -S "$headers" -B "$work/headers-build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$work/prefix" \
+  -DCMAKE_CXX_FLAGS="-I$poison" "${launcher[@]}" >"$work/headers-configure.log" 2>&1 || {
+  tail -30 "$work/headers-configure.log"; exit 1; }
+cmake --build "$work/headers-build" -j "${REMORA_JOBS:-2}" >"$work/headers-build.log" 2>&1 || {
+  grep -m 20 -E 'error|Error' "$work/headers-build.log"; exit 1; }
+echo "package_check: $n public headers compile alone, protobuf/gRPC/CUDA/NCCL headers poisoned"
+
+# 3. A user's project, with the same poisoned folder first.
 cmake -S "$src/examples/custom_model" -B "$work/custom" -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$work/prefix" "${launcher[@]}" >"$work/configure.log" 2>&1 || {
-  tail -30 "$work/configure.log"; exit 1; }
+  -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_CXX_FLAGS="-I$poison" "${launcher[@]}" \
+  >"$work/configure.log" 2>&1 || { tail -30 "$work/configure.log"; exit 1; }
 cmake --build "$work/custom" -j "${REMORA_JOBS:-2}" >"$work/build.log" 2>&1 || {
   tail -40 "$work/build.log"; exit 1; }
-echo "package_check: examples/custom_model built against the package"
+echo "package_check: examples/custom_model built against the package (protobuf/gRPC headers poisoned)"
 "$work/custom/train_custom"
