@@ -3,8 +3,8 @@
 # `target`), but the installed package asks a user's program only to link
 # them, never to see their headers: `$<LINK_ONLY:dep>` in the exported
 # usage requirements. For gRPC, protobuf, CUDA and NCCL, which remora's
-# public headers never include (docs/api.md, "The package"): a user's
-# LibTorch may carry other versions of those headers.
+# public headers never include: a user's LibTorch may carry other versions
+# of those headers (docs/architecture.md, "The installed package").
 function(remora_private_dependency target)
   foreach(dep ${ARGN})
     target_link_libraries(${target} PUBLIC $<BUILD_INTERFACE:${dep}>
