@@ -46,7 +46,7 @@ set(REMORA_PUBLIC_HEADERS
     checkpoint/checkpoint.h
     ps/parameter_server.h ps/shards.h
     models/cnn.h models/mlp.h models/resnet.h
-    launch/cli.h launch/cluster_env.h launch/local_group.h launch/worker_main.h
+    launch/cli.h launch/cluster_env.h launch/local_group.h launch/program_path.h launch/worker_main.h
     examples/builtins.h)
 foreach(header ${REMORA_PUBLIC_HEADERS})
   get_filename_component(_remora_header_dir ${header} DIRECTORY)

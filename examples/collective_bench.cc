@@ -70,7 +70,7 @@ double MemcpyGBps(int64_t bytes, int reps) {
 int Main(int argc, char** argv) {
   std::string ranks_list = "2,4", store;
   int reps = 5, rank = 0, size = 0;
-  cli::FlagParser flags("collective_bench",
+  launch::FlagParser flags("collective_bench",
                         "All-reduce bandwidth between local processes through remora's Gloo "
                         "groups, beside memcpy.");
   flags.AddString("ranks", &ranks_list, "process counts to measure, e.g. 2,4");
@@ -89,7 +89,7 @@ int Main(int argc, char** argv) {
     return 2;
   }
   if (!store.empty()) {  // a rank started by rank 0
-    if (auto s = cli::CheckAddress(store, "--store"); !s.ok()) {
+    if (auto s = launch::CheckAddress(store, "--store"); !s.ok()) {
       std::fprintf(stderr, "collective_bench: %s\n", std::string(s.message()).c_str());
       return 2;
     }
@@ -101,7 +101,7 @@ int Main(int argc, char** argv) {
     return done.ok() ? 0 : 1;
   }
   std::vector<int> counts;
-  for (const auto& part : cli::SplitList(ranks_list)) {
+  for (const auto& part : launch::SplitList(ranks_list)) {
     int n = 0;
     if (!absl::SimpleAtoi(part, &n) || n < 2 || n > 16) {
       std::fprintf(stderr, "collective_bench: --ranks wants counts in 2..16, e.g. 2,4\n");
@@ -118,10 +118,10 @@ int Main(int argc, char** argv) {
   std::printf("%6s %10s %14s %12s %16s\n", "ranks", "floats", "allreduce_ms", "algbw_GBps",
               "memcpy_GBps");
   for (int n : counts) {
-    std::vector<std::unique_ptr<cli::Subprocess>> others;
+    std::vector<std::unique_ptr<launch::Subprocess>> others;
     for (int r = 1; r < n; ++r) {
-      auto child = cli::Subprocess::Spawn(
-          {cli::SiblingProgram("collective_bench"), "--store", address, "--rank",
+      auto child = launch::Subprocess::Spawn(
+          {launch::SiblingProgram("collective_bench"), "--store", address, "--rank",
            std::to_string(r), "--size", std::to_string(n), "--reps", std::to_string(reps)},
           "");
       if (!child.ok()) {

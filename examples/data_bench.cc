@@ -23,7 +23,7 @@
 int main(int argc, char** argv) {
   std::string dir, threads_list = "1,2";
   int batches = 8, batch_size = 64, image_size = 224;
-  remora::cli::FlagParser flags("data_bench",
+  remora::launch::FlagParser flags("data_bench",
                                 "Images per second of an image folder's training reads (decode, random resized "
                                 "crop, flip, normalise), per decoding thread count.");
   flags.AddString("dir", &dir, "the image folder (DIR/train/<class>/*.jpg)");

@@ -93,7 +93,7 @@ int Main(int argc, char** argv) {
   int poll_ms = 500, timeout_s = 0, batch_size = 1000, test_rows = 0, image_size = 224, data_threads = 4;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   bool once = false;
-  cli::FlagParser flags("evaluator",
+  launch::FlagParser flags("evaluator",
                         "Follows a training job's checkpoints: evaluates each new one on the test set "
                         "(no workers needed) and appends its accuracy and loss to a JSON-lines file.");
   flags.AddString("checkpoint-dir", &dir, "the job's --checkpoint-dir (required)");

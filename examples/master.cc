@@ -224,11 +224,11 @@ absl::Status WriteOutputs(const std::vector<Run>& runs, const Config& c) {
     std::cout << "report: " << c.report << "\n";
   }
   if (!c.trace.empty()) {
-    if (auto s = cli::WriteChromeTrace(c.trace, tracks, runs.back().slices); !s.ok()) return s;
+    if (auto s = launch::WriteChromeTrace(c.trace, tracks, runs.back().slices); !s.ok()) return s;
     std::cout << "trace: " << c.trace << " (open in https://ui.perfetto.dev or chrome://tracing)\n";
   }
   if (!c.timeline.empty()) {
-    if (auto s = cli::WriteTimelineSvg(c.timeline, tracks, runs.back().slices, runs.back().splits); !s.ok()) {
+    if (auto s = launch::WriteTimelineSvg(c.timeline, tracks, runs.back().slices, runs.back().splits); !s.ok()) {
       return s;
     }
     std::cout << "timeline: " << c.timeline << "\n";
@@ -249,7 +249,7 @@ void PrintBaseline(const Run& pipelined, const Run& local, const Config& c) {
 
 int Main(int argc, char** argv) {
   Flags flags = DefaultFlags();
-  cli::FlagParser parser("master",
+  launch::FlagParser parser("master",
                          "Trains ResNet50 as a pipeline over worker processes and reports the "
                          "speedup of each split count.\nStart the workers first: "
                          "worker --name worker1 (see worker --help).");
@@ -284,7 +284,7 @@ int Main(int argc, char** argv) {
   // (checked first, so that gRPC's own log line does not precede remora's
   // message), and workers that register meanwhile learn of a failure.
   if (!c.local) {
-    if (auto s = cli::CheckCanListen(c.listen, "--listen"); !s.ok()) return die(s);
+    if (auto s = launch::CheckCanListen(c.listen, "--listen"); !s.ok()) return die(s);
     auto started = StartMaster(*line, registry);
     if (!started.ok()) return die(started.status());
     agent = std::move(*started);

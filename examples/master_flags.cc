@@ -26,7 +26,7 @@ absl::Status Bad(const std::string& message) { return absl::InvalidArgumentError
 
 absl::StatusOr<std::vector<int>> ParseSplits(const std::string& text) {
   std::vector<int> out;
-  for (const auto& part : cli::SplitList(text)) {
+  for (const auto& part : launch::SplitList(text)) {
     int v = 0;
     if (!absl::SimpleAtoi(part, &v) || v < 1) {
       return Bad(absl::StrCat("--splits wants positive integers like 8 or 1,2,4,8; got '", text, "'"));
@@ -74,7 +74,7 @@ absl::Status ReadModel(const Flags& f, Config& c) {
   // loaded: FitInputShape), else one 3x32x32 image.
   c.input_shape_given = !f.input_shape.empty();
   const std::string shape = c.input_shape_given ? f.input_shape : "3,32,32";
-  for (const auto& part : cli::SplitList(shape)) {
+  for (const auto& part : launch::SplitList(shape)) {
     int64_t v = 0;
     bad |= !absl::SimpleAtoi(part, &v) || v < 1;
     c.input_shape.push_back(v);
@@ -139,7 +139,7 @@ absl::Status CheckWorkers(const Flags& f, const Config& c, bool ps_mode, bool cu
     const int layers = c.sequential ? c.sequential->num_layers() : models::kResNetBlocks;
     if (auto s = StagesPerWorker(c, layers); !s.ok()) return Bad(std::string(s.status().message()));
   }
-  return cli::CheckAddress(c.listen, "--listen");
+  return launch::CheckAddress(c.listen, "--listen");
 }
 
 // The checkpoint flags, and with --resume the checkpoint itself.
@@ -209,12 +209,12 @@ absl::Status CheckCheckpoints(CommandLine& line, const std::set<std::string>& gi
 
 Flags DefaultFlags() {
   Flags f;
-  f.config.listen = cli::MasterAddressFromEnv();
+  f.config.listen = launch::MasterAddressFromEnv();
   f.config.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return f;
 }
 
-void AddFlags(cli::FlagParser& flags, Flags* f) {
+void AddFlags(launch::FlagParser& flags, Flags* f) {
   Config& c = f->config;
   flags.AddString("workers", &f->workers,
                   "comma-separated worker names (required unless --local): one pipeline over "
@@ -337,7 +337,7 @@ void AddFlags(cli::FlagParser& flags, Flags* f) {
 
 absl::StatusOr<CommandLine> Check(Flags f) {
   CommandLine line;
-  auto security = cli::LoadSecurity(f.security);
+  auto security = launch::LoadSecurity(f.security);
   if (!security.ok()) return Bad(std::string(security.status().message()));
   line.security = std::move(*security);
   line.ps = f.ps;
@@ -345,7 +345,7 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   c = std::move(f.config);
   const bool splits_given = !f.splits.empty();
   line.ps_mode = f.mode == "ps";
-  c.all_workers = cli::SplitList(f.workers);
+  c.all_workers = launch::SplitList(f.workers);
   // One stage per replica is plain data parallelism: one micro-batch per
   // replica by default, as DDP trains (micro-batches only pay in a pipeline).
   const bool one_stage_per_replica =
@@ -361,7 +361,7 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   if (f.mode != "pipeline" && !line.ps_mode) {
     return Bad(absl::StrCat("--mode must be pipeline or ps; got '", f.mode, "'"));
   }
-  for (const auto& part : cli::SplitList(f.split_at)) {
+  for (const auto& part : launch::SplitList(f.split_at)) {
     int v = 0;
     if (!absl::SimpleAtoi(part, &v) || v < 1) {
       return Bad(absl::StrCat("--split-at wants layer indices like 8 or 5,9,14; got '", f.split_at, "'"));
@@ -407,7 +407,7 @@ absl::StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& arg
   std::vector<char*> argv;
   for (auto& a : storage) argv.push_back(a.data());
   Flags flags = DefaultFlags();
-  cli::FlagParser parser("master", "");
+  launch::FlagParser parser("master", "");
   AddFlags(parser, &flags);
   int code = 0;
   if (!parser.Parse(static_cast<int>(argv.size()), argv.data(), &code)) {

@@ -23,7 +23,7 @@ namespace remora::master {
 struct Flags {
   Config config;
   PsFlags ps;
-  cli::SecurityFiles security;
+  launch::SecurityFiles security;
   std::string workers;
   std::string splits;  // empty: 8, or 1 with --mode ps
   std::string mode = "pipeline";
@@ -41,14 +41,14 @@ Flags DefaultFlags();
 
 // Adds every flag of master to `parser`, bound to `flags` (which must
 // outlive the parsing).
-void AddFlags(cli::FlagParser& parser, Flags* flags);
+void AddFlags(launch::FlagParser& parser, Flags* flags);
 
 // A command line that passed the checks: what master runs.
 struct CommandLine {
   Config config;
   PsFlags ps;
   bool ps_mode = false;
-  cli::Security security;
+  launch::Security security;
   // The run's identity with --checkpoint-dir or --resume; with --resume,
   // the checkpoint and the stages it was saved from.
   Checkpointing checkpoints;

@@ -101,7 +101,7 @@ absl::StatusOr<double> LocalStepSeconds(const Config& c, int m, const at::Tensor
 
 int Main(int argc, char** argv) {
   Config c;
-  cli::FlagParser flags(
+  launch::FlagParser flags(
       "pipeline_bench",
       "Trains --stages stages of a small MLP on as many local workers (one thread each) and\n"
       "the same model in this process (one thread), at each micro-batch count, and prints\n"
@@ -145,9 +145,9 @@ int Main(int argc, char** argv) {
   AgentOptions options;
   options.name = "master";
   options.listen_address = "127.0.0.1:0";
-  auto started = cli::StartLocalGroup(names, &registry, {"--threads", "1"}, options);
+  auto started = launch::StartLocalGroup(names, &registry, {"--threads", "1"}, options);
   if (!started.ok()) return fail(std::string(started.status().message()));
-  cli::LocalGroup group = std::move(*started);
+  launch::LocalGroup group = std::move(*started);
   Agent& agent = *group.master;
   auto die = [&](const absl::Status& s) {
     std::cerr << "pipeline_bench: " << s.message() << "\n";

@@ -136,7 +136,7 @@ int MeasureRendezvous(int workers, int runs, const remora::Registry& registry,
   std::vector<double> seconds;
   for (int run = 0; run < runs; ++run) {
     const absl::Time t0 = absl::Now();
-    auto group = remora::cli::StartLocalGroup(names, &registry, {"--threads", "1"}, options);
+    auto group = remora::launch::StartLocalGroup(names, &registry, {"--threads", "1"}, options);
     if (!group.ok()) {
       std::cerr << "rpc_bench: rendezvous of " << workers << " workers: " << group.status().message()
                 << "\n";
@@ -162,7 +162,7 @@ int main(int argc, char** argv) {
   using namespace remora;
   int calls = 2000, warmup = 200, bulk_mib = 0, bulk_calls = 20;
   std::string device = "cpu", peer_device = "cuda:0", sizes_flag = "4K,32K,64K,256K,1M,16M";
-  cli::FlagParser flags("rpc_bench", "Measures rpc_sync latency and bulk throughput to a local worker.");
+  launch::FlagParser flags("rpc_bench", "Measures rpc_sync latency and bulk throughput to a local worker.");
   flags.AddInt("calls", &calls, "timed small calls (>= 2000 for the reported median)");
   flags.AddInt("warmup", &warmup, "untimed small calls first");
   flags.AddInt("bulk-mib", &bulk_mib, "size of the bulk tensor in MiB (0: 64, or 256 with --device cuda)");
@@ -184,7 +184,7 @@ int main(int argc, char** argv) {
                "included) and exit");
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
-  if (auto s = cli::CheckAddress(listen, "--listen"); !s.ok() || rendezvous < 0) {
+  if (auto s = launch::CheckAddress(listen, "--listen"); !s.ok() || rendezvous < 0) {
     std::cerr << "rpc_bench: " << (s.ok() ? "--rendezvous must be >= 0" : s.message()) << "\n";
     return 2;
   }
@@ -229,7 +229,7 @@ int main(int argc, char** argv) {
     options.device_maps["peer"]["cuda:0"] = peer_device;
     worker_args = {"--device", peer_device};
   }
-  absl::StatusOr<cli::LocalGroup> group;
+  absl::StatusOr<launch::LocalGroup> group;
   if (external) {
     options.name = "master";
     options.is_master = true;
@@ -238,13 +238,13 @@ int main(int argc, char** argv) {
     if (master.ok()) {
       std::cerr << "rpc_bench: waiting for worker 'peer' at " << (*master)->self().address << "\n";
       absl::Status joined = (*master)->Join();
-      group = joined.ok() ? absl::StatusOr<cli::LocalGroup>(cli::LocalGroup{std::move(*master), {}})
+      group = joined.ok() ? absl::StatusOr<launch::LocalGroup>(launch::LocalGroup{std::move(*master), {}})
                           : joined;
     } else {
       group = master.status();
     }
   } else {
-    group = cli::StartLocalGroup({"peer"}, &registry, worker_args, options);
+    group = launch::StartLocalGroup({"peer"}, &registry, worker_args, options);
   }
   if (!group.ok()) {
     std::cerr << "rpc_bench: " << group.status().message() << "\n";

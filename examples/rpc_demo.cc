@@ -29,20 +29,20 @@ T Check(absl::StatusOr<T> v, const char* what) {
 int main(int argc, char** argv) {
   using namespace remora;
   std::string workers = "worker1,worker2";
-  cli::FlagParser flags("rpc_demo",
+  launch::FlagParser flags("rpc_demo",
                         "Starts two local workers and exchanges calls and RRefs with them.");
   flags.AddString("workers", &workers, "names of the two workers to start");
-  cli::TlsFiles tls_files;
+  launch::TlsFiles tls_files;
   flags.AddTlsFlags(&tls_files);
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
-  auto tls = cli::LoadTls(tls_files);
+  auto tls = launch::LoadTls(tls_files);
   if (!tls.ok()) {
     std::cerr << "rpc_demo: " << tls.status().message() << "\n";
     return 2;
   }
   runtime::TuneAllocator();
-  auto names = cli::SplitList(workers);
+  auto names = launch::SplitList(workers);
   if (names.size() != 2) {
     std::cerr << "rpc_demo: --workers wants exactly two names, e.g. worker1,worker2\n";
     return 2;
@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
   std::cout << "starting master and workers " << workers << " (" << TlsModeName(*tls) << ")\n";
   AgentOptions options;
   options.tls = *tls;
-  auto group = Check(cli::StartLocalGroup(names, &registry, tls_files.WorkerArgs(), options),
+  auto group = Check(launch::StartLocalGroup(names, &registry, tls_files.WorkerArgs(), options),
                      "starting the group");
   Agent& agent = *group.master;
   for (const auto& w : agent.workers()) {

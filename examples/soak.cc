@@ -111,7 +111,7 @@ std::string Line(const std::string& name, const std::string& when, const Figures
 
 int Main(int argc, char** argv) {
   Config c;
-  cli::FlagParser flags(
+  launch::FlagParser flags(
       "soak",
       "Trains a small two-stage MLP through the pipeline with the DistributedOptimizer for\n"
       "--steps steps and compares resources at the start (after --warmup steps) and the end:\n"
@@ -136,7 +136,7 @@ int Main(int argc, char** argv) {
                 "do not start the workers: wait for them to register at --listen");
   flags.AddString("listen", &c.listen, "HOST:PORT of this master (port 0: a free one)");
   flags.AddInt("connect-timeout", &c.connect_timeout, "seconds to wait for the workers");
-  cli::SecurityFiles security_files;
+  launch::SecurityFiles security_files;
   flags.AddSecurityFlags(&security_files);
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
@@ -144,16 +144,16 @@ int Main(int argc, char** argv) {
     std::cerr << "soak: " << message << "\n";
     return 2;
   };
-  auto security = cli::LoadSecurity(security_files);
+  auto security = launch::LoadSecurity(security_files);
   if (!security.ok()) return fail(std::string(security.status().message()));
-  const std::vector<std::string> names = cli::SplitList(c.workers);
+  const std::vector<std::string> names = launch::SplitList(c.workers);
   if (names.size() != 2 || names[0] == names[1]) return fail("--workers wants two names");
   if (c.steps < 1 || c.warmup < 0 || c.micro_batches < 1 || c.hidden < 1 ||
       c.batch_size < c.micro_batches || c.progress < 0 || c.connect_timeout < 1) {
     return fail("--steps, --micro-batches, --hidden, --connect-timeout must be >= 1, --warmup "
                 "and --progress >= 0, --batch-size >= --micro-batches");
   }
-  if (auto s = cli::CheckAddress(c.listen, "--listen"); !s.ok()) {
+  if (auto s = launch::CheckAddress(c.listen, "--listen"); !s.ok()) {
     return fail(std::string(s.message()));
   }
   if (c.max_thread_growth < 0) {
@@ -170,7 +170,7 @@ int Main(int argc, char** argv) {
   options.token = security->token;
   options.tls = security->tls;
   options.connect_timeout = absl::Seconds(c.connect_timeout);
-  cli::LocalGroup group;
+  launch::LocalGroup group;
   if (c.external) {
     options.is_master = true;
     options.workers = names;
@@ -184,7 +184,7 @@ int Main(int argc, char** argv) {
   } else {
     std::vector<std::string> worker_args = security_files.WorkerArgs();
     worker_args.insert(worker_args.end(), {"--threads", "1"});
-    auto started = cli::StartLocalGroup(names, &registry, worker_args, options);
+    auto started = launch::StartLocalGroup(names, &registry, worker_args, options);
     if (!started.ok()) return fail(std::string(started.status().message()));
     group = std::move(*started);
   }

@@ -31,7 +31,7 @@
 #include "absl/time/clock.h"
 #include "launch/program_path.h"
 
-namespace remora::cli {
+namespace remora::launch {
 
 FlagParser::FlagParser(std::string program, std::string summary)
     : program_(std::move(program)), summary_(std::move(summary)) {}
@@ -346,6 +346,4 @@ absl::StatusOr<int> Subprocess::Wait(absl::Duration timeout) {
   return exit_code_;
 }
 
-std::string SiblingProgram(const std::string& name) { return launch::SiblingProgram(name); }
-
-}  // namespace remora::cli
+}  // namespace remora::launch

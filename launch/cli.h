@@ -12,9 +12,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "launch/program_path.h"
 #include "rpc/tls.h"
 
-namespace remora::cli {
+namespace remora::launch {
 
 // The PEM files of --tls-cert, --tls-key and --tls-ca (see rpc/tls.h).
 struct TlsFiles {
@@ -140,7 +141,4 @@ class Subprocess {
   int exit_code_ = -1;
 };
 
-// The path of program `name` next to the running executable (build/bin/).
-std::string SiblingProgram(const std::string& name);
-
-}  // namespace remora::cli
+}  // namespace remora::launch

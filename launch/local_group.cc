@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "autograd/dist_autograd.h"
 
-namespace remora::cli {
+namespace remora::launch {
 
 absl::StatusOr<LocalGroup> StartLocalGroup(const std::vector<std::string>& names,
                                            const Registry* registry,
@@ -49,4 +49,4 @@ absl::Status LocalGroup::Shutdown(absl::Duration timeout) {
   return status;
 }
 
-}  // namespace remora::cli
+}  // namespace remora::launch

@@ -10,7 +10,7 @@
 #include "launch/cli.h"
 #include "rpc/agent.h"
 
-namespace remora::cli {
+namespace remora::launch {
 
 struct LocalGroup {
   std::unique_ptr<Agent> master;
@@ -30,4 +30,4 @@ absl::StatusOr<LocalGroup> StartLocalGroup(const std::vector<std::string>& names
                                            AgentOptions options = {},
                                            const std::string& program = "worker");
 
-}  // namespace remora::cli
+}  // namespace remora::launch

@@ -21,13 +21,13 @@ namespace remora::launch {
 int WorkerMain(int argc, char** argv, const std::string& program,
                const std::function<absl::Status(Registry&)>& register_functions) {
   std::string name;
-  std::string master = cli::MasterAddressFromEnv();
+  std::string master = launch::MasterAddressFromEnv();
   std::string listen = "127.0.0.1:0";
   std::string device = "cpu";
   int threads = 0;
   int rpc_threads = 16;
   int connect_timeout_s = 60;
-  cli::FlagParser flags(program, "A remora worker: serves the master's calls until it ends the group.");
+  launch::FlagParser flags(program, "A remora worker: serves the master's calls until it ends the group.");
   flags.AddString("name", &name, "this worker's name, 1-128 of [A-Za-z0-9_:-] (required)");
   flags.AddString("master", &master, "HOST:PORT of the master (MASTER_ADDR/MASTER_PORT also work)");
   flags.AddString("listen", &listen, "HOST:PORT this worker serves on; port 0 picks a free one");
@@ -51,11 +51,11 @@ int WorkerMain(int argc, char** argv, const std::string& program,
   flags.AddString("host-id", &host_id,
                   "this process's host identity (else $REMORA_HOST_ID, else host name, boot and "
                   "network namespace): only processes with equal ids share memory");
-  cli::SecurityFiles security_files;
+  launch::SecurityFiles security_files;
   flags.AddSecurityFlags(&security_files);
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
-  auto security = cli::LoadSecurity(security_files);
+  auto security = launch::LoadSecurity(security_files);
   if (!security.ok()) {
     std::cerr << program << ": " << security.status().message() << "\n";
     return 2;
@@ -67,7 +67,7 @@ int WorkerMain(int argc, char** argv, const std::string& program,
     return 2;
   }
   for (const auto& [flag, addr] : {std::pair{"--master", master}, std::pair{"--listen", listen}}) {
-    if (auto s = cli::CheckAddress(addr, flag); !s.ok()) {
+    if (auto s = launch::CheckAddress(addr, flag); !s.ok()) {
       std::cerr << program << ": " << s.message() << "\n";
       return 2;
     }
@@ -82,7 +82,7 @@ int WorkerMain(int argc, char** argv, const std::string& program,
     return 2;
   }
   if (device_map.empty()) device_map = home->is_cuda() ? "auto" : "none";
-  auto maps = cli::ParseDeviceMapFlag(device_map);
+  auto maps = launch::ParseDeviceMapFlag(device_map);
   if (!maps.ok()) {
     std::cerr << program << ": " << maps.status().message() << "\n";
     return 2;

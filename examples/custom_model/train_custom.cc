@@ -14,7 +14,7 @@ int main() {
   using namespace remora;
   Registry registry;  // this process's own functions (the master's)
   if (auto s = examples::RegisterStockWorker(registry); !s.ok()) return 1;
-  auto group = cli::StartLocalGroup({"w1", "w2"}, &registry, {"--threads", "1"}, {},
+  auto group = launch::StartLocalGroup({"w1", "w2"}, &registry, {"--threads", "1"}, {},
                                     "custom_worker");
   if (!group.ok()) {
     std::fprintf(stderr, "train_custom: %s\n", std::string(group.status().message()).c_str());

@@ -249,7 +249,7 @@ void ExpectParity(const ParityCase& c) {
 
   Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
-  auto group = cli::StartLocalGroup({"worker1", "worker2"}, &registry);
+  auto group = launch::StartLocalGroup({"worker1", "worker2"}, &registry);
   ASSERT_TRUE(group.ok()) << group.status();
   Agent& master = *group->master;
   {

@@ -120,13 +120,13 @@ TEST(CudaGpu, ShardsLiveOnTheirWorkersDevice) {
 
 // This process as the master on cuda:0 and one `worker` process "w1" on
 // `device`, where the master's cuda:0 maps.
-absl::StatusOr<cli::LocalGroup> StartWorkerOn(const Registry& registry, const std::string& device,
+absl::StatusOr<launch::LocalGroup> StartWorkerOn(const Registry& registry, const std::string& device,
                                               absl::Duration rpc_timeout = absl::Seconds(60)) {
   AgentOptions opts;
   opts.device = "cuda:0";
   opts.device_maps["w1"]["cuda:0"] = device;
   opts.rpc_timeout = rpc_timeout;
-  return cli::StartLocalGroup({"w1"}, &registry, {"--device", device}, opts);
+  return launch::StartLocalGroup({"w1"}, &registry, {"--device", device}, opts);
 }
 
 #ifdef REMORA_TORCH_CUDA
@@ -296,10 +296,10 @@ TEST(CudaGpu, ResNetPipelineOnGpuWorkersMatchesLocalTraining) {
   REMORA_REQUIRE_GPUS(1);
   const int port = FreePort();
   const std::string addr = absl::StrCat("127.0.0.1:", port);
-  std::vector<std::unique_ptr<cli::Subprocess>> workers;
+  std::vector<std::unique_ptr<launch::Subprocess>> workers;
   setenv("REMORA_DEBUG", "channels", 1);  // the workers log their routes
   for (const char* name : {"worker1", "worker2"}) {
-    workers.push_back(cli::Subprocess::Spawn({kBin + "/worker", "--name", name, "--master", addr,
+    workers.push_back(launch::Subprocess::Spawn({kBin + "/worker", "--name", name, "--master", addr,
                                               "--device", "cuda:0"},
                                              TempPath(std::string(name) + ".log"))
                           .value());

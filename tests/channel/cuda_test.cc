@@ -142,25 +142,25 @@ TEST(DeviceMaps, CreateRejectsBadEntries) {
 }
 
 TEST(DeviceMapFlag, ParsesAutoNoneAndEntries) {
-  auto a = cli::ParseDeviceMapFlag("auto");
+  auto a = launch::ParseDeviceMapFlag("auto");
   ASSERT_TRUE(a.ok());
   EXPECT_TRUE(a->to_peer_devices);
   EXPECT_TRUE(a->maps.empty());
-  auto n = cli::ParseDeviceMapFlag("none");
+  auto n = launch::ParseDeviceMapFlag("none");
   ASSERT_TRUE(n.ok());
   EXPECT_FALSE(n->to_peer_devices);
-  auto e = cli::ParseDeviceMapFlag("worker2/cuda:0=cuda:1,master/cuda:0=cpu,auto");
+  auto e = launch::ParseDeviceMapFlag("worker2/cuda:0=cuda:1,master/cuda:0=cpu,auto");
   ASSERT_TRUE(e.ok()) << e.status();
   EXPECT_TRUE(e->to_peer_devices);
   EXPECT_EQ(e->maps.at("worker2").at("cuda:0"), "cuda:1");
   EXPECT_EQ(e->maps.at("master").at("cuda:0"), "cpu");
   // Names may hold ':'; the first '/' ends the name.
-  auto colon = cli::ParseDeviceMapFlag("job:1/cuda:0=cuda:0");
+  auto colon = launch::ParseDeviceMapFlag("job:1/cuda:0=cuda:0");
   ASSERT_TRUE(colon.ok()) << colon.status();
   EXPECT_EQ(colon->maps.at("job:1").at("cuda:0"), "cuda:0");
   for (const char* bad : {"bogus", "w2/cuda:0", "/cuda:0=cpu", "w2/=cpu", "w2/cuda:0=",
                           "w2/cuda:0=cpu,w2/cuda:0=cuda:1"}) {
-    EXPECT_FALSE(cli::ParseDeviceMapFlag(bad).ok()) << bad;
+    EXPECT_FALSE(launch::ParseDeviceMapFlag(bad).ok()) << bad;
   }
 }
 

@@ -376,11 +376,11 @@ TEST(Checkpoint, CorruptOrMismatchedCheckpointsAreClearErrors) {
 
 // Workers `names` (the stock worker) for a master at `addr`, logging to
 // files named after `tag`.
-std::vector<std::unique_ptr<cli::Subprocess>> StartWorkers(const std::vector<std::string>& names,
+std::vector<std::unique_ptr<launch::Subprocess>> StartWorkers(const std::vector<std::string>& names,
                                                           const std::string& addr, const std::string& tag) {
-  std::vector<std::unique_ptr<cli::Subprocess>> out;
+  std::vector<std::unique_ptr<launch::Subprocess>> out;
   for (const auto& n : names) {
-    out.push_back(cli::Subprocess::Spawn({kBin + "/worker", "--name", n, "--master", addr, "--threads", "1"},
+    out.push_back(launch::Subprocess::Spawn({kBin + "/worker", "--name", n, "--master", addr, "--threads", "1"},
                                          TempPath(tag + "_" + n + ".log"))
                       .value());
   }
@@ -442,7 +442,7 @@ TEST(CheckpointJob, AJobKilledMidEpochResumesAndEndsEqualToAnUninterruptedOne) {
   std::string whole_out;
   {
     const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
-    auto evaluator = cli::Subprocess::Spawn({kBin + "/evaluator", "--checkpoint-dir", whole, "--dataset",
+    auto evaluator = launch::Subprocess::Spawn({kBin + "/evaluator", "--checkpoint-dir", whole, "--dataset",
                                              "idx:" + data, "--poll-ms", "50", "--timeout", "200",
                                              "--threads", "1"},
                                             TempPath("ckpt_evaluator.log"))
@@ -476,7 +476,7 @@ TEST(CheckpointJob, AJobKilledMidEpochResumesAndEndsEqualToAnUninterruptedOne) {
     const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
     auto workers = StartWorkers({"w1", "w2"}, addr, "broken");
     const std::string log = TempPath("ckpt_broken_master.log");
-    auto master = cli::Subprocess::Spawn(
+    auto master = launch::Subprocess::Spawn(
                       MasterArgv("w1,w2", addr, data,
                                  {"--checkpoint-dir", broken, "--checkpoint-every", "3", "--resume", "auto"}),
                       log)

@@ -309,11 +309,11 @@ TEST(ImageFolderMaster, TrainsLocallyAndOverWorkersAlikeAndNamesBadFiles) {
   ASSERT_EQ(local.size(), 2u) << local_out;
 
   // Workers w1 and w2 of a master at `at`, one thread each.
-  std::vector<std::unique_ptr<cli::Subprocess>> workers;
+  std::vector<std::unique_ptr<launch::Subprocess>> workers;
   auto start_workers = [&workers](const std::string& at, const std::string& log) {
     workers.clear();
     for (const std::string name : {"w1", "w2"}) {
-      workers.push_back(cli::Subprocess::Spawn({BinDir() + "/worker", "--name", name, "--master", at, "--threads", "1"},
+      workers.push_back(launch::Subprocess::Spawn({BinDir() + "/worker", "--name", name, "--master", at, "--threads", "1"},
                                                TempPath(name + log))
                             .value());
     }

@@ -256,7 +256,7 @@ std::string FrameBytes(OutMessage m) {
 
 int Main(int argc, char** argv) {
   std::string out_dir;
-  cli::FlagParser flags("make_fuzz_corpus",
+  launch::FlagParser flags("make_fuzz_corpus",
                         "Writes request_fuzzer's seed corpus: one valid frame per file.");
   flags.AddString("out", &out_dir, "directory to write the seeds to (created; required)");
   int code = 0;

@@ -128,11 +128,11 @@ TEST(RemoraLaunch, TheMastersAddressMustBeThisHostsAndNeverTheWildcardUnasked) {
 // rank 0 is the master, ranks 1 and 2 the workers.
 TEST(RemoraLaunch, ThreeRanksTrainUnderTorchrunsVariables) {
   const std::string port = absl::StrCat(FreePort());
-  std::vector<std::unique_ptr<cli::Subprocess>> ranks;
+  std::vector<std::unique_ptr<launch::Subprocess>> ranks;
   std::vector<std::string> outputs;
   for (int rank = 0; rank < 3; ++rank) {
     outputs.push_back(TempPath(absl::StrCat("launch_rank", rank, ".txt")));
-    ranks.push_back(cli::Subprocess::Spawn(
+    ranks.push_back(launch::Subprocess::Spawn(
                         {"/usr/bin/env", absl::StrCat("RANK=", rank), "WORLD_SIZE=3",
                          absl::StrCat("LOCAL_RANK=", rank), "MASTER_ADDR=127.0.0.1",
                          "MASTER_PORT=" + port, kLaunch, "--batches", "1", "--batch-size", "8",
@@ -155,16 +155,16 @@ TEST(RemoraLaunch, ThreeRanksTrainUnderTorchrunsVariables) {
 
 // `ranks` ranks under torchrun's variables on one port, each remora-launch
 // with `args`; their outputs in `outputs`.
-std::vector<std::unique_ptr<cli::Subprocess>> StartRanks(int ranks, const std::vector<std::string>& args,
+std::vector<std::unique_ptr<launch::Subprocess>> StartRanks(int ranks, const std::vector<std::string>& args,
                                                          const std::string& tag, std::vector<std::string>* outputs) {
   const std::string port = absl::StrCat(FreePort());
-  std::vector<std::unique_ptr<cli::Subprocess>> out;
+  std::vector<std::unique_ptr<launch::Subprocess>> out;
   for (int rank = 0; rank < ranks; ++rank) {
     outputs->push_back(TempPath(absl::StrCat(tag, "_rank", rank, ".txt")));
     std::vector<std::string> argv = {"/usr/bin/env",          absl::StrCat("RANK=", rank), absl::StrCat("WORLD_SIZE=", ranks),
                                      "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port,       kLaunch};
     argv.insert(argv.end(), args.begin(), args.end());
-    out.push_back(cli::Subprocess::Spawn(argv, outputs->back()).value());
+    out.push_back(launch::Subprocess::Spawn(argv, outputs->back()).value());
   }
   return out;
 }

@@ -72,7 +72,7 @@ TEST(WorkerProgram, HonoursMasterAddrAndPort) {
   auto master = Agent::Start(m, &registry).value();
   setenv("MASTER_ADDR", "127.0.0.1", 1);
   setenv("MASTER_PORT", absl::StrCat(port).c_str(), 1);
-  auto worker = cli::Subprocess::Spawn({kBin + "/worker", "--name", "w1"}).value();
+  auto worker = launch::Subprocess::Spawn({kBin + "/worker", "--name", "w1"}).value();
   unsetenv("MASTER_ADDR");
   unsetenv("MASTER_PORT");
   ASSERT_TRUE(master->Join().ok());
@@ -84,7 +84,7 @@ TEST(WorkerProgram, HonoursMasterAddrAndPort) {
 TEST(MultiProcess, PipelineAndRRefsAcrossRealWorkers) {
   Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
-  auto group = cli::StartLocalGroup({"worker1", "worker2"}, &registry, {}, {}, "test_worker");
+  auto group = launch::StartLocalGroup({"worker1", "worker2"}, &registry, {}, {}, "test_worker");
   ASSERT_TRUE(group.ok()) << group.status();
   Agent& master = *group->master;
   {
@@ -136,11 +136,11 @@ TEST(MultiProcess, DuplicateWorkerNameExitsWithAnError) {
   auto master = Agent::Start(m, &registry).value();
   const std::string addr = master->self().address;
   // Two processes claim "w1"; whichever registers second is refused.
-  std::vector<std::unique_ptr<cli::Subprocess>> twins;
+  std::vector<std::unique_ptr<launch::Subprocess>> twins;
   std::vector<std::string> outputs;
   for (int i = 0; i < 2; ++i) {
     outputs.push_back(TempPath(absl::StrCat("twin", i, ".txt")));
-    twins.push_back(cli::Subprocess::Spawn({kBin + "/worker", "--name", "w1", "--master", addr},
+    twins.push_back(launch::Subprocess::Spawn({kBin + "/worker", "--name", "w1", "--master", addr},
                                            outputs.back())
                         .value());
   }
@@ -155,7 +155,7 @@ TEST(MultiProcess, DuplicateWorkerNameExitsWithAnError) {
   ASSERT_GE(refused, 0) << "neither w1 was refused";
   EXPECT_EQ(twins[refused]->Wait(absl::Seconds(1)).value(), 1);
   EXPECT_THAT(ReadFile(outputs[refused]), HasSubstr("duplicate worker name 'w1'"));
-  auto second = cli::Subprocess::Spawn({kBin + "/worker", "--name", "w2", "--master", addr}).value();
+  auto second = launch::Subprocess::Spawn({kBin + "/worker", "--name", "w2", "--master", addr}).value();
   ASSERT_TRUE(master->Join().ok());
   ASSERT_TRUE(master->Shutdown().ok());
   EXPECT_EQ(twins[1 - refused]->Wait(absl::Seconds(20)).value(), 0);
@@ -167,7 +167,7 @@ TEST(Failure, WorkerExitsNonZeroWhenTheMasterIsGone) {
   AgentOptions m = MasterOptions({"w1"});
   auto master = Agent::Start(m, &registry).value();
   const std::string out = absl::StrCat(testing::TempDir(), "/remora_", getpid(), "_gone.txt");
-  auto worker = cli::Subprocess::Spawn(
+  auto worker = launch::Subprocess::Spawn(
                     {kBin + "/worker", "--name", "w1", "--master", master->self().address}, out)
                     .value();
   ASSERT_TRUE(master->Join().ok());
@@ -183,7 +183,7 @@ TEST(Failure, WorkerExitsNonZeroWhenTheMasterIsGone) {
 TEST(Failure, KilledWorkerFailsPendingCallsQuicklyWithItsName) {
   Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
-  auto group = cli::StartLocalGroup({"worker1"}, &registry, {}, {}, "test_worker");
+  auto group = launch::StartLocalGroup({"worker1"}, &registry, {}, {}, "test_worker");
   ASSERT_TRUE(group.ok()) << group.status();
   auto pending = group->master->rpc_async("worker1", "sleep_ms", {int64_t{30000}});
   // rpc_sync waits on a stream (rpc/stream.h), which must fail as quickly.
@@ -222,7 +222,7 @@ TEST(Security, WorkerProgramUsesTheTokenFile) {
                                             TempPath("absent.token")});
   EXPECT_EQ(missing, 2);
   EXPECT_THAT(missing_out, HasSubstr("cannot read --token-file"));
-  auto worker = cli::Subprocess::Spawn({kBin + "/worker", "--name", "w1", "--master",
+  auto worker = launch::Subprocess::Spawn({kBin + "/worker", "--name", "w1", "--master",
                                         master->self().address, "--token-file", good})
                     .value();
   ASSERT_TRUE(master->Join().ok());
@@ -244,7 +244,7 @@ TEST(Security, WorkerProgramsTalkMutualTls) {
   AgentOptions options;
   options.tls = pki.tls();
   auto group =
-      cli::StartLocalGroup({"worker1", "worker2"}, &registry, pki.files().WorkerArgs(), options);
+      launch::StartLocalGroup({"worker1", "worker2"}, &registry, pki.files().WorkerArgs(), options);
   ASSERT_TRUE(group.ok()) << group.status();
   Agent& master = *group->master;
   EXPECT_EQ(master.rpc_sync("worker1", "add", {int64_t{2}, int64_t{3}}).value().toInt(), 5);
@@ -328,7 +328,7 @@ size_t WriteRaw(int port, const std::string& bytes) {
 TEST(Robustness, WorkerSurvivesRandomBytesAndGarbageCalls) {
   Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
-  auto group = cli::StartLocalGroup({"worker1"}, &registry);
+  auto group = launch::StartLocalGroup({"worker1"}, &registry);
   ASSERT_TRUE(group.ok()) << group.status();
   Agent& master = *group->master;
   const std::string address = master.worker("worker1").value().address;
@@ -398,7 +398,7 @@ TEST(Robustness, WorkerSurvivesRandomBytesAndGarbageCalls) {
 TEST(Load, TenThousandConcurrentCallsToOneWorkerAllComplete) {
   Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
-  auto group = cli::StartLocalGroup({"worker1"}, &registry);
+  auto group = launch::StartLocalGroup({"worker1"}, &registry);
   ASSERT_TRUE(group.ok()) << group.status();
   std::vector<Future<c10::IValue>> futures;
   futures.reserve(10000);
@@ -423,7 +423,7 @@ TEST(Restart, WorkerRejoinsANewMasterOnTheSamePortAtOnce) {
     m.connect_timeout = absl::Seconds(20);
     auto master = Agent::Start(m, &registry);
     ASSERT_TRUE(master.ok()) << "round " << round << ": " << master.status();
-    auto worker = cli::Subprocess::Spawn({kBin + "/worker", "--name", "w1", "--master",
+    auto worker = launch::Subprocess::Spawn({kBin + "/worker", "--name", "w1", "--master",
                                           (*master)->self().address})
                       .value();
     ASSERT_TRUE((*master)->Join().ok()) << "round " << round;

@@ -120,7 +120,7 @@ class NetNamespaces : public ::testing::Test {
     argv.push_back(kBin + "/remora-launch");
     argv.insert(argv.end(), args.begin(), args.end());
     if (ranks_.size() <= static_cast<size_t>(rank)) ranks_.resize(rank + 1);
-    ranks_[rank] = cli::Subprocess::Spawn(argv, Output(rank)).value();
+    ranks_[rank] = launch::Subprocess::Spawn(argv, Output(rank)).value();
   }
 
   std::string Output(int rank) const { return TempPath(absl::StrCat("netns_rank", rank, ".txt")); }
@@ -144,7 +144,7 @@ class NetNamespaces : public ::testing::Test {
 
   std::string prefix_;
   bool created_ = false;
-  std::vector<std::unique_ptr<cli::Subprocess>> ranks_;
+  std::vector<std::unique_ptr<launch::Subprocess>> ranks_;
 };
 
 const std::vector<std::string> kTrain = {"--batches", "2", "--batch-size", "8", "--image-size",

@@ -549,9 +549,9 @@ TEST(Master, AFailedMasterEndsItsGroupAndTheWorkersExitWithItsError) {
   SaveScriptLinear(dir + "/stage0.pt", 12, 16, 1, true);
   SaveScriptLinear(dir + "/stage1.pt", 8, 5, 2, false);  // takes 8 features, gets 16
   const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
-  std::vector<std::unique_ptr<cli::Subprocess>> workers;
+  std::vector<std::unique_ptr<launch::Subprocess>> workers;
   for (const std::string name : {"worker1", "worker2"}) {
-    workers.push_back(cli::Subprocess::Spawn({kBin + "/worker", "--name", name, "--master", addr},
+    workers.push_back(launch::Subprocess::Spawn({kBin + "/worker", "--name", name, "--master", addr},
                                              TempPath(name + "_misfit.log"))
                           .value());
   }
@@ -631,10 +631,10 @@ TEST(Master, RefusedWorkersFailTheMasterAtOnceNamingThemAndTheJoinedWorkerExits)
   for (const Case& c : {Case{"wroker2", token, "'wroker2' at "}, Case{"worker2", wrong, "wrong token"}}) {
     SCOPED_TRACE(c.want);
     const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
-    auto worker1 = cli::Subprocess::Spawn({kBin + "/worker", "--name", "worker1", "--master", addr,
+    auto worker1 = launch::Subprocess::Spawn({kBin + "/worker", "--name", "worker1", "--master", addr,
                                            "--token-file", token},
                                           TempPath("worker1.log"));
-    auto worker2 = cli::Subprocess::Spawn({kBin + "/worker", "--name", c.name, "--master", addr,
+    auto worker2 = launch::Subprocess::Spawn({kBin + "/worker", "--name", c.name, "--master", addr,
                                            "--token-file", c.token},
                                           TempPath("worker2.log"));
     ASSERT_TRUE(worker1.ok() && worker2.ok());

@@ -50,17 +50,17 @@ inline void ExpectStateNear(const std::vector<std::vector<at::Tensor>>& got,
 
 // A master in this process and worker programs w1, w2, ... with their own
 // flags each.
-inline cli::LocalGroup StartWorkers(Registry* registry, const std::vector<std::vector<std::string>>& args) {
+inline launch::LocalGroup StartWorkers(Registry* registry, const std::vector<std::vector<std::string>>& args) {
   std::vector<std::string> names;
   for (size_t i = 0; i < args.size(); ++i) names.push_back(absl::StrCat("w", i + 1));
-  cli::LocalGroup group;
+  launch::LocalGroup group;
   AgentOptions o = MasterOptions(names);
   group.master = std::move(Agent::Start(o, registry).value());
   for (size_t i = 0; i < args.size(); ++i) {
     std::vector<std::string> argv = {kBin + "/worker", "--name", names[i], "--master",
                                      group.master->self().address, "--threads", "1"};
     argv.insert(argv.end(), args[i].begin(), args[i].end());
-    group.workers.push_back(cli::Subprocess::Spawn(argv).value());
+    group.workers.push_back(launch::Subprocess::Spawn(argv).value());
   }
   EXPECT_TRUE(group.master->Join().ok());
   return group;
@@ -81,12 +81,12 @@ inline std::vector<std::pair<double, double>> ReportEpochs(const std::string& js
 struct PsPrograms {
   std::string addr = absl::StrCat("127.0.0.1:", FreePort());
   std::vector<std::string> names;
-  std::vector<std::unique_ptr<cli::Subprocess>> workers;
+  std::vector<std::unique_ptr<launch::Subprocess>> workers;
 
   explicit PsPrograms(int n) {
     for (int i = 1; i <= n; ++i) {
       names.push_back(absl::StrCat("worker", i));
-      workers.push_back(cli::Subprocess::Spawn({kBin + "/worker", "--name", names.back(), "--master", addr,
+      workers.push_back(launch::Subprocess::Spawn({kBin + "/worker", "--name", names.back(), "--master", addr,
                                                 "--threads", "1"},
                                                TempPath(absl::StrCat(names.back(), ".log")))
                             .value());

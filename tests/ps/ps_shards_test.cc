@@ -157,7 +157,7 @@ TEST(PsShards, StateAndOptimizerRecordLoadIntoFreshShards) {
 TEST(PsShards, BackupWorkersGoOnWithoutTheSlowedWorker) {
   Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
-  cli::LocalGroup group = StartWorkers(&registry, {{}, {}, {}, {}, {"--slow-ms", "3000"}});
+  launch::LocalGroup group = StartWorkers(&registry, {{}, {}, {}, {}, {"--slow-ms", "3000"}});
   ps::PsOptions o = MlpServer({"w3", "w4", "w5"}, 1);
   o.servers = {"w1", "w2"};
   auto server = ps::ParameterServer::Create(*group.master, o);
@@ -274,7 +274,7 @@ TEST(PsShards, MasterProgramFailsWithinTenSecondsWhenAServerIsKilled) {
   test_support::WriteToyIdx(dir, 320, 50);
   PsPrograms programs(4);
   const std::string log = TempPath("ps_kill_master.txt");
-  auto master = cli::Subprocess::Spawn(programs.MasterArgv({"--ps-shards", "2", "--dataset", "idx:" + dir,
+  auto master = launch::Subprocess::Spawn(programs.MasterArgv({"--ps-shards", "2", "--dataset", "idx:" + dir,
                                                             "--epochs", "500", "--batch-size", "32",
                                                             "--threads", "1"}),
                                        log)

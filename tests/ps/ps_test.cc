@@ -85,7 +85,7 @@ TEST(Ps, BadOptionsAreClearErrors) {
 TEST(Ps, BackupWorkersGoOnWithoutTheSlowedWorker) {
   Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
-  cli::LocalGroup group = StartWorkers(&registry, {{}, {}, {"--slow-ms", "4000"}});
+  launch::LocalGroup group = StartWorkers(&registry, {{}, {}, {"--slow-ms", "4000"}});
   auto server = ps::ParameterServer::Create(*group.master, MlpServer({"w1", "w2", "w3"}, 1));
   ASSERT_TRUE(server.ok()) << server.status();
   const auto data = test_support::RandomBatches(2, 12, 8, 4);

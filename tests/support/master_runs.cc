@@ -32,7 +32,7 @@ std::pair<int, std::string> RunPipeline(int n, const std::vector<std::string>& m
                                         const std::vector<std::string>& common_args, int worker_code) {
   const int port = FreePort();
   const std::string addr = absl::StrCat("127.0.0.1:", port);
-  std::vector<std::unique_ptr<cli::Subprocess>> workers;
+  std::vector<std::unique_ptr<launch::Subprocess>> workers;
   std::string names;
   for (int i = 1; i <= n; ++i) {
     const std::string name = absl::StrCat("worker", i);
@@ -40,7 +40,7 @@ std::pair<int, std::string> RunPipeline(int n, const std::vector<std::string>& m
     std::vector<std::string> worker_argv = {BinDir() + "/worker", "--name", name, "--master", addr,
                                             "--threads", "1"};
     worker_argv.insert(worker_argv.end(), common_args.begin(), common_args.end());
-    workers.push_back(cli::Subprocess::Spawn(worker_argv, TempPath(name + ".log")).value());
+    workers.push_back(launch::Subprocess::Spawn(worker_argv, TempPath(name + ".log")).value());
   }
   std::vector<std::string> argv = {BinDir() + "/master", "--workers", names, "--listen", addr};
   argv.insert(argv.end(), master_args.begin(), master_args.end());

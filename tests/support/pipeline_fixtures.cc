@@ -23,7 +23,7 @@ TestWorkers::TestWorkers(int n, const std::string& program,
   for (int i = 1; i <= n; ++i) names.push_back("w" + std::to_string(i));
   std::vector<std::string> flags = {"--threads", "1"};
   flags.insert(flags.end(), args.begin(), args.end());
-  auto g = cli::StartLocalGroup(names, &registry_, flags, {}, program);
+  auto g = launch::StartLocalGroup(names, &registry_, flags, {}, program);
   EXPECT_TRUE(g.ok()) << g.status();
   if (g.ok()) group_ = std::move(*g);
 }

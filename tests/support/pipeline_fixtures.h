@@ -30,12 +30,12 @@ class TestWorkers {
   TestWorkers& operator=(const TestWorkers&) = delete;
 
   Agent& master() { return *group_.master; }
-  cli::Subprocess& worker(int i) { return *group_.workers[i]; }
+  launch::Subprocess& worker(int i) { return *group_.workers[i]; }
   void ExpectUncleanShutdown() { clean_ = false; }
 
  private:
   Registry registry_;
-  cli::LocalGroup group_;
+  launch::LocalGroup group_;
   bool clean_ = true;
 };
 

@@ -143,7 +143,7 @@ inline std::string ReadFile(const std::string& path) {
 // make every test a compiler-cache miss in a fresh clone.
 inline const std::string& BinDir() {
   static const std::string dir = [] {
-    const std::string sibling = cli::SiblingProgram("");  // "<bin>/", or "" when unknown
+    const std::string sibling = launch::SiblingProgram("");  // "<bin>/", or "" when unknown
     return sibling.empty() ? std::string(".") : sibling.substr(0, sibling.size() - 1);
   }();
   return dir;
@@ -171,7 +171,7 @@ inline std::string StacksOf(pid_t pid) {
 inline std::pair<int, std::string> RunProgram(const std::vector<std::string>& argv,
                                               absl::Duration timeout = absl::Seconds(60)) {
   const std::string out = TempPath("out.txt");
-  auto p = cli::Subprocess::Spawn(argv, out).value();
+  auto p = launch::Subprocess::Spawn(argv, out).value();
   auto code = p->Wait(timeout);
   if (!code.ok()) return {-1, ReadFile(out) + StacksOf(p->pid())};
   return {*code, ReadFile(out)};
@@ -185,7 +185,7 @@ struct TestPki {
   std::string cert;  // node certificate, signed by the CA
   std::string key;   // its private key
   TlsOptions tls() const { return LoadTlsFiles(cert, key, ca).value(); }
-  cli::TlsFiles files() const { return cli::TlsFiles{cert, key, ca}; }
+  launch::TlsFiles files() const { return launch::TlsFiles{cert, key, ca}; }
 };
 
 // Makes a PKI named `name` under the test's temporary directory (P-256
