@@ -46,27 +46,27 @@ std::string StepDir(const std::string& dir, int64_t step) {
 }
 
 wire::Manifest NewManifest(const RunIdentity& identity, const TrainingState& state, bool final) {
-  wire::Manifest m;
-  m.set_format(kFormat);
-  m.set_step(state.step);
-  m.set_epoch(state.epoch);
-  m.set_batch(state.batch);
-  m.set_epoch_loss_sum(state.epoch_loss_sum);
-  m.set_epoch_images(state.epoch_images);
-  for (double l : state.losses) m.add_losses(l);
-  m.set_model(identity.model);
-  m.set_data(identity.data);
-  m.set_optimizer(identity.optimizer);
-  m.set_schedule(identity.schedule);
-  m.set_micro_batches(identity.micro_batches);
-  m.set_replicas(identity.replicas);
-  m.set_checkpoint_every(identity.checkpoint_every);
-  m.set_keep(identity.keep);
-  m.set_final(final);
-  m.set_created(NowUtc());
+  Manifest m;
+  m.format = kFormat;
+  m.step = state.step;
+  m.epoch = state.epoch;
+  m.batch = state.batch;
+  m.epoch_loss_sum = state.epoch_loss_sum;
+  m.epoch_images = state.epoch_images;
+  m.losses = state.losses;
+  m.model = identity.model;
+  m.data = identity.data;
+  m.optimizer = identity.optimizer;
+  m.schedule = identity.schedule;
+  m.micro_batches = identity.micro_batches;
+  m.replicas = identity.replicas;
+  m.checkpoint_every = identity.checkpoint_every;
+  m.keep = identity.keep;
+  m.final = final;
+  m.created = NowUtc();
   const at::Tensor rng = CpuGeneratorState().contiguous();
-  m.set_master_rng(std::string(static_cast<const char*>(rng.data_ptr()), rng.numel()));
-  return m;
+  m.master_rng = std::string(static_cast<const char*>(rng.data_ptr()), rng.numel());
+  return ManifestToWire(m);
 }
 
 Manifest ManifestFromWire(const wire::Manifest& w) {

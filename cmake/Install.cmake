@@ -17,7 +17,7 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 set(REMORA_INSTALL_LIBRARIES base proto runtime data channel rpc autograd optim pipeline parallel checkpoint ps models
-    launch_env launch examples)
+    launch_env launch train examples)
 set(_remora_install_targets)
 foreach(name ${REMORA_INSTALL_LIBRARIES})
   set_target_properties(remora_${name} PROPERTIES EXPORT_NAME ${name})
@@ -47,6 +47,7 @@ set(REMORA_PUBLIC_HEADERS
     ps/parameter_server.h ps/shards.h
     models/cnn.h models/mlp.h models/resnet.h
     launch/cli.h launch/cluster_env.h launch/local_group.h launch/program_path.h launch/worker_main.h
+    train/curves.h train/events.h
     examples/builtins.h)
 foreach(header ${REMORA_PUBLIC_HEADERS})
   get_filename_component(_remora_header_dir ${header} DIRECTORY)

@@ -215,7 +215,7 @@ absl::StatusOr<std::vector<Run>> TrainOverWorkers(Agent& agent, CommandLine& lin
   return runs;
 }
 
-// The summary table, and the report, trace and timeline asked for.
+// The summary table, and the report, trace, timeline and curves asked for.
 absl::Status WriteOutputs(const std::vector<Run>& runs, const Config& c) {
   PrintSummary(runs, c);
   std::vector<std::string> tracks = c.local ? std::vector<std::string>{"master (local)"} : c.workers;
@@ -232,6 +232,13 @@ absl::Status WriteOutputs(const std::vector<Run>& runs, const Config& c) {
       return s;
     }
     std::cout << "timeline: " << c.timeline << "\n";
+  }
+  if (!c.curves.empty()) {
+    if (auto s = WriteCurves(c.curves, runs); !s.ok()) return s;
+    std::cout << "curves: " << c.curves << "\n";
+  }
+  if (!c.tensorboard.empty()) {
+    std::cout << "tensorboard: " << c.tensorboard << " (view with: tensorboard --logdir " << c.tensorboard << ")\n";
   }
   return absl::OkStatus();
 }

@@ -288,6 +288,11 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
   flags.AddString("report", &c.report, "write a JSON report to this file");
   flags.AddString("trace", &c.trace, "write a Chrome/Perfetto trace of the last split count");
   flags.AddString("timeline", &c.timeline, "write an SVG Gantt chart of the last split count");
+  flags.AddString("tensorboard", &c.tensorboard,
+                  "write TensorBoard event files into this directory as the run goes (loss, step time and "
+                  "images/s per step; loss, test accuracy and images/s per epoch); a --splits sweep writes "
+                  "DIR/splits-N per count. View with: tensorboard --logdir DIR");
+  flags.AddString("curves", &c.curves, "write the training loss and test accuracy curves as an SVG file");
   flags.AddInt("connect-timeout", &c.connect_timeout, "seconds to wait for all workers to register");
   flags.AddString("device", &c.device,
                   "where --local and --compare-local train: cpu or cuda:N (workers choose their "

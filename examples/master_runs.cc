@@ -172,11 +172,8 @@ absl::Status LocalTrainer::Step(int b, const char* prefix) {
   const int64_t t0 = trace::NowUs();
   ASSIGN_OR_RETURN(double loss, Train(inputs, targets, /*record=*/true));
   const double seconds = (trace::NowUs() - t0) / 1e6;
-  run_.seconds += seconds;
-  run_.batch_seconds.push_back(seconds);
-  run_.losses.push_back(loss);
   std::printf("%s", prefix);
-  PrintBatch(b, loss, seconds);
+  RecordBatch(run_, b, loss, seconds, inputs.size(0));
   return absl::OkStatus();
 }
 
@@ -316,13 +313,16 @@ void Checkpointing::PrintSaved(int64_t step, const std::string& dir, int64_t byt
 
 absl::StatusOr<Run> FitLocal(const Config& c, int splits, const data::Source& train, const data::Source& test) {
   ASSIGN_OR_RETURN(auto trainer, LocalTrainer::Create(c, splits));
+  ASSIGN_OR_RETURN(std::shared_ptr<RunLog> log, OpenRunLog(c, splits));
+  pipeline::FitOptions options = FitOptionsOf(c, splits);
+  ReportTo(log, options);
   ASSIGN_OR_RETURN(
       auto epochs,
       pipeline::Fit([&](const at::Tensor& x, const at::Tensor& y) { return trainer->Train(x, y); },
                     pipeline::CountFromLogits([&](const at::Tensor& x) { return trainer->Eval(x); }),
-                    train, test,
-                    FitOptionsOf(c, splits), std::cout));
+                    train, test, options, std::cout));
   Run run(splits);
+  run.log = log;
   run.epochs = std::move(epochs);
   for (const auto& e : run.epochs) run.seconds += e.seconds;
   return run;
@@ -333,7 +333,9 @@ absl::StatusOr<Run> FitPipeline(Agent& agent, const Config& c,
                                 const data::Source& train, const data::Source& test,
                                 Checkpointing* checkpoints) {
   ASSIGN_OR_RETURN(auto pipe, CreatePipeline(agent, c, stages, splits));
+  ASSIGN_OR_RETURN(std::shared_ptr<RunLog> log, OpenRunLog(c, splits));
   pipeline::FitOptions options = FitOptionsOf(c, splits);
+  ReportTo(log, options);
   pipeline::FitPosition last;
   if (checkpoints != nullptr && checkpoints->active()) {
     RETURN_IF_ERROR(checkpoints->Restore(*pipe));
@@ -383,6 +385,7 @@ absl::StatusOr<Run> FitPipeline(Agent& agent, const Config& c,
         *pipe, c, {last.step, last.epoch, last.batch, last.loss_sum, last.images, {}}, /*final=*/true));
   }
   Run run(splits);
+  run.log = log;
   run.schedule = pipe->replica(0).schedule().name;
   run.epochs = std::move(epochs);
   for (const auto& e : run.epochs) run.seconds += e.seconds;
@@ -416,6 +419,7 @@ absl::Status ReportMemory(parallel::DataParallelPipeline& pipe, const Config& c,
 
 absl::StatusOr<Run> TrainLocal(const Config& c, int splits) {
   ASSIGN_OR_RETURN(auto trainer, LocalTrainer::Create(c, splits));
+  ASSIGN_OR_RETURN(trainer->run().log, OpenRunLog(c, splits));
   for (int b = 0; b < c.batches; ++b) RETURN_IF_ERROR(trainer->Step(b));
   return std::move(trainer->run());
 }
@@ -494,6 +498,7 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
                                   Checkpointing* checkpoints) {
   Run run(splits);
   ASSIGN_OR_RETURN(auto pipe, CreatePipeline(agent, c, stages, splits));
+  ASSIGN_OR_RETURN(run.log, OpenRunLog(c, splits));
   run.schedule = pipe->replica(0).schedule().name;
   int first = 0;  // a resumed run's next batch
   if (checkpoints != nullptr && checkpoints->active()) {
@@ -530,10 +535,7 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
     const int64_t now = trace::NowUs();
     const double seconds = (now - last_end) / 1e6;
     last_end = now;
-    run.seconds += seconds;
-    run.batch_seconds.push_back(seconds);
-    run.losses.push_back(loss);
-    PrintBatch(s.b, loss, seconds);
+    RecordBatch(run, s.b, loss, seconds, c.batch_size);
     if (checkpoints != nullptr && checkpoints->saver) {
       RETURN_IF_ERROR(checkpoints->Save(*pipe, c, {s.b + 1, 0, s.b + 1, 0, 0, run.losses},
                                         /*final=*/s.b + 1 == c.batches));

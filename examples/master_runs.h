@@ -29,6 +29,7 @@
 #include "pipeline/partition.h"
 #include "pipeline/pipeline.h"
 #include "rpc/agent.h"
+#include "train/events.h"
 
 namespace remora::master {
 
@@ -72,6 +73,9 @@ struct Config {
   bool local = false;
   bool compare_local = false;
   std::string report, trace, timeline;
+  // --tensorboard DIR: the scalars as TensorBoard event files; --curves
+  // FILE.svg: the loss and accuracy curves drawn at the end.
+  std::string tensorboard, curves;
   int connect_timeout = 60;
   std::string device = "cpu";  // --local and --compare-local train here
   // --model: TorchScript stages trained on random data of this shape.
@@ -132,6 +136,28 @@ struct Checkpointing {
 // The run's identity, as checkpoints record it.
 checkpoint::RunIdentity IdentityOf(const Config& c, int splits);
 
+// What a run reports as it goes: TensorBoard's scalars (--tensorboard) and
+// the points of its curves (--curves). Used by the training loop's thread.
+struct RunLog {
+  std::unique_ptr<train::EventWriter> events;        // null without --tensorboard
+  std::vector<std::pair<double, double>> losses;     // (step, loss)
+  std::vector<std::pair<double, double>> accuracy;   // (epoch, test accuracy)
+  // step/loss, step/seconds, step/images_per_second; at an epoch's end
+  // epoch/train_loss, epoch/test_accuracy, epoch/images_per_second. A
+  // failed write is said once on stderr; training goes on.
+  void Step(int64_t step, double loss, int64_t rows, double seconds);
+  void Epoch(const pipeline::EpochResult& e);
+
+ private:
+  void Add(const std::string& tag, int64_t step, double value);
+  bool warned_ = false;
+};
+// The run's log, its events in --tensorboard's DIR (DIR/splits-N when
+// --splits sweeps); an error when DIR cannot be made.
+absl::StatusOr<std::shared_ptr<RunLog>> OpenRunLog(const Config& c, int splits);
+// Sets `f` to report every step and epoch to `log`.
+void ReportTo(std::shared_ptr<RunLog> log, pipeline::FitOptions& f);
+
 struct Run {
   explicit Run(int s) : splits(s) {}
   int splits = 0;
@@ -155,12 +181,17 @@ struct Run {
   // kind (pipeline::Pipeline::sent_messages), over the batches after the
   // first; empty when not measured (one batch).
   std::map<std::string, double> messages_per_batch;
+  std::shared_ptr<RunLog> log;  // never null once the run started
 };
 
 // Batch b of the ResNet50 demo or --model runs: the same in every mode.
 std::pair<at::Tensor, at::Tensor> MakeBatch(const Config& c, int b);
 pipeline::LossFn Loss(const Config& c);
 void PrintBatch(int b, double loss, double seconds);
+// Batch b's loss and time: into `run`, its log, and a line on the output.
+void RecordBatch(Run& run, int b, double loss, double seconds, int64_t rows);
+// --curves: the runs' loss by step and test accuracy by epoch.
+absl::Status WriteCurves(const std::string& path, const std::vector<Run>& runs);
 
 // Training in this process alone (--local, --compare-local), with the
 // stages the pipeline would run, one after the other. Owns its model and

@@ -200,6 +200,7 @@ absl::StatusOr<Run> TrainPs(Agent& agent, const Config& c, const PsFlags& p,
     return r;
   };
   Run run(1);
+  ASSIGN_OR_RETURN(run.log, OpenRunLog(c, 1));
   run.schedule = "ps";
   if (c.dataset.empty()) {
     int first = 0;
@@ -212,10 +213,7 @@ absl::StatusOr<Run> TrainPs(Agent& agent, const Config& c, const PsFlags& p,
       const int64_t t0 = trace::NowUs();
       ASSIGN_OR_RETURN(ps::StepReport r, step(x, y));
       const double seconds = (trace::NowUs() - t0) / 1e6;
-      run.seconds += seconds;
-      run.batch_seconds.push_back(seconds);
-      run.losses.push_back(r.loss);
-      PrintBatch(b, r.loss, seconds);
+      RecordBatch(run, b, r.loss, seconds, x.size(0));
       RETURN_IF_ERROR(MaybeSave(*server, c, checkpoints, {b + 1, 0, b + 1, 0, 0, run.losses}, b + 1 == c.batches));
     }
   } else {
@@ -227,6 +225,7 @@ absl::StatusOr<Run> TrainPs(Agent& agent, const Config& c, const PsFlags& p,
     f.seed = static_cast<uint64_t>(c.seed);
     if (ReadsImageFolder(c)) f.prefetch = c.prefetch;
     f.progress_bar = isatty(fileno(stdout));
+    ReportTo(run.log, f);
     pipeline::FitPosition last;
     if (resume != nullptr) {
       const checkpoint::TrainingState s = resume->state();

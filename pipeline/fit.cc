@@ -170,6 +170,7 @@ absl::StatusOr<std::vector<EpochResult>> FitLoop(int64_t train_size, const RowRe
     double loss_sum = resumed ? o.start.loss_sum : 0, next_line = 0;
     r.images = resumed ? o.start.images : 0;
     int64_t trained = 0;  // images of this epoch trained by this call
+    double last_end = t0;  // when the step before ended
     const size_t first = resumed ? static_cast<size_t>(o.start.batch) : 0;
     // Resumed after its last batch (a run that ended with the epoch, now
     // given more epochs): the epoch was reported then.
@@ -211,8 +212,11 @@ absl::StatusOr<std::vector<EpochResult>> FitLoop(int64_t train_size, const RowRe
       r.images += rows;
       trained += rows;
       ++step;
+      const double ended = Now();
+      if (o.on_step) o.on_step(StepRecord{e, step, *loss, rows, ended - last_end});
+      last_end = ended;
       const double done = static_cast<double>(b + 1 - first) / (batches.size() - first);
-      const double elapsed = Now() - t0;
+      const double elapsed = ended - t0;
       const std::string line = absl::StrFormat(
           "epoch %d/%d  %zu/%zu batches  loss=%.4f  %.0f images/s  ETA %s", e, o.epochs, b + 1,
           batches.size(), loss_sum / (b + 1), trained / std::max(elapsed, 1e-9),
@@ -275,6 +279,7 @@ absl::StatusOr<std::vector<EpochResult>> FitLoop(int64_t train_size, const RowRe
                            e, r.train_loss, r.test_accuracy, r.seconds, trained / std::max(r.seconds, 1e-9),
                            r.skipped > 0 ? absl::StrCat(" skipped_images=", r.skipped) : "")
         << std::flush;
+    if (o.on_epoch) o.on_epoch(r);
     results.push_back(r);
   }
   return results;

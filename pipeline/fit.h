@@ -34,6 +34,17 @@ struct FitPosition {
   int64_t step = 0;
 };
 
+// One training step as Fit accounted for it (FitOptions::on_step).
+struct StepRecord {
+  int epoch = 0;
+  int64_t step = 0;    // steps taken in all, this one included
+  double loss = 0;
+  int64_t rows = 0;
+  double seconds = 0;  // since the step before it ended (or its epoch began)
+};
+
+struct EpochResult;
+
 struct FitOptions {
   int epochs = 3;
   int64_t batch_size = 64;
@@ -52,6 +63,10 @@ struct FitOptions {
   // Runs after every step with the position after it (a checkpoint);
   // an error stops the fit.
   std::function<absl::Status(const FitPosition&)> after_step;
+  // Called after every step (before after_step), and after every epoch's
+  // evaluation: what a run reports as it goes (TensorBoard event files).
+  std::function<void(const StepRecord&)> on_step;
+  std::function<void(const EpochResult&)> on_epoch;
   // With a step that can be started before the last one is waited for
   // (StartTrainStep), the next batch's step is started first, then the
   // last one waited for, so that no worker idles between batches; except

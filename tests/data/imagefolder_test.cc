@@ -24,6 +24,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "tests/support/master_runs.h"
 #include "tests/support/script_models.h"
 #include "tests/support/test_group.h"
 
@@ -302,11 +303,26 @@ TEST(ImageFolderMaster, TrainsLocallyAndOverWorkersAlikeAndNamesBadFiles) {
     args.insert(args.end(), common.begin(), common.end());
     return args;
   };
-  auto [local_code, local_out] = RunProgram(master({"--local", "--threads", "1", "--splits", "1"}), absl::Seconds(120));
+  const std::string tensorboard = TempPath("imagefolder_tensorboard");
+  auto [local_code, local_out] = RunProgram(
+      master({"--local", "--threads", "1", "--splits", "1", "--tensorboard", tensorboard}), absl::Seconds(120));
   ASSERT_EQ(local_code, 0) << local_out;
   EXPECT_THAT(local_out, HasSubstr(": 12 training and 4 test images of [3, 16, 16]"));
   const std::vector<double> local = EpochLosses(local_out);
   ASSERT_EQ(local.size(), 2u) << local_out;
+  // --tensorboard: 3 steps an epoch (12 images, batches of 4), numbered on
+  // across epochs, and each epoch's loss as printed (to its 4 decimals).
+  const auto steps = test_support::ScalarsIn(tensorboard, "step/loss");
+  ASSERT_EQ(steps.size(), 6u);
+  for (size_t i = 0; i < steps.size(); ++i) EXPECT_EQ(steps[i].step, static_cast<int64_t>(i + 1));
+  const auto epochs = test_support::ScalarsIn(tensorboard, "epoch/train_loss");
+  ASSERT_EQ(epochs.size(), 2u);
+  for (size_t e = 0; e < 2; ++e) {
+    EXPECT_EQ(epochs[e].step, static_cast<int64_t>(e + 1));
+    EXPECT_NEAR(epochs[e].value, local[e], 6e-5);
+    EXPECT_NEAR(epochs[e].value, (steps[3 * e].value + steps[3 * e + 1].value + steps[3 * e + 2].value) / 3, 1e-5);
+  }
+  EXPECT_EQ(test_support::ScalarsIn(tensorboard, "epoch/test_accuracy").size(), 2u);
 
   // Workers w1 and w2 of a master at `at`, one thread each.
   std::vector<std::unique_ptr<launch::Subprocess>> workers;

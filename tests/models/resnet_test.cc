@@ -80,11 +80,13 @@ const std::vector<std::string> kSmall = {"--batches", "2", "--batch-size", "8",
 TEST(Master, PipelineLossesMatchLocalTraining) {
   const std::string report = TempPath("pipeline.json"), local = TempPath("local.json");
   const std::string trace = TempPath("trace.json"), svg = TempPath("timeline.svg");
+  const std::string tensorboard = TempPath("tensorboard"), curves = TempPath("curves.svg");
   std::vector<std::string> args = kSmall;
   for (const char* a : {"--splits", "1,2"}) args.push_back(a);
   std::vector<std::string> pipeline_args = args;
   for (const std::string& a : {std::string("--report"), report, std::string("--trace"), trace,
-                               std::string("--timeline"), svg}) {
+                               std::string("--timeline"), svg, std::string("--tensorboard"), tensorboard,
+                               std::string("--curves"), curves}) {
     pipeline_args.push_back(a);
   }
   auto [code, out] = RunPipeline(2, pipeline_args);
@@ -114,6 +116,22 @@ TEST(Master, PipelineLossesMatchLocalTraining) {
   }
   // Training moved the model: the second batch's loss differs from the first's.
   EXPECT_GT(std::abs(l[0][1] - l[0][0]), 1e-3);
+
+  // --tensorboard: a directory per split count of the sweep, each batch's
+  // loss at steps 1 and 2 as the report has it; --curves: one line each.
+  for (size_t r = 0; r < 2; ++r) {
+    const auto losses = test_support::ScalarsIn(absl::StrCat(tensorboard, "/splits-", r + 1), "step/loss");
+    ASSERT_EQ(losses.size(), 2u) << "splits " << r + 1;
+    for (size_t b = 0; b < 2; ++b) {
+      EXPECT_EQ(losses[b].step, static_cast<int64_t>(b + 1));
+      EXPECT_FLOAT_EQ(losses[b].value, static_cast<float>(p[r][b]));
+    }
+  }
+  EXPECT_THAT(out, HasSubstr("tensorboard: " + tensorboard));
+  const std::string cs = ReadFile(curves);
+  EXPECT_THAT(cs, HasSubstr("splits=1"));
+  EXPECT_THAT(cs, HasSubstr("splits=2"));
+  EXPECT_THAT(cs, HasSubstr("<polyline"));
 
   // The trace has a track per worker and forward/backward slices per micro-batch.
   const std::string tj = ReadFile(trace);

@@ -1,6 +1,7 @@
 #include "tests/support/master_runs.h"
 
 #include <cmath>
+#include <filesystem>
 #include <memory>
 #include <regex>
 
@@ -79,6 +80,25 @@ std::vector<std::pair<double, double>> ReportEpochs(const std::string& json) {
   std::regex epoch("\"train_loss\": ([0-9.e+-]+), \"test_accuracy\": ([0-9.e+-]+)");
   for (auto it = std::sregex_iterator(json.begin(), json.end(), epoch); it != std::sregex_iterator(); ++it) {
     out.emplace_back(std::stod((*it)[1]), std::stod((*it)[2]));
+  }
+  return out;
+}
+
+std::vector<train::ScalarEvent> ScalarsIn(const std::string& dir, const std::string& tag) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    if (entry.path().filename().string().rfind("events.out.tfevents.", 0) == 0) files.push_back(entry.path());
+  }
+  EXPECT_EQ(files.size(), 1u) << "event files in " << dir;
+  if (files.size() != 1) return {};
+  auto all = train::ReadScalars(files[0]);
+  EXPECT_TRUE(all.ok()) << all.status();
+  std::vector<train::ScalarEvent> out;
+  if (all.ok()) {
+    for (const train::ScalarEvent& e : *all) {
+      if (e.tag == tag) out.push_back(e);
+    }
   }
   return out;
 }

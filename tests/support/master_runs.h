@@ -6,6 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include "train/events.h"
+
 namespace remora::test_support {
 
 // Losses of every run in a --report file, in order.
@@ -27,5 +29,9 @@ void ExpectSameLosses(const std::vector<double>& got, const std::vector<double>&
 
 // (train_loss, test_accuracy) per epoch in a report.
 std::vector<std::pair<double, double>> ReportEpochs(const std::string& json);
+
+// The scalars tagged `tag` of the one TensorBoard event file in `dir`
+// (master --tensorboard); a test failure when there is not exactly one.
+std::vector<train::ScalarEvent> ScalarsIn(const std::string& dir, const std::string& tag);
 
 }  // namespace remora::test_support

@@ -1,0 +1,129 @@
+// TensorBoard event files (train/events.h) and the curves' SVG
+// (train/curves.h), without a training run; the master's --tensorboard and
+// --curves are checked in tests/models/resnet_test.cc (batch runs) and
+// tests/data/imagefolder_test.cc (epochs).
+#include "train/events.h"
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/support/test_group.h"
+#include "train/curves.h"
+
+namespace remora::train {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+void Spit(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+TEST(Crc32c, MatchesTheCastagnoliCheckValueAndTFRecordsMask) {
+  EXPECT_EQ(Crc32c("123456789"), 0xe3069283u);  // the standard check value of CRC-32C
+  EXPECT_EQ(Crc32c(""), 0u);
+  const uint32_t c = Crc32c("123456789");
+  EXPECT_EQ(MaskedCrc32c("123456789"), ((c >> 15) | (c << 17)) + 0xa282ead8u);
+}
+
+TEST(EventWriter, WritesScalarsThatReadBackWithTheirStepsAndTheFileVersion) {
+  const std::string dir = TempPath("tensorboard_roundtrip");
+  std::filesystem::remove_all(dir);
+  std::string path;
+  {
+    auto writer = EventWriter::Open(dir + "/run");
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    path = (*writer)->path();
+    EXPECT_THAT(path, HasSubstr("/run/events.out.tfevents."));
+    for (int step = 1; step <= 3; ++step) {
+      ASSERT_TRUE((*writer)->AddScalar("step/loss", step, 1.0 / step, 1000.0 + step).ok());
+    }
+    ASSERT_TRUE((*writer)->AddScalar("epoch/test_accuracy", 1, 0.875).ok());
+  }  // closed: flushed
+  std::string version;
+  auto scalars = ReadScalars(path, &version);
+  ASSERT_TRUE(scalars.ok()) << scalars.status();
+  EXPECT_EQ(version, "brain.Event:2");
+  ASSERT_EQ(scalars->size(), 4u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ((*scalars)[i].tag, "step/loss");
+    EXPECT_EQ((*scalars)[i].step, i + 1);
+    EXPECT_FLOAT_EQ((*scalars)[i].value, 1.0f / (i + 1));
+    EXPECT_DOUBLE_EQ((*scalars)[i].wall_time, 1001.0 + i);
+  }
+  EXPECT_EQ((*scalars)[3].tag, "epoch/test_accuracy");
+  EXPECT_FLOAT_EQ((*scalars)[3].value, 0.875f);
+  // TFRecord's framing by hand: the first record's length, and its CRCs.
+  const std::string bytes = Slurp(path);
+  ASSERT_GT(bytes.size(), 16u);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t{static_cast<unsigned char>(bytes[i])} << (8 * i);
+  ASSERT_LE(12 + n + 4, bytes.size());
+  auto u32 = [&bytes](size_t at) {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; ++i) v |= uint32_t{static_cast<unsigned char>(bytes[at + i])} << (8 * i);
+    return v;
+  };
+  EXPECT_EQ(u32(8), MaskedCrc32c(bytes.substr(0, 8)));
+  EXPECT_EQ(u32(12 + n), MaskedCrc32c(bytes.substr(12, n)));
+  EXPECT_THAT(bytes.substr(12, n), HasSubstr("brain.Event:2"));
+}
+
+TEST(EventWriter, ACorruptOrCutFileIsDataLossNamingTheRecord) {
+  const std::string dir = TempPath("tensorboard_corrupt");
+  std::filesystem::remove_all(dir);
+  std::string path;
+  {
+    auto writer = EventWriter::Open(dir);
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    path = (*writer)->path();
+    ASSERT_TRUE((*writer)->AddScalar("step/loss", 1, 0.5).ok());
+  }
+  const std::string good = Slurp(path);
+  std::string flipped = good;
+  flipped[good.size() - 6] ^= 0x01;  // inside the last record's Event
+  Spit(path, flipped);
+  auto bad = ReadScalars(path);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("bad data CRC"));
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr(path));
+  Spit(path, good.substr(0, good.size() - 3));
+  auto cut = ReadScalars(path);
+  EXPECT_EQ(cut.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(cut.status().message()), HasSubstr("cut short"));
+}
+
+TEST(EventWriter, ADirectoryThatCannotBeMadeIsAnErrorNamingIt) {
+  const std::string file = TempPath("tensorboard_not_a_dir");
+  Spit(file, "x");
+  auto writer = EventWriter::Open(file + "/run");
+  ASSERT_FALSE(writer.ok());
+  EXPECT_THAT(std::string(writer.status().message()), HasSubstr(file + "/run"));
+}
+
+TEST(Curves, DrawsAPolylinePerSeriesWithItsLegendAndLeavesEmptyPanelsOut) {
+  Panel loss{"training loss", "step", {{"splits=1", {{1, 2.0}, {2, 1.5}, {3, 1.0}}}, {"splits=<2>", {{1, 2.1}}}}};
+  Panel accuracy{"test accuracy", "epoch", {{"", {}}}};
+  const std::string svg = CurvesSvg({loss, accuracy});
+  EXPECT_THAT(svg, HasSubstr("<svg"));
+  EXPECT_THAT(svg, HasSubstr("training loss"));
+  EXPECT_THAT(svg, ::testing::Not(HasSubstr("test accuracy")));
+  EXPECT_THAT(svg, HasSubstr("splits=&lt;2&gt;"));  // escaped
+  size_t polylines = 0;
+  for (size_t at = svg.find("<polyline"); at != std::string::npos; at = svg.find("<polyline", at + 1)) ++polylines;
+  EXPECT_EQ(polylines, 2u);
+  EXPECT_THAT(svg, HasSubstr("<circle"));  // the one-point series
+  EXPECT_THAT(CurvesSvg({}), HasSubstr("no training steps to draw"));
+}
+
+}  // namespace
+}  // namespace remora::train
