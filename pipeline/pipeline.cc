@@ -449,35 +449,34 @@ absl::StatusOr<double> Pipeline::forward_backward(const c10::IValue& inputs,
   ASSIGN_OR_RETURN(std::vector<c10::IValue> xs, SplitMicroBatches(inputs, m));
   ASSIGN_OR_RETURN(std::vector<c10::IValue> ts, SplitMicroBatches(targets, m));
   const double rows = static_cast<double>(total_rows);
-  const int64_t epoch = context_id;
   // Every worker learns its actions' order for this batch before any starts.
   std::vector<Future<c10::IValue>> told;
   for (size_t w = 0; w < workers_.size(); ++w) {
     told.push_back(agent_.rpc_async(workers_[w], "remora.pipeline.set_order",
-                                    {epoch, FlatOrder(schedule_.actions[w])}));
+                                    {context_id, FlatOrder(schedule_.actions[w])}));
   }
   for (size_t w = 0; w < told.size(); ++w) {
     if (auto r = told[w].wait(); !r.ok()) {
       return Annotate(r.status(), absl::StrCat("sending the schedule to worker '", workers_[w], "'"));
     }
   }
-  absl::StatusOr<double> loss = RunMicroBatches(xs, ts, rows, epoch);
-  if (!loss.ok()) AbandonOrder(epoch);
+  absl::StatusOr<double> loss = RunMicroBatches(xs, ts, rows, context_id);
+  if (!loss.ok()) AbandonOrder(context_id);
   return loss;
 }
 
-void Pipeline::AbandonOrder(int64_t epoch) {
+void Pipeline::AbandonOrder(int64_t context_id) {
   // Not waited for: a stalled or dead worker must not delay the error, and
   // one that cannot be told is the failure already being reported. (A late
   // message does nothing once a later batch's order is in place.)
   for (const std::string& w : workers_) {
-    agent_.rpc_async(w, "remora.pipeline.abandon_order", {epoch});
+    agent_.rpc_async(w, "remora.pipeline.abandon_order", {context_id});
   }
 }
 
 absl::StatusOr<double> Pipeline::RunMicroBatches(const std::vector<c10::IValue>& xs,
                                                  const std::vector<c10::IValue>& ts, double rows,
-                                                 int64_t epoch) {
+                                                 int64_t context_id) {
   const int m = schedule_.micro_batches;
   // Every micro-batch's forward pass starts at once; the workers run them
   // in their order. Stage k's output stays on its worker (an RRef) until
@@ -487,10 +486,10 @@ absl::StatusOr<double> Pipeline::RunMicroBatches(const std::vector<c10::IValue>&
   for (int i = 0; i < m; ++i) {
     c10::IValue y = agent_.local_rref(xs[i]);
     for (int s = 0; s + 1 < S; ++s) {
-      ASSIGN_OR_RETURN(RRef next, stages_[s].remote("forward", {y, int64_t{i}, epoch}));
+      ASSIGN_OR_RETURN(RRef next, stages_[s].remote("forward", {y, int64_t{i}, context_id}));
       y = next;
     }
-    outs.push_back(stages_[S - 1].rpc_async("forward", {y, int64_t{i}, epoch}));
+    outs.push_back(stages_[S - 1].rpc_async("forward", {y, int64_t{i}, context_id}));
   }
   double loss = 0;
   std::vector<Future<Empty>> backwards;
@@ -504,7 +503,7 @@ absl::StatusOr<double> Pipeline::RunMicroBatches(const std::vector<c10::IValue>&
           "the loss of micro-batch ", i, " (the last stage's output against the targets)"));
     }
     loss += l.item<double>();
-    backwards.push_back(dist_autograd::backward_async(agent_, epoch, {l}));
+    backwards.push_back(dist_autograd::backward_async(agent_, context_id, {l}));
   }
   for (auto& b : backwards) RETURN_IF_ERROR(b.wait().status());
   return loss;

@@ -321,11 +321,11 @@ class Pipeline {
   // forward_backward after the workers have the batch's order.
   absl::StatusOr<double> RunMicroBatches(const std::vector<c10::IValue>& xs,
                                          const std::vector<c10::IValue>& ts, double rows,
-                                         int64_t epoch);
+                                         int64_t context_id);
   // After a failed batch: tells every worker to serve what still waits for
   // the batch's order as it comes (actions after the failure never arrive,
   // and a forward pass queued behind one of them would wait for ever).
-  void AbandonOrder(int64_t epoch);
+  void AbandonOrder(int64_t context_id);
 
   Agent& agent_;
   const PipelineOptions options_;

@@ -271,7 +271,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
       batches_.erase(batches_.begin(), batches_.lower_bound(context));
       latest_ = context;
       std::vector<LaneAction> order = plan_->actions;
-      for (LaneAction& a : order) a.epoch = context;
+      for (LaneAction& a : order) a.context_id = context;
       // Under the lock, so that no push starts a forward pass before the
       // order is in place.
       ComputeTurn::SetOrder(context, std::move(order));

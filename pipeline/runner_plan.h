@@ -29,7 +29,7 @@ struct RunnerPlan {
   int64_t id = 0;
   std::vector<std::string> stage_workers;  // stage k's worker
   int micro_batches = 1;
-  std::vector<LaneAction> actions;         // this worker's order (epoch unset)
+  std::vector<LaneAction> actions;         // this worker's order (context_id unset)
   std::map<int64_t, LocalStage> stages;    // this worker's, by index
   LossFn loss;                             // empty unless the last stage is here
   std::optional<RRef> optimizer;           // this worker's LocalOptimizer

@@ -163,7 +163,7 @@ class Stage {
         worker_(std::move(worker)) {}
 
   // `turn_held`: the caller holds the forward action's compute turn.
-  c10::IValue Forward(const c10::IValue& arg, int64_t mb, int64_t epoch, c10::Device device,
+  c10::IValue Forward(const c10::IValue& arg, int64_t mb, int64_t context_id, c10::Device device,
                       bool train, bool turn_held = false) {
     try {
       c10::IValue x = MapTensors(ValueOrFetch(arg), [device](const at::Tensor& t) {
@@ -175,8 +175,8 @@ class Stage {
       std::optional<ComputeTurn> turn;
       if (turn_held) {
         // The step runner took the turn.
-      } else if (train && epoch >= 0) {
-        turn.emplace(LaneAction{epoch, index_, mb, /*backward=*/false});
+      } else if (train && context_id >= 0) {
+        turn.emplace(LaneAction{context_id, index_, mb, /*backward=*/false});
       } else {
         turn.emplace();
       }
@@ -188,7 +188,7 @@ class Stage {
       // (A TorchScript graph may hand out outputs that require grad even
       // with grad mode off.)
       if (!train) return MapTensors(y, [](const at::Tensor& t) { return t.detach(); });
-      const ActionMarkInfo mark{LaneAction{epoch, index_, mb, true}, trace_label_};
+      const ActionMarkInfo mark{LaneAction{context_id, index_, mb, true}, trace_label_};
       bool needs_grad = false;
       y = MapTensors(y, [&mark, &needs_grad](const at::Tensor& t) {
         needs_grad |= t.requires_grad();
@@ -196,7 +196,7 @@ class Stage {
       });
       // No gradient flows back here (a first stage without parameters): its
       // backward action will never come, and the order must not wait for it.
-      if (!needs_grad && epoch >= 0) ComputeTurn::Skip(mark.action);
+      if (!needs_grad && context_id >= 0) ComputeTurn::Skip(mark.action);
       tag.reset();
       if (metered) ActivationMeter::Get().Sample(index_);
       return y;
@@ -425,10 +425,10 @@ absl::StatusOr<LocalStage> LocalStage::Resolve(const RRef& rref) {
   return LocalStage(rref, object);
 }
 
-c10::IValue LocalStage::Forward(const c10::IValue& input, int64_t mb, int64_t epoch) const {
+c10::IValue LocalStage::Forward(const c10::IValue& input, int64_t mb, int64_t context_id) const {
   HostedStage* h = object_->get<HostedStage>();
   MutexLock lock(object_->mutex());
-  return h->stage->Forward(input, mb, epoch, h->device, /*train=*/true, /*turn_held=*/true);
+  return h->stage->Forward(input, mb, context_id, h->device, /*train=*/true, /*turn_held=*/true);
 }
 
 c10::IValue LocalStage::Eval(const c10::IValue& input, int64_t mb) const {
@@ -523,18 +523,18 @@ absl::Status RegisterFunctions(Registry& registry) {
   RETURN_IF_ERROR(RegisterDataFunctions(registry));
   RETURN_IF_ERROR(registry.RegisterFunction(
       "remora.pipeline.set_order", [](CallContext&, const Args& a) -> c10::IValue {
-        // (epoch, [stage, micro-batch, backward, stage, ...])
-        const int64_t epoch = a[0].toInt();
+        // (context_id, [stage, micro-batch, backward, stage, ...])
+        const int64_t context_id = a[0].toInt();
         const std::vector<int64_t> flat = a[1].toIntVector();
         if (flat.size() % 3 != 0) throw std::invalid_argument("set_order: a flat list of triples");
         std::vector<LaneAction> order;
         for (size_t i = 0; i < flat.size(); i += 3) {
-          order.push_back(LaneAction{epoch, flat[i], flat[i + 1], flat[i + 2] != 0});
+          order.push_back(LaneAction{context_id, flat[i], flat[i + 1], flat[i + 2] != 0});
         }
-        ComputeTurn::SetOrder(epoch, std::move(order));
+        ComputeTurn::SetOrder(context_id, std::move(order));
         return c10::IValue();
       }));
-  // (epoch): the batch failed; what waits for its order runs as it comes.
+  // (context_id): the batch failed; what waits for its order runs as it comes.
   return registry.RegisterFunction(
       "remora.pipeline.abandon_order", [](CallContext&, const Args& a) -> c10::IValue {
         ComputeTurn::Abandon(a[0].toInt());

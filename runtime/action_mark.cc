@@ -8,7 +8,7 @@ namespace {
 ActionMarkInfo InfoOf(const torch::autograd::AutogradContext& ctx) {
   const auto& data = ctx.saved_data;
   ActionMarkInfo info;
-  info.action.epoch = data.at("epoch").toInt();
+  info.action.context_id = data.at("context_id").toInt();
   info.action.stage = data.at("stage").toInt();
   info.action.micro_batch = data.at("mb").toInt();
   info.action.backward = true;
@@ -19,7 +19,7 @@ ActionMarkInfo InfoOf(const torch::autograd::AutogradContext& ctx) {
 struct ActionMarkFn : public torch::autograd::Function<ActionMarkFn> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::Tensor x,
                             const ActionMarkInfo& info) {
-    ctx->saved_data["epoch"] = info.action.epoch;
+    ctx->saved_data["context_id"] = info.action.context_id;
     ctx->saved_data["stage"] = info.action.stage;
     ctx->saved_data["mb"] = info.action.micro_batch;
     ctx->saved_data["label"] = info.stage;

@@ -34,14 +34,14 @@ struct Waiter {
   std::function<void(std::function<void()>)> post;
 };
 
-// The lane: one turn at a time; the epoch's order first, then arrival order.
+// The lane: one turn at a time; the context_id's order first, then arrival order.
 class Lane {
  public:
   // Queues `w` (keyed by `action` when it has one) and grants what can run.
   // Returns the async waiter to start, if the grant went to one.
   Waiter* Enqueue(Waiter* w, const LaneAction* action) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     w->ticket = next_ticket_++;
-    if (action != nullptr && action->epoch == epoch_) {
+    if (action != nullptr && action->context_id == context_id_) {
       auto it = index_.find(KeyOf(*action));
       if (it != index_.end() && it->second >= pos_ && !ordered_.contains(it->first)) {
         ordered_[it->first] = w;
@@ -58,8 +58,8 @@ class Lane {
     return Grant();
   }
 
-  bool WhenDone(int64_t epoch, std::function<void()> done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (epoch != epoch_) return false;
+  bool WhenDone(int64_t context_id, std::function<void()> done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (context_id != context_id_) return false;
     on_done_ = std::move(done);
     return true;
   }
@@ -72,7 +72,7 @@ class Lane {
     return std::exchange(on_done_, nullptr);
   }
 
-  Waiter* SetOrder(int64_t epoch, std::vector<LaneAction> order) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  Waiter* SetOrder(int64_t context_id, std::vector<LaneAction> order) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     on_done_ = nullptr;
     // Waiters of the old order become plain turns, in arrival order.
     std::vector<Waiter*> old;
@@ -88,18 +88,18 @@ class Lane {
     for (const LaneAction& a : order) {
       if (index_.try_emplace(KeyOf(a), order_.size()).second) order_.push_back(KeyOf(a));
     }
-    epoch_ = epoch;
+    context_id_ = context_id;
     pos_ = 0;
     return Grant();
   }
 
-  Waiter* Abandon(int64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (epoch != epoch_) return nullptr;
-    return SetOrder(epoch, {});  // an order of nothing: every arrival is plain
+  Waiter* Abandon(int64_t context_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (context_id != context_id_) return nullptr;
+    return SetOrder(context_id, {});  // an order of nothing: every arrival is plain
   }
 
   Waiter* Skip(const LaneAction& action) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (action.epoch != epoch_) return nullptr;
+    if (action.context_id != context_id_) return nullptr;
     auto it = index_.find(KeyOf(action));
     if (it == index_.end() || it->second < pos_) return nullptr;
     skipped_.insert(it->first);
@@ -138,7 +138,7 @@ class Lane {
   bool busy_ ABSL_GUARDED_BY(mu) = false;
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu) = 0;
   std::deque<Waiter*> plain_ ABSL_GUARDED_BY(mu);
-  int64_t epoch_ ABSL_GUARDED_BY(mu) = -1;
+  int64_t context_id_ ABSL_GUARDED_BY(mu) = -1;
   std::vector<Key> order_ ABSL_GUARDED_BY(mu);
   absl::flat_hash_map<Key, size_t> index_ ABSL_GUARDED_BY(mu);
   size_t pos_ ABSL_GUARDED_BY(mu) = 0;
@@ -245,34 +245,34 @@ void ComputeTurn::Skip(const LaneAction& action) {
   Start(start);
 }
 
-bool ComputeTurn::WhenOrderDone(int64_t epoch, std::function<void()> done) {
+bool ComputeTurn::WhenOrderDone(int64_t context_id, std::function<void()> done) {
   Lane& lane = TheLane();
   std::function<void()> now;
   {
     MutexLock lock(lane.mu);
-    if (!lane.WhenDone(epoch, std::move(done))) return false;
+    if (!lane.WhenDone(context_id, std::move(done))) return false;
     now = lane.TakeDone();
   }
   if (now) now();
   return true;
 }
 
-void ComputeTurn::Abandon(int64_t epoch) {
+void ComputeTurn::Abandon(int64_t context_id) {
   Lane& lane = TheLane();
   Waiter* start;
   {
     MutexLock lock(lane.mu);
-    start = lane.Abandon(epoch);
+    start = lane.Abandon(context_id);
   }
   Start(start);
 }
 
-void ComputeTurn::SetOrder(int64_t epoch, std::vector<LaneAction> order) {
+void ComputeTurn::SetOrder(int64_t context_id, std::vector<LaneAction> order) {
   Lane& lane = TheLane();
   Waiter* start;
   {
     MutexLock lock(lane.mu);
-    start = lane.SetOrder(epoch, std::move(order));
+    start = lane.SetOrder(context_id, std::move(order));
   }
   Start(start);
 }

@@ -12,15 +12,15 @@ namespace remora {
 
 // One action of a pipeline schedule as the lane sees it: the forward or
 // backward pass of micro-batch `micro_batch` through stage `stage`, in
-// batch `epoch` (the pipeline uses the batch's autograd context id).
+// batch `context_id` (the pipeline uses the batch's autograd context id).
 struct LaneAction {
-  int64_t epoch = -1;
+  int64_t context_id = -1;
   int64_t stage = -1;
   int64_t micro_batch = -1;
   bool backward = false;
 
   friend bool operator==(const LaneAction& a, const LaneAction& b) {
-    return a.epoch == b.epoch && a.stage == b.stage && a.micro_batch == b.micro_batch &&
+    return a.context_id == b.context_id && a.stage == b.stage && a.micro_batch == b.micro_batch &&
            a.backward == b.backward;
   }
   std::string ToString() const;  // e.g. "F3@stage1", "B0@stage2"
@@ -34,9 +34,9 @@ struct LaneAction {
 // ResNet50 step twice as slow).
 //
 // Plain turns are served first come, first served. Turns for a LaneAction
-// of the epoch set by SetOrder are served in that order: the lane is given
+// of the context set by SetOrder are served in that order: the lane is given
 // to the next action of the order as soon as it is waiting, and to plain
-// turns (and actions of other epochs, or not in the order) only while the
+// turns (and actions of other contexts, or not in the order) only while the
 // next action of the order has not arrived. That is how a worker runs its
 // stages' forward and backward passes exactly in its schedule's order,
 // whatever order the requests arrive in. Never hold a turn while waiting on
@@ -60,27 +60,27 @@ class ComputeTurn {
   static void RunInTurn(const LaneAction& action, std::function<void()> run,
                         const std::function<void(std::function<void()>)>& post);
 
-  // Makes `order` the order of `epoch`'s actions in this process, from its
-  // first. Actions of earlier epochs that still wait are served as plain
+  // Makes `order` the order of `context_id`'s actions in this process, from its
+  // first. Actions of earlier contexts that still wait are served as plain
   // turns from then on (a failed batch cannot hold the lane).
-  static void SetOrder(int64_t epoch, std::vector<LaneAction> order);
+  static void SetOrder(int64_t context_id, std::vector<LaneAction> order);
 
   // Counts `action` (of the current order) as done without running it: a
   // backward pass that will never come, because the forward pass's outputs
   // need no gradient (a first stage without parameters). Later actions of
   // the order do not wait for it.
   static void Skip(const LaneAction& action);
-  // Gives up `epoch`'s order (its batch failed, so some of its actions
+  // Gives up `context_id`'s order (its batch failed, so some of its actions
   // will never come): the actions of the order still waiting, and those
-  // of `epoch` that arrive later, are served as plain turns. Does nothing
-  // when another epoch's order is the current one.
-  static void Abandon(int64_t epoch);
+  // of `context_id` that arrive later, are served as plain turns. Does nothing
+  // when another context's order is the current one.
+  static void Abandon(int64_t context_id);
   // Calls `done` (on the thread that ends the order's last action, under no
-  // lock; it must not block) once every action of `epoch`'s order has run
+  // lock; it must not block) once every action of `context_id`'s order has run
   // or been skipped, at once when that is so already. Returns false, and
-  // never calls `done`, when `epoch`'s order is not the current one; a
+  // never calls `done`, when `context_id`'s order is not the current one; a
   // later SetOrder or Abandon drops `done` uncalled.
-  static bool WhenOrderDone(int64_t epoch, std::function<void()> done);
+  static bool WhenOrderDone(int64_t context_id, std::function<void()> done);
   // Turns held or waited for right now in this process (tests, diagnostics).
   static int64_t Queued();
 

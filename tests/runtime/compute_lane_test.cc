@@ -120,8 +120,8 @@ void WaitQueued(int64_t n) {
   ASSERT_EQ(ComputeTurn::Queued(), n);
 }
 
-LaneAction F(int64_t epoch, int64_t mb) { return LaneAction{epoch, 0, mb, false}; }
-LaneAction B(int64_t epoch, int64_t mb) { return LaneAction{epoch, 0, mb, true}; }
+LaneAction F(int64_t context_id, int64_t mb) { return LaneAction{context_id, 0, mb, false}; }
+LaneAction B(int64_t context_id, int64_t mb) { return LaneAction{context_id, 0, mb, true}; }
 
 TEST(ComputeTurn, ActionsRunInTheirOrderWhateverOrderTheyArriveIn) {
   ComputeTurn::SetOrder(1, {F(1, 0), F(1, 1), B(1, 0), F(1, 2), B(1, 1), B(1, 2)});
@@ -153,7 +153,7 @@ TEST(ComputeTurn, PlainTurnsRunWhileTheNextActionHasNotArrived) {
     r.Plain("plain");
     r.Drive(1);
     EXPECT_THAT(r.order(), ::testing::ElementsAre("plain"));
-    r.Sync(LaneAction{99, 0, 0, false});  // another epoch's: a plain turn
+    r.Sync(LaneAction{99, 0, 0, false});  // another context's: a plain turn
     r.Drive(2);
     r.Sync(F(2, 0));
     r.Drive(4);
@@ -202,7 +202,7 @@ TEST(ComputeTurn, AnAbandonedOrderServesItsWaitersAndLaterArrivalsAsPlainTurns) 
     r.Drive(1);
     r.Sync(F(6, 1));  // waits for B0, which a failed batch never sends
     WaitQueued(1);
-    ComputeTurn::Abandon(99);  // another epoch's: nothing happens
+    ComputeTurn::Abandon(99);  // another context's: nothing happens
     ComputeTurn::Abandon(5);
     EXPECT_THAT(r.order(), ::testing::ElementsAre("F0@stage0"));
     WaitQueued(1);
