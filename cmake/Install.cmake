@@ -6,7 +6,7 @@
 #   target_link_libraries(app PRIVATE remora::pipeline remora::examples)
 #
 # Targets (remora::<folder>): base proto runtime data channel rpc autograd
-# optim pipeline parallel checkpoint ps models launch examples (examples: what the stock worker
+# optim pipeline parallel checkpoint ps shards launch examples (examples: what the stock worker
 # registers, RegisterStockWorker). The public headers (listed below) keep
 # their folders under include/remora (#include "pipeline/pipeline.h"). The
 # package finds the same dependencies (LibTorch, gRPC, protobuf, Abseil,
@@ -16,7 +16,7 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(REMORA_INSTALL_LIBRARIES base proto runtime data channel rpc autograd optim pipeline parallel checkpoint ps models
+set(REMORA_INSTALL_LIBRARIES base proto runtime data channel rpc autograd optim pipeline parallel checkpoint ps shards
     launch_env launch train examples)
 set(_remora_install_targets)
 foreach(name ${REMORA_INSTALL_LIBRARIES})
@@ -45,7 +45,7 @@ set(REMORA_PUBLIC_HEADERS
     parallel/data_parallel.h parallel/process_group.h
     checkpoint/checkpoint.h
     ps/parameter_server.h ps/shards.h
-    models/cnn.h models/mlp.h models/resnet.h
+    shards/cnn.h shards/mlp.h shards/resnet.h
     launch/cli.h launch/cluster_env.h launch/local_group.h launch/program_path.h launch/worker_main.h
     train/curves.h train/events.h
     examples/builtins.h)

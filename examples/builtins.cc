@@ -15,9 +15,9 @@
 #include "autograd/dist_autograd.h"
 #include "base/status_util.h"
 #include "checkpoint/checkpoint.h"
-#include "models/cnn.h"
-#include "models/mlp.h"
-#include "models/resnet.h"
+#include "shards/cnn.h"
+#include "shards/mlp.h"
+#include "shards/resnet.h"
 #include "optim/distributed_optimizer.h"
 #include "parallel/gradient_group.h"
 #include "pipeline/stage.h"
@@ -142,24 +142,24 @@ absl::Status RegisterStockStageTypes() {
   static const absl::Status status = [] {
     RETURN_IF_ERROR(pipeline::RegisterStageModule<torch::nn::SequentialImpl>(
         "MLPStage", [](const std::vector<c10::IValue>& a, c10::Device) {
-          models::MLPStageOptions o;
+          shards::MLPStageOptions o;
           o.in = a.at(0).toInt();
           o.out = a.at(1).toInt();
           o.seed = a.size() > 2 ? a[2].toInt() : 0;
           o.relu = a.size() > 3 ? a[3].toBool() : true;
           o.batchnorm = a.size() > 4 ? a[4].toBool() : false;
           if (o.in <= 0 || o.out <= 0) throw std::invalid_argument("MLPStage: sizes must be positive");
-          return models::MakeMLPStage(o).ptr();
+          return shards::MakeMLPStage(o).ptr();
         }));
-    RETURN_IF_ERROR(pipeline::RegisterStageModule<models::SmallCnnImpl>(
+    RETURN_IF_ERROR(pipeline::RegisterStageModule<shards::SmallCnnImpl>(
         "SmallCnn", [](const std::vector<c10::IValue>& a, c10::Device) {
-          return std::make_shared<models::SmallCnnImpl>(static_cast<int>(a.at(0).toInt()),
+          return std::make_shared<shards::SmallCnnImpl>(static_cast<int>(a.at(0).toInt()),
                                                         static_cast<int>(a.at(1).toInt()),
                                                         a.size() > 2 ? a[2].toInt() : 0);
         }));
-    return pipeline::RegisterStageModule<models::ResNetShardImpl>(
+    return pipeline::RegisterStageModule<shards::ResNetShardImpl>(
         "ResNetShard", [](const std::vector<c10::IValue>& a, c10::Device device) {
-          return std::make_shared<models::ResNetShardImpl>(
+          return std::make_shared<shards::ResNetShardImpl>(
               static_cast<int>(a.at(0).toInt()), static_cast<int>(a.at(1).toInt()),
               a.size() > 2 ? a[2].toInt() : 0, device);
         });
@@ -169,8 +169,8 @@ absl::Status RegisterStockStageTypes() {
 
 absl::Status RegisterStockWorker(Registry& registry) {
   RETURN_IF_ERROR(RegisterBuiltins(registry));
-  RETURN_IF_ERROR(models::RegisterMLP(registry));
-  RETURN_IF_ERROR(models::RegisterResNet(registry));
+  RETURN_IF_ERROR(shards::RegisterMLP(registry));
+  RETURN_IF_ERROR(shards::RegisterResNet(registry));
   RETURN_IF_ERROR(dist_autograd::RegisterFunctions(registry));
   RETURN_IF_ERROR(optim::RegisterFunctions(registry));
   RETURN_IF_ERROR(pipeline::RegisterFunctions(registry));

@@ -13,8 +13,8 @@
 #include "channel/devices.h"
 #include "checkpoint/checkpoint.h"
 #include "data/datasets.h"
-#include "models/cnn.h"
-#include "models/resnet.h"
+#include "shards/cnn.h"
+#include "shards/resnet.h"
 #include "parallel/process_group.h"
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
@@ -127,8 +127,8 @@ absl::Status CheckWorkers(const Flags& f, const Config& c, bool ps_mode, bool cu
                             c.workers.size(), " stages"));
   }
   if (!ps_mode && TrainsSmallCnn(c) &&
-      c.workers.size() > static_cast<size_t>(models::kSmallCnnBlocks)) {
-    return Bad(absl::StrCat("--dataset's small CNN has ", models::kSmallCnnBlocks,
+      c.workers.size() > static_cast<size_t>(shards::kSmallCnnBlocks)) {
+    return Bad(absl::StrCat("--dataset's small CNN has ", shards::kSmallCnnBlocks,
                             " blocks: give at most that many --workers"));
   }
   if (c.partition == "tutorial" && (!c.model.empty() || c.workers.size() != 2)) {
@@ -136,7 +136,7 @@ absl::Status CheckWorkers(const Flags& f, const Config& c, bool ps_mode, bool cu
   }
   if (cut && !ps_mode) {
     // The cut's counts and split points.
-    const int layers = c.sequential ? c.sequential->num_layers() : models::kResNetBlocks;
+    const int layers = c.sequential ? c.sequential->num_layers() : shards::kResNetBlocks;
     if (auto s = StagesPerWorker(c, layers); !s.ok()) return Bad(std::string(s.status().message()));
   }
   return launch::CheckAddress(c.listen, "--listen");

@@ -43,8 +43,8 @@
 #include "runtime/threads.h"
 #include "runtime/trace.h"
 #include "examples/builtins.h"
-#include "models/cnn.h"
-#include "models/resnet.h"
+#include "shards/cnn.h"
+#include "shards/resnet.h"
 
 namespace remora::master {
 
@@ -90,12 +90,12 @@ absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const Config&
   std::vector<std::unique_ptr<pipeline::StageModule>> stages;
   try {
     if (TrainsSmallCnn(c)) {
-      auto cnn = std::make_shared<models::SmallCnnImpl>(0, models::kSmallCnnBlocks, c.seed);
+      auto cnn = std::make_shared<shards::SmallCnnImpl>(0, shards::kSmallCnnBlocks, c.seed);
       cnn->to(device);
       stages.push_back(pipeline::WrapModule(std::move(cnn)));
     } else if (c.model.empty()) {
       stages.push_back(pipeline::WrapModule(
-          std::make_shared<models::ResNetShardImpl>(0, models::kResNetBlocks, c.seed, device)));
+          std::make_shared<shards::ResNetShardImpl>(0, shards::kResNetBlocks, c.seed, device)));
     }
   } catch (...) {
     return StatusFromCurrentException("building the model");
@@ -187,7 +187,7 @@ std::vector<pipeline::StageSpec> SmallCnnStages(const Config& c) {
   const int n = static_cast<int>(c.workers.size());
   std::vector<pipeline::StageSpec> out;
   for (int k = 0; k < n; ++k) {
-    const int64_t first = models::kSmallCnnBlocks * k / n, last = models::kSmallCnnBlocks * (k + 1) / n;
+    const int64_t first = shards::kSmallCnnBlocks * k / n, last = shards::kSmallCnnBlocks * (k + 1) / n;
     out.push_back(pipeline::StageSpec::Registered("SmallCnn", {first, last, int64_t{c.seed}}));
   }
   return out;
@@ -425,7 +425,7 @@ absl::StatusOr<Run> TrainLocal(const Config& c, int splits) {
 }
 
 std::vector<int> SplitPoints(const Config& c) {
-  if (c.model.empty() && c.partition == "tutorial") return {models::TutorialSplit()[1]};
+  if (c.model.empty() && c.partition == "tutorial") return {shards::TutorialSplit()[1]};
   return c.split_at;
 }
 
@@ -459,7 +459,7 @@ absl::StatusOr<int> StagesPerWorker(const Config& c, int num_layers) {
 absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, const Config& c) {
   const pipeline::SequentialModel model =
       c.sequential ? *c.sequential
-                   : pipeline::SequentialModel::Registered("ResNetShard", models::kResNetBlocks,
+                   : pipeline::SequentialModel::Registered("ResNetShard", shards::kResNetBlocks,
                                                            {int64_t{c.seed}});
   pipeline::PartitionOptions p;
   p.split_at = SplitPoints(c);

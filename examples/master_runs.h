@@ -21,7 +21,7 @@
 #include "runtime/trace.h"
 #include "data/datasets.h"
 #include "data/source.h"
-#include "models/resnet.h"
+#include "shards/resnet.h"
 #include "optim/distributed_optimizer.h"
 #include "examples/timeline.h"
 #include "pipeline/fit.h"

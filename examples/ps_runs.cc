@@ -12,8 +12,8 @@
 #include "absl/strings/str_join.h"
 #include "base/status_util.h"
 #include "checkpoint/checkpoint.h"
-#include "models/cnn.h"
-#include "models/resnet.h"
+#include "shards/cnn.h"
+#include "shards/resnet.h"
 #include "pipeline/fit.h"
 #include "ps/parameter_server.h"
 #include "runtime/trace.h"
@@ -154,10 +154,10 @@ std::string CheckPsFlags(const Config& c, const PsFlags& p, bool ps_mode, bool s
 std::vector<pipeline::StageSpec> PsStages(const Config& c) {
   if (!c.model.empty()) return c.scripts;
   if (TrainsSmallCnn(c)) {
-    return {pipeline::StageSpec::Registered("SmallCnn", {int64_t{0}, int64_t{models::kSmallCnnBlocks},
+    return {pipeline::StageSpec::Registered("SmallCnn", {int64_t{0}, int64_t{shards::kSmallCnnBlocks},
                                                          int64_t{c.seed}})};
   }
-  return {pipeline::StageSpec::Registered("ResNetShard", {int64_t{0}, int64_t{models::kResNetBlocks},
+  return {pipeline::StageSpec::Registered("ResNetShard", {int64_t{0}, int64_t{shards::kResNetBlocks},
                                                           int64_t{c.seed}})};
 }
 

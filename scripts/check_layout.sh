@@ -19,7 +19,7 @@ LAYERS=("base proto"
         "pipeline"
         "parallel checkpoint"
         "ps"
-        "models launch train"
+        "shards launch train"
         "examples"
         "tests")
 MAX_LINES=700

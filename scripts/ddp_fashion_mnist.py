@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch DDP's side of remora's data-parallel comparison (docs/measurements.md).
 
-Trains the small CNN of `master --dataset fashion-mnist` (models/cnn.cc: conv
+Trains the small CNN of `master --dataset fashion-mnist` (shards/cnn.cc: conv
 32, pool, conv 64, pool, linear 128, linear 10) with DistributedDataParallel
 over Gloo, 2 ranks of one intra-op thread each, on the same recipe as
 

@@ -16,7 +16,7 @@
 #include "autograd/dist_autograd.h"
 #include "launch/local_group.h"
 #include "optim/distributed_optimizer.h"
-#include "models/mlp.h"
+#include "shards/mlp.h"
 #include "tests/support/test_functions.h"
 #include "tests/support/test_group.h"
 
@@ -31,8 +31,8 @@ double RelativeError(const at::Tensor& a, const at::Tensor& b) {
   return (a - b).abs().max().item<double>() / scale;
 }
 
-models::MLPStageOptions Stage(int64_t in, int64_t out, int64_t seed, bool relu, bool bn = false) {
-  models::MLPStageOptions o;
+shards::MLPStageOptions Stage(int64_t in, int64_t out, int64_t seed, bool relu, bool bn = false) {
+  shards::MLPStageOptions o;
   o.in = in;
   o.out = out;
   o.seed = seed;
@@ -41,7 +41,7 @@ models::MLPStageOptions Stage(int64_t in, int64_t out, int64_t seed, bool relu, 
   return o;
 }
 
-RRef RemoteStage(Agent& agent, const std::string& worker, const models::MLPStageOptions& o) {
+RRef RemoteStage(Agent& agent, const std::string& worker, const shards::MLPStageOptions& o) {
   return agent
       .remote(worker, "MLPStage", {o.in, o.out, o.seed, o.relu, o.batchnorm})
       .value();
@@ -99,7 +99,7 @@ TEST(DistAutograd, GradientsFlowThroughRRefsAndToHere) {
   RRef s1 = RemoteStage(g.master(), "w1", o1);
   RRef s2 = RemoteStage(g.master(), "w2", o2);
   at::Tensor x = at::randn({5, 4});
-  auto local1 = models::MakeMLPStage(o1), local2 = models::MakeMLPStage(o2);
+  auto local1 = shards::MakeMLPStage(o1), local2 = shards::MakeMLPStage(o2);
   local2->forward(local1->forward(x)).sum().backward();
 
   dist_autograd::Context context(g.master());
@@ -134,7 +134,7 @@ TEST(DistAutograd, ConcurrentMicroBatchesSumTheirGradients) {
   const auto o1 = Stage(6, 5, 21, true), o2 = Stage(5, 3, 22, false);
   RRef s1 = RemoteStage(g.master(), "w1", o1);
   RRef s2 = RemoteStage(g.master(), "w2", o2);
-  auto local1 = models::MakeMLPStage(o1), local2 = models::MakeMLPStage(o2);
+  auto local1 = shards::MakeMLPStage(o1), local2 = shards::MakeMLPStage(o2);
   std::vector<at::Tensor> xs;
   for (int i = 0; i < 6; ++i) xs.push_back(at::randn({3, 6}));
   for (const auto& x : xs) local2->forward(local1->forward(x)).pow(2).sum().backward();
@@ -217,7 +217,7 @@ void ExpectParity(const ParityCase& c) {
   const auto o1 = Stage(8, 16, 31, true, c.batchnorm), o2 = Stage(16, 4, 32, false);
 
   // Reference: one process, LibTorch's optimizer, the same micro-batching.
-  auto local1 = models::MakeMLPStage(o1), local2 = models::MakeMLPStage(o2);
+  auto local1 = shards::MakeMLPStage(o1), local2 = shards::MakeMLPStage(o2);
   std::vector<at::Tensor> local_params = local1->parameters();
   for (const auto& p : local2->parameters()) local_params.push_back(p);
   std::unique_ptr<torch::optim::Optimizer> local_opt;
@@ -285,7 +285,7 @@ void ExpectParity(const ParityCase& c) {
     }
     auto remote_state1 = s1.rpc_sync("state").value().toTensorVector();
     auto remote_state2 = s2.rpc_sync("state").value().toTensorVector();
-    auto local_state1 = models::ModuleState(*local1), local_state2 = models::ModuleState(*local2);
+    auto local_state1 = shards::ModuleState(*local1), local_state2 = shards::ModuleState(*local2);
     ASSERT_EQ(remote_state1.size(), local_state1.size());
     ASSERT_EQ(remote_state2.size(), local_state2.size());
     for (size_t i = 0; i < local_state1.size(); ++i) {
@@ -295,7 +295,7 @@ void ExpectParity(const ParityCase& c) {
       EXPECT_LT(RelativeError(remote_state2[i], local_state2[i]), 1e-5) << "stage 2 tensor " << i;
     }
     // Training moved the weights (the comparison is not trivially equal).
-    EXPECT_GT(RelativeError(local_state1[0], models::ModuleState(*models::MakeMLPStage(o1))[0]),
+    EXPECT_GT(RelativeError(local_state1[0], shards::ModuleState(*shards::MakeMLPStage(o1))[0]),
               1e-3);
     for (const char* w : {"worker1", "worker2"}) {
       EXPECT_EQ(master.rpc_sync(w, "remora.autograd.num_contexts").value().toInt(), 0) << w;

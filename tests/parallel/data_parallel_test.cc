@@ -17,7 +17,7 @@
 
 #include "absl/time/clock.h"
 #include "channel/devices.h"
-#include "models/mlp.h"
+#include "shards/mlp.h"
 #include "optim/distributed_optimizer.h"
 #include "parallel/process_group.h"
 #include "tests/support/pipeline_fixtures.h"
@@ -68,7 +68,7 @@ using test_support::Mlp;
 using test_support::RelativeError;
 using Workers = test_support::TestWorkers;
 
-pipeline::StageSpec Spec(const models::MLPStageOptions& o) { return test_support::MlpSpec(o); }
+pipeline::StageSpec Spec(const shards::MLPStageOptions& o) { return test_support::MlpSpec(o); }
 
 std::vector<std::pair<at::Tensor, at::Tensor>> Data(int steps, int rows, int in, int out) {
   return test_support::RandomBatches(steps, rows, in, out);
@@ -88,7 +88,7 @@ DataParallelOptions TwoPlainReplicas() {
 // with one process: losses, every replica's parameters, replicas equal.
 // `device`: the stages' (default: the workers' home device).
 void ExpectParity(Agent& master, const std::vector<std::string>& workers, int replicas,
-                  const std::vector<models::MLPStageOptions>& stages, const std::string& schedule,
+                  const std::vector<shards::MLPStageOptions>& stages, const std::string& schedule,
                   bool overlap, const std::string& device = "", double tolerance = 1e-5) {
   SCOPED_TRACE(absl::StrCat(schedule, ", ", replicas, " replicas over ", workers.size(),
                             " workers, overlap ", overlap));
@@ -139,8 +139,8 @@ TEST(DataParallel, HybridAndPlainMatchOneProcessUnderEverySchedule) {
   if (!HaveGloo()) GTEST_SKIP() << "built without Gloo";
   Workers workers(4);
   const std::vector<std::string> four = {"w1", "w2", "w3", "w4"};
-  const std::vector<models::MLPStageOptions> two = {Mlp(6, 16, 1), Mlp(16, 3, 2, false)};
-  const std::vector<models::MLPStageOptions> four_stages = {Mlp(6, 16, 1), Mlp(16, 16, 2),
+  const std::vector<shards::MLPStageOptions> two = {Mlp(6, 16, 1), Mlp(16, 3, 2, false)};
+  const std::vector<shards::MLPStageOptions> four_stages = {Mlp(6, 16, 1), Mlp(16, 16, 2),
                                                             Mlp(16, 16, 3), Mlp(16, 3, 4, false)};
   ExpectParity(workers.master(), four, 2, two, "gpipe", true);
   ExpectParity(workers.master(), four, 2, two, "1f1b", true);
@@ -250,7 +250,7 @@ TEST(DataParallel, AStepSendsOneCallPerWorkerAndNoPerStepRounds) {
   Workers workers(4);
   struct Case {
     std::vector<std::string> workers;
-    std::vector<models::MLPStageOptions> stages;
+    std::vector<shards::MLPStageOptions> stages;
     int m;
   };
   const std::vector<Case> cases = {

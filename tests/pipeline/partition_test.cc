@@ -14,7 +14,7 @@
 #include <torch/csrc/jit/api/module.h>
 #include <torch/optim/sgd.h>
 
-#include "models/cnn.h"
+#include "shards/cnn.h"
 #include "tests/support/pipeline_fixtures.h"
 #include "tests/support/script_models.h"
 
@@ -187,12 +187,12 @@ TEST(Partition, MeasuredAndExplicitCutsTrainLikeOneProcess) {
   PartitionOptions cnn;
   cnn.sample = at::randn({2, 1, 28, 28});
   auto cnn_cut = Partition(workers.master(),
-                           SequentialModel::Registered("SmallCnn", models::kSmallCnnBlocks, {int64_t{5}}),
+                           SequentialModel::Registered("SmallCnn", shards::kSmallCnnBlocks, {int64_t{5}}),
                            {"w1", "w2"}, cnn);
   ASSERT_TRUE(cnn_cut.ok()) << cnn_cut.status();
   ASSERT_EQ(cnn_cut->stages.size(), 2u);
   EXPECT_EQ(cnn_cut->stages[0].args[0].toInt(), 0);
-  EXPECT_EQ(cnn_cut->stages[1].args[1].toInt(), models::kSmallCnnBlocks);
+  EXPECT_EQ(cnn_cut->stages[1].args[1].toInt(), shards::kSmallCnnBlocks);
   EXPECT_EQ(cnn_cut->stages[0].args[1].toInt(), cnn_cut->stages[1].args[0].toInt());
   EXPECT_EQ(cnn_cut->stages[1].args[2].toInt(), 5);
 }

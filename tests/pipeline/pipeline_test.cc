@@ -27,8 +27,8 @@
 #include "absl/time/clock.h"
 #include "autograd/dist_autograd.h"
 #include "data/source.h"
-#include "models/cnn.h"
-#include "models/mlp.h"
+#include "shards/cnn.h"
+#include "shards/mlp.h"
 #include "tests/support/pipeline_fixtures.h"
 #include "tests/support/script_models.h"
 #include "tests/support/test_group.h"
@@ -40,7 +40,7 @@ using test_support::Mlp;
 using test_support::RelativeError;
 using Workers = test_support::TestWorkers;
 
-StageSpec Spec(const models::MLPStageOptions& o) { return test_support::MlpSpec(o); }
+StageSpec Spec(const shards::MLPStageOptions& o) { return test_support::MlpSpec(o); }
 
 std::vector<std::pair<at::Tensor, at::Tensor>> Data(int steps, int rows, int in, int out) {
   return test_support::RandomBatches(steps, rows, in, out);
@@ -50,7 +50,7 @@ TEST(Pipeline, RegisteredStagesMatchOneProcessUnderEverySchedule) {
   Workers workers;
   struct Case {
     std::string schedule;
-    std::vector<models::MLPStageOptions> stages;
+    std::vector<shards::MLPStageOptions> stages;
   };
   const std::vector<Case> cases = {
       {"gpipe", {Mlp(8, 16, 1), Mlp(16, 4, 2, false)}},
@@ -91,7 +91,7 @@ TEST(Pipeline, RegisteredStagesMatchOneProcessUnderEverySchedule) {
     }
     // Training moved the weights: the comparison is not trivially equal.
     EXPECT_GT(RelativeError(local.state[0][0],
-                            models::ModuleState(*models::MakeMLPStage(c.stages[0]))[0]),
+                            shards::ModuleState(*shards::MakeMLPStage(c.stages[0]))[0]),
               1e-3);
   }
   for (const char* w : {"w1", "w2"}) {
@@ -235,7 +235,7 @@ TEST(Pipeline, OneFOneBBoundsSavedActivationsAndGPipeDoesNot) {
 TEST(Pipeline, AStepSendsOneCallPerWorkerAndOnePushEachWayPerBoundary) {
   Workers workers;
   struct Case {
-    std::vector<models::MLPStageOptions> stages;
+    std::vector<shards::MLPStageOptions> stages;
     int m;
     std::string schedule;
   };
@@ -301,8 +301,8 @@ TEST(Pipeline, RowsReadOnStageZerosWorkerTrainAsBatchesSentByTheMaster) {
     SCOPED_TRACE(absl::StrCat(c.stages, " stages, ", c.m, " micro-batches"));
     PipelineOptions o;
     for (int k = 0; k < c.stages; ++k) {
-      const int64_t first = models::kSmallCnnBlocks * k / c.stages;
-      const int64_t last = models::kSmallCnnBlocks * (k + 1) / c.stages;
+      const int64_t first = shards::kSmallCnnBlocks * k / c.stages;
+      const int64_t last = shards::kSmallCnnBlocks * (k + 1) / c.stages;
       o.stages.push_back(StageSpec::Registered("SmallCnn", {first, last, int64_t{3}}));
     }
     o.workers = {"w1", "w2"};
@@ -477,7 +477,7 @@ TEST(Pipeline, EvalCorrectCountsOnTheLastStagesWorker) {
 // batch started before it has ended there.
 TEST(Pipeline, StepsStartedAheadTrainAsStepsRunOneByOne) {
   Workers workers;
-  const std::vector<models::MLPStageOptions> stages = {Mlp(8, 16, 1), Mlp(16, 12, 2), Mlp(12, 16, 3),
+  const std::vector<shards::MLPStageOptions> stages = {Mlp(8, 16, 1), Mlp(16, 12, 2), Mlp(12, 16, 3),
                                                        Mlp(16, 4, 4, false)};
   const auto data = Data(4, 12, 8, 4);
   const test_support::LocalRun local = test_support::TrainMlpLocally(stages, data);

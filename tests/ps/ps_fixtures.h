@@ -23,7 +23,7 @@ namespace remora::ps_fixtures {
 
 inline const std::string kBin = BinDir();
 
-inline const std::vector<models::MLPStageOptions> kStages = {test_support::Mlp(8, 16, 1),
+inline const std::vector<shards::MLPStageOptions> kStages = {test_support::Mlp(8, 16, 1),
                                                              test_support::Mlp(16, 4, 2, /*relu=*/false)};
 
 inline ps::PsOptions MlpServer(const std::vector<std::string>& workers, int backup = 0) {

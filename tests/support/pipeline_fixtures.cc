@@ -35,8 +35,8 @@ TestWorkers::~TestWorkers() {
   }
 }
 
-models::MLPStageOptions Mlp(int64_t in, int64_t out, int64_t seed, bool relu) {
-  models::MLPStageOptions o;
+shards::MLPStageOptions Mlp(int64_t in, int64_t out, int64_t seed, bool relu) {
+  shards::MLPStageOptions o;
   o.in = in;
   o.out = out;
   o.seed = seed;
@@ -44,7 +44,7 @@ models::MLPStageOptions Mlp(int64_t in, int64_t out, int64_t seed, bool relu) {
   return o;
 }
 
-pipeline::StageSpec MlpSpec(const models::MLPStageOptions& o) {
+pipeline::StageSpec MlpSpec(const shards::MLPStageOptions& o) {
   return pipeline::StageSpec::Registered("MLPStage", {o.in, o.out, o.seed, o.relu});
 }
 
@@ -63,12 +63,12 @@ double RelativeError(const at::Tensor& a, const at::Tensor& b) {
   return (a - b).abs().max().item<double>() / scale;
 }
 
-LocalRun TrainMlpLocally(const std::vector<models::MLPStageOptions>& stages,
+LocalRun TrainMlpLocally(const std::vector<shards::MLPStageOptions>& stages,
                          const std::vector<std::pair<at::Tensor, at::Tensor>>& data) {
   std::vector<torch::nn::Sequential> local;
   std::vector<at::Tensor> params;
   for (const auto& s : stages) {
-    local.push_back(models::MakeMLPStage(s));
+    local.push_back(shards::MakeMLPStage(s));
     for (const auto& p : local.back()->parameters()) params.push_back(p);
   }
   torch::optim::SGD opt(params, torch::optim::SGDOptions(0.05).momentum(0.9));
@@ -82,7 +82,7 @@ LocalRun TrainMlpLocally(const std::vector<models::MLPStageOptions>& stages,
     opt.step();
     run.losses.push_back(l.item<double>());
   }
-  for (auto& m : local) run.state.push_back(models::ModuleState(*m));
+  for (auto& m : local) run.state.push_back(shards::ModuleState(*m));
   return run;
 }
 

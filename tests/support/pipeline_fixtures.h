@@ -10,7 +10,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "launch/local_group.h"
-#include "models/mlp.h"
+#include "shards/mlp.h"
 #include "pipeline/pipeline.h"
 
 namespace remora::test_support {
@@ -39,8 +39,8 @@ class TestWorkers {
   bool clean_ = true;
 };
 
-models::MLPStageOptions Mlp(int64_t in, int64_t out, int64_t seed, bool relu = true);
-pipeline::StageSpec MlpSpec(const models::MLPStageOptions& o);  // "MLPStage"
+shards::MLPStageOptions Mlp(int64_t in, int64_t out, int64_t seed, bool relu = true);
+pipeline::StageSpec MlpSpec(const shards::MLPStageOptions& o);  // "MLPStage"
 
 // `steps` (inputs [rows, in], targets [rows, out]) pairs, seeded.
 std::vector<std::pair<at::Tensor, at::Tensor>> RandomBatches(int steps, int rows, int in, int out);
@@ -55,7 +55,7 @@ struct LocalRun {
   std::vector<double> losses;
   std::vector<std::vector<at::Tensor>> state;
 };
-LocalRun TrainMlpLocally(const std::vector<models::MLPStageOptions>& stages,
+LocalRun TrainMlpLocally(const std::vector<shards::MLPStageOptions>& stages,
                          const std::vector<std::pair<at::Tensor, at::Tensor>>& data);
 
 // A learnable toy IDX dataset in `dir` (master --dataset idx:DIR): class c

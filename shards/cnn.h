@@ -17,7 +17,7 @@
 
 #include <torch/nn/module.h>
 
-namespace remora::models {
+namespace remora::shards {
 
 inline constexpr int kSmallCnnBlocks = 4;
 
@@ -31,4 +31,4 @@ class SmallCnnImpl : public torch::nn::Module {
   std::vector<std::function<at::Tensor(const at::Tensor&)>> forwards_;
 };
 
-}  // namespace remora::models
+}  // namespace remora::shards

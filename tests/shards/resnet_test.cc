@@ -21,7 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "launch/cli.h"
-#include "models/resnet.h"
+#include "shards/resnet.h"
 #include "parallel/process_group.h"
 #include "pipeline/schedule.h"
 #include "tests/support/pipeline_fixtures.h"
@@ -49,15 +49,15 @@ int64_t NumParameters(torch::nn::Module& m) {
 }
 
 TEST(ResNet, HasTorchvisionsParameterCount) {
-  models::ResNetShardImpl full(0, models::kResNetBlocks, 0);
+  shards::ResNetShardImpl full(0, shards::kResNetBlocks, 0);
   EXPECT_EQ(NumParameters(full), 25557032);
   at::Tensor out = full.forward(at::randn({2, 3, 64, 64}));
   EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 1000}));
 }
 
 TEST(ResNet, ShardsEqualTheSameBlocksOfTheFullModel) {
-  models::ResNetShardImpl full(0, models::kResNetBlocks, 3);
-  models::ResNetShardImpl a(0, 8, 3), b(8, models::kResNetBlocks, 3);
+  shards::ResNetShardImpl full(0, shards::kResNetBlocks, 3);
+  shards::ResNetShardImpl a(0, 8, 3), b(8, shards::kResNetBlocks, 3);
   EXPECT_EQ(NumParameters(a) + NumParameters(b), NumParameters(full));
   auto fp = full.parameters();
   auto ap = a.parameters(), bp = b.parameters();
@@ -66,12 +66,12 @@ TEST(ResNet, ShardsEqualTheSameBlocksOfTheFullModel) {
   for (size_t i = 0; i < fp.size(); ++i) EXPECT_TRUE(at::equal(ap[i], fp[i])) << i;
   at::Tensor x = at::randn({2, 3, 32, 32});
   EXPECT_TRUE(at::allclose(b.forward(a.forward(x)), full.forward(x), 1e-5, 1e-6));
-  EXPECT_THROW(models::ResNetShardImpl(5, 5, 0), std::invalid_argument);
-  EXPECT_THROW(models::ResNetShardImpl(0, 19, 0), std::invalid_argument);
+  EXPECT_THROW(shards::ResNetShardImpl(5, 5, 0), std::invalid_argument);
+  EXPECT_THROW(shards::ResNetShardImpl(0, 19, 0), std::invalid_argument);
 }
 
 TEST(ResNet, TutorialSplitIsTorchvisions) {
-  EXPECT_EQ(models::TutorialSplit(), (std::vector<int>{0, 8, 18}));
+  EXPECT_EQ(shards::TutorialSplit(), (std::vector<int>{0, 8, 18}));
 }
 
 const std::vector<std::string> kSmall = {"--batches", "2", "--batch-size", "8",

@@ -1,4 +1,4 @@
-#include "models/resnet.h"
+#include "shards/resnet.h"
 
 #include <algorithm>
 #include <cmath>
@@ -19,9 +19,9 @@
 #include "rpc/rref_args.h"
 #include "runtime/compute_lane.h"
 #include "runtime/trace.h"
-#include "models/mlp.h"
+#include "shards/mlp.h"
 
-namespace remora::models {
+namespace remora::shards {
 namespace {
 
 namespace nn = torch::nn;
@@ -209,4 +209,4 @@ absl::Status RegisterResNet(Registry& registry) {
         }}});
 }
 
-}  // namespace remora::models
+}  // namespace remora::shards

@@ -31,7 +31,7 @@
 
 #include "rpc/registry.h"
 
-namespace remora::models {
+namespace remora::shards {
 
 inline constexpr int kResNetBlocks = 18;
 
@@ -60,4 +60,4 @@ std::vector<int> TutorialSplit();
 
 absl::Status RegisterResNet(Registry& registry);
 
-}  // namespace remora::models
+}  // namespace remora::shards

@@ -11,7 +11,7 @@
 
 #include "rpc/registry.h"
 
-namespace remora::models {
+namespace remora::shards {
 
 struct MLPStageOptions {
   int64_t in = 1;
@@ -33,4 +33,4 @@ absl::Status RegisterMLP(Registry& registry);
 // module's "parameter_rrefs" method).
 c10::IValue ParameterRRefs(CallContext& ctx, torch::nn::Module& module);
 
-}  // namespace remora::models
+}  // namespace remora::shards

@@ -1,4 +1,4 @@
-#include "models/mlp.h"
+#include "shards/mlp.h"
 
 #include <cmath>
 
@@ -13,7 +13,7 @@
 #include "rpc/rref_args.h"
 #include "runtime/compute_lane.h"
 
-namespace remora::models {
+namespace remora::shards {
 
 torch::nn::Sequential MakeMLPStage(const MLPStageOptions& o) {
   torch::nn::Linear linear(o.in, o.out);
@@ -81,4 +81,4 @@ absl::Status RegisterMLP(Registry& registry) {
   return absl::OkStatus();
 }
 
-}  // namespace remora::models
+}  // namespace remora::shards

@@ -1,4 +1,4 @@
-#include "models/cnn.h"
+#include "shards/cnn.h"
 
 #include <cmath>
 #include <stdexcept>
@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace remora::models {
+namespace remora::shards {
 namespace {
 
 // LibTorch's default init for conv and linear layers (U(-1/sqrt(fan_in),
@@ -71,4 +71,4 @@ at::Tensor SmallCnnImpl::forward(at::Tensor x) {
   return x;
 }
 
-}  // namespace remora::models
+}  // namespace remora::shards
