@@ -135,21 +135,18 @@ absl::Status Checkpointer::Save(pipeline::Pipeline& pipe, const std::vector<pipe
                                       {absl::StrCat(dir, "/", file), indices, rrefs,
                                        OptimizerOf(pipe, workers[i])}));
   }
+  absl::StatusOr<std::vector<c10::IValue>> written = WaitAll(pending, [&workers](size_t i) {
+    return absl::StrCat("saving shard ", i, " on worker '", workers[i], "'");
+  });
+  RETURN_IF_ERROR(Annotate(written.status(), absl::StrCat("checkpoint of step ", state.step, " in ", dir,
+                                                          " (the previous checkpoint is still the latest)")));
   int64_t total = 0;
-  absl::Status status;
-  for (size_t i = 0; i < pending.size(); ++i) {
-    auto written = pending[i].wait();
-    if (!written.ok()) {
-      status.Update(Annotate(written.status(), absl::StrCat("saving shard ", i, " on worker '", workers[i], "'")));
-      continue;
-    }
-    const auto& t = written->toTupleRef().elements();
+  for (size_t i = 0; i < written->size(); ++i) {
+    const auto& t = (*written)[i].toTupleRef().elements();
     m.mutable_shards(static_cast<int>(i))->set_bytes(t[0].toInt());
     m.mutable_shards(static_cast<int>(i))->set_crc32(t[1].toStringRef());
     total += t[0].toInt();
   }
-  RETURN_IF_ERROR(Annotate(status, absl::StrCat("checkpoint of step ", state.step, " in ", dir,
-                                                " (the previous checkpoint is still the latest)")));
   RETURN_IF_ERROR(WriteModel(stages, static_cast<int>(workers.size()), dir, &m));
   // The commit: the manifest, last.
   RETURN_IF_ERROR(CommitManifest(m, dir));
@@ -255,12 +252,9 @@ absl::Status Restore(pipeline::Pipeline& pipe, const Checkpoint& ck) {
         {absl::StrCat(ck.dir, "/", shard.file), shard.bytes, shard.crc32, indices, rrefs,
          OptimizerOf(pipe, workers[i])}));
   }
-  absl::Status status;
-  for (size_t i = 0; i < pending.size(); ++i) {
-    status.Update(Annotate(pending[i].wait().status(),
-                           absl::StrCat("restoring shard ", i, " on worker '", workers[i], "'")));
-  }
-  RETURN_IF_ERROR(status);
+  RETURN_IF_ERROR(WaitAll(pending, [&workers](size_t i) {
+                    return absl::StrCat("restoring shard ", i, " on worker '", workers[i], "'");
+                  }).status());
   const std::string& rng = m.master_rng;
   at::Tensor state = at::empty({static_cast<int64_t>(rng.size())}, at::kByte);
   std::memcpy(state.data_ptr(), rng.data(), rng.size());

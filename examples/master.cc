@@ -224,11 +224,11 @@ absl::Status WriteOutputs(const std::vector<Run>& runs, const Config& c) {
     std::cout << "report: " << c.report << "\n";
   }
   if (!c.trace.empty()) {
-    if (auto s = launch::WriteChromeTrace(c.trace, tracks, runs.back().slices); !s.ok()) return s;
+    if (auto s = examples::WriteChromeTrace(c.trace, tracks, runs.back().slices); !s.ok()) return s;
     std::cout << "trace: " << c.trace << " (open in https://ui.perfetto.dev or chrome://tracing)\n";
   }
   if (!c.timeline.empty()) {
-    if (auto s = launch::WriteTimelineSvg(c.timeline, tracks, runs.back().slices, runs.back().splits); !s.ok()) {
+    if (auto s = examples::WriteTimelineSvg(c.timeline, tracks, runs.back().slices, runs.back().splits); !s.ok()) {
       return s;
     }
     std::cout << "timeline: " << c.timeline << "\n";

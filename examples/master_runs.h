@@ -176,7 +176,7 @@ struct Run {
   std::vector<StageMemory> stage_memory;
   std::vector<int64_t> optimizer_state_bytes;  // per replica; pipeline runs only
   std::vector<pipeline::EpochResult> epochs;   // --dataset runs
-  std::vector<launch::TimelineSlice> slices;
+  std::vector<examples::TimelineSlice> slices;
   // Requests sent per batch by the master and the workers together, by
   // kind (pipeline::Pipeline::sent_messages), over the batches after the
   // first; empty when not measured (one batch).

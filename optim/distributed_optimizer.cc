@@ -237,20 +237,18 @@ absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Crea
 absl::StatusOr<int64_t> DistributedOptimizer::state_bytes() const {
   std::vector<Future<c10::IValue>> pending;
   for (const RRef& opt : optimizers_) pending.push_back(opt.rpc_async("state_bytes"));
+  ASSIGN_OR_RETURN(std::vector<c10::IValue> values, WaitAll(pending));
   int64_t bytes = 0;
-  for (auto& p : pending) {
-    ASSIGN_OR_RETURN(c10::IValue v, p.wait());
-    bytes += v.toInt();
-  }
+  for (const c10::IValue& v : values) bytes += v.toInt();
   return bytes;
 }
 
 absl::Status DistributedOptimizer::step(int64_t context_id) {
   std::vector<Future<c10::IValue>> steps;
   for (const RRef& opt : optimizers_) steps.push_back(opt.rpc_async("step", {context_id}));
-  absl::Status status;
-  for (auto& s : steps) status.Update(s.wait().status());
-  return status;
+  return WaitAll(steps, [this](size_t i) {
+           return absl::StrCat("stepping the optimizer on worker '", optimizers_[i].owner_name(), "'");
+         }).status();
 }
 
 absl::StatusOr<std::vector<RRef>> parameter_rrefs(const RRef& module) {

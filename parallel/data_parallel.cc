@@ -44,21 +44,19 @@ absl::Status DataParallelPipeline::CallGroups(
     const std::vector<Member>& members, int replica, const std::string& method,
     const std::function<std::vector<c10::IValue>(const Member&)>& args_of, const std::string& what,
     std::vector<c10::IValue>* values) {
-  std::vector<std::pair<const Member*, Future<c10::IValue>>> pending;
+  std::vector<const Member*> called;
+  std::vector<Future<c10::IValue>> pending;
   for (const Member& m : members) {
     if (replica < 0 || m.replica == replica) {
-      pending.emplace_back(&m, m.group.rpc_async(method, args_of(m)));
+      called.push_back(&m);
+      pending.push_back(m.group.rpc_async(method, args_of(m)));
     }
   }
-  absl::Status first;
-  for (auto& [m, reply] : pending) {
-    auto r = reply.wait();
-    if (!r.ok() && first.ok()) {
-      first = Annotate(r.status(), absl::StrCat(what, " on worker '", m->worker, "'"));
-    }
-    if (r.ok() && values != nullptr) values->push_back(*r);
-  }
-  return first;
+  ASSIGN_OR_RETURN(std::vector<c10::IValue> replies, WaitAll(pending, [&](size_t i) {
+                     return absl::StrCat(what, " on worker '", called[i]->worker, "'");
+                   }));
+  if (values != nullptr) values->insert(values->end(), replies.begin(), replies.end());
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Create(

@@ -26,4 +26,10 @@ absl::StatusOr<c10::IValue> MergeMicroBatches(const std::vector<c10::IValue>& pa
 // Rows (dimension 0) of the first tensor in `value`; -1 when none.
 int64_t BatchRows(const c10::IValue& value);
 
+// The weight of a part of a batch (a micro-batch, a replica's or a worker's
+// share) of `rows` rows in the batch's mean loss over `total_rows`: the
+// part's mean loss times this, summed over the parts, is the whole batch's
+// mean loss, also when the parts differ in size. Every mode weights by it.
+inline double RowsShare(int64_t rows, double total_rows) { return static_cast<double>(rows) / total_rows; }
+
 }  // namespace remora::pipeline

@@ -326,15 +326,11 @@ absl::StatusOr<std::vector<std::vector<double>>> MeasureLayers(
                                       {kinds, names, payloads, in, int64_t{repeats}},
                                       CallOptions{absl::Minutes(10)}));
   }
+  ASSIGN_OR_RETURN(std::vector<c10::IValue> costs, WaitAll(pending, [&](size_t w) {
+                     return absl::StrCat("measuring the layers of ", model.label(), " on worker '", workers[w], "'");
+                   }));
   std::vector<std::vector<double>> out;
-  for (size_t w = 0; w < workers.size(); ++w) {
-    auto costs = pending[w].wait();
-    if (!costs.ok()) {
-      return Annotate(costs.status(), absl::StrCat("measuring the layers of ", model.label(),
-                                                   " on worker '", workers[w], "'"));
-    }
-    out.push_back(costs->toDoubleVector());
-  }
+  for (const c10::IValue& c : costs) out.push_back(c.toDoubleVector());
   return out;
 }
 

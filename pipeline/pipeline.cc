@@ -108,12 +108,8 @@ absl::Status SeedWorkers(Agent& agent, const std::vector<std::string>& workers, 
     seeded.push_back(agent.rpc_async(workers[i], "remora.pipeline.seed",
                                      {static_cast<int64_t>(s & 0x7fffffffffffffffull)}));
   }
-  for (size_t i = 0; i < seeded.size(); ++i) {
-    if (auto r = seeded[i].wait(); !r.ok()) {
-      return Annotate(r.status(), absl::StrCat("seeding worker '", workers[i], "'"));
-    }
-  }
-  return absl::OkStatus();
+  return WaitAll(seeded, [&workers](size_t i) { return absl::StrCat("seeding worker '", workers[i], "'"); })
+      .status();
 }
 
 absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(Agent& agent, PipelineOptions o) {
@@ -202,11 +198,9 @@ absl::Status Pipeline::MakeRunners() {
                                      FlatOrder(schedule_.actions[w]),
                                      mine, options_.loss.name(), optimizer}));
   }
-  for (int w = 0; w < n; ++w) {
-    if (auto r = made[w].wait(); !r.ok()) {
-      return Annotate(r.status(), absl::StrCat("starting the step runner on worker '", workers_[w], "'"));
-    }
-  }
+  RETURN_IF_ERROR(WaitAll(made, [this](size_t w) {
+                    return absl::StrCat("starting the step runner on worker '", workers_[w], "'");
+                  }).status());
   runner_id_ = id;
   return absl::OkStatus();
 }
@@ -455,11 +449,9 @@ absl::StatusOr<double> Pipeline::forward_backward(const c10::IValue& inputs,
     told.push_back(agent_.rpc_async(workers_[w], "remora.pipeline.set_order",
                                     {context_id, FlatOrder(schedule_.actions[w])}));
   }
-  for (size_t w = 0; w < told.size(); ++w) {
-    if (auto r = told[w].wait(); !r.ok()) {
-      return Annotate(r.status(), absl::StrCat("sending the schedule to worker '", workers_[w], "'"));
-    }
-  }
+  RETURN_IF_ERROR(WaitAll(told, [this](size_t w) {
+                    return absl::StrCat("sending the schedule to worker '", workers_[w], "'");
+                  }).status());
   absl::StatusOr<double> loss = RunMicroBatches(xs, ts, rows, context_id);
   if (!loss.ok()) AbandonOrder(context_id);
   return loss;
@@ -497,7 +489,7 @@ absl::StatusOr<double> Pipeline::RunMicroBatches(const std::vector<c10::IValue>&
     ASSIGN_OR_RETURN(c10::IValue out, outs[i].wait());
     at::Tensor l;
     try {
-      l = options_.loss(out, ts[i]) * (static_cast<double>(BatchRows(xs[i])) / rows);
+      l = options_.loss(out, ts[i]) * RowsShare(BatchRows(xs[i]), rows);
     } catch (...) {
       return StatusFromCurrentException(absl::StrCat(
           "the loss of micro-batch ", i, " (the last stage's output against the targets)"));
@@ -581,11 +573,9 @@ absl::StatusOr<c10::IValue> Pipeline::eval_step(const c10::IValue& inputs) {
 absl::StatusOr<std::vector<int64_t>> Pipeline::peak_activation_bytes(bool reset) {
   std::vector<Future<c10::IValue>> pending;
   for (const RRef& s : stages_) pending.push_back(s.rpc_async("activation_bytes", {reset}));
+  ASSIGN_OR_RETURN(std::vector<c10::IValue> values, WaitAll(pending));
   std::vector<int64_t> out;
-  for (auto& f : pending) {
-    ASSIGN_OR_RETURN(c10::IValue v, f.wait());
-    out.push_back(v.toInt());
-  }
+  for (const c10::IValue& v : values) out.push_back(v.toInt());
   return out;
 }
 
@@ -595,12 +585,11 @@ absl::StatusOr<std::map<std::string, int64_t>> SentMessages(Agent& agent,
   std::vector<Future<c10::IValue>> asked;
   for (const std::string& w : workers) asked.push_back(agent.rpc_async(w, kAsk));
   std::map<std::string, int64_t> total = agent.sent_messages();
-  for (size_t w = 0; w < asked.size(); ++w) {
-    auto r = asked[w].wait();
-    if (!r.ok()) {
-      return Annotate(r.status(), absl::StrCat("counting the messages of worker '", workers[w], "'"));
-    }
-    for (const auto& entry : r->toGenericDict()) {
+  ASSIGN_OR_RETURN(std::vector<c10::IValue> counts, WaitAll(asked, [&workers](size_t w) {
+                     return absl::StrCat("counting the messages of worker '", workers[w], "'");
+                   }));
+  for (const c10::IValue& count : counts) {
+    for (const auto& entry : count.toGenericDict()) {
       total[entry.key().toStringRef()] += entry.value().toInt();
     }
   }

@@ -311,7 +311,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
                             std::vector<double>* weights) const {
     ASSIGN_OR_RETURN(*ts, SplitMicroBatches(ToDevice(targets, plan_->stages.at(num_stages() - 1).device()),
                                             plan_->micro_batches));
-    for (const c10::IValue& t : *ts) weights->push_back(static_cast<double>(BatchRows(t)) / total_rows);
+    for (const c10::IValue& t : *ts) weights->push_back(RowsShare(BatchRows(t), total_rows));
     return absl::OkStatus();
   }
 

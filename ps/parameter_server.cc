@@ -77,13 +77,11 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(Agent& 
   }
   std::vector<Future<c10::IValue>> shapes;
   for (int i = 0; i < n; ++i) shapes.push_back(slots[i].replica.rpc_async("shapes"));
+  ASSIGN_OR_RETURN(std::vector<c10::IValue> got, WaitAll(shapes, [&options](size_t i) {
+                     return absl::StrCat("parameter server: building the replica on worker '", options.workers[i], "'");
+                   }));
   for (int i = 0; i < n; ++i) {
-    auto got = shapes[i].wait();
-    if (!got.ok()) {
-      return Annotate(got.status(), absl::StrCat("parameter server: building the replica on worker '",
-                                                 options.workers[i], "'"));
-    }
-    const auto list = got->toListRef();
+    const auto list = got[i].toListRef();
     bool same = list.size() == params.size();
     for (size_t j = 0; same && j < list.size(); ++j) same = list[j].toIntVector() == params[j].sizes().vec();
     if (!same) {

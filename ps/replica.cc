@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_util.h"
+#include "pipeline/microbatch.h"
 #include "pipeline/stage.h"
 #include "ps/shards.h"
 #include "rpc/agent.h"
@@ -107,10 +108,10 @@ std::pair<std::vector<at::Tensor>, double> Gradients(Replica& r, const std::vect
   }
   const c10::Device device = r.params[0].device();
   c10::IValue out = inputs.to(device);
-  const double rows = static_cast<double>(inputs.size(0));
   for (auto& stage : r.stages) stage->Train(true);
   for (auto& stage : r.stages) out = stage->Forward(out);
-  at::Tensor loss = r.loss(out, targets.to(device)) * (rows / static_cast<double>(total_rows));
+  at::Tensor loss =
+      r.loss(out, targets.to(device)) * pipeline::RowsShare(inputs.size(0), static_cast<double>(total_rows));
   loss.backward();
   std::vector<at::Tensor> grads;
   for (at::Tensor& p : r.params) {

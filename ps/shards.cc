@@ -279,21 +279,11 @@ absl::StatusOr<std::vector<c10::IValue>> ShardSet::CallAll(const std::string& me
   for (size_t k = 0; k < shards_.size(); ++k) {
     calls.push_back(shards_[k].rpc_async(method, args.empty() ? std::vector<c10::IValue>{} : args[k], options));
   }
-  std::vector<c10::IValue> out;
-  absl::Status first;
-  for (size_t k = 0; k < calls.size(); ++k) {
-    auto r = calls[k].wait();
-    if (r.ok()) {
-      out.push_back(*r);
-    } else if (first.ok()) {
-      first = Annotate(r.status(), absl::StrCat("parameter server '", placement_[k].server, "' (shard ", k,
-                                                ") failed ", what, "; its parameters live there only, so the "
-                                                "job cannot go on: restart it and resume from the last "
-                                                "checkpoint"));
-    }
-  }
-  if (!first.ok()) return first;
-  return out;
+  return WaitAll(calls, [&](size_t k) {
+    return absl::StrCat("parameter server '", placement_[k].server, "' (shard ", k, ") failed ", what,
+                        "; its parameters live there only, so the job cannot go on: restart it and resume "
+                        "from the last checkpoint");
+  });
 }
 
 absl::Status ShardSet::Apply(int64_t round, const std::vector<std::string>& workers, double scale) {

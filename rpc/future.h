@@ -14,6 +14,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -24,6 +25,7 @@
 #include "absl/time/time.h"
 #include "absl/types/optional.h"
 #include "base/mutex_lock.h"
+#include "base/status_util.h"
 #include "rpc/thread_pool.h"
 
 namespace remora {
@@ -174,6 +176,28 @@ Future<Empty> WhenAll(const std::vector<Future<T>>& futures,
     });
   }
   return all;
+}
+
+// Fan-out's other half: waits for every future in `futures` — all of them,
+// also after one failed, so that no call is left running — and returns
+// their values in order, or the error of the first (in order) that failed,
+// prefixed by `what(i)` when given (e.g. "saving shard 1 on worker 'w2'").
+template <typename T>
+absl::StatusOr<std::vector<T>> WaitAll(const std::vector<Future<T>>& futures,
+                                       const std::function<std::string(size_t)>& what = nullptr) {
+  std::vector<T> values;
+  values.reserve(futures.size());
+  absl::Status first;
+  for (size_t i = 0; i < futures.size(); ++i) {
+    absl::StatusOr<T> r = futures[i].wait();
+    if (!r.ok()) {
+      if (first.ok()) first = what ? Annotate(r.status(), what(i)) : r.status();
+    } else if (first.ok()) {
+      values.push_back(*std::move(r));
+    }
+  }
+  if (!first.ok()) return first;
+  return values;
 }
 
 }  // namespace remora
