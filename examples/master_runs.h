@@ -150,6 +150,8 @@ struct RunLog {
 
  private:
   void Add(const std::string& tag, int64_t step, double value);
+  // Says a failed write once on stderr.
+  void Warn(const absl::Status& s);
   bool warned_ = false;
 };
 // The run's log, its events in --tensorboard's DIR (DIR/splits-N when

@@ -19,11 +19,13 @@ absl::StatusOr<std::shared_ptr<RunLog>> OpenRunLog(const Config& c, int splits) 
 
 void RunLog::Add(const std::string& tag, int64_t step, double value) {
   if (events == nullptr) return;
-  absl::Status s = events->AddScalar(tag, step, value);
-  if (!s.ok() && !warned_) {
-    std::fprintf(stderr, "master: --tensorboard: %s (training goes on)\n", std::string(s.message()).c_str());
-    warned_ = true;
-  }
+  Warn(events->AddScalar(tag, step, value));
+}
+
+void RunLog::Warn(const absl::Status& s) {
+  if (s.ok() || warned_) return;
+  std::fprintf(stderr, "master: --tensorboard: %s (training goes on)\n", std::string(s.message()).c_str());
+  warned_ = true;
 }
 
 void RunLog::Step(int64_t step, double loss, int64_t rows, double seconds) {
@@ -38,12 +40,7 @@ void RunLog::Epoch(const pipeline::EpochResult& e) {
   Add("epoch/train_loss", e.epoch, e.train_loss);
   Add("epoch/test_accuracy", e.epoch, e.test_accuracy);
   if (e.seconds > 0) Add("epoch/images_per_second", e.epoch, e.trained / e.seconds);
-  if (events != nullptr) {
-    if (absl::Status s = events->Flush(); !s.ok() && !warned_) {
-      std::fprintf(stderr, "master: --tensorboard: %s (training goes on)\n", std::string(s.message()).c_str());
-      warned_ = true;
-    }
-  }
+  if (events != nullptr) Warn(events->Flush());
 }
 
 void ReportTo(std::shared_ptr<RunLog> log, pipeline::FitOptions& f) {
