@@ -1,0 +1,105 @@
+#include "train/fit.h"
+
+#include <chrono>
+#include <filesystem>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/status_util.h"
+
+namespace remora::train {
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+checkpoint::TrainingState StateAt(const pipeline::FitPosition& p) {
+  return {p.step, p.epoch, p.batch, p.loss_sum, p.images, {}};
+}
+
+}  // namespace
+
+absl::Status Checkpoints::Prepare() const {
+  if (!active()) return absl::OkStatus();
+  std::error_code ec;
+  std::filesystem::create_directories(target_.dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot make the checkpoint directory ", target_.dir,
+                                                      ": ", ec.message(), " (give a writable --checkpoint-dir)"));
+  }
+  if (target_.keep < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoints: keep is ", target_.keep, "; keep at least 1"));
+  }
+  return absl::OkStatus();
+}
+
+bool Checkpoints::Due(int64_t step, bool final) const {
+  if (!active()) return false;
+  return final || (every_ > 0 && step % every_ == 0);
+}
+
+absl::Status Checkpoints::MaybeSave(Trainer& trainer, const checkpoint::TrainingState& state, bool final,
+                                    std::ostream& out) const {
+  if (!Due(state.step, final)) return absl::OkStatus();
+  const double t0 = Now();
+  ASSIGN_OR_RETURN(Saved saved, trainer.Save(target_, state, final));
+  out << absl::StrFormat("checkpoint: step %d in %s (%.1f MiB, %.2f s%s)\n", state.step, saved.dir,
+                         saved.bytes / 1048576.0, Now() - t0, final ? ", final" : "")
+      << std::flush;
+  return absl::OkStatus();
+}
+
+absl::Status Resume(Trainer& trainer, const checkpoint::Checkpoint& ck,
+                    const checkpoint::RunIdentity& identity, std::ostream& out) {
+  if (!identity.model.empty()) RETURN_IF_ERROR(checkpoint::CheckMatches(ck, identity));
+  const double t0 = Now();
+  const absl::StatusOr<int64_t> bytes = trainer.Load(ck);
+  if (!bytes.ok()) return Annotate(bytes.status(), absl::StrCat("resuming from ", ck.dir));
+  const checkpoint::TrainingState s = ck.state();
+  out << "resumed from " << ck.dir << ": step " << s.step;
+  if (s.epoch > 0) out << ", epoch " << s.epoch << " after batch " << s.batch;
+  out << absl::StrFormat(" (%.1f MiB loaded in %.2f s)\n", *bytes / 1048576.0, Now() - t0) << std::flush;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<pipeline::EpochResult>> Fit(Trainer& trainer, const data::Source& train,
+                                                       const data::Source& test, const TrainOptions& o,
+                                                       std::ostream& out) {
+  pipeline::FitOptions f = o.fit;
+  const Checkpoints checkpoints(o.checkpoints, o.checkpoint_every);
+  RETURN_IF_ERROR(checkpoints.Prepare());
+  pipeline::FitPosition last;
+  if (o.resume) {
+    RETURN_IF_ERROR(Resume(trainer, *o.resume, o.checkpoints.identity, out));
+    const checkpoint::TrainingState s = o.resume->state();
+    f.start = pipeline::FitPosition{s.epoch, s.batch, s.epoch_loss_sum, s.epoch_images, s.step};
+    last = f.start;
+  }
+  f.after_step = [&](const pipeline::FitPosition& p) {
+    last = p;
+    return checkpoints.MaybeSave(trainer, StateAt(p), /*final=*/false, out);
+  };
+  // A step that saves must not have the next one started before it.
+  f.settle_after = [&checkpoints](int64_t step) { return checkpoints.Due(step, false); };
+  std::vector<pipeline::EpochResult> epochs;
+  if (RowsSteps* rows = trainer.rows()) {
+    ASSIGN_OR_RETURN(
+        epochs, pipeline::FitRows([rows](const at::Tensor& r, int e) { return rows->StartRowsStep(r, e); },
+                                  train.size(),
+                                  [rows](const at::Tensor& r) { return rows->CountCorrectRows(r); },
+                                  test.size(), [rows] { return rows->skipped(); }, f, out));
+  } else {
+    ASSIGN_OR_RETURN(
+        epochs,
+        pipeline::Fit([&trainer](const at::Tensor& x, const at::Tensor& y) { return trainer.StartStep(x, y); },
+                      [&trainer](const at::Tensor& x, const at::Tensor& y) { return trainer.CountCorrect(x, y); },
+                      train, test, f, out));
+  }
+  RETURN_IF_ERROR(checkpoints.MaybeSave(trainer, StateAt(last), /*final=*/true, out));
+  return epochs;
+}
+
+}  // namespace remora::train

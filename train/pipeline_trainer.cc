@@ -1,0 +1,77 @@
+#include "train/pipeline_trainer.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_util.h"
+
+namespace remora::train {
+namespace {
+
+// A step the pipeline started, waited for (or dropped) later.
+pipeline::StartedStep Started(pipeline::PendingStep pending) {
+  auto step = std::make_shared<pipeline::PendingStep>(std::move(pending));
+  return pipeline::StartedStep{[step] { return step->wait(); }, [step] { step->abandon(); }};
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(Agent& agent,
+                                                                         parallel::DataParallelOptions options) {
+  std::vector<pipeline::StageSpec> stages = options.pipeline.stages;
+  ASSIGN_OR_RETURN(auto pipe, parallel::DataParallelPipeline::Create(agent, std::move(options)));
+  return std::unique_ptr<PipelineTrainer>(new PipelineTrainer(agent, std::move(stages), std::move(pipe)));
+}
+
+absl::Status PipelineTrainer::ReadOnWorkers(const data::SourceSpec& train, int64_t train_rows,
+                                            const data::SourceSpec& test, int64_t test_rows) {
+  if (!pipe_->replica(0).runs_on_workers()) {
+    return absl::FailedPreconditionError(
+        "reading the data on the workers: this pipeline computes its loss on the master, which needs "
+        "the batches there (register the loss by name, or read the data on the master)");
+  }
+  std::vector<std::string> readers;
+  for (int r = 0; r < pipe_->replicas(); ++r) readers.push_back(pipe_->replica(r).worker_of(0));
+  ASSIGN_OR_RETURN(train_data_, pipeline::WorkerData::Open(agent_, readers, train, train_rows));
+  // The test set on replica 0's (which evaluates).
+  ASSIGN_OR_RETURN(test_data_, pipeline::WorkerData::Open(agent_, {readers[0]}, test, test_rows));
+  readers_ = std::move(readers);
+  return absl::OkStatus();
+}
+
+pipeline::StartedStep PipelineTrainer::StartStep(const at::Tensor& x, const at::Tensor& y) {
+  return Started(pipe_->start_train_step(x, y));
+}
+
+absl::StatusOr<int64_t> PipelineTrainer::CountCorrect(const at::Tensor& x, const at::Tensor& labels) {
+  return pipe_->eval_correct(x, labels);
+}
+
+pipeline::StartedStep PipelineTrainer::StartRowsStep(const at::Tensor& rows, int epoch) {
+  return Started(pipe_->start_train_step(train_data_->Rows(rows, epoch)));
+}
+
+absl::StatusOr<std::pair<int64_t, int64_t>> PipelineTrainer::CountCorrectRows(const at::Tensor& rows) {
+  return pipe_->eval_correct(test_data_->Rows(rows, 0));
+}
+
+absl::StatusOr<Saved> PipelineTrainer::Save(const SaveTarget& target, const checkpoint::TrainingState& state,
+                                            bool final) {
+  if (saver_ == nullptr || saver_dir_ != target.dir) {
+    ASSIGN_OR_RETURN(saver_, checkpoint::Checkpointer::Create(agent_, target.dir, target.keep));
+    saver_dir_ = target.dir;
+  }
+  RETURN_IF_ERROR(saver_->Save(pipe_->replica(0), stages_, target.identity, state, final));
+  return Saved{saver_->last(), saver_->last_bytes()};
+}
+
+absl::StatusOr<int64_t> PipelineTrainer::Load(const checkpoint::Checkpoint& ck) {
+  for (int r = 0; r < pipe_->replicas(); ++r) {
+    RETURN_IF_ERROR(Annotate(checkpoint::Restore(pipe_->replica(r), ck), absl::StrCat("resuming replica ", r)));
+  }
+  int64_t bytes = 0;
+  for (const auto& shard : ck.manifest.shards) bytes += shard.bytes;
+  return bytes * pipe_->replicas();
+}
+
+}  // namespace remora::train

@@ -1,0 +1,80 @@
+// The step interface of a training run: one model in training, however it
+// runs (a pipeline over workers, with or without replicas; a parameter
+// server; this process alone). train::Fit (train/fit.h) runs epochs,
+// evaluation, checkpoint cadence and resume on it, once for all of them.
+//
+//   std::unique_ptr<train::Trainer> t = ...;   // PipelineTrainer, LocalTrainer
+//   pipeline::StartedStep s = t->StartStep(x, y);
+//   double loss = s.wait().value();
+//   int64_t right = t->CountCorrect(test_x, test_y).value();
+//
+// Thread-safety: a Trainer is driven by one thread (the training loop).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "checkpoint/checkpoint.h"
+#include "pipeline/fit.h"
+
+namespace remora::train {
+
+// Where a run's checkpoints go (a run's --checkpoint-dir, --keep) and what
+// they record of the run (a resume checks it).
+struct SaveTarget {
+  std::string dir;
+  int keep = 3;
+  checkpoint::RunIdentity identity;
+};
+
+// What one save wrote: the checkpoint's directory and its bytes.
+struct Saved {
+  std::string dir;
+  int64_t bytes = 0;
+};
+
+// Steps over batches that the trainer's own workers read (the master sends
+// row numbers, pipeline/worker_data.h); see Trainer::rows().
+class RowsSteps {
+ public:
+  virtual ~RowsSteps() = default;
+  // A training step over rows `rows` (int64 [n]) of the training set.
+  virtual pipeline::StartedStep StartRowsStep(const at::Tensor& rows, int epoch) = 0;
+  // Of rows `rows` of the test set: (classified right, read).
+  virtual absl::StatusOr<std::pair<int64_t, int64_t>> CountCorrectRows(const at::Tensor& rows) = 0;
+  // Training rows the readers left out so far (unreadable files).
+  virtual absl::StatusOr<int64_t> skipped() = 0;
+};
+
+class Trainer {
+ public:
+  virtual ~Trainer() = default;
+
+  // Starts a training step on the batch (x, y): forward, loss (averaged
+  // over the batch's rows), backward and the optimizer's step. `wait`
+  // gives the loss; the next step may be started before it is called.
+  virtual pipeline::StartedStep StartStep(const at::Tensor& x, const at::Tensor& y) = 0;
+  // How many rows of `x` the model (in eval mode, without gradients)
+  // classifies as `labels` says.
+  virtual absl::StatusOr<int64_t> CountCorrect(const at::Tensor& x, const at::Tensor& labels) = 0;
+  // Saves the parameters, buffers and optimizer state at `state` as a
+  // checkpoint in `target.dir` (checkpoint/checkpoint.h's format), keeping
+  // the newest target.keep; `final` marks the run's last one.
+  virtual absl::StatusOr<Saved> Save(const SaveTarget& target, const checkpoint::TrainingState& state,
+                                     bool final) = 0;
+  // Loads a checkpoint's parameters, buffers and optimizer state (of the
+  // same model); returns the bytes it read.
+  virtual absl::StatusOr<int64_t> Load(const checkpoint::Checkpoint& ck) = 0;
+  // The steps over rows that its workers read, when it reads that way
+  // (null: the batches are read here and passed to StartStep).
+  virtual RowsSteps* rows() { return nullptr; }
+  // A short description for the run's output ("pipeline", "local", ...).
+  virtual std::string kind() const = 0;
+};
+
+}  // namespace remora::train
