@@ -1,0 +1,57 @@
+#include "train/ps_trainer.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_util.h"
+#include "runtime/trace.h"
+
+namespace remora::train {
+
+absl::StatusOr<std::unique_ptr<PsTrainer>> PsTrainer::Create(Agent& agent, ps::PsOptions options) {
+  std::vector<pipeline::StageSpec> stages = options.stages;
+  ASSIGN_OR_RETURN(auto server, ps::ParameterServer::Create(agent, std::move(options)));
+  return std::unique_ptr<PsTrainer>(new PsTrainer(std::move(stages), std::move(server)));
+}
+
+absl::StatusOr<ps::StepReport> PsTrainer::Train(const at::Tensor& x, const at::Tensor& y) {
+  const int64_t t0 = trace::NowUs();
+  ASSIGN_OR_RETURN(ps::StepReport r, server_->train_step(x, y));
+  if (on_step_) on_step_(r, (trace::NowUs() - t0) / 1e6);
+  return r;
+}
+
+pipeline::StartedStep PsTrainer::StartStep(const at::Tensor& x, const at::Tensor& y) {
+  // The server waits for its workers within the step: it is over here.
+  absl::StatusOr<ps::StepReport> r = Train(x, y);
+  auto loss = std::make_shared<absl::StatusOr<double>>(r.ok() ? absl::StatusOr<double>(r->loss) : r.status());
+  return pipeline::StartedStep{[loss] { return *loss; }, [] {}};
+}
+
+absl::StatusOr<int64_t> PsTrainer::CountCorrect(const at::Tensor& x, const at::Tensor& labels) {
+  ASSIGN_OR_RETURN(at::Tensor logits, server_->eval(x));
+  return pipeline::CountCorrect(logits, labels);
+}
+
+absl::StatusOr<Saved> PsTrainer::Save(const SaveTarget& target, const checkpoint::TrainingState& state,
+                                      bool final) {
+  ASSIGN_OR_RETURN(auto tensors, server_->stage_state());  // gathered from the shards, if any
+  ASSIGN_OR_RETURN(at::Tensor optimizer, server_->optimizer_state());
+  ASSIGN_OR_RETURN(checkpoint::LocalSave saved,
+                   checkpoint::SaveLocal(target.dir, stages_, tensors, server_->stage_names(), optimizer,
+                                         target.identity, state, final, target.keep));
+  return Saved{saved.dir, saved.bytes};
+}
+
+absl::StatusOr<int64_t> PsTrainer::Load(const checkpoint::Checkpoint& ck) {
+  ASSIGN_OR_RETURN(auto tensors, checkpoint::ReadStageTensors(ck));
+  ASSIGN_OR_RETURN(at::Tensor optimizer, checkpoint::ReadLocalOptimizer(ck));
+  RETURN_IF_ERROR(server_->Load(tensors, optimizer));
+  int64_t bytes = optimizer.defined() ? optimizer.nbytes() : 0;
+  for (const auto& stage : tensors) {
+    for (const at::Tensor& t : stage) bytes += t.nbytes();
+  }
+  return bytes;
+}
+
+}  // namespace remora::train
