@@ -136,7 +136,7 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> ChooseStages(Agent& agent, cons
                 line.checkpoints.resume->dir.c_str());
     return line.checkpoints.stages;
   }
-  if (line.ps_mode) return PsStages(c);
+  if (line.ps_mode) return WholeModelStages(c);
   if (TrainsSmallCnn(c)) return SmallCnnStages(c);
   if (c.model.empty() || c.sequential) return PartitionStages(agent, c);
   return c.scripts;
@@ -155,15 +155,11 @@ struct Baseline {
 absl::StatusOr<std::vector<Run>> TrainOverWorkers(Agent& agent, CommandLine& line, const Sets& sets,
                                                   Baseline& baseline) {
   const Config& c = line.config;
-  Checkpointing& checkpoints = line.checkpoints;
+  const Checkpointing& checkpoints = line.checkpoints;
   auto stages = ChooseStages(agent, line);
   if (!stages.ok()) return stages.status();
-  if (!c.checkpoint_dir.empty()) {
-    auto saver = checkpoint::Checkpointer::Create(agent, c.checkpoint_dir, c.keep);
-    if (!saver.ok()) return saver.status();
-    checkpoints.saver = std::move(*saver);
-    checkpoints.stages = *stages;
-  }
+  // A directory that cannot be made fails now, before any training.
+  if (auto s = train::Checkpoints(checkpoints.Target(c), c.checkpoint_every).Prepare(); !s.ok()) return s;
   std::vector<Run> runs;
   if (line.ps_mode) {
     auto run = TrainPs(agent, c, line.ps, *stages, sets, &checkpoints);

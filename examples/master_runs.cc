@@ -45,6 +45,7 @@
 #include "examples/builtins.h"
 #include "shards/cnn.h"
 #include "shards/resnet.h"
+#include "train/pipeline_trainer.h"
 
 namespace remora::master {
 
@@ -85,92 +86,35 @@ void PrintBatch(int b, double loss, double seconds) {
   std::fflush(stdout);
 }
 
+std::vector<pipeline::StageSpec> WholeModelStages(const Config& c) {
+  if (!c.model.empty()) return c.scripts;
+  if (TrainsSmallCnn(c)) {
+    return {pipeline::StageSpec::Registered("SmallCnn", {int64_t{0}, int64_t{shards::kSmallCnnBlocks},
+                                                         int64_t{c.seed}})};
+  }
+  return {pipeline::StageSpec::Registered("ResNetShard", {int64_t{0}, int64_t{shards::kResNetBlocks},
+                                                          int64_t{c.seed}})};
+}
+
 absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const Config& c, int splits) {
-  const c10::Device device(c.device);
-  std::vector<std::unique_ptr<pipeline::StageModule>> stages;
-  try {
-    if (TrainsSmallCnn(c)) {
-      auto cnn = std::make_shared<shards::SmallCnnImpl>(0, shards::kSmallCnnBlocks, c.seed);
-      cnn->to(device);
-      stages.push_back(pipeline::WrapModule(std::move(cnn)));
-    } else if (c.model.empty()) {
-      stages.push_back(pipeline::WrapModule(
-          std::make_shared<shards::ResNetShardImpl>(0, shards::kResNetBlocks, c.seed, device)));
-    }
-  } catch (...) {
-    return StatusFromCurrentException("building the model");
-  }
-  for (const auto& spec : c.scripts) {
-    ASSIGN_OR_RETURN(auto stage, pipeline::LoadScriptStage(spec.script, spec.name, device));
-    stages.push_back(std::move(stage));
-  }
-  return std::unique_ptr<LocalTrainer>(new LocalTrainer(c, splits, std::move(stages)));
-}
-
-LocalTrainer::LocalTrainer(const Config& c, int splits,
-                           std::vector<std::unique_ptr<pipeline::StageModule>> stages)
-    : c_(c), run_(splits), device_(c.device), stages_(std::move(stages)), loss_(Loss(c)),
-      start_(trace::NowUs()) {
-  std::vector<at::Tensor> params;
-  for (auto& stage : stages_) {
-    for (const at::Tensor& p : stage->Parameters()) params.push_back(p);
-  }
-  const optim::OptimizerOptions o = OptimizerOf(c);
-  if (o.kind == optim::OptimizerOptions::Kind::kAdam) {
-    opt_ = std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(o.lr));
-  } else {
-    opt_ = std::make_unique<torch::optim::SGD>(params,
-                                               torch::optim::SGDOptions(o.lr).momentum(o.momentum));
-  }
-}
-
-absl::StatusOr<double> LocalTrainer::Train(const at::Tensor& cpu_x, const at::Tensor& cpu_y,
-                                           bool record) {
-  at::Tensor x = cpu_x.to(device_), y = cpu_y.to(device_);
-  for (auto& stage : stages_) stage->Train(true);
-  opt_->zero_grad();
-  double loss = 0;
-  ASSIGN_OR_RETURN(auto xs, pipeline::SplitMicroBatches(x, run_.splits));
-  ASSIGN_OR_RETURN(auto ts, pipeline::SplitMicroBatches(y, run_.splits));
-  try {
-    for (size_t i = 0; i < xs.size(); ++i) {
-      const int64_t f0 = trace::NowUs();
-      c10::IValue out = xs[i];
-      for (auto& stage : stages_) out = stage->Forward(out);
-      const int64_t f1 = trace::NowUs();
-      at::Tensor l = loss_(out, ts[i]) * (double(xs[i].toTensor().size(0)) / x.size(0));
-      l.backward();
-      if (record) {
-        run_.slices.push_back({0, "forward", int64_t(i), f0 - start_, f1 - start_, ""});
-        run_.slices.push_back({0, "backward", int64_t(i), f1 - start_, trace::NowUs() - start_, ""});
-      }
-      loss += l.item<double>();
-    }
-  } catch (...) {
-    return StatusFromCurrentException("local training");
-  }
-  const int64_t s0 = trace::NowUs();
-  opt_->step();
-  if (record) run_.slices.push_back({0, "step", -1, s0 - start_, trace::NowUs() - start_, ""});
-  return loss;
-}
-
-absl::StatusOr<at::Tensor> LocalTrainer::Eval(const at::Tensor& x) {
-  at::NoGradGuard no_grad;
-  c10::IValue out = x.to(device_);
-  try {
-    for (auto& stage : stages_) stage->Train(false);
-    for (auto& stage : stages_) out = stage->Forward(out);
-  } catch (...) {
-    return StatusFromCurrentException("local evaluation");
-  }
-  return out.toTensor().cpu();
+  RETURN_IF_ERROR(examples::RegisterStockStageTypes());
+  train::LocalOptions o;
+  o.stages = WholeModelStages(c);
+  o.loss = Loss(c);
+  o.optimizer = OptimizerOf(c);
+  o.micro_batches = splits;
+  o.device = c.device;
+  ASSIGN_OR_RETURN(auto trainer, train::LocalTrainer::Create(std::move(o)));
+  return std::unique_ptr<LocalTrainer>(new LocalTrainer(c, splits, std::move(trainer)));
 }
 
 absl::Status LocalTrainer::Step(int b, const char* prefix) {
   auto [inputs, targets] = MakeBatch(c_, b);
   const int64_t t0 = trace::NowUs();
-  ASSIGN_OR_RETURN(double loss, Train(inputs, targets, /*record=*/true));
+  ASSIGN_OR_RETURN(double loss,
+                   trainer_->Train(inputs, targets, [this](const char* what, int64_t mb, int64_t s, int64_t e) {
+                     run_.slices.push_back({0, what, mb, s - start_, e - start_, ""});
+                   }));
   const double seconds = (trace::NowUs() - t0) / 1e6;
   std::printf("%s", prefix);
   RecordBatch(run_, b, loss, seconds, inputs.size(0));
@@ -197,7 +141,7 @@ namespace {
 
 // The run's pipeline over the workers (stage k on worker k mod n), with
 // --replicas R copies of it, its schedule and placement printed.
-absl::StatusOr<std::unique_ptr<parallel::DataParallelPipeline>> CreatePipeline(
+absl::StatusOr<std::unique_ptr<train::PipelineTrainer>> CreatePipeline(
     Agent& agent, const Config& c, const std::vector<pipeline::StageSpec>& stages, int splits) {
   parallel::DataParallelOptions o;
   o.pipeline.stages = stages;
@@ -212,7 +156,8 @@ absl::StatusOr<std::unique_ptr<parallel::DataParallelPipeline>> CreatePipeline(
   o.overlap = c.overlap;
   o.timeout = absl::Seconds(c.collective_timeout);
   o.zero = c.zero;
-  ASSIGN_OR_RETURN(auto pipe, parallel::DataParallelPipeline::Create(agent, std::move(o)));
+  ASSIGN_OR_RETURN(auto trainer, train::PipelineTrainer::Create(agent, std::move(o)));
+  parallel::DataParallelPipeline* pipe = &trainer->pipeline();
   std::printf("  schedule %s: %d stages over %zu workers", pipe->replica(0).schedule().name.c_str(),
               pipe->replica(0).num_stages(), c.workers.size());
   if (c.replicas > 1) {
@@ -223,20 +168,7 @@ absl::StatusOr<std::unique_ptr<parallel::DataParallelPipeline>> CreatePipeline(
   } else {
     std::printf("\n");
   }
-  return pipe;
-}
-
-pipeline::FitOptions FitOptionsOf(const Config& c, int splits) {
-  pipeline::FitOptions f;
-  f.epochs = c.epochs;
-  f.batch_size = c.batch_size;
-  f.min_batch_rows = splits * c.replicas;
-  f.shuffle = c.shuffle;
-  f.seed = static_cast<uint64_t>(c.seed);
-  f.progress_bar = isatty(fileno(stdout));
-  // Files are read and decoded ahead; sets in memory need no reading.
-  if (ReadsImageFolder(c)) f.prefetch = c.prefetch;
-  return f;
+  return trainer;
 }
 
 }  // namespace
@@ -272,58 +204,33 @@ checkpoint::RunIdentity IdentityOf(const Config& c, int splits) {
   return id;
 }
 
-absl::Status Checkpointing::Restore(parallel::DataParallelPipeline& pipe) {
-  if (!resume) return absl::OkStatus();
-  const int64_t t0 = trace::NowUs();
-  for (int r = 0; r < pipe.replicas(); ++r) {
-    RETURN_IF_ERROR(Annotate(checkpoint::Restore(pipe.replica(r), *resume),
-                             absl::StrCat("resuming replica ", r)));
+train::TrainOptions TrainOptionsOf(const Config& c, int splits, int64_t min_batch_rows,
+                                   const Checkpointing* checkpoints) {
+  train::TrainOptions o;
+  o.fit.epochs = c.epochs;
+  o.fit.batch_size = c.batch_size;
+  o.fit.min_batch_rows = min_batch_rows;
+  o.fit.shuffle = c.shuffle;
+  o.fit.seed = static_cast<uint64_t>(c.seed);
+  o.fit.progress_bar = isatty(fileno(stdout));
+  // Files are read and decoded ahead; sets in memory need no reading.
+  if (ReadsImageFolder(c)) o.fit.prefetch = c.prefetch;
+  if (checkpoints != nullptr) {
+    o.checkpoints = checkpoints->Target(c);
+    o.checkpoint_every = c.checkpoint_every;
+    o.resume = checkpoints->resume;
   }
-  const checkpoint::TrainingState s = resume->state();
-  std::printf("resumed from %s: step %lld", resume->dir.c_str(), static_cast<long long>(s.step));
-  if (s.epoch > 0) std::printf(", epoch %d after batch %lld", s.epoch, static_cast<long long>(s.batch));
-  int64_t bytes = 0;
-  for (const auto& shard : resume->manifest.shards) bytes += shard.bytes;
-  std::printf(" (%.1f MiB of shards loaded in %.2f s)\n", bytes * pipe.replicas() / 1048576.0,
-              (trace::NowUs() - t0) / 1e6);
-  std::fflush(stdout);
-  return absl::OkStatus();
-}
-
-absl::Status Checkpointing::Save(parallel::DataParallelPipeline& pipe, const Config& c,
-                                 const checkpoint::TrainingState& state, bool final) {
-  if (!Due(c, state.step, final)) return absl::OkStatus();
-  const int64_t t0 = trace::NowUs();
-  RETURN_IF_ERROR(saver->Save(pipe.replica(0), stages, identity, state, final));
-  PrintSaved(state.step, saver->last(), saver->last_bytes(), (trace::NowUs() - t0) / 1e6, final);
-  return absl::OkStatus();
-}
-
-bool Checkpointing::Due(const Config& c, int64_t step, bool final) const {
-  if (saver == nullptr) return false;
-  return final || (c.checkpoint_every > 0 && step % c.checkpoint_every == 0);
-}
-
-void Checkpointing::PrintSaved(int64_t step, const std::string& dir, int64_t bytes, double seconds,
-                               bool final) {
-  std::printf("checkpoint: step %lld in %s (%.1f MiB, %.2f s%s)\n", static_cast<long long>(step), dir.c_str(),
-              bytes / 1048576.0, seconds, final ? ", final" : "");
-  std::fflush(stdout);
+  return o;
 }
 
 absl::StatusOr<Run> FitLocal(const Config& c, int splits, const data::Source& train, const data::Source& test) {
-  ASSIGN_OR_RETURN(auto trainer, LocalTrainer::Create(c, splits));
+  ASSIGN_OR_RETURN(auto local, LocalTrainer::Create(c, splits));
   ASSIGN_OR_RETURN(std::shared_ptr<RunLog> log, OpenRunLog(c, splits));
-  pipeline::FitOptions options = FitOptionsOf(c, splits);
-  ReportTo(log, options);
-  ASSIGN_OR_RETURN(
-      auto epochs,
-      pipeline::Fit([&](const at::Tensor& x, const at::Tensor& y) { return trainer->Train(x, y); },
-                    pipeline::CountFromLogits([&](const at::Tensor& x) { return trainer->Eval(x); }),
-                    train, test, options, std::cout));
+  train::TrainOptions options = TrainOptionsOf(c, splits, splits, nullptr);
+  ReportTo(log, options.fit);
   Run run(splits);
   run.log = log;
-  run.epochs = std::move(epochs);
+  ASSIGN_OR_RETURN(run.epochs, train::Fit(local->trainer(), train, test, options, std::cout));
   for (const auto& e : run.epochs) run.seconds += e.seconds;
   return run;
 }
@@ -331,65 +238,27 @@ absl::StatusOr<Run> FitLocal(const Config& c, int splits, const data::Source& tr
 absl::StatusOr<Run> FitPipeline(Agent& agent, const Config& c,
                                 const std::vector<pipeline::StageSpec>& stages, int splits,
                                 const data::Source& train, const data::Source& test,
-                                Checkpointing* checkpoints) {
-  ASSIGN_OR_RETURN(auto pipe, CreatePipeline(agent, c, stages, splits));
+                                const Checkpointing* checkpoints) {
+  ASSIGN_OR_RETURN(auto trainer, CreatePipeline(agent, c, stages, splits));
   ASSIGN_OR_RETURN(std::shared_ptr<RunLog> log, OpenRunLog(c, splits));
-  pipeline::FitOptions options = FitOptionsOf(c, splits);
-  ReportTo(log, options);
-  pipeline::FitPosition last;
-  if (checkpoints != nullptr && checkpoints->active()) {
-    RETURN_IF_ERROR(checkpoints->Restore(*pipe));
-    if (checkpoints->resume) {
-      const checkpoint::TrainingState s = checkpoints->resume->state();
-      options.start = pipeline::FitPosition{s.epoch, s.batch, s.epoch_loss_sum, s.epoch_images, s.step};
-      last = options.start;
-    }
-    options.after_step = [&](const pipeline::FitPosition& p) {
-      last = p;
-      return checkpoints->Save(*pipe, c, {p.step, p.epoch, p.batch, p.loss_sum, p.images, {}}, false);
-    };
-    options.settle_after = [&](int64_t step) { return checkpoints->Due(c, step, false); };
-  }
-  // Each batch's step is sent before the last one is waited for.
-  auto started = [](pipeline::PendingStep pending) {
-    auto step = std::make_shared<pipeline::PendingStep>(std::move(pending));
-    return pipeline::StartedStep{[step] { return step->wait(); }, [step] { step->abandon(); }};
-  };
-  std::vector<pipeline::EpochResult> epochs;
-  if (c.data_on == "workers" && pipe->replica(0).runs_on_workers()) {
+  train::TrainOptions options = TrainOptionsOf(c, splits, splits * c.replicas, checkpoints);
+  ReportTo(log, options.fit);
+  if (c.data_on == "workers" && trainer->pipeline().replica(0).runs_on_workers()) {
     // Every replica's stage 0 worker reads its share of each batch.
-    std::vector<std::string> readers;
-    for (int r = 0; r < pipe->replicas(); ++r) readers.push_back(pipe->replica(r).worker_of(0));
-    std::printf("data: read on %s (the master sends row numbers)\n", absl::StrJoin(readers, ", ").c_str());
-    ASSIGN_OR_RETURN(auto data, pipeline::WorkerData::Open(agent, readers, SourceSpecOf(c, true), train.size()));
-    // The test set on replica 0's (which evaluates).
-    ASSIGN_OR_RETURN(auto test_data,
-                     pipeline::WorkerData::Open(agent, {readers[0]}, SourceSpecOf(c, false), test.size()));
-    ASSIGN_OR_RETURN(
-        epochs,
-        pipeline::FitRows(
-            [&](const at::Tensor& rows, int e) { return started(pipe->start_train_step(data->Rows(rows, e))); },
-            train.size(), [&](const at::Tensor& rows) { return pipe->eval_correct(test_data->Rows(rows, 0)); },
-            test.size(), [&data] { return data->skipped(); }, options, std::cout));
+    RETURN_IF_ERROR(
+        trainer->ReadOnWorkers(SourceSpecOf(c, true), train.size(), SourceSpecOf(c, false), test.size()));
+    std::printf("data: read on %s (the master sends row numbers)\n",
+                absl::StrJoin(trainer->readers(), ", ").c_str());
   } else {
     std::printf("data: read on the master%s\n",
                 c.data_on == "workers" ? " (a loss computed on the master needs the batches here)" : "");
-    ASSIGN_OR_RETURN(epochs,
-                     pipeline::Fit([&](const at::Tensor& x,
-                                       const at::Tensor& y) { return started(pipe->start_train_step(x, y)); },
-                                   [&](const at::Tensor& x, const at::Tensor& y) { return pipe->eval_correct(x, y); },
-                                   train, test, options, std::cout));
-  }
-  if (checkpoints != nullptr && checkpoints->saver) {
-    RETURN_IF_ERROR(checkpoints->Save(
-        *pipe, c, {last.step, last.epoch, last.batch, last.loss_sum, last.images, {}}, /*final=*/true));
   }
   Run run(splits);
   run.log = log;
-  run.schedule = pipe->replica(0).schedule().name;
-  run.epochs = std::move(epochs);
+  run.schedule = trainer->pipeline().replica(0).schedule().name;
+  ASSIGN_OR_RETURN(run.epochs, train::Fit(*trainer, train, test, options, std::cout));
   for (const auto& e : run.epochs) run.seconds += e.seconds;
-  RETURN_IF_ERROR(ReportMemory(*pipe, c, run));
+  RETURN_IF_ERROR(ReportMemory(trainer->pipeline(), c, run));
   return run;
 }
 
@@ -495,18 +364,20 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
                                   const std::vector<pipeline::StageSpec>& stages, int splits,
                                   bool traced,
                                   const std::function<void(int)>& after_batch,
-                                  Checkpointing* checkpoints) {
+                                  const Checkpointing* checkpoints) {
   Run run(splits);
-  ASSIGN_OR_RETURN(auto pipe, CreatePipeline(agent, c, stages, splits));
+  ASSIGN_OR_RETURN(auto trainer, CreatePipeline(agent, c, stages, splits));
+  parallel::DataParallelPipeline* pipe = &trainer->pipeline();
   ASSIGN_OR_RETURN(run.log, OpenRunLog(c, splits));
   run.schedule = pipe->replica(0).schedule().name;
+  const train::Checkpoints saves(checkpoints != nullptr ? checkpoints->Target(c) : train::SaveTarget{},
+                                 c.checkpoint_every);
+  RETURN_IF_ERROR(saves.Prepare());
   int first = 0;  // a resumed run's next batch
-  if (checkpoints != nullptr && checkpoints->active()) {
-    RETURN_IF_ERROR(checkpoints->Restore(*pipe));
-    if (checkpoints->resume) {
-      run.losses = checkpoints->resume->state().losses;
-      first = static_cast<int>(checkpoints->resume->state().step);
-    }
+  if (checkpoints != nullptr && checkpoints->resume) {
+    RETURN_IF_ERROR(train::Resume(*trainer, *checkpoints->resume, checkpoints->identity, std::cout));
+    run.losses = checkpoints->resume->state().losses;
+    first = static_cast<int>(checkpoints->resume->state().step);
   }
   for (const auto& w : c.workers) {
     agent.rpc_sync(w, "trace_enable", {traced}).IgnoreError();
@@ -536,10 +407,8 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
     const double seconds = (now - last_end) / 1e6;
     last_end = now;
     RecordBatch(run, s.b, loss, seconds, c.batch_size);
-    if (checkpoints != nullptr && checkpoints->saver) {
-      RETURN_IF_ERROR(checkpoints->Save(*pipe, c, {s.b + 1, 0, s.b + 1, 0, 0, run.losses},
-                                        /*final=*/s.b + 1 == c.batches));
-    }
+    RETURN_IF_ERROR(
+        saves.MaybeSave(*trainer, {s.b + 1, 0, s.b + 1, 0, 0, run.losses}, /*final=*/s.b + 1 == c.batches, std::cout));
     if (after_batch) {
       const int64_t p0 = trace::NowUs();
       after_batch(s.b);
@@ -552,8 +421,7 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
     return absl::OkStatus();
   };
   auto settles_after = [&](int b) {
-    return after_batch || (count_messages && b == first) ||
-           (checkpoints != nullptr && checkpoints->Due(c, b + 1, b + 1 == c.batches));
+    return after_batch || (count_messages && b == first) || saves.Due(b + 1, b + 1 == c.batches);
   };
   for (int b = first; b < c.batches; ++b) {
     if (started && settles_after(started->b)) RETURN_IF_ERROR(finish());

@@ -11,8 +11,6 @@
 #include <string>
 #include <vector>
 
-#include <torch/optim/optimizer.h>
-
 #include "absl/status/statusor.h"
 #include "checkpoint/checkpoint.h"
 #include "base/status_util.h"
@@ -30,6 +28,8 @@
 #include "pipeline/pipeline.h"
 #include "rpc/agent.h"
 #include "train/events.h"
+#include "train/fit.h"
+#include "train/local_trainer.h"
 
 namespace remora::master {
 
@@ -112,25 +112,16 @@ struct Config {
   std::string resume;
 };
 
-// A run's checkpointing: the saver (--checkpoint-dir) and the checkpoint
-// it resumes from (--resume), with the run's identity. Used by the
-// training loop's thread only.
+// A run's checkpoints: what they record of the run and the checkpoint it
+// resumes from (--resume), with the stages that was saved from. Read by
+// the training loop's thread.
 struct Checkpointing {
   checkpoint::RunIdentity identity;
   std::optional<checkpoint::Checkpoint> resume;
-  std::unique_ptr<checkpoint::Checkpointer> saver;
-  std::vector<pipeline::StageSpec> stages;  // what the pipeline was made from
+  std::vector<pipeline::StageSpec> stages;  // resume's
 
-  bool active() const { return saver != nullptr || resume.has_value(); }
-  // Restores every replica from `resume` (if set) and says so.
-  absl::Status Restore(parallel::DataParallelPipeline& pipe);
-  // Whether step `step` saves: a multiple of --checkpoint-every, or final.
-  bool Due(const Config& c, int64_t step, bool final) const;
-  // "checkpoint: step N in DIR (X MiB, S s[, final])".
-  static void PrintSaved(int64_t step, const std::string& dir, int64_t bytes, double seconds, bool final);
-  // Saves when Due; prints what it wrote.
-  absl::Status Save(parallel::DataParallelPipeline& pipe, const Config& c,
-                    const checkpoint::TrainingState& state, bool final);
+  // Where the run saves (--checkpoint-dir, --keep; none when empty).
+  train::SaveTarget Target(const Config& c) const { return {c.checkpoint_dir, c.keep, identity}; }
 };
 
 // The run's identity, as checkpoints record it.
@@ -195,9 +186,9 @@ void RecordBatch(Run& run, int b, double loss, double seconds, int64_t rows);
 // --curves: the runs' loss by step and test accuracy by epoch.
 absl::Status WriteCurves(const std::string& path, const std::vector<Run>& runs);
 
-// Training in this process alone (--local, --compare-local), with the
-// stages the pipeline would run, one after the other. Owns its model and
-// optimizer; not thread-safe.
+// Training in this process alone (--local, --compare-local): the run's
+// whole model (WholeModelStages) in a train::LocalTrainer, with the demo's
+// batches and their records. Not thread-safe.
 class LocalTrainer {
  public:
   static absl::StatusOr<std::unique_ptr<LocalTrainer>> Create(const Config& c, int splits);
@@ -205,29 +196,32 @@ class LocalTrainer {
   // Trains batch b of the demo or --model run and prints its line (after
   // `prefix`).
   absl::Status Step(int b, const char* prefix = "");
-  // One step on (x, y) in `splits` micro-batches; returns the batch's loss.
-  absl::StatusOr<double> Train(const at::Tensor& x, const at::Tensor& y, bool record = false);
-  // The model's outputs for x, in eval mode without gradients.
-  absl::StatusOr<at::Tensor> Eval(const at::Tensor& x);
-
+  train::LocalTrainer& trainer() { return *trainer_; }
   Run& run() { return run_; }
 
  private:
-  LocalTrainer(const Config& c, int splits, std::vector<std::unique_ptr<pipeline::StageModule>> stages);
+  LocalTrainer(const Config& c, int splits, std::unique_ptr<train::LocalTrainer> trainer)
+      : c_(c), run_(splits), trainer_(std::move(trainer)), start_(trace::NowUs()) {}
 
   const Config& c_;
   Run run_;
-  const c10::Device device_;
-  std::vector<std::unique_ptr<pipeline::StageModule>> stages_;
-  pipeline::LossFn loss_;
-  std::unique_ptr<torch::optim::Optimizer> opt_;
+  std::unique_ptr<train::LocalTrainer> trainer_;
   const int64_t start_;
 };
+
+// The model whole, as one process trains it (--local, --mode ps):
+// --model's stages, the small CNN (--dataset), or ResNet50.
+std::vector<pipeline::StageSpec> WholeModelStages(const Config& c);
 
 absl::StatusOr<Run> TrainLocal(const Config& c, int splits);
 
 // The optimizer of a run: SGD with --momentum (the demo: none) or Adam.
 optim::OptimizerOptions OptimizerOf(const Config& c);
+// The train/ loop's options of a --dataset run at `splits` (min_batch_rows:
+// at least one row per micro-batch of every replica), with the run's
+// checkpoints (when given).
+train::TrainOptions TrainOptionsOf(const Config& c, int splits, int64_t min_batch_rows,
+                                   const Checkpointing* checkpoints);
 
 // --dataset's sets as the runs read them: in memory (fashion-mnist, idx:,
 // cifar10:) or from an image folder's files as batches need them
@@ -258,7 +252,7 @@ absl::StatusOr<Run> FitLocal(const Config& c, int splits, const data::Source& tr
 absl::StatusOr<Run> FitPipeline(Agent& agent, const Config& c,
                                 const std::vector<pipeline::StageSpec>& stages, int splits,
                                 const data::Source& train, const data::Source& test,
-                                Checkpointing* checkpoints = nullptr);
+                                const Checkpointing* checkpoints = nullptr);
 // ResNet50's stage boundaries (block indices) for the workers.
 // The split points of --split-at, or of --partition tutorial.
 std::vector<int> SplitPoints(const Config& c);
@@ -273,7 +267,7 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, c
 absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
                                   const std::vector<pipeline::StageSpec>& stages, int splits,
                                   bool traced, const std::function<void(int)>& after_batch = nullptr,
-                                  Checkpointing* checkpoints = nullptr);
+                                  const Checkpointing* checkpoints = nullptr);
 double SteadySeconds(const Run& r);
 // Fills run.stage_memory from every replica of `pipe` and prints
 // "  [replica R, ]stage K on W: peak saved activations X MiB" per stage,

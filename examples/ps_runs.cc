@@ -16,6 +16,8 @@
 #include "shards/resnet.h"
 #include "pipeline/fit.h"
 #include "ps/parameter_server.h"
+#include "train/fit.h"
+#include "train/ps_trainer.h"
 #include "runtime/trace.h"
 
 namespace remora::master {
@@ -58,30 +60,6 @@ void PrintStep(const ps::StepReport& r, double seconds) {
               r.loss, seconds, static_cast<long long>(r.pull_bytes), static_cast<long long>(r.push_bytes),
               r.rounds > 1 ? absl::StrCat(" rounds=", r.rounds).c_str() : "");
   std::fflush(stdout);
-}
-
-absl::Status MaybeSave(ps::ParameterServer& server, const Config& c, Checkpointing* ck,
-                       const checkpoint::TrainingState& state, bool final) {
-  if (ck == nullptr || !ck->Due(c, state.step, final)) return absl::OkStatus();
-  const int64_t t0 = trace::NowUs();
-  ASSIGN_OR_RETURN(auto stages, server.stage_state());  // gathered from the shards, if any
-  ASSIGN_OR_RETURN(at::Tensor optimizer, server.optimizer_state());
-  ASSIGN_OR_RETURN(checkpoint::LocalSave saved,
-                   checkpoint::SaveLocal(c.checkpoint_dir, ck->stages, stages, server.stage_names(), optimizer, ck->identity, state,
-                                         final, c.keep));
-  Checkpointing::PrintSaved(state.step, saved.dir, saved.bytes, (trace::NowUs() - t0) / 1e6, final);
-  return absl::OkStatus();
-}
-
-absl::Status Resume(ps::ParameterServer& server, const checkpoint::Checkpoint& ck) {
-  ASSIGN_OR_RETURN(auto tensors, checkpoint::ReadStageTensors(ck));
-  ASSIGN_OR_RETURN(at::Tensor optimizer, checkpoint::ReadLocalOptimizer(ck));
-  RETURN_IF_ERROR(Annotate(server.Load(tensors, optimizer), absl::StrCat("resuming from ", ck.dir)));
-  const checkpoint::TrainingState s = ck.state();
-  std::printf("resumed from %s: step %lld", ck.dir.c_str(), static_cast<long long>(s.step));
-  if (s.epoch > 0) std::printf(", epoch %d after batch %lld", s.epoch, static_cast<long long>(s.batch));
-  std::printf("\n");
-  return absl::OkStatus();
 }
 
 // How many of --workers are servers: K for --ps-shards K >= 2, else none.
@@ -151,20 +129,10 @@ std::string CheckPsFlags(const Config& c, const PsFlags& p, bool ps_mode, bool s
   return "";
 }
 
-std::vector<pipeline::StageSpec> PsStages(const Config& c) {
-  if (!c.model.empty()) return c.scripts;
-  if (TrainsSmallCnn(c)) {
-    return {pipeline::StageSpec::Registered("SmallCnn", {int64_t{0}, int64_t{shards::kSmallCnnBlocks},
-                                                         int64_t{c.seed}})};
-  }
-  return {pipeline::StageSpec::Registered("ResNetShard", {int64_t{0}, int64_t{shards::kResNetBlocks},
-                                                          int64_t{c.seed}})};
-}
-
 absl::StatusOr<Run> TrainPs(Agent& agent, const Config& c, const PsFlags& p,
                             const std::vector<pipeline::StageSpec>& stages,
                             const Sets& sets,
-                            Checkpointing* checkpoints) {
+                            const Checkpointing* checkpoints) {
   ps::PsOptions o;
   o.stages = stages;
   o.seed = static_cast<uint64_t>(c.seed);
@@ -175,87 +143,59 @@ absl::StatusOr<Run> TrainPs(Agent& agent, const Config& c, const PsFlags& p,
   o.optimizer = OptimizerOf(c);
   o.backup_workers = p.backup_workers;
   o.device = c.device;
-  ASSIGN_OR_RETURN(auto server, ps::ParameterServer::Create(agent, o));
+  const size_t computing = o.workers.size();
+  ASSIGN_OR_RETURN(auto trainer, train::PsTrainer::Create(agent, o));
+  ps::ParameterServer& server = trainer->server();
   std::printf("parameter server: %zu stages, %.2f MiB of parameters %s, %zu workers%s\n", stages.size(),
-              server->parameter_bytes() / 1048576.0,
+              server.parameter_bytes() / 1048576.0,
               o.servers.empty() ? "in the master"
                                 : absl::StrCat("over ", o.servers.size(), " server processes").c_str(),
-              o.workers.size(),
+              computing,
               p.backup_workers > 0
-                  ? absl::StrCat(", going on with the first ", o.workers.size() - p.backup_workers,
+                  ? absl::StrCat(", going on with the first ", computing - p.backup_workers,
                                  " gradient sets of each step (--backup-workers ", p.backup_workers, ")")
                         .c_str()
                   : ", synchronous");
-  PrintPlacement(agent, server->placement(), o.workers);
-  const checkpoint::Checkpoint* resume =
-      checkpoints != nullptr && checkpoints->resume ? &*checkpoints->resume : nullptr;
-  if (resume != nullptr) RETURN_IF_ERROR(Resume(*server, *resume));
+  PrintPlacement(agent, server.placement(), o.workers);
   PsStats stats;
-  auto step = [&](const at::Tensor& x, const at::Tensor& y) -> absl::StatusOr<ps::StepReport> {
-    const int64_t t0 = trace::NowUs();
-    ASSIGN_OR_RETURN(ps::StepReport r, server->train_step(x, y));
-    const double seconds = (trace::NowUs() - t0) / 1e6;
+  trainer->set_on_step([&stats, &p](const ps::StepReport& r, double seconds) {
     stats.Add(r, seconds);
     if (p.step_lines || !r.lost.empty()) PrintStep(r, seconds);
-    return r;
-  };
+  });
   Run run(1);
   ASSIGN_OR_RETURN(run.log, OpenRunLog(c, 1));
   run.schedule = "ps";
   if (c.dataset.empty()) {
+    const train::Checkpoints saves(checkpoints != nullptr ? checkpoints->Target(c) : train::SaveTarget{},
+                                   c.checkpoint_every);
+    RETURN_IF_ERROR(saves.Prepare());
     int first = 0;
-    if (resume != nullptr) {
-      run.losses = resume->state().losses;
-      first = static_cast<int>(resume->state().step);
+    if (checkpoints != nullptr && checkpoints->resume) {
+      RETURN_IF_ERROR(train::Resume(*trainer, *checkpoints->resume, checkpoints->identity, std::cout));
+      run.losses = checkpoints->resume->state().losses;
+      first = static_cast<int>(checkpoints->resume->state().step);
     }
     for (int b = first; b < c.batches; ++b) {
       auto [x, y] = MakeBatch(c, b);
       const int64_t t0 = trace::NowUs();
-      ASSIGN_OR_RETURN(ps::StepReport r, step(x, y));
+      ASSIGN_OR_RETURN(ps::StepReport r, trainer->Train(x, y));
       const double seconds = (trace::NowUs() - t0) / 1e6;
       RecordBatch(run, b, r.loss, seconds, x.size(0));
-      RETURN_IF_ERROR(MaybeSave(*server, c, checkpoints, {b + 1, 0, b + 1, 0, 0, run.losses}, b + 1 == c.batches));
+      RETURN_IF_ERROR(saves.MaybeSave(*trainer, {b + 1, 0, b + 1, 0, 0, run.losses}, b + 1 == c.batches, std::cout));
     }
   } else {
-    pipeline::FitOptions f;
-    f.epochs = c.epochs;
-    f.batch_size = c.batch_size;
-    f.min_batch_rows = static_cast<int64_t>(o.workers.size());
-    f.shuffle = c.shuffle;
-    f.seed = static_cast<uint64_t>(c.seed);
-    if (ReadsImageFolder(c)) f.prefetch = c.prefetch;
-    f.progress_bar = isatty(fileno(stdout));
-    ReportTo(run.log, f);
-    pipeline::FitPosition last;
-    if (resume != nullptr) {
-      const checkpoint::TrainingState s = resume->state();
-      f.start = pipeline::FitPosition{s.epoch, s.batch, s.epoch_loss_sum, s.epoch_images, s.step};
-      last = f.start;
-    }
-    f.after_step = [&](const pipeline::FitPosition& pos) {
-      last = pos;
-      return MaybeSave(*server, c, checkpoints, {pos.step, pos.epoch, pos.batch, pos.loss_sum, pos.images, {}},
-                       false);
-    };
-    ASSIGN_OR_RETURN(
-        run.epochs,
-        pipeline::Fit(
-            [&](const at::Tensor& x, const at::Tensor& y) -> absl::StatusOr<double> {
-              ASSIGN_OR_RETURN(ps::StepReport r, step(x, y));
-              return r.loss;
-            },
-            pipeline::CountFromLogits([&](const at::Tensor& x) { return server->eval(x); }),
-            *sets.train, *sets.test, f, std::cout));
+    // Each computing worker needs at least one row of every batch.
+    train::TrainOptions f = TrainOptionsOf(c, 1, static_cast<int64_t>(computing), checkpoints);
+    ReportTo(run.log, f.fit);
+    ASSIGN_OR_RETURN(run.epochs, train::Fit(*trainer, *sets.train, *sets.test, f, std::cout));
     for (const auto& e : run.epochs) run.seconds += e.seconds;
-    RETURN_IF_ERROR(MaybeSave(*server, c, checkpoints,
-                              {last.step, last.epoch, last.batch, last.loss_sum, last.images, {}}, true));
   }
   const double steps = std::max<double>(1, static_cast<double>(stats.step_seconds.size()));
   std::printf("ps: steps=%zu median_step_seconds=%.4f pull_bytes_per_step=%.0f push_bytes_per_step=%.0f "
               "dropped: %s; lost: %s; live workers: %s\n",
               stats.step_seconds.size(), Median(stats.step_seconds), stats.pull_bytes / steps,
               stats.push_bytes / steps, Counts(stats.dropped).c_str(), Counts(stats.lost).c_str(),
-              absl::StrJoin(server->live_workers(), ",").c_str());
+              absl::StrJoin(server.live_workers(), ",").c_str());
   std::fflush(stdout);
   return run;
 }

@@ -31,20 +31,16 @@ struct PsFlags {
 std::string CheckPsFlags(const Config& c, const PsFlags& p, bool ps_mode, bool splits_given,
                          int pipeline_stages);
 
-// The model the server holds: --model's stages, the small CNN whole
-// (--dataset), or ResNet50 whole (the demo).
-std::vector<pipeline::StageSpec> PsStages(const Config& c);
-
 // Trains with the parameter server over c.workers: c.batches batches of
 // the demo or --model, or c.epochs epochs of `sets` (--dataset). Prints
 // every demo batch, a line for each step that lost a worker (every step
 // with --ps-step-lines), and a summary: steps, median step time, bytes
-// pulled and pushed per step, each worker's dropped and lost steps. Saves and resumes through `checkpoints` (its saver
-// only marks that --checkpoint-dir is set; the server writes
-// checkpoint::SaveLocal's one-shard checkpoints).
+// pulled and pushed per step, each worker's dropped and lost steps. Saves
+// (checkpoint::SaveLocal's one-shard checkpoints) and resumes as
+// `checkpoints` says (train/ps_trainer.h).
 absl::StatusOr<Run> TrainPs(Agent& agent, const Config& c, const PsFlags& p,
                             const std::vector<pipeline::StageSpec>& stages,
                             const Sets& sets,
-                            Checkpointing* checkpoints);
+                            const Checkpointing* checkpoints);
 
 }  // namespace remora::master

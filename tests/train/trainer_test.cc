@@ -1,0 +1,196 @@
+// train::Fit (train/fit.h) on the one-process trainer (train/
+// local_trainer.h), without workers: the checkpoint cadence, a resume that
+// goes on bitwise like a run that never stopped, and the errors. The
+// pipeline and parameter-server trainers run the same loop in the master's
+// tests (tests/checkpoint, tests/ps, tests/data/imagefolder_test.cc).
+#include "train/fit.h"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include <ATen/ops/randint.h>
+#include <ATen/ops/randn.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+
+#include "absl/strings/str_cat.h"
+#include "data/source.h"
+#include "tests/support/test_group.h"
+#include "train/local_trainer.h"
+
+namespace remora::train {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// A small classifier of 8 features into 3 classes, seeded by its argument.
+void RegisterTinyMlp() {
+  static const absl::Status registered = pipeline::RegisterStageModule<torch::nn::SequentialImpl>(
+      "TrainTestMlp", [](const std::vector<c10::IValue>& a, c10::Device) {
+        torch::manual_seed(a.at(0).toInt());
+        return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Linear(16, 3))
+            .ptr();
+      });
+  ASSERT_TRUE(registered.ok()) << registered;
+}
+
+std::unique_ptr<LocalTrainer> Tiny(int seed = 1) {
+  RegisterTinyMlp();
+  LocalOptions o;
+  o.stages = {pipeline::StageSpec::Registered("TrainTestMlp", {int64_t{seed}})};
+  o.loss = pipeline::LossFn::Named("cross_entropy");
+  o.optimizer = optim::OptimizerOptions::SGD(0.1).set_momentum(0.9);
+  o.micro_batches = 2;
+  auto t = LocalTrainer::Create(std::move(o));
+  EXPECT_TRUE(t.ok()) << t.status();
+  return t.ok() ? std::move(*t) : nullptr;
+}
+
+data::Dataset Rows(int64_t n, int seed) {
+  torch::manual_seed(seed);
+  return {at::randn({n, 8}), at::randint(0, 3, {n}, at::kLong)};
+}
+
+checkpoint::RunIdentity Identity(const std::string& model = "tiny mlp") {
+  checkpoint::RunIdentity id;
+  id.model = model;
+  id.data = "random 96 rows batch-size=16";
+  id.optimizer = "sgd lr=0.1 momentum=0.9";
+  return id;
+}
+
+// 2 epochs of 6 batches; every step's loss by its number.
+TrainOptions Options(const std::string& dir, std::map<int64_t, double>* losses) {
+  TrainOptions o;
+  o.fit.epochs = 2;
+  o.fit.batch_size = 16;
+  o.fit.seed = 7;
+  o.fit.min_batch_rows = 2;
+  o.fit.on_step = [losses](const pipeline::StepRecord& r) { (*losses)[r.step] = r.loss; };
+  o.checkpoints = SaveTarget{dir, 10, Identity()};
+  o.checkpoint_every = 4;
+  return o;
+}
+
+TEST(TrainFit, SavesEveryNStepsAndAtTheEnd) {
+  const data::Dataset train = Rows(96, 1), test = Rows(32, 2);
+  const std::string dir = TempPath("train_fit_cadence");
+  std::filesystem::remove_all(dir);
+  std::map<int64_t, double> losses;
+  std::ostringstream out;
+  auto trainer = Tiny();
+  ASSERT_NE(trainer, nullptr);
+  auto epochs = Fit(*trainer, data::InMemory(train), data::InMemory(test), Options(dir, &losses), out);
+  ASSERT_TRUE(epochs.ok()) << epochs.status();
+  ASSERT_EQ(epochs->size(), 2u);
+  EXPECT_EQ(losses.size(), 12u);
+  EXPECT_THAT(checkpoint::CompleteSteps(dir), ElementsAre(4, 8, 12));
+  EXPECT_THAT(out.str(), HasSubstr("checkpoint: step 8 in "));
+  EXPECT_THAT(out.str(), HasSubstr(", final)"));
+  auto last = checkpoint::Latest(dir);
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_TRUE(last->manifest.final);
+  EXPECT_EQ(last->state().epoch, 2);
+}
+
+// A run resumed from its step-8 checkpoint (epoch 2, after batch 2) trains
+// steps 9-12 with the losses of the run that never stopped, and ends with
+// the same parameters.
+TEST(TrainFit, AResumeGoesOnBitwiseLikeTheRunThatNeverStopped) {
+  const data::Dataset train = Rows(96, 1), test = Rows(32, 2);
+  const std::string dir = TempPath("train_fit_resume");
+  std::filesystem::remove_all(dir);
+  std::map<int64_t, double> whole, resumed;
+  std::ostringstream out;
+  auto first = Tiny();
+  ASSERT_NE(first, nullptr);
+  auto whole_epochs = Fit(*first, data::InMemory(train), data::InMemory(test), Options(dir, &whole), out);
+  ASSERT_TRUE(whole_epochs.ok()) << whole_epochs.status();
+
+  auto ck = checkpoint::Latest(absl::StrCat(dir, "/step-00000008"));
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  EXPECT_EQ(ck->state().epoch, 2);
+  EXPECT_EQ(ck->state().batch, 2);
+  auto second = Tiny(/*seed=*/99);  // other initial weights: the checkpoint's must win
+  ASSERT_NE(second, nullptr);
+  TrainOptions o = Options(TempPath("train_fit_resume_again"), &resumed);
+  o.resume = *ck;
+  auto epochs = Fit(*second, data::InMemory(train), data::InMemory(test), o, out);
+  ASSERT_TRUE(epochs.ok()) << epochs.status();
+  EXPECT_THAT(out.str(), HasSubstr("resumed from " + ck->dir + ": step 8, epoch 2 after batch 2"));
+  ASSERT_EQ(resumed.size(), 4u);
+  for (const auto& [step, loss] : resumed) {
+    ASSERT_TRUE(whole.count(step)) << step;
+    EXPECT_EQ(loss, whole[step]) << "step " << step;
+  }
+  const at::Tensor probe = Rows(5, 3).images;
+  auto a = first->Eval(probe), b = second->Eval(probe);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(a->equal(*b));
+  ASSERT_EQ(epochs->size(), 1u) << "only epoch 2 is left to run";
+  EXPECT_EQ(epochs->back().test_accuracy, whole_epochs->back().test_accuracy);
+  EXPECT_EQ(epochs->back().train_loss, whole_epochs->back().train_loss) << "epoch 2's mean, batches 1-2 included";
+}
+
+TEST(TrainFit, ACheckpointOfAnotherRunIsRefusedNamingWhatDiffers) {
+  const data::Dataset train = Rows(96, 1), test = Rows(32, 2);
+  const std::string dir = TempPath("train_fit_other");
+  std::filesystem::remove_all(dir);
+  std::map<int64_t, double> losses;
+  std::ostringstream out;
+  auto trainer = Tiny();
+  ASSERT_NE(trainer, nullptr);
+  TrainOptions o = Options(dir, &losses);
+  o.fit.epochs = 1;
+  ASSERT_TRUE(Fit(*trainer, data::InMemory(train), data::InMemory(test), o, out).ok());
+  auto ck = checkpoint::Latest(dir);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+
+  o.checkpoints.identity = Identity("another model");
+  o.resume = *ck;
+  losses.clear();
+  auto r = Fit(*trainer, data::InMemory(train), data::InMemory(test), o, out);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(), HasSubstr("another model"));
+  EXPECT_TRUE(losses.empty()) << "no step may run before the checkpoint is refused";
+}
+
+TEST(TrainFit, ACheckpointDirectoryThatCannotBeMadeFailsBeforeAnyStep) {
+  const data::Dataset train = Rows(32, 1), test = Rows(8, 2);
+  const std::string file = TempPath("train_fit_a_file");
+  std::ofstream(file) << "not a directory";
+  std::map<int64_t, double> losses;
+  std::ostringstream out;
+  auto trainer = Tiny();
+  ASSERT_NE(trainer, nullptr);
+  auto r = Fit(*trainer, data::InMemory(train), data::InMemory(test), Options(file + "/ckpt", &losses), out);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("cannot make the checkpoint directory"));
+  EXPECT_TRUE(losses.empty());
+}
+
+TEST(LocalTrainer, BadOptionsAreClearErrors) {
+  LocalOptions o;
+  auto none = LocalTrainer::Create(o);
+  EXPECT_THAT(none.status().message(), HasSubstr("no stages"));
+  RegisterTinyMlp();
+  o.stages = {pipeline::StageSpec::Registered("NoSuchStage", {})};
+  o.loss = pipeline::LossFn::Named("cross_entropy");
+  auto unknown = LocalTrainer::Create(o);
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_THAT(unknown.status().message(), HasSubstr("NoSuchStage"));
+  o.stages = {pipeline::StageSpec::Registered("TrainTestMlp", {int64_t{1}})};
+  o.micro_batches = 0;
+  EXPECT_THAT(LocalTrainer::Create(o).status().message(), HasSubstr("micro_batches is 0"));
+}
+
+}  // namespace
+}  // namespace remora::train
