@@ -28,7 +28,8 @@
 #include "examples/master_flags.h"
 #include "examples/master_runs.h"
 #include "examples/ps_runs.h"
-#include "examples/timeline.h"
+#include "train/report.h"
+#include "train/timeline.h"
 #include "launch/cli.h"
 #include "launch/worker_main.h"
 #include "rpc/agent.h"
@@ -54,7 +55,8 @@ absl::StatusOr<std::unique_ptr<Sets>> LoadSets(const Config& c) {
   if (!sets.ok()) return sets.status();
   const std::vector<int64_t>& shape = (*sets)->shape;
   if (TrainsSmallCnn(c) && shape != std::vector<int64_t>{1, 28, 28}) {
-    return absl::InvalidArgumentError(absl::StrCat("--dataset ", c.dataset, " has images of ", c10::str(c10::IntArrayRef(shape)),
+    return absl::InvalidArgumentError(absl::StrCat("--dataset ", c.dataset, " has images of ",
+                                                   c10::str(c10::IntArrayRef(shape)),
                                                    "; remora's small CNN takes [1, 28, 28]: give --model "
                                                    "stages for these"));
   }
@@ -78,7 +80,7 @@ absl::Status FitInputShape(Config& c, const Sets& sets) {
 
 void PrintRun(const Run& run, const Config& c) {
   std::printf("splits=%d seconds=%.3f images_per_second=%.2f\n", run.splits, run.seconds,
-              Images(run, c) / run.seconds);
+              run.images() / run.seconds);
 }
 
 // --local: each split count trained in this process.
@@ -220,17 +222,17 @@ absl::Status WriteOutputs(const std::vector<Run>& runs, const Config& c) {
     std::cout << "report: " << c.report << "\n";
   }
   if (!c.trace.empty()) {
-    if (auto s = examples::WriteChromeTrace(c.trace, tracks, runs.back().slices); !s.ok()) return s;
+    if (auto s = train::WriteChromeTrace(c.trace, tracks, runs.back().slices); !s.ok()) return s;
     std::cout << "trace: " << c.trace << " (open in https://ui.perfetto.dev or chrome://tracing)\n";
   }
   if (!c.timeline.empty()) {
-    if (auto s = examples::WriteTimelineSvg(c.timeline, tracks, runs.back().slices, runs.back().splits); !s.ok()) {
+    if (auto s = train::WriteTimelineSvg(c.timeline, tracks, runs.back().slices, runs.back().splits); !s.ok()) {
       return s;
     }
     std::cout << "timeline: " << c.timeline << "\n";
   }
   if (!c.curves.empty()) {
-    if (auto s = WriteCurves(c.curves, runs); !s.ok()) return s;
+    if (auto s = train::WriteCurves(c.curves, runs); !s.ok()) return s;
     std::cout << "curves: " << c.curves << "\n";
   }
   if (!c.tensorboard.empty()) {
@@ -246,8 +248,8 @@ void PrintBaseline(const Run& pipelined, const Run& local, const Config& c) {
               c.batches * c.batch_size / local.seconds);
   std::printf("pipeline splits=%d takes %.2fx the time of local splits=1 in all, %.2fx in steady "
               "state (median batch after the first: %.3f s against %.3f s)\n",
-              pipelined.splits, pipelined.seconds / local.seconds, SteadySeconds(pipelined) / SteadySeconds(local),
-              SteadySeconds(pipelined), SteadySeconds(local));
+              pipelined.splits, pipelined.seconds / local.seconds, pipelined.steady_seconds() / local.steady_seconds(),
+              pipelined.steady_seconds(), local.steady_seconds());
 }
 
 int Main(int argc, char** argv) {

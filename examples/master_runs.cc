@@ -31,7 +31,6 @@
 #include "absl/strings/str_replace.h"
 #include "autograd/dist_autograd.h"
 #include "launch/cli.h"
-#include "examples/timeline.h"
 #include "optim/distributed_optimizer.h"
 #include "pipeline/microbatch.h"
 #include "pipeline/partition.h"
@@ -225,9 +224,9 @@ train::TrainOptions TrainOptionsOf(const Config& c, int splits, int64_t min_batc
 
 absl::StatusOr<Run> FitLocal(const Config& c, int splits, const data::Source& train, const data::Source& test) {
   ASSIGN_OR_RETURN(auto local, LocalTrainer::Create(c, splits));
-  ASSIGN_OR_RETURN(std::shared_ptr<RunLog> log, OpenRunLog(c, splits));
+  ASSIGN_OR_RETURN(std::shared_ptr<train::RunLog> log, OpenRunLog(c, splits));
   train::TrainOptions options = TrainOptionsOf(c, splits, splits, nullptr);
-  ReportTo(log, options.fit);
+  train::ReportTo(log, options.fit);
   Run run(splits);
   run.log = log;
   ASSIGN_OR_RETURN(run.epochs, train::Fit(local->trainer(), train, test, options, std::cout));
@@ -240,9 +239,9 @@ absl::StatusOr<Run> FitPipeline(Agent& agent, const Config& c,
                                 const data::Source& train, const data::Source& test,
                                 const Checkpointing* checkpoints) {
   ASSIGN_OR_RETURN(auto trainer, CreatePipeline(agent, c, stages, splits));
-  ASSIGN_OR_RETURN(std::shared_ptr<RunLog> log, OpenRunLog(c, splits));
+  ASSIGN_OR_RETURN(std::shared_ptr<train::RunLog> log, OpenRunLog(c, splits));
   train::TrainOptions options = TrainOptionsOf(c, splits, splits * c.replicas, checkpoints);
-  ReportTo(log, options.fit);
+  train::ReportTo(log, options.fit);
   if (c.data_on == "workers" && trainer->pipeline().replica(0).runs_on_workers()) {
     // Every replica's stage 0 worker reads its share of each batch.
     RETURN_IF_ERROR(
@@ -360,6 +359,46 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, c
   return cut->stages;
 }
 
+namespace {
+
+// The requests per batch between two counts `batches` batches apart, into
+// the run and a line on the output.
+void RecordMessages(const std::map<std::string, int64_t>& before, const std::map<std::string, int64_t>& after,
+                    double batches, Run& run) {
+  double total = 0;
+  std::string line;
+  for (const auto& [kind, d] : pipeline::MessagesBetween(before, after)) {
+    run.messages_per_batch[kind] = d / batches;
+    total += d / batches;
+    absl::StrAppendFormat(&line, "%s%s %g", line.empty() ? "" : ", ", kind, d / batches);
+  }
+  std::printf("messages_per_batch=%g (%s)\n", total, line.c_str());
+}
+
+// The workers' trace slices since `start` (trace::NowUs), into the run's
+// timeline; the windows in `paused` (--compare-local's local batches) are
+// left out of it. Stops the workers' tracing.
+absl::Status CollectSlices(Agent& agent, const std::vector<std::string>& workers, int64_t start,
+                           const std::vector<std::pair<int64_t, int64_t>>& paused, Run& run) {
+  for (size_t w = 0; w < workers.size(); ++w) {
+    auto slices = agent.rpc_sync(workers[w], "trace_collect");
+    agent.rpc_sync(workers[w], "trace_enable", {false}).IgnoreError();
+    if (!slices.ok()) return slices.status();
+    for (const c10::IValue& s : slices->toListRef()) {
+      const c10::ArrayRef<c10::IValue> t = s.toTupleRef().elements().asArrayRef();
+      int64_t skipped = 0;
+      for (const auto& [p0, p1] : paused) {
+        if (p1 <= t[2].toInt()) skipped += p1 - p0;
+      }
+      run.slices.push_back({static_cast<int>(w), t[0].toStringRef(), t[1].toInt(), t[2].toInt() - start - skipped,
+                            t[3].toInt() - start - skipped, t.size() > 4 ? t[4].toStringRef() : std::string()});
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
                                   const std::vector<pipeline::StageSpec>& stages, int splits,
                                   bool traced,
@@ -438,53 +477,11 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
   if (started) RETURN_IF_ERROR(finish());
   if (count_messages) {
     ASSIGN_OR_RETURN(auto sent_after, pipe->sent_messages());
-    const double batches = c.batches - first - 1;
-    double total = 0;
-    std::string line;
-    for (const auto& [kind, d] : pipeline::MessagesBetween(sent_before, sent_after)) {
-      run.messages_per_batch[kind] = d / batches;
-      total += d / batches;
-      absl::StrAppendFormat(&line, "%s%s %g", line.empty() ? "" : ", ", kind, d / batches);
-    }
-    std::printf("messages_per_batch=%g (%s)\n", total, line.c_str());
+    RecordMessages(sent_before, sent_after, c.batches - first - 1, run);
   }
   RETURN_IF_ERROR(ReportMemory(*pipe, c, run));
-  if (traced) {
-    for (size_t w = 0; w < c.workers.size(); ++w) {
-      auto slices = agent.rpc_sync(c.workers[w], "trace_collect");
-      agent.rpc_sync(c.workers[w], "trace_enable", {false}).IgnoreError();
-      if (!slices.ok()) return slices.status();
-      for (const c10::IValue& s : slices->toListRef()) {
-        const c10::ArrayRef<c10::IValue> t = s.toTupleRef().elements().asArrayRef();
-        // The timeline leaves out the windows where after_batch ran.
-        int64_t skipped = 0;
-        for (const auto& [p0, p1] : paused) {
-          if (p1 <= t[2].toInt()) skipped += p1 - p0;
-        }
-        run.slices.push_back({static_cast<int>(w), t[0].toStringRef(), t[1].toInt(),
-                              t[2].toInt() - start - skipped, t[3].toInt() - start - skipped,
-                              t.size() > 4 ? t[4].toStringRef() : std::string()});
-      }
-    }
-  }
+  if (traced) RETURN_IF_ERROR(CollectSlices(agent, c.workers, start, paused, run));
   return run;
-}
-
-// The steady-state batch time: the median of the batches after the first
-// (the first warms up allocators and caches); the only batch when one ran.
-double Images(const Run& r, const Config& c) {
-  if (r.epochs.empty()) return static_cast<double>(r.batch_seconds.size()) * c.batch_size;
-  double n = 0;
-  for (const auto& e : r.epochs) n += e.trained;  // as the epoch lines count
-  return n;
-}
-
-double SteadySeconds(const Run& r) {
-  std::vector<double> v(r.batch_seconds.begin() + (r.batch_seconds.size() > 1 ? 1 : 0),
-                        r.batch_seconds.end());
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
 void PrintSummary(const std::vector<Run>& runs, const Config& c) {
@@ -492,59 +489,13 @@ void PrintSummary(const std::vector<Run>& runs, const Config& c) {
               "steady_batch_s", "images_per_second", "speedup");
   for (const Run& r : runs) {
     std::printf("%8d %12s %10.3f %14.3f %18.2f %8.2fx\n", r.splits, r.schedule.c_str(), r.seconds,
-                SteadySeconds(r), Images(r, c) / r.seconds, runs[0].seconds / r.seconds);
+                r.steady_seconds(), r.images() / r.seconds, runs[0].seconds / r.seconds);
   }
 }
 
-absl::Status WriteReport(const std::string& path, bool local, const std::vector<Run>& runs,
-                         const Config& c) {
-  std::ofstream out(path);
-  if (!out) return absl::InvalidArgumentError(absl::StrCat("cannot write --report ", path));
-  const char* mode = local ? "local" : c.schedule == "ps" ? "ps" : "pipeline";  // --mode ps sets "ps"
-  out << "{\"mode\": \"" << mode << "\", \"runs\": [";
-  for (size_t i = 0; i < runs.size(); ++i) {
-    const Run& r = runs[i];
-    std::vector<std::string> losses;
-    for (double l : r.losses) losses.push_back(absl::StrFormat("%.9g", l));
-    std::vector<std::string> batch_seconds;
-    for (double b : r.batch_seconds) batch_seconds.push_back(absl::StrFormat("%.6f", b));
-    out << (i ? ", " : "") << "{\"splits\": " << r.splits << ", \"schedule\": \"" << r.schedule
-        << "\", \"seconds\": " << absl::StrFormat("%.6f", r.seconds)
-        << ", \"steady_batch_seconds\": " << absl::StrFormat("%.6f", SteadySeconds(r))
-        << ", \"images_per_second\": "
-        << absl::StrFormat("%.4f", Images(r, c) / r.seconds) << ", \"batch_seconds\": ["
-        << absl::StrJoin(batch_seconds, ", ") << "], \"losses\": ["
-        << absl::StrJoin(losses, ", ") << "], \"stages\": [";
-    for (size_t k = 0; k < r.stage_memory.size(); ++k) {
-      const Run::StageMemory& m = r.stage_memory[k];
-      out << (k ? ", " : "") << "{\"replica\": " << m.replica << ", \"stage\": " << m.stage
-          << ", \"worker\": \"" << m.worker << "\", \"peak_activation_bytes\": "
-          << (m.bytes < 0 ? std::string("null") : std::to_string(m.bytes)) << "}";
-    }
-    out << "]";
-    if (!r.messages_per_batch.empty()) {
-      double total = 0;
-      std::vector<std::string> kinds;
-      for (const auto& [kind, n] : r.messages_per_batch) {
-        total += n;
-        kinds.push_back(absl::StrFormat("\"%s\": %g", absl::StrReplaceAll(kind, {{"'", ""}}), n));
-      }
-      out << ", \"messages_per_batch\": {\"total\": " << absl::StrFormat("%g", total)
-          << ", \"by_kind\": {" << absl::StrJoin(kinds, ", ") << "}}";
-    }
-    out << ", \"optimizer_state_bytes\": [" << absl::StrJoin(r.optimizer_state_bytes, ", ")
-        << "], \"epochs\": [";
-    for (size_t e = 0; e < r.epochs.size(); ++e) {
-      const auto& x = r.epochs[e];
-      out << (e ? ", " : "") << "{\"epoch\": " << x.epoch << ", \"train_loss\": "
-          << absl::StrFormat("%.6f", x.train_loss) << ", \"test_accuracy\": "
-          << absl::StrFormat("%.6f", x.test_accuracy) << ", \"seconds\": "
-          << absl::StrFormat("%.3f", x.seconds) << ", \"skipped_images\": " << x.skipped << "}";
-    }
-    out << "]}";
-  }
-  out << "]}\n";
-  return out.good() ? absl::OkStatus() : absl::DataLossError("writing the report failed");
+absl::Status WriteReport(const std::string& path, bool local, const std::vector<Run>& runs, const Config& c) {
+  return train::WriteReport(path, local ? "local" : c.schedule == "ps" ? "ps" : "pipeline",  // --mode ps sets "ps"
+                            runs);
 }
 
 }  // namespace remora::master

@@ -21,7 +21,6 @@
 #include "data/source.h"
 #include "shards/resnet.h"
 #include "optim/distributed_optimizer.h"
-#include "examples/timeline.h"
 #include "pipeline/fit.h"
 #include "parallel/data_parallel.h"
 #include "pipeline/partition.h"
@@ -30,6 +29,7 @@
 #include "train/events.h"
 #include "train/fit.h"
 #include "train/local_trainer.h"
+#include "train/report.h"
 
 namespace remora::master {
 
@@ -127,55 +127,13 @@ struct Checkpointing {
 // The run's identity, as checkpoints record it.
 checkpoint::RunIdentity IdentityOf(const Config& c, int splits);
 
-// What a run reports as it goes: TensorBoard's scalars (--tensorboard) and
-// the points of its curves (--curves). Used by the training loop's thread.
-struct RunLog {
-  std::unique_ptr<train::EventWriter> events;        // null without --tensorboard
-  std::vector<std::pair<double, double>> losses;     // (step, loss)
-  std::vector<std::pair<double, double>> accuracy;   // (epoch, test accuracy)
-  // step/loss, step/seconds, step/images_per_second; at an epoch's end
-  // epoch/train_loss, epoch/test_accuracy, epoch/images_per_second. A
-  // failed write is said once on stderr; training goes on.
-  void Step(int64_t step, double loss, int64_t rows, double seconds);
-  void Epoch(const pipeline::EpochResult& e);
+// A run's record (train/report.h): its batches or epochs, memory,
+// messages, timeline slices and log.
+using Run = train::RunRecord;
 
- private:
-  void Add(const std::string& tag, int64_t step, double value);
-  // Says a failed write once on stderr.
-  void Warn(const absl::Status& s);
-  bool warned_ = false;
-};
-// The run's log, its events in --tensorboard's DIR (DIR/splits-N when
-// --splits sweeps); an error when DIR cannot be made.
-absl::StatusOr<std::shared_ptr<RunLog>> OpenRunLog(const Config& c, int splits);
-// Sets `f` to report every step and epoch to `log`.
-void ReportTo(std::shared_ptr<RunLog> log, pipeline::FitOptions& f);
-
-struct Run {
-  explicit Run(int s) : splits(s) {}
-  int splits = 0;
-  std::string schedule = "local";
-  double seconds = 0;
-  std::vector<double> batch_seconds;  // every batch's
-  std::vector<double> losses;
-  // Each stage's peak saved activations (bytes; -1: not measured), every
-  // replica's; pipeline runs only.
-  struct StageMemory {
-    int replica = 0;
-    int stage = 0;
-    std::string worker;
-    int64_t bytes = -1;
-  };
-  std::vector<StageMemory> stage_memory;
-  std::vector<int64_t> optimizer_state_bytes;  // per replica; pipeline runs only
-  std::vector<pipeline::EpochResult> epochs;   // --dataset runs
-  std::vector<examples::TimelineSlice> slices;
-  // Requests sent per batch by the master and the workers together, by
-  // kind (pipeline::Pipeline::sent_messages), over the batches after the
-  // first; empty when not measured (one batch).
-  std::map<std::string, double> messages_per_batch;
-  std::shared_ptr<RunLog> log;  // never null once the run started
-};
+// The run's log (train/report.h), its events in --tensorboard's DIR
+// (DIR/splits-N when --splits sweeps); an error when DIR cannot be made.
+absl::StatusOr<std::shared_ptr<train::RunLog>> OpenRunLog(const Config& c, int splits);
 
 // Batch b of the ResNet50 demo or --model runs: the same in every mode.
 std::pair<at::Tensor, at::Tensor> MakeBatch(const Config& c, int b);
@@ -183,8 +141,6 @@ pipeline::LossFn Loss(const Config& c);
 void PrintBatch(int b, double loss, double seconds);
 // Batch b's loss and time: into `run`, its log, and a line on the output.
 void RecordBatch(Run& run, int b, double loss, double seconds, int64_t rows);
-// --curves: the runs' loss by step and test accuracy by epoch.
-absl::Status WriteCurves(const std::string& path, const std::vector<Run>& runs);
 
 // Training in this process alone (--local, --compare-local): the run's
 // whole model (WholeModelStages) in a train::LocalTrainer, with the demo's
@@ -268,15 +224,13 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
                                   const std::vector<pipeline::StageSpec>& stages, int splits,
                                   bool traced, const std::function<void(int)>& after_batch = nullptr,
                                   const Checkpointing* checkpoints = nullptr);
-double SteadySeconds(const Run& r);
 // Fills run.stage_memory from every replica of `pipe` and prints
 // "  [replica R, ]stage K on W: peak saved activations X MiB" per stage,
 // then each replica's optimizer state.
 absl::Status ReportMemory(parallel::DataParallelPipeline& pipe, const Config& c, Run& run);
-// Images a run trained.
-double Images(const Run& r, const Config& c);
 void PrintSummary(const std::vector<Run>& runs, const Config& c);
-absl::Status WriteReport(const std::string& path, bool local, const std::vector<Run>& runs,
-                         const Config& c);
+// --report: the runs as JSON (train::WriteReport), mode "local", "ps" or
+// "pipeline".
+absl::Status WriteReport(const std::string& path, bool local, const std::vector<Run>& runs, const Config& c);
 
 }  // namespace remora::master

@@ -186,7 +186,7 @@ absl::StatusOr<Run> TrainPs(Agent& agent, const Config& c, const PsFlags& p,
   } else {
     // Each computing worker needs at least one row of every batch.
     train::TrainOptions f = TrainOptionsOf(c, 1, static_cast<int64_t>(computing), checkpoints);
-    ReportTo(run.log, f.fit);
+    train::ReportTo(run.log, f.fit);
     ASSIGN_OR_RETURN(run.epochs, train::Fit(*trainer, *sets.train, *sets.test, f, std::cout));
     for (const auto& e : run.epochs) run.seconds += e.seconds;
   }

@@ -138,151 +138,208 @@ absl::StatusOr<std::vector<EpochResult>> FitRows(const StartRowsStep& start_step
 
 namespace {
 
+// One FitLoop call: the options, the steps taken, and the epoch under way.
+// Used by the calling thread only (reads ahead run on threads of their own
+// and touch only their rows).
+class Loop {
+ public:
+  Loop(int64_t train_size, const RowReader& read_rows, const BatchStarter& start_step,
+       const std::function<absl::StatusOr<int64_t>()>& skipped,
+       const std::function<absl::StatusOr<double>()>& accuracy, const FitOptions& o, std::ostream& out)
+      : train_size_(train_size), read_rows_(read_rows), start_step_(start_step), skipped_(skipped),
+        accuracy_(accuracy), o_(o), out_(out), step_(o.start.step) {}
+
+  absl::StatusOr<std::vector<EpochResult>> Run() {
+    if (o_.epochs < 1 || o_.batch_size < 1 || o_.prefetch < 0) {
+      return absl::InvalidArgumentError("fit: epochs and batch size must be at least 1, prefetch at least 0");
+    }
+    if (skipped_) {
+      ASSIGN_OR_RETURN(skipped_before_, skipped_());
+    }
+    std::vector<EpochResult> results;
+    for (int e = std::max(1, o_.start.epoch); e <= o_.epochs; ++e) {
+      ASSIGN_OR_RETURN(const bool trained, TrainEpoch(e));
+      if (!trained) continue;
+      RETURN_IF_ERROR(EndEpoch());
+      if (o_.on_epoch) o_.on_epoch(r_);
+      results.push_back(r_);
+    }
+    return results;
+  }
+
+ private:
+  // A step started and not yet waited for.
+  struct Started {
+    size_t batch;
+    int64_t rows;
+    StartedStep step;
+  };
+
+  // Trains epoch e's batches (from the resumed position in the resumed
+  // epoch); false when there was none left to train (a run resumed after
+  // the epoch's last batch, which reported the epoch then).
+  absl::StatusOr<bool> TrainEpoch(int e) {
+    const bool resumed = e == o_.start.epoch;
+    batches_ = data::EpochBatches(train_size_, o_.batch_size, o_.shuffle, o_.seed, e);
+    if (!batches_.empty() && batches_.back().size(0) < o_.min_batch_rows) batches_.pop_back();
+    if (batches_.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("fit: ", train_size_,
+                                                     " training rows make no batch of ", o_.min_batch_rows));
+    }
+    if (resumed && o_.start.batch > static_cast<int64_t>(batches_.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("fit: resuming at batch ", o_.start.batch, " of epoch ", e,
+                                                     ", which has ", batches_.size(), " batches"));
+    }
+    first_ = resumed ? static_cast<size_t>(o_.start.batch) : 0;
+    if (resumed && first_ == batches_.size() && first_ > 0) return false;
+    r_ = EpochResult{};
+    r_.epoch = e;
+    r_.images = resumed ? o_.start.images : 0;
+    loss_sum_ = resumed ? o_.start.loss_sum : 0;
+    next_line_ = 0;
+    trained_ = 0;
+    t0_ = last_end_ = Now();
+    read_.clear();
+    next_read_ = first_;
+    for (size_t b = first_; b < batches_.size(); ++b) {
+      // The step before this one (step_ + started_.size()) may need the
+      // workers to itself until after_step has run.
+      if (!started_.empty() && o_.settle_after && o_.settle_after(step_ + static_cast<int64_t>(started_.size()))) {
+        while (!started_.empty()) RETURN_IF_ERROR(FinishOldest());
+      }
+      ReadAhead();
+      absl::StatusOr<data::Batch> batch = read_.front().get();
+      read_.pop_front();
+      ReadAhead();  // the next batches are read while this one trains
+      if (!batch.ok()) {
+        DropStarted();
+        return Annotate(batch.status(), absl::StrCat("reading epoch ", e, ", batch ", b + 1, " of ", batches_.size()));
+      }
+      r_.skipped += batch->skipped;
+      if (batch->labels.size(0) == 0) continue;  // every file of it skipped
+      started_.push_back(Started{b, batch->labels.size(0), start_step_(*batch, batches_[b], e)});
+      // One step ahead: the one before this is waited for now.
+      while (started_.size() > 1) RETURN_IF_ERROR(FinishOldest());
+    }
+    while (!started_.empty()) RETURN_IF_ERROR(FinishOldest());
+    r_.seconds = Now() - t0_;
+    return true;
+  }
+
+  // Batches read ahead (o_.prefetch of them while a step runs), in order
+  // from batch next_read_.
+  void ReadAhead() {
+    while (next_read_ < batches_.size() && static_cast<int>(read_.size()) <= o_.prefetch) {
+      read_.push_back(std::async(o_.prefetch > 0 ? std::launch::async : std::launch::deferred,
+                                 [read_rows = &read_rows_, rows = batches_[next_read_], e = r_.epoch] {
+                                   return (*read_rows)(rows, e);
+                                 }));
+      ++next_read_;
+    }
+  }
+
+  void DropStarted() {
+    for (auto& s : started_) s.step.abandon();
+    started_.clear();
+  }
+
+  // Waits for the oldest step started and accounts for it.
+  absl::Status FinishOldest() {
+    Started oldest = std::move(started_.front());
+    started_.pop_front();
+    const size_t b = oldest.batch;
+    const int e = r_.epoch;
+    absl::StatusOr<double> loss = oldest.step.wait();
+    if (!loss.ok()) {
+      DropStarted();
+      return Annotate(loss.status(), absl::StrCat("epoch ", e, ", batch ", b + 1, " of ", batches_.size()));
+    }
+    loss_sum_ += *loss;
+    r_.images += oldest.rows;
+    trained_ += oldest.rows;
+    ++step_;
+    const double ended = Now();
+    if (o_.on_step) o_.on_step(StepRecord{e, step_, *loss, oldest.rows, ended - last_end_});
+    last_end_ = ended;
+    Progress(b, ended);
+    if (o_.after_step) {
+      absl::Status s = o_.after_step(FitPosition{e, static_cast<int64_t>(b + 1), loss_sum_, r_.images, step_});
+      if (!s.ok()) {
+        DropStarted();
+        return Annotate(s, absl::StrCat("after epoch ", e, ", batch ", b + 1));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // The progress line after batch b: redrawn in place, or every tenth of
+  // the epoch.
+  void Progress(size_t b, double now) {
+    const double done = static_cast<double>(b + 1 - first_) / (batches_.size() - first_);
+    const double elapsed = now - t0_;
+    const std::string line = absl::StrFormat(
+        "epoch %d/%d  %zu/%zu batches  loss=%.4f  %.0f images/s  ETA %s", r_.epoch, o_.epochs, b + 1,
+        batches_.size(), loss_sum_ / (b + 1), trained_ / std::max(elapsed, 1e-9), Duration(elapsed / done - elapsed));
+    if (o_.progress_bar) {
+      out_ << "\r" << line << "   " << std::flush;
+    } else if (done >= next_line_ && b + 1 < batches_.size()) {
+      out_ << line << "\n" << std::flush;
+      next_line_ += 0.1;
+    }
+  }
+
+  // The epoch's rows left out where they were read, its loss, its test
+  // accuracy and its line.
+  absl::Status EndEpoch() {
+    const int e = r_.epoch;
+    if (skipped_) {
+      auto now = skipped_();
+      if (!now.ok()) return Annotate(now.status(), absl::StrCat("after epoch ", e));
+      const int64_t epoch_skipped = *now - skipped_before_;
+      skipped_before_ = *now;
+      r_.skipped += epoch_skipped;
+      r_.images -= epoch_skipped;
+      trained_ -= epoch_skipped;
+    }
+    r_.trained = trained_;
+    r_.train_loss = loss_sum_ / batches_.size();
+    if (o_.progress_bar) out_ << "\n";
+    auto accuracy = accuracy_();
+    if (!accuracy.ok()) return Annotate(accuracy.status(), absl::StrCat("evaluating after epoch ", e));
+    r_.test_accuracy = *accuracy;
+    out_ << absl::StrFormat("epoch=%d train_loss=%.4f test_accuracy=%.4f seconds=%.1f images_per_second=%.0f%s\n",
+                            e, r_.train_loss, r_.test_accuracy, r_.seconds, trained_ / std::max(r_.seconds, 1e-9),
+                            r_.skipped > 0 ? absl::StrCat(" skipped_images=", r_.skipped) : "")
+         << std::flush;
+    return absl::OkStatus();
+  }
+
+  const int64_t train_size_;
+  const RowReader& read_rows_;
+  const BatchStarter& start_step_;
+  const std::function<absl::StatusOr<int64_t>()>& skipped_;
+  const std::function<absl::StatusOr<double>()>& accuracy_;
+  const FitOptions& o_;
+  std::ostream& out_;
+  int64_t step_;
+  int64_t skipped_before_ = 0;
+  // The epoch under way.
+  std::vector<at::Tensor> batches_;
+  size_t first_ = 0;  // the first batch this call trains
+  EpochResult r_;
+  double t0_ = 0, last_end_ = 0, loss_sum_ = 0, next_line_ = 0;
+  int64_t trained_ = 0;  // images of the epoch trained by this call
+  std::deque<std::future<absl::StatusOr<data::Batch>>> read_;
+  size_t next_read_ = 0;
+  std::deque<Started> started_;
+};
+
 absl::StatusOr<std::vector<EpochResult>> FitLoop(int64_t train_size, const RowReader& read_rows,
                                                  const BatchStarter& start_step,
                                                  const std::function<absl::StatusOr<int64_t>()>& skipped,
-                                                 const std::function<absl::StatusOr<double>()>& accuracy_fn,
+                                                 const std::function<absl::StatusOr<double>()>& accuracy,
                                                  const FitOptions& o, std::ostream& out) {
-  if (o.epochs < 1 || o.batch_size < 1 || o.prefetch < 0) {
-    return absl::InvalidArgumentError("fit: epochs and batch size must be at least 1, prefetch at least 0");
-  }
-  std::vector<EpochResult> results;
-  int64_t step = o.start.step;
-  int64_t skipped_before = 0;
-  if (skipped) {
-    ASSIGN_OR_RETURN(skipped_before, skipped());
-  }
-  for (int e = std::max(1, o.start.epoch); e <= o.epochs; ++e) {
-    const bool resumed = e == o.start.epoch;
-    std::vector<at::Tensor> batches = data::EpochBatches(train_size, o.batch_size, o.shuffle, o.seed, e);
-    if (!batches.empty() && batches.back().size(0) < o.min_batch_rows) batches.pop_back();
-    if (batches.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("fit: ", train_size,
-                                                     " training rows make no batch of ", o.min_batch_rows));
-    }
-    if (resumed && o.start.batch > static_cast<int64_t>(batches.size())) {
-      return absl::InvalidArgumentError(absl::StrCat("fit: resuming at batch ", o.start.batch, " of epoch ", e,
-                                                     ", which has ", batches.size(), " batches"));
-    }
-    EpochResult r;
-    r.epoch = e;
-    const double t0 = Now();
-    double loss_sum = resumed ? o.start.loss_sum : 0, next_line = 0;
-    r.images = resumed ? o.start.images : 0;
-    int64_t trained = 0;  // images of this epoch trained by this call
-    double last_end = t0;  // when the step before ended
-    const size_t first = resumed ? static_cast<size_t>(o.start.batch) : 0;
-    // Resumed after its last batch (a run that ended with the epoch, now
-    // given more epochs): the epoch was reported then.
-    if (resumed && first == batches.size() && first > 0) continue;
-    // Batches read ahead (o.prefetch of them while a step runs), in order
-    // from batch `next_read`.
-    std::deque<std::future<absl::StatusOr<data::Batch>>> read;
-    size_t next_read = first;
-    auto read_ahead = [&] {
-      while (next_read < batches.size() && static_cast<int>(read.size()) <= o.prefetch) {
-        read.push_back(std::async(o.prefetch > 0 ? std::launch::async : std::launch::deferred,
-                                  [&read_rows, rows = batches[next_read], e] { return read_rows(rows, e); }));
-        ++next_read;
-      }
-    };
-    // Steps started and not yet waited for, oldest first.
-    struct Started {
-      size_t batch;
-      int64_t rows;
-      StartedStep step;
-    };
-    std::deque<Started> started;
-    auto drop_started = [&started] {
-      for (auto& s : started) s.step.abandon();
-      started.clear();
-    };
-    // Waits for the oldest step started and accounts for it.
-    auto finish_oldest = [&]() -> absl::Status {
-      Started oldest = std::move(started.front());
-      started.pop_front();
-      const size_t b = oldest.batch;
-      absl::StatusOr<double> loss = oldest.step.wait();
-      if (!loss.ok()) {
-        drop_started();
-        return Annotate(loss.status(), absl::StrCat("epoch ", e, ", batch ", b + 1, " of ", batches.size()));
-      }
-      const int64_t rows = oldest.rows;
-      loss_sum += *loss;
-      r.images += rows;
-      trained += rows;
-      ++step;
-      const double ended = Now();
-      if (o.on_step) o.on_step(StepRecord{e, step, *loss, rows, ended - last_end});
-      last_end = ended;
-      const double done = static_cast<double>(b + 1 - first) / (batches.size() - first);
-      const double elapsed = ended - t0;
-      const std::string line = absl::StrFormat(
-          "epoch %d/%d  %zu/%zu batches  loss=%.4f  %.0f images/s  ETA %s", e, o.epochs, b + 1,
-          batches.size(), loss_sum / (b + 1), trained / std::max(elapsed, 1e-9),
-          Duration(elapsed / done - elapsed));
-      if (o.progress_bar) {
-        out << "\r" << line << "   " << std::flush;
-      } else if (done >= next_line && b + 1 < batches.size()) {
-        out << line << "\n" << std::flush;
-        next_line += 0.1;
-      }
-      if (o.after_step) {
-        absl::Status s = o.after_step(FitPosition{e, static_cast<int64_t>(b + 1), loss_sum, r.images, step});
-        if (!s.ok()) {
-          drop_started();
-          return Annotate(s, absl::StrCat("after epoch ", e, ", batch ", b + 1));
-        }
-      }
-      return absl::OkStatus();
-    };
-    for (size_t b = first; b < batches.size(); ++b) {
-      // The step before this one (step + started.size()) may need the
-      // workers to itself until after_step has run.
-      if (!started.empty() && o.settle_after &&
-          o.settle_after(step + static_cast<int64_t>(started.size()))) {
-        while (!started.empty()) RETURN_IF_ERROR(finish_oldest());
-      }
-      read_ahead();
-      absl::StatusOr<data::Batch> batch = read.front().get();
-      read.pop_front();
-      read_ahead();  // the next batches are read while this one trains
-      if (!batch.ok()) {
-        drop_started();
-        return Annotate(batch.status(), absl::StrCat("reading epoch ", e, ", batch ", b + 1, " of ", batches.size()));
-      }
-      r.skipped += batch->skipped;
-      if (batch->labels.size(0) == 0) continue;  // every file of it skipped
-      const int64_t rows = batch->labels.size(0);
-      started.push_back(Started{b, rows, start_step(*batch, batches[b], e)});
-      // One step ahead: the one before this is waited for now.
-      while (started.size() > 1) RETURN_IF_ERROR(finish_oldest());
-    }
-    while (!started.empty()) RETURN_IF_ERROR(finish_oldest());
-    r.seconds = Now() - t0;
-    if (skipped) {  // left out where the rows were read
-      auto now = skipped();
-      if (!now.ok()) return Annotate(now.status(), absl::StrCat("after epoch ", e));
-      const int64_t epoch_skipped = *now - skipped_before;
-      skipped_before = *now;
-      r.skipped += epoch_skipped;
-      r.images -= epoch_skipped;
-      trained -= epoch_skipped;
-    }
-    r.trained = trained;
-    r.train_loss = loss_sum / batches.size();
-    if (o.progress_bar) out << "\n";
-    auto accuracy = accuracy_fn();
-    if (!accuracy.ok()) return Annotate(accuracy.status(), absl::StrCat("evaluating after epoch ", e));
-    r.test_accuracy = *accuracy;
-    out << absl::StrFormat("epoch=%d train_loss=%.4f test_accuracy=%.4f seconds=%.1f images_per_second=%.0f%s\n",
-                           e, r.train_loss, r.test_accuracy, r.seconds, trained / std::max(r.seconds, 1e-9),
-                           r.skipped > 0 ? absl::StrCat(" skipped_images=", r.skipped) : "")
-        << std::flush;
-    if (o.on_epoch) o.on_epoch(r);
-    results.push_back(r);
-  }
-  return results;
+  return Loop(train_size, read_rows, start_step, skipped, accuracy, o, out).Run();
 }
 
 }  // namespace

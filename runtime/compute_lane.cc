@@ -29,7 +29,9 @@ Key KeyOf(const LaneAction& a) { return {a.stage, a.micro_batch, a.backward}; }
 struct Waiter {
   uint64_t ticket = 0;
   bool granted = false;
-  bool in_order = false;  // granted as the order's next action
+  // Granted as the next action of the order of this generation (0: a
+  // plain turn): its end counts in that order only, never in a later one.
+  uint64_t order = 0;
   std::function<void()> run;  // async only
   std::function<void(std::function<void()>)> post;
 };
@@ -52,9 +54,12 @@ class Lane {
     return Grant();
   }
 
-  Waiter* Release(bool in_order) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  // Ends the turn of one granted as the next action of order `order` (0:
+  // a plain turn). An order abandoned or replaced while its action ran has
+  // another generation now: that action's end must not count in the new one.
+  Waiter* Release(uint64_t order) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     busy_ = false;
-    if (in_order) ++pos_;
+    if (order != 0 && order == generation_) ++pos_;
     return Grant();
   }
 
@@ -90,6 +95,7 @@ class Lane {
     }
     context_id_ = context_id;
     pos_ = 0;
+    ++generation_;
     return Grant();
   }
 
@@ -121,7 +127,7 @@ class Lane {
       auto it = ordered_.find(order_[pos_]);
       if (it != ordered_.end()) {
         w = it->second;
-        w->in_order = true;
+        w->order = generation_;
         ordered_.erase(it);
       }
     }
@@ -142,6 +148,7 @@ class Lane {
   std::vector<Key> order_ ABSL_GUARDED_BY(mu);
   absl::flat_hash_map<Key, size_t> index_ ABSL_GUARDED_BY(mu);
   size_t pos_ ABSL_GUARDED_BY(mu) = 0;
+  uint64_t generation_ ABSL_GUARDED_BY(mu) = 0;  // SetOrder's (and Abandon's) count
   absl::flat_hash_map<Key, Waiter*> ordered_ ABSL_GUARDED_BY(mu);
   absl::flat_hash_set<Key> skipped_ ABSL_GUARDED_BY(mu);  // of the order, never to come
   std::function<void()> on_done_ ABSL_GUARDED_BY(mu);     // see WhenOrderDone
@@ -164,7 +171,7 @@ void Start(Waiter* w) {
     std::function<void()> done;
     {
       MutexLock lock(lane.mu);
-      next = lane.Release(owned->in_order);
+      next = lane.Release(owned->order);
       done = lane.TakeDone();
     }
     if (done) done();
@@ -189,7 +196,7 @@ ComputeTurn::ComputeTurn() {
     Await(lane, w);
   }
   Start(start);
-  in_order_ = w.in_order;
+  order_ = w.order;
 }
 
 ComputeTurn::ComputeTurn(const LaneAction& action) {
@@ -202,7 +209,7 @@ ComputeTurn::ComputeTurn(const LaneAction& action) {
     Await(lane, w);
   }
   Start(start);
-  in_order_ = w.in_order;
+  order_ = w.order;
 }
 
 ComputeTurn::~ComputeTurn() {
@@ -211,7 +218,7 @@ ComputeTurn::~ComputeTurn() {
   std::function<void()> done;
   {
     MutexLock lock(lane.mu);
-    next = lane.Release(in_order_);
+    next = lane.Release(order_);
     done = lane.TakeDone();
   }
   if (done) done();

@@ -85,7 +85,7 @@ class ComputeTurn {
   static int64_t Queued();
 
  private:
-  bool in_order_ = false;  // granted as its order's next action
+  uint64_t order_ = 0;  // the order (its generation) it was granted in as the next action; 0: none
 };
 
 }  // namespace remora

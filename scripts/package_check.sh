@@ -8,8 +8,10 @@
 #     #error (a LibTorch wheel carries protobuf headers of another version:
 #     a public header that reached protobuf would break there);
 #  3. examples/custom_model builds against the package with that same
-#     folder first, and its train_custom runs: a two-stage pipeline of the
-#     project's own module over two of its own worker programs.
+#     folder first, and its train_custom runs on train/: two replicas of a
+#     two-stage pipeline of the project's own module over four of its own
+#     worker programs, with checkpoints; a second run resumes from one and
+#     must train the steps after it with the same losses.
 # Run by ctest (Package.CustomModelBuildsAgainstTheInstalledPackage).
 #
 # usage: scripts/package_check.sh BUILD WORK
@@ -96,4 +98,19 @@ cmake -S "$src/examples/custom_model" -B "$work/custom" -DCMAKE_BUILD_TYPE=Relea
 cmake --build "$work/custom" -j "${REMORA_JOBS:-2}" >"$work/build.log" 2>&1 || {
   tail -40 "$work/build.log"; exit 1; }
 echo "package_check: examples/custom_model built against the package (protobuf/gRPC headers poisoned)"
-"$work/custom/train_custom"
+# It trains 24 steps with a checkpoint every 4; a second run goes on from
+# the first's step 12 (mid-epoch): its 12 steps must have the first's
+# losses, bit for bit.
+rm -rf "$work/ckpt" "$work/ckpt-resumed"
+"$work/custom/train_custom" "$work/ckpt" >"$work/first.log" 2>&1 || { tail -30 "$work/first.log"; exit 1; }
+tail -1 "$work/first.log"
+"$work/custom/train_custom" "$work/ckpt-resumed" --resume "$work/ckpt/step-00000012" >"$work/resumed.log" 2>&1 || {
+  tail -30 "$work/resumed.log"; exit 1; }
+grep '^resumed from' "$work/resumed.log"
+grep '^step=' "$work/first.log" | tail -n +13 >"$work/first.steps"
+grep '^step=' "$work/resumed.log" >"$work/resumed.steps"
+if [ "$(wc -l <"$work/first.steps")" -ne 12 ] || ! diff "$work/first.steps" "$work/resumed.steps"; then
+  echo "package_check: the run resumed from step 12 did not train steps 13-24 with the first run's losses" >&2
+  exit 1
+fi
+echo "package_check: train_custom resumed from its step-12 checkpoint: steps 13-24 have the same losses"

@@ -21,7 +21,7 @@ absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(LocalOptions 
   }
   c10::Device device(c10::kCPU);
   try {
-    device = c10::Device(options.device);
+    device = c10::Device(options.device);  // throws for a bad name
   } catch (...) {
     return StatusFromCurrentException(absl::StrCat("local training: device '", options.device, "'"));
   }

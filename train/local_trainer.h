@@ -60,7 +60,6 @@ class LocalTrainer final : public Trainer {
   absl::StatusOr<Saved> Save(const SaveTarget& target, const checkpoint::TrainingState& state,
                              bool final) override;
   absl::StatusOr<int64_t> Load(const checkpoint::Checkpoint& ck) override;
-  std::string kind() const override { return "local"; }
 
  private:
   LocalTrainer(LocalOptions options, std::vector<std::unique_ptr<pipeline::StageModule>> stages);

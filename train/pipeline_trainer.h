@@ -53,7 +53,6 @@ class PipelineTrainer final : public Trainer, private RowsSteps {
                              bool final) override;
   absl::StatusOr<int64_t> Load(const checkpoint::Checkpoint& ck) override;
   RowsSteps* rows() override { return train_data_ != nullptr ? this : nullptr; }
-  std::string kind() const override { return "pipeline"; }
 
  private:
   PipelineTrainer(Agent& agent, std::vector<pipeline::StageSpec> stages,

@@ -42,7 +42,6 @@ class PsTrainer final : public Trainer {
   absl::StatusOr<Saved> Save(const SaveTarget& target, const checkpoint::TrainingState& state,
                              bool final) override;
   absl::StatusOr<int64_t> Load(const checkpoint::Checkpoint& ck) override;
-  std::string kind() const override { return "ps"; }
 
  private:
   PsTrainer(std::vector<pipeline::StageSpec> stages, std::unique_ptr<ps::ParameterServer> server)

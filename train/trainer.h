@@ -73,8 +73,6 @@ class Trainer {
   // The steps over rows that its workers read, when it reads that way
   // (null: the batches are read here and passed to StartStep).
   virtual RowsSteps* rows() { return nullptr; }
-  // A short description for the run's output ("pipeline", "local", ...).
-  virtual std::string kind() const = 0;
 };
 
 }  // namespace remora::train

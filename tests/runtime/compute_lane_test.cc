@@ -2,11 +2,13 @@
 // order; a schedule's actions in the schedule's order, whatever order they
 // arrive in; plain turns while the next action has not arrived; a new
 // order releases the old one's waiters; skipped actions are not waited for;
-// an abandoned order (a failed batch) releases its waiters.
+// an abandoned order (a failed batch) releases its waiters, and an action
+// that outlives its order does not count in the next one.
 #include "runtime/compute_lane.h"
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -82,10 +84,14 @@ class Recorder {
       Add(name);
     });
   }
-  // An async turn for `a`; `post` starts a thread.
-  void Async(const LaneAction& a) {
+  // An async turn for `a` (then `then`, holding it); `post` starts a thread.
+  void Async(const LaneAction& a, std::function<void()> then = nullptr) {
     ComputeTurn::RunInTurn(
-        a, [this, a] { Add(a.ToString()); },
+        a,
+        [this, a, then] {
+          Add(a.ToString());
+          if (then) then();
+        },
         [this](std::function<void()> fn) {
           MutexLock lock(mu_);
           posted_.emplace_back(std::move(fn));
@@ -212,6 +218,32 @@ TEST(ComputeTurn, AnAbandonedOrderServesItsWaitersAndLaterArrivalsAsPlainTurns) 
     r.Drive(3);
     EXPECT_THAT(r.order(), ::testing::ElementsAre("F0@stage0", "F1@stage0", "F2@stage0"));
   }
+  EXPECT_EQ(ComputeTurn::Queued(), 0);
+}
+
+// A batch fails in one of its actions and the next batch's order is set
+// while that action still holds the lane (the step runner does so): the
+// action's end must not count in the new order, whose first action would
+// then wait forever (seen as a hung step in CI).
+TEST(ComputeTurn, AnActionEndingAfterItsOrderWasReplacedDoesNotAdvanceTheNewOne) {
+  ComputeTurn::SetOrder(7, {F(7, 0), F(7, 1)});
+  std::atomic<bool> done{false};
+  {
+    Recorder r;
+    r.Async(F(7, 0), [&] {
+      ComputeTurn::Abandon(7);
+      ComputeTurn::SetOrder(8, {F(8, 0), F(8, 1)});
+      ComputeTurn::WhenOrderDone(8, [&done] { done = true; });
+      r.Async(F(8, 0));  // waits: F0 of batch 7 still holds the lane
+    });
+    r.Drive(2);
+    EXPECT_THAT(r.order(), ::testing::ElementsAre("F0@stage0", "F0@stage0"));
+    EXPECT_FALSE(done) << "batch 8's F1 has not run";
+    r.Async(F(8, 1));
+    r.Drive(3);
+    EXPECT_THAT(r.order(), ::testing::ElementsAre("F0@stage0", "F0@stage0", "F1@stage0"));
+  }
+  EXPECT_TRUE(done);
   EXPECT_EQ(ComputeTurn::Queued(), 0);
 }
 

@@ -9,7 +9,7 @@
 
 #include "absl/status/status.h"
 
-namespace remora::examples {
+namespace remora::train {
 
 struct TimelineSlice {
   int track;             // index into the track names
@@ -27,4 +27,4 @@ absl::Status WriteChromeTrace(const std::string& path, const std::vector<std::st
 absl::Status WriteTimelineSvg(const std::string& path, const std::vector<std::string>& tracks,
                               const std::vector<TimelineSlice>& slices, int micro_batches);
 
-}  // namespace remora::examples
+}  // namespace remora::train

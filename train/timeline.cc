@@ -1,4 +1,4 @@
-#include "examples/timeline.h"
+#include "train/timeline.h"
 
 #include <algorithm>
 #include <fstream>
@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
-namespace remora::examples {
+namespace remora::train {
 namespace {
 
 std::string Label(const TimelineSlice& s) {
@@ -106,4 +106,4 @@ absl::Status WriteTimelineSvg(const std::string& path, const std::vector<std::st
   return out.good() ? absl::OkStatus() : absl::DataLossError("writing the timeline failed");
 }
 
-}  // namespace remora::examples
+}  // namespace remora::train

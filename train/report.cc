@@ -1,0 +1,137 @@
+#include "train/report.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "base/status_util.h"
+#include "train/curves.h"
+
+namespace remora::train {
+
+absl::StatusOr<std::shared_ptr<RunLog>> RunLog::Open(const std::string& dir) {
+  auto log = std::make_shared<RunLog>();
+  if (dir.empty()) return log;
+  ASSIGN_OR_RETURN(log->events_, EventWriter::Open(dir));
+  return log;
+}
+
+void RunLog::Add(const std::string& tag, int64_t step, double value) {
+  if (events_ == nullptr) return;
+  Warn(events_->AddScalar(tag, step, value));
+}
+
+void RunLog::Warn(const absl::Status& s) {
+  if (s.ok() || warned_) return;
+  std::fprintf(stderr, "remora: TensorBoard events: %s (training goes on)\n", std::string(s.message()).c_str());
+  warned_ = true;
+}
+
+void RunLog::Step(int64_t step, double loss, int64_t rows, double seconds) {
+  losses_.emplace_back(static_cast<double>(step), loss);
+  Add("step/loss", step, loss);
+  Add("step/seconds", step, seconds);
+  if (seconds > 0) Add("step/images_per_second", step, rows / seconds);
+}
+
+void RunLog::Epoch(const pipeline::EpochResult& e) {
+  accuracy_.emplace_back(e.epoch, e.test_accuracy);
+  Add("epoch/train_loss", e.epoch, e.train_loss);
+  Add("epoch/test_accuracy", e.epoch, e.test_accuracy);
+  if (e.seconds > 0) Add("epoch/images_per_second", e.epoch, e.trained / e.seconds);
+  if (events_ != nullptr) Warn(events_->Flush());
+}
+
+void ReportTo(std::shared_ptr<RunLog> log, pipeline::FitOptions& f) {
+  f.on_step = [log](const pipeline::StepRecord& s) { log->Step(s.step, s.loss, s.rows, s.seconds); };
+  f.on_epoch = [log](const pipeline::EpochResult& e) { log->Epoch(e); };
+}
+
+void RunRecord::AddBatch(int b, double loss, double batch_time, int64_t rows) {
+  seconds += batch_time;
+  batch_seconds.push_back(batch_time);
+  losses.push_back(loss);
+  batch_rows = rows;
+  if (log != nullptr) log->Step(b + 1, loss, rows, batch_time);
+}
+
+double RunRecord::images() const {
+  if (epochs.empty()) return static_cast<double>(batch_seconds.size()) * batch_rows;
+  double n = 0;
+  for (const auto& e : epochs) n += e.trained;  // as the epoch lines count
+  return n;
+}
+
+double RunRecord::steady_seconds() const {
+  std::vector<double> v(batch_seconds.begin() + (batch_seconds.size() > 1 ? 1 : 0), batch_seconds.end());
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+absl::Status WriteCurves(const std::string& path, const std::vector<RunRecord>& runs) {
+  Panel loss{"training loss", "step", {}};
+  Panel accuracy{"test accuracy", "epoch", {}};
+  for (const RunRecord& r : runs) {
+    if (r.log == nullptr) continue;
+    const std::string name = runs.size() > 1 ? absl::StrCat("splits=", r.splits) : "";
+    loss.series.push_back({name, r.log->losses()});
+    accuracy.series.push_back({name, r.log->accuracy()});
+  }
+  return WriteCurvesSvg(path, {loss, accuracy});
+}
+
+absl::Status WriteReport(const std::string& path, const std::string& mode, const std::vector<RunRecord>& runs) {
+  std::ofstream out(path);
+  if (!out) return absl::InvalidArgumentError(absl::StrCat("cannot write the report ", path));
+  out << "{\"mode\": \"" << mode << "\", \"runs\": [";
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const RunRecord& r = runs[i];
+    std::vector<std::string> losses;
+    for (double l : r.losses) losses.push_back(absl::StrFormat("%.9g", l));
+    std::vector<std::string> batch_seconds;
+    for (double b : r.batch_seconds) batch_seconds.push_back(absl::StrFormat("%.6f", b));
+    out << (i ? ", " : "") << "{\"splits\": " << r.splits << ", \"schedule\": \"" << r.schedule
+        << "\", \"seconds\": " << absl::StrFormat("%.6f", r.seconds)
+        << ", \"steady_batch_seconds\": " << absl::StrFormat("%.6f", r.steady_seconds())
+        << ", \"images_per_second\": "
+        << absl::StrFormat("%.4f", r.images() / r.seconds) << ", \"batch_seconds\": ["
+        << absl::StrJoin(batch_seconds, ", ") << "], \"losses\": ["
+        << absl::StrJoin(losses, ", ") << "], \"stages\": [";
+    for (size_t k = 0; k < r.stage_memory.size(); ++k) {
+      const RunRecord::StageMemory& m = r.stage_memory[k];
+      out << (k ? ", " : "") << "{\"replica\": " << m.replica << ", \"stage\": " << m.stage
+          << ", \"worker\": \"" << m.worker << "\", \"peak_activation_bytes\": "
+          << (m.bytes < 0 ? std::string("null") : std::to_string(m.bytes)) << "}";
+    }
+    out << "]";
+    if (!r.messages_per_batch.empty()) {
+      double total = 0;
+      std::vector<std::string> kinds;
+      for (const auto& [kind, n] : r.messages_per_batch) {
+        total += n;
+        kinds.push_back(absl::StrFormat("\"%s\": %g", absl::StrReplaceAll(kind, {{"'", ""}}), n));
+      }
+      out << ", \"messages_per_batch\": {\"total\": " << absl::StrFormat("%g", total)
+          << ", \"by_kind\": {" << absl::StrJoin(kinds, ", ") << "}}";
+    }
+    out << ", \"optimizer_state_bytes\": [" << absl::StrJoin(r.optimizer_state_bytes, ", ")
+        << "], \"epochs\": [";
+    for (size_t e = 0; e < r.epochs.size(); ++e) {
+      const auto& x = r.epochs[e];
+      out << (e ? ", " : "") << "{\"epoch\": " << x.epoch << ", \"train_loss\": "
+          << absl::StrFormat("%.6f", x.train_loss) << ", \"test_accuracy\": "
+          << absl::StrFormat("%.6f", x.test_accuracy) << ", \"seconds\": "
+          << absl::StrFormat("%.3f", x.seconds) << ", \"skipped_images\": " << x.skipped << "}";
+    }
+    out << "]}";
+  }
+  out << "]}\n";
+  return out.good() ? absl::OkStatus() : absl::DataLossError("writing the report failed");
+}
+
+}  // namespace remora::train

@@ -1,0 +1,102 @@
+// What a training run reports: as it goes, TensorBoard's scalars and the
+// points of its curves (RunLog); at the end, its record (RunRecord) as a
+// JSON report, a summary's figures and SVG curves.
+//
+//   auto log = train::RunLog::Open("runs/a").value();   // "" : no event files
+//   train::ReportTo(log, options.fit);                   // every step and epoch
+//   train::RunRecord run;  run.log = log;
+//   run.epochs = train::Fit(...).value();
+//   RETURN_IF_ERROR(train::WriteReport("report.json", "pipeline", {run}));
+//
+// Thread-safety: a RunLog and a RunRecord belong to the training loop's
+// thread; the free functions are thread-compatible.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "pipeline/fit.h"
+#include "train/events.h"
+#include "train/timeline.h"
+
+namespace remora::train {
+
+class RunLog {
+ public:
+  // Event files in `dir` (made if needed; an error when it cannot be);
+  // "" : none, only the curves' points.
+  static absl::StatusOr<std::shared_ptr<RunLog>> Open(const std::string& dir);
+
+  // step/loss, step/seconds, step/images_per_second; at an epoch's end
+  // epoch/train_loss, epoch/test_accuracy, epoch/images_per_second. A
+  // failed write is said once on stderr; training goes on.
+  void Step(int64_t step, double loss, int64_t rows, double seconds);
+  void Epoch(const pipeline::EpochResult& e);
+
+  const std::vector<std::pair<double, double>>& losses() const { return losses_; }      // (step, loss)
+  const std::vector<std::pair<double, double>>& accuracy() const { return accuracy_; }  // (epoch, accuracy)
+
+ private:
+  void Add(const std::string& tag, int64_t step, double value);
+  void Warn(const absl::Status& s);
+
+  std::unique_ptr<EventWriter> events_;  // null without a directory
+  std::vector<std::pair<double, double>> losses_, accuracy_;
+  bool warned_ = false;
+};
+
+// Sets `f` to report every step and epoch to `log`.
+void ReportTo(std::shared_ptr<RunLog> log, pipeline::FitOptions& f);
+
+// One run: of N batches (a demo or benchmark) or of epochs over a dataset.
+struct RunRecord {
+  explicit RunRecord(int s = 1) : splits(s) {}
+  int splits = 1;  // micro-batches per batch
+  std::string schedule = "local";
+  double seconds = 0;                 // training time
+  int64_t batch_rows = 0;             // rows per batch of a run of batches
+  std::vector<double> batch_seconds;  // every batch's
+  std::vector<double> losses;
+  // Each stage's peak saved activations (bytes; -1: not measured), every
+  // replica's; pipeline runs only.
+  struct StageMemory {
+    int replica = 0;
+    int stage = 0;
+    std::string worker;
+    int64_t bytes = -1;
+  };
+  std::vector<StageMemory> stage_memory;
+  std::vector<int64_t> optimizer_state_bytes;  // per replica; pipeline runs only
+  std::vector<pipeline::EpochResult> epochs;   // runs over a dataset
+  // Requests sent per batch by the master and the workers together, by
+  // kind, over the batches after the first; empty when not measured.
+  std::map<std::string, double> messages_per_batch;
+  std::vector<TimelineSlice> slices;  // a traced run's (train/timeline.h)
+  std::shared_ptr<RunLog> log;        // may be null
+
+  // Batch b's loss and time (its log's step b + 1).
+  void AddBatch(int b, double loss, double seconds, int64_t rows);
+  // Images trained: batches x batch_rows, or what the epochs trained.
+  double images() const;
+  // The steady-state batch time: the median of the batches after the
+  // first (which warms up allocators and caches); the only one's, or 0.
+  double steady_seconds() const;
+};
+
+// The runs as JSON: {"mode": mode, "runs": [{"splits", "schedule",
+// "seconds", "steady_batch_seconds", "images_per_second",
+// "batch_seconds", "losses", "stages", ["messages_per_batch"],
+// "optimizer_state_bytes", "epochs"}, ...]}. An error names the file.
+absl::Status WriteReport(const std::string& path, const std::string& mode, const std::vector<RunRecord>& runs);
+
+// The runs' loss by step and test accuracy by epoch as an SVG (a series a
+// run, named "splits=N" when there are several).
+absl::Status WriteCurves(const std::string& path, const std::vector<RunRecord>& runs);
+
+}  // namespace remora::train
