@@ -45,10 +45,10 @@ set(REMORA_PUBLIC_HEADERS
     parallel/data_parallel.h parallel/process_group.h
     checkpoint/checkpoint.h
     ps/parameter_server.h ps/shards.h
-    shards/cnn.h shards/mlp.h shards/resnet.h
+    shards/cnn.h shards/mlp.h shards/resnet.h shards/stage_types.h
     launch/cli.h launch/cluster_env.h launch/local_group.h launch/program_path.h launch/worker_main.h
     train/curves.h train/events.h train/fit.h train/local_trainer.h train/pipeline_trainer.h train/ps_trainer.h
-    train/report.h train/timeline.h train/trainer.h
+    train/report.h train/timeline.h train/trainer.h train/worker_functions.h
     examples/builtins.h)
 foreach(header ${REMORA_PUBLIC_HEADERS})
   get_filename_component(_remora_header_dir ${header} DIRECTORY)

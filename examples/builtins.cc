@@ -12,20 +12,14 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "absl/strings/str_cat.h"
-#include "autograd/dist_autograd.h"
 #include "base/status_util.h"
-#include "checkpoint/checkpoint.h"
-#include "shards/cnn.h"
 #include "shards/mlp.h"
 #include "shards/resnet.h"
-#include "optim/distributed_optimizer.h"
-#include "parallel/gradient_group.h"
-#include "pipeline/stage.h"
-#include "ps/replica.h"
+#include "shards/stage_types.h"
 #include "rpc/agent.h"
 #include "rpc/rref_args.h"
 #include "runtime/process_stats.h"
-#include "runtime/trace.h"
+#include "train/worker_functions.h"
 
 namespace remora::examples {
 namespace {
@@ -44,6 +38,11 @@ struct Affine {
   at::Tensor bias;    // [out]
 };
 
+}  // namespace
+
+namespace {
+// The modules Scale and Affine.
+absl::Status RegisterModules(Registry& r);
 }  // namespace
 
 absl::Status RegisterBuiltins(Registry& r) {
@@ -94,19 +93,11 @@ absl::Status RegisterBuiltins(Registry& r) {
     return TensorOrFetch(a[0]) + TensorOrFetch(a[1]);
   }));
 
-  RETURN_IF_ERROR(r.RegisterFunction("trace_enable", [](CallContext&, const Args& a) -> c10::IValue {
-    trace::Enable(a[0].toBool());
-    return c10::IValue();
-  }));
-  // Slices recorded here since the last call: (name, micro_batch, start_us, end_us).
-  RETURN_IF_ERROR(r.RegisterFunction("trace_collect", [](CallContext&, const Args&) -> c10::IValue {
-    c10::impl::GenericList out(c10::AnyType::get());
-    for (const auto& s : trace::Drain()) {
-      out.push_back(
-          c10::ivalue::Tuple::create({s.name, s.micro_batch, s.start_us, s.end_us, s.stage}));
-    }
-    return out;
-  }));
+  return RegisterModules(r);
+}
+
+namespace {
+absl::Status RegisterModules(Registry& r) {
   RETURN_IF_ERROR(r.RegisterModule<Scale>(
       "Scale",
       [](CallContext&, const Args& a) {
@@ -136,48 +127,14 @@ absl::Status RegisterBuiltins(Registry& r) {
        {"weight", [](Affine& m, CallContext&, const Args&) -> c10::IValue { return m.weight; }}}));
   return absl::OkStatus();
 }
-
-absl::Status RegisterStockStageTypes() {
-  // Once per process: tests start several agents in one.
-  static const absl::Status status = [] {
-    RETURN_IF_ERROR(pipeline::RegisterStageModule<torch::nn::SequentialImpl>(
-        "MLPStage", [](const std::vector<c10::IValue>& a, c10::Device) {
-          shards::MLPStageOptions o;
-          o.in = a.at(0).toInt();
-          o.out = a.at(1).toInt();
-          o.seed = a.size() > 2 ? a[2].toInt() : 0;
-          o.relu = a.size() > 3 ? a[3].toBool() : true;
-          o.batchnorm = a.size() > 4 ? a[4].toBool() : false;
-          if (o.in <= 0 || o.out <= 0) throw std::invalid_argument("MLPStage: sizes must be positive");
-          return shards::MakeMLPStage(o).ptr();
-        }));
-    RETURN_IF_ERROR(pipeline::RegisterStageModule<shards::SmallCnnImpl>(
-        "SmallCnn", [](const std::vector<c10::IValue>& a, c10::Device) {
-          return std::make_shared<shards::SmallCnnImpl>(static_cast<int>(a.at(0).toInt()),
-                                                        static_cast<int>(a.at(1).toInt()),
-                                                        a.size() > 2 ? a[2].toInt() : 0);
-        }));
-    return pipeline::RegisterStageModule<shards::ResNetShardImpl>(
-        "ResNetShard", [](const std::vector<c10::IValue>& a, c10::Device device) {
-          return std::make_shared<shards::ResNetShardImpl>(
-              static_cast<int>(a.at(0).toInt()), static_cast<int>(a.at(1).toInt()),
-              a.size() > 2 ? a[2].toInt() : 0, device);
-        });
-  }();
-  return status;
-}
+}  // namespace
 
 absl::Status RegisterStockWorker(Registry& registry) {
   RETURN_IF_ERROR(RegisterBuiltins(registry));
   RETURN_IF_ERROR(shards::RegisterMLP(registry));
   RETURN_IF_ERROR(shards::RegisterResNet(registry));
-  RETURN_IF_ERROR(dist_autograd::RegisterFunctions(registry));
-  RETURN_IF_ERROR(optim::RegisterFunctions(registry));
-  RETURN_IF_ERROR(pipeline::RegisterFunctions(registry));
-  RETURN_IF_ERROR(parallel::RegisterFunctions(registry));
-  RETURN_IF_ERROR(checkpoint::RegisterFunctions(registry));
-  RETURN_IF_ERROR(ps::RegisterFunctions(registry));
-  return RegisterStockStageTypes();
+  RETURN_IF_ERROR(train::RegisterWorkerFunctions(registry));
+  return shards::RegisterStageTypes();
 }
 
 }  // namespace remora::examples

@@ -37,6 +37,7 @@
 #include "data/datasets.h"
 #include "data/imagefolder.h"
 #include "examples/builtins.h"
+#include "shards/stage_types.h"
 #include "launch/cli.h"
 #include "launch/worker_main.h"
 #include "runtime/threads.h"
@@ -122,7 +123,7 @@ int Main(int argc, char** argv) {
   if (image_size < 16 || data_threads < 1) return fail("--image-size must be >= 16, --data-threads >= 1", 2);
   if (output.empty()) output = dir + "/eval.jsonl";
   runtime::SetComputeThreads(threads);
-  if (auto s = examples::RegisterStockStageTypes(); !s.ok()) return fail(std::string(s.message()), 1);
+  if (auto s = shards::RegisterStageTypes(); !s.ok()) return fail(std::string(s.message()), 1);
   // The test set: in memory, or an image folder's val/ read as it is needed.
   data::Dataset in_memory;
   std::unique_ptr<data::Source> test;

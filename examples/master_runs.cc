@@ -42,6 +42,7 @@
 #include "runtime/threads.h"
 #include "runtime/trace.h"
 #include "examples/builtins.h"
+#include "shards/stage_types.h"
 #include "shards/cnn.h"
 #include "shards/resnet.h"
 #include "train/pipeline_trainer.h"
@@ -96,7 +97,7 @@ std::vector<pipeline::StageSpec> WholeModelStages(const Config& c) {
 }
 
 absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const Config& c, int splits) {
-  RETURN_IF_ERROR(examples::RegisterStockStageTypes());
+  RETURN_IF_ERROR(shards::RegisterStageTypes());
   train::LocalOptions o;
   o.stages = WholeModelStages(c);
   o.loss = Loss(c);

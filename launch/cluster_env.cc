@@ -202,6 +202,40 @@ absl::StatusOr<ClusterRole> FromTorchrun(const EnvMap& env) {
   return role;
 }
 
+// The counts of a Slurm role read without errors, checked against each
+// other (`list_var`: the variable its nodes came from).
+void CheckSlurmRole(EnvReader& r, const ClusterRole& role, const std::string& list_var) {
+  r.Check(role.world_size >= 2,
+          absl::StrCat("SLURM_NTASKS=", role.world_size,
+                       ": remora needs rank 0 (the master) and at least one worker (srun -n 2 "
+                       "or more)"));
+  r.Check(role.rank < role.world_size, absl::StrCat("SLURM_PROCID=", role.rank,
+                                                    " is not below SLURM_NTASKS=",
+                                                    role.world_size));
+  r.Check(role.local_rank <= role.rank,
+          absl::StrCat("SLURM_LOCALID=", role.local_rank, " is above SLURM_PROCID=", role.rank));
+  if (!role.nodes.empty()) {
+    r.Check(static_cast<size_t>(role.node_id) < role.nodes.size(),
+            absl::StrCat("SLURM_NODEID=", role.node_id, " is outside the ", role.nodes.size(),
+                         " nodes of ", list_var));
+    if (r.Has("SLURM_NNODES") || r.Has("SLURM_JOB_NUM_NODES")) {
+      const int nnodes = r.Int(r.Has("SLURM_NNODES") ? "SLURM_NNODES" : "SLURM_JOB_NUM_NODES");
+      r.Check(static_cast<size_t>(nnodes) == role.nodes.size(),
+              absl::StrCat(r.Has("SLURM_NNODES") ? "SLURM_NNODES=" : "SLURM_JOB_NUM_NODES=",
+                           nnodes, " but ", list_var, " lists ", role.nodes.size(), " nodes"));
+    }
+  }
+  // Rank 0 must run where the master host points, when that came from
+  // the node list.
+  if (role.rank == 0 && role.master_host_origin != "MASTER_ADDR" && !role.node_name.empty() &&
+      !role.nodes.empty()) {
+    r.Check(role.node_name == role.nodes.front(),
+            absl::StrCat("rank 0 runs on node ", role.node_name, ", not on ",
+                         role.nodes.front(), ", the first of the node list; set MASTER_ADDR "
+                         "to rank 0's host"));
+  }
+}
+
 absl::StatusOr<ClusterRole> FromSlurm(const EnvMap& env) {
   EnvReader r(env);
   ClusterRole role;
@@ -252,37 +286,7 @@ absl::StatusOr<ClusterRole> FromSlurm(const EnvMap& env) {
         absl::StrCat("the first host of ", list_var, "=", r.Get(list_var));
   }
   CheckMasterPort(r, &role);
-  if (!r.failed()) {
-    r.Check(role.world_size >= 2,
-            absl::StrCat("SLURM_NTASKS=", role.world_size,
-                         ": remora needs rank 0 (the master) and at least one worker (srun -n 2 "
-                         "or more)"));
-    r.Check(role.rank < role.world_size, absl::StrCat("SLURM_PROCID=", role.rank,
-                                                      " is not below SLURM_NTASKS=",
-                                                      role.world_size));
-    r.Check(role.local_rank <= role.rank,
-            absl::StrCat("SLURM_LOCALID=", role.local_rank, " is above SLURM_PROCID=", role.rank));
-    if (!role.nodes.empty()) {
-      r.Check(static_cast<size_t>(role.node_id) < role.nodes.size(),
-              absl::StrCat("SLURM_NODEID=", role.node_id, " is outside the ", role.nodes.size(),
-                           " nodes of ", list_var));
-      if (r.Has("SLURM_NNODES") || r.Has("SLURM_JOB_NUM_NODES")) {
-        const int nnodes = r.Int(r.Has("SLURM_NNODES") ? "SLURM_NNODES" : "SLURM_JOB_NUM_NODES");
-        r.Check(static_cast<size_t>(nnodes) == role.nodes.size(),
-                absl::StrCat(r.Has("SLURM_NNODES") ? "SLURM_NNODES=" : "SLURM_JOB_NUM_NODES=",
-                             nnodes, " but ", list_var, " lists ", role.nodes.size(), " nodes"));
-      }
-    }
-    // Rank 0 must run where the master host points, when that came from
-    // the node list.
-    if (role.rank == 0 && role.master_host_origin != "MASTER_ADDR" && !role.node_name.empty() &&
-        !role.nodes.empty()) {
-      r.Check(role.node_name == role.nodes.front(),
-              absl::StrCat("rank 0 runs on node ", role.node_name, ", not on ",
-                           role.nodes.front(), ", the first of the node list; set MASTER_ADDR "
-                           "to rank 0's host"));
-    }
-  }
+  if (!r.failed()) CheckSlurmRole(r, role, list_var);
   if (r.failed()) return r.Error("Slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_JOB_NODELIST)");
   return role;
 }

@@ -59,8 +59,9 @@ absl::Status DataParallelPipeline::CallGroups(
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Create(
-    Agent& agent, DataParallelOptions o) {
+namespace {
+
+absl::Status CheckOptions(const DataParallelOptions& o) {
   const int R = o.replicas;
   const int n = static_cast<int>(o.pipeline.workers.size());
   if (R < 1) return absl::InvalidArgumentError(absl::StrCat("replicas must be >= 1, not ", R));
@@ -73,7 +74,16 @@ absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Crea
   if (o.zero != 0 && o.zero != 1) {
     return absl::InvalidArgumentError(absl::StrCat("ZeRO stage ", o.zero, ": 0 or 1 are offered"));
   }
-  const int P = n / R;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Create(
+    Agent& agent, DataParallelOptions o) {
+  RETURN_IF_ERROR(CheckOptions(o));
+  const int R = o.replicas;
+  const int P = static_cast<int>(o.pipeline.workers.size()) / R;
   std::vector<std::unique_ptr<pipeline::Pipeline>> replicas;
   for (int r = 0; r < R; ++r) {
     pipeline::PipelineOptions p = o.pipeline;

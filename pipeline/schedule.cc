@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_util.h"
 
 namespace remora::pipeline {
 
@@ -128,12 +129,12 @@ absl::StatusOr<Schedule> MakeSchedule(const std::string& name, int workers,
   return s;
 }
 
-absl::StatusOr<Simulation> Simulate(const Schedule& schedule) {
+namespace {
+
+// Every action once, on its stage's worker: an error naming the first
+// that is not.
+absl::Status CheckActions(const Schedule& schedule) {
   const int n = schedule.workers, S = schedule.stages, M = schedule.micro_batches;
-  if (n < 1 || S < n || S % n != 0 || M < 1 || static_cast<int>(schedule.actions.size()) != n) {
-    return absl::FailedPreconditionError("schedule: inconsistent worker, stage or micro-batch counts");
-  }
-  // Each action once, on its stage's worker.
   std::set<std::tuple<int, int, int>> seen;
   for (int w = 0; w < n; ++w) {
     for (const Action& a : schedule.actions[w]) {
@@ -157,6 +158,17 @@ absl::StatusOr<Simulation> Simulate(const Schedule& schedule) {
         "schedule: ", seen.size(), " actions, but ", S, " stages x ", M,
         " micro-batches need ", 2 * S * M));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Simulation> Simulate(const Schedule& schedule) {
+  const int n = schedule.workers, S = schedule.stages, M = schedule.micro_batches;
+  if (n < 1 || S < n || S % n != 0 || M < 1 || static_cast<int>(schedule.actions.size()) != n) {
+    return absl::FailedPreconditionError("schedule: inconsistent worker, stage or micro-batch counts");
+  }
+  RETURN_IF_ERROR(CheckActions(schedule));
   // Unit-time simulation.
   std::map<std::tuple<int, int, int>, int> done_at;  // action -> end time
   auto ready = [&](const Action& a, int t) {
@@ -174,7 +186,7 @@ absl::StatusOr<Simulation> Simulate(const Schedule& schedule) {
   std::vector<int> in_flight(S, 0);
   std::vector<size_t> next(n, 0);
   std::vector<int> busy_until(n, 0);
-  size_t remaining = seen.size();
+  size_t remaining = 2 * static_cast<size_t>(S) * M;
   for (int t = 0; remaining > 0; ++t) {
     bool running = false;
     for (int w = 0; w < n; ++w) {

@@ -182,6 +182,73 @@ std::vector<size_t> ParameterServer::Send(const at::Tensor& inputs, const at::Te
   return idle;
 }
 
+absl::Status ParameterServer::TooFew(int live, int needed, const std::string& where) const {
+  std::vector<std::string> lost;
+  for (const Slot& s : slots_) {
+    if (s.lost) lost.push_back(absl::StrCat("'", s.name, "' (", s.lost_reason, ")"));
+  }
+  return absl::UnavailableError(absl::StrCat(
+      where, ": only ", live, " of ", slots_.size(), " workers are left; ",
+      options_.backup_workers == 0
+          ? "every worker's gradient is needed without --backup-workers"
+          : absl::StrCat("--backup-workers ", options_.backup_workers, " needs at least ", needed),
+      ". Lost: ", absl::StrJoin(lost, ", "), ". Restart the lost workers and resume from the last checkpoint"));
+}
+
+absl::Status ParameterServer::AwaitIdle(int needed, const std::string& where, int64_t* seen, StepReport* report) {
+  for (;;) {
+    int live = 0, idle = 0;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      Slot& s = slots_[i];
+      if (s.busy && s.call.ready()) {
+        s.busy = false;
+        if (auto r = s.call.wait(); !r.ok()) {
+          RETURN_IF_ERROR(Annotate(Lose(i, r.status()), where));
+          report->lost.push_back(s.name);
+        }
+      }
+      live += !s.lost;
+      idle += !s.lost && !s.busy;
+    }
+    if (live < needed) return TooFew(live, needed, where);
+    if (idle >= needed) return absl::OkStatus();
+    *seen = WaitForCompletion(*seen);
+  }
+}
+
+absl::StatusOr<bool> ParameterServer::AwaitRound(const std::vector<size_t>& sent, int needed,
+                                                 const std::string& where, int64_t* seen,
+                                                 std::map<size_t, c10::IValue>* done, StepReport* report) {
+  for (;;) {
+    int pending = 0;
+    for (size_t i : sent) {
+      Slot& s = slots_[i];
+      if (s.lost || done->count(i)) continue;
+      if (!s.call.ready()) {
+        ++pending;
+        continue;
+      }
+      s.busy = false;
+      auto r = s.call.wait();
+      if (r.ok()) {
+        done->emplace(i, *r);
+        continue;
+      }
+      RETURN_IF_ERROR(Annotate(Lose(i, r.status()), where));
+      if (options_.backup_workers == 0) {
+        return Annotate(r.status(), absl::StrCat(where, ": worker '", s.name,
+                                                 "' failed (without --backup-workers every worker's "
+                                                 "gradient is needed; restart it and resume from the "
+                                                 "last checkpoint)"));
+      }
+      report->lost.push_back(s.name);
+    }
+    if (static_cast<int>(done->size()) >= needed) return true;
+    if (static_cast<int>(done->size()) + pending < needed) return false;
+    *seen = WaitForCompletion(*seen);
+  }
+}
+
 absl::StatusOr<StepReport> ParameterServer::train_step(const at::Tensor& inputs, const at::Tensor& targets) {
   const int n = static_cast<int>(slots_.size());
   const int needed = n - options_.backup_workers;
@@ -194,88 +261,23 @@ absl::StatusOr<StepReport> ParameterServer::train_step(const at::Tensor& inputs,
         where, ": a batch of ", inputs.size(0), " rows (targets: ", targets.size(0), ") for ", n,
         " workers: give at least one row per worker and as many targets as rows"));
   }
-  auto lost_list = [this]() {
-    std::vector<std::string> out;
-    for (const Slot& s : slots_) {
-      if (s.lost) out.push_back(absl::StrCat("'", s.name, "' (", s.lost_reason, ")"));
-    }
-    return absl::StrJoin(out, ", ");
-  };
-  auto too_few = [&](int live) {
-    return absl::UnavailableError(absl::StrCat(
-        where, ": only ", live, " of ", n, " workers are left; ",
-        options_.backup_workers == 0 ? "every worker's gradient is needed without --backup-workers"
-                                     : absl::StrCat("--backup-workers ", options_.backup_workers,
-                                                    " needs at least ", needed),
-        ". Lost: ", lost_list(), ". Restart the lost workers and resume from the last checkpoint"));
-  };
   int64_t seen = 0;
   {
     MutexLock lock(signal_->mu);
     seen = signal_->completions;
   }
   std::map<size_t, c10::IValue> done;  // slot -> (grads, loss), this round's
-  std::vector<size_t> sent;
   for (report.rounds = 1; report.rounds <= n + 1; ++report.rounds) {
     // Settle earlier calls; wait until `needed` live workers are idle.
-    for (;;) {
-      int live = 0, idle = 0;
-      for (size_t i = 0; i < slots_.size(); ++i) {
-        Slot& s = slots_[i];
-        if (s.busy && s.call.ready()) {
-          s.busy = false;
-          if (auto r = s.call.wait(); !r.ok()) {
-            RETURN_IF_ERROR(Annotate(Lose(i, r.status()), where));
-            report.lost.push_back(s.name);
-          }
-        }
-        live += !s.lost;
-        idle += !s.lost && !s.busy;
-      }
-      if (live < needed) return too_few(live);
-      if (idle >= needed) break;
-      seen = WaitForCompletion(seen);
-    }
+    RETURN_IF_ERROR(AwaitIdle(needed, where, &seen, &report));
     done.clear();
-    sent = Send(inputs, targets, ++round_, &report);
-    // Wait for the first `needed` gradient sets of this round.
-    bool hopeless = false;
-    for (;;) {
-      int pending = 0;
-      for (size_t i : sent) {
-        Slot& s = slots_[i];
-        if (s.lost || done.count(i)) continue;
-        if (!s.call.ready()) {
-          ++pending;
-          continue;
-        }
-        s.busy = false;
-        auto r = s.call.wait();
-        if (r.ok()) {
-          done.emplace(i, *r);
-          continue;
-        }
-        RETURN_IF_ERROR(Annotate(Lose(i, r.status()), where));
-        if (options_.backup_workers == 0) {
-          return Annotate(r.status(), absl::StrCat(where, ": worker '", s.name,
-                                                   "' failed (without --backup-workers every worker's "
-                                                   "gradient is needed; restart it and resume from the "
-                                                   "last checkpoint)"));
-        }
-        report.lost.push_back(s.name);
-      }
-      if (static_cast<int>(done.size()) >= needed) break;
-      if (static_cast<int>(done.size()) + pending < needed) {
-        hopeless = true;
-        break;
-      }
-      seen = WaitForCompletion(seen);
-    }
-    if (!hopeless) break;
+    const std::vector<size_t> sent = Send(inputs, targets, ++round_, &report);
+    ASSIGN_OR_RETURN(const bool enough, AwaitRound(sent, needed, where, &seen, &done, &report));
+    if (enough) break;
     // Too many of this round's workers were lost: the step starts again
     // over the workers left (the round's gradients are dropped).
   }
-  if (static_cast<int>(done.size()) < needed) return too_few(static_cast<int>(live_workers().size()));
+  if (static_cast<int>(done.size()) < needed) return TooFew(static_cast<int>(live_workers().size()), needed, where);
   RETURN_IF_ERROR(Annotate(Apply(done, report), where));
   step_ = report.step;
   return report;

@@ -159,6 +159,16 @@ class ParameterServer {
   // Marks slot i lost with `status`, unless a server is lost: then the
   // error naming it (the job cannot go on).
   absl::Status Lose(size_t i, const absl::Status& status);
+  // Settles the calls of earlier rounds (a failed one loses its worker)
+  // until `needed` live workers are idle; `seen` as WaitForCompletion's.
+  absl::Status AwaitIdle(int needed, const std::string& where, int64_t* seen, StepReport* report);
+  // Waits for `needed` gradient sets of this round's calls to the slots
+  // `sent` (into `done`, by slot); false when too many of those workers
+  // were lost for that (the step starts again over the workers left).
+  absl::StatusOr<bool> AwaitRound(const std::vector<size_t>& sent, int needed, const std::string& where,
+                                  int64_t* seen, std::map<size_t, c10::IValue>* done, StepReport* report);
+  // The error of a step left with `live` workers where it needs `needed`.
+  absl::Status TooFew(int live, int needed, const std::string& where) const;
   // Steps with the gradients in `done` (this round's, by slot), filling
   // the report's used, dropped, rows, loss and push_bytes.
   absl::Status Apply(const std::map<size_t, c10::IValue>& done, StepReport& report);

@@ -216,6 +216,10 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   // a wrong token, which may be a missing worker's. Join gives up as soon
   // as as many have joined or been refused as it expects.
   void NoteRefused(const std::string& who, const std::string& why);
+  // Master: Join. Waits until the group forms (every expected worker has
+  // joined), or until nothing more can come or the connect timeout, and
+  // then returns GiveUpJoining's error.
+  absl::Status JoinAsMaster();
   // Master: the error Join returns when the group did not form (who is
   // missing, who was refused and why); the workers that did join are told
   // to exit with it.

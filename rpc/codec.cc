@@ -148,6 +148,43 @@ absl::Status EncodeTensor(const at::Tensor& tensor, EncodeContext& ctx,
   return absl::OkStatus();
 }
 
+// The sizes of a tensor message and their element count, checked: none
+// negative, and no product that overflows (the product of the non-zero
+// sizes bounds every stride, so it must not overflow even when another
+// size is zero).
+absl::Status CheckedSizes(const wire::TensorMeta& meta, std::vector<int64_t>* sizes, uint64_t* extent,
+                          uint64_t* numel) {
+  *extent = 1;
+  bool empty = false;
+  sizes->reserve(meta.sizes_size());
+  for (int64_t s : meta.sizes()) {
+    if (s < 0) return absl::InvalidArgumentError(absl::StrCat("tensor: negative size ", s));
+    if (s == 0) {
+      empty = true;
+    } else if (*extent > (uint64_t{1} << 62) / static_cast<uint64_t>(s)) {
+      return absl::InvalidArgumentError("tensor: sizes overflow");
+    } else {
+      *extent *= static_cast<uint64_t>(s);
+    }
+    sizes->push_back(s);
+  }
+  *numel = empty ? 0 : *extent;
+  return absl::OkStatus();
+}
+
+// The device a tensor message names (none: the CPU), checked to exist here.
+absl::StatusOr<std::optional<c10::Device>> DeviceOf(const wire::TensorMeta& meta) {
+  if (meta.device().empty()) return std::optional<c10::Device>();
+  ASSIGN_OR_RETURN(c10::Device device, ParseDevice(meta.device(), "tensor"));
+  if (!device.is_cpu()) {
+    if (absl::Status s = CheckLocalDevice(device); !s.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat("a tensor for ", device.str(), " arrived, but ",
+                                                        s.message(), "; fix the sender's device map"));
+    }
+  }
+  return std::optional<c10::Device>(device);
+}
+
 absl::StatusOr<at::Tensor> DecodeTensor(const wire::TensorMeta& meta,
                                         DecodeContext& ctx) {
   if (meta.dtype() == kUndefinedTensor) return at::Tensor();
@@ -157,26 +194,9 @@ absl::StatusOr<at::Tensor> DecodeTensor(const wire::TensorMeta& meta,
   }
   const auto dtype = static_cast<c10::ScalarType>(meta.dtype());
   const uint64_t item = c10::elementSize(dtype);
-  // The product of the non-zero sizes bounds every stride, so it must not
-  // overflow even when another size is zero.
-  uint64_t extent = 1;
-  bool empty = false;
   std::vector<int64_t> sizes;
-  sizes.reserve(meta.sizes_size());
-  for (int64_t s : meta.sizes()) {
-    if (s < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor: negative size ", s));
-    }
-    if (s == 0) {
-      empty = true;
-    } else if (extent > (uint64_t{1} << 62) / static_cast<uint64_t>(s)) {
-      return absl::InvalidArgumentError("tensor: sizes overflow");
-    } else {
-      extent *= static_cast<uint64_t>(s);
-    }
-    sizes.push_back(s);
-  }
-  const uint64_t numel = empty ? 0 : extent;
+  uint64_t extent = 1, numel = 0;
+  RETURN_IF_ERROR(CheckedSizes(meta, &sizes, &extent, &numel));
   if (ctx.payloads == nullptr || meta.payload() >= ctx.payloads->size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor: payload ", meta.payload(), " does not exist"));
@@ -188,19 +208,9 @@ absl::StatusOr<at::Tensor> DecodeTensor(const wire::TensorMeta& meta,
         "tensor: ", bytes.numel(), " payload bytes do not match dtype ",
         c10::toString(dtype), " x ", numel, " elements"));
   }
+  ASSIGN_OR_RETURN(const std::optional<c10::Device> device, DeviceOf(meta));
   auto options = at::TensorOptions().dtype(dtype);
   at::Tensor t;
-  std::optional<c10::Device> device;
-  if (!meta.device().empty()) {
-    ASSIGN_OR_RETURN(device, ParseDevice(meta.device(), "tensor"));
-    if (!device->is_cpu()) {
-      if (absl::Status s = CheckLocalDevice(*device); !s.ok()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "a tensor for ", device->str(), " arrived, but ", s.message(),
-            "; fix the sender's device map"));
-      }
-    }
-  }
   void* data = bytes.numel() > 0 ? bytes.data_ptr() : nullptr;
   if (bytes.is_cuda()) {
     // Came through the CUDA channel: already on the device the map named.

@@ -253,76 +253,53 @@ Route Agent::Impl::RouteTo(WorkerId id) const {
   return p != nullptr ? p->route : Route{};
 }
 
-absl::Status Agent::Join() {
-  if (options_.is_master) {
-    if (options_.workers.empty()) {
-      WorkerInfo me = self_;
-      me.id = 0;
-      impl_->SetBook({me});
-      return absl::OkStatus();
-    }
-    // Until the group forms, or every expected worker has joined or been
-    // refused (nothing more will come), or the timeout.
-    bool settled = false, formed = false;
-    {
-      Impl* impl = impl_.get();
-      MutexLock lock(impl->join_mu_);
-      settled = impl->join_mu_.AwaitWithTimeout(
-          absl::Condition(
-              +[](Impl* i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(i->join_mu_) {
-                return i->formed_ ||
-                       i->joiners_.size() + i->refused_.size() >= i->agent_->options_.workers.size();
-              },
-              impl),
-          options_.connect_timeout);
-      formed = impl->formed_;
-    }
-    if (formed) {
-      impl_->joined_.WaitForNotification();  // the book is being set
-      return absl::OkStatus();
-    }
-    absl::Status given_up = impl_->GiveUpJoining(
-        settled ? absl::FailedPreconditionError("every expected worker has either joined or been refused")
-                : absl::DeadlineExceededError(absl::StrCat(
-                      "waited --connect-timeout ", absl::FormatDuration(options_.connect_timeout))));
-    if (given_up.ok()) {  // formed just now
-      impl_->joined_.WaitForNotification();
-      return absl::OkStatus();
-    }
-    return given_up;
-  }
+namespace {
 
+// What a worker tells the master when it asks to join.
+wire::JoinRequest JoinRequestOf(const WorkerInfo& self) {
+  wire::JoinRequest join;
+  join.set_name(self.name);
+  join.set_address(self.address);
+  join.set_host_id(self.host_id);
+  ToWire(self.shm, join.mutable_shm());
+  ToWire(self.cuda, join.mutable_cuda());
+  join.set_device(self.device);
+  return join;
+}
+
+// The address book in the master's answer to a join.
+std::vector<WorkerInfo> BookFrom(const wire::Response& response) {
+  std::vector<WorkerInfo> book;
+  for (const auto& e : response.workers()) {
+    book.push_back(WorkerInfo{static_cast<WorkerId>(e.id()), e.name(), e.address(), e.host_id(), FromWire(e.shm()),
+                              FromWire(e.cuda()), e.device().empty() ? "cpu" : e.device()});
+  }
+  return book;
+}
+
+}  // namespace
+
+absl::Status Agent::Join() {
+  if (options_.is_master) return impl_->JoinAsMaster();
   grpc::ChannelArguments args;
   ApplyChannelArgs(args, options_.max_message_bytes);
   auto channel =
       grpc::CreateCustomChannel(options_.master_address, impl_->channel_credentials_, args);
   grpc::GenericStub stub(channel);
   const absl::Time deadline = absl::Now() + options_.connect_timeout;
+  const std::string refused =
+      absl::StrCat("the master at ", options_.master_address, " refused worker '", self_.name, "'");
   absl::Status last;
   while (absl::Now() < deadline) {
-    wire::JoinRequest join;
-    join.set_name(self_.name);
-    join.set_address(self_.address);
-    join.set_host_id(self_.host_id);
-    ToWire(self_.shm, join.mutable_shm());
-    ToWire(self_.cuda, join.mutable_cuda());
-    join.set_device(self_.device);
     OutMessage m;
-    *m.header.mutable_request() = MakeRequest(join);
+    *m.header.mutable_request() = MakeRequest(JoinRequestOf(self_));
     m.header.mutable_request()->set_from(kUnknownWorker);
     auto reply = impl_->Transmit(&stub, std::move(m), deadline - absl::Now(), true).wait();
     if (reply.ok() && reply->header.response().has_error()) {
-      return Annotate(impl_->ErrorFromReply(reply->header.response()),
-                      absl::StrCat("the master at ", options_.master_address,
-                                   " refused worker '", self_.name, "'"));
+      return Annotate(impl_->ErrorFromReply(reply->header.response()), refused);
     }
     if (reply.ok()) {
-      std::vector<WorkerInfo> book;
-      for (const auto& e : reply->header.response().workers()) {
-        book.push_back(WorkerInfo{static_cast<WorkerId>(e.id()), e.name(), e.address(),
-                                  e.host_id(), FromWire(e.shm()), FromWire(e.cuda()),
-                                  e.device().empty() ? "cpu" : e.device()});
-      }
+      std::vector<WorkerInfo> book = BookFrom(reply->header.response());
       bool found = false;
       for (const auto& w : book) found |= w.name == self_.name;
       if (!found) return absl::InternalError("the address book does not list this worker");
@@ -330,10 +307,7 @@ absl::Status Agent::Join() {
       return absl::OkStatus();
     }
     last = reply.status();
-    if (last.code() == absl::StatusCode::kUnauthenticated) {
-      return Annotate(last, absl::StrCat("the master at ", options_.master_address,
-                                         " refused worker '", self_.name, "'"));
-    }
+    if (last.code() == absl::StatusCode::kUnauthenticated) return Annotate(last, refused);
     if (last.code() != absl::StatusCode::kUnavailable) break;
     absl::SleepFor(absl::Milliseconds(200));
   }
@@ -356,6 +330,43 @@ absl::Status Agent::Join() {
                              "MASTER_ADDR/MASTER_PORT; ",
                              TlsHint(options_.tls), ")"),
       last.ok() ? "" : absl::StrCat(" [", last.ToString(), "]")));
+}
+
+absl::Status Agent::Impl::JoinAsMaster() {
+  const AgentOptions& options = agent_->options_;
+  if (options.workers.empty()) {
+    WorkerInfo me = agent_->self_;
+    me.id = 0;
+    SetBook({me});
+    return absl::OkStatus();
+  }
+  // Until the group forms, or every expected worker has joined or been
+  // refused (nothing more will come), or the timeout.
+  bool settled = false, formed = false;
+  {
+    MutexLock lock(join_mu_);
+    settled = join_mu_.AwaitWithTimeout(
+        absl::Condition(
+            +[](Impl* i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(i->join_mu_) {
+              return i->formed_ || i->joiners_.size() + i->refused_.size() >= i->agent_->options_.workers.size();
+            },
+            this),
+        options.connect_timeout);
+    formed = formed_;
+  }
+  if (formed) {
+    joined_.WaitForNotification();  // the book is being set
+    return absl::OkStatus();
+  }
+  absl::Status given_up = GiveUpJoining(
+      settled ? absl::FailedPreconditionError("every expected worker has either joined or been refused")
+              : absl::DeadlineExceededError(absl::StrCat("waited --connect-timeout ",
+                                                         absl::FormatDuration(options.connect_timeout))));
+  if (given_up.ok()) {  // formed just now
+    joined_.WaitForNotification();
+    return absl::OkStatus();
+  }
+  return given_up;
 }
 
 std::vector<WorkerInfo> Agent::workers() const {

@@ -20,6 +20,51 @@ c10::intrusive_ptr<OwnerRRef> CreateResultOwner(RRefContext& rrefs, const wire::
   return owner;
 }
 
+// A call's arguments, and the owner RRef a method call targets (`self`).
+absl::Status DecodeCall(const wire::CallRequest& call, DecodeContext& ctx, std::vector<c10::IValue>* args,
+                        c10::intrusive_ptr<OwnerRRef>* self) {
+  args->reserve(call.args_size());
+  for (const auto& a : call.args()) {
+    auto v = DecodeValue(a, ctx);
+    if (!v.ok()) return Annotate(v.status(), "decoding the arguments");
+    args->push_back(std::move(*v));
+  }
+  if (!call.has_self()) return absl::OkStatus();
+  auto v = DecodeValue(call.self(), ctx);
+  if (!v.ok()) return Annotate(v.status(), "decoding the RRef");
+  auto* owner = v->isRRef() ? dynamic_cast<OwnerRRef*>(v->toRRef().get()) : nullptr;
+  if (owner == nullptr) return absl::InvalidArgumentError("a method call must target an RRef owned by the callee");
+  *self = c10::intrusive_ptr<OwnerRRef>::unsafe_reclaim_from_nonowning(owner);
+  return absl::OkStatus();
+}
+
+// Runs `function` (a method of `self`, whose value is ready, when given)
+// in autograd context `context_id` and replies; a remote() keeps the result
+// in `result_rref` and replies only success or the error.
+void RunCall(Agent::Impl* impl, WorkerId from, const std::shared_ptr<Responder>& responder,
+             const c10::intrusive_ptr<OwnerRRef>& result_rref, int64_t context_id, std::vector<c10::IValue> args,
+             const std::string& function, const c10::intrusive_ptr<OwnerRRef>& self) {
+  Agent* const agent = impl->agent_;
+  ContextIdGuard in_context(context_id);
+  CallContext cctx{agent, WorkerInfo{}};
+  if (const Peer* p = impl->FindPeer(from)) cctx.caller = p->info;
+  Future<c10::IValue> out;
+  const Args call_args(std::move(args));
+  if (self) {
+    auto object = self->value().wait();  // ready
+    out = Future<c10::IValue>::Ready(
+        object.ok() ? agent->registry().InvokeMethod(*object, function, cctx, call_args) : object.status());
+  } else {
+    out = agent->registry().Invoke(function, cctx, call_args);
+  }
+  out.then([responder, result_rref](const absl::StatusOr<c10::IValue>& result) {
+    if (!result_rref) return responder->ReplyValue(result);
+    result_rref->SetValue(result);
+    // The caller learns success or the creation error; the value stays.
+    responder->ReplyValue(result.ok() ? absl::StatusOr<c10::IValue>(c10::IValue()) : result.status());
+  });
+}
+
 // Runs a registered function, or a method on an owner RRef, once every RRef
 // argument is confirmed; a remote() keeps the result as an owner RRef.
 void HandleCall(Agent::Impl* impl, Incoming<wire::CallRequest> in,
@@ -53,49 +98,15 @@ void HandleCall(Agent::Impl* impl, Incoming<wire::CallRequest> in,
   std::vector<at::Tensor> grad_tensors;
   DecodeContext ctx{&rrefs, &message.payloads, &pending, &grad_tensors};
   std::vector<c10::IValue> args;
-  args.reserve(call.args_size());
-  for (const auto& a : call.args()) {
-    auto v = DecodeValue(a, ctx);
-    if (!v.ok()) return refuse(Annotate(v.status(), "decoding the arguments"));
-    args.push_back(std::move(*v));
-  }
   c10::intrusive_ptr<OwnerRRef> self_rref;
-  if (call.has_self()) {
-    auto v = DecodeValue(call.self(), ctx);
-    if (!v.ok()) return refuse(Annotate(v.status(), "decoding the RRef"));
-    auto* owner = v->isRRef() ? dynamic_cast<OwnerRRef*>(v->toRRef().get()) : nullptr;
-    if (owner == nullptr) {
-      return refuse(
-          absl::InvalidArgumentError("a method call must target an RRef owned by the callee"));
-    }
-    self_rref = c10::intrusive_ptr<OwnerRRef>::unsafe_reclaim_from_nonowning(owner);
-  }
+  if (absl::Status s = DecodeCall(call, ctx, &args, &self_rref); !s.ok()) return refuse(s);
   absl::Status recorded = impl->RecordRecv(request.autograd(), from, grad_tensors);
   if (!recorded.ok()) return refuse(recorded);
 
   // Runs once every RRef argument is confirmed and `self` holds its value.
-  auto run = [impl, agent, from, responder, result_rref, context_id, args = std::move(args),
-              function = call.function(), self_rref]() mutable {
-    ContextIdGuard in_context(context_id);
-    CallContext cctx{agent, WorkerInfo{}};
-    if (const Peer* p = impl->FindPeer(from)) cctx.caller = p->info;
-    Future<c10::IValue> out;
-    const Args call_args(std::move(args));
-    if (self_rref) {
-      auto object = self_rref->value().wait();  // ready: see below
-      out = Future<c10::IValue>::Ready(
-          object.ok() ? agent->registry().InvokeMethod(*object, function, cctx, call_args)
-                      : object.status());
-    } else {
-      out = agent->registry().Invoke(function, cctx, call_args);
-    }
-    out.then([responder, result_rref](const absl::StatusOr<c10::IValue>& result) {
-      if (!result_rref) return responder->ReplyValue(result);
-      result_rref->SetValue(result);
-      // The caller learns success or the creation error; the value stays.
-      responder->ReplyValue(result.ok() ? absl::StatusOr<c10::IValue>(c10::IValue())
-                                        : result.status());
-    });
+  auto run = [impl, from, responder, result_rref, context_id, args = std::move(args), function = call.function(),
+              self_rref]() mutable {
+    RunCall(impl, from, responder, result_rref, context_id, std::move(args), function, self_rref);
   };
   const ForkId lane = call.has_caller_fork() ? FromWire(call.caller_fork()) : ForkId{};
   const uint64_t seq = call.seq();

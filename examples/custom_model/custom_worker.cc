@@ -1,10 +1,10 @@
-// custom_worker: the stock worker's functions plus the stage type "TinyNet"
-// (in, out, relu), which this project defines. Start it as `worker` is
-// started; train_custom starts two beside itself.
-#include "examples/builtins.h"
+// custom_worker: what a training group's worker offers, plus the stage type
+// "TinyNet" (in, out, relu), which this project defines. Start it as `worker`
+// is started; train_custom starts four beside itself.
 #include "launch/worker_main.h"
 #include "pipeline/stage.h"
 #include "tiny_net.h"
+#include "train/worker_functions.h"
 
 absl::Status Register(remora::Registry& registry) {
   static const absl::Status registered = remora::pipeline::RegisterStageModule<TinyNetImpl>(
@@ -12,7 +12,7 @@ absl::Status Register(remora::Registry& registry) {
         return std::make_shared<TinyNetImpl>(a.at(0).toInt(), a.at(1).toInt(), a.at(2).toBool());
       });
   if (!registered.ok()) return registered;
-  return remora::examples::RegisterStockWorker(registry);
+  return remora::train::RegisterWorkerFunctions(registry);
 }
 
 int main(int argc, char** argv) {

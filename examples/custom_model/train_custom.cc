@@ -8,10 +8,10 @@
 #include <ATen/Context.h>
 #include <ATen/ops/randn.h>
 
-#include "examples/builtins.h"
 #include "launch/local_group.h"
 #include "train/fit.h"
 #include "train/pipeline_trainer.h"
+#include "train/worker_functions.h"
 
 using namespace remora;
 
@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   Registry registry;  // this process's own functions (the master's)
-  if (auto s = examples::RegisterStockWorker(registry); !s.ok()) return Fail(s);
+  if (auto s = train::RegisterWorkerFunctions(registry); !s.ok()) return Fail(s);
   auto group = launch::StartLocalGroup({"w1", "w2", "w3", "w4"}, &registry, {"--threads", "1"}, {}, "custom_worker");
   if (!group.ok()) return Fail(group.status());
   parallel::DataParallelOptions o;

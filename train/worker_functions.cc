@@ -1,0 +1,46 @@
+#include "train/worker_functions.h"
+
+#include <ATen/core/List.h>
+#include <ATen/core/ivalue.h>
+
+#include "autograd/dist_autograd.h"
+#include "base/status_util.h"
+#include "checkpoint/checkpoint.h"
+#include "optim/distributed_optimizer.h"
+#include "parallel/gradient_group.h"
+#include "pipeline/stage.h"
+#include "ps/replica.h"
+#include "runtime/trace.h"
+
+namespace remora::train {
+namespace {
+
+// trace_enable(on), and trace_collect(): the slices recorded here since the
+// last call, as (name, micro_batch, start_us, end_us, stage).
+absl::Status RegisterTraceFunctions(Registry& r) {
+  RETURN_IF_ERROR(r.RegisterFunction("trace_enable", [](CallContext&, const Args& a) -> c10::IValue {
+    trace::Enable(a[0].toBool());
+    return c10::IValue();
+  }));
+  return r.RegisterFunction("trace_collect", [](CallContext&, const Args&) -> c10::IValue {
+    c10::impl::GenericList out(c10::AnyType::get());
+    for (const auto& s : trace::Drain()) {
+      out.push_back(c10::ivalue::Tuple::create({s.name, s.micro_batch, s.start_us, s.end_us, s.stage}));
+    }
+    return out;
+  });
+}
+
+}  // namespace
+
+absl::Status RegisterWorkerFunctions(Registry& registry) {
+  RETURN_IF_ERROR(dist_autograd::RegisterFunctions(registry));
+  RETURN_IF_ERROR(optim::RegisterFunctions(registry));
+  RETURN_IF_ERROR(pipeline::RegisterFunctions(registry));
+  RETURN_IF_ERROR(parallel::RegisterFunctions(registry));
+  RETURN_IF_ERROR(checkpoint::RegisterFunctions(registry));
+  RETURN_IF_ERROR(ps::RegisterFunctions(registry));
+  return RegisterTraceFunctions(registry);
+}
+
+}  // namespace remora::train

@@ -1,0 +1,25 @@
+// What a worker of a training group offers, whatever its model: the
+// functions of distributed autograd and the DistributedOptimizer, pipeline
+// stages and their step runners (with the data they read), gradient groups,
+// checkpoints, parameter-server replicas, and tracing (trace_enable,
+// trace_collect: master --trace and --timeline). A worker program
+// registers these and its model types (pipeline::RegisterStageModule):
+//
+//   absl::Status Register(remora::Registry& registry) {
+//     RETURN_IF_ERROR(remora::train::RegisterWorkerFunctions(registry));
+//     return remora::pipeline::RegisterStageModule<MyNetImpl>("MyNet", ...);
+//   }
+//
+// Thread-safety: call before the agent starts (the registry is not
+// thread-safe while it is filled).
+#pragma once
+
+#include "absl/status/status.h"
+#include "rpc/registry.h"
+
+namespace remora::train {
+
+// Registers the above; an error when a name is taken already.
+absl::Status RegisterWorkerFunctions(Registry& registry);
+
+}  // namespace remora::train
