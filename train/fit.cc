@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <string>
 #include <system_error>
 #include <utility>
 
@@ -14,6 +15,12 @@ namespace {
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// "12.3 MiB", or "4.5 KiB" below a MiB.
+std::string Size(int64_t bytes) {
+  if (bytes < (1 << 20)) return absl::StrFormat("%.1f KiB", bytes / 1024.0);
+  return absl::StrFormat("%.1f MiB", bytes / 1048576.0);
 }
 
 checkpoint::TrainingState StateAt(const pipeline::FitPosition& p) {
@@ -46,8 +53,8 @@ absl::Status Checkpoints::MaybeSave(Trainer& trainer, const checkpoint::Training
   if (!Due(state.step, final)) return absl::OkStatus();
   const double t0 = Now();
   ASSIGN_OR_RETURN(Saved saved, trainer.Save(target_, state, final));
-  out << absl::StrFormat("checkpoint: step %d in %s (%.1f MiB, %.2f s%s)\n", state.step, saved.dir,
-                         saved.bytes / 1048576.0, Now() - t0, final ? ", final" : "")
+  out << absl::StrFormat("checkpoint: step %d in %s (%s, %.2f s%s)\n", state.step, saved.dir, Size(saved.bytes),
+                         Now() - t0, final ? ", final" : "")
       << std::flush;
   return absl::OkStatus();
 }
@@ -61,7 +68,7 @@ absl::Status Resume(Trainer& trainer, const checkpoint::Checkpoint& ck,
   const checkpoint::TrainingState s = ck.state();
   out << "resumed from " << ck.dir << ": step " << s.step;
   if (s.epoch > 0) out << ", epoch " << s.epoch << " after batch " << s.batch;
-  out << absl::StrFormat(" (%.1f MiB loaded in %.2f s)\n", *bytes / 1048576.0, Now() - t0) << std::flush;
+  out << absl::StrFormat(" (%s loaded in %.2f s)\n", Size(*bytes), Now() - t0) << std::flush;
   return absl::OkStatus();
 }
 

@@ -12,7 +12,7 @@
 //
 // Output: Fit's progress and epoch lines (pipeline/fit.h), and
 // "resumed from DIR: step N, epoch E after batch B (X MiB loaded in S s)",
-// "checkpoint: step N in DIR (X MiB, S s[, final])".
+// "checkpoint: step N in DIR (X MiB, S s[, final])" (KiB below a MiB).
 //
 // Thread-safety: runs on the calling thread, which drives the trainer.
 #pragma once
