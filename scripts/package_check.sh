@@ -45,14 +45,25 @@ if find "$work/prefix/include" -name '*.pb.h' | grep .; then
 fi
 echo "package_check: the exported targets ask only to link gRPC, protobuf, CUDA and NCCL"
 
-# 2. The poisoned folder: every header name under these folders of this
-# machine's protobuf and gRPC, and CUDA's and NCCL's main headers.
+# 2. The poisoned folder: every header name under these folders of the
+# protobuf and gRPC this build used (/usr/include on Debian; an unpacked
+# prefix on a GPU machine, which scripts/gpu_check.sh puts on
+# CMAKE_PREFIX_PATH; the LibTorch wheel's own protobuf), and CUDA's and
+# NCCL's main headers.
 poison=$work/poison
-for d in google/protobuf grpcpp grpc grpc++; do
-  [ -d "/usr/include/$d" ] || continue
-  (cd /usr/include && find "$d" -name '*.h' -o -name '*.inc') | while read -r h; do
-    mkdir -p "$poison/$(dirname "$h")"
-    echo "#error \"a remora public header includes <$h>: keep protobuf/gRPC out of them\"" >"$poison/$h"
+cached() { sed -n "s|^$1:[A-Z]*=||p" "$build/CMakeCache.txt" 2>/dev/null | head -1; }
+roots=(/usr/include)
+IFS=: read -r -a prefixes <<<"${CMAKE_PREFIX_PATH:-}"
+for p in "${prefixes[@]}"; do [ -n "$p" ] && roots+=("$p/include"); done
+pb=$(cached Protobuf_INCLUDE_DIR) && [ -n "$pb" ] && roots+=("$pb")
+torch_dir=$(cached Torch_DIR) && [ -n "$torch_dir" ] && roots+=("$torch_dir/../../../include")
+for r in "${roots[@]}"; do
+  for d in google/protobuf grpcpp grpc grpc++; do
+    [ -d "$r/$d" ] || continue
+    (cd "$r" && find "$d" -name '*.h' -o -name '*.inc') | while read -r h; do
+      mkdir -p "$poison/$(dirname "$h")"
+      echo "#error \"a remora public header includes <$h>: keep protobuf/gRPC out of them\"" >"$poison/$h"
+    done
   done
 done
 for h in cuda.h cuda_runtime.h cuda_runtime_api.h nccl.h; do
@@ -60,7 +71,7 @@ for h in cuda.h cuda_runtime.h cuda_runtime_api.h nccl.h; do
   echo "#error \"a remora public header includes <$h>: keep CUDA/NCCL out of them\"" >"$poison/$h"
 done
 [ -f "$poison/google/protobuf/message.h" ] && [ -f "$poison/grpcpp/grpcpp.h" ] || {
-  echo "package_check: no protobuf or gRPC headers under /usr/include to poison"; exit 1; }
+  echo "package_check: found no protobuf or gRPC headers to poison (looked in ${roots[*]})"; exit 1; }
 
 headers=$work/headers
 mkdir -p "$headers"
