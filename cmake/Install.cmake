@@ -49,7 +49,7 @@ set(REMORA_PUBLIC_HEADERS
     launch/cli.h launch/cluster_env.h launch/local_group.h launch/program_path.h launch/worker_main.h
     train/curves.h train/events.h train/fit.h train/local_trainer.h train/pipeline_trainer.h train/ps_trainer.h
     train/report.h train/timeline.h train/trainer.h train/worker_functions.h
-    examples/builtins.h)
+    examples/stock_worker.h)
 foreach(header ${REMORA_PUBLIC_HEADERS})
   get_filename_component(_remora_header_dir ${header} DIRECTORY)
   install(FILES ${PROJECT_SOURCE_DIR}/${header}

@@ -37,11 +37,16 @@ function(remora_torch_pch)
         target_precompile_headers(${target} REUSE_FROM remora_channel)
       elseif(type STREQUAL "EXECUTABLE")
         target_precompile_headers(${target} REUSE_FROM worker)
-        # The header was precompiled with remora_channel's public
-        # definition, which a program that does not link the channel
-        # (datasets_test, launch_test) lacks; GCC then ignores the header.
+        # The header was precompiled with worker's definitions, among them
+        # remora_channel's and remora_data's public ones, which a program
+        # that links neither (launch_test, the RPC tests) lacks; GCC then
+        # ignores the header (-Winvalid-pch). Such programs get them too.
         if(REMORA_WITH_CUDA)
           target_compile_definitions(${target} PRIVATE REMORA_WITH_CUDA=1)
+        endif()
+        get_target_property(data_defs remora_data INTERFACE_COMPILE_DEFINITIONS)
+        if(data_defs)
+          target_compile_definitions(${target} PRIVATE ${data_defs})
         endif()
       endif()
     endforeach()

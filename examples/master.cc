@@ -24,7 +24,7 @@
 #include "absl/strings/str_join.h"
 #include "autograd/dist_autograd.h"
 #include "base/status_util.h"
-#include "examples/builtins.h"
+#include "examples/stock_worker.h"
 #include "examples/master_flags.h"
 #include "examples/master_runs.h"
 #include "examples/ps_runs.h"

@@ -41,7 +41,7 @@
 #include "runtime/allocator.h"
 #include "runtime/threads.h"
 #include "runtime/trace.h"
-#include "examples/builtins.h"
+#include "examples/stock_worker.h"
 #include "shards/stage_types.h"
 #include "shards/cnn.h"
 #include "shards/resnet.h"

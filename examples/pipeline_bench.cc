@@ -27,7 +27,7 @@
 #include "absl/strings/str_split.h"
 #include "autograd/dist_autograd.h"
 #include "base/status_util.h"
-#include "examples/builtins.h"
+#include "examples/stock_worker.h"
 #include "launch/cli.h"
 #include "launch/local_group.h"
 #include "pipeline/microbatch.h"

@@ -42,9 +42,10 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "launch/local_group.h"
+#include "launch/worker_main.h"
 #include "channel/cuda/cuda_channel.h"
 #include "channel/devices.h"
-#include "examples/builtins.h"
+#include "examples/demo_functions.h"
 #include "runtime/allocator.h"
 
 namespace {
@@ -136,7 +137,8 @@ int MeasureRendezvous(int workers, int runs, const remora::Registry& registry,
   std::vector<double> seconds;
   for (int run = 0; run < runs; ++run) {
     const absl::Time t0 = absl::Now();
-    auto group = remora::launch::StartLocalGroup(names, &registry, {"--threads", "1"}, options);
+    auto group = remora::launch::StartLocalGroup(names, &registry, {"--threads", "1"}, options,
+                                                 remora::examples::DemoWorkerProgram("rpc_bench"));
     if (!group.ok()) {
       std::cerr << "rpc_bench: rendezvous of " << workers << " workers: " << group.status().message()
                 << "\n";
@@ -160,6 +162,7 @@ int MeasureRendezvous(int workers, int runs, const remora::Registry& registry,
 
 int main(int argc, char** argv) {
   using namespace remora;
+  if (examples::IsDemoWorker(argc, argv)) launch::ExitProgram(examples::DemoWorkerMain(argc, argv, "rpc_bench"));
   int calls = 2000, warmup = 200, bulk_mib = 0, bulk_calls = 20;
   std::string device = "cpu", peer_device = "cuda:0", sizes_flag = "4K,32K,64K,256K,1M,16M";
   launch::FlagParser flags("rpc_bench", "Measures rpc_sync latency and bulk throughput to a local worker.");
@@ -216,7 +219,7 @@ int main(int argc, char** argv) {
     }
   }
   Registry registry;
-  if (auto s = examples::RegisterStockWorker(registry); !s.ok()) {
+  if (auto s = examples::RegisterDemoWorker(registry); !s.ok()) {
     std::cerr << "rpc_bench: " << s.message() << "\n";
     return 1;
   }
@@ -244,7 +247,8 @@ int main(int argc, char** argv) {
       group = master.status();
     }
   } else {
-    group = launch::StartLocalGroup({"peer"}, &registry, worker_args, options);
+    group = launch::StartLocalGroup({"peer"}, &registry, worker_args, options,
+                                    examples::DemoWorkerProgram("rpc_bench"));
   }
   if (!group.ok()) {
     std::cerr << "rpc_bench: " << group.status().message() << "\n";

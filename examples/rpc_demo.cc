@@ -10,7 +10,8 @@
 #include <ATen/ops/randn.h>
 
 #include "launch/local_group.h"
-#include "examples/builtins.h"
+#include "examples/demo_functions.h"
+#include "launch/worker_main.h"
 #include "runtime/allocator.h"
 
 namespace {
@@ -28,6 +29,7 @@ T Check(absl::StatusOr<T> v, const char* what) {
 
 int main(int argc, char** argv) {
   using namespace remora;
+  if (examples::IsDemoWorker(argc, argv)) launch::ExitProgram(examples::DemoWorkerMain(argc, argv, "rpc_demo"));
   std::string workers = "worker1,worker2";
   launch::FlagParser flags("rpc_demo",
                         "Starts two local workers and exchanges calls and RRefs with them.");
@@ -48,14 +50,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   Registry registry;
-  if (auto s = examples::RegisterStockWorker(registry); !s.ok()) {
+  if (auto s = examples::RegisterDemoWorker(registry); !s.ok()) {
     std::cerr << "rpc_demo: " << s.message() << "\n";
     return 1;
   }
   std::cout << "starting master and workers " << workers << " (" << TlsModeName(*tls) << ")\n";
   AgentOptions options;
   options.tls = *tls;
-  auto group = Check(launch::StartLocalGroup(names, &registry, tls_files.WorkerArgs(), options),
+  auto group = Check(launch::StartLocalGroup(names, &registry, tls_files.WorkerArgs(), options,
+                                             examples::DemoWorkerProgram("rpc_demo")),
                      "starting the group");
   Agent& agent = *group.master;
   for (const auto& w : agent.workers()) {

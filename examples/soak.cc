@@ -26,11 +26,12 @@
 #include "autograd/dist_autograd.h"
 #include "launch/cli.h"
 #include "launch/local_group.h"
+#include "launch/worker_main.h"
 #include "optim/distributed_optimizer.h"
 #include "pipeline/pipeline.h"
 #include "rpc/agent.h"
 #include "base/status_util.h"
-#include "examples/builtins.h"
+#include "examples/demo_functions.h"
 #include "runtime/allocator.h"
 #include "runtime/process_stats.h"
 #include "runtime/threads.h"
@@ -163,7 +164,7 @@ int Main(int argc, char** argv) {
   runtime::SetComputeThreads(1);
 
   Registry registry;
-  if (auto s = examples::RegisterStockWorker(registry); !s.ok()) return fail(std::string(s.message()));
+  if (auto s = examples::RegisterDemoWorker(registry); !s.ok()) return fail(std::string(s.message()));
   AgentOptions options;
   options.name = "master";
   options.listen_address = c.listen;
@@ -184,7 +185,8 @@ int Main(int argc, char** argv) {
   } else {
     std::vector<std::string> worker_args = security_files.WorkerArgs();
     worker_args.insert(worker_args.end(), {"--threads", "1"});
-    auto started = launch::StartLocalGroup(names, &registry, worker_args, options);
+    auto started = launch::StartLocalGroup(names, &registry, worker_args, options,
+                                           examples::DemoWorkerProgram("soak"));
     if (!started.ok()) return fail(std::string(started.status().message()));
     group = std::move(*started);
   }
@@ -325,4 +327,9 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace remora
 
-int main(int argc, char** argv) { return remora::Main(argc, argv); }
+int main(int argc, char** argv) {
+  if (remora::examples::IsDemoWorker(argc, argv)) {
+    remora::launch::ExitProgram(remora::examples::DemoWorkerMain(argc, argv, "soak"));
+  }
+  return remora::Main(argc, argv);
+}

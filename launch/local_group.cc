@@ -11,7 +11,7 @@ absl::StatusOr<LocalGroup> StartLocalGroup(const std::vector<std::string>& names
                                            const Registry* registry,
                                            const std::vector<std::string>& extra_args,
                                            AgentOptions options,
-                                           const std::string& program) {
+                                           const WorkerProgram& program) {
   if (options.name.empty()) options.name = "master";
   options.is_master = true;
   options.workers = names;
@@ -20,10 +20,11 @@ absl::StatusOr<LocalGroup> StartLocalGroup(const std::vector<std::string>& names
   if (!master.ok()) return master.status();
   group.master = std::move(*master);
   dist_autograd::Enable(*group.master);
-  const std::string worker_bin = SiblingProgram(program);
+  const std::string worker_bin = SiblingProgram(program.name);
   for (const auto& name : names) {
-    std::vector<std::string> argv = {worker_bin, "--name", name, "--master",
-                                     group.master->self().address};
+    std::vector<std::string> argv = {worker_bin};
+    argv.insert(argv.end(), program.leading_args.begin(), program.leading_args.end());
+    argv.insert(argv.end(), {"--name", name, "--master", group.master->self().address});
     argv.insert(argv.end(), extra_args.begin(), extra_args.end());
     auto p = Subprocess::Spawn(argv);
     if (!p.ok()) return p.status();

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "launch/cli.h"
@@ -21,13 +22,24 @@ struct LocalGroup {
   absl::Status Shutdown(absl::Duration timeout = absl::Seconds(30));
 };
 
+// The program a local group's workers run: its name beside this executable
+// (SiblingProgram) and the arguments that come before the worker flags (a
+// subcommand: `rpc_demo worker --name ...`).
+struct WorkerProgram {
+  WorkerProgram(std::string program = "worker", std::vector<std::string> leading = {})
+      : name(std::move(program)), leading_args(std::move(leading)) {}
+  WorkerProgram(const char* program) : name(program) {}  // NOLINT: a name alone is the usual case
+
+  std::string name;
+  std::vector<std::string> leading_args;
+};
+
 // Starts the master (listening on 127.0.0.1, a free port), spawns one
-// worker program per name with `extra_args`, and joins. `program` is the
-// worker program's name beside this executable (SiblingProgram).
+// worker program per name with `extra_args`, and joins.
 absl::StatusOr<LocalGroup> StartLocalGroup(const std::vector<std::string>& names,
                                            const Registry* registry,
                                            const std::vector<std::string>& extra_args = {},
                                            AgentOptions options = {},
-                                           const std::string& program = "worker");
+                                           const WorkerProgram& program = {});
 
 }  // namespace remora::launch

@@ -2,7 +2,7 @@
 // --threads, --device, --slow-ms, security), the agent, distributed autograd, and
 // serving until the master ends the group. A worker program decides what it
 // offers by the registrations it passes: the stock `worker` registers
-// examples/builtins.h's RegisterStockWorker, a user's worker adds its own
+// examples/stock_worker.h's RegisterStockWorker, a user's worker adds its own
 // module types, tests add test functions.
 //
 //   int main(int argc, char** argv) {

@@ -18,7 +18,7 @@
 // [first, last) on `device` (default: the hosting agent's home device,
 // worker --device), methods forward(x or RRef x[, micro_batch]) -> tensor
 // (x is moved to the shard's device first), parameter_rrefs(),
-// num_parameters(). As a stage type (examples/builtins) its first two
+// num_parameters(). As a stage type (shards/stage_types.h) its first two
 // arguments are a block range, so pipeline::SequentialModel::Registered
 // ("ResNetShard", kResNetBlocks, {seed}) cuts it (pipeline/partition.h).
 #pragma once

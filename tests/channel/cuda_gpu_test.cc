@@ -118,7 +118,7 @@ TEST(CudaGpu, ShardsLiveOnTheirWorkersDevice) {
   EXPECT_EQ(out->toTensor().sizes(), (std::vector<int64_t>{2, 1000}));
 }
 
-// This process as the master on cuda:0 and one `worker` process "w1" on
+// This process as the master on cuda:0 and one `test_worker` process "w1" on
 // `device`, where the master's cuda:0 maps.
 absl::StatusOr<launch::LocalGroup> StartWorkerOn(const Registry& registry, const std::string& device,
                                               absl::Duration rpc_timeout = absl::Seconds(60)) {
@@ -126,7 +126,7 @@ absl::StatusOr<launch::LocalGroup> StartWorkerOn(const Registry& registry, const
   opts.device = "cuda:0";
   opts.device_maps["w1"]["cuda:0"] = device;
   opts.rpc_timeout = rpc_timeout;
-  return launch::StartLocalGroup({"w1"}, &registry, {"--device", device}, opts);
+  return launch::StartLocalGroup({"w1"}, &registry, {"--device", device}, opts, "test_worker");
 }
 
 #ifdef REMORA_TORCH_CUDA

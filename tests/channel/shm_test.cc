@@ -386,7 +386,7 @@ TEST(ShmAgents, RealWorkersExchangeActivationsThroughSegments) {
   const int files_before = CountRemoraFilesInDevShm();
   Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
-  auto group = launch::StartLocalGroup({"worker1", "worker2"}, &registry);
+  auto group = launch::StartLocalGroup({"worker1", "worker2"}, &registry, {}, {}, "test_worker");
   ASSERT_TRUE(group.ok()) << group.status();
   Agent& master = *group->master;
   EXPECT_EQ(master.channel_to("worker1").value(), "shm");

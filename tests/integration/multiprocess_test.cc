@@ -72,7 +72,7 @@ TEST(WorkerProgram, HonoursMasterAddrAndPort) {
   auto master = Agent::Start(m, &registry).value();
   setenv("MASTER_ADDR", "127.0.0.1", 1);
   setenv("MASTER_PORT", absl::StrCat(port).c_str(), 1);
-  auto worker = launch::Subprocess::Spawn({kBin + "/worker", "--name", "w1"}).value();
+  auto worker = launch::Subprocess::Spawn({kBin + "/test_worker", "--name", "w1"}).value();
   unsetenv("MASTER_ADDR");
   unsetenv("MASTER_PORT");
   ASSERT_TRUE(master->Join().ok());
@@ -222,7 +222,7 @@ TEST(Security, WorkerProgramUsesTheTokenFile) {
                                             TempPath("absent.token")});
   EXPECT_EQ(missing, 2);
   EXPECT_THAT(missing_out, HasSubstr("cannot read --token-file"));
-  auto worker = launch::Subprocess::Spawn({kBin + "/worker", "--name", "w1", "--master",
+  auto worker = launch::Subprocess::Spawn({kBin + "/test_worker", "--name", "w1", "--master",
                                         master->self().address, "--token-file", good})
                     .value();
   ASSERT_TRUE(master->Join().ok());
@@ -244,7 +244,8 @@ TEST(Security, WorkerProgramsTalkMutualTls) {
   AgentOptions options;
   options.tls = pki.tls();
   auto group =
-      launch::StartLocalGroup({"worker1", "worker2"}, &registry, pki.files().WorkerArgs(), options);
+      launch::StartLocalGroup({"worker1", "worker2"}, &registry, pki.files().WorkerArgs(), options,
+                              "test_worker");
   ASSERT_TRUE(group.ok()) << group.status();
   Agent& master = *group->master;
   EXPECT_EQ(master.rpc_sync("worker1", "add", {int64_t{2}, int64_t{3}}).value().toInt(), 5);
@@ -328,7 +329,7 @@ size_t WriteRaw(int port, const std::string& bytes) {
 TEST(Robustness, WorkerSurvivesRandomBytesAndGarbageCalls) {
   Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
-  auto group = launch::StartLocalGroup({"worker1"}, &registry);
+  auto group = launch::StartLocalGroup({"worker1"}, &registry, {}, {}, "test_worker");
   ASSERT_TRUE(group.ok()) << group.status();
   Agent& master = *group->master;
   const std::string address = master.worker("worker1").value().address;
@@ -398,7 +399,7 @@ TEST(Robustness, WorkerSurvivesRandomBytesAndGarbageCalls) {
 TEST(Load, TenThousandConcurrentCallsToOneWorkerAllComplete) {
   Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
-  auto group = launch::StartLocalGroup({"worker1"}, &registry);
+  auto group = launch::StartLocalGroup({"worker1"}, &registry, {}, {}, "test_worker");
   ASSERT_TRUE(group.ok()) << group.status();
   std::vector<Future<c10::IValue>> futures;
   futures.reserve(10000);
@@ -423,7 +424,7 @@ TEST(Restart, WorkerRejoinsANewMasterOnTheSamePortAtOnce) {
     m.connect_timeout = absl::Seconds(20);
     auto master = Agent::Start(m, &registry);
     ASSERT_TRUE(master.ok()) << "round " << round << ": " << master.status();
-    auto worker = launch::Subprocess::Spawn({kBin + "/worker", "--name", "w1", "--master",
+    auto worker = launch::Subprocess::Spawn({kBin + "/test_worker", "--name", "w1", "--master",
                                           (*master)->self().address})
                       .value();
     ASSERT_TRUE((*master)->Join().ok()) << "round " << round;

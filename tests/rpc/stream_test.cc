@@ -29,7 +29,7 @@
 #include "rpc/message.h"
 #include "base/mutex_lock.h"
 #include "rpc/stream.h"
-#include "examples/builtins.h"
+#include "examples/stock_worker.h"
 #include "tests/support/test_group.h"
 
 #include <grpcpp/generic/generic_stub.h>

@@ -7,7 +7,7 @@
 
 #include "absl/time/clock.h"
 #include "base/status_util.h"
-#include "examples/builtins.h"
+#include "examples/demo_functions.h"
 #include "rpc/rref_args.h"
 #include "runtime/compute_lane.h"
 
@@ -55,7 +55,7 @@ absl::Status RegisterTestFunctions(Registry& r) {
 }
 
 absl::Status RegisterForTests(Registry& registry) {
-  RETURN_IF_ERROR(examples::RegisterStockWorker(registry));
+  RETURN_IF_ERROR(examples::RegisterDemoWorker(registry));
   return RegisterTestFunctions(registry);
 }
 

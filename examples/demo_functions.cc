@@ -1,4 +1,4 @@
-#include "examples/builtins.h"
+#include "examples/demo_functions.h"
 
 #include <stdexcept>
 
@@ -13,13 +13,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_util.h"
-#include "shards/mlp.h"
-#include "shards/resnet.h"
-#include "shards/stage_types.h"
+#include "examples/stock_worker.h"
+#include "launch/worker_main.h"
 #include "rpc/agent.h"
 #include "rpc/rref_args.h"
 #include "runtime/process_stats.h"
-#include "train/worker_functions.h"
 
 namespace remora::examples {
 namespace {
@@ -45,7 +43,7 @@ namespace {
 absl::Status RegisterModules(Registry& r);
 }  // namespace
 
-absl::Status RegisterBuiltins(Registry& r) {
+absl::Status RegisterDemoFunctions(Registry& r) {
   RETURN_IF_ERROR(r.RegisterFunction("add", [](CallContext&, const Args& a) -> c10::IValue {
     if (a[0].isTensor() || a[1].isTensor()) {
       return TensorOrFetch(a[0]) + TensorOrFetch(a[1]);
@@ -129,12 +127,19 @@ absl::Status RegisterModules(Registry& r) {
 }
 }  // namespace
 
-absl::Status RegisterStockWorker(Registry& registry) {
-  RETURN_IF_ERROR(RegisterBuiltins(registry));
-  RETURN_IF_ERROR(shards::RegisterMLP(registry));
-  RETURN_IF_ERROR(shards::RegisterResNet(registry));
-  RETURN_IF_ERROR(train::RegisterWorkerFunctions(registry));
-  return shards::RegisterStageTypes();
+absl::Status RegisterDemoWorker(Registry& registry) {
+  RETURN_IF_ERROR(RegisterStockWorker(registry));
+  return RegisterDemoFunctions(registry);
+}
+
+bool IsDemoWorker(int argc, char** argv) { return argc > 1 && std::string(argv[1]) == "worker"; }
+
+int DemoWorkerMain(int argc, char** argv, const std::string& program) {
+  return launch::WorkerMain(argc - 1, argv + 1, program + " worker", RegisterDemoWorker);
+}
+
+launch::WorkerProgram DemoWorkerProgram(const std::string& program) {
+  return launch::WorkerProgram(program, {"worker"});
 }
 
 }  // namespace remora::examples
