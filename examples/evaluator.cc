@@ -28,7 +28,6 @@
 #include <ATen/ops/argmax.h>
 #include <ATen/ops/cross_entropy_loss.h>
 #include <ATen/ops/eq.h>
-#include <ATen/ops/topk.h>
 #include <c10/core/GradMode.h>
 
 #include "absl/strings/str_format.h"
@@ -36,7 +35,8 @@
 #include "checkpoint/checkpoint.h"
 #include "data/datasets.h"
 #include "data/imagefolder.h"
-#include "examples/builtins.h"
+#include "examples/stock_worker.h"
+#include "pipeline/fit.h"
 #include "shards/stage_types.h"
 #include "launch/cli.h"
 #include "launch/worker_main.h"
@@ -59,7 +59,7 @@ struct Score {
 absl::StatusOr<Score> Evaluate(std::vector<std::unique_ptr<pipeline::StageModule>>& model,
                                const data::Source& set, int64_t rows, int64_t batch_size) {
   c10::NoGradGuard no_grad;
-  int64_t right = 0, right5 = 0, seen = 0;
+  pipeline::Correct right;
   double loss_sum = 0;
   try {
     for (int64_t at = 0; at < rows; at += batch_size) {
@@ -76,17 +76,15 @@ absl::StatusOr<Score> Evaluate(std::vector<std::unique_ptr<pipeline::StageModule
             "the model's output for %d images has shape %s; the evaluator wants [%d, classes]", n,
             c10::str(logits.sizes()), n));
       }
-      right += logits.argmax(1).eq(labels).sum().item<int64_t>();
-      const int64_t k = std::min<int64_t>(5, logits.size(1));
-      right5 += std::get<1>(logits.topk(k, 1)).eq(labels.unsqueeze(1)).any(1).sum().item<int64_t>();
+      ASSIGN_OR_RETURN(pipeline::Correct counted, pipeline::CountCorrect(logits, labels));
+      right += counted;
       loss_sum += at::cross_entropy_loss(logits, labels).item<double>() * n;
-      seen += n;
     }
   } catch (...) {
     return StatusFromCurrentException("evaluating the model");
   }
-  if (seen == 0) return absl::InvalidArgumentError("evaluating the model: no test image could be read");
-  return Score{static_cast<double>(right) / seen, loss_sum / seen, static_cast<double>(right5) / seen};
+  if (right.rows == 0) return absl::InvalidArgumentError("evaluating the model: no test image could be read");
+  return Score{right.accuracy(), loss_sum / right.rows, right.top5_accuracy()};
 }
 
 int Main(int argc, char** argv) {

@@ -318,9 +318,9 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
   flags.AddDouble("momentum", &c.momentum, "SGD momentum with --model or --dataset");
   flags.AddInt("train-rows", &c.train_rows, "with --dataset: train on the first N images only (0: all)");
   flags.AddString("data-on", &c.data_on,
-                  "with --dataset, pipelines and replicas: where batches are read: workers (each replica's "
-                  "stage 0 worker reads its own rows from its own disk, as DDP's ranks do; the master sends "
-                  "row numbers) or master (the master reads them and sends the images; always so for --mode ps)");
+                  "with --dataset: where training batches are read: workers (each replica's stage 0 worker, or "
+                  "with --mode ps each worker, reads its own rows from its own disk, as DDP's ranks do; the "
+                  "master sends row numbers) or master (the master reads them and sends the images)");
   flags.AddInt("data-threads", &c.data_threads,
                "with --dataset imagefolder:DIR: threads that decode and augment the images");
   flags.AddInt("prefetch", &c.prefetch,

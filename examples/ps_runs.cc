@@ -187,6 +187,15 @@ absl::StatusOr<Run> TrainPs(Agent& agent, const Config& c, const PsFlags& p,
     // Each computing worker needs at least one row of every batch.
     train::TrainOptions f = TrainOptionsOf(c, 1, static_cast<int64_t>(computing), checkpoints);
     train::ReportTo(run.log, f.fit);
+    if (c.data_on == "workers") {
+      // Each worker reads its share of every batch; the test set is read
+      // here, where the model is evaluated.
+      RETURN_IF_ERROR(trainer->ReadOnWorkers(SourceSpecOf(c, true), sets.train->size(), *sets.test));
+      std::printf("data: read on %s (the master sends row numbers; it reads the test set)\n",
+                  absl::StrJoin(trainer->readers(), ", ").c_str());
+    } else {
+      std::printf("data: read on the master\n");
+    }
     ASSIGN_OR_RETURN(run.epochs, train::Fit(*trainer, *sets.train, *sets.test, f, std::cout));
     for (const auto& e : run.epochs) run.seconds += e.seconds;
   }

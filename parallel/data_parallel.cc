@@ -328,7 +328,7 @@ absl::StatusOr<c10::IValue> DataParallelPipeline::eval_step(const c10::IValue& i
   return replicas_[0]->eval_step(inputs);
 }
 
-absl::StatusOr<int64_t> DataParallelPipeline::eval_correct(const at::Tensor& inputs,
+absl::StatusOr<pipeline::Correct> DataParallelPipeline::eval_correct(const at::Tensor& inputs,
                                                            const at::Tensor& labels) {
   return replicas_[0]->eval_correct(inputs, labels);
 }

@@ -71,9 +71,9 @@ class DataParallelPipeline {
   // Forward only, through replica 0.
   absl::StatusOr<c10::IValue> eval_step(const c10::IValue& inputs);
   // How many rows replica 0 classifies right (Pipeline::eval_correct).
-  absl::StatusOr<int64_t> eval_correct(const at::Tensor& inputs, const at::Tensor& labels);
-  // The same for rows that replica 0's stage 0 worker reads: (right, read).
-  absl::StatusOr<std::pair<int64_t, int64_t>> eval_correct(const pipeline::WorkerRows& rows) {
+  absl::StatusOr<pipeline::Correct> eval_correct(const at::Tensor& inputs, const at::Tensor& labels);
+  // The same for rows that replica 0's stage 0 worker reads.
+  absl::StatusOr<pipeline::Correct> eval_correct(const pipeline::WorkerRows& rows) {
     return replicas_[0]->eval_correct(rows);
   }
 

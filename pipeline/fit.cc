@@ -9,6 +9,8 @@
 #include <ATen/ops/arange.h>
 #include <ATen/ops/argmax.h>
 #include <ATen/ops/eq.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/topk.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -36,58 +38,65 @@ using BatchStarter = std::function<StartedStep(const data::Batch& batch, const a
 absl::StatusOr<std::vector<EpochResult>> FitLoop(int64_t train_size, const RowReader& read_rows,
                                                  const BatchStarter& start_step,
                                                  const std::function<absl::StatusOr<int64_t>()>& skipped,
-                                                 const std::function<absl::StatusOr<double>()>& accuracy,
+                                                 const std::function<absl::StatusOr<Correct>()>& accuracy,
                                                  const FitOptions& o, std::ostream& out);
 
 }  // namespace
 
-absl::StatusOr<int64_t> CountCorrect(const at::Tensor& logits, const at::Tensor& labels) {
-  if (logits.dim() != 2 || logits.size(0) != labels.size(0)) {
+at::Tensor CountCorrectOnDevice(const at::Tensor& logits, const at::Tensor& labels) {
+  const at::Tensor l = labels.to(logits.device());
+  const int64_t k = std::min<int64_t>(5, logits.size(1));
+  const at::Tensor first_k = std::get<1>(logits.topk(k, 1));
+  return at::stack({logits.argmax(1).eq(l).sum(), first_k.eq(l.view({-1, 1})).any(1).sum()});
+}
+
+absl::StatusOr<Correct> CountCorrect(const at::Tensor& logits, const at::Tensor& labels) {
+  if (logits.dim() != 2 || logits.size(0) != labels.size(0) || logits.size(1) == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "accuracy: the model's output for ", labels.size(0), " rows has shape ",
         c10::str(logits.sizes()), "; it should be [", labels.size(0), ", classes]"));
   }
-  return logits.argmax(1).cpu().eq(labels.cpu()).sum().item<int64_t>();
+  const at::Tensor counts = CountCorrectOnDevice(logits, labels).cpu();
+  return Correct{counts[0].item<int64_t>(), counts[1].item<int64_t>(), labels.size(0)};
 }
 
 CountStep CountFromLogits(EvalStep eval_step) {
   return [eval_step = std::move(eval_step)](const at::Tensor& x,
-                                            const at::Tensor& labels) -> absl::StatusOr<int64_t> {
+                                            const at::Tensor& labels) -> absl::StatusOr<Correct> {
     ASSIGN_OR_RETURN(at::Tensor logits, eval_step(x));
     return CountCorrect(logits, labels);
   };
 }
 
-absl::StatusOr<double> Accuracy(const CountStep& count_correct, const data::Dataset& set,
-                                int64_t batch_size) {
+absl::StatusOr<Correct> Accuracy(const CountStep& count_correct, const data::Dataset& set,
+                                 int64_t batch_size) {
   return Accuracy(count_correct, data::InMemory(set), batch_size);
 }
 
-absl::StatusOr<double> Accuracy(const CountStep& count_correct, const data::Source& set, int64_t batch_size) {
+absl::StatusOr<Correct> Accuracy(const CountStep& count_correct, const data::Source& set, int64_t batch_size) {
   if (set.size() == 0) return absl::InvalidArgumentError("accuracy: the set is empty");
-  int64_t right = 0, rows = 0;
+  Correct total;
   for (int64_t at = 0; at < set.size(); at += batch_size) {
     const int64_t end = std::min(set.size(), at + batch_size);
     ASSIGN_OR_RETURN(data::Batch b, set.Get(at::arange(at, end, at::kLong), /*epoch=*/0));
     if (b.labels.size(0) == 0) continue;  // every file of it skipped
-    ASSIGN_OR_RETURN(int64_t n, count_correct(b.images, b.labels));
-    right += n;
-    rows += b.labels.size(0);
+    ASSIGN_OR_RETURN(Correct n, count_correct(b.images, b.labels));
+    n.rows = b.labels.size(0);
+    total += n;
   }
-  if (rows == 0) return absl::InvalidArgumentError("accuracy: no row of the set could be read");
-  return static_cast<double>(right) / rows;
+  if (total.rows == 0) return absl::InvalidArgumentError("accuracy: no row of the set could be read");
+  return total;
 }
 
-absl::StatusOr<double> Accuracy(const CountRowsStep& count_correct, int64_t n, int64_t batch_size) {
+absl::StatusOr<Correct> Accuracy(const CountRowsStep& count_correct, int64_t n, int64_t batch_size) {
   if (n <= 0) return absl::InvalidArgumentError("accuracy: the set is empty");
-  int64_t right = 0, rows = 0;
+  Correct total;
   for (int64_t at = 0; at < n; at += batch_size) {
-    ASSIGN_OR_RETURN(auto counted, count_correct(at::arange(at, std::min(n, at + batch_size), at::kLong)));
-    right += counted.first;
-    rows += counted.second;
+    ASSIGN_OR_RETURN(Correct counted, count_correct(at::arange(at, std::min(n, at + batch_size), at::kLong)));
+    total += counted;
   }
-  if (rows == 0) return absl::InvalidArgumentError("accuracy: no row of the set could be read");
-  return static_cast<double>(right) / rows;
+  if (total.rows == 0) return absl::InvalidArgumentError("accuracy: no row of the set could be read");
+  return total;
 }
 
 absl::StatusOr<std::vector<EpochResult>> Fit(const TrainStep& train_step, const CountStep& count_correct,
@@ -145,7 +154,7 @@ class Loop {
  public:
   Loop(int64_t train_size, const RowReader& read_rows, const BatchStarter& start_step,
        const std::function<absl::StatusOr<int64_t>()>& skipped,
-       const std::function<absl::StatusOr<double>()>& accuracy, const FitOptions& o, std::ostream& out)
+       const std::function<absl::StatusOr<Correct>()>& accuracy, const FitOptions& o, std::ostream& out)
       : train_size_(train_size), read_rows_(read_rows), start_step_(start_step), skipped_(skipped),
         accuracy_(accuracy), o_(o), out_(out), step_(o.start.step) {}
 
@@ -306,9 +315,12 @@ class Loop {
     if (o_.progress_bar) out_ << "\n";
     auto accuracy = accuracy_();
     if (!accuracy.ok()) return Annotate(accuracy.status(), absl::StrCat("evaluating after epoch ", e));
-    r_.test_accuracy = *accuracy;
-    out_ << absl::StrFormat("epoch=%d train_loss=%.4f test_accuracy=%.4f seconds=%.1f images_per_second=%.0f%s\n",
-                            e, r_.train_loss, r_.test_accuracy, r_.seconds, trained_ / std::max(r_.seconds, 1e-9),
+    r_.test_accuracy = accuracy->accuracy();
+    r_.test_top5 = accuracy->top5_accuracy();
+    out_ << absl::StrFormat("epoch=%d train_loss=%.4f test_accuracy=%.4f test_top5=%.4f seconds=%.1f "
+                            "images_per_second=%.0f%s\n",
+                            e, r_.train_loss, r_.test_accuracy, r_.test_top5, r_.seconds,
+                            trained_ / std::max(r_.seconds, 1e-9),
                             r_.skipped > 0 ? absl::StrCat(" skipped_images=", r_.skipped) : "")
          << std::flush;
     return absl::OkStatus();
@@ -318,7 +330,7 @@ class Loop {
   const RowReader& read_rows_;
   const BatchStarter& start_step_;
   const std::function<absl::StatusOr<int64_t>()>& skipped_;
-  const std::function<absl::StatusOr<double>()>& accuracy_;
+  const std::function<absl::StatusOr<Correct>()>& accuracy_;
   const FitOptions& o_;
   std::ostream& out_;
   int64_t step_;
@@ -337,7 +349,7 @@ class Loop {
 absl::StatusOr<std::vector<EpochResult>> FitLoop(int64_t train_size, const RowReader& read_rows,
                                                  const BatchStarter& start_step,
                                                  const std::function<absl::StatusOr<int64_t>()>& skipped,
-                                                 const std::function<absl::StatusOr<double>()>& accuracy,
+                                                 const std::function<absl::StatusOr<Correct>()>& accuracy,
                                                  const FitOptions& o, std::ostream& out) {
   return Loop(train_size, read_rows, start_step, skipped, accuracy, o, out).Run();
 }

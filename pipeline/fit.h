@@ -78,10 +78,29 @@ struct FitOptions {
   int prefetch = 0;
 };
 
+// How many rows a model classifies right, of `rows`: top-1 (the highest
+// logit is the label's) and top-5 (the label's logit is among the five
+// highest; with fewer than five classes, every row).
+struct Correct {
+  int64_t top1 = 0;
+  int64_t top5 = 0;
+  int64_t rows = 0;
+
+  Correct& operator+=(const Correct& o) {
+    top1 += o.top1;
+    top5 += o.top5;
+    rows += o.rows;
+    return *this;
+  }
+  double accuracy() const { return rows > 0 ? static_cast<double>(top1) / rows : 0; }
+  double top5_accuracy() const { return rows > 0 ? static_cast<double>(top5) / rows : 0; }
+};
+
 struct EpochResult {
   int epoch = 0;             // from 1
   double train_loss = 0;     // mean over the epoch's batches
-  double test_accuracy = 0;  // fraction of the test set classified right
+  double test_accuracy = 0;  // fraction of the test set classified right (top-1)
+  double test_top5 = 0;      // fraction whose label is among the five highest logits
   double seconds = 0;        // training time of the epoch (evaluation not included)
   int64_t images = 0;        // trained in the epoch (a resumed epoch's before the resume too)
   int64_t trained = 0;       // of them, trained by this call (the images/s figures)
@@ -98,17 +117,21 @@ struct StartedStep {
 using StartTrainStep = std::function<StartedStep(const at::Tensor& x, const at::Tensor& y)>;
 using EvalStep = std::function<absl::StatusOr<at::Tensor>(const at::Tensor& x)>;  // logits [N, C]
 // How many rows of `x` are classified as `labels` says.
-using CountStep = std::function<absl::StatusOr<int64_t>(const at::Tensor& x, const at::Tensor& labels)>;
+using CountStep = std::function<absl::StatusOr<Correct>(const at::Tensor& x, const at::Tensor& labels)>;
 
-// How many rows' argmax of `logits` ([rows, classes]) is their label; an
-// error for logits of another shape.
-absl::StatusOr<int64_t> CountCorrect(const at::Tensor& logits, const at::Tensor& labels);
+// How many rows of `logits` ([rows, classes]) have their label first, and
+// among the first five; an error for logits of another shape.
+absl::StatusOr<Correct> CountCorrect(const at::Tensor& logits, const at::Tensor& labels);
+// The same counted where `logits` are, without waiting for them: an int64
+// tensor [top1, top5] on their device. `logits` must be [labels.size(0), classes].
+at::Tensor CountCorrectOnDevice(const at::Tensor& logits, const at::Tensor& labels);
 // A CountStep that counts `eval_step`'s logits here.
 CountStep CountFromLogits(EvalStep eval_step);
 
 // Trains `options.epochs` epochs over `train`, evaluating on `test` after
 // each; prints the progress and one line per epoch
-// ("epoch=E train_loss=L test_accuracy=A seconds=S images_per_second=I")
+// ("epoch=E train_loss=L test_accuracy=A test_top5=T seconds=S
+// images_per_second=I")
 // to `out`. An error names the epoch and batch it happened in.
 absl::StatusOr<std::vector<EpochResult>> Fit(const TrainStep& train_step, const CountStep& count_correct,
                                              const data::Dataset& train, const data::Dataset& test,
@@ -132,8 +155,8 @@ absl::StatusOr<std::vector<EpochResult>> Fit(const StartTrainStep& start_step, c
 // with the WorkerRows of a WorkerData (pipeline/worker_data.h).
 using StartRowsStep = std::function<StartedStep(const at::Tensor& rows, int epoch)>;
 // How many of the rows `rows` (int64 [n]) of a set read where they are
-// used are classified right, and how many were read: (right, read).
-using CountRowsStep = std::function<absl::StatusOr<std::pair<int64_t, int64_t>>(const at::Tensor& rows)>;
+// used are classified right, of how many were read (Correct::rows).
+using CountRowsStep = std::function<absl::StatusOr<Correct>(const at::Tensor& rows)>;
 // Fit over the `train_rows` rows of a training set and the `test_rows`
 // rows of a test set that the steps read themselves; `skipped` (may be
 // empty) says how many training rows the readers have left out so far
@@ -143,11 +166,12 @@ absl::StatusOr<std::vector<EpochResult>> FitRows(const StartRowsStep& start_step
                                                  const std::function<absl::StatusOr<int64_t>()>& skipped,
                                                  const FitOptions& options, std::ostream& out);
 
-// The fraction of `set` that `count_correct` counts as classified right
-// (of the rows read: a source may skip unreadable files).
-absl::StatusOr<double> Accuracy(const CountStep& count_correct, const data::Dataset& set,
-                                int64_t batch_size);
-absl::StatusOr<double> Accuracy(const CountStep& count_correct, const data::Source& set, int64_t batch_size);
-absl::StatusOr<double> Accuracy(const CountRowsStep& count_correct, int64_t rows, int64_t batch_size);
+// How much of `set` `count_correct` counts as classified right, of the
+// rows read (a source may skip unreadable files); an error when the set is
+// empty or none of it could be read.
+absl::StatusOr<Correct> Accuracy(const CountStep& count_correct, const data::Dataset& set,
+                                 int64_t batch_size);
+absl::StatusOr<Correct> Accuracy(const CountStep& count_correct, const data::Source& set, int64_t batch_size);
+absl::StatusOr<Correct> Accuracy(const CountRowsStep& count_correct, int64_t rows, int64_t batch_size);
 
 }  // namespace remora::pipeline

@@ -522,7 +522,22 @@ absl::StatusOr<c10::IValue> Pipeline::EvalOnWorkers(const c10::IValue& inputs, c
   return replies[last_worker()].wait();
 }
 
-absl::StatusOr<int64_t> Pipeline::eval_correct(const at::Tensor& inputs, const at::Tensor& labels) {
+namespace {
+
+// The last stage's worker's reply to an evaluation with labels: (top1,
+// top5, rows read).
+absl::StatusOr<Correct> CorrectOf(const c10::IValue& reply) {
+  if (!reply.isTuple() || reply.toTupleRef().elements().size() != 3) {
+    return absl::InternalError(absl::StrCat("eval_correct: the last stage's worker replied ", reply.tagKind(),
+                                            ", not (top1, top5, rows)"));
+  }
+  const auto& e = reply.toTupleRef().elements();
+  return Correct{e[0].toInt(), e[1].toInt(), e[2].toInt()};
+}
+
+}  // namespace
+
+absl::StatusOr<Correct> Pipeline::eval_correct(const at::Tensor& inputs, const at::Tensor& labels) {
   if (BatchRows(inputs) != labels.size(0)) {
     return absl::InvalidArgumentError(absl::StrCat("eval_correct: ", BatchRows(inputs), " inputs but ",
                                                    labels.size(0), " labels"));
@@ -532,11 +547,13 @@ absl::StatusOr<int64_t> Pipeline::eval_correct(const at::Tensor& inputs, const a
     if (!out.isTensor()) return absl::InvalidArgumentError("eval_correct: the model's output is not a tensor");
     return CountCorrect(out.toTensor(), labels);
   }
-  ASSIGN_OR_RETURN(c10::IValue count, EvalOnWorkers(inputs, labels));
-  return count.toInt();
+  ASSIGN_OR_RETURN(c10::IValue reply, EvalOnWorkers(inputs, labels));
+  ASSIGN_OR_RETURN(Correct counted, CorrectOf(reply));
+  counted.rows = labels.size(0);
+  return counted;
 }
 
-absl::StatusOr<std::pair<int64_t, int64_t>> Pipeline::eval_correct(const WorkerRows& rows) {
+absl::StatusOr<Correct> Pipeline::eval_correct(const WorkerRows& rows) {
   if (!runs_on_workers()) {
     return absl::FailedPreconditionError("eval_correct: rows read on the workers need step runners (a named loss)");
   }
@@ -544,8 +561,7 @@ absl::StatusOr<std::pair<int64_t, int64_t>> Pipeline::eval_correct(const WorkerR
     return absl::InvalidArgumentError("eval_correct: no rows to evaluate");
   }
   ASSIGN_OR_RETURN(c10::IValue reply, EvalOnWorkers(c10::IValue(), c10::IValue(), &rows));
-  const auto& e = reply.toTupleRef().elements();
-  return std::make_pair(e[0].toInt(), e[1].toInt());
+  return CorrectOf(reply);
 }
 
 absl::StatusOr<c10::IValue> Pipeline::eval_step(const c10::IValue& inputs) {

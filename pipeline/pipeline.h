@@ -44,6 +44,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "optim/distributed_optimizer.h"
+#include "pipeline/fit.h"
 #include "pipeline/schedule.h"
 #include "pipeline/worker_data.h"
 #include "rpc/agent.h"
@@ -262,15 +263,16 @@ class Pipeline {
   // call per worker, outputs pushed worker to worker, the last stage's
   // worker replying with them).
   absl::StatusOr<c10::IValue> eval_step(const c10::IValue& inputs);
-  // How many rows of `inputs` the model classifies as `labels` says (the
-  // argmax of its output, [rows, classes]). With step runners the labels
-  // go to the last stage's worker, which counts there and replies with
-  // the count alone; otherwise counted here from eval_step's outputs.
-  absl::StatusOr<int64_t> eval_correct(const at::Tensor& inputs, const at::Tensor& labels);
+  // How many rows of `inputs` the model classifies as `labels` says, top-1
+  // and top-5 (of its output, [rows, classes]: CountCorrect). With step
+  // runners the labels go to the last stage's worker, which counts there
+  // and replies with the counts alone; otherwise counted here from
+  // eval_step's outputs.
+  absl::StatusOr<Correct> eval_correct(const at::Tensor& inputs, const at::Tensor& labels);
   // The same for rows that stage 0's worker reads itself (WorkerRows; a
   // source opened there and the labels sent on to the last stage's
-  // worker): (rows right, rows read). Needs step runners.
-  absl::StatusOr<std::pair<int64_t, int64_t>> eval_correct(const WorkerRows& rows);
+  // worker), of the rows read (Correct::rows). Needs step runners.
+  absl::StatusOr<Correct> eval_correct(const WorkerRows& rows);
 
   // Stage k's parameters then buffers (copies on this process's CPU).
   absl::StatusOr<std::vector<at::Tensor>> stage_state(int k);

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
+#include "pipeline/fit.h"
 #include "pipeline/microbatch.h"
 #include "pipeline/runner_plan.h"
 #include "pipeline/worker_data.h"
@@ -224,7 +225,8 @@ void EvalRunner::Account(const std::shared_ptr<EvalBatch>& b, int64_t stage, int
       if (!b->labels.empty()) labels = b->labels.at(mb);
     }
     if (labels.defined()) {
-      if (!y.isTensor() || y.toTensor().dim() != 2 || y.toTensor().size(0) != labels.size(0)) {
+      if (!y.isTensor() || y.toTensor().dim() != 2 || y.toTensor().size(0) != labels.size(0) ||
+          y.toTensor().size(1) == 0) {
         FailEval(b, absl::InvalidArgumentError(absl::StrCat(
             "stage ", stage, " on worker '", agent_.self().name, "', micro-batch ", mb,
             ": the model's output for ",
@@ -232,7 +234,7 @@ void EvalRunner::Account(const std::shared_ptr<EvalBatch>& b, int64_t stage, int
             "; counting the right answers needs [", labels.size(0), ", classes]")));
         return;
       }
-      right = y.toTensor().argmax(1).eq(labels).sum();
+      right = CountCorrectOnDevice(y.toTensor(), labels);  // [top1, top5]
     }
   }
   std::vector<c10::IValue> outputs;
@@ -255,8 +257,9 @@ void EvalRunner::Account(const std::shared_ptr<EvalBatch>& b, int64_t stage, int
     correct = std::move(b->correct);
   }
   if (correct.defined()) {
-    const int64_t n = correct.item<int64_t>();
-    b->done.SetValue(by_rows ? c10::IValue(c10::ivalue::Tuple::create({n, rows})) : c10::IValue(n));
+    const at::Tensor counts = correct.cpu();
+    b->done.SetValue(c10::ivalue::Tuple::create(
+        {counts[0].item<int64_t>(), counts[1].item<int64_t>(), by_rows ? rows : int64_t{0}}));
     return;
   }
 

@@ -58,7 +58,8 @@ struct EvalBatch {
   std::vector<std::tuple<int64_t, int64_t, c10::IValue>> early;
   std::vector<c10::IValue> outputs;  // the last stage's, per micro-batch
   // With labels (on the last stage's worker): the outputs are not kept,
-  // only how many rows' argmax is their label (summed on the device).
+  // only how many rows have their label first and among the first five
+  // ([top1, top5], summed on the device).
   std::vector<at::Tensor> labels;  // per micro-batch
   at::Tensor correct;
   // Where stage 0's worker reads the rows (pipeline/worker_data.h): the
@@ -86,7 +87,7 @@ class EvalRunner : public std::enable_shared_from_this<EvalRunner> {
 
   // Evaluation `id` of `inputs` (on stage 0's worker) in `m` micro-batches:
   // the last stage's worker replies with the outputs merged (with `labels`:
-  // with the number of rows whose output's argmax is their label), the
+  // with (top1, top5, rows read): pipeline/fit.h's Correct), the
   // others with None once their passes are done.
   Future<c10::IValue> Eval(int64_t id, const c10::IValue& inputs, int m, const c10::IValue& labels,
                            const c10::IValue& rows = c10::IValue());

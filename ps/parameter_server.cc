@@ -148,8 +148,7 @@ int64_t ParameterServer::WaitForCompletion(int64_t seen) {
   return s.completions;
 }
 
-std::vector<size_t> ParameterServer::Send(const at::Tensor& inputs, const at::Tensor& targets, int64_t round,
-                                          StepReport* report) {
+std::vector<size_t> ParameterServer::Send(const Batch& batch, int64_t round, StepReport* report) {
   std::vector<size_t> idle;
   for (size_t i = 0; i < slots_.size(); ++i) {
     if (!slots_[i].lost && !slots_[i].busy) idle.push_back(i);
@@ -163,16 +162,23 @@ std::vector<size_t> ParameterServer::Send(const at::Tensor& inputs, const at::Te
     for (const at::Tensor& p : params_) snapshot.push_back(p.detach().to(c10::kCPU).clone());
   }
   const int64_t param_bytes = parameter_bytes();
-  const std::vector<at::Tensor> xs = at::tensor_split(inputs, static_cast<int64_t>(idle.size()));
-  const std::vector<at::Tensor> ys = at::tensor_split(targets, static_cast<int64_t>(idle.size()));
-  const int64_t total = inputs.size(0);
+  // Contiguous shares: of the tensors, or of the rows the workers read
+  // (then the targets are read with them).
+  const auto k = static_cast<int64_t>(idle.size());
+  const pipeline::WorkerRows* rows = batch.rows;
+  const std::vector<at::Tensor> xs = at::tensor_split(rows != nullptr ? rows->rows : batch.inputs, k);
+  const std::vector<at::Tensor> ys = rows != nullptr ? std::vector<at::Tensor>() : at::tensor_split(batch.targets, k);
+  const int64_t total = batch.size();
   for (size_t j = 0; j < idle.size(); ++j) {
     Slot& slot = slots_[idle[j]];
     slot.busy = true;
     slot.call_step = round;
     slot.rows = xs[j].size(0);
-    slot.call = shards_ != nullptr ? slot.replica.rpc_async("compute_sharded", {round, xs[j], ys[j], total})
-                                   : slot.replica.rpc_async("compute", {snapshot, xs[j], ys[j], total});
+    const c10::IValue x =
+        rows != nullptr ? pipeline::ToIValue({rows->source, xs[j], rows->epoch}) : c10::IValue(xs[j]);
+    const c10::IValue y = rows != nullptr ? c10::IValue() : c10::IValue(ys[j]);
+    slot.call = shards_ != nullptr ? slot.replica.rpc_async("compute_sharded", {round, x, y, total})
+                                   : slot.replica.rpc_async("compute", {snapshot, x, y, total});
     slot.call.then([signal = signal_](const absl::StatusOr<c10::IValue>&) {
       MutexLock lock(signal->mu);
       ++signal->completions;
@@ -251,16 +257,34 @@ absl::StatusOr<bool> ParameterServer::AwaitRound(const std::vector<size_t>& sent
 
 absl::StatusOr<StepReport> ParameterServer::train_step(const at::Tensor& inputs, const at::Tensor& targets) {
   const int n = static_cast<int>(slots_.size());
-  const int needed = n - options_.backup_workers;
   StepReport report;
   report.step = step_ + 1;
   report.batch_rows = inputs.size(0);
-  const std::string where = absl::StrCat("parameter server, step ", report.step);
   if (inputs.size(0) < n || targets.size(0) != inputs.size(0)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        where, ": a batch of ", inputs.size(0), " rows (targets: ", targets.size(0), ") for ", n,
-        " workers: give at least one row per worker and as many targets as rows"));
+        "parameter server, step ", report.step, ": a batch of ", inputs.size(0), " rows (targets: ",
+        targets.size(0), ") for ", n, " workers: give at least one row per worker and as many targets as rows"));
   }
+  return Step(Batch{inputs, targets, nullptr}, report);
+}
+
+absl::StatusOr<StepReport> ParameterServer::train_step(const pipeline::WorkerRows& rows) {
+  const int n = static_cast<int>(slots_.size());
+  StepReport report;
+  report.step = step_ + 1;
+  if (!rows.rows.defined() || rows.rows.dim() != 1 || rows.rows.numel() < n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameter server, step ", report.step, ": a batch of ", rows.rows.defined() ? rows.rows.numel() : 0,
+        " rows for ", n, " workers: give at least one row per worker (int64 [rows])"));
+  }
+  report.batch_rows = rows.rows.numel();
+  return Step(Batch{at::Tensor(), at::Tensor(), &rows}, report);
+}
+
+absl::StatusOr<StepReport> ParameterServer::Step(const Batch& batch, StepReport report) {
+  const int n = static_cast<int>(slots_.size());
+  const int needed = n - options_.backup_workers;
+  const std::string where = absl::StrCat("parameter server, step ", report.step);
   int64_t seen = 0;
   {
     MutexLock lock(signal_->mu);
@@ -271,7 +295,7 @@ absl::StatusOr<StepReport> ParameterServer::train_step(const at::Tensor& inputs,
     // Settle earlier calls; wait until `needed` live workers are idle.
     RETURN_IF_ERROR(AwaitIdle(needed, where, &seen, &report));
     done.clear();
-    const std::vector<size_t> sent = Send(inputs, targets, ++round_, &report);
+    const std::vector<size_t> sent = Send(batch, ++round_, &report);
     ASSIGN_OR_RETURN(const bool enough, AwaitRound(sent, needed, where, &seen, &done, &report));
     if (enough) break;
     // Too many of this round's workers were lost: the step starts again

@@ -10,6 +10,9 @@
 //   o.optimizer = optim::OptimizerOptions::SGD(0.01).set_momentum(0.9);
 //   auto server = ps::ParameterServer::Create(*agent, o).value();
 //   ps::StepReport r = server->train_step(images, labels).value();
+//   // or each worker reads its share itself (a pipeline::WorkerData opened
+//   // on every worker; the master sends row numbers):
+//   r = server->train_step(data->Rows(rows, epoch)).value();
 //
 // Synchronous by default: the batch's rows are shared out contiguously
 // (tensor_split) among the workers, each loss weighted by its rows over
@@ -108,6 +111,10 @@ class ParameterServer {
 
   // One step on the batch (see above).
   absl::StatusOr<StepReport> train_step(const at::Tensor& inputs, const at::Tensor& targets);
+  // The same where each worker reads its share of the rows itself, from a
+  // source opened on every worker (pipeline::WorkerData::Open over
+  // live_workers()); shared out as above, by rows.
+  absl::StatusOr<StepReport> train_step(const pipeline::WorkerRows& rows);
 
   // The model's outputs for `inputs`, in eval mode, in this process.
   absl::StatusOr<at::Tensor> eval(const at::Tensor& inputs);
@@ -150,12 +157,22 @@ class ParameterServer {
     std::string lost_reason;
   };
 
+  // A step's batch: tensors sent to the workers, or the rows they read.
+  struct Batch {
+    at::Tensor inputs, targets;
+    const pipeline::WorkerRows* rows = nullptr;
+
+    int64_t size() const { return rows != nullptr ? rows->rows.numel() : inputs.size(0); }
+  };
+
   ParameterServer(PsOptions options, std::vector<std::unique_ptr<pipeline::StageModule>> model,
                   std::vector<at::Tensor> params, std::vector<Slot> slots, std::unique_ptr<ShardSet> shards);
 
+  // The step on `batch`, checked: rounds until enough gradient sets came,
+  // then the optimizer's step.
+  absl::StatusOr<StepReport> Step(const Batch& batch, StepReport report);
   // Sends every idle live worker its share of the batch; returns their slots.
-  std::vector<size_t> Send(const at::Tensor& inputs, const at::Tensor& targets, int64_t round,
-                           StepReport* report);
+  std::vector<size_t> Send(const Batch& batch, int64_t round, StepReport* report);
   // Marks slot i lost with `status`, unless a server is lost: then the
   // error naming it (the job cannot go on).
   absl::Status Lose(size_t i, const absl::Status& status);

@@ -3,8 +3,10 @@
 #include <atomic>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/List.h>
@@ -14,6 +16,7 @@
 #include "base/status_util.h"
 #include "pipeline/microbatch.h"
 #include "pipeline/stage.h"
+#include "pipeline/worker_data.h"
 #include "ps/shards.h"
 #include "rpc/agent.h"
 #include "runtime/compute_lane.h"
@@ -122,10 +125,25 @@ std::pair<std::vector<at::Tensor>, double> Gradients(Replica& r, const std::vect
   return {std::move(grads), loss.item<double>()};
 }
 
+// A call's share of the batch: the inputs and targets it carries, or the
+// rows this worker reads itself (pipeline::WorkerRows; targets None).
+std::pair<at::Tensor, at::Tensor> Share(Replica& r, CallContext& ctx, const c10::IValue& inputs,
+                                        const c10::IValue& targets) {
+  std::optional<pipeline::WorkerRows> rows = pipeline::WorkerRowsFrom(inputs);
+  if (!rows) return {inputs.toTensor(), targets.toTensor()};
+  absl::StatusOr<data::Batch> b = pipeline::ReadRows(ctx.agent->self().name, rows->source, rows->rows, rows->epoch);
+  if (!b.ok()) throw std::runtime_error(absl::StrCat(r.where, ": ", b.status().message()));
+  if (b->labels.size(0) == 0) {
+    throw std::runtime_error(absl::StrCat(r.where, ": none of its ", rows->rows.numel(), " rows could be read"));
+  }
+  return {b->images, b->labels};
+}
+
 // compute(params, inputs, targets, total_rows) -> (grads, weighted loss).
-c10::IValue Compute(Replica& r, CallContext&, const Args& a) {
+c10::IValue Compute(Replica& r, CallContext& ctx, const Args& a) {
   SlowDown();
-  auto [grads, loss] = Gradients(r, a[0].toTensorVector(), a[1].toTensor(), a[2].toTensor(), a[3].toInt());
+  auto [inputs, targets] = Share(r, ctx, a[1], a[2]);
+  auto [grads, loss] = Gradients(r, a[0].toTensorVector(), inputs, targets, a[3].toInt());
   return c10::ivalue::Tuple::create({c10::List<at::Tensor>(grads), loss});
 }
 
@@ -162,7 +180,8 @@ c10::IValue ComputeSharded(Replica& r, CallContext& ctx, const Args& a) {
     }
     for (size_t j = 0; j < part.size(); ++j) params[r.shard_params[k][j]] = part[j];
   }
-  auto [grads, loss] = Gradients(r, params, a[1].toTensor(), a[2].toTensor(), a[3].toInt());
+  auto [inputs, targets] = Share(r, ctx, a[1], a[2]);
+  auto [grads, loss] = Gradients(r, params, inputs, targets, a[3].toInt());
   std::vector<Future<c10::IValue>> pushes;
   for (size_t k = 0; k < r.shards.size(); ++k) {
     c10::List<at::Tensor> part;

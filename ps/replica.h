@@ -7,6 +7,10 @@
 //   replica.rpc_async("compute", {params, inputs, targets, total_rows})
 //       -> (grads, weighted loss)
 //
+// where inputs may instead be rows this worker reads itself
+// (pipeline::ToIValue of a WorkerRows, from a source pipeline::WorkerData
+// opened here; targets None): the rows' images and labels are read here.
+//
 // compute copies `params` (every stage's parameters, in order) into the
 // replica, runs the forward and backward passes on its rows in the
 // worker's compute lane with the loss weighted by rows / total_rows (so

@@ -93,7 +93,7 @@ pipeline::StartedStep LocalTrainer::StartStep(const at::Tensor& x, const at::Ten
   return pipeline::StartedStep{[loss] { return *loss; }, [] {}};
 }
 
-absl::StatusOr<int64_t> LocalTrainer::CountCorrect(const at::Tensor& x, const at::Tensor& labels) {
+absl::StatusOr<pipeline::Correct> LocalTrainer::CountCorrect(const at::Tensor& x, const at::Tensor& labels) {
   ASSIGN_OR_RETURN(at::Tensor logits, Eval(x));
   return pipeline::CountCorrect(logits, labels);
 }

@@ -56,7 +56,7 @@ class LocalTrainer final : public Trainer {
   absl::StatusOr<at::Tensor> Eval(const at::Tensor& x);
 
   pipeline::StartedStep StartStep(const at::Tensor& x, const at::Tensor& y) override;
-  absl::StatusOr<int64_t> CountCorrect(const at::Tensor& x, const at::Tensor& labels) override;
+  absl::StatusOr<pipeline::Correct> CountCorrect(const at::Tensor& x, const at::Tensor& labels) override;
   absl::StatusOr<Saved> Save(const SaveTarget& target, const checkpoint::TrainingState& state,
                              bool final) override;
   absl::StatusOr<int64_t> Load(const checkpoint::Checkpoint& ck) override;

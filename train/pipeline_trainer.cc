@@ -43,7 +43,7 @@ pipeline::StartedStep PipelineTrainer::StartStep(const at::Tensor& x, const at::
   return Started(pipe_->start_train_step(x, y));
 }
 
-absl::StatusOr<int64_t> PipelineTrainer::CountCorrect(const at::Tensor& x, const at::Tensor& labels) {
+absl::StatusOr<pipeline::Correct> PipelineTrainer::CountCorrect(const at::Tensor& x, const at::Tensor& labels) {
   return pipe_->eval_correct(x, labels);
 }
 
@@ -51,7 +51,7 @@ pipeline::StartedStep PipelineTrainer::StartRowsStep(const at::Tensor& rows, int
   return Started(pipe_->start_train_step(train_data_->Rows(rows, epoch)));
 }
 
-absl::StatusOr<std::pair<int64_t, int64_t>> PipelineTrainer::CountCorrectRows(const at::Tensor& rows) {
+absl::StatusOr<pipeline::Correct> PipelineTrainer::CountCorrectRows(const at::Tensor& rows) {
   return pipe_->eval_correct(test_data_->Rows(rows, 0));
 }
 

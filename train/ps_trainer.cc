@@ -1,5 +1,6 @@
 #include "train/ps_trainer.h"
 
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -11,7 +12,15 @@ namespace remora::train {
 absl::StatusOr<std::unique_ptr<PsTrainer>> PsTrainer::Create(Agent& agent, ps::PsOptions options) {
   std::vector<pipeline::StageSpec> stages = options.stages;
   ASSIGN_OR_RETURN(auto server, ps::ParameterServer::Create(agent, std::move(options)));
-  return std::unique_ptr<PsTrainer>(new PsTrainer(std::move(stages), std::move(server)));
+  return std::unique_ptr<PsTrainer>(new PsTrainer(agent, std::move(stages), std::move(server)));
+}
+
+absl::Status PsTrainer::ReadOnWorkers(const data::SourceSpec& train, int64_t train_rows, const data::Source& test) {
+  std::vector<std::string> readers = server_->live_workers();
+  ASSIGN_OR_RETURN(train_data_, pipeline::WorkerData::Open(agent_, readers, train, train_rows));
+  test_ = &test;
+  readers_ = std::move(readers);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ps::StepReport> PsTrainer::Train(const at::Tensor& x, const at::Tensor& y) {
@@ -21,14 +30,30 @@ absl::StatusOr<ps::StepReport> PsTrainer::Train(const at::Tensor& x, const at::T
   return r;
 }
 
-pipeline::StartedStep PsTrainer::StartStep(const at::Tensor& x, const at::Tensor& y) {
+pipeline::StartedStep PsTrainer::Started(const absl::StatusOr<ps::StepReport>& r, int64_t t0) {
+  if (r.ok() && on_step_) on_step_(*r, (trace::NowUs() - t0) / 1e6);
   // The server waits for its workers within the step: it is over here.
-  absl::StatusOr<ps::StepReport> r = Train(x, y);
   auto loss = std::make_shared<absl::StatusOr<double>>(r.ok() ? absl::StatusOr<double>(r->loss) : r.status());
   return pipeline::StartedStep{[loss] { return *loss; }, [] {}};
 }
 
-absl::StatusOr<int64_t> PsTrainer::CountCorrect(const at::Tensor& x, const at::Tensor& labels) {
+pipeline::StartedStep PsTrainer::StartStep(const at::Tensor& x, const at::Tensor& y) {
+  const int64_t t0 = trace::NowUs();
+  return Started(server_->train_step(x, y), t0);
+}
+
+pipeline::StartedStep PsTrainer::StartRowsStep(const at::Tensor& rows, int epoch) {
+  const int64_t t0 = trace::NowUs();
+  return Started(server_->train_step(train_data_->Rows(rows, epoch)), t0);
+}
+
+absl::StatusOr<pipeline::Correct> PsTrainer::CountCorrectRows(const at::Tensor& rows) {
+  ASSIGN_OR_RETURN(data::Batch b, test_->Get(rows, /*epoch=*/0));
+  if (b.labels.size(0) == 0) return pipeline::Correct{};  // every file of it skipped
+  return CountCorrect(b.images, b.labels);
+}
+
+absl::StatusOr<pipeline::Correct> PsTrainer::CountCorrect(const at::Tensor& x, const at::Tensor& labels) {
   ASSIGN_OR_RETURN(at::Tensor logits, server_->eval(x));
   return pipeline::CountCorrect(logits, labels);
 }

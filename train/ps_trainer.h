@@ -6,6 +6,7 @@
 //
 //   auto t = train::PsTrainer::Create(agent, ps_options).value();
 //   t->set_on_step([](const ps::StepReport& r, double seconds) { ... });
+//   t->ReadOnWorkers(train_spec, train.size(), test);   // optional: see there
 //   auto epochs = train::Fit(*t, train, test, options, std::cout);
 //
 // Thread-safety: one thread drives it (the training loop). Owns the
@@ -19,15 +20,25 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "data/source.h"
+#include "pipeline/worker_data.h"
 #include "ps/parameter_server.h"
 #include "rpc/agent.h"
 #include "train/trainer.h"
 
 namespace remora::train {
 
-class PsTrainer final : public Trainer {
+class PsTrainer final : public Trainer, private RowsSteps {
  public:
   static absl::StatusOr<std::unique_ptr<PsTrainer>> Create(Agent& agent, ps::PsOptions options);
+
+  // From now on every worker reads its share of each training batch from
+  // `train` itself (opened on each; every one must find `train_rows` rows;
+  // the master sends row numbers). The model is evaluated here, so the
+  // test set is read here, from `test` (borrowed: it must outlive this).
+  absl::Status ReadOnWorkers(const data::SourceSpec& train, int64_t train_rows, const data::Source& test);
+  // The workers that read (empty: the batches are read here).
+  const std::vector<std::string>& readers() const { return readers_; }
 
   // Called after every step that completed, with its report and time.
   using StepFn = std::function<void(const ps::StepReport& report, double seconds)>;
@@ -38,18 +49,29 @@ class PsTrainer final : public Trainer {
   ps::ParameterServer& server() { return *server_; }
 
   pipeline::StartedStep StartStep(const at::Tensor& x, const at::Tensor& y) override;
-  absl::StatusOr<int64_t> CountCorrect(const at::Tensor& x, const at::Tensor& labels) override;
+  absl::StatusOr<pipeline::Correct> CountCorrect(const at::Tensor& x, const at::Tensor& labels) override;
   absl::StatusOr<Saved> Save(const SaveTarget& target, const checkpoint::TrainingState& state,
                              bool final) override;
   absl::StatusOr<int64_t> Load(const checkpoint::Checkpoint& ck) override;
+  RowsSteps* rows() override { return train_data_ != nullptr ? this : nullptr; }
 
  private:
-  PsTrainer(std::vector<pipeline::StageSpec> stages, std::unique_ptr<ps::ParameterServer> server)
-      : stages_(std::move(stages)), server_(std::move(server)) {}
+  PsTrainer(Agent& agent, std::vector<pipeline::StageSpec> stages, std::unique_ptr<ps::ParameterServer> server)
+      : agent_(agent), stages_(std::move(stages)), server_(std::move(server)) {}
 
+  // A step's report (to on_step_) as a started step.
+  pipeline::StartedStep Started(const absl::StatusOr<ps::StepReport>& r, int64_t t0);
+  pipeline::StartedStep StartRowsStep(const at::Tensor& rows, int epoch) override;
+  absl::StatusOr<pipeline::Correct> CountCorrectRows(const at::Tensor& rows) override;
+  absl::StatusOr<int64_t> skipped() override { return train_data_->skipped(); }
+
+  Agent& agent_;
   const std::vector<pipeline::StageSpec> stages_;
   std::unique_ptr<ps::ParameterServer> server_;
   StepFn on_step_;
+  std::vector<std::string> readers_;
+  std::unique_ptr<pipeline::WorkerData> train_data_;
+  const data::Source* test_ = nullptr;  // with train_data_
 };
 
 }  // namespace remora::train

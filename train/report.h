@@ -34,7 +34,8 @@ class RunLog {
   static absl::StatusOr<std::shared_ptr<RunLog>> Open(const std::string& dir);
 
   // step/loss, step/seconds, step/images_per_second; at an epoch's end
-  // epoch/train_loss, epoch/test_accuracy, epoch/images_per_second. A
+  // epoch/train_loss, epoch/test_accuracy, epoch/test_top5,
+  // epoch/images_per_second. A
   // failed write is said once on stderr; training goes on.
   void Step(int64_t step, double loss, int64_t rows, double seconds);
   void Epoch(const pipeline::EpochResult& e);

@@ -6,7 +6,7 @@
 //   std::unique_ptr<train::Trainer> t = ...;   // PipelineTrainer, LocalTrainer
 //   pipeline::StartedStep s = t->StartStep(x, y);
 //   double loss = s.wait().value();
-//   int64_t right = t->CountCorrect(test_x, test_y).value();
+//   pipeline::Correct right = t->CountCorrect(test_x, test_y).value();  // .top1, .top5
 //
 // Thread-safety: a Trainer is driven by one thread (the training loop).
 #pragma once
@@ -45,8 +45,9 @@ class RowsSteps {
   virtual ~RowsSteps() = default;
   // A training step over rows `rows` (int64 [n]) of the training set.
   virtual pipeline::StartedStep StartRowsStep(const at::Tensor& rows, int epoch) = 0;
-  // Of rows `rows` of the test set: (classified right, read).
-  virtual absl::StatusOr<std::pair<int64_t, int64_t>> CountCorrectRows(const at::Tensor& rows) = 0;
+  // Of rows `rows` of the test set: how many classified right (top-1,
+  // top-5) of how many read.
+  virtual absl::StatusOr<pipeline::Correct> CountCorrectRows(const at::Tensor& rows) = 0;
   // Training rows the readers left out so far (unreadable files).
   virtual absl::StatusOr<int64_t> skipped() = 0;
 };
@@ -60,8 +61,8 @@ class Trainer {
   // gives the loss; the next step may be started before it is called.
   virtual pipeline::StartedStep StartStep(const at::Tensor& x, const at::Tensor& y) = 0;
   // How many rows of `x` the model (in eval mode, without gradients)
-  // classifies as `labels` says.
-  virtual absl::StatusOr<int64_t> CountCorrect(const at::Tensor& x, const at::Tensor& labels) = 0;
+  // classifies as `labels` says (top-1 and top-5).
+  virtual absl::StatusOr<pipeline::Correct> CountCorrect(const at::Tensor& x, const at::Tensor& labels) = 0;
   // Saves the parameters, buffers and optimizer state at `state` as a
   // checkpoint in `target.dir` (checkpoint/checkpoint.h's format), keeping
   // the newest target.keep; `final` marks the run's last one.

@@ -323,6 +323,7 @@ TEST(ImageFolderMaster, TrainsLocallyAndOverWorkersAlikeAndNamesBadFiles) {
     EXPECT_NEAR(epochs[e].value, (steps[3 * e].value + steps[3 * e + 1].value + steps[3 * e + 2].value) / 3, 1e-5);
   }
   EXPECT_EQ(test_support::ScalarsIn(tensorboard, "epoch/test_accuracy").size(), 2u);
+  EXPECT_EQ(test_support::ScalarsIn(tensorboard, "epoch/test_top5").size(), 2u);
 
   // Workers w1 and w2 of a master at `at`, one thread each.
   std::vector<std::unique_ptr<launch::Subprocess>> workers;
@@ -343,6 +344,7 @@ TEST(ImageFolderMaster, TrainsLocallyAndOverWorkersAlikeAndNamesBadFiles) {
   const std::vector<double> piped = EpochLosses(out);
   ASSERT_EQ(piped.size(), 2u) << out;
   for (size_t e = 0; e < 2; ++e) EXPECT_NEAR(piped[e], local[e], 1e-4 * std::abs(local[e])) << "epoch " << e + 1;
+  EXPECT_THAT(out, HasSubstr(" test_top5="));  // counted on the last stage's worker
 
   // Without --model: ResNet50, in one process and cut in two over the workers.
   const std::vector<std::string> resnet = {"--dataset", "imagefolder:" + dir, "--image-size", "32", "--epochs", "1",

@@ -1,6 +1,7 @@
 // pipeline::Fit's order of steps, without sockets: each batch's step is
 // started before the last one is waited for, except after a step that a
 // checkpoint must see alone; a failed step drops the one started after it.
+// And CountCorrect's top-1 and top-5 counts.
 #include "pipeline/fit.h"
 
 #include <sstream>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include <ATen/ops/arange.h>
+#include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 
@@ -48,8 +50,8 @@ struct Recorder {
                              },
                              [this, b] { log.push_back(absl::StrCat("abandon", b)); }};
         },
-        [](const at::Tensor&, const at::Tensor&) -> absl::StatusOr<int64_t> { return 1; }, train, test,
-        options, out);
+        [](const at::Tensor&, const at::Tensor&) -> absl::StatusOr<Correct> { return Correct{1, 2, 2}; },
+        train, test, options, out);
   }
 };
 
@@ -65,6 +67,8 @@ TEST(Fit, StartsEachStepBeforeWaitingForTheLastExceptBeforeACheckpoint) {
   EXPECT_DOUBLE_EQ((*epochs)[0].train_loss, 1.0);
   EXPECT_EQ((*epochs)[0].images, 10);
   EXPECT_DOUBLE_EQ((*epochs)[0].test_accuracy, 0.5);
+  EXPECT_DOUBLE_EQ((*epochs)[0].test_top5, 1.0);
+  EXPECT_NE(r.out.str().find("test_accuracy=0.5000 test_top5=1.0000 "), std::string::npos) << r.out.str();
 }
 
 // A run resumed after the last batch of an epoch (it ended there, and is
@@ -105,6 +109,28 @@ TEST(Fit, AFailedStepDropsTheStepStartedAfterIt) {
   EXPECT_NE(epochs.status().message().find("epoch 1, batch 2 of 5"), std::string::npos) << epochs.status();
   EXPECT_EQ(r.log, (std::vector<std::string>{"start0", "start1", "wait0", "after1", "start2", "wait1",
                                              "abandon2"}));
+}
+
+// Top-1: the highest logit is the label's; top-5: the label's logit is
+// among the five highest (every row where there are five classes or fewer).
+TEST(Fit, CountCorrectCountsTopOneAndTopFive) {
+  // 7 classes; the label's rank in each row: 1st, 2nd, 5th, 6th, 7th.
+  const at::Tensor logits = at::tensor({7., 6., 5., 4., 3., 2., 1.}).repeat({5, 1});
+  const at::Tensor labels = at::tensor({0, 1, 4, 5, 6}, at::kLong);
+  auto c = CountCorrect(logits, labels);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->top1, 1);
+  EXPECT_EQ(c->top5, 3);
+  EXPECT_EQ(c->rows, 5);
+  EXPECT_DOUBLE_EQ(c->accuracy(), 0.2);
+  EXPECT_DOUBLE_EQ(c->top5_accuracy(), 0.6);
+  // Three classes: top-5 is every row.
+  auto few = CountCorrect(logits.slice(1, 0, 3), at::tensor({0, 1, 2, 0, 1}, at::kLong));
+  ASSERT_TRUE(few.ok()) << few.status();
+  EXPECT_EQ(few->top1, 2);
+  EXPECT_EQ(few->top5, 5);
+  EXPECT_FALSE(CountCorrect(logits, labels.slice(0, 0, 4)).ok());
+  EXPECT_FALSE(CountCorrect(logits.sum(1), labels).ok());
 }
 
 }  // namespace

@@ -1,7 +1,6 @@
-// pipeline::Pipeline with real worker processes: pipelined training equals
-// training the same model in one process on the whole batch, for every
-// schedule, for registered and TorchScript stages; eval_step; bad stages
-// and options are clear errors that name the stage and the worker.
+// pipeline::Pipeline with real worker processes: pipelined training equals training the same model
+// in one process on the whole batch, for every schedule, for registered and TorchScript stages;
+// eval_step; bad stages and options are clear errors that name the stage and the worker.
 #include "pipeline/pipeline.h"
 
 #include <cmath>
@@ -348,8 +347,9 @@ TEST(Pipeline, RowsReadOnStageZerosWorkerTrainAsBatchesSentByTheMaster) {
     ASSERT_TRUE(right.ok()) << right.status();
     auto counted = (*read)->eval_correct((*data)->Rows(all, 0));
     ASSERT_TRUE(counted.ok()) << counted.status();
-    EXPECT_EQ(counted->first, *right);
-    EXPECT_EQ(counted->second, 64);
+    EXPECT_EQ(counted->top1, right->top1);
+    EXPECT_EQ(counted->top5, right->top5);
+    EXPECT_EQ(counted->rows, 64);
   }
   auto other = WorkerData::Open(workers.master(), {"w1"}, spec, 65);  // a worker that finds another set
   ASSERT_FALSE(other.ok());
@@ -425,10 +425,9 @@ void ExpectError(const absl::Status& s, const std::vector<std::string>& parts) {
   }
 }
 
-// eval_correct: the labels go to the last stage's worker, which counts the
-// rows its outputs get right and replies with the count alone; the count
-// is the one the outputs give here. An output that is not [rows, classes]
-// is an error naming the stage and the worker.
+// eval_correct: the labels go to the last stage's worker, which counts the rows its outputs get right
+// and replies with the counts alone, the ones the outputs give here. An output that is not
+// [rows, classes] is an error naming the stage and the worker.
 TEST(Pipeline, EvalCorrectCountsOnTheLastStagesWorker) {
   Workers workers;
   PipelineOptions o;
@@ -450,7 +449,8 @@ TEST(Pipeline, EvalCorrectCountsOnTheLastStagesWorker) {
   auto before = (*pipe)->sent_messages();
   auto right = (*pipe)->eval_correct(x, labels);
   ASSERT_TRUE(right.ok()) << right.status();
-  EXPECT_EQ(*right, 7);
+  EXPECT_EQ(right->top1, 7);
+  EXPECT_EQ(right->top5, 10);  // 4 classes: every label is among the first five
   auto after = (*pipe)->sent_messages();
   ASSERT_TRUE(before.ok() && after.ok());
   // One call per worker and one push per boundary per micro-batch.

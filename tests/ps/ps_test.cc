@@ -246,11 +246,28 @@ TEST(Ps, MasterProgramTrainsADatasetLikeOneProcess) {
   EXPECT_THAT(out, HasSubstr("parameter server: 1 stages"));
   EXPECT_THAT(out, HasSubstr("ps: steps=20 median_step_seconds="));
   EXPECT_THAT(out, HasSubstr("dropped: none; lost: none; live workers: worker1,worker2"));
+  // By default each worker reads its share of every batch itself.
+  EXPECT_THAT(out, HasSubstr("data: read on worker1, worker2 (the master sends row numbers"));
   const auto piped = ReportEpochs(ReadFile(report));
   ASSERT_EQ(piped.size(), 2u);
   for (size_t e = 0; e < 2; ++e) {
     EXPECT_LT(std::abs(piped[e].first - local[e].first) / local[e].first, 1e-4) << "epoch " << e + 1;
     EXPECT_NEAR(piped[e].second, local[e].second, 0.011) << "epoch " << e + 1;
+  }
+  // The master reading and sending the shares trains the same steps.
+  const std::string sent_report = TempPath("ps_sent.json");
+  std::vector<std::string> sent_args = args;
+  for (const std::string& a : {std::string("--report"), sent_report, std::string("--data-on"), std::string("master")}) {
+    sent_args.push_back(a);
+  }
+  auto [sent_code, sent_out] = RunPs(sent_args);
+  ASSERT_EQ(sent_code, 0) << sent_out;
+  EXPECT_THAT(sent_out, HasSubstr("data: read on the master"));
+  const auto sent = ReportEpochs(ReadFile(sent_report));
+  ASSERT_EQ(sent.size(), 2u);
+  for (size_t e = 0; e < 2; ++e) {
+    EXPECT_LT(std::abs(sent[e].first - piped[e].first) / piped[e].first, 1e-6) << "epoch " << e + 1;
+    EXPECT_DOUBLE_EQ(sent[e].second, piped[e].second) << "epoch " << e + 1;
   }
   auto ck = checkpoint::Latest(ckpt);
   ASSERT_TRUE(ck.ok()) << ck.status() << "\n" << out;

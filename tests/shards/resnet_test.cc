@@ -498,6 +498,7 @@ TEST(Master, AOneFileModelWithADatasetTakesTheDatasetsShape) {
   auto [code, out] = RunPipeline(2, args);
   ASSERT_EQ(code, 0) << out;
   EXPECT_THAT(out, HasSubstr("test_accuracy="));
+  EXPECT_THAT(out, HasSubstr(" test_top5="));
   // Found once the dataset is loaded, before any worker is waited for.
   std::vector<std::string> contradicting = {kBin + "/master", "--workers", "worker1,worker2", "--listen",
                                             absl::StrCat("127.0.0.1:", FreePort()), "--input-shape",
