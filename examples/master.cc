@@ -10,307 +10,43 @@
 // its own --device (cuda:N for a GPU); activations between GPU workers go
 // GPU to GPU (CUDA IPC or NCCL) as the workers' device maps say, and the
 // last stage's output lands on the master's CPU.
-#include <ATen/Context.h>
-
-#include <cstdio>
-#include <functional>
+//
+// This file is the command line alone (examples/master_flags.h checks it);
+// the run is one call, train::runs::RunMaster (train/run.h).
 #include <iostream>
-#include <memory>
-#include <string>
 #include <utility>
-#include <vector>
 
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "autograd/dist_autograd.h"
-#include "base/status_util.h"
-#include "examples/stock_worker.h"
 #include "examples/master_flags.h"
-#include "examples/master_runs.h"
-#include "examples/ps_runs.h"
-#include "train/report.h"
-#include "train/timeline.h"
+#include "examples/stock_worker.h"
 #include "launch/cli.h"
 #include "launch/worker_main.h"
-#include "rpc/agent.h"
-#include "runtime/allocator.h"
-#include "runtime/threads.h"
+#include "train/run.h"
 
 namespace remora {
 namespace {
 
-using namespace master;  // NOLINT: the program and its runs
-
-// "1 micro-batch of 8 images", "4 micro-batches of ~2 images".
-std::string MicroBatches(int count, int rows, bool about) {
-  return absl::StrCat(count, count == 1 ? " micro-batch of " : " micro-batches of ", about ? "~" : "",
-                      rows, rows == 1 ? " image" : " images");
-}
-
-// --dataset's sets, loaded (or, for an image folder, listed) and
-// described (empty sets without --dataset).
-absl::StatusOr<std::unique_ptr<Sets>> LoadSets(const Config& c) {
-  if (c.dataset.empty()) return std::make_unique<Sets>();
-  auto sets = LoadDataset(c);
-  if (!sets.ok()) return sets.status();
-  const std::vector<int64_t>& shape = (*sets)->shape;
-  if (TrainsSmallCnn(c) && shape != std::vector<int64_t>{1, 28, 28}) {
-    return absl::InvalidArgumentError(absl::StrCat("--dataset ", c.dataset, " has images of ",
-                                                   c10::str(c10::IntArrayRef(shape)),
-                                                   "; remora's small CNN takes [1, 28, 28]: give --model "
-                                                   "stages for these"));
-  }
-  std::printf("dataset %s: %s\n", c.dataset.c_str(), (*sets)->Describe().c_str());
-  return sets;
-}
-
-// --model with --dataset: the model's inputs are the dataset's images
-// (--input-shape, when given, must say the same).
-absl::Status FitInputShape(Config& c, const Sets& sets) {
-  if (c.model.empty() || c.dataset.empty()) return absl::OkStatus();
-  const std::vector<int64_t>& shape = sets.shape;
-  if (c.input_shape_given && c.input_shape != shape) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--input-shape ", absl::StrJoin(c.input_shape, ","), " does not match --dataset ", c.dataset,
-        "'s images of ", absl::StrJoin(shape, ","), ": leave --input-shape out with --dataset"));
-  }
-  c.input_shape = shape;
-  return absl::OkStatus();
-}
-
-void PrintRun(const Run& run, const Config& c) {
-  std::printf("splits=%d seconds=%.3f images_per_second=%.2f\n", run.splits, run.seconds,
-              run.images() / run.seconds);
-}
-
-// --local: each split count trained in this process.
-absl::StatusOr<std::vector<Run>> TrainHere(const Config& c, const Sets& sets) {
-  std::vector<Run> runs;
-  for (int s : c.splits) {
-    std::printf("local: splits=%d (%s), %d threads\n", s, MicroBatches(s, c.batch_size / s, false).c_str(),
-                c.threads);
-    auto run = c.dataset.empty() ? TrainLocal(c, s) : FitLocal(c, s, *sets.train, *sets.test);
-    if (!run.ok()) return run.status();
-    PrintRun(*run, c);
-    runs.push_back(std::move(*run));
-  }
-  return runs;
-}
-
-// The master's agent, listening (workers may register from now on; Join
-// waits for them all).
-absl::StatusOr<std::unique_ptr<Agent>> StartMaster(const CommandLine& line, Registry& registry) {
-  const Config& c = line.config;
-  AgentOptions opts;
-  opts.name = "master";
-  opts.is_master = true;
-  opts.listen_address = c.listen;
-  opts.workers = c.all_workers;
-  opts.connect_timeout = absl::Seconds(c.connect_timeout);
-  opts.rpc_timeout = absl::Minutes(10);
-  opts.token = line.security.token;
-  opts.tls = line.security.tls;
-  auto agent = Agent::Start(opts, &registry);
-  if (!agent.ok()) return agent.status();
-  dist_autograd::Enable(**agent);
-  std::cout << "master listening at " << (*agent)->self().address << " (" << TlsModeName(line.security.tls)
-            << "), waiting for " << absl::StrJoin(c.all_workers, ", ") << std::endl;
-  return agent;
-}
-
-// Waits until every worker joined; lists them.
-absl::Status JoinWorkers(Agent& agent) {
-  RETURN_IF_ERROR(agent.Join());
-  for (const auto& w : agent.workers()) {
-    if (w.id != 0) std::cout << "  " << w.name << ": shards on " << w.device << "\n";
-  }
-  return absl::OkStatus();
-}
-
-// The stages: the checkpoint's (the cut it was saved from), the whole
-// model for the parameter server, the small CNN's, the TorchScript files,
-// or ResNet50's blocks or a sequential model's layers as the partition
-// cuts them.
-absl::StatusOr<std::vector<pipeline::StageSpec>> ChooseStages(Agent& agent, const CommandLine& line) {
-  const Config& c = line.config;
-  if (line.checkpoints.resume) {
-    std::printf("resuming %zu stages from %s\n", line.checkpoints.stages.size(),
-                line.checkpoints.resume->dir.c_str());
-    return line.checkpoints.stages;
-  }
-  if (line.ps_mode) return WholeModelStages(c);
-  if (TrainsSmallCnn(c)) return SmallCnnStages(c);
-  if (c.model.empty() || c.sequential) return PartitionStages(agent, c);
-  return c.scripts;
-}
-
-// --compare-local: the local baseline, trained batch by batch between the
-// last split count's batches, so that both meet the same minutes of a
-// machine whose speed drifts (measured: by 30% within minutes).
-struct Baseline {
-  std::unique_ptr<LocalTrainer> trainer;
-  absl::Status status;  // the first failed batch's
-};
-
-// Training over the workers: the parameter server's run, or each split
-// count's pipeline run.
-absl::StatusOr<std::vector<Run>> TrainOverWorkers(Agent& agent, CommandLine& line, const Sets& sets,
-                                                  Baseline& baseline) {
-  const Config& c = line.config;
-  const Checkpointing& checkpoints = line.checkpoints;
-  auto stages = ChooseStages(agent, line);
-  if (!stages.ok()) return stages.status();
-  // A directory that cannot be made fails now, before any training.
-  if (auto s = train::Checkpoints(checkpoints.Target(c), c.checkpoint_every).Prepare(); !s.ok()) return s;
-  std::vector<Run> runs;
-  if (line.ps_mode) {
-    auto run = TrainPs(agent, c, line.ps, *stages, sets, &checkpoints);
-    if (!run.ok()) return run.status();
-    PrintRun(*run, c);
-    runs.push_back(std::move(*run));
-    return runs;
-  }
-  for (size_t i = 0; i < c.splits.size(); ++i) {
-    const int s = c.splits[i];
-    const bool last = i + 1 == c.splits.size();
-    const int rows = c.batch_size / (s * c.replicas);
-    if (c.replicas > 1) {
-      const size_t p = c.workers.size(), k = stages->size();
-      std::printf("pipeline: splits=%d (%s per replica) over %zu workers: %d replicas of %zu %s, %zu %s each\n",
-                  s, MicroBatches(s, rows, true).c_str(), c.all_workers.size(), c.replicas, p,
-                  p == 1 ? "worker" : "workers", k, k == 1 ? "stage" : "stages");
-    } else {
-      std::printf("pipeline: splits=%d (%s) over %zu workers, %zu stages\n", s,
-                  MicroBatches(s, rows, true).c_str(), c.workers.size(), stages->size());
-    }
-    if (rows < kOneDnnRows && c.model.empty() && !TrainsSmallCnn(c)) {  // ResNet50's note
-      std::printf("  note: micro-batches under %d rows: on a one-thread CPU worker, LibTorch's "
-                  "1x1 convolutions leave oneDNN for a slower path below %d rows (ResNet50: "
-                  "1.2x the time per image at 15 rows; see docs/pipeline.md)\n",
-                  kOneDnnRows, kOneDnnRows);
-    }
-    std::function<void(int)> after_batch;
-    if (last && c.compare_local) {
-      std::printf("  alternating with local training (splits=1, %d threads, in this process)\n", c.threads);
-      auto trainer = LocalTrainer::Create(c, 1);
-      if (!trainer.ok()) return trainer.status();
-      baseline.trainer = std::move(*trainer);
-      after_batch = [&baseline, &c](int b) {
-        if (!baseline.status.ok()) return;
-        runtime::SetComputeThreads(c.threads);
-        baseline.status = baseline.trainer->Step(b, "local ");
-        runtime::SetComputeThreads(c.coordinator_threads);
-      };
-    }
-    auto run = c.dataset.empty()
-                   ? TrainPipeline(agent, c, *stages, s, last && !(c.trace.empty() && c.timeline.empty()),
-                                   after_batch, &checkpoints)
-                   : FitPipeline(agent, c, *stages, s, *sets.train, *sets.test, &checkpoints);
-    if (!run.ok()) return run.status();
-    PrintRun(*run, c);
-    runs.push_back(std::move(*run));
-  }
-  return runs;
-}
-
-// The summary table, and the report, trace, timeline and curves asked for.
-absl::Status WriteOutputs(const std::vector<Run>& runs, const Config& c) {
-  PrintSummary(runs, c);
-  std::vector<std::string> tracks = c.local ? std::vector<std::string>{"master (local)"} : c.workers;
-  if (!c.report.empty()) {
-    if (auto s = WriteReport(c.report, c.local, runs, c); !s.ok()) return s;
-    std::cout << "report: " << c.report << "\n";
-  }
-  if (!c.trace.empty()) {
-    if (auto s = train::WriteChromeTrace(c.trace, tracks, runs.back().slices); !s.ok()) return s;
-    std::cout << "trace: " << c.trace << " (open in https://ui.perfetto.dev or chrome://tracing)\n";
-  }
-  if (!c.timeline.empty()) {
-    if (auto s = train::WriteTimelineSvg(c.timeline, tracks, runs.back().slices, runs.back().splits); !s.ok()) {
-      return s;
-    }
-    std::cout << "timeline: " << c.timeline << "\n";
-  }
-  if (!c.curves.empty()) {
-    if (auto s = train::WriteCurves(c.curves, runs); !s.ok()) return s;
-    std::cout << "curves: " << c.curves << "\n";
-  }
-  if (!c.tensorboard.empty()) {
-    std::cout << "tensorboard: " << c.tensorboard << " (view with: tensorboard --logdir " << c.tensorboard << ")\n";
-  }
-  return absl::OkStatus();
-}
-
-void PrintBaseline(const Run& pipelined, const Run& local, const Config& c) {
-  std::printf("\nlocal baseline, batches alternating with splits=%d: splits=1 in this process, "
-              "%d threads\n", pipelined.splits, c.threads);
-  std::printf("splits=1 seconds=%.3f images_per_second=%.2f (local)\n", local.seconds,
-              c.batches * c.batch_size / local.seconds);
-  std::printf("pipeline splits=%d takes %.2fx the time of local splits=1 in all, %.2fx in steady "
-              "state (median batch after the first: %.3f s against %.3f s)\n",
-              pipelined.splits, pipelined.seconds / local.seconds, pipelined.steady_seconds() / local.steady_seconds(),
-              pipelined.steady_seconds(), local.steady_seconds());
-}
-
 int Main(int argc, char** argv) {
-  Flags flags = DefaultFlags();
+  master::Flags flags = master::DefaultFlags();
   launch::FlagParser parser("master",
                          "Trains ResNet50 as a pipeline over worker processes and reports the "
                          "speedup of each split count.\nStart the workers first: "
                          "worker --name worker1 (see worker --help).");
-  AddFlags(parser, &flags);
+  master::AddFlags(parser, &flags);
   int code = 0;
   if (!parser.Parse(argc, argv, &code)) return code;
   flags.given = parser.given();
-  auto line = Check(std::move(flags));
+  auto line = master::Check(std::move(flags));
   if (!line.ok()) {
     std::cerr << "master: " << line.status().message() << "\n";
     return 2;
   }
-  const Config& c = line->config;
   if (!line->note.empty()) std::cout << line->note << "\n";
-  runtime::TuneAllocator();
-  runtime::InstallCachingCpuAllocator();
-  runtime::SetComputeThreads(c.local ? c.threads : c.coordinator_threads);
-  // This process's generators too (dropout in --local runs); the workers'
-  // are seeded when their stages are placed.
-  at::manual_seed(static_cast<uint64_t>(c.seed));
-
-  std::unique_ptr<Agent> agent;
-  // Every error ends the group: the workers are told why and exit at once.
-  auto die = [&agent](const absl::Status& s) {
+  Registry registry;  // what this process serves: the stock worker's (its stage types too)
+  absl::Status s = examples::RegisterStockWorker(registry);
+  if (s.ok()) s = train::runs::RunMaster(*line, &registry);
+  if (!s.ok()) {
     std::cerr << "master: " << s.message() << "\n";
-    if (agent) agent->Abort(s);
     return 1;
-  };
-  Registry registry;
-  if (auto s = examples::RegisterStockWorker(registry); !s.ok()) return die(s);
-  // Listening before the dataset loads: a port in use is found at once
-  // (checked first, so that gRPC's own log line does not precede remora's
-  // message), and workers that register meanwhile learn of a failure.
-  if (!c.local) {
-    if (auto s = launch::CheckCanListen(c.listen, "--listen"); !s.ok()) return die(s);
-    auto started = StartMaster(*line, registry);
-    if (!started.ok()) return die(started.status());
-    agent = std::move(*started);
-  }
-  auto sets = LoadSets(c);
-  if (!sets.ok()) return die(sets.status());
-  if (auto s = FitInputShape(line->config, **sets); !s.ok()) return die(s);
-  Baseline baseline;
-  absl::StatusOr<std::vector<Run>> runs;
-  if (c.local) {
-    runs = TrainHere(c, **sets);
-  } else {
-    if (auto s = JoinWorkers(*agent); !s.ok()) return die(s);
-    runs = TrainOverWorkers(*agent, *line, **sets, baseline);
-  }
-  if (!runs.ok()) return die(runs.status());
-  if (auto s = WriteOutputs(*runs, c); !s.ok()) return die(s);
-  if (!baseline.status.ok()) return die(baseline.status);
-  if (baseline.trainer != nullptr) PrintBaseline(runs->back(), baseline.trainer->run(), c);
-  if (agent) {
-    if (auto s = agent->Shutdown(); !s.ok()) return die(s);
   }
   return 0;
 }

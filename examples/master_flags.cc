@@ -20,6 +20,9 @@
 #include "pipeline/schedule.h"
 
 namespace remora::master {
+
+using namespace train::runs;  // NOLINT: the options and checks of the runs these flags configure
+
 namespace {
 
 absl::Status Bad(const std::string& message) { return absl::InvalidArgumentError(message); }
@@ -38,7 +41,7 @@ absl::StatusOr<std::vector<int>> ParseSplits(const std::string& text) {
 }
 
 // The numbers and choices that need no file and no other flag's meaning.
-absl::Status CheckValues(const Flags& f, const Config& c) {
+absl::Status CheckValues(const Flags& f, const RunOptions& c) {
   if (f.batch_size == 0 || f.batch_size < -1) return Bad("--batch-size must be >= 1");
   if (c.optimizer != "sgd" && c.optimizer != "adam") return Bad("--optimizer must be sgd or adam");
   if (c.epochs < 1) return Bad("--epochs must be >= 1");
@@ -67,7 +70,7 @@ absl::Status CheckValues(const Flags& f, const Config& c) {
 }
 
 // --model's stages, read; a one-file sequential model to cut kept whole.
-absl::Status ReadModel(const Flags& f, Config& c) {
+absl::Status ReadModel(const Flags& f, RunOptions& c) {
   c.input_shape.clear();
   bool bad = false;
   // Not given: with --dataset, the dataset's images (set once it is
@@ -102,7 +105,7 @@ absl::Status ReadModel(const Flags& f, Config& c) {
 
 // The workers, the topology and how the model is cut: what a run over
 // workers needs, checked before any worker is waited for.
-absl::Status CheckWorkers(const Flags& f, const Config& c, bool ps_mode, bool cut) {
+absl::Status CheckWorkers(const Flags& f, const RunOptions& c, bool ps_mode, bool cut) {
   if (c.workers.empty()) return Bad("--workers is required (e.g. --workers worker1,worker2), or use --local");
   const int n = static_cast<int>(c.all_workers.size());
   if (f.pipeline_stages < 0) return Bad("--pipeline-stages must be >= 1, or 0 for --workers / --replicas");
@@ -144,7 +147,7 @@ absl::Status CheckWorkers(const Flags& f, const Config& c, bool ps_mode, bool cu
 
 // The checkpoint flags, and with --resume the checkpoint itself.
 absl::Status CheckCheckpoints(CommandLine& line, const std::set<std::string>& given) {
-  Config& c = line.config;
+  RunOptions& c = line.config;
   if (c.checkpoint_every < 0 || c.keep < 1 || c.train_rows < 0) {
     return Bad("--checkpoint-every and --train-rows must be >= 0, --keep >= 1");
   }
@@ -215,7 +218,7 @@ Flags DefaultFlags() {
 }
 
 void AddFlags(launch::FlagParser& flags, Flags* f) {
-  Config& c = f->config;
+  RunOptions& c = f->config;
   flags.AddString("workers", &f->workers,
                   "comma-separated worker names (required unless --local): one pipeline over "
                   "them, or with --replicas R, R pipelines of P = n / R workers each, replica r on "
@@ -346,7 +349,7 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   if (!security.ok()) return Bad(std::string(security.status().message()));
   line.security = std::move(*security);
   line.ps = f.ps;
-  Config& c = line.config;
+  RunOptions& c = line.config;
   c = std::move(f.config);
   const bool splits_given = !f.splits.empty();
   line.ps_mode = f.mode == "ps";

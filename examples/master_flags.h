@@ -1,5 +1,6 @@
 // master's command line: its flags with their help, and the checks that
-// turn them into a Config before any worker is waited for. Apart from
+// turn them into a train::runs::RunPlan (train/run.h) before any worker is
+// waited for. Apart from
 // master.cc so that tests check every bad flag in this process
 // (tests/examples/master_flags_test.cc) instead of starting the program
 // once per case.
@@ -12,17 +13,18 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "examples/master_runs.h"
-#include "examples/ps_runs.h"
 #include "launch/cli.h"
+#include "train/ps_runs.h"
+#include "train/run.h"
+#include "train/runs.h"
 
 namespace remora::master {
 
 // The flags as given, before the checks and the defaults that depend on
 // other flags. Most flags write straight into `config`.
 struct Flags {
-  Config config;
-  PsFlags ps;
+  train::runs::RunOptions config;
+  train::runs::PsFlags ps;
   launch::SecurityFiles security;
   std::string workers;
   std::string splits;  // empty: 8, or 1 with --mode ps
@@ -44,18 +46,7 @@ Flags DefaultFlags();
 void AddFlags(launch::FlagParser& parser, Flags* flags);
 
 // A command line that passed the checks: what master runs.
-struct CommandLine {
-  Config config;
-  PsFlags ps;
-  bool ps_mode = false;
-  launch::Security security;
-  // The run's identity with --checkpoint-dir or --resume; with --resume,
-  // the checkpoint and the stages it was saved from.
-  Checkpointing checkpoints;
-  // A line for the master to print before it starts, or empty (--resume
-  // auto that found no checkpoint).
-  std::string note;
-};
+using CommandLine = train::runs::RunPlan;
 
 // Checks `flags` and resolves them: reads the token and TLS files, --model's
 // TorchScript files and the checkpoint to resume. Every error names the

@@ -19,7 +19,8 @@ LAYERS=("base proto"
         "pipeline"
         "parallel checkpoint"
         "ps"
-        "shards launch train"
+        "shards launch"
+        "train"
         "examples"
         "tests")
 MAX_LINES=700

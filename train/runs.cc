@@ -1,4 +1,4 @@
-#include "examples/master_runs.h"
+#include "train/runs.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/TensorOperators.h>
@@ -41,19 +41,18 @@
 #include "runtime/allocator.h"
 #include "runtime/threads.h"
 #include "runtime/trace.h"
-#include "examples/stock_worker.h"
 #include "shards/stage_types.h"
 #include "shards/cnn.h"
 #include "shards/resnet.h"
 #include "train/pipeline_trainer.h"
 
-namespace remora::master {
+namespace remora::train::runs {
 
 
 // Batch b of the run: the same inputs and targets in every mode. The
 // ResNet50 demo: images and one-hot labels (MSE); --model: inputs of
 // --input-shape and class indices (cross-entropy).
-std::pair<at::Tensor, at::Tensor> MakeBatch(const Config& c, int b) {
+std::pair<at::Tensor, at::Tensor> MakeBatch(const RunOptions& c, int b) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(int64_t{c.seed} * 7919 + b);
   if (!c.model.empty()) {
     std::vector<int64_t> shape = {c.batch_size};
@@ -67,7 +66,7 @@ std::pair<at::Tensor, at::Tensor> MakeBatch(const Config& c, int b) {
   return {images, one_hot};
 }
 
-pipeline::LossFn Loss(const Config& c) {
+pipeline::LossFn Loss(const RunOptions& c) {
   pipeline::LossFn loss =
       c.model.empty() && c.dataset.empty() ? pipeline::MseLoss() : pipeline::CrossEntropyLoss();
   // REMORA_STEP_PROTOCOL=master: the loss unnamed, so the pipeline keeps the
@@ -86,7 +85,7 @@ void PrintBatch(int b, double loss, double seconds) {
   std::fflush(stdout);
 }
 
-std::vector<pipeline::StageSpec> WholeModelStages(const Config& c) {
+std::vector<pipeline::StageSpec> WholeModelStages(const RunOptions& c) {
   if (!c.model.empty()) return c.scripts;
   if (TrainsSmallCnn(c)) {
     return {pipeline::StageSpec::Registered("SmallCnn", {int64_t{0}, int64_t{shards::kSmallCnnBlocks},
@@ -96,7 +95,10 @@ std::vector<pipeline::StageSpec> WholeModelStages(const Config& c) {
                                                           int64_t{c.seed}})};
 }
 
-absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const Config& c, int splits) {
+LocalTrainer::LocalTrainer(const RunOptions& c, int splits, std::unique_ptr<train::LocalTrainer> trainer)
+    : c_(c), run_(splits), trainer_(std::move(trainer)), start_(trace::NowUs()) {}
+
+absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const RunOptions& c, int splits) {
   RETURN_IF_ERROR(shards::RegisterStageTypes());
   train::LocalOptions o;
   o.stages = WholeModelStages(c);
@@ -121,13 +123,13 @@ absl::Status LocalTrainer::Step(int b, const char* prefix) {
   return absl::OkStatus();
 }
 
-optim::OptimizerOptions OptimizerOf(const Config& c) {
+optim::OptimizerOptions OptimizerOf(const RunOptions& c) {
   if (c.optimizer == "adam") return optim::OptimizerOptions::Adam(c.lr);
   const bool demo = c.dataset.empty() && c.model.empty();
   return optim::OptimizerOptions::SGD(c.lr).set_momentum(demo ? 0.0 : c.momentum);
 }
 
-std::vector<pipeline::StageSpec> SmallCnnStages(const Config& c) {
+std::vector<pipeline::StageSpec> SmallCnnStages(const RunOptions& c) {
   const int n = static_cast<int>(c.workers.size());
   std::vector<pipeline::StageSpec> out;
   for (int k = 0; k < n; ++k) {
@@ -142,7 +144,7 @@ namespace {
 // The run's pipeline over the workers (stage k on worker k mod n), with
 // --replicas R copies of it, its schedule and placement printed.
 absl::StatusOr<std::unique_ptr<train::PipelineTrainer>> CreatePipeline(
-    Agent& agent, const Config& c, const std::vector<pipeline::StageSpec>& stages, int splits) {
+    Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages, int splits) {
   parallel::DataParallelOptions o;
   o.pipeline.stages = stages;
   o.pipeline.workers = c.all_workers;
@@ -173,7 +175,7 @@ absl::StatusOr<std::unique_ptr<train::PipelineTrainer>> CreatePipeline(
 
 }  // namespace
 
-checkpoint::RunIdentity IdentityOf(const Config& c, int splits) {
+checkpoint::RunIdentity IdentityOf(const RunOptions& c, int splits) {
   checkpoint::RunIdentity id;
   id.checkpoint_every = c.checkpoint_every;
   id.keep = c.keep;
@@ -204,7 +206,7 @@ checkpoint::RunIdentity IdentityOf(const Config& c, int splits) {
   return id;
 }
 
-train::TrainOptions TrainOptionsOf(const Config& c, int splits, int64_t min_batch_rows,
+train::TrainOptions TrainOptionsOf(const RunOptions& c, int splits, int64_t min_batch_rows,
                                    const Checkpointing* checkpoints) {
   train::TrainOptions o;
   o.fit.epochs = c.epochs;
@@ -223,7 +225,7 @@ train::TrainOptions TrainOptionsOf(const Config& c, int splits, int64_t min_batc
   return o;
 }
 
-absl::StatusOr<Run> FitLocal(const Config& c, int splits, const data::Source& train, const data::Source& test) {
+absl::StatusOr<Run> FitLocal(const RunOptions& c, int splits, const data::Source& train, const data::Source& test) {
   ASSIGN_OR_RETURN(auto local, LocalTrainer::Create(c, splits));
   ASSIGN_OR_RETURN(std::shared_ptr<train::RunLog> log, OpenRunLog(c, splits));
   train::TrainOptions options = TrainOptionsOf(c, splits, splits, nullptr);
@@ -235,7 +237,7 @@ absl::StatusOr<Run> FitLocal(const Config& c, int splits, const data::Source& tr
   return run;
 }
 
-absl::StatusOr<Run> FitPipeline(Agent& agent, const Config& c,
+absl::StatusOr<Run> FitPipeline(Agent& agent, const RunOptions& c,
                                 const std::vector<pipeline::StageSpec>& stages, int splits,
                                 const data::Source& train, const data::Source& test,
                                 const Checkpointing* checkpoints) {
@@ -262,7 +264,7 @@ absl::StatusOr<Run> FitPipeline(Agent& agent, const Config& c,
   return run;
 }
 
-absl::Status ReportMemory(parallel::DataParallelPipeline& pipe, const Config& c, Run& run) {
+absl::Status ReportMemory(parallel::DataParallelPipeline& pipe, const RunOptions& c, Run& run) {
   run.stage_memory.clear();
   for (int r = 0; r < pipe.replicas(); ++r) {
     pipeline::Pipeline& replica = pipe.replica(r);
@@ -286,19 +288,19 @@ absl::Status ReportMemory(parallel::DataParallelPipeline& pipe, const Config& c,
   return absl::OkStatus();
 }
 
-absl::StatusOr<Run> TrainLocal(const Config& c, int splits) {
+absl::StatusOr<Run> TrainLocal(const RunOptions& c, int splits) {
   ASSIGN_OR_RETURN(auto trainer, LocalTrainer::Create(c, splits));
   ASSIGN_OR_RETURN(trainer->run().log, OpenRunLog(c, splits));
   for (int b = 0; b < c.batches; ++b) RETURN_IF_ERROR(trainer->Step(b));
   return std::move(trainer->run());
 }
 
-std::vector<int> SplitPoints(const Config& c) {
+std::vector<int> SplitPoints(const RunOptions& c) {
   if (c.model.empty() && c.partition == "tutorial") return {shards::TutorialSplit()[1]};
   return c.split_at;
 }
 
-absl::StatusOr<int> StagesPerWorker(const Config& c, int num_layers) {
+absl::StatusOr<int> StagesPerWorker(const RunOptions& c, int num_layers) {
   const int n = static_cast<int>(c.workers.size());
   const std::vector<int> split_at = SplitPoints(c);
   int per_worker = c.interleave;
@@ -325,7 +327,7 @@ absl::StatusOr<int> StagesPerWorker(const Config& c, int num_layers) {
   return per_worker;
 }
 
-absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, const Config& c) {
+absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, const RunOptions& c) {
   const pipeline::SequentialModel model =
       c.sequential ? *c.sequential
                    : pipeline::SequentialModel::Registered("ResNetShard", shards::kResNetBlocks,
@@ -400,7 +402,7 @@ absl::Status CollectSlices(Agent& agent, const std::vector<std::string>& workers
 
 }  // namespace
 
-absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
+absl::StatusOr<Run> TrainPipeline(Agent& agent, const RunOptions& c,
                                   const std::vector<pipeline::StageSpec>& stages, int splits,
                                   bool traced,
                                   const std::function<void(int)>& after_batch,
@@ -485,7 +487,7 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
   return run;
 }
 
-void PrintSummary(const std::vector<Run>& runs, const Config& c) {
+void PrintSummary(const std::vector<Run>& runs, const RunOptions& c) {
   std::printf("\n%8s %12s %10s %14s %18s %9s\n", "splits", "schedule", "seconds",
               "steady_batch_s", "images_per_second", "speedup");
   for (const Run& r : runs) {
@@ -494,9 +496,9 @@ void PrintSummary(const std::vector<Run>& runs, const Config& c) {
   }
 }
 
-absl::Status WriteReport(const std::string& path, bool local, const std::vector<Run>& runs, const Config& c) {
+absl::Status WriteReport(const std::string& path, bool local, const std::vector<Run>& runs, const RunOptions& c) {
   return train::WriteReport(path, local ? "local" : c.schedule == "ps" ? "ps" : "pipeline",  // --mode ps sets "ps"
                             runs);
 }
 
-}  // namespace remora::master
+}  // namespace remora::train::runs

@@ -2,7 +2,7 @@
 // and optimizer in the master (ps/parameter_server.h), the workers pulling
 // the parameters and pushing their shares' gradients every step, over the
 // ResNet50 demo, --model or --dataset, with checkpoints the evaluator
-// follows. master.cc holds the command line; master_runs.h the pipeline's
+// follows. train/run.h runs them (RunMaster); runs.h holds the pipeline's
 // runs and what both share.
 #pragma once
 
@@ -12,11 +12,11 @@
 
 #include "absl/status/statusor.h"
 #include "data/datasets.h"
-#include "examples/master_runs.h"
+#include "train/runs.h"
 #include "pipeline/pipeline.h"
 #include "rpc/agent.h"
 
-namespace remora::master {
+namespace remora::train::runs {
 
 // The parameter-server flags.
 struct PsFlags {
@@ -28,7 +28,7 @@ struct PsFlags {
 // An error message for flags that do not go with --mode ps (or for --ps
 // flags without it); empty when they are fine. `splits_given`: --splits
 // was on the command line.
-std::string CheckPsFlags(const Config& c, const PsFlags& p, bool ps_mode, bool splits_given,
+std::string CheckPsFlags(const RunOptions& c, const PsFlags& p, bool ps_mode, bool splits_given,
                          int pipeline_stages);
 
 // Trains with the parameter server over c.workers: c.batches batches of
@@ -38,9 +38,9 @@ std::string CheckPsFlags(const Config& c, const PsFlags& p, bool ps_mode, bool s
 // pulled and pushed per step, each worker's dropped and lost steps. Saves
 // (checkpoint::SaveLocal's one-shard checkpoints) and resumes as
 // `checkpoints` says (train/ps_trainer.h).
-absl::StatusOr<Run> TrainPs(Agent& agent, const Config& c, const PsFlags& p,
+absl::StatusOr<Run> TrainPs(Agent& agent, const RunOptions& c, const PsFlags& p,
                             const std::vector<pipeline::StageSpec>& stages,
                             const Sets& sets,
                             const Checkpointing* checkpoints);
 
-}  // namespace remora::master
+}  // namespace remora::train::runs

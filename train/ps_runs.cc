@@ -1,4 +1,4 @@
-#include "examples/ps_runs.h"
+#include "train/ps_runs.h"
 
 #include <unistd.h>
 
@@ -20,7 +20,7 @@
 #include "train/ps_trainer.h"
 #include "runtime/trace.h"
 
-namespace remora::master {
+namespace remora::train::runs {
 namespace {
 
 double Median(std::vector<double> v) {
@@ -86,7 +86,7 @@ void PrintPlacement(Agent& agent, const std::vector<ps::ShardPlacement>& shards,
 
 }  // namespace
 
-std::string CheckPsFlags(const Config& c, const PsFlags& p, bool ps_mode, bool splits_given,
+std::string CheckPsFlags(const RunOptions& c, const PsFlags& p, bool ps_mode, bool splits_given,
                          int pipeline_stages) {
   if (!ps_mode) {
     return p.shards != 0 || p.backup_workers != 0 || p.step_lines
@@ -129,7 +129,7 @@ std::string CheckPsFlags(const Config& c, const PsFlags& p, bool ps_mode, bool s
   return "";
 }
 
-absl::StatusOr<Run> TrainPs(Agent& agent, const Config& c, const PsFlags& p,
+absl::StatusOr<Run> TrainPs(Agent& agent, const RunOptions& c, const PsFlags& p,
                             const std::vector<pipeline::StageSpec>& stages,
                             const Sets& sets,
                             const Checkpointing* checkpoints) {
@@ -209,4 +209,4 @@ absl::StatusOr<Run> TrainPs(Agent& agent, const Config& c, const PsFlags& p,
   return run;
 }
 
-}  // namespace remora::master
+}  // namespace remora::train::runs

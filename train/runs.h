@@ -1,7 +1,8 @@
-// The master program's training runs: the ResNet50 demo, TorchScript
-// stages (--model) and datasets (--dataset), as a pipeline over workers or
-// in this process (--local), with their figures and reports. master.cc
-// holds the command line; this holds what it runs.
+// The master program's training runs (train::runs, behind train/run.h's
+// RunMaster): the ResNet50 demo, TorchScript stages (--model) and datasets
+// (--dataset), as a pipeline over workers or in this process (--local),
+// with their figures and reports. examples/master_flags.h turns the
+// command line into these options.
 #pragma once
 
 #include <functional>
@@ -16,7 +17,6 @@
 #include "base/status_util.h"
 #include "pipeline/microbatch.h"
 #include "pipeline/stage.h"
-#include "runtime/trace.h"
 #include "data/datasets.h"
 #include "data/source.h"
 #include "shards/resnet.h"
@@ -31,7 +31,7 @@
 #include "train/local_trainer.h"
 #include "train/report.h"
 
-namespace remora::master {
+namespace remora::train::runs {
 
 // LibTorch 1.13 runs a CPU convolution with a 1x1 kernel and
 // stride 1 through oneDNN only when the batch has at least this many rows
@@ -43,7 +43,7 @@ inline constexpr int kOneDnnRows = 16;
 
 constexpr int64_t kClasses = 1000;
 
-struct Config {
+struct RunOptions {
   // One replica's pipeline workers (the first P of --workers); all_workers:
   // every worker, replica by replica (--replicas R: P x R).
   std::vector<std::string> workers;
@@ -121,11 +121,11 @@ struct Checkpointing {
   std::vector<pipeline::StageSpec> stages;  // resume's
 
   // Where the run saves (--checkpoint-dir, --keep; none when empty).
-  train::SaveTarget Target(const Config& c) const { return {c.checkpoint_dir, c.keep, identity}; }
+  train::SaveTarget Target(const RunOptions& c) const { return {c.checkpoint_dir, c.keep, identity}; }
 };
 
 // The run's identity, as checkpoints record it.
-checkpoint::RunIdentity IdentityOf(const Config& c, int splits);
+checkpoint::RunIdentity IdentityOf(const RunOptions& c, int splits);
 
 // A run's record (train/report.h): its batches or epochs, memory,
 // messages, timeline slices and log.
@@ -133,11 +133,11 @@ using Run = train::RunRecord;
 
 // The run's log (train/report.h), its events in --tensorboard's DIR
 // (DIR/splits-N when --splits sweeps); an error when DIR cannot be made.
-absl::StatusOr<std::shared_ptr<train::RunLog>> OpenRunLog(const Config& c, int splits);
+absl::StatusOr<std::shared_ptr<train::RunLog>> OpenRunLog(const RunOptions& c, int splits);
 
 // Batch b of the ResNet50 demo or --model runs: the same in every mode.
-std::pair<at::Tensor, at::Tensor> MakeBatch(const Config& c, int b);
-pipeline::LossFn Loss(const Config& c);
+std::pair<at::Tensor, at::Tensor> MakeBatch(const RunOptions& c, int b);
+pipeline::LossFn Loss(const RunOptions& c);
 void PrintBatch(int b, double loss, double seconds);
 // Batch b's loss and time: into `run`, its log, and a line on the output.
 void RecordBatch(Run& run, int b, double loss, double seconds, int64_t rows);
@@ -147,7 +147,7 @@ void RecordBatch(Run& run, int b, double loss, double seconds, int64_t rows);
 // batches and their records. Not thread-safe.
 class LocalTrainer {
  public:
-  static absl::StatusOr<std::unique_ptr<LocalTrainer>> Create(const Config& c, int splits);
+  static absl::StatusOr<std::unique_ptr<LocalTrainer>> Create(const RunOptions& c, int splits);
 
   // Trains batch b of the demo or --model run and prints its line (after
   // `prefix`).
@@ -156,10 +156,9 @@ class LocalTrainer {
   Run& run() { return run_; }
 
  private:
-  LocalTrainer(const Config& c, int splits, std::unique_ptr<train::LocalTrainer> trainer)
-      : c_(c), run_(splits), trainer_(std::move(trainer)), start_(trace::NowUs()) {}
+  LocalTrainer(const RunOptions& c, int splits, std::unique_ptr<train::LocalTrainer> trainer);
 
-  const Config& c_;
+  const RunOptions& c_;
   Run run_;
   std::unique_ptr<train::LocalTrainer> trainer_;
   const int64_t start_;
@@ -167,16 +166,16 @@ class LocalTrainer {
 
 // The model whole, as one process trains it (--local, --mode ps):
 // --model's stages, the small CNN (--dataset), or ResNet50.
-std::vector<pipeline::StageSpec> WholeModelStages(const Config& c);
+std::vector<pipeline::StageSpec> WholeModelStages(const RunOptions& c);
 
-absl::StatusOr<Run> TrainLocal(const Config& c, int splits);
+absl::StatusOr<Run> TrainLocal(const RunOptions& c, int splits);
 
 // The optimizer of a run: SGD with --momentum (the demo: none) or Adam.
-optim::OptimizerOptions OptimizerOf(const Config& c);
+optim::OptimizerOptions OptimizerOf(const RunOptions& c);
 // The train/ loop's options of a --dataset run at `splits` (min_batch_rows:
 // at least one row per micro-batch of every replica), with the run's
 // checkpoints (when given).
-train::TrainOptions TrainOptionsOf(const Config& c, int splits, int64_t min_batch_rows,
+train::TrainOptions TrainOptionsOf(const RunOptions& c, int splits, int64_t min_batch_rows,
                                    const Checkpointing* checkpoints);
 
 // --dataset's sets as the runs read them: in memory (fashion-mnist, idx:,
@@ -192,45 +191,45 @@ struct Sets {
   std::vector<int64_t> shape;  // one image's, [C, H, W]
   std::string Describe() const;
 };
-absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const Config& c);
+absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const RunOptions& c);
 // --dataset's training or test split as a worker opens it (--data-on
 // workers: pipeline/worker_data.h).
-data::SourceSpec SourceSpecOf(const Config& c, bool train);
+data::SourceSpec SourceSpecOf(const RunOptions& c, bool train);
 // --dataset imagefolder:DIR; and whether the run trains the small CNN
 // (--dataset in memory without --model; an image folder without --model
 // trains ResNet50).
-bool ReadsImageFolder(const Config& c);
-bool TrainsSmallCnn(const Config& c);
+bool ReadsImageFolder(const RunOptions& c);
+bool TrainsSmallCnn(const RunOptions& c);
 // The small CNN's blocks split into one contiguous stage per worker.
-std::vector<pipeline::StageSpec> SmallCnnStages(const Config& c);
+std::vector<pipeline::StageSpec> SmallCnnStages(const RunOptions& c);
 // Epochs over the dataset, in this process or as a pipeline of `stages`.
-absl::StatusOr<Run> FitLocal(const Config& c, int splits, const data::Source& train, const data::Source& test);
-absl::StatusOr<Run> FitPipeline(Agent& agent, const Config& c,
+absl::StatusOr<Run> FitLocal(const RunOptions& c, int splits, const data::Source& train, const data::Source& test);
+absl::StatusOr<Run> FitPipeline(Agent& agent, const RunOptions& c,
                                 const std::vector<pipeline::StageSpec>& stages, int splits,
                                 const data::Source& train, const data::Source& test,
                                 const Checkpointing* checkpoints = nullptr);
 // ResNet50's stage boundaries (block indices) for the workers.
 // The split points of --split-at, or of --partition tutorial.
-std::vector<int> SplitPoints(const Config& c);
+std::vector<int> SplitPoints(const RunOptions& c);
 // Stages per worker for cutting `num_layers` layers: --interleave, else as
 // many as the split points make, else 2 where every stage gets a layer;
 // an error when the split points or the counts do not fit.
-absl::StatusOr<int> StagesPerWorker(const Config& c, int num_layers);
+absl::StatusOr<int> StagesPerWorker(const RunOptions& c, int num_layers);
 // The stages of the ResNet50 demo or of a sequential --model, cut by
 // --partition / --split-at / --interleave and printed.
-absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, const Config& c);
+absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, const RunOptions& c);
 // `after_batch` (if set) runs after each batch, outside its timing.
-absl::StatusOr<Run> TrainPipeline(Agent& agent, const Config& c,
+absl::StatusOr<Run> TrainPipeline(Agent& agent, const RunOptions& c,
                                   const std::vector<pipeline::StageSpec>& stages, int splits,
                                   bool traced, const std::function<void(int)>& after_batch = nullptr,
                                   const Checkpointing* checkpoints = nullptr);
 // Fills run.stage_memory from every replica of `pipe` and prints
 // "  [replica R, ]stage K on W: peak saved activations X MiB" per stage,
 // then each replica's optimizer state.
-absl::Status ReportMemory(parallel::DataParallelPipeline& pipe, const Config& c, Run& run);
-void PrintSummary(const std::vector<Run>& runs, const Config& c);
+absl::Status ReportMemory(parallel::DataParallelPipeline& pipe, const RunOptions& c, Run& run);
+void PrintSummary(const std::vector<Run>& runs, const RunOptions& c);
 // --report: the runs as JSON (train::WriteReport), mode "local", "ps" or
 // "pipeline".
-absl::Status WriteReport(const std::string& path, bool local, const std::vector<Run>& runs, const Config& c);
+absl::Status WriteReport(const std::string& path, bool local, const std::vector<Run>& runs, const RunOptions& c);
 
-}  // namespace remora::master
+}  // namespace remora::train::runs

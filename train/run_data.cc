@@ -1,4 +1,4 @@
-// The master's --dataset (examples/master_runs.h: Sets, LoadDataset): a
+// The master's --dataset (train/runs.h: Sets, LoadDataset): a
 // named set loaded into memory, or an image folder listed and read from
 // disk as batches need it.
 #include <cstring>
@@ -8,15 +8,15 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_util.h"
 #include "data/imagefolder.h"
-#include "examples/master_runs.h"
+#include "train/runs.h"
 
-namespace remora::master {
+namespace remora::train::runs {
 
-bool ReadsImageFolder(const Config& c) { return absl::StartsWith(c.dataset, "imagefolder:"); }
+bool ReadsImageFolder(const RunOptions& c) { return absl::StartsWith(c.dataset, "imagefolder:"); }
 
-bool TrainsSmallCnn(const Config& c) { return !c.dataset.empty() && c.model.empty() && !ReadsImageFolder(c); }
+bool TrainsSmallCnn(const RunOptions& c) { return !c.dataset.empty() && c.model.empty() && !ReadsImageFolder(c); }
 
-data::SourceSpec SourceSpecOf(const Config& c, bool train) {
+data::SourceSpec SourceSpecOf(const RunOptions& c, bool train) {
   data::SourceSpec s;
   s.dataset = c.dataset;
   s.train = train;
@@ -32,7 +32,7 @@ data::SourceSpec SourceSpecOf(const Config& c, bool train) {
   return s;
 }
 
-absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const Config& c) {
+absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const RunOptions& c) {
   auto sets = std::make_unique<Sets>();
   if (ReadsImageFolder(c)) {
     const std::string dir = c.dataset.substr(std::strlen("imagefolder:"));
@@ -81,4 +81,4 @@ std::string Sets::Describe() const {
                       c10::str(c10::IntArrayRef(shape)));
 }
 
-}  // namespace remora::master
+}  // namespace remora::train::runs

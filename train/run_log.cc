@@ -3,11 +3,11 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
-#include "examples/master_runs.h"
+#include "train/runs.h"
 
-namespace remora::master {
+namespace remora::train::runs {
 
-absl::StatusOr<std::shared_ptr<train::RunLog>> OpenRunLog(const Config& c, int splits) {
+absl::StatusOr<std::shared_ptr<train::RunLog>> OpenRunLog(const RunOptions& c, int splits) {
   if (c.tensorboard.empty()) return train::RunLog::Open("");
   return train::RunLog::Open(c.splits.size() > 1 ? absl::StrCat(c.tensorboard, "/splits-", splits) : c.tensorboard);
 }
@@ -17,4 +17,4 @@ void RecordBatch(Run& run, int b, double loss, double seconds, int64_t rows) {
   PrintBatch(b, loss, seconds);
 }
 
-}  // namespace remora::master
+}  // namespace remora::train::runs

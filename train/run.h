@@ -1,0 +1,51 @@
+// The master's whole run as one call: what `master` does once its command
+// line is checked (examples/master_flags.h): the agent listening, the
+// dataset loaded, the workers waited for, the stages chosen, each --splits
+// count trained (a pipeline, its replicas, the parameter server, or this
+// process alone), and the summary, report, trace, timeline and curves
+// written. A program of one's own with other flags calls it the same way:
+//
+//   train::runs::RunPlan plan;                    // options as C++ structs
+//   plan.config.all_workers = plan.config.workers = {"w1", "w2"};
+//   plan.config.splits = {1, 8};
+//   Registry registry;                            // the master's own
+//   RETURN_IF_ERROR(examples::RegisterStockWorker(registry));
+//   absl::Status s = train::runs::RunMaster(plan, &registry);
+//
+// The options, the runs and their pieces are in train/runs.h and
+// train/ps_runs.h.
+#pragma once
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "launch/cli.h"
+#include "rpc/registry.h"
+#include "train/ps_runs.h"
+#include "train/runs.h"
+
+namespace remora::train::runs {
+
+// A checked run: what RunMaster runs.
+struct RunPlan {
+  RunOptions config;
+  PsFlags ps;
+  bool ps_mode = false;  // --mode ps: the parameter server instead of a pipeline
+  launch::Security security;
+  // The run's identity with --checkpoint-dir or --resume; with --resume,
+  // the checkpoint and the stages it was saved from.
+  Checkpointing checkpoints;
+  // A line to print before it starts, or empty (--resume auto that found
+  // no checkpoint).
+  std::string note;
+};
+
+// Runs `plan` (config.local: in this process; else over config.all_workers,
+// which register with this process's agent, serving `registry`). Every
+// error ends the group (the workers are told why and exit) and is
+// returned; the workers are shut down when it succeeds. `plan` is
+// completed as the run goes (a --model with --dataset takes the dataset's
+// input shape).
+absl::Status RunMaster(RunPlan& plan, Registry* registry);
+
+}  // namespace remora::train::runs
