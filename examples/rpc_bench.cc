@@ -25,6 +25,10 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/ones.h>
@@ -44,6 +48,7 @@
 #include "launch/local_group.h"
 #include "launch/worker_main.h"
 #include "channel/cuda/cuda_channel.h"
+#include "base/status_util.h"
 #include "channel/devices.h"
 #include "examples/demo_functions.h"
 #include "runtime/allocator.h"
@@ -158,6 +163,127 @@ int MeasureRendezvous(int workers, int runs, const remora::Registry& registry,
   return 0;
 }
 
+using namespace remora;  // NOLINT: the program's own helpers below
+
+// --device and --peer-device checked: whether the bulk tensor is on the GPU.
+absl::StatusOr<bool> CheckDevices(const std::string& device, const std::string& peer_device) {
+  const bool cuda = device == "cuda" || device == "cuda:0";
+  if (device != "cpu" && !cuda) return absl::InvalidArgumentError("--device is cpu or cuda, not '" + device + "'");
+  if (!cuda) return false;
+  absl::Status ok = CudaChannelBuilt() ? CheckLocalDevice(c10::Device(c10::kCUDA, 0))
+                                       : absl::FailedPreconditionError(kNoCudaBuild);
+  if (auto peer = ParseDevice(peer_device, "--peer-device"); !peer.ok() || !peer->is_cuda()) {
+    ok = peer.ok() ? absl::InvalidArgumentError("--peer-device must be cuda:N") : peer.status();
+  }
+  if (!ok.ok()) return Annotate(ok, "--device cuda");
+  return true;
+}
+
+// The master and its worker 'peer': started here (`rpc_bench worker ...`),
+// or with `external` waited for at options.listen_address.
+absl::StatusOr<launch::LocalGroup> StartPeer(AgentOptions options, bool external,
+                                             const std::vector<std::string>& worker_args, const Registry* registry) {
+  if (!external) {
+    return launch::StartLocalGroup({"peer"}, registry, worker_args, options, examples::DemoWorkerProgram("rpc_bench"));
+  }
+  options.name = "master";
+  options.is_master = true;
+  options.workers = {"peer"};
+  ASSIGN_OR_RETURN(std::unique_ptr<Agent> master, Agent::Start(options, registry));
+  std::cerr << "rpc_bench: waiting for worker 'peer' at " << master->self().address << "\n";
+  RETURN_IF_ERROR(master->Join());
+  return launch::LocalGroup{std::move(master), {}};
+}
+
+// Microseconds of `calls` small echo calls (after `warmup` untimed),
+// sorted.
+absl::StatusOr<std::vector<double>> MeasureLatency(Agent& agent, int warmup, int calls) {
+  const at::Tensor small = at::ones({4});
+  for (int i = 0; i < warmup; ++i) RETURN_IF_ERROR(agent.rpc_sync("peer", "echo", {small}).status());
+  std::vector<double> us;
+  us.reserve(calls);
+  for (int i = 0; i < calls; ++i) {
+    const absl::Time t0 = absl::Now();
+    auto r = agent.rpc_sync("peer", "echo", {small});
+    us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+    RETURN_IF_ERROR(r.status());
+  }
+  std::sort(us.begin(), us.end());
+  return us;
+}
+
+// The bulk calls' figures and their yardsticks.
+struct Bulk {
+  double bytes = 0, seconds = 0;
+  double memcpy_seconds = 1e9;  // one thread copying the same bytes, best of 5
+  double d2d_gbps = 0;          // with cuda: a device-to-device copy on cuda:0
+  std::string channel;
+};
+
+// `bulk_calls` calls sending a tensor of `bulk_mib` MiB (on cuda:0 with
+// `cuda`) to the peer's sink, after one untimed.
+absl::StatusOr<Bulk> MeasureBulk(Agent& agent, int bulk_mib, int bulk_calls, bool cuda) {
+  Bulk b;
+  const int64_t numel = int64_t{bulk_mib} * (1 << 20) / 4;
+  at::Tensor big = at::rand({numel});
+  if (cuda) big = big.to(c10::Device(c10::kCUDA, 0));
+  b.bytes = static_cast<double>(big.nbytes());
+  agent.rpc_sync("peer", "sink", {big}).IgnoreError();  // warm-up
+  const absl::Time t0 = absl::Now();
+  for (int i = 0; i < bulk_calls; ++i) {
+    auto r = agent.rpc_sync("peer", "sink", {big});
+    if (!r.ok()) return Annotate(r.status(), "bulk call failed");
+    if (r->toTensor().item<double>() != numel) {
+      return absl::DataLossError(absl::StrCat("bulk call failed: the peer received ", r->toTensor().item<double>(),
+                                              " elements of ", numel));
+    }
+  }
+  b.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  // The yardstick: one thread copying the same bytes between two buffers
+  // that are already resident (best of a few, as the bulk calls reuse
+  // their buffers too).
+  at::Tensor host = big.cpu();
+  at::Tensor copy = at::empty_like(host);
+  std::memcpy(copy.data_ptr(), host.data_ptr(), host.nbytes());
+  for (int i = 0; i < 5; ++i) {
+    const absl::Time c0 = absl::Now();
+    std::memcpy(copy.data_ptr(), host.data_ptr(), host.nbytes());
+    b.memcpy_seconds = std::min(b.memcpy_seconds, absl::ToDoubleSeconds(absl::Now() - c0));
+  }
+  b.channel = agent.channel_to("peer", cuda ? "cuda:0" : "cpu").value_or("unknown");
+  if (cuda) {
+    ASSIGN_OR_RETURN(b.d2d_gbps, MeasureDeviceCopyGbps(0, big.nbytes()));
+  }
+  return b;
+}
+
+void PrintFigures(Agent& agent, const std::vector<double>& us, const std::vector<double>& floor_us, const Bulk& b,
+                  int bulk_calls, bool cuda, const std::string& peer_device) {
+  // Streams (rpc/stream.h) carry rpc_sync unless REMORA_STREAMS=0.
+  std::printf("rpc_sync_on=%s\n", agent.streams_opened() > 0 ? "streams" : "unary calls");
+  std::printf("calls=%zu latency_us_p10=%.1f latency_us_p90=%.1f latency_us_p99=%.1f\n", us.size(),
+              us[us.size() / 10], us[us.size() * 9 / 10], us[us.size() * 99 / 100]);
+  std::printf("bulk_bytes=%.0f bulk_calls=%d bulk_seconds=%.3f channel=%s\n", b.bytes, bulk_calls, b.seconds,
+              b.channel.c_str());
+  const double bulk_gbps = b.bytes * bulk_calls / b.seconds / 1e9;
+  const double memcpy_gbps = b.bytes / b.memcpy_seconds / 1e9;
+  if (!floor_us.empty()) {
+    std::printf("grpc_floor_us_p10=%.1f grpc_floor_us_median=%.1f grpc_floor_us_p90=%.1f\n",
+                floor_us[floor_us.size() / 10], floor_us[floor_us.size() / 2], floor_us[floor_us.size() * 9 / 10]);
+  }
+  std::printf("latency_us_median=%.1f\n", us[us.size() / 2]);
+  std::printf("channel=%s\n", b.channel.c_str());
+  std::printf("bulk_gbps=%.2f\n", bulk_gbps);
+  std::printf("memcpy_gbps=%.2f\n", memcpy_gbps);
+  std::printf("bulk_over_memcpy=%.2f\n", bulk_gbps / memcpy_gbps);
+  if (cuda) {
+    std::printf("device=cuda:0 peer_device=%s\n", peer_device.c_str());
+    std::printf("d2d_gbps=%.2f\n", b.d2d_gbps);
+    std::printf("bulk_over_d2d=%.3f\n", bulk_gbps / b.d2d_gbps);
+  }
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -187,170 +313,43 @@ int main(int argc, char** argv) {
                "included) and exit");
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
-  if (auto s = launch::CheckAddress(listen, "--listen"); !s.ok() || rendezvous < 0) {
-    std::cerr << "rpc_bench: " << (s.ok() ? "--rendezvous must be >= 0" : s.message()) << "\n";
-    return 2;
-  }
+  auto fail = [](const absl::Status& s, int code) {
+    std::cerr << "rpc_bench: " << s.message() << "\n";
+    return code;
+  };
+  if (auto s = launch::CheckAddress(listen, "--listen"); !s.ok()) return fail(s, 2);
+  if (rendezvous < 0) return fail(absl::InvalidArgumentError("--rendezvous must be >= 0"), 2);
   runtime::TuneAllocator();
-  const bool cuda = device == "cuda" || device == "cuda:0";
-  if (bulk_mib == 0) bulk_mib = cuda ? 256 : 64;
+  auto cuda = CheckDevices(device, peer_device);
+  if (!cuda.ok()) return fail(cuda.status(), 2);
+  if (bulk_mib == 0) bulk_mib = *cuda ? 256 : 64;
   if (calls < 1 || warmup < 0 || bulk_mib < 1 || bulk_mib > 1024 || bulk_calls < 1) {
-    std::cerr << "rpc_bench: counts must be positive and --bulk-mib at most 1024\n";
-    return 2;
+    return fail(absl::InvalidArgumentError("counts must be positive and --bulk-mib at most 1024"), 2);
   }
   auto sizes = ParseSizes(sizes_flag);
-  if (!sizes.ok()) {
-    std::cerr << "rpc_bench: " << sizes.status().message() << "\n";
-    return 2;
-  }
-  if (device != "cpu" && !cuda) {
-    std::cerr << "rpc_bench: --device is cpu or cuda, not '" << device << "'\n";
-    return 2;
-  }
-  if (cuda) {
-    absl::Status ok = CudaChannelBuilt() ? CheckLocalDevice(c10::Device(c10::kCUDA, 0))
-                                         : absl::FailedPreconditionError(kNoCudaBuild);
-    if (auto peer = ParseDevice(peer_device, "--peer-device"); !peer.ok() || !peer->is_cuda()) {
-      ok = peer.ok() ? absl::InvalidArgumentError("--peer-device must be cuda:N") : peer.status();
-    }
-    if (!ok.ok()) {
-      std::cerr << "rpc_bench: --device cuda: " << ok.message() << "\n";
-      return 2;
-    }
-  }
+  if (!sizes.ok()) return fail(sizes.status(), 2);
   Registry registry;
-  if (auto s = examples::RegisterDemoWorker(registry); !s.ok()) {
-    std::cerr << "rpc_bench: " << s.message() << "\n";
-    return 1;
-  }
+  if (auto s = examples::RegisterDemoWorker(registry); !s.ok()) return fail(s, 1);
   AgentOptions options;
   options.listen_address = listen;
   if (rendezvous > 0) return MeasureRendezvous(rendezvous, 3, registry, options);
   std::vector<std::string> worker_args;
-  if (cuda) {
+  if (*cuda) {
     options.device = "cuda:0";
     options.device_maps["peer"]["cuda:0"] = peer_device;
     worker_args = {"--device", peer_device};
   }
-  absl::StatusOr<launch::LocalGroup> group;
-  if (external) {
-    options.name = "master";
-    options.is_master = true;
-    options.workers = {"peer"};
-    auto master = Agent::Start(options, &registry);
-    if (master.ok()) {
-      std::cerr << "rpc_bench: waiting for worker 'peer' at " << (*master)->self().address << "\n";
-      absl::Status joined = (*master)->Join();
-      group = joined.ok() ? absl::StatusOr<launch::LocalGroup>(launch::LocalGroup{std::move(*master), {}})
-                          : joined;
-    } else {
-      group = master.status();
-    }
-  } else {
-    group = launch::StartLocalGroup({"peer"}, &registry, worker_args, options,
-                                    examples::DemoWorkerProgram("rpc_bench"));
-  }
-  if (!group.ok()) {
-    std::cerr << "rpc_bench: " << group.status().message() << "\n";
-    return 1;
-  }
+  auto group = StartPeer(options, external, worker_args, &registry);
+  if (!group.ok()) return fail(group.status(), 1);
   Agent& agent = *group->master;
-
-  at::Tensor small = at::ones({4});
-  for (int i = 0; i < warmup; ++i) {
-    if (auto r = agent.rpc_sync("peer", "echo", {small}); !r.ok()) {
-      std::cerr << "rpc_bench: " << r.status().message() << "\n";
-      return 1;
-    }
-  }
-  std::vector<double> us;
-  us.reserve(calls);
-  for (int i = 0; i < calls; ++i) {
-    absl::Time t0 = absl::Now();
-    auto r = agent.rpc_sync("peer", "echo", {small});
-    us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
-    if (!r.ok()) {
-      std::cerr << "rpc_bench: " << r.status().message() << "\n";
-      return 1;
-    }
-  }
-  std::sort(us.begin(), us.end());
+  auto us = MeasureLatency(agent, warmup, calls);
+  if (!us.ok()) return fail(us.status(), 1);
   std::vector<double> floor_us;
-  if (!options.tls.enabled()) {
-    floor_us = GrpcFloor(agent.worker("peer")->address, agent.sync_spin(), warmup, calls);
-  }
-
-  if (auto s = SweepSizes(agent, *sizes); !s.ok()) {
-    std::cerr << "rpc_bench: size sweep: " << s.message() << "\n";
-    return 1;
-  }
-
-  const int64_t numel = int64_t{bulk_mib} * (1 << 20) / 4;
-  at::Tensor big = at::rand({numel});
-  if (cuda) big = big.to(c10::Device(c10::kCUDA, 0));
-  const double bytes = static_cast<double>(big.nbytes());
-  agent.rpc_sync("peer", "sink", {big}).IgnoreError();  // warm-up
-  absl::Time t0 = absl::Now();
-  for (int i = 0; i < bulk_calls; ++i) {
-    auto r = agent.rpc_sync("peer", "sink", {big});
-    if (!r.ok() || r->toTensor().item<double>() != numel) {
-      std::cerr << "rpc_bench: bulk call failed: " << r.status().message() << "\n";
-      return 1;
-    }
-  }
-  const double seconds = absl::ToDoubleSeconds(absl::Now() - t0);
-
-  // The yardstick: one thread copying the same bytes between two buffers
-  // that are already resident (best of a few, as the bulk calls reuse
-  // their buffers too).
-  at::Tensor host = big.cpu();
-  at::Tensor copy = at::empty_like(host);
-  std::memcpy(copy.data_ptr(), host.data_ptr(), host.nbytes());
-  double memcpy_seconds = 1e9;
-  for (int i = 0; i < 5; ++i) {
-    absl::Time c0 = absl::Now();
-    std::memcpy(copy.data_ptr(), host.data_ptr(), host.nbytes());
-    memcpy_seconds = std::min(memcpy_seconds, absl::ToDoubleSeconds(absl::Now() - c0));
-  }
-  const std::string channel =
-      agent.channel_to("peer", cuda ? "cuda:0" : "cpu").value_or("unknown");
-  double d2d_gbps = 0;
-  if (cuda) {
-    auto d2d = MeasureDeviceCopyGbps(0, big.nbytes());
-    if (!d2d.ok()) {
-      std::cerr << "rpc_bench: " << d2d.status().message() << "\n";
-      return 1;
-    }
-    d2d_gbps = *d2d;
-  }
-
-  // Streams (rpc/stream.h) carry rpc_sync unless REMORA_STREAMS=0.
-  std::printf("rpc_sync_on=%s\n", agent.streams_opened() > 0 ? "streams" : "unary calls");
-  std::printf("calls=%d latency_us_p10=%.1f latency_us_p90=%.1f latency_us_p99=%.1f\n", calls,
-              us[us.size() / 10], us[us.size() * 9 / 10], us[us.size() * 99 / 100]);
-  std::printf("bulk_bytes=%.0f bulk_calls=%d bulk_seconds=%.3f channel=%s\n", bytes,
-              bulk_calls, seconds, channel.c_str());
-  const double bulk_gbps = bytes * bulk_calls / seconds / 1e9;
-  const double memcpy_gbps = bytes / memcpy_seconds / 1e9;
-  if (!floor_us.empty()) {
-    std::printf("grpc_floor_us_p10=%.1f grpc_floor_us_median=%.1f grpc_floor_us_p90=%.1f\n",
-                floor_us[floor_us.size() / 10], floor_us[floor_us.size() / 2],
-                floor_us[floor_us.size() * 9 / 10]);
-  }
-  std::printf("latency_us_median=%.1f\n", us[us.size() / 2]);
-  std::printf("channel=%s\n", channel.c_str());
-  std::printf("bulk_gbps=%.2f\n", bulk_gbps);
-  std::printf("memcpy_gbps=%.2f\n", memcpy_gbps);
-  std::printf("bulk_over_memcpy=%.2f\n", bulk_gbps / memcpy_gbps);
-  if (cuda) {
-    std::printf("device=cuda:0 peer_device=%s\n", peer_device.c_str());
-    std::printf("d2d_gbps=%.2f\n", d2d_gbps);
-    std::printf("bulk_over_d2d=%.3f\n", bulk_gbps / d2d_gbps);
-  }
-  std::fflush(stdout);
-  if (auto s = group->Shutdown(); !s.ok()) {
-    std::cerr << "rpc_bench: shutdown: " << s.message() << "\n";
-    return 1;
-  }
+  if (!options.tls.enabled()) floor_us = GrpcFloor(agent.worker("peer")->address, agent.sync_spin(), warmup, calls);
+  if (auto s = SweepSizes(agent, *sizes); !s.ok()) return fail(Annotate(s, "size sweep"), 1);
+  auto bulk = MeasureBulk(agent, bulk_mib, bulk_calls, *cuda);
+  if (!bulk.ok()) return fail(bulk.status(), 1);
+  PrintFigures(agent, *us, floor_us, *bulk, bulk_calls, *cuda, peer_device);
+  if (auto s = group->Shutdown(); !s.ok()) return fail(Annotate(s, "shutdown"), 1);
   return 0;
 }

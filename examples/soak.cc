@@ -13,7 +13,10 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
@@ -110,6 +113,175 @@ std::string Line(const std::string& name, const std::string& when, const Figures
                       " contexts=", f.contexts, " ", Tables(f.rrefs));
 }
 
+// The flags' values checked; the worker names. An error says which.
+absl::StatusOr<std::vector<std::string>> CheckConfig(Config& c) {
+  const std::vector<std::string> names = launch::SplitList(c.workers);
+  if (names.size() != 2 || names[0] == names[1]) return absl::InvalidArgumentError("--workers wants two names");
+  if (c.steps < 1 || c.warmup < 0 || c.micro_batches < 1 || c.hidden < 1 ||
+      c.batch_size < c.micro_batches || c.progress < 0 || c.connect_timeout < 1) {
+    return absl::InvalidArgumentError(
+        "--steps, --micro-batches, --hidden, --connect-timeout must be >= 1, --warmup "
+        "and --progress >= 0, --batch-size >= --micro-batches");
+  }
+  RETURN_IF_ERROR(launch::CheckAddress(c.listen, "--listen"));
+  if (c.max_thread_growth < 0) {
+    c.max_thread_growth = 16 + 2 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  }
+  return names;
+}
+
+// The master and the two workers: started here (`soak worker ...`), or
+// with --external waited for at --listen.
+absl::StatusOr<launch::LocalGroup> StartGroup(const Config& c, const std::vector<std::string>& names,
+                                              const launch::SecurityFiles& files, const launch::Security& security,
+                                              const Registry* registry) {
+  AgentOptions options;
+  options.name = "master";
+  options.listen_address = c.listen;
+  options.token = security.token;
+  options.tls = security.tls;
+  options.connect_timeout = absl::Seconds(c.connect_timeout);
+  if (!c.external) {
+    std::vector<std::string> worker_args = files.WorkerArgs();
+    worker_args.insert(worker_args.end(), {"--threads", "1"});
+    return launch::StartLocalGroup(names, registry, worker_args, options, examples::DemoWorkerProgram("soak"));
+  }
+  launch::LocalGroup group;
+  options.is_master = true;
+  options.workers = names;
+  ASSIGN_OR_RETURN(group.master, Agent::Start(options, registry));
+  dist_autograd::Enable(*group.master);
+  std::cout << "soak: master at " << group.master->self().address << " waiting for " << c.workers << std::endl;
+  RETURN_IF_ERROR(group.master->Join());
+  return group;
+}
+
+// The model: Linear(16, hidden) + ReLU on the first worker, Linear(hidden,
+// 4) on the second, as a 1F1B pipeline.
+absl::StatusOr<std::unique_ptr<pipeline::Pipeline>> MakePipeline(Agent& agent, const Config& c,
+                                                                  const std::vector<std::string>& names) {
+  pipeline::PipelineOptions o;
+  o.stages = {pipeline::StageSpec::Registered("MLPStage", {int64_t{kIn}, int64_t{c.hidden}, int64_t{1}}),
+              pipeline::StageSpec::Registered("MLPStage", {int64_t{c.hidden}, int64_t{kOut}, int64_t{2}, false})};
+  o.workers = names;
+  o.schedule = "1f1b";
+  o.micro_batches = c.micro_batches;
+  o.loss = pipeline::MseLoss();
+  o.optimizer = optim::OptimizerOptions::SGD(c.lr).set_momentum(0.9);
+  return pipeline::Pipeline::Create(agent, std::move(o));
+}
+
+// The data: a fixed regression problem, 8 batches cycled.
+std::vector<std::pair<at::Tensor, at::Tensor>> MakeData(const Config& c) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  const at::Tensor truth = at::randn({kIn, kOut}, gen, at::TensorOptions()) / 4.0;
+  std::vector<std::pair<at::Tensor, at::Tensor>> data;
+  for (int i = 0; i < 8; ++i) {
+    at::Tensor x = at::randn({c.batch_size, kIn}, gen, at::TensorOptions());
+    data.emplace_back(x, at::matmul(x, truth));
+  }
+  return data;
+}
+
+// Figures of every process once the RRef protocol's messages in flight
+// (child accepts, deletes) have landed, which takes milliseconds: a step
+// returns before its last control messages do, and a snapshot taken in
+// between would differ from the other for no leak. Gives up waiting after
+// 10 s and returns what it sees, so that stuck messages still show.
+absl::Status Snapshot(Agent& agent, const std::vector<std::string>& names, std::map<std::string, Figures>* out) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (true) {
+    (*out)["master"] = MasterFigures(agent);
+    for (const auto& w : names) {
+      ASSIGN_OR_RETURN((*out)[w], WorkerFigures(agent, w));
+    }
+    bool settled = true;
+    for (const auto& [name, f] : *out) {
+      settled &= f.rrefs.pending_users == 0 && f.rrefs.pending_children == 0 && f.rrefs.pending_messages == 0;
+    }
+    if (settled || absl::Now() > deadline) return absl::OkStatus();
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
+// What the steps did: the first and last loss, the timed steps' seconds.
+struct Trained {
+  double first_loss = 0, last_loss = 0, seconds = 0;
+};
+
+// --warmup steps, the start figures, --steps timed steps (a progress line
+// every --progress), the end figures.
+absl::StatusOr<Trained> Train(pipeline::Pipeline& pipe, const Config& c, Agent& agent,
+                              const std::vector<std::string>& names, std::map<std::string, Figures>* start,
+                              std::map<std::string, Figures>* end) {
+  const std::vector<std::pair<at::Tensor, at::Tensor>> data = MakeData(c);
+  auto step = [&](int i) -> absl::StatusOr<double> {
+    const auto& [x, y] = data[i % data.size()];
+    return pipe.train_step(x, y);
+  };
+  Trained t;
+  for (int i = 0; i < c.warmup; ++i) {
+    ASSIGN_OR_RETURN(double loss, step(i));
+    if (i == 0) t.first_loss = loss;
+  }
+  RETURN_IF_ERROR(Snapshot(agent, names, start));
+  for (const auto& [name, f] : *start) std::printf("%s\n", Line(name, "start", f).c_str());
+  std::fflush(stdout);
+  const absl::Time t0 = absl::Now();
+  for (int i = 0; i < c.steps; ++i) {
+    absl::StatusOr<double> loss = step(c.warmup + i);
+    if (!loss.ok()) return Annotate(loss.status(), absl::StrCat("step ", c.warmup + i + 1));
+    if (c.warmup == 0 && i == 0) t.first_loss = *loss;
+    t.last_loss = *loss;
+    if (c.progress > 0 && (i + 1) % c.progress == 0) {
+      std::printf("step %d/%d loss=%.5f elapsed_s=%.1f master_rss_mib=%.1f\n", i + 1, c.steps, *loss,
+                  absl::ToDoubleSeconds(absl::Now() - t0), runtime::ReadProcessStats().rss_kb / 1024.0);
+      std::fflush(stdout);
+    }
+  }
+  t.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  RETURN_IF_ERROR(Snapshot(agent, names, end));
+  for (const auto& [name, f] : *end) std::printf("%s\n", Line(name, "end", f).c_str());
+  return t;
+}
+
+// Prints each process's growth; returns what grew past its bound (and a
+// loss that did not go down).
+std::vector<std::string> Problems(const Config& c, const std::map<std::string, Figures>& start,
+                                  const std::map<std::string, Figures>& end, const Trained& t) {
+  std::vector<std::string> problems;
+  for (const auto& [name, s] : start) {
+    const Figures& e = end.at(name);
+    const double rss_growth = (e.process.rss_kb - s.process.rss_kb) / 1024.0;
+    std::printf("%s growth: rss_mib=%+.1f threads=%+lld fds=%+lld contexts=%+lld\n", name.c_str(), rss_growth,
+                static_cast<long long>(e.process.threads - s.process.threads),
+                static_cast<long long>(e.process.fds - s.process.fds), static_cast<long long>(e.contexts - s.contexts));
+    if (!SameTables(s.rrefs, e.rrefs)) {
+      problems.push_back(absl::StrCat(name, ": RRef tables changed from ", Tables(s.rrefs), " to ", Tables(e.rrefs)));
+    }
+    if (e.contexts != s.contexts) {
+      problems.push_back(absl::StrCat(name, ": autograd contexts ", s.contexts, " -> ", e.contexts));
+    }
+    if (rss_growth > c.max_rss_growth_mib) {
+      problems.push_back(absl::StrCat(name, ": resident memory grew by ", Mib(rss_growth), " MiB (bound ",
+                                      c.max_rss_growth_mib, ", --max-rss-growth-mib)"));
+    }
+    if (e.process.threads - s.process.threads > c.max_thread_growth) {
+      problems.push_back(absl::StrCat(name, ": threads ", s.process.threads, " -> ", e.process.threads,
+                                      " (bound +", c.max_thread_growth, ", --max-thread-growth)"));
+    }
+    if (e.process.fds - s.process.fds > c.max_fd_growth) {
+      problems.push_back(absl::StrCat(name, ": file descriptors ", s.process.fds, " -> ", e.process.fds,
+                                      " (bound +", c.max_fd_growth, ", --max-fd-growth)"));
+    }
+  }
+  if (!(t.last_loss < t.first_loss)) {
+    problems.push_back(absl::StrCat("the loss did not go down (", t.first_loss, " -> ", t.last_loss,
+                                    "): training is broken"));
+  }
+  return problems;
+}
+
 int Main(int argc, char** argv) {
   Config c;
   launch::FlagParser flags(
@@ -141,180 +313,39 @@ int Main(int argc, char** argv) {
   flags.AddSecurityFlags(&security_files);
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
-  auto fail = [](const std::string& message) {
-    std::cerr << "soak: " << message << "\n";
+  auto fail = [](const absl::Status& s) {
+    std::cerr << "soak: " << s.message() << "\n";
     return 2;
   };
   auto security = launch::LoadSecurity(security_files);
-  if (!security.ok()) return fail(std::string(security.status().message()));
-  const std::vector<std::string> names = launch::SplitList(c.workers);
-  if (names.size() != 2 || names[0] == names[1]) return fail("--workers wants two names");
-  if (c.steps < 1 || c.warmup < 0 || c.micro_batches < 1 || c.hidden < 1 ||
-      c.batch_size < c.micro_batches || c.progress < 0 || c.connect_timeout < 1) {
-    return fail("--steps, --micro-batches, --hidden, --connect-timeout must be >= 1, --warmup "
-                "and --progress >= 0, --batch-size >= --micro-batches");
-  }
-  if (auto s = launch::CheckAddress(c.listen, "--listen"); !s.ok()) {
-    return fail(std::string(s.message()));
-  }
-  if (c.max_thread_growth < 0) {
-    c.max_thread_growth = 16 + 2 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  }
+  if (!security.ok()) return fail(security.status());
+  auto names = CheckConfig(c);
+  if (!names.ok()) return fail(names.status());
   runtime::TuneAllocator();
   runtime::SetComputeThreads(1);
 
   Registry registry;
-  if (auto s = examples::RegisterDemoWorker(registry); !s.ok()) return fail(std::string(s.message()));
-  AgentOptions options;
-  options.name = "master";
-  options.listen_address = c.listen;
-  options.token = security->token;
-  options.tls = security->tls;
-  options.connect_timeout = absl::Seconds(c.connect_timeout);
-  launch::LocalGroup group;
-  if (c.external) {
-    options.is_master = true;
-    options.workers = names;
-    auto agent = Agent::Start(options, &registry);
-    if (!agent.ok()) return fail(std::string(agent.status().message()));
-    group.master = std::move(*agent);
-    dist_autograd::Enable(*group.master);
-    std::cout << "soak: master at " << group.master->self().address << " waiting for "
-              << c.workers << std::endl;
-    if (auto s = group.master->Join(); !s.ok()) return fail(std::string(s.message()));
-  } else {
-    std::vector<std::string> worker_args = security_files.WorkerArgs();
-    worker_args.insert(worker_args.end(), {"--threads", "1"});
-    auto started = launch::StartLocalGroup(names, &registry, worker_args, options,
-                                           examples::DemoWorkerProgram("soak"));
-    if (!started.ok()) return fail(std::string(started.status().message()));
-    group = std::move(*started);
-  }
-  Agent& agent = *group.master;
+  if (auto s = examples::RegisterDemoWorker(registry); !s.ok()) return fail(s);
+  auto group = StartGroup(c, *names, security_files, *security, &registry);
+  if (!group.ok()) return fail(group.status());
+  Agent& agent = *group->master;
   auto die = [&](const absl::Status& s) {
     std::cerr << "soak: " << s.message() << "\n";
     agent.Shutdown(/*graceful=*/false).IgnoreError();
     return 1;
   };
-
-  // The model: Linear(16, hidden) + ReLU on the first worker, Linear(hidden, 4)
-  // on the second, as a 1F1B pipeline. The data: a fixed regression
-  // problem, 8 batches cycled.
-  pipeline::PipelineOptions o;
-  o.stages = {pipeline::StageSpec::Registered("MLPStage", {int64_t{kIn}, int64_t{c.hidden}, int64_t{1}}),
-              pipeline::StageSpec::Registered("MLPStage",
-                                              {int64_t{c.hidden}, int64_t{kOut}, int64_t{2}, false})};
-  o.workers = names;
-  o.schedule = "1f1b";
-  o.micro_batches = c.micro_batches;
-  o.loss = pipeline::MseLoss();
-  o.optimizer = optim::OptimizerOptions::SGD(c.lr).set_momentum(0.9);
-  auto pipe = pipeline::Pipeline::Create(agent, std::move(o));
+  auto pipe = MakePipeline(agent, c, *names);
   if (!pipe.ok()) return die(pipe.status());
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
-  const at::Tensor truth = at::randn({kIn, kOut}, gen, at::TensorOptions()) / 4.0;
-  std::vector<std::pair<at::Tensor, at::Tensor>> data;
-  for (int i = 0; i < 8; ++i) {
-    at::Tensor x = at::randn({c.batch_size, kIn}, gen, at::TensorOptions());
-    data.emplace_back(x, at::matmul(x, truth));
-  }
-  auto step = [&](int i) -> absl::StatusOr<double> {
-    const auto& [x, y] = data[i % data.size()];
-    return (*pipe)->train_step(x, y);
-  };
-
-  // Figures of every process once the RRef protocol's messages in flight
-  // (child accepts, deletes) have landed, which takes milliseconds: a step
-  // returns before its last control messages do, and a snapshot taken in
-  // between would differ from the other for no leak. Gives up waiting after
-  // 10 s and returns what it sees, so that stuck messages still show.
-  auto snapshot = [&](std::map<std::string, Figures>* out) -> absl::Status {
-    const absl::Time deadline = absl::Now() + absl::Seconds(10);
-    while (true) {
-      (*out)["master"] = MasterFigures(agent);
-      for (const auto& w : names) {
-        ASSIGN_OR_RETURN((*out)[w], WorkerFigures(agent, w));
-      }
-      bool settled = true;
-      for (const auto& [name, f] : *out) {
-        settled &= f.rrefs.pending_users == 0 && f.rrefs.pending_children == 0 &&
-                   f.rrefs.pending_messages == 0;
-      }
-      if (settled || absl::Now() > deadline) return absl::OkStatus();
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-  };
-
-  std::printf("soak: %d warm-up + %d steps, %d micro-batches of %d samples, MLP %d-%d-%d on %s\n",
-              c.warmup, c.steps, c.micro_batches, c.batch_size / c.micro_batches, kIn, c.hidden,
-              kOut, c.workers.c_str());
-  double first_loss = 0, last_loss = 0;
-  for (int i = 0; i < c.warmup; ++i) {
-    auto loss = step(i);
-    if (!loss.ok()) return die(loss.status());
-    if (i == 0) first_loss = *loss;
-  }
+  std::printf("soak: %d warm-up + %d steps, %d micro-batches of %d samples, MLP %d-%d-%d on %s\n", c.warmup,
+              c.steps, c.micro_batches, c.batch_size / c.micro_batches, kIn, c.hidden, kOut, c.workers.c_str());
   std::map<std::string, Figures> start, end;
-  if (auto s = snapshot(&start); !s.ok()) return die(s);
-  for (const auto& [name, f] : start) std::printf("%s\n", Line(name, "start", f).c_str());
-  std::fflush(stdout);
-  const absl::Time t0 = absl::Now();
-  for (int i = 0; i < c.steps; ++i) {
-    auto loss = step(c.warmup + i);
-    if (!loss.ok()) {
-      return die(Annotate(loss.status(), absl::StrCat("step ", c.warmup + i + 1)));
-    }
-    if (c.warmup == 0 && i == 0) first_loss = *loss;
-    last_loss = *loss;
-    if (c.progress > 0 && (i + 1) % c.progress == 0) {
-      std::printf("step %d/%d loss=%.5f elapsed_s=%.1f master_rss_mib=%.1f\n", i + 1, c.steps,
-                  *loss, absl::ToDoubleSeconds(absl::Now() - t0),
-                  runtime::ReadProcessStats().rss_kb / 1024.0);
-      std::fflush(stdout);
-    }
-  }
-  const double seconds = absl::ToDoubleSeconds(absl::Now() - t0);
-  if (auto s = snapshot(&end); !s.ok()) return die(s);
-  for (const auto& [name, f] : end) std::printf("%s\n", Line(name, "end", f).c_str());
-  std::printf("steps=%d seconds=%.1f steps_per_second=%.1f first_loss=%.5f last_loss=%.5f\n",
-              c.steps, seconds, c.steps / seconds, first_loss, last_loss);
-
-  std::vector<std::string> problems;
-  for (const auto& [name, s] : start) {
-    const Figures& e = end[name];
-    const double rss_growth = (e.process.rss_kb - s.process.rss_kb) / 1024.0;
-    std::printf("%s growth: rss_mib=%+.1f threads=%+lld fds=%+lld contexts=%+lld\n", name.c_str(),
-                rss_growth, static_cast<long long>(e.process.threads - s.process.threads),
-                static_cast<long long>(e.process.fds - s.process.fds),
-                static_cast<long long>(e.contexts - s.contexts));
-    if (!SameTables(s.rrefs, e.rrefs)) {
-      problems.push_back(absl::StrCat(name, ": RRef tables changed from ", Tables(s.rrefs),
-                                      " to ", Tables(e.rrefs)));
-    }
-    if (e.contexts != s.contexts) {
-      problems.push_back(absl::StrCat(name, ": autograd contexts ", s.contexts, " -> ",
-                                      e.contexts));
-    }
-    if (rss_growth > c.max_rss_growth_mib) {
-      problems.push_back(absl::StrCat(name, ": resident memory grew by ", Mib(rss_growth),
-                                      " MiB (bound ",
-                                      c.max_rss_growth_mib, ", --max-rss-growth-mib)"));
-    }
-    if (e.process.threads - s.process.threads > c.max_thread_growth) {
-      problems.push_back(absl::StrCat(name, ": threads ", s.process.threads, " -> ", e.process.threads,
-                                      " (bound +", c.max_thread_growth, ", --max-thread-growth)"));
-    }
-    if (e.process.fds - s.process.fds > c.max_fd_growth) {
-      problems.push_back(absl::StrCat(name, ": file descriptors ", s.process.fds, " -> ", e.process.fds,
-                                      " (bound +", c.max_fd_growth, ", --max-fd-growth)"));
-    }
-  }
-  if (!(last_loss < first_loss)) {
-    problems.push_back(absl::StrCat("the loss did not go down (", first_loss, " -> ", last_loss,
-                                    "): training is broken"));
-  }
+  auto trained = Train(**pipe, c, agent, *names, &start, &end);
+  if (!trained.ok()) return die(trained.status());
+  std::printf("steps=%d seconds=%.1f steps_per_second=%.1f first_loss=%.5f last_loss=%.5f\n", c.steps,
+              trained->seconds, c.steps / trained->seconds, trained->first_loss, trained->last_loss);
+  std::vector<std::string> problems = Problems(c, start, end, *trained);
   pipe->reset();  // frees the stages and the optimizer on the workers
-  absl::Status down = group.Shutdown();
+  absl::Status down = group->Shutdown();
   if (!down.ok()) problems.push_back(absl::StrCat("shutdown: ", down.message()));
   if (!problems.empty()) {
     std::printf("soak: FAILED\n  %s\n", absl::StrJoin(problems, "\n  ").c_str());

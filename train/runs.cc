@@ -491,8 +491,10 @@ void PrintSummary(const std::vector<Run>& runs, const RunOptions& c) {
   std::printf("\n%8s %12s %10s %14s %18s %9s\n", "splits", "schedule", "seconds",
               "steady_batch_s", "images_per_second", "speedup");
   for (const Run& r : runs) {
-    std::printf("%8d %12s %10.3f %14.3f %18.2f %8.2fx\n", r.splits, r.schedule.c_str(), r.seconds,
-                r.steady_seconds(), r.images() / r.seconds, runs[0].seconds / r.seconds);
+    // (Epochs over a dataset record no batch times: "-".)
+    const std::string steady = r.batch_seconds.empty() ? "-" : absl::StrFormat("%.3f", r.steady_seconds());
+    std::printf("%8d %12s %10.3f %14s %18.2f %8.2fx\n", r.splits, r.schedule.c_str(), r.seconds, steady.c_str(),
+                r.images() / r.seconds, runs[0].seconds / r.seconds);
   }
 }
 
