@@ -105,25 +105,30 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(Agent& agent,
 }
 
 absl::Status Checkpointer::Save(pipeline::Pipeline& pipe, const std::vector<pipeline::StageSpec>& stages,
-                                const RunIdentity& identity, const TrainingState& state, bool final) {
+                                const RunIdentity& identity, const TrainingState& state, bool final,
+                                bool background) {
   if (static_cast<int>(stages.size()) != pipe.num_stages()) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", stages.size(), " stage specs for ",
                                                    pipe.num_stages(), " stages"));
   }
+  RETURN_IF_ERROR(Flush());  // an earlier background save first
   const std::string dir = StepDir(dir_, state.step);
   if (dir == last_ && final && !last_manifest_.final) {
     last_manifest_.final = true;
     return CommitManifest(ManifestToWire(last_manifest_), dir);
   }
+  background &= !final;  // the run's last checkpoint is there when the run ends
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot make ", dir, ": ", ec.message()));
 
   wire::Manifest m = NewManifest(identity, state, final);
 
-  // Every owner writes its shard at once.
+  // Every owner writes its shard at once (or copies its state and writes
+  // it in the background).
   const std::vector<std::string>& workers = pipe.workers();
   std::vector<Future<c10::IValue>> pending;
+  std::vector<std::string> paths;
   for (size_t i = 0; i < workers.size(); ++i) {
     auto [indices, rrefs] = StagesOn(pipe, i);
     const std::string file = absl::StrCat("shard-", i, ".pt");
@@ -131,29 +136,75 @@ absl::Status Checkpointer::Save(pipeline::Pipeline& pipe, const std::vector<pipe
     shard->set_file(file);
     shard->set_worker(workers[i]);
     for (int64_t k : indices) shard->add_stages(static_cast<int32_t>(k));
+    paths.push_back(absl::StrCat(dir, "/", file));
     pending.push_back(agent_.rpc_async(workers[i], "remora.checkpoint.save_shard",
-                                      {absl::StrCat(dir, "/", file), indices, rrefs,
-                                       OptimizerOf(pipe, workers[i])}));
+                                      {paths.back(), indices, rrefs, OptimizerOf(pipe, workers[i]), background}));
   }
+  const std::string failed = absl::StrCat("checkpoint of step ", state.step, " in ", dir,
+                                          " (the previous checkpoint is still the latest)");
   absl::StatusOr<std::vector<c10::IValue>> written = WaitAll(pending, [&workers](size_t i) {
     return absl::StrCat("saving shard ", i, " on worker '", workers[i], "'");
   });
-  RETURN_IF_ERROR(Annotate(written.status(), absl::StrCat("checkpoint of step ", state.step, " in ", dir,
+  RETURN_IF_ERROR(Annotate(written.status(), failed));
+  RETURN_IF_ERROR(Annotate(WriteModel(stages, static_cast<int>(workers.size()), dir, &m), failed));
+  if (background) {
+    auto p = std::make_unique<Pending>();
+    p->dir = dir;
+    p->manifest = ManifestFromWire(m);
+    p->workers = workers;
+    for (size_t i = 0; i < workers.size(); ++i) {
+      p->written.push_back(agent_.rpc_async(workers[i], "remora.checkpoint.shard_written", {paths[i]}));
+    }
+    pending_ = std::move(p);
+    return absl::OkStatus();
+  }
+  Manifest done = ManifestFromWire(m);
+  int64_t total = 0;
+  for (size_t i = 0; i < written->size(); ++i) {
+    const auto& t = (*written)[i].toTupleRef().elements();
+    done.shards[i].bytes = t[0].toInt();
+    done.shards[i].crc32 = t[1].toStringRef();
+    total += t[0].toInt();
+  }
+  return Commit(done, dir, total, workers);
+}
+
+absl::Status Checkpointer::Commit(const Manifest& m, const std::string& dir, int64_t total,
+                                  const std::vector<std::string>& workers) {
+  // The commit: the manifest, last.
+  RETURN_IF_ERROR(CommitManifest(ManifestToWire(m), dir));
+  last_ = dir;
+  last_bytes_ = total;
+  last_manifest_ = m;
+  return Prune(workers);
+}
+
+absl::StatusOr<bool> Checkpointer::Poll() {
+  if (pending_ == nullptr) return false;
+  for (const auto& f : pending_->written) {
+    if (!f.ready()) return false;
+  }
+  RETURN_IF_ERROR(Flush());
+  return true;
+}
+
+absl::Status Checkpointer::Flush() {
+  if (pending_ == nullptr) return absl::OkStatus();
+  std::unique_ptr<Pending> p = std::move(pending_);
+  const std::vector<std::string>& workers = p->workers;
+  absl::StatusOr<std::vector<c10::IValue>> written = WaitAll(p->written, [&workers](size_t i) {
+    return absl::StrCat("writing shard ", i, " on worker '", workers[i], "'");
+  });
+  RETURN_IF_ERROR(Annotate(written.status(), absl::StrCat("checkpoint of step ", p->manifest.step, " in ", p->dir,
                                                           " (the previous checkpoint is still the latest)")));
   int64_t total = 0;
   for (size_t i = 0; i < written->size(); ++i) {
     const auto& t = (*written)[i].toTupleRef().elements();
-    m.mutable_shards(static_cast<int>(i))->set_bytes(t[0].toInt());
-    m.mutable_shards(static_cast<int>(i))->set_crc32(t[1].toStringRef());
+    p->manifest.shards[i].bytes = t[0].toInt();
+    p->manifest.shards[i].crc32 = t[1].toStringRef();
     total += t[0].toInt();
   }
-  RETURN_IF_ERROR(WriteModel(stages, static_cast<int>(workers.size()), dir, &m));
-  // The commit: the manifest, last.
-  RETURN_IF_ERROR(CommitManifest(m, dir));
-  last_ = dir;
-  last_bytes_ = total;
-  last_manifest_ = ManifestFromWire(m);
-  return Prune(workers);
+  return Commit(p->manifest, p->dir, total, workers);
 }
 
 absl::Status Checkpointer::Prune(const std::vector<std::string>& workers) {

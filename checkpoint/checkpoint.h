@@ -27,6 +27,13 @@
 // mid-save leaves the previous checkpoint as the latest. After a commit,
 // all but the newest `keep` checkpoints are removed.
 //
+// In the background (Save's `background`), the step waits only for each
+// owner to copy its state in memory: the owners encode and write their
+// files on threads of their own while training goes on, and Poll (after
+// any later step), Flush or the next Save commits the manifest once every
+// shard is written. The commit stays atomic: until then the previous
+// checkpoint is the latest.
+//
 // With data parallelism, replica 0's pipeline is saved (every replica
 // holds the same parameters and optimizer state) and every replica is
 // restored from it. ZeRO-1's sharded optimizer state is not saved.
@@ -141,18 +148,44 @@ class Checkpointer {
   // Saves `pipe` (the stages it was created from: `stages`) at `state` and
   // commits it; `final` marks the run's last checkpoint (an evaluator stops
   // after it). An error names the worker or file that failed; the previous
-  // checkpoint stays the latest.
+  // checkpoint stays the latest. With `background` (not with `final`) it
+  // returns once every owner has copied its state, and the commit waits
+  // for Poll, Flush or the next Save (which finishes an earlier one first).
   absl::Status Save(pipeline::Pipeline& pipe, const std::vector<pipeline::StageSpec>& stages,
-                    const RunIdentity& identity, const TrainingState& state, bool final = false);
+                    const RunIdentity& identity, const TrainingState& state, bool final = false,
+                    bool background = false);
+  // Commits a background save whose shards are all written: true when it
+  // committed one now (last() and last_bytes() are it), false when none is
+  // pending or a shard is still being written. An error names the worker
+  // whose write failed; the previous checkpoint stays the latest.
+  absl::StatusOr<bool> Poll();
+  // Waits for a background save's shards and commits it (none: OK).
+  absl::Status Flush();
+  // Whether a background save awaits its commit.
+  bool pending() const { return pending_ != nullptr; }
 
   // Saving step N again (the run's last step was also a periodic one)
   // only commits its manifest again, now `final`.
   // The directory of the last checkpoint saved.
   const std::string& last() const { return last_; }
   int64_t last_bytes() const { return last_bytes_; }
+  int64_t last_step() const { return last_manifest_.step; }
 
  private:
+  // A background save: its manifest (without the shards' sizes and CRCs)
+  // and each owner's shard_written call.
+  struct Pending {
+    std::string dir;
+    Manifest manifest;
+    std::vector<std::string> workers;
+    std::vector<Future<c10::IValue>> written;  // (bytes, crc32) per shard
+  };
+
   Checkpointer(Agent& agent, std::string dir, int keep) : agent_(agent), dir_(std::move(dir)), keep_(keep) {}
+  // Commits `m` in `dir` (the shards written, `total` bytes): the manifest,
+  // then the bookkeeping and the pruning.
+  absl::Status Commit(const Manifest& m, const std::string& dir, int64_t total,
+                      const std::vector<std::string>& workers);
   // Removes all but the newest `keep_` complete checkpoints, and incomplete
   // ones older than the newest.
   absl::Status Prune(const std::vector<std::string>& workers);
@@ -163,6 +196,7 @@ class Checkpointer {
   std::string last_;
   int64_t last_bytes_ = 0;
   Manifest last_manifest_;  // of last_
+  std::unique_ptr<Pending> pending_;
 };
 
 // The checkpoint in `path`: a checkpoint's directory (with manifest.json)

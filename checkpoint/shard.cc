@@ -1,5 +1,5 @@
-// The worker side of checkpoints (remora.checkpoint.save_shard, load_shard,
-// remove) and the files they write: atomic writes, CRC-32, the shard's
+// The worker side of checkpoints (remora.checkpoint.save_shard,
+// shard_written, load_shard, remove) and the files they write: atomic writes, CRC-32, the shard's
 // encoding (torch.save's format: a dict of lists of tensors).
 #include <fcntl.h>
 #include <unistd.h>
@@ -9,6 +9,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <map>
 #include <mutex>
 #include <sstream>
 
@@ -58,9 +60,34 @@ c10::IValue Call(CallContext& ctx, const c10::IValue& object, const std::string&
   return *out;
 }
 
+// A shard's file as written: its size and CRC-32.
+using Written = absl::StatusOr<std::pair<int64_t, std::string>>;
+
+// Encodes `shard` and writes it atomically to `path`.
+Written WriteShard(const std::string& path, const Shard& shard) {
+  const std::string bytes = EncodeShard(shard);
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  RETURN_IF_ERROR(WriteFileAtomically(path, bytes));
+  return std::make_pair(static_cast<int64_t>(bytes.size()), Crc32(bytes));
+}
+
+// This process's shards being written in the background, by path: started
+// by save_shard, waited for (and forgotten) by shard_written.
+struct BackgroundWrites {
+  std::mutex mu;
+  std::map<std::string, std::shared_future<Written>> by_path;  // guarded by mu
+};
+BackgroundWrites& Background() {
+  static auto* writes = new BackgroundWrites;  // never destroyed: writers may outlive main
+  return *writes;
+}
+
 // remora.checkpoint.save_shard(path, stage indices, stage RRefs, optimizer
-// RRef or None) -> (bytes, crc32): this worker's stages, optimizer and
-// generator, written atomically to `path`.
+// RRef or None[, background]) -> (bytes, crc32): this worker's stages,
+// optimizer and generator, written atomically to `path`. With background
+// true it replies (-1, "") once the state is copied, and the file is
+// encoded and written on a thread of its own (shard_written waits for it).
 c10::IValue SaveShardFn(CallContext& ctx, const Args& a) {
   const std::string path = a[0].toStringRef();
   Shard shard;
@@ -76,11 +103,43 @@ c10::IValue SaveShardFn(CallContext& ctx, const Args& a) {
   if (!a[3].isNone()) shard.optimizer = Call(ctx, LocalObject(a[3], "optimizer"), "save_state");
   shard.rng = CpuGeneratorState();
   shard.cuda_rng = CudaGeneratorStates();
-  const std::string bytes = EncodeShard(shard);
-  std::error_code ec;
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-  if (auto s = WriteFileAtomically(path, bytes); !s.ok()) throw std::runtime_error(std::string(s.message()));
-  return c10::ivalue::Tuple::create({static_cast<int64_t>(bytes.size()), Crc32(bytes)});
+  if (a.size() > 4 && a[4].toBool()) {
+    // The state above is copies (StateTensors, the optimizer's state dict):
+    // training may go on while they are written.
+    std::shared_future<Written> write =
+        std::async(std::launch::async, [path, shard = std::move(shard)] { return WriteShard(path, shard); }).share();
+    BackgroundWrites& writes = Background();
+    std::lock_guard<std::mutex> lock(writes.mu);
+    writes.by_path[path] = std::move(write);
+    return c10::ivalue::Tuple::create({int64_t{-1}, std::string()});
+  }
+  const Written written = WriteShard(path, shard);
+  if (!written.ok()) throw std::runtime_error(std::string(written.status().message()));
+  return c10::ivalue::Tuple::create({written->first, written->second});
+}
+
+// remora.checkpoint.shard_written(path) -> (bytes, crc32): waits for the
+// background write of `path` that save_shard started here; its error if it
+// failed.
+c10::IValue ShardWrittenFn(CallContext&, const Args& a) {
+  const std::string path = a[0].toStringRef();
+  BackgroundWrites& writes = Background();
+  std::shared_future<Written> write;
+  {
+    std::lock_guard<std::mutex> lock(writes.mu);
+    auto it = writes.by_path.find(path);
+    if (it == writes.by_path.end()) {
+      throw std::invalid_argument(absl::StrCat("checkpoint: no shard is being written to ", path, " here"));
+    }
+    write = it->second;
+  }
+  const Written written = write.get();
+  {
+    std::lock_guard<std::mutex> lock(writes.mu);
+    writes.by_path.erase(path);
+  }
+  if (!written.ok()) throw std::runtime_error(std::string(written.status().message()));
+  return c10::ivalue::Tuple::create({written->first, written->second});
 }
 
 // remora.checkpoint.load_shard(path, bytes, crc32, stage indices, stage
@@ -309,6 +368,7 @@ void RemoveCheckpointFiles(const std::string& dir, bool all) {
 absl::Status RegisterFunctions(Registry& registry) {
   RETURN_IF_ERROR(registry.RegisterFunction("remora.checkpoint.save_shard", SaveShardFn));
   RETURN_IF_ERROR(registry.RegisterFunction("remora.checkpoint.load_shard", LoadShardFn));
+  RETURN_IF_ERROR(registry.RegisterFunction("remora.checkpoint.shard_written", ShardWrittenFn));
   return registry.RegisterFunction("remora.checkpoint.remove", RemoveFn);
 }
 

@@ -336,6 +336,10 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
   flags.AddInt("checkpoint-every", &c.checkpoint_every,
                "with --checkpoint-dir: save every N steps (0: only when training ends)");
   flags.AddInt("keep", &c.keep, "with --checkpoint-dir: how many checkpoints to keep");
+  flags.AddBool("checkpoint-background", &c.checkpoint_background,
+                "with --checkpoint-dir, pipelines: a checkpoint's step waits only for the workers to copy their "
+                "state; they write the files meanwhile and the checkpoint is committed once they are (false: "
+                "the step waits for the files; the final checkpoint always does)");
   flags.AddString("resume", &c.resume,
                   "go on from the latest checkpoint in this directory (the same flags as the run that wrote it); "
                   "auto: from the latest in --checkpoint-dir when there is one, else start fresh (for a "

@@ -50,9 +50,24 @@ bool Checkpoints::Due(int64_t step, bool final) const {
 
 absl::Status Checkpoints::MaybeSave(Trainer& trainer, const checkpoint::TrainingState& state, bool final,
                                     std::ostream& out) const {
-  if (!Due(state.step, final)) return absl::OkStatus();
+  const bool due = Due(state.step, final);
+  // (A save now waits for the one before it.)
+  ASSIGN_OR_RETURN(std::optional<Saved> committed, trainer.CommitSaved(/*wait=*/due));
+  if (committed) {
+    out << absl::StrFormat("checkpoint: step %d in %s (%s, written in the background)\n", committed->step,
+                           committed->dir, Size(committed->bytes))
+        << std::flush;
+  }
+  if (!due) return absl::OkStatus();
   const double t0 = Now();
   ASSIGN_OR_RETURN(Saved saved, trainer.Save(target_, state, final));
+  if (saved.pending) {
+    // (Not "checkpoint: step N": that line says the checkpoint is there.)
+    out << absl::StrFormat("checkpoint of step %d: state copied in %.2f s, its files being written\n", state.step,
+                           Now() - t0)
+        << std::flush;
+    return absl::OkStatus();
+  }
   out << absl::StrFormat("checkpoint: step %d in %s (%s, %.2f s%s)\n", state.step, saved.dir, Size(saved.bytes),
                          Now() - t0, final ? ", final" : "")
       << std::flush;

@@ -56,7 +56,8 @@ class Checkpoints {
   absl::Status Prepare() const;
   // Whether step `step` saves: a multiple of `every`, or the final one.
   bool Due(int64_t step, bool final) const;
-  // Saves when Due and says so on `out`.
+  // Commits a save that was made in the background once its files are
+  // written (saying so on `out`), then saves when Due and says so.
   absl::Status MaybeSave(Trainer& trainer, const checkpoint::TrainingState& state, bool final,
                          std::ostream& out) const;
 

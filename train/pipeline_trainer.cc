@@ -61,8 +61,20 @@ absl::StatusOr<Saved> PipelineTrainer::Save(const SaveTarget& target, const chec
     ASSIGN_OR_RETURN(saver_, checkpoint::Checkpointer::Create(agent_, target.dir, target.keep));
     saver_dir_ = target.dir;
   }
-  RETURN_IF_ERROR(saver_->Save(pipe_->replica(0), stages_, target.identity, state, final));
-  return Saved{saver_->last(), saver_->last_bytes()};
+  RETURN_IF_ERROR(saver_->Save(pipe_->replica(0), stages_, target.identity, state, final, target.background));
+  if (saver_->pending()) return Saved{saver_dir_, 0, state.step, /*pending=*/true};
+  return Saved{saver_->last(), saver_->last_bytes(), state.step};
+}
+
+absl::StatusOr<std::optional<Saved>> PipelineTrainer::CommitSaved(bool wait) {
+  if (saver_ == nullptr || !saver_->pending()) return std::nullopt;
+  if (wait) {
+    RETURN_IF_ERROR(saver_->Flush());
+  } else {
+    ASSIGN_OR_RETURN(const bool committed, saver_->Poll());
+    if (!committed) return std::nullopt;
+  }
+  return Saved{saver_->last(), saver_->last_bytes(), saver_->last_step()};
 }
 
 absl::StatusOr<int64_t> PipelineTrainer::Load(const checkpoint::Checkpoint& ck) {

@@ -52,6 +52,7 @@ class PipelineTrainer final : public Trainer, private RowsSteps {
   absl::StatusOr<Saved> Save(const SaveTarget& target, const checkpoint::TrainingState& state,
                              bool final) override;
   absl::StatusOr<int64_t> Load(const checkpoint::Checkpoint& ck) override;
+  absl::StatusOr<std::optional<Saved>> CommitSaved(bool wait) override;
   RowsSteps* rows() override { return train_data_ != nullptr ? this : nullptr; }
 
  private:

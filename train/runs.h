@@ -110,6 +110,9 @@ struct RunOptions {
   int checkpoint_every = 0;
   int keep = 3;
   std::string resume;
+  // Pipelines' checkpoints: the step waits only for the copies, the files
+  // are written in the background (--checkpoint-background).
+  bool checkpoint_background = true;
 };
 
 // A run's checkpoints: what they record of the run and the checkpoint it
@@ -121,7 +124,9 @@ struct Checkpointing {
   std::vector<pipeline::StageSpec> stages;  // resume's
 
   // Where the run saves (--checkpoint-dir, --keep; none when empty).
-  train::SaveTarget Target(const RunOptions& c) const { return {c.checkpoint_dir, c.keep, identity}; }
+  train::SaveTarget Target(const RunOptions& c) const {
+    return {c.checkpoint_dir, c.keep, identity, c.checkpoint_background};
+  }
 };
 
 // The run's identity, as checkpoints record it.

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -30,12 +31,19 @@ struct SaveTarget {
   std::string dir;
   int keep = 3;
   checkpoint::RunIdentity identity;
+  // Where the trainer can: the step waits only for the state to be copied
+  // in memory, the files are written in the background and the checkpoint
+  // committed once they are (Trainer::CommitSaved). The final one never.
+  bool background = false;
 };
 
-// What one save wrote: the checkpoint's directory and its bytes.
+// What one save wrote: the checkpoint's directory and its bytes; or, for
+// a save in the background, that its files are still being written.
 struct Saved {
   std::string dir;
   int64_t bytes = 0;
+  int64_t step = 0;
+  bool pending = false;  // written in the background: CommitSaved commits it
 };
 
 // Steps over batches that the trainer's own workers read (the master sends
@@ -71,6 +79,10 @@ class Trainer {
   // Loads a checkpoint's parameters, buffers and optimizer state (of the
   // same model); returns the bytes it read.
   virtual absl::StatusOr<int64_t> Load(const checkpoint::Checkpoint& ck) = 0;
+  // Commits a save made in the background once its files are written
+  // (with `wait`, waiting for them): what it committed, or nullopt when
+  // nothing was ready (or none is pending).
+  virtual absl::StatusOr<std::optional<Saved>> CommitSaved(bool /*wait*/) { return std::nullopt; }
   // The steps over rows that its workers read, when it reads that way
   // (null: the batches are read here and passed to StartStep).
   virtual RowsSteps* rows() { return nullptr; }

@@ -335,6 +335,66 @@ TEST(Checkpoint, AResumedPipelineEndsBitwiseEqualToOneThatNeverStopped) {
   EXPECT_NE(moved->train_step(data[5].first, data[5].second).value(), losses[5]);
 }
 
+// In the background (Save's `background`), a save waits only for the
+// owners to copy their state: training goes on while they write, the
+// checkpoint is committed (its manifest written) only once every shard is,
+// and it holds the state of its own step, not a later one's. The next save
+// finishes it first; a final save is never in the background.
+TEST(Checkpoint, ABackgroundSaveHoldsItsStepsStateAndIsCommittedOnceWritten) {
+  test_support::TestWorkers workers;
+  const auto data = test_support::RandomBatches(3, 10, 8, 4);
+  const std::string dir = FreshDir("background");
+  RunIdentity id;
+  id.model = "dropout-mlp";
+  id.micro_batches = 2;
+  auto saver = Checkpointer::Create(workers.master(), dir, /*keep=*/3);
+  ASSERT_TRUE(saver.ok()) << saver.status();
+  auto pipe = MakePipeline(workers.master(), Stages());
+  ASSERT_NE(pipe, nullptr);
+  ASSERT_TRUE(pipe->train_step(data[0].first, data[0].second).ok());
+  const std::vector<at::Tensor> at_step1 = AllState(*pipe);
+  absl::Status saved = (*saver)->Save(*pipe, Stages(), id, At(1), /*final=*/false, /*background=*/true);
+  ASSERT_TRUE(saved.ok()) << saved;
+  EXPECT_TRUE((*saver)->pending());
+  ASSERT_TRUE(pipe->train_step(data[1].first, data[1].second).ok());
+  EXPECT_TRUE(CompleteSteps(dir).empty());  // committed by Poll or Flush only
+  absl::StatusOr<bool> committed = false;
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(30);
+       committed.ok() && !*committed && absl::Now() < deadline;) {
+    absl::SleepFor(absl::Milliseconds(5));
+    committed = (*saver)->Poll();
+  }
+  ASSERT_TRUE(committed.ok() && *committed) << committed.status();
+  EXPECT_FALSE((*saver)->pending());
+  EXPECT_EQ(CompleteSteps(dir), (std::vector<int64_t>{1}));
+  EXPECT_EQ((*saver)->last_step(), 1);
+  EXPECT_GT((*saver)->last_bytes(), 0);
+  const std::vector<std::vector<at::Tensor>> read = ReadStageTensors(Latest(dir).value()).value();
+  std::vector<at::Tensor> flat;
+  for (const auto& stage : read) flat.insert(flat.end(), stage.begin(), stage.end());
+  const std::vector<at::Tensor> now = AllState(*pipe);
+  ASSERT_EQ(flat.size(), at_step1.size());
+  bool moved = false;
+  for (size_t j = 0; j < flat.size(); ++j) {
+    EXPECT_TRUE(at::equal(flat[j], at_step1[j])) << j;
+    moved |= !at::equal(now[j], at_step1[j]);
+  }
+  EXPECT_TRUE(moved) << "step 2 changed no parameter: the test shows nothing";
+
+  saved = (*saver)->Save(*pipe, Stages(), id, At(2), /*final=*/false, /*background=*/true);
+  ASSERT_TRUE(saved.ok()) << saved;
+  ASSERT_TRUE(pipe->train_step(data[2].first, data[2].second).ok());
+  saved = (*saver)->Save(*pipe, Stages(), id, At(3), /*final=*/true, /*background=*/true);
+  ASSERT_TRUE(saved.ok()) << saved;
+  EXPECT_FALSE((*saver)->pending());
+  EXPECT_EQ(CompleteSteps(dir), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_TRUE(Latest(dir).value().manifest.final);
+  // A worker asked for a write it never started says so.
+  auto unknown = workers.master().rpc_sync("w1", "remora.checkpoint.shard_written", {dir + "/nothing.pt"});
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("no shard is being written to"));
+}
+
 TEST(Checkpoint, CorruptOrMismatchedCheckpointsAreClearErrors) {
   test_support::TestWorkers workers;
   const std::string dir = FreshDir("corrupt");
