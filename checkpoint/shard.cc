@@ -23,6 +23,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "base/mutex_lock.h"
 #include "base/status_util.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/shard.h"
@@ -75,8 +77,8 @@ Written WriteShard(const std::string& path, const Shard& shard) {
 // This process's shards being written in the background, by path: started
 // by save_shard, waited for (and forgotten) by shard_written.
 struct BackgroundWrites {
-  std::mutex mu;
-  std::map<std::string, std::shared_future<Written>> by_path;  // guarded by mu
+  absl::Mutex mu;
+  std::map<std::string, std::shared_future<Written>> by_path ABSL_GUARDED_BY(mu);
 };
 BackgroundWrites& Background() {
   static auto* writes = new BackgroundWrites;  // never destroyed: writers may outlive main
@@ -109,7 +111,7 @@ c10::IValue SaveShardFn(CallContext& ctx, const Args& a) {
     std::shared_future<Written> write =
         std::async(std::launch::async, [path, shard = std::move(shard)] { return WriteShard(path, shard); }).share();
     BackgroundWrites& writes = Background();
-    std::lock_guard<std::mutex> lock(writes.mu);
+    MutexLock lock(writes.mu);
     writes.by_path[path] = std::move(write);
     return c10::ivalue::Tuple::create({int64_t{-1}, std::string()});
   }
@@ -126,7 +128,7 @@ c10::IValue ShardWrittenFn(CallContext&, const Args& a) {
   BackgroundWrites& writes = Background();
   std::shared_future<Written> write;
   {
-    std::lock_guard<std::mutex> lock(writes.mu);
+    MutexLock lock(writes.mu);
     auto it = writes.by_path.find(path);
     if (it == writes.by_path.end()) {
       throw std::invalid_argument(absl::StrCat("checkpoint: no shard is being written to ", path, " here"));
@@ -135,7 +137,7 @@ c10::IValue ShardWrittenFn(CallContext&, const Args& a) {
   }
   const Written written = write.get();
   {
-    std::lock_guard<std::mutex> lock(writes.mu);
+    MutexLock lock(writes.mu);
     writes.by_path.erase(path);
   }
   if (!written.ok()) throw std::runtime_error(std::string(written.status().message()));
