@@ -306,7 +306,11 @@ absl::Status Restore(pipeline::Pipeline& pipe, const Checkpoint& ck) {
   RETURN_IF_ERROR(WaitAll(pending, [&workers](size_t i) {
                     return absl::StrCat("restoring shard ", i, " on worker '", workers[i], "'");
                   }).status());
-  const std::string& rng = m.master_rng;
+  return RestoreCpuGenerator(ck);
+}
+
+absl::Status RestoreCpuGenerator(const Checkpoint& ck) {
+  const std::string& rng = ck.manifest.master_rng;
   at::Tensor state = at::empty({static_cast<int64_t>(rng.size())}, at::kByte);
   std::memcpy(state.data_ptr(), rng.data(), rng.size());
   try {

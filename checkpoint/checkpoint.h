@@ -221,6 +221,12 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> LoadStageSpecs(const Checkpoint
 // an error names the file and the worker.
 absl::Status Restore(pipeline::Pipeline& pipe, const Checkpoint& ck);
 
+// Sets this process's CPU generator to the state the checkpoint's master
+// saved (Restore does; a trainer in this process resuming does too, so
+// that its dropout draws go on as they would have). An error names the
+// manifest.
+absl::Status RestoreCpuGenerator(const Checkpoint& ck);
+
 // Every stage's parameters then buffers, read from the shards in this
 // process (for an evaluator: no workers needed), checked; with `names`,
 // their names too (none for a stage saved before shards named them).

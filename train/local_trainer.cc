@@ -138,6 +138,7 @@ absl::StatusOr<int64_t> LocalTrainer::Load(const checkpoint::Checkpoint& ck) {
   } catch (...) {
     return StatusFromCurrentException(absl::StrCat("loading ", ck.dir));
   }
+  RETURN_IF_ERROR(checkpoint::RestoreCpuGenerator(ck));  // dropout draws here
   return bytes;
 }
 

@@ -72,6 +72,9 @@ absl::StatusOr<int64_t> PsTrainer::Load(const checkpoint::Checkpoint& ck) {
   ASSIGN_OR_RETURN(auto tensors, checkpoint::ReadStageTensors(ck));
   ASSIGN_OR_RETURN(at::Tensor optimizer, checkpoint::ReadLocalOptimizer(ck));
   RETURN_IF_ERROR(server_->Load(tensors, optimizer));
+  // (The replicas' dropout draws from their workers' generators, which a
+  // one-shard checkpoint does not hold; this process's is restored.)
+  RETURN_IF_ERROR(checkpoint::RestoreCpuGenerator(ck));
   int64_t bytes = optimizer.defined() ? optimizer.nbytes() : 0;
   for (const auto& stage : tensors) {
     for (const at::Tensor& t : stage) bytes += t.nbytes();

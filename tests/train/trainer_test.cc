@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/linear.h>
 
 #include "absl/strings/str_cat.h"
@@ -30,12 +31,14 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-// A small classifier of 8 features into 3 classes, seeded by its argument.
+// A small classifier of 8 features into 3 classes, seeded by its argument
+// (which seeds this process's generator: dropout draws from it).
 void RegisterTinyMlp() {
   static const absl::Status registered = pipeline::RegisterStageModule<torch::nn::SequentialImpl>(
       "TrainTestMlp", [](const std::vector<c10::IValue>& a, c10::Device) {
         torch::manual_seed(a.at(0).toInt());
-        return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Linear(16, 3))
+        return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Dropout(0.25),
+                                     torch::nn::Linear(16, 3))
             .ptr();
       });
   ASSERT_TRUE(registered.ok()) << registered;
