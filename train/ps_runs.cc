@@ -186,7 +186,7 @@ absl::StatusOr<Run> TrainPs(Agent& agent, const RunOptions& c, const PsFlags& p,
   } else {
     // Each computing worker needs at least one row of every batch.
     train::TrainOptions f = TrainOptionsOf(c, 1, static_cast<int64_t>(computing), checkpoints);
-    train::ReportTo(run.log, f.fit);
+    train::ReportTo(run, f.fit);
     if (c.data_on == "workers") {
       // Each worker reads its share of every batch; the test set is read
       // here, where the model is evaluated.

@@ -47,6 +47,14 @@ void RunLog::Epoch(const pipeline::EpochResult& e) {
   if (events_ != nullptr) Warn(events_->Flush());
 }
 
+void ReportTo(RunRecord& run, pipeline::FitOptions& f) {
+  if (run.log != nullptr) ReportTo(run.log, f);
+  f.on_step = [&run, next = std::move(f.on_step)](const pipeline::StepRecord& s) {
+    run.batch_seconds.push_back(s.seconds);
+    if (next) next(s);
+  };
+}
+
 void ReportTo(std::shared_ptr<RunLog> log, pipeline::FitOptions& f) {
   f.on_step = [log](const pipeline::StepRecord& s) { log->Step(s.step, s.loss, s.rows, s.seconds); };
   f.on_epoch = [log](const pipeline::EpochResult& e) { log->Epoch(e); };

@@ -62,7 +62,7 @@ struct RunRecord {
   std::string schedule = "local";
   double seconds = 0;                 // training time
   int64_t batch_rows = 0;             // rows per batch of a run of batches
-  std::vector<double> batch_seconds;  // every batch's
+  std::vector<double> batch_seconds;  // every batch's (of a run of epochs: every step's)
   std::vector<double> losses;
   // Each stage's peak saved activations (bytes; -1: not measured), every
   // replica's; pipeline runs only.
@@ -89,6 +89,11 @@ struct RunRecord {
   // first (which warms up allocators and caches); the only one's, or 0.
   double steady_seconds() const;
 };
+
+// Sets `f` to report every step and epoch to run.log (when set), and to
+// record every step's time in run.batch_seconds (steady_seconds: the
+// median step after the first). `run` must outlive the training.
+void ReportTo(RunRecord& run, pipeline::FitOptions& f);
 
 // The runs as JSON: {"mode": mode, "runs": [{"splits", "schedule",
 // "seconds", "steady_batch_seconds", "images_per_second",

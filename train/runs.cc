@@ -227,11 +227,10 @@ train::TrainOptions TrainOptionsOf(const RunOptions& c, int splits, int64_t min_
 
 absl::StatusOr<Run> FitLocal(const RunOptions& c, int splits, const data::Source& train, const data::Source& test) {
   ASSIGN_OR_RETURN(auto local, LocalTrainer::Create(c, splits));
-  ASSIGN_OR_RETURN(std::shared_ptr<train::RunLog> log, OpenRunLog(c, splits));
-  train::TrainOptions options = TrainOptionsOf(c, splits, splits, nullptr);
-  train::ReportTo(log, options.fit);
   Run run(splits);
-  run.log = log;
+  ASSIGN_OR_RETURN(run.log, OpenRunLog(c, splits));
+  train::TrainOptions options = TrainOptionsOf(c, splits, splits, nullptr);
+  train::ReportTo(run, options.fit);
   ASSIGN_OR_RETURN(run.epochs, train::Fit(local->trainer(), train, test, options, std::cout));
   for (const auto& e : run.epochs) run.seconds += e.seconds;
   return run;
@@ -242,9 +241,10 @@ absl::StatusOr<Run> FitPipeline(Agent& agent, const RunOptions& c,
                                 const data::Source& train, const data::Source& test,
                                 const Checkpointing* checkpoints) {
   ASSIGN_OR_RETURN(auto trainer, CreatePipeline(agent, c, stages, splits));
-  ASSIGN_OR_RETURN(std::shared_ptr<train::RunLog> log, OpenRunLog(c, splits));
+  Run run(splits);
+  ASSIGN_OR_RETURN(run.log, OpenRunLog(c, splits));
   train::TrainOptions options = TrainOptionsOf(c, splits, splits * c.replicas, checkpoints);
-  train::ReportTo(log, options.fit);
+  train::ReportTo(run, options.fit);
   if (c.data_on == "workers" && trainer->pipeline().replica(0).runs_on_workers()) {
     // Every replica's stage 0 worker reads its share of each batch.
     RETURN_IF_ERROR(
@@ -255,8 +255,6 @@ absl::StatusOr<Run> FitPipeline(Agent& agent, const RunOptions& c,
     std::printf("data: read on the master%s\n",
                 c.data_on == "workers" ? " (a loss computed on the master needs the batches here)" : "");
   }
-  Run run(splits);
-  run.log = log;
   run.schedule = trainer->pipeline().replica(0).schedule().name;
   ASSIGN_OR_RETURN(run.epochs, train::Fit(*trainer, train, test, options, std::cout));
   for (const auto& e : run.epochs) run.seconds += e.seconds;
@@ -491,7 +489,7 @@ void PrintSummary(const std::vector<Run>& runs, const RunOptions& c) {
   std::printf("\n%8s %12s %10s %14s %18s %9s\n", "splits", "schedule", "seconds",
               "steady_batch_s", "images_per_second", "speedup");
   for (const Run& r : runs) {
-    // (Epochs over a dataset record no batch times: "-".)
+    // ("-": a run that recorded no batch times.)
     const std::string steady = r.batch_seconds.empty() ? "-" : absl::StrFormat("%.3f", r.steady_seconds());
     std::printf("%8d %12s %10.3f %14s %18.2f %8.2fx\n", r.splits, r.schedule.c_str(), r.seconds, steady.c_str(),
                 r.images() / r.seconds, runs[0].seconds / r.seconds);
