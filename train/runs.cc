@@ -398,6 +398,24 @@ absl::Status CollectSlices(Agent& agent, const std::vector<std::string>& workers
   return absl::OkStatus();
 }
 
+// With `checkpoints` resuming: loads the checkpoint into `trainer` and the
+// losses so far into `run`; returns the next batch (0 without).
+absl::StatusOr<int> ResumeBatches(train::Trainer& trainer, const Checkpointing* checkpoints, Run& run) {
+  if (checkpoints == nullptr || !checkpoints->resume) return 0;
+  RETURN_IF_ERROR(train::Resume(trainer, *checkpoints->resume, checkpoints->identity, std::cout));
+  run.losses = checkpoints->resume->state().losses;
+  return static_cast<int>(checkpoints->resume->state().step);
+}
+
+// Turns the workers' trace recorders on (`traced`) or off, their older
+// slices dropped.
+void EnableTracing(Agent& agent, const std::vector<std::string>& workers, bool traced) {
+  for (const auto& w : workers) {
+    agent.rpc_sync(w, "trace_enable", {traced}).IgnoreError();
+    agent.rpc_sync(w, "trace_collect").IgnoreError();  // drop older slices
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<Run> TrainPipeline(Agent& agent, const RunOptions& c,
@@ -413,16 +431,8 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const RunOptions& c,
   const train::Checkpoints saves(checkpoints != nullptr ? checkpoints->Target(c) : train::SaveTarget{},
                                  c.checkpoint_every);
   RETURN_IF_ERROR(saves.Prepare());
-  int first = 0;  // a resumed run's next batch
-  if (checkpoints != nullptr && checkpoints->resume) {
-    RETURN_IF_ERROR(train::Resume(*trainer, *checkpoints->resume, checkpoints->identity, std::cout));
-    run.losses = checkpoints->resume->state().losses;
-    first = static_cast<int>(checkpoints->resume->state().step);
-  }
-  for (const auto& w : c.workers) {
-    agent.rpc_sync(w, "trace_enable", {traced}).IgnoreError();
-    agent.rpc_sync(w, "trace_collect").IgnoreError();  // drop older slices
-  }
+  ASSIGN_OR_RETURN(const int first, ResumeBatches(*trainer, checkpoints, run));  // the next batch
+  EnableTracing(agent, c.workers, traced);
   const int64_t start = trace::NowUs();
   std::vector<std::pair<int64_t, int64_t>> paused;  // after_batch's windows
   // Messages are counted over the batches after the first.
