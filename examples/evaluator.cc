@@ -87,65 +87,55 @@ absl::StatusOr<Score> Evaluate(std::vector<std::unique_ptr<pipeline::StageModule
   return Score{right.accuracy(), loss_sum / right.rows, right.top5_accuracy()};
 }
 
-int Main(int argc, char** argv) {
+// The flags.
+struct Options {
   std::string dir, dataset, output;
   int poll_ms = 500, timeout_s = 0, batch_size = 1000, test_rows = 0, image_size = 224, data_threads = 4;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   bool once = false;
-  launch::FlagParser flags("evaluator",
-                        "Follows a training job's checkpoints: evaluates each new one on the test set "
-                        "(no workers needed) and appends its accuracy and loss to a JSON-lines file.");
-  flags.AddString("checkpoint-dir", &dir, "the job's --checkpoint-dir (required)");
-  flags.AddString("dataset", &dataset,
-                  "fashion-mnist, idx:DIR, cifar10:DIR or imagefolder:DIR (its val/ folder): the test set (required)");
-  flags.AddInt("image-size", &image_size, "with imagefolder: the training's --image-size (centre crops of it)");
-  flags.AddInt("data-threads", &data_threads, "with imagefolder: decoding threads");
-  flags.AddString("output", &output, "JSON-lines file to append to (default: CHECKPOINT_DIR/eval.jsonl)");
-  flags.AddInt("poll-ms", &poll_ms, "how often to look for a new checkpoint");
-  flags.AddInt("timeout", &timeout_s, "exit (status 3) after this many seconds without a new checkpoint; 0: wait");
-  flags.AddBool("once", &once, "evaluate the latest checkpoint and exit");
-  flags.AddInt("batch-size", &batch_size, "test images per forward pass");
-  flags.AddInt("test-rows", &test_rows, "evaluate the first N test images only (0: all)");
-  flags.AddInt("threads", &threads, "intra-op threads");
-  int code = 0;
-  if (!flags.Parse(argc, argv, &code)) return code;
+};
+
+// The test set: in memory (held in `in_memory`), or an image folder's
+// val/ read as it is needed.
+absl::StatusOr<std::unique_ptr<data::Source>> OpenTestSet(const Options& o, data::Dataset* in_memory) {
+  if (o.dataset.rfind("imagefolder:", 0) == 0) {
+    data::ImageFolderOptions f;
+    f.train = false;
+    f.image_size = o.image_size;
+    f.threads = o.data_threads;
+    ASSIGN_OR_RETURN(auto folder, data::ImageFolder::Open(o.dataset.substr(std::strlen("imagefolder:")), "val", f));
+    return std::unique_ptr<data::Source>(std::move(folder));
+  }
+  ASSIGN_OR_RETURN(auto sets, data::LoadNamed(o.dataset));
+  *in_memory = std::move(sets.second);
+  return std::unique_ptr<data::Source>(std::make_unique<data::InMemory>(*in_memory));
+}
+
+// A checkpoint's score: a line on the output and a JSON line appended to
+// o.output.
+absl::Status Record(const checkpoint::Checkpoint& ck, const Score& score, const Options& o) {
+  const auto& m = ck.manifest;
+  std::printf("step=%lld epoch=%d test_accuracy=%.4f test_top5=%.4f test_loss=%.4f%s\n",
+              static_cast<long long>(m.step), m.epoch, score.accuracy, score.top5, score.loss,
+              m.final ? " (final)" : "");
+  std::fflush(stdout);
+  std::ofstream out(o.output, std::ios::app);
+  out << absl::StrFormat(
+             "{\"step\": %d, \"epoch\": %d, \"batch\": %d, \"test_accuracy\": %.6f, \"test_top5\": %.6f, "
+             "\"test_loss\": %.6f, \"final\": %s, \"checkpoint\": \"%s\", \"created\": \"%s\"}\n",
+             m.step, m.epoch, m.batch, score.accuracy, score.top5, score.loss, m.final ? "true" : "false", ck.dir,
+             m.created)
+      << std::flush;
+  return out ? absl::OkStatus() : absl::InternalError("cannot append to " + o.output);
+}
+
+// Follows o.dir: evaluates each new checkpoint on the first `rows` of
+// `test` until the final one (or one with --once); returns the exit code.
+int Follow(const Options& o, const data::Source& test, int64_t rows) {
   auto fail = [](const std::string& msg, int rc) {
     std::cerr << "evaluator: " << msg << "\n";
     return rc;
   };
-  if (dir.empty() || dataset.empty()) return fail("--checkpoint-dir and --dataset are required", 2);
-  if (poll_ms < 1 || batch_size < 1 || threads < 1 || timeout_s < 0 || test_rows < 0) {
-    return fail("--poll-ms, --batch-size and --threads must be >= 1; --timeout and --test-rows >= 0", 2);
-  }
-  if (auto s = data::CheckDatasetName(dataset); !s.ok()) return fail(std::string(s.message()), 2);
-  if (image_size < 16 || data_threads < 1) return fail("--image-size must be >= 16, --data-threads >= 1", 2);
-  if (output.empty()) output = dir + "/eval.jsonl";
-  runtime::SetComputeThreads(threads);
-  if (auto s = shards::RegisterStageTypes(); !s.ok()) return fail(std::string(s.message()), 1);
-  // The test set: in memory, or an image folder's val/ read as it is needed.
-  data::Dataset in_memory;
-  std::unique_ptr<data::Source> test;
-  if (dataset.rfind("imagefolder:", 0) == 0) {
-    data::ImageFolderOptions o;
-    o.train = false;
-    o.image_size = image_size;
-    o.threads = data_threads;
-    auto folder = data::ImageFolder::Open(dataset.substr(std::strlen("imagefolder:")), "val", o);
-    if (!folder.ok()) return fail(std::string(folder.status().message()), 1);
-    test = std::move(*folder);
-  } else {
-    auto sets = data::LoadNamed(dataset);
-    if (!sets.ok()) return fail(std::string(sets.status().message()), 1);
-    in_memory = std::move(sets->second);
-    test = std::make_unique<data::InMemory>(in_memory);
-  }
-  const int64_t rows = test_rows > 0 ? std::min<int64_t>(test_rows, test->size()) : test->size();
-  std::signal(SIGINT, OnSignal);
-  std::signal(SIGTERM, OnSignal);
-  std::printf("evaluator: following %s, %lld test images of %s; results to %s\n", dir.c_str(),
-              static_cast<long long>(rows), dataset.c_str(), output.c_str());
-  std::fflush(stdout);
-
   // The last checkpoint evaluated, and its score (the run's final
   // checkpoint may be the last periodic one, committed again as final).
   std::string done;
@@ -153,55 +143,84 @@ int Main(int argc, char** argv) {
   auto last_new = std::chrono::steady_clock::now();
   bool warned = false;
   while (!g_stop) {
-    auto ck = checkpoint::Latest(dir);
+    auto ck = checkpoint::Latest(o.dir);
     const bool again = ck.ok() && ck->dir == done;
     if (ck.ok() && (!again || ck->manifest.final)) {
       auto model = again ? absl::StatusOr<std::vector<std::unique_ptr<pipeline::StageModule>>>()
                          : checkpoint::LoadModel(*ck, c10::kCPU);
       auto score = again ? absl::StatusOr<Score>(done_score)
-                         : model.ok() ? Evaluate(*model, *test, rows, batch_size)
+                         : model.ok() ? Evaluate(*model, test, rows, o.batch_size)
                                     : absl::StatusOr<Score>(model.status());
       if (!score.ok()) {
-        if (once || std::filesystem::exists(ck->manifest_path)) {
-          return fail(std::string(score.status().message()), 1);
-        }
+        if (o.once || std::filesystem::exists(ck->manifest_path)) return fail(std::string(score.status().message()), 1);
         // Pruned while it was read (--keep): a newer one is there.
       } else {
-        const auto& m = ck->manifest;
-        std::printf("step=%lld epoch=%d test_accuracy=%.4f test_top5=%.4f test_loss=%.4f%s\n",
-                    static_cast<long long>(m.step), m.epoch, score->accuracy, score->top5, score->loss,
-                    m.final ? " (final)" : "");
-        std::fflush(stdout);
-        std::ofstream out(output, std::ios::app);
-        out << absl::StrFormat(
-                   "{\"step\": %d, \"epoch\": %d, \"batch\": %d, \"test_accuracy\": %.6f, \"test_top5\": %.6f, "
-                   "\"test_loss\": %.6f, \"final\": %s, \"checkpoint\": \"%s\", \"created\": \"%s\"}\n",
-                   m.step, m.epoch, m.batch, score->accuracy, score->top5, score->loss,
-                   m.final ? "true" : "false",
-                   ck->dir, m.created)
-            << std::flush;
-        if (!out) return fail("cannot append to " + output, 1);
+        if (auto s = Record(*ck, *score, o); !s.ok()) return fail(std::string(s.message()), 1);
         done = ck->dir;
         done_score = *score;
         last_new = std::chrono::steady_clock::now();
-        if (m.final || once) return 0;
+        if (ck->manifest.final || o.once) return 0;
       }
     } else if (!ck.ok()) {
-      if (once) return fail(std::string(ck.status().message()), 1);
+      if (o.once) return fail(std::string(ck.status().message()), 1);
       if (ck.status().code() != absl::StatusCode::kNotFound) return fail(std::string(ck.status().message()), 1);
       if (!warned) {
-        std::printf("evaluator: no checkpoint yet in %s; waiting\n", dir.c_str());
+        std::printf("evaluator: no checkpoint yet in %s; waiting\n", o.dir.c_str());
         std::fflush(stdout);
         warned = true;
       }
     }
-    if (timeout_s > 0 && std::chrono::steady_clock::now() - last_new > std::chrono::seconds(timeout_s)) {
-      return fail(absl::StrFormat("no new checkpoint in %s for %d s (--timeout)", dir, timeout_s), 3);
+    if (o.timeout_s > 0 && std::chrono::steady_clock::now() - last_new > std::chrono::seconds(o.timeout_s)) {
+      return fail(absl::StrFormat("no new checkpoint in %s for %d s (--timeout)", o.dir, o.timeout_s), 3);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(poll_ms));
+    std::this_thread::sleep_for(std::chrono::milliseconds(o.poll_ms));
   }
   std::printf("evaluator: stopped\n");
   return 0;
+}
+
+int Main(int argc, char** argv) {
+  Options o;
+  launch::FlagParser flags("evaluator",
+                        "Follows a training job's checkpoints: evaluates each new one on the test set "
+                        "(no workers needed) and appends its accuracy and loss to a JSON-lines file.");
+  flags.AddString("checkpoint-dir", &o.dir, "the job's --checkpoint-dir (required)");
+  flags.AddString("dataset", &o.dataset,
+                  "fashion-mnist, idx:DIR, cifar10:DIR or imagefolder:DIR (its val/ folder): the test set (required)");
+  flags.AddInt("image-size", &o.image_size, "with imagefolder: the training's --image-size (centre crops of it)");
+  flags.AddInt("data-threads", &o.data_threads, "with imagefolder: decoding threads");
+  flags.AddString("output", &o.output, "JSON-lines file to append to (default: CHECKPOINT_DIR/eval.jsonl)");
+  flags.AddInt("poll-ms", &o.poll_ms, "how often to look for a new checkpoint");
+  flags.AddInt("timeout", &o.timeout_s, "exit (status 3) after this many seconds without a new checkpoint; 0: wait");
+  flags.AddBool("once", &o.once, "evaluate the latest checkpoint and exit");
+  flags.AddInt("batch-size", &o.batch_size, "test images per forward pass");
+  flags.AddInt("test-rows", &o.test_rows, "evaluate the first N test images only (0: all)");
+  flags.AddInt("threads", &o.threads, "intra-op threads");
+  int code = 0;
+  if (!flags.Parse(argc, argv, &code)) return code;
+  auto fail = [](const std::string& msg, int rc) {
+    std::cerr << "evaluator: " << msg << "\n";
+    return rc;
+  };
+  if (o.dir.empty() || o.dataset.empty()) return fail("--checkpoint-dir and --dataset are required", 2);
+  if (o.poll_ms < 1 || o.batch_size < 1 || o.threads < 1 || o.timeout_s < 0 || o.test_rows < 0) {
+    return fail("--poll-ms, --batch-size and --threads must be >= 1; --timeout and --test-rows >= 0", 2);
+  }
+  if (auto s = data::CheckDatasetName(o.dataset); !s.ok()) return fail(std::string(s.message()), 2);
+  if (o.image_size < 16 || o.data_threads < 1) return fail("--image-size must be >= 16, --data-threads >= 1", 2);
+  if (o.output.empty()) o.output = o.dir + "/eval.jsonl";
+  runtime::SetComputeThreads(o.threads);
+  if (auto s = shards::RegisterStageTypes(); !s.ok()) return fail(std::string(s.message()), 1);
+  data::Dataset in_memory;
+  auto test = OpenTestSet(o, &in_memory);
+  if (!test.ok()) return fail(std::string(test.status().message()), 1);
+  const int64_t rows = o.test_rows > 0 ? std::min<int64_t>(o.test_rows, (*test)->size()) : (*test)->size();
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  std::printf("evaluator: following %s, %lld test images of %s; results to %s\n", o.dir.c_str(),
+              static_cast<long long>(rows), o.dataset.c_str(), o.output.c_str());
+  std::fflush(stdout);
+  return Follow(o, **test, rows);
 }
 
 }  // namespace
