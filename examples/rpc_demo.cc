@@ -3,6 +3,8 @@
 // the master's input RRef goes to worker1 and worker1's result RRef goes to
 // worker2, which fetches it from worker1.
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/matmul.h>
@@ -25,6 +27,51 @@ T Check(absl::StatusOr<T> v, const char* what) {
   return std::move(*v);
 }
 
+// rpc_sync and rpc_async of a registered function on both workers.
+void Calls(remora::Agent& agent, const std::vector<std::string>& names) {
+  using namespace remora;
+  at::Tensor x = at::ones({2, 3});
+  auto sum = Check(agent.rpc_sync(names[0], "add", {x, x}), "rpc_sync add");
+  std::cout << "rpc_sync(" << names[0] << ", add, ones+ones) sum = "
+            << sum.toTensor().sum().item<double>() << "\n";
+
+  std::vector<Future<c10::IValue>> futures;
+  for (int i = 0; i < 8; ++i) {
+    futures.push_back(agent.rpc_async(names[i % 2], "add", {int64_t{i}, int64_t{i}}));
+  }
+  int64_t total = 0;
+  for (auto& f : futures) total += Check(f.wait(), "rpc_async").toInt();
+  std::cout << "8 rpc_async calls over both workers, total = " << total << "\n";
+
+}
+
+// The canonical pipeline, as in PyTorch's distributed pipeline example:
+// the master's input RRef goes to worker1's stage, whose result RRef goes
+// to worker2's stage; then a remote failure.
+void Pipeline(remora::Agent& agent, const std::vector<std::string>& names) {
+  using namespace remora;
+  RRef stage1 = Check(agent.remote(names[0], "Affine", {int64_t{8}, int64_t{16}, int64_t{1}}),
+                      "remote Affine");
+  RRef stage2 = Check(agent.remote(names[1], "Affine", {int64_t{16}, int64_t{4}, int64_t{2}}),
+                      "remote Affine");
+  at::Tensor input = at::randn({5, 8});
+  RRef x_rref = agent.local_rref(input);
+  RRef y_rref = Check(stage1.remote("forward", {x_rref}), "stage1.remote(forward)");
+  at::Tensor z = Check(stage2.rpc_sync("forward", {y_rref}), "stage2.rpc_sync(forward)").toTensor();
+  at::Tensor w1 = Check(stage1.rpc_sync("weight"), "weight").toTensor();
+  at::Tensor w2 = Check(stage2.rpc_sync("weight"), "weight").toTensor();
+  at::Tensor expected = at::matmul(at::matmul(input, w1.t()), w2.t());
+  std::cout << "pipeline " << names[0] << " -> " << names[1] << ": output " << z.sizes()
+            << ", matches local computation: " << (at::allclose(z, expected, 1e-5, 1e-6) ? "yes" : "NO")
+            << "\n";
+
+  // A stage fed a string instead of a tensor: the worker's exception comes
+  // back as the caller's error, naming the worker.
+  auto err = stage2.rpc_sync("forward", {std::string("not a tensor")});
+  std::cout << "a failing remote function reports: " << err.status().message() << "\n";
+
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -32,7 +79,8 @@ int main(int argc, char** argv) {
   if (examples::IsDemoWorker(argc, argv)) launch::ExitProgram(examples::DemoWorkerMain(argc, argv, "rpc_demo"));
   std::string workers = "worker1,worker2";
   launch::FlagParser flags("rpc_demo",
-                        "Starts two local workers and exchanges calls and RRefs with them.");
+                        "Starts two local workers (this program again, as `rpc_demo worker --name N ...`) "
+                        "and exchanges calls and RRefs with them.");
   flags.AddString("workers", &workers, "names of the two workers to start");
   launch::TlsFiles tls_files;
   flags.AddTlsFlags(&tls_files);
@@ -65,42 +113,9 @@ int main(int argc, char** argv) {
     std::cout << "  id " << w.id << "  " << w.name << " at " << w.address << "\n";
   }
 
-  at::Tensor x = at::ones({2, 3});
-  auto sum = Check(agent.rpc_sync(names[0], "add", {x, x}), "rpc_sync add");
-  std::cout << "rpc_sync(" << names[0] << ", add, ones+ones) sum = "
-            << sum.toTensor().sum().item<double>() << "\n";
-
-  std::vector<Future<c10::IValue>> futures;
-  for (int i = 0; i < 8; ++i) {
-    futures.push_back(agent.rpc_async(names[i % 2], "add", {int64_t{i}, int64_t{i}}));
-  }
-  int64_t total = 0;
-  for (auto& f : futures) total += Check(f.wait(), "rpc_async").toInt();
-  std::cout << "8 rpc_async calls over both workers, total = " << total << "\n";
-
-  // The canonical pipeline, as in PyTorch's distributed pipeline example.
-  RRef stage1 = Check(agent.remote(names[0], "Affine", {int64_t{8}, int64_t{16}, int64_t{1}}),
-                      "remote Affine");
-  RRef stage2 = Check(agent.remote(names[1], "Affine", {int64_t{16}, int64_t{4}, int64_t{2}}),
-                      "remote Affine");
-  at::Tensor input = at::randn({5, 8});
-  RRef x_rref = agent.local_rref(input);
-  RRef y_rref = Check(stage1.remote("forward", {x_rref}), "stage1.remote(forward)");
-  at::Tensor z = Check(stage2.rpc_sync("forward", {y_rref}), "stage2.rpc_sync(forward)").toTensor();
-  at::Tensor w1 = Check(stage1.rpc_sync("weight"), "weight").toTensor();
-  at::Tensor w2 = Check(stage2.rpc_sync("weight"), "weight").toTensor();
-  at::Tensor expected = at::matmul(at::matmul(input, w1.t()), w2.t());
-  std::cout << "pipeline " << names[0] << " -> " << names[1] << ": output " << z.sizes()
-            << ", matches local computation: " << (at::allclose(z, expected, 1e-5, 1e-6) ? "yes" : "NO")
-            << "\n";
-
-  // A stage fed a string instead of a tensor: the worker's exception comes
-  // back as the caller's error, naming the worker.
-  auto err = stage2.rpc_sync("forward", {std::string("not a tensor")});
-  std::cout << "a failing remote function reports: " << err.status().message() << "\n";
-
-  // Drop the RRefs before shutting down, then check every owner table.
-  stage1 = stage2 = x_rref = y_rref = RRef();
+  Calls(agent, names);
+  Pipeline(agent, names);  // its RRefs are dropped when it returns
+  // Then every owner table is checked at shutdown.
   if (auto s = group.Shutdown(); !s.ok()) {
     std::cerr << "rpc_demo: shutdown: " << s.message() << "\n";
     return 1;
