@@ -99,6 +99,74 @@ absl::StatusOr<double> LocalStepSeconds(const Config& c, int m, const at::Tensor
   return Median(seconds);
 }
 
+// The micro-batch counts of --micro-batches, the flags checked.
+absl::StatusOr<std::vector<int>> CheckConfig(const Config& c) {
+  std::vector<int> counts;
+  for (absl::string_view part : absl::StrSplit(c.micro_batches, ',', absl::SkipEmpty())) {
+    int m = 0;
+    if (!absl::SimpleAtoi(part, &m) || m < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--micro-batches wants counts like 1,2,8; got '", c.micro_batches, "'"));
+    }
+    counts.push_back(m);
+  }
+  if (counts.empty()) return absl::InvalidArgumentError("--micro-batches is empty");
+  if (c.stages < 2 || c.steps < 1 || c.warmup < 0 || c.hidden < 1) {
+    return absl::InvalidArgumentError("--stages must be >= 2, --steps and --hidden >= 1, --warmup >= 0");
+  }
+  for (int m : counts) {
+    if (m > c.batch_size) {
+      return absl::InvalidArgumentError(absl::StrCat("--batch-size ", c.batch_size, " < ", m, " micro-batches"));
+    }
+  }
+  return counts;
+}
+
+// The pipeline over `names` at `m` micro-batches against one process: a
+// line of figures.
+absl::Status Measure(Agent& agent, const Config& c, const std::vector<std::string>& names, int m, const at::Tensor& x,
+                     const at::Tensor& y) {
+  pipeline::PipelineOptions o;
+  o.stages = Stages(c);
+  o.workers = names;
+  o.schedule = "1f1b";
+  o.micro_batches = m;
+  o.loss = pipeline::MseLoss();
+  if (c.master_centred) {
+    o.loss = pipeline::LossFn([](const c10::IValue& out, const c10::IValue& target) {
+      return at::mse_loss(out.toTensor(), target.toTensor());
+    });
+  }
+  o.optimizer = optim::OptimizerOptions::SGD(0.01).set_momentum(0.9);
+  auto pipe = pipeline::Pipeline::Create(agent, std::move(o));
+  if (!pipe.ok()) return pipe.status();
+  std::vector<double> seconds;
+  std::map<std::string, int64_t> before;
+  for (int step = 0; step < c.warmup + c.steps; ++step) {
+    if (step == c.warmup) {
+      auto sent = (*pipe)->sent_messages();
+      if (!sent.ok()) return sent.status();
+      before = *sent;
+    }
+    const int64_t t0 = trace::NowUs();
+    if (auto loss = (*pipe)->train_step(x, y); !loss.ok()) return loss.status();
+    if (step >= c.warmup) seconds.push_back((trace::NowUs() - t0) / 1e6);
+  }
+  auto after = (*pipe)->sent_messages();
+  if (!after.ok()) return after.status();
+  int64_t requests = 0;
+  for (const auto& [kind, n] : pipeline::MessagesBetween(before, *after)) requests += n;
+  pipe->reset();
+  auto local = LocalStepSeconds(c, m, x, y);
+  if (!local.ok()) return local.status();
+  const double step_s = Median(seconds);
+  const double overhead_us = (step_s - *local) * 1e6 / (m * (c.stages - 1));
+  std::printf("%6d %4d %16.1f %16.1f %7.2fx %10.1f %26.1f\n", c.stages, m, 1 / step_s, 1 / *local,
+              step_s / *local, static_cast<double>(requests) / c.steps, overhead_us);
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
 int Main(int argc, char** argv) {
   Config c;
   launch::FlagParser flags(
@@ -121,21 +189,9 @@ int Main(int argc, char** argv) {
     std::cerr << "pipeline_bench: " << message << "\n";
     return 2;
   };
-  std::vector<int> counts;
-  for (absl::string_view part : absl::StrSplit(c.micro_batches, ',', absl::SkipEmpty())) {
-    int m = 0;
-    if (!absl::SimpleAtoi(part, &m) || m < 1) {
-      return fail(absl::StrCat("--micro-batches wants counts like 1,2,8; got '", c.micro_batches, "'"));
-    }
-    counts.push_back(m);
-  }
-  if (counts.empty()) return fail("--micro-batches is empty");
-  if (c.stages < 2 || c.steps < 1 || c.warmup < 0 || c.hidden < 1) {
-    return fail("--stages must be >= 2, --steps and --hidden >= 1, --warmup >= 0");
-  }
-  for (int m : counts) {
-    if (m > c.batch_size) return fail(absl::StrCat("--batch-size ", c.batch_size, " < ", m, " micro-batches"));
-  }
+  auto checked = CheckConfig(c);
+  if (!checked.ok()) return fail(std::string(checked.status().message()));
+  const std::vector<int> counts = *checked;
   runtime::TuneAllocator();
   runtime::SetComputeThreads(1);
   Registry registry;
@@ -160,44 +216,7 @@ int Main(int argc, char** argv) {
   std::printf("%6s %4s %16s %16s %8s %10s %26s\n", "stages", "M", "steps_per_s", "local_steps_per_s",
               "ratio", "requests", "overhead_us_per_mb_boundary");
   for (int m : counts) {
-    pipeline::PipelineOptions o;
-    o.stages = Stages(c);
-    o.workers = names;
-    o.schedule = "1f1b";
-    o.micro_batches = m;
-    o.loss = pipeline::MseLoss();
-    if (c.master_centred) {
-      o.loss = pipeline::LossFn([](const c10::IValue& out, const c10::IValue& target) {
-        return at::mse_loss(out.toTensor(), target.toTensor());
-      });
-    }
-    o.optimizer = optim::OptimizerOptions::SGD(0.01).set_momentum(0.9);
-    auto pipe = pipeline::Pipeline::Create(agent, std::move(o));
-    if (!pipe.ok()) return die(pipe.status());
-    std::vector<double> seconds;
-    std::map<std::string, int64_t> before;
-    for (int step = 0; step < c.warmup + c.steps; ++step) {
-      if (step == c.warmup) {
-        auto sent = (*pipe)->sent_messages();
-        if (!sent.ok()) return die(sent.status());
-        before = *sent;
-      }
-      const int64_t t0 = trace::NowUs();
-      if (auto loss = (*pipe)->train_step(x, y); !loss.ok()) return die(loss.status());
-      if (step >= c.warmup) seconds.push_back((trace::NowUs() - t0) / 1e6);
-    }
-    auto after = (*pipe)->sent_messages();
-    if (!after.ok()) return die(after.status());
-    int64_t requests = 0;
-    for (const auto& [kind, n] : pipeline::MessagesBetween(before, *after)) requests += n;
-    pipe->reset();
-    auto local = LocalStepSeconds(c, m, x, y);
-    if (!local.ok()) return die(local.status());
-    const double step_s = Median(seconds);
-    const double overhead_us = (step_s - *local) * 1e6 / (m * (c.stages - 1));
-    std::printf("%6d %4d %16.1f %16.1f %7.2fx %10.1f %26.1f\n", c.stages, m, 1 / step_s, 1 / *local,
-                step_s / *local, static_cast<double>(requests) / c.steps, overhead_us);
-    std::fflush(stdout);
+    if (auto s = Measure(agent, c, names, m, x, y); !s.ok()) return die(s);
   }
   if (auto s = group.Shutdown(); !s.ok()) {
     std::cerr << "pipeline_bench: " << s.message() << "\n";
