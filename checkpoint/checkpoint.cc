@@ -104,6 +104,23 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(Agent& agent,
   return std::unique_ptr<Checkpointer>(new Checkpointer(agent, abs.lexically_normal().string(), keep));
 }
 
+namespace {
+
+// Each shard's size and CRC-32 as its owner replied ((bytes, crc32) per
+// shard, in order) into `m`; returns their bytes in all.
+int64_t RecordWritten(const std::vector<c10::IValue>& written, Manifest& m) {
+  int64_t total = 0;
+  for (size_t i = 0; i < written.size(); ++i) {
+    const auto& t = written[i].toTupleRef().elements();
+    m.shards[i].bytes = t[0].toInt();
+    m.shards[i].crc32 = t[1].toStringRef();
+    total += t[0].toInt();
+  }
+  return total;
+}
+
+}  // namespace
+
 absl::Status Checkpointer::Save(pipeline::Pipeline& pipe, const std::vector<pipeline::StageSpec>& stages,
                                 const RunIdentity& identity, const TrainingState& state, bool final,
                                 bool background) {
@@ -159,13 +176,7 @@ absl::Status Checkpointer::Save(pipeline::Pipeline& pipe, const std::vector<pipe
     return absl::OkStatus();
   }
   Manifest done = ManifestFromWire(m);
-  int64_t total = 0;
-  for (size_t i = 0; i < written->size(); ++i) {
-    const auto& t = (*written)[i].toTupleRef().elements();
-    done.shards[i].bytes = t[0].toInt();
-    done.shards[i].crc32 = t[1].toStringRef();
-    total += t[0].toInt();
-  }
+  const int64_t total = RecordWritten(*written, done);
   return Commit(done, dir, total, workers);
 }
 
@@ -197,13 +208,7 @@ absl::Status Checkpointer::Flush() {
   });
   RETURN_IF_ERROR(Annotate(written.status(), absl::StrCat("checkpoint of step ", p->manifest.step, " in ", p->dir,
                                                           " (the previous checkpoint is still the latest)")));
-  int64_t total = 0;
-  for (size_t i = 0; i < written->size(); ++i) {
-    const auto& t = (*written)[i].toTupleRef().elements();
-    p->manifest.shards[i].bytes = t[0].toInt();
-    p->manifest.shards[i].crc32 = t[1].toStringRef();
-    total += t[0].toInt();
-  }
+  const int64_t total = RecordWritten(*written, p->manifest);
   return Commit(p->manifest, p->dir, total, workers);
 }
 

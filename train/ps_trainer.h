@@ -59,8 +59,10 @@ class PsTrainer final : public Trainer, private RowsSteps {
   PsTrainer(Agent& agent, std::vector<pipeline::StageSpec> stages, std::unique_ptr<ps::ParameterServer> server)
       : agent_(agent), stages_(std::move(stages)), server_(std::move(server)) {}
 
-  // A step's report (to on_step_) as a started step.
-  pipeline::StartedStep Started(const absl::StatusOr<ps::StepReport>& r, int64_t t0);
+  // `r`, given to on_step_ (with the seconds since `t0`) when it is a report.
+  absl::StatusOr<ps::StepReport> Reported(absl::StatusOr<ps::StepReport> r, int64_t t0);
+  // A step that is over (the server waits within it) as a started step.
+  static pipeline::StartedStep Started(const absl::StatusOr<ps::StepReport>& r);
   pipeline::StartedStep StartRowsStep(const at::Tensor& rows, int epoch) override;
   absl::StatusOr<pipeline::Correct> CountCorrectRows(const at::Tensor& rows) override;
   absl::StatusOr<int64_t> skipped() override { return train_data_->skipped(); }
