@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/ids.h"
 #include "channel/devices.h"
 #include "checkpoint/checkpoint.h"
 #include "data/datasets.h"
@@ -208,6 +209,40 @@ absl::Status CheckCheckpoints(CommandLine& line, const std::set<std::string>& gi
   return absl::OkStatus();
 }
 
+// --max-restarts, --rejoin-timeout and --spares.
+absl::Status CheckElastic(CommandLine& line) {
+  RunOptions& c = line.config;
+  if (c.max_restarts < 0 || c.rejoin_timeout < 0) return Bad("--max-restarts and --rejoin-timeout must be >= 0");
+  if (c.max_restarts == 0) {
+    return c.spares.empty() ? absl::OkStatus()
+                            : Bad("--spares stand by to replace a lost worker: give --max-restarts N too");
+  }
+  if (c.local) return Bad("--max-restarts recovers a run over workers: not with --local");
+  if (c.checkpoint_dir.empty()) {
+    return Bad("--max-restarts goes on from the latest checkpoint: give --checkpoint-dir DIR (and --checkpoint-every "
+               "N: the steps since the last checkpoint are trained again)");
+  }
+  if (line.ps_mode || c.replicas > 1) {
+    // (A supervisor that restarts the whole job, remora-launch --max-restarts
+    // with --resume auto, still goes on from the last checkpoint.)
+    if (!c.spares.empty()) return Bad("--spares: a lost worker is replaced in place only in one pipeline yet");
+    line.note = absl::StrCat(line.note, line.note.empty() ? "" : "\n", "note: --max-restarts replaces a lost worker ",
+                             "in place only in one pipeline yet; in this ", line.ps_mode ? "--mode ps" : "--replicas",
+                             " run a lost worker fails the run, and a restart with --resume auto goes on from the ",
+                             "last checkpoint");
+    c.max_restarts = 0;
+    return absl::OkStatus();
+  }
+  std::set<std::string> seen(c.all_workers.begin(), c.all_workers.end());
+  for (const auto& s : c.spares) {
+    if (!IsValidWorkerName(s)) return Bad(absl::StrCat("--spares: invalid worker name '", s, "'"));
+    if (!seen.insert(s).second) {
+      return Bad(absl::StrCat("--spares: '", s, "' is named twice (in --workers or --spares); a spare holds no stage"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 Flags DefaultFlags() {
@@ -344,6 +379,16 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
                   "go on from the latest checkpoint in this directory (the same flags as the run that wrote it); "
                   "auto: from the latest in --checkpoint-dir when there is one, else start fresh (for a "
                   "supervisor that restarts the job)");
+  flags.AddInt("max-restarts", &c.max_restarts,
+               "pipelines with --checkpoint-dir: when a worker dies, is cut off or hangs, do not fail but put a spare "
+               "(--spares) or the same worker registering again in its place, restore every stage from the latest "
+               "checkpoint and go on; at most N times (0: fail at once)");
+  flags.AddInt("rejoin-timeout", &c.rejoin_timeout,
+               "with --max-restarts and no spare free: seconds to wait for a lost worker to register again under "
+               "its name (restarted by remora-launch --max-restarts, Slurm, systemd)");
+  flags.AddString("spares", &f->spares,
+                  "with --max-restarts: comma-separated workers that join the group, hold no stage and stand by to "
+                  "take a lost worker's place");
   flags.AddSecurityFlags(&f->security);
 }
 
@@ -358,6 +403,7 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   const bool splits_given = !f.splits.empty();
   line.ps_mode = f.mode == "ps";
   c.all_workers = launch::SplitList(f.workers);
+  c.spares = launch::SplitList(f.spares);
   // One stage per replica is plain data parallelism: one micro-batch per
   // replica by default, as DDP trains (micro-batches only pay in a pipeline).
   const bool one_stage_per_replica =
@@ -408,6 +454,7 @@ absl::StatusOr<CommandLine> Check(Flags f) {
     if (auto s = CheckWorkers(f, c, line.ps_mode, cut); !s.ok()) return s;
   }
   if (auto s = CheckCheckpoints(line, f.given); !s.ok()) return s;
+  if (auto s = CheckElastic(line); !s.ok()) return s;
   c.coordinator_threads =
       line.ps_mode || (f.given.count("threads") && !c.compare_local) ? c.threads : 1;
   return line;

@@ -27,6 +27,7 @@ struct Flags {
   train::runs::PsFlags ps;
   launch::SecurityFiles security;
   std::string workers;
+  std::string spares;
   std::string splits;  // empty: 8, or 1 with --mode ps
   std::string mode = "pipeline";
   std::string split_at;

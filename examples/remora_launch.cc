@@ -64,9 +64,12 @@ launcher flags:
   --max-restarts N            start this rank's program again, under the same name,
                               when it fails (exit code other than 0 and 2, or a
                               signal), up to N times (default 0: replace this
-                              process with it). The master is restarted too: give
-                              it --checkpoint-dir DIR --resume auto, so that the job
-                              goes on from its last checkpoint
+                              process with it). The master gets --max-restarts N
+                              too: it puts a restarted worker back in its place and
+                              goes on from the last checkpoint, the other workers
+                              keep running. A failed master is restarted as well:
+                              give it --checkpoint-dir DIR --resume auto, so that the
+                              job goes on from its last checkpoint
   --restart-delay S           seconds to wait before a restart (default 3: the
                               failed job's other processes end first)
   --dry-run                   print the role and its command line, start nothing
@@ -331,6 +334,15 @@ int main(int argc, char** argv) {
   o.master_program = f.master_program.empty() ? remora::launch::SiblingProgram("master") : f.master_program;
   o.worker_program = f.worker_program.empty() ? remora::launch::SiblingProgram("worker") : f.worker_program;
   o.master_args = f.master_args;
+  const bool elastic_given = std::any_of(f.master_args.begin(), f.master_args.end(), [](const std::string& a) {
+    return a == "--max-restarts" || a.rfind("--max-restarts=", 0) == 0;
+  });
+  if (f.max_restarts > 0 && !elastic_given) {
+    // The master replaces a lost worker itself, waiting for the worker's
+    // remora-launch to start it again under its name: the survivors go on.
+    o.master_args.push_back("--max-restarts");
+    o.master_args.push_back(std::to_string(f.max_restarts));
+  }
   o.shared_args = f.shared_args;
   o.worker_args = f.worker_args;
   auto fail = [&](const std::string& why) {

@@ -34,6 +34,7 @@ struct WorkerFlags {
   int threads = 0;
   int rpc_threads = 16;
   int connect_timeout_s = 60;
+  int master_timeout_s = 10;
   int slow_ms = 0;
   launch::SecurityFiles security;
 };
@@ -47,6 +48,9 @@ void AddWorkerFlags(launch::FlagParser& flags, WorkerFlags* f) {
                "it runs (never oversubscribed)");
   flags.AddInt("rpc-threads", &f->rpc_threads, "threads that run incoming calls");
   flags.AddInt("connect-timeout", &f->connect_timeout_s, "seconds to keep trying to reach the master");
+  flags.AddInt("master-timeout", &f->master_timeout_s,
+               "seconds the master may stay unreachable (it is pinged every second) before this worker exits 1, "
+               "its group gone; 0: wait forever");
   flags.AddString("device", &f->device, "where shards live: cpu or cuda:N (a GPU; needs LibTorch with CUDA)");
   flags.AddString("device-map", &f->device_map,
                   "where CUDA tensors this worker sends land: auto (each peer's --device; the "
@@ -80,9 +84,9 @@ absl::StatusOr<AgentOptions> OptionsFrom(const WorkerFlags& f, const std::string
   }
   auto maps = launch::ParseDeviceMapFlag(f.device_map.empty() ? (home->is_cuda() ? "auto" : "none") : f.device_map);
   if (!maps.ok()) return bad(maps.status().message());
-  if (f.threads < 0 || f.rpc_threads < 1 || f.connect_timeout_s < 1 || f.slow_ms < 0) {
+  if (f.threads < 0 || f.rpc_threads < 1 || f.connect_timeout_s < 1 || f.slow_ms < 0 || f.master_timeout_s < 0) {
     return absl::InvalidArgumentError(
-        "worker: --threads and --slow-ms must be >= 0, --rpc-threads and --connect-timeout >= 1");
+        "worker: --threads, --slow-ms and --master-timeout must be >= 0, --rpc-threads and --connect-timeout >= 1");
   }
   AgentOptions options;
   options.name = f.name;
@@ -90,6 +94,7 @@ absl::StatusOr<AgentOptions> OptionsFrom(const WorkerFlags& f, const std::string
   options.listen_address = f.listen;
   options.num_threads = f.rpc_threads;
   options.connect_timeout = absl::Seconds(f.connect_timeout_s);
+  options.master_timeout = absl::Seconds(f.master_timeout_s);
   options.token = security->token;
   options.tls = security->tls;
   options.device = home->str();

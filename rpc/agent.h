@@ -245,6 +245,20 @@ class Agent final {
   // master_timeout.
   absl::Status WaitForShutdown();
 
+  // --- elastic membership (master) ---------------------------------------
+  // Worker `name` is lost (it died or stopped answering): the graceful
+  // shutdown no longer waits for it, and a process that registers under its
+  // name from now on takes its place in the group (the same id, its own
+  // address), which every member is told. NotFound for a name that is not
+  // a worker of the group.
+  absl::Status MarkLost(const std::string& name);
+  // Waits until a process has registered under the lost worker `name` and
+  // every other member that answers knows its address; DeadlineExceeded
+  // naming it after `timeout`.
+  absl::Status AwaitRejoin(const std::string& name, absl::Duration timeout);
+  // Whether worker `name` is lost and has not registered again.
+  bool IsLost(const std::string& name) const;
+
   // --- names -----------------------------------------------------------
   // The name of member `id` ("worker#7" when unknown), and whether `id` is
   // a member of the group.

@@ -20,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -210,6 +211,16 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   // How large payloads reach `id` (inline when unknown).
   Route RouteTo(WorkerId id) const;
   void SetBook(std::vector<WorkerInfo> book);
+  // A member's new incarnation (a rejoin): its peer is replaced (the old
+  // one is kept, unused, for calls that still hold it) and its shared
+  // memory allowed in place of the old process's.
+  void UpdatePeer(const WorkerInfo& info);
+  // A peer for `info`: its channel, stub and route.
+  std::unique_ptr<Peer> MakePeer(const WorkerInfo& info) const;
+  // Master: tells every member but `info`'s and the lost ones that `info`
+  // rejoined, waiting up to `timeout` for each (a member that does not
+  // answer is left to the failure detection of the run).
+  void AnnounceRejoin(const WorkerInfo& info, absl::Duration timeout);
   void HandleJoin(const wire::JoinRequest& join, std::shared_ptr<Responder> responder);
   // Master, before the group forms: a process that tried to join was
   // refused (`who`: its name or address), and why: a name not expected or
@@ -275,6 +286,8 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);  // index = id
   std::map<std::string, WorkerId> ids_ ABSL_GUARDED_BY(mu_);
+  // Peers replaced by a rejoin: kept, since calls may still hold them.
+  std::vector<std::unique_ptr<Peer>> retired_peers_ ABSL_GUARDED_BY(mu_);
 
   // Master: workers that registered, by name.
   struct Joiner {
@@ -292,6 +305,10 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   std::vector<WorkerInfo> book_ ABSL_GUARDED_BY(join_mu_);
   // Refused joiners (who -> why), before the group formed.
   std::map<std::string, std::string> refused_ ABSL_GUARDED_BY(join_mu_);
+  // Master: workers lost (Agent::MarkLost) and not registered again.
+  std::set<std::string> lost_ ABSL_GUARDED_BY(join_mu_);
+  // Lost workers whose new process is being announced to the group.
+  std::set<std::string> rejoining_ ABSL_GUARDED_BY(join_mu_);
 
   absl::Mutex calls_mu_;
   absl::flat_hash_set<ClientCall*> calls_ ABSL_GUARDED_BY(calls_mu_);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -41,15 +42,38 @@ CudaEndpoint FromWire(const wire::CudaEndpoint& w) {
   return CudaEndpoint{{w.gpus().begin(), w.gpus().end()}, w.nccl(), w.incarnation()};
 }
 
+WorkerInfo FromWire(const wire::WorkerEntry& e) {
+  return WorkerInfo{static_cast<WorkerId>(e.id()), e.name(), e.address(), e.host_id(), FromWire(e.shm()),
+                    FromWire(e.cuda()), e.device().empty() ? "cpu" : e.device()};
+}
+
+void ToWire(const WorkerInfo& w, wire::WorkerEntry* e) {
+  e->set_id(w.id);
+  e->set_name(w.name);
+  e->set_address(w.address);
+  e->set_host_id(w.host_id);
+  ToWire(w.shm, e->mutable_shm());
+  ToWire(w.cuda, e->mutable_cuda());
+  e->set_device(w.device);
+}
+
 }  // namespace
 
 
 absl::Status RegisterRendezvousRequests(Agent::Impl* impl) {
-  return impl->requests_.Register<wire::JoinRequest>(
+  RETURN_IF_ERROR(impl->requests_.Register<wire::JoinRequest>(
       [impl](Incoming<wire::JoinRequest> in, std::shared_ptr<Responder> r) {
         impl->HandleJoin(in.body, std::move(r));
       },
-      /*before_join=*/true);
+      /*before_join=*/true));
+  return impl->requests_.Register<wire::PeerRejoined>(
+      [impl](Incoming<wire::PeerRejoined> in, std::shared_ptr<Responder> r) {
+        if (in.from != 0) {
+          return r->ReplyError(absl::PermissionDeniedError("only the master announces a rejoined worker"));
+        }
+        impl->UpdatePeer(FromWire(in.body.worker()));
+        r->Reply(OutMessage{});
+      });
 }
 
 void Agent::Impl::HandleJoin(const wire::JoinRequest& join,
@@ -75,10 +99,30 @@ void Agent::Impl::HandleJoin(const wire::JoinRequest& join,
   }
   std::vector<std::shared_ptr<Responder>> to_answer;
   std::vector<WorkerInfo> book;
+  std::optional<WorkerInfo> rejoined;
   {
     MutexLock lock(join_mu_);
     auto it = joiners_.find(join.name());
-    if (it != joiners_.end() && it->second.address != join.address()) {
+    if (formed_ && it != joiners_.end() && lost_.count(join.name()) && !rejoining_.count(join.name()) &&
+        it->second.address != join.address()) {
+      // A lost worker's new process (Agent::MarkLost): it takes the id.
+      it->second = Joiner{join.address(), join.host_id(), FromWire(join.shm()), nullptr, FromWire(join.cuda()),
+                          join.device()};
+      for (auto& w : book_) {
+        if (w.name != join.name()) continue;
+        w = WorkerInfo{w.id, w.name, join.address(), join.host_id(), FromWire(join.shm()), FromWire(join.cuda()),
+                       join.device()};
+        rejoined = w;
+      }
+      rejoining_.insert(join.name());
+      book = book_;
+    } else if (formed_ && it != joiners_.end() && it->second.address != join.address()) {
+      // Perhaps a lost worker's new process, come before the master found
+      // the loss: it retries until then (or its connect timeout).
+      return responder->ReplyError(absl::UnavailableError(absl::StrCat(
+          "worker '", join.name(), "' of the group at ", it->second.address,
+          " has not been found lost; a new process under its name is taken once it is")));
+    } else if (it != joiners_.end() && it->second.address != join.address()) {
       // Not counted as refused: the worker of that name is here (the
       // second one is told, and exits).
       return responder->ReplyError(absl::AlreadyExistsError(absl::StrCat(
@@ -115,22 +159,83 @@ void Agent::Impl::HandleJoin(const wire::JoinRequest& join,
     }
   }
   if (book.empty()) return;  // answered when the last worker joins
-  SetBook(book);
+  if (rejoined) {
+    // Everyone learns the new address before the newcomer hears back.
+    UpdatePeer(*rejoined);
+    AnnounceRejoin(*rejoined, absl::Seconds(10));
+    to_answer.push_back(std::move(responder));
+    std::cerr << "remora: worker '" << rejoined->name << "' registered again from " << rejoined->address
+              << " and took its place in the group\n";
+  } else {
+    SetBook(book);  // (once; a retried join finds it set)
+  }
   for (auto& r : to_answer) {
     OutMessage m;
     auto* response = m.header.mutable_response();
-    for (const auto& w : book) {
-      auto* e = response->add_workers();
-      e->set_id(w.id);
-      e->set_name(w.name);
-      e->set_address(w.address);
-      e->set_host_id(w.host_id);
-      ToWire(w.shm, e->mutable_shm());
-      ToWire(w.cuda, e->mutable_cuda());
-      e->set_device(w.device);
-    }
+    for (const auto& w : book) ToWire(w, response->add_workers());
     r->Reply(std::move(m));
   }
+  if (rejoined) {
+    MutexLock lock(join_mu_);
+    lost_.erase(rejoined->name);
+    rejoining_.erase(rejoined->name);
+  }
+}
+
+void Agent::Impl::UpdatePeer(const WorkerInfo& info) {
+  std::unique_ptr<Peer> peer = MakePeer(info);
+  std::vector<ShmEndpoint> endpoints;
+  {
+    MutexLock lock(mu_);
+    if (info.id >= peers_.size() || !peers_[info.id] || peers_[info.id]->info.name != info.name) return;
+    retired_peers_.push_back(std::move(peers_[info.id]));
+    peers_[info.id] = std::move(peer);
+    for (const auto& p : peers_) {
+      if (p && p->info.host_id == agent_->self_.host_id) endpoints.push_back(p->info.shm);
+    }
+  }
+  shm_->Allow(endpoints);
+}
+
+void Agent::Impl::AnnounceRejoin(const WorkerInfo& info, absl::Duration timeout) {
+  std::vector<Future<InMessage>> replies;
+  for (const auto& w : agent_->workers()) {
+    if (w.id == agent_->self_.id || w.id == info.id || agent_->IsLost(w.name)) continue;
+    wire::PeerRejoined body;
+    ToWire(info, body.mutable_worker());
+    OutMessage m;
+    *m.header.mutable_request() = MakeRequest(body);
+    m.header.mutable_request()->set_from(agent_->self_.id);
+    replies.push_back(SendTo(w.id, std::move(m), timeout));
+  }
+  // A member that does not answer is the run's failure detection's to find.
+  for (auto& r : replies) r.wait().IgnoreError();
+}
+
+absl::Status Agent::MarkLost(const std::string& name) {
+  if (!options_.is_master) return absl::FailedPreconditionError("MarkLost: only the master tracks lost workers");
+  ASSIGN_OR_RETURN(WorkerId id, impl_->Resolve(name));
+  if (id == self_.id) return absl::InvalidArgumentError("MarkLost: the master cannot lose itself");
+  MutexLock lock(impl_->join_mu_);
+  impl_->lost_.insert(name);
+  return absl::OkStatus();
+}
+
+absl::Status Agent::AwaitRejoin(const std::string& name, absl::Duration timeout) {
+  MutexLock lock(impl_->join_mu_);
+  if (!impl_->lost_.count(name)) return absl::OkStatus();
+  auto back = [this, &name]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(impl_->join_mu_) {
+    return impl_->lost_.count(name) == 0;
+  };
+  if (impl_->join_mu_.AwaitWithTimeout(absl::Condition(&back), timeout)) return absl::OkStatus();
+  return absl::DeadlineExceededError(absl::StrCat(
+      "worker '", name, "' did not register again within ", absl::FormatDuration(timeout),
+      " (restart it with --name ", name, " --master ", self_.address, ", or give the master --spares)"));
+}
+
+bool Agent::IsLost(const std::string& name) const {
+  MutexLock lock(impl_->join_mu_);
+  return impl_->lost_.count(name) > 0;
 }
 
 void Agent::Impl::NoteRefused(const std::string& who, const std::string& why) {
@@ -192,19 +297,21 @@ const Peer* Agent::Impl::FindPeer(WorkerId id) const {
   return id < peers_.size() ? peers_[id].get() : nullptr;
 }
 
+std::unique_ptr<Peer> Agent::Impl::MakePeer(const WorkerInfo& w) const {
+  grpc::ChannelArguments args;
+  ApplyChannelArgs(args, agent_->options_.max_message_bytes);
+  auto peer = std::make_unique<Peer>();
+  peer->info = w;
+  peer->channel = grpc::CreateCustomChannel(w.address, channel_credentials_, args);
+  peer->stub = std::make_unique<grpc::GenericStub>(peer->channel);
+  peer->route = SelectRoute(agent_->self_, w, shm_.get(), cuda_.get(), agent_->options_.oob_threshold_bytes);
+  return peer;
+}
+
 void Agent::Impl::SetBook(std::vector<WorkerInfo> book) {
   std::vector<std::unique_ptr<Peer>> peers(book.size());
   for (const auto& w : book) {
-    if (w.id >= book.size()) continue;
-    grpc::ChannelArguments args;
-    ApplyChannelArgs(args, agent_->options_.max_message_bytes);
-    auto peer = std::make_unique<Peer>();
-    peer->info = w;
-    peer->channel = grpc::CreateCustomChannel(w.address, channel_credentials_, args);
-    peer->stub = std::make_unique<grpc::GenericStub>(peer->channel);
-    peer->route = SelectRoute(agent_->self_, w, shm_.get(), cuda_.get(),
-                              agent_->options_.oob_threshold_bytes);
-    peers[w.id] = std::move(peer);
+    if (w.id < book.size()) peers[w.id] = MakePeer(w);
   }
   // Segments are mapped only from peers of this host (a process in another
   // network namespace, or with another --host-id, is another host).
@@ -270,10 +377,7 @@ wire::JoinRequest JoinRequestOf(const WorkerInfo& self) {
 // The address book in the master's answer to a join.
 std::vector<WorkerInfo> BookFrom(const wire::Response& response) {
   std::vector<WorkerInfo> book;
-  for (const auto& e : response.workers()) {
-    book.push_back(WorkerInfo{static_cast<WorkerId>(e.id()), e.name(), e.address(), e.host_id(), FromWire(e.shm()),
-                              FromWire(e.cuda()), e.device().empty() ? "cpu" : e.device()});
-  }
+  for (const auto& e : response.workers()) book.push_back(FromWire(e));
   return book;
 }
 

@@ -175,7 +175,7 @@ void Agent::Abort(const absl::Status& why) {
 void Agent::Impl::FinishWorkers(const std::string& error, absl::Duration timeout) {
   std::vector<Future<InMessage>> finishes;
   for (const auto& w : agent_->workers()) {
-    if (w.id == agent_->self_.id) continue;
+    if (w.id == agent_->self_.id || agent_->IsLost(w.name)) continue;
     wire::ShutdownFinish finish;
     finish.set_error(error);
     OutMessage m;
@@ -197,7 +197,7 @@ absl::Status Agent::Shutdown(bool graceful) {
       const absl::Time deadline = absl::Now() + options_.shutdown_timeout;
       std::vector<WorkerInfo> others;
       for (const auto& w : workers()) {
-        if (w.id != self_.id) others.push_back(w);
+        if (w.id != self_.id && !IsLost(w.name)) others.push_back(w);  // (the lost are gone)
       }
       bool release = true;
       int64_t last_active = 0;

@@ -47,6 +47,11 @@ void RunLog::Epoch(const pipeline::EpochResult& e) {
   if (events_ != nullptr) Warn(events_->Flush());
 }
 
+void RunLog::Recovered(int64_t step, int count) {
+  Add("run/recoveries", step, count);
+  if (events_ != nullptr) Warn(events_->Flush());
+}
+
 void ReportTo(RunRecord& run, pipeline::FitOptions& f) {
   if (run.log != nullptr) ReportTo(run.log, f);
   f.on_step = [&run, next = std::move(f.on_step)](const pipeline::StepRecord& s) {
@@ -137,6 +142,15 @@ absl::Status WriteReport(const std::string& path, const std::string& mode, const
           << absl::StrFormat("%.6f", x.test_accuracy) << ", \"test_top5\": "
           << absl::StrFormat("%.6f", x.test_top5) << ", \"seconds\": "
           << absl::StrFormat("%.3f", x.seconds) << ", \"skipped_images\": " << x.skipped << "}";
+    }
+    out << "], \"recoveries\": [";
+    for (size_t k = 0; k < r.recoveries.size(); ++k) {
+      const Recovery& x = r.recoveries[k];
+      out << (k ? ", " : "") << "{\"lost\": \"" << x.lost << "\", \"replacement\": \"" << x.replacement
+          << "\", \"detected_after_seconds\": " << absl::StrFormat("%.3f", x.detected_after)
+          << ", \"failed_at_step\": " << x.failed_at << ", \"restored_step\": " << x.restored_step
+          << ", \"steps_redone\": " << x.steps_redone() << ", \"seconds_lost\": "
+          << (x.seconds_lost < 0 ? std::string("null") : absl::StrFormat("%.3f", x.seconds_lost)) << "}";
     }
     out << "]}";
   }

@@ -27,6 +27,21 @@
 
 namespace remora::train {
 
+// One recovery of an elastic run (train/elastic.h): a lost worker and what
+// took its place.
+struct Recovery {
+  std::string lost;         // the worker lost
+  std::string replacement;  // the spare that took its place, or the lost name back
+  std::string cause;        // the failure that revealed it
+  double detected_after = 0;  // seconds from the run's start to the failure
+  int64_t failed_at = 0;      // steps completed when it failed
+  int64_t restored_step = 0;  // the checkpoint's step the run went on from
+  // Seconds from the failure to the first step completed after the
+  // restore (-1: none was).
+  double seconds_lost = -1;
+  int64_t steps_redone() const { return failed_at - restored_step; }
+};
+
 class RunLog {
  public:
   // Event files in `dir` (made if needed; an error when it cannot be);
@@ -39,6 +54,8 @@ class RunLog {
   // failed write is said once on stderr; training goes on.
   void Step(int64_t step, double loss, int64_t rows, double seconds);
   void Epoch(const pipeline::EpochResult& e);
+  // run/recoveries: the run's recoveries so far, at the step it failed at.
+  void Recovered(int64_t step, int count);
 
   const std::vector<std::pair<double, double>>& losses() const { return losses_; }      // (step, loss)
   const std::vector<std::pair<double, double>>& accuracy() const { return accuracy_; }  // (epoch, accuracy)
@@ -80,6 +97,7 @@ struct RunRecord {
   std::map<std::string, double> messages_per_batch;
   std::vector<TimelineSlice> slices;  // a traced run's (train/timeline.h)
   std::shared_ptr<RunLog> log;        // may be null
+  std::vector<Recovery> recoveries;   // an elastic run's (train/elastic.h)
 
   // Batch b's loss and time (its log's step b + 1).
   void AddBatch(int b, double loss, double seconds, int64_t rows);

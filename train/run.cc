@@ -2,6 +2,7 @@
 
 #include <ATen/Context.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <iostream>
@@ -88,6 +89,7 @@ absl::StatusOr<std::unique_ptr<Agent>> StartMaster(const RunPlan& line, Registry
   opts.is_master = true;
   opts.listen_address = c.listen;
   opts.workers = c.all_workers;
+  opts.workers.insert(opts.workers.end(), c.spares.begin(), c.spares.end());  // (they stand by)
   opts.connect_timeout = absl::Seconds(c.connect_timeout);
   opts.rpc_timeout = absl::Minutes(10);
   opts.token = line.security.token;
@@ -96,15 +98,18 @@ absl::StatusOr<std::unique_ptr<Agent>> StartMaster(const RunPlan& line, Registry
   if (!agent.ok()) return agent.status();
   dist_autograd::Enable(**agent);
   std::cout << "master listening at " << (*agent)->self().address << " (" << TlsModeName(line.security.tls)
-            << "), waiting for " << absl::StrJoin(c.all_workers, ", ") << std::endl;
+            << "), waiting for " << absl::StrJoin(opts.workers, ", ") << std::endl;
   return agent;
 }
 
 // Waits until every worker joined; lists them.
-absl::Status JoinWorkers(Agent& agent) {
+absl::Status JoinWorkers(Agent& agent, const RunOptions& c) {
   RETURN_IF_ERROR(agent.Join());
   for (const auto& w : agent.workers()) {
-    if (w.id != 0) std::cout << "  " << w.name << ": shards on " << w.device << "\n";
+    if (w.id == 0) continue;
+    const bool spare = std::find(c.spares.begin(), c.spares.end(), w.name) != c.spares.end();
+    std::cout << "  " << w.name << (spare ? ": spare, standing by (" : ": shards on ") << w.device
+              << (spare ? ")\n" : "\n");
   }
   return absl::OkStatus();
 }
@@ -184,10 +189,8 @@ absl::StatusOr<std::vector<Run>> TrainOverWorkers(Agent& agent, RunPlan& line, c
         runtime::SetComputeThreads(c.coordinator_threads);
       };
     }
-    auto run = c.dataset.empty()
-                   ? TrainPipeline(agent, c, *stages, s, last && !(c.trace.empty() && c.timeline.empty()),
-                                   after_batch, &checkpoints)
-                   : FitPipeline(agent, c, *stages, s, *sets.train, *sets.test, &checkpoints);
+    auto run = TrainOverPipeline(agent, c, *stages, s, sets, last && !(c.trace.empty() && c.timeline.empty()),
+                                 after_batch, checkpoints);
     if (!run.ok()) return run.status();
     PrintRun(*run, c);
     runs.push_back(std::move(*run));
@@ -268,7 +271,7 @@ absl::Status RunMaster(RunPlan& plan, Registry* registry) {
   if (c.local) {
     runs = TrainHere(c, **sets);
   } else {
-    if (auto s = JoinWorkers(*agent); !s.ok()) return fail(s);
+    if (auto s = JoinWorkers(*agent, c); !s.ok()) return fail(s);
     runs = TrainOverWorkers(*agent, plan, **sets, baseline);
   }
   if (!runs.ok()) return fail(runs.status());

@@ -236,15 +236,21 @@ absl::StatusOr<Run> FitLocal(const RunOptions& c, int splits, const data::Source
   return run;
 }
 
-absl::StatusOr<Run> FitPipeline(Agent& agent, const RunOptions& c,
-                                const std::vector<pipeline::StageSpec>& stages, int splits,
-                                const data::Source& train, const data::Source& test,
-                                const Checkpointing* checkpoints) {
+absl::Status FitPipeline(Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
+                         int splits, const data::Source& train, const data::Source& test, Run& run,
+                         const Checkpointing* checkpoints, train::Elastic* elastic) {
   ASSIGN_OR_RETURN(auto trainer, CreatePipeline(agent, c, stages, splits));
-  Run run(splits);
-  ASSIGN_OR_RETURN(run.log, OpenRunLog(c, splits));
+  if (run.log == nullptr) {
+    ASSIGN_OR_RETURN(run.log, OpenRunLog(c, splits));
+  }
   train::TrainOptions options = TrainOptionsOf(c, splits, splits * c.replicas, checkpoints);
   train::ReportTo(run, options.fit);
+  if (elastic != nullptr) {
+    options.fit.on_step = [elastic, next = std::move(options.fit.on_step)](const pipeline::StepRecord& s) {
+      if (next) next(s);
+      elastic->StepDone(s.step);
+    };
+  }
   if (c.data_on == "workers" && trainer->pipeline().replica(0).runs_on_workers()) {
     // Every replica's stage 0 worker reads its share of each batch.
     RETURN_IF_ERROR(
@@ -256,10 +262,19 @@ absl::StatusOr<Run> FitPipeline(Agent& agent, const RunOptions& c,
                 c.data_on == "workers" ? " (a loss computed on the master needs the batches here)" : "");
   }
   run.schedule = trainer->pipeline().replica(0).schedule().name;
-  ASSIGN_OR_RETURN(run.epochs, train::Fit(*trainer, train, test, options, std::cout));
+  ASSIGN_OR_RETURN(std::vector<pipeline::EpochResult> epochs, train::Fit(*trainer, train, test, options, std::cout));
+  // After a recovery the epochs before the one it went on in are the
+  // earlier attempts'.
+  if (!epochs.empty()) {
+    const int from = epochs.front().epoch;
+    run.epochs.erase(std::remove_if(run.epochs.begin(), run.epochs.end(),
+                                    [from](const pipeline::EpochResult& e) { return e.epoch >= from; }),
+                     run.epochs.end());
+  }
+  run.epochs.insert(run.epochs.end(), epochs.begin(), epochs.end());
+  run.seconds = 0;
   for (const auto& e : run.epochs) run.seconds += e.seconds;
-  RETURN_IF_ERROR(ReportMemory(trainer->pipeline(), c, run));
-  return run;
+  return ReportMemory(trainer->pipeline(), c, run);
 }
 
 absl::Status ReportMemory(parallel::DataParallelPipeline& pipe, const RunOptions& c, Run& run) {
@@ -418,20 +433,21 @@ void EnableTracing(Agent& agent, const std::vector<std::string>& workers, bool t
 
 }  // namespace
 
-absl::StatusOr<Run> TrainPipeline(Agent& agent, const RunOptions& c,
-                                  const std::vector<pipeline::StageSpec>& stages, int splits,
-                                  bool traced,
-                                  const std::function<void(int)>& after_batch,
-                                  const Checkpointing* checkpoints) {
-  Run run(splits);
+absl::Status TrainPipeline(Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
+                           int splits, bool traced, const std::function<void(int)>& after_batch, Run& run,
+                           const Checkpointing* checkpoints, train::Elastic* elastic) {
   ASSIGN_OR_RETURN(auto trainer, CreatePipeline(agent, c, stages, splits));
   parallel::DataParallelPipeline* pipe = &trainer->pipeline();
-  ASSIGN_OR_RETURN(run.log, OpenRunLog(c, splits));
+  if (run.log == nullptr) {
+    ASSIGN_OR_RETURN(run.log, OpenRunLog(c, splits));
+  }
   run.schedule = pipe->replica(0).schedule().name;
   const train::Checkpoints saves(checkpoints != nullptr ? checkpoints->Target(c) : train::SaveTarget{},
                                  c.checkpoint_every);
   RETURN_IF_ERROR(saves.Prepare());
   ASSIGN_OR_RETURN(const int first, ResumeBatches(*trainer, checkpoints, run));  // the next batch
+  // (A recovery goes on from an earlier batch: the later ones' times go.)
+  if (run.batch_seconds.size() > static_cast<size_t>(first)) run.batch_seconds.resize(first);
   EnableTracing(agent, c.workers, traced);
   const int64_t start = trace::NowUs();
   std::vector<std::pair<int64_t, int64_t>> paused;  // after_batch's windows
@@ -457,6 +473,7 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const RunOptions& c,
     const double seconds = (now - last_end) / 1e6;
     last_end = now;
     RecordBatch(run, s.b, loss, seconds, c.batch_size);
+    if (elastic != nullptr) elastic->StepDone(s.b + 1);
     RETURN_IF_ERROR(
         saves.MaybeSave(*trainer, {s.b + 1, 0, s.b + 1, 0, 0, run.losses}, /*final=*/s.b + 1 == c.batches, std::cout));
     if (after_batch) {
@@ -492,6 +509,49 @@ absl::StatusOr<Run> TrainPipeline(Agent& agent, const RunOptions& c,
   }
   RETURN_IF_ERROR(ReportMemory(*pipe, c, run));
   if (traced) RETURN_IF_ERROR(CollectSlices(agent, c.workers, start, paused, run));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Run> TrainOverPipeline(Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
+                                      int splits, const Sets& sets, bool traced,
+                                      const std::function<void(int)>& after_batch, const Checkpointing& checkpoints) {
+  Run run(splits);
+  ASSIGN_OR_RETURN(run.log, OpenRunLog(c, splits));
+  train::ElasticOptions o;
+  o.max_restarts = c.max_restarts;
+  o.rejoin_timeout = absl::Seconds(c.rejoin_timeout);
+  o.spares = c.spares;
+  o.checkpoint_dir = c.checkpoint_dir;
+  train::Elastic elastic(agent, o, run.log);
+  std::vector<std::string> workers = c.all_workers;
+  bool first = true;
+  absl::Status trained = elastic.Run(
+      workers, std::nullopt, std::cout,
+      [&](const std::vector<std::string>& ws, const std::optional<checkpoint::Checkpoint>& from) -> absl::Status {
+        RunOptions now = c;  // over the workers of this attempt
+        now.all_workers = ws;
+        now.workers.assign(ws.begin(), ws.begin() + static_cast<std::ptrdiff_t>(c.workers.size()));
+        Checkpointing ck = checkpoints;
+        if (!first) {  // a recovery: from the latest checkpoint, cut as it was saved
+          ck.resume = from;
+          ASSIGN_OR_RETURN(ck.stages, checkpoint::LoadStageSpecs(*from));
+        }
+        const std::vector<pipeline::StageSpec>& cut = first ? stages : ck.stages;
+        first = false;
+        return c.dataset.empty()
+                   ? TrainPipeline(agent, now, cut, splits, traced, after_batch, run, &ck, &elastic)
+                   : FitPipeline(agent, now, cut, splits, *sets.train, *sets.test, run, &ck, &elastic);
+      });
+  if (!trained.ok()) return trained;
+  run.recoveries = elastic.recoveries();
+  for (const train::Recovery& r : run.recoveries) {
+    const std::string by =
+        r.replacement == r.lost ? "back under its name" : absl::StrCat("replaced by '", r.replacement, "'");
+    std::printf("elastic: '%s' lost after step %lld, %s; went on from step %lld (%lld trained again, %.2f s from "
+                "the failure to the next step)\n",
+                r.lost.c_str(), static_cast<long long>(r.failed_at), by.c_str(),
+                static_cast<long long>(r.restored_step), static_cast<long long>(r.steps_redone()), r.seconds_lost);
+  }
   return run;
 }
 

@@ -26,6 +26,7 @@
 #include "pipeline/partition.h"
 #include "pipeline/pipeline.h"
 #include "rpc/agent.h"
+#include "train/elastic.h"
 #include "train/events.h"
 #include "train/fit.h"
 #include "train/local_trainer.h"
@@ -113,6 +114,12 @@ struct RunOptions {
   // Pipelines' checkpoints: the step waits only for the copies, the files
   // are written in the background (--checkpoint-background).
   bool checkpoint_background = true;
+  // Elastic recovery (train/elastic.h): failures recovered from (0: none),
+  // how long to wait for a lost worker to register again (seconds), and
+  // the workers standing by to take a lost one's place.
+  int max_restarts = 0;
+  int rejoin_timeout = 60;
+  std::vector<std::string> spares;
 };
 
 // A run's checkpoints: what they record of the run and the checkpoint it
@@ -209,10 +216,11 @@ bool TrainsSmallCnn(const RunOptions& c);
 std::vector<pipeline::StageSpec> SmallCnnStages(const RunOptions& c);
 // Epochs over the dataset, in this process or as a pipeline of `stages`.
 absl::StatusOr<Run> FitLocal(const RunOptions& c, int splits, const data::Source& train, const data::Source& test);
-absl::StatusOr<Run> FitPipeline(Agent& agent, const RunOptions& c,
-                                const std::vector<pipeline::StageSpec>& stages, int splits,
-                                const data::Source& train, const data::Source& test,
-                                const Checkpointing* checkpoints = nullptr);
+// Into `run` (its log opened when not yet); each step is reported to
+// `elastic` when set.
+absl::Status FitPipeline(Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
+                         int splits, const data::Source& train, const data::Source& test, Run& run,
+                         const Checkpointing* checkpoints = nullptr, train::Elastic* elastic = nullptr);
 // ResNet50's stage boundaries (block indices) for the workers.
 // The split points of --split-at, or of --partition tutorial.
 std::vector<int> SplitPoints(const RunOptions& c);
@@ -223,11 +231,18 @@ absl::StatusOr<int> StagesPerWorker(const RunOptions& c, int num_layers);
 // The stages of the ResNet50 demo or of a sequential --model, cut by
 // --partition / --split-at / --interleave and printed.
 absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, const RunOptions& c);
-// `after_batch` (if set) runs after each batch, outside its timing.
-absl::StatusOr<Run> TrainPipeline(Agent& agent, const RunOptions& c,
-                                  const std::vector<pipeline::StageSpec>& stages, int splits,
-                                  bool traced, const std::function<void(int)>& after_batch = nullptr,
-                                  const Checkpointing* checkpoints = nullptr);
+// `after_batch` (if set) runs after each batch, outside its timing. Into
+// `run`, as FitPipeline.
+absl::Status TrainPipeline(Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
+                           int splits, bool traced, const std::function<void(int)>& after_batch, Run& run,
+                           const Checkpointing* checkpoints = nullptr, train::Elastic* elastic = nullptr);
+// One split count's pipeline run over the workers: TrainPipeline, or
+// FitPipeline with --dataset; with --max-restarts, recovered from the
+// latest checkpoint when a worker is lost (train/elastic.h), a line on the
+// output and an entry in the run's record for each recovery.
+absl::StatusOr<Run> TrainOverPipeline(Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
+                                      int splits, const Sets& sets, bool traced,
+                                      const std::function<void(int)>& after_batch, const Checkpointing& checkpoints);
 // Fills run.stage_memory from every replica of `pipe` and prints
 // "  [replica R, ]stage K on W: peak saved activations X MiB" per stage,
 // then each replica's optimizer state.

@@ -27,6 +27,7 @@
 
 #include "checkpoint/shard.h"
 #include "proto/checkpoint.pb.h"
+#include "tests/support/master_runs.h"
 #include "tests/support/pipeline_fixtures.h"
 #include "tests/support/script_models.h"
 #include "tests/support/test_group.h"
@@ -36,16 +37,15 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using test_support::CompareStages;
+using test_support::FreshDir;
+using test_support::LineStarting;
+using test_support::MasterArgv;
 using test_support::Mlp;
+using test_support::StageDifference;
+using test_support::StartWorkers;
 
 const std::string kBin = BinDir();
-
-std::string FreshDir(const std::string& name) {
-  const std::string dir = fs::path(TempPath(name)).lexically_normal().string();
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
 
 TrainingState At(int64_t step) {
   TrainingState s;
@@ -432,61 +432,6 @@ TEST(Checkpoint, CorruptOrMismatchedCheckpointsAreClearErrors) {
   auto specs = LoadStageSpecs(ck);
   EXPECT_EQ(specs.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(std::string(specs.status().message()), HasSubstr("model.pt has CRC-32"));
-}
-
-// Workers `names` (the stock worker) for a master at `addr`, logging to
-// files named after `tag`.
-std::vector<std::unique_ptr<launch::Subprocess>> StartWorkers(const std::vector<std::string>& names,
-                                                          const std::string& addr, const std::string& tag) {
-  std::vector<std::unique_ptr<launch::Subprocess>> out;
-  for (const auto& n : names) {
-    out.push_back(launch::Subprocess::Spawn({kBin + "/worker", "--name", n, "--master", addr, "--threads", "1"},
-                                         TempPath(tag + "_" + n + ".log"))
-                      .value());
-  }
-  return out;
-}
-
-std::vector<std::string> MasterArgv(const std::string& workers, const std::string& addr,
-                                    const std::string& data, std::vector<std::string> more) {
-  std::vector<std::string> argv = {kBin + "/master", "--workers", workers, "--listen", addr,
-                                   "--dataset", "idx:" + data, "--epochs", "3", "--batch-size", "32",
-                                   "--splits", "2", "--threads", "1"};
-  argv.insert(argv.end(), more.begin(), more.end());
-  return argv;
-}
-
-// The line of `output` that starts with `prefix` ("" when none).
-std::string LineStarting(const std::string& output, const std::string& prefix) {
-  for (size_t at = 0; at < output.size();) {
-    const size_t end = std::min(output.find('\n', at), output.size());
-    if (output.compare(at, prefix.size(), prefix) == 0) return output.substr(at, end - at);
-    at = end + 1;
-  }
-  return "";
-}
-
-// How the stage tensors of the checkpoints in `a_path` and `b_path`
-// compare: bitwise equal, and the largest difference.
-struct StageDifference {
-  bool equal = true;
-  double largest = 0;
-};
-StageDifference CompareStages(const std::string& a_path, const std::string& b_path) {
-  StageDifference d;
-  auto a = ReadStageTensors(Latest(a_path).value()), b = ReadStageTensors(Latest(b_path).value());
-  EXPECT_TRUE(a.ok() && b.ok());
-  EXPECT_EQ(a->size(), b->size());
-  if (!a.ok() || !b.ok() || a->size() != b->size()) return {false, INFINITY};
-  for (size_t k = 0; k < a->size(); ++k) {
-    EXPECT_EQ((*a)[k].size(), (*b)[k].size()) << "stage " << k;
-    if ((*a)[k].size() != (*b)[k].size()) return {false, INFINITY};
-    for (size_t j = 0; j < (*a)[k].size(); ++j) {
-      d.equal = d.equal && at::equal((*a)[k][j], (*b)[k][j]);
-      d.largest = std::max(d.largest, ((*a)[k][j] - (*b)[k][j]).abs().max().item<double>());
-    }
-  }
-  return d;
 }
 
 // The real programs: a job whose worker is SIGKILLed mid-epoch, restarted

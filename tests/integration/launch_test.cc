@@ -1,7 +1,7 @@
 // remora-launch, the real program: flags and errors, the command each rank
 // gets under torchrun's and Slurm's variables (--dry-run), and a group of
 // three ranks that trains under torchrun's variables, and one whose killed
-// worker remora-launch --max-restarts brings back.
+// worker and master remora-launch --max-restarts brings back.
 #include <signal.h>
 
 #include <cstdlib>
@@ -176,12 +176,16 @@ std::string LineStarting(const std::string& text, const std::string& prefix) {
   return text.substr(at + 1, text.find('\n', at + 1) - at - 1);
 }
 
-// A worker SIGKILLed mid-training under remora-launch --max-restarts 1:
-// the master fails naming it, every rank's remora-launch starts its
-// program again, the new master goes on from the last checkpoint
-// (--resume auto), and the job ends by itself with the losses of a job
-// that never failed. Without --resume auto the restarts are refused.
-TEST(RemoraLaunch, MaxRestartsBringsAKilledWorkerBackAndTheJobGoesOnFromItsCheckpoint) {
+// Under remora-launch --max-restarts 2 (which the master gets too): a
+// worker SIGKILLed mid-training is started again under its name by its
+// remora-launch and the master puts it back in its place and goes on from
+// the last checkpoint, the other worker untouched; then the master itself
+// is SIGKILLed: its remora-launch starts it again, it goes on from the last
+// checkpoint (--resume auto), the workers' remora-launch start them again
+// once they find the master gone, and the job ends by itself with the
+// losses of a job that never failed. Without --resume auto the restarts
+// are refused.
+TEST(RemoraLaunch, MaxRestartsBringsKilledProcessesBackAndTheJobGoesOnFromItsCheckpoint) {
   auto [refused, refused_out] =
       Launch({"RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1"}, {"--dry-run", "--max-restarts", "1"});
   EXPECT_EQ(refused, 1) << refused_out;
@@ -194,10 +198,12 @@ TEST(RemoraLaunch, MaxRestartsBringsAKilledWorkerBackAndTheJobGoesOnFromItsCheck
   test_support::WriteToyIdx(data, 320, 50);  // 10 batches of 32 per epoch
   auto args = [&](const std::string& ckpt) {
     std::filesystem::remove_all(ckpt);  // a repeated test starts fresh
-    return std::vector<std::string>{"--max-restarts",   "1", "--restart-delay", "3", "--dataset", "idx:" + data,
-                                    "--epochs",         "3", "--batch-size",    "32", "--splits", "2",
-                                    "--threads",        "1", "--checkpoint-dir", ckpt, "--checkpoint-every", "3",
-                                    "--resume",         "auto", "--connect-timeout", "60", "--", "--threads", "1"};
+    return std::vector<std::string>{"--max-restarts",  "2",    "--restart-delay",   "1",    "--dataset",
+                                    "idx:" + data,     "--epochs", "3",             "--batch-size", "32",
+                                    "--splits",        "2",    "--threads",         "1",    "--checkpoint-dir",
+                                    ckpt,              "--checkpoint-every", "3",   "--resume", "auto",
+                                    "--connect-timeout", "60", "--",                "--threads", "1",
+                                    "--master-timeout", "2"};
   };
   // Uninterrupted, for the losses.
   std::vector<std::string> whole_out;
@@ -210,16 +216,23 @@ TEST(RemoraLaunch, MaxRestartsBringsAKilledWorkerBackAndTheJobGoesOnFromItsCheck
 
   std::vector<std::string> outputs;
   auto ranks = StartRanks(3, args(TempPath("launch_restart_ckpt")), "launch_restart", &outputs);
-  const absl::Time deadline = absl::Now() + absl::Seconds(120);
-  while (ReadFile(outputs[0]).find("checkpoint: step 6 ") == std::string::npos && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  ASSERT_THAT(ReadFile(outputs[0]), HasSubstr("checkpoint: step 6 "));
-  // Rank 2's worker program: remora-launch's child.
-  std::ifstream children(absl::StrCat("/proc/", ranks[2]->pid(), "/task/", ranks[2]->pid(), "/children"));
-  pid_t worker = 0;
-  ASSERT_TRUE(children >> worker) << "rank 2 runs no worker";
-  ASSERT_EQ(kill(worker, SIGKILL), 0);
+  auto wait_for = [&](const std::string& text) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(120);
+    while (ReadFile(outputs[0]).find(text) == std::string::npos && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return ReadFile(outputs[0]).find(text) != std::string::npos;
+  };
+  // Rank r's program: remora-launch's child.
+  auto kill_program = [&](int rank) {
+    std::ifstream children(absl::StrCat("/proc/", ranks[rank]->pid(), "/task/", ranks[rank]->pid(), "/children"));
+    pid_t program = 0;
+    return children >> program && kill(program, SIGKILL) == 0;
+  };
+  ASSERT_TRUE(wait_for("checkpoint: step 6 ")) << ReadFile(outputs[0]);
+  ASSERT_TRUE(kill_program(2)) << "rank 2 runs no worker";
+  ASSERT_TRUE(wait_for("checkpoint: step 15 ")) << ReadFile(outputs[0]);
+  ASSERT_TRUE(kill_program(0)) << "rank 0 runs no master";
   for (int rank = 0; rank < 3; ++rank) {
     auto code = ranks[rank]->Wait(absl::Seconds(240));
     ASSERT_TRUE(code.ok()) << "rank " << rank << " did not exit: " << ReadFile(outputs[rank]);
@@ -227,12 +240,16 @@ TEST(RemoraLaunch, MaxRestartsBringsAKilledWorkerBackAndTheJobGoesOnFromItsCheck
   }
   const std::string master = ReadFile(outputs[0]);
   EXPECT_THAT(master, HasSubstr("starting fresh (--resume auto)"));
-  EXPECT_THAT(master, HasSubstr("worker2"));  // the first master's error names it
-  EXPECT_THAT(master, HasSubstr("the master exited with code 1; restarting it in 3 s (restart 1 of 1)"));
+  EXPECT_THAT(master, HasSubstr("elastic: lost 'worker2' after step "));
+  EXPECT_THAT(master, HasSubstr("elastic: 'worker2' is back"));
+  EXPECT_THAT(master, HasSubstr("the master was killed by signal 9 (Killed); restarting it in 1 s (restart 1 of 2)"));
   EXPECT_THAT(master, HasSubstr("resumed from "));
   EXPECT_THAT(ReadFile(outputs[2]),
-              HasSubstr("worker 'worker2' was killed by signal 9 (Killed); restarting it in 3 s (restart 1 of 1)"));
-  EXPECT_THAT(ReadFile(outputs[1]), HasSubstr("worker 'worker1' exited with code 1; restarting it"));
+              HasSubstr("worker 'worker2' was killed by signal 9 (Killed); restarting it in 1 s (restart 1 of 2)"));
+  // worker1 kept its process through worker2's loss; it left with the
+  // master.
+  EXPECT_THAT(ReadFile(outputs[1]), HasSubstr("worker 'worker1' exited with code 1; restarting it in 1 s (restart 1 of 2)"));
+  EXPECT_THAT(ReadFile(outputs[1]), Not(HasSubstr("restart 2 of 2")));
   // The same losses (equal to the printed digits where training is
   // bitwise reproducible, as with Debian's LibTorch; close elsewhere).
   auto value = [](const std::string& line, const std::string& key) {

@@ -1,15 +1,21 @@
 #include "tests/support/master_runs.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <memory>
 #include <regex>
 
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/abs.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/max.h>
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "checkpoint/checkpoint.h"
 #include "tests/support/test_group.h"
 
 namespace remora::test_support {
@@ -101,6 +107,59 @@ std::vector<train::ScalarEvent> ScalarsIn(const std::string& dir, const std::str
     }
   }
   return out;
+}
+
+std::string FreshDir(const std::string& name) {
+  const std::string dir = std::filesystem::path(TempPath(name)).lexically_normal().string();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+std::vector<std::unique_ptr<launch::Subprocess>> StartWorkers(const std::vector<std::string>& names,
+                                                              const std::string& addr, const std::string& tag) {
+  std::vector<std::unique_ptr<launch::Subprocess>> out;
+  for (const auto& n : names) {
+    out.push_back(launch::Subprocess::Spawn({BinDir() + "/worker", "--name", n, "--master", addr, "--threads", "1"},
+                                            TempPath(tag + "_" + n + ".log"))
+                      .value());
+  }
+  return out;
+}
+
+std::vector<std::string> MasterArgv(const std::string& workers, const std::string& addr, const std::string& data,
+                                    std::vector<std::string> more) {
+  std::vector<std::string> argv = {BinDir() + "/master", "--workers", workers, "--listen", addr,
+                                   "--dataset", "idx:" + data, "--epochs", "3", "--batch-size", "32",
+                                   "--splits", "2", "--threads", "1"};
+  argv.insert(argv.end(), more.begin(), more.end());
+  return argv;
+}
+
+std::string LineStarting(const std::string& output, const std::string& prefix) {
+  for (size_t at = 0; at < output.size();) {
+    const size_t end = std::min(output.find('\n', at), output.size());
+    if (output.compare(at, prefix.size(), prefix) == 0) return output.substr(at, end - at);
+    at = end + 1;
+  }
+  return "";
+}
+
+StageDifference CompareStages(const std::string& a_path, const std::string& b_path) {
+  StageDifference d;
+  auto a = checkpoint::ReadStageTensors(checkpoint::Latest(a_path).value());
+  auto b = checkpoint::ReadStageTensors(checkpoint::Latest(b_path).value());
+  EXPECT_TRUE(a.ok() && b.ok());
+  if (!a.ok() || !b.ok() || a->size() != b->size()) return {false, INFINITY};
+  for (size_t k = 0; k < a->size(); ++k) {
+    EXPECT_EQ((*a)[k].size(), (*b)[k].size()) << "stage " << k;
+    if ((*a)[k].size() != (*b)[k].size()) return {false, INFINITY};
+    for (size_t j = 0; j < (*a)[k].size(); ++j) {
+      d.equal = d.equal && at::equal((*a)[k][j], (*b)[k][j]);
+      d.largest = std::max(d.largest, ((*a)[k][j] - (*b)[k][j]).abs().max().item<double>());
+    }
+  }
+  return d;
 }
 
 }  // namespace remora::test_support

@@ -2,10 +2,12 @@
 // real workers, the losses and epochs of a --report file.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "launch/cli.h"
 #include "train/events.h"
 
 namespace remora::test_support {
@@ -33,5 +35,30 @@ std::vector<std::pair<double, double>> ReportEpochs(const std::string& json);
 // The scalars tagged `tag` of the one TensorBoard event file in `dir`
 // (master --tensorboard); a test failure when there is not exactly one.
 std::vector<train::ScalarEvent> ScalarsIn(const std::string& dir, const std::string& tag);
+
+// TempPath(name), emptied and made.
+std::string FreshDir(const std::string& name);
+
+// Stock `worker`s `names` for a master at `addr`, logging to files named
+// after `tag`.
+std::vector<std::unique_ptr<launch::Subprocess>> StartWorkers(const std::vector<std::string>& names,
+                                                              const std::string& addr, const std::string& tag);
+
+// `master` training the small CNN over `workers` on the IDX set in `data`
+// (WriteToyIdx): 3 epochs of batches of 32 at --splits 2, one thread; then
+// `more`.
+std::vector<std::string> MasterArgv(const std::string& workers, const std::string& addr, const std::string& data,
+                                    std::vector<std::string> more);
+
+// The line of `output` that starts with `prefix` ("" when none).
+std::string LineStarting(const std::string& output, const std::string& prefix);
+
+// How the stage tensors of the latest checkpoints in `a_path` and
+// `b_path` compare: bitwise equal, and the largest difference.
+struct StageDifference {
+  bool equal = true;
+  double largest = 0;
+};
+StageDifference CompareStages(const std::string& a_path, const std::string& b_path);
 
 }  // namespace remora::test_support

@@ -1,0 +1,180 @@
+// Elastic training with the real programs: a job that loses workers goes
+// on by itself from its last checkpoint, first with a spare taking the
+// killed worker's place, then with the next killed worker started again
+// under its name, and ends bitwise equal to a job that lost none (where
+// LibTorch trains reproducibly); a job that loses more workers than
+// --max-restarts allows fails saying so; the flags' misuse is refused.
+#include <csignal>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "tests/support/master_runs.h"
+#include "tests/support/pipeline_fixtures.h"
+#include "tests/support/test_group.h"
+
+namespace remora::train {
+namespace {
+
+using ::testing::HasSubstr;
+using test_support::CompareStages;
+using test_support::FreshDir;
+using test_support::LineStarting;
+using test_support::MasterArgv;
+using test_support::StageDifference;
+using test_support::StartWorkers;
+
+// Waits until the file `log` holds `text`, while `master` runs (120 s at
+// most); whether it does.
+bool WaitFor(const std::string& log, const std::string& text, launch::Subprocess& master) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  while (ReadFile(log).find(text) == std::string::npos) {
+    if (!master.running() || absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  return true;
+}
+
+// A worker of the stock program, alone (to start one again under a name).
+std::unique_ptr<launch::Subprocess> StartWorker(const std::string& name, const std::string& addr,
+                                                const std::string& tag) {
+  return std::move(StartWorkers({name}, addr, tag)[0]);
+}
+
+std::string ToyData() {
+  const std::string data = std::filesystem::path(TempPath("elastic_toy")).lexically_normal().string();
+  test_support::WriteToyIdx(data, 320, 100);  // 10 batches of 32 per epoch, 3 epochs
+  return data;
+}
+
+TEST(Elastic, FlagsAreCheckedBeforeAnyWorkerIsWaitedFor) {
+  const std::string data = ToyData();
+  struct Case {
+    std::vector<std::string> flags;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {{"--max-restarts", "1"}, "give --checkpoint-dir DIR"},
+      {{"--spares", "s1"}, "give --max-restarts N too"},
+      {{"--max-restarts", "-1"}, "must be >= 0"},
+      {{"--max-restarts", "1", "--checkpoint-dir", TempPath("elastic_flags"), "--spares", "w1"}, "'w1' is named twice"},
+      {{"--max-restarts", "1", "--local"}, "not with --local"},
+  };
+  for (const Case& c : cases) {
+    auto [code, out] = RunProgram(MasterArgv("w1,w2", "127.0.0.1:1", data, c.flags));
+    EXPECT_EQ(code, 2) << out;
+    EXPECT_THAT(out, HasSubstr(c.says)) << absl::StrJoin(c.flags, " ");
+  }
+}
+
+// w2 is SIGKILLed after the checkpoint of step 6: the spare s1 takes its
+// place; then w1 is SIGKILLed after the checkpoint of step 15 and, no spare
+// being left, started again under its name: the job goes on by itself and
+// ends where a job that lost no worker ends.
+TEST(Elastic, AJobThatLosesWorkersGoesOnAndEndsEqualToOneThatLostNone) {
+  const std::string data = ToyData();
+  const std::string whole = FreshDir("elastic_whole"), elastic = FreshDir("elastic_ckpt");
+  const std::vector<std::string> saves = {"--checkpoint-every", "3", "--keep", "2"};
+  std::string whole_out;
+  {
+    const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+    auto workers = StartWorkers({"w1", "w2"}, addr, "elastic_whole");
+    auto [code, out] = RunProgram(MasterArgv("w1,w2", addr, data, {"--checkpoint-dir", whole, saves[0], saves[1]}),
+                                  absl::Seconds(200));
+    ASSERT_EQ(code, 0) << out;
+    whole_out = out;
+  }
+
+  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+  auto workers = StartWorkers({"w1", "w2", "s1"}, addr, "elastic");
+  const std::string log = TempPath("elastic_master.log"), report = TempPath("elastic_report.json");
+  const std::string board = FreshDir("elastic_tensorboard");
+  auto master = launch::Subprocess::Spawn(
+                    MasterArgv("w1,w2", addr, data,
+                               {"--checkpoint-dir", elastic, saves[0], saves[1], saves[2], saves[3], "--max-restarts",
+                                "2", "--spares", "s1", "--rejoin-timeout", "60", "--report", report, "--tensorboard",
+                                board}),
+                    log)
+                    .value();
+  ASSERT_TRUE(WaitFor(log, "checkpoint: step 6 ", *master)) << ReadFile(log);
+  workers[1]->Signal(SIGKILL);
+  ASSERT_TRUE(WaitFor(log, "checkpoint: step 15 ", *master)) << ReadFile(log);
+  workers[0]->Signal(SIGKILL);
+  ASSERT_TRUE(WaitFor(log, "for a worker to register again as 'w1'", *master)) << ReadFile(log);
+  workers[0]->Wait(absl::Seconds(10)).IgnoreError();
+  workers[0] = StartWorker("w1", addr, "elastic_rejoined");
+  const int code = master->Wait(absl::Seconds(200)).value_or(-1);
+  const std::string out = ReadFile(log);
+  ASSERT_EQ(code, 0) << out;
+  for (size_t i : {0, 2}) EXPECT_EQ(workers[i]->Wait(absl::Seconds(30)).value_or(-1), 0) << "worker " << i;
+
+  EXPECT_THAT(out, HasSubstr("s1: spare, standing by"));
+  EXPECT_THAT(out, HasSubstr("elastic: spare 's1' takes the place of 'w2'"));
+  EXPECT_THAT(out, HasSubstr("elastic: recovery 1 of 2: going on over w1,s1 from the checkpoint of step "));
+  EXPECT_THAT(out, HasSubstr("elastic: 'w1' is back"));
+  EXPECT_THAT(out, HasSubstr("elastic: recovery 2 of 2: going on over w1,s1 from the checkpoint of step "));
+  EXPECT_THAT(out, HasSubstr("checkpoint: step 30 in " + elastic));
+  // The report lists both recoveries; TensorBoard has run/recoveries.
+  const std::string json = ReadFile(report);
+  EXPECT_THAT(json, HasSubstr("\"recoveries\": [{\"lost\": \"w2\", \"replacement\": \"s1\""));
+  EXPECT_THAT(json, HasSubstr("{\"lost\": \"w1\", \"replacement\": \"w1\""));
+  const auto recoveries = test_support::ScalarsIn(board, "run/recoveries");
+  ASSERT_EQ(recoveries.size(), 2u);
+  EXPECT_EQ(recoveries[1].value, 2);
+
+  // Equal to the job that lost none: bitwise where two uninterrupted jobs
+  // are (Debian's LibTorch), else close.
+  const StageDifference after = CompareStages(whole, elastic);
+  if (!after.equal) {
+    const std::string again = FreshDir("elastic_again_ckpt");
+    const std::string addr2 = absl::StrCat("127.0.0.1:", FreePort());
+    auto more = StartWorkers({"w1", "w2"}, addr2, "elastic_again");
+    auto [again_code, again_out] =
+        RunProgram(MasterArgv("w1,w2", addr2, data, {"--checkpoint-dir", again}), absl::Seconds(200));
+    ASSERT_EQ(again_code, 0) << again_out;
+    const StageDifference twice = CompareStages(whole, again);
+    ASSERT_FALSE(twice.equal) << "two uninterrupted jobs end bitwise equal here, but the elastic one ended "
+                              << after.largest << " away";
+    EXPECT_LT(after.largest, 1e-5);
+  } else {
+    EXPECT_EQ(LineStarting(out, "epoch=3 ").substr(0, 50), LineStarting(whole_out, "epoch=3 ").substr(0, 50));
+  }
+}
+
+// --max-restarts 1: w2 is killed and comes back; killed again, the job
+// fails saying why.
+TEST(Elastic, ALossBeyondMaxRestartsFailsTheJobSayingSo) {
+  const std::string data = ToyData();
+  const std::string dir = FreshDir("elastic_twice");
+  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+  auto workers = StartWorkers({"w1", "w2"}, addr, "elastic_twice");
+  const std::string log = TempPath("elastic_twice_master.log");
+  auto master = launch::Subprocess::Spawn(MasterArgv("w1,w2", addr, data,
+                                                     {"--checkpoint-dir", dir, "--checkpoint-every", "3",
+                                                      "--max-restarts", "1", "--rejoin-timeout", "60"}),
+                                          log)
+                    .value();
+  ASSERT_TRUE(WaitFor(log, "checkpoint: step 6 ", *master)) << ReadFile(log);
+  workers[1]->Signal(SIGKILL);
+  ASSERT_TRUE(WaitFor(log, "for a worker to register again as 'w2'", *master)) << ReadFile(log);
+  workers[1]->Wait(absl::Seconds(10)).IgnoreError();
+  workers[1] = StartWorker("w2", addr, "elastic_twice_again");
+  ASSERT_TRUE(WaitFor(log, "checkpoint: step 12 ", *master)) << ReadFile(log);
+  workers[1]->Signal(SIGKILL);
+  const int code = master->Wait(absl::Seconds(60)).value_or(-1);
+  const std::string out = ReadFile(log);
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_THAT(out, HasSubstr("elastic: 'w2' is back"));
+  EXPECT_THAT(out, HasSubstr("worker 'w2' lost after 1 recovery (--max-restarts 1): giving up"));
+  EXPECT_EQ(workers[0]->Wait(absl::Seconds(30)).value_or(-1), 1) << "the master ends the group";
+}
+
+}  // namespace
+}  // namespace remora::train

@@ -1,0 +1,123 @@
+#include "train/elastic.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "base/status_util.h"
+
+namespace remora::train {
+
+std::vector<std::string> UnansweringWorkers(Agent& agent, const std::vector<std::string>& workers,
+                                            absl::Duration timeout) {
+  CallOptions quick;
+  quick.timeout = timeout;
+  std::vector<std::pair<std::string, Future<c10::IValue>>> probes;
+  for (const auto& w : workers) {
+    if (std::none_of(probes.begin(), probes.end(), [&w](const auto& p) { return p.first == w; })) {
+      probes.emplace_back(w, agent.rpc_async(w, "remora.pipeline.alive", {}, quick));
+    }
+  }
+  std::vector<std::string> silent;
+  for (auto& [name, reply] : probes) {
+    if (!reply.wait().ok()) silent.push_back(name);
+  }
+  return silent;
+}
+
+Elastic::Elastic(Agent& agent, ElasticOptions options, std::shared_ptr<RunLog> log)
+    : agent_(agent), options_(std::move(options)), free_spares_(options_.spares), log_(std::move(log)) {}
+
+absl::Status Elastic::Run(std::vector<std::string>& workers, std::optional<checkpoint::Checkpoint> from,
+                          std::ostream& out, const Attempt& attempt) {
+  while (true) {
+    absl::Status s = attempt(workers, from);
+    if (s.ok()) return s;
+    ASSIGN_OR_RETURN(checkpoint::Checkpoint ck, Recover(s, workers, out));
+    from = std::move(ck);
+  }
+}
+
+void Elastic::StepDone(int64_t step) {
+  last_step_ = step;
+  for (auto& r : recoveries_) {
+    if (r.seconds_lost < 0 && step > r.restored_step) {
+      r.seconds_lost = absl::ToDoubleSeconds(absl::Now() - failed_at_time_);
+    }
+  }
+}
+
+absl::StatusOr<checkpoint::Checkpoint> Elastic::Recover(const absl::Status& failure,
+                                                        std::vector<std::string>& workers, std::ostream& out) {
+  failed_at_time_ = absl::Now();
+  if (options_.max_restarts <= 0) return failure;
+  const std::vector<std::string> lost = UnansweringWorkers(agent_, workers, options_.probe_timeout);
+  if (lost.empty()) return failure;  // every worker answers: not a loss to recover from
+  const std::string names = absl::StrCat("'", absl::StrJoin(lost, "', '"), "'");
+  if (restarts_ >= options_.max_restarts) {
+    return Annotate(failure, absl::StrCat("worker ", names, " lost after ", restarts_, " recover",
+                                          restarts_ == 1 ? "y" : "ies", " (--max-restarts ",
+                                          options_.max_restarts, "): giving up"));
+  }
+  auto latest = checkpoint::Latest(options_.checkpoint_dir);
+  if (!latest.ok()) {
+    return Annotate(failure, absl::StrCat("worker ", names, " lost, and there is no complete checkpoint in ",
+                                          options_.checkpoint_dir, " to go on from yet (",
+                                          latest.status().message(), "); giving up"));
+  }
+  ++restarts_;
+  const int64_t restored = latest->state().step;
+  out << absl::StrFormat("elastic: lost %s after step %d (%s)\n", names, last_step_, failure.message())
+      << std::flush;
+  for (const std::string& name : lost) {
+    RETURN_IF_ERROR(agent_.MarkLost(name));
+    auto replacement = Replace(name, out);
+    if (!replacement.ok()) return Annotate(replacement.status(), absl::StrCat("after ", failure.message()));
+    std::replace(workers.begin(), workers.end(), name, *replacement);
+    Recovery r;
+    r.lost = name;
+    r.replacement = *replacement;
+    r.cause = std::string(failure.message());
+    r.detected_after = absl::ToDoubleSeconds(failed_at_time_ - start_);
+    r.failed_at = last_step_;
+    r.restored_step = restored;
+    recoveries_.push_back(std::move(r));
+  }
+  if (log_ != nullptr) log_->Recovered(last_step_, restarts_);
+  const int64_t redo = std::max<int64_t>(0, last_step_ - restored);
+  out << absl::StrFormat("elastic: recovery %d of %d: going on over %s from the checkpoint of step %d "
+                         "(%d step%s to train again)\n",
+                         restarts_, options_.max_restarts, absl::StrJoin(workers, ","), restored, redo,
+                         redo == 1 ? "" : "s")
+      << std::flush;
+  return std::move(*latest);
+}
+
+absl::StatusOr<std::string> Elastic::Replace(const std::string& lost, std::ostream& out) {
+  while (!free_spares_.empty()) {
+    const std::string spare = free_spares_.front();
+    free_spares_.erase(free_spares_.begin());
+    if (!UnansweringWorkers(agent_, {spare}, options_.probe_timeout).empty()) {
+      out << "elastic: spare '" << spare << "' does not answer either; not taking it\n";
+      agent_.MarkLost(spare).IgnoreError();
+      continue;
+    }
+    out << "elastic: spare '" << spare << "' takes the place of '" << lost << "'\n" << std::flush;
+    return spare;
+  }
+  if (options_.rejoin_timeout <= absl::ZeroDuration()) {
+    return absl::UnavailableError(absl::StrCat("worker '", lost, "' is lost and no spare is free (--spares)"));
+  }
+  out << "elastic: no spare free; waiting up to " << absl::FormatDuration(options_.rejoin_timeout)
+      << " for a worker to register again as '" << lost << "'\n"
+      << std::flush;
+  const absl::Time t0 = absl::Now();
+  RETURN_IF_ERROR(agent_.AwaitRejoin(lost, options_.rejoin_timeout));
+  out << absl::StrFormat("elastic: '%s' is back (after %.1f s)\n", lost, absl::ToDoubleSeconds(absl::Now() - t0))
+      << std::flush;
+  return lost;
+}
+
+}  // namespace remora::train
