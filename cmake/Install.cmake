@@ -47,7 +47,7 @@ set(REMORA_PUBLIC_HEADERS
     ps/parameter_server.h ps/shards.h
     shards/cnn.h shards/mlp.h shards/resnet.h shards/stage_types.h
     launch/cli.h launch/cluster_env.h launch/local_group.h launch/program_path.h launch/worker_main.h
-    train/curves.h train/events.h train/fit.h train/local_trainer.h train/pipeline_trainer.h train/ps_trainer.h
+    train/curves.h train/elastic.h train/events.h train/fit.h train/local_trainer.h train/pipeline_trainer.h train/ps_trainer.h
     train/report.h train/timeline.h train/trainer.h train/worker_functions.h train/run.h train/runs.h train/ps_runs.h
     examples/stock_worker.h)
 foreach(header ${REMORA_PUBLIC_HEADERS})
