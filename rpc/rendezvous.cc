@@ -400,7 +400,11 @@ absl::Status Agent::Join() {
     m.header.mutable_request()->set_from(kUnknownWorker);
     auto reply = impl_->Transmit(&stub, std::move(m), deadline - absl::Now(), true).wait();
     if (reply.ok() && reply->header.response().has_error()) {
-      return Annotate(impl_->ErrorFromReply(reply->header.response()), refused);
+      absl::Status error = Annotate(impl_->ErrorFromReply(reply->header.response()), refused);
+      if (error.code() != absl::StatusCode::kUnavailable) return error;
+      last = error;  // not yet: the master has not found this name's member lost
+      absl::SleepFor(absl::Milliseconds(200));
+      continue;
     }
     if (reply.ok()) {
       std::vector<WorkerInfo> book = BookFrom(reply->header.response());

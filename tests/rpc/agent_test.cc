@@ -462,6 +462,90 @@ TEST(Rendezvous, DuplicateAndUnknownWorkerNamesAreRejected) {
   b.join();
 }
 
+// Elastic membership: a new process under a worker's name is kept waiting
+// while the member answers; once the master marks it lost, the new process
+// takes its id, and the master and the other worker reach it, large
+// payloads included (shared memory allows the new process).
+TEST(Rendezvous, ALostWorkersNewProcessTakesItsPlaceAndEveryMemberReachesIt) {
+  Registry registry;
+  ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
+  auto master = Agent::Start(MasterOptions({"w1", "w2"}), &registry).value();
+  auto w1 = StartWorker(registry, *master, "w1");
+  auto w2 = StartWorker(registry, *master, "w2");
+  std::thread j1([&] { EXPECT_TRUE(w1->Join().ok()); });
+  std::thread j2([&] { EXPECT_TRUE(w2->Join().ok()); });
+  ASSERT_TRUE(master->Join().ok());
+  j1.join();
+  j2.join();
+  const WorkerId id = master->worker("w2")->id;
+
+  // Early: w2 still answers, so its would-be successor is kept waiting.
+  AgentOptions early_options;
+  early_options.name = "w2";
+  early_options.master_address = master->self().address;
+  early_options.connect_timeout = absl::Seconds(1);
+  auto early = Agent::Start(early_options, &registry).value();
+  absl::Status kept = early->Join();
+  EXPECT_EQ(kept.code(), absl::StatusCode::kDeadlineExceeded) << kept;
+  EXPECT_THAT(std::string(kept.message()), HasSubstr("has not been found lost"));
+  early->Shutdown(false).IgnoreError();
+
+  w2->Shutdown(/*graceful=*/false).IgnoreError();  // as a crash
+  EXPECT_EQ(master->MarkLost("w9").code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(master->MarkLost("w2").ok());
+  EXPECT_TRUE(master->IsLost("w2"));
+  auto again = StartWorker(registry, *master, "w2");
+  std::thread j3([&] { EXPECT_TRUE(again->Join().ok()); });
+  ASSERT_TRUE(master->AwaitRejoin("w2", absl::Seconds(20)).ok());
+  j3.join();
+  EXPECT_FALSE(master->IsLost("w2"));
+  EXPECT_EQ(again->self().id, id);
+  EXPECT_EQ(master->worker("w2")->address, again->self().address);
+  EXPECT_EQ(w1->worker("w2")->address, again->self().address);
+
+  auto sum = master->rpc_sync("w2", "add", {at::ones({2}), at::ones({2})});
+  ASSERT_TRUE(sum.ok()) << sum.status();
+  EXPECT_TRUE(at::equal(sum->toTensor(), at::ones({2}) * 2));
+  const at::Tensor big = at::rand({1 << 20});  // 4 MiB: out of band
+  auto there = w1->rpc_sync("w2", "echo", {big});
+  ASSERT_TRUE(there.ok()) << there.status();
+  EXPECT_TRUE(at::equal(there->toTensor(), big));
+  auto back = again->rpc_sync("w1", "echo", {big});
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(at::equal(back->toTensor(), big));
+
+  std::thread s1([&] { EXPECT_TRUE(w1->Shutdown().ok()); });
+  std::thread s2([&] { EXPECT_TRUE(again->Shutdown().ok()); });
+  EXPECT_TRUE(master->Shutdown().ok());
+  s1.join();
+  s2.join();
+}
+
+// A lost worker that does not come back: AwaitRejoin says so, and the
+// graceful shutdown does not wait for it.
+TEST(Rendezvous, AWorkerThatDoesNotComeBackIsNamedAndShutdownGoesOnWithoutIt) {
+  Registry registry;
+  ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
+  auto master = Agent::Start(MasterOptions({"w1", "w2"}), &registry).value();
+  auto w1 = StartWorker(registry, *master, "w1");
+  auto w2 = StartWorker(registry, *master, "w2");
+  std::thread j1([&] { EXPECT_TRUE(w1->Join().ok()); });
+  std::thread j2([&] { EXPECT_TRUE(w2->Join().ok()); });
+  ASSERT_TRUE(master->Join().ok());
+  j1.join();
+  j2.join();
+  w2->Shutdown(/*graceful=*/false).IgnoreError();
+  ASSERT_TRUE(master->MarkLost("w2").ok());
+  absl::Status gone = master->AwaitRejoin("w2", absl::Milliseconds(300));
+  EXPECT_EQ(gone.code(), absl::StatusCode::kDeadlineExceeded) << gone;
+  EXPECT_THAT(std::string(gone.message()), HasSubstr("worker 'w2' did not register again within 300ms"));
+  std::thread s1([&] { EXPECT_TRUE(w1->Shutdown().ok()); });
+  const absl::Time t0 = absl::Now();
+  EXPECT_TRUE(master->Shutdown().ok());
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(10));
+  s1.join();
+}
+
 // The master stops waiting as soon as every worker it expects has joined
 // or been refused, names the refused one and why, and tells the worker
 // that joined that the group did not form.
