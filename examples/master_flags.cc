@@ -222,14 +222,13 @@ absl::Status CheckElastic(CommandLine& line) {
     return Bad("--max-restarts goes on from the latest checkpoint: give --checkpoint-dir DIR (and --checkpoint-every "
                "N: the steps since the last checkpoint are trained again)");
   }
-  if (line.ps_mode || c.replicas > 1) {
+  if (line.ps_mode) {
     // (A supervisor that restarts the whole job, remora-launch --max-restarts
     // with --resume auto, still goes on from the last checkpoint.)
-    if (!c.spares.empty()) return Bad("--spares: a lost worker is replaced in place only in one pipeline yet");
+    if (!c.spares.empty()) return Bad("--spares: a lost worker is replaced in place only in pipelines yet");
     line.note = absl::StrCat(line.note, line.note.empty() ? "" : "\n", "note: --max-restarts replaces a lost worker ",
-                             "in place only in one pipeline yet; in this ", line.ps_mode ? "--mode ps" : "--replicas",
-                             " run a lost worker fails the run, and a restart with --resume auto goes on from the ",
-                             "last checkpoint");
+                             "in place only in pipelines yet; in this --mode ps run a lost worker fails the run, and a ",
+                             "restart with --resume auto goes on from the last checkpoint");
     c.max_restarts = 0;
     return absl::OkStatus();
   }

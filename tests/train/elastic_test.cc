@@ -6,6 +6,7 @@
 // --max-restarts allows fails saying so; the flags' misuse is refused.
 #include <csignal>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,7 +27,6 @@ namespace {
 using ::testing::HasSubstr;
 using test_support::CompareStages;
 using test_support::FreshDir;
-using test_support::LineStarting;
 using test_support::MasterArgv;
 using test_support::StageDifference;
 using test_support::StartWorkers;
@@ -46,6 +46,32 @@ bool WaitFor(const std::string& log, const std::string& text, launch::Subprocess
 std::unique_ptr<launch::Subprocess> StartWorker(const std::string& name, const std::string& addr,
                                                 const std::string& tag) {
   return std::move(StartWorkers({name}, addr, tag)[0]);
+}
+
+// Runs the uninterrupted job of `master_flags` over w1,w2 into a fresh
+// `dir`; false (a test failure) when it fails.
+bool RunWhole(const std::string& data, const std::string& dir, std::vector<std::string> master_flags) {
+  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+  auto workers = StartWorkers({"w1", "w2"}, addr, dir.substr(dir.rfind('/') + 1));
+  master_flags.insert(master_flags.end(), {"--checkpoint-dir", dir});
+  auto [code, out] = RunProgram(MasterArgv("w1,w2", addr, data, master_flags), absl::Seconds(200));
+  EXPECT_EQ(code, 0) << out;
+  return code == 0;
+}
+
+// The elastic job's final stages (in `elastic`) against the uninterrupted
+// job's (in `whole`): bitwise equal where a second uninterrupted job ends
+// bitwise equal to the first (Debian's LibTorch), else within 1e-5.
+void ExpectEndsEqual(const std::string& data, const std::string& whole, const std::string& elastic,
+                     const std::vector<std::string>& master_flags) {
+  const StageDifference after = CompareStages(whole, elastic);
+  if (after.equal) return;
+  const std::string again = FreshDir("elastic_again_ckpt");
+  ASSERT_TRUE(RunWhole(data, again, master_flags));
+  const StageDifference twice = CompareStages(whole, again);
+  ASSERT_FALSE(twice.equal) << "two uninterrupted jobs end bitwise equal here, but the elastic one ended "
+                            << after.largest << " away";
+  EXPECT_LT(after.largest, 1e-5);
 }
 
 std::string ToyData() {
@@ -82,16 +108,7 @@ TEST(Elastic, AJobThatLosesWorkersGoesOnAndEndsEqualToOneThatLostNone) {
   const std::string data = ToyData();
   const std::string whole = FreshDir("elastic_whole"), elastic = FreshDir("elastic_ckpt");
   const std::vector<std::string> saves = {"--checkpoint-every", "3", "--keep", "2"};
-  std::string whole_out;
-  {
-    const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
-    auto workers = StartWorkers({"w1", "w2"}, addr, "elastic_whole");
-    auto [code, out] = RunProgram(MasterArgv("w1,w2", addr, data, {"--checkpoint-dir", whole, saves[0], saves[1]}),
-                                  absl::Seconds(200));
-    ASSERT_EQ(code, 0) << out;
-    whole_out = out;
-  }
-
+  ASSERT_TRUE(RunWhole(data, whole, saves));
   const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
   auto workers = StartWorkers({"w1", "w2", "s1"}, addr, "elastic");
   const std::string log = TempPath("elastic_master.log"), report = TempPath("elastic_report.json");
@@ -129,23 +146,31 @@ TEST(Elastic, AJobThatLosesWorkersGoesOnAndEndsEqualToOneThatLostNone) {
   ASSERT_EQ(recoveries.size(), 2u);
   EXPECT_EQ(recoveries[1].value, 2);
 
-  // Equal to the job that lost none: bitwise where two uninterrupted jobs
-  // are (Debian's LibTorch), else close.
-  const StageDifference after = CompareStages(whole, elastic);
-  if (!after.equal) {
-    const std::string again = FreshDir("elastic_again_ckpt");
-    const std::string addr2 = absl::StrCat("127.0.0.1:", FreePort());
-    auto more = StartWorkers({"w1", "w2"}, addr2, "elastic_again");
-    auto [again_code, again_out] =
-        RunProgram(MasterArgv("w1,w2", addr2, data, {"--checkpoint-dir", again}), absl::Seconds(200));
-    ASSERT_EQ(again_code, 0) << again_out;
-    const StageDifference twice = CompareStages(whole, again);
-    ASSERT_FALSE(twice.equal) << "two uninterrupted jobs end bitwise equal here, but the elastic one ended "
-                              << after.largest << " away";
-    EXPECT_LT(after.largest, 1e-5);
-  } else {
-    EXPECT_EQ(LineStarting(out, "epoch=3 ").substr(0, 50), LineStarting(whole_out, "epoch=3 ").substr(0, 50));
-  }
+  ExpectEndsEqual(data, whole, elastic, saves);
+}
+
+// Data parallelism: replica w2 of two is SIGKILLed after the checkpoint of
+// step 6; the spare takes its place (its gradient group rebuilt with the
+// new pipeline) and the job ends where one that lost none ends.
+TEST(Elastic, AReplicaLostInDataParallelismIsReplacedAndTheJobEndsEqual) {
+  const std::string data = ToyData();
+  const std::string whole = FreshDir("elastic_dp_whole"), elastic = FreshDir("elastic_dp_ckpt");
+  const std::vector<std::string> flags = {"--replicas", "2", "--checkpoint-every", "3"};
+  ASSERT_TRUE(RunWhole(data, whole, flags));
+  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+  auto workers = StartWorkers({"w1", "w2", "s1"}, addr, "elastic_dp");
+  const std::string log = TempPath("elastic_dp_master.log");
+  std::vector<std::string> more = flags;
+  more.insert(more.end(), {"--checkpoint-dir", elastic, "--max-restarts", "1", "--spares", "s1"});
+  auto master = launch::Subprocess::Spawn(MasterArgv("w1,w2", addr, data, more), log).value();
+  ASSERT_TRUE(WaitFor(log, "checkpoint: step 6 ", *master)) << ReadFile(log);
+  workers[1]->Signal(SIGKILL);
+  const int code = master->Wait(absl::Seconds(200)).value_or(-1);
+  const std::string out = ReadFile(log);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("elastic: spare 's1' takes the place of 'w2'"));
+  EXPECT_THAT(out, HasSubstr("2 replicas"));
+  ExpectEndsEqual(data, whole, elastic, flags);
 }
 
 // --max-restarts 1: w2 is killed and comes back; killed again, the job
