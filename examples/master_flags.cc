@@ -210,8 +210,8 @@ absl::Status CheckCheckpoints(CommandLine& line, const std::set<std::string>& gi
 }
 
 // --max-restarts, --rejoin-timeout and --spares.
-absl::Status CheckElastic(CommandLine& line) {
-  RunOptions& c = line.config;
+absl::Status CheckElastic(const CommandLine& line) {
+  const RunOptions& c = line.config;
   if (c.max_restarts < 0 || c.rejoin_timeout < 0) return Bad("--max-restarts and --rejoin-timeout must be >= 0");
   if (c.max_restarts == 0) {
     return c.spares.empty() ? absl::OkStatus()
@@ -221,16 +221,6 @@ absl::Status CheckElastic(CommandLine& line) {
   if (c.checkpoint_dir.empty()) {
     return Bad("--max-restarts goes on from the latest checkpoint: give --checkpoint-dir DIR (and --checkpoint-every "
                "N: the steps since the last checkpoint are trained again)");
-  }
-  if (line.ps_mode) {
-    // (A supervisor that restarts the whole job, remora-launch --max-restarts
-    // with --resume auto, still goes on from the last checkpoint.)
-    if (!c.spares.empty()) return Bad("--spares: a lost worker is replaced in place only in pipelines yet");
-    line.note = absl::StrCat(line.note, line.note.empty() ? "" : "\n", "note: --max-restarts replaces a lost worker ",
-                             "in place only in pipelines yet; in this --mode ps run a lost worker fails the run, and a ",
-                             "restart with --resume auto goes on from the last checkpoint");
-    c.max_restarts = 0;
-    return absl::OkStatus();
   }
   std::set<std::string> seen(c.all_workers.begin(), c.all_workers.end());
   for (const auto& s : c.spares) {
@@ -379,7 +369,7 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
                   "auto: from the latest in --checkpoint-dir when there is one, else start fresh (for a "
                   "supervisor that restarts the job)");
   flags.AddInt("max-restarts", &c.max_restarts,
-               "pipelines with --checkpoint-dir: when a worker dies, is cut off or hangs, do not fail but put a spare "
+               "with --checkpoint-dir: when a worker dies, is cut off or hangs, do not fail but put a spare "
                "(--spares) or the same worker registering again in its place, restore every stage from the latest "
                "checkpoint and go on; at most N times (0: fail at once)");
   flags.AddInt("rejoin-timeout", &c.rejoin_timeout,

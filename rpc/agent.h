@@ -247,10 +247,11 @@ class Agent final {
 
   // --- elastic membership (master) ---------------------------------------
   // Worker `name` is lost (it died or stopped answering): the graceful
-  // shutdown no longer waits for it, and a process that registers under its
-  // name from now on takes its place in the group (the same id, its own
-  // address), which every member is told. NotFound for a name that is not
-  // a worker of the group.
+  // shutdown no longer waits for it, nothing here or on the other members
+  // (told, up to 2 s each) waits on its RRefs any more, and a process that
+  // registers under its name from now on takes its place in the group (the
+  // same id, its own address), which every member is told. NotFound for a
+  // name that is not a worker of the group.
   absl::Status MarkLost(const std::string& name);
   // Waits until a process has registered under the lost worker `name` and
   // every other member that answers knows its address; DeadlineExceeded

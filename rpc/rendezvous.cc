@@ -66,6 +66,14 @@ absl::Status RegisterRendezvousRequests(Agent::Impl* impl) {
         impl->HandleJoin(in.body, std::move(r));
       },
       /*before_join=*/true));
+  RETURN_IF_ERROR(impl->requests_.Register<wire::PeerLost>(
+      [impl](Incoming<wire::PeerLost> in, std::shared_ptr<Responder> r) {
+        if (in.from != 0) return r->ReplyError(absl::PermissionDeniedError("only the master announces a lost worker"));
+        impl->rrefs()->ForgetPeer(static_cast<WorkerId>(in.body.id()),
+                                  absl::UnavailableError(absl::StrCat("worker '", impl->NameOf(in.body.id()),
+                                                                      "' is lost (the master said so)")));
+        r->Reply(OutMessage{});
+      }));
   return impl->requests_.Register<wire::PeerRejoined>(
       [impl](Incoming<wire::PeerRejoined> in, std::shared_ptr<Responder> r) {
         if (in.from != 0) {
@@ -216,8 +224,24 @@ absl::Status Agent::MarkLost(const std::string& name) {
   if (!options_.is_master) return absl::FailedPreconditionError("MarkLost: only the master tracks lost workers");
   ASSIGN_OR_RETURN(WorkerId id, impl_->Resolve(name));
   if (id == self_.id) return absl::InvalidArgumentError("MarkLost: the master cannot lose itself");
-  MutexLock lock(impl_->join_mu_);
-  impl_->lost_.insert(name);
+  {
+    MutexLock lock(impl_->join_mu_);
+    impl_->lost_.insert(name);
+  }
+  // Nothing here or on the other members waits on it any more.
+  const absl::Status why = absl::UnavailableError(absl::StrCat("worker '", name, "' is lost"));
+  rrefs_->ForgetPeer(id, why);
+  std::vector<Future<InMessage>> told;
+  for (const auto& w : workers()) {
+    if (w.id == self_.id || IsLost(w.name)) continue;
+    wire::PeerLost lost;
+    lost.set_id(id);
+    OutMessage m;
+    *m.header.mutable_request() = MakeRequest(lost);
+    m.header.mutable_request()->set_from(self_.id);
+    told.push_back(impl_->SendTo(w.id, std::move(m), absl::Seconds(2)));
+  }
+  for (auto& t : told) t.wait().IgnoreError();  // (one that does not answer is found by the run)
   return absl::OkStatus();
 }
 

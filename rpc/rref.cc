@@ -204,7 +204,7 @@ void RRefContext::AcceptChild(const ForkId& fork) {
   MutexLock lock(mu_);
   auto it = pending_children_.find(fork);
   if (it == pending_children_.end()) return;  // idempotent
-  child = std::move(it->second);
+  child = std::move(it->second.rref);
   pending_children_.erase(it);
 }
 
@@ -218,6 +218,31 @@ void RRefContext::FinishPendingUser(const ForkId& fork, absl::Status status) {
     pending_users_.erase(it);
   }
   user->Confirm(std::move(status));
+}
+
+void RRefContext::ForgetPeer(WorkerId peer, const absl::Status& why) {
+  std::vector<c10::intrusive_ptr<UserRRef>> unconfirmed;  // confirmed (and maybe dropped) unlocked
+  std::vector<c10::intrusive_ptr<RRefImpl>> children;     // likewise dropped unlocked
+  {
+    MutexLock lock(mu_);
+    for (auto it = pending_children_.begin(); it != pending_children_.end();) {
+      if (it->second.to == peer || it->second.rref->owner() == peer) {
+        children.push_back(std::move(it->second.rref));
+        pending_children_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+    for (auto it = pending_users_.begin(); it != pending_users_.end();) {
+      if (it->second->owner() == peer) {
+        unconfirmed.push_back(std::move(it->second));
+        pending_users_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& user : unconfirmed) user->Confirm(why);
 }
 
 void RRefContext::OnUserDestroyed(const UserRRef& user) {
@@ -282,7 +307,7 @@ absl::Status RRefContext::ForkForSend(const c10::IValue& value, WorkerId dst,
       }
     }
     MutexLock lock(mu_);
-    pending_children_[fork] = rref;
+    pending_children_[fork] = PendingChild{rref, dst};
   }
   out->set_owner(rref->owner());
   *out->mutable_rref_id() = ToWire(rref->rref_id());

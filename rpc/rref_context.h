@@ -181,6 +181,10 @@ class RRefContext final : public RRefHooks,
   // --- shutdown --------------------------------------------------------
   // Deletes every user this process still holds (as if destroyed).
   void ReleaseAllUsers();
+  // Member `peer` is gone for good (Agent::MarkLost): forks sent to it or
+  // of its values are no longer waited for, and users of its values that it
+  // never confirmed fail with `why`, so that draining does not wait for it.
+  void ForgetPeer(WorkerId peer, const absl::Status& why);
   // Waits until no control message, pending user or pending child remains.
   absl::Status WaitDrained(absl::Duration timeout);
   // After this, destroyed users send nothing (the group is gone).
@@ -211,7 +215,13 @@ class RRefContext final : public RRefHooks,
   absl::flat_hash_map<RRefId, c10::intrusive_ptr<OwnerRRef>> owners_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<RRefId, absl::flat_hash_set<ForkId>> forks_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<ForkId, c10::intrusive_ptr<UserRRef>> pending_users_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<ForkId, c10::intrusive_ptr<RRefImpl>> pending_children_ ABSL_GUARDED_BY(mu_);
+  // Forks of users sent on, until the receiver accepts them: the RRef and
+  // where it went.
+  struct PendingChild {
+    c10::intrusive_ptr<RRefImpl> rref;
+    WorkerId to = kUnknownWorker;
+  };
+  absl::flat_hash_map<ForkId, PendingChild> pending_children_ ABSL_GUARDED_BY(mu_);
   // Users alive here, not yet deleted (raw: each removes itself when destroyed).
   absl::flat_hash_map<ForkId, const UserRRef*> live_users_ ABSL_GUARDED_BY(mu_);
   int64_t pending_messages_ ABSL_GUARDED_BY(mu_) = 0;

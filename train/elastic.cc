@@ -74,7 +74,10 @@ absl::StatusOr<checkpoint::Checkpoint> Elastic::Recover(const absl::Status& fail
   for (const std::string& name : lost) {
     RETURN_IF_ERROR(agent_.MarkLost(name));
     auto replacement = Replace(name, out);
-    if (!replacement.ok()) return Annotate(replacement.status(), absl::StrCat("after ", failure.message()));
+    if (!replacement.ok()) {
+      return absl::Status(replacement.status().code(),
+                          absl::StrCat(replacement.status().message(), "; it was lost at: ", failure.message()));
+    }
     std::replace(workers.begin(), workers.end(), name, *replacement);
     Recovery r;
     r.lost = name;

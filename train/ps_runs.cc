@@ -129,10 +129,9 @@ std::string CheckPsFlags(const RunOptions& c, const PsFlags& p, bool ps_mode, bo
   return "";
 }
 
-absl::StatusOr<Run> TrainPs(Agent& agent, const RunOptions& c, const PsFlags& p,
-                            const std::vector<pipeline::StageSpec>& stages,
-                            const Sets& sets,
-                            const Checkpointing* checkpoints) {
+absl::Status TrainPs(Agent& agent, const RunOptions& c, const PsFlags& p,
+                     const std::vector<pipeline::StageSpec>& stages, const Sets& sets,
+                     const Checkpointing* checkpoints, Run& run, train::Elastic* elastic) {
   ps::PsOptions o;
   o.stages = stages;
   o.seed = static_cast<uint64_t>(c.seed);
@@ -162,8 +161,9 @@ absl::StatusOr<Run> TrainPs(Agent& agent, const RunOptions& c, const PsFlags& p,
     stats.Add(r, seconds);
     if (p.step_lines || !r.lost.empty()) PrintStep(r, seconds);
   });
-  Run run(1);
-  ASSIGN_OR_RETURN(run.log, OpenRunLog(c, 1));
+  if (run.log == nullptr) {
+    ASSIGN_OR_RETURN(run.log, OpenRunLog(c, 1));
+  }
   run.schedule = "ps";
   if (c.dataset.empty()) {
     const train::Checkpoints saves(checkpoints != nullptr ? checkpoints->Target(c) : train::SaveTarget{},
@@ -174,6 +174,8 @@ absl::StatusOr<Run> TrainPs(Agent& agent, const RunOptions& c, const PsFlags& p,
       RETURN_IF_ERROR(train::Resume(*trainer, *checkpoints->resume, checkpoints->identity, std::cout));
       run.losses = checkpoints->resume->state().losses;
       first = static_cast<int>(checkpoints->resume->state().step);
+      // (A recovery goes on from an earlier batch: the later ones' times go.)
+      if (run.batch_seconds.size() > static_cast<size_t>(first)) run.batch_seconds.resize(first);
     }
     for (int b = first; b < c.batches; ++b) {
       auto [x, y] = MakeBatch(c, b);
@@ -181,12 +183,19 @@ absl::StatusOr<Run> TrainPs(Agent& agent, const RunOptions& c, const PsFlags& p,
       ASSIGN_OR_RETURN(ps::StepReport r, trainer->Train(x, y));
       const double seconds = (trace::NowUs() - t0) / 1e6;
       RecordBatch(run, b, r.loss, seconds, x.size(0));
+      if (elastic != nullptr) elastic->StepDone(b + 1);
       RETURN_IF_ERROR(saves.MaybeSave(*trainer, {b + 1, 0, b + 1, 0, 0, run.losses}, b + 1 == c.batches, std::cout));
     }
   } else {
     // Each computing worker needs at least one row of every batch.
     train::TrainOptions f = TrainOptionsOf(c, 1, static_cast<int64_t>(computing), checkpoints);
     train::ReportTo(run, f.fit);
+    if (elastic != nullptr) {
+      f.fit.on_step = [elastic, next = std::move(f.fit.on_step)](const pipeline::StepRecord& s) {
+        if (next) next(s);
+        elastic->StepDone(s.step);
+      };
+    }
     if (c.data_on == "workers") {
       // Each worker reads its share of every batch; the test set is read
       // here, where the model is evaluated.
@@ -196,8 +205,9 @@ absl::StatusOr<Run> TrainPs(Agent& agent, const RunOptions& c, const PsFlags& p,
     } else {
       std::printf("data: read on the master\n");
     }
-    ASSIGN_OR_RETURN(run.epochs, train::Fit(*trainer, *sets.train, *sets.test, f, std::cout));
-    for (const auto& e : run.epochs) run.seconds += e.seconds;
+    ASSIGN_OR_RETURN(std::vector<pipeline::EpochResult> epochs,
+                     train::Fit(*trainer, *sets.train, *sets.test, f, std::cout));
+    MergeEpochs(run, epochs);
   }
   const double steps = std::max<double>(1, static_cast<double>(stats.step_seconds.size()));
   std::printf("ps: steps=%zu median_step_seconds=%.4f pull_bytes_per_step=%.0f push_bytes_per_step=%.0f "
@@ -206,7 +216,7 @@ absl::StatusOr<Run> TrainPs(Agent& agent, const RunOptions& c, const PsFlags& p,
               stats.push_bytes / steps, Counts(stats.dropped).c_str(), Counts(stats.lost).c_str(),
               absl::StrJoin(server.live_workers(), ",").c_str());
   std::fflush(stdout);
-  return run;
+  return absl::OkStatus();
 }
 
 }  // namespace remora::train::runs

@@ -38,9 +38,10 @@ std::string CheckPsFlags(const RunOptions& c, const PsFlags& p, bool ps_mode, bo
 // pulled and pushed per step, each worker's dropped and lost steps. Saves
 // (checkpoint::SaveLocal's one-shard checkpoints) and resumes as
 // `checkpoints` says (train/ps_trainer.h).
-absl::StatusOr<Run> TrainPs(Agent& agent, const RunOptions& c, const PsFlags& p,
-                            const std::vector<pipeline::StageSpec>& stages,
-                            const Sets& sets,
-                            const Checkpointing* checkpoints);
+// Into `run` (its log opened when not yet); each step is told to
+// `elastic` when set (TrainElastic's attempts).
+absl::Status TrainPs(Agent& agent, const RunOptions& c, const PsFlags& p,
+                     const std::vector<pipeline::StageSpec>& stages, const Sets& sets,
+                     const Checkpointing* checkpoints, Run& run, train::Elastic* elastic = nullptr);
 
 }  // namespace remora::train::runs

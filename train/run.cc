@@ -151,10 +151,20 @@ absl::StatusOr<std::vector<Run>> TrainOverWorkers(Agent& agent, RunPlan& line, c
   if (auto s = train::Checkpoints(checkpoints.Target(c), c.checkpoint_every).Prepare(); !s.ok()) return s;
   std::vector<Run> runs;
   if (line.ps_mode) {
-    auto run = TrainPs(agent, c, line.ps, *stages, sets, &checkpoints);
-    if (!run.ok()) return run.status();
-    PrintRun(*run, c);
-    runs.push_back(std::move(*run));
+    Run run(1);
+    if (auto log = OpenRunLog(c, 1); log.ok()) {
+      run.log = *log;
+    } else {
+      return log.status();
+    }
+    auto trained = TrainElastic(agent, c, *stages, checkpoints, run,
+                                [&](const RunOptions& now, const Checkpointing& ck,
+                                    const std::vector<pipeline::StageSpec>& cut, train::Elastic* elastic) {
+                                  return TrainPs(agent, now, line.ps, cut, sets, &ck, run, elastic);
+                                });
+    if (!trained.ok()) return trained;
+    PrintRun(run, c);
+    runs.push_back(std::move(run));
     return runs;
   }
   for (size_t i = 0; i < c.splits.size(); ++i) {

@@ -263,17 +263,7 @@ absl::Status FitPipeline(Agent& agent, const RunOptions& c, const std::vector<pi
   }
   run.schedule = trainer->pipeline().replica(0).schedule().name;
   ASSIGN_OR_RETURN(std::vector<pipeline::EpochResult> epochs, train::Fit(*trainer, train, test, options, std::cout));
-  // After a recovery the epochs before the one it went on in are the
-  // earlier attempts'.
-  if (!epochs.empty()) {
-    const int from = epochs.front().epoch;
-    run.epochs.erase(std::remove_if(run.epochs.begin(), run.epochs.end(),
-                                    [from](const pipeline::EpochResult& e) { return e.epoch >= from; }),
-                     run.epochs.end());
-  }
-  run.epochs.insert(run.epochs.end(), epochs.begin(), epochs.end());
-  run.seconds = 0;
-  for (const auto& e : run.epochs) run.seconds += e.seconds;
+  MergeEpochs(run, epochs);
   return ReportMemory(trainer->pipeline(), c, run);
 }
 
@@ -512,11 +502,8 @@ absl::Status TrainPipeline(Agent& agent, const RunOptions& c, const std::vector<
   return absl::OkStatus();
 }
 
-absl::StatusOr<Run> TrainOverPipeline(Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
-                                      int splits, const Sets& sets, bool traced,
-                                      const std::function<void(int)>& after_batch, const Checkpointing& checkpoints) {
-  Run run(splits);
-  ASSIGN_OR_RETURN(run.log, OpenRunLog(c, splits));
+absl::Status TrainElastic(Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
+                          const Checkpointing& checkpoints, Run& run, const Attempt& attempt) {
   train::ElasticOptions o;
   o.max_restarts = c.max_restarts;
   o.rejoin_timeout = absl::Seconds(c.rejoin_timeout);
@@ -525,7 +512,7 @@ absl::StatusOr<Run> TrainOverPipeline(Agent& agent, const RunOptions& c, const s
   train::Elastic elastic(agent, o, run.log);
   std::vector<std::string> workers = c.all_workers;
   bool first = true;
-  absl::Status trained = elastic.Run(
+  RETURN_IF_ERROR(elastic.Run(
       workers, std::nullopt, std::cout,
       [&](const std::vector<std::string>& ws, const std::optional<checkpoint::Checkpoint>& from) -> absl::Status {
         RunOptions now = c;  // over the workers of this attempt
@@ -538,11 +525,8 @@ absl::StatusOr<Run> TrainOverPipeline(Agent& agent, const RunOptions& c, const s
         }
         const std::vector<pipeline::StageSpec>& cut = first ? stages : ck.stages;
         first = false;
-        return c.dataset.empty()
-                   ? TrainPipeline(agent, now, cut, splits, traced, after_batch, run, &ck, &elastic)
-                   : FitPipeline(agent, now, cut, splits, *sets.train, *sets.test, run, &ck, &elastic);
-      });
-  if (!trained.ok()) return trained;
+        return attempt(now, ck, cut, &elastic);
+      }));
   run.recoveries = elastic.recoveries();
   for (const train::Recovery& r : run.recoveries) {
     const std::string by =
@@ -552,6 +536,34 @@ absl::StatusOr<Run> TrainOverPipeline(Agent& agent, const RunOptions& c, const s
                 r.lost.c_str(), static_cast<long long>(r.failed_at), by.c_str(),
                 static_cast<long long>(r.restored_step), static_cast<long long>(r.steps_redone()), r.seconds_lost);
   }
+  return absl::OkStatus();
+}
+
+void MergeEpochs(Run& run, const std::vector<pipeline::EpochResult>& epochs) {
+  if (!epochs.empty()) {
+    const int from = epochs.front().epoch;
+    run.epochs.erase(std::remove_if(run.epochs.begin(), run.epochs.end(),
+                                    [from](const pipeline::EpochResult& e) { return e.epoch >= from; }),
+                     run.epochs.end());
+  }
+  run.epochs.insert(run.epochs.end(), epochs.begin(), epochs.end());
+  run.seconds = 0;
+  for (const auto& e : run.epochs) run.seconds += e.seconds;
+}
+
+absl::StatusOr<Run> TrainOverPipeline(Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
+                                      int splits, const Sets& sets, bool traced,
+                                      const std::function<void(int)>& after_batch, const Checkpointing& checkpoints) {
+  Run run(splits);
+  ASSIGN_OR_RETURN(run.log, OpenRunLog(c, splits));
+  RETURN_IF_ERROR(TrainElastic(agent, c, stages, checkpoints, run,
+                               [&](const RunOptions& now, const Checkpointing& ck,
+                                   const std::vector<pipeline::StageSpec>& cut, train::Elastic* elastic) {
+                                 return c.dataset.empty() ? TrainPipeline(agent, now, cut, splits, traced, after_batch,
+                                                                          run, &ck, elastic)
+                                                          : FitPipeline(agent, now, cut, splits, *sets.train,
+                                                                        *sets.test, run, &ck, elastic);
+                               }));
   return run;
 }
 

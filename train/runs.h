@@ -236,6 +236,22 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, c
 absl::Status TrainPipeline(Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
                            int splits, bool traced, const std::function<void(int)>& after_batch, Run& run,
                            const Checkpointing* checkpoints = nullptr, train::Elastic* elastic = nullptr);
+// One attempt of an elastic run: over the workers of `now`, from `ck`
+// (its resume set after a recovery), with the stages `cut`; each step is
+// told to `elastic`.
+using Attempt = std::function<absl::Status(const RunOptions& now, const Checkpointing& ck,
+                                           const std::vector<pipeline::StageSpec>& cut, train::Elastic* elastic)>;
+// Runs `attempt` over c.all_workers with `stages`, and with --max-restarts
+// again after each recovery (train/elastic.h), from the latest checkpoint
+// over the workers that replaced the lost ones, the stages cut as that
+// checkpoint was saved; each recovery is a line on the output, an entry in
+// run.recoveries and run/recoveries in run.log (open it first).
+absl::Status TrainElastic(Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
+                          const Checkpointing& checkpoints, Run& run, const Attempt& attempt);
+// Appends the epochs a Fit returned to run.epochs, replacing those from
+// the first of them on (an attempt after a recovery goes on inside an
+// epoch), and sums run.seconds over them.
+void MergeEpochs(Run& run, const std::vector<pipeline::EpochResult>& epochs);
 // One split count's pipeline run over the workers: TrainPipeline, or
 // FitPipeline with --dataset; with --max-restarts, recovered from the
 // latest checkpoint when a worker is lost (train/elastic.h), a line on the

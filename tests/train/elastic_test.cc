@@ -4,6 +4,7 @@
 // under its name, and ends bitwise equal to a job that lost none (where
 // LibTorch trains reproducibly); a job that loses more workers than
 // --max-restarts allows fails saying so; the flags' misuse is refused.
+#include <algorithm>
 #include <csignal>
 #include <filesystem>
 #include <functional>
@@ -48,13 +49,26 @@ std::unique_ptr<launch::Subprocess> StartWorker(const std::string& name, const s
   return std::move(StartWorkers({name}, addr, tag)[0]);
 }
 
-// Runs the uninterrupted job of `master_flags` over w1,w2 into a fresh
+// MasterArgv, less its --splits 2 when `more` asks for --mode ps (which
+// takes no --splits).
+std::vector<std::string> JobArgv(const std::string& workers, const std::string& addr, const std::string& data,
+                                 const std::vector<std::string>& more) {
+  std::vector<std::string> argv = MasterArgv(workers, addr, data, more);
+  if (std::find(more.begin(), more.end(), "ps") != more.end()) {
+    auto at = std::find(argv.begin(), argv.end(), "--splits");
+    argv.erase(at, at + 2);
+  }
+  return argv;
+}
+
+// Runs the uninterrupted job of `master_flags` over `names` into a fresh
 // `dir`; false (a test failure) when it fails.
-bool RunWhole(const std::string& data, const std::string& dir, std::vector<std::string> master_flags) {
+bool RunWhole(const std::string& data, const std::string& dir, std::vector<std::string> master_flags,
+              const std::vector<std::string>& names = {"w1", "w2"}) {
   const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
-  auto workers = StartWorkers({"w1", "w2"}, addr, dir.substr(dir.rfind('/') + 1));
+  auto workers = StartWorkers(names, addr, dir.substr(dir.rfind('/') + 1));
   master_flags.insert(master_flags.end(), {"--checkpoint-dir", dir});
-  auto [code, out] = RunProgram(MasterArgv("w1,w2", addr, data, master_flags), absl::Seconds(200));
+  auto [code, out] = RunProgram(JobArgv(absl::StrJoin(names, ","), addr, data, master_flags), absl::Seconds(200));
   EXPECT_EQ(code, 0) << out;
   return code == 0;
 }
@@ -63,11 +77,12 @@ bool RunWhole(const std::string& data, const std::string& dir, std::vector<std::
 // job's (in `whole`): bitwise equal where a second uninterrupted job ends
 // bitwise equal to the first (Debian's LibTorch), else within 1e-5.
 void ExpectEndsEqual(const std::string& data, const std::string& whole, const std::string& elastic,
-                     const std::vector<std::string>& master_flags) {
+                     const std::vector<std::string>& master_flags,
+                     const std::vector<std::string>& names = {"w1", "w2"}) {
   const StageDifference after = CompareStages(whole, elastic);
   if (after.equal) return;
   const std::string again = FreshDir("elastic_again_ckpt");
-  ASSERT_TRUE(RunWhole(data, again, master_flags));
+  ASSERT_TRUE(RunWhole(data, again, master_flags, names));
   const StageDifference twice = CompareStages(whole, again);
   ASSERT_FALSE(twice.equal) << "two uninterrupted jobs end bitwise equal here, but the elastic one ended "
                             << after.largest << " away";
@@ -171,6 +186,39 @@ TEST(Elastic, AReplicaLostInDataParallelismIsReplacedAndTheJobEndsEqual) {
   EXPECT_THAT(out, HasSubstr("elastic: spare 's1' takes the place of 'w2'"));
   EXPECT_THAT(out, HasSubstr("2 replicas"));
   ExpectEndsEqual(data, whole, elastic, flags);
+}
+
+// The parameter server over two server processes: server b is SIGKILLed
+// after the checkpoint of step 6 and the spare takes its shard (restored
+// from the checkpoint); then compute worker w2 after step 15, started
+// again under its name. The job ends where one that lost none ends.
+TEST(Elastic, ALostParameterServerShardAndComputeWorkerAreReplaced) {
+  const std::string data = ToyData();
+  const std::string whole = FreshDir("elastic_ps_whole"), elastic = FreshDir("elastic_ps_ckpt");
+  const std::vector<std::string> flags = {"--mode", "ps", "--ps-shards", "2", "--checkpoint-every", "3"};
+  const std::vector<std::string> names = {"a", "b", "w1", "w2"};
+  ASSERT_TRUE(RunWhole(data, whole, flags, names));
+  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+  auto workers = StartWorkers({"a", "b", "w1", "w2", "s1"}, addr, "elastic_ps");
+  const std::string log = TempPath("elastic_ps_master.log");
+  std::vector<std::string> more = flags;
+  more.insert(more.end(), {"--checkpoint-dir", elastic, "--max-restarts", "2", "--spares", "s1"});
+  auto master = launch::Subprocess::Spawn(JobArgv("a,b,w1,w2", addr, data, more), log).value();
+  ASSERT_TRUE(WaitFor(log, "checkpoint: step 6 ", *master)) << ReadFile(log);
+  workers[1]->Signal(SIGKILL);
+  ASSERT_TRUE(WaitFor(log, "checkpoint: step 15 ", *master)) << ReadFile(log);
+  workers[3]->Signal(SIGKILL);
+  ASSERT_TRUE(WaitFor(log, "for a worker to register again as 'w2'", *master)) << ReadFile(log);
+  workers[3]->Wait(absl::Seconds(10)).IgnoreError();
+  workers[3] = StartWorker("w2", addr, "elastic_ps_rejoined");
+  const int code = master->Wait(absl::Seconds(200)).value_or(-1);
+  const std::string out = ReadFile(log);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("elastic: spare 's1' takes the place of 'b'"));
+  EXPECT_THAT(out, HasSubstr("s1: server of shard 1"));
+  EXPECT_THAT(out, HasSubstr("elastic: 'w2' is back"));
+  for (size_t i : {0, 2, 3, 4}) EXPECT_EQ(workers[i]->Wait(absl::Seconds(30)).value_or(-1), 0) << "worker " << i;
+  ExpectEndsEqual(data, whole, elastic, flags, names);
 }
 
 // --max-restarts 1: w2 is killed and comes back; killed again, the job
