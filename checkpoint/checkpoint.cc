@@ -29,9 +29,11 @@ namespace fs = std::filesystem;
 
 constexpr char kManifest[] = "manifest.json";
 
-// The optimizer RRef of `worker` among the per-owner optimizers, or None
-// (a worker whose stages have no parameters has none).
+// What holds `worker`'s optimizer state: the pipeline's holder for it
+// (ZeRO-1's gradient group), else its per-owner optimizer, else None (a
+// worker whose stages have no parameters has none).
 c10::IValue OptimizerOf(const pipeline::Pipeline& pipe, const std::string& worker) {
+  if (std::optional<RRef> holder = pipe.optimizer_state_holder(worker)) return holder->ToIValue();
   for (const RRef& opt : pipe.optimizer().owners()) {
     if (opt.owner_name() == worker) return opt.ToIValue();
   }

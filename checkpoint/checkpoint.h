@@ -36,7 +36,11 @@
 //
 // With data parallelism, replica 0's pipeline is saved (every replica
 // holds the same parameters and optimizer state) and every replica is
-// restored from it. ZeRO-1's sharded optimizer state is not saved.
+// restored from it. With ZeRO-1 a worker's optimizer state is the whole
+// of its gradient group's shards, gathered before the save
+// (DataParallelPipeline::ConsolidateOptimizerState) and saved as a
+// worker's own optimizer's would be; each replica's group keeps its share
+// when it is loaded (Pipeline::optimizer_state_holder).
 //
 // Thread-safety: a Checkpointer is used by one thread (the training loop);
 // the free functions are thread-compatible. Ownership: the Checkpointer

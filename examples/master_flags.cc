@@ -178,7 +178,6 @@ absl::Status CheckCheckpoints(CommandLine& line, const std::set<std::string>& gi
   if (!c.checkpoint_dir.empty() || !c.resume.empty()) {
     if (c.local) return Bad("--checkpoint-dir and --resume save and load workers' stages: not with --local");
     if (c.splits.size() != 1) return Bad("--checkpoint-dir and --resume train one --splits count, not a sweep");
-    if (c.zero != 0) return Bad("--checkpoint-dir and --resume do not save ZeRO-1's sharded optimizer state yet");
     if (c.compare_local) return Bad("--compare-local does not go with --checkpoint-dir or --resume");
     line.checkpoints.identity = IdentityOf(c, c.splits[0]);
   }

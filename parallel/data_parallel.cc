@@ -139,6 +139,11 @@ absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Crea
     // With the step protocol, each worker's step runner sums the gradients
     // at the end of its batch (the group takes part in it) and the master
     // is no part of the step.
+    // ZeRO-1: a worker's optimizer state lives in its gradient group, and
+    // checkpoints save and load it there.
+    if (o.zero == 1) {
+      for (const Member& m : members) replicas[m.replica]->set_optimizer_state_holder(m.worker, m.group);
+    }
     bool on_workers = true;
     for (const auto& r : replicas) on_workers = on_workers && r->runs_on_workers();
     if (on_workers) {
@@ -347,6 +352,12 @@ absl::StatusOr<std::vector<int64_t>> DataParallelPipeline::optimizer_state_bytes
                              "reading the optimizer state's size", &values));
   for (size_t i = 0; i < members_.size(); ++i) out[members_[i].replica] += values[i].toInt();
   return out;
+}
+
+absl::Status DataParallelPipeline::ConsolidateOptimizerState() {
+  if (options_.zero == 0 || replicas() == 1) return absl::OkStatus();
+  return CallGroups(members_, -1, "consolidate", [](const Member&) { return std::vector<c10::IValue>{}; },
+                    "gathering ZeRO-1's optimizer state for a checkpoint");
 }
 
 std::string DataParallelPipeline::Placement() const {

@@ -81,6 +81,12 @@ class DataParallelPipeline {
   pipeline::Pipeline& replica(int r) { return *replicas_[r]; }
   // Worker -> (pipeline stages, replica), one line each.
   std::string Placement() const;
+  // ZeRO-1: every replica's share of the optimizer state, gathered into
+  // replica 0's gradient groups, which the next checkpoint of replica 0
+  // saves (checkpoint/checkpoint.h); nothing to do otherwise. Every
+  // replica is restored from such a checkpoint as without ZeRO, each group
+  // keeping its share. Call between steps.
+  absl::Status ConsolidateOptimizerState();
   // Per replica, the bytes of optimizer state its workers hold.
   absl::StatusOr<std::vector<int64_t>> optimizer_state_bytes();
   // The c10d backend the groups sum over: "Gloo", "NCCL" (CUDA stages,

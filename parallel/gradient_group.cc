@@ -8,6 +8,7 @@
 #include <optional>
 #include <set>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include <ATen/ops/cat.h>
@@ -77,6 +78,71 @@ class GradientGroup final : public pipeline::StepParticipant,
     zero_params_ = std::move(all);
     if (!mine.empty()) zero_optimizer_ = optim::MakeOptimizer(options, std::move(mine));
     zero_ = true;
+  }
+
+  // ZeRO-1's checkpoint (a collective: every rank calls it): every rank's
+  // share of the optimizer state, gathered on rank 0 into the state dict
+  // of one optimizer over all the group's parameters (numbered in the
+  // group's order: what a worker's own optimizer saves without ZeRO), kept
+  // for save_state. One broadcast of each share's pickled state per rank.
+  void Consolidate() {
+    const int rank = group_->options().rank;
+    const at::Tensor mine =
+        optim::PickleBytes(zero_optimizer_ ? optim::OptimizerStateDict(*zero_optimizer_) : c10::IValue());
+    std::vector<c10::IValue> shares(group_->options().size);
+    for (int q = 0; q < group_->options().size; ++q) {
+      at::Tensor length = at::zeros({1}, at::kLong);
+      if (q == rank) length.fill_(mine.numel());
+      at::Tensor n = Collectable(length);
+      Check(group_->Broadcast(n, q));
+      at::Tensor bytes = q == rank ? Collectable(mine) : Collectable(at::empty({n.cpu().item<int64_t>()}, at::kByte));
+      Check(group_->Broadcast(bytes, q));
+      if (rank == 0) shares[q] = optim::Unpickle(bytes.cpu());
+    }
+    if (rank != 0) return;
+    c10::impl::GenericDict state(c10::IntType::get(), c10::AnyType::get());
+    c10::IValue group_options;
+    std::vector<int64_t> next(shares.size(), 0);  // each share's next parameter
+    for (size_t i = 0; i < zero_params_.size(); ++i) {
+      const int q = zero_owner_[i];
+      const int64_t j = next[q]++;
+      if (shares[q].isNone()) continue;
+      const auto share = shares[q].toGenericDict();
+      if (group_options.isNone()) group_options = share.at("param_groups").toListRef()[0];
+      const auto share_state = share.at("state").toGenericDict();
+      if (share_state.contains(j)) state.insert(static_cast<int64_t>(i), share_state.at(j));
+    }
+    consolidated_ = StateDict(state, group_options, static_cast<int64_t>(zero_params_.size()));
+  }
+
+  // save_state: the state Consolidate gathered (rank 0), once.
+  c10::IValue SaveState() {
+    if (consolidated_.isNone()) {
+      throw std::logic_error("GradientGroup.save_state: only rank 0 after consolidate() holds the whole state");
+    }
+    return std::exchange(consolidated_, c10::IValue());
+  }
+
+  // load_state(state dict over all the group's parameters): this rank
+  // keeps its share's.
+  void LoadState(const c10::IValue& whole) {
+    const auto d = whole.toGenericDict();
+    const auto state = d.at("state").toGenericDict();
+    const auto groups = d.at("param_groups").toListRef();
+    const int64_t saved = groups.empty() ? 0 : static_cast<int64_t>(groups[0].toGenericDict().at("params").toListRef().size());
+    if (saved != static_cast<int64_t>(zero_params_.size())) {
+      throw std::invalid_argument(absl::StrCat("the checkpoint's optimizer state covers ", saved,
+                                               " parameters; this ZeRO-1 group has ", zero_params_.size()));
+    }
+    if (!zero_optimizer_) return;  // no share here
+    c10::impl::GenericDict share(c10::IntType::get(), c10::AnyType::get());
+    int64_t j = 0;
+    for (size_t i = 0; i < zero_params_.size(); ++i) {
+      if (zero_owner_[i] != group_->options().rank) continue;
+      if (state.contains(static_cast<int64_t>(i))) share.insert(j, state.at(static_cast<int64_t>(i)));
+      ++j;
+    }
+    optim::LoadOptimizerStateDict(*zero_optimizer_, StateDict(share, groups[0], j));
   }
 
   // `t` where the group's collectives take it: on this member's CUDA
@@ -303,6 +369,24 @@ class GradientGroup final : public pipeline::StepParticipant,
   std::vector<at::Tensor> zero_params_;
   std::vector<int> zero_owner_;
   std::unique_ptr<torch::optim::Optimizer> zero_optimizer_;
+  c10::IValue consolidated_;  // rank 0, between Consolidate and SaveState
+
+  // {"state": state, "param_groups": [options with params 0..n-1]}.
+  static c10::IValue StateDict(const c10::impl::GenericDict& state, const c10::IValue& options, int64_t n) {
+    c10::impl::GenericDict group(c10::StringType::get(), c10::AnyType::get());
+    if (!options.isNone()) {
+      for (const auto& e : options.toGenericDict()) group.insert(e.key(), e.value());
+    }
+    c10::List<int64_t> params;
+    for (int64_t i = 0; i < n; ++i) params.push_back(i);
+    group.insert_or_assign("params", params);
+    c10::impl::GenericList groups(c10::AnyType::get());
+    groups.push_back(group);
+    c10::impl::GenericDict out(c10::StringType::get(), c10::AnyType::get());
+    out.insert("state", state);
+    out.insert("param_groups", groups);
+    return out;
+  }
 };
 
 // The CUDA device index of the group's parameters (all on the same one:
@@ -423,6 +507,20 @@ absl::Status RegisterFunctions(Registry& registry) {
         [](GradientGroup& g, CallContext&, const Args&) -> c10::IValue { return g.Backend(); }},
        {"state_bytes",
         [](GradientGroup& g, CallContext&, const Args&) -> c10::IValue { return g.StateBytes(); }},
+       // ZeRO-1's checkpoints (checkpoint/checkpoint.h): consolidate() on
+       // every rank, then save_state() on rank 0 gives the whole optimizer
+       // state; load_state(that) on any rank keeps its share.
+       {"consolidate",
+        [](GradientGroup& g, CallContext&, const Args&) -> c10::IValue {
+          g.Consolidate();
+          return c10::IValue();
+        }},
+       {"save_state", [](GradientGroup& g, CallContext&, const Args&) -> c10::IValue { return g.SaveState(); }},
+       {"load_state",
+        [](GradientGroup& g, CallContext&, const Args& a) -> c10::IValue {
+          g.LoadState(a[0]);
+          return c10::IValue();
+        }},
        {"discard", [](GradientGroup& g, CallContext&, const Args& a) -> c10::IValue {
           g.Discard(a[0].toInt());
           return c10::IValue();

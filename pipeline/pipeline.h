@@ -297,6 +297,17 @@ class Pipeline {
   const Schedule& schedule() const { return schedule_; }
   const std::vector<RRef>& stages() const { return stages_; }
   const optim::DistributedOptimizer& optimizer() const { return *optimizer_; }
+  // Where worker `worker`'s optimizer state lives when its own optimizer
+  // does not hold it (ZeRO-1: the worker's gradient group, parallel/): an
+  // RRef with methods save_state and load_state, which checkpoints use
+  // instead of the optimizer's. Set before training; none by default.
+  void set_optimizer_state_holder(const std::string& worker, RRef holder) {
+    state_holders_[worker] = std::move(holder);
+  }
+  std::optional<RRef> optimizer_state_holder(const std::string& worker) const {
+    auto it = state_holders_.find(worker);
+    return it == state_holders_.end() ? std::nullopt : std::optional<RRef>(it->second);
+  }
   const std::vector<std::string>& workers() const { return workers_; }
   Agent& agent() const { return agent_; }
   int num_stages() const { return static_cast<int>(stages_.size()); }
@@ -335,6 +346,7 @@ class Pipeline {
   std::vector<RRef> stages_;
   const Schedule schedule_;
   std::unique_ptr<optim::DistributedOptimizer> optimizer_;
+  std::map<std::string, RRef> state_holders_;  // see set_optimizer_state_holder
   int64_t runner_id_ = -1;  // the workers' step runners, or -1: none
   int64_t last_started_ = -1;  // the context of the last step StartStep sent
   bool last_over_ = true;      // whether that step's outcome is known here

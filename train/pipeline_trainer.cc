@@ -61,6 +61,9 @@ absl::StatusOr<Saved> PipelineTrainer::Save(const SaveTarget& target, const chec
     ASSIGN_OR_RETURN(saver_, checkpoint::Checkpointer::Create(agent_, target.dir, target.keep));
     saver_dir_ = target.dir;
   }
+  // (ZeRO-1: every replica's share of the optimizer state goes to replica
+  // 0's gradient groups first, which the shards then save.)
+  RETURN_IF_ERROR(pipe_->ConsolidateOptimizerState());
   RETURN_IF_ERROR(saver_->Save(pipe_->replica(0), stages_, target.identity, state, final, target.background));
   if (saver_->pending()) return Saved{saver_dir_, 0, state.step, /*pending=*/true};
   return Saved{saver_->last(), saver_->last_bytes(), state.step};

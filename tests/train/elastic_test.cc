@@ -164,13 +164,15 @@ TEST(Elastic, AJobThatLosesWorkersGoesOnAndEndsEqualToOneThatLostNone) {
   ExpectEndsEqual(data, whole, elastic, saves);
 }
 
-// Data parallelism: replica w2 of two is SIGKILLed after the checkpoint of
-// step 6; the spare takes its place (its gradient group rebuilt with the
-// new pipeline) and the job ends where one that lost none ends.
+// Data parallelism with ZeRO-1 (each replica holds a share of the SGD
+// momentum; checkpoints gather it): replica w2 of two is SIGKILLed after
+// the checkpoint of step 6; the spare takes its place (its gradient group
+// rebuilt with the new pipeline, its share of the momentum restored) and
+// the job ends where one that lost none ends.
 TEST(Elastic, AReplicaLostInDataParallelismIsReplacedAndTheJobEndsEqual) {
   const std::string data = ToyData();
   const std::string whole = FreshDir("elastic_dp_whole"), elastic = FreshDir("elastic_dp_ckpt");
-  const std::vector<std::string> flags = {"--replicas", "2", "--checkpoint-every", "3"};
+  const std::vector<std::string> flags = {"--replicas", "2", "--zero", "1", "--checkpoint-every", "3"};
   ASSERT_TRUE(RunWhole(data, whole, flags));
   const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
   auto workers = StartWorkers({"w1", "w2", "s1"}, addr, "elastic_dp");
@@ -185,6 +187,7 @@ TEST(Elastic, AReplicaLostInDataParallelismIsReplacedAndTheJobEndsEqual) {
   ASSERT_EQ(code, 0) << out;
   EXPECT_THAT(out, HasSubstr("elastic: spare 's1' takes the place of 'w2'"));
   EXPECT_THAT(out, HasSubstr("2 replicas"));
+  EXPECT_THAT(out, HasSubstr("ZeRO-1: optimizer state sharded"));
   ExpectEndsEqual(data, whole, elastic, flags);
 }
 
