@@ -378,6 +378,10 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
                   "with --max-restarts: comma-separated workers that join the group, hold no stage and stand by to "
                   "take a lost worker's place");
   flags.AddSecurityFlags(&f->security);
+  flags.AddBool("insecure-collectives", &f->insecure_collectives,
+                "with --replicas and a token or TLS: accept that data parallelism's collectives (the master's c10d "
+                "TCPStore for the rendezvous, Gloo's connections between replicas) take connections without the "
+                "token and carry the gradients in clear text (docs/reliability-and-security.md)");
 }
 
 absl::StatusOr<CommandLine> Check(Flags f) {
@@ -443,6 +447,15 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   }
   if (auto s = CheckCheckpoints(line, f.given); !s.ok()) return s;
   if (auto s = CheckElastic(line); !s.ok()) return s;
+  if (c.replicas > 1 && (!line.security.token.empty() || line.security.tls.enabled()) &&
+      !f.insecure_collectives) {
+    return Bad(absl::StrCat(
+        "--replicas with ", line.security.tls.enabled() ? "TLS" : "a token",
+        ": data parallelism's collectives (a c10d TCPStore on the master for the rendezvous, Gloo's connections "
+        "between replicas) neither check the token nor encrypt, so their ports take any connection and the "
+        "gradients cross the network in clear text; give --insecure-collectives to accept that on a trusted "
+        "network, or train without --replicas"));
+  }
   c.coordinator_threads =
       line.ps_mode || (f.given.count("threads") && !c.compare_local) ? c.threads : 1;
   return line;

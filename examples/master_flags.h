@@ -28,6 +28,7 @@ struct Flags {
   launch::SecurityFiles security;
   std::string workers;
   std::string spares;
+  bool insecure_collectives = false;  // --insecure-collectives
   std::string splits;  // empty: 8, or 1 with --mode ps
   std::string mode = "pipeline";
   std::string split_at;
