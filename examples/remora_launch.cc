@@ -70,6 +70,9 @@ launcher flags:
                               keep running. A failed master is restarted as well:
                               give it --checkpoint-dir DIR --resume auto, so that the
                               job goes on from its last checkpoint
+  --spares N                  the last N worker ranks stand by (the master's
+                              --spares): they hold no stage and take a lost
+                              worker's place at once (with --max-restarts)
   --restart-delay S           seconds to wait before a restart (default 3: the
                               failed job's other processes end first)
   --dry-run                   print the role and its command line, start nothing
@@ -91,6 +94,7 @@ struct Flags {
   std::string worker_program;
   bool dry_run = false;
   int max_restarts = 0;
+  int spares = 0;
   double restart_delay = 3;
   std::vector<std::string> master_args;
   std::vector<std::string> shared_args;
@@ -101,7 +105,8 @@ struct Flags {
 // the exit code in *code.
 bool ParseFlags(int argc, char** argv, Flags* f, int* code) {
   const std::vector<std::string> own = {"env",         "listen",         "worker-listen", "host-id",
-                                        "master-program", "worker-program", "max-restarts",  "restart-delay"};
+                                        "master-program", "worker-program", "max-restarts",  "restart-delay",
+                                        "spares"};
   const std::vector<std::string> shared = {"token-file", "tls-cert", "tls-key", "tls-ca",
                                            "connect-timeout"};
   auto in = [](const std::vector<std::string>& v, const std::string& s) {
@@ -160,6 +165,12 @@ bool ParseFlags(int argc, char** argv, Flags* f, int* code) {
       f->host_id = value;
     } else if (name == "master-program") {
       f->master_program = value;
+    } else if (name == "spares") {
+      if (!absl::SimpleAtoi(value, &f->spares) || f->spares < 0) {
+        std::cerr << "remora-launch: --spares wants a count >= 0 of worker ranks, not '" << value << "'\n";
+        *code = 2;
+        return false;
+      }
     } else if (name == "max-restarts" || name == "restart-delay") {
       const bool count = name == "max-restarts";
       const bool good = count ? absl::SimpleAtoi(value, &f->max_restarts) && f->max_restarts >= 0
@@ -334,6 +345,12 @@ int main(int argc, char** argv) {
   o.master_program = f.master_program.empty() ? remora::launch::SiblingProgram("master") : f.master_program;
   o.worker_program = f.worker_program.empty() ? remora::launch::SiblingProgram("worker") : f.worker_program;
   o.master_args = f.master_args;
+  o.spares = f.spares;
+  if (f.spares > 0 && static_cast<size_t>(f.spares) >= role->worker_names().size()) {
+    std::cerr << "remora-launch: --spares " << f.spares << " leaves no worker to train: the job has "
+              << role->worker_names().size() << " worker ranks\n";
+    return 2;
+  }
   const bool elastic_given = std::any_of(f.master_args.begin(), f.master_args.end(), [](const std::string& a) {
     return a == "--max-restarts" || a.rfind("--max-restarts=", 0) == 0;
   });

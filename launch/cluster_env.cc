@@ -397,8 +397,12 @@ std::vector<std::string> RoleCommand(const ClusterRole& role, const LaunchOption
     argv.push_back(o.master_program);
     argv.insert(argv.end(), o.master_args.begin(), o.master_args.end());
     argv.insert(argv.end(), o.shared_args.begin(), o.shared_args.end());
-    argv.insert(argv.end(), {"--listen", o.master_address, "--workers",
-                             absl::StrJoin(role.worker_names(), ",")});
+    std::vector<std::string> workers = role.worker_names();
+    const size_t spares = std::min(workers.size(), static_cast<size_t>(std::max(o.spares, 0)));
+    const std::vector<std::string> standing_by(workers.end() - static_cast<std::ptrdiff_t>(spares), workers.end());
+    workers.resize(workers.size() - spares);
+    argv.insert(argv.end(), {"--listen", o.master_address, "--workers", absl::StrJoin(workers, ",")});
+    if (!standing_by.empty()) argv.insert(argv.end(), {"--spares", absl::StrJoin(standing_by, ",")});
   } else {
     argv.push_back(o.worker_program);
     argv.insert(argv.end(), o.shared_args.begin(), o.shared_args.end());

@@ -97,10 +97,14 @@ struct LaunchOptions {
   std::string master_address;
   // Ranks > 0: HOST:PORT the worker serves on.
   std::string worker_listen;
+  // The last `spares` worker ranks stand by: rank 0 gets them as --spares
+  // instead of in --workers (master --max-restarts).
+  int spares = 0;
 };
 
 // The argv that starts the role: rank 0 gets
 //   master <master_args> <shared_args> --listen <master_address> --workers worker1,...
+//          [--spares worker<N-s>,...]
 // and rank r gets
 //   worker <shared_args> <worker_args> --name worker<r> --master <master_address>
 //          --listen <worker_listen>

@@ -108,7 +108,18 @@ absl::StatusOr<std::string> Elastic::Replace(const std::string& lost, std::ostre
       continue;
     }
     out << "elastic: spare '" << spare << "' takes the place of '" << lost << "'\n" << std::flush;
+    replaced_.push_back(lost);
     return spare;
+  }
+  // A worker whose place a spare took and that registered again since
+  // stands by in turn.
+  for (auto it = replaced_.begin(); it != replaced_.end(); ++it) {
+    if (agent_.IsLost(*it) || !UnansweringWorkers(agent_, {*it}, options_.probe_timeout).empty()) continue;
+    const std::string back = *it;
+    replaced_.erase(it);
+    out << "elastic: '" << back << "', back since a spare took its place, takes the place of '" << lost << "'\n"
+        << std::flush;
+    return back;
   }
   if (options_.rejoin_timeout <= absl::ZeroDuration()) {
     return absl::UnavailableError(absl::StrCat("worker '", lost, "' is lost and no spare is free (--spares)"));

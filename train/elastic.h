@@ -14,7 +14,8 @@
 //
 // When an attempt fails, the workers it ran on are probed: one that does not
 // answer (killed, hung, cut off) is lost, and its place is taken by a spare
-// (a group member that holds no stage) or, without a free spare, by a
+// (a group member that holds no stage; a worker whose place a spare took
+// and that registered again since stands by too) or, without one, by a
 // process that registers under the lost name within the rejoin timeout
 // (restarted by whatever supervises it: remora-launch --max-restarts,
 // Slurm, systemd). The next attempt runs over the new list from the latest
@@ -96,6 +97,8 @@ class Elastic {
   Agent& agent_;
   const ElasticOptions options_;
   std::vector<std::string> free_spares_;
+  // Workers whose place a spare took: once one registers again, it stands by.
+  std::vector<std::string> replaced_;
   std::shared_ptr<RunLog> log_;
   std::vector<Recovery> recoveries_;
   const absl::Time start_ = absl::Now();

@@ -193,6 +193,18 @@ TEST(RemoraLaunch, MaxRestartsBringsKilledProcessesBackAndTheJobGoesOnFromItsChe
   auto [bad, bad_out] = Launch({"RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1"}, {"--restart-delay", "-1"});
   EXPECT_EQ(bad, 2) << bad_out;
   EXPECT_THAT(bad_out, HasSubstr("--restart-delay wants seconds in 0..3600, not '-1'"));
+  // --spares 1: the last worker rank stands by; the master gets
+  // --max-restarts from remora-launch's.
+  auto [spare, spare_out] =
+      Launch({"RANK=0", "WORLD_SIZE=4", "MASTER_ADDR=127.0.0.1"},
+             {"--dry-run", "--spares", "1", "--max-restarts", "2", "--checkpoint-dir", "c", "--resume", "auto"});
+  EXPECT_EQ(spare, 0) << spare_out;
+  EXPECT_THAT(spare_out, HasSubstr("--max-restarts 2"));
+  EXPECT_THAT(spare_out, HasSubstr("--workers worker1,worker2 --spares worker3"));
+  auto [no_worker, no_worker_out] =
+      Launch({"RANK=0", "WORLD_SIZE=3", "MASTER_ADDR=127.0.0.1"}, {"--dry-run", "--spares", "2"});
+  EXPECT_EQ(no_worker, 2) << no_worker_out;
+  EXPECT_THAT(no_worker_out, HasSubstr("--spares 2 leaves no worker to train"));
 
   const std::string data = TempPath("launch_restart_idx");
   test_support::WriteToyIdx(data, 320, 50);  // 10 batches of 32 per epoch

@@ -231,6 +231,10 @@ TEST(ClusterEnv, EachRoleGetsItsCommandLine) {
   EXPECT_THAT(RoleCommand(master, o),
               ElementsAre("/bin/master", "--batches", "2", "--token-file", "t", "--listen",
                           "10.0.0.1:29500", "--workers", "worker1,worker2"));
+  o.spares = 1;  // the last worker rank stands by
+  EXPECT_THAT(RoleCommand(master, o),
+              ElementsAre("/bin/master", "--batches", "2", "--token-file", "t", "--listen",
+                          "10.0.0.1:29500", "--workers", "worker1", "--spares", "worker2"));
   auto worker = RoleFromEnvironment(Torchrun(2, 3)).value();
   EXPECT_THAT(RoleCommand(worker, o),
               ElementsAre("/bin/worker", "--token-file", "t", "--threads", "1", "--name",

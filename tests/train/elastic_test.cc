@@ -1,8 +1,9 @@
 // Elastic training with the real programs: a job that loses workers goes
-// on by itself from its last checkpoint, first with a spare taking the
-// killed worker's place, then with the next killed worker started again
-// under its name, and ends bitwise equal to a job that lost none (where
-// LibTorch trains reproducibly); a job that loses more workers than
+// on by itself from its last checkpoint, with a spare taking a killed
+// worker's place, a restarted worker standing by in turn, and a killed
+// worker started again under its name, and ends bitwise equal to a job
+// that lost none (where LibTorch trains reproducibly); the same with
+// replicas (ZeRO-1) and with the parameter server; a job that loses more workers than
 // --max-restarts allows fails saying so; the flags' misuse is refused.
 #include <algorithm>
 #include <csignal>
@@ -32,15 +33,18 @@ using test_support::MasterArgv;
 using test_support::StageDifference;
 using test_support::StartWorkers;
 
-// Waits until the file `log` holds `text`, while `master` runs (120 s at
-// most); whether it does.
-bool WaitFor(const std::string& log, const std::string& text, launch::Subprocess& master) {
+// Waits until the file `log` holds `text` (after the first `after`, when
+// given), while `master` runs (120 s at most); whether it does.
+bool WaitFor(const std::string& log, const std::string& text, launch::Subprocess& master,
+             const std::string& after = "") {
   const absl::Time deadline = absl::Now() + absl::Seconds(120);
-  while (ReadFile(log).find(text) == std::string::npos) {
+  while (true) {
+    const std::string now = ReadFile(log);
+    const size_t from = after.empty() ? 0 : now.find(after);
+    if (from != std::string::npos && now.find(text, from) != std::string::npos) return true;
     if (!master.running() || absl::Now() > deadline) return false;
     absl::SleepFor(absl::Milliseconds(2));
   }
-  return true;
 }
 
 // A worker of the stock program, alone (to start one again under a name).
@@ -115,14 +119,17 @@ TEST(Elastic, FlagsAreCheckedBeforeAnyWorkerIsWaitedFor) {
   }
 }
 
-// w2 is SIGKILLed after the checkpoint of step 6: the spare s1 takes its
-// place; then w1 is SIGKILLed after the checkpoint of step 15 and, no spare
-// being left, started again under its name: the job goes on by itself and
-// ends where a job that lost no worker ends.
+// Three losses in one job, each recovered another way: w2 is SIGKILLed
+// after the checkpoint of step 6 and the spare s1 takes its place; w2 is
+// started again and stands by; w1 is SIGKILLed after the next checkpoint
+// and w2 takes its place; s1 is SIGKILLed after the next and, nothing
+// standing by, is started again under its name. The job goes on by itself and ends where a
+// job that lost no worker ends.
 TEST(Elastic, AJobThatLosesWorkersGoesOnAndEndsEqualToOneThatLostNone) {
   const std::string data = ToyData();
   const std::string whole = FreshDir("elastic_whole"), elastic = FreshDir("elastic_ckpt");
-  const std::vector<std::string> saves = {"--checkpoint-every", "3", "--keep", "2"};
+  // (30 epochs of 10 steps: time for the restarts in between.)
+  const std::vector<std::string> saves = {"--checkpoint-every", "3", "--keep", "2", "--epochs", "30"};
   ASSERT_TRUE(RunWhole(data, whole, saves));
   const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
   auto workers = StartWorkers({"w1", "w2", "s1"}, addr, "elastic");
@@ -130,36 +137,43 @@ TEST(Elastic, AJobThatLosesWorkersGoesOnAndEndsEqualToOneThatLostNone) {
   const std::string board = FreshDir("elastic_tensorboard");
   auto master = launch::Subprocess::Spawn(
                     MasterArgv("w1,w2", addr, data,
-                               {"--checkpoint-dir", elastic, saves[0], saves[1], saves[2], saves[3], "--max-restarts",
-                                "2", "--spares", "s1", "--rejoin-timeout", "60", "--report", report, "--tensorboard",
+                               {"--checkpoint-dir", elastic, saves[0], saves[1], saves[2], saves[3], saves[4],
+                                saves[5], "--max-restarts", "3", "--spares", "s1", "--rejoin-timeout", "60", "--report", report, "--tensorboard",
                                 board}),
                     log)
                     .value();
   ASSERT_TRUE(WaitFor(log, "checkpoint: step 6 ", *master)) << ReadFile(log);
   workers[1]->Signal(SIGKILL);
-  ASSERT_TRUE(WaitFor(log, "checkpoint: step 15 ", *master)) << ReadFile(log);
+  workers[1]->Wait(absl::Seconds(10)).IgnoreError();
+  workers[1] = StartWorker("w2", addr, "elastic_w2_again");  // joins once the master found it lost
+  ASSERT_TRUE(WaitFor(log, "checkpoint: step ", *master, "worker 'w2' registered again")) << ReadFile(log);
   workers[0]->Signal(SIGKILL);
-  ASSERT_TRUE(WaitFor(log, "for a worker to register again as 'w1'", *master)) << ReadFile(log);
-  workers[0]->Wait(absl::Seconds(10)).IgnoreError();
-  workers[0] = StartWorker("w1", addr, "elastic_rejoined");
+  ASSERT_TRUE(WaitFor(log, "checkpoint: step ", *master, "elastic: recovery 2 of 3")) << ReadFile(log);
+  workers[2]->Signal(SIGKILL);
+  ASSERT_TRUE(WaitFor(log, "for a worker to register again as 's1'", *master)) << ReadFile(log);
+  workers[2]->Wait(absl::Seconds(10)).IgnoreError();
+  workers[2] = StartWorker("s1", addr, "elastic_s1_again");
   const int code = master->Wait(absl::Seconds(200)).value_or(-1);
   const std::string out = ReadFile(log);
   ASSERT_EQ(code, 0) << out;
-  for (size_t i : {0, 2}) EXPECT_EQ(workers[i]->Wait(absl::Seconds(30)).value_or(-1), 0) << "worker " << i;
+  for (size_t i : {1, 2}) EXPECT_EQ(workers[i]->Wait(absl::Seconds(30)).value_or(-1), 0) << "worker " << i;
 
   EXPECT_THAT(out, HasSubstr("s1: spare, standing by"));
   EXPECT_THAT(out, HasSubstr("elastic: spare 's1' takes the place of 'w2'"));
-  EXPECT_THAT(out, HasSubstr("elastic: recovery 1 of 2: going on over w1,s1 from the checkpoint of step "));
-  EXPECT_THAT(out, HasSubstr("elastic: 'w1' is back"));
-  EXPECT_THAT(out, HasSubstr("elastic: recovery 2 of 2: going on over w1,s1 from the checkpoint of step "));
-  EXPECT_THAT(out, HasSubstr("checkpoint: step 30 in " + elastic));
-  // The report lists both recoveries; TensorBoard has run/recoveries.
+  EXPECT_THAT(out, HasSubstr("elastic: recovery 1 of 3: going on over w1,s1 from the checkpoint of step "));
+  EXPECT_THAT(out, HasSubstr("elastic: 'w2', back since a spare took its place, takes the place of 'w1'"));
+  EXPECT_THAT(out, HasSubstr("elastic: recovery 2 of 3: going on over w2,s1 from the checkpoint of step "));
+  EXPECT_THAT(out, HasSubstr("elastic: 's1' is back"));
+  EXPECT_THAT(out, HasSubstr("elastic: recovery 3 of 3: going on over w2,s1 from the checkpoint of step "));
+  EXPECT_THAT(out, HasSubstr("checkpoint: step 300 in " + elastic));
+  // The report lists the recoveries; TensorBoard has run/recoveries.
   const std::string json = ReadFile(report);
   EXPECT_THAT(json, HasSubstr("\"recoveries\": [{\"lost\": \"w2\", \"replacement\": \"s1\""));
-  EXPECT_THAT(json, HasSubstr("{\"lost\": \"w1\", \"replacement\": \"w1\""));
+  EXPECT_THAT(json, HasSubstr("{\"lost\": \"w1\", \"replacement\": \"w2\""));
+  EXPECT_THAT(json, HasSubstr("{\"lost\": \"s1\", \"replacement\": \"s1\""));
   const auto recoveries = test_support::ScalarsIn(board, "run/recoveries");
-  ASSERT_EQ(recoveries.size(), 2u);
-  EXPECT_EQ(recoveries[1].value, 2);
+  ASSERT_EQ(recoveries.size(), 3u);
+  EXPECT_EQ(recoveries[2].value, 3);
 
   ExpectEndsEqual(data, whole, elastic, saves);
 }
