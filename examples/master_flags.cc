@@ -379,9 +379,9 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
                   "take a lost worker's place");
   flags.AddSecurityFlags(&f->security);
   flags.AddBool("insecure-collectives", &f->insecure_collectives,
-                "with --replicas and a token or TLS: accept that data parallelism's collectives (the master's c10d "
-                "TCPStore for the rendezvous, Gloo's connections between replicas) take connections without the "
-                "token and carry the gradients in clear text (docs/reliability-and-security.md)");
+                "with --replicas and a token or TLS: accept that the gradients go over Gloo's connections between "
+                "the replicas, which check no token and carry them in clear text "
+                "(docs/reliability-and-security.md)");
 }
 
 absl::StatusOr<CommandLine> Check(Flags f) {
@@ -451,10 +451,9 @@ absl::StatusOr<CommandLine> Check(Flags f) {
       !f.insecure_collectives) {
     return Bad(absl::StrCat(
         "--replicas with ", line.security.tls.enabled() ? "TLS" : "a token",
-        ": data parallelism's collectives (a c10d TCPStore on the master for the rendezvous, Gloo's connections "
-        "between replicas) neither check the token nor encrypt, so their ports take any connection and the "
-        "gradients cross the network in clear text; give --insecure-collectives to accept that on a trusted "
-        "network, or train without --replicas"));
+        ": data parallelism's gradients go over Gloo's connections between the replicas, which neither check "
+        "the token nor encrypt: they cross the network in clear text; give --insecure-collectives to accept "
+        "that on a trusted network, or train without --replicas"));
   }
   c.coordinator_threads =
       line.ps_mode || (f.given.count("threads") && !c.compare_local) ? c.threads : 1;

@@ -13,20 +13,10 @@
 #include "autograd/dist_autograd.h"
 #include "base/status_util.h"
 #include "optim/distributed_optimizer.h"
+#include "parallel/rpc_store.h"
 #include "pipeline/microbatch.h"
 
 namespace remora::parallel {
-namespace {
-
-// The host part of HOST:PORT (IPv6 brackets removed).
-std::string HostOf(const std::string& address) {
-  std::string host = address.substr(0, address.rfind(':'));
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  return host;
-}
-
-}  // namespace
-
 DataParallelPipeline::DataParallelPipeline(Agent& agent, DataParallelOptions options,
                                            std::vector<std::unique_ptr<pipeline::Pipeline>> replicas,
                                            std::unique_ptr<StoreServer> store,
@@ -38,7 +28,9 @@ DataParallelPipeline::DataParallelPipeline(Agent& agent, DataParallelOptions opt
       members_(std::move(members)),
       backend_(std::move(backend)) {}
 
-DataParallelPipeline::~DataParallelPipeline() = default;
+DataParallelPipeline::~DataParallelPipeline() {
+  if (!store_keys_.empty()) ClearStoreKeys(store_keys_);
+}
 
 absl::Status DataParallelPipeline::CallGroups(
     const std::vector<Member>& members, int replica, const std::string& method,
@@ -97,11 +89,17 @@ absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Crea
   std::unique_ptr<StoreServer> store;
   std::vector<Member> members;
   std::string backend;
+  std::string prefix;
+  // The groups meet through this process's keys over the agents when it
+  // hosts them (RegisterStoreFunctions: no port opened), else through a
+  // TCPStore it starts.
+  const bool over_agents = agent.registry().Contains("remora.store.set");
   if (R > 1) {
-    ASSIGN_OR_RETURN(store, StoreServer::Start(HostOf(agent.self().address)));
+    if (!over_agents) {
+      ASSIGN_OR_RETURN(store, StoreServer::Start(HostOf(agent.self().address)));
+    }
     static std::atomic<int64_t> next_id{0};
-    const std::string prefix =
-        absl::StrCat("remora-dp-", agent.self().name, "-", getpid(), "-", next_id++);
+    prefix = absl::StrCat("remora-dp-", agent.self().name, "-", getpid(), "-", next_id++);
     for (int r = 0; r < R; ++r) {
       const int S = replicas[r]->num_stages();
       for (int p = 0; p < P; ++p) {
@@ -119,7 +117,8 @@ absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Crea
         m.slot = p;
         m.replica = r;
         ASSIGN_OR_RETURN(m.group, agent.remote(m.worker, "remora.parallel.GradientGroup",
-                                               {store->host(), int64_t{store->port()},
+                                               {store ? store->host() : std::string(),
+                                                int64_t{store ? store->port() : 0},
                                                 absl::StrCat(prefix, "-slot", p), int64_t{r},
                                                 int64_t{R}, absl::ToInt64Milliseconds(o.timeout),
                                                 o.bucket_bytes, o.overlap, indices, params,
@@ -155,9 +154,11 @@ absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Crea
           "joining the gradient group to the step runner"));
     }
   }
-  return std::unique_ptr<DataParallelPipeline>(new DataParallelPipeline(
+  auto pipe = std::unique_ptr<DataParallelPipeline>(new DataParallelPipeline(
       agent, std::move(o), std::move(replicas), std::move(store), std::move(members),
       std::move(backend)));
+  if (over_agents) pipe->store_keys_ = prefix;
+  return pipe;
 }
 
 pipeline::PendingStep DataParallelPipeline::start_train_step(const c10::IValue& inputs,

@@ -133,6 +133,7 @@ class DataParallelPipeline {
   std::vector<std::unique_ptr<pipeline::Pipeline>> replicas_;
   std::unique_ptr<StoreServer> store_;
   std::vector<Member> members_;  // replica by replica
+  std::string store_keys_;  // the groups' keys in this process's table (rpc_store.h), cleared at the end
   const std::string backend_;
   int64_t last_buckets_ = 0;
 };

@@ -445,6 +445,7 @@ absl::Status RegisterFunctions(Registry& registry) {
       [](CallContext& ctx, const Args& a) {
         GroupOptions g;
         g.store_host = a[0].toStringRef();
+        if (g.store_host.empty()) g.agent = ctx.agent;  // the master's keys, over the agents
         g.store_port = static_cast<int>(a[1].toInt());
         g.name = a[2].toStringRef();
         g.rank = static_cast<int>(a[3].toInt());

@@ -9,6 +9,9 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "parallel/rpc_store.h"
+#include "rpc/agent.h"
 #if REMORA_WITH_NCCL_GROUPS
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/zeros.h>
@@ -23,6 +26,12 @@
 #include "base/status_util.h"
 
 namespace remora::parallel {
+
+std::string HostOf(const std::string& address) {
+  std::string host = address.substr(0, address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return host;
+}
 
 absl::Status Collective::Wait() {
   if (!wait_) return absl::FailedPreconditionError("waited for a collective that was not started");
@@ -140,18 +149,29 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Join(const GroupOpti
         absl::StrCat("group '", g.name, "': rank ", g.rank, " of ", g.size, " is out of range"));
   }
   auto impl = std::make_unique<Impl>();
+  const std::string where =
+      g.agent != nullptr ? absl::StrCat("'", g.agent->NameOf(0), "' over the agents")
+                         : absl::StrCat("the store at ", g.store_host, ":", g.store_port);
   try {
-    c10d::TCPStoreOptions o;
-    o.port = static_cast<std::uint16_t>(g.store_port);
-    ClassicStore(o, 0);
-    o.isServer = false;
-    o.waitWorkers = false;
-    o.timeout = Millis(g.timeout);
-    auto store = c10::make_intrusive<c10d::TCPStore>(g.store_host, o);
+    c10::intrusive_ptr<c10d::Store> store;
+    std::string gloo_host = g.store_host;
+    if (g.agent != nullptr) {
+      store = c10::make_intrusive<RpcStore>(g.agent, "");
+      store->setTimeout(Millis(g.timeout));
+      gloo_host = HostOf(g.agent->self().address);
+    } else {
+      c10d::TCPStoreOptions o;
+      o.port = static_cast<std::uint16_t>(g.store_port);
+      ClassicStore(o, 0);
+      o.isServer = false;
+      o.waitWorkers = false;
+      o.timeout = Millis(g.timeout);
+      store = c10::make_intrusive<c10d::TCPStore>(g.store_host, o);
+    }
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(absl::StrCat(g.name, "/"), store);
     auto options = c10d::ProcessGroupGloo::Options::create();
     options->timeout = Millis(g.timeout);
-    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(g.store_host));
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(gloo_host));
     impl->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, g.rank, g.size, options);
 #if REMORA_WITH_NCCL_GROUPS
     if (g.cuda_device >= 0 && DistinctGpus(*impl->gloo, g)) {
@@ -168,8 +188,8 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Join(const GroupOpti
 #endif
   } catch (...) {
     return StatusFromCurrentException(absl::StrCat(
-        "joining group '", g.name, "' as rank ", g.rank, " of ", g.size, " through the store at ",
-        g.store_host, ":", g.store_port, " (did every member start within ",
+        "joining group '", g.name, "' as rank ", g.rank, " of ", g.size, " through ", where,
+        " (did every member start within ",
         absl::FormatDuration(g.timeout), "?)"));
   }
   return std::unique_ptr<ProcessGroup>(new ProcessGroup(g, std::move(impl)));

@@ -1,9 +1,12 @@
 // Collectives between processes on c10d, LibTorch's own engine: Gloo
 // process groups (CPU tensors) or NCCL process groups (CUDA tensors, one
-// device per member) that meet through a TCPStore.
+// device per member) that meet through a store: the master's keys over
+// remora's agents (GroupOptions::agent, parallel/rpc_store.h), or a
+// TCPStore.
 //
-// The master hosts the store (StoreServer, on its listen address, on a port
-// the system picks); each member joins a group by name with its rank
+// The master hosts the store (RegisterStoreFunctions in its registry; or a
+// StoreServer, on its listen address, on a port the system picks); each
+// member joins a group by name with its rank
 // (ProcessGroup::Join), which returns once all members have joined. Every
 // member must issue the same collectives in the same order; a member that
 // died or stalled makes the others' collectives fail after the group's
@@ -43,7 +46,14 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
+namespace remora {
+class Agent;
+}  // namespace remora
+
 namespace remora::parallel {
+
+// The host part of HOST:PORT (IPv6 brackets removed).
+std::string HostOf(const std::string& address);
 
 // Whether this build has c10d's Gloo backend; its NCCL backend.
 bool HaveGloo();
@@ -74,6 +84,11 @@ struct GroupOptions {
   int size = 1;
   absl::Duration timeout = absl::Seconds(10);  // per collective, and for joining
   int cuda_device = -1;  // this member's CUDA device index, or -1 (CPU tensors)
+  // Where the members meet: with `agent`, the master's keys over the
+  // group's agents (parallel/rpc_store.h: the token and TLS apply, no port
+  // is opened), and Gloo listens on the agent's host; else a TCPStore at
+  // store_host:store_port (StoreServer), Gloo on store_host.
+  Agent* agent = nullptr;
 };
 
 // A collective in flight; Wait() once.

@@ -8,6 +8,7 @@
 #include "checkpoint/checkpoint.h"
 #include "optim/distributed_optimizer.h"
 #include "parallel/gradient_group.h"
+#include "parallel/rpc_store.h"
 #include "pipeline/stage.h"
 #include "ps/replica.h"
 #include "runtime/trace.h"
@@ -38,6 +39,8 @@ absl::Status RegisterWorkerFunctions(Registry& registry) {
   RETURN_IF_ERROR(optim::RegisterFunctions(registry));
   RETURN_IF_ERROR(pipeline::RegisterFunctions(registry));
   RETURN_IF_ERROR(parallel::RegisterFunctions(registry));
+  // (A master hosts the gradient groups' rendezvous keys: parallel/rpc_store.h.)
+  RETURN_IF_ERROR(parallel::RegisterStoreFunctions(registry));
   RETURN_IF_ERROR(checkpoint::RegisterFunctions(registry));
   RETURN_IF_ERROR(ps::RegisterFunctions(registry));
   return RegisterTraceFunctions(registry);

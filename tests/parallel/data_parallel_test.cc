@@ -1,4 +1,5 @@
-// parallel/: Gloo groups meeting through the master's TCPStore; data and
+// parallel/: Gloo groups meeting through the master's TCPStore or its keys
+// over the agents; data and
 // hybrid data x pipeline parallelism with real worker processes: the same
 // losses and parameters as one process on the whole batch, for every
 // schedule, replicas bitwise equal; mismatched replicas and a dead
@@ -20,6 +21,7 @@
 #include "shards/mlp.h"
 #include "optim/distributed_optimizer.h"
 #include "parallel/process_group.h"
+#include "parallel/rpc_store.h"
 #include "tests/support/pipeline_fixtures.h"
 #include "tests/support/test_group.h"
 
@@ -133,6 +135,60 @@ void ExpectParity(Agent& master, const std::vector<std::string>& workers, int re
       }
     }
   }
+}
+
+// The store over the agents: keys live in the master's table and travel on
+// the group's calls (a group with a token: the store's calls carry it);
+// two members meet through it and sum, with no store port of their own.
+TEST(RpcStore, MembersMeetThroughTheMastersKeysOverTheirAgents) {
+  AgentOptions secured;
+  secured.token = "a-token";
+  Group g(2, secured);
+  RpcStore a(&g.worker(1), "t/"), b(&g.worker(2), "t/");
+  a.set("k", {1, 2, 3});
+  EXPECT_EQ(b.get("k"), (std::vector<uint8_t>{1, 2, 3}));
+  EXPECT_EQ(a.add("n", 5), 5);
+  EXPECT_EQ(b.add("n", 2), 7);
+  EXPECT_TRUE(b.check({"k", "n"}));
+  EXPECT_FALSE(b.check({"k", "absent"}));
+  EXPECT_EQ(a.getNumKeys(), 2);
+  EXPECT_TRUE(a.deleteKey("k"));
+  EXPECT_FALSE(a.deleteKey("k"));
+  try {
+    b.wait({"never"}, std::chrono::milliseconds(50));
+    ADD_FAILURE() << "waited for a key that never came";
+  } catch (const std::exception& e) {
+    EXPECT_THAT(e.what(), HasSubstr("waited 50 ms for key 'never'"));
+  }
+  ClearStoreKeys("t/");
+  EXPECT_EQ(a.getNumKeys(), 0);
+
+  if (!HaveGloo()) return;
+  std::vector<at::Tensor> sums(2);
+  std::vector<absl::Status> status(2);
+  std::vector<std::thread> members;
+  for (int r = 0; r < 2; ++r) {
+    members.emplace_back([&, r] {
+      GroupOptions o;
+      o.agent = &g.worker(r + 1);
+      o.name = "over-agents";
+      o.rank = r;
+      o.size = 2;
+      auto group = ProcessGroup::Join(o);
+      if (!group.ok()) {
+        status[r] = group.status();
+        return;
+      }
+      sums[r] = at::full({4}, float(r + 1));
+      status[r] = (*group)->AllReduceSum(sums[r]).Wait();
+    });
+  }
+  for (auto& t : members) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(status[r].ok()) << status[r];
+    EXPECT_TRUE(at::equal(sums[r], at::full({4}, 3.0f)));
+  }
+  ClearStoreKeys("over-agents/");
 }
 
 TEST(DataParallel, HybridAndPlainMatchOneProcessUnderEverySchedule) {

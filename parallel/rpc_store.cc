@@ -1,0 +1,157 @@
+#include "parallel/rpc_store.h"
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "base/mutex_lock.h"
+#include "base/status_util.h"
+
+namespace remora::parallel {
+namespace {
+
+// The keys this process hosts (the master's), for every group.
+struct Table {
+  absl::Mutex mu;
+  std::map<std::string, std::string> values ABSL_GUARDED_BY(mu);
+};
+
+Table& TheTable() {
+  static Table* table = new Table;  // never destroyed: handlers may run late
+  return *table;
+}
+
+std::vector<uint8_t> BytesOf(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+
+std::vector<std::string> StringsOf(const c10::IValue& list) {
+  std::vector<std::string> out;
+  for (const c10::IValue& v : list.toListRef()) out.push_back(v.toStringRef());
+  return out;
+}
+
+c10::impl::GenericList ListOf(const std::string& prefix, const std::vector<std::string>& keys) {
+  c10::impl::GenericList list(c10::StringType::get());
+  for (const auto& k : keys) list.push_back(prefix + k);
+  return list;
+}
+
+}  // namespace
+
+absl::Status RegisterStoreFunctions(Registry& registry) {
+  RETURN_IF_ERROR(registry.RegisterFunction("remora.store.set", [](CallContext&, const Args& a) -> c10::IValue {
+    Table& t = TheTable();
+    MutexLock lock(t.mu);
+    t.values[a[0].toStringRef()] = a[1].toStringRef();
+    return c10::IValue();
+  }));
+  // get(key): the value, or None while there is none.
+  RETURN_IF_ERROR(registry.RegisterFunction("remora.store.get", [](CallContext&, const Args& a) -> c10::IValue {
+    Table& t = TheTable();
+    MutexLock lock(t.mu);
+    auto it = t.values.find(a[0].toStringRef());
+    return it == t.values.end() ? c10::IValue() : c10::IValue(it->second);
+  }));
+  // add(key, n): adds n to the key's number (0 when absent; kept in
+  // decimal, as c10d's stores keep it) and returns the sum.
+  RETURN_IF_ERROR(registry.RegisterFunction("remora.store.add", [](CallContext&, const Args& a) -> c10::IValue {
+    Table& t = TheTable();
+    MutexLock lock(t.mu);
+    std::string& value = t.values[a[0].toStringRef()];
+    int64_t n = 0;
+    if (!value.empty() && !absl::SimpleAtoi(value, &n)) {
+      throw std::invalid_argument(absl::StrCat("store key '", a[0].toStringRef(), "' holds no number"));
+    }
+    n += a[1].toInt();
+    value = std::to_string(n);
+    return n;
+  }));
+  RETURN_IF_ERROR(registry.RegisterFunction("remora.store.delete", [](CallContext&, const Args& a) -> c10::IValue {
+    Table& t = TheTable();
+    MutexLock lock(t.mu);
+    return t.values.erase(a[0].toStringRef()) > 0;
+  }));
+  // check(keys): whether every key is there.
+  RETURN_IF_ERROR(registry.RegisterFunction("remora.store.check", [](CallContext&, const Args& a) -> c10::IValue {
+    const std::vector<std::string> keys = StringsOf(a[0]);
+    Table& t = TheTable();
+    MutexLock lock(t.mu);
+    for (const auto& k : keys) {
+      if (t.values.count(k) == 0) return false;
+    }
+    return true;
+  }));
+  // count(prefix): the keys that start with it.
+  return registry.RegisterFunction("remora.store.count", [](CallContext&, const Args& a) -> c10::IValue {
+    const std::string& prefix = a[0].toStringRef();
+    Table& t = TheTable();
+    MutexLock lock(t.mu);
+    int64_t n = 0;
+    for (auto it = t.values.lower_bound(prefix); it != t.values.end() && it->first.rfind(prefix, 0) == 0; ++it) ++n;
+    return n;
+  });
+}
+
+void ClearStoreKeys(const std::string& prefix) {
+  Table& t = TheTable();
+  MutexLock lock(t.mu);
+  auto it = t.values.lower_bound(prefix);
+  while (it != t.values.end() && it->first.rfind(prefix, 0) == 0) it = t.values.erase(it);
+}
+
+RpcStore::RpcStore(Agent* agent, std::string prefix) : agent_(agent), prefix_(std::move(prefix)) {}
+
+c10::IValue RpcStore::Call(const std::string& function, std::vector<c10::IValue> args, const std::string& key) {
+  absl::StatusOr<c10::IValue> r = agent_->rpc_sync(agent_->NameOf(0), "remora.store." + function, std::move(args));
+  if (!r.ok()) {
+    throw std::runtime_error(absl::StrCat("the collectives' store (on '", agent_->NameOf(0), "'): ", function,
+                                          key.empty() ? "" : absl::StrCat(" '", key, "'"), ": ",
+                                          r.status().message()));
+  }
+  return std::move(*r);
+}
+
+void RpcStore::set(const std::string& key, const std::vector<uint8_t>& value) {
+  Call("set", {prefix_ + key, std::string(value.begin(), value.end())}, key);
+}
+
+std::vector<uint8_t> RpcStore::get(const std::string& key) {
+  wait({key});
+  c10::IValue v = Call("get", {prefix_ + key}, key);
+  if (v.isNone()) throw std::runtime_error(absl::StrCat("the collectives' store: key '", key, "' was deleted"));
+  return BytesOf(v.toStringRef());
+}
+
+int64_t RpcStore::add(const std::string& key, int64_t value) { return Call("add", {prefix_ + key, value}, key).toInt(); }
+
+bool RpcStore::deleteKey(const std::string& key) { return Call("delete", {prefix_ + key}, key).toBool(); }
+
+bool RpcStore::check(const std::vector<std::string>& keys) {
+  return Call("check", {ListOf(prefix_, keys)}, keys.size() == 1 ? keys[0] : "").toBool();
+}
+
+int64_t RpcStore::getNumKeys() { return Call("count", {prefix_}, "").toInt(); }
+
+void RpcStore::wait(const std::vector<std::string>& keys) { wait(keys, timeout_); }
+
+void RpcStore::wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) {
+  const bool forever = timeout == kNoTimeout;
+  const absl::Time deadline = absl::Now() + absl::FromChrono(timeout);
+  // Asked every 1, 2, 4 ... 20 ms: a group's members meet within
+  // milliseconds of each other, and no thread of the master waits.
+  for (absl::Duration pause = absl::Milliseconds(1); !check(keys); pause = std::min(2 * pause, absl::Milliseconds(20))) {
+    if (!forever && absl::Now() > deadline) {
+      throw std::runtime_error(absl::StrCat("the collectives' store: waited ", timeout.count(), " ms for ",
+                                            keys.size() == 1 ? absl::StrCat("key '", keys[0], "'")
+                                                             : absl::StrCat(keys.size(), " keys"),
+                                            " (did every member of the group start?)"));
+    }
+    absl::SleepFor(pause);
+  }
+}
+
+}  // namespace remora::parallel
