@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <filesystem>
+#include <set>
 #include <cstring>
 #include <random>
 #include <fstream>
@@ -17,10 +19,16 @@
 #include <ATen/ops/randn.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "launch/local_group.h"
+#include "proto/request.h"
+#include "proto/rref.pb.h"
+#include "rpc/message.h"
+#include "tests/support/pipeline_fixtures.h"
 #include "tests/support/test_functions.h"
 #include "tests/support/test_group.h"
 
@@ -394,6 +402,104 @@ TEST(Robustness, WorkerSurvivesRandomBytesAndGarbageCalls) {
   }
   EXPECT_TRUE(group->workers[0]->running());
   EXPECT_TRUE(group->Shutdown().ok());  // the worker exits 0
+}
+
+// The TCP ports process `pid` listens on (its sockets in /proc/PID/fd,
+// their LISTEN rows in /proc/net/tcp and tcp6).
+std::set<int> ListeningPorts(pid_t pid) {
+  std::set<std::string> inodes;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/fd"), ec)) {
+    const std::string target = std::filesystem::read_symlink(e.path(), ec).string();
+    if (target.rfind("socket:[", 0) == 0) inodes.insert(target.substr(8, target.size() - 9));
+  }
+  std::set<int> ports;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+      fields >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >> timeout >> inode;
+      if (state == "0A" && inodes.count(inode)) ports.insert(std::stoi(local.substr(local.rfind(':') + 1), nullptr, 16));
+    }
+  }
+  return ports;
+}
+
+// A call to 127.0.0.1:`port` that carries no token: its gRPC status.
+grpc::StatusCode CallWithoutToken(int port) {
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  OutMessage m;
+  wire::CallRequest call;
+  call.set_function("remora.pipeline.alive");
+  *m.header.mutable_request() = MakeRequest(call);
+  m.header.mutable_request()->set_from(0);
+  grpc::ByteBuffer request = SerializeMessage(std::move(m)), response;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  Future<grpc::Status> done;
+  stub.UnaryCall(&ctx, "/remora.Agent/Call", grpc::StubOptions(), &request, &response,
+                 [done](grpc::Status st) mutable { done.SetValue(st); });
+  return done.wait().value().error_code();
+}
+
+// Jobs with a token: every port the master and the workers of a pipeline
+// listen on refuses a call without the token; with data parallelism (its
+// groups meet through the master over the agents) the master still listens
+// on its agent's port alone, and the workers' agents refuse such calls
+// (Gloo's own connections, accepted by --insecure-collectives, are not
+// remora's to check).
+TEST(Security, EveryPortOfAJobWithATokenRefusesACallWithoutIt) {
+  const std::string token = TempPath("job.token"), data = TempPath("job_idx");
+  std::ofstream(token) << "the-job-s-secret\n";
+  test_support::WriteToyIdx(data, 320, 50);
+  for (const bool replicas : {false, true}) {
+    SCOPED_TRACE(replicas ? "--replicas 2" : "a pipeline");
+    const int port = FreePort();
+    const std::string addr = absl::StrCat("127.0.0.1:", port);
+    std::vector<std::unique_ptr<launch::Subprocess>> workers;
+    std::vector<std::string> logs;
+    for (const std::string name : {"w1", "w2"}) {
+      logs.push_back(TempPath(absl::StrCat("job_", name, replicas, ".log")));
+      workers.push_back(launch::Subprocess::Spawn({kBin + "/worker", "--name", name, "--master", addr, "--threads",
+                                                   "1", "--token-file", token},
+                                                  logs.back())
+                            .value());
+    }
+    const std::string log = TempPath(absl::StrCat("job_master", replicas, ".log"));
+    std::vector<std::string> argv = {kBin + "/master", "--workers", "w1,w2", "--listen", addr, "--token-file", token,
+                                     "--dataset", "idx:" + data, "--epochs", "15", "--batch-size", "32",
+                                     "--threads", "1"};
+    if (replicas) argv.insert(argv.end(), {"--replicas", "2", "--insecure-collectives"});
+    auto master = launch::Subprocess::Spawn(argv, log).value();
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (ReadFile(log).find("epoch=1 ") == std::string::npos && master->running() && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    ASSERT_TRUE(master->running()) << ReadFile(log);
+    EXPECT_EQ(ListeningPorts(master->pid()), std::set<int>{port}) << "the master listens on its agent's port alone";
+    std::set<int> ports = {port};
+    for (size_t i = 0; i < workers.size(); ++i) {
+      const std::set<int> mine = ListeningPorts(workers[i]->pid());
+      if (!replicas) {
+        EXPECT_EQ(mine.size(), 1u) << "a pipeline's worker listens on its agent's port alone";
+        ports.insert(mine.begin(), mine.end());
+        continue;
+      }
+      const std::string out = ReadFile(logs[i]);  // "... serving at 127.0.0.1:PORT (...)"
+      const size_t at = out.find("serving at 127.0.0.1:");
+      ASSERT_NE(at, std::string::npos) << out;
+      const int agent_port = std::atoi(out.c_str() + at + std::strlen("serving at 127.0.0.1:"));
+      EXPECT_TRUE(mine.count(agent_port)) << out;
+      ports.insert(agent_port);
+    }
+    for (int p : ports) EXPECT_EQ(CallWithoutToken(p), grpc::StatusCode::UNAUTHENTICATED) << "port " << p;
+    EXPECT_EQ(master->Wait(absl::Seconds(120)).value_or(-1), 0) << ReadFile(log);
+    for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
+  }
 }
 
 TEST(Load, TenThousandConcurrentCallsToOneWorkerAllComplete) {
