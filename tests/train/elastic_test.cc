@@ -238,6 +238,27 @@ TEST(Elastic, ALostParameterServerShardAndComputeWorkerAreReplaced) {
   ExpectEndsEqual(data, whole, elastic, flags, names);
 }
 
+// A worker lost before the first checkpoint: nothing to go on from; the
+// job fails as without --max-restarts, saying why.
+TEST(Elastic, ALossBeforeTheFirstCheckpointFailsTheJobSayingSo) {
+  const std::string data = ToyData();
+  const std::string dir = FreshDir("elastic_early");
+  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+  auto workers = StartWorkers({"w1", "w2"}, addr, "elastic_early");
+  const std::string log = TempPath("elastic_early_master.log");
+  auto master = launch::Subprocess::Spawn(
+                    MasterArgv("w1,w2", addr, data, {"--checkpoint-dir", dir, "--checkpoint-every", "1000",
+                                                     "--max-restarts", "1"}),
+                    log)
+                    .value();
+  ASSERT_TRUE(WaitFor(log, "data: read on", *master)) << ReadFile(log);
+  workers[1]->Signal(SIGKILL);
+  const int code = master->Wait(absl::Seconds(60)).value_or(-1);
+  const std::string out = ReadFile(log);
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_THAT(out, HasSubstr("worker 'w2' lost, and there is no complete checkpoint in " + dir));
+}
+
 // --max-restarts 1: w2 is killed and comes back; killed again, the job
 // fails saying why.
 TEST(Elastic, ALossBeyondMaxRestartsFailsTheJobSayingSo) {
