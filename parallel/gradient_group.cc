@@ -129,7 +129,8 @@ class GradientGroup final : public pipeline::StepParticipant,
     const auto d = whole.toGenericDict();
     const auto state = d.at("state").toGenericDict();
     const auto groups = d.at("param_groups").toListRef();
-    const int64_t saved = groups.empty() ? 0 : static_cast<int64_t>(groups[0].toGenericDict().at("params").toListRef().size());
+    const int64_t saved =
+        groups.empty() ? 0 : static_cast<int64_t>(groups[0].toGenericDict().at("params").toListRef().size());
     if (saved != static_cast<int64_t>(zero_params_.size())) {
       throw std::invalid_argument(absl::StrCat("the checkpoint's optimizer state covers ", saved,
                                                " parameters; this ZeRO-1 group has ", zero_params_.size()));

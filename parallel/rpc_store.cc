@@ -126,7 +126,9 @@ std::vector<uint8_t> RpcStore::get(const std::string& key) {
   return BytesOf(v.toStringRef());
 }
 
-int64_t RpcStore::add(const std::string& key, int64_t value) { return Call("add", {prefix_ + key, value}, key).toInt(); }
+int64_t RpcStore::add(const std::string& key, int64_t value) {
+  return Call("add", {prefix_ + key, value}, key).toInt();
+}
 
 bool RpcStore::deleteKey(const std::string& key) { return Call("delete", {prefix_ + key}, key).toBool(); }
 
@@ -143,7 +145,8 @@ void RpcStore::wait(const std::vector<std::string>& keys, const std::chrono::mil
   const absl::Time deadline = absl::Now() + absl::FromChrono(timeout);
   // Asked every 1, 2, 4 ... 20 ms: a group's members meet within
   // milliseconds of each other, and no thread of the master waits.
-  for (absl::Duration pause = absl::Milliseconds(1); !check(keys); pause = std::min(2 * pause, absl::Milliseconds(20))) {
+  for (absl::Duration pause = absl::Milliseconds(1); !check(keys);
+       pause = std::min(2 * pause, absl::Milliseconds(20))) {
     if (!forever && absl::Now() > deadline) {
       throw std::runtime_error(absl::StrCat("the collectives' store: waited ", timeout.count(), " ms for ",
                                             keys.size() == 1 ? absl::StrCat("key '", keys[0], "'")

@@ -46,7 +46,8 @@ TEST(MasterFlags, ReplicasWithATokenNeedInsecureCollectives) {
   const std::string token = TempPath("flags.token");
   std::ofstream(token) << "a-secret\n";
   const std::vector<std::string> args = {"--workers", "a,b", "--replicas", "2", "--token-file", token};
-  EXPECT_THAT(ErrorOf(args), HasSubstr("--replicas with a token: data parallelism's gradients go over Gloo's connections"));
+  EXPECT_THAT(ErrorOf(args),
+              HasSubstr("--replicas with a token: data parallelism's gradients go over Gloo's connections"));
   std::vector<std::string> accepted = args;
   accepted.push_back("--insecure-collectives");
   auto line = ParseCommandLine(accepted);

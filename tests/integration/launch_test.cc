@@ -262,7 +262,8 @@ TEST(RemoraLaunch, MaxRestartsBringsKilledProcessesBackAndTheJobGoesOnFromItsChe
               HasSubstr("worker 'worker2' was killed by signal 9 (Killed); restarting it in 1 s (restart 1 of 2)"));
   // worker1 kept its process through worker2's loss; it left with the
   // master.
-  EXPECT_THAT(ReadFile(outputs[1]), HasSubstr("worker 'worker1' exited with code 1; restarting it in 1 s (restart 1 of 2)"));
+  EXPECT_THAT(ReadFile(outputs[1]),
+              HasSubstr("worker 'worker1' exited with code 1; restarting it in 1 s (restart 1 of 2)"));
   EXPECT_THAT(ReadFile(outputs[1]), Not(HasSubstr("restart 2 of 2")));
   // The same losses (equal to the printed digits where training is
   // bitwise reproducible, as with Debian's LibTorch; close elsewhere).

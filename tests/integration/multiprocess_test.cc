@@ -422,7 +422,9 @@ std::set<int> ListeningPorts(pid_t pid) {
       std::istringstream fields(line);
       std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
       fields >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >> timeout >> inode;
-      if (state == "0A" && inodes.count(inode)) ports.insert(std::stoi(local.substr(local.rfind(':') + 1), nullptr, 16));
+      if (state == "0A" && inodes.count(inode)) {
+        ports.insert(std::stoi(local.substr(local.rfind(':') + 1), nullptr, 16));
+      }
     }
   }
   return ports;

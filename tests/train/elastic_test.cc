@@ -138,8 +138,8 @@ TEST(Elastic, AJobThatLosesWorkersGoesOnAndEndsEqualToOneThatLostNone) {
   auto master = launch::Subprocess::Spawn(
                     MasterArgv("w1,w2", addr, data,
                                {"--checkpoint-dir", elastic, saves[0], saves[1], saves[2], saves[3], saves[4],
-                                saves[5], "--max-restarts", "3", "--spares", "s1", "--rejoin-timeout", "60", "--report", report, "--tensorboard",
-                                board}),
+                                saves[5], "--max-restarts", "3", "--spares", "s1", "--rejoin-timeout", "60",
+                                "--report", report, "--tensorboard", board}),
                     log)
                     .value();
   ASSERT_TRUE(WaitFor(log, "checkpoint: step 6 ", *master)) << ReadFile(log);
