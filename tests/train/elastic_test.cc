@@ -238,6 +238,30 @@ TEST(Elastic, ALostParameterServerShardAndComputeWorkerAreReplaced) {
   ExpectEndsEqual(data, whole, elastic, flags, names);
 }
 
+// A worker that hangs (SIGSTOP) is lost as a dead one is, once it leaves
+// a liveness probe unanswered: the spare takes its place and the job ends.
+TEST(Elastic, AHungWorkerIsReplacedByASpare) {
+  const std::string data = ToyData();
+  const std::string dir = FreshDir("elastic_hung");
+  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+  auto workers = StartWorkers({"w1", "w2", "s1"}, addr, "elastic_hung");
+  const std::string log = TempPath("elastic_hung_master.log");
+  auto master = launch::Subprocess::Spawn(
+                    MasterArgv("w1,w2", addr, data, {"--checkpoint-dir", dir, "--checkpoint-every", "3",
+                                                     "--max-restarts", "1", "--spares", "s1"}),
+                    log)
+                    .value();
+  ASSERT_TRUE(WaitFor(log, "checkpoint: step 6 ", *master)) << ReadFile(log);
+  workers[1]->Signal(SIGSTOP);
+  const int code = master->Wait(absl::Seconds(120)).value_or(-1);
+  const std::string out = ReadFile(log);
+  workers[1]->Signal(SIGKILL);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("did not answer a liveness probe"));
+  EXPECT_THAT(out, HasSubstr("elastic: spare 's1' takes the place of 'w2'"));
+  EXPECT_THAT(out, HasSubstr("checkpoint: step 30 in " + dir));
+}
+
 // A worker lost before the first checkpoint: nothing to go on from; the
 // job fails as without --max-restarts, saying why.
 TEST(Elastic, ALossBeforeTheFirstCheckpointFailsTheJobSayingSo) {
