@@ -115,6 +115,12 @@ c10::IValue RpcStore::Call(const std::string& function, std::vector<c10::IValue>
   return std::move(*r);
 }
 
+c10::intrusive_ptr<c10d::Store> RpcStore::clone() {
+  auto copy = c10::make_intrusive<RpcStore>(agent_, prefix_);
+  copy->setTimeout(timeout_);
+  return copy;
+}
+
 void RpcStore::set(const std::string& key, const std::vector<uint8_t>& value) {
   Call("set", {prefix_ + key, std::string(value.begin(), value.end())}, key);
 }

@@ -49,6 +49,10 @@ class RpcStore final : public c10d::Store {
   int64_t getNumKeys() override;
   void wait(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
+  // A store of the same keys. Newer LibTorch's Store declares clone() pure
+  // virtual, older ones (1.13, 2.6) not at all: this overrides it where it
+  // exists, hence no `override`.
+  virtual c10::intrusive_ptr<c10d::Store> clone();  // NOLINT(modernize-use-override)
 
  private:
   // Calls remora.store.`function` on the master; throws std::runtime_error
