@@ -33,20 +33,6 @@ using test_support::MasterArgv;
 using test_support::StageDifference;
 using test_support::StartWorkers;
 
-// Waits until the file `log` holds `text` (after the first `after`, when
-// given), while `master` runs (120 s at most); whether it does.
-bool WaitFor(const std::string& log, const std::string& text, launch::Subprocess& master,
-             const std::string& after = "") {
-  const absl::Time deadline = absl::Now() + absl::Seconds(120);
-  while (true) {
-    const std::string now = ReadFile(log);
-    const size_t from = after.empty() ? 0 : now.find(after);
-    if (from != std::string::npos && now.find(text, from) != std::string::npos) return true;
-    if (!master.running() || absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(2));
-  }
-}
-
 // A worker of the stock program, alone (to start one again under a name).
 std::unique_ptr<launch::Subprocess> StartWorker(const std::string& name, const std::string& addr,
                                                 const std::string& tag) {
@@ -93,6 +79,39 @@ void ExpectEndsEqual(const std::string& data, const std::string& whole, const st
   EXPECT_LT(after.largest, 1e-5);
 }
 
+// A job under test: the stock workers `names` and a master training over
+// `pipeline` (JobArgv with `flags`), logging to files named after `tag`.
+struct Job {
+  std::string addr, log;
+  std::vector<std::unique_ptr<launch::Subprocess>> workers;
+  std::unique_ptr<launch::Subprocess> master;
+};
+Job StartJob(const std::string& tag, const std::vector<std::string>& names, const std::string& pipeline,
+             const std::string& data, const std::vector<std::string>& flags) {
+  Job job;
+  job.addr = absl::StrCat("127.0.0.1:", FreePort());
+  job.workers = StartWorkers(names, job.addr, tag);
+  job.log = TempPath(tag + "_master.log");
+  job.master = launch::Subprocess::Spawn(JobArgv(pipeline, job.addr, data, flags), job.log).value();
+  return job;
+}
+
+// Whether the job's master wrote `text` (after its first `after`, when
+// given) while it ran, within 120 s; the failure shows the master's output.
+::testing::AssertionResult Reached(const Job& job, const std::string& text, const std::string& after = "") {
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  while (true) {
+    const std::string now = ReadFile(job.log);
+    const size_t from = after.empty() ? 0 : now.find(after);
+    if (from != std::string::npos && now.find(text, from) != std::string::npos) return ::testing::AssertionSuccess();
+    if (!job.master->running() || absl::Now() > deadline) {
+      return ::testing::AssertionFailure() << "the master did not write '" << text << "'"
+                                           << (after.empty() ? "" : " after '" + after + "'") << ":\n" << now;
+    }
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+}
+
 std::string ToyData() {
   const std::string data = std::filesystem::path(TempPath("elastic_toy")).lexically_normal().string();
   test_support::WriteToyIdx(data, 320, 100);  // 10 batches of 32 per epoch, 3 epochs
@@ -131,32 +150,26 @@ TEST(Elastic, AJobThatLosesWorkersGoesOnAndEndsEqualToOneThatLostNone) {
   // (30 epochs of 10 steps: time for the restarts in between.)
   const std::vector<std::string> saves = {"--checkpoint-every", "3", "--keep", "2", "--epochs", "30"};
   ASSERT_TRUE(RunWhole(data, whole, saves));
-  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
-  auto workers = StartWorkers({"w1", "w2", "s1"}, addr, "elastic");
-  const std::string log = TempPath("elastic_master.log"), report = TempPath("elastic_report.json");
-  const std::string board = FreshDir("elastic_tensorboard");
-  auto master = launch::Subprocess::Spawn(
-                    MasterArgv("w1,w2", addr, data,
-                               {"--checkpoint-dir", elastic, saves[0], saves[1], saves[2], saves[3], saves[4],
-                                saves[5], "--max-restarts", "3", "--spares", "s1", "--rejoin-timeout", "60",
-                                "--report", report, "--tensorboard", board}),
-                    log)
-                    .value();
-  ASSERT_TRUE(WaitFor(log, "checkpoint: step 6 ", *master)) << ReadFile(log);
-  workers[1]->Signal(SIGKILL);
-  workers[1]->Wait(absl::Seconds(10)).IgnoreError();
-  workers[1] = StartWorker("w2", addr, "elastic_w2_again");  // joins once the master found it lost
-  ASSERT_TRUE(WaitFor(log, "checkpoint: step ", *master, "worker 'w2' registered again")) << ReadFile(log);
-  workers[0]->Signal(SIGKILL);
-  ASSERT_TRUE(WaitFor(log, "checkpoint: step ", *master, "elastic: recovery 2 of 3")) << ReadFile(log);
-  workers[2]->Signal(SIGKILL);
-  ASSERT_TRUE(WaitFor(log, "for a worker to register again as 's1'", *master)) << ReadFile(log);
-  workers[2]->Wait(absl::Seconds(10)).IgnoreError();
-  workers[2] = StartWorker("s1", addr, "elastic_s1_again");
-  const int code = master->Wait(absl::Seconds(200)).value_or(-1);
-  const std::string out = ReadFile(log);
+  const std::string report = TempPath("elastic_report.json"), board = FreshDir("elastic_tensorboard");
+  std::vector<std::string> flags = saves;
+  flags.insert(flags.end(), {"--checkpoint-dir", elastic, "--max-restarts", "3", "--spares", "s1",
+                             "--rejoin-timeout", "60", "--report", report, "--tensorboard", board});
+  Job job = StartJob("elastic", {"w1", "w2", "s1"}, "w1,w2", data, flags);
+  ASSERT_TRUE(Reached(job, "checkpoint: step 6 "));
+  job.workers[1]->Signal(SIGKILL);
+  job.workers[1]->Wait(absl::Seconds(10)).IgnoreError();
+  job.workers[1] = StartWorker("w2", job.addr, "elastic_w2_again");  // joins once the master found it lost
+  ASSERT_TRUE(Reached(job, "checkpoint: step ", "worker 'w2' registered again"));
+  job.workers[0]->Signal(SIGKILL);
+  ASSERT_TRUE(Reached(job, "checkpoint: step ", "elastic: recovery 2 of 3"));
+  job.workers[2]->Signal(SIGKILL);
+  ASSERT_TRUE(Reached(job, "for a worker to register again as 's1'"));
+  job.workers[2]->Wait(absl::Seconds(10)).IgnoreError();
+  job.workers[2] = StartWorker("s1", job.addr, "elastic_s1_again");
+  const int code = job.master->Wait(absl::Seconds(200)).value_or(-1);
+  const std::string out = ReadFile(job.log);
   ASSERT_EQ(code, 0) << out;
-  for (size_t i : {1, 2}) EXPECT_EQ(workers[i]->Wait(absl::Seconds(30)).value_or(-1), 0) << "worker " << i;
+  for (size_t i : {1, 2}) EXPECT_EQ(job.workers[i]->Wait(absl::Seconds(30)).value_or(-1), 0) << "worker " << i;
 
   EXPECT_THAT(out, HasSubstr("s1: spare, standing by"));
   EXPECT_THAT(out, HasSubstr("elastic: spare 's1' takes the place of 'w2'"));
@@ -188,16 +201,13 @@ TEST(Elastic, AReplicaLostInDataParallelismIsReplacedAndTheJobEndsEqual) {
   const std::string whole = FreshDir("elastic_dp_whole"), elastic = FreshDir("elastic_dp_ckpt");
   const std::vector<std::string> flags = {"--replicas", "2", "--zero", "1", "--checkpoint-every", "3"};
   ASSERT_TRUE(RunWhole(data, whole, flags));
-  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
-  auto workers = StartWorkers({"w1", "w2", "s1"}, addr, "elastic_dp");
-  const std::string log = TempPath("elastic_dp_master.log");
   std::vector<std::string> more = flags;
   more.insert(more.end(), {"--checkpoint-dir", elastic, "--max-restarts", "1", "--spares", "s1"});
-  auto master = launch::Subprocess::Spawn(MasterArgv("w1,w2", addr, data, more), log).value();
-  ASSERT_TRUE(WaitFor(log, "checkpoint: step 6 ", *master)) << ReadFile(log);
-  workers[1]->Signal(SIGKILL);
-  const int code = master->Wait(absl::Seconds(200)).value_or(-1);
-  const std::string out = ReadFile(log);
+  Job job = StartJob("elastic_dp", {"w1", "w2", "s1"}, "w1,w2", data, more);
+  ASSERT_TRUE(Reached(job, "checkpoint: step 6 "));
+  job.workers[1]->Signal(SIGKILL);
+  const int code = job.master->Wait(absl::Seconds(200)).value_or(-1);
+  const std::string out = ReadFile(job.log);
   ASSERT_EQ(code, 0) << out;
   EXPECT_THAT(out, HasSubstr("elastic: spare 's1' takes the place of 'w2'"));
   EXPECT_THAT(out, HasSubstr("2 replicas"));
@@ -215,26 +225,23 @@ TEST(Elastic, ALostParameterServerShardAndComputeWorkerAreReplaced) {
   const std::vector<std::string> flags = {"--mode", "ps", "--ps-shards", "2", "--checkpoint-every", "3"};
   const std::vector<std::string> names = {"a", "b", "w1", "w2"};
   ASSERT_TRUE(RunWhole(data, whole, flags, names));
-  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
-  auto workers = StartWorkers({"a", "b", "w1", "w2", "s1"}, addr, "elastic_ps");
-  const std::string log = TempPath("elastic_ps_master.log");
   std::vector<std::string> more = flags;
   more.insert(more.end(), {"--checkpoint-dir", elastic, "--max-restarts", "2", "--spares", "s1"});
-  auto master = launch::Subprocess::Spawn(JobArgv("a,b,w1,w2", addr, data, more), log).value();
-  ASSERT_TRUE(WaitFor(log, "checkpoint: step 6 ", *master)) << ReadFile(log);
-  workers[1]->Signal(SIGKILL);
-  ASSERT_TRUE(WaitFor(log, "checkpoint: step 15 ", *master)) << ReadFile(log);
-  workers[3]->Signal(SIGKILL);
-  ASSERT_TRUE(WaitFor(log, "for a worker to register again as 'w2'", *master)) << ReadFile(log);
-  workers[3]->Wait(absl::Seconds(10)).IgnoreError();
-  workers[3] = StartWorker("w2", addr, "elastic_ps_rejoined");
-  const int code = master->Wait(absl::Seconds(200)).value_or(-1);
-  const std::string out = ReadFile(log);
+  Job job = StartJob("elastic_ps", {"a", "b", "w1", "w2", "s1"}, "a,b,w1,w2", data, more);
+  ASSERT_TRUE(Reached(job, "checkpoint: step 6 "));
+  job.workers[1]->Signal(SIGKILL);
+  ASSERT_TRUE(Reached(job, "checkpoint: step 15 "));
+  job.workers[3]->Signal(SIGKILL);
+  ASSERT_TRUE(Reached(job, "for a worker to register again as 'w2'"));
+  job.workers[3]->Wait(absl::Seconds(10)).IgnoreError();
+  job.workers[3] = StartWorker("w2", job.addr, "elastic_ps_rejoined");
+  const int code = job.master->Wait(absl::Seconds(200)).value_or(-1);
+  const std::string out = ReadFile(job.log);
   ASSERT_EQ(code, 0) << out;
   EXPECT_THAT(out, HasSubstr("elastic: spare 's1' takes the place of 'b'"));
   EXPECT_THAT(out, HasSubstr("s1: server of shard 1"));
   EXPECT_THAT(out, HasSubstr("elastic: 'w2' is back"));
-  for (size_t i : {0, 2, 3, 4}) EXPECT_EQ(workers[i]->Wait(absl::Seconds(30)).value_or(-1), 0) << "worker " << i;
+  for (size_t i : {0, 2, 3, 4}) EXPECT_EQ(job.workers[i]->Wait(absl::Seconds(30)).value_or(-1), 0) << "worker " << i;
   ExpectEndsEqual(data, whole, elastic, flags, names);
 }
 
@@ -243,19 +250,13 @@ TEST(Elastic, ALostParameterServerShardAndComputeWorkerAreReplaced) {
 TEST(Elastic, AHungWorkerIsReplacedByASpare) {
   const std::string data = ToyData();
   const std::string dir = FreshDir("elastic_hung");
-  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
-  auto workers = StartWorkers({"w1", "w2", "s1"}, addr, "elastic_hung");
-  const std::string log = TempPath("elastic_hung_master.log");
-  auto master = launch::Subprocess::Spawn(
-                    MasterArgv("w1,w2", addr, data, {"--checkpoint-dir", dir, "--checkpoint-every", "3",
-                                                     "--max-restarts", "1", "--spares", "s1"}),
-                    log)
-                    .value();
-  ASSERT_TRUE(WaitFor(log, "checkpoint: step 6 ", *master)) << ReadFile(log);
-  workers[1]->Signal(SIGSTOP);
-  const int code = master->Wait(absl::Seconds(120)).value_or(-1);
-  const std::string out = ReadFile(log);
-  workers[1]->Signal(SIGKILL);
+  Job job = StartJob("elastic_hung", {"w1", "w2", "s1"}, "w1,w2", data,
+                     {"--checkpoint-dir", dir, "--checkpoint-every", "3", "--max-restarts", "1", "--spares", "s1"});
+  ASSERT_TRUE(Reached(job, "checkpoint: step 6 "));
+  job.workers[1]->Signal(SIGSTOP);
+  const int code = job.master->Wait(absl::Seconds(120)).value_or(-1);
+  const std::string out = ReadFile(job.log);
+  job.workers[1]->Signal(SIGKILL);
   ASSERT_EQ(code, 0) << out;
   EXPECT_THAT(out, HasSubstr("did not answer a liveness probe"));
   EXPECT_THAT(out, HasSubstr("elastic: spare 's1' takes the place of 'w2'"));
@@ -267,18 +268,12 @@ TEST(Elastic, AHungWorkerIsReplacedByASpare) {
 TEST(Elastic, ALossBeforeTheFirstCheckpointFailsTheJobSayingSo) {
   const std::string data = ToyData();
   const std::string dir = FreshDir("elastic_early");
-  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
-  auto workers = StartWorkers({"w1", "w2"}, addr, "elastic_early");
-  const std::string log = TempPath("elastic_early_master.log");
-  auto master = launch::Subprocess::Spawn(
-                    MasterArgv("w1,w2", addr, data, {"--checkpoint-dir", dir, "--checkpoint-every", "1000",
-                                                     "--max-restarts", "1"}),
-                    log)
-                    .value();
-  ASSERT_TRUE(WaitFor(log, "data: read on", *master)) << ReadFile(log);
-  workers[1]->Signal(SIGKILL);
-  const int code = master->Wait(absl::Seconds(60)).value_or(-1);
-  const std::string out = ReadFile(log);
+  Job job = StartJob("elastic_early", {"w1", "w2"}, "w1,w2", data,
+                     {"--checkpoint-dir", dir, "--checkpoint-every", "1000", "--max-restarts", "1"});
+  ASSERT_TRUE(Reached(job, "data: read on"));
+  job.workers[1]->Signal(SIGKILL);
+  const int code = job.master->Wait(absl::Seconds(60)).value_or(-1);
+  const std::string out = ReadFile(job.log);
   EXPECT_EQ(code, 1) << out;
   EXPECT_THAT(out, HasSubstr("worker 'w2' lost, and there is no complete checkpoint in " + dir));
 }
@@ -288,27 +283,22 @@ TEST(Elastic, ALossBeforeTheFirstCheckpointFailsTheJobSayingSo) {
 TEST(Elastic, ALossBeyondMaxRestartsFailsTheJobSayingSo) {
   const std::string data = ToyData();
   const std::string dir = FreshDir("elastic_twice");
-  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
-  auto workers = StartWorkers({"w1", "w2"}, addr, "elastic_twice");
-  const std::string log = TempPath("elastic_twice_master.log");
-  auto master = launch::Subprocess::Spawn(MasterArgv("w1,w2", addr, data,
-                                                     {"--checkpoint-dir", dir, "--checkpoint-every", "3",
-                                                      "--max-restarts", "1", "--rejoin-timeout", "60"}),
-                                          log)
-                    .value();
-  ASSERT_TRUE(WaitFor(log, "checkpoint: step 6 ", *master)) << ReadFile(log);
-  workers[1]->Signal(SIGKILL);
-  ASSERT_TRUE(WaitFor(log, "for a worker to register again as 'w2'", *master)) << ReadFile(log);
-  workers[1]->Wait(absl::Seconds(10)).IgnoreError();
-  workers[1] = StartWorker("w2", addr, "elastic_twice_again");
-  ASSERT_TRUE(WaitFor(log, "checkpoint: step 12 ", *master)) << ReadFile(log);
-  workers[1]->Signal(SIGKILL);
-  const int code = master->Wait(absl::Seconds(60)).value_or(-1);
-  const std::string out = ReadFile(log);
+  Job job = StartJob("elastic_twice", {"w1", "w2"}, "w1,w2", data,
+                     {"--checkpoint-dir", dir, "--checkpoint-every", "3", "--max-restarts", "1",
+                      "--rejoin-timeout", "60"});
+  ASSERT_TRUE(Reached(job, "checkpoint: step 6 "));
+  job.workers[1]->Signal(SIGKILL);
+  ASSERT_TRUE(Reached(job, "for a worker to register again as 'w2'"));
+  job.workers[1]->Wait(absl::Seconds(10)).IgnoreError();
+  job.workers[1] = StartWorker("w2", job.addr, "elastic_twice_again");
+  ASSERT_TRUE(Reached(job, "checkpoint: step 12 "));
+  job.workers[1]->Signal(SIGKILL);
+  const int code = job.master->Wait(absl::Seconds(60)).value_or(-1);
+  const std::string out = ReadFile(job.log);
   EXPECT_EQ(code, 1) << out;
   EXPECT_THAT(out, HasSubstr("elastic: 'w2' is back"));
   EXPECT_THAT(out, HasSubstr("worker 'w2' lost after 1 recovery (--max-restarts 1): giving up"));
-  EXPECT_EQ(workers[0]->Wait(absl::Seconds(30)).value_or(-1), 1) << "the master ends the group";
+  EXPECT_EQ(job.workers[0]->Wait(absl::Seconds(30)).value_or(-1), 1) << "the master ends the group";
 }
 
 }  // namespace
