@@ -419,6 +419,33 @@ std::unique_ptr<Agent> StartWorker(Registry& registry, const Agent& master, cons
   return Agent::Start(w, &registry).value();
 }
 
+// Shuts `workers` down (each waiting on a thread of its own) and then the
+// master, gracefully; every one must succeed.
+void ShutdownAll(Agent& master, const std::vector<Agent*>& workers) {
+  std::vector<std::thread> waits;
+  for (Agent* w : workers) waits.emplace_back([w] { EXPECT_TRUE(w->Shutdown().ok()); });
+  EXPECT_TRUE(master.Shutdown().ok());
+  for (auto& t : waits) t.join();
+}
+
+// A master of w1 and w2 and the two workers, started with `registry` and
+// joined.
+struct Joined {
+  std::unique_ptr<Agent> master, w1, w2;
+};
+Joined StartAndJoin(Registry& registry) {
+  Joined g;
+  g.master = Agent::Start(MasterOptions({"w1", "w2"}), &registry).value();
+  g.w1 = StartWorker(registry, *g.master, "w1");
+  g.w2 = StartWorker(registry, *g.master, "w2");
+  std::thread j1([&] { EXPECT_TRUE(g.w1->Join().ok()); });
+  std::thread j2([&] { EXPECT_TRUE(g.w2->Join().ok()); });
+  EXPECT_TRUE(g.master->Join().ok());
+  j1.join();
+  j2.join();
+  return g;
+}
+
 TEST(Rendezvous, DuplicateAndUnknownWorkerNamesAreRejected) {
   Registry registry;
   AgentOptions m = MasterOptions({"w1", "w2"});
@@ -455,11 +482,7 @@ TEST(Rendezvous, DuplicateAndUnknownWorkerNamesAreRejected) {
   absl::Status unknown = stranger->Join();
   EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound) << unknown;
   EXPECT_THAT(std::string(unknown.message()), HasSubstr("w9"));
-  std::thread a([&] { EXPECT_TRUE(first->Shutdown().ok()); });
-  std::thread b([&] { EXPECT_TRUE(w2->Shutdown().ok()); });
-  EXPECT_TRUE(master->Shutdown().ok());
-  a.join();
-  b.join();
+  ShutdownAll(*master, {first.get(), w2.get()});
 }
 
 // Elastic membership: a new process under a worker's name is kept waiting
@@ -469,14 +492,10 @@ TEST(Rendezvous, DuplicateAndUnknownWorkerNamesAreRejected) {
 TEST(Rendezvous, ALostWorkersNewProcessTakesItsPlaceAndEveryMemberReachesIt) {
   Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
-  auto master = Agent::Start(MasterOptions({"w1", "w2"}), &registry).value();
-  auto w1 = StartWorker(registry, *master, "w1");
-  auto w2 = StartWorker(registry, *master, "w2");
-  std::thread j1([&] { EXPECT_TRUE(w1->Join().ok()); });
-  std::thread j2([&] { EXPECT_TRUE(w2->Join().ok()); });
-  ASSERT_TRUE(master->Join().ok());
-  j1.join();
-  j2.join();
+  Joined g = StartAndJoin(registry);
+  std::unique_ptr<Agent>& master = g.master;
+  std::unique_ptr<Agent>& w1 = g.w1;
+  std::unique_ptr<Agent>& w2 = g.w2;
   const WorkerId id = master->worker("w2")->id;
 
   // Early: w2 still answers, so its would-be successor is kept waiting.
@@ -513,12 +532,7 @@ TEST(Rendezvous, ALostWorkersNewProcessTakesItsPlaceAndEveryMemberReachesIt) {
   auto back = again->rpc_sync("w1", "echo", {big});
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_TRUE(at::equal(back->toTensor(), big));
-
-  std::thread s1([&] { EXPECT_TRUE(w1->Shutdown().ok()); });
-  std::thread s2([&] { EXPECT_TRUE(again->Shutdown().ok()); });
-  EXPECT_TRUE(master->Shutdown().ok());
-  s1.join();
-  s2.join();
+  ShutdownAll(*master, {w1.get(), again.get()});
 }
 
 // A lost worker that does not come back: AwaitRejoin says so, and the
@@ -526,14 +540,10 @@ TEST(Rendezvous, ALostWorkersNewProcessTakesItsPlaceAndEveryMemberReachesIt) {
 TEST(Rendezvous, AWorkerThatDoesNotComeBackIsNamedAndShutdownGoesOnWithoutIt) {
   Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
-  auto master = Agent::Start(MasterOptions({"w1", "w2"}), &registry).value();
-  auto w1 = StartWorker(registry, *master, "w1");
-  auto w2 = StartWorker(registry, *master, "w2");
-  std::thread j1([&] { EXPECT_TRUE(w1->Join().ok()); });
-  std::thread j2([&] { EXPECT_TRUE(w2->Join().ok()); });
-  ASSERT_TRUE(master->Join().ok());
-  j1.join();
-  j2.join();
+  Joined g = StartAndJoin(registry);
+  std::unique_ptr<Agent>& master = g.master;
+  std::unique_ptr<Agent>& w1 = g.w1;
+  std::unique_ptr<Agent>& w2 = g.w2;
   w2->Shutdown(/*graceful=*/false).IgnoreError();
   ASSERT_TRUE(master->MarkLost("w2").ok());
   absl::Status gone = master->AwaitRejoin("w2", absl::Milliseconds(300));
