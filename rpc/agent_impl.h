@@ -221,6 +221,10 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   // rejoined, waiting up to `timeout` for each (a member that does not
   // answer is left to the failure detection of the run).
   void AnnounceRejoin(const WorkerInfo& info, absl::Duration timeout);
+  // Sends request `body` to every member but this agent, `except` and the
+  // lost ones, and waits up to `timeout` for each; best effort: a member
+  // that does not answer is gone, or the run's failure detection's to find.
+  void TellMembers(const google::protobuf::Message& body, WorkerId except, absl::Duration timeout);
   void HandleJoin(const wire::JoinRequest& join, std::shared_ptr<Responder> responder);
   // Master, before the group forms: a process that tried to join was
   // refused (`who`: its name or address), and why: a name not expected or

@@ -114,12 +114,11 @@ void Agent::Impl::HandleJoin(const wire::JoinRequest& join,
     if (formed_ && it != joiners_.end() && lost_.count(join.name()) && !rejoining_.count(join.name()) &&
         it->second.address != join.address()) {
       // A lost worker's new process (Agent::MarkLost): it takes the id.
-      it->second = Joiner{join.address(), join.host_id(), FromWire(join.shm()), nullptr, FromWire(join.cuda()),
-                          join.device()};
+      const Joiner& j = it->second = Joiner{join.address(), join.host_id(), FromWire(join.shm()), nullptr,
+                                            FromWire(join.cuda()), join.device()};
       for (auto& w : book_) {
         if (w.name != join.name()) continue;
-        w = WorkerInfo{w.id, w.name, join.address(), join.host_id(), FromWire(join.shm()), FromWire(join.cuda()),
-                       join.device()};
+        w = WorkerInfo{w.id, w.name, j.address, j.host_id, j.shm, j.cuda, j.device};
         rejoined = w;
       }
       rejoining_.insert(join.name());
@@ -206,17 +205,20 @@ void Agent::Impl::UpdatePeer(const WorkerInfo& info) {
 }
 
 void Agent::Impl::AnnounceRejoin(const WorkerInfo& info, absl::Duration timeout) {
+  wire::PeerRejoined body;
+  ToWire(info, body.mutable_worker());
+  TellMembers(body, info.id, timeout);
+}
+
+void Agent::Impl::TellMembers(const google::protobuf::Message& body, WorkerId except, absl::Duration timeout) {
   std::vector<Future<InMessage>> replies;
   for (const auto& w : agent_->workers()) {
-    if (w.id == agent_->self_.id || w.id == info.id || agent_->IsLost(w.name)) continue;
-    wire::PeerRejoined body;
-    ToWire(info, body.mutable_worker());
+    if (w.id == agent_->self_.id || w.id == except || agent_->IsLost(w.name)) continue;
     OutMessage m;
     *m.header.mutable_request() = MakeRequest(body);
     m.header.mutable_request()->set_from(agent_->self_.id);
     replies.push_back(SendTo(w.id, std::move(m), timeout));
   }
-  // A member that does not answer is the run's failure detection's to find.
   for (auto& r : replies) r.wait().IgnoreError();
 }
 
@@ -231,17 +233,9 @@ absl::Status Agent::MarkLost(const std::string& name) {
   // Nothing here or on the other members waits on it any more.
   const absl::Status why = absl::UnavailableError(absl::StrCat("worker '", name, "' is lost"));
   rrefs_->ForgetPeer(id, why);
-  std::vector<Future<InMessage>> told;
-  for (const auto& w : workers()) {
-    if (w.id == self_.id || IsLost(w.name)) continue;
-    wire::PeerLost lost;
-    lost.set_id(id);
-    OutMessage m;
-    *m.header.mutable_request() = MakeRequest(lost);
-    m.header.mutable_request()->set_from(self_.id);
-    told.push_back(impl_->SendTo(w.id, std::move(m), absl::Seconds(2)));
-  }
-  for (auto& t : told) t.wait().IgnoreError();  // (one that does not answer is found by the run)
+  wire::PeerLost lost;
+  lost.set_id(id);
+  impl_->TellMembers(lost, id, absl::Seconds(2));
   return absl::OkStatus();
 }
 

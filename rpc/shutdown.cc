@@ -173,18 +173,9 @@ void Agent::Abort(const absl::Status& why) {
 }
 
 void Agent::Impl::FinishWorkers(const std::string& error, absl::Duration timeout) {
-  std::vector<Future<InMessage>> finishes;
-  for (const auto& w : agent_->workers()) {
-    if (w.id == agent_->self_.id || agent_->IsLost(w.name)) continue;
-    wire::ShutdownFinish finish;
-    finish.set_error(error);
-    OutMessage m;
-    *m.header.mutable_request() = MakeRequest(finish);
-    m.header.mutable_request()->set_from(agent_->self_.id);
-    finishes.push_back(SendTo(w.id, std::move(m), timeout));
-  }
-  // Best effort: a worker that does not answer is already gone.
-  for (auto& f : finishes) f.wait().IgnoreError();
+  wire::ShutdownFinish finish;
+  finish.set_error(error);
+  TellMembers(finish, agent_->self_.id, timeout);  // (a worker that does not answer is already gone)
 }
 
 absl::Status Agent::Shutdown(bool graceful) {
