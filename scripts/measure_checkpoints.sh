@@ -12,14 +12,7 @@
 #   scripts/measure_checkpoints.sh        (build/bin; REMORA_BUILD_DIR to change)
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
-BIN=${REMORA_BUILD_DIR:-build}/bin
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+source scripts/measure_common.sh  # BIN, WORK, PIDS
 
 # Runs the master over two fresh workers with "$@"; prints its key lines
 # and the wall time.

@@ -12,32 +12,8 @@
 #   scripts/measure_failures.sh [RUNS]     (default 5; prints each run and the median)
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
-BIN=${REMORA_BUILD_DIR:-build}/bin
 RUNS=${1:-5}
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-now() { date +%s.%N; }
-
-# Waits until file $1 contains text $2 (at most $3 seconds); prints the time.
-wait_for() {
-  local deadline
-  deadline=$(awk -v t="$(now)" -v s="$3" 'BEGIN { printf "%.3f", t + s }')
-  until grep -q -- "$2" "$1" 2>/dev/null; do
-    if awk -v t="$(now)" -v d="$deadline" 'BEGIN { exit !(t > d) }'; then
-      echo "measure_failures: '$2' did not appear in $1 within $3 s" >&2
-      cat "$1" >&2
-      return 1
-    fi
-    sleep 0.005
-  done
-  now
-}
+source scripts/measure_common.sh  # BIN, WORK, PIDS, now, wait_for, median
 
 # Starts the soak master and two workers; sets SOAK, W1, W2 and the logs.
 start_group() {
@@ -63,8 +39,6 @@ stop() {
     while kill -0 "$p" 2>/dev/null; do sleep 0.01; done
   done
 }
-
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 # Kills process $1, waits for $3 in log $2; prints the seconds in between.
 kill_and_time() {
