@@ -31,7 +31,7 @@ echo "== loopback (one namespace; shared memory for the bulk tensor)"
 echo "== loopback, REMORA_SHM=0 (gRPC over TCP on lo)"
 REMORA_SHM=0 "$bin/rpc_bench" "${bench[@]}" 2>/dev/null | grep -E '^(latency_us_median|channel|bulk_gbps)='
 echo "== veth pair between two network namespaces"
-ip netns exec "$b" "$bin/worker" --name peer --master 10.48.0.1:29500 --listen 10.48.0.2:0 \
+ip netns exec "$b" "$bin/rpc_bench" worker --name peer --master 10.48.0.1:29500 --listen 10.48.0.2:0 \
   --connect-timeout 60 >/dev/null 2>&1 &
 ip netns exec "$a" "$bin/rpc_bench" "${bench[@]}" --external --listen 10.48.0.1:29500 |
   grep -E '^(latency_us_median|channel|bulk_gbps)='

@@ -22,9 +22,9 @@ start_group() {
   "$BIN/soak" --external --workers w1,w2 --listen "127.0.0.1:$port" --steps 100000000 \
     --progress 0 >"$SOAK_LOG" 2>&1 &
   SOAK=$!
-  "$BIN/worker" --name w1 --master "127.0.0.1:$port" --threads 1 >"$W1_LOG" 2>&1 &
+  "$BIN/soak" worker --name w1 --master "127.0.0.1:$port" --threads 1 >"$W1_LOG" 2>&1 &
   W1=$!
-  "$BIN/worker" --name w2 --master "127.0.0.1:$port" --threads 1 >"$W2_LOG" 2>&1 &
+  "$BIN/soak" worker --name w2 --master "127.0.0.1:$port" --threads 1 >"$W2_LOG" 2>&1 &
   W2=$!
   disown "$SOAK" "$W1" "$W2"  # no job notices when they are killed
   PIDS+=("$SOAK" "$W1" "$W2")
