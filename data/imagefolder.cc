@@ -2,11 +2,15 @@
 // pool of decoding threads, the crops.
 #include "data/imagefolder.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -16,7 +20,7 @@
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/stack.h>
+#include <ATen/ops/index_select.h>
 #include <ATen/ops/tensor.h>
 
 #include "absl/strings/ascii.h"
@@ -124,14 +128,10 @@ class Draws {
   uint64_t state_;
 };
 
-struct Box {
-  double x = 0, y = 0, w = 0, h = 0;  // in the file's pixels
-};
-
 // torchvision's RandomResizedCrop.get_params: ten tries at an area of
 // scale 0.08-1 and a log-uniform aspect ratio 3/4-4/3, else the centre
 // crop of the ratio clamped into that range.
-Box RandomResizedCrop(int width, int height, Draws& d) {
+Region RandomResizedCrop(int width, int height, Draws& d) {
   const double area = static_cast<double>(width) * height;
   const double log_lo = std::log(3.0 / 4.0), log_hi = std::log(4.0 / 3.0);
   for (int attempt = 0; attempt < 10; ++attempt) {
@@ -158,8 +158,10 @@ Box RandomResizedCrop(int width, int height, Draws& d) {
 // output pixels, of which outputs [skip, skip + n) are made: output i
 // reads count[i] inputs from first[i], weighted by w[i * stride + k]. A
 // triangle (bilinear) filter, widened by the downscale factor so that
-// every input pixel counts (antialiasing, as PIL and torchvision's
-// antialiased resize do).
+// every input pixel counts (antialiasing), and cut at the span's edges as
+// if the span had been cropped out first: what torchvision's
+// RandomResizedCrop computes (crop, then PIL's or ATen's antialiased
+// bilinear resize).
 struct Taps {
   std::vector<int> first, count;
   std::vector<float> w;
@@ -174,75 +176,107 @@ Taps MakeTaps(double start, double len, int in_size, int total, int skip, int n)
   t.first.resize(n);
   t.count.resize(n);
   t.w.assign(static_cast<size_t>(n) * t.stride, 0.f);
+  const int edge_lo = std::max(0, static_cast<int>(std::floor(start + 1e-9)));
+  const int edge_hi = std::min(in_size, static_cast<int>(std::ceil(start + len - 1e-9)));
   for (int i = 0; i < n; ++i) {
     const double center = start + (skip + i + 0.5) * scale;
-    const int lo = std::max(0, static_cast<int>(std::floor(center - support + 0.5)));
-    const int hi = std::min({in_size, static_cast<int>(std::floor(center + support + 0.5)), lo + t.stride});
+    const int lo = std::max(edge_lo, static_cast<int>(std::floor(center - support + 0.5)));
+    const int hi = std::min({edge_hi, static_cast<int>(std::floor(center + support + 0.5)), lo + t.stride});
+    float* w = t.w.data() + static_cast<size_t>(i) * t.stride;
     double sum = 0;
-    std::vector<double> w(std::max(0, hi - lo));
+    for (int x = lo; x < hi; ++x) sum += std::max(0.0, 1.0 - std::abs((x - center + 0.5) / support));
     for (int x = lo; x < hi; ++x) {
-      w[x - lo] = std::max(0.0, 1.0 - std::abs((x - center + 0.5) / support));
-      sum += w[x - lo];
+      w[x - lo] = static_cast<float>(std::max(0.0, 1.0 - std::abs((x - center + 0.5) / support)) / sum);
     }
     t.first[i] = lo;
-    t.count[i] = hi - lo;
-    for (int k = 0; k < hi - lo; ++k) t.w[static_cast<size_t>(i) * t.stride + k] = static_cast<float>(w[k] / sum);
+    t.count[i] = std::max(0, hi - lo);
   }
   return t;
 }
 
-// `box` (in the file's pixels) of `rgb` (decoded at rgb.width / width of
-// the file's size) resized to out_w x out_h (of which the centre s x s is
-// kept), flipped left to right if asked, normalised: a float
-// [3, s, s] tensor. Two separable passes over 8-bit pixels.
-at::Tensor CropResize(const Rgb& rgb, int width, int height, Box box, int out_w, int out_h, int s, bool flip) {
+// The file at `path` into `bytes` (its memory reused).
+absl::Status ReadFile(const std::string& path, std::string* bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  struct stat st;
+  absl::Status status;
+  if (::fstat(fd, &st) != 0) {
+    status = absl::InternalError(absl::StrCat("cannot stat ", path, ": ", std::strerror(errno)));
+  } else {
+    bytes->resize(static_cast<size_t>(st.st_size));
+    size_t got = 0;
+    while (got < bytes->size()) {
+      const ssize_t n = ::read(fd, bytes->data() + got, bytes->size() - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        status = absl::DataLossError(absl::StrCat("cannot read ", path, ": ",
+                                                  n < 0 ? std::strerror(errno) : "shorter than its size"));
+        break;
+      }
+      got += static_cast<size_t>(n);
+    }
+  }
+  ::close(fd);
+  return status;
+}
+
+// Memory one decoding thread keeps from image to image, so that an image
+// costs no allocation (and no page faults) for its buffers.
+struct Scratch {
+  std::string bytes;       // the file
+  Rgb rgb;                 // its decoded region
+  std::vector<float> row;  // one output row after the vertical pass
+};
+
+// `box` (in the file's pixels) of `rgb` (decoded at rgb.full_width /
+// width of the file's size) resized to out_w x out_h, of which the centre
+// s x s is kept, flipped left to right if asked, normalised, into the
+// float planes [3, s, s] at `dst`. Vertical pass first, one output row at
+// a time over the columns the horizontal pass reads: its inner loop runs
+// along contiguous bytes (vectorised), leaving the horizontal pass only
+// s rows to resample.
+void CropResize(const Rgb& rgb, int width, int height, const Region& box, int out_w, int out_h, int s, bool flip,
+                float* dst, std::vector<float>& row) {
   // The box in the decoded region's pixels.
   const double sx = static_cast<double>(rgb.full_width) / width, sy = static_cast<double>(rgb.full_height) / height;
   const int skip_x = (out_w - s) / 2, skip_y = (out_h - s) / 2;
   const Taps tx = MakeTaps(box.x * sx - rgb.x0, box.w * sx, rgb.width, out_w, skip_x, s);
   const Taps ty = MakeTaps(box.y * sy - rgb.y0, box.h * sy, rgb.height, out_h, skip_y, s);
-  const int y0 = ty.first.front(), y1 = ty.first.back() + ty.count.back();
-  // Horizontal pass: rows y0 .. y1 of the input, s columns out, RGB.
-  std::vector<float> rows(static_cast<size_t>(y1 - y0) * s * 3);
-  for (int y = y0; y < y1; ++y) {
-    const uint8_t* in = rgb.pixels.data() + static_cast<size_t>(y) * rgb.width * 3;
-    float* out = rows.data() + static_cast<size_t>(y - y0) * s * 3;
-    for (int i = 0; i < s; ++i) {
-      float r = 0, g = 0, b = 0;
-      const float* w = tx.w.data() + static_cast<size_t>(i) * tx.stride;
-      const uint8_t* p = in + static_cast<size_t>(tx.first[i]) * 3;
-      for (int k = 0; k < tx.count[i]; ++k, p += 3) {
-        r += w[k] * p[0];
-        g += w[k] * p[1];
-        b += w[k] * p[2];
-      }
-      out[i * 3] = r;
-      out[i * 3 + 1] = g;
-      out[i * 3 + 2] = b;
-    }
+  int x0 = rgb.width, x1 = 0;
+  for (int i = 0; i < s; ++i) {
+    x0 = std::min(x0, tx.first[i]);
+    x1 = std::max(x1, tx.first[i] + tx.count[i]);
   }
-  // Vertical pass into [3, s, s], normalised.
-  at::Tensor image = at::empty({3, s, s}, at::kFloat);
-  float* dst = image.data_ptr<float>();
+  const int span = std::max(0, x1 - x0) * 3;
+  row.resize(static_cast<size_t>(span));
+  float scale[3], bias[3];  // (v / 255 - mean) / std = v * scale + bias
+  for (int c = 0; c < 3; ++c) {
+    scale[c] = static_cast<float>(1.0 / (255.0 * kStd[c]));
+    bias[c] = static_cast<float>(-kMean[c] / kStd[c]);
+  }
   const size_t plane = static_cast<size_t>(s) * s;
   for (int j = 0; j < s; ++j) {
-    const float* w = ty.w.data() + static_cast<size_t>(j) * ty.stride;
+    std::fill(row.begin(), row.end(), 0.f);
+    float* acc = row.data();
+    for (int k = 0; k < ty.count[j]; ++k) {
+      const float w = ty.w[static_cast<size_t>(j) * ty.stride + k];
+      const uint8_t* in = rgb.pixels.data() + (static_cast<size_t>(ty.first[j] + k) * rgb.width + x0) * 3;
+      for (int x = 0; x < span; ++x) acc[x] += w * in[x];
+    }
+    float* out = dst + static_cast<size_t>(j) * s;
     for (int i = 0; i < s; ++i) {
-      float acc[3] = {0, 0, 0};
-      for (int k = 0; k < ty.count[j]; ++k) {
-        const float* p = rows.data() + (static_cast<size_t>(ty.first[j] + k - y0) * s + i) * 3;
-        acc[0] += w[k] * p[0];
-        acc[1] += w[k] * p[1];
-        acc[2] += w[k] * p[2];
+      const float* w = tx.w.data() + static_cast<size_t>(i) * tx.stride;
+      const float* p = acc + static_cast<size_t>(tx.first[i] - x0) * 3;
+      float v[3] = {0, 0, 0};
+      for (int k = 0; k < tx.count[i]; ++k, p += 3) {
+        v[0] += w[k] * p[0];
+        v[1] += w[k] * p[1];
+        v[2] += w[k] * p[2];
       }
-      const size_t at = static_cast<size_t>(j) * s + (flip ? s - 1 - i : i);
-      for (int c = 0; c < 3; ++c) {
-        const double v = std::clamp(acc[c], 0.f, 255.f) / 255.0;
-        dst[c * plane + at] = static_cast<float>((v - kMean[c]) / kStd[c]);
-      }
+      const int at = flip ? s - 1 - i : i;
+      for (int c = 0; c < 3; ++c) out[c * plane + at] = std::clamp(v[c], 0.f, 255.f) * scale[c] + bias[c];
     }
   }
-  return image;
 }
 
 }  // namespace
@@ -394,60 +428,58 @@ absl::StatusOr<Batch> ImageFolder::Get(const at::Tensor& rows, int epoch) const 
       return absl::OutOfRangeError(absl::StrCat("image folder ", root_, ": row ", ids[r], " of ", size()));
     }
   }
-  std::vector<at::Tensor> images(n);
-  std::vector<absl::Status> errors(n);
   const int64_t s = options_.image_size;
+  // Each image is made in its place in the batch.
+  Batch batch;
+  batch.images = BatchMemory(n);
+  float* images = batch.images.data_ptr<float>();
+  std::vector<absl::Status> errors(n);
   pool_->ForEach(n, [&](int64_t r) {
+    thread_local Scratch scratch;
     const int64_t id = ids[r];
     const std::string path = absl::StrCat(root_, "/", listing_.files[id]);
     try {
-      std::ifstream in(path, std::ios::binary);
-      if (!in) {
-        errors[r] = absl::NotFoundError(absl::StrCat("cannot open ", path));
+      if (absl::Status read = ReadFile(path, &scratch.bytes); !read.ok()) {
+        errors[r] = read;
         return;
       }
-      const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      auto size = ImageSize(bytes, path);
+      auto size = ImageSize(scratch.bytes, path);
       if (!size.ok()) {
         errors[r] = size.status();
         return;
       }
-      const auto [width, height] = *size;
-      Box box;
+      const int width = size->first, height = size->second;
+      TrainingCrop crop;
       int64_t out_w = s, out_h = s;
-      bool flip = false;
       if (options_.train) {
-        Draws d(Mix(options_.seed, static_cast<uint64_t>(epoch), static_cast<uint64_t>(id)));
-        box = RandomResizedCrop(width, height, d);
-        flip = d.Uniform() < 0.5;
+        crop = DrawTrainingCrop(width, height, options_.seed, epoch, id);
       } else {
         // The short side to s / 0.875 (256 for 224), then the centre s x s.
         const int64_t target = std::llround(static_cast<double>(s) / 0.875);
         const double scale = static_cast<double>(target) / std::min(width, height);
         out_w = std::max<int64_t>(s, std::llround(width * scale));
         out_h = std::max<int64_t>(s, std::llround(height * scale));
-        box = {0, 0, static_cast<double>(width), static_cast<double>(height)};
+        crop.box = {0, 0, static_cast<double>(width), static_cast<double>(height)};
       }
+      const Region& box = crop.box;
       // Decode no larger than the crop needs (JPEG's DCT scaling).
       const int min_w = static_cast<int>(std::min<double>(width, std::ceil(out_w * width / box.w)));
       const int min_h = static_cast<int>(std::min<double>(height, std::ceil(out_h * height / box.h)));
       // Only the rows and columns the crop reads (its filter's reach around it).
       const double reach = std::max(box.w / out_w, box.h / out_h);
-      auto rgb = DecodeImage(bytes, path, min_w, min_h, Region{box.x, box.y, box.w, box.h},
-                             static_cast<int>(std::ceil(std::max(reach, 1.0))) + 2);
-      if (!rgb.ok()) {
-        errors[r] = rgb.status();
+      if (absl::Status decoded = DecodeImageInto(scratch.bytes, path, min_w, min_h, box,
+                                                 static_cast<int>(std::ceil(std::max(reach, 1.0))) + 2, &scratch.rgb);
+          !decoded.ok()) {
+        errors[r] = decoded;
         return;
       }
-      images[r] = CropResize(*rgb, width, height, box, static_cast<int>(out_w), static_cast<int>(out_h),
-                             static_cast<int>(s), flip);
+      CropResize(scratch.rgb, width, height, box, static_cast<int>(out_w), static_cast<int>(out_h),
+                 static_cast<int>(s), crop.flip, images + r * 3 * s * s, scratch.row);
     } catch (...) {
       errors[r] = StatusFromCurrentException(absl::StrCat("decoding ", path));
     }
   });
-  Batch batch;
-  std::vector<at::Tensor> kept;
-  std::vector<int64_t> labels;
+  std::vector<int64_t> labels, kept;
   for (int64_t r = 0; r < n; ++r) {
     if (!errors[r].ok()) {
       if (!options_.skip_bad_images) {
@@ -457,12 +489,36 @@ absl::StatusOr<Batch> ImageFolder::Get(const at::Tensor& rows, int epoch) const 
       ++batch.skipped;
       continue;
     }
-    kept.push_back(images[r]);
+    kept.push_back(r);
     labels.push_back(listing_.labels[ids[r]]);
   }
-  batch.images = kept.empty() ? at::empty({0, 3, s, s}, at::kFloat) : at::stack(kept);
+  if (batch.skipped > 0) batch.images = batch.images.index_select(0, at::tensor(kept, at::kLong));
   batch.labels = at::tensor(labels, at::kLong);
   return batch;
+}
+
+at::Tensor ImageFolder::BatchMemory(int64_t n) const {
+  constexpr size_t kKept = 6;  // batches in flight: prefetched, being split, saved for backward
+  const int64_t s = options_.image_size;
+  MutexLock lock(recent_mu_);
+  // Each batch gets its own tensor (an alias of the memory), so what a
+  // caller does to its shape stays with it.
+  for (const at::Tensor& t : recent_) {
+    // No tensor but recent_'s own refers to the memory any more.
+    if (t.size(0) == n && t.storage().use_count() == 1) return t.alias();
+  }
+  at::Tensor fresh = at::empty({n, 3, s, s}, at::kFloat);
+  if (recent_.size() == kKept) recent_.erase(recent_.begin());
+  recent_.push_back(fresh);
+  return fresh.alias();
+}
+
+TrainingCrop DrawTrainingCrop(int width, int height, uint64_t seed, int epoch, int64_t index) {
+  Draws d(Mix(seed, static_cast<uint64_t>(epoch), static_cast<uint64_t>(index)));
+  TrainingCrop crop;
+  crop.box = RandomResizedCrop(width, height, d);
+  crop.flip = d.Uniform() < 0.5;
+  return crop;
 }
 
 }  // namespace remora::data

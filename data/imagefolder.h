@@ -17,7 +17,9 @@
 //   data::Batch b = train->Get(rows, epoch).value();   // [n, 3, 224, 224]
 //
 // Thread-safety: Get may be called from several threads at once; they
-// share the pool.
+// share the pool. A batch's images are written into memory of an earlier
+// batch that nobody holds any more (not a view, not a copy of the
+// tensor), so a steady loop does not fault in fresh pages every batch.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "data/source.h"
 
 namespace remora::data {
@@ -78,11 +81,33 @@ class ImageFolder final : public Source {
   class Pool;
   ImageFolder(std::string root, ImageListing listing, ImageFolderOptions options);
 
+  // A [n, 3, s, s] float tensor for a batch's images: the memory of one
+  // of recent_ that nothing else refers to, else new memory (kept in
+  // recent_).
+  at::Tensor BatchMemory(int64_t n) const;
+
   const std::string root_;  // DIR/<split>
   const ImageListing listing_;
   const ImageFolderOptions options_;
   std::unique_ptr<Pool> pool_;
+  mutable absl::Mutex recent_mu_;
+  mutable std::vector<at::Tensor> recent_ ABSL_GUARDED_BY(recent_mu_);  // the last few batches' images
 };
+
+// A region of an image in the file's pixels.
+struct Region {
+  double x = 0, y = 0, w = 0, h = 0;
+};
+
+// The training recipe's draw for row `index` in `epoch` of an image of
+// width x height: the crop (whole pixels of the file; torchvision's
+// RandomResizedCrop) and whether it is flipped left to right (its
+// RandomHorizontalFlip), from (seed, epoch, index) alone.
+struct TrainingCrop {
+  Region box;
+  bool flip = false;
+};
+TrainingCrop DrawTrainingCrop(int width, int height, uint64_t seed, int epoch, int64_t index);
 
 // --- decoding (data/image_decode.cc) -----------------------------------------
 
@@ -98,22 +123,21 @@ struct Rgb {
   int full_width = 0, full_height = 0;
 };
 
-// A region of an image in the file's pixels.
-struct Region {
-  double x = 0, y = 0, w = 0, h = 0;
-};
-
 // The size of the JPEG or PNG image in `bytes` without decoding it.
 absl::StatusOr<std::pair<int, int>> ImageSize(const std::string& bytes, const std::string& label);
 // Decodes a JPEG or PNG image (by its first bytes, not its name). For a
-// JPEG, `min_width` x `min_height` lets the decoder scale down in the DCT
-// (by n/8) as far as the result stays at least that large; the image out
-// is then smaller than the file's. With `region` (w > 0), a JPEG decodes
-// only the rows and block columns that cover it, `margin` decoded pixels
-// around it included (the rest of the file is not decompressed); a PNG
-// decodes whole. DataLoss naming `label` for a file that is neither or is
-// damaged.
+// JPEG, `min_width` x `min_height` lets the decoder scale down in the DCT,
+// by 1/8, 1/4 or 1/2 (the scales libjpeg-turbo decodes with SIMD code;
+// the others take longer than the whole size), as far as the result stays
+// at least that large; the image out is then smaller than the file's.
+// With `region` (w > 0), a JPEG decodes only the rows and block columns
+// that cover it, `margin` decoded pixels around it included (the rest of
+// the file is not decompressed); a PNG decodes whole. DataLoss naming
+// `label` for a file that is neither or is damaged.
 absl::StatusOr<Rgb> DecodeImage(const std::string& bytes, const std::string& label, int min_width = 0,
                                 int min_height = 0, Region region = {}, int margin = 0);
+// The same into `out`, whose pixel memory is reused.
+absl::Status DecodeImageInto(const std::string& bytes, const std::string& label, int min_width, int min_height,
+                             Region region, int margin, Rgb* out);
 
 }  // namespace remora::data

@@ -14,9 +14,12 @@
 #include <fstream>
 
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/_upsample_bilinear2d_aa.h>
 #include <ATen/ops/abs.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/flip.h>
+#include <ATen/ops/from_blob.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/jit/api/module.h>
@@ -228,6 +231,86 @@ TEST(ImageFolder, TrainingCropsComeFromSeedEpochAndRowWhateverTheThreads) {
   EXPECT_TRUE(at::equal(one[3], get(2, 7, 1, {3})[0]));
   EXPECT_FALSE(at::equal(one, get(1, 7, 2, {0, 1, 2, 3, 4}))) << "another epoch, other crops";
   EXPECT_FALSE(at::equal(one, get(1, 8, 1, {0, 1, 2, 3, 4}))) << "another seed, other crops";
+}
+
+// A training image is its drawn crop of the file's pixels resized by an
+// antialiased bilinear filter (ATen's, which torchvision's tensor resize
+// with antialias=True runs and PIL's resize matches), flipped when drawn
+// so, and normalised by ImageNet's mean and std: computed here from the
+// PNG's pixels, for crops that shrink and crops that enlarge.
+TEST(ImageFolder, TrainingImagesAreTheirCropsResizedFlippedAndNormalised) {
+  const std::string dir = FreshDir("recipe");
+  fs::create_directories(dir + "/train/a");
+  const std::vector<std::pair<int, int>> sizes = {{120, 90}, {90, 120}, {40, 30}, {301, 207}};
+  std::vector<std::vector<uint8_t>> files;
+  for (size_t f = 0; f < sizes.size(); ++f) {
+    const auto [w, h] = sizes[f];
+    files.push_back(Pixels(w, h, [f](int x, int y, int c) {
+      return static_cast<int>(127 + 90 * std::sin(0.07 * x + 0.11 * y + c + f) + (x * 7 + y * 13 + c * 5) % 31 - 15);
+    }));
+    WritePng(absl::StrCat(dir, "/train/a/", f, ".png"), w, h, files.back());
+  }
+  ImageFolderOptions o;
+  o.image_size = 32;
+  o.seed = 11;
+  o.threads = 2;
+  auto set = ImageFolder::Open(dir, "train", o).value();
+  const at::Tensor mean = at::tensor({0.485, 0.456, 0.406}, at::kFloat).view({3, 1, 1});
+  const at::Tensor std = at::tensor({0.229, 0.224, 0.225}, at::kFloat).view({3, 1, 1});
+  int flips = 0, enlarged = 0;
+  for (int epoch = 0; epoch < 4; ++epoch) {
+    auto b = set->Get(at::arange(static_cast<int64_t>(sizes.size()), at::kLong), epoch);
+    ASSERT_TRUE(b.ok()) << b.status();
+    for (size_t f = 0; f < sizes.size(); ++f) {
+      const auto [w, h] = sizes[f];
+      const TrainingCrop crop = DrawTrainingCrop(w, h, o.seed, epoch, static_cast<int64_t>(f));
+      const Region& box = crop.box;
+      ASSERT_EQ(box.x, std::floor(box.x));
+      ASSERT_EQ(box.w, std::floor(box.w));
+      const at::Tensor pixels = at::from_blob(files[f].data(), {h, w, 3}, at::kByte).permute({2, 0, 1});
+      const at::Tensor part = pixels.narrow(1, static_cast<int64_t>(box.y), static_cast<int64_t>(box.h))
+                                  .narrow(2, static_cast<int64_t>(box.x), static_cast<int64_t>(box.w))
+                                  .to(at::kFloat)
+                                  .unsqueeze(0);
+      at::Tensor want = at::_upsample_bilinear2d_aa(part, {32, 32}, /*align_corners=*/false)[0];
+      if (crop.flip) want = at::flip(want, {2});
+      want = (want.clamp(0, 255) / 255 - mean) / std;
+      const double diff = at::abs(b->images[f] - want).max().item<double>();
+      EXPECT_LT(diff, 1e-3) << "image " << f << ", epoch " << epoch << ", box " << box.x << "," << box.y << " "
+                            << box.w << "x" << box.h << (crop.flip ? ", flipped" : "");
+      flips += crop.flip;
+      enlarged += box.w < 32;
+    }
+  }
+  EXPECT_GT(flips, 0);
+  EXPECT_LT(flips, 16);
+  EXPECT_GT(enlarged, 0);
+}
+
+// Batches reuse the memory of earlier ones that nobody holds: a batch
+// still held (or a view of it) is never written again; one dropped is.
+TEST(ImageFolder, AHeldBatchIsNeverOverwrittenAndADroppedOnesMemoryIsReused) {
+  const std::string dir = SmallFolder("reuse");
+  ImageFolderOptions o;
+  o.image_size = 16;
+  auto set = ImageFolder::Open(dir, "train", o).value();
+  const at::Tensor rows = at::arange(5, at::kLong);
+  at::Tensor held = set->Get(rows, 1).value().images;
+  const at::Tensor copy = held.clone();
+  const at::Tensor view = set->Get(rows, 2).value().images[2];  // a view keeps its batch's memory too
+  const at::Tensor view_copy = view.clone();
+  for (int epoch = 3; epoch < 10; ++epoch) {
+    at::Tensor other = set->Get(rows, epoch).value().images;
+    EXPECT_NE(other.data_ptr(), held.data_ptr());
+    EXPECT_NE(other.data_ptr(), view.storage().data());
+  }
+  EXPECT_TRUE(at::equal(held, copy));
+  EXPECT_TRUE(at::equal(view, view_copy));
+  const void* memory = held.data_ptr();
+  held = at::Tensor();
+  const at::Tensor again = set->Get(rows, 1).value().images;
+  EXPECT_EQ(again.data_ptr(), memory) << "the dropped batch's memory is reused";
+  EXPECT_TRUE(at::equal(again, copy)) << "and written whole";
 }
 
 TEST(ImageFolder, ABadFileFailsTheBatchNamingItOrIsSkippedAndCounted) {
