@@ -228,6 +228,38 @@ struct Scratch {
   std::vector<float> row;  // one output row after the vertical pass
 };
 
+// Four floats in one SIMD register (GCC's and Clang's vector extension;
+// plain code where the target has none).
+typedef float Float4 __attribute__((vector_size(16)));
+
+// One output row of the horizontal pass: s pixels from `acc` (a row of
+// interleaved RGB floats starting at column x0), each over all the
+// stride's taps (the weights past an output's count are zero, and `acc`
+// is padded so that reading under them is safe), normalised (v * scale +
+// bias) and stored into the three planes of `out`. kTaps is the stride
+// where known at compile time (loops unrolled), else 0. Each tap is one
+// 4-wide multiply-add: R, G, B and the next pixel's R, which is dropped.
+template <int kTaps>
+void HorizontalRow(const float* acc, const Taps& tx, int x0, int s, bool flip, Float4 scale, Float4 bias,
+                   float* out, size_t plane) {
+  const int taps = kTaps > 0 ? kTaps : tx.stride;
+  for (int i = 0; i < s; ++i) {
+    const float* w = tx.w.data() + static_cast<size_t>(i) * taps;
+    const float* p = acc + static_cast<size_t>(tx.first[i] - x0) * 3;
+    Float4 v = {0, 0, 0, 0};
+    for (int k = 0; k < taps; ++k) {
+      Float4 pixel;
+      std::memcpy(&pixel, p + 3 * k, sizeof(pixel));
+      v += w[k] * pixel;
+    }
+    // The weights are non-negative and sum to one, so v stays within its
+    // inputs' 0-255 (to float rounding): no clamp.
+    v = v * scale + bias;
+    const int at = flip ? s - 1 - i : i;
+    for (int c = 0; c < 3; ++c) out[c * plane + at] = v[c];
+  }
+}
+
 // `box` (in the file's pixels) of `rgb` (decoded at rgb.full_width /
 // width of the file's size) resized to out_w x out_h, of which the centre
 // s x s is kept, flipped left to right if asked, normalised, into the
@@ -248,8 +280,8 @@ void CropResize(const Rgb& rgb, int width, int height, const Region& box, int ou
     x1 = std::max(x1, tx.first[i] + tx.count[i]);
   }
   const int span = std::max(0, x1 - x0) * 3;
-  row.resize(static_cast<size_t>(span));
-  float scale[3], bias[3];  // (v / 255 - mean) / std = v * scale + bias
+  row.resize(static_cast<size_t>(span + tx.stride * 3 + 1));  // the padding HorizontalRow reads
+  Float4 scale = {0, 0, 0, 0}, bias = {0, 0, 0, 0};  // (v / 255 - mean) / std = v * scale + bias
   for (int c = 0; c < 3; ++c) {
     scale[c] = static_cast<float>(1.0 / (255.0 * kStd[c]));
     bias[c] = static_cast<float>(-kMean[c] / kStd[c]);
@@ -264,17 +296,18 @@ void CropResize(const Rgb& rgb, int width, int height, const Region& box, int ou
       for (int x = 0; x < span; ++x) acc[x] += w * in[x];
     }
     float* out = dst + static_cast<size_t>(j) * s;
-    for (int i = 0; i < s; ++i) {
-      const float* w = tx.w.data() + static_cast<size_t>(i) * tx.stride;
-      const float* p = acc + static_cast<size_t>(tx.first[i] - x0) * 3;
-      float v[3] = {0, 0, 0};
-      for (int k = 0; k < tx.count[i]; ++k, p += 3) {
-        v[0] += w[k] * p[0];
-        v[1] += w[k] * p[1];
-        v[2] += w[k] * p[2];
-      }
-      const int at = flip ? s - 1 - i : i;
-      for (int c = 0; c < 3; ++c) out[c * plane + at] = std::clamp(v[c], 0.f, 255.f) * scale[c] + bias[c];
+    switch (tx.stride) {  // 3: enlarging; 5: shrinking up to 2x; 7: up to 3x
+      case 3:
+        HorizontalRow<3>(acc, tx, x0, s, flip, scale, bias, out, plane);
+        break;
+      case 5:
+        HorizontalRow<5>(acc, tx, x0, s, flip, scale, bias, out, plane);
+        break;
+      case 7:
+        HorizontalRow<7>(acc, tx, x0, s, flip, scale, bias, out, plane);
+        break;
+      default:
+        HorizontalRow<0>(acc, tx, x0, s, flip, scale, bias, out, plane);
     }
   }
 }

@@ -6,7 +6,7 @@
 // of photo-sized JPEGs and compares with torchvision's ImageFolder and
 // DataLoader on the same files.
 //
-//   data_bench --dir /data/imagenet --threads 1,2 --batches 8 --batch-size 64
+//   data_bench --dataset imagefolder:/data/imagenet --data-threads 1,2 --batches 8 --batch-size 64
 #include <chrono>
 #include <cstdio>
 #include <vector>
@@ -17,33 +17,46 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "data/imagefolder.h"
 #include "launch/cli.h"
 
 int main(int argc, char** argv) {
-  std::string dir, threads_list = "1,2";
+  std::string dataset, dir, threads_list = "1,2", data_threads;
   int batches = 8, batch_size = 64, image_size = 224;
   remora::launch::FlagParser flags("data_bench",
                                 "Images per second of an image folder's training reads (decode, random resized "
                                 "crop, flip, normalise), per decoding thread count.");
-  flags.AddString("dir", &dir, "the image folder (DIR/train/<class>/*.jpg)");
-  flags.AddString("threads", &threads_list, "decoding thread counts to measure, comma-separated");
+  flags.AddString("dataset", &dataset, "imagefolder:DIR, the image folder (DIR/train/<class>/*.jpg)");
+  flags.AddString("data-threads", &data_threads, "decoding thread counts to measure, comma-separated (default 1,2)");
+  flags.AddString("dir", &dir, "DIR: the same as --dataset imagefolder:DIR");
+  flags.AddString("threads", &threads_list, "the same as --data-threads");
   flags.AddInt("batches", &batches, "measured batches per thread count");
   flags.AddInt("batch-size", &batch_size, "rows per batch");
   flags.AddInt("image-size", &image_size, "crop side");
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
+  if (!dataset.empty()) {
+    absl::string_view folder = dataset;
+    if (!absl::ConsumePrefix(&folder, "imagefolder:") || folder.empty()) {
+      std::fprintf(stderr, "data_bench: --dataset wants imagefolder:DIR (DIR/train/<class>/*.jpg)\n");
+      return 2;
+    }
+    dir = std::string(folder);
+  }
+  if (!data_threads.empty()) threads_list = data_threads;
   std::vector<int> thread_counts;
   for (absl::string_view t : absl::StrSplit(threads_list, ',')) {
     int n = 0;
     if (!absl::SimpleAtoi(t, &n) || n < 1) {
-      std::fprintf(stderr, "data_bench: --threads wants positive integers\n");
+      std::fprintf(stderr, "data_bench: --data-threads wants positive integers\n");
       return 2;
     }
     thread_counts.push_back(n);
   }
   if (dir.empty() || batches < 1 || batch_size < 1) {
-    std::fprintf(stderr, "data_bench: --dir is required; --batches and --batch-size must be >= 1\n");
+    std::fprintf(stderr,
+                 "data_bench: --dataset imagefolder:DIR is required; --batches and --batch-size must be >= 1\n");
     return 2;
   }
   at::set_num_threads(1);  // the pool's threads are the parallelism measured

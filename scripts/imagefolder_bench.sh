@@ -7,11 +7,12 @@
 # ImageFolder + DataLoader at num_workers 0 and 2 (one intra-op thread
 # each). Needs Debian's python3-torchvision (and python3-pil).
 #
-#   scripts/imagefolder_bench.sh [DIR] [N]
+#   scripts/imagefolder_bench.sh [DIR] [N] [BATCHES]   (defaults: /tmp/remora-imagefolder-bench 512 12)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-/tmp/remora-imagefolder-bench}
 n=${2:-512}
+batches=${3:-12}
 py=/usr/bin/python3
 if [ ! -f "$dir/train/.complete-$n" ]; then
   rm -rf "$dir"
@@ -32,9 +33,9 @@ open(os.path.join(root, "train", f".complete-{n}"), "w").close()
 PY
 fi
 echo "remora (build/bin/data_bench):"
-build/bin/data_bench --dir "$dir" --threads 1,2 --batches 6 --batch-size 64
+build/bin/data_bench --dataset "imagefolder:$dir" --data-threads 1,2 --batches "$batches" --batch-size 64
 echo "torchvision ImageFolder + DataLoader:"
-"$py" - "$dir" <<'PY'
+"$py" - "$dir" "$batches" <<'PY'
 import sys, time, torch, torchvision.transforms as T
 from torchvision.datasets import ImageFolder
 torch.set_num_threads(1)
@@ -46,7 +47,7 @@ for workers in (0, 2):
     it = iter(dl)
     next(it)  # warm-up: workers started, files in the page cache
     t0, images = time.time(), 0
-    for _ in range(6):
+    for _ in range(int(sys.argv[2])):
         try:
             x, y = next(it)
         except StopIteration:
