@@ -1,10 +1,12 @@
 #include "tests/support/script_models.h"
 
+#include <cmath>
 #include <sstream>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/randn.h>
+#include <ATen/ops/zeros.h>
 #include <torch/csrc/jit/serialization/import.h>
 
 namespace remora::test_support {
@@ -31,6 +33,28 @@ torch::jit::Module ScriptSequential(const std::vector<int64_t>& widths, bool res
   }
   code += residual ? "  return x + 1.0\n" : "  return x\n";
   m.define(code);
+  return m;
+}
+
+torch::jit::Module ScriptSmallCnn(int64_t classes, int64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  torch::jit::Module m("Sequential");
+  const int64_t widths[] = {3, 8, 16};
+  for (int i = 0; i < 2; ++i) {
+    torch::jit::Module conv("Conv2d");
+    const double scale = std::sqrt(2.0 / (widths[i] * 9));
+    conv.register_parameter("weight", at::randn({widths[i + 1], widths[i], 3, 3}, gen, at::TensorOptions()) * scale,
+                            false);
+    conv.register_parameter("bias", at::zeros({widths[i + 1]}), false);
+    conv.define("def forward(self, x):\n  return torch.relu(torch.conv2d(x, self.weight, self.bias, [2, 2], [1, 1]))\n");
+    m.register_module("c" + std::to_string(i), conv);
+  }
+  torch::jit::Module pool("Pool");
+  pool.define("def forward(self, x):\n  return x.mean([2, 3])\n");
+  m.register_module("pool", pool);
+  m.register_module("fc", ScriptLinear(widths[2], classes, seed + 1, false));
+  m.define("def forward(self, x):\n  x = self.c0.forward(x)\n  x = self.c1.forward(x)\n  x = self.pool.forward(x)\n"
+           "  return self.fc.forward(x)\n");
   return m;
 }
 

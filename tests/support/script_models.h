@@ -1,6 +1,6 @@
 // TorchScript modules made in C++ for tests (no Python needed): what
-// torch.jit.script(...).save(path) writes for a linear layer and for an
-// nn.Sequential of them.
+// torch.jit.script(...).save(path) writes for a linear layer, for an
+// nn.Sequential of them and for a small CNN.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +20,12 @@ torch::jit::Module ScriptLinear(int64_t in, int64_t out, int64_t seed, bool relu
 // children l0, l1, ... of one module whose forward is their chain; with
 // `residual` its forward adds 1 at the end (not the chain).
 torch::jit::Module ScriptSequential(const std::vector<int64_t>& widths, bool residual = false);
+
+// A small CNN as the children of one module whose forward is their chain
+// (so the master cuts it like an nn.Sequential): two 3x3 convolutions of
+// stride 2 with ReLU (3 -> 8 -> 16 channels), the mean over the picture,
+// a linear layer to `classes`; weights drawn from `seed`.
+torch::jit::Module ScriptSmallCnn(int64_t classes, int64_t seed);
 
 // A module's bytes as torch.jit.save writes them, and back.
 std::string SaveToBytes(torch::jit::Module& m);
