@@ -469,6 +469,10 @@ absl::StatusOr<Batch> ImageFolder::Get(const at::Tensor& rows, int epoch) const 
   std::vector<absl::Status> errors(n);
   pool_->ForEach(n, [&](int64_t r) {
     thread_local Scratch scratch;
+    // A rare huge photo's buffers are not kept by every thread for good.
+    constexpr size_t kKeep = size_t{32} << 20;
+    if (scratch.bytes.capacity() > kKeep) std::string().swap(scratch.bytes);
+    if (scratch.rgb.pixels.capacity() > kKeep) std::vector<uint8_t>().swap(scratch.rgb.pixels);
     const int64_t id = ids[r];
     const std::string path = absl::StrCat(root_, "/", listing_.files[id]);
     try {
