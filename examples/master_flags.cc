@@ -287,7 +287,9 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
                "images per batch, the whole batch: with --replicas R each replica trains 1/R of it "
                "(PyTorch DDP's batch size is per rank) (default 128; 64 with --dataset)");
   flags.AddInt("image-size", &c.image_size, "image height and width");
-  flags.AddDouble("lr", &f->lr, "learning rate (default 0.05 for the ResNet50 demo, 0.01 with --model or --dataset)");
+  flags.AddDouble("lr", &f->lr,
+                  "learning rate (default: SGD 0.05 for the ResNet50 demo, 0.01 with --model or --dataset; Adam "
+                  "0.0001 for the demo, 0.001 with --model or --dataset)");
   flags.AddInt("seed", &c.seed, "seed of weights and data: same seed, same numbers");
   flags.AddString("partition", &c.partition,
                   "how ResNet50 or a one-file sequential --model is cut into stages: balanced (by "
@@ -419,7 +421,11 @@ absl::StatusOr<CommandLine> Check(Flags f) {
     c.split_at.push_back(v);
   }
   c.batch_size = f.batch_size > 0 ? f.batch_size : (c.dataset.empty() ? 128 : 64);
-  c.lr = f.lr != -1 ? f.lr : (c.dataset.empty() && c.model.empty() ? 0.05 : 0.01);
+  // Adam at SGD's rates diverges (the demo's loss reached 1e4 at 0.05);
+  // 0.001 is PyTorch's default for it.
+  const bool demo = c.dataset.empty() && c.model.empty();
+  const bool adam = c.optimizer == "adam";
+  c.lr = f.lr != -1 ? f.lr : (demo ? (adam ? 0.0001 : 0.05) : (adam ? 0.001 : 0.01));
   if (auto s = CheckValues(f, c); !s.ok()) return s;
   if (!c.model.empty()) {
     if (auto s = ReadModel(f, c); !s.ok()) return s;

@@ -35,7 +35,7 @@ struct Flags {
   std::string input_shape;  // empty: the dataset's images, else 3,32,32
   int pipeline_stages = 0;
   int batch_size = -1;  // -1: 128, or 64 with --dataset
-  double lr = -1;       // -1: 0.05 for the ResNet50 demo, 0.01 with --model or --dataset
+  double lr = -1;       // -1: by the optimizer and the workload (the --lr flag's help)
   std::set<std::string> given;  // the flags on the command line (FlagParser::given)
 };
 

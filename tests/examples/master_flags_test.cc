@@ -179,6 +179,11 @@ TEST(MasterFlags, DefaultsDependOnWhatIsTrained) {
   EXPECT_EQ(dataset->config.batch_size, 64);
   EXPECT_DOUBLE_EQ(dataset->config.lr, 0.01);
   EXPECT_THAT(dataset->config.splits, ElementsAre(1, 2));
+  // Adam's rates are lower (at SGD's it diverges); a given --lr stands.
+  EXPECT_DOUBLE_EQ(ParseCommandLine({"--local", "--optimizer", "adam"})->config.lr, 0.0001);
+  EXPECT_DOUBLE_EQ(ParseCommandLine({"--local", "--optimizer", "adam", "--dataset", "fashion-mnist"})->config.lr,
+                   0.001);
+  EXPECT_DOUBLE_EQ(ParseCommandLine({"--local", "--optimizer", "adam", "--lr", "0.03"})->config.lr, 0.03);
 
   auto ps = ParseCommandLine({"--mode", "ps", "--workers", "a,b,c", "--ps-shards", "2", "--lr", "0.2"});
   ASSERT_TRUE(ps.ok()) << ps.status();

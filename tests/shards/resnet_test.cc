@@ -470,7 +470,7 @@ TEST(Master, HelpBadFlagsAndMissingWorkersGiveTheirExitCodes) {
   auto [help_code, help] = RunProgram({m, "--help"});
   EXPECT_EQ(help_code, 0);
   EXPECT_THAT(help, Not(HasSubstr("(default: -1)")));
-  EXPECT_THAT(help, HasSubstr("0.01 with --model or --dataset)\n"));
+  EXPECT_THAT(help, HasSubstr("0.001 with --model or --dataset)\n"));
   check({"--workers", "a", "--bogus"}, 2, "unknown flag --bogus");
   check({"--local", "--splits", "0"}, 2, "master: --splits wants positive integers");
   check({"--workers", "ghost", "--listen", absl::StrCat("127.0.0.1:", FreePort()),
