@@ -53,7 +53,9 @@ absl::Status Checkpoints::MaybeSave(Trainer& trainer, const checkpoint::Training
   const bool due = Due(state.step, final);
   // (A save now waits for the one before it.)
   ASSIGN_OR_RETURN(std::optional<Saved> committed, trainer.CommitSaved(/*wait=*/due));
-  if (committed) {
+  // (When the run's last step was also a periodic one, the final line
+  // below names that same checkpoint: one line for it.)
+  if (committed && !(final && due && committed->step == state.step)) {
     out << absl::StrFormat("checkpoint: step %d in %s (%s, written in the background)\n", committed->step,
                            committed->dir, Size(committed->bytes))
         << std::flush;

@@ -460,6 +460,8 @@ TEST(CheckpointJob, AJobKilledMidEpochResumesAndEndsEqualToAnUninterruptedOne) {
     for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
     EXPECT_THAT(out, HasSubstr("checkpoint: step 30 in " + whole + "/step-00000030"));
     EXPECT_THAT(out, HasSubstr(", final)"));
+    // Step 30 is periodic and final: one line for it.
+    EXPECT_EQ(out.find("checkpoint: step 30 "), out.rfind("checkpoint: step 30 ")) << out;
     EXPECT_EQ(CompleteSteps(whole), (std::vector<int64_t>{6, 9, 12, 15, 18, 21, 24, 27, 30}));  // --keep 9
     whole_out = out;
     EXPECT_EQ(evaluator->Wait(absl::Seconds(60)).value_or(-1), 0) << "the evaluator stops after the final checkpoint";
