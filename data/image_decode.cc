@@ -39,7 +39,9 @@ bool IsJpeg(const std::string& b) {
          static_cast<uint8_t>(b[2]) == 0xFF;
 }
 
-bool IsPng(const std::string& b) { return b.size() >= 8 && png_sig_cmp(reinterpret_cast<png_const_bytep>(b.data()), 0, 8) == 0; }
+bool IsPng(const std::string& b) {
+  return b.size() >= 8 && png_sig_cmp(reinterpret_cast<png_const_bytep>(b.data()), 0, 8) == 0;
+}
 
 // Decodes into `out` (or, with `header_only`, sets its size alone);
 // false with `message` set on an error. No C++ object is made between

@@ -382,7 +382,7 @@ absl::StatusOr<at::Tensor> ParameterServer::optimizer_state() const {
 }
 
 absl::Status ParameterServer::Load(const std::vector<std::vector<at::Tensor>>& stages,
-                                   const at::Tensor& optimizer) {
+                                   const at::Tensor& optimizer, int64_t steps_done) {
   if (stages.size() != model_.size()) {
     return absl::FailedPreconditionError(absl::StrCat("parameter server: ", stages.size(),
                                                       " saved stages for a model of ", model_.size()));
@@ -402,7 +402,8 @@ absl::Status ParameterServer::Load(const std::vector<std::vector<at::Tensor>>& s
   } catch (...) {
     return StatusFromCurrentException("parameter server: loading the saved state");
   }
-  if (shards_ != nullptr) return Annotate(shards_->Load(params_, optimizer), "parameter server: resuming");
+  if (shards_ != nullptr) RETURN_IF_ERROR(Annotate(shards_->Load(params_, optimizer), "parameter server: resuming"));
+  step_ = steps_done;
   return absl::OkStatus();
 }
 

@@ -122,12 +122,15 @@ class ParameterServer {
   // Per stage, its parameters then buffers (copies on the CPU); the
   // optimizer's state (optim::SaveOptimizerState's bytes; with shards,
   // theirs packed, ps/shards.h); and their reverse (an error when the
-  // saved optimizer state comes from another number of shards).
+  // saved optimizer state comes from another number of shards). Load's
+  // `steps_done` is the steps the saved state had taken: the next step is
+  // numbered steps_done + 1, as in the run that saved it.
   absl::StatusOr<std::vector<std::vector<at::Tensor>>> stage_state();
   absl::StatusOr<at::Tensor> optimizer_state() const;
   // Each stage's state names (pipeline::StateNames), in stage_state's order.
   std::vector<std::vector<std::string>> stage_names() const;
-  absl::Status Load(const std::vector<std::vector<at::Tensor>>& stages, const at::Tensor& optimizer);
+  absl::Status Load(const std::vector<std::vector<at::Tensor>>& stages, const at::Tensor& optimizer,
+                    int64_t steps_done = 0);
 
   // With servers: which holds which parameters (empty without); and each
   // shard's parameters as it holds them.

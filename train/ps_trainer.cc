@@ -70,7 +70,7 @@ absl::StatusOr<Saved> PsTrainer::Save(const SaveTarget& target, const checkpoint
 absl::StatusOr<int64_t> PsTrainer::Load(const checkpoint::Checkpoint& ck) {
   ASSIGN_OR_RETURN(auto tensors, checkpoint::ReadStageTensors(ck));
   ASSIGN_OR_RETURN(at::Tensor optimizer, checkpoint::ReadLocalOptimizer(ck));
-  RETURN_IF_ERROR(server_->Load(tensors, optimizer));
+  RETURN_IF_ERROR(server_->Load(tensors, optimizer, ck.state().step));
   // (The replicas' dropout draws from their workers' generators, which a
   // one-shard checkpoint does not hold; this process's is restored.)
   RETURN_IF_ERROR(checkpoint::RestoreCpuGenerator(ck));

@@ -413,9 +413,8 @@ TEST(ImageFolderMaster, TrainsLocallyAndOverWorkersAlikeAndNamesBadFiles) {
   auto start_workers = [&workers](const std::string& at, const std::string& log) {
     workers.clear();
     for (const std::string name : {"w1", "w2"}) {
-      workers.push_back(launch::Subprocess::Spawn({BinDir() + "/worker", "--name", name, "--master", at, "--threads", "1"},
-                                               TempPath(name + log))
-                            .value());
+      const std::vector<std::string> argv = {BinDir() + "/worker", "--name", name, "--master", at, "--threads", "1"};
+      workers.push_back(launch::Subprocess::Spawn(argv, TempPath(name + log)).value());
     }
   };
   const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
@@ -461,7 +460,8 @@ TEST(ImageFolderMaster, TrainsLocallyAndOverWorkersAlikeAndNamesBadFiles) {
   EXPECT_THAT(eval_out, HasSubstr("test_top5="));
 
   // --train-rows: the first N training images only.
-  auto [head_code, head_out] = RunProgram(master({"--local", "--splits", "1", "--train-rows", "8"}), absl::Seconds(120));
+  auto [head_code, head_out] =
+      RunProgram(master({"--local", "--splits", "1", "--train-rows", "8"}), absl::Seconds(120));
   EXPECT_EQ(head_code, 0) << head_out;
   EXPECT_THAT(head_out, HasSubstr(": 8 training and 4 test images of [3, 16, 16]"));
 

@@ -212,11 +212,13 @@ TEST(Ps, CheckpointsHoldTheServersModelAndResume) {
   EXPECT_TRUE(optimizer->defined());
   auto resumed = ps::ParameterServer::Create(workers.master(), o);
   ASSERT_TRUE(resumed.ok()) << resumed.status();
-  ASSERT_TRUE((*resumed)->Load(*tensors, *optimizer).ok());
+  ASSERT_TRUE((*resumed)->Load(*tensors, *optimizer, /*steps_done=*/2).ok());
   auto a = (*server)->train_step(data[2].first, data[2].second);
   auto b = (*resumed)->train_step(data[2].first, data[2].second);
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(a->loss, b->loss);
+  EXPECT_EQ(a->step, 3);
+  EXPECT_EQ(b->step, 3) << "the resumed server numbers its steps on from the checkpoint's";
   ExpectStateNear((*resumed)->stage_state().value(), (*server)->stage_state().value(), "resumed");
 }
 

@@ -46,7 +46,8 @@ torch::jit::Module ScriptSmallCnn(int64_t classes, int64_t seed) {
     conv.register_parameter("weight", at::randn({widths[i + 1], widths[i], 3, 3}, gen, at::TensorOptions()) * scale,
                             false);
     conv.register_parameter("bias", at::zeros({widths[i + 1]}), false);
-    conv.define("def forward(self, x):\n  return torch.relu(torch.conv2d(x, self.weight, self.bias, [2, 2], [1, 1]))\n");
+    conv.define(
+        "def forward(self, x):\n  return torch.relu(torch.conv2d(x, self.weight, self.bias, [2, 2], [1, 1]))\n");
     m.register_module("c" + std::to_string(i), conv);
   }
   torch::jit::Module pool("Pool");
