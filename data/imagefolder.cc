@@ -195,7 +195,7 @@ Taps MakeTaps(double start, double len, int in_size, int total, int skip, int n)
 }
 
 // The file at `path` into `bytes` (its memory reused).
-absl::Status ReadFile(const std::string& path, std::string* bytes) {
+absl::Status ReadFileInto(const std::string& path, std::string* bytes) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
   struct stat st;
@@ -476,7 +476,7 @@ absl::StatusOr<Batch> ImageFolder::Get(const at::Tensor& rows, int epoch) const 
     const int64_t id = ids[r];
     const std::string path = absl::StrCat(root_, "/", listing_.files[id]);
     try {
-      if (absl::Status read = ReadFile(path, &scratch.bytes); !read.ok()) {
+      if (absl::Status read = ReadFileInto(path, &scratch.bytes); !read.ok()) {
         errors[r] = read;
         return;
       }
