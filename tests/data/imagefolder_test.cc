@@ -233,6 +233,29 @@ TEST(ImageFolder, TrainingCropsComeFromSeedEpochAndRowWhateverTheThreads) {
   EXPECT_FALSE(at::equal(one, get(1, 8, 1, {0, 1, 2, 3, 4}))) << "another seed, other crops";
 }
 
+// The training recipe's image of `crop` of the RGB `pixels` (w x h),
+// computed with ATen: the crop cut out, resized to s x s by the
+// antialiased bilinear filter, flipped when drawn so, normalised.
+at::Tensor ReferenceImage(std::vector<uint8_t>& pixels, int w, int h, const TrainingCrop& crop, int64_t s) {
+  const at::Tensor mean = at::tensor({0.485, 0.456, 0.406}, at::kFloat).view({3, 1, 1});
+  const at::Tensor std = at::tensor({0.229, 0.224, 0.225}, at::kFloat).view({3, 1, 1});
+  const Region& box = crop.box;
+  const at::Tensor part = at::from_blob(pixels.data(), {h, w, 3}, at::kByte)
+                              .permute({2, 0, 1})
+                              .narrow(1, static_cast<int64_t>(box.y), static_cast<int64_t>(box.h))
+                              .narrow(2, static_cast<int64_t>(box.x), static_cast<int64_t>(box.w))
+                              .to(at::kFloat)
+                              .unsqueeze(0);
+  at::Tensor image = at::_upsample_bilinear2d_aa(part, {s, s}, /*align_corners=*/false)[0];
+  if (crop.flip) image = at::flip(image, {2});
+  return (image.clamp(0, 255) / 255 - mean) / std;
+}
+
+std::string Describe(const TrainingCrop& crop) {
+  return absl::StrCat("box ", crop.box.x, ",", crop.box.y, " ", crop.box.w, "x", crop.box.h,
+                      crop.flip ? ", flipped" : "");
+}
+
 // A training image is its drawn crop of the file's pixels resized by an
 // antialiased bilinear filter (ATen's, which torchvision's tensor resize
 // with antialias=True runs and PIL's resize matches), flipped when drawn
@@ -255,8 +278,6 @@ TEST(ImageFolder, TrainingImagesAreTheirCropsResizedFlippedAndNormalised) {
   o.seed = 11;
   o.threads = 2;
   auto set = ImageFolder::Open(dir, "train", o).value();
-  const at::Tensor mean = at::tensor({0.485, 0.456, 0.406}, at::kFloat).view({3, 1, 1});
-  const at::Tensor std = at::tensor({0.229, 0.224, 0.225}, at::kFloat).view({3, 1, 1});
   int flips = 0, enlarged = 0;
   for (int epoch = 0; epoch < 4; ++epoch) {
     auto b = set->Get(at::arange(static_cast<int64_t>(sizes.size()), at::kLong), epoch);
@@ -267,17 +288,9 @@ TEST(ImageFolder, TrainingImagesAreTheirCropsResizedFlippedAndNormalised) {
       const Region& box = crop.box;
       ASSERT_EQ(box.x, std::floor(box.x));
       ASSERT_EQ(box.w, std::floor(box.w));
-      const at::Tensor pixels = at::from_blob(files[f].data(), {h, w, 3}, at::kByte).permute({2, 0, 1});
-      const at::Tensor part = pixels.narrow(1, static_cast<int64_t>(box.y), static_cast<int64_t>(box.h))
-                                  .narrow(2, static_cast<int64_t>(box.x), static_cast<int64_t>(box.w))
-                                  .to(at::kFloat)
-                                  .unsqueeze(0);
-      at::Tensor want = at::_upsample_bilinear2d_aa(part, {32, 32}, /*align_corners=*/false)[0];
-      if (crop.flip) want = at::flip(want, {2});
-      want = (want.clamp(0, 255) / 255 - mean) / std;
+      const at::Tensor want = ReferenceImage(files[f], w, h, crop, 32);
       const double diff = at::abs(b->images[f] - want).max().item<double>();
-      EXPECT_LT(diff, 1e-3) << "image " << f << ", epoch " << epoch << ", box " << box.x << "," << box.y << " "
-                            << box.w << "x" << box.h << (crop.flip ? ", flipped" : "");
+      EXPECT_LT(diff, 1e-3) << "image " << f << ", epoch " << epoch << ", " << Describe(crop);
       flips += crop.flip;
       enlarged += box.w < 32;
     }
@@ -285,6 +298,45 @@ TEST(ImageFolder, TrainingImagesAreTheirCropsResizedFlippedAndNormalised) {
   EXPECT_GT(flips, 0);
   EXPECT_LT(flips, 16);
   EXPECT_GT(enlarged, 0);
+}
+
+// A JPEG whose crop is at least twice the image size is decoded at 1/2,
+// 1/4 or 1/8 of its size in the DCT: its training images are the same as
+// from the whole decoded file (to within what the DCT's downscaling
+// rounds differently), so the crop is mapped onto the smaller picture
+// right.
+TEST(ImageFolder, JpegsScaledDownInTheDctGiveTheSameTrainingImages) {
+  const std::string dir = FreshDir("dct");
+  fs::create_directories(dir + "/train/a");
+  const int w = 480, h = 360;
+  const auto pixels = Pixels(w, h, [](int x, int y, int c) {
+    return static_cast<int>(127 + 100 * std::sin(0.013 * x + 0.017 * y + 2 * c));  // smooth, no edges
+  });
+  WriteJpeg(dir + "/train/a/big.jpg", w, h, pixels, 95);
+  auto whole = DecodeImage(Slurp(dir + "/train/a/big.jpg"), "big.jpg");
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  ImageFolderOptions o;
+  o.image_size = 24;
+  o.seed = 4;
+  o.threads = 1;
+  auto set = ImageFolder::Open(dir, "train", o).value();
+  int scaled = 0;
+  for (int epoch = 0; epoch < 12; ++epoch) {
+    auto b = set->Get(at::arange(1, at::kLong), epoch);
+    ASSERT_TRUE(b.ok()) << b.status();
+    const TrainingCrop crop = DrawTrainingCrop(w, h, o.seed, epoch, 0);
+    const at::Tensor want = ReferenceImage(whole->pixels, w, h, crop, 24);
+    const at::Tensor diff = at::abs(b->images[0] - want);
+    // In 255ths: measured mean 0.3-0.7, largest 2-5 (the scaled-down
+    // decode rounds differently, most at the crop's edges). The crop
+    // misplaced by one of the file's pixels on this gradient moves the
+    // mean by about 2, by one decoded pixel (up to 8 of the file's) or
+    // mapped at the wrong scale by far more.
+    EXPECT_LT(diff.max().item<double>() * 255 * 0.225, 8) << "epoch " << epoch << ", " << Describe(crop);
+    EXPECT_LT(diff.mean().item<double>() * 255 * 0.225, 1.2) << "epoch " << epoch << ", " << Describe(crop);
+    scaled += std::min(crop.box.w, crop.box.h) >= 48;
+  }
+  EXPECT_GT(scaled, 3) << "too few crops were decoded scaled down";
 }
 
 // Batches reuse the memory of earlier ones that nobody holds: a batch
