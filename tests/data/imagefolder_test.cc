@@ -559,10 +559,11 @@ TEST(ImageFolderMaster, TrainsLocallyAndOverWorkersAlikeAndNamesBadFiles) {
 
 // Four classes told apart by their colours, under the training recipe's
 // crops and flips: a small CNN over two workers learns them well above
-// chance (1 in 4). A run whose worker is killed after the checkpoint of
+// chance (1 in 4), and the parameter server and data parallelism to the
+// same losses. A run whose worker is killed after the checkpoint of
 // step 8 (of 24), resumed on new workers, ends as the uninterrupted run
 // did: the resumed epochs read the same images with the same crops.
-TEST(ImageFolderMaster, ACnnLearnsTheClassesOverTwoWorkersAndAResumedRunEndsAsOneThatNeverStopped) {
+TEST(ImageFolderMaster, ACnnLearnsTheClassesInEveryModeAndAResumedRunEndsAsOneThatNeverStopped) {
   const std::string dir = FreshDir("learn");
   const int colours[4][3] = {{200, 60, 50}, {50, 190, 70}, {60, 70, 200}, {180, 180, 60}};
   for (const std::string split : {"train", "val"}) {
@@ -607,6 +608,22 @@ TEST(ImageFolderMaster, ACnnLearnsTheClassesOverTwoWorkersAndAResumedRunEndsAsOn
   double accuracy = 0;
   ASSERT_TRUE(absl::SimpleAtod(last.substr(at + 14, last.find(' ', at) - at - 14), &accuracy)) << last;
   EXPECT_GE(accuracy, 0.75) << "chance is 0.25:\n" << whole_out;
+  // The parameter server and data parallelism (each worker reading its
+  // own share of the folder) train to the same losses.
+  for (const std::string mode : {"--mode ps", "--replicas 2"}) {
+    const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+    auto workers = test_support::StartWorkers({"w1", "w2"}, addr, "imagefolder_mode");
+    std::vector<std::string> argv = master("w1,w2", addr, test_support::FreshDir("imagefolder_mode"));
+    argv.erase(std::find(argv.begin(), argv.end(), "--splits"), std::find(argv.begin(), argv.end(), "--splits") + 2);
+    const std::vector<std::string> flags = absl::StrSplit(mode, ' ');
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    auto [code, out] = RunProgram(argv, absl::Seconds(120));
+    ASSERT_EQ(code, 0) << mode << ":\n" << out;
+    for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
+    const std::vector<double> got = EpochLosses(out), want = EpochLosses(whole_out);
+    ASSERT_EQ(got.size(), want.size()) << mode << ":\n" << out;
+    for (size_t e = 0; e < want.size(); ++e) EXPECT_NEAR(got[e], want[e], 1e-4 * std::abs(want[e])) << mode;
+  }
   {
     const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
     auto workers = test_support::StartWorkers({"w1", "w2"}, addr, "imagefolder_broken");
