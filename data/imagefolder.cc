@@ -538,6 +538,11 @@ at::Tensor ImageFolder::BatchMemory(int64_t n) const {
   constexpr size_t kKept = 6;  // batches in flight: prefetched, being split, saved for backward
   const int64_t s = options_.image_size;
   MutexLock lock(recent_mu_);
+  // Free memory of another batch size (an epoch's short last batch) is
+  // not kept for later: only sizes in use stay held.
+  recent_.erase(std::remove_if(recent_.begin(), recent_.end(),
+                               [n](const at::Tensor& t) { return t.size(0) != n && t.storage().use_count() == 1; }),
+                recent_.end());
   // Each batch gets its own tensor (an alias of the memory), so what a
   // caller does to its shape stays with it.
   for (const at::Tensor& t : recent_) {

@@ -83,7 +83,7 @@ class ImageFolder final : public Source {
 
   // A [n, 3, s, s] float tensor for a batch's images: the memory of one
   // of recent_ that nothing else refers to, else new memory (kept in
-  // recent_).
+  // recent_, which drops free memory of other batch sizes).
   at::Tensor BatchMemory(int64_t n) const;
 
   const std::string root_;  // DIR/<split>
