@@ -30,6 +30,10 @@
 #   dp      data parallelism on the GPU: CudaProcessGroup.* and
 #           CudaDataParallel.* with REMORA_DEBUG=channels, then ResNet50
 #           (64x64) as --replicas 2 over two `worker --device cuda:0`
+#   elastic  master --max-restarts with `worker --device cuda:0`s: one is
+#           SIGKILLed after a checkpoint and a spare takes its place, then
+#           (a new process, its CUDA channel set up anew) the same name
+#           comes back (scripts/measure_elastic.sh, ResNet50 at 64x64)
 #   all-tests  the whole ctest suite against this LibTorch (CPU paths too)
 #
 # Every step's output goes to OUTDIR/<step>.log (default build-gpu/check),
@@ -47,7 +51,7 @@
 set -uo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
 out=${1:-build-gpu/check}
-steps=${2:-build gpu bench demo protocol dp all-tests}
+steps=${2:-build gpu bench demo protocol dp elastic all-tests}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 jobs=${REMORA_GPU_JOBS:-$(nproc)}
@@ -200,6 +204,13 @@ step_dp() {
   return $rc
 }
 
+# Elastic recovery with the stages on the GPU: a spare, then a restart
+# under the lost name (whose process is new: its CUDA channel too).
+step_elastic() {
+  REMORA_BUILD_DIR=$build REMORA_ELASTIC_DEVICE=cuda:0 timeout -k 10 300 \
+    scripts/measure_elastic.sh 1 "resnet-spare resnet-restart"
+}
+
 # (on 16 cores, ctest -j 10 ran the suite in 62 s)
 step_all-tests() {
   (cd "$build" && ctest --output-on-failure -j "$(( (jobs + 1) / 2 ))" --timeout 300)
@@ -215,7 +226,7 @@ trap 'kill $(jobs -p) 2>/dev/null' EXIT
 [ -d .debs ] && { use_debs || exit 1; }
 for s in $steps; do
   if ! declare -F "step_$s" >/dev/null; then
-    echo "gpu_check: unknown step '$s' (build gpu bench demo protocol dp all-tests)" >&2
+    echo "gpu_check: unknown step '$s' (build gpu bench demo protocol dp elastic all-tests)" >&2
     exit 2
   fi
   t0=$(date +%s)

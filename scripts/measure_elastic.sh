@@ -12,7 +12,9 @@
 # for the small CNN (Fashion-MNIST, 640 training rows: a line per step)
 # and ResNet50 (the demo's random batches, 64x64 images, batches of 32).
 # Prints each run (seconds from the kill to the step, steps trained again)
-# and the median per case.
+# and the median per case. REMORA_ELASTIC_DEVICE (e.g. cuda:0) puts every
+# worker's stages on that device (scripts/gpu_check.sh's elastic step);
+# REMORA_BUILD_DIR names the build (default build).
 #
 #   scripts/measure_elastic.sh [RUNS] [CASES]   (default 3; "cnn-spare cnn-restart resnet-spare resnet-restart")
 set -euo pipefail
@@ -24,7 +26,9 @@ source scripts/measure_common.sh  # BIN, WORK, PIDS, now, wait_for, median
 # Starts worker $1 for the master at port $2, logging to $3; its pid in
 # LAST_PID (and PIDS, for the cleanup).
 worker() {
-  "$BIN/worker" --name "$1" --master "127.0.0.1:$2" --threads 1 >"$3" 2>&1 &
+  local device=()
+  [ -n "${REMORA_ELASTIC_DEVICE:-}" ] && device=(--device "$REMORA_ELASTIC_DEVICE")
+  "$BIN/worker" --name "$1" --master "127.0.0.1:$2" --threads 1 "${device[@]}" >"$3" 2>&1 &
   LAST_PID=$!
   disown "$LAST_PID"
   PIDS+=("$LAST_PID")
