@@ -202,6 +202,7 @@ void Agent::Impl::UpdatePeer(const WorkerInfo& info) {
     }
   }
   shm_->Allow(endpoints);
+  cuda_->UpdatePeer(info);
 }
 
 void Agent::Impl::AnnounceRejoin(const WorkerInfo& info, absl::Duration timeout) {

@@ -33,6 +33,7 @@ class CudaChannel::Impl {
   // --- group -----------------------------------------------------------
 
   void SetGroup(const WorkerInfo& self, const std::vector<WorkerInfo>& book);
+  void UpdatePeer(const WorkerInfo& peer);
 
   absl::StatusOr<WorkerInfo> Peer(WorkerId id);
 

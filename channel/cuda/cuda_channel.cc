@@ -72,6 +72,43 @@ void CudaChannel::Impl::SetGroup(const WorkerInfo& self, const std::vector<Worke
   if (!group_set_.HasBeenNotified()) group_set_.Notify();
 }
 
+void CudaChannel::Impl::UpdatePeer(const WorkerInfo& peer) {
+  std::vector<std::shared_ptr<Comm>> stale;  // failed outside mu_ (a Comm's mu comes first)
+  {
+    MutexLock lock(mu_);
+    if (peer.name == self_.name) return;
+    peers_[peer.id] = peer;
+    warned_.erase(peer.id);
+    auto of_peer = [&peer](const auto& key) { return std::get<0>(key) == peer.id; };
+    for (auto it = send_comms_.begin(); it != send_comms_.end();) {
+      if (!of_peer(it->first)) {
+        ++it;
+        continue;
+      }
+      stale.push_back(std::move(it->second));
+      it = send_comms_.erase(it);
+    }
+    for (auto it = recv_comms_.begin(); it != recv_comms_.end();) {
+      if (!of_peer(it->first)) {
+        ++it;
+        continue;
+      }
+      stale.push_back(std::move(it->second));
+      it = recv_comms_.erase(it);
+    }
+    for (auto it = broken_until_.begin(); it != broken_until_.end();) {
+      it = of_peer(it->first) ? broken_until_.erase(it) : std::next(it);
+    }
+    for (auto& [id, held] : held_) {
+      if (held.peer == peer.id) held.orphaned = true;  // the old process will never release it
+    }
+  }
+  for (auto& c : stale) {
+    MutexLock lock(c->mu);
+    c->FailLocked(absl::StrCat("worker '", peer.name, "' was replaced by a new process"));
+  }
+}
+
 absl::StatusOr<WorkerInfo> CudaChannel::Impl::Peer(WorkerId id) {
   if (!group_set_.WaitForNotificationWithTimeout(options_.timeout)) {
     return absl::UnavailableError("the CUDA channel has no group yet (rendezvous not done)");
@@ -294,6 +331,8 @@ const std::string& CudaChannel::disabled_reason() const { return impl_->disabled
 void CudaChannel::SetGroup(const WorkerInfo& self, const std::vector<WorkerInfo>& book) {
   impl_->SetGroup(self, book);
 }
+
+void CudaChannel::UpdatePeer(const WorkerInfo& peer) { impl_->UpdatePeer(peer); }
 
 CudaRoute CudaChannel::RouteTo(WorkerId peer, int src, int dst) const {
   return impl_->RouteTo(peer, src, dst);

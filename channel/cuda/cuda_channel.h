@@ -116,6 +116,11 @@ class CudaChannel final : public Channel<wire::CudaPayload> {
 
   // The group, once rendezvous is done. Receiving waits for it.
   void SetGroup(const WorkerInfo& self, const std::vector<WorkerInfo>& book);
+  // A member's new process (elastic rejoin, same id): its endpoint
+  // replaces the old one; the old process's NCCL communicators fail and
+  // are forgotten (the next transfer sets one up with the new process),
+  // and IPC buffers it never released are freed after reclaim_after.
+  void UpdatePeer(const WorkerInfo& peer);
 
   // How a tensor on this process's GPU `src` reaches GPU `dst` of `peer`.
   CudaRoute RouteTo(WorkerId peer, int src, int dst) const;

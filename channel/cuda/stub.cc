@@ -19,6 +19,7 @@ CudaChannel::~CudaChannel() = default;
 const CudaEndpoint& CudaChannel::endpoint() const { return impl_->endpoint; }
 const std::string& CudaChannel::disabled_reason() const { return impl_->reason; }
 void CudaChannel::SetGroup(const WorkerInfo&, const std::vector<WorkerInfo>&) {}
+void CudaChannel::UpdatePeer(const WorkerInfo&) {}
 CudaRoute CudaChannel::RouteTo(WorkerId, int, int) const { return CudaRoute::kStaged; }
 
 std::optional<wire::CudaPayload> CudaChannel::Send(WorkerId, const at::Tensor&, int) {
