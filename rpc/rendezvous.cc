@@ -171,8 +171,9 @@ void Agent::Impl::HandleJoin(const wire::JoinRequest& join,
     UpdatePeer(*rejoined);
     AnnounceRejoin(*rejoined, absl::Seconds(10));
     to_answer.push_back(std::move(responder));
-    std::cerr << "remora: worker '" << rejoined->name << "' registered again from " << rejoined->address
-              << " and took its place in the group\n";
+    // One write: the master's progress lines go on meanwhile.
+    std::cerr << absl::StrCat("remora: worker '", rejoined->name, "' registered again from ", rejoined->address,
+                              " and took its place in the group\n");
   } else {
     SetBook(book);  // (once; a retried join finds it set)
   }

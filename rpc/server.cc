@@ -103,8 +103,8 @@ grpc::ServerGenericBidiReactor* Agent::Impl::CreateReactor(
     return new Reject(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "not a remora method"));
   }
   if (!TokenMatches(*ctx, agent_->options_.token)) {
-    std::cerr << "remora: '" << agent_->self_.name << "' rejected a call from " << ctx->peer()
-              << ": missing or wrong token\n";
+    std::cerr << absl::StrCat("remora: '", agent_->self_.name, "' rejected a call from ", ctx->peer(),
+                              ": missing or wrong token\n");  // one write, whatever else prints
     if (agent_->options_.is_master) NoteRefused(ctx->peer(), "missing or wrong token (REMORA_TOKEN / --token-file)");
     return new Reject(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                                    "missing or wrong remora token (REMORA_TOKEN / --token-file)"));

@@ -275,8 +275,8 @@ void CudaChannel::Impl::Warn(WorkerId peer, const absl::Status& why) {
     name = peers_.count(peer) ? peers_[peer].name : absl::StrCat("#", peer);
     self = self_.name;
   }
-  std::cerr << "remora: '" << self << "' -> '" << name << "': " << why.message()
-            << "; CUDA tensors to it go through host memory for now\n";
+  std::cerr << absl::StrCat("remora: '", self, "' -> '", name, "': ", why.message(),
+                            "; CUDA tensors to it go through host memory for now\n");  // one write
 }
 
 void CudaChannel::Impl::Wake() {
