@@ -79,26 +79,22 @@ void CudaChannel::Impl::UpdatePeer(const WorkerInfo& peer) {
     if (peer.name == self_.name) return;
     peers_[peer.id] = peer;
     warned_.erase(peer.id);
-    auto of_peer = [&peer](const auto& key) { return std::get<0>(key) == peer.id; };
-    for (auto it = send_comms_.begin(); it != send_comms_.end();) {
-      if (!of_peer(it->first)) {
-        ++it;
-        continue;
+    // Drops the peer's entries of a map keyed by (peer, ...), each value
+    // passed to `take` first.
+    auto forget = [&peer](auto& by_key, auto take) {
+      for (auto it = by_key.begin(); it != by_key.end();) {
+        if (std::get<0>(it->first) != peer.id) {
+          ++it;
+          continue;
+        }
+        take(it->second);
+        it = by_key.erase(it);
       }
-      stale.push_back(std::move(it->second));
-      it = send_comms_.erase(it);
-    }
-    for (auto it = recv_comms_.begin(); it != recv_comms_.end();) {
-      if (!of_peer(it->first)) {
-        ++it;
-        continue;
-      }
-      stale.push_back(std::move(it->second));
-      it = recv_comms_.erase(it);
-    }
-    for (auto it = broken_until_.begin(); it != broken_until_.end();) {
-      it = of_peer(it->first) ? broken_until_.erase(it) : std::next(it);
-    }
+    };
+    auto keep = [&stale](std::shared_ptr<Comm>& c) { stale.push_back(std::move(c)); };
+    forget(send_comms_, keep);
+    forget(recv_comms_, keep);
+    forget(broken_until_, [](const auto&) {});
     for (auto& [id, held] : held_) {
       if (held.peer == peer.id) held.orphaned = true;  // the old process will never release it
     }
