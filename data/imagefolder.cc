@@ -182,12 +182,11 @@ Taps MakeTaps(double start, double len, int in_size, int total, int skip, int n)
     const double center = start + (skip + i + 0.5) * scale;
     const int lo = std::max(edge_lo, static_cast<int>(std::floor(center - support + 0.5)));
     const int hi = std::min({edge_hi, static_cast<int>(std::floor(center + support + 0.5)), lo + t.stride});
+    auto triangle = [center, support](int x) { return std::max(0.0, 1.0 - std::abs((x - center + 0.5) / support)); };
     float* w = t.w.data() + static_cast<size_t>(i) * t.stride;
     double sum = 0;
-    for (int x = lo; x < hi; ++x) sum += std::max(0.0, 1.0 - std::abs((x - center + 0.5) / support));
-    for (int x = lo; x < hi; ++x) {
-      w[x - lo] = static_cast<float>(std::max(0.0, 1.0 - std::abs((x - center + 0.5) / support)) / sum);
-    }
+    for (int x = lo; x < hi; ++x) sum += triangle(x);
+    for (int x = lo; x < hi; ++x) w[x - lo] = static_cast<float>(triangle(x) / sum);
     t.first[i] = lo;
     t.count[i] = std::max(0, hi - lo);
   }
@@ -537,17 +536,18 @@ absl::StatusOr<Batch> ImageFolder::Get(const at::Tensor& rows, int epoch) const 
 at::Tensor ImageFolder::BatchMemory(int64_t n) const {
   constexpr size_t kKept = 6;  // batches in flight: prefetched, being split, saved for backward
   const int64_t s = options_.image_size;
+  // No tensor but recent_'s own refers to the memory any more.
+  auto unused = [](const at::Tensor& t) { return t.storage().use_count() == 1; };
   MutexLock lock(recent_mu_);
   // Free memory of another batch size (an epoch's short last batch) is
   // not kept for later: only sizes in use stay held.
   recent_.erase(std::remove_if(recent_.begin(), recent_.end(),
-                               [n](const at::Tensor& t) { return t.size(0) != n && t.storage().use_count() == 1; }),
+                               [&](const at::Tensor& t) { return t.size(0) != n && unused(t); }),
                 recent_.end());
   // Each batch gets its own tensor (an alias of the memory), so what a
   // caller does to its shape stays with it.
   for (const at::Tensor& t : recent_) {
-    // No tensor but recent_'s own refers to the memory any more.
-    if (t.size(0) == n && t.storage().use_count() == 1) return t.alias();
+    if (t.size(0) == n && unused(t)) return t.alias();
   }
   at::Tensor fresh = at::empty({n, 3, s, s}, at::kFloat);
   if (recent_.size() == kKept) recent_.erase(recent_.begin());
