@@ -90,6 +90,27 @@ void WriteJpeg(const std::string& path, int w, int h, const std::vector<uint8_t>
   std::fclose(f);
 }
 
+// DIR/train/<classes[c]>/ and DIR/val/<classes[c]>/ with `train` and `val`
+// 24 x 20 images per class, PNG and JPEG in turn; pixel (x, y, channel) of
+// image i of class c is pixel(c, i, x, y, channel).
+void WriteClassFolders(const std::string& dir, const std::vector<std::string>& classes, int train, int val,
+                       const std::function<int(int, int, int, int, int)>& pixel) {
+  for (const std::string split : {"train", "val"}) {
+    for (int c = 0; c < static_cast<int>(classes.size()); ++c) {
+      const std::string cls = absl::StrCat(dir, "/", split, "/", classes[c]);
+      fs::create_directories(cls);
+      for (int i = 0; i < (split == "train" ? train : val); ++i) {
+        const auto px = Pixels(24, 20, [&pixel, c, i](int x, int y, int ch) { return pixel(c, i, x, y, ch); });
+        if (i % 2) {
+          WriteJpeg(absl::StrCat(cls, "/", i, ".jpg"), 24, 20, px);
+        } else {
+          WritePng(absl::StrCat(cls, "/", i, ".png"), 24, 20, px);
+        }
+      }
+    }
+  }
+}
+
 std::string Slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -404,23 +425,10 @@ std::vector<double> EpochLosses(const std::string& out) {
 // file stops the run naming it, or is skipped and counted.
 TEST(ImageFolderMaster, TrainsLocallyAndOverWorkersAlikeAndNamesBadFiles) {
   const std::string dir = FreshDir("master");
-  for (const char* split : {"train", "val"}) {
-    for (int c = 0; c < 2; ++c) {
-      const std::string cls = absl::StrCat(dir, "/", split, "/", c == 0 ? "red" : "blue");
-      fs::create_directories(cls);
-      for (int i = 0; i < (std::string(split) == "train" ? 6 : 2); ++i) {
-        const auto px = Pixels(24, 20, [c, i](int x, int y, int ch) {
-          const int base = (ch == 0) == (c == 0) ? 200 : 30;
-          return base + (x * 7 + y * 5 + i * 11) % 40;
-        });
-        if (i % 2) {
-          WriteJpeg(absl::StrCat(cls, "/", i, ".jpg"), 24, 20, px);
-        } else {
-          WritePng(absl::StrCat(cls, "/", i, ".png"), 24, 20, px);
-        }
-      }
-    }
-  }
+  WriteClassFolders(dir, {"red", "blue"}, 6, 2, [](int c, int i, int x, int y, int ch) {
+    const int base = (ch == 0) == (c == 0) ? 200 : 30;
+    return base + (x * 7 + y * 5 + i * 11) % 40;
+  });
   torch::jit::Module model("Sequential"), flat("Flatten");
   flat.define("def forward(self, x):\n  return x.flatten(1)\n");
   model.register_module("f", flat);
@@ -566,22 +574,10 @@ TEST(ImageFolderMaster, TrainsLocallyAndOverWorkersAlikeAndNamesBadFiles) {
 TEST(ImageFolderMaster, ACnnLearnsTheClassesInEveryModeAndAResumedRunEndsAsOneThatNeverStopped) {
   const std::string dir = FreshDir("learn");
   const int colours[4][3] = {{200, 60, 50}, {50, 190, 70}, {60, 70, 200}, {180, 180, 60}};
-  for (const std::string split : {"train", "val"}) {
-    for (int c = 0; c < 4; ++c) {
-      const std::string cls = absl::StrCat(dir, "/", split, "/class", c);
-      fs::create_directories(cls);
-      for (int i = 0; i < (split == "train" ? 12 : 4); ++i) {
-        const auto px = Pixels(24, 20, [&colours, c, i](int x, int y, int ch) {
-          return colours[c][ch] + (x * 13 + y * 7 + i * 29 + ch * 5) % 50 - 25;
-        });
-        if (i % 2) {
-          WriteJpeg(absl::StrCat(cls, "/", i, ".jpg"), 24, 20, px);
-        } else {
-          WritePng(absl::StrCat(cls, "/", i, ".png"), 24, 20, px);
-        }
-      }
-    }
-  }
+  WriteClassFolders(dir, {"class0", "class1", "class2", "class3"}, 12, 4,
+                    [&colours](int c, int i, int x, int y, int ch) {
+                      return colours[c][ch] + (x * 13 + y * 7 + i * 29 + ch * 5) % 50 - 25;
+                    });
   const std::string model = TempPath("imagefolder_cnn.pt");
   test_support::ScriptSmallCnn(4, 5).save(model);
   auto master = [&](const std::string& workers, const std::string& addr, const std::string& ckpt) {
