@@ -112,6 +112,18 @@ Job StartJob(const std::string& tag, const std::vector<std::string>& names, cons
   }
 }
 
+// SIGKILLs the job's worker `i` and, once the master waits for a worker
+// to register again as `name`, starts a new process under that name
+// (logging to files named after `tag`), as a supervisor would.
+::testing::AssertionResult RestartWhenAwaited(Job& job, size_t i, const std::string& name, const std::string& tag) {
+  job.workers[i]->Signal(SIGKILL);
+  ::testing::AssertionResult awaited = Reached(job, absl::StrCat("for a worker to register again as '", name, "'"));
+  if (!awaited) return awaited;
+  job.workers[i]->Wait(absl::Seconds(10)).IgnoreError();
+  job.workers[i] = StartWorker(name, job.addr, tag);
+  return ::testing::AssertionSuccess();
+}
+
 std::string ToyData() {
   const std::string data = std::filesystem::path(TempPath("elastic_toy")).lexically_normal().string();
   test_support::WriteToyIdx(data, 320, 100);  // 10 batches of 32 per epoch, 3 epochs
@@ -162,10 +174,7 @@ TEST(Elastic, AJobThatLosesWorkersGoesOnAndEndsEqualToOneThatLostNone) {
   ASSERT_TRUE(Reached(job, "checkpoint: step ", "worker 'w2' registered again"));
   job.workers[0]->Signal(SIGKILL);
   ASSERT_TRUE(Reached(job, "checkpoint: step ", "elastic: recovery 2 of 3"));
-  job.workers[2]->Signal(SIGKILL);
-  ASSERT_TRUE(Reached(job, "for a worker to register again as 's1'"));
-  job.workers[2]->Wait(absl::Seconds(10)).IgnoreError();
-  job.workers[2] = StartWorker("s1", job.addr, "elastic_s1_again");
+  ASSERT_TRUE(RestartWhenAwaited(job, 2, "s1", "elastic_s1_again"));
   const int code = job.master->Wait(absl::Seconds(200)).value_or(-1);
   const std::string out = ReadFile(job.log);
   ASSERT_EQ(code, 0) << out;
@@ -231,10 +240,7 @@ TEST(Elastic, ALostParameterServerShardAndComputeWorkerAreReplaced) {
   ASSERT_TRUE(Reached(job, "checkpoint: step 6 "));
   job.workers[1]->Signal(SIGKILL);
   ASSERT_TRUE(Reached(job, "checkpoint: step 15 "));
-  job.workers[3]->Signal(SIGKILL);
-  ASSERT_TRUE(Reached(job, "for a worker to register again as 'w2'"));
-  job.workers[3]->Wait(absl::Seconds(10)).IgnoreError();
-  job.workers[3] = StartWorker("w2", job.addr, "elastic_ps_rejoined");
+  ASSERT_TRUE(RestartWhenAwaited(job, 3, "w2", "elastic_ps_rejoined"));
   const int code = job.master->Wait(absl::Seconds(200)).value_or(-1);
   const std::string out = ReadFile(job.log);
   ASSERT_EQ(code, 0) << out;
@@ -292,10 +298,7 @@ TEST(Elastic, ALossBeyondMaxRestartsFailsTheJobSayingSo) {
                      {"--checkpoint-dir", dir, "--checkpoint-every", "3", "--max-restarts", "1",
                       "--rejoin-timeout", "60"});
   ASSERT_TRUE(Reached(job, "checkpoint: step 6 "));
-  job.workers[1]->Signal(SIGKILL);
-  ASSERT_TRUE(Reached(job, "for a worker to register again as 'w2'"));
-  job.workers[1]->Wait(absl::Seconds(10)).IgnoreError();
-  job.workers[1] = StartWorker("w2", job.addr, "elastic_twice_again");
+  ASSERT_TRUE(RestartWhenAwaited(job, 1, "w2", "elastic_twice_again"));
   ASSERT_TRUE(Reached(job, "checkpoint: step 12 "));
   job.workers[1]->Signal(SIGKILL);
   const int code = job.master->Wait(absl::Seconds(60)).value_or(-1);
