@@ -254,8 +254,10 @@ Future<Empty> Deliver(Agent& agent, DistContext& context, const std::vector<at::
   for (auto& [key, grads_out] : outgoing) {
     c10::List<at::Tensor> list;
     for (auto& g : grads_out) list.push_back(g);
+    // The receiver's backward queues its kernels behind the copies on the
+    // GPU; whoever reads or applies the gradients settles first.
     sent.push_back(agent.rpc_async(agent.NameOf(key.first), "remora.autograd.propagate",
-                                   {context.id(), key.second, list, retain_graph}));
+                                   {context.id(), key.second, list, retain_graph}, StreamOrdered()));
   }
   return WhenAll(sent);
 }
@@ -486,6 +488,7 @@ absl::StatusOr<std::vector<std::pair<at::Tensor, at::Tensor>>> get_gradients(
   if (!context) {
     return absl::NotFoundError(absl::StrCat("unknown distributed autograd context ", context_id));
   }
+  RETURN_IF_ERROR(agent.settle_cuda_receives());
   return context->Gradients();
 }
 
@@ -497,6 +500,7 @@ absl::StatusOr<at::Tensor> get_gradient(Agent& agent, int64_t context_id,
   if (!context) {
     return absl::NotFoundError(absl::StrCat("unknown distributed autograd context ", context_id));
   }
+  RETURN_IF_ERROR(agent.settle_cuda_receives());
   return context->Gradient(parameter);
 }
 

@@ -27,6 +27,7 @@ struct CudaStats {
   int64_t opened_handles = 0;   // peers' allocations opened here
   int64_t communicators = 0;    // live NCCL communicators, both directions
   int64_t aborted = 0;          // communicators aborted after a failure
+  int64_t stream_ordered = 0;   // receives whose copy a stream waited for on the GPU
 };
 
 }  // namespace remora

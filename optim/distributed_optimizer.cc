@@ -173,6 +173,9 @@ absl::Status StepHere(Agent& agent, const RRef& optimizer, int64_t context_id) {
     return absl::NotFoundError(absl::StrCat("stepping the optimizer on worker '", agent.self().name,
                                             "': unknown distributed autograd context ", context_id));
   }
+  // Gradients that came GPU to GPU: their copies must have completed.
+  RETURN_IF_ERROR(Annotate(agent.settle_cuda_receives(),
+                           absl::StrCat("stepping the optimizer on worker '", agent.self().name, "'")));
   MutexLock lock(object->mutex());  // one method of the object at a time
   try {
     object->get<LocalOptimizer>()->Step(*context);
@@ -206,6 +209,10 @@ absl::Status RegisterFunctions(Registry& registry) {
           if (!context) {
             throw std::invalid_argument(
                 absl::StrCat("step: unknown distributed autograd context ", args[0].toInt()));
+          }
+          // Gradients that came GPU to GPU: their copies must have completed.
+          if (absl::Status s = ctx.agent->settle_cuda_receives(); !s.ok()) {
+            throw std::runtime_error(absl::StrCat("step on worker '", ctx.agent->self().name, "': ", s.message()));
           }
           opt.Step(*context);
           return c10::IValue();

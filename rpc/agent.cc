@@ -30,6 +30,14 @@ absl::Duration SyncSpin(const AgentOptions& options) {
   return options.sync_spin;
 }
 
+CudaChannel::Options CudaOptions(const AgentOptions& options) {
+  CudaChannel::Options o;
+  o.enabled = OnUnlessEnvOff(options.cuda_channel, "REMORA_CUDA_CHANNEL");
+  o.timeout = options.rpc_timeout;
+  o.stream_ordered_receives = OnUnlessEnvOff(true, "REMORA_CUDA_STREAM_RECEIVES");
+  return o;
+}
+
 }  // namespace
 
 Agent::Impl::Impl(Agent* agent)
@@ -42,8 +50,7 @@ Agent::Impl::Impl(Agent* agent)
           agent->options_.shm_max_bytes})),
       channel_credentials_(MakeChannelCredentials(agent->options_.tls)),
       cuda_(std::make_unique<CudaChannel>(
-          CudaChannel::Options{OnUnlessEnvOff(agent->options_.cuda_channel, "REMORA_CUDA_CHANNEL"),
-                               agent->options_.rpc_timeout},
+          CudaOptions(agent->options_),
           [this](WorkerId peer, wire::Request request, absl::Duration timeout) {
             return SendAndWait(peer, std::move(request), timeout);
           })) {}
@@ -172,6 +179,10 @@ absl::StatusOr<std::string> Agent::channel_to(const std::string& name,
 ShmStats Agent::shm_stats() const { return impl_->shm_->stats(); }
 
 CudaStats Agent::cuda_stats() const { return impl_->cuda_->stats(); }
+
+absl::Status Agent::settle_cuda_receives() {
+  return impl_->cuda_->Settle(absl::Now() + options_.rpc_timeout);
+}
 
 std::string Agent::cuda_disabled_reason() const { return impl_->cuda_->disabled_reason(); }
 

@@ -71,7 +71,21 @@ struct RRefStats {
 struct CallOptions {
   // Zero means the agent's rpc_timeout.
   absl::Duration timeout = absl::ZeroDuration();
+  // CUDA tensors of the call that go GPU to GPU reach the callee's handler
+  // before their copy has completed: LibTorch's current stream there (the
+  // default one) waits for it on the GPU instead of the receiving thread on
+  // the host. Only for handlers that queue their CUDA work on that stream
+  // and call Agent::settle_cuda_receives before the host reads a result
+  // (the pipeline's pushes, distributed autograd's gradients).
+  bool stream_ordered = false;
 };
+
+// CallOptions with stream_ordered set.
+inline CallOptions StreamOrdered() {
+  CallOptions options;
+  options.stream_ordered = true;
+  return options;
+}
 
 // A reference to a value that lives on a worker.
 //

@@ -25,8 +25,10 @@
 #           128x128, torchvision's two-part cut) over two `worker --device
 #           cuda:0` at --splits 1 and 8, 6 batches, against `master --local
 #           --device cuda:0` at the same splits (steady_batch_s side by side),
-#           and the master-centred protocol (REMORA_STEP_PROTOCOL=master);
-#           a Perfetto trace of --splits 1 (OUTDIR/protocol_trace.json)
+#           the same with receives waiting on the host
+#           (REMORA_CUDA_STREAM_RECEIVES=0) and the master-centred protocol
+#           (REMORA_STEP_PROTOCOL=master); a Perfetto trace of --splits 1
+#           (OUTDIR/protocol_trace.json)
 #   dp      data parallelism on the GPU: CudaProcessGroup.* and
 #           CudaDataParallel.* with REMORA_DEBUG=channels, then ResNet50
 #           (64x64) as --replicas 2 over two `worker --device cuda:0`
@@ -183,6 +185,9 @@ step_protocol() {
   echo "== the step protocol at --splits 1, traced (open in https://ui.perfetto.dev)"
   two_gpu_workers 120 --partition tutorial --splits 1 --batches 4 \
     --trace "$out/protocol_trace.json" || rc=1
+  echo "== the step protocol, receives waiting on the host (REMORA_CUDA_STREAM_RECEIVES=0)"
+  REMORA_CUDA_STREAM_RECEIVES=0 two_gpu_workers 300 --partition tutorial --splits 1,8 --batches 6 \
+    --report "$out/protocol_host_wait_report.json" || rc=1
   echo "== the master-centred protocol (REMORA_STEP_PROTOCOL=master), for comparison"
   REMORA_STEP_PROTOCOL=master two_gpu_workers 300 --partition tutorial --splits 1,8 --batches 6 \
     --report "$out/protocol_master_report.json" || rc=1

@@ -7,8 +7,9 @@
 //                    releases
 //   nccl.cc          NCCL: communicators, their set-up and abort, transfers
 //
-// Thread-safety: as annotated; lock order: a Comm's mu before mu_ or
-// queue_mu_, open_mu_ before mu_. Ownership: the CudaChannel owns its Impl;
+// Thread-safety: as annotated; lock order: poll_mu_ before a Comm's mu,
+// a Comm's mu before mu_ or queue_mu_, open_mu_ before mu_; pending_mu_
+// is taken alone. Ownership: the CudaChannel owns its Impl;
 // the Impl owns its communicators, held buffers, events and streams.
 // Include only from channel/cuda/.
 #pragma once
@@ -78,6 +79,35 @@ class CudaChannel::Impl {
   absl::Status ReceiveNccl(const WorkerInfo& peer, const wire::CudaPayload& d, uint64_t length,
                            at::Tensor& out);
 
+  // --- stream-ordered receives (see cuda_channel.h) ---------------------
+
+  // A receive whose copy LibTorch's stream waits for on the GPU, until the
+  // background thread or Settle sees it done, failed or late.
+  struct Pending {
+    uint64_t seq = 0;
+    cudaEvent_t done = nullptr;  // recorded after the copy; owned
+    WorkerId peer = 0;
+    uint64_t buffer = 0;         // CUDA IPC: the sender's, released once done
+    std::shared_ptr<Comm> comm;  // NCCL: failed and aborted when it is late
+    absl::Time deadline;
+    std::string what;            // "CUDA IPC payload from 'w1'", ...
+  };
+
+  // Whether a receive of `d` leaves its copy to LibTorch's stream.
+  bool StreamOrdered(const wire::CudaPayload& d) const;
+
+  // Makes LibTorch's current stream of `device` (current on this thread)
+  // wait for `p.done` and hands `p` to the background thread. Takes
+  // `p.done` in every case.
+  absl::Status LeaveToStream(int device, Pending p);
+
+  // Settles the pending receives that completed, failed or are late
+  // (their buffers released, failures kept for Settle); true while any
+  // are left.
+  bool PollReceives();
+
+  absl::Status Settle(absl::Time deadline);
+
   // --- control requests ------------------------------------------------
 
   absl::Status OnNcclSetup(WorkerId from, const wire::NcclSetup& setup);
@@ -144,7 +174,7 @@ class CudaChannel::Impl {
   absl::Notification group_set_;
 
   std::atomic<int64_t> ipc_sends_{0}, ipc_receives_{0}, nccl_sends_{0}, nccl_receives_{0},
-      aborted_{0};
+      aborted_{0}, stream_ordered_{0};
 
   // Lock order: a Comm's mu before mu_ or queue_mu_; open_mu_ before mu_.
   absl::Mutex mu_;
@@ -171,9 +201,17 @@ class CudaChannel::Impl {
   absl::Mutex queue_mu_;
   bool stopping_ ABSL_GUARDED_BY(queue_mu_) = false;
   bool wake_ ABSL_GUARDED_BY(queue_mu_) = false;
-  bool sends_in_flight_ ABSL_GUARDED_BY(queue_mu_) = false;
+  bool in_flight_ ABSL_GUARDED_BY(queue_mu_) = false;  // NCCL sends or stream-ordered receives
   std::map<WorkerId, std::vector<uint64_t>> releases_ ABSL_GUARDED_BY(queue_mu_);
   std::vector<std::pair<WorkerId, wire::Request>> outbox_ ABSL_GUARDED_BY(queue_mu_);
+
+  // Stream-ordered receives, oldest first (by seq). One poll at a time
+  // (the background thread's or a Settle's): it alone destroys events.
+  absl::Mutex poll_mu_;
+  absl::Mutex pending_mu_;
+  std::deque<Pending> pending_ ABSL_GUARDED_BY(pending_mu_);
+  uint64_t next_pending_ ABSL_GUARDED_BY(pending_mu_) = 1;
+  absl::Status pending_failure_ ABSL_GUARDED_BY(pending_mu_);  // the first since the last Settle
   std::thread background_;
 };
 

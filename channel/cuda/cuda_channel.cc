@@ -38,6 +38,9 @@ CudaChannel::Impl::~Impl() {
   events_.clear();
   for (auto& [device, stream] : copy_streams_) ReleaseStream(stream);
   copy_streams_.clear();
+  MutexLock pending_lock(pending_mu_);
+  for (Pending& p : pending_) cudaEventDestroy(p.done);  // freed once complete
+  pending_.clear();
 }
 
 void CudaChannel::Impl::Stop() {
@@ -214,6 +217,128 @@ absl::StatusOr<at::Tensor> CudaChannel::Impl::Receive(WorkerId from, const wire:
   return out;
 }
 
+bool CudaChannel::Impl::StreamOrdered(const wire::CudaPayload& d) const {
+#ifdef REMORA_TORCH_CUDA
+  return d.stream_ordered() && options_.stream_ordered_receives;
+#else
+  (void)d;
+  return false;  // no LibTorch stream to hand the wait to
+#endif
+}
+
+absl::Status CudaChannel::Impl::LeaveToStream(int device, Pending p) {
+#ifdef REMORA_TORCH_CUDA
+  cudaStream_t consumer =
+      c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+  if (cudaError_t e = cudaStreamWaitEvent(consumer, p.done, 0); e != cudaSuccess) {
+    cudaEventDestroy(p.done);
+    return CudaFailure(p.what + ": ordering LibTorch's stream after the copy", e);
+  }
+  stream_ordered_.fetch_add(1);
+  {
+    MutexLock lock(pending_mu_);
+    p.seq = next_pending_++;
+    pending_.push_back(std::move(p));
+  }
+  Wake();  // polls every 2 ms from now on
+  return absl::OkStatus();
+#else
+  (void)device;
+  cudaEventDestroy(p.done);
+  return absl::FailedPreconditionError(p.what + ": stream-ordered receives need LibTorch's CUDA API");
+#endif
+}
+
+bool CudaChannel::Impl::PollReceives() {
+  MutexLock poll(poll_mu_);
+  std::vector<Pending> now;
+  {
+    MutexLock lock(pending_mu_);
+    now.assign(pending_.begin(), pending_.end());
+  }
+  if (now.empty()) return false;
+  // An aborted communicator's kernels end without the bytes.
+  auto comm_failure = [](const std::shared_ptr<Comm>& comm) {
+    if (comm == nullptr) return absl::OkStatus();
+    MutexLock lock(comm->mu);
+    return comm->state == Comm::State::kFailed ? comm->ErrorLocked() : absl::OkStatus();
+  };
+  // What each settled one came to (pending ones are left out).
+  std::vector<std::pair<uint64_t, absl::Status>> settled;
+  const absl::Time t = absl::Now();
+  for (const Pending& p : now) {
+    const cudaError_t e = cudaEventQuery(p.done);
+    absl::Status s;
+    if (e == cudaSuccess) {
+      s = comm_failure(p.comm);
+    } else if (e != cudaErrorNotReady) {
+      s = CudaFailure(p.what, e);
+    } else if (absl::Status failed = comm_failure(p.comm); !failed.ok()) {
+      s = std::move(failed);
+    } else if (t > p.deadline) {
+      s = absl::DeadlineExceededError(absl::StrCat(
+          p.what, ": the copy did not complete within ", absl::FormatDuration(options_.timeout),
+          " (is the sender alive?)"));
+    } else {
+      continue;
+    }
+    settled.emplace_back(p.seq, std::move(s));
+  }
+  bool left;
+  {
+    MutexLock lock(pending_mu_);
+    for (const auto& [seq, s] : settled) {
+      if (!s.ok() && pending_failure_.ok()) pending_failure_ = s;
+    }
+    auto is_settled = [&settled](const Pending& p) {
+      return std::any_of(settled.begin(), settled.end(), [&p](const auto& e) { return e.first == p.seq; });
+    };
+    pending_.erase(std::remove_if(pending_.begin(), pending_.end(), is_settled), pending_.end());
+    left = !pending_.empty();
+  }
+  for (const Pending& p : now) {
+    auto it = std::find_if(settled.begin(), settled.end(), [&p](const auto& e) { return e.first == p.seq; });
+    if (it == settled.end()) continue;
+    if (it->second.ok() && p.buffer != 0) QueueRelease(p.peer, p.buffer);
+    if (!it->second.ok() && p.comm != nullptr) {
+      MutexLock lock(p.comm->mu);
+      if (p.comm->FailLocked(std::string(it->second.message()))) QueueAbort(*p.comm);
+    }
+    // A late copy's event is freed once it completes, if ever; its IPC
+    // buffer stays with the sender, which frees it after reclaim_after.
+    cudaEventDestroy(p.done);
+  }
+  return left;
+}
+
+absl::Status CudaChannel::Impl::Settle(absl::Time deadline) {
+  uint64_t mark;
+  {
+    MutexLock lock(pending_mu_);
+    if (pending_.empty() && pending_failure_.ok()) return absl::OkStatus();
+    mark = next_pending_;
+  }
+  absl::Duration pause = absl::Microseconds(10);
+  while (true) {
+    PollReceives();
+    {
+      MutexLock lock(pending_mu_);
+      if (pending_.empty() || pending_.front().seq >= mark) {
+        absl::Status s = std::move(pending_failure_);
+        pending_failure_ = absl::OkStatus();
+        return s;
+      }
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            pending_.front().what, ": its copy is still not done (is the sender alive?); work queued after "
+            "it on this process's GPU waits for it"));
+      }
+    }
+    absl::SleepFor(pause);
+    pause = std::min(pause * 2, absl::Milliseconds(1));
+  }
+}
+
 CudaChannel::Stats CudaChannel::Impl::stats() {
   Stats s;
   s.ipc_sends = ipc_sends_.load();
@@ -221,6 +346,7 @@ CudaChannel::Stats CudaChannel::Impl::stats() {
   s.nccl_sends = nccl_sends_.load();
   s.nccl_receives = nccl_receives_.load();
   s.aborted = aborted_.load();
+  s.stream_ordered = stream_ordered_.load();
   MutexLock lock(mu_);
   s.held_buffers = static_cast<int64_t>(held_.size());
   s.opened_handles = static_cast<int64_t>(opened_.size());
@@ -290,7 +416,7 @@ void CudaChannel::Impl::Background() {
         return wake_ || stopping_;
       };
       queue_mu_.AwaitWithTimeout(absl::Condition(&woken),
-                                 sends_in_flight_ ? absl::Milliseconds(2) : absl::Milliseconds(200));
+                                 in_flight_ ? absl::Milliseconds(2) : absl::Milliseconds(200));
       if (stopping_) return;
       wake_ = false;
       releases.swap(releases_);
@@ -309,9 +435,10 @@ void CudaChannel::Impl::Background() {
       control_(peer, std::move(request), absl::Seconds(10)).IgnoreError();
     }
     bool in_flight = PollSends();
+    if (PollReceives()) in_flight = true;
     ReclaimStale();
     MutexLock lock(queue_mu_);
-    sends_in_flight_ = in_flight;
+    in_flight_ = in_flight;
   }
 }
 
@@ -365,6 +492,8 @@ void CudaChannel::OnRelease(WorkerId from, const wire::CudaRelease& release) {
 }
 
 CudaChannel::Stats CudaChannel::stats() const { return impl_->stats(); }
+
+absl::Status CudaChannel::Settle(absl::Time deadline) { return impl_->Settle(deadline); }
 
 absl::StatusOr<double> MeasureDeviceCopyGbps(int device, size_t bytes, int reps) {
   if (LocalGpuCount() <= device || device < 0) {

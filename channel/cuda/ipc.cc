@@ -1,7 +1,8 @@
 // The CUDA channel's CUDA IPC half: a payload on a GPU that the receiver
 // shares is sent as handles to its allocation and to an event recorded
 // after its producer; the receiver opens both, copies on its own stream, and
-// releases the buffer, which the sender holds until then.
+// releases the buffer, which the sender holds until then (a stream-ordered
+// receive: once the background thread sees the copy done).
 #include "channel/cuda/channel_impl.h"
 
 namespace remora {
@@ -85,6 +86,11 @@ absl::Status CudaChannel::Impl::ReceiveIpc(const WorkerInfo& peer, const wire::C
   cudaEvent_t done;
   REMORA_CUDA_TRY(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), what);
   cudaError_t e = cudaEventRecord(done, stream);
+  if (e == cudaSuccess && StreamOrdered(d)) {
+    // LibTorch's stream waits for the copy; the buffer goes back once it is done.
+    return LeaveToStream(dst, Pending{0, done, peer.id, d.buffer(), nullptr, absl::Now() + options_.timeout,
+                                      what});
+  }
   absl::Status s = e == cudaSuccess
                        ? PollEvent(done, absl::Now() + options_.timeout, what + ": the copy")
                        : CudaFailure(what, e);

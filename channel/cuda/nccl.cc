@@ -167,6 +167,12 @@ absl::Status CudaChannel::Impl::ReceiveNccl(const WorkerInfo& peer, const wire::
     done = it->second;
     c->posted.erase(it);
   }
+  if (StreamOrdered(d)) {
+    // LibTorch's stream waits for the transfer; a late or failed one aborts
+    // the communicator (its kernel ends) and fails the next Settle.
+    return LeaveToStream(d.dst_device(), Pending{0, done, peer.id, 0, c, deadline,
+                                                 absl::StrCat(c->Describe(), ": transfer ", d.seq())});
+  }
   // Wait on the host: errors and a dead sender surface here, not as a
   // kernel that never ends.
   absl::Status s = PollEvent(done, deadline, absl::StrCat(c->Describe(), ": transfer ", d.seq()),

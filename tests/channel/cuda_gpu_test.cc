@@ -130,31 +130,51 @@ absl::StatusOr<launch::LocalGroup> StartWorkerOn(const Registry& registry, const
 }
 
 #ifdef REMORA_TORCH_CUDA
-// Sends a worker process on `device` (reached by `channel`) a tensor that a
+// 4 Mi elements of `value` on cuda:0, written on LibTorch's current stream
+// behind about half a second of matrix products (bounded; 27 TFLOP).
+at::Tensor FullBehindProducts(double value) {
+  const auto on0 = at::TensorOptions().device(Cuda(0));
+  at::Tensor a = at::randn({4096, 4096}, on0);
+  const at::Tensor b = at::randn({4096, 4096}, on0).div(64);
+  for (int i = 0; i < 200; ++i) a = at::matmul(a, b).tanh();
+  return at::full({1 << 22}, value, on0).add(a.sum().mul(0));
+}
+
+// Sends a worker process on `device` (reached by `channel`) tensors that a
 // side stream produces behind about half a second of matrix products, from
 // that stream and without waiting for it on the host: the channel must
 // order the transfer after the producer (an event on LibTorch's current
-// stream), or the worker copies stale memory.
-void ExpectSentAfterItsProducer(const std::string& device, const std::string& channel) {
+// stream), or the worker copies stale memory. `stream_ordered`: as the
+// pipeline's pushes and gradients go (CallOptions::stream_ordered), the
+// worker's handler queues its sum behind the copy on the GPU, with no wait
+// on the host, and reads it once its receives are settled.
+void ExpectSentAfterItsProducer(const std::string& device, const std::string& channel, bool stream_ordered) {
   Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
   auto group = StartWorkerOn(registry, device);
   ASSERT_TRUE(group.ok()) << group.status();
   Agent& master = *group->master;
-  ASSERT_EQ(master.channel_to("w1", "cuda:0").value(), channel);
+  ASSERT_EQ(master.channel_to("w1", "cuda:0").value(), channel) << master.cuda_disabled_reason();
   const auto on0 = at::TensorOptions().device(Cuda(0));
-  {
+  for (int round = 1; round <= 3; ++round) {
     c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, 0);
     c10::cuda::CUDAStreamGuard current(side);
-    at::Tensor a = at::randn({4096, 4096}, on0);
-    const at::Tensor b = at::randn({4096, 4096}, on0).div(64);
-    for (int i = 0; i < 200; ++i) a = at::matmul(a, b).tanh();  // bounded; 27 TFLOP in all
-    const at::Tensor x = at::full({1 << 22}, 7.0, on0).add(a.sum().mul(0));
-    auto y = master.rpc_sync("w1", "echo", {x});
-    ASSERT_TRUE(y.ok()) << y.status();
-    EXPECT_TRUE(at::equal(y->toTensor(), at::full({1 << 22}, 7.0, on0)))
-        << "the transfer read the tensor before its producer wrote it";
+    const double value = 0.5 * round;
+    if (!stream_ordered) {
+      auto y = master.rpc_sync("w1", "echo", {FullBehindProducts(value)});
+      ASSERT_TRUE(y.ok()) << y.status();
+      EXPECT_TRUE(at::equal(y->toTensor(), at::full({1 << 22}, value, on0)))
+          << "the transfer read the tensor before its producer wrote it";
+      continue;
+    }
+    auto r = master.rpc_sync("w1", "settled_sum", {FullBehindProducts(value)}, StreamOrdered());
+    ASSERT_TRUE(r.ok()) << r.status();
+    const auto t = r->toTupleRef().elements();
+    EXPECT_DOUBLE_EQ(t[0].toDouble(), value * (1 << 22)) << "the sum read the tensor before the copy";
+    EXPECT_EQ(t[1].toInt(), round) << "the receive waited on the host (REMORA_CUDA_STREAM_RECEIVES=0?)";
   }
+  EXPECT_TRUE(Eventually([&] { return master.cuda_stats().held_buffers == 0; }))
+      << "the worker never released " << master.cuda_stats().held_buffers << " buffers";
   ASSERT_TRUE(group->Shutdown().ok());
 }
 #endif
@@ -200,7 +220,19 @@ TEST(CudaGpu, IpcWaitsForAProducerOnAnotherStream) {
 #else
   REMORA_REQUIRE_CHANNEL();
   REMORA_REQUIRE_GPUS(1);
-  ExpectSentAfterItsProducer("cuda:0", "cuda_ipc");
+  ExpectSentAfterItsProducer("cuda:0", "cuda_ipc", /*stream_ordered=*/false);
+#endif
+}
+
+// The pipeline's pushes and gradients: the receive leaves its wait to the
+// worker's stream, on the GPU.
+TEST(CudaGpu, StreamOrderedIpcQueuesBehindTheCopyAndSettles) {
+#ifndef REMORA_TORCH_CUDA
+  GTEST_SKIP() << "needs a LibTorch with CUDA (its stream API) at build time";
+#else
+  REMORA_REQUIRE_CHANNEL();
+  REMORA_REQUIRE_GPUS(1);
+  ExpectSentAfterItsProducer("cuda:0", "cuda_ipc", /*stream_ordered=*/true);
 #endif
 }
 
@@ -210,7 +242,17 @@ TEST(CudaGpu, NcclWaitsForAProducerOnAnotherStream) {
 #else
   REMORA_REQUIRE_CHANNEL();
   REMORA_REQUIRE_GPUS(2);
-  ExpectSentAfterItsProducer("cuda:1", "nccl");
+  ExpectSentAfterItsProducer("cuda:1", "nccl", /*stream_ordered=*/false);
+#endif
+}
+
+TEST(CudaGpu, StreamOrderedNcclQueuesBehindTheTransferAndSettles) {
+#ifndef REMORA_TORCH_CUDA
+  GTEST_SKIP() << "needs a LibTorch with CUDA (its stream API) at build time";
+#else
+  REMORA_REQUIRE_CHANNEL();
+  REMORA_REQUIRE_GPUS(2);
+  ExpectSentAfterItsProducer("cuda:1", "nccl", /*stream_ordered=*/true);
 #endif
 }
 
@@ -304,7 +346,9 @@ TEST(CudaGpu, ResNetPipelineOnGpuWorkersMatchesLocalTraining) {
                                              TempPath(std::string(name) + ".log"))
                           .value());
   }
-  const std::vector<std::string> small = {"--batches", "1", "--batch-size", "8",
+  // Three batches: the later ones train on what the first's gradients,
+  // which came back GPU to GPU, did to the weights.
+  const std::vector<std::string> small = {"--batches", "3", "--batch-size", "8",
                                           "--image-size", "32", "--splits", "2"};
   std::vector<std::string> argv = {kBin + "/master", "--workers", "worker1,worker2",
                                    "--listen", addr, "--report", TempPath("gpu.json")};
@@ -323,14 +367,18 @@ TEST(CudaGpu, ResNetPipelineOnGpuWorkersMatchesLocalTraining) {
   local.insert(local.end(), small.begin(), small.end());
   auto [local_code, local_out] = RunProgram(local, absl::Seconds(240));
   ASSERT_EQ(local_code, 0) << local_out;
-  auto loss = [](const std::string& text) {
-    const auto at = text.find("batch=0 loss=");
-    return at == std::string::npos ? -1.0 : std::stod(text.substr(at + 13));
+  auto loss = [](const std::string& text, int b) {
+    const std::string key = absl::StrCat("batch=", b, " loss=");
+    const auto at = text.find(key);
+    return at == std::string::npos ? -1.0 : std::stod(text.substr(at + key.size()));
   };
-  ASSERT_GT(loss(out), 0) << out;
-  // Same weights, same images: the first batch's loss agrees (TF32 and
-  // kernel choices differ a little between the two runs).
-  EXPECT_NEAR(loss(out), loss(local_out), 2e-2 * loss(local_out));
+  // Same weights, same images: each batch's loss agrees (TF32 and kernel
+  // choices differ a little between the two runs; an activation or a
+  // gradient read before its copy completed would not).
+  for (int b = 0; b < 3; ++b) {
+    ASSERT_GT(loss(out, b), 0) << out;
+    EXPECT_NEAR(loss(out, b), loss(local_out, b), 2e-2 * loss(local_out, b)) << "batch " << b;
+  }
 }
 
 }  // namespace
