@@ -257,7 +257,8 @@ Future<Empty> Deliver(Agent& agent, DistContext& context, const std::vector<at::
     // The receiver's backward queues its kernels behind the copies on the
     // GPU; whoever reads or applies the gradients settles first.
     sent.push_back(agent.rpc_async(agent.NameOf(key.first), "remora.autograd.propagate",
-                                   {context.id(), key.second, list, retain_graph}, StreamOrdered()));
+                                   {context.id(), key.second, list, retain_graph},
+                                   StreamOrdered(context.id())));
   }
   return WhenAll(sent);
 }
@@ -488,7 +489,7 @@ absl::StatusOr<std::vector<std::pair<at::Tensor, at::Tensor>>> get_gradients(
   if (!context) {
     return absl::NotFoundError(absl::StrCat("unknown distributed autograd context ", context_id));
   }
-  RETURN_IF_ERROR(agent.settle_cuda_receives());
+  RETURN_IF_ERROR(agent.settle_cuda_receives(context_id));
   return context->Gradients();
 }
 
@@ -500,7 +501,7 @@ absl::StatusOr<at::Tensor> get_gradient(Agent& agent, int64_t context_id,
   if (!context) {
     return absl::NotFoundError(absl::StrCat("unknown distributed autograd context ", context_id));
   }
-  RETURN_IF_ERROR(agent.settle_cuda_receives());
+  RETURN_IF_ERROR(agent.settle_cuda_receives(context_id));
   return context->Gradient(parameter);
 }
 

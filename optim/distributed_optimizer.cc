@@ -174,7 +174,7 @@ absl::Status StepHere(Agent& agent, const RRef& optimizer, int64_t context_id) {
                                             "': unknown distributed autograd context ", context_id));
   }
   // Gradients that came GPU to GPU: their copies must have completed.
-  RETURN_IF_ERROR(Annotate(agent.settle_cuda_receives(),
+  RETURN_IF_ERROR(Annotate(agent.settle_cuda_receives(context_id),
                            absl::StrCat("stepping the optimizer on worker '", agent.self().name, "'")));
   MutexLock lock(object->mutex());  // one method of the object at a time
   try {
@@ -211,7 +211,7 @@ absl::Status RegisterFunctions(Registry& registry) {
                 absl::StrCat("step: unknown distributed autograd context ", args[0].toInt()));
           }
           // Gradients that came GPU to GPU: their copies must have completed.
-          if (absl::Status s = ctx.agent->settle_cuda_receives(); !s.ok()) {
+          if (absl::Status s = ctx.agent->settle_cuda_receives(args[0].toInt()); !s.ok()) {
             throw std::runtime_error(absl::StrCat("step on worker '", ctx.agent->self().name, "': ", s.message()));
           }
           opt.Step(*context);

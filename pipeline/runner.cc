@@ -346,7 +346,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
       if (stage + 1 < num_stages()) {
         // Straight to the next stage's worker; recorded in the context.
         agent_.rpc_async(plan_->stage_workers[stage + 1], "remora.pipeline.push",
-                         {plan_->id, b->context, stage + 1, mb, y}, StreamOrdered())
+                         {plan_->id, b->context, stage + 1, mb, y}, StreamOrdered(b->context))
             .then([self = shared_from_this(), b, stage, mb](const absl::StatusOr<c10::IValue>& r) {
               if (!r.ok()) {
                 self->Fail(b, Annotate(r.status(), absl::StrCat("pushing stage ", stage,
@@ -394,7 +394,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
     }
     // Activations and gradients that came GPU to GPU: their copies must
     // have completed (and not failed) before the step uses them.
-    absl::Status status = Annotate(agent_.settle_cuda_receives(),
+    absl::Status status = Annotate(agent_.settle_cuda_receives(b->context),
                                    absl::StrCat("batch ", b->context, " on worker '", agent_.self().name, "'"));
     if (status.ok() && participant) {
       // The replicas' gradient sum (ZeRO-1: and the step).

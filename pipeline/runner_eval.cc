@@ -199,7 +199,7 @@ void EvalRunner::EvalForward(const std::shared_ptr<EvalBatch>& b, int64_t stage,
   }
   if (stage + 1 < plan_->num_stages()) {
     agent_.rpc_async(plan_->stage_workers[stage + 1], "remora.pipeline.eval_push",
-                     {plan_->id, b->id, stage + 1, mb, y}, StreamOrdered())
+                     {plan_->id, b->id, stage + 1, mb, y}, StreamOrdered(b->id))
         .then([self = shared_from_this(), b, stage, mb](const absl::StatusOr<c10::IValue>& r) {
           if (!r.ok()) {
             self->FailEval(b, Annotate(r.status(), absl::StrCat("pushing stage ", stage,
@@ -257,7 +257,7 @@ void EvalRunner::Account(const std::shared_ptr<EvalBatch>& b, int64_t stage, int
     correct = std::move(b->correct);
   }
   // Activations that came GPU to GPU: their copies must have completed.
-  if (absl::Status s = agent_.settle_cuda_receives(); !s.ok()) {
+  if (absl::Status s = agent_.settle_cuda_receives(b->id); !s.ok()) {
     b->done.SetError(Annotate(s, absl::StrCat("evaluation on worker '", agent_.self().name, "'")));
     return;
   }

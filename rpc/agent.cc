@@ -180,8 +180,8 @@ ShmStats Agent::shm_stats() const { return impl_->shm_->stats(); }
 
 CudaStats Agent::cuda_stats() const { return impl_->cuda_->stats(); }
 
-absl::Status Agent::settle_cuda_receives() {
-  return impl_->cuda_->Settle(absl::Now() + options_.rpc_timeout);
+absl::Status Agent::settle_cuda_receives(int64_t group) {
+  return impl_->cuda_->Settle(group, absl::Now() + options_.rpc_timeout);
 }
 
 std::string Agent::cuda_disabled_reason() const { return impl_->cuda_->disabled_reason(); }

@@ -198,12 +198,13 @@ class Agent final {
   CudaStats cuda_stats() const;
   std::string cuda_disabled_reason() const;
   // Waits, for at most the rpc_timeout, until the copies of the CUDA
-  // tensors received here with CallOptions::stream_ordered so far have
-  // completed on the GPU; an error names the sender of one that failed or
-  // is late. Call it before the host reads what was computed from them
-  // (a loss, a count) or an optimizer applies their gradients. OK at once
-  // when there are none.
-  absl::Status settle_cuda_receives();
+  // tensors received here so far in stream group `group`
+  // (CallOptions::stream_group) have completed on the GPU; an error names
+  // the sender of one of them that failed or is late, or says that a copy
+  // that never completed blocks this process's GPU work. Call it before
+  // the host reads what was computed from them (a loss, a count) or an
+  // optimizer applies their gradients. OK at once when there are none.
+  absl::Status settle_cuda_receives(int64_t group);
   std::vector<WorkerInfo> workers() const;
   absl::StatusOr<WorkerInfo> worker(const std::string& name) const;
   const AgentOptions& options() const { return options_; }

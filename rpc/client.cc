@@ -326,7 +326,7 @@ Future<c10::IValue> Agent::Impl::Call(WorkerId dst, wire::CallRequest call,
     });
   }
   OutMessage m;
-  m.stream_ordered = options.stream_ordered;
+  m.stream_group = options.stream_group;
   wire::Request* request = m.header.mutable_request();
   request->set_from(agent_->self_.id);
   std::vector<at::Tensor> grad_tensors;

@@ -137,7 +137,7 @@ grpc::ByteBuffer SerializeMessage(OutMessage message, const Route& route,
       if (route.cuda != nullptr && dst >= 0) {
         if (auto d = route.cuda->Send(route.peer, p, dst)) {
           d->set_payload(static_cast<uint32_t>(i));
-          d->set_stream_ordered(message.stream_ordered);
+          d->set_stream_group(message.stream_group);
           if (cuda_sent != nullptr) cuda_sent->push_back(*d);
           *message.header.add_cuda_payloads() = std::move(*d);
           out_of_band[i] = true;

@@ -38,8 +38,8 @@ struct OutMessage {
   // By payload index: the receiver's GPU for a CUDA payload that should
   // arrive on one (-1 or missing: stage it through host memory).
   std::vector<int> cuda_destinations;
-  // CallOptions::stream_ordered: set on every CUDA payload's descriptor.
-  bool stream_ordered = false;
+  // CallOptions::stream_group: set on every CUDA payload's descriptor.
+  int64_t stream_group = 0;
 };
 
 struct InMessage {

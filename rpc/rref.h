@@ -71,19 +71,20 @@ struct RRefStats {
 struct CallOptions {
   // Zero means the agent's rpc_timeout.
   absl::Duration timeout = absl::ZeroDuration();
-  // CUDA tensors of the call that go GPU to GPU reach the callee's handler
-  // before their copy has completed: LibTorch's current stream there (the
-  // default one) waits for it on the GPU instead of the receiving thread on
-  // the host. Only for handlers that queue their CUDA work on that stream
-  // and call Agent::settle_cuda_receives before the host reads a result
-  // (the pipeline's pushes, distributed autograd's gradients).
-  bool stream_ordered = false;
+  // Nonzero: CUDA tensors of the call that go GPU to GPU reach the callee's
+  // handler before their copy has completed, and LibTorch's stream there
+  // (the default one) waits for it on the GPU instead of the receiving
+  // thread on the host. Only for handlers that queue their CUDA work on
+  // that stream and call Agent::settle_cuda_receives(stream_group) before
+  // the host reads a result (the pipeline's pushes and distributed
+  // autograd's gradients, grouped by the batch's context id).
+  int64_t stream_group = 0;
 };
 
-// CallOptions with stream_ordered set.
-inline CallOptions StreamOrdered() {
+// CallOptions whose CUDA tensors are stream-ordered in `group` (nonzero).
+inline CallOptions StreamOrdered(int64_t group) {
   CallOptions options;
-  options.stream_ordered = true;
+  options.stream_group = group;
   return options;
 }
 

@@ -81,32 +81,36 @@ class CudaChannel::Impl {
 
   // --- stream-ordered receives (see cuda_channel.h) ---------------------
 
-  // A receive whose copy LibTorch's stream waits for on the GPU, until the
-  // background thread or Settle sees it done, failed or late.
+  // A receive whose copy LibTorch's stream waits for on the GPU, watched by
+  // the background thread (and Settle) until the copy completes.
   struct Pending {
     uint64_t seq = 0;
-    cudaEvent_t done = nullptr;  // recorded after the copy; owned
+    int64_t group = 0;             // the descriptor's stream_group
+    cudaEvent_t done = nullptr;    // recorded after the copy; owned
     WorkerId peer = 0;
-    uint64_t buffer = 0;         // CUDA IPC: the sender's, released once done
-    std::shared_ptr<Comm> comm;  // NCCL: failed and aborted when it is late
+    uint64_t buffer = 0;           // CUDA IPC: the sender's, released once done
+    std::shared_ptr<Opened> mem;   // CUDA IPC: the mapping the copy reads
+    std::shared_ptr<Comm> comm;    // NCCL: failed and aborted when it is late
     absl::Time deadline;
-    std::string what;            // "CUDA IPC payload from 'w1'", ...
+    std::string what;              // "CUDA IPC payload from 'w1'", ...
+    bool late = false;             // its failure is reported; still watched
   };
 
   // Whether a receive of `d` leaves its copy to LibTorch's stream.
   bool StreamOrdered(const wire::CudaPayload& d) const;
 
   // Makes LibTorch's current stream of `device` (current on this thread)
-  // wait for `p.done` and hands `p` to the background thread. Takes
-  // `p.done` in every case.
-  absl::Status LeaveToStream(int device, Pending p);
+  // wait for `p.done` and hands `p` (moved from) to the background thread.
+  // False when the stream could not be ordered: `p` is left as it was, for
+  // the caller to wait on the host.
+  bool LeaveToStream(int device, Pending& p);
 
-  // Settles the pending receives that completed, failed or are late
-  // (their buffers released, failures kept for Settle); true while any
-  // are left.
+  // Settles the pending receives that completed (IPC buffers released),
+  // failed or are late (kept for Settle by group; a late copy is watched
+  // until it completes); true while any are left.
   bool PollReceives();
 
-  absl::Status Settle(absl::Time deadline);
+  absl::Status Settle(int64_t group, absl::Time deadline);
 
   // --- control requests ------------------------------------------------
 
@@ -211,7 +215,9 @@ class CudaChannel::Impl {
   absl::Mutex pending_mu_;
   std::deque<Pending> pending_ ABSL_GUARDED_BY(pending_mu_);
   uint64_t next_pending_ ABSL_GUARDED_BY(pending_mu_) = 1;
-  absl::Status pending_failure_ ABSL_GUARDED_BY(pending_mu_);  // the first since the last Settle
+  // By group: the first failure and when it was found; forgotten when
+  // settled or after twice the timeout (an abandoned batch's).
+  std::map<int64_t, std::pair<absl::Status, absl::Time>> failures_ ABSL_GUARDED_BY(pending_mu_);
   std::thread background_;
 };
 

@@ -29,6 +29,17 @@ CudaChannel::Impl::~Impl() {
   }
   send_comms.clear();  // aborts
   recv_comms.clear();
+  std::deque<Pending> pending;
+  {
+    MutexLock lock(pending_mu_);
+    pending.swap(pending_);
+  }
+  for (Pending& p : pending) {
+    // A copy still queued keeps reading the sender's mapping: left open.
+    if (cudaEventQuery(p.done) != cudaSuccess && p.mem != nullptr) new std::shared_ptr<Opened>(p.mem);
+    cudaEventDestroy(p.done);  // freed once complete
+  }
+  pending.clear();
   MutexLock lock(mu_);
   held_.clear();
   opened_.clear();
@@ -38,9 +49,6 @@ CudaChannel::Impl::~Impl() {
   events_.clear();
   for (auto& [device, stream] : copy_streams_) ReleaseStream(stream);
   copy_streams_.clear();
-  MutexLock pending_lock(pending_mu_);
-  for (Pending& p : pending_) cudaEventDestroy(p.done);  // freed once complete
-  pending_.clear();
 }
 
 void CudaChannel::Impl::Stop() {
@@ -219,20 +227,20 @@ absl::StatusOr<at::Tensor> CudaChannel::Impl::Receive(WorkerId from, const wire:
 
 bool CudaChannel::Impl::StreamOrdered(const wire::CudaPayload& d) const {
 #ifdef REMORA_TORCH_CUDA
-  return d.stream_ordered() && options_.stream_ordered_receives;
+  return d.stream_group() != 0 && options_.stream_ordered_receives;
 #else
   (void)d;
   return false;  // no LibTorch stream to hand the wait to
 #endif
 }
 
-absl::Status CudaChannel::Impl::LeaveToStream(int device, Pending p) {
+bool CudaChannel::Impl::LeaveToStream(int device, Pending& p) {
 #ifdef REMORA_TORCH_CUDA
   cudaStream_t consumer =
       c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
-  if (cudaError_t e = cudaStreamWaitEvent(consumer, p.done, 0); e != cudaSuccess) {
-    cudaEventDestroy(p.done);
-    return CudaFailure(p.what + ": ordering LibTorch's stream after the copy", e);
+  if (cudaStreamWaitEvent(consumer, p.done, 0) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
   }
   stream_ordered_.fetch_add(1);
   {
@@ -240,98 +248,122 @@ absl::Status CudaChannel::Impl::LeaveToStream(int device, Pending p) {
     p.seq = next_pending_++;
     pending_.push_back(std::move(p));
   }
-  Wake();  // polls every 2 ms from now on
-  return absl::OkStatus();
+  Wake();  // polled every 2 ms from now on
+  return true;
 #else
-  (void)device;
-  cudaEventDestroy(p.done);
-  return absl::FailedPreconditionError(p.what + ": stream-ordered receives need LibTorch's CUDA API");
+  (void)device, (void)p;
+  return false;
 #endif
 }
 
 bool CudaChannel::Impl::PollReceives() {
-  MutexLock poll(poll_mu_);
+  // Destroyed last, outside poll_mu_: the last reference to a Comm joins
+  // its lane.
   std::vector<Pending> now;
+  bool left = false;
   {
-    MutexLock lock(pending_mu_);
-    now.assign(pending_.begin(), pending_.end());
-  }
-  if (now.empty()) return false;
-  // An aborted communicator's kernels end without the bytes.
-  auto comm_failure = [](const std::shared_ptr<Comm>& comm) {
-    if (comm == nullptr) return absl::OkStatus();
-    MutexLock lock(comm->mu);
-    return comm->state == Comm::State::kFailed ? comm->ErrorLocked() : absl::OkStatus();
-  };
-  // What each settled one came to (pending ones are left out).
-  std::vector<std::pair<uint64_t, absl::Status>> settled;
-  const absl::Time t = absl::Now();
-  for (const Pending& p : now) {
-    const cudaError_t e = cudaEventQuery(p.done);
-    absl::Status s;
-    if (e == cudaSuccess) {
-      s = comm_failure(p.comm);
-    } else if (e != cudaErrorNotReady) {
-      s = CudaFailure(p.what, e);
-    } else if (absl::Status failed = comm_failure(p.comm); !failed.ok()) {
-      s = std::move(failed);
-    } else if (t > p.deadline) {
-      s = absl::DeadlineExceededError(absl::StrCat(
-          p.what, ": the copy did not complete within ", absl::FormatDuration(options_.timeout),
-          " (is the sender alive?)"));
-    } else {
-      continue;
+    MutexLock poll(poll_mu_);
+    {
+      MutexLock lock(pending_mu_);
+      now.assign(pending_.begin(), pending_.end());
     }
-    settled.emplace_back(p.seq, std::move(s));
-  }
-  bool left;
-  {
-    MutexLock lock(pending_mu_);
-    for (const auto& [seq, s] : settled) {
-      if (!s.ok() && pending_failure_.ok()) pending_failure_ = s;
-    }
-    auto is_settled = [&settled](const Pending& p) {
-      return std::any_of(settled.begin(), settled.end(), [&p](const auto& e) { return e.first == p.seq; });
+    if (now.empty()) return false;
+    // An aborted communicator's kernels end without the bytes.
+    auto comm_failure = [](const std::shared_ptr<Comm>& comm) {
+      if (comm == nullptr) return absl::OkStatus();
+      MutexLock lock(comm->mu);
+      return comm->state == Comm::State::kFailed ? comm->ErrorLocked() : absl::OkStatus();
     };
-    pending_.erase(std::remove_if(pending_.begin(), pending_.end(), is_settled), pending_.end());
-    left = !pending_.empty();
-  }
-  for (const Pending& p : now) {
-    auto it = std::find_if(settled.begin(), settled.end(), [&p](const auto& e) { return e.first == p.seq; });
-    if (it == settled.end()) continue;
-    if (it->second.ok() && p.buffer != 0) QueueRelease(p.peer, p.buffer);
-    if (!it->second.ok() && p.comm != nullptr) {
-      MutexLock lock(p.comm->mu);
-      if (p.comm->FailLocked(std::string(it->second.message()))) QueueAbort(*p.comm);
+    std::set<uint64_t> completed, late;
+    std::vector<std::pair<int64_t, absl::Status>> failed;  // by group
+    const absl::Time t = absl::Now();
+    for (Pending& p : now) {
+      const cudaError_t e = cudaEventQuery(p.done);
+      absl::Status s;
+      if (e == cudaSuccess) {
+        completed.insert(p.seq);
+        s = comm_failure(p.comm);
+        if (s.ok() && p.buffer != 0) QueueRelease(p.peer, p.buffer);
+      } else if (e != cudaErrorNotReady) {
+        completed.insert(p.seq);  // the copy will not run
+        s = CudaFailure(p.what, e);
+      } else if (p.late) {
+        continue;  // reported already; watched until it completes
+      } else {
+        s = comm_failure(p.comm);
+        if (s.ok() && t > p.deadline) {
+          s = absl::DeadlineExceededError(absl::StrCat(
+              p.what, ": the copy did not complete within ", absl::FormatDuration(options_.timeout),
+              " (is the sender alive?)"));
+          if (p.comm != nullptr) {
+            MutexLock lock(p.comm->mu);  // aborting it ends the transfer's kernel
+            if (p.comm->FailLocked(std::string(s.message()))) QueueAbort(*p.comm);
+          }
+        }
+        if (!s.ok()) late.insert(p.seq);  // reported now; watched until it completes
+      }
+      if (!s.ok() && !p.late) failed.emplace_back(p.group, std::move(s));
     }
-    // A late copy's event is freed once it completes, if ever; its IPC
-    // buffer stays with the sender, which frees it after reclaim_after.
-    cudaEventDestroy(p.done);
+    MutexLock lock(pending_mu_);
+    for (auto& [group, s] : failed) {
+      auto& slot = failures_[group];
+      if (slot.first.ok()) slot = {std::move(s), t};
+    }
+    // Failures nobody settled (an abandoned batch's) are forgotten.
+    for (auto it = failures_.begin(); it != failures_.end();) {
+      it = t - it->second.second > 2 * options_.timeout ? failures_.erase(it) : std::next(it);
+    }
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (completed.count(it->seq) > 0) {
+        cudaEventDestroy(it->done);
+        it = pending_.erase(it);
+        continue;
+      }
+      if (late.count(it->seq) > 0) it->late = true;
+      ++it;
+    }
+    left = !pending_.empty();
   }
   return left;
 }
 
-absl::Status CudaChannel::Impl::Settle(absl::Time deadline) {
+absl::Status CudaChannel::Impl::Settle(int64_t group, absl::Time deadline) {
   uint64_t mark;
+  auto waiting = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pending_mu_) {
+    return std::any_of(pending_.begin(), pending_.end(), [&](const Pending& p) {
+      return p.group == group && p.seq < mark && !p.late;
+    });
+  };
+  // A CUDA IPC copy that never completed blocks every later kernel of the
+  // stream that waits for it.
+  auto stuck = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pending_mu_) -> absl::Status {
+    for (const Pending& p : pending_) {
+      if (p.late && p.comm == nullptr) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            p.what, " never completed, and this process's GPU work waits behind it: restart this worker"));
+      }
+    }
+    return absl::OkStatus();
+  };
   {
     MutexLock lock(pending_mu_);
-    if (pending_.empty() && pending_failure_.ok()) return absl::OkStatus();
     mark = next_pending_;
+    if (pending_.empty() && failures_.count(group) == 0) return absl::OkStatus();
   }
   absl::Duration pause = absl::Microseconds(10);
   while (true) {
     PollReceives();
     {
       MutexLock lock(pending_mu_);
-      if (pending_.empty() || pending_.front().seq >= mark) {
-        absl::Status s = std::move(pending_failure_);
-        pending_failure_ = absl::OkStatus();
+      if (auto it = failures_.find(group); it != failures_.end()) {
+        absl::Status s = std::move(it->second.first);
+        failures_.erase(it);
         return s;
       }
+      RETURN_IF_ERROR(stuck());
+      if (!waiting()) return absl::OkStatus();
       if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            pending_.front().what, ": its copy is still not done (is the sender alive?); work queued after "
-            "it on this process's GPU waits for it"));
+        return absl::DeadlineExceededError("a CUDA copy of this batch is still not done (is its sender alive?)");
       }
     }
     absl::SleepFor(pause);
@@ -493,7 +525,7 @@ void CudaChannel::OnRelease(WorkerId from, const wire::CudaRelease& release) {
 
 CudaChannel::Stats CudaChannel::stats() const { return impl_->stats(); }
 
-absl::Status CudaChannel::Settle(absl::Time deadline) { return impl_->Settle(deadline); }
+absl::Status CudaChannel::Settle(int64_t group, absl::Time deadline) { return impl_->Settle(group, deadline); }
 
 absl::StatusOr<double> MeasureDeviceCopyGbps(int device, size_t bytes, int reps) {
   if (LocalGpuCount() <= device || device < 0) {

@@ -48,20 +48,23 @@
 // and the communicator is aborted (ncclCommAbort) on both ends; the next
 // transfer opens a new one. Nothing waits forever.
 //
-// Stream-ordered receives (a descriptor with stream_ordered, from
-// CallOptions::stream_ordered; with LibTorch's CUDA API and
+// Stream-ordered receives (a descriptor with a stream_group, from
+// CallOptions::stream_group; with LibTorch's CUDA API and
 // Options::stream_ordered_receives): the receiver does not wait on the
-// host. LibTorch's current stream of the receiving thread waits for the
-// copy on the GPU (cudaStreamWaitEvent), so the handler queues its kernels
-// while the producer's still run. The background thread watches the copy:
-// it releases the sender's IPC buffer once the copy is done and keeps a
-// failure or a copy late past Options::timeout (the NCCL communicator is
-// then aborted, which ends its kernel) for Settle, which the receiving
-// code calls before the host reads anything computed from such tensors.
-// A CUDA IPC copy whose producer process died before its event completed
-// may never complete (the driver gives no way to abort it): Settle then
-// fails naming the sender, and the stream that waits for it is stuck;
-// the process must be restarted (an elastic job replaces it).
+// host. LibTorch's current stream of the receiving thread (the device's
+// default stream, shared by the handlers' threads) waits for the copy on
+// the GPU (cudaStreamWaitEvent), so the handler queues its kernels while
+// the producer's still run. The background thread watches the copy: it
+// releases the sender's IPC buffer once the copy is done (the mapping it
+// reads stays open until then) and keeps a failure, or a copy late past
+// Options::timeout (an NCCL communicator is then aborted, which ends its
+// kernel), for Settle(group), which the receiving code calls before the
+// host reads anything computed from the group's tensors. A CUDA IPC copy
+// whose producer process died before its event completed may never
+// complete (the driver gives no way to abort it), and the stream that
+// waits for it is then stuck: every Settle fails saying so until it
+// completes, and the process must be restarted. Such waits are the one
+// exception to "nothing waits forever" above.
 //
 // Zero-byte payloads, peers without the channel, agents in one process and
 // any failure to set a route up (for example IPC on memory that cannot be
@@ -95,7 +98,7 @@ namespace remora {
 // Both ends of the CUDA channel for one agent.
 //
 // Thread-safe. Owned by the agent. Runs one background thread (releases,
-// completed NCCL sends, watchdog). Destroying it aborts its communicators
+// completed NCCL sends and stream-ordered receives, watchdog). Destroying it aborts its communicators
 // and closes every handle it opened.
 class CudaChannel final : public Channel<wire::CudaPayload> {
  public:
@@ -109,7 +112,7 @@ class CudaChannel final : public Channel<wire::CudaPayload> {
     // long is freed (its message was lost); one whose call went through,
     // after 10 times as long (a dead peer never releases it).
     absl::Duration reclaim_after = absl::Minutes(2);
-    // False: every receive waits on the host, stream_ordered or not
+    // False: every receive waits on the host, stream-ordered or not
     // (REMORA_CUDA_STREAM_RECEIVES=0 in the agent).
     bool stream_ordered_receives = true;
   };
@@ -164,18 +167,20 @@ class CudaChannel final : public Channel<wire::CudaPayload> {
   // Receiving: checks `d` (from `peer`, `length` bytes), waits for the bytes
   // and returns them as a uint8 tensor on GPU d.dst_device() of this
   // process, ready for any stream. A stream-ordered `d` (see above) returns
-  // before the bytes are there: ready for work queued on this thread's
-  // current LibTorch stream of that device (and for the host once Settle
-  // has returned OK).
+  // before the bytes are there: ready for work queued on LibTorch's
+  // current stream of that device on this thread (the device's default
+  // stream, which every thread shares unless one sets another), and for
+  // the host once Settle of its group has returned OK.
   absl::StatusOr<at::Tensor> Receive(WorkerId peer, const wire::CudaPayload& d,
                                      uint64_t length) override;
 
-  // Waits on the host, until `deadline`, for the copies of every
-  // stream-ordered receive made before the call; an error (naming the
-  // sender) when one failed or is late, or when one that a background
-  // check found failed since the last Settle. OK at once when none are
-  // pending.
-  absl::Status Settle(absl::Time deadline);
+  // Waits on the host, until `deadline`, for the copies of the
+  // stream-ordered receives of `group` (the descriptor's stream_group) made
+  // before the call; an error (naming the sender) when one of the group's
+  // failed or was late, which the call then forgets, and while a CUDA IPC
+  // copy that never completed blocks this process's stream. OK at once
+  // when nothing is pending.
+  absl::Status Settle(int64_t group, absl::Time deadline);
 
   // Makes every later call fail fast or stage, aborts the communicators and
   // stops the background thread. The agent calls it while it stops, before

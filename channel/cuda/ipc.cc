@@ -88,8 +88,8 @@ absl::Status CudaChannel::Impl::ReceiveIpc(const WorkerInfo& peer, const wire::C
   cudaError_t e = cudaEventRecord(done, stream);
   if (e == cudaSuccess && StreamOrdered(d)) {
     // LibTorch's stream waits for the copy; the buffer goes back once it is done.
-    return LeaveToStream(dst, Pending{0, done, peer.id, d.buffer(), nullptr, absl::Now() + options_.timeout,
-                                      what});
+    Pending p{0, d.stream_group(), done, peer.id, d.buffer(), mem, nullptr, absl::Now() + options_.timeout, what};
+    if (LeaveToStream(dst, p)) return absl::OkStatus();
   }
   absl::Status s = e == cudaSuccess
                        ? PollEvent(done, absl::Now() + options_.timeout, what + ": the copy")

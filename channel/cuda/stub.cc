@@ -44,7 +44,7 @@ void CudaChannel::Stop() {}
 void CudaChannel::OnNcclAbort(WorkerId, const wire::NcclAbort&) {}
 void CudaChannel::OnRelease(WorkerId, const wire::CudaRelease&) {}
 CudaChannel::Stats CudaChannel::stats() const { return {}; }
-absl::Status CudaChannel::Settle(absl::Time) { return absl::OkStatus(); }
+absl::Status CudaChannel::Settle(int64_t, absl::Time) { return absl::OkStatus(); }
 
 absl::StatusOr<double> MeasureDeviceCopyGbps(int, size_t, int) {
   return absl::FailedPreconditionError(kNoCudaBuild);

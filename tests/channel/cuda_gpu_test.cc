@@ -145,7 +145,7 @@ at::Tensor FullBehindProducts(double value) {
 // that stream and without waiting for it on the host: the channel must
 // order the transfer after the producer (an event on LibTorch's current
 // stream), or the worker copies stale memory. `stream_ordered`: as the
-// pipeline's pushes and gradients go (CallOptions::stream_ordered), the
+// pipeline's pushes and gradients go (CallOptions::stream_group), the
 // worker's handler queues its sum behind the copy on the GPU, with no wait
 // on the host, and reads it once its receives are settled.
 void ExpectSentAfterItsProducer(const std::string& device, const std::string& channel, bool stream_ordered) {
@@ -167,7 +167,7 @@ void ExpectSentAfterItsProducer(const std::string& device, const std::string& ch
           << "the transfer read the tensor before its producer wrote it";
       continue;
     }
-    auto r = master.rpc_sync("w1", "settled_sum", {FullBehindProducts(value)}, StreamOrdered());
+    auto r = master.rpc_sync("w1", "settled_sum", {FullBehindProducts(value), int64_t{round}}, StreamOrdered(round));
     ASSERT_TRUE(r.ok()) << r.status();
     const auto t = r->toTupleRef().elements();
     EXPECT_DOUBLE_EQ(t[0].toDouble(), value * (1 << 22)) << "the sum read the tensor before the copy";

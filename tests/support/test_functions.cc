@@ -45,11 +45,12 @@ absl::Status RegisterTestFunctions(Registry& r) {
   RETURN_IF_ERROR(r.RegisterFunction("raise", [](CallContext&, const Args& a) -> c10::IValue {
     throw std::runtime_error(a.size() > 0 ? a[0].toStringRef() : "raised on request");
   }));
-  // (sum of a tensor, read on the host once the stream-ordered receives are
-  // settled; how many receives this process left to its stream so far).
+  // settled_sum(tensor, group): (its sum, read on the host once the group's
+  // stream-ordered receives are settled; how many receives this process
+  // left to its stream so far).
   RETURN_IF_ERROR(r.RegisterFunction("settled_sum", [](CallContext& ctx, const Args& a) -> c10::IValue {
     const at::Tensor sum = a[0].toTensor().sum();  // queued behind the copy
-    if (absl::Status s = ctx.agent->settle_cuda_receives(); !s.ok()) {
+    if (absl::Status s = ctx.agent->settle_cuda_receives(a[1].toInt()); !s.ok()) {
       throw std::runtime_error(std::string(s.message()));
     }
     return c10::ivalue::Tuple::create({sum.item<double>(), ctx.agent->cuda_stats().stream_ordered});
