@@ -130,6 +130,7 @@ std::shared_ptr<DistContext> Container::Find(int64_t context_id) const {
 }
 
 void Container::Release(int64_t context_id) {
+  agent_->forget_cuda_receives(context_id);  // its receives' failures, if any
   std::shared_ptr<DistContext> released;  // freed outside the lock
   MutexLock lock(mu_);
   auto it = contexts_.find(context_id);

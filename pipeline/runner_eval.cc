@@ -257,8 +257,10 @@ void EvalRunner::Account(const std::shared_ptr<EvalBatch>& b, int64_t stage, int
     correct = std::move(b->correct);
   }
   // Activations that came GPU to GPU: their copies must have completed.
-  if (absl::Status s = agent_.settle_cuda_receives(b->id); !s.ok()) {
-    b->done.SetError(Annotate(s, absl::StrCat("evaluation on worker '", agent_.self().name, "'")));
+  const absl::Status settled = agent_.settle_cuda_receives(b->id);
+  agent_.forget_cuda_receives(b->id);
+  if (!settled.ok()) {
+    b->done.SetError(Annotate(settled, absl::StrCat("evaluation on worker '", agent_.self().name, "'")));
     return;
   }
   if (correct.defined()) {
@@ -290,6 +292,7 @@ void EvalRunner::FailEval(const std::shared_ptr<EvalBatch>& b, absl::Status stat
     b->labels.clear();
     b->uncounted.clear();
   }
+  agent_.forget_cuda_receives(b->id);
   b->done.SetError(std::move(status));
 }
 

@@ -184,6 +184,8 @@ absl::Status Agent::settle_cuda_receives(int64_t group) {
   return impl_->cuda_->Settle(group, absl::Now() + options_.rpc_timeout);
 }
 
+void Agent::forget_cuda_receives(int64_t group) { impl_->cuda_->Forget(group); }
+
 std::string Agent::cuda_disabled_reason() const { return impl_->cuda_->disabled_reason(); }
 
 Executor* Agent::executor() const { return impl_->pool_.get(); }

@@ -205,6 +205,9 @@ class Agent final {
   // the host reads what was computed from them (a loss, a count) or an
   // optimizer applies their gradients. OK at once when there are none.
   absl::Status settle_cuda_receives(int64_t group);
+  // The group is over: drops the failure settle_cuda_receives reports for
+  // it (distributed autograd calls it when it releases a context).
+  void forget_cuda_receives(int64_t group);
   std::vector<WorkerInfo> workers() const;
   absl::StatusOr<WorkerInfo> worker(const std::string& name) const;
   const AgentOptions& options() const { return options_; }

@@ -71,7 +71,7 @@ struct RRefStats {
 struct CallOptions {
   // Zero means the agent's rpc_timeout.
   absl::Duration timeout = absl::ZeroDuration();
-  // Nonzero: CUDA tensors of the call that go GPU to GPU reach the callee's
+  // Nonzero (0: none): CUDA tensors of the call that go GPU to GPU reach the callee's
   // handler before their copy has completed, and LibTorch's stream there
   // (the default one) waits for it on the GPU instead of the receiving
   // thread on the host. Only for handlers that queue their CUDA work on

@@ -8,8 +8,8 @@
 //   nccl.cc          NCCL: communicators, their set-up and abort, transfers
 //
 // Thread-safety: as annotated; lock order: poll_mu_ before a Comm's mu,
-// a Comm's mu before mu_ or queue_mu_, open_mu_ before mu_; pending_mu_
-// is taken alone. Ownership: the CudaChannel owns its Impl;
+// pending_mu_ or queue_mu_; a Comm's mu before mu_ or queue_mu_; open_mu_
+// before mu_; nothing is taken under pending_mu_. Ownership: the CudaChannel owns its Impl;
 // the Impl owns its communicators, held buffers, events and streams.
 // Include only from channel/cuda/.
 #pragma once
@@ -88,7 +88,8 @@ class CudaChannel::Impl {
     int64_t group = 0;             // the descriptor's stream_group
     cudaEvent_t done = nullptr;    // recorded after the copy; owned
     WorkerId peer = 0;
-    uint64_t buffer = 0;           // CUDA IPC: the sender's, released once done
+    uint64_t buffer = 0;           // CUDA IPC: the sender's, released once done,
+    uint64_t incarnation = 0;      //   to this process of it
     std::shared_ptr<Opened> mem;   // CUDA IPC: the mapping the copy reads
     std::shared_ptr<Comm> comm;    // NCCL: failed and aborted when it is late
     absl::Time deadline;
@@ -111,6 +112,7 @@ class CudaChannel::Impl {
   bool PollReceives();
 
   absl::Status Settle(int64_t group, absl::Time deadline);
+  void Forget(int64_t group);
 
   // --- control requests ------------------------------------------------
 
@@ -155,7 +157,9 @@ class CudaChannel::Impl {
 
   // --- the background thread -------------------------------------------
 
-  void QueueRelease(WorkerId peer, uint64_t buffer);
+  // Tells `peer`'s process `incarnation` (dropped when the peer is another
+  // process by then) that its IPC buffer is free.
+  void QueueRelease(WorkerId peer, uint64_t incarnation, uint64_t buffer);
 
   // Tells the other end of `c` that it is gone (best effort).
   void QueueAbort(const Comm& c) ABSL_NO_THREAD_SAFETY_ANALYSIS;
@@ -206,7 +210,7 @@ class CudaChannel::Impl {
   bool stopping_ ABSL_GUARDED_BY(queue_mu_) = false;
   bool wake_ ABSL_GUARDED_BY(queue_mu_) = false;
   bool in_flight_ ABSL_GUARDED_BY(queue_mu_) = false;  // NCCL sends or stream-ordered receives
-  std::map<WorkerId, std::vector<uint64_t>> releases_ ABSL_GUARDED_BY(queue_mu_);
+  std::map<std::pair<WorkerId, uint64_t>, std::vector<uint64_t>> releases_ ABSL_GUARDED_BY(queue_mu_);
   std::vector<std::pair<WorkerId, wire::Request>> outbox_ ABSL_GUARDED_BY(queue_mu_);
 
   // Stream-ordered receives, oldest first (by seq). One poll at a time
@@ -215,8 +219,8 @@ class CudaChannel::Impl {
   absl::Mutex pending_mu_;
   std::deque<Pending> pending_ ABSL_GUARDED_BY(pending_mu_);
   uint64_t next_pending_ ABSL_GUARDED_BY(pending_mu_) = 1;
-  // By group: the first failure and when it was found; forgotten when
-  // settled or after twice the timeout (an abandoned batch's).
+  // By group: the first failure and when it was found; kept until Forget
+  // (or, should nobody forget it, ten times the timeout).
   std::map<int64_t, std::pair<absl::Status, absl::Time>> failures_ ABSL_GUARDED_BY(pending_mu_);
   std::thread background_;
 };

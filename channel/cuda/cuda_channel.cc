@@ -181,7 +181,7 @@ void CudaChannel::Impl::Reclaim(WorkerId peer, const wire::CudaPayload& d) {
 
 void CudaChannel::Impl::Abandon(WorkerId peer, const wire::CudaPayload& d, const std::string& why) {
   if (d.channel() == wire::CudaPayload::CUDA_IPC) {
-    QueueRelease(peer, d.buffer());
+    QueueRelease(peer, d.incarnation(), d.buffer());
     return;
   }
   std::shared_ptr<Comm> c;
@@ -283,10 +283,11 @@ bool CudaChannel::Impl::PollReceives() {
       if (e == cudaSuccess) {
         completed.insert(p.seq);
         s = comm_failure(p.comm);
-        if (s.ok() && p.buffer != 0) QueueRelease(p.peer, p.buffer);
+        if (s.ok() && p.buffer != 0) QueueRelease(p.peer, p.incarnation, p.buffer);
       } else if (e != cudaErrorNotReady) {
         completed.insert(p.seq);  // the copy will not run
         s = CudaFailure(p.what, e);
+        if (p.buffer != 0) QueueRelease(p.peer, p.incarnation, p.buffer);
       } else if (p.late) {
         continue;  // reported already; watched until it completes
       } else {
@@ -309,9 +310,9 @@ bool CudaChannel::Impl::PollReceives() {
       auto& slot = failures_[group];
       if (slot.first.ok()) slot = {std::move(s), t};
     }
-    // Failures nobody settled (an abandoned batch's) are forgotten.
+    // Failures of groups nobody forgot.
     for (auto it = failures_.begin(); it != failures_.end();) {
-      it = t - it->second.second > 2 * options_.timeout ? failures_.erase(it) : std::next(it);
+      it = t - it->second.second > 10 * options_.timeout ? failures_.erase(it) : std::next(it);
     }
     for (auto it = pending_.begin(); it != pending_.end();) {
       if (completed.count(it->seq) > 0) {
@@ -329,11 +330,6 @@ bool CudaChannel::Impl::PollReceives() {
 
 absl::Status CudaChannel::Impl::Settle(int64_t group, absl::Time deadline) {
   uint64_t mark;
-  auto waiting = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pending_mu_) {
-    return std::any_of(pending_.begin(), pending_.end(), [&](const Pending& p) {
-      return p.group == group && p.seq < mark && !p.late;
-    });
-  };
   // A CUDA IPC copy that never completed blocks every later kernel of the
   // stream that waits for it.
   auto stuck = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pending_mu_) -> absl::Status {
@@ -345,30 +341,40 @@ absl::Status CudaChannel::Impl::Settle(int64_t group, absl::Time deadline) {
     }
     return absl::OkStatus();
   };
+  // The group's failure, kept until Forget(group): every Settle of it fails.
+  auto failure = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pending_mu_) {
+    auto it = failures_.find(group);
+    return it == failures_.end() ? absl::OkStatus() : it->second.first;
+  };
   {
     MutexLock lock(pending_mu_);
     mark = next_pending_;
-    if (pending_.empty() && failures_.count(group) == 0) return absl::OkStatus();
+    if (pending_.empty() || !failure().ok()) return failure();
   }
   absl::Duration pause = absl::Microseconds(10);
   while (true) {
     PollReceives();
     {
       MutexLock lock(pending_mu_);
-      if (auto it = failures_.find(group); it != failures_.end()) {
-        absl::Status s = std::move(it->second.first);
-        failures_.erase(it);
-        return s;
-      }
+      RETURN_IF_ERROR(failure());
       RETURN_IF_ERROR(stuck());
-      if (!waiting()) return absl::OkStatus();
+      auto first = std::find_if(pending_.begin(), pending_.end(), [&](const Pending& p) {
+        return p.group == group && p.seq < mark && !p.late;
+      });
+      if (first == pending_.end()) return absl::OkStatus();
       if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError("a CUDA copy of this batch is still not done (is its sender alive?)");
+        return absl::DeadlineExceededError(
+            absl::StrCat(first->what, ": the copy is still not done (is the sender alive?)"));
       }
     }
     absl::SleepFor(pause);
     pause = std::min(pause * 2, absl::Milliseconds(1));
   }
+}
+
+void CudaChannel::Impl::Forget(int64_t group) {
+  MutexLock lock(pending_mu_);
+  failures_.erase(group);
 }
 
 CudaChannel::Stats CudaChannel::Impl::stats() {
@@ -440,7 +446,7 @@ void CudaChannel::Impl::Wake() {
 
 void CudaChannel::Impl::Background() {
   while (true) {
-    std::map<WorkerId, std::vector<uint64_t>> releases;
+    decltype(releases_) releases;
     std::vector<std::pair<WorkerId, wire::Request>> outbox;
     {
       MutexLock lock(queue_mu_);
@@ -454,13 +460,15 @@ void CudaChannel::Impl::Background() {
       releases.swap(releases_);
       outbox.swap(outbox_);
     }
-    for (auto& [peer, buffers] : releases) {
-      wire::CudaRelease release;
-      release.mutable_buffers()->Add(buffers.begin(), buffers.end());
+    for (auto& [to, buffers] : releases) {
+      const auto& [peer, incarnation] = to;
       MutexLock lock(mu_);
       auto it = peers_.find(peer);
-      if (it == peers_.end()) continue;
-      release.set_incarnation(it->second.cuda.incarnation);
+      // Buffer numbers are per process: none of the peer's next one's.
+      if (it == peers_.end() || it->second.cuda.incarnation != incarnation) continue;
+      wire::CudaRelease release;
+      release.mutable_buffers()->Add(buffers.begin(), buffers.end());
+      release.set_incarnation(incarnation);
       outbox.emplace_back(peer, MakeRequest(release));
     }
     for (auto& [peer, request] : outbox) {
@@ -526,6 +534,7 @@ void CudaChannel::OnRelease(WorkerId from, const wire::CudaRelease& release) {
 CudaChannel::Stats CudaChannel::stats() const { return impl_->stats(); }
 
 absl::Status CudaChannel::Settle(int64_t group, absl::Time deadline) { return impl_->Settle(group, deadline); }
+void CudaChannel::Forget(int64_t group) { impl_->Forget(group); }
 
 absl::StatusOr<double> MeasureDeviceCopyGbps(int device, size_t bytes, int reps) {
   if (LocalGpuCount() <= device || device < 0) {

@@ -99,7 +99,8 @@ namespace remora {
 //
 // Thread-safe. Owned by the agent. Runs one background thread (releases,
 // completed NCCL sends and stream-ordered receives, watchdog). Destroying it aborts its communicators
-// and closes every handle it opened.
+// and closes every handle it opened, except the mappings that copies still
+// queued on the GPU read (left open on purpose).
 class CudaChannel final : public Channel<wire::CudaPayload> {
  public:
   struct Options {
@@ -177,10 +178,13 @@ class CudaChannel final : public Channel<wire::CudaPayload> {
   // Waits on the host, until `deadline`, for the copies of the
   // stream-ordered receives of `group` (the descriptor's stream_group) made
   // before the call; an error (naming the sender) when one of the group's
-  // failed or was late, which the call then forgets, and while a CUDA IPC
-  // copy that never completed blocks this process's stream. OK at once
-  // when nothing is pending.
+  // failed or was late (every Settle of the group until Forget), and while
+  // a CUDA IPC copy that never completed blocks this process's stream. OK
+  // at once when nothing is pending and the group has no failure.
   absl::Status Settle(int64_t group, absl::Time deadline);
+  // Drops what the channel kept for `group` (its failure): the group is
+  // over (its distributed autograd context was released).
+  void Forget(int64_t group);
 
   // Makes every later call fail fast or stage, aborts the communicators and
   // stops the background thread. The agent calls it while it stops, before

@@ -88,7 +88,8 @@ absl::Status CudaChannel::Impl::ReceiveIpc(const WorkerInfo& peer, const wire::C
   cudaError_t e = cudaEventRecord(done, stream);
   if (e == cudaSuccess && StreamOrdered(d)) {
     // LibTorch's stream waits for the copy; the buffer goes back once it is done.
-    Pending p{0, d.stream_group(), done, peer.id, d.buffer(), mem, nullptr, absl::Now() + options_.timeout, what};
+    Pending p{0,   d.stream_group(), done,    peer.id, d.buffer(), d.incarnation(),
+              mem, nullptr,          absl::Now() + options_.timeout, what};
     if (LeaveToStream(dst, p)) return absl::OkStatus();
   }
   absl::Status s = e == cudaSuccess
@@ -96,7 +97,7 @@ absl::Status CudaChannel::Impl::ReceiveIpc(const WorkerInfo& peer, const wire::C
                        : CudaFailure(what, e);
   cudaEventDestroy(done);
   if (!s.ok()) return s;
-  QueueRelease(peer.id, d.buffer());
+  QueueRelease(peer.id, d.incarnation(), d.buffer());
   return absl::OkStatus();
 }
 
@@ -196,9 +197,9 @@ absl::StatusOr<cudaStream_t> CudaChannel::Impl::CopyStream(int device) {
   return stream;
 }
 
-void CudaChannel::Impl::QueueRelease(WorkerId peer, uint64_t buffer) {
+void CudaChannel::Impl::QueueRelease(WorkerId peer, uint64_t incarnation, uint64_t buffer) {
   MutexLock lock(queue_mu_);
-  releases_[peer].push_back(buffer);
+  releases_[{peer, incarnation}].push_back(buffer);
   wake_ = true;
 }
 

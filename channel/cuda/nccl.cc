@@ -170,8 +170,8 @@ absl::Status CudaChannel::Impl::ReceiveNccl(const WorkerInfo& peer, const wire::
   if (StreamOrdered(d)) {
     // LibTorch's stream waits for the transfer; a late one aborts the
     // communicator (its kernel ends), and a failure fails its group's Settle.
-    Pending p{0, d.stream_group(), done, peer.id, 0, nullptr, c, deadline,
-              absl::StrCat(c->Describe(), ": transfer ", d.seq())};
+    Pending p{0,       d.stream_group(), done,     peer.id, 0, 0,
+              nullptr, c,                deadline, absl::StrCat(c->Describe(), ": transfer ", d.seq())};
     if (LeaveToStream(d.dst_device(), p)) return absl::OkStatus();
   }
   // Wait on the host: errors and a dead sender surface here, not as a

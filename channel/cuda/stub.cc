@@ -45,6 +45,7 @@ void CudaChannel::OnNcclAbort(WorkerId, const wire::NcclAbort&) {}
 void CudaChannel::OnRelease(WorkerId, const wire::CudaRelease&) {}
 CudaChannel::Stats CudaChannel::stats() const { return {}; }
 absl::Status CudaChannel::Settle(int64_t, absl::Time) { return absl::OkStatus(); }
+void CudaChannel::Forget(int64_t) {}
 
 absl::StatusOr<double> MeasureDeviceCopyGbps(int, size_t, int) {
   return absl::FailedPreconditionError(kNoCudaBuild);
