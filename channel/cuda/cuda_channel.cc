@@ -270,9 +270,7 @@ bool CudaChannel::Impl::PollReceives() {
     if (now.empty()) return false;
     // An aborted communicator's kernels end without the bytes.
     auto comm_failure = [](const std::shared_ptr<Comm>& comm) {
-      if (comm == nullptr) return absl::OkStatus();
-      MutexLock lock(comm->mu);
-      return comm->state == Comm::State::kFailed ? comm->ErrorLocked() : absl::OkStatus();
+      return comm == nullptr ? absl::OkStatus() : comm->Failure();
     };
     std::set<uint64_t> completed, late;
     std::vector<std::pair<int64_t, absl::Status>> failed;  // by group

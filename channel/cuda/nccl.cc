@@ -177,12 +177,7 @@ absl::Status CudaChannel::Impl::ReceiveNccl(const WorkerInfo& peer, const wire::
   // Wait on the host: errors and a dead sender surface here, not as a
   // kernel that never ends.
   absl::Status s = PollEvent(done, deadline, absl::StrCat(c->Describe(), ": transfer ", d.seq()),
-                             [&]() -> absl::Status {
-                               // The lane watches NCCL's errors.
-                               MutexLock lock(c->mu);
-                               if (c->state == Comm::State::kFailed) return c->ErrorLocked();
-                               return absl::OkStatus();
-                             });
+                             [&] { return c->Failure(); });  // the lane watches NCCL's errors
   cudaEventDestroy(done);
   if (s.code() == absl::StatusCode::kDeadlineExceeded) {
     MutexLock lock(c->mu);

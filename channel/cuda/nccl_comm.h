@@ -94,6 +94,12 @@ struct Comm {
     return absl::UnavailableError(absl::StrCat(Describe(), " failed: ", error));
   }
 
+  // ErrorLocked once it failed, else OK.
+  absl::Status Failure() ABSL_LOCKS_EXCLUDED(mu) {
+    MutexLock lock(mu);
+    return state == State::kFailed ? ErrorLocked() : absl::OkStatus();
+  }
+
   std::string NotFormed() const {
     return absl::StrCat("the communicator did not form within ", absl::FormatDuration(timeout),
                         " (is the peer alive and its GPU reachable?)");
