@@ -277,7 +277,19 @@ ImageFolderOptions FolderOptions(const SourceSpec& spec) {
   o.seed = spec.seed;
   o.skip_bad_images = spec.skip_bad_images;
   o.listing_cache = spec.listing_cache;
+  o.val_fraction = spec.val_fraction;
   return o;
+}
+
+std::unique_ptr<Source> NoRows() {
+  class Empty final : public Source {
+   public:
+    int64_t size() const override { return 0; }
+    absl::StatusOr<Batch> Get(const at::Tensor&, int) const override {
+      return absl::OutOfRangeError("rows asked of a source of none");
+    }
+  };
+  return std::make_unique<Empty>();
 }
 
 std::unique_ptr<Source> FirstRows(std::unique_ptr<Source> all, int64_t n) {

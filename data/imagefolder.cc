@@ -390,14 +390,12 @@ class ImageFolder::Pool {
   std::vector<std::thread> threads_;
 };
 
-absl::StatusOr<ImageListing> ListImageFolder(const std::string& dir, const std::string& split) {
-  const fs::path root = fs::path(dir) / split;
+namespace {
+
+// Lists the class folders under `root` and their images; `what` names the
+// layout in errors.
+absl::StatusOr<ImageListing> ListClassFolders(const fs::path& root, const std::string& what) {
   std::error_code ec;
-  if (!fs::is_directory(root, ec)) {
-    return absl::NotFoundError(absl::StrCat(
-        "no folder ", root.string(), ": an image folder holds ", split, "/<class>/<image> files (torchvision's "
-        "ImageFolder layout)"));
-  }
   ImageListing l;
   for (const auto& entry : fs::directory_iterator(root, ec)) {
     if (entry.is_directory(ec)) l.classes.push_back(entry.path().filename().string());
@@ -405,8 +403,7 @@ absl::StatusOr<ImageListing> ListImageFolder(const std::string& dir, const std::
   if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot list ", root.string(), ": ", ec.message()));
   std::sort(l.classes.begin(), l.classes.end());
   if (l.classes.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(root.string(), " has no class folders (", split,
-                                                   "/<class>/<image> files)"));
+    return absl::InvalidArgumentError(absl::StrCat(root.string(), " has no class folders (", what, ")"));
   }
   for (size_t c = 0; c < l.classes.size(); ++c) {
     std::vector<std::string> names;
@@ -426,6 +423,106 @@ absl::StatusOr<ImageListing> ListImageFolder(const std::string& dir, const std::
   return l;
 }
 
+// Where a split's files are and which of them it takes.
+struct SplitPlace {
+  fs::path root;  // the folder its files are named relative to
+  enum class Part { kAll, kKept, kHeldOut } part = Part::kAll;
+  std::string what;  // the layout, for errors
+  // What the listing cache checks it lists.
+  std::string Key(double fraction) const {
+    switch (part) {
+      case Part::kKept:
+        return absl::StrCat(root.string(), " less val-fraction ", fraction);
+      case Part::kHeldOut:
+        return absl::StrCat(root.string(), " val-fraction ", fraction);
+      case Part::kAll:
+        break;
+    }
+    return root.string();
+  }
+};
+
+absl::StatusOr<SplitPlace> PlaceSplit(const std::string& dir, const std::string& split, double fraction) {
+  if (!(fraction >= 0 && fraction < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("image folder ", dir, ": a val fraction of ", fraction,
+                                                   " (it must be in [0, 1))"));
+  }
+  const fs::path top = fs::absolute(fs::path(dir)).lexically_normal();
+  std::error_code ec;
+  if (split != "train" && split != "val") {
+    if (!fs::is_directory(top / split, ec)) {
+      return absl::NotFoundError(absl::StrCat("no folder ", (top / split).string(), ": an image folder holds ", split,
+                                              "/<class>/<image> files (torchvision's ImageFolder layout)"));
+    }
+    return SplitPlace{top / split, SplitPlace::Part::kAll, split + "/<class>/<image> files"};
+  }
+  if (!fs::is_directory(top, ec)) {
+    return absl::NotFoundError(absl::StrCat("no folder ", top.string(), ": an image folder holds train/<class>/"
+                                            "<image> and val/<class>/<image> files, or <class>/<image> files"));
+  }
+  const bool has_train = fs::is_directory(top / "train", ec), has_val = fs::is_directory(top / "val", ec);
+  if (has_val && fraction > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        top.string(), " has val/: a val fraction holds training images out only where there is no val/ folder "
+        "(drop it, or the val/ folder)"));
+  }
+  SplitPlace place;
+  place.root = has_train ? top / "train" : top;
+  place.what = has_train ? "train/<class>/<image> files" : "<class>/<image> files, torchvision's ImageFolder layout";
+  if (split == "train") {
+    if (has_val && !has_train) {  // (its class folders cannot be told from val/)
+      return absl::InvalidArgumentError(absl::StrCat(top.string(), " has val/ but no train/: training images go in ",
+                                                     (top / "train").string(), "/<class>/<image>"));
+    }
+    if (fraction > 0) place.part = SplitPlace::Part::kKept;
+    return place;
+  }
+  if (has_val) return SplitPlace{top / "val", SplitPlace::Part::kAll, "val/<class>/<image> files"};
+  if (fraction == 0) {
+    return absl::NotFoundError(absl::StrCat("no folder ", (top / "val").string(),
+                                            ": no validation images (add val/<class>/<image> files, or hold a "
+                                            "fraction of the training images out: --val-fraction)"));
+  }
+  place.part = SplitPlace::Part::kHeldOut;
+  return place;
+}
+
+// Whether the file `name` ("class/file") is among the fraction held out as
+// validation: from a hash of its name alone, so every process and every
+// run holds out the same files, and adding images moves no other.
+bool HeldOut(const std::string& name, double fraction) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a, then mixed
+  for (const unsigned char c : name) h = (h ^ c) * 0x100000001b3ull;
+  return static_cast<double>(Mix(h, 0, 0) >> 11) * 0x1.0p-53 < fraction;
+}
+
+// The listing of `place`: all of its folder, or the part kept or held out.
+absl::StatusOr<ImageListing> ListPlace(const SplitPlace& place, double fraction) {
+  ASSIGN_OR_RETURN(ImageListing all, ListClassFolders(place.root, place.what));
+  if (place.part == SplitPlace::Part::kAll) return all;
+  const bool want_held = place.part == SplitPlace::Part::kHeldOut;
+  ImageListing l;
+  l.classes = all.classes;
+  for (size_t i = 0; i < all.files.size(); ++i) {
+    if (HeldOut(all.files[i], fraction) != want_held) continue;
+    l.files.push_back(std::move(all.files[i]));
+    l.labels.push_back(all.labels[i]);
+  }
+  if (l.files.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a val fraction of ", fraction, " of the ", all.files.size(), " images in ", place.root.string(),
+        want_held ? " holds out none of them: raise it, or add a val/ folder" : " holds out all of them: lower it"));
+  }
+  return l;
+}
+
+}  // namespace
+
+absl::StatusOr<ImageListing> ListImageFolder(const std::string& dir, const std::string& split, double val_fraction) {
+  ASSIGN_OR_RETURN(SplitPlace place, PlaceSplit(dir, split, val_fraction));
+  return ListPlace(place, val_fraction);
+}
+
 ImageFolder::ImageFolder(std::string root, ImageListing listing, ImageFolderOptions options)
     : root_(std::move(root)),
       listing_(std::move(listing)),
@@ -439,16 +536,16 @@ absl::StatusOr<std::unique_ptr<ImageFolder>> ImageFolder::Open(const std::string
   if (options.image_size < 1) {
     return absl::InvalidArgumentError(absl::StrCat("image folder: image size ", options.image_size));
   }
-  std::error_code ec;
-  const std::string root = fs::absolute(fs::path(dir) / split, ec).lexically_normal().string();
+  ASSIGN_OR_RETURN(SplitPlace place, PlaceSplit(dir, split, options.val_fraction));
+  const std::string key = place.Key(options.val_fraction);
   std::optional<ImageListing> listing;
-  if (!options.listing_cache.empty()) listing = ReadListing(options.listing_cache, root);
+  if (!options.listing_cache.empty()) listing = ReadListing(options.listing_cache, key);
   if (!listing) {
-    ASSIGN_OR_RETURN(ImageListing scanned, ListImageFolder(dir, split));
-    if (!options.listing_cache.empty()) WriteListing(options.listing_cache, root, scanned);
+    ASSIGN_OR_RETURN(ImageListing scanned, ListPlace(place, options.val_fraction));
+    if (!options.listing_cache.empty()) WriteListing(options.listing_cache, key, scanned);
     listing = std::move(scanned);
   }
-  return std::unique_ptr<ImageFolder>(new ImageFolder(root, std::move(*listing), options));
+  return std::unique_ptr<ImageFolder>(new ImageFolder(place.root.string(), std::move(*listing), options));
 }
 
 absl::StatusOr<Batch> ImageFolder::Get(const at::Tensor& rows, int epoch) const {

@@ -1,6 +1,10 @@
 // Image folders as torchvision's ImageFolder lays them out, read from disk
-// as batches need them: DIR/<split>/<class>/*.jpg|*.jpeg|*.png, classes
-// numbered in name order. Files are decoded (JPEG through libjpeg-turbo,
+// as batches need them: DIR/train/<class>/*.jpg|*.jpeg|*.png and
+// DIR/val/<class>/... (ImageNet's layout), or DIR/<class>/... alone (the
+// training images; ImageFolder(root)), classes numbered in name order.
+// Where there is no val/ folder, a fraction of the training images can be
+// held out as the "val" split, chosen by a hash of each file's name (the
+// same files in every process and every run). Files are decoded (JPEG through libjpeg-turbo,
 // scaled down in the DCT where the crop allows; PNG through libpng) and
 // augmented by a pool of threads: training takes the ImageNet recipe's
 // random resized crop (scale 0.08-1, ratio 3/4-4/3) to `image_size` and a
@@ -45,6 +49,9 @@ struct ImageFolderOptions {
   // lists this folder, else written after the scan, so a restarted run
   // does not list a million files again.
   std::string listing_cache;
+  // Where DIR has no val/ folder: the fraction of the training images held
+  // out as "val" (and left out of "train"); 0: none.
+  double val_fraction = 0;
 };
 
 // A SourceSpec's image-folder options (data/source.h).
@@ -57,14 +64,20 @@ struct ImageListing {
   std::vector<int64_t> labels;
 };
 
-// Lists DIR/<split>/<class>/ (files with a .jpg, .jpeg or .png name, any
-// case, in name order within a class). NotFound when the folder is
-// missing; InvalidArgument when it has no class folders or no images.
-absl::StatusOr<ImageListing> ListImageFolder(const std::string& dir, const std::string& split);
+// Lists the split `split` of the image folder `dir` (files with a .jpg,
+// .jpeg or .png name, any case, in name order within a class): "train" is
+// DIR/train, else DIR itself, less what `val_fraction` holds out; "val" is
+// DIR/val, else that held-out fraction; another name is DIR/<split>.
+// NotFound when the split is not there (no val/ folder and no fraction);
+// InvalidArgument when it has no class folders or no images, or when a
+// fraction is given beside a val/ folder.
+absl::StatusOr<ImageListing> ListImageFolder(const std::string& dir, const std::string& split,
+                                             double val_fraction = 0);
 
 class ImageFolder final : public Source {
  public:
-  // The `split` ("train" or "val") of the image folder `dir`.
+  // The `split` ("train" or "val") of the image folder `dir` (as
+  // ListImageFolder finds it, with options.val_fraction).
   static absl::StatusOr<std::unique_ptr<ImageFolder>> Open(const std::string& dir, const std::string& split,
                                                          const ImageFolderOptions& options);
   ~ImageFolder() override;
@@ -86,7 +99,7 @@ class ImageFolder final : public Source {
   // recent_, which drops free memory of other batch sizes).
   at::Tensor BatchMemory(int64_t n) const;
 
-  const std::string root_;  // DIR/<split>
+  const std::string root_;  // the folder the listing's files are in (DIR/<split> or DIR)
   const ImageListing listing_;
   const ImageFolderOptions options_;
   std::unique_ptr<Pool> pool_;

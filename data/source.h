@@ -64,7 +64,11 @@ struct SourceSpec {
   uint64_t seed = 0;
   bool skip_bad_images = false;
   std::string listing_cache;
+  double val_fraction = 0;  // an image folder without val/: held out of train
 };
+
+// A source of no rows (a run without a test set); Get fails.
+std::unique_ptr<Source> NoRows();
 
 // The first `n` rows of `all` (all of it when n <= 0 or n >= its size).
 std::unique_ptr<Source> FirstRows(std::unique_ptr<Source> all, int64_t n);

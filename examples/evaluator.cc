@@ -92,17 +92,20 @@ struct Options {
   std::string dir, dataset, output;
   int poll_ms = 500, timeout_s = 0, batch_size = 1000, test_rows = 0, image_size = 224, data_threads = 4;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  double val_fraction = 0;
   bool once = false;
 };
 
 // The test set: in memory (held in `in_memory`), or an image folder's
-// val/ read as it is needed.
+// val/ (or the training images --val-fraction holds out) read as it is
+// needed.
 absl::StatusOr<std::unique_ptr<data::Source>> OpenTestSet(const Options& o, data::Dataset* in_memory) {
   if (o.dataset.rfind("imagefolder:", 0) == 0) {
     data::ImageFolderOptions f;
     f.train = false;
     f.image_size = o.image_size;
     f.threads = o.data_threads;
+    f.val_fraction = o.val_fraction;
     ASSIGN_OR_RETURN(auto folder, data::ImageFolder::Open(o.dataset.substr(std::strlen("imagefolder:")), "val", f));
     return std::unique_ptr<data::Source>(std::move(folder));
   }
@@ -186,9 +189,12 @@ int Main(int argc, char** argv) {
                         "(no workers needed) and appends its accuracy and loss to a JSON-lines file.");
   flags.AddString("checkpoint-dir", &o.dir, "the job's --checkpoint-dir (required)");
   flags.AddString("dataset", &o.dataset,
-                  "fashion-mnist, idx:DIR, cifar10:DIR or imagefolder:DIR (its val/ folder): the test set (required)");
+                  "fashion-mnist, idx:DIR, cifar10:DIR or imagefolder:DIR (its val/ folder, or what "
+                  "--val-fraction holds out): the test set (required)");
   flags.AddInt("image-size", &o.image_size, "with imagefolder: the training's --image-size (centre crops of it)");
   flags.AddInt("data-threads", &o.data_threads, "with imagefolder: decoding threads");
+  flags.AddDouble("val-fraction", &o.val_fraction,
+                  "with imagefolder and no val/ folder: the training's --val-fraction (the images it held out)");
   flags.AddString("output", &o.output, "JSON-lines file to append to (default: CHECKPOINT_DIR/eval.jsonl)");
   flags.AddInt("poll-ms", &o.poll_ms, "how often to look for a new checkpoint");
   flags.AddInt("timeout", &o.timeout_s, "exit (status 3) after this many seconds without a new checkpoint; 0: wait");
@@ -208,6 +214,10 @@ int Main(int argc, char** argv) {
   }
   if (auto s = data::CheckDatasetName(o.dataset); !s.ok()) return fail(std::string(s.message()), 2);
   if (o.image_size < 16 || o.data_threads < 1) return fail("--image-size must be >= 16, --data-threads >= 1", 2);
+  if (!(o.val_fraction >= 0 && o.val_fraction < 1)) return fail("--val-fraction must be in [0, 1)", 2);
+  if (o.val_fraction > 0 && o.dataset.rfind("imagefolder:", 0) != 0) {
+    return fail("--val-fraction is for --dataset imagefolder:DIR (the training's held-out images)", 2);
+  }
   if (o.output.empty()) o.output = o.dir + "/eval.jsonl";
   runtime::SetComputeThreads(o.threads);
   if (auto s = shards::RegisterStageTypes(); !s.ok()) return fail(std::string(s.message()), 1);

@@ -63,6 +63,11 @@ absl::Status CheckValues(const Flags& f, const RunOptions& c) {
     }
     if (c.prefetch < 0 || c.prefetch > 64) return Bad("--prefetch must be in [0, 64]");
   }
+  if (!(c.val_fraction >= 0 && c.val_fraction < 1)) return Bad("--val-fraction must be in [0, 1)");
+  if (c.val_fraction > 0 && !ReadsImageFolder(c)) {
+    return Bad("--val-fraction holds images out of an image folder's training images: give --dataset "
+               "imagefolder:DIR (the other datasets have their own test set)");
+  }
   if (!c.dataset.empty() && c.compare_local) {
     return Bad("--compare-local compares the ResNet50 demo or --model batches; with --dataset, "
                "run --local separately and compare the epoch lines");
@@ -338,8 +343,10 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
   flags.AddString("dataset", &c.dataset,
                   "train on a real dataset for --epochs and print the test accuracy after each: "
                   "fashion-mnist (Debian's dataset-fashion-mnist), idx:DIR (MNIST-format IDX "
-                  "files) or cifar10:DIR (CIFAR-10's binary version); the model is a small CNN "
-                  "over the workers (1 to 4), or the --model stages; cross-entropy");
+                  "files), cifar10:DIR (CIFAR-10's binary version) or imagefolder:DIR (JPEG/PNG files in "
+                  "DIR/train/<class>/ and DIR/val/<class>/, or DIR/<class>/ alone, read from disk); the model is "
+                  "a small CNN over the workers (1 to 4), ResNet50 for an image folder, or the --model stages; "
+                  "cross-entropy");
   flags.AddInt("epochs", &c.epochs, "with --dataset: epochs to train");
   flags.AddBool("shuffle", &c.shuffle, "with --dataset: shuffle each epoch by --seed (false: file order)");
   flags.AddString("optimizer", &c.optimizer, "sgd or adam (the ResNet50 demo: plain SGD)");
@@ -353,6 +360,10 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
                "with --dataset imagefolder:DIR: threads that decode and augment the images");
   flags.AddInt("prefetch", &c.prefetch,
                "with --dataset imagefolder:DIR: batches read ahead while a step runs (0: none)");
+  flags.AddDouble("val-fraction", &c.val_fraction,
+                  "with --dataset imagefolder:DIR that has no val/ folder: hold this fraction of the training "
+                  "images out as the test set (chosen by a hash of each file's name: the same files every run; "
+                  "0: no test set, no test accuracy)");
   flags.AddBool("skip-bad-images", &c.skip_bad_images,
                 "with --dataset imagefolder:DIR: leave unreadable image files out of their batch (counted "
                 "on the epoch line) instead of failing the run naming the file");

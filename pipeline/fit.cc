@@ -32,13 +32,15 @@ std::string Duration(double s) {
 using RowReader = std::function<absl::StatusOr<data::Batch>(const at::Tensor& rows, int epoch)>;
 // Starts the step of a batch read (its rows and epoch too).
 using BatchStarter = std::function<StartedStep(const data::Batch& batch, const at::Tensor& rows, int epoch)>;
+// Measures the test set's accuracy (empty: there is no test set).
+using AccuracyOf = std::function<absl::StatusOr<Correct>()>;
 
 // The epochs of Fit and FitRows over `train_size` rows; `skipped` (may be
 // empty) counts rows left out where they were read.
 absl::StatusOr<std::vector<EpochResult>> FitLoop(int64_t train_size, const RowReader& read_rows,
                                                  const BatchStarter& start_step,
                                                  const std::function<absl::StatusOr<int64_t>()>& skipped,
-                                                 const std::function<absl::StatusOr<Correct>()>& accuracy,
+                                                 const AccuracyOf& accuracy,
                                                  const FitOptions& o, std::ostream& out);
 
 }  // namespace
@@ -129,7 +131,9 @@ absl::StatusOr<std::vector<EpochResult>> Fit(const StartTrainStep& start_step, c
   return FitLoop(
       train.size(), [&train](const at::Tensor& rows, int e) { return train.Get(rows, e); },
       [&start_step](const data::Batch& b, const at::Tensor&, int) { return start_step(b.images, b.labels); },
-      nullptr, [&] { return Accuracy(count_correct, test, o.eval_batch_size); }, o, out);
+      nullptr,
+      test.size() == 0 ? AccuracyOf(nullptr) : [&] { return Accuracy(count_correct, test, o.eval_batch_size); },
+      o, out);
 }
 
 absl::StatusOr<std::vector<EpochResult>> FitRows(const StartRowsStep& start_step, int64_t train_rows,
@@ -142,7 +146,8 @@ absl::StatusOr<std::vector<EpochResult>> FitRows(const StartRowsStep& start_step
       train_rows,
       [](const at::Tensor& rows, int) -> absl::StatusOr<data::Batch> { return data::Batch{{}, rows, 0}; },
       [&start_step](const data::Batch&, const at::Tensor& rows, int e) { return start_step(rows, e); }, skipped,
-      [&] { return Accuracy(count_correct, test_rows, o.eval_batch_size); }, rows_only, out);
+      test_rows == 0 ? AccuracyOf(nullptr) : [&] { return Accuracy(count_correct, test_rows, o.eval_batch_size); },
+      rows_only, out);
 }
 
 namespace {
@@ -154,7 +159,7 @@ class Loop {
  public:
   Loop(int64_t train_size, const RowReader& read_rows, const BatchStarter& start_step,
        const std::function<absl::StatusOr<int64_t>()>& skipped,
-       const std::function<absl::StatusOr<Correct>()>& accuracy, const FitOptions& o, std::ostream& out)
+       const AccuracyOf& accuracy, const FitOptions& o, std::ostream& out)
       : train_size_(train_size), read_rows_(read_rows), start_step_(start_step), skipped_(skipped),
         accuracy_(accuracy), o_(o), out_(out), step_(o.start.step) {}
 
@@ -313,14 +318,17 @@ class Loop {
     r_.trained = trained_;
     r_.train_loss = loss_sum_ / batches_.size();
     if (o_.progress_bar) out_ << "\n";
-    auto accuracy = accuracy_();
-    if (!accuracy.ok()) return Annotate(accuracy.status(), absl::StrCat("evaluating after epoch ", e));
-    r_.test_accuracy = accuracy->accuracy();
-    r_.test_top5 = accuracy->top5_accuracy();
-    out_ << absl::StrFormat("epoch=%d train_loss=%.4f test_accuracy=%.4f test_top5=%.4f seconds=%.1f "
-                            "images_per_second=%.0f%s\n",
-                            e, r_.train_loss, r_.test_accuracy, r_.test_top5, r_.seconds,
-                            trained_ / std::max(r_.seconds, 1e-9),
+    std::string tested;
+    if (accuracy_) {  // else no test set
+      auto accuracy = accuracy_();
+      if (!accuracy.ok()) return Annotate(accuracy.status(), absl::StrCat("evaluating after epoch ", e));
+      r_.evaluated = true;
+      r_.test_accuracy = accuracy->accuracy();
+      r_.test_top5 = accuracy->top5_accuracy();
+      tested = absl::StrFormat(" test_accuracy=%.4f test_top5=%.4f", r_.test_accuracy, r_.test_top5);
+    }
+    out_ << absl::StrFormat("epoch=%d train_loss=%.4f%s seconds=%.1f images_per_second=%.0f%s\n", e,
+                            r_.train_loss, tested, r_.seconds, trained_ / std::max(r_.seconds, 1e-9),
                             r_.skipped > 0 ? absl::StrCat(" skipped_images=", r_.skipped) : "")
          << std::flush;
     return absl::OkStatus();
@@ -330,7 +338,7 @@ class Loop {
   const RowReader& read_rows_;
   const BatchStarter& start_step_;
   const std::function<absl::StatusOr<int64_t>()>& skipped_;
-  const std::function<absl::StatusOr<Correct>()>& accuracy_;
+  const AccuracyOf& accuracy_;
   const FitOptions& o_;
   std::ostream& out_;
   int64_t step_;
@@ -349,7 +357,7 @@ class Loop {
 absl::StatusOr<std::vector<EpochResult>> FitLoop(int64_t train_size, const RowReader& read_rows,
                                                  const BatchStarter& start_step,
                                                  const std::function<absl::StatusOr<int64_t>()>& skipped,
-                                                 const std::function<absl::StatusOr<Correct>()>& accuracy,
+                                                 const AccuracyOf& accuracy,
                                                  const FitOptions& o, std::ostream& out) {
   return Loop(train_size, read_rows, start_step, skipped, accuracy, o, out).Run();
 }

@@ -99,6 +99,7 @@ struct Correct {
 struct EpochResult {
   int epoch = 0;             // from 1
   double train_loss = 0;     // mean over the epoch's batches
+  bool evaluated = false;    // whether there was a test set to measure the two below on
   double test_accuracy = 0;  // fraction of the test set classified right (top-1)
   double test_top5 = 0;      // fraction whose label is among the five highest logits
   double seconds = 0;        // training time of the epoch (evaluation not included)
@@ -129,10 +130,10 @@ at::Tensor CountCorrectOnDevice(const at::Tensor& logits, const at::Tensor& labe
 CountStep CountFromLogits(EvalStep eval_step);
 
 // Trains `options.epochs` epochs over `train`, evaluating on `test` after
-// each; prints the progress and one line per epoch
-// ("epoch=E train_loss=L test_accuracy=A test_top5=T seconds=S
-// images_per_second=I")
-// to `out`. An error names the epoch and batch it happened in.
+// each (an empty `test`: no evaluation); prints the progress and one line
+// per epoch ("epoch=E train_loss=L test_accuracy=A test_top5=T seconds=S
+// images_per_second=I", without the test figures where nothing was
+// evaluated) to `out`. An error names the epoch and batch it happened in.
 absl::StatusOr<std::vector<EpochResult>> Fit(const TrainStep& train_step, const CountStep& count_correct,
                                              const data::Dataset& train, const data::Dataset& test,
                                              const FitOptions& options, std::ostream& out);

@@ -52,12 +52,14 @@ std::string WorkerName(CallContext& ctx) { return ctx.agent != nullptr ? ctx.age
 c10::IValue SpecToIValue(const data::SourceSpec& s) {
   return c10::ivalue::Tuple::create({c10::IValue(s.dataset), s.train, s.rows, s.image_size,
                                      static_cast<int64_t>(s.threads), static_cast<int64_t>(s.seed),
-                                     s.skip_bad_images, c10::IValue(s.listing_cache)});
+                                     s.skip_bad_images, c10::IValue(s.listing_cache), s.val_fraction});
 }
 
 data::SourceSpec SpecFrom(const c10::IValue& v) {
   const c10::ArrayRef<c10::IValue> e = v.toTupleRef().elements().asArrayRef();
-  if (e.size() != 8) throw std::invalid_argument("data.open: a source spec of 8 fields");
+  if (e.size() != 9) {
+    throw std::invalid_argument("data.open: a source spec of 9 fields (is the master another version of remora?)");
+  }
   data::SourceSpec s;
   s.dataset = e[0].toStringRef();
   s.train = e[1].toBool();
@@ -67,6 +69,7 @@ data::SourceSpec SpecFrom(const c10::IValue& v) {
   s.seed = static_cast<uint64_t>(e[5].toInt());
   s.skip_bad_images = e[6].toBool();
   s.listing_cache = e[7].toStringRef();
+  s.val_fraction = e[8].toDouble();
   return s;
 }
 

@@ -33,8 +33,10 @@ absl::Status PipelineTrainer::ReadOnWorkers(const data::SourceSpec& train, int64
   std::vector<std::string> readers;
   for (int r = 0; r < pipe_->replicas(); ++r) readers.push_back(pipe_->replica(r).worker_of(0));
   ASSIGN_OR_RETURN(train_data_, pipeline::WorkerData::Open(agent_, readers, train, train_rows));
-  // The test set on replica 0's (which evaluates).
-  ASSIGN_OR_RETURN(test_data_, pipeline::WorkerData::Open(agent_, {readers[0]}, test, test_rows));
+  // The test set on replica 0's (which evaluates), where there is one.
+  if (test_rows > 0) {
+    ASSIGN_OR_RETURN(test_data_, pipeline::WorkerData::Open(agent_, {readers[0]}, test, test_rows));
+  }
   readers_ = std::move(readers);
   return absl::OkStatus();
 }

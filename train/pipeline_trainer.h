@@ -37,7 +37,8 @@ class PipelineTrainer final : public Trainer, private RowsSteps {
                                                                  parallel::DataParallelOptions options);
   // From now on each replica's stage 0 worker reads its share of every
   // training batch from `train` itself (the master sends row numbers), and
-  // replica 0's reads the test set; each must find the given row counts.
+  // replica 0's reads the test set (none where test_rows is 0); each must
+  // find the given row counts.
   // FailedPrecondition when the loss is computed here (an unnamed loss
   // needs the batches on the master).
   absl::Status ReadOnWorkers(const data::SourceSpec& train, int64_t train_rows, const data::SourceSpec& test,

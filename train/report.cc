@@ -39,10 +39,12 @@ void RunLog::Step(int64_t step, double loss, int64_t rows, double seconds) {
 }
 
 void RunLog::Epoch(const pipeline::EpochResult& e) {
-  accuracy_.emplace_back(e.epoch, e.test_accuracy);
   Add("epoch/train_loss", e.epoch, e.train_loss);
-  Add("epoch/test_accuracy", e.epoch, e.test_accuracy);
-  Add("epoch/test_top5", e.epoch, e.test_top5);
+  if (e.evaluated) {
+    accuracy_.emplace_back(e.epoch, e.test_accuracy);
+    Add("epoch/test_accuracy", e.epoch, e.test_accuracy);
+    Add("epoch/test_top5", e.epoch, e.test_top5);
+  }
   if (e.seconds > 0) Add("epoch/images_per_second", e.epoch, e.trained / e.seconds);
   if (events_ != nullptr) Warn(events_->Flush());
 }
@@ -139,8 +141,8 @@ absl::Status WriteReport(const std::string& path, const std::string& mode, const
       const auto& x = r.epochs[e];
       out << (e ? ", " : "") << "{\"epoch\": " << x.epoch << ", \"train_loss\": "
           << absl::StrFormat("%.6f", x.train_loss) << ", \"test_accuracy\": "
-          << absl::StrFormat("%.6f", x.test_accuracy) << ", \"test_top5\": "
-          << absl::StrFormat("%.6f", x.test_top5) << ", \"seconds\": "
+          << (x.evaluated ? absl::StrFormat("%.6f", x.test_accuracy) : "null") << ", \"test_top5\": "
+          << (x.evaluated ? absl::StrFormat("%.6f", x.test_top5) : "null") << ", \"seconds\": "
           << absl::StrFormat("%.3f", x.seconds) << ", \"skipped_images\": " << x.skipped << "}";
     }
     out << "], \"recoveries\": [";

@@ -25,6 +25,7 @@ data::SourceSpec SourceSpecOf(const RunOptions& c, bool train) {
   s.threads = c.data_threads;
   s.seed = static_cast<uint64_t>(c.seed);
   s.skip_bad_images = c.skip_bad_images;
+  s.val_fraction = c.val_fraction;
   // Listed once per run directory: a resumed run reads the listing.
   if (ReadsImageFolder(c) && !c.checkpoint_dir.empty()) {
     s.listing_cache = absl::StrCat(c.checkpoint_dir, "/imagefolder-", train ? "train" : "val", ".list");
@@ -41,25 +42,30 @@ absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const RunOptions& c) {
       std::filesystem::create_directories(c.checkpoint_dir, ec);
     }
     ASSIGN_OR_RETURN(auto train, data::ImageFolder::Open(dir, "train", data::FolderOptions(SourceSpecOf(c, true))));
-    ASSIGN_OR_RETURN(auto test, data::ImageFolder::Open(dir, "val", data::FolderOptions(SourceSpecOf(c, false))));
-    if (train->classes() != test->classes()) {
-      return absl::InvalidArgumentError(absl::StrCat(dir, "/train has ", train->classes().size(), " classes and ",
-                                                     dir, "/val ", test->classes().size(),
-                                                     ": both need the same class folders"));
+    absl::StatusOr<std::unique_ptr<data::ImageFolder>> test =
+        data::ImageFolder::Open(dir, "val", data::FolderOptions(SourceSpecOf(c, false)));
+    if (absl::IsNotFound(test.status())) {
+      sets->no_test = "no val/ folder; --val-fraction F holds a fraction of the training images out";
+    } else if (!test.ok()) {
+      return test.status();
+    } else if (train->classes() != (*test)->classes()) {
+      return absl::InvalidArgumentError(absl::StrCat(train->root(), " has ", train->classes().size(),
+                                                     " classes and ", (*test)->root(), " ",
+                                                     (*test)->classes().size(), ": both need the same class folders"));
     }
     if (c.model.empty() && train->classes().size() > 1000) {
-      return absl::InvalidArgumentError(absl::StrCat(dir, "/train has ", train->classes().size(),
+      return absl::InvalidArgumentError(absl::StrCat(train->root(), " has ", train->classes().size(),
                                                      " classes; ResNet50 has 1000 outputs: give --model stages"));
     }
     if (!c.model.empty() && static_cast<int64_t>(train->classes().size()) != c.classes) {
-      return absl::InvalidArgumentError(absl::StrCat(dir, "/train has ", train->classes().size(),
+      return absl::InvalidArgumentError(absl::StrCat(train->root(), " has ", train->classes().size(),
                                                      " classes; --classes is ", c.classes,
                                                      ": give --classes ", train->classes().size()));
     }
     sets->shape = {3, c.image_size, c.image_size};
     sets->train = std::move(train);
     sets->train = data::FirstRows(std::move(sets->train), c.train_rows);
-    sets->test = std::move(test);
+    sets->test = test.ok() ? std::unique_ptr<data::Source>(std::move(*test)) : data::NoRows();
     return sets;
   }
   ASSIGN_OR_RETURN(auto loaded, data::LoadNamed(c.dataset));
@@ -77,6 +83,10 @@ absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const RunOptions& c) {
 }
 
 std::string Sets::Describe() const {
+  if (!no_test.empty()) {
+    return absl::StrCat(train->size(), " training images of ", c10::str(c10::IntArrayRef(shape)),
+                        ", no test images (", no_test, "): no test accuracy");
+  }
   return absl::StrCat(train->size(), " training and ", test->size(), " test images of ",
                       c10::str(c10::IntArrayRef(shape)));
 }

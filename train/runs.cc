@@ -194,7 +194,8 @@ checkpoint::RunIdentity IdentityOf(const RunOptions& c, int splits) {
   } else {
     id.data = absl::StrCat(c.dataset, " batch-size=", c.batch_size, " seed=", c.seed,
                            c.shuffle ? " shuffle" : " file-order",
-                           c.train_rows > 0 ? absl::StrCat(" train-rows=", c.train_rows) : "");
+                           c.train_rows > 0 ? absl::StrCat(" train-rows=", c.train_rows) : "",
+                           c.val_fraction > 0 ? absl::StrCat(" val-fraction=", c.val_fraction) : "");
   }
   const optim::OptimizerOptions o = OptimizerOf(c);
   id.optimizer = o.kind == optim::OptimizerOptions::Kind::kAdam

@@ -100,6 +100,9 @@ struct RunOptions {
   int data_threads = 4;
   int prefetch = 2;
   bool skip_bad_images = false;
+  // An image folder without val/: the fraction of its training images held
+  // out as the test set (0: none, and no test accuracy).
+  double val_fraction = 0;
   int epochs = 3;
   bool shuffle = true;
   std::string optimizer = "sgd";  // or adam
@@ -192,14 +195,16 @@ train::TrainOptions TrainOptionsOf(const RunOptions& c, int splits, int64_t min_
 
 // --dataset's sets as the runs read them: in memory (fashion-mnist, idx:,
 // cifar10:) or from an image folder's files as batches need them
-// (imagefolder:DIR: DIR/train and DIR/val at --image-size). Not movable:
+// (imagefolder:DIR: DIR/train or DIR itself, and DIR/val or the
+// --val-fraction held out, at --image-size). Not movable:
 // the sources refer to the sets held here.
 struct Sets {
   Sets() = default;
   Sets(const Sets&) = delete;
   Sets& operator=(const Sets&) = delete;
   data::Dataset train_set, test_set;  // in memory (none for an image folder)
-  std::unique_ptr<data::Source> train, test;
+  std::unique_ptr<data::Source> train, test;  // test: no rows where there is none
+  std::string no_test;                         // why there is no test set (empty: there is one)
   std::vector<int64_t> shape;  // one image's, [C, H, W]
   std::string Describe() const;
 };

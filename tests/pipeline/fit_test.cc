@@ -71,6 +71,21 @@ TEST(Fit, StartsEachStepBeforeWaitingForTheLastExceptBeforeACheckpoint) {
   EXPECT_NE(r.out.str().find("test_accuracy=0.5000 test_top5=1.0000 "), std::string::npos) << r.out.str();
 }
 
+// Without a test set (an image folder with no val/): no evaluation, and
+// the epoch line has no test figures.
+TEST(Fit, AnEmptyTestSetIsNotEvaluated) {
+  Recorder r;
+  r.test = data::Dataset{at::zeros({0, 1}), at::zeros({0}, at::kLong)};
+  auto epochs = r.Run();
+  ASSERT_TRUE(epochs.ok()) << epochs.status();
+  ASSERT_EQ(epochs->size(), 1u);
+  EXPECT_FALSE((*epochs)[0].evaluated);
+  EXPECT_NE(r.out.str().find("epoch=1 train_loss=1.0000 seconds="), std::string::npos) << r.out.str();
+  EXPECT_EQ(r.out.str().find("test_"), std::string::npos) << r.out.str();
+  Recorder with_test;
+  EXPECT_TRUE(with_test.Run().value()[0].evaluated);
+}
+
 // A run resumed after the last batch of an epoch (it ended there, and is
 // now given more epochs) goes on with the next epoch, without a line for
 // the one reported before.

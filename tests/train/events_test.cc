@@ -1,7 +1,7 @@
 // TensorBoard event files (train/events.h) and the curves' SVG
 // (train/curves.h), without a training run; the master's --tensorboard and
 // --curves are checked in tests/models/resnet_test.cc (batch runs) and
-// tests/data/imagefolder_test.cc (epochs).
+// tests/data/imagefolder_master_test.cc (epochs).
 #include "train/events.h"
 
 #include <filesystem>

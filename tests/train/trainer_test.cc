@@ -2,7 +2,7 @@
 // local_trainer.h), without workers: the checkpoint cadence, a resume that
 // goes on bitwise like a run that never stopped, and the errors. The
 // pipeline and parameter-server trainers run the same loop in the master's
-// tests (tests/checkpoint, tests/ps, tests/data/imagefolder_test.cc).
+// tests (tests/checkpoint, tests/ps, tests/data/imagefolder_master_test.cc).
 #include "train/fit.h"
 
 #include <filesystem>
