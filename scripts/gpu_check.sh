@@ -27,8 +27,10 @@
 #           --device cuda:0` at the same splits (steady_batch_s side by side),
 #           the same with receives waiting on the host
 #           (REMORA_CUDA_STREAM_RECEIVES=0) and the master-centred protocol
-#           (REMORA_STEP_PROTOCOL=master); a Perfetto trace of --splits 1
-#           (OUTDIR/protocol_trace.json)
+#           (REMORA_STEP_PROTOCOL=master), and one GPU worker holding the
+#           whole model (protocol_one_worker_report.json: the worker's own
+#           path without a stage boundary or a second process on the GPU);
+#           a Perfetto trace of --splits 1 (OUTDIR/protocol_trace.json)
 #   dp      data parallelism on the GPU: CudaProcessGroup.* and
 #           CudaDataParallel.* with REMORA_DEBUG=channels, then ResNet50
 #           (64x64) as --replicas 2 over two `worker --device cuda:0`
@@ -151,24 +153,27 @@ step_bench() {
   return $rc
 }
 
-# Two GPU workers (`worker --device cuda:0`) and a master on this machine,
-# the master run with SECONDS and the rest of the arguments; the workers are
-# killed if the master fails, so that nothing holds the port or the GPU
-# afterwards.
-two_gpu_workers() {
-  local port=29671 rc=0 w1 w2 seconds=$1
-  shift
-  "$bin/worker" --name worker1 --device cuda:0 --master "127.0.0.1:$port" --connect-timeout 30 & w1=$!
-  "$bin/worker" --name worker2 --device cuda:0 --master "127.0.0.1:$port" --connect-timeout 30 & w2=$!
-  timeout -k 10 "$seconds" "$bin/master" --workers worker1,worker2 --listen "127.0.0.1:$port" \
+# N GPU workers (`worker --device cuda:0`, named worker1 ... workerN) and
+# a master on this machine, the master run with SECONDS and the rest of the
+# arguments; the workers are killed if the master fails, so that nothing
+# holds the port or the GPU afterwards.
+gpu_workers() {
+  local port=29671 rc=0 n=$1 seconds=$2 i names= pids=()
+  shift 2
+  for i in $(seq 1 "$n"); do
+    "$bin/worker" --name "worker$i" --device cuda:0 --master "127.0.0.1:$port" --connect-timeout 30 & pids+=($!)
+    names=${names:+$names,}worker$i
+  done
+  timeout -k 10 "$seconds" "$bin/master" --workers "$names" --listen "127.0.0.1:$port" \
     --connect-timeout 30 "$@" || {
     rc=1
-    kill "$w1" "$w2" 2>/dev/null
+    kill "${pids[@]}" 2>/dev/null
   }
-  wait "$w1" || rc=1
-  wait "$w2" || rc=1
+  for i in "${pids[@]}"; do wait "$i" || rc=1; done
   return $rc
 }
+
+two_gpu_workers() { gpu_workers 2 "$@"; }
 
 step_demo() {
   local rc=0
@@ -188,6 +193,8 @@ step_protocol() {
   echo "== the step protocol, receives waiting on the host (REMORA_CUDA_STREAM_RECEIVES=0)"
   REMORA_CUDA_STREAM_RECEIVES=0 two_gpu_workers 300 --partition tutorial --splits 1,8 --batches 6 \
     --report "$out/protocol_host_wait_report.json" || rc=1
+  echo "== one GPU worker holding the whole model (no stage boundary, one process on the GPU)"
+  gpu_workers 1 240 --splits 1,8 --batches 6 --report "$out/protocol_one_worker_report.json" || rc=1
   echo "== the master-centred protocol (REMORA_STEP_PROTOCOL=master), for comparison"
   REMORA_STEP_PROTOCOL=master two_gpu_workers 300 --partition tutorial --splits 1,8 --batches 6 \
     --report "$out/protocol_master_report.json" || rc=1
