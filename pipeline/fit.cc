@@ -120,7 +120,7 @@ absl::StatusOr<std::vector<EpochResult>> Fit(const TrainStep& train_step, const 
   return Fit(
       [&train_step](const at::Tensor& x, const at::Tensor& y) {
         absl::StatusOr<double> loss = train_step(x, y);
-        return StartedStep{[loss] { return loss; }, [] {}};
+        return StartedStep{[loss] { return loss; }, [] {}, /*ran=*/true};
       },
       count_correct, train, test, o, out);
 }
@@ -232,8 +232,11 @@ class Loop {
       r_.skipped += batch->skipped;
       if (batch->labels.size(0) == 0) continue;  // every file of it skipped
       started_.push_back(Started{b, batch->labels.size(0), start_step_(*batch, batches_[b], e)});
-      // One step ahead: the one before this is waited for now.
-      while (started_.size() > 1) RETURN_IF_ERROR(FinishOldest());
+      // One step ahead: the one before this is waited for now (a step
+      // that ran within its start at once).
+      while (started_.size() > 1 || (!started_.empty() && started_.back().step.ran)) {
+        RETURN_IF_ERROR(FinishOldest());
+      }
     }
     while (!started_.empty()) RETURN_IF_ERROR(FinishOldest());
     r_.seconds = Now() - t0_;

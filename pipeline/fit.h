@@ -49,7 +49,7 @@ struct FitOptions {
   int epochs = 3;
   int64_t batch_size = 64;
   // A last batch with fewer rows is dropped (a pipeline needs at least one
-  // row per micro-batch).
+  // row per micro-batch, a model with batch norm two).
   int64_t min_batch_rows = 1;
   bool shuffle = true;  // a permutation per epoch from (seed, epoch); else file order
   uint64_t seed = 0;
@@ -110,10 +110,14 @@ struct EpochResult {
 
 using TrainStep = std::function<absl::StatusOr<double>(const at::Tensor& x, const at::Tensor& y)>;
 // A training step started and not waited for: `wait` returns its loss
-// (called once); `abandon` drops it (a step before it failed).
+// (called once); `abandon` drops it (a step before it failed). `ran`: the
+// step ran within its start (a step in this process), so it is accounted
+// for at once, not after the next one has started (which would time it
+// with the next step's work).
 struct StartedStep {
   std::function<absl::StatusOr<double>()> wait;
   std::function<void()> abandon;
+  bool ran = false;
 };
 using StartTrainStep = std::function<StartedStep(const at::Tensor& x, const at::Tensor& y)>;
 using EvalStep = std::function<absl::StatusOr<at::Tensor>(const at::Tensor& x)>;  // logits [N, C]

@@ -207,12 +207,25 @@ checkpoint::RunIdentity IdentityOf(const RunOptions& c, int splits) {
   return id;
 }
 
-train::TrainOptions TrainOptionsOf(const RunOptions& c, int splits, int64_t min_batch_rows,
+int64_t RowsPerPart(const RunOptions& c) {
+  if (c.model.empty()) return TrainsSmallCnn(c) ? 1 : 2;  // the small CNN has no batch norm, ResNet50 has
+  for (const pipeline::StageSpec& spec : c.scripts) {
+    auto stage = pipeline::BuildStage(spec, c10::Device(c10::kCPU));
+    if (!stage.ok()) continue;  // the workers' building says what is wrong with it
+    for (const std::string& name : (*stage)->Names()) {
+      if (name == "running_mean" || absl::EndsWith(name, ".running_mean")) return 2;
+    }
+  }
+  return 1;
+}
+
+train::TrainOptions TrainOptionsOf(const RunOptions& c, int splits, int64_t parts,
                                    const Checkpointing* checkpoints) {
   train::TrainOptions o;
   o.fit.epochs = c.epochs;
   o.fit.batch_size = c.batch_size;
-  o.fit.min_batch_rows = min_batch_rows;
+  // (Capped at the batch size: full batches are never dropped.)
+  o.fit.min_batch_rows = std::max(parts, std::min(parts * RowsPerPart(c), int64_t{c.batch_size}));
   o.fit.shuffle = c.shuffle;
   o.fit.seed = static_cast<uint64_t>(c.seed);
   o.fit.progress_bar = isatty(fileno(stdout));

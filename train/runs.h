@@ -187,10 +187,15 @@ absl::StatusOr<Run> TrainLocal(const RunOptions& c, int splits);
 
 // The optimizer of a run: SGD with --momentum (the demo: none) or Adam.
 optim::OptimizerOptions OptimizerOf(const RunOptions& c);
-// The train/ loop's options of a --dataset run at `splits` (min_batch_rows:
-// at least one row per micro-batch of every replica), with the run's
-// checkpoints (when given).
-train::TrainOptions TrainOptionsOf(const RunOptions& c, int splits, int64_t min_batch_rows,
+// Rows each part of a batch (a micro-batch, a replica's or a worker's
+// share) needs in training: 2 where the model normalises by batch
+// statistics (ResNet50; a --model with a BatchNorm's running_mean buffer:
+// one row has no variance to normalise by), else 1.
+int64_t RowsPerPart(const RunOptions& c);
+// The train/ loop's options of a --dataset run at `splits`, whose batches
+// are cut into `parts` (a last batch too small for RowsPerPart rows in each
+// is dropped), with the run's checkpoints (when given).
+train::TrainOptions TrainOptionsOf(const RunOptions& c, int splits, int64_t parts,
                                    const Checkpointing* checkpoints);
 
 // --dataset's sets as the runs read them: in memory (fashion-mnist, idx:,

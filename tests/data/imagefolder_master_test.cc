@@ -316,6 +316,15 @@ TEST(ImageFolderMaster, AFolderWithoutValTrainsWithoutTestOrHoldsAFractionOut) {
   EXPECT_THAT(epoch2, HasSubstr("train_loss="));
   EXPECT_THAT(epoch2, Not(HasSubstr("test_accuracy"))) << out;
   EXPECT_THAT(ReadFile(report), HasSubstr("\"test_accuracy\": null"));
+  // ResNet50 (batch norm) over 20 images in batches of 19: the last batch,
+  // one row, is dropped rather than failing the epoch (one row has no
+  // variance to normalise by).
+  auto [resnet_code, resnet_out] =
+      RunProgram({BinDir() + "/master", "--local", "--dataset", "imagefolder:" + flat, "--image-size", "32",
+                  "--epochs", "1", "--batch-size", "19", "--splits", "1", "--threads", "1", "--data-threads", "1"},
+                 absl::Seconds(120));
+  ASSERT_EQ(resnet_code, 0) << resnet_out;
+  EXPECT_THAT(resnet_out, HasSubstr("epoch=1 train_loss="));
 
   const int64_t held = static_cast<int64_t>(ListImageFolder(flat, "val", 0.3).value().files.size());
   ASSERT_GT(held, 0);

@@ -25,6 +25,7 @@ struct Recorder {
   FitOptions options;
   std::vector<std::string> log;
   int fail_batch = -1;  // (by its first row / 2)
+  bool ran = false;     // steps that run within their start
 
   Recorder() {
     options.epochs = 1;
@@ -48,7 +49,7 @@ struct Recorder {
                                if (b == fail_batch) return absl::InternalError("the step failed");
                                return 1.0;
                              },
-                             [this, b] { log.push_back(absl::StrCat("abandon", b)); }};
+                             [this, b] { log.push_back(absl::StrCat("abandon", b)); }, ran};
         },
         [](const at::Tensor&, const at::Tensor&) -> absl::StatusOr<Correct> { return Correct{1, 2, 2}; },
         train, test, options, out);
@@ -69,6 +70,21 @@ TEST(Fit, StartsEachStepBeforeWaitingForTheLastExceptBeforeACheckpoint) {
   EXPECT_DOUBLE_EQ((*epochs)[0].test_accuracy, 0.5);
   EXPECT_DOUBLE_EQ((*epochs)[0].test_top5, 1.0);
   EXPECT_NE(r.out.str().find("test_accuracy=0.5000 test_top5=1.0000 "), std::string::npos) << r.out.str();
+}
+
+// A step that ran within its start is accounted for at once: its time
+// and after_step do not wait for the next step's start (whose work would
+// otherwise be timed as this step's, and the last step's as nothing).
+TEST(Fit, AStepThatRanWithinItsStartIsAccountedForAtOnce) {
+  Recorder r;
+  r.ran = true;
+  std::vector<double> seconds;
+  r.options.on_step = [&seconds](const StepRecord& s) { seconds.push_back(s.seconds); };
+  ASSERT_TRUE(r.Run().ok());
+  EXPECT_EQ(r.log, (std::vector<std::string>{"start0", "wait0", "after1", "start1", "wait1", "after2", "start2",
+                                             "wait2", "after3", "start3", "wait3", "after4", "start4", "wait4",
+                                             "after5"}));
+  EXPECT_EQ(seconds.size(), 5u);
 }
 
 // Without a test set (an image folder with no val/): no evaluation, and

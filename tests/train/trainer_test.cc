@@ -13,6 +13,7 @@
 
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
+#include <ATen/ops/zeros.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/nn/modules/activation.h>
@@ -22,8 +23,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "data/source.h"
+#include "tests/support/script_models.h"
 #include "tests/support/test_group.h"
 #include "train/local_trainer.h"
+#include "train/runs.h"
 
 namespace remora::train {
 namespace {
@@ -193,6 +196,39 @@ TEST(LocalTrainer, BadOptionsAreClearErrors) {
   o.stages = {pipeline::StageSpec::Registered("TrainTestMlp", {int64_t{1}})};
   o.micro_batches = 0;
   EXPECT_THAT(LocalTrainer::Create(o).status().message(), HasSubstr("micro_batches is 0"));
+}
+
+pipeline::StageSpec ScriptSpec(const torch::jit::Module& m) {
+  std::ostringstream bytes;
+  m.save(bytes);
+  return pipeline::StageSpec::TorchScript(bytes.str(), "test.pt");
+}
+
+// A model that normalises by batch statistics needs two rows in each part
+// of a batch (a last batch with fewer is dropped); others one.
+TEST(Runs, AModelWithBatchNormNeedsTwoRowsPerPart) {
+  runs::RunOptions c;
+  c.dataset = "fashion-mnist";
+  EXPECT_EQ(runs::RowsPerPart(c), 1);  // the small CNN
+  c.dataset = "imagefolder:/data";
+  EXPECT_EQ(runs::RowsPerPart(c), 2);  // ResNet50
+  c.model = "model.pt";
+  c.scripts = {ScriptSpec(test_support::ScriptLinear(4, 2, 1, true))};
+  EXPECT_EQ(runs::RowsPerPart(c), 1);
+  torch::jit::Module model("Model"), norm("Norm");
+  norm.register_buffer("running_mean", at::zeros({2}));
+  norm.define("def forward(self, x):\n  return x - self.running_mean\n");
+  model.register_module("bn", norm);
+  model.define("def forward(self, x):\n  return self.bn.forward(x)\n");
+  c.scripts.push_back(ScriptSpec(model));
+  EXPECT_EQ(runs::RowsPerPart(c), 2);
+  // A batch of 8 cut in 4: the last batch needs 8 rows, capped at the batch size.
+  c.batch_size = 8;
+  EXPECT_EQ(runs::TrainOptionsOf(c, 4, 4, nullptr).fit.min_batch_rows, 8);
+  c.batch_size = 6;
+  EXPECT_EQ(runs::TrainOptionsOf(c, 4, 4, nullptr).fit.min_batch_rows, 6);
+  c.batch_size = 2;
+  EXPECT_EQ(runs::TrainOptionsOf(c, 4, 4, nullptr).fit.min_batch_rows, 4);
 }
 
 }  // namespace
