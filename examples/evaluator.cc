@@ -154,6 +154,10 @@ int Follow(const Options& o, const data::Source& test, int64_t rows) {
       auto score = again ? absl::StatusOr<Score>(done_score)
                          : model.ok() ? Evaluate(*model, test, rows, o.batch_size)
                                     : absl::StatusOr<Score>(model.status());
+      if (!again && model.ok() && !score.ok()) {
+        score = Annotate(score.status(), absl::StrCat("the model of ", ck->dir, " on ", o.dataset, "'s test images (",
+                                                      "is --dataset the training's, and --image-size?)"));
+      }
       if (!score.ok()) {
         if (o.once || std::filesystem::exists(ck->manifest_path)) return fail(std::string(score.status().message()), 1);
         // Pruned while it was read (--keep): a newer one is there.

@@ -43,12 +43,15 @@ absl::StatusOr<std::vector<int>> ParseSplits(const std::string& text) {
 
 // The numbers and choices that need no file and no other flag's meaning.
 absl::Status CheckValues(const Flags& f, const RunOptions& c) {
-  if (f.batch_size == 0 || f.batch_size < -1) return Bad("--batch-size must be >= 1");
+  if (f.given.count("batch-size") && f.batch_size < 1) return Bad("--batch-size must be >= 1");
   if (c.optimizer != "sgd" && c.optimizer != "adam") return Bad("--optimizer must be sgd or adam");
   if (c.epochs < 1) return Bad("--epochs must be >= 1");
   if (c.momentum < 0 || c.momentum >= 1) return Bad("--momentum must be in [0, 1)");
-  if (c.batches < 1 || c.batch_size < 1 || c.threads < 1 || c.connect_timeout < 1) {
-    return Bad("--batches, --batch-size, --threads and --connect-timeout must be >= 1");
+  for (const auto& [flag, value] : {std::pair<const char*, int64_t>{"batches", c.batches},
+                                     {"batch-size", c.batch_size},
+                                     {"threads", c.threads},
+                                     {"connect-timeout", c.connect_timeout}}) {
+    if (value < 1) return Bad(absl::StrCat("--", flag, " must be >= 1; got ", value));
   }
   if (c.image_size < 16 || c.image_size > 1024) return Bad("--image-size must be in [16, 1024]");
   auto device = ParseDevice(c.device, "--device");
@@ -308,8 +311,9 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
                "the pipeline's fill and drain (0: 2 with --partition balanced when every stage "
                "gets a layer, else 1)");
   flags.AddString("schedule", &c.schedule,
-                  "gpipe, 1f1b (one stage per worker), interleaved (several stages per worker) "
-                  "or auto: interleaved with several stages per worker, else 1f1b");
+                  "gpipe, 1f1b (one stage per worker), interleaved (several stages per worker, --splits a "
+                  "multiple of the workers) or auto: 1f1b with one stage per worker, else interleaved where "
+                  "--splits is a multiple of the workers, else gpipe");
   flags.AddInt("threads", &c.threads,
                "intra-op threads of this process for --local, --compare-local and --mode ps (the "
                "master steps the model); a pipeline's master otherwise slices batches on 1 thread "
@@ -409,6 +413,14 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   line.ps_mode = f.mode == "ps";
   c.all_workers = launch::SplitList(f.workers);
   c.spares = launch::SplitList(f.spares);
+  std::set<std::string> named;
+  for (const std::string& w : c.all_workers) {
+    if (!IsValidWorkerName(w)) {
+      return Bad(absl::StrCat("--workers: invalid worker name '", w, "': use 1 to 128 characters of [A-Za-z0-9_:-]"));
+    }
+    if (w == "master") return Bad("--workers: 'master' is the master's own name; name the workers otherwise");
+    if (!named.insert(w).second) return Bad(absl::StrCat("--workers: '", w, "' is named twice"));
+  }
   // One stage per replica is plain data parallelism: one micro-batch per
   // replica by default, as DDP trains (micro-batches only pay in a pipeline).
   const bool one_stage_per_replica =
@@ -431,12 +443,12 @@ absl::StatusOr<CommandLine> Check(Flags f) {
     }
     c.split_at.push_back(v);
   }
-  c.batch_size = f.batch_size > 0 ? f.batch_size : (c.dataset.empty() ? 128 : 64);
+  c.batch_size = f.given.count("batch-size") ? f.batch_size : (c.dataset.empty() ? 128 : 64);
   // Adam at SGD's rates diverges (the demo's loss reached 1e4 at 0.05);
   // 0.001 is PyTorch's default for it.
   const bool demo = c.dataset.empty() && c.model.empty();
   const bool adam = c.optimizer == "adam";
-  c.lr = f.lr != -1 ? f.lr : (demo ? (adam ? 0.0001 : 0.05) : (adam ? 0.001 : 0.01));
+  c.lr = f.given.count("lr") ? f.lr : (demo ? (adam ? 0.0001 : 0.05) : (adam ? 0.001 : 0.01));
   if (auto s = CheckValues(f, c); !s.ok()) return s;
   if (!c.model.empty()) {
     if (auto s = ReadModel(f, c); !s.ok()) return s;

@@ -34,8 +34,8 @@ struct Flags {
   std::string split_at;
   std::string input_shape;  // empty: the dataset's images, else 3,32,32
   int pipeline_stages = 0;
-  int batch_size = -1;  // -1: 128, or 64 with --dataset
-  double lr = -1;       // -1: by the optimizer and the workload (the --lr flag's help)
+  int batch_size = -1;  // not given: 128, or 64 with --dataset
+  double lr = -1;       // not given: by the optimizer and the workload (the --lr flag's help)
   std::set<std::string> given;  // the flags on the command line (FlagParser::given)
 };
 

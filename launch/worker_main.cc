@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 
 #include "autograd/dist_autograd.h"
+#include "base/ids.h"
 #include "channel/devices.h"
 #include "ps/replica.h"
 #include "launch/cli.h"
@@ -74,6 +75,11 @@ absl::StatusOr<AgentOptions> OptionsFrom(const WorkerFlags& f, const std::string
   auto security = launch::LoadSecurity(f.security);
   if (!security.ok()) return bad(security.status().message());
   if (f.name.empty()) return absl::InvalidArgumentError("worker: --name is required (e.g. --name worker1)");
+  if (!IsValidWorkerName(f.name) || f.name == "master") {
+    return bad(absl::StrCat("--name '", f.name, "': ",
+                            f.name == "master" ? "the master's own name; pick another"
+                                               : "use 1 to 128 characters of [A-Za-z0-9_:-]"));
+  }
   for (const auto& [flag, addr] : {std::pair{"--master", f.master}, std::pair{"--listen", f.listen}}) {
     if (auto s = launch::CheckAddress(addr, flag); !s.ok()) return bad(s.message());
   }

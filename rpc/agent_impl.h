@@ -185,6 +185,9 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   void CompleteWithReply(const absl::StatusOr<InMessage>& reply, WorkerId from,
                          Future<c10::IValue> result);
   absl::Status ErrorFromReply(const wire::Response& response) const;
+  // How messages name the peer `name`: "the master" (the book's id 0; before
+  // there is a book, the name "master"), else "worker 'NAME'".
+  std::string Who(const std::string& name) const;
   // Runs `call` (a CallRequest) on `dst`: encodes the arguments and `self`,
   // records autograd, sends, and decodes the reply into the result.
   Future<c10::IValue> Call(WorkerId dst, wire::CallRequest call,
@@ -304,6 +307,8 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   };
   absl::Mutex join_mu_;
   std::map<std::string, Joiner> joiners_ ABSL_GUARDED_BY(join_mu_);
+  // Addresses told their name is a live member's (said once each).
+  std::set<std::string> told_waiting_ ABSL_GUARDED_BY(join_mu_);
   bool formed_ ABSL_GUARDED_BY(join_mu_) = false;
   bool gave_up_ ABSL_GUARDED_BY(join_mu_) = false;
   std::vector<WorkerInfo> book_ ABSL_GUARDED_BY(join_mu_);

@@ -251,17 +251,15 @@ Future<InMessage> Agent::Impl::SendTo(WorkerId dst, OutMessage message,
       streams_ && blocking ? TransmitOnStream(*peer, std::move(message), timeout)
           : Transmit(peer->stub.get(), std::move(message), timeout, false, blocking, peer->route);
   Future<InMessage> annotated;
-  raw.then([annotated, peer, what, timeout](const absl::StatusOr<InMessage>& r) mutable {
+  raw.then([annotated, peer, what, timeout, who = Who(peer->info.name)](const absl::StatusOr<InMessage>& r) mutable {
     if (r.ok()) {
       annotated.Complete(r);
     } else if (r.status().code() == absl::StatusCode::kDeadlineExceeded) {
       annotated.SetError(absl::DeadlineExceededError(absl::StrCat(
-          what, " on worker '", peer->info.name, "' timed out after ",
-          absl::FormatDuration(timeout))));
+          what, " on ", who, " timed out after ", absl::FormatDuration(timeout))));
     } else {
-      annotated.SetError(Annotate(r.status(), absl::StrCat(
-          what, " on worker '", peer->info.name, "' at ", peer->info.address,
-          " failed in transport (is the worker running?)")));
+      annotated.SetError(Annotate(r.status(), absl::StrCat(what, " on ", who, " at ", peer->info.address,
+                                                           " failed in transport (is it running?)")));
     }
   });
   return annotated;
@@ -273,8 +271,15 @@ absl::Status Agent::Impl::ErrorFromReply(const wire::Response& response) const {
   if (code <= 0 || code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
     code = static_cast<int>(absl::StatusCode::kUnknown);
   }
-  return absl::Status(static_cast<absl::StatusCode>(code),
-                      absl::StrCat("worker '", e.worker(), "': ", e.message()));
+  return absl::Status(static_cast<absl::StatusCode>(code), absl::StrCat(Who(e.worker()), ": ", e.message()));
+}
+
+std::string Agent::Impl::Who(const std::string& name) const {
+  const Peer* master = FindPeer(0);
+  if (master != nullptr ? master->info.name == name : name == "master") {
+    return name == "master" ? "the master" : absl::StrCat("the master '", name, "'");
+  }
+  return absl::StrCat("worker '", name, "'");
 }
 
 void Agent::Impl::CompleteWithReply(const absl::StatusOr<InMessage>& reply, WorkerId from,

@@ -125,10 +125,17 @@ void Agent::Impl::HandleJoin(const wire::JoinRequest& join,
       book = book_;
     } else if (formed_ && it != joiners_.end() && it->second.address != join.address()) {
       // Perhaps a lost worker's new process, come before the master found
-      // the loss: it retries until then (or its connect timeout).
+      // the loss: it retries until then (or its connect timeout). Said
+      // once per address here: a second worker given a taken name by
+      // mistake shows in the master's log too.
+      if (told_waiting_.insert(join.address()).second) {
+        std::cerr << absl::StrCat("remora: a process at ", join.address(), " asks to join as '", join.name(),
+                                  "', which is alive at ", it->second.address,
+                                  ": it waits to take the name's place once that one is lost\n");
+      }
       return responder->ReplyError(absl::UnavailableError(absl::StrCat(
           "worker '", join.name(), "' of the group at ", it->second.address,
-          " has not been found lost; a new process under its name is taken once it is")));
+          " is alive; a new process under its name is taken once the master finds that one lost")));
     } else if (it != joiners_.end() && it->second.address != join.address()) {
       // Not counted as refused: the worker of that name is here (the
       // second one is told, and exits).
@@ -414,6 +421,7 @@ absl::Status Agent::Join() {
   const std::string refused =
       absl::StrCat("the master at ", options_.master_address, " refused worker '", self_.name, "'");
   absl::Status last;
+  bool named_taken = false;  // the last answer: the name is a live member's
   while (absl::Now() < deadline) {
     OutMessage m;
     *m.header.mutable_request() = MakeRequest(JoinRequestOf(self_));
@@ -422,7 +430,13 @@ absl::Status Agent::Join() {
     if (reply.ok() && reply->header.response().has_error()) {
       absl::Status error = Annotate(impl_->ErrorFromReply(reply->header.response()), refused);
       if (error.code() != absl::StatusCode::kUnavailable) return error;
+      if (last.ok() || last.code() != absl::StatusCode::kUnavailable || last.message() != error.message()) {
+        std::cerr << "remora: worker '" << self_.name << "': " << error.message()
+                  << "; waiting for that until --connect-timeout (a second worker started by mistake needs "
+                     "its own --name)\n";
+      }
       last = error;  // not yet: the master has not found this name's member lost
+      named_taken = true;
       absl::SleepFor(absl::Milliseconds(200));
       continue;
     }
@@ -435,9 +449,16 @@ absl::Status Agent::Join() {
       return absl::OkStatus();
     }
     last = reply.status();
+    named_taken = false;
     if (last.code() == absl::StatusCode::kUnauthenticated) return Annotate(last, refused);
     if (last.code() != absl::StatusCode::kUnavailable) break;
     absl::SleepFor(absl::Milliseconds(200));
+  }
+  if (named_taken) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "worker '", self_.name, "' could not join the group at master ", options_.master_address, " within ",
+        absl::FormatDuration(options_.connect_timeout), ": a live worker of the group holds the name '",
+        self_.name, "' (give this one its own --name, or stop that one first) [", last.ToString(), "]"));
   }
   const bool reached = channel->GetState(false) == GRPC_CHANNEL_READY;
   if (!reached) {

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "autograd/dist_autograd.h"
 #include "base/status_util.h"
+#include "launch/interrupt.h"
 #include "rpc/agent.h"
 #include "runtime/allocator.h"
 #include "runtime/threads.h"
@@ -259,6 +262,9 @@ absl::Status RunMaster(RunPlan& plan, Registry* registry) {
   at::manual_seed(static_cast<uint64_t>(c.seed));
 
   std::unique_ptr<Agent> agent;
+  // Ctrl-C or a scheduler's SIGTERM ends the group too (declared after the
+  // agent: unhooked before it goes).
+  std::optional<launch::InterruptHook> interrupted;
   // Every error ends the group: the workers are told why and exit at once.
   auto fail = [&agent](const absl::Status& s) {
     if (agent) agent->Abort(s);
@@ -272,6 +278,11 @@ absl::Status RunMaster(RunPlan& plan, Registry* registry) {
     auto started = StartMaster(plan, *registry);
     if (!started.ok()) return fail(started.status());
     agent = std::move(*started);
+    interrupted.emplace([a = agent.get()](int signo) {
+      const std::string why = absl::StrCat("the master was stopped by a signal (", strsignal(signo), ")");
+      std::cerr << "master: " << why << "; ending the group" << std::endl;
+      a->Abort(absl::CancelledError(why));
+    });
   }
   auto sets = LoadSets(c);
   if (!sets.ok()) return fail(sets.status());

@@ -65,6 +65,12 @@ TEST(MasterFlags, BadValuesAreClearErrorsNamingTheFlag) {
       {{"--local", "--batch-size", "0"}, "--batch-size must be >= 1"},
       {{"--local", "--image-size", "4"}, "--image-size"},
       {{"--local", "--lr", "0"}, "--lr must be > 0"},
+      {{"--local", "--lr", "-1"}, "--lr must be > 0"},  // not taken for "not given"
+      {{"--local", "--batch-size", "-1"}, "--batch-size must be >= 1"},
+      {{"--local", "--batches", "-1"}, "--batches must be >= 1; got -1"},
+      {{"--workers", "a,a"}, "--workers: 'a' is named twice"},
+      {{"--workers", "a b,c"}, "--workers: invalid worker name 'a b'"},
+      {{"--workers", "master,b"}, "'master' is the master's own name"},
       {{"--local", "--momentum", "1"}, "--momentum must be in [0, 1)"},
       {{"--local", "--optimizer", "lbfgs"}, "--optimizer must be sgd or adam"},
       {{"--local", "--epochs", "0"}, "--epochs must be >= 1"},

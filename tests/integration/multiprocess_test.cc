@@ -1,5 +1,5 @@
-// Multi-process tests with the real programs: build/bin/worker, rpc_demo,
-// soak and rpc_bench.
+// Multi-process tests with the real programs: build/bin/worker, master
+// (interrupted), rpc_demo, soak and rpc_bench.
 #include <sys/socket.h>
 #include <netinet/in.h>
 #include <unistd.h>
@@ -56,8 +56,11 @@ TEST(WorkerProgram, HelpAndBadFlags) {
   EXPECT_THAT(bad_addr_out, HasSubstr("HOST:PORT"));
   auto [bad_name, bad_name_out] = RunProgram(
       {kBin + "/worker", "--name", "bad name", "--connect-timeout", "1"});
-  EXPECT_EQ(bad_name, 1);
-  EXPECT_THAT(bad_name_out, HasSubstr("invalid name"));
+  EXPECT_EQ(bad_name, 2);
+  EXPECT_THAT(bad_name_out, HasSubstr("--name 'bad name': use 1 to 128 characters"));
+  auto [master_name, master_name_out] = RunProgram({kBin + "/worker", "--name", "master"});
+  EXPECT_EQ(master_name, 2);
+  EXPECT_THAT(master_name_out, HasSubstr("the master's own name"));
 }
 
 TEST(WorkerProgram, ExitsWithAClearMessageWhenTheMasterNeverAppears) {
@@ -165,9 +168,51 @@ TEST(MultiProcess, DuplicateWorkerNameExitsWithAnError) {
   EXPECT_THAT(ReadFile(outputs[refused]), HasSubstr("duplicate worker name 'w1'"));
   auto second = launch::Subprocess::Spawn({kBin + "/worker", "--name", "w2", "--master", addr}).value();
   ASSERT_TRUE(master->Join().ok());
+  // Once the group formed, a third "w1" waits for the live one to be lost
+  // (an elastic restart may come before the loss is found), says so at
+  // once, and at its timeout names the cause.
+  auto [late, late_out] = RunProgram(
+      {kBin + "/worker", "--name", "w1", "--master", addr, "--connect-timeout", "2"}, absl::Seconds(30));
+  EXPECT_EQ(late, 1) << late_out;
+  EXPECT_THAT(late_out, HasSubstr("is alive; a new process under its name is taken once the master finds"));
+  EXPECT_THAT(late_out, HasSubstr("a second worker started by mistake needs its own --name"));
+  EXPECT_THAT(late_out, HasSubstr("a live worker of the group holds the name 'w1'"));
   ASSERT_TRUE(master->Shutdown().ok());
   EXPECT_EQ(twins[1 - refused]->Wait(absl::Seconds(20)).value(), 0);
   EXPECT_EQ(second->Wait(absl::Seconds(20)).value(), 0);
+}
+
+// Ctrl-C (SIGINT) on a master ends its group: the workers are told and
+// exit at once (not after the 10 s of silence that find a master dead),
+// and the master exits 130, as a shell reports a process SIGINT killed.
+TEST(Master, ASignalEndsTheGroupAndTheWorkersExitAtOnce) {
+  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+  std::vector<std::unique_ptr<launch::Subprocess>> workers;
+  for (const std::string name : {"w1", "w2"}) {
+    workers.push_back(launch::Subprocess::Spawn({kBin + "/worker", "--name", name, "--master", addr, "--threads", "1"},
+                                             TempPath(name + "_interrupted.log"))
+                          .value());
+  }
+  const std::string log = TempPath("interrupted_master.log");
+  auto master = launch::Subprocess::Spawn({kBin + "/master", "--workers", "w1,w2", "--listen", addr, "--batches",
+                                        "1000", "--batch-size", "8", "--image-size", "32", "--splits", "2"},
+                                       log)
+                    .value();
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  while (ReadFile(log).find("batch=2 ") == std::string::npos && master->running() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(master->running()) << ReadFile(log);
+  master->Signal(SIGINT);
+  EXPECT_EQ(master->Wait(absl::Seconds(30)).value_or(-1), 130) << ReadFile(log);
+  const absl::Time ended = absl::Now();
+  EXPECT_THAT(ReadFile(log), HasSubstr("master: the master was stopped by a signal (Interrupt); ending the group"));
+  for (size_t i = 0; i < workers.size(); ++i) {
+    EXPECT_EQ(workers[i]->Wait(absl::Seconds(30)).value_or(0), 1);
+    EXPECT_THAT(ReadFile(TempPath(absl::StrCat("w", i + 1, "_interrupted.log"))),
+                HasSubstr("the master was stopped by a signal"));
+  }
+  EXPECT_LT(absl::Now() - ended, absl::Seconds(5));
 }
 
 TEST(Failure, WorkerExitsNonZeroWhenTheMasterIsGone) {

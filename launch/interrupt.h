@@ -1,0 +1,29 @@
+// Ending a process that is told to stop (SIGINT from Ctrl-C, SIGTERM from
+// a scheduler) in its own words: while an InterruptHook is alive, the first
+// such signal runs its function on a thread of its own (a master tells its
+// workers that the group is over), then the process exits with 128 + the
+// signal's number, as a shell reports a process the signal killed. A
+// second signal kills the process at once, as if there were no hook.
+//
+//   launch::InterruptHook hook([&agent](int signo) {
+//     agent->Abort(absl::CancelledError(absl::StrCat("the master got ", strsignal(signo))));
+//   });
+//
+// Thread-safety: one hook at a time; making and destroying it is safe
+// against a signal arriving meanwhile (the destructor waits for a function
+// under way to return).
+#pragma once
+
+#include <functional>
+
+namespace remora::launch {
+
+class InterruptHook {
+ public:
+  explicit InterruptHook(std::function<void(int signo)> on_signal);
+  ~InterruptHook();
+  InterruptHook(const InterruptHook&) = delete;
+  InterruptHook& operator=(const InterruptHook&) = delete;
+};
+
+}  // namespace remora::launch
