@@ -401,6 +401,30 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
                 "(docs/reliability-and-security.md)");
 }
 
+// Flags given that this run does not use, said in a line (or nothing):
+// a flag that silently does nothing hides a mistake.
+std::string UnusedFlags(const std::set<std::string>& given, const RunOptions& c) {
+  std::vector<std::string> lines;
+  auto unused = [&given, &lines](std::vector<std::string> flags, const std::string& why) {
+    std::vector<std::string> named;
+    for (const std::string& f : flags) {
+      if (given.count(f)) named.push_back("--" + f);
+    }
+    if (!named.empty()) lines.push_back(absl::StrCat(absl::StrJoin(named, ", "), " ", why));
+  };
+  if (c.dataset.empty()) {
+    unused({"epochs", "shuffle", "train-rows", "data-on", "data-threads", "prefetch", "skip-bad-images",
+            "val-fraction"},
+           "without --dataset: the demo trains --batches random batches");
+  } else if (!ReadsImageFolder(c)) {
+    unused({"image-size", "data-threads", "prefetch", "skip-bad-images"},
+           "with an in-memory --dataset: they are for imagefolder:DIR");
+  }
+  if (c.checkpoint_dir.empty()) unused({"checkpoint-every", "keep", "checkpoint-background"}, "without --checkpoint-dir");
+  if (lines.empty()) return "";
+  return absl::StrCat("master: note: ", absl::StrJoin(lines, "; "), " (no effect)");
+}
+
 absl::StatusOr<CommandLine> Check(Flags f) {
   CommandLine line;
   auto security = launch::LoadSecurity(f.security);
@@ -458,13 +482,6 @@ absl::StatusOr<CommandLine> Check(Flags f) {
     return Bad("--split-at cuts ResNet50 or a one-file sequential --model over several workers; "
                "these stages are given already");
   }
-  for (int s : c.splits) {
-    if (s * c.replicas > c.batch_size) {
-      return Bad(absl::StrCat("--splits ", s, c.replicas > 1 ? absl::StrCat(" x --replicas ", c.replicas) : "",
-                              " exceeds --batch-size ", c.batch_size,
-                              ": every micro-batch needs at least one image"));
-    }
-  }
   if (c.zero != 0 && c.zero != 1) return Bad("--zero must be 0 or 1");
   if (c.replicas < 1 || c.bucket_mb < 1 || c.collective_timeout < 1) {
     return Bad("--replicas, --bucket-mb and --collective-timeout must be >= 1");
@@ -473,6 +490,14 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   if (auto e = CheckPsFlags(c, f.ps, line.ps_mode, splits_given, f.pipeline_stages); !e.empty()) return Bad(e);
   if (!c.local) {
     if (auto s = CheckWorkers(f, c, line.ps_mode, cut); !s.ok()) return s;
+  }
+  // (After the workers: a topology that does not fit says so first.)
+  for (int s : c.splits) {
+    if (s * c.replicas > c.batch_size) {
+      return Bad(absl::StrCat("--splits ", s, c.replicas > 1 ? absl::StrCat(" x --replicas ", c.replicas) : "",
+                              " exceeds --batch-size ", c.batch_size,
+                              ": every micro-batch needs at least one image"));
+    }
   }
   if (auto s = CheckCheckpoints(line, f.given); !s.ok()) return s;
   if (auto s = CheckElastic(line); !s.ok()) return s;
@@ -486,6 +511,9 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   }
   c.coordinator_threads =
       line.ps_mode || (f.given.count("threads") && !c.compare_local) ? c.threads : 1;
+  if (std::string unused = UnusedFlags(f.given, c); !unused.empty()) {
+    line.note = line.note.empty() ? unused : absl::StrCat(line.note, "\n", unused);
+  }
   return line;
 }
 

@@ -251,6 +251,11 @@ class Agent final {
   // that registered so far), then stops. Elsewhere the same as
   // Shutdown(false).
   void Abort(const absl::Status& why);
+  // Master: Abort's telling alone (the workers stop with `why`, at most
+  // about 2 s) without stopping here, for a process that exits right after
+  // (the master stopped by a signal, while its main thread still uses the
+  // agent). Elsewhere nothing.
+  void TellGroupEnded(const absl::Status& why);
   // Worker: blocks until the master ended the group (then call Shutdown),
   // or returns UNAVAILABLE naming the master once it has not answered for
   // master_timeout.

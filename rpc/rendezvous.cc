@@ -282,7 +282,10 @@ absl::Status Agent::Impl::GiveUpJoining(const absl::Status& why) {
     for (const auto& [who, reason] : refused_) refused.push_back(absl::StrCat(who, " was refused: ", reason));
   }
   std::string text = absl::StrCat("master '", agent_->self_.name, "' at ", agent_->self_.address, ": ");
-  if (!missing.empty()) absl::StrAppend(&text, "workers ", absl::StrJoin(missing, ", "), " did not register");
+  if (!missing.empty()) {
+    absl::StrAppend(&text, missing.size() == 1 ? "worker " : "workers ", absl::StrJoin(missing, ", "),
+                    " did not register");
+  }
   if (!refused.empty()) absl::StrAppend(&text, missing.empty() ? "" : "; ", absl::StrJoin(refused, "; "));
   absl::StrAppend(&text, " (", why.message(), ")");
   if (!missing.empty()) absl::StrAppend(&text, "; start them with --master ", agent_->self_.address);

@@ -130,7 +130,10 @@ void Agent::Impl::Stop() {
   }
   CancelOutgoing();  // stops the CUDA channel too: waiting receives fail
   JoinOwnThreads();
-  pool_.reset();  // runs what is queued, joins
+  // Runs what is queued and joins before the pointer goes: a task that
+  // runs meanwhile may still ask the agent for its executor.
+  if (pool_) pool_->Stop();
+  pool_.reset();
   if (server_) server_->Wait();
   server_.reset();
 }
@@ -164,12 +167,17 @@ absl::Status Agent::WaitForShutdown() {
 
 void Agent::Abort(const absl::Status& why) {
   if (!impl_->server_) return;
-  if (options_.is_master && !impl_->joined_.HasBeenNotified()) {
+  TellGroupEnded(why);
+  impl_->Stop();
+}
+
+void Agent::TellGroupEnded(const absl::Status& why) {
+  if (!impl_->server_ || !options_.is_master) return;
+  if (!impl_->joined_.HasBeenNotified()) {
     impl_->EndJoining(absl::StrCat("the master failed before the group formed: ", why.message()));
-  } else if (options_.is_master) {
+  } else {
     impl_->FinishWorkers(std::string(why.message()), absl::Seconds(2));
   }
-  impl_->Stop();
 }
 
 void Agent::Impl::FinishWorkers(const std::string& error, absl::Duration timeout) {

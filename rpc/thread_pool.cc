@@ -16,12 +16,17 @@ ThreadPool::ThreadPool(int num_threads) {
   }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { Stop(); }
+
+void ThreadPool::Stop() {
+  MutexLock stop(stop_mu_);
   {
     MutexLock lock(mu_);
     stopping_ = true;
   }
-  for (auto& t : threads_) t.join();
+  for (auto& t : threads_) {
+    if (t.joinable()) t.join();
+  }
 }
 
 void ThreadPool::Schedule(std::function<void()> task) {

@@ -35,6 +35,12 @@ class ThreadPool final : public Executor {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   void Schedule(std::function<void()> task) override;
+  // Runs every task scheduled (also those the pool's tasks schedule
+  // meanwhile), then joins the threads; the pool stays a valid object for
+  // the tasks that still hold it. Afterwards tasks scheduled are dropped
+  // unrun with the pool. Idempotent; the destructor calls it. Not from a
+  // pool thread.
+  void Stop();
 
   // Tasks scheduled or running right now.
   int busy() const;
@@ -47,6 +53,7 @@ class ThreadPool final : public Executor {
   int running_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
+  absl::Mutex stop_mu_;  // one Stop joins at a time
 };
 
 }  // namespace remora

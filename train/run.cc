@@ -266,7 +266,10 @@ absl::Status RunMaster(RunPlan& plan, Registry* registry) {
   // agent: unhooked before it goes).
   std::optional<launch::InterruptHook> interrupted;
   // Every error ends the group: the workers are told why and exit at once.
-  auto fail = [&agent](const absl::Status& s) {
+  // (Unhooked first: where a signal's telling is under way, this waits for
+  // it to end the process instead of stopping the agent under it.)
+  auto fail = [&agent, &interrupted](const absl::Status& s) {
+    interrupted.reset();
     if (agent) agent->Abort(s);
     return s;
   };
@@ -281,7 +284,7 @@ absl::Status RunMaster(RunPlan& plan, Registry* registry) {
     interrupted.emplace([a = agent.get()](int signo) {
       const std::string why = absl::StrCat("the master was stopped by a signal (", strsignal(signo), ")");
       std::cerr << "master: " << why << "; ending the group" << std::endl;
-      a->Abort(absl::CancelledError(why));
+      a->TellGroupEnded(absl::CancelledError(why));
     });
   }
   auto sets = LoadSets(c);
@@ -300,6 +303,7 @@ absl::Status RunMaster(RunPlan& plan, Registry* registry) {
   if (!baseline.status.ok()) return fail(baseline.status);
   if (baseline.trainer != nullptr) PrintBaseline(runs->back(), baseline.trainer->run(), c);
   if (agent) {
+    interrupted.reset();  // (as in fail)
     if (auto s = agent->Shutdown(); !s.ok()) return fail(s);
   }
   return absl::OkStatus();

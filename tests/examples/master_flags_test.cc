@@ -245,6 +245,21 @@ TEST(MasterFlags, ResumeAutoStartsFreshWhenThereIsNoCheckpointYet) {
               HasSubstr("is not a remora manifest"));
 }
 
+// Flags this run does not use are named in a note (not an error: the run
+// goes on), so that a mistake does not pass in silence.
+TEST(MasterFlags, FlagsWithoutEffectAreNamedInANote) {
+  auto demo = ParseCommandLine({"--local", "--epochs", "3", "--checkpoint-every", "2"});
+  ASSERT_TRUE(demo.ok()) << demo.status();
+  EXPECT_THAT(demo->note, HasSubstr("--epochs without --dataset"));
+  EXPECT_THAT(demo->note, HasSubstr("--checkpoint-every without --checkpoint-dir"));
+  auto in_memory = ParseCommandLine({"--local", "--dataset", "fashion-mnist", "--image-size", "64"});
+  ASSERT_TRUE(in_memory.ok()) << in_memory.status();
+  EXPECT_THAT(in_memory->note, HasSubstr("--image-size with an in-memory --dataset"));
+  auto used = ParseCommandLine({"--local", "--dataset", "fashion-mnist", "--epochs", "2"});
+  ASSERT_TRUE(used.ok()) << used.status();
+  EXPECT_EQ(used->note, "");
+}
+
 TEST(MasterFlags, AParseErrorIsAnError) {
   EXPECT_THAT(ErrorOf({"--workers", "a", "--bogus"}), HasSubstr("exit code 2"));
   EXPECT_THAT(ErrorOf({"--workers"}), HasSubstr("exit code 2"));

@@ -506,7 +506,7 @@ TEST(Rendezvous, ALostWorkersNewProcessTakesItsPlaceAndEveryMemberReachesIt) {
   auto early = Agent::Start(early_options, &registry).value();
   absl::Status kept = early->Join();
   EXPECT_EQ(kept.code(), absl::StatusCode::kDeadlineExceeded) << kept;
-  EXPECT_THAT(std::string(kept.message()), HasSubstr("has not been found lost"));
+  EXPECT_THAT(std::string(kept.message()), HasSubstr("a live worker of the group holds the name"));
   early->Shutdown(false).IgnoreError();
 
   w2->Shutdown(/*graceful=*/false).IgnoreError();  // as a crash
@@ -574,7 +574,7 @@ TEST(Rendezvous, TheMasterStopsWaitingOnceEachExpectedWorkerJoinedOrWasRefused) 
   absl::Status joined = master->Join();
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   ASSERT_FALSE(joined.ok());
-  EXPECT_THAT(std::string(joined.message()), HasSubstr("workers w2 did not register"));
+  EXPECT_THAT(std::string(joined.message()), HasSubstr("worker w2 did not register"));
   EXPECT_THAT(std::string(joined.message()), HasSubstr("'w3' at "));
   EXPECT_THAT(std::string(joined.message()), HasSubstr("was refused: not in --workers (w1,w2)"));
   w1_join.join();
