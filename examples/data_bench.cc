@@ -27,7 +27,9 @@ int main(int argc, char** argv) {
   remora::launch::FlagParser flags("data_bench",
                                 "Images per second of an image folder's training reads (decode, random resized "
                                 "crop, flip, normalise), per decoding thread count.");
-  flags.AddString("dataset", &dataset, "imagefolder:DIR, the image folder (DIR/train/<class>/*.jpg)");
+  flags.JoinsNoGroup();
+  flags.AddString("dataset", &dataset,
+                  "imagefolder:DIR, the image folder (DIR/train/<class>/*.jpg, or DIR/<class>/*.jpg)");
   flags.AddString("data-threads", &data_threads, "decoding thread counts to measure, comma-separated (default 1,2)");
   flags.AddString("dir", &dir, "DIR: the same as --dataset imagefolder:DIR");
   flags.AddString("threads", &threads_list, "the same as --data-threads");

@@ -191,6 +191,7 @@ int Main(int argc, char** argv) {
   launch::FlagParser flags("evaluator",
                         "Follows a training job's checkpoints: evaluates each new one on the test set "
                         "(no workers needed) and appends its accuracy and loss to a JSON-lines file.");
+  flags.JoinsNoGroup();
   flags.AddString("checkpoint-dir", &o.dir, "the job's --checkpoint-dir (required)");
   flags.AddString("dataset", &o.dataset,
                   "fashion-mnist, idx:DIR, cifar10:DIR or imagefolder:DIR (its val/ folder, or what "

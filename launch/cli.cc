@@ -132,8 +132,9 @@ std::string FlagParser::Usage() const {
                     f.default_text.empty() || says_default ? "" : absl::StrCat(" (default: ", f.default_text, ")"),
                     "\n");
   }
-  absl::StrAppend(&out, "  --help\n      print this and exit\n",
-                  "\nenvironment:\n"
+  absl::StrAppend(&out, "  --help\n      print this and exit\n");
+  if (!joins_group_) return out;
+  absl::StrAppend(&out, "\nenvironment:\n"
                   "  MASTER_ADDR, MASTER_PORT  where the master listens (as in PyTorch)\n"
                   "  REMORA_TOKEN              the group's shared secret\n"
                   "  REMORA_SHM=0              no shared memory: large tensors go through gRPC\n"

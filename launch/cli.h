@@ -58,6 +58,10 @@ class FlagParser {
   // Only the TLS flags (LoadTls).
   void AddTlsFlags(TlsFiles* target);
 
+  // A program that joins no group: its usage lists no environment
+  // variables (they are the group's).
+  void JoinsNoGroup() { joins_group_ = false; }
+
   // Parses argv. Returns false after printing the usage (for --help: exit 0)
   // or an error (exit 2); `exit_code` says which.
   bool Parse(int argc, char** argv, int* exit_code);
@@ -74,6 +78,7 @@ class FlagParser {
   };
   std::string program_;
   std::string summary_;
+  bool joins_group_ = true;
   std::map<std::string, Flag> flags_;
   std::vector<std::string> order_;
   std::set<std::string> given_;

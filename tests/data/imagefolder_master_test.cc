@@ -352,6 +352,11 @@ TEST(ImageFolderMaster, AFolderWithoutValTrainsWithoutTestOrHoldsAFractionOut) {
                                           absl::Seconds(60));
   EXPECT_EQ(none_code, 1) << none_out;
   EXPECT_THAT(none_out, HasSubstr("--val-fraction"));
+  // Its help has the flag, and no group's environment (it joins none).
+  auto [help_code, help_out] = RunProgram({BinDir() + "/evaluator", "--help"}, absl::Seconds(30));
+  EXPECT_EQ(help_code, 0);
+  EXPECT_THAT(help_out, HasSubstr("--val-fraction"));
+  EXPECT_THAT(help_out, Not(HasSubstr("MASTER_ADDR")));
   // A fraction where the other datasets have their own test set: refused.
   auto [bad_code, bad_out] = RunProgram({BinDir() + "/master", "--local", "--dataset", "fashion-mnist",
                                          "--val-fraction", "0.1"},
