@@ -437,6 +437,10 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   line.ps_mode = f.mode == "ps";
   c.all_workers = launch::SplitList(f.workers);
   c.spares = launch::SplitList(f.spares);
+  if (static_cast<size_t>(std::count(f.workers.begin(), f.workers.end(), ',')) + 1 != c.all_workers.size() &&
+      !f.workers.empty()) {
+    return Bad(absl::StrCat("--workers '", f.workers, "' has an empty name (two commas, or one at an end)"));
+  }
   std::set<std::string> named;
   for (const std::string& w : c.all_workers) {
     if (!IsValidWorkerName(w)) {

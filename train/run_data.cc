@@ -63,6 +63,7 @@ absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const RunOptions& c) {
                                                      ": give --classes ", train->classes().size()));
     }
     sets->shape = {3, c.image_size, c.image_size};
+    sets->classes = static_cast<int64_t>(train->classes().size());
     sets->train = std::move(train);
     sets->train = data::FirstRows(std::move(sets->train), c.train_rows);
     sets->test = test.ok() ? std::unique_ptr<data::Source>(std::move(*test)) : data::NoRows();
@@ -83,12 +84,16 @@ absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const RunOptions& c) {
 }
 
 std::string Sets::Describe() const {
+  const std::string in_classes =
+      classes == 0 ? ""
+      : classes == 1 ? " in 1 class (every image has the same label: is the folder's top level right?)"
+                     : absl::StrCat(" in ", classes, " classes");
   if (!no_test.empty()) {
-    return absl::StrCat(train->size(), " training images of ", c10::str(c10::IntArrayRef(shape)),
+    return absl::StrCat(train->size(), " training images of ", c10::str(c10::IntArrayRef(shape)), in_classes,
                         ", no test images (", no_test, "): no test accuracy");
   }
   return absl::StrCat(train->size(), " training and ", test->size(), " test images of ",
-                      c10::str(c10::IntArrayRef(shape)));
+                      c10::str(c10::IntArrayRef(shape)), in_classes);
 }
 
 }  // namespace remora::train::runs

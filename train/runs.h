@@ -210,6 +210,7 @@ struct Sets {
   data::Dataset train_set, test_set;  // in memory (none for an image folder)
   std::unique_ptr<data::Source> train, test;  // test: no rows where there is none
   std::string no_test;                         // why there is no test set (empty: there is one)
+  int64_t classes = 0;                         // an image folder's (0: not counted here)
   std::vector<int64_t> shape;  // one image's, [C, H, W]
   std::string Describe() const;
 };

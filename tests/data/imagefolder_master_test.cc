@@ -310,7 +310,7 @@ TEST(ImageFolderMaster, AFolderWithoutValTrainsWithoutTestOrHoldsAFractionOut) {
   auto [code, out] = RunProgram(master({"--local", "--threads", "1", "--splits", "1", "--report", report}),
                                 absl::Seconds(120));
   ASSERT_EQ(code, 0) << out;
-  EXPECT_THAT(out, HasSubstr(": 20 training images of [3, 16, 16], no test images ("));
+  EXPECT_THAT(out, HasSubstr(": 20 training images of [3, 16, 16] in 2 classes, no test images ("));
   EXPECT_THAT(out, HasSubstr("--val-fraction"));
   const std::string epoch2 = test_support::LineStarting(out, "epoch=2 ");
   EXPECT_THAT(epoch2, HasSubstr("train_loss="));
