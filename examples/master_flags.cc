@@ -309,7 +309,7 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
   flags.AddInt("interleave", &c.interleave,
                "stages per worker: with 2, worker k of n also hosts stage k + n, which halves "
                "the pipeline's fill and drain (0: 2 with --partition balanced when every stage "
-               "gets a layer, else 1)");
+               "gets a layer and --schedule is not 1f1b, else 1)");
   flags.AddString("schedule", &c.schedule,
                   "gpipe, 1f1b (one stage per worker), interleaved (several stages per worker, --splits a "
                   "multiple of the workers) or auto: 1f1b with one stage per worker, else interleaved where "
@@ -496,6 +496,14 @@ absl::StatusOr<CommandLine> Check(Flags f) {
     if (auto s = CheckWorkers(f, c, line.ps_mode, cut); !s.ok()) return s;
   }
   // (After the workers: a topology that does not fit says so first.)
+  if (c.schedule == "interleaved" && !c.local && !c.workers.empty()) {
+    for (int s : c.splits) {
+      if (s % static_cast<int>(c.workers.size()) != 0) {
+        return Bad(absl::StrCat("--schedule interleaved runs micro-batches in rounds of one per worker: --splits ",
+                                s, " is not a multiple of the ", c.workers.size(), " pipeline workers"));
+      }
+    }
+  }
   for (int s : c.splits) {
     if (s * c.replicas > c.batch_size) {
       return Bad(absl::StrCat("--splits ", s, c.replicas > 1 ? absl::StrCat(" x --replicas ", c.replicas) : "",

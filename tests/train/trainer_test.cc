@@ -231,5 +231,17 @@ TEST(Runs, AModelWithBatchNormNeedsTwoRowsPerPart) {
   EXPECT_EQ(runs::TrainOptionsOf(c, 4, 4, nullptr).fit.min_batch_rows, 4);
 }
 
+// Stages per worker when --interleave is not given: two where every stage
+// gets a layer, but one when --schedule 1f1b asks for one per worker.
+TEST(Runs, OneF1BAskedForByNameCutsOneStagePerWorker) {
+  runs::RunOptions c;
+  c.workers = {"w1", "w2"};
+  EXPECT_EQ(runs::StagesPerWorker(c, 16).value(), 2);
+  c.schedule = "1f1b";
+  EXPECT_EQ(runs::StagesPerWorker(c, 16).value(), 1);
+  c.interleave = 2;  // given: kept (the schedule says what it thinks of it)
+  EXPECT_EQ(runs::StagesPerWorker(c, 16).value(), 2);
+}
+
 }  // namespace
 }  // namespace remora::train
