@@ -420,7 +420,9 @@ std::string UnusedFlags(const std::set<std::string>& given, const RunOptions& c)
     unused({"image-size", "data-threads", "prefetch", "skip-bad-images"},
            "with an in-memory --dataset: they are for imagefolder:DIR");
   }
-  if (c.checkpoint_dir.empty()) unused({"checkpoint-every", "keep", "checkpoint-background"}, "without --checkpoint-dir");
+  if (c.checkpoint_dir.empty()) {
+    unused({"checkpoint-every", "keep", "checkpoint-background"}, "without --checkpoint-dir");
+  }
   if (lines.empty()) return "";
   return absl::StrCat("master: note: ", absl::StrJoin(lines, "; "), " (no effect)");
 }
