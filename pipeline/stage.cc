@@ -406,6 +406,8 @@ void LoadState(StageModule& module, const std::vector<at::Tensor>& state, const 
 }
 
 absl::StatusOr<std::unique_ptr<StageModule>> BuildStage(const StageSpec& spec, c10::Device device) {
+  // (A script's errors name its file already.)
+  if (spec.kind == "script") return LoadScriptStage(spec.script, spec.name, device);
   try {
     return BuildModule(spec.kind, spec.name, spec.Payload(), device, spec.name);
   } catch (...) {
