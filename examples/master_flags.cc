@@ -319,6 +319,10 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
                "master steps the model); a pipeline's master otherwise slices batches on 1 thread "
                "unless this is given");
   flags.AddBool("local", &c.local, "train in this process alone, no workers");
+  flags.AddBool("deterministic", &c.deterministic,
+                "reproducible kernels in this process and on every worker, as PyTorch's "
+                "use_deterministic_algorithms (cuDNN's deterministic algorithms, no cuDNN benchmark, cuBLAS's "
+                "fixed workspace); operations without a deterministic kernel warn; GPU steps may be slower");
   flags.AddBool("compare-local", &c.compare_local,
                 "also train --local --splits 1 in this process, batch by batch between the last "
                 "split count's batches, and print the ratio");

@@ -124,6 +124,8 @@ class Runner : public std::enable_shared_from_this<Runner> {
     }
     // The whole batch goes to the stage's device at once, before the
     // micro-batches are cut from it (while an earlier batch may still run).
+    std::optional<trace::Scope> input;
+    if (status.ok() && (hosts(0) || hosts(last))) input.emplace("input", -1);
     if (status.ok() && hosts(0)) {
       auto split = SplitMicroBatches(ToDevice(x, plan_->stages.at(0).device()), plan_->micro_batches);
       if (split.ok()) xs = std::move(*split);
@@ -131,6 +133,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
     }
     const bool targets_come = hosts(last) && (!rows || hosts(0));
     if (status.ok() && targets_come) status = SplitTargets(t, total, &ts, &weights);
+    input.reset();
     if (!status.ok()) {
       dist_autograd::ReleaseHere(agent_, context);
       return Future<c10::IValue>::Ready(Annotate(status, absl::StrCat("worker '", agent_.self().name, "'")));
@@ -394,8 +397,10 @@ class Runner : public std::enable_shared_from_this<Runner> {
     }
     // Activations and gradients that came GPU to GPU: their copies must
     // have completed (and not failed) before the step uses them.
+    std::optional<trace::Scope> settle(std::in_place, "settle", -1);
     absl::Status status = Annotate(agent_.settle_cuda_receives(b->context),
                                    absl::StrCat("batch ", b->context, " on worker '", agent_.self().name, "'"));
+    settle.reset();
     if (status.ok() && participant) {
       // The replicas' gradient sum (ZeRO-1: and the step).
       try {
@@ -416,7 +421,10 @@ class Runner : public std::enable_shared_from_this<Runner> {
       return;
     }
     c10::IValue reply;
-    if (b->loss_sum.defined()) reply = b->loss_sum.item<double>();
+    if (b->loss_sum.defined()) {
+      trace::Scope scope("loss reply", -1);  // (waits for the device)
+      reply = b->loss_sum.item<double>();
+    }
     // The last stage's passes end when the whole chain behind them has;
     // an error there (another worker's backward) fails this reply.
     WhenAll(backwards).then([done = b->done, reply](const absl::StatusOr<Empty>& r) mutable {

@@ -2,6 +2,9 @@
 
 #include <dlfcn.h>
 
+#include <cstdlib>
+
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
 
 namespace remora::runtime {
@@ -12,6 +15,14 @@ void SetComputeThreads(int n) {
   if (auto* set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
     set(n);
   }
+}
+
+void UseDeterministicAlgorithms() {
+  setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  at::Context& torch = at::globalContext();
+  torch.setBenchmarkCuDNN(false);
+  torch.setDeterministicCuDNN(true);
+  torch.setDeterministicAlgorithms(true, /*warn_only=*/true);
 }
 
 }  // namespace remora::runtime

@@ -23,14 +23,16 @@
 #           (--splits 1,2,4,8, 2 batches), and --local on cuda:0
 #   protocol  the step protocol's cost on one GPU: ResNet50 (batch 128 at
 #           128x128, torchvision's two-part cut) over two `worker --device
-#           cuda:0` at --splits 1 and 8, 6 batches, against `master --local
+#           cuda:0` at --splits 1 and 8, 20 batches, against `master --local
 #           --device cuda:0` at the same splits (steady_batch_s side by side),
 #           the same with receives waiting on the host
 #           (REMORA_CUDA_STREAM_RECEIVES=0) and the master-centred protocol
 #           (REMORA_STEP_PROTOCOL=master), and one GPU worker holding the
 #           whole model (protocol_one_worker_report.json: the worker's own
 #           path without a stage boundary or a second process on the GPU);
-#           a Perfetto trace of --splits 1 (OUTDIR/protocol_trace.json)
+#           Perfetto traces of --splits 1 (OUTDIR/protocol_trace.json, and
+#           protocol_one_worker_trace.json, protocol_local_trace.json: with
+#           the workers' copies and waits and the master's own slices)
 #   dp      data parallelism on the GPU: CudaProcessGroup.* and
 #           CudaDataParallel.* with REMORA_DEBUG=channels, then ResNet50
 #           (64x64) as --replicas 2 over two `worker --device cuda:0`
@@ -183,24 +185,29 @@ step_demo() {
 }
 
 step_protocol() {
-  local rc=0
+  local rc=0 n=20  # batches: on an H200 six were not enough to reach the steady batch
   echo "== the step protocol"
-  two_gpu_workers 300 --partition tutorial --splits 1,8 --batches 6 \
+  two_gpu_workers 300 --partition tutorial --splits 1,8 --batches $n \
     --report "$out/protocol_report.json" || rc=1
   echo "== the step protocol at --splits 1, traced (open in https://ui.perfetto.dev)"
-  two_gpu_workers 120 --partition tutorial --splits 1 --batches 4 \
+  two_gpu_workers 120 --partition tutorial --splits 1 --batches 8 \
     --trace "$out/protocol_trace.json" || rc=1
   echo "== the step protocol, receives waiting on the host (REMORA_CUDA_STREAM_RECEIVES=0)"
-  REMORA_CUDA_STREAM_RECEIVES=0 two_gpu_workers 300 --partition tutorial --splits 1,8 --batches 6 \
+  REMORA_CUDA_STREAM_RECEIVES=0 two_gpu_workers 300 --partition tutorial --splits 1,8 --batches $n \
     --report "$out/protocol_host_wait_report.json" || rc=1
   echo "== one GPU worker holding the whole model (no stage boundary, one process on the GPU)"
-  gpu_workers 1 240 --splits 1,8 --batches 6 --report "$out/protocol_one_worker_report.json" || rc=1
+  gpu_workers 1 240 --splits 1,8 --batches $n --report "$out/protocol_one_worker_report.json" || rc=1
+  echo "== one GPU worker at --splits 1, traced"
+  gpu_workers 1 120 --splits 1 --batches 8 --trace "$out/protocol_one_worker_trace.json" || rc=1
   echo "== the master-centred protocol (REMORA_STEP_PROTOCOL=master), for comparison"
-  REMORA_STEP_PROTOCOL=master two_gpu_workers 300 --partition tutorial --splits 1,8 --batches 6 \
+  REMORA_STEP_PROTOCOL=master two_gpu_workers 300 --partition tutorial --splits 1,8 --batches $n \
     --report "$out/protocol_master_report.json" || rc=1
   echo "== one process"
-  timeout -k 10 180 "$bin/master" --local --device cuda:0 --splits 1,8 --batches 6 \
+  timeout -k 10 180 "$bin/master" --local --device cuda:0 --splits 1,8 --batches $n \
     --report "$out/protocol_local.json" || rc=1
+  echo "== one process at --splits 1, traced"
+  timeout -k 10 120 "$bin/master" --local --device cuda:0 --splits 1 --batches 8 \
+    --trace "$out/protocol_local_trace.json" || rc=1
   return $rc
 }
 

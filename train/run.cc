@@ -108,13 +108,16 @@ absl::StatusOr<std::unique_ptr<Agent>> StartMaster(const RunPlan& line, Registry
 // Waits until every worker joined; lists them.
 absl::Status JoinWorkers(Agent& agent, const RunOptions& c) {
   RETURN_IF_ERROR(agent.Join());
+  std::vector<std::string> names;
   for (const auto& w : agent.workers()) {
     if (w.id == 0) continue;
+    names.push_back(w.name);
     const bool spare = std::find(c.spares.begin(), c.spares.end(), w.name) != c.spares.end();
     std::cout << "  " << w.name << (spare ? ": spare, standing by (" : ": shards on ") << w.device
               << (spare ? ")\n" : "\n");
   }
-  return absl::OkStatus();
+  // Before anything runs there (a balanced partition measures layers).
+  return c.deterministic ? UseDeterministicAlgorithmsOn(agent, names) : absl::OkStatus();
 }
 
 // The stages: the checkpoint's (the cut it was saved from), the whole
@@ -220,7 +223,9 @@ absl::Status WriteOutputs(const std::vector<Run>& runs, const RunOptions& c) {
     std::cout << "report: " << c.report << "\n";
   }
   if (!c.trace.empty()) {
-    if (auto s = train::WriteChromeTrace(c.trace, tracks, runs.back().slices); !s.ok()) return s;
+    std::vector<std::string> all = tracks;
+    if (!c.local) all.push_back("master");  // (its make batch, send and wait)
+    if (auto s = train::WriteChromeTrace(c.trace, all, runs.back().slices); !s.ok()) return s;
     std::cout << "trace: " << c.trace << " (open in https://ui.perfetto.dev or chrome://tracing)\n";
   }
   if (!c.timeline.empty()) {
@@ -260,6 +265,7 @@ absl::Status RunMaster(RunPlan& plan, Registry* registry) {
   // This process's generators too (dropout in --local runs); the workers'
   // are seeded when their stages are placed.
   at::manual_seed(static_cast<uint64_t>(c.seed));
+  if (c.deterministic) runtime::UseDeterministicAlgorithms();
 
   std::unique_ptr<Agent> agent;
   // Ctrl-C or a scheduler's SIGTERM ends the group too (declared after the

@@ -429,6 +429,20 @@ absl::StatusOr<int> ResumeBatches(train::Trainer& trainer, const Checkpointing* 
 
 // Turns the workers' trace recorders on (`traced`) or off, their older
 // slices dropped.
+}  // namespace
+
+absl::Status UseDeterministicAlgorithmsOn(Agent& agent, const std::vector<std::string>& workers) {
+  for (const auto& w : workers) {
+    if (absl::Status s = agent.rpc_sync(w, "use_deterministic_algorithms").status(); !s.ok()) {
+      return Annotate(s, absl::StrCat("--deterministic: worker '", w, "' could not switch to deterministic "
+                                      "algorithms (a worker program must register remora's worker functions)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
 void EnableTracing(Agent& agent, const std::vector<std::string>& workers, bool traced) {
   for (const auto& w : workers) {
     agent.rpc_sync(w, "trace_enable", {traced}).IgnoreError();
@@ -470,10 +484,24 @@ absl::Status TrainPipeline(Agent& agent, const RunOptions& c, const std::vector<
   };
   std::optional<Started> started;
   int64_t last_end = trace::NowUs();
+  // The master's own slices, on the track after the workers'.
+  const int master_track = static_cast<int>(c.workers.size());
+  auto record = [&](const char* what, int b, int64_t since) {
+    if (!traced) return;
+    int64_t skipped = start;  // (as CollectSlices leaves --compare-local's batches out)
+    for (const auto& [p0, p1] : paused) {
+      if (p1 <= since) skipped += p1 - p0;
+    }
+    run.slices.push_back({master_track, what, -1, since - skipped, trace::NowUs() - skipped,
+                          absl::StrCat("batch ", b)});
+  };
   auto finish = [&]() -> absl::Status {
     Started s = std::move(*started);
     started.reset();
-    ASSIGN_OR_RETURN(double loss, s.step.wait());
+    const int64_t waited = trace::NowUs();
+    absl::StatusOr<double> loss_or = s.step.wait();
+    record("wait", s.b, waited);
+    ASSIGN_OR_RETURN(double loss, std::move(loss_or));
     const int64_t now = trace::NowUs();
     const double seconds = (now - last_end) / 1e6;
     last_end = now;
@@ -497,8 +525,12 @@ absl::Status TrainPipeline(Agent& agent, const RunOptions& c, const std::vector<
   };
   for (int b = first; b < c.batches; ++b) {
     if (started && settles_after(started->b)) RETURN_IF_ERROR(finish());
+    const int64_t made = trace::NowUs();
     auto [images, one_hot] = MakeBatch(c, b);
+    record("make batch", b, made);
+    const int64_t sent = trace::NowUs();
     pipeline::PendingStep step = pipe->start_train_step(images, one_hot);
+    record("send", b, sent);
     if (started) {
       if (absl::Status s = finish(); !s.ok()) {
         step.abandon();
@@ -532,6 +564,8 @@ absl::Status TrainElastic(Agent& agent, const RunOptions& c, const std::vector<p
       [&](const std::vector<std::string>& ws, const std::optional<checkpoint::Checkpoint>& from) -> absl::Status {
         RunOptions now = c;  // over the workers of this attempt
         now.all_workers = ws;
+        // (A worker that came back is a new process.)
+        if (c.deterministic) RETURN_IF_ERROR(UseDeterministicAlgorithmsOn(agent, ws));
         now.workers.assign(ws.begin(), ws.begin() + static_cast<std::ptrdiff_t>(c.workers.size()));
         Checkpointing ck = checkpoints;
         if (!first) {  // a recovery: from the latest checkpoint, cut as it was saved

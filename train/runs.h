@@ -73,6 +73,9 @@ struct RunOptions {
   int coordinator_threads = 1;
   bool local = false;
   bool compare_local = false;
+  // --deterministic: reproducible kernels here and on every worker
+  // (runtime::UseDeterministicAlgorithms).
+  bool deterministic = false;
   std::string report, trace, timeline;
   // --tensorboard DIR: the scalars as TensorBoard event files; --curves
   // FILE.svg: the loss and accuracy curves drawn at the end.
@@ -278,5 +281,9 @@ void PrintSummary(const std::vector<Run>& runs, const RunOptions& c);
 // --report: the runs as JSON (train::WriteReport), mode "local", "ps" or
 // "pipeline".
 absl::Status WriteReport(const std::string& path, bool local, const std::vector<Run>& runs, const RunOptions& c);
+
+// --deterministic on each of `workers` (runtime::UseDeterministicAlgorithms
+// there); an error names the worker that could not.
+absl::Status UseDeterministicAlgorithmsOn(Agent& agent, const std::vector<std::string>& workers);
 
 }  // namespace remora::train::runs

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -11,6 +12,14 @@ namespace {
 
 std::string Label(const TimelineSlice& s) {
   return s.micro_batch >= 0 ? absl::StrCat(s.name, " mb", s.micro_batch) : s.name;
+}
+
+// Compute (forward, backward, eval, step, allreduce) on a track's first row;
+// copies and waits ("input", "settle", "loss reply", the master's "make
+// batch", "send", "wait") on its second, which the SVG leaves out.
+bool IsCompute(const TimelineSlice& s) {
+  return s.name == "forward" || s.name == "backward" || s.name == "eval" || s.name == "step" ||
+         s.name == "allreduce";
 }
 
 // The label with the stage, for tooltips.
@@ -29,11 +38,16 @@ absl::Status WriteChromeTrace(const std::string& path, const std::vector<std::st
   for (size_t t = 0; t < tracks.size(); ++t) {
     out << (first ? "" : ",\n") << "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": " << t
         << ", \"args\": {\"name\": \"" << tracks[t] << "\"}}";
+    for (const auto& [tid, row] : {std::pair<int, const char*>{0, "compute"}, {1, "copies and waits"}}) {
+      out << ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": " << t << ", \"tid\": " << tid
+          << ", \"args\": {\"name\": \"" << row << "\"}}";
+    }
     first = false;
   }
   for (const auto& s : slices) {
     out << ",\n{\"name\": \"" << Label(s) << "\", \"cat\": \"" << s.name
-        << "\", \"ph\": \"X\", \"pid\": " << s.track << ", \"tid\": 0, \"ts\": " << s.start_us
+        << "\", \"ph\": \"X\", \"pid\": " << s.track << ", \"tid\": " << (IsCompute(s) ? 0 : 1)
+        << ", \"ts\": " << s.start_us
         << ", \"dur\": " << std::max<int64_t>(1, s.end_us - s.start_us)
         << ", \"args\": {\"micro_batch\": " << s.micro_batch << ", \"stage\": \"" << s.stage
         << "\"}}";
@@ -66,6 +80,7 @@ absl::Status WriteTimelineSvg(const std::string& path, const std::vector<std::st
         y + kRow / 2 + 4, tracks[t], kLeft, y + kRow, kLeft + kWidth, y + kRow);
   }
   for (const auto& s : slices) {
+    if (!IsCompute(s) || s.track >= static_cast<int>(tracks.size())) continue;
     const int y = kTop + kRow * s.track + 6;
     const double x = kLeft + s.start_us * scale;
     const double w = std::max(1.0, (s.end_us - s.start_us) * scale);

@@ -13,7 +13,10 @@ namespace remora::train {
 
 struct TimelineSlice {
   int track;             // index into the track names
-  std::string name;      // forward, backward or step
+  // forward, backward, eval, step or allreduce (compute); else a copy or a
+  // wait (input, settle, loss reply; the master's make batch, send, wait),
+  // which the trace shows on a second row and the SVG leaves out.
+  std::string name;
   int64_t micro_batch;   // -1 for none
   int64_t start_us;      // since the run started
   int64_t end_us;

@@ -1,5 +1,8 @@
 #include "train/worker_functions.h"
 
+#include <atomic>
+#include <cstdio>
+
 #include <ATen/core/List.h>
 #include <ATen/core/ivalue.h>
 
@@ -11,6 +14,8 @@
 #include "parallel/rpc_store.h"
 #include "pipeline/stage.h"
 #include "ps/replica.h"
+#include "rpc/agent.h"
+#include "runtime/threads.h"
 #include "runtime/trace.h"
 
 namespace remora::train {
@@ -32,6 +37,21 @@ absl::Status RegisterTraceFunctions(Registry& r) {
   });
 }
 
+// use_deterministic_algorithms(): the master's --deterministic, here
+// (runtime::UseDeterministicAlgorithms); says so on the first call.
+absl::Status RegisterDeterminism(Registry& r) {
+  return r.RegisterFunction("use_deterministic_algorithms", [](CallContext& ctx, const Args&) -> c10::IValue {
+    static std::atomic<bool> said{false};
+    runtime::UseDeterministicAlgorithms();
+    if (!said.exchange(true)) {
+      std::printf("worker '%s': deterministic algorithms (the master's --deterministic)\n",
+                  ctx.agent->self().name.c_str());
+      std::fflush(stdout);
+    }
+    return c10::IValue();
+  });
+}
+
 }  // namespace
 
 absl::Status RegisterWorkerFunctions(Registry& registry) {
@@ -43,6 +63,7 @@ absl::Status RegisterWorkerFunctions(Registry& registry) {
   RETURN_IF_ERROR(parallel::RegisterStoreFunctions(registry));
   RETURN_IF_ERROR(checkpoint::RegisterFunctions(registry));
   RETURN_IF_ERROR(ps::RegisterFunctions(registry));
+  RETURN_IF_ERROR(RegisterDeterminism(registry));
   return RegisterTraceFunctions(registry);
 }
 

@@ -28,6 +28,7 @@
 #include "proto/request.h"
 #include "proto/rref.pb.h"
 #include "rpc/message.h"
+#include "tests/support/master_runs.h"
 #include "tests/support/pipeline_fixtures.h"
 #include "tests/support/test_functions.h"
 #include "tests/support/test_group.h"
@@ -213,6 +214,32 @@ TEST(Master, ASignalEndsTheGroupAndTheWorkersExitAtOnce) {
                 HasSubstr("the master was stopped by a signal"));
   }
   EXPECT_LT(absl::Now() - ended, absl::Seconds(5));
+}
+
+// --deterministic switches the master and every worker (spares too) before
+// anything runs, and changes no loss where the kernels were reproducible
+// already (one CPU thread each: the pipeline equals one process bit for bit).
+TEST(Master, DeterministicReachesEveryWorkerAndKeepsThePipelinesLosses) {
+  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+  auto workers = test_support::StartWorkers({"w1", "w2", "w3"}, addr, "deterministic");
+  const std::vector<std::string> args = {"--batches", "2", "--batch-size", "8", "--image-size", "32",
+                                         "--splits", "2", "--deterministic"};
+  std::vector<std::string> argv = {kBin + "/master", "--workers", "w1,w2", "--spares", "w3", "--max-restarts", "1",
+                                   "--checkpoint-dir", test_support::FreshDir("deterministic_ckpt"), "--listen", addr,
+                                   "--report", TempPath("deterministic.json")};
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto [code, out] = RunProgram(argv, absl::Seconds(240));
+  ASSERT_EQ(code, 0) << out;
+  for (const std::string name : {"w1", "w2", "w3"}) {
+    EXPECT_EQ(workers[name[1] - '1']->Wait(absl::Seconds(30)).value_or(-1), 0) << name;
+    EXPECT_THAT(ReadFile(TempPath("deterministic_" + name + ".log")),
+                HasSubstr("worker '" + name + "': deterministic algorithms (the master's --deterministic)"));
+  }
+  const auto pipeline = test_support::ReportLosses(ReadFile(TempPath("deterministic.json")));
+  const auto local = test_support::LocalLosses(args, "deterministic_local");
+  ASSERT_EQ(pipeline.size(), 1u);
+  ASSERT_EQ(local.size(), 1u);
+  test_support::ExpectSameLosses(pipeline[0], local[0], "--deterministic");
 }
 
 TEST(Failure, WorkerExitsNonZeroWhenTheMasterIsGone) {

@@ -141,6 +141,12 @@ TEST(Master, PipelineLossesMatchLocalTraining) {
   for (const char* slice : {"forward mb0", "forward mb1", "backward mb0", "backward mb1", "step"}) {
     EXPECT_THAT(tj, HasSubstr(slice)) << slice;
   }
+  // Copies and waits on each track's second row; the master's own track.
+  EXPECT_THAT(tj, HasSubstr("\"name\": \"input\", \"cat\": \"input\", \"ph\": \"X\", \"pid\": 0, \"tid\": 1"));
+  EXPECT_THAT(tj, HasSubstr("\"name\": \"master\""));
+  for (const char* slice : {"\"make batch\"", "\"send\"", "\"wait\"", "\"settle\"", "\"loss reply\""}) {
+    EXPECT_THAT(tj, HasSubstr(slice)) << slice;
+  }
   // Forward and backward slices name their stage (two per worker here).
   EXPECT_THAT(tj, HasSubstr("\"cat\": \"forward\", \"ph\": \"X\", \"pid\": 0"));
   EXPECT_THAT(tj, HasSubstr("\"stage\": \"stage 0\""));
