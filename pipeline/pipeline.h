@@ -119,6 +119,10 @@ class PendingStep {
   // Tells the workers to drop the step, not waiting for them (after an
   // earlier step failed).
   void abandon();
+  // The step was over when it was returned (Done: it ran within the call
+  // that started it, as the master-centred protocol's steps do, or did not
+  // start), so that a caller timing steps accounts it at once.
+  bool over_at_start() const { return done_.has_value(); }
 
  private:
   explicit PendingStep(absl::StatusOr<double> loss) : done_(std::move(loss)) {}

@@ -10,8 +10,9 @@ namespace {
 
 // A step the pipeline started, waited for (or dropped) later.
 pipeline::StartedStep Started(pipeline::PendingStep pending) {
+  const bool ran = pending.over_at_start();  // (the master-centred protocol's steps)
   auto step = std::make_shared<pipeline::PendingStep>(std::move(pending));
-  return pipeline::StartedStep{[step] { return step->wait(); }, [step] { step->abandon(); }};
+  return pipeline::StartedStep{[step] { return step->wait(); }, [step] { step->abandon(); }, ran};
 }
 
 }  // namespace

@@ -495,14 +495,15 @@ absl::Status TrainPipeline(Agent& agent, const RunOptions& c, const std::vector<
     run.slices.push_back({master_track, what, -1, since - skipped, trace::NowUs() - skipped,
                           absl::StrCat("batch ", b)});
   };
-  auto finish = [&]() -> absl::Status {
+  // `ended`: when the step ended, where that was before this call.
+  auto finish = [&](std::optional<int64_t> ended = std::nullopt) -> absl::Status {
     Started s = std::move(*started);
     started.reset();
     const int64_t waited = trace::NowUs();
     absl::StatusOr<double> loss_or = s.step.wait();
     record("wait", s.b, waited);
     ASSIGN_OR_RETURN(double loss, std::move(loss_or));
-    const int64_t now = trace::NowUs();
+    const int64_t now = ended.value_or(trace::NowUs());
     const double seconds = (now - last_end) / 1e6;
     last_end = now;
     RecordBatch(run, s.b, loss, seconds, c.batch_size);
@@ -531,6 +532,16 @@ absl::Status TrainPipeline(Agent& agent, const RunOptions& c, const std::vector<
     const int64_t sent = trace::NowUs();
     pipeline::PendingStep step = pipe->start_train_step(images, one_hot);
     record("send", b, sent);
+    if (step.over_at_start()) {
+      // It ran within the call (or failed to start): the one before ended
+      // before it began, and it is accounted now, not with the next.
+      const int64_t ran_until = trace::NowUs();
+      if (started) RETURN_IF_ERROR(finish(sent));
+      last_end = sent;
+      started = Started{b, std::move(step)};
+      RETURN_IF_ERROR(finish(ran_until));
+      continue;
+    }
     if (started) {
       if (absl::Status s = finish(); !s.ok()) {
         step.abandon();

@@ -242,6 +242,20 @@ TEST(Master, DeterministicReachesEveryWorkerAndKeepsThePipelinesLosses) {
   test_support::ExpectSameLosses(pipeline[0], local[0], "--deterministic");
 }
 
+// The master-centred protocol (kept to measure against) runs each step within
+// its start: every batch is timed as it ran, none as 0 s (the last one was).
+TEST(Master, MasterCentredStepsAreTimedAsTheyRun) {
+  setenv("REMORA_STEP_PROTOCOL", "master", 1);
+  auto [code, out] = test_support::RunPipeline(2, {"--batches", "4", "--batch-size", "8", "--image-size", "32",
+                                                   "--splits", "2", "--report", TempPath("centred.json")});
+  unsetenv("REMORA_STEP_PROTOCOL");
+  ASSERT_EQ(code, 0) << out;
+  const auto seconds = test_support::ReportNumbers(ReadFile(TempPath("centred.json")), "batch_seconds");
+  ASSERT_EQ(seconds.size(), 1u);
+  ASSERT_EQ(seconds[0].size(), 4u);
+  for (double s : seconds[0]) EXPECT_GT(s, 1e-3) << out;
+}
+
 TEST(Failure, WorkerExitsNonZeroWhenTheMasterIsGone) {
   Registry registry;
   AgentOptions m = MasterOptions({"w1"});

@@ -20,9 +20,11 @@
 
 namespace remora::test_support {
 // Losses of every run in a --report file, in order.
-std::vector<std::vector<double>> ReportLosses(const std::string& json) {
+std::vector<std::vector<double>> ReportLosses(const std::string& json) { return ReportNumbers(json, "losses"); }
+
+std::vector<std::vector<double>> ReportNumbers(const std::string& json, const std::string& key) {
   std::vector<std::vector<double>> out;
-  std::regex losses("\"losses\": \\[([^\\]]*)\\]");
+  std::regex losses("\"" + key + "\": \\[([^\\]]*)\\]");
   for (auto it = std::sregex_iterator(json.begin(), json.end(), losses);
        it != std::sregex_iterator(); ++it) {
     std::vector<double> v;

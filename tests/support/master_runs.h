@@ -14,6 +14,8 @@ namespace remora::test_support {
 
 // Losses of every run in a --report file, in order.
 std::vector<std::vector<double>> ReportLosses(const std::string& json);
+// The list `key` (losses, batch_seconds) of every run in a --report file.
+std::vector<std::vector<double>> ReportNumbers(const std::string& json, const std::string& key);
 
 // A pipeline run over `n` real workers; returns the master's exit code and
 // output. `common_args` go to the master and every worker; the workers
