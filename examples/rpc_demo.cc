@@ -82,6 +82,7 @@ int main(int argc, char** argv) {
                         "Starts two local workers (this program again, as `rpc_demo worker --name N ...`) "
                         "and exchanges calls and RRefs with them.");
   flags.AddString("workers", &workers, "names of the two workers to start");
+  flags.StartsItsOwnGroup();
   launch::TlsFiles tls_files;
   flags.AddTlsFlags(&tls_files);
   int code = 0;

@@ -134,10 +134,12 @@ std::string FlagParser::Usage() const {
   }
   absl::StrAppend(&out, "  --help\n      print this and exit\n");
   if (!joins_group_) return out;
-  absl::StrAppend(&out, "\nenvironment:\n"
-                  "  MASTER_ADDR, MASTER_PORT  where the master listens (as in PyTorch)\n"
-                  "  REMORA_TOKEN              the group's shared secret\n"
-                  "  REMORA_SHM=0              no shared memory: large tensors go through gRPC\n"
+  absl::StrAppend(&out, "\nenvironment:\n");
+  if (!own_group_) {
+    absl::StrAppend(&out, "  MASTER_ADDR, MASTER_PORT  where the master listens (as in PyTorch)\n"
+                    "  REMORA_TOKEN              the group's shared secret\n");
+  }
+  absl::StrAppend(&out, "  REMORA_SHM=0              no shared memory: large tensors go through gRPC\n"
                   "  REMORA_DEBUG=channels     log the channel chosen for every peer\n"
                   "  REMORA_HOST_ID=ID         this process's host identity (shared memory only between equal ids)\n"
                   "  REMORA_SYNC_SPIN_US=N     rpc_sync polls N us for its reply before sleeping (200; 0: off)\n"

@@ -61,6 +61,10 @@ class FlagParser {
   // A program that joins no group: its usage lists no environment
   // variables (they are the group's).
   void JoinsNoGroup() { joins_group_ = false; }
+  // A program that starts its group itself (rpc_demo): its usage leaves out
+  // where a master is found and the group's secret, keeping the channels'
+  // variables.
+  void StartsItsOwnGroup() { own_group_ = true; }
 
   // Parses argv. Returns false after printing the usage (for --help: exit 0)
   // or an error (exit 2); `exit_code` says which.
@@ -79,6 +83,7 @@ class FlagParser {
   std::string program_;
   std::string summary_;
   bool joins_group_ = true;
+  bool own_group_ = false;
   std::map<std::string, Flag> flags_;
   std::vector<std::string> order_;
   std::set<std::string> given_;

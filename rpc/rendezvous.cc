@@ -431,7 +431,12 @@ absl::Status Agent::Join() {
     m.header.mutable_request()->set_from(kUnknownWorker);
     auto reply = impl_->Transmit(&stub, std::move(m), deadline - absl::Now(), true).wait();
     if (reply.ok() && reply->header.response().has_error()) {
-      absl::Status error = Annotate(impl_->ErrorFromReply(reply->header.response()), refused);
+      const absl::Status reason = impl_->ErrorFromReply(reply->header.response());
+      if (reason.code() == absl::StatusCode::kAborted) {  // accepted; another member kept the group from forming
+        return Annotate(reason, absl::StrCat("worker '", self_.name, "' was accepted by the master at ",
+                                             options_.master_address));
+      }
+      absl::Status error = Annotate(reason, refused);
       if (error.code() != absl::StatusCode::kUnavailable) return error;
       if (last.ok() || last.code() != absl::StatusCode::kUnavailable || last.message() != error.message()) {
         std::cerr << "remora: worker '" << self_.name << "': " << error.message()

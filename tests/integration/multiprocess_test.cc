@@ -661,6 +661,11 @@ TEST(RpcDemo, RunsEndToEnd) {
   EXPECT_EQ(code, 0) << out;
   EXPECT_THAT(out, HasSubstr("matches local computation: yes"));
   EXPECT_THAT(out, HasSubstr("shut down cleanly"));
+  // It starts its group itself: no master address or group secret to give.
+  auto [help_code, help] = RunProgram({kBin + "/rpc_demo", "--help"});
+  EXPECT_EQ(help_code, 0);
+  EXPECT_THAT(help, HasSubstr("REMORA_SHM=0"));
+  EXPECT_THAT(help, ::testing::Not(HasSubstr("MASTER_ADDR")));
 }
 
 // rpc_bench's figures are not checked (timings are not asserted in tests),

@@ -677,6 +677,7 @@ TEST(Master, RefusedWorkersFailTheMasterAtOnceNamingThemAndTheJoinedWorkerExits)
     }
     // worker1 joined and was told the group did not form.
     EXPECT_NE((*worker1)->Wait(absl::Seconds(20)).value_or(0), 0);
+    EXPECT_THAT(ReadFile(TempPath("worker1.log")), HasSubstr("was accepted by the master at " + addr));
     EXPECT_THAT(ReadFile(TempPath("worker1.log")), HasSubstr("the group did not form"));
     (*worker2)->Wait(absl::Seconds(20)).IgnoreError();
   }
