@@ -224,7 +224,7 @@ absl::Status WriteOutputs(const std::vector<Run>& runs, const RunOptions& c) {
   }
   if (!c.trace.empty()) {
     std::vector<std::string> all = tracks;
-    if (!c.local) all.push_back("master");  // (its make batch, send and wait)
+    if (!c.local) all.push_back("master");  // (its take batch, send and wait)
     if (auto s = train::WriteChromeTrace(c.trace, all, runs.back().slices); !s.ok()) return s;
     std::cout << "trace: " << c.trace << " (open in https://ui.perfetto.dev or chrome://tracing)\n";
   }

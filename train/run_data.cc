@@ -1,11 +1,14 @@
 // The master's --dataset (train/runs.h: Sets, LoadDataset): a
 // named set loaded into memory, or an image folder listed and read from
 // disk as batches need it.
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <stdexcept>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/mutex_lock.h"
 #include "base/status_util.h"
 #include "data/imagefolder.h"
 #include "train/runs.h"
@@ -81,6 +84,53 @@ absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const RunOptions& c) {
   sets->train = std::make_unique<data::InMemory>(sets->train_set);
   sets->test = std::make_unique<data::InMemory>(sets->test_set);
   return sets;
+}
+
+BatchesAhead::BatchesAhead(const RunOptions& c, int first, int end, int ahead)
+    : c_(c), end_(end), ahead_(std::max(1, ahead)), next_taken_(first), maker_([this] { Make(); }) {}
+
+BatchesAhead::~BatchesAhead() {
+  {
+    MutexLock lock(mu_);
+    stop_ = true;
+  }
+  maker_.join();
+}
+
+void BatchesAhead::Make() {
+  int b;
+  {
+    MutexLock lock(mu_);
+    b = next_taken_;
+  }
+  for (; b < end_; ++b) {
+    {
+      MutexLock lock(mu_);
+      // Room for one more: at most `ahead_` made and not taken.
+      mu_.Await(absl::Condition(
+          +[](BatchesAhead* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
+            return self->stop_ || static_cast<int>(self->made_.size()) < self->ahead_;
+          },
+          this));
+      if (stop_) return;
+    }
+    auto batch = MakeBatch(c_, b);  // (outside the lock: Take may go on)
+    MutexLock lock(mu_);
+    made_.push_back(std::move(batch));
+  }
+}
+
+std::pair<at::Tensor, at::Tensor> BatchesAhead::Take(int b) {
+  MutexLock lock(mu_);
+  if (b != next_taken_ || b >= end_) {
+    throw std::logic_error(absl::StrCat("BatchesAhead: batch ", b, " taken, ", next_taken_, " was next"));
+  }
+  mu_.Await(absl::Condition(
+      +[](BatchesAhead* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) { return !self->made_.empty(); }, this));
+  auto batch = std::move(made_.front());
+  made_.pop_front();
+  ++next_taken_;
+  return batch;
 }
 
 std::string Sets::Describe() const {

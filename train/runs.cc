@@ -521,14 +521,15 @@ absl::Status TrainPipeline(Agent& agent, const RunOptions& c, const std::vector<
     last_end = trace::NowUs();
     return absl::OkStatus();
   };
+  BatchesAhead batches(c, first, c.batches);  // made while the ones before are sent and run
   auto settles_after = [&](int b) {
     return after_batch || (count_messages && b == first) || saves.Due(b + 1, b + 1 == c.batches);
   };
   for (int b = first; b < c.batches; ++b) {
     if (started && settles_after(started->b)) RETURN_IF_ERROR(finish());
     const int64_t made = trace::NowUs();
-    auto [images, one_hot] = MakeBatch(c, b);
-    record("make batch", b, made);
+    auto [images, one_hot] = batches.Take(b);
+    record("take batch", b, made);
     const int64_t sent = trace::NowUs();
     pipeline::PendingStep step = pipe->start_train_step(images, one_hot);
     record("send", b, sent);

@@ -5,14 +5,17 @@
 // command line into these options.
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "checkpoint/checkpoint.h"
 #include "base/status_util.h"
 #include "pipeline/microbatch.h"
@@ -155,6 +158,36 @@ absl::StatusOr<std::shared_ptr<train::RunLog>> OpenRunLog(const RunOptions& c, i
 
 // Batch b of the ResNet50 demo or --model runs: the same in every mode.
 std::pair<at::Tensor, at::Tensor> MakeBatch(const RunOptions& c, int b);
+
+// Batches [first, end) of MakeBatch, made in order on a thread of its own
+// at most `ahead` before they are taken, so that a pipeline's master sends
+// one batch while the next is made (25 MB of random numbers a batch for the
+// demo at 128x128: about 25 ms of one core).
+//
+// Thread-safety: Take is called from one thread, in order; the maker
+// thread is this object's, joined by the destructor.
+class BatchesAhead {
+ public:
+  BatchesAhead(const RunOptions& c, int first, int end, int ahead = 2);
+  ~BatchesAhead();
+  BatchesAhead(const BatchesAhead&) = delete;
+  BatchesAhead& operator=(const BatchesAhead&) = delete;
+
+  // Batch b: the next one not taken yet (blocks until it is made).
+  std::pair<at::Tensor, at::Tensor> Take(int b);
+
+ private:
+  void Make();
+
+  const RunOptions c_;
+  const int end_;
+  const int ahead_;
+  absl::Mutex mu_;
+  std::deque<std::pair<at::Tensor, at::Tensor>> made_ ABSL_GUARDED_BY(mu_);
+  int next_taken_ ABSL_GUARDED_BY(mu_);  // the batch Take returns next
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread maker_;  // last: started once the fields above are
+};
 pipeline::LossFn Loss(const RunOptions& c);
 void PrintBatch(int b, double loss, double seconds);
 // Batch b's loss and time: into `run`, its log, and a line on the output.

@@ -14,7 +14,7 @@ namespace remora::train {
 struct TimelineSlice {
   int track;             // index into the track names
   // forward, backward, eval, step or allreduce (compute); else a copy or a
-  // wait (input, settle, loss reply; the master's make batch, send, wait),
+  // wait (input, settle, loss reply; the master's take batch, send, wait),
   // which the trace shows on a second row and the SVG leaves out.
   std::string name;
   int64_t micro_batch;   // -1 for none

@@ -144,7 +144,7 @@ TEST(Master, PipelineLossesMatchLocalTraining) {
   // Copies and waits on each track's second row; the master's own track.
   EXPECT_THAT(tj, HasSubstr("\"name\": \"input\", \"cat\": \"input\", \"ph\": \"X\", \"pid\": 0, \"tid\": 1"));
   EXPECT_THAT(tj, HasSubstr("\"name\": \"master\""));
-  for (const char* slice : {"\"make batch\"", "\"send\"", "\"wait\"", "\"settle\"", "\"loss reply\""}) {
+  for (const char* slice : {"\"take batch\"", "\"send\"", "\"wait\"", "\"settle\"", "\"loss reply\""}) {
     EXPECT_THAT(tj, HasSubstr(slice)) << slice;
   }
   // Forward and backward slices name their stage (two per worker here).
