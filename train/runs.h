@@ -165,7 +165,7 @@ std::pair<at::Tensor, at::Tensor> MakeBatch(const RunOptions& c, int b);
 // demo at 128x128: about 25 ms of one core).
 //
 // Thread-safety: Take is called from one thread, in order; the maker
-// thread is this object's, joined by the destructor.
+// thread is this object's, joined by the destructor. `c` must outlive it.
 class BatchesAhead {
  public:
   BatchesAhead(const RunOptions& c, int first, int end, int ahead = 2);
@@ -179,7 +179,7 @@ class BatchesAhead {
  private:
   void Make();
 
-  const RunOptions c_;
+  const RunOptions& c_;  // the caller's, which outlives this
   const int end_;
   const int ahead_;
   absl::Mutex mu_;

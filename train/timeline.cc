@@ -15,7 +15,7 @@ std::string Label(const TimelineSlice& s) {
 }
 
 // Compute (forward, backward, eval, step, allreduce) on a track's first row;
-// copies and waits ("input", "settle", "loss reply", the master's "make
+// copies and waits ("input", "settle", "loss reply", the master's "take
 // batch", "send", "wait") on its second, which the SVG leaves out.
 bool IsCompute(const TimelineSlice& s) {
   return s.name == "forward" || s.name == "backward" || s.name == "eval" || s.name == "step" ||
