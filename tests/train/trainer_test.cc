@@ -10,9 +10,11 @@
 #include <map>
 #include <memory>
 #include <sstream>
+#include <stdexcept>
 
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
+#include <ATen/ops/equal.h>
 #include <ATen/ops/zeros.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -22,6 +24,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "data/source.h"
 #include "tests/support/script_models.h"
 #include "tests/support/test_group.h"
@@ -241,6 +244,30 @@ TEST(Runs, OneF1BAskedForByNameCutsOneStagePerWorker) {
   EXPECT_EQ(runs::StagesPerWorker(c, 16).value(), 1);
   c.interleave = 2;  // given: kept (the schedule says what it thinks of it)
   EXPECT_EQ(runs::StagesPerWorker(c, 16).value(), 2);
+}
+
+// The demo's batches made ahead are MakeBatch's, in order; a run that stops
+// early (an error) leaves no maker thread behind.
+TEST(Runs, BatchesMadeAheadAreTheSameBatchesAndStopWithTheRun) {
+  runs::RunOptions c;
+  c.batch_size = 4;
+  c.image_size = 16;
+  {
+    runs::BatchesAhead ahead(c, 2, 6);
+    for (int b = 2; b < 6; ++b) {
+      auto [x, y] = ahead.Take(b);
+      auto [want_x, want_y] = runs::MakeBatch(c, b);
+      EXPECT_TRUE(x.equal(want_x)) << "batch " << b;
+      EXPECT_TRUE(y.equal(want_y)) << "batch " << b;
+    }
+    EXPECT_THROW(ahead.Take(6), std::logic_error);
+  }
+  const absl::Time start = absl::Now();
+  {
+    runs::BatchesAhead ahead(c, 0, 1000000);
+    ahead.Take(0);
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
 }
 
 }  // namespace
