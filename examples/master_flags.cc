@@ -517,6 +517,17 @@ absl::StatusOr<CommandLine> Check(Flags f) {
                               ": every micro-batch needs at least one image"));
     }
   }
+  // A batch norm in training fails on one row (LibTorch: "Expected more than
+  // 1 value per channel"); the stages are looked at only where it matters.
+  for (int s : c.splits) {
+    const int64_t parts = int64_t{s} * c.replicas, rows = c.batch_size / parts;
+    if (line.ps_mode || rows >= 2 || RowsPerPart(c) < 2) continue;
+    return Bad(absl::StrCat("--splits ", s, c.replicas > 1 ? absl::StrCat(" x --replicas ", c.replicas) : "",
+                            " cuts --batch-size ", c.batch_size, " into micro-batches of ", rows, " image, and ",
+                            c.model.empty() ? "ResNet50" : "the --model", "'s batch norm needs 2 or more in each: give ",
+                            "--splits ", std::max<int64_t>(1, c.batch_size / (2 * c.replicas)), " or fewer, or --batch-size ",
+                            2 * parts, " or more"));
+  }
   if (auto s = CheckCheckpoints(line, f.given); !s.ok()) return s;
   if (auto s = CheckElastic(line); !s.ok()) return s;
   if (c.replicas > 1 && (!line.security.token.empty() || line.security.tls.enabled()) &&

@@ -62,6 +62,10 @@ TEST(MasterFlags, BadValuesAreClearErrorsNamingTheFlag) {
       {{"--local", "--splits", "0"}, "positive integers"},
       {{"--local", "--splits", ","}, "--splits is empty"},
       {{"--local", "--splits", "16", "--batch-size", "8"}, "exceeds --batch-size 8"},
+      {{"--local", "--batch-size", "8"},  // the demo's --splits 8
+       "--splits 8 cuts --batch-size 8 into micro-batches of 1 image, and ResNet50's batch norm needs 2 or more "
+       "in each: give --splits 4 or fewer, or --batch-size 16 or more"},
+      {{"--workers", "a,b", "--replicas", "2", "--splits", "2", "--batch-size", "6"}, "--splits 2 x --replicas 2"},
       {{"--local", "--batch-size", "0"}, "--batch-size must be >= 1"},
       {{"--local", "--image-size", "4"}, "--image-size"},
       {{"--local", "--lr", "0"}, "--lr must be > 0"},
@@ -93,6 +97,8 @@ TEST(MasterFlags, BadValuesAreClearErrorsNamingTheFlag) {
       {{"--local", "--dataset", "fashion-mnsit"}, "--dataset wants fashion-mnist, idx:DIR, cifar10:DIR or imagefolder:DIR"},
       {{"--local", "--dataset", "idx:"}, "--dataset wants"},
   });
+  // The small CNN has no batch norm: one image per micro-batch trains.
+  EXPECT_TRUE(ParseCommandLine({"--local", "--dataset", "fashion-mnist", "--batch-size", "8"}).ok());
 }
 
 TEST(MasterFlags, CutsAndTopologiesThatDoNotFitAreErrors) {
