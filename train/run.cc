@@ -2,9 +2,12 @@
 
 #include <ATen/Context.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -214,6 +217,33 @@ absl::StatusOr<std::vector<Run>> TrainOverWorkers(Agent& agent, RunPlan& line, c
   return runs;
 }
 
+// The files written at the end (--report, --trace, --timeline, --curves)
+// can be written: checked before training, so that no run is lost to a
+// typo in a path; a missing directory is made, as --checkpoint-dir's is.
+absl::Status CheckOutputFiles(const RunOptions& c) {
+  namespace fs = std::filesystem;
+  for (const auto& [flag, path] : {std::pair<const char*, std::string>{"report", c.report},
+                                   {"trace", c.trace},
+                                   {"timeline", c.timeline},
+                                   {"curves", c.curves}}) {
+    if (path.empty()) continue;
+    const fs::path dir = fs::path(path).has_parent_path() ? fs::path(path).parent_path() : fs::path(".");
+    std::error_code error;
+    fs::create_directories(dir, error);
+    const bool exists = fs::exists(path, error);
+    if (!fs::is_directory(dir, error) || access(dir.c_str(), W_OK) != 0 ||
+        (exists && access(path.c_str(), W_OK) != 0) || fs::is_directory(path, error)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--", flag, " ", path, ": cannot write there (",
+          fs::is_directory(path, error) ? "it is a directory"
+          : !fs::is_directory(dir, error) ? absl::StrCat("no directory ", dir.string(), " and none could be made")
+                                          : "no permission",
+          "); give a path this user can write"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The summary table, and the report, trace, timeline and curves asked for.
 absl::Status WriteOutputs(const std::vector<Run>& runs, const RunOptions& c) {
   PrintSummary(runs, c);
@@ -282,6 +312,7 @@ absl::Status RunMaster(RunPlan& plan, Registry* registry) {
   // Listening before the dataset loads: a port in use is found at once
   // (checked first, so that gRPC's own log line does not precede remora's
   // message), and workers that register meanwhile learn of a failure.
+  if (auto s = CheckOutputFiles(c); !s.ok()) return fail(s);
   if (!c.local) {
     if (auto s = launch::CheckCanListen(c.listen, "--listen"); !s.ok()) return fail(s);
     auto started = StartMaster(plan, *registry);

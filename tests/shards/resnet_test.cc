@@ -482,6 +482,9 @@ TEST(Master, HelpBadFlagsAndMissingWorkersGiveTheirExitCodes) {
   check({"--workers", "ghost", "--listen", absl::StrCat("127.0.0.1:", FreePort()),
          "--connect-timeout", "2"},
         1, "ghost did not register");
+  // An output file that cannot be written fails before training, not after.
+  check({"--local", "--report", "/proc/none/r.json"}, 1, "--report /proc/none/r.json: cannot write there");
+  check({"--local", "--trace", testing::TempDir()}, 1, "(it is a directory)");
 }
 
 // master --model FILE --dataset: a one-file model over two workers is cut
