@@ -149,6 +149,9 @@ int WorkerMain(int argc, char** argv, const std::string& program,
     return 1;
   }
   dist_autograd::Enable(**agent);
+  // (Join returns once the whole group has formed: until then this line says where it waits.)
+  std::cerr << program << " '" << f.name << "': joining the master at " << options->master_address
+            << " (for up to --connect-timeout " << f.connect_timeout_s << "s)" << std::endl;
   if (auto s = (*agent)->Join(); !s.ok()) {
     std::cerr << program << ": " << s.message() << "\n";
     return 1;

@@ -498,17 +498,28 @@ absl::Status Agent::Impl::JoinAsMaster() {
     return absl::OkStatus();
   }
   // Until the group forms, or every expected worker has joined or been
-  // refused (nothing more will come), or the timeout.
+  // refused (nothing more will come), or the timeout; every 10 s a line
+  // says who is still awaited.
   bool settled = false, formed = false;
   {
     MutexLock lock(join_mu_);
-    settled = join_mu_.AwaitWithTimeout(
-        absl::Condition(
-            +[](Impl* i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(i->join_mu_) {
-              return i->formed_ || i->joiners_.size() + i->refused_.size() >= i->agent_->options_.workers.size();
-            },
-            this),
-        options.connect_timeout);
+    const absl::Time start = absl::Now(), deadline = start + options.connect_timeout;
+    const absl::Condition over(
+        +[](Impl* i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(i->join_mu_) {
+          return i->formed_ || i->joiners_.size() + i->refused_.size() >= i->agent_->options_.workers.size();
+        },
+        this);
+    while (!(settled = join_mu_.AwaitWithTimeout(over, std::min(absl::Seconds(10), deadline - absl::Now()))) &&
+           absl::Now() < deadline) {
+      std::vector<std::string> missing;
+      for (const auto& w : options.workers) {
+        if (!joiners_.count(w) && !refused_.count(w)) missing.push_back(w);
+      }
+      std::cerr << "remora: master: waiting for " << absl::StrJoin(missing, ", ") << " (" << joiners_.size()
+                << " of " << options.workers.size() << " registered; "
+                << absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Seconds(1)))
+                << " of --connect-timeout " << absl::FormatDuration(options.connect_timeout) << ")" << std::endl;
+    }
     formed = formed_;
   }
   if (formed) {

@@ -479,9 +479,9 @@ TEST(Master, HelpBadFlagsAndMissingWorkersGiveTheirExitCodes) {
   EXPECT_THAT(help, HasSubstr("0.001 with --model or --dataset)\n"));
   check({"--workers", "a", "--bogus"}, 2, "unknown flag --bogus");
   check({"--local", "--splits", "0"}, 2, "master: --splits wants positive integers");
-  check({"--workers", "ghost", "--listen", absl::StrCat("127.0.0.1:", FreePort()),
-         "--connect-timeout", "2"},
-        1, "ghost did not register");
+  // Waiting, it says every 10 s whom it waits for.
+  check({"--workers", "ghost", "--listen", absl::StrCat("127.0.0.1:", FreePort()), "--connect-timeout", "11"}, 1,
+        "remora: master: waiting for ghost (0 of 1 registered; 10s of --connect-timeout 11s)");
   // An output file that cannot be written fails before training, not after.
   check({"--local", "--report", "/proc/none/r.json"}, 1, "--report /proc/none/r.json: cannot write there");
   check({"--local", "--trace", testing::TempDir()}, 1, "(it is a directory)");
@@ -680,6 +680,7 @@ TEST(Master, RefusedWorkersFailTheMasterAtOnceNamingThemAndTheJoinedWorkerExits)
     }
     // worker1 joined and was told the group did not form.
     EXPECT_NE((*worker1)->Wait(absl::Seconds(20)).value_or(0), 0);
+    EXPECT_THAT(ReadFile(TempPath("worker1.log")), HasSubstr("worker 'worker1': joining the master at " + addr));
     EXPECT_THAT(ReadFile(TempPath("worker1.log")), HasSubstr("was accepted by the master at " + addr));
     EXPECT_THAT(ReadFile(TempPath("worker1.log")), HasSubstr("the group did not form"));
     (*worker2)->Wait(absl::Seconds(20)).IgnoreError();
