@@ -281,7 +281,7 @@ absl::Status Agent::Impl::GiveUpJoining(const absl::Status& why) {
     }
     for (const auto& [who, reason] : refused_) refused.push_back(absl::StrCat(who, " was refused: ", reason));
   }
-  std::string text = absl::StrCat("master '", agent_->self_.name, "' at ", agent_->self_.address, ": ");
+  std::string text;  // (the joined workers know which master this is)
   if (!missing.empty()) {
     absl::StrAppend(&text, missing.size() == 1 ? "worker " : "workers ", absl::StrJoin(missing, ", "),
                     " did not register");
@@ -291,7 +291,8 @@ absl::Status Agent::Impl::GiveUpJoining(const absl::Status& why) {
   if (!missing.empty()) absl::StrAppend(&text, "; start them with --master ", agent_->self_.address);
   // (Formed meanwhile: the last worker came in the last moment.)
   if (!EndJoining(absl::StrCat("the group did not form: ", text))) return absl::OkStatus();
-  return absl::Status(why.code(), text);
+  return absl::Status(why.code(),
+                      absl::StrCat("master '", agent_->self_.name, "' at ", agent_->self_.address, ": ", text));
 }
 
 bool Agent::Impl::EndJoining(const std::string& text) {

@@ -683,6 +683,7 @@ TEST(Master, RefusedWorkersFailTheMasterAtOnceNamingThemAndTheJoinedWorkerExits)
     EXPECT_THAT(ReadFile(TempPath("worker1.log")), HasSubstr("worker 'worker1': joining the master at " + addr));
     EXPECT_THAT(ReadFile(TempPath("worker1.log")), HasSubstr("was accepted by the master at " + addr));
     EXPECT_THAT(ReadFile(TempPath("worker1.log")), HasSubstr("the group did not form"));
+    EXPECT_THAT(ReadFile(TempPath("worker1.log")), Not(HasSubstr("master 'master' at")));  // said once
     (*worker2)->Wait(absl::Seconds(20)).IgnoreError();
   }
 }
