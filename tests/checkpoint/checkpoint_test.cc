@@ -560,5 +560,20 @@ TEST(CheckpointJob, AJobKilledMidEpochResumesAndEndsEqualToAnUninterruptedOne) {
   EXPECT_EQ(CompleteSteps(broken), before);
 }
 
+// An --output the evaluator cannot write fails at once, not after its first
+// evaluation; the default one, in a checkpoint directory the job has not
+// made yet, is fine.
+TEST(Evaluator, AnOutputThatCannotBeWrittenFailsAtOnce) {
+  const std::string dir = TempPath("evaluator_not_yet");
+  for (const std::string& output : {std::string("/proc/none/eval.jsonl"), testing::TempDir()}) {
+    auto [code, out] = RunProgram({kBin + "/evaluator", "--checkpoint-dir", dir, "--dataset", "fashion-mnist",
+                                   "--once", "--output", output});
+    EXPECT_EQ(code, 1) << out;
+    EXPECT_THAT(out, HasSubstr("cannot write --output " + output)) << out;
+  }
+  auto [code, out] = RunProgram({kBin + "/evaluator", "--checkpoint-dir", dir, "--dataset", "fashion-mnist", "--once"});
+  EXPECT_THAT(out, HasSubstr("no checkpoint at " + dir)) << out;
+}
+
 }  // namespace
 }  // namespace remora::checkpoint
