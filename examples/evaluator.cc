@@ -237,7 +237,9 @@ int Main(int argc, char** argv) {
     const bool writable = fs::exists(o.output, error) ? access(o.output.c_str(), W_OK) == 0
                           : parent_there              ? access(parent.c_str(), W_OK) == 0
                                                       : fs::path(o.dir) == parent;  // (the job makes it)
-    if (fs::is_directory(o.output, error) || !writable) return fail(absl::StrCat("cannot write --output ", o.output, ": give a file this user can write"), 1);
+    if (fs::is_directory(o.output, error) || !writable) {
+      return fail(absl::StrCat("cannot write --output ", o.output, ": give a file this user can write"), 1);
+    }
   }
   runtime::SetComputeThreads(o.threads);
   if (auto s = shards::RegisterStageTypes(); !s.ok()) return fail(std::string(s.message()), 1);
