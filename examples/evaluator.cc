@@ -225,21 +225,13 @@ int Main(int argc, char** argv) {
     return fail("--val-fraction is for --dataset imagefolder:DIR (the training's held-out images)", 2);
   }
   if (o.output.empty()) o.output = o.dir + "/eval.jsonl";
-  {
-    // An --output that cannot be written fails now, not after the first
-    // evaluation. (Its directory may not exist yet where it is the
-    // checkpoint directory, which the job makes; any other is made here.)
-    namespace fs = std::filesystem;
-    const fs::path parent = fs::path(o.output).has_parent_path() ? fs::path(o.output).parent_path() : ".";
-    std::error_code error;
-    if (!fs::exists(parent, error) && fs::path(o.dir) != parent) fs::create_directories(parent, error);
-    const bool parent_there = fs::exists(parent, error);
-    const bool writable = fs::exists(o.output, error) ? access(o.output.c_str(), W_OK) == 0
-                          : parent_there              ? access(parent.c_str(), W_OK) == 0
-                                                      : fs::path(o.dir) == parent;  // (the job makes it)
-    if (fs::is_directory(o.output, error) || !writable) {
-      return fail(absl::StrCat("cannot write --output ", o.output, ": give a file this user can write"), 1);
-    }
+  // An --output that cannot be written fails now, not after the first
+  // evaluation; its directory may not exist yet where it is the checkpoint
+  // directory, which the job makes.
+  const std::filesystem::path parent = std::filesystem::path(o.output).parent_path();
+  const bool job_makes_it = parent == std::filesystem::path(o.dir) && !std::filesystem::exists(o.dir);
+  if (!job_makes_it && !launch::WhyCannotWrite(o.output).empty()) {
+    return fail(absl::StrCat("cannot write --output ", o.output, ": give a file this user can write"), 1);
   }
   runtime::SetComputeThreads(o.threads);
   if (auto s = shards::RegisterStageTypes(); !s.ok()) return fail(std::string(s.message()), 1);

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -224,6 +225,17 @@ absl::Status CheckAddress(const std::string& address, const std::string& flag) {
         absl::StrCat(flag, " wants HOST:PORT (port 0 to 65535), got '", address, "'"));
   }
   return absl::OkStatus();
+}
+
+std::string WhyCannotWrite(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(path).has_parent_path() ? fs::path(path).parent_path() : fs::path(".");
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (fs::is_directory(path, error)) return "it is a directory";
+  if (!fs::is_directory(dir, error)) return absl::StrCat("no directory ", dir.string(), " and none could be made");
+  const bool writable = fs::exists(path, error) ? access(path.c_str(), W_OK) == 0 : access(dir.c_str(), W_OK) == 0;
+  return writable ? "" : "no permission";
 }
 
 absl::Status CheckCanListen(const std::string& address, const std::string& flag) {

@@ -113,6 +113,12 @@ absl::Status CheckAddress(const std::string& address, const std::string& flag);
 // passes (the server reports those itself).
 absl::Status CheckCanListen(const std::string& address, const std::string& flag);
 
+// Why this process could not write the file `path` (its directory made
+// first where missing): "it is a directory", "no directory D and none could
+// be made" or "no permission"; empty when it could. For output files a
+// program writes at its end, checked at its start.
+std::string WhyCannotWrite(const std::string& path);
+
 // Splits "a,b,c", dropping empty parts.
 std::vector<std::string> SplitList(const std::string& list);
 

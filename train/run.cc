@@ -2,12 +2,9 @@
 
 #include <ATen/Context.h>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -221,24 +218,14 @@ absl::StatusOr<std::vector<Run>> TrainOverWorkers(Agent& agent, RunPlan& line, c
 // can be written: checked before training, so that no run is lost to a
 // typo in a path; a missing directory is made, as --checkpoint-dir's is.
 absl::Status CheckOutputFiles(const RunOptions& c) {
-  namespace fs = std::filesystem;
   for (const auto& [flag, path] : {std::pair<const char*, std::string>{"report", c.report},
                                    {"trace", c.trace},
                                    {"timeline", c.timeline},
                                    {"curves", c.curves}}) {
     if (path.empty()) continue;
-    const fs::path dir = fs::path(path).has_parent_path() ? fs::path(path).parent_path() : fs::path(".");
-    std::error_code error;
-    fs::create_directories(dir, error);
-    const bool exists = fs::exists(path, error);
-    if (!fs::is_directory(dir, error) || access(dir.c_str(), W_OK) != 0 ||
-        (exists && access(path.c_str(), W_OK) != 0) || fs::is_directory(path, error)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "--", flag, " ", path, ": cannot write there (",
-          fs::is_directory(path, error) ? "it is a directory"
-          : !fs::is_directory(dir, error) ? absl::StrCat("no directory ", dir.string(), " and none could be made")
-                                          : "no permission",
-          "); give a path this user can write"));
+    if (const std::string why = launch::WhyCannotWrite(path); !why.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--", flag, " ", path, ": cannot write there (", why, "); give a path this user can write"));
     }
   }
   return absl::OkStatus();
