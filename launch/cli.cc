@@ -134,9 +134,9 @@ std::string FlagParser::Usage() const {
                     "\n");
   }
   absl::StrAppend(&out, "  --help\n      print this and exit\n");
-  if (!joins_group_) return out;
+  if (group_ == Group::kNone) return out;
   absl::StrAppend(&out, "\nenvironment:\n");
-  if (!own_group_) {
+  if (group_ == Group::kJoins) {
     absl::StrAppend(&out, "  MASTER_ADDR, MASTER_PORT  where the master listens (as in PyTorch)\n"
                     "  REMORA_TOKEN              the group's shared secret\n");
   }

@@ -60,11 +60,11 @@ class FlagParser {
 
   // A program that joins no group: its usage lists no environment
   // variables (they are the group's).
-  void JoinsNoGroup() { joins_group_ = false; }
+  void JoinsNoGroup() { group_ = Group::kNone; }
   // A program that starts its group itself (rpc_demo): its usage leaves out
   // where a master is found and the group's secret, keeping the channels'
   // variables.
-  void StartsItsOwnGroup() { own_group_ = true; }
+  void StartsItsOwnGroup() { group_ = Group::kOwn; }
 
   // Parses argv. Returns false after printing the usage (for --help: exit 0)
   // or an error (exit 2); `exit_code` says which.
@@ -82,8 +82,9 @@ class FlagParser {
   };
   std::string program_;
   std::string summary_;
-  bool joins_group_ = true;
-  bool own_group_ = false;
+  // Which of the group's environment variables the usage lists: all, the
+  // channels' alone, or none.
+  enum class Group { kJoins, kOwn, kNone } group_ = Group::kJoins;
   std::map<std::string, Flag> flags_;
   std::vector<std::string> order_;
   std::set<std::string> given_;
