@@ -87,7 +87,7 @@ absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const RunOptions& c) {
 }
 
 BatchesAhead::BatchesAhead(const RunOptions& c, int first, int end, int ahead)
-    : c_(c), end_(end), ahead_(std::max(1, ahead)), next_taken_(first), maker_([this] { Make(); }) {}
+    : c_(c), end_(end), ahead_(std::max(1, ahead)), next_taken_(first), maker_([this, first] { Make(first); }) {}
 
 BatchesAhead::~BatchesAhead() {
   {
@@ -97,13 +97,8 @@ BatchesAhead::~BatchesAhead() {
   maker_.join();
 }
 
-void BatchesAhead::Make() {
-  int b;
-  {
-    MutexLock lock(mu_);
-    b = next_taken_;
-  }
-  for (; b < end_; ++b) {
+void BatchesAhead::Make(int first) {
+  for (int b = first; b < end_; ++b) {
     {
       MutexLock lock(mu_);
       // Room for one more: at most `ahead_` made and not taken.

@@ -396,6 +396,16 @@ void RecordMessages(const std::map<std::string, int64_t>& before, const std::map
   std::printf("messages_per_batch=%g (%s)\n", total, line.c_str());
 }
 
+// The microseconds of the windows in `paused` that ended by `t`: what a
+// slice starting at `t` is moved back by, so that the timeline leaves them out.
+int64_t PausedBefore(const std::vector<std::pair<int64_t, int64_t>>& paused, int64_t t) {
+  int64_t sum = 0;
+  for (const auto& [p0, p1] : paused) {
+    if (p1 <= t) sum += p1 - p0;
+  }
+  return sum;
+}
+
 // The workers' trace slices since `start` (trace::NowUs), into the run's
 // timeline; the windows in `paused` (--compare-local's local batches) are
 // left out of it. Stops the workers' tracing.
@@ -407,10 +417,7 @@ absl::Status CollectSlices(Agent& agent, const std::vector<std::string>& workers
     if (!slices.ok()) return slices.status();
     for (const c10::IValue& s : slices->toListRef()) {
       const c10::ArrayRef<c10::IValue> t = s.toTupleRef().elements().asArrayRef();
-      int64_t skipped = 0;
-      for (const auto& [p0, p1] : paused) {
-        if (p1 <= t[2].toInt()) skipped += p1 - p0;
-      }
+      const int64_t skipped = PausedBefore(paused, t[2].toInt());
       run.slices.push_back({static_cast<int>(w), t[0].toStringRef(), t[1].toInt(), t[2].toInt() - start - skipped,
                             t[3].toInt() - start - skipped, t.size() > 4 ? t[4].toStringRef() : std::string()});
     }
@@ -488,10 +495,7 @@ absl::Status TrainPipeline(Agent& agent, const RunOptions& c, const std::vector<
   const int master_track = static_cast<int>(c.workers.size());
   auto record = [&](const char* what, int b, int64_t since) {
     if (!traced) return;
-    int64_t skipped = start;  // (as CollectSlices leaves --compare-local's batches out)
-    for (const auto& [p0, p1] : paused) {
-      if (p1 <= since) skipped += p1 - p0;
-    }
+    const int64_t skipped = start + PausedBefore(paused, since);  // (as CollectSlices)
     run.slices.push_back({master_track, what, -1, since - skipped, trace::NowUs() - skipped,
                           absl::StrCat("batch ", b)});
   };
@@ -576,11 +580,12 @@ absl::Status TrainElastic(Agent& agent, const RunOptions& c, const std::vector<p
       [&](const std::vector<std::string>& ws, const std::optional<checkpoint::Checkpoint>& from) -> absl::Status {
         RunOptions now = c;  // over the workers of this attempt
         now.all_workers = ws;
-        // (A worker that came back is a new process.)
-        if (c.deterministic) RETURN_IF_ERROR(UseDeterministicAlgorithmsOn(agent, ws));
         now.workers.assign(ws.begin(), ws.begin() + static_cast<std::ptrdiff_t>(c.workers.size()));
         Checkpointing ck = checkpoints;
         if (!first) {  // a recovery: from the latest checkpoint, cut as it was saved
+          // (A worker that came back is a new process; the first attempt's
+          // were switched when they joined.)
+          if (c.deterministic) RETURN_IF_ERROR(UseDeterministicAlgorithmsOn(agent, ws));
           ck.resume = from;
           ASSIGN_OR_RETURN(ck.stages, checkpoint::LoadStageSpecs(*from));
         }

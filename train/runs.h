@@ -177,7 +177,7 @@ class BatchesAhead {
   std::pair<at::Tensor, at::Tensor> Take(int b);
 
  private:
-  void Make();
+  void Make(int first);  // the maker thread: batches first, first + 1, ...
 
   const RunOptions& c_;  // the caller's, which outlives this
   const int end_;
