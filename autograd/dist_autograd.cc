@@ -287,7 +287,7 @@ Future<Empty> RunBackward(Container& container, std::shared_ptr<DistContext> con
     return Deliver(agent, *context, leaves, results, retain_graph);
   }
   Future<Empty> done(agent.executor());
-  Executor* executor = agent.executor();
+  Executor* executor = agent.lane();  // (every pass on one thread)
   ComputeTurn::RunInTurn(
       mark->action,
       [&agent, context, roots = std::move(roots), grads = std::move(grads),

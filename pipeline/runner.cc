@@ -328,7 +328,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
         return;
       }
     }
-    Executor* executor = agent_.executor();
+    Executor* executor = agent_.lane();  // (every pass on one thread)
     std::shared_ptr<Runner> self = shared_from_this();
     ComputeTurn::RunInTurn(
         LaneAction{b->context, stage, mb, /*backward=*/false},

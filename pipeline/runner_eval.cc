@@ -175,7 +175,7 @@ std::shared_ptr<EvalBatch> EvalRunner::EvalOf(int64_t id) {
 }
 
 void EvalRunner::StartEval(std::shared_ptr<EvalBatch> b, int64_t stage, int64_t mb, c10::IValue x) {
-  Executor* executor = agent_.executor();
+  Executor* executor = agent_.lane();  // (every pass on one thread)
   std::shared_ptr<EvalRunner> self = shared_from_this();
   ComputeTurn::RunInTurn(
       LaneAction{-1, stage, mb, /*backward=*/false},

@@ -189,6 +189,7 @@ void Agent::forget_cuda_receives(int64_t group) { impl_->cuda_->Forget(group); }
 std::string Agent::cuda_disabled_reason() const { return impl_->cuda_->disabled_reason(); }
 
 Executor* Agent::executor() const { return impl_->pool_.get(); }
+Executor* Agent::lane() const { return impl_->pool_ ? impl_->pool_->lane() : nullptr; }
 
 bool NextPolling(grpc::CompletionQueue* cq, absl::Duration spin, void** tag, bool* ok) {
   return NextPolling(cq, spin, absl::InfiniteFuture(), tag, ok) ==

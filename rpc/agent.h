@@ -214,6 +214,13 @@ class Agent final {
   const Registry& registry() const { return *registry_; }
   // The pool that runs handlers and callbacks (for futures of async work).
   Executor* executor() const;
+  // The pool's lane (ThreadPool::lane): one thread that runs the actions of
+  // the compute lane (runtime/compute_lane.h) that are given their turn
+  // without a thread waiting for it, a pipeline's forward and backward
+  // passes. Always the same thread, so that a GPU library's per-thread state
+  // (cuDNN's execution plans) and LibTorch's OpenMP team are built once,
+  // not on each pool thread that happens to run a pass.
+  Executor* lane() const;
   // Port the server listens on (useful after listening on port 0).
   int port() const { return port_; }
   RRefStats rref_stats() const;

@@ -7,11 +7,12 @@ namespace remora {
 
 ThreadPool::ThreadPool(int num_threads) {
   if (num_threads < 1) num_threads = 1;
-  threads_.reserve(num_threads);
-  for (int i = 0; i < num_threads; ++i) {
-    threads_.emplace_back([this] {
-      pthread_setname_np(pthread_self(), kThreadName);
-      Loop();
+  threads_.reserve(num_threads + 1);
+  for (int i = 0; i <= num_threads; ++i) {
+    const bool lane = i == num_threads;
+    threads_.emplace_back([this, lane] {
+      pthread_setname_np(pthread_self(), lane ? kLaneThreadName : kThreadName);
+      Loop(lane);
     });
   }
 }
@@ -34,23 +35,35 @@ void ThreadPool::Schedule(std::function<void()> task) {
   queue_.push_back(std::move(task));
 }
 
-int ThreadPool::busy() const {
-  MutexLock lock(mu_);
-  return running_ + static_cast<int>(queue_.size());
+void ThreadPool::Lane::Schedule(std::function<void()> task) {
+  MutexLock lock(pool_->mu_);
+  pool_->lane_queue_.push_back(std::move(task));
 }
 
-void ThreadPool::Loop() {
+int ThreadPool::busy() const {
+  MutexLock lock(mu_);
+  return running_ + static_cast<int>(queue_.size() + lane_queue_.size());
+}
+
+// A running task may still schedule more, on the pool or on the lane: no
+// thread leaves while one runs.
+bool ThreadPool::DrainedLocked() const {
+  return stopping_ && running_ == 0 && queue_.empty() && lane_queue_.empty();
+}
+
+void ThreadPool::Loop(bool lane) {
   while (true) {
     std::function<void()> task;
     {
       MutexLock lock(mu_);
-      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-        return stopping_ || !queue_.empty();
+      auto ready = [this, lane]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return !(lane ? lane_queue_ : queue_).empty() || DrainedLocked();
       };
       mu_.Await(absl::Condition(&ready));
-      if (queue_.empty()) return;  // stopping and drained
-      task = std::move(queue_.front());
-      queue_.pop_front();
+      std::deque<std::function<void()>>& queue = lane ? lane_queue_ : queue_;
+      if (queue.empty()) return;  // stopping, and nothing left anywhere
+      task = std::move(queue.front());
+      queue.pop_front();
       ++running_;
     }
     task();

@@ -1,9 +1,11 @@
 // A fixed-size thread pool: where remora runs request handlers and user
-// callbacks, so that neither ever runs on one of gRPC's threads.
+// callbacks, so that neither ever runs on one of gRPC's threads. Beside its
+// threads it has a lane: one more thread, which runs only the tasks
+// scheduled through lane(), one at a time and in order.
 //
-// Thread-safety: Schedule() may be called from any thread, including the
-// pool's own. Ownership: the pool owns its threads; the destructor runs every
-// task already scheduled, then joins.
+// Thread-safety: Schedule() (the pool's and the lane's) may be called from
+// any thread, including the pool's own. Ownership: the pool owns its threads
+// and its lane; the destructor runs every task already scheduled, then joins.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +30,8 @@ class ThreadPool final : public Executor {
  public:
   // The name every pool thread carries (pthread_getname_np).
   static constexpr char kThreadName[] = "remora-pool";
+  // The lane thread's name.
+  static constexpr char kLaneThreadName[] = "remora-lane";
 
   explicit ThreadPool(int num_threads);
   ~ThreadPool() override;
@@ -35,24 +39,44 @@ class ThreadPool final : public Executor {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   void Schedule(std::function<void()> task) override;
-  // Runs every task scheduled (also those the pool's tasks schedule
-  // meanwhile), then joins the threads; the pool stays a valid object for
-  // the tasks that still hold it. Afterwards tasks scheduled are dropped
-  // unrun with the pool. Idempotent; the destructor calls it. Not from a
-  // pool thread.
+  // The lane: runs what is scheduled through it on one thread of its own,
+  // always the same, one task after the other. For work whose thread
+  // matters: state that libraries keep per thread (cuDNN's execution plans
+  // and handles, an OpenMP team per calling thread) is then built once.
+  // Valid as long as the pool.
+  Executor* lane() { return &lane_; }
+  // Runs every task scheduled (also those the pool's and the lane's tasks
+  // schedule meanwhile, on either), then joins the threads; the pool stays a
+  // valid object for the tasks that still hold it. Afterwards tasks
+  // scheduled are dropped unrun with the pool. Idempotent; the destructor
+  // calls it. Not from a pool or lane thread.
   void Stop();
 
-  // Tasks scheduled or running right now.
+  // Tasks scheduled or running right now, the lane's included.
   int busy() const;
 
  private:
-  void Loop();
+  class Lane final : public Executor {
+   public:
+    explicit Lane(ThreadPool* pool) : pool_(pool) {}
+    void Schedule(std::function<void()> task) override;
+
+   private:
+    ThreadPool* const pool_;
+  };
+
+  // Runs the pool's queue, or the lane's (`lane`), until the pool stops
+  // with nothing left to run anywhere.
+  void Loop(bool lane);
+  bool DrainedLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
-  int running_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<std::function<void()>> lane_queue_ ABSL_GUARDED_BY(mu_);
+  int running_ ABSL_GUARDED_BY(mu_) = 0;  // on the threads and the lane
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::thread> threads_;
+  Lane lane_{this};
+  std::vector<std::thread> threads_;  // the lane's last
   absl::Mutex stop_mu_;  // one Stop joins at a time
 };
 

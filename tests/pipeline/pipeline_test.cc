@@ -230,57 +230,6 @@ TEST(Pipeline, OneFOneBBoundsSavedActivationsAndGPipeDoesNot) {
 // one push of the activation forward and one of its gradient back: W +
 // 2M(S-1) requests in all processes together, nothing else (no schedule,
 // no RRef forks or deletes, no optimizer or release round).
-TEST(Pipeline, AStepSendsOneCallPerWorkerAndOnePushEachWayPerBoundary) {
-  Workers workers;
-  struct Case {
-    std::vector<shards::MLPStageOptions> stages;
-    int m;
-    std::string schedule;
-  };
-  const std::vector<Case> cases = {
-      {{Mlp(8, 16, 1), Mlp(16, 4, 2, false)}, 1, "1f1b"},
-      {{Mlp(8, 16, 1), Mlp(16, 4, 2, false)}, 8, "1f1b"},
-      {{Mlp(8, 16, 1), Mlp(16, 12, 2), Mlp(12, 16, 3), Mlp(16, 4, 4, false)}, 8, "interleaved"},
-  };
-  constexpr int kSteps = 3;
-  constexpr int64_t kW = 2;
-  for (const Case& c : cases) {
-    const int64_t S = static_cast<int64_t>(c.stages.size());
-    SCOPED_TRACE(absl::StrCat("S=", S, " M=", c.m, " W=", kW));
-    PipelineOptions o;
-    for (const auto& st : c.stages) o.stages.push_back(Spec(st));
-    o.workers = {"w1", "w2"};
-    o.schedule = c.schedule;
-    o.micro_batches = c.m;
-    o.loss = MseLoss();
-    auto pipe = Pipeline::Create(workers.master(), o);
-    ASSERT_TRUE(pipe.ok()) << pipe.status();
-    ASSERT_TRUE((*pipe)->runs_on_workers());
-    const auto data = Data(kSteps + 1, 16, 8, 4);
-    ASSERT_TRUE((*pipe)->train_step(data[0].first, data[0].second).ok());
-    auto before = (*pipe)->sent_messages();
-    ASSERT_TRUE(before.ok()) << before.status();
-    for (int i = 1; i <= kSteps; ++i) {
-      auto loss = (*pipe)->train_step(data[i].first, data[i].second);
-      ASSERT_TRUE(loss.ok()) << loss.status();
-    }
-    auto after = (*pipe)->sent_messages();
-    ASSERT_TRUE(after.ok()) << after.status();
-    std::map<std::string, int64_t> sent = MessagesBetween(*before, *after);
-    for (const char* probe : {"function 'remora.pipeline.alive'", "remora.wire.Ping"}) sent.erase(probe);  // per second
-    int64_t total = 0;
-    std::string listing;
-    for (const auto& [kind, d] : sent) {
-      total += d;
-      absl::StrAppend(&listing, kind, ": ", d, "\n");
-    }
-    EXPECT_EQ(total, kSteps * (kW + 2 * c.m * (S - 1))) << listing;
-    EXPECT_EQ(sent["function 'remora.pipeline.run'"], kSteps * kW) << listing;
-    EXPECT_EQ(sent["function 'remora.pipeline.push'"], kSteps * c.m * (S - 1)) << listing;
-    EXPECT_EQ(sent["function 'remora.autograd.propagate'"], kSteps * c.m * (S - 1)) << listing;
-  }
-}
-
 // With the batch read on stage 0's worker (pipeline/worker_data.h), a step
 // trains exactly as with the batch sent by the master, and sends one
 // message more: the labels, from stage 0's worker to the last stage's.

@@ -7,6 +7,8 @@
 #include <atomic>
 #include <cstring>
 #include <memory>
+#include <numeric>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -411,6 +413,57 @@ TEST(ThreadPool, TasksMayScheduleMoreTasks) {
     EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
   }
   EXPECT_EQ(ran.load(), 2);
+}
+
+TEST(ThreadPool, TheLaneRunsItsTasksInOrderOnOneThreadOfItsOwn) {
+  ThreadPool pool(4);
+  absl::Mutex mu;
+  std::vector<int> order;
+  std::set<std::thread::id> threads;
+  std::set<std::string> names;
+  absl::Notification done;
+  for (int i = 0; i < 50; ++i) {
+    pool.lane()->Schedule([&, i] {
+      char name[16] = {};
+      pthread_getname_np(pthread_self(), name, sizeof(name));
+      MutexLock lock(mu);
+      order.push_back(i);
+      threads.insert(std::this_thread::get_id());
+      names.insert(name);
+      if (i == 49) done.Notify();
+    });
+  }
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  MutexLock lock(mu);
+  std::vector<int> expected(50);
+  std::iota(expected.begin(), expected.end(), 0);
+  EXPECT_EQ(order, expected);
+  EXPECT_EQ(threads.size(), 1u);
+  EXPECT_EQ(names, std::set<std::string>{ThreadPool::kLaneThreadName});
+  EXPECT_EQ(threads.count(std::this_thread::get_id()), 0u);
+}
+
+// What the pool's tasks schedule on the lane, and the lane's on the pool,
+// still runs when the pool stops: whichever side drains first.
+TEST(ThreadPool, StopRunsWhatThePoolAndTheLaneScheduleOnEachOther) {
+  std::atomic<int> ran{0};
+  {
+    ThreadPool pool(2);
+    for (int i = 0; i < 20; ++i) {
+      pool.Schedule([&] {
+        ++ran;
+        pool.lane()->Schedule([&] {
+          ++ran;
+          absl::SleepFor(absl::Milliseconds(1));
+          pool.Schedule([&] { ++ran; });
+        });
+      });
+    }
+    pool.Stop();
+    EXPECT_EQ(ran.load(), 60);
+    EXPECT_EQ(pool.busy(), 0);
+  }
+  EXPECT_EQ(ran.load(), 60);
 }
 
 TEST(ThreadPool, BusyCountsQueuedAndRunningTasks) {

@@ -1,13 +1,23 @@
 #include "tests/support/test_functions.h"
 
+#include <pthread.h>
+
+#include <set>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/full.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "base/mutex_lock.h"
 #include "base/status_util.h"
 #include "examples/demo_functions.h"
+#include "pipeline/stage.h"
 #include "rpc/rref_args.h"
 #include "runtime/compute_lane.h"
 
@@ -29,6 +39,50 @@ struct FailInBackward : public torch::autograd::Function<FailInBackward> {
 
 struct BackwardFails {
   std::string message;
+};
+
+// The threads that ran a "PassThreads" stage's passes in this process, as
+// "forward|backward <thread name> <thread id>".
+struct PassThreadLog {
+  absl::Mutex mu;
+  std::set<std::string> seen ABSL_GUARDED_BY(mu);
+
+  static PassThreadLog& Get() {
+    static PassThreadLog* log = new PassThreadLog;  // never destroyed
+    return *log;
+  }
+  void Add(const char* pass) {
+    char name[16] = {};
+    pthread_getname_np(pthread_self(), name, sizeof(name));
+    MutexLock lock(mu);
+    seen.insert(absl::StrCat(pass, " ", name, " ", pthread_self()));
+  }
+};
+
+// Identity in forward; its backward logs its thread.
+struct LogBackwardThread : public torch::autograd::Function<LogBackwardThread> {
+  static at::Tensor forward(torch::autograd::AutogradContext*, at::Tensor x) { return x.clone(); }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list grads) {
+    PassThreadLog::Get().Add("backward");
+    return grads;
+  }
+};
+
+// x * w (w: `width` halves), logging the thread of each pass.
+class PassThreads final : public pipeline::StageModule {
+ public:
+  explicit PassThreads(int64_t width) : w_(at::full({width}, 0.5).requires_grad_()) {}
+  c10::IValue Forward(const c10::IValue& input) override {
+    PassThreadLog::Get().Add("forward");
+    return LogBackwardThread::apply(input.toTensor() * w_);
+  }
+  std::vector<at::Tensor> Parameters() override { return {w_}; }
+  std::vector<at::Tensor> Buffers() override { return {}; }
+  void Train(bool) override {}
+
+ private:
+  at::Tensor w_;
 };
 
 }  // namespace
@@ -58,6 +112,17 @@ absl::Status RegisterTestFunctions(Registry& r) {
   RETURN_IF_ERROR(r.RegisterFunction("lane_queued", [](CallContext&, const Args&) -> c10::IValue {
     return ComputeTurn::Queued();
   }));
+  RETURN_IF_ERROR(r.RegisterFunction("pass_threads", [](CallContext&, const Args&) -> c10::IValue {
+    PassThreadLog& log = PassThreadLog::Get();
+    MutexLock lock(log.mu);
+    return std::vector<std::string>(log.seen.begin(), log.seen.end());
+  }));
+  // Once per process: tests start several agents in one.
+  static const absl::Status stage_type = pipeline::RegisterStageType(
+      "PassThreads", [](const std::vector<c10::IValue>& a, c10::Device) -> std::unique_ptr<pipeline::StageModule> {
+        return std::make_unique<PassThreads>(a.at(0).toInt());
+      });
+  RETURN_IF_ERROR(stage_type);
   return r.RegisterFunction("sleep_ms", [](CallContext&, const Args& a) -> c10::IValue {
     absl::SleepFor(absl::Milliseconds(a[0].toInt()));
     return a[0];
