@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <memory>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -443,9 +444,15 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   line.ps_mode = f.mode == "ps";
   c.all_workers = launch::SplitList(f.workers);
   c.spares = launch::SplitList(f.spares);
-  if (static_cast<size_t>(std::count(f.workers.begin(), f.workers.end(), ',')) + 1 != c.all_workers.size() &&
-      !f.workers.empty()) {
-    return Bad(absl::StrCat("--workers '", f.workers, "' has an empty name (two commas, or one at an end)"));
+  // SplitList drops empty names: "a,,b" is a typo, not a shorter list.
+  auto lost_a_name = [](const std::string& text, size_t names) {
+    return !text.empty() && static_cast<size_t>(std::count(text.begin(), text.end(), ',')) + 1 != names;
+  };
+  for (const auto& [flag, text, names] : {std::make_tuple("workers", f.workers, c.all_workers.size()),
+                                          std::make_tuple("spares", f.spares, c.spares.size())}) {
+    if (lost_a_name(text, names)) {
+      return Bad(absl::StrCat("--", flag, " '", text, "' has an empty name (two commas, or one at an end)"));
+    }
   }
   std::set<std::string> named;
   for (const std::string& w : c.all_workers) {

@@ -74,6 +74,8 @@ TEST(MasterFlags, BadValuesAreClearErrorsNamingTheFlag) {
       {{"--local", "--batches", "-1"}, "--batches must be >= 1; got -1"},
       {{"--workers", "a,a"}, "--workers: 'a' is named twice"},
       {{"--workers", "a,,b"}, "has an empty name"},
+      {{"--workers", "a,b", "--max-restarts", "1", "--checkpoint-dir", "/tmp", "--spares", "c,,d"},
+       "--spares 'c,,d' has an empty name"},
       {{"--workers", "a,b", "--schedule", "interleaved", "--splits", "3"}, "is not a multiple of the 2 pipeline"},
       {{"--workers", "a b,c"}, "--workers: invalid worker name 'a b'"},
       {{"--workers", "master,b"}, "'master' is the master's own name"},
