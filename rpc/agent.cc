@@ -16,7 +16,8 @@ namespace {
 // `option`, unless the environment sets `variable` to 0 for this process:
 // REMORA_CUDA_CHANNEL=0 stages CUDA tensors through host memory, REMORA_SHM=0
 // turns shared memory off, REMORA_STREAMS=0 sends every call as a unary
-// gRPC call.
+// gRPC call, REMORA_LANE=0 runs the lane's tasks on the pool's threads (as
+// before the lane, for comparing).
 bool OnUnlessEnvOff(bool option, const char* variable) {
   const char* env = std::getenv(variable);
   return option && !(env != nullptr && std::string(env) == "0");
@@ -189,7 +190,11 @@ void Agent::forget_cuda_receives(int64_t group) { impl_->cuda_->Forget(group); }
 std::string Agent::cuda_disabled_reason() const { return impl_->cuda_->disabled_reason(); }
 
 Executor* Agent::executor() const { return impl_->pool_.get(); }
-Executor* Agent::lane() const { return impl_->pool_ ? impl_->pool_->lane() : nullptr; }
+Executor* Agent::lane() const {
+  static const bool lane = OnUnlessEnvOff(true, "REMORA_LANE");
+  if (!impl_->pool_) return nullptr;
+  return lane ? impl_->pool_->lane() : impl_->pool_.get();
+}
 
 bool NextPolling(grpc::CompletionQueue* cq, absl::Duration spin, void** tag, bool* ok) {
   return NextPolling(cq, spin, absl::InfiniteFuture(), tag, ok) ==

@@ -219,7 +219,8 @@ class Agent final {
   // without a thread waiting for it, a pipeline's forward and backward
   // passes. Always the same thread, so that a GPU library's per-thread state
   // (cuDNN's execution plans) and LibTorch's OpenMP team are built once,
-  // not on each pool thread that happens to run a pass.
+  // not on each pool thread that happens to run a pass. REMORA_LANE=0 in
+  // the environment: the pool instead (for comparing).
   Executor* lane() const;
   // Port the server listens on (useful after listening on port 0).
   int port() const { return port_; }

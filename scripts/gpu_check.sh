@@ -26,7 +26,9 @@
 #           cuda:0` at --splits 1 and 8, 20 batches, against `master --local
 #           --device cuda:0` at the same splits (steady_batch_s side by side),
 #           the same with receives waiting on the host
-#           (REMORA_CUDA_STREAM_RECEIVES=0) and the master-centred protocol
+#           (REMORA_CUDA_STREAM_RECEIVES=0), with the workers' passes on
+#           their pool's threads instead of one lane thread (REMORA_LANE=0:
+#           how it ran before the lane) and the master-centred protocol
 #           (REMORA_STEP_PROTOCOL=master), and one GPU worker holding the
 #           whole model (protocol_one_worker_report.json: the worker's own
 #           path without a stage boundary or a second process on the GPU);
@@ -195,6 +197,9 @@ step_protocol() {
   echo "== the step protocol, receives waiting on the host (REMORA_CUDA_STREAM_RECEIVES=0)"
   REMORA_CUDA_STREAM_RECEIVES=0 two_gpu_workers 300 --partition tutorial --splits 1,8 --batches $n \
     --report "$out/protocol_host_wait_report.json" || rc=1
+  echo "== the step protocol, the workers' passes on their pool's threads (REMORA_LANE=0), for comparison"
+  REMORA_LANE=0 two_gpu_workers 300 --partition tutorial --splits 1,8 --batches $n \
+    --report "$out/protocol_pool_report.json" || rc=1
   echo "== one GPU worker holding the whole model (no stage boundary, one process on the GPU)"
   gpu_workers 1 240 --splits 1,8 --batches $n --report "$out/protocol_one_worker_report.json" || rc=1
   echo "== one GPU worker at --splits 1, traced"

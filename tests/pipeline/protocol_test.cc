@@ -1,14 +1,16 @@
 // The step protocol on real worker processes, what is not the losses: the
 // messages a batch sends, and the thread that runs a worker's passes.
+#include <cstdlib>
 #include <map>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "pipeline/pipeline.h"
 #include "rpc/thread_pool.h"
@@ -72,11 +74,27 @@ TEST(Pipeline, AStepSendsOneCallPerWorkerAndOnePushEachWayPerBoundary) {
   }
 }
 
-// A worker's forward and backward passes all run on one thread, its
-// agent's lane (a GPU library's per-thread state is then built once), not
-// on whichever pool thread is free.
-TEST(Pipeline, EveryPassOnAWorkerRunsOnItsLaneThread) {
-  Workers workers(2, "test_worker");  // for "PassThreads" and pass_threads
+// The threads that ran the passes of a 4-stage pipeline (interleaved over
+// w1 and w2, 8 micro-batches, 4 batches) on worker `w`, as
+// (name, thread id) pairs, each once; `passes`: the kinds of pass seen.
+std::vector<std::pair<std::string, std::string>> PassThreadsOf(Workers& workers, const std::string& w,
+                                                               std::set<std::string>* passes = nullptr) {
+  std::vector<std::pair<std::string, std::string>> threads;
+  auto seen = workers.master().rpc_sync(w, "pass_threads");
+  EXPECT_TRUE(seen.ok()) << seen.status();
+  if (!seen.ok()) return threads;
+  std::set<std::pair<std::string, std::string>> distinct;
+  for (const c10::IValue& v : seen->toListRef()) {
+    const std::vector<std::string> parts = absl::StrSplit(v.toStringRef(), ' ');  // pass, name, id
+    EXPECT_EQ(parts.size(), 3u) << v.toStringRef();
+    if (parts.size() != 3) continue;
+    distinct.emplace(parts[1], parts[2]);
+    if (passes != nullptr) passes->insert(parts[0]);
+  }
+  return {distinct.begin(), distinct.end()};
+}
+
+void TrainFourPassThreadsStages(Workers& workers) {
   PipelineOptions o;
   for (int i = 0; i < 4; ++i) o.stages.push_back(StageSpec::Registered("PassThreads", {int64_t{6}}));
   o.workers = {"w1", "w2"};
@@ -90,22 +108,34 @@ TEST(Pipeline, EveryPassOnAWorkerRunsOnItsLaneThread) {
     auto loss = (*pipe)->train_step(x, y);
     ASSERT_TRUE(loss.ok()) << loss.status();
   }
+}
+
+// A worker's forward and backward passes all run on one thread, its
+// agent's lane (a GPU library's per-thread state is then built once), not
+// on whichever pool thread is free.
+TEST(Pipeline, EveryPassOnAWorkerRunsOnItsLaneThread) {
+  Workers workers(2, "test_worker");  // for "PassThreads" and pass_threads
+  TrainFourPassThreadsStages(workers);
   for (const char* w : {"w1", "w2"}) {
-    auto threads = workers.master().rpc_sync(w, "pass_threads");
-    ASSERT_TRUE(threads.ok()) << threads.status();
-    std::vector<std::string> seen;
-    std::string lane_id;
-    for (const c10::IValue& v : threads->toListRef()) {
-      const std::string entry = v.toStringRef();
-      seen.push_back(entry);
-      const std::vector<std::string> parts = absl::StrSplit(entry, ' ');
-      ASSERT_EQ(parts.size(), 3u) << entry;
-      EXPECT_EQ(parts[1], ThreadPool::kLaneThreadName) << entry;
-      if (lane_id.empty()) lane_id = parts[2];
-      EXPECT_EQ(parts[2], lane_id) << entry;
-    }
-    // Both kinds of pass ran, each on the one thread.
-    EXPECT_EQ(seen.size(), 2u) << w << ": " << absl::StrJoin(seen, ", ");
+    std::set<std::string> passes;
+    const auto threads = PassThreadsOf(workers, w, &passes);
+    EXPECT_EQ(passes, (std::set<std::string>{"backward", "forward"})) << w;
+    ASSERT_EQ(threads.size(), 1u) << w;
+    EXPECT_EQ(threads[0].first, ThreadPool::kLaneThreadName) << w;
+  }
+}
+
+// REMORA_LANE=0 (for comparing): the passes run on the pool's threads, as
+// before the lane.
+TEST(Pipeline, WithTheLaneOffPassesRunOnThePoolsThreads) {
+  setenv("REMORA_LANE", "0", 1);  // the workers inherit it
+  Workers workers(2, "test_worker");
+  unsetenv("REMORA_LANE");
+  TrainFourPassThreadsStages(workers);
+  for (const char* w : {"w1", "w2"}) {
+    const auto threads = PassThreadsOf(workers, w);
+    ASSERT_FALSE(threads.empty()) << w;
+    for (const auto& [name, id] : threads) EXPECT_EQ(name, ThreadPool::kThreadName) << w << " " << id;
   }
 }
 
