@@ -4,6 +4,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -605,9 +606,19 @@ absl::Status RegisterRunnerFunctions(Registry& registry) {
         at::manual_seed(static_cast<uint64_t>(a[0].toInt()));
         return c10::IValue();
       }));
-  // alive(): answers at once (the master's probe of a worker it waits for).
+  // alive(): answers at once (the master's probe of a worker it waits for),
+  // with an error when this process must be restarted (Agent::RequireRestart):
+  // elastic training then counts it as lost.
   RETURN_IF_ERROR(registry.RegisterFunction(
-      "remora.pipeline.alive", [](CallContext&, const Args&) -> c10::IValue { return c10::IValue(); }));
+      "remora.pipeline.alive", [](CallContext& ctx, const Args&) -> c10::IValue {
+        if (ctx.agent != nullptr) {
+          if (absl::Status why = ctx.agent->restart_required(); !why.ok()) {
+            throw std::runtime_error(absl::StrCat("worker '", ctx.agent->self().name,
+                                                  "' must be restarted: ", why.message()));
+          }
+        }
+        return c10::IValue();
+      }));
   // sent_messages(): this process's requests sent, by kind (Agent::sent_messages).
   RETURN_IF_ERROR(registry.RegisterFunction(
       "remora.pipeline.sent_messages", [](CallContext& ctx, const Args&) -> c10::IValue {

@@ -250,9 +250,19 @@ class Agent final {
   // worker to stop, and stops. A participant that does not answer within
   // shutdown_timeout makes this return an error naming it (after stopping
   // anyway). Worker: waits until the master ends the group, then stops; an
-  // error when the master is gone.
+  // error when the master is gone, or when this worker must be restarted
+  // (RequireRestart).
   // `graceful` false skips the protocol and stops at once.
   absl::Status Shutdown(bool graceful = true);
+  // Worker: this process cannot go on (its GPU work waits behind a CUDA IPC
+  // copy that will never complete; settle_cuda_receives calls it then):
+  // Shutdown's wait ends within about a second with an error saying `why`,
+  // so that the worker program exits non-zero and elastic training
+  // (master --max-restarts) replaces it as a lost worker, by a spare or by
+  // the process its supervisor restarts. The first `why` is kept.
+  void RequireRestart(const absl::Status& why);
+  // RequireRestart's `why`; OK while this process can go on.
+  absl::Status restart_required() const;
   // Master: ends the group because of `why` (the run failed), without the
   // graceful protocol: tells every worker to stop with `why` as its error
   // (best effort, at most about 2 s; before the group formed, the workers

@@ -289,6 +289,8 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   absl::Mutex abort_mu_;
   // Worker: why the master ended the group, when it failed (Agent::Abort).
   std::string abort_error_ ABSL_GUARDED_BY(abort_mu_);
+  // Worker: why this process must be restarted (Agent::RequireRestart).
+  absl::Status restart_ ABSL_GUARDED_BY(abort_mu_);
 
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);  // index = id

@@ -1,11 +1,17 @@
 // Stopping: the graceful shutdown protocol (drain RRef deletes, then a
 // barrier repeated until no call is in flight anywhere, then finish), the
 // worker's wait for it with pings to the master, and tearing an agent down.
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <memory>
 #include <system_error>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "base/status_util.h"
 #include "rpc/agent_impl.h"
 
@@ -142,6 +148,12 @@ absl::Status Agent::WaitForShutdown() {
   const absl::Duration period = absl::Seconds(1);
   absl::Time last_contact = absl::Now();
   while (!impl_->finished_.WaitForNotificationWithTimeout(period)) {
+    if (absl::Status why = restart_required(); !why.ok()) {
+      return absl::Status(why.code(), absl::StrCat(
+          "worker '", self_.name, "' must be restarted: ", why.message(),
+          "; stopping, for its supervisor (remora-launch --max-restarts, Slurm, systemd) to start it again "
+          "or for the master's --spares to take its place"));
+    }
     if (options_.master_timeout <= absl::ZeroDuration() || options_.is_master) continue;
     OutMessage m;
     *m.header.mutable_request() = MakeRequest(wire::Ping());
@@ -163,6 +175,17 @@ absl::Status Agent::WaitForShutdown() {
                                            "' failed and ended the group: ", impl_->abort_error_));
   }
   return absl::OkStatus();
+}
+
+void Agent::RequireRestart(const absl::Status& why) {
+  if (why.ok()) return;
+  MutexLock lock(impl_->abort_mu_);
+  if (impl_->restart_.ok()) impl_->restart_ = why;
+}
+
+absl::Status Agent::restart_required() const {
+  MutexLock lock(impl_->abort_mu_);
+  return impl_->restart_;
 }
 
 void Agent::Abort(const absl::Status& why) {
@@ -246,6 +269,21 @@ absl::Status Agent::Shutdown(bool graceful) {
       // Tell every worker the group is done, even after an error.
       impl_->FinishWorkers("", absl::Seconds(5));
     }
+  }
+  if (!restart_required().ok()) {
+    // Work that waits on this process's GPU may never end: the stop (which
+    // runs what is queued) gets 10 s, then the process ends here.
+    auto stopped = std::make_shared<absl::Notification>();
+    std::thread([impl = impl_.get(), stopped] {
+      impl->Stop();
+      stopped->Notify();
+    }).detach();
+    if (!stopped->WaitForNotificationWithTimeout(absl::Seconds(10))) {
+      std::cerr << status.message() << " (its stop did not end within 10 s: exiting now)" << std::endl;
+      std::fflush(nullptr);
+      _exit(1);
+    }
+    return status;
   }
   impl_->Stop();
   return status;

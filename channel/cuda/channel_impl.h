@@ -113,6 +113,9 @@ class CudaChannel::Impl {
 
   absl::Status Settle(int64_t group, absl::Time deadline);
   void Forget(int64_t group);
+  // A CUDA IPC copy that never completed blocks this process's stream.
+  absl::Status StuckLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(pending_mu_);
+  absl::Status Stuck();
 
   // --- control requests ------------------------------------------------
 

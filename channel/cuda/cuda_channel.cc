@@ -326,19 +326,25 @@ bool CudaChannel::Impl::PollReceives() {
   return left;
 }
 
+// A CUDA IPC copy that never completed blocks every later kernel of the
+// stream that waits for it.
+absl::Status CudaChannel::Impl::StuckLocked() const {
+  for (const Pending& p : pending_) {
+    if (p.late && p.comm == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          p.what, " never completed, and this process's GPU work waits behind it: restart this worker"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaChannel::Impl::Stuck() {
+  MutexLock lock(pending_mu_);
+  return StuckLocked();
+}
+
 absl::Status CudaChannel::Impl::Settle(int64_t group, absl::Time deadline) {
   uint64_t mark;
-  // A CUDA IPC copy that never completed blocks every later kernel of the
-  // stream that waits for it.
-  auto stuck = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pending_mu_) -> absl::Status {
-    for (const Pending& p : pending_) {
-      if (p.late && p.comm == nullptr) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            p.what, " never completed, and this process's GPU work waits behind it: restart this worker"));
-      }
-    }
-    return absl::OkStatus();
-  };
   // The group's failure, kept until Forget(group): every Settle of it fails.
   auto failure = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pending_mu_) {
     auto it = failures_.find(group);
@@ -355,7 +361,7 @@ absl::Status CudaChannel::Impl::Settle(int64_t group, absl::Time deadline) {
     {
       MutexLock lock(pending_mu_);
       RETURN_IF_ERROR(failure());
-      RETURN_IF_ERROR(stuck());
+      RETURN_IF_ERROR(StuckLocked());
       auto first = std::find_if(pending_.begin(), pending_.end(), [&](const Pending& p) {
         return p.group == group && p.seq < mark && !p.late;
       });
@@ -533,6 +539,7 @@ CudaChannel::Stats CudaChannel::stats() const { return impl_->stats(); }
 
 absl::Status CudaChannel::Settle(int64_t group, absl::Time deadline) { return impl_->Settle(group, deadline); }
 void CudaChannel::Forget(int64_t group) { impl_->Forget(group); }
+absl::Status CudaChannel::Stuck() { return impl_->Stuck(); }
 
 absl::StatusOr<double> MeasureDeviceCopyGbps(int device, size_t bytes, int reps) {
   if (LocalGpuCount() <= device || device < 0) {

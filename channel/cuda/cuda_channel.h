@@ -63,7 +63,8 @@
 // whose producer process died before its event completed may never
 // complete (the driver gives no way to abort it), and the stream that
 // waits for it is then stuck: every Settle fails saying so until it
-// completes, and the process must be restarted. Such waits are the one
+// completes, and the process must be restarted (Stuck() says so; the agent
+// then asks for it: Agent::RequireRestart). Such waits are the one
 // exception to "nothing waits forever" above.
 //
 // Zero-byte payloads, peers without the channel, agents in one process and
@@ -185,6 +186,9 @@ class CudaChannel final : public Channel<wire::CudaPayload> {
   // Drops what the channel kept for `group` (its failure): the group is
   // over (its distributed autograd context was released).
   void Forget(int64_t group);
+  // An error while a CUDA IPC copy that never completed blocks this
+  // process's stream (see above: the process must be restarted), else OK.
+  absl::Status Stuck();
 
   // Makes every later call fail fast or stage, aborts the communicators and
   // stops the background thread. The agent calls it while it stops, before

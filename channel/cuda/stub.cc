@@ -46,6 +46,7 @@ void CudaChannel::OnRelease(WorkerId, const wire::CudaRelease&) {}
 CudaChannel::Stats CudaChannel::stats() const { return {}; }
 absl::Status CudaChannel::Settle(int64_t, absl::Time) { return absl::OkStatus(); }
 void CudaChannel::Forget(int64_t) {}
+absl::Status CudaChannel::Stuck() { return absl::OkStatus(); }
 
 absl::StatusOr<double> MeasureDeviceCopyGbps(int, size_t, int) {
   return absl::FailedPreconditionError(kNoCudaBuild);

@@ -112,6 +112,10 @@ absl::Status RegisterTestFunctions(Registry& r) {
   RETURN_IF_ERROR(r.RegisterFunction("lane_queued", [](CallContext&, const Args&) -> c10::IValue {
     return ComputeTurn::Queued();
   }));
+  RETURN_IF_ERROR(r.RegisterFunction("require_restart", [](CallContext& ctx, const Args& a) -> c10::IValue {
+    ctx.agent->RequireRestart(absl::FailedPreconditionError(a[0].toStringRef()));
+    return c10::IValue();
+  }));
   RETURN_IF_ERROR(r.RegisterFunction("pass_threads", [](CallContext&, const Args&) -> c10::IValue {
     PassThreadLog& log = PassThreadLog::Get();
     MutexLock lock(log.mu);

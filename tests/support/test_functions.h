@@ -5,6 +5,7 @@
 //   raise(message): throws `message` (a remote failure)
 //   sleep_ms(ms):   sleeps, then returns ms (a slow call)
 //   lane_queued():  the compute turns held or waited for in the process
+//   require_restart(message): Agent::RequireRestart(message) here
 //   pass_threads(): the threads that ran stage type "PassThreads"(width)'s
 //                   passes, as "forward|backward <name> <id>"; that stage
 //                   computes x * w

@@ -4,7 +4,8 @@
 // worker started again under its name, and ends bitwise equal to a job
 // that lost none (where LibTorch trains reproducibly); the same with
 // replicas (ZeRO-1) and with the parameter server; a job that loses more workers than
-// --max-restarts allows fails saying so; the flags' misuse is refused.
+// --max-restarts allows fails saying so; the flags' misuse is refused; a
+// worker that must be restarted fails the probe and exits.
 #include <algorithm>
 #include <csignal>
 #include <filesystem>
@@ -20,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "tests/support/master_runs.h"
+#include "train/elastic.h"
 #include "tests/support/pipeline_fixtures.h"
 #include "tests/support/test_group.h"
 
@@ -272,6 +274,28 @@ TEST(Elastic, AHungWorkerIsReplacedByASpare) {
   EXPECT_THAT(out, HasSubstr("elastic: lost 'w2' after step "));
   EXPECT_THAT(out, HasSubstr("elastic: spare 's1' takes the place of 'w2'"));
   EXPECT_THAT(out, HasSubstr("checkpoint: step 30 in " + dir));
+}
+
+// A worker that must be restarted (the CUDA channel finds its GPU work
+// waiting behind a copy that will never complete) answers the elastic
+// probe with why, so the master counts it as lost, and exits 1 within
+// seconds, for its supervisor to start it again or a spare to take its
+// place (the replacement itself is the tests above).
+TEST(Elastic, AWorkerThatMustBeRestartedFailsTheProbeAndExits) {
+  test_support::TestWorkers workers(2, "test_worker");  // for require_restart
+  workers.ExpectUncleanShutdown();
+  Agent& master = workers.master();
+  ASSERT_TRUE(UnansweringWorkers(master, {"w1", "w2"}, absl::Seconds(5)).empty());
+  ASSERT_TRUE(master.rpc_sync("w2", "require_restart", {std::string("its GPU stream is stuck")}).ok());
+  // (The worker stops at its next second: a probe before that hears why.)
+  auto probe = master.rpc_sync("w2", "remora.pipeline.alive");
+  ASSERT_FALSE(probe.ok());
+  if (probe.status().code() != absl::StatusCode::kUnavailable) {
+    EXPECT_THAT(probe.status().message(), HasSubstr("worker 'w2' must be restarted: its GPU stream is stuck"));
+  }
+  EXPECT_EQ(UnansweringWorkers(master, {"w1", "w2"}, absl::Seconds(5)), std::vector<std::string>{"w2"});
+  EXPECT_EQ(workers.worker(1).Wait(absl::Seconds(15)).value_or(-1), 1);
+  EXPECT_TRUE(workers.worker(0).running());
 }
 
 // A worker lost before the first checkpoint: nothing to go on from; the
