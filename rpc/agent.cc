@@ -182,11 +182,7 @@ ShmStats Agent::shm_stats() const { return impl_->shm_->stats(); }
 CudaStats Agent::cuda_stats() const { return impl_->cuda_->stats(); }
 
 absl::Status Agent::settle_cuda_receives(int64_t group) {
-  absl::Status s = impl_->cuda_->Settle(group, absl::Now() + options_.rpc_timeout);
-  if (!s.ok()) {
-    if (absl::Status stuck = impl_->cuda_->Stuck(); !stuck.ok()) RequireRestart(stuck);
-  }
-  return s;
+  return impl_->cuda_->Settle(group, absl::Now() + options_.rpc_timeout);
 }
 
 void Agent::forget_cuda_receives(int64_t group) { impl_->cuda_->Forget(group); }

@@ -254,14 +254,16 @@ class Agent final {
   // (RequireRestart).
   // `graceful` false skips the protocol and stops at once.
   absl::Status Shutdown(bool graceful = true);
-  // Worker: this process cannot go on (its GPU work waits behind a CUDA IPC
-  // copy that will never complete; settle_cuda_receives calls it then):
-  // Shutdown's wait ends within about a second with an error saying `why`,
-  // so that the worker program exits non-zero and elastic training
-  // (master --max-restarts) replaces it as a lost worker, by a spare or by
-  // the process its supervisor restarts. The first `why` is kept.
+  // Worker: this process cannot go on: Shutdown's wait ends within about a
+  // second with an error saying `why`, so that the worker program exits
+  // non-zero and elastic training (master --max-restarts, whose liveness
+  // probe hears `why` meanwhile) replaces it as a lost worker, by a spare
+  // or by the process its supervisor restarts. The first `why` is kept.
   void RequireRestart(const absl::Status& why);
-  // RequireRestart's `why`; OK while this process can go on.
+  // RequireRestart's `why`, else an error while this process's GPU work
+  // waits behind a CUDA IPC copy that never completed (CudaChannel::Stuck:
+  // its producer died mid-copy; asked afresh each time, so a copy that
+  // completes after all lets the process go on); OK while it can go on.
   absl::Status restart_required() const;
   // Master: ends the group because of `why` (the run failed), without the
   // graceful protocol: tells every worker to stop with `why` as its error

@@ -184,8 +184,11 @@ void Agent::RequireRestart(const absl::Status& why) {
 }
 
 absl::Status Agent::restart_required() const {
-  MutexLock lock(impl_->abort_mu_);
-  return impl_->restart_;
+  {
+    MutexLock lock(impl_->abort_mu_);
+    if (!impl_->restart_.ok()) return impl_->restart_;
+  }
+  return impl_->cuda_ ? impl_->cuda_->Stuck() : absl::OkStatus();
 }
 
 void Agent::Abort(const absl::Status& why) {
@@ -270,7 +273,11 @@ absl::Status Agent::Shutdown(bool graceful) {
       impl_->FinishWorkers("", absl::Seconds(5));
     }
   }
-  if (!restart_required().ok()) {
+  if (absl::Status why = restart_required(); !why.ok()) {
+    // (Also when the group ended meanwhile: the program must not exit 0.)
+    if (status.ok()) {
+      status = absl::Status(why.code(), absl::StrCat("worker '", self_.name, "' must be restarted: ", why.message()));
+    }
     // Work that waits on this process's GPU may never end: the stop (which
     // runs what is queued) gets 10 s, then the process ends here.
     auto stopped = std::make_shared<absl::Notification>();

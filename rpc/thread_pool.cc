@@ -46,9 +46,12 @@ int ThreadPool::busy() const {
 }
 
 // A running task may still schedule more, on the pool or on the lane: no
-// thread leaves while one runs.
+// thread leaves while one runs. Once one leaves, all do (exiting_), and
+// what is scheduled later from outside is dropped: a thread that waited
+// for its own queue would otherwise wait forever on a task left on the
+// queue of a thread already gone.
 bool ThreadPool::DrainedLocked() const {
-  return stopping_ && running_ == 0 && queue_.empty() && lane_queue_.empty();
+  return exiting_ || (stopping_ && running_ == 0 && queue_.empty() && lane_queue_.empty());
 }
 
 void ThreadPool::Loop(bool lane) {
@@ -60,8 +63,11 @@ void ThreadPool::Loop(bool lane) {
         return !(lane ? lane_queue_ : queue_).empty() || DrainedLocked();
       };
       mu_.Await(absl::Condition(&ready));
+      if (DrainedLocked()) {  // stopping, and nothing left anywhere
+        exiting_ = true;
+        return;
+      }
       std::deque<std::function<void()>>& queue = lane ? lane_queue_ : queue_;
-      if (queue.empty()) return;  // stopping, and nothing left anywhere
       task = std::move(queue.front());
       queue.pop_front();
       ++running_;

@@ -75,6 +75,7 @@ class ThreadPool final : public Executor {
   std::deque<std::function<void()>> lane_queue_ ABSL_GUARDED_BY(mu_);
   int running_ ABSL_GUARDED_BY(mu_) = 0;  // on the threads and the lane
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool exiting_ ABSL_GUARDED_BY(mu_) = false;  // drained: every thread leaves
   Lane lane_{this};
   std::vector<std::thread> threads_;  // the lane's last
   absl::Mutex stop_mu_;  // one Stop joins at a time

@@ -63,8 +63,8 @@
 // whose producer process died before its event completed may never
 // complete (the driver gives no way to abort it), and the stream that
 // waits for it is then stuck: every Settle fails saying so until it
-// completes, and the process must be restarted (Stuck() says so; the agent
-// then asks for it: Agent::RequireRestart). Such waits are the one
+// completes, and the process must be restarted (Stuck() says so, and with
+// it Agent::restart_required). Such waits are the one
 // exception to "nothing waits forever" above.
 //
 // Zero-byte payloads, peers without the channel, agents in one process and

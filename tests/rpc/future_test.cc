@@ -416,12 +416,12 @@ TEST(ThreadPool, TasksMayScheduleMoreTasks) {
 }
 
 TEST(ThreadPool, TheLaneRunsItsTasksInOrderOnOneThreadOfItsOwn) {
-  ThreadPool pool(4);
-  absl::Mutex mu;
+  absl::Mutex mu;  // these outlive the pool
   std::vector<int> order;
   std::set<std::thread::id> threads;
   std::set<std::string> names;
   absl::Notification done;
+  ThreadPool pool(4);
   for (int i = 0; i < 50; ++i) {
     pool.lane()->Schedule([&, i] {
       char name[16] = {};
