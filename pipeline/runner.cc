@@ -607,14 +607,13 @@ absl::Status RegisterRunnerFunctions(Registry& registry) {
         return c10::IValue();
       }));
   // alive(): answers at once (the master's probe of a worker it waits for),
-  // with an error when this process must be restarted (Agent::RequireRestart):
+  // with an error when this process must be restarted (Agent::restart_required):
   // elastic training then counts it as lost.
   RETURN_IF_ERROR(registry.RegisterFunction(
       "remora.pipeline.alive", [](CallContext& ctx, const Args&) -> c10::IValue {
         if (ctx.agent != nullptr) {
           if (absl::Status why = ctx.agent->restart_required(); !why.ok()) {
-            throw std::runtime_error(absl::StrCat("worker '", ctx.agent->self().name,
-                                                  "' must be restarted: ", why.message()));
+            throw std::runtime_error(std::string(why.message()));
           }
         }
         return c10::IValue();

@@ -260,10 +260,11 @@ class Agent final {
   // probe hears `why` meanwhile) replaces it as a lost worker, by a spare
   // or by the process its supervisor restarts. The first `why` is kept.
   void RequireRestart(const absl::Status& why);
-  // RequireRestart's `why`, else an error while this process's GPU work
-  // waits behind a CUDA IPC copy that never completed (CudaChannel::Stuck:
-  // its producer died mid-copy; asked afresh each time, so a copy that
-  // completes after all lets the process go on); OK while it can go on.
+  // "worker 'NAME' must be restarted: " and RequireRestart's `why`, else
+  // the same while this process's GPU work waits behind a CUDA IPC copy
+  // that never completed (CudaChannel::Stuck: its producer died mid-copy;
+  // asked afresh each time, so a copy that completes after all lets the
+  // process go on); OK while it can go on.
   absl::Status restart_required() const;
   // Master: ends the group because of `why` (the run failed), without the
   // graceful protocol: tells every worker to stop with `why` as its error

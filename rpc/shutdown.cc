@@ -150,9 +150,8 @@ absl::Status Agent::WaitForShutdown() {
   while (!impl_->finished_.WaitForNotificationWithTimeout(period)) {
     if (absl::Status why = restart_required(); !why.ok()) {
       return absl::Status(why.code(), absl::StrCat(
-          "worker '", self_.name, "' must be restarted: ", why.message(),
-          "; stopping, for its supervisor (remora-launch --max-restarts, Slurm, systemd) to start it again "
-          "or for the master's --spares to take its place"));
+          why.message(), "; stopping, for its supervisor (remora-launch --max-restarts, Slurm, systemd) to start it "
+          "again or for the master's --spares to take its place"));
     }
     if (options_.master_timeout <= absl::ZeroDuration() || options_.is_master) continue;
     OutMessage m;
@@ -184,11 +183,14 @@ void Agent::RequireRestart(const absl::Status& why) {
 }
 
 absl::Status Agent::restart_required() const {
+  absl::Status why;
   {
     MutexLock lock(impl_->abort_mu_);
-    if (!impl_->restart_.ok()) return impl_->restart_;
+    why = impl_->restart_;
   }
-  return impl_->cuda_ ? impl_->cuda_->Stuck() : absl::OkStatus();
+  if (why.ok() && impl_->cuda_) why = impl_->cuda_->Stuck();
+  if (why.ok()) return why;
+  return Annotate(why, absl::StrCat("worker '", self_.name, "' must be restarted"));
 }
 
 void Agent::Abort(const absl::Status& why) {
@@ -274,10 +276,7 @@ absl::Status Agent::Shutdown(bool graceful) {
     }
   }
   if (absl::Status why = restart_required(); !why.ok()) {
-    // (Also when the group ended meanwhile: the program must not exit 0.)
-    if (status.ok()) {
-      status = absl::Status(why.code(), absl::StrCat("worker '", self_.name, "' must be restarted: ", why.message()));
-    }
+    if (status.ok()) status = why;  // (the group ended meanwhile: the program must not exit 0)
     // Work that waits on this process's GPU may never end: the stop (which
     // runs what is queued) gets 10 s, then the process ends here.
     auto stopped = std::make_shared<absl::Notification>();
