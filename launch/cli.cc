@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -302,11 +303,29 @@ absl::StatusOr<DeviceMapFlag> ParseDeviceMapFlag(const std::string& text) {
 }
 
 absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(
-    const std::vector<std::string>& argv, const std::string& output) {
+    const std::vector<std::string>& argv, const std::string& output, const std::vector<std::string>& env) {
   if (argv.empty()) return absl::InvalidArgumentError("empty command");
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  // The child's environment, made here: between fork and exec only
+  // async-signal-safe calls are allowed.
+  std::vector<std::string> names;
+  for (const auto& e : env) {
+    const size_t eq = e.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("environment entry '", e, "' is not NAME=VALUE"));
+    }
+    names.push_back(e.substr(0, eq + 1));
+  }
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const bool replaced = std::any_of(names.begin(), names.end(),
+                                      [e](const std::string& n) { return absl::StartsWith(*e, n); });
+    if (!replaced) envp.push_back(*e);
+  }
+  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
   const pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) return absl::InternalError(absl::StrCat("fork failed for ", argv[0]));
@@ -320,7 +339,7 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(
       dup2(fd, 2);
       close(fd);
     }
-    execv(args[0], args.data());
+    execve(args[0], args.data(), envp.data());
     std::perror(args[0]);
     _exit(127);
   }

@@ -140,9 +140,12 @@ absl::StatusOr<DeviceMapFlag> ParseDeviceMapFlag(const std::string& text);
 class Subprocess {
  public:
   // Starts argv[0] (a path) with argv. When `output` is not empty, the
-  // child's stdout and stderr go to that file.
+  // child's stdout and stderr go to that file. `env`: NAME=VALUE entries
+  // the child gets on top of this process's environment (which is left
+  // as it is: nothing calls setenv while other threads may read it).
   static absl::StatusOr<std::unique_ptr<Subprocess>> Spawn(const std::vector<std::string>& argv,
-                                                           const std::string& output = "");
+                                                           const std::string& output = "",
+                                                           const std::vector<std::string>& env = {});
   ~Subprocess();
 
   pid_t pid() const { return pid_; }

@@ -26,7 +26,7 @@ absl::StatusOr<LocalGroup> StartLocalGroup(const std::vector<std::string>& names
     argv.insert(argv.end(), program.leading_args.begin(), program.leading_args.end());
     argv.insert(argv.end(), {"--name", name, "--master", group.master->self().address});
     argv.insert(argv.end(), extra_args.begin(), extra_args.end());
-    auto p = Subprocess::Spawn(argv);
+    auto p = Subprocess::Spawn(argv, /*output=*/"", program.env);
     if (!p.ok()) return p.status();
     group.workers.push_back(std::move(*p));
   }

@@ -32,6 +32,7 @@ struct WorkerProgram {
 
   std::string name;
   std::vector<std::string> leading_args;
+  std::vector<std::string> env;  // NAME=VALUE entries the workers get besides this process's
 };
 
 // Starts the master (listening on 127.0.0.1, a free port), spawns one

@@ -28,14 +28,31 @@ void Agent::Impl::HandleProbe(const wire::ShutdownProbe& probe,
   responder->Reply(std::move(m));
 }
 
+absl::Status Agent::Impl::CheckPing(WorkerId from, const std::string& address) const {
+  if (!agent_->options_.is_master || address.empty()) return absl::OkStatus();
+  for (const WorkerInfo& w : agent_->workers()) {
+    if (w.id != from) continue;
+    const bool lost = agent_->IsLost(w.name);
+    if (!lost && w.address == address) return absl::OkStatus();
+    // (A hung process that resumed after its place was taken: without
+    // this it would idle on, holding its memory, until the master ends.)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker '", w.name, "' at ", address, " was declared lost and its place taken",
+        lost ? "" : absl::StrCat("; its name is now served by ", w.address),
+        ": this process is no longer in the group"));
+  }
+  return absl::OkStatus();  // (an id the group does not have was refused before)
+}
+
 absl::Status RegisterShutdownRequests(Agent::Impl* impl) {
   DispatchTable& t = impl->requests_;
   RETURN_IF_ERROR(t.Register<wire::ShutdownProbe>(
       [impl](Incoming<wire::ShutdownProbe> in, std::shared_ptr<Responder> r) {
         impl->HandleProbe(in.body, std::move(r));
       }));
-  RETURN_IF_ERROR(t.Register<wire::Ping>(
-      [](Incoming<wire::Ping>, std::shared_ptr<Responder> r) { r->Reply(OutMessage{}); }));
+  RETURN_IF_ERROR(t.Register<wire::Ping>([impl](Incoming<wire::Ping> in, std::shared_ptr<Responder> r) {
+    r->ReplyStatus(impl->CheckPing(in.from, in.body.address()));
+  }));
   return t.Register<wire::ShutdownFinish>(
       [impl](Incoming<wire::ShutdownFinish> in, std::shared_ptr<Responder> r) {
         if (impl->agent_->options().is_master) {
@@ -154,10 +171,19 @@ absl::Status Agent::WaitForShutdown() {
           "again or for the master's --spares to take its place"));
     }
     if (options_.master_timeout <= absl::ZeroDuration() || options_.is_master) continue;
+    wire::Ping ping;
+    ping.set_address(self_.address);
     OutMessage m;
-    *m.header.mutable_request() = MakeRequest(wire::Ping());
+    *m.header.mutable_request() = MakeRequest(ping);
     m.header.mutable_request()->set_from(self_.id);
     auto reply = impl_->SendTo(0, std::move(m), period).wait();
+    if (reply.ok() && reply->header.response().has_error()) {
+      if (impl_->finished_.HasBeenNotified()) break;
+      const absl::Status refused = impl_->ErrorFromReply(reply->header.response());
+      return absl::Status(refused.code(), absl::StrCat(
+          refused.message(), "; stopping (started again, it registers under its name and stands by for a "
+          "place: master --max-restarts)"));
+    }
     if (reply.ok()) {
       last_contact = absl::Now();
     } else if (absl::Now() - last_contact > options_.master_timeout) {

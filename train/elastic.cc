@@ -42,6 +42,7 @@ absl::Status Elastic::Run(std::vector<std::string>& workers, std::optional<check
 
 void Elastic::StepDone(int64_t step) {
   last_step_ = step;
+  last_step_time_ = absl::Now();
   for (auto& r : recoveries_) {
     if (r.seconds_lost < 0 && step > r.restored_step) {
       r.seconds_lost = absl::ToDoubleSeconds(absl::Now() - failed_at_time_);
@@ -84,6 +85,7 @@ absl::StatusOr<checkpoint::Checkpoint> Elastic::Recover(const absl::Status& fail
     r.replacement = *replacement;
     r.cause = std::string(failure.message());
     r.detected_after = absl::ToDoubleSeconds(failed_at_time_ - start_);
+    r.seconds_to_detect = absl::ToDoubleSeconds(failed_at_time_ - last_step_time_);
     r.failed_at = last_step_;
     r.restored_step = restored;
     recoveries_.push_back(std::move(r));

@@ -104,6 +104,7 @@ class Elastic {
   const absl::Time start_ = absl::Now();
   absl::Time failed_at_time_;
   int64_t last_step_ = 0;
+  absl::Time last_step_time_ = start_;  // when last_step_ was done
   int restarts_ = 0;  // failures recovered from (each may replace several workers)
 };
 

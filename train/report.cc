@@ -150,6 +150,7 @@ absl::Status WriteReport(const std::string& path, const std::string& mode, const
       const Recovery& x = r.recoveries[k];
       out << (k ? ", " : "") << "{\"lost\": \"" << x.lost << "\", \"replacement\": \"" << x.replacement
           << "\", \"detected_after_seconds\": " << absl::StrFormat("%.3f", x.detected_after)
+          << ", \"seconds_to_detect\": " << absl::StrFormat("%.3f", x.seconds_to_detect)
           << ", \"failed_at_step\": " << x.failed_at << ", \"restored_step\": " << x.restored_step
           << ", \"steps_redone\": " << x.steps_redone() << ", \"seconds_lost\": "
           << (x.seconds_lost < 0 ? std::string("null") : absl::StrFormat("%.3f", x.seconds_lost)) << "}";

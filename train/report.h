@@ -34,6 +34,9 @@ struct Recovery {
   std::string replacement;  // the spare that took its place, or the lost name back
   std::string cause;        // the failure that revealed it
   double detected_after = 0;  // seconds from the run's start to the failure
+  // Seconds from the last step done before the failure to the failure:
+  // the failed step's own work and the time its failure took to show.
+  double seconds_to_detect = 0;
   int64_t failed_at = 0;      // steps completed when it failed
   int64_t restored_step = 0;  // the checkpoint's step the run went on from
   // Seconds from the failure to the first step completed after the

@@ -597,10 +597,11 @@ absl::Status TrainElastic(Agent& agent, const RunOptions& c, const std::vector<p
   for (const train::Recovery& r : run.recoveries) {
     const std::string by =
         r.replacement == r.lost ? "back under its name" : absl::StrCat("replaced by '", r.replacement, "'");
-    std::printf("elastic: '%s' lost after step %lld, %s; went on from step %lld (%lld trained again, %.2f s from "
-                "the failure to the next step)\n",
+    std::printf("elastic: '%s' lost after step %lld, %s; went on from step %lld (%lld trained again; the failure "
+                "was seen %.2f s after step %lld ended, the next step done %.2f s after that)\n",
                 r.lost.c_str(), static_cast<long long>(r.failed_at), by.c_str(),
-                static_cast<long long>(r.restored_step), static_cast<long long>(r.steps_redone()), r.seconds_lost);
+                static_cast<long long>(r.restored_step), static_cast<long long>(r.steps_redone()),
+                r.seconds_to_detect, static_cast<long long>(r.failed_at), r.seconds_lost);
   }
   return absl::OkStatus();
 }

@@ -42,6 +42,31 @@ std::pair<int, std::string> Launch(const std::vector<std::string>& env,
   return RunProgram(argv, timeout);
 }
 
+// Subprocess::Spawn's `env`: the child gets the entries (one replacing
+// this process's own variable of that name), this process keeps its own.
+TEST(Subprocess, TheChildGetsTheEnvironmentEntriesOnTopOfOurs) {
+  const std::string dir = testing::TempDir();
+  const std::string out = dir + "/spawn_env.txt";
+  ASSERT_EQ(setenv("REMORA_SPAWN_TEST_KEPT", "ours", 1), 0);  // (no other thread runs in this test)
+  ASSERT_EQ(setenv("REMORA_SPAWN_TEST_REPLACED", "ours", 1), 0);
+  auto child = launch::Subprocess::Spawn(
+      {"/bin/sh", "-c", "echo \"$REMORA_SPAWN_TEST_KEPT $REMORA_SPAWN_TEST_REPLACED $REMORA_SPAWN_TEST_NEW\""}, out,
+      {"REMORA_SPAWN_TEST_REPLACED=theirs", "REMORA_SPAWN_TEST_NEW=x=y"});
+  ASSERT_TRUE(child.ok()) << child.status();
+  auto code = (*child)->Wait(absl::Seconds(30));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0);
+  std::ifstream f(out);
+  std::string line;
+  std::getline(f, line);
+  EXPECT_EQ(line, "ours theirs x=y");
+  EXPECT_STREQ(std::getenv("REMORA_SPAWN_TEST_REPLACED"), "ours");
+  EXPECT_EQ(std::getenv("REMORA_SPAWN_TEST_NEW"), nullptr);
+  auto bad = launch::Subprocess::Spawn({"/bin/true"}, "", {"NO_EQUALS_SIGN"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("'NO_EQUALS_SIGN' is not NAME=VALUE"));
+}
+
 TEST(RemoraLaunch, HelpAndBadFlags) {
   auto [help, help_out] = Launch({}, {"--help"});
   EXPECT_EQ(help, 0);

@@ -1,6 +1,5 @@
 // The step protocol on real worker processes, what is not the losses: the
 // messages a batch sends, and the thread that runs a worker's passes.
-#include <cstdlib>
 #include <map>
 #include <set>
 #include <string>
@@ -128,9 +127,9 @@ TEST(Pipeline, EveryPassOnAWorkerRunsOnItsLaneThread) {
 // REMORA_LANE=0 (for comparing): the passes run on the pool's threads, as
 // before the lane.
 TEST(Pipeline, WithTheLaneOffPassesRunOnThePoolsThreads) {
-  setenv("REMORA_LANE", "0", 1);  // the workers inherit it
-  Workers workers(2, "test_worker");
-  unsetenv("REMORA_LANE");
+  launch::WorkerProgram program("test_worker");
+  program.env = {"REMORA_LANE=0"};
+  Workers workers(2, program);
   TrainFourPassThreadsStages(workers);
   for (const char* w : {"w1", "w2"}) {
     const auto threads = PassThreadsOf(workers, w);

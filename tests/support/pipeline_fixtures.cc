@@ -16,7 +16,7 @@
 
 namespace remora::test_support {
 
-TestWorkers::TestWorkers(int n, const std::string& program,
+TestWorkers::TestWorkers(int n, const launch::WorkerProgram& program,
                          const std::vector<std::string>& args) {
   EXPECT_TRUE(RegisterForTests(registry_).ok());
   std::vector<std::string> names;

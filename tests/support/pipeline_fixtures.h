@@ -21,9 +21,9 @@ namespace remora::test_support {
 class TestWorkers {
  public:
   // `program`: the workers' program, "worker" or "test_worker" (which
-  // also offers tests/support/test_functions.h's functions); `args`: more
-  // of its flags (e.g. --device cuda:0).
-  explicit TestWorkers(int n = 2, const std::string& program = "worker",
+  // also offers tests/support/test_functions.h's functions), and its
+  // environment; `args`: more of its flags (e.g. --device cuda:0).
+  explicit TestWorkers(int n = 2, const launch::WorkerProgram& program = "worker",
                        const std::vector<std::string>& args = {});
   ~TestWorkers();
   TestWorkers(const TestWorkers&) = delete;

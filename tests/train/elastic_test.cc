@@ -255,7 +255,9 @@ TEST(Elastic, ALostParameterServerShardAndComputeWorkerAreReplaced) {
 
 // A worker that hangs (SIGSTOP) is lost as a dead one is, once it leaves
 // a liveness probe or gRPC's keepalive unanswered: the spare takes its
-// place and the job ends.
+// place and the job ends. The hung process, resumed, learns from the
+// master that its place is taken and exits 1 (for its supervisor to start
+// it again), instead of idling on.
 TEST(Elastic, AHungWorkerIsReplacedByASpare) {
   const std::string data = ToyData();
   const std::string dir = FreshDir("elastic_hung");
@@ -263,10 +265,19 @@ TEST(Elastic, AHungWorkerIsReplacedByASpare) {
                      {"--checkpoint-dir", dir, "--checkpoint-every", "3", "--max-restarts", "1", "--spares", "s1"});
   ASSERT_TRUE(Reached(job, "checkpoint: step 6 "));
   job.workers[1]->Signal(SIGSTOP);
+  const bool replaced = Reached(job, "elastic: spare 's1' takes the place of 'w2'");
+  job.workers[1]->Signal(SIGCONT);
+  const int hung_code = job.workers[1]->Wait(absl::Seconds(30)).value_or(-1);
   const int code = job.master->Wait(absl::Seconds(120)).value_or(-1);
   const std::string out = ReadFile(job.log);
   job.workers[1]->Signal(SIGKILL);
+  ASSERT_TRUE(replaced) << out;
   ASSERT_EQ(code, 0) << out;
+  EXPECT_EQ(hung_code, 1);
+  EXPECT_THAT(ReadFile(TempPath("elastic_hung_w2.log")),
+              HasSubstr("worker 'w2' at 127.0.0.1:"));
+  EXPECT_THAT(ReadFile(TempPath("elastic_hung_w2.log")),
+              HasSubstr("was declared lost and its place taken: this process is no longer in the group"));
   // Found as a hang, not a crash: by the step's liveness probe or by
   // gRPC's keepalive, whichever fires first.
   EXPECT_THAT(out, ::testing::AnyOf(HasSubstr("did not answer a liveness probe"),
@@ -274,6 +285,15 @@ TEST(Elastic, AHungWorkerIsReplacedByASpare) {
   EXPECT_THAT(out, HasSubstr("elastic: lost 'w2' after step "));
   EXPECT_THAT(out, HasSubstr("elastic: spare 's1' takes the place of 'w2'"));
   EXPECT_THAT(out, HasSubstr("checkpoint: step 30 in " + dir));
+  // The summary says how long the hang took to show: at least the probe's
+  // wait, within the step's 10 s bound and some.
+  const std::string summary = test_support::LineStarting(out, "elastic: 'w2' lost after step ");
+  double showed = -1;
+  const std::string seen = "the failure was seen ";
+  const size_t at = summary.find(seen);
+  if (at != std::string::npos) showed = std::atof(summary.c_str() + at + seen.size());
+  EXPECT_GT(showed, 0.5) << summary;
+  EXPECT_LT(showed, 30) << summary;
 }
 
 // A worker that must be restarted (the CUDA channel finds its GPU work
