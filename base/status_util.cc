@@ -2,6 +2,8 @@
 
 #include <c10/util/Exception.h>
 
+#include "absl/strings/match.h"
+
 namespace remora {
 
 absl::Status StatusFromCurrentException(const std::string& context) {
@@ -18,10 +20,17 @@ absl::Status StatusFromCurrentException(const std::string& context) {
   }
 }
 
+absl::string_view WithoutLeadingWorker(absl::string_view message, absl::string_view said) {
+  const size_t at = said.rfind("worker '");
+  if (at == absl::string_view::npos || said.empty() || said.back() != '\'') return message;
+  const std::string who = absl::StrCat(said.substr(at), ": ");
+  while (absl::StartsWith(message, who)) message.remove_prefix(who.size());
+  return message;
+}
+
 absl::Status Annotate(const absl::Status& status, const std::string& prefix) {
   if (status.ok()) return status;
-  return absl::Status(status.code(),
-                      absl::StrCat(prefix, ": ", status.message()));
+  return absl::Status(status.code(), absl::StrCat(prefix, ": ", WithoutLeadingWorker(status.message(), prefix)));
 }
 
 }  // namespace remora

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 #define REMORA_CONCAT_INNER(a, b) a##b
 #define REMORA_CONCAT(a, b) REMORA_CONCAT_INNER(a, b)
@@ -34,6 +35,12 @@ namespace remora {
 absl::Status StatusFromCurrentException(const std::string& context);
 
 // Returns `status` with `prefix: ` in front of its message (same code).
+// A prefix that ends naming a worker ("... on worker 'w1'") drops the
+// message's own leading "worker 'w1': " (said once, not twice).
 absl::Status Annotate(const absl::Status& status, const std::string& prefix);
+
+// `message` without the leading "worker 'NAME': " (repeated or not) when
+// `said` already ends naming worker 'NAME'.
+absl::string_view WithoutLeadingWorker(absl::string_view message, absl::string_view said);
 
 }  // namespace remora

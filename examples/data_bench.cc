@@ -24,6 +24,7 @@
 int main(int argc, char** argv) {
   std::string dataset, dir, threads_list = "1,2", data_threads;
   int batches = 8, batch_size = 64, image_size = 224;
+  bool skip_bad_images = false;
   remora::launch::FlagParser flags("data_bench",
                                 "Images per second of an image folder's training reads (decode, random resized "
                                 "crop, flip, normalise), per decoding thread count.");
@@ -36,6 +37,8 @@ int main(int argc, char** argv) {
   flags.AddInt("batches", &batches, "measured batches per thread count");
   flags.AddInt("batch-size", &batch_size, "rows per batch");
   flags.AddInt("image-size", &image_size, "crop side");
+  flags.AddBool("skip-bad-images", &skip_bad_images,
+                "leave files that cannot be decoded out of their batch (else the first one is an error)");
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
   if (!dataset.empty()) {
@@ -66,6 +69,7 @@ int main(int argc, char** argv) {
     remora::data::ImageFolderOptions o;
     o.image_size = image_size;
     o.threads = threads;
+    o.skip_bad_images = skip_bad_images;
     auto set = remora::data::ImageFolder::Open(dir, "train", o);
     if (!set.ok()) {
       std::fprintf(stderr, "data_bench: %s\n", std::string(set.status().message()).c_str());

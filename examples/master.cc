@@ -16,6 +16,7 @@
 #include <iostream>
 #include <utility>
 
+#include "base/status_util.h"
 #include "examples/master_flags.h"
 #include "examples/stock_worker.h"
 #include "launch/cli.h"
@@ -43,7 +44,11 @@ int Main(int argc, char** argv) {
   if (!line->note.empty()) std::cout << line->note << "\n";
   Registry registry;  // what this process serves: the stock worker's (its stage types too)
   absl::Status s = examples::RegisterStockWorker(registry);
-  if (s.ok()) s = train::runs::RunMaster(*line, &registry);
+  try {
+    if (s.ok()) s = train::runs::RunMaster(*line, &registry);
+  } catch (...) {  // (a bug: errors are statuses; never an abort)
+    s = StatusFromCurrentException("unexpected error (please report it)");
+  }
   if (!s.ok()) {
     std::cerr << "master: " << s.message() << "\n";
     return 1;

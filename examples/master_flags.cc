@@ -1,6 +1,9 @@
 #include "examples/master_flags.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <memory>
 #include <thread>
@@ -10,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/ids.h"
 #include "channel/devices.h"
@@ -31,7 +35,11 @@ absl::Status Bad(const std::string& message) { return absl::InvalidArgumentError
 
 absl::StatusOr<std::vector<int>> ParseSplits(const std::string& text) {
   std::vector<int> out;
-  for (const auto& part : launch::SplitList(text)) {
+  const std::vector<std::string> parts = launch::SplitList(text);
+  if (!parts.empty() && static_cast<size_t>(std::count(text.begin(), text.end(), ',')) + 1 != parts.size()) {
+    return Bad(absl::StrCat("--splits '", text, "' has an empty count (two commas, or one at an end)"));
+  }
+  for (const auto& part : parts) {
     int v = 0;
     if (!absl::SimpleAtoi(part, &v) || v < 1) {
       return Bad(absl::StrCat("--splits wants positive integers like 8 or 1,2,4,8; got '", text, "'"));
@@ -58,7 +66,7 @@ absl::Status CheckValues(const Flags& f, const RunOptions& c) {
   auto device = ParseDevice(c.device, "--device");
   if (!device.ok()) return Bad(std::string(device.status().message()));
   if (auto s = CheckLocalDevice(*device); !s.ok()) return Bad(std::string(s.message()));
-  if (!(c.lr > 0)) return Bad("--lr must be > 0");
+  if (!(c.lr > 0) || !std::isfinite(c.lr)) return Bad(absl::StrCat("--lr must be a finite number > 0; got ", c.lr));
   if (!c.dataset.empty()) {
     if (auto s = data::CheckDatasetName(c.dataset); !s.ok()) return Bad(std::string(s.message()));
     if (c.data_threads < 1 || c.data_threads > 256) return Bad("--data-threads must be in [1, 256]");
@@ -77,6 +85,28 @@ absl::Status CheckValues(const Flags& f, const RunOptions& c) {
                "run --local separately and compare the epoch lines");
   }
   return absl::OkStatus();
+}
+
+// The random batches of the demo and of --model (no --dataset) are made
+// whole on the master, two ahead: one batch over half this machine's
+// memory cannot be, and is refused before anything starts.
+absl::Status CheckBatchFits(const RunOptions& c) {
+  if (!c.dataset.empty()) return absl::OkStatus();
+  double values = static_cast<double>(c.batch_size);
+  std::string what;
+  if (c.model.empty()) {
+    values *= 3.0 * c.image_size * c.image_size;
+    what = absl::StrCat(" of 3x", c.image_size, "x", c.image_size, " images");
+  } else {
+    for (int64_t d : c.input_shape) values *= static_cast<double>(d);
+    what = absl::StrCat(" of --input-shape ", absl::StrJoin(c.input_shape, ","));
+  }
+  const double gib = values * 4 / (1 << 30);
+  const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE) / (1 << 30);
+  if (memory <= 0 || gib <= memory / 2) return absl::OkStatus();
+  return Bad(absl::StrFormat("--batch-size %d%s is %.4g GiB a batch, more than half of this machine's %.1f GiB "
+                             "of memory: give a smaller --batch-size%s",
+                             c.batch_size, what, gib, memory, c.model.empty() ? " or --image-size" : ""));
 }
 
 // --model's stages, read; a one-file sequential model to cut kept whole.
@@ -130,6 +160,10 @@ absl::Status CheckWorkers(const Flags& f, const RunOptions& c, bool ps_mode, boo
   }
   if (c.partition != "balanced" && c.partition != "tutorial") return Bad("--partition must be balanced or tutorial");
   if (c.interleave < 0) return Bad("--interleave must be >= 1, or 0 for the default");
+  if (c.interleave > 1 && (c.schedule == "1f1b" || c.schedule == "gpipe")) {
+    return Bad(absl::StrCat("--interleave ", c.interleave, " puts several stages on each worker, which --schedule ",
+                            c.schedule, " does not run: give --schedule interleaved (or auto), or no --interleave"));
+  }
   const auto& names = pipeline::ScheduleNames();
   if (!ps_mode && c.schedule != "auto" && std::find(names.begin(), names.end(), c.schedule) == names.end()) {
     return Bad(absl::StrCat("--schedule must be auto, ", absl::StrJoin(names, ", "), "; got '", c.schedule, "'"));
@@ -152,14 +186,35 @@ absl::Status CheckWorkers(const Flags& f, const RunOptions& c, bool ps_mode, boo
     const int layers = c.sequential ? c.sequential->num_layers() : shards::kResNetBlocks;
     if (auto s = StagesPerWorker(c, layers); !s.ok()) return Bad(std::string(s.status().message()));
   }
-  return launch::CheckAddress(c.listen, "--listen");
+  return launch::CheckAddress(c.listen, launch::AddressSource("--listen", c.listen));
+}
+
+// A run that saves into a directory of another run's checkpoints would
+// lose its own: the newest --keep steps are kept, whichever run wrote
+// them. Refused unless the run goes on from that directory.
+absl::Status CheckCheckpointDirIsOurs(const RunOptions& c) {
+  const std::vector<int64_t> steps = checkpoint::CompleteSteps(c.checkpoint_dir);
+  if (steps.empty()) return absl::OkStatus();
+  if (!c.resume.empty()) {
+    std::error_code ec;
+    const std::filesystem::path dir = std::filesystem::weakly_canonical(c.checkpoint_dir, ec);
+    const std::filesystem::path from = std::filesystem::weakly_canonical(c.resume, ec);
+    if (from == dir || from.parent_path() == dir) return absl::OkStatus();
+  }
+  return Bad(absl::StrCat(
+      "--checkpoint-dir ", c.checkpoint_dir, " already holds checkpoints of an earlier run (steps ", steps.front(),
+      steps.size() > 1 ? absl::StrCat(" to ", steps.back()) : "",
+      "): this run's would be pruned among them (--keep keeps the newest steps, whoever wrote them); give --resume ",
+      c.checkpoint_dir, " (or --resume auto) to go on from its latest, or another --checkpoint-dir"));
 }
 
 // The checkpoint flags, and with --resume the checkpoint itself.
 absl::Status CheckCheckpoints(CommandLine& line, const std::set<std::string>& given) {
   RunOptions& c = line.config;
-  if (c.checkpoint_every < 0 || c.keep < 1 || c.train_rows < 0) {
-    return Bad("--checkpoint-every and --train-rows must be >= 0, --keep >= 1");
+  for (const auto& [flag, value, least] : {std::make_tuple("checkpoint-every", int64_t{c.checkpoint_every}, 0),
+                                           std::make_tuple("train-rows", int64_t{c.train_rows}, 0),
+                                           std::make_tuple("keep", int64_t{c.keep}, 1)}) {
+    if (value < least) return Bad(absl::StrCat("--", flag, " must be >= ", least, "; got ", value));
   }
   if (c.resume == "auto") {
     // As a supervisor restarts a job: the latest checkpoint of
@@ -190,6 +245,7 @@ absl::Status CheckCheckpoints(CommandLine& line, const std::set<std::string>& gi
     if (c.compare_local) return Bad("--compare-local does not go with --checkpoint-dir or --resume");
     line.checkpoints.identity = IdentityOf(c, c.splits[0]);
   }
+  if (!c.checkpoint_dir.empty()) RETURN_IF_ERROR(CheckCheckpointDirIsOurs(c));
   if (c.resume.empty()) return absl::OkStatus();
   auto ck = checkpoint::Latest(c.resume);
   if (!ck.ok()) return ck.status();
@@ -428,6 +484,18 @@ std::string UnusedFlags(const std::set<std::string>& given, const RunOptions& c)
   if (c.checkpoint_dir.empty()) {
     unused({"checkpoint-every", "keep", "checkpoint-background"}, "without --checkpoint-dir");
   }
+  if (!c.dataset.empty()) {
+    unused({"batches"}, "with --dataset: an epoch is the dataset's batches (--epochs, --train-rows)");
+  }
+  if (c.replicas <= 1) unused({"zero", "bucket-mb", "overlap", "collective-timeout"}, "without --replicas");
+  if (c.model.empty()) unused({"input-shape", "classes"}, "without --model");
+  if (c.optimizer == "adam") {
+    unused({"momentum"}, "with --optimizer adam");
+  } else if (c.dataset.empty() && c.model.empty()) {
+    unused({"momentum"}, "with the ResNet50 demo: it trains with plain SGD");
+  }
+  if (!c.split_at.empty()) unused({"partition"}, "with --split-at: the split points given are the cut");
+  if (c.local) unused({"workers", "spares", "replicas", "pipeline-stages", "schedule", "interleave"}, "with --local");
   if (lines.empty()) return "";
   return absl::StrCat("master: note: ", absl::StrJoin(lines, "; "), " (no effect)");
 }
@@ -494,6 +562,7 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   if (!c.model.empty()) {
     if (auto s = ReadModel(f, c); !s.ok()) return s;
   }
+  if (auto s = CheckBatchFits(c); !s.ok()) return s;
   const bool cut = c.model.empty() ? !TrainsSmallCnn(c) : c.sequential != nullptr;
   if (!c.split_at.empty() && !cut) {
     return Bad("--split-at cuts ResNet50 or a one-file sequential --model over several workers; "

@@ -13,6 +13,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <thread>
 #include <utility>
@@ -207,7 +208,12 @@ absl::Status Snapshot(Agent& agent, const std::vector<std::string>& names, std::
 // What the steps did: the first and last loss, the timed steps' seconds.
 struct Trained {
   double first_loss = 0, last_loss = 0, seconds = 0;
+  std::vector<double> losses;  // every step's, the warm-up's first
 };
+
+// Steps below which the loss is not judged: with momentum it can rise
+// before it falls, and one batch's loss differs from the next's.
+constexpr size_t kJudgedSteps = 50;
 
 // --warmup steps, the start figures, --steps timed steps (a progress line
 // every --progress), the end figures.
@@ -223,6 +229,7 @@ absl::StatusOr<Trained> Train(pipeline::Pipeline& pipe, const Config& c, Agent& 
   for (int i = 0; i < c.warmup; ++i) {
     ASSIGN_OR_RETURN(double loss, step(i));
     if (i == 0) t.first_loss = loss;
+    t.losses.push_back(loss);
   }
   RETURN_IF_ERROR(Snapshot(agent, names, start));
   for (const auto& [name, f] : *start) std::printf("%s\n", Line(name, "start", f).c_str());
@@ -233,6 +240,7 @@ absl::StatusOr<Trained> Train(pipeline::Pipeline& pipe, const Config& c, Agent& 
     if (!loss.ok()) return Annotate(loss.status(), absl::StrCat("step ", c.warmup + i + 1));
     if (c.warmup == 0 && i == 0) t.first_loss = *loss;
     t.last_loss = *loss;
+    t.losses.push_back(*loss);
     if (c.progress > 0 && (i + 1) % c.progress == 0) {
       std::printf("step %d/%d loss=%.5f elapsed_s=%.1f master_rss_mib=%.1f\n", i + 1, c.steps, *loss,
                   absl::ToDoubleSeconds(absl::Now() - t0), runtime::ReadProcessStats().rss_kb / 1024.0);
@@ -275,9 +283,17 @@ std::vector<std::string> Problems(const Config& c, const std::map<std::string, F
                                       " (bound +", c.max_fd_growth, ", --max-fd-growth)"));
     }
   }
-  if (!(t.last_loss < t.first_loss)) {
-    problems.push_back(absl::StrCat("the loss did not go down (", t.first_loss, " -> ", t.last_loss,
-                                    "): training is broken"));
+  // The mean of the first ten steps' losses against the last ten's.
+  if (t.losses.size() < kJudgedSteps) {
+    std::printf("loss not judged: %zu steps, fewer than %zu\n", t.losses.size(), kJudgedSteps);
+  } else {
+    const auto mean = [](auto from, auto to) { return std::accumulate(from, to, 0.0) / std::distance(from, to); };
+    const double first = mean(t.losses.begin(), t.losses.begin() + 10);
+    const double last = mean(t.losses.end() - 10, t.losses.end());
+    if (!(last < first)) {
+      problems.push_back(absl::StrCat("the loss did not go down (mean of the first 10 steps ", first,
+                                      ", of the last 10 ", last, "): training is broken"));
+    }
   }
   return problems;
 }

@@ -22,6 +22,7 @@
 #include <mutex>
 #include <new>
 #include <unordered_map>
+#include <vector>
 
 #include <ATen/Parallel.h>
 #include <c10/core/CPUAllocator.h>
@@ -150,6 +151,36 @@ std::string FlagParser::Usage() const {
   return out;
 }
 
+namespace {
+
+// Edits (insertions, deletions, substitutions) from a to b.
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::string FlagParser::Suggest(const std::string& name) const {
+  std::string best;
+  size_t best_distance = std::max<size_t>(2, name.size() / 4) + 1;
+  for (const auto& [flag, unused] : flags_) {
+    const size_t d = EditDistance(name, flag);
+    if (d < best_distance) best = flag, best_distance = d;
+  }
+  return best;
+}
+
 bool FlagParser::Parse(int argc, char** argv, int* exit_code) {
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -159,7 +190,8 @@ bool FlagParser::Parse(int argc, char** argv, int* exit_code) {
       return false;
     }
     if (arg.rfind("--", 0) != 0) {
-      std::cerr << program_ << ": unexpected argument '" << arg << "'\n\n" << Usage();
+      std::cerr << program_ << ": unexpected argument '" << arg << "' (flags are --NAME VALUE or --NAME=VALUE); see "
+                << program_ << " --help\n";
       *exit_code = 2;
       return false;
     }
@@ -172,7 +204,10 @@ bool FlagParser::Parse(int argc, char** argv, int* exit_code) {
     }
     auto it = flags_.find(name);
     if (it == flags_.end()) {
-      std::cerr << program_ << ": unknown flag --" << name << "\n\n" << Usage();
+      // (Not the whole usage: the error would scroll off the screen.)
+      const std::string close = Suggest(name);
+      std::cerr << program_ << ": unknown flag --" << name << (close.empty() ? "" : " (did you mean --" + close + "?)")
+                << "; see " << program_ << " --help\n";
       *exit_code = 2;
       return false;
     }
@@ -202,6 +237,15 @@ std::string MasterAddressFromEnv() {
   const char* addr = std::getenv("MASTER_ADDR");
   const char* port = std::getenv("MASTER_PORT");
   return absl::StrCat(addr && *addr ? addr : "127.0.0.1", ":", port && *port ? port : "29500");
+}
+
+std::string AddressSource(const std::string& flag, const std::string& value) {
+  const char* addr = std::getenv("MASTER_ADDR");
+  const char* port = std::getenv("MASTER_PORT");
+  if (((addr && *addr) || (port && *port)) && value == MasterAddressFromEnv()) {
+    return absl::StrCat(flag, " (from MASTER_ADDR/MASTER_PORT)");
+  }
+  return flag;
 }
 
 absl::StatusOr<std::string> LoadToken(const std::string& token_file) {
@@ -237,6 +281,15 @@ std::string WhyCannotWrite(const std::string& path) {
   if (!fs::is_directory(dir, error)) return absl::StrCat("no directory ", dir.string(), " and none could be made");
   const bool writable = fs::exists(path, error) ? access(path.c_str(), W_OK) == 0 : access(dir.c_str(), W_OK) == 0;
   return writable ? "" : "no permission";
+}
+
+std::string WhyCannotWriteDir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  if (fs::exists(dir, error) && !fs::is_directory(dir, error)) return "a file of that name exists";
+  fs::create_directories(dir, error);
+  if (!fs::is_directory(dir, error)) return absl::StrCat("it cannot be made: ", error.message());
+  return access(dir.c_str(), W_OK) == 0 ? "" : "no permission";
 }
 
 absl::Status CheckCanListen(const std::string& address, const std::string& flag) {

@@ -67,13 +67,17 @@ class FlagParser {
   void StartsItsOwnGroup() { group_ = Group::kOwn; }
 
   // Parses argv. Returns false after printing the usage (for --help: exit 0)
-  // or an error (exit 2); `exit_code` says which.
+  // or an error (exit 2: one line, with the closest flag to an unknown
+  // one); `exit_code` says which.
   bool Parse(int argc, char** argv, int* exit_code);
   std::string Usage() const;
   // The flags Parse was given (names without "--").
   const std::set<std::string>& given() const { return given_; }
 
  private:
+  // The flag closest to the unknown `name` (a typo's), or "".
+  std::string Suggest(const std::string& name) const;
+
   struct Flag {
     std::string help;
     std::string default_text;
@@ -93,6 +97,9 @@ class FlagParser {
 // "MASTER_ADDR:MASTER_PORT" from the environment, each part defaulting to
 // 127.0.0.1 and 29500 as in PyTorch.
 std::string MasterAddressFromEnv();
+// How an error names an address flag whose value is `value`: `flag`, or
+// "FLAG (from MASTER_ADDR/MASTER_PORT)" when the value came from those.
+std::string AddressSource(const std::string& flag, const std::string& value);
 
 // The shared secret for AgentOptions::token: the contents of `token_file`
 // (trailing newline dropped) when given, else $REMORA_TOKEN, else empty.
@@ -119,6 +126,10 @@ absl::Status CheckCanListen(const std::string& address, const std::string& flag)
 // be made" or "no permission"; empty when it could. For output files a
 // program writes at its end, checked at its start.
 std::string WhyCannotWrite(const std::string& path);
+// The same for a directory a program writes into (made where missing):
+// "a file of that name exists", "it cannot be made (WHY)" or "no
+// permission"; empty when it can.
+std::string WhyCannotWriteDir(const std::string& dir);
 
 // Splits "a,b,c", dropping empty parts.
 std::vector<std::string> SplitList(const std::string& list);

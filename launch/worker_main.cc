@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -16,6 +18,7 @@
 #include "channel/devices.h"
 #include "ps/replica.h"
 #include "launch/cli.h"
+#include "launch/interrupt.h"
 #include "rpc/agent.h"
 #include "runtime/allocator.h"
 #include "runtime/threads.h"
@@ -81,7 +84,7 @@ absl::StatusOr<AgentOptions> OptionsFrom(const WorkerFlags& f, const std::string
                                                : "use 1 to 128 characters of [A-Za-z0-9_:-]"));
   }
   for (const auto& [flag, addr] : {std::pair{"--master", f.master}, std::pair{"--listen", f.listen}}) {
-    if (auto s = launch::CheckAddress(addr, flag); !s.ok()) return bad(s.message());
+    if (auto s = launch::CheckAddress(addr, launch::AddressSource(flag, addr)); !s.ok()) return bad(s.message());
   }
   auto home = ParseDevice(f.device, "--device");
   if (!home.ok()) return bad(home.status().message());
@@ -149,6 +152,14 @@ int WorkerMain(int argc, char** argv, const std::string& program,
     return 1;
   }
   dist_autograd::Enable(**agent);
+  // Ctrl-C, a scheduler's or a supervisor's SIGTERM: said in a line, then
+  // the process exits 128 + the signal (the master finds this worker
+  // gone). Declared after the agent: unhooked before it goes.
+  std::optional<launch::InterruptHook> interrupted;
+  interrupted.emplace([&program, &f](int signo) {
+    std::cerr << program << " '" << f.name << "': stopped by a signal (" << strsignal(signo) << "); exiting"
+              << std::endl;
+  });
   // (Join returns once the whole group has formed: until then this line says where it waits.)
   std::cerr << program << " '" << f.name << "': joining the master at " << options->master_address
             << " (for up to --connect-timeout " << f.connect_timeout_s << "s)" << std::endl;
@@ -160,7 +171,7 @@ int WorkerMain(int argc, char** argv, const std::string& program,
   if (f.threads == 0) runtime::SetComputeThreads(threads);
   std::cerr << program << " '" << f.name << "' (id " << (*agent)->self().id << ") serving at "
             << (*agent)->self().address << " (" << TlsModeName(options->tls) << ") with " << threads
-            << " intra-op threads, shards on " << options->device << "\n";
+            << (threads == 1 ? " intra-op thread" : " intra-op threads") << ", shards on " << options->device << "\n";
   if (auto s = (*agent)->Shutdown(); !s.ok()) {
     std::cerr << program << ": " << s.message() << "\n";  // the message names this worker
     return 1;

@@ -1,6 +1,7 @@
 #include "pipeline/fit.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <deque>
 #include <future>
@@ -178,6 +179,11 @@ class Loop {
       if (o_.on_epoch) o_.on_epoch(r_);
       results.push_back(r_);
     }
+    if (results.empty() && o_.start.step > 0) {  // (resumed)
+      out_ << "fit: resumed at the run's end (epoch " << o_.start.epoch << " of --epochs " << o_.epochs
+           << "): nothing left to train (give more --epochs to train on)\n"
+           << std::flush;
+    }
     return results;
   }
 
@@ -195,7 +201,15 @@ class Loop {
   absl::StatusOr<bool> TrainEpoch(int e) {
     const bool resumed = e == o_.start.epoch;
     batches_ = data::EpochBatches(train_size_, o_.batch_size, o_.shuffle, o_.seed, e);
-    if (!batches_.empty() && batches_.back().size(0) < o_.min_batch_rows) batches_.pop_back();
+    if (!batches_.empty() && batches_.back().size(0) < o_.min_batch_rows) {
+      if (!said_dropped_ && batches_.size() > 1) {
+        said_dropped_ = true;  // (the same each epoch)
+        out_ << "fit: the last batch of each epoch, " << batches_.back().size(0) << " of " << train_size_
+             << " rows, is left out: its micro-batches need at least " << o_.min_batch_rows << " rows\n"
+             << std::flush;
+      }
+      batches_.pop_back();
+    }
     if (batches_.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("fit: ", train_size_,
                                                      " training rows make no batch of ", o_.min_batch_rows));
@@ -270,6 +284,12 @@ class Loop {
     if (!loss.ok()) {
       DropStarted();
       return Annotate(loss.status(), absl::StrCat("epoch ", e, ", batch ", b + 1, " of ", batches_.size()));
+    }
+    if (!std::isfinite(*loss) && !said_not_finite_) {
+      said_not_finite_ = true;  // (once: every later loss is likely the same)
+      out_ << "fit: warning: the loss is " << *loss << " at epoch " << e << ", batch " << b + 1
+           << ": the training diverged (a lower --lr?); it goes on\n"
+           << std::flush;
     }
     loss_sum_ += *loss;
     r_.images += oldest.rows;
@@ -352,6 +372,8 @@ class Loop {
   EpochResult r_;
   double t0_ = 0, last_end_ = 0, loss_sum_ = 0, next_line_ = 0;
   int64_t trained_ = 0;  // images of the epoch trained by this call
+  bool said_not_finite_ = false;
+  bool said_dropped_ = false;
   std::deque<std::future<absl::StatusOr<data::Batch>>> read_;
   size_t next_read_ = 0;
   std::deque<Started> started_;

@@ -81,9 +81,11 @@ absl::Status CheckOptions(const AgentOptions& options) {
       return absl::InvalidArgumentError(absl::StrCat(
           "invalid worker name '", w, "': use 1 to 128 characters of [A-Za-z0-9_:-]"));
     }
-    if (w == options.name || !seen.insert(w).second) {
-      return absl::InvalidArgumentError(absl::StrCat("duplicate worker name '", w, "'"));
+    if (w == options.name) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("worker name '", w, "' is the master's own name: name the workers otherwise"));
     }
+    if (!seen.insert(w).second) return absl::InvalidArgumentError(absl::StrCat("duplicate worker name '", w, "'"));
   }
   if (options.workers.size() >= kUnknownWorker) return absl::InvalidArgumentError("too many workers");
   return absl::OkStatus();

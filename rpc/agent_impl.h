@@ -320,6 +320,10 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   std::vector<WorkerInfo> book_ ABSL_GUARDED_BY(join_mu_);
   // Refused joiners (who -> why), before the group formed.
   std::map<std::string, std::string> refused_ ABSL_GUARDED_BY(join_mu_);
+  // Second processes under a registered name (address -> name), before the
+  // group formed: not counted as refused (the name's worker is here), but
+  // said if the group never forms.
+  std::map<std::string, std::string> duplicates_ ABSL_GUARDED_BY(join_mu_);
   // Master: workers lost (Agent::MarkLost) and not registered again.
   std::set<std::string> lost_ ABSL_GUARDED_BY(join_mu_);
   // Lost workers whose new process is being announced to the group.

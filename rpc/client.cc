@@ -271,7 +271,9 @@ absl::Status Agent::Impl::ErrorFromReply(const wire::Response& response) const {
   if (code <= 0 || code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
     code = static_cast<int>(absl::StatusCode::kUnknown);
   }
-  return absl::Status(static_cast<absl::StatusCode>(code), absl::StrCat(Who(e.worker()), ": ", e.message()));
+  const std::string who = Who(e.worker());
+  return absl::Status(static_cast<absl::StatusCode>(code),
+                      absl::StrCat(who, ": ", WithoutLeadingWorker(e.message(), who)));
 }
 
 std::string Agent::Impl::Who(const std::string& name) const {

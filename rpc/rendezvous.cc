@@ -139,6 +139,7 @@ void Agent::Impl::HandleJoin(const wire::JoinRequest& join,
     } else if (it != joiners_.end() && it->second.address != join.address()) {
       // Not counted as refused: the worker of that name is here (the
       // second one is told, and exits).
+      if (!formed_) duplicates_[join.address()] = join.name();
       return responder->ReplyError(absl::AlreadyExistsError(absl::StrCat(
           "duplicate worker name '", join.name(), "': already registered from ",
           it->second.address, "; give each worker its own --name")));
@@ -280,6 +281,9 @@ absl::Status Agent::Impl::GiveUpJoining(const absl::Status& why) {
       if (!joiners_.count(w)) missing.push_back(w);
     }
     for (const auto& [who, reason] : refused_) refused.push_back(absl::StrCat(who, " was refused: ", reason));
+    for (const auto& [address, name] : duplicates_) {
+      refused.push_back(absl::StrCat("a second '", name, "' at ", address, " was refused (a duplicate name)"));
+    }
   }
   std::string text;  // (the joined workers know which master this is)
   if (!missing.empty()) {

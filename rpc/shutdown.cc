@@ -190,7 +190,8 @@ absl::Status Agent::WaitForShutdown() {
       if (impl_->finished_.HasBeenNotified()) break;
       return absl::UnavailableError(absl::StrCat(
           "worker '", self_.name, "': the master '", NameOf(0), "' has not answered for ",
-          absl::FormatDuration(absl::Now() - last_contact), " (", reply.status().message(),
+          absl::FormatDuration(absl::Trunc(absl::Now() - last_contact, absl::Milliseconds(100))), " (",
+          reply.status().message(),
           "); the group is gone, stopping"));
     }
   }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
 
 namespace remora::runtime {
 
@@ -87,7 +88,10 @@ class CachingCpuAllocator final : public c10::Allocator {
       }
     }
     if (base == nullptr) {
-      if (posix_memalign(&base, kHeader, total) != 0) throw std::bad_alloc();
+      // (As LibTorch's own CPU allocator says it: a c10::Error naming the
+      // size, which the layers above turn into a status.)
+      TORCH_CHECK(posix_memalign(&base, kHeader, total) == 0, "not enough memory: tried to allocate ", n,
+                  " bytes (", n / double(1 << 30), " GiB) on the CPU");
       static_cast<Header*>(base)->size = total;
       static_cast<Header*>(base)->owner = this;
     }

@@ -113,6 +113,8 @@ echo "package_check: examples/custom_model built against the package (protobuf/g
 # the first's step 12 (mid-epoch): its 12 steps must have the first's
 # losses, bit for bit.
 rm -rf "$work/ckpt" "$work/ckpt-resumed"
+"$work/custom/train_custom" --help | grep -q '^usage: train_custom' || {
+  echo "package_check: train_custom --help printed no usage" >&2; exit 1; }
 "$work/custom/train_custom" "$work/ckpt" >"$work/first.log" 2>&1 || { tail -30 "$work/first.log"; exit 1; }
 tail -1 "$work/first.log"
 "$work/custom/train_custom" "$work/ckpt-resumed" --resume "$work/ckpt/step-00000012" >"$work/resumed.log" 2>&1 || {

@@ -1,6 +1,7 @@
 #include "train/report.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 
@@ -101,6 +102,15 @@ absl::Status WriteCurves(const std::string& path, const std::vector<RunRecord>& 
   return WriteCurvesSvg(path, {loss, accuracy});
 }
 
+namespace {
+
+// Numbers for JSON, which has no NaN or infinity: null for those (a run
+// that diverged, or a rate over no time).
+std::string Fixed(int digits, double v) { return std::isfinite(v) ? absl::StrFormat("%.*f", digits, v) : "null"; }
+std::string General(double v) { return std::isfinite(v) ? absl::StrFormat("%.9g", v) : "null"; }
+
+}  // namespace
+
 absl::Status WriteReport(const std::string& path, const std::string& mode, const std::vector<RunRecord>& runs) {
   std::ofstream out(path);
   if (!out) return absl::InvalidArgumentError(absl::StrCat("cannot write the report ", path));
@@ -108,14 +118,14 @@ absl::Status WriteReport(const std::string& path, const std::string& mode, const
   for (size_t i = 0; i < runs.size(); ++i) {
     const RunRecord& r = runs[i];
     std::vector<std::string> losses;
-    for (double l : r.losses) losses.push_back(absl::StrFormat("%.9g", l));
+    for (double l : r.losses) losses.push_back(General(l));
     std::vector<std::string> batch_seconds;
-    for (double b : r.batch_seconds) batch_seconds.push_back(absl::StrFormat("%.6f", b));
+    for (double b : r.batch_seconds) batch_seconds.push_back(Fixed(6, b));
     out << (i ? ", " : "") << "{\"splits\": " << r.splits << ", \"schedule\": \"" << r.schedule
-        << "\", \"seconds\": " << absl::StrFormat("%.6f", r.seconds)
-        << ", \"steady_batch_seconds\": " << absl::StrFormat("%.6f", r.steady_seconds())
+        << "\", \"seconds\": " << Fixed(6, r.seconds)
+        << ", \"steady_batch_seconds\": " << Fixed(6, r.steady_seconds())
         << ", \"images_per_second\": "
-        << absl::StrFormat("%.4f", r.images() / r.seconds) << ", \"batch_seconds\": ["
+        << Fixed(4, r.images() / r.seconds) << ", \"batch_seconds\": ["
         << absl::StrJoin(batch_seconds, ", ") << "], \"losses\": ["
         << absl::StrJoin(losses, ", ") << "], \"stages\": [";
     for (size_t k = 0; k < r.stage_memory.size(); ++k) {
@@ -140,20 +150,20 @@ absl::Status WriteReport(const std::string& path, const std::string& mode, const
     for (size_t e = 0; e < r.epochs.size(); ++e) {
       const auto& x = r.epochs[e];
       out << (e ? ", " : "") << "{\"epoch\": " << x.epoch << ", \"train_loss\": "
-          << absl::StrFormat("%.6f", x.train_loss) << ", \"test_accuracy\": "
-          << (x.evaluated ? absl::StrFormat("%.6f", x.test_accuracy) : "null") << ", \"test_top5\": "
-          << (x.evaluated ? absl::StrFormat("%.6f", x.test_top5) : "null") << ", \"seconds\": "
-          << absl::StrFormat("%.3f", x.seconds) << ", \"skipped_images\": " << x.skipped << "}";
+          << Fixed(6, x.train_loss) << ", \"test_accuracy\": "
+          << (x.evaluated ? Fixed(6, x.test_accuracy) : "null") << ", \"test_top5\": "
+          << (x.evaluated ? Fixed(6, x.test_top5) : "null") << ", \"seconds\": "
+          << Fixed(3, x.seconds) << ", \"skipped_images\": " << x.skipped << "}";
     }
     out << "], \"recoveries\": [";
     for (size_t k = 0; k < r.recoveries.size(); ++k) {
       const Recovery& x = r.recoveries[k];
       out << (k ? ", " : "") << "{\"lost\": \"" << x.lost << "\", \"replacement\": \"" << x.replacement
-          << "\", \"detected_after_seconds\": " << absl::StrFormat("%.3f", x.detected_after)
-          << ", \"seconds_to_detect\": " << absl::StrFormat("%.3f", x.seconds_to_detect)
+          << "\", \"detected_after_seconds\": " << Fixed(3, x.detected_after)
+          << ", \"seconds_to_detect\": " << Fixed(3, x.seconds_to_detect)
           << ", \"failed_at_step\": " << x.failed_at << ", \"restored_step\": " << x.restored_step
           << ", \"steps_redone\": " << x.steps_redone() << ", \"seconds_lost\": "
-          << (x.seconds_lost < 0 ? std::string("null") : absl::StrFormat("%.3f", x.seconds_lost)) << "}";
+          << (x.seconds_lost < 0 ? std::string("null") : Fixed(3, x.seconds_lost)) << "}";
     }
     out << "]}";
   }

@@ -65,8 +65,8 @@ absl::Status FitInputShape(RunOptions& c, const Sets& sets) {
 }
 
 void PrintRun(const Run& run, const RunOptions& c) {
-  std::printf("splits=%d seconds=%.3f images_per_second=%.2f\n", run.splits, run.seconds,
-              run.images() / run.seconds);
+  std::printf("splits=%d seconds=%.3f images_per_second=%s\n", run.splits, run.seconds,
+              ImagesPerSecond(run).c_str());
 }
 
 // --local: each split count trained in this process.
@@ -215,8 +215,9 @@ absl::StatusOr<std::vector<Run>> TrainOverWorkers(Agent& agent, RunPlan& line, c
 }
 
 // The files written at the end (--report, --trace, --timeline, --curves)
-// can be written: checked before training, so that no run is lost to a
-// typo in a path; a missing directory is made, as --checkpoint-dir's is.
+// and the directories written into (--checkpoint-dir, --tensorboard) can
+// be written: checked before training, so that no run is lost to a typo
+// in a path; a missing directory is made.
 absl::Status CheckOutputFiles(const RunOptions& c) {
   for (const auto& [flag, path] : {std::pair<const char*, std::string>{"report", c.report},
                                    {"trace", c.trace},
@@ -226,6 +227,14 @@ absl::Status CheckOutputFiles(const RunOptions& c) {
     if (const std::string why = launch::WhyCannotWrite(path); !why.empty()) {
       return absl::FailedPreconditionError(
           absl::StrCat("--", flag, " ", path, ": cannot write there (", why, "); give a path this user can write"));
+    }
+  }
+  for (const auto& [flag, dir] : {std::pair<const char*, std::string>{"checkpoint-dir", c.checkpoint_dir},
+                                  {"tensorboard", c.tensorboard}}) {
+    if (dir.empty()) continue;
+    if (const std::string why = launch::WhyCannotWriteDir(dir); !why.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--", flag, " ", dir, ": cannot write into it (", why, "); give a directory this user can write"));
     }
   }
   return absl::OkStatus();
@@ -311,16 +320,20 @@ absl::Status RunMaster(RunPlan& plan, Registry* registry) {
       a->TellGroupEnded(absl::CancelledError(why));
     });
   }
-  auto sets = LoadSets(c);
-  if (!sets.ok()) return fail(sets.status());
-  if (auto s = FitInputShape(plan.config, **sets); !s.ok()) return fail(s);
   Baseline baseline;
   absl::StatusOr<std::vector<Run>> runs;
-  if (c.local) {
-    runs = TrainHere(c, **sets);
-  } else {
-    if (auto s = JoinWorkers(*agent, c); !s.ok()) return fail(s);
-    runs = TrainOverWorkers(*agent, plan, **sets, baseline);
+  try {  // (errors are statuses; an exception here is a bug, which must still end the group)
+    auto sets = LoadSets(c);
+    if (!sets.ok()) return fail(sets.status());
+    if (auto s = FitInputShape(plan.config, **sets); !s.ok()) return fail(s);
+    if (c.local) {
+      runs = TrainHere(c, **sets);
+    } else {
+      if (auto s = JoinWorkers(*agent, c); !s.ok()) return fail(s);
+      runs = TrainOverWorkers(*agent, plan, **sets, baseline);
+    }
+  } catch (...) {
+    return fail(StatusFromCurrentException("unexpected error (please report it)"));
   }
   if (!runs.ok()) return fail(runs.status());
   if (auto s = WriteOutputs(*runs, c); !s.ok()) return fail(s);

@@ -109,19 +109,31 @@ void BatchesAhead::Make(int first) {
           this));
       if (stop_) return;
     }
-    auto batch = MakeBatch(c_, b);  // (outside the lock: Take may go on)
+    std::pair<at::Tensor, at::Tensor> batch;
+    try {
+      batch = MakeBatch(c_, b);  // (outside the lock: Take may go on)
+    } catch (...) {
+      const absl::Status failed = StatusFromCurrentException(absl::StrCat("making batch ", b));
+      MutexLock lock(mu_);
+      failed_ = failed;
+      return;
+    }
     MutexLock lock(mu_);
     made_.push_back(std::move(batch));
   }
 }
 
-std::pair<at::Tensor, at::Tensor> BatchesAhead::Take(int b) {
+absl::StatusOr<std::pair<at::Tensor, at::Tensor>> BatchesAhead::Take(int b) {
   MutexLock lock(mu_);
   if (b != next_taken_ || b >= end_) {
-    throw std::logic_error(absl::StrCat("BatchesAhead: batch ", b, " taken, ", next_taken_, " was next"));
+    return absl::InternalError(absl::StrCat("BatchesAhead: batch ", b, " taken, ", next_taken_, " was next"));
   }
   mu_.Await(absl::Condition(
-      +[](BatchesAhead* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) { return !self->made_.empty(); }, this));
+      +[](BatchesAhead* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
+        return !self->made_.empty() || !self->failed_.ok();
+      },
+      this));
+  if (made_.empty()) return failed_;
   auto batch = std::move(made_.front());
   made_.pop_front();
   ++next_taken_;

@@ -1,5 +1,7 @@
 // What the master's runs report as they go: TensorBoard event files
 // (--tensorboard) and the batch lines.
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -13,8 +15,13 @@ absl::StatusOr<std::shared_ptr<train::RunLog>> OpenRunLog(const RunOptions& c, i
 }
 
 void RecordBatch(Run& run, int b, double loss, double seconds, int64_t rows) {
+  const bool first_not_finite = !std::isfinite(loss) && std::all_of(run.losses.begin(), run.losses.end(),
+                                                                     [](double l) { return std::isfinite(l); });
   run.AddBatch(b, loss, seconds, rows);
   PrintBatch(b, loss, seconds);
+  if (first_not_finite) {
+    std::printf("warning: the loss is %g at batch %d: the training diverged (a lower --lr?); it goes on\n", loss, b);
+  }
 }
 
 }  // namespace remora::train::runs

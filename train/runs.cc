@@ -111,7 +111,13 @@ absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const RunOpti
 }
 
 absl::Status LocalTrainer::Step(int b, const char* prefix) {
-  auto [inputs, targets] = MakeBatch(c_, b);
+  std::pair<at::Tensor, at::Tensor> batch;
+  try {
+    batch = MakeBatch(c_, b);
+  } catch (...) {
+    return StatusFromCurrentException(absl::StrCat("making batch ", b));
+  }
+  auto& [inputs, targets] = batch;
   const int64_t t0 = trace::NowUs();
   ASSIGN_OR_RETURN(double loss,
                    trainer_->Train(inputs, targets, [this](const char* what, int64_t mb, int64_t s, int64_t e) {
@@ -357,7 +363,11 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, c
   if (p.split_at.empty()) {
     // One micro-batch of the largest split count, at most 16 rows.
     const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(16, c.batch_size / p.micro_batches));
-    p.sample = MakeBatch(c, 0).first.slice(0, 0, rows).clone();
+    try {
+      p.sample = MakeBatch(c, 0).first.slice(0, 0, rows).clone();
+    } catch (...) {
+      return StatusFromCurrentException("making the sample batch the stages are timed on");
+    }
     // Every worker times every layer at once: in the pipeline the stages run
     // side by side and share the machine's memory bandwidth and caches, and
     // layers suffer from that unequally (timed alone on one worker, the
@@ -532,7 +542,12 @@ absl::Status TrainPipeline(Agent& agent, const RunOptions& c, const std::vector<
   for (int b = first; b < c.batches; ++b) {
     if (started && settles_after(started->b)) RETURN_IF_ERROR(finish());
     const int64_t made = trace::NowUs();
-    auto [images, one_hot] = batches.Take(b);
+    auto batch = batches.Take(b);
+    if (!batch.ok()) {
+      if (started) started->step.abandon();
+      return batch.status();
+    }
+    auto& [images, one_hot] = *batch;
     record("take batch", b, made);
     const int64_t sent = trace::NowUs();
     pipeline::PendingStep step = pipe->start_train_step(images, one_hot);
@@ -634,14 +649,21 @@ absl::StatusOr<Run> TrainOverPipeline(Agent& agent, const RunOptions& c, const s
   return run;
 }
 
+std::string ImagesPerSecond(const Run& r) {
+  return r.images() > 0 && r.seconds > 0 ? absl::StrFormat("%.2f", r.images() / r.seconds) : "-";
+}
+
 void PrintSummary(const std::vector<Run>& runs, const RunOptions& c) {
   std::printf("\n%8s %12s %10s %14s %18s %9s\n", "splits", "schedule", "seconds",
               "steady_batch_s", "images_per_second", "speedup");
   for (const Run& r : runs) {
-    // ("-": a run that recorded no batch times.)
+    // ("-": a run that recorded no batch times, or trained nothing.)
     const std::string steady = r.batch_seconds.empty() ? "-" : absl::StrFormat("%.3f", r.steady_seconds());
-    std::printf("%8d %12s %10.3f %14s %18.2f %8.2fx\n", r.splits, r.schedule.c_str(), r.seconds, steady.c_str(),
-                r.images() / r.seconds, runs[0].seconds / r.seconds);
+    const std::string speedup =
+        r.images() > 0 && r.seconds > 0 && runs[0].seconds > 0 ? absl::StrFormat("%.2fx", runs[0].seconds / r.seconds)
+                                                                : "-";
+    std::printf("%8d %12s %10.3f %14s %18s %9s\n", r.splits, r.schedule.c_str(), r.seconds, steady.c_str(),
+                ImagesPerSecond(r).c_str(), speedup.c_str());
   }
 }
 

@@ -173,8 +173,9 @@ class BatchesAhead {
   BatchesAhead(const BatchesAhead&) = delete;
   BatchesAhead& operator=(const BatchesAhead&) = delete;
 
-  // Batch b: the next one not taken yet (blocks until it is made).
-  std::pair<at::Tensor, at::Tensor> Take(int b);
+  // Batch b: the next one not taken yet (blocks until it is made), or why
+  // it could not be made (out of memory).
+  absl::StatusOr<std::pair<at::Tensor, at::Tensor>> Take(int b);
 
  private:
   void Make(int first);  // the maker thread: batches first, first + 1, ...
@@ -186,6 +187,7 @@ class BatchesAhead {
   std::deque<std::pair<at::Tensor, at::Tensor>> made_ ABSL_GUARDED_BY(mu_);
   int next_taken_ ABSL_GUARDED_BY(mu_);  // the batch Take returns next
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status failed_ ABSL_GUARDED_BY(mu_);  // why the maker stopped early
   std::thread maker_;  // last: started once the fields above are
 };
 pipeline::LossFn Loss(const RunOptions& c);
@@ -310,6 +312,8 @@ absl::StatusOr<Run> TrainOverPipeline(Agent& agent, const RunOptions& c, const s
 // "  [replica R, ]stage K on W: peak saved activations X MiB" per stage,
 // then each replica's optimizer state.
 absl::Status ReportMemory(parallel::DataParallelPipeline& pipe, const RunOptions& c, Run& run);
+// Images a second of run `r`, "%.2f", or "-" when it trained nothing.
+std::string ImagesPerSecond(const Run& r);
 void PrintSummary(const std::vector<Run>& runs, const RunOptions& c);
 // --report: the runs as JSON (train::WriteReport), mode "local", "ps" or
 // "pipeline".

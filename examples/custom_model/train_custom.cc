@@ -27,8 +27,17 @@ data::Dataset Toy(int64_t rows) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 2 && !(argc == 4 && std::string(argv[2]) == "--resume")) {
-    std::fprintf(stderr, "usage: train_custom CHECKPOINT_DIR [--resume CHECKPOINT]\n");
+  const char* usage =
+      "usage: train_custom CHECKPOINT_DIR [--resume CHECKPOINT]\n\n"
+      "Trains TinyNet, cut into two stages, as two pipeline replicas on four custom_worker processes it\n"
+      "starts beside itself (custom_worker must be in this program's directory); a checkpoint every 4\n"
+      "steps into CHECKPOINT_DIR; --resume goes on from one of them (CHECKPOINT_DIR/step-N).\n";
+  if (argc == 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
+    std::printf("%s", usage);
+    return 0;
+  }
+  if ((argc != 2 && !(argc == 4 && std::string(argv[2]) == "--resume")) || argv[1][0] == '-') {
+    std::fprintf(stderr, "%s", usage);
     return 2;
   }
   Registry registry;  // this process's own functions (the master's)

@@ -68,8 +68,17 @@ TEST(MasterFlags, BadValuesAreClearErrorsNamingTheFlag) {
       {{"--workers", "a,b", "--replicas", "2", "--splits", "2", "--batch-size", "6"}, "--splits 2 x --replicas 2"},
       {{"--local", "--batch-size", "0"}, "--batch-size must be >= 1"},
       {{"--local", "--image-size", "4"}, "--image-size"},
-      {{"--local", "--lr", "0"}, "--lr must be > 0"},
-      {{"--local", "--lr", "-1"}, "--lr must be > 0"},  // not taken for "not given"
+      {{"--local", "--lr", "0"}, "--lr must be a finite number > 0"},
+      {{"--local", "--lr", "-1"}, "--lr must be a finite number > 0"},  // not taken for "not given"
+      {{"--local", "--lr", "inf"}, "--lr must be a finite number > 0; got inf"},
+      {{"--local", "--lr", "nan"}, "--lr must be a finite number > 0"},
+      {{"--local", "--splits", "1,,2"}, "--splits '1,,2' has an empty count"},
+      {{"--local", "--splits", "1,2,"}, "has an empty count"},
+      {{"--local", "--batch-size", "100000000", "--image-size", "1024"},
+       "--batch-size 100000000 of 3x1024x1024 images is"},
+      {{"--local", "--batch-size", "100000000", "--image-size", "1024"}, "of memory: give a smaller --batch-size"},
+      {{"--workers", "a,b", "--schedule", "1f1b", "--interleave", "2"},
+       "--interleave 2 puts several stages on each worker, which --schedule 1f1b does not run"},
       {{"--local", "--batch-size", "-1"}, "--batch-size must be >= 1"},
       {{"--local", "--batches", "-1"}, "--batches must be >= 1; got -1"},
       {{"--workers", "a,a"}, "--workers: 'a' is named twice"},
@@ -153,8 +162,8 @@ TEST(MasterFlags, CheckpointFlagsGoWithOneSplitCountOverWorkers) {
       {{"--workers", "a,b", "--checkpoint-dir", dir, "--splits", "1,2"}, "not a sweep"},
       {{"--workers", "a,b", "--checkpoint-dir", dir, "--splits", "2", "--compare-local"},
        "--compare-local does not go with"},
-      {{"--workers", "a,b", "--checkpoint-every", "-1"}, "--checkpoint-every and --train-rows must be >= 0"},
-      {{"--workers", "a,b", "--keep", "0"}, "--keep >= 1"},
+      {{"--workers", "a,b", "--checkpoint-every", "-1"}, "--checkpoint-every must be >= 0; got -1"},
+      {{"--workers", "a,b", "--keep", "0"}, "--keep must be >= 1; got 0"},
   });
   if (parallel::HaveGloo()) {  // ZeRO-1 runs are checkpointed (their shares gathered) like the others
     EXPECT_EQ(ErrorOf({"--workers", "a,b", "--replicas", "2", "--zero", "1", "--checkpoint-dir", dir,
@@ -255,6 +264,31 @@ TEST(MasterFlags, ResumeAutoStartsFreshWhenThereIsNoCheckpointYet) {
               HasSubstr("is not a remora manifest"));
 }
 
+// A fresh run into a directory that holds another run's checkpoints is
+// refused (its own would be pruned among them); going on from there is not.
+TEST(MasterFlags, ACheckpointDirOfAnEarlierRunIsRefusedUnlessResumedFrom) {
+  const std::string dir = TempPath("earlier_run_ckpt");
+  std::filesystem::create_directories(dir + "/step-00000400");
+  std::filesystem::create_directories(dir + "/step-00000500");
+  std::ofstream(dir + "/step-00000400/manifest.json") << "{}";
+  std::ofstream(dir + "/step-00000500/manifest.json") << "{}";
+  const std::string refused = ErrorOf({"--workers", "a,b", "--checkpoint-dir", dir});
+  EXPECT_THAT(refused, HasSubstr("--checkpoint-dir " + dir + " already holds checkpoints of an earlier run "
+                                 "(steps 400 to 500)"));
+  EXPECT_THAT(refused, HasSubstr("give --resume " + dir + " (or --resume auto)"));
+  // Resumed from elsewhere, saving there: refused too.
+  const std::string other = TempPath("other_run_ckpt");
+  std::filesystem::create_directories(other);
+  EXPECT_THAT(ErrorOf({"--workers", "a,b", "--checkpoint-dir", dir, "--resume", other}),
+              HasSubstr("already holds checkpoints"));
+  // Going on from it gets past this check (to reading the manifest).
+  for (const std::string& from : {dir, dir + "/", dir + "/step-00000500", std::string("auto")}) {
+    const std::string error = ErrorOf({"--workers", "a,b", "--checkpoint-dir", dir, "--resume", from});
+    EXPECT_THAT(error, ::testing::Not(HasSubstr("already holds checkpoints"))) << from;
+    EXPECT_THAT(error, HasSubstr("manifest")) << from;
+  }
+}
+
 // Flags this run does not use are named in a note (not an error: the run
 // goes on), so that a mistake does not pass in silence.
 TEST(MasterFlags, FlagsWithoutEffectAreNamedInANote) {
@@ -268,6 +302,19 @@ TEST(MasterFlags, FlagsWithoutEffectAreNamedInANote) {
   auto used = ParseCommandLine({"--local", "--dataset", "fashion-mnist", "--epochs", "2"});
   ASSERT_TRUE(used.ok()) << used.status();
   EXPECT_EQ(used->note, "");
+  auto more = ParseCommandLine({"--local", "--workers", "a,b", "--batches", "2", "--zero", "1", "--classes", "5",
+                                "--momentum", "0.5", "--dataset", "fashion-mnist", "--optimizer", "adam"});
+  ASSERT_TRUE(more.ok()) << more.status();
+  EXPECT_THAT(more->note, HasSubstr("--batches with --dataset: an epoch is the dataset's batches"));
+  EXPECT_THAT(more->note, HasSubstr("--zero without --replicas"));
+  EXPECT_THAT(more->note, HasSubstr("--classes without --model"));
+  EXPECT_THAT(more->note, HasSubstr("--momentum with --optimizer adam"));
+  EXPECT_THAT(more->note, HasSubstr("--workers with --local"));
+  auto sgd_demo = ParseCommandLine({"--workers", "a,b", "--momentum", "0.5", "--partition", "tutorial",
+                                    "--split-at", "5"});
+  ASSERT_TRUE(sgd_demo.ok()) << sgd_demo.status();
+  EXPECT_THAT(sgd_demo->note, HasSubstr("--momentum with the ResNet50 demo: it trains with plain SGD"));
+  EXPECT_THAT(sgd_demo->note, HasSubstr("--partition with --split-at"));
 }
 
 TEST(MasterFlags, AParseErrorIsAnError) {

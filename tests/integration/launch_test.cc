@@ -67,6 +67,23 @@ TEST(Subprocess, TheChildGetsTheEnvironmentEntriesOnTopOfOurs) {
   EXPECT_THAT(bad.status().message(), HasSubstr("'NO_EQUALS_SIGN' is not NAME=VALUE"));
 }
 
+// A worker told to stop (SIGTERM from a scheduler, Ctrl-C) says so and
+// exits 128 + the signal, as a shell reports a process the signal killed.
+TEST(Worker, ASignalIsSaidAndTheWorkerExitsWith128PlusIt) {
+  const std::string log = TempPath("signalled_worker.log");
+  auto worker = launch::Subprocess::Spawn({kBin + "/worker", "--name", "w1", "--master",
+                                           absl::StrCat("127.0.0.1:", FreePort()), "--connect-timeout", "60"},
+                                          log)
+                    .value();
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (ReadFile(log).find("joining the master") == std::string::npos && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  worker->Signal(SIGTERM);
+  EXPECT_EQ(worker->Wait(absl::Seconds(30)).value_or(-1), 128 + SIGTERM) << ReadFile(log);
+  EXPECT_THAT(ReadFile(log), HasSubstr("worker 'w1': stopped by a signal (Terminated); exiting"));
+}
+
 TEST(RemoraLaunch, HelpAndBadFlags) {
   auto [help, help_out] = Launch({}, {"--help"});
   EXPECT_EQ(help, 0);

@@ -654,6 +654,9 @@ TEST(Soak, TrainingStepsLeaveNoTablesContextsOrThreadsBehind) {
   auto [bad, bad_out] = RunProgram({kBin + "/soak", "--workers", "a,b,c"});
   EXPECT_EQ(bad, 2);
   EXPECT_THAT(bad_out, HasSubstr("--workers wants two names"));
+  auto [few, few_out] = RunProgram({kBin + "/soak", "--steps", "5", "--warmup", "1"});
+  EXPECT_EQ(few, 0) << few_out;  // (too few steps to judge the loss by: not a failure)
+  EXPECT_THAT(few_out, HasSubstr("loss not judged: 6 steps, fewer than 50"));
 }
 
 TEST(RpcDemo, RunsEndToEnd) {

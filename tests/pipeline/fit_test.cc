@@ -4,6 +4,7 @@
 // And CountCorrect's top-1 and top-5 counts.
 #include "pipeline/fit.h"
 
+#include <cmath>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -26,6 +27,7 @@ struct Recorder {
   std::vector<std::string> log;
   int fail_batch = -1;  // (by its first row / 2)
   bool ran = false;     // steps that run within their start
+  double loss = 1.0;    // every step's
 
   Recorder() {
     options.epochs = 1;
@@ -47,7 +49,7 @@ struct Recorder {
           return StartedStep{[this, b]() -> absl::StatusOr<double> {
                                log.push_back(absl::StrCat("wait", b));
                                if (b == fail_batch) return absl::InternalError("the step failed");
-                               return 1.0;
+                               return loss;
                              },
                              [this, b] { log.push_back(absl::StrCat("abandon", b)); }, ran};
         },
@@ -85,6 +87,35 @@ TEST(Fit, AStepThatRanWithinItsStartIsAccountedForAtOnce) {
                                              "wait2", "after3", "start3", "wait3", "after4", "start4", "wait4",
                                              "after5"}));
   EXPECT_EQ(seconds.size(), 5u);
+}
+
+// What a run should not pass over in silence: a last batch too small for
+// its micro-batches (left out), a loss that is not finite (the training
+// diverged), a run resumed at its end (nothing to train).
+TEST(Fit, SaysWhatItLeavesOutAndALossThatIsNotFinite) {
+  Recorder r;
+  r.options.batch_size = 4;  // 4, 4 and 2 rows
+  r.options.min_batch_rows = 3;
+  r.loss = std::nan("");
+  auto epochs = r.Run();
+  ASSERT_TRUE(epochs.ok()) << epochs.status();
+  EXPECT_EQ((*epochs)[0].images, 8);
+  EXPECT_NE(r.out.str().find("fit: the last batch of each epoch, 2 of 10 rows, is left out: its micro-batches "
+                             "need at least 3 rows"),
+            std::string::npos)
+      << r.out.str();
+  EXPECT_NE(r.out.str().find("fit: warning: the loss is nan at epoch 1, batch 1: the training diverged"),
+            std::string::npos)
+      << r.out.str();
+  EXPECT_EQ(r.out.str().find("batch 2: the training diverged"), std::string::npos) << "said once";
+  Recorder at_end;
+  at_end.options.start = FitPosition{1, 5, 5.0, 10, 5};
+  auto none = at_end.Run();
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->empty());
+  EXPECT_NE(at_end.out.str().find("fit: resumed at the run's end (epoch 1 of --epochs 1): nothing left to train"),
+            std::string::npos)
+      << at_end.out.str();
 }
 
 // Without a test set (an image folder with no val/): no evaluation, and

@@ -35,6 +35,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/status_util.h"
 #include "rpc/future.h"
 #include "rpc/message.h"
 #include "proto/agent.pb.h"
@@ -266,6 +267,20 @@ TEST_F(CodecDecodeError, ErrorsInsideContainersPropagate) {
   t->add_items()->set_i(1);
   *t->add_items() = TensorValue(999, {1});
   ExpectInvalid(Decode(v), "unknown dtype");
+}
+
+// A prefix that names the worker already does not get the message's own
+// "worker 'w1': " again (errors pass through several layers that each say
+// where they come from).
+TEST(Annotate, SaysTheWorkerOnce) {
+  const absl::Status inner = absl::InternalError("worker 'w1': worker 'w1': reading a batch: bad file");
+  EXPECT_EQ(Annotate(inner, "the training step on worker 'w1'").message(),
+            "the training step on worker 'w1': reading a batch: bad file");
+  EXPECT_EQ(Annotate(inner, "the training step on worker 'w2'").message(),
+            "the training step on worker 'w2': worker 'w1': worker 'w1': reading a batch: bad file");
+  EXPECT_EQ(Annotate(absl::InternalError("worker 'w1' hosts no stage 3"), "on worker 'w1'").message(),
+            "on worker 'w1': worker 'w1' hosts no stage 3");
+  EXPECT_EQ(Annotate(inner, "epoch 1").message(), "epoch 1: worker 'w1': worker 'w1': reading a batch: bad file");
 }
 
 }  // namespace

@@ -477,7 +477,8 @@ TEST(Master, HelpBadFlagsAndMissingWorkersGiveTheirExitCodes) {
   EXPECT_EQ(help_code, 0);
   EXPECT_THAT(help, Not(HasSubstr("(default: -1)")));
   EXPECT_THAT(help, HasSubstr("0.001 with --model or --dataset)\n"));
-  check({"--workers", "a", "--bogus"}, 2, "unknown flag --bogus");
+  check({"--workers", "a", "--bogus"}, 2, "unknown flag --bogus; see master --help");
+  check({"--workers", "a", "--splitz", "2"}, 2, "unknown flag --splitz (did you mean --splits?)");
   check({"--local", "--splits", "0"}, 2, "master: --splits wants positive integers");
   // Waiting, it says every 10 s whom it waits for.
   check({"--workers", "ghost", "--listen", absl::StrCat("127.0.0.1:", FreePort()), "--connect-timeout", "11"}, 1,
@@ -485,6 +486,10 @@ TEST(Master, HelpBadFlagsAndMissingWorkersGiveTheirExitCodes) {
   // An output file that cannot be written fails before training, not after.
   check({"--local", "--report", "/proc/none/r.json"}, 1, "--report /proc/none/r.json: cannot write there");
   check({"--local", "--trace", testing::TempDir()}, 1, "(it is a directory)");
+  const std::string file = TempPath("not_a_dir");
+  std::ofstream(file) << "x";
+  check({"--local", "--tensorboard", file}, 1,
+        "--tensorboard " + file + ": cannot write into it (a file of that name exists)");
 }
 
 // master --model FILE --dataset: a one-file model over two workers is cut

@@ -255,19 +255,36 @@ TEST(Runs, BatchesMadeAheadAreTheSameBatchesAndStopWithTheRun) {
   {
     runs::BatchesAhead ahead(c, 2, 6);
     for (int b = 2; b < 6; ++b) {
-      auto [x, y] = ahead.Take(b);
+      auto taken = ahead.Take(b);
+      ASSERT_TRUE(taken.ok()) << taken.status();
+      auto [x, y] = *taken;
       auto [want_x, want_y] = runs::MakeBatch(c, b);
       EXPECT_TRUE(x.equal(want_x)) << "batch " << b;
       EXPECT_TRUE(y.equal(want_y)) << "batch " << b;
     }
-    EXPECT_THROW(ahead.Take(6), std::logic_error);
+    EXPECT_EQ(ahead.Take(6).status().code(), absl::StatusCode::kInternal);
   }
   const absl::Time start = absl::Now();
   {
     runs::BatchesAhead ahead(c, 0, 1000000);
-    ahead.Take(0);
+    EXPECT_TRUE(ahead.Take(0).ok());
   }
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+// A batch that cannot be made (out of memory; here a shape LibTorch
+// refuses) is the taker's error, not an exception on the maker's thread
+// (which would abort the program).
+TEST(Runs, ABatchThatCannotBeMadeIsAnErrorOfTake) {
+  runs::RunOptions c;
+  c.batch_size = 4;
+  c.model = "stages.pt";
+  c.input_shape = {-3};
+  runs::BatchesAhead ahead(c, 0, 3);
+  auto taken = ahead.Take(0);
+  ASSERT_FALSE(taken.ok());
+  EXPECT_THAT(taken.status().message(), HasSubstr("making batch 0: "));
+  EXPECT_THAT(taken.status().message(), HasSubstr("negative"));
 }
 
 }  // namespace
