@@ -47,6 +47,7 @@
 // borrows the agent.
 #pragma once
 
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -211,6 +212,8 @@ absl::StatusOr<Checkpoint> Latest(const std::string& path);
 
 // Steps of the complete checkpoints in `dir`, ascending.
 std::vector<int64_t> CompleteSteps(const std::string& dir);
+// The step of a checkpoint directory named step-NNNNNNNN, or -1.
+int64_t StepOf(const std::filesystem::path& dir);
 
 // FailedPrecondition naming the manifest and what differs when the run
 // `identity` describes is not the checkpoint's (replicas may differ).

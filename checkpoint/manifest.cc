@@ -22,14 +22,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The step of a directory named step-NNNNNNNN, or -1.
-int64_t StepOf(const fs::path& p) {
-  const std::string name = p.filename().string();
-  int64_t step = -1;
-  if (name.rfind("step-", 0) != 0 || !absl::SimpleAtoi(name.substr(5), &step)) return -1;
-  return step;
-}
-
 std::string NowUtc() {
   const std::time_t now = std::time(nullptr);
   std::tm tm{};
@@ -177,6 +169,13 @@ absl::Status CommitManifest(const wire::Manifest& m, const std::string& dir) {
     return absl::InternalError(absl::StrCat("cannot write the manifest as JSON: ", s.ToString()));
   }
   return WriteFileAtomically(absl::StrCat(dir, "/", kManifestFile), json);
+}
+
+int64_t StepOf(const fs::path& p) {
+  const std::string name = p.filename().string();
+  int64_t step = -1;
+  if (name.rfind("step-", 0) != 0 || !absl::SimpleAtoi(name.substr(5), &step)) return -1;
+  return step;
 }
 
 std::vector<int64_t> CompleteSteps(const std::string& dir) {

@@ -16,6 +16,7 @@
 #include <ATen/ops/arange.h>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "data/imagefolder.h"
@@ -82,16 +83,21 @@ int main(int argc, char** argv) {
       return 1;
     }
     const auto t0 = std::chrono::steady_clock::now();
+    int64_t images = 0, skipped = 0;  // (skipped files are not counted as read)
     for (int b = 1; b <= batches; ++b) {
-      if (auto got = (*set)->Get(rows(b), 1); !got.ok()) {
+      auto got = (*set)->Get(rows(b), 1);
+      if (!got.ok()) {
         std::fprintf(stderr, "data_bench: %s\n", std::string(got.status().message()).c_str());
         return 1;
       }
+      images += got->labels.size(0);
+      skipped += got->skipped;
     }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double ips = batches * batch_size / s;
-    std::printf("threads=%d images=%d seconds=%.3f images_per_second=%.1f per_thread=%.1f\n", threads,
-                batches * batch_size, s, ips, ips / threads);
+    const double ips = images / s;
+    std::printf("threads=%d images=%lld seconds=%.3f images_per_second=%.1f per_thread=%.1f%s\n", threads,
+                static_cast<long long>(images), s, ips, ips / threads,
+                skipped > 0 ? absl::StrCat(" skipped_images=", skipped).c_str() : "");
     std::fflush(stdout);
   }
   return 0;

@@ -88,8 +88,8 @@ absl::Status CheckValues(const Flags& f, const RunOptions& c) {
 }
 
 // The random batches of the demo and of --model (no --dataset) are made
-// whole on the master, two ahead: one batch over half this machine's
-// memory cannot be, and is refused before anything starts.
+// whole on the master, two ahead of the one being sent: a batch over a
+// quarter of this machine's memory is refused before anything starts.
 absl::Status CheckBatchFits(const RunOptions& c) {
   if (!c.dataset.empty()) return absl::OkStatus();
   double values = static_cast<double>(c.batch_size);
@@ -103,9 +103,9 @@ absl::Status CheckBatchFits(const RunOptions& c) {
   }
   const double gib = values * 4 / (1 << 30);
   const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE) / (1 << 30);
-  if (memory <= 0 || gib <= memory / 2) return absl::OkStatus();
-  return Bad(absl::StrFormat("--batch-size %d%s is %.4g GiB a batch, more than half of this machine's %.1f GiB "
-                             "of memory: give a smaller --batch-size%s",
+  if (memory <= 0 || gib <= memory / 4) return absl::OkStatus();
+  return Bad(absl::StrFormat("--batch-size %d%s is %.4g GiB a batch, and the master holds three at once: more "
+                             "than a quarter of this machine's %.1f GiB of memory; give a smaller --batch-size%s",
                              c.batch_size, what, gib, memory, c.model.empty() ? " or --image-size" : ""));
 }
 
@@ -196,10 +196,20 @@ absl::Status CheckCheckpointDirIsOurs(const RunOptions& c) {
   const std::vector<int64_t> steps = checkpoint::CompleteSteps(c.checkpoint_dir);
   if (steps.empty()) return absl::OkStatus();
   if (!c.resume.empty()) {
-    std::error_code ec;
-    const std::filesystem::path dir = std::filesystem::weakly_canonical(c.checkpoint_dir, ec);
-    const std::filesystem::path from = std::filesystem::weakly_canonical(c.resume, ec);
-    if (from == dir || from.parent_path() == dir) return absl::OkStatus();
+    std::error_code dir_error, from_error;
+    const std::filesystem::path dir = std::filesystem::weakly_canonical(c.checkpoint_dir, dir_error);
+    const std::filesystem::path from = std::filesystem::weakly_canonical(c.resume, from_error);
+    const bool known = !dir_error && !from_error;
+    if (known && from == dir) return absl::OkStatus();  // its latest
+    if (known && from.parent_path() == dir) {
+      // An older step of it: the newer ones would outrank this run's.
+      const int64_t step = checkpoint::StepOf(from);
+      if (step < 0 || step >= steps.back()) return absl::OkStatus();
+      return Bad(absl::StrCat("--resume ", c.resume, " is step ", step, ", but --checkpoint-dir ",
+                              c.checkpoint_dir, " holds later ones (up to step ", steps.back(),
+                              "): they would outrank this run's checkpoints (pruned by --keep, taken by --resume "
+                              "auto); remove them, or save into another --checkpoint-dir"));
+    }
   }
   return Bad(absl::StrCat(
       "--checkpoint-dir ", c.checkpoint_dir, " already holds checkpoints of an earlier run (steps ", steps.front(),

@@ -10,6 +10,7 @@
 //   soak --external --workers w1,w2 --listen 127.0.0.1:29500 --steps 100000
 #include <algorithm>
 #include <cstdio>
+#include <deque>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -208,7 +209,17 @@ absl::Status Snapshot(Agent& agent, const std::vector<std::string>& names, std::
 // What the steps did: the first and last loss, the timed steps' seconds.
 struct Trained {
   double first_loss = 0, last_loss = 0, seconds = 0;
-  std::vector<double> losses;  // every step's, the warm-up's first
+  // The first ten steps' losses (the warm-up's first) and the last ten's
+  // (a soak may run for days: not every step's), and the steps counted.
+  std::vector<double> first;
+  std::deque<double> last;
+  size_t steps = 0;
+  void Add(double loss) {
+    if (first.size() < 10) first.push_back(loss);
+    last.push_back(loss);
+    if (last.size() > 10) last.pop_front();
+    ++steps;
+  }
 };
 
 // Steps below which the loss is not judged: with momentum it can rise
@@ -229,7 +240,7 @@ absl::StatusOr<Trained> Train(pipeline::Pipeline& pipe, const Config& c, Agent& 
   for (int i = 0; i < c.warmup; ++i) {
     ASSIGN_OR_RETURN(double loss, step(i));
     if (i == 0) t.first_loss = loss;
-    t.losses.push_back(loss);
+    t.Add(loss);
   }
   RETURN_IF_ERROR(Snapshot(agent, names, start));
   for (const auto& [name, f] : *start) std::printf("%s\n", Line(name, "start", f).c_str());
@@ -240,7 +251,7 @@ absl::StatusOr<Trained> Train(pipeline::Pipeline& pipe, const Config& c, Agent& 
     if (!loss.ok()) return Annotate(loss.status(), absl::StrCat("step ", c.warmup + i + 1));
     if (c.warmup == 0 && i == 0) t.first_loss = *loss;
     t.last_loss = *loss;
-    t.losses.push_back(*loss);
+    t.Add(*loss);
     if (c.progress > 0 && (i + 1) % c.progress == 0) {
       std::printf("step %d/%d loss=%.5f elapsed_s=%.1f master_rss_mib=%.1f\n", i + 1, c.steps, *loss,
                   absl::ToDoubleSeconds(absl::Now() - t0), runtime::ReadProcessStats().rss_kb / 1024.0);
@@ -284,12 +295,11 @@ std::vector<std::string> Problems(const Config& c, const std::map<std::string, F
     }
   }
   // The mean of the first ten steps' losses against the last ten's.
-  if (t.losses.size() < kJudgedSteps) {
-    std::printf("loss not judged: %zu steps, fewer than %zu\n", t.losses.size(), kJudgedSteps);
+  if (t.steps < kJudgedSteps) {
+    std::printf("loss not judged: %zu steps, fewer than %zu\n", t.steps, kJudgedSteps);
   } else {
-    const auto mean = [](auto from, auto to) { return std::accumulate(from, to, 0.0) / std::distance(from, to); };
-    const double first = mean(t.losses.begin(), t.losses.begin() + 10);
-    const double last = mean(t.losses.end() - 10, t.losses.end());
+    const auto mean = [](const auto& v) { return std::accumulate(v.begin(), v.end(), 0.0) / v.size(); };
+    const double first = mean(t.first), last = mean(t.last);
     if (!(last < first)) {
       problems.push_back(absl::StrCat("the loss did not go down (mean of the first 10 steps ", first,
                                       ", of the last 10 ", last, "): training is broken"));

@@ -176,7 +176,10 @@ std::string FlagParser::Suggest(const std::string& name) const {
   size_t best_distance = std::max<size_t>(2, name.size() / 4) + 1;
   for (const auto& [flag, unused] : flags_) {
     const size_t d = EditDistance(name, flag);
-    if (d < best_distance) best = flag, best_distance = d;
+    if (d < best_distance) {
+      best = flag;
+      best_distance = d;
+    }
   }
   return best;
 }
@@ -285,10 +288,10 @@ std::string WhyCannotWrite(const std::string& path) {
 
 std::string WhyCannotWriteDir(const std::string& dir) {
   namespace fs = std::filesystem;
-  std::error_code error;
+  std::error_code error, made;
   if (fs::exists(dir, error) && !fs::is_directory(dir, error)) return "a file of that name exists";
-  fs::create_directories(dir, error);
-  if (!fs::is_directory(dir, error)) return absl::StrCat("it cannot be made: ", error.message());
+  fs::create_directories(dir, made);
+  if (!fs::is_directory(dir, error)) return absl::StrCat("it cannot be made: ", made.message());
   return access(dir.c_str(), W_OK) == 0 ? "" : "no permission";
 }
 

@@ -127,7 +127,7 @@ absl::Status CheckCanListen(const std::string& address, const std::string& flag)
 // program writes at its end, checked at its start.
 std::string WhyCannotWrite(const std::string& path);
 // The same for a directory a program writes into (made where missing):
-// "a file of that name exists", "it cannot be made (WHY)" or "no
+// "a file of that name exists", "it cannot be made: WHY" or "no
 // permission"; empty when it can.
 std::string WhyCannotWriteDir(const std::string& dir);
 

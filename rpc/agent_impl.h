@@ -255,10 +255,10 @@ class Agent::Impl final : public grpc::CallbackGenericService,
 
   // --- stopping (shutdown.cc) ----------------------------------------------
   void HandleProbe(const wire::ShutdownProbe& probe, std::shared_ptr<Responder> responder);
-  // Master: a worker's Ping from `address`; an error when that process is
-  // no longer the group's `from` (declared lost, or superseded by a new
-  // process under its name).
-  absl::Status CheckPing(WorkerId from, const std::string& address) const;
+  // Master: a worker's Ping, from the process `incarnation`; an error when
+  // that process is no longer the group's `from` (declared lost, or
+  // superseded by a new process under its name).
+  absl::Status CheckPing(WorkerId from, const wire::Ping& ping);
   void CancelOutgoing();
   void Stop();
   // Runs `task` on a thread of its own, or here once Stop() has begun. For

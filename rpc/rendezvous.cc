@@ -111,8 +111,11 @@ void Agent::Impl::HandleJoin(const wire::JoinRequest& join,
   {
     MutexLock lock(join_mu_);
     auto it = joiners_.find(join.name());
-    if (formed_ && it != joiners_.end() && lost_.count(join.name()) && !rejoining_.count(join.name()) &&
-        it->second.address != join.address()) {
+    // Another process than the one registered under the name (a restart
+    // may reuse the address, a fixed --listen port: not the incarnation).
+    const bool other_process = it != joiners_.end() && (it->second.address != join.address() ||
+                                                         it->second.shm.incarnation != join.shm().incarnation());
+    if (formed_ && other_process && lost_.count(join.name()) && !rejoining_.count(join.name())) {
       // A lost worker's new process (Agent::MarkLost): it takes the id.
       const Joiner& j = it->second = Joiner{join.address(), join.host_id(), FromWire(join.shm()), nullptr,
                                             FromWire(join.cuda()), join.device()};
@@ -123,7 +126,7 @@ void Agent::Impl::HandleJoin(const wire::JoinRequest& join,
       }
       rejoining_.insert(join.name());
       book = book_;
-    } else if (formed_ && it != joiners_.end() && it->second.address != join.address()) {
+    } else if (formed_ && other_process) {
       // Perhaps a lost worker's new process, come before the master found
       // the loss: it retries until then (or its connect timeout). Said
       // once per address here: a second worker given a taken name by

@@ -28,17 +28,24 @@ void Agent::Impl::HandleProbe(const wire::ShutdownProbe& probe,
   responder->Reply(std::move(m));
 }
 
-absl::Status Agent::Impl::CheckPing(WorkerId from, const std::string& address) const {
-  if (!agent_->options_.is_master || address.empty()) return absl::OkStatus();
+absl::Status Agent::Impl::CheckPing(WorkerId from, const wire::Ping& ping) {
+  if (!agent_->options_.is_master || ping.incarnation() == 0) return absl::OkStatus();
   for (const WorkerInfo& w : agent_->workers()) {
     if (w.id != from) continue;
-    const bool lost = agent_->IsLost(w.name);
-    if (!lost && w.address == address) return absl::OkStatus();
-    // (A hung process that resumed after its place was taken: without
+    const bool superseded = w.shm.incarnation != ping.incarnation();
+    bool lost;
+    {
+      MutexLock lock(join_mu_);
+      // (A rejoining process is in the book and still lost until its join
+      // is answered: it is not the one told to go.)
+      lost = lost_.count(w.name) > 0 && rejoining_.count(w.name) == 0;
+    }
+    if (!lost && !superseded) return absl::OkStatus();
+    // (A hung process that resumed after its place was given away: without
     // this it would idle on, holding its memory, until the master ends.)
     return absl::FailedPreconditionError(absl::StrCat(
-        "worker '", w.name, "' at ", address, " was declared lost and its place taken",
-        lost ? "" : absl::StrCat("; its name is now served by ", w.address),
+        "the master declared worker '", w.name, "' at ", ping.address(), " lost",
+        superseded ? absl::StrCat(", and a new process at ", w.address, " serves its name now") : "",
         ": this process is no longer in the group"));
   }
   return absl::OkStatus();  // (an id the group does not have was refused before)
@@ -51,7 +58,7 @@ absl::Status RegisterShutdownRequests(Agent::Impl* impl) {
         impl->HandleProbe(in.body, std::move(r));
       }));
   RETURN_IF_ERROR(t.Register<wire::Ping>([impl](Incoming<wire::Ping> in, std::shared_ptr<Responder> r) {
-    r->ReplyStatus(impl->CheckPing(in.from, in.body.address()));
+    r->ReplyStatus(impl->CheckPing(in.from, in.body));
   }));
   return t.Register<wire::ShutdownFinish>(
       [impl](Incoming<wire::ShutdownFinish> in, std::shared_ptr<Responder> r) {
@@ -163,8 +170,12 @@ void Agent::Impl::Stop() {
 
 absl::Status Agent::WaitForShutdown() {
   const absl::Duration period = absl::Seconds(1);
-  absl::Time last_contact = absl::Now();
+  absl::Time last_contact = absl::Now(), last_tick = last_contact;
   while (!impl_->finished_.WaitForNotificationWithTimeout(period)) {
+    // A process that was stopped (SIGSTOP, a frozen VM) counts the
+    // master's silence from when it runs again, not from before.
+    if (absl::Now() - last_tick > 3 * period) last_contact = absl::Now();
+    last_tick = absl::Now();
     if (absl::Status why = restart_required(); !why.ok()) {
       return absl::Status(why.code(), absl::StrCat(
           why.message(), "; stopping, for its supervisor (remora-launch --max-restarts, Slurm, systemd) to start it "
@@ -173,6 +184,7 @@ absl::Status Agent::WaitForShutdown() {
     if (options_.master_timeout <= absl::ZeroDuration() || options_.is_master) continue;
     wire::Ping ping;
     ping.set_address(self_.address);
+    ping.set_incarnation(self_.shm.incarnation);
     OutMessage m;
     *m.header.mutable_request() = MakeRequest(ping);
     m.header.mutable_request()->set_from(self_.id);
@@ -180,9 +192,7 @@ absl::Status Agent::WaitForShutdown() {
     if (reply.ok() && reply->header.response().has_error()) {
       if (impl_->finished_.HasBeenNotified()) break;
       const absl::Status refused = impl_->ErrorFromReply(reply->header.response());
-      return absl::Status(refused.code(), absl::StrCat(
-          refused.message(), "; stopping (started again, it registers under its name and stands by for a "
-          "place: master --max-restarts)"));
+      return absl::Status(refused.code(), absl::StrCat(refused.message(), "; stopping"));
     }
     if (reply.ok()) {
       last_contact = absl::Now();

@@ -178,7 +178,13 @@ absl::Status TrainPs(Agent& agent, const RunOptions& c, const PsFlags& p,
       if (run.batch_seconds.size() > static_cast<size_t>(first)) run.batch_seconds.resize(first);
     }
     for (int b = first; b < c.batches; ++b) {
-      auto [x, y] = MakeBatch(c, b);
+      std::pair<at::Tensor, at::Tensor> batch;
+      try {
+        batch = MakeBatch(c, b);
+      } catch (...) {
+        return StatusFromCurrentException(absl::StrCat("making batch ", b));
+      }
+      const auto& [x, y] = batch;
       const int64_t t0 = trace::NowUs();
       ASSIGN_OR_RETURN(ps::StepReport r, trainer->Train(x, y));
       const double seconds = (trace::NowUs() - t0) / 1e6;

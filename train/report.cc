@@ -125,7 +125,7 @@ absl::Status WriteReport(const std::string& path, const std::string& mode, const
         << "\", \"seconds\": " << Fixed(6, r.seconds)
         << ", \"steady_batch_seconds\": " << Fixed(6, r.steady_seconds())
         << ", \"images_per_second\": "
-        << Fixed(4, r.images() / r.seconds) << ", \"batch_seconds\": ["
+        << Fixed(4, r.images() > 0 ? r.images() / r.seconds : NAN) << ", \"batch_seconds\": ["
         << absl::StrJoin(batch_seconds, ", ") << "], \"losses\": ["
         << absl::StrJoin(losses, ", ") << "], \"stages\": [";
     for (size_t k = 0; k < r.stage_memory.size(); ++k) {

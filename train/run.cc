@@ -310,7 +310,9 @@ absl::Status RunMaster(RunPlan& plan, Registry* registry) {
   // message), and workers that register meanwhile learn of a failure.
   if (auto s = CheckOutputFiles(c); !s.ok()) return fail(s);
   if (!c.local) {
-    if (auto s = launch::CheckCanListen(c.listen, "--listen"); !s.ok()) return fail(s);
+    if (auto s = launch::CheckCanListen(c.listen, launch::AddressSource("--listen", c.listen)); !s.ok()) {
+      return fail(s);
+    }
     auto started = StartMaster(plan, *registry);
     if (!started.ok()) return fail(started.status());
     agent = std::move(*started);

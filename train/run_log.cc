@@ -1,6 +1,5 @@
 // What the master's runs report as they go: TensorBoard event files
 // (--tensorboard) and the batch lines.
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -15,8 +14,8 @@ absl::StatusOr<std::shared_ptr<train::RunLog>> OpenRunLog(const RunOptions& c, i
 }
 
 void RecordBatch(Run& run, int b, double loss, double seconds, int64_t rows) {
-  const bool first_not_finite = !std::isfinite(loss) && std::all_of(run.losses.begin(), run.losses.end(),
-                                                                     [](double l) { return std::isfinite(l); });
+  // (Said where the losses turn not finite: once for a run that diverged.)
+  const bool first_not_finite = !std::isfinite(loss) && (run.losses.empty() || std::isfinite(run.losses.back()));
   run.AddBatch(b, loss, seconds, rows);
   PrintBatch(b, loss, seconds);
   if (first_not_finite) {

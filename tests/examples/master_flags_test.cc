@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "checkpoint/manifest.h"
 #include "parallel/process_group.h"
 #include "tests/support/script_models.h"
 #include "tests/support/test_group.h"
@@ -76,7 +77,7 @@ TEST(MasterFlags, BadValuesAreClearErrorsNamingTheFlag) {
       {{"--local", "--splits", "1,2,"}, "has an empty count"},
       {{"--local", "--batch-size", "100000000", "--image-size", "1024"},
        "--batch-size 100000000 of 3x1024x1024 images is"},
-      {{"--local", "--batch-size", "100000000", "--image-size", "1024"}, "of memory: give a smaller --batch-size"},
+      {{"--local", "--batch-size", "100000000", "--image-size", "1024"}, "of memory; give a smaller --batch-size"},
       {{"--workers", "a,b", "--schedule", "1f1b", "--interleave", "2"},
        "--interleave 2 puts several stages on each worker, which --schedule 1f1b does not run"},
       {{"--local", "--batch-size", "-1"}, "--batch-size must be >= 1"},
@@ -268,10 +269,11 @@ TEST(MasterFlags, ResumeAutoStartsFreshWhenThereIsNoCheckpointYet) {
 // refused (its own would be pruned among them); going on from there is not.
 TEST(MasterFlags, ACheckpointDirOfAnEarlierRunIsRefusedUnlessResumedFrom) {
   const std::string dir = TempPath("earlier_run_ckpt");
-  std::filesystem::create_directories(dir + "/step-00000400");
-  std::filesystem::create_directories(dir + "/step-00000500");
-  std::ofstream(dir + "/step-00000400/manifest.json") << "{}";
-  std::ofstream(dir + "/step-00000500/manifest.json") << "{}";
+  for (int64_t step : {400, 500}) {
+    const std::string at = checkpoint::StepDir(dir, step);
+    std::filesystem::create_directories(at);
+    ASSERT_TRUE(checkpoint::CommitManifest(checkpoint::NewManifest({}, {step, 0, step, 0, 0, {}}, false), at).ok());
+  }
   const std::string refused = ErrorOf({"--workers", "a,b", "--checkpoint-dir", dir});
   EXPECT_THAT(refused, HasSubstr("--checkpoint-dir " + dir + " already holds checkpoints of an earlier run "
                                  "(steps 400 to 500)"));
@@ -281,12 +283,16 @@ TEST(MasterFlags, ACheckpointDirOfAnEarlierRunIsRefusedUnlessResumedFrom) {
   std::filesystem::create_directories(other);
   EXPECT_THAT(ErrorOf({"--workers", "a,b", "--checkpoint-dir", dir, "--resume", other}),
               HasSubstr("already holds checkpoints"));
-  // Going on from it gets past this check (to reading the manifest).
+  // Going on from its latest gets past this check (to the run's identity).
   for (const std::string& from : {dir, dir + "/", dir + "/step-00000500", std::string("auto")}) {
     const std::string error = ErrorOf({"--workers", "a,b", "--checkpoint-dir", dir, "--resume", from});
     EXPECT_THAT(error, ::testing::Not(HasSubstr("already holds checkpoints"))) << from;
-    EXPECT_THAT(error, HasSubstr("manifest")) << from;
+    EXPECT_THAT(error, ::testing::Not(HasSubstr("holds later ones"))) << from;
+    EXPECT_THAT(error, HasSubstr("lists no shards")) << from;
   }
+  // From an older step of it: the later ones would outrank the new run's.
+  EXPECT_THAT(ErrorOf({"--workers", "a,b", "--checkpoint-dir", dir, "--resume", dir + "/step-00000400"}),
+              HasSubstr("is step 400, but --checkpoint-dir " + dir + " holds later ones (up to step 500)"));
 }
 
 // Flags this run does not use are named in a note (not an error: the run

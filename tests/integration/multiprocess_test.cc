@@ -82,11 +82,9 @@ TEST(WorkerProgram, HonoursMasterAddrAndPort) {
   AgentOptions m = MasterOptions({"w1"});
   m.listen_address = absl::StrCat("127.0.0.1:", port);
   auto master = Agent::Start(m, &registry).value();
-  setenv("MASTER_ADDR", "127.0.0.1", 1);
-  setenv("MASTER_PORT", absl::StrCat(port).c_str(), 1);
-  auto worker = launch::Subprocess::Spawn({kBin + "/test_worker", "--name", "w1"}).value();
-  unsetenv("MASTER_ADDR");
-  unsetenv("MASTER_PORT");
+  auto worker = launch::Subprocess::Spawn({kBin + "/test_worker", "--name", "w1"}, "",
+                                          {"MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", port)})
+                    .value();
   ASSERT_TRUE(master->Join().ok());
   EXPECT_EQ(master->rpc_sync("w1", "add", {int64_t{20}, int64_t{22}}).value().toInt(), 42);
   ASSERT_TRUE(master->Shutdown().ok());
