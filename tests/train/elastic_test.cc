@@ -3,7 +3,8 @@
 // worker's place, a restarted worker standing by in turn, and a killed
 // worker started again under its name, and ends bitwise equal to a job
 // that lost none (where LibTorch trains reproducibly); the same with
-// replicas (ZeRO-1) and with the parameter server; a job that loses more workers than
+// replicas (ZeRO-1) and with the parameter server; a worker restarted on its own port
+// rejoins as a new process; a job that loses more workers than
 // --max-restarts allows fails saying so; the flags' misuse is refused; a
 // worker that must be restarted fails the probe and exits.
 #include <algorithm>
@@ -292,6 +293,29 @@ TEST(Elastic, AHungWorkerIsReplacedByASpare) {
   if (at != std::string::npos) showed = std::atof(summary.c_str() + at + seen.size());
   EXPECT_GT(showed, 0.5) << summary;
   EXPECT_LT(showed, 30) << summary;
+}
+
+// A worker restarted on the port it had (a fixed --listen) is a new process
+// all the same (the master tells processes apart by the random number each
+// draws): it takes the lost one's place, and is not told it was lost.
+TEST(Elastic, AWorkerRestartedOnItsOwnPortRejoinsAsANewProcess) {
+  Registry registry;
+  auto master = Agent::Start(MasterOptions({"w1"}), &registry).value();
+  const std::vector<std::string> argv = {BinDir() + "/worker", "--name", "w1", "--master", master->self().address,
+                                         "--listen", absl::StrCat("127.0.0.1:", FreePort()), "--threads", "1"};
+  auto first = launch::Subprocess::Spawn(argv).value();
+  ASSERT_TRUE(master->Join().ok());
+  first->Signal(SIGKILL);
+  first->Wait(absl::Seconds(10)).IgnoreError();
+  ASSERT_TRUE(master->MarkLost("w1").ok());
+  const std::string log = TempPath("same_port_w1.log");
+  auto again = launch::Subprocess::Spawn(argv, log).value();
+  ASSERT_TRUE(master->AwaitRejoin("w1", absl::Seconds(30)).ok()) << ReadFile(log);
+  EXPECT_TRUE(master->rpc_sync("w1", "remora.pipeline.alive").ok());
+  absl::SleepFor(absl::Seconds(2.5));  // (its pings: two at least)
+  EXPECT_TRUE(again->running()) << ReadFile(log);
+  EXPECT_TRUE(master->Shutdown().ok());
+  EXPECT_EQ(again->Wait(absl::Seconds(30)).value_or(-1), 0) << ReadFile(log);
 }
 
 // A worker that must be restarted (the CUDA channel finds its GPU work
