@@ -47,6 +47,10 @@ absl::StatusOr<std::unique_ptr<Sets>> LoadSets(const RunOptions& c) {
                                                    "stages for these"));
   }
   std::printf("dataset %s: %s\n", c.dataset.c_str(), (*sets)->Describe().c_str());
+  if (c.train_rows > (*sets)->train->size()) {
+    std::printf("master: note: --train-rows %lld is more than the %lld training images: all of them are trained\n",
+                static_cast<long long>(c.train_rows), static_cast<long long>((*sets)->train->size()));
+  }
   return sets;
 }
 

@@ -158,6 +158,10 @@ TEST(ImageFolderMaster, TrainsLocallyAndOverWorkersAlikeAndNamesBadFiles) {
       RunProgram(master({"--local", "--splits", "1", "--train-rows", "8"}), absl::Seconds(120));
   EXPECT_EQ(head_code, 0) << head_out;
   EXPECT_THAT(head_out, HasSubstr(": 8 training and 4 test images of [3, 16, 16]"));
+  auto [all_code, all_out] =
+      RunProgram(master({"--local", "--splits", "1", "--train-rows", "100000"}), absl::Seconds(120));
+  EXPECT_EQ(all_code, 0) << all_out;
+  EXPECT_THAT(all_out, HasSubstr("master: note: --train-rows 100000 is more than the "));
 
   std::ofstream(dir + "/train/red/9.jpg") << "\xff\xd8\xff cut short";
   auto [bad_code, bad_out] = RunProgram(master({"--local", "--splits", "1"}), absl::Seconds(120));
