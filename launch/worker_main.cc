@@ -7,7 +7,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
-#include <optional>
 #include <thread>
 #include <utility>
 
@@ -155,8 +154,7 @@ int WorkerMain(int argc, char** argv, const std::string& program,
   // Ctrl-C, a scheduler's or a supervisor's SIGTERM: said in a line, then
   // the process exits 128 + the signal (the master finds this worker
   // gone). Declared after the agent: unhooked before it goes.
-  std::optional<launch::InterruptHook> interrupted;
-  interrupted.emplace([&program, &f](int signo) {
+  launch::InterruptHook interrupted([&program, &f](int signo) {
     std::cerr << program << " '" << f.name << "': stopped by a signal (" << strsignal(signo) << "); exiting"
               << std::endl;
   });

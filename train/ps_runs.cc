@@ -178,12 +178,7 @@ absl::Status TrainPs(Agent& agent, const RunOptions& c, const PsFlags& p,
       if (run.batch_seconds.size() > static_cast<size_t>(first)) run.batch_seconds.resize(first);
     }
     for (int b = first; b < c.batches; ++b) {
-      std::pair<at::Tensor, at::Tensor> batch;
-      try {
-        batch = MakeBatch(c, b);
-      } catch (...) {
-        return StatusFromCurrentException(absl::StrCat("making batch ", b));
-      }
+      ASSIGN_OR_RETURN(auto batch, MakeBatch(c, b));
       const auto& [x, y] = batch;
       const int64_t t0 = trace::NowUs();
       ASSIGN_OR_RETURN(ps::StepReport r, trainer->Train(x, y));

@@ -109,17 +109,13 @@ void BatchesAhead::Make(int first) {
           this));
       if (stop_) return;
     }
-    std::pair<at::Tensor, at::Tensor> batch;
-    try {
-      batch = MakeBatch(c_, b);  // (outside the lock: Take may go on)
-    } catch (...) {
-      const absl::Status failed = StatusFromCurrentException(absl::StrCat("making batch ", b));
-      MutexLock lock(mu_);
-      failed_ = failed;
+    auto batch = MakeBatch(c_, b);  // (outside the lock: Take may go on)
+    MutexLock lock(mu_);
+    if (!batch.ok()) {
+      failed_ = batch.status();
       return;
     }
-    MutexLock lock(mu_);
-    made_.push_back(std::move(batch));
+    made_.push_back(std::move(*batch));
   }
 }
 

@@ -52,18 +52,20 @@ namespace remora::train::runs {
 // Batch b of the run: the same inputs and targets in every mode. The
 // ResNet50 demo: images and one-hot labels (MSE); --model: inputs of
 // --input-shape and class indices (cross-entropy).
-std::pair<at::Tensor, at::Tensor> MakeBatch(const RunOptions& c, int b) {
+absl::StatusOr<std::pair<at::Tensor, at::Tensor>> MakeBatch(const RunOptions& c, int b) try {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(int64_t{c.seed} * 7919 + b);
   if (!c.model.empty()) {
     std::vector<int64_t> shape = {c.batch_size};
     shape.insert(shape.end(), c.input_shape.begin(), c.input_shape.end());
     at::Tensor inputs = at::randn(shape, gen, at::TensorOptions());
-    return {inputs, at::randint(c.classes, {c.batch_size}, gen, at::TensorOptions(at::kLong))};
+    return std::pair{inputs, at::randint(c.classes, {c.batch_size}, gen, at::TensorOptions(at::kLong))};
   }
   at::Tensor images = at::randn({c.batch_size, 3, c.image_size, c.image_size}, gen, at::TensorOptions());
   at::Tensor labels = at::randint(kClasses, {c.batch_size, 1}, gen, at::TensorOptions(at::kLong));
   at::Tensor one_hot = at::zeros({c.batch_size, kClasses}).scatter_(1, labels, 1.0);
-  return {images, one_hot};
+  return std::pair{images, one_hot};
+} catch (...) {
+  return StatusFromCurrentException(absl::StrCat("making batch ", b));
 }
 
 pipeline::LossFn Loss(const RunOptions& c) {
@@ -111,12 +113,7 @@ absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const RunOpti
 }
 
 absl::Status LocalTrainer::Step(int b, const char* prefix) {
-  std::pair<at::Tensor, at::Tensor> batch;
-  try {
-    batch = MakeBatch(c_, b);
-  } catch (...) {
-    return StatusFromCurrentException(absl::StrCat("making batch ", b));
-  }
+  ASSIGN_OR_RETURN(auto batch, MakeBatch(c_, b));
   auto& [inputs, targets] = batch;
   const int64_t t0 = trace::NowUs();
   ASSIGN_OR_RETURN(double loss,
@@ -363,11 +360,8 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, c
   if (p.split_at.empty()) {
     // One micro-batch of the largest split count, at most 16 rows.
     const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(16, c.batch_size / p.micro_batches));
-    try {
-      p.sample = MakeBatch(c, 0).first.slice(0, 0, rows).clone();
-    } catch (...) {
-      return StatusFromCurrentException("making the sample batch the stages are timed on");
-    }
+    ASSIGN_OR_RETURN(auto batch, MakeBatch(c, 0));
+    p.sample = batch.first.slice(0, 0, rows).clone();
     // Every worker times every layer at once: in the pipeline the stages run
     // side by side and share the machine's memory bandwidth and caches, and
     // layers suffer from that unequally (timed alone on one worker, the

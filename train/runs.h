@@ -156,8 +156,9 @@ using Run = train::RunRecord;
 // (DIR/splits-N when --splits sweeps); an error when DIR cannot be made.
 absl::StatusOr<std::shared_ptr<train::RunLog>> OpenRunLog(const RunOptions& c, int splits);
 
-// Batch b of the ResNet50 demo or --model runs: the same in every mode.
-std::pair<at::Tensor, at::Tensor> MakeBatch(const RunOptions& c, int b);
+// Batch b of the ResNet50 demo or --model runs: the same in every mode;
+// an error naming the batch when it cannot be made (out of memory).
+absl::StatusOr<std::pair<at::Tensor, at::Tensor>> MakeBatch(const RunOptions& c, int b);
 
 // Batches [first, end) of MakeBatch, made in order on a thread of its own
 // at most `ahead` before they are taken, so that a pipeline's master sends

@@ -258,7 +258,7 @@ TEST(Runs, BatchesMadeAheadAreTheSameBatchesAndStopWithTheRun) {
       auto taken = ahead.Take(b);
       ASSERT_TRUE(taken.ok()) << taken.status();
       auto [x, y] = *taken;
-      auto [want_x, want_y] = runs::MakeBatch(c, b);
+      auto [want_x, want_y] = runs::MakeBatch(c, b).value();
       EXPECT_TRUE(x.equal(want_x)) << "batch " << b;
       EXPECT_TRUE(y.equal(want_y)) << "batch " << b;
     }
