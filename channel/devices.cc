@@ -86,6 +86,29 @@ CudaRoute ChooseCudaRoute(const WorkerInfo& self, int src, const WorkerInfo& pee
   return self.cuda.nccl && peer.cuda.nccl ? CudaRoute::kNccl : CudaRoute::kStaged;
 }
 
+absl::StatusOr<StreamReceives> ParseStreamReceives(const char* value) {
+  const std::string v = value == nullptr ? "" : value;
+  if (v.empty()) return StreamReceives::kBetweenGpus;
+  if (v == "0") return StreamReceives::kNever;
+  if (v == "1") return StreamReceives::kAlways;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "REMORA_CUDA_STREAM_RECEIVES='", v, "': use 0 (receives wait on the host), 1 (on the GPU, "
+      "also between processes on one GPU) or leave it unset (on the GPU between GPUs only)"));
+}
+
+bool LeaveReceiveToStream(StreamReceives mode, CudaRoute route, int64_t stream_group) {
+  if (stream_group == 0 || route == CudaRoute::kStaged) return false;
+  switch (mode) {
+    case StreamReceives::kNever:
+      return false;
+    case StreamReceives::kBetweenGpus:
+      return route == CudaRoute::kNccl;
+    case StreamReceives::kAlways:
+      return true;
+  }
+  return false;
+}
+
 absl::Status ValidateCudaPayload(const wire::CudaPayload& d, uint64_t length,
                                  const WorkerInfo& sender, const CudaEndpoint& self) {
   auto bad = [&](const std::string& what) {

@@ -18,6 +18,7 @@
 // the same in every build, unit-tested without a GPU.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <unordered_map>
@@ -71,6 +72,29 @@ const char* CudaRouteName(CudaRoute route);
 // is NCCL; anything else (no CUDA channel on either end, an unknown device,
 // the same process) is staged through host memory.
 CudaRoute ChooseCudaRoute(const WorkerInfo& self, int src, const WorkerInfo& peer, int dst);
+
+// Which receives of a stream-ordered call (CallOptions::stream_group) leave
+// their wait to the receiving stream on the GPU instead of the host.
+enum class StreamReceives {
+  kNever,        // every receive waits on the host until its bytes are there
+  kBetweenGpus,  // NCCL receives only; CUDA IPC receives (one GPU, two
+                 // processes) wait on the host. Without MPS the GPU
+                 // time-slices the two processes, and a consumer whose
+                 // kernels wait queued on the GPU behind the producer's
+                 // took turns from it: on one H200, ResNet50 over two
+                 // processes at one micro-batch took 1.3-1.5x as long per
+                 // batch as with host waits (docs/measurements.md).
+  kAlways,
+};
+
+// REMORA_CUDA_STREAM_RECEIVES's value: unset or empty is the default
+// (kBetweenGpus), "0" kNever, "1" kAlways; anything else is an error
+// naming the variable.
+absl::StatusOr<StreamReceives> ParseStreamReceives(const char* value);
+
+// Whether a receive by `route` of a call in `stream_group` (0: none) is
+// left to the stream under `mode`.
+bool LeaveReceiveToStream(StreamReceives mode, CudaRoute route, int64_t stream_group);
 
 // Checks a CUDA payload descriptor from `sender` against what both ends
 // advertised, before anything touches it: its sender, devices and GPU,

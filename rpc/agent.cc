@@ -2,6 +2,7 @@
 // and RRef operations, and what an agent reports about itself. The work is
 // done by Agent::Impl (rpc/agent_impl.h, one file per concern).
 #include <cstdlib>
+#include <iostream>
 #include <set>
 
 #include "absl/strings/numbers.h"
@@ -35,7 +36,12 @@ CudaChannel::Options CudaOptions(const AgentOptions& options) {
   CudaChannel::Options o;
   o.enabled = OnUnlessEnvOff(options.cuda_channel, "REMORA_CUDA_CHANNEL");
   o.timeout = options.rpc_timeout;
-  o.stream_ordered_receives = OnUnlessEnvOff(true, "REMORA_CUDA_STREAM_RECEIVES");
+  absl::StatusOr<StreamReceives> mode = ParseStreamReceives(std::getenv("REMORA_CUDA_STREAM_RECEIVES"));
+  if (mode.ok()) {
+    o.stream_receives = *mode;
+  } else {
+    std::cerr << "remora: " << mode.status().message() << "; using the default\n";
+  }
   return o;
 }
 

@@ -25,8 +25,8 @@
 #           128x128, torchvision's two-part cut) over two `worker --device
 #           cuda:0` at --splits 1 and 8, 20 batches, against `master --local
 #           --device cuda:0` at the same splits (steady_batch_s side by side),
-#           the same with receives waiting on the host
-#           (REMORA_CUDA_STREAM_RECEIVES=0), with the workers' passes on
+#           the same with the IPC receives waiting on the GPU instead of
+#           the host (REMORA_CUDA_STREAM_RECEIVES=1), with the workers' passes on
 #           their pool's threads instead of one lane thread (REMORA_LANE=0:
 #           how it ran before the lane) and the master-centred protocol
 #           (REMORA_STEP_PROTOCOL=master), and one GPU worker holding the
@@ -194,9 +194,9 @@ step_protocol() {
   echo "== the step protocol at --splits 1, traced (open in https://ui.perfetto.dev)"
   two_gpu_workers 120 --partition tutorial --splits 1 --batches 8 \
     --trace "$out/protocol_trace.json" || rc=1
-  echo "== the step protocol, receives waiting on the host (REMORA_CUDA_STREAM_RECEIVES=0)"
-  REMORA_CUDA_STREAM_RECEIVES=0 two_gpu_workers 300 --partition tutorial --splits 1,8 --batches $n \
-    --report "$out/protocol_host_wait_report.json" || rc=1
+  echo "== the step protocol, IPC receives waiting on the GPU (REMORA_CUDA_STREAM_RECEIVES=1)"
+  REMORA_CUDA_STREAM_RECEIVES=1 two_gpu_workers 300 --partition tutorial --splits 1,8 --batches $n \
+    --report "$out/protocol_stream_wait_report.json" || rc=1
   echo "== the step protocol, the workers' passes on their pool's threads (REMORA_LANE=0), for comparison"
   REMORA_LANE=0 two_gpu_workers 300 --partition tutorial --splits 1,8 --batches $n \
     --report "$out/protocol_pool_report.json" || rc=1

@@ -227,7 +227,8 @@ absl::StatusOr<at::Tensor> CudaChannel::Impl::Receive(WorkerId from, const wire:
 
 bool CudaChannel::Impl::StreamOrdered(const wire::CudaPayload& d) const {
 #ifdef REMORA_TORCH_CUDA
-  return d.stream_group() != 0 && options_.stream_ordered_receives;
+  const CudaRoute route = d.channel() == wire::CudaPayload::CUDA_IPC ? CudaRoute::kIpc : CudaRoute::kNccl;
+  return LeaveReceiveToStream(options_.stream_receives, route, d.stream_group());
 #else
   (void)d;
   return false;  // no LibTorch stream to hand the wait to

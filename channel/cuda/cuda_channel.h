@@ -49,9 +49,9 @@
 // transfer opens a new one. Nothing waits forever.
 //
 // Stream-ordered receives (a descriptor with a stream_group, from
-// CallOptions::stream_group; with LibTorch's CUDA API and
-// Options::stream_ordered_receives): the receiver does not wait on the
-// host. LibTorch's current stream of the receiving thread (the device's
+// CallOptions::stream_group; with LibTorch's CUDA API, and by default
+// only NCCL's, between GPUs: Options::stream_receives): the receiver does
+// not wait on the host. LibTorch's current stream of the receiving thread (the device's
 // default stream, shared by the handlers' threads) waits for the copy on
 // the GPU (cudaStreamWaitEvent), so the handler queues its kernels while
 // the producer's still run. The background thread watches the copy: it
@@ -114,9 +114,9 @@ class CudaChannel final : public Channel<wire::CudaPayload> {
     // long is freed (its message was lost); one whose call went through,
     // after 10 times as long (a dead peer never releases it).
     absl::Duration reclaim_after = absl::Minutes(2);
-    // False: every receive waits on the host, stream-ordered or not
-    // (REMORA_CUDA_STREAM_RECEIVES=0 in the agent).
-    bool stream_ordered_receives = true;
+    // Which stream-ordered receives wait on the GPU (channel/devices.h);
+    // the agent reads REMORA_CUDA_STREAM_RECEIVES (0: none, 1: all).
+    StreamReceives stream_receives = StreamReceives::kBetweenGpus;
   };
 
   // Counters for tests and logs.

@@ -192,6 +192,26 @@ TEST(CudaRoutes, ChosenFromTheEndpointsExchangedAtRendezvous) {
   EXPECT_STREQ(CudaRouteName(CudaRoute::kStaged), "staged");
 }
 
+// By default only NCCL's receives (between GPUs) wait on the GPU; a call
+// without a stream group always waits on the host.
+TEST(CudaRoutes, StreamReceivesWaitOnTheGpuBetweenGpusByDefault) {
+  ASSERT_EQ(ParseStreamReceives(nullptr).value(), StreamReceives::kBetweenGpus);
+  ASSERT_EQ(ParseStreamReceives("").value(), StreamReceives::kBetweenGpus);
+  ASSERT_EQ(ParseStreamReceives("0").value(), StreamReceives::kNever);
+  ASSERT_EQ(ParseStreamReceives("1").value(), StreamReceives::kAlways);
+  auto bad = ParseStreamReceives("yes");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("REMORA_CUDA_STREAM_RECEIVES='yes'"));
+
+  const auto mode = StreamReceives::kBetweenGpus;
+  EXPECT_TRUE(LeaveReceiveToStream(mode, CudaRoute::kNccl, 7));
+  EXPECT_FALSE(LeaveReceiveToStream(mode, CudaRoute::kIpc, 7));  // one GPU: the host waits
+  EXPECT_FALSE(LeaveReceiveToStream(mode, CudaRoute::kNccl, 0));  // not a stream-ordered call
+  EXPECT_TRUE(LeaveReceiveToStream(StreamReceives::kAlways, CudaRoute::kIpc, 7));
+  EXPECT_FALSE(LeaveReceiveToStream(StreamReceives::kAlways, CudaRoute::kStaged, 7));
+  EXPECT_FALSE(LeaveReceiveToStream(StreamReceives::kNever, CudaRoute::kNccl, 7));
+}
+
 // --- descriptors -------------------------------------------------------------
 
 struct Descriptors {
