@@ -86,36 +86,45 @@ absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const RunOptions& c) {
   return sets;
 }
 
-BatchesAhead::BatchesAhead(const RunOptions& c, int first, int end, int ahead)
-    : c_(c), end_(end), ahead_(std::max(1, ahead)), next_taken_(first), maker_([this, first] { Make(first); }) {}
+BatchesAhead::BatchesAhead(const RunOptions& c, int first, int end, int ahead, int makers)
+    : c_(c), end_(end), ahead_(std::max(1, ahead)), next_taken_(first), next_made_(first) {
+  for (int i = 0; i < std::max(1, makers); ++i) makers_.emplace_back([this] { Make(); });
+}
 
 BatchesAhead::~BatchesAhead() {
   {
     MutexLock lock(mu_);
     stop_ = true;
   }
-  maker_.join();
+  for (std::thread& t : makers_) t.join();
 }
 
-void BatchesAhead::Make(int first) {
-  for (int b = first; b < end_; ++b) {
+void BatchesAhead::Make() {
+  while (true) {
+    int b;
     {
       MutexLock lock(mu_);
-      // Room for one more: at most `ahead_` made and not taken.
+      // Room for one more: at most `ahead_` made (or being made) past the
+      // one the taker holds.
       mu_.Await(absl::Condition(
           +[](BatchesAhead* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
-            return self->stop_ || static_cast<int>(self->made_.size()) < self->ahead_;
+            return self->stop_ || !self->failed_.ok() || self->next_made_ >= self->end_ ||
+                   self->next_made_ <= self->next_taken_ + self->ahead_;
           },
           this));
-      if (stop_) return;
+      if (stop_ || !failed_.ok() || next_made_ >= end_) return;
+      b = next_made_++;
     }
-    auto batch = MakeBatch(c_, b);  // (outside the lock: Take may go on)
+    auto batch = MakeBatch(c_, b);  // (outside the lock: Take and the other makers go on)
     MutexLock lock(mu_);
     if (!batch.ok()) {
-      failed_ = batch.status();
+      if (failed_.ok() || b < failed_at_) {
+        failed_ = batch.status();
+        failed_at_ = b;
+      }
       return;
     }
-    made_.push_back(std::move(*batch));
+    made_.emplace(b, std::move(*batch));
   }
 }
 
@@ -126,12 +135,14 @@ absl::StatusOr<std::pair<at::Tensor, at::Tensor>> BatchesAhead::Take(int b) {
   }
   mu_.Await(absl::Condition(
       +[](BatchesAhead* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
-        return !self->made_.empty() || !self->failed_.ok();
+        const int b = self->next_taken_;
+        return self->made_.count(b) > 0 || (!self->failed_.ok() && b >= self->failed_at_);
       },
       this));
-  if (made_.empty()) return failed_;
-  auto batch = std::move(made_.front());
-  made_.pop_front();
+  auto it = made_.find(b);
+  if (it == made_.end()) return failed_;
+  auto batch = std::move(it->second);
+  made_.erase(it);
   ++next_taken_;
   return batch;
 }

@@ -5,7 +5,6 @@
 // command line into these options.
 #pragma once
 
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -160,36 +159,41 @@ absl::StatusOr<std::shared_ptr<train::RunLog>> OpenRunLog(const RunOptions& c, i
 // an error naming the batch when it cannot be made (out of memory).
 absl::StatusOr<std::pair<at::Tensor, at::Tensor>> MakeBatch(const RunOptions& c, int b);
 
-// Batches [first, end) of MakeBatch, made in order on a thread of its own
-// at most `ahead` before they are taken, so that a pipeline's master sends
-// one batch while the next is made (25 MB of random numbers a batch for the
-// demo at 128x128: about 25 ms of one core).
+// Batches [first, end) of MakeBatch, made at most `ahead` before they are
+// taken, on `makers` threads of its own (each batch on one: LibTorch draws a
+// generator's numbers serially, 25 MB of them a batch for the demo at
+// 128x128, 25-40 ms of one core), so that a pipeline's master sends one
+// batch while the next are made, and a step faster than one batch's making
+// is not held to its pace. The batches are MakeBatch's, whichever thread
+// made them.
 //
 // Thread-safety: Take is called from one thread, in order; the maker
-// thread is this object's, joined by the destructor. `c` must outlive it.
+// threads are this object's, joined by the destructor. `c` must outlive it.
 class BatchesAhead {
  public:
-  BatchesAhead(const RunOptions& c, int first, int end, int ahead = 2);
+  BatchesAhead(const RunOptions& c, int first, int end, int ahead = 2, int makers = 2);
   ~BatchesAhead();
   BatchesAhead(const BatchesAhead&) = delete;
   BatchesAhead& operator=(const BatchesAhead&) = delete;
 
   // Batch b: the next one not taken yet (blocks until it is made), or why
-  // it could not be made (out of memory).
+  // it or one before it could not be made (out of memory).
   absl::StatusOr<std::pair<at::Tensor, at::Tensor>> Take(int b);
 
  private:
-  void Make(int first);  // the maker thread: batches first, first + 1, ...
+  void Make();  // a maker thread: the next batch not claimed, while there is room
 
   const RunOptions& c_;  // the caller's, which outlives this
   const int end_;
   const int ahead_;
   absl::Mutex mu_;
-  std::deque<std::pair<at::Tensor, at::Tensor>> made_ ABSL_GUARDED_BY(mu_);
+  std::map<int, std::pair<at::Tensor, at::Tensor>> made_ ABSL_GUARDED_BY(mu_);  // by batch
   int next_taken_ ABSL_GUARDED_BY(mu_);  // the batch Take returns next
+  int next_made_ ABSL_GUARDED_BY(mu_);   // the batch the next free maker makes
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status failed_ ABSL_GUARDED_BY(mu_);  // why the maker stopped early
-  std::thread maker_;  // last: started once the fields above are
+  absl::Status failed_ ABSL_GUARDED_BY(mu_);  // why batch failed_at_ was not made
+  int failed_at_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::thread> makers_;  // last: started once the fields above are
 };
 pipeline::LossFn Loss(const RunOptions& c);
 void PrintBatch(int b, double loss, double seconds);

@@ -252,17 +252,17 @@ TEST(Runs, BatchesMadeAheadAreTheSameBatchesAndStopWithTheRun) {
   runs::RunOptions c;
   c.batch_size = 4;
   c.image_size = 16;
-  {
-    runs::BatchesAhead ahead(c, 2, 6);
-    for (int b = 2; b < 6; ++b) {
+  for (const int makers : {1, 2, 3}) {  // (batches made out of order are taken in order)
+    runs::BatchesAhead ahead(c, 2, 9, /*ahead=*/2, makers);
+    for (int b = 2; b < 9; ++b) {
       auto taken = ahead.Take(b);
       ASSERT_TRUE(taken.ok()) << taken.status();
       auto [x, y] = *taken;
       auto [want_x, want_y] = runs::MakeBatch(c, b).value();
-      EXPECT_TRUE(x.equal(want_x)) << "batch " << b;
-      EXPECT_TRUE(y.equal(want_y)) << "batch " << b;
+      EXPECT_TRUE(x.equal(want_x)) << "batch " << b << ", " << makers << " makers";
+      EXPECT_TRUE(y.equal(want_y)) << "batch " << b << ", " << makers << " makers";
     }
-    EXPECT_EQ(ahead.Take(6).status().code(), absl::StatusCode::kInternal);
+    EXPECT_EQ(ahead.Take(9).status().code(), absl::StatusCode::kInternal);
   }
   const absl::Time start = absl::Now();
   {
