@@ -155,6 +155,18 @@ absl::Status CheckDatasetName(const std::string& name) {
       "--dataset wants fashion-mnist, idx:DIR, cifar10:DIR or imagefolder:DIR; got '", name, "'"));
 }
 
+absl::Status CheckDatasetDir(const std::string& name) {
+  const bool fashion = name == "fashion-mnist";
+  const size_t colon = name.find(':');
+  const std::string dir = fashion ? kFashionMnistDir : name.substr(colon == std::string::npos ? 0 : colon + 1);
+  std::error_code ec;
+  if (fs::is_directory(dir, ec)) return absl::OkStatus();
+  const bool exists = fs::exists(dir, ec);
+  return absl::NotFoundError(absl::StrCat(
+      "--dataset ", name, ": ", dir, exists ? " is not a directory" : " does not exist",
+      fashion ? absl::StrCat(" (apt-get install dataset-fashion-mnist puts Fashion-MNIST there)") : ""));
+}
+
 absl::StatusOr<std::pair<Dataset, Dataset>> LoadNamed(const std::string& name) {
   RETURN_IF_ERROR(CheckDatasetName(name));
   std::string kind = name, dir;

@@ -53,6 +53,13 @@ absl::StatusOr<std::pair<Dataset, Dataset>> LoadNamed(const std::string& name);
 // Whether `name` is one LoadNamed takes (its form only; nothing is read).
 absl::Status CheckDatasetName(const std::string& name);
 
+// Checks, before anything waits on it, that a well-formed name's directory
+// (Fashion-MNIST's: kFashionMnistDir) exists on this machine: a missing or
+// non-directory path is NotFound naming --dataset, the path and, for
+// Fashion-MNIST, the package that installs it. What is in it is checked
+// when it loads.
+absl::Status CheckDatasetDir(const std::string& name);
+
 // Normalises both sets per channel with the training set's mean and
 // standard deviation (torchvision's Normalize with the set's own figures).
 void Normalize(Dataset* train, Dataset* test);

@@ -73,6 +73,7 @@ int Main(int argc, char** argv) {
   launch::FlagParser flags("collective_bench",
                         "All-reduce bandwidth between local processes through remora's Gloo "
                         "groups, beside memcpy.");
+  flags.JoinsNoGroup();  // (Gloo groups of its own processes, no agents)
   flags.AddString("ranks", &ranks_list, "process counts to measure, e.g. 2,4");
   flags.AddInt("reps", &reps, "timed all-reduces per size (after one warm-up); medians are printed");
   flags.AddString("store", &store, "(internal) HOST:PORT of rank 0's store");

@@ -219,6 +219,7 @@ int Main(int argc, char** argv) {
     return fail("--poll-ms, --batch-size and --threads must be >= 1; --timeout and --test-rows >= 0", 2);
   }
   if (auto s = data::CheckDatasetName(o.dataset); !s.ok()) return fail(std::string(s.message()), 2);
+  if (auto s = data::CheckDatasetDir(o.dataset); !s.ok()) return fail(std::string(s.message()), 2);
   if (o.image_size < 16 || o.data_threads < 1) return fail("--image-size must be >= 16, --data-threads >= 1", 2);
   if (!(o.val_fraction >= 0 && o.val_fraction < 1)) return fail("--val-fraction must be in [0, 1)", 2);
   if (o.val_fraction > 0 && o.dataset.rfind("imagefolder:", 0) != 0) {

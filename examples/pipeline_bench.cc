@@ -175,6 +175,7 @@ int Main(int argc, char** argv) {
       "the same model in this process (one thread), at each micro-batch count, and prints\n"
       "steps per second of both, the requests per step and the overhead per micro-batch per\n"
       "stage boundary (the step time beyond one process's, over M (S - 1)).");
+  flags.StartsItsOwnGroup();
   flags.AddInt("stages", &c.stages, "pipeline stages, one per worker (>= 2)");
   flags.AddString("micro-batches", &c.micro_batches, "micro-batch counts to measure, e.g. 1,2,8");
   flags.AddInt("steps", &c.steps, "measured steps per micro-batch count");

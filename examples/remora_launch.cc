@@ -244,12 +244,19 @@ void PassOn(int sig) {
   if (g_child > 0) kill(static_cast<pid_t>(g_child), sig);
 }
 
-// "exited with code N" / "was killed by signal N (NAME)".
+// "exited with code N" / "was killed by signal N (NAME)"; a code of 128 +
+// a terminating signal's number (remora's programs exit so when SIGTERM or
+// SIGINT stops them) names the signal too.
 std::string Describe(int status) {
   if (WIFSIGNALED(status)) {
     return absl::StrCat("was killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
   }
-  return absl::StrCat("exited with code ", WEXITSTATUS(status));
+  const int code = WEXITSTATUS(status);
+  if (code == 128 + SIGTERM || code == 128 + SIGINT || code == 128 + SIGHUP) {
+    return absl::StrCat("exited with code ", code, " (128 + signal ", code - 128, ", ", strsignal(code - 128),
+                        ": it was stopped by that signal)");
+  }
+  return absl::StrCat("exited with code ", code);
 }
 
 // Runs `argv` as a child and starts it again when it fails, up to

@@ -316,6 +316,7 @@ int Main(int argc, char** argv) {
       "--steps steps and compares resources at the start (after --warmup steps) and the end:\n"
       "RRef tables, autograd contexts, threads, file descriptors, resident memory of the\n"
       "master and every worker. Exits 1 when any of them grew past its bound.");
+  flags.StartsItsOwnGroup();
   flags.AddInt("steps", &c.steps, "training steps after the warm-up");
   flags.AddInt("warmup", &c.warmup, "steps before the start figures are taken");
   flags.AddInt("micro-batches", &c.micro_batches, "micro-batches per step");

@@ -147,7 +147,10 @@ std::string FlagParser::Usage() const {
                   "  REMORA_HOST_ID=ID         this process's host identity (shared memory only between equal ids)\n"
                   "  REMORA_SYNC_SPIN_US=N     rpc_sync polls N us for its reply before sleeping (200; 0: off)\n"
                   "  REMORA_STREAMS=0          rpc_sync opens a unary gRPC call each time, not a stream\n"
-                  "  REMORA_MALLOC=default     keep glibc's default heap settings\n");
+                  "  REMORA_MALLOC=default     keep glibc's default heap settings\n"
+                  "  REMORA_CUDA_CHANNEL=0     GPU tensors go through host memory, not CUDA IPC or NCCL\n"
+                  "  REMORA_CUDA_STREAM_RECEIVES=0|1  GPU tensors received wait on the host / on the GPU\n"
+                  "                            (default: between GPUs on the GPU, within one on the host)\n");
   return out;
 }
 

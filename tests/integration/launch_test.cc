@@ -3,6 +3,7 @@
 // three ranks that trains under torchrun's variables, and one whose killed
 // worker and master remora-launch --max-restarts brings back.
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -82,6 +83,23 @@ TEST(Worker, ASignalIsSaidAndTheWorkerExitsWith128PlusIt) {
   worker->Signal(SIGTERM);
   EXPECT_EQ(worker->Wait(absl::Seconds(30)).value_or(-1), 128 + SIGTERM) << ReadFile(log);
   EXPECT_THAT(ReadFile(log), HasSubstr("worker 'w1': stopped by a signal (Terminated); exiting"));
+}
+
+// A program that ended on a signal sent to it directly (exit 128 + it, as
+// remora's programs do) is said to have, beside the bare code.
+TEST(RemoraLaunch, AnExitOf128PlusASignalNamesTheSignal) {
+  const std::string program = TempPath("exits_143.sh");
+  {
+    std::ofstream f(program);
+    f << "#!/bin/sh\nexit 143\n";
+  }
+  ASSERT_EQ(chmod(program.c_str(), 0755), 0);
+  auto [code, out] = Launch({"RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=29999"},
+                            {"--worker-program", program, "--max-restarts", "1", "--restart-delay", "0",
+                             "--checkpoint-dir", TempPath("exits_143_ckpt"), "--resume", "auto"});
+  EXPECT_EQ(code, 143) << out;
+  EXPECT_THAT(out, HasSubstr("worker 'worker1' exited with code 143 (128 + signal 15, Terminated: it was "
+                             "stopped by that signal); restarting it"));
 }
 
 TEST(RemoraLaunch, HelpAndBadFlags) {
