@@ -52,7 +52,7 @@ class SliceReader {
 
   // The next `n` bytes as a uint8 tensor: over the slice when they lie in
   // one, else a single copy.
-  at::Tensor Take(size_t n) {
+  absl::StatusOr<at::Tensor> Take(size_t n) {
     const int64_t len = static_cast<int64_t>(n);
     if (n == 0) return at::empty({0}, at::kByte);
     if (slices_[index_].size() - offset_ >= n) {
@@ -62,7 +62,7 @@ class SliceReader {
       return at::from_blob(data, {len}, [slice](void*) mutable { slice.reset(); },
                            at::TensorOptions().dtype(at::kByte));
     }
-    at::Tensor out = runtime::AllocateReceiveBuffer(n);
+    ASSIGN_OR_RETURN(at::Tensor out, runtime::AllocateReceiveBuffer(n));
     if (n < kParallelCopyBytes) {
       Copy(out.data_ptr(), n);
       return out;
@@ -341,7 +341,9 @@ absl::StatusOr<InMessage> ParseMessage(const grpc::ByteBuffer& buffer, ShmChanne
       continue;
     }
     if (shm_of[i] == nullptr) {
-      message.payloads.push_back(reader.Take(sizes[i]));
+      auto out = reader.Take(sizes[i]);
+      if (!out.ok()) return fail_from(i + 1, out.status());
+      message.payloads.push_back(std::move(*out));
       continue;
     }
     auto out = shm->Receive(from, *shm_of[i], sizes[i]);

@@ -2,12 +2,13 @@
 
 #include <cstdlib>
 #include <map>
-#include <new>
+#include <exception>
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/mutex_lock.h"
 
@@ -31,8 +32,14 @@ class BufferCache {
   }
 
   // A uint8 tensor of n bytes, over a recycled buffer when one fits.
-  at::Tensor Allocate(size_t n) {
-    if (n < kMinBytes) return at::empty({static_cast<int64_t>(n)}, at::kByte);
+  absl::StatusOr<at::Tensor> Allocate(size_t n) {
+    if (n < kMinBytes) {
+      try {
+        return at::empty({static_cast<int64_t>(n)}, at::kByte);
+      } catch (const std::exception&) {
+        return OutOfMemory(n);
+      }
+    }
     void* data = nullptr;
     size_t capacity = n;
     {
@@ -45,13 +52,28 @@ class BufferCache {
         free_.erase(it);
       }
     }
-    if (data == nullptr && posix_memalign(&data, 64, n) != 0) throw std::bad_alloc();
+    if (data == nullptr && posix_memalign(&data, 64, n) != 0) {
+      GiveBackFree();  // (the cache's free buffers may be what is missing)
+      if (posix_memalign(&data, 64, n) != 0) return OutOfMemory(n);
+    }
     return at::from_blob(data, {static_cast<int64_t>(n)},
                          [this, capacity](void* p) { Release(p, capacity); },
                          at::TensorOptions().dtype(at::kByte));
   }
 
  private:
+  static absl::Status OutOfMemory(size_t n) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", n, " bytes for a received payload: this process is out of memory"));
+  }
+
+  void GiveBackFree() {
+    MutexLock lock(mu_);
+    for (auto& [capacity, data] : free_) free(data);
+    free_.clear();
+    cached_ = 0;
+  }
+
   void Release(void* data, size_t capacity) {
     {
       MutexLock lock(mu_);
@@ -71,6 +93,6 @@ class BufferCache {
 
 }  // namespace
 
-at::Tensor AllocateReceiveBuffer(size_t n) { return BufferCache::Get().Allocate(n); }
+absl::StatusOr<at::Tensor> AllocateReceiveBuffer(size_t n) { return BufferCache::Get().Allocate(n); }
 
 }  // namespace remora::runtime

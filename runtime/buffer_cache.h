@@ -11,10 +11,14 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "absl/status/statusor.h"
+
 namespace remora::runtime {
 
 // A contiguous uint8 CPU tensor of `n` bytes; buffers of 1 MiB and more come
-// from the cache.
-at::Tensor AllocateReceiveBuffer(size_t n);
+// from the cache. Where the memory is not there (after the cache's free
+// buffers are given back and the allocation is tried again), a
+// ResourceExhausted error naming the size.
+absl::StatusOr<at::Tensor> AllocateReceiveBuffer(size_t n);
 
 }  // namespace remora::runtime

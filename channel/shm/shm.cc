@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/mutex_lock.h"
+#include "base/status_util.h"
 #include "runtime/buffer_cache.h"
 
 namespace remora {
@@ -309,7 +310,7 @@ absl::StatusOr<std::shared_ptr<ShmChannel::Mapping>> ShmChannel::Map(
 }
 
 absl::StatusOr<at::Tensor> ShmChannel::Read(const wire::ShmPayload& d, uint64_t length,
-                                            const std::function<at::Tensor(size_t)>& allocate) {
+                                            const std::function<absl::StatusOr<at::Tensor>(size_t)>& allocate) {
   auto m = Map(d);
   if (!m.ok()) return m.status();
   Mapping& seg = **m;
@@ -324,7 +325,7 @@ absl::StatusOr<at::Tensor> ShmChannel::Read(const wire::ShmPayload& d, uint64_t 
         "shared-memory payload (segment ", d.segment(), ", sequence ", d.seq(),
         ") is no longer there: the sender took it back after the call failed"));
   }
-  at::Tensor out = allocate(length);
+  ASSIGN_OR_RETURN(at::Tensor out, allocate(length));
   auto* dst = static_cast<uint8_t*>(out.data_ptr());
   // Copy what the sender has published so far, until all of it is in and
   // the segment is READY.

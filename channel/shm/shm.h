@@ -123,7 +123,7 @@ class ShmChannel final : public Channel<wire::ShmPayload> {
   // The sender must be an allowed peer (see Allow). A sender that stops
   // filling for `stall_timeout` (it died) fails the read.
   absl::StatusOr<at::Tensor> Read(const wire::ShmPayload& d, uint64_t length,
-                                  const std::function<at::Tensor(size_t)>& allocate);
+                                  const std::function<absl::StatusOr<at::Tensor>(size_t)>& allocate);
 
   // Channel (see above).
   std::optional<wire::ShmPayload> Send(WorkerId peer, const at::Tensor& payload,

@@ -1,6 +1,7 @@
 // The frame layer (rpc/message.h) on its own: hand-built frames, call ids
 // on streams, and frames whose lengths do not add up.
 #include "rpc/codec.h"
+#include "runtime/buffer_cache.h"
 
 #include <cmath>
 #include <cstdint>
@@ -148,6 +149,22 @@ TEST(Frame, PayloadSizesMustAddUp) {
   ExpectFrameError(BufferOf(FrameBytes({}, "abcde")), "add up to");      // none at all
   ExpectFrameError(BufferOf(FrameBytes({2, 0xFFFFFFFFFFFFFFFFull}, "abcde")), "exceed");
   ExpectFrameError(BufferOf(FrameBytes({4, 4}, "abcde")), "exceed");
+}
+
+// A received payload whose buffer cannot be had (a peer's absurd size, or
+// a process out of memory) is an error for its message, not an abort of
+// the process on the thread that reads it.
+TEST(ReceiveBuffers, MemoryThatIsNotThereIsAnErrorNotACrash) {
+  auto small = runtime::AllocateReceiveBuffer(100);
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(small->numel(), 100);
+  auto cached = runtime::AllocateReceiveBuffer(size_t{2} << 20);
+  ASSERT_TRUE(cached.ok()) << cached.status();
+  EXPECT_EQ(cached->numel(), int64_t{2} << 20);
+  auto absurd = runtime::AllocateReceiveBuffer(size_t{1} << 62);
+  ASSERT_FALSE(absurd.ok());
+  EXPECT_EQ(absurd.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(absurd.status().message()), ::testing::HasSubstr("bytes for a received payload"));
 }
 
 }  // namespace
