@@ -86,9 +86,15 @@ absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const RunOptions& c) {
   return sets;
 }
 
-BatchesAhead::BatchesAhead(const RunOptions& c, int first, int end, int ahead, int makers)
-    : c_(c), end_(end), ahead_(std::max(1, ahead)), next_taken_(first), next_made_(first) {
-  for (int i = 0; i < std::max(1, makers); ++i) makers_.emplace_back([this] { Make(); });
+BatchesAhead::BatchesAhead(const RunOptions& c, int first, int end, int ahead, int max_makers)
+    : c_(c),
+      first_(first),
+      end_(end),
+      ahead_(std::max(1, ahead)),
+      max_makers_(std::max(1, max_makers)),
+      next_taken_(first),
+      next_made_(first) {
+  makers_.emplace_back([this] { Make(); });
 }
 
 BatchesAhead::~BatchesAhead() {
@@ -133,12 +139,14 @@ absl::StatusOr<std::pair<at::Tensor, at::Tensor>> BatchesAhead::Take(int b) {
   if (b != next_taken_ || b >= end_) {
     return absl::InternalError(absl::StrCat("BatchesAhead: batch ", b, " taken, ", next_taken_, " was next"));
   }
-  mu_.Await(absl::Condition(
-      +[](BatchesAhead* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
-        const int b = self->next_taken_;
-        return self->made_.count(b) > 0 || (!self->failed_.ok() && b >= self->failed_at_);
-      },
-      this));
+  auto ready = +[](BatchesAhead* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
+    const int b = self->next_taken_;
+    return self->made_.count(b) > 0 || (!self->failed_.ok() && b >= self->failed_at_);
+  };
+  if (b > first_ && !ready(this) && static_cast<int>(makers_.size()) < max_makers_) {
+    makers_.emplace_back([this] { Make(); });  // the step outran the making
+  }
+  mu_.Await(absl::Condition(ready, this));
   auto it = made_.find(b);
   if (it == made_.end()) return failed_;
   auto batch = std::move(it->second);

@@ -160,18 +160,19 @@ absl::StatusOr<std::shared_ptr<train::RunLog>> OpenRunLog(const RunOptions& c, i
 absl::StatusOr<std::pair<at::Tensor, at::Tensor>> MakeBatch(const RunOptions& c, int b);
 
 // Batches [first, end) of MakeBatch, made at most `ahead` before they are
-// taken, on `makers` threads of its own (each batch on one: LibTorch draws a
-// generator's numbers serially, 25 MB of them a batch for the demo at
-// 128x128, 25-40 ms of one core), so that a pipeline's master sends one
-// batch while the next are made, and a step faster than one batch's making
-// is not held to its pace. The batches are MakeBatch's, whichever thread
-// made them.
+// taken, on a thread of its own, so that a pipeline's master sends one
+// batch while the next are made. Each batch is made on one thread
+// (LibTorch draws a generator's numbers serially: 25 MB of them a batch for
+// the demo at 128x128, 25-40 ms of one core), so a step faster than that
+// would be held to its pace: the first time Take waits for a batch after
+// the first, another maker thread starts, up to `max_makers`. The batches
+// are MakeBatch's, whichever thread made them.
 //
 // Thread-safety: Take is called from one thread, in order; the maker
 // threads are this object's, joined by the destructor. `c` must outlive it.
 class BatchesAhead {
  public:
-  BatchesAhead(const RunOptions& c, int first, int end, int ahead = 2, int makers = 2);
+  BatchesAhead(const RunOptions& c, int first, int end, int ahead = 2, int max_makers = 2);
   ~BatchesAhead();
   BatchesAhead(const BatchesAhead&) = delete;
   BatchesAhead& operator=(const BatchesAhead&) = delete;
@@ -180,12 +181,17 @@ class BatchesAhead {
   // it or one before it could not be made (out of memory).
   absl::StatusOr<std::pair<at::Tensor, at::Tensor>> Take(int b);
 
+  // Maker threads started so far (for tests).
+  int makers() const { return static_cast<int>(makers_.size()); }
+
  private:
   void Make();  // a maker thread: the next batch not claimed, while there is room
 
   const RunOptions& c_;  // the caller's, which outlives this
+  const int first_;
   const int end_;
   const int ahead_;
+  const int max_makers_;
   absl::Mutex mu_;
   std::map<int, std::pair<at::Tensor, at::Tensor>> made_ ABSL_GUARDED_BY(mu_);  // by batch
   int next_taken_ ABSL_GUARDED_BY(mu_);  // the batch Take returns next
@@ -193,7 +199,9 @@ class BatchesAhead {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status failed_ ABSL_GUARDED_BY(mu_);  // why batch failed_at_ was not made
   int failed_at_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<std::thread> makers_;  // last: started once the fields above are
+  // Started by the constructor and Take (the taker's thread), joined by
+  // the destructor; last: started once the fields above are.
+  std::vector<std::thread> makers_;
 };
 pipeline::LossFn Loss(const RunOptions& c);
 void PrintBatch(int b, double loss, double seconds);

@@ -151,9 +151,9 @@ TEST(Frame, PayloadSizesMustAddUp) {
   ExpectFrameError(BufferOf(FrameBytes({4, 4}, "abcde")), "exceed");
 }
 
-// A received payload whose buffer cannot be had (a peer's absurd size, or
-// a process out of memory) is an error for its message, not an abort of
-// the process on the thread that reads it.
+// A received payload whose buffer cannot be had (the process is out of
+// memory; here a size no process can have) is an error for its message,
+// not an abort of the process on the thread that reads it.
 TEST(ReceiveBuffers, MemoryThatIsNotThereIsAnErrorNotACrash) {
   auto small = runtime::AllocateReceiveBuffer(100);
   ASSERT_TRUE(small.ok()) << small.status();

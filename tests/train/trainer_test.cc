@@ -254,6 +254,7 @@ TEST(Runs, BatchesMadeAheadAreTheSameBatchesAndStopWithTheRun) {
   c.image_size = 16;
   for (const int makers : {1, 2, 3}) {  // (batches made out of order are taken in order)
     runs::BatchesAhead ahead(c, 2, 9, /*ahead=*/2, makers);
+    EXPECT_EQ(ahead.makers(), 1);  // (more only once Take has waited)
     for (int b = 2; b < 9; ++b) {
       auto taken = ahead.Take(b);
       ASSERT_TRUE(taken.ok()) << taken.status();
@@ -263,6 +264,7 @@ TEST(Runs, BatchesMadeAheadAreTheSameBatchesAndStopWithTheRun) {
       EXPECT_TRUE(y.equal(want_y)) << "batch " << b << ", " << makers << " makers";
     }
     EXPECT_EQ(ahead.Take(9).status().code(), absl::StatusCode::kInternal);
+    EXPECT_LE(ahead.makers(), makers);
   }
   const absl::Time start = absl::Now();
   {
