@@ -161,10 +161,16 @@ absl::Status CheckDatasetDir(const std::string& name) {
   const std::string dir = fashion ? kFashionMnistDir : name.substr(colon == std::string::npos ? 0 : colon + 1);
   std::error_code ec;
   if (fs::is_directory(dir, ec)) return absl::OkStatus();
-  const bool exists = fs::exists(dir, ec);
+  std::string why = " does not exist";
+  if (fs::exists(dir, ec)) {
+    why = " is not a directory";
+  } else if (ec) {
+    why = absl::StrCat(" cannot be read (", ec.message(), ")");
+  }
   return absl::NotFoundError(absl::StrCat(
-      "--dataset ", name, ": ", dir, exists ? " is not a directory" : " does not exist",
-      fashion ? absl::StrCat(" (apt-get install dataset-fashion-mnist puts Fashion-MNIST there)") : ""));
+      "--dataset ", name, ": ", dir, why,
+      fashion ? " (apt-get install dataset-fashion-mnist puts Fashion-MNIST there)"
+              : ": give the directory that holds the dataset's files"));
 }
 
 absl::StatusOr<std::pair<Dataset, Dataset>> LoadNamed(const std::string& name) {

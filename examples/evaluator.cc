@@ -110,8 +110,14 @@ absl::StatusOr<std::unique_ptr<data::Source>> OpenTestSet(const Options& o, data
     ASSIGN_OR_RETURN(auto folder, data::ImageFolder::Open(o.dataset.substr(std::strlen("imagefolder:")), "val", f));
     return std::unique_ptr<data::Source>(std::move(folder));
   }
-  ASSIGN_OR_RETURN(auto sets, data::LoadNamed(o.dataset));
-  *in_memory = std::move(sets.second);
+  auto sets = data::LoadNamed(o.dataset);
+  if (absl::IsNotFound(sets.status())) {
+    // (A test set alone is not enough: it is normalised as training did.)
+    return Annotate(sets.status(), "the evaluator reads the training images too, for the mean and deviation "
+                                   "training normalised with");
+  }
+  if (!sets.ok()) return sets.status();
+  *in_memory = std::move(sets->second);
   return std::unique_ptr<data::Source>(std::make_unique<data::InMemory>(*in_memory));
 }
 

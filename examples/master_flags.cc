@@ -69,7 +69,6 @@ absl::Status CheckValues(const Flags& f, const RunOptions& c) {
   if (!(c.lr > 0) || !std::isfinite(c.lr)) return Bad(absl::StrCat("--lr must be a finite number > 0; got ", c.lr));
   if (!c.dataset.empty()) {
     if (auto s = data::CheckDatasetName(c.dataset); !s.ok()) return Bad(std::string(s.message()));
-    if (auto s = data::CheckDatasetDir(c.dataset); !s.ok()) return Bad(std::string(s.message()));
     if (c.data_threads < 1 || c.data_threads > 256) return Bad("--data-threads must be in [1, 256]");
     if (c.data_on != "workers" && c.data_on != "master") {
       return Bad(absl::StrCat("--data-on must be workers or master; got '", c.data_on, "'"));

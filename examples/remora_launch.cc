@@ -245,8 +245,8 @@ void PassOn(int sig) {
 }
 
 // "exited with code N" / "was killed by signal N (NAME)"; a code of 128 +
-// a terminating signal's number (remora's programs exit so when SIGTERM or
-// SIGINT stops them) names the signal too.
+// SIGTERM, SIGINT or SIGHUP's number (remora's programs exit so when one
+// stops them) names the signal too.
 std::string Describe(int status) {
   if (WIFSIGNALED(status)) {
     return absl::StrCat("was killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
@@ -254,7 +254,7 @@ std::string Describe(int status) {
   const int code = WEXITSTATUS(status);
   if (code == 128 + SIGTERM || code == 128 + SIGINT || code == 128 + SIGHUP) {
     return absl::StrCat("exited with code ", code, " (128 + signal ", code - 128, ", ", strsignal(code - 128),
-                        ": it was stopped by that signal)");
+                        ": as a program stopped by that signal exits)");
   }
   return absl::StrCat("exited with code ", code);
 }

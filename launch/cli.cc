@@ -149,8 +149,8 @@ std::string FlagParser::Usage() const {
                   "  REMORA_STREAMS=0          rpc_sync opens a unary gRPC call each time, not a stream\n"
                   "  REMORA_MALLOC=default     keep glibc's default heap settings\n"
                   "  REMORA_CUDA_CHANNEL=0     GPU tensors go through host memory, not CUDA IPC or NCCL\n"
-                  "  REMORA_CUDA_STREAM_RECEIVES=0|1  GPU tensors received wait on the host / on the GPU\n"
-                  "                            (default: between GPUs on the GPU, within one on the host)\n");
+                  "  REMORA_CUDA_STREAM_RECEIVES=0|1  the pipeline's GPU activations and gradients wait on the\n"
+                  "                            host / on the GPU (default: on the GPU between GPUs only)\n");
   return out;
 }
 

@@ -64,7 +64,7 @@ class BufferCache {
  private:
   static absl::Status OutOfMemory(size_t n) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("cannot allocate ", n, " bytes for a received payload: this process is out of memory"));
+        absl::StrCat("cannot allocate ", n, " bytes for a received payload: more than this process can get"));
   }
 
   void GiveBackFree() {

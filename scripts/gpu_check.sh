@@ -193,8 +193,8 @@ step_protocol() {
   # (protocol_report.json, protocol_local.json, then -2 and -3): this
   # host's speed moves between minutes.
   for round in 1 2 3; do
-    local tag=${round/#1/}
-    tag=${tag:+-$tag}
+    local tag=
+    [ "$round" -gt 1 ] && tag=-$round
     echo "== the step protocol (round $round of 3)"
     two_gpu_workers 300 --partition tutorial --splits 1,8 --batches $n \
       --report "$out/protocol_report$tag.json" || rc=1

@@ -313,6 +313,9 @@ absl::Status RunMaster(RunPlan& plan, Registry* registry) {
   // (checked first, so that gRPC's own log line does not precede remora's
   // message), and workers that register meanwhile learn of a failure.
   if (auto s = CheckOutputFiles(c); !s.ok()) return fail(s);
+  if (!c.dataset.empty()) {  // (what is in it is read once the master listens)
+    if (auto s = data::CheckDatasetDir(c.dataset); !s.ok()) return fail(s);
+  }
   if (!c.local) {
     if (auto s = launch::CheckCanListen(c.listen, launch::AddressSource("--listen", c.listen)); !s.ok()) {
       return fail(s);

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
+#include <system_error>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -87,7 +89,10 @@ absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const RunOptions& c) {
 }
 
 BatchesAhead::BatchesAhead(const RunOptions& c, int first, int end, int ahead, int max_makers)
-    : c_(c),
+    : BatchesAhead([&c](int b) { return MakeBatch(c, b); }, first, end, ahead, max_makers) {}
+
+BatchesAhead::BatchesAhead(MakeFn make, int first, int end, int ahead, int max_makers)
+    : make_(std::move(make)),
       first_(first),
       end_(end),
       ahead_(std::max(1, ahead)),
@@ -110,18 +115,18 @@ void BatchesAhead::Make() {
     int b;
     {
       MutexLock lock(mu_);
-      // Room for one more: at most `ahead_` made (or being made) past the
-      // one the taker holds.
+      // Room for one more: at most `ahead_` made or being made and not
+      // taken.
       mu_.Await(absl::Condition(
           +[](BatchesAhead* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
             return self->stop_ || !self->failed_.ok() || self->next_made_ >= self->end_ ||
-                   self->next_made_ <= self->next_taken_ + self->ahead_;
+                   self->next_made_ < self->next_taken_ + self->ahead_;
           },
           this));
       if (stop_ || !failed_.ok() || next_made_ >= end_) return;
       b = next_made_++;
     }
-    auto batch = MakeBatch(c_, b);  // (outside the lock: Take and the other makers go on)
+    auto batch = make_(b);  // (outside the lock: Take and the other makers go on)
     MutexLock lock(mu_);
     if (!batch.ok()) {
       if (failed_.ok() || b < failed_at_) {
@@ -143,8 +148,12 @@ absl::StatusOr<std::pair<at::Tensor, at::Tensor>> BatchesAhead::Take(int b) {
     const int b = self->next_taken_;
     return self->made_.count(b) > 0 || (!self->failed_.ok() && b >= self->failed_at_);
   };
-  if (b > first_ && !ready(this) && static_cast<int>(makers_.size()) < max_makers_) {
-    makers_.emplace_back([this] { Make(); });  // the step outran the making
+  if (b > first_ && !ready(this) && next_made_ < end_ && static_cast<int>(makers_.size()) < max_makers_) {
+    try {
+      makers_.emplace_back([this] { Make(); });  // the step outran the making
+    } catch (const std::system_error&) {
+      // (no thread to be had: the makers there are go on)
+    }
   }
   mu_.Await(absl::Condition(ready, this));
   auto it = made_.find(b);

@@ -169,10 +169,16 @@ absl::StatusOr<std::pair<at::Tensor, at::Tensor>> MakeBatch(const RunOptions& c,
 // are MakeBatch's, whichever thread made them.
 //
 // Thread-safety: Take is called from one thread, in order; the maker
-// threads are this object's, joined by the destructor. `c` must outlive it.
+// threads are this object's, joined by the destructor. `c` (or what `make`
+// uses) must outlive it.
 class BatchesAhead {
  public:
+  using MakeFn = std::function<absl::StatusOr<std::pair<at::Tensor, at::Tensor>>(int b)>;
+
+  // MakeBatch(c, b) for each batch.
   BatchesAhead(const RunOptions& c, int first, int end, int ahead = 2, int max_makers = 2);
+  // `make(b)` for each batch, on the maker threads (tests).
+  BatchesAhead(MakeFn make, int first, int end, int ahead = 2, int max_makers = 2);
   ~BatchesAhead();
   BatchesAhead(const BatchesAhead&) = delete;
   BatchesAhead& operator=(const BatchesAhead&) = delete;
@@ -181,17 +187,17 @@ class BatchesAhead {
   // it or one before it could not be made (out of memory).
   absl::StatusOr<std::pair<at::Tensor, at::Tensor>> Take(int b);
 
-  // Maker threads started so far (for tests).
+  // Maker threads started so far; from the taker's thread only.
   int makers() const { return static_cast<int>(makers_.size()); }
 
  private:
   void Make();  // a maker thread: the next batch not claimed, while there is room
 
-  const RunOptions& c_;  // the caller's, which outlives this
-  const int first_;
+  const MakeFn make_;
+  const int first_;       // the first batch (the one Take always waits for)
   const int end_;
-  const int ahead_;
-  const int max_makers_;
+  const int ahead_;       // batches made or being made and not taken, at most
+  const int max_makers_;  // maker threads, at most
   absl::Mutex mu_;
   std::map<int, std::pair<at::Tensor, at::Tensor>> made_ ABSL_GUARDED_BY(mu_);  // by batch
   int next_taken_ ABSL_GUARDED_BY(mu_);  // the batch Take returns next
@@ -199,8 +205,9 @@ class BatchesAhead {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status failed_ ABSL_GUARDED_BY(mu_);  // why batch failed_at_ was not made
   int failed_at_ ABSL_GUARDED_BY(mu_) = 0;
-  // Started by the constructor and Take (the taker's thread), joined by
-  // the destructor; last: started once the fields above are.
+  // Started by the constructor and by Take, joined by the destructor: the
+  // taker's thread alone touches it. Last: started once the fields above
+  // are.
   std::vector<std::thread> makers_;
 };
 pipeline::LossFn Loss(const RunOptions& c);

@@ -151,11 +151,16 @@ at::Tensor FullBehindProducts(double value) {
 // pipeline's pushes and gradients go (CallOptions::stream_group), the
 // worker's handler queues its sum behind the copy on the GPU, with no wait
 // on the host, and reads it once its receives are settled.
-void ExpectSentAfterItsProducer(const std::string& device, const std::string& channel, bool stream_ordered) {
+// `stream_receives`: the worker's REMORA_CUDA_STREAM_RECEIVES ("": unset,
+// where only NCCL's receives wait on the GPU).
+void ExpectSentAfterItsProducer(const std::string& device, const std::string& channel, bool stream_ordered,
+                                const std::string& stream_receives = "1") {
   Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
-  // (by default only NCCL's receives wait on the GPU; the test asks IPC's to)
-  auto group = StartWorkerOn(registry, device, absl::Seconds(60), {"REMORA_CUDA_STREAM_RECEIVES=1"});
+  std::vector<std::string> env;
+  if (!stream_receives.empty()) env.push_back("REMORA_CUDA_STREAM_RECEIVES=" + stream_receives);
+  const bool on_gpu = stream_receives == "1" || (stream_receives.empty() && channel == "nccl");
+  auto group = StartWorkerOn(registry, device, absl::Seconds(60), env);
   ASSERT_TRUE(group.ok()) << group.status();
   Agent& master = *group->master;
   ASSERT_EQ(master.channel_to("w1", "cuda:0").value(), channel) << master.cuda_disabled_reason();
@@ -175,7 +180,7 @@ void ExpectSentAfterItsProducer(const std::string& device, const std::string& ch
     ASSERT_TRUE(r.ok()) << r.status();
     const auto t = r->toTupleRef().elements();
     EXPECT_DOUBLE_EQ(t[0].toDouble(), value * (1 << 22)) << "the sum read the tensor before the copy";
-    EXPECT_EQ(t[1].toInt(), round) << "the receive waited on the host";
+    EXPECT_EQ(t[1].toInt(), on_gpu ? round : 0) << "receives left to the worker's stream so far";
   }
   EXPECT_TRUE(Eventually([&] { return master.cuda_stats().held_buffers == 0; }))
       << "the worker never released " << master.cuda_stats().held_buffers << " buffers";
@@ -240,6 +245,19 @@ TEST(CudaGpu, StreamOrderedIpcQueuesBehindTheCopyAndSettles) {
 #endif
 }
 
+// By default a CUDA IPC receive (two processes on one GPU) waits on the
+// host even in a stream-ordered call: the sum is right and the worker
+// left nothing to its stream.
+TEST(CudaGpu, StreamOrderedIpcWaitsOnTheHostByDefault) {
+#ifndef REMORA_TORCH_CUDA
+  GTEST_SKIP() << "needs a LibTorch with CUDA (its stream API) at build time";
+#else
+  REMORA_REQUIRE_CHANNEL();
+  REMORA_REQUIRE_GPUS(1);
+  ExpectSentAfterItsProducer("cuda:0", "cuda_ipc", /*stream_ordered=*/true, /*stream_receives=*/"");
+#endif
+}
+
 TEST(CudaGpu, NcclWaitsForAProducerOnAnotherStream) {
 #ifndef REMORA_TORCH_CUDA
   GTEST_SKIP() << "needs a LibTorch with CUDA (its stream API) at build time";
@@ -256,7 +274,7 @@ TEST(CudaGpu, StreamOrderedNcclQueuesBehindTheTransferAndSettles) {
 #else
   REMORA_REQUIRE_CHANNEL();
   REMORA_REQUIRE_GPUS(2);
-  ExpectSentAfterItsProducer("cuda:1", "nccl", /*stream_ordered=*/true);
+  ExpectSentAfterItsProducer("cuda:1", "nccl", /*stream_ordered=*/true, /*stream_receives=*/"");  // the default
 #endif
 }
 

@@ -575,5 +575,21 @@ TEST(Evaluator, AnOutputThatCannotBeWrittenFailsAtOnce) {
   EXPECT_THAT(out, HasSubstr("no checkpoint at " + dir)) << out;
 }
 
+// A directory with the test images alone is not enough, and the error says
+// why the training images are wanted.
+TEST(Evaluator, ATestSetWithoutItsTrainingImagesSaysWhyTheyAreNeeded) {
+  const std::string data = TempPath("evaluator_test_images_only");
+  std::filesystem::create_directories(data);
+  for (const char* name : {"t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}) {
+    std::filesystem::copy_file(std::string("/usr/share/datasets/fashion-mnist/") + name, data + "/" + name,
+                               std::filesystem::copy_options::overwrite_existing);
+  }
+  auto [code, out] = RunProgram({kBin + "/evaluator", "--checkpoint-dir", TempPath("evaluator_none"), "--dataset",
+                                 "idx:" + data, "--once"});
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_THAT(out, HasSubstr("the evaluator reads the training images too")) << out;
+  EXPECT_THAT(out, HasSubstr("no train-images-idx3-ubyte")) << out;
+}
+
 }  // namespace
 }  // namespace remora::checkpoint

@@ -108,8 +108,6 @@ TEST(MasterFlags, BadValuesAreClearErrorsNamingTheFlag) {
       // before anything starts.
       {{"--local", "--dataset", "fashion-mnsit"}, "--dataset wants fashion-mnist, idx:DIR, cifar10:DIR or imagefolder:DIR"},
       {{"--local", "--dataset", "idx:"}, "--dataset wants"},
-      {{"--local", "--dataset", "idx:/no/such/dir"}, "--dataset idx:/no/such/dir: /no/such/dir does not exist"},
-      {{"--local", "--dataset", "cifar10:/dev/null"}, "/dev/null is not a directory"},
   });
   // The small CNN has no batch norm: one image per micro-batch trains.
   EXPECT_TRUE(ParseCommandLine({"--local", "--dataset", "fashion-mnist", "--batch-size", "8"}).ok());

@@ -98,8 +98,8 @@ TEST(RemoraLaunch, AnExitOf128PlusASignalNamesTheSignal) {
                             {"--worker-program", program, "--max-restarts", "1", "--restart-delay", "0",
                              "--checkpoint-dir", TempPath("exits_143_ckpt"), "--resume", "auto"});
   EXPECT_EQ(code, 143) << out;
-  EXPECT_THAT(out, HasSubstr("worker 'worker1' exited with code 143 (128 + signal 15, Terminated: it was "
-                             "stopped by that signal); restarting it"));
+  EXPECT_THAT(out, HasSubstr("worker 'worker1' exited with code 143 (128 + signal 15, Terminated: as a program "
+                             "stopped by that signal exits); restarting it"));
 }
 
 TEST(RemoraLaunch, HelpAndBadFlags) {

@@ -15,6 +15,7 @@
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -24,6 +25,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "data/source.h"
 #include "tests/support/script_models.h"
@@ -254,7 +256,7 @@ TEST(Runs, BatchesMadeAheadAreTheSameBatchesAndStopWithTheRun) {
   c.image_size = 16;
   for (const int makers : {1, 2, 3}) {  // (batches made out of order are taken in order)
     runs::BatchesAhead ahead(c, 2, 9, /*ahead=*/2, makers);
-    EXPECT_EQ(ahead.makers(), 1);  // (more only once Take has waited)
+    EXPECT_EQ(ahead.makers(), 1);  // (a second only once Take has waited)
     for (int b = 2; b < 9; ++b) {
       auto taken = ahead.Take(b);
       ASSERT_TRUE(taken.ok()) << taken.status();
@@ -272,6 +274,34 @@ TEST(Runs, BatchesMadeAheadAreTheSameBatchesAndStopWithTheRun) {
     EXPECT_TRUE(ahead.Take(0).ok());
   }
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+// A step that outruns the making starts a second maker: here batch 1 is
+// made only once batch 2 is (which one maker could never do), and both
+// are taken in order; a batch that fails is the error of its own Take,
+// the ones before it are taken as made.
+TEST(Runs, ASecondMakerStartsWhenTheTakerWaits) {
+  absl::Notification two_made;
+  auto make = [&](int b) -> absl::StatusOr<std::pair<at::Tensor, at::Tensor>> {
+    if (b == 1 && !two_made.WaitForNotificationWithTimeout(absl::Seconds(60))) {
+      return absl::DeadlineExceededError("batch 2 was never made beside batch 1");
+    }
+    if (b == 4) return absl::ResourceExhaustedError("no memory for batch 4");
+    auto batch = std::pair{at::full({1}, static_cast<double>(b)), at::full({1}, -static_cast<double>(b))};
+    if (b == 2) two_made.Notify();
+    return batch;
+  };
+  runs::BatchesAhead ahead(make, 0, 8, /*ahead=*/2, /*max_makers=*/2);
+  for (int b = 0; b < 4; ++b) {
+    auto taken = ahead.Take(b);
+    ASSERT_TRUE(taken.ok()) << "batch " << b << ": " << taken.status();
+    EXPECT_EQ(taken->first.item<double>(), b);
+    EXPECT_EQ(taken->second.item<double>(), -b);
+  }
+  EXPECT_EQ(ahead.makers(), 2);
+  auto failed = ahead.Take(4);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_THAT(failed.status().message(), HasSubstr("no memory for batch 4"));
 }
 
 // A batch that cannot be made (out of memory; here a shape LibTorch
