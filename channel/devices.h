@@ -82,8 +82,9 @@ enum class StreamReceives {
                  // time-slices the two processes, and a consumer whose
                  // kernels wait queued on the GPU behind the producer's
                  // took turns from it: on one H200, ResNet50 over two
-                 // processes at one micro-batch took 1.3-1.5x as long per
-                 // batch as with host waits (docs/measurements.md).
+                 // processes at one micro-batch took 1.3-1.8x as long per
+                 // batch as with host waits in five pairs of seven
+                 // (docs/measurements.md).
   kAlways,
 };
 

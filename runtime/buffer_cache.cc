@@ -1,8 +1,8 @@
 #include "runtime/buffer_cache.h"
 
 #include <cstdlib>
-#include <map>
 #include <exception>
+#include <map>
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>

@@ -26,8 +26,9 @@
 #           cuda:0` at --splits 1 and 8, 20 batches, against `master --local
 #           --device cuda:0` at the same splits (steady_batch_s side by side;
 #           three interleaved rounds: protocol_report[-2,-3].json and
-#           protocol_local[-2,-3].json), once each the same with the IPC receives waiting on the GPU instead of
-#           the host (REMORA_CUDA_STREAM_RECEIVES=1), with the workers' passes on
+#           protocol_local[-2,-3].json), once each the same with the IPC
+#           receives waiting on the GPU instead of the host
+#           (REMORA_CUDA_STREAM_RECEIVES=1), with the workers' passes on
 #           their pool's threads instead of one lane thread (REMORA_LANE=0:
 #           how it ran before the lane) and the master-centred protocol
 #           (REMORA_STEP_PROTOCOL=master), and one GPU worker holding the

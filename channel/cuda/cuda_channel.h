@@ -51,10 +51,10 @@
 // Stream-ordered receives (a descriptor with a stream_group, from
 // CallOptions::stream_group; with LibTorch's CUDA API, and by default
 // only NCCL's, between GPUs: Options::stream_receives): the receiver does
-// not wait on the host. LibTorch's current stream of the receiving thread (the device's
-// default stream, shared by the handlers' threads) waits for the copy on
-// the GPU (cudaStreamWaitEvent), so the handler queues its kernels while
-// the producer's still run. The background thread watches the copy: it
+// not wait on the host. LibTorch's current stream of the receiving thread
+// (the device's default stream, shared by the handlers' threads) waits for
+// the copy on the GPU (cudaStreamWaitEvent), so the handler queues its
+// kernels while the producer's still run. The background thread watches the copy: it
 // releases the sender's IPC buffer once the copy is done (the mapping it
 // reads stays open until then) and keeps a failure, or a copy late past
 // Options::timeout (an NCCL communicator is then aborted, which ends its
