@@ -43,6 +43,19 @@ uint64_t Word(uint64_t seq, uint64_t state) { return seq << 2 | state; }
 
 std::string ErrnoText() { return std::strerror(errno); }
 
+// Whether process `pid` has ended (gone, or a zombie its parent has not
+// reaped yet): a sender that died mid-payload never fills the rest.
+bool Ended(int64_t pid) {
+  if (pid <= 0) return false;
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  if (!stat) return true;
+  std::string line;
+  std::getline(stat, line);
+  const size_t paren = line.rfind(')');  // (the name may hold spaces and parentheses)
+  return paren != std::string::npos && paren + 2 < line.size() &&
+         (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
+}
+
 uint64_t RandomIncarnation() {
   std::random_device rd;
   uint64_t v = 0;
@@ -349,7 +362,17 @@ absl::StatusOr<at::Tensor> ShmChannel::Read(const wire::ShmPayload& d, uint64_t 
     if (done == length && word == ready) break;
     if (spins < 64) continue;
     std::this_thread::yield();
-    if (spins % 1024 == 0 && absl::Now() - last_progress > options_.stall_timeout) {
+    if (spins % 1024 != 0) continue;
+    // (every few milliseconds while the sender makes no progress)
+    if (stopped_.load()) {
+      return absl::CancelledError(absl::StrCat("shared-memory payload (segment ", d.segment(), " of process ",
+                                               d.pid(), "): this process is stopping"));
+    }
+    if (Ended(d.pid())) {
+      return absl::UnavailableError(absl::StrCat("shared-memory payload (segment ", d.segment(), " of process ",
+                                                 d.pid(), "): the sender ended before it had written it all"));
+    }
+    if (absl::Now() - last_progress > options_.stall_timeout) {
       return absl::DeadlineExceededError(absl::StrCat(
           "shared-memory payload (segment ", d.segment(), " of process ", d.pid(),
           "): the sender made no progress for ", absl::FormatDuration(options_.stall_timeout),

@@ -120,8 +120,10 @@ class ShmChannel final : public Channel<wire::ShmPayload> {
   // Receiving: checks the payload that `d` describes, `length` bytes, then
   // copies it into a tensor from `allocate(length)` (contiguous, at least
   // `length` bytes) as the sender fills it, and frees the sender's segment.
-  // The sender must be an allowed peer (see Allow). A sender that stops
-  // filling for `stall_timeout` (it died) fails the read.
+  // The sender must be an allowed peer (see Allow). A sender whose process
+  // ended (killed mid-payload) fails the read within milliseconds, as does
+  // Stop() meanwhile; one that stops filling for `stall_timeout` fails it
+  // too.
   absl::StatusOr<at::Tensor> Read(const wire::ShmPayload& d, uint64_t length,
                                   const std::function<absl::StatusOr<at::Tensor>(size_t)>& allocate);
 

@@ -2,6 +2,7 @@
 // frame format with out-of-band payloads, then agents that choose it by
 // themselves (in one process and across real worker processes).
 #include <dirent.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -148,6 +149,44 @@ TEST(ShmChannel, ASenderThatNeverFillsFailsTheReadInTime) {
   a.Reclaim(*d);
   a.Fill(*d, at::zeros({1 << 20}, at::kByte));
   EXPECT_EQ(a.stats().busy, 0);
+}
+
+// A sender killed while it writes (its process gone, or a zombie not yet
+// reaped) fails the read at once, not after stall_timeout; so does a stop
+// of the reader's agent.
+TEST(ShmChannel, ASenderThatEndedOrAStopFailsTheReadAtOnce) {
+  Pair p;
+  at::Tensor x = at::rand({1 << 18});
+  auto first = p.a.Write(Bytes(x));
+  ASSERT_TRUE(first.has_value());
+  ASSERT_TRUE(p.b.Read(*first, x.nbytes(), Alloc).ok());  // (maps the segment)
+  auto d = p.a.Reserve(x.nbytes());
+  ASSERT_TRUE(d.has_value());
+  ASSERT_EQ(d->segment(), first->segment()) << "the test needs a segment the reader has mapped";
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);  // (a process that has ended)
+  // The sender as the group knows it, now that process (the segment stays
+  // mapped: the same incarnation).
+  ShmEndpoint ended = p.a.endpoint();
+  ended.pid = static_cast<uint32_t>(child);
+  p.b.Allow({ended});
+  wire::ShmPayload from_ended = *d;
+  from_ended.set_pid(child);
+  const absl::Time start = absl::Now();
+  auto r = p.b.Read(from_ended, x.nbytes(), Alloc);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("the sender ended before it had written it all"));
+  std::thread stop([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    p.b.Stop();
+  });
+  p.b.Allow({p.a.endpoint()});
+  auto stopped = p.b.Read(*d, x.nbytes(), Alloc);  // (the sender lives, and never fills it)
+  stop.join();
+  EXPECT_EQ(stopped.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "the stall timeout is 30 s";
 }
 
 TEST(ShmChannel, RefusesStrangersAndBadDescriptors) {
