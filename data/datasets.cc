@@ -77,6 +77,18 @@ absl::StatusOr<std::vector<int64_t>> IdxSizes(const std::string& b, int dims, co
   return sizes;
 }
 
+// Where Fashion-MNIST comes from, for messages where it is missing.
+std::string FashionMnistHint() {
+  return absl::StrCat(" (apt-get install dataset-fashion-mnist puts Fashion-MNIST in ", kFashionMnistDir, ")");
+}
+
+// A well-formed dataset name's directory: Fashion-MNIST's for
+// fashion-mnist, DIR for KIND:DIR.
+std::string DatasetDir(const std::string& name) {
+  if (name == "fashion-mnist") return kFashionMnistDir;
+  return name.substr(name.find(':') + 1);
+}
+
 }  // namespace
 
 absl::StatusOr<Dataset> LoadIdx(const std::string& dir, bool train) {
@@ -90,8 +102,7 @@ absl::StatusOr<Dataset> LoadIdx(const std::string& dir, bool train) {
       const bool fashion = fs::path(dir).lexically_normal() == fs::path(kFashionMnistDir).lexically_normal();
       return absl::NotFoundError(absl::StrCat(
           "no ", names[i], " or ", names[i], ".gz in ", dir,
-          fashion ? absl::StrCat(" (apt-get install dataset-fashion-mnist puts Fashion-MNIST in ",
-                                 kFashionMnistDir, ")")
+          fashion ? FashionMnistHint()
                   : std::string(fs::exists(dir) ? "" : ": the directory does not exist")));
     }
     if (!read.ok()) return read.status();
@@ -156,9 +167,7 @@ absl::Status CheckDatasetName(const std::string& name) {
 }
 
 absl::Status CheckDatasetDir(const std::string& name) {
-  const bool fashion = name == "fashion-mnist";
-  const size_t colon = name.find(':');
-  const std::string dir = fashion ? kFashionMnistDir : name.substr(colon == std::string::npos ? 0 : colon + 1);
+  const std::string dir = DatasetDir(name);
   std::error_code ec;
   if (fs::is_directory(dir, ec)) return absl::OkStatus();
   std::string why = " does not exist";
@@ -169,20 +178,13 @@ absl::Status CheckDatasetDir(const std::string& name) {
   }
   return absl::NotFoundError(absl::StrCat(
       "--dataset ", name, ": ", dir, why,
-      fashion ? " (apt-get install dataset-fashion-mnist puts Fashion-MNIST there)"
-              : ": give the directory that holds the dataset's files"));
+      name == "fashion-mnist" ? FashionMnistHint() : ": give the directory that holds the dataset's files"));
 }
 
 absl::StatusOr<std::pair<Dataset, Dataset>> LoadNamed(const std::string& name) {
   RETURN_IF_ERROR(CheckDatasetName(name));
-  std::string kind = name, dir;
-  if (name == "fashion-mnist") {
-    kind = "idx";
-    dir = kFashionMnistDir;
-  } else if (auto colon = name.find(':'); colon != std::string::npos) {
-    kind = name.substr(0, colon);
-    dir = name.substr(colon + 1);
-  }
+  const std::string kind = name == "fashion-mnist" ? "idx" : name.substr(0, name.find(':'));
+  const std::string dir = DatasetDir(name);
   std::pair<Dataset, Dataset> sets;
   if (kind == "idx") {
     ASSIGN_OR_RETURN(sets.first, LoadIdx(dir, true));

@@ -364,19 +364,16 @@ absl::StatusOr<at::Tensor> ShmChannel::Read(const wire::ShmPayload& d, uint64_t 
     std::this_thread::yield();
     if (spins % 1024 != 0) continue;
     // (every few milliseconds while the sender makes no progress)
-    if (stopped_.load()) {
-      return absl::CancelledError(absl::StrCat("shared-memory payload (segment ", d.segment(), " of process ",
-                                               d.pid(), "): this process is stopping"));
-    }
+    auto payload = [&d] {
+      return absl::StrCat("shared-memory payload (segment ", d.segment(), " of process ", d.pid(), ")");
+    };
+    if (stopped_.load()) return absl::CancelledError(absl::StrCat(payload(), ": this process is stopping"));
     if (Ended(d.pid())) {
-      return absl::UnavailableError(absl::StrCat("shared-memory payload (segment ", d.segment(), " of process ",
-                                                 d.pid(), "): the sender ended before it had written it all"));
+      return absl::UnavailableError(absl::StrCat(payload(), ": the sender ended before it had written it all"));
     }
     if (absl::Now() - last_progress > options_.stall_timeout) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "shared-memory payload (segment ", d.segment(), " of process ", d.pid(),
-          "): the sender made no progress for ", absl::FormatDuration(options_.stall_timeout),
-          " (did it die?)"));
+      return absl::DeadlineExceededError(absl::StrCat(payload(), ": the sender made no progress for ",
+                                                      absl::FormatDuration(options_.stall_timeout), " (did it die?)"));
     }
   }
   uint64_t expect = ready;
