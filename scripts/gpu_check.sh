@@ -26,7 +26,9 @@
 #           cuda:0` at --splits 1 and 8, 20 batches, against `master --local
 #           --device cuda:0` at the same splits (steady_batch_s side by side;
 #           three interleaved rounds: protocol_report[-2,-3].json and
-#           protocol_local[-2,-3].json), once each the same with the IPC
+#           protocol_local[-2,-3].json; each pipeline report's
+#           steady_data_wait_seconds is how much of its steady batch the
+#           master waited for its random batch), once each the same with the IPC
 #           receives waiting on the GPU instead of the host
 #           (REMORA_CUDA_STREAM_RECEIVES=1), with the workers' passes on
 #           their pool's threads instead of one lane thread (REMORA_LANE=0:

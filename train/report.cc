@@ -83,12 +83,21 @@ double RunRecord::images() const {
   return n;
 }
 
-double RunRecord::steady_seconds() const {
-  std::vector<double> v(batch_seconds.begin() + (batch_seconds.size() > 1 ? 1 : 0), batch_seconds.end());
+namespace {
+
+// The median of `all` after its first (the only one's; 0: none).
+double MedianAfterFirst(const std::vector<double>& all) {
+  std::vector<double> v(all.begin() + (all.size() > 1 ? 1 : 0), all.end());
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
+
+}  // namespace
+
+double RunRecord::steady_seconds() const { return MedianAfterFirst(batch_seconds); }
+
+double RunRecord::steady_data_wait_seconds() const { return MedianAfterFirst(data_wait_seconds); }
 
 absl::Status WriteCurves(const std::string& path, const std::vector<RunRecord>& runs) {
   Panel loss{"training loss", "step", {}};
@@ -119,14 +128,20 @@ absl::Status WriteReport(const std::string& path, const std::string& mode, const
     const RunRecord& r = runs[i];
     std::vector<std::string> losses;
     for (double l : r.losses) losses.push_back(General(l));
-    std::vector<std::string> batch_seconds;
+    std::vector<std::string> batch_seconds, data_waits;
     for (double b : r.batch_seconds) batch_seconds.push_back(Fixed(6, b));
+    for (double w : r.data_wait_seconds) data_waits.push_back(Fixed(6, w));
     out << (i ? ", " : "") << "{\"splits\": " << r.splits << ", \"schedule\": \"" << r.schedule
         << "\", \"seconds\": " << Fixed(6, r.seconds)
         << ", \"steady_batch_seconds\": " << Fixed(6, r.steady_seconds())
         << ", \"images_per_second\": "
         << Fixed(4, r.images() > 0 ? r.images() / r.seconds : NAN) << ", \"batch_seconds\": ["
-        << absl::StrJoin(batch_seconds, ", ") << "], \"losses\": ["
+        << absl::StrJoin(batch_seconds, ", ") << "]";
+    if (!data_waits.empty()) {
+      out << ", \"steady_data_wait_seconds\": " << Fixed(6, r.steady_data_wait_seconds())
+          << ", \"data_wait_seconds\": [" << absl::StrJoin(data_waits, ", ") << "]";
+    }
+    out << ", \"losses\": ["
         << absl::StrJoin(losses, ", ") << "], \"stages\": [";
     for (size_t k = 0; k < r.stage_memory.size(); ++k) {
       const RunRecord::StageMemory& m = r.stage_memory[k];

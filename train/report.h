@@ -83,6 +83,11 @@ struct RunRecord {
   double seconds = 0;                 // training time
   int64_t batch_rows = 0;             // rows per batch of a run of batches
   std::vector<double> batch_seconds;  // every batch's (of a run of epochs: every step's)
+  // A pipeline's run of batches: how long the master waited for batches to
+  // be made (train/runs.h, BatchesAhead) within each batch's time (a wait
+  // for the next batch falls in the running one's); empty in other runs
+  // (one process makes each batch before its clock starts).
+  std::vector<double> data_wait_seconds;
   std::vector<double> losses;
   // Each stage's peak saved activations (bytes; -1: not measured), every
   // replica's; pipeline runs only.
@@ -109,6 +114,8 @@ struct RunRecord {
   // The steady-state batch time: the median of the batches after the
   // first (which warms up allocators and caches); the only one's, or 0.
   double steady_seconds() const;
+  // The same median of data_wait_seconds (0 when empty).
+  double steady_data_wait_seconds() const;
 };
 
 // Sets `f` to report every step and epoch to run.log (when set), and to
@@ -118,7 +125,8 @@ void ReportTo(RunRecord& run, pipeline::FitOptions& f);
 
 // The runs as JSON: {"mode": mode, "runs": [{"splits", "schedule",
 // "seconds", "steady_batch_seconds", "images_per_second",
-// "batch_seconds", "losses", "stages", ["messages_per_batch"],
+// "batch_seconds", ["steady_data_wait_seconds", "data_wait_seconds"],
+// "losses", "stages", ["messages_per_batch"],
 // "optimizer_state_bytes", "epochs"}, ...]}. An error names the file.
 absl::Status WriteReport(const std::string& path, const std::string& mode, const std::vector<RunRecord>& runs);
 

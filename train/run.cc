@@ -8,6 +8,7 @@
 #include <functional>
 #include <iostream>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <utility>
@@ -71,6 +72,11 @@ absl::Status FitInputShape(RunOptions& c, const Sets& sets) {
 void PrintRun(const Run& run, const RunOptions& c) {
   std::printf("splits=%d seconds=%.3f images_per_second=%s\n", run.splits, run.seconds,
               ImagesPerSecond(run).c_str());
+  if (!run.data_wait_seconds.empty()) {
+    const double total = std::accumulate(run.data_wait_seconds.begin(), run.data_wait_seconds.end(), 0.0);
+    std::printf("data wait: the master waited %.3f s in all for its batches to be made, %.3f s a batch in "
+                "steady state\n", total, run.steady_data_wait_seconds());
+  }
 }
 
 // --local: each split count trained in this process.
@@ -283,6 +289,10 @@ void PrintBaseline(const Run& pipelined, const Run& local, const RunOptions& c) 
               "state (median batch after the first: %.3f s against %.3f s)\n",
               pipelined.splits, pipelined.seconds / local.seconds, pipelined.steady_seconds() / local.steady_seconds(),
               pipelined.steady_seconds(), local.steady_seconds());
+  if (!pipelined.data_wait_seconds.empty()) {
+    std::printf("(the pipeline's steady batch includes %.3f s of waiting for the batch to be made; the local run "
+                "makes each batch before its clock starts)\n", pipelined.steady_data_wait_seconds());
+  }
 }
 
 }  // namespace

@@ -478,6 +478,7 @@ absl::Status TrainPipeline(Agent& agent, const RunOptions& c, const std::vector<
   ASSIGN_OR_RETURN(const int first, ResumeBatches(*trainer, checkpoints, run));  // the next batch
   // (A recovery goes on from an earlier batch: the later ones' times go.)
   if (run.batch_seconds.size() > static_cast<size_t>(first)) run.batch_seconds.resize(first);
+  if (run.data_wait_seconds.size() > static_cast<size_t>(first)) run.data_wait_seconds.resize(first);
   EnableTracing(agent, c.workers, traced);
   const int64_t start = trace::NowUs();
   std::vector<std::pair<int64_t, int64_t>> paused;  // after_batch's windows
@@ -495,6 +496,9 @@ absl::Status TrainPipeline(Agent& agent, const RunOptions& c, const std::vector<
   };
   std::optional<Started> started;
   int64_t last_end = trace::NowUs();
+  // Seconds waited for batches to be made since the last batch ended: a
+  // wait for the next batch counts in the time of the one running then.
+  double data_wait = 0;
   // The master's own slices, on the track after the workers'.
   const int master_track = static_cast<int>(c.workers.size());
   auto record = [&](const char* what, int b, int64_t since) {
@@ -515,6 +519,8 @@ absl::Status TrainPipeline(Agent& agent, const RunOptions& c, const std::vector<
     const double seconds = (now - last_end) / 1e6;
     last_end = now;
     RecordBatch(run, s.b, loss, seconds, c.batch_size);
+    run.data_wait_seconds.push_back(data_wait);
+    data_wait = 0;
     if (elastic != nullptr) elastic->StepDone(s.b + 1);
     RETURN_IF_ERROR(
         saves.MaybeSave(*trainer, {s.b + 1, 0, s.b + 1, 0, 0, run.losses}, /*final=*/s.b + 1 == c.batches, std::cout));
@@ -543,6 +549,7 @@ absl::Status TrainPipeline(Agent& agent, const RunOptions& c, const std::vector<
     }
     auto& [images, one_hot] = *batch;
     record("take batch", b, made);
+    data_wait += (trace::NowUs() - made) / 1e6;
     const int64_t sent = trace::NowUs();
     pipeline::PendingStep step = pipe->start_train_step(images, one_hot);
     record("send", b, sent);

@@ -19,7 +19,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "launch/cli.h"
 #include "shards/resnet.h"
 #include "parallel/process_group.h"
@@ -38,6 +37,7 @@ using test_support::ExpectSameLosses;
 using test_support::LocalLosses;
 using test_support::ReportEpochs;
 using test_support::ReportLosses;
+using test_support::ReportNumbers;
 using test_support::RunPipeline;
 
 const std::string kBin = BinDir();
@@ -103,6 +103,12 @@ TEST(Master, PipelineLossesMatchLocalTraining) {
   const std::string pj = ReadFile(report), lj = ReadFile(local);
   EXPECT_THAT(pj, HasSubstr("\"mode\": \"pipeline\""));
   EXPECT_THAT(lj, HasSubstr("\"mode\": \"local\""));
+  // The master's waits for its batches, each within its batch's time; one process reports none.
+  const auto waits = ReportNumbers(pj, "data_wait_seconds"), times = ReportNumbers(pj, "batch_seconds");
+  ASSERT_EQ(waits.size(), 2u);
+  for (size_t r = 0; r < 2; ++r) EXPECT_LE(waits[r].at(0) + waits[r].at(1), times[r].at(0) + times[r].at(1));
+  EXPECT_TRUE(ReportNumbers(lj, "data_wait_seconds").empty());
+  EXPECT_THAT(out, HasSubstr("data wait: the master waited "));
   auto p = ReportLosses(pj), l = ReportLosses(lj);
   ASSERT_EQ(p.size(), 2u);
   ASSERT_EQ(l.size(), 2u);
@@ -129,15 +135,13 @@ TEST(Master, PipelineLossesMatchLocalTraining) {
   }
   EXPECT_THAT(out, HasSubstr("tensorboard: " + tensorboard));
   const std::string cs = ReadFile(curves);
-  EXPECT_THAT(cs, HasSubstr("splits=1"));
-  EXPECT_THAT(cs, HasSubstr("splits=2"));
-  EXPECT_THAT(cs, HasSubstr("<polyline"));
+  for (const char* part : {"splits=1", "splits=2", "<polyline"}) EXPECT_THAT(cs, HasSubstr(part));
 
   // The trace has a track per worker and forward/backward slices per micro-batch.
   const std::string tj = ReadFile(trace);
-  EXPECT_THAT(tj, HasSubstr("\"traceEvents\""));
-  EXPECT_THAT(tj, HasSubstr("\"name\": \"worker1\""));
-  EXPECT_THAT(tj, HasSubstr("\"name\": \"worker2\""));
+  for (const char* part : {"\"traceEvents\"", "\"name\": \"worker1\"", "\"name\": \"worker2\""}) {
+    EXPECT_THAT(tj, HasSubstr(part));
+  }
   for (const char* slice : {"forward mb0", "forward mb1", "backward mb0", "backward mb1", "step"}) {
     EXPECT_THAT(tj, HasSubstr(slice)) << slice;
   }
@@ -151,13 +155,11 @@ TEST(Master, PipelineLossesMatchLocalTraining) {
   EXPECT_THAT(tj, HasSubstr("\"cat\": \"forward\", \"ph\": \"X\", \"pid\": 0"));
   EXPECT_THAT(tj, HasSubstr("\"stage\": \"stage 0\""));
   for (const char* kind : {"forward", "backward"}) {
-    std::regex staged(absl::StrCat("\"name\": \"", kind,
-                                   " mb[0-9]+\"[^}]*\"stage\": \"stage [0-9]+\""));
+    std::regex staged(absl::StrCat("\"name\": \"", kind, " mb[0-9]+\"[^}]*\"stage\": \"stage [0-9]+\""));
     EXPECT_TRUE(std::regex_search(tj, staged)) << kind;
   }
   const std::string sj = ReadFile(svg);
-  EXPECT_THAT(sj, HasSubstr("<svg"));
-  EXPECT_THAT(sj, HasSubstr("worker2"));
+  for (const char* part : {"<svg", "worker2"}) EXPECT_THAT(sj, HasSubstr(part));
   EXPECT_GT(std::count(sj.begin(), sj.end(), '\n'), 20);
 }
 
@@ -193,10 +195,7 @@ TEST(Master, WorkersRunTheirActionsInTheSchedulesOrder) {
   for (const char* a : {"--splits", "4"}) args.push_back(a);
   auto l = LocalLosses(args, "local4");
   ASSERT_EQ(l.size(), 1u);
-  struct Case {
-    std::string schedule;
-    int per_worker;
-  };
+  struct Case { std::string schedule; int per_worker; };  // NOLINT(whitespace/braces)
   for (const Case& k : {Case{"1f1b", 1}, Case{"gpipe", 1}, Case{"interleaved", 2}}) {
     SCOPED_TRACE(k.schedule);
     const std::string report = TempPath(k.schedule + ".json"), trace = TempPath(k.schedule + "_trace.json");
@@ -217,8 +216,7 @@ TEST(Master, WorkersRunTheirActionsInTheSchedulesOrder) {
         "\"name\": \"(forward|backward) mb([0-9]+)\"[^}]*\"pid\": ([0-9]+)[^}]*\"ts\": "
         "([0-9]+)[^}]*\"stage\": \"stage ([0-9]+)\"");
     std::vector<std::vector<std::pair<int64_t, std::string>>> ran(2);
-    for (auto it = std::sregex_iterator(tj.begin(), tj.end(), slice); it != std::sregex_iterator();
-         ++it) {
+    for (auto it = std::sregex_iterator(tj.begin(), tj.end(), slice); it != std::sregex_iterator(); ++it) {
       const int pid = std::stoi((*it)[3]);
       ASSERT_LT(pid, 2);
       ran[pid].emplace_back(std::stoll((*it)[4]), absl::StrCat((*it)[1].str() == "forward" ? "F" : "B",

@@ -31,6 +31,7 @@
 #include "tests/support/script_models.h"
 #include "tests/support/test_group.h"
 #include "train/local_trainer.h"
+#include "train/report.h"
 #include "train/runs.h"
 
 namespace remora::train {
@@ -317,6 +318,30 @@ TEST(Runs, ABatchThatCannotBeMadeIsAnErrorOfTake) {
   ASSERT_FALSE(taken.ok());
   EXPECT_THAT(taken.status().message(), HasSubstr("making batch 0: "));
   EXPECT_THAT(taken.status().message(), HasSubstr("negative"));
+}
+
+// The master's waits for its batches go in the report beside the batch
+// times, with their median after the first; a run without them (one
+// process) has neither key.
+TEST(Report, DataWaitsAreWrittenWithTheirSteadyMedian) {
+  RunRecord piped(2), local(1);
+  piped.batch_seconds = {1.0, 0.5, 0.4, 0.6};
+  piped.data_wait_seconds = {0.9, 0.25, 0.0, 0.1};
+  local.batch_seconds = {0.3, 0.2};
+  EXPECT_DOUBLE_EQ(piped.steady_data_wait_seconds(), 0.1);
+  EXPECT_DOUBLE_EQ(local.steady_data_wait_seconds(), 0);
+  const std::string path = testing::TempDir() + "/data_wait_report.json";
+  ASSERT_TRUE(WriteReport(path, "pipeline", {piped, local}).ok());
+  std::ifstream in(path);
+  std::stringstream json;
+  json << in.rdbuf();
+  EXPECT_THAT(json.str(), HasSubstr("\"steady_data_wait_seconds\": 0.100000, \"data_wait_seconds\": [0.900000, "
+                                    "0.250000, 0.000000, 0.100000]"));
+  int keys = 0;
+  for (size_t at = json.str().find("data_wait"); at != std::string::npos; at = json.str().find("data_wait", at + 1)) {
+    ++keys;
+  }
+  EXPECT_EQ(keys, 2);  // the pipeline run's two; the local run has none
 }
 
 }  // namespace
