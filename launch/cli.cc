@@ -278,6 +278,33 @@ absl::Status CheckAddress(const std::string& address, const std::string& flag) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Why opening `path` to write fails ("" when it opens): a regular file
+// opened for appending (its bytes untouched), a missing one created and
+// removed again. Tried rather than asked of access(), which tells root yes
+// for any mode bits and for places no file can be made (/proc).
+std::string WhyOpenFails(const std::string& path, bool exists) {
+  const int fd = exists ? open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC)
+                        : open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    switch (errno) {
+      case EACCES:
+      case EPERM: return "no permission";
+      case EROFS: return "a read-only file system";
+      case ENOENT: return "the file system there takes no new files";
+      case ENOSPC:
+      case EDQUOT: return "no space left";
+      default: return std::strerror(errno);
+    }
+  }
+  close(fd);
+  if (!exists) unlink(path.c_str());
+  return "";
+}
+
+}  // namespace
+
 std::string WhyCannotWrite(const std::string& path) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::path(path).has_parent_path() ? fs::path(path).parent_path() : fs::path(".");
@@ -285,8 +312,10 @@ std::string WhyCannotWrite(const std::string& path) {
   fs::create_directories(dir, error);
   if (fs::is_directory(path, error)) return "it is a directory";
   if (!fs::is_directory(dir, error)) return absl::StrCat("no directory ", dir.string(), " and none could be made");
-  const bool writable = fs::exists(path, error) ? access(path.c_str(), W_OK) == 0 : access(dir.c_str(), W_OK) == 0;
-  return writable ? "" : "no permission";
+  const fs::file_status status = fs::status(path, error);
+  // (A device or pipe, /dev/stdout say, is not opened here: that could block.)
+  if (fs::exists(status) && !fs::is_regular_file(status)) return access(path.c_str(), W_OK) == 0 ? "" : "no permission";
+  return WhyOpenFails(path, fs::exists(status));
 }
 
 std::string WhyCannotWriteDir(const std::string& dir) {
@@ -295,7 +324,7 @@ std::string WhyCannotWriteDir(const std::string& dir) {
   if (fs::exists(dir, error) && !fs::is_directory(dir, error)) return "a file of that name exists";
   fs::create_directories(dir, made);
   if (!fs::is_directory(dir, error)) return absl::StrCat("it cannot be made: ", made.message());
-  return access(dir.c_str(), W_OK) == 0 ? "" : "no permission";
+  return WhyOpenFails(absl::StrCat(dir, "/.remora-write-check-", getpid()), /*exists=*/false);
 }
 
 absl::Status CheckCanListen(const std::string& address, const std::string& flag) {

@@ -123,12 +123,14 @@ absl::Status CheckCanListen(const std::string& address, const std::string& flag)
 
 // Why this process could not write the file `path` (its directory made
 // first where missing): "it is a directory", "no directory D and none could
-// be made" or "no permission"; empty when it could. For output files a
-// program writes at its end, checked at its start.
+// be made", "no permission", "a read-only file system", ...; empty when it
+// could. The file is opened to find out (appended to, nothing written; a
+// missing one made and removed; a device or pipe only asked about). For
+// output files a program writes at its end, checked at its start.
 std::string WhyCannotWrite(const std::string& path);
-// The same for a directory a program writes into (made where missing):
-// "a file of that name exists", "it cannot be made: WHY" or "no
-// permission"; empty when it can.
+// The same for a directory a program writes into (made where missing, a
+// file made in it and removed): "a file of that name exists", "it cannot
+// be made: WHY", "no permission", ...; empty when it can.
 std::string WhyCannotWriteDir(const std::string& dir);
 
 // Splits "a,b,c", dropping empty parts.

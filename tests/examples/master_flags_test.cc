@@ -1,11 +1,15 @@
 // master's command line in this process: every bad flag is an error that
 // names it, and good ones resolve to the configuration master runs. (The
-// program itself is tested in tests/models/resnet_test.cc: --help, the
+// program itself is tested in tests/shards/resnet_test.cc: --help, the
 // exit codes, workers that never come.)
 #include "examples/master_flags.h"
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <system_error>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -13,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/manifest.h"
+#include "launch/cli.h"
 #include "parallel/process_group.h"
 #include "tests/support/script_models.h"
 #include "tests/support/test_group.h"
@@ -326,6 +331,32 @@ TEST(MasterFlags, FlagsWithoutEffectAreNamedInANote) {
 TEST(MasterFlags, AParseErrorIsAnError) {
   EXPECT_THAT(ErrorOf({"--workers", "a", "--bogus"}), HasSubstr("exit code 2"));
   EXPECT_THAT(ErrorOf({"--workers"}), HasSubstr("exit code 2"));
+}
+
+// An output path is tried, not only asked about: as root, access() says
+// yes to /proc, where no file can be made, and the run's report was lost
+// at its end. A file that exists keeps its bytes; a missing one is not
+// left behind; a directory is checked by a file made in it and removed.
+TEST(MasterFlags, OutputPathsAreTriedBeforeTraining) {
+  const std::string file = launch::WhyCannotWrite("/proc/remora-report.json");
+  const std::string tb = launch::WhyCannotWriteDir("/proc/remora-tb");
+  EXPECT_FALSE(file.empty());
+  EXPECT_FALSE(tb.empty());
+  if (geteuid() == 0) {  // (another user is refused for want of permission)
+    EXPECT_EQ(file, "the file system there takes no new files");
+    EXPECT_EQ(tb, "it cannot be made: " + std::error_code(ENOENT, std::generic_category()).message());
+  }
+  const std::string dir = testing::TempDir() + "/output_paths";
+  std::filesystem::create_directories(dir);
+  EXPECT_EQ(launch::WhyCannotWrite(dir + "/new.json"), "");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/new.json"));
+  std::ofstream(dir + "/old.json") << "kept";
+  EXPECT_EQ(launch::WhyCannotWrite(dir + "/old.json"), "");
+  std::ifstream old(dir + "/old.json");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(old), {}), "kept");
+  EXPECT_EQ(launch::WhyCannotWriteDir(dir), "");
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir), {}), 1);  // old.json alone
+  EXPECT_EQ(launch::WhyCannotWrite("/dev/null"), "");  // (a device: asked, not opened)
 }
 
 }  // namespace
