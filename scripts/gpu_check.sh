@@ -38,7 +38,8 @@
 #           path without a stage boundary or a second process on the GPU);
 #           Perfetto traces of --splits 1 (OUTDIR/protocol_trace.json, and
 #           protocol_one_worker_trace.json, protocol_local_trace.json: with
-#           the workers' copies and waits and the master's own slices)
+#           the workers' copies and waits and the master's own slices); the
+#           rounds' ratios against the bounds go to OUTDIR/summary.txt
 #   dp      data parallelism on the GPU: CudaProcessGroup.* and
 #           CudaDataParallel.* with REMORA_DEBUG=channels, then ResNet50
 #           (64x64) as --replicas 2 over two `worker --device cuda:0`
@@ -224,7 +225,34 @@ step_protocol() {
   echo "== one process at --splits 1, traced"
   timeout -k 10 120 "$bin/master" --local --device cuda:0 --splits 1 --batches 8 \
     --trace "$out/protocol_local_trace.json" || rc=1
+  protocol_summary | while IFS= read -r line; do log "protocol: $line"; done
   return $rc
+}
+
+# The three rounds side by side: each split count's steady batch over two
+# GPU workers against one process, the ratio against the issue's bound,
+# and how much of the pipeline's batch the master waited for its data.
+protocol_summary() {
+  py - "$out" <<'PY'
+import json, sys
+out = sys.argv[1]
+bound = {1: 1.3, 8: 1.1}
+print("round splits pipeline_s local_s ratio bound verdict data_wait_s")
+for n, tag in enumerate(["", "-2", "-3"], 1):
+    try:
+        runs = [{r["splits"]: r for r in json.load(open(f"{out}/protocol_{kind}{tag}.json"))["runs"]}
+                for kind in ("report", "local")]
+    except (OSError, ValueError, KeyError) as e:
+        print(f"{n} no figures: {e}")
+        continue
+    for s in sorted(set(runs[0]) & set(runs[1])):
+        p, l = runs[0][s]["steady_batch_seconds"], runs[1][s]["steady_batch_seconds"]
+        ratio = p / l if l else float("nan")
+        wait = runs[0][s].get("steady_data_wait_seconds")
+        verdict = "-" if s not in bound else ("met" if ratio <= bound[s] else "MISSED")
+        print(f"{n} {s} {p:.4f} {l:.4f} {ratio:.2f}x {bound.get(s, '-')} {verdict} "
+              f"{'-' if wait is None else f'{wait:.4f}'}")
+PY
 }
 
 # Data parallelism on the GPU: the c10d groups and the CUDA replica test,
