@@ -43,4 +43,10 @@ absl::Status Annotate(const absl::Status& status, const std::string& prefix);
 // `said` already ends naming worker 'NAME'.
 absl::string_view WithoutLeadingWorker(absl::string_view message, absl::string_view said);
 
+// The bytes of the file `path`; never throws. Errors say "cannot read
+// <what> <path> (why)": NotFound when it does not exist, InvalidArgument
+// when it is a directory, PermissionDenied, DataLoss when a read fails.
+// `what` names it for the user ("--token-file"; may be empty).
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const std::string& what = "");
+
 }  // namespace remora

@@ -4,7 +4,6 @@
 
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/arange.h>
@@ -33,11 +32,7 @@ namespace {
 // The bytes of `path`, or of `path`.gz decompressed.
 absl::StatusOr<std::string> ReadMaybeGz(const std::string& path) {
   std::error_code ec;
-  if (fs::exists(path, ec)) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return absl::PermissionDeniedError(absl::StrCat("cannot read ", path));
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  }
+  if (fs::exists(path, ec)) return ReadWholeFile(path);
   const std::string gz = path + ".gz";
   if (!fs::exists(gz, ec)) return absl::NotFoundError(gz);
   gzFile in = gzopen(gz.c_str(), "rb");
@@ -132,12 +127,9 @@ absl::StatusOr<Dataset> LoadCifar10(const std::string& dir, bool train) {
   std::vector<at::Tensor> images, labels;
   for (const auto& f : files) {
     const std::string path = (fs::path(dir) / f).string();
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
-      return absl::NotFoundError(absl::StrCat("cannot read ", path,
-                                              " (CIFAR-10's binary version: cifar-10-batches-bin)"));
-    }
-    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    absl::StatusOr<std::string> read = ReadWholeFile(path);
+    if (!read.ok()) return Annotate(read.status(), "CIFAR-10's binary version (cifar-10-batches-bin)");
+    std::string& bytes = *read;
     if (bytes.empty() || bytes.size() % kRecord != 0) {
       return absl::DataLossError(absl::StrCat(path, " holds ", bytes.size(),
                                               " bytes, not a whole number of ", kRecord,

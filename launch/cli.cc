@@ -27,11 +27,13 @@
 #include <ATen/Parallel.h>
 #include <c10/core/CPUAllocator.h>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "base/status_util.h"
 #include "launch/program_path.h"
 
 namespace remora::launch {
@@ -255,15 +257,21 @@ std::string AddressSource(const std::string& flag, const std::string& value) {
 }
 
 absl::StatusOr<std::string> LoadToken(const std::string& token_file) {
+  std::string token;
   if (token_file.empty()) {
     const char* env = std::getenv("REMORA_TOKEN");
-    return std::string(env ? env : "");
+    token = env ? env : "";
+    if (!token.empty() && absl::StripAsciiWhitespace(token).empty()) {
+      return absl::InvalidArgumentError("REMORA_TOKEN holds only white space: set a secret, or unset it for no check");
+    }
+    return token;
   }
-  std::ifstream in(token_file);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read --token-file ", token_file));
-  std::string token((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSIGN_OR_RETURN(token, ReadWholeFile(token_file, "--token-file"));
   while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
   if (token.empty()) return absl::InvalidArgumentError(absl::StrCat("--token-file ", token_file, " is empty"));
+  if (absl::StripAsciiWhitespace(token).empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--token-file ", token_file, " holds only white space"));
+  }
   return token;
 }
 

@@ -103,6 +103,8 @@ std::string AddressSource(const std::string& flag, const std::string& value);
 
 // The shared secret for AgentOptions::token: the contents of `token_file`
 // (trailing newline dropped) when given, else $REMORA_TOKEN, else empty.
+// An error when the file cannot be read (or is a directory), or the secret
+// is empty (a file) or only white space.
 absl::StatusOr<std::string> LoadToken(const std::string& token_file);
 
 // AgentOptions::tls from the files of AddTlsFlags: all empty is plaintext;

@@ -1,12 +1,10 @@
 #include "rpc/tls_credentials.h"
 
-#include <cerrno>
-#include <cstring>
-#include <fstream>
-#include <iterator>
+#include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_util.h"
 
 namespace remora {
 namespace {
@@ -18,19 +16,6 @@ bool HasPemBlock(const std::string& pem, const char* label) {
 bool HasPrivateKey(const std::string& pem) {
   // PKCS#8 ("PRIVATE KEY"), and the traditional "RSA/EC PRIVATE KEY".
   return absl::StrContains(pem, "-----BEGIN ") && absl::StrContains(pem, "PRIVATE KEY-----");
-}
-
-absl::StatusOr<std::string> ReadPem(const std::string& path, const std::string& flag) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat("cannot read ", flag, " ", path, " (",
-                                            std::strerror(errno), ")"));
-  }
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) {
-    return absl::DataLossError(absl::StrCat("cannot read ", flag, " ", path));
-  }
-  return text;
 }
 
 }  // namespace
@@ -93,7 +78,7 @@ absl::StatusOr<TlsOptions> LoadTlsFiles(const std::string& cert_file, const std:
                         File{key_file, "--tls-key", &tls.key_pem, nullptr},
                         File{ca_file, "--tls-ca", &tls.ca_pem, "CERTIFICATE"}}) {
     if (f.path.empty()) continue;
-    auto text = ReadPem(f.path, f.flag);
+    auto text = ReadWholeFile(f.path, f.flag);
     if (!text.ok()) return text.status();
     const bool ok = f.label ? HasPemBlock(*text, f.label) : HasPrivateKey(*text);
     if (!ok) {

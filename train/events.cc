@@ -6,12 +6,11 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "base/status_util.h"
 #include "proto/tensorboard.pb.h"
 
 namespace remora::train {
@@ -123,9 +122,7 @@ absl::Status EventWriter::Flush() {
 }
 
 absl::StatusOr<std::vector<ScalarEvent>> ReadScalars(const std::string& path, std::string* version) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSIGN_OR_RETURN(const std::string bytes, ReadWholeFile(path));
   std::vector<ScalarEvent> out;
   size_t at = 0;
   while (at < bytes.size()) {

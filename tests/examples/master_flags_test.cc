@@ -359,5 +359,24 @@ TEST(MasterFlags, OutputPathsAreTriedBeforeTraining) {
   EXPECT_EQ(launch::WhyCannotWrite("/dev/null"), "");  // (a device: asked, not opened)
 }
 
+// The group's secret: a directory, a blank file or a blank REMORA_TOKEN is
+// an error saying so (a directory used to end the program with an
+// uncaught exception from reading it); a file's last line break is not
+// part of the secret.
+TEST(MasterFlags, ASecretThatIsADirectoryOrBlankIsRefused) {
+  const std::string dir = testing::TempDir() + "/secrets";
+  std::filesystem::create_directories(dir);
+  EXPECT_EQ(launch::LoadToken(dir).status().message(), "--token-file " + dir + " is a directory; give a file");
+  std::ofstream(dir + "/blank") << "  \t\n";
+  EXPECT_THAT(launch::LoadToken(dir + "/blank").status().message(), HasSubstr("holds only white space"));
+  std::ofstream(dir + "/good") << "s3cret\n";
+  EXPECT_EQ(launch::LoadToken(dir + "/good").value_or(""), "s3cret");
+  setenv("REMORA_TOKEN", "   ", 1);
+  EXPECT_THAT(launch::LoadToken("").status().message(), HasSubstr("REMORA_TOKEN holds only white space"));
+  setenv("REMORA_TOKEN", "", 1);
+  EXPECT_EQ(launch::LoadToken("").value_or("?"), "");  // empty: no check
+  unsetenv("REMORA_TOKEN");
+}
+
 }  // namespace
 }  // namespace remora::master

@@ -223,6 +223,9 @@ TEST(Tls, IncompleteOrInvalidOptionsAreClearErrors) {
   const std::string missing = TempPath("absent.crt");
   absl::Status unreadable = LoadTlsFiles(missing, p.key, p.ca).status();
   EXPECT_THAT(std::string(unreadable.message()), HasSubstr("cannot read --tls-cert " + missing));
+  // A directory is an error naming the flag, not an exception from reading it.
+  EXPECT_EQ(LoadTlsFiles(testing::TempDir(), p.key, "").status().message(),
+            "--tls-cert " + testing::TempDir() + " is a directory; give a file");
   EXPECT_THAT(std::string(LoadTlsFiles(p.key, p.key, p.ca).status().message()),
               HasSubstr("--tls-cert " + p.key + " holds no PEM certificate"));
   EXPECT_THAT(std::string(LoadTlsFiles(p.cert, p.cert, p.ca).status().message()),
