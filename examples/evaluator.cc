@@ -140,12 +140,16 @@ absl::Status Record(const checkpoint::Checkpoint& ck, const Score& score, const 
 }
 
 // Follows o.dir: evaluates each new checkpoint on the first `rows` of
-// `test` until the final one (or one with --once); returns the exit code.
+// `test` until the final one (or one: with --once, or given one
+// checkpoint's directory); returns the exit code.
 int Follow(const Options& o, const data::Source& test, int64_t rows) {
   auto fail = [](const std::string& msg, int rc) {
     std::cerr << "evaluator: " << msg << "\n";
     return rc;
   };
+  // One checkpoint's directory (not the job's) gets no newer one: it is
+  // evaluated once, as with --once.
+  const bool once = o.once || std::filesystem::exists(std::filesystem::path(o.dir) / "manifest.json");
   // The last checkpoint evaluated, and its score (the run's final
   // checkpoint may be the last periodic one, committed again as final).
   std::string done;
@@ -166,17 +170,17 @@ int Follow(const Options& o, const data::Source& test, int64_t rows) {
                                                       "is --dataset the training's, and --image-size?)"));
       }
       if (!score.ok()) {
-        if (o.once || std::filesystem::exists(ck->manifest_path)) return fail(std::string(score.status().message()), 1);
+        if (once || std::filesystem::exists(ck->manifest_path)) return fail(std::string(score.status().message()), 1);
         // Pruned while it was read (--keep): a newer one is there.
       } else {
         if (auto s = Record(*ck, *score, o); !s.ok()) return fail(std::string(s.message()), 1);
         done = ck->dir;
         done_score = *score;
         last_new = std::chrono::steady_clock::now();
-        if (ck->manifest.final || o.once) return 0;
+        if (ck->manifest.final || once) return 0;
       }
     } else if (!ck.ok()) {
-      if (o.once) return fail(std::string(ck.status().message()), 1);
+      if (once) return fail(std::string(ck.status().message()), 1);
       if (ck.status().code() != absl::StatusCode::kNotFound) return fail(std::string(ck.status().message()), 1);
       if (!warned) {
         std::printf("evaluator: no checkpoint yet in %s; waiting\n", o.dir.c_str());
@@ -224,6 +228,9 @@ int Main(int argc, char** argv) {
   if (o.poll_ms < 1 || o.batch_size < 1 || o.threads < 1 || o.timeout_s < 0 || o.test_rows < 0) {
     return fail("--poll-ms, --batch-size and --threads must be >= 1; --timeout and --test-rows >= 0", 2);
   }
+  if (o.threads > launch::kMaxThreads) {
+    return fail(absl::StrCat("--threads must be at most ", launch::kMaxThreads, "; got ", o.threads), 2);
+  }
   if (auto s = data::CheckDatasetName(o.dataset); !s.ok()) return fail(std::string(s.message()), 2);
   if (auto s = data::CheckDatasetDir(o.dataset); !s.ok()) return fail(std::string(s.message()), 2);
   if (o.image_size < 16 || o.data_threads < 1) return fail("--image-size must be >= 16, --data-threads >= 1", 2);
@@ -231,14 +238,18 @@ int Main(int argc, char** argv) {
   if (o.val_fraction > 0 && o.dataset.rfind("imagefolder:", 0) != 0) {
     return fail("--val-fraction is for --dataset imagefolder:DIR (the training's held-out images)", 2);
   }
+  if (std::error_code ec; std::filesystem::exists(o.dir, ec) && !std::filesystem::is_directory(o.dir, ec)) {
+    return fail(absl::StrCat("--checkpoint-dir ", o.dir,
+                             " is not a directory: give the job's checkpoint directory (or one checkpoint's)"), 2);
+  }
   if (o.output.empty()) o.output = o.dir + "/eval.jsonl";
   // An --output that cannot be written fails now, not after the first
   // evaluation; its directory may not exist yet where it is the checkpoint
   // directory, which the job makes.
   const std::filesystem::path parent = std::filesystem::path(o.output).parent_path();
   const bool job_makes_it = parent == std::filesystem::path(o.dir) && !std::filesystem::exists(o.dir);
-  if (!job_makes_it && !launch::WhyCannotWrite(o.output).empty()) {
-    return fail(absl::StrCat("cannot write --output ", o.output, ": give a file this user can write"), 1);
+  if (const std::string why = job_makes_it ? "" : launch::WhyCannotWrite(o.output); !why.empty()) {
+    return fail(absl::StrCat("cannot write --output ", o.output, " (", why, "): give a file this user can write"), 2);
   }
   runtime::SetComputeThreads(o.threads);
   if (auto s = shards::RegisterStageTypes(); !s.ok()) return fail(std::string(s.message()), 1);

@@ -37,6 +37,9 @@ int Main(int argc, char** argv) {
   if (!parser.Parse(argc, argv, &code)) return code;
   flags.given = parser.given();
   auto line = master::Check(std::move(flags));
+  if (line.ok()) {  // (bad paths are bad flag values too: a supervisor does not restart for them)
+    if (absl::Status paths = train::runs::CheckPaths(line->config); !paths.ok()) line = paths;
+  }
   if (!line.ok()) {
     std::cerr << "master: " << line.status().message() << "\n";
     return 2;

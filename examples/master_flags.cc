@@ -63,6 +63,9 @@ absl::Status CheckValues(const Flags& f, const RunOptions& c) {
     if (value < 1) return Bad(absl::StrCat("--", flag, " must be >= 1; got ", value));
   }
   if (c.image_size < 16 || c.image_size > 1024) return Bad("--image-size must be in [16, 1024]");
+  if (c.threads > launch::kMaxThreads) {
+    return Bad(absl::StrCat("--threads must be at most ", launch::kMaxThreads, "; got ", c.threads));
+  }
   auto device = ParseDevice(c.device, "--device");
   if (!device.ok()) return Bad(std::string(device.status().message()));
   if (auto s = CheckLocalDevice(*device); !s.ok()) return Bad(std::string(s.message()));

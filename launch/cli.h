@@ -135,6 +135,11 @@ std::string WhyCannotWrite(const std::string& path);
 // be made: WHY", "no permission", ...; empty when it can.
 std::string WhyCannotWriteDir(const std::string& dir);
 
+// The most threads a --threads or --rpc-threads flag may ask for: more is
+// a typo (a hundred thousand threads exhaust the process long before they
+// help), refused as a bad value.
+inline constexpr int kMaxThreads = 1024;
+
 // Splits "a,b,c", dropping empty parts.
 std::vector<std::string> SplitList(const std::string& list);
 

@@ -96,6 +96,10 @@ absl::StatusOr<AgentOptions> OptionsFrom(const WorkerFlags& f, const std::string
     return absl::InvalidArgumentError(
         "worker: --threads, --slow-ms and --master-timeout must be >= 0, --rpc-threads and --connect-timeout >= 1");
   }
+  if (f.threads > launch::kMaxThreads || f.rpc_threads > launch::kMaxThreads) {
+    return absl::InvalidArgumentError(absl::StrCat("worker: --threads and --rpc-threads must be at most ",
+                                                   launch::kMaxThreads, "; got ", f.threads, " and ", f.rpc_threads));
+  }
   AgentOptions options;
   options.name = f.name;
   options.master_address = f.master;

@@ -224,11 +224,10 @@ absl::StatusOr<std::vector<Run>> TrainOverWorkers(Agent& agent, RunPlan& line, c
   return runs;
 }
 
-// The files written at the end (--report, --trace, --timeline, --curves)
-// and the directories written into (--checkpoint-dir, --tensorboard) can
-// be written: checked before training, so that no run is lost to a typo
-// in a path; a missing directory is made.
-absl::Status CheckOutputFiles(const RunOptions& c) {
+}  // namespace
+
+absl::Status CheckPaths(const RunOptions& c) {
+  if (!c.dataset.empty()) RETURN_IF_ERROR(data::CheckDatasetDir(c.dataset));  // (read once the master listens)
   for (const auto& [flag, path] : {std::pair<const char*, std::string>{"report", c.report},
                                    {"trace", c.trace},
                                    {"timeline", c.timeline},
@@ -249,6 +248,8 @@ absl::Status CheckOutputFiles(const RunOptions& c) {
   }
   return absl::OkStatus();
 }
+
+namespace {
 
 // The summary table, and the report, trace, timeline and curves asked for.
 absl::Status WriteOutputs(const std::vector<Run>& runs, const RunOptions& c) {
@@ -322,10 +323,7 @@ absl::Status RunMaster(RunPlan& plan, Registry* registry) {
   // Listening before the dataset loads: a port in use is found at once
   // (checked first, so that gRPC's own log line does not precede remora's
   // message), and workers that register meanwhile learn of a failure.
-  if (auto s = CheckOutputFiles(c); !s.ok()) return fail(s);
-  if (!c.dataset.empty()) {  // (what is in it is read once the master listens)
-    if (auto s = data::CheckDatasetDir(c.dataset); !s.ok()) return fail(s);
-  }
+  if (auto s = CheckPaths(c); !s.ok()) return fail(s);
   if (!c.local) {
     if (auto s = launch::CheckCanListen(c.listen, launch::AddressSource("--listen", c.listen)); !s.ok()) {
       return fail(s);

@@ -40,6 +40,14 @@ struct RunPlan {
   std::string note;
 };
 
+// The paths a run reads and writes, checked before it starts, so that no
+// run is lost to a typo in a path: a --dataset directory exists, the files
+// written at the end (--report, --trace, --timeline, --curves) and the
+// directories written into (--checkpoint-dir, --tensorboard) can be
+// written (missing directories are made). RunMaster checks them first;
+// `master` checks them before anything else, as bad flag values (exit 2).
+absl::Status CheckPaths(const RunOptions& c);
+
 // Runs `plan` (config.local: in this process; else over config.all_workers,
 // which register with this process's agent, serving `registry`). Every
 // error ends the group (the workers are told why and exit) and is

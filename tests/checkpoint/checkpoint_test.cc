@@ -474,6 +474,13 @@ TEST(CheckpointJob, AJobKilledMidEpochResumesAndEndsEqualToAnUninterruptedOne) {
     const size_t acc = epoch3.find("test_accuracy=");
     ASSERT_NE(acc, std::string::npos) << out;
     EXPECT_THAT(evaluated, HasSubstr("step=30 epoch=3 " + epoch3.substr(acc, 20)));
+    // Given one checkpoint's directory (not final), it scores that one and
+    // exits: no newer one can come there.
+    auto [one_code, one_out] =
+        RunProgram({kBin + "/evaluator", "--checkpoint-dir", whole + "/step-00000012", "--dataset", "idx:" + data,
+                    "--threads", "1", "--output", TempPath("ckpt_one.jsonl")}, absl::Seconds(60));
+    EXPECT_EQ(one_code, 0) << one_out;
+    EXPECT_THAT(one_out, HasSubstr("step=12 epoch=2 ")) << one_out;
   }
 
   // Killed: worker w2 is SIGKILLed once the checkpoint of step 6 is
@@ -560,17 +567,24 @@ TEST(CheckpointJob, AJobKilledMidEpochResumesAndEndsEqualToAnUninterruptedOne) {
   EXPECT_EQ(CompleteSteps(broken), before);
 }
 
-// An --output the evaluator cannot write fails at once, not after its first
-// evaluation; the default one, in a checkpoint directory the job has not
-// made yet, is fine.
+// An --output the evaluator cannot write fails at once (a bad flag value:
+// 2), not after its first evaluation; the default one, in a checkpoint
+// directory the job has not made yet, is fine. A --checkpoint-dir that is
+// a file is said to be one.
 TEST(Evaluator, AnOutputThatCannotBeWrittenFailsAtOnce) {
   const std::string dir = TempPath("evaluator_not_yet");
   for (const std::string& output : {std::string("/proc/none/eval.jsonl"), testing::TempDir()}) {
     auto [code, out] = RunProgram({kBin + "/evaluator", "--checkpoint-dir", dir, "--dataset", "fashion-mnist",
                                    "--once", "--output", output});
-    EXPECT_EQ(code, 1) << out;
+    EXPECT_EQ(code, 2) << out;
     EXPECT_THAT(out, HasSubstr("cannot write --output " + output)) << out;
   }
+  const std::string file = TempPath("evaluator_file");
+  std::ofstream(file) << "x";
+  auto [file_code, file_out] = RunProgram({kBin + "/evaluator", "--checkpoint-dir", file, "--dataset",
+                                           "fashion-mnist", "--once"});
+  EXPECT_EQ(file_code, 2) << file_out;
+  EXPECT_THAT(file_out, HasSubstr("--checkpoint-dir " + file + " is not a directory")) << file_out;
   auto [code, out] = RunProgram({kBin + "/evaluator", "--checkpoint-dir", dir, "--dataset", "fashion-mnist", "--once"});
   EXPECT_THAT(out, HasSubstr("no checkpoint at " + dir)) << out;
 }

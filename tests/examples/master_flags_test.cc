@@ -74,6 +74,7 @@ TEST(MasterFlags, BadValuesAreClearErrorsNamingTheFlag) {
       {{"--workers", "a,b", "--replicas", "2", "--splits", "2", "--batch-size", "6"}, "--splits 2 x --replicas 2"},
       {{"--local", "--batch-size", "0"}, "--batch-size must be >= 1"},
       {{"--local", "--image-size", "4"}, "--image-size"},
+      {{"--local", "--threads", "100000"}, "--threads must be at most 1024; got 100000"},
       {{"--local", "--lr", "0"}, "--lr must be a finite number > 0"},
       {{"--local", "--lr", "-1"}, "--lr must be a finite number > 0"},  // not taken for "not given"
       {{"--local", "--lr", "inf"}, "--lr must be a finite number > 0; got inf"},

@@ -48,20 +48,21 @@ TEST(WorkerProgram, HelpAndBadFlags) {
   auto [no_name, no_name_out] = RunProgram({kBin + "/worker"});
   EXPECT_EQ(no_name, 2);
   EXPECT_THAT(no_name_out, HasSubstr("--name is required"));
-  auto [bad, bad_out] = RunProgram({kBin + "/worker", "--name", "w1", "--bogus"});
-  EXPECT_EQ(bad, 2);
-  EXPECT_THAT(bad_out, HasSubstr("unknown flag --bogus"));
-  auto [bad_addr, bad_addr_out] =
-      RunProgram({kBin + "/worker", "--name", "w1", "--master", "nohost"});
-  EXPECT_EQ(bad_addr, 2);
-  EXPECT_THAT(bad_addr_out, HasSubstr("HOST:PORT"));
-  auto [bad_name, bad_name_out] = RunProgram(
-      {kBin + "/worker", "--name", "bad name", "--connect-timeout", "1"});
-  EXPECT_EQ(bad_name, 2);
-  EXPECT_THAT(bad_name_out, HasSubstr("--name 'bad name': use 1 to 128 characters"));
-  auto [master_name, master_name_out] = RunProgram({kBin + "/worker", "--name", "master"});
-  EXPECT_EQ(master_name, 2);
-  EXPECT_THAT(master_name_out, HasSubstr("the master's own name"));
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{"--name", "w1", "--bogus"}, "unknown flag --bogus"},
+      {{"--name", "w1", "--master", "nohost"}, "HOST:PORT"},
+      {{"--name", "bad name", "--connect-timeout", "1"}, "--name 'bad name': use 1 to 128 characters"},
+      {{"--name", "master"}, "the master's own name"},
+      {{"--name", "w1", "--rpc-threads", "5000"}, "--rpc-threads must be at most 1024"},
+      {{"--name", "w1", "--token-file", testing::TempDir()}, "is a directory; give a file"},
+  };
+  for (const auto& [args, text] : bad) {
+    std::vector<std::string> argv = {kBin + "/worker"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto [code, out] = RunProgram(argv);
+    EXPECT_EQ(code, 2) << out;
+    EXPECT_THAT(out, HasSubstr(text)) << out;
+  }
 }
 
 TEST(WorkerProgram, ExitsWithAClearMessageWhenTheMasterNeverAppears) {

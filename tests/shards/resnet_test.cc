@@ -484,12 +484,13 @@ TEST(Master, HelpBadFlagsAndMissingWorkersGiveTheirExitCodes) {
   // Waiting, it says every 10 s whom it waits for.
   check({"--workers", "ghost", "--listen", absl::StrCat("127.0.0.1:", FreePort()), "--connect-timeout", "11"}, 1,
         "remora: master: waiting for ghost (0 of 1 registered; 10s of --connect-timeout 11s)");
-  // An output file that cannot be written fails before training, not after.
-  check({"--local", "--report", "/proc/none/r.json"}, 1, "--report /proc/none/r.json: cannot write there");
-  check({"--local", "--trace", testing::TempDir()}, 1, "(it is a directory)");
+  // An output file that cannot be written fails before training, not after,
+  // as a bad flag value (2: a supervisor does not restart the job for it).
+  check({"--local", "--report", "/proc/none/r.json"}, 2, "--report /proc/none/r.json: cannot write there");
+  check({"--local", "--trace", testing::TempDir()}, 2, "(it is a directory)");
   const std::string file = TempPath("not_a_dir");
   std::ofstream(file) << "x";
-  check({"--local", "--tensorboard", file}, 1,
+  check({"--local", "--tensorboard", file}, 2,
         "--tensorboard " + file + ": cannot write into it (a file of that name exists)");
 }
 
