@@ -54,11 +54,15 @@ int main(int argc, char** argv) {
   std::vector<int> thread_counts;
   for (absl::string_view t : absl::StrSplit(threads_list, ',')) {
     int n = 0;
-    if (!absl::SimpleAtoi(t, &n) || n < 1) {
-      std::fprintf(stderr, "data_bench: --data-threads wants positive integers\n");
+    if (!absl::SimpleAtoi(t, &n) || n < 1 || n > 256) {
+      std::fprintf(stderr, "data_bench: --data-threads wants integers in [1, 256]\n");
       return 2;
     }
     thread_counts.push_back(n);
+  }
+  if (image_size < 16 || image_size > 1024) {  // (as master's --image-size)
+    std::fprintf(stderr, "data_bench: --image-size must be in [16, 1024]; got %d\n", image_size);
+    return 2;
   }
   if (dir.empty() || batches < 1 || batch_size < 1) {
     std::fprintf(stderr,

@@ -403,9 +403,11 @@ int main(int argc, char** argv) {
     }
   }
   if (f.max_restarts > 0 && !ResumesAuto(f.master_args)) {
-    // Checked on every rank: they share one command line.
-    return fail("--max-restarts restarts the master too: give it --checkpoint-dir DIR --resume auto, so that "
-                "the job goes on from its last checkpoint instead of starting over");
+    // Checked on every rank: they share one command line. (A bad flag
+    // combination: 2, which no supervisor retries.)
+    fail("--max-restarts restarts the master too: give it --checkpoint-dir DIR --resume auto, so that "
+         "the job goes on from its last checkpoint instead of starting over");
+    return 2;
   }
   const std::vector<std::string> command = remora::launch::RoleCommand(*role, o);
   const std::string summary =

@@ -369,5 +369,25 @@ TEST(ImageFolderMaster, AFolderWithoutValTrainsWithoutTestOrHoldsAFractionOut) {
   EXPECT_THAT(bad_out, HasSubstr("--val-fraction holds images out of an image folder"));
 }
 
+// data_bench reads a folder's training images at each --data-threads
+// count and prints the rate; an --image-size outside master's range is a
+// bad flag (100000 aborted it, allocating 120 GB).
+TEST(DataBench, ReadsAFolderAndRefusesSizesMasterWouldRefuse) {
+  const std::string dir = FreshImageDir("data_bench");
+  WriteClassFolders(dir, {"red", "blue"}, 4, 1, RedOrBlue);
+  auto [code, out] = RunProgram({BinDir() + "/data_bench", "--dataset", "imagefolder:" + dir, "--image-size", "16",
+                                 "--batch-size", "4", "--batches", "2", "--data-threads", "1,2"},
+                                absl::Seconds(60));
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("threads=1 images=8 "));
+  EXPECT_THAT(out, HasSubstr("threads=2 images=8 "));
+  for (const char* size : {"100000", "0"}) {
+    auto [bad_code, bad_out] = RunProgram({BinDir() + "/data_bench", "--dataset", "imagefolder:" + dir,
+                                           "--image-size", size}, absl::Seconds(60));
+    EXPECT_EQ(bad_code, 2) << bad_out;
+    EXPECT_THAT(bad_out, HasSubstr("--image-size must be in [16, 1024]")) << bad_out;
+  }
+}
+
 }  // namespace
 }  // namespace remora::data
