@@ -91,11 +91,11 @@ absl::StatusOr<checkpoint::Checkpoint> Elastic::Recover(const absl::Status& fail
     recoveries_.push_back(std::move(r));
   }
   if (log_ != nullptr) log_->Recovered(last_step_, restarts_);
+  const int64_t redo = std::max<int64_t>(0, last_step_ - restored);  // (as Recovery::steps_redone)
   // The run goes on from the checkpoint: a failure before its next step
   // is timed from now, after that step.
   last_step_ = restored;
   last_step_time_ = absl::Now();
-  const int64_t redo = std::max<int64_t>(0, last_step_ - restored);
   out << absl::StrFormat("elastic: recovery %d of %d: going on over %s from the checkpoint of step %d "
                          "(%d step%s to train again)\n",
                          restarts_, options_.max_restarts, absl::StrJoin(workers, ","), restored, redo,

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -191,6 +192,21 @@ TEST(Elastic, AJobThatLosesWorkersGoesOnAndEndsEqualToOneThatLostNone) {
   EXPECT_THAT(out, HasSubstr("elastic: 's1' is back"));
   EXPECT_THAT(out, HasSubstr("elastic: recovery 3 of 3: going on over w2,s1 from the checkpoint of step "));
   EXPECT_THAT(out, HasSubstr("checkpoint: step 300 in " + elastic));
+  // Each recovery's steps to train again: from its checkpoint to the step
+  // after which the worker was lost (the count once read 0 every time).
+  const std::regex lost("elastic: lost [^\n]* after step ([0-9]+) ");
+  const std::regex going("from the checkpoint of step ([0-9]+) \\(([0-9]+) steps? to train again\\)");
+  std::vector<int64_t> failed_at;
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), lost); it != std::sregex_iterator(); ++it) {
+    failed_at.push_back(std::stoll((*it)[1]));
+  }
+  ASSERT_EQ(failed_at.size(), 3u) << out;
+  size_t k = 0;
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), going); it != std::sregex_iterator(); ++it, ++k) {
+    ASSERT_LT(k, failed_at.size());
+    EXPECT_EQ(std::stoll((*it)[2]), failed_at[k] - std::stoll((*it)[1])) << (*it)[0];
+  }
+  EXPECT_EQ(k, 3u);
   // The report lists the recoveries; TensorBoard has run/recoveries.
   const std::string json = ReadFile(report);
   EXPECT_THAT(json, HasSubstr("\"recoveries\": [{\"lost\": \"w2\", \"replacement\": \"s1\""));
