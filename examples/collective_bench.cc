@@ -104,8 +104,8 @@ int Main(int argc, char** argv) {
   std::vector<int> counts;
   for (const auto& part : launch::SplitList(ranks_list)) {
     int n = 0;
-    if (!absl::SimpleAtoi(part, &n) || n < 2 || n > 16) {
-      std::fprintf(stderr, "collective_bench: --ranks wants counts in 2..16, e.g. 2,4\n");
+    if (!absl::SimpleAtoi(part, &n) || n < 2 || n > 16 || launch::HasEmptyPart(ranks_list)) {
+      std::fprintf(stderr, "collective_bench: --ranks wants counts in 2..16, e.g. 2,4; got '%s'\n", ranks_list.c_str());
       return 2;
     }
     counts.push_back(n);

@@ -36,7 +36,7 @@ absl::Status Bad(const std::string& message) { return absl::InvalidArgumentError
 absl::StatusOr<std::vector<int>> ParseSplits(const std::string& text) {
   std::vector<int> out;
   const std::vector<std::string> parts = launch::SplitList(text);
-  if (!parts.empty() && static_cast<size_t>(std::count(text.begin(), text.end(), ',')) + 1 != parts.size()) {
+  if (!parts.empty() && launch::HasEmptyPart(text)) {
     return Bad(absl::StrCat("--splits '", text, "' has an empty count (two commas, or one at an end)"));
   }
   for (const auto& part : parts) {
@@ -526,12 +526,8 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   c.all_workers = launch::SplitList(f.workers);
   c.spares = launch::SplitList(f.spares);
   // SplitList drops empty names: "a,,b" is a typo, not a shorter list.
-  auto lost_a_name = [](const std::string& text, size_t names) {
-    return !text.empty() && static_cast<size_t>(std::count(text.begin(), text.end(), ',')) + 1 != names;
-  };
-  for (const auto& [flag, text, names] : {std::make_tuple("workers", f.workers, c.all_workers.size()),
-                                          std::make_tuple("spares", f.spares, c.spares.size())}) {
-    if (lost_a_name(text, names)) {
+  for (const auto& [flag, text] : {std::make_pair("workers", f.workers), std::make_pair("spares", f.spares)}) {
+    if (launch::HasEmptyPart(text)) {
       return Bad(absl::StrCat("--", flag, " '", text, "' has an empty name (two commas, or one at an end)"));
     }
   }
@@ -557,6 +553,9 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   }
   if (f.mode != "pipeline" && !line.ps_mode) {
     return Bad(absl::StrCat("--mode must be pipeline or ps; got '", f.mode, "'"));
+  }
+  if (launch::HasEmptyPart(f.split_at)) {
+    return Bad(absl::StrCat("--split-at '", f.split_at, "' has an empty index (two commas, or one at an end)"));
   }
   for (const auto& part : launch::SplitList(f.split_at)) {
     int v = 0;

@@ -45,6 +45,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "launch/cli.h"
 #include "launch/local_group.h"
 #include "launch/worker_main.h"
 #include "channel/cuda/cuda_channel.h"
@@ -91,6 +92,10 @@ std::vector<double> GrpcFloor(const std::string& address, absl::Duration spin, i
 // (KiB, MiB), each from 1 byte to 1 GiB.
 absl::StatusOr<std::vector<int64_t>> ParseSizes(const std::string& text) {
   std::vector<int64_t> sizes;
+  if (remora::launch::HasEmptyPart(text)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--sizes '", text, "' has an empty size (two commas, or one at an end)"));
+  }
   for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
     int64_t scale = 1;
     if (absl::EndsWithIgnoreCase(part, "k")) scale = 1 << 10;

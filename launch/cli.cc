@@ -371,6 +371,10 @@ std::vector<std::string> SplitList(const std::string& list) {
   return absl::StrSplit(list, ',', absl::SkipWhitespace());
 }
 
+bool HasEmptyPart(const std::string& list) {
+  return !list.empty() && static_cast<size_t>(std::count(list.begin(), list.end(), ',')) + 1 != SplitList(list).size();
+}
+
 absl::StatusOr<DeviceMapFlag> ParseDeviceMapFlag(const std::string& text) {
   DeviceMapFlag out;
   for (const auto& item : SplitList(text)) {

@@ -142,6 +142,9 @@ inline constexpr int kMaxThreads = 1024;
 
 // Splits "a,b,c", dropping empty parts.
 std::vector<std::string> SplitList(const std::string& list);
+// Whether the non-empty `list` has an empty part ("a,,b", "a,", ",a"): a
+// typo that SplitList would hide, which a flag's parser refuses.
+bool HasEmptyPart(const std::string& list);
 
 // The --device-map flag of the programs: "none" (or empty), "auto" (a CUDA
 // tensor lands on the receiving peer's home device: its --device, the CPU

@@ -127,6 +127,7 @@ TEST(MasterFlags, CutsAndTopologiesThatDoNotFitAreErrors) {
        "split points 8 make 2 stages; 4 are wanted"},
       {{"--workers", "a,b", "--split-at", "3,x"}, "--split-at wants layer indices"},
       {{"--workers", "a,b", "--split-at", "12,5,7"}, "must increase strictly"},
+      {{"--workers", "a,b", "--split-at", "5,,9"}, "--split-at '5,,9' has an empty index"},
       {{"--workers", "a,b,c", "--split-at", "8"}, "--split-at makes 2 stages for 3 workers"},
       {{"--workers", "a,b", "--dataset", "fashion-mnist", "--split-at", "2"}, "these stages are given already"},
       {{"--workers", "a,b,c", "--replicas", "2"}, "--replicas 2 does not match the 3 --workers"},

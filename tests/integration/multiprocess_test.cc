@@ -686,12 +686,12 @@ TEST(RpcBench, SweepsSizesAcrossTheThresholdAndNamesTheChannels) {
   EXPECT_THAT(out, HasSubstr("\nbulk_gbps="));
   EXPECT_THAT(out, HasSubstr("\nmemcpy_gbps="));
 
-  auto [bad, bad_out] = RunProgram({kBin + "/rpc_bench", "--sizes", "4K,0"});
-  EXPECT_EQ(bad, 2);
-  EXPECT_THAT(bad_out, HasSubstr("--sizes: '0' is not a size"));
-  auto [huge, huge_out] = RunProgram({kBin + "/rpc_bench", "--sizes", "2048M"});
-  EXPECT_EQ(huge, 2);
-  EXPECT_THAT(huge_out, HasSubstr("1 byte to 1 GiB"));
+  for (const auto& [sizes, text] : {std::pair{"4K,0", "--sizes: '0' is not a size"}, {"2048M", "1 byte to 1 GiB"},
+                                    {"4K,,8K", "has an empty size"}}) {
+    auto [bad, bad_out] = RunProgram({kBin + "/rpc_bench", "--sizes", sizes});
+    EXPECT_EQ(bad, 2) << bad_out;
+    EXPECT_THAT(bad_out, HasSubstr(text));
+  }
 }
 
 }  // namespace

@@ -437,10 +437,11 @@ TEST(CollectiveBench, PrintsAllReduceBandwidthBesideMemcpy) {
   ASSERT_EQ(code, 0) << out;
   EXPECT_THAT(out, HasSubstr("allreduce_ms"));
   EXPECT_THAT(out, HasSubstr("     2        64Mi"));
-  auto [bad, message] = RunProgram(
-      {kBin + "/collective_bench", "--ranks", "1"}, absl::Seconds(30));
-  EXPECT_EQ(bad, 2);
-  EXPECT_THAT(message, HasSubstr("--ranks wants counts in 2..16"));
+  for (const char* ranks : {"1", "2,,4"}) {
+    auto [bad, message] = RunProgram({kBin + "/collective_bench", "--ranks", ranks}, absl::Seconds(30));
+    EXPECT_EQ(bad, 2);
+    EXPECT_THAT(message, HasSubstr("--ranks wants counts in 2..16"));
+  }
 }
 
 }  // namespace
