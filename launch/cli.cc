@@ -356,10 +356,15 @@ absl::Status CheckCanListen(const std::string& address, const std::string& flag)
     if (fd < 0) continue;
     const int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));  // as gRPC's server does
-    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 && errno == EADDRINUSE) {
+    const int error = bind(fd, a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
+    if (error == EADDRINUSE) {
       status = absl::UnavailableError(absl::StrCat(
-          flag, " ", address, ": the port is in use (another master, or a run that did not exit?); "
+          flag, " ", address, ": the port is in use (another master or worker, or a run that did not exit?); "
           "pick another port or stop that process"));
+    } else if (error == EADDRNOTAVAIL) {
+      status = absl::InvalidArgumentError(absl::StrCat(
+          flag, " ", address, ": no network interface of this host has that address; give one of its own "
+          "addresses, or 0.0.0.0 for all"));
     }
     close(fd);
   }

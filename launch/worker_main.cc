@@ -149,6 +149,11 @@ int WorkerMain(int argc, char** argv, const std::string& program,
     std::cerr << program << ": " << s << "\n";
     return 1;
   }
+  // (Checked first, so that gRPC's own log lines do not precede the reason.)
+  if (absl::Status s = launch::CheckCanListen(f.listen, launch::AddressSource("--listen", f.listen)); !s.ok()) {
+    std::cerr << program << ": " << s.message() << "\n";
+    return 1;
+  }
   auto agent = Agent::Start(*options, &registry);
   if (!agent.ok()) {
     std::cerr << program << ": " << agent.status().message() << "\n";

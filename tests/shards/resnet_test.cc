@@ -84,11 +84,8 @@ TEST(Master, PipelineLossesMatchLocalTraining) {
   std::vector<std::string> args = kSmall;
   for (const char* a : {"--splits", "1,2"}) args.push_back(a);
   std::vector<std::string> pipeline_args = args;
-  for (const std::string& a : {std::string("--report"), report, std::string("--trace"), trace,
-                               std::string("--timeline"), svg, std::string("--tensorboard"), tensorboard,
-                               std::string("--curves"), curves}) {
-    pipeline_args.push_back(a);
-  }
+  pipeline_args.insert(pipeline_args.end(), {"--report", report, "--trace", trace, "--timeline", svg,
+                                             "--tensorboard", tensorboard, "--curves", curves});
   auto [code, out] = RunPipeline(2, pipeline_args);
   ASSERT_EQ(code, 0) << out;
   EXPECT_THAT(out, HasSubstr("batch=1 loss="));
@@ -629,7 +626,7 @@ TEST(Master, AStageFileThatDoesNotLoadIsNamedWithItsCause) {
 }
 
 // A --listen port in use is found before the dataset is loaded, in
-// remora's words only.
+// remora's words only; a worker's too, before gRPC logs its own.
 TEST(Master, ABusyListenPortFailsBeforeTheDatasetLoads) {
   const std::string data = TempPath("busy_idx");
   test_support::WriteToyIdx(data, 64, 16);
@@ -645,11 +642,14 @@ TEST(Master, ABusyListenPortFailsBeforeTheDatasetLoads) {
   auto [code, out] = RunProgram({kBin + "/master", "--workers", "worker1", "--listen", addr, "--dataset",
                                  "idx:" + data},
                                 absl::Seconds(60));
+  auto [wcode, wout] = RunProgram({kBin + "/worker", "--name", "w1", "--listen", addr, "--connect-timeout", "1"});
   close(fd);
   EXPECT_EQ(code, 1) << out;
   EXPECT_THAT(out, HasSubstr("--listen " + addr + ": the port is in use"));
   EXPECT_THAT(out, Not(HasSubstr("training and")));  // the dataset line
-  EXPECT_THAT(out, Not(HasSubstr("Address already in use")));  // gRPC's own log
+  EXPECT_EQ(wcode, 1) << wout;
+  EXPECT_THAT(wout, HasSubstr("worker: --listen " + addr + ": the port is in use"));
+  for (const std::string& said : {out, wout}) EXPECT_THAT(said, Not(HasSubstr("Address already in use")));  // gRPC's
 }
 
 // A worker under a name not in --workers, or one holding the wrong token:
