@@ -10,6 +10,7 @@
 #include <ATen/ops/mse_loss.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "autograd/dist_autograd.h"
 #include "base/mutex_lock.h"
@@ -52,6 +53,19 @@ LossFn LossFn::Named(const std::string& name) {
   LossFn loss(it->second);
   loss.name_ = name;
   return loss;
+}
+
+absl::StatusOr<at::Tensor> LossFn::Compute(const c10::IValue& output, const c10::IValue& target) const {
+  try {
+    return fn_(output, target);
+  } catch (...) {
+    auto shape = [](const c10::IValue& v) {
+      return v.isTensor() ? absl::StrCat("[", absl::StrJoin(v.toTensor().sizes(), ", "), "]") : v.tagKind();
+    };
+    return StatusFromCurrentException(absl::StrCat("the loss", name_.empty() ? "" : absl::StrCat(" '", name_, "'"),
+                                                   " of an output of ", shape(output), " against targets of ",
+                                                   shape(target)));
+  }
 }
 
 absl::Status RegisterLoss(const std::string& name, LossFn::Fn fn) {

@@ -170,6 +170,10 @@ class LossFn {
   at::Tensor operator()(const c10::IValue& output, const c10::IValue& target) const {
     return fn_(output, target);
   }
+  // The same, an exception turned into an error that names the loss and
+  // the shapes it was given ("the loss 'cross_entropy' of an output of
+  // [8, 5] against targets of [8]: Target 6 is out of bounds.").
+  absl::StatusOr<at::Tensor> Compute(const c10::IValue& output, const c10::IValue& target) const;
   explicit operator bool() const { return static_cast<bool>(fn_); }
   // The name workers know it by; empty for an unnamed loss.
   const std::string& name() const { return name_; }

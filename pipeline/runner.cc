@@ -359,7 +359,13 @@ class Runner : public std::enable_shared_from_this<Runner> {
             });
         return;
       }
-      at::Tensor loss = plan_->loss(y, b->targets.at(mb)) * b->weights.at(mb);
+      absl::StatusOr<at::Tensor> computed = plan_->loss.Compute(y, b->targets.at(mb));
+      if (!computed.ok()) {
+        Fail(b, Annotate(computed.status(), absl::StrCat("stage ", stage, " on worker '", agent_.self().name,
+                                                         "', micro-batch ", mb)));
+        return;
+      }
+      at::Tensor loss = *computed * b->weights.at(mb);
       const LaneAction back{b->context, stage, mb, /*backward=*/true};
       {
         MutexLock lock(mu_);
@@ -375,9 +381,8 @@ class Runner : public std::enable_shared_from_this<Runner> {
       MutexLock lock(mu_);
       b->backwards.push_back(pass);
     } catch (...) {
-      Fail(b, StatusFromCurrentException(absl::StrCat(
-          stage + 1 == num_stages() ? "the loss or " : "", "stage ", stage, " on worker '",
-          agent_.self().name, "', micro-batch ", mb)));
+      Fail(b, StatusFromCurrentException(
+                  absl::StrCat("stage ", stage, " on worker '", agent_.self().name, "', micro-batch ", mb)));
     }
   }
 

@@ -50,15 +50,23 @@ absl::StatusOr<double> LocalTrainer::Train(const at::Tensor& cpu_x, const at::Te
   ASSIGN_OR_RETURN(auto ts, pipeline::SplitMicroBatches(cpu_y.to(device_), options_.micro_batches));
   const double rows = static_cast<double>(cpu_x.size(0));
   double loss = 0;
+  // What ran when it failed (named as the pipeline names it).
+  enum class Phase { kSetUp, kForward, kBackward, kStep } phase = Phase::kSetUp;
+  size_t at_stage = 0, at_mb = 0;
   try {
     for (auto& stage : stages_) stage->Train(true);
     optimizer_->zero_grad();
     for (size_t i = 0; i < xs.size(); ++i) {
       const int64_t f0 = trace::NowUs();
       c10::IValue out = xs[i];
-      for (auto& stage : stages_) out = stage->Forward(out);
+      phase = Phase::kForward;
+      at_mb = i;
+      for (at_stage = 0; at_stage < stages_.size(); ++at_stage) out = stages_[at_stage]->Forward(out);
       const int64_t f1 = trace::NowUs();
-      at::Tensor l = options_.loss(out, ts[i]) * pipeline::RowsShare(pipeline::BatchRows(xs[i]), rows);
+      absl::StatusOr<at::Tensor> computed = options_.loss.Compute(out, ts[i]);
+      if (!computed.ok()) return Annotate(computed.status(), absl::StrCat("local training, micro-batch ", i));
+      at::Tensor l = *computed * pipeline::RowsShare(pipeline::BatchRows(xs[i]), rows);
+      phase = Phase::kBackward;
       l.backward();
       if (slices) {
         slices("forward", static_cast<int64_t>(i), f0, f1);
@@ -67,10 +75,15 @@ absl::StatusOr<double> LocalTrainer::Train(const at::Tensor& cpu_x, const at::Te
       loss += l.item<double>();
     }
     const int64_t s0 = trace::NowUs();
+    phase = Phase::kStep;
     optimizer_->step();
     if (slices) slices("step", -1, s0, trace::NowUs());
   } catch (...) {
-    return StatusFromCurrentException("local training");
+    const std::string where = phase == Phase::kForward    ? absl::StrCat(", stage ", at_stage, ", micro-batch ", at_mb)
+                              : phase == Phase::kBackward ? absl::StrCat(", the backward pass of micro-batch ", at_mb)
+                              : phase == Phase::kStep     ? ", the optimizer's step"
+                                                          : "";
+    return StatusFromCurrentException(absl::StrCat("local training", where));
   }
   return loss;
 }

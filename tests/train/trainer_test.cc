@@ -204,6 +204,21 @@ TEST(LocalTrainer, BadOptionsAreClearErrors) {
   EXPECT_THAT(LocalTrainer::Create(o).status().message(), HasSubstr("micro_batches is 0"));
 }
 
+// A step that fails says where, as the pipeline says it: the stage and
+// micro-batch whose forward pass threw, or the loss with the shapes it got.
+TEST(LocalTrainer, AFailedStepNamesTheStageOrTheLossAndItsShapes) {
+  auto trainer = Tiny();
+  ASSERT_NE(trainer, nullptr);
+  auto wrong_width = trainer->Train(at::randn({4, 5}), at::randint(0, 3, {4}, at::kLong));
+  ASSERT_FALSE(wrong_width.ok());
+  EXPECT_THAT(wrong_width.status().message(), HasSubstr("local training, stage 0, micro-batch 0: "));
+  auto wrong_class = trainer->Train(at::randn({4, 8}), at::full({4}, 7, at::kLong));
+  ASSERT_FALSE(wrong_class.ok());
+  EXPECT_THAT(wrong_class.status().message(),
+              HasSubstr("local training, micro-batch 0: the loss 'cross_entropy' of an output of [2, 3] against "
+                        "targets of [2]: "));
+}
+
 pipeline::StageSpec ScriptSpec(const torch::jit::Module& m) {
   std::ostringstream bytes;
   m.save(bytes);
