@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -90,6 +91,9 @@ absl::Status CheckValues(const Flags& f, const RunOptions& c) {
   return absl::OkStatus();
 }
 
+// This machine's memory in GiB (0: unknown).
+double MemoryGiB() { return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE) / (1 << 30); }
+
 // The random batches of the demo and of --model (no --dataset) are made
 // whole on the master, two ahead of the one being sent: a batch over a
 // quarter of this machine's memory is refused before anything starts.
@@ -105,11 +109,31 @@ absl::Status CheckBatchFits(const RunOptions& c) {
     what = absl::StrCat(" of --input-shape ", absl::StrJoin(c.input_shape, ","));
   }
   const double gib = values * 4 / (1 << 30);
-  const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE) / (1 << 30);
+  const double memory = MemoryGiB();
   if (memory <= 0 || gib <= memory / 4) return absl::OkStatus();
   return Bad(absl::StrFormat("--batch-size %d%s is %.4g GiB a batch, and the master holds three at once: more "
                              "than a quarter of this machine's %.1f GiB of memory; give a smaller --batch-size%s",
                              c.batch_size, what, gib, memory, c.model.empty() ? " or --image-size" : ""));
+}
+
+// ResNet50 trained in this process on the CPU (--local, or
+// --compare-local's baseline at one micro-batch) keeps one micro-batch's
+// activations at a time: about 2.2 KB per input pixel of each image.
+// Far beyond the memory, the kernel would kill the process with no message.
+absl::Status CheckActivationsFit(const RunOptions& c) {
+  const double memory = MemoryGiB();
+  const bool on_gpu = absl::StartsWith(c.device, "cuda");  // (its memory is the GPU's)
+  if (!(c.local || c.compare_local) || !c.model.empty() || TrainsSmallCnn(c) || on_gpu || memory <= 0) {
+    return absl::OkStatus();
+  }
+  const int fewest = c.compare_local || c.splits.empty() ? 1 : *std::min_element(c.splits.begin(), c.splits.end());
+  const int64_t rows = (c.batch_size + fewest - 1) / fewest;
+  const double activations = 2200.0 * rows * c.image_size * c.image_size / (1 << 30);
+  if (activations <= memory * 0.75) return absl::OkStatus();
+  return Bad(absl::StrFormat("one process trains micro-batches of %d images at %dx%d here, and ResNet50 keeps "
+                             "about %.3g GiB of activations for each: more than this machine's %.1f GiB of "
+                             "memory can hold; give a smaller --image-size or --batch-size, or more --splits",
+                             rows, c.image_size, c.image_size, activations, memory));
 }
 
 // --model's stages, read; a one-file sequential model to cut kept whole.
@@ -575,6 +599,7 @@ absl::StatusOr<CommandLine> Check(Flags f) {
     if (auto s = ReadModel(f, c); !s.ok()) return s;
   }
   if (auto s = CheckBatchFits(c); !s.ok()) return s;
+  if (auto s = CheckActivationsFit(c); !s.ok()) return s;
   const bool cut = c.model.empty() ? !TrainsSmallCnn(c) : c.sequential != nullptr;
   if (!c.split_at.empty() && !cut) {
     return Bad("--split-at cuts ResNet50 or a one-file sequential --model over several workers; "

@@ -75,6 +75,8 @@ TEST(MasterFlags, BadValuesAreClearErrorsNamingTheFlag) {
       {{"--local", "--batch-size", "0"}, "--batch-size must be >= 1"},
       {{"--local", "--image-size", "4"}, "--image-size"},
       {{"--local", "--threads", "100000"}, "--threads must be at most 1024; got 100000"},
+      {{"--local", "--image-size", "1024", "--batch-size", "128", "--splits", "1"},  // (the kernel killed it)
+       "one process trains micro-batches of 128 images at 1024x1024 here, and ResNet50 keeps about 275 GiB"},
       {{"--local", "--lr", "0"}, "--lr must be a finite number > 0"},
       {{"--local", "--lr", "-1"}, "--lr must be a finite number > 0"},  // not taken for "not given"
       {{"--local", "--lr", "inf"}, "--lr must be a finite number > 0; got inf"},
