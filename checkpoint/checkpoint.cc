@@ -27,8 +27,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr char kManifest[] = "manifest.json";
-
 // What holds `worker`'s optimizer state: the pipeline's holder for it
 // (ZeRO-1's gradient group), else its per-owner optimizer, else None (a
 // worker whose stages have no parameters has none).
@@ -54,7 +52,7 @@ std::pair<c10::List<int64_t>, c10::impl::GenericList> StagesOn(const pipeline::P
 absl::StatusOr<Checkpoint> Open(const std::string& dir) {
   Checkpoint ck;
   ck.dir = dir;
-  ck.manifest_path = absl::StrCat(dir, "/", kManifest);
+  ck.manifest_path = absl::StrCat(dir, "/", kManifestFile);
   ASSIGN_OR_RETURN(std::string json, ReadFile(ck.manifest_path));
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = true;
@@ -217,7 +215,7 @@ absl::Status Checkpointer::Flush() {
 absl::Status Checkpointer::Prune(const std::vector<std::string>& workers) {
   std::error_code ec;
   for (const std::string& dir : PrunableDirs(dir_, keep_)) {
-    fs::remove(fs::path(dir) / kManifest, ec);  // no longer a checkpoint
+    fs::remove(fs::path(dir) / kManifestFile, ec);  // no longer a checkpoint
     std::vector<Future<c10::IValue>> removing;
     for (const auto& w : workers) removing.push_back(agent_.rpc_async(w, "remora.checkpoint.remove", {dir}));
     for (auto& r : removing) r.wait().IgnoreError();  // a file left behind is not a failure
@@ -226,9 +224,14 @@ absl::Status Checkpointer::Prune(const std::vector<std::string>& workers) {
   return absl::OkStatus();
 }
 
+bool IsCheckpointDir(const std::string& path) {
+  std::error_code ec;
+  return fs::exists(fs::path(path) / kManifestFile, ec);
+}
+
 absl::StatusOr<Checkpoint> Latest(const std::string& path) {
   std::error_code ec;
-  if (fs::exists(fs::path(path) / kManifest, ec)) return Open(path);
+  if (IsCheckpointDir(path)) return Open(path);
   if (!fs::is_directory(path, ec)) {
     return absl::NotFoundError(absl::StrCat("no checkpoint at ", path, ": not a directory"));
   }

@@ -212,6 +212,9 @@ absl::StatusOr<Checkpoint> Latest(const std::string& path);
 
 // Steps of the complete checkpoints in `dir`, ascending.
 std::vector<int64_t> CompleteSteps(const std::string& dir);
+// Whether `path` is one complete checkpoint's directory (it holds
+// manifest.json), not a directory of checkpoints.
+bool IsCheckpointDir(const std::string& path);
 // The step of a checkpoint directory named step-NNNNNNNN, or -1.
 int64_t StepOf(const std::filesystem::path& dir);
 

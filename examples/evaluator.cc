@@ -149,7 +149,7 @@ int Follow(const Options& o, const data::Source& test, int64_t rows) {
   };
   // One checkpoint's directory (not the job's) gets no newer one: it is
   // evaluated once, as with --once.
-  const bool once = o.once || std::filesystem::exists(std::filesystem::path(o.dir) / "manifest.json");
+  const bool once = o.once || checkpoint::IsCheckpointDir(o.dir);
   // The last checkpoint evaluated, and its score (the run's final
   // checkpoint may be the last periodic one, committed again as final).
   std::string done;

@@ -268,8 +268,7 @@ absl::Status CheckCheckpoints(CommandLine& line, const std::set<std::string>& gi
     if (ec) return Bad(absl::StrCat("--resume auto: cannot look into --checkpoint-dir ", dir.string(), ": ",
                                     ec.message()));
     const bool fresh =
-        !exists || (!std::filesystem::exists(dir / "manifest.json", ec) &&
-                     checkpoint::CompleteSteps(dir.string()).empty());
+        !exists || (!checkpoint::IsCheckpointDir(dir.string()) && checkpoint::CompleteSteps(dir.string()).empty());
     c.resume = fresh ? "" : c.checkpoint_dir;
     if (fresh) {
       line.note =
