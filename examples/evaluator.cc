@@ -211,7 +211,9 @@ int Main(int argc, char** argv) {
   flags.AddInt("data-threads", &o.data_threads, "with imagefolder: decoding threads");
   flags.AddDouble("val-fraction", &o.val_fraction,
                   "with imagefolder and no val/ folder: the training's --val-fraction (the images it held out)");
-  flags.AddString("output", &o.output, "JSON-lines file to append to (default: CHECKPOINT_DIR/eval.jsonl)");
+  flags.AddString("output", &o.output,
+                  "JSON-lines file to append to (default: CHECKPOINT_DIR/eval.jsonl; given one checkpoint's "
+                  "directory, the job's eval.jsonl beside it)");
   flags.AddInt("poll-ms", &o.poll_ms, "how often to look for a new checkpoint");
   flags.AddInt("timeout", &o.timeout_s, "exit (status 3) after this many seconds without a new checkpoint; 0: wait");
   flags.AddBool("once", &o.once, "evaluate the latest checkpoint and exit");
@@ -242,7 +244,14 @@ int Main(int argc, char** argv) {
     return fail(absl::StrCat("--checkpoint-dir ", o.dir,
                              " is not a directory: give the job's checkpoint directory (or one checkpoint's)"), 2);
   }
-  if (o.output.empty()) o.output = o.dir + "/eval.jsonl";
+  // (Given one checkpoint's directory, the job's: its scores stay with the
+  // job's, and no later pruning of that checkpoint takes them along.)
+  if (o.output.empty()) {
+    std::filesystem::path job = std::filesystem::path(o.dir).lexically_normal();
+    if (!job.has_filename()) job = job.parent_path();  // (a trailing slash)
+    if (checkpoint::IsCheckpointDir(o.dir)) job = job.parent_path();
+    o.output = (job.empty() ? std::filesystem::path(".") : job).string() + "/eval.jsonl";
+  }
   // An --output that cannot be written fails now, not after the first
   // evaluation; its directory may not exist yet where it is the checkpoint
   // directory, which the job makes.

@@ -39,6 +39,7 @@ int Main(int argc, char** argv) {
   auto line = master::Check(std::move(flags));
   if (line.ok()) {  // (bad paths are bad flag values too: a supervisor does not restart for them)
     if (absl::Status paths = train::runs::CheckPaths(line->config); !paths.ok()) line = paths;
+    if (line.ok()) line->paths_checked = true;
   }
   if (!line.ok()) {
     std::cerr << "master: " << line.status().message() << "\n";

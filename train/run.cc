@@ -323,7 +323,9 @@ absl::Status RunMaster(RunPlan& plan, Registry* registry) {
   // Listening before the dataset loads: a port in use is found at once
   // (checked first, so that gRPC's own log line does not precede remora's
   // message), and workers that register meanwhile learn of a failure.
-  if (auto s = CheckPaths(c); !s.ok()) return fail(s);
+  if (!plan.paths_checked) {
+    if (auto s = CheckPaths(c); !s.ok()) return fail(s);
+  }
   if (!c.local) {
     if (auto s = launch::CheckCanListen(c.listen, launch::AddressSource("--listen", c.listen)); !s.ok()) {
       return fail(s);

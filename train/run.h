@@ -38,14 +38,18 @@ struct RunPlan {
   // A line to print before it starts, or empty (--resume auto that found
   // no checkpoint).
   std::string note;
+  // CheckPaths(config) has passed already (`master` checks it with its
+  // flags); RunMaster checks it otherwise.
+  bool paths_checked = false;
 };
 
 // The paths a run reads and writes, checked before it starts, so that no
 // run is lost to a typo in a path: a --dataset directory exists, the files
 // written at the end (--report, --trace, --timeline, --curves) and the
 // directories written into (--checkpoint-dir, --tensorboard) can be
-// written (missing directories are made). RunMaster checks them first;
-// `master` checks them before anything else, as bad flag values (exit 2).
+// written (missing directories are made). RunMaster checks them first
+// unless the plan says they were; `master` checks them with its flags, as
+// bad flag values (exit 2).
 absl::Status CheckPaths(const RunOptions& c);
 
 // Runs `plan` (config.local: in this process; else over config.all_workers,

@@ -1,11 +1,19 @@
-// The master's --dataset (train/runs.h: Sets, LoadDataset): a
-// named set loaded into memory, or an image folder listed and read from
-// disk as batches need it.
+// The master's data (train/runs.h): its --dataset (Sets, LoadDataset), a
+// named set loaded into memory or an image folder listed and read from
+// disk as batches need it; and the demo's random batches (MakeBatch,
+// FillNormalRows, BatchesAhead).
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/randint.h>
+#include <ATen/ops/zeros.h>
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <stdexcept>
 #include <system_error>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -86,6 +94,80 @@ absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const RunOptions& c) {
   sets->train = std::make_unique<data::InMemory>(sets->train_set);
   sets->test = std::make_unique<data::InMemory>(sets->test_set);
   return sets;
+}
+
+namespace {
+
+// A seed for row `row` of the batch seeded `batch_seed` (splitmix64's
+// finaliser over both): rows of every batch get unrelated streams.
+uint64_t RowSeed(uint64_t batch_seed, int64_t row) {
+  uint64_t z = batch_seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(row) + 1;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Threads for FillNormalRows of `t` in MakeBatch: one per 1M numbers, at
+// most 8 and the machine's cores.
+int RowThreads(const at::Tensor& t) {
+  constexpr int64_t kNumbersPerThread = int64_t{1} << 20;
+  return static_cast<int>(std::min<int64_t>({8, std::max(1u, std::thread::hardware_concurrency()),
+                                             std::max<int64_t>(1, t.numel() / kNumbersPerThread)}));
+}
+
+}  // namespace
+
+void FillNormalRows(at::Tensor& t, uint64_t batch_seed, int threads) {
+  const int64_t rows = t.size(0);
+  auto fill = [&t, batch_seed](int64_t first, int64_t end) {
+    for (int64_t r = first; r < end; ++r) {
+      t[r].normal_(0, 1, at::make_generator<at::CPUGeneratorImpl>(RowSeed(batch_seed, r)));
+    }
+  };
+  const int64_t per = (rows + std::max(1, threads) - 1) / std::max(1, threads);
+  std::vector<std::thread> helpers;
+  std::vector<std::exception_ptr> failed((rows + per - 1) / std::max<int64_t>(1, per));
+  for (int64_t first = per, i = 1; first < rows; first += per, ++i) {
+    helpers.emplace_back([&fill, &failed, first, rows, per, i] {
+      try {
+        fill(first, std::min(rows, first + per));
+      } catch (...) {
+        failed[i] = std::current_exception();
+      }
+    });
+  }
+  try {
+    fill(0, std::min(rows, per));
+  } catch (...) {
+    if (!failed.empty()) failed[0] = std::current_exception();
+  }
+  for (std::thread& h : helpers) h.join();
+  for (const std::exception_ptr& e : failed) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+// Batch b of the run: the same inputs and targets in every mode. The
+// ResNet50 demo: images and one-hot labels (MSE); --model: inputs of
+// --input-shape and class indices (cross-entropy). Inputs are drawn row by
+// row (FillNormalRows), targets from the batch's own generator.
+absl::StatusOr<std::pair<at::Tensor, at::Tensor>> MakeBatch(const RunOptions& c, int b) try {
+  const uint64_t batch_seed = static_cast<uint64_t>(int64_t{c.seed} * 7919 + b);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(batch_seed);
+  if (!c.model.empty()) {
+    std::vector<int64_t> shape = {c.batch_size};
+    shape.insert(shape.end(), c.input_shape.begin(), c.input_shape.end());
+    at::Tensor inputs = at::empty(shape, at::TensorOptions());
+    FillNormalRows(inputs, batch_seed, RowThreads(inputs));
+    return std::pair{inputs, at::randint(c.classes, {c.batch_size}, gen, at::TensorOptions(at::kLong))};
+  }
+  at::Tensor images = at::empty({c.batch_size, 3, c.image_size, c.image_size}, at::TensorOptions());
+  FillNormalRows(images, batch_seed, RowThreads(images));
+  at::Tensor labels = at::randint(kClasses, {c.batch_size, 1}, gen, at::TensorOptions(at::kLong));
+  at::Tensor one_hot = at::zeros({c.batch_size, kClasses}).scatter_(1, labels, 1.0);
+  return std::pair{images, one_hot};
+} catch (...) {
+  return StatusFromCurrentException(absl::StrCat("making batch ", b));
 }
 
 BatchesAhead::BatchesAhead(const RunOptions& c, int first, int end, int ahead, int max_makers)

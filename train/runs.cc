@@ -3,10 +3,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/mse_loss.h>
-#include <ATen/ops/randint.h>
-#include <ATen/ops/randn.h>
-#include <ATen/ops/zeros.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 #include <unistd.h>
@@ -48,25 +44,6 @@
 
 namespace remora::train::runs {
 
-
-// Batch b of the run: the same inputs and targets in every mode. The
-// ResNet50 demo: images and one-hot labels (MSE); --model: inputs of
-// --input-shape and class indices (cross-entropy).
-absl::StatusOr<std::pair<at::Tensor, at::Tensor>> MakeBatch(const RunOptions& c, int b) try {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(int64_t{c.seed} * 7919 + b);
-  if (!c.model.empty()) {
-    std::vector<int64_t> shape = {c.batch_size};
-    shape.insert(shape.end(), c.input_shape.begin(), c.input_shape.end());
-    at::Tensor inputs = at::randn(shape, gen, at::TensorOptions());
-    return std::pair{inputs, at::randint(c.classes, {c.batch_size}, gen, at::TensorOptions(at::kLong))};
-  }
-  at::Tensor images = at::randn({c.batch_size, 3, c.image_size, c.image_size}, gen, at::TensorOptions());
-  at::Tensor labels = at::randint(kClasses, {c.batch_size, 1}, gen, at::TensorOptions(at::kLong));
-  at::Tensor one_hot = at::zeros({c.batch_size, kClasses}).scatter_(1, labels, 1.0);
-  return std::pair{images, one_hot};
-} catch (...) {
-  return StatusFromCurrentException(absl::StrCat("making batch ", b));
-}
 
 pipeline::LossFn Loss(const RunOptions& c) {
   pipeline::LossFn loss =

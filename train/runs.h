@@ -5,6 +5,7 @@
 // command line into these options.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -159,14 +160,20 @@ absl::StatusOr<std::shared_ptr<train::RunLog>> OpenRunLog(const RunOptions& c, i
 // an error naming the batch when it cannot be made (out of memory).
 absl::StatusOr<std::pair<at::Tensor, at::Tensor>> MakeBatch(const RunOptions& c, int b);
 
+// Fills each row of `t` (its dimension 0) with standard normals from a
+// generator of the row's own, seeded from `batch_seed` and the row, on
+// `threads` threads (rows split evenly): the same values whatever the
+// number of threads. (LibTorch draws one generator's numbers serially:
+// the demo's 25 MB of them a batch at 128x128 took 25-40 ms of one core.)
+// MakeBatch draws its inputs so, on a thread per 1M numbers, at most 8.
+void FillNormalRows(at::Tensor& t, uint64_t batch_seed, int threads);
+
 // Batches [first, end) of MakeBatch, made at most `ahead` before they are
 // taken, on a thread of its own, so that a pipeline's master sends one
-// batch while the next are made. Each batch is made on one thread
-// (LibTorch draws a generator's numbers serially: 25 MB of them a batch for
-// the demo at 128x128, 25-40 ms of one core), so a step faster than that
-// would be held to its pace: the first time Take waits for a batch after
-// the first, another maker thread starts, up to `max_makers`. The batches
-// are MakeBatch's, whichever thread made them.
+// batch while the next are made. A step faster than making a batch would
+// be held to its pace: the first time Take waits for a batch after the
+// first, another maker thread starts, up to `max_makers`. The batches are
+// MakeBatch's, whichever thread made them.
 //
 // Thread-safety: Take is called from one thread, in order; the maker
 // threads are this object's, joined by the destructor. `c` (or what `make`

@@ -475,12 +475,23 @@ TEST(CheckpointJob, AJobKilledMidEpochResumesAndEndsEqualToAnUninterruptedOne) {
     ASSERT_NE(acc, std::string::npos) << out;
     EXPECT_THAT(evaluated, HasSubstr("step=30 epoch=3 " + epoch3.substr(acc, 20)));
     // Given one checkpoint's directory (not final), it scores that one and
-    // exits: no newer one can come there.
+    // exits: no newer one can come there. Its score goes to the job's
+    // eval.jsonl (one line more for step 12), not into the checkpoint.
+    auto step12_lines = [&whole] {
+      const std::string all = ReadFile(whole + "/eval.jsonl").value_or("");
+      const std::string key = "\"step\": 12, ";
+      int n = 0;
+      for (size_t at = all.find(key); at != std::string::npos; at = all.find(key, at + 1)) ++n;
+      return n;
+    };
+    const int step12_before = step12_lines();
     auto [one_code, one_out] =
         RunProgram({kBin + "/evaluator", "--checkpoint-dir", whole + "/step-00000012", "--dataset", "idx:" + data,
-                    "--threads", "1", "--output", TempPath("ckpt_one.jsonl")}, absl::Seconds(60));
+                    "--threads", "1"}, absl::Seconds(60));
     EXPECT_EQ(one_code, 0) << one_out;
     EXPECT_THAT(one_out, HasSubstr("step=12 epoch=2 ")) << one_out;
+    EXPECT_EQ(step12_lines(), step12_before + 1);
+    EXPECT_FALSE(std::filesystem::exists(whole + "/step-00000012/eval.jsonl"));
   }
 
   // Killed: worker w2 is SIGKILLed once the checkpoint of step 6 is

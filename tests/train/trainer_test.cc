@@ -14,6 +14,8 @@
 
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
@@ -262,6 +264,35 @@ TEST(Runs, OneF1BAskedForByNameCutsOneStagePerWorker) {
   EXPECT_EQ(runs::StagesPerWorker(c, 16).value(), 1);
   c.interleave = 2;  // given: kept (the schedule says what it thinks of it)
   EXPECT_EQ(runs::StagesPerWorker(c, 16).value(), 2);
+}
+
+// A batch's inputs are drawn row by row from generators of their own: the
+// same values on one thread or several, rows unlike each other and unlike
+// another batch's, and standard normal.
+TEST(Runs, InputsAreTheSameWhateverTheThreadsThatDrawThem) {
+  at::Tensor one = at::empty({7, 3, 40, 40});
+  runs::FillNormalRows(one, 42, 1);
+  for (const int threads : {2, 3, 7, 16}) {
+    at::Tensor many = at::full({7, 3, 40, 40}, -1.0f);
+    runs::FillNormalRows(many, 42, threads);
+    EXPECT_TRUE(many.equal(one)) << threads << " threads";
+  }
+  EXPECT_FALSE(one[0].equal(one[1]));
+  at::Tensor other = at::empty({7, 3, 40, 40});
+  runs::FillNormalRows(other, 43, 2);
+  EXPECT_FALSE(other[0].equal(one[0]));
+  EXPECT_NEAR(one.mean().item<double>(), 0.0, 0.05);
+  EXPECT_NEAR(one.std().item<double>(), 1.0, 0.05);
+  runs::RunOptions c;  // (the demo's batch: made twice, the same)
+  c.batch_size = 16;
+  c.image_size = 256;  // (3M numbers: drawn on up to 3 threads)
+  auto [x1, y1] = runs::MakeBatch(c, 5).value();
+  auto [x2, y2] = runs::MakeBatch(c, 5).value();
+  EXPECT_TRUE(x1.equal(x2));
+  EXPECT_TRUE(y1.equal(y2));
+  at::Tensor serial = at::empty_like(x1);
+  runs::FillNormalRows(serial, static_cast<uint64_t>(int64_t{c.seed} * 7919 + 5), 1);
+  EXPECT_TRUE(serial.equal(x1));
 }
 
 // The demo's batches made ahead are MakeBatch's, in order; a run that stops
