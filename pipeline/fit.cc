@@ -20,9 +20,11 @@
 namespace remora::pipeline {
 namespace {
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+double Seconds(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(t.time_since_epoch()).count();
 }
+
+double Now() { return Seconds(std::chrono::steady_clock::now()); }
 
 std::string Duration(double s) {
   const int total = static_cast<int>(s + 0.5);
@@ -225,8 +227,17 @@ class Loop {
     r_.images = resumed ? o_.start.images : 0;
     loss_sum_ = resumed ? o_.start.loss_sum : 0;
     next_line_ = 0;
+    call_t0_ = last_end_ = Now();
+    t0_ = call_t0_;
     trained_ = 0;
-    t0_ = last_end_ = Now();
+    if (o_.gone_on && !counted_loss_) {  // (the first epoch this call trains)
+      counted_loss_ = true;
+      t0_ = std::min(t0_, Seconds(o_.gone_on->lost_since));
+      if (resumed) {
+        t0_ -= o_.gone_on->epoch_seconds_before;
+        trained_ = r_.images;
+      }
+    }
     read_.clear();
     next_read_ = first_;
     for (size_t b = first_; b < batches_.size(); ++b) {
@@ -313,10 +324,10 @@ class Loop {
   // the epoch.
   void Progress(size_t b, double now) {
     const double done = static_cast<double>(b + 1 - first_) / (batches_.size() - first_);
-    const double elapsed = now - t0_;
+    const double elapsed = now - t0_, in_call = now - call_t0_;
     const std::string line = absl::StrFormat(
         "epoch %d/%d  %zu/%zu batches  loss=%.4f  %.0f images/s  ETA %s", r_.epoch, o_.epochs, b + 1,
-        batches_.size(), loss_sum_ / (b + 1), trained_ / std::max(elapsed, 1e-9), Duration(elapsed / done - elapsed));
+        batches_.size(), loss_sum_ / (b + 1), trained_ / std::max(elapsed, 1e-9), Duration(in_call / done - in_call));
     if (o_.progress_bar) {
       out_ << "\r" << line << "   " << std::flush;
     } else if (done >= next_line_ && b + 1 < batches_.size()) {
@@ -370,8 +381,13 @@ class Loop {
   std::vector<at::Tensor> batches_;
   size_t first_ = 0;  // the first batch this call trains
   EpochResult r_;
-  double t0_ = 0, last_end_ = 0, loss_sum_ = 0, next_line_ = 0;
-  int64_t trained_ = 0;  // images of the epoch trained by this call
+  // When the epoch began (earlier where it counts FitOptions::gone_on) and
+  // when this call began it.
+  double t0_ = 0, call_t0_ = 0, last_end_ = 0, loss_sum_ = 0, next_line_ = 0;
+  // Images of the epoch trained by this call (and, going on after a
+  // recovery, before it).
+  int64_t trained_ = 0;
+  bool counted_loss_ = false;  // whether an epoch counts FitOptions::gone_on already
   bool said_not_finite_ = false;
   bool said_dropped_ = false;
   std::deque<std::future<absl::StatusOr<data::Batch>>> read_;

@@ -11,7 +11,9 @@
 // Thread-safety: runs on the calling thread; the steps are called from it.
 #pragma once
 
+#include <chrono>
 #include <functional>
+#include <optional>
 #include <ostream>
 #include <utility>
 #include <vector>
@@ -60,6 +62,18 @@ struct FitOptions {
   // Where to start: a resumed run's position (the epochs before
   // start.epoch are not run; its batches before start.batch neither).
   FitPosition start;
+  // Set where this process goes on from `start` after a failure (an
+  // elastic recovery), so that the failure's time counts: the time since
+  // `lost_since` (the steps trained again and the recovery) in the first
+  // epoch this call trains, and, where that is the epoch at `start`,
+  // `epoch_seconds_before` (its steps before `start`) too, its images
+  // before `start` then counted as trained. Unset: a run resumed in a new
+  // process counts from this call.
+  struct GoneOn {
+    std::chrono::steady_clock::time_point lost_since;
+    double epoch_seconds_before = 0;
+  };
+  std::optional<GoneOn> gone_on;
   // Runs after every step with the position after it (a checkpoint);
   // an error stops the fit.
   std::function<absl::Status(const FitPosition&)> after_step;
@@ -102,10 +116,12 @@ struct EpochResult {
   bool evaluated = false;    // whether there was a test set to measure the two below on
   double test_accuracy = 0;  // fraction of the test set classified right (top-1)
   double test_top5 = 0;      // fraction whose label is among the five highest logits
-  double seconds = 0;        // training time of the epoch (evaluation not included)
-  int64_t images = 0;        // trained in the epoch (a resumed epoch's before the resume too)
-  int64_t trained = 0;       // of them, trained by this call (the images/s figures)
-  int64_t skipped = 0;       // rows left out because their file could not be read
+  // Training time of the epoch (evaluation not included; an epoch gone on
+  // with after a failure, FitOptions::gone_on, counts the failure's).
+  double seconds = 0;
+  int64_t images = 0;   // trained in the epoch (a resumed epoch's before the resume too)
+  int64_t trained = 0;  // of them, trained by this call or since the epoch began (the images/s figures)
+  int64_t skipped = 0;  // rows left out because their file could not be read
 };
 
 using TrainStep = std::function<absl::StatusOr<double>(const at::Tensor& x, const at::Tensor& y)>;

@@ -12,9 +12,11 @@
 // thread; the free functions are thread-compatible.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -106,6 +108,12 @@ struct RunRecord {
   std::vector<TimelineSlice> slices;  // a traced run's (train/timeline.h)
   std::shared_ptr<RunLog> log;        // may be null
   std::vector<Recovery> recoveries;   // an elastic run's (train/elastic.h)
+  // An elastic run's place, so that a recovery's time counts in the run's
+  // and its epoch's: the step this process began after (a run resumed
+  // from a checkpoint: its step; batch_seconds[i] is step first_step + i +
+  // 1's), and when its last step ended (unset before the first).
+  int64_t first_step = 0;
+  std::optional<std::chrono::steady_clock::time_point> last_step_end;
 
   // Batch b's loss and time (its log's step b + 1).
   void AddBatch(int b, double loss, double seconds, int64_t rows);

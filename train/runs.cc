@@ -7,6 +7,7 @@
 #include <torch/optim/sgd.h>
 #include <unistd.h>
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +19,7 @@
 #include <map>
 #include <optional>
 #include <memory>
+#include <numeric>
 #include <thread>
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -230,6 +232,36 @@ absl::StatusOr<Run> FitLocal(const RunOptions& c, int splits, const data::Source
   return run;
 }
 
+namespace {
+
+// Whether this run goes on from step `from` after a failure in this
+// process (an elastic recovery: it trained before); else (its first
+// attempt) notes that it begins after `from`.
+bool GoesOnAfterAFailure(Run& run, int64_t from) {
+  if (run.last_step_end) return true;
+  run.first_step = from;
+  return false;
+}
+
+// Keeps the times of the steps up to `from` (the ones after it are
+// trained again); returns the seconds of the kept steps after
+// `epoch_began` (the step before the epoch of `from`) and of the dropped.
+std::pair<double, double> KeepStepsUpTo(Run& run, int64_t from, int64_t epoch_began) {
+  auto index = [&run](int64_t step) {
+    return static_cast<size_t>(std::clamp<int64_t>(step - run.first_step, 0,
+                                                   static_cast<int64_t>(run.batch_seconds.size())));
+  };
+  const auto& t = run.batch_seconds;
+  const size_t kept = index(from), epoch = std::min(index(epoch_began), kept);
+  const double before = std::accumulate(t.begin() + epoch, t.begin() + kept, 0.0);
+  const double discarded = std::accumulate(t.begin() + kept, t.end(), 0.0);
+  run.batch_seconds.resize(kept);
+  if (run.data_wait_seconds.size() > kept) run.data_wait_seconds.resize(kept);
+  return {before, discarded};
+}
+
+}  // namespace
+
 absl::Status FitPipeline(Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
                          int splits, const data::Source& train, const data::Source& test, Run& run,
                          const Checkpointing* checkpoints, train::Elastic* elastic) {
@@ -240,10 +272,27 @@ absl::Status FitPipeline(Agent& agent, const RunOptions& c, const std::vector<pi
   train::TrainOptions options = TrainOptionsOf(c, splits, splits * c.replicas, checkpoints);
   train::ReportTo(run, options.fit);
   if (elastic != nullptr) {
-    options.fit.on_step = [elastic, next = std::move(options.fit.on_step)](const pipeline::StepRecord& s) {
+    // Each epoch is kept as it ends (an attempt that fails later loses
+    // none); a recovery's time counts in the epoch it goes on in.
+    options.fit.on_step = [elastic, &run, next = std::move(options.fit.on_step)](const pipeline::StepRecord& s) {
+      run.last_step_end = std::chrono::steady_clock::now();
       if (next) next(s);
       elastic->StepDone(s.step);
     };
+    options.fit.on_epoch = [&run, next = std::move(options.fit.on_epoch)](const pipeline::EpochResult& e) {
+      MergeEpochs(run, {e});
+      if (next) next(e);
+    };
+    if (checkpoints != nullptr && checkpoints->resume) {
+      const checkpoint::TrainingState from = checkpoints->resume->state();
+      if (GoesOnAfterAFailure(run, from.step)) {
+        const auto [before, discarded] = KeepStepsUpTo(run, from.step, from.step - from.batch);
+        options.fit.gone_on = pipeline::FitOptions::GoneOn{
+            *run.last_step_end - std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                     std::chrono::duration<double>(discarded)),
+            before};
+      }
+    }
   }
   if (c.data_on == "workers" && trainer->pipeline().replica(0).runs_on_workers()) {
     // Every replica's stage 0 worker reads its share of each batch.
@@ -257,7 +306,7 @@ absl::Status FitPipeline(Agent& agent, const RunOptions& c, const std::vector<pi
   }
   run.schedule = trainer->pipeline().replica(0).schedule().name;
   ASSIGN_OR_RETURN(std::vector<pipeline::EpochResult> epochs, train::Fit(*trainer, train, test, options, std::cout));
-  MergeEpochs(run, epochs);
+  if (elastic == nullptr) MergeEpochs(run, epochs);  // (else merged as each ended)
   return ReportMemory(trainer->pipeline(), c, run);
 }
 
@@ -453,9 +502,13 @@ absl::Status TrainPipeline(Agent& agent, const RunOptions& c, const std::vector<
                                  c.checkpoint_every);
   RETURN_IF_ERROR(saves.Prepare());
   ASSIGN_OR_RETURN(const int first, ResumeBatches(*trainer, checkpoints, run));  // the next batch
-  // (A recovery goes on from an earlier batch: the later ones' times go.)
-  if (run.batch_seconds.size() > static_cast<size_t>(first)) run.batch_seconds.resize(first);
-  if (run.data_wait_seconds.size() > static_cast<size_t>(first)) run.data_wait_seconds.resize(first);
+  // (A recovery goes on from an earlier batch: the later ones' times go,
+  // and the time since the last one ended, the failure's, counts in the
+  // run's; their times stay in it too.)
+  if (GoesOnAfterAFailure(run, first)) {
+    KeepStepsUpTo(run, first, first);
+    run.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - *run.last_step_end).count();
+  }
   EnableTracing(agent, c.workers, traced);
   const int64_t start = trace::NowUs();
   std::vector<std::pair<int64_t, int64_t>> paused;  // after_batch's windows
@@ -496,6 +549,7 @@ absl::Status TrainPipeline(Agent& agent, const RunOptions& c, const std::vector<
     const double seconds = (now - last_end) / 1e6;
     last_end = now;
     RecordBatch(run, s.b, loss, seconds, c.batch_size);
+    run.last_step_end = std::chrono::steady_clock::now();
     run.data_wait_seconds.push_back(data_wait);
     data_wait = 0;
     if (elastic != nullptr) elastic->StepDone(s.b + 1);

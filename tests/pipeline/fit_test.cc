@@ -4,6 +4,7 @@
 // And CountCorrect's top-1 and top-5 counts.
 #include "pipeline/fit.h"
 
+#include <chrono>
 #include <cmath>
 #include <sstream>
 #include <string>
@@ -161,6 +162,36 @@ TEST(Fit, AResumedEpochCountsTheImagesThisRunTrainedApart) {
   EXPECT_EQ((*epochs)[0].images, 10);
   EXPECT_EQ((*epochs)[0].trained, 6);
   EXPECT_EQ(r.log.front(), "start2");
+}
+
+// Gone on with in the same process after a failure (an elastic
+// recovery): the failure's time (since lost_since) counts in the first
+// epoch trained, with the resumed epoch's seconds before the checkpoint,
+// and its images before it count as trained; when the resumed epoch had
+// ended at the checkpoint, the next epoch holds the failure's time.
+TEST(Fit, AnEpochGoneOnWithAfterAFailureCountsTheFailuresTime) {
+  const auto lost_since = std::chrono::steady_clock::now() - std::chrono::seconds(3);
+  Recorder mid;
+  mid.options.start = FitPosition{1, 2, 2.0, 4, 2};
+  mid.options.gone_on = FitOptions::GoneOn{lost_since, 1.5};
+  auto epochs = mid.Run();
+  ASSERT_TRUE(epochs.ok()) << epochs.status();
+  ASSERT_EQ(epochs->size(), 1u);
+  EXPECT_GE((*epochs)[0].seconds, 4.5);
+  EXPECT_LT((*epochs)[0].seconds, 60);
+  EXPECT_EQ((*epochs)[0].images, 10);
+  EXPECT_EQ((*epochs)[0].trained, 10);
+  Recorder ended;
+  ended.options.epochs = 3;
+  ended.options.start = FitPosition{1, 5, 5.0, 10, 5};
+  ended.options.gone_on = FitOptions::GoneOn{lost_since, 1.5};
+  epochs = ended.Run();
+  ASSERT_TRUE(epochs.ok()) << epochs.status();
+  ASSERT_EQ(epochs->size(), 2u);
+  EXPECT_GE((*epochs)[0].seconds, 3.0);  // epoch 2: the failure's time, not epoch 1's before it
+  EXPECT_LT((*epochs)[0].seconds, 4.5);
+  EXPECT_EQ((*epochs)[0].trained, 10);
+  EXPECT_LT((*epochs)[1].seconds, 3.0);  // epoch 3: its own
 }
 
 TEST(Fit, AFailedStepDropsTheStepStartedAfterIt) {

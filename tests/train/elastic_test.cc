@@ -215,6 +215,22 @@ TEST(Elastic, AJobThatLosesWorkersGoesOnAndEndsEqualToOneThatLostNone) {
   const auto recoveries = test_support::ScalarsIn(board, "run/recoveries");
   ASSERT_EQ(recoveries.size(), 3u);
   EXPECT_EQ(recoveries[2].value, 3);
+  // Every epoch and step is reported once, the attempts' that failed
+  // included, and the run's time holds the failures' (it once counted only
+  // the epochs of the last attempt, from where it went on).
+  EXPECT_EQ(test_support::ReportEpochs(json).size(), 30u) << json;
+  const auto steps = test_support::ReportNumbers(json, "batch_seconds");
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].size(), 300u);
+  std::smatch run_seconds;
+  ASSERT_TRUE(std::regex_search(json, run_seconds, std::regex("\"seconds\": ([0-9.]+), \"steady_batch")));
+  double failures = 0;
+  const std::regex lost_time("\"seconds_to_detect\": ([0-9.]+), [^}]*\"seconds_lost\": ([0-9.]+)");
+  for (auto it = std::sregex_iterator(json.begin(), json.end(), lost_time); it != std::sregex_iterator(); ++it) {
+    failures += std::stod((*it)[1]) + std::stod((*it)[2]);
+  }
+  EXPECT_GT(failures, 0) << json;
+  EXPECT_GE(std::stod(run_seconds[1]), failures) << json;
 
   ExpectEndsEqual(data, whole, elastic, saves);
 }
