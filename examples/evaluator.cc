@@ -32,6 +32,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/json.h"
 #include "base/status_util.h"
 #include "checkpoint/checkpoint.h"
 #include "data/datasets.h"
@@ -130,11 +131,13 @@ absl::Status Record(const checkpoint::Checkpoint& ck, const Score& score, const 
               m.final ? " (final)" : "");
   std::fflush(stdout);
   std::ofstream out(o.output, std::ios::app);
+  // (A loss that is not finite, a model that diverged, is null: JSON has
+  // no NaN.)
   out << absl::StrFormat(
-             "{\"step\": %d, \"epoch\": %d, \"batch\": %d, \"test_accuracy\": %.6f, \"test_top5\": %.6f, "
-             "\"test_loss\": %.6f, \"final\": %s, \"checkpoint\": \"%s\", \"created\": \"%s\"}\n",
-             m.step, m.epoch, m.batch, score.accuracy, score.top5, score.loss, m.final ? "true" : "false", ck.dir,
-             m.created)
+             "{\"step\": %d, \"epoch\": %d, \"batch\": %d, \"test_accuracy\": %s, \"test_top5\": %s, "
+             "\"test_loss\": %s, \"final\": %s, \"checkpoint\": %s, \"created\": %s}\n",
+             m.step, m.epoch, m.batch, JsonFixed(6, score.accuracy), JsonFixed(6, score.top5),
+             JsonFixed(6, score.loss), m.final ? "true" : "false", JsonQuoted(ck.dir), JsonQuoted(m.created))
       << std::flush;
   return out ? absl::OkStatus() : absl::InternalError("cannot append to " + o.output);
 }

@@ -191,10 +191,6 @@ absl::Status CheckWorkers(const Flags& f, const RunOptions& c, bool ps_mode, boo
     return Bad(absl::StrCat("--interleave ", c.interleave, " puts several stages on each worker, which --schedule ",
                             c.schedule, " does not run: give --schedule interleaved (or auto), or no --interleave"));
   }
-  const auto& names = pipeline::ScheduleNames();
-  if (!ps_mode && c.schedule != "auto" && std::find(names.begin(), names.end(), c.schedule) == names.end()) {
-    return Bad(absl::StrCat("--schedule must be auto, ", absl::StrJoin(names, ", "), "; got '", c.schedule, "'"));
-  }
   if (!ps_mode && !c.model.empty() && !c.sequential && c.scripts.size() % c.workers.size() != 0) {
     return Bad(absl::StrCat("--model has ", c.scripts.size(), " stages for ", c.workers.size(),
                             " workers: stage k runs on worker k mod n, so give a multiple of ",
@@ -523,7 +519,9 @@ std::string UnusedFlags(const std::set<std::string>& given, const RunOptions& c)
   if (!c.dataset.empty()) {
     unused({"batches"}, "with --dataset: an epoch is the dataset's batches (--epochs, --train-rows)");
   }
-  if (c.replicas <= 1) unused({"zero", "bucket-mb", "overlap", "collective-timeout"}, "without --replicas");
+  if (c.replicas <= 1) {
+    unused({"zero", "bucket-mb", "overlap", "collective-timeout", "insecure-collectives"}, "without --replicas");
+  }
   if (c.model.empty()) unused({"input-shape", "classes"}, "without --model");
   if (c.optimizer == "adam") {
     unused({"momentum"}, "with --optimizer adam");
@@ -609,6 +607,11 @@ absl::StatusOr<CommandLine> Check(Flags f) {
     return Bad("--replicas, --bucket-mb and --collective-timeout must be >= 1");
   }
   if (line.ps_mode) c.schedule = "ps";  // what its checkpoints record
+  // (A typo is one with --local too, where the schedule is not used.)
+  const auto& names = pipeline::ScheduleNames();
+  if (!line.ps_mode && c.schedule != "auto" && std::find(names.begin(), names.end(), c.schedule) == names.end()) {
+    return Bad(absl::StrCat("--schedule must be auto, ", absl::StrJoin(names, ", "), "; got '", c.schedule, "'"));
+  }
   if (auto e = CheckPsFlags(c, f.ps, line.ps_mode, splits_given, f.pipeline_stages); !e.empty()) return Bad(e);
   if (!c.local) {
     if (auto s = CheckWorkers(f, c, line.ps_mode, cut); !s.ok()) return s;

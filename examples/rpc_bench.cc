@@ -311,7 +311,7 @@ int main(int argc, char** argv) {
   flags.AddString("listen", &listen, "HOST:PORT where this process (the master) listens");
   bool external = false;
   flags.AddBool("external", &external,
-                "start no worker: wait at --listen for one named 'peer' (worker --name peer "
+                "start no worker: wait at --listen for one named 'peer' (rpc_bench worker --name peer "
                 "--master HOST:PORT, on another host or network namespace)");
   int rendezvous = 0;
   flags.AddInt("rendezvous", &rendezvous,
@@ -348,13 +348,25 @@ int main(int argc, char** argv) {
   auto group = StartPeer(options, external, worker_args, &registry);
   if (!group.ok()) return fail(group.status(), 1);
   Agent& agent = *group->master;
+  // A failure from here ends the group: the peer is told why and exits.
+  auto fail_group = [&fail, &agent](const absl::Status& s) {
+    agent.Abort(s);
+    return fail(s, 1);
+  };
   auto us = MeasureLatency(agent, warmup, calls);
-  if (!us.ok()) return fail(us.status(), 1);
+  if (!us.ok()) {
+    if (external && absl::IsNotFound(us.status())) {  // (the stock worker, say: it has no echo)
+      return fail_group(absl::FailedPreconditionError(
+          absl::StrCat(us.status().message(), "; the peer must be rpc_bench's own worker: start it as "
+                                              "`rpc_bench worker --name peer --master HOST:PORT`")));
+    }
+    return fail_group(us.status());
+  }
   std::vector<double> floor_us;
   if (!options.tls.enabled()) floor_us = GrpcFloor(agent.worker("peer")->address, agent.sync_spin(), warmup, calls);
-  if (auto s = SweepSizes(agent, *sizes); !s.ok()) return fail(Annotate(s, "size sweep"), 1);
+  if (auto s = SweepSizes(agent, *sizes); !s.ok()) return fail_group(Annotate(s, "size sweep"));
   auto bulk = MeasureBulk(agent, bulk_mib, bulk_calls, *cuda);
-  if (!bulk.ok()) return fail(bulk.status(), 1);
+  if (!bulk.ok()) return fail_group(bulk.status());
   PrintFigures(agent, *us, floor_us, *bulk, bulk_calls, *cuda, peer_device);
   if (auto s = group->Shutdown(); !s.ok()) return fail(Annotate(s, "shutdown"), 1);
   return 0;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "base/json.h"
 #include "base/status_util.h"
 #include "train/curves.h"
 
@@ -111,15 +112,6 @@ absl::Status WriteCurves(const std::string& path, const std::vector<RunRecord>& 
   return WriteCurvesSvg(path, {loss, accuracy});
 }
 
-namespace {
-
-// Numbers for JSON, which has no NaN or infinity: null for those (a run
-// that diverged, or a rate over no time).
-std::string Fixed(int digits, double v) { return std::isfinite(v) ? absl::StrFormat("%.*f", digits, v) : "null"; }
-std::string General(double v) { return std::isfinite(v) ? absl::StrFormat("%.9g", v) : "null"; }
-
-}  // namespace
-
 absl::Status WriteReport(const std::string& path, const std::string& mode, const std::vector<RunRecord>& runs) {
   std::ofstream out(path);
   if (!out) return absl::InvalidArgumentError(absl::StrCat("cannot write the report ", path));
@@ -127,18 +119,18 @@ absl::Status WriteReport(const std::string& path, const std::string& mode, const
   for (size_t i = 0; i < runs.size(); ++i) {
     const RunRecord& r = runs[i];
     std::vector<std::string> losses;
-    for (double l : r.losses) losses.push_back(General(l));
+    for (double l : r.losses) losses.push_back(JsonGeneral(l));
     std::vector<std::string> batch_seconds, data_waits;
-    for (double b : r.batch_seconds) batch_seconds.push_back(Fixed(6, b));
-    for (double w : r.data_wait_seconds) data_waits.push_back(Fixed(6, w));
+    for (double b : r.batch_seconds) batch_seconds.push_back(JsonFixed(6, b));
+    for (double w : r.data_wait_seconds) data_waits.push_back(JsonFixed(6, w));
     out << (i ? ", " : "") << "{\"splits\": " << r.splits << ", \"schedule\": \"" << r.schedule
-        << "\", \"seconds\": " << Fixed(6, r.seconds)
-        << ", \"steady_batch_seconds\": " << Fixed(6, r.steady_seconds())
+        << "\", \"seconds\": " << JsonFixed(6, r.seconds)
+        << ", \"steady_batch_seconds\": " << JsonFixed(6, r.steady_seconds())
         << ", \"images_per_second\": "
-        << Fixed(4, r.images() > 0 ? r.images() / r.seconds : NAN) << ", \"batch_seconds\": ["
+        << JsonFixed(4, r.images() > 0 ? r.images() / r.seconds : NAN) << ", \"batch_seconds\": ["
         << absl::StrJoin(batch_seconds, ", ") << "]";
     if (!data_waits.empty()) {
-      out << ", \"steady_data_wait_seconds\": " << Fixed(6, r.steady_data_wait_seconds())
+      out << ", \"steady_data_wait_seconds\": " << JsonFixed(6, r.steady_data_wait_seconds())
           << ", \"data_wait_seconds\": [" << absl::StrJoin(data_waits, ", ") << "]";
     }
     out << ", \"losses\": ["
@@ -165,20 +157,20 @@ absl::Status WriteReport(const std::string& path, const std::string& mode, const
     for (size_t e = 0; e < r.epochs.size(); ++e) {
       const auto& x = r.epochs[e];
       out << (e ? ", " : "") << "{\"epoch\": " << x.epoch << ", \"train_loss\": "
-          << Fixed(6, x.train_loss) << ", \"test_accuracy\": "
-          << (x.evaluated ? Fixed(6, x.test_accuracy) : "null") << ", \"test_top5\": "
-          << (x.evaluated ? Fixed(6, x.test_top5) : "null") << ", \"seconds\": "
-          << Fixed(3, x.seconds) << ", \"skipped_images\": " << x.skipped << "}";
+          << JsonFixed(6, x.train_loss) << ", \"test_accuracy\": "
+          << (x.evaluated ? JsonFixed(6, x.test_accuracy) : "null") << ", \"test_top5\": "
+          << (x.evaluated ? JsonFixed(6, x.test_top5) : "null") << ", \"seconds\": "
+          << JsonFixed(3, x.seconds) << ", \"skipped_images\": " << x.skipped << "}";
     }
     out << "], \"recoveries\": [";
     for (size_t k = 0; k < r.recoveries.size(); ++k) {
       const Recovery& x = r.recoveries[k];
       out << (k ? ", " : "") << "{\"lost\": \"" << x.lost << "\", \"replacement\": \"" << x.replacement
-          << "\", \"detected_after_seconds\": " << Fixed(3, x.detected_after)
-          << ", \"seconds_to_detect\": " << Fixed(3, x.seconds_to_detect)
+          << "\", \"detected_after_seconds\": " << JsonFixed(3, x.detected_after)
+          << ", \"seconds_to_detect\": " << JsonFixed(3, x.seconds_to_detect)
           << ", \"failed_at_step\": " << x.failed_at << ", \"restored_step\": " << x.restored_step
           << ", \"steps_redone\": " << x.steps_redone() << ", \"seconds_lost\": "
-          << (x.seconds_lost < 0 ? std::string("null") : Fixed(3, x.seconds_lost)) << "}";
+          << (x.seconds_lost < 0 ? std::string("null") : JsonFixed(3, x.seconds_lost)) << "}";
     }
     out << "]}";
   }

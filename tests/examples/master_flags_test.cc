@@ -108,6 +108,7 @@ TEST(MasterFlags, BadValuesAreClearErrorsNamingTheFlag) {
       {{"--workers", "a", "--partition", "odd"}, "balanced or tutorial"},
       {{"--workers", "a,b", "--interleave", "-1"}, "--interleave must be >= 1"},
       {{"--workers", "a,b", "--schedule", "zigzag"}, "--schedule must be auto, gpipe, 1f1b, interleaved"},
+      {{"--local", "--schedule", "zigzag"}, "--schedule must be auto"},  // (a typo, though unused)
       {{"--workers", "a,b", "--pipeline-stages", "-1"}, "--pipeline-stages must be >= 1"},
       {{"--workers", "a", "--listen", "nowhere"}, "HOST:PORT"},
       {{"--workers", "a", "--listen", "127.0.0.1:70000"}, "--listen"},
@@ -318,10 +319,11 @@ TEST(MasterFlags, FlagsWithoutEffectAreNamedInANote) {
   ASSERT_TRUE(used.ok()) << used.status();
   EXPECT_EQ(used->note, "");
   auto more = ParseCommandLine({"--local", "--workers", "a,b", "--batches", "2", "--zero", "1", "--classes", "5",
-                                "--momentum", "0.5", "--dataset", "fashion-mnist", "--optimizer", "adam"});
+                                "--momentum", "0.5", "--dataset", "fashion-mnist", "--optimizer", "adam",
+                                "--insecure-collectives"});
   ASSERT_TRUE(more.ok()) << more.status();
   EXPECT_THAT(more->note, HasSubstr("--batches with --dataset: an epoch is the dataset's batches"));
-  EXPECT_THAT(more->note, HasSubstr("--zero without --replicas"));
+  EXPECT_THAT(more->note, HasSubstr("--zero, --insecure-collectives without --replicas"));
   EXPECT_THAT(more->note, HasSubstr("--classes without --model"));
   EXPECT_THAT(more->note, HasSubstr("--momentum with --optimizer adam"));
   EXPECT_THAT(more->note, HasSubstr("--workers with --local"));

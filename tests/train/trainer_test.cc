@@ -5,8 +5,10 @@
 // tests (tests/checkpoint, tests/ps, tests/data/imagefolder_master_test.cc).
 #include "train/fit.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -27,6 +29,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include "absl/strings/str_cat.h"
+#include "base/json.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "data/source.h"
@@ -388,6 +391,19 @@ TEST(Report, DataWaitsAreWrittenWithTheirSteadyMedian) {
     ++keys;
   }
   EXPECT_EQ(keys, 2);  // the pipeline run's two; the local run has none
+}
+
+// JSON written by hand (the report, the evaluator's lines) stays JSON: a
+// number that is not finite is null, a string's quotes, backslashes and
+// control characters are escaped.
+TEST(Report, NumbersThatAreNotFiniteAreNullAndStringsAreEscaped) {
+  EXPECT_EQ(JsonFixed(3, 0.5), "0.500");
+  EXPECT_EQ(JsonFixed(6, std::nan("")), "null");
+  EXPECT_EQ(JsonFixed(6, -std::numeric_limits<double>::infinity()), "null");
+  EXPECT_EQ(JsonGeneral(0.25), "0.25");
+  EXPECT_EQ(JsonGeneral(std::numeric_limits<double>::infinity()), "null");
+  EXPECT_EQ(JsonQuoted("ckpt/step-00000012"), "\"ckpt/step-00000012\"");
+  EXPECT_EQ(JsonQuoted("a\"b\\c\nd\x01"), "\"a\\\"b\\\\c\\nd\\u0001\"");
 }
 
 }  // namespace
