@@ -71,6 +71,13 @@ absl::StatusOr<Checkpoint> Open(const std::string& dir) {
   if (m.shards.empty() || m.stages.empty()) {
     return absl::DataLossError(absl::StrCat(ck.manifest_path, " lists no shards or no stages"));
   }
+  // (A run goes on from here: a position before any run's start is no
+  // checkpoint remora wrote.)
+  if (m.step < 0 || m.epoch < 0 || m.batch < 0 || m.epoch_images < 0) {
+    return absl::DataLossError(absl::StrCat(ck.manifest_path, ": step ", m.step, ", epoch ", m.epoch, ", batch ",
+                                            m.batch, ", images ", m.epoch_images,
+                                            " is no position of a run (edited by hand?)"));
+  }
   for (const ManifestStage& stage : m.stages) {
     if (stage.shard < 0 || stage.shard >= static_cast<int>(m.shards.size())) {
       return absl::DataLossError(absl::StrCat(ck.manifest_path, ": stage ", stage.index,
@@ -177,7 +184,7 @@ absl::Status Checkpointer::Save(pipeline::Pipeline& pipe, const std::vector<pipe
   }
   Manifest done = ManifestFromWire(m);
   const int64_t total = RecordWritten(*written, done);
-  return Commit(done, dir, total, workers);
+  return Annotate(Commit(done, dir, total, workers), failed);
 }
 
 absl::Status Checkpointer::Commit(const Manifest& m, const std::string& dir, int64_t total,
@@ -206,10 +213,11 @@ absl::Status Checkpointer::Flush() {
   absl::StatusOr<std::vector<c10::IValue>> written = WaitAll(p->written, [&workers](size_t i) {
     return absl::StrCat("writing shard ", i, " on worker '", workers[i], "'");
   });
-  RETURN_IF_ERROR(Annotate(written.status(), absl::StrCat("checkpoint of step ", p->manifest.step, " in ", p->dir,
-                                                          " (the previous checkpoint is still the latest)")));
+  const std::string failed = absl::StrCat("checkpoint of step ", p->manifest.step, " in ", p->dir,
+                                          " (the previous checkpoint is still the latest)");
+  RETURN_IF_ERROR(Annotate(written.status(), failed));
   const int64_t total = RecordWritten(*written, p->manifest);
-  return Commit(p->manifest, p->dir, total, workers);
+  return Annotate(Commit(p->manifest, p->dir, total, workers), failed);
 }
 
 absl::Status Checkpointer::Prune(const std::vector<std::string>& workers) {

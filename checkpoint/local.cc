@@ -44,8 +44,10 @@ absl::StatusOr<LocalSave> SaveLocal(const std::string& dir, const std::vector<pi
   std::error_code ec;
   const std::string root = fs::absolute(dir, ec).lexically_normal().string();
   const std::string step_dir = StepDir(root, state.step);
+  const std::string failed = absl::StrCat("checkpoint of step ", state.step, " in ", step_dir,
+                                          " (the previous checkpoint is still the latest)");
   fs::create_directories(step_dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot make ", step_dir, ": ", ec.message()));
+  if (ec) return absl::InternalError(absl::StrCat(failed, ": cannot make the directory: ", ec.message()));
 
   Shard shard;
   for (size_t k = 0; k < stages.size(); ++k) shard.stages.push_back(static_cast<int64_t>(k));
@@ -54,7 +56,7 @@ absl::StatusOr<LocalSave> SaveLocal(const std::string& dir, const std::vector<pi
   if (optimizer.defined()) shard.optimizer = optim::Unpickle(optimizer);
   shard.rng = CpuGeneratorState();
   const std::string shard_bytes = EncodeShard(shard);
-  RETURN_IF_ERROR(WriteFileAtomically(absl::StrCat(step_dir, "/", kShardFile), shard_bytes));
+  RETURN_IF_ERROR(Annotate(WriteFileAtomically(absl::StrCat(step_dir, "/", kShardFile), shard_bytes), failed));
   wire::Manifest m = NewManifest(identity, state, final);
   wire::CheckpointShard* s = m.add_shards();
   s->set_file(kShardFile);
@@ -62,9 +64,9 @@ absl::StatusOr<LocalSave> SaveLocal(const std::string& dir, const std::vector<pi
   s->set_bytes(static_cast<int64_t>(shard_bytes.size()));
   s->set_crc32(Crc32(shard_bytes));
   for (size_t k = 0; k < stages.size(); ++k) s->add_stages(static_cast<int32_t>(k));
-  RETURN_IF_ERROR(WriteModel(stages, /*num_shards=*/1, step_dir, &m));
+  RETURN_IF_ERROR(Annotate(WriteModel(stages, /*num_shards=*/1, step_dir, &m), failed));
   // The commit: the manifest, last.
-  RETURN_IF_ERROR(CommitManifest(m, step_dir));
+  RETURN_IF_ERROR(Annotate(CommitManifest(m, step_dir), failed));
   for (const std::string& old : PrunableDirs(root, keep)) {
     fs::remove(fs::path(old) / kManifestFile, ec);  // no longer a checkpoint
     RemoveCheckpointFiles(old, /*all=*/true);

@@ -442,6 +442,21 @@ struct SplitPlace {
   }
 };
 
+}  // namespace
+
+absl::Status CheckValFraction(const std::string& dir, double val_fraction) {
+  std::error_code ec;
+  const fs::path top = fs::absolute(fs::path(dir), ec).lexically_normal();
+  if (val_fraction > 0 && fs::is_directory(top / "val", ec)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        top.string(), " has val/: a val fraction holds training images out only where there is no val/ folder "
+        "(drop it, or the val/ folder)"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
 absl::StatusOr<SplitPlace> PlaceSplit(const std::string& dir, const std::string& split, double fraction) {
   if (!(fraction >= 0 && fraction < 1)) {
     return absl::InvalidArgumentError(absl::StrCat("image folder ", dir, ": a val fraction of ", fraction,
@@ -461,11 +476,7 @@ absl::StatusOr<SplitPlace> PlaceSplit(const std::string& dir, const std::string&
                                             "<image> and val/<class>/<image> files, or <class>/<image> files"));
   }
   const bool has_train = fs::is_directory(top / "train", ec), has_val = fs::is_directory(top / "val", ec);
-  if (has_val && fraction > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        top.string(), " has val/: a val fraction holds training images out only where there is no val/ folder "
-        "(drop it, or the val/ folder)"));
-  }
+  RETURN_IF_ERROR(CheckValFraction(top.string(), fraction));
   SplitPlace place;
   place.root = has_train ? top / "train" : top;
   place.what = has_train ? "train/<class>/<image> files" : "<class>/<image> files, torchvision's ImageFolder layout";

@@ -74,6 +74,10 @@ struct ImageListing {
 absl::StatusOr<ImageListing> ListImageFolder(const std::string& dir, const std::string& split,
                                              double val_fraction = 0);
 
+// InvalidArgument when `val_fraction` > 0 would hold images of the folder
+// `dir` out though it has a val/ folder (checked before a run starts).
+absl::Status CheckValFraction(const std::string& dir, double val_fraction);
+
 class ImageFolder final : public Source {
  public:
   // The `split` ("train" or "val") of the image folder `dir` (as

@@ -262,8 +262,9 @@ std::string Describe(int status) {
 // Runs `argv` as a child and starts it again when it fails, up to
 // `restarts` times; returns the last run's exit code (128 + the signal
 // when killed by one). Exit code 2 (bad flags) is not retried: it would
-// fail the same way. SIGTERM, SIGINT and SIGHUP are passed on to the
-// program and end the restarts.
+// fail the same way; nor is a program that was stopped (128 + SIGTERM,
+// SIGINT or SIGHUP: signalled itself, or a worker whose master was). Those
+// signals are passed on to the program and end the restarts.
 int Supervise(std::vector<char*> argv, const std::string& who, const std::string& what, int restarts,
               double delay) {
   // Signals passed on (those not ignored: under nohup SIGHUP stays
@@ -318,7 +319,13 @@ int Supervise(std::vector<char*> argv, const std::string& who, const std::string
     }
     const int code = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
     if (code == 0) return 0;
-    if (g_stopping || code == 2 || code == 127) return code;
+    const bool stopped = code == 128 + SIGTERM || code == 128 + SIGINT || code == 128 + SIGHUP;
+    if (g_stopping || stopped || code == 2 || code == 127) {
+      if (stopped && !g_stopping) {
+        std::cerr << "remora-launch: " << who << ": " << what << " " << Describe(status) << ": not restarted\n";
+      }
+      return code;
+    }
     if (run >= restarts) {
       std::cerr << "remora-launch: " << who << ": " << what << " " << Describe(status) << " after " << run
                 << " restarts (--max-restarts " << restarts << "): giving up\n";
@@ -405,8 +412,10 @@ int main(int argc, char** argv) {
   if (f.max_restarts > 0 && !ResumesAuto(f.master_args)) {
     // Checked on every rank: they share one command line. (A bad flag
     // combination: 2, which no supervisor retries.)
-    fail("--max-restarts restarts the master too: give it --checkpoint-dir DIR --resume auto, so that "
-         "the job goes on from its last checkpoint instead of starting over");
+    fail(absl::StrCat("--max-restarts restarts the master too: give it --checkpoint-dir DIR --resume auto, so that "
+                      "the job goes on from its last checkpoint instead of starting over",
+                      role->is_master() ? "" : absl::StrCat(" (rank ", role->rank, " is a worker, but every rank is "
+                                                          "given the same command, the master's flags included)")));
     return 2;
   }
   const std::vector<std::string> command = remora::launch::RoleCommand(*role, o);

@@ -118,7 +118,9 @@ std::string Line(const std::string& name, const std::string& when, const Figures
 // The flags' values checked; the worker names. An error says which.
 absl::StatusOr<std::vector<std::string>> CheckConfig(Config& c) {
   const std::vector<std::string> names = launch::SplitList(c.workers);
-  if (names.size() != 2 || names[0] == names[1]) return absl::InvalidArgumentError("--workers wants two names");
+  if (names.size() != 2 || names[0] == names[1]) {
+    return absl::InvalidArgumentError("--workers wants two distinct names, as a,b");
+  }
   if (c.steps < 1 || c.warmup < 0 || c.micro_batches < 1 || c.hidden < 1 ||
       c.batch_size < c.micro_batches || c.progress < 0 || c.connect_timeout < 1) {
     return absl::InvalidArgumentError(
@@ -331,7 +333,7 @@ int Main(int argc, char** argv) {
                "executor adds threads under load, up to twice the cores)");
   flags.AddInt("max-fd-growth", &c.max_fd_growth, "largest file descriptor growth allowed");
   flags.AddString("workers", &c.workers,
-                  "two worker names; stage 1 runs on the first, stage 2 on the second");
+                  "two distinct worker names; stage 0 runs on the first, stage 1 on the second");
   flags.AddBool("external", &c.external,
                 "do not start the workers: wait for them to register at --listen");
   flags.AddString("listen", &c.listen, "HOST:PORT of this master (port 0: a free one)");

@@ -6,7 +6,7 @@
 // second signal kills the process at once, as if there were no hook.
 //
 //   launch::InterruptHook hook([&agent](int signo) {
-//     agent->TellGroupEnded(absl::CancelledError(absl::StrCat("stopped by ", strsignal(signo))));
+//     agent->TellGroupEnded(absl::CancelledError(absl::StrCat("stopped by ", strsignal(signo))), signo);
 //   });
 //
 // Thread-safety: one hook at a time; making and destroying it is safe

@@ -181,7 +181,10 @@ int WorkerMain(int argc, char** argv, const std::string& program,
             << (threads == 1 ? " intra-op thread" : " intra-op threads") << ", shards on " << options->device << "\n";
   if (auto s = (*agent)->Shutdown(); !s.ok()) {
     std::cerr << program << ": " << s.message() << "\n";  // the message names this worker
-    return 1;
+    // (A master stopped by a signal: this worker exits as stopped by it
+    // too, which a supervisor does not restart.)
+    const int signal = (*agent)->group_ended_by_signal();
+    return signal > 0 ? 128 + signal : 1;
   }
   return 0;
 }

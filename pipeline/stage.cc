@@ -18,6 +18,7 @@
 #include <torch/csrc/jit/serialization/import.h>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
@@ -204,7 +205,14 @@ class Stage {
       absl::Status s = StatusFromCurrentException(
           absl::StrCat("stage ", index_, " (", label_, ") on worker '", worker_, "', ",
                        train ? "forward" : "eval", " of micro-batch ", mb));
-      throw std::runtime_error(std::string(s.message()));
+      std::string message(s.message());
+      // (LibTorch's batch norm on one row: say what made the row alone.)
+      if (absl::StrContains(message, "Expected more than 1 value per channel when training")) {
+        absl::StrAppend(&message, " (a micro-batch of one row reached a batch norm, which needs two or more in "
+                                  "training: give a larger --batch-size or fewer --splits; with --skip-bad-images, "
+                                  "a batch that lost unreadable images can be this short)");
+      }
+      throw std::runtime_error(message);
     }
   }
 

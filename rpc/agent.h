@@ -274,9 +274,12 @@ class Agent final {
   void Abort(const absl::Status& why);
   // Master: Abort's telling alone (the workers stop with `why`, at most
   // about 2 s) without stopping here, for a process that exits right after
-  // (the master stopped by a signal, while its main thread still uses the
-  // agent). Elsewhere nothing.
-  void TellGroupEnded(const absl::Status& why);
+  // (the master stopped by `signal`, while its main thread still uses the
+  // agent: the workers then exit as stopped by it too). Elsewhere nothing.
+  void TellGroupEnded(const absl::Status& why, int signal = 0);
+  // Worker: the signal that stopped the master where it ended the group
+  // for that (TellGroupEnded's `signal`), else 0.
+  int group_ended_by_signal() const;
   // Worker: blocks until the master ended the group (then call Shutdown),
   // or returns UNAVAILABLE naming the master once it has not answered for
   // master_timeout.

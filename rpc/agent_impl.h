@@ -246,8 +246,9 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   // joined are told `text` and exit. Whether the group had formed.
   bool EndJoining(const std::string& text);
   // Master: tells every worker the group has ended (ShutdownFinish; with
-  // `error`, because the master failed), waiting up to `timeout` for each.
-  void FinishWorkers(const std::string& error, absl::Duration timeout);
+  // `error`, because the master failed or `signal` stopped it), waiting
+  // up to `timeout` for each.
+  void FinishWorkers(const std::string& error, absl::Duration timeout, int signal = 0);
 
   // --- channels (channel_requests.cc) --------------------------------------
   // REMORA_DEBUG=channels: the channel of each of this process's GPUs to `p`.
@@ -291,8 +292,10 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   absl::Notification joined_;
   absl::Notification finished_;  // worker: the master ended the group
   absl::Mutex abort_mu_;
-  // Worker: why the master ended the group, when it failed (Agent::Abort).
+  // Worker: why the master ended the group, when it failed (Agent::Abort)
+  // or a signal stopped it (that signal).
   std::string abort_error_ ABSL_GUARDED_BY(abort_mu_);
+  int abort_signal_ ABSL_GUARDED_BY(abort_mu_) = 0;
   // Worker: why this process must be restarted (Agent::RequireRestart).
   absl::Status restart_ ABSL_GUARDED_BY(abort_mu_);
 

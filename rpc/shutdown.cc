@@ -68,6 +68,7 @@ absl::Status RegisterShutdownRequests(Agent::Impl* impl) {
         if (!in.body.error().empty()) {
           MutexLock lock(impl->abort_mu_);
           impl->abort_error_ = in.body.error();
+          impl->abort_signal_ = in.body.signal();
         }
         r->Reply(OutMessage{});
         impl->finished_.Notify();
@@ -206,11 +207,20 @@ absl::Status Agent::WaitForShutdown() {
     }
   }
   MutexLock lock(impl_->abort_mu_);
+  if (impl_->abort_signal_ > 0) {
+    return absl::CancelledError(absl::StrCat("worker '", self_.name, "': the master '", NameOf(0),
+                                             "' was stopped and ended the group: ", impl_->abort_error_));
+  }
   if (!impl_->abort_error_.empty()) {
     return absl::AbortedError(absl::StrCat("worker '", self_.name, "': the master '", NameOf(0),
                                            "' failed and ended the group: ", impl_->abort_error_));
   }
   return absl::OkStatus();
+}
+
+int Agent::group_ended_by_signal() const {
+  MutexLock lock(impl_->abort_mu_);
+  return impl_->abort_signal_;
 }
 
 void Agent::RequireRestart(const absl::Status& why) {
@@ -236,18 +246,19 @@ void Agent::Abort(const absl::Status& why) {
   impl_->Stop();
 }
 
-void Agent::TellGroupEnded(const absl::Status& why) {
+void Agent::TellGroupEnded(const absl::Status& why, int signal) {
   if (!impl_->server_ || !options_.is_master) return;
   if (!impl_->joined_.HasBeenNotified()) {
     impl_->EndJoining(absl::StrCat("the master failed before the group formed: ", why.message()));
   } else {
-    impl_->FinishWorkers(std::string(why.message()), absl::Seconds(2));
+    impl_->FinishWorkers(std::string(why.message()), absl::Seconds(2), signal);
   }
 }
 
-void Agent::Impl::FinishWorkers(const std::string& error, absl::Duration timeout) {
+void Agent::Impl::FinishWorkers(const std::string& error, absl::Duration timeout, int signal) {
   wire::ShutdownFinish finish;
   finish.set_error(error);
+  finish.set_signal(signal);
   TellMembers(finish, agent_->self_.id, timeout);  // (a worker that does not answer is already gone)
 }
 

@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "autograd/dist_autograd.h"
 #include "base/status_util.h"
+#include "data/imagefolder.h"
 #include "launch/interrupt.h"
 #include "rpc/agent.h"
 #include "runtime/allocator.h"
@@ -228,6 +229,9 @@ absl::StatusOr<std::vector<Run>> TrainOverWorkers(Agent& agent, RunPlan& line, c
 
 absl::Status CheckPaths(const RunOptions& c) {
   if (!c.dataset.empty()) RETURN_IF_ERROR(data::CheckDatasetDir(c.dataset));  // (read once the master listens)
+  if (ReadsImageFolder(c)) {
+    RETURN_IF_ERROR(data::CheckValFraction(c.dataset.substr(std::string("imagefolder:").size()), c.val_fraction));
+  }
   for (const auto& [flag, path] : {std::pair<const char*, std::string>{"report", c.report},
                                    {"trace", c.trace},
                                    {"timeline", c.timeline},
@@ -336,7 +340,7 @@ absl::Status RunMaster(RunPlan& plan, Registry* registry) {
     interrupted.emplace([a = agent.get()](int signo) {
       const std::string why = absl::StrCat("the master was stopped by a signal (", strsignal(signo), ")");
       std::cerr << "master: " << why << "; ending the group" << std::endl;
-      a->TellGroupEnded(absl::CancelledError(why));
+      a->TellGroupEnded(absl::CancelledError(why), signo);
     });
   }
   Baseline baseline;

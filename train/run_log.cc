@@ -1,7 +1,12 @@
 // What the master's runs report as they go: TensorBoard event files
-// (--tensorboard) and the batch lines.
+// (--tensorboard), the batch lines, and the record of a run that goes on
+// after a failure (its epochs and step times).
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <numeric>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "train/runs.h"
@@ -21,6 +26,38 @@ void RecordBatch(Run& run, int b, double loss, double seconds, int64_t rows) {
   if (first_not_finite) {
     std::printf("warning: the loss is %g at batch %d: the training diverged (a lower --lr?); it goes on\n", loss, b);
   }
+}
+
+bool GoesOnAfterAFailure(Run& run, int64_t from) {
+  if (run.last_step_end) return true;
+  run.first_step = from;
+  return false;
+}
+
+std::pair<double, double> KeepStepsUpTo(Run& run, int64_t from, int64_t epoch_began) {
+  auto index = [&run](int64_t step) {
+    return static_cast<size_t>(std::clamp<int64_t>(step - run.first_step, 0,
+                                                   static_cast<int64_t>(run.batch_seconds.size())));
+  };
+  const auto& t = run.batch_seconds;
+  const size_t kept = index(from), epoch = std::min(index(epoch_began), kept);
+  const double before = std::accumulate(t.begin() + epoch, t.begin() + kept, 0.0);
+  const double discarded = std::accumulate(t.begin() + kept, t.end(), 0.0);
+  run.batch_seconds.resize(kept);
+  if (run.data_wait_seconds.size() > kept) run.data_wait_seconds.resize(kept);
+  return {before, discarded};
+}
+
+void MergeEpochs(Run& run, const std::vector<pipeline::EpochResult>& epochs) {
+  if (!epochs.empty()) {
+    const int from = epochs.front().epoch;
+    run.epochs.erase(std::remove_if(run.epochs.begin(), run.epochs.end(),
+                                    [from](const pipeline::EpochResult& e) { return e.epoch >= from; }),
+                     run.epochs.end());
+  }
+  run.epochs.insert(run.epochs.end(), epochs.begin(), epochs.end());
+  run.seconds = 0;
+  for (const auto& e : run.epochs) run.seconds += e.seconds;
 }
 
 }  // namespace remora::train::runs

@@ -19,7 +19,6 @@
 #include <map>
 #include <optional>
 #include <memory>
-#include <numeric>
 #include <thread>
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -231,36 +230,6 @@ absl::StatusOr<Run> FitLocal(const RunOptions& c, int splits, const data::Source
   for (const auto& e : run.epochs) run.seconds += e.seconds;
   return run;
 }
-
-namespace {
-
-// Whether this run goes on from step `from` after a failure in this
-// process (an elastic recovery: it trained before); else (its first
-// attempt) notes that it begins after `from`.
-bool GoesOnAfterAFailure(Run& run, int64_t from) {
-  if (run.last_step_end) return true;
-  run.first_step = from;
-  return false;
-}
-
-// Keeps the times of the steps up to `from` (the ones after it are
-// trained again); returns the seconds of the kept steps after
-// `epoch_began` (the step before the epoch of `from`) and of the dropped.
-std::pair<double, double> KeepStepsUpTo(Run& run, int64_t from, int64_t epoch_began) {
-  auto index = [&run](int64_t step) {
-    return static_cast<size_t>(std::clamp<int64_t>(step - run.first_step, 0,
-                                                   static_cast<int64_t>(run.batch_seconds.size())));
-  };
-  const auto& t = run.batch_seconds;
-  const size_t kept = index(from), epoch = std::min(index(epoch_began), kept);
-  const double before = std::accumulate(t.begin() + epoch, t.begin() + kept, 0.0);
-  const double discarded = std::accumulate(t.begin() + kept, t.end(), 0.0);
-  run.batch_seconds.resize(kept);
-  if (run.data_wait_seconds.size() > kept) run.data_wait_seconds.resize(kept);
-  return {before, discarded};
-}
-
-}  // namespace
 
 absl::Status FitPipeline(Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
                          int splits, const data::Source& train, const data::Source& test, Run& run,
@@ -651,18 +620,6 @@ absl::Status TrainElastic(Agent& agent, const RunOptions& c, const std::vector<p
                 r.seconds_to_detect, static_cast<long long>(r.failed_at), r.seconds_lost);
   }
   return absl::OkStatus();
-}
-
-void MergeEpochs(Run& run, const std::vector<pipeline::EpochResult>& epochs) {
-  if (!epochs.empty()) {
-    const int from = epochs.front().epoch;
-    run.epochs.erase(std::remove_if(run.epochs.begin(), run.epochs.end(),
-                                    [from](const pipeline::EpochResult& e) { return e.epoch >= from; }),
-                     run.epochs.end());
-  }
-  run.epochs.insert(run.epochs.end(), epochs.begin(), epochs.end());
-  run.seconds = 0;
-  for (const auto& e : run.epochs) run.seconds += e.seconds;
 }
 
 absl::StatusOr<Run> TrainOverPipeline(Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,

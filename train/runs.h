@@ -328,6 +328,14 @@ absl::Status TrainElastic(Agent& agent, const RunOptions& c, const std::vector<p
 // the first of them on (an attempt after a recovery goes on inside an
 // epoch), and sums run.seconds over them.
 void MergeEpochs(Run& run, const std::vector<pipeline::EpochResult>& epochs);
+// Whether this run goes on from step `from` after a failure in this
+// process (an elastic recovery: it trained before); else (its first
+// attempt) notes that it begins after `from` (run.first_step).
+bool GoesOnAfterAFailure(Run& run, int64_t from);
+// Keeps the times of the steps up to `from` (the ones after it are
+// trained again); returns the seconds of the kept steps after
+// `epoch_began` (the step before the epoch of `from`) and of the dropped.
+std::pair<double, double> KeepStepsUpTo(Run& run, int64_t from, int64_t epoch_began);
 // One split count's pipeline run over the workers: TrainPipeline, or
 // FitPipeline with --dataset; with --max-restarts, recovered from the
 // latest checkpoint when a worker is lost (train/elastic.h), a line on the

@@ -427,6 +427,19 @@ TEST(Checkpoint, CorruptOrMismatchedCheckpointsAreClearErrors) {
   EXPECT_EQ(shape.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(shape.message()), HasSubstr("holds 4 stages in 2 shards"));
 
+  // A manifest edited to a step before any run's start: refused, not
+  // trained on from step -5 (nor pruned around by --keep).
+  const std::string manifest = ReadFile(ck.manifest_path).value();
+  const std::string step_one = "\"step\": \"1\"";
+  const size_t step_at = manifest.find(step_one);
+  ASSERT_NE(step_at, std::string::npos) << manifest;
+  Overwrite(ck.manifest_path, std::string(manifest).replace(step_at, step_one.size(), "\"step\": \"-5\""));
+  auto edited = Latest(ck.dir);
+  EXPECT_EQ(edited.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(edited.status().message()), HasSubstr("step -5, epoch 0, batch 0"));
+  EXPECT_THAT(std::string(edited.status().message()), HasSubstr("is no position of a run"));
+  Overwrite(ck.manifest_path, manifest);
+
   // A file cut short.
   fs::resize_file(ck.dir + "/model.pt", 10);
   auto specs = LoadStageSpecs(ck);

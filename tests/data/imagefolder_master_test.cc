@@ -367,6 +367,17 @@ TEST(ImageFolderMaster, AFolderWithoutValTrainsWithoutTestOrHoldsAFractionOut) {
                                         absl::Seconds(60));
   EXPECT_EQ(bad_code, 2) << bad_out;
   EXPECT_THAT(bad_out, HasSubstr("--val-fraction holds images out of an image folder"));
+  // And beside a val/ folder: a bad flag too, found before anything runs
+  // (it exited 1 once the folder was read).
+  const std::string split = FreshImageDir("master_split");
+  WriteClassFolders(split, {"red", "blue"}, 2, 1, RedOrBlue);
+  auto [beside_code, beside_out] =
+      RunProgram({BinDir() + "/master", "--local", "--dataset", "imagefolder:" + split, "--model", model,
+                  "--classes", "2", "--image-size", "16", "--val-fraction", "0.2"},
+                 absl::Seconds(60));
+  EXPECT_EQ(beside_code, 2) << beside_out;
+  EXPECT_THAT(beside_out, HasSubstr("has val/: a val fraction holds training images out only where there is no "
+                                    "val/ folder"));
 }
 
 // data_bench reads a folder's training images at each --data-threads

@@ -86,7 +86,8 @@ TEST(Worker, ASignalIsSaidAndTheWorkerExitsWith128PlusIt) {
 }
 
 // A program that ended on a signal sent to it directly (exit 128 + it, as
-// remora's programs do) is said to have, beside the bare code.
+// remora's programs do) is said to have, beside the bare code, and is not
+// restarted: it was stopped, or (a worker) its master was.
 TEST(RemoraLaunch, AnExitOf128PlusASignalNamesTheSignal) {
   const std::string program = TempPath("exits_143.sh");
   {
@@ -99,7 +100,8 @@ TEST(RemoraLaunch, AnExitOf128PlusASignalNamesTheSignal) {
                              "--checkpoint-dir", TempPath("exits_143_ckpt"), "--resume", "auto"});
   EXPECT_EQ(code, 143) << out;
   EXPECT_THAT(out, HasSubstr("worker 'worker1' exited with code 143 (128 + signal 15, Terminated: as a program "
-                             "stopped by that signal exits); restarting it"));
+                             "stopped by that signal exits): not restarted"));
+  EXPECT_THAT(out, Not(HasSubstr("restarting")));
 }
 
 TEST(RemoraLaunch, HelpAndBadFlags) {
@@ -252,6 +254,7 @@ TEST(RemoraLaunch, MaxRestartsBringsKilledProcessesBackAndTheJobGoesOnFromItsChe
       Launch({"RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1"}, {"--dry-run", "--max-restarts", "1"});
   EXPECT_EQ(refused, 2) << refused_out;  // (a bad flag: retried by no supervisor)
   EXPECT_THAT(refused_out, HasSubstr("give it --checkpoint-dir DIR --resume auto"));
+  EXPECT_THAT(refused_out, HasSubstr("rank 1 is a worker, but every rank is given the same command"));
   auto [bad, bad_out] = Launch({"RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1"}, {"--restart-delay", "-1"});
   EXPECT_EQ(bad, 2) << bad_out;
   EXPECT_THAT(bad_out, HasSubstr("--restart-delay wants seconds in 0..3600, not '-1'"));

@@ -542,6 +542,15 @@ TEST(Pipeline, BadStagesAreClearErrorsNamingTheStageAndTheWorker) {
               {"stage 1", "w2", "forward of micro-batch"});
   ExpectError((*pipe)->train_step(at::randn({1, 8}), at::randn({1, 4})).status(),
               {"1 rows cannot be split into 2"});
+  // A batch norm given a micro-batch of one row: LibTorch's error, and
+  // what made the row alone.
+  shards::MLPStageOptions normed = Mlp(16, 4, 2, false);
+  normed.batchnorm = true;
+  auto one_row = Pipeline::Create(master, TwoStages(good, Spec(normed)));
+  ASSERT_TRUE(one_row.ok()) << one_row.status();
+  ExpectError((*one_row)->train_step(at::randn({3, 8}), at::randn({3, 4})).status(),
+              {"stage 1", "w2", "Expected more than 1 value per channel", "a micro-batch of one row reached a batch "
+               "norm", "--skip-bad-images"});
   // The workers keep serving: a good pipeline trains on them.
   auto fine = Pipeline::Create(master, TwoStages(good, Spec(Mlp(16, 4, 2, false))));
   ASSERT_TRUE(fine.ok()) << fine.status();

@@ -2,6 +2,7 @@
 // whole batch, backup workers drop a slowed worker, lost workers fail the
 // step or are dropped, checkpoints the evaluator reads, and master --mode ps.
 #include <csignal>
+#include <filesystem>
 
 #include <ATen/ops/equal.h>
 #include <gmock/gmock.h>
@@ -188,6 +189,17 @@ TEST(Ps, CheckpointsHoldTheServersModelAndResume) {
     ASSERT_TRUE(saved.ok()) << saved.status();
   }
   EXPECT_THAT(checkpoint::CompleteSteps(dir), ElementsAre(2));  // keep=1 pruned step 1
+  // A shard that cannot be written (its name taken by a directory): the
+  // error says which checkpoint failed and that step 2's is still the latest.
+  std::filesystem::create_directories(dir + "/step-00000003/shard-0.pt/taken");
+  auto failed = checkpoint::SaveLocal(dir, o.stages, (*server)->stage_state().value(), (*server)->stage_names(),
+                                      (*server)->optimizer_state().value(), id, {3, 0, 3, 0, 0, {}}, false, 1);
+  EXPECT_FALSE(failed.ok());
+  EXPECT_THAT(std::string(failed.status().message()),
+              HasSubstr("checkpoint of step 3 in " + std::filesystem::path(dir).lexically_normal().string() +
+                        "/step-00000003 (the previous checkpoint is still the latest): "));
+  EXPECT_THAT(checkpoint::CompleteSteps(dir), ElementsAre(2));
+  std::filesystem::remove_all(dir + "/step-00000003");
   auto ck = checkpoint::Latest(dir);
   ASSERT_TRUE(ck.ok()) << ck.status();
   EXPECT_EQ(ck->manifest.step, 2);

@@ -45,6 +45,7 @@ shards::MLPStageOptions Mlp(int64_t in, int64_t out, int64_t seed, bool relu) {
 }
 
 pipeline::StageSpec MlpSpec(const shards::MLPStageOptions& o) {
+  if (o.batchnorm) return pipeline::StageSpec::Registered("MLPStage", {o.in, o.out, o.seed, o.relu, true});
   return pipeline::StageSpec::Registered("MLPStage", {o.in, o.out, o.seed, o.relu});
 }
 
