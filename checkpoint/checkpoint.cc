@@ -164,8 +164,7 @@ absl::Status Checkpointer::Save(pipeline::Pipeline& pipe, const std::vector<pipe
     pending.push_back(agent_.rpc_async(workers[i], "remora.checkpoint.save_shard",
                                       {paths.back(), indices, rrefs, OptimizerOf(pipe, workers[i]), background}));
   }
-  const std::string failed = absl::StrCat("checkpoint of step ", state.step, " in ", dir,
-                                          " (the previous checkpoint is still the latest)");
+  const std::string failed = SaveFailed(state.step, dir);
   absl::StatusOr<std::vector<c10::IValue>> written = WaitAll(pending, [&workers](size_t i) {
     return absl::StrCat("saving shard ", i, " on worker '", workers[i], "'");
   });
@@ -213,8 +212,7 @@ absl::Status Checkpointer::Flush() {
   absl::StatusOr<std::vector<c10::IValue>> written = WaitAll(p->written, [&workers](size_t i) {
     return absl::StrCat("writing shard ", i, " on worker '", workers[i], "'");
   });
-  const std::string failed = absl::StrCat("checkpoint of step ", p->manifest.step, " in ", p->dir,
-                                          " (the previous checkpoint is still the latest)");
+  const std::string failed = SaveFailed(p->manifest.step, p->dir);
   RETURN_IF_ERROR(Annotate(written.status(), failed));
   const int64_t total = RecordWritten(*written, p->manifest);
   return Annotate(Commit(p->manifest, p->dir, total, workers), failed);

@@ -44,8 +44,7 @@ absl::StatusOr<LocalSave> SaveLocal(const std::string& dir, const std::vector<pi
   std::error_code ec;
   const std::string root = fs::absolute(dir, ec).lexically_normal().string();
   const std::string step_dir = StepDir(root, state.step);
-  const std::string failed = absl::StrCat("checkpoint of step ", state.step, " in ", step_dir,
-                                          " (the previous checkpoint is still the latest)");
+  const std::string failed = SaveFailed(state.step, step_dir);
   fs::create_directories(step_dir, ec);
   if (ec) return absl::InternalError(absl::StrCat(failed, ": cannot make the directory: ", ec.message()));
 

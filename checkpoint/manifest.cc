@@ -37,6 +37,10 @@ std::string StepDir(const std::string& dir, int64_t step) {
   return absl::StrFormat("%s/step-%08d", dir, step);
 }
 
+std::string SaveFailed(int64_t step, const std::string& step_dir) {
+  return absl::StrCat("checkpoint of step ", step, " in ", step_dir, " (the previous checkpoint is still the latest)");
+}
+
 wire::Manifest NewManifest(const RunIdentity& identity, const TrainingState& state, bool final) {
   Manifest m;
   m.format = kFormat;

@@ -21,6 +21,10 @@ inline constexpr int kFormat = 1;
 // DIR/step-NNNNNNNN.
 std::string StepDir(const std::string& dir, int64_t step);
 
+// What a save that failed says first: "checkpoint of step N in DIR (the
+// previous checkpoint is still the latest)".
+std::string SaveFailed(int64_t step, const std::string& step_dir);
+
 // A manifest of `identity` at `state`, created now, with this process's
 // CPU generator state; shards and stages are added by the caller.
 wire::Manifest NewManifest(const RunIdentity& identity, const TrainingState& state, bool final);

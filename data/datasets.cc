@@ -15,6 +15,7 @@
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/randperm.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_util.h"
 #include "data/imagefolder.h"
@@ -158,10 +159,12 @@ absl::Status CheckDatasetName(const std::string& name) {
       "--dataset wants fashion-mnist, idx:DIR, cifar10:DIR or imagefolder:DIR; got '", name, "'"));
 }
 
-absl::Status CheckDatasetDir(const std::string& name) {
+absl::Status CheckDatasetDir(const std::string& name, double val_fraction) {
   const std::string dir = DatasetDir(name);
   std::error_code ec;
-  if (fs::is_directory(dir, ec)) return absl::OkStatus();
+  if (fs::is_directory(dir, ec)) {
+    return absl::StartsWith(name, "imagefolder:") ? CheckValFraction(dir, val_fraction) : absl::OkStatus();
+  }
   std::string why = " does not exist";
   if (fs::exists(dir, ec)) {
     why = " is not a directory";

@@ -57,8 +57,9 @@ absl::Status CheckDatasetName(const std::string& name);
 // (Fashion-MNIST's: kFashionMnistDir) exists on this machine: a missing or
 // non-directory path is NotFound naming --dataset, the path and, for
 // Fashion-MNIST, the package that installs it. What is in it is checked
-// when it loads.
-absl::Status CheckDatasetDir(const std::string& name);
+// when it loads. With imagefolder:DIR, a `val_fraction` > 0 beside a val/
+// folder is refused too (CheckValFraction).
+absl::Status CheckDatasetDir(const std::string& name, double val_fraction = 0);
 
 // Normalises both sets per channel with the training set's mean and
 // standard deviation (torchvision's Normalize with the set's own figures).

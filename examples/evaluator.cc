@@ -237,12 +237,12 @@ int Main(int argc, char** argv) {
     return fail(absl::StrCat("--threads must be at most ", launch::kMaxThreads, "; got ", o.threads), 2);
   }
   if (auto s = data::CheckDatasetName(o.dataset); !s.ok()) return fail(std::string(s.message()), 2);
-  if (auto s = data::CheckDatasetDir(o.dataset); !s.ok()) return fail(std::string(s.message()), 2);
   if (o.image_size < 16 || o.data_threads < 1) return fail("--image-size must be >= 16, --data-threads >= 1", 2);
   if (!(o.val_fraction >= 0 && o.val_fraction < 1)) return fail("--val-fraction must be in [0, 1)", 2);
   if (o.val_fraction > 0 && o.dataset.rfind("imagefolder:", 0) != 0) {
     return fail("--val-fraction is for --dataset imagefolder:DIR (the training's held-out images)", 2);
   }
+  if (auto s = data::CheckDatasetDir(o.dataset, o.val_fraction); !s.ok()) return fail(std::string(s.message()), 2);
   if (std::error_code ec; std::filesystem::exists(o.dir, ec) && !std::filesystem::is_directory(o.dir, ec)) {
     return fail(absl::StrCat("--checkpoint-dir ", o.dir,
                              " is not a directory: give the job's checkpoint directory (or one checkpoint's)"), 2);

@@ -18,7 +18,6 @@
 #include "absl/strings/str_join.h"
 #include "autograd/dist_autograd.h"
 #include "base/status_util.h"
-#include "data/imagefolder.h"
 #include "launch/interrupt.h"
 #include "rpc/agent.h"
 #include "runtime/allocator.h"
@@ -228,9 +227,8 @@ absl::StatusOr<std::vector<Run>> TrainOverWorkers(Agent& agent, RunPlan& line, c
 }  // namespace
 
 absl::Status CheckPaths(const RunOptions& c) {
-  if (!c.dataset.empty()) RETURN_IF_ERROR(data::CheckDatasetDir(c.dataset));  // (read once the master listens)
-  if (ReadsImageFolder(c)) {
-    RETURN_IF_ERROR(data::CheckValFraction(c.dataset.substr(std::string("imagefolder:").size()), c.val_fraction));
+  if (!c.dataset.empty()) {  // (read once the master listens)
+    RETURN_IF_ERROR(data::CheckDatasetDir(c.dataset, c.val_fraction));
   }
   for (const auto& [flag, path] : {std::pair<const char*, std::string>{"report", c.report},
                                    {"trace", c.trace},

@@ -240,27 +240,25 @@ absl::Status FitPipeline(Agent& agent, const RunOptions& c, const std::vector<pi
   }
   train::TrainOptions options = TrainOptionsOf(c, splits, splits * c.replicas, checkpoints);
   train::ReportTo(run, options.fit);
-  if (elastic != nullptr) {
-    // Each epoch is kept as it ends (an attempt that fails later loses
-    // none); a recovery's time counts in the epoch it goes on in.
-    options.fit.on_step = [elastic, &run, next = std::move(options.fit.on_step)](const pipeline::StepRecord& s) {
-      run.last_step_end = std::chrono::steady_clock::now();
-      if (next) next(s);
-      elastic->StepDone(s.step);
-    };
-    options.fit.on_epoch = [&run, next = std::move(options.fit.on_epoch)](const pipeline::EpochResult& e) {
-      MergeEpochs(run, {e});
-      if (next) next(e);
-    };
-    if (checkpoints != nullptr && checkpoints->resume) {
-      const checkpoint::TrainingState from = checkpoints->resume->state();
-      if (GoesOnAfterAFailure(run, from.step)) {
-        const auto [before, discarded] = KeepStepsUpTo(run, from.step, from.step - from.batch);
-        options.fit.gone_on = pipeline::FitOptions::GoneOn{
-            *run.last_step_end - std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                     std::chrono::duration<double>(discarded)),
-            before};
-      }
+  // Each epoch is kept as it ends (an attempt that fails later loses
+  // none); a recovery's time counts in the epoch it goes on in.
+  options.fit.on_step = [elastic, &run, next = std::move(options.fit.on_step)](const pipeline::StepRecord& s) {
+    run.last_step_end = std::chrono::steady_clock::now();
+    if (next) next(s);
+    if (elastic != nullptr) elastic->StepDone(s.step);
+  };
+  options.fit.on_epoch = [&run, next = std::move(options.fit.on_epoch)](const pipeline::EpochResult& e) {
+    MergeEpochs(run, {e});
+    if (next) next(e);
+  };
+  if (checkpoints != nullptr && checkpoints->resume) {
+    const checkpoint::TrainingState from = checkpoints->resume->state();
+    if (GoesOnAfterAFailure(run, from.step)) {
+      const auto [before, discarded] = KeepStepsUpTo(run, from.step, from.step - from.batch);
+      options.fit.gone_on = pipeline::FitOptions::GoneOn{
+          *run.last_step_end - std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                   std::chrono::duration<double>(discarded)),
+          before};
     }
   }
   if (c.data_on == "workers" && trainer->pipeline().replica(0).runs_on_workers()) {
@@ -274,8 +272,7 @@ absl::Status FitPipeline(Agent& agent, const RunOptions& c, const std::vector<pi
                 c.data_on == "workers" ? " (a loss computed on the master needs the batches here)" : "");
   }
   run.schedule = trainer->pipeline().replica(0).schedule().name;
-  ASSIGN_OR_RETURN(std::vector<pipeline::EpochResult> epochs, train::Fit(*trainer, train, test, options, std::cout));
-  if (elastic == nullptr) MergeEpochs(run, epochs);  // (else merged as each ended)
+  RETURN_IF_ERROR(train::Fit(*trainer, train, test, options, std::cout).status());  // (epochs merged as they end)
   return ReportMemory(trainer->pipeline(), c, run);
 }
 

@@ -378,6 +378,13 @@ TEST(ImageFolderMaster, AFolderWithoutValTrainsWithoutTestOrHoldsAFractionOut) {
   EXPECT_EQ(beside_code, 2) << beside_out;
   EXPECT_THAT(beside_out, HasSubstr("has val/: a val fraction holds training images out only where there is no "
                                     "val/ folder"));
+  // The evaluator too, before it waits for a checkpoint.
+  auto [eval_beside_code, eval_beside_out] =
+      RunProgram({BinDir() + "/evaluator", "--checkpoint-dir", TempPath("no_checkpoint_yet"), "--dataset",
+                  "imagefolder:" + split, "--image-size", "16", "--val-fraction", "0.2", "--once"},
+                 absl::Seconds(60));
+  EXPECT_EQ(eval_beside_code, 2) << eval_beside_out;
+  EXPECT_THAT(eval_beside_out, HasSubstr("has val/: a val fraction holds training images out"));
 }
 
 // data_bench reads a folder's training images at each --data-threads
