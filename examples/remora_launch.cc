@@ -63,7 +63,9 @@ launcher flags:
                               e.g. your own built with launch::WorkerMain
   --max-restarts N            start this rank's program again, under the same name,
                               when it fails (exit code other than 0 and 2, or a
-                              signal), up to N times (default 0: replace this
+                              signal; not a worker that exits as its master
+                              stopped by a signal, nor the master stopped by
+                              one), up to N times (default 0: replace this
                               process with it). The master gets --max-restarts N
                               too: it puts a restarted worker back in its place and
                               goes on from the last checkpoint, the other workers
@@ -245,8 +247,8 @@ void PassOn(int sig) {
 }
 
 // "exited with code N" / "was killed by signal N (NAME)"; a code of 128 +
-// SIGTERM, SIGINT or SIGHUP's number (remora's programs exit so when one
-// stops them) names the signal too.
+// SIGTERM, SIGINT or SIGHUP's number (a worker exits so when one stopped
+// its master) names the signal too.
 std::string Describe(int status) {
   if (WIFSIGNALED(status)) {
     return absl::StrCat("was killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
@@ -254,7 +256,7 @@ std::string Describe(int status) {
   const int code = WEXITSTATUS(status);
   if (code == 128 + SIGTERM || code == 128 + SIGINT || code == 128 + SIGHUP) {
     return absl::StrCat("exited with code ", code, " (128 + signal ", code - 128, ", ", strsignal(code - 128),
-                        ": as a program stopped by that signal exits)");
+                        ": as a worker exits whose master that signal stopped)");
   }
   return absl::StrCat("exited with code ", code);
 }
@@ -262,11 +264,14 @@ std::string Describe(int status) {
 // Runs `argv` as a child and starts it again when it fails, up to
 // `restarts` times; returns the last run's exit code (128 + the signal
 // when killed by one). Exit code 2 (bad flags) is not retried: it would
-// fail the same way; nor is a program that was stopped (128 + SIGTERM,
-// SIGINT or SIGHUP: signalled itself, or a worker whose master was). Those
-// signals are passed on to the program and end the restarts.
-int Supervise(std::vector<char*> argv, const std::string& who, const std::string& what, int restarts,
-              double delay) {
+// fail the same way; nor is a program that was stopped: one that exits 128
+// + SIGTERM, SIGINT or SIGHUP (a worker whose master was stopped so), or
+// the master killed by one of those (it ended its group). A worker killed
+// by one is restarted, as any worker lost: its master goes on. Those
+// signals sent to remora-launch are passed on to the program and end the
+// restarts.
+int Supervise(std::vector<char*> argv, const std::string& who, const std::string& what, bool master,
+              int restarts, double delay) {
   // Signals passed on (those not ignored: under nohup SIGHUP stays
   // ignored, here and in the program); the program gets the dispositions
   // remora-launch was started with.
@@ -319,7 +324,8 @@ int Supervise(std::vector<char*> argv, const std::string& who, const std::string
     }
     const int code = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
     if (code == 0) return 0;
-    const bool stopped = code == 128 + SIGTERM || code == 128 + SIGINT || code == 128 + SIGHUP;
+    const bool stop_signal = code == 128 + SIGTERM || code == 128 + SIGINT || code == 128 + SIGHUP;
+    const bool stopped = stop_signal && (master || !WIFSIGNALED(status));
     if (g_stopping || stopped || code == 2 || code == 127) {
       if (stopped && !g_stopping) {
         std::cerr << "remora-launch: " << who << ": " << what << " " << Describe(status) << ": not restarted\n";
@@ -439,7 +445,7 @@ int main(int argc, char** argv) {
   args.push_back(nullptr);
   if (f.max_restarts > 0) {
     const std::string what = role->is_master() ? "the master" : absl::StrCat("worker '", role->name(), "'");
-    return Supervise(args, role->Describe(), what, f.max_restarts, f.restart_delay);
+    return Supervise(args, role->Describe(), what, role->is_master(), f.max_restarts, f.restart_delay);
   }
   execv(args[0], args.data());
   return fail(absl::StrCat("cannot start ", command[0], ": ", std::strerror(errno),

@@ -469,6 +469,7 @@ bool Subprocess::running() {
   if (r == pid_) {
     reaped_ = true;
     exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    killed_by_signal_ = WIFSIGNALED(status);
     return false;
   }
   return true;

@@ -176,12 +176,16 @@ class Subprocess {
   // The exit code (128 + signal when killed by one), or DEADLINE_EXCEEDED.
   absl::StatusOr<int> Wait(absl::Duration timeout);
   bool running();
+  // Whether the child, once reaped, was killed by a signal (rather than
+  // exiting with 128 + its number).
+  bool killed_by_signal() const { return killed_by_signal_; }
 
  private:
   explicit Subprocess(pid_t pid) : pid_(pid) {}
   pid_t pid_;
   bool reaped_ = false;
   int exit_code_ = -1;
+  bool killed_by_signal_ = false;
 };
 
 }  // namespace remora::launch

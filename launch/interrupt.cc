@@ -1,12 +1,20 @@
 // launch::InterruptHook (launch/interrupt.h): the signal handler writes the
-// signal's number to a pipe (all it may do); a watcher thread reads it and
-// runs the hook's function.
+// first signal's number to a pipe (all it may do); a watcher thread reads
+// it and runs the hook's function. A later signal kills the process, but
+// for the same one again within kRepeat of the first: a terminal's Ctrl-C
+// reaches a program and its supervisor (remora-launch), which passes it on,
+// and a scheduler signals every process of a job; that is one request.
 #include "launch/interrupt.h"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <time.h>
+
 #include <cerrno>
+#include <cstdint>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -21,11 +29,44 @@ namespace {
 
 int g_pipe[2] = {-1, -1};  // written by the handler, read by the watcher
 
+constexpr int64_t kRepeatNanos = 2'000'000'000;  // kRepeat: 2 s
+// The first signal and when it came (CLOCK_MONOTONIC, ns), set by the
+// handler (the signals are masked during it, so it does not nest).
+volatile sig_atomic_t g_first = 0;
+int64_t g_first_ns = 0;
+
+int64_t MonotonicNanos() {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC, &t);  // (async-signal-safe)
+  return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
+}
+
 void OnSignal(int signo) {
-  const unsigned char b = static_cast<unsigned char>(signo);
   const int saved = errno;
-  [[maybe_unused]] ssize_t n = write(g_pipe[1], &b, 1);
+  const int64_t now = MonotonicNanos();
+  if (g_first == 0) {
+    g_first_ns = now;
+    g_first = signo;
+    const unsigned char b = static_cast<unsigned char>(signo);
+    [[maybe_unused]] ssize_t n = write(g_pipe[1], &b, 1);
+  } else if (signo != g_first || now - g_first_ns >= kRepeatNanos) {
+    signal(signo, SIG_DFL);  // a second request: the signal's own action
+    raise(signo);
+  }
   errno = saved;
+}
+
+// Ends the process by `signo`'s default action, so that its parent sees
+// it killed by the signal (WIFSIGNALED) and a shell says 128 + its number;
+// exits so if the signal does not end it.
+[[noreturn]] void EndBy(int signo) {
+  std::signal(signo, SIG_DFL);
+  sigset_t only;
+  sigemptyset(&only);
+  sigaddset(&only, signo);
+  pthread_sigmask(SIG_UNBLOCK, &only, nullptr);
+  std::raise(signo);
+  std::_Exit(128 + signo);
 }
 
 absl::Mutex g_mu;
@@ -41,23 +82,22 @@ void Watch() {
     if (g_on_signal != nullptr) {
       (*g_on_signal)(signo);
       std::fflush(nullptr);
-      std::_Exit(128 + signo);
+      EndBy(signo);
     }
   }
-  // No hook any more: the signal's own action.
-  std::signal(signo, SIG_DFL);
-  std::raise(signo);
+  EndBy(signo);  // no hook any more: the signal's own action
 }
 
-// The pipe, the handlers (reset to the default after the first signal, so
-// that a second one kills) and the watcher, once per process.
+// The pipe, the handlers and the watcher, once per process.
 void InstallOnce() {
   static const bool installed = [] {
     if (pipe2(g_pipe, O_CLOEXEC) != 0) return false;
     struct sigaction sa = {};
     sa.sa_handler = OnSignal;
-    sa.sa_flags = SA_RESTART | SA_RESETHAND;
+    sa.sa_flags = SA_RESTART;
     sigemptyset(&sa.sa_mask);
+    sigaddset(&sa.sa_mask, SIGINT);
+    sigaddset(&sa.sa_mask, SIGTERM);
     sigaction(SIGINT, &sa, nullptr);
     sigaction(SIGTERM, &sa, nullptr);
     std::thread(Watch).detach();

@@ -172,7 +172,9 @@ int WorkerMain(int argc, char** argv, const std::string& program,
             << " (for up to --connect-timeout " << f.connect_timeout_s << "s)" << std::endl;
   if (auto s = (*agent)->Join(); !s.ok()) {
     std::cerr << program << ": " << s.message() << "\n";
-    return 1;
+    // (A master stopped by a signal before the group formed: as below.)
+    const int signal = (*agent)->group_ended_by_signal();
+    return signal > 0 ? 128 + signal : 1;
   }
   const int threads = f.threads > 0 ? f.threads : SharedThreads(**agent);
   if (f.threads == 0) runtime::SetComputeThreads(threads);

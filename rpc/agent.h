@@ -278,7 +278,8 @@ class Agent final {
   // agent: the workers then exit as stopped by it too). Elsewhere nothing.
   void TellGroupEnded(const absl::Status& why, int signal = 0);
   // Worker: the signal that stopped the master where it ended the group
-  // for that (TellGroupEnded's `signal`), else 0.
+  // for that (TellGroupEnded's `signal`; also when Join failed as the
+  // master was stopped before the group formed), else 0.
   int group_ended_by_signal() const;
   // Worker: blocks until the master ended the group (then call Shutdown),
   // or returns UNAVAILABLE naming the master once it has not answered for

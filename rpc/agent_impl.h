@@ -243,8 +243,9 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   // to exit with it.
   absl::Status GiveUpJoining(const absl::Status& why);
   // Master, before the group formed: no group will form; the workers that
-  // joined are told `text` and exit. Whether the group had formed.
-  bool EndJoining(const std::string& text);
+  // joined are told `text` (and `signal`, when one stopped the master) and
+  // exit. False, telling none, when the group has formed.
+  bool EndJoining(const std::string& text, int signal = 0);
   // Master: tells every worker the group has ended (ShutdownFinish; with
   // `error`, because the master failed or `signal` stopped it), waiting
   // up to `timeout` for each.

@@ -302,7 +302,7 @@ absl::Status Agent::Impl::GiveUpJoining(const absl::Status& why) {
                       absl::StrCat("master '", agent_->self_.name, "' at ", agent_->self_.address, ": ", text));
 }
 
-bool Agent::Impl::EndJoining(const std::string& text) {
+bool Agent::Impl::EndJoining(const std::string& text, int signal) {
   std::vector<std::shared_ptr<Responder>> waiting;
   {
     MutexLock lock(join_mu_);
@@ -313,7 +313,7 @@ bool Agent::Impl::EndJoining(const std::string& text) {
   }
   // The workers that joined wait for the group: they exit with the reason.
   for (auto& r : waiting) {
-    if (r) r->ReplyError(absl::AbortedError(text));
+    if (r) r->ReplyError(signal > 0 ? absl::CancelledError(text) : absl::AbortedError(text), signal);
   }
   return true;
 }
@@ -440,7 +440,12 @@ absl::Status Agent::Join() {
     auto reply = impl_->Transmit(&stub, std::move(m), deadline - absl::Now(), true).wait();
     if (reply.ok() && reply->header.response().has_error()) {
       const absl::Status reason = impl_->ErrorFromReply(reply->header.response());
-      if (reason.code() == absl::StatusCode::kAborted) {  // accepted; another member kept the group from forming
+      const int signal = reply->header.response().error().signal();
+      if (signal > 0) {  // accepted; the master was stopped by a signal before the group formed
+        MutexLock lock(impl_->abort_mu_);
+        impl_->abort_signal_ = signal;
+      }
+      if (reason.code() == absl::StatusCode::kAborted || signal > 0) {  // accepted; the group did not form
         return Annotate(reason, absl::StrCat("worker '", self_.name, "' was accepted by the master at ",
                                              options_.master_address));
       }

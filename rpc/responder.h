@@ -45,7 +45,8 @@ class Responder {
   Responder& operator=(const Responder&) = delete;
 
   void Reply(OutMessage message);
-  void ReplyError(const absl::Status& status);
+  // `signal`: Error.signal (a master stopped by it refusing a join).
+  void ReplyError(const absl::Status& status, int signal = 0);
   // An empty reply when `status` is OK, else the error.
   void ReplyStatus(const absl::Status& status);
   void ReplyValue(absl::StatusOr<c10::IValue> value);

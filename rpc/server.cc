@@ -212,12 +212,13 @@ void Responder::Reply(OutMessage message) {
   server_->SendReply(*slot_, to_, std::move(message));
 }
 
-void Responder::ReplyError(const absl::Status& status) {
+void Responder::ReplyError(const absl::Status& status, int signal) {
   OutMessage m;
   auto* e = m.header.mutable_response()->mutable_error();
   e->set_code(static_cast<int>(status.code()));
   e->set_message(std::string(status.message()));
   e->set_worker(server_->server_name());
+  e->set_signal(signal);
   Reply(std::move(m));
 }
 

@@ -248,9 +248,11 @@ void Agent::Abort(const absl::Status& why) {
 
 void Agent::TellGroupEnded(const absl::Status& why, int signal) {
   if (!impl_->server_ || !options_.is_master) return;
-  if (!impl_->joined_.HasBeenNotified()) {
-    impl_->EndJoining(absl::StrCat("the master failed before the group formed: ", why.message()));
-  } else {
+  // (Formed meanwhile: the workers have the book, and are told as members.)
+  if (impl_->joined_.HasBeenNotified() ||
+      !impl_->EndJoining(absl::StrCat("the master ", signal > 0 ? "was stopped" : "failed",
+                                      " before the group formed: ", why.message()),
+                         signal)) {
     impl_->FinishWorkers(std::string(why.message()), absl::Seconds(2), signal);
   }
 }

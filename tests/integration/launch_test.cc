@@ -1,7 +1,8 @@
 // remora-launch, the real program: flags and errors, the command each rank
 // gets under torchrun's and Slurm's variables (--dry-run), and a group of
 // three ranks that trains under torchrun's variables, and one whose killed
-// worker and master remora-launch --max-restarts brings back.
+// worker and master remora-launch --max-restarts brings back; and how the
+// programs end on a signal (Ctrl-C, SIGTERM), which it restarts.
 #include <signal.h>
 #include <sys/stat.h>
 
@@ -69,7 +70,8 @@ TEST(Subprocess, TheChildGetsTheEnvironmentEntriesOnTopOfOurs) {
 }
 
 // A worker told to stop (SIGTERM from a scheduler, Ctrl-C) says so and
-// exits 128 + the signal, as a shell reports a process the signal killed.
+// ends by the signal (a shell says 128 + it), so that a supervisor can
+// tell it from a worker whose master was stopped (which exits 128 + it).
 TEST(Worker, ASignalIsSaidAndTheWorkerExitsWith128PlusIt) {
   const std::string log = TempPath("signalled_worker.log");
   auto worker = launch::Subprocess::Spawn({kBin + "/worker", "--name", "w1", "--master",
@@ -82,12 +84,86 @@ TEST(Worker, ASignalIsSaidAndTheWorkerExitsWith128PlusIt) {
   }
   worker->Signal(SIGTERM);
   EXPECT_EQ(worker->Wait(absl::Seconds(30)).value_or(-1), 128 + SIGTERM) << ReadFile(log);
+  EXPECT_TRUE(worker->killed_by_signal());
   EXPECT_THAT(ReadFile(log), HasSubstr("worker 'w1': stopped by a signal (Terminated); exiting"));
 }
 
-// A program that ended on a signal sent to it directly (exit 128 + it, as
-// remora's programs do) is said to have, beside the bare code, and is not
-// restarted: it was stopped, or (a worker) its master was.
+// Ctrl-C (SIGINT) on a master ends its group: the workers are told and
+// exit at once (not after the 10 s of silence that find a master dead),
+// and the master ends by the signal (a shell says 130); the workers exit
+// 130 (not killed by it: a supervisor restarts neither, where it restarts
+// a worker that a signal killed).
+TEST(Master, ASignalEndsTheGroupAndTheWorkersExitAtOnce) {
+  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+  std::vector<std::unique_ptr<launch::Subprocess>> workers;
+  for (const std::string name : {"w1", "w2"}) {
+    workers.push_back(launch::Subprocess::Spawn({kBin + "/worker", "--name", name, "--master", addr, "--threads", "1"},
+                                             TempPath(name + "_interrupted.log"))
+                          .value());
+  }
+  const std::string log = TempPath("interrupted_master.log");
+  auto master = launch::Subprocess::Spawn({kBin + "/master", "--workers", "w1,w2", "--listen", addr, "--batches",
+                                        "1000", "--batch-size", "8", "--image-size", "32", "--splits", "2"},
+                                       log)
+                    .value();
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  while (ReadFile(log).find("batch=2 ") == std::string::npos && master->running() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(master->running()) << ReadFile(log);
+  // Twice, as a terminal's Ctrl-C reaches the master and its
+  // remora-launch, which passes it on: one request, which the master
+  // still tells its workers (InterruptHook.TheSameSignalAgain... shows
+  // the second no longer kills it before it can).
+  master->Signal(SIGINT);
+  absl::SleepFor(absl::Milliseconds(2));
+  master->Signal(SIGINT);
+  EXPECT_EQ(master->Wait(absl::Seconds(30)).value_or(-1), 130) << ReadFile(log);
+  EXPECT_TRUE(master->killed_by_signal());
+  const absl::Time ended = absl::Now();
+  EXPECT_THAT(ReadFile(log), HasSubstr("master: the master was stopped by a signal (Interrupt); ending the group"));
+  for (size_t i = 0; i < workers.size(); ++i) {
+    EXPECT_EQ(workers[i]->Wait(absl::Seconds(30)).value_or(0), 130);
+    EXPECT_FALSE(workers[i]->killed_by_signal());
+    EXPECT_THAT(ReadFile(TempPath(absl::StrCat("w", i + 1, "_interrupted.log"))),
+                HasSubstr("was stopped and ended the group: the master was stopped by a signal"));
+  }
+  EXPECT_LT(absl::Now() - ended, absl::Seconds(5));
+}
+
+// A master stopped while it waits for its group tells the workers that
+// joined as stopped (they exit 143, which remora-launch does not restart;
+// they exited 1, as after a master's failure, and were restarted).
+TEST(Master, ASignalBeforeTheGroupFormedEndsTheJoinedWorkersAsStopped) {
+  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+  auto worker = launch::Subprocess::Spawn({kBin + "/worker", "--name", "w1", "--master", addr, "--threads", "1"},
+                                          TempPath("early_signal_w1.log"))
+                    .value();
+  const std::string log = TempPath("early_signal_master.log");
+  auto master = launch::Subprocess::Spawn({kBin + "/master", "--workers", "w1,w2", "--listen", addr, "--batches",
+                                           "1", "--batch-size", "8", "--image-size", "32", "--splits", "2",
+                                           "--connect-timeout", "120"},
+                                          log)
+                    .value();
+  // (The master says who it still waits for every 10 s.)
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (ReadFile(log).find("1 of 2 registered") == std::string::npos && master->running() &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(master->running()) << ReadFile(log);
+  master->Signal(SIGTERM);
+  EXPECT_EQ(master->Wait(absl::Seconds(30)).value_or(-1), 143) << ReadFile(log);
+  EXPECT_EQ(worker->Wait(absl::Seconds(30)).value_or(-1), 143) << ReadFile(TempPath("early_signal_w1.log"));
+  EXPECT_FALSE(worker->killed_by_signal());
+  EXPECT_THAT(ReadFile(TempPath("early_signal_w1.log")),
+              HasSubstr("the master was stopped before the group formed: the master was stopped by a signal "
+                        "(Terminated)"));
+}
+
+// A worker that exits 128 + SIGTERM (as a worker does whose master a
+// SIGTERM stopped) is said to have, beside the bare code, and is not
+// restarted: its master is gone for good.
 TEST(RemoraLaunch, AnExitOf128PlusASignalNamesTheSignal) {
   const std::string program = TempPath("exits_143.sh");
   {
@@ -99,9 +175,39 @@ TEST(RemoraLaunch, AnExitOf128PlusASignalNamesTheSignal) {
                             {"--worker-program", program, "--max-restarts", "1", "--restart-delay", "0",
                              "--checkpoint-dir", TempPath("exits_143_ckpt"), "--resume", "auto"});
   EXPECT_EQ(code, 143) << out;
-  EXPECT_THAT(out, HasSubstr("worker 'worker1' exited with code 143 (128 + signal 15, Terminated: as a program "
-                             "stopped by that signal exits): not restarted"));
+  EXPECT_THAT(out, HasSubstr("worker 'worker1' exited with code 143 (128 + signal 15, Terminated: as a worker "
+                             "exits whose master that signal stopped): not restarted"));
   EXPECT_THAT(out, Not(HasSubstr("restarting")));
+}
+
+// A worker killed by SIGTERM on its own (`kill PID`: remora-launch was not
+// signalled) is lost like any other and started again; the master so
+// killed ended its group, and is not.
+TEST(RemoraLaunch, AWorkerKilledByASignalIsRestartedAndTheMasterIsNot) {
+  const std::string program = TempPath("kills_itself.sh");
+  {
+    std::ofstream f(program);
+    f << "#!/bin/sh\nkill -TERM $$\nsleep 30\n";
+  }
+  ASSERT_EQ(chmod(program.c_str(), 0755), 0);
+  const std::vector<std::string> flags = {"--max-restarts", "1", "--restart-delay", "0", "--checkpoint-dir",
+                                          TempPath("kills_itself_ckpt"), "--resume", "auto"};
+  std::vector<std::string> worker_flags = {"--worker-program", program};
+  worker_flags.insert(worker_flags.end(), flags.begin(), flags.end());
+  auto [worker, worker_out] =
+      Launch({"RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=29999"}, worker_flags);
+  EXPECT_EQ(worker, 128 + SIGTERM) << worker_out;
+  EXPECT_THAT(worker_out, HasSubstr("worker 'worker1' was killed by signal 15 (Terminated); restarting it in 0 s "
+                                    "(restart 1 of 1)"));
+  EXPECT_THAT(worker_out, HasSubstr("after 1 restarts (--max-restarts 1): giving up"));
+  std::vector<std::string> master_flags = {"--master-program", program};
+  master_flags.insert(master_flags.end(), flags.begin(), flags.end());
+  auto [master, master_out] =
+      Launch({"RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", FreePort())},
+             master_flags);
+  EXPECT_EQ(master, 128 + SIGTERM) << master_out;
+  EXPECT_THAT(master_out, HasSubstr("the master was killed by signal 15 (Terminated): not restarted"));
+  EXPECT_THAT(master_out, Not(HasSubstr("restarting")));
 }
 
 TEST(RemoraLaunch, HelpAndBadFlags) {
@@ -301,15 +407,17 @@ TEST(RemoraLaunch, MaxRestartsBringsKilledProcessesBackAndTheJobGoesOnFromItsChe
     return ReadFile(outputs[0]).find(text) != std::string::npos;
   };
   // Rank r's program: remora-launch's child.
-  auto kill_program = [&](int rank) {
+  auto kill_program = [&](int rank, int signo) {
     std::ifstream children(absl::StrCat("/proc/", ranks[rank]->pid(), "/task/", ranks[rank]->pid(), "/children"));
     pid_t program = 0;
-    return children >> program && kill(program, SIGKILL) == 0;
+    return children >> program && kill(program, signo) == 0;
   };
+  // The worker is stopped by a SIGTERM sent to it alone (as `kill PID`
+  // does): lost like any other, it is started again; the master dies.
   ASSERT_TRUE(wait_for("checkpoint: step 6 ")) << ReadFile(outputs[0]);
-  ASSERT_TRUE(kill_program(2)) << "rank 2 runs no worker";
+  ASSERT_TRUE(kill_program(2, SIGTERM)) << "rank 2 runs no worker";
   ASSERT_TRUE(wait_for("checkpoint: step 15 ")) << ReadFile(outputs[0]);
-  ASSERT_TRUE(kill_program(0)) << "rank 0 runs no master";
+  ASSERT_TRUE(kill_program(0, SIGKILL)) << "rank 0 runs no master";
   for (int rank = 0; rank < 3; ++rank) {
     auto code = ranks[rank]->Wait(absl::Seconds(240));
     ASSERT_TRUE(code.ok()) << "rank " << rank << " did not exit: " << ReadFile(outputs[rank]);
@@ -322,7 +430,7 @@ TEST(RemoraLaunch, MaxRestartsBringsKilledProcessesBackAndTheJobGoesOnFromItsChe
   EXPECT_THAT(master, HasSubstr("the master was killed by signal 9 (Killed); restarting it in 1 s (restart 1 of 2)"));
   EXPECT_THAT(master, HasSubstr("resumed from "));
   EXPECT_THAT(ReadFile(outputs[2]),
-              HasSubstr("worker 'worker2' was killed by signal 9 (Killed); restarting it in 1 s (restart 1 of 2)"));
+              HasSubstr("worker 'worker2' was killed by signal 15 (Terminated); restarting it in 1 s (restart 1 of 2)"));
   // worker1 kept its process through worker2's loss; it left with the
   // master.
   EXPECT_THAT(ReadFile(outputs[1]),

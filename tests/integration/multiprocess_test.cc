@@ -182,40 +182,6 @@ TEST(MultiProcess, DuplicateWorkerNameExitsWithAnError) {
   EXPECT_EQ(second->Wait(absl::Seconds(20)).value(), 0);
 }
 
-// Ctrl-C (SIGINT) on a master ends its group: the workers are told and
-// exit at once (not after the 10 s of silence that find a master dead),
-// and the master exits 130, as a shell reports a process SIGINT killed;
-// so do the workers (a supervisor restarts neither).
-TEST(Master, ASignalEndsTheGroupAndTheWorkersExitAtOnce) {
-  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
-  std::vector<std::unique_ptr<launch::Subprocess>> workers;
-  for (const std::string name : {"w1", "w2"}) {
-    workers.push_back(launch::Subprocess::Spawn({kBin + "/worker", "--name", name, "--master", addr, "--threads", "1"},
-                                             TempPath(name + "_interrupted.log"))
-                          .value());
-  }
-  const std::string log = TempPath("interrupted_master.log");
-  auto master = launch::Subprocess::Spawn({kBin + "/master", "--workers", "w1,w2", "--listen", addr, "--batches",
-                                        "1000", "--batch-size", "8", "--image-size", "32", "--splits", "2"},
-                                       log)
-                    .value();
-  const absl::Time deadline = absl::Now() + absl::Seconds(120);
-  while (ReadFile(log).find("batch=2 ") == std::string::npos && master->running() && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  ASSERT_TRUE(master->running()) << ReadFile(log);
-  master->Signal(SIGINT);
-  EXPECT_EQ(master->Wait(absl::Seconds(30)).value_or(-1), 130) << ReadFile(log);
-  const absl::Time ended = absl::Now();
-  EXPECT_THAT(ReadFile(log), HasSubstr("master: the master was stopped by a signal (Interrupt); ending the group"));
-  for (size_t i = 0; i < workers.size(); ++i) {
-    EXPECT_EQ(workers[i]->Wait(absl::Seconds(30)).value_or(0), 130);
-    EXPECT_THAT(ReadFile(TempPath(absl::StrCat("w", i + 1, "_interrupted.log"))),
-                HasSubstr("was stopped and ended the group: the master was stopped by a signal"));
-  }
-  EXPECT_LT(absl::Now() - ended, absl::Seconds(5));
-}
-
 // --deterministic switches the master and every worker (spares too) before
 // anything runs, and changes no loss where the kernels were reproducible
 // already (one CPU thread each: the pipeline equals one process bit for bit).
