@@ -235,7 +235,7 @@ class Loop {
       t0_ = std::min(t0_, Seconds(o_.gone_on->lost_since));
       if (resumed) {
         t0_ -= o_.gone_on->epoch_seconds_before;
-        trained_ = r_.images;
+        trained_ = o_.gone_on->epoch_images_before;
       }
     }
     read_.clear();

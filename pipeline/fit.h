@@ -66,12 +66,15 @@ struct FitOptions {
   // elastic recovery), so that the failure's time counts: the time since
   // `lost_since` (the steps trained again and the recovery) in the first
   // epoch this call trains, and, where that is the epoch at `start`,
-  // `epoch_seconds_before` (its steps before `start`) too, its images
-  // before `start` then counted as trained. Unset: a run resumed in a new
+  // `epoch_seconds_before` (this process's steps of it before `start`) too,
+  // their `epoch_images_before` then counted as trained. Unset: a run resumed in a new
   // process counts from this call.
   struct GoneOn {
     std::chrono::steady_clock::time_point lost_since;
     double epoch_seconds_before = 0;
+    // The images of those steps (fewer than start's where this process
+    // began within the epoch: a run resumed in it from a checkpoint).
+    int64_t epoch_images_before = 0;
   };
   std::optional<GoneOn> gone_on;
   // Runs after every step with the position after it (a checkpoint);

@@ -60,6 +60,7 @@ void ReportTo(RunRecord& run, pipeline::FitOptions& f) {
   if (run.log != nullptr) ReportTo(run.log, f);
   f.on_step = [&run, next = std::move(f.on_step)](const pipeline::StepRecord& s) {
     run.batch_seconds.push_back(s.seconds);
+    run.step_rows.push_back(s.rows);
     if (next) next(s);
   };
 }
@@ -72,6 +73,7 @@ void ReportTo(std::shared_ptr<RunLog> log, pipeline::FitOptions& f) {
 void RunRecord::AddBatch(int b, double loss, double batch_time, int64_t rows) {
   seconds += batch_time;
   batch_seconds.push_back(batch_time);
+  step_rows.push_back(rows);
   losses.push_back(loss);
   batch_rows = rows;
   if (log != nullptr) log->Step(b + 1, loss, rows, batch_time);

@@ -85,6 +85,7 @@ struct RunRecord {
   double seconds = 0;                 // training time
   int64_t batch_rows = 0;             // rows per batch of a run of batches
   std::vector<double> batch_seconds;  // every batch's (of a run of epochs: every step's)
+  std::vector<int64_t> step_rows;     // the rows each of those trained
   // A pipeline's run of batches: how long the master waited for batches to
   // be made (train/runs.h, BatchesAhead) within each batch's time (a wait
   // for the next batch falls in the running one's); empty in other runs

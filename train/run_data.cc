@@ -124,22 +124,30 @@ void FillNormalRows(at::Tensor& t, uint64_t batch_seed, int threads) {
       t[r].normal_(0, 1, at::make_generator<at::CPUGeneratorImpl>(RowSeed(batch_seed, r)));
     }
   };
+  if (rows == 0) return;
   const int64_t per = (rows + std::max(1, threads) - 1) / std::max(1, threads);
   std::vector<std::thread> helpers;
-  std::vector<std::exception_ptr> failed((rows + per - 1) / std::max<int64_t>(1, per));
+  std::vector<std::exception_ptr> failed((rows + per - 1) / per);
+  int64_t here_from = rows;  // rows from here on are filled on this thread (no thread could start)
   for (int64_t first = per, i = 1; first < rows; first += per, ++i) {
-    helpers.emplace_back([&fill, &failed, first, rows, per, i] {
-      try {
-        fill(first, std::min(rows, first + per));
-      } catch (...) {
-        failed[i] = std::current_exception();
-      }
-    });
+    try {
+      helpers.emplace_back([&fill, &failed, first, rows, per, i] {
+        try {
+          fill(first, std::min(rows, first + per));
+        } catch (...) {
+          failed[i] = std::current_exception();
+        }
+      });
+    } catch (const std::system_error&) {
+      here_from = first;
+      break;
+    }
   }
   try {
     fill(0, std::min(rows, per));
+    fill(here_from, rows);
   } catch (...) {
-    if (!failed.empty()) failed[0] = std::current_exception();
+    failed[0] = std::current_exception();
   }
   for (std::thread& h : helpers) h.join();
   for (const std::exception_ptr& e : failed) {

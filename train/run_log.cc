@@ -34,18 +34,24 @@ bool GoesOnAfterAFailure(Run& run, int64_t from) {
   return false;
 }
 
-std::pair<double, double> KeepStepsUpTo(Run& run, int64_t from, int64_t epoch_began) {
+KeptSteps KeepStepsUpTo(Run& run, int64_t from, int64_t epoch_began) {
   auto index = [&run](int64_t step) {
     return static_cast<size_t>(std::clamp<int64_t>(step - run.first_step, 0,
                                                    static_cast<int64_t>(run.batch_seconds.size())));
   };
   const auto& t = run.batch_seconds;
   const size_t kept = index(from), epoch = std::min(index(epoch_began), kept);
-  const double before = std::accumulate(t.begin() + epoch, t.begin() + kept, 0.0);
-  const double discarded = std::accumulate(t.begin() + kept, t.end(), 0.0);
+  KeptSteps out;
+  out.epoch_seconds_before = std::accumulate(t.begin() + epoch, t.begin() + kept, 0.0);
+  out.discarded_seconds = std::accumulate(t.begin() + kept, t.end(), 0.0);
+  const auto& rows = run.step_rows;
+  if (rows.size() >= kept) {
+    out.epoch_images_before = std::accumulate(rows.begin() + epoch, rows.begin() + kept, int64_t{0});
+  }
   run.batch_seconds.resize(kept);
+  if (rows.size() > kept) run.step_rows.resize(kept);
   if (run.data_wait_seconds.size() > kept) run.data_wait_seconds.resize(kept);
-  return {before, discarded};
+  return out;
 }
 
 void MergeEpochs(Run& run, const std::vector<pipeline::EpochResult>& epochs) {

@@ -254,11 +254,11 @@ absl::Status FitPipeline(Agent& agent, const RunOptions& c, const std::vector<pi
   if (checkpoints != nullptr && checkpoints->resume) {
     const checkpoint::TrainingState from = checkpoints->resume->state();
     if (GoesOnAfterAFailure(run, from.step)) {
-      const auto [before, discarded] = KeepStepsUpTo(run, from.step, from.step - from.batch);
+      const KeptSteps kept = KeepStepsUpTo(run, from.step, from.step - from.batch);
       options.fit.gone_on = pipeline::FitOptions::GoneOn{
           *run.last_step_end - std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                   std::chrono::duration<double>(discarded)),
-          before};
+                                   std::chrono::duration<double>(kept.discarded_seconds)),
+          kept.epoch_seconds_before, kept.epoch_images_before};
     }
   }
   if (c.data_on == "workers" && trainer->pipeline().replica(0).runs_on_workers()) {

@@ -173,7 +173,7 @@ TEST(Fit, AnEpochGoneOnWithAfterAFailureCountsTheFailuresTime) {
   const auto lost_since = std::chrono::steady_clock::now() - std::chrono::seconds(3);
   Recorder mid;
   mid.options.start = FitPosition{1, 2, 2.0, 4, 2};
-  mid.options.gone_on = FitOptions::GoneOn{lost_since, 1.5};
+  mid.options.gone_on = FitOptions::GoneOn{lost_since, 1.5, 4};
   auto epochs = mid.Run();
   ASSERT_TRUE(epochs.ok()) << epochs.status();
   ASSERT_EQ(epochs->size(), 1u);
@@ -181,10 +181,22 @@ TEST(Fit, AnEpochGoneOnWithAfterAFailureCountsTheFailuresTime) {
   EXPECT_LT((*epochs)[0].seconds, 60);
   EXPECT_EQ((*epochs)[0].images, 10);
   EXPECT_EQ((*epochs)[0].trained, 10);
+  // A process that began within the epoch (resumed from a checkpoint at
+  // its first step) trained one step of it before the failure: only that
+  // step's images count with its time (the others', and their time, were
+  // the earlier process's).
+  Recorder late;
+  late.options.start = FitPosition{1, 2, 2.0, 4, 2};
+  late.options.gone_on = FitOptions::GoneOn{lost_since, 0.5, 2};
+  epochs = late.Run();
+  ASSERT_TRUE(epochs.ok()) << epochs.status();
+  ASSERT_EQ(epochs->size(), 1u);
+  EXPECT_EQ((*epochs)[0].images, 10);
+  EXPECT_EQ((*epochs)[0].trained, 8);
   Recorder ended;
   ended.options.epochs = 3;
   ended.options.start = FitPosition{1, 5, 5.0, 10, 5};
-  ended.options.gone_on = FitOptions::GoneOn{lost_since, 1.5};
+  ended.options.gone_on = FitOptions::GoneOn{lost_since, 1.5, 10};
   epochs = ended.Run();
   ASSERT_TRUE(epochs.ok()) << epochs.status();
   ASSERT_EQ(epochs->size(), 2u);
