@@ -249,14 +249,14 @@ void PassOn(int sig) {
 // "exited with code N" / "was killed by signal N (NAME)"; a code of 128 +
 // SIGTERM, SIGINT or SIGHUP's number (a worker exits so when one stopped
 // its master) names the signal too.
-std::string Describe(int status) {
+std::string Describe(int status, bool master) {
   if (WIFSIGNALED(status)) {
     return absl::StrCat("was killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
   }
   const int code = WEXITSTATUS(status);
   if (code == 128 + SIGTERM || code == 128 + SIGINT || code == 128 + SIGHUP) {
     return absl::StrCat("exited with code ", code, " (128 + signal ", code - 128, ", ", strsignal(code - 128),
-                        ": as a worker exits whose master that signal stopped)");
+                        master ? ")" : ": as a worker exits whose master that signal stopped)");
   }
   return absl::StrCat("exited with code ", code);
 }
@@ -328,16 +328,16 @@ int Supervise(std::vector<char*> argv, const std::string& who, const std::string
     const bool stopped = stop_signal && (master || !WIFSIGNALED(status));
     if (g_stopping || stopped || code == 2 || code == 127) {
       if (stopped && !g_stopping) {
-        std::cerr << "remora-launch: " << who << ": " << what << " " << Describe(status) << ": not restarted\n";
+        std::cerr << "remora-launch: " << who << ": " << what << " " << Describe(status, master) << ": not restarted\n";
       }
       return code;
     }
     if (run >= restarts) {
-      std::cerr << "remora-launch: " << who << ": " << what << " " << Describe(status) << " after " << run
+      std::cerr << "remora-launch: " << who << ": " << what << " " << Describe(status, master) << " after " << run
                 << " restarts (--max-restarts " << restarts << "): giving up\n";
       return code;
     }
-    std::cerr << "remora-launch: " << who << ": " << what << " " << Describe(status) << "; restarting it in "
+    std::cerr << "remora-launch: " << who << ": " << what << " " << Describe(status, master) << "; restarting it in "
               << delay << " s (restart " << run + 1 << " of " << restarts << ")" << std::endl;
     // Slept in steps, so that a signal meanwhile ends the wait.
     for (double left = delay; left > 0 && !g_stopping; left -= 0.1) usleep(static_cast<useconds_t>(1e5));

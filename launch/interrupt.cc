@@ -13,6 +13,8 @@
 
 #include <time.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <csignal>
@@ -30,10 +32,13 @@ namespace {
 int g_pipe[2] = {-1, -1};  // written by the handler, read by the watcher
 
 constexpr int64_t kRepeatNanos = 2'000'000'000;  // kRepeat: 2 s
-// The first signal and when it came (CLOCK_MONOTONIC, ns), set by the
-// handler (the signals are masked during it, so it does not nest).
-volatile sig_atomic_t g_first = 0;
-int64_t g_first_ns = 0;
+// When the first signal came (CLOCK_MONOTONIC, ns; claimed first) and
+// which it was (published second). The handler may run on several threads
+// at once (a signal masks itself only on the thread that handles it).
+std::atomic<int64_t> g_first_ns{0};
+std::atomic<int> g_first{0};
+static_assert(std::atomic<int64_t>::is_always_lock_free && std::atomic<int>::is_always_lock_free,
+              "a signal handler may use only lock-free atomics");
 
 int64_t MonotonicNanos() {
   timespec t{};
@@ -43,15 +48,21 @@ int64_t MonotonicNanos() {
 
 void OnSignal(int signo) {
   const int saved = errno;
-  const int64_t now = MonotonicNanos();
-  if (g_first == 0) {
-    g_first_ns = now;
-    g_first = signo;
+  const int64_t now = std::max<int64_t>(1, MonotonicNanos());
+  int64_t unclaimed = 0;
+  if (g_first_ns.compare_exchange_strong(unclaimed, now)) {
+    g_first.store(signo, std::memory_order_release);
     const unsigned char b = static_cast<unsigned char>(signo);
     [[maybe_unused]] ssize_t n = write(g_pipe[1], &b, 1);
-  } else if (signo != g_first || now - g_first_ns >= kRepeatNanos) {
-    signal(signo, SIG_DFL);  // a second request: the signal's own action
-    raise(signo);
+  } else {
+    int first;
+    while ((first = g_first.load(std::memory_order_acquire)) == 0) {
+      // (claimed on another thread this instant: published next)
+    }
+    if (signo != first || now - g_first_ns.load() >= kRepeatNanos) {
+      signal(signo, SIG_DFL);  // a second request: the signal's own action
+      raise(signo);
+    }
   }
   errno = saved;
 }

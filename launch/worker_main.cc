@@ -161,8 +161,8 @@ int WorkerMain(int argc, char** argv, const std::string& program,
   }
   dist_autograd::Enable(**agent);
   // Ctrl-C, a scheduler's or a supervisor's SIGTERM: said in a line, then
-  // the process exits 128 + the signal (the master finds this worker
-  // gone). Declared after the agent: unhooked before it goes.
+  // the process ends by the signal (the master finds this worker gone; a
+  // supervisor restarts it). Declared after the agent: unhooked before it goes.
   launch::InterruptHook interrupted([&program, &f](int signo) {
     std::cerr << program << " '" << f.name << "': stopped by a signal (" << strsignal(signo) << "); exiting"
               << std::endl;

@@ -321,6 +321,7 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   std::set<std::string> told_waiting_ ABSL_GUARDED_BY(join_mu_);
   bool formed_ ABSL_GUARDED_BY(join_mu_) = false;
   bool gave_up_ ABSL_GUARDED_BY(join_mu_) = false;
+  int gave_up_signal_ ABSL_GUARDED_BY(join_mu_) = 0;  // EndJoining's: a signal stopped the master
   std::vector<WorkerInfo> book_ ABSL_GUARDED_BY(join_mu_);
   // Refused joiners (who -> why), before the group formed.
   std::map<std::string, std::string> refused_ ABSL_GUARDED_BY(join_mu_);

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <iostream>
 #include <optional>
 
@@ -146,6 +147,12 @@ void Agent::Impl::HandleJoin(const wire::JoinRequest& join,
       return responder->ReplyError(absl::AlreadyExistsError(absl::StrCat(
           "duplicate worker name '", join.name(), "': already registered from ",
           it->second.address, "; give each worker its own --name")));
+    }
+    if (gave_up_ && gave_up_signal_ > 0) {
+      return responder->ReplyError(
+          absl::CancelledError(absl::StrCat("the master was stopped by a signal (", strsignal(gave_up_signal_),
+                                            ") before the group formed")),
+          gave_up_signal_);
     }
     if (gave_up_) {
       return responder->ReplyError(absl::DeadlineExceededError("the master gave up forming the group"));
@@ -308,6 +315,7 @@ bool Agent::Impl::EndJoining(const std::string& text, int signal) {
     MutexLock lock(join_mu_);
     if (formed_) return false;
     gave_up_ = true;
+    gave_up_signal_ = signal;
     for (auto& [name, j] : joiners_) waiting.push_back(std::move(j.responder));
     joiners_.clear();
   }
@@ -441,11 +449,15 @@ absl::Status Agent::Join() {
     if (reply.ok() && reply->header.response().has_error()) {
       const absl::Status reason = impl_->ErrorFromReply(reply->header.response());
       const int signal = reply->header.response().error().signal();
-      if (signal > 0) {  // accepted; the master was stopped by a signal before the group formed
-        MutexLock lock(impl_->abort_mu_);
-        impl_->abort_signal_ = signal;
+      if (signal > 0) {  // the master was stopped by a signal before the group formed
+        {
+          MutexLock lock(impl_->abort_mu_);
+          impl_->abort_signal_ = signal;
+        }
+        return Annotate(reason, absl::StrCat("worker '", self_.name, "' joining the master at ",
+                                             options_.master_address));
       }
-      if (reason.code() == absl::StatusCode::kAborted || signal > 0) {  // accepted; the group did not form
+      if (reason.code() == absl::StatusCode::kAborted) {  // accepted; another member kept the group from forming
         return Annotate(reason, absl::StrCat("worker '", self_.name, "' was accepted by the master at ",
                                              options_.master_address));
       }

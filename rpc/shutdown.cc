@@ -248,13 +248,19 @@ void Agent::Abort(const absl::Status& why) {
 
 void Agent::TellGroupEnded(const absl::Status& why, int signal) {
   if (!impl_->server_ || !options_.is_master) return;
-  // (Formed meanwhile: the workers have the book, and are told as members.)
-  if (impl_->joined_.HasBeenNotified() ||
-      !impl_->EndJoining(absl::StrCat("the master ", signal > 0 ? "was stopped" : "failed",
-                                      " before the group formed: ", why.message()),
-                         signal)) {
-    impl_->FinishWorkers(std::string(why.message()), absl::Seconds(2), signal);
+  if (!impl_->joined_.HasBeenNotified() &&
+      impl_->EndJoining(absl::StrCat("the master ", signal > 0 ? "was stopped" : "failed",
+                                     " before the group formed: ", why.message()),
+                        signal)) {
+    // The replies are only queued: a signal's caller ends the process
+    // next, so the server stops now, which waits for them to be written
+    // (Abort's Stop does so anyway).
+    if (signal > 0) impl_->server_->Shutdown(DeadlineIn(absl::Seconds(1)));
+    return;
   }
+  // (Formed meanwhile: told as members once the book is set.)
+  impl_->joined_.WaitForNotificationWithTimeout(absl::Seconds(2));
+  impl_->FinishWorkers(std::string(why.message()), absl::Seconds(2), signal);
 }
 
 void Agent::Impl::FinishWorkers(const std::string& error, absl::Duration timeout, int signal) {

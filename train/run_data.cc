@@ -128,6 +128,7 @@ void FillNormalRows(at::Tensor& t, uint64_t batch_seed, int threads) {
   const int64_t per = (rows + std::max(1, threads) - 1) / std::max(1, threads);
   std::vector<std::thread> helpers;
   std::vector<std::exception_ptr> failed((rows + per - 1) / per);
+  helpers.reserve(failed.size());
   int64_t here_from = rows;  // rows from here on are filled on this thread (no thread could start)
   for (int64_t first = per, i = 1; first < rows; first += per, ++i) {
     try {

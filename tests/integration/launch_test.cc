@@ -331,8 +331,8 @@ std::vector<std::unique_ptr<launch::Subprocess>> StartRanks(int ranks, const std
   std::vector<std::unique_ptr<launch::Subprocess>> out;
   for (int rank = 0; rank < ranks; ++rank) {
     outputs->push_back(TempPath(absl::StrCat(tag, "_rank", rank, ".txt")));
-    std::vector<std::string> argv = {"/usr/bin/env",          absl::StrCat("RANK=", rank), absl::StrCat("WORLD_SIZE=", ranks),
-                                     "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port,       kLaunch};
+    std::vector<std::string> argv = {"/usr/bin/env", absl::StrCat("RANK=", rank), absl::StrCat("WORLD_SIZE=", ranks),
+                                     "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port, kLaunch};
     argv.insert(argv.end(), args.begin(), args.end());
     out.push_back(launch::Subprocess::Spawn(argv, outputs->back()).value());
   }
@@ -430,7 +430,8 @@ TEST(RemoraLaunch, MaxRestartsBringsKilledProcessesBackAndTheJobGoesOnFromItsChe
   EXPECT_THAT(master, HasSubstr("the master was killed by signal 9 (Killed); restarting it in 1 s (restart 1 of 2)"));
   EXPECT_THAT(master, HasSubstr("resumed from "));
   EXPECT_THAT(ReadFile(outputs[2]),
-              HasSubstr("worker 'worker2' was killed by signal 15 (Terminated); restarting it in 1 s (restart 1 of 2)"));
+              HasSubstr("worker 'worker2' was killed by signal 15 (Terminated); restarting it in 1 s "
+                        "(restart 1 of 2)"));
   // worker1 kept its process through worker2's loss; it left with the
   // master.
   EXPECT_THAT(ReadFile(outputs[1]),
