@@ -9,9 +9,8 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
-#include <unistd.h>
-
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>

@@ -11,6 +11,8 @@
 #include <chrono>
 #include <cstdio>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -18,7 +20,7 @@ namespace remora::launch {
 namespace {
 
 struct Ended {
-  int signal = 0;    // the signal that killed the child (0: it exited)
+  int signal = 0;     // the signal that killed the child (0: it exited)
   bool told = false;  // whether its hook's function ran to its end
 };
 
