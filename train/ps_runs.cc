@@ -175,8 +175,7 @@ absl::Status TrainPs(Agent& agent, const RunOptions& c, const PsFlags& p,
       run.losses = checkpoints->resume->state().losses;
       first = static_cast<int>(checkpoints->resume->state().step);
       // (A recovery goes on from an earlier batch: the later ones' times go.)
-      if (run.batch_seconds.size() > static_cast<size_t>(first)) run.batch_seconds.resize(first);
-      if (run.step_rows.size() > static_cast<size_t>(first)) run.step_rows.resize(first);
+      KeepStepsUpTo(run, first, first);
     }
     for (int b = first; b < c.batches; ++b) {
       ASSIGN_OR_RETURN(auto batch, MakeBatch(c, b));
