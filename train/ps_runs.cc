@@ -175,7 +175,7 @@ absl::Status TrainPs(Agent& agent, const RunOptions& c, const PsFlags& p,
       run.losses = checkpoints->resume->state().losses;
       first = static_cast<int>(checkpoints->resume->state().step);
       // (A recovery goes on from an earlier batch: the later ones' times go.)
-      KeepStepsUpTo(run, first, first);
+      KeepStepsUpTo(run, first);
     }
     for (int b = first; b < c.batches; ++b) {
       ASSIGN_OR_RETURN(auto batch, MakeBatch(c, b));

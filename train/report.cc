@@ -61,6 +61,7 @@ void ReportTo(RunRecord& run, pipeline::FitOptions& f) {
   f.on_step = [&run, next = std::move(f.on_step)](const pipeline::StepRecord& s) {
     run.batch_seconds.push_back(s.seconds);
     run.step_rows.push_back(s.rows);
+    run.step_epochs.push_back(s.epoch);
     if (next) next(s);
   };
 }
@@ -74,6 +75,7 @@ void RunRecord::AddBatch(int b, double loss, double batch_time, int64_t rows) {
   seconds += batch_time;
   batch_seconds.push_back(batch_time);
   step_rows.push_back(rows);
+  step_epochs.push_back(0);
   losses.push_back(loss);
   batch_rows = rows;
   if (log != nullptr) log->Step(b + 1, loss, rows, batch_time);

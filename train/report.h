@@ -86,6 +86,7 @@ struct RunRecord {
   int64_t batch_rows = 0;             // rows per batch of a run of batches
   std::vector<double> batch_seconds;  // every batch's (of a run of epochs: every step's)
   std::vector<int64_t> step_rows;     // the rows each of those trained
+  std::vector<int> step_epochs;       // and the epoch of each (from 1; 0 in a run of batches)
   // A pipeline's run of batches: how long the master waited for batches to
   // be made (train/runs.h, BatchesAhead) within each batch's time (a wait
   // for the next batch falls in the running one's); empty in other runs

@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -34,22 +33,23 @@ bool GoesOnAfterAFailure(Run& run, int64_t from) {
   return false;
 }
 
-KeptSteps KeepStepsUpTo(Run& run, int64_t from, int64_t epoch_began) {
-  auto index = [&run](int64_t step) {
-    return static_cast<size_t>(std::clamp<int64_t>(step - run.first_step, 0,
-                                                   static_cast<int64_t>(run.batch_seconds.size())));
-  };
-  const auto& t = run.batch_seconds;
-  const size_t kept = index(from), epoch = std::min(index(epoch_began), kept);
+KeptSteps KeepStepsUpTo(Run& run, int64_t from, int epoch) {
+  const size_t kept = static_cast<size_t>(
+      std::clamp<int64_t>(from - run.first_step, 0, static_cast<int64_t>(run.batch_seconds.size())));
   KeptSteps out;
-  out.epoch_seconds_before = std::accumulate(t.begin() + epoch, t.begin() + kept, 0.0);
-  out.discarded_seconds = std::accumulate(t.begin() + kept, t.end(), 0.0);
-  const auto& rows = run.step_rows;
-  if (rows.size() >= kept) {
-    out.epoch_images_before = std::accumulate(rows.begin() + epoch, rows.begin() + kept, int64_t{0});
+  for (size_t i = 0; i < run.batch_seconds.size(); ++i) {
+    if (i >= kept) {
+      out.discarded_seconds += run.batch_seconds[i];
+    } else if (epoch > 0 && i < run.step_epochs.size() && run.step_epochs[i] == epoch) {
+      // (Counted by the epoch each step recorded: a batch that took no
+      // step, every file of it skipped, leaves no gap to count back over.)
+      out.epoch_seconds_before += run.batch_seconds[i];
+      if (i < run.step_rows.size()) out.epoch_images_before += run.step_rows[i];
+    }
   }
   run.batch_seconds.resize(kept);
-  if (rows.size() > kept) run.step_rows.resize(kept);
+  if (run.step_rows.size() > kept) run.step_rows.resize(kept);
+  if (run.step_epochs.size() > kept) run.step_epochs.resize(kept);
   if (run.data_wait_seconds.size() > kept) run.data_wait_seconds.resize(kept);
   return out;
 }

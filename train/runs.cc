@@ -254,7 +254,7 @@ absl::Status FitPipeline(Agent& agent, const RunOptions& c, const std::vector<pi
   if (checkpoints != nullptr && checkpoints->resume) {
     const checkpoint::TrainingState from = checkpoints->resume->state();
     if (GoesOnAfterAFailure(run, from.step)) {
-      const KeptSteps kept = KeepStepsUpTo(run, from.step, from.step - from.batch);
+      const KeptSteps kept = KeepStepsUpTo(run, from.step, from.epoch);
       options.fit.gone_on = pipeline::FitOptions::GoneOn{
           *run.last_step_end - std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                    std::chrono::duration<double>(kept.discarded_seconds)),
@@ -472,7 +472,7 @@ absl::Status TrainPipeline(Agent& agent, const RunOptions& c, const std::vector<
   // and the time since the last one ended, the failure's, counts in the
   // run's; their times stay in it too.)
   if (GoesOnAfterAFailure(run, first)) {
-    KeepStepsUpTo(run, first, first);
+    KeepStepsUpTo(run, first);
     run.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - *run.last_step_end).count();
   }
   EnableTracing(agent, c.workers, traced);

@@ -333,15 +333,15 @@ void MergeEpochs(Run& run, const std::vector<pipeline::EpochResult>& epochs);
 // attempt) notes that it begins after `from` (run.first_step).
 bool GoesOnAfterAFailure(Run& run, int64_t from);
 // Keeps the times of the steps up to `from` (the ones after it are
-// trained again); returns the seconds and images of the kept steps after
-// `epoch_began` (the step before the epoch of `from`; those this process
-// trained) and the seconds of the dropped.
+// trained again); returns the seconds and images of the kept steps of
+// `epoch` (from 1: the epoch `from` is in; those this process trained;
+// 0: none) and the seconds of the dropped.
 struct KeptSteps {
   double epoch_seconds_before = 0;
   int64_t epoch_images_before = 0;
   double discarded_seconds = 0;
 };
-KeptSteps KeepStepsUpTo(Run& run, int64_t from, int64_t epoch_began);
+KeptSteps KeepStepsUpTo(Run& run, int64_t from, int epoch = 0);
 // One split count's pipeline run over the workers: TrainPipeline, or
 // FitPipeline with --dataset; with --max-restarts, recovered from the
 // latest checkpoint when a worker is lost (train/elastic.h), a line on the

@@ -369,6 +369,39 @@ TEST(Runs, ABatchThatCannotBeMadeIsAnErrorOfTake) {
   EXPECT_THAT(taken.status().message(), HasSubstr("negative"));
 }
 
+// An elastic recovery keeps the steps before the checkpoint and counts,
+// for the epoch it goes on in, only that epoch's steps: by the epoch each
+// step recorded, so an epoch whose first batch took no step (its files
+// all skipped) does not reach back into the one before.
+TEST(Runs, ARecoveryKeepsTheStepsBeforeItsCheckpointAndCountsItsEpochs) {
+  runs::Run run;
+  pipeline::FitOptions f;
+  train::ReportTo(run, f);
+  // Epoch 1: steps 1-3; epoch 2: steps 4-6 (its batch 0 took no step, so
+  // a checkpoint at step 5 says batch 3 of epoch 2).
+  for (int64_t step = 1; step <= 6; ++step) {
+    f.on_step(pipeline::StepRecord{step <= 3 ? 1 : 2, step, 0.5, 10 * step, 1.0 * step});
+  }
+  const runs::KeptSteps kept = runs::KeepStepsUpTo(run, 5, 2);
+  EXPECT_DOUBLE_EQ(kept.epoch_seconds_before, 4 + 5);
+  EXPECT_EQ(kept.epoch_images_before, 40 + 50);
+  EXPECT_DOUBLE_EQ(kept.discarded_seconds, 6);
+  EXPECT_THAT(run.batch_seconds, ElementsAre(1, 2, 3, 4, 5));
+  EXPECT_THAT(run.step_rows, ElementsAre(10, 20, 30, 40, 50));
+  EXPECT_EQ(run.step_epochs.size(), 5u);
+
+  // A run of batches (epoch 0) counts no epoch; a process that began after
+  // step 2 (resumed) holds steps 3-5 from index 0.
+  runs::Run batches;
+  batches.first_step = 2;
+  for (int b = 2; b < 5; ++b) batches.AddBatch(b, 0.5, 1.0, 8);
+  const runs::KeptSteps none = runs::KeepStepsUpTo(batches, 4);
+  EXPECT_DOUBLE_EQ(none.epoch_seconds_before, 0);
+  EXPECT_EQ(none.epoch_images_before, 0);
+  EXPECT_DOUBLE_EQ(none.discarded_seconds, 1);
+  EXPECT_EQ(batches.batch_seconds.size(), 2u);
+}
+
 // The master's waits for its batches go in the report beside the batch
 // times, with their median after the first; a run without them (one
 // process) has neither key.
