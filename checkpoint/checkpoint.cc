@@ -59,8 +59,10 @@ absl::StatusOr<Checkpoint> Open(const std::string& dir) {
   wire::Manifest read;
   auto parsed = google::protobuf::util::JsonStringToMessage(json, &read, options);
   if (!parsed.ok()) {
-    return absl::DataLossError(absl::StrCat(ck.manifest_path, " is not a remora manifest: ",
-                                            parsed.ToString()));
+    // (Its message's first line: the rest quotes the file's text.)
+    const std::string why(parsed.message());
+    return absl::DataLossError(absl::StrCat(ck.manifest_path, " is not a remora manifest (",
+                                            why.substr(0, why.find('\n')), ")"));
   }
   ck.manifest = ManifestFromWire(read);
   const Manifest& m = ck.manifest;
@@ -235,7 +237,9 @@ bool IsCheckpointDir(const std::string& path) {
   return fs::exists(fs::path(path) / kManifestFile, ec);
 }
 
-absl::StatusOr<Checkpoint> Latest(const std::string& path) {
+absl::StatusOr<Checkpoint> Latest(const std::string& given) {
+  std::string path = given;
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
   std::error_code ec;
   if (IsCheckpointDir(path)) return Open(path);
   if (!fs::is_directory(path, ec)) {
@@ -246,7 +250,20 @@ absl::StatusOr<Checkpoint> Latest(const std::string& path) {
     return absl::NotFoundError(absl::StrCat("no complete checkpoint in ", path,
                                             " (one is complete once its manifest.json is written)"));
   }
-  return Open(StepDir(fs::path(path).lexically_normal().string(), steps.back()));
+  // (A manifest garbled on disk leaves the one before it to go on from.)
+  const std::string root = fs::path(path).lexically_normal().string();
+  std::vector<std::string> passed_over;
+  absl::Status newest;
+  for (auto step = steps.rbegin(); step != steps.rend(); ++step) {
+    absl::StatusOr<Checkpoint> ck = Open(StepDir(root, *step));
+    if (ck.ok()) {
+      ck->passed_over = std::move(passed_over);
+      return ck;
+    }
+    if (newest.ok()) newest = ck.status();
+    passed_over.push_back(std::string(ck.status().message()));
+  }
+  return newest;
 }
 
 absl::Status CheckMatches(const Checkpoint& ck, const RunIdentity& id) {

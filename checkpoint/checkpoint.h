@@ -141,6 +141,9 @@ struct Checkpoint {
   std::string dir;
   std::string manifest_path;
   Manifest manifest;
+  // Latest over a directory of checkpoints: the newer ones whose manifest
+  // could not be read, each "PATH: why" (skipped; the caller says so).
+  std::vector<std::string> passed_over;
   TrainingState state() const;
 };
 
@@ -204,10 +207,12 @@ class Checkpointer {
   std::unique_ptr<Pending> pending_;
 };
 
-// The checkpoint in `path`: a checkpoint's directory (with manifest.json)
-// or a directory of checkpoints (the newest complete one). NotFound when
-// there is none; an error naming the file for a manifest that cannot be
-// read.
+// The checkpoint in `path` (a trailing '/' or not): a checkpoint's
+// directory (with manifest.json) or a directory of checkpoints (the newest
+// complete one whose manifest reads; newer ones whose manifest does not are
+// listed in passed_over). NotFound when there is none; an error naming the
+// file for a manifest that cannot be read (in a directory of checkpoints:
+// when none can).
 absl::StatusOr<Checkpoint> Latest(const std::string& path);
 
 // Steps of the complete checkpoints in `dir`, ascending.

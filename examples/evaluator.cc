@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <set>
 #include <thread>
 
 #include <ATen/ops/any.h>
@@ -159,8 +160,12 @@ int Follow(const Options& o, const data::Source& test, int64_t rows) {
   Score done_score;
   auto last_new = std::chrono::steady_clock::now();
   bool warned = false;
+  std::set<std::string> passed_over;  // newer checkpoints that could not be read, said once
   while (!g_stop) {
     auto ck = checkpoint::Latest(o.dir);
+    for (const std::string& skipped : ck.ok() ? ck->passed_over : std::vector<std::string>{}) {
+      if (passed_over.insert(skipped).second) std::printf("evaluator: warning: skipping %s\n", skipped.c_str());
+    }
     const bool again = ck.ok() && ck->dir == done;
     if (ck.ok() && (!again || ck->manifest.final)) {
       auto model = again ? absl::StatusOr<std::vector<std::unique_ptr<pipeline::StageModule>>>()

@@ -215,7 +215,10 @@ absl::Status CheckWorkers(const Flags& f, const RunOptions& c, bool ps_mode, boo
 // A run that saves into a directory of another run's checkpoints would
 // lose its own: the newest --keep steps are kept, whichever run wrote
 // them. Refused unless the run goes on from that directory.
-absl::Status CheckCheckpointDirIsOurs(const RunOptions& c) {
+absl::Status CheckCheckpointDirIsOurs(const RunOptions& c, bool derived = false) {
+  const std::string where =
+      derived ? absl::StrCat("the directory it is in, ", c.checkpoint_dir, ", where this run saves (no --checkpoint-dir given),")
+              : absl::StrCat("--checkpoint-dir ", c.checkpoint_dir);
   const std::vector<int64_t> steps = checkpoint::CompleteSteps(c.checkpoint_dir);
   if (steps.empty()) return absl::OkStatus();
   if (!c.resume.empty()) {
@@ -228,8 +231,8 @@ absl::Status CheckCheckpointDirIsOurs(const RunOptions& c) {
       // An older step of it: the newer ones would outrank this run's.
       const int64_t step = checkpoint::StepOf(from);
       if (step < 0 || step >= steps.back()) return absl::OkStatus();
-      return Bad(absl::StrCat("--resume ", c.resume, " is step ", step, ", but --checkpoint-dir ",
-                              c.checkpoint_dir, " holds later ones (up to step ", steps.back(),
+      return Bad(absl::StrCat("--resume ", c.resume, " is step ", step, ", but ", where,
+                              " holds later ones (up to step ", steps.back(),
                               "): they would outrank this run's checkpoints (pruned by --keep, taken by --resume "
                               "auto); remove them, or save into another --checkpoint-dir"));
     }
@@ -248,6 +251,11 @@ absl::Status CheckCheckpoints(CommandLine& line, const std::set<std::string>& gi
                                            std::make_tuple("train-rows", int64_t{c.train_rows}, 0),
                                            std::make_tuple("keep", int64_t{c.keep}, 1)}) {
     if (value < least) return Bad(absl::StrCat("--", flag, " must be >= ", least, "; got ", value));
+  }
+  // (A trailing '/' names the same directory; its parent is where a
+  // resumed run saves.)
+  for (std::string* path : {&c.resume, &c.checkpoint_dir}) {
+    while (path->size() > 1 && path->back() == '/') path->pop_back();
   }
   if (c.resume == "auto") {
     // As a supervisor restarts a job: the latest checkpoint of
@@ -278,6 +286,14 @@ absl::Status CheckCheckpoints(CommandLine& line, const std::set<std::string>& gi
     line.checkpoints.identity = IdentityOf(c, c.splits[0]);
   }
   if (!c.checkpoint_dir.empty()) RETURN_IF_ERROR(CheckCheckpointDirIsOurs(c));
+  if (c.checkpoint_dir.empty() && !c.resume.empty()) {
+    // Saving beside it (below): checked as if given.
+    RunOptions beside = c;
+    beside.checkpoint_dir =
+        checkpoint::IsCheckpointDir(c.resume) ? std::filesystem::path(c.resume).parent_path().string() : c.resume;
+    if (beside.checkpoint_dir.empty()) beside.checkpoint_dir = ".";
+    RETURN_IF_ERROR(CheckCheckpointDirIsOurs(beside, /*derived=*/true));
+  }
   if (c.resume.empty()) return absl::OkStatus();
   auto ck = checkpoint::Latest(c.resume);
   if (!ck.ok()) return ck.status();
@@ -300,6 +316,11 @@ absl::Status CheckCheckpoints(CommandLine& line, const std::set<std::string>& gi
   line.checkpoints.identity.keep = c.keep;
   if (c.checkpoint_dir.empty()) {  // go on saving beside it
     c.checkpoint_dir = ck->dir == c.resume ? std::filesystem::path(ck->dir).parent_path().string() : c.resume;
+    if (c.checkpoint_dir.empty()) c.checkpoint_dir = ".";
+  }
+  for (const std::string& skipped : ck->passed_over) {
+    const std::string warning = absl::StrCat("master: warning: skipping ", skipped, "; going on from ", ck->dir);
+    line.note = line.note.empty() ? warning : absl::StrCat(line.note, "\n", warning);
   }
   line.checkpoints.resume = std::move(*ck);
   return absl::OkStatus();

@@ -37,6 +37,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using test_support::CompareStages;
 using test_support::FreshDir;
 using test_support::LineStarting;
@@ -147,8 +148,27 @@ TEST(CheckpointFiles, TheLatestIsTheNewestWithAManifest) {
   EXPECT_EQ(CompleteSteps(dir), std::vector<int64_t>{4});
   EXPECT_EQ(Latest(dir + "/step-00000004")->manifest.step, 4);  // a checkpoint's own directory
 
+  // A trailing '/' names the same directory.
+  EXPECT_EQ(Latest(dir + "/")->dir, dir + "/step-00000004");
+  EXPECT_EQ(Latest(dir + "/step-00000004/")->dir, dir + "/step-00000004");
+
+  // A newer manifest garbled on disk is passed over, and said.
+  fs::create_directories(dir + "/step-00000012");
+  Overwrite(dir + "/step-00000012/manifest.json", "garbage\n");
+  auto older = Latest(dir);
+  ASSERT_TRUE(older.ok()) << older.status();
+  EXPECT_EQ(older->manifest.step, 4);
+  ASSERT_EQ(older->passed_over.size(), 1u);
+  EXPECT_THAT(older->passed_over[0], HasSubstr("step-00000012/manifest.json is not a remora manifest"));
+  EXPECT_THAT(older->passed_over[0], Not(HasSubstr("garbage")));  // (the file's text is not quoted)
+
+  // None readable: the newest one's error.
   Overwrite(dir + "/step-00000004/manifest.json", "{\"format\": 1, \"step\": ");
   auto broken = Latest(dir);
+  EXPECT_FALSE(broken.ok());
+  EXPECT_THAT(std::string(broken.status().message()), HasSubstr("step-00000012/manifest.json"));
+  fs::remove_all(dir + "/step-00000012");
+  broken = Latest(dir);
   EXPECT_FALSE(broken.ok());
   EXPECT_THAT(std::string(broken.status().message()), HasSubstr("step-00000004/manifest.json"));
 

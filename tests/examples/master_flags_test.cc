@@ -303,6 +303,14 @@ TEST(MasterFlags, ACheckpointDirOfAnEarlierRunIsRefusedUnlessResumedFrom) {
   // From an older step of it: the later ones would outrank the new run's.
   EXPECT_THAT(ErrorOf({"--workers", "a,b", "--checkpoint-dir", dir, "--resume", dir + "/step-00000400"}),
               HasSubstr("is step 400, but --checkpoint-dir " + dir + " holds later ones (up to step 500)"));
+  // Also where no --checkpoint-dir is given (the run saves beside it), a
+  // trailing '/' or not.
+  for (const std::string& from : {dir + "/step-00000400", dir + "/step-00000400/"}) {
+    EXPECT_THAT(ErrorOf({"--workers", "a,b", "--resume", from}),
+                HasSubstr("is step 400, but the directory it is in, " + dir + ", where this run saves (no "
+                          "--checkpoint-dir given), holds later ones (up to step 500)"))
+        << from;
+  }
 }
 
 // Flags this run does not use are named in a note (not an error: the run
