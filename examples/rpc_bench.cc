@@ -306,7 +306,8 @@ int main(int argc, char** argv) {
                   "with --device cuda: the worker's GPU (cuda:0: CUDA IPC; another: NCCL)");
   flags.AddString("sizes", &sizes_flag,
                   "CPU tensor sizes to sweep first (K, M suffixes; empty: none), a line each; each size makes "
-                  "the calls that move 256 MiB (20 to 2000, whatever --calls says)");
+                  "the calls that move 256 MiB (20 to 2000, whatever --calls says)",
+                  /*empty_allowed=*/true);
   std::string listen = "127.0.0.1:0";
   flags.AddString("listen", &listen, "HOST:PORT where this process (the master) listens");
   bool external = false;

@@ -41,10 +41,16 @@ namespace remora::launch {
 FlagParser::FlagParser(std::string program, std::string summary)
     : program_(std::move(program)), summary_(std::move(summary)) {}
 
-void FlagParser::AddString(const std::string& name, std::string* target,
-                           const std::string& help) {
+void FlagParser::AddString(const std::string& name, std::string* target, const std::string& help,
+                           bool empty_allowed) {
   order_.push_back(name);
-  flags_[name] = Flag{help, *target, false, [target](const std::string& v) {
+  flags_[name] = Flag{help, *target, false, [name, target, empty_allowed](const std::string& v) {
+                        if (v.empty() && !empty_allowed) {
+                          // (Mostly a script's unset variable: taken as "not
+                          // given", --token-file would turn checks off.)
+                          return absl::InvalidArgumentError(absl::StrCat(
+                              "--", name, " is empty (an unset variable?): give a value, or leave the flag out"));
+                        }
                         *target = v;
                         return absl::OkStatus();
                       }};

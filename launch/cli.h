@@ -48,7 +48,10 @@ class FlagParser {
  public:
   FlagParser(std::string program, std::string summary);
 
-  void AddString(const std::string& name, std::string* target, const std::string& help);
+  // An empty value ("--flag=" or --flag "$UNSET") is refused unless
+  // `empty_allowed` (a flag whose help gives it a meaning).
+  void AddString(const std::string& name, std::string* target, const std::string& help,
+                 bool empty_allowed = false);
   void AddInt(const std::string& name, int* target, const std::string& help);
   void AddDouble(const std::string& name, double* target, const std::string& help);
   void AddBool(const std::string& name, bool* target, const std::string& help);

@@ -342,6 +342,21 @@ TEST(MasterFlags, FlagsWithoutEffectAreNamedInANote) {
   EXPECT_THAT(sgd_demo->note, HasSubstr("--partition with --split-at"));
 }
 
+// An empty value ("--flag=", or a script's --flag "$UNSET") is an error,
+// not the flag's default: an empty --token-file would turn checks off.
+TEST(MasterFlags, AnEmptyValueIsAnErrorNotTheDefault) {
+  for (const std::string flag : {"token-file", "checkpoint-dir", "resume", "dataset", "report", "model", "splits"}) {
+    ::testing::internal::CaptureStderr();
+    const std::string error = ErrorOf({"--workers", "a,b", "--" + flag, ""});
+    const std::string said = ::testing::internal::GetCapturedStderr();
+    EXPECT_THAT(error, HasSubstr("exit code 2")) << flag;
+    EXPECT_THAT(said, HasSubstr("--" + flag + " is empty (an unset variable?)")) << flag;
+  }
+  ::testing::internal::CaptureStderr();
+  EXPECT_THAT(ErrorOf({"--workers", "a,b", "--report="}), HasSubstr("exit code 2"));
+  EXPECT_THAT(::testing::internal::GetCapturedStderr(), HasSubstr("--report is empty"));
+}
+
 TEST(MasterFlags, AParseErrorIsAnError) {
   EXPECT_THAT(ErrorOf({"--workers", "a", "--bogus"}), HasSubstr("exit code 2"));
   EXPECT_THAT(ErrorOf({"--workers"}), HasSubstr("exit code 2"));
