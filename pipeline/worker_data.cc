@@ -125,15 +125,24 @@ absl::StatusOr<std::unique_ptr<WorkerData>> WorkerData::Open(Agent& agent, std::
 
 WorkerData::~WorkerData() {
   // Not waited for: a worker that is gone must not hold the master up.
-  for (const std::string& w : workers_) agent_.rpc_async(w, "remora.data.close", {id_});
+  for (const std::string& w : workers_) {
+    if (!agent_.IsLost(w)) agent_.rpc_async(w, "remora.data.close", {id_});
+  }
 }
 
-absl::StatusOr<int64_t> WorkerData::skipped() const {
+absl::StatusOr<int64_t> WorkerData::skipped(
+    const std::function<bool(const std::string&, const absl::Status&)>& lost) const {
   int64_t total = 0;
   for (const std::string& w : workers_) {
-    absl::StatusOr<c10::IValue> n = agent_.rpc_sync(w, "remora.data.skipped", {id_});
-    if (!n.ok()) return Annotate(n.status(), absl::StrCat("asking worker '", w, "' for its skipped images"));
-    total += n->toInt();
+    if (!agent_.IsLost(w)) {
+      absl::StatusOr<c10::IValue> n = agent_.rpc_sync(w, "remora.data.skipped", {id_});
+      if (n.ok()) {
+        last_skipped_[w] = n->toInt();
+      } else if (!lost || !lost(w, n.status())) {
+        return Annotate(n.status(), absl::StrCat("asking worker '", w, "' for its skipped images"));
+      }
+    }
+    total += last_skipped_[w];
   }
   return total;
 }

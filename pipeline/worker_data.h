@@ -15,6 +15,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -55,8 +57,12 @@ class WorkerData {
   int64_t size() const { return rows_; }
   WorkerRows Rows(at::Tensor rows, int epoch) const { return WorkerRows{id_, std::move(rows), epoch}; }
   // The rows the workers have left out so far because their files could
-  // not be read (data::SourceSpec::skip_bad_images), summed.
-  absl::StatusOr<int64_t> skipped() const;
+  // not be read (data::SourceSpec::skip_bad_images), summed. A worker the
+  // agent holds lost counts with what it said last (the sum never goes
+  // back); so does one whose answer failed when `lost` says it is lost
+  // now (given the worker and the failure); else the failure is the error.
+  absl::StatusOr<int64_t> skipped(
+      const std::function<bool(const std::string& worker, const absl::Status& why)>& lost = nullptr) const;
 
  private:
   WorkerData(Agent& agent, std::vector<std::string> workers, int64_t id, int64_t rows)
@@ -66,6 +72,7 @@ class WorkerData {
   const std::vector<std::string> workers_;
   const int64_t id_;
   const int64_t rows_;
+  mutable std::map<std::string, int64_t> last_skipped_;  // each worker's last answer
 };
 
 // Worker side: the batch `rows` names, read from this process's source

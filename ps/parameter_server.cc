@@ -92,15 +92,15 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(Agent& 
     }
   }
   return std::unique_ptr<ParameterServer>(
-      new ParameterServer(std::move(options), std::move(model), std::move(params), std::move(slots),
+      new ParameterServer(agent, std::move(options), std::move(model), std::move(params), std::move(slots),
                           std::move(shards)));
 }
 
-ParameterServer::ParameterServer(PsOptions options,
+ParameterServer::ParameterServer(Agent& agent, PsOptions options,
                                  std::vector<std::unique_ptr<pipeline::StageModule>> model,
                                  std::vector<at::Tensor> params, std::vector<Slot> slots,
                                  std::unique_ptr<ShardSet> shards)
-    : options_(std::move(options)), model_(std::move(model)), params_(std::move(params)),
+    : agent_(agent), options_(std::move(options)), model_(std::move(model)), params_(std::move(params)),
       shards_(std::move(shards)), slots_(std::move(slots)), signal_(std::make_shared<Signal>()) {
   if (shards_ == nullptr) {
     optimizer_ = optim::MakeOptimizer(c10::IValue(optim::OptionsToDict(options_.optimizer)).toGenericDict(),
@@ -112,10 +112,23 @@ ParameterServer::~ParameterServer() {
   // With shards, a straggler's call still in flight pulls from and pushes
   // to the shards: let it finish (each call is bounded by the agent's RPC
   // timeout), so that a shutdown right after does not cut it off midway.
-  if (shards_ == nullptr) return;
-  for (Slot& s : slots_) {
-    if (s.busy) s.call.wait().status().IgnoreError();
+  // Without, a call to a worker that died would hold the agent's shutdown
+  // (its request's RRef fork is never accepted) until the worker is lost.
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (!slots_[i].busy) continue;
+    const absl::Status s = shards_ != nullptr ? slots_[i].call.wait().status()
+                                              : slots_[i].call.wait_for(absl::Seconds(10)).status();
+    if (!s.ok() && shards_ == nullptr) Lose(i, s).IgnoreError();
   }
+}
+
+bool ParameterServer::Lost(const std::string& name, const absl::Status& why) {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].name != name) continue;
+    if (slots_[i].lost) return true;
+    return options_.backup_workers > 0 && Lose(i, why).ok();
+  }
+  return false;
 }
 
 absl::Status ParameterServer::Lose(size_t i, const absl::Status& status) {
@@ -126,6 +139,10 @@ absl::Status ParameterServer::Lose(size_t i, const absl::Status& status) {
   }
   slots_[i].lost = true;
   slots_[i].lost_reason = std::string(status.message());
+  // Gone for good: nothing here or on the other members waits on it (its
+  // RRefs, the graceful shutdown), as after an elastic recovery's loss.
+  // (Not the master's agent in some tests: nothing to tell then.)
+  agent_.MarkLost(slots_[i].name).IgnoreError();
   return absl::OkStatus();
 }
 

@@ -106,7 +106,10 @@ class ParameterServer {
   // its parameters have the model's shapes) and creates the optimizer. An
   // error names the worker that failed.
   static absl::StatusOr<std::unique_ptr<ParameterServer>> Create(Agent& agent, PsOptions options);
-  // With shards, waits for the workers' calls still in flight (stragglers').
+  // Waits for the workers' calls still in flight (stragglers'): with
+  // shards until they end; without, up to 10 s each, and marks a worker
+  // whose call failed lost (so that the agent's shutdown waits for nothing
+  // of it).
   ~ParameterServer();
 
   // One step on the batch (see above).
@@ -139,6 +142,11 @@ class ParameterServer {
 
   // Workers not lost so far, in --workers order.
   std::vector<std::string> live_workers() const;
+  // Worker `name`'s call outside a step (say, a count its data source
+  // keeps) failed with `why`: it is lost as a step would lose it, when
+  // backup workers allow that (true); false without them, or when a server
+  // is lost too (then the failure is the caller's error).
+  bool Lost(const std::string& name, const absl::Status& why);
   int64_t parameter_bytes() const;
   int64_t steps() const { return step_; }
 
@@ -168,7 +176,7 @@ class ParameterServer {
     int64_t size() const { return rows != nullptr ? rows->rows.numel() : inputs.size(0); }
   };
 
-  ParameterServer(PsOptions options, std::vector<std::unique_ptr<pipeline::StageModule>> model,
+  ParameterServer(Agent& agent, PsOptions options, std::vector<std::unique_ptr<pipeline::StageModule>> model,
                   std::vector<at::Tensor> params, std::vector<Slot> slots, std::unique_ptr<ShardSet> shards);
 
   // The step on `batch`, checked: rounds until enough gradient sets came,
@@ -176,8 +184,9 @@ class ParameterServer {
   absl::StatusOr<StepReport> Step(const Batch& batch, StepReport report);
   // Sends every idle live worker its share of the batch; returns their slots.
   std::vector<size_t> Send(const Batch& batch, int64_t round, StepReport* report);
-  // Marks slot i lost with `status`, unless a server is lost: then the
-  // error naming it (the job cannot go on).
+  // Marks slot i lost with `status` (and its worker lost to the agent:
+  // dropped for good), unless a server is lost: then the error naming it
+  // (the job cannot go on).
   absl::Status Lose(size_t i, const absl::Status& status);
   // Settles the calls of earlier rounds (a failed one loses its worker)
   // until `needed` live workers are idle; `seen` as WaitForCompletion's.
@@ -196,6 +205,7 @@ class ParameterServer {
   // the count now.
   int64_t WaitForCompletion(int64_t seen);
 
+  Agent& agent_;
   const PsOptions options_;
   std::vector<std::unique_ptr<pipeline::StageModule>> model_;
   std::vector<at::Tensor> params_;  // the model's, in order

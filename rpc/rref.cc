@@ -1,8 +1,11 @@
 #include "rpc/rref_context.h"
 
+#include <set>
+
 #include <ATen/core/jit_type.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "proto/request.h"
 #include "proto/rref.pb.h"
 #include "base/mutex_lock.h"
@@ -414,10 +417,15 @@ absl::Status RRefContext::WaitDrained(absl::Duration timeout) {
   MutexLock lock(mu_);
   auto is_drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return drained(); };
   if (!mu_.AwaitWithTimeout(absl::Condition(&is_drained), timeout)) {
+    // The members still owing an answer, by name: whom to look at.
+    std::set<std::string> peers;
+    for (const auto& [fork, child] : pending_children_) peers.insert(channel_->NameOf(child.to));
+    for (const auto& [fork, user] : pending_users_) peers.insert(channel_->NameOf(user->owner()));
     return absl::DeadlineExceededError(absl::StrCat(
-        "RRef control messages did not drain within ", absl::FormatDuration(timeout), " (",
-        pending_messages_, " messages, ", pending_users_.size(), " unconfirmed users, ",
-        pending_children_.size(), " unaccepted forks)"));
+        "remote references did not settle within ", absl::FormatDuration(timeout), " (", pending_messages_,
+        " control messages in flight, ", pending_users_.size(), " unconfirmed users, ", pending_children_.size(),
+        " unaccepted forks", peers.empty() ? "" : absl::StrCat(", waiting on ", absl::StrJoin(peers, ", ")),
+        "): is every member still running? A worker that died is left out once the master marks it lost"));
   }
   return absl::OkStatus();
 }

@@ -65,7 +65,12 @@ class PsTrainer final : public Trainer, private RowsSteps {
   static pipeline::StartedStep Started(const absl::StatusOr<ps::StepReport>& r);
   pipeline::StartedStep StartRowsStep(const at::Tensor& rows, int epoch) override;
   absl::StatusOr<pipeline::Correct> CountCorrectRows(const at::Tensor& rows) override;
-  absl::StatusOr<int64_t> skipped() override { return train_data_->skipped(); }
+  // (A worker that fails to answer is lost, as in a step, when backup
+  // workers allow it.)
+  absl::StatusOr<int64_t> skipped() override {
+    return train_data_->skipped(
+        [this](const std::string& w, const absl::Status& why) { return server_->Lost(w, why); });
+  }
 
   Agent& agent_;
   const std::vector<pipeline::StageSpec> stages_;

@@ -169,6 +169,41 @@ TEST(Ps, WithBackupWorkersALostWorkerIsDroppedUntilTooFewAreLeft) {
   workers.master().Shutdown(/*graceful=*/false).IgnoreError();
 }
 
+// A worker lost with backup workers is lost to the agent too: the graceful
+// shutdown leaves it out (the RRef fork of its last call, never accepted,
+// held it for the 60 s drain timeout, then failed it) and the workers left
+// exit 0.
+TEST(Ps, ALostWorkerIsLeftOutOfTheGracefulShutdown) {
+  TestWorkers workers(3);
+  workers.ExpectUncleanShutdown();  // w3 is killed
+  auto server = ps::ParameterServer::Create(workers.master(), MlpServer({"w1", "w2", "w3"}, 1));
+  ASSERT_TRUE(server.ok()) << server.status();
+  const auto data = test_support::RandomBatches(1, 12, 8, 4);
+  ASSERT_TRUE((*server)->train_step(data[0].first, data[0].second).ok());
+  workers.worker(2).Signal(SIGKILL);
+  ASSERT_TRUE(workers.worker(2).Wait(absl::Seconds(10)).ok());
+  std::vector<std::string> lost;
+  for (int s = 0; s < 200 && lost.empty(); ++s) {
+    auto r = (*server)->train_step(data[0].first, data[0].second);
+    ASSERT_TRUE(r.ok()) << r.status();
+    lost = r->lost;
+    if (lost.empty()) absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_THAT(lost, ElementsAre("w3"));
+  EXPECT_TRUE(workers.master().IsLost("w3"));
+  EXPECT_FALSE(workers.master().IsLost("w2"));
+  server->reset();
+  const absl::Time start = absl::Now();
+  const absl::Status down = workers.master().Shutdown();
+  EXPECT_TRUE(down.ok()) << down;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  for (int i : {0, 1}) {
+    absl::StatusOr<int> code = workers.worker(i).Wait(absl::Seconds(20));
+    ASSERT_TRUE(code.ok()) << code.status();
+    EXPECT_EQ(*code, 0) << "w" << i + 1;
+  }
+}
+
 // The server's checkpoints are ordinary checkpoints: Latest, LoadStageSpecs
 // and ReadStageTensors read them, and a new server resumes from them.
 TEST(Ps, CheckpointsHoldTheServersModelAndResume) {
@@ -312,6 +347,39 @@ TEST(Ps, BackupWorkersPrintASummaryAndStepLinesOnlyWhenAsked) {
   auto [lines_code, lines_out] = RunPs(lines, 3);
   ASSERT_EQ(lines_code, 0) << lines_out;
   for (int s = 1; s <= 3; ++s) EXPECT_THAT(lines_out, HasSubstr(absl::StrCat("ps step=", s, " used="))) << s;
+}
+
+// master --mode ps --backup-workers 1 with a worker SIGKILLed mid-run goes
+// on over the others to the end and exits 0, whether the workers read
+// their shares or the master sends them (the lost worker's skipped-images
+// count failed the epoch, and its RRefs held the shutdown for a minute).
+TEST(Ps, MasterProgramGoesOnWithoutAKilledWorkerToTheEnd) {
+  const std::string dir = TempPath("ps_killed_idx");
+  test_support::WriteToyIdx(dir, 3200, 64);
+  for (const std::string on : {"workers", "master"}) {
+    ps_fixtures::PsPrograms programs(3);
+    const std::string log = TempPath("ps_killed_" + on + ".log"), report = TempPath("ps_killed_" + on + ".json");
+    auto master = launch::Subprocess::Spawn(
+                      programs.MasterArgv({"--dataset", "idx:" + dir, "--epochs", "2", "--batch-size", "32",
+                                           "--threads", "1", "--backup-workers", "1", "--ps-step-lines",
+                                           "--data-on", on, "--report", report}),
+                      log)
+                      .value();
+    const absl::Time deadline = absl::Now() + absl::Seconds(120);
+    while (ReadFile(log).find("ps step=3 ") == std::string::npos && master->running() && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    programs.workers[2]->Signal(SIGKILL);
+    const absl::Time killed = absl::Now();
+    const absl::StatusOr<int> code = master->Wait(absl::Seconds(180));
+    const std::string out = ReadFile(log);
+    ASSERT_TRUE(code.ok()) << code.status() << "\n" << out;
+    EXPECT_EQ(*code, 0) << on << ":\n" << out;
+    EXPECT_LT(absl::Now() - killed, absl::Seconds(45)) << on << ":\n" << out;
+    EXPECT_THAT(out, HasSubstr("lost: worker3 x1; live workers: worker1,worker2")) << on;
+    EXPECT_EQ(ReportEpochs(ReadFile(report)).size(), 2u) << on << ":\n" << out;
+    for (int i : {0, 1}) EXPECT_EQ(programs.workers[i]->Wait(absl::Seconds(30)).value_or(-1), 0) << on << " " << i;
+  }
 }
 
 // master --mode ps --resume goes on from the server's checkpoint as if it
