@@ -97,6 +97,11 @@ int main(int argc, char** argv) {
       images += got->labels.size(0);
       skipped += got->skipped;
     }
+    if (images == 0 && skipped > 0) {
+      std::fprintf(stderr, "data_bench: no image of %s could be read: all %lld were skipped as unreadable "
+                   "(--skip-bad-images); check its files\n", dir.c_str(), static_cast<long long>(skipped));
+      return 1;
+    }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double ips = images / s;
     std::printf("threads=%d images=%lld seconds=%.3f images_per_second=%.1f per_thread=%.1f%s\n", threads,

@@ -349,6 +349,12 @@ class Loop {
       r_.images -= epoch_skipped;
       trained_ -= epoch_skipped;
     }
+    if (r_.images <= 0 && r_.skipped > 0) {
+      // (Its loss would print as 0: a perfect fit to the eye.)
+      return absl::FailedPreconditionError(absl::StrCat(
+          "epoch ", e, " trained no image: all ", r_.skipped,
+          " of its images were skipped as unreadable (--skip-bad-images); check the dataset's files"));
+    }
     r_.trained = trained_;
     r_.train_loss = loss_sum_ / batches_.size();
     if (o_.progress_bar) out_ << "\n";
