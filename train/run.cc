@@ -328,7 +328,12 @@ absl::Status RunMaster(RunPlan& plan, Registry* registry) {
   if (!plan.paths_checked) {
     if (auto s = CheckPaths(c); !s.ok()) return fail(s);
   }
-  if (!c.local) {
+  if (c.local) {
+    // (Nothing to tell: said, then ended by the signal, as with workers.)
+    interrupted.emplace([](int signo) {
+      std::cerr << "master: stopped by a signal (" << strsignal(signo) << "); exiting" << std::endl;
+    });
+  } else {
     if (auto s = launch::CheckCanListen(c.listen, launch::AddressSource("--listen", c.listen)); !s.ok()) {
       return fail(s);
     }

@@ -131,6 +131,27 @@ TEST(Master, ASignalEndsTheGroupAndTheWorkersExitAtOnce) {
   EXPECT_LT(absl::Now() - ended, absl::Seconds(5));
 }
 
+// master --local, stopped by a signal, says so and ends by it (as the
+// master of a group does), also where SIGINT came in ignored (a script's
+// background job).
+TEST(Master, ALocalRunStoppedByASignalSaysSoAndEndsByIt) {
+  const std::string log = TempPath("interrupted_local.log");
+  auto master = launch::Subprocess::Spawn({"/bin/sh", "-c", "trap '' INT; exec \"$0\" \"$@\"", kBin + "/master",
+                                           "--local", "--batches", "1000", "--batch-size", "8", "--image-size",
+                                           "32", "--splits", "1", "--threads", "1"},
+                                          log)
+                    .value();
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  while (ReadFile(log).find("batch=1 ") == std::string::npos && master->running() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(master->running()) << ReadFile(log);
+  master->Signal(SIGINT);
+  EXPECT_EQ(master->Wait(absl::Seconds(30)).value_or(-1), 130) << ReadFile(log);
+  EXPECT_TRUE(master->killed_by_signal());
+  EXPECT_THAT(ReadFile(log), HasSubstr("master: stopped by a signal (Interrupt); exiting"));
+}
+
 // A master stopped while it waits for its group tells the workers that
 // joined as stopped (they exit 143, which remora-launch does not restart;
 // they exited 1, as after a master's failure, and were restarted).
