@@ -64,9 +64,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "data_bench: --image-size must be in [16, 1024]; got %d\n", image_size);
     return 2;
   }
-  if (dir.empty() || batches < 1 || batch_size < 1) {
-    std::fprintf(stderr,
-                 "data_bench: --dataset imagefolder:DIR is required; --batches and --batch-size must be >= 1\n");
+  if (dir.empty()) {
+    std::fprintf(stderr, "data_bench: --dataset imagefolder:DIR is required\n");
+    return 2;
+  }
+  if (auto s = remora::launch::CheckAtLeast({{"batches", batches, 1}, {"batch-size", batch_size, 1}}); !s.ok()) {
+    std::fprintf(stderr, "data_bench: %s\n", std::string(s.message()).c_str());
     return 2;
   }
   at::set_num_threads(1);  // the pool's threads are the parallelism measured

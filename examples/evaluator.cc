@@ -235,14 +235,20 @@ int Main(int argc, char** argv) {
     return rc;
   };
   if (o.dir.empty() || o.dataset.empty()) return fail("--checkpoint-dir and --dataset are required", 2);
-  if (o.poll_ms < 1 || o.batch_size < 1 || o.threads < 1 || o.timeout_s < 0 || o.test_rows < 0) {
-    return fail("--poll-ms, --batch-size and --threads must be >= 1; --timeout and --test-rows >= 0", 2);
+  if (auto s = launch::CheckAtLeast({{"poll-ms", o.poll_ms, 1},
+                                     {"batch-size", o.batch_size, 1},
+                                     {"threads", o.threads, 1},
+                                     {"timeout", o.timeout_s, 0},
+                                     {"test-rows", o.test_rows, 0},
+                                     {"image-size", o.image_size, 16},
+                                     {"data-threads", o.data_threads, 1}});
+      !s.ok()) {
+    return fail(std::string(s.message()), 2);
   }
   if (o.threads > launch::kMaxThreads) {
     return fail(absl::StrCat("--threads must be at most ", launch::kMaxThreads, "; got ", o.threads), 2);
   }
   if (auto s = data::CheckDatasetName(o.dataset); !s.ok()) return fail(std::string(s.message()), 2);
-  if (o.image_size < 16 || o.data_threads < 1) return fail("--image-size must be >= 16, --data-threads >= 1", 2);
   if (!(o.val_fraction >= 0 && o.val_fraction < 1)) return fail("--val-fraction must be in [0, 1)", 2);
   if (o.val_fraction > 0 && o.dataset.rfind("imagefolder:", 0) != 0) {
     return fail("--val-fraction is for --dataset imagefolder:DIR (the training's held-out images)", 2);

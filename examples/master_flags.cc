@@ -217,7 +217,8 @@ absl::Status CheckWorkers(const Flags& f, const RunOptions& c, bool ps_mode, boo
 // them. Refused unless the run goes on from that directory.
 absl::Status CheckCheckpointDirIsOurs(const RunOptions& c, bool derived = false) {
   const std::string where =
-      derived ? absl::StrCat("the directory it is in, ", c.checkpoint_dir, ", where this run saves (no --checkpoint-dir given),")
+      derived ? absl::StrCat("the directory it is in, ", c.checkpoint_dir,
+                             ", where this run saves (no --checkpoint-dir given),")
               : absl::StrCat("--checkpoint-dir ", c.checkpoint_dir);
   const std::vector<int64_t> steps = checkpoint::CompleteSteps(c.checkpoint_dir);
   if (steps.empty()) return absl::OkStatus();
@@ -329,7 +330,10 @@ absl::Status CheckCheckpoints(CommandLine& line, const std::set<std::string>& gi
 // --max-restarts, --rejoin-timeout and --spares.
 absl::Status CheckElastic(const CommandLine& line) {
   const RunOptions& c = line.config;
-  if (c.max_restarts < 0 || c.rejoin_timeout < 0) return Bad("--max-restarts and --rejoin-timeout must be >= 0");
+  if (auto s = launch::CheckAtLeast({{"max-restarts", c.max_restarts, 0}, {"rejoin-timeout", c.rejoin_timeout, 0}});
+      !s.ok()) {
+    return Bad(std::string(s.message()));
+  }
   if (c.max_restarts == 0) {
     return c.spares.empty() ? absl::OkStatus()
                             : Bad("--spares stand by to replace a lost worker: give --max-restarts N too");
@@ -624,8 +628,11 @@ absl::StatusOr<CommandLine> Check(Flags f) {
                "these stages are given already");
   }
   if (c.zero != 0 && c.zero != 1) return Bad("--zero must be 0 or 1");
-  if (c.replicas < 1 || c.bucket_mb < 1 || c.collective_timeout < 1) {
-    return Bad("--replicas, --bucket-mb and --collective-timeout must be >= 1");
+  if (auto s = launch::CheckAtLeast({{"replicas", c.replicas, 1},
+                                     {"bucket-mb", c.bucket_mb, 1},
+                                     {"collective-timeout", c.collective_timeout, 1}});
+      !s.ok()) {
+    return Bad(std::string(s.message()));
   }
   if (line.ps_mode) c.schedule = "ps";  // what its checkpoints record
   // (A typo is one with --local too, where the schedule is not used.)

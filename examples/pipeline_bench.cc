@@ -111,9 +111,8 @@ absl::StatusOr<std::vector<int>> CheckConfig(const Config& c) {
     counts.push_back(m);
   }
   if (counts.empty()) return absl::InvalidArgumentError("--micro-batches is empty");
-  if (c.stages < 2 || c.steps < 1 || c.warmup < 0 || c.hidden < 1) {
-    return absl::InvalidArgumentError("--stages must be >= 2, --steps and --hidden >= 1, --warmup >= 0");
-  }
+  RETURN_IF_ERROR(launch::CheckAtLeast(
+      {{"stages", c.stages, 2}, {"steps", c.steps, 1}, {"hidden", c.hidden, 1}, {"warmup", c.warmup, 0}}));
   for (int m : counts) {
     if (m > c.batch_size) {
       return absl::InvalidArgumentError(absl::StrCat("--batch-size ", c.batch_size, " < ", m, " micro-batches"));

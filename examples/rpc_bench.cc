@@ -314,6 +314,8 @@ int main(int argc, char** argv) {
   flags.AddBool("external", &external,
                 "start no worker: wait at --listen for one named 'peer' (rpc_bench worker --name peer "
                 "--master HOST:PORT, on another host or network namespace)");
+  int connect_timeout = 60;
+  flags.AddInt("connect-timeout", &connect_timeout, "seconds to wait for the worker to register (with --external)");
   int rendezvous = 0;
   flags.AddInt("rendezvous", &rendezvous,
                "only time the rendezvous of this many local workers (3 runs; their start "
@@ -325,13 +327,21 @@ int main(int argc, char** argv) {
     return code;
   };
   if (auto s = launch::CheckAddress(listen, "--listen"); !s.ok()) return fail(s, 2);
-  if (rendezvous < 0) return fail(absl::InvalidArgumentError("--rendezvous must be >= 0"), 2);
+  if (auto s = launch::CheckAtLeast({{"rendezvous", rendezvous, 0},
+                                     {"calls", calls, 1},
+                                     {"warmup", warmup, 0},
+                                     {"bulk-mib", bulk_mib, 0},
+                                     {"bulk-calls", bulk_calls, 1},
+                                     {"connect-timeout", connect_timeout, 1}});
+      !s.ok()) {
+    return fail(s, 2);
+  }
   runtime::TuneAllocator();
   auto cuda = CheckDevices(device, peer_device);
   if (!cuda.ok()) return fail(cuda.status(), 2);
   if (bulk_mib == 0) bulk_mib = *cuda ? 256 : 64;
-  if (calls < 1 || warmup < 0 || bulk_mib < 1 || bulk_mib > 1024 || bulk_calls < 1) {
-    return fail(absl::InvalidArgumentError("counts must be positive and --bulk-mib at most 1024"), 2);
+  if (bulk_mib > 1024) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("--bulk-mib must be at most 1024; got ", bulk_mib)), 2);
   }
   auto sizes = ParseSizes(sizes_flag);
   if (!sizes.ok()) return fail(sizes.status(), 2);
@@ -339,6 +349,7 @@ int main(int argc, char** argv) {
   if (auto s = examples::RegisterDemoWorker(registry); !s.ok()) return fail(s, 1);
   AgentOptions options;
   options.listen_address = listen;
+  options.connect_timeout = absl::Seconds(connect_timeout);
   if (rendezvous > 0) return MeasureRendezvous(rendezvous, 3, registry, options);
   std::vector<std::string> worker_args;
   if (*cuda) {

@@ -121,11 +121,15 @@ absl::StatusOr<std::vector<std::string>> CheckConfig(Config& c) {
   if (names.size() != 2 || names[0] == names[1]) {
     return absl::InvalidArgumentError("--workers wants two distinct names, as a,b");
   }
-  if (c.steps < 1 || c.warmup < 0 || c.micro_batches < 1 || c.hidden < 1 ||
-      c.batch_size < c.micro_batches || c.progress < 0 || c.connect_timeout < 1) {
-    return absl::InvalidArgumentError(
-        "--steps, --micro-batches, --hidden, --connect-timeout must be >= 1, --warmup "
-        "and --progress >= 0, --batch-size >= --micro-batches");
+  RETURN_IF_ERROR(launch::CheckAtLeast({{"steps", c.steps, 1},
+                                         {"micro-batches", c.micro_batches, 1},
+                                         {"hidden", c.hidden, 1},
+                                         {"connect-timeout", c.connect_timeout, 1},
+                                         {"warmup", c.warmup, 0},
+                                         {"progress", c.progress, 0}}));
+  if (c.batch_size < c.micro_batches) {
+    return absl::InvalidArgumentError(absl::StrCat("--batch-size ", c.batch_size, " is less than --micro-batches ",
+                                                   c.micro_batches, ": each micro-batch needs a row"));
   }
   RETURN_IF_ERROR(launch::CheckAddress(c.listen, "--listen"));
   if (c.max_thread_growth < 0) {

@@ -281,6 +281,15 @@ absl::StatusOr<std::string> LoadToken(const std::string& token_file) {
   return token;
 }
 
+absl::Status CheckAtLeast(std::initializer_list<AtLeast> bounds) {
+  for (const AtLeast& b : bounds) {
+    if (b.value < b.least) {
+      return absl::InvalidArgumentError(absl::StrCat("--", b.flag, " must be >= ", b.least, "; got ", b.value));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckAddress(const std::string& address, const std::string& flag) {
   auto colon = address.rfind(':');
   int port = -1;

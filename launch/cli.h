@@ -4,7 +4,9 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <set>
 #include <string>
@@ -120,6 +122,15 @@ absl::StatusOr<Security> LoadSecurity(const SecurityFiles& files);
 
 // Checks HOST:PORT (port 0 to 65535).
 absl::Status CheckAddress(const std::string& address, const std::string& flag);
+
+// Numeric flags' lower bounds: the first flag below its least is the
+// error "--NAME must be >= LEAST; got VALUE".
+struct AtLeast {
+  const char* flag;  // without "--"
+  int64_t value;
+  int64_t least;
+};
+absl::Status CheckAtLeast(std::initializer_list<AtLeast> bounds);
 // Whether this process could listen on HOST:PORT now (binds a socket and
 // closes it): a port in use is an error naming `flag` before a program
 // spends time loading data. Port 0, or a host that does not resolve here,

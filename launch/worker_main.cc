@@ -92,9 +92,13 @@ absl::StatusOr<AgentOptions> OptionsFrom(const WorkerFlags& f, const std::string
   }
   auto maps = launch::ParseDeviceMapFlag(f.device_map.empty() ? (home->is_cuda() ? "auto" : "none") : f.device_map);
   if (!maps.ok()) return bad(maps.status().message());
-  if (f.threads < 0 || f.rpc_threads < 1 || f.connect_timeout_s < 1 || f.slow_ms < 0 || f.master_timeout_s < 0) {
-    return absl::InvalidArgumentError(
-        "worker: --threads, --slow-ms and --master-timeout must be >= 0, --rpc-threads and --connect-timeout >= 1");
+  if (auto s = CheckAtLeast({{"threads", f.threads, 0},
+                             {"rpc-threads", f.rpc_threads, 1},
+                             {"connect-timeout", f.connect_timeout_s, 1},
+                             {"slow-ms", f.slow_ms, 0},
+                             {"master-timeout", f.master_timeout_s, 0}});
+      !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("worker: ", s.message()));
   }
   if (f.threads > launch::kMaxThreads || f.rpc_threads > launch::kMaxThreads) {
     return absl::InvalidArgumentError(absl::StrCat("worker: --threads and --rpc-threads must be at most ",

@@ -138,7 +138,8 @@ TEST(MasterFlags, CutsAndTopologiesThatDoNotFitAreErrors) {
        "--replicas 2 x --pipeline-stages 3 does not match the 4 --workers"},
       {{"--workers", "a,b", "--replicas", "2", "--splits", "8", "--batch-size", "12"},
        "--splits 8 x --replicas 2 exceeds --batch-size 12"},
-      {{"--workers", "a,b", "--replicas", "0"}, "--replicas, --bucket-mb and --collective-timeout must be >= 1"},
+      {{"--workers", "a,b", "--replicas", "0"}, "--replicas must be >= 1; got 0"},
+      {{"--workers", "a,b", "--bucket-mb", "0"}, "--bucket-mb must be >= 1; got 0"},
   });
 }
 
