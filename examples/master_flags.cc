@@ -204,6 +204,10 @@ absl::Status CheckWorkers(const Flags& f, const RunOptions& c, bool ps_mode, boo
   if (c.partition == "tutorial" && (!c.model.empty() || c.workers.size() != 2)) {
     return Bad("--partition tutorial splits ResNet50 in two: give exactly two --workers and no --model");
   }
+  if (c.partition == "tutorial" && c.interleave > 1 && c.split_at.empty()) {
+    return Bad(absl::StrCat("--partition tutorial cuts ResNet50 into exactly 2 stages, one per worker: not with "
+                            "--interleave ", c.interleave, " (leave --partition out for the balanced cut)"));
+  }
   if (cut && !ps_mode) {
     // The cut's counts and split points.
     const int layers = c.sequential ? c.sequential->num_layers() : shards::kResNetBlocks;

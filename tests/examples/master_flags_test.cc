@@ -127,7 +127,7 @@ TEST(MasterFlags, CutsAndTopologiesThatDoNotFitAreErrors) {
       {{"--workers", "a,b", "--interleave", "10"},
        "2 workers x 10 stages per worker (--interleave) is more stages than the 18 layers"},
       {{"--workers", "a,b", "--partition", "tutorial", "--interleave", "2"},
-       "split points 8 make 2 stages; 4 are wanted"},
+       "--partition tutorial cuts ResNet50 into exactly 2 stages, one per worker: not with --interleave 2"},
       {{"--workers", "a,b", "--split-at", "3,x"}, "--split-at wants layer indices"},
       {{"--workers", "a,b", "--split-at", "12,5,7"}, "must increase strictly"},
       {{"--workers", "a,b", "--split-at", "5,,9"}, "--split-at '5,,9' has an empty index"},
