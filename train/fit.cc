@@ -122,7 +122,10 @@ absl::StatusOr<std::vector<pipeline::EpochResult>> Fit(Trainer& trainer, const d
                       [&trainer](const at::Tensor& x, const at::Tensor& y) { return trainer.CountCorrect(x, y); },
                       train, test, f, out));
   }
-  RETURN_IF_ERROR(checkpoints.MaybeSave(trainer, StateAt(last), /*final=*/true, out));
+  // (A run resumed from its final checkpoint that trained nothing more has
+  // it already: no line says it was saved again.)
+  const bool saved_already = o.resume && o.resume->manifest.final && last.step == o.resume->state().step;
+  if (!saved_already) RETURN_IF_ERROR(checkpoints.MaybeSave(trainer, StateAt(last), /*final=*/true, out));
   return epochs;
 }
 

@@ -44,6 +44,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // A small classifier of 8 features into 3 classes, seeded by its argument
 // (which seeds this process's generator: dropout draws from it).
@@ -115,6 +116,19 @@ TEST(TrainFit, SavesEveryNStepsAndAtTheEnd) {
   ASSERT_TRUE(last.ok()) << last.status();
   EXPECT_TRUE(last->manifest.final);
   EXPECT_EQ(last->state().epoch, 2);
+
+  // Resumed from that final checkpoint: nothing to train, and no line
+  // says a checkpoint was saved (none is).
+  std::ostringstream again_out;
+  TrainOptions again = Options(dir, &losses);
+  again.resume = *last;
+  auto resumed = Tiny();
+  ASSERT_NE(resumed, nullptr);
+  auto none = Fit(*resumed, data::InMemory(train), data::InMemory(test), again, again_out);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->empty());
+  EXPECT_THAT(again_out.str(), HasSubstr("nothing left to train"));
+  EXPECT_THAT(again_out.str(), Not(HasSubstr("checkpoint: step"))) << again_out.str();
 }
 
 // A run resumed from its step-8 checkpoint (epoch 2, after batch 2) trains
