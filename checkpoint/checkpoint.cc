@@ -276,7 +276,7 @@ absl::Status CheckMatches(const Checkpoint& ck, const RunIdentity& id) {
   check("the data", m.data, id.data);
   check("the optimizer", m.optimizer, id.optimizer);
   check("the schedule", m.schedule, id.schedule);
-  check("the micro-batches", absl::StrCat(m.micro_batches), absl::StrCat(id.micro_batches));
+  check("the micro-batch count", absl::StrCat(m.micro_batches), absl::StrCat(id.micro_batches));
   if (diffs.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       "checkpoint ", ck.manifest_path, " is of another run: ", absl::StrJoin(diffs, "; "),

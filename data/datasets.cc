@@ -89,10 +89,13 @@ std::string DatasetDir(const std::string& name) {
 
 absl::StatusOr<Dataset> LoadIdx(const std::string& dir, bool train) {
   const std::string prefix = train ? "train" : "t10k";
-  std::string bytes[2];
+  std::string bytes[2], read_from[2];
   const std::string names[2] = {prefix + "-images-idx3-ubyte", prefix + "-labels-idx1-ubyte"};
   for (int i = 0; i < 2; ++i) {
-    auto read = ReadMaybeGz((fs::path(dir) / names[i]).string());
+    const std::string path = (fs::path(dir) / names[i]).string();
+    std::error_code ec;
+    read_from[i] = fs::exists(path, ec) ? path : path + ".gz";  // (as ReadMaybeGz reads it)
+    auto read = ReadMaybeGz(path);
     if (absl::IsNotFound(read.status())) {
       // The package is the cure only where Fashion-MNIST was looked for.
       const bool fashion = fs::path(dir).lexically_normal() == fs::path(kFashionMnistDir).lexically_normal();
@@ -104,8 +107,8 @@ absl::StatusOr<Dataset> LoadIdx(const std::string& dir, bool train) {
     if (!read.ok()) return read.status();
     bytes[i] = std::move(*read);
   }
-  ASSIGN_OR_RETURN(std::vector<int64_t> image_sizes, IdxSizes(bytes[0], 3, names[0]));
-  ASSIGN_OR_RETURN(std::vector<int64_t> label_sizes, IdxSizes(bytes[1], 1, names[1]));
+  ASSIGN_OR_RETURN(std::vector<int64_t> image_sizes, IdxSizes(bytes[0], 3, read_from[0]));
+  ASSIGN_OR_RETURN(std::vector<int64_t> label_sizes, IdxSizes(bytes[1], 1, read_from[1]));
   if (image_sizes[0] != label_sizes[0]) {
     return absl::DataLossError(absl::StrCat(dir, ": ", image_sizes[0], " images but ", label_sizes[0], " labels"));
   }

@@ -145,11 +145,12 @@ absl::Status TrainPs(Agent& agent, const RunOptions& c, const PsFlags& p,
   const size_t computing = o.workers.size();
   ASSIGN_OR_RETURN(auto trainer, train::PsTrainer::Create(agent, o));
   ps::ParameterServer& server = trainer->server();
-  std::printf("parameter server: %zu stages, %.2f MiB of parameters %s, %zu workers%s\n", stages.size(),
+  std::printf("parameter server: %zu stage%s, %.2f MiB of parameters %s, %zu worker%s%s\n", stages.size(),
+              stages.size() == 1 ? "" : "s",
               server.parameter_bytes() / 1048576.0,
               o.servers.empty() ? "in the master"
                                 : absl::StrCat("over ", o.servers.size(), " server processes").c_str(),
-              computing,
+              computing, computing == 1 ? "" : "s",
               p.backup_workers > 0
                   ? absl::StrCat(", going on with the first ", computing - p.backup_workers,
                                  " gradient sets of each step (--backup-workers ", p.backup_workers, ")")

@@ -137,7 +137,8 @@ absl::Status JoinWorkers(Agent& agent, const RunOptions& c) {
 absl::StatusOr<std::vector<pipeline::StageSpec>> ChooseStages(Agent& agent, const RunPlan& line) {
   const RunOptions& c = line.config;
   if (line.checkpoints.resume) {
-    std::printf("resuming %zu stages from %s\n", line.checkpoints.stages.size(),
+    std::printf("resuming %zu stage%s from %s\n", line.checkpoints.stages.size(),
+                line.checkpoints.stages.size() == 1 ? "" : "s",
                 line.checkpoints.resume->dir.c_str());
     return line.checkpoints.stages;
   }

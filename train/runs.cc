@@ -141,8 +141,9 @@ absl::StatusOr<std::unique_ptr<train::PipelineTrainer>> CreatePipeline(
   o.zero = c.zero;
   ASSIGN_OR_RETURN(auto trainer, train::PipelineTrainer::Create(agent, std::move(o)));
   parallel::DataParallelPipeline* pipe = &trainer->pipeline();
-  std::printf("  schedule %s: %d stages over %zu workers", pipe->replica(0).schedule().name.c_str(),
-              pipe->replica(0).num_stages(), c.workers.size());
+  const int stages_here = pipe->replica(0).num_stages();
+  std::printf("  schedule %s: %d stage%s over %zu worker%s", pipe->replica(0).schedule().name.c_str(), stages_here,
+              stages_here == 1 ? "" : "s", c.workers.size(), c.workers.size() == 1 ? "" : "s");
   if (c.replicas > 1) {
     std::printf(", %d replicas (gradients summed over %s%s%s):\n%s", c.replicas,
                 pipe->backend().c_str(),

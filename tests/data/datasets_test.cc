@@ -92,6 +92,8 @@ TEST(Datasets, MissingOrDamagedFilesAreClearErrors) {
   auto truncated = LoadIdx(dir, true);
   ASSERT_FALSE(truncated.ok());
   EXPECT_NE(truncated.status().message().find("truncated"), std::string::npos) << truncated.status();
+  EXPECT_NE(truncated.status().message().find(dir + "/train-images-idx3-ubyte holds"), std::string::npos)
+      << truncated.status();  // (the file, with its directory)
   Write(dir + "/train-images-idx3-ubyte", labels, false);  // a label file where images belong
   auto magic = LoadIdx(dir, true);
   ASSERT_FALSE(magic.ok());

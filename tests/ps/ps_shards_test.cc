@@ -229,7 +229,7 @@ TEST(PsShards, MasterProgramWithShardsTrainsLikeOneServer) {
   ASSERT_EQ(one_code, 0) << one_out;
   auto [code, out] = RunPs(shard_args, 4);
   ASSERT_EQ(code, 0) << out;
-  EXPECT_THAT(out, HasSubstr("parameter server: 1 stages"));
+  EXPECT_THAT(out, HasSubstr("parameter server: 1 stage, "));
   EXPECT_THAT(out, HasSubstr("over 2 server processes, 2 workers, synchronous"));
   EXPECT_THAT(out, HasSubstr("worker1: server of shard 0"));
   EXPECT_THAT(out, HasSubstr("worker2: server of shard 1"));

@@ -292,7 +292,7 @@ TEST(Ps, MasterProgramTrainsADatasetLikeOneProcess) {
   }
   auto [code, out] = RunPs(ps_args);
   ASSERT_EQ(code, 0) << out;
-  EXPECT_THAT(out, HasSubstr("parameter server: 1 stages"));
+  EXPECT_THAT(out, HasSubstr("parameter server: 1 stage, "));
   EXPECT_THAT(out, HasSubstr("ps: steps=20 median_step_seconds="));
   EXPECT_THAT(out, HasSubstr("dropped: none; lost: none; live workers: worker1,worker2"));
   // By default each worker reads its share of every batch itself.
