@@ -24,6 +24,7 @@
 #include "shards/resnet.h"
 #include "parallel/process_group.h"
 #include "pipeline/partition.h"
+#include "pipeline/pipeline.h"
 #include "pipeline/schedule.h"
 
 namespace remora::master {
@@ -165,6 +166,15 @@ absl::Status ReadModel(const Flags& f, RunOptions& c) {
       c.sequential = std::make_shared<const pipeline::SequentialModel>(std::move(*model));
     } else if (!c.local) {
       return Bad(std::string(model.status().message()));
+    }
+  }
+  if (c.local) {
+    // (Built here next anyway: a file that is no TorchScript is a bad flag,
+    // as over workers, not a failure after the run began.)
+    for (const pipeline::StageSpec& spec : c.scripts) {
+      if (auto stage = pipeline::BuildStage(spec, c10::Device(c10::kCPU)); !stage.ok()) {
+        return Bad(std::string(stage.status().message()));
+      }
     }
   }
   return absl::OkStatus();

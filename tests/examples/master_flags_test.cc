@@ -165,6 +165,12 @@ TEST(MasterFlags, MissingOrBadFilesAreErrorsNamingThem) {
       {{"--workers", "a,b", "--model", file, "--input-shape", "12", "--split-at", "1,2"},
        "--split-at makes 3 stages for 2 workers"},
   });
+  // A file that is no TorchScript: a bad flag with --local too (as over
+  // workers), not a failure once the run began.
+  const std::string garbage = TempPath("flags_garbage.pt");
+  std::ofstream(garbage) << "not a model";
+  ExpectErrors({{{"--local", "--model", garbage}, "cannot load TorchScript from " + garbage},
+                {{"--workers", "a,b", "--model", garbage}, "cannot load TorchScript from " + garbage}});
 }
 
 TEST(MasterFlags, CheckpointFlagsGoWithOneSplitCountOverWorkers) {
