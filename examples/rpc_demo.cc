@@ -94,8 +94,8 @@ int main(int argc, char** argv) {
   }
   runtime::TuneAllocator();
   auto names = launch::SplitList(workers);
-  if (names.size() != 2) {
-    std::cerr << "rpc_demo: --workers wants exactly two names, e.g. worker1,worker2\n";
+  if (names.size() != 2 || names[0] == names[1]) {
+    std::cerr << "rpc_demo: --workers wants exactly two distinct names, e.g. worker1,worker2\n";
     return 2;
   }
   Registry registry;

@@ -360,7 +360,10 @@ int Main(int argc, char** argv) {
   Registry registry;
   if (auto s = examples::RegisterDemoWorker(registry); !s.ok()) return fail(s);
   auto group = StartGroup(c, *names, security_files, *security, &registry);
-  if (!group.ok()) return fail(group.status());
+  if (!group.ok()) {  // (not a bad flag: the workers did not come, or could not start)
+    std::cerr << "soak: " << group.status().message() << "\n";
+    return 1;
+  }
   Agent& agent = *group->master;
   auto die = [&](const absl::Status& s) {
     std::cerr << "soak: " << s.message() << "\n";
