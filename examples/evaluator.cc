@@ -164,7 +164,9 @@ int Follow(const Options& o, const data::Source& test, int64_t rows) {
   while (!g_stop) {
     auto ck = checkpoint::Latest(o.dir);
     for (const std::string& skipped : ck.ok() ? ck->passed_over : std::vector<std::string>{}) {
-      if (passed_over.insert(skipped).second) std::printf("evaluator: warning: skipping %s\n", skipped.c_str());
+      if (passed_over.insert(skipped).second) {
+        std::printf("evaluator: warning: a newer checkpoint cannot be read (%s); skipped\n", skipped.c_str());
+      }
     }
     const bool again = ck.ok() && ck->dir == done;
     if (ck.ok() && (!again || ck->manifest.final)) {

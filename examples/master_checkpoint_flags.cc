@@ -123,7 +123,8 @@ absl::Status CheckCheckpoints(CommandLine& line, const std::set<std::string>& gi
     if (c.checkpoint_dir.empty()) c.checkpoint_dir = ".";
   }
   for (const std::string& skipped : ck->passed_over) {
-    const std::string warning = absl::StrCat("master: warning: skipping ", skipped, "; going on from ", ck->dir);
+    const std::string warning =
+        absl::StrCat("master: warning: a newer checkpoint cannot be read (", skipped, "); going on from ", ck->dir);
     line.note = line.note.empty() ? warning : absl::StrCat(line.note, "\n", warning);
   }
   line.checkpoints.resume = std::move(*ck);

@@ -68,7 +68,10 @@ absl::StatusOr<checkpoint::Checkpoint> Elastic::Recover(const absl::Status& fail
                                           options_.checkpoint_dir, " to go on from yet (",
                                           latest.status().message(), "); giving up"));
   }
-  for (const std::string& skipped : latest->passed_over) out << "elastic: warning: skipping " << skipped << "\n";
+  for (const std::string& skipped : latest->passed_over) {
+    out << "elastic: warning: a newer checkpoint cannot be read (" << skipped << "); going on from " << latest->dir
+        << "\n";
+  }
   ++restarts_;
   const int64_t restored = latest->state().step;
   out << absl::StrFormat("elastic: lost %s after step %d (%s)\n", names, last_step_, failure.message())
