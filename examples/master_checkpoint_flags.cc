@@ -2,7 +2,6 @@
 
 #include <filesystem>
 #include <system_error>
-#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -51,11 +50,8 @@ absl::Status CheckCheckpointDirIsOurs(const RunOptions& c, bool derived) {
 // The checkpoint flags, and with --resume the checkpoint itself.
 absl::Status CheckCheckpoints(CommandLine& line, const std::set<std::string>& given) {
   RunOptions& c = line.config;
-  for (const auto& [flag, value, least] : {std::make_tuple("checkpoint-every", int64_t{c.checkpoint_every}, 0),
-                                           std::make_tuple("train-rows", int64_t{c.train_rows}, 0),
-                                           std::make_tuple("keep", int64_t{c.keep}, 1)}) {
-    if (value < least) return Bad(absl::StrCat("--", flag, " must be >= ", least, "; got ", value));
-  }
+  RETURN_IF_ERROR(launch::CheckAtLeast(
+      {{"checkpoint-every", c.checkpoint_every, 0}, {"train-rows", c.train_rows, 0}, {"keep", c.keep, 1}}));
   // (A trailing '/' names the same directory; its parent is where a
   // resumed run saves.)
   for (std::string* path : {&c.resume, &c.checkpoint_dir}) {

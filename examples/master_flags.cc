@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <memory>
 #include <thread>
-#include <tuple>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -57,12 +56,10 @@ absl::Status CheckValues(const Flags& f, const RunOptions& c) {
   if (c.optimizer != "sgd" && c.optimizer != "adam") return Bad("--optimizer must be sgd or adam");
   if (c.epochs < 1) return Bad("--epochs must be >= 1");
   if (c.momentum < 0 || c.momentum >= 1) return Bad("--momentum must be in [0, 1)");
-  for (const auto& [flag, value] : {std::pair<const char*, int64_t>{"batches", c.batches},
-                                     {"batch-size", c.batch_size},
-                                     {"threads", c.threads},
-                                     {"connect-timeout", c.connect_timeout}}) {
-    if (value < 1) return Bad(absl::StrCat("--", flag, " must be >= 1; got ", value));
-  }
+  RETURN_IF_ERROR(launch::CheckAtLeast({{"batches", c.batches, 1},
+                                        {"batch-size", c.batch_size, 1},
+                                        {"threads", c.threads, 1},
+                                        {"connect-timeout", c.connect_timeout, 1}}));
   if (c.image_size < 16 || c.image_size > 1024) return Bad("--image-size must be in [16, 1024]");
   if (c.threads > launch::kMaxThreads) {
     return Bad(absl::StrCat("--threads must be at most ", launch::kMaxThreads, "; got ", c.threads));
