@@ -133,27 +133,39 @@ TEST(Ps, AKilledWorkerFailsTheStepNamingIt) {
   workers.master().Shutdown(/*graceful=*/false).IgnoreError();
 }
 
+// After a step over w1, w2 and w3 (backup workers), SIGKILLs w3 and trains
+// on over w1 and w2 until a step reports a worker lost: w3's call fails
+// when its connection attempt does, and the step that sees it reports it
+// (the first, unless w1 and w2 answer before it fails). Returns that
+// step's lost workers (none after 200 steps).
+std::vector<std::string> TrainUntilW3IsLost(TestWorkers& workers, ps::ParameterServer& server,
+                                            const std::pair<at::Tensor, at::Tensor>& batch) {
+  if (auto first = server.train_step(batch.first, batch.second); !first.ok()) {
+    ADD_FAILURE() << first.status();
+    return {};
+  }
+  workers.worker(2).Signal(SIGKILL);
+  EXPECT_TRUE(workers.worker(2).Wait(absl::Seconds(10)).ok());
+  for (int s = 0; s < 200; ++s) {
+    auto r = server.train_step(batch.first, batch.second);
+    if (!r.ok()) {
+      ADD_FAILURE() << r.status();
+      return {};
+    }
+    EXPECT_THAT(r->used, ElementsAre("w1", "w2"));
+    if (!r->lost.empty()) return r->lost;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return {};
+}
+
 TEST(Ps, WithBackupWorkersALostWorkerIsDroppedUntilTooFewAreLeft) {
   TestWorkers workers(3);
   workers.ExpectUncleanShutdown();  // w3 and w2 are killed
   auto server = ps::ParameterServer::Create(workers.master(), MlpServer({"w1", "w2", "w3"}, 1));
   ASSERT_TRUE(server.ok()) << server.status();
   const auto data = test_support::RandomBatches(1, 12, 8, 4);
-  ASSERT_TRUE((*server)->train_step(data[0].first, data[0].second).ok());
-  workers.worker(2).Signal(SIGKILL);
-  ASSERT_TRUE(workers.worker(2).Wait(absl::Seconds(10)).ok());
-  // Training goes on over w1 and w2; w3's call fails when its connection
-  // attempt does, and the step that sees it reports it (the first, unless
-  // w1 and w2 answer before it fails).
-  std::vector<std::string> lost;
-  for (int s = 0; s < 200 && lost.empty(); ++s) {
-    auto r = (*server)->train_step(data[0].first, data[0].second);
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_THAT(r->used, ElementsAre("w1", "w2"));
-    lost = r->lost;
-    if (lost.empty()) absl::SleepFor(absl::Milliseconds(50));
-  }
-  EXPECT_THAT(lost, ElementsAre("w3"));
+  EXPECT_THAT(TrainUntilW3IsLost(workers, **server, data[0]), ElementsAre("w3"));
   auto next = (*server)->train_step(data[0].first, data[0].second);
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(next->rows, 12);  // w1 and w2 share the batch
@@ -179,17 +191,7 @@ TEST(Ps, ALostWorkerIsLeftOutOfTheGracefulShutdown) {
   auto server = ps::ParameterServer::Create(workers.master(), MlpServer({"w1", "w2", "w3"}, 1));
   ASSERT_TRUE(server.ok()) << server.status();
   const auto data = test_support::RandomBatches(1, 12, 8, 4);
-  ASSERT_TRUE((*server)->train_step(data[0].first, data[0].second).ok());
-  workers.worker(2).Signal(SIGKILL);
-  ASSERT_TRUE(workers.worker(2).Wait(absl::Seconds(10)).ok());
-  std::vector<std::string> lost;
-  for (int s = 0; s < 200 && lost.empty(); ++s) {
-    auto r = (*server)->train_step(data[0].first, data[0].second);
-    ASSERT_TRUE(r.ok()) << r.status();
-    lost = r->lost;
-    if (lost.empty()) absl::SleepFor(absl::Milliseconds(50));
-  }
-  EXPECT_THAT(lost, ElementsAre("w3"));
+  EXPECT_THAT(TrainUntilW3IsLost(workers, **server, data[0]), ElementsAre("w3"));
   EXPECT_TRUE(workers.master().IsLost("w3"));
   EXPECT_FALSE(workers.master().IsLost("w2"));
   server->reset();
