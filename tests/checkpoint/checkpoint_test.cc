@@ -539,11 +539,7 @@ TEST(CheckpointJob, AJobKilledMidEpochResumesAndEndsEqualToAnUninterruptedOne) {
                                  {"--checkpoint-dir", broken, "--checkpoint-every", "3", "--resume", "auto"}),
                       log)
                       .value();
-    const auto deadline = absl::Now() + absl::Seconds(120);
-    while (ReadFile(log).value_or("").find("checkpoint: step 6 ") == std::string::npos && master->running() &&
-           absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(2));
-    }
+    AwaitOutput(*master, log, "checkpoint: step 6 ", absl::Seconds(120));
     workers[1]->Signal(SIGKILL);
     const int code = master->Wait(absl::Seconds(60)).value_or(-1);
     const std::string out = ReadFile(log).value_or("");

@@ -263,11 +263,7 @@ TEST(ImageFolderMaster, ACnnLearnsTheClassesInEveryModeAndAResumedRunEndsAsOneTh
     auto workers = test_support::StartWorkers({"w1", "w2"}, addr, "imagefolder_broken");
     const std::string log = TempPath("imagefolder_broken_master.log");
     auto job = launch::Subprocess::Spawn(master("w1,w2", addr, broken), log).value();
-    const auto deadline = absl::Now() + absl::Seconds(60);
-    while (ReadFile(log).find("checkpoint: step 8 ") == std::string::npos && job->running() &&
-           absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(2));
-    }
+    AwaitOutput(*job, log, "checkpoint: step 8 ", absl::Seconds(60));
     workers[1]->Signal(SIGKILL);
     ASSERT_NE(job->Wait(absl::Seconds(60)).value_or(-1), 0) << "the run ended before w2 was killed:\n"
                                                             << ReadFile(log);

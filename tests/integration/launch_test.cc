@@ -106,10 +106,7 @@ TEST(Master, ASignalEndsTheGroupAndTheWorkersExitAtOnce) {
                                         "1000", "--batch-size", "8", "--image-size", "32", "--splits", "2"},
                                        log)
                     .value();
-  const absl::Time deadline = absl::Now() + absl::Seconds(120);
-  while (ReadFile(log).find("batch=2 ") == std::string::npos && master->running() && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  AwaitOutput(*master, log, "batch=2 ", absl::Seconds(120), absl::Milliseconds(20));
   ASSERT_TRUE(master->running()) << ReadFile(log);
   // Twice, as a terminal's Ctrl-C reaches the master and its
   // remora-launch, which passes it on: one request, which the master
@@ -141,10 +138,7 @@ TEST(Master, ALocalRunStoppedByASignalSaysSoAndEndsByIt) {
                                            "32", "--splits", "1", "--threads", "1"},
                                           log)
                     .value();
-  const absl::Time deadline = absl::Now() + absl::Seconds(120);
-  while (ReadFile(log).find("batch=1 ") == std::string::npos && master->running() && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  AwaitOutput(*master, log, "batch=1 ", absl::Seconds(120), absl::Milliseconds(20));
   ASSERT_TRUE(master->running()) << ReadFile(log);
   master->Signal(SIGINT);
   EXPECT_EQ(master->Wait(absl::Seconds(30)).value_or(-1), 130) << ReadFile(log);
@@ -167,11 +161,7 @@ TEST(Master, ASignalBeforeTheGroupFormedEndsTheJoinedWorkersAsStopped) {
                                           log)
                     .value();
   // (The master says who it still waits for every 10 s.)
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (ReadFile(log).find("1 of 2 registered") == std::string::npos && master->running() &&
-         absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  AwaitOutput(*master, log, "1 of 2 registered", absl::Seconds(60), absl::Milliseconds(50));
   ASSERT_TRUE(master->running()) << ReadFile(log);
   master->Signal(SIGTERM);
   EXPECT_EQ(master->Wait(absl::Seconds(30)).value_or(-1), 143) << ReadFile(log);

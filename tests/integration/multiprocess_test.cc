@@ -529,10 +529,7 @@ TEST(Security, EveryPortOfAJobWithATokenRefusesACallWithoutIt) {
                                      "--threads", "1"};
     if (replicas) argv.insert(argv.end(), {"--replicas", "2", "--insecure-collectives"});
     auto master = launch::Subprocess::Spawn(argv, log).value();
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    while (ReadFile(log).find("epoch=1 ") == std::string::npos && master->running() && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(5));
-    }
+    AwaitOutput(*master, log, "epoch=1 ", absl::Seconds(60), absl::Milliseconds(5));
     ASSERT_TRUE(master->running()) << ReadFile(log);
     EXPECT_EQ(ListeningPorts(master->pid()), std::set<int>{port}) << "the master listens on its agent's port alone";
     std::set<int> ports = {port};

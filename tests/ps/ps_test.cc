@@ -367,10 +367,7 @@ TEST(Ps, MasterProgramGoesOnWithoutAKilledWorkerToTheEnd) {
                                            "--data-on", on, "--report", report}),
                       log)
                       .value();
-    const absl::Time deadline = absl::Now() + absl::Seconds(120);
-    while (ReadFile(log).find("ps step=3 ") == std::string::npos && master->running() && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(2));
-    }
+    AwaitOutput(*master, log, "ps step=3 ", absl::Seconds(120));
     programs.workers[2]->Signal(SIGKILL);
     const absl::Time killed = absl::Now();
     const absl::StatusOr<int> code = master->Wait(absl::Seconds(180));

@@ -137,6 +137,16 @@ inline std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
+// Waits until `log`, where `program` writes, holds `text`, the program
+// has ended, or `timeout` has passed, reading it every `poll`.
+inline void AwaitOutput(launch::Subprocess& program, const std::string& log, const std::string& text,
+                        absl::Duration timeout, absl::Duration poll = absl::Milliseconds(2)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (ReadFile(log).find(text) == std::string::npos && program.running() && absl::Now() < deadline) {
+    absl::SleepFor(poll);
+  }
+}
+
 // The folder of the running test program, where the build also puts the
 // programs the tests start (bin/). Found at run time, not passed as a
 // compile definition: a path in one differs from clone to clone and would
