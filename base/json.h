@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <string_view>
 
@@ -39,6 +40,35 @@ inline std::string JsonQuoted(std::string_view s) {
     }
   }
   return out + "\"";
+}
+
+// The text of `key`'s value in `line`, one flat JSON object as the
+// functions above write it: a string with its quotes (still escaped), a
+// number, true, false or null. Empty when `line` has no such key. (A key's
+// name inside a string value has its quotes escaped, so it is not found.)
+inline std::string_view JsonValueText(std::string_view line, std::string_view key) {
+  const std::string pattern = "\"" + std::string(key) + "\": ";
+  const size_t at = line.find(pattern);
+  if (at == std::string_view::npos) return {};
+  const size_t begin = at + pattern.size();
+  size_t end = begin;
+  if (end < line.size() && line[end] == '"') {
+    for (++end; end < line.size() && line[end] != '"'; ++end) {
+      if (line[end] == '\\') ++end;
+    }
+    return end < line.size() ? line.substr(begin, end + 1 - begin) : std::string_view();
+  }
+  while (end < line.size() && line[end] != ',' && line[end] != '}') ++end;
+  return line.substr(begin, end - begin);
+}
+
+// `key`'s number in `line` (see JsonValueText); NaN where it is null, not
+// a number, or not there.
+inline double JsonNumber(std::string_view line, std::string_view key) {
+  const std::string text(JsonValueText(line, key));
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  return !text.empty() && end == text.c_str() + text.size() ? v : std::nan("");
 }
 
 }  // namespace remora

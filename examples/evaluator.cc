@@ -9,7 +9,9 @@
 // the test set, prints a line and appends a JSON line to --output; it
 // exits after the run's final checkpoint, on SIGINT/SIGTERM (after the
 // evaluation under way), after --timeout seconds without a new checkpoint,
-// or with --once after the latest one.
+// or with --once after the latest one. A checkpoint --output holds a score
+// of (on the same test images) is not evaluated again: a restarted
+// evaluator goes on where the last one stopped.
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,8 +23,11 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <set>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <ATen/ops/any.h>
 #include <ATen/ops/arange.h>
@@ -123,24 +128,63 @@ absl::StatusOr<std::unique_ptr<data::Source>> OpenTestSet(const Options& o, data
   return std::unique_ptr<data::Source>(std::make_unique<data::InMemory>(*in_memory));
 }
 
-// A checkpoint's score: a line on the output and a JSON line appended to
-// o.output.
-absl::Status Record(const checkpoint::Checkpoint& ck, const Score& score, const Options& o) {
+// The lines already in o.output (none when it is not there yet).
+std::vector<std::string> ReadRecorded(const Options& o) {
+  std::vector<std::string> lines;
+  std::ifstream in(o.output);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// The identity of a checkpoint's score in o.output: the checkpoint (its
+// step, its manifest's time, final or not) and the test images.
+std::vector<std::pair<std::string, std::string>> ScoreKey(const checkpoint::Checkpoint& ck, const Options& o,
+                                                          int64_t rows) {
   const auto& m = ck.manifest;
-  std::printf("step=%lld epoch=%d test_accuracy=%.4f test_top5=%.4f test_loss=%.4f%s\n",
+  return {{"step", absl::StrCat(m.step)},
+          {"created", JsonQuoted(m.created)},
+          {"final", m.final ? "true" : "false"},
+          {"dataset", JsonQuoted(o.dataset)},
+          {"test_images", absl::StrCat(rows)}};
+}
+
+// The score `recorded` (o.output's lines) holds for `ck` already: a
+// restarted evaluator, or --once, does not append it twice.
+std::optional<Score> FindRecorded(const std::vector<std::string>& recorded, const checkpoint::Checkpoint& ck,
+                                  const Options& o, int64_t rows) {
+  const auto key = ScoreKey(ck, o, rows);
+  for (const std::string& line : recorded) {
+    if (std::all_of(key.begin(), key.end(), [&](const auto& kv) { return JsonValueText(line, kv.first) == kv.second; })) {
+      return Score{JsonNumber(line, "test_accuracy"), JsonNumber(line, "test_loss"), JsonNumber(line, "test_top5")};
+    }
+  }
+  return std::nullopt;
+}
+
+// A checkpoint's score: a line on the output and, unless `recorded` holds
+// it already, a JSON line appended to o.output (and to `recorded`).
+absl::Status Record(const checkpoint::Checkpoint& ck, const Score& score, const Options& o, int64_t rows,
+                    std::vector<std::string>* recorded) {
+  const auto& m = ck.manifest;
+  const bool known = FindRecorded(*recorded, ck, o, rows).has_value();
+  std::printf("step=%lld epoch=%d test_accuracy=%.4f test_top5=%.4f test_loss=%.4f%s%s\n",
               static_cast<long long>(m.step), m.epoch, score.accuracy, score.top5, score.loss,
-              m.final ? " (final)" : "");
+              m.final ? " (final)" : "", known ? absl::StrCat(" (in ", o.output, " already)").c_str() : "");
   std::fflush(stdout);
-  std::ofstream out(o.output, std::ios::app);
+  if (known) return absl::OkStatus();
   // (A loss that is not finite, a model that diverged, is null: JSON has
   // no NaN.)
-  out << absl::StrFormat(
-             "{\"step\": %d, \"epoch\": %d, \"batch\": %d, \"test_accuracy\": %s, \"test_top5\": %s, "
-             "\"test_loss\": %s, \"final\": %s, \"checkpoint\": %s, \"created\": %s}\n",
-             m.step, m.epoch, m.batch, JsonFixed(6, score.accuracy), JsonFixed(6, score.top5),
-             JsonFixed(6, score.loss), m.final ? "true" : "false", JsonQuoted(ck.dir), JsonQuoted(m.created))
-      << std::flush;
-  return out ? absl::OkStatus() : absl::InternalError("cannot append to " + o.output);
+  std::string line = absl::StrFormat(
+      "{\"step\": %d, \"epoch\": %d, \"batch\": %d, \"test_accuracy\": %s, \"test_top5\": %s, "
+      "\"test_loss\": %s, \"final\": %s, \"checkpoint\": %s, \"created\": %s, \"dataset\": %s, "
+      "\"test_images\": %d}",
+      m.step, m.epoch, m.batch, JsonFixed(6, score.accuracy), JsonFixed(6, score.top5), JsonFixed(6, score.loss),
+      m.final ? "true" : "false", JsonQuoted(ck.dir), JsonQuoted(m.created), JsonQuoted(o.dataset), rows);
+  std::ofstream out(o.output, std::ios::app);
+  out << line << "\n" << std::flush;
+  if (!out) return absl::InternalError("cannot append to " + o.output);
+  recorded->push_back(std::move(line));
+  return absl::OkStatus();
 }
 
 // Follows o.dir: evaluates each new checkpoint on the first `rows` of
@@ -161,6 +205,7 @@ int Follow(const Options& o, const data::Source& test, int64_t rows) {
   auto last_new = std::chrono::steady_clock::now();
   bool warned = false;
   std::set<std::string> passed_over;  // newer checkpoints that could not be read, said once
+  std::vector<std::string> recorded = ReadRecorded(o);
   while (!g_stop) {
     auto ck = checkpoint::Latest(o.dir);
     for (const std::string& skipped : ck.ok() ? ck->passed_over : std::vector<std::string>{}) {
@@ -170,12 +215,17 @@ int Follow(const Options& o, const data::Source& test, int64_t rows) {
     }
     const bool again = ck.ok() && ck->dir == done;
     if (ck.ok() && (!again || ck->manifest.final)) {
-      auto model = again ? absl::StatusOr<std::vector<std::unique_ptr<pipeline::StageModule>>>()
-                         : checkpoint::LoadModel(*ck, c10::kCPU);
-      auto score = again ? absl::StatusOr<Score>(done_score)
-                         : model.ok() ? Evaluate(*model, test, rows, o.batch_size)
-                                    : absl::StatusOr<Score>(model.status());
-      if (!again && model.ok() && !score.ok()) {
+      // Scored before (by this evaluator, or by one that ran before it):
+      // not loaded and evaluated again.
+      const std::optional<Score> known = again ? std::nullopt : FindRecorded(recorded, *ck, o, rows);
+      const bool skip = again || known.has_value();
+      auto model = skip ? absl::StatusOr<std::vector<std::unique_ptr<pipeline::StageModule>>>()
+                        : checkpoint::LoadModel(*ck, c10::kCPU);
+      auto score = again   ? absl::StatusOr<Score>(done_score)
+                   : known ? absl::StatusOr<Score>(*known)
+                   : model.ok() ? Evaluate(*model, test, rows, o.batch_size)
+                                : absl::StatusOr<Score>(model.status());
+      if (!skip && model.ok() && !score.ok()) {
         score = Annotate(score.status(), absl::StrCat("the model of ", ck->dir, " on ", o.dataset, "'s test images (",
                                                       "is --dataset the training's, and --image-size?)"));
       }
@@ -183,7 +233,7 @@ int Follow(const Options& o, const data::Source& test, int64_t rows) {
         if (once || std::filesystem::exists(ck->manifest_path)) return fail(std::string(score.status().message()), 1);
         // Pruned while it was read (--keep): a newer one is there.
       } else {
-        if (auto s = Record(*ck, *score, o); !s.ok()) return fail(std::string(s.message()), 1);
+        if (auto s = Record(*ck, *score, o, rows, &recorded); !s.ok()) return fail(std::string(s.message()), 1);
         done = ck->dir;
         done_score = *score;
         last_new = std::chrono::steady_clock::now();

@@ -453,5 +453,23 @@ TEST(Report, NumbersThatAreNotFiniteAreNullAndStringsAreEscaped) {
   EXPECT_EQ(JsonQuoted("a\"b\\c\nd\x01"), "\"a\\\"b\\\\c\\nd\\u0001\"");
 }
 
+// The evaluator reads its own lines back: each key's value as written; a
+// key's name inside a string is not a key.
+TEST(Report, AWrittenLinesValuesReadBack) {
+  const std::string line = absl::StrCat("{\"step\": 12, \"test_loss\": ", JsonFixed(6, std::nan("")),
+                                        ", \"checkpoint\": ", JsonQuoted("a\", \"step\": 3, \"x\\"),
+                                        ", \"test_accuracy\": 0.812500, \"final\": true}");
+  EXPECT_EQ(JsonValueText(line, "step"), "12");
+  EXPECT_EQ(JsonValueText(line, "checkpoint"), JsonQuoted("a\", \"step\": 3, \"x\\"));
+  EXPECT_EQ(JsonValueText(line, "final"), "true");
+  EXPECT_EQ(JsonValueText(line, "x"), "");
+  EXPECT_EQ(JsonValueText(line, "created"), "");
+  EXPECT_EQ(JsonNumber(line, "test_accuracy"), 0.8125);
+  EXPECT_TRUE(std::isnan(JsonNumber(line, "test_loss")));
+  EXPECT_TRUE(std::isnan(JsonNumber(line, "final")));
+  EXPECT_TRUE(std::isnan(JsonNumber(line, "created")));
+  EXPECT_EQ(JsonValueText("{\"cut\": \"no end", "cut"), "");
+}
+
 }  // namespace
 }  // namespace remora::train
