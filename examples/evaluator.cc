@@ -39,6 +39,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/json.h"
+#include "base/numbers.h"
 #include "base/status_util.h"
 #include "checkpoint/checkpoint.h"
 #include "data/datasets.h"
@@ -92,7 +93,7 @@ absl::StatusOr<Score> Evaluate(std::vector<std::unique_ptr<pipeline::StageModule
     return StatusFromCurrentException("evaluating the model");
   }
   if (right.rows == 0) return absl::InvalidArgumentError("evaluating the model: no test image could be read");
-  return Score{right.accuracy(), loss_sum / right.rows, right.top5_accuracy()};
+  return Score{right.accuracy(), UnsignedNan(loss_sum / right.rows), right.top5_accuracy()};
 }
 
 // The flags.

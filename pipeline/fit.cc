@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/numbers.h"
 #include "base/status_util.h"
 
 namespace remora::pipeline {
@@ -296,6 +297,7 @@ class Loop {
       DropStarted();
       return Annotate(loss.status(), absl::StrCat("epoch ", e, ", batch ", b + 1, " of ", batches_.size()));
     }
+    *loss = UnsignedNan(*loss);
     if (!std::isfinite(*loss) && !said_not_finite_) {
       said_not_finite_ = true;  // (once: every later loss is likely the same)
       out_ << "fit: warning: the loss is " << *loss << " at epoch " << e << ", batch " << b + 1

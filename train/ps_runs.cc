@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/numbers.h"
 #include "base/status_util.h"
 #include "checkpoint/checkpoint.h"
 #include "shards/cnn.h"
@@ -57,7 +58,7 @@ void PrintStep(const ps::StepReport& r, double seconds) {
               "pull_bytes=%lld push_bytes=%lld%s\n",
               static_cast<long long>(r.step), list(r.used).c_str(), list(r.dropped).c_str(),
               list(r.lost).c_str(), static_cast<long long>(r.rows), static_cast<long long>(r.batch_rows),
-              r.loss, seconds, static_cast<long long>(r.pull_bytes), static_cast<long long>(r.push_bytes),
+              UnsignedNan(r.loss), seconds, static_cast<long long>(r.pull_bytes), static_cast<long long>(r.push_bytes),
               r.rounds > 1 ? absl::StrCat(" rounds=", r.rounds).c_str() : "");
   std::fflush(stdout);
 }

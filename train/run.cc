@@ -34,6 +34,12 @@ std::string MicroBatches(int count, int rows, bool about) {
                       rows, rows == 1 ? " image" : " images");
 }
 
+// The rows of a batch: --batch-size, or all the training images where
+// --dataset has fewer (each epoch is then one smaller batch).
+int64_t BatchRows(const RunOptions& c, const Sets& sets) {
+  return sets.train == nullptr ? c.batch_size : std::min<int64_t>(c.batch_size, sets.train->size());
+}
+
 // --dataset's sets, loaded (or, for an image folder, listed) and
 // described (empty sets without --dataset).
 absl::StatusOr<std::unique_ptr<Sets>> LoadSets(const RunOptions& c) {
@@ -83,8 +89,9 @@ void PrintRun(const Run& run, const RunOptions& c) {
 absl::StatusOr<std::vector<Run>> TrainHere(const RunOptions& c, const Sets& sets) {
   std::vector<Run> runs;
   for (int s : c.splits) {
-    std::printf("local: splits=%d (%s), %d threads\n", s, MicroBatches(s, c.batch_size / s, false).c_str(),
-                c.threads);
+    const int64_t rows = BatchRows(c, sets);
+    std::printf("local: splits=%d (%s), %d threads\n", s,
+                MicroBatches(s, static_cast<int>(rows / s), rows % s != 0).c_str(), c.threads);
     auto run = c.dataset.empty() ? TrainLocal(c, s) : FitLocal(c, s, *sets.train, *sets.test);
     if (!run.ok()) return run.status();
     PrintRun(*run, c);
@@ -187,15 +194,17 @@ absl::StatusOr<std::vector<Run>> TrainOverWorkers(Agent& agent, RunPlan& line, c
   for (size_t i = 0; i < c.splits.size(); ++i) {
     const int s = c.splits[i];
     const bool last = i + 1 == c.splits.size();
-    const int rows = c.batch_size / (s * c.replicas);
+    const int64_t batch = BatchRows(c, sets);
+    const int rows = static_cast<int>(batch / (s * c.replicas));
+    const bool about = batch % (s * c.replicas) != 0;
     if (c.replicas > 1) {
       const size_t p = c.workers.size(), k = stages->size();
       std::printf("pipeline: splits=%d (%s per replica) over %zu workers: %d replicas of %zu %s, %zu %s each\n",
-                  s, MicroBatches(s, rows, true).c_str(), c.all_workers.size(), c.replicas, p,
+                  s, MicroBatches(s, rows, about).c_str(), c.all_workers.size(), c.replicas, p,
                   p == 1 ? "worker" : "workers", k, k == 1 ? "stage" : "stages");
     } else {
       std::printf("pipeline: splits=%d (%s) over %zu workers, %zu stages\n", s,
-                  MicroBatches(s, rows, true).c_str(), c.workers.size(), stages->size());
+                  MicroBatches(s, rows, about).c_str(), c.workers.size(), stages->size());
     }
     if (rows < kOneDnnRows && c.model.empty() && !TrainsSmallCnn(c)) {  // ResNet50's note
       std::printf("  note: micro-batches under %d rows: on a one-thread CPU worker, LibTorch's "

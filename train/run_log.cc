@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/numbers.h"
 #include "train/runs.h"
 
 namespace remora::train::runs {
@@ -18,6 +19,7 @@ absl::StatusOr<std::shared_ptr<train::RunLog>> OpenRunLog(const RunOptions& c, i
 }
 
 void RecordBatch(Run& run, int b, double loss, double seconds, int64_t rows) {
+  loss = UnsignedNan(loss);
   // (Said where the losses turn not finite: once for a run that diverged.)
   const bool first_not_finite = !std::isfinite(loss) && (run.losses.empty() || std::isfinite(run.losses.back()));
   run.AddBatch(b, loss, seconds, rows);

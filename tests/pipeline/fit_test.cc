@@ -109,6 +109,13 @@ TEST(Fit, SaysWhatItLeavesOutAndALossThatIsNotFinite) {
             std::string::npos)
       << r.out.str();
   EXPECT_EQ(r.out.str().find("batch 2: the training diverged"), std::string::npos) << "said once";
+  // The NaN a diverged run computes has its sign bit set: not written.
+  Recorder negative;
+  negative.loss = -std::nan("");
+  ASSERT_TRUE(negative.Run().ok());
+  EXPECT_NE(negative.out.str().find("the loss is nan at epoch 1"), std::string::npos) << negative.out.str();
+  EXPECT_NE(negative.out.str().find("epoch=1 train_loss=nan "), std::string::npos) << negative.out.str();
+  EXPECT_EQ(negative.out.str().find("-nan"), std::string::npos) << negative.out.str();
   Recorder at_end;
   at_end.options.start = FitPosition{1, 5, 5.0, 10, 5};
   auto none = at_end.Run();

@@ -357,6 +357,7 @@ TEST(Master, DatasetEpochsReportTestAccuracyAndMatchLocalTraining) {
   ASSERT_EQ(local_code, 0) << local_out;
   EXPECT_THAT(local_out, HasSubstr("320 training and 100 test images"));
   EXPECT_THAT(local_out, HasSubstr("epoch=2 train_loss="));
+  EXPECT_THAT(local_out, HasSubstr("local: splits=2 (2 micro-batches of 16 images)"));
   auto local = ReportEpochs(ReadFile(local_report));
   ASSERT_EQ(local.size(), 2u);
   EXPECT_LT(local[1].first, local[0].first);
@@ -366,6 +367,7 @@ TEST(Master, DatasetEpochsReportTestAccuracyAndMatchLocalTraining) {
   for (const std::string& a : {std::string("--report"), report}) pipeline_args.push_back(a);
   auto [code, out] = RunPipeline(2, pipeline_args);
   ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("pipeline: splits=2 (2 micro-batches of 16 images) over 2 workers"));
   EXPECT_THAT(out, HasSubstr("schedule 1f1b: 2 stages over 2 workers"));
   EXPECT_THAT(out, HasSubstr("data: read on worker1 (the master sends row numbers)"));
   auto piped = ReportEpochs(ReadFile(report));
@@ -392,6 +394,9 @@ TEST(Master, DatasetEpochsReportTestAccuracyAndMatchLocalTraining) {
       auto [rc, text] = RunPipeline(2, a);
       ASSERT_EQ(rc, 0) << text;
       EXPECT_THAT(text, HasSubstr(on_master ? "data: read on the master" : "data: read on worker1"));
+      if (!mode.empty()) {
+        EXPECT_THAT(text, HasSubstr("(1 micro-batch of 16 images per replica)"));
+      }
       by[on_master] = ReportEpochs(ReadFile(r));
       ASSERT_EQ(by[on_master].size(), 2u) << text;
     }
@@ -400,6 +405,12 @@ TEST(Master, DatasetEpochsReportTestAccuracyAndMatchLocalTraining) {
       EXPECT_EQ(by[0][e].second, by[1][e].second) << absl::StrJoin(mode, " ") << " epoch " << e + 1;
     }
   }
+  // Fewer training images than --batch-size: the header counts the batch
+  // that is trained, not --batch-size.
+  auto [few_code, few_out] = RunProgram({kBin + "/master", "--local", "--threads", "1", "--dataset", "idx:" + dir,
+                                         "--train-rows", "10", "--batch-size", "64", "--splits", "4"});
+  EXPECT_EQ(few_code, 0) << few_out;
+  EXPECT_THAT(few_out, HasSubstr("local: splits=4 (4 micro-batches of ~2 images)")) << few_out;
   // A dataset that is not there is a clear error before the master listens (a bad flag value: 2).
   for (const auto& [dataset, says] : {std::array<std::string, 2>{"idx:" + TempPath("none"), "none does not exist"},
                                       {"cifar10:/dev/null", "cifar10:/dev/null: /dev/null is not a directory"}}) {
