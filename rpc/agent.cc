@@ -102,9 +102,8 @@ absl::Status CannotListen(const AgentOptions& options) {
   return absl::UnavailableError(absl::StrCat(
       "'", options.name, "' cannot listen on ", options.listen_address,
       options.tls.enabled()
-          ? ": the address is invalid, the port is in use, or the TLS certificate and key "
-            "are unusable (a key that does not match the certificate; gRPC's log above "
-            "says which); check --listen, --tls-cert and --tls-key"
+          ? ": the address is invalid, the port is in use, or gRPC cannot use the TLS certificate "
+            "and key (its log above says why); check --listen, --tls-cert and --tls-key"
           : ": the address is invalid or the port is in use; pick another with --listen"));
 }
 

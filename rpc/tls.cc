@@ -1,6 +1,15 @@
 #include "rpc/tls_credentials.h"
 
+#include <memory>
 #include <string>
+
+#if REMORA_TLS_KEY_CHECK
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#endif
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -17,6 +26,42 @@ bool HasPrivateKey(const std::string& pem) {
   // PKCS#8 ("PRIVATE KEY"), and the traditional "RSA/EC PRIVATE KEY".
   return absl::StrContains(pem, "-----BEGIN ") && absl::StrContains(pem, "PRIVATE KEY-----");
 }
+
+#if REMORA_TLS_KEY_CHECK
+// That the certificate and the key parse, and that the key is the
+// certificate's: else gRPC's server fails to start, and says why only in
+// its own log lines.
+absl::Status CheckKeyMatches(const std::string& cert_pem, const std::string& key_pem) {
+  auto bio = [](const std::string& pem) {
+    return std::unique_ptr<BIO, decltype(&BIO_free)>(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())),
+                                                     &BIO_free);
+  };
+  auto cert_bio = bio(cert_pem), key_bio = bio(key_pem);
+  if (cert_bio == nullptr || key_bio == nullptr) return absl::ResourceExhaustedError("TLS: out of memory");
+  std::unique_ptr<X509, decltype(&X509_free)> cert(PEM_read_bio_X509(cert_bio.get(), nullptr, nullptr, nullptr),
+                                                   &X509_free);
+  // (No passphrase callback: an encrypted key fails to read, not prompts.)
+  static pem_password_cb* const no_passphrase = [](char*, int, int, void*) { return 0; };
+  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(
+      PEM_read_bio_PrivateKey(key_bio.get(), nullptr, no_passphrase, nullptr), &EVP_PKEY_free);
+  const bool matches = cert != nullptr && key != nullptr && X509_check_private_key(cert.get(), key.get()) == 1;
+  ERR_clear_error();  // (this thread's OpenSSL errors: said below)
+  if (cert == nullptr) {
+    return absl::InvalidArgumentError("TLS: the certificate's PEM block cannot be read as an X.509 certificate");
+  }
+  if (key == nullptr) {
+    return absl::InvalidArgumentError(
+        "TLS: the private key cannot be read (remora takes an unencrypted PEM key: is it encrypted with a "
+        "passphrase, or cut short?)");
+  }
+  if (!matches) {
+    return absl::InvalidArgumentError(
+        "TLS: the private key is not the certificate's: give the key the certificate was issued for "
+        "(--tls-key beside its --tls-cert)");
+  }
+  return absl::OkStatus();
+}
+#endif
 
 }  // namespace
 
@@ -49,7 +94,11 @@ absl::Status CheckTlsOptions(const TlsOptions& tls) {
     return absl::InvalidArgumentError(
         "TLS: the CA holds no PEM certificate ('-----BEGIN CERTIFICATE-----')");
   }
+#if REMORA_TLS_KEY_CHECK
+  return CheckKeyMatches(tls.cert_pem, tls.key_pem);
+#else
   return absl::OkStatus();
+#endif
 }
 
 absl::StatusOr<TlsOptions> LoadTlsFiles(const std::string& cert_file, const std::string& key_file,
@@ -87,6 +136,12 @@ absl::StatusOr<TlsOptions> LoadTlsFiles(const std::string& cert_file, const std:
           " (expected '-----BEGIN ", f.label ? f.label : "... PRIVATE KEY", "-----')"));
     }
     *f.out = std::move(*text);
+  }
+  // (The key against its certificate: a bad flag value, said before the
+  // program starts anything.)
+  if (!cert_file.empty()) {
+    RETURN_IF_ERROR(
+        Annotate(CheckTlsOptions(tls), absl::StrCat("--tls-cert ", cert_file, " with --tls-key ", key_file)));
   }
   return tls;
 }

@@ -46,7 +46,8 @@ struct TlsOptions {
 
 // Checks that the options are complete and hold PEM text: a certificate
 // needs its key and the reverse, and a CA needs both (this process serves
-// calls too). OK for plaintext (nothing set).
+// calls too), and, where remora was built with OpenSSL, that the key is
+// the certificate's. OK for plaintext (nothing set).
 absl::Status CheckTlsOptions(const TlsOptions& tls);
 
 // Reads the three PEM files (`ca_file` may be empty: TLS without client
