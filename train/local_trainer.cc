@@ -102,7 +102,7 @@ absl::StatusOr<at::Tensor> LocalTrainer::Eval(const at::Tensor& x) {
 
 pipeline::StartedStep LocalTrainer::StartStep(const at::Tensor& x, const at::Tensor& y) {
   // Trains now: the step is over when this returns.
-  auto loss = std::make_shared<absl::StatusOr<double>>(Train(x, y));
+  auto loss = std::make_shared<absl::StatusOr<double>>(Train(x, y, slices_));
   return pipeline::StartedStep{[loss] { return *loss; }, [] {}, /*ran=*/true};
 }
 

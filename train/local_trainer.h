@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -52,6 +53,8 @@ class LocalTrainer final : public Trainer {
   // One step on (x, y); returns the batch's loss (the micro-batches' losses
   // weighted by their rows).
   absl::StatusOr<double> Train(const at::Tensor& x, const at::Tensor& y, const SliceFn& slices = nullptr);
+  // Where the steps that train::Fit starts (StartStep) spent their time.
+  void set_slices(SliceFn slices) { slices_ = std::move(slices); }
   // The model's outputs for x, in eval mode without gradients (on the CPU).
   absl::StatusOr<at::Tensor> Eval(const at::Tensor& x);
 
@@ -68,6 +71,7 @@ class LocalTrainer final : public Trainer {
   const c10::Device device_;
   std::vector<std::unique_ptr<pipeline::StageModule>> stages_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  SliceFn slices_;
 };
 
 }  // namespace remora::train

@@ -92,7 +92,8 @@ absl::StatusOr<std::vector<Run>> TrainHere(const RunOptions& c, const Sets& sets
     const int64_t rows = BatchRows(c, sets);
     std::printf("local: splits=%d (%s), %d threads\n", s,
                 MicroBatches(s, static_cast<int>(rows / s), rows % s != 0).c_str(), c.threads);
-    auto run = c.dataset.empty() ? TrainLocal(c, s) : FitLocal(c, s, *sets.train, *sets.test);
+    const bool traced = s == c.splits.back() && !(c.trace.empty() && c.timeline.empty());
+    auto run = c.dataset.empty() ? TrainLocal(c, s) : FitLocal(c, s, *sets.train, *sets.test, traced);
     if (!run.ok()) return run.status();
     PrintRun(*run, c);
     runs.push_back(std::move(*run));

@@ -122,6 +122,44 @@ std::vector<pipeline::StageSpec> SmallCnnStages(const RunOptions& c) {
 
 namespace {
 
+// The microseconds of the windows in `paused` that ended by `t`: what a
+// slice starting at `t` is moved back by, so that the timeline leaves them out.
+int64_t PausedBefore(const std::vector<std::pair<int64_t, int64_t>>& paused, int64_t t) {
+  int64_t sum = 0;
+  for (const auto& [p0, p1] : paused) {
+    if (p1 <= t) sum += p1 - p0;
+  }
+  return sum;
+}
+
+// The workers' trace slices since `start` (trace::NowUs), into the run's
+// timeline; the windows in `paused` (--compare-local's local batches) are
+// left out of it. Stops the workers' tracing.
+absl::Status CollectSlices(Agent& agent, const std::vector<std::string>& workers, int64_t start,
+                           const std::vector<std::pair<int64_t, int64_t>>& paused, Run& run) {
+  for (size_t w = 0; w < workers.size(); ++w) {
+    auto slices = agent.rpc_sync(workers[w], "trace_collect");
+    agent.rpc_sync(workers[w], "trace_enable", {false}).IgnoreError();
+    if (!slices.ok()) return slices.status();
+    for (const c10::IValue& s : slices->toListRef()) {
+      const c10::ArrayRef<c10::IValue> t = s.toTupleRef().elements().asArrayRef();
+      const int64_t skipped = PausedBefore(paused, t[2].toInt());
+      run.slices.push_back({static_cast<int>(w), t[0].toStringRef(), t[1].toInt(), t[2].toInt() - start - skipped,
+                            t[3].toInt() - start - skipped, t.size() > 4 ? t[4].toStringRef() : std::string()});
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Turns the workers' trace recorders on (`traced`) or off, their older
+// slices dropped.
+void EnableTracing(Agent& agent, const std::vector<std::string>& workers, bool traced) {
+  for (const auto& w : workers) {
+    agent.rpc_sync(w, "trace_enable", {traced}).IgnoreError();
+    agent.rpc_sync(w, "trace_collect").IgnoreError();  // drop older slices
+  }
+}
+
 // The run's pipeline over the workers (stage k on worker k mod n), with
 // --replicas R copies of it, its schedule and placement printed.
 absl::StatusOr<std::unique_ptr<train::PipelineTrainer>> CreatePipeline(
@@ -221,9 +259,15 @@ train::TrainOptions TrainOptionsOf(const RunOptions& c, int splits, int64_t part
   return o;
 }
 
-absl::StatusOr<Run> FitLocal(const RunOptions& c, int splits, const data::Source& train, const data::Source& test) {
+absl::StatusOr<Run> FitLocal(const RunOptions& c, int splits, const data::Source& train, const data::Source& test,
+                             bool traced) {
   ASSIGN_OR_RETURN(auto local, LocalTrainer::Create(c, splits));
   Run run(splits);
+  if (traced) {
+    local->trainer().set_slices([&run, start = trace::NowUs()](const char* what, int64_t mb, int64_t s, int64_t e) {
+      run.slices.push_back({0, what, mb, s - start, e - start, ""});
+    });
+  }
   ASSIGN_OR_RETURN(run.log, OpenRunLog(c, splits));
   train::TrainOptions options = TrainOptionsOf(c, splits, splits, nullptr);
   train::ReportTo(run, options.fit);
@@ -234,7 +278,7 @@ absl::StatusOr<Run> FitLocal(const RunOptions& c, int splits, const data::Source
 
 absl::Status FitPipeline(Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
                          int splits, const data::Source& train, const data::Source& test, Run& run,
-                         const Checkpointing* checkpoints, train::Elastic* elastic) {
+                         const Checkpointing* checkpoints, train::Elastic* elastic, bool traced) {
   ASSIGN_OR_RETURN(auto trainer, CreatePipeline(agent, c, stages, splits));
   if (run.log == nullptr) {
     ASSIGN_OR_RETURN(run.log, OpenRunLog(c, splits));
@@ -273,8 +317,12 @@ absl::Status FitPipeline(Agent& agent, const RunOptions& c, const std::vector<pi
                 c.data_on == "workers" ? " (a loss computed on the master needs the batches here)" : "");
   }
   run.schedule = trainer->pipeline().replica(0).schedule().name;
+  EnableTracing(agent, c.workers, traced);
+  const int64_t start = trace::NowUs();
   RETURN_IF_ERROR(train::Fit(*trainer, train, test, options, std::cout).status());  // (epochs merged as they end)
-  return ReportMemory(trainer->pipeline(), c, run);
+  RETURN_IF_ERROR(ReportMemory(trainer->pipeline(), c, run));
+  // (The evaluations between epochs are on the workers' tracks too.)
+  return traced ? CollectSlices(agent, c.workers, start, {}, run) : absl::OkStatus();
 }
 
 absl::Status ReportMemory(parallel::DataParallelPipeline& pipe, const RunOptions& c, Run& run) {
@@ -393,35 +441,6 @@ void RecordMessages(const std::map<std::string, int64_t>& before, const std::map
   std::printf("messages_per_batch=%g (%s)\n", total, line.c_str());
 }
 
-// The microseconds of the windows in `paused` that ended by `t`: what a
-// slice starting at `t` is moved back by, so that the timeline leaves them out.
-int64_t PausedBefore(const std::vector<std::pair<int64_t, int64_t>>& paused, int64_t t) {
-  int64_t sum = 0;
-  for (const auto& [p0, p1] : paused) {
-    if (p1 <= t) sum += p1 - p0;
-  }
-  return sum;
-}
-
-// The workers' trace slices since `start` (trace::NowUs), into the run's
-// timeline; the windows in `paused` (--compare-local's local batches) are
-// left out of it. Stops the workers' tracing.
-absl::Status CollectSlices(Agent& agent, const std::vector<std::string>& workers, int64_t start,
-                           const std::vector<std::pair<int64_t, int64_t>>& paused, Run& run) {
-  for (size_t w = 0; w < workers.size(); ++w) {
-    auto slices = agent.rpc_sync(workers[w], "trace_collect");
-    agent.rpc_sync(workers[w], "trace_enable", {false}).IgnoreError();
-    if (!slices.ok()) return slices.status();
-    for (const c10::IValue& s : slices->toListRef()) {
-      const c10::ArrayRef<c10::IValue> t = s.toTupleRef().elements().asArrayRef();
-      const int64_t skipped = PausedBefore(paused, t[2].toInt());
-      run.slices.push_back({static_cast<int>(w), t[0].toStringRef(), t[1].toInt(), t[2].toInt() - start - skipped,
-                            t[3].toInt() - start - skipped, t.size() > 4 ? t[4].toStringRef() : std::string()});
-    }
-  }
-  return absl::OkStatus();
-}
-
 // With `checkpoints` resuming: loads the checkpoint into `trainer` and the
 // losses so far into `run`; returns the next batch (0 without).
 absl::StatusOr<int> ResumeBatches(train::Trainer& trainer, const Checkpointing* checkpoints, Run& run) {
@@ -431,8 +450,6 @@ absl::StatusOr<int> ResumeBatches(train::Trainer& trainer, const Checkpointing* 
   return static_cast<int>(checkpoints->resume->state().step);
 }
 
-// Turns the workers' trace recorders on (`traced`) or off, their older
-// slices dropped.
 }  // namespace
 
 absl::Status UseDeterministicAlgorithmsOn(Agent& agent, const std::vector<std::string>& workers) {
@@ -445,16 +462,6 @@ absl::Status UseDeterministicAlgorithmsOn(Agent& agent, const std::vector<std::s
   return absl::OkStatus();
 }
 
-namespace {
-
-void EnableTracing(Agent& agent, const std::vector<std::string>& workers, bool traced) {
-  for (const auto& w : workers) {
-    agent.rpc_sync(w, "trace_enable", {traced}).IgnoreError();
-    agent.rpc_sync(w, "trace_collect").IgnoreError();  // drop older slices
-  }
-}
-
-}  // namespace
 
 absl::Status TrainPipeline(Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
                            int splits, bool traced, const std::function<void(int)>& after_batch, Run& run,
@@ -631,7 +638,7 @@ absl::StatusOr<Run> TrainOverPipeline(Agent& agent, const RunOptions& c, const s
                                  return c.dataset.empty() ? TrainPipeline(agent, now, cut, splits, traced, after_batch,
                                                                           run, &ck, elastic)
                                                           : FitPipeline(agent, now, cut, splits, *sets.train,
-                                                                        *sets.test, run, &ck, elastic);
+                                                                        *sets.test, run, &ck, elastic, traced);
                                }));
   return run;
 }

@@ -290,13 +290,17 @@ bool ReadsImageFolder(const RunOptions& c);
 bool TrainsSmallCnn(const RunOptions& c);
 // The small CNN's blocks split into one contiguous stage per worker.
 std::vector<pipeline::StageSpec> SmallCnnStages(const RunOptions& c);
-// Epochs over the dataset, in this process or as a pipeline of `stages`.
-absl::StatusOr<Run> FitLocal(const RunOptions& c, int splits, const data::Source& train, const data::Source& test);
+// Epochs over the dataset, in this process or as a pipeline of `stages`;
+// `traced`: where each step spent its time goes into the run's slices
+// (--trace, --timeline).
+absl::StatusOr<Run> FitLocal(const RunOptions& c, int splits, const data::Source& train, const data::Source& test,
+                             bool traced = false);
 // Into `run` (its log opened when not yet); each step is reported to
 // `elastic` when set.
 absl::Status FitPipeline(Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
                          int splits, const data::Source& train, const data::Source& test, Run& run,
-                         const Checkpointing* checkpoints = nullptr, train::Elastic* elastic = nullptr);
+                         const Checkpointing* checkpoints = nullptr, train::Elastic* elastic = nullptr,
+                         bool traced = false);
 // ResNet50's stage boundaries (block indices) for the workers.
 // The split points of --split-at, or of --partition tutorial.
 std::vector<int> SplitPoints(const RunOptions& c);

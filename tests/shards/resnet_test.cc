@@ -350,8 +350,9 @@ TEST(Master, DatasetEpochsReportTestAccuracyAndMatchLocalTraining) {
   const std::vector<std::string> args = {"--dataset", "idx:" + dir, "--epochs", "2",
                                          "--batch-size", "32", "--splits", "2"};
   const std::string local_report = TempPath("toy_local.json");
+  const std::string local_trace = TempPath("toy_local_trace.json");
   std::vector<std::string> local_argv = {kBin + "/master", "--local", "--threads", "1", "--report",
-                                         local_report};
+                                         local_report, "--trace", local_trace};
   local_argv.insert(local_argv.end(), args.begin(), args.end());
   auto [local_code, local_out] = RunProgram(local_argv, absl::Seconds(240));
   ASSERT_EQ(local_code, 0) << local_out;
@@ -362,11 +363,20 @@ TEST(Master, DatasetEpochsReportTestAccuracyAndMatchLocalTraining) {
   ASSERT_EQ(local.size(), 2u);
   EXPECT_LT(local[1].first, local[0].first);
   EXPECT_GT(local[1].second, 0.5) << "the toy classes are easy to learn";
-  const std::string report = TempPath("toy_pipeline.json");
+  const std::string report = TempPath("toy_pipeline.json"), trace = TempPath("toy_trace.json");
   std::vector<std::string> pipeline_args = args;
-  for (const std::string& a : {std::string("--report"), report}) pipeline_args.push_back(a);
+  for (const std::string& a : {std::string("--report"), report, std::string("--trace"), trace}) {
+    pipeline_args.push_back(a);
+  }
   auto [code, out] = RunPipeline(2, pipeline_args);
   ASSERT_EQ(code, 0) << out;
+  // The epochs' steps are traced, in one process and on both workers.
+  const std::string lt = ReadFile(local_trace), pt = ReadFile(trace);
+  for (const char* slice : {"forward mb0", "backward mb1", "step"}) EXPECT_THAT(lt, HasSubstr(slice)) << slice;
+  for (const char* slice : {"\"cat\": \"forward\", \"ph\": \"X\", \"pid\": 0",
+                            "\"cat\": \"backward\", \"ph\": \"X\", \"pid\": 1"}) {
+    EXPECT_THAT(pt, HasSubstr(slice)) << slice;
+  }
   EXPECT_THAT(out, HasSubstr("pipeline: splits=2 (2 micro-batches of 16 images) over 2 workers"));
   EXPECT_THAT(out, HasSubstr("schedule 1f1b: 2 stages over 2 workers"));
   EXPECT_THAT(out, HasSubstr("data: read on worker1 (the master sends row numbers)"));
