@@ -164,6 +164,11 @@ class Agent final {
   // connect_timeout, naming who is missing and who was refused and why,
   // and tells the workers that joined to exit. Blocks; call once.
   absl::Status Join();
+  // Master, from another thread while Join waits: no group will form
+  // (`why`: a worker process it started has exited), so Join gives up now
+  // with `why` instead of waiting for connect_timeout. Nothing once the
+  // group has formed.
+  void StopJoining(const absl::Status& why);
 
   // --- calls -----------------------------------------------------------
   absl::StatusOr<c10::IValue> rpc_sync(const std::string& to,

@@ -241,7 +241,8 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   // Master: the error Join returns when the group did not form (who is
   // missing, who was refused and why); the workers that did join are told
   // to exit with it.
-  absl::Status GiveUpJoining(const absl::Status& why);
+  // `hint`: say how to start the missing workers.
+  absl::Status GiveUpJoining(const absl::Status& why, bool hint = true);
   // Master, before the group formed: no group will form; the workers that
   // joined are told `text` (and `signal`, when one stopped the master) and
   // exit. False, telling none, when the group has formed.
@@ -321,6 +322,7 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   std::set<std::string> told_waiting_ ABSL_GUARDED_BY(join_mu_);
   bool formed_ ABSL_GUARDED_BY(join_mu_) = false;
   bool gave_up_ ABSL_GUARDED_BY(join_mu_) = false;
+  absl::Status stop_joining_ ABSL_GUARDED_BY(join_mu_);  // Agent::StopJoining's why
   int gave_up_signal_ ABSL_GUARDED_BY(join_mu_) = 0;  // EndJoining's: a signal stopped the master
   std::vector<WorkerInfo> book_ ABSL_GUARDED_BY(join_mu_);
   // Refused joiners (who -> why), before the group formed.

@@ -281,7 +281,7 @@ void Agent::Impl::NoteRefused(const std::string& who, const std::string& why) {
   if (!formed_) refused_[who] = why;
 }
 
-absl::Status Agent::Impl::GiveUpJoining(const absl::Status& why) {
+absl::Status Agent::Impl::GiveUpJoining(const absl::Status& why, bool hint) {
   const AgentOptions& opts = agent_->options_;
   std::vector<std::string> missing, refused;
   {
@@ -302,7 +302,7 @@ absl::Status Agent::Impl::GiveUpJoining(const absl::Status& why) {
   }
   if (!refused.empty()) absl::StrAppend(&text, missing.empty() ? "" : "; ", absl::StrJoin(refused, "; "));
   absl::StrAppend(&text, " (", why.message(), ")");
-  if (!missing.empty()) absl::StrAppend(&text, "; start them with --master ", agent_->self_.address);
+  if (!missing.empty() && hint) absl::StrAppend(&text, "; start them with --master ", agent_->self_.address);
   // (Formed meanwhile: the last worker came in the last moment.)
   if (!EndJoining(absl::StrCat("the group did not form: ", text))) return absl::OkStatus();
   return absl::Status(why.code(),
@@ -526,12 +526,14 @@ absl::Status Agent::Impl::JoinAsMaster() {
   // refused (nothing more will come), or the timeout; every 10 s a line
   // says who is still awaited.
   bool settled = false, formed = false;
+  absl::Status stopped;
   {
     MutexLock lock(join_mu_);
     const absl::Time start = absl::Now(), deadline = start + options.connect_timeout;
     const absl::Condition over(
         +[](Impl* i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(i->join_mu_) {
-          return i->formed_ || i->joiners_.size() + i->refused_.size() >= i->agent_->options_.workers.size();
+          return i->formed_ || !i->stop_joining_.ok() ||
+                 i->joiners_.size() + i->refused_.size() >= i->agent_->options_.workers.size();
         },
         this);
     while (!(settled = join_mu_.AwaitWithTimeout(over, std::min(absl::Seconds(10), deadline - absl::Now()))) &&
@@ -546,20 +548,28 @@ absl::Status Agent::Impl::JoinAsMaster() {
                 << " of --connect-timeout " << absl::FormatDuration(options.connect_timeout) << ")" << std::endl;
     }
     formed = formed_;
+    stopped = stop_joining_;
   }
   if (formed) {
     joined_.WaitForNotification();  // the book is being set
     return absl::OkStatus();
   }
   absl::Status given_up = GiveUpJoining(
-      settled ? absl::FailedPreconditionError("every expected worker has either joined or been refused")
-              : absl::DeadlineExceededError(absl::StrCat("waited --connect-timeout ",
-                                                         absl::FormatDuration(options.connect_timeout))));
+      !stopped.ok() ? stopped
+      : settled     ? absl::FailedPreconditionError("every expected worker has either joined or been refused")
+                    : absl::DeadlineExceededError(absl::StrCat("waited --connect-timeout ",
+                                                               absl::FormatDuration(options.connect_timeout))),
+      /*hint=*/stopped.ok());
   if (given_up.ok()) {  // formed just now
     joined_.WaitForNotification();
     return absl::OkStatus();
   }
   return given_up;
+}
+
+void Agent::StopJoining(const absl::Status& why) {
+  MutexLock lock(impl_->join_mu_);
+  if (!why.ok() && !impl_->formed_ && impl_->stop_joining_.ok()) impl_->stop_joining_ = why;
 }
 
 std::vector<WorkerInfo> Agent::workers() const {

@@ -182,6 +182,27 @@ TEST(MultiProcess, DuplicateWorkerNameExitsWithAnError) {
   EXPECT_EQ(second->Wait(absl::Seconds(20)).value(), 0);
 }
 
+// A local group whose worker program is not there, or exits before it
+// registers (here: a flag it does not know), fails at once naming it,
+// instead of waiting for the connect timeout and advising to start it.
+TEST(MultiProcess, ALocalGroupWhoseWorkerCannotStartFailsAtOnceNamingIt) {
+  Registry registry;
+  AgentOptions options;
+  options.connect_timeout = absl::Seconds(60);
+  auto missing = launch::StartLocalGroup({"w1"}, &registry, {}, options, "no_such_worker");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(std::string(missing.status().message()),
+              ::testing::AllOf(HasSubstr("no worker program "), HasSubstr("/no_such_worker to start")));
+  const absl::Time start = absl::Now();
+  auto bad = launch::StartLocalGroup({"w1", "w2"}, &registry, {"--no-such-flag"}, options, "worker");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  EXPECT_THAT(std::string(bad.status().message()),
+              ::testing::AllOf(HasSubstr("did not register"), HasSubstr("/worker for 'w"),
+                               HasSubstr("exited with code 2 before it registered"),
+                               ::testing::Not(HasSubstr("start them with"))));
+}
+
 // --deterministic switches the master and every worker (spares too) before
 // anything runs, and changes no loss where the kernels were reproducible
 // already (one CPU thread each: the pipeline equals one process bit for bit).
