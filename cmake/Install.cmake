@@ -35,7 +35,8 @@ install(TARGETS worker master evaluator remora-launch rpc_demo rpc_bench collect
 set(REMORA_PUBLIC_HEADERS
     base/ids.h base/mutex_lock.h base/status_util.h
     channel/stats.h
-    rpc/agent.h rpc/autograd_hooks.h rpc/future.h rpc/registry.h rpc/rref.h rpc/thread_pool.h rpc/tls.h
+    rpc/agent.h rpc/autograd_hooks.h rpc/future.h rpc/registry.h rpc/rref.h rpc/rref_args.h
+    rpc/thread_pool.h rpc/tls.h
     runtime/compute_lane.h
     autograd/dist_autograd.h
     optim/distributed_optimizer.h
@@ -61,6 +62,12 @@ file(GENERATE OUTPUT ${CMAKE_BINARY_DIR}/remora-public-headers.txt CONTENT "${_r
 
 set(REMORA_PACKAGE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/remora)
 install(EXPORT remoraTargets NAMESPACE remora:: DESTINATION ${REMORA_PACKAGE_DIR})
+# remora::rpc links OpenSSL's libcrypto where gRPC came with it (rpc/CMakeLists.txt).
+if(TARGET OpenSSL::Crypto)
+  set(REMORA_WITH_OPENSSL ON)
+else()
+  set(REMORA_WITH_OPENSSL OFF)
+endif()
 configure_package_config_file(cmake/remoraConfig.cmake.in
                               ${CMAKE_BINARY_DIR}/remoraConfig.cmake
                               INSTALL_DESTINATION ${REMORA_PACKAGE_DIR})
