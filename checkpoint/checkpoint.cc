@@ -243,7 +243,8 @@ absl::StatusOr<Checkpoint> Latest(const std::string& given) {
   std::error_code ec;
   if (IsCheckpointDir(path)) return Open(path);
   if (!fs::is_directory(path, ec)) {
-    return absl::NotFoundError(absl::StrCat("no checkpoint at ", path, ": not a directory"));
+    return absl::NotFoundError(absl::StrCat("no checkpoint at ", path, ": ",
+                                            fs::exists(path, ec) ? "not a directory" : "no such directory"));
   }
   const std::vector<int64_t> steps = CompleteSteps(path);
   if (steps.empty()) {

@@ -435,7 +435,9 @@ int main(int argc, char** argv) {
     std::cout << role->Describe() << ": " << summary << "\n"
               << absl::StrJoin(command, " ") << "\n";
     if (!f.host_id.empty()) std::cout << "REMORA_HOST_ID=" << f.host_id << "\n";
-    if (f.max_restarts > 0) std::cout << "restarted up to " << f.max_restarts << " times\n";
+    if (f.max_restarts > 0) {
+      std::cout << "restarted up to " << f.max_restarts << (f.max_restarts == 1 ? " time\n" : " times\n");
+    }
     return 0;
   }
   std::cerr << "remora-launch: " << role->Describe() << ": " << summary << std::endl;

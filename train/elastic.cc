@@ -64,9 +64,8 @@ absl::StatusOr<checkpoint::Checkpoint> Elastic::Recover(const absl::Status& fail
   }
   auto latest = checkpoint::Latest(options_.checkpoint_dir);
   if (!latest.ok()) {
-    return Annotate(failure, absl::StrCat("worker ", names, " lost, and there is no complete checkpoint in ",
-                                          options_.checkpoint_dir, " to go on from yet (",
-                                          latest.status().message(), "); giving up"));
+    return Annotate(failure, absl::StrCat("worker ", names, " lost, and there is nothing to go on from: ",
+                                          latest.status().message(), "; giving up"));
   }
   for (const std::string& skipped : latest->passed_over) {
     out << "elastic: warning: a newer checkpoint cannot be read (" << skipped << "); going on from " << latest->dir
@@ -94,7 +93,7 @@ absl::StatusOr<checkpoint::Checkpoint> Elastic::Recover(const absl::Status& fail
     r.restored_step = restored;
     recoveries_.push_back(std::move(r));
   }
-  if (log_ != nullptr) log_->Recovered(last_step_, restarts_);
+  if (log_ != nullptr) log_->Recovered(last_step_, restarts_, restored);
   const int64_t redo = std::max<int64_t>(0, last_step_ - restored);  // (as Recovery::steps_redone)
   // The run goes on from the checkpoint: a failure before its next step
   // is timed from now, after that step.

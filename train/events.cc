@@ -113,6 +113,14 @@ absl::Status EventWriter::AddScalar(const std::string& tag, int64_t step, double
   return absl::OkStatus();
 }
 
+absl::Status EventWriter::AddRestart(int64_t step) {
+  tensorboard::Event e;
+  e.set_wall_time(NowSeconds());
+  e.set_step(step);
+  e.mutable_session_log()->set_status(tensorboard::SessionLog::START);
+  return WriteRecord(e.SerializeAsString());
+}
+
 absl::Status EventWriter::Flush() {
   if (std::fflush(file_) != 0) {
     return absl::InternalError(absl::StrCat("cannot write ", path_, ": ", std::strerror(errno)));
@@ -121,7 +129,8 @@ absl::Status EventWriter::Flush() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<ScalarEvent>> ReadScalars(const std::string& path, std::string* version) {
+absl::StatusOr<std::vector<ScalarEvent>> ReadScalars(const std::string& path, std::string* version,
+                                                     std::vector<int64_t>* restarts) {
   ASSIGN_OR_RETURN(const std::string bytes, ReadWholeFile(path));
   std::vector<ScalarEvent> out;
   size_t at = 0;
@@ -143,6 +152,9 @@ absl::StatusOr<std::vector<ScalarEvent>> ReadScalars(const std::string& path, st
     tensorboard::Event e;
     if (!e.ParseFromArray(data.data(), static_cast<int>(n))) return bad("is not an Event");
     if (e.has_file_version() && version != nullptr) *version = e.file_version();
+    if (e.has_session_log() && e.session_log().status() == tensorboard::SessionLog::START && restarts != nullptr) {
+      restarts->push_back(e.step());
+    }
     if (e.has_summary()) {
       for (const tensorboard::SummaryValue& v : e.summary().value()) {
         out.push_back(ScalarEvent{v.tag(), e.step(), e.wall_time(), v.simple_value()});

@@ -44,6 +44,10 @@ class EventWriter {
   // Flush to see it at once.
   absl::Status AddScalar(const std::string& tag, int64_t step, double value);
   absl::Status AddScalar(const std::string& tag, int64_t step, double value, double wall_time);
+  // Marks that the run goes on from `step` again (after a recovery from a
+  // checkpoint): TensorBoard drops the scalars of steps >= `step` written
+  // before the mark, so that the steps trained again show once.
+  absl::Status AddRestart(int64_t step);
   absl::Status Flush();
 
   const std::string& path() const { return path_; }
@@ -66,10 +70,12 @@ struct ScalarEvent {
 };
 
 // Every scalar of event file `path`, in order, and its file version
-// (`version`, may be null). DataLoss naming the file and the record's
-// offset for a bad CRC or a truncated record.
-absl::StatusOr<std::vector<ScalarEvent>> ReadScalars(const std::string& path,
-                                                     std::string* version = nullptr);
+// (`version`, may be null); the steps of its restart marks (AddRestart) in
+// `restarts` (may be null). The scalars are the file's as written, those a
+// restart mark makes TensorBoard drop included. DataLoss naming the file
+// and the record's offset for a bad CRC or a truncated record.
+absl::StatusOr<std::vector<ScalarEvent>> ReadScalars(const std::string& path, std::string* version = nullptr,
+                                                     std::vector<int64_t>* restarts = nullptr);
 
 // CRC-32C (Castagnoli) of `bytes`, and the masked form TFRecord stores:
 // rotated right by 15 bits plus 0xa282ead8.

@@ -51,7 +51,8 @@ void RunLog::Epoch(const pipeline::EpochResult& e) {
   if (events_ != nullptr) Warn(events_->Flush());
 }
 
-void RunLog::Recovered(int64_t step, int count) {
+void RunLog::Recovered(int64_t step, int count, int64_t restored) {
+  if (events_ != nullptr) Warn(events_->AddRestart(restored + 1));
   Add("run/recoveries", step, count);
   if (events_ != nullptr) Warn(events_->Flush());
 }

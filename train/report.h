@@ -59,8 +59,10 @@ class RunLog {
   // failed write is said once on stderr; training goes on.
   void Step(int64_t step, double loss, int64_t rows, double seconds);
   void Epoch(const pipeline::EpochResult& e);
-  // run/recoveries: the run's recoveries so far, at the step it failed at.
-  void Recovered(int64_t step, int count);
+  // A recovery that goes on after step `restored`: a restart mark at the
+  // step after it (the steps trained again show once in TensorBoard), then
+  // run/recoveries, the run's recoveries so far, at the step it failed at.
+  void Recovered(int64_t step, int count, int64_t restored);
 
   const std::vector<std::pair<double, double>>& losses() const { return losses_; }      // (step, loss)
   const std::vector<std::pair<double, double>>& accuracy() const { return accuracy_; }  // (epoch, accuracy)

@@ -92,7 +92,8 @@ std::vector<std::pair<double, double>> ReportEpochs(const std::string& json) {
   return out;
 }
 
-std::vector<train::ScalarEvent> ScalarsIn(const std::string& dir, const std::string& tag) {
+std::vector<train::ScalarEvent> ScalarsIn(const std::string& dir, const std::string& tag,
+                                          std::vector<int64_t>* restarts) {
   std::vector<std::string> files;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
@@ -100,7 +101,7 @@ std::vector<train::ScalarEvent> ScalarsIn(const std::string& dir, const std::str
   }
   EXPECT_EQ(files.size(), 1u) << "event files in " << dir;
   if (files.size() != 1) return {};
-  auto all = train::ReadScalars(files[0]);
+  auto all = train::ReadScalars(files[0], nullptr, restarts);
   EXPECT_TRUE(all.ok()) << all.status();
   std::vector<train::ScalarEvent> out;
   if (all.ok()) {

@@ -35,8 +35,10 @@ void ExpectSameLosses(const std::vector<double>& got, const std::vector<double>&
 std::vector<std::pair<double, double>> ReportEpochs(const std::string& json);
 
 // The scalars tagged `tag` of the one TensorBoard event file in `dir`
-// (master --tensorboard); a test failure when there is not exactly one.
-std::vector<train::ScalarEvent> ScalarsIn(const std::string& dir, const std::string& tag);
+// (master --tensorboard), and the steps of its restart marks (`restarts`,
+// may be null); a test failure when there is not exactly one.
+std::vector<train::ScalarEvent> ScalarsIn(const std::string& dir, const std::string& tag,
+                                          std::vector<int64_t>* restarts = nullptr);
 
 // TempPath(name), emptied and made.
 std::string FreshDir(const std::string& name);

@@ -212,9 +212,17 @@ TEST(Elastic, AJobThatLosesWorkersGoesOnAndEndsEqualToOneThatLostNone) {
   EXPECT_THAT(json, HasSubstr("\"recoveries\": [{\"lost\": \"w2\", \"replacement\": \"s1\""));
   EXPECT_THAT(json, HasSubstr("{\"lost\": \"w1\", \"replacement\": \"w2\""));
   EXPECT_THAT(json, HasSubstr("{\"lost\": \"s1\", \"replacement\": \"s1\""));
-  const auto recoveries = test_support::ScalarsIn(board, "run/recoveries");
+  std::vector<int64_t> restarts;
+  const auto recoveries = test_support::ScalarsIn(board, "run/recoveries", &restarts);
   ASSERT_EQ(recoveries.size(), 3u);
   EXPECT_EQ(recoveries[2].value, 3);
+  // Each recovery marks a restart at the step after its checkpoint's, so
+  // that TensorBoard shows the steps trained again once.
+  std::vector<int64_t> went_on_after;
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), going); it != std::sregex_iterator(); ++it) {
+    went_on_after.push_back(std::stoll((*it)[1]) + 1);
+  }
+  EXPECT_EQ(restarts, went_on_after);
   // Every epoch and step is reported once, the attempts' that failed
   // included, and the run's time holds the failures' (it once counted only
   // the epochs of the last attempt, from where it went on).
@@ -385,7 +393,8 @@ TEST(Elastic, ALossBeforeTheFirstCheckpointFailsTheJobSayingSo) {
   const int code = job.master->Wait(absl::Seconds(60)).value_or(-1);
   const std::string out = ReadFile(job.log);
   EXPECT_EQ(code, 1) << out;
-  EXPECT_THAT(out, HasSubstr("worker 'w2' lost, and there is no complete checkpoint in " + dir));
+  EXPECT_THAT(out, HasSubstr("worker 'w2' lost, and there is nothing to go on from: no complete checkpoint in " +
+                             dir + " (one is complete once its manifest.json is written); giving up"));
 }
 
 // --max-restarts 1: w2 is killed and comes back; killed again, the job

@@ -48,9 +48,12 @@ TEST(EventWriter, WritesScalarsThatReadBackWithTheirStepsAndTheFileVersion) {
       ASSERT_TRUE((*writer)->AddScalar("step/loss", step, 1.0 / step, 1000.0 + step).ok());
     }
     ASSERT_TRUE((*writer)->AddScalar("epoch/test_accuracy", 1, 0.875).ok());
+    ASSERT_TRUE((*writer)->AddRestart(3).ok());
   }  // closed: flushed
   std::string version;
-  auto scalars = ReadScalars(path, &version);
+  std::vector<int64_t> restarts;
+  auto scalars = ReadScalars(path, &version, &restarts);
+  EXPECT_EQ(restarts, std::vector<int64_t>{3});
   ASSERT_TRUE(scalars.ok()) << scalars.status();
   EXPECT_EQ(version, "brain.Event:2");
   ASSERT_EQ(scalars->size(), 4u);
