@@ -89,6 +89,11 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "collective_bench: this build has no Gloo (install libgloo-dev and rebuild)\n");
     return 2;
   }
+  if (store.empty() != (rank == 0)) {
+    std::fprintf(stderr, "collective_bench: --rank and --store go together: rank 0 gives them to the ranks it "
+                         "starts (run it without either)\n");
+    return 2;
+  }
   if (!store.empty()) {  // a rank started by rank 0
     if (auto s = launch::CheckAddress(store, "--store"); !s.ok()) {
       std::fprintf(stderr, "collective_bench: %s\n", std::string(s.message()).c_str());

@@ -48,14 +48,21 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "data_bench: --dataset wants imagefolder:DIR (DIR/train/<class>/*.jpg)\n");
       return 2;
     }
+    if (!dir.empty() && dir != folder) {
+      std::fprintf(stderr, "data_bench: --dir %s and --dataset %s name two folders: give one\n", dir.c_str(),
+                   dataset.c_str());
+      return 2;
+    }
     dir = std::string(folder);
   }
+  const char* const threads_flag = data_threads.empty() ? "--threads" : "--data-threads";
   if (!data_threads.empty()) threads_list = data_threads;
   std::vector<int> thread_counts;
   for (absl::string_view t : absl::StrSplit(threads_list, ',')) {
     int n = 0;
     if (!absl::SimpleAtoi(t, &n) || n < 1 || n > 256) {
-      std::fprintf(stderr, "data_bench: --data-threads wants integers in [1, 256]\n");
+      std::fprintf(stderr, "data_bench: %s wants integers in [1, 256]; got '%s'\n", threads_flag,
+                   threads_list.c_str());
       return 2;
     }
     thread_counts.push_back(n);

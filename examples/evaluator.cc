@@ -38,6 +38,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "base/json.h"
 #include "base/numbers.h"
 #include "base/status_util.h"
@@ -306,6 +307,16 @@ int Main(int argc, char** argv) {
   if (o.val_fraction > 0 && o.dataset.rfind("imagefolder:", 0) != 0) {
     return fail("--val-fraction is for --dataset imagefolder:DIR (the training's held-out images)", 2);
   }
+  if (o.dataset.rfind("imagefolder:", 0) != 0) {
+    std::vector<std::string> unused;
+    for (const char* f : {"image-size", "data-threads"}) {
+      if (flags.given().count(f)) unused.push_back(absl::StrCat("--", f));
+    }
+    if (!unused.empty()) {
+      std::printf("evaluator: note: %s with an in-memory --dataset: for imagefolder:DIR (no effect)\n",
+                  absl::StrJoin(unused, ", ").c_str());
+    }
+  }
   if (auto s = data::CheckDatasetDir(o.dataset, o.val_fraction); !s.ok()) return fail(std::string(s.message()), 2);
   if (std::error_code ec; std::filesystem::exists(o.dir, ec) && !std::filesystem::is_directory(o.dir, ec)) {
     return fail(absl::StrCat("--checkpoint-dir ", o.dir,
@@ -326,6 +337,11 @@ int Main(int argc, char** argv) {
   const bool job_makes_it = parent == std::filesystem::path(o.dir) && !std::filesystem::exists(o.dir);
   if (const std::string why = job_makes_it ? "" : launch::WhyCannotWrite(o.output); !why.empty()) {
     return fail(absl::StrCat("cannot write --output ", o.output, " (", why, "): give a file this user can write"), 2);
+  }
+  if (o.once && !std::filesystem::exists(o.dir)) {
+    return fail(absl::StrCat("--checkpoint-dir ", o.dir, " does not exist: --once evaluates a checkpoint that is "
+                             "there (without --once, the evaluator waits for the job to make it)"),
+                2);
   }
   runtime::SetComputeThreads(o.threads);
   if (auto s = shards::RegisterStageTypes(); !s.ok()) return fail(std::string(s.message()), 1);

@@ -68,6 +68,12 @@ absl::Status CheckValues(const Flags& f, const RunOptions& c) {
   if (!device.ok()) return Bad(std::string(device.status().message()));
   if (auto s = CheckLocalDevice(*device); !s.ok()) return Bad(std::string(s.message()));
   if (!(c.lr > 0) || !std::isfinite(c.lr)) return Bad(absl::StrCat("--lr must be a finite number > 0; got ", c.lr));
+  for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"timeline", c.timeline},
+                                   {"curves", c.curves}}) {
+    if (!path.empty() && !absl::EndsWithIgnoreCase(path, ".svg")) {
+      return Bad(absl::StrCat("--", flag, " writes an SVG picture: give a FILE.svg; got '", path, "'"));
+    }
+  }
   if (!c.dataset.empty()) {
     if (auto s = data::CheckDatasetName(c.dataset); !s.ok()) return Bad(std::string(s.message()));
     if (c.data_threads < 1 || c.data_threads > 256) return Bad("--data-threads must be in [1, 256]");
@@ -410,6 +416,7 @@ std::string UnusedFlags(const std::set<std::string>& given, const RunOptions& c)
   if (c.checkpoint_dir.empty()) {
     unused({"checkpoint-every", "keep", "checkpoint-background"}, "without --checkpoint-dir");
   }
+  if (c.max_restarts == 0) unused({"rejoin-timeout"}, "without --max-restarts");
   if (!c.dataset.empty()) {
     unused({"batches"}, "with --dataset: an epoch is the dataset's batches (--epochs, --train-rows)");
   }

@@ -9,6 +9,7 @@
 //   soak --steps 1000                       # starts two local workers
 //   soak --external --workers w1,w2 --listen 127.0.0.1:29500 --steps 100000
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <deque>
 #include <iostream>
@@ -127,6 +128,9 @@ absl::StatusOr<std::vector<std::string>> CheckConfig(Config& c) {
                                          {"connect-timeout", c.connect_timeout, 1},
                                          {"warmup", c.warmup, 0},
                                          {"progress", c.progress, 0}}));
+  if (!(c.lr > 0) || !std::isfinite(c.lr)) {
+    return absl::InvalidArgumentError(absl::StrCat("--lr must be a finite number > 0; got ", c.lr));
+  }
   if (c.batch_size < c.micro_batches) {
     return absl::InvalidArgumentError(absl::StrCat("--batch-size ", c.batch_size, " is less than --micro-batches ",
                                                    c.micro_batches, ": each micro-batch needs a row"));

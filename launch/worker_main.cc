@@ -10,6 +10,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 #include "autograd/dist_autograd.h"
@@ -84,6 +85,11 @@ absl::StatusOr<AgentOptions> OptionsFrom(const WorkerFlags& f, const std::string
   }
   for (const auto& [flag, addr] : {std::pair{"--master", f.master}, std::pair{"--listen", f.listen}}) {
     if (auto s = launch::CheckAddress(addr, launch::AddressSource(flag, addr)); !s.ok()) return bad(s.message());
+  }
+  if (absl::EndsWith(f.master, ":0")) {  // (a port to listen on, never one to dial)
+    return bad(absl::StrCat(launch::AddressSource("--master", f.master), " ", f.master,
+                            " names port 0, which no master listens on: give the port the master prints in "
+                            "'master listening on HOST:PORT'"));
   }
   auto home = ParseDevice(f.device, "--device");
   if (!home.ok()) return bad(home.status().message());

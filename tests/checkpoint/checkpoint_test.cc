@@ -640,8 +640,19 @@ TEST(Evaluator, AnOutputThatCannotBeWrittenFailsAtOnce) {
                                            "fashion-mnist", "--once"});
   EXPECT_EQ(file_code, 2) << file_out;
   EXPECT_THAT(file_out, HasSubstr("--checkpoint-dir " + file + " is not a directory")) << file_out;
+  // --once on a directory that is not there: a bad value, said before the
+  // test set is read; without --once the evaluator waits for the job.
   auto [code, out] = RunProgram({kBin + "/evaluator", "--checkpoint-dir", dir, "--dataset", "fashion-mnist", "--once"});
-  EXPECT_THAT(out, HasSubstr("no checkpoint at " + dir + ": no such directory")) << out;
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_THAT(out, HasSubstr("--checkpoint-dir " + dir + " does not exist: --once evaluates")) << out;
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("following"))) << out;
+  // Flags for image folders are named as without effect on in-memory data.
+  std::filesystem::create_directories(dir);
+  auto [note_code, note_out] = RunProgram({kBin + "/evaluator", "--checkpoint-dir", dir, "--dataset", "fashion-mnist",
+                                           "--once", "--image-size", "64", "--test-rows", "10"});
+  EXPECT_EQ(note_code, 1) << note_out;
+  EXPECT_THAT(note_out, HasSubstr("evaluator: note: --image-size with an in-memory --dataset")) << note_out;
+  EXPECT_THAT(note_out, HasSubstr("no complete checkpoint in " + dir)) << note_out;
 }
 
 // A directory with the test images alone is not enough, and the error says
@@ -653,6 +664,7 @@ TEST(Evaluator, ATestSetWithoutItsTrainingImagesSaysWhyTheyAreNeeded) {
     std::filesystem::copy_file(std::string("/usr/share/datasets/fashion-mnist/") + name, data + "/" + name,
                                std::filesystem::copy_options::overwrite_existing);
   }
+  std::filesystem::create_directories(TempPath("evaluator_none"));
   auto [code, out] = RunProgram({kBin + "/evaluator", "--checkpoint-dir", TempPath("evaluator_none"), "--dataset",
                                  "idx:" + data, "--once"});
   EXPECT_EQ(code, 1) << out;

@@ -401,6 +401,15 @@ TEST(DataBench, ReadsAFolderAndRefusesSizesMasterWouldRefuse) {
     EXPECT_EQ(bad_code, 2) << bad_out;
     EXPECT_THAT(bad_out, HasSubstr("--image-size must be in [16, 1024]")) << bad_out;
   }
+  for (const auto& [args, says] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--threads", "0"}, "--threads wants integers in [1, 256]; got '0'"},
+           {{"--dir", dir + "/other"}, "name two folders: give one"}}) {
+    std::vector<std::string> argv = {BinDir() + "/data_bench", "--dataset", "imagefolder:" + dir};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto [bad_code, bad_out] = RunProgram(argv, absl::Seconds(60));
+    EXPECT_EQ(bad_code, 2) << bad_out;
+    EXPECT_THAT(bad_out, HasSubstr(says)) << bad_out;
+  }
 }
 
 // A folder whose every file is unreadable trains nothing even with

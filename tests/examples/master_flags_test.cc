@@ -74,6 +74,8 @@ TEST(MasterFlags, BadValuesAreClearErrorsNamingTheFlag) {
       {{"--workers", "a,b", "--replicas", "2", "--splits", "2", "--batch-size", "6"}, "--splits 2 x --replicas 2"},
       {{"--local", "--batch-size", "0"}, "--batch-size must be >= 1"},
       {{"--local", "--image-size", "4"}, "--image-size"},
+      {{"--local", "--timeline", "t.png"}, "--timeline writes an SVG picture: give a FILE.svg; got 't.png'"},
+      {{"--local", "--curves", "c"}, "--curves writes an SVG picture"},
       {{"--local", "--threads", "100000"}, "--threads must be at most 1024; got 100000"},
       {{"--local", "--image-size", "1024", "--batch-size", "128", "--splits", "1"},  // (the kernel killed it)
        "one process trains micro-batches of 128 images at 1024x1024 here, and ResNet50 keeps about 275 GiB"},
@@ -323,10 +325,11 @@ TEST(MasterFlags, ACheckpointDirOfAnEarlierRunIsRefusedUnlessResumedFrom) {
 // Flags this run does not use are named in a note (not an error: the run
 // goes on), so that a mistake does not pass in silence.
 TEST(MasterFlags, FlagsWithoutEffectAreNamedInANote) {
-  auto demo = ParseCommandLine({"--local", "--epochs", "3", "--checkpoint-every", "2"});
+  auto demo = ParseCommandLine({"--local", "--epochs", "3", "--checkpoint-every", "2", "--rejoin-timeout", "5"});
   ASSERT_TRUE(demo.ok()) << demo.status();
   EXPECT_THAT(demo->note, HasSubstr("--epochs without --dataset"));
   EXPECT_THAT(demo->note, HasSubstr("--checkpoint-every without --checkpoint-dir"));
+  EXPECT_THAT(demo->note, HasSubstr("--rejoin-timeout without --max-restarts"));
   auto in_memory = ParseCommandLine({"--local", "--dataset", "fashion-mnist", "--image-size", "64"});
   ASSERT_TRUE(in_memory.ok()) << in_memory.status();
   EXPECT_THAT(in_memory->note, HasSubstr("--image-size with an in-memory --dataset"));

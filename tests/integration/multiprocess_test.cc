@@ -51,6 +51,7 @@ TEST(WorkerProgram, HelpAndBadFlags) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
       {{"--name", "w1", "--bogus"}, "unknown flag --bogus"},
       {{"--name", "w1", "--master", "nohost"}, "HOST:PORT"},
+      {{"--name", "w1", "--master", "127.0.0.1:0"}, "--master 127.0.0.1:0 names port 0, which no master listens on"},
       {{"--name", "bad name", "--connect-timeout", "1"}, "--name 'bad name': use 1 to 128 characters"},
       {{"--name", "master"}, "the master's own name"},
       {{"--name", "w1", "--rpc-threads", "5000"}, "--rpc-threads must be at most 1024"},
@@ -638,6 +639,9 @@ TEST(Soak, TrainingStepsLeaveNoTablesContextsOrThreadsBehind) {
   auto [bad, bad_out] = RunProgram({kBin + "/soak", "--workers", "a,b,c"});
   EXPECT_EQ(bad, 2);
   EXPECT_THAT(bad_out, HasSubstr("--workers wants two distinct names"));
+  auto [bad_lr, bad_lr_out] = RunProgram({kBin + "/soak", "--lr", "-1"});  // before any worker starts
+  EXPECT_EQ(bad_lr, 2);
+  EXPECT_THAT(bad_lr_out, HasSubstr("--lr must be a finite number > 0; got -1"));
   auto [few, few_out] = RunProgram({kBin + "/soak", "--steps", "5", "--warmup", "1"});
   EXPECT_EQ(few, 0) << few_out;  // (too few steps to judge the loss by: not a failure)
   EXPECT_THAT(few_out, HasSubstr("loss not judged: 6 steps, fewer than 50"));

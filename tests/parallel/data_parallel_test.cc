@@ -442,6 +442,9 @@ TEST(CollectiveBench, PrintsAllReduceBandwidthBesideMemcpy) {
     EXPECT_EQ(bad, 2);
     EXPECT_THAT(message, HasSubstr("--ranks wants counts in 2..16"));
   }
+  auto [internal, internal_out] = RunProgram({kBin + "/collective_bench", "--rank", "1"}, absl::Seconds(30));
+  EXPECT_EQ(internal, 2);
+  EXPECT_THAT(internal_out, HasSubstr("--rank and --store go together"));
 }
 
 }  // namespace
