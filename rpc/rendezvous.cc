@@ -8,6 +8,7 @@
 #include <iostream>
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_util.h"
@@ -504,13 +505,18 @@ absl::Status Agent::Join() {
     auto probe = impl_->Transmit(&stub, std::move(m), absl::Seconds(1), false).wait();
     if (!probe.ok()) last = probe.status();
   }
+  // (A host name that does not resolve is not a TLS matter: said as such.)
+  const bool unresolved = absl::StrContains(last.message(), "DNS resolution failed");
+  const std::string host = options_.master_address.substr(0, options_.master_address.rfind(':'));
   return absl::DeadlineExceededError(absl::StrCat(
       "worker '", self_.name, "' could not join the group at master ",
       options_.master_address, " within ", absl::FormatDuration(options_.connect_timeout),
-      reached ? ": the master is up but the group did not form (are all workers started?)"
-              : absl::StrCat(": the master is unreachable (is it running? check --master or "
-                             "MASTER_ADDR/MASTER_PORT; ",
-                             TlsHint(options_.tls), ")"),
+      reached      ? ": the master is up but the group did not form (are all workers started?)"
+      : unresolved ? absl::StrCat(": the host name '", host, "' does not resolve (check --master or MASTER_ADDR; "
+                                  "an IP address needs no name service)")
+                   : absl::StrCat(": the master is unreachable (is it running? check --master or "
+                                  "MASTER_ADDR/MASTER_PORT; ",
+                                  TlsHint(options_.tls), ")"),
       last.ok() ? "" : absl::StrCat(" [", last.ToString(), "]")));
 }
 

@@ -75,6 +75,12 @@ TEST(WorkerProgram, ExitsWithAClearMessageWhenTheMasterNeverAppears) {
   EXPECT_THAT(out, HasSubstr("could not join"));
   EXPECT_THAT(out, HasSubstr("unreachable"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+  // A host name that does not resolve is said to be one (not a TLS hint).
+  auto [dns, dns_out] = RunProgram({kBin + "/worker", "--name", "w1", "--master", "no-such-host.invalid:29500",
+                                    "--connect-timeout", "2"});
+  EXPECT_EQ(dns, 1);
+  EXPECT_THAT(dns_out, HasSubstr("the host name 'no-such-host.invalid' does not resolve")) << dns_out;
+  EXPECT_THAT(dns_out, ::testing::Not(HasSubstr("TLS"))) << dns_out;
 }
 
 TEST(WorkerProgram, HonoursMasterAddrAndPort) {
