@@ -78,10 +78,7 @@ TEST(Worker, ASignalIsSaidAndTheWorkerExitsWith128PlusIt) {
                                            absl::StrCat("127.0.0.1:", FreePort()), "--connect-timeout", "60"},
                                           log)
                     .value();
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (ReadFile(log).find("joining the master") == std::string::npos && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  AwaitOutput(*worker, log, "joining the master", absl::Seconds(30), absl::Milliseconds(20));
   worker->Signal(SIGTERM);
   EXPECT_EQ(worker->Wait(absl::Seconds(30)).value_or(-1), 128 + SIGTERM) << ReadFile(log);
   EXPECT_TRUE(worker->killed_by_signal());
@@ -411,11 +408,7 @@ TEST(RemoraLaunch, MaxRestartsBringsKilledProcessesBackAndTheJobGoesOnFromItsChe
   std::vector<std::string> outputs;
   auto ranks = StartRanks(3, args(TempPath("launch_restart_ckpt")), "launch_restart", &outputs);
   auto wait_for = [&](const std::string& text) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(120);
-    while (ReadFile(outputs[0]).find(text) == std::string::npos && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    return ReadFile(outputs[0]).find(text) != std::string::npos;
+    return AwaitOutput(*ranks[0], outputs[0], text, absl::Seconds(120), absl::Milliseconds(5));
   };
   // Rank r's program: remora-launch's child.
   auto kill_program = [&](int rank, int signo) {

@@ -137,14 +137,23 @@ inline std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
-// Waits until `log`, where `program` writes, holds `text`, the program
-// has ended, or `timeout` has passed, reading it every `poll`.
-inline void AwaitOutput(launch::Subprocess& program, const std::string& log, const std::string& text,
-                        absl::Duration timeout, absl::Duration poll = absl::Milliseconds(2)) {
+// Waits until `log`, where `program` writes, holds `text` (after the first
+// `after`, when given), the program has ended, or `timeout` has passed,
+// reading it every `poll`; whether the text came.
+inline bool AwaitOutput(launch::Subprocess& program, const std::string& log, const std::string& text,
+                        absl::Duration timeout, absl::Duration poll = absl::Milliseconds(2),
+                        const std::string& after = "") {
   const absl::Time deadline = absl::Now() + timeout;
-  while (ReadFile(log).find(text) == std::string::npos && program.running() && absl::Now() < deadline) {
+  auto found = [&] {
+    const std::string now = ReadFile(log);
+    const size_t from = after.empty() ? 0 : now.find(after);
+    return from != std::string::npos && now.find(text, from) != std::string::npos;
+  };
+  while (!found()) {
+    if (!program.running() || absl::Now() >= deadline) return found();
     absl::SleepFor(poll);
   }
+  return true;
 }
 
 // The folder of the running test program, where the build also puts the

@@ -103,17 +103,12 @@ Job StartJob(const std::string& tag, const std::vector<std::string>& names, cons
 // Whether the job's master wrote `text` (after its first `after`, when
 // given) while it ran, within 120 s; the failure shows the master's output.
 ::testing::AssertionResult Reached(const Job& job, const std::string& text, const std::string& after = "") {
-  const absl::Time deadline = absl::Now() + absl::Seconds(120);
-  while (true) {
-    const std::string now = ReadFile(job.log);
-    const size_t from = after.empty() ? 0 : now.find(after);
-    if (from != std::string::npos && now.find(text, from) != std::string::npos) return ::testing::AssertionSuccess();
-    if (!job.master->running() || absl::Now() > deadline) {
-      return ::testing::AssertionFailure() << "the master did not write '" << text << "'"
-                                           << (after.empty() ? "" : " after '" + after + "'") << ":\n" << now;
-    }
-    absl::SleepFor(absl::Milliseconds(2));
+  if (AwaitOutput(*job.master, job.log, text, absl::Seconds(120), absl::Milliseconds(2), after)) {
+    return ::testing::AssertionSuccess();
   }
+  return ::testing::AssertionFailure() << "the master did not write '" << text << "'"
+                                       << (after.empty() ? "" : " after '" + after + "'") << ":\n"
+                                       << ReadFile(job.log);
 }
 
 // SIGKILLs the job's worker `i` and, once the master waits for a worker
