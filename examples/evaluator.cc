@@ -156,7 +156,8 @@ std::optional<Score> FindRecorded(const std::vector<std::string>& recorded, cons
                                   const Options& o, int64_t rows) {
   const auto key = ScoreKey(ck, o, rows);
   for (const std::string& line : recorded) {
-    if (std::all_of(key.begin(), key.end(), [&](const auto& kv) { return JsonValueText(line, kv.first) == kv.second; })) {
+    auto holds = [&line](const auto& kv) { return JsonValueText(line, kv.first) == kv.second; };
+    if (std::all_of(key.begin(), key.end(), holds)) {
       return Score{JsonNumber(line, "test_accuracy"), JsonNumber(line, "test_loss"), JsonNumber(line, "test_top5")};
     }
   }

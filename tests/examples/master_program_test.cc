@@ -1,0 +1,133 @@
+// The master program's failures as a user meets them: --help and bad
+// command lines (each flag's checks are tested in this process,
+// master_flags_test.cc), a busy port, workers refused or never coming.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "launch/cli.h"
+#include "tests/support/pipeline_fixtures.h"
+#include "tests/support/test_group.h"
+
+namespace remora {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+const std::string kBin = BinDir();
+
+// The program's side of its flags: --help, exit code 2 for a bad command
+// line with the message on stderr, 1 for workers that never register.
+TEST(Master, HelpBadFlagsAndMissingWorkersGiveTheirExitCodes) {
+  const std::string m = kBin + "/master";
+  auto check = [&](std::vector<std::string> argv, int want, const std::string& text) {
+    argv.insert(argv.begin(), m);
+    auto [code, out] = RunProgram(argv, absl::Seconds(60));
+    EXPECT_EQ(code, want) << out;
+    EXPECT_THAT(out, HasSubstr(text));
+  };
+  check({"--help"}, 0, "--splits");
+  // A default that depends on other flags is said in words, not as the
+  // placeholder -1.
+  auto [help_code, help] = RunProgram({m, "--help"});
+  EXPECT_EQ(help_code, 0);
+  EXPECT_THAT(help, Not(HasSubstr("(default: -1)")));
+  EXPECT_THAT(help, HasSubstr("0.001 with --model or --dataset)\n"));
+  check({"--workers", "a", "--bogus"}, 2, "unknown flag --bogus; see master --help");
+  check({"--workers", "a", "--splitz", "2"}, 2, "unknown flag --splitz (did you mean --splits?)");
+  check({"--local", "--splits", "0"}, 2, "master: --splits wants positive integers");
+  // Waiting, it says every 10 s whom it waits for.
+  check({"--workers", "ghost", "--listen", absl::StrCat("127.0.0.1:", FreePort()), "--connect-timeout", "11"}, 1,
+        "remora: master: waiting for ghost (0 of 1 registered; 10s of --connect-timeout 11s)");
+  // An output file that cannot be written fails before training, not after,
+  // as a bad flag value (2: a supervisor does not restart the job for it).
+  check({"--local", "--report", "/proc/none/r.json"}, 2, "--report /proc/none/r.json: cannot write there");
+  check({"--local", "--trace", testing::TempDir()}, 2, "(it is a directory)");
+  const std::string file = TempPath("not_a_dir");
+  std::ofstream(file) << "x";
+  check({"--local", "--tensorboard", file}, 2,
+        "--tensorboard " + file + ": cannot write into it (a file of that name exists)");
+}
+
+// A --listen port in use is found before the dataset is loaded, in
+// remora's words only; a worker's too, before gRPC logs its own.
+TEST(Master, ABusyListenPortFailsBeforeTheDatasetLoads) {
+  const std::string data = TempPath("busy_idx");
+  test_support::WriteToyIdx(data, 64, 16);
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(listen(fd, 4), 0);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const std::string addr = absl::StrCat("127.0.0.1:", ntohs(a.sin_port));
+  auto [code, out] = RunProgram({kBin + "/master", "--workers", "worker1", "--listen", addr, "--dataset",
+                                 "idx:" + data},
+                                absl::Seconds(60));
+  auto [wcode, wout] = RunProgram({kBin + "/worker", "--name", "w1", "--listen", addr, "--connect-timeout", "1"});
+  close(fd);
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_THAT(out, HasSubstr("--listen " + addr + ": the port is in use"));
+  EXPECT_THAT(out, Not(HasSubstr("training and")));  // the dataset line
+  EXPECT_EQ(wcode, 1) << wout;
+  EXPECT_THAT(wout, HasSubstr("worker: --listen " + addr + ": the port is in use"));
+  for (const std::string& said : {out, wout}) EXPECT_THAT(said, Not(HasSubstr("Address already in use")));  // gRPC's
+}
+
+// A worker under a name not in --workers, or one holding the wrong token:
+// the master fails as soon as every expected worker has joined or been
+// refused (not at --connect-timeout), naming the refused one and why, and
+// the worker that joined is told to exit.
+TEST(Master, RefusedWorkersFailTheMasterAtOnceNamingThemAndTheJoinedWorkerExits) {
+  const std::string token = TempPath("token"), wrong = TempPath("wrong-token");
+  std::ofstream(token) << "the-run-s-secret\n";
+  std::ofstream(wrong) << "another-secret\n";
+  struct Case {
+    std::string name, token, want;
+  };
+  for (const Case& c : {Case{"wroker2", token, "'wroker2' at "}, Case{"worker2", wrong, "wrong token"}}) {
+    SCOPED_TRACE(c.want);
+    const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+    auto worker1 = launch::Subprocess::Spawn({kBin + "/worker", "--name", "worker1", "--master", addr,
+                                           "--token-file", token},
+                                          TempPath("worker1.log"));
+    auto worker2 = launch::Subprocess::Spawn({kBin + "/worker", "--name", c.name, "--master", addr,
+                                           "--token-file", c.token},
+                                          TempPath("worker2.log"));
+    ASSERT_TRUE(worker1.ok() && worker2.ok());
+    const absl::Time start = absl::Now();
+    auto [code, out] = RunProgram({kBin + "/master", "--workers", "worker1,worker2", "--listen", addr,
+                                   "--token-file", token, "--connect-timeout", "60"},
+                                  absl::Seconds(90));
+    EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "the master waited out --connect-timeout";
+    EXPECT_EQ(code, 1) << out;
+    EXPECT_THAT(out, HasSubstr("worker2 did not register"));
+    EXPECT_THAT(out, HasSubstr("was refused"));
+    EXPECT_THAT(out, HasSubstr(c.want));
+    if (c.name == "wroker2") {
+      EXPECT_THAT(out, HasSubstr("not in --workers"));
+    }
+    // worker1 joined and was told the group did not form.
+    EXPECT_NE((*worker1)->Wait(absl::Seconds(20)).value_or(0), 0);
+    EXPECT_THAT(ReadFile(TempPath("worker1.log")), HasSubstr("worker 'worker1': joining the master at " + addr));
+    EXPECT_THAT(ReadFile(TempPath("worker1.log")), HasSubstr("was accepted by the master at " + addr));
+    EXPECT_THAT(ReadFile(TempPath("worker1.log")), HasSubstr("the group did not form"));
+    EXPECT_THAT(ReadFile(TempPath("worker1.log")), Not(HasSubstr("master 'master' at")));  // said once
+    (*worker2)->Wait(absl::Seconds(20)).IgnoreError();
+  }
+}
+
+}  // namespace
+}  // namespace remora
