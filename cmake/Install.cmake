@@ -63,9 +63,8 @@ file(GENERATE OUTPUT ${CMAKE_BINARY_DIR}/remora-public-headers.txt CONTENT "${_r
 set(REMORA_PACKAGE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/remora)
 install(EXPORT remoraTargets NAMESPACE remora:: DESTINATION ${REMORA_PACKAGE_DIR})
 # remora::rpc links OpenSSL's libcrypto where gRPC came with it (rpc/CMakeLists.txt).
-if(TARGET OpenSSL::Crypto)
-  set(REMORA_WITH_OPENSSL ON)
-else()
+get_property(REMORA_WITH_OPENSSL GLOBAL PROPERTY REMORA_WITH_OPENSSL)
+if(NOT REMORA_WITH_OPENSSL)
   set(REMORA_WITH_OPENSSL OFF)
 endif()
 configure_package_config_file(cmake/remoraConfig.cmake.in

@@ -106,6 +106,8 @@ struct Options {
   bool once = false;
 };
 
+bool ImageFolder(const Options& o) { return o.dataset.rfind("imagefolder:", 0) == 0; }
+
 // The test set: in memory (held in `in_memory`), or an image folder's
 // val/ (or the training images --val-fraction holds out) read as it is
 // needed.
@@ -143,11 +145,16 @@ std::vector<std::string> ReadRecorded(const Options& o) {
 std::vector<std::pair<std::string, std::string>> ScoreKey(const checkpoint::Checkpoint& ck, const Options& o,
                                                           int64_t rows) {
   const auto& m = ck.manifest;
-  return {{"step", absl::StrCat(m.step)},
-          {"created", JsonQuoted(m.created)},
-          {"final", m.final ? "true" : "false"},
-          {"dataset", JsonQuoted(o.dataset)},
-          {"test_images", absl::StrCat(rows)}};
+  std::vector<std::pair<std::string, std::string>> key = {{"step", absl::StrCat(m.step)},
+                                                          {"created", JsonQuoted(m.created)},
+                                                          {"final", m.final ? "true" : "false"},
+                                                          {"dataset", JsonQuoted(o.dataset)},
+                                                          {"test_images", absl::StrCat(rows)}};
+  if (ImageFolder(o)) {  // (what the crops and the held-out images depend on)
+    key.emplace_back("image_size", absl::StrCat(o.image_size));
+    key.emplace_back("val_fraction", JsonGeneral(o.val_fraction));
+  }
+  return key;
 }
 
 // The score `recorded` (o.output's lines) holds for `ck` already: a
@@ -180,9 +187,12 @@ absl::Status Record(const checkpoint::Checkpoint& ck, const Score& score, const 
   std::string line = absl::StrFormat(
       "{\"step\": %d, \"epoch\": %d, \"batch\": %d, \"test_accuracy\": %s, \"test_top5\": %s, "
       "\"test_loss\": %s, \"final\": %s, \"checkpoint\": %s, \"created\": %s, \"dataset\": %s, "
-      "\"test_images\": %d}",
+      "\"test_images\": %d%s}",
       m.step, m.epoch, m.batch, JsonFixed(6, score.accuracy), JsonFixed(6, score.top5), JsonFixed(6, score.loss),
-      m.final ? "true" : "false", JsonQuoted(ck.dir), JsonQuoted(m.created), JsonQuoted(o.dataset), rows);
+      m.final ? "true" : "false", JsonQuoted(ck.dir), JsonQuoted(m.created), JsonQuoted(o.dataset), rows,
+      ImageFolder(o) ? absl::StrFormat(", \"image_size\": %d, \"val_fraction\": %s", o.image_size,
+                                       JsonGeneral(o.val_fraction))
+                     : "");
   std::ofstream out(o.output, std::ios::app);
   out << line << "\n" << std::flush;
   if (!out) return absl::InternalError("cannot append to " + o.output);
@@ -339,7 +349,7 @@ int Main(int argc, char** argv) {
   if (const std::string why = job_makes_it ? "" : launch::WhyCannotWrite(o.output); !why.empty()) {
     return fail(absl::StrCat("cannot write --output ", o.output, " (", why, "): give a file this user can write"), 2);
   }
-  if (o.once && !std::filesystem::exists(o.dir)) {
+  if (std::error_code ec; o.once && !std::filesystem::exists(o.dir, ec)) {
     return fail(absl::StrCat("--checkpoint-dir ", o.dir, " does not exist: --once evaluates a checkpoint that is "
                              "there (without --once, the evaluator waits for the job to make it)"),
                 2);

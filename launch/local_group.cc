@@ -50,7 +50,7 @@ absl::StatusOr<LocalGroup> StartLocalGroup(const std::vector<std::string>& names
         const absl::StatusOr<int> code = group.workers[i]->Wait(absl::ZeroDuration());
         group.master->StopJoining(absl::FailedPreconditionError(absl::StrCat(
             "the worker program ", worker_bin, " for '", names[i], "' exited",
-            code.ok() ? absl::StrCat(" with code ", *code) : "", " before it registered: its output above says why")));
+            code.ok() ? absl::StrCat(" with code ", *code) : "", " before the group formed: its output above says why")));
         return;
       }
     }

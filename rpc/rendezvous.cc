@@ -506,7 +506,9 @@ absl::Status Agent::Join() {
     if (!probe.ok()) last = probe.status();
   }
   // (A host name that does not resolve is not a TLS matter: said as such.)
-  const bool unresolved = absl::StrContains(last.message(), "DNS resolution failed");
+  const bool unresolved = absl::StrContains(last.message(), "DNS resolution failed") ||
+                          absl::StrContains(last.message(), "Domain name not found") ||
+                          absl::StrContains(last.message(), "Name or service not known");
   const std::string host = options_.master_address.substr(0, options_.master_address.rfind(':'));
   return absl::DeadlineExceededError(absl::StrCat(
       "worker '", self_.name, "' could not join the group at master ",

@@ -3,6 +3,9 @@
 #include <memory>
 #include <string>
 
+#ifndef REMORA_TLS_KEY_CHECK
+#define REMORA_TLS_KEY_CHECK 0
+#endif
 #if REMORA_TLS_KEY_CHECK
 #include <openssl/bio.h>
 #include <openssl/err.h>
@@ -41,7 +44,7 @@ absl::Status CheckKeyMatches(const std::string& cert_pem, const std::string& key
   std::unique_ptr<X509, decltype(&X509_free)> cert(PEM_read_bio_X509(cert_bio.get(), nullptr, nullptr, nullptr),
                                                    &X509_free);
   // (No passphrase callback: an encrypted key fails to read, not prompts.)
-  static pem_password_cb* const no_passphrase = [](char*, int, int, void*) { return 0; };
+  static pem_password_cb* const no_passphrase = [](char*, int, int, void*) { return -1; };
   std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(
       PEM_read_bio_PrivateKey(key_bio.get(), nullptr, no_passphrase, nullptr), &EVP_PKEY_free);
   const bool matches = cert != nullptr && key != nullptr && X509_check_private_key(cert.get(), key.get()) == 1;
@@ -64,6 +67,8 @@ absl::Status CheckKeyMatches(const std::string& cert_pem, const std::string& key
 #endif
 
 }  // namespace
+
+bool TlsChecksKeyMatch() { return REMORA_TLS_KEY_CHECK != 0; }
 
 absl::Status CheckTlsOptions(const TlsOptions& tls) {
   if (!tls.enabled()) return absl::OkStatus();

@@ -49,6 +49,9 @@ struct TlsOptions {
 // calls too), and, where remora was built with OpenSSL, that the key is
 // the certificate's. OK for plaintext (nothing set).
 absl::Status CheckTlsOptions(const TlsOptions& tls);
+// Whether this build checks that a key is its certificate's (with the
+// OpenSSL gRPC links; not with a gRPC that brings its own BoringSSL).
+bool TlsChecksKeyMatch();
 
 // Reads the three PEM files (`ca_file` may be empty: TLS without client
 // certificates) and checks them. Empty `cert_file` and `key_file` and

@@ -19,6 +19,7 @@
 #include <map>
 #include <optional>
 #include <memory>
+#include <string_view>
 #include <thread>
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -151,6 +152,11 @@ absl::Status CollectSlices(Agent& agent, const std::vector<std::string>& workers
   return absl::OkStatus();
 }
 
+// The steps of a --dataset run that --trace and --timeline record: a
+// picture of the pipeline's shape, not of every epoch (a long run's slices
+// would fill the workers' memory and the collecting reply).
+constexpr int64_t kTracedSteps = 100;
+
 // Turns the workers' trace recorders on (`traced`) or off, their older
 // slices dropped.
 void EnableTracing(Agent& agent, const std::vector<std::string>& workers, bool traced) {
@@ -263,9 +269,12 @@ absl::StatusOr<Run> FitLocal(const RunOptions& c, int splits, const data::Source
                              bool traced) {
   ASSIGN_OR_RETURN(auto local, LocalTrainer::Create(c, splits));
   Run run(splits);
-  if (traced) {
-    local->trainer().set_slices([&run, start = trace::NowUs()](const char* what, int64_t mb, int64_t s, int64_t e) {
+  if (traced) {  // (the first kTracedSteps steps: a step's last slice is "step")
+    local->trainer().set_slices([&run, start = trace::NowUs(), steps = int64_t{0}](const char* what, int64_t mb,
+                                                                                  int64_t s, int64_t e) mutable {
+      if (steps >= kTracedSteps) return;
       run.slices.push_back({0, what, mb, s - start, e - start, ""});
+      steps += std::string_view(what) == "step";
     });
   }
   ASSIGN_OR_RETURN(run.log, OpenRunLog(c, splits));
@@ -319,6 +328,15 @@ absl::Status FitPipeline(Agent& agent, const RunOptions& c, const std::vector<pi
   run.schedule = trainer->pipeline().replica(0).schedule().name;
   EnableTracing(agent, c.workers, traced);
   const int64_t start = trace::NowUs();
+  if (traced) {  // the workers record the first kTracedSteps steps
+    options.fit.on_step = [&agent, &c, steps = int64_t{0}, next = std::move(options.fit.on_step)](
+                              const pipeline::StepRecord& s) mutable {
+      if (++steps == kTracedSteps) {
+        for (const auto& w : c.workers) agent.rpc_sync(w, "trace_enable", {false}).IgnoreError();
+      }
+      if (next) next(s);
+    };
+  }
   RETURN_IF_ERROR(train::Fit(*trainer, train, test, options, std::cout).status());  // (epochs merged as they end)
   RETURN_IF_ERROR(ReportMemory(trainer->pipeline(), c, run));
   // (The evaluations between epochs are on the workers' tracks too.)

@@ -206,7 +206,7 @@ TEST(MultiProcess, ALocalGroupWhoseWorkerCannotStartFailsAtOnceNamingIt) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(30));
   EXPECT_THAT(std::string(bad.status().message()),
               ::testing::AllOf(HasSubstr("did not register"), HasSubstr("/worker for 'w"),
-                               HasSubstr("exited with code 2 before it registered"),
+                               HasSubstr("exited with code 2 before the group formed"),
                                ::testing::Not(HasSubstr("start them with"))));
 }
 

@@ -79,6 +79,10 @@ TEST(EventWriter, WritesScalarsThatReadBackWithTheirStepsAndTheFileVersion) {
   EXPECT_EQ(u32(8), MaskedCrc32c(bytes.substr(0, 8)));
   EXPECT_EQ(u32(12 + n), MaskedCrc32c(bytes.substr(12, n)));
   EXPECT_THAT(bytes.substr(12, n), HasSubstr("brain.Event:2"));
+  // The restart mark, the last record, as TensorFlow's Event has it: step 3
+  // (field 2), then session_log (field 7, length-delimited: 0x3a) with
+  // status START (field 1 = 1), before the record's data CRC.
+  EXPECT_EQ(bytes.substr(bytes.size() - 4 - 6, 6), std::string("\x10\x03\x3a\x02\x08\x01", 6));
 }
 
 TEST(EventWriter, ACorruptOrCutFileIsDataLossNamingTheRecord) {
