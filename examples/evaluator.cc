@@ -171,12 +171,11 @@ std::optional<Score> FindRecorded(const std::vector<std::string>& recorded, cons
   return std::nullopt;
 }
 
-// A checkpoint's score: a line on the output and, unless `recorded` holds
-// it already, a JSON line appended to o.output (and to `recorded`).
-absl::Status Record(const checkpoint::Checkpoint& ck, const Score& score, const Options& o, int64_t rows,
-                    std::vector<std::string>* recorded) {
+// A checkpoint's score: a line on the output and, unless `known` (o.output
+// holds it already), a JSON line appended to o.output (and to `recorded`).
+absl::Status Record(const checkpoint::Checkpoint& ck, const Score& score, bool known, const Options& o,
+                    int64_t rows, std::vector<std::string>* recorded) {
   const auto& m = ck.manifest;
-  const bool known = FindRecorded(*recorded, ck, o, rows).has_value();
   std::printf("step=%lld epoch=%d test_accuracy=%.4f test_top5=%.4f test_loss=%.4f%s%s\n",
               static_cast<long long>(m.step), m.epoch, score.accuracy, score.top5, score.loss,
               m.final ? " (final)" : "", known ? absl::StrCat(" (in ", o.output, " already)").c_str() : "");
@@ -230,12 +229,13 @@ int Follow(const Options& o, const data::Source& test, int64_t rows) {
     if (ck.ok() && (!again || ck->manifest.final)) {
       // Scored before (by this evaluator, or by one that ran before it):
       // not loaded and evaluated again.
-      const std::optional<Score> known = again ? std::nullopt : FindRecorded(recorded, *ck, o, rows);
+      // (The final commit of the checkpoint scored last is a line of its own.)
+      const std::optional<Score> known = FindRecorded(recorded, *ck, o, rows);
       const bool skip = again || known.has_value();
       auto model = skip ? absl::StatusOr<std::vector<std::unique_ptr<pipeline::StageModule>>>()
                         : checkpoint::LoadModel(*ck, c10::kCPU);
-      auto score = again   ? absl::StatusOr<Score>(done_score)
-                   : known ? absl::StatusOr<Score>(*known)
+      auto score = known   ? absl::StatusOr<Score>(*known)
+                   : again ? absl::StatusOr<Score>(done_score)
                    : model.ok() ? Evaluate(*model, test, rows, o.batch_size)
                                 : absl::StatusOr<Score>(model.status());
       if (!skip && model.ok() && !score.ok()) {
@@ -246,7 +246,9 @@ int Follow(const Options& o, const data::Source& test, int64_t rows) {
         if (once || std::filesystem::exists(ck->manifest_path)) return fail(std::string(score.status().message()), 1);
         // Pruned while it was read (--keep): a newer one is there.
       } else {
-        if (auto s = Record(*ck, *score, o, rows, &recorded); !s.ok()) return fail(std::string(s.message()), 1);
+        if (auto s = Record(*ck, *score, known.has_value(), o, rows, &recorded); !s.ok()) {
+          return fail(std::string(s.message()), 1);
+        }
         done = ck->dir;
         done_score = *score;
         last_new = std::chrono::steady_clock::now();
