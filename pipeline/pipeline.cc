@@ -379,6 +379,23 @@ int RootFailure(std::vector<Future<c10::IValue>>& replies, int first, absl::Stat
 
 }  // namespace
 
+std::vector<std::string> UnansweringWorkers(Agent& agent, const std::vector<std::string>& workers,
+                                            absl::Duration timeout) {
+  CallOptions quick;
+  quick.timeout = timeout;
+  std::vector<std::pair<std::string, Future<c10::IValue>>> probes;
+  for (const auto& w : workers) {
+    if (std::none_of(probes.begin(), probes.end(), [&w](const auto& p) { return p.first == w; })) {
+      probes.emplace_back(w, agent.rpc_async(w, "remora.pipeline.alive", {}, quick));
+    }
+  }
+  std::vector<std::string> silent;
+  for (auto& [name, reply] : probes) {
+    if (!reply.wait().ok()) silent.push_back(name);
+  }
+  return silent;
+}
+
 int WaitForReplies(Agent& agent, const std::vector<std::string>& workers,
                    std::vector<Future<c10::IValue>>& replies, const std::function<void()>& abandon,
                    absl::Status* status) {

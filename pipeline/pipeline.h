@@ -91,6 +91,13 @@ int WaitForReplies(Agent& agent, const std::vector<std::string>& workers,
                    std::vector<Future<c10::IValue>>& replies, const std::function<void()>& abandon,
                    absl::Status* status);
 
+// The workers of `workers` that do not answer a probe
+// ("remora.pipeline.alive") within `timeout`, each probed once, in parallel:
+// stopped, hung, cut off or gone, where a failed call alone does not tell
+// a lost worker from one whose own computation threw.
+std::vector<std::string> UnansweringWorkers(Agent& agent, const std::vector<std::string>& workers,
+                                            absl::Duration timeout);
+
 // A training step started on the workers and not waited for yet
 // (Pipeline::start_train_step, DataParallelPipeline::start_train_step).
 // The master may start the next step before waiting for this one: each

@@ -16,6 +16,12 @@
 namespace remora::ps {
 namespace {
 
+// Whether worker `name` answers a liveness probe: a failed call alone does
+// not tell a lost worker from one whose own computation threw.
+bool Answers(Agent& agent, const std::string& name) {
+  return pipeline::UnansweringWorkers(agent, {name}, absl::Seconds(5)).empty();
+}
+
 int64_t Bytes(const std::vector<at::Tensor>& ts) {
   int64_t n = 0;
   for (const at::Tensor& t : ts) n += static_cast<int64_t>(t.numel() * t.element_size());
@@ -118,7 +124,7 @@ ParameterServer::~ParameterServer() {
     if (!slots_[i].busy) continue;
     const absl::Status s = shards_ != nullptr ? slots_[i].call.wait().status()
                                               : slots_[i].call.wait_for(absl::Seconds(10)).status();
-    if (!s.ok() && shards_ == nullptr) Lose(i, s).IgnoreError();
+    if (!s.ok() && shards_ == nullptr) Failed(i, s, "parameter server, shutting down").IgnoreError();
   }
 }
 
@@ -126,17 +132,21 @@ bool ParameterServer::Lost(const std::string& name, const absl::Status& why) {
   for (size_t i = 0; i < slots_.size(); ++i) {
     if (slots_[i].name != name) continue;
     if (slots_[i].lost) return true;
-    return options_.backup_workers > 0 && Lose(i, why).ok();
+    if (options_.backup_workers == 0 || Answers(agent_, name)) return false;
+    return Lose(i, why).ok();
   }
   return false;
 }
 
+absl::Status ParameterServer::CheckServers(size_t i, const absl::Status& status) const {
+  if (shards_ == nullptr) return absl::OkStatus();
+  return Annotate(shards_->Check(),
+                  absl::StrCat("after worker '", slots_[i].name, "' failed (", status.message(), ")"));
+}
+
 absl::Status ParameterServer::Lose(size_t i, const absl::Status& status) {
   slots_[i].busy = false;
-  if (shards_ != nullptr) {
-    RETURN_IF_ERROR(Annotate(shards_->Check(), absl::StrCat("after worker '", slots_[i].name, "' failed (",
-                                                            status.message(), ")")));
-  }
+  RETURN_IF_ERROR(CheckServers(i, status));
   slots_[i].lost = true;
   slots_[i].lost_reason = std::string(status.message());
   // Gone for good: nothing here or on the other members waits on it (its
@@ -144,6 +154,20 @@ absl::Status ParameterServer::Lose(size_t i, const absl::Status& status) {
   // (Not the master's agent in some tests: nothing to tell then.)
   agent_.MarkLost(slots_[i].name).IgnoreError();
   return absl::OkStatus();
+}
+
+absl::Status ParameterServer::Failed(size_t i, const absl::Status& failure, const std::string& where) {
+  Slot& slot = slots_[i];
+  slot.busy = false;
+  if (!Answers(agent_, slot.name)) return Annotate(Lose(i, failure), where);
+  // A server that is gone fails the calls of workers that are not.
+  RETURN_IF_ERROR(Annotate(CheckServers(i, failure), where));
+  const std::string who = absl::StrCat("worker '", slot.name, "'");
+  return absl::Status(failure.code(),
+                      absl::StrCat(where, ": ", who, " failed computing its share of ",
+                                   slot.call_step == round_ ? "the batch" : "an earlier step's batch", " (",
+                                   slot.rows, " rows) and still answers, so it is not dropped as lost: ",
+                                   WithoutLeadingWorker(failure.message(), who)));
 }
 
 namespace {
@@ -226,7 +250,7 @@ absl::Status ParameterServer::AwaitIdle(int needed, const std::string& where, in
       if (s.busy && s.call.ready()) {
         s.busy = false;
         if (auto r = s.call.wait(); !r.ok()) {
-          RETURN_IF_ERROR(Annotate(Lose(i, r.status()), where));
+          RETURN_IF_ERROR(Failed(i, r.status(), where));
           report->lost.push_back(s.name);
         }
       }
@@ -257,7 +281,7 @@ absl::StatusOr<bool> ParameterServer::AwaitRound(const std::vector<size_t>& sent
         done->emplace(i, *r);
         continue;
       }
-      RETURN_IF_ERROR(Annotate(Lose(i, r.status()), where));
+      RETURN_IF_ERROR(Failed(i, r.status(), where));
       if (options_.backup_workers == 0) {
         return Annotate(r.status(), absl::StrCat(where, ": worker '", s.name,
                                                  "' failed (without --backup-workers every worker's "

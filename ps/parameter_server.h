@@ -25,10 +25,15 @@
 // step waits only on its own calls. The report of each step names the
 // workers used, dropped and lost.
 //
-// Failures: a worker whose call fails fails the step, naming it, without
+// Failures: a worker whose call fails is probed; one that does not answer
+// (killed, hung, cut off) is lost: it fails the step, naming it, without
 // backup workers; with them, it is dropped for good and reported, and
 // training goes on while at least n - k workers remain (the step is redone
-// over those left when its round can no longer collect n - k).
+// over those left when its round can no longer collect n - k). One that
+// answers failed in its own computation (an exception in its stage, bad
+// rows): that fails the step, naming it, with or without backup workers,
+// and it stays in the group (a straggler's late error fails the step that
+// finds it). A worker is never dropped for an error that is not a loss.
 //
 // Parameters and gradients travel as tensors in the calls: between
 // processes on one host through shared memory (channel/shm), else in the
@@ -143,9 +148,10 @@ class ParameterServer {
   // Workers not lost so far, in --workers order.
   std::vector<std::string> live_workers() const;
   // Worker `name`'s call outside a step (say, a count its data source
-  // keeps) failed with `why`: it is lost as a step would lose it, when
-  // backup workers allow that (true); false without them, or when a server
-  // is lost too (then the failure is the caller's error).
+  // keeps) failed with `why`: when it does not answer a probe, it is lost
+  // as a step would lose it, when backup workers allow that (true); false
+  // without them, when it answers (its own error), or when a server is
+  // lost too (then the failure is the caller's error).
   bool Lost(const std::string& name, const absl::Status& why);
   int64_t parameter_bytes() const;
   int64_t steps() const { return step_; }
@@ -188,6 +194,13 @@ class ParameterServer {
   // dropped for good), unless a server is lost: then the error naming it
   // (the job cannot go on).
   absl::Status Lose(size_t i, const absl::Status& status);
+  // With servers: the error naming one that is lost (checked after slot i's
+  // call failed with `status`); OK without servers or when all answer.
+  absl::Status CheckServers(size_t i, const absl::Status& status) const;
+  // Slot i's call failed with `failure`: when its worker does not answer a
+  // probe, Lose(i) (OK: lost); else the worker's own error, for the step
+  // `where` to fail with (the worker stays).
+  absl::Status Failed(size_t i, const absl::Status& failure, const std::string& where);
   // Settles the calls of earlier rounds (a failed one loses its worker)
   // until `needed` live workers are idle; `seen` as WaitForCompletion's.
   absl::Status AwaitIdle(int needed, const std::string& where, int64_t* seen, StepReport* report);

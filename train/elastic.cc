@@ -7,25 +7,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/status_util.h"
+#include "pipeline/pipeline.h"
 
 namespace remora::train {
 
-std::vector<std::string> UnansweringWorkers(Agent& agent, const std::vector<std::string>& workers,
-                                            absl::Duration timeout) {
-  CallOptions quick;
-  quick.timeout = timeout;
-  std::vector<std::pair<std::string, Future<c10::IValue>>> probes;
-  for (const auto& w : workers) {
-    if (std::none_of(probes.begin(), probes.end(), [&w](const auto& p) { return p.first == w; })) {
-      probes.emplace_back(w, agent.rpc_async(w, "remora.pipeline.alive", {}, quick));
-    }
-  }
-  std::vector<std::string> silent;
-  for (auto& [name, reply] : probes) {
-    if (!reply.wait().ok()) silent.push_back(name);
-  }
-  return silent;
-}
+using pipeline::UnansweringWorkers;
 
 Elastic::Elastic(Agent& agent, ElasticOptions options, std::shared_ptr<RunLog> log)
     : agent_(agent), options_(std::move(options)), free_spares_(options_.spares), log_(std::move(log)) {}

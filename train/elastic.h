@@ -60,10 +60,6 @@ struct ElasticOptions {
   absl::Duration probe_timeout = absl::Seconds(5);
 };
 
-// The workers of `workers` that do not answer a probe within `timeout`.
-std::vector<std::string> UnansweringWorkers(Agent& agent, const std::vector<std::string>& workers,
-                                            absl::Duration timeout);
-
 class Elastic {
  public:
   // One attempt: train over `workers`, resumed from `from` when set.

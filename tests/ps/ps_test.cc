@@ -133,6 +133,71 @@ TEST(Ps, AKilledWorkerFailsTheStepNamingIt) {
   workers.master().Shutdown(/*graceful=*/false).IgnoreError();
 }
 
+// A batch whose rows 4-7 (w2's share of 12 rows over three workers) hold
+// a value the "ThrowsAbove" stage in front of the MLP refuses.
+std::pair<at::Tensor, at::Tensor> WithABadRowForW2(const std::pair<at::Tensor, at::Tensor>& batch) {
+  at::Tensor x = batch.first.clone();
+  x[5][0] = 1000.0;
+  return {x, batch.second};
+}
+
+ps::PsOptions ThrowingServer(const std::vector<std::string>& workers, int backup) {
+  ps::PsOptions o = MlpServer(workers, backup);
+  o.stages.insert(o.stages.begin(), pipeline::StageSpec::Registered("ThrowsAbove", {100.0}));
+  return o;
+}
+
+// A worker whose own computation throws is not a lost worker: the step
+// fails naming it and its error, it stays in the group, the next step
+// trains over every worker, and all exit 0 at the end (TestWorkers checks).
+TEST(Ps, AWorkerWhoseComputationThrowsFailsTheStepAndStays) {
+  TestWorkers workers(3, "test_worker");  // for "ThrowsAbove"
+  auto server = ps::ParameterServer::Create(workers.master(), ThrowingServer({"w1", "w2", "w3"}, 0));
+  ASSERT_TRUE(server.ok()) << server.status();
+  const auto data = test_support::RandomBatches(1, 12, 8, 4);
+  const auto bad = WithABadRowForW2(data[0]);
+  auto r = (*server)->train_step(bad.first, bad.second);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("step 1: worker 'w2' failed computing its share of the batch "
+                                              "(4 rows) and still answers"));
+  EXPECT_THAT(r.status().message(), HasSubstr("an input above 100 in magnitude"));
+  EXPECT_THAT((*server)->live_workers(), ElementsAre("w1", "w2", "w3"));
+  EXPECT_FALSE(workers.master().IsLost("w2"));
+  auto next = (*server)->train_step(data[0].first, data[0].second);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_THAT(next->used, ElementsAre("w1", "w2", "w3"));
+  EXPECT_TRUE(next->lost.empty());
+}
+
+// With a backup worker the step may go on without w2's reply: its error
+// then fails the next step, which finds it. Either way w2 is named, not
+// dropped, and training goes on over all three.
+TEST(Ps, WithBackupWorkersAThrowingWorkerIsNotDroppedAsLost) {
+  TestWorkers workers(3, "test_worker");  // for "ThrowsAbove"
+  auto server = ps::ParameterServer::Create(workers.master(), ThrowingServer({"w1", "w2", "w3"}, 1));
+  ASSERT_TRUE(server.ok()) << server.status();
+  const auto data = test_support::RandomBatches(1, 12, 8, 4);
+  const auto bad = WithABadRowForW2(data[0]);
+  auto r = (*server)->train_step(bad.first, bad.second);
+  if (r.ok()) {
+    EXPECT_THAT(r->used, ElementsAre("w1", "w3"));
+    r = (*server)->train_step(data[0].first, data[0].second);
+    ASSERT_FALSE(r.ok());
+    EXPECT_THAT(r.status().message(), HasSubstr("step 2: worker 'w2' failed computing its share of an earlier "
+                                                "step's batch (4 rows) and still answers"));
+  } else {
+    EXPECT_THAT(r.status().message(), HasSubstr("step 1: worker 'w2' failed computing its share of the batch"));
+  }
+  EXPECT_THAT(r.status().message(), HasSubstr("an input above 100 in magnitude"));
+  EXPECT_THAT((*server)->live_workers(), ElementsAre("w1", "w2", "w3"));
+  for (int s = 0; s < 3; ++s) {
+    auto next = (*server)->train_step(data[0].first, data[0].second);
+    ASSERT_TRUE(next.ok()) << next.status();
+    EXPECT_TRUE(next->lost.empty());
+  }
+  EXPECT_FALSE(workers.master().IsLost("w2"));
+}
+
 // After a step over w1, w2 and w3 (backup workers), SIGKILLs w3 and trains
 // on over w1 and w2 until a step reports a worker lost: w3's call fails
 // when its connection attempt does, and the step that sees it reports it

@@ -85,6 +85,37 @@ class PassThreads final : public pipeline::StageModule {
   at::Tensor w_;
 };
 
+// Identity that throws when an input's magnitude is above `limit`: a
+// worker's own computation failing on some rows while its process lives.
+class ThrowsAbove final : public pipeline::StageModule {
+ public:
+  explicit ThrowsAbove(double limit) : limit_(limit) {}
+  c10::IValue Forward(const c10::IValue& input) override {
+    const at::Tensor x = input.toTensor();
+    if (x.abs().max().item<double>() > limit_) {
+      throw std::runtime_error(absl::StrCat("ThrowsAbove: an input above ", limit_, " in magnitude"));
+    }
+    return x;
+  }
+  std::vector<at::Tensor> Parameters() override { return {}; }
+  std::vector<at::Tensor> Buffers() override { return {}; }
+  void Train(bool) override {}
+
+ private:
+  double limit_;
+};
+
+absl::Status RegisterStageTypes() {
+  RETURN_IF_ERROR(pipeline::RegisterStageType(
+      "PassThreads", [](const std::vector<c10::IValue>& a, c10::Device) -> std::unique_ptr<pipeline::StageModule> {
+        return std::make_unique<PassThreads>(a.at(0).toInt());
+      }));
+  return pipeline::RegisterStageType(
+      "ThrowsAbove", [](const std::vector<c10::IValue>& a, c10::Device) -> std::unique_ptr<pipeline::StageModule> {
+        return std::make_unique<ThrowsAbove>(a.at(0).toDouble());
+      });
+}
+
 }  // namespace
 
 absl::Status RegisterTestFunctions(Registry& r) {
@@ -122,11 +153,8 @@ absl::Status RegisterTestFunctions(Registry& r) {
     return std::vector<std::string>(log.seen.begin(), log.seen.end());
   }));
   // Once per process: tests start several agents in one.
-  static const absl::Status stage_type = pipeline::RegisterStageType(
-      "PassThreads", [](const std::vector<c10::IValue>& a, c10::Device) -> std::unique_ptr<pipeline::StageModule> {
-        return std::make_unique<PassThreads>(a.at(0).toInt());
-      });
-  RETURN_IF_ERROR(stage_type);
+  static const absl::Status stage_types = RegisterStageTypes();
+  RETURN_IF_ERROR(stage_types);
   return r.RegisterFunction("sleep_ms", [](CallContext&, const Args& a) -> c10::IValue {
     absl::SleepFor(absl::Milliseconds(a[0].toInt()));
     return a[0];

@@ -362,7 +362,7 @@ TEST(Elastic, AWorkerThatMustBeRestartedFailsTheProbeAndExits) {
   test_support::TestWorkers workers(2, "test_worker");  // for require_restart
   workers.ExpectUncleanShutdown();
   Agent& master = workers.master();
-  ASSERT_TRUE(UnansweringWorkers(master, {"w1", "w2"}, absl::Seconds(5)).empty());
+  ASSERT_TRUE(pipeline::UnansweringWorkers(master, {"w1", "w2"}, absl::Seconds(5)).empty());
   ASSERT_TRUE(master.rpc_sync("w2", "require_restart", {std::string("its GPU stream is stuck")}).ok());
   // (The worker stops at its next second: a probe before that hears why,
   // as the function's error; one after finds it stopping or gone.)
@@ -371,7 +371,7 @@ TEST(Elastic, AWorkerThatMustBeRestartedFailsTheProbeAndExits) {
   if (probe.status().code() == absl::StatusCode::kInternal) {
     EXPECT_THAT(probe.status().message(), HasSubstr("worker 'w2' must be restarted: its GPU stream is stuck"));
   }
-  EXPECT_EQ(UnansweringWorkers(master, {"w1", "w2"}, absl::Seconds(5)), std::vector<std::string>{"w2"});
+  EXPECT_EQ(pipeline::UnansweringWorkers(master, {"w1", "w2"}, absl::Seconds(5)), std::vector<std::string>{"w2"});
   EXPECT_EQ(workers.worker(1).Wait(absl::Seconds(15)).value_or(-1), 1);
   EXPECT_TRUE(workers.worker(0).running());
 }
