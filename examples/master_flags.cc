@@ -67,7 +67,7 @@ absl::Status CheckValues(const Flags& f, const RunOptions& c) {
   auto device = ParseDevice(c.device, "--device");
   if (!device.ok()) return Bad(std::string(device.status().message()));
   if (auto s = CheckLocalDevice(*device); !s.ok()) return Bad(std::string(s.message()));
-  if (!(c.lr > 0) || !std::isfinite(c.lr)) return Bad(absl::StrCat("--lr must be a finite number > 0; got ", c.lr));
+  if (!(c.lr > 0)) return Bad(absl::StrCat("--lr must be > 0; got ", c.lr));
   for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"timeline", c.timeline},
                                    {"curves", c.curves}}) {
     if (!path.empty() && !absl::EndsWithIgnoreCase(path, ".svg")) {

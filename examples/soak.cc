@@ -128,9 +128,7 @@ absl::StatusOr<std::vector<std::string>> CheckConfig(Config& c) {
                                          {"connect-timeout", c.connect_timeout, 1},
                                          {"warmup", c.warmup, 0},
                                          {"progress", c.progress, 0}}));
-  if (!(c.lr > 0) || !std::isfinite(c.lr)) {
-    return absl::InvalidArgumentError(absl::StrCat("--lr must be a finite number > 0; got ", c.lr));
-  }
+  if (!(c.lr > 0)) return absl::InvalidArgumentError(absl::StrCat("--lr must be > 0; got ", c.lr));
   if (c.batch_size < c.micro_batches) {
     return absl::InvalidArgumentError(absl::StrCat("--batch-size ", c.batch_size, " is less than --micro-batches ",
                                                    c.micro_batches, ": each micro-batch needs a row"));

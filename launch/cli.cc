@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -70,9 +71,11 @@ void FlagParser::AddInt(const std::string& name, int* target, const std::string&
 void FlagParser::AddDouble(const std::string& name, double* target, const std::string& help) {
   order_.push_back(name);
   flags_[name] = Flag{help, absl::StrCat(*target), false, [name, target](const std::string& v) {
-                        if (!absl::SimpleAtod(v, target)) {
+                        // No flag wants inf or nan: nan passes every
+                        // range check written as "fail if x < lo".
+                        if (!absl::SimpleAtod(v, target) || !std::isfinite(*target)) {
                           return absl::InvalidArgumentError(
-                              absl::StrCat("--", name, " wants a number, got '", v, "'"));
+                              absl::StrCat("--", name, " wants a finite number, got '", v, "'"));
                         }
                         return absl::OkStatus();
                       }};

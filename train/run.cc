@@ -36,6 +36,10 @@ std::string MicroBatches(int count, int rows, bool about) {
 
 // The rows of a batch: --batch-size, or all the training images where
 // --dataset has fewer (each epoch is then one smaller batch).
+// Whether a run is one --trace/--timeline record: the last split count's,
+// when either is given.
+bool Traced(const RunOptions& c, bool last) { return last && !(c.trace.empty() && c.timeline.empty()); }
+
 int64_t BatchRows(const RunOptions& c, const Sets& sets) {
   return sets.train == nullptr ? c.batch_size : std::min<int64_t>(c.batch_size, sets.train->size());
 }
@@ -88,11 +92,12 @@ void PrintRun(const Run& run, const RunOptions& c) {
 // --local: each split count trained in this process.
 absl::StatusOr<std::vector<Run>> TrainHere(const RunOptions& c, const Sets& sets) {
   std::vector<Run> runs;
-  for (int s : c.splits) {
+  for (size_t i = 0; i < c.splits.size(); ++i) {
+    const int s = c.splits[i];
     const int64_t rows = BatchRows(c, sets);
     std::printf("local: splits=%d (%s), %d threads\n", s,
                 MicroBatches(s, static_cast<int>(rows / s), rows % s != 0).c_str(), c.threads);
-    const bool traced = s == c.splits.back() && !(c.trace.empty() && c.timeline.empty());
+    const bool traced = Traced(c, i + 1 == c.splits.size());
     auto run = c.dataset.empty() ? TrainLocal(c, s) : FitLocal(c, s, *sets.train, *sets.test, traced);
     if (!run.ok()) return run.status();
     PrintRun(*run, c);
@@ -226,8 +231,7 @@ absl::StatusOr<std::vector<Run>> TrainOverWorkers(Agent& agent, RunPlan& line, c
         runtime::SetComputeThreads(c.coordinator_threads);
       };
     }
-    auto run = TrainOverPipeline(agent, c, *stages, s, sets, last && !(c.trace.empty() && c.timeline.empty()),
-                                 after_batch, checkpoints);
+    auto run = TrainOverPipeline(agent, c, *stages, s, sets, Traced(c, last), after_batch, checkpoints);
     if (!run.ok()) return run.status();
     PrintRun(*run, c);
     runs.push_back(std::move(*run));
