@@ -19,8 +19,10 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
@@ -597,6 +599,19 @@ absl::StatusOr<std::vector<StageSpec>> TorchScriptStages(const std::string& mode
       return absl::NotFoundError(absl::StrCat(
           "--model ", model, " is a directory without stage0.pt (it should hold stage0.pt, "
           "stage1.pt, ... in pipeline order)"));
+    }
+    // A stage file past a gap in the numbers would be left out silently,
+    // and the model cut short would still train.
+    for (const auto& entry : std::filesystem::directory_iterator(model, ec)) {
+      absl::string_view name = entry.path().filename().native();
+      int64_t k = 0;
+      if (absl::ConsumePrefix(&name, "stage") && absl::ConsumeSuffix(&name, ".pt") && absl::SimpleAtoi(name, &k) &&
+          k >= static_cast<int64_t>(paths.size())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--model ", model, " holds ", entry.path().filename().string(), " but no stage", paths.size(),
+            ".pt: stage files are numbered from 0 without gaps (stage0.pt to stage", paths.size() - 1,
+            ".pt were found); rename them, or move the extra file out"));
+      }
     }
   } else {
     for (absl::string_view p : absl::StrSplit(model, ',', absl::SkipEmpty())) paths.emplace_back(p);

@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <csignal>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -653,6 +655,20 @@ TEST(Pipeline, BadOptionsAreClearErrors) {
   ExpectError(Pipeline::Create(master, unknown).status(), {"unknown schedule 'zigzag'"});
   ExpectError(StageSpec::TorchScriptFile("/nonexistent/stage0.pt").status(), {"/nonexistent/stage0.pt"});
   ExpectError(TorchScriptStages("/").status(), {"stage0.pt"});
+  // A gap in the stage files' numbers is an error, not a shorter model.
+  const std::string dir = TempPath("gapped_stages");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  for (const char* name : {"stage0.pt", "stage1.pt", "stage3.pt"}) {
+    test_support::ScriptLinear(4, 4, 1, true).save(dir + "/" + name);
+  }
+  std::ofstream(dir + "/stage2.pt.bak") << "an old copy";
+  ExpectError(TorchScriptStages(dir).status(),
+              {"holds stage3.pt but no stage2.pt", "numbered from 0 without gaps (stage0.pt to stage1.pt"});
+  std::filesystem::rename(dir + "/stage3.pt", dir + "/stage2.pt");
+  auto renumbered = TorchScriptStages(dir);
+  ASSERT_TRUE(renumbered.ok()) << renumbered.status();
+  EXPECT_EQ(renumbered->size(), 3u);
 }
 
 }  // namespace
