@@ -10,6 +10,7 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/mean.h>
 #include <ATen/ops/std.h>
 #include <ATen/ops/from_blob.h>
@@ -285,6 +286,33 @@ class FirstRowsOf final : public Source {
   int64_t n_;
 };
 
+// `n` rows spread evenly over a source: row i is its row i * size / n.
+// Holds the source.
+class SpreadRowsOf final : public Source {
+ public:
+  SpreadRowsOf(std::unique_ptr<Source> all, int64_t n) : all_(std::move(all)), n_(n) {}
+  int64_t size() const override { return n_; }
+  absl::StatusOr<Batch> Get(const at::Tensor& rows, int epoch) const override {
+    const at::Tensor index = rows.to(at::kLong).contiguous();
+    at::Tensor mapped = at::empty_like(index);
+    const int64_t* from = index.data_ptr<int64_t>();
+    int64_t* to = mapped.data_ptr<int64_t>();
+    const int64_t total = all_->size();
+    for (int64_t r = 0; r < index.numel(); ++r) {
+      if (from[r] < 0 || from[r] >= n_) {
+        return absl::OutOfRangeError(absl::StrCat("row ", from[r], " of a subset of ", n_, " rows"));
+      }
+      // (No overflow: both below 2^31 for any listing that fits in memory.)
+      to[r] = from[r] * total / n_;
+    }
+    return all_->Get(mapped, epoch);
+  }
+
+ private:
+  std::unique_ptr<Source> all_;
+  int64_t n_;
+};
+
 }  // namespace
 
 ImageFolderOptions FolderOptions(const SourceSpec& spec) {
@@ -315,6 +343,11 @@ std::unique_ptr<Source> FirstRows(std::unique_ptr<Source> all, int64_t n) {
   return std::make_unique<FirstRowsOf>(std::move(all), n);
 }
 
+std::unique_ptr<Source> SpreadRows(std::unique_ptr<Source> all, int64_t n) {
+  if (n <= 0 || n >= all->size()) return all;
+  return std::make_unique<SpreadRowsOf>(std::move(all), n);
+}
+
 absl::StatusOr<std::unique_ptr<Source>> OpenSource(const SourceSpec& spec) {
   if (spec.rows < 0) return absl::InvalidArgumentError(absl::StrCat("a source of ", spec.rows, " rows"));
   std::unique_ptr<Source> source;
@@ -322,6 +355,7 @@ absl::StatusOr<std::unique_ptr<Source>> OpenSource(const SourceSpec& spec) {
   if (spec.dataset.rfind(kFolder, 0) == 0) {
     ASSIGN_OR_RETURN(source, ImageFolder::Open(spec.dataset.substr(sizeof(kFolder) - 1),
                                                spec.train ? "train" : "val", FolderOptions(spec)));
+    return SpreadRows(std::move(source), spec.rows);  // (its listing is sorted by class)
   } else {
     ASSIGN_OR_RETURN(auto sets, LoadNamed(spec.dataset));
     source = std::make_unique<OwnedInMemory>(spec.train ? std::move(sets.first) : std::move(sets.second));

@@ -72,6 +72,11 @@ std::unique_ptr<Source> NoRows();
 
 // The first `n` rows of `all` (all of it when n <= 0 or n >= its size).
 std::unique_ptr<Source> FirstRows(std::unique_ptr<Source> all, int64_t n);
+// `n` of `all`'s rows spread evenly over it (row i is its row
+// floor(i * size / n)), for a source sorted by class (an image folder's
+// listing), where the first n rows would hold the first classes only:
+// every class keeps its share. All of it when n <= 0 or n >= its size.
+std::unique_ptr<Source> SpreadRows(std::unique_ptr<Source> all, int64_t n);
 
 // Opens the source `spec` names. An error says what is missing or bad.
 absl::StatusOr<std::unique_ptr<Source>> OpenSource(const SourceSpec& spec);

@@ -348,7 +348,9 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
   flags.AddBool("shuffle", &c.shuffle, "with --dataset: shuffle each epoch by --seed (false: file order)");
   flags.AddString("optimizer", &c.optimizer, "sgd or adam (the ResNet50 demo: plain SGD)");
   flags.AddDouble("momentum", &c.momentum, "SGD momentum with --model or --dataset");
-  flags.AddInt("train-rows", &c.train_rows, "with --dataset: train on the first N images only (0: all)");
+  flags.AddInt("train-rows", &c.train_rows,
+               "with --dataset: train on N images only (0: all): the first N, or an image folder's N spread "
+               "over its classes");
   flags.AddString("data-on", &c.data_on,
                   "with --dataset: where training batches are read: workers (each replica's stage 0 worker, or "
                   "with --mode ps each worker, reads its own rows from its own disk, as DDP's ranks do; the "

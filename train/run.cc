@@ -46,9 +46,9 @@ int64_t BatchRows(const RunOptions& c, const Sets& sets) {
 
 // --dataset's sets, loaded (or, for an image folder, listed) and
 // described (empty sets without --dataset).
-absl::StatusOr<std::unique_ptr<Sets>> LoadSets(const RunOptions& c) {
+absl::StatusOr<std::unique_ptr<Sets>> LoadSets(const RunOptions& c, bool resuming) {
   if (c.dataset.empty()) return std::make_unique<Sets>();
-  auto sets = LoadDataset(c);
+  auto sets = LoadDataset(c, resuming);
   if (!sets.ok()) return sets.status();
   const std::vector<int64_t>& shape = (*sets)->shape;
   if (TrainsSmallCnn(c) && shape != std::vector<int64_t>{1, 28, 28}) {
@@ -364,7 +364,7 @@ absl::Status RunMaster(RunPlan& plan, Registry* registry) {
   Baseline baseline;
   absl::StatusOr<std::vector<Run>> runs;
   try {  // (errors are statuses; an exception here is a bug, which must still end the group)
-    auto sets = LoadSets(c);
+    auto sets = LoadSets(c, plan.checkpoints.resume.has_value());
     if (!sets.ok()) return fail(sets.status());
     if (auto s = FitInputShape(plan.config, **sets); !s.ok()) return fail(s);
     if (c.local) {

@@ -18,6 +18,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
 #include "data/imagefolder.h"
@@ -46,13 +47,19 @@ data::SourceSpec SourceSpecOf(const RunOptions& c, bool train) {
   return s;
 }
 
-absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const RunOptions& c) {
+absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const RunOptions& c, bool resuming) {
   auto sets = std::make_unique<Sets>();
   if (ReadsImageFolder(c)) {
     const std::string dir = c.dataset.substr(std::strlen("imagefolder:"));
     if (!c.checkpoint_dir.empty()) {
       std::error_code ec;
       std::filesystem::create_directories(c.checkpoint_dir, ec);
+      // A listing left by an earlier run (one that failed, or whose folder
+      // has changed since) is not this fresh run's: it lists the folder
+      // again, and its workers read the new listing.
+      if (!resuming) {
+        for (bool train : {true, false}) std::filesystem::remove(SourceSpecOf(c, train).listing_cache, ec);
+      }
     }
     ASSIGN_OR_RETURN(auto train, data::ImageFolder::Open(dir, "train", data::FolderOptions(SourceSpecOf(c, true))));
     absl::StatusOr<std::unique_ptr<data::ImageFolder>> test =
@@ -71,14 +78,18 @@ absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const RunOptions& c) {
                                                      " classes; ResNet50 has 1000 outputs: give --model stages"));
     }
     if (!c.model.empty() && static_cast<int64_t>(train->classes().size()) != c.classes) {
-      return absl::InvalidArgumentError(absl::StrCat(train->root(), " has ", train->classes().size(),
-                                                     " classes; --classes is ", c.classes,
-                                                     ": give --classes ", train->classes().size()));
+      const std::vector<std::string>& names = train->classes();
+      const size_t shown = std::min<size_t>(names.size(), 10);
+      return absl::InvalidArgumentError(absl::StrCat(
+          train->root(), " has ", names.size(), " class folders (",
+          absl::StrJoin(names.begin(), names.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
+          names.size() > shown ? ", ..." : "", "); --classes is ", c.classes, ": give --classes ", names.size(),
+          " (the model's outputs), or move out the folders that are not classes"));
     }
     sets->shape = {3, c.image_size, c.image_size};
     sets->classes = static_cast<int64_t>(train->classes().size());
     sets->train = std::move(train);
-    sets->train = data::FirstRows(std::move(sets->train), c.train_rows);
+    sets->train = data::SpreadRows(std::move(sets->train), c.train_rows);  // every class, in its share
     sets->test = test.ok() ? std::unique_ptr<data::Source>(std::move(*test)) : data::NoRows();
     return sets;
   }

@@ -279,7 +279,10 @@ struct Sets {
   std::vector<int64_t> shape;  // one image's, [C, H, W]
   std::string Describe() const;
 };
-absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const RunOptions& c);
+// `resuming`: the run goes on from a checkpoint, whose directory keeps the
+// image folder's listing of the run that saved it (read, so that the rows
+// are the same files); a fresh run lists the folder again.
+absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const RunOptions& c, bool resuming);
 // --dataset's training or test split as a worker opens it (--data-on
 // workers: pipeline/worker_data.h).
 data::SourceSpec SourceSpecOf(const RunOptions& c, bool train);

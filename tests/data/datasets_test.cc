@@ -8,9 +8,14 @@
 #include <fstream>
 
 #include <ATen/ops/allclose.h>
+#include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 #include <torch/data/datasets/mnist.h>
+
+#include "data/source.h"
 
 namespace remora::data {
 namespace {
@@ -167,6 +172,30 @@ TEST(Datasets, NormalizeUsesTheTrainingSetsFigures) {
   Normalize(&train, &test);
   EXPECT_NEAR(train.images.mean().item<float>(), 0, 1e-6);
   EXPECT_NEAR(test.images.mean().item<float>(), 0, 1e-6);  // 1 is the training mean
+}
+
+// A subset of a source sorted by class keeps every class in its share
+// (--train-rows on an image folder); the first rows would be class 0's.
+TEST(Datasets, SpreadRowsKeepEveryClassOfASortedSource) {
+  Dataset sorted{at::zeros({40, 1, 1, 1}), at::arange(40, at::kLong).div(10, "floor")};  // 4 classes of 10
+  InMemory all(sorted);
+  class View final : public Source {  // owns nothing: SpreadRows holds its source
+   public:
+    explicit View(const Source& s) : s_(s) {}
+    int64_t size() const override { return s_.size(); }
+    absl::StatusOr<Batch> Get(const at::Tensor& rows, int epoch) const override { return s_.Get(rows, epoch); }
+
+   private:
+    const Source& s_;
+  };
+  std::unique_ptr<Source> eight = SpreadRows(std::make_unique<View>(all), 8);
+  ASSERT_EQ(eight->size(), 8);
+  auto batch = eight->Get(at::arange(8, at::kLong), 1);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  EXPECT_TRUE(batch->labels.equal(at::tensor({0, 0, 1, 1, 2, 2, 3, 3}, at::kLong))) << batch->labels;
+  EXPECT_FALSE(eight->Get(at::tensor({8}, at::kLong), 1).ok());  // past the subset
+  EXPECT_EQ(SpreadRows(std::make_unique<View>(all), 0)->size(), 40);  // 0: all
+  EXPECT_EQ(SpreadRows(std::make_unique<View>(all), 50)->size(), 40);
 }
 
 }  // namespace

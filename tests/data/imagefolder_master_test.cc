@@ -415,6 +415,31 @@ TEST(DataBench, ReadsAFolderAndRefusesSizesMasterWouldRefuse) {
 // A folder whose every file is unreadable trains nothing even with
 // --skip-bad-images: an error (its loss printed as 0.0000, exit 0, before),
 // in master and in data_bench alike.
+// A fresh run lists the folder again: the listing an earlier run left in
+// --checkpoint-dir (here one refused for its class count) is not reused
+// once the folder is mended; the error names the class folders.
+TEST(ImageFolderMaster, AFreshRunListsTheFolderAgain) {
+  const std::string dir = FreshImageDir("relisted");
+  WriteClassFolders(dir, {"red", "blue", "stray"}, 2, 1, RedOrBlue);
+  const std::string ckpt = TempPath("relisted_ckpt");
+  fs::remove_all(ckpt);
+  const std::vector<std::string> args = {"--dataset", "imagefolder:" + dir, "--model", SmallImageModel(),
+                                         "--classes", "2", "--image-size", "16", "--epochs", "1", "--batch-size",
+                                         "2", "--splits", "1", "--data-threads", "1", "--checkpoint-dir", ckpt};
+  // (It fails listing the folder, before it waits for any worker.)
+  std::vector<std::string> alone = {BinDir() + "/master", "--workers", "w1,w2", "--listen",
+                                    absl::StrCat("127.0.0.1:", FreePort())};
+  alone.insert(alone.end(), args.begin(), args.end());
+  auto [code, out] = RunProgram(alone, absl::Seconds(120));
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_THAT(out, HasSubstr("has 3 class folders (blue, red, stray); --classes is 2: give --classes 3"));
+  fs::remove_all(dir + "/train/stray");
+  fs::remove_all(dir + "/val/stray");
+  auto [again, again_out] = test_support::RunPipeline(2, args);
+  EXPECT_EQ(again, 0) << again_out;
+  EXPECT_THAT(again_out, HasSubstr(": 4 training and 2 test images of [3, 16, 16] in 2 classes"));
+}
+
 TEST(ImageFolderMaster, AnEpochWhoseImagesAreAllSkippedIsAnError) {
   const std::string dir = FreshImageDir("all_bad");
   for (const char* file : {"/train/cat/0.jpg", "/train/dog/0.jpg"}) {
