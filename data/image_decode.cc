@@ -43,6 +43,21 @@ bool IsPng(const std::string& b) {
   return b.size() >= 8 && png_sig_cmp(reinterpret_cast<png_const_bytep>(b.data()), 0, 8) == 0;
 }
 
+// `width` CMYK pixels as libjpeg decodes them to RGB, as PIL (and so
+// torchvision) does: the values taken as inverted, as Adobe's software
+// writes them (nearly every CMYK JPEG there is), whether or not the file
+// has Adobe's marker; PIL, OpenCV and Chrome all assume so. R = C * K / 255
+// (G from M, B from Y), rounded as PIL rounds.
+void CmykToRgb(const JSAMPLE* cmyk, int width, uint8_t* rgb) {
+  for (int x = 0; x < width; ++x, cmyk += 4, rgb += 3) {
+    const int k = cmyk[3];
+    for (int c = 0; c < 3; ++c) {
+      const int t = cmyk[c] * k + 128;  // PIL's MULDIV255: round(a * b / 255)
+      rgb[c] = static_cast<uint8_t>((t + (t >> 8)) >> 8);
+    }
+  }
+}
+
 // Decodes into `out` (or, with `header_only`, sets its size alone);
 // false with `message` set on an error. No C++ object is made between
 // setjmp and the last libjpeg call.
@@ -67,7 +82,11 @@ bool DecodeJpegInto(const std::string& bytes, int min_width, int min_height, boo
     jpeg_destroy_decompress(&cinfo);
     return true;
   }
-  cinfo.out_color_space = JCS_RGB;
+  // libjpeg converts only YCbCr and grey to RGB; CMYK and YCCK files
+  // (valid: print workflows write them, ImageNet holds some) come out as
+  // CMYK, turned into RGB below.
+  const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
+  cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
   cinfo.dct_method = JDCT_ISLOW;  // exact, and the same on every machine
   // The smallest of 1/8, 1/4, 1/2 and 1 that keeps the image at least
   // min_width x min_height (none asked: the whole size). libjpeg-turbo's
@@ -110,10 +129,20 @@ bool DecodeJpegInto(const std::string& bytes, int min_width, int min_height, boo
   out->width = static_cast<int>(cinfo.output_width);  // the cropped width, after jpeg_crop_scanline
   out->height = static_cast<int>(h);
   out->pixels.resize(static_cast<size_t>(out->width) * out->height * 3);
+  // A CMYK row is read into libjpeg's own memory (freed with cinfo: no
+  // C++ object here), then converted.
+  JSAMPARRAY cmyk_row = cmyk ? (*cinfo.mem->alloc_sarray)(reinterpret_cast<j_common_ptr>(&cinfo), JPOOL_IMAGE,
+                                                        cinfo.output_width * 4, 1)
+                             : nullptr;
   if (y > 0) jpeg_skip_scanlines(&cinfo, y);
   for (JDIMENSION row_index = 0; row_index < h; ++row_index) {
     JSAMPROW row = out->pixels.data() + static_cast<size_t>(row_index) * out->width * 3;
-    jpeg_read_scanlines(&cinfo, &row, 1);
+    if (!cmyk) {
+      jpeg_read_scanlines(&cinfo, &row, 1);
+      continue;
+    }
+    jpeg_read_scanlines(&cinfo, cmyk_row, 1);
+    CmykToRgb(cmyk_row[0], out->width, row);
   }
   // The rows below the region are not decompressed.
   if (cinfo.output_scanline < cinfo.output_height) {

@@ -142,7 +142,8 @@ struct Rgb {
 
 // The size of the JPEG or PNG image in `bytes` without decoding it.
 absl::StatusOr<std::pair<int, int>> ImageSize(const std::string& bytes, const std::string& label);
-// Decodes a JPEG or PNG image (by its first bytes, not its name). For a
+// Decodes a JPEG or PNG image (by its first bytes, not its name; a CMYK or
+// YCCK JPEG is converted to RGB as PIL converts it). For a
 // JPEG, `min_width` x `min_height` lets the decoder scale down in the DCT,
 // by 1/8, 1/4 or 1/2 (the scales libjpeg-turbo decodes with SIMD code;
 // the others take longer than the whole size), as far as the result stays

@@ -68,6 +68,34 @@ void WriteJpeg(const std::string& path, int w, int h, const std::vector<uint8_t>
   std::fclose(f);
 }
 
+void WriteCmykJpeg(const std::string& path, int w, int h, const std::vector<uint8_t>& cmyk, CmykJpeg kind,
+                   int quality) {
+  ASSERT_EQ(cmyk.size(), static_cast<size_t>(w) * h * 4) << path;
+  jpeg_compress_struct cinfo;
+  jpeg_error_mgr err;
+  cinfo.err = jpeg_std_error(&err);
+  jpeg_create_compress(&cinfo);
+  FILE* f = std::fopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr) << path;
+  jpeg_stdio_dest(&cinfo, f);
+  cinfo.image_width = w;
+  cinfo.image_height = h;
+  cinfo.input_components = 4;
+  cinfo.in_color_space = JCS_CMYK;
+  jpeg_set_defaults(&cinfo);  // CMYK out, with an Adobe marker
+  if (kind == CmykJpeg::kAdobeYcck) jpeg_set_colorspace(&cinfo, JCS_YCCK);
+  if (kind == CmykJpeg::kNoMarker) cinfo.write_Adobe_marker = FALSE;
+  jpeg_set_quality(&cinfo, quality, TRUE);
+  jpeg_start_compress(&cinfo, TRUE);
+  while (cinfo.next_scanline < cinfo.image_height) {
+    JSAMPROW row = const_cast<uint8_t*>(cmyk.data()) + static_cast<size_t>(cinfo.next_scanline) * w * 4;
+    jpeg_write_scanlines(&cinfo, &row, 1);
+  }
+  jpeg_finish_compress(&cinfo);
+  jpeg_destroy_compress(&cinfo);
+  std::fclose(f);
+}
+
 void WriteClassFolders(const std::string& dir, const std::vector<std::string>& classes, int train, int val,
                        const std::function<int(int, int, int, int, int)>& pixel) {
   for (const std::string split : {"train", "val"}) {

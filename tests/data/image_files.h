@@ -22,6 +22,18 @@ std::vector<uint8_t> Pixels(int w, int h, const std::function<int(int, int, int)
 void WritePng(const std::string& path, int w, int h, const std::vector<uint8_t>& rgb);
 void WriteJpeg(const std::string& path, int w, int h, const std::vector<uint8_t>& rgb, int quality = 95);
 
+// How WriteCmykJpeg stores its pixels.
+enum class CmykJpeg {
+  kAdobe,        // CMYK with Adobe's APP14 marker (libjpeg's default for CMYK)
+  kNoMarker,     // CMYK without the marker
+  kAdobeYcck,    // converted to YCCK (which needs the marker)
+};
+
+// `cmyk` (w x h, rows of w * 4 bytes, stored as given: Adobe's inverted
+// values where the reader follows Adobe) as a JPEG at `path`.
+void WriteCmykJpeg(const std::string& path, int w, int h, const std::vector<uint8_t>& cmyk, CmykJpeg kind,
+                   int quality = 95);
+
 // DIR/train/<classes[c]>/ and DIR/val/<classes[c]>/ with `train` and `val`
 // 24 x 20 images per class, PNG and JPEG in turn; pixel (x, y, channel) of
 // image i of class c is pixel(c, i, x, y, channel).

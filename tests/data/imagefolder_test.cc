@@ -1,13 +1,14 @@
 // Image folders: the listing (classes in name order, only image files, the
 // cache a restart reads; class folders at the top, a held-out fraction),
-// JPEG and PNG decoding (DCT scaling), the evaluation crop's exact values,
-// training crops drawn from (seed, epoch, row) whatever the threads, and
-// bad files named or skipped. The images are written with libjpeg and
+// JPEG and PNG decoding (DCT scaling; CMYK JPEGs as PIL reads them), the
+// evaluation crop's exact values, training crops drawn from (seed, epoch,
+// row) whatever the threads, and bad files named or skipped. The images are written with libjpeg and
 // libpng (tests/data/image_files.h; built only where they are found, as
 // the decoding is). The real programs: imagefolder_master_test.cc.
 #include "data/imagefolder.h"
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -215,6 +216,55 @@ TEST(ImageFolder, JpegAndPngDecodeToTheirPixelsAndJpegScalesInTheDct) {
   std::string cut = Slurp(dir + "/p.png");
   cut.resize(cut.size() / 2);
   EXPECT_THAT(std::string(DecodeImage(cut, "cut.png").status().message()), HasSubstr("cut.png: a damaged PNG"));
+}
+
+// CMYK and YCCK JPEGs (print workflows write them; ImageNet holds some)
+// decode to RGB as PIL, and so torchvision, decodes them: the stored values
+// taken as Adobe's inverted ones, R = C * K / 255, marker or not. Flat
+// 16 x 16 blocks (whole MCUs) keep JPEG's loss away from the centres.
+TEST(ImageFolder, CmykAndYcckJpegsDecodeToRgbAsPilDecodesThem) {
+  const std::string dir = FreshImageDir("cmyk");
+  struct Block {
+    uint8_t cmyk[4];
+    uint8_t rgb[3];
+  };
+  const std::vector<Block> blocks = {{{255, 255, 255, 255}, {255, 255, 255}},  // no ink: white
+                                     {{255, 0, 0, 255}, {255, 0, 0}},
+                                     {{200, 100, 50, 128}, {100, 50, 25}},
+                                     {{255, 255, 255, 64}, {64, 64, 64}}};
+  const int w = 16 * static_cast<int>(blocks.size()), h = 16;
+  std::vector<uint8_t> cmyk(static_cast<size_t>(w) * h * 4);
+  for (int y = 0; y < h; ++y) {
+    for (int x = 0; x < w; ++x) std::memcpy(&cmyk[(static_cast<size_t>(y) * w + x) * 4], blocks[x / 16].cmyk, 4);
+  }
+  using test_images::CmykJpeg;
+  for (const auto& [kind, name] : {std::pair{CmykJpeg::kAdobe, "adobe.jpg"},
+                                   std::pair{CmykJpeg::kNoMarker, "plain.jpg"},
+                                   std::pair{CmykJpeg::kAdobeYcck, "ycck.jpg"}}) {
+    SCOPED_TRACE(name);
+    test_images::WriteCmykJpeg(dir + "/" + name, w, h, cmyk, kind);
+    const std::string bytes = Slurp(dir + "/" + name);
+    EXPECT_EQ(ImageSize(bytes, name).value(), std::make_pair(w, h));
+    auto rgb = DecodeImage(bytes, name);
+    ASSERT_TRUE(rgb.ok()) << rgb.status();
+    ASSERT_EQ(rgb->width, w);
+    ASSERT_EQ(rgb->pixels.size(), static_cast<size_t>(w) * h * 3);
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      for (int c = 0; c < 3; ++c) {
+        EXPECT_NEAR(rgb->pixels[(8 * static_cast<size_t>(w) + 16 * b + 8) * 3 + c], blocks[b].rgb[c], 4)
+            << "block " << b << ", channel " << c;
+      }
+    }
+    // Scaled in the DCT (1/2), and a region alone: the same colours.
+    auto half = DecodeImage(bytes, name, w / 2, h / 2);
+    ASSERT_TRUE(half.ok()) << half.status();
+    ASSERT_EQ(half->width, w / 2);
+    EXPECT_NEAR(half->pixels[(4 * static_cast<size_t>(w / 2) + 8 * 2 + 4) * 3], blocks[2].rgb[0], 4);
+    auto part = DecodeImage(bytes, name, 0, 0, Region{36, 4, 8, 8}, 0);
+    ASSERT_TRUE(part.ok()) << part.status();
+    const size_t at = (static_cast<size_t>(8 - part->y0) * part->width + (40 - part->x0)) * 3;
+    for (int c = 0; c < 3; ++c) EXPECT_NEAR(part->pixels[at + c], blocks[2].rgb[c], 4) << "channel " << c;
+  }
 }
 
 TEST(ImageFolder, EvaluationResizesTheShortSideCentreCropsAndNormalises) {
