@@ -74,6 +74,14 @@ struct ImageListing {
 absl::StatusOr<ImageListing> ListImageFolder(const std::string& dir, const std::string& split,
                                              double val_fraction = 0);
 
+// ListImageFolder's listing, read from the listing cache file `cache`
+// where it lists this split (empty: no cache), else scanned and written
+// there, so a restarted run does not list a million files again; `root` is
+// set to the folder the files are named relative to.
+absl::StatusOr<ImageListing> ListImageFolderCached(const std::string& dir, const std::string& split,
+                                                   double val_fraction, const std::string& cache,
+                                                   std::string* root);
+
 // InvalidArgument when `val_fraction` > 0 would hold images of the folder
 // `dir` out though it has a val/ folder (checked before a run starts).
 absl::Status CheckValFraction(const std::string& dir, double val_fraction);

@@ -1,0 +1,244 @@
+// The listing of an image folder's split (data/imagefolder.h): the class
+// folders and their images, a held-out fraction, and the listing cache.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "base/status_util.h"
+#include "data/imagefolder.h"
+
+namespace remora::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kListingHeader[] = "remora-imagefolder-listing 1";
+
+bool IsImageName(const fs::path& p) {
+  const std::string ext = absl::AsciiStrToLower(p.extension().string());
+  return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
+}
+
+// A listing cache's lines back, if it lists `root`.
+std::optional<ImageListing> ReadListing(const std::string& path, const std::string& root) {
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line) || line != absl::StrCat(kListingHeader, " ", root)) return std::nullopt;
+  ImageListing l;
+  int64_t classes = 0, files = 0;
+  if (!std::getline(in, line) || !absl::SimpleAtoi(line, &classes)) return std::nullopt;
+  for (int64_t i = 0; i < classes && std::getline(in, line); ++i) l.classes.push_back(line);
+  if (!std::getline(in, line) || !absl::SimpleAtoi(line, &files)) return std::nullopt;
+  for (int64_t i = 0; i < files && std::getline(in, line); ++i) {
+    const std::vector<std::string> parts = absl::StrSplit(line, absl::MaxSplits('\t', 1));
+    int64_t label = 0;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &label) || label < 0 || label >= classes) {
+      return std::nullopt;
+    }
+    l.labels.push_back(label);
+    l.files.push_back(parts[1]);
+  }
+  if (static_cast<int64_t>(l.classes.size()) != classes || static_cast<int64_t>(l.files.size()) != files) {
+    return std::nullopt;
+  }
+  return l;
+}
+
+void WriteListing(const std::string& path, const std::string& root, const ImageListing& l) {
+  // Its own temporary file: the master and the workers that read the
+  // folder (on one host, or on several sharing the directory) may write
+  // the same listing at once.
+  static std::atomic<int64_t> written{0};
+  char host[256] = "host";
+  gethostname(host, sizeof(host) - 1);
+  const std::string tmp = absl::StrCat(path, ".tmp.", host, ".", getpid(), ".", written++);
+  std::error_code ec;
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << kListingHeader << " " << root << "\n" << l.classes.size() << "\n";
+    for (const std::string& c : l.classes) out << c << "\n";
+    out << l.files.size() << "\n";
+    for (size_t i = 0; i < l.files.size(); ++i) out << l.labels[i] << "\t" << l.files[i] << "\n";
+    out.close();
+    if (!out) {  // a cache that cannot be written is only slower next time
+      fs::remove(tmp, ec);
+      return;
+    }
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) fs::remove(tmp, ec);
+}
+
+// Lists the class folders under `root` and their images; `what` names the
+// layout in errors.
+absl::StatusOr<ImageListing> ListClassFolders(const fs::path& root, const std::string& what) {
+  std::error_code ec;
+  ImageListing l;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    if (entry.is_directory(ec)) l.classes.push_back(entry.path().filename().string());
+  }
+  if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot list ", root.string(), ": ", ec.message()));
+  std::sort(l.classes.begin(), l.classes.end());
+  if (l.classes.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(root.string(), " has no class folders (", what, ")"));
+  }
+  for (size_t c = 0; c < l.classes.size(); ++c) {
+    std::vector<std::string> names;
+    for (const auto& entry : fs::directory_iterator(root / l.classes[c], ec)) {
+      if (!entry.is_directory(ec) && IsImageName(entry.path())) names.push_back(entry.path().filename().string());
+    }
+    std::sort(names.begin(), names.end());
+    for (const std::string& n : names) {
+      l.files.push_back(absl::StrCat(l.classes[c], "/", n));
+      l.labels.push_back(static_cast<int64_t>(c));
+    }
+  }
+  if (l.files.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(root.string(), " has ", l.classes.size(),
+                                                   " class folders but no .jpg, .jpeg or .png files in them"));
+  }
+  return l;
+}
+
+// Where a split's files are and which of them it takes.
+struct SplitPlace {
+  fs::path root;  // the folder its files are named relative to
+  enum class Part { kAll, kKept, kHeldOut } part = Part::kAll;
+  std::string what;  // the layout, for errors
+  // What the listing cache checks it lists.
+  std::string Key(double fraction) const {
+    switch (part) {
+      case Part::kKept:
+        return absl::StrCat(root.string(), " less val-fraction ", fraction);
+      case Part::kHeldOut:
+        return absl::StrCat(root.string(), " val-fraction ", fraction);
+      case Part::kAll:
+        break;
+    }
+    return root.string();
+  }
+};
+
+}  // namespace
+
+absl::Status CheckValFraction(const std::string& dir, double val_fraction) {
+  std::error_code ec;
+  const fs::path top = fs::absolute(fs::path(dir), ec).lexically_normal();
+  if (val_fraction > 0 && fs::is_directory(top / "val", ec)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        top.string(), " has val/: a val fraction holds training images out only where there is no val/ folder "
+        "(drop it, or the val/ folder)"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::StatusOr<SplitPlace> PlaceSplit(const std::string& dir, const std::string& split, double fraction) {
+  if (!(fraction >= 0 && fraction < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("image folder ", dir, ": a val fraction of ", fraction,
+                                                   " (it must be in [0, 1))"));
+  }
+  const fs::path top = fs::absolute(fs::path(dir)).lexically_normal();
+  std::error_code ec;
+  if (split != "train" && split != "val") {
+    if (!fs::is_directory(top / split, ec)) {
+      return absl::NotFoundError(absl::StrCat("no folder ", (top / split).string(), ": an image folder holds ", split,
+                                              "/<class>/<image> files (torchvision's ImageFolder layout)"));
+    }
+    return SplitPlace{top / split, SplitPlace::Part::kAll, split + "/<class>/<image> files"};
+  }
+  if (!fs::is_directory(top, ec)) {
+    return absl::NotFoundError(absl::StrCat("no folder ", top.string(), ": an image folder holds train/<class>/"
+                                            "<image> and val/<class>/<image> files, or <class>/<image> files"));
+  }
+  const bool has_train = fs::is_directory(top / "train", ec), has_val = fs::is_directory(top / "val", ec);
+  RETURN_IF_ERROR(CheckValFraction(top.string(), fraction));
+  SplitPlace place;
+  place.root = has_train ? top / "train" : top;
+  place.what = has_train ? "train/<class>/<image> files" : "<class>/<image> files, torchvision's ImageFolder layout";
+  if (split == "train") {
+    if (has_val && !has_train) {  // (its class folders cannot be told from val/)
+      return absl::InvalidArgumentError(absl::StrCat(top.string(), " has val/ but no train/: training images go in ",
+                                                     (top / "train").string(), "/<class>/<image>"));
+    }
+    if (fraction > 0) place.part = SplitPlace::Part::kKept;
+    return place;
+  }
+  if (has_val) return SplitPlace{top / "val", SplitPlace::Part::kAll, "val/<class>/<image> files"};
+  if (fraction == 0) {
+    return absl::NotFoundError(absl::StrCat("no folder ", (top / "val").string(),
+                                            ": no validation images (add val/<class>/<image> files, or hold a "
+                                            "fraction of the training images out: --val-fraction)"));
+  }
+  place.part = SplitPlace::Part::kHeldOut;
+  return place;
+}
+
+// Whether the file `name` ("class/file") is among the fraction held out as
+// validation: from a hash of its name alone, so every process and every
+// run holds out the same files, and adding images moves no other.
+bool HeldOut(const std::string& name, double fraction) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a, then mixed
+  for (const unsigned char c : name) h = (h ^ c) * 0x100000001b3ull;
+  // splitmix64's steps (what imagefolder.cc's Mix(h, 0, 0) draws with):
+  // a change here would move images between the parts.
+  for (int i = 0; i < 2; ++i) {
+    h += 0x9e3779b97f4a7c15ull;
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+    h ^= h >> 31;
+  }
+  return static_cast<double>(h >> 11) * 0x1.0p-53 < fraction;
+}
+
+// The listing of `place`: all of its folder, or the part kept or held out.
+absl::StatusOr<ImageListing> ListPlace(const SplitPlace& place, double fraction) {
+  ASSIGN_OR_RETURN(ImageListing all, ListClassFolders(place.root, place.what));
+  if (place.part == SplitPlace::Part::kAll) return all;
+  const bool want_held = place.part == SplitPlace::Part::kHeldOut;
+  ImageListing l;
+  l.classes = all.classes;
+  for (size_t i = 0; i < all.files.size(); ++i) {
+    if (HeldOut(all.files[i], fraction) != want_held) continue;
+    l.files.push_back(std::move(all.files[i]));
+    l.labels.push_back(all.labels[i]);
+  }
+  if (l.files.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a val fraction of ", fraction, " of the ", all.files.size(), " images in ", place.root.string(),
+        want_held ? " holds out none of them: raise it, or add a val/ folder" : " holds out all of them: lower it"));
+  }
+  return l;
+}
+
+}  // namespace
+
+absl::StatusOr<ImageListing> ListImageFolder(const std::string& dir, const std::string& split, double val_fraction) {
+  ASSIGN_OR_RETURN(SplitPlace place, PlaceSplit(dir, split, val_fraction));
+  return ListPlace(place, val_fraction);
+}
+
+absl::StatusOr<ImageListing> ListImageFolderCached(const std::string& dir, const std::string& split,
+                                                   double val_fraction, const std::string& cache,
+                                                   std::string* root) {
+  ASSIGN_OR_RETURN(SplitPlace place, PlaceSplit(dir, split, val_fraction));
+  *root = place.root.string();
+  const std::string key = place.Key(val_fraction);
+  if (!cache.empty()) {
+    if (std::optional<ImageListing> cached = ReadListing(cache, key)) return *std::move(cached);
+  }
+  ASSIGN_OR_RETURN(ImageListing scanned, ListPlace(place, val_fraction));
+  if (!cache.empty()) WriteListing(cache, key, scanned);
+  return scanned;
+}
+
+}  // namespace remora::data
