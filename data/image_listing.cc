@@ -1,9 +1,12 @@
 // The listing of an image folder's split (data/imagefolder.h): the class
 // folders and their images, a held-out fraction, and the listing cache.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -11,6 +14,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "base/status_util.h"
 #include "data/imagefolder.h"
@@ -20,10 +24,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr char kListingHeader[] = "remora-imagefolder-listing 1";
+// Version 2 lists subfolders' images and the count of files left out, and
+// skips hidden names: a version 1 listing (read by nothing now) may list
+// the folder otherwise, so the folder is listed again.
+constexpr char kListingHeader[] = "remora-imagefolder-listing 2";
+constexpr size_t kUnlistedExamples = 3;  // names kept of the files not listed
 
-bool IsImageName(const fs::path& p) {
-  const std::string ext = absl::AsciiStrToLower(p.extension().string());
+bool IsImageName(const std::string& name) {
+  const std::string ext = absl::AsciiStrToLower(fs::path(name).extension().string());
   return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
 }
 
@@ -49,6 +57,15 @@ std::optional<ImageListing> ReadListing(const std::string& path, const std::stri
   if (static_cast<int64_t>(l.classes.size()) != classes || static_cast<int64_t>(l.files.size()) != files) {
     return std::nullopt;
   }
+  // "<files not listed> <examples>", then the examples' names.
+  int64_t examples = 0;
+  std::vector<std::string> counts;
+  if (!std::getline(in, line) || (counts = absl::StrSplit(line, ' ')).size() != 2 ||
+      !absl::SimpleAtoi(counts[0], &l.unlisted) || !absl::SimpleAtoi(counts[1], &examples)) {
+    return std::nullopt;
+  }
+  for (int64_t i = 0; i < examples && std::getline(in, line); ++i) l.unlisted_examples.push_back(line);
+  if (static_cast<int64_t>(l.unlisted_examples.size()) != examples) return std::nullopt;
   return l;
 }
 
@@ -67,6 +84,8 @@ void WriteListing(const std::string& path, const std::string& root, const ImageL
     for (const std::string& c : l.classes) out << c << "\n";
     out << l.files.size() << "\n";
     for (size_t i = 0; i < l.files.size(); ++i) out << l.labels[i] << "\t" << l.files[i] << "\n";
+    out << l.unlisted << " " << l.unlisted_examples.size() << "\n";
+    for (const std::string& e : l.unlisted_examples) out << e << "\n";
     out.close();
     if (!out) {  // a cache that cannot be written is only slower next time
       fs::remove(tmp, ec);
@@ -77,33 +96,114 @@ void WriteListing(const std::string& path, const std::string& root, const ImageL
   if (ec) fs::remove(tmp, ec);
 }
 
-// Lists the class folders under `root` and their images; `what` names the
-// layout in errors.
-absl::StatusOr<ImageListing> ListClassFolders(const fs::path& root, const std::string& what) {
+// A name that starts with '.': hidden (.DS_Store, .ipynb_checkpoints,
+// macOS's ._x.jpg AppleDouble files), never a class or an image.
+bool IsHidden(const std::string& name) { return !name.empty() && name[0] == '.'; }
+
+// A folder's entries that are not hidden, by name: the folders (links to
+// folders followed, as torchvision's os.walk(followlinks=True) does) and
+// the rest.
+struct Entries {
+  std::vector<std::string> folders, files;
+};
+
+absl::StatusOr<Entries> ReadFolder(const fs::path& dir) {
+  Entries e;
   std::error_code ec;
-  ImageListing l;
-  for (const auto& entry : fs::directory_iterator(root, ec)) {
-    if (entry.is_directory(ec)) l.classes.push_back(entry.path().filename().string());
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (IsHidden(name)) continue;
+    std::error_code type_ec;  // (an entry that cannot be looked at is a file: reading it names it)
+    (it->is_directory(type_ec) ? e.folders : e.files).push_back(name);
   }
-  if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot list ", root.string(), ": ", ec.message()));
-  std::sort(l.classes.begin(), l.classes.end());
+  if (ec) {
+    return absl::PermissionDeniedError(absl::StrCat("cannot list ", dir.string(), ": ", ec.message(),
+                                                    " (make it readable, or move it out of the image folder)"));
+  }
+  std::sort(e.folders.begin(), e.folders.end());
+  std::sort(e.files.begin(), e.files.end());
+  return e;
+}
+
+// The folder root/rel and the folders in it at any depth, each with its
+// files; `up` holds the folders above it (device, inode), so a link back
+// up is an error rather than endless.
+using FolderFiles = std::vector<std::pair<std::string, std::vector<std::string>>>;
+absl::Status Walk(const fs::path& root, const std::string& rel, std::vector<std::pair<dev_t, ino_t>>* up,
+                  FolderFiles* out) {
+  const fs::path dir = root / rel;
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat("cannot read ", dir.string(), ": ", std::strerror(errno),
+                                                    " (make it readable, or move it out of the image folder)"));
+  }
+  const std::pair<dev_t, ino_t> id(st.st_dev, st.st_ino);
+  if (std::find(up->begin(), up->end(), id) != up->end()) {
+    return absl::InvalidArgumentError(absl::StrCat(dir.string(), " is a link to a folder above it, which would be ",
+                                                   "listed without end: remove the link"));
+  }
+  ASSIGN_OR_RETURN(Entries e, ReadFolder(dir));
+  out->emplace_back(rel, std::move(e.files));
+  up->push_back(id);
+  for (const std::string& f : e.folders) RETURN_IF_ERROR(Walk(root, absl::StrCat(rel, "/", f), up, out));
+  up->pop_back();
+  return absl::OkStatus();
+}
+
+constexpr char kImageKinds[] =
+    "images are .jpg, .jpeg and .png files (any case) in a class folder or its subfolders; names starting with '.' "
+    "are skipped";
+
+// Lists the class folders under `root` and their images, as torchvision's
+// ImageFolder does: every folder in `root` is a class, and its images are
+// its files and its subfolders' at any depth, named relative to `root`
+// (cat/sub/x.jpg), folder by folder in path order, each one's files in name
+// order (sorted(os.walk(...))). Unlike torchvision, hidden names are
+// skipped. Files of other types are counted in `unlisted`; `what` names
+// the layout in errors.
+absl::StatusOr<ImageListing> ListClassFolders(const fs::path& root, const std::string& what) {
+  ASSIGN_OR_RETURN(Entries top, ReadFolder(root));
+  ImageListing l;
+  l.classes = std::move(top.folders);  // (files beside the class folders belong to no class)
   if (l.classes.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(root.string(), " has no class folders (", what, ")"));
   }
+  std::vector<std::string> empty;  // class folders without an image
   for (size_t c = 0; c < l.classes.size(); ++c) {
-    std::vector<std::string> names;
-    for (const auto& entry : fs::directory_iterator(root / l.classes[c], ec)) {
-      if (!entry.is_directory(ec) && IsImageName(entry.path())) names.push_back(entry.path().filename().string());
+    FolderFiles folders;
+    std::vector<std::pair<dev_t, ino_t>> up;
+    RETURN_IF_ERROR(Walk(root, l.classes[c], &up, &folders));
+    std::sort(folders.begin(), folders.end());
+    const size_t before = l.files.size();
+    for (const auto& [folder, names] : folders) {
+      for (const std::string& n : names) {
+        std::string file = absl::StrCat(folder, "/", n);
+        if (!IsImageName(n)) {
+          if (l.unlisted_examples.size() < kUnlistedExamples) l.unlisted_examples.push_back(std::move(file));
+          ++l.unlisted;
+          continue;
+        }
+        l.files.push_back(std::move(file));
+        l.labels.push_back(static_cast<int64_t>(c));
+      }
     }
-    std::sort(names.begin(), names.end());
-    for (const std::string& n : names) {
-      l.files.push_back(absl::StrCat(l.classes[c], "/", n));
-      l.labels.push_back(static_cast<int64_t>(c));
-    }
+    if (l.files.size() == before) empty.push_back(l.classes[c]);
   }
-  if (l.files.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(root.string(), " has ", l.classes.size(),
-                                                   " class folders but no .jpg, .jpeg or .png files in them"));
+  // torchvision refuses a class without images too ("Found no valid file
+  // for the classes ..."): its label would never be trained on.
+  if (!empty.empty()) {
+    constexpr size_t kNamed = 5;
+    std::string named = absl::StrJoin(empty.begin(), empty.begin() + std::min(kNamed, empty.size()), ", ");
+    if (empty.size() > kNamed) absl::StrAppend(&named, " and ", empty.size() - kNamed, " more");
+    std::string others;
+    if (l.unlisted > 0) {
+      others = absl::StrCat("; ", l.unlisted, " files of other types are not read, e.g. ",
+                            absl::StrJoin(l.unlisted_examples, ", "));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(root.string(), ": class folders with no image (", empty.size(),
+                                                   " of ", l.classes.size(), ": ", named,
+                                                   "): remove them, or add images to them (", kImageKinds, ")",
+                                                   others));
   }
   return l;
 }
@@ -207,6 +307,8 @@ absl::StatusOr<ImageListing> ListPlace(const SplitPlace& place, double fraction)
   const bool want_held = place.part == SplitPlace::Part::kHeldOut;
   ImageListing l;
   l.classes = all.classes;
+  l.unlisted = all.unlisted;  // (the whole folder's)
+  l.unlisted_examples = all.unlisted_examples;
   for (size_t i = 0; i < all.files.size(); ++i) {
     if (HeldOut(all.files[i], fraction) != want_held) continue;
     l.files.push_back(std::move(all.files[i]));

@@ -1,7 +1,9 @@
 // Image folders as torchvision's ImageFolder lays them out, read from disk
 // as batches need them: DIR/train/<class>/*.jpg|*.jpeg|*.png and
 // DIR/val/<class>/... (ImageNet's layout), or DIR/<class>/... alone (the
-// training images; ImageFolder(root)), classes numbered in name order.
+// training images; ImageFolder(root)), classes numbered in name order, a
+// class's images in its subfolders too (ListImageFolder says what is
+// listed and what is skipped).
 // Where there is no val/ folder, a fraction of the training images can be
 // held out as the "val" split, chosen by a hash of each file's name (the
 // same files in every process and every run). Files are decoded (JPEG through libjpeg-turbo,
@@ -57,20 +59,31 @@ struct ImageFolderOptions {
 // A SourceSpec's image-folder options (data/source.h).
 ImageFolderOptions FolderOptions(const SourceSpec& spec);
 
-// What was found: classes in name order, and every file with its class.
+// What was found: classes in name order, and every image with its class.
 struct ImageListing {
   std::vector<std::string> classes;
-  std::vector<std::string> files;  // relative to the split's folder
+  std::vector<std::string> files;  // relative to the split's folder: cat/x.jpg, cat/sub/y.png
   std::vector<int64_t> labels;
+  // Files in the class folders that are not images by name (.bmp, .gif,
+  // .txt ...), left out: how many, and the first few (relative names), so
+  // that a folder of another format does not shrink a dataset unseen.
+  // Hidden files are not counted.
+  int64_t unlisted = 0;
+  std::vector<std::string> unlisted_examples;
 };
 
-// Lists the split `split` of the image folder `dir` (files with a .jpg,
-// .jpeg or .png name, any case, in name order within a class): "train" is
-// DIR/train, else DIR itself, less what `val_fraction` holds out; "val" is
-// DIR/val, else that held-out fraction; another name is DIR/<split>.
-// NotFound when the split is not there (no val/ folder and no fraction);
-// InvalidArgument when it has no class folders or no images, or when a
-// fraction is given beside a val/ folder.
+// Lists the split `split` of the image folder `dir` as torchvision's
+// ImageFolder does: every folder in it is a class (in name order), and its
+// images are the files with a .jpg, .jpeg or .png name (any case) in it and
+// in its subfolders at any depth, folder by folder in path order and by
+// name within one. Names starting with '.' (.DS_Store, .ipynb_checkpoints,
+// macOS's ._x.jpg) are neither classes nor images; other files are counted
+// in `unlisted`. "train" is DIR/train, else DIR itself, less what
+// `val_fraction` holds out; "val" is DIR/val, else that held-out fraction;
+// another name is DIR/<split>. NotFound when the split is not there (no
+// val/ folder and no fraction); InvalidArgument when it has no class
+// folders or a class folder without an image (torchvision refuses it too),
+// or when a fraction is given beside a val/ folder.
 absl::StatusOr<ImageListing> ListImageFolder(const std::string& dir, const std::string& split,
                                              double val_fraction = 0);
 
@@ -96,6 +109,10 @@ class ImageFolder final : public Source {
 
   int64_t size() const override { return static_cast<int64_t>(listing_.files.size()); }
   const std::vector<std::string>& classes() const { return listing_.classes; }
+  // The files left out of the listing as not images (ImageListing::unlisted),
+  // and the first few of their names.
+  int64_t unlisted() const { return listing_.unlisted; }
+  const std::vector<std::string>& unlisted_examples() const { return listing_.unlisted_examples; }
   const std::string& root() const { return root_; }
   // The rows' images, decoded and augmented for `epoch` (evaluation
   // ignores it). An unreadable file fails the batch naming it, unless

@@ -1,13 +1,17 @@
-// Image folders' listing (data/image_listing.cc): classes in name order,
-// only image files; class folders at the top, a held-out fraction, and the
-// cache a restart reads. The files hold no pixels (the listing reads
-// none); decoding: imagefolder_test.cc.
+// Image folders' listing (data/image_listing.cc), as torchvision's
+// ImageFolder lists them: classes in name order, images in their
+// subfolders too, hidden names skipped, a class folder without images
+// refused, files of other types counted; class folders at the top, a
+// held-out fraction, and the cache a restart reads. The files hold no
+// pixels (the listing reads none), but for one that is decoded from its
+// subfolder; decoding itself: imagefolder_test.cc.
 #include "data/imagefolder.h"
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 
+#include <ATen/ops/zeros.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -19,8 +23,10 @@ namespace {
 
 namespace fs = std::filesystem;
 using test_images::FreshImageDir;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Files whose names say image (the listing reads no pixels).
 void Touch(const std::string& dir, const std::vector<std::string>& names) {
@@ -131,6 +137,152 @@ TEST(ImageListing, AValFractionHoldsOutTheSameImagesEveryTime) {
   Touch(dir + "/val/a", {"v.png"});
   EXPECT_THAT(std::string(ListImageFolder(dir, "val", 0.25).status().message()), HasSubstr("has val/"));
   EXPECT_EQ(ListImageFolder(dir, "val").value().files.size(), 1u);
+}
+
+// torchvision walks a class folder down (sorted(os.walk(...))): images in
+// subfolders at any depth belong to the class, named from the split's
+// folder, folder by folder in path order (cat/sub-2 before cat/sub/deeper,
+// as Python sorts the paths) and by name within one; a linked folder is
+// followed, a link back up is refused rather than walked without end.
+TEST(ImageListing, ImagesInSubfoldersAreListedInTorchvisionsOrder) {
+  const std::string dir = FreshImageDir("nested");
+  Touch(dir + "/train/cat", {"z.png", "a.jpg", "B.jpg"});
+  Touch(dir + "/train/cat/sub", {"x.jpg"});
+  Touch(dir + "/train/cat/sub/deeper", {"y.jpg"});
+  Touch(dir + "/train/cat/sub-2", {"w.jpg"});
+  Touch(dir + "/train/cat/Sub", {"u.jpg"});
+  Touch(dir + "/train/dog/only/in/here", {"d.png"});
+  Touch(dir + "/elsewhere", {"e.jpg"});
+  fs::create_directory_symlink(dir + "/elsewhere", dir + "/train/dog/linked");
+  auto l = ListImageFolder(dir, "train");
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_THAT(l->classes, ElementsAre("cat", "dog"));
+  EXPECT_THAT(l->files, ElementsAre("cat/B.jpg", "cat/a.jpg", "cat/z.png", "cat/Sub/u.jpg", "cat/sub/x.jpg",
+                                    "cat/sub-2/w.jpg", "cat/sub/deeper/y.jpg", "dog/linked/e.jpg",
+                                    "dog/only/in/here/d.png"));
+  EXPECT_THAT(l->labels, ElementsAre(0, 0, 0, 0, 0, 0, 0, 1, 1));
+
+  // A listed subfolder image reads from where the listing names it.
+  const std::string real = FreshImageDir("nested_real");
+  fs::create_directories(real + "/train/red/2024/june");
+  test_images::WritePng(real + "/train/red/2024/june/r.png", 8, 8,
+                        test_images::Pixels(8, 8, [](int, int, int c) { return c == 0 ? 255 : 0; }));
+  ImageFolderOptions o;
+  o.image_size = 4;
+  o.train = false;
+  auto set = ImageFolder::Open(real, "train", o);
+  ASSERT_TRUE(set.ok()) << set.status();
+  auto b = (*set)->Get(at::zeros({1}, at::kLong), 0);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_NEAR(b->images[0][0][2][2].item<float>(), (1.0 - 0.485) / 0.229, 1e-3);
+
+  fs::create_directory_symlink(dir + "/train/cat", dir + "/train/cat/sub/back");
+  EXPECT_THAT(std::string(ListImageFolder(dir, "train").status().message()),
+              AllOf(HasSubstr("cat/sub/back is a link to a folder above it"), HasSubstr("remove the link")));
+}
+
+// Hidden names (.DS_Store, .ipynb_checkpoints, macOS's ._x.jpg
+// AppleDouble files, which say .jpg but hold no image) are neither
+// classes nor images anywhere, and are not counted as left out.
+TEST(ImageListing, HiddenNamesAreNeitherClassesNorImages) {
+  const std::string dir = FreshImageDir("hidden");
+  Touch(dir + "/train", {".DS_Store"});
+  Touch(dir + "/train/.ipynb_checkpoints", {"a.jpg"});
+  Touch(dir + "/train/cat", {"a.jpg", "._a.jpg", ".DS_Store", ".b.png"});
+  Touch(dir + "/train/cat/.thumbs", {"t.jpg"});
+  Touch(dir + "/train/dog/.git/objects", {"x.jpg"});
+  Touch(dir + "/train/dog/pics", {"d.jpg", "._d.jpg"});
+  auto l = ListImageFolder(dir, "train");
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_THAT(l->classes, ElementsAre("cat", "dog"));
+  EXPECT_THAT(l->files, ElementsAre("cat/a.jpg", "dog/pics/d.jpg"));
+  EXPECT_EQ(l->unlisted, 0);
+}
+
+// A class folder without an image would be a label never trained on:
+// refused as torchvision refuses it, naming the folders, what to do, and
+// which files are read (and, where there are any, which were not).
+TEST(ImageListing, AClassFolderWithoutAnImageIsRefusedNamingIt) {
+  const std::string dir = FreshImageDir("empty_class");
+  Touch(dir + "/train/cat", {"a.jpg"});
+  Touch(dir + "/train/dog", {".DS_Store", "._d.jpg"});
+  Touch(dir + "/train/emu/scans", {"e.bmp"});
+  fs::create_directories(dir + "/train/fox/sub");
+  auto l = ListImageFolder(dir, "train");
+  EXPECT_EQ(l.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(l.status().message());
+  EXPECT_THAT(message, HasSubstr(fs::absolute(dir + "/train").lexically_normal().string()));
+  EXPECT_THAT(message, HasSubstr("class folders with no image (3 of 4: dog, emu, fox)"));
+  EXPECT_THAT(message, HasSubstr("remove them, or add images to them"));
+  EXPECT_THAT(message, HasSubstr(".jpg, .jpeg and .png files (any case) in a class folder or its subfolders"));
+  EXPECT_THAT(message, HasSubstr("1 files of other types are not read, e.g. emu/scans/e.bmp"));
+  ImageFolderOptions o;
+  o.image_size = 16;
+  EXPECT_EQ(ImageFolder::Open(dir, "train", o).status(), l.status());
+  // All of them empty.
+  fs::remove_all(dir + "/train/cat");
+  fs::remove_all(dir + "/train/emu");
+  EXPECT_THAT(std::string(ListImageFolder(dir, "train").status().message()),
+              AllOf(HasSubstr("(2 of 2: dog, fox)"), Not(HasSubstr("other types"))));
+}
+
+// Files that are not .jpg, .jpeg or .png stay out (as torchvision's
+// IMG_EXTENSIONS would not: its PIL reads .bmp, .ppm ...), but are counted
+// with a few names, so a folder of another format does not shrink the
+// dataset unseen; the count comes through a held-out part and the cache.
+TEST(ImageListing, FilesOfOtherTypesAreCountedNotListed) {
+  const std::string dir = FreshImageDir("others");
+  Touch(dir + "/train/cat", {"a.jpg", "b.bmp", "c.gif", "notes.txt"});
+  Touch(dir + "/train/cat/raw", {"d.ppm"});
+  Touch(dir + "/train/dog", {"e.webp", "f.png"});
+  Touch(dir + "/train", {"README.txt"});  // beside the classes: in none
+  auto l = ListImageFolder(dir, "train");
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_THAT(l->files, ElementsAre("cat/a.jpg", "dog/f.png"));
+  EXPECT_EQ(l->unlisted, 5);
+  EXPECT_THAT(l->unlisted_examples, ElementsAre("cat/b.bmp", "cat/c.gif", "cat/notes.txt"));
+  EXPECT_EQ(ListImageFolder(dir + "/train", "train", 0.5).value().unlisted, 5);
+
+  ImageFolderOptions o;
+  o.image_size = 16;
+  o.listing_cache = dir + "/train.list";
+  auto scanned = ImageFolder::Open(dir, "train", o);
+  ASSERT_TRUE(scanned.ok()) << scanned.status();
+  EXPECT_EQ((*scanned)->unlisted(), 5);
+  // From the cache (the folder as it was): the same count and names.
+  Touch(dir + "/train/dog", {"g.png", "h.tif"});
+  auto cached = ImageFolder::Open(dir, "train", o);
+  ASSERT_TRUE(cached.ok()) << cached.status();
+  EXPECT_EQ((*cached)->size(), 2);
+  EXPECT_EQ((*cached)->unlisted(), 5);
+  EXPECT_EQ((*cached)->unlisted_examples(), l->unlisted_examples);
+  o.listing_cache.clear();
+  EXPECT_EQ(ImageFolder::Open(dir, "train", o).value()->unlisted(), 6);
+}
+
+// A listing cache written by the version before subfolders and hidden
+// names counted may list the folder otherwise: it is listed again (and
+// the cache rewritten), never read.
+TEST(ImageListing, AnOlderListingCacheIsListedAgain) {
+  const std::string dir = FreshImageDir("old_cache");
+  Touch(dir + "/train/cat", {"a.jpg"});
+  Touch(dir + "/train/cat/sub", {"b.jpg"});
+  Touch(dir + "/train/dog", {"c.jpg"});
+  const std::string root = fs::absolute(dir + "/train").lexically_normal().string();
+  const std::string cache = dir + "/train.list";
+  std::ofstream(cache) << "remora-imagefolder-listing 1 " << root << "\n3\n.ipynb_checkpoints\ncat\ndog\n"
+                       << "2\n1\tcat/a.jpg\n2\tdog/c.jpg\n";
+  ImageFolderOptions o;
+  o.image_size = 16;
+  o.listing_cache = cache;
+  auto set = ImageFolder::Open(dir, "train", o);
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_THAT((*set)->classes(), ElementsAre("cat", "dog"));
+  EXPECT_EQ((*set)->size(), 3);
+  std::ifstream in(cache);
+  std::string header;
+  std::getline(in, header);
+  EXPECT_EQ(header, "remora-imagefolder-listing 2 " + root);
 }
 
 }  // namespace
