@@ -88,6 +88,15 @@ absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const RunOptions& c, bool resu
     }
     sets->shape = {3, c.image_size, c.image_size};
     sets->classes = static_cast<int64_t>(train->classes().size());
+    // (With --val-fraction both splits count the same folder's: once.)
+    sets->unlisted = train->unlisted();
+    sets->unlisted_examples = train->unlisted_examples();
+    if (test.ok() && (*test)->root() != train->root()) {
+      sets->unlisted += (*test)->unlisted();
+      for (const std::string& e : (*test)->unlisted_examples()) {
+        if (sets->unlisted_examples.size() < 3) sets->unlisted_examples.push_back(e);
+      }
+    }
     sets->train = std::move(train);
     sets->train = data::SpreadRows(std::move(sets->train), c.train_rows);  // every class, in its share
     sets->test = test.ok() ? std::unique_ptr<data::Source>(std::move(*test)) : data::NoRows();
@@ -271,12 +280,16 @@ std::string Sets::Describe() const {
       classes == 0 ? ""
       : classes == 1 ? " in 1 class (every image has the same label: is the folder's top level right?)"
                      : absl::StrCat(" in ", classes, " classes");
+  const std::string not_read =
+      unlisted == 0 ? ""
+                    : absl::StrCat("; ", unlisted, " other file", unlisted == 1 ? " is" : "s are",
+                                   " not read (not .jpg, .jpeg or .png), e.g. ", absl::StrJoin(unlisted_examples, ", "));
   if (!no_test.empty()) {
     return absl::StrCat(train->size(), " training images of ", c10::str(c10::IntArrayRef(shape)), in_classes,
-                        ", no test images (", no_test, "): no test accuracy");
+                        ", no test images (", no_test, "): no test accuracy", not_read);
   }
   return absl::StrCat(train->size(), " training and ", test->size(), " test images of ",
-                      c10::str(c10::IntArrayRef(shape)), in_classes);
+                      c10::str(c10::IntArrayRef(shape)), in_classes, not_read);
 }
 
 }  // namespace remora::train::runs

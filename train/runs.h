@@ -276,6 +276,9 @@ struct Sets {
   std::unique_ptr<data::Source> train, test;  // test: no rows where there is none
   std::string no_test;                         // why there is no test set (empty: there is one)
   int64_t classes = 0;                         // an image folder's (0: not counted here)
+  // An image folder's files that are not images (not read), and a few.
+  int64_t unlisted = 0;
+  std::vector<std::string> unlisted_examples;
   std::vector<int64_t> shape;  // one image's, [C, H, W]
   std::string Describe() const;
 };

@@ -435,9 +435,11 @@ TEST(ImageFolderMaster, AFreshRunListsTheFolderAgain) {
   EXPECT_THAT(out, HasSubstr("has 3 class folders (blue, red, stray); --classes is 2: give --classes 3"));
   fs::remove_all(dir + "/train/stray");
   fs::remove_all(dir + "/val/stray");
+  std::ofstream(dir + "/train/red/notes.txt") << "not an image: counted, not read";
   auto [again, again_out] = test_support::RunPipeline(2, args);
   EXPECT_EQ(again, 0) << again_out;
-  EXPECT_THAT(again_out, HasSubstr(": 4 training and 2 test images of [3, 16, 16] in 2 classes"));
+  EXPECT_THAT(again_out, HasSubstr(": 4 training and 2 test images of [3, 16, 16] in 2 classes; 1 other file is "
+                                   "not read (not .jpg, .jpeg or .png), e.g. red/notes.txt"));
 }
 
 TEST(ImageFolderMaster, AnEpochWhoseImagesAreAllSkippedIsAnError) {
