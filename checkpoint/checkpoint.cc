@@ -14,13 +14,16 @@
 #include <google/protobuf/util/json_util.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "base/status_util.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/shard.h"
+#include "data/datasets.h"
 
 namespace remora::checkpoint {
 namespace {
@@ -267,6 +270,26 @@ absl::StatusOr<Checkpoint> Latest(const std::string& given) {
   return newest;
 }
 
+namespace {
+
+// A data identity ("imagefolder:DIR batch-size=8 ...") as runs compare it:
+// its dataset's directory absolute (a run saved before names were made
+// absolute recorded it as typed, relative to where it started: resolved
+// from here), and without `image-size=` tokens when `drop_image_size` (a
+// run that did not record one yet).
+std::string ComparableData(const std::string& data, bool drop_image_size) {
+  std::vector<std::string> tokens = absl::StrSplit(data, ' ');
+  if (!tokens.empty()) tokens[0] = data::AbsoluteDatasetName(tokens[0]);
+  if (drop_image_size) {
+    tokens.erase(std::remove_if(tokens.begin(), tokens.end(),
+                                [](const std::string& t) { return absl::StartsWith(t, "image-size="); }),
+                 tokens.end());
+  }
+  return absl::StrJoin(tokens, " ");
+}
+
+}  // namespace
+
 absl::Status CheckMatches(const Checkpoint& ck, const RunIdentity& id) {
   const Manifest& m = ck.manifest;
   std::vector<std::string> diffs;
@@ -274,7 +297,8 @@ absl::Status CheckMatches(const Checkpoint& ck, const RunIdentity& id) {
     if (saved != now) diffs.push_back(absl::StrCat(what, " was '", saved, "', this run's is '", now, "'"));
   };
   check("the model", m.model, id.model);
-  check("the data", m.data, id.data);
+  const bool older = !absl::StrContains(m.data, " image-size=");
+  if (ComparableData(m.data, older) != ComparableData(id.data, older)) check("the data", m.data, id.data);
   check("the optimizer", m.optimizer, id.optimizer);
   check("the schedule", m.schedule, id.schedule);
   check("the micro-batch count", absl::StrCat(m.micro_batches), absl::StrCat(id.micro_batches));

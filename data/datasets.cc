@@ -163,6 +163,17 @@ absl::Status CheckDatasetName(const std::string& name) {
       "--dataset wants fashion-mnist, idx:DIR, cifar10:DIR or imagefolder:DIR; got '", name, "'"));
 }
 
+std::string AbsoluteDatasetName(const std::string& name) {
+  const size_t colon = name.find(':');
+  if (colon == std::string::npos || colon + 1 >= name.size()) return name;
+  std::error_code ec;
+  fs::path dir = fs::absolute(name.substr(colon + 1), ec);
+  if (ec) return name;
+  dir = dir.lexically_normal();
+  if (!dir.has_filename() && dir.has_parent_path() && dir != dir.root_path()) dir = dir.parent_path();  // (a '/')
+  return absl::StrCat(name.substr(0, colon + 1), dir.string());
+}
+
 absl::Status CheckDatasetDir(const std::string& name, double val_fraction) {
   const std::string dir = DatasetDir(name);
   std::error_code ec;

@@ -52,6 +52,12 @@ absl::StatusOr<Dataset> LoadCifar10(const std::string& dir, bool train);
 absl::StatusOr<std::pair<Dataset, Dataset>> LoadNamed(const std::string& name);
 // Whether `name` is one LoadNamed takes (its form only; nothing is read).
 absl::Status CheckDatasetName(const std::string& name);
+// `name` with its directory (idx:DIR, cifar10:DIR, imagefolder:DIR) made
+// absolute from this process's working directory and normalised
+// (imagefolder:data/x/ -> imagefolder:/home/u/data/x): the name workers
+// that start elsewhere are given, and a checkpoint records. Other names as
+// they are.
+std::string AbsoluteDatasetName(const std::string& name);
 
 // Checks, before anything waits on it, that a well-formed name's directory
 // (Fashion-MNIST's: kFashionMnistDir) exists on this machine: a missing or

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -36,9 +37,13 @@
 #include <ATen/ops/eq.h>
 #include <c10/core/GradMode.h>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "base/json.h"
 #include "base/numbers.h"
 #include "base/status_util.h"
@@ -62,6 +67,7 @@ void OnSignal(int) { g_stop = true; }
 struct Score {
   double accuracy = 0, loss = 0;
   double top5 = 0;  // a label among the five highest logits (with fewer than 5 classes: 1)
+  int64_t skipped = 0;  // test images left out as unreadable (--skip-bad-images)
 };
 
 // Accuracy, top-5 accuracy and mean cross-entropy of `model` (stages
@@ -71,10 +77,12 @@ absl::StatusOr<Score> Evaluate(std::vector<std::unique_ptr<pipeline::StageModule
   c10::NoGradGuard no_grad;
   pipeline::Correct right;
   double loss_sum = 0;
+  int64_t skipped = 0;
   try {
     for (int64_t at = 0; at < rows; at += batch_size) {
       const int64_t end = std::min(rows, at + batch_size);
       ASSIGN_OR_RETURN(data::Batch batch, set.Get(at::arange(at, end, at::kLong), /*epoch=*/0));
+      skipped += batch.skipped;
       const int64_t n = batch.labels.size(0);
       if (n == 0) continue;  // every file of it skipped
       c10::IValue x = batch.images;
@@ -83,30 +91,73 @@ absl::StatusOr<Score> Evaluate(std::vector<std::unique_ptr<pipeline::StageModule
       const at::Tensor& labels = batch.labels;
       if (logits.dim() != 2 || logits.size(0) != n) {
         return absl::InvalidArgumentError(absl::StrFormat(
-            "the model's output for %d images has shape %s; the evaluator wants [%d, classes]", n,
-            c10::str(logits.sizes()), n));
+            "the model's output for %d images has shape %s; the evaluator wants [%d, classes] (is --dataset "
+            "the training's?)", n, c10::str(logits.sizes()), n));
       }
       ASSIGN_OR_RETURN(pipeline::Correct counted, pipeline::CountCorrect(logits, labels));
       right += counted;
       loss_sum += at::cross_entropy_loss(logits, labels).item<double>() * n;
     }
   } catch (...) {
-    return StatusFromCurrentException("evaluating the model");
+    return StatusFromCurrentException("evaluating the model (is --dataset the training's, and --image-size?)");
   }
   if (right.rows == 0) return absl::InvalidArgumentError("evaluating the model: no test image could be read");
-  return Score{right.accuracy(), UnsignedNan(loss_sum / right.rows), right.top5_accuracy()};
+  return Score{right.accuracy(), UnsignedNan(loss_sum / right.rows), right.top5_accuracy(), skipped};
 }
 
 // The flags.
 struct Options {
   std::string dir, dataset, output;
-  int poll_ms = 500, timeout_s = 0, batch_size = 1000, test_rows = 0, image_size = 224, data_threads = 4;
+  // (--image-size: master's default.)
+  int poll_ms = 500, timeout_s = 0, batch_size = 1000, test_rows = 0, image_size = 128, data_threads = 4;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   double val_fraction = 0;
-  bool once = false;
+  bool once = false, skip_bad_images = false;
 };
 
 bool ImageFolder(const Options& o) { return o.dataset.rfind("imagefolder:", 0) == 0; }
+
+// The value of `key` that the run which wrote `m` recorded in its model or
+// data identity ("image-size=128"), or nullopt.
+std::optional<std::string> Recorded(const checkpoint::Manifest& m, absl::string_view key) {
+  for (const std::string* field : {&m.model, &m.data}) {
+    for (absl::string_view token : absl::StrSplit(*field, ' ')) {
+      if (absl::ConsumePrefix(&token, key) && absl::ConsumePrefix(&token, "=")) return std::string(token);
+    }
+  }
+  return std::nullopt;
+}
+
+// Whether the run that wrote `m` trained on `dataset` (an absolute name).
+bool TrainedOn(const checkpoint::Manifest& m, const std::string& dataset) {
+  return data::AbsoluteDatasetName(m.data.substr(0, m.data.find(' '))) == dataset;
+}
+
+// An image folder's checkpoint `ck` against the evaluator's settings: an
+// error when its run held out another fraction of the folder (the scores
+// would take in images it trained on, or leave test images out); a note,
+// once (`*noted`), when it trained at another image size (scoring at
+// another size can be meant).
+absl::Status CheckTrainedAs(const checkpoint::Checkpoint& ck, const Options& o, bool* noted) {
+  if (!ImageFolder(o)) return absl::OkStatus();
+  // (No val-fraction recorded by a run on the folder: none held out.)
+  double held = 0;
+  if (auto v = Recorded(ck.manifest, "val-fraction"); v && !absl::SimpleAtod(*v, &held)) held = -1;
+  if (TrainedOn(ck.manifest, o.dataset) && std::abs(held - o.val_fraction) > 1e-9) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        ck.dir, " was trained with --val-fraction ", absl::StrCat(held), " of the folder held out; the evaluator's "
+        "is ", o.val_fraction, ", which scores other images: give --val-fraction ", absl::StrCat(held),
+        " (or leave it out: the training's is taken)"));
+  }
+  int size = 0;
+  if (auto v = Recorded(ck.manifest, "image-size"); v && absl::SimpleAtoi(*v, &size) && size != o.image_size &&
+                                                     !*noted) {
+    std::printf("evaluator: note: %s was trained at --image-size %d; scoring at %d\n", ck.dir.c_str(), size,
+                o.image_size);
+    *noted = true;
+  }
+  return absl::OkStatus();
+}
 
 // The test set: in memory (held in `in_memory`), or an image folder's
 // val/ (or the training images --val-fraction holds out) read as it is
@@ -118,6 +169,7 @@ absl::StatusOr<std::unique_ptr<data::Source>> OpenTestSet(const Options& o, data
     f.image_size = o.image_size;
     f.threads = o.data_threads;
     f.val_fraction = o.val_fraction;
+    f.skip_bad_images = o.skip_bad_images;
     ASSIGN_OR_RETURN(auto folder, data::ImageFolder::Open(o.dataset.substr(std::strlen("imagefolder:")), "val", f));
     return std::unique_ptr<data::Source>(std::move(folder));
   }
@@ -176,8 +228,9 @@ std::optional<Score> FindRecorded(const std::vector<std::string>& recorded, cons
 absl::Status Record(const checkpoint::Checkpoint& ck, const Score& score, bool known, const Options& o,
                     int64_t rows, std::vector<std::string>* recorded) {
   const auto& m = ck.manifest;
-  std::printf("step=%lld epoch=%d test_accuracy=%.4f test_top5=%.4f test_loss=%.4f%s%s\n",
+  std::printf("step=%lld epoch=%d test_accuracy=%.4f test_top5=%.4f test_loss=%.4f%s%s%s\n",
               static_cast<long long>(m.step), m.epoch, score.accuracy, score.top5, score.loss,
+              score.skipped > 0 ? absl::StrCat(" skipped_images=", score.skipped).c_str() : "",
               m.final ? " (final)" : "", known ? absl::StrCat(" (in ", o.output, " already)").c_str() : "");
   std::fflush(stdout);
   if (known) return absl::OkStatus();
@@ -186,12 +239,13 @@ absl::Status Record(const checkpoint::Checkpoint& ck, const Score& score, bool k
   std::string line = absl::StrFormat(
       "{\"step\": %d, \"epoch\": %d, \"batch\": %d, \"test_accuracy\": %s, \"test_top5\": %s, "
       "\"test_loss\": %s, \"final\": %s, \"checkpoint\": %s, \"created\": %s, \"dataset\": %s, "
-      "\"test_images\": %d%s}",
+      "\"test_images\": %d%s%s}",
       m.step, m.epoch, m.batch, JsonFixed(6, score.accuracy), JsonFixed(6, score.top5), JsonFixed(6, score.loss),
       m.final ? "true" : "false", JsonQuoted(ck.dir), JsonQuoted(m.created), JsonQuoted(o.dataset), rows,
       ImageFolder(o) ? absl::StrFormat(", \"image_size\": %d, \"val_fraction\": %s", o.image_size,
                                        JsonGeneral(o.val_fraction))
-                     : "");
+                     : "",
+      score.skipped > 0 ? absl::StrCat(", \"skipped_images\": ", score.skipped) : "");
   std::ofstream out(o.output, std::ios::app);
   out << line << "\n" << std::flush;
   if (!out) return absl::InternalError("cannot append to " + o.output);
@@ -218,6 +272,7 @@ int Follow(const Options& o, const data::Source& test, int64_t rows) {
   bool warned = false;
   std::set<std::string> passed_over;  // newer checkpoints that could not be read, said once
   std::vector<std::string> recorded = ReadRecorded(o);
+  bool noted_size = false;
   while (!g_stop) {
     auto ck = checkpoint::Latest(o.dir);
     for (const std::string& skipped : ck.ok() ? ck->passed_over : std::vector<std::string>{}) {
@@ -230,6 +285,7 @@ int Follow(const Options& o, const data::Source& test, int64_t rows) {
       // Scored before (by this evaluator, or by one that ran before it):
       // not loaded and evaluated again.
       // (The final commit of the checkpoint scored last is a line of its own.)
+      if (absl::Status s = CheckTrainedAs(*ck, o, &noted_size); !s.ok()) return fail(std::string(s.message()), 1);
       const std::optional<Score> known = FindRecorded(recorded, *ck, o, rows);
       const bool skip = again || known.has_value();
       auto model = skip ? absl::StatusOr<std::vector<std::unique_ptr<pipeline::StageModule>>>()
@@ -239,8 +295,7 @@ int Follow(const Options& o, const data::Source& test, int64_t rows) {
                    : model.ok() ? Evaluate(*model, test, rows, o.batch_size)
                                 : absl::StatusOr<Score>(model.status());
       if (!skip && model.ok() && !score.ok()) {
-        score = Annotate(score.status(), absl::StrCat("the model of ", ck->dir, " on ", o.dataset, "'s test images (",
-                                                      "is --dataset the training's, and --image-size?)"));
+        score = Annotate(score.status(), absl::StrCat("the model of ", ck->dir, " on ", o.dataset, "'s test images"));
       }
       if (!score.ok()) {
         if (once || std::filesystem::exists(ck->manifest_path)) return fail(std::string(score.status().message()), 1);
@@ -282,10 +337,15 @@ int Main(int argc, char** argv) {
   flags.AddString("dataset", &o.dataset,
                   "fashion-mnist, idx:DIR, cifar10:DIR or imagefolder:DIR (its val/ folder, or what "
                   "--val-fraction holds out): the test set (required)");
-  flags.AddInt("image-size", &o.image_size, "with imagefolder: the training's --image-size (centre crops of it)");
+  flags.AddInt("image-size", &o.image_size,
+               "with imagefolder: the size of the centre crops scored (default: the training's, read from the "
+               "checkpoint, else master's default)");
+  flags.AddBool("skip-bad-images", &o.skip_bad_images,
+                "with imagefolder: leave test images that cannot be read out of the score (counted)");
   flags.AddInt("data-threads", &o.data_threads, "with imagefolder: decoding threads");
   flags.AddDouble("val-fraction", &o.val_fraction,
-                  "with imagefolder and no val/ folder: the training's --val-fraction (the images it held out)");
+                  "with imagefolder and no val/ folder: the fraction of the folder scored, the images training "
+                  "held out (default: the training's, read from the checkpoint)");
   flags.AddString("output", &o.output,
                   "JSON-lines file to append to (default: CHECKPOINT_DIR/eval.jsonl; given one checkpoint's "
                   "directory, the job's eval.jsonl beside it)");
@@ -316,13 +376,37 @@ int Main(int argc, char** argv) {
     return fail(absl::StrCat("--threads must be at most ", launch::kMaxThreads, "; got ", o.threads), 2);
   }
   if (auto s = data::CheckDatasetName(o.dataset); !s.ok()) return fail(std::string(s.message()), 2);
+  o.dataset = data::AbsoluteDatasetName(o.dataset);
   if (!(o.val_fraction >= 0 && o.val_fraction < 1)) return fail("--val-fraction must be in [0, 1)", 2);
   if (o.val_fraction > 0 && o.dataset.rfind("imagefolder:", 0) != 0) {
     return fail("--val-fraction is for --dataset imagefolder:DIR (the training's held-out images)", 2);
   }
-  if (o.dataset.rfind("imagefolder:", 0) != 0) {
+  if (ImageFolder(o)) {
+    // The training's crop size and held-out fraction, where a checkpoint
+    // is there already and the flags leave them out.
+    if (auto ck = checkpoint::Latest(o.dir); ck.ok()) {
+      std::vector<std::string> taken;
+      int size = 0;
+      double held = 0;
+      if (auto v = Recorded(ck->manifest, "image-size"); v && absl::SimpleAtoi(*v, &size) &&
+                                                         !flags.given().count("image-size")) {
+        o.image_size = size;
+        taken.push_back(absl::StrCat("--image-size ", size));
+      }
+      if (auto v = Recorded(ck->manifest, "val-fraction"); v && absl::SimpleAtod(*v, &held) &&
+                                                           !flags.given().count("val-fraction") &&
+                                                           TrainedOn(ck->manifest, o.dataset)) {
+        o.val_fraction = held;
+        taken.push_back(absl::StrCat("--val-fraction ", *v));
+      }
+      if (!taken.empty()) {
+        std::printf("evaluator: %s, the training's (%s)\n", absl::StrJoin(taken, " ").c_str(),
+                    ck->manifest_path.c_str());
+      }
+    }
+  } else {
     std::vector<std::string> unused;
-    for (const char* f : {"image-size", "data-threads"}) {
+    for (const char* f : {"image-size", "data-threads", "skip-bad-images"}) {
       if (flags.given().count(f)) unused.push_back(absl::StrCat("--", f));
     }
     if (!unused.empty()) {

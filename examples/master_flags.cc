@@ -495,6 +495,9 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   const bool adam = c.optimizer == "adam";
   c.lr = f.given.count("lr") ? f.lr : (demo ? (adam ? 0.0001 : 0.05) : (adam ? 0.001 : 0.01));
   if (auto s = CheckValues(f, c); !s.ok()) return s;
+  // Workers started elsewhere, and a resume from another directory, read
+  // the same folder.
+  if (!c.dataset.empty()) c.dataset = data::AbsoluteDatasetName(c.dataset);
   if (!c.model.empty()) {
     if (auto s = ReadModel(f, c); !s.ok()) return s;
   }

@@ -221,7 +221,9 @@ checkpoint::RunIdentity IdentityOf(const RunOptions& c, int splits) {
     id.data = absl::StrCat(c.dataset, " batch-size=", c.batch_size, " seed=", c.seed,
                            c.shuffle ? " shuffle" : " file-order",
                            c.train_rows > 0 ? absl::StrCat(" train-rows=", c.train_rows) : "",
-                           c.val_fraction > 0 ? absl::StrCat(" val-fraction=", c.val_fraction) : "");
+                           c.val_fraction > 0 ? absl::StrCat(" val-fraction=", c.val_fraction) : "",
+                           // (ResNet50's is in its model's name.)
+                           ReadsImageFolder(c) && !c.model.empty() ? absl::StrCat(" image-size=", c.image_size) : "");
   }
   const optim::OptimizerOptions o = OptimizerOf(c);
   id.optimizer = o.kind == optim::OptimizerOptions::Kind::kAdam

@@ -185,6 +185,20 @@ TEST(CheckpointFiles, TheLatestIsTheNewestWithAManifest) {
   EXPECT_EQ(mismatch.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(mismatch.message()),
               HasSubstr("/x/manifest.json is of another run: the model was 'mlp', this run's is 'resnet50'"));
+  // The data: a folder named relatively (as runs before absolute names
+  // recorded it) or with a trailing '/' is the same folder; an image size
+  // that an older run did not record is not compared, one it did is.
+  id.model = "mlp";
+  const std::string here = fs::current_path().string();
+  ck.manifest.data = "imagefolder:data/cats batch-size=8 seed=0 shuffle";
+  id.data = "imagefolder:" + here + "/data/cats batch-size=8 seed=0 shuffle image-size=32";
+  EXPECT_TRUE(CheckMatches(ck, id).ok()) << CheckMatches(ck, id);
+  ck.manifest.data = "imagefolder:" + here + "/data/cats/ batch-size=8 seed=0 shuffle image-size=32";
+  EXPECT_TRUE(CheckMatches(ck, id).ok()) << CheckMatches(ck, id);
+  id.data = "imagefolder:" + here + "/data/cats batch-size=8 seed=0 shuffle image-size=64";
+  EXPECT_THAT(std::string(CheckMatches(ck, id).message()), HasSubstr("the data was"));
+  id.data = "imagefolder:" + here + "/data/dogs batch-size=8 seed=0 shuffle image-size=32";
+  EXPECT_THAT(std::string(CheckMatches(ck, id).message()), HasSubstr("the data was"));
 }
 
 // A TorchScript stage whose forward drops half its activations, always:

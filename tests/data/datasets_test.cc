@@ -174,6 +174,17 @@ TEST(Datasets, NormalizeUsesTheTrainingSetsFigures) {
   EXPECT_NEAR(test.images.mean().item<float>(), 0, 1e-6);  // 1 is the training mean
 }
 
+// Dataset names are given to workers and recorded with their folder
+// absolute and normalised; other names stay.
+TEST(Datasets, AbsoluteDatasetNamesResolveFromHere) {
+  const std::string here = fs::current_path().string();
+  EXPECT_EQ(AbsoluteDatasetName("imagefolder:data/./cats/"), "imagefolder:" + here + "/data/cats");
+  EXPECT_EQ(AbsoluteDatasetName("idx:/srv/mnist//"), "idx:/srv/mnist");
+  EXPECT_EQ(AbsoluteDatasetName("cifar10:../c10"), "cifar10:" + fs::path(here).parent_path().string() + "/c10");
+  EXPECT_EQ(AbsoluteDatasetName("fashion-mnist"), "fashion-mnist");
+  EXPECT_EQ(AbsoluteDatasetName("imagefolder:/"), "imagefolder:/");
+}
+
 // A subset of a source sorted by class keeps every class in its share
 // (--train-rows on an image folder); the first rows would be class 0's.
 TEST(Datasets, SpreadRowsKeepEveryClassOfASortedSource) {

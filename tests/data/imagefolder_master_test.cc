@@ -347,11 +347,21 @@ TEST(ImageFolderMaster, AFolderWithoutValTrainsWithoutTestOrHoldsAFractionOut) {
                  absl::Seconds(120));
   EXPECT_EQ(eval_code, 0) << eval_out;
   EXPECT_THAT(eval_out, HasSubstr(absl::StrCat(held, " test images of imagefolder:")));
-  auto [none_code, none_out] = RunProgram({BinDir() + "/evaluator", "--checkpoint-dir", ckpt, "--dataset",
-                                           "imagefolder:" + flat, "--image-size", "16", "--once"},
-                                          absl::Seconds(60));
-  EXPECT_EQ(none_code, 1) << none_out;
-  EXPECT_THAT(none_out, HasSubstr("--val-fraction"));
+  // Without --image-size and --val-fraction: the training's, read from the
+  // checkpoint (the same score, so not recorded twice); another fraction
+  // would score images the model trained on: refused.
+  auto [taken_code, taken_out] = RunProgram({BinDir() + "/evaluator", "--checkpoint-dir", ckpt, "--dataset",
+                                             "imagefolder:" + flat, "--once", "--threads", "1"},
+                                            absl::Seconds(60));
+  EXPECT_EQ(taken_code, 0) << taken_out;
+  EXPECT_THAT(taken_out, HasSubstr("evaluator: --image-size 16 --val-fraction 0.3, the training's ("));
+  EXPECT_THAT(taken_out, HasSubstr("/eval.jsonl already)"));
+  auto [other_code, other_out] = RunProgram({BinDir() + "/evaluator", "--checkpoint-dir", ckpt, "--dataset",
+                                             "imagefolder:" + flat, "--val-fraction", "0.5", "--once"},
+                                            absl::Seconds(60));
+  EXPECT_EQ(other_code, 1) << other_out;
+  EXPECT_THAT(other_out, HasSubstr("was trained with --val-fraction 0.3 of the folder held out; the evaluator's is "
+                                   "0.5, which scores other images: give --val-fraction 0.3"));
   // Its help has the flag, and no group's environment (it joins none).
   auto [help_code, help_out] = RunProgram({BinDir() + "/evaluator", "--help"}, absl::Seconds(30));
   EXPECT_EQ(help_code, 0);
@@ -381,6 +391,22 @@ TEST(ImageFolderMaster, AFolderWithoutValTrainsWithoutTestOrHoldsAFractionOut) {
                  absl::Seconds(60));
   EXPECT_EQ(eval_beside_code, 2) << eval_beside_out;
   EXPECT_THAT(eval_beside_out, HasSubstr("has val/: a val fraction holds training images out"));
+  // An unreadable test image stops the evaluator naming it, or with
+  // --skip-bad-images is left out and counted (scored on another folder:
+  // the training's fraction is not taken).
+  std::ofstream(split + "/val/red/damaged.jpg") << "not an image";
+  const std::vector<std::string> on_split = {BinDir() + "/evaluator", "--checkpoint-dir", ckpt, "--dataset",
+                                             "imagefolder:" + split, "--once", "--threads", "1"};
+  auto [damaged_code, damaged_out] = RunProgram(on_split, absl::Seconds(60));
+  EXPECT_EQ(damaged_code, 1) << damaged_out;
+  EXPECT_THAT(damaged_out, HasSubstr("damaged.jpg"));
+  EXPECT_THAT(damaged_out, HasSubstr("give --skip-bad-images"));
+  std::vector<std::string> skipping = on_split;
+  skipping.push_back("--skip-bad-images");
+  auto [skip_code, skip_out] = RunProgram(skipping, absl::Seconds(60));
+  EXPECT_EQ(skip_code, 0) << skip_out;
+  EXPECT_THAT(skip_out, HasSubstr("evaluator: --image-size 16, the training's ("));
+  EXPECT_THAT(skip_out, HasSubstr(" skipped_images=1"));
 }
 
 // data_bench reads a folder's training images at each --data-threads

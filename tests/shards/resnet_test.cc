@@ -502,8 +502,8 @@ TEST(Master, AOneFileModelWithADatasetTakesTheDatasetsShape) {
   contradicting.insert(contradicting.end(), args.begin(), args.end());
   auto [bad_code, bad_out] = RunProgram(contradicting, absl::Seconds(60));
   EXPECT_EQ(bad_code, 1) << bad_out;
-  EXPECT_THAT(bad_out, HasSubstr("--input-shape 3,32,32 does not match --dataset idx:" + data +
-                                 "'s images of 1,28,28"));
+  EXPECT_THAT(bad_out, HasSubstr("--input-shape 3,32,32 does not match --dataset idx:" +
+                                 std::filesystem::path(data).lexically_normal().string() + "'s images of 1,28,28"));
   // Without --dataset, --input-shape's default 3,32,32 does not fit: the
   // layer that refuses it and both shapes, no TorchScript traceback.
   auto [unfit_code, unfit_out] =
