@@ -43,6 +43,16 @@ bool Close(const c10::IValue& a, const c10::IValue& b) {
 
 std::string Describe(const std::vector<int>& v) { return absl::StrJoin(v, ","); }
 
+// `name` as a TorchScript string literal.
+std::string PythonString(absl::string_view name) {
+  std::string out = "\"";
+  for (char ch : name) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    out += ch;
+  }
+  return out + "\"";
+}
+
 }  // namespace
 
 // --- SequentialModel -------------------------------------------------------------
@@ -103,15 +113,19 @@ absl::StatusOr<StageSpec> SequentialModel::Stage(int first, int last) const {
     return StageSpec::Registered(type_, std::move(args));
   }
   // A module of those children, its forward their chain; each step has a
-  // variable of its own, so a layer may change the value's type.
+  // variable of its own, so a layer may change the value's type. Each
+  // child keeps its name in the whole ("0", "1", ... for an nn.Sequential),
+  // so that the stages' state dicts, merged, are the whole module's.
+  // getattr reaches a name that is no identifier ("0", "fc-1").
   const std::string label = absl::StrCat(label_, " layers [", first, ", ", last, ")");
   try {
     torch::jit::Module stage("remora.SequentialStage");
     std::string code = "def forward(self, x0):\n";
     for (int i = first; i < last; ++i) {
       const int j = i - first;
-      stage.register_module(absl::StrCat("layer", i), script_->attr(children_[i]).toModule());
-      absl::StrAppend(&code, "  x", j + 1, " = self.layer", i, ".forward(x", j, ")\n");
+      stage.register_module(children_[i], script_->attr(children_[i]).toModule());
+      absl::StrAppend(&code, "  x", j + 1, " = getattr(self, ", PythonString(children_[i]), ").forward(x", j,
+                      ")\n");
     }
     absl::StrAppend(&code, "  return x", last - first, "\n");
     stage.define(code);

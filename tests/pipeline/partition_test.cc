@@ -3,9 +3,12 @@
 // worker processes: measured and explicit cuts train like one process.
 #include "pipeline/partition.h"
 
+#include <set>
+
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -14,6 +17,7 @@
 #include <torch/csrc/jit/api/module.h>
 #include <torch/optim/sgd.h>
 
+#include "pipeline/stage.h"
 #include "shards/cnn.h"
 #include "tests/support/pipeline_fixtures.h"
 #include "tests/support/script_models.h"
@@ -89,6 +93,54 @@ TEST(Partition, TorchScriptSequentialCutsIntoStagesThatChainToTheWhole) {
   EXPECT_TRUE(at::allclose(y.toTensor(), whole.forward({x}).toTensor()));
   EXPECT_THAT(model->Stage(2, 5).status().message(), HasSubstr("which has 4"));
   EXPECT_FALSE(model->Stage(2, 2).ok());
+}
+
+// What torch.jit.script(nn.Sequential(...)) saves: children named "0", "1",
+// ... (or an OrderedDict's names, not all identifiers), one without
+// parameters, one with a buffer.
+torch::jit::Module ScriptTorchSequential() {
+  torch::jit::Module m("Sequential");
+  torch::jit::Module relu("ReLU"), shift("Shift");
+  relu.define("def forward(self, x):\n  return torch.relu(x)\n");
+  shift.register_buffer("offset", at::full({3}, 0.5));
+  shift.define("def forward(self, x):\n  return x - self.offset\n");
+  m.register_module("0", ScriptLinear(4, 6, 1, false));
+  m.register_module("1", relu);
+  m.register_module("2", ScriptLinear(6, 3, 2, false));
+  m.register_module("out-shift", shift);
+  m.define(R"(def forward(self, x):
+  x = getattr(self, "0").forward(x)
+  x = getattr(self, "1").forward(x)
+  x = getattr(self, "2").forward(x)
+  return getattr(self, "out-shift").forward(x)
+)");
+  return m;
+}
+
+// The stages' state dicts, merged, are the whole module's: a checkpoint of
+// a cut one-file model loads into the file it came from (load_state_dict).
+TEST(Partition, StagesKeepTheChildrensNamesSoTheirStateIsTheWholeModules) {
+  torch::jit::Module whole = ScriptTorchSequential();
+  auto model = SequentialModel::TorchScript(SaveToBytes(whole), "model.pt");
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_EQ(model->num_layers(), 4);
+  std::set<std::string> want;
+  for (const auto& p : whole.named_parameters()) want.insert(p.name);
+  for (const auto& b : whole.named_buffers()) want.insert(b.name);
+  ASSERT_EQ(want, (std::set<std::string>{"0.weight", "0.bias", "2.weight", "2.bias", "out-shift.offset"}));
+  std::set<std::string> merged;
+  const at::Tensor x = at::randn({2, 4});
+  c10::IValue y = x;
+  for (auto [first, last] : std::vector<std::pair<int, int>>{{0, 1}, {1, 3}, {3, 4}}) {
+    auto spec = model->Stage(first, last);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    auto stage = BuildStage(*spec, c10::Device(c10::kCPU));
+    ASSERT_TRUE(stage.ok()) << stage.status();
+    for (const std::string& name : StateNames(**stage)) EXPECT_TRUE(merged.insert(name).second) << name;
+    y = LoadFromBytes(spec->script).forward({y});
+  }
+  EXPECT_EQ(merged, want);
+  EXPECT_TRUE(at::allclose(y.toTensor(), whole.forward({x}).toTensor()));
 }
 
 TEST(Partition, ModelsThatAreNotSequentialAreClearErrors) {
