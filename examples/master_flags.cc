@@ -208,6 +208,21 @@ absl::Status CheckWorkers(const Flags& f, const RunOptions& c, bool ps_mode, boo
                             " workers: stage k runs on worker k mod n, so give a multiple of ",
                             c.workers.size(), " stages"));
   }
+  if (!ps_mode && c.workers.size() == 1 && c.scripts.size() > 1) {
+    // Found here, not once the workers have joined: stage k's output is a
+    // call to stage k + 1's worker, which must be another.
+    const size_t stages = c.scripts.size();
+    const std::string topology =
+        c.replicas > 1 ? absl::StrCat("--replicas ", c.replicas, " over the ", n, " --workers leaves 1 worker per "
+                                      "pipeline")
+                       : "the pipeline has 1 worker (--workers " + c.workers[0] + ")";
+    return Bad(absl::StrCat(
+        "--model has ", stages, " stage files and ", topology, ", but consecutive stages must run on different "
+        "workers: give ", stages, " workers per pipeline (", c.replicas > 1 ? "" : "--workers with ",
+        stages * c.replicas, " names", c.replicas > 1 ? absl::StrCat(" in --workers for --replicas ", c.replicas) : "",
+        "), or export the model as one nn.Sequential file, which the master cuts into as many stages as a pipeline "
+        "has workers"));
+  }
   if (!ps_mode && TrainsSmallCnn(c) &&
       c.workers.size() > static_cast<size_t>(shards::kSmallCnnBlocks)) {
     return Bad(absl::StrCat("--dataset's small CNN has ", shards::kSmallCnnBlocks,
@@ -223,7 +238,15 @@ absl::Status CheckWorkers(const Flags& f, const RunOptions& c, bool ps_mode, boo
   if (cut && !ps_mode) {
     // The cut's counts and split points.
     const int layers = c.sequential ? c.sequential->num_layers() : shards::kResNetBlocks;
-    if (auto s = StagesPerWorker(c, layers); !s.ok()) return Bad(std::string(s.status().message()));
+    auto per_worker = StagesPerWorker(c, layers);
+    if (!per_worker.ok()) return Bad(std::string(per_worker.status().message()));
+    if (*per_worker > 1 && c.workers.size() == 1) {
+      return Bad(absl::StrCat(
+          *per_worker, " stages on the one worker of ", c.replicas > 1 ? "each" : "the", " pipeline (",
+          c.split_at.empty() ? "--interleave" : "--split-at", "): consecutive stages must run on different "
+          "workers; give 2 or more workers per pipeline, or leave ", c.split_at.empty() ? "--interleave" : "--split-at",
+          " out"));
+    }
   }
   return launch::CheckAddress(c.listen, launch::AddressSource("--listen", c.listen));
 }

@@ -83,7 +83,8 @@ absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Crea
     // Each replica's workers their own seeds (their dropout masks differ).
     if (p.seed) *p.seed += static_cast<uint64_t>(r) * 1000003;
     auto pipe = pipeline::Pipeline::Create(agent, std::move(p));
-    if (!pipe.ok()) return Annotate(pipe.status(), absl::StrCat("replica ", r));
+    // (One pipeline is no replica to name.)
+    if (!pipe.ok()) return R > 1 ? Annotate(pipe.status(), absl::StrCat("replica ", r)) : pipe.status();
     replicas.push_back(std::move(*pipe));
   }
   std::unique_ptr<StoreServer> store;

@@ -137,9 +137,11 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(Agent& agent, Pipelin
         " workers (stage k runs on worker k mod ", n, "): give a multiple of ", n, " stages"));
   }
   if (n == 1 && S > 1) {
-    return absl::InvalidArgumentError(
-        "pipeline: several stages need at least two workers (consecutive stages must be on "
-        "different workers)");
+    // (Stage k's output goes to stage k + 1's worker as a call: one worker
+    // would call itself, and its schedule would wait on itself.)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline: ", S, " stages on 1 worker: consecutive stages must be on different workers; give 2 or more "
+        "workers, a count that divides ", S, ", or make the model one stage"));
   }
   if (!o.loss) return absl::InvalidArgumentError("pipeline: no loss function given");
   ASSIGN_OR_RETURN(Schedule schedule,

@@ -27,6 +27,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // The error of `args`, which must not pass.
 std::string ErrorOf(const std::vector<std::string>& args) {
@@ -160,6 +161,28 @@ TEST(MasterFlags, CutsAndTopologiesThatDoNotFitAreErrors) {
       {{"--workers", "a,b", "--replicas", "0"}, "--replicas must be >= 1; got 0"},
       {{"--workers", "a,b", "--bucket-mb", "0"}, "--bucket-mb must be >= 1; got 0"},
   });
+}
+
+// Several stages in one worker's pipeline cannot run (consecutive stages
+// call each other's workers): a flag error, before any worker is waited
+// for, that says what to give instead, and names no "replica 0".
+TEST(MasterFlags, SeveralStagesOnOneWorkerPerPipelineAreRefusedSayingWhatToGive) {
+  const std::string dir = TempPath("flags_two_stages");
+  std::filesystem::create_directories(dir);
+  for (int k = 0; k < 2; ++k) test_support::ScriptLinear(4, 4, k, false).save(absl::StrCat(dir, "/stage", k, ".pt"));
+  const std::string one = ErrorOf({"--workers", "w1", "--model", dir, "--input-shape", "4"});
+  EXPECT_THAT(one, HasSubstr("--model has 2 stage files and the pipeline has 1 worker (--workers w1), but "
+                             "consecutive stages must run on different workers: give 2 workers per pipeline "
+                             "(--workers with 2 names), or export the model as one nn.Sequential file"));
+  EXPECT_THAT(one, Not(HasSubstr("replica")));
+  ExpectErrors({{{"--workers", "w1", "--interleave", "2"},
+                 "2 stages on the one worker of the pipeline (--interleave): consecutive stages must run on "
+                 "different workers; give 2 or more workers per pipeline, or leave --interleave out"}});
+  if (!parallel::HaveGloo()) GTEST_SKIP() << "built without Gloo";
+  ExpectErrors({{{"--workers", "w1,w2", "--replicas", "2", "--model", dir, "--input-shape", "4"},
+                 "--model has 2 stage files and --replicas 2 over the 2 --workers leaves 1 worker per pipeline, "
+                 "but consecutive stages must run on different workers: give 2 workers per pipeline (4 names in "
+                 "--workers for --replicas 2)"}});
 }
 
 TEST(MasterFlags, MissingOrBadFilesAreErrorsNamingThem) {

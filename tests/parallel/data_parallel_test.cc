@@ -29,6 +29,7 @@ namespace remora::parallel {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 const std::string kBin = BinDir();
 
@@ -262,6 +263,19 @@ TEST(DataParallel, BadTopologiesAndMismatchedReplicasAreClearErrors) {
   o.replicas = 3;
   EXPECT_THAT(DataParallelPipeline::Create(workers.master(), o).status().message(),
               HasSubstr("2 workers do not make 3 replicas"));
+  // Two stages on a pipeline of one worker: "replica 0" only where there
+  // are replicas.
+  DataParallelOptions one = TwoPlainReplicas();
+  one.replicas = 1;
+  one.pipeline.workers = {"w1"};
+  one.pipeline.stages = {Spec(Mlp(6, 6, 1)), Spec(Mlp(6, 3, 1))};
+  const std::string alone(DataParallelPipeline::Create(workers.master(), one).status().message());
+  EXPECT_THAT(alone, HasSubstr("pipeline: 2 stages on 1 worker: consecutive stages must be on different workers"));
+  EXPECT_THAT(alone, Not(HasSubstr("replica")));
+  one.replicas = 2;
+  one.pipeline.workers = {"w1", "w2"};
+  EXPECT_THAT(DataParallelPipeline::Create(workers.master(), one).status().message(),
+              HasSubstr("replica 0: pipeline: 2 stages on 1 worker"));
   o.replicas = 2;
   o.pipeline.micro_batches = 4;
   auto dp = DataParallelPipeline::Create(workers.master(), o);

@@ -643,6 +643,9 @@ TEST(Pipeline, BadOptionsAreClearErrors) {
   PipelineOptions three = TwoStages(a, a);
   three.stages.push_back(a);
   ExpectError(Pipeline::Create(master, three).status(), {"3 stages", "2 workers"});
+  PipelineOptions alone = TwoStages(a, a);
+  alone.workers = {"w1"};
+  ExpectError(Pipeline::Create(master, alone).status(), {"2 stages on 1 worker", "give 2 or more workers"});
   PipelineOptions four = TwoStages(a, a);
   four.stages.insert(four.stages.end(), {a, a});
   four.schedule = "1f1b";
