@@ -569,12 +569,16 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   for (int s : c.splits) {
     const int64_t parts = int64_t{s} * c.replicas, rows = c.batch_size / parts;
     if (line.ps_mode || rows >= 2 || RowsPerPart(c) < 2) continue;
-    const int64_t fewer = std::max<int64_t>(1, c.batch_size / (2 * c.replicas));
-    return Bad(absl::StrCat("--splits ", s, c.replicas > 1 ? absl::StrCat(" x --replicas ", c.replicas) : "",
-                            " cuts --batch-size ", c.batch_size, " into micro-batches of ", rows, " image, and ",
+    // Fewer splits help only where one split per replica leaves 2 rows
+    // (not at --splits 1 already, nor with too many replicas).
+    const int64_t fewer = c.batch_size / (2 * c.replicas);
+    const std::string splits_fix = fewer >= 1 ? absl::StrCat("--splits ", fewer, " or fewer, or ") : "";
+    const std::string cut = absl::StrCat("--splits ", s,
+                                         c.replicas > 1 ? absl::StrCat(" x --replicas ", c.replicas) : "");
+    return Bad(absl::StrCat(cut, " cuts --batch-size ", c.batch_size, " into micro-batches of ", rows, " image, and ",
                             c.model.empty() ? "ResNet50" : "the --model",
-                            "'s batch norm needs 2 or more in each: give --splits ", fewer,
-                            " or fewer, or --batch-size ", 2 * parts, " or more"));
+                            "'s batch norm needs 2 or more in each: give ", splits_fix, "--batch-size ", 2 * parts,
+                            " or more (2 images x ", cut, ")"));
   }
   if (auto s = CheckCheckpoints(line, f.given); !s.ok()) return s;
   if (auto s = CheckElastic(line); !s.ok()) return s;

@@ -90,7 +90,11 @@ TEST(MasterFlags, BadValuesAreClearErrorsNamingTheFlag) {
       {{"--local", "--splits", "16", "--batch-size", "8"}, "exceeds --batch-size 8"},
       {{"--local", "--batch-size", "8"},  // the demo's --splits 8
        "--splits 8 cuts --batch-size 8 into micro-batches of 1 image, and ResNet50's batch norm needs 2 or more "
-       "in each: give --splits 4 or fewer, or --batch-size 16 or more"},
+       "in each: give --splits 4 or fewer, or --batch-size 16 or more (2 images x --splits 8)"},
+      // At --splits 1 fewer splits cannot help: only a larger batch does.
+      {{"--workers", "a,b", "--replicas", "2", "--batch-size", "3"},
+       "--splits 1 x --replicas 2 cuts --batch-size 3 into micro-batches of 1 image, and ResNet50's batch norm "
+       "needs 2 or more in each: give --batch-size 4 or more (2 images x --splits 1 x --replicas 2)"},
       {{"--workers", "a,b", "--replicas", "2", "--splits", "2", "--batch-size", "6"}, "--splits 2 x --replicas 2"},
       {{"--local", "--batch-size", "0"}, "--batch-size must be >= 1"},
       {{"--local", "--image-size", "4"}, "--image-size"},
