@@ -155,6 +155,20 @@ absl::Status ReadModel(const Flags& f, RunOptions& c) {
   if (bad || c.input_shape.empty()) {
     return Bad(absl::StrCat("--input-shape wants positive sizes like 3,32,32; got '", shape, "'"));
   }
+  if (ReadsImageFolder(c) && c.input_shape_given) {
+    // An image folder's images are cropped to squares of --image-size:
+    // that flag, not --input-shape, sets the model's input.
+    const std::vector<int64_t> images = {3, c.image_size, c.image_size};
+    if (c.input_shape != images) {
+      const auto& s = c.input_shape;
+      const bool square = s.size() == 3 && s[0] == 3 && s[1] == s[2];
+      return Bad(absl::StrCat(
+          "--input-shape ", shape, " does not match --dataset ", c.dataset, "'s images, 3,", c.image_size, ",",
+          c.image_size, ": an image folder's images are 3 x S x S at --image-size S; ",
+          square ? absl::StrCat("give --image-size ", s[1], " (and leave --input-shape out)")
+                 : "leave --input-shape out, and give --image-size for the side the model takes"));
+    }
+  }
   if (c.classes < 1) return Bad("--classes must be >= 1");
   auto scripts = pipeline::TorchScriptStages(c.model);
   if (!scripts.ok()) return Bad(std::string(scripts.status().message()));

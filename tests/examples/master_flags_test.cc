@@ -196,6 +196,13 @@ TEST(MasterFlags, MissingOrBadFilesAreErrorsNamingThem) {
        "cannot read the TorchScript file"},
       {{"--local", "--model", "x.pt", "--input-shape", "3,0"}, "--input-shape wants positive sizes"},
       {{"--local", "--model", "x.pt", "--classes", "0"}, "--classes must be >= 1"},
+      // An image folder's input shape is --image-size's, said as that flag.
+      {{"--local", "--model", "x.pt", "--dataset", "imagefolder:" + TempPath("photos"), "--input-shape", "3,32,32"},
+       "--input-shape 3,32,32 does not match --dataset imagefolder:" + TempPath("photos") +
+           "'s images, 3,128,128: an image folder's images are 3 x S x S at --image-size S; give --image-size 32 "
+           "(and leave --input-shape out)"},
+      {{"--local", "--model", "x.pt", "--dataset", "imagefolder:" + TempPath("photos"), "--input-shape", "784"},
+       "leave --input-shape out, and give --image-size for the side the model takes"},
       {{"--workers", "a", "--tls-cert", "node.crt"}, "--tls-cert is given without --tls-key"},
       {{"--workers", "a", "--tls-cert", TempPath("absent.crt"), "--tls-key", "k"}, "cannot read --tls-cert"},
       {{"--workers", "a", "--token-file", TempPath("absent.token")}, "--token-file"},
