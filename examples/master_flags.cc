@@ -463,13 +463,23 @@ std::string UnusedFlags(const std::set<std::string>& given, const RunOptions& c)
     unused({"zero", "bucket-mb", "overlap", "collective-timeout", "insecure-collectives"}, "without --replicas");
   }
   if (c.model.empty()) unused({"input-shape", "classes"}, "without --model");
+  if (!c.model.empty() && c.dataset.empty()) {
+    unused({"image-size"}, "with --model and random data: the inputs are of --input-shape");
+  }
   if (c.optimizer == "adam") {
     unused({"momentum"}, "with --optimizer adam");
   } else if (c.dataset.empty() && c.model.empty()) {
     unused({"momentum"}, "with the ResNet50 demo: it trains with plain SGD");
   }
-  if (!c.split_at.empty()) unused({"partition"}, "with --split-at: the split points given are the cut");
-  if (c.local) unused({"workers", "spares", "replicas", "pipeline-stages", "schedule", "interleave"}, "with --local");
+  if (c.local) {
+    // (This process trains the whole model: nothing is cut.)
+    unused({"workers", "spares", "replicas", "pipeline-stages", "schedule", "interleave", "partition", "split-at"},
+           "with --local");
+  } else if (!c.split_at.empty()) {
+    unused({"partition"}, "with --split-at: the split points given are the cut");
+  } else if (!c.model.empty() && !c.sequential) {
+    unused({"partition"}, "with --model stage files: they are the stages");
+  }
   if (lines.empty()) return "";
   return absl::StrCat("master: note: ", absl::StrJoin(lines, "; "), " (no effect)");
 }

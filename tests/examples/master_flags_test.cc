@@ -401,6 +401,19 @@ TEST(MasterFlags, FlagsWithoutEffectAreNamedInANote) {
   ASSERT_TRUE(sgd_demo.ok()) << sgd_demo.status();
   EXPECT_THAT(sgd_demo->note, HasSubstr("--momentum with the ResNet50 demo: it trains with plain SGD"));
   EXPECT_THAT(sgd_demo->note, HasSubstr("--partition with --split-at"));
+  // --model's random inputs are of --input-shape; --local cuts nothing; stage
+  // files are the cut.
+  const std::string dir = TempPath("flags_note_stages");
+  std::filesystem::create_directories(dir);
+  for (int k = 0; k < 2; ++k) test_support::ScriptLinear(4, 4, k, false).save(absl::StrCat(dir, "/stage", k, ".pt"));
+  auto local = ParseCommandLine({"--local", "--model", dir, "--input-shape", "4", "--image-size", "64",
+                                 "--partition", "tutorial"});
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_THAT(local->note, HasSubstr("--image-size with --model and random data: the inputs are of --input-shape"));
+  EXPECT_THAT(local->note, HasSubstr("--partition with --local"));
+  auto files = ParseCommandLine({"--workers", "a,b", "--model", dir, "--input-shape", "4", "--partition", "balanced"});
+  ASSERT_TRUE(files.ok()) << files.status();
+  EXPECT_THAT(files->note, HasSubstr("--partition with --model stage files: they are the stages"));
 }
 
 // An empty value ("--flag=", or a script's --flag "$UNSET") is an error,
