@@ -1,0 +1,86 @@
+// How the ResNet50 demo or a one-file sequential --model is cut into
+// stages over the workers: the split points, the stages per worker and the
+// balanced partition measured on them.
+#include <algorithm>
+#include <iostream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status_util.h"
+#include "pipeline/partition.h"
+#include "shards/resnet.h"
+#include "train/runs.h"
+
+namespace remora::train::runs {
+
+std::vector<int> SplitPoints(const RunOptions& c) {
+  if (c.model.empty() && c.partition == "tutorial") return {shards::TutorialSplit()[1]};
+  return c.split_at;
+}
+
+absl::StatusOr<int> StagesPerWorker(const RunOptions& c, int num_layers) {
+  const int n = static_cast<int>(c.workers.size());
+  const std::vector<int> split_at = SplitPoints(c);
+  int per_worker = c.interleave;
+  if (per_worker == 0 && !split_at.empty()) {
+    const int stages = static_cast<int>(split_at.size()) + 1;
+    if (stages % n != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--split-at makes ", stages, " stages for ", n, " workers: stage k runs on worker k mod ",
+          n, ", so give a multiple of ", n, " stages (", n - 1, ", ", 2 * n - 1, ", ... split points)"));
+    }
+    per_worker = stages / n;
+  } else if (per_worker == 0) {
+    // Two halve the pipeline's fill and drain, where every stage gets a
+    // layer; 1f1b asked for by name runs one stage per worker.
+    per_worker = n >= 2 && num_layers >= 2 * n && c.schedule != "1f1b" ? 2 : 1;
+  }
+  if (n * per_worker > num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        n, " workers x ", per_worker, " stages per worker (--interleave) is more stages than the ",
+        num_layers, " layers there are to cut"));
+  }
+  if (!split_at.empty()) {
+    RETURN_IF_ERROR(pipeline::SplitAt(num_layers, split_at, n * per_worker).status());
+  }
+  return per_worker;
+}
+
+absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, const RunOptions& c) {
+  const pipeline::SequentialModel model =
+      c.sequential ? *c.sequential
+                   : pipeline::SequentialModel::Registered("ResNetShard", shards::kResNetBlocks,
+                                                           {int64_t{c.seed}});
+  pipeline::PartitionOptions p;
+  p.split_at = SplitPoints(c);
+  ASSIGN_OR_RETURN(p.stages_per_worker, StagesPerWorker(c, model.num_layers()));
+  p.micro_batches = *std::max_element(c.splits.begin(), c.splits.end());
+  if (p.split_at.empty()) {
+    // One micro-batch of the largest split count, at most 16 rows.
+    const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(16, c.batch_size / p.micro_batches));
+    ASSIGN_OR_RETURN(auto batch, MakeBatch(c, 0));
+    p.sample = batch.first.slice(0, 0, rows).clone();
+    // Every worker times every layer at once: in the pipeline the stages run
+    // side by side and share the machine's memory bandwidth and caches, and
+    // layers suffer from that unequally (timed alone on one worker, the
+    // split came out up to 9% off the stages' busy times in the trace).
+    std::cout << "measuring per-layer cost of " << model.label() << " (forward + backward, "
+              << rows << " rows) on " << absl::StrJoin(c.workers, ", ") << " at once ..."
+              << std::endl;
+  }
+  auto cut = pipeline::Partition(agent, model, c.workers, p);
+  if (!cut.ok() && c.sequential &&
+      absl::StrContains(cut.status().message(), ") does not take the ")) {
+    // Say where the input's shape came from.
+    return absl::Status(cut.status().code(), absl::StrCat(
+        cut.status().message(), "; one input is ", absl::StrJoin(c.input_shape, ","),
+        c.dataset.empty() ? (c.input_shape_given ? " (--input-shape)" : " (--input-shape's default)")
+                          : absl::StrCat(" (--dataset ", c.dataset, "'s images)")));
+  }
+  if (!cut.ok()) return cut.status();
+  std::cout << cut->Describe(c.workers) << std::flush;
+  return cut->stages;
+}
+
+}  // namespace remora::train::runs
