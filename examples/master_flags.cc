@@ -183,6 +183,18 @@ absl::Status ReadModel(const Flags& f, RunOptions& c) {
     } else if (!c.local) {
       return Bad(std::string(model.status().message()));
     }
+    // A forward that returns more than the logits (a tuple) is no chain of
+    // its children, and the last stage's output goes to cross-entropy:
+    // said now, not as a cut that does not fit the layers.
+    const std::string& output = model.ok() ? c.sequential->output_type() : "";
+    if (!c.local && !output.empty() && output != "Tensor") {
+      return Bad(absl::StrCat(
+          "--model ", c.model, " cannot be cut into stages: its forward returns ", output,
+          ", not one tensor of logits, so it is not its child modules run one after another (as an nn.Sequential's "
+          "forward is) and its output cannot go to cross-entropy; export one TorchScript file per stage (--model "
+          "DIR of stage0.pt, stage1.pt, ...: each stage's forward takes the one before's output, the last returns "
+          "the logits)"));
+    }
   }
   if (c.local) {
     // (Built here next anyway: a file that is no TorchScript is a bad flag,

@@ -91,6 +91,10 @@ absl::StatusOr<SequentialModel> SequentialModel::TorchScript(const std::string& 
         label, " has no child modules to cut into stages (it should be a scripted "
                "nn.Sequential; a model already cut goes in as one file per stage)"));
   }
+  if (auto forward = module->find_method("forward")) {
+    const auto& returns = forward->function().getSchema().returns();
+    if (returns.size() == 1) m.output_type_ = returns[0].type()->annotation_str();
+  }
   m.label_ = std::move(label);
   m.num_layers_ = static_cast<int>(m.children_.size());
   m.script_ = std::move(module);

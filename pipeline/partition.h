@@ -54,6 +54,9 @@ class SequentialModel {
 
   int num_layers() const { return num_layers_; }
   const std::string& label() const { return label_; }
+  // For TorchScript: the type its forward returns, as TorchScript writes
+  // it ("Tensor", "Tuple[Tensor, Tensor]"); empty for registered models.
+  const std::string& output_type() const { return output_type_; }
 
   // Layers [first, last) as one stage: the registered type with the range,
   // or a TorchScript module made of those children.
@@ -73,6 +76,7 @@ class SequentialModel {
   std::vector<c10::IValue> args_;     // registered
   std::shared_ptr<const torch::jit::Module> script_;  // TorchScript
   std::vector<std::string> children_;                 // TorchScript
+  std::string output_type_;                           // TorchScript
 };
 
 struct PartitionOptions {

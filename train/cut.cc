@@ -3,6 +3,8 @@
 // balanced partition measured on them.
 #include <algorithm>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -37,8 +39,23 @@ absl::StatusOr<int> StagesPerWorker(const RunOptions& c, int num_layers) {
     per_worker = n >= 2 && num_layers >= 2 * n && c.schedule != "1f1b" ? 2 : 1;
   }
   if (n * per_worker > num_layers) {
+    // (--interleave or --split-at named only where given: its default is
+    // one stage per worker when the layers are few.)
+    const char* why = c.interleave > 0 ? " (--interleave)" : !split_at.empty() ? " (--split-at)" : "";
+    if (c.sequential) {
+      std::vector<std::string> fixes;
+      const int most = num_layers / per_worker;
+      if (most >= 2) fixes.push_back(absl::StrCat("give at most ", most, " workers per pipeline"));
+      if (most == 1 && per_worker == 1) fixes.push_back("give one worker per pipeline (it trains the model whole)");
+      if (c.interleave > 1) fixes.push_back("a smaller --interleave");
+      fixes.push_back("export one TorchScript file per stage (--model DIR of stage0.pt, stage1.pt, ...)");
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot cut ", c.sequential->label(), " into ", n * per_worker, " stages (", n, " workers x ", per_worker,
+          " per worker", why, "): it has ", num_layers, num_layers == 1 ? " child module" : " child modules",
+          " to cut at, and each stage needs one; ", absl::StrJoin(fixes, ", or ")));
+    }
     return absl::InvalidArgumentError(absl::StrCat(
-        n, " workers x ", per_worker, " stages per worker (--interleave) is more stages than the ",
+        n, " workers x ", per_worker, " stages per worker", why, " is more stages than the ",
         num_layers, " layers there are to cut"));
   }
   if (!split_at.empty()) {

@@ -189,6 +189,30 @@ TEST(MasterFlags, SeveralStagesOnOneWorkerPerPipelineAreRefusedSayingWhatToGive)
                  "--workers for --replicas 2)"}});
 }
 
+// A one-file model that cannot be cut says why and what to export, not a
+// count of stages per worker (--interleave, never given).
+TEST(MasterFlags, AOneFileModelThatCannotBeCutSaysWhyAndWhatToExport) {
+  torch::jit::Module pair("Pair");
+  pair.register_module("net", test_support::ScriptLinear(4, 3, 1, false));
+  pair.define("def forward(self, x):\n  y = self.net.forward(x)\n  return (y, y.sum())\n");
+  const std::string tuple = TempPath("flags_tuple.pt");
+  pair.save(tuple);
+  torch::jit::Module single("Single");
+  single.register_module("net", test_support::ScriptLinear(4, 3, 1, false));
+  single.define("def forward(self, x):\n  return self.net.forward(x)\n");
+  const std::string one = TempPath("flags_one_child.pt");
+  single.save(one);
+  const std::string returns_tuple = ErrorOf({"--workers", "a,b", "--model", tuple, "--input-shape", "4"});
+  EXPECT_THAT(returns_tuple, HasSubstr("--model " + tuple + " cannot be cut into stages: its forward returns "
+                                       "Tuple[Tensor, Tensor], not one tensor of logits"));
+  EXPECT_THAT(returns_tuple, HasSubstr("export one TorchScript file per stage"));
+  const std::string one_child = ErrorOf({"--workers", "a,b", "--model", one, "--input-shape", "4"});
+  EXPECT_THAT(one_child, HasSubstr("cannot cut " + one + " into 2 stages (2 workers x 1 per worker): it has 1 child "
+                                   "module to cut at, and each stage needs one; give one worker per pipeline (it "
+                                   "trains the model whole), or export one TorchScript file per stage"));
+  EXPECT_THAT(one_child, Not(HasSubstr("--interleave")));
+}
+
 TEST(MasterFlags, MissingOrBadFilesAreErrorsNamingThem) {
   ExpectErrors({
       {{"--local", "--model", TempPath("no_such_model")}, "cannot read the TorchScript file"},
