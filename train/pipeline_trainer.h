@@ -54,6 +54,8 @@ class PipelineTrainer final : public Trainer, private RowsSteps {
                              bool final) override;
   absl::StatusOr<int64_t> Load(const checkpoint::Checkpoint& ck) override;
   absl::StatusOr<std::optional<Saved>> CommitSaved(bool wait) override;
+  // Whether a save made in the background waits to be committed.
+  bool save_pending() const { return saver_ != nullptr && saver_->pending(); }
   RowsSteps* rows() override { return train_data_ != nullptr ? this : nullptr; }
 
  private:

@@ -439,7 +439,7 @@ absl::Status TrainPipeline(Agent& agent, const RunOptions& c, const std::vector<
   std::vector<std::pair<int64_t, int64_t>> paused;  // after_batch's windows
   // Messages are counted over the batches after the first.
   const bool count_messages = c.batches - first > 1;
-  std::map<std::string, int64_t> sent_before;
+  std::map<std::string, int64_t> sent_before, sent_saving;
   // Each batch's step is sent before the last one is waited for, so that
   // the workers do not idle while this process makes the next batch; a
   // batch's time is from the end of the one before it to its own. The
@@ -478,8 +478,19 @@ absl::Status TrainPipeline(Agent& agent, const RunOptions& c, const std::vector<
     run.data_wait_seconds.push_back(data_wait);
     data_wait = 0;
     if (elastic != nullptr) elastic->StepDone(s.b + 1);
-    RETURN_IF_ERROR(
-        saves.MaybeSave(*trainer, {s.b + 1, 0, s.b + 1, 0, 0, run.losses}, /*final=*/s.b + 1 == c.batches, std::cout));
+    // A checkpoint's requests (its save and commit) are not a batch's: kept
+    // out of messages_per_batch.
+    const bool final = s.b + 1 == c.batches;
+    const bool saving = count_messages && s.b > first && (saves.Due(s.b + 1, final) || trainer->save_pending());
+    std::map<std::string, int64_t> before_save;
+    if (saving) {
+      ASSIGN_OR_RETURN(before_save, pipe->sent_messages());
+    }
+    RETURN_IF_ERROR(saves.MaybeSave(*trainer, {s.b + 1, 0, s.b + 1, 0, 0, run.losses}, final, std::cout));
+    if (saving) {
+      ASSIGN_OR_RETURN(auto after_save, pipe->sent_messages());
+      for (const auto& [kind, n] : pipeline::MessagesBetween(before_save, after_save)) sent_saving[kind] += n;
+    }
     if (after_batch) {
       const int64_t p0 = trace::NowUs();
       after_batch(s.b);
@@ -530,6 +541,7 @@ absl::Status TrainPipeline(Agent& agent, const RunOptions& c, const std::vector<
   if (started) RETURN_IF_ERROR(finish());
   if (count_messages) {
     ASSIGN_OR_RETURN(auto sent_after, pipe->sent_messages());
+    for (const auto& [kind, n] : sent_saving) sent_after[kind] -= n;
     RecordMessages(sent_before, sent_after, c.batches - first - 1, run);
   }
   RETURN_IF_ERROR(ReportMemory(*pipe, c, run));

@@ -15,7 +15,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "launch/cli.h"
+#include "tests/support/master_runs.h"
 #include "tests/support/pipeline_fixtures.h"
+#include "tests/support/script_models.h"
 #include "tests/support/test_group.h"
 
 namespace remora {
@@ -127,6 +129,30 @@ TEST(Master, RefusedWorkersFailTheMasterAtOnceNamingThemAndTheJoinedWorkerExits)
     EXPECT_THAT(ReadFile(TempPath("worker1.log")), Not(HasSubstr("master 'master' at")));  // said once
     (*worker2)->Wait(absl::Seconds(20)).IgnoreError();
   }
+}
+
+// messages_per_batch counts the batches' requests, not the checkpoints':
+// a run saving after every batch sends the same per batch as one that
+// never saves (save_shard and its RRefs' ChildAccepts once doubled it).
+TEST(Master, MessagesPerBatchLeaveCheckpointsOut) {
+  const std::string model = TempPath("messages_model.pt");
+  test_support::ScriptSequential({12, 16, 16, 5}).save(model);
+  const std::vector<std::string> args = {"--model", model, "--input-shape", "12", "--classes", "5", "--batches", "3",
+                                         "--batch-size", "8", "--splits", "2"};
+  auto [plain_code, plain] = test_support::RunPipeline(2, args);
+  ASSERT_EQ(plain_code, 0) << plain;
+  std::vector<std::string> saving = args;
+  const std::string report = TempPath("messages_report.json");
+  saving.insert(saving.end(), {"--checkpoint-dir", test_support::FreshDir("messages_ckpt"), "--checkpoint-every",
+                               "1", "--report", report});
+  auto [code, out] = test_support::RunPipeline(2, saving);
+  ASSERT_EQ(code, 0) << out;
+  const std::string line = test_support::LineStarting(out, "messages_per_batch=");
+  EXPECT_THAT(line, Not(HasSubstr("checkpoint")));
+  EXPECT_THAT(line, Not(HasSubstr("ChildAccept")));
+  EXPECT_THAT(line, HasSubstr("function 'remora.pipeline.run' 2"));  // one per worker
+  EXPECT_EQ(line, test_support::LineStarting(plain, "messages_per_batch="));
+  EXPECT_THAT(ReadFile(report), Not(HasSubstr("remora.checkpoint.save_shard")));
 }
 
 }  // namespace
