@@ -28,6 +28,7 @@ namespace fs = std::filesystem;
 // skips hidden names: a version 1 listing (read by nothing now) may list
 // the folder otherwise, so the folder is listed again.
 constexpr char kListingHeader[] = "remora-imagefolder-listing 2";
+constexpr char kListingHeaderVersion1[] = "remora-imagefolder-listing 1";
 constexpr size_t kUnlistedExamples = 3;  // names kept of the files not listed
 
 bool IsImageName(const std::string& name) {
@@ -39,7 +40,12 @@ bool IsImageName(const std::string& name) {
 std::optional<ImageListing> ReadListing(const std::string& path, const std::string& root) {
   std::ifstream in(path);
   std::string line;
-  if (!in || !std::getline(in, line) || line != absl::StrCat(kListingHeader, " ", root)) return std::nullopt;
+  if (!in || !std::getline(in, line)) return std::nullopt;
+  // Version 1 (before subfolders, hidden names and other files counted)
+  // is read as it is: a resumed run trains on the files and labels of the
+  // run that wrote it. It has no count of other files.
+  const bool version1 = line == absl::StrCat(kListingHeaderVersion1, " ", root);
+  if (!version1 && line != absl::StrCat(kListingHeader, " ", root)) return std::nullopt;
   ImageListing l;
   int64_t classes = 0, files = 0;
   if (!std::getline(in, line) || !absl::SimpleAtoi(line, &classes)) return std::nullopt;
@@ -57,6 +63,7 @@ std::optional<ImageListing> ReadListing(const std::string& path, const std::stri
   if (static_cast<int64_t>(l.classes.size()) != classes || static_cast<int64_t>(l.files.size()) != files) {
     return std::nullopt;
   }
+  if (version1) return l;
   // "<files not listed> <examples>", then the examples' names.
   int64_t examples = 0;
   std::vector<std::string> counts;

@@ -57,7 +57,7 @@ struct SourceSpec {
   // training split's mean and std) or imagefolder:DIR (read from disk).
   std::string dataset;
   bool train = true;  // the training split; else the test (val) split
-  int64_t rows = 0;   // only the first `rows` rows (0: all)
+  int64_t rows = 0;   // only `rows` rows (0: all): the first, or an image folder's spread (SpreadRows)
   // Image folders (data/imagefolder.h's ImageFolderOptions).
   int64_t image_size = 224;
   int threads = 4;

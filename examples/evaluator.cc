@@ -144,6 +144,11 @@ absl::Status CheckTrainedAs(const checkpoint::Checkpoint& ck, const Options& o, 
   double held = 0;
   if (auto v = Recorded(ck.manifest, "val-fraction"); v && !absl::SimpleAtod(*v, &held)) held = -1;
   if (TrainedOn(ck.manifest, o.dataset) && std::abs(held - o.val_fraction) > 1e-9) {
+    if (held == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          ck.dir, " was trained on all of the folder's images (no --val-fraction): --val-fraction ", o.val_fraction,
+          " would score images it trained on. Score a folder with a val/ folder, or another dataset"));
+    }
     return absl::FailedPreconditionError(absl::StrCat(
         ck.dir, " was trained with --val-fraction ", absl::StrCat(held), " of the folder held out; the evaluator's "
         "is ", o.val_fraction, ", which scores other images: give --val-fraction ", absl::StrCat(held),

@@ -603,7 +603,8 @@ absl::StatusOr<std::vector<StageSpec>> TorchScriptStages(const std::string& mode
     // A stage file past a gap in the numbers would be left out silently,
     // and the model cut short would still train.
     for (const auto& entry : std::filesystem::directory_iterator(model, ec)) {
-      absl::string_view name = entry.path().filename().native();
+      const std::string file = entry.path().filename().string();
+      absl::string_view name = file;
       int64_t k = 0;
       if (absl::ConsumePrefix(&name, "stage") && absl::ConsumeSuffix(&name, ".pt") && absl::SimpleAtoi(name, &k) &&
           k >= static_cast<int64_t>(paths.size())) {

@@ -159,13 +159,17 @@ absl::Status ParameterServer::Lose(size_t i, const absl::Status& status) {
 absl::Status ParameterServer::Failed(size_t i, const absl::Status& failure, const std::string& where) {
   Slot& slot = slots_[i];
   slot.busy = false;
-  if (!Answers(agent_, slot.name)) return Annotate(Lose(i, failure), where);
+  // (A call that timed out is lost whether or not the worker's RPC threads
+  // still answer: its computation is stuck.)
+  const bool unreached = failure.code() == absl::StatusCode::kDeadlineExceeded ||
+                         failure.code() == absl::StatusCode::kUnavailable;
+  if (unreached || !Answers(agent_, slot.name)) return Annotate(Lose(i, failure), where);
   // A server that is gone fails the calls of workers that are not.
   RETURN_IF_ERROR(Annotate(CheckServers(i, failure), where));
   const std::string who = absl::StrCat("worker '", slot.name, "'");
   return absl::Status(failure.code(),
                       absl::StrCat(where, ": ", who, " failed computing its share of ",
-                                   slot.call_step == round_ ? "the batch" : "an earlier step's batch", " (",
+                                   slot.call_step >= step_first_round_ ? "the batch" : "an earlier step's batch", " (",
                                    slot.rows, " rows) and still answers, so it is not dropped as lost: ",
                                    WithoutLeadingWorker(failure.message(), who)));
 }
@@ -332,6 +336,7 @@ absl::StatusOr<StepReport> ParameterServer::Step(const Batch& batch, StepReport 
     seen = signal_->completions;
   }
   std::map<size_t, c10::IValue> done;  // slot -> (grads, loss), this round's
+  step_first_round_ = round_ + 1;
   for (report.rounds = 1; report.rounds <= n + 1; ++report.rounds) {
     // Settle earlier calls; wait until `needed` live workers are idle.
     RETURN_IF_ERROR(AwaitIdle(needed, where, &seen, &report));

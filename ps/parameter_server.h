@@ -25,8 +25,9 @@
 // step waits only on its own calls. The report of each step names the
 // workers used, dropped and lost.
 //
-// Failures: a worker whose call fails is probed; one that does not answer
-// (killed, hung, cut off) is lost: it fails the step, naming it, without
+// Failures: a worker whose call timed out or could not reach it is lost;
+// one whose call failed otherwise is probed, and one that does not answer
+// (killed, stopped, cut off) is lost too: it fails the step, naming it, without
 // backup workers; with them, it is dropped for good and reported, and
 // training goes on while at least n - k workers remain (the step is redone
 // over those left when its round can no longer collect n - k). One that
@@ -113,8 +114,8 @@ class ParameterServer {
   static absl::StatusOr<std::unique_ptr<ParameterServer>> Create(Agent& agent, PsOptions options);
   // Waits for the workers' calls still in flight (stragglers'): with
   // shards until they end; without, up to 10 s each, and marks a worker
-  // whose call failed lost (so that the agent's shutdown waits for nothing
-  // of it).
+  // whose call failed and that does not answer (Failed) lost, so that the
+  // agent's shutdown waits for nothing of it.
   ~ParameterServer();
 
   // One step on the batch (see above).
@@ -197,9 +198,10 @@ class ParameterServer {
   // With servers: the error naming one that is lost (checked after slot i's
   // call failed with `status`); OK without servers or when all answer.
   absl::Status CheckServers(size_t i, const absl::Status& status) const;
-  // Slot i's call failed with `failure`: when its worker does not answer a
-  // probe, Lose(i) (OK: lost); else the worker's own error, for the step
-  // `where` to fail with (the worker stays).
+  // Slot i's call failed with `failure`: when it timed out or could not
+  // reach the worker (DEADLINE_EXCEEDED, UNAVAILABLE), or the worker does
+  // not answer a probe, Lose(i) (OK: lost); else the worker's own error,
+  // for the step `where` to fail with (the worker stays).
   absl::Status Failed(size_t i, const absl::Status& failure, const std::string& where);
   // Settles the calls of earlier rounds (a failed one loses its worker)
   // until `needed` live workers are idle; `seen` as WaitForCompletion's.
@@ -228,6 +230,7 @@ class ParameterServer {
   std::shared_ptr<Signal> signal_;
   int64_t step_ = 0;
   int64_t round_ = 0;  // every round of every step, for tagging calls
+  int64_t step_first_round_ = 1;  // the first round of the step under way
 };
 
 }  // namespace remora::ps

@@ -34,12 +34,12 @@ std::string MicroBatches(int count, int rows, bool about) {
                       rows, rows == 1 ? " image" : " images");
 }
 
-// The rows of a batch: --batch-size, or all the training images where
-// --dataset has fewer (each epoch is then one smaller batch).
 // Whether a run is one --trace/--timeline record: the last split count's,
 // when either is given.
 bool Traced(const RunOptions& c, bool last) { return last && !(c.trace.empty() && c.timeline.empty()); }
 
+// The rows of a batch: --batch-size, or all the training images where
+// --dataset has fewer (each epoch is then one smaller batch).
 int64_t BatchRows(const RunOptions& c, const Sets& sets) {
   return sets.train == nullptr ? c.batch_size : std::min<int64_t>(c.batch_size, sets.train->size());
 }

@@ -220,7 +220,11 @@ checkpoint::RunIdentity IdentityOf(const RunOptions& c, int splits) {
   } else {
     id.data = absl::StrCat(c.dataset, " batch-size=", c.batch_size, " seed=", c.seed,
                            c.shuffle ? " shuffle" : " file-order",
-                           c.train_rows > 0 ? absl::StrCat(" train-rows=", c.train_rows) : "",
+                           // (An image folder's N are spread over its listing; they were its
+                           // first N once: another subset, refused on resume.)
+                           c.train_rows > 0 ? absl::StrCat(" train-rows=", c.train_rows,
+                                                           ReadsImageFolder(c) ? " spread" : "")
+                                            : "",
                            c.val_fraction > 0 ? absl::StrCat(" val-fraction=", c.val_fraction) : "",
                            // (ResNet50's is in its model's name.)
                            ReadsImageFolder(c) && !c.model.empty() ? absl::StrCat(" image-size=", c.image_size) : "");

@@ -438,9 +438,6 @@ TEST(DataBench, ReadsAFolderAndRefusesSizesMasterWouldRefuse) {
   }
 }
 
-// A folder whose every file is unreadable trains nothing even with
-// --skip-bad-images: an error (its loss printed as 0.0000, exit 0, before),
-// in master and in data_bench alike.
 // A fresh run lists the folder again: the listing an earlier run left in
 // --checkpoint-dir (here one refused for its class count) is not reused
 // once the folder is mended; the error names the class folders.
@@ -468,6 +465,9 @@ TEST(ImageFolderMaster, AFreshRunListsTheFolderAgain) {
                                    "not read (not .jpg, .jpeg or .png), e.g. red/notes.txt"));
 }
 
+// A folder whose every file is unreadable trains nothing even with
+// --skip-bad-images: an error (its loss printed as 0.0000, exit 0, before),
+// in master and in data_bench alike.
 TEST(ImageFolderMaster, AnEpochWhoseImagesAreAllSkippedIsAnError) {
   const std::string dir = FreshImageDir("all_bad");
   for (const char* file : {"/train/cat/0.jpg", "/train/dog/0.jpg"}) {

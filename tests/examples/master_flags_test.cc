@@ -222,7 +222,8 @@ TEST(MasterFlags, MissingOrBadFilesAreErrorsNamingThem) {
       {{"--local", "--model", "x.pt", "--classes", "0"}, "--classes must be >= 1"},
       // An image folder's input shape is --image-size's, said as that flag.
       {{"--local", "--model", "x.pt", "--dataset", "imagefolder:" + TempPath("photos"), "--input-shape", "3,32,32"},
-       "--input-shape 3,32,32 does not match --dataset imagefolder:" + TempPath("photos") +
+       "--input-shape 3,32,32 does not match --dataset imagefolder:" +
+           std::filesystem::path(TempPath("photos")).lexically_normal().string() +
            "'s images, 3,128,128: an image folder's images are 3 x S x S at --image-size S; give --image-size 32 "
            "(and leave --input-shape out)"},
       {{"--local", "--model", "x.pt", "--dataset", "imagefolder:" + TempPath("photos"), "--input-shape", "784"},
