@@ -283,7 +283,8 @@ std::string Sets::Describe() const {
   const std::string not_read =
       unlisted == 0 ? ""
                     : absl::StrCat("; ", unlisted, " other file", unlisted == 1 ? " is" : "s are",
-                                   " not read (not .jpg, .jpeg or .png), e.g. ", absl::StrJoin(unlisted_examples, ", "));
+                                   " not read (not .jpg, .jpeg or .png), e.g. ",
+                                   absl::StrJoin(unlisted_examples, ", "));
   if (!no_test.empty()) {
     return absl::StrCat(train->size(), " training images of ", c10::str(c10::IntArrayRef(shape)), in_classes,
                         ", no test images (", no_test, "): no test accuracy", not_read);
