@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "base/status_util.h"
 #include "data/imagefolder.h"
+#include "data/mix.h"
 
 namespace remora::data {
 namespace {
@@ -25,8 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 
 // Version 2 lists subfolders' images and the count of files left out, and
-// skips hidden names: a version 1 listing (read by nothing now) may list
-// the folder otherwise, so the folder is listed again.
+// skips hidden names; a version 1 listing is still read (ReadListing).
 constexpr char kListingHeader[] = "remora-imagefolder-listing 2";
 constexpr char kListingHeaderVersion1[] = "remora-imagefolder-listing 1";
 constexpr size_t kUnlistedExamples = 3;  // names kept of the files not listed
@@ -296,15 +296,7 @@ absl::StatusOr<SplitPlace> PlaceSplit(const std::string& dir, const std::string&
 bool HeldOut(const std::string& name, double fraction) {
   uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a, then mixed
   for (const unsigned char c : name) h = (h ^ c) * 0x100000001b3ull;
-  // splitmix64's steps (what imagefolder.cc's Mix(h, 0, 0) draws with):
-  // a change here would move images between the parts.
-  for (int i = 0; i < 2; ++i) {
-    h += 0x9e3779b97f4a7c15ull;
-    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
-    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
-    h ^= h >> 31;
-  }
-  return static_cast<double>(h >> 11) * 0x1.0p-53 < fraction;
+  return static_cast<double>(Mix(h, 0, 0) >> 11) * 0x1.0p-53 < fraction;
 }
 
 // The listing of `place`: all of its folder, or the part kept or held out.

@@ -24,24 +24,13 @@
 #include "absl/synchronization/mutex.h"
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
+#include "data/mix.h"
 
 namespace remora::data {
 namespace {
 
 constexpr double kMean[3] = {0.485, 0.456, 0.406};
 constexpr double kStd[3] = {0.229, 0.224, 0.225};
-
-// 64 well-mixed bits from (seed, epoch, index): splitmix64 over the three.
-uint64_t Mix(uint64_t seed, uint64_t epoch, uint64_t index) {
-  uint64_t x = seed;
-  for (uint64_t v : {epoch, index}) {
-    x += 0x9e3779b97f4a7c15ull + v;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    x ^= x >> 31;
-  }
-  return x;
-}
 
 // Uniform doubles in [0, 1) from a splitmix64 stream.
 class Draws {

@@ -44,7 +44,13 @@ void WritePng(const std::string& path, int w, int h, const std::vector<uint8_t>&
   ASSERT_TRUE(png_image_write_to_file(&image, path.c_str(), 0, rgb.data(), 0, nullptr)) << path;
 }
 
-void WriteJpeg(const std::string& path, int w, int h, const std::vector<uint8_t>& rgb, int quality) {
+namespace {
+
+// `pixels` (w x h, `components` bytes each, in `space`) as a JPEG of
+// `quality` at `path`; `configure` adjusts the defaults before it starts.
+void WriteJpegOf(const std::string& path, int w, int h, const std::vector<uint8_t>& pixels, int components,
+                 J_COLOR_SPACE space, int quality, const std::function<void(jpeg_compress_struct*)>& configure) {
+  ASSERT_EQ(pixels.size(), static_cast<size_t>(w) * h * components) << path;
   jpeg_compress_struct cinfo;
   jpeg_error_mgr err;
   cinfo.err = jpeg_std_error(&err);
@@ -54,13 +60,14 @@ void WriteJpeg(const std::string& path, int w, int h, const std::vector<uint8_t>
   jpeg_stdio_dest(&cinfo, f);
   cinfo.image_width = w;
   cinfo.image_height = h;
-  cinfo.input_components = 3;
-  cinfo.in_color_space = JCS_RGB;
+  cinfo.input_components = components;
+  cinfo.in_color_space = space;
   jpeg_set_defaults(&cinfo);
+  configure(&cinfo);
   jpeg_set_quality(&cinfo, quality, TRUE);
   jpeg_start_compress(&cinfo, TRUE);
   while (cinfo.next_scanline < cinfo.image_height) {
-    JSAMPROW row = const_cast<uint8_t*>(rgb.data()) + static_cast<size_t>(cinfo.next_scanline) * w * 3;
+    JSAMPROW row = const_cast<uint8_t*>(pixels.data()) + static_cast<size_t>(cinfo.next_scanline) * w * components;
     jpeg_write_scanlines(&cinfo, &row, 1);
   }
   jpeg_finish_compress(&cinfo);
@@ -68,32 +75,19 @@ void WriteJpeg(const std::string& path, int w, int h, const std::vector<uint8_t>
   std::fclose(f);
 }
 
+}  // namespace
+
+void WriteJpeg(const std::string& path, int w, int h, const std::vector<uint8_t>& rgb, int quality) {
+  WriteJpegOf(path, w, h, rgb, 3, JCS_RGB, quality, [](jpeg_compress_struct*) {});
+}
+
 void WriteCmykJpeg(const std::string& path, int w, int h, const std::vector<uint8_t>& cmyk, CmykJpeg kind,
                    int quality) {
-  ASSERT_EQ(cmyk.size(), static_cast<size_t>(w) * h * 4) << path;
-  jpeg_compress_struct cinfo;
-  jpeg_error_mgr err;
-  cinfo.err = jpeg_std_error(&err);
-  jpeg_create_compress(&cinfo);
-  FILE* f = std::fopen(path.c_str(), "wb");
-  ASSERT_NE(f, nullptr) << path;
-  jpeg_stdio_dest(&cinfo, f);
-  cinfo.image_width = w;
-  cinfo.image_height = h;
-  cinfo.input_components = 4;
-  cinfo.in_color_space = JCS_CMYK;
-  jpeg_set_defaults(&cinfo);  // CMYK out, with an Adobe marker
-  if (kind == CmykJpeg::kAdobeYcck) jpeg_set_colorspace(&cinfo, JCS_YCCK);
-  if (kind == CmykJpeg::kNoMarker) cinfo.write_Adobe_marker = FALSE;
-  jpeg_set_quality(&cinfo, quality, TRUE);
-  jpeg_start_compress(&cinfo, TRUE);
-  while (cinfo.next_scanline < cinfo.image_height) {
-    JSAMPROW row = const_cast<uint8_t*>(cmyk.data()) + static_cast<size_t>(cinfo.next_scanline) * w * 4;
-    jpeg_write_scanlines(&cinfo, &row, 1);
-  }
-  jpeg_finish_compress(&cinfo);
-  jpeg_destroy_compress(&cinfo);
-  std::fclose(f);
+  // libjpeg's defaults for CMYK: CMYK out, with an Adobe marker.
+  WriteJpegOf(path, w, h, cmyk, 4, JCS_CMYK, quality, [kind](jpeg_compress_struct* cinfo) {
+    if (kind == CmykJpeg::kAdobeYcck) jpeg_set_colorspace(cinfo, JCS_YCCK);
+    if (kind == CmykJpeg::kNoMarker) cinfo->write_Adobe_marker = FALSE;
+  });
 }
 
 void WriteClassFolders(const std::string& dir, const std::vector<std::string>& classes, int train, int val,
