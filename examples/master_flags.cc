@@ -267,11 +267,11 @@ absl::Status CheckWorkers(const Flags& f, const RunOptions& c, bool ps_mode, boo
     auto per_worker = StagesPerWorker(c, layers);
     if (!per_worker.ok()) return Bad(std::string(per_worker.status().message()));
     if (*per_worker > 1 && c.workers.size() == 1) {
-      return Bad(absl::StrCat(
-          *per_worker, " stages on the one worker of ", c.replicas > 1 ? "each" : "the", " pipeline (",
-          c.split_at.empty() ? "--interleave" : "--split-at", "): consecutive stages must run on different "
-          "workers; give 2 or more workers per pipeline, or leave ", c.split_at.empty() ? "--interleave" : "--split-at",
-          " out"));
+      // (--interleave, where given, sets the count: StagesPerWorker.)
+      const char* flag = c.interleave > 0 ? "--interleave" : "--split-at";
+      return Bad(absl::StrCat(*per_worker, " stages on the one worker of ", c.replicas > 1 ? "each" : "the",
+                              " pipeline (", flag, "): consecutive stages must run on different workers; give 2 or "
+                              "more workers per pipeline, or leave ", flag, " out"));
     }
   }
   return launch::CheckAddress(c.listen, launch::AddressSource("--listen", c.listen));
