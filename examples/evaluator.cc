@@ -445,6 +445,9 @@ int Main(int argc, char** argv) {
                              "there (without --once, the evaluator waits for the job to make it)"),
                 2);
   }
+  // (Several threads sleep while they wait, not spin, beside a training
+  // job: this may start the program again, before anything is opened.)
+  if (o.threads > 1) runtime::PreferPassiveOpenMpWaits(argv);
   runtime::SetComputeThreads(o.threads);
   if (auto s = shards::RegisterStageTypes(); !s.ok()) return fail(std::string(s.message()), 1);
   data::Dataset in_memory;

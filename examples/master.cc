@@ -13,7 +13,9 @@
 //
 // This file is the command line alone (examples/master_flags.h checks it);
 // the run is one call, train::runs::RunMaster (train/run.h).
+#include <algorithm>
 #include <iostream>
+#include <thread>
 #include <utility>
 
 #include "base/status_util.h"
@@ -21,6 +23,7 @@
 #include "examples/stock_worker.h"
 #include "launch/cli.h"
 #include "launch/worker_main.h"
+#include "runtime/threads.h"
 #include "train/run.h"
 
 namespace remora {
@@ -44,6 +47,14 @@ int Main(int argc, char** argv) {
   if (!line.ok()) {
     std::cerr << "master: " << line.status().message() << "\n";
     return 2;
+  }
+  // Training here on several threads (--local, --compare-local, --mode
+  // ps): LibTorch's threads sleep while they wait, not spin (this may
+  // start the program again, before anything is printed or opened).
+  const train::runs::RunOptions& c = line->config;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if ((c.local || c.compare_local || c.coordinator_threads > 1) && (c.threads_auto ? cores : c.threads) > 1) {
+    runtime::PreferPassiveOpenMpWaits(argv);
   }
   if (!line->note.empty()) std::cout << line->note << "\n";
   Registry registry;  // what this process serves: the stock worker's (its stage types too)

@@ -355,7 +355,9 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
   flags.AddInt("threads", &c.threads,
                "intra-op threads of this process for --local, --compare-local and --mode ps (the "
                "master steps the model); a pipeline's master otherwise slices batches on 1 thread "
-               "unless this is given");
+               "unless this is given. Not given: --local and --compare-local on a CPU time the first "
+               "batch at 1, 2, 4, ... up to the cores and train with the fastest (printed); --threads 1 "
+               "gives a pipeline's losses bit for bit; --mode ps: the cores");
   flags.AddBool("local", &c.local, "train in this process alone, no workers");
   flags.AddBool("deterministic", &c.deterministic,
                 "reproducible kernels in this process and on every worker, as PyTorch's "
@@ -563,9 +565,18 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   if (auto s = CheckBatchFits(c); !s.ok()) return s;
   if (auto s = CheckActivationsFit(c); !s.ok()) return s;
   const bool cut = c.model.empty() ? !TrainsSmallCnn(c) : c.sequential != nullptr;
-  if (!c.split_at.empty() && !cut) {
-    return Bad("--split-at cuts ResNet50 or a one-file sequential --model over several workers; "
-               "these stages are given already");
+  // (--local trains the whole model in one process: --split-at is noted
+  // as having no effect there, not refused.)
+  if (!c.split_at.empty() && !cut && !c.local) {
+    if (c.model.empty()) {
+      return Bad(absl::StrCat("--split-at cuts ResNet50; --dataset ", c.dataset, " trains the built-in small CNN, whose ",
+                              shards::kSmallCnnBlocks, " blocks are spread over the --workers already: leave "
+                              "--split-at out"));
+    }
+    return Bad(absl::StrCat("--split-at cuts a one-file --model; --model ", c.model, " is ",
+                            c.scripts.size() == 1 ? "one stage file" : absl::StrCat(c.scripts.size(), " stage files"),
+                            ", cut already: leave --split-at out, or give the whole model as one TorchScript file to "
+                            "cut it where --split-at says"));
   }
   if (c.zero != 0 && c.zero != 1) return Bad("--zero must be 0 or 1");
   if (auto s = launch::CheckAtLeast({{"replicas", c.replicas, 1},
@@ -589,7 +600,9 @@ absl::StatusOr<CommandLine> Check(Flags f) {
     for (int s : c.splits) {
       if (s % static_cast<int>(c.workers.size()) != 0) {
         return Bad(absl::StrCat("--schedule interleaved runs micro-batches in rounds of one per worker: --splits ",
-                                s, " is not a multiple of the ", c.workers.size(), " pipeline workers"));
+                                s, " is not a multiple of the ", c.workers.size(), " pipeline workers: give --splits ",
+                                std::max<int>(1, s / static_cast<int>(c.workers.size())) * c.workers.size(),
+                                " (or another multiple), or --schedule 1f1b"));
       }
     }
   }
@@ -597,7 +610,9 @@ absl::StatusOr<CommandLine> Check(Flags f) {
     if (s * c.replicas > c.batch_size) {
       return Bad(absl::StrCat("--splits ", s, c.replicas > 1 ? absl::StrCat(" x --replicas ", c.replicas) : "",
                               " exceeds --batch-size ", c.batch_size,
-                              ": every micro-batch needs at least one image"));
+                              ": every micro-batch needs at least one image; give --splits ",
+                              std::max<int64_t>(1, c.batch_size / c.replicas), " or fewer, or --batch-size ",
+                              int64_t{s} * c.replicas, " or more"));
     }
   }
   // A batch norm in training fails on one row (LibTorch: "Expected more than
@@ -626,6 +641,7 @@ absl::StatusOr<CommandLine> Check(Flags f) {
         "the token nor encrypt: they cross the network in clear text; give --insecure-collectives to accept "
         "that on a trusted network, or train without --replicas"));
   }
+  c.threads_auto = !f.given.count("threads");
   c.coordinator_threads =
       line.ps_mode || (f.given.count("threads") && !c.compare_local) ? c.threads : 1;
   if (std::string unused = UnusedFlags(f.given, c); !unused.empty()) {

@@ -144,6 +144,11 @@ int WorkerMain(int argc, char** argv, const std::string& program,
   AddWorkerFlags(flags, &f);
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
+  // Several intra-op threads given: they sleep while they wait, not spin
+  // (this may start the program again, before anything is opened). The
+  // default (the cores shared among the machine's workers) is known only
+  // once the group forms, too late for that: it keeps OpenMP's policy.
+  if (f.threads > 1) runtime::PreferPassiveOpenMpWaits(argv);
   auto options = OptionsFrom(f, program);
   if (!options.ok()) {
     std::cerr << options.status().message() << "\n";

@@ -1,9 +1,11 @@
 #include "train/run.h"
 
 #include <ATen/Context.h>
+#include <ATen/ops/arange.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <iostream>
@@ -89,14 +91,42 @@ void PrintRun(const Run& run, const RunOptions& c) {
   }
 }
 
+// --local and --compare-local without --threads on a CPU: the thread
+// count that trains this run's first batch fastest here (measured on a
+// throwaway trainer), into c.threads, and said. The global generator is
+// seeded again after (the measurement drew from it).
+absl::Status ChooseLocalThreads(RunOptions& c, const Sets& sets) {
+  if (!c.threads_auto || !(c.local || c.compare_local) || c.device != "cpu") return absl::OkStatus();
+  at::Tensor x, y;
+  if (sets.train != nullptr) {
+    ASSIGN_OR_RETURN(data::Batch b, sets.train->Get(at::arange(BatchRows(c, sets), at::kLong), /*epoch=*/0));
+    x = b.images;
+    y = b.labels;
+  } else {
+    ASSIGN_OR_RETURN(auto batch, MakeBatch(c, 0));
+    x = batch.first;
+    y = batch.second;
+  }
+  // (--compare-local trains its baseline at --splits 1.)
+  const int splits = c.compare_local ? 1 : c.splits.front();
+  ASSIGN_OR_RETURN(const ThreadChoice choice, FastestLocalThreads(c, splits, x, y));
+  c.threads = choice.threads;
+  at::manual_seed(static_cast<uint64_t>(c.seed));
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  std::printf("local: %s; OMP_WAIT_POLICY=%s; --threads N sets the count, and --threads 1 gives the losses of a "
+              "pipeline of one-thread workers bit for bit\n",
+              choice.Describe().c_str(), policy != nullptr ? policy : "(OpenMP's default)");
+  return absl::OkStatus();
+}
+
 // --local: each split count trained in this process.
 absl::StatusOr<std::vector<Run>> TrainHere(const RunOptions& c, const Sets& sets) {
   std::vector<Run> runs;
   for (size_t i = 0; i < c.splits.size(); ++i) {
     const int s = c.splits[i];
     const int64_t rows = BatchRows(c, sets);
-    std::printf("local: splits=%d (%s), %d threads\n", s,
-                MicroBatches(s, static_cast<int>(rows / s), rows % s != 0).c_str(), c.threads);
+    std::printf("local: splits=%d (%s), %d %s\n", s, MicroBatches(s, static_cast<int>(rows / s), rows % s != 0).c_str(),
+                c.threads, c.threads == 1 ? "thread" : "threads");
     const bool traced = Traced(c, i + 1 == c.splits.size());
     auto run = c.dataset.empty() ? TrainLocal(c, s) : FitLocal(c, s, *sets.train, *sets.test, traced);
     if (!run.ok()) return run.status();
@@ -367,6 +397,8 @@ absl::Status RunMaster(RunPlan& plan, Registry* registry) {
     auto sets = LoadSets(c, plan.checkpoints.resume.has_value());
     if (!sets.ok()) return fail(sets.status());
     if (auto s = FitInputShape(plan.config, **sets); !s.ok()) return fail(s);
+    if (auto s = ChooseLocalThreads(plan.config, **sets); !s.ok()) return fail(s);
+    runtime::SetComputeThreads(c.local ? c.threads : c.coordinator_threads);
     if (c.local) {
       runs = TrainHere(c, **sets);
     } else {

@@ -105,6 +105,65 @@ absl::Status LocalTrainer::Step(int b, const char* prefix) {
   return absl::OkStatus();
 }
 
+std::string ThreadChoice::Describe() const {
+  auto count = [](int n) { return absl::StrCat(n, n == 1 ? " thread" : " threads"); };
+  if (timed.empty()) return absl::StrCat(count(threads), " (this machine has one core)");
+  std::string line = absl::StrCat(count(threads), " (the fastest here: ");
+  for (size_t k = 0; k < timed.size(); ++k) {
+    absl::StrAppendFormat(&line, "%s%s %.3f s%s", k == 0 ? "" : ", ", count(timed[k].threads), timed[k].seconds,
+                          k == 0 ? " a step" : "");
+    if (timed[k].warm_only) line += " warming up";
+  }
+  absl::StrAppendFormat(&line, "; measured in %.1f s)", probe_seconds);
+  return line;
+}
+
+absl::StatusOr<ThreadChoice> FastestLocalThreads(const RunOptions& c, int splits, const at::Tensor& x,
+                                                 const at::Tensor& y) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<int> counts;
+  for (int n = cores; n > 1; n /= 2) {
+    if (counts.empty() || counts.back() != n) counts.push_back(n);
+  }
+  counts.push_back(1);
+  ThreadChoice choice;
+  choice.threads = counts.front();
+  if (counts.size() == 1) return choice;
+  const int64_t t0 = trace::NowUs();
+  ASSIGN_OR_RETURN(auto probe, LocalTrainer::Create(c, splits));
+  double best = 0;
+  for (int n : counts) {
+    runtime::SetComputeThreads(n);
+    auto step = [&]() -> absl::StatusOr<double> {
+      const int64_t s = trace::NowUs();
+      RETURN_IF_ERROR(probe->trainer().Train(x, y).status());
+      return (trace::NowUs() - s) / 1e6;
+    };
+    ASSIGN_OR_RETURN(const double warm, step());
+    ThreadChoice::Timed timed{n, warm, false};
+    if (best > 0 && warm > 1.5 * best) {
+      timed.warm_only = true;
+    } else {
+      double spent = 0, fastest = 0;
+      int steps = 0;
+      do {
+        ASSIGN_OR_RETURN(const double t, step());
+        fastest = fastest == 0 ? t : std::min(fastest, t);
+        spent += t;
+      } while (spent < 0.5 && ++steps < 50);
+      timed.seconds = fastest;
+      if (best == 0 || fastest < best) {
+        best = fastest;
+        choice.threads = n;
+      }
+    }
+    choice.timed.push_back(timed);
+  }
+  runtime::SetComputeThreads(choice.threads);
+  choice.probe_seconds = (trace::NowUs() - t0) / 1e6;
+  return choice;
+}
+
 optim::OptimizerOptions OptimizerOf(const RunOptions& c) {
   if (c.optimizer == "adam") return optim::OptimizerOptions::Adam(c.lr);
   const bool demo = c.dataset.empty() && c.model.empty();

@@ -69,6 +69,10 @@ struct RunOptions {
   int interleave = 0;  // stages per worker; 0: 2 with balanced, 1 with tutorial
   std::string schedule = "auto";  // pipeline/schedule.h
   int threads = 0;  // --local's and --compare-local's training
+  // --threads not given: --local and --compare-local on a CPU time a few
+  // steps at each thread count first and train with the fastest
+  // (FastestLocalThreads); `threads` is then the choice.
+  bool threads_auto = false;
   // This process's intra-op threads while workers train: 1 (it slices
   // batches and waits; more would spin beside the workers on their cores)
   // unless --threads is given outside --compare-local; --threads with
@@ -243,6 +247,34 @@ class LocalTrainer {
   std::unique_ptr<train::LocalTrainer> trainer_;
   const int64_t start_;
 };
+
+// How --local's threads were chosen: each count timed, and the fastest.
+struct ThreadChoice {
+  struct Timed {
+    int threads = 0;
+    double seconds = 0;  // the fastest timed step (or the warm-up's, where that alone ruled it out)
+    bool warm_only = false;
+  };
+  int threads = 1;
+  std::vector<Timed> timed;  // in the order tried
+  double probe_seconds = 0;  // the whole measurement
+  // "1 thread (the fastest here: 1 thread 0.212 s a step, 2 threads 0.530 s)"
+  std::string Describe() const;
+};
+
+// The thread count that trains the run's whole model fastest in this
+// process on this machine, measured: the machine's cores, then halved down
+// to 1 (the counts 1, 2, 4, ... up to the cores), each on a throwaway
+// trainer at `splits` and the same batch (`x`, `y`): one step to warm up,
+// then timed steps for at least half a second (at least one), the fastest
+// kept; a count whose warm-up step alone takes 1.5x the best so far is
+// ruled out without more. LibTorch's intra-op pool and OpenBLAS's are set
+// together (runtime::SetComputeThreads), so neither oversubscribes the
+// other; the process is left at the choice. The run's own model and
+// generators are untouched except the global generator, which the caller
+// seeds again.
+absl::StatusOr<ThreadChoice> FastestLocalThreads(const RunOptions& c, int splits, const at::Tensor& x,
+                                                 const at::Tensor& y);
 
 // The model whole, as one process trains it (--local, --mode ps):
 // --model's stages, the small CNN (--dataset), or ResNet50.

@@ -118,7 +118,7 @@ TEST(MasterFlags, BadValuesAreClearErrorsNamingTheFlag) {
       {{"--workers", "a,,b"}, "has an empty name"},
       {{"--workers", "a,b", "--max-restarts", "1", "--checkpoint-dir", "/tmp", "--spares", "c,,d"},
        "--spares 'c,,d' has an empty name"},
-      {{"--workers", "a,b", "--schedule", "interleaved", "--splits", "3"}, "is not a multiple of the 2 pipeline"},
+      {{"--workers", "a,b", "--schedule", "interleaved", "--splits", "3"}, "is not a multiple of the 2 pipeline workers: give --splits 2 (or another multiple)"},
       {{"--workers", "a b,c"}, "--workers: invalid worker name 'a b'"},
       {{"--workers", "master,b"}, "'master' is the master's own name"},
       {{"--local", "--momentum", "1"}, "--momentum must be in [0, 1)"},
@@ -156,12 +156,15 @@ TEST(MasterFlags, CutsAndTopologiesThatDoNotFitAreErrors) {
       {{"--workers", "a,b", "--split-at", "12,5,7"}, "must increase strictly"},
       {{"--workers", "a,b", "--split-at", "5,,9"}, "--split-at '5,,9' has an empty index"},
       {{"--workers", "a,b,c", "--split-at", "8"}, "--split-at makes 2 stages for 3 workers"},
-      {{"--workers", "a,b", "--dataset", "fashion-mnist", "--split-at", "2"}, "these stages are given already"},
+      {{"--workers", "a,b", "--dataset", "fashion-mnist", "--split-at", "2"},
+       "--dataset fashion-mnist trains the built-in small CNN, whose 4 blocks are spread over the --workers "
+       "already: leave --split-at out"},
       {{"--workers", "a,b,c", "--replicas", "2"}, "--replicas 2 does not match the 3 --workers"},
       {{"--workers", "a,b,c,d", "--replicas", "2", "--pipeline-stages", "3"},
        "--replicas 2 x --pipeline-stages 3 does not match the 4 --workers"},
       {{"--workers", "a,b", "--replicas", "2", "--splits", "8", "--batch-size", "12"},
-       "--splits 8 x --replicas 2 exceeds --batch-size 12"},
+       "--splits 8 x --replicas 2 exceeds --batch-size 12: every micro-batch needs at least one image; give "
+       "--splits 6 or fewer, or --batch-size 16 or more"},
       {{"--workers", "a,b", "--replicas", "0"}, "--replicas must be >= 1; got 0"},
       {{"--workers", "a,b", "--bucket-mb", "0"}, "--bucket-mb must be >= 1; got 0"},
   });
@@ -439,6 +442,16 @@ TEST(MasterFlags, FlagsWithoutEffectAreNamedInANote) {
   auto files = ParseCommandLine({"--workers", "a,b", "--model", dir, "--input-shape", "4", "--partition", "balanced"});
   ASSERT_TRUE(files.ok()) << files.status();
   EXPECT_THAT(files->note, HasSubstr("--partition with --model stage files: they are the stages"));
+  const std::string stages = ErrorOf({"--workers", "a,b", "--model", dir, "--input-shape", "4", "--split-at", "1"});
+  EXPECT_THAT(stages, HasSubstr("--model " + dir + " is 2 stage files, cut already: leave --split-at out, or give "
+                                "the whole model as one TorchScript file"));
+  // A one-file model trained --local cuts nothing: --split-at is accepted
+  // and named as having no effect, as the other pipeline flags are.
+  const std::string file = TempPath("flags_note_sequential.pt");
+  test_support::ScriptSequential({12, 16, 16, 5}).save(file);
+  auto local_cut = ParseCommandLine({"--local", "--model", file, "--input-shape", "12", "--split-at", "1"});
+  ASSERT_TRUE(local_cut.ok()) << local_cut.status();
+  EXPECT_THAT(local_cut->note, HasSubstr("--split-at with --local"));
 }
 
 // An empty value ("--flag=", or a script's --flag "$UNSET") is an error,

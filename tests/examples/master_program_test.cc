@@ -6,14 +6,17 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "launch/cli.h"
@@ -65,6 +68,55 @@ TEST(Master, HelpBadFlagsAndMissingWorkersGiveTheirExitCodes) {
 
 // A --listen port in use is found before the dataset is loaded, in
 // remora's words only; a worker's too, before gRPC logs its own.
+// --local without --threads times the first batch at each thread count
+// (the cores, halved down to 1) and trains with the fastest, saying what
+// each took; several threads then sleep while they wait
+// (OMP_WAIT_POLICY=PASSIVE, set by starting the program again), unless the
+// user chose a policy. --threads N is used as given, unmeasured.
+TEST(Master, LocalWithoutThreadsTrainsOnTheFastestCountMeasuredHere) {
+  const std::string model = TempPath("threads_model.pt");
+  test_support::ScriptSequential({12, 16, 16, 5}).save(model);
+  const std::vector<std::string> run = {kBin + "/master", "--local", "--model", model, "--input-shape", "12",
+                                        "--classes", "5", "--batches", "3", "--batch-size", "32", "--splits", "1"};
+  auto with_env = [&run](std::vector<std::string> env) {
+    env.insert(env.begin(), "/usr/bin/env");
+    env.insert(env.end(), run.begin(), run.end());
+    return env;
+  };
+  auto [code, out] = RunProgram(with_env({"-u", "OMP_WAIT_POLICY"}), absl::Seconds(120));
+  ASSERT_EQ(code, 0) << out;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int chosen = 0;
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    if (absl::ConsumePrefix(&line, "local: ") && !absl::StartsWith(line, "splits=")) {
+      ASSERT_TRUE(absl::SimpleAtoi(line.substr(0, line.find(' ')), &chosen)) << line;
+    }
+  }
+  ASSERT_GE(chosen, 1) << out;
+  EXPECT_LE(chosen, cores);
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("local: splits=1 (1 micro-batch of 32 images), ", chosen,
+                                          chosen == 1 ? " thread\n" : " threads\n")));
+  if (cores == 1) {
+    EXPECT_THAT(out, HasSubstr("local: 1 thread (this machine has one core)"));
+    return;
+  }
+  // Both ends of the range were timed; several threads sleep while waiting.
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("(the fastest here: ", cores, " threads ")));
+  EXPECT_THAT(out, HasSubstr(", 1 thread "));
+  EXPECT_THAT(out, HasSubstr("OMP_WAIT_POLICY=PASSIVE"));
+  // A policy of the user's own is kept (the program is not started again).
+  auto [active_code, active] = RunProgram(with_env({"OMP_WAIT_POLICY=active"}), absl::Seconds(120));
+  ASSERT_EQ(active_code, 0) << active;
+  EXPECT_THAT(active, HasSubstr("OMP_WAIT_POLICY=active"));
+  // Given, the count is used as it is.
+  std::vector<std::string> given = run;
+  given.insert(given.end(), {"--threads", "1"});
+  auto [given_code, one] = RunProgram(given, absl::Seconds(120));
+  ASSERT_EQ(given_code, 0) << one;
+  EXPECT_THAT(one, Not(HasSubstr("the fastest here")));
+  EXPECT_THAT(one, HasSubstr("local: splits=1 (1 micro-batch of 32 images), 1 thread\n"));
+}
+
 TEST(Master, ABusyListenPortFailsBeforeTheDatasetLoads) {
   const std::string data = TempPath("busy_idx");
   test_support::WriteToyIdx(data, 64, 16);
