@@ -33,6 +33,17 @@ Agent* RRefImpl::agent() const {
   return ctx ? ctx->agent() : nullptr;
 }
 
+WaitTicket::WaitTicket(std::shared_ptr<Count> count) : count_(std::move(count)) {
+  MutexLock lock(count_->mu);
+  ++count_->waiting;
+}
+
+void WaitTicket::Done() {
+  if (done_.exchange(true)) return;
+  MutexLock lock(count_->mu);
+  --count_->waiting;
+}
+
 void OwnerRRef::Abandon(const absl::Status& why) {
   value_.Complete(absl::Status(why.code(), absl::StrCat("RRef ", rref_id().ToString(), ": ", why.message())));
   std::vector<std::function<void()>> dropped;
@@ -450,9 +461,24 @@ void RRefContext::AbandonWaiting(const absl::Status& why) {
   for (const auto& owner : owners) owner->Abandon(why);
 }
 
+std::shared_ptr<WaitTicket> RRefContext::StartWaiting() {
+  return std::make_shared<WaitTicket>(waiting_);
+}
+
+bool RRefContext::AwaitNoneWaiting(absl::Duration timeout) {
+  WaitTicket::Count& count = *waiting_;
+  MutexLock lock(count.mu);
+  auto none = [&count]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(count.mu) { return count.waiting == 0; };
+  return count.mu.AwaitWithTimeout(absl::Condition(&none), timeout);
+}
+
 RRefStats RRefContext::stats() const {
-  MutexLock lock(mu_);
   RRefStats s;
+  {
+    MutexLock lock(waiting_->mu);
+    s.waiting_requests = waiting_->waiting;
+  }
+  MutexLock lock(mu_);
   s.owners = owners_.size();
   for (const auto& [id, forks] : forks_) s.forks += forks.size();
   s.live_users = live_users_.size();

@@ -65,6 +65,7 @@ struct RRefStats {
   int64_t pending_users = 0;     // users waiting for the owner's confirmation
   int64_t pending_children = 0;  // forks sent, not yet accepted
   int64_t pending_messages = 0;  // control messages in flight
+  int64_t waiting_requests = 0;  // calls and fetches waiting on an owner here
 };
 
 // Per-call options.

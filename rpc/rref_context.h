@@ -52,6 +52,36 @@ namespace remora {
 class Agent;
 class RRefContext;
 
+// Held by a request that waits on an owner RRef of this worker: a method
+// call or a fetch, from when it commits to waiting (for the value, for its
+// turn on a lane) until it has been answered or starts running
+// (RRefContext::StartWaiting). The agent's stop waits for every ticket to
+// be done before its server stops, so that what it answered while
+// stopping (RRefContext::AbandonWaiting) reaches the caller.
+//
+// Thread-safety: Done() may be called from any thread, any number of
+// times; the first counts. Ownership: shared by the request's callbacks;
+// the last one to go calls Done() (a request dropped unanswered is
+// answered by its Responder as it goes).
+class WaitTicket {
+ public:
+  struct Count {
+    absl::Mutex mu;
+    int64_t waiting ABSL_GUARDED_BY(mu) = 0;
+  };
+  explicit WaitTicket(std::shared_ptr<Count> count);
+  ~WaitTicket() { Done(); }
+  WaitTicket(const WaitTicket&) = delete;
+  WaitTicket& operator=(const WaitTicket&) = delete;
+
+  // The request has been answered, or starts running: it waits no more.
+  void Done();
+
+ private:
+  const std::shared_ptr<Count> count_;
+  std::atomic<bool> done_{false};
+};
+
 // The owner's side: the value itself, possibly still being made.
 class OwnerRRef final : public RRefImpl {
  public:
@@ -193,6 +223,13 @@ class RRefContext final : public RRefHooks,
   // OwnerRRef::Abandon), and every owner made later at once: no request
   // waits on this worker past its stop.
   void AbandonWaiting(const absl::Status& why);
+  // A ticket for a request that starts waiting on an owner here (see
+  // WaitTicket); counted in stats().waiting_requests until done.
+  std::shared_ptr<WaitTicket> StartWaiting();
+  // Waits up to `timeout` until no request waits on an owner here (after
+  // AbandonWaiting: until every waiting request has been answered, which
+  // its callback does on the executor). False when some still wait.
+  bool AwaitNoneWaiting(absl::Duration timeout);
   bool detached() const;
 
   RRefStats stats() const;
@@ -227,6 +264,9 @@ class RRefContext final : public RRefHooks,
   int64_t pending_messages_ ABSL_GUARDED_BY(mu_) = 0;
   bool detached_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status abandoned_ ABSL_GUARDED_BY(mu_);  // AbandonWaiting's reason, once it ran
+  // Requests waiting on owners here (StartWaiting's tickets); shared with
+  // the tickets, which may outlive this context in callbacks never run.
+  const std::shared_ptr<WaitTicket::Count> waiting_ = std::make_shared<WaitTicket::Count>();
 };
 
 wire::Guid ToWire(const GloballyUniqueId& id);

@@ -40,10 +40,12 @@ absl::Status DecodeCall(const wire::CallRequest& call, DecodeContext& ctx, std::
 
 // Runs `function` (a method of `self`, whose value is ready, when given)
 // in autograd context `context_id` and replies; a remote() keeps the result
-// in `result_rref` and replies only success or the error.
+// in `result_rref` and replies only success or the error. `waiting`, the
+// ticket of a method call that waited on `self` (or null), is done once the
+// call has been answered with `self`'s error or before the method runs.
 void RunCall(Agent::Impl* impl, WorkerId from, const std::shared_ptr<Responder>& responder,
              const c10::intrusive_ptr<OwnerRRef>& result_rref, int64_t context_id, std::vector<c10::IValue> args,
-             const std::string& function, const c10::intrusive_ptr<OwnerRRef>& self) {
+             const std::string& function, const c10::intrusive_ptr<OwnerRRef>& self, WaitTicket* waiting) {
   Agent* const agent = impl->agent_;
   ContextIdGuard in_context(context_id);
   CallContext cctx{agent, WorkerInfo{}};
@@ -52,6 +54,8 @@ void RunCall(Agent::Impl* impl, WorkerId from, const std::shared_ptr<Responder>&
   const Args call_args(std::move(args));
   if (self) {
     auto object = self->value().wait();  // ready
+    // (A method that runs is no longer waiting: a stop does not wait for it.)
+    if (object.ok() && waiting != nullptr) waiting->Done();
     out = Future<c10::IValue>::Ready(
         object.ok() ? agent->registry().InvokeMethod(*object, function, cctx, call_args) : object.status());
   } else {
@@ -63,6 +67,7 @@ void RunCall(Agent::Impl* impl, WorkerId from, const std::shared_ptr<Responder>&
     // The caller learns success or the creation error; the value stays.
     responder->ReplyValue(result.ok() ? absl::StatusOr<c10::IValue>(c10::IValue()) : result.status());
   });
+  if (waiting != nullptr) waiting->Done();  // (answered above: `out` has no executor)
 }
 
 // Runs a registered function, or a method on an owner RRef, once every RRef
@@ -105,23 +110,31 @@ void HandleCall(Agent::Impl* impl, Incoming<wire::CallRequest> in,
 
   // Runs once every RRef argument is confirmed and `self` holds its value.
   auto run = [impl, from, responder, result_rref, context_id, args = std::move(args), function = call.function(),
-              self_rref]() mutable {
-    RunCall(impl, from, responder, result_rref, context_id, std::move(args), function, self_rref);
+              self_rref](WaitTicket* waiting) mutable {
+    RunCall(impl, from, responder, result_rref, context_id, std::move(args), function, self_rref, waiting);
   };
   const ForkId lane = call.has_caller_fork() ? FromWire(call.caller_fork()) : ForkId{};
   const uint64_t seq = call.seq();
   const absl::Duration gap = agent->options().rpc_timeout;
-  auto after_args = [run = std::move(run), responder, result_rref, self_rref, from, lane, seq,
-                     gap](const absl::StatusOr<Empty>& confirmed) mutable {
+  // A method call waits on its owner from here (for the value, for its turn
+  // on the lane, or only for the hop to the pool), once its RRef arguments
+  // are confirmed: a stop that answers it waits for that answer to go out.
+  std::shared_ptr<WaitTicket> waiting = self_rref && pending.empty() ? rrefs.StartWaiting() : nullptr;
+  auto after_args = [impl, run = std::move(run), responder, result_rref, self_rref, from, lane, seq, gap,
+                     waiting](const absl::StatusOr<Empty>& confirmed) mutable {
     if (!confirmed.ok()) {
       if (result_rref) result_rref->SetValue(confirmed.status());
       return responder->ReplyError(Annotate(confirmed.status(), "an RRef argument"));
     }
-    if (!self_rref) return run();
+    if (!self_rref) return run(nullptr);
+    if (!waiting) waiting = impl->rrefs()->StartWaiting();
     // Method calls through one user RRef run in the caller's order.
-    self_rref->value().then([run = std::move(run), self_rref, from, lane, seq,
-                             gap](const absl::StatusOr<c10::IValue>&) mutable {
-      self_rref->RunInOrder(from, lane, seq, std::move(run), gap);
+    self_rref->value().then([run = std::move(run), self_rref, from, lane, seq, gap,
+                             waiting](const absl::StatusOr<c10::IValue>&) mutable {
+      // (Parked on the lane, the call keeps its ticket; dropped unrun, its
+      // responder answers it.)
+      self_rref->RunInOrder(
+          from, lane, seq, [run = std::move(run), waiting]() mutable { run(waiting.get()); }, gap);
     });
   };
   if (pending.empty() && (!self_rref || self_rref->value().ready())) {
@@ -155,8 +168,11 @@ void HandleFetch(Agent::Impl* impl, const Incoming<wire::FetchRequest>& in,
     }
     owner = rrefs.GetOrCreateOwner(id);
   }
-  owner->value().then([responder](const absl::StatusOr<c10::IValue>& v) {
+  // (Waiting from here, for the value or only for the hop to the pool: a
+  // stop that answers it waits for that answer to go out.)
+  owner->value().then([responder, waiting = rrefs.StartWaiting()](const absl::StatusOr<c10::IValue>& v) {
     responder->ReplyValue(v);
+    waiting->Done();
   });
 }
 

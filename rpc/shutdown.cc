@@ -140,9 +140,19 @@ void Agent::Impl::Stop() {
   if (agent_->rrefs_) {
     agent_->rrefs_->Detach();
     // Calls waiting here for a value that will not come now (its remote()
-    // never arrived) get their answer before the server stops.
+    // never arrived) get their answer before the server stops. The answers
+    // are made on the pool, and the server's stop below cuts off what is
+    // still unanswered at its deadline (the caller gets gRPC's CANCELLED
+    // instead of the cause): they are waited for first. Each needs only a
+    // turn on a pool thread; the bound is for a pool whose every thread is
+    // held up in a handler.
     agent_->rrefs_->AbandonWaiting(absl::UnavailableError(absl::StrCat(
         "its value was not made before worker '", agent_->self_.name, "' stopped")));
+    if (!agent_->rrefs_->AwaitNoneWaiting(absl::Seconds(5))) {
+      std::cerr << absl::StrCat("remora: '", agent_->self_.name, "' stops with ",
+                                agent_->rrefs_->stats().waiting_requests, " calls on its RRefs still unanswered ",
+                                "after 5 s (their answers wait for a pool thread)\n");
+    }
   }
   // Peers' streams stay open until closed: the server's Shutdown would
   // wait for them. A request being handled still gets its reply first.
