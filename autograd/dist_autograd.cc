@@ -346,13 +346,25 @@ MarkedBackwardHook GetMarkedBackwardHook() {
 
 void Enable(Agent& agent) { agent.set_autograd(std::make_unique<Container>(&agent)); }
 
+absl::Status CheckEnabled(const Agent& agent, const std::string& before) {
+  if (dynamic_cast<const Container*>(agent.autograd()) != nullptr) return absl::OkStatus();
+  const std::string who = agent.self().id == 0 ? absl::StrCat("the master (agent '", agent.self().name, "')")
+                                                 : absl::StrCat("worker '", agent.self().name, "'");
+  return absl::FailedPreconditionError(absl::StrCat(
+      "distributed autograd is not enabled on ", who, ": call dist_autograd::Enable(agent) (autograd/dist_autograd.h) "
+      "after Agent::Start", before.empty() ? " and before Join()" : absl::StrCat(", before Join() and before ", before),
+      "; launch::StartLocalGroup and launch::WorkerMain call it for the agents they start"));
+}
+
 namespace {
 
+// The container of the agent that serves a call; throws CheckEnabled's
+// error (inside a registered function: the caller's future fails with it).
 Container& Require(Agent* agent) {
   Container* c = ContainerOf(agent);
   if (c == nullptr) {
-    throw std::runtime_error(
-        "distributed autograd is not enabled on this worker (call dist_autograd::Enable)");
+    if (agent == nullptr) throw std::runtime_error("distributed autograd: the call has no agent");
+    throw std::runtime_error(std::string(CheckEnabled(*agent).message()));
   }
   return *c;
 }
@@ -427,14 +439,24 @@ absl::Status RegisterFunctions(Registry& registry) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// A fresh context id, or kNoContext when distributed autograd is not enabled.
+int64_t NewIdOrNone(Agent& agent) {
+  Container* container = ContainerOf(&agent);
+  return container == nullptr ? kNoContext : container->NewContextId();
+}
+
+}  // namespace
+
 Context::Context(Agent& agent)
-    : agent_(agent), id_(Require(&agent).NewContextId()), current_(id_) {
-  Require(&agent).GetOrCreate(id_);
+    : agent_(agent), status_(CheckEnabled(agent)), id_(NewIdOrNone(agent)), current_(id_) {
+  if (Container* container = ContainerOf(&agent)) container->GetOrCreate(id_);
 }
 
 Context::~Context() {
   Container* container = ContainerOf(&agent_);
-  if (container == nullptr) return;
+  if (container == nullptr || id_ == kNoContext) return;
   container->Release(id_);
   std::vector<std::pair<std::string, Future<c10::IValue>>> releases;
   for (const auto& w : agent_.workers()) {
@@ -457,10 +479,7 @@ Context::~Context() {
 Future<Empty> backward_async(Agent& agent, int64_t context_id,
                              const std::vector<at::Tensor>& roots, bool retain_graph) {
   Container* container = ContainerOf(&agent);
-  if (container == nullptr) {
-    return Future<Empty>::Ready(absl::FailedPreconditionError(
-        "distributed autograd is not enabled (call dist_autograd::Enable)"));
-  }
+  if (container == nullptr) return Future<Empty>::Ready(CheckEnabled(agent, "backward"));
   auto context = container->Find(context_id);
   if (!context) {
     return Future<Empty>::Ready(absl::NotFoundError(
@@ -485,7 +504,7 @@ absl::Status backward(Agent& agent, int64_t context_id, const std::vector<at::Te
 absl::StatusOr<std::vector<std::pair<at::Tensor, at::Tensor>>> get_gradients(
     Agent& agent, int64_t context_id) {
   Container* container = ContainerOf(&agent);
-  if (container == nullptr) return absl::FailedPreconditionError("distributed autograd is not enabled");
+  if (container == nullptr) return CheckEnabled(agent);
   auto context = container->Find(context_id);
   if (!context) {
     return absl::NotFoundError(absl::StrCat("unknown distributed autograd context ", context_id));
@@ -497,7 +516,7 @@ absl::StatusOr<std::vector<std::pair<at::Tensor, at::Tensor>>> get_gradients(
 absl::StatusOr<at::Tensor> get_gradient(Agent& agent, int64_t context_id,
                                         const at::Tensor& parameter) {
   Container* container = ContainerOf(&agent);
-  if (container == nullptr) return absl::FailedPreconditionError("distributed autograd is not enabled");
+  if (container == nullptr) return CheckEnabled(agent);
   auto context = container->Find(context_id);
   if (!context) {
     return absl::NotFoundError(absl::StrCat("unknown distributed autograd context ", context_id));
@@ -506,15 +525,15 @@ absl::StatusOr<at::Tensor> get_gradient(Agent& agent, int64_t context_id,
   return context->Gradient(parameter);
 }
 
-int64_t NewContextId(Agent& agent) { return Require(&agent).NewContextId(); }
+absl::StatusOr<int64_t> NewContextId(Agent& agent) {
+  Container* container = ContainerOf(&agent);
+  if (container == nullptr) return CheckEnabled(agent);
+  return container->NewContextId();
+}
 
 absl::Status EnsureContext(Agent& agent, int64_t context_id) {
   Container* container = ContainerOf(&agent);
-  if (container == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "distributed autograd is not enabled on worker '", agent.self().name,
-        "' (call dist_autograd::Enable)"));
-  }
+  if (container == nullptr) return CheckEnabled(agent);
   container->GetOrCreate(context_id);
   return absl::OkStatus();
 }

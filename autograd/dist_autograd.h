@@ -34,8 +34,17 @@
 namespace remora::dist_autograd {
 
 // Installs distributed autograd on `agent`. Call after Agent::Start and
-// before Join() on every participant.
+// before Join() on every participant. launch::StartLocalGroup does it for
+// its master and launch::WorkerMain for a worker; a master made with
+// Agent::Start (a cluster's) must call it itself.
 void Enable(Agent& agent);
+
+// OK when Enable(agent) was called; else FailedPrecondition naming the
+// agent ("the master (agent 'master')" or "worker 'w1'") and what to call,
+// `before` saying what needs it ("making a trainer"). What a trainer or a
+// pipeline checks up front, so that a master that forgot Enable gets this
+// error where it starts, not later in a step.
+absl::Status CheckEnabled(const Agent& agent, const std::string& before = "");
 
 // Registers the functions distributed autograd calls on peers
 // (remora.autograd.*). Every participant's registry needs them.
@@ -44,7 +53,13 @@ absl::Status RegisterFunctions(Registry& registry);
 // A distributed autograd context, current on this thread for its scope.
 // Context ids carry the creating worker's id in bits 48 and up. Destroying
 // it releases the context on every worker of the group (best effort,
-// retried); release errors are logged, not raised.
+// retried); release errors are logged, not raised. Never throws: on an
+// agent without Enable() it holds no context (id() is kNoContext, calls
+// inside it record nothing) and status() says so (CheckEnabled), as does
+// backward() with its id.
+//
+// Thread-safety: current on the thread that made it; id() and status()
+// from any thread. Ownership: borrows the agent, which must outlive it.
 class Context {
  public:
   explicit Context(Agent& agent);
@@ -53,18 +68,22 @@ class Context {
   Context& operator=(const Context&) = delete;
 
   int64_t id() const { return id_; }
+  // OK, or why there is no context (distributed autograd not enabled).
+  const absl::Status& status() const { return status_; }
 
  private:
   Agent& agent_;
+  absl::Status status_;
   int64_t id_;
   ContextIdGuard current_;
 };
 
 // For code that drives a context's lifetime itself (the pipeline's step
 // protocol, pipeline/runner.h): a fresh context id of this process, with no
-// state created anywhere; the context on this process (created if absent);
-// and releasing it on this process only (no message).
-int64_t NewContextId(Agent& agent);
+// state created anywhere (CheckEnabled's error without Enable); the context
+// on this process (created if absent); and releasing it on this process
+// only (no message).
+absl::StatusOr<int64_t> NewContextId(Agent& agent);
 absl::Status EnsureContext(Agent& agent, int64_t context_id);
 void ReleaseHere(Agent& agent, int64_t context_id);
 

@@ -197,7 +197,9 @@ absl::StatusOr<launch::LocalGroup> StartPeer(AgentOptions options, bool external
   ASSIGN_OR_RETURN(std::unique_ptr<Agent> master, Agent::Start(options, registry));
   std::cerr << "rpc_bench: waiting for worker 'peer' at " << master->self().address << "\n";
   RETURN_IF_ERROR(master->Join());
-  return launch::LocalGroup{std::move(master), {}};
+  launch::LocalGroup group;
+  group.master = std::move(master);
+  return group;
 }
 
 // Microseconds of `calls` small echo calls (after `warmup` untimed),

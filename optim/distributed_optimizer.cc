@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "autograd/container.h"
+#include "autograd/dist_autograd.h"
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
 #include "runtime/compute_lane.h"
@@ -168,7 +169,8 @@ absl::Status StepHere(Agent& agent, const RRef& optimizer, int64_t context_id) {
         kLocalOptimizer));
   }
   auto* container = dist_autograd::ContainerOf(&agent);
-  auto context = container == nullptr ? nullptr : container->Find(context_id);
+  if (container == nullptr) return dist_autograd::CheckEnabled(agent, "stepping an optimizer");
+  auto context = container->Find(context_id);
   if (!context) {
     return absl::NotFoundError(absl::StrCat("stepping the optimizer on worker '", agent.self().name,
                                             "': unknown distributed autograd context ", context_id));
@@ -204,7 +206,11 @@ absl::Status RegisterFunctions(Registry& registry) {
         }},
        {"step", [](LocalOptimizer& opt, CallContext& ctx, const Args& args) -> c10::IValue {
           auto* container = dist_autograd::ContainerOf(ctx.agent);
-          if (container == nullptr) throw std::runtime_error("distributed autograd is not enabled");
+          if (container == nullptr) {
+            throw std::runtime_error(ctx.agent == nullptr ? std::string("step: the call has no agent")
+                                                          : std::string(dist_autograd::CheckEnabled(
+                                                                *ctx.agent, "stepping an optimizer").message()));
+          }
           auto context = container->Find(args[0].toInt());
           if (!context) {
             throw std::invalid_argument(

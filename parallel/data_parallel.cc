@@ -74,6 +74,7 @@ absl::Status CheckOptions(const DataParallelOptions& o) {
 absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Create(
     Agent& agent, DataParallelOptions o) {
   RETURN_IF_ERROR(CheckOptions(o));
+  RETURN_IF_ERROR(dist_autograd::CheckEnabled(agent, "making a data-parallel pipeline"));
   const int R = o.replicas;
   const int P = static_cast<int>(o.pipeline.workers.size()) / R;
   std::vector<std::unique_ptr<pipeline::Pipeline>> replicas;
@@ -203,7 +204,9 @@ pipeline::PendingStep DataParallelPipeline::StartOnReplicas(
   // One call per worker of every replica, in one context (the replicas'
   // workers are distinct); each worker's runner sums its gradients with
   // the other replicas' and steps.
-  const int64_t context = dist_autograd::NewContextId(agent_);
+  const absl::StatusOr<int64_t> made = dist_autograd::NewContextId(agent_);
+  if (!made.ok()) return pipeline::PendingStep::Done(made.status());
+  const int64_t context = *made;
   std::vector<Future<c10::IValue>> replies;
   std::vector<std::string> owers;
   std::vector<std::pair<int, int>> who;  // (replica, worker index in it)
@@ -269,24 +272,38 @@ absl::StatusOr<double> DataParallelPipeline::train_step(const c10::IValue& input
   std::atomic<bool> proceed{false};
   std::vector<std::thread> threads;
   for (int r = 0; r < R; ++r) {
+    // (Nothing may escape this thread: an error becomes the replica's loss
+    // or step status, and the step waits for every thread's Notify.)
     threads.emplace_back([&, r] {
       dist_autograd::Context context(agent_);  // current on this thread
       ids[r] = context.id();
       const int64_t id = context.id();
-      absl::Status s = CallGroups(
-          members_, r, "begin",
-          [id, m](const Member&) -> std::vector<c10::IValue> { return {id, int64_t{m}}; },
-          "starting the batch");
-      losses[r] = s.ok() ? replicas_[r]->forward_backward(xs[r], ts[r], context.id(), rows) : s;
+      try {
+        absl::Status s = context.status();
+        if (s.ok()) {
+          s = CallGroups(
+              members_, r, "begin",
+              [id, m](const Member&) -> std::vector<c10::IValue> { return {id, int64_t{m}}; },
+              "starting the batch");
+        }
+        losses[r] = s.ok() ? replicas_[r]->forward_backward(xs[r], ts[r], context.id(), rows) : s;
+      } catch (...) {
+        losses[r] = StatusFromCurrentException("the batch's forward and backward passes");
+      }
       passed[r].Notify();
       go.WaitForNotification();
-      if (proceed) {
-        // Under ZeRO-1 the groups stepped the shares in "finish".
-        if (options_.zero == 0) steps[r] = replicas_[r]->step(context.id());
-      } else {
-        for (const Member& mb : members_) {
-          if (mb.replica == r) mb.group.rpc_async("discard", {context.id()});
+      if (!context.status().ok()) return;
+      try {
+        if (proceed) {
+          // Under ZeRO-1 the groups stepped the shares in "finish".
+          if (options_.zero == 0) steps[r] = replicas_[r]->step(context.id());
+        } else {
+          for (const Member& mb : members_) {
+            if (mb.replica == r) mb.group.rpc_async("discard", {context.id()});
+          }
         }
+      } catch (...) {
+        steps[r] = StatusFromCurrentException("the optimizer step");
       }
     });
   }

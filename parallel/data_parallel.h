@@ -54,6 +54,8 @@ struct DataParallelOptions {
 
 class DataParallelPipeline {
  public:
+  // Makes the replicas (pipeline::Pipeline::Create) and their gradient
+  // groups. FailedPrecondition when `agent` lacks dist_autograd::Enable.
   static absl::StatusOr<std::unique_ptr<DataParallelPipeline>> Create(Agent& agent,
                                                                      DataParallelOptions options);
   ~DataParallelPipeline();

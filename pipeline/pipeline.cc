@@ -144,6 +144,16 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(Agent& agent, Pipelin
         "workers, a count that divides ", S, ", or make the model one stage"));
   }
   if (!o.loss) return absl::InvalidArgumentError("pipeline: no loss function given");
+  // What the master must have set up, checked before anything is placed.
+  RETURN_IF_ERROR(dist_autograd::CheckEnabled(agent, "making a pipeline"));
+  for (const std::string& w : o.workers) {
+    if (absl::StatusOr<WorkerInfo> info = agent.worker(w); !info.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "pipeline: ", info.status().message(), ": name workers of the group of '", agent.self().name,
+          "' (its AgentOptions::workers), and make the pipeline once Join() has returned "
+          "(launch::StartLocalGroup returns after it)"));
+    }
+  }
   ASSIGN_OR_RETURN(Schedule schedule,
                    MakeSchedule(ResolveSchedule(o.schedule, n, S / n, o.micro_batches), n, S / n,
                                 o.micro_batches));
@@ -442,13 +452,15 @@ void PendingStep::abandon() {
 
 PendingStep Pipeline::start_train_step(const c10::IValue& inputs, const c10::IValue& targets) {
   if (!runs_on_workers()) return PendingStep::Done(train_step(inputs, targets));
-  const int64_t context = dist_autograd::NewContextId(agent_);
-  return Pending(context, StartStep(inputs, targets, context, BatchRows(inputs)));
+  const absl::StatusOr<int64_t> context = dist_autograd::NewContextId(agent_);
+  if (!context.ok()) return PendingStep::Done(context.status());
+  return Pending(*context, StartStep(inputs, targets, *context, BatchRows(inputs)));
 }
 
 PendingStep Pipeline::start_train_step(const WorkerRows& rows) {
-  const int64_t context = dist_autograd::NewContextId(agent_);
-  return Pending(context, StartStep(rows, context, rows.rows.defined() ? rows.rows.numel() : 0));
+  const absl::StatusOr<int64_t> context = dist_autograd::NewContextId(agent_);
+  if (!context.ok()) return PendingStep::Done(context.status());
+  return Pending(*context, StartStep(rows, *context, rows.rows.defined() ? rows.rows.numel() : 0));
 }
 
 PendingStep Pipeline::Pending(int64_t context, absl::StatusOr<std::vector<Future<c10::IValue>>> replies) {
@@ -462,6 +474,7 @@ PendingStep Pipeline::Pending(int64_t context, absl::StatusOr<std::vector<Future
 absl::StatusOr<double> Pipeline::train_step(const c10::IValue& inputs, const c10::IValue& targets) {
   if (runs_on_workers()) return start_train_step(inputs, targets).wait();
   dist_autograd::Context context(agent_);
+  RETURN_IF_ERROR(context.status());
   ASSIGN_OR_RETURN(double loss, forward_backward(inputs, targets, context.id(), BatchRows(inputs)));
   RETURN_IF_ERROR(step(context.id()));
   return loss;
@@ -538,7 +551,7 @@ absl::StatusOr<c10::IValue> Pipeline::EvalOnWorkers(const c10::IValue& inputs, c
                                                     const WorkerRows* rows) {
   const int64_t n = rows != nullptr ? rows->rows.numel() : BatchRows(inputs);
   const int m = std::min<int64_t>(schedule_.micro_batches, std::max<int64_t>(1, n));
-  const int64_t id = dist_autograd::NewContextId(agent_);
+  ASSIGN_OR_RETURN(const int64_t id, dist_autograd::NewContextId(agent_));
   const c10::IValue read = rows != nullptr ? ToIValue(*rows) : c10::IValue();
   std::vector<Future<c10::IValue>> replies;
   for (int w = 0; w < static_cast<int>(workers_.size()); ++w) {

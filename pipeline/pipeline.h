@@ -223,7 +223,9 @@ class Pipeline {
  public:
   // Places the stages on the workers and creates the optimizer; with a
   // named loss, also each worker's step runner (pipeline/runner.h). An
-  // error names the stage and the worker that failed.
+  // error names the stage and the worker that failed. FailedPrecondition,
+  // before anything is placed, when `agent` lacks dist_autograd::Enable or
+  // a worker is not in its group (not listed, or Join() not yet returned).
   static absl::StatusOr<std::unique_ptr<Pipeline>> Create(Agent& agent, PipelineOptions options);
   ~Pipeline();
 

@@ -5,7 +5,8 @@
 // registers a callback that runs once the future completes, on the future's
 // executor (never on the thread that completed it, which may be one of
 // gRPC's). A future without an executor runs callbacks inline; remora uses
-// that only for its own short bookkeeping.
+// that only for its own short bookkeeping. A callback that throws is
+// reported on stderr (ReportEscapedException), never ends the process.
 //
 // Thread-safety: every method may be called from any thread. Ownership:
 // copies share one state; the state lives while any copy or pending
@@ -124,7 +125,13 @@ class Future {
         MutexLock lock(state->mu);
         result = &*state->result;  // never changes once set
       }
-      cb(*result);
+      // (A callback that throws must not end the process: on a pool
+      // thread, or inline on the completing one, which may be gRPC's.)
+      try {
+        cb(*result);
+      } catch (...) {
+        ReportEscapedException("a future's callback threw");
+      }
     };
     if (state_->executor != nullptr) {
       state_->executor->Schedule(std::move(run));

@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/mutex_lock.h"
@@ -90,9 +91,14 @@ Future<c10::IValue> Registry::Invoke(const std::string& name, CallContext& ctx,
           StatusFromCurrentException(absl::StrCat("constructing module '", name, "'")));
     }
   }
+  // (remora's own names come with the training group's functions: the
+  // usual cause is a worker program that left them out.)
+  const bool remoras = absl::StartsWith(name, "remora.");
   return Result::Ready(absl::NotFoundError(absl::StrCat(
-      "no function or module named '", name,
-      "' is registered; register it before the worker starts serving")));
+      "no function or module named '", name, "' is registered; register it before the worker starts serving",
+      remoras ? " (remora's own functions: call train::RegisterWorkerFunctions(registry) in the program's "
+                "registration, the function it gives launch::WorkerMain)"
+              : "")));
 }
 
 absl::StatusOr<c10::IValue> Registry::InvokeMethod(const c10::IValue& object,

@@ -1,9 +1,21 @@
-#include "base/mutex_lock.h"
 #include "rpc/thread_pool.h"
 
 #include <pthread.h>
 
+#include <iostream>
+
+#include "base/mutex_lock.h"
+#include "base/status_util.h"
+
 namespace remora {
+
+void ReportEscapedException(const char* where) {
+  const absl::Status status = StatusFromCurrentException(where);
+  std::cerr << "remora: " << status.message()
+            << " (caught before it could end the process; what it was to complete is left undone, "
+               "and the caller's timeout reports it: this is a bug, please report it)"
+            << std::endl;
+}
 
 ThreadPool::ThreadPool(int num_threads) {
   if (num_threads < 1) num_threads = 1;
@@ -72,7 +84,11 @@ void ThreadPool::Loop(bool lane) {
       queue.pop_front();
       ++running_;
     }
-    task();
+    try {
+      task();
+    } catch (...) {
+      ReportEscapedException(lane ? "a task on the agent's lane threw" : "a task on the agent's thread pool threw");
+    }
     task = nullptr;  // destroy captures outside the lock
     MutexLock lock(mu_);
     --running_;

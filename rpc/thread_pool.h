@@ -6,6 +6,8 @@
 // Thread-safety: Schedule() (the pool's and the lane's) may be called from
 // any thread, including the pool's own. Ownership: the pool owns its threads
 // and its lane; the destructor runs every task already scheduled, then joins.
+// A task that throws does not end the process: the exception is reported
+// (ReportEscapedException) and the thread runs the next task.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +20,13 @@
 #include "absl/synchronization/mutex.h"
 
 namespace remora {
+
+// Reports the exception being handled (call only inside a catch block)
+// that a task or a future's callback let escape, on stderr, naming
+// `where`: what the pool and Future::then do instead of letting it reach
+// std::terminate. Whatever that task was to complete is left undone (its
+// caller's timeout reports it), so the message asks for a bug report.
+void ReportEscapedException(const char* where);
 
 // Something that runs closures later, on threads it owns.
 class Executor {

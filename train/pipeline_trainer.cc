@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "autograd/dist_autograd.h"
 #include "base/status_util.h"
 
 namespace remora::train {
@@ -19,6 +20,8 @@ pipeline::StartedStep Started(pipeline::PendingStep pending) {
 
 absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(Agent& agent,
                                                                          parallel::DataParallelOptions options) {
+  // (Checked here first, so that the error names the call the user made.)
+  RETURN_IF_ERROR(dist_autograd::CheckEnabled(agent, "making a trainer (train::PipelineTrainer::Create)"));
   std::vector<pipeline::StageSpec> stages = options.pipeline.stages;
   ASSIGN_OR_RETURN(auto pipe, parallel::DataParallelPipeline::Create(agent, std::move(options)));
   return std::unique_ptr<PipelineTrainer>(new PipelineTrainer(agent, std::move(stages), std::move(pipe)));

@@ -32,7 +32,9 @@ namespace remora::train {
 
 class PipelineTrainer final : public Trainer, private RowsSteps {
  public:
-  // Creates the pipeline and its replicas on the workers.
+  // Creates the pipeline and its replicas on the workers. FailedPrecondition
+  // naming the call when `agent` lacks dist_autograd::Enable (a master made
+  // with Agent::Start; launch::StartLocalGroup's has it).
   static absl::StatusOr<std::unique_ptr<PipelineTrainer>> Create(Agent& agent,
                                                                  parallel::DataParallelOptions options);
   // From now on each replica's stage 0 worker reads its share of every

@@ -471,7 +471,8 @@ TEST(Pipeline, StepsStartedAheadTrainAsStepsRunOneByOne) {
     auto pipe = Pipeline::Create(workers.master(), o);
     ASSERT_TRUE(pipe.ok()) << pipe.status();
     Agent& master = workers.master();
-    const int64_t first = dist_autograd::NewContextId(master), second = dist_autograd::NewContextId(master);
+    const int64_t first = dist_autograd::NewContextId(master).value();
+    const int64_t second = dist_autograd::NewContextId(master).value();
     // run(id, context, after, inputs, targets, rows), as StartStep sends it.
     auto run = [&](const std::string& w, int64_t context, int64_t after, int i) {
       return master.rpc_async(w, "remora.pipeline.run",

@@ -9,6 +9,7 @@
 #include <memory>
 #include <numeric>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -477,6 +478,35 @@ TEST(ThreadPool, BusyCountsQueuedAndRunningTasks) {
   started.WaitForNotification();
   EXPECT_EQ(pool.busy(), 2);
   release.Notify();
+}
+
+// A task or a callback that throws is reported on stderr and the process
+// goes on (it would otherwise end in std::terminate): the pool's threads,
+// the lane and a callback run inline on the completing thread.
+TEST(ThreadPool, ATaskOrCallbackThatThrowsIsReportedAndEverythingGoesOn) {
+  testing::internal::CaptureStderr();
+  std::atomic<int> ran{0};
+  {
+    ThreadPool pool(1);
+    pool.Schedule([] { throw std::runtime_error("task bug"); });
+    pool.lane()->Schedule([] { throw std::logic_error("lane bug"); });
+    Future<int> on_pool(&pool);
+    on_pool.then([](const absl::StatusOr<int>&) { throw std::runtime_error("callback bug"); });
+    on_pool.SetValue(1);
+    pool.Schedule([&ran] { ++ran; });
+    pool.lane()->Schedule([&ran] { ++ran; });
+  }
+  Future<int> inline_callbacks;
+  inline_callbacks.then([](const absl::StatusOr<int>&) { throw std::runtime_error("inline bug"); });
+  inline_callbacks.then([&ran](const absl::StatusOr<int>&) { ++ran; });
+  EXPECT_TRUE(inline_callbacks.SetValue(2));
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(ran.load(), 3);
+  for (const char* what : {"a task on the agent's thread pool threw: task bug",
+                           "a task on the agent's lane threw: lane bug", "a future's callback threw: callback bug",
+                           "a future's callback threw: inline bug"}) {
+    EXPECT_NE(err.find(what), std::string::npos) << what << " not in:\n" << err;
+  }
 }
 
 }  // namespace

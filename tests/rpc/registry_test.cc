@@ -184,6 +184,18 @@ TEST(Registry, UnknownNameIsNotFound) {
   EXPECT_THAT(Message(r.status()), HasSubstr("unknown_fn"));
 }
 
+// A worker program that left out the training group's functions is told
+// what to call.
+TEST(Registry, AnUnknownRemoraNameSaysToRegisterTheWorkerFunctions) {
+  Registry registry;
+  CallContext ctx;
+  auto r = InvokeNow(registry, "remora.pipeline.Stage", ctx, Args());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(Message(r.status()), HasSubstr("call train::RegisterWorkerFunctions(registry)"));
+  EXPECT_THAT(Message(InvokeNow(registry, "mine", ctx, Args()).status()),
+              ::testing::Not(HasSubstr("RegisterWorkerFunctions")));
+}
+
 TEST(Registry, StdExceptionBecomesAnError) {
   Registry registry;
   ASSERT_TRUE(registry
