@@ -112,7 +112,7 @@ std::string ThreadChoice::Describe() const {
   for (size_t k = 0; k < timed.size(); ++k) {
     absl::StrAppendFormat(&line, "%s%s %.3f s%s", k == 0 ? "" : ", ", count(timed[k].threads), timed[k].seconds,
                           k == 0 ? " a step" : "");
-    if (timed[k].warm_only) line += " warming up";
+    if (timed[k].warm_only) line += " (ruled out warming up)";
   }
   absl::StrAppendFormat(&line, "; measured in %.1f s)", probe_seconds);
   return line;
@@ -131,32 +131,54 @@ absl::StatusOr<ThreadChoice> FastestLocalThreads(const RunOptions& c, int splits
   if (counts.size() == 1) return choice;
   const int64_t t0 = trace::NowUs();
   ASSIGN_OR_RETURN(auto probe, LocalTrainer::Create(c, splits));
-  double best = 0;
-  for (int n : counts) {
+  auto step = [&](int n) -> absl::StatusOr<double> {
     runtime::SetComputeThreads(n);
-    auto step = [&]() -> absl::StatusOr<double> {
-      const int64_t s = trace::NowUs();
-      RETURN_IF_ERROR(probe->trainer().Train(x, y).status());
-      return (trace::NowUs() - s) / 1e6;
-    };
-    ASSIGN_OR_RETURN(const double warm, step());
-    ThreadChoice::Timed timed{n, warm, false};
-    if (best > 0 && warm > 1.5 * best) {
-      timed.warm_only = true;
-    } else {
-      double spent = 0, fastest = 0;
-      int steps = 0;
-      do {
-        ASSIGN_OR_RETURN(const double t, step());
-        fastest = fastest == 0 ? t : std::min(fastest, t);
+    const int64_t s = trace::NowUs();
+    RETURN_IF_ERROR(probe->trainer().Train(x, y).status());
+    return (trace::NowUs() - s) / 1e6;
+  };
+  // A cold step first (allocations, caches), then one warm step at each
+  // count: a count whose warm step takes 1.5x the fastest's, and a fifth
+  // of a second more, is slower beyond noise and ruled out at once (short
+  // steps are all timed again: one of them says little).
+  RETURN_IF_ERROR(step(counts.front()).status());
+  std::vector<double> warm;
+  for (int n : counts) {
+    ASSIGN_OR_RETURN(const double t, step(n));
+    warm.push_back(t);
+  }
+  const double fastest_warm = *std::min_element(warm.begin(), warm.end());
+  std::vector<std::vector<double>> times(counts.size());
+  std::vector<size_t> left;
+  for (size_t k = 0; k < counts.size(); ++k) {
+    if (warm[k] <= 1.5 * fastest_warm || warm[k] - fastest_warm < 0.2) left.push_back(k);
+  }
+  // The counts left, a step each in turn (so that a machine whose speed
+  // drifts meets them all alike), for a second at least; medians compared.
+  if (left.size() > 1) {
+    double spent = 0;
+    for (int round = 0; round < 25 && (round < 1 || spent < 1.0); ++round) {
+      for (size_t k : left) {
+        ASSIGN_OR_RETURN(const double t, step(counts[k]));
+        times[k].push_back(t);
         spent += t;
-      } while (spent < 0.5 && ++steps < 50);
-      timed.seconds = fastest;
-      if (best == 0 || fastest < best) {
-        best = fastest;
-        choice.threads = n;
       }
     }
+  }
+  double best = 0;
+  for (size_t k = 0; k < counts.size(); ++k) {
+    ThreadChoice::Timed timed{counts[k], warm[k], times[k].empty()};
+    if (!times[k].empty()) {
+      std::vector<double>& t = times[k];
+      std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+      timed.seconds = t[t.size() / 2];
+    }
+    const bool in = std::find(left.begin(), left.end(), k) != left.end();
+    if (in && (best == 0 || timed.seconds < best)) {
+      best = timed.seconds;
+      choice.threads = counts[k];
+    }
+    if (in && left.size() == 1) timed.warm_only = false;  // (the only one left: its warm step is its time)
     choice.timed.push_back(timed);
   }
   runtime::SetComputeThreads(choice.threads);

@@ -252,7 +252,7 @@ class LocalTrainer {
 struct ThreadChoice {
   struct Timed {
     int threads = 0;
-    double seconds = 0;  // the fastest timed step (or the warm-up's, where that alone ruled it out)
+    double seconds = 0;  // the median timed step, or the warm step where that alone decided
     bool warm_only = false;
   };
   int threads = 1;
@@ -265,14 +265,14 @@ struct ThreadChoice {
 // The thread count that trains the run's whole model fastest in this
 // process on this machine, measured: the machine's cores, then halved down
 // to 1 (the counts 1, 2, 4, ... up to the cores), each on a throwaway
-// trainer at `splits` and the same batch (`x`, `y`): one step to warm up,
-// then timed steps for at least half a second (at least one), the fastest
-// kept; a count whose warm-up step alone takes 1.5x the best so far is
-// ruled out without more. LibTorch's intra-op pool and OpenBLAS's are set
-// together (runtime::SetComputeThreads), so neither oversubscribes the
-// other; the process is left at the choice. The run's own model and
-// generators are untouched except the global generator, which the caller
-// seeds again.
+// trainer at `splits` and the same batch (`x`, `y`). One cold step, then
+// a warm step at each count (a count whose warm step takes 1.5x the
+// fastest's and 0.2 s more is ruled out), then the counts left a step each in turn for at
+// least a second (at most 25 rounds), the lowest median chosen. LibTorch's
+// intra-op pool and OpenBLAS's are set together
+// (runtime::SetComputeThreads), so neither oversubscribes the other; the
+// process is left at the choice. The run's own model and generators are
+// untouched except the global generator, which the caller seeds again.
 absl::StatusOr<ThreadChoice> FastestLocalThreads(const RunOptions& c, int splits, const at::Tensor& x,
                                                  const at::Tensor& y);
 
