@@ -114,9 +114,14 @@ std::string ThreadChoice::Describe() const {
                           k == 0 ? " a step" : "");
     if (timed[k].warm_only) line += " (ruled out warming up)";
   }
-  absl::StrAppendFormat(&line, "; measured in %.1f s)", probe_seconds);
+  absl::StrAppendFormat(&line, "; measured on %d rows in %.1f s)", rows, probe_seconds);
   return line;
 }
+
+namespace {
+constexpr int64_t kProbeRows = 32;
+constexpr double kLargeStepSeconds = 0.25;
+}  // namespace
 
 absl::StatusOr<ThreadChoice> FastestLocalThreads(const RunOptions& c, int splits, const at::Tensor& x,
                                                  const at::Tensor& y) {
@@ -131,17 +136,30 @@ absl::StatusOr<ThreadChoice> FastestLocalThreads(const RunOptions& c, int splits
   if (counts.size() == 1) return choice;
   const int64_t t0 = trace::NowUs();
   ASSIGN_OR_RETURN(auto probe, LocalTrainer::Create(c, splits));
+  // A large model is timed on the batch's first rows (enough for every
+  // micro-batch to have two): its operations are large enough to share
+  // either way, and a whole batch of ResNet50 at 128x128 takes seconds a
+  // step. A model whose cold step on those rows is short gets the whole
+  // batch, where a few rows would favour fewer threads.
+  const int64_t rows = x.size(0), few = std::min<int64_t>(rows, std::max<int64_t>(kProbeRows, 2 * splits));
+  at::Tensor px = x.narrow(0, 0, few), py = y.narrow(0, 0, few);
   auto step = [&](int n) -> absl::StatusOr<double> {
     runtime::SetComputeThreads(n);
     const int64_t s = trace::NowUs();
-    RETURN_IF_ERROR(probe->trainer().Train(x, y).status());
+    RETURN_IF_ERROR(probe->trainer().Train(px, py).status());
     return (trace::NowUs() - s) / 1e6;
   };
   // A cold step first (allocations, caches), then one warm step at each
   // count: a count whose warm step takes 1.5x the fastest's, and a fifth
   // of a second more, is slower beyond noise and ruled out at once (short
   // steps are all timed again: one of them says little).
-  RETURN_IF_ERROR(step(counts.front()).status());
+  ASSIGN_OR_RETURN(const double cold, step(counts.front()));
+  if (cold < kLargeStepSeconds && few < rows) {
+    px = x;
+    py = y;
+    RETURN_IF_ERROR(step(counts.front()).status());  // (cold again at the whole batch's size)
+  }
+  choice.rows = px.size(0);
   std::vector<double> warm;
   for (int n : counts) {
     ASSIGN_OR_RETURN(const double t, step(n));

@@ -258,6 +258,7 @@ struct ThreadChoice {
   int threads = 1;
   std::vector<Timed> timed;  // in the order tried
   double probe_seconds = 0;  // the whole measurement
+  int64_t rows = 0;          // the rows of each step timed
   // "1 thread (the fastest here: 1 thread 0.212 s a step, 2 threads 0.530 s)"
   std::string Describe() const;
 };
@@ -265,7 +266,10 @@ struct ThreadChoice {
 // The thread count that trains the run's whole model fastest in this
 // process on this machine, measured: the machine's cores, then halved down
 // to 1 (the counts 1, 2, 4, ... up to the cores), each on a throwaway
-// trainer at `splits` and the same batch (`x`, `y`). One cold step, then
+// trainer at `splits` and the same batch (`x`, `y`; only its first 32
+// rows, or 2 per micro-batch, where a cold step on those takes 0.25 s or
+// more: a large model's operations share alike at either size, and its
+// whole batch may take seconds a step). One cold step, then
 // a warm step at each count (a count whose warm step takes 1.5x the
 // fastest's and 0.2 s more is ruled out), then the counts left a step each in turn for at
 // least a second (at most 25 rounds), the lowest median chosen. LibTorch's
