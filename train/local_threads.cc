@@ -1,0 +1,117 @@
+// --local's thread count, measured (FastestLocalThreads, train/runs.h).
+#include <ATen/ops/narrow.h>
+
+#include <algorithm>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/status_util.h"
+#include "runtime/threads.h"
+#include "runtime/trace.h"
+#include "train/runs.h"
+
+namespace remora::train::runs {
+
+std::string ThreadChoice::Describe() const {
+  auto count = [](int n) { return absl::StrCat(n, n == 1 ? " thread" : " threads"); };
+  if (timed.empty()) return absl::StrCat(count(threads), " (this machine has one core)");
+  std::string line = absl::StrCat(count(threads), " (the fastest here: ");
+  for (size_t k = 0; k < timed.size(); ++k) {
+    absl::StrAppendFormat(&line, "%s%s %.3f s%s", k == 0 ? "" : ", ", count(timed[k].threads), timed[k].seconds,
+                          k == 0 ? " a step" : "");
+    if (timed[k].warm_only) line += " (ruled out warming up)";
+  }
+  absl::StrAppendFormat(&line, "; measured on %d rows in %.1f s)", rows, probe_seconds);
+  return line;
+}
+
+namespace {
+constexpr int64_t kProbeRows = 32;
+constexpr double kLargeStepSeconds = 0.25;
+}  // namespace
+
+absl::StatusOr<ThreadChoice> FastestLocalThreads(const RunOptions& c, int splits, const at::Tensor& x,
+                                                 const at::Tensor& y) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<int> counts;
+  for (int n = cores; n > 1; n /= 2) {
+    if (counts.empty() || counts.back() != n) counts.push_back(n);
+  }
+  counts.push_back(1);
+  ThreadChoice choice;
+  choice.threads = counts.front();
+  if (counts.size() == 1) return choice;
+  const int64_t t0 = trace::NowUs();
+  ASSIGN_OR_RETURN(auto probe, LocalTrainer::Create(c, splits));
+  // A large model is timed on the batch's first rows (enough for every
+  // micro-batch to have two): its operations are large enough to share
+  // either way, and a whole batch of ResNet50 at 128x128 takes seconds a
+  // step. A model whose cold step on those rows is short gets the whole
+  // batch, where a few rows would favour fewer threads.
+  const int64_t rows = x.size(0), few = std::min<int64_t>(rows, std::max<int64_t>(kProbeRows, 2 * splits));
+  at::Tensor px = x.narrow(0, 0, few), py = y.narrow(0, 0, few);
+  auto step = [&](int n) -> absl::StatusOr<double> {
+    runtime::SetComputeThreads(n);
+    const int64_t s = trace::NowUs();
+    RETURN_IF_ERROR(probe->trainer().Train(px, py).status());
+    return (trace::NowUs() - s) / 1e6;
+  };
+  // A cold step first (allocations, caches), then one warm step at each
+  // count: a count whose warm step takes 1.5x the fastest's, and a fifth
+  // of a second more, is slower beyond noise and ruled out at once (short
+  // steps are all timed again: one of them says little).
+  ASSIGN_OR_RETURN(const double cold, step(counts.front()));
+  if (cold < kLargeStepSeconds && few < rows) {
+    px = x;
+    py = y;
+    RETURN_IF_ERROR(step(counts.front()).status());  // (cold again at the whole batch's size)
+  }
+  choice.rows = px.size(0);
+  std::vector<double> warm;
+  for (int n : counts) {
+    ASSIGN_OR_RETURN(const double t, step(n));
+    warm.push_back(t);
+  }
+  const double fastest_warm = *std::min_element(warm.begin(), warm.end());
+  std::vector<std::vector<double>> times(counts.size());
+  std::vector<size_t> left;
+  for (size_t k = 0; k < counts.size(); ++k) {
+    if (warm[k] <= 1.5 * fastest_warm || warm[k] - fastest_warm < 0.2) left.push_back(k);
+  }
+  // The counts left, a step each in turn (so that a machine whose speed
+  // drifts meets them all alike), for a second at least; medians compared.
+  if (left.size() > 1) {
+    double spent = 0;
+    for (int round = 0; round < 25 && (round < 1 || spent < 1.0); ++round) {
+      for (size_t k : left) {
+        ASSIGN_OR_RETURN(const double t, step(counts[k]));
+        times[k].push_back(t);
+        spent += t;
+      }
+    }
+  }
+  double best = 0;
+  for (size_t k = 0; k < counts.size(); ++k) {
+    ThreadChoice::Timed timed{counts[k], warm[k], times[k].empty()};
+    if (!times[k].empty()) {
+      std::vector<double>& t = times[k];
+      std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+      timed.seconds = t[t.size() / 2];
+    }
+    const bool in = std::find(left.begin(), left.end(), k) != left.end();
+    if (in && (best == 0 || timed.seconds < best)) {
+      best = timed.seconds;
+      choice.threads = counts[k];
+    }
+    if (in && left.size() == 1) timed.warm_only = false;  // (the only one left: its warm step is its time)
+    choice.timed.push_back(timed);
+  }
+  runtime::SetComputeThreads(choice.threads);
+  choice.probe_seconds = (trace::NowUs() - t0) / 1e6;
+  return choice;
+}
+
+}  // namespace remora::train::runs
