@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "autograd/container.h"
+#include "autograd/protocol.h"
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
 #include "runtime/action_mark.h"
@@ -253,12 +254,10 @@ Future<Empty> Deliver(Agent& agent, DistContext& context, const std::vector<at::
   }
   std::vector<Future<c10::IValue>> sent;
   for (auto& [key, grads_out] : outgoing) {
-    c10::List<at::Tensor> list;
-    for (auto& g : grads_out) list.push_back(g);
     // The receiver's backward queues its kernels behind the copies on the
     // GPU; whoever reads or applies the gradients settles first.
-    sent.push_back(agent.rpc_async(agent.NameOf(key.first), "remora.autograd.propagate",
-                                   {context.id(), key.second, list, retain_graph},
+    sent.push_back(agent.rpc_async(agent.NameOf(key.first), PropagateRequest::kFunction,
+                                   EncodeCall(PropagateRequest{context.id(), key.second, grads_out, retain_graph}),
                                    StreamOrdered(context.id())));
   }
   return WhenAll(sent);
@@ -373,13 +372,14 @@ Container& Require(Agent* agent) {
 
 absl::Status RegisterFunctions(Registry& registry) {
   RETURN_IF_ERROR(registry.RegisterAsyncFunction(
-      "remora.autograd.propagate",
+      PropagateRequest::kFunction,
       [](CallContext& ctx, const Args& args) -> Future<c10::IValue> {
+        auto request = DecodeCallOrThrow<PropagateRequest>(args);
         Container& container = Require(ctx.agent);
-        const int64_t context_id = args[0].toInt();
-        const int64_t message_id = args[1].toInt();
-        std::vector<at::Tensor> grads = args[2].toTensorVector();
-        const bool retain_graph = args.size() > 3 && args[3].toBool();
+        const int64_t context_id = request.context;
+        const int64_t message_id = request.message;
+        std::vector<at::Tensor> grads = std::move(request.grads);
+        const bool retain_graph = request.retain_graph;
         auto context = container.Find(context_id);
         if (!context) {
           throw std::invalid_argument(
@@ -428,8 +428,9 @@ absl::Status RegisterFunctions(Registry& registry) {
         return done;
       }));
   RETURN_IF_ERROR(registry.RegisterFunction(
-      "remora.autograd.release", [](CallContext& ctx, const Args& args) -> c10::IValue {
-        Require(ctx.agent).Release(args[0].toInt());
+      ReleaseRequest::kFunction, [](CallContext& ctx, const Args& args) -> c10::IValue {
+        const int64_t context = DecodeCallOrThrow<ReleaseRequest>(args).context;
+        Require(ctx.agent).Release(context);
         return c10::IValue();
       }));
   RETURN_IF_ERROR(registry.RegisterFunction(
@@ -461,13 +462,13 @@ Context::~Context() {
   std::vector<std::pair<std::string, Future<c10::IValue>>> releases;
   for (const auto& w : agent_.workers()) {
     if (w.id == agent_.self().id) continue;
-    releases.emplace_back(w.name, agent_.rpc_async(w.name, "remora.autograd.release", {id_}));
+    releases.emplace_back(w.name, agent_.rpc_async(w.name, ReleaseRequest::kFunction, EncodeCall(ReleaseRequest{id_})));
   }
   for (auto& [name, f] : releases) {
     auto r = f.wait();
     // One retry: releasing is idempotent.
     if (!r.ok() && r.status().code() == absl::StatusCode::kUnavailable) {
-      r = agent_.rpc_sync(name, "remora.autograd.release", {id_});
+      r = agent_.rpc_sync(name, ReleaseRequest::kFunction, EncodeCall(ReleaseRequest{id_}));
     }
     if (!r.ok()) {
       std::cerr << "remora: releasing autograd context " << id_ << " on worker '" << name

@@ -22,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "base/status_util.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/protocol.h"
 #include "checkpoint/shard.h"
 #include "data/datasets.h"
 
@@ -42,9 +43,9 @@ c10::IValue OptimizerOf(const pipeline::Pipeline& pipe, const std::string& worke
 }
 
 // Stage indices and RRefs on pipeline worker i.
-std::pair<c10::List<int64_t>, c10::impl::GenericList> StagesOn(const pipeline::Pipeline& pipe, size_t i) {
-  c10::List<int64_t> indices;
-  c10::impl::GenericList rrefs(c10::AnyType::get());
+std::pair<std::vector<int64_t>, std::vector<c10::IValue>> StagesOn(const pipeline::Pipeline& pipe, size_t i) {
+  std::vector<int64_t> indices;
+  std::vector<c10::IValue> rrefs;
   for (int k = static_cast<int>(i); k < pipe.num_stages(); k += static_cast<int>(pipe.workers().size())) {
     indices.push_back(k);
     rrefs.push_back(pipe.stages()[k].ToIValue());
@@ -118,15 +119,15 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(Agent& agent,
 
 namespace {
 
-// Each shard's size and CRC-32 as its owner replied ((bytes, crc32) per
-// shard, in order) into `m`; returns their bytes in all.
-int64_t RecordWritten(const std::vector<c10::IValue>& written, Manifest& m) {
+// Each shard's size and CRC-32 as its owner replied (a ShardWrittenReply
+// per shard, in order) into `m`; returns their bytes in all.
+absl::StatusOr<int64_t> RecordWritten(const std::vector<c10::IValue>& written, Manifest& m) {
   int64_t total = 0;
   for (size_t i = 0; i < written.size(); ++i) {
-    const auto& t = written[i].toTupleRef().elements();
-    m.shards[i].bytes = t[0].toInt();
-    m.shards[i].crc32 = t[1].toStringRef();
-    total += t[0].toInt();
+    ASSIGN_OR_RETURN(const ShardWrittenReply r, DecodeTuple<ShardWrittenReply>(written[i]));
+    m.shards[i].bytes = r.bytes;
+    m.shards[i].crc32 = r.crc32;
+    total += r.bytes;
   }
   return total;
 }
@@ -166,8 +167,9 @@ absl::Status Checkpointer::Save(pipeline::Pipeline& pipe, const std::vector<pipe
     shard->set_worker(workers[i]);
     for (int64_t k : indices) shard->add_stages(static_cast<int32_t>(k));
     paths.push_back(absl::StrCat(dir, "/", file));
-    pending.push_back(agent_.rpc_async(workers[i], "remora.checkpoint.save_shard",
-                                      {paths.back(), indices, rrefs, OptimizerOf(pipe, workers[i]), background}));
+    pending.push_back(agent_.rpc_async(
+        workers[i], SaveShardRequest::kFunction,
+        EncodeCall(SaveShardRequest{paths.back(), indices, rrefs, OptimizerOf(pipe, workers[i]), background})));
   }
   const std::string failed = SaveFailed(state.step, dir);
   absl::StatusOr<std::vector<c10::IValue>> written = WaitAll(pending, [&workers](size_t i) {
@@ -181,14 +183,16 @@ absl::Status Checkpointer::Save(pipeline::Pipeline& pipe, const std::vector<pipe
     p->manifest = ManifestFromWire(m);
     p->workers = workers;
     for (size_t i = 0; i < workers.size(); ++i) {
-      p->written.push_back(agent_.rpc_async(workers[i], "remora.checkpoint.shard_written", {paths[i]}));
+      p->written.push_back(
+          agent_.rpc_async(workers[i], ShardWrittenRequest::kFunction, EncodeCall(ShardWrittenRequest{paths[i]})));
     }
     pending_ = std::move(p);
     return absl::OkStatus();
   }
   Manifest done = ManifestFromWire(m);
-  const int64_t total = RecordWritten(*written, done);
-  return Annotate(Commit(done, dir, total, workers), failed);
+  absl::StatusOr<int64_t> total = RecordWritten(*written, done);
+  RETURN_IF_ERROR(Annotate(total.status(), failed));
+  return Annotate(Commit(done, dir, *total, workers), failed);
 }
 
 absl::Status Checkpointer::Commit(const Manifest& m, const std::string& dir, int64_t total,
@@ -219,8 +223,9 @@ absl::Status Checkpointer::Flush() {
   });
   const std::string failed = SaveFailed(p->manifest.step, p->dir);
   RETURN_IF_ERROR(Annotate(written.status(), failed));
-  const int64_t total = RecordWritten(*written, p->manifest);
-  return Annotate(Commit(p->manifest, p->dir, total, workers), failed);
+  absl::StatusOr<int64_t> total = RecordWritten(*written, p->manifest);
+  RETURN_IF_ERROR(Annotate(total.status(), failed));
+  return Annotate(Commit(p->manifest, p->dir, *total, workers), failed);
 }
 
 absl::Status Checkpointer::Prune(const std::vector<std::string>& workers) {
@@ -228,7 +233,9 @@ absl::Status Checkpointer::Prune(const std::vector<std::string>& workers) {
   for (const std::string& dir : PrunableDirs(dir_, keep_)) {
     fs::remove(fs::path(dir) / kManifestFile, ec);  // no longer a checkpoint
     std::vector<Future<c10::IValue>> removing;
-    for (const auto& w : workers) removing.push_back(agent_.rpc_async(w, "remora.checkpoint.remove", {dir}));
+    for (const auto& w : workers) {
+      removing.push_back(agent_.rpc_async(w, RemoveRequest::kFunction, EncodeCall(RemoveRequest{dir})));
+    }
     for (auto& r : removing) r.wait().IgnoreError();  // a file left behind is not a failure
     RemoveCheckpointFiles(dir, /*all=*/true);
   }
@@ -357,9 +364,9 @@ absl::Status Restore(pipeline::Pipeline& pipe, const Checkpoint& ck) {
     const ManifestShard& shard = m.shards[i];
     auto [indices, rrefs] = StagesOn(pipe, i);
     pending.push_back(pipe.agent().rpc_async(
-        workers[i], "remora.checkpoint.load_shard",
-        {absl::StrCat(ck.dir, "/", shard.file), shard.bytes, shard.crc32, indices, rrefs,
-         OptimizerOf(pipe, workers[i])}));
+        workers[i], LoadShardRequest::kFunction,
+        EncodeCall(LoadShardRequest{absl::StrCat(ck.dir, "/", shard.file), shard.bytes, shard.crc32, indices,
+                                    rrefs, OptimizerOf(pipe, workers[i])})));
   }
   RETURN_IF_ERROR(WaitAll(pending, [&workers](size_t i) {
                     return absl::StrCat("restoring shard ", i, " on worker '", workers[i], "'");

@@ -27,7 +27,10 @@
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/protocol.h"
 #include "checkpoint/shard.h"
+#include "optim/protocol.h"
+#include "pipeline/protocol.h"
 
 namespace remora::checkpoint {
 namespace {
@@ -85,16 +88,13 @@ BackgroundWrites& Background() {
   return *writes;
 }
 
-// remora.checkpoint.save_shard(path, stage indices, stage RRefs, optimizer
-// RRef or None[, background]) -> (bytes, crc32): this worker's stages,
-// optimizer and generator, written atomically to `path`. With background
-// true it replies (-1, "") once the state is copied, and the file is
-// encoded and written on a thread of its own (shard_written waits for it).
+// SaveShardRequest.
 c10::IValue SaveShardFn(CallContext& ctx, const Args& a) {
-  const std::string path = a[0].toStringRef();
+  const auto r = DecodeCallOrThrow<SaveShardRequest>(a);
+  const std::string& path = r.path;
   Shard shard;
-  shard.stages = a[1].toIntVector();
-  for (const c10::IValue& stage : a[2].toListRef()) {
+  shard.stages = r.stages;
+  for (const c10::IValue& stage : r.stage_rrefs) {
     const c10::IValue object = LocalObject(stage, "stage");
     shard.tensors.push_back(Call(ctx, object, "state").toTensorVector());
     std::vector<std::string> names;
@@ -102,10 +102,10 @@ c10::IValue SaveShardFn(CallContext& ctx, const Args& a) {
     for (const c10::IValue& n : listed.toListRef()) names.push_back(n.toStringRef());
     shard.names.push_back(std::move(names));
   }
-  if (!a[3].isNone()) shard.optimizer = Call(ctx, LocalObject(a[3], "optimizer"), "save_state");
+  if (!r.optimizer.isNone()) shard.optimizer = Call(ctx, LocalObject(r.optimizer, "optimizer"), "save_state");
   shard.rng = CpuGeneratorState();
   shard.cuda_rng = CudaGeneratorStates();
-  if (a.size() > 4 && a[4].toBool()) {
+  if (r.background) {
     // The state above is copies (StateTensors, the optimizer's state dict):
     // training may go on while they are written.
     std::shared_future<Written> write =
@@ -113,18 +113,16 @@ c10::IValue SaveShardFn(CallContext& ctx, const Args& a) {
     BackgroundWrites& writes = Background();
     MutexLock lock(writes.mu);
     writes.by_path[path] = std::move(write);
-    return c10::ivalue::Tuple::create({int64_t{-1}, std::string()});
+    return EncodeTuple(ShardWrittenReply{-1, ""});
   }
   const Written written = WriteShard(path, shard);
   if (!written.ok()) throw std::runtime_error(std::string(written.status().message()));
-  return c10::ivalue::Tuple::create({written->first, written->second});
+  return EncodeTuple(ShardWrittenReply{written->first, written->second});
 }
 
-// remora.checkpoint.shard_written(path) -> (bytes, crc32): waits for the
-// background write of `path` that save_shard started here; its error if it
-// failed.
+// ShardWrittenRequest.
 c10::IValue ShardWrittenFn(CallContext&, const Args& a) {
-  const std::string path = a[0].toStringRef();
+  const std::string path = DecodeCallOrThrow<ShardWrittenRequest>(a).path;
   BackgroundWrites& writes = Background();
   std::shared_future<Written> write;
   {
@@ -141,40 +139,46 @@ c10::IValue ShardWrittenFn(CallContext&, const Args& a) {
     writes.by_path.erase(path);
   }
   if (!written.ok()) throw std::runtime_error(std::string(written.status().message()));
-  return c10::ivalue::Tuple::create({written->first, written->second});
+  return EncodeTuple(ShardWrittenReply{written->first, written->second});
 }
 
-// remora.checkpoint.load_shard(path, bytes, crc32, stage indices, stage
-// RRefs, optimizer RRef or None): the reverse, after checking the file.
+// LoadShardRequest.
 c10::IValue LoadShardFn(CallContext& ctx, const Args& a) {
-  const std::string path = a[0].toStringRef();
-  auto shard = ReadShard(path, a[1].toInt(), a[2].toStringRef());
+  const auto r = DecodeCallOrThrow<LoadShardRequest>(a);
+  const std::string& path = r.path;
+  auto shard = ReadShard(path, r.bytes, r.crc32);
   if (!shard.ok()) throw std::runtime_error(std::string(shard.status().message()));
-  if (shard->stages != a[3].toIntVector()) {
-    throw std::invalid_argument(absl::StrCat(path, " holds stages ",
-                                             c10::str(shard->stages), ", not ", c10::str(a[3].toIntVector())));
+  if (shard->stages != r.stages) {
+    throw std::invalid_argument(absl::StrCat(path, " holds stages ", c10::str(shard->stages), ", not ",
+                                             c10::str(r.stages)));
   }
-  const c10::ArrayRef<c10::IValue> stages = a[4].toListRef();
+  const std::vector<c10::IValue>& stages = r.stage_rrefs;
+  if (stages.size() != shard->tensors.size()) {
+    throw std::invalid_argument(absl::StrCat(path, " holds ", shard->tensors.size(), " stages' state, not ",
+                                             stages.size()));
+  }
   for (size_t i = 0; i < stages.size(); ++i) {
-    std::vector<c10::IValue> args{c10::List<at::Tensor>(shard->tensors[i])};
-    if (!shard->names.empty()) args.push_back(c10::List<std::string>(shard->names[i]));
-    Call(ctx, LocalObject(stages[i], "stage"), "load_state", std::move(args));
+    pipeline::LoadStateRequest load;
+    load.tensors = shard->tensors[i];
+    if (!shard->names.empty()) load.names = shard->names[i];
+    Call(ctx, LocalObject(stages[i], "stage"), pipeline::LoadStateRequest::kMethod, EncodeCall(load));
   }
-  if (!a[5].isNone()) {
+  if (!r.optimizer.isNone()) {
     if (shard->optimizer.isNone()) {
       throw std::invalid_argument(absl::StrCat(path, " holds no optimizer state"));
     }
-    Call(ctx, LocalObject(a[5], "optimizer"), "load_state", {shard->optimizer});
+    // (A local optimizer's, or a ZeRO-1 gradient group's: the same call.)
+    Call(ctx, LocalObject(r.optimizer, "optimizer"), optim::LoadStateRequest::kMethod,
+         EncodeCall(optim::LoadStateRequest{shard->optimizer}));
   }
   SetCpuGeneratorState(shard->rng);
   SetCudaGeneratorStates(shard->cuda_rng);
   return c10::IValue();
 }
 
-// remora.checkpoint.remove(dir): removes a checkpoint's shard files (and
-// their temporaries) from `dir`, then `dir` if it is empty.
+// RemoveRequest.
 c10::IValue RemoveFn(CallContext&, const Args& a) {
-  RemoveCheckpointFiles(a[0].toStringRef(), /*all=*/false);
+  RemoveCheckpointFiles(DecodeCallOrThrow<RemoveRequest>(a).dir, /*all=*/false);
   return c10::IValue();
 }
 
@@ -368,10 +372,10 @@ void RemoveCheckpointFiles(const std::string& dir, bool all) {
 }
 
 absl::Status RegisterFunctions(Registry& registry) {
-  RETURN_IF_ERROR(registry.RegisterFunction("remora.checkpoint.save_shard", SaveShardFn));
-  RETURN_IF_ERROR(registry.RegisterFunction("remora.checkpoint.load_shard", LoadShardFn));
-  RETURN_IF_ERROR(registry.RegisterFunction("remora.checkpoint.shard_written", ShardWrittenFn));
-  return registry.RegisterFunction("remora.checkpoint.remove", RemoveFn);
+  RETURN_IF_ERROR(registry.RegisterFunction(SaveShardRequest::kFunction, SaveShardFn));
+  RETURN_IF_ERROR(registry.RegisterFunction(LoadShardRequest::kFunction, LoadShardFn));
+  RETURN_IF_ERROR(registry.RegisterFunction(ShardWrittenRequest::kFunction, ShardWrittenFn));
+  return registry.RegisterFunction(RemoveRequest::kFunction, RemoveFn);
 }
 
 }  // namespace remora::checkpoint

@@ -35,7 +35,7 @@ install(TARGETS worker master evaluator remora-launch rpc_demo rpc_bench collect
 set(REMORA_PUBLIC_HEADERS
     base/ids.h base/mutex_lock.h base/status_util.h
     channel/stats.h
-    rpc/agent.h rpc/autograd_hooks.h rpc/future.h rpc/registry.h rpc/rref.h rpc/rref_args.h
+    rpc/agent.h rpc/autograd_hooks.h rpc/call.h rpc/future.h rpc/registry.h rpc/rref.h rpc/rref_args.h
     rpc/thread_pool.h rpc/tls.h
     runtime/compute_lane.h
     autograd/dist_autograd.h

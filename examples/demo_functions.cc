@@ -16,6 +16,7 @@
 #include "examples/stock_worker.h"
 #include "launch/worker_main.h"
 #include "rpc/agent.h"
+#include "rpc/call.h"
 #include "rpc/rref_args.h"
 #include "runtime/process_stats.h"
 
@@ -41,23 +42,73 @@ struct Affine {
 namespace {
 // The modules Scale and Affine.
 absl::Status RegisterModules(Registry& r);
+
+// The demo functions' arguments (rpc/call.h): what rpc_demo and the tests
+// pass as plain lists, as PyTorch's examples pass args=(...).
+struct TwoValues {  // add(a, b), rref_add(a, b): numbers, tensors or RRefs to tensors
+  static constexpr char kFunction[] = "add";
+  c10::IValue a;
+  c10::IValue b;
+  template <typename Fields>
+  void Visit(Fields& f) {
+    f("a", a)("b", b);
+  }
+};
+struct OneValue {  // echo, device_of, to_here, make_rref, a module's forward
+  static constexpr char kFunction[] = "a demo function of one value";
+  c10::IValue x;
+  template <typename Fields>
+  void Visit(Fields& f) {
+    f("x", x);
+  }
+};
+struct SinkArgs {
+  static constexpr char kFunction[] = "sink";
+  at::Tensor x;
+  template <typename Fields>
+  void Visit(Fields& f) {
+    f("x", x);
+  }
+};
+struct ScaleArgs {
+  static constexpr char kFunction[] = "Scale";
+  double factor = 1.0;
+  template <typename Fields>
+  void Visit(Fields& f) {
+    f("factor", factor, kMayBeLeftOff);
+  }
+};
+struct AffineArgs {
+  static constexpr char kFunction[] = "Affine";
+  int64_t in = 0;
+  int64_t out = 0;
+  int64_t seed = 0;
+  template <typename Fields>
+  void Visit(Fields& f) {
+    f("in", in)("out", out)("seed", seed, kMayBeLeftOff);
+  }
+};
+
+c10::IValue OneOf(const Args& a) { return DecodeCallOrThrow<OneValue>(a).x; }
 }  // namespace
 
 absl::Status RegisterDemoFunctions(Registry& r) {
-  RETURN_IF_ERROR(r.RegisterFunction("add", [](CallContext&, const Args& a) -> c10::IValue {
-    if (a[0].isTensor() || a[1].isTensor()) {
-      return TensorOrFetch(a[0]) + TensorOrFetch(a[1]);
+  RETURN_IF_ERROR(r.RegisterFunction("add", [](CallContext&, const Args& args) -> c10::IValue {
+    const auto [a, b] = DecodeCallOrThrow<TwoValues>(args);
+    if (a.isTensor() || b.isTensor()) return TensorOrFetch(a) + TensorOrFetch(b);
+    if (a.isInt() && b.isInt()) return a.toInt() + b.toInt();
+    if (!(a.isInt() || a.isDouble()) || !(b.isInt() || b.isDouble())) {
+      throw std::invalid_argument(absl::StrCat("add: adds numbers or tensors, not a ", a.tagKind(), " and a ",
+                                               b.tagKind()));
     }
-    if (a[0].isInt() && a[1].isInt()) return a[0].toInt() + a[1].toInt();
-    return a[0].toDouble() + a[1].toDouble();
+    return a.toScalar().toDouble() + b.toScalar().toDouble();
   }));
-  RETURN_IF_ERROR(r.RegisterFunction(
-      "echo", [](CallContext&, const Args& a) -> c10::IValue { return a[0]; }));
+  RETURN_IF_ERROR(r.RegisterFunction("echo", [](CallContext&, const Args& a) -> c10::IValue { return OneOf(a); }));
   RETURN_IF_ERROR(r.RegisterFunction("sink", [](CallContext&, const Args& a) -> c10::IValue {
-    return at::full({1}, static_cast<double>(a[0].toTensor().numel()));
+    return at::full({1}, static_cast<double>(DecodeCallOrThrow<SinkArgs>(a).x.numel()));
   }));
   RETURN_IF_ERROR(r.RegisterFunction("device_of", [](CallContext&, const Args& a) -> c10::IValue {
-    return TensorOrFetch(a[0]).device().str();
+    return TensorOrFetch(OneOf(a)).device().str();
   }));
   RETURN_IF_ERROR(r.RegisterFunction("rref_stats", [](CallContext& ctx, const Args&) -> c10::IValue {
     RRefStats s = ctx.agent->rref_stats();
@@ -80,15 +131,16 @@ absl::Status RegisterDemoFunctions(Registry& r) {
     return d;
   }));
   RETURN_IF_ERROR(r.RegisterFunction("to_here", [](CallContext&, const Args& a) -> c10::IValue {
-    auto rref = RRef::FromIValue(a[0]);
+    auto rref = RRef::FromIValue(OneOf(a));
     if (!rref.ok()) throw std::invalid_argument(std::string(rref.status().message()));
     return Value(rref->to_here());
   }));
   RETURN_IF_ERROR(r.RegisterFunction("make_rref", [](CallContext& ctx, const Args& a) -> c10::IValue {
-    return ctx.agent->local_rref(a[0]).ToIValue();
+    return ctx.agent->local_rref(OneOf(a)).ToIValue();
   }));
-  RETURN_IF_ERROR(r.RegisterFunction("rref_add", [](CallContext&, const Args& a) -> c10::IValue {
-    return TensorOrFetch(a[0]) + TensorOrFetch(a[1]);
+  RETURN_IF_ERROR(r.RegisterFunction("rref_add", [](CallContext&, const Args& args) -> c10::IValue {
+    const auto [a, b] = DecodeCallOrThrow<TwoValues>(args);
+    return TensorOrFetch(a) + TensorOrFetch(b);
   }));
 
   return RegisterModules(r);
@@ -99,20 +151,21 @@ absl::Status RegisterModules(Registry& r) {
   RETURN_IF_ERROR(r.RegisterModule<Scale>(
       "Scale",
       [](CallContext&, const Args& a) {
-        return std::make_shared<Scale>(Scale{a.size() > 0 ? a[0].toDouble() : 1.0});
+        return std::make_shared<Scale>(Scale{DecodeCallOrThrow<ScaleArgs>(a).factor});
       },
       {{"forward",
         [](Scale& s, CallContext&, const Args& a) -> c10::IValue {
-          return TensorOrFetch(a[0]) * s.factor;
+          return TensorOrFetch(OneOf(a)) * s.factor;
         }},
        {"factor", [](Scale& s, CallContext&, const Args&) -> c10::IValue { return s.factor; }}}));
 
   RETURN_IF_ERROR(r.RegisterModule<Affine>(
       "Affine",
       [](CallContext&, const Args& a) {
-        const int64_t in = a[0].toInt(), out = a[1].toInt();
+        const auto r = DecodeCallOrThrow<AffineArgs>(a);
+        const int64_t in = r.in, out = r.out;
         if (in <= 0 || out <= 0) throw std::invalid_argument("Affine: sizes must be positive");
-        auto gen = at::make_generator<at::CPUGeneratorImpl>(a.size() > 2 ? a[2].toInt() : 0);
+        auto gen = at::make_generator<at::CPUGeneratorImpl>(r.seed);
         auto m = std::make_shared<Affine>();
         m->weight = at::randn({out, in}, gen, at::TensorOptions()) / std::sqrt(double(in));
         m->bias = at::zeros({out});
@@ -120,7 +173,7 @@ absl::Status RegisterModules(Registry& r) {
       },
       {{"forward",
         [](Affine& m, CallContext&, const Args& a) -> c10::IValue {
-          return at::matmul(TensorOrFetch(a[0]), m.weight.t()) + m.bias;
+          return at::matmul(TensorOrFetch(OneOf(a)), m.weight.t()) + m.bias;
         }},
        {"weight", [](Affine& m, CallContext&, const Args&) -> c10::IValue { return m.weight; }}}));
   return absl::OkStatus();

@@ -16,13 +16,14 @@
 #include "autograd/dist_autograd.h"
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
+#include "optim/protocol.h"
 #include "runtime/compute_lane.h"
 #include "runtime/trace.h"
 
 namespace remora::optim {
 namespace {
 
-constexpr char kLocalOptimizer[] = "remora.optim.LocalOptimizer";
+constexpr const char* kLocalOptimizer = MakeLocalOptimizerRequest::kFunction;
 
 // One owner's optimizer over its own parameters.
 class LocalOptimizer {
@@ -192,32 +193,39 @@ absl::Status RegisterFunctions(Registry& registry) {
   return registry.RegisterModule<LocalOptimizer>(
       kLocalOptimizer,
       [](CallContext& ctx, const Args& args) {
-        return std::make_shared<LocalOptimizer>(args[0].toGenericDict(),
-                                                OwnedParameters(args[1], "LocalOptimizer"));
+        const auto r = DecodeCallOrThrow<MakeLocalOptimizerRequest>(args);
+        if (!r.options.isGenericDict()) {
+          throw std::invalid_argument(absl::StrCat(kLocalOptimizer, ": 'options' must be a dict, got a ",
+                                                   r.options.tagKind()));
+        }
+        c10::impl::GenericList params(c10::AnyType::get());
+        for (const c10::IValue& p : r.params) params.push_back(p);
+        return std::make_shared<LocalOptimizer>(r.options.toGenericDict(),
+                                                OwnedParameters(params, "LocalOptimizer"));
       },
       {{"state_bytes",
         [](LocalOptimizer& opt, CallContext&, const Args&) -> c10::IValue { return opt.state_bytes(); }},
        {"save_state",
         [](LocalOptimizer& opt, CallContext&, const Args&) -> c10::IValue { return opt.SaveState(); }},
-       {"load_state",
+       {LoadStateRequest::kMethod,
         [](LocalOptimizer& opt, CallContext&, const Args& args) -> c10::IValue {
-          opt.LoadState(args[0]);
+          opt.LoadState(DecodeCallOrThrow<LoadStateRequest>(args).state);
           return c10::IValue();
         }},
-       {"step", [](LocalOptimizer& opt, CallContext& ctx, const Args& args) -> c10::IValue {
+       {StepRequest::kMethod, [](LocalOptimizer& opt, CallContext& ctx, const Args& args) -> c10::IValue {
+          const int64_t context_id = DecodeCallOrThrow<StepRequest>(args).context;
           auto* container = dist_autograd::ContainerOf(ctx.agent);
           if (container == nullptr) {
             throw std::runtime_error(ctx.agent == nullptr ? std::string("step: the call has no agent")
                                                           : std::string(dist_autograd::CheckEnabled(
                                                                 *ctx.agent, "stepping an optimizer").message()));
           }
-          auto context = container->Find(args[0].toInt());
+          auto context = container->Find(context_id);
           if (!context) {
-            throw std::invalid_argument(
-                absl::StrCat("step: unknown distributed autograd context ", args[0].toInt()));
+            throw std::invalid_argument(absl::StrCat("step: unknown distributed autograd context ", context_id));
           }
           // Gradients that came GPU to GPU: their copies must have completed.
-          if (absl::Status s = ctx.agent->settle_cuda_receives(args[0].toInt()); !s.ok()) {
+          if (absl::Status s = ctx.agent->settle_cuda_receives(context_id); !s.ok()) {
             throw std::runtime_error(absl::StrCat("step on worker '", ctx.agent->self().name, "': ", s.message()));
           }
           opt.Step(*context);
@@ -228,16 +236,16 @@ absl::Status RegisterFunctions(Registry& registry) {
 absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Create(
     Agent& agent, const OptimizerOptions& options, const std::vector<RRef>& params) {
   if (params.empty()) return absl::InvalidArgumentError("DistributedOptimizer: no parameters");
-  std::map<std::string, c10::impl::GenericList> by_owner;
+  std::map<std::string, std::vector<c10::IValue>> by_owner;
   for (const RRef& p : params) {
     if (!p.valid()) return absl::InvalidArgumentError("DistributedOptimizer: an empty RRef");
-    auto [it, inserted] =
-        by_owner.try_emplace(p.owner_name(), c10::impl::GenericList(c10::AnyType::get()));
-    it->second.push_back(p.ToIValue());
+    by_owner[p.owner_name()].push_back(p.ToIValue());
   }
   std::vector<RRef> optimizers;
+  const c10::IValue dict(OptionsToDict(options));
   for (auto& [owner, list] : by_owner) {
-    ASSIGN_OR_RETURN(RRef opt, agent.remote(owner, kLocalOptimizer, {OptionsToDict(options), list}));
+    ASSIGN_OR_RETURN(RRef opt, agent.remote(owner, kLocalOptimizer,
+                                            EncodeCall(MakeLocalOptimizerRequest{dict, std::move(list)})));
     optimizers.push_back(opt);
   }
   // Surface construction errors now rather than at the first step.
@@ -258,7 +266,9 @@ absl::StatusOr<int64_t> DistributedOptimizer::state_bytes() const {
 
 absl::Status DistributedOptimizer::step(int64_t context_id) {
   std::vector<Future<c10::IValue>> steps;
-  for (const RRef& opt : optimizers_) steps.push_back(opt.rpc_async("step", {context_id}));
+  for (const RRef& opt : optimizers_) {
+    steps.push_back(opt.rpc_async(StepRequest::kMethod, EncodeCall(StepRequest{context_id})));
+  }
   return WaitAll(steps, [this](size_t i) {
            return absl::StrCat("stepping the optimizer on worker '", optimizers_[i].owner_name(), "'");
          }).status();

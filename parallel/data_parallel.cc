@@ -13,6 +13,7 @@
 #include "autograd/dist_autograd.h"
 #include "base/status_util.h"
 #include "optim/distributed_optimizer.h"
+#include "parallel/protocol.h"
 #include "parallel/rpc_store.h"
 #include "pipeline/microbatch.h"
 
@@ -105,27 +106,31 @@ absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Crea
     for (int r = 0; r < R; ++r) {
       const int S = replicas[r]->num_stages();
       for (int p = 0; p < P; ++p) {
-        std::vector<int64_t> indices;
-        c10::impl::GenericList params(c10::AnyType::get());
+        MakeGradientGroupRequest g;
         for (int k = p; k < S; k += P) {
           ASSIGN_OR_RETURN(std::vector<RRef> mine, optim::parameter_rrefs(replicas[r]->stages()[k]));
           c10::impl::GenericList list(c10::AnyType::get());
           for (const RRef& x : mine) list.push_back(x.ToIValue());
-          indices.push_back(k);
-          params.push_back(list);
+          g.stage_indices.push_back(k);
+          g.stage_params.emplace_back(std::move(list));
         }
+        if (store) {
+          g.store_host = store->host();
+          g.store_port = store->port();
+        }
+        g.name = absl::StrCat(prefix, "-slot", p);
+        g.rank = r;
+        g.size = R;
+        g.timeout_ms = absl::ToInt64Milliseconds(o.timeout);
+        g.bucket_bytes = o.bucket_bytes;
+        g.overlap = o.overlap;
+        g.zero = o.zero == 1 && R > 1;
+        g.optimizer_options = optim::OptionsToDict(o.pipeline.optimizer);
         Member m;
         m.worker = o.pipeline.workers[r * P + p];
         m.slot = p;
         m.replica = r;
-        ASSIGN_OR_RETURN(m.group, agent.remote(m.worker, "remora.parallel.GradientGroup",
-                                               {store ? store->host() : std::string(),
-                                                int64_t{store ? store->port() : 0},
-                                                absl::StrCat(prefix, "-slot", p), int64_t{r},
-                                                int64_t{R}, absl::ToInt64Milliseconds(o.timeout),
-                                                o.bucket_bytes, o.overlap, indices, params,
-                                                o.zero == 1 && R > 1,
-                                                optim::OptionsToDict(o.pipeline.optimizer)}));
+        ASSIGN_OR_RETURN(m.group, agent.remote(m.worker, MakeGradientGroupRequest::kFunction, EncodeCall(g)));
         members.push_back(m);
       }
     }
@@ -149,9 +154,9 @@ absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Crea
     for (const auto& r : replicas) on_workers = on_workers && r->runs_on_workers();
     if (on_workers) {
       RETURN_IF_ERROR(CallGroups(
-          members, -1, "attach",
+          members, -1, GroupAttachRequest::kMethod,
           [&replicas](const Member& m) -> std::vector<c10::IValue> {
-            return {replicas[m.replica]->runner_id()};
+            return EncodeCall(GroupAttachRequest{replicas[m.replica]->runner_id()});
           },
           "joining the gradient group to the step runner"));
     }
@@ -282,8 +287,8 @@ absl::StatusOr<double> DataParallelPipeline::train_step(const c10::IValue& input
         absl::Status s = context.status();
         if (s.ok()) {
           s = CallGroups(
-              members_, r, "begin",
-              [id, m](const Member&) -> std::vector<c10::IValue> { return {id, int64_t{m}}; },
+              members_, r, GroupBeginRequest::kMethod,
+              [id, m](const Member&) -> std::vector<c10::IValue> { return EncodeCall(GroupBeginRequest{id, m}); },
               "starting the batch");
         }
         losses[r] = s.ok() ? replicas_[r]->forward_backward(xs[r], ts[r], context.id(), rows) : s;
@@ -299,7 +304,9 @@ absl::StatusOr<double> DataParallelPipeline::train_step(const c10::IValue& input
           if (options_.zero == 0) steps[r] = replicas_[r]->step(context.id());
         } else {
           for (const Member& mb : members_) {
-            if (mb.replica == r) mb.group.rpc_async("discard", {context.id()});
+            if (mb.replica == r) {
+              mb.group.rpc_async(GroupDiscardRequest::kMethod, EncodeCall(GroupDiscardRequest{{context.id()}}));
+            }
           }
         }
       } catch (...) {
@@ -315,8 +322,8 @@ absl::StatusOr<double> DataParallelPipeline::train_step(const c10::IValue& input
   if (status.ok()) {
     std::vector<c10::IValue> buckets;
     status = CallGroups(
-        members_, -1, "finish",
-        [&ids](const Member& mb) -> std::vector<c10::IValue> { return {ids[mb.replica]}; },
+        members_, -1, GroupFinishRequest::kMethod,
+        [&ids](const Member& mb) -> std::vector<c10::IValue> { return EncodeCall(GroupFinishRequest{ids[mb.replica]}); },
         "summing the replicas' gradients", &buckets);
     last_buckets_ = 0;
     for (const auto& b : buckets) last_buckets_ += b.toInt();

@@ -25,7 +25,9 @@
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
 #include "optim/distributed_optimizer.h"
+#include "optim/protocol.h"
 #include "parallel/process_group.h"
+#include "parallel/protocol.h"
 #include "pipeline/runner.h"
 #include "rpc/agent.h"
 #include "runtime/compute_lane.h"
@@ -442,19 +444,20 @@ void OnMarkedBackward(int64_t context, const LaneAction& action) {
 absl::Status RegisterFunctions(Registry& registry) {
   dist_autograd::SetMarkedBackwardHook(OnMarkedBackward);
   return registry.RegisterModule<GradientGroup>(
-      "remora.parallel.GradientGroup",
+      MakeGradientGroupRequest::kFunction,
       [](CallContext& ctx, const Args& a) {
+        const auto r = DecodeCallOrThrow<MakeGradientGroupRequest>(a);
         GroupOptions g;
-        g.store_host = a[0].toStringRef();
+        g.store_host = r.store_host;
         if (g.store_host.empty()) g.agent = ctx.agent;  // the master's keys, over the agents
-        g.store_port = static_cast<int>(a[1].toInt());
-        g.name = a[2].toStringRef();
-        g.rank = static_cast<int>(a[3].toInt());
-        g.size = static_cast<int>(a[4].toInt());
-        g.timeout = absl::Milliseconds(a[5].toInt());
+        g.store_port = r.store_port;
+        g.name = r.name;
+        g.rank = r.rank;
+        g.size = r.size;
+        g.timeout = absl::Milliseconds(r.timeout_ms);
         std::map<int64_t, std::vector<at::Tensor>> stages;
-        const std::vector<int64_t> indices = a[8].toIntVector();
-        const auto lists = a[9].toListRef();
+        const std::vector<int64_t>& indices = r.stage_indices;
+        const std::vector<c10::IValue>& lists = r.stage_params;
         if (indices.size() != lists.size()) {
           throw std::invalid_argument("GradientGroup: stage indices and parameter lists differ");
         }
@@ -474,30 +477,38 @@ absl::Status RegisterFunctions(Registry& registry) {
                                          : "this build's LibTorch has no NCCL groups")
                     << ")\n";
         }
-        auto group = std::make_shared<GradientGroup>(ctx.agent, std::move(*joined), a[6].toInt(),
-                                                     a[7].toBool(), std::move(stages));
+        if (r.zero && !r.optimizer_options.isGenericDict()) {
+          throw std::invalid_argument(absl::StrCat(MakeGradientGroupRequest::kFunction,
+                                                   ": 'optimizer_options' must be a dict with 'zero', got a ",
+                                                   r.optimizer_options.tagKind()));
+        }
+        auto group = std::make_shared<GradientGroup>(ctx.agent, std::move(*joined), r.bucket_bytes, r.overlap,
+                                                     std::move(stages));
         group->Synchronize();
-        if (a.size() > 10 && a[10].toBool()) group->ShardOptimizer(a[11].toGenericDict());
+        if (r.zero) group->ShardOptimizer(r.optimizer_options.toGenericDict());
         Groups& all = TheGroups();
         MutexLock lock(all.mu);
         all.live.push_back(group);
         return group;
       },
-      {{"begin",
+      {{GroupBeginRequest::kMethod,
         [](GradientGroup& g, CallContext&, const Args& a) -> c10::IValue {
-          g.Begin(a[0].toInt(), a[1].toInt());
+          const auto r = DecodeCallOrThrow<GroupBeginRequest>(a);
+          g.Begin(r.context, r.micro_batches);
           return c10::IValue();
         }},
-       {"finish",
+       {GroupFinishRequest::kMethod,
         [](GradientGroup& g, CallContext&, const Args& a) -> c10::IValue {
+          const int64_t context = DecodeCallOrThrow<GroupFinishRequest>(a).context;
           trace::Scope scope("allreduce", -1);
-          return g.Sum(a[0].toInt());
+          return g.Sum(context);
         }},
-       // attach(runner id): take part in that step runner's batches here
-       // (pipeline/runner.h); the master stops calling begin and finish.
-       {"attach",
+       // Take part in that step runner's batches here (pipeline/runner.h);
+       // the master stops calling begin and finish.
+       {GroupAttachRequest::kMethod,
         [](GradientGroup& g, CallContext& ctx, const Args& a) -> c10::IValue {
-          absl::Status s = pipeline::AttachToRunner(a[0].toInt(), g.shared_from_this());
+          const int64_t runner = DecodeCallOrThrow<GroupAttachRequest>(a).runner;
+          absl::Status s = pipeline::AttachToRunner(runner, g.shared_from_this());
           if (!s.ok()) {
             throw std::invalid_argument(absl::StrCat("worker '", ctx.agent->self().name, "': ", s.message()));
           }
@@ -518,13 +529,13 @@ absl::Status RegisterFunctions(Registry& registry) {
           return c10::IValue();
         }},
        {"save_state", [](GradientGroup& g, CallContext&, const Args&) -> c10::IValue { return g.SaveState(); }},
-       {"load_state",
+       {optim::LoadStateRequest::kMethod,
         [](GradientGroup& g, CallContext&, const Args& a) -> c10::IValue {
-          g.LoadState(a[0]);
+          g.LoadState(DecodeCallOrThrow<optim::LoadStateRequest>(a).state);
           return c10::IValue();
         }},
-       {"discard", [](GradientGroup& g, CallContext&, const Args& a) -> c10::IValue {
-          g.Discard(a[0].toInt());
+       {GroupDiscardRequest::kMethod, [](GradientGroup& g, CallContext&, const Args& a) -> c10::IValue {
+          g.Discard(DecodeCallOrThrow<GroupDiscardRequest>(a).context);
           return c10::IValue();
         }}});
 }

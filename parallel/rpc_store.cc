@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
+#include "parallel/protocol.h"
 
 namespace remora::parallel {
 namespace {
@@ -28,56 +29,50 @@ Table& TheTable() {
 
 std::vector<uint8_t> BytesOf(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 
-std::vector<std::string> StringsOf(const c10::IValue& list) {
+std::vector<std::string> Prefixed(const std::string& prefix, const std::vector<std::string>& keys) {
   std::vector<std::string> out;
-  for (const c10::IValue& v : list.toListRef()) out.push_back(v.toStringRef());
+  for (const auto& k : keys) out.push_back(prefix + k);
   return out;
-}
-
-c10::impl::GenericList ListOf(const std::string& prefix, const std::vector<std::string>& keys) {
-  c10::impl::GenericList list(c10::StringType::get());
-  for (const auto& k : keys) list.push_back(prefix + k);
-  return list;
 }
 
 }  // namespace
 
 absl::Status RegisterStoreFunctions(Registry& registry) {
-  RETURN_IF_ERROR(registry.RegisterFunction("remora.store.set", [](CallContext&, const Args& a) -> c10::IValue {
+  RETURN_IF_ERROR(registry.RegisterFunction(StoreSetRequest::kFunction, [](CallContext&, const Args& a) -> c10::IValue {
+    auto r = DecodeCallOrThrow<StoreSetRequest>(a);
     Table& t = TheTable();
     MutexLock lock(t.mu);
-    t.values[a[0].toStringRef()] = a[1].toStringRef();
+    t.values[r.key] = std::move(r.value);
     return c10::IValue();
   }));
-  // get(key): the value, or None while there is none.
-  RETURN_IF_ERROR(registry.RegisterFunction("remora.store.get", [](CallContext&, const Args& a) -> c10::IValue {
+  RETURN_IF_ERROR(registry.RegisterFunction(StoreGetRequest::kFunction, [](CallContext&, const Args& a) -> c10::IValue {
+    const std::string key = DecodeCallOrThrow<StoreGetRequest>(a).key;
     Table& t = TheTable();
     MutexLock lock(t.mu);
-    auto it = t.values.find(a[0].toStringRef());
+    auto it = t.values.find(key);
     return it == t.values.end() ? c10::IValue() : c10::IValue(it->second);
   }));
-  // add(key, n): adds n to the key's number (0 when absent; kept in
-  // decimal, as c10d's stores keep it) and returns the sum.
-  RETURN_IF_ERROR(registry.RegisterFunction("remora.store.add", [](CallContext&, const Args& a) -> c10::IValue {
+  RETURN_IF_ERROR(registry.RegisterFunction(StoreAddRequest::kFunction, [](CallContext&, const Args& a) -> c10::IValue {
+    const auto r = DecodeCallOrThrow<StoreAddRequest>(a);
     Table& t = TheTable();
     MutexLock lock(t.mu);
-    std::string& value = t.values[a[0].toStringRef()];
+    std::string& value = t.values[r.key];
     int64_t n = 0;
     if (!value.empty() && !absl::SimpleAtoi(value, &n)) {
-      throw std::invalid_argument(absl::StrCat("store key '", a[0].toStringRef(), "' holds no number"));
+      throw std::invalid_argument(absl::StrCat("store key '", r.key, "' holds no number"));
     }
-    n += a[1].toInt();
+    n += r.n;
     value = std::to_string(n);
     return n;
   }));
-  RETURN_IF_ERROR(registry.RegisterFunction("remora.store.delete", [](CallContext&, const Args& a) -> c10::IValue {
+  RETURN_IF_ERROR(registry.RegisterFunction(StoreDeleteRequest::kFunction, [](CallContext&, const Args& a) -> c10::IValue {
+    const std::string key = DecodeCallOrThrow<StoreDeleteRequest>(a).key;
     Table& t = TheTable();
     MutexLock lock(t.mu);
-    return t.values.erase(a[0].toStringRef()) > 0;
+    return t.values.erase(key) > 0;
   }));
-  // check(keys): whether every key is there.
-  RETURN_IF_ERROR(registry.RegisterFunction("remora.store.check", [](CallContext&, const Args& a) -> c10::IValue {
-    const std::vector<std::string> keys = StringsOf(a[0]);
+  RETURN_IF_ERROR(registry.RegisterFunction(StoreCheckRequest::kFunction, [](CallContext&, const Args& a) -> c10::IValue {
+    const std::vector<std::string> keys = DecodeCallOrThrow<StoreCheckRequest>(a).keys;
     Table& t = TheTable();
     MutexLock lock(t.mu);
     for (const auto& k : keys) {
@@ -85,9 +80,8 @@ absl::Status RegisterStoreFunctions(Registry& registry) {
     }
     return true;
   }));
-  // count(prefix): the keys that start with it.
-  return registry.RegisterFunction("remora.store.count", [](CallContext&, const Args& a) -> c10::IValue {
-    const std::string& prefix = a[0].toStringRef();
+  return registry.RegisterFunction(StoreCountRequest::kFunction, [](CallContext&, const Args& a) -> c10::IValue {
+    const std::string prefix = DecodeCallOrThrow<StoreCountRequest>(a).prefix;
     Table& t = TheTable();
     MutexLock lock(t.mu);
     int64_t n = 0;
@@ -106,7 +100,7 @@ void ClearStoreKeys(const std::string& prefix) {
 RpcStore::RpcStore(Agent* agent, std::string prefix) : agent_(agent), prefix_(std::move(prefix)) {}
 
 c10::IValue RpcStore::Call(const std::string& function, std::vector<c10::IValue> args, const std::string& key) {
-  absl::StatusOr<c10::IValue> r = agent_->rpc_sync(agent_->NameOf(0), "remora.store." + function, std::move(args));
+  absl::StatusOr<c10::IValue> r = agent_->rpc_sync(agent_->NameOf(0), function, std::move(args));
   if (!r.ok()) {
     throw std::runtime_error(absl::StrCat("the collectives' store (on '", agent_->NameOf(0), "'): ", function,
                                           key.empty() ? "" : absl::StrCat(" '", key, "'"), ": ",
@@ -122,27 +116,36 @@ c10::intrusive_ptr<c10d::Store> RpcStore::clone() {
 }
 
 void RpcStore::set(const std::string& key, const std::vector<uint8_t>& value) {
-  Call("set", {prefix_ + key, std::string(value.begin(), value.end())}, key);
+  Call(StoreSetRequest::kFunction, EncodeCall(StoreSetRequest{prefix_ + key, std::string(value.begin(), value.end())}),
+       key);
 }
 
 std::vector<uint8_t> RpcStore::get(const std::string& key) {
   wait({key});
-  c10::IValue v = Call("get", {prefix_ + key}, key);
+  c10::IValue v = Call(StoreGetRequest::kFunction, EncodeCall(StoreGetRequest{prefix_ + key}), key);
   if (v.isNone()) throw std::runtime_error(absl::StrCat("the collectives' store: key '", key, "' was deleted"));
   return BytesOf(v.toStringRef());
 }
 
 int64_t RpcStore::add(const std::string& key, int64_t value) {
-  return Call("add", {prefix_ + key, value}, key).toInt();
+  const c10::IValue sum = Call(StoreAddRequest::kFunction, EncodeCall(StoreAddRequest{prefix_ + key, value}), key);
+  if (!sum.isInt()) throw std::runtime_error(absl::StrCat("the collectives' store: add '", key, "' gave no number"));
+  return sum.toInt();
 }
 
-bool RpcStore::deleteKey(const std::string& key) { return Call("delete", {prefix_ + key}, key).toBool(); }
+bool RpcStore::deleteKey(const std::string& key) {
+  return Call(StoreDeleteRequest::kFunction, EncodeCall(StoreDeleteRequest{{prefix_ + key}}), key).toBool();
+}
 
 bool RpcStore::check(const std::vector<std::string>& keys) {
-  return Call("check", {ListOf(prefix_, keys)}, keys.size() == 1 ? keys[0] : "").toBool();
+  return Call(StoreCheckRequest::kFunction, EncodeCall(StoreCheckRequest{Prefixed(prefix_, keys)}),
+              keys.size() == 1 ? keys[0] : "")
+      .toBool();
 }
 
-int64_t RpcStore::getNumKeys() { return Call("count", {prefix_}, "").toInt(); }
+int64_t RpcStore::getNumKeys() {
+  return Call(StoreCountRequest::kFunction, EncodeCall(StoreCountRequest{prefix_}), "").toInt();
+}
 
 void RpcStore::wait(const std::vector<std::string>& keys) { wait(keys, timeout_); }
 

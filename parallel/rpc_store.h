@@ -55,8 +55,9 @@ class RpcStore final : public c10d::Store {
   virtual c10::intrusive_ptr<c10d::Store> clone();  // NOLINT(modernize-use-override)
 
  private:
-  // Calls remora.store.`function` on the master; throws std::runtime_error
-  // naming the store and the key when the call fails.
+  // Calls `function` (a remora.store.* call, parallel/protocol.h) on the
+  // master; throws std::runtime_error naming the store and the key when the
+  // call fails.
   c10::IValue Call(const std::string& function, std::vector<c10::IValue> args, const std::string& key);
 
   Agent* const agent_;

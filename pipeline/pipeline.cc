@@ -17,6 +17,7 @@
 #include "base/status_util.h"
 #include "pipeline/fit.h"
 #include "pipeline/microbatch.h"
+#include "pipeline/protocol.h"
 
 namespace remora::pipeline {
 
@@ -119,8 +120,8 @@ absl::Status SeedWorkers(Agent& agent, const std::vector<std::string>& workers, 
   for (size_t i = 0; i < workers.size(); ++i) {
     // Distinct per worker, and far from the run's own seed's neighbours.
     const uint64_t s = seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull * (i + 1);
-    seeded.push_back(agent.rpc_async(workers[i], "remora.pipeline.seed",
-                                     {static_cast<int64_t>(s & 0x7fffffffffffffffull)}));
+    seeded.push_back(agent.rpc_async(workers[i], SeedRequest::kFunction,
+                                     EncodeCall(SeedRequest{static_cast<int64_t>(s & 0x7fffffffffffffffull)})));
   }
   return WaitAll(seeded, [&workers](size_t i) { return absl::StrCat("seeding worker '", workers[i], "'"); })
       .status();
@@ -163,8 +164,8 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(Agent& agent, Pipelin
   for (int k = 0; k < S; ++k) {
     const StageSpec& s = o.stages[k];
     const std::string& w = o.workers[k % n];
-    auto stage = agent.remote(w, "remora.pipeline.Stage",
-                              {s.kind, s.name, s.Payload(), int64_t{k}, s.device});
+    auto stage = agent.remote(w, MakeStageRequest::kFunction,
+                              EncodeCall(MakeStageRequest{s.kind, s.name, s.Payload(), k, s.device}));
     if (!stage.ok()) {
       return Annotate(stage.status(), absl::StrCat("placing stage ", k, " on worker '", w, "'"));
     }
@@ -182,7 +183,7 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(Agent& agent, Pipelin
   for (int k = 0; k < S; ++k) {
     // Also starts the stage's activation count afresh (stage indices repeat
     // across pipelines).
-    if (auto r = stages[k].rpc_sync("activation_bytes", {true}); !r.ok()) {
+    if (auto r = stages[k].rpc_sync(ActivationBytesRequest::kMethod, EncodeCall(ActivationBytesRequest{true})); !r.ok()) {
       return Annotate(r.status(), absl::StrCat("placing stage ", k, " on worker '", o.workers[k % n], "'"));
     }
     auto p = optim::parameter_rrefs(stages[k]);
@@ -208,21 +209,22 @@ absl::Status Pipeline::MakeRunners() {
   const int64_t id = next++;
   const int n = static_cast<int>(workers_.size());
   const int S = num_stages();
-  c10::List<std::string> stage_workers;
+  std::vector<std::string> stage_workers;
   for (int k = 0; k < S; ++k) stage_workers.push_back(worker_of(k));
   std::vector<Future<c10::IValue>> made;
   for (int w = 0; w < n; ++w) {
-    c10::impl::GenericList mine(c10::AnyType::get());
-    for (int k = w; k < S; k += n) mine.push_back(stages_[k].ToIValue());
-    c10::IValue optimizer;
+    MakeRunnerRequest r;
+    r.runner = id;
+    r.stage_workers = stage_workers;
+    r.micro_batches = schedule_.micro_batches;
+    r.order = FlatOrder(schedule_.actions[w]);
+    for (int k = w; k < S; k += n) r.stages.push_back(stages_[k].ToIValue());
+    r.loss = options_.loss.name();
     ASSIGN_OR_RETURN(WorkerInfo info, agent_.worker(workers_[w]));
     for (const RRef& o : optimizer_->owners()) {
-      if (o.owner() == info.id) optimizer = o.ToIValue();
+      if (o.owner() == info.id) r.optimizer = o.ToIValue();
     }
-    made.push_back(agent_.rpc_async(workers_[w], "remora.pipeline.make_runner",
-                                    {id, stage_workers, int64_t{schedule_.micro_batches},
-                                     FlatOrder(schedule_.actions[w]),
-                                     mine, options_.loss.name(), optimizer}));
+    made.push_back(agent_.rpc_async(workers_[w], MakeRunnerRequest::kFunction, EncodeCall(r)));
   }
   RETURN_IF_ERROR(WaitAll(made, [this](size_t w) {
                     return absl::StrCat("starting the step runner on worker '", workers_[w], "'");
@@ -237,7 +239,8 @@ Pipeline::~Pipeline() {
   for (const std::string& w : workers_) {
     CallOptions quick;  // (a stopped worker must not hold this up for long)
     quick.timeout = absl::Seconds(5);
-    dropped.push_back(agent_.rpc_async(w, "remora.pipeline.drop_runner", {runner_id_}, quick));
+    dropped.push_back(
+        agent_.rpc_async(w, DropRunnerRequest::kFunction, EncodeCall(DropRunnerRequest{runner_id_}), quick));
   }
   // (A worker that is gone has nothing to drop.)
   for (auto& d : dropped) d.wait().status().IgnoreError();
@@ -285,11 +288,15 @@ std::vector<Future<c10::IValue>> Pipeline::SendRun(const c10::IValue& inputs, co
   const int n = static_cast<int>(workers_.size());
   std::vector<Future<c10::IValue>> replies;
   for (int w = 0; w < n; ++w) {
-    replies.push_back(agent_.rpc_async(
-        workers_[w], "remora.pipeline.run",
-        {runner_id_, context_id, last_over_ ? int64_t{-1} : last_started_, w == 0 ? inputs : c10::IValue(),
-         w == last_worker() ? targets : c10::IValue(), total_rows,
-         w == 0 || w == last_worker() ? rows : c10::IValue()}));
+    RunRequest r;
+    r.runner = runner_id_;
+    r.context = context_id;
+    r.after = last_over_ ? -1 : last_started_;
+    if (w == 0) r.inputs = inputs;
+    if (w == last_worker()) r.targets = targets;
+    r.total_rows = total_rows;
+    if (w == 0 || w == last_worker()) r.rows = rows;
+    replies.push_back(agent_.rpc_async(workers_[w], RunRequest::kFunction, EncodeCall(r)));
   }
   last_started_ = context_id;
   last_over_ = false;
@@ -299,7 +306,7 @@ std::vector<Future<c10::IValue>> Pipeline::SendRun(const c10::IValue& inputs, co
 void Pipeline::AbandonStep(int64_t context_id) {
   // Not waited for: a dead worker must not delay the error.
   for (const std::string& w : workers_) {
-    agent_.rpc_async(w, "remora.pipeline.abandon", {runner_id_, context_id});
+    agent_.rpc_async(w, AbandonRequest::kFunction, EncodeCall(AbandonRequest{runner_id_, context_id}));
   }
 }
 
@@ -492,8 +499,8 @@ absl::StatusOr<double> Pipeline::forward_backward(const c10::IValue& inputs,
   // Every worker learns its actions' order for this batch before any starts.
   std::vector<Future<c10::IValue>> told;
   for (size_t w = 0; w < workers_.size(); ++w) {
-    told.push_back(agent_.rpc_async(workers_[w], "remora.pipeline.set_order",
-                                    {context_id, FlatOrder(schedule_.actions[w])}));
+    told.push_back(agent_.rpc_async(workers_[w], SetOrderRequest::kFunction,
+                                    EncodeCall(SetOrderRequest{context_id, FlatOrder(schedule_.actions[w])})));
   }
   RETURN_IF_ERROR(WaitAll(told, [this](size_t w) {
                     return absl::StrCat("sending the schedule to worker '", workers_[w], "'");
@@ -508,7 +515,7 @@ void Pipeline::AbandonOrder(int64_t context_id) {
   // one that cannot be told is the failure already being reported. (A late
   // message does nothing once a later batch's order is in place.)
   for (const std::string& w : workers_) {
-    agent_.rpc_async(w, "remora.pipeline.abandon_order", {context_id});
+    agent_.rpc_async(w, AbandonOrderRequest::kFunction, EncodeCall(AbandonOrderRequest{context_id}));
   }
 }
 
@@ -524,10 +531,10 @@ absl::StatusOr<double> Pipeline::RunMicroBatches(const std::vector<c10::IValue>&
   for (int i = 0; i < m; ++i) {
     c10::IValue y = agent_.local_rref(xs[i]);
     for (int s = 0; s + 1 < S; ++s) {
-      ASSIGN_OR_RETURN(RRef next, stages_[s].remote("forward", {y, int64_t{i}, context_id}));
+      ASSIGN_OR_RETURN(RRef next, stages_[s].remote(StageForwardRequest::kMethod, EncodeCall(StageForwardRequest{y, i, context_id})));
       y = next;
     }
-    outs.push_back(stages_[S - 1].rpc_async("forward", {y, int64_t{i}, context_id}));
+    outs.push_back(stages_[S - 1].rpc_async(StageForwardRequest::kMethod, EncodeCall(StageForwardRequest{y, i, context_id})));
   }
   double loss = 0;
   std::vector<Future<Empty>> backwards;
@@ -555,10 +562,14 @@ absl::StatusOr<c10::IValue> Pipeline::EvalOnWorkers(const c10::IValue& inputs, c
   const c10::IValue read = rows != nullptr ? ToIValue(*rows) : c10::IValue();
   std::vector<Future<c10::IValue>> replies;
   for (int w = 0; w < static_cast<int>(workers_.size()); ++w) {
-    replies.push_back(agent_.rpc_async(
-        workers_[w], "remora.pipeline.eval",
-        {runner_id_, id, w == 0 ? inputs : c10::IValue(), int64_t{m},
-         w == last_worker() ? labels : c10::IValue(), w == 0 || w == last_worker() ? read : c10::IValue()}));
+    EvalRequest r;
+    r.runner = runner_id_;
+    r.eval = id;
+    if (w == 0) r.inputs = inputs;
+    r.micro_batches = m;
+    if (w == last_worker()) r.labels = labels;
+    if (w == 0 || w == last_worker()) r.rows = read;
+    replies.push_back(agent_.rpc_async(workers_[w], EvalRequest::kFunction, EncodeCall(r)));
   }
   absl::Status status;
   if (const int w = WaitForReplies(agent_, workers_, replies, [&] { AbandonStep(id); }, &status);
@@ -573,12 +584,8 @@ namespace {
 // The last stage's worker's reply to an evaluation with labels: (top1,
 // top5, rows read).
 absl::StatusOr<Correct> CorrectOf(const c10::IValue& reply) {
-  if (!reply.isTuple() || reply.toTupleRef().elements().size() != 3) {
-    return absl::InternalError(absl::StrCat("eval_correct: the last stage's worker replied ", reply.tagKind(),
-                                            ", not (top1, top5, rows)"));
-  }
-  const auto& e = reply.toTupleRef().elements();
-  return Correct{e[0].toInt(), e[1].toInt(), e[2].toInt()};
+  ASSIGN_OR_RETURN(const EvalCorrectReply r, DecodeTuple<EvalCorrectReply>(reply));
+  return Correct{r.top1, r.top5, r.rows};
 }
 
 }  // namespace
@@ -619,10 +626,10 @@ absl::StatusOr<c10::IValue> Pipeline::eval_step(const c10::IValue& inputs) {
   for (int i = 0; i < m; ++i) {
     c10::IValue y = agent_.local_rref(xs[i]);
     for (int s = 0; s + 1 < S; ++s) {
-      ASSIGN_OR_RETURN(RRef next, stages_[s].remote("eval", {y, int64_t{i}}));
+      ASSIGN_OR_RETURN(RRef next, stages_[s].remote(StageEvalRequest::kMethod, EncodeCall(StageEvalRequest{y, i})));
       y = next;
     }
-    outs.push_back(stages_[S - 1].rpc_async("eval", {y, int64_t{i}}));
+    outs.push_back(stages_[S - 1].rpc_async(StageEvalRequest::kMethod, EncodeCall(StageEvalRequest{y, i})));
   }
   std::vector<c10::IValue> parts;
   for (auto& f : outs) {
@@ -634,7 +641,9 @@ absl::StatusOr<c10::IValue> Pipeline::eval_step(const c10::IValue& inputs) {
 
 absl::StatusOr<std::vector<int64_t>> Pipeline::peak_activation_bytes(bool reset) {
   std::vector<Future<c10::IValue>> pending;
-  for (const RRef& s : stages_) pending.push_back(s.rpc_async("activation_bytes", {reset}));
+  for (const RRef& s : stages_) {
+    pending.push_back(s.rpc_async(ActivationBytesRequest::kMethod, EncodeCall(ActivationBytesRequest{reset})));
+  }
   ASSIGN_OR_RETURN(std::vector<c10::IValue> values, WaitAll(pending));
   std::vector<int64_t> out;
   for (const c10::IValue& v : values) out.push_back(v.toInt());

@@ -21,6 +21,7 @@
 #include "optim/distributed_optimizer.h"
 #include "pipeline/microbatch.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/protocol.h"
 #include "pipeline/runner_plan.h"
 #include "pipeline/stage.h"
 #include "pipeline/worker_data.h"
@@ -159,7 +160,8 @@ class Runner : public std::enable_shared_from_this<Runner> {
     }
     if (send_labels.defined()) {
       const std::string& to = plan_->stage_workers[last];
-      agent_.rpc_async(to, "remora.pipeline.targets", {plan_->id, context, send_labels, total})
+      agent_.rpc_async(to, TargetsRequest::kFunction,
+                       EncodeCall(TargetsRequest{plan_->id, context, send_labels, total}))
           .then([self = shared_from_this(), b, to](const absl::StatusOr<c10::IValue>& r) {
             if (!r.ok()) {
               self->Fail(b, Annotate(r.status(), absl::StrCat("worker '", self->agent_.self().name,
@@ -349,8 +351,9 @@ class Runner : public std::enable_shared_from_this<Runner> {
       c10::IValue y = s.Forward(x, mb, b->context);
       if (stage + 1 < num_stages()) {
         // Straight to the next stage's worker; recorded in the context.
-        agent_.rpc_async(plan_->stage_workers[stage + 1], "remora.pipeline.push",
-                         {plan_->id, b->context, stage + 1, mb, y}, StreamOrdered(b->context))
+        agent_.rpc_async(plan_->stage_workers[stage + 1], PushRequest::kFunction,
+                         EncodeCall(PushRequest{plan_->id, b->context, stage + 1, mb, y}),
+                         StreamOrdered(b->context))
             .then([self = shared_from_this(), b, stage, mb](const absl::StatusOr<c10::IValue>& r) {
               if (!r.ok()) {
                 self->Fail(b, Annotate(r.status(), absl::StrCat("pushing stage ", stage,
@@ -493,22 +496,20 @@ std::shared_ptr<Runner> FindRunner(CallContext& ctx, int64_t id) {
   return it->second;
 }
 
-// make_runner(id, stage_workers, micro_batches, [stage, mb, backward, ...],
-//             [stage RRefs of this worker], loss name, optimizer RRef or None)
 c10::IValue MakeRunner(CallContext& ctx, const Args& a) {
   if (ctx.agent == nullptr) throw std::runtime_error("make_runner needs an agent");
   Agent& agent = *ctx.agent;
   const std::string& me = agent.self().name;
+  const auto r = DecodeCallOrThrow<MakeRunnerRequest>(a);
   RunnerPlan plan;
-  plan.id = a[0].toInt();
-  plan.stage_workers = a[1].to<std::vector<std::string>>();
-  plan.micro_batches = static_cast<int>(a[2].toInt());
-  const std::vector<int64_t> flat = a[3].toIntVector();
-  if (flat.size() % 3 != 0) throw std::invalid_argument("make_runner: a flat list of triples");
-  for (size_t i = 0; i < flat.size(); i += 3) {
-    plan.actions.push_back(LaneAction{-1, flat[i], flat[i + 1], flat[i + 2] != 0});
+  plan.id = r.runner;
+  plan.stage_workers = r.stage_workers;
+  plan.micro_batches = r.micro_batches;
+  if (r.order.size() % 3 != 0) throw std::invalid_argument("make_runner: a flat list of triples");
+  for (size_t i = 0; i < r.order.size(); i += 3) {
+    plan.actions.push_back(LaneAction{-1, r.order[i], r.order[i + 1], r.order[i + 2] != 0});
   }
-  for (const c10::IValue& v : a[4].toListRef()) {
+  for (const c10::IValue& v : r.stages) {
     auto rref = RRef::FromIValue(v);
     if (!rref.ok()) throw std::invalid_argument(std::string(rref.status().message()));
     auto stage = LocalStage::Resolve(*rref);
@@ -519,25 +520,24 @@ c10::IValue MakeRunner(CallContext& ctx, const Args& a) {
   }
   const int64_t last = static_cast<int64_t>(plan.stage_workers.size()) - 1;
   if (plan.stages.count(last) > 0) {
-    const std::string name = a[5].toStringRef();
-    plan.loss = LossFn::Named(name);
+    plan.loss = LossFn::Named(r.loss);
     if (!plan.loss) {
       throw std::invalid_argument(absl::StrCat(
-          "the loss '", name, "' is not registered in worker '", me,
+          "the loss '", r.loss, "' is not registered in worker '", me,
           "' (register it with pipeline::RegisterLoss in the worker program)"));
     }
   }
-  if (!a[6].isNone()) {
-    auto rref = RRef::FromIValue(a[6]);
+  if (!r.optimizer.isNone()) {
+    auto rref = RRef::FromIValue(r.optimizer);
     if (!rref.ok()) throw std::invalid_argument(std::string(rref.status().message()));
     plan.optimizer = *rref;
   }
   auto runner = std::make_shared<Runner>(agent, std::move(plan));
   Runners& runners = TheRunners();
   MutexLock lock(runners.mu);
-  if (!runners.by_id.emplace(a[0].toInt(), std::move(runner)).second) {
+  if (!runners.by_id.emplace(r.runner, std::move(runner)).second) {
     throw std::invalid_argument(absl::StrCat("worker '", me, "' already has a step runner for pipeline ",
-                                             a[0].toInt()));
+                                             r.runner));
   }
   return c10::IValue();
 }
@@ -559,56 +559,50 @@ absl::Status AttachToRunner(int64_t runner_id, std::shared_ptr<StepParticipant> 
 }
 
 absl::Status RegisterRunnerFunctions(Registry& registry) {
-  RETURN_IF_ERROR(registry.RegisterFunction("remora.pipeline.make_runner", MakeRunner));
-  // run(id, context, after (the previous batch's context, or -1), inputs or
-  // None, targets or None, total rows, WorkerRows or None)
+  RETURN_IF_ERROR(registry.RegisterFunction(MakeRunnerRequest::kFunction, MakeRunner));
   RETURN_IF_ERROR(registry.RegisterAsyncFunction(
-      "remora.pipeline.run", [](CallContext& ctx, const Args& a) -> Future<c10::IValue> {
-        return FindRunner(ctx, a[0].toInt())
-            ->Run(a[1].toInt(), a[2].toInt(), a[3], a[4], a[5].toInt(), a.size() > 6 ? a[6] : c10::IValue());
+      RunRequest::kFunction, [](CallContext& ctx, const Args& a) -> Future<c10::IValue> {
+        const auto r = DecodeCallOrThrow<RunRequest>(a);
+        return FindRunner(ctx, r.runner)->Run(r.context, r.after, r.inputs, r.targets, r.total_rows, r.rows);
       }));
-  // targets(id, context, labels, rows the micro-batches are a share of)
   RETURN_IF_ERROR(registry.RegisterFunction(
-      "remora.pipeline.targets", [](CallContext& ctx, const Args& a) -> c10::IValue {
-        FindRunner(ctx, a[0].toInt())->Targets(a[1].toInt(), a[2], a[3].toDouble());
+      TargetsRequest::kFunction, [](CallContext& ctx, const Args& a) -> c10::IValue {
+        const auto r = DecodeCallOrThrow<TargetsRequest>(a);
+        FindRunner(ctx, r.runner)->Targets(r.context, r.labels, r.total_rows);
         return c10::IValue();
       }));
-  // push(id, context, stage, micro-batch, value)
   RETURN_IF_ERROR(registry.RegisterFunction(
-      "remora.pipeline.push", [](CallContext& ctx, const Args& a) -> c10::IValue {
-        FindRunner(ctx, a[0].toInt())->Push(a[1].toInt(), a[2].toInt(), a[3].toInt(), a[4]);
+      PushRequest::kFunction, [](CallContext& ctx, const Args& a) -> c10::IValue {
+        auto r = DecodeCallOrThrow<PushRequest>(a);
+        FindRunner(ctx, r.runner)->Push(r.context, r.stage, r.micro_batch, std::move(r.value));
         return c10::IValue();
       }));
-  // eval(id, eval id, inputs or None, micro-batches, labels or None,
-  // WorkerRows or None)
   RETURN_IF_ERROR(registry.RegisterAsyncFunction(
-      "remora.pipeline.eval", [](CallContext& ctx, const Args& a) -> Future<c10::IValue> {
-        return FindRunner(ctx, a[0].toInt())
-            ->evals()
-            .Eval(a[1].toInt(), a[2], static_cast<int>(a[3].toInt()), a[4], a.size() > 5 ? a[5] : c10::IValue());
+      EvalRequest::kFunction, [](CallContext& ctx, const Args& a) -> Future<c10::IValue> {
+        const auto r = DecodeCallOrThrow<EvalRequest>(a);
+        return FindRunner(ctx, r.runner)->evals().Eval(r.eval, r.inputs, r.micro_batches, r.labels, r.rows);
       }));
-  // eval_targets(id, eval id, labels)
   RETURN_IF_ERROR(registry.RegisterFunction(
-      "remora.pipeline.eval_targets", [](CallContext& ctx, const Args& a) -> c10::IValue {
-        FindRunner(ctx, a[0].toInt())->evals().Labels(a[1].toInt(), a[2].toTensor());
+      EvalTargetsRequest::kFunction, [](CallContext& ctx, const Args& a) -> c10::IValue {
+        const auto r = DecodeCallOrThrow<EvalTargetsRequest>(a);
+        FindRunner(ctx, r.runner)->evals().Labels(r.eval, r.labels);
         return c10::IValue();
       }));
-  // eval_push(id, eval id, stage, micro-batch, value)
   RETURN_IF_ERROR(registry.RegisterFunction(
-      "remora.pipeline.eval_push", [](CallContext& ctx, const Args& a) -> c10::IValue {
-        FindRunner(ctx, a[0].toInt())->evals().Push(a[1].toInt(), a[2].toInt(), a[3].toInt(), a[4]);
+      EvalPushRequest::kFunction, [](CallContext& ctx, const Args& a) -> c10::IValue {
+        auto r = DecodeCallOrThrow<EvalPushRequest>(a);
+        FindRunner(ctx, r.runner)->evals().Push(r.context, r.stage, r.micro_batch, std::move(r.value));
         return c10::IValue();
       }));
-  // abandon(id, context or eval id)
   RETURN_IF_ERROR(registry.RegisterFunction(
-      "remora.pipeline.abandon", [](CallContext& ctx, const Args& a) -> c10::IValue {
-        FindRunner(ctx, a[0].toInt())->Abandon(a[1].toInt());
+      AbandonRequest::kFunction, [](CallContext& ctx, const Args& a) -> c10::IValue {
+        const auto r = DecodeCallOrThrow<AbandonRequest>(a);
+        FindRunner(ctx, r.runner)->Abandon(r.context);
         return c10::IValue();
       }));
-  // seed(s): seeds this process's random generators, CPU and CUDA.
   RETURN_IF_ERROR(registry.RegisterFunction(
-      "remora.pipeline.seed", [](CallContext&, const Args& a) -> c10::IValue {
-        at::manual_seed(static_cast<uint64_t>(a[0].toInt()));
+      SeedRequest::kFunction, [](CallContext&, const Args& a) -> c10::IValue {
+        at::manual_seed(static_cast<uint64_t>(DecodeCallOrThrow<SeedRequest>(a).seed));
         return c10::IValue();
       }));
   // alive(): answers at once (the master's probe of a worker it waits for),
@@ -632,13 +626,13 @@ absl::Status RegisterRunnerFunctions(Registry& registry) {
         }
         return out;
       }));
-  // drop_runner(id)
   return registry.RegisterFunction(
-      "remora.pipeline.drop_runner", [](CallContext&, const Args& a) -> c10::IValue {
+      DropRunnerRequest::kFunction, [](CallContext&, const Args& a) -> c10::IValue {
+        const int64_t id = DecodeCallOrThrow<DropRunnerRequest>(a).runner;
         Runners& runners = TheRunners();
         std::shared_ptr<Runner> dropped;  // freed outside the lock
         MutexLock lock(runners.mu);
-        auto it = runners.by_id.find(a[0].toInt());
+        auto it = runners.by_id.find(id);
         if (it != runners.by_id.end()) {
           dropped = std::move(it->second);
           runners.by_id.erase(it);

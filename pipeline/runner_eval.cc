@@ -11,6 +11,7 @@
 #include "base/status_util.h"
 #include "pipeline/fit.h"
 #include "pipeline/microbatch.h"
+#include "pipeline/protocol.h"
 #include "pipeline/runner_plan.h"
 #include "pipeline/worker_data.h"
 
@@ -105,7 +106,7 @@ Future<c10::IValue> EvalRunner::Eval(int64_t id, const c10::IValue& inputs, int 
   }
   if (send.defined()) {
     const std::string& to = plan_->stage_workers[last];
-    agent_.rpc_async(to, "remora.pipeline.eval_targets", {plan_->id, id, send})
+    agent_.rpc_async(to, EvalTargetsRequest::kFunction, EncodeCall(EvalTargetsRequest{plan_->id, id, send}))
         .then([self = shared_from_this(), b, to, me](const absl::StatusOr<c10::IValue>& r) {
           if (!r.ok()) {
             self->FailEval(b, Annotate(r.status(), absl::StrCat("worker '", me, "' sending the evaluation's labels "
@@ -198,8 +199,14 @@ void EvalRunner::EvalForward(const std::shared_ptr<EvalBatch>& b, int64_t stage,
     return;
   }
   if (stage + 1 < plan_->num_stages()) {
-    agent_.rpc_async(plan_->stage_workers[stage + 1], "remora.pipeline.eval_push",
-                     {plan_->id, b->id, stage + 1, mb, y}, StreamOrdered(b->id))
+    EvalPushRequest push;
+    push.runner = plan_->id;
+    push.context = b->id;
+    push.stage = stage + 1;
+    push.micro_batch = mb;
+    push.value = y;
+    agent_.rpc_async(plan_->stage_workers[stage + 1], EvalPushRequest::kFunction, EncodeCall(push),
+                     StreamOrdered(b->id))
         .then([self = shared_from_this(), b, stage, mb](const absl::StatusOr<c10::IValue>& r) {
           if (!r.ok()) {
             self->FailEval(b, Annotate(r.status(), absl::StrCat("pushing stage ", stage,
@@ -265,8 +272,8 @@ void EvalRunner::Account(const std::shared_ptr<EvalBatch>& b, int64_t stage, int
   }
   if (correct.defined()) {
     const at::Tensor counts = correct.cpu();
-    b->done.SetValue(c10::ivalue::Tuple::create(
-        {counts[0].item<int64_t>(), counts[1].item<int64_t>(), by_rows ? rows : int64_t{0}}));
+    b->done.SetValue(
+        EncodeTuple(EvalCorrectReply{counts[0].item<int64_t>(), counts[1].item<int64_t>(), by_rows ? rows : 0}));
     return;
   }
 

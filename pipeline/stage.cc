@@ -27,6 +27,7 @@
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/protocol.h"
 #include "pipeline/runner.h"
 #include "pipeline/worker_data.h"
 #include "rpc/agent.h"
@@ -285,15 +286,14 @@ std::unique_ptr<StageModule> BuildModule(const std::string& kind, const std::str
 }
 
 std::shared_ptr<HostedStage> MakeStage(CallContext& ctx, const Args& a) {
-  const std::string name = a[1].toStringRef();
-  const int64_t index = a[3].toInt();
-  const c10::Device device = DeviceOf(ctx, a.size() > 4 ? a[4].toStringRef() : "");
-  const std::string where = absl::StrCat("stage ", index, " (", name, ") on worker '",
+  const auto r = DecodeCallOrThrow<MakeStageRequest>(a);
+  const c10::Device device = DeviceOf(ctx, r.device);
+  const std::string where = absl::StrCat("stage ", r.index, " (", r.name, ") on worker '",
                                          WorkerName(ctx), "'");
   auto hosted = std::make_shared<HostedStage>();
   hosted->device = device;
-  hosted->stage = std::make_unique<Stage>(BuildModule(a[0].toStringRef(), name, a[2], device, where),
-                                          index, name, WorkerName(ctx));
+  hosted->stage = std::make_unique<Stage>(BuildModule(r.type, r.name, r.payload, device, where),
+                                          r.index, r.name, WorkerName(ctx));
   return hosted;
 }
 
@@ -317,15 +317,16 @@ void Synchronize(c10::Device device) {
 // this worker's home device, each layer taking the previous one's output
 // (the first takes `sample`); the fastest of `repeats` runs counts.
 c10::IValue LayerCosts(CallContext& ctx, const Args& a) {
-  const std::vector<std::string> kinds = a[0].to<std::vector<std::string>>();
-  const std::vector<std::string> names = a[1].to<std::vector<std::string>>();
-  const c10::ArrayRef<c10::IValue> payloads = a[2].toListRef();
-  const int64_t repeats = std::max<int64_t>(1, a[4].toInt());
+  const auto r = DecodeCallOrThrow<LayerCostsRequest>(a);
+  const std::vector<std::string>& kinds = r.kinds;
+  const std::vector<std::string>& names = r.names;
+  const std::vector<c10::IValue>& payloads = r.payloads;
+  const int64_t repeats = std::max<int64_t>(1, r.repeats);
   const c10::Device device = DeviceOf(ctx, "");
   if (kinds.size() != names.size() || kinds.size() != payloads.size()) {
     throw std::invalid_argument("layer_costs: kinds, names and payloads differ in length");
   }
-  c10::IValue x = MapTensors(ValueOrFetch(a[3]), [device](const at::Tensor& t) { return t.to(device); });
+  c10::IValue x = MapTensors(ValueOrFetch(r.sample), [device](const at::Tensor& t) { return t.to(device); });
   c10::List<double> costs;
   for (size_t i = 0; i < kinds.size(); ++i) {
     const std::string where = absl::StrCat("layer ", i, " (", names[i], ") on worker '",
@@ -484,15 +485,16 @@ absl::StatusOr<std::unique_ptr<StageModule>> LoadScriptStage(const std::string& 
 absl::Status RegisterFunctions(Registry& registry) {
   using Hosted = HostedStage;
   RETURN_IF_ERROR(registry.RegisterModule<Hosted>(
-      "remora.pipeline.Stage", [](CallContext& ctx, const Args& a) { return MakeStage(ctx, a); },
-      {{"forward",
+      MakeStageRequest::kFunction, [](CallContext& ctx, const Args& a) { return MakeStage(ctx, a); },
+      {{StageForwardRequest::kMethod,
         [](Hosted& h, CallContext&, const Args& a) -> c10::IValue {
-          return h.stage->Forward(a[0], a[1].toInt(), a.size() > 2 ? a[2].toInt() : -1, h.device,
-                                  /*train=*/true);
+          const auto r = DecodeCallOrThrow<StageForwardRequest>(a);
+          return h.stage->Forward(r.x, r.micro_batch, r.context, h.device, /*train=*/true);
         }},
-       {"eval",
+       {StageEvalRequest::kMethod,
         [](Hosted& h, CallContext&, const Args& a) -> c10::IValue {
-          return h.stage->Forward(a[0], a[1].toInt(), -1, h.device, /*train=*/false);
+          const auto r = DecodeCallOrThrow<StageEvalRequest>(a);
+          return h.stage->Forward(r.x, r.micro_batch, -1, h.device, /*train=*/false);
         }},
        {"parameter_rrefs",
         [](Hosted& h, CallContext& ctx, const Args&) -> c10::IValue {
@@ -508,10 +510,11 @@ absl::Status RegisterFunctions(Registry& registry) {
           for (const auto& p : h.stage->module().Parameters()) n += p.numel();
           return n;
         }},
-       {"activation_bytes",
+       {ActivationBytesRequest::kMethod,
         [](Hosted& h, CallContext&, const Args& a) -> c10::IValue {
+          const bool reset = DecodeCallOrThrow<ActivationBytesRequest>(a).reset;
           if (runtime::CpuBytesInUse() < 0 || !h.device.is_cpu()) return int64_t{-1};
-          return ActivationMeter::Get().Peak(h.stage->index(), a.size() > 0 && a[0].toBool());
+          return ActivationMeter::Get().Peak(h.stage->index(), reset);
         }},
        {"state", [](Hosted& h, CallContext&, const Args&) -> c10::IValue {
           return c10::List<at::Tensor>(StateTensors(h.stage->module()));
@@ -520,24 +523,20 @@ absl::Status RegisterFunctions(Registry& registry) {
         [](Hosted& h, CallContext&, const Args&) -> c10::IValue {
           return c10::List<std::string>(StateNames(h.stage->module()));
         }},
-       // (tensors[, names])
-       {"load_state", [](Hosted& h, CallContext& ctx, const Args& a) -> c10::IValue {
-          std::vector<std::string> names;
-          if (a.size() > 1) {
-            for (const c10::IValue& n : a[1].toListRef()) names.push_back(n.toStringRef());
-          }
-          LoadState(h.stage->module(), a[0].toTensorVector(),
-                    absl::StrCat("stage ", h.stage->index(), " on worker '", WorkerName(ctx), "'"), names);
+       {LoadStateRequest::kMethod, [](Hosted& h, CallContext& ctx, const Args& a) -> c10::IValue {
+          const auto r = DecodeCallOrThrow<LoadStateRequest>(a);
+          LoadState(h.stage->module(), r.tensors,
+                    absl::StrCat("stage ", h.stage->index(), " on worker '", WorkerName(ctx), "'"), r.names);
           return c10::IValue();
         }}}));
-  RETURN_IF_ERROR(registry.RegisterFunction("remora.pipeline.layer_costs", LayerCosts));
+  RETURN_IF_ERROR(registry.RegisterFunction(LayerCostsRequest::kFunction, LayerCosts));
   RETURN_IF_ERROR(RegisterRunnerFunctions(registry));
   RETURN_IF_ERROR(RegisterDataFunctions(registry));
   RETURN_IF_ERROR(registry.RegisterFunction(
-      "remora.pipeline.set_order", [](CallContext&, const Args& a) -> c10::IValue {
-        // (context_id, [stage, micro-batch, backward, stage, ...])
-        const int64_t context_id = a[0].toInt();
-        const std::vector<int64_t> flat = a[1].toIntVector();
+      SetOrderRequest::kFunction, [](CallContext&, const Args& a) -> c10::IValue {
+        const auto r = DecodeCallOrThrow<SetOrderRequest>(a);
+        const int64_t context_id = r.context;
+        const std::vector<int64_t>& flat = r.order;
         if (flat.size() % 3 != 0) throw std::invalid_argument("set_order: a flat list of triples");
         std::vector<LaneAction> order;
         for (size_t i = 0; i < flat.size(); i += 3) {
@@ -546,10 +545,10 @@ absl::Status RegisterFunctions(Registry& registry) {
         ComputeTurn::SetOrder(context_id, std::move(order));
         return c10::IValue();
       }));
-  // (context_id): the batch failed; what waits for its order runs as it comes.
+  // The batch failed; what waits for its order runs as it comes.
   return registry.RegisterFunction(
-      "remora.pipeline.abandon_order", [](CallContext&, const Args& a) -> c10::IValue {
-        ComputeTurn::Abandon(a[0].toInt());
+      AbandonOrderRequest::kFunction, [](CallContext&, const Args& a) -> c10::IValue {
+        ComputeTurn::Abandon(DecodeCallOrThrow<AbandonOrderRequest>(a).context);
         return c10::IValue();
       });
 }

@@ -13,11 +13,10 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "base/status_util.h"
+#include "pipeline/protocol.h"
 
 namespace remora::pipeline {
 namespace {
-
-constexpr char kRowsTag[] = "remora.rows";
 
 // A source this process opened for a master, with its skipped rows.
 struct Opened {
@@ -48,28 +47,33 @@ std::shared_ptr<Opened> Find(const std::string& worker, int64_t id) {
 
 std::string WorkerName(CallContext& ctx) { return ctx.agent != nullptr ? ctx.agent->self().name : "?"; }
 
-// The spec as a call argument (a tuple of its fields), and back.
-c10::IValue SpecToIValue(const data::SourceSpec& s) {
-  return c10::ivalue::Tuple::create({c10::IValue(s.dataset), s.train, s.rows, s.image_size,
-                                     static_cast<int64_t>(s.threads), static_cast<int64_t>(s.seed),
-                                     s.skip_bad_images, c10::IValue(s.listing_cache), s.val_fraction});
+// The open call for `spec`, and the spec it asks for.
+OpenDataRequest OpenRequestFor(int64_t source, const data::SourceSpec& s) {
+  OpenDataRequest r;
+  r.source = source;
+  r.dataset = s.dataset;
+  r.train = s.train;
+  r.rows = s.rows;
+  r.image_size = s.image_size;
+  r.threads = s.threads;
+  r.seed = static_cast<int64_t>(s.seed);
+  r.skip_bad_images = s.skip_bad_images;
+  r.listing_cache = s.listing_cache;
+  r.val_fraction = s.val_fraction;
+  return r;
 }
 
-data::SourceSpec SpecFrom(const c10::IValue& v) {
-  const c10::ArrayRef<c10::IValue> e = v.toTupleRef().elements().asArrayRef();
-  if (e.size() != 9) {
-    throw std::invalid_argument("data.open: a source spec of 9 fields (is the master another version of remora?)");
-  }
+data::SourceSpec SpecOf(const OpenDataRequest& r) {
   data::SourceSpec s;
-  s.dataset = e[0].toStringRef();
-  s.train = e[1].toBool();
-  s.rows = e[2].toInt();
-  s.image_size = e[3].toInt();
-  s.threads = static_cast<int>(e[4].toInt());
-  s.seed = static_cast<uint64_t>(e[5].toInt());
-  s.skip_bad_images = e[6].toBool();
-  s.listing_cache = e[7].toStringRef();
-  s.val_fraction = e[8].toDouble();
+  s.dataset = r.dataset;
+  s.train = r.train;
+  s.rows = r.rows;
+  s.image_size = r.image_size;
+  s.threads = r.threads;
+  s.seed = static_cast<uint64_t>(r.seed);
+  s.skip_bad_images = r.skip_bad_images;
+  s.listing_cache = r.listing_cache;
+  s.val_fraction = r.val_fraction;
   return s;
 }
 
@@ -80,15 +84,14 @@ std::atomic<int64_t> next_id{(absl::ToUnixMicros(absl::Now()) & 0xffffffffff) <<
 }  // namespace
 
 c10::IValue ToIValue(const WorkerRows& r) {
-  return c10::ivalue::Tuple::create({c10::IValue(std::string(kRowsTag)), r.source, r.rows,
-                                     static_cast<int64_t>(r.epoch)});
+  return EncodeTuple(WorkerRowsValue{WorkerRowsValue::kFunction, r.source, r.rows, r.epoch});
 }
 
 std::optional<WorkerRows> WorkerRowsFrom(const c10::IValue& v) {
   if (!v.isTuple()) return std::nullopt;
-  const c10::ArrayRef<c10::IValue> e = v.toTupleRef().elements().asArrayRef();
-  if (e.size() != 4 || !e[0].isString() || e[0].toStringRef() != kRowsTag) return std::nullopt;
-  return WorkerRows{e[1].toInt(), e[2].toTensor(), static_cast<int>(e[3].toInt())};
+  const absl::StatusOr<WorkerRowsValue> r = DecodeTuple<WorkerRowsValue>(v);
+  if (!r.ok() || r->tag != WorkerRowsValue::kFunction) return std::nullopt;
+  return WorkerRows{r->source, r->rows, r->epoch};
 }
 
 absl::StatusOr<std::unique_ptr<WorkerData>> WorkerData::Open(Agent& agent, std::vector<std::string> workers,
@@ -99,7 +102,7 @@ absl::StatusOr<std::unique_ptr<WorkerData>> WorkerData::Open(Agent& agent, std::
   slow.timeout = absl::Minutes(30);
   std::vector<Future<c10::IValue>> opened;
   for (const std::string& w : workers) {
-    opened.push_back(agent.rpc_async(w, "remora.data.open", {id, SpecToIValue(spec)}, slow));
+    opened.push_back(agent.rpc_async(w, OpenDataRequest::kFunction, EncodeCall(OpenRequestFor(id, spec)), slow));
   }
   // Owns the workers' sources from here: an error below closes them, once
   // every open has answered (a close must not overtake its open).
@@ -112,6 +115,9 @@ absl::StatusOr<std::unique_ptr<WorkerData>> WorkerData::Open(Agent& agent, std::
       first = Annotate(n.status(), absl::StrCat("opening ", spec.dataset, " on worker '", workers[i],
                                                 "', which reads the rows it trains on (give it the same files "
                                                 "at the same path, or --data-on master)"));
+    } else if (!n->isInt()) {
+      first = absl::InternalError(absl::StrCat("worker '", workers[i], "' answered ", OpenDataRequest::kFunction,
+                                               " with a ", n->tagKind(), ", not its rows"));
     } else if (n->toInt() != rows) {
       first = absl::FailedPreconditionError(absl::StrCat(
           "worker '", workers[i], "' finds ", n->toInt(), " rows in ", spec.dataset, " (",
@@ -126,7 +132,7 @@ absl::StatusOr<std::unique_ptr<WorkerData>> WorkerData::Open(Agent& agent, std::
 WorkerData::~WorkerData() {
   // Not waited for: a worker that is gone must not hold the master up.
   for (const std::string& w : workers_) {
-    if (!agent_.IsLost(w)) agent_.rpc_async(w, "remora.data.close", {id_});
+    if (!agent_.IsLost(w)) agent_.rpc_async(w, CloseDataRequest::kFunction, EncodeCall(CloseDataRequest{{id_}}));
   }
 }
 
@@ -135,7 +141,12 @@ absl::StatusOr<int64_t> WorkerData::skipped(
   int64_t total = 0;
   for (const std::string& w : workers_) {
     if (!agent_.IsLost(w)) {
-      absl::StatusOr<c10::IValue> n = agent_.rpc_sync(w, "remora.data.skipped", {id_});
+      absl::StatusOr<c10::IValue> n =
+          agent_.rpc_sync(w, DataSkippedRequest::kFunction, EncodeCall(DataSkippedRequest{id_}));
+      if (n.ok() && !n->isInt()) {
+        n = absl::InternalError(absl::StrCat("worker '", w, "' answered ", DataSkippedRequest::kFunction,
+                                             " with a ", n->tagKind(), ", not a count"));
+      }
       if (n.ok()) {
         last_skipped_[w] = n->toInt();
       } else if (!lost || !lost(w, n.status())) {
@@ -163,8 +174,9 @@ absl::StatusOr<data::Batch> ReadRows(const std::string& worker, int64_t source, 
 absl::Status RegisterDataFunctions(Registry& registry) {
   // open(id, spec): opens the source; replies with its rows.
   RETURN_IF_ERROR(registry.RegisterFunction(
-      "remora.data.open", [](CallContext& ctx, const Args& a) -> c10::IValue {
-        const data::SourceSpec spec = SpecFrom(a[1]);
+      OpenDataRequest::kFunction, [](CallContext& ctx, const Args& a) -> c10::IValue {
+        const auto r = DecodeCallOrThrow<OpenDataRequest>(a);
+        const data::SourceSpec spec = SpecOf(r);
         auto source = data::OpenSource(spec);
         if (!source.ok()) {
           throw std::invalid_argument(absl::StrCat("worker '", WorkerName(ctx), "': ", source.status().message()));
@@ -175,28 +187,30 @@ absl::Status RegisterDataFunctions(Registry& registry) {
         Table& t = TheTable();
         {
           absl::MutexLock lock(&t.mu);
-          if (t.by_id.emplace(Key(WorkerName(ctx), a[0].toInt()), opened).second) return rows;
+          if (t.by_id.emplace(Key(WorkerName(ctx), r.source), opened).second) return rows;
         }
         // (`opened` is freed outside the lock.)
         throw std::invalid_argument(
-            absl::StrCat("worker '", WorkerName(ctx), "' has data source ", a[0].toInt(), " open already"));
+            absl::StrCat("worker '", WorkerName(ctx), "' has data source ", r.source, " open already"));
       }));
   // skipped(id): the rows left out so far.
   RETURN_IF_ERROR(registry.RegisterFunction(
-      "remora.data.skipped", [](CallContext& ctx, const Args& a) -> c10::IValue {
-        std::shared_ptr<Opened> opened = Find(WorkerName(ctx), a[0].toInt());
+      DataSkippedRequest::kFunction, [](CallContext& ctx, const Args& a) -> c10::IValue {
+        const int64_t source = DecodeCallOrThrow<DataSkippedRequest>(a).source;
+        std::shared_ptr<Opened> opened = Find(WorkerName(ctx), source);
         if (!opened) {
           throw std::invalid_argument(
-              absl::StrCat("worker '", WorkerName(ctx), "' has no data source ", a[0].toInt()));
+              absl::StrCat("worker '", WorkerName(ctx), "' has no data source ", source));
         }
         return opened->skipped.load();
       }));
   // close(id)
-  return registry.RegisterFunction("remora.data.close", [](CallContext& ctx, const Args& a) -> c10::IValue {
+  return registry.RegisterFunction(CloseDataRequest::kFunction, [](CallContext& ctx, const Args& a) -> c10::IValue {
+    const int64_t source = DecodeCallOrThrow<CloseDataRequest>(a).source;
     std::shared_ptr<Opened> closed;  // freed outside the lock
     Table& t = TheTable();
     absl::MutexLock lock(&t.mu);
-    auto it = t.by_id.find(Key(WorkerName(ctx), a[0].toInt()));
+    auto it = t.by_id.find(Key(WorkerName(ctx), source));
     if (it != t.by_id.end()) {
       closed = std::move(it->second);
       t.by_id.erase(it);

@@ -12,6 +12,7 @@
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
 #include "ps/replica.h"
+#include "ps/protocol.h"
 
 namespace remora::ps {
 namespace {
@@ -65,16 +66,22 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(Agent& 
   if (params.empty()) return absl::InvalidArgumentError("parameter server: the model has no parameters");
   // The shards, if any; a replica on every worker, then its shapes, checked.
   std::unique_ptr<ShardSet> shards;
-  std::vector<c10::IValue> replica_args = {EncodeStages(options.stages), options.loss};
+  MakeReplicaRequest made;
+  made.stages = EncodeStages(options.stages).toListRef().vec();
+  made.loss = options.loss;
   if (!options.servers.empty()) {
     ASSIGN_OR_RETURN(shards, ShardSet::Create(agent, options.servers, params, options.optimizer));
-    for (c10::IValue& v : shards->ForReplicas()) replica_args.push_back(std::move(v));
+    for (size_t k = 0; k < shards->shards().size(); ++k) {
+      made.shards.push_back(shards->shards()[k].ToIValue());
+      made.shard_params.emplace_back(c10::List<int64_t>(shards->placement()[k].params));
+    }
   }
+  const std::vector<c10::IValue> replica_args = EncodeCall(made);
   if (options.seed) RETURN_IF_ERROR(pipeline::SeedWorkers(agent, options.workers, *options.seed));
   std::vector<Slot> slots(n);
   for (int i = 0; i < n; ++i) {
     slots[i].name = options.workers[i];
-    auto replica = agent.remote(options.workers[i], kReplicaType, replica_args);
+    auto replica = agent.remote(options.workers[i], MakeReplicaRequest::kFunction, replica_args);
     if (!replica.ok()) {
       return Annotate(replica.status(), absl::StrCat("parameter server: placing the replica on worker '",
                                                      options.workers[i], "'"));
@@ -201,7 +208,7 @@ std::vector<size_t> ParameterServer::Send(const Batch& batch, int64_t round, Ste
   // One snapshot of the parameters for every worker: the optimizer steps
   // them in place while a straggler's call may still be on its way. With
   // shards, the workers pull the parameters from them.
-  c10::List<at::Tensor> snapshot;
+  std::vector<at::Tensor> snapshot;
   if (shards_ == nullptr) {
     c10::NoGradGuard no_grad;
     for (const at::Tensor& p : params_) snapshot.push_back(p.detach().to(c10::kCPU).clone());
@@ -222,8 +229,10 @@ std::vector<size_t> ParameterServer::Send(const Batch& batch, int64_t round, Ste
     const c10::IValue x =
         rows != nullptr ? pipeline::ToIValue({rows->source, xs[j], rows->epoch}) : c10::IValue(xs[j]);
     const c10::IValue y = rows != nullptr ? c10::IValue() : c10::IValue(ys[j]);
-    slot.call = shards_ != nullptr ? slot.replica.rpc_async("compute_sharded", {round, x, y, total})
-                                   : slot.replica.rpc_async("compute", {snapshot, x, y, total});
+    slot.call = shards_ != nullptr ? slot.replica.rpc_async(ComputeShardedRequest::kMethod,
+                                                            EncodeCall(ComputeShardedRequest{round, x, y, total}))
+                                   : slot.replica.rpc_async(ComputeRequest::kMethod,
+                                                            EncodeCall(ComputeRequest{snapshot, x, y, total}));
     slot.call.then([signal = signal_](const absl::StatusOr<c10::IValue>&) {
       MutexLock lock(signal->mu);
       ++signal->completions;
@@ -360,13 +369,14 @@ absl::Status ParameterServer::Apply(const std::map<size_t, c10::IValue>& done, S
   std::vector<at::Tensor> sum(params_.size());
   double loss = 0;
   for (const auto& [i, value] : done) {
-    const auto& t = value.toTupleRef().elements();
-    loss += t[1].toDouble();
+    absl::StatusOr<ComputeReply> reply = DecodeTuple<ComputeReply>(value);
+    if (!reply.ok()) return Annotate(reply.status(), absl::StrCat("worker '", slots_[i].name, "'"));
+    loss += reply->loss;
     report.rows += slots_[i].rows;
     report.push_bytes += parameter_bytes();  // a gradient of every parameter
     report.used.push_back(slots_[i].name);
     if (shards_ != nullptr) continue;  // the worker pushed them to the shards
-    const std::vector<at::Tensor> grads = t[0].toTensorVector();
+    const std::vector<at::Tensor>& grads = reply->grads;
     if (grads.size() != params_.size()) {
       return absl::DataLossError(absl::StrCat("worker '", slots_[i].name, "' sent ", grads.size(),
                                               " gradients for ", params_.size(), " parameters"));

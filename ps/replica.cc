@@ -17,6 +17,7 @@
 #include "pipeline/microbatch.h"
 #include "pipeline/stage.h"
 #include "pipeline/worker_data.h"
+#include "ps/protocol.h"
 #include "ps/shards.h"
 #include "rpc/agent.h"
 #include "runtime/compute_lane.h"
@@ -42,9 +43,10 @@ struct Replica {
 std::shared_ptr<Replica> MakeReplica(CallContext& ctx, const Args& a) {
   auto r = std::make_shared<Replica>();
   r->where = absl::StrCat("the parameter server's replica on worker '", ctx.agent->self().name, "'");
-  auto specs = DecodeStages(a[0]);
+  const auto request = DecodeCallOrThrow<MakeReplicaRequest>(a);
+  auto specs = DecodeStageList(request.stages);
   if (!specs.ok()) throw std::invalid_argument(absl::StrCat(r->where, ": ", specs.status().message()));
-  auto loss = LossByName(a[1].toStringRef());
+  auto loss = LossByName(request.loss);
   if (!loss.ok()) throw std::invalid_argument(absl::StrCat(r->where, ": ", loss.status().message()));
   r->loss = std::move(*loss);
   for (const pipeline::StageSpec& spec : *specs) {
@@ -55,13 +57,19 @@ std::shared_ptr<Replica> MakeReplica(CallContext& ctx, const Args& a) {
     r->stages.push_back(std::move(*stage));
   }
   if (r->params.empty()) throw std::invalid_argument(absl::StrCat(r->where, ": the model has no parameters"));
-  if (a.size() > 2) {  // the shards' RRefs and indices
-    for (const c10::IValue& v : a[2].toListRef()) {
+  if (!request.shards.empty()) {
+    for (const c10::IValue& v : request.shards) {
       auto rref = RRef::FromIValue(v);
       if (!rref.ok()) throw std::invalid_argument(absl::StrCat(r->where, ": ", rref.status().message()));
       r->shards.push_back(std::move(*rref));
     }
-    for (const c10::IValue& v : a[3].toListRef()) r->shard_params.push_back(v.toIntVector());
+    for (const c10::IValue& v : request.shard_params) {
+      if (!v.isIntList()) {
+        throw std::invalid_argument(absl::StrCat(r->where, ": a shard's parameter indices are a ", v.tagKind(),
+                                                 ", not a list of ints"));
+      }
+      r->shard_params.push_back(v.toIntVector());
+    }
     size_t count = 0;
     for (const auto& indices : r->shard_params) {
       for (int64_t i : indices) {
@@ -139,12 +147,13 @@ std::pair<at::Tensor, at::Tensor> Share(Replica& r, CallContext& ctx, const c10:
   return {b->images, b->labels};
 }
 
-// compute(params, inputs, targets, total_rows) -> (grads, weighted loss).
+// ComputeRequest -> ComputeReply.
 c10::IValue Compute(Replica& r, CallContext& ctx, const Args& a) {
+  const auto request = DecodeCallOrThrow<ComputeRequest>(a);
   SlowDown();
-  auto [inputs, targets] = Share(r, ctx, a[1], a[2]);
-  auto [grads, loss] = Gradients(r, a[0].toTensorVector(), inputs, targets, a[3].toInt());
-  return c10::ivalue::Tuple::create({c10::List<at::Tensor>(grads), loss});
+  auto [inputs, targets] = Share(r, ctx, request.inputs, request.targets);
+  auto [grads, loss] = Gradients(r, request.params, inputs, targets, request.total_rows);
+  return EncodeTuple(ComputeReply{std::move(grads), loss});
 }
 
 // Waits for every shard's reply to `calls`; an error names the server.
@@ -161,10 +170,11 @@ std::vector<c10::IValue> WaitForShards(Replica& r, std::vector<Future<c10::IValu
   return out;
 }
 
-// compute_sharded(round, inputs, targets, total_rows) -> ([], weighted
-// loss): pulls the parameters from every shard, computes, and pushes each
-// shard the gradients of its parameters for `round`.
+// ComputeShardedRequest -> ComputeReply (no gradients): pulls the
+// parameters from every shard, computes, and pushes each shard the
+// gradients of its parameters for the round.
 c10::IValue ComputeSharded(Replica& r, CallContext& ctx, const Args& a) {
+  const auto request = DecodeCallOrThrow<ComputeShardedRequest>(a);
   if (r.shards.empty()) throw std::invalid_argument(absl::StrCat(r.where, ": it has no shards to pull from"));
   SlowDown();
   std::vector<Future<c10::IValue>> pulls;
@@ -180,16 +190,16 @@ c10::IValue ComputeSharded(Replica& r, CallContext& ctx, const Args& a) {
     }
     for (size_t j = 0; j < part.size(); ++j) params[r.shard_params[k][j]] = part[j];
   }
-  auto [inputs, targets] = Share(r, ctx, a[1], a[2]);
-  auto [grads, loss] = Gradients(r, params, inputs, targets, a[3].toInt());
+  auto [inputs, targets] = Share(r, ctx, request.inputs, request.targets);
+  auto [grads, loss] = Gradients(r, params, inputs, targets, request.total_rows);
   std::vector<Future<c10::IValue>> pushes;
   for (size_t k = 0; k < r.shards.size(); ++k) {
-    c10::List<at::Tensor> part;
-    for (int64_t i : r.shard_params[k]) part.push_back(grads[i]);
-    pushes.push_back(r.shards[k].rpc_async("push", {a[0], ctx.agent->self().name, part}));
+    ShardPushRequest push{request.round, ctx.agent->self().name, {}};
+    for (int64_t i : r.shard_params[k]) push.grads.push_back(grads[i]);
+    pushes.push_back(r.shards[k].rpc_async(ShardPushRequest::kMethod, EncodeCall(push)));
   }
   WaitForShards(r, pushes, "pushing the gradients to");
-  return c10::ivalue::Tuple::create({c10::List<at::Tensor>(), loss});
+  return EncodeTuple(ComputeReply{{}, loss});
 }
 
 // A compute method whose exception names the replica.
@@ -214,31 +224,36 @@ absl::StatusOr<pipeline::LossFn> LossByName(const std::string& name) {
 
 c10::IValue EncodeStages(const std::vector<pipeline::StageSpec>& stages) {
   c10::impl::GenericList list(c10::AnyType::get());
-  for (const auto& s : stages) {
-    list.push_back(c10::ivalue::Tuple::create({s.kind, s.name, s.Payload(), s.device}));
-  }
+  for (const auto& s : stages) list.push_back(EncodeTuple(StageSpecValue{s.kind, s.name, s.Payload(), s.device}));
   return list;
 }
 
 absl::StatusOr<std::vector<pipeline::StageSpec>> DecodeStages(const c10::IValue& encoded) {
+  if (!encoded.isList()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the parameter server's stage specs: a ", encoded.tagKind(), ", not a list"));
+  }
+  return DecodeStageList(encoded.toListRef());
+}
+
+absl::StatusOr<std::vector<pipeline::StageSpec>> DecodeStageList(c10::ArrayRef<c10::IValue> encoded) {
   std::vector<pipeline::StageSpec> specs;
   try {
-    for (const c10::IValue& e : encoded.toListRef()) {
-      const auto& t = e.toTupleRef().elements();
-      if (t.size() != 4) throw std::invalid_argument("a stage is (kind, name, payload, device)");
+    for (const c10::IValue& e : encoded) {
+      absl::StatusOr<StageSpecValue> t = DecodeTuple<StageSpecValue>(e);
+      if (!t.ok()) return Annotate(t.status(), "the parameter server's stage specs");
       pipeline::StageSpec spec;
-      if (t[0].toStringRef() == "script") {
-        const at::Tensor b = t[2].toTensor().contiguous();
-        spec = pipeline::StageSpec::TorchScript(
-            std::string(static_cast<const char*>(b.data_ptr()), b.numel()), t[1].toStringRef());
-      } else if (t[0].toStringRef() == "type") {
-        std::vector<c10::IValue> args;
-        for (const c10::IValue& v : t[2].toListRef()) args.push_back(v);
-        spec = pipeline::StageSpec::Registered(t[1].toStringRef(), std::move(args));
+      if (t->kind == "script" && t->payload.isTensor()) {
+        const at::Tensor b = t->payload.toTensor().contiguous();
+        spec = pipeline::StageSpec::TorchScript(std::string(static_cast<const char*>(b.data_ptr()), b.numel()),
+                                                t->name);
+      } else if (t->kind == "type" && t->payload.isList()) {
+        spec = pipeline::StageSpec::Registered(t->name, t->payload.toListRef().vec());
       } else {
-        throw std::invalid_argument(absl::StrCat("unknown stage kind '", t[0].toStringRef(), "'"));
+        throw std::invalid_argument(absl::StrCat("unknown stage kind '", t->kind, "' (with a ",
+                                                 t->payload.tagKind(), ")"));
       }
-      spec.device = t[3].toStringRef();
+      spec.device = t->device;
       specs.push_back(std::move(spec));
     }
   } catch (...) {
@@ -257,9 +272,9 @@ absl::Duration ComputeDelay() { return absl::Microseconds(compute_delay_us.load(
 absl::Status RegisterFunctions(Registry& registry) {
   RETURN_IF_ERROR(RegisterShard(registry));
   return registry.RegisterModule<Replica>(
-      kReplicaType, MakeReplica,
-      {{"compute", Computing(Compute)},
-       {"compute_sharded", Computing(ComputeSharded)},
+      MakeReplicaRequest::kFunction, MakeReplica,
+      {{ComputeRequest::kMethod, Computing(Compute)},
+       {ComputeShardedRequest::kMethod, Computing(ComputeSharded)},
        {"shapes", [](Replica& r, CallContext&, const Args&) -> c10::IValue {
           c10::impl::GenericList out(c10::ListType::ofInts());
           for (const at::Tensor& p : r.params) out.push_back(c10::List<int64_t>(p.sizes().vec()));

@@ -3,9 +3,11 @@
 // the server's stage specs and that computes gradients with the
 // parameters the server sends.
 //
-//   replica = remote(worker, "remora.ps.Replica", {EncodeStages(stages), "cross_entropy"})
-//   replica.rpc_async("compute", {params, inputs, targets, total_rows})
-//       -> (grads, weighted loss)
+//   replica = remote(worker, "remora.ps.Replica", MakeReplicaRequest{stages, "cross_entropy"})
+//   replica.rpc_async("compute", ComputeRequest{params, inputs, targets, total_rows})
+//       -> ComputeReply{grads, weighted loss}
+//
+// (the calls' structs are in ps/protocol.h)
 //
 // where inputs may instead be rows this worker reads itself
 // (pipeline::ToIValue of a WorkerRows, from a source pipeline::WorkerData
@@ -22,8 +24,8 @@
 // With parameter-server shards (ps/shards.h) the factory also takes the
 // shards' RRefs and each one's parameter indices, and
 //
-//   replica.rpc_async("compute_sharded", {round, inputs, targets, total_rows})
-//       -> ([], weighted loss)
+//   replica.rpc_async("compute_sharded", ComputeShardedRequest{round, inputs, targets, total_rows})
+//       -> ComputeReply{no grads, weighted loss}
 //
 // pulls the parameters from every shard itself, computes as above and
 // pushes each shard the gradients of its parameters for `round`; an error
@@ -53,8 +55,11 @@ absl::StatusOr<pipeline::LossFn> LossByName(const std::string& name);
 
 // Stage specs as the replica's factory takes them: a list of
 // (kind, name, payload, device) tuples; and back.
+// (ps/protocol.h's StageSpecValue tuples; DecodeStageList takes the
+// list's elements.)
 c10::IValue EncodeStages(const std::vector<pipeline::StageSpec>& stages);
 absl::StatusOr<std::vector<pipeline::StageSpec>> DecodeStages(const c10::IValue& encoded);
+absl::StatusOr<std::vector<pipeline::StageSpec>> DecodeStageList(c10::ArrayRef<c10::IValue> encoded);
 
 // Every compute call of this process's replicas first sleeps this long
 // (worker --slow-ms: a deliberately slow worker, for measuring stragglers

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status_util.h"
+#include "ps/protocol.h"
 #include "runtime/compute_lane.h"
 
 namespace remora::ps {
@@ -33,9 +34,9 @@ struct Shard {
   std::map<int64_t, std::map<std::string, std::vector<at::Tensor>>> pending;
 };
 
-c10::List<at::Tensor> Copies(const std::vector<at::Tensor>& ts) {
+std::vector<at::Tensor> Copies(const std::vector<at::Tensor>& ts) {
   c10::NoGradGuard no_grad;
-  c10::List<at::Tensor> out;
+  std::vector<at::Tensor> out;
   for (const at::Tensor& t : ts) out.push_back(t.detach().cpu().clone());
   return out;
 }
@@ -60,36 +61,40 @@ std::shared_ptr<Shard> MakeShard(CallContext& ctx, const Args& a) {
   s->where = absl::StrCat("the parameter-server shard on worker '", ctx.agent->self().name, "'");
   const c10::Device device(ctx.agent->options().device);
   c10::NoGradGuard no_grad;
-  for (const at::Tensor& t : a[0].toTensorVector()) {
+  const auto r = DecodeCallOrThrow<MakeShardRequest>(a);
+  for (const at::Tensor& t : r.params) {
     s->params.push_back(t.detach().to(device).clone().requires_grad_(true));
   }
   if (s->params.empty()) throw std::invalid_argument(absl::StrCat(s->where, ": no parameters"));
-  s->optimizer = optim::MakeOptimizer(a[1].toGenericDict(), s->params);
+  if (!r.optimizer_options.isGenericDict()) {
+    throw std::invalid_argument(absl::StrCat(s->where, ": 'optimizer_options' must be a dict, got a ",
+                                             r.optimizer_options.tagKind()));
+  }
+  s->optimizer = optim::MakeOptimizer(r.optimizer_options.toGenericDict(), s->params);
   return s;
 }
 
-// push(round, worker, grads) -> kept.
+// ShardPushRequest.
 c10::IValue Push(Shard& s, const Args& a) {
-  const int64_t round = a[0].toInt();
-  if (round <= s.applied) return false;  // late: that round was applied without it
-  std::vector<at::Tensor> grads = a[2].toTensorVector();
-  CheckShapes(s, grads, absl::StrCat("the gradients of worker '", a[1].toStringRef(), "'"));
-  s.pending[round][a[1].toStringRef()] = std::move(grads);
+  auto r = DecodeCallOrThrow<ShardPushRequest>(a);
+  if (r.round <= s.applied) return false;  // late: that round was applied without it
+  CheckShapes(s, r.grads, absl::StrCat("the gradients of worker '", r.worker, "'"));
+  s.pending[r.round][r.worker] = std::move(r.grads);
   return true;
 }
 
-// apply(round, workers, scale): sums the workers' gradients in that order
-// and steps.
+// ShardApplyRequest.
 c10::IValue Apply(Shard& s, const Args& a) {
-  const int64_t round = a[0].toInt();
-  const double scale = a[2].toDouble();
+  const auto r = DecodeCallOrThrow<ShardApplyRequest>(a);
+  const int64_t round = r.round;
+  const double scale = r.scale;
   std::vector<at::Tensor> sum(s.params.size());
   auto& got = s.pending[round];
-  for (const c10::IValue& w : a[1].toListRef()) {
-    auto it = got.find(w.toStringRef());
+  for (const std::string& w : r.workers) {
+    auto it = got.find(w);
     if (it == got.end()) {
       throw std::runtime_error(absl::StrCat(s.where, ": round ", round, " has no gradients from worker '",
-                                            w.toStringRef(), "'"));
+                                            w, "'"));
     }
     for (size_t j = 0; j < sum.size(); ++j) sum[j] = sum[j].defined() ? sum[j] + it->second[j] : it->second[j];
   }
@@ -106,13 +111,14 @@ c10::IValue Apply(Shard& s, const Args& a) {
   return c10::IValue();
 }
 
-// load(params, optimizer archive or None).
+// ShardLoadRequest.
 c10::IValue Load(Shard& s, const Args& a) {
-  const std::vector<at::Tensor> params = a[0].toTensorVector();
+  const auto r = DecodeCallOrThrow<ShardLoadRequest>(a);
+  const std::vector<at::Tensor>& params = r.params;
   CheckShapes(s, params, "the saved parameters");
   c10::NoGradGuard no_grad;
   for (size_t i = 0; i < params.size(); ++i) s.params[i].copy_(params[i]);
-  if (!a[1].isNone()) optim::LoadOptimizerState(*s.optimizer, a[1].toTensor());
+  if (r.optimizer) optim::LoadOptimizerState(*s.optimizer, *r.optimizer);
   s.pending.clear();
   return c10::IValue();
 }
@@ -233,7 +239,7 @@ absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(Agent& agent, const s
   const auto parts = PartitionByBytes(bytes, static_cast<int>(servers.size()));
   std::vector<ShardPlacement> placement(servers.size());
   std::vector<RRef> shards;
-  const c10::IValue options(optim::OptionsToDict(optimizer));
+  const c10::IValue options(optim::OptionsToDict(optimizer));  // (each shard's request holds a copy)
   for (size_t k = 0; k < servers.size(); ++k) {
     placement[k].server = servers[k];
     placement[k].params = parts[k];
@@ -247,7 +253,7 @@ absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(Agent& agent, const s
           "parameter server: ", servers.size(), " shards for a model of ", params.size(),
           " parameter tensors leave server '", servers[k], "' none: give at most ", params.size(), " shards"));
     }
-    auto shard = agent.remote(servers[k], kShardType, {Copies(mine), options});
+    auto shard = agent.remote(servers[k], MakeShardRequest::kFunction, EncodeCall(MakeShardRequest{Copies(mine), options}));
     if (!shard.ok()) {
       return Annotate(shard.status(), absl::StrCat("parameter server: placing shard ", k, " on server '",
                                                    servers[k], "'"));
@@ -262,15 +268,6 @@ absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(Agent& agent, const s
   return set;
 }
 
-std::vector<c10::IValue> ShardSet::ForReplicas() const {
-  c10::impl::GenericList rrefs(c10::AnyType::get());
-  c10::impl::GenericList indices(c10::ListType::ofInts());
-  for (size_t k = 0; k < shards_.size(); ++k) {
-    rrefs.push_back(shards_[k].ToIValue());
-    indices.push_back(c10::List<int64_t>(placement_[k].params));
-  }
-  return {rrefs, indices};
-}
 
 absl::StatusOr<std::vector<c10::IValue>> ShardSet::CallAll(const std::string& method,
                                                            const std::vector<std::vector<c10::IValue>>& args,
@@ -287,8 +284,9 @@ absl::StatusOr<std::vector<c10::IValue>> ShardSet::CallAll(const std::string& me
 }
 
 absl::Status ShardSet::Apply(int64_t round, const std::vector<std::string>& workers, double scale) {
-  const std::vector<c10::IValue> args = {round, c10::List<std::string>(workers), scale};
-  return CallAll("apply", std::vector<std::vector<c10::IValue>>(shards_.size(), args), "applying the step")
+  const std::vector<c10::IValue> args = EncodeCall(ShardApplyRequest{round, workers, scale});
+  return CallAll(ShardApplyRequest::kMethod, std::vector<std::vector<c10::IValue>>(shards_.size(), args),
+                 "applying the step")
       .status();
 }
 
@@ -331,9 +329,11 @@ absl::Status ShardSet::Load(const std::vector<at::Tensor>& params, const at::Ten
   for (size_t k = 0; k < shards_.size(); ++k) {
     std::vector<at::Tensor> mine;
     for (int64_t i : placement_[k].params) mine.push_back(params[i]);
-    args.push_back({Copies(mine), archives[k].defined() ? c10::IValue(archives[k]) : c10::IValue()});
+    ShardLoadRequest load{Copies(mine), std::nullopt};
+    if (archives[k].defined()) load.optimizer = archives[k];
+    args.push_back(EncodeCall(load));
   }
-  return CallAll("load", args, "loading the saved state").status();
+  return CallAll(ShardLoadRequest::kMethod, args, "loading the saved state").status();
 }
 
 absl::Status ShardSet::Check() const {
@@ -344,15 +344,16 @@ absl::Status ShardSet::Check() const {
 
 absl::Status RegisterShard(Registry& registry) {
   return registry.RegisterModule<Shard>(
-      kShardType, MakeShard,
-      {{"pull", Named("sending its parameters", [](Shard& s, const Args&) -> c10::IValue { return Copies(s.params); })},
-       {"push", Named("taking gradients", Push)},
-       {"apply", Named("applying a step", Apply)},
+      MakeShardRequest::kFunction, MakeShard,
+      {{"pull", Named("sending its parameters",
+                      [](Shard& s, const Args&) -> c10::IValue { return c10::List<at::Tensor>(Copies(s.params)); })},
+       {ShardPushRequest::kMethod, Named("taking gradients", Push)},
+       {ShardApplyRequest::kMethod, Named("applying a step", Apply)},
        {"optimizer_state", Named("saving its optimizer state",
                                  [](Shard& s, const Args&) -> c10::IValue {
                                    return optim::SaveOptimizerState(*s.optimizer);
                                  })},
-       {"load", Named("loading the saved state", Load)},
+       {ShardLoadRequest::kMethod, Named("loading the saved state", Load)},
        {"ping", Named("answering", [](Shard& s, const Args&) -> c10::IValue {
           return static_cast<int64_t>(s.params.size());
         })}});

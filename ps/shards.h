@@ -77,9 +77,8 @@ class ShardSet {
                                                           const optim::OptimizerOptions& optimizer);
 
   const std::vector<ShardPlacement>& placement() const { return placement_; }
-  // What a replica's factory takes after the stages and loss: the shards'
-  // RRefs, and each one's parameter indices.
-  std::vector<c10::IValue> ForReplicas() const;
+  // The shards, in placement()'s order (what a replica pulls from).
+  const std::vector<RRef>& shards() const { return shards_; }
 
   // Every shard steps with the gradients `workers` pushed for `round`,
   // summed in that order and multiplied by `scale` (unless 1).

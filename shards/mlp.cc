@@ -12,6 +12,7 @@
 #include "base/status_util.h"
 #include "rpc/rref_args.h"
 #include "runtime/compute_lane.h"
+#include "shards/protocol.h"
 
 namespace remora::shards {
 
@@ -49,20 +50,21 @@ c10::IValue ParameterRRefs(CallContext& ctx, torch::nn::Module& module) {
 absl::Status RegisterMLP(Registry& registry) {
   using Stage = torch::nn::SequentialImpl;
   RETURN_IF_ERROR(registry.RegisterModule<Stage>(
-      "MLPStage",
+      MLPStageArgs::kFunction,
       [](CallContext&, const Args& a) {
+        const auto r = DecodeCallOrThrow<MLPStageArgs>(a);
         MLPStageOptions o;
-        o.in = a[0].toInt();
-        o.out = a[1].toInt();
-        o.seed = a.size() > 2 ? a[2].toInt() : 0;
-        o.relu = a.size() > 3 ? a[3].toBool() : true;
-        o.batchnorm = a.size() > 4 ? a[4].toBool() : false;
+        o.in = r.in;
+        o.out = r.out;
+        o.seed = r.seed;
+        o.relu = r.relu;
+        o.batchnorm = r.batchnorm;
         if (o.in <= 0 || o.out <= 0) throw std::invalid_argument("MLPStage: sizes must be positive");
         return MakeMLPStage(o).ptr();
       },
       {{"forward",
         [](Stage& m, CallContext&, const Args& a) -> c10::IValue {
-          at::Tensor x = TensorOrFetch(a[0]);  // before taking the compute lane
+          at::Tensor x = TensorOrFetch(DecodeCallOrThrow<ModuleForwardArgs>(a).x);  // before taking the compute lane
           ComputeTurn compute;
           return m.forward(x);
         }},
@@ -75,7 +77,7 @@ absl::Status RegisterMLP(Registry& registry) {
           return c10::List<at::Tensor>(ModuleState(m));
         }},
        {"train", [](Stage& m, CallContext&, const Args& a) -> c10::IValue {
-          m.train(a.size() > 0 ? a[0].toBool() : true);
+          m.train(DecodeCallOrThrow<ModuleTrainArgs>(a).on);
           return c10::IValue();
         }}}));
   return absl::OkStatus();

@@ -20,6 +20,7 @@
 #include "runtime/compute_lane.h"
 #include "runtime/trace.h"
 #include "shards/mlp.h"
+#include "shards/protocol.h"
 
 namespace remora::shards {
 namespace {
@@ -179,18 +180,18 @@ std::vector<int> TutorialSplit() { return {0, 8, kResNetBlocks}; }
 
 absl::Status RegisterResNet(Registry& registry) {
   return registry.RegisterModule<ResNetShardImpl>(
-      "ResNetShard",
+      ResNetShardArgs::kFunction,
       [](CallContext& ctx, const Args& a) {
-        c10::Device device = HomeDevice(ctx);
-        if (a.size() > 3) device = c10::Device(a[3].toStringRef());
-        return std::make_shared<ResNetShardImpl>(static_cast<int>(a[0].toInt()),
-                                                 static_cast<int>(a[1].toInt()),
-                                                 a.size() > 2 ? a[2].toInt() : 0, device);
+        const auto r = DecodeCallOrThrow<ResNetShardArgs>(a);
+        const c10::Device device = r.device.empty() ? HomeDevice(ctx) : c10::Device(r.device);
+        return std::make_shared<ResNetShardImpl>(static_cast<int>(r.first), static_cast<int>(r.last), r.seed,
+                                                 device);
       },
       {{"forward",
         [](ResNetShardImpl& m, CallContext&, const Args& a) -> c10::IValue {
-          const int64_t mb = a.size() > 1 ? a[1].toInt() : -1;
-          at::Tensor x = TensorOrFetch(a[0]);  // before taking the compute lane
+          const auto r = DecodeCallOrThrow<ModuleForwardArgs>(a);
+          const int64_t mb = r.micro_batch;
+          at::Tensor x = TensorOrFetch(r.x);  // before taking the compute lane
           ComputeTurn compute;
           const std::string stage = absl::StrCat("blocks [", m.first(), ", ", m.last(), ")");
           trace::Scope scope("forward", mb, stage);

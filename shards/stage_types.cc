@@ -7,6 +7,7 @@
 #include "pipeline/stage.h"
 #include "shards/cnn.h"
 #include "shards/mlp.h"
+#include "shards/protocol.h"
 #include "shards/resnet.h"
 
 namespace remora::shards {
@@ -15,27 +16,27 @@ absl::Status RegisterStageTypes() {
   // Once per process: tests start several agents in one.
   static const absl::Status status = [] {
     RETURN_IF_ERROR(pipeline::RegisterStageModule<torch::nn::SequentialImpl>(
-        "MLPStage", [](const std::vector<c10::IValue>& a, c10::Device) {
+        MLPStageArgs::kFunction, [](const std::vector<c10::IValue>& a, c10::Device) {
+          const auto r = DecodeCallOrThrow<MLPStageArgs>(a);
           MLPStageOptions o;
-          o.in = a.at(0).toInt();
-          o.out = a.at(1).toInt();
-          o.seed = a.size() > 2 ? a[2].toInt() : 0;
-          o.relu = a.size() > 3 ? a[3].toBool() : true;
-          o.batchnorm = a.size() > 4 ? a[4].toBool() : false;
+          o.in = r.in;
+          o.out = r.out;
+          o.seed = r.seed;
+          o.relu = r.relu;
+          o.batchnorm = r.batchnorm;
           if (o.in <= 0 || o.out <= 0) throw std::invalid_argument("MLPStage: sizes must be positive");
           return MakeMLPStage(o).ptr();
         }));
     RETURN_IF_ERROR(pipeline::RegisterStageModule<SmallCnnImpl>(
-        "SmallCnn", [](const std::vector<c10::IValue>& a, c10::Device) {
-          return std::make_shared<SmallCnnImpl>(static_cast<int>(a.at(0).toInt()),
-                                                        static_cast<int>(a.at(1).toInt()),
-                                                        a.size() > 2 ? a[2].toInt() : 0);
+        SmallCnnArgs::kFunction, [](const std::vector<c10::IValue>& a, c10::Device) {
+          const auto r = DecodeCallOrThrow<SmallCnnArgs>(a);
+          return std::make_shared<SmallCnnImpl>(static_cast<int>(r.first), static_cast<int>(r.last), r.seed);
         }));
     return pipeline::RegisterStageModule<ResNetShardImpl>(
-        "ResNetShard", [](const std::vector<c10::IValue>& a, c10::Device device) {
-          return std::make_shared<ResNetShardImpl>(
-              static_cast<int>(a.at(0).toInt()), static_cast<int>(a.at(1).toInt()),
-              a.size() > 2 ? a[2].toInt() : 0, device);
+        ResNetShardArgs::kFunction, [](const std::vector<c10::IValue>& a, c10::Device device) {
+          const auto r = DecodeCallOrThrow<ResNetShardArgs>(a);
+          return std::make_shared<ResNetShardImpl>(static_cast<int>(r.first), static_cast<int>(r.last), r.seed,
+                                                   device);
         });
   }();
   return status;

@@ -43,6 +43,7 @@
 #include "shards/cnn.h"
 #include "shards/resnet.h"
 #include "train/pipeline_trainer.h"
+#include "train/protocol.h"
 
 namespace remora::train::runs {
 
@@ -139,14 +140,19 @@ int64_t PausedBefore(const std::vector<std::pair<int64_t, int64_t>>& paused, int
 absl::Status CollectSlices(Agent& agent, const std::vector<std::string>& workers, int64_t start,
                            const std::vector<std::pair<int64_t, int64_t>>& paused, Run& run) {
   for (size_t w = 0; w < workers.size(); ++w) {
-    auto slices = agent.rpc_sync(workers[w], "trace_collect");
-    agent.rpc_sync(workers[w], "trace_enable", {false}).IgnoreError();
+    auto slices = agent.rpc_sync(workers[w], kTraceCollect);
+    agent.rpc_sync(workers[w], TraceEnableRequest::kFunction, EncodeCall(TraceEnableRequest{false})).IgnoreError();
     if (!slices.ok()) return slices.status();
+    if (!slices->isList()) {
+      return absl::InternalError(absl::StrCat("worker '", workers[w], "' answered ", kTraceCollect, " with a ",
+                                              slices->tagKind(), ", not a list of slices"));
+    }
     for (const c10::IValue& s : slices->toListRef()) {
-      const c10::ArrayRef<c10::IValue> t = s.toTupleRef().elements().asArrayRef();
-      const int64_t skipped = PausedBefore(paused, t[2].toInt());
-      run.slices.push_back({static_cast<int>(w), t[0].toStringRef(), t[1].toInt(), t[2].toInt() - start - skipped,
-                            t[3].toInt() - start - skipped, t.size() > 4 ? t[4].toStringRef() : std::string()});
+      absl::StatusOr<TraceSliceValue> t = DecodeTuple<TraceSliceValue>(s);
+      if (!t.ok()) return Annotate(t.status(), absl::StrCat("worker '", workers[w], "'"));
+      const int64_t skipped = PausedBefore(paused, t->start_us);
+      run.slices.push_back({static_cast<int>(w), t->name, t->micro_batch, t->start_us - start - skipped,
+                            t->end_us - start - skipped, t->stage});
     }
   }
   return absl::OkStatus();
@@ -161,8 +167,8 @@ constexpr int64_t kTracedSteps = 100;
 // slices dropped.
 void EnableTracing(Agent& agent, const std::vector<std::string>& workers, bool traced) {
   for (const auto& w : workers) {
-    agent.rpc_sync(w, "trace_enable", {traced}).IgnoreError();
-    agent.rpc_sync(w, "trace_collect").IgnoreError();  // drop older slices
+    agent.rpc_sync(w, TraceEnableRequest::kFunction, EncodeCall(TraceEnableRequest{traced})).IgnoreError();
+    agent.rpc_sync(w, kTraceCollect).IgnoreError();  // drop older slices
   }
 }
 
@@ -338,7 +344,9 @@ absl::Status FitPipeline(Agent& agent, const RunOptions& c, const std::vector<pi
     options.fit.on_step = [&agent, &c, steps = int64_t{0}, next = std::move(options.fit.on_step)](
                               const pipeline::StepRecord& s) mutable {
       if (++steps == kTracedSteps) {
-        for (const auto& w : c.workers) agent.rpc_sync(w, "trace_enable", {false}).IgnoreError();
+        for (const auto& w : c.workers) {
+          agent.rpc_sync(w, TraceEnableRequest::kFunction, EncodeCall(TraceEnableRequest{false})).IgnoreError();
+        }
       }
       if (next) next(s);
     };
@@ -409,7 +417,7 @@ absl::StatusOr<int> ResumeBatches(train::Trainer& trainer, const Checkpointing* 
 
 absl::Status UseDeterministicAlgorithmsOn(Agent& agent, const std::vector<std::string>& workers) {
   for (const auto& w : workers) {
-    if (absl::Status s = agent.rpc_sync(w, "use_deterministic_algorithms").status(); !s.ok()) {
+    if (absl::Status s = agent.rpc_sync(w, kUseDeterministicAlgorithms).status(); !s.ok()) {
       return Annotate(s, absl::StrCat("--deterministic: worker '", w, "' could not switch to deterministic "
                                       "algorithms (a worker program must register remora's worker functions)"));
     }

@@ -17,21 +17,21 @@
 #include "rpc/agent.h"
 #include "runtime/threads.h"
 #include "runtime/trace.h"
+#include "train/protocol.h"
 
 namespace remora::train {
 namespace {
 
-// trace_enable(on), and trace_collect(): the slices recorded here since the
-// last call, as (name, micro_batch, start_us, end_us, stage).
+// TraceEnableRequest, and kTraceCollect's TraceSliceValues.
 absl::Status RegisterTraceFunctions(Registry& r) {
-  RETURN_IF_ERROR(r.RegisterFunction("trace_enable", [](CallContext&, const Args& a) -> c10::IValue {
-    trace::Enable(a[0].toBool());
+  RETURN_IF_ERROR(r.RegisterFunction(TraceEnableRequest::kFunction, [](CallContext&, const Args& a) -> c10::IValue {
+    trace::Enable(DecodeCallOrThrow<TraceEnableRequest>(a).on);
     return c10::IValue();
   }));
-  return r.RegisterFunction("trace_collect", [](CallContext&, const Args&) -> c10::IValue {
+  return r.RegisterFunction(kTraceCollect, [](CallContext&, const Args&) -> c10::IValue {
     c10::impl::GenericList out(c10::AnyType::get());
     for (const auto& s : trace::Drain()) {
-      out.push_back(c10::ivalue::Tuple::create({s.name, s.micro_batch, s.start_us, s.end_us, s.stage}));
+      out.push_back(EncodeTuple(TraceSliceValue{s.name, s.micro_batch, s.start_us, s.end_us, s.stage}));
     }
     return out;
   });
@@ -40,7 +40,7 @@ absl::Status RegisterTraceFunctions(Registry& r) {
 // use_deterministic_algorithms(): the master's --deterministic, here
 // (runtime::UseDeterministicAlgorithms); says so on the first call.
 absl::Status RegisterDeterminism(Registry& r) {
-  return r.RegisterFunction("use_deterministic_algorithms", [](CallContext& ctx, const Args&) -> c10::IValue {
+  return r.RegisterFunction(kUseDeterministicAlgorithms, [](CallContext& ctx, const Args&) -> c10::IValue {
     static std::atomic<bool> said{false};
     runtime::UseDeterministicAlgorithms();
     if (!said.exchange(true)) {

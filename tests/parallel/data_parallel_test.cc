@@ -21,6 +21,7 @@
 #include "shards/mlp.h"
 #include "optim/distributed_optimizer.h"
 #include "parallel/process_group.h"
+#include "parallel/protocol.h"
 #include "parallel/rpc_store.h"
 #include "tests/support/pipeline_fixtures.h"
 #include "tests/support/test_group.h"
@@ -297,16 +298,22 @@ TEST(DataParallel, BadTopologiesAndMismatchedReplicasAreClearErrors) {
     c10::impl::GenericList list(c10::AnyType::get());
     const std::vector<RRef> mine = optim::parameter_rrefs(p->stages()[0]).value();
     for (const RRef& x : mine) list.push_back(x.ToIValue());
-    c10::impl::GenericList params(c10::AnyType::get());
-    params.push_back(list);
-    groups.push_back(workers.master()
-                         .remote(p->worker_of(0), "remora.parallel.GradientGroup",
-                                 {store->host(), int64_t{store->port()}, std::string("mismatch"),
-                                  int64_t{rank++}, int64_t{2}, int64_t{5000}, int64_t{1 << 20},
-                                  true, std::vector<int64_t>{0}, params})
-                         .value());
+    parallel::MakeGradientGroupRequest g;
+    g.store_host = store->host();
+    g.store_port = store->port();
+    g.name = "mismatch";
+    g.rank = rank++;
+    g.size = 2;
+    g.timeout_ms = 5000;
+    g.bucket_bytes = 1 << 20;
+    g.overlap = true;
+    g.stage_indices = {0};
+    g.stage_params = {list};
+    groups.push_back(
+        workers.master().remote(p->worker_of(0), parallel::MakeGradientGroupRequest::kFunction, EncodeCall(g)).value());
   }
-  auto made = groups[1].rpc_sync("discard", {int64_t{-1}});
+  auto made = groups[1].rpc_sync(parallel::GroupDiscardRequest::kMethod,
+                                 EncodeCall(parallel::GroupDiscardRequest{{-1}}));
   ASSERT_FALSE(made.ok());
   EXPECT_THAT(made.status().message(), HasSubstr("worker 'w2'"));
   EXPECT_THAT(made.status().message(), HasSubstr("every replica must build the same stages"));

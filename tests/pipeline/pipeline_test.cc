@@ -28,6 +28,7 @@
 #include "absl/time/clock.h"
 #include "autograd/dist_autograd.h"
 #include "data/source.h"
+#include "pipeline/protocol.h"
 #include "shards/cnn.h"
 #include "shards/mlp.h"
 #include "tests/support/pipeline_fixtures.h"
@@ -473,11 +474,16 @@ TEST(Pipeline, StepsStartedAheadTrainAsStepsRunOneByOne) {
     Agent& master = workers.master();
     const int64_t first = dist_autograd::NewContextId(master).value();
     const int64_t second = dist_autograd::NewContextId(master).value();
-    // run(id, context, after, inputs, targets, rows), as StartStep sends it.
+    // As StartStep sends it.
     auto run = [&](const std::string& w, int64_t context, int64_t after, int i) {
-      return master.rpc_async(w, "remora.pipeline.run",
-                              {(*pipe)->runner_id(), context, after, w == "w1" ? data[i].first : c10::IValue(),
-                               w == "w2" ? data[i].second : c10::IValue(), int64_t{12}});
+      pipeline::RunRequest r;
+      r.runner = (*pipe)->runner_id();
+      r.context = context;
+      r.after = after;
+      if (w == "w1") r.inputs = data[i].first;
+      if (w == "w2") r.targets = data[i].second;
+      r.total_rows = 12;
+      return master.rpc_async(w, pipeline::RunRequest::kFunction, EncodeCall(r));
     };
     std::vector<Future<c10::IValue>> later = {run("w1", second, first, 1), run("w2", second, first, 1)};
     absl::SleepFor(absl::Milliseconds(300));

@@ -1,0 +1,87 @@
+// The checkpoint's calls from the master to each pipeline worker, one struct
+// each (rpc/call.h): save this worker's shard, wait for a background write,
+// load a shard, remove a checkpoint's files. Both sides encode and decode
+// through these structs; a call that does not match is an error naming the
+// call and the field.
+//
+// Thread-safety: plain structs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/core/ivalue.h>
+
+#include "rpc/call.h"
+
+namespace remora::checkpoint {
+
+// This worker's stages, optimizer and random generators, written
+// atomically to `path`; replies ShardWrittenReply. With `background` it
+// replies (-1, "") once the state is copied, and the file is written on a
+// thread of its own (ShardWrittenRequest waits for it).
+struct SaveShardRequest {
+  static constexpr char kFunction[] = "remora.checkpoint.save_shard";
+  std::string path;
+  std::vector<int64_t> stages;  // the stages' indices
+  std::vector<c10::IValue> stage_rrefs;  // the stages, in the same order
+  c10::IValue optimizer;  // an RRef of the worker's optimizer, or None
+  bool background = false;
+  template <typename Fields>
+  void Visit(Fields& f) {
+    f("path", path)("stages", stages)("stage_rrefs", stage_rrefs)("optimizer", optimizer)("background",
+                                                                                          background);
+  }
+};
+
+// The file a save wrote: its size and CRC-32 (hex).
+struct ShardWrittenReply {
+  static constexpr char kFunction[] = "remora.checkpoint.save_shard (reply)";
+  int64_t bytes = 0;
+  std::string crc32;
+  template <typename Fields>
+  void Visit(Fields& f) {
+    f("bytes", bytes)("crc32", crc32);
+  }
+};
+
+// Waits for the background write of `path` that a save started; replies
+// ShardWrittenReply, or the write's error.
+struct ShardWrittenRequest {
+  static constexpr char kFunction[] = "remora.checkpoint.shard_written";
+  std::string path;
+  template <typename Fields>
+  void Visit(Fields& f) {
+    f("path", path);
+  }
+};
+
+// The reverse of a save, after checking the file's size and CRC-32.
+struct LoadShardRequest {
+  static constexpr char kFunction[] = "remora.checkpoint.load_shard";
+  std::string path;
+  int64_t bytes = 0;
+  std::string crc32;
+  std::vector<int64_t> stages;
+  std::vector<c10::IValue> stage_rrefs;
+  c10::IValue optimizer;  // or None
+  template <typename Fields>
+  void Visit(Fields& f) {
+    f("path", path)("bytes", bytes)("crc32", crc32)("stages", stages)("stage_rrefs", stage_rrefs)("optimizer",
+                                                                                                 optimizer);
+  }
+};
+
+// Removes a checkpoint's shard files (and their temporaries) from `dir`,
+// then `dir` if it is empty.
+struct RemoveRequest {
+  static constexpr char kFunction[] = "remora.checkpoint.remove";
+  std::string dir;
+  template <typename Fields>
+  void Visit(Fields& f) {
+    f("dir", dir);
+  }
+};
+
+}  // namespace remora::checkpoint
