@@ -46,7 +46,7 @@ absl::Status RegisterModules(Registry& r);
 // The demo functions' arguments (rpc/call.h): what rpc_demo and the tests
 // pass as plain lists, as PyTorch's examples pass args=(...).
 struct TwoValues {  // add(a, b), rref_add(a, b): numbers, tensors or RRefs to tensors
-  static constexpr char kFunction[] = "add";
+  static constexpr char kFunction[] = "(a, b)";
   c10::IValue a;
   c10::IValue b;
   template <typename Fields>
@@ -55,7 +55,7 @@ struct TwoValues {  // add(a, b), rref_add(a, b): numbers, tensors or RRefs to t
   }
 };
 struct OneValue {  // echo, device_of, to_here, make_rref, a module's forward
-  static constexpr char kFunction[] = "a demo function of one value";
+  static constexpr char kFunction[] = "(x)";
   c10::IValue x;
   template <typename Fields>
   void Visit(Fields& f) {
