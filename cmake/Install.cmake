@@ -33,7 +33,7 @@ install(TARGETS worker master evaluator remora-launch rpc_demo rpc_bench collect
 # each alone, installed, with poisoned protobuf/gRPC/CUDA headers first on
 # the include path. A header added here must keep that true.
 set(REMORA_PUBLIC_HEADERS
-    base/ids.h base/mutex_lock.h base/status_util.h
+    base/ids.h base/lines.h base/mutex_lock.h base/status_util.h
     channel/stats.h
     rpc/agent.h rpc/autograd_hooks.h rpc/call.h rpc/future.h rpc/registry.h rpc/rref.h rpc/rref_args.h
     rpc/thread_pool.h rpc/tls.h
@@ -49,7 +49,7 @@ set(REMORA_PUBLIC_HEADERS
     shards/cnn.h shards/mlp.h shards/resnet.h shards/stage_types.h
     launch/cli.h launch/cluster_env.h launch/local_group.h launch/program_path.h launch/worker_main.h
     train/curves.h train/elastic.h train/events.h train/fit.h train/local_trainer.h train/pipeline_trainer.h train/ps_trainer.h
-    train/report.h train/timeline.h train/trainer.h train/worker_functions.h train/run.h train/runs.h train/ps_runs.h
+    train/report.h train/timeline.h train/trainer.h train/worker_functions.h
     examples/stock_worker.h)
 foreach(header ${REMORA_PUBLIC_HEADERS})
   get_filename_component(_remora_header_dir ${header} DIRECTORY)

@@ -1,5 +1,8 @@
 #include "examples/stock_worker.h"
 
+#include <iostream>
+
+#include "base/lines.h"
 #include "base/status_util.h"
 #include "shards/mlp.h"
 #include "shards/resnet.h"
@@ -11,7 +14,7 @@ namespace remora::examples {
 absl::Status RegisterStockWorker(Registry& registry) {
   RETURN_IF_ERROR(shards::RegisterMLP(registry));
   RETURN_IF_ERROR(shards::RegisterResNet(registry));
-  RETURN_IF_ERROR(train::RegisterWorkerFunctions(registry));
+  RETURN_IF_ERROR(train::RegisterWorkerFunctions(registry, LinesTo(std::cout)));
   return shards::RegisterStageTypes();
 }
 

@@ -22,6 +22,7 @@ LAYERS=("base proto"
         "shards launch"
         "train"
         "examples"
+        "master"
         "tests")
 MAX_LINES=700
 

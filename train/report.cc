@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -15,8 +14,9 @@
 
 namespace remora::train {
 
-absl::StatusOr<std::shared_ptr<RunLog>> RunLog::Open(const std::string& dir) {
+absl::StatusOr<std::shared_ptr<RunLog>> RunLog::Open(const std::string& dir, LineSink say) {
   auto log = std::make_shared<RunLog>();
+  log->say_ = std::move(say);
   if (dir.empty()) return log;
   ASSIGN_OR_RETURN(log->events_, EventWriter::Open(dir));
   return log;
@@ -29,7 +29,7 @@ void RunLog::Add(const std::string& tag, int64_t step, double value) {
 
 void RunLog::Warn(const absl::Status& s) {
   if (s.ok() || warned_) return;
-  std::fprintf(stderr, "remora: TensorBoard events: %s (training goes on)\n", std::string(s.message()).c_str());
+  Say(say_, absl::StrCat("remora: TensorBoard events: ", s.message(), " (training goes on)"));
   warned_ = true;
 }
 

@@ -23,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/lines.h"
 #include "pipeline/fit.h"
 #include "train/events.h"
 #include "train/timeline.h"
@@ -50,13 +51,14 @@ struct Recovery {
 class RunLog {
  public:
   // Event files in `dir` (made if needed; an error when it cannot be);
-  // "" : none, only the curves' points.
-  static absl::StatusOr<std::shared_ptr<RunLog>> Open(const std::string& dir);
+  // "" : none, only the curves' points. A write that fails later is said
+  // once to `say`.
+  static absl::StatusOr<std::shared_ptr<RunLog>> Open(const std::string& dir, LineSink say = nullptr);
 
   // step/loss, step/seconds, step/images_per_second; at an epoch's end
   // epoch/train_loss, epoch/test_accuracy, epoch/test_top5,
   // epoch/images_per_second. A
-  // failed write is said once on stderr; training goes on.
+  // failed write is said once (Open's `say`); training goes on.
   void Step(int64_t step, double loss, int64_t rows, double seconds);
   void Epoch(const pipeline::EpochResult& e);
   // A recovery that goes on after step `restored`: a restart mark at the
@@ -73,6 +75,7 @@ class RunLog {
 
   std::unique_ptr<EventWriter> events_;  // null without a directory
   std::vector<std::pair<double, double>> losses_, accuracy_;
+  LineSink say_;
   bool warned_ = false;
 };
 

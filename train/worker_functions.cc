@@ -1,12 +1,14 @@
 #include "train/worker_functions.h"
 
 #include <atomic>
-#include <cstdio>
+#include <memory>
+#include <utility>
 
 #include <ATen/core/List.h>
 #include <ATen/core/ivalue.h>
 
 #include "autograd/dist_autograd.h"
+#include "absl/strings/str_cat.h"
 #include "base/status_util.h"
 #include "checkpoint/checkpoint.h"
 #include "optim/distributed_optimizer.h"
@@ -39,22 +41,22 @@ absl::Status RegisterTraceFunctions(Registry& r) {
 
 // use_deterministic_algorithms(): the master's --deterministic, here
 // (runtime::UseDeterministicAlgorithms); says so on the first call.
-absl::Status RegisterDeterminism(Registry& r) {
-  return r.RegisterFunction(kUseDeterministicAlgorithms, [](CallContext& ctx, const Args&) -> c10::IValue {
-    static std::atomic<bool> said{false};
-    runtime::UseDeterministicAlgorithms();
-    if (!said.exchange(true)) {
-      std::printf("worker '%s': deterministic algorithms (the master's --deterministic)\n",
-                  ctx.agent->self().name.c_str());
-      std::fflush(stdout);
-    }
-    return c10::IValue();
-  });
+absl::Status RegisterDeterminism(Registry& r, LineSink say) {
+  auto said = std::make_shared<std::atomic<bool>>(false);
+  return r.RegisterFunction(kUseDeterministicAlgorithms,
+                            [said, say = std::move(say)](CallContext& ctx, const Args&) -> c10::IValue {
+                              runtime::UseDeterministicAlgorithms();
+                              if (!said->exchange(true)) {
+                                Say(say, absl::StrCat("worker '", ctx.agent->self().name,
+                                                      "': deterministic algorithms (the master's --deterministic)"));
+                              }
+                              return c10::IValue();
+                            });
 }
 
 }  // namespace
 
-absl::Status RegisterWorkerFunctions(Registry& registry) {
+absl::Status RegisterWorkerFunctions(Registry& registry, LineSink say) {
   RETURN_IF_ERROR(dist_autograd::RegisterFunctions(registry));
   RETURN_IF_ERROR(optim::RegisterFunctions(registry));
   RETURN_IF_ERROR(pipeline::RegisterFunctions(registry));
@@ -63,7 +65,7 @@ absl::Status RegisterWorkerFunctions(Registry& registry) {
   RETURN_IF_ERROR(parallel::RegisterStoreFunctions(registry));
   RETURN_IF_ERROR(checkpoint::RegisterFunctions(registry));
   RETURN_IF_ERROR(ps::RegisterFunctions(registry));
-  RETURN_IF_ERROR(RegisterDeterminism(registry));
+  RETURN_IF_ERROR(RegisterDeterminism(registry, std::move(say)));
   return RegisterTraceFunctions(registry);
 }
 

@@ -15,11 +15,14 @@
 #pragma once
 
 #include "absl/status/status.h"
+#include "base/lines.h"
 #include "rpc/registry.h"
 
 namespace remora::train {
 
-// Registers the above; an error when a name is taken already.
-absl::Status RegisterWorkerFunctions(Registry& registry);
+// Registers the above; an error when a name is taken already. What the
+// functions have to say (the first use_deterministic_algorithms: "worker
+// 'w1': deterministic algorithms ...") goes to `say` (none: nowhere).
+absl::Status RegisterWorkerFunctions(Registry& registry, LineSink say = nullptr);
 
 }  // namespace remora::train

@@ -263,7 +263,7 @@ TEST(ImageListing, FilesOfOtherTypesAreCountedNotListed) {
 // A listing cache written by the version before subfolders and hidden
 // names counted is the listing a checkpoint's run trained on: read as it
 // is (its labels kept), so a resumed run goes on with the same rows. (A
-// fresh run deletes the cache first: train/run_data.cc.)
+// fresh run deletes the cache first: master/run_data.cc.)
 TEST(ImageListing, AnOlderListingCacheIsReadAsItsRunListedTheFolder) {
   const std::string dir = FreshImageDir("old_cache");
   Touch(dir + "/train/cat", {"a.jpg"});

@@ -16,11 +16,7 @@
 
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/empty_like.h>
-#include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
-#include <ATen/ops/zeros.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/nn/modules/activation.h>
@@ -30,14 +26,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/json.h"
-#include "absl/synchronization/notification.h"
-#include "absl/time/clock.h"
 #include "data/source.h"
-#include "tests/support/script_models.h"
 #include "tests/support/test_group.h"
 #include "train/local_trainer.h"
 #include "train/report.h"
-#include "train/runs.h"
 
 namespace remora::train {
 namespace {
@@ -236,184 +228,6 @@ TEST(LocalTrainer, AFailedStepNamesTheStageOrTheLossAndItsShapes) {
   EXPECT_THAT(wrong_class.status().message(),
               HasSubstr("local training, micro-batch 0: the loss 'cross_entropy' of an output of [2, 3] against "
                         "targets of [2]: "));
-}
-
-pipeline::StageSpec ScriptSpec(const torch::jit::Module& m) {
-  std::ostringstream bytes;
-  m.save(bytes);
-  return pipeline::StageSpec::TorchScript(bytes.str(), "test.pt");
-}
-
-// A model that normalises by batch statistics needs two rows in each part
-// of a batch (a last batch with fewer is dropped); others one.
-TEST(Runs, AModelWithBatchNormNeedsTwoRowsPerPart) {
-  runs::RunOptions c;
-  c.dataset = "fashion-mnist";
-  EXPECT_EQ(runs::RowsPerPart(c), 1);  // the small CNN
-  c.dataset = "imagefolder:/data";
-  EXPECT_EQ(runs::RowsPerPart(c), 2);  // ResNet50
-  c.model = "model.pt";
-  c.scripts = {ScriptSpec(test_support::ScriptLinear(4, 2, 1, true))};
-  EXPECT_EQ(runs::RowsPerPart(c), 1);
-  torch::jit::Module model("Model"), norm("Norm");
-  norm.register_buffer("running_mean", at::zeros({2}));
-  norm.define("def forward(self, x):\n  return x - self.running_mean\n");
-  model.register_module("bn", norm);
-  model.define("def forward(self, x):\n  return self.bn.forward(x)\n");
-  c.scripts.push_back(ScriptSpec(model));
-  EXPECT_EQ(runs::RowsPerPart(c), 2);
-  // A batch of 8 cut in 4: the last batch needs 8 rows, capped at the batch size.
-  c.batch_size = 8;
-  EXPECT_EQ(runs::TrainOptionsOf(c, 4, 4, nullptr).fit.min_batch_rows, 8);
-  c.batch_size = 6;
-  EXPECT_EQ(runs::TrainOptionsOf(c, 4, 4, nullptr).fit.min_batch_rows, 6);
-  c.batch_size = 2;
-  EXPECT_EQ(runs::TrainOptionsOf(c, 4, 4, nullptr).fit.min_batch_rows, 4);
-}
-
-// Stages per worker when --interleave is not given: two where every stage
-// gets a layer, but one when --schedule 1f1b asks for one per worker.
-TEST(Runs, OneF1BAskedForByNameCutsOneStagePerWorker) {
-  runs::RunOptions c;
-  c.workers = {"w1", "w2"};
-  EXPECT_EQ(runs::StagesPerWorker(c, 16).value(), 2);
-  c.schedule = "1f1b";
-  EXPECT_EQ(runs::StagesPerWorker(c, 16).value(), 1);
-  c.interleave = 2;  // given: kept (the schedule says what it thinks of it)
-  EXPECT_EQ(runs::StagesPerWorker(c, 16).value(), 2);
-}
-
-// A batch's inputs are drawn row by row from generators of their own: the
-// same values on one thread or several, rows unlike each other and unlike
-// another batch's, and standard normal.
-TEST(Runs, InputsAreTheSameWhateverTheThreadsThatDrawThem) {
-  at::Tensor one = at::empty({7, 3, 40, 40});
-  runs::FillNormalRows(one, 42, 1);
-  for (const int threads : {2, 3, 7, 16}) {
-    at::Tensor many = at::full({7, 3, 40, 40}, -1.0f);
-    runs::FillNormalRows(many, 42, threads);
-    EXPECT_TRUE(many.equal(one)) << threads << " threads";
-  }
-  EXPECT_FALSE(one[0].equal(one[1]));
-  at::Tensor other = at::empty({7, 3, 40, 40});
-  runs::FillNormalRows(other, 43, 2);
-  EXPECT_FALSE(other[0].equal(one[0]));
-  EXPECT_NEAR(one.mean().item<double>(), 0.0, 0.05);
-  EXPECT_NEAR(one.std().item<double>(), 1.0, 0.05);
-  runs::RunOptions c;  // (the demo's batch: made twice, the same)
-  c.batch_size = 16;
-  c.image_size = 256;  // (3M numbers: drawn on up to 3 threads)
-  auto [x1, y1] = runs::MakeBatch(c, 5).value();
-  auto [x2, y2] = runs::MakeBatch(c, 5).value();
-  EXPECT_TRUE(x1.equal(x2));
-  EXPECT_TRUE(y1.equal(y2));
-  at::Tensor serial = at::empty_like(x1);
-  runs::FillNormalRows(serial, static_cast<uint64_t>(int64_t{c.seed} * 7919 + 5), 1);
-  EXPECT_TRUE(serial.equal(x1));
-}
-
-// The demo's batches made ahead are MakeBatch's, in order; a run that stops
-// early (an error) leaves no maker thread behind.
-TEST(Runs, BatchesMadeAheadAreTheSameBatchesAndStopWithTheRun) {
-  runs::RunOptions c;
-  c.batch_size = 4;
-  c.image_size = 16;
-  for (const int makers : {1, 2, 3}) {  // (batches made out of order are taken in order)
-    runs::BatchesAhead ahead(c, 2, 9, /*ahead=*/2, makers);
-    EXPECT_EQ(ahead.makers(), 1);  // (a second only once Take has waited)
-    for (int b = 2; b < 9; ++b) {
-      auto taken = ahead.Take(b);
-      ASSERT_TRUE(taken.ok()) << taken.status();
-      auto [x, y] = *taken;
-      auto [want_x, want_y] = runs::MakeBatch(c, b).value();
-      EXPECT_TRUE(x.equal(want_x)) << "batch " << b << ", " << makers << " makers";
-      EXPECT_TRUE(y.equal(want_y)) << "batch " << b << ", " << makers << " makers";
-    }
-    EXPECT_EQ(ahead.Take(9).status().code(), absl::StatusCode::kInternal);
-    EXPECT_LE(ahead.makers(), makers);
-  }
-  const absl::Time start = absl::Now();
-  {
-    runs::BatchesAhead ahead(c, 0, 1000000);
-    EXPECT_TRUE(ahead.Take(0).ok());
-  }
-  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
-}
-
-// A step that outruns the making starts a second maker: here batch 1 is
-// made only once batch 2 is (which one maker could never do), and both
-// are taken in order; a batch that fails is the error of its own Take,
-// the ones before it are taken as made.
-TEST(Runs, ASecondMakerStartsWhenTheTakerWaits) {
-  absl::Notification two_made;
-  auto make = [&](int b) -> absl::StatusOr<std::pair<at::Tensor, at::Tensor>> {
-    if (b == 1 && !two_made.WaitForNotificationWithTimeout(absl::Seconds(60))) {
-      return absl::DeadlineExceededError("batch 2 was never made beside batch 1");
-    }
-    if (b == 4) return absl::ResourceExhaustedError("no memory for batch 4");
-    auto batch = std::pair{at::full({1}, static_cast<double>(b)), at::full({1}, -static_cast<double>(b))};
-    if (b == 2) two_made.Notify();
-    return batch;
-  };
-  runs::BatchesAhead ahead(make, 0, 8, /*ahead=*/2, /*max_makers=*/2);
-  for (int b = 0; b < 4; ++b) {
-    auto taken = ahead.Take(b);
-    ASSERT_TRUE(taken.ok()) << "batch " << b << ": " << taken.status();
-    EXPECT_EQ(taken->first.item<double>(), b);
-    EXPECT_EQ(taken->second.item<double>(), -b);
-  }
-  EXPECT_EQ(ahead.makers(), 2);
-  auto failed = ahead.Take(4);
-  ASSERT_FALSE(failed.ok());
-  EXPECT_THAT(failed.status().message(), HasSubstr("no memory for batch 4"));
-}
-
-// A batch that cannot be made (out of memory; here a shape LibTorch
-// refuses) is the taker's error, not an exception on the maker's thread
-// (which would abort the program).
-TEST(Runs, ABatchThatCannotBeMadeIsAnErrorOfTake) {
-  runs::RunOptions c;
-  c.batch_size = 4;
-  c.model = "stages.pt";
-  c.input_shape = {-3};
-  runs::BatchesAhead ahead(c, 0, 3);
-  auto taken = ahead.Take(0);
-  ASSERT_FALSE(taken.ok());
-  EXPECT_THAT(taken.status().message(), HasSubstr("making batch 0: "));
-  EXPECT_THAT(taken.status().message(), HasSubstr("negative"));
-}
-
-// An elastic recovery keeps the steps before the checkpoint and counts,
-// for the epoch it goes on in, only that epoch's steps: by the epoch each
-// step recorded, so an epoch whose first batch took no step (its files
-// all skipped) does not reach back into the one before.
-TEST(Runs, ARecoveryKeepsTheStepsBeforeItsCheckpointAndCountsItsEpochs) {
-  runs::Run run;
-  pipeline::FitOptions f;
-  train::ReportTo(run, f);
-  // Epoch 1: steps 1-3; epoch 2: steps 4-6 (its batch 0 took no step, so
-  // a checkpoint at step 5 says batch 3 of epoch 2).
-  for (int64_t step = 1; step <= 6; ++step) {
-    f.on_step(pipeline::StepRecord{step <= 3 ? 1 : 2, step, 0.5, 10 * step, 1.0 * step});
-  }
-  const runs::KeptSteps kept = runs::KeepStepsUpTo(run, 5, 2);
-  EXPECT_DOUBLE_EQ(kept.epoch_seconds_before, 4 + 5);
-  EXPECT_EQ(kept.epoch_images_before, 40 + 50);
-  EXPECT_DOUBLE_EQ(kept.discarded_seconds, 6);
-  EXPECT_THAT(run.batch_seconds, ElementsAre(1, 2, 3, 4, 5));
-  EXPECT_THAT(run.step_rows, ElementsAre(10, 20, 30, 40, 50));
-  EXPECT_EQ(run.step_epochs.size(), 5u);
-
-  // A run of batches (epoch 0) counts no epoch; a process that began after
-  // step 2 (resumed) holds steps 3-5 from index 0.
-  runs::Run batches;
-  batches.first_step = 2;
-  for (int b = 2; b < 5; ++b) batches.AddBatch(b, 0.5, 1.0, 8);
-  const runs::KeptSteps none = runs::KeepStepsUpTo(batches, 4);
-  EXPECT_DOUBLE_EQ(none.epoch_seconds_before, 0);
-  EXPECT_EQ(none.epoch_images_before, 0);
-  EXPECT_DOUBLE_EQ(none.discarded_seconds, 1);
-  EXPECT_EQ(batches.batch_seconds.size(), 2u);
 }
 
 // The master's waits for its batches go in the report beside the batch

@@ -2,7 +2,7 @@
 // and optimizer in the master (ps/parameter_server.h), the workers pulling
 // the parameters and pushing their shares' gradients every step, over the
 // ResNet50 demo, --model or --dataset, with checkpoints the evaluator
-// follows. train/run.h runs them (RunMaster); runs.h holds the pipeline's
+// follows. master/run.h runs them (RunMaster); runs.h holds the pipeline's
 // runs and what both share.
 #pragma once
 
@@ -12,11 +12,11 @@
 
 #include "absl/status/statusor.h"
 #include "data/datasets.h"
-#include "train/runs.h"
+#include "master/runs.h"
 #include "pipeline/pipeline.h"
 #include "rpc/agent.h"
 
-namespace remora::train::runs {
+namespace remora::master {
 
 // The parameter-server flags.
 struct PsFlags {
@@ -44,4 +44,4 @@ absl::Status TrainPs(Agent& agent, const RunOptions& c, const PsFlags& p,
                      const std::vector<pipeline::StageSpec>& stages, const Sets& sets,
                      const Checkpointing* checkpoints, Run& run, train::Elastic* elastic = nullptr);
 
-}  // namespace remora::train::runs
+}  // namespace remora::master

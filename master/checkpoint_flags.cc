@@ -1,4 +1,4 @@
-#include "examples/master_checkpoint_flags.h"
+#include "master/checkpoint_flags.h"
 
 #include <filesystem>
 #include <system_error>
@@ -11,8 +11,6 @@
 #include "launch/cli.h"
 
 namespace remora::master {
-
-using namespace train::runs;  // NOLINT: as in master_flags.cc
 
 // A run that saves into a directory of another run's checkpoints would
 // lose its own: the newest --keep steps are kept, whichever run wrote

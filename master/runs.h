@@ -1,7 +1,7 @@
-// The master program's training runs (train::runs, behind train/run.h's
+// The master program's training runs (master::, behind master/run.h's
 // RunMaster): the ResNet50 demo, TorchScript stages (--model) and datasets
 // (--dataset), as a pipeline over workers or in this process (--local),
-// with their figures and reports. examples/master_flags.h turns the
+// with their figures and reports. master/flags.h turns the
 // command line into these options.
 #pragma once
 
@@ -35,7 +35,7 @@
 #include "train/local_trainer.h"
 #include "train/report.h"
 
-namespace remora::train::runs {
+namespace remora::master {
 
 // LibTorch 1.13 runs a CPU convolution with a 1x1 kernel and
 // stride 1 through oneDNN only when the batch has at least this many rows
@@ -229,9 +229,9 @@ void RecordBatch(Run& run, int b, double loss, double seconds, int64_t rows);
 // Training in this process alone (--local, --compare-local): the run's
 // whole model (WholeModelStages) in a train::LocalTrainer, with the demo's
 // batches and their records. Not thread-safe.
-class LocalTrainer {
+class LocalRun {
  public:
-  static absl::StatusOr<std::unique_ptr<LocalTrainer>> Create(const RunOptions& c, int splits);
+  static absl::StatusOr<std::unique_ptr<LocalRun>> Create(const RunOptions& c, int splits);
 
   // Trains batch b of the demo or --model run and prints its line (after
   // `prefix`).
@@ -240,7 +240,7 @@ class LocalTrainer {
   Run& run() { return run_; }
 
  private:
-  LocalTrainer(const RunOptions& c, int splits, std::unique_ptr<train::LocalTrainer> trainer);
+  LocalRun(const RunOptions& c, int splits, std::unique_ptr<train::LocalTrainer> trainer);
 
   const RunOptions& c_;
   Run run_;
@@ -410,4 +410,4 @@ absl::Status WriteReport(const std::string& path, bool local, const std::vector<
 // there); an error names the worker that could not.
 absl::Status UseDeterministicAlgorithmsOn(Agent& agent, const std::vector<std::string>& workers);
 
-}  // namespace remora::train::runs
+}  // namespace remora::master

@@ -1,4 +1,4 @@
-// master's checkpoint and elastic flags, checked (examples/master_flags.cc
+// master's checkpoint and elastic flags, checked (master/flags.cc
 // checks the rest): whether --checkpoint-dir is this run's to save in,
 // --resume's checkpoint read and matched to the run, --max-restarts and
 // --spares. Internal to the master's command line.
@@ -8,7 +8,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "examples/master_flags.h"
+#include "master/flags.h"
 
 namespace remora::master {
 
@@ -19,7 +19,7 @@ inline absl::Status Bad(const std::string& message) { return absl::InvalidArgume
 // newest --keep are kept whoever wrote them), unless the run goes on from
 // its latest; `derived`: the directory is --resume's, no --checkpoint-dir
 // was given.
-absl::Status CheckCheckpointDirIsOurs(const train::runs::RunOptions& c, bool derived = false);
+absl::Status CheckCheckpointDirIsOurs(const RunOptions& c, bool derived = false);
 // The checkpoint flags, and with --resume the checkpoint itself (read into
 // line.checkpoints); `given`: the flags on the command line.
 absl::Status CheckCheckpoints(CommandLine& line, const std::set<std::string>& given);

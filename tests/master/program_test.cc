@@ -1,6 +1,6 @@
 // The master program's failures as a user meets them: --help and bad
 // command lines (each flag's checks are tested in this process,
-// master_flags_test.cc), a busy port, workers refused or never coming.
+// flags_test.cc), a busy port, workers refused or never coming.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>

@@ -12,9 +12,9 @@
 #include "base/status_util.h"
 #include "pipeline/partition.h"
 #include "shards/resnet.h"
-#include "train/runs.h"
+#include "master/runs.h"
 
-namespace remora::train::runs {
+namespace remora::master {
 
 std::vector<int> SplitPoints(const RunOptions& c) {
   if (c.model.empty() && c.partition == "tutorial") return {shards::TutorialSplit()[1]};
@@ -100,4 +100,4 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, c
   return cut->stages;
 }
 
-}  // namespace remora::train::runs
+}  // namespace remora::master

@@ -1,4 +1,4 @@
-#include "train/runs.h"
+#include "master/runs.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/TensorOperators.h>
@@ -45,7 +45,7 @@
 #include "train/pipeline_trainer.h"
 #include "train/protocol.h"
 
-namespace remora::train::runs {
+namespace remora::master {
 
 
 pipeline::LossFn Loss(const RunOptions& c) {
@@ -77,10 +77,10 @@ std::vector<pipeline::StageSpec> WholeModelStages(const RunOptions& c) {
                                                           int64_t{c.seed}})};
 }
 
-LocalTrainer::LocalTrainer(const RunOptions& c, int splits, std::unique_ptr<train::LocalTrainer> trainer)
+LocalRun::LocalRun(const RunOptions& c, int splits, std::unique_ptr<train::LocalTrainer> trainer)
     : c_(c), run_(splits), trainer_(std::move(trainer)), start_(trace::NowUs()) {}
 
-absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const RunOptions& c, int splits) {
+absl::StatusOr<std::unique_ptr<LocalRun>> LocalRun::Create(const RunOptions& c, int splits) {
   RETURN_IF_ERROR(shards::RegisterStageTypes());
   train::LocalOptions o;
   o.stages = WholeModelStages(c);
@@ -89,10 +89,10 @@ absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const RunOpti
   o.micro_batches = splits;
   o.device = c.device;
   ASSIGN_OR_RETURN(auto trainer, train::LocalTrainer::Create(std::move(o)));
-  return std::unique_ptr<LocalTrainer>(new LocalTrainer(c, splits, std::move(trainer)));
+  return std::unique_ptr<LocalRun>(new LocalRun(c, splits, std::move(trainer)));
 }
 
-absl::Status LocalTrainer::Step(int b, const char* prefix) {
+absl::Status LocalRun::Step(int b, const char* prefix) {
   ASSIGN_OR_RETURN(auto batch, MakeBatch(c_, b));
   auto& [inputs, targets] = batch;
   const int64_t t0 = trace::NowUs();
@@ -140,15 +140,15 @@ int64_t PausedBefore(const std::vector<std::pair<int64_t, int64_t>>& paused, int
 absl::Status CollectSlices(Agent& agent, const std::vector<std::string>& workers, int64_t start,
                            const std::vector<std::pair<int64_t, int64_t>>& paused, Run& run) {
   for (size_t w = 0; w < workers.size(); ++w) {
-    auto slices = agent.rpc_sync(workers[w], kTraceCollect);
-    agent.rpc_sync(workers[w], TraceEnableRequest::kFunction, EncodeCall(TraceEnableRequest{false})).IgnoreError();
+    auto slices = agent.rpc_sync(workers[w], train::kTraceCollect);
+    agent.rpc_sync(workers[w], train::TraceEnableRequest::kFunction, EncodeCall(train::TraceEnableRequest{false})).IgnoreError();
     if (!slices.ok()) return slices.status();
     if (!slices->isList()) {
-      return absl::InternalError(absl::StrCat("worker '", workers[w], "' answered ", kTraceCollect, " with a ",
+      return absl::InternalError(absl::StrCat("worker '", workers[w], "' answered ", train::kTraceCollect, " with a ",
                                               slices->tagKind(), ", not a list of slices"));
     }
     for (const c10::IValue& s : slices->toListRef()) {
-      absl::StatusOr<TraceSliceValue> t = DecodeTuple<TraceSliceValue>(s);
+      absl::StatusOr<train::TraceSliceValue> t = DecodeTuple<train::TraceSliceValue>(s);
       if (!t.ok()) return Annotate(t.status(), absl::StrCat("worker '", workers[w], "'"));
       const int64_t skipped = PausedBefore(paused, t->start_us);
       run.slices.push_back({static_cast<int>(w), t->name, t->micro_batch, t->start_us - start - skipped,
@@ -167,8 +167,8 @@ constexpr int64_t kTracedSteps = 100;
 // slices dropped.
 void EnableTracing(Agent& agent, const std::vector<std::string>& workers, bool traced) {
   for (const auto& w : workers) {
-    agent.rpc_sync(w, TraceEnableRequest::kFunction, EncodeCall(TraceEnableRequest{traced})).IgnoreError();
-    agent.rpc_sync(w, kTraceCollect).IgnoreError();  // drop older slices
+    agent.rpc_sync(w, train::TraceEnableRequest::kFunction, EncodeCall(train::TraceEnableRequest{traced})).IgnoreError();
+    agent.rpc_sync(w, train::kTraceCollect).IgnoreError();  // drop older slices
   }
 }
 
@@ -279,7 +279,7 @@ train::TrainOptions TrainOptionsOf(const RunOptions& c, int splits, int64_t part
 
 absl::StatusOr<Run> FitLocal(const RunOptions& c, int splits, const data::Source& train, const data::Source& test,
                              bool traced) {
-  ASSIGN_OR_RETURN(auto local, LocalTrainer::Create(c, splits));
+  ASSIGN_OR_RETURN(auto local, LocalRun::Create(c, splits));
   Run run(splits);
   if (traced) {  // (the first kTracedSteps steps: a step's last slice is "step")
     local->trainer().set_slices([&run, start = trace::NowUs(), steps = int64_t{0}](const char* what, int64_t mb,
@@ -345,7 +345,7 @@ absl::Status FitPipeline(Agent& agent, const RunOptions& c, const std::vector<pi
                               const pipeline::StepRecord& s) mutable {
       if (++steps == kTracedSteps) {
         for (const auto& w : c.workers) {
-          agent.rpc_sync(w, TraceEnableRequest::kFunction, EncodeCall(TraceEnableRequest{false})).IgnoreError();
+          agent.rpc_sync(w, train::TraceEnableRequest::kFunction, EncodeCall(train::TraceEnableRequest{false})).IgnoreError();
         }
       }
       if (next) next(s);
@@ -382,7 +382,7 @@ absl::Status ReportMemory(parallel::DataParallelPipeline& pipe, const RunOptions
 }
 
 absl::StatusOr<Run> TrainLocal(const RunOptions& c, int splits) {
-  ASSIGN_OR_RETURN(auto trainer, LocalTrainer::Create(c, splits));
+  ASSIGN_OR_RETURN(auto trainer, LocalRun::Create(c, splits));
   ASSIGN_OR_RETURN(trainer->run().log, OpenRunLog(c, splits));
   for (int b = 0; b < c.batches; ++b) RETURN_IF_ERROR(trainer->Step(b));
   return std::move(trainer->run());
@@ -417,7 +417,7 @@ absl::StatusOr<int> ResumeBatches(train::Trainer& trainer, const Checkpointing* 
 
 absl::Status UseDeterministicAlgorithmsOn(Agent& agent, const std::vector<std::string>& workers) {
   for (const auto& w : workers) {
-    if (absl::Status s = agent.rpc_sync(w, kUseDeterministicAlgorithms).status(); !s.ok()) {
+    if (absl::Status s = agent.rpc_sync(w, train::kUseDeterministicAlgorithms).status(); !s.ok()) {
       return Annotate(s, absl::StrCat("--deterministic: worker '", w, "' could not switch to deterministic "
                                       "algorithms (a worker program must register remora's worker functions)"));
     }
@@ -641,4 +641,4 @@ absl::Status WriteReport(const std::string& path, bool local, const std::vector<
                             runs);
 }
 
-}  // namespace remora::train::runs
+}  // namespace remora::master

@@ -1,4 +1,4 @@
-#include "train/run.h"
+#include "master/run.h"
 
 #include <ATen/Context.h>
 #include <ATen/ops/arange.h>
@@ -27,7 +27,7 @@
 #include "train/report.h"
 #include "train/timeline.h"
 
-namespace remora::train::runs {
+namespace remora::master {
 namespace {
 
 // "1 micro-batch of 8 images", "4 micro-batches of ~2 images".
@@ -195,7 +195,7 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> ChooseStages(Agent& agent, cons
 // last split count's batches, so that both meet the same minutes of a
 // machine whose speed drifts (measured: by 30% within minutes).
 struct Baseline {
-  std::unique_ptr<LocalTrainer> trainer;
+  std::unique_ptr<LocalRun> trainer;
   absl::Status status;  // the first failed batch's
 };
 
@@ -251,7 +251,7 @@ absl::StatusOr<std::vector<Run>> TrainOverWorkers(Agent& agent, RunPlan& line, c
     std::function<void(int)> after_batch;
     if (last && c.compare_local) {
       std::printf("  alternating with local training (splits=1, %d threads, in this process)\n", c.threads);
-      auto trainer = LocalTrainer::Create(c, 1);
+      auto trainer = LocalRun::Create(c, 1);
       if (!trainer.ok()) return trainer.status();
       baseline.trainer = std::move(*trainer);
       after_batch = [&baseline, &c](int b) {
@@ -419,4 +419,4 @@ absl::Status RunMaster(RunPlan& plan, Registry* registry) {
   return absl::OkStatus();
 }
 
-}  // namespace remora::train::runs
+}  // namespace remora::master

@@ -1,4 +1,4 @@
-// The master's data (train/runs.h): its --dataset (Sets, LoadDataset), a
+// The master's data (master/runs.h): its --dataset (Sets, LoadDataset), a
 // named set loaded into memory or an image folder listed and read from
 // disk as batches need it; and the demo's random batches (MakeBatch,
 // FillNormalRows, BatchesAhead).
@@ -22,9 +22,9 @@
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
 #include "data/imagefolder.h"
-#include "train/runs.h"
+#include "master/runs.h"
 
-namespace remora::train::runs {
+namespace remora::master {
 
 bool ReadsImageFolder(const RunOptions& c) { return absl::StartsWith(c.dataset, "imagefolder:"); }
 
@@ -293,4 +293,4 @@ std::string Sets::Describe() const {
                       c10::str(c10::IntArrayRef(shape)), in_classes, not_read);
 }
 
-}  // namespace remora::train::runs
+}  // namespace remora::master

@@ -1,8 +1,7 @@
 // master's command line: its flags with their help, and the checks that
-// turn them into a train::runs::RunPlan (train/run.h) before any worker is
-// waited for. Apart from
-// master.cc so that tests check every bad flag in this process
-// (tests/examples/master_flags_test.cc) instead of starting the program
+// turn them into a RunPlan (master/run.h) before any worker is waited
+// for. Apart from main.cc so that tests check every bad flag in this
+// process (tests/master/flags_test.cc) instead of starting the program
 // once per case.
 //
 // Thread-compatible: plain functions over values the caller owns.
@@ -14,17 +13,17 @@
 
 #include "absl/status/statusor.h"
 #include "launch/cli.h"
-#include "train/ps_runs.h"
-#include "train/run.h"
-#include "train/runs.h"
+#include "master/ps_runs.h"
+#include "master/run.h"
+#include "master/runs.h"
 
 namespace remora::master {
 
 // The flags as given, before the checks and the defaults that depend on
 // other flags. Most flags write straight into `config`.
 struct Flags {
-  train::runs::RunOptions config;
-  train::runs::PsFlags ps;
+  RunOptions config;
+  PsFlags ps;
   launch::SecurityFiles security;
   std::string workers;
   std::string spares;
@@ -48,7 +47,7 @@ Flags DefaultFlags();
 void AddFlags(launch::FlagParser& parser, Flags* flags);
 
 // A command line that passed the checks: what master runs.
-using CommandLine = train::runs::RunPlan;
+using CommandLine = RunPlan;
 
 // Checks `flags` and resolves them: reads the token and TLS files, --model's
 // TorchScript files and the checkpoint to resume. Every error names the

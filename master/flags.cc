@@ -1,4 +1,4 @@
-#include "examples/master_flags.h"
+#include "master/flags.h"
 
 #include <unistd.h>
 
@@ -18,7 +18,7 @@
 #include "base/ids.h"
 #include "channel/devices.h"
 #include "checkpoint/checkpoint.h"
-#include "examples/master_checkpoint_flags.h"
+#include "master/checkpoint_flags.h"
 #include "data/datasets.h"
 #include "shards/cnn.h"
 #include "shards/resnet.h"
@@ -28,8 +28,6 @@
 #include "pipeline/schedule.h"
 
 namespace remora::master {
-
-using namespace train::runs;  // NOLINT: the options and checks of the runs these flags configure
 
 namespace {
 

@@ -1,19 +1,20 @@
 // The master's whole run as one call: what `master` does once its command
-// line is checked (examples/master_flags.h): the agent listening, the
+// line is checked (master/flags.h): the agent listening, the
 // dataset loaded, the workers waited for, the stages chosen, each --splits
 // count trained (a pipeline, its replicas, the parameter server, or this
 // process alone), and the summary, report, trace, timeline and curves
-// written. A program of one's own with other flags calls it the same way:
+// written. The program's own (not installed: a program of one's own builds
+// on train/, docs/writing-your-own-master.md); main.cc calls it as
 //
-//   train::runs::RunPlan plan;                    // options as C++ structs
+//   master::RunPlan plan;                         // options as C++ structs
 //   plan.config.all_workers = plan.config.workers = {"w1", "w2"};
 //   plan.config.splits = {1, 8};
 //   Registry registry;                            // the master's own
 //   RETURN_IF_ERROR(examples::RegisterStockWorker(registry));
-//   absl::Status s = train::runs::RunMaster(plan, &registry);
+//   absl::Status s = master::RunMaster(plan, &registry);
 //
-// The options, the runs and their pieces are in train/runs.h and
-// train/ps_runs.h.
+// The options, the runs and their pieces are in master/runs.h and
+// master/ps_runs.h.
 #pragma once
 
 #include <string>
@@ -21,10 +22,10 @@
 #include "absl/status/status.h"
 #include "launch/cli.h"
 #include "rpc/registry.h"
-#include "train/ps_runs.h"
-#include "train/runs.h"
+#include "master/ps_runs.h"
+#include "master/runs.h"
 
-namespace remora::train::runs {
+namespace remora::master {
 
 // A checked run: what RunMaster runs.
 struct RunPlan {
@@ -60,4 +61,4 @@ absl::Status CheckPaths(const RunOptions& c);
 // input shape).
 absl::Status RunMaster(RunPlan& plan, Registry* registry);
 
-}  // namespace remora::train::runs
+}  // namespace remora::master

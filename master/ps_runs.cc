@@ -1,4 +1,4 @@
-#include "train/ps_runs.h"
+#include "master/ps_runs.h"
 
 #include <unistd.h>
 
@@ -21,7 +21,7 @@
 #include "train/ps_trainer.h"
 #include "runtime/trace.h"
 
-namespace remora::train::runs {
+namespace remora::master {
 namespace {
 
 double Median(std::vector<double> v) {
@@ -222,4 +222,4 @@ absl::Status TrainPs(Agent& agent, const RunOptions& c, const PsFlags& p,
   return absl::OkStatus();
 }
 
-}  // namespace remora::train::runs
+}  // namespace remora::master

@@ -2,7 +2,7 @@
 // names it, and good ones resolve to the configuration master runs. (The
 // program itself is tested in tests/shards/resnet_test.cc: --help, the
 // exit codes, workers that never come.)
-#include "examples/master_flags.h"
+#include "master/flags.h"
 
 #include <unistd.h>
 

@@ -11,20 +11,20 @@
 // GPU to GPU (CUDA IPC or NCCL) as the workers' device maps say, and the
 // last stage's output lands on the master's CPU.
 //
-// This file is the command line alone (examples/master_flags.h checks it);
-// the run is one call, train::runs::RunMaster (train/run.h).
+// This file is the command line alone (master/flags.h checks it);
+// the run is one call, master::RunMaster (master/run.h).
 #include <algorithm>
 #include <iostream>
 #include <thread>
 #include <utility>
 
 #include "base/status_util.h"
-#include "examples/master_flags.h"
+#include "master/flags.h"
 #include "examples/stock_worker.h"
 #include "launch/cli.h"
 #include "launch/worker_main.h"
 #include "runtime/threads.h"
-#include "train/run.h"
+#include "master/run.h"
 
 namespace remora {
 namespace {
@@ -41,7 +41,7 @@ int Main(int argc, char** argv) {
   flags.given = parser.given();
   auto line = master::Check(std::move(flags));
   if (line.ok()) {  // (bad paths are bad flag values too: a supervisor does not restart for them)
-    if (absl::Status paths = train::runs::CheckPaths(line->config); !paths.ok()) line = paths;
+    if (absl::Status paths = master::CheckPaths(line->config); !paths.ok()) line = paths;
     if (line.ok()) line->paths_checked = true;
   }
   if (!line.ok()) {
@@ -51,7 +51,7 @@ int Main(int argc, char** argv) {
   // Training here on several threads (--local, --compare-local, --mode
   // ps): LibTorch's threads sleep while they wait, not spin (this may
   // start the program again, before anything is printed or opened).
-  const train::runs::RunOptions& c = line->config;
+  const master::RunOptions& c = line->config;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if ((c.local || c.compare_local || c.coordinator_threads > 1) && (c.threads_auto ? cores : c.threads) > 1) {
     runtime::PreferPassiveOpenMpWaits(argv);
@@ -60,7 +60,7 @@ int Main(int argc, char** argv) {
   Registry registry;  // what this process serves: the stock worker's (its stage types too)
   absl::Status s = examples::RegisterStockWorker(registry);
   try {
-    if (s.ok()) s = train::runs::RunMaster(*line, &registry);
+    if (s.ok()) s = master::RunMaster(*line, &registry);
   } catch (...) {  // (a bug: errors are statuses; never an abort)
     s = StatusFromCurrentException("unexpected error (please report it)");
   }

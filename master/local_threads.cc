@@ -1,4 +1,4 @@
-// --local's thread count, measured (FastestLocalThreads, train/runs.h).
+// --local's thread count, measured (FastestLocalThreads, master/runs.h).
 #include <ATen/ops/narrow.h>
 
 #include <algorithm>
@@ -11,9 +11,9 @@
 #include "base/status_util.h"
 #include "runtime/threads.h"
 #include "runtime/trace.h"
-#include "train/runs.h"
+#include "master/runs.h"
 
-namespace remora::train::runs {
+namespace remora::master {
 
 std::string ThreadChoice::Describe() const {
   auto count = [](int n) { return absl::StrCat(n, n == 1 ? " thread" : " threads"); };
@@ -45,7 +45,7 @@ absl::StatusOr<ThreadChoice> FastestLocalThreads(const RunOptions& c, int splits
   choice.threads = counts.front();
   if (counts.size() == 1) return choice;
   const int64_t t0 = trace::NowUs();
-  ASSIGN_OR_RETURN(auto probe, LocalTrainer::Create(c, splits));
+  ASSIGN_OR_RETURN(auto probe, LocalRun::Create(c, splits));
   // A large model is timed on the batch's first rows (enough for every
   // micro-batch to have two): its operations are large enough to share
   // either way, and a whole batch of ResNet50 at 128x128 takes seconds a
@@ -114,4 +114,4 @@ absl::StatusOr<ThreadChoice> FastestLocalThreads(const RunOptions& c, int splits
   return choice;
 }
 
-}  // namespace remora::train::runs
+}  // namespace remora::master

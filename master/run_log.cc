@@ -5,17 +5,19 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <iostream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "base/numbers.h"
-#include "train/runs.h"
+#include "master/runs.h"
 
-namespace remora::train::runs {
+namespace remora::master {
 
 absl::StatusOr<std::shared_ptr<train::RunLog>> OpenRunLog(const RunOptions& c, int splits) {
   if (c.tensorboard.empty()) return train::RunLog::Open("");
-  return train::RunLog::Open(c.splits.size() > 1 ? absl::StrCat(c.tensorboard, "/splits-", splits) : c.tensorboard);
+  return train::RunLog::Open(c.splits.size() > 1 ? absl::StrCat(c.tensorboard, "/splits-", splits) : c.tensorboard,
+                             LinesTo(std::cerr));
 }
 
 void RecordBatch(Run& run, int b, double loss, double seconds, int64_t rows) {
@@ -68,4 +70,4 @@ void MergeEpochs(Run& run, const std::vector<pipeline::EpochResult>& epochs) {
   for (const auto& e : run.epochs) run.seconds += e.seconds;
 }
 
-}  // namespace remora::train::runs
+}  // namespace remora::master
