@@ -141,7 +141,8 @@ absl::Status CollectSlices(Agent& agent, const std::vector<std::string>& workers
                            const std::vector<std::pair<int64_t, int64_t>>& paused, Run& run) {
   for (size_t w = 0; w < workers.size(); ++w) {
     auto slices = agent.rpc_sync(workers[w], train::kTraceCollect);
-    agent.rpc_sync(workers[w], train::TraceEnableRequest::kFunction, EncodeCall(train::TraceEnableRequest{false})).IgnoreError();
+    agent.rpc_sync(workers[w], train::TraceEnableRequest::kFunction, EncodeCall(train::TraceEnableRequest{false}))
+        .IgnoreError();
     if (!slices.ok()) return slices.status();
     if (!slices->isList()) {
       return absl::InternalError(absl::StrCat("worker '", workers[w], "' answered ", train::kTraceCollect, " with a ",
@@ -158,17 +159,56 @@ absl::Status CollectSlices(Agent& agent, const std::vector<std::string>& workers
   return absl::OkStatus();
 }
 
-// The steps of a --dataset run that --trace and --timeline record: a
-// picture of the pipeline's shape, not of every epoch (a long run's slices
-// would fill the workers' memory and the collecting reply).
+// The steps of a pipeline run that the workers trace: enough for its
+// bubble and a picture of its shape (--trace, --timeline), not every
+// epoch (a long run's slices would fill the workers' memory and the
+// collecting reply).
 constexpr int64_t kTracedSteps = 100;
 
-// Turns the workers' trace recorders on (`traced`) or off, their older
-// slices dropped.
-void EnableTracing(Agent& agent, const std::vector<std::string>& workers, bool traced) {
+// The workers' slices of a pipeline run (its first kTracedSteps steps),
+// collected into run.slices where the run is `traced` (--trace,
+// --timeline), and its bubble (train/timeline.h) beside its schedule's,
+// recorded for the report and printed. Where fewer than two steps were
+// traced, or an untraced run's slices cannot be collected, it says so and
+// the run goes on.
+absl::Status CollectAndMeasure(Agent& agent, const std::vector<std::string>& workers, int64_t start,
+                               const std::vector<std::pair<int64_t, int64_t>>& paused,
+                               const pipeline::Schedule& schedule, bool traced, Run& run) {
+  const size_t before = run.slices.size();  // (an elastic run's earlier attempts')
+  absl::StatusOr<train::Bubble> b;
+  if (absl::Status collected = CollectSlices(agent, workers, start, paused, run); !collected.ok()) {
+    if (traced) return collected;
+    b = collected;
+  } else {
+    const std::vector<train::TimelineSlice> these(run.slices.begin() + before, run.slices.end());
+    b = train::MeasureBubble(these, static_cast<int>(workers.size()));
+  }
+  if (!traced) run.slices.erase(run.slices.begin() + before, run.slices.end());
+  if (!b.ok()) {
+    std::printf("bubble: not measured: %s\n", std::string(b.status().message()).c_str());
+    return absl::OkStatus();
+  }
+  if (absl::StatusOr<double> s = train::ScheduleBubble(schedule); s.ok()) b->schedule_fraction = *s;
+  std::printf("%s", train::FormatBubble(*b, workers).c_str());
+  if (run.log != nullptr) run.log->AddBubble(*b, workers, run.first_step + b->steps + 1);
+  run.bubble = *std::move(b);
+  return absl::OkStatus();
+}
+
+// Turns the workers' trace recorders on, their older slices dropped.
+void StartTracing(Agent& agent, const std::vector<std::string>& workers) {
   for (const auto& w : workers) {
-    agent.rpc_sync(w, train::TraceEnableRequest::kFunction, EncodeCall(train::TraceEnableRequest{traced})).IgnoreError();
+    agent.rpc_sync(w, train::TraceEnableRequest::kFunction, EncodeCall(train::TraceEnableRequest{true}))
+        .IgnoreError();
     agent.rpc_sync(w, train::kTraceCollect).IgnoreError();  // drop older slices
+  }
+}
+
+// Turns the workers' trace recorders off, keeping what they recorded.
+void StopTracing(Agent& agent, const std::vector<std::string>& workers) {
+  for (const auto& w : workers) {
+    agent.rpc_sync(w, train::TraceEnableRequest::kFunction, EncodeCall(train::TraceEnableRequest{false}))
+        .IgnoreError();
   }
 }
 
@@ -338,23 +378,17 @@ absl::Status FitPipeline(Agent& agent, const RunOptions& c, const std::vector<pi
                 c.data_on == "workers" ? " (a loss computed on the master needs the batches here)" : "");
   }
   run.schedule = trainer->pipeline().replica(0).schedule().name;
-  EnableTracing(agent, c.workers, traced);
+  StartTracing(agent, c.workers);  // (the first kTracedSteps steps)
   const int64_t start = trace::NowUs();
-  if (traced) {  // the workers record the first kTracedSteps steps
-    options.fit.on_step = [&agent, &c, steps = int64_t{0}, next = std::move(options.fit.on_step)](
-                              const pipeline::StepRecord& s) mutable {
-      if (++steps == kTracedSteps) {
-        for (const auto& w : c.workers) {
-          agent.rpc_sync(w, train::TraceEnableRequest::kFunction, EncodeCall(train::TraceEnableRequest{false})).IgnoreError();
-        }
-      }
-      if (next) next(s);
-    };
-  }
+  options.fit.on_step = [&agent, &c, steps = int64_t{0}, next = std::move(options.fit.on_step)](
+                            const pipeline::StepRecord& s) mutable {
+    if (++steps == kTracedSteps) StopTracing(agent, c.workers);
+    if (next) next(s);
+  };
   RETURN_IF_ERROR(train::Fit(*trainer, train, test, options, std::cout).status());  // (epochs merged as they end)
   RETURN_IF_ERROR(ReportMemory(trainer->pipeline(), c, run));
   // (The evaluations between epochs are on the workers' tracks too.)
-  return traced ? CollectSlices(agent, c.workers, start, {}, run) : absl::OkStatus();
+  return CollectAndMeasure(agent, c.workers, start, {}, trainer->pipeline().replica(0).schedule(), traced, run);
 }
 
 absl::Status ReportMemory(parallel::DataParallelPipeline& pipe, const RunOptions& c, Run& run) {
@@ -446,7 +480,7 @@ absl::Status TrainPipeline(Agent& agent, const RunOptions& c, const std::vector<
     KeepStepsUpTo(run, first);
     run.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - *run.last_step_end).count();
   }
-  EnableTracing(agent, c.workers, traced);
+  StartTracing(agent, c.workers);  // (the first kTracedSteps batches)
   const int64_t start = trace::NowUs();
   std::vector<std::pair<int64_t, int64_t>> paused;  // after_batch's windows
   // Messages are counted over the batches after the first.
@@ -486,6 +520,7 @@ absl::Status TrainPipeline(Agent& agent, const RunOptions& c, const std::vector<
     const double seconds = (now - last_end) / 1e6;
     last_end = now;
     RecordBatch(run, s.b, loss, seconds, c.batch_size);
+    if (s.b + 1 - first == kTracedSteps) StopTracing(agent, c.workers);
     run.last_step_end = std::chrono::steady_clock::now();
     run.data_wait_seconds.push_back(data_wait);
     data_wait = 0;
@@ -557,8 +592,7 @@ absl::Status TrainPipeline(Agent& agent, const RunOptions& c, const std::vector<
     RecordMessages(sent_before, sent_after, c.batches - first - 1, run);
   }
   RETURN_IF_ERROR(ReportMemory(*pipe, c, run));
-  if (traced) RETURN_IF_ERROR(CollectSlices(agent, c.workers, start, paused, run));
-  return absl::OkStatus();
+  return CollectAndMeasure(agent, c.workers, start, paused, pipe->replica(0).schedule(), traced, run);
 }
 
 absl::Status TrainElastic(Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,

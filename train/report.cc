@@ -57,6 +57,15 @@ void RunLog::Recovered(int64_t step, int count, int64_t restored) {
   if (events_ != nullptr) Warn(events_->Flush());
 }
 
+void RunLog::AddBubble(const Bubble& b, const std::vector<std::string>& workers, int64_t step) {
+  Add("bubble/step", step, b.fraction);
+  if (b.schedule_fraction >= 0) Add("bubble/schedule", step, b.schedule_fraction);
+  for (size_t w = 0; w < b.workers.size() && w < workers.size(); ++w) {
+    Add(absl::StrCat("bubble/", workers[w]), step, b.workers[w].idle_fraction());
+  }
+  if (events_ != nullptr) Warn(events_->Flush());
+}
+
 void ReportTo(RunRecord& run, pipeline::FitOptions& f) {
   if (run.log != nullptr) ReportTo(run.log, f);
   f.on_step = [&run, next = std::move(f.on_step)](const pipeline::StepRecord& s) {
@@ -97,6 +106,19 @@ double MedianAfterFirst(const std::vector<double>& all) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+// A run's bubble as a JSON object (WriteReport's "bubble").
+std::string BubbleJson(const Bubble& b) {
+  std::vector<std::string> workers;
+  for (const WorkerTime& w : b.workers) {
+    workers.push_back(absl::StrCat("{\"busy_seconds\": ", JsonFixed(6, w.busy_s),
+                                   ", \"idle_seconds\": ", JsonFixed(6, w.idle_s), "}"));
+  }
+  return absl::StrCat("{\"steps\": ", b.steps, ", \"step_seconds\": ", JsonFixed(6, b.step_s),
+                      ", \"fraction\": ", JsonFixed(6, b.fraction), ", \"schedule_fraction\": ",
+                      b.schedule_fraction < 0 ? std::string("null") : JsonFixed(6, b.schedule_fraction),
+                      ", \"workers\": [", absl::StrJoin(workers, ", "), "]}");
 }
 
 }  // namespace
@@ -157,6 +179,7 @@ absl::Status WriteReport(const std::string& path, const std::string& mode, const
       out << ", \"messages_per_batch\": {\"total\": " << absl::StrFormat("%g", total)
           << ", \"by_kind\": {" << absl::StrJoin(kinds, ", ") << "}}";
     }
+    if (r.bubble.has_value()) out << ", \"bubble\": " << BubbleJson(*r.bubble);
     out << ", \"optimizer_state_bytes\": [" << absl::StrJoin(r.optimizer_state_bytes, ", ")
         << "], \"epochs\": [";
     for (size_t e = 0; e < r.epochs.size(); ++e) {

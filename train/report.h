@@ -65,6 +65,10 @@ class RunLog {
   // step after it (the steps trained again show once in TensorBoard), then
   // run/recoveries, the run's recoveries so far, at the step it failed at.
   void Recovered(int64_t step, int count, int64_t restored);
+  // A pipeline run's bubble (train/timeline.h) at `step`: bubble/step, the
+  // fraction of the steps idle; bubble/schedule, the schedule's own; and
+  // bubble/<worker>, each worker's.
+  void AddBubble(const Bubble& b, const std::vector<std::string>& workers, int64_t step);
 
   const std::vector<std::pair<double, double>>& losses() const { return losses_; }      // (step, loss)
   const std::vector<std::pair<double, double>>& accuracy() const { return accuracy_; }  // (epoch, accuracy)
@@ -113,6 +117,7 @@ struct RunRecord {
   // kind, over the batches after the first; empty when not measured.
   std::map<std::string, double> messages_per_batch;
   std::vector<TimelineSlice> slices;  // a traced run's (train/timeline.h)
+  std::optional<Bubble> bubble;       // a traced pipeline run's, measured from them
   std::shared_ptr<RunLog> log;        // may be null
   std::vector<Recovery> recoveries;   // an elastic run's (train/elastic.h)
   // An elastic run's place, so that a recovery's time counts in the run's
@@ -142,7 +147,9 @@ void ReportTo(RunRecord& run, pipeline::FitOptions& f);
 // "seconds", "steady_batch_seconds", "images_per_second",
 // "batch_seconds", ["steady_data_wait_seconds", "data_wait_seconds"],
 // "losses", "stages", ["messages_per_batch"],
-// "optimizer_state_bytes", "epochs"}, ...]}. An error names the file.
+// "optimizer_state_bytes", "epochs", ["bubble": {"steps", "step_seconds",
+// "fraction", "schedule_fraction", "workers": [{"busy_seconds",
+// "idle_seconds"}, ...]}]}, ...]}. An error names the file.
 absl::Status WriteReport(const std::string& path, const std::string& mode, const std::vector<RunRecord>& runs);
 
 // The runs' loss by step and test accuracy by epoch as an SVG (a series a

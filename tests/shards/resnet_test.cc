@@ -128,6 +128,10 @@ TEST(Master, PipelineLossesMatchLocalTraining) {
     }
   }
   EXPECT_THAT(out, HasSubstr("tensorboard: " + tensorboard));
+  const auto bubble = test_support::ScalarsIn(absl::StrCat(tensorboard, "/splits-2"), "bubble/step");
+  ASSERT_EQ(bubble.size(), 1u);
+  EXPECT_EQ(bubble[0].step, 2);
+  EXPECT_EQ(test_support::ScalarsIn(absl::StrCat(tensorboard, "/splits-2"), "bubble/worker1").size(), 1u);
   const std::string cs = ReadFile(curves);
   for (const char* part : {"splits=1", "splits=2", "<polyline"}) EXPECT_THAT(cs, HasSubstr(part));
 
@@ -153,7 +157,15 @@ TEST(Master, PipelineLossesMatchLocalTraining) {
     EXPECT_TRUE(std::regex_search(tj, staged)) << kind;
   }
   const std::string sj = ReadFile(svg);
-  for (const char* part : {"<svg", "worker2"}) EXPECT_THAT(sj, HasSubstr(part));
+  for (const char* part : {"<svg", "worker2", ">stage", ">idle ", "forward of micro-batch 0"}) {
+    EXPECT_THAT(sj, HasSubstr(part)) << part;
+  }
+  // The traced run's bubble (its second batch) beside its schedule's, in
+  // the console and the report.
+  EXPECT_THAT(out, HasSubstr("% of each step idle over 1 step after the first"));
+  EXPECT_THAT(out, HasSubstr("the schedule alone leaves "));
+  EXPECT_THAT(out, HasSubstr("  worker1: busy "));
+  EXPECT_THAT(pj, HasSubstr("\"bubble\": {\"steps\": 1, \"step_seconds\": "));
   EXPECT_GT(std::count(sj.begin(), sj.end(), '\n'), 20);
 }
 

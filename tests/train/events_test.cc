@@ -1,5 +1,6 @@
-// TensorBoard event files (train/events.h) and the curves' SVG
-// (train/curves.h), without a training run; the master's --tensorboard and
+// TensorBoard event files (train/events.h), the curves' SVG
+// (train/curves.h) and the timeline's bubble and picture (train/
+// timeline.h), without a training run; the master's --tensorboard and
 // --curves are checked in tests/models/resnet_test.cc (batch runs) and
 // tests/data/imagefolder_master_test.cc (epochs).
 #include "train/events.h"
@@ -12,7 +13,9 @@
 #include <gtest/gtest.h>
 
 #include "tests/support/test_group.h"
+#include "pipeline/schedule.h"
 #include "train/curves.h"
+#include "train/timeline.h"
 
 namespace remora::train {
 namespace {
@@ -130,6 +133,79 @@ TEST(Curves, DrawsAPolylinePerSeriesWithItsLegendAndLeavesEmptyPanelsOut) {
   EXPECT_EQ(polylines, 2u);
   EXPECT_THAT(svg, HasSubstr("<circle"));  // the one-point series
   EXPECT_THAT(CurvesSvg({}), HasSubstr("no training steps to draw"));
+}
+
+// Two workers, three steps (the first left out): worker1 computes 80 us
+// of the 120 us from the second step's first action to the last step's
+// end, worker2 60 us (its gradient sum overlaps its backward and counts
+// once); the master's track is not a worker's.
+std::vector<TimelineSlice> TwoWorkersThreeSteps() {
+  return {{0, "forward", 0, 0, 10, "stage 0"},   {0, "step", -1, 10, 12, ""},
+          {1, "forward", 0, 5, 15, "stage 1"},   {1, "step", -1, 15, 17, ""},
+          {0, "forward", 0, 20, 30, "stage 0"},  {1, "forward", 0, 30, 40, "stage 1"},
+          {1, "backward", 0, 40, 50, "stage 1"}, {1, "allreduce", -1, 45, 55, ""},
+          {1, "step", -1, 50, 60, ""},           {0, "backward", 0, 50, 70, "stage 0"},
+          {0, "step", -1, 70, 80, ""},           {0, "forward", 0, 80, 90, "stage 0"},
+          {1, "forward", 0, 90, 100, "stage 1"}, {1, "backward", 0, 100, 110, "stage 1"},
+          {1, "step", -1, 110, 120, ""},         {0, "backward", 0, 110, 130, "stage 0"},
+          {0, "step", -1, 130, 140, ""},         {0, "input", 0, 60, 80, ""},
+          {2, "send", -1, 0, 140, ""}};
+}
+
+TEST(Bubble, IdleIsEachWorkersStepLessItsCompute) {
+  absl::StatusOr<Bubble> b = MeasureBubble(TwoWorkersThreeSteps(), 2);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->steps, 2);
+  EXPECT_DOUBLE_EQ(b->step_s, 60e-6);
+  ASSERT_EQ(b->workers.size(), 2u);
+  EXPECT_DOUBLE_EQ(b->workers[0].busy_s, 40e-6);
+  EXPECT_DOUBLE_EQ(b->workers[0].idle_s, 20e-6);
+  EXPECT_DOUBLE_EQ(b->workers[1].busy_s, 30e-6);
+  EXPECT_DOUBLE_EQ(b->workers[1].idle_s, 30e-6);
+  EXPECT_DOUBLE_EQ(b->fraction, 100.0 / 240);
+  EXPECT_DOUBLE_EQ(b->schedule_fraction, -1);
+  b->schedule_fraction = 0.2;
+  const std::string lines = FormatBubble(*b, {"worker1", "worker2"});
+  EXPECT_THAT(lines, HasSubstr("bubble: 41.7% of each step idle over 2 steps after the first (0.000 s a step); "
+                               "the schedule alone leaves 20.0%"));
+  EXPECT_THAT(lines, HasSubstr("  worker2: busy 0.000 s, idle 0.000 s (50.0%)\n"));
+}
+
+TEST(Bubble, NeedsTwoStepsOnEveryWorker) {
+  std::vector<TimelineSlice> one = TwoWorkersThreeSteps();
+  one.resize(4);  // a step each
+  absl::StatusOr<Bubble> b = MeasureBubble(one, 2);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(b.status().message()), HasSubstr("two traced steps on every worker"));
+  EXPECT_FALSE(MeasureBubble(TwoWorkersThreeSteps(), 0).ok());
+}
+
+// The simulator's unit-time bubble: (S - 1) / (M + S - 1) for GPipe and
+// 1F1B; less for the interleaved schedule at the same micro-batches.
+TEST(Bubble, TheSchedulesOwnIsTheTextbookFraction) {
+  for (const char* name : {"gpipe", "1f1b"}) {
+    for (auto [workers, micro_batches] : {std::pair{2, 4}, {2, 8}, {4, 8}}) {
+      auto schedule = pipeline::MakeSchedule(name, workers, 1, micro_batches);
+      ASSERT_TRUE(schedule.ok()) << schedule.status();
+      auto f = ScheduleBubble(*schedule);
+      ASSERT_TRUE(f.ok()) << f.status();
+      EXPECT_DOUBLE_EQ(*f, double(workers - 1) / (micro_batches + workers - 1)) << name << " " << workers;
+    }
+  }
+  auto interleaved = pipeline::MakeSchedule("interleaved", 2, 2, 4);
+  ASSERT_TRUE(interleaved.ok()) << interleaved.status();
+  EXPECT_LT(ScheduleBubble(*interleaved).value(), 0.2);
+}
+
+TEST(Timeline, RowsNameTheirStagesAndIdleShareWithALegend) {
+  const std::string path = TempPath("bubble_timeline.svg");
+  ASSERT_TRUE(WriteTimelineSvg(path, {"worker1", "worker2"}, TwoWorkersThreeSteps(), 1).ok());
+  const std::string svg = Slurp(path);
+  for (const char* part : {">worker1<", ">stage 0<", ">stage 1<", ">idle 33%<", ">idle 50%<", ">F0<", ">B0<",
+                           "forward of micro-batch 0", "optimizer step"}) {
+    EXPECT_THAT(svg, HasSubstr(part)) << part;
+  }
+  EXPECT_FALSE(WriteTimelineSvg("/nonexistent/dir/t.svg", {"w"}, {}, 1).ok());
 }
 
 }  // namespace
