@@ -14,6 +14,8 @@
 #include <ATen/ops/empty.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/passes/inliner.h>
 #include <torch/cuda.h>
 #include <torch/csrc/jit/serialization/import.h>
 
@@ -51,15 +53,52 @@ StageTypes& Types() {
   return *types;
 }
 
+c10::IValue MapTensors(const c10::IValue& value, const std::function<at::Tensor(const at::Tensor&)>& fn);
+
+// Whether `m`'s forward writes an argument in place (torchvision's
+// ReLU(inplace=True) first in a stage), or a view of one, here or in a
+// module or function it calls (inlined to look).
+bool WritesAnArgumentInPlace(const torch::jit::Module& m) {
+  if (!m.find_method("forward")) return false;  // (refused when loaded)
+  std::shared_ptr<torch::jit::Graph> graph = m.get_method("forward").graph()->copy();
+  torch::jit::Inline(*graph);
+  // The arguments (self left out), what unpacks them, and views of them.
+  std::vector<const torch::jit::Value*> values(graph->inputs().begin() + 1, graph->inputs().end());
+  for (size_t i = 0; i < values.size(); ++i) {
+    for (const torch::jit::Use& use : values[i]->uses()) {
+      const torch::jit::Node* node = use.user;
+      if (node->kind() == c10::prim::TupleUnpack || node->kind() == c10::prim::ListUnpack) {
+        values.insert(values.end(), node->outputs().begin(), node->outputs().end());
+        continue;
+      }
+      const c10::FunctionSchema* schema = node->maybeSchema();
+      if (schema == nullptr || use.offset >= schema->arguments().size()) continue;
+      const c10::AliasInfo* alias = schema->arguments()[use.offset].alias_info();
+      if (alias == nullptr) continue;
+      if (alias->isWrite()) return true;
+      values.insert(values.end(), node->outputs().begin(), node->outputs().end());  // a view
+    }
+  }
+  return false;
+}
+
 // A TorchScript module as a stage.
 class ScriptStage final : public StageModule {
  public:
   // Every parameter trains, whatever requires_grad it was saved with
   // (modules scripted in C++ or loaded for inference come without it).
-  explicit ScriptStage(torch::jit::Module m) : m_(std::move(m)) {
+  explicit ScriptStage(torch::jit::Module m) : m_(std::move(m)), writes_input_(WritesAnArgumentInPlace(m_)) {
     for (const at::Tensor& p : m_.parameters()) p.requires_grad_(true);
   }
-  c10::IValue Forward(const c10::IValue& input) override { return m_.forward(ScriptArgs(input)); }
+  // A received input is a leaf that autograd will not let be written in
+  // place: a stage that writes its input gets a copy, whose gradient
+  // flows back to the leaf.
+  c10::IValue Forward(const c10::IValue& input) override {
+    if (!writes_input_ || !c10::GradMode::is_enabled()) return m_.forward(ScriptArgs(input));
+    return m_.forward(ScriptArgs(MapTensors(input, [](const at::Tensor& t) {
+      return t.is_leaf() && t.requires_grad() ? t.clone() : t;
+    })));
+  }
   std::vector<at::Tensor> Parameters() override {
     std::vector<at::Tensor> out;
     for (const at::Tensor& p : m_.parameters()) out.push_back(p);
@@ -80,6 +119,7 @@ class ScriptStage final : public StageModule {
 
  private:
   torch::jit::Module m_;
+  const bool writes_input_;  // WritesAnArgumentInPlace(m_)
 };
 
 // `value` with `fn` applied to every tensor inside (tuples and lists too).
