@@ -2,8 +2,8 @@
 // ReLU(inplace=True) first in a stage, after a cut): they train over real
 // worker processes and match the same modules in one process, where the
 // input they write is an activation, not a leaf (pipeline/stage.cc).
-#include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/ops/mse_loss.h>
@@ -36,50 +36,71 @@ torch::jit::Module InPlaceHead(int64_t in, int64_t out, bool through_view) {
   return m;
 }
 
+using Batches = std::vector<std::pair<at::Tensor, at::Tensor>>;
+
+// The TorchScript modules `bytes`, loaded and run one after another in
+// this process, trained on `data` (MSE, SGD at 0.1): each step's loss; the
+// modules' parameters after the last step in `params`.
+std::vector<double> TrainHere(const std::vector<std::string>& bytes, const Batches& data,
+                              std::vector<at::Tensor>* params) {
+  std::vector<torch::jit::Module> chain;
+  for (const std::string& b : bytes) chain.push_back(test_support::LoadFromBytes(b));
+  for (torch::jit::Module& m : chain) {
+    for (const at::Tensor& p : m.parameters()) params->push_back(p.requires_grad_(true));
+  }
+  torch::optim::SGD sgd(*params, torch::optim::SGDOptions(0.1));
+  std::vector<double> losses;
+  for (const auto& [x, t] : data) {
+    sgd.zero_grad();
+    c10::IValue y = x;
+    for (torch::jit::Module& m : chain) y = m.forward({y});
+    at::Tensor l = at::mse_loss(y.toTensor(), t);
+    l.backward();
+    sgd.step();
+    losses.push_back(l.item<double>());
+  }
+  return losses;
+}
+
+// `stages` over workers w1, w2 trained on `data` as TrainHere trains them:
+// each step's loss within 1e-5 of `want`'s; stage 0's first parameter
+// after them as `first` (when given) has it.
+void ExpectPipelineTrainsAlike(Agent& master, std::vector<StageSpec> stages, const std::string& schedule,
+                               const Batches& data, const std::vector<double>& want, const at::Tensor& first) {
+  PipelineOptions o;
+  o.stages = std::move(stages);
+  o.workers = {"w1", "w2"};
+  o.schedule = schedule;
+  o.micro_batches = 4;
+  o.loss = MseLoss();
+  o.optimizer = optim::OptimizerOptions::SGD(0.1);
+  auto pipe = Pipeline::Create(master, o);
+  ASSERT_TRUE(pipe.ok()) << pipe.status();
+  for (size_t i = 0; i < data.size(); ++i) {
+    auto loss = (*pipe)->train_step(data[i].first, data[i].second);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    EXPECT_NEAR(*loss, want[i], 1e-5 * std::abs(want[i])) << "step " << i;
+  }
+  // (Stage 0's weights got their gradient through stage 1's copy.)
+  if (first.defined()) EXPECT_LT(RelativeError((*pipe)->stage_state(0).value()[0], first), 1e-5);
+  EXPECT_TRUE((*pipe)->eval_step(data[0].first).ok());
+}
+
 TEST(ScriptStage, AStageThatWritesItsReceivedInputInPlaceTrainsAsInOneProcess) {
   test_support::TestWorkers workers;
-  const auto data = test_support::RandomBatches(3, 8, 8, 4);
+  const Batches data = test_support::RandomBatches(3, 8, 8, 4);
   for (bool through_view : {false, true}) {
     SCOPED_TRACE(through_view ? "through a view" : "in a submodule");
     torch::jit::Module first = test_support::ScriptLinear(8, 16, 1, false);
     torch::jit::Module head = InPlaceHead(16, 4, through_view);
     const std::string s0 = test_support::SaveToBytes(first), s1 = test_support::SaveToBytes(head);
-    // One process: the same modules, loaded from the same bytes.
-    torch::jit::Module l0 = test_support::LoadFromBytes(s0), l1 = test_support::LoadFromBytes(s1);
     std::vector<at::Tensor> params;
-    for (auto* m : {&l0, &l1}) {
-      for (const at::Tensor& p : m->parameters()) params.push_back(p.requires_grad_(true));
-    }
-    torch::optim::SGD local(params, torch::optim::SGDOptions(0.1));
-    std::vector<double> local_losses;
-    for (const auto& [x, t] : data) {
-      local.zero_grad();
-      at::Tensor l = at::mse_loss(l1.forward({l0.forward({x})}).toTensor(), t);
-      l.backward();
-      local.step();
-      local_losses.push_back(l.item<double>());
-    }
+    const std::vector<double> want = TrainHere({s0, s1}, data, &params);
     for (const std::string schedule : {"gpipe", "1f1b"}) {
       SCOPED_TRACE(schedule);
-      PipelineOptions o;
-      o.stages = {StageSpec::TorchScript(s0, "linear.pt"), StageSpec::TorchScript(s1, "head.pt")};
-      o.workers = {"w1", "w2"};
-      o.schedule = schedule;
-      o.micro_batches = 4;
-      o.loss = MseLoss();
-      o.optimizer = optim::OptimizerOptions::SGD(0.1);
-      auto pipe = Pipeline::Create(workers.master(), o);
-      ASSERT_TRUE(pipe.ok()) << pipe.status();
-      for (size_t i = 0; i < data.size(); ++i) {
-        auto loss = (*pipe)->train_step(data[i].first, data[i].second);
-        ASSERT_TRUE(loss.ok()) << loss.status();
-        EXPECT_NEAR(*loss, local_losses[i], 1e-5 * std::abs(local_losses[i])) << "step " << i;
-      }
-      // The first stage's weights got their gradient through the copy.
-      auto w0 = (*pipe)->stage_state(0).value();
-      EXPECT_LT(RelativeError(w0[0], params[0]), 1e-5);
-      auto out = (*pipe)->eval_step(data[0].first);
-      ASSERT_TRUE(out.ok()) << out.status();
+      ExpectPipelineTrainsAlike(workers.master(),
+                                {StageSpec::TorchScript(s0, "linear.pt"), StageSpec::TorchScript(s1, "head.pt")},
+                                schedule, data, want, params[0]);
     }
   }
 }
@@ -102,28 +123,10 @@ TEST(ScriptStage, ACutBeforeAnInPlaceLayerTrainsAsTheWholeModelInOneProcess) {
   ASSERT_TRUE(model.ok()) << model.status();
   auto s0 = model->Stage(0, 1), s1 = model->Stage(1, 3);
   ASSERT_TRUE(s0.ok() && s1.ok());
-  const auto data = test_support::RandomBatches(3, 8, 8, 4);
-  torch::jit::Module whole = test_support::LoadFromBytes(bytes);
+  const Batches data = test_support::RandomBatches(3, 8, 8, 4);
   std::vector<at::Tensor> params;
-  for (const at::Tensor& p : whole.parameters()) params.push_back(p.requires_grad_(true));
-  torch::optim::SGD local(params, torch::optim::SGDOptions(0.1));
-  PipelineOptions o;
-  o.stages = {*s0, *s1};
-  o.workers = {"w1", "w2"};
-  o.micro_batches = 2;
-  o.loss = MseLoss();
-  o.optimizer = optim::OptimizerOptions::SGD(0.1);
-  auto pipe = Pipeline::Create(workers.master(), o);
-  ASSERT_TRUE(pipe.ok()) << pipe.status();
-  for (size_t i = 0; i < data.size(); ++i) {
-    local.zero_grad();
-    at::Tensor l = at::mse_loss(whole.forward({data[i].first}).toTensor(), data[i].second);
-    l.backward();
-    local.step();
-    auto loss = (*pipe)->train_step(data[i].first, data[i].second);
-    ASSERT_TRUE(loss.ok()) << loss.status();
-    EXPECT_NEAR(*loss, l.item<double>(), 1e-5 * std::abs(l.item<double>())) << "step " << i;
-  }
+  const std::vector<double> want = TrainHere({bytes}, data, &params);
+  ExpectPipelineTrainsAlike(workers.master(), {*s0, *s1}, "1f1b", data, want, params[0]);
 }
 
 }  // namespace
