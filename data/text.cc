@@ -202,8 +202,9 @@ absl::StatusOr<Batch> TextWindows::Get(const at::Tensor& rows, int epoch) const 
   const uint8_t* tokens = corpus_->tokens();
   for (int64_t i = 0; i < n; ++i) {
     if (want[i] < 0 || want[i] >= size()) {
-      return absl::OutOfRangeError(absl::StrCat("window ", want[i], " of ", size(), " (", train_ ? "training" : "held out",
-                                                " windows of ", corpus_->path(), ")"));
+      return absl::OutOfRangeError(absl::StrCat("window ", want[i], " of ", size(), " (",
+                                                train_ ? "training" : "held out", " windows of ", corpus_->path(),
+                                                ")"));
     }
     const int64_t start = Start(want[i], epoch);
     for (int64_t k = 0; k < t; ++k) {

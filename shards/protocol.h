@@ -52,6 +52,43 @@ struct ResNetShardArgs : BlocksArgs {
   static constexpr char kFunction[] = "ResNetShard";
 };
 
+// A GPT's stages (shards/gpt.h), their weights from `seed`: the token and
+// position embedding; decoder blocks [first, last) of the stack; the final
+// norm and the head.
+struct GptEmbedArgs {
+  static constexpr char kFunction[] = "GptEmbed";
+  int64_t vocab = 256;
+  int64_t seq_len = 0;
+  int64_t d_model = 0;
+  int64_t seed = 0;
+  template <typename Fields>
+  void Visit(Fields& f) {
+    f("vocab", vocab)("seq_len", seq_len)("d_model", d_model)("seed", seed, kMayBeLeftOff);
+  }
+};
+struct GptBlocksArgs {
+  static constexpr char kFunction[] = "GptBlocks";
+  int64_t d_model = 0;
+  int64_t heads = 1;
+  int64_t first = 0;
+  int64_t last = 0;
+  int64_t seed = 0;
+  template <typename Fields>
+  void Visit(Fields& f) {
+    f("d_model", d_model)("heads", heads)("first", first)("last", last)("seed", seed, kMayBeLeftOff);
+  }
+};
+struct GptHeadArgs {
+  static constexpr char kFunction[] = "GptHead";
+  int64_t d_model = 0;
+  int64_t vocab = 256;
+  int64_t seed = 0;
+  template <typename Fields>
+  void Visit(Fields& f) {
+    f("d_model", d_model)("vocab", vocab)("seed", seed, kMayBeLeftOff);
+  }
+};
+
 // A module's "forward": x, or an RRef to it, and the micro-batch it is
 // (-1: none; for the trace).
 struct ModuleForwardArgs {

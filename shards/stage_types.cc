@@ -6,6 +6,7 @@
 #include "base/status_util.h"
 #include "pipeline/stage.h"
 #include "shards/cnn.h"
+#include "shards/gpt.h"
 #include "shards/mlp.h"
 #include "shards/protocol.h"
 #include "shards/resnet.h"
@@ -31,6 +32,21 @@ absl::Status RegisterStageTypes() {
         SmallCnnArgs::kFunction, [](const std::vector<c10::IValue>& a, c10::Device) {
           const auto r = DecodeCallOrThrow<SmallCnnArgs>(a);
           return std::make_shared<SmallCnnImpl>(static_cast<int>(r.first), static_cast<int>(r.last), r.seed);
+        }));
+    RETURN_IF_ERROR(pipeline::RegisterStageModule<GptEmbedImpl>(
+        GptEmbedArgs::kFunction, [](const std::vector<c10::IValue>& a, c10::Device) {
+          const auto r = DecodeCallOrThrow<GptEmbedArgs>(a);
+          return std::make_shared<GptEmbedImpl>(r.vocab, r.seq_len, r.d_model, r.seed);
+        }));
+    RETURN_IF_ERROR(pipeline::RegisterStageModule<GptBlocksImpl>(
+        GptBlocksArgs::kFunction, [](const std::vector<c10::IValue>& a, c10::Device) {
+          const auto r = DecodeCallOrThrow<GptBlocksArgs>(a);
+          return std::make_shared<GptBlocksImpl>(r.d_model, r.heads, r.first, r.last, r.seed);
+        }));
+    RETURN_IF_ERROR(pipeline::RegisterStageModule<GptHeadImpl>(
+        GptHeadArgs::kFunction, [](const std::vector<c10::IValue>& a, c10::Device) {
+          const auto r = DecodeCallOrThrow<GptHeadArgs>(a);
+          return std::make_shared<GptHeadImpl>(r.d_model, r.vocab, r.seed);
         }));
     return pipeline::RegisterStageModule<ResNetShardImpl>(
         ResNetShardArgs::kFunction, [](const std::vector<c10::IValue>& a, c10::Device device) {

@@ -1,0 +1,114 @@
+#include "shards/gpt.h"
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/softmax.h>
+#include <ATen/ops/triu.h>
+
+namespace remora::shards {
+namespace {
+
+// GPT-2's initialisation, drawn from a generator of the module's own
+// (LibTorch's default draws from the process-wide one, which other
+// threads use): weights N(0, 0.02), biases 0.
+void Init(torch::nn::Module& m, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  at::NoGradGuard no_grad;
+  for (auto& p : m.named_parameters(/*recurse=*/false)) {
+    if (p.key() == "bias") {
+      p.value().zero_();
+    } else {
+      p.value().normal_(0.0, 0.02, gen);
+    }
+  }
+}
+
+}  // namespace
+
+GptEmbedImpl::GptEmbedImpl(int64_t vocab, int64_t seq_len, int64_t d_model, int64_t seed) : seq_len_(seq_len) {
+  if (vocab <= 0 || seq_len <= 0 || d_model <= 0) {
+    throw std::invalid_argument("GptEmbed: vocab, seq_len and d_model must be positive");
+  }
+  tokens_ = register_module("tokens", torch::nn::Embedding(vocab, d_model));
+  positions_ = register_module("positions", torch::nn::Embedding(seq_len, d_model));
+  Init(*tokens_, static_cast<uint64_t>(seed) * 2);
+  Init(*positions_, static_cast<uint64_t>(seed) * 2 + 1);
+}
+
+at::Tensor GptEmbedImpl::forward(const at::Tensor& tokens) {
+  if (tokens.dim() != 2 || tokens.size(1) > seq_len_) {
+    throw std::invalid_argument("GptEmbed: tokens must be int64 [N, T] with T at most the model's seq_len " +
+                                std::to_string(seq_len_) + "; got " + std::to_string(tokens.dim()) +
+                                " dimensions, T = " + std::to_string(tokens.dim() == 2 ? tokens.size(1) : -1));
+  }
+  const at::Tensor positions = at::arange(tokens.size(1), tokens.options().dtype(at::kLong));
+  return tokens_(tokens) + positions_(positions).unsqueeze(0);
+}
+
+GptBlockImpl::GptBlockImpl(int64_t d_model, int64_t heads, uint64_t seed) : heads_(heads) {
+  if (d_model <= 0 || heads <= 0 || d_model % heads != 0) {
+    throw std::invalid_argument("GptBlocks: d_model " + std::to_string(d_model) +
+                                " must be a positive multiple of heads " + std::to_string(heads));
+  }
+  norm1_ = register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
+  qkv_ = register_module("qkv", torch::nn::Linear(d_model, 3 * d_model));
+  proj_ = register_module("proj", torch::nn::Linear(d_model, d_model));
+  norm2_ = register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
+  up_ = register_module("up", torch::nn::Linear(d_model, 4 * d_model));
+  down_ = register_module("down", torch::nn::Linear(4 * d_model, d_model));
+  Init(*qkv_, seed * 8);
+  Init(*proj_, seed * 8 + 1);
+  Init(*up_, seed * 8 + 2);
+  Init(*down_, seed * 8 + 3);
+}
+
+at::Tensor GptBlockImpl::forward(const at::Tensor& x) {
+  const int64_t n = x.size(0), t = x.size(1), d = x.size(2), dh = d / heads_;
+  // Causal self-attention: each position attends to itself and those before.
+  const std::vector<at::Tensor> qkv = qkv_(norm1_(x)).split(d, /*dim=*/2);
+  auto heads = [&](const at::Tensor& a) { return a.view({n, t, heads_, dh}).transpose(1, 2); };  // [N, H, T, dh]
+  const at::Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(dh)));
+  const at::Tensor later = at::triu(at::ones({t, t}, x.options().dtype(at::kBool)), /*diagonal=*/1);
+  scores = scores.masked_fill(later, -std::numeric_limits<double>::infinity());
+  const at::Tensor attended = at::matmul(at::softmax(scores, -1), v).transpose(1, 2).reshape({n, t, d});
+  const at::Tensor h = x + proj_(attended);
+  return h + down_(at::gelu(up_(norm2_(h))));
+}
+
+GptBlocksImpl::GptBlocksImpl(int64_t d_model, int64_t heads, int64_t first, int64_t last, int64_t seed) {
+  if (first < 0 || last <= first) {
+    throw std::invalid_argument("GptBlocks: blocks [" + std::to_string(first) + ", " + std::to_string(last) +
+                                ") is no range of blocks");
+  }
+  blocks_ = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t i = first; i < last; ++i) {
+    blocks_->push_back(GptBlock(d_model, heads, static_cast<uint64_t>(seed) * 1000003u + static_cast<uint64_t>(i)));
+  }
+}
+
+at::Tensor GptBlocksImpl::forward(const at::Tensor& x) {
+  at::Tensor h = x;
+  for (const auto& block : *blocks_) h = block->as<GptBlockImpl>()->forward(h);
+  return h;
+}
+
+GptHeadImpl::GptHeadImpl(int64_t d_model, int64_t vocab, int64_t seed) {
+  if (d_model <= 0 || vocab <= 0) throw std::invalid_argument("GptHead: d_model and vocab must be positive");
+  norm_ = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
+  head_ = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(d_model, vocab).bias(false)));
+  Init(*head_, static_cast<uint64_t>(seed) * 2 + 7);
+}
+
+at::Tensor GptHeadImpl::forward(const at::Tensor& x) { return head_(norm_(x)); }
+
+}  // namespace remora::shards

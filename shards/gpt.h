@@ -1,0 +1,71 @@
+// A GPT as pipeline stages: the token and position embedding, pre-LayerNorm
+// decoder blocks (causal self-attention, then an MLP, each added to the
+// residual stream), and the final norm with the head. Each is built
+// deterministically from a seed (block i of the stack from (seed, i),
+// wherever the stack is cut), so that workers and a local reference build
+// the same weights. Trained with the causal language-model loss,
+// pipeline::LossFn::Named("causal_lm"): cross-entropy over every position.
+//
+//   stage types (RegisterStageTypes, shards/stage_types.h; arguments in
+//   shards/protocol.h):
+//     "GptEmbed"(vocab, seq_len, d_model, seed): tokens int64 [N, T] -> [N, T, D]
+//     "GptBlocks"(d_model, heads, first, last, seed): blocks [first, last)
+//     "GptHead"(d_model, vocab, seed): [N, T, D] -> logits [N, T, vocab]
+//
+// Thread-safety: modules, used by one thread at a time (the stage's).
+#pragma once
+
+#include <cstdint>
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
+namespace remora::shards {
+
+class GptEmbedImpl : public torch::nn::Module {
+ public:
+  GptEmbedImpl(int64_t vocab, int64_t seq_len, int64_t d_model, int64_t seed);
+  // tokens int64 [N, T], T <= seq_len (an error otherwise).
+  at::Tensor forward(const at::Tensor& tokens);
+
+ private:
+  int64_t seq_len_;
+  torch::nn::Embedding tokens_{nullptr}, positions_{nullptr};
+};
+
+// One pre-LayerNorm decoder block.
+class GptBlockImpl : public torch::nn::Module {
+ public:
+  GptBlockImpl(int64_t d_model, int64_t heads, uint64_t seed);
+  at::Tensor forward(const at::Tensor& x);
+
+ private:
+  int64_t heads_;
+  torch::nn::LayerNorm norm1_{nullptr}, norm2_{nullptr};
+  torch::nn::Linear qkv_{nullptr}, proj_{nullptr}, up_{nullptr}, down_{nullptr};
+};
+TORCH_MODULE(GptBlock);
+
+class GptBlocksImpl : public torch::nn::Module {
+ public:
+  GptBlocksImpl(int64_t d_model, int64_t heads, int64_t first, int64_t last, int64_t seed);
+  at::Tensor forward(const at::Tensor& x);
+
+ private:
+  torch::nn::ModuleList blocks_;
+};
+
+class GptHeadImpl : public torch::nn::Module {
+ public:
+  GptHeadImpl(int64_t d_model, int64_t vocab, int64_t seed);
+  at::Tensor forward(const at::Tensor& x);
+
+ private:
+  torch::nn::LayerNorm norm_{nullptr};
+  torch::nn::Linear head_{nullptr};
+};
+
+}  // namespace remora::shards

@@ -1,0 +1,108 @@
+// The GPT's stages (shards/gpt.h): causal (no position sees a later token),
+// the same wherever its stack of blocks is cut, and trained as a pipeline
+// over worker processes with the causal language-model loss, as in one
+// process.
+#include "shards/gpt.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/roll.h>
+#include <ATen/ops/randint.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/optim/sgd.h>
+
+#include "pipeline/pipeline.h"
+#include "shards/protocol.h"
+#include "tests/support/pipeline_fixtures.h"
+
+namespace remora::shards {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kVocab = 64, kSeqLen = 16, kDModel = 32, kHeads = 4;
+
+at::Tensor Tokens(int64_t rows, int64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::randint(kVocab, {rows, kSeqLen}, gen, at::TensorOptions().dtype(at::kLong));
+}
+
+TEST(Gpt, NoPositionSeesALaterTokenAndTheStackIsTheSameWhereverItIsCut) {
+  GptEmbedImpl embed(kVocab, kSeqLen, kDModel, 1);
+  GptBlocksImpl blocks(kDModel, kHeads, 0, 3, 2), first(kDModel, kHeads, 0, 1, 2), rest(kDModel, kHeads, 1, 3, 2);
+  GptHeadImpl head(kDModel, kVocab, 3);
+  at::NoGradGuard no_grad;
+  const at::Tensor x = Tokens(2, 4);
+  const at::Tensor logits = head.forward(blocks.forward(embed.forward(x)));
+  ASSERT_EQ(logits.sizes(), (std::vector<int64_t>{2, kSeqLen, kVocab}));
+  EXPECT_TRUE(rest.forward(first.forward(embed.forward(x))).equal(blocks.forward(embed.forward(x))));
+  at::Tensor later = x.clone();
+  later.narrow(1, 8, kSeqLen - 8).fill_(0);  // positions 8 on changed
+  const at::Tensor changed = head.forward(blocks.forward(embed.forward(later)));
+  EXPECT_LT((changed.narrow(1, 0, 8) - logits.narrow(1, 0, 8)).abs().max().item<double>(), 1e-6);
+  EXPECT_GT((changed.narrow(1, 8, 8) - logits.narrow(1, 8, 8)).abs().max().item<double>(), 1e-4);
+  // A shorter window is fine; a longer one than the model's is an error.
+  EXPECT_EQ(embed.forward(x.narrow(1, 0, 5)).size(1), 5);
+  try {
+    embed.forward(Tokens(1, 5).repeat({1, 2}));
+    ADD_FAILURE() << "32 tokens through a model of 16";
+  } catch (const std::exception& e) {
+    EXPECT_THAT(e.what(), HasSubstr("at most the model's seq_len 16"));
+  }
+  EXPECT_THROW(GptBlocksImpl(30, 4, 0, 1, 0), std::invalid_argument);  // 30 is no multiple of 4 heads
+}
+
+TEST(Gpt, TrainsAsAPipelineWithTheCausalLmLossAsInOneProcess) {
+  test_support::TestWorkers workers;
+  std::vector<std::pair<at::Tensor, at::Tensor>> data;
+  for (int s = 0; s < 3; ++s) {
+    const at::Tensor window = Tokens(8, 10 + s);
+    data.emplace_back(window, at::roll(window, -1, 1));  // (any targets will do)
+  }
+  // One process: the same modules, stage after stage.
+  GptEmbedImpl embed(kVocab, kSeqLen, kDModel, 1);
+  GptBlocksImpl b0(kDModel, kHeads, 0, 1, 2), b1(kDModel, kHeads, 1, 2, 2);
+  GptHeadImpl head(kDModel, kVocab, 3);
+  std::vector<at::Tensor> params;
+  for (torch::nn::Module* m : std::vector<torch::nn::Module*>{&embed, &b0, &b1, &head}) {
+    for (const at::Tensor& p : m->parameters()) params.push_back(p);
+  }
+  torch::optim::SGD sgd(params, torch::optim::SGDOptions(0.1));
+  std::vector<double> want;
+  for (const auto& [x, t] : data) {
+    sgd.zero_grad();
+    const at::Tensor logits = head.forward(b1.forward(b0.forward(embed.forward(x))));
+    at::Tensor l = at::cross_entropy_loss(logits.reshape({-1, kVocab}), t.reshape({-1}));
+    l.backward();
+    sgd.step();
+    want.push_back(l.item<double>());
+  }
+  pipeline::PipelineOptions o;
+  auto blocks = [](int64_t first, int64_t last) {
+    return pipeline::StageSpec::Registered(GptBlocksArgs::kFunction, {kDModel, kHeads, first, last, int64_t{2}});
+  };
+  o.stages = {pipeline::StageSpec::Registered(GptEmbedArgs::kFunction, {kVocab, kSeqLen, kDModel, int64_t{1}}),
+              blocks(0, 1), blocks(1, 2),
+              pipeline::StageSpec::Registered(GptHeadArgs::kFunction, {kDModel, kVocab, int64_t{3}})};
+  o.workers = {"w1", "w2"};
+  o.schedule = "interleaved";
+  o.micro_batches = 2;
+  o.loss = pipeline::LossFn::Named("causal_lm");
+  ASSERT_TRUE(o.loss);
+  o.optimizer = optim::OptimizerOptions::SGD(0.1);
+  auto pipe = pipeline::Pipeline::Create(workers.master(), o);
+  ASSERT_TRUE(pipe.ok()) << pipe.status();
+  for (size_t i = 0; i < data.size(); ++i) {
+    auto loss = (*pipe)->train_step(data[i].first, data[i].second);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    EXPECT_NEAR(*loss, want[i], 1e-5 * want[i]) << "step " << i;
+  }
+}
+
+}  // namespace
+}  // namespace remora::shards
