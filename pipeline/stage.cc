@@ -132,7 +132,7 @@ c10::IValue MapTensors(const c10::IValue& value, const std::function<at::Tensor(
   }
   if (value.isTensorList()) {
     c10::List<at::Tensor> out;
-    for (const at::Tensor& t : value.toTensorList()) out.push_back(fn(t));
+    for (const at::Tensor t : value.toTensorList()) out.push_back(fn(t));  // (a copy: GCC 14 warns of a reference)
     return out;
   }
   return value;
