@@ -132,7 +132,8 @@ c10::IValue MapTensors(const c10::IValue& value, const std::function<at::Tensor(
   }
   if (value.isTensorList()) {
     c10::List<at::Tensor> out;
-    for (const at::Tensor t : value.toTensorList()) out.push_back(fn(t));  // (a copy: GCC 14 warns of a reference)
+    const c10::List<at::Tensor> in = value.toTensorList();
+    for (size_t i = 0; i < in.size(); ++i) out.push_back(fn(in.get(i)));
     return out;
   }
   return value;
