@@ -21,6 +21,7 @@
 #include "base/status_util.h"
 #include "data/imagefolder.h"
 #include "data/source.h"
+#include "data/text.h"
 
 namespace remora::data {
 namespace {
@@ -155,12 +156,12 @@ absl::StatusOr<Dataset> LoadCifar10(const std::string& dir, bool train) {
 absl::Status CheckDatasetName(const std::string& name) {
   const size_t colon = name.find(':');
   const std::string kind = name.substr(0, colon);
-  if (name == "fashion-mnist" || ((kind == "idx" || kind == "cifar10" || kind == "imagefolder") &&
+  if (name == "fashion-mnist" || ((kind == "idx" || kind == "cifar10" || kind == "imagefolder" || kind == "text") &&
                                    colon != std::string::npos && colon + 1 < name.size())) {
     return absl::OkStatus();
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "--dataset wants fashion-mnist, idx:DIR, cifar10:DIR or imagefolder:DIR; got '", name, "'"));
+      "--dataset wants fashion-mnist, idx:DIR, cifar10:DIR, imagefolder:DIR or text:PATH; got '", name, "'"));
 }
 
 std::string AbsoluteDatasetName(const std::string& name) {
@@ -177,6 +178,13 @@ std::string AbsoluteDatasetName(const std::string& name) {
 absl::Status CheckDatasetDir(const std::string& name, double val_fraction) {
   const std::string dir = DatasetDir(name);
   std::error_code ec;
+  if (absl::StartsWith(name, "text:")) {  // a file, or a folder of .txt files
+    if (fs::exists(dir, ec)) return absl::OkStatus();
+    return absl::NotFoundError(absl::StrCat("--dataset ", name, ": ", dir,
+                                            ec ? absl::StrCat(" cannot be read (", ec.message(), ")")
+                                               : std::string(" does not exist"),
+                                            ": give a UTF-8 text file, or a folder of .txt files"));
+  }
   if (fs::is_directory(dir, ec)) {
     return absl::StartsWith(name, "imagefolder:") ? CheckValFraction(dir, val_fraction) : absl::OkStatus();
   }
@@ -367,6 +375,16 @@ absl::StatusOr<std::unique_ptr<Source>> OpenSource(const SourceSpec& spec) {
     ASSIGN_OR_RETURN(source, ImageFolder::Open(spec.dataset.substr(sizeof(kFolder) - 1),
                                                spec.train ? "train" : "val", FolderOptions(spec)));
     return SpreadRows(std::move(source), spec.rows);  // (its listing is sorted by class)
+  } else if (constexpr char kText[] = "text:"; spec.dataset.rfind(kText, 0) == 0) {
+    const std::string path = spec.dataset.substr(sizeof(kText) - 1);
+    if (spec.token_cache.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("text ", path, ": no token file named to write its tokens to"));
+    }
+    ASSIGN_OR_RETURN(std::shared_ptr<const TextCorpus> corpus, TextCorpus::Open(path, spec.token_cache));
+    auto windows = std::make_unique<TextWindows>(
+        std::move(corpus), TextWindowOptions{spec.seq_len, spec.val_fraction, spec.seed}, spec.train);
+    RETURN_IF_ERROR(windows->Check());
+    source = std::move(windows);
   } else {
     ASSIGN_OR_RETURN(auto sets, LoadNamed(spec.dataset));
     source = std::make_unique<OwnedInMemory>(spec.train ? std::move(sets.first) : std::move(sets.second));

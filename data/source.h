@@ -54,7 +54,9 @@ class InMemory final : public Source {
 // and how an image folder is read.
 struct SourceSpec {
   // fashion-mnist, idx:DIR, cifar10:DIR (in memory, normalised with the
-  // training split's mean and std) or imagefolder:DIR (read from disk).
+  // training split's mean and std), imagefolder:DIR (read from disk) or
+  // text:PATH (a UTF-8 file or a folder of .txt files as byte-level token
+  // windows, data/text.h: tokens in `images`, the next ones in `labels`).
   std::string dataset;
   bool train = true;  // the training split; else the test (val) split
   int64_t rows = 0;   // only `rows` rows (0: all): the first, or an image folder's spread (SpreadRows)
@@ -64,7 +66,10 @@ struct SourceSpec {
   uint64_t seed = 0;
   bool skip_bad_images = false;
   std::string listing_cache;
-  double val_fraction = 0;  // an image folder without val/: held out of train
+  double val_fraction = 0;  // an image folder without val/ (or text): held out of train
+  // Text: tokens a window, and the token file (written once, then reused).
+  int64_t seq_len = 0;
+  std::string token_cache;
 };
 
 // A source of no rows (a run without a test set); Get fails.

@@ -89,9 +89,11 @@ int64_t FirstBadUtf8(const std::string& text) {
   return -1;
 }
 
-// Writes `bytes` to `path` through a temporary file renamed over it.
+// Writes `bytes` to `path` through a temporary file of this process's
+// renamed over it (the master and workers on one host may write it at
+// once: each rename is whole).
 absl::Status WriteFile(const std::string& path, const std::string& bytes) {
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));

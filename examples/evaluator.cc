@@ -381,6 +381,11 @@ int Main(int argc, char** argv) {
     return fail(absl::StrCat("--threads must be at most ", launch::kMaxThreads, "; got ", o.threads), 2);
   }
   if (auto s = data::CheckDatasetName(o.dataset); !s.ok()) return fail(std::string(s.message()), 2);
+  if (o.dataset.rfind("text:", 0) == 0) {
+    return fail("--dataset text:PATH: the evaluator scores image classifiers; a GPT's held-out loss and perplexity "
+                "are on master's epoch lines and in its --report",
+                2);
+  }
   o.dataset = data::AbsoluteDatasetName(o.dataset);
   if (!(o.val_fraction >= 0 && o.val_fraction < 1)) return fail("--val-fraction must be in [0, 1)", 2);
   if (o.val_fraction > 0 && o.dataset.rfind("imagefolder:", 0) != 0) {

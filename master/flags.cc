@@ -81,10 +81,25 @@ absl::Status CheckValues(const Flags& f, const RunOptions& c) {
     if (c.prefetch < 0 || c.prefetch > 64) return Bad("--prefetch must be in [0, 64]");
   }
   if (!(c.val_fraction >= 0 && c.val_fraction < 1)) return Bad("--val-fraction must be in [0, 1)");
-  if (c.val_fraction > 0 && !ReadsImageFolder(c)) {
-    return Bad("--val-fraction holds images out of an image folder's training images: give --dataset "
-               "imagefolder:DIR (the other datasets have their own test set)");
+  if (c.val_fraction > 0 && !ReadsImageFolder(c) && !ReadsText(c)) {
+    return Bad("--val-fraction holds images out of an image folder's training images (or the tail of a text): "
+               "give --dataset imagefolder:DIR or text:PATH (the other datasets have their own test set)");
   }
+  if (ReadsText(c)) {
+    RETURN_IF_ERROR(launch::CheckAtLeast(
+        {{"layers", c.layers, 1}, {"d-model", c.d_model, 1}, {"heads", c.heads, 1}, {"seq-len", c.seq_len, 1}}));
+    if (c.d_model % c.heads != 0) {
+      return Bad(absl::StrCat("--d-model ", c.d_model, " must be a multiple of --heads ", c.heads,
+                              " (each head takes d-model / heads of it)"));
+    }
+    if (c.seq_len > 65536) return Bad(absl::StrCat("--seq-len must be at most 65536; got ", c.seq_len));
+    if (!c.model.empty()) {
+      return Bad(absl::StrCat("--model with --dataset ", c.dataset, ": a text trains the built-in GPT (--layers, "
+                              "--d-model, --heads, --seq-len); a TorchScript language model is not taken yet: "
+                              "leave --model out"));
+    }
+  }
+  if (c.peak_tflops < 0) return Bad("--peak-tflops must be > 0 (or 0: not given)");
   if (!c.dataset.empty() && c.compare_local) {
     return Bad("--compare-local compares the ResNet50 demo or --model batches; with --dataset, "
                "run --local separately and compare the epoch lines");
@@ -252,6 +267,15 @@ absl::Status CheckWorkers(const Flags& f, const RunOptions& c, bool ps_mode, boo
     return Bad(absl::StrCat("--dataset's small CNN has ", shards::kSmallCnnBlocks,
                             " blocks: give at most that many --workers"));
   }
+  if (!ps_mode && TrainsGpt(c)) {
+    const int64_t stages = static_cast<int64_t>(c.workers.size()) * std::max(1, c.interleave);
+    if (stages > c.layers + 2) {
+      return Bad(absl::StrCat("--dataset text's GPT has ", c.layers + 2, " parts (the embedding, --layers ", c.layers,
+                              " blocks, the head) for ", stages, " stages (", c.workers.size(), " workers",
+                              c.interleave > 1 ? absl::StrCat(" x --interleave ", c.interleave) : "",
+                              "): give --layers ", stages - 2, " or more, or fewer stages"));
+    }
+  }
   if (c.partition == "tutorial" && (!c.model.empty() || c.workers.size() != 2)) {
     return Bad("--partition tutorial splits ResNet50 in two: give exactly two --workers and no --model");
   }
@@ -392,7 +416,19 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
                   "files), cifar10:DIR (CIFAR-10's binary version) or imagefolder:DIR (JPEG/PNG files in "
                   "DIR/train/<class>/ and DIR/val/<class>/, or DIR/<class>/ alone, read from disk); the model is "
                   "a small CNN over the workers (1 to 4), ResNet50 for an image folder, or the --model stages; "
-                  "cross-entropy");
+                  "cross-entropy. Or text:PATH (a UTF-8 file, or a folder of .txt files): byte-level tokens, "
+                  "tokenised once into a file beside the checkpoints (or in the temporary directory), trained by "
+                  "a GPT (--layers, --d-model, --heads, --seq-len) with the causal language-model loss; the "
+                  "held-out tail (--val-fraction, default 0.05) gives the test loss and perplexity");
+  flags.AddInt("layers", &c.layers, "with --dataset text:PATH: the GPT's decoder blocks");
+  flags.AddInt("d-model", &c.d_model, "with --dataset text:PATH: the GPT's width (a multiple of --heads)");
+  flags.AddInt("heads", &c.heads, "with --dataset text:PATH: the GPT's attention heads");
+  flags.AddInt("seq-len", &c.seq_len,
+               "with --dataset text:PATH: tokens a training window (the GPT's context), each window's targets the "
+               "tokens one further on");
+  flags.AddDouble("peak-tflops", &c.peak_tflops,
+                  "with --dataset text:PATH: the device's peak TFLOP/s, to print the model FLOPs utilisation beside "
+                  "the TFLOP/s the run reached (0: not printed)");
   flags.AddInt("epochs", &c.epochs, "with --dataset: epochs to train");
   flags.AddBool("shuffle", &c.shuffle, "with --dataset: shuffle each epoch by --seed (false: file order)");
   flags.AddString("optimizer", &c.optimizer, "sgd or adam (the ResNet50 demo: plain SGD)");
@@ -411,7 +447,7 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
   flags.AddDouble("val-fraction", &c.val_fraction,
                   "with --dataset imagefolder:DIR that has no val/ folder: hold this fraction of the training "
                   "images out as the test set (chosen by a hash of each file's name: the same files every run; "
-                  "0: no test set, no test accuracy)");
+                  "0: no test set, no test accuracy); with text:PATH, the text's tail held out (default 0.05)");
   flags.AddBool("skip-bad-images", &c.skip_bad_images,
                 "with --dataset imagefolder:DIR: leave unreadable image files out of their batch (counted "
                 "on the epoch line) instead of failing the run naming the file");
@@ -462,7 +498,11 @@ std::string UnusedFlags(const std::set<std::string>& given, const RunOptions& c)
            "without --dataset: the demo trains --batches random batches");
   } else if (!ReadsImageFolder(c)) {
     unused({"image-size", "data-threads", "prefetch", "skip-bad-images"},
-           "with an in-memory --dataset: they are for imagefolder:DIR");
+           ReadsText(c) ? "with --dataset text:PATH: they are for imagefolder:DIR"
+                        : "with an in-memory --dataset: they are for imagefolder:DIR");
+  }
+  if (!TrainsGpt(c)) {
+    unused({"layers", "d-model", "heads", "seq-len", "peak-tflops"}, "without --dataset text:PATH: they size the GPT");
   }
   if (c.checkpoint_dir.empty()) {
     unused({"checkpoint-every", "keep", "checkpoint-background"}, "without --checkpoint-dir");
@@ -551,6 +591,10 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   // Adam at SGD's rates diverges (the demo's loss reached 1e4 at 0.05);
   // 0.001 is PyTorch's default for it.
   const bool demo = c.dataset.empty() && c.model.empty();
+  // A GPT trains with Adam unless told otherwise (as nanoGPT and the
+  // field do: SGD barely moves a transformer), on 5% of its text held out.
+  if (ReadsText(c) && !f.given.count("optimizer")) c.optimizer = "adam";
+  if (ReadsText(c) && !f.given.count("val-fraction")) c.val_fraction = 0.05;
   const bool adam = c.optimizer == "adam";
   c.lr = f.given.count("lr") ? f.lr : (demo ? (adam ? 0.0001 : 0.05) : (adam ? 0.001 : 0.01));
   if (auto s = CheckValues(f, c); !s.ok()) return s;
@@ -562,10 +606,15 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   }
   if (auto s = CheckBatchFits(c); !s.ok()) return s;
   if (auto s = CheckActivationsFit(c); !s.ok()) return s;
-  const bool cut = c.model.empty() ? !TrainsSmallCnn(c) : c.sequential != nullptr;
+  const bool cut = c.model.empty() ? !TrainsSmallCnn(c) && !TrainsGpt(c) : c.sequential != nullptr;
   // (--local trains the whole model in one process: --split-at is noted
   // as having no effect there, not refused.)
   if (!c.split_at.empty() && !cut && !c.local) {
+    if (TrainsGpt(c)) {
+      return Bad(absl::StrCat("--split-at cuts ResNet50; --dataset ", c.dataset, " trains the built-in GPT, whose ",
+                              c.layers + 2, " parts (the embedding, --layers ", c.layers, " blocks, the head) are "
+                              "spread evenly over the --workers (x --interleave) already: leave --split-at out"));
+    }
     if (c.model.empty()) {
       return Bad(absl::StrCat("--split-at cuts ResNet50; --dataset ", c.dataset, " trains the built-in small CNN, whose ",
                               shards::kSmallCnnBlocks, " blocks are spread over the --workers already: leave "

@@ -30,10 +30,12 @@
 namespace remora::master {
 namespace {
 
-// "1 micro-batch of 8 images", "4 micro-batches of ~2 images".
-std::string MicroBatches(int count, int rows, bool about) {
-  return absl::StrCat(count, count == 1 ? " micro-batch of " : " micro-batches of ", about ? "~" : "",
-                      rows, rows == 1 ? " image" : " images");
+// "1 micro-batch of 8 images", "4 micro-batches of ~2 images" (of a
+// text: windows).
+std::string MicroBatches(const RunOptions& c, int count, int rows, bool about) {
+  const char* row = ReadsText(c) ? " window" : " image";
+  return absl::StrCat(count, count == 1 ? " micro-batch of " : " micro-batches of ", about ? "~" : "", rows, row,
+                      rows == 1 ? "" : "s");
 }
 
 // Whether a run is one --trace/--timeline record: the last split count's,
@@ -125,7 +127,8 @@ absl::StatusOr<std::vector<Run>> TrainHere(const RunOptions& c, const Sets& sets
   for (size_t i = 0; i < c.splits.size(); ++i) {
     const int s = c.splits[i];
     const int64_t rows = BatchRows(c, sets);
-    std::printf("local: splits=%d (%s), %d %s\n", s, MicroBatches(s, static_cast<int>(rows / s), rows % s != 0).c_str(),
+    std::printf("local: splits=%d (%s), %d %s\n", s,
+                MicroBatches(c, s, static_cast<int>(rows / s), rows % s != 0).c_str(),
                 c.threads, c.threads == 1 ? "thread" : "threads");
     const bool traced = Traced(c, i + 1 == c.splits.size());
     auto run = c.dataset.empty() ? TrainLocal(c, s) : FitLocal(c, s, *sets.train, *sets.test, traced);
@@ -187,6 +190,7 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> ChooseStages(Agent& agent, cons
   }
   if (line.ps_mode) return WholeModelStages(c);
   if (TrainsSmallCnn(c)) return SmallCnnStages(c);
+  if (TrainsGpt(c)) return GptStages(c);
   if (c.model.empty() || c.sequential) return PartitionStages(agent, c);
   return c.scripts;
 }
@@ -236,13 +240,13 @@ absl::StatusOr<std::vector<Run>> TrainOverWorkers(Agent& agent, RunPlan& line, c
     if (c.replicas > 1) {
       const size_t p = c.workers.size(), k = stages->size();
       std::printf("pipeline: splits=%d (%s per replica) over %zu workers: %d replicas of %zu %s, %zu %s each\n",
-                  s, MicroBatches(s, rows, about).c_str(), c.all_workers.size(), c.replicas, p,
+                  s, MicroBatches(c, s, rows, about).c_str(), c.all_workers.size(), c.replicas, p,
                   p == 1 ? "worker" : "workers", k, k == 1 ? "stage" : "stages");
     } else {
       std::printf("pipeline: splits=%d (%s) over %zu workers, %zu stages\n", s,
-                  MicroBatches(s, rows, about).c_str(), c.workers.size(), stages->size());
+                  MicroBatches(c, s, rows, about).c_str(), c.workers.size(), stages->size());
     }
-    if (rows < kOneDnnRows && c.model.empty() && !TrainsSmallCnn(c)) {  // ResNet50's note
+    if (rows < kOneDnnRows && c.model.empty() && !TrainsSmallCnn(c) && !TrainsGpt(c)) {  // ResNet50's note
       std::printf("  note: micro-batches under %d rows: on a one-thread CPU worker, LibTorch's "
                   "1x1 convolutions leave oneDNN for a slower path below %d rows (ResNet50: "
                   "1.2x the time per image at 15 rows; see docs/pipeline.md)\n",

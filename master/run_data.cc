@@ -11,6 +11,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <stdexcept>
 #include <system_error>
 #include <thread>
@@ -22,13 +23,35 @@
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
 #include "data/imagefolder.h"
+#include "data/text.h"
 #include "master/runs.h"
 
 namespace remora::master {
 
 bool ReadsImageFolder(const RunOptions& c) { return absl::StartsWith(c.dataset, "imagefolder:"); }
 
-bool TrainsSmallCnn(const RunOptions& c) { return !c.dataset.empty() && c.model.empty() && !ReadsImageFolder(c); }
+bool TrainsSmallCnn(const RunOptions& c) {
+  return !c.dataset.empty() && c.model.empty() && !ReadsImageFolder(c) && !ReadsText(c);
+}
+
+bool ReadsText(const RunOptions& c) { return absl::StartsWith(c.dataset, "text:"); }
+
+bool TrainsGpt(const RunOptions& c) { return ReadsText(c) && c.model.empty(); }
+
+std::string TokenCacheOf(const RunOptions& c) {
+  if (!ReadsText(c)) return "";
+  if (!c.checkpoint_dir.empty()) return absl::StrCat(c.checkpoint_dir, "/text.tokens");
+  // (A text's own name, and a checksum of its whole path: two texts of one
+  // name in two folders do not share a cache.)
+  const std::string path = c.dataset.substr(std::strlen("text:"));
+  std::error_code ec;
+  const std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+  return absl::StrCat(ec ? std::string("/tmp") : tmp.string(), "/remora-",
+                      std::filesystem::path(path).filename().string(), "-", std::hash<std::string>()(path) % 1000000007,
+                      ".tokens");
+}
+
+int64_t TokensPerRow(const RunOptions& c) { return ReadsText(c) ? c.seq_len : 0; }
 
 data::SourceSpec SourceSpecOf(const RunOptions& c, bool train) {
   data::SourceSpec s;
@@ -40,6 +63,8 @@ data::SourceSpec SourceSpecOf(const RunOptions& c, bool train) {
   s.seed = static_cast<uint64_t>(c.seed);
   s.skip_bad_images = c.skip_bad_images;
   s.val_fraction = c.val_fraction;
+  s.seq_len = c.seq_len;
+  s.token_cache = TokenCacheOf(c);
   // Listed once per run directory: a resumed run reads the listing.
   if (ReadsImageFolder(c) && !c.checkpoint_dir.empty()) {
     s.listing_cache = absl::StrCat(c.checkpoint_dir, "/imagefolder-", train ? "train" : "val", ".list");
@@ -100,6 +125,30 @@ absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const RunOptions& c, bool resu
     sets->train = std::move(train);
     sets->train = data::SpreadRows(std::move(sets->train), c.train_rows);  // every class, in its share
     sets->test = test.ok() ? std::unique_ptr<data::Source>(std::move(*test)) : data::NoRows();
+    return sets;
+  }
+  if (ReadsText(c)) {
+    if (!c.checkpoint_dir.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(c.checkpoint_dir, ec);
+    }
+    // (Tokenised here first: the sources, and the workers', reuse it.)
+    ASSIGN_OR_RETURN(auto corpus, data::TextCorpus::Open(c.dataset.substr(std::strlen("text:")), TokenCacheOf(c)));
+    ASSIGN_OR_RETURN(sets->train, data::OpenSource(SourceSpecOf(c, true)));
+    if (c.val_fraction > 0) {
+      ASSIGN_OR_RETURN(sets->test, data::OpenSource(SourceSpecOf(c, false)));
+    } else {
+      sets->test = data::NoRows();
+      sets->no_test = "--val-fraction 0 holds none of the text out";
+    }
+    sets->shape = {c.seq_len};
+    sets->classes = kTextVocab;
+    sets->text = absl::StrCat(corpus->size(), " tokens (bytes: vocabulary ", kTextVocab, "; ",
+                              corpus->reused_cache() ? "read from " : "written to ", TokenCacheOf(c), "), ",
+                              sets->train->size(), " training windows of ", c.seq_len, " tokens an epoch",
+                              c.val_fraction > 0 ? absl::StrCat(", ", sets->test->size(), " held-out windows (the last ",
+                                                                c.val_fraction * 100, "%)")
+                                                 : absl::StrCat(", no held-out text (", sets->no_test, ")"));
     return sets;
   }
   ASSIGN_OR_RETURN(auto loaded, data::LoadNamed(c.dataset));
@@ -276,6 +325,7 @@ absl::StatusOr<std::pair<at::Tensor, at::Tensor>> BatchesAhead::Take(int b) {
 }
 
 std::string Sets::Describe() const {
+  if (!text.empty()) return text;
   const std::string in_classes =
       classes == 0 ? ""
       : classes == 1 ? " in 1 class (every image has the same label: is the folder's top level right?)"

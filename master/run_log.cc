@@ -15,9 +15,14 @@
 namespace remora::master {
 
 absl::StatusOr<std::shared_ptr<train::RunLog>> OpenRunLog(const RunOptions& c, int splits) {
-  if (c.tensorboard.empty()) return train::RunLog::Open("");
-  return train::RunLog::Open(c.splits.size() > 1 ? absl::StrCat(c.tensorboard, "/splits-", splits) : c.tensorboard,
-                             LinesTo(std::cerr));
+  ASSIGN_OR_RETURN(std::shared_ptr<train::RunLog> log,
+                   c.tensorboard.empty()
+                       ? train::RunLog::Open("")
+                       : train::RunLog::Open(
+                             c.splits.size() > 1 ? absl::StrCat(c.tensorboard, "/splits-", splits) : c.tensorboard,
+                             LinesTo(std::cerr)));
+  log->set_tokens_per_row(TokensPerRow(c));
+  return log;
 }
 
 void RecordBatch(Run& run, int b, double loss, double seconds, int64_t rows) {

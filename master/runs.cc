@@ -41,6 +41,8 @@
 #include "runtime/trace.h"
 #include "shards/stage_types.h"
 #include "shards/cnn.h"
+#include "shards/gpt.h"
+#include "shards/protocol.h"
 #include "shards/resnet.h"
 #include "train/pipeline_trainer.h"
 #include "train/protocol.h"
@@ -49,8 +51,9 @@ namespace remora::master {
 
 
 pipeline::LossFn Loss(const RunOptions& c) {
-  pipeline::LossFn loss =
-      c.model.empty() && c.dataset.empty() ? pipeline::MseLoss() : pipeline::CrossEntropyLoss();
+  pipeline::LossFn loss = c.model.empty() && c.dataset.empty() ? pipeline::MseLoss()
+                          : TrainsGpt(c)                       ? pipeline::CausalLmLoss()
+                                                               : pipeline::CrossEntropyLoss();
   // REMORA_STEP_PROTOCOL=master: the loss unnamed, so the pipeline keeps the
   // master in the data path (the earlier protocol), to measure one against
   // the other with one binary.
@@ -67,8 +70,39 @@ void PrintBatch(int b, double loss, double seconds) {
   std::fflush(stdout);
 }
 
+namespace {
+
+// Parts [first, last) of the built-in GPT.
+pipeline::StageSpec GptPart(const RunOptions& c, int64_t first, int64_t last) {
+  shards::GptArgs a;
+  a.vocab = kTextVocab;
+  a.seq_len = c.seq_len;
+  a.d_model = c.d_model;
+  a.heads = c.heads;
+  a.layers = c.layers;
+  a.first = first;
+  a.last = last;
+  a.seed = c.seed;
+  return pipeline::StageSpec::Registered(shards::GptArgs::kFunction, EncodeCall(a));
+}
+
+}  // namespace
+
+std::vector<pipeline::StageSpec> GptStages(const RunOptions& c) {
+  const int64_t stages = static_cast<int64_t>(c.workers.size()) * std::max(1, c.interleave);
+  const int64_t parts = shards::GptParts(c.layers);
+  std::vector<pipeline::StageSpec> out;
+  for (int64_t k = 0; k < stages; ++k) out.push_back(GptPart(c, parts * k / stages, parts * (k + 1) / stages));
+  return out;
+}
+
+double TrainFlopsPerToken(const RunOptions& c) {
+  return TrainsGpt(c) ? shards::GptTrainFlopsPerToken(kTextVocab, c.seq_len, c.d_model, c.layers) : 0;
+}
+
 std::vector<pipeline::StageSpec> WholeModelStages(const RunOptions& c) {
   if (!c.model.empty()) return c.scripts;
+  if (TrainsGpt(c)) return {GptPart(c, 0, shards::GptParts(c.layers))};
   if (TrainsSmallCnn(c)) {
     return {pipeline::StageSpec::Registered("SmallCnn", {int64_t{0}, int64_t{shards::kSmallCnnBlocks},
                                                          int64_t{c.seed}})};
@@ -256,7 +290,11 @@ checkpoint::RunIdentity IdentityOf(const RunOptions& c, int splits) {
     for (const auto& spec : c.scripts) crcs.push_back(checkpoint::Crc32(spec.script));
     id.model = absl::StrCat("torchscript crc32=", absl::StrJoin(crcs, ","));
   } else {
-    id.model = TrainsSmallCnn(c) ? "small-cnn" : absl::StrCat("resnet50 image-size=", c.image_size);
+    id.model = TrainsSmallCnn(c) ? "small-cnn"
+               : TrainsGpt(c)
+                   ? absl::StrCat("gpt layers=", c.layers, " d-model=", c.d_model, " heads=", c.heads,
+                                  " seq-len=", c.seq_len)
+                   : absl::StrCat("resnet50 image-size=", c.image_size);
   }
   if (c.dataset.empty()) {
     id.data = absl::StrCat("random batch-size=", c.batch_size, " seed=", c.seed);
@@ -286,7 +324,8 @@ checkpoint::RunIdentity IdentityOf(const RunOptions& c, int splits) {
 }
 
 int64_t RowsPerPart(const RunOptions& c) {
-  if (c.model.empty()) return TrainsSmallCnn(c) ? 1 : 2;  // the small CNN has no batch norm, ResNet50 has
+  // (The small CNN and the GPT have no batch norm, ResNet50 has.)
+  if (c.model.empty()) return TrainsSmallCnn(c) || TrainsGpt(c) ? 1 : 2;
   for (const pipeline::StageSpec& spec : c.scripts) {
     auto stage = pipeline::BuildStage(spec, c10::Device(c10::kCPU));
     if (!stage.ok()) continue;  // the workers' building says what is wrong with it
@@ -309,6 +348,7 @@ train::TrainOptions TrainOptionsOf(const RunOptions& c, int splits, int64_t part
   o.fit.progress_bar = isatty(fileno(stdout));
   // Files are read and decoded ahead; sets in memory need no reading.
   if (ReadsImageFolder(c)) o.fit.prefetch = c.prefetch;
+  o.fit.tokens_per_row = TokensPerRow(c);
   if (checkpoints != nullptr) {
     o.checkpoints = checkpoints->Target(c);
     o.checkpoint_every = c.checkpoint_every;
@@ -668,11 +708,29 @@ void PrintSummary(const std::vector<Run>& runs, const RunOptions& c) {
     std::printf("%8d %12s %10.3f %14s %18s %9s\n", r.splits, r.schedule.c_str(), r.seconds, steady.c_str(),
                 ImagesPerSecond(r).c_str(), speedup.c_str());
   }
+  if (TrainsGpt(c)) {
+    // A row is a window of --seq-len tokens; the model's FLOPs a token
+    // from its shape (shards::GptTrainFlopsPerToken).
+    const double flops = TrainFlopsPerToken(c);
+    for (const Run& r : runs) {
+      if (!(r.images() > 0 && r.seconds > 0)) continue;
+      const double tokens = r.images() * static_cast<double>(c.seq_len) / r.seconds;
+      std::printf("splits=%d: %.0f tokens/s, %.3g training FLOPs a token, %.3f TFLOP/s%s\n", r.splits, tokens, flops,
+                  tokens * flops / 1e12,
+                  c.peak_tflops > 0
+                      ? absl::StrFormat(", model FLOPs utilisation %.2f%% of --peak-tflops %g",
+                                        100 * tokens * flops / 1e12 / c.peak_tflops, c.peak_tflops)
+                            .c_str()
+                      : "");
+    }
+  }
 }
 
 absl::Status WriteReport(const std::string& path, bool local, const std::vector<Run>& runs, const RunOptions& c) {
+  std::vector<Run> told = runs;
+  for (Run& r : told) r.tokens_per_row = TokensPerRow(c);
   return train::WriteReport(path, local ? "local" : c.schedule == "ps" ? "ps" : "pipeline",  // --mode ps sets "ps"
-                            runs);
+                            told);
 }
 
 }  // namespace remora::master

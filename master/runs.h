@@ -100,7 +100,16 @@ struct RunOptions {
   // its file's bytes too).
   std::shared_ptr<const pipeline::SequentialModel> sequential;
   // --dataset: epochs over a real dataset, the test accuracy after each.
-  std::string dataset;     // fashion-mnist, idx:DIR, cifar10:DIR or imagefolder:DIR
+  std::string dataset;     // fashion-mnist, idx:DIR, cifar10:DIR, imagefolder:DIR or text:PATH
+  // --dataset text:PATH: the built-in GPT (shards/gpt.h) over byte tokens
+  // (vocabulary 256), windows of seq_len tokens.
+  int layers = 4;
+  int d_model = 128;
+  int heads = 4;
+  int seq_len = 64;
+  // A device's peak TFLOP/s for the model FLOPs utilisation of a GPT run
+  // (--peak-tflops; 0: not given, none printed).
+  double peak_tflops = 0;
   // Where batches are read: "workers" (each replica's stage 0 worker reads
   // its rows itself; the master sends only row indices) or "master" (the
   // master reads them and sends the tensors).
@@ -315,7 +324,8 @@ struct Sets {
   // An image folder's files that are not images (not read), and a few.
   int64_t unlisted = 0;
   std::vector<std::string> unlisted_examples;
-  std::vector<int64_t> shape;  // one image's, [C, H, W]
+  std::vector<int64_t> shape;  // one image's, [C, H, W] (text: [T], a window's tokens)
+  std::string text;            // a text corpus's description (empty: images)
   std::string Describe() const;
 };
 // `resuming`: the run goes on from a checkpoint, whose directory keeps the
@@ -330,6 +340,22 @@ data::SourceSpec SourceSpecOf(const RunOptions& c, bool train);
 // trains ResNet50).
 bool ReadsImageFolder(const RunOptions& c);
 bool TrainsSmallCnn(const RunOptions& c);
+// --dataset text:PATH; and whether the run trains the built-in GPT (text
+// without --model).
+bool ReadsText(const RunOptions& c);
+bool TrainsGpt(const RunOptions& c);
+constexpr int64_t kTextVocab = 256;  // byte-level tokens
+// The GPT's parts (embedding, --layers blocks, head) spread evenly over
+// workers x --interleave stages (stage k on worker k mod n).
+std::vector<pipeline::StageSpec> GptStages(const RunOptions& c);
+// Where a text run's tokens are written once and read after: beside the
+// checkpoints (--checkpoint-dir), else in the temporary directory, named
+// after the text's absolute path.
+std::string TokenCacheOf(const RunOptions& c);
+// A GPT run's tokens a row (--seq-len; 0 for other runs) and training
+// FLOPs a token (shards::GptTrainFlopsPerToken; 0 for other runs).
+int64_t TokensPerRow(const RunOptions& c);
+double TrainFlopsPerToken(const RunOptions& c);
 // The small CNN's blocks split into one contiguous stage per worker.
 std::vector<pipeline::StageSpec> SmallCnnStages(const RunOptions& c);
 // Epochs over the dataset, in this process or as a pipeline of `stages`;

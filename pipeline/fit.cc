@@ -9,6 +9,8 @@
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/argmax.h>
+#include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/eq.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/topk.h>
@@ -47,23 +49,47 @@ absl::StatusOr<std::vector<EpochResult>> FitLoop(int64_t train_size, const RowRe
                                                  const AccuracyOf& accuracy,
                                                  const FitOptions& o, std::ostream& out);
 
+// "[rows, classes]" for labels [rows]; "[rows, T, classes]" for [rows, T].
+std::string WithClasses(const at::Tensor& labels) {
+  std::string shape = c10::str(labels.sizes());
+  shape.pop_back();
+  return absl::StrCat(shape, labels.dim() > 0 ? ", " : "", "classes]");
+}
+
 }  // namespace
 
+bool FitsLabels(const at::Tensor& logits, const at::Tensor& labels) {
+  if (logits.dim() != labels.dim() + 1 || logits.size(-1) == 0) return false;
+  for (int64_t d = 0; d < labels.dim(); ++d) {
+    if (logits.size(d) != labels.size(d)) return false;
+  }
+  return true;
+}
+
 at::Tensor CountCorrectOnDevice(const at::Tensor& logits, const at::Tensor& labels) {
-  const at::Tensor l = labels.to(logits.device());
-  const int64_t k = std::min<int64_t>(5, logits.size(1));
-  const at::Tensor first_k = std::get<1>(logits.topk(k, 1));
-  return at::stack({logits.argmax(1).eq(l).sum(), first_k.eq(l.view({-1, 1})).any(1).sum()});
+  const int64_t classes = logits.size(-1);
+  const at::Tensor z = logits.reshape({-1, classes});
+  const at::Tensor l = labels.to(logits.device()).reshape({-1});
+  const int64_t k = std::min<int64_t>(5, classes);
+  const at::Tensor first_k = std::get<1>(z.topk(k, 1));
+  const at::Tensor loss = at::cross_entropy_loss(z.to(at::kFloat), l, {}, at::Reduction::Sum);
+  return at::stack({z.argmax(1).eq(l).sum().to(at::kDouble), first_k.eq(l.view({-1, 1})).any(1).sum().to(at::kDouble),
+                    loss.to(at::kDouble), at::full({}, static_cast<double>(l.numel()), z.options().dtype(at::kDouble))});
+}
+
+Correct CorrectFromCounts(const at::Tensor& counts, int64_t rows) {
+  const at::Tensor c = counts.to(at::kDouble).contiguous();
+  const double* v = c.data_ptr<double>();
+  return Correct{static_cast<int64_t>(v[0]), static_cast<int64_t>(v[1]), rows, static_cast<int64_t>(v[3]), v[2]};
 }
 
 absl::StatusOr<Correct> CountCorrect(const at::Tensor& logits, const at::Tensor& labels) {
-  if (logits.dim() != 2 || logits.size(0) != labels.size(0) || logits.size(1) == 0) {
+  if (!FitsLabels(logits, labels)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "accuracy: the model's output for ", labels.size(0), " rows has shape ",
-        c10::str(logits.sizes()), "; it should be [", labels.size(0), ", classes]"));
+        c10::str(logits.sizes()), "; it should be ", WithClasses(labels)));
   }
-  const at::Tensor counts = CountCorrectOnDevice(logits, labels).cpu();
-  return Correct{counts[0].item<int64_t>(), counts[1].item<int64_t>(), labels.size(0)};
+  return CorrectFromCounts(CountCorrectOnDevice(logits, labels).cpu(), labels.size(0));
 }
 
 CountStep CountFromLogits(EvalStep eval_step) {
@@ -367,10 +393,17 @@ class Loop {
       r_.evaluated = true;
       r_.test_accuracy = accuracy->accuracy();
       r_.test_top5 = accuracy->top5_accuracy();
-      tested = absl::StrFormat(" test_accuracy=%.4f test_top5=%.4f", r_.test_accuracy, r_.test_top5);
+      r_.test_loss = accuracy->loss();
+      tested = absl::StrFormat(" test_accuracy=%.4f test_top5=%.4f test_loss=%.4f", r_.test_accuracy, r_.test_top5,
+                               r_.test_loss);
+      if (o_.tokens_per_row > 0) absl::StrAppendFormat(&tested, " test_perplexity=%.3f", std::exp(r_.test_loss));
     }
-    out_ << absl::StrFormat("epoch=%d train_loss=%.4f%s seconds=%.1f images_per_second=%.0f%s\n", e,
-                            r_.train_loss, tested, r_.seconds, trained_ / std::max(r_.seconds, 1e-9),
+    const double rows_per_second = trained_ / std::max(r_.seconds, 1e-9);
+    out_ << absl::StrFormat("epoch=%d train_loss=%.4f%s seconds=%.1f images_per_second=%.0f%s%s\n", e,
+                            r_.train_loss, tested, r_.seconds, rows_per_second,
+                            o_.tokens_per_row > 0
+                                ? absl::StrFormat(" tokens_per_second=%.0f", rows_per_second * o_.tokens_per_row)
+                                : "",
                             r_.skipped > 0 ? absl::StrCat(" skipped_images=", r_.skipped) : "")
          << std::flush;
     return absl::OkStatus();

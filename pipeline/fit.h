@@ -93,24 +93,40 @@ struct FitOptions {
   // Batches read ahead on other threads while a step runs (a source that
   // reads files, data/imagefolder.h); 0: each read when it is needed.
   int prefetch = 0;
+  // A language model's tokens a row (rows are windows of text): the epoch
+  // line then gives tokens_per_second and test_perplexity (exp of the
+  // test loss) too. 0: not one.
+  int64_t tokens_per_row = 0;
 };
 
-// How many rows a model classifies right, of `rows`: top-1 (the highest
+// How many labels a model predicts right, of `items`: top-1 (the highest
 // logit is the label's) and top-5 (the label's logit is among the five
-// highest; with fewer than five classes, every row).
+// highest; with fewer than five classes, every one), and the cross-entropy
+// summed over them. A classifier has one label a row (items = rows); a
+// language model one a position (items = rows x tokens, each the next
+// token). `rows`: the rows read (a source may skip unreadable files).
+// Counted by CountCorrect, where `items` 0 means one label a row.
 struct Correct {
   int64_t top1 = 0;
   int64_t top5 = 0;
   int64_t rows = 0;
+  int64_t items = 0;    // labels counted; 0: `rows` (one a row)
+  double loss_sum = 0;  // cross-entropy summed over the labels (0 where not measured)
 
   Correct& operator+=(const Correct& o) {
+    items = counted() + o.counted();
     top1 += o.top1;
     top5 += o.top5;
     rows += o.rows;
+    loss_sum += o.loss_sum;
     return *this;
   }
-  double accuracy() const { return rows > 0 ? static_cast<double>(top1) / rows : 0; }
-  double top5_accuracy() const { return rows > 0 ? static_cast<double>(top5) / rows : 0; }
+  int64_t counted() const { return items > 0 ? items : rows; }
+  double accuracy() const { return counted() > 0 ? static_cast<double>(top1) / counted() : 0; }
+  double top5_accuracy() const { return counted() > 0 ? static_cast<double>(top5) / counted() : 0; }
+  // The mean cross-entropy of a label (a language model's perplexity is
+  // its exp).
+  double loss() const { return counted() > 0 ? loss_sum / counted() : 0; }
 };
 
 struct EpochResult {
@@ -119,6 +135,7 @@ struct EpochResult {
   bool evaluated = false;    // whether there was a test set to measure the two below on
   double test_accuracy = 0;  // fraction of the test set classified right (top-1)
   double test_top5 = 0;      // fraction whose label is among the five highest logits
+  double test_loss = 0;      // mean cross-entropy of a label of the test set (a token's, for a language model)
   // Training time of the epoch (evaluation not included; an epoch gone on
   // with after a failure, FitOptions::gone_on, counts the failure's).
   double seconds = 0;
@@ -143,18 +160,26 @@ using EvalStep = std::function<absl::StatusOr<at::Tensor>(const at::Tensor& x)>;
 // How many rows of `x` are classified as `labels` says.
 using CountStep = std::function<absl::StatusOr<Correct>(const at::Tensor& x, const at::Tensor& labels)>;
 
-// How many rows of `logits` ([rows, classes]) have their label first, and
-// among the first five; an error for logits of another shape.
+// How many rows of `logits` ([rows, classes], or [rows, T, vocab] with
+// labels [rows, T]: a language model's, a label a position) have their
+// label first, and among the first five, and their cross-entropy summed;
+// an error for logits of another shape.
 absl::StatusOr<Correct> CountCorrect(const at::Tensor& logits, const at::Tensor& labels);
-// The same counted where `logits` are, without waiting for them: an int64
-// tensor [top1, top5] on their device. `logits` must be [labels.size(0), classes].
+// The same counted where `logits` are, without waiting for them: a double
+// tensor [top1, top5, cross-entropy sum, labels] on their device.
+// `logits` must fit `labels` (FitsLabels).
 at::Tensor CountCorrectOnDevice(const at::Tensor& logits, const at::Tensor& labels);
+// Whether `logits` are labels' shape and one dimension more (the classes,
+// at least one): [rows, classes] for labels [rows].
+bool FitsLabels(const at::Tensor& logits, const at::Tensor& labels);
+// Correct from CountCorrectOnDevice's tensor (on the CPU), of `rows` rows.
+Correct CorrectFromCounts(const at::Tensor& counts, int64_t rows);
 // A CountStep that counts `eval_step`'s logits here.
 CountStep CountFromLogits(EvalStep eval_step);
 
 // Trains `options.epochs` epochs over `train`, evaluating on `test` after
 // each (an empty `test`: no evaluation); prints the progress and one line
-// per epoch ("epoch=E train_loss=L test_accuracy=A test_top5=T seconds=S
+// per epoch ("epoch=E train_loss=L test_accuracy=A test_top5=T test_loss=X seconds=S
 // images_per_second=I", without the test figures where nothing was
 // evaluated) to `out`. An error names the epoch and batch it happened in.
 absl::StatusOr<std::vector<EpochResult>> Fit(const TrainStep& train_step, const CountStep& count_correct,

@@ -87,6 +87,7 @@ absl::Status RegisterLoss(const std::string& name, LossFn::Fn fn) {
 
 LossFn MseLoss() { return LossFn::Named("mse"); }
 LossFn CrossEntropyLoss() { return LossFn::Named("cross_entropy"); }
+LossFn CausalLmLoss() { return LossFn::Named("causal_lm"); }
 
 // --- the pipeline ----------------------------------------------------------------
 
@@ -591,7 +592,7 @@ namespace {
 // top5, rows read).
 absl::StatusOr<Correct> CorrectOf(const c10::IValue& reply) {
   ASSIGN_OR_RETURN(const EvalCorrectReply r, DecodeTuple<EvalCorrectReply>(reply));
-  return Correct{r.top1, r.top5, r.rows};
+  return Correct{r.top1, r.top5, r.rows, r.items, r.loss_sum};
 }
 
 }  // namespace

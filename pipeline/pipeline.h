@@ -191,9 +191,12 @@ class LossFn {
 };
 LossFn MseLoss();           // "mse": output and target tensors of one shape
 LossFn CrossEntropyLoss();  // "cross_entropy": logits [N, C], class indices [N]
+// "causal_lm": a language model's logits [N, T, V] against the next tokens
+// [N, T], cross-entropy averaged over every position.
+LossFn CausalLmLoss();
 
-// Adds a named loss to this process's table ("mse" and "cross_entropy" are
-// there from the start); AlreadyExists for a taken name. A worker program
+// Adds a named loss to this process's table ("mse", "cross_entropy" and
+// "causal_lm" are there from the start); AlreadyExists for a taken name. A worker program
 // registers its own losses before it serves; the master's program too.
 absl::Status RegisterLoss(const std::string& name, LossFn::Fn fn);
 

@@ -137,9 +137,11 @@ struct EvalCorrectReply {
   int64_t top1 = 0;
   int64_t top5 = 0;
   int64_t rows = 0;
+  int64_t items = 0;    // labels counted (a language model's: a position each)
+  double loss_sum = 0;  // their cross-entropy, summed
   template <typename Fields>
   void Visit(Fields& f) {
-    f("top1", top1)("top5", top5)("rows", rows);
+    f("top1", top1)("top5", top5)("rows", rows)("items", items)("loss_sum", loss_sum);
   }
 };
 
@@ -288,11 +290,13 @@ struct OpenDataRequest {
   bool skip_bad_images = false;
   std::string listing_cache;
   double val_fraction = 0;
+  int64_t seq_len = 0;
+  std::string token_cache;
   template <typename Fields>
   void Visit(Fields& f) {
     f("source", source)("dataset", dataset)("train", train)("rows", rows)("image_size", image_size)(
         "threads", threads)("seed", seed)("skip_bad_images", skip_bad_images)("listing_cache", listing_cache)(
-        "val_fraction", val_fraction);
+        "val_fraction", val_fraction)("seq_len", seq_len)("token_cache", token_cache);
   }
 };
 

@@ -7,6 +7,7 @@
 #include <ATen/ops/sum.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
 #include "pipeline/fit.h"
@@ -232,16 +233,16 @@ void EvalRunner::Account(const std::shared_ptr<EvalBatch>& b, int64_t stage, int
       if (!b->labels.empty()) labels = b->labels.at(mb);
     }
     if (labels.defined()) {
-      if (!y.isTensor() || y.toTensor().dim() != 2 || y.toTensor().size(0) != labels.size(0) ||
-          y.toTensor().size(1) == 0) {
+      if (!y.isTensor() || !FitsLabels(y.toTensor(), labels)) {
         FailEval(b, absl::InvalidArgumentError(absl::StrCat(
             "stage ", stage, " on worker '", agent_.self().name, "', micro-batch ", mb,
             ": the model's output for ",
             labels.size(0), " rows is ", y.isTensor() ? c10::str(y.toTensor().sizes()) : y.tagKind(),
-            "; counting the right answers needs [", labels.size(0), ", classes]")));
+            "; counting the right answers needs [", absl::StrJoin(labels.sizes(), ", "),
+            ", classes] (the labels' shape and the classes)")));
         return;
       }
-      right = CountCorrectOnDevice(y.toTensor(), labels);  // [top1, top5]
+      right = CountCorrectOnDevice(y.toTensor(), labels);  // [top1, top5, loss sum, labels]
     }
   }
   std::vector<c10::IValue> outputs;
@@ -271,9 +272,8 @@ void EvalRunner::Account(const std::shared_ptr<EvalBatch>& b, int64_t stage, int
     return;
   }
   if (correct.defined()) {
-    const at::Tensor counts = correct.cpu();
-    b->done.SetValue(
-        EncodeTuple(EvalCorrectReply{counts[0].item<int64_t>(), counts[1].item<int64_t>(), by_rows ? rows : 0}));
+    const Correct counts = CorrectFromCounts(correct.cpu(), by_rows ? rows : 0);
+    b->done.SetValue(EncodeTuple(EvalCorrectReply{counts.top1, counts.top5, counts.rows, counts.items, counts.loss_sum}));
     return;
   }
 

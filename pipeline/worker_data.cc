@@ -60,6 +60,8 @@ OpenDataRequest OpenRequestFor(int64_t source, const data::SourceSpec& s) {
   r.skip_bad_images = s.skip_bad_images;
   r.listing_cache = s.listing_cache;
   r.val_fraction = s.val_fraction;
+  r.seq_len = s.seq_len;
+  r.token_cache = s.token_cache;
   return r;
 }
 
@@ -74,6 +76,8 @@ data::SourceSpec SpecOf(const OpenDataRequest& r) {
   s.skip_bad_images = r.skip_bad_images;
   s.listing_cache = r.listing_cache;
   s.val_fraction = r.val_fraction;
+  s.seq_len = r.seq_len;
+  s.token_cache = r.token_cache;
   return s;
 }
 

@@ -1,5 +1,6 @@
 #include "shards/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -110,5 +111,35 @@ GptHeadImpl::GptHeadImpl(int64_t d_model, int64_t vocab, int64_t seed) {
 }
 
 at::Tensor GptHeadImpl::forward(const at::Tensor& x) { return head_(norm_(x)); }
+
+GptImpl::GptImpl(int64_t vocab, int64_t seq_len, int64_t d_model, int64_t heads, int64_t layers, int64_t first,
+                 int64_t last, int64_t seed) {
+  if (layers < 0 || first < 0 || last > GptParts(layers) || first >= last) {
+    throw std::invalid_argument("Gpt: parts [" + std::to_string(first) + ", " + std::to_string(last) +
+                                ") of a GPT of " + std::to_string(layers) + " blocks (" +
+                                std::to_string(GptParts(layers)) + " parts: the embedding, the blocks, the head)");
+  }
+  if (first == 0) embed_ = register_module("embed", std::make_shared<GptEmbedImpl>(vocab, seq_len, d_model, seed));
+  const int64_t first_block = std::max<int64_t>(first, 1) - 1, end_block = std::min(last, layers + 1) - 1;
+  if (first_block < end_block) {
+    blocks_ = register_module("blocks", std::make_shared<GptBlocksImpl>(d_model, heads, first_block, end_block, seed));
+  } else if (d_model <= 0 || heads <= 0 || d_model % heads != 0) {
+    throw std::invalid_argument("Gpt: d_model " + std::to_string(d_model) + " must be a positive multiple of heads " +
+                                std::to_string(heads));
+  }
+  if (last == GptParts(layers)) head_ = register_module("head", std::make_shared<GptHeadImpl>(d_model, vocab, seed));
+}
+
+at::Tensor GptImpl::forward(const at::Tensor& x) {
+  at::Tensor h = embed_ ? embed_->forward(x) : x;
+  if (blocks_) h = blocks_->forward(h);
+  return head_ ? head_->forward(h) : h;
+}
+
+double GptTrainFlopsPerToken(int64_t vocab, int64_t seq_len, int64_t d_model, int64_t layers) {
+  const double d = static_cast<double>(d_model);
+  const double forward = 2.0 * (layers * (12.0 * d * d + 2.0 * seq_len * d) + d * vocab);
+  return 3.0 * forward;
+}
 
 }  // namespace remora::shards

@@ -11,11 +11,16 @@
 //     "GptEmbed"(vocab, seq_len, d_model, seed): tokens int64 [N, T] -> [N, T, D]
 //     "GptBlocks"(d_model, heads, first, last, seed): blocks [first, last)
 //     "GptHead"(d_model, vocab, seed): [N, T, D] -> logits [N, T, vocab]
+//     "Gpt"(vocab, seq_len, d_model, heads, layers, first, last, seed):
+//       parts [first, last) of the whole model's layers + 2 parts (0: the
+//       embedding, 1 .. layers: the blocks, layers + 1: the head), the same
+//       weights as the three above; what master cuts over its workers
 //
 // Thread-safety: modules, used by one thread at a time (the stage's).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -67,5 +72,31 @@ class GptHeadImpl : public torch::nn::Module {
   torch::nn::LayerNorm norm_{nullptr};
   torch::nn::Linear head_{nullptr};
 };
+
+// Parts [first, last) of a GPT of `layers` blocks (GptParts(layers) parts
+// in all: the embedding, each block, the head), built as the three types
+// above build them: a stage of master's built-in GPT.
+class GptImpl : public torch::nn::Module {
+ public:
+  GptImpl(int64_t vocab, int64_t seq_len, int64_t d_model, int64_t heads, int64_t layers, int64_t first,
+          int64_t last, int64_t seed);
+  at::Tensor forward(const at::Tensor& x);
+
+ private:
+  std::shared_ptr<GptEmbedImpl> embed_;    // null where part 0 is not here
+  std::shared_ptr<GptBlocksImpl> blocks_;  // null where no block is here
+  std::shared_ptr<GptHeadImpl> head_;      // null where the last part is not here
+};
+
+// The parts a GPT of `layers` blocks is cut in: the embedding, the blocks
+// and the head.
+inline int64_t GptParts(int64_t layers) { return layers + 2; }
+
+// FLOPs of one training step per token of a GPT (forward and backward, 3x
+// the forward's multiply-adds x 2), counting its matrix products: the
+// blocks' projections (12 d^2 per layer), attention's scores and mixing
+// (2 T d per layer: half of T, causal, counted whole as nanoGPT and
+// PaLM's appendix do) and the head (d x vocab).
+double GptTrainFlopsPerToken(int64_t vocab, int64_t seq_len, int64_t d_model, int64_t layers);
 
 }  // namespace remora::shards

@@ -78,6 +78,22 @@ struct GptBlocksArgs {
     f("d_model", d_model)("heads", heads)("first", first)("last", last)("seed", seed, kMayBeLeftOff);
   }
 };
+struct GptArgs {
+  static constexpr char kFunction[] = "Gpt";
+  int64_t vocab = 256;
+  int64_t seq_len = 0;
+  int64_t d_model = 0;
+  int64_t heads = 1;
+  int64_t layers = 0;
+  int64_t first = 0;
+  int64_t last = 0;
+  int64_t seed = 0;
+  template <typename Fields>
+  void Visit(Fields& f) {
+    f("vocab", vocab)("seq_len", seq_len)("d_model", d_model)("heads", heads)("layers", layers)("first", first)(
+        "last", last)("seed", seed, kMayBeLeftOff);
+  }
+};
 struct GptHeadArgs {
   static constexpr char kFunction[] = "GptHead";
   int64_t d_model = 0;

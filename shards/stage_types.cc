@@ -43,6 +43,11 @@ absl::Status RegisterStageTypes() {
           const auto r = DecodeCallOrThrow<GptBlocksArgs>(a);
           return std::make_shared<GptBlocksImpl>(r.d_model, r.heads, r.first, r.last, r.seed);
         }));
+    RETURN_IF_ERROR(pipeline::RegisterStageModule<GptImpl>(
+        GptArgs::kFunction, [](const std::vector<c10::IValue>& a, c10::Device) {
+          const auto r = DecodeCallOrThrow<GptArgs>(a);
+          return std::make_shared<GptImpl>(r.vocab, r.seq_len, r.d_model, r.heads, r.layers, r.first, r.last, r.seed);
+        }));
     RETURN_IF_ERROR(pipeline::RegisterStageModule<GptHeadImpl>(
         GptHeadArgs::kFunction, [](const std::vector<c10::IValue>& a, c10::Device) {
           const auto r = DecodeCallOrThrow<GptHeadArgs>(a);

@@ -38,6 +38,7 @@ void RunLog::Step(int64_t step, double loss, int64_t rows, double seconds) {
   Add("step/loss", step, loss);
   Add("step/seconds", step, seconds);
   if (seconds > 0) Add("step/images_per_second", step, rows / seconds);
+  if (seconds > 0 && tokens_per_row_ > 0) Add("step/tokens_per_second", step, rows * tokens_per_row_ / seconds);
 }
 
 void RunLog::Epoch(const pipeline::EpochResult& e) {
@@ -46,8 +47,13 @@ void RunLog::Epoch(const pipeline::EpochResult& e) {
     accuracy_.emplace_back(e.epoch, e.test_accuracy);
     Add("epoch/test_accuracy", e.epoch, e.test_accuracy);
     Add("epoch/test_top5", e.epoch, e.test_top5);
+    Add("epoch/test_loss", e.epoch, e.test_loss);
+    if (tokens_per_row_ > 0) Add("epoch/test_perplexity", e.epoch, std::exp(e.test_loss));
   }
   if (e.seconds > 0) Add("epoch/images_per_second", e.epoch, e.trained / e.seconds);
+  if (e.seconds > 0 && tokens_per_row_ > 0) {
+    Add("epoch/tokens_per_second", e.epoch, static_cast<double>(e.trained * tokens_per_row_) / e.seconds);
+  }
   if (events_ != nullptr) Warn(events_->Flush());
 }
 
@@ -154,7 +160,12 @@ absl::Status WriteReport(const std::string& path, const std::string& mode, const
         << "\", \"seconds\": " << JsonFixed(6, r.seconds)
         << ", \"steady_batch_seconds\": " << JsonFixed(6, r.steady_seconds())
         << ", \"images_per_second\": "
-        << JsonFixed(4, r.images() > 0 ? r.images() / r.seconds : NAN) << ", \"batch_seconds\": ["
+        << JsonFixed(4, r.images() > 0 ? r.images() / r.seconds : NAN);
+    if (r.tokens_per_row > 0) {
+      out << ", \"tokens_per_second\": "
+          << JsonFixed(2, r.images() > 0 ? r.images() * static_cast<double>(r.tokens_per_row) / r.seconds : NAN);
+    }
+    out << ", \"batch_seconds\": ["
         << absl::StrJoin(batch_seconds, ", ") << "]";
     if (!data_waits.empty()) {
       out << ", \"steady_data_wait_seconds\": " << JsonFixed(6, r.steady_data_wait_seconds())
@@ -187,7 +198,12 @@ absl::Status WriteReport(const std::string& path, const std::string& mode, const
       out << (e ? ", " : "") << "{\"epoch\": " << x.epoch << ", \"train_loss\": "
           << JsonFixed(6, x.train_loss) << ", \"test_accuracy\": "
           << (x.evaluated ? JsonFixed(6, x.test_accuracy) : "null") << ", \"test_top5\": "
-          << (x.evaluated ? JsonFixed(6, x.test_top5) : "null") << ", \"seconds\": "
+          << (x.evaluated ? JsonFixed(6, x.test_top5) : "null") << ", \"test_loss\": "
+          << (x.evaluated ? JsonFixed(6, x.test_loss) : "null");
+      if (r.tokens_per_row > 0) {
+        out << ", \"test_perplexity\": " << (x.evaluated ? JsonFixed(6, std::exp(x.test_loss)) : "null");
+      }
+      out << ", \"seconds\": "
           << JsonFixed(3, x.seconds) << ", \"skipped_images\": " << x.skipped << "}";
     }
     out << "], \"recoveries\": [";

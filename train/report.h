@@ -57,10 +57,14 @@ class RunLog {
 
   // step/loss, step/seconds, step/images_per_second; at an epoch's end
   // epoch/train_loss, epoch/test_accuracy, epoch/test_top5,
-  // epoch/images_per_second. A
+  // epoch/test_loss, epoch/images_per_second. A language model's
+  // (set_tokens_per_row) also step/tokens_per_second,
+  // epoch/tokens_per_second and epoch/test_perplexity. A
   // failed write is said once (Open's `say`); training goes on.
   void Step(int64_t step, double loss, int64_t rows, double seconds);
   void Epoch(const pipeline::EpochResult& e);
+  // A language model's tokens a row (its window); 0: not one.
+  void set_tokens_per_row(int64_t tokens) { tokens_per_row_ = tokens; }
   // A recovery that goes on after step `restored`: a restart mark at the
   // step after it (the steps trained again show once in TensorBoard), then
   // run/recoveries, the run's recoveries so far, at the step it failed at.
@@ -81,6 +85,7 @@ class RunLog {
   std::vector<std::pair<double, double>> losses_, accuracy_;
   LineSink say_;
   bool warned_ = false;
+  int64_t tokens_per_row_ = 0;
 };
 
 // Sets `f` to report every step and epoch to `log`.
@@ -93,6 +98,10 @@ struct RunRecord {
   std::string schedule = "local";
   double seconds = 0;                 // training time
   int64_t batch_rows = 0;             // rows per batch of a run of batches
+  // A language model's tokens a row (its window: rows are windows of
+  // text); 0: not one. The report then gives tokens a second and each
+  // epoch's test perplexity (exp of its test loss).
+  int64_t tokens_per_row = 0;
   std::vector<double> batch_seconds;  // every batch's (of a run of epochs: every step's)
   std::vector<int64_t> step_rows;     // the rows each of those trained
   std::vector<int> step_epochs;       // and the epoch of each (from 1; 0 in a run of batches)
@@ -145,9 +154,10 @@ void ReportTo(RunRecord& run, pipeline::FitOptions& f);
 
 // The runs as JSON: {"mode": mode, "runs": [{"splits", "schedule",
 // "seconds", "steady_batch_seconds", "images_per_second",
-// "batch_seconds", ["steady_data_wait_seconds", "data_wait_seconds"],
-// "losses", "stages", ["messages_per_batch"],
-// "optimizer_state_bytes", "epochs", ["bubble": {"steps", "step_seconds",
+// ["tokens_per_second"], "batch_seconds", ["steady_data_wait_seconds",
+// "data_wait_seconds"], "losses", "stages", ["messages_per_batch"],
+// "optimizer_state_bytes", "epochs" (each with "test_loss", and
+// "test_perplexity" for a language model), ["bubble": {"steps", "step_seconds",
 // "fraction", "schedule_fraction", "workers": [{"busy_seconds",
 // "idle_seconds"}, ...]}]}, ...]}. An error names the file.
 absl::Status WriteReport(const std::string& path, const std::string& mode, const std::vector<RunRecord>& runs);

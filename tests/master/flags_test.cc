@@ -139,7 +139,7 @@ TEST(MasterFlags, BadValuesAreClearErrorsNamingTheFlag) {
       {{"--workers", "a,b,c,d,e", "--dataset", "fashion-mnist"}, "give at most that many --workers"},
       // A typo in --dataset is a bad flag like any other (exit 2), found
       // before anything starts.
-      {{"--local", "--dataset", "fashion-mnsit"}, "--dataset wants fashion-mnist, idx:DIR, cifar10:DIR or imagefolder:DIR"},
+      {{"--local", "--dataset", "fashion-mnsit"}, "--dataset wants fashion-mnist, idx:DIR, cifar10:DIR, imagefolder:DIR or text:PATH"},
       {{"--local", "--dataset", "idx:"}, "--dataset wants"},
   });
   // The small CNN has no batch norm: one image per micro-batch trains.
@@ -517,6 +517,52 @@ TEST(MasterFlags, ASecretThatIsADirectoryOrBlankIsRefused) {
   setenv("REMORA_TOKEN", "", 1);
   EXPECT_EQ(launch::LoadToken("").value_or("?"), "");  // empty: no check
   unsetenv("REMORA_TOKEN");
+}
+
+// --dataset text:PATH trains the built-in GPT: its flags size it, Adam and
+// a held-out tail are its defaults, its parts are spread over the stages,
+// and what does not fit it is an error naming the flag.
+TEST(MasterFlags, TextTrainsTheBuiltInGptSizedByItsFlags) {
+  auto text = ParseCommandLine({"--workers", "a,b", "--dataset", "text:book.txt", "--layers", "4", "--d-model", "32",
+                                "--heads", "4", "--seq-len", "16"});
+  ASSERT_TRUE(text.ok()) << text.status();
+  const RunOptions& c = text->config;
+  EXPECT_TRUE(TrainsGpt(c));
+  EXPECT_FALSE(TrainsSmallCnn(c));
+  EXPECT_EQ(c.optimizer, "adam");
+  EXPECT_DOUBLE_EQ(c.lr, 0.001);
+  EXPECT_DOUBLE_EQ(c.val_fraction, 0.05);
+  EXPECT_EQ(TokensPerRow(c), 16);
+  EXPECT_EQ(text->note, "");
+  // 6 parts (embedding, 4 blocks, head) over 2 stages: [0, 3) and [3, 6).
+  const std::vector<pipeline::StageSpec> stages = GptStages(c);
+  ASSERT_EQ(stages.size(), 2u);
+  EXPECT_EQ(stages[0].name, "Gpt");
+  EXPECT_EQ(stages[0].args.at(5).toInt(), 0);
+  EXPECT_EQ(stages[0].args.at(6).toInt(), 3);
+  EXPECT_EQ(stages[1].args.at(5).toInt(), 3);
+  EXPECT_EQ(stages[1].args.at(6).toInt(), 6);
+  EXPECT_EQ(WholeModelStages(c).size(), 1u);
+  auto sgd = ParseCommandLine({"--local", "--dataset", "text:book.txt", "--optimizer", "sgd", "--val-fraction", "0"});
+  ASSERT_TRUE(sgd.ok()) << sgd.status();
+  EXPECT_EQ(sgd->config.optimizer, "sgd");
+  EXPECT_DOUBLE_EQ(sgd->config.val_fraction, 0);
+  auto cnn = ParseCommandLine({"--local", "--dataset", "fashion-mnist", "--layers", "2", "--seq-len", "8"});
+  ASSERT_TRUE(cnn.ok()) << cnn.status();
+  EXPECT_THAT(cnn->note, HasSubstr("--layers, --seq-len without --dataset text:PATH"));
+
+  ExpectErrors({
+      {{"--local", "--dataset", "text:book.txt", "--d-model", "30", "--heads", "4"},
+       "--d-model 30 must be a multiple of --heads 4"},
+      {{"--local", "--dataset", "text:book.txt", "--seq-len", "0"}, "--seq-len"},
+      {{"--local", "--dataset", "text:book.txt", "--layers", "0"}, "--layers"},
+      {{"--workers", "a,b,c,d,e,f,g", "--dataset", "text:book.txt", "--layers", "4"},
+       "GPT has 6 parts (the embedding, --layers 4 blocks, the head) for 7 stages"},
+      {{"--workers", "a,b", "--dataset", "text:book.txt", "--split-at", "2"}, "trains the built-in GPT"},
+      {{"--local", "--dataset", "text:book.txt", "--model", "m.pt"}, "a text trains the built-in GPT"},
+      {{"--local", "--dataset", "text:book.txt", "--peak-tflops", "-1"}, "--peak-tflops"},
+      {{"--local", "--dataset", "fashion-mnist", "--val-fraction", "0.1"}, "--val-fraction"},
+  });
 }
 
 }  // namespace

@@ -69,6 +69,7 @@ TEST(ProcessGroup, MembersSumAndBroadcastThroughTheStore) {
 }
 
 using test_support::Mlp;
+using test_support::StepMessagesBetween;
 using test_support::RelativeError;
 using Workers = test_support::TestWorkers;
 
@@ -359,7 +360,7 @@ TEST(DataParallel, AStepSendsOneCallPerWorkerAndNoPerStepRounds) {
     ASSERT_TRUE(after.ok()) << after.status();
     int64_t total = 0;
     std::string listing;
-    for (const auto& [kind, d] : pipeline::MessagesBetween(*before, *after)) {
+    for (const auto& [kind, d] : StepMessagesBetween(*before, *after)) {
       total += d;
       listing += kind + ": " + std::to_string(d) + "\n";
     }

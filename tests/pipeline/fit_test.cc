@@ -11,8 +11,15 @@
 #include <vector>
 
 #include <ATen/ops/arange.h>
+#include <ATen/ops/argmax.h>
+#include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/eq.h>
+#include <ATen/ops/randint.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/sum.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
@@ -243,6 +250,36 @@ TEST(Fit, CountCorrectCountsTopOneAndTopFive) {
   EXPECT_EQ(few->top5, 5);
   EXPECT_FALSE(CountCorrect(logits, labels.slice(0, 0, 4)).ok());
   EXPECT_FALSE(CountCorrect(logits.sum(1), labels).ok());
+  // The cross-entropy summed over the rows, PyTorch's mean times the rows.
+  const double mean = at::cross_entropy_loss(logits, labels).item<double>();
+  EXPECT_NEAR(c->loss(), mean, 1e-6 * mean);
+  EXPECT_NEAR(c->loss_sum, 5 * mean, 1e-5 * mean);
+}
+
+// A language model's logits [rows, T, vocab] against labels [rows, T]:
+// every position is a label (items = rows x T), and the loss is the
+// causal language-model loss (cross-entropy over every position).
+TEST(Fit, CountCorrectCountsEveryPositionOfALanguageModel) {
+  const at::Tensor logits = at::randn({3, 4, 11}, at::TensorOptions().dtype(at::kFloat));
+  const at::Tensor labels = at::randint(11, {3, 4}, at::kLong);
+  auto c = CountCorrect(logits, labels);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rows, 3);
+  EXPECT_EQ(c->items, 12);
+  const at::Tensor flat = logits.reshape({12, 11});
+  EXPECT_EQ(c->top1, flat.argmax(1).eq(labels.reshape({12})).sum().item<int64_t>());
+  EXPECT_DOUBLE_EQ(c->accuracy(), static_cast<double>(c->top1) / 12);
+  const double mean = at::cross_entropy_loss(flat, labels.reshape({12})).item<double>();
+  EXPECT_NEAR(c->loss(), mean, 1e-6 * mean);
+  // Summed with a classifier's count (items 0: one a row), each counts.
+  Correct sum = *c;
+  sum += Correct{1, 1, 2};
+  EXPECT_EQ(sum.counted(), 14);
+  EXPECT_EQ(sum.rows, 5);
+  // A shape that is not the labels' and the vocabulary is named.
+  auto wrong = CountCorrect(logits.slice(1, 0, 3), labels);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_THAT(std::string(wrong.status().message()), ::testing::HasSubstr("[3, 4, classes]"));
 }
 
 }  // namespace

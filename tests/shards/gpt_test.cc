@@ -57,6 +57,33 @@ TEST(Gpt, NoPositionSeesALaterTokenAndTheStackIsTheSameWhereverItIsCut) {
   EXPECT_THROW(GptBlocksImpl(30, 4, 0, 1, 0), std::invalid_argument);  // 30 is no multiple of 4 heads
 }
 
+// "Gpt" (master's stages): parts [first, last) of embedding, blocks and
+// head are the three types' weights and outputs, bitwise, wherever cut.
+TEST(Gpt, PartsOfTheWholeModelAreItsThreeStageTypesBitwise) {
+  constexpr int64_t kLayers = 3, kSeed = 6;
+  GptEmbedImpl embed(kVocab, kSeqLen, kDModel, kSeed);
+  GptBlocksImpl blocks(kDModel, kHeads, 0, kLayers, kSeed);
+  GptHeadImpl head(kDModel, kVocab, kSeed);
+  at::NoGradGuard no_grad;
+  const at::Tensor x = Tokens(2, 9);
+  const at::Tensor want = head.forward(blocks.forward(embed.forward(x)));
+  EXPECT_EQ(GptParts(kLayers), 5);
+  GptImpl whole(kVocab, kSeqLen, kDModel, kHeads, kLayers, 0, GptParts(kLayers), kSeed);
+  EXPECT_TRUE(whole.forward(x).equal(want));
+  for (int64_t cut = 1; cut < GptParts(kLayers); ++cut) {
+    GptImpl a(kVocab, kSeqLen, kDModel, kHeads, kLayers, 0, cut, kSeed);
+    GptImpl b(kVocab, kSeqLen, kDModel, kHeads, kLayers, cut, GptParts(kLayers), kSeed);
+    EXPECT_TRUE(b.forward(a.forward(x)).equal(want)) << "cut before part " << cut;
+  }
+  EXPECT_EQ(whole.parameters().size(),
+            embed.parameters().size() + blocks.parameters().size() + head.parameters().size());
+  EXPECT_THROW(GptImpl(kVocab, kSeqLen, kDModel, kHeads, kLayers, 2, 2, kSeed), std::invalid_argument);
+  EXPECT_THROW(GptImpl(kVocab, kSeqLen, kDModel, kHeads, kLayers, 0, 6, kSeed), std::invalid_argument);
+  // 6 training FLOPs a parameter of the matrix products, and attention's.
+  EXPECT_DOUBLE_EQ(GptTrainFlopsPerToken(kVocab, kSeqLen, kDModel, kLayers),
+                   6.0 * (kLayers * 12.0 * kDModel * kDModel + kDModel * kVocab) + 12.0 * kLayers * kSeqLen * kDModel);
+}
+
 TEST(Gpt, TrainsAsAPipelineWithTheCausalLmLossAsInOneProcess) {
   test_support::TestWorkers workers;
   std::vector<std::pair<at::Tensor, at::Tensor>> data;

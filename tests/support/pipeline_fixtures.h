@@ -3,6 +3,8 @@
 // batches, and the same MLP trained in one process as the reference.
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -44,6 +46,13 @@ pipeline::StageSpec MlpSpec(const shards::MLPStageOptions& o);  // "MLPStage"
 
 // `steps` (inputs [rows, in], targets [rows, out]) pairs, seeded.
 std::vector<std::pair<at::Tensor, at::Tensor>> RandomBatches(int steps, int rows, int in, int out);
+
+// The requests sent between two counts (pipeline::MessagesBetween) less
+// the ones that go by the clock, not by the step: the workers' heartbeat
+// to the master (remora.wire.Ping) and the master's liveness probe
+// (remora.pipeline.alive), one a second each, so a slow step has more.
+std::map<std::string, int64_t> StepMessagesBetween(const std::map<std::string, int64_t>& before,
+                                                   const std::map<std::string, int64_t>& after);
 
 // max |a - b| / max |b|.
 double RelativeError(const at::Tensor& a, const at::Tensor& b);

@@ -1,0 +1,173 @@
+// A language model from a text file, as a user runs it: master --dataset
+// text:PATH trains the built-in GPT in one process and as a pipeline over
+// real workers to the same losses, reports the held-out loss, perplexity
+// and tokens a second everywhere it reports, and says what is wrong with
+// a text it cannot take.
+#include <stdlib.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "launch/cli.h"
+#include "tests/support/master_runs.h"
+#include "tests/support/test_group.h"
+
+namespace remora {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+// `key` of each "epoch=E ..." line of `out` (NaN where a line lacks it).
+std::vector<double> EpochField(const std::string& out, const std::string& key) {
+  std::vector<double> values;
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    if (!absl::ConsumePrefix(&line, "epoch=")) continue;
+    const size_t at = line.find(" " + key + "=");
+    double v = std::nan("");
+    if (at != absl::string_view::npos) {
+      absl::string_view rest = line.substr(at + key.size() + 2);
+      if (!absl::SimpleAtod(rest.substr(0, rest.find(' ')), &v)) v = std::nan("");
+    }
+    values.push_back(v);
+  }
+  return values;
+}
+
+// About 5 KB of English-like text: a few sentences in a seeded order.
+std::string WriteText(const std::string& name) {
+  const char* sentences[] = {"the pipeline sends activations to the next stage. ",
+                             "a worker holds its shard of the model. ",
+                             "gradients flow back through the distributed autograd engine. ",
+                             "the master splits each batch into micro-batches. "};
+  std::string text;
+  uint32_t x = 7;
+  while (text.size() < 5000) {
+    x = x * 1103515245u + 12345u;
+    text += sentences[(x >> 16) % 4];
+    if ((x >> 8) % 5 == 0) text += "\n";
+  }
+  const std::string path = TempPath(name);
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+TEST(TextMaster, AGptTrainsOverWorkersAsInOneProcessAndReportsPerplexity) {
+  const std::string text = WriteText("gpt_text.txt");
+  const std::vector<std::string> common = {"--dataset", "text:" + text, "--layers", "2", "--d-model", "32",
+                                           "--heads", "2", "--seq-len", "16", "--batch-size", "8", "--epochs", "2",
+                                           "--train-rows", "48", "--seed", "5"};
+  auto master = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), BinDir() + "/master");
+    args.insert(args.end(), common.begin(), common.end());
+    return args;
+  };
+  const std::string local_dir = test_support::FreshDir("gpt_local");
+  const std::string tensorboard = test_support::FreshDir("gpt_tensorboard");
+  const std::string local_report = local_dir + "/report.json";
+  // (Without --checkpoint-dir the tokens go to the temporary directory.)
+  setenv("TMPDIR", local_dir.c_str(), 1);
+  auto [local_code, local_out] = RunProgram(master({"--local", "--threads", "1", "--splits", "2", "--tensorboard",
+                                                    tensorboard, "--report", local_report, "--peak-tflops", "1"}),
+                                            absl::Seconds(180));
+  unsetenv("TMPDIR");
+  ASSERT_EQ(local_code, 0) << local_out;
+  // The text tokenised once; 5% held out.
+  EXPECT_THAT(local_out, HasSubstr("tokens (bytes: vocabulary 256; written to " + local_dir + "/remora-"));
+  EXPECT_THAT(local_out, HasSubstr(", 48 training windows of 16 tokens an epoch, "));
+  EXPECT_THAT(local_out, HasSubstr("held-out windows (the last 5%)"));
+  EXPECT_THAT(local_out, HasSubstr("local: splits=2 (2 micro-batches of 4 windows), 1 thread"));
+  const std::vector<double> losses = EpochField(local_out, "train_loss");
+  const std::vector<double> test_losses = EpochField(local_out, "test_loss");
+  const std::vector<double> perplexity = EpochField(local_out, "test_perplexity");
+  const std::vector<double> tokens = EpochField(local_out, "tokens_per_second");
+  ASSERT_EQ(losses.size(), 2u) << local_out;
+  ASSERT_EQ(test_losses.size(), 2u);
+  // From about ln 256 (every byte alike) down, and each epoch lower.
+  EXPECT_LT(losses[0], std::log(256.0) + 0.2) << local_out;
+  EXPECT_LT(losses[1], losses[0]) << local_out;
+  EXPECT_LT(test_losses[1], test_losses[0]) << local_out;
+  for (size_t e = 0; e < 2; ++e) {
+    EXPECT_NEAR(perplexity[e], std::exp(test_losses[e]), 2e-3 * perplexity[e]) << local_out;
+    EXPECT_GT(tokens[e], 0) << local_out;
+  }
+  EXPECT_THAT(local_out, HasSubstr(" training FLOPs a token, "));
+  EXPECT_THAT(local_out, HasSubstr("model FLOPs utilisation"));
+  const std::string report = ReadFile(local_report);
+  EXPECT_THAT(report, HasSubstr("\"tokens_per_second\": "));
+  EXPECT_THAT(report, HasSubstr("\"test_perplexity\": "));
+  EXPECT_EQ(test_support::ScalarsIn(tensorboard, "epoch/test_perplexity").size(), 2u);
+  EXPECT_EQ(test_support::ScalarsIn(tensorboard, "epoch/test_loss").size(), 2u);
+  EXPECT_EQ(test_support::ScalarsIn(tensorboard, "step/tokens_per_second").size(), 12u);
+
+  // Over two workers (the GPT's four parts two a stage): stage 0's worker
+  // reads its windows, the targets go to the last stage's worker, and the
+  // losses are one process's.
+  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+  auto workers = test_support::StartWorkers({"w1", "w2"}, addr, "gpt");
+  const std::string piped_dir = test_support::FreshDir("gpt_piped");
+  auto [code, out] = RunProgram(
+      master({"--workers", "w1,w2", "--listen", addr, "--splits", "2", "--checkpoint-dir", piped_dir + "/ckpt"}),
+      absl::Seconds(180));
+  ASSERT_EQ(code, 0) << out;
+  for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
+  EXPECT_THAT(out, HasSubstr("over 2 workers, 2 stages"));
+  const std::vector<double> piped = EpochField(out, "train_loss");
+  const std::vector<double> piped_test = EpochField(out, "test_loss");
+  ASSERT_EQ(piped.size(), 2u) << out;
+  ASSERT_EQ(piped_test.size(), 2u) << out;
+  for (size_t e = 0; e < 2; ++e) {
+    EXPECT_NEAR(piped[e], losses[e], 1e-4 * losses[e]) << "epoch " << e + 1 << "\n" << out;
+    EXPECT_NEAR(piped_test[e], test_losses[e], 1e-4 * test_losses[e]) << "epoch " << e + 1 << "\n" << out;
+  }
+  EXPECT_TRUE(fs::exists(piped_dir + "/ckpt/text.tokens"));
+
+  // The parameter server: each worker computes its share of a batch with
+  // the same loss.
+  const std::string ps_addr = absl::StrCat("127.0.0.1:", FreePort());
+  workers = test_support::StartWorkers({"w1", "w2"}, ps_addr, "gpt_ps");
+  auto [ps_code, ps_out] = RunProgram(master({"--workers", "w1,w2", "--listen", ps_addr, "--mode", "ps"}),
+                                      absl::Seconds(180));
+  ASSERT_EQ(ps_code, 0) << ps_out;
+  for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
+  const std::vector<double> ps_losses = EpochField(ps_out, "train_loss");
+  ASSERT_EQ(ps_losses.size(), 2u) << ps_out;
+  for (size_t e = 0; e < 2; ++e) EXPECT_NEAR(ps_losses[e], losses[e], 1e-4 * losses[e]) << ps_out;
+}
+
+TEST(TextMaster, ATextItCannotTakeIsAClearError) {
+  auto [missing_code, missing_out] = RunProgram(
+      {BinDir() + "/master", "--local", "--dataset", "text:" + TempPath("no_such_text.txt")}, absl::Seconds(60));
+  EXPECT_EQ(missing_code, 2) << missing_out;
+  EXPECT_THAT(missing_out, HasSubstr("no_such_text.txt does not exist: give a UTF-8 text file"));
+
+  const std::string latin1 = TempPath("latin1.txt");
+  std::ofstream(latin1, std::ios::binary) << "caf\xe9 au lait, " << std::string(200, 'x');
+  setenv("TMPDIR", test_support::FreshDir("text_errors").c_str(), 1);
+  auto [code, out] = RunProgram({BinDir() + "/master", "--local", "--threads", "1", "--dataset", "text:" + latin1},
+                                absl::Seconds(60));
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_THAT(out, HasSubstr("is not UTF-8: byte 3"));
+
+  const std::string tiny = TempPath("tiny.txt");
+  std::ofstream(tiny, std::ios::binary) << "too short";
+  auto [tiny_code, tiny_out] =
+      RunProgram({BinDir() + "/master", "--local", "--threads", "1", "--dataset", "text:" + tiny, "--seq-len", "64"},
+                 absl::Seconds(60));
+  unsetenv("TMPDIR");
+  EXPECT_EQ(tiny_code, 1) << tiny_out;
+  EXPECT_THAT(tiny_out, HasSubstr("--seq-len 64 needs 65 tokens"));
+}
+
+}  // namespace
+}  // namespace remora
