@@ -25,7 +25,7 @@ foreach(name ${REMORA_INSTALL_LIBRARIES})
 endforeach()
 install(TARGETS ${_remora_install_targets} EXPORT remoraTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
-install(TARGETS worker master evaluator remora-launch rpc_demo rpc_bench collective_bench soak RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(TARGETS worker master evaluator generate remora-launch rpc_demo rpc_bench collective_bench soak RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 # The public headers: what a user's program includes, and what those
 # include. They include only the C++ standard library, LibTorch and Abseil
 # (never protobuf's generated headers, grpcpp, CUDA or NCCL, nor the

@@ -1,8 +1,9 @@
 // A language model from a text file, as a user runs it: master --dataset
-// text:PATH trains the built-in GPT in one process and as a pipeline over
-// real workers to the same losses, reports the held-out loss, perplexity
-// and tokens a second everywhere it reports, and says what is wrong with
-// a text it cannot take.
+// text:PATH trains the built-in GPT in one process, as a pipeline over
+// real workers and with the parameter server to the same losses, reports
+// the held-out loss, perplexity and tokens a second everywhere it reports,
+// and says what is wrong with a text it cannot take; generate samples
+// text from the pipeline's checkpoint.
 #include <stdlib.h>
 
 #include <cmath>
@@ -131,6 +132,31 @@ TEST(TextMaster, AGptTrainsOverWorkersAsInOneProcessAndReportsPerplexity) {
     EXPECT_NEAR(piped_test[e], test_losses[e], 1e-4 * test_losses[e]) << "epoch " << e + 1 << "\n" << out;
   }
   EXPECT_TRUE(fs::exists(piped_dir + "/ckpt/text.tokens"));
+
+  // generate: the pipeline's checkpoint (two stages) sampled in one
+  // process; the same seed, the same text; temperature 0, the likeliest.
+  auto generate = [&](std::vector<std::string> more) {
+    std::vector<std::string> argv = {BinDir() + "/generate", "--checkpoint-dir", piped_dir + "/ckpt", "--prompt",
+                                     "the ", "--tokens", "40"};
+    argv.insert(argv.end(), more.begin(), more.end());
+    return RunProgram(argv, absl::Seconds(60));
+  };
+  // (The text: what follows the line that says what was loaded.)
+  auto text_of = [](const std::string& out) { return out.substr(out.find('\n') + 1); };
+  auto [gen_code, sample] = generate({"--seed", "3", "--top-k", "20"});
+  ASSERT_EQ(gen_code, 0) << sample;
+  EXPECT_THAT(sample, HasSubstr("a GPT of context 16 tokens in 2 stages; 40 tokens at temperature 0.8, top-k 20"));
+  EXPECT_EQ(text_of(sample).substr(0, 4), "the ") << sample;
+  EXPECT_EQ(text_of(sample).size(), 4 + 40 + 1u) << sample;  // (the sample's bytes are ASCII here)
+  EXPECT_EQ(generate({"--seed", "3", "--top-k", "20"}).second, sample);
+  EXPECT_NE(text_of(generate({"--seed", "4", "--top-k", "20"}).second), text_of(sample));
+  auto [greedy_code, greedy] = generate({"--temperature", "0"});
+  EXPECT_EQ(greedy_code, 0) << greedy;
+  EXPECT_EQ(text_of(generate({"--temperature", "0", "--seed", "9"}).second), text_of(greedy));
+  EXPECT_EQ(generate({"--tokens", "0"}).first, 2);
+  auto [none_code, none] = RunProgram(
+      {BinDir() + "/generate", "--checkpoint-dir", TempPath("no_checkpoints_here"), "--tokens", "4"}, absl::Seconds(60));
+  EXPECT_EQ(none_code, 1) << none;
 
   // The parameter server: each worker computes its share of a batch with
   // the same loss.
