@@ -51,7 +51,10 @@ absl::StatusOr<std::vector<int>> ParseSplits(const std::string& text) {
 // The numbers and choices that need no file and no other flag's meaning.
 absl::Status CheckValues(const Flags& f, const RunOptions& c) {
   if (f.given.count("batch-size") && f.batch_size < 1) return Bad("--batch-size must be >= 1");
-  if (c.optimizer != "sgd" && c.optimizer != "adam") return Bad("--optimizer must be sgd or adam");
+  if (c.optimizer != "sgd" && c.optimizer != "adam" && c.optimizer != "adamw") {
+    return Bad(absl::StrCat("--optimizer must be sgd, adam or adamw; got '", c.optimizer, "'"));
+  }
+  if (!(c.weight_decay >= 0)) return Bad("--weight-decay must be 0 or more");
   if (c.epochs < 1) return Bad("--epochs must be >= 1");
   if (c.momentum < 0 || c.momentum >= 1) return Bad("--momentum must be in [0, 1)");
   RETURN_IF_ERROR(launch::CheckAtLeast({{"batches", c.batches, 1},
@@ -431,7 +434,12 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
                   "the TFLOP/s the run reached (0: not printed)");
   flags.AddInt("epochs", &c.epochs, "with --dataset: epochs to train");
   flags.AddBool("shuffle", &c.shuffle, "with --dataset: shuffle each epoch by --seed (false: file order)");
-  flags.AddString("optimizer", &c.optimizer, "sgd or adam (the ResNet50 demo: plain SGD)");
+  flags.AddString("optimizer", &c.optimizer,
+                  "sgd, adam or adamw (Adam with decoupled weight decay, --weight-decay) (the ResNet50 demo: plain "
+                  "SGD; --dataset text:PATH: adam)");
+  flags.AddDouble("weight-decay", &c.weight_decay,
+                  "with --optimizer adamw: the decoupled weight decay, on every parameter (biases and norm weights "
+                  "included)");
   flags.AddDouble("momentum", &c.momentum, "SGD momentum with --model or --dataset");
   flags.AddInt("train-rows", &c.train_rows,
                "with --dataset: train on N images only (0: all): the first N, or an image folder's N spread "
@@ -479,61 +487,6 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
                 "with --replicas and a token or TLS: accept that the gradients go over Gloo's connections between "
                 "the replicas, which check no token and carry them in clear text "
                 "(docs/reliability-and-security.md)");
-}
-
-// Flags given that this run does not use, said in a line (or nothing):
-// a flag that silently does nothing hides a mistake.
-std::string UnusedFlags(const std::set<std::string>& given, const RunOptions& c) {
-  std::vector<std::string> lines;
-  auto unused = [&given, &lines](std::vector<std::string> flags, const std::string& why) {
-    std::vector<std::string> named;
-    for (const std::string& f : flags) {
-      if (given.count(f)) named.push_back("--" + f);
-    }
-    if (!named.empty()) lines.push_back(absl::StrCat(absl::StrJoin(named, ", "), " ", why));
-  };
-  if (c.dataset.empty()) {
-    unused({"epochs", "shuffle", "train-rows", "data-on", "data-threads", "prefetch", "skip-bad-images",
-            "val-fraction"},
-           "without --dataset: the demo trains --batches random batches");
-  } else if (!ReadsImageFolder(c)) {
-    unused({"image-size", "data-threads", "prefetch", "skip-bad-images"},
-           ReadsText(c) ? "with --dataset text:PATH: they are for imagefolder:DIR"
-                        : "with an in-memory --dataset: they are for imagefolder:DIR");
-  }
-  if (!TrainsGpt(c)) {
-    unused({"layers", "d-model", "heads", "seq-len", "peak-tflops"}, "without --dataset text:PATH: they size the GPT");
-  }
-  if (c.checkpoint_dir.empty()) {
-    unused({"checkpoint-every", "keep", "checkpoint-background"}, "without --checkpoint-dir");
-  }
-  if (c.max_restarts == 0) unused({"rejoin-timeout"}, "without --max-restarts");
-  if (!c.dataset.empty()) {
-    unused({"batches"}, "with --dataset: an epoch is the dataset's batches (--epochs, --train-rows)");
-  }
-  if (c.replicas <= 1) {
-    unused({"zero", "bucket-mb", "overlap", "collective-timeout", "insecure-collectives"}, "without --replicas");
-  }
-  if (c.model.empty()) unused({"input-shape", "classes"}, "without --model");
-  if (!c.model.empty() && c.dataset.empty()) {
-    unused({"image-size"}, "with --model and random data: the inputs are of --input-shape");
-  }
-  if (c.optimizer == "adam") {
-    unused({"momentum"}, "with --optimizer adam");
-  } else if (c.dataset.empty() && c.model.empty()) {
-    unused({"momentum"}, "with the ResNet50 demo: it trains with plain SGD");
-  }
-  if (c.local) {
-    // (This process trains the whole model: nothing is cut.)
-    unused({"workers", "spares", "replicas", "pipeline-stages", "schedule", "interleave", "partition", "split-at"},
-           "with --local");
-  } else if (!c.split_at.empty()) {
-    unused({"partition"}, "with --split-at: the split points given are the cut");
-  } else if (!c.model.empty() && !c.sequential) {
-    unused({"partition"}, "with --model stage files: they are the stages");
-  }
-  if (lines.empty()) return "";
-  return absl::StrCat("master: note: ", absl::StrJoin(lines, "; "), " (no effect)");
 }
 
 absl::StatusOr<CommandLine> Check(Flags f) {
@@ -595,7 +548,7 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   // field do: SGD barely moves a transformer), on 5% of its text held out.
   if (ReadsText(c) && !f.given.count("optimizer")) c.optimizer = "adam";
   if (ReadsText(c) && !f.given.count("val-fraction")) c.val_fraction = 0.05;
-  const bool adam = c.optimizer == "adam";
+  const bool adam = c.optimizer == "adam" || c.optimizer == "adamw";
   c.lr = f.given.count("lr") ? f.lr : (demo ? (adam ? 0.0001 : 0.05) : (adam ? 0.001 : 0.01));
   if (auto s = CheckValues(f, c); !s.ok()) return s;
   // Workers started elsewhere, and a resume from another directory, read

@@ -54,6 +54,11 @@ using CommandLine = RunPlan;
 // flag (or file) and says what to give instead.
 absl::StatusOr<CommandLine> Check(Flags flags);
 
+// The flags in `given` that the run `c` does not use, said in a line
+// ("master: note: ... (no effect)"), or "": a flag that silently does
+// nothing hides a mistake.
+std::string UnusedFlags(const std::set<std::string>& given, const RunOptions& c);
+
 // AddFlags, parsing and Check in one: `args` without the program's name.
 // For tests. When the parser stops (it prints why: --help, an unknown flag,
 // a flag without its value), an InvalidArgument error saying so.

@@ -24,6 +24,8 @@
 #include "base/status_util.h"
 #include "data/imagefolder.h"
 #include "data/text.h"
+#include "shards/gpt.h"
+#include "shards/protocol.h"
 #include "master/runs.h"
 
 namespace remora::master {
@@ -52,6 +54,32 @@ std::string TokenCacheOf(const RunOptions& c) {
 }
 
 int64_t TokensPerRow(const RunOptions& c) { return ReadsText(c) ? c.seq_len : 0; }
+
+pipeline::StageSpec GptPart(const RunOptions& c, int64_t first, int64_t last) {
+  shards::GptArgs a;
+  a.vocab = kTextVocab;
+  a.seq_len = c.seq_len;
+  a.d_model = c.d_model;
+  a.heads = c.heads;
+  a.layers = c.layers;
+  a.first = first;
+  a.last = last;
+  a.seed = c.seed;
+  return pipeline::StageSpec::Registered(shards::GptArgs::kFunction, EncodeCall(a));
+}
+
+std::vector<pipeline::StageSpec> GptStages(const RunOptions& c) {
+  const int64_t stages = static_cast<int64_t>(c.workers.size()) * std::max(1, c.interleave);
+  const int64_t parts = shards::GptParts(c.layers);
+  std::vector<pipeline::StageSpec> out;
+  for (int64_t k = 0; k < stages; ++k) out.push_back(GptPart(c, parts * k / stages, parts * (k + 1) / stages));
+  return out;
+}
+
+double TrainFlopsPerToken(const RunOptions& c) {
+  return TrainsGpt(c) ? shards::GptTrainFlopsPerToken(kTextVocab, c.seq_len, c.d_model, c.layers) : 0;
+}
+
 
 data::SourceSpec SourceSpecOf(const RunOptions& c, bool train) {
   data::SourceSpec s;

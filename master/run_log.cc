@@ -1,6 +1,7 @@
 // What the master's runs report as they go: TensorBoard event files
 // (--tensorboard), the batch lines, and the record of a run that goes on
-// after a failure (its epochs and step times).
+// after a failure (its epochs and step times); and at the end, the
+// summary table (a GPT's tokens a second and FLOPs too) and the report.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -9,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "base/numbers.h"
 #include "master/runs.h"
 
@@ -73,6 +75,47 @@ void MergeEpochs(Run& run, const std::vector<pipeline::EpochResult>& epochs) {
   run.epochs.insert(run.epochs.end(), epochs.begin(), epochs.end());
   run.seconds = 0;
   for (const auto& e : run.epochs) run.seconds += e.seconds;
+}
+
+std::string ImagesPerSecond(const Run& r) {
+  return r.images() > 0 && r.seconds > 0 ? absl::StrFormat("%.2f", r.images() / r.seconds) : "-";
+}
+
+void PrintSummary(const std::vector<Run>& runs, const RunOptions& c) {
+  std::printf("\n%8s %12s %10s %14s %18s %9s\n", "splits", "schedule", "seconds",
+              "steady_batch_s", "images_per_second", "speedup");
+  for (const Run& r : runs) {
+    // ("-": a run that recorded no batch times, or trained nothing.)
+    const std::string steady = r.batch_seconds.empty() ? "-" : absl::StrFormat("%.3f", r.steady_seconds());
+    const std::string speedup =
+        r.images() > 0 && r.seconds > 0 && runs[0].seconds > 0 ? absl::StrFormat("%.2fx", runs[0].seconds / r.seconds)
+                                                                : "-";
+    std::printf("%8d %12s %10.3f %14s %18s %9s\n", r.splits, r.schedule.c_str(), r.seconds, steady.c_str(),
+                ImagesPerSecond(r).c_str(), speedup.c_str());
+  }
+  if (TrainsGpt(c)) {
+    // A row is a window of --seq-len tokens; the model's FLOPs a token
+    // from its shape (shards::GptTrainFlopsPerToken).
+    const double flops = TrainFlopsPerToken(c);
+    for (const Run& r : runs) {
+      if (!(r.images() > 0 && r.seconds > 0)) continue;
+      const double tokens = r.images() * static_cast<double>(c.seq_len) / r.seconds;
+      std::printf("splits=%d: %.0f tokens/s, %.3g training FLOPs a token, %.3f TFLOP/s%s\n", r.splits, tokens, flops,
+                  tokens * flops / 1e12,
+                  c.peak_tflops > 0
+                      ? absl::StrFormat(", model FLOPs utilisation %.2f%% of --peak-tflops %g",
+                                        100 * tokens * flops / 1e12 / c.peak_tflops, c.peak_tflops)
+                            .c_str()
+                      : "");
+    }
+  }
+}
+
+absl::Status WriteReport(const std::string& path, bool local, const std::vector<Run>& runs, const RunOptions& c) {
+  std::vector<Run> told = runs;
+  for (Run& r : told) r.tokens_per_row = TokensPerRow(c);
+  return train::WriteReport(path, local ? "local" : c.schedule == "ps" ? "ps" : "pipeline",  // --mode ps sets "ps"
+                            told);
 }
 
 }  // namespace remora::master

@@ -70,36 +70,6 @@ void PrintBatch(int b, double loss, double seconds) {
   std::fflush(stdout);
 }
 
-namespace {
-
-// Parts [first, last) of the built-in GPT.
-pipeline::StageSpec GptPart(const RunOptions& c, int64_t first, int64_t last) {
-  shards::GptArgs a;
-  a.vocab = kTextVocab;
-  a.seq_len = c.seq_len;
-  a.d_model = c.d_model;
-  a.heads = c.heads;
-  a.layers = c.layers;
-  a.first = first;
-  a.last = last;
-  a.seed = c.seed;
-  return pipeline::StageSpec::Registered(shards::GptArgs::kFunction, EncodeCall(a));
-}
-
-}  // namespace
-
-std::vector<pipeline::StageSpec> GptStages(const RunOptions& c) {
-  const int64_t stages = static_cast<int64_t>(c.workers.size()) * std::max(1, c.interleave);
-  const int64_t parts = shards::GptParts(c.layers);
-  std::vector<pipeline::StageSpec> out;
-  for (int64_t k = 0; k < stages; ++k) out.push_back(GptPart(c, parts * k / stages, parts * (k + 1) / stages));
-  return out;
-}
-
-double TrainFlopsPerToken(const RunOptions& c) {
-  return TrainsGpt(c) ? shards::GptTrainFlopsPerToken(kTextVocab, c.seq_len, c.d_model, c.layers) : 0;
-}
-
 std::vector<pipeline::StageSpec> WholeModelStages(const RunOptions& c) {
   if (!c.model.empty()) return c.scripts;
   if (TrainsGpt(c)) return {GptPart(c, 0, shards::GptParts(c.layers))};
@@ -142,6 +112,7 @@ absl::Status LocalRun::Step(int b, const char* prefix) {
 
 optim::OptimizerOptions OptimizerOf(const RunOptions& c) {
   if (c.optimizer == "adam") return optim::OptimizerOptions::Adam(c.lr);
+  if (c.optimizer == "adamw") return optim::OptimizerOptions::AdamW(c.lr).set_weight_decay(c.weight_decay);
   const bool demo = c.dataset.empty() && c.model.empty();
   return optim::OptimizerOptions::SGD(c.lr).set_momentum(demo ? 0.0 : c.momentum);
 }
@@ -314,9 +285,11 @@ checkpoint::RunIdentity IdentityOf(const RunOptions& c, int splits) {
                            ReadsImageFolder(c) && !c.model.empty() ? absl::StrCat(" image-size=", c.image_size) : "");
   }
   const optim::OptimizerOptions o = OptimizerOf(c);
-  id.optimizer = o.kind == optim::OptimizerOptions::Kind::kAdam
-                     ? absl::StrCat("adam lr=", o.lr)
-                     : absl::StrCat("sgd lr=", o.lr, " momentum=", o.momentum);
+  id.optimizer = o.kind == optim::OptimizerOptions::Kind::kAdam    ? absl::StrCat("adam lr=", o.lr)
+                 : o.kind == optim::OptimizerOptions::Kind::kAdamW ? absl::StrCat("adamw lr=", o.lr, " weight-decay=",
+                                                                                  o.weight_decay)
+                                                                   : absl::StrCat("sgd lr=", o.lr, " momentum=",
+                                                                                  o.momentum);
   id.schedule = c.schedule;
   id.micro_batches = splits;
   id.replicas = c.replicas;
@@ -690,47 +663,6 @@ absl::StatusOr<Run> TrainOverPipeline(Agent& agent, const RunOptions& c, const s
                                                                         *sets.test, run, &ck, elastic, traced);
                                }));
   return run;
-}
-
-std::string ImagesPerSecond(const Run& r) {
-  return r.images() > 0 && r.seconds > 0 ? absl::StrFormat("%.2f", r.images() / r.seconds) : "-";
-}
-
-void PrintSummary(const std::vector<Run>& runs, const RunOptions& c) {
-  std::printf("\n%8s %12s %10s %14s %18s %9s\n", "splits", "schedule", "seconds",
-              "steady_batch_s", "images_per_second", "speedup");
-  for (const Run& r : runs) {
-    // ("-": a run that recorded no batch times, or trained nothing.)
-    const std::string steady = r.batch_seconds.empty() ? "-" : absl::StrFormat("%.3f", r.steady_seconds());
-    const std::string speedup =
-        r.images() > 0 && r.seconds > 0 && runs[0].seconds > 0 ? absl::StrFormat("%.2fx", runs[0].seconds / r.seconds)
-                                                                : "-";
-    std::printf("%8d %12s %10.3f %14s %18s %9s\n", r.splits, r.schedule.c_str(), r.seconds, steady.c_str(),
-                ImagesPerSecond(r).c_str(), speedup.c_str());
-  }
-  if (TrainsGpt(c)) {
-    // A row is a window of --seq-len tokens; the model's FLOPs a token
-    // from its shape (shards::GptTrainFlopsPerToken).
-    const double flops = TrainFlopsPerToken(c);
-    for (const Run& r : runs) {
-      if (!(r.images() > 0 && r.seconds > 0)) continue;
-      const double tokens = r.images() * static_cast<double>(c.seq_len) / r.seconds;
-      std::printf("splits=%d: %.0f tokens/s, %.3g training FLOPs a token, %.3f TFLOP/s%s\n", r.splits, tokens, flops,
-                  tokens * flops / 1e12,
-                  c.peak_tflops > 0
-                      ? absl::StrFormat(", model FLOPs utilisation %.2f%% of --peak-tflops %g",
-                                        100 * tokens * flops / 1e12 / c.peak_tflops, c.peak_tflops)
-                            .c_str()
-                      : "");
-    }
-  }
-}
-
-absl::Status WriteReport(const std::string& path, bool local, const std::vector<Run>& runs, const RunOptions& c) {
-  std::vector<Run> told = runs;
-  for (Run& r : told) r.tokens_per_row = TokensPerRow(c);
-  return train::WriteReport(path, local ? "local" : c.schedule == "ps" ? "ps" : "pipeline",  // --mode ps sets "ps"
-                            told);
 }
 
 }  // namespace remora::master

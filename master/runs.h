@@ -124,7 +124,8 @@ struct RunOptions {
   double val_fraction = 0;
   int epochs = 3;
   bool shuffle = true;
-  std::string optimizer = "sgd";  // or adam
+  std::string optimizer = "sgd";  // or adam, adamw
+  double weight_decay = 0.1;       // AdamW's decoupled weight decay (--weight-decay)
   double momentum = 0.9;          // SGD's, with --dataset and --model
   int train_rows = 0;             // --dataset: the first N training images (0: all)
   // Checkpoints (checkpoint/checkpoint.h): where, how often (steps; 0:
@@ -348,6 +349,8 @@ constexpr int64_t kTextVocab = 256;  // byte-level tokens
 // The GPT's parts (embedding, --layers blocks, head) spread evenly over
 // workers x --interleave stages (stage k on worker k mod n).
 std::vector<pipeline::StageSpec> GptStages(const RunOptions& c);
+// Parts [first, last) of the built-in GPT as one stage ("Gpt").
+pipeline::StageSpec GptPart(const RunOptions& c, int64_t first, int64_t last);
 // Where a text run's tokens are written once and read after: beside the
 // checkpoints (--checkpoint-dir), else in the temporary directory, named
 // after the text's absolute path.

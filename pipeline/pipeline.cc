@@ -39,8 +39,7 @@ LossTable& Losses() {
     t->fns["cross_entropy"] = [](const c10::IValue& out, const c10::IValue& target) {
       return at::cross_entropy_loss(out.toTensor(), target.toTensor());
     };
-    // A causal language model's: logits [N, T, V] against the next tokens
-    // [N, T], cross-entropy averaged over every position.
+    // (CausalLmLoss: pipeline.h.)
     t->fns["causal_lm"] = [](const c10::IValue& out, const c10::IValue& target) {
       const at::Tensor logits = out.toTensor();
       return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), target.toTensor().reshape({-1}));

@@ -122,7 +122,7 @@ TEST(MasterFlags, BadValuesAreClearErrorsNamingTheFlag) {
       {{"--workers", "a b,c"}, "--workers: invalid worker name 'a b'"},
       {{"--workers", "master,b"}, "'master' is the master's own name"},
       {{"--local", "--momentum", "1"}, "--momentum must be in [0, 1)"},
-      {{"--local", "--optimizer", "lbfgs"}, "--optimizer must be sgd or adam"},
+      {{"--local", "--optimizer", "lbfgs"}, "--optimizer must be sgd, adam or adamw"},
       {{"--local", "--epochs", "0"}, "--epochs must be >= 1"},
       {{"--local", "--device", "tpu:0"}, "--device"},
       {{"--local", "--dataset", "fashion-mnist", "--compare-local"}, "--compare-local compares"},
@@ -547,6 +547,19 @@ TEST(MasterFlags, TextTrainsTheBuiltInGptSizedByItsFlags) {
   ASSERT_TRUE(sgd.ok()) << sgd.status();
   EXPECT_EQ(sgd->config.optimizer, "sgd");
   EXPECT_DOUBLE_EQ(sgd->config.val_fraction, 0);
+  // AdamW: Adam's rates, decoupled weight decay (0.1 unless given).
+  auto adamw = ParseCommandLine({"--local", "--dataset", "text:book.txt", "--optimizer", "adamw"});
+  ASSERT_TRUE(adamw.ok()) << adamw.status();
+  EXPECT_DOUBLE_EQ(adamw->config.lr, 0.001);
+  const optim::OptimizerOptions o = OptimizerOf(adamw->config);
+  EXPECT_EQ(o.kind, optim::OptimizerOptions::Kind::kAdamW);
+  EXPECT_DOUBLE_EQ(o.weight_decay, 0.1);
+  EXPECT_EQ(IdentityOf(adamw->config, 1).optimizer, "adamw lr=0.001 weight-decay=0.1");
+  EXPECT_DOUBLE_EQ(
+      OptimizerOf(ParseCommandLine({"--local", "--optimizer", "adamw", "--weight-decay", "0.02"})->config).weight_decay,
+      0.02);
+  EXPECT_THAT(ParseCommandLine({"--local", "--weight-decay", "0.02"})->note,
+              HasSubstr("--weight-decay without --optimizer adamw"));
   auto cnn = ParseCommandLine({"--local", "--dataset", "fashion-mnist", "--layers", "2", "--seq-len", "8"});
   ASSERT_TRUE(cnn.ok()) << cnn.status();
   EXPECT_THAT(cnn->note, HasSubstr("--layers, --seq-len without --dataset text:PATH"));
@@ -562,6 +575,8 @@ TEST(MasterFlags, TextTrainsTheBuiltInGptSizedByItsFlags) {
       {{"--local", "--dataset", "text:book.txt", "--model", "m.pt"}, "a text trains the built-in GPT"},
       {{"--local", "--dataset", "text:book.txt", "--peak-tflops", "-1"}, "--peak-tflops"},
       {{"--local", "--dataset", "fashion-mnist", "--val-fraction", "0.1"}, "--val-fraction"},
+      {{"--local", "--optimizer", "lamb"}, "--optimizer must be sgd, adam or adamw; got 'lamb'"},
+      {{"--local", "--optimizer", "adamw", "--weight-decay", "-1"}, "--weight-decay must be 0 or more"},
   });
 }
 
