@@ -9,6 +9,10 @@
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/argmax.h>
+#include <ATen/ops/clamp.h>
+#include <ATen/ops/ge.h>
+#include <ATen/ops/logical_and.h>
+#include <ATen/ops/lt.h>
 #include <ATen/ops/cross_entropy_loss.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/eq.h>
@@ -72,7 +76,11 @@ at::Tensor CountCorrectOnDevice(const at::Tensor& logits, const at::Tensor& labe
   const at::Tensor l = labels.to(logits.device()).reshape({-1});
   const int64_t k = std::min<int64_t>(5, classes);
   const at::Tensor first_k = std::get<1>(z.topk(k, 1));
-  const at::Tensor loss = at::cross_entropy_loss(z.to(at::kFloat), l, {}, at::Reduction::Sum);
+  // (A label outside the classes, a model with too few outputs, counts as
+  // wrong and adds no loss, rather than failing the evaluation.)
+  const at::Tensor known = l.ge(0).logical_and(l.lt(classes));
+  const at::Tensor loss =
+      at::cross_entropy_loss(z.to(at::kFloat), l.clamp(0, classes - 1), {}, at::Reduction::None).mul(known).sum();
   return at::stack({z.argmax(1).eq(l).sum().to(at::kDouble), first_k.eq(l.view({-1, 1})).any(1).sum().to(at::kDouble),
                     loss.to(at::kDouble), at::full({}, static_cast<double>(l.numel()), z.options().dtype(at::kDouble))});
 }

@@ -280,6 +280,12 @@ TEST(Fit, CountCorrectCountsEveryPositionOfALanguageModel) {
   auto wrong = CountCorrect(logits.slice(1, 0, 3), labels);
   ASSERT_FALSE(wrong.ok());
   EXPECT_THAT(std::string(wrong.status().message()), ::testing::HasSubstr("[3, 4, classes]"));
+  // A label beyond the classes (a model with too few outputs) is counted
+  // wrong and adds no loss; the evaluation goes on.
+  auto beyond = CountCorrect(at::zeros({2, 3}), at::tensor({1, 7}, at::kLong));
+  ASSERT_TRUE(beyond.ok()) << beyond.status();
+  EXPECT_EQ(beyond->top1, 0);
+  EXPECT_NEAR(beyond->loss_sum, std::log(3.0), 1e-6);
 }
 
 }  // namespace
