@@ -1,6 +1,8 @@
-// How the ResNet50 demo or a one-file sequential --model is cut into
-// stages over the workers: the split points, the stages per worker and the
-// balanced partition measured on them.
+// How the ResNet50 demo, the GPT of a text or a one-file sequential
+// --model is cut into stages over the workers: the split points, the
+// stages per worker and the balanced partition measured on them.
+#include <ATen/ops/zeros.h>
+
 #include <algorithm>
 #include <iostream>
 #include <string>
@@ -11,13 +13,15 @@
 #include "absl/strings/str_join.h"
 #include "base/status_util.h"
 #include "pipeline/partition.h"
+#include "shards/gpt.h"
+#include "shards/protocol.h"
 #include "shards/resnet.h"
 #include "master/runs.h"
 
 namespace remora::master {
 
 std::vector<int> SplitPoints(const RunOptions& c) {
-  if (c.model.empty() && c.partition == "tutorial") return {shards::TutorialSplit()[1]};
+  if (c.model.empty() && !TrainsGpt(c) && c.partition == "tutorial") return {shards::TutorialSplit()[1]};
   return c.split_at;
 }
 
@@ -64,11 +68,27 @@ absl::StatusOr<int> StagesPerWorker(const RunOptions& c, int num_layers) {
   return per_worker;
 }
 
+// The model PartitionStages cuts: the one-file --model, the GPT's parts
+// or ResNet50's blocks.
+pipeline::SequentialModel ModelToCut(const RunOptions& c) {
+  if (c.sequential) return *c.sequential;
+  if (TrainsGpt(c)) {
+    const std::vector<c10::IValue> args = GptPart(c, 0, 0).args;  // (first, last, the rest)
+    return pipeline::SequentialModel::Registered(shards::GptArgs::kFunction,
+                                                 static_cast<int>(shards::GptParts(c.layers)),
+                                                 std::vector<c10::IValue>(args.begin() + 2, args.end()));
+  }
+  return pipeline::SequentialModel::Registered("ResNetShard", shards::kResNetBlocks, {int64_t{c.seed}});
+}
+
+int LayersToCut(const RunOptions& c) {
+  return c.sequential ? c.sequential->num_layers()
+         : TrainsGpt(c) ? static_cast<int>(shards::GptParts(c.layers))
+                        : shards::kResNetBlocks;
+}
+
 absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, const RunOptions& c) {
-  const pipeline::SequentialModel model =
-      c.sequential ? *c.sequential
-                   : pipeline::SequentialModel::Registered("ResNetShard", shards::kResNetBlocks,
-                                                           {int64_t{c.seed}});
+  const pipeline::SequentialModel model = ModelToCut(c);
   pipeline::PartitionOptions p;
   p.split_at = SplitPoints(c);
   ASSIGN_OR_RETURN(p.stages_per_worker, StagesPerWorker(c, model.num_layers()));
@@ -76,8 +96,12 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, c
   if (p.split_at.empty()) {
     // One micro-batch of the largest split count, at most 16 rows.
     const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(16, c.batch_size / p.micro_batches));
-    ASSIGN_OR_RETURN(auto batch, MakeBatch(c, 0));
-    p.sample = batch.first.slice(0, 0, rows).clone();
+    if (TrainsGpt(c)) {
+      p.sample = at::zeros({rows, c.seq_len}, at::kLong);  // (the tokens' values cost alike)
+    } else {
+      ASSIGN_OR_RETURN(auto batch, MakeBatch(c, 0));
+      p.sample = batch.first.slice(0, 0, rows).clone();
+    }
     // Every worker times every layer at once: in the pipeline the stages run
     // side by side and share the machine's memory bandwidth and caches, and
     // layers suffer from that unequally (timed alone on one worker, the

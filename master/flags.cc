@@ -270,16 +270,7 @@ absl::Status CheckWorkers(const Flags& f, const RunOptions& c, bool ps_mode, boo
     return Bad(absl::StrCat("--dataset's small CNN has ", shards::kSmallCnnBlocks,
                             " blocks: give at most that many --workers"));
   }
-  if (!ps_mode && TrainsGpt(c)) {
-    const int64_t stages = static_cast<int64_t>(c.workers.size()) * std::max(1, c.interleave);
-    if (stages > c.layers + 2) {
-      return Bad(absl::StrCat("--dataset text's GPT has ", c.layers + 2, " parts (the embedding, --layers ", c.layers,
-                              " blocks, the head) for ", stages, " stages (", c.workers.size(), " workers",
-                              c.interleave > 1 ? absl::StrCat(" x --interleave ", c.interleave) : "",
-                              "): give --layers ", stages - 2, " or more, or fewer stages"));
-    }
-  }
-  if (c.partition == "tutorial" && (!c.model.empty() || c.workers.size() != 2)) {
+  if (c.partition == "tutorial" && (!c.model.empty() || TrainsGpt(c) || c.workers.size() != 2)) {
     return Bad("--partition tutorial splits ResNet50 in two: give exactly two --workers and no --model");
   }
   if (c.partition == "tutorial" && c.interleave > 1 && c.split_at.empty()) {
@@ -288,7 +279,7 @@ absl::Status CheckWorkers(const Flags& f, const RunOptions& c, bool ps_mode, boo
   }
   if (cut && !ps_mode) {
     // The cut's counts and split points.
-    const int layers = c.sequential ? c.sequential->num_layers() : shards::kResNetBlocks;
+    const int layers = LayersToCut(c);
     auto per_worker = StagesPerWorker(c, layers);
     if (!per_worker.ok()) return Bad(std::string(per_worker.status().message()));
     if (*per_worker > 1 && c.workers.size() == 1) {
@@ -559,15 +550,10 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   }
   if (auto s = CheckBatchFits(c); !s.ok()) return s;
   if (auto s = CheckActivationsFit(c); !s.ok()) return s;
-  const bool cut = c.model.empty() ? !TrainsSmallCnn(c) && !TrainsGpt(c) : c.sequential != nullptr;
+  const bool cut = c.model.empty() ? !TrainsSmallCnn(c) : c.sequential != nullptr;
   // (--local trains the whole model in one process: --split-at is noted
   // as having no effect there, not refused.)
   if (!c.split_at.empty() && !cut && !c.local) {
-    if (TrainsGpt(c)) {
-      return Bad(absl::StrCat("--split-at cuts ResNet50; --dataset ", c.dataset, " trains the built-in GPT, whose ",
-                              c.layers + 2, " parts (the embedding, --layers ", c.layers, " blocks, the head) are "
-                              "spread evenly over the --workers (x --interleave) already: leave --split-at out"));
-    }
     if (c.model.empty()) {
       return Bad(absl::StrCat("--split-at cuts ResNet50; --dataset ", c.dataset, " trains the built-in small CNN, whose ",
                               shards::kSmallCnnBlocks, " blocks are spread over the --workers already: leave "

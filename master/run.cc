@@ -190,7 +190,6 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> ChooseStages(Agent& agent, cons
   }
   if (line.ps_mode) return WholeModelStages(c);
   if (TrainsSmallCnn(c)) return SmallCnnStages(c);
-  if (TrainsGpt(c)) return GptStages(c);
   if (c.model.empty() || c.sequential) return PartitionStages(agent, c);
   return c.scripts;
 }

@@ -68,14 +68,6 @@ pipeline::StageSpec GptPart(const RunOptions& c, int64_t first, int64_t last) {
   return pipeline::StageSpec::Registered(shards::GptArgs::kFunction, EncodeCall(a));
 }
 
-std::vector<pipeline::StageSpec> GptStages(const RunOptions& c) {
-  const int64_t stages = static_cast<int64_t>(c.workers.size()) * std::max(1, c.interleave);
-  const int64_t parts = shards::GptParts(c.layers);
-  std::vector<pipeline::StageSpec> out;
-  for (int64_t k = 0; k < stages; ++k) out.push_back(GptPart(c, parts * k / stages, parts * (k + 1) / stages));
-  return out;
-}
-
 double TrainFlopsPerToken(const RunOptions& c) {
   return TrainsGpt(c) ? shards::GptTrainFlopsPerToken(kTextVocab, c.seq_len, c.d_model, c.layers) : 0;
 }

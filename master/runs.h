@@ -346,10 +346,9 @@ bool TrainsSmallCnn(const RunOptions& c);
 bool ReadsText(const RunOptions& c);
 bool TrainsGpt(const RunOptions& c);
 constexpr int64_t kTextVocab = 256;  // byte-level tokens
-// The GPT's parts (embedding, --layers blocks, head) spread evenly over
-// workers x --interleave stages (stage k on worker k mod n).
-std::vector<pipeline::StageSpec> GptStages(const RunOptions& c);
-// Parts [first, last) of the built-in GPT as one stage ("Gpt").
+// Parts [first, last) of the built-in GPT as one stage ("Gpt"); the
+// partitioner cuts its parts (embedding, --layers blocks, head) by their
+// measured cost, as ResNet50's blocks (PartitionStages).
 pipeline::StageSpec GptPart(const RunOptions& c, int64_t first, int64_t last);
 // Where a text run's tokens are written once and read after: beside the
 // checkpoints (--checkpoint-dir), else in the temporary directory, named
@@ -379,8 +378,11 @@ std::vector<int> SplitPoints(const RunOptions& c);
 // many as the split points make, else 2 where every stage gets a layer;
 // an error when the split points or the counts do not fit.
 absl::StatusOr<int> StagesPerWorker(const RunOptions& c, int num_layers);
-// The stages of the ResNet50 demo or of a sequential --model, cut by
-// --partition / --split-at / --interleave and printed.
+// The layers PartitionStages cuts at: a one-file --model's children, the
+// GPT's parts (embedding, blocks, head) or ResNet50's blocks.
+int LayersToCut(const RunOptions& c);
+// The stages of the ResNet50 demo, of the GPT or of a sequential --model,
+// cut by --partition / --split-at / --interleave and printed.
 absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, const RunOptions& c);
 // `after_batch` (if set) runs after each batch, outside its timing. Into
 // `run`, as FitPipeline.

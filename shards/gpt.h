@@ -11,7 +11,7 @@
 //     "GptEmbed"(vocab, seq_len, d_model, seed): tokens int64 [N, T] -> [N, T, D]
 //     "GptBlocks"(d_model, heads, first, last, seed): blocks [first, last)
 //     "GptHead"(d_model, vocab, seed): [N, T, D] -> logits [N, T, vocab]
-//     "Gpt"(vocab, seq_len, d_model, heads, layers, first, last, seed):
+//     "Gpt"(first, last, vocab, seq_len, d_model, heads, layers, seed):
 //       parts [first, last) of the whole model's layers + 2 parts (0: the
 //       embedding, 1 .. layers: the blocks, layers + 1: the head), the same
 //       weights as the three above; what master cuts over its workers

@@ -78,20 +78,22 @@ struct GptBlocksArgs {
     f("d_model", d_model)("heads", heads)("first", first)("last", last)("seed", seed, kMayBeLeftOff);
   }
 };
+// (first and last first: the partitioner cuts a type whose arguments
+// begin with them, pipeline::SequentialModel::Registered.)
 struct GptArgs {
   static constexpr char kFunction[] = "Gpt";
+  int64_t first = 0;
+  int64_t last = 0;
   int64_t vocab = 256;
   int64_t seq_len = 0;
   int64_t d_model = 0;
   int64_t heads = 1;
   int64_t layers = 0;
-  int64_t first = 0;
-  int64_t last = 0;
   int64_t seed = 0;
   template <typename Fields>
   void Visit(Fields& f) {
-    f("vocab", vocab)("seq_len", seq_len)("d_model", d_model)("heads", heads)("layers", layers)("first", first)(
-        "last", last)("seed", seed, kMayBeLeftOff);
+    f("first", first)("last", last)("vocab", vocab)("seq_len", seq_len)("d_model", d_model)("heads", heads)(
+        "layers", layers)("seed", seed, kMayBeLeftOff);
   }
 };
 struct GptHeadArgs {

@@ -534,14 +534,15 @@ TEST(MasterFlags, TextTrainsTheBuiltInGptSizedByItsFlags) {
   EXPECT_DOUBLE_EQ(c.val_fraction, 0.05);
   EXPECT_EQ(TokensPerRow(c), 16);
   EXPECT_EQ(text->note, "");
-  // 6 parts (embedding, 4 blocks, head) over 2 stages: [0, 3) and [3, 6).
-  const std::vector<pipeline::StageSpec> stages = GptStages(c);
-  ASSERT_EQ(stages.size(), 2u);
-  EXPECT_EQ(stages[0].name, "Gpt");
-  EXPECT_EQ(stages[0].args.at(5).toInt(), 0);
-  EXPECT_EQ(stages[0].args.at(6).toInt(), 3);
-  EXPECT_EQ(stages[1].args.at(5).toInt(), 3);
-  EXPECT_EQ(stages[1].args.at(6).toInt(), 6);
+  // 6 parts (embedding, 4 blocks, head), cut where the partitioner says;
+  // a stage is parts [first, last).
+  EXPECT_EQ(LayersToCut(c), 6);
+  const pipeline::StageSpec part = GptPart(c, 2, 5);
+  EXPECT_EQ(part.name, "Gpt");
+  EXPECT_EQ(part.args.at(0).toInt(), 2);
+  EXPECT_EQ(part.args.at(1).toInt(), 5);
+  auto split = ParseCommandLine({"--workers", "a,b", "--dataset", "text:book.txt", "--split-at", "2"});
+  ASSERT_TRUE(split.ok()) << split.status();
   EXPECT_EQ(WholeModelStages(c).size(), 1u);
   auto sgd = ParseCommandLine({"--local", "--dataset", "text:book.txt", "--optimizer", "sgd", "--val-fraction", "0"});
   ASSERT_TRUE(sgd.ok()) << sgd.status();
@@ -570,8 +571,8 @@ TEST(MasterFlags, TextTrainsTheBuiltInGptSizedByItsFlags) {
       {{"--local", "--dataset", "text:book.txt", "--seq-len", "0"}, "--seq-len"},
       {{"--local", "--dataset", "text:book.txt", "--layers", "0"}, "--layers"},
       {{"--workers", "a,b,c,d,e,f,g", "--dataset", "text:book.txt", "--layers", "4"},
-       "GPT has 6 parts (the embedding, --layers 4 blocks, the head) for 7 stages"},
-      {{"--workers", "a,b", "--dataset", "text:book.txt", "--split-at", "2"}, "trains the built-in GPT"},
+       "more stages than the 6 layers there are to cut"},
+      {{"--workers", "a,b", "--dataset", "text:book.txt", "--partition", "tutorial"}, "--partition tutorial"},
       {{"--local", "--dataset", "text:book.txt", "--model", "m.pt"}, "a text trains the built-in GPT"},
       {{"--local", "--dataset", "text:book.txt", "--peak-tflops", "-1"}, "--peak-tflops"},
       {{"--local", "--dataset", "fashion-mnist", "--val-fraction", "0.1"}, "--val-fraction"},

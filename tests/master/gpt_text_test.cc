@@ -111,9 +111,8 @@ TEST(TextMaster, AGptTrainsOverWorkersAsInOneProcessAndReportsPerplexity) {
   EXPECT_EQ(test_support::ScalarsIn(tensorboard, "epoch/test_loss").size(), 2u);
   EXPECT_EQ(test_support::ScalarsIn(tensorboard, "step/tokens_per_second").size(), 12u);
 
-  // Over two workers (the GPT's four parts two a stage): stage 0's worker
-  // reads its windows, the targets go to the last stage's worker, and the
-  // losses are one process's.
+  // Over two workers: stage 0's worker reads its windows, the targets go
+  // to the last stage's worker, and the losses are one process's.
   const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
   auto workers = test_support::StartWorkers({"w1", "w2"}, addr, "gpt");
   const std::string piped_dir = test_support::FreshDir("gpt_piped");
@@ -122,7 +121,10 @@ TEST(TextMaster, AGptTrainsOverWorkersAsInOneProcessAndReportsPerplexity) {
       absl::Seconds(180));
   ASSERT_EQ(code, 0) << out;
   for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
-  EXPECT_THAT(out, HasSubstr("over 2 workers, 2 stages"));
+  // The partitioner measures the six parts' cost on the workers and cuts
+  // them into two stages a worker (interleaved).
+  EXPECT_THAT(out, HasSubstr("measuring per-layer cost of Gpt"));
+  EXPECT_THAT(out, HasSubstr("over 2 workers, 4 stages"));
   const std::vector<double> piped = EpochField(out, "train_loss");
   const std::vector<double> piped_test = EpochField(out, "test_loss");
   ASSERT_EQ(piped.size(), 2u) << out;
@@ -133,7 +135,7 @@ TEST(TextMaster, AGptTrainsOverWorkersAsInOneProcessAndReportsPerplexity) {
   }
   EXPECT_TRUE(fs::exists(piped_dir + "/ckpt/text.tokens"));
 
-  // generate: the pipeline's checkpoint (two stages) sampled in one
+  // generate: the pipeline's checkpoint (four stages) sampled in one
   // process; the same seed, the same text; temperature 0, the likeliest.
   auto generate = [&](std::vector<std::string> more) {
     std::vector<std::string> argv = {BinDir() + "/generate", "--checkpoint-dir", piped_dir + "/ckpt", "--prompt",
@@ -145,7 +147,7 @@ TEST(TextMaster, AGptTrainsOverWorkersAsInOneProcessAndReportsPerplexity) {
   auto text_of = [](const std::string& out) { return out.substr(out.find('\n') + 1); };
   auto [gen_code, sample] = generate({"--seed", "3", "--top-k", "20"});
   ASSERT_EQ(gen_code, 0) << sample;
-  EXPECT_THAT(sample, HasSubstr("a GPT of context 16 tokens in 2 stages; 40 tokens at temperature 0.8, top-k 20"));
+  EXPECT_THAT(sample, HasSubstr("a GPT of context 16 tokens in 4 stages; 40 tokens at temperature 0.8, top-k 20"));
   EXPECT_EQ(text_of(sample).substr(0, 4), "the ") << sample;
   EXPECT_EQ(text_of(sample).size(), 4 + 40 + 1u) << sample;  // (the sample's bytes are ASCII here)
   EXPECT_EQ(generate({"--seed", "3", "--top-k", "20"}).second, sample);
