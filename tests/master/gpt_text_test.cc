@@ -121,8 +121,9 @@ TEST(TextMaster, AGptTrainsOverWorkersAsInOneProcessAndReportsPerplexity) {
       absl::Seconds(180));
   ASSERT_EQ(code, 0) << out;
   for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
-  // The partitioner measures the six parts' cost on the workers and cuts
-  // them into two stages a worker (interleaved).
+  // The partitioner measures the four parts' cost (embedding, 2 blocks,
+  // head) on the workers and cuts them into two stages a worker
+  // (interleaved).
   EXPECT_THAT(out, HasSubstr("measuring per-layer cost of Gpt"));
   EXPECT_THAT(out, HasSubstr("over 2 workers, 4 stages"));
   const std::vector<double> piped = EpochField(out, "train_loss");
