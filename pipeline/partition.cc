@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "base/status_util.h"
+#include "pipeline/script_cut.h"
 #include "pipeline/stage.h"
 
 namespace remora::pipeline {
@@ -79,6 +80,20 @@ absl::StatusOr<SequentialModel> SequentialModel::TorchScript(const std::string& 
         " (save it with torch.jit.script(nn.Sequential(...)).save(path))"));
   }
   SequentialModel m;
+  if (auto forward = module->find_method("forward")) {
+    const auto& returns = forward->function().getSchema().returns();
+    if (returns.size() == 1) m.output_type_ = returns[0].type()->annotation_str();
+  }
+  // A forward that is not its children's chain is cut at its statements.
+  // (One that cannot be read so is taken as a chain, as before: Check
+  // says where that fails.)
+  if (auto cut = ScriptCut::Make(*module, label); cut.ok() && !(*cut)->IsChainOfChildren()) {
+    m.num_layers_ = (*cut)->num_layers();
+    m.cut_ = std::move(*cut);
+    m.label_ = std::move(label);
+    m.script_ = std::move(module);
+    return m;
+  }
   for (const auto& child : module->named_children()) {
     if (!child.value.find_method("forward")) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -91,14 +106,33 @@ absl::StatusOr<SequentialModel> SequentialModel::TorchScript(const std::string& 
         label, " has no child modules to cut into stages (it should be a scripted "
                "nn.Sequential; a model already cut goes in as one file per stage)"));
   }
-  if (auto forward = module->find_method("forward")) {
-    const auto& returns = forward->function().getSchema().returns();
-    if (returns.size() == 1) m.output_type_ = returns[0].type()->annotation_str();
-  }
   m.label_ = std::move(label);
   m.num_layers_ = static_cast<int>(m.children_.size());
   m.script_ = std::move(module);
   return m;
+}
+
+std::string SequentialModel::layer_name(int i) const {
+  if (cut_) return cut_->layer_name(i);
+  if (script_) return children_.at(i);
+  return absl::StrCat(type_, " layer ", i);
+}
+
+absl::StatusOr<int> SequentialModel::LayerNamed(const std::string& name) const {
+  if (cut_) return cut_->LayerStartingAt(name);
+  if (script_) {
+    for (size_t i = 0; i < children_.size(); ++i) {
+      if (children_[i] == name) return static_cast<int>(i);
+    }
+    if (!absl::StrContains(name, '.') || !std::count(children_.begin(), children_.end(), name.substr(0, name.find('.')))) {
+      return absl::NotFoundError(absl::StrCat(label_, " has no child module named ", name, "; its children are ",
+                                              absl::StrJoin(children_, ", ")));
+    }
+    return absl::InvalidArgumentError(absl::StrCat("cannot cut ", label_, " before ", name,
+                                                   ": it is inside child ", name.substr(0, name.find('.')),
+                                                   ", which is cut whole; cut before a child"));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(label_, "'s layers have no names; give layer numbers"));
 }
 
 absl::StatusOr<SequentialModel> SequentialModel::TorchScriptFile(const std::string& path) {
@@ -116,12 +150,16 @@ absl::StatusOr<StageSpec> SequentialModel::Stage(int first, int last) const {
     args.insert(args.end(), args_.begin(), args_.end());
     return StageSpec::Registered(type_, std::move(args));
   }
+  const std::string label = absl::StrCat(label_, " layers [", first, ", ", last, ")");
+  if (cut_) {
+    ASSIGN_OR_RETURN(std::string bytes, cut_->Stage(first, last));
+    return StageSpec::TorchScript(std::move(bytes), label);
+  }
   // A module of those children, its forward their chain; each step has a
   // variable of its own, so a layer may change the value's type. Each
   // child keeps its name in the whole ("0", "1", ... for an nn.Sequential),
   // so that the stages' state dicts, merged, are the whole module's.
   // getattr reaches a name that is no identifier ("0", "fc-1").
-  const std::string label = absl::StrCat(label_, " layers [", first, ", ", last, ")");
   try {
     torch::jit::Module stage("remora.SequentialStage");
     std::string code = "def forward(self, x0):\n";
@@ -174,6 +212,22 @@ absl::Status SequentialModel::Check(const c10::IValue& sample) const {
   torch::jit::Module m = script_->deepcopy();
   m.eval();
   c10::NoGradGuard no_grad;
+  // Layer i as a module: a child, or the stage of that one layer.
+  std::vector<torch::jit::Module> layers;
+  for (int i = 0; i < num_layers_; ++i) {
+    if (!cut_) {
+      layers.push_back(m.attr(children_[i]).toModule());
+      continue;
+    }
+    ASSIGN_OR_RETURN(std::string bytes, cut_->Stage(i, i + 1));
+    try {
+      std::istringstream in(bytes);
+      layers.push_back(torch::jit::load(in));
+      layers.back().eval();
+    } catch (...) {
+      return StatusFromCurrentException(absl::StrCat("loading layer ", i, " (", layer_name(i), ") of ", label_));
+    }
+  }
   c10::IValue whole, chained = sample;
   try {
     whole = m.forward(ScriptArgs(sample));
@@ -184,36 +238,36 @@ absl::Status SequentialModel::Check(const c10::IValue& sample) const {
     // PyTorch's own line (which gives the shape the layer wants), not the
     // interpreter's traceback.
     c10::IValue x = sample;
-    for (size_t i = 0; i < children_.size(); ++i) {
-      torch::jit::Module layer = m.attr(children_[i]).toModule();
+    for (int i = 0; i < num_layers_; ++i) {
       try {
-        x = layer.forward(ScriptArgs(x));
+        x = layers[i].forward(ScriptArgs(x));
       } catch (...) {
         const absl::Status s = StatusFromCurrentException("");
-        const auto type = layer.type()->name();
+        auto type = layers[i].type()->name();
+        if (cut_) type.reset();  // (the stage's own class, not the user's)
         return absl::InvalidArgumentError(absl::StrCat(
-            label_, ": layer ", i, " ('", children_[i], "'", type ? absl::StrCat(", ", type->name()) : "",
+            label_, ": layer ", i, " ('", layer_name(i), "'", type ? absl::StrCat(", ", type->name()) : "",
             ") does not take ", i == 0 ? "the input, " : "the previous layer's output, ", Describe(x), ": ",
             LastLine(s.message())));
       }
     }
     return failed;
   }
-  for (size_t i = 0; i < children_.size(); ++i) {
+  for (int i = 0; i < num_layers_; ++i) {
     try {
-      chained = m.attr(children_[i]).toModule().forward(ScriptArgs(chained));
+      chained = layers[i].forward(ScriptArgs(chained));
     } catch (...) {
       return StatusFromCurrentException(absl::StrCat(
-          "layer ", i, " ('", children_[i], "') of ", label_,
+          "layer ", i, " ('", layer_name(i), "') of ", label_,
           " on the previous layer's output: the layers do not run one after another, so ",
           label_, " cannot be cut at them (export an nn.Sequential, or one file per stage)"));
     }
   }
   if (!Close(whole, chained)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the forward of ", label_, " is not its ", children_.size(),
-        " child modules run one after another (their chain gives other outputs), so it cannot "
-        "be cut at them: export an nn.Sequential, or one file per stage"));
+        "the forward of ", label_, " is not its ", num_layers_, cut_ ? " layers" : " child modules",
+        " run one after another (their chain gives other outputs), so it cannot "
+        "be cut at them: export one TorchScript file per stage"));
   }
   return absl::OkStatus();
 }

@@ -1,8 +1,10 @@
 // Cutting a sequential model into pipeline stages.
 //
 // A SequentialModel is a list of layers, each taking the previous one's
-// output: a TorchScript nn.Sequential (its children are the layers), or a
-// stage type registered in the worker programs whose first two arguments
+// output: a TorchScript nn.Sequential (its children are the layers), any
+// other scripted module (its forward's top-level statements, grouped
+// between the places where one tensor crosses: pipeline/script_cut.h), or
+// a stage type registered in the worker programs whose first two arguments
 // are a layer range [first, last) (e.g. "ResNetShard"(first, last, seed)).
 // Partition cuts it into stages, either at explicit split points or
 // balanced by cost: every worker times the forward and backward pass of
@@ -40,19 +42,32 @@ struct Module;
 
 namespace remora::pipeline {
 
+class ScriptCut;
+
 class SequentialModel {
  public:
   // A registered stage type that hosts layers [first, last) of
   // `num_layers` when built with arguments (first, last, args...).
   static SequentialModel Registered(std::string type, int num_layers,
                                     std::vector<c10::IValue> args = {});
-  // A TorchScript module whose children, in order, are the layers (what
-  // torch.jit.script(nn.Sequential(...)).save(path) writes). Its own
-  // forward must be the children's chain: Check tests that on a sample.
+  // A TorchScript module. When its forward is its children called one
+  // after another (what torch.jit.script(nn.Sequential(...)).save(path)
+  // writes), the children are the layers; otherwise its forward is cut at
+  // its top-level statements (torchvision's ResNet: conv1, bn1, relu,
+  // maxpool, each residual block, avgpool, flatten + fc). Check tests on a
+  // sample that the layers run one after another give the forward's output.
   static absl::StatusOr<SequentialModel> TorchScript(const std::string& bytes, std::string label);
   static absl::StatusOr<SequentialModel> TorchScriptFile(const std::string& path);
 
   int num_layers() const { return num_layers_; }
+  // What layer i is, for messages: a child's name, or what a forward's
+  // statements call ("layer2.1", "avgpool, flatten, fc"); registered
+  // models: "<type> layer i".
+  std::string layer_name(int i) const;
+  // The layer that begins with submodule `name` (`--split-at layer3`): a
+  // child's name, or a submodule the forward calls at a cut point; an
+  // error names the nearest cut points. Registered models: an error.
+  absl::StatusOr<int> LayerNamed(const std::string& name) const;
   const std::string& label() const { return label_; }
   // For TorchScript: the type its forward returns, as TorchScript writes
   // it ("Tensor", "Tuple[Tensor, Tensor]"); empty for registered models.
@@ -77,6 +92,7 @@ class SequentialModel {
   std::shared_ptr<const torch::jit::Module> script_;  // TorchScript
   std::vector<std::string> children_;                 // TorchScript
   std::string output_type_;                           // TorchScript
+  std::shared_ptr<const ScriptCut> cut_;  // TorchScript not cut at its children
 };
 
 struct PartitionOptions {

@@ -1,22 +1,35 @@
 // pipeline/partition.h: the split arithmetic (no sockets), cutting a
 // TorchScript sequential model into stage modules, and Partition with real
 // worker processes: measured and explicit cuts train like one process.
+// ScriptCut.*: models whose forward is no chain of their children (a
+// ResNet with flatten before fc and residual blocks in an nn.Sequential; a
+// GPT whose embeddings are summed at the top) are cut at their top-level
+// statements (pipeline/script_cut.h) into stages that, run one after
+// another, equal the whole bitwise and train over workers as one process
+// does; torchvision's resnet18 as torch.jit.script saves it is cut too
+// where Debian's python3-torchvision is installed.
 #include "pipeline/partition.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <set>
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/jit/api/module.h>
 #include <torch/optim/sgd.h>
 
+#include "absl/strings/str_cat.h"
+#include "pipeline/script_cut.h"
 #include "pipeline/stage.h"
 #include "shards/cnn.h"
 #include "tests/support/pipeline_fixtures.h"
@@ -144,13 +157,21 @@ TEST(Partition, StagesKeepTheChildrensNamesSoTheirStateIsTheWholeModules) {
 }
 
 TEST(Partition, ModelsThatAreNotSequentialAreClearErrors) {
+  // A forward that adds to its children's chain is cut at its statements:
+  // the addition is a layer of its own.
   auto residual = SequentialModel::TorchScript(ScriptSequential({4, 4, 2}, true), "res.pt");
   ASSERT_TRUE(residual.ok());
-  EXPECT_THAT(residual->Check(at::randn({2, 4})).message(),
-              HasSubstr("is not its 2 child modules run one after another"));
+  ASSERT_EQ(residual->num_layers(), 3);
+  EXPECT_EQ(residual->layer_name(2), "add");
+  EXPECT_TRUE(residual->Check(at::randn({2, 4})).ok());
+  // A module without children is cut at its operations, where no
+  // parameter is used on both sides.
   torch::jit::Module flat = ScriptLinear(4, 2, 1, false);
-  EXPECT_THAT(SequentialModel::TorchScript(SaveToBytes(flat), "flat.pt").status().message(),
-              HasSubstr("flat.pt has no child modules"));
+  auto ops = SequentialModel::TorchScript(SaveToBytes(flat), "flat.pt");
+  ASSERT_TRUE(ops.ok()) << ops.status();
+  ASSERT_EQ(ops->num_layers(), 2);
+  EXPECT_EQ(ops->layer_name(0), "t, matmul");
+  EXPECT_EQ(ops->layer_name(1), "add");
   EXPECT_THAT(SequentialModel::TorchScript("not a zip", "junk.pt").status().message(),
               HasSubstr("cannot load TorchScript from junk.pt"));
   // Shapes that do not chain: layer 1 takes 8 features, the sample has 5.
@@ -247,6 +268,219 @@ TEST(Partition, MeasuredAndExplicitCutsTrainLikeOneProcess) {
   EXPECT_EQ(cnn_cut->stages[1].args[1].toInt(), shards::kSmallCnnBlocks);
   EXPECT_EQ(cnn_cut->stages[0].args[1].toInt(), cnn_cut->stages[1].args[0].toInt());
   EXPECT_EQ(cnn_cut->stages[1].args[2].toInt(), 5);
+}
+
+// A 3x3 convolution (same padding) with its weights drawn from `seed`.
+torch::jit::Module Conv(int64_t in, int64_t out, int64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  torch::jit::Module conv("Conv2d");
+  conv.register_parameter("weight", at::randn({out, in, 3, 3}, gen, at::TensorOptions()) * 0.2, false);
+  conv.register_parameter("bias", at::zeros({out}), false);
+  conv.define("def forward(self, x):\n  return torch.conv2d(x, self.weight, self.bias, [1, 1], [1, 1])\n");
+  return conv;
+}
+
+// What torchvision's ResNet is, small: its forward calls _forward_impl,
+// which calls conv1, an in-place ReLU, two residual blocks in an
+// nn.Sequential, then takes the mean over the picture and flattens it
+// before fc.
+torch::jit::Module ScriptResNet() {
+  torch::jit::Module layer1("__torch__.torch.nn.modules.container.Sequential");
+  for (int i = 0; i < 2; ++i) {
+    torch::jit::Module block("BasicBlock");
+    block.register_module("conv", Conv(4, 4, 20 + i));
+    block.define("def forward(self, x):\n  return torch.relu(self.conv.forward(x) + x)\n");
+    layer1.register_module(std::to_string(i), block);
+  }
+  layer1.define(R"(def forward(self, x):
+  x = getattr(self, "0").forward(x)
+  return getattr(self, "1").forward(x)
+)");
+  torch::jit::Module relu("ReLU");
+  relu.define("def forward(self, x):\n  return torch.relu_(x)\n");
+  torch::jit::Module m("ResNet");
+  m.register_module("conv1", Conv(3, 4, 10));
+  m.register_module("relu", relu);
+  m.register_module("layer1", layer1);
+  m.register_module("fc", ScriptLinear(4, 5, 30, false));
+  m.define(R"(def _forward_impl(self, x):
+  x = self.conv1.forward(x)
+  x = self.relu.forward(x)
+  x = self.layer1.forward(x)
+  x = x.mean([2, 3], keepdim=True)
+  x = torch.flatten(x, 1)
+  return self.fc.forward(x)
+
+def forward(self, x):
+  return self._forward_impl(x)
+)");
+  return m;
+}
+
+// A GPT's shape, small: token and position embeddings summed at the top
+// (the position embedding a parameter of the model itself), two blocks
+// that add to a residual stream, a head.
+torch::jit::Module ScriptGpt() {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  torch::jit::Module wte("Embedding");
+  wte.register_parameter("weight", at::randn({11, 6}, gen, at::TensorOptions()), false);
+  wte.define("def forward(self, idx):\n  return torch.embedding(self.weight, idx)\n");
+  torch::jit::Module m("Gpt");
+  m.register_module("wte", wte);
+  m.register_parameter("wpe", at::randn({8, 6}, gen, at::TensorOptions()), false);
+  for (int i = 0; i < 2; ++i) {
+    torch::jit::Module block("Block");
+    block.register_module("mlp", ScriptLinear(6, 6, 40 + i, true));
+    block.define("def forward(self, x):\n  return x + self.mlp.forward(x)\n");
+    m.register_module("h" + std::to_string(i), block);
+  }
+  m.register_module("head", ScriptLinear(6, 11, 50, false));
+  m.define(R"(def forward(self, idx):
+  t = idx.size(1)
+  pos = torch.arange(t)
+  x = self.wte.forward(idx) + torch.embedding(self.wpe, pos)
+  x = self.h0.forward(x)
+  x = self.h1.forward(x)
+  return self.head.forward(x)
+)");
+  return m;
+}
+
+// The stages [bounds[k], bounds[k + 1]) of `bytes`, run one after another
+// on `x`.
+at::Tensor Chain(const SequentialModel& model, const std::vector<int>& bounds, const at::Tensor& x) {
+  c10::IValue y = x;
+  for (size_t k = 0; k + 1 < bounds.size(); ++k) {
+    auto spec = model.Stage(bounds[k], bounds[k + 1]);
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    if (!spec.ok()) return at::Tensor();
+    y = LoadFromBytes(spec->script).forward({y});
+  }
+  return y.toTensor();
+}
+
+TEST(ScriptCut, AResNetsForwardIsCutAtItsStatementsAndResidualBlocks) {
+  torch::jit::Module whole = ScriptResNet();
+  auto model = SequentialModel::TorchScript(SaveToBytes(whole), "resnet.pt");
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::vector<std::string> names;
+  for (int i = 0; i < model->num_layers(); ++i) names.push_back(model->layer_name(i));
+  EXPECT_EQ(names, (std::vector<std::string>{"conv1", "relu", "layer1.0", "layer1.1", "mean", "flatten", "fc"}));
+  const at::Tensor x = at::randn({2, 3, 6, 6});
+  ASSERT_TRUE(model->Check(x).ok()) << model->Check(x);
+  const at::Tensor want = whole.forward({x.clone()}).toTensor();
+  for (const std::vector<int>& bounds : std::vector<std::vector<int>>{{0, 7}, {0, 1, 7}, {0, 2, 3, 5, 7},
+                                                                       {0, 1, 2, 3, 4, 5, 6, 7}}) {
+    EXPECT_TRUE(at::equal(Chain(*model, bounds, x.clone()), want)) << ::testing::PrintToString(bounds);
+  }
+  // Each stage holds what it calls under its name in the whole, so that the
+  // stages' state, merged, is the whole model's.
+  std::set<std::string> merged, all;
+  for (const auto& p : whole.named_parameters()) all.insert(p.name);
+  for (auto [first, last] : std::vector<std::pair<int, int>>{{0, 3}, {3, 5}, {5, 7}}) {
+    auto spec = model->Stage(first, last);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    for (const auto& p : LoadFromBytes(spec->script).named_parameters()) {
+      EXPECT_TRUE(merged.insert(p.name).second) << p.name;
+    }
+  }
+  EXPECT_EQ(merged, all);
+  EXPECT_TRUE(all.count("layer1.1.conv.weight"));
+}
+
+TEST(ScriptCut, SplitPointsAreNamedBySubmodulesAndACutInsideOneIsRefused) {
+  torch::jit::Module whole = ScriptResNet();
+  auto model = SequentialModel::TorchScript(SaveToBytes(whole), "resnet.pt").value();
+  EXPECT_EQ(model.LayerNamed("layer1").value_or(-1), 2);
+  EXPECT_EQ(model.LayerNamed("layer1.1").value_or(-1), 3);
+  EXPECT_EQ(model.LayerNamed("fc").value_or(-1), 6);
+  const std::string inside(model.LayerNamed("layer1.0.conv").status().message());
+  EXPECT_THAT(inside, HasSubstr("cannot cut resnet.pt before layer1.0.conv: it is used inside submodule layer1.0"));
+  EXPECT_THAT(inside, HasSubstr("the nearest cut points are before layer1.0 (layer 2) and before layer1.1 (layer 3)"));
+  EXPECT_THAT(model.LayerNamed("layer9").status().message(),
+              HasSubstr("calls no submodule named layer9; it can be cut before relu, layer1.0, layer1.1, fc"));
+  // The GPT: its embeddings are one layer (the tokens, their positions and
+  // the sum cross no cut), each block and the head one more.
+  torch::jit::Module gpt = ScriptGpt();
+  auto cut = SequentialModel::TorchScript(SaveToBytes(gpt), "gpt.pt").value();
+  ASSERT_EQ(cut.num_layers(), 4);
+  EXPECT_EQ(cut.layer_name(1), "h0");
+  EXPECT_EQ(cut.layer_name(0), "wte");
+  EXPECT_THAT(cut.LayerNamed("wte").status().message(),
+              HasSubstr("more than one value crosses there (wte is called inside layer 0"));
+  const at::Tensor idx = at::randint(11, {3, 8}, at::kLong);
+  ASSERT_TRUE(cut.Check(idx).ok()) << cut.Check(idx);
+  EXPECT_TRUE(at::equal(Chain(cut, {0, 1, 3, 4}, idx), gpt.forward({idx}).toTensor()));
+  auto first = cut.Stage(0, 1).value();
+  std::set<std::string> names;
+  for (const auto& p : LoadFromBytes(first.script).named_parameters()) names.insert(p.name);
+  EXPECT_EQ(names, (std::set<std::string>{"wte.weight", "wpe"}));
+}
+
+TEST(ScriptCut, FormsItCannotCutAreClearErrors) {
+  torch::jit::Module two("Two");
+  two.register_module("fc", ScriptLinear(4, 4, 1, false));
+  two.define("def forward(self, x, y):\n  return self.fc.forward(x) + y\n");
+  EXPECT_THAT(ScriptCut::Make(two, "two.pt").status().message(),
+              HasSubstr("the forward of two.pt takes 2 inputs; remora cuts a forward that takes one tensor"));
+  // A model whose forward is its children's chain stays cut at them.
+  torch::jit::Module chain = test_support::ScriptSequential({4, 5, 3});
+  EXPECT_TRUE(ScriptCut::Make(chain, "chain.pt").value()->IsChainOfChildren());
+  EXPECT_FALSE(ScriptCut::Make(ScriptResNet(), "resnet.pt").value()->IsChainOfChildren());
+}
+
+TEST(ScriptCut, AResNetCutAtEveryBlockTrainsOverWorkersAsOneProcess) {
+  Workers workers;
+  torch::jit::Module whole = ScriptResNet();
+  const std::string bytes = SaveToBytes(whole);
+  auto model = SequentialModel::TorchScript(bytes, "resnet.pt").value();
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  const at::Tensor x = at::randn({4, 3, 6, 6}, gen, at::TensorOptions());
+  const at::Tensor t = at::randint(5, {4}, gen, at::TensorOptions(at::kLong));
+  torch::jit::Module local = LoadFromBytes(bytes);
+  std::vector<at::Tensor> params;
+  for (const at::Tensor& p : local.parameters()) params.push_back(p.requires_grad_(true));
+  torch::optim::SGD opt(params, torch::optim::SGDOptions(0.05));
+  std::vector<double> want;
+  for (int i = 0; i < 3; ++i) {
+    opt.zero_grad();
+    at::Tensor l = at::cross_entropy_loss(local.forward({x}).toTensor(), t);
+    l.backward();
+    opt.step();
+    want.push_back(l.item<double>());
+  }
+  // Cut before the in-place ReLU and before each residual block: every
+  // stage of the four begins at one.
+  PartitionOptions given;
+  given.split_at = {1, 2, 3};
+  given.stages_per_worker = 2;
+  auto cut = Partition(workers.master(), model, {"w1", "w2"}, given);
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  const std::vector<double> got = Train(workers.master(), cut->stages, x, t, 3);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << i;
+}
+
+// torchvision's resnet18 exactly as a PyTorch user saves it, where Debian's
+// python3-torchvision is installed.
+TEST(ScriptCut, TorchvisionsResNet18AsSavedIsCutAtItsBlocks) {
+  const std::string dir = ::testing::TempDir();
+  const std::string path = absl::StrCat(dir, "/resnet18_", getpid(), ".pt");
+  const std::string script = absl::StrCat(
+      "/usr/bin/python3 -c 'import torch, torchvision; torch.manual_seed(0); "
+      "torch.jit.script(torchvision.models.resnet18(num_classes=10)).save(\"", path, "\")' 2>/dev/null");
+  if (std::system(script.c_str()) != 0) GTEST_SKIP() << "no python3-torchvision: " << script;
+  auto model = SequentialModel::TorchScriptFile(path);
+  std::remove(path.c_str());
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::vector<std::string> names;
+  for (int i = 0; i < model->num_layers(); ++i) names.push_back(model->layer_name(i));
+  EXPECT_EQ(names, (std::vector<std::string>{"conv1", "bn1", "relu", "maxpool", "layer1.0", "layer1.1", "layer2.0",
+                                             "layer2.1", "layer3.0", "layer3.1", "layer4.0", "layer4.1", "avgpool",
+                                             "flatten", "fc"}));
+  const at::Tensor x = at::randn({2, 3, 32, 32});
+  ASSERT_TRUE(model->Check(x).ok()) << model->Check(x);
+  EXPECT_EQ(model->LayerNamed("layer3").value_or(-1), 8);
 }
 
 }  // namespace
