@@ -55,8 +55,9 @@ absl::StatusOr<int> StagesPerWorker(const RunOptions& c, int num_layers) {
       fixes.push_back("export one TorchScript file per stage (--model DIR of stage0.pt, stage1.pt, ...)");
       return absl::InvalidArgumentError(absl::StrCat(
           "cannot cut ", c.sequential->label(), " into ", n * per_worker, " stages (", n, " workers x ", per_worker,
-          " per worker", why, "): it has ", num_layers, num_layers == 1 ? " child module" : " child modules",
-          " to cut at, and each stage needs one; ", absl::StrJoin(fixes, ", or ")));
+          " per worker", why, "): it has ", num_layers, num_layers == 1 ? " layer" : " layers",
+          " (child modules, or the statements of its forward between which one tensor crosses) and each stage "
+          "needs one; ", absl::StrJoin(fixes, ", or ")));
     }
     return absl::InvalidArgumentError(absl::StrCat(
         n, " workers x ", per_worker, " stages per worker", why, " is more stages than the ",

@@ -206,10 +206,9 @@ absl::Status ReadModel(const Flags& f, RunOptions& c) {
     if (!c.local && !output.empty() && output != "Tensor") {
       return Bad(absl::StrCat(
           "--model ", c.model, " cannot be cut into stages: its forward returns ", output,
-          ", not one tensor of logits, so it is not its child modules run one after another (as an nn.Sequential's "
-          "forward is) and its output cannot go to cross-entropy; export one TorchScript file per stage (--model "
-          "DIR of stage0.pt, stage1.pt, ...: each stage's forward takes the one before's output, the last returns "
-          "the logits)"));
+          ", not one tensor of logits, and the last stage's output goes to cross-entropy; return the logits alone "
+          "(compute the loss outside forward), or export one TorchScript file per stage (--model DIR of stage0.pt, "
+          "stage1.pt, ...: each stage's forward takes the one before's output, the last returns the logits)"));
     }
   }
   if (c.local) {
@@ -524,10 +523,18 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   if (launch::HasEmptyPart(f.split_at)) {
     return Bad(absl::StrCat("--split-at '", f.split_at, "' has an empty index (two commas, or one at an end)"));
   }
+  // Layer numbers, or submodules of a one-file --model (resolved below,
+  // once the model is read).
+  std::vector<std::string> split_names;
   for (const auto& part : launch::SplitList(f.split_at)) {
     int v = 0;
-    if (!absl::SimpleAtoi(part, &v) || v < 1) {
-      return Bad(absl::StrCat("--split-at wants layer indices like 8 or 5,9,14; got '", f.split_at, "'"));
+    if (!absl::SimpleAtoi(part, &v)) {
+      split_names.push_back(part);
+      continue;
+    }
+    if (v < 1) {
+      return Bad(absl::StrCat("--split-at wants layer numbers like 8 or 5,9,14, or submodule names like "
+                              "layer2,layer4; got '", f.split_at, "'"));
     }
     c.split_at.push_back(v);
   }
@@ -547,6 +554,25 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   if (!c.dataset.empty()) c.dataset = data::AbsoluteDatasetName(c.dataset);
   if (!c.model.empty()) {
     if (auto s = ReadModel(f, c); !s.ok()) return s;
+  }
+  if (!split_names.empty()) {
+    if (!c.sequential) {
+      return Bad(absl::StrCat("--split-at ", f.split_at, " names submodules, which only a one-file --model cut "
+                              "over several workers has; give layer numbers (like 5,9,14)"));
+    }
+    if (!c.split_at.empty()) {
+      return Bad(absl::StrCat("--split-at ", f.split_at, " mixes layer numbers and submodule names; give one or "
+                              "the other"));
+    }
+    for (const std::string& name : split_names) {
+      auto layer = c.sequential->LayerNamed(name);
+      if (!layer.ok()) return Bad(absl::StrCat("--split-at ", name, ": ", layer.status().message()));
+      if (*layer == 0) {
+        return Bad(absl::StrCat("--split-at ", name, ": ", name, " begins the model; a cut goes before a later "
+                                "layer"));
+      }
+      c.split_at.push_back(*layer);
+    }
   }
   if (auto s = CheckBatchFits(c); !s.ok()) return s;
   if (auto s = CheckActivationsFit(c); !s.ok()) return s;

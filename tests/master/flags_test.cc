@@ -152,7 +152,9 @@ TEST(MasterFlags, CutsAndTopologiesThatDoNotFitAreErrors) {
        "2 workers x 10 stages per worker (--interleave) is more stages than the 18 layers"},
       {{"--workers", "a,b", "--partition", "tutorial", "--interleave", "2"},
        "--partition tutorial cuts ResNet50 into exactly 2 stages, one per worker: not with --interleave 2"},
-      {{"--workers", "a,b", "--split-at", "3,x"}, "--split-at wants layer indices"},
+      {{"--workers", "a,b", "--split-at", "3,x"},
+       "--split-at 3,x names submodules, which only a one-file --model cut over several workers has"},
+      {{"--workers", "a,b", "--split-at", "3,-1"}, "--split-at wants layer numbers like 8 or 5,9,14, or submodule"},
       {{"--workers", "a,b", "--split-at", "12,5,7"}, "must increase strictly"},
       {{"--workers", "a,b", "--split-at", "5,,9"}, "--split-at '5,,9' has an empty index"},
       {{"--workers", "a,b,c", "--split-at", "8"}, "--split-at makes 2 stages for 3 workers"},
@@ -210,10 +212,34 @@ TEST(MasterFlags, AOneFileModelThatCannotBeCutSaysWhyAndWhatToExport) {
                                        "Tuple[Tensor, Tensor], not one tensor of logits"));
   EXPECT_THAT(returns_tuple, HasSubstr("export one TorchScript file per stage"));
   const std::string one_child = ErrorOf({"--workers", "a,b", "--model", one, "--input-shape", "4"});
-  EXPECT_THAT(one_child, HasSubstr("cannot cut " + one + " into 2 stages (2 workers x 1 per worker): it has 1 child "
-                                   "module to cut at, and each stage needs one; give one worker per pipeline (it "
-                                   "trains the model whole), or export one TorchScript file per stage"));
+  EXPECT_THAT(one_child, HasSubstr("cannot cut " + one + " into 2 stages (2 workers x 1 per worker): it has 1 layer "
+                                   "(child modules, or the statements of its forward between which one tensor "
+                                   "crosses) and each stage needs one; give one worker per pipeline (it trains the "
+                                   "model whole), or export one TorchScript file per stage"));
   EXPECT_THAT(one_child, Not(HasSubstr("--interleave")));
+}
+
+// --split-at names the submodules of a one-file model that its forward
+// calls at cut points; one called inside a layer is refused with the
+// nearest cut points.
+TEST(MasterFlags, SplitAtNamesSubmodulesOfAOneFileModel) {
+  torch::jit::Module net("Net");
+  net.register_module("fc1", test_support::ScriptLinear(4, 6, 1, false));
+  net.register_module("fc2", test_support::ScriptLinear(6, 3, 2, false));
+  net.define("def forward(self, x):\n  x = torch.relu(self.fc1.forward(x))\n  return self.fc2.forward(x)\n");
+  const std::string path = TempPath("flags_named_cut.pt");
+  net.save(path);
+  auto line = ParseCommandLine({"--workers", "a,b", "--model", path, "--input-shape", "4", "--split-at", "fc2"});
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_THAT(line->config.split_at, ElementsAre(2));  // fc1 | relu | fc2
+  ExpectErrors({
+      {{"--workers", "a,b", "--model", path, "--input-shape", "4", "--split-at", "fc2.weight"},
+       "--split-at fc2.weight: cannot cut " + path + " before fc2.weight: it is used inside submodule fc2"},
+      {{"--workers", "a,b", "--model", path, "--input-shape", "4", "--split-at", "fc3"},
+       "calls no submodule named fc3; it can be cut before fc2"},
+      {{"--workers", "a,b", "--model", path, "--input-shape", "4", "--split-at", "fc1"}, "fc1 begins the model"},
+      {{"--workers", "a,b", "--model", path, "--input-shape", "4", "--split-at", "2,fc2"}, "mixes layer numbers"},
+  });
 }
 
 TEST(MasterFlags, MissingOrBadFilesAreErrorsNamingThem) {
