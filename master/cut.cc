@@ -97,7 +97,7 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, c
   if (p.split_at.empty()) {
     // One micro-batch of the largest split count, at most 16 rows.
     const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(16, c.batch_size / p.micro_batches));
-    if (TrainsGpt(c)) {
+    if (ReadsText(c)) {
       p.sample = at::zeros({rows, c.seq_len}, at::kLong);  // (the tokens' values cost alike)
     } else {
       ASSIGN_OR_RETURN(auto batch, MakeBatch(c, 0));

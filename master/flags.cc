@@ -96,11 +96,6 @@ absl::Status CheckValues(const Flags& f, const RunOptions& c) {
                               " (each head takes d-model / heads of it)"));
     }
     if (c.seq_len > 65536) return Bad(absl::StrCat("--seq-len must be at most 65536; got ", c.seq_len));
-    if (!c.model.empty()) {
-      return Bad(absl::StrCat("--model with --dataset ", c.dataset, ": a text trains the built-in GPT (--layers, "
-                              "--d-model, --heads, --seq-len); a TorchScript language model is not taken yet: "
-                              "leave --model out"));
-    }
   }
   if (c.peak_tflops < 0) return Bad("--peak-tflops must be > 0 (or 0: not given)");
   if (!c.dataset.empty() && c.compare_local) {

@@ -139,7 +139,7 @@ absl::Status TrainPs(Agent& agent, const RunOptions& c, const PsFlags& p,
   const auto first_worker = c.all_workers.begin() + ServerCount(p);
   o.servers.assign(c.all_workers.begin(), first_worker);
   o.workers.assign(first_worker, c.all_workers.end());
-  o.loss = c.model.empty() && c.dataset.empty() ? "mse" : TrainsGpt(c) ? "causal_lm" : "cross_entropy";
+  o.loss = c.model.empty() && c.dataset.empty() ? "mse" : ReadsText(c) ? "causal_lm" : "cross_entropy";
   o.optimizer = OptimizerOf(c);
   o.backup_workers = p.backup_workers;
   o.device = c.device;

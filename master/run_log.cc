@@ -93,7 +93,13 @@ void PrintSummary(const std::vector<Run>& runs, const RunOptions& c) {
     std::printf("%8d %12s %10.3f %14s %18s %9s\n", r.splits, r.schedule.c_str(), r.seconds, steady.c_str(),
                 ImagesPerSecond(r).c_str(), speedup.c_str());
   }
-  if (TrainsGpt(c)) {
+  if (ReadsText(c) && !TrainsGpt(c)) {
+    // (A --model's FLOPs are not known from flags.)
+    for (const Run& r : runs) {
+      if (!(r.images() > 0 && r.seconds > 0)) continue;
+      std::printf("splits=%d: %.0f tokens/s\n", r.splits, r.images() * static_cast<double>(c.seq_len) / r.seconds);
+    }
+  } else if (TrainsGpt(c)) {
     // A row is a window of --seq-len tokens; the model's FLOPs a token
     // from its shape (shards::GptTrainFlopsPerToken).
     const double flops = TrainFlopsPerToken(c);

@@ -52,7 +52,7 @@ namespace remora::master {
 
 pipeline::LossFn Loss(const RunOptions& c) {
   pipeline::LossFn loss = c.model.empty() && c.dataset.empty() ? pipeline::MseLoss()
-                          : TrainsGpt(c)                       ? pipeline::CausalLmLoss()
+                          : ReadsText(c)                       ? pipeline::CausalLmLoss()
                                                                : pipeline::CrossEntropyLoss();
   // REMORA_STEP_PROTOCOL=master: the loss unnamed, so the pipeline keeps the
   // master in the data path (the earlier protocol), to measure one against

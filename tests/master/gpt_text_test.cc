@@ -3,7 +3,8 @@
 // real workers and with the parameter server to the same losses, reports
 // the held-out loss, perplexity and tokens a second everywhere it reports,
 // and says what is wrong with a text it cannot take; generate samples
-// text from the pipeline's checkpoint.
+// text from the pipeline's checkpoint. A scripted language model of one's
+// own (--model) is cut at its blocks and trains on the text too.
 #include <stdlib.h>
 
 #include <cmath>
@@ -12,8 +13,12 @@
 #include <string>
 #include <vector>
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/randn.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/jit/api/module.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -21,6 +26,7 @@
 #include "absl/strings/strip.h"
 #include "launch/cli.h"
 #include "tests/support/master_runs.h"
+#include "tests/support/script_models.h"
 #include "tests/support/test_group.h"
 
 namespace remora {
@@ -163,15 +169,87 @@ TEST(TextMaster, AGptTrainsOverWorkersAsInOneProcessAndReportsPerplexity) {
 
   // The parameter server: each worker computes its share of a batch with
   // the same loss.
+  // (Without --checkpoint-dir the master and workers put the tokens in
+  // the temporary directory: the test's own.)
   const std::string ps_addr = absl::StrCat("127.0.0.1:", FreePort());
+  setenv("TMPDIR", test_support::FreshDir("gpt_ps_tmp").c_str(), 1);
   workers = test_support::StartWorkers({"w1", "w2"}, ps_addr, "gpt_ps");
   auto [ps_code, ps_out] = RunProgram(master({"--workers", "w1,w2", "--listen", ps_addr, "--mode", "ps"}),
                                       absl::Seconds(180));
+  unsetenv("TMPDIR");
   ASSERT_EQ(ps_code, 0) << ps_out;
   for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
   const std::vector<double> ps_losses = EpochField(ps_out, "train_loss");
   ASSERT_EQ(ps_losses.size(), 2u) << ps_out;
   for (size_t e = 0; e < 2; ++e) EXPECT_NEAR(ps_losses[e], losses[e], 1e-4 * losses[e]) << ps_out;
+}
+
+// A language model of one's own, as PyTorch scripts it (nanoGPT's shape:
+// token and position embeddings summed in its forward, blocks that add to
+// a residual stream, a head; its forward returns the logits), trains on
+// the text as a one-file --model: the master cuts its forward at the
+// blocks and the pipeline's losses are one process's.
+TEST(TextMaster, AScriptedLanguageModelIsCutAtItsBlocksAndTrainsAsInOneProcess) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  torch::jit::Module wte("Embedding");
+  wte.register_parameter("weight", at::randn({256, 16}, gen, at::TensorOptions()) * 0.1, false);
+  wte.define("def forward(self, idx):\n  return torch.embedding(self.weight, idx)\n");
+  torch::jit::Module gpt("Gpt");
+  gpt.register_module("wte", wte);
+  gpt.register_parameter("wpe", at::randn({16, 16}, gen, at::TensorOptions()) * 0.1, false);
+  for (int i = 0; i < 2; ++i) {
+    torch::jit::Module block("Block");
+    block.register_module("mlp", test_support::ScriptLinear(16, 16, 60 + i, true));
+    block.define("def forward(self, x):\n  return x + self.mlp.forward(torch.layer_norm(x, [16]))\n");
+    gpt.register_module("h" + std::to_string(i), block);
+  }
+  gpt.register_module("head", test_support::ScriptLinear(16, 256, 70, false));
+  gpt.define(R"(def forward(self, idx):
+  pos = torch.arange(idx.size(1))
+  x = self.wte.forward(idx) + torch.embedding(self.wpe, pos)
+  x = self.h0.forward(x)
+  x = self.h1.forward(x)
+  return self.head.forward(x)
+)");
+  const std::string model = TempPath("scripted_gpt.pt");
+  gpt.save(model);
+  const std::string text = WriteText("scripted_gpt.txt");
+  const std::string dir = test_support::FreshDir("scripted_gpt");
+  const std::vector<std::string> common = {"--model", model, "--dataset", "text:" + text, "--seq-len", "16",
+                                           "--batch-size", "8", "--epochs", "2", "--train-rows", "32", "--seed", "5",
+                                           "--splits", "2"};
+  // (The tokens go to the temporary directory: the test's own.)
+  setenv("TMPDIR", dir.c_str(), 1);
+  auto master = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), BinDir() + "/master");
+    args.insert(args.end(), common.begin(), common.end());
+    return args;
+  };
+  auto [local_code, local_out] = RunProgram(master({"--local", "--threads", "1"}), absl::Seconds(180));
+  ASSERT_EQ(local_code, 0) << local_out;
+  const std::vector<double> losses = EpochField(local_out, "train_loss");
+  ASSERT_EQ(losses.size(), 2u) << local_out;
+  EXPECT_LT(losses[1], losses[0]) << local_out;
+  EXPECT_THAT(local_out, HasSubstr("tokens/s"));
+  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+  auto workers = test_support::StartWorkers({"w1", "w2"}, addr, "scripted_gpt");
+  auto [code, out] = RunProgram(master({"--workers", "w1,w2", "--listen", addr, "--interleave", "1"}),
+                                absl::Seconds(180));
+  ASSERT_EQ(code, 0) << out;
+  for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
+  // Its layers: the embeddings, each block, the head.
+  EXPECT_THAT(out, HasSubstr("measuring per-layer cost of " + model));
+  EXPECT_THAT(out, HasSubstr("over 2 workers, 2 stages"));
+  const std::vector<double> piped = EpochField(out, "train_loss");
+  const std::vector<double> piped_test = EpochField(out, "test_loss");
+  const std::vector<double> local_test = EpochField(local_out, "test_loss");
+  ASSERT_EQ(piped.size(), 2u) << out;
+  ASSERT_EQ(piped_test.size(), 2u) << out;
+  for (size_t e = 0; e < 2; ++e) {
+    EXPECT_NEAR(piped[e], losses[e], 1e-4 * losses[e]) << "epoch " << e + 1 << "\n" << out;
+    EXPECT_NEAR(piped_test[e], local_test[e], 1e-4 * local_test[e]) << "epoch " << e + 1 << "\n" << out;
+  }
+  unsetenv("TMPDIR");
 }
 
 TEST(TextMaster, ATextItCannotTakeIsAClearError) {
