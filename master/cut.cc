@@ -121,7 +121,19 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, c
                           : absl::StrCat(" (--dataset ", c.dataset, "'s images)")));
   }
   if (!cut.ok()) return cut.status();
-  std::cout << cut->Describe(c.workers) << std::flush;
+  std::cout << cut->Describe(c.workers);
+  if (c.sequential) {
+    // What each stage of a one-file model holds, by its layers' names.
+    for (size_t k = 0; k + 1 < cut->bounds.size(); ++k) {
+      const int first = cut->bounds[k], last = cut->bounds[k + 1];
+      std::cout << "  stage " << k << " on " << c.workers[k % c.workers.size()] << ": "
+                << model.layer_name(first)
+                << (last - first > 1 ? absl::StrCat(last - first > 2 ? " ... " : ", ", model.layer_name(last - 1))
+                                     : std::string())
+                << "\n";
+    }
+  }
+  std::cout << std::flush;
   return cut->stages;
 }
 

@@ -361,9 +361,14 @@ class Loop {
   void Progress(size_t b, double now) {
     const double done = static_cast<double>(b + 1 - first_) / (batches_.size() - first_);
     const double elapsed = now - t0_, in_call = now - call_t0_;
-    const std::string line = absl::StrFormat(
-        "epoch %d/%d  %zu/%zu batches  loss=%.4f  %.0f images/s  ETA %s", r_.epoch, o_.epochs, b + 1,
-        batches_.size(), loss_sum_ / (b + 1), trained_ / std::max(elapsed, 1e-9), Duration(in_call / done - in_call));
+    // (Rows of a text are windows of tokens: the tokens a second then.)
+    const double rate = trained_ / std::max(elapsed, 1e-9);
+    const std::string speed = o_.tokens_per_row > 0
+                                  ? absl::StrFormat("%.0f tokens/s", rate * static_cast<double>(o_.tokens_per_row))
+                                  : absl::StrFormat("%.0f images/s", rate);
+    const std::string line =
+        absl::StrFormat("epoch %d/%d  %zu/%zu batches  loss=%.4f  %s  ETA %s", r_.epoch, o_.epochs, b + 1,
+                        batches_.size(), loss_sum_ / (b + 1), speed, Duration(in_call / done - in_call));
     if (o_.progress_bar) {
       out_ << "\r" << line << "   " << std::flush;
     } else if (done >= next_line_ && b + 1 < batches_.size()) {
