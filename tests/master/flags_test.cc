@@ -599,7 +599,7 @@ TEST(MasterFlags, TextTrainsTheBuiltInGptSizedByItsFlags) {
       {{"--workers", "a,b,c,d,e,f,g", "--dataset", "text:book.txt", "--layers", "4"},
        "more stages than the 6 layers there are to cut"},
       {{"--workers", "a,b", "--dataset", "text:book.txt", "--partition", "tutorial"}, "--partition tutorial"},
-      {{"--local", "--dataset", "text:book.txt", "--model", "m.pt"}, "a text trains the built-in GPT"},
+      {{"--local", "--dataset", "text:book.txt", "--model", "m.pt"}, "cannot read the TorchScript file m.pt"},
       {{"--local", "--dataset", "text:book.txt", "--peak-tflops", "-1"}, "--peak-tflops"},
       {{"--local", "--dataset", "fashion-mnist", "--val-fraction", "0.1"}, "--val-fraction"},
       {{"--local", "--optimizer", "lamb"}, "--optimizer must be sgd, adam or adamw; got 'lamb'"},
