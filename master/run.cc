@@ -133,6 +133,7 @@ absl::StatusOr<std::vector<Run>> TrainHere(const RunOptions& c, const Sets& sets
     const bool traced = Traced(c, i + 1 == c.splits.size());
     auto run = c.dataset.empty() ? TrainLocal(c, s) : FitLocal(c, s, *sets.train, *sets.test, traced);
     if (!run.ok()) return run.status();
+    run->tokens_per_row = TokensPerRow(c);  // (a text's: the report's and curves' tokens)
     PrintRun(*run, c);
     runs.push_back(std::move(*run));
   }
@@ -226,6 +227,7 @@ absl::StatusOr<std::vector<Run>> TrainOverWorkers(Agent& agent, RunPlan& line, c
                                   return TrainPs(agent, now, line.ps, cut, sets, &ck, run, elastic);
                                 });
     if (!trained.ok()) return trained;
+    run.tokens_per_row = TokensPerRow(c);
     PrintRun(run, c);
     runs.push_back(std::move(run));
     return runs;
@@ -266,6 +268,7 @@ absl::StatusOr<std::vector<Run>> TrainOverWorkers(Agent& agent, RunPlan& line, c
     }
     auto run = TrainOverPipeline(agent, c, *stages, s, sets, Traced(c, last), after_batch, checkpoints);
     if (!run.ok()) return run.status();
+    run->tokens_per_row = TokensPerRow(c);  // (a text's: the report's and curves' tokens)
     PrintRun(*run, c);
     runs.push_back(std::move(*run));
   }

@@ -118,10 +118,8 @@ void PrintSummary(const std::vector<Run>& runs, const RunOptions& c) {
 }
 
 absl::Status WriteReport(const std::string& path, bool local, const std::vector<Run>& runs, const RunOptions& c) {
-  std::vector<Run> told = runs;
-  for (Run& r : told) r.tokens_per_row = TokensPerRow(c);
   return train::WriteReport(path, local ? "local" : c.schedule == "ps" ? "ps" : "pipeline",  // --mode ps sets "ps"
-                            told);
+                            runs);
 }
 
 }  // namespace remora::master

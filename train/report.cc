@@ -136,13 +136,23 @@ double RunRecord::steady_data_wait_seconds() const { return MedianAfterFirst(dat
 absl::Status WriteCurves(const std::string& path, const std::vector<RunRecord>& runs) {
   Panel loss{"training loss", "step", {}};
   Panel accuracy{"test accuracy", "epoch", {}};
+  // A language model's held-out perplexity (exp of its test loss) by epoch.
+  Panel perplexity{"held-out perplexity", "epoch", {}};
   for (const RunRecord& r : runs) {
     if (r.log == nullptr) continue;
     const std::string name = runs.size() > 1 ? absl::StrCat("splits=", r.splits) : "";
     loss.series.push_back({name, r.log->losses()});
-    accuracy.series.push_back({name, r.log->accuracy()});
+    if (r.tokens_per_row == 0) {
+      accuracy.series.push_back({name, r.log->accuracy()});
+      continue;
+    }
+    Series s{name, {}};
+    for (const pipeline::EpochResult& e : r.epochs) {
+      if (e.evaluated) s.points.emplace_back(e.epoch, std::exp(e.test_loss));
+    }
+    perplexity.series.push_back(std::move(s));
   }
-  return WriteCurvesSvg(path, {loss, accuracy});
+  return WriteCurvesSvg(path, {loss, accuracy, perplexity});
 }
 
 absl::Status WriteReport(const std::string& path, const std::string& mode, const std::vector<RunRecord>& runs) {

@@ -84,9 +84,11 @@ TEST(TextMaster, AGptTrainsOverWorkersAsInOneProcessAndReportsPerplexity) {
   const std::string local_report = local_dir + "/report.json";
   // (Without --checkpoint-dir the tokens go to the temporary directory.)
   setenv("TMPDIR", local_dir.c_str(), 1);
-  auto [local_code, local_out] = RunProgram(master({"--local", "--threads", "1", "--splits", "2", "--tensorboard",
-                                                    tensorboard, "--report", local_report, "--peak-tflops", "1"}),
-                                            absl::Seconds(180));
+  const std::string curves = local_dir + "/curves.svg";
+  auto [local_code, local_out] =
+      RunProgram(master({"--local", "--threads", "1", "--splits", "2", "--tensorboard", tensorboard, "--report",
+                         local_report, "--peak-tflops", "1", "--curves", curves}),
+                 absl::Seconds(180));
   unsetenv("TMPDIR");
   ASSERT_EQ(local_code, 0) << local_out;
   // The text tokenised once; 5% held out.
@@ -116,6 +118,10 @@ TEST(TextMaster, AGptTrainsOverWorkersAsInOneProcessAndReportsPerplexity) {
   EXPECT_EQ(test_support::ScalarsIn(tensorboard, "epoch/test_perplexity").size(), 2u);
   EXPECT_EQ(test_support::ScalarsIn(tensorboard, "epoch/test_loss").size(), 2u);
   EXPECT_EQ(test_support::ScalarsIn(tensorboard, "step/tokens_per_second").size(), 12u);
+  // The curves draw the held-out perplexity, not an accuracy.
+  const std::string svg = ReadFile(curves);
+  EXPECT_THAT(svg, HasSubstr("held-out perplexity"));
+  EXPECT_THAT(svg, ::testing::Not(HasSubstr("test accuracy")));
 
   // Over two workers: stage 0's worker reads its windows, the targets go
   // to the last stage's worker, and the losses are one process's.
