@@ -11,18 +11,7 @@ OUT=${REMORA_DEMO_DIR:-${REMORA_BUILD_DIR:-build}/demo}
 PORT=${MASTER_PORT:-29500}
 mkdir -p "$OUT"
 
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-for w in worker1 worker2; do
-  "$BIN/worker" --name "$w" --master "127.0.0.1:$PORT" &
-  pids+=($!)
-done
+source scripts/local_workers.sh
 "$BIN/master" --workers worker1,worker2 --listen "127.0.0.1:$PORT" --splits 1,2,4,8 \
   --report "$OUT/report.json" --trace "$OUT/trace.json" --timeline "$OUT/timeline.svg" \
   --compare-local "$@"

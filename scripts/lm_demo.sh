@@ -16,18 +16,7 @@ TEXT=${REMORA_LM_TEXT:-/usr/share/common-licenses/GPL-3}
 rm -rf "$OUT/ckpt"
 mkdir -p "$OUT"
 
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-for w in worker1 worker2; do
-  "$BIN/worker" --name "$w" --master "127.0.0.1:$PORT" &
-  pids+=($!)
-done
+source scripts/local_workers.sh
 "$BIN/master" --workers worker1,worker2 --listen "127.0.0.1:$PORT" --dataset "text:$TEXT" \
   --layers 4 --d-model 128 --heads 4 --seq-len 64 --epochs 16 --splits 4 \
   --checkpoint-dir "$OUT/ckpt" --report "$OUT/report.json" --curves "$OUT/curves.svg" "$@"
