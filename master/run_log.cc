@@ -93,19 +93,18 @@ void PrintSummary(const std::vector<Run>& runs, const RunOptions& c) {
     std::printf("%8d %12s %10.3f %14s %18s %9s\n", r.splits, r.schedule.c_str(), r.seconds, steady.c_str(),
                 ImagesPerSecond(r).c_str(), speedup.c_str());
   }
-  if (ReadsText(c) && !TrainsGpt(c)) {
-    // (A --model's FLOPs are not known from flags.)
-    for (const Run& r : runs) {
-      if (!(r.images() > 0 && r.seconds > 0)) continue;
-      std::printf("splits=%d: %.0f tokens/s\n", r.splits, r.images() * static_cast<double>(c.seq_len) / r.seconds);
-    }
-  } else if (TrainsGpt(c)) {
-    // A row is a window of --seq-len tokens; the model's FLOPs a token
-    // from its shape (shards::GptTrainFlopsPerToken).
+  if (ReadsText(c)) {
+    // A row is a window of --seq-len tokens; the built-in GPT's FLOPs a
+    // token from its shape (shards::GptTrainFlopsPerToken; a --model's are
+    // not known from flags: 0).
     const double flops = TrainFlopsPerToken(c);
     for (const Run& r : runs) {
       if (!(r.images() > 0 && r.seconds > 0)) continue;
       const double tokens = r.images() * static_cast<double>(c.seq_len) / r.seconds;
+      if (flops <= 0) {
+        std::printf("splits=%d: %.0f tokens/s\n", r.splits, tokens);
+        continue;
+      }
       std::printf("splits=%d: %.0f tokens/s, %.3g training FLOPs a token, %.3f TFLOP/s%s\n", r.splits, tokens, flops,
                   tokens * flops / 1e12,
                   c.peak_tflops > 0
