@@ -58,6 +58,37 @@ class LocalOptimizer {
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
 };
 
+// A LibTorch optimizer of type Base whose rate follows a schedule.
+template <typename Base, typename BaseOptions>
+class Scheduled final : public Base, public ScheduledSteps {
+ public:
+  Scheduled(std::vector<at::Tensor> params, BaseOptions options, const LrSchedule& schedule)
+      : Base(std::move(params), options), lr_(options.lr()), schedule_(schedule) {}
+
+  at::Tensor step(torch::optim::Optimizer::LossClosure closure = nullptr) override {
+    const double lr = ScheduledLr(lr_, schedule_, steps_);
+    for (auto& group : this->param_groups()) group.options().set_lr(lr);
+    at::Tensor loss = Base::step(std::move(closure));
+    ++steps_;
+    return loss;
+  }
+  int64_t steps() const override { return steps_; }
+  void set_steps(int64_t steps) override { steps_ = steps; }
+
+ private:
+  const double lr_;  // the schedule's peak rate
+  const LrSchedule schedule_;
+  int64_t steps_ = 0;
+};
+
+// `options` made into an optimizer of type Base, scheduled where asked.
+template <typename Base, typename BaseOptions>
+std::unique_ptr<torch::optim::Optimizer> Make(std::vector<at::Tensor> params, const BaseOptions& options,
+                                              const LrSchedule& schedule) {
+  if (!schedule.scheduled()) return std::make_unique<Base>(std::move(params), options);
+  return std::make_unique<Scheduled<Base, BaseOptions>>(std::move(params), options, schedule);
+}
+
 }  // namespace
 
 c10::Dict<std::string, double> OptionsToDict(const OptimizerOptions& o) {
@@ -72,35 +103,50 @@ c10::Dict<std::string, double> OptionsToDict(const OptimizerOptions& o) {
   d.insert("beta2", o.beta2);
   d.insert("eps", o.eps);
   d.insert("amsgrad", o.amsgrad ? 1.0 : 0.0);
+  d.insert("schedule", static_cast<double>(o.schedule.kind));
+  d.insert("warmup_steps", static_cast<double>(o.schedule.warmup_steps));
+  d.insert("decay_steps", static_cast<double>(o.schedule.decay_steps));
+  d.insert("min_lr", o.schedule.min_lr);
   return d;
 }
 
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const c10::impl::GenericDict& options,
                                                        std::vector<at::Tensor> params) {
   auto get = [&](const char* key) { return options.at(key).toDouble(); };
+  auto get_or = [&](const char* key, double otherwise) {
+    return options.contains(key) ? options.at(key).toDouble() : otherwise;
+  };
+  LrSchedule schedule;
+  schedule.kind = static_cast<LrSchedule::Kind>(static_cast<int>(get_or("schedule", 0)));
+  schedule.warmup_steps = static_cast<int64_t>(get_or("warmup_steps", 0));
+  schedule.decay_steps = static_cast<int64_t>(get_or("decay_steps", 0));
+  schedule.min_lr = get_or("min_lr", 0);
   const auto kind = static_cast<OptimizerOptions::Kind>(static_cast<int>(get("kind")));
   switch (kind) {
     case OptimizerOptions::Kind::kSGD:
-      return std::make_unique<torch::optim::SGD>(
-          params, torch::optim::SGDOptions(get("lr"))
-                      .momentum(get("momentum"))
-                      .dampening(get("dampening"))
-                      .weight_decay(get("weight_decay"))
-                      .nesterov(get("nesterov") != 0.0));
+      return Make<torch::optim::SGD>(std::move(params),
+                                     torch::optim::SGDOptions(get("lr"))
+                                         .momentum(get("momentum"))
+                                         .dampening(get("dampening"))
+                                         .weight_decay(get("weight_decay"))
+                                         .nesterov(get("nesterov") != 0.0),
+                                     schedule);
     case OptimizerOptions::Kind::kAdam:
-      return std::make_unique<torch::optim::Adam>(
-          params, torch::optim::AdamOptions(get("lr"))
-                      .betas({get("beta1"), get("beta2")})
-                      .eps(get("eps"))
-                      .weight_decay(get("weight_decay"))
-                      .amsgrad(get("amsgrad") != 0.0));
+      return Make<torch::optim::Adam>(std::move(params),
+                                      torch::optim::AdamOptions(get("lr"))
+                                          .betas({get("beta1"), get("beta2")})
+                                          .eps(get("eps"))
+                                          .weight_decay(get("weight_decay"))
+                                          .amsgrad(get("amsgrad") != 0.0),
+                                      schedule);
     case OptimizerOptions::Kind::kAdamW:
-      return std::make_unique<torch::optim::AdamW>(
-          params, torch::optim::AdamWOptions(get("lr"))
-                      .betas({get("beta1"), get("beta2")})
-                      .eps(get("eps"))
-                      .weight_decay(get("weight_decay"))
-                      .amsgrad(get("amsgrad") != 0.0));
+      return Make<torch::optim::AdamW>(std::move(params),
+                                       torch::optim::AdamWOptions(get("lr"))
+                                           .betas({get("beta1"), get("beta2")})
+                                           .eps(get("eps"))
+                                           .weight_decay(get("weight_decay"))
+                                           .amsgrad(get("amsgrad") != 0.0),
+                                       schedule);
   }
   throw std::invalid_argument("unknown optimizer kind");
 }

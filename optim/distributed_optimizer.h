@@ -28,6 +28,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "absl/status/statusor.h"
+#include "optim/lr_schedule.h"
 #include "rpc/agent.h"
 
 namespace remora::optim {
@@ -47,6 +48,7 @@ struct OptimizerOptions {
   OptimizerOptions& set_betas(double b1, double b2) { beta1 = b1; beta2 = b2; return *this; }
   OptimizerOptions& set_eps(double v) { eps = v; return *this; }
   OptimizerOptions& set_amsgrad(bool v) { amsgrad = v; return *this; }
+  OptimizerOptions& set_schedule(const LrSchedule& v) { schedule = v; return *this; }
 
   Kind kind;
   double lr;
@@ -54,6 +56,7 @@ struct OptimizerOptions {
   bool nesterov = false;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   bool amsgrad = false;
+  LrSchedule schedule;  // the rate by step number (lr_schedule.h); constant by default
 
  private:
   OptimizerOptions(Kind k, double l, double wd) : kind(k), lr(l), weight_decay(wd) {}
@@ -62,9 +65,22 @@ struct OptimizerOptions {
 // The options as they travel to owners (kind, lr, momentum, ...), and the
 // LibTorch optimizer they make over `params` (parallel/'s ZeRO-1 shards
 // make theirs so too).
+// With a schedule (LrSchedule::scheduled()), the optimizer is also a
+// ScheduledSteps: before each step it sets every group's rate to
+// ScheduledLr(lr, schedule, steps()), and its state dict carries steps() in
+// each parameter group as "scheduled_steps", so that loading it (a resume,
+// ZeRO-1's shares) goes on with the same rates.
 c10::Dict<std::string, double> OptionsToDict(const OptimizerOptions& options);
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const c10::impl::GenericDict& options,
                                                        std::vector<at::Tensor> params);
+
+// The steps a scheduled optimizer has taken (see MakeOptimizer).
+class ScheduledSteps {
+ public:
+  virtual ~ScheduledSteps() = default;
+  virtual int64_t steps() const = 0;
+  virtual void set_steps(int64_t steps) = 0;
+};
 
 // The tensors behind a list of parameter RRefs owned by this process;
 // throws std::invalid_argument, naming `who`, for any other entry.

@@ -6,6 +6,9 @@
 //                  [, "max_exp_avg_sq": t]}, ...},         Adam, AdamW
 //    "param_groups": [{"lr": .., ..., "params": [0, 1, ...]}]}
 //
+// (a scheduled optimizer's groups also hold "scheduled_steps", the steps it
+// has taken, as PyTorch's schedulers add "initial_lr": Python ignores it)
+//
 // pickled as torch.save's legacy format does, so the bytes depend only on
 // the state (LibTorch's own archive keys entries by the parameters'
 // addresses) and Python's `optimizer.load_state_dict(torch.load(...))`
@@ -154,6 +157,9 @@ c10::IValue OptimizerStateDict(const torch::optim::Optimizer& optimizer) {
         state.insert(i, AdamEntry(*adamw));
       }
     }
+    if (auto* scheduled = dynamic_cast<const ScheduledSteps*>(&optimizer)) {
+      g.insert("scheduled_steps", scheduled->steps());
+    }
     g.insert("params", params);
     groups.push_back(g);
   }
@@ -186,6 +192,9 @@ void LoadOptimizerStateDict(torch::optim::Optimizer& optimizer, const c10::IValu
       throw std::invalid_argument(absl::StrCat("optimizer state: group ", k, " saved with ", saved_params,
                                                " parameters; the optimizer has ", group.params().size(),
                                                " (is it the same model?)"));
+    }
+    if (auto* scheduled = dynamic_cast<ScheduledSteps*>(&optimizer); scheduled && g.contains("scheduled_steps")) {
+      scheduled->set_steps(g.at("scheduled_steps").toInt());
     }
     auto& options = group.options();
     if (auto* o = dynamic_cast<torch::optim::SGDOptions*>(&options)) {

@@ -3,6 +3,9 @@
 // (the parity tests run the real `worker` program).
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/allclose.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/mse_loss.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/zeros.h>
@@ -210,6 +213,7 @@ struct ParityCase {
   optim::OptimizerOptions options;
   bool batchnorm = false;
   bool concurrent_backward = true;
+  std::vector<double> lrs = {};  // the reference's rate at each step, where scheduled
 };
 
 void ExpectParity(const ParityCase& c) {
@@ -241,9 +245,10 @@ void ExpectParity(const ParityCase& c) {
       step.emplace_back(at::randn({kMicroBatchSize, 8}), at::randn({kMicroBatchSize, 4}));
     }
   }
-  for (const auto& step : data) {
+  for (size_t k = 0; k < data.size(); ++k) {
     local_opt->zero_grad();
-    for (const auto& [x, t] : step) at::mse_loss(local2->forward(local1->forward(x)), t).backward();
+    for (const auto& [x, t] : data[k]) at::mse_loss(local2->forward(local1->forward(x)), t).backward();
+    if (!c.lrs.empty()) local_opt->param_groups()[0].options().set_lr(c.lrs.at(k));
     local_opt->step();
   }
 
@@ -320,6 +325,69 @@ TEST(Parity, AdamMatchesLocalTraining) {
 
 TEST(Parity, AdamWMatchesLocalTraining) {
   ExpectParity({optim::OptimizerOptions::AdamW(0.01)});
+}
+
+// Warm-up over two steps, then half a cosine down to min_lr at step 4:
+// each owner sets its rate by its own step count.
+TEST(Parity, ACosineScheduleWithWarmUpMatchesLocalTrainingStepByStep) {
+  const double lr = 0.01, min_lr = 0.001;
+  ParityCase c{optim::OptimizerOptions::AdamW(lr).set_schedule(
+      {optim::LrSchedule::Kind::kCosine, /*warmup_steps=*/2, /*decay_steps=*/4, min_lr})};
+  c.lrs = {lr / 2, lr, lr, (lr + min_lr) / 2, min_lr};
+  ExpectParity(c);
+}
+
+TEST(LrSchedule, WarmsUpThenDecaysToTheFloorAndStays) {
+  using Kind = optim::LrSchedule::Kind;
+  const optim::LrSchedule cosine{Kind::kCosine, 4, 14, 0.1};
+  EXPECT_DOUBLE_EQ(optim::ScheduledLr(1.0, cosine, 0), 0.25);
+  EXPECT_DOUBLE_EQ(optim::ScheduledLr(1.0, cosine, 3), 1.0);
+  EXPECT_DOUBLE_EQ(optim::ScheduledLr(1.0, cosine, 4), 1.0);
+  EXPECT_NEAR(optim::ScheduledLr(1.0, cosine, 9), 0.55, 1e-12);  // halfway: cos(pi/2) = 0
+  EXPECT_DOUBLE_EQ(optim::ScheduledLr(1.0, cosine, 14), 0.1);
+  EXPECT_DOUBLE_EQ(optim::ScheduledLr(1.0, cosine, 1000), 0.1);
+  const optim::LrSchedule linear{Kind::kLinear, 0, 10, 0.0};
+  EXPECT_DOUBLE_EQ(optim::ScheduledLr(2.0, linear, 0), 2.0);
+  EXPECT_DOUBLE_EQ(optim::ScheduledLr(2.0, linear, 5), 1.0);
+  EXPECT_DOUBLE_EQ(optim::ScheduledLr(2.0, linear, 12), 0.0);
+  const optim::LrSchedule warm{Kind::kConstant, 2, 0, 0.0};
+  EXPECT_TRUE(warm.scheduled());
+  EXPECT_FALSE(optim::LrSchedule{}.scheduled());
+  EXPECT_DOUBLE_EQ(optim::ScheduledLr(0.5, warm, 0), 0.25);
+  EXPECT_DOUBLE_EQ(optim::ScheduledLr(0.5, warm, 7), 0.5);
+  EXPECT_EQ(optim::LrScheduleKindNamed("cosine").value(), Kind::kCosine);
+  EXPECT_THAT(std::string(optim::LrScheduleKindNamed("step").status().message()),
+              HasSubstr("must be constant, cosine or linear; got 'step'"));
+}
+
+// A scheduled optimizer's state dict carries its step count, so one loaded
+// from it takes the next step at the next step's rate.
+TEST(LrSchedule, TheStepCountTravelsWithTheOptimizersState) {
+  const auto options = optim::OptimizerOptions::SGD(1.0).set_momentum(0.9).set_schedule(
+      {optim::LrSchedule::Kind::kLinear, 0, 4, 0.0});
+  const c10::impl::GenericDict dict = c10::IValue(optim::OptionsToDict(options)).toGenericDict();
+  at::Tensor a = at::zeros({3}), b = at::zeros({3});
+  auto first = optim::MakeOptimizer(dict, {a});
+  for (int k = 0; k < 3; ++k) {
+    a.mutable_grad() = at::ones({3});
+    first->step();
+  }
+  // Rates 1, 0.75, 0.5 with momentum 0.9: the buffer 1, 1.9, 2.71.
+  EXPECT_TRUE(at::allclose(a, at::full({3}, -(1.0 + 0.75 * 1.9 + 0.5 * 2.71))));
+  auto second = optim::MakeOptimizer(dict, {b});
+  optim::LoadOptimizerStateDict(*second, optim::OptimizerStateDict(*first));
+  ASSERT_NE(dynamic_cast<optim::ScheduledSteps*>(second.get()), nullptr);
+  EXPECT_EQ(dynamic_cast<optim::ScheduledSteps*>(second.get())->steps(), 3);
+  b.copy_(a);
+  a.mutable_grad() = at::ones({3});
+  b.mutable_grad() = at::ones({3});
+  first->step();
+  second->step();  // at 0.25, as the first's fourth step
+  EXPECT_TRUE(at::equal(a, b));
+  // Without a schedule the optimizer is LibTorch's own, its state as before.
+  auto plain = optim::MakeOptimizer(c10::IValue(optim::OptionsToDict(optim::OptimizerOptions::SGD(1.0)))
+                                        .toGenericDict(), {at::zeros({1})});
+  EXPECT_EQ(dynamic_cast<optim::ScheduledSteps*>(plain.get()), nullptr);
 }
 
 TEST(Parity, BatchNormStageMatchesLocalTrainingAndRunningStats) {
