@@ -19,6 +19,7 @@
 #include "channel/devices.h"
 #include "checkpoint/checkpoint.h"
 #include "master/checkpoint_flags.h"
+#include "optim/lr_schedule.h"
 #include "data/datasets.h"
 #include "shards/cnn.h"
 #include "shards/resnet.h"
@@ -56,6 +57,12 @@ absl::Status CheckValues(const Flags& f, const RunOptions& c) {
   }
   if (!(c.weight_decay >= 0)) return Bad("--weight-decay must be 0 or more");
   if (c.epochs < 1) return Bad("--epochs must be >= 1");
+  if (auto kind = optim::LrScheduleKindNamed(c.lr_schedule); !kind.ok()) {
+    return Bad(absl::StrCat("--lr-schedule must be constant, cosine or linear; got '", c.lr_schedule, "'"));
+  }
+  if (c.warmup_steps < 0) return Bad("--warmup-steps must be 0 or more");
+  if (c.decay_steps < 0) return Bad("--decay-steps must be 0 (the run's steps) or more");
+  if (f.given.count("min-lr") && !(c.min_lr >= 0)) return Bad("--min-lr must be 0 or more");
   if (c.momentum < 0 || c.momentum >= 1) return Bad("--momentum must be in [0, 1)");
   RETURN_IF_ERROR(launch::CheckAtLeast({{"batches", c.batches, 1},
                                         {"batch-size", c.batch_size, 1},
@@ -426,6 +433,16 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
                   "with --optimizer adamw: the decoupled weight decay, on every parameter (biases and norm weights "
                   "included)");
   flags.AddDouble("momentum", &c.momentum, "SGD momentum with --model or --dataset");
+  flags.AddString("lr-schedule", &c.lr_schedule,
+                  "the learning rate by step after --warmup-steps: constant, cosine (half a cosine down to --min-lr "
+                  "at --decay-steps) or linear; every owner of parameters sets its rate by its step count, which "
+                  "checkpoints keep");
+  flags.AddInt("warmup-steps", &c.warmup_steps,
+               "steps whose learning rate climbs linearly to --lr (step n at lr * (n + 1) / N)");
+  flags.AddDouble("min-lr", &c.min_lr, "with --lr-schedule cosine or linear: the rate it ends at (default: lr / 10)");
+  flags.AddInt("decay-steps", &c.decay_steps,
+               "with --lr-schedule cosine or linear: the step at which the rate reaches --min-lr (0: the run's "
+               "last)");
   flags.AddInt("train-rows", &c.train_rows,
                "with --dataset: train on N images only (0: all): the first N, or an image folder's N spread "
                "over its classes");

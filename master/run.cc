@@ -83,6 +83,29 @@ absl::Status FitInputShape(RunOptions& c, const Sets& sets) {
   return absl::OkStatus();
 }
 
+// A schedule that decays without --decay-steps reaches --min-lr at the
+// run's last step (each split count's run steps from the start); said.
+void SetDecaySteps(RunOptions& c, const Sets& sets) {
+  if (c.lr_schedule != "constant" && c.decay_steps == 0) {
+    if (sets.train == nullptr) {
+      c.decay_steps = c.batches;
+    } else {
+      int64_t rows = sets.train->size();
+      if (c.train_rows > 0) rows = std::min<int64_t>(rows, c.train_rows);
+      const int64_t batch = BatchRows(c, sets);
+      c.decay_steps = static_cast<int>(c.epochs * ((rows + batch - 1) / batch));
+    }
+  }
+  const optim::OptimizerOptions o = OptimizerOf(c);
+  if (!o.schedule.scheduled()) return;
+  std::printf("learning rate: %s from %g", optim::LrScheduleName(o.schedule.kind).c_str(), o.lr);
+  if (o.schedule.warmup_steps > 0) std::printf(" after %d warm-up steps", c.warmup_steps);
+  if (o.schedule.kind != optim::LrSchedule::Kind::kConstant) {
+    std::printf(", down to %g at step %d", o.schedule.min_lr, c.decay_steps);
+  }
+  std::printf("\n");
+}
+
 void PrintRun(const Run& run, const RunOptions& c) {
   std::printf("splits=%d seconds=%.3f images_per_second=%s\n", run.splits, run.seconds,
               ImagesPerSecond(run).c_str());
@@ -404,6 +427,7 @@ absl::Status RunMaster(RunPlan& plan, Registry* registry) {
     if (!sets.ok()) return fail(sets.status());
     if (auto s = FitInputShape(plan.config, **sets); !s.ok()) return fail(s);
     if (auto s = ChooseLocalThreads(plan.config, **sets); !s.ok()) return fail(s);
+    SetDecaySteps(plan.config, **sets);
     runtime::SetComputeThreads(c.local ? c.threads : c.coordinator_threads);
     if (c.local) {
       runs = TrainHere(c, **sets);

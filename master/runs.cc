@@ -111,10 +111,29 @@ absl::Status LocalRun::Step(int b, const char* prefix) {
 }
 
 optim::OptimizerOptions OptimizerOf(const RunOptions& c) {
-  if (c.optimizer == "adam") return optim::OptimizerOptions::Adam(c.lr);
-  if (c.optimizer == "adamw") return optim::OptimizerOptions::AdamW(c.lr).set_weight_decay(c.weight_decay);
+  optim::LrSchedule schedule;
+  schedule.kind = optim::LrScheduleKindNamed(c.lr_schedule).value_or(optim::LrSchedule::Kind::kConstant);
+  schedule.warmup_steps = c.warmup_steps;
+  schedule.decay_steps = c.decay_steps;
+  schedule.min_lr = c.min_lr >= 0 ? c.min_lr : c.lr / 10;
+  if (c.optimizer == "adam") return optim::OptimizerOptions::Adam(c.lr).set_schedule(schedule);
+  if (c.optimizer == "adamw") {
+    return optim::OptimizerOptions::AdamW(c.lr).set_weight_decay(c.weight_decay).set_schedule(schedule);
+  }
   const bool demo = c.dataset.empty() && c.model.empty();
-  return optim::OptimizerOptions::SGD(c.lr).set_momentum(demo ? 0.0 : c.momentum);
+  return optim::OptimizerOptions::SGD(c.lr).set_momentum(demo ? 0.0 : c.momentum).set_schedule(schedule);
+}
+
+std::string DescribeSchedule(const optim::OptimizerOptions& o) {
+  const optim::LrSchedule& s = o.schedule;
+  if (!s.scheduled()) return "";
+  std::string out = optim::LrScheduleName(s.kind);
+  if (s.warmup_steps > 0) absl::StrAppend(&out, " warmup-steps=", s.warmup_steps);
+  if (s.kind != optim::LrSchedule::Kind::kConstant) {
+    absl::StrAppend(&out, " min-lr=", s.min_lr, " decay-steps=",
+                    s.decay_steps > 0 ? absl::StrCat(s.decay_steps) : "the run's last");
+  }
+  return out;
 }
 
 std::vector<pipeline::StageSpec> SmallCnnStages(const RunOptions& c) {
@@ -290,6 +309,7 @@ checkpoint::RunIdentity IdentityOf(const RunOptions& c, int splits) {
                                                                                   o.weight_decay)
                                                                    : absl::StrCat("sgd lr=", o.lr, " momentum=",
                                                                                   o.momentum);
+  if (o.schedule.scheduled()) absl::StrAppend(&id.optimizer, " lr-schedule=", DescribeSchedule(o));
   id.schedule = c.schedule;
   id.micro_batches = splits;
   id.replicas = c.replicas;

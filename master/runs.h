@@ -127,6 +127,14 @@ struct RunOptions {
   std::string optimizer = "sgd";  // or adam, adamw
   double weight_decay = 0.1;       // AdamW's decoupled weight decay (--weight-decay)
   double momentum = 0.9;          // SGD's, with --dataset and --model
+  // The learning rate by step (optim/lr_schedule.h): --lr-schedule
+  // constant, cosine or linear after --warmup-steps, down to --min-lr
+  // (below 0: lr / 10) at --decay-steps (0: the run's last step, set by
+  // SetDecaySteps once the data is known).
+  std::string lr_schedule = "constant";
+  int warmup_steps = 0;
+  double min_lr = -1;
+  int decay_steps = 0;
   int train_rows = 0;             // --dataset: the first N training images (0: all)
   // Checkpoints (checkpoint/checkpoint.h): where, how often (steps; 0:
   // only at the end), how many kept; --resume: the directory to go on from.
@@ -298,6 +306,9 @@ absl::StatusOr<Run> TrainLocal(const RunOptions& c, int splits);
 
 // The optimizer of a run: SGD with --momentum (the demo: none) or Adam.
 optim::OptimizerOptions OptimizerOf(const RunOptions& c);
+// Its schedule as the console and checkpoints name it ("cosine
+// warmup-steps=100 min-lr=6e-05 decay-steps=5000"; "" when constant).
+std::string DescribeSchedule(const optim::OptimizerOptions& o);
 // Rows each part of a batch (a micro-batch, a replica's or a worker's
 // share) needs in training: 2 where the model normalises by batch
 // statistics (ResNet50; a --model with a BatchNorm's running_mean buffer:

@@ -344,6 +344,29 @@ TEST(MasterFlags, DefaultsDependOnWhatIsTrained) {
   EXPECT_DOUBLE_EQ(ps->config.lr, 0.2);
 }
 
+TEST(MasterFlags, ALearningRateScheduleIsCheckedAndReachesTheOptimizer) {
+  ExpectErrors({
+      {{"--local", "--lr-schedule", "step"}, "--lr-schedule must be constant, cosine or linear; got 'step'"},
+      {{"--local", "--warmup-steps", "-1"}, "--warmup-steps must be 0 or more"},
+      {{"--local", "--lr-schedule", "cosine", "--decay-steps", "-2"}, "--decay-steps must be 0"},
+      {{"--local", "--lr-schedule", "linear", "--min-lr", "-0.1"}, "--min-lr must be 0 or more"},
+  });
+  auto cosine = ParseCommandLine({"--local", "--lr", "0.02", "--lr-schedule", "cosine", "--warmup-steps", "5",
+                                  "--decay-steps", "50"});
+  ASSERT_TRUE(cosine.ok()) << cosine.status();
+  EXPECT_EQ(cosine->note, "");
+  const optim::OptimizerOptions o = OptimizerOf(cosine->config);
+  EXPECT_EQ(o.schedule.kind, optim::LrSchedule::Kind::kCosine);
+  EXPECT_EQ(o.schedule.warmup_steps, 5);
+  EXPECT_EQ(o.schedule.decay_steps, 50);
+  EXPECT_DOUBLE_EQ(o.schedule.min_lr, 0.002);  // lr / 10 unless given
+  EXPECT_EQ(DescribeSchedule(o), "cosine warmup-steps=5 min-lr=0.002 decay-steps=50");
+  EXPECT_FALSE(OptimizerOf(ParseCommandLine({"--local"})->config).schedule.scheduled());
+  auto constant = ParseCommandLine({"--local", "--min-lr", "0.001", "--decay-steps", "9"});
+  ASSERT_TRUE(constant.ok()) << constant.status();
+  EXPECT_THAT(constant->note, HasSubstr("--min-lr, --decay-steps with --lr-schedule constant"));
+}
+
 TEST(MasterFlags, ReplicasSplitTheWorkersIntoPipelines) {
   if (!parallel::HaveGloo()) GTEST_SKIP() << "built without Gloo";
   auto line = ParseCommandLine({"--workers", "a,b,c,d", "--replicas", "2", "--splits", "2",
