@@ -226,7 +226,10 @@ std::unique_ptr<pipeline::Pipeline> MakePipeline(Agent& master, const std::vecto
   o.schedule = schedule;
   o.micro_batches = 2;
   o.loss = pipeline::MseLoss();
-  o.optimizer = optim::OptimizerOptions::Adam(0.01);
+  // Warm-up and a cosine: each step's rate differs, so that a resumed
+  // owner must go on from its saved step count to match.
+  o.optimizer = optim::OptimizerOptions::Adam(0.01).set_schedule(
+      {optim::LrSchedule::Kind::kCosine, /*warmup_steps=*/2, /*decay_steps=*/6, /*min_lr=*/0.001});
   auto pipe = pipeline::Pipeline::Create(master, o);
   EXPECT_TRUE(pipe.ok()) << pipe.status();
   return pipe.ok() ? std::move(*pipe) : nullptr;

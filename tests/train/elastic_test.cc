@@ -246,7 +246,10 @@ TEST(Elastic, AJobThatLosesWorkersGoesOnAndEndsEqualToOneThatLostNone) {
 TEST(Elastic, AReplicaLostInDataParallelismIsReplacedAndTheJobEndsEqual) {
   const std::string data = ToyData();
   const std::string whole = FreshDir("elastic_dp_whole"), elastic = FreshDir("elastic_dp_ckpt");
-  const std::vector<std::string> flags = {"--replicas", "2", "--zero", "1", "--checkpoint-every", "3"};
+  // (A cosine schedule after a warm-up: the restored shares go on from the
+  // step count their checkpoint holds, or the job would not end equal.)
+  const std::vector<std::string> flags = {"--replicas", "2", "--zero", "1", "--checkpoint-every", "3",
+                                          "--lr-schedule", "cosine", "--warmup-steps", "2"};
   ASSERT_TRUE(RunWhole(data, whole, flags));
   std::vector<std::string> more = flags;
   more.insert(more.end(), {"--checkpoint-dir", elastic, "--max-restarts", "1", "--spares", "s1"});
@@ -269,7 +272,8 @@ TEST(Elastic, AReplicaLostInDataParallelismIsReplacedAndTheJobEndsEqual) {
 TEST(Elastic, ALostParameterServerShardAndComputeWorkerAreReplaced) {
   const std::string data = ToyData();
   const std::string whole = FreshDir("elastic_ps_whole"), elastic = FreshDir("elastic_ps_ckpt");
-  const std::vector<std::string> flags = {"--mode", "ps", "--ps-shards", "2", "--checkpoint-every", "3"};
+  const std::vector<std::string> flags = {"--mode", "ps", "--ps-shards", "2", "--checkpoint-every", "3",
+                                          "--lr-schedule", "linear", "--warmup-steps", "2"};
   const std::vector<std::string> names = {"a", "b", "w1", "w2"};
   ASSERT_TRUE(RunWhole(data, whole, flags, names));
   std::vector<std::string> more = flags;
