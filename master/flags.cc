@@ -61,6 +61,7 @@ absl::Status CheckValues(const Flags& f, const RunOptions& c) {
     return Bad(absl::StrCat("--lr-schedule must be constant, cosine or linear; got '", c.lr_schedule, "'"));
   }
   if (c.warmup_steps < 0) return Bad("--warmup-steps must be 0 or more");
+  if (c.eval_every < 0) return Bad("--eval-every must be 0 (after each epoch only) or more");
   if (c.decay_steps < 0) return Bad("--decay-steps must be 0 (the run's steps) or more");
   if (f.given.count("min-lr") && !(c.min_lr >= 0)) return Bad("--min-lr must be 0 or more");
   if (c.momentum < 0 || c.momentum >= 1) return Bad("--momentum must be in [0, 1)");
@@ -425,6 +426,10 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
                   "with --dataset text:PATH: the device's peak TFLOP/s, to print the model FLOPs utilisation beside "
                   "the TFLOP/s the run reached (0: not printed)");
   flags.AddInt("epochs", &c.epochs, "with --dataset: epochs to train");
+  flags.AddInt("eval-every", &c.eval_every,
+               "with --dataset: evaluate the test set every N steps too, not only after each epoch (a line "
+               "step=S test_accuracy=... test_loss=...[ test_perplexity=...], TensorBoard's step/test_loss, the "
+               "report's step_evals; 0: after each epoch only)");
   flags.AddBool("shuffle", &c.shuffle, "with --dataset: shuffle each epoch by --seed (false: file order)");
   flags.AddString("optimizer", &c.optimizer,
                   "sgd, adam or adamw (Adam with decoupled weight decay, --weight-decay) (the ResNet50 demo: plain "

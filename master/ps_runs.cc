@@ -193,6 +193,7 @@ absl::Status TrainPs(Agent& agent, const RunOptions& c, const PsFlags& p,
     // Each computing worker needs at least one row of every batch.
     train::TrainOptions f = TrainOptionsOf(c, 1, static_cast<int64_t>(computing), checkpoints);
     train::ReportTo(run, f.fit);
+    f.on_eval = train::EvalsInto(run);
     if (elastic != nullptr) {
       f.fit.on_step = [elastic, next = std::move(f.fit.on_step)](const pipeline::StepRecord& s) {
         if (next) next(s);

@@ -342,6 +342,7 @@ train::TrainOptions TrainOptionsOf(const RunOptions& c, int splits, int64_t part
   // Files are read and decoded ahead; sets in memory need no reading.
   if (ReadsImageFolder(c)) o.fit.prefetch = c.prefetch;
   o.fit.tokens_per_row = TokensPerRow(c);
+  o.eval_every = c.eval_every;
   if (checkpoints != nullptr) {
     o.checkpoints = checkpoints->Target(c);
     o.checkpoint_every = c.checkpoint_every;
@@ -365,6 +366,7 @@ absl::StatusOr<Run> FitLocal(const RunOptions& c, int splits, const data::Source
   ASSIGN_OR_RETURN(run.log, OpenRunLog(c, splits));
   train::TrainOptions options = TrainOptionsOf(c, splits, splits, nullptr);
   train::ReportTo(run, options.fit);
+  options.on_eval = train::EvalsInto(run);
   ASSIGN_OR_RETURN(run.epochs, train::Fit(local->trainer(), train, test, options, std::cout));
   for (const auto& e : run.epochs) run.seconds += e.seconds;
   return run;
@@ -379,6 +381,7 @@ absl::Status FitPipeline(Agent& agent, const RunOptions& c, const std::vector<pi
   }
   train::TrainOptions options = TrainOptionsOf(c, splits, splits * c.replicas, checkpoints);
   train::ReportTo(run, options.fit);
+  options.on_eval = train::EvalsInto(run);
   // Each epoch is kept as it ends (an attempt that fails later loses
   // none); a recovery's time counts in the epoch it goes on in.
   options.fit.on_step = [elastic, &run, next = std::move(options.fit.on_step)](const pipeline::StepRecord& s) {

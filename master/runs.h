@@ -123,6 +123,7 @@ struct RunOptions {
   // out as the test set (0: none, and no test accuracy).
   double val_fraction = 0;
   int epochs = 3;
+  int eval_every = 0;  // --eval-every: steps between evaluations within an epoch (0: none)
   bool shuffle = true;
   std::string optimizer = "sgd";  // or adam, adamw
   double weight_decay = 0.1;       // AdamW's decoupled weight decay (--weight-decay)

@@ -40,6 +40,8 @@ std::string UnusedFlags(const std::set<std::string>& given, const RunOptions& c)
   if (c.max_restarts == 0) unused({"rejoin-timeout"}, "without --max-restarts");
   if (!c.dataset.empty()) {
     unused({"batches"}, "with --dataset: an epoch is the dataset's batches (--epochs, --train-rows)");
+  } else {
+    unused({"eval-every"}, "without --dataset");
   }
   if (c.replicas <= 1) {
     unused({"zero", "bucket-mb", "overlap", "collective-timeout", "insecure-collectives"}, "without --replicas");

@@ -1,6 +1,7 @@
 #include "train/fit.h"
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <string>
 #include <system_error>
@@ -102,14 +103,37 @@ absl::StatusOr<std::vector<pipeline::EpochResult>> Fit(Trainer& trainer, const d
     f.start = pipeline::FitPosition{s.epoch, s.batch, s.epoch_loss_sum, s.epoch_images, s.step};
     last = f.start;
   }
+  RowsSteps* rows = trainer.rows();
+  const bool evaluates = o.eval_every > 0 && test.size() > 0;
+  auto eval_due = [&o, evaluates](int64_t step) { return evaluates && step % o.eval_every == 0; };
   f.after_step = [&](const pipeline::FitPosition& p) {
     last = p;
-    return checkpoints.MaybeSave(trainer, StateAt(p), /*final=*/false, out);
+    RETURN_IF_ERROR(checkpoints.MaybeSave(trainer, StateAt(p), /*final=*/false, out));
+    if (!eval_due(p.step)) return absl::OkStatus();
+    const double t0 = Now();
+    const absl::StatusOr<pipeline::Correct> tested =
+        rows != nullptr
+            ? pipeline::Accuracy([rows](const at::Tensor& r) { return rows->CountCorrectRows(r); }, test.size(),
+                                 f.eval_batch_size)
+            : pipeline::Accuracy(
+                  [&trainer](const at::Tensor& x, const at::Tensor& y) { return trainer.CountCorrect(x, y); },
+                  test, f.eval_batch_size);
+    if (!tested.ok()) return Annotate(tested.status(), absl::StrCat("evaluating after step ", p.step));
+    if (f.progress_bar) out << "\n";
+    out << absl::StrFormat("step=%d test_accuracy=%.4f test_top5=%.4f test_loss=%.4f%s seconds=%.1f\n", p.step,
+                           tested->accuracy(), tested->top5_accuracy(), tested->loss(),
+                           f.tokens_per_row > 0 ? absl::StrFormat(" test_perplexity=%.3f", std::exp(tested->loss()))
+                                                : "",
+                           Now() - t0)
+        << std::flush;
+    if (o.on_eval) o.on_eval(p.step, *tested);
+    return absl::OkStatus();
   };
-  // A step that saves must not have the next one started before it.
-  f.settle_after = [&checkpoints](int64_t step) { return checkpoints.Due(step, false); };
+  // A step that saves or evaluates must not have the next one started
+  // before it.
+  f.settle_after = [&checkpoints, eval_due](int64_t step) { return checkpoints.Due(step, false) || eval_due(step); };
   std::vector<pipeline::EpochResult> epochs;
-  if (RowsSteps* rows = trainer.rows()) {
+  if (rows != nullptr) {
     ASSIGN_OR_RETURN(
         epochs, pipeline::FitRows([rows](const at::Tensor& r, int e) { return rows->StartRowsStep(r, e); },
                                   train.size(),

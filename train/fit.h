@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <ostream>
 #include <vector>
@@ -42,6 +43,12 @@ struct TrainOptions {
   // A checkpoint of this run to go on from: loaded into the trainer first
   // (checked against checkpoints.identity when that names a model).
   std::optional<checkpoint::Checkpoint> resume;
+  // Every `eval_every` steps (0: only after each epoch) the test set is
+  // evaluated within the epoch too: "step=S test_accuracy=A test_top5=T
+  // test_loss=X[ test_perplexity=P] seconds=E" on `out` and `on_eval`
+  // called (a run's TensorBoard); the step after it starts only then.
+  int64_t eval_every = 0;
+  std::function<void(int64_t step, const pipeline::Correct& tested)> on_eval;
 };
 
 // A run's checkpoint cadence on a trainer, for loops of their own (a run of

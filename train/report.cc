@@ -57,6 +57,13 @@ void RunLog::Epoch(const pipeline::EpochResult& e) {
   if (events_ != nullptr) Warn(events_->Flush());
 }
 
+void RunLog::Evaluated(int64_t step, const pipeline::Correct& tested) {
+  Add("step/test_loss", step, tested.loss());
+  Add("step/test_accuracy", step, tested.accuracy());
+  if (tokens_per_row_ > 0) Add("step/test_perplexity", step, std::exp(tested.loss()));
+  if (events_ != nullptr) Warn(events_->Flush());
+}
+
 void RunLog::Recovered(int64_t step, int count, int64_t restored) {
   if (events_ != nullptr) Warn(events_->AddRestart(restored + 1));
   Add("run/recoveries", step, count);
@@ -79,6 +86,13 @@ void ReportTo(RunRecord& run, pipeline::FitOptions& f) {
     run.step_rows.push_back(s.rows);
     run.step_epochs.push_back(s.epoch);
     if (next) next(s);
+  };
+}
+
+std::function<void(int64_t, const pipeline::Correct&)> EvalsInto(RunRecord& run) {
+  return [&run](int64_t step, const pipeline::Correct& tested) {
+    run.step_evals.emplace_back(step, tested);
+    if (run.log != nullptr) run.log->Evaluated(step, tested);
   };
 }
 
@@ -215,6 +229,14 @@ absl::Status WriteReport(const std::string& path, const std::string& mode, const
       }
       out << ", \"seconds\": "
           << JsonFixed(3, x.seconds) << ", \"skipped_images\": " << x.skipped << "}";
+    }
+    out << "], \"step_evals\": [";
+    for (size_t k = 0; k < r.step_evals.size(); ++k) {
+      const auto& [step, x] = r.step_evals[k];
+      out << (k ? ", " : "") << "{\"step\": " << step << ", \"test_accuracy\": " << JsonFixed(6, x.accuracy())
+          << ", \"test_loss\": " << JsonFixed(6, x.loss());
+      if (r.tokens_per_row > 0) out << ", \"test_perplexity\": " << JsonFixed(6, std::exp(x.loss()));
+      out << "}";
     }
     out << "], \"recoveries\": [";
     for (size_t k = 0; k < r.recoveries.size(); ++k) {

@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -63,6 +64,9 @@ class RunLog {
   // failed write is said once (Open's `say`); training goes on.
   void Step(int64_t step, double loss, int64_t rows, double seconds);
   void Epoch(const pipeline::EpochResult& e);
+  // The test set evaluated after `step` within an epoch: step/test_loss,
+  // step/test_accuracy (a language model's: step/test_perplexity).
+  void Evaluated(int64_t step, const pipeline::Correct& tested);
   // A language model's tokens a row (its window); 0: not one.
   void set_tokens_per_row(int64_t tokens) { tokens_per_row_ = tokens; }
   // A recovery that goes on after step `restored`: a restart mark at the
@@ -87,6 +91,11 @@ class RunLog {
   bool warned_ = false;
   int64_t tokens_per_row_ = 0;
 };
+
+struct RunRecord;
+// What train::TrainOptions::on_eval calls to keep an evaluation within an
+// epoch in `run` and its log.
+std::function<void(int64_t step, const pipeline::Correct& tested)> EvalsInto(RunRecord& run);
 
 // Sets `f` to report every step and epoch to `log`.
 void ReportTo(std::shared_ptr<RunLog> log, pipeline::FitOptions& f);
@@ -122,6 +131,9 @@ struct RunRecord {
   std::vector<StageMemory> stage_memory;
   std::vector<int64_t> optimizer_state_bytes;  // per replica; pipeline runs only
   std::vector<pipeline::EpochResult> epochs;   // runs over a dataset
+  // The test set evaluated within epochs (TrainOptions::eval_every):
+  // the step after which, and what it measured.
+  std::vector<std::pair<int64_t, pipeline::Correct>> step_evals;
   // Requests sent per batch by the master and the workers together, by
   // kind, over the batches after the first; empty when not measured.
   std::map<std::string, double> messages_per_batch;

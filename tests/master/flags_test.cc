@@ -350,6 +350,7 @@ TEST(MasterFlags, ALearningRateScheduleIsCheckedAndReachesTheOptimizer) {
       {{"--local", "--warmup-steps", "-1"}, "--warmup-steps must be 0 or more"},
       {{"--local", "--lr-schedule", "cosine", "--decay-steps", "-2"}, "--decay-steps must be 0"},
       {{"--local", "--lr-schedule", "linear", "--min-lr", "-0.1"}, "--min-lr must be 0 or more"},
+      {{"--local", "--dataset", "fashion-mnist", "--eval-every", "-1"}, "--eval-every must be 0"},
   });
   auto cosine = ParseCommandLine({"--local", "--lr", "0.02", "--lr-schedule", "cosine", "--warmup-steps", "5",
                                   "--decay-steps", "50"});

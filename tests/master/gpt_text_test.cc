@@ -37,10 +37,10 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
 // `key` of each "epoch=E ..." line of `out` (NaN where a line lacks it).
-std::vector<double> EpochField(const std::string& out, const std::string& key) {
+std::vector<double> EpochField(const std::string& out, const std::string& key, const char* prefix = "epoch=") {
   std::vector<double> values;
   for (absl::string_view line : absl::StrSplit(out, '\n')) {
-    if (!absl::ConsumePrefix(&line, "epoch=")) continue;
+    if (!absl::ConsumePrefix(&line, prefix)) continue;
     const size_t at = line.find(" " + key + "=");
     double v = std::nan("");
     if (at != absl::string_view::npos) {
@@ -75,7 +75,7 @@ TEST(TextMaster, AGptTrainsOverWorkersAsInOneProcessAndReportsPerplexity) {
   const std::vector<std::string> common = {"--dataset", "text:" + text, "--layers", "2", "--d-model", "32",
                                            "--heads", "2", "--seq-len", "16", "--batch-size", "8", "--epochs", "2",
                                            "--train-rows", "48", "--seed", "5", "--lr-schedule", "cosine",
-                                           "--warmup-steps", "3"};
+                                           "--warmup-steps", "3", "--eval-every", "5"};
   auto master = [&](std::vector<std::string> args) {
     args.insert(args.begin(), BinDir() + "/master");
     args.insert(args.end(), common.begin(), common.end());
@@ -124,6 +124,14 @@ TEST(TextMaster, AGptTrainsOverWorkersAsInOneProcessAndReportsPerplexity) {
   EXPECT_EQ(test_support::ScalarsIn(tensorboard, "epoch/test_perplexity").size(), 2u);
   EXPECT_EQ(test_support::ScalarsIn(tensorboard, "epoch/test_loss").size(), 2u);
   EXPECT_EQ(test_support::ScalarsIn(tensorboard, "step/tokens_per_second").size(), 12u);
+  // --eval-every 5: the held-out windows evaluated after steps 5 and 10
+  // too, within the epochs.
+  const std::vector<double> step_test_losses = EpochField(local_out, "test_loss", "step=");
+  ASSERT_EQ(step_test_losses.size(), 2u) << local_out;
+  EXPECT_THAT(local_out, HasSubstr("\nstep=5 test_accuracy="));
+  EXPECT_THAT(local_out, HasSubstr("\nstep=10 test_accuracy="));
+  EXPECT_EQ(test_support::ScalarsIn(tensorboard, "step/test_perplexity").size(), 2u);
+  EXPECT_THAT(report, HasSubstr("\"step_evals\": [{\"step\": 5, \"test_accuracy\": "));
   // The curves draw the held-out perplexity, not an accuracy.
   const std::string svg = ReadFile(curves);
   EXPECT_THAT(svg, HasSubstr("held-out perplexity"));
@@ -153,6 +161,9 @@ TEST(TextMaster, AGptTrainsOverWorkersAsInOneProcessAndReportsPerplexity) {
     EXPECT_NEAR(piped_test[e], test_losses[e], 1e-4 * test_losses[e]) << "epoch " << e + 1 << "\n" << out;
   }
   EXPECT_TRUE(fs::exists(piped_dir + "/ckpt/text.tokens"));
+  const std::vector<double> piped_step_tests = EpochField(out, "test_loss", "step=");
+  ASSERT_EQ(piped_step_tests.size(), 2u) << out;
+  for (size_t k = 0; k < 2; ++k) EXPECT_NEAR(piped_step_tests[k], step_test_losses[k], 1e-4 * step_test_losses[k]);
 
   // generate: the pipeline's checkpoint (four stages) sampled in one
   // process; the same seed, the same text; temperature 0, the likeliest.
