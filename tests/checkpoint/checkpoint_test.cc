@@ -203,8 +203,7 @@ TEST(CheckpointFiles, TheLatestIsTheNewestWithAManifest) {
   EXPECT_THAT(std::string(CheckMatches(ck, id).message()), HasSubstr("the data was"));
 }
 
-// A TorchScript stage whose forward drops half its activations, always:
-// its results depend on the worker's generator.
+// A TorchScript stage that always drops half its activations: its results depend on the worker's generator.
 pipeline::StageSpec DropoutStage(int64_t in, int64_t out) {
   torch::jit::Module m("DropoutLinear");
   auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
@@ -226,10 +225,8 @@ std::unique_ptr<pipeline::Pipeline> MakePipeline(Agent& master, const std::vecto
   o.schedule = schedule;
   o.micro_batches = 2;
   o.loss = pipeline::MseLoss();
-  // Warm-up and a cosine: each step's rate differs, so that a resumed
-  // owner must go on from its saved step count to match.
-  o.optimizer = optim::OptimizerOptions::Adam(0.01).set_schedule(
-      {optim::LrSchedule::Kind::kCosine, /*warmup_steps=*/2, /*decay_steps=*/6, /*min_lr=*/0.001});
+  // (Each step's rate differs: a resumed owner must go on from its count.)
+  o.optimizer = optim::OptimizerOptions::Adam(0.01).set_schedule({optim::LrSchedule::Kind::kCosine, 2, 6, 0.001});
   auto pipe = pipeline::Pipeline::Create(master, o);
   EXPECT_TRUE(pipe.ok()) << pipe.status();
   return pipe.ok() ? std::move(*pipe) : nullptr;
