@@ -59,6 +59,8 @@ class LocalOptimizer {
 };
 
 // A LibTorch optimizer of type Base whose rate follows a schedule.
+// Thread-safety: as Base, one caller at a time (its owner's step, or a
+// checkpoint's save or load between steps).
 template <typename Base, typename BaseOptions>
 class Scheduled final : public Base, public ScheduledSteps {
  public:
