@@ -380,7 +380,7 @@ absl::StatusOr<std::unique_ptr<Source>> OpenSource(const SourceSpec& spec) {
     if (spec.token_cache.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("text ", path, ": no token file named to write its tokens to"));
     }
-    ASSIGN_OR_RETURN(std::shared_ptr<const TextCorpus> corpus, TextCorpus::Open(path, spec.token_cache));
+    ASSIGN_OR_RETURN(std::shared_ptr<const TextCorpus> corpus, TextCorpus::Open(path, spec.token_cache, spec.tokenizer));
     auto windows = std::make_unique<TextWindows>(
         std::move(corpus), TextWindowOptions{spec.seq_len, spec.val_fraction, spec.seed}, spec.train);
     RETURN_IF_ERROR(windows->Check());

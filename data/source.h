@@ -67,9 +67,11 @@ struct SourceSpec {
   bool skip_bad_images = false;
   std::string listing_cache;
   double val_fraction = 0;  // an image folder without val/ (or text): held out of train
-  // Text: tokens a window, and the token file (written once, then reused).
+  // Text: tokens a window, the token file (written once, then reused) and
+  // the SentencePiece model that tokenises it (empty: byte-level tokens).
   int64_t seq_len = 0;
   std::string token_cache;
+  std::string tokenizer;
 };
 
 // A source of no rows (a run without a test set); Get fails.

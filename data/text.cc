@@ -1,9 +1,16 @@
 #include "data/text.h"
 
 #include <fcntl.h>
+#include <spawn.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 
 #include <algorithm>
 #include <filesystem>
@@ -17,7 +24,12 @@
 #include <ATen/ops/empty.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "base/status_util.h"
+
+extern char** environ;
 
 namespace remora::data {
 namespace {
@@ -105,6 +117,107 @@ absl::Status WriteFile(const std::string& path, const std::string& bytes) {
   return absl::OkStatus();
 }
 
+// --- SentencePiece, through Debian's sentencepiece programs -------------
+
+// A temporary file's name beside `near` (a path), or in the temporary
+// directory when `near` is empty; removed when the object goes.
+class TempFile {
+ public:
+  explicit TempFile(const std::string& near, const char* what) {
+    std::error_code ec;
+    const fs::path dir = near.empty() ? fs::temp_directory_path(ec) : fs::path(near).parent_path();
+    std::string name = ((dir.empty() ? fs::path(".") : dir) / absl::StrCat(".remora-", what, "-XXXXXX")).string();
+    const int fd = ::mkstemp(name.data());
+    if (fd >= 0) {
+      ::close(fd);
+      path_ = name;
+    }
+  }
+  ~TempFile() {
+    if (!path_.empty()) ::unlink(path_.c_str());
+  }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+  const std::string& path() const { return path_; }  // empty: none could be made
+
+ private:
+  std::string path_;
+};
+
+// Runs `argv` (a sentencepiece program; its stdout to /dev/null, which the
+// programs here do not write to: each is given --output) and waits. An error
+// names the program, `model` and what the program wrote.
+absl::Status RunTool(const std::vector<std::string>& argv, const std::string& model) {
+  TempFile err("", "spm-stderr");
+  if (err.path().empty()) return absl::InternalError("cannot make a temporary file for sentencepiece's messages");
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 2, err.path().c_str(), O_WRONLY | O_TRUNC, 0);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = 0;
+  const int spawned = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (spawned != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--tokenizer ", model, ": cannot run ", argv[0], " (", std::strerror(spawned),
+        "): SentencePiece models are read with Debian's sentencepiece programs; install them "
+        "(apt-get install sentencepiece)"));
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return absl::OkStatus();
+  std::string said = absl::StrJoin(
+      absl::StrSplit(absl::StripAsciiWhitespace(ReadAll(err.path())), '\n', absl::SkipWhitespace()), "; ");
+  if (said.size() > 400) said = said.substr(0, 400) + "...";
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--tokenizer ", model, ": ", argv[0], " failed (", said.empty() ? "no message" : said,
+      "): is it a SentencePiece model? (spm_train makes one: docs/pipeline.md)"));
+}
+
+// The tokens of spm_encode's output (ids separated by spaces and line
+// breaks), each checked to be under `vocab`.
+absl::StatusOr<std::vector<int64_t>> ParseIds(const std::string& ids, int64_t vocab, const std::string& model) {
+  std::vector<int64_t> out;
+  const char* s = ids.c_str();
+  const char* end = s + ids.size();
+  while (s < end) {
+    char* next = nullptr;
+    const long long id = std::strtoll(s, &next, 10);
+    if (next == s) {
+      if (std::isspace(static_cast<unsigned char>(*s))) {
+        ++s;
+        continue;
+      }
+      return absl::InternalError(absl::StrCat("--tokenizer ", model, ": spm_encode wrote '", std::string(s, 1),
+                                              "', not a token id"));
+    }
+    if (id < 0 || id >= vocab) {
+      return absl::InternalError(absl::StrCat("--tokenizer ", model, ": spm_encode gave token ", id,
+                                              ", outside the model's vocabulary of ", vocab));
+    }
+    out.push_back(id);
+    s = next;
+  }
+  return out;
+}
+
+// The ids of `files`' text, all lines of all files in turn.
+absl::StatusOr<std::vector<int64_t>> EncodeFiles(const std::string& model, const std::vector<std::string>& files,
+                                                 const std::string& near) {
+  ASSIGN_OR_RETURN(const int64_t vocab, SentencePieceVocab(model));
+  TempFile out(near, "spm-ids");
+  if (out.path().empty()) return absl::InternalError("cannot make a temporary file for spm_encode's tokens");
+  std::vector<std::string> argv = {"spm_encode", absl::StrCat("--model=", model), "--output_format=id",
+                                   absl::StrCat("--output=", out.path())};
+  argv.insert(argv.end(), files.begin(), files.end());
+  RETURN_IF_ERROR(RunTool(argv, model));
+  return ParseIds(ReadAll(out.path()), vocab, model);
+}
+
 // splitmix64: a window's start from (seed, epoch, row), alike everywhere.
 uint64_t Mix(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -115,12 +228,52 @@ uint64_t Mix(uint64_t x) {
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<const TextCorpus>> TextCorpus::Open(const std::string& path,
-                                                                   const std::string& cache) {
+absl::StatusOr<int64_t> SentencePieceVocab(const std::string& model) {
+  std::error_code ec;
+  if (!fs::is_regular_file(model, ec)) {
+    return absl::NotFoundError(absl::StrCat("--tokenizer ", model, ": no such file"));
+  }
+  TempFile out("", "spm-vocab");
+  if (out.path().empty()) return absl::InternalError("cannot make a temporary file for spm_export_vocab");
+  RETURN_IF_ERROR(RunTool({"spm_export_vocab", absl::StrCat("--model=", model), absl::StrCat("--output=", out.path())},
+                          model));
+  const std::string vocab = ReadAll(out.path());
+  const int64_t n = std::count(vocab.begin(), vocab.end(), '\n');
+  if (n < 1) return absl::InvalidArgumentError(absl::StrCat("--tokenizer ", model, ": a model without tokens"));
+  return n;
+}
+
+absl::StatusOr<std::vector<int64_t>> SentencePieceEncode(const std::string& model, const std::string& text) {
+  TempFile in("", "spm-text");
+  if (in.path().empty()) return absl::InternalError("cannot make a temporary file for spm_encode");
+  RETURN_IF_ERROR(WriteFile(in.path(), text));
+  return EncodeFiles(model, {in.path()}, "");
+}
+
+absl::StatusOr<std::string> SentencePieceDecode(const std::string& model, const std::vector<int64_t>& tokens) {
+  TempFile in("", "spm-ids"), out("", "spm-text");
+  if (in.path().empty() || out.path().empty()) return absl::InternalError("cannot make temporary files for spm_decode");
+  RETURN_IF_ERROR(WriteFile(in.path(), absl::StrCat(absl::StrJoin(tokens, " "), "\n")));
+  RETURN_IF_ERROR(RunTool({"spm_decode", absl::StrCat("--model=", model), "--input_format=id",
+                           absl::StrCat("--output=", out.path()), in.path()},
+                          model));
+  std::string text = ReadAll(out.path());
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  return text;
+}
+
+absl::StatusOr<std::shared_ptr<const TextCorpus>> TextCorpus::Open(const std::string& path, const std::string& cache,
+                                                                   const std::string& tokenizer) {
   ASSIGN_OR_RETURN(std::vector<fs::path> files, CorpusFiles(path));
-  const std::string record = SourceRecord(files);
+  std::string record = SourceRecord(files);
   std::shared_ptr<TextCorpus> corpus(new TextCorpus);
   corpus->path_ = path;
+  corpus->tokenizer_ = tokenizer;
+  if (!tokenizer.empty()) {
+    ASSIGN_OR_RETURN(corpus->vocab_, SentencePieceVocab(tokenizer));
+    const std::string model_record = SourceRecord({fs::path(tokenizer)});
+    if (!record.empty()) record = model_record.empty() ? "" : absl::StrCat(record, "tokenizer ", model_record);
+  }
   const std::string record_path = cache + ".source";
   corpus->reused_ = !record.empty() && fs::exists(cache) && ReadAll(record_path) == record;
   if (!corpus->reused_) {
@@ -139,25 +292,48 @@ absl::StatusOr<std::shared_ptr<const TextCorpus>> TextCorpus::Open(const std::st
                                                      " of the text starts no valid character (convert it with "
                                                      "iconv -t UTF-8)"));
     }
-    RETURN_IF_ERROR(WriteFile(cache, text));
+    if (tokenizer.empty()) {
+      RETURN_IF_ERROR(WriteFile(cache, text));
+    } else {
+      std::vector<std::string> names;
+      for (const fs::path& f : files) names.push_back(f.string());
+      ASSIGN_OR_RETURN(const std::vector<int64_t> ids, EncodeFiles(tokenizer, names, cache));
+      if (ids.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("text ", path, " is no tokens under --tokenizer ", tokenizer, ": only white space?"));
+      }
+      std::string bytes(ids.size() * sizeof(int32_t), '\0');
+      for (size_t i = 0; i < ids.size(); ++i) {
+        const int32_t id = static_cast<int32_t>(ids[i]);
+        std::memcpy(bytes.data() + i * sizeof(int32_t), &id, sizeof(id));
+      }
+      RETURN_IF_ERROR(WriteFile(cache, bytes));
+    }
     RETURN_IF_ERROR(WriteFile(record_path, record));
   }
   const int fd = ::open(cache.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return absl::PermissionDeniedError(absl::StrCat("cannot open the token file ", cache));
   struct stat st {};
   fstat(fd, &st);
-  corpus->size_ = st.st_size;
-  void* mapped = corpus->size_ > 0 ? mmap(nullptr, corpus->size_, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+  corpus->mapped_ = st.st_size;
+  void* mapped = corpus->mapped_ > 0 ? mmap(nullptr, corpus->mapped_, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
   ::close(fd);
   if (mapped == MAP_FAILED) {
-    return absl::InternalError(absl::StrCat("cannot map the token file ", cache, " (", corpus->size_, " bytes)"));
+    return absl::InternalError(absl::StrCat("cannot map the token file ", cache, " (", corpus->mapped_, " bytes)"));
   }
-  corpus->tokens_ = static_cast<const uint8_t*>(mapped);
+  if (tokenizer.empty()) {
+    corpus->bytes_ = static_cast<const uint8_t*>(mapped);
+    corpus->size_ = corpus->mapped_;
+  } else {
+    corpus->wide_ = static_cast<const int32_t*>(mapped);
+    corpus->size_ = corpus->mapped_ / static_cast<int64_t>(sizeof(int32_t));
+  }
   return std::shared_ptr<const TextCorpus>(std::move(corpus));
 }
 
 TextCorpus::~TextCorpus() {
-  if (tokens_ != nullptr) munmap(const_cast<uint8_t*>(tokens_), size_);
+  const void* mapped = wide_ != nullptr ? static_cast<const void*>(wide_) : bytes_;
+  if (mapped != nullptr) munmap(const_cast<void*>(mapped), mapped_);
 }
 
 TextWindows::TextWindows(std::shared_ptr<const TextCorpus> corpus, TextWindowOptions options, bool train)
@@ -201,7 +377,6 @@ absl::StatusOr<Batch> TextWindows::Get(const at::Tensor& rows, int epoch) const 
   const int64_t* want = r.data_ptr<int64_t>();
   int64_t* x = b.images.data_ptr<int64_t>();
   int64_t* y = b.labels.data_ptr<int64_t>();
-  const uint8_t* tokens = corpus_->tokens();
   for (int64_t i = 0; i < n; ++i) {
     if (want[i] < 0 || want[i] >= size()) {
       return absl::OutOfRangeError(absl::StrCat("window ", want[i], " of ", size(), " (",
@@ -210,8 +385,8 @@ absl::StatusOr<Batch> TextWindows::Get(const at::Tensor& rows, int epoch) const 
     }
     const int64_t start = Start(want[i], epoch);
     for (int64_t k = 0; k < t; ++k) {
-      x[i * t + k] = tokens[start + k];
-      y[i * t + k] = tokens[start + k + 1];
+      x[i * t + k] = corpus_->token(start + k);
+      y[i * t + k] = corpus_->token(start + k + 1);
     }
   }
   return b;

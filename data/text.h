@@ -1,9 +1,15 @@
 // Text for language models: a UTF-8 file, or a folder of .txt files, as
-// byte-level tokens (vocabulary 256, nothing to install), written once to
-// a token file beside the run's checkpoints and memory-mapped, so that a
-// corpus larger than memory works; and the windows a causal language
-// model trains on, drawn from (seed, epoch, row) so that a run is the same
-// on any thread count and resumes bitwise.
+// byte-level tokens (vocabulary 256, nothing to install) or a SentencePiece
+// model's, written once to a token file beside the run's checkpoints and
+// memory-mapped, so that a corpus larger than memory works; and the
+// windows a causal language model trains on, drawn from (seed, epoch, row)
+// so that a run is the same on any thread count and resumes bitwise.
+//
+// SentencePiece runs as Debian's `sentencepiece` programs (spm_encode,
+// spm_decode, spm_export_vocab), not as libsentencepiece: that library
+// exports the protobuf it bundles, whose symbols would mix with the
+// protobuf that gRPC links in the same process. spm_encode reads a line at
+// a time, so line breaks are not tokens under a SentencePiece model.
 //
 //   auto corpus = data::TextCorpus::Open("book.txt", "/ckpt/book.tokens").value();
 //   data::TextWindows train(corpus, {/*seq_len=*/256, /*val_fraction=*/0.05, /*seed=*/0}, /*train=*/true);
@@ -16,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -32,26 +39,42 @@ class TextCorpus {
   // size and modification time beside it (`cache`.source): a later Open of
   // the same source reuses the cache. An error names the path and, for
   // text that is not UTF-8, the byte where it stops being so.
-  static absl::StatusOr<std::shared_ptr<const TextCorpus>> Open(const std::string& path, const std::string& cache);
+  // With `tokenizer` (a SentencePiece model file), its tokens instead,
+  // stored as int32; the record names the model (its size and time too).
+  static absl::StatusOr<std::shared_ptr<const TextCorpus>> Open(const std::string& path, const std::string& cache,
+                                                                const std::string& tokenizer = "");
 
   ~TextCorpus();
   TextCorpus(const TextCorpus&) = delete;
   TextCorpus& operator=(const TextCorpus&) = delete;
 
   int64_t size() const { return size_; }  // tokens
-  int vocab() const { return 256; }
-  const uint8_t* tokens() const { return tokens_; }
+  int64_t vocab() const { return vocab_; }
+  int64_t token(int64_t i) const { return wide_ ? wide_[i] : bytes_[i]; }
   const std::string& path() const { return path_; }
+  const std::string& tokenizer() const { return tokenizer_; }  // empty: bytes
   bool reused_cache() const { return reused_; }  // Open found the cache up to date
 
  private:
   TextCorpus() = default;
 
-  std::string path_;
-  const uint8_t* tokens_ = nullptr;  // mapped from the cache; owned
-  int64_t size_ = 0;
+  std::string path_, tokenizer_;
+  // Mapped from the cache (one of them; owned): bytes, or int32 tokens.
+  const uint8_t* bytes_ = nullptr;
+  const int32_t* wide_ = nullptr;
+  int64_t size_ = 0;  // tokens
+  int64_t mapped_ = 0;  // bytes
+  int64_t vocab_ = 256;
   bool reused_ = false;
 };
+
+// A SentencePiece model file's vocabulary size; `text` as its tokens; and
+// tokens back as text (through spm_export_vocab, spm_encode, spm_decode).
+// An error names the file and says what to do (a file that is not a model;
+// the programs missing: install Debian's `sentencepiece`).
+absl::StatusOr<int64_t> SentencePieceVocab(const std::string& model);
+absl::StatusOr<std::vector<int64_t>> SentencePieceEncode(const std::string& model, const std::string& text);
+absl::StatusOr<std::string> SentencePieceDecode(const std::string& model, const std::vector<int64_t>& tokens);
 
 struct TextWindowOptions {
   int64_t seq_len = 256;      // tokens per window (T)

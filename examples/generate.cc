@@ -1,6 +1,7 @@
 // generate: samples text from the GPT that `master --dataset text:PATH`
 // trained, loaded from its checkpoint into this process (no workers; any
-// stage count): the prompt's bytes are the first tokens, then --tokens
+// stage count): the prompt's bytes (or its tokens under the run's
+// SentencePiece model, --tokenizer) are the first tokens, then --tokens
 // more, each drawn from the model's next-token distribution at
 // --temperature (0: always the likeliest) among the --top-k likeliest
 // (0: all of them), by a generator seeded with --seed: the same flags give
@@ -28,6 +29,7 @@
 #include "absl/strings/str_join.h"
 #include "base/status_util.h"
 #include "checkpoint/checkpoint.h"
+#include "data/text.h"
 #include "launch/cli.h"
 #include "runtime/threads.h"
 #include "shards/gpt.h"
@@ -40,6 +42,7 @@ namespace {
 struct Options {
   std::string dir;
   std::string prompt;  // empty: a newline
+  std::string tokenizer;  // the run's SentencePiece model (empty: bytes)
   int tokens = 200;
   double temperature = 0.8;
   int top_k = 0;
@@ -117,7 +120,9 @@ int Main(int argc, char** argv) {
   flags.AddString("prompt", &o.prompt,
                   "the text the sample goes on from, its UTF-8 bytes the first tokens (not given: a newline, where "
                   "a text's lines begin)");
-  flags.AddInt("tokens", &o.tokens, "tokens (bytes) to draw after the prompt");
+  flags.AddString("tokenizer", &o.tokenizer,
+                  "the SentencePiece model the run was trained with (master --tokenizer); not given: bytes");
+  flags.AddInt("tokens", &o.tokens, "tokens (bytes, or the tokenizer's) to draw after the prompt");
   flags.AddDouble("temperature", &o.temperature,
                   "the logits are divided by it before sampling: below 1 surer, above 1 more varied; 0: always the "
                   "likeliest token");
@@ -151,21 +156,44 @@ int Main(int argc, char** argv) {
             << (model->stages.size() == 1 ? "" : "s") << "; " << o.tokens << " tokens at temperature " << o.temperature
             << (o.top_k > 0 ? absl::StrCat(", top-k ", o.top_k) : "") << ", seed " << o.seed << std::endl;
   std::vector<int64_t> tokens;
-  for (unsigned char c : o.prompt) {
-    if (c >= model->shape.vocab) return fail(absl::StrCat("the prompt's byte ", int{c}, " is outside the vocabulary"), 2);
-    tokens.push_back(c);
+  if (o.tokenizer.empty()) {
+    if (model->shape.vocab != 256) {
+      return fail(absl::StrCat("the checkpoint's GPT reads a vocabulary of ", model->shape.vocab,
+                               ", not bytes: give the SentencePiece model it was trained with as --tokenizer"),
+                  2);
+    }
+    for (unsigned char c : o.prompt) tokens.push_back(c);
+  } else {
+    auto vocab = data::SentencePieceVocab(o.tokenizer);
+    if (!vocab.ok()) return fail(std::string(vocab.status().message()), 2);
+    if (*vocab != model->shape.vocab) {
+      return fail(absl::StrCat("--tokenizer ", o.tokenizer, " has a vocabulary of ", *vocab, "; the checkpoint's GPT ",
+                               model->shape.vocab, ": give the model the run was trained with"),
+                  2);
+    }
+    auto encoded = data::SentencePieceEncode(o.tokenizer, o.prompt);
+    if (!encoded.ok()) return fail(std::string(encoded.status().message()), 1);
+    tokens = *encoded;
+    if (tokens.empty()) return fail("the prompt is no tokens under --tokenizer: give some text", 2);
   }
+  const size_t prompt_tokens = tokens.size();
   at::NoGradGuard no_grad;
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed));
-  std::string text = o.prompt;
   try {
-    for (int i = 0; i < o.tokens; ++i) {
-      const int64_t next = NextToken(*model, tokens, o, gen);
-      tokens.push_back(next);
-      text += static_cast<char>(next);
-    }
+    for (int i = 0; i < o.tokens; ++i) tokens.push_back(NextToken(*model, tokens, o, gen));
   } catch (const std::exception& e) {
     return fail(absl::StrCat("sampling from ", ck->dir, ": ", e.what()), 1);
+  }
+  std::string text;
+  if (o.tokenizer.empty()) {
+    text = o.prompt;
+    for (size_t i = prompt_tokens; i < tokens.size(); ++i) text += static_cast<char>(tokens[i]);
+  } else {
+    // (The prompt decoded too, as SentencePiece normalised it: pieces
+    // join by what precedes them.)
+    auto decoded = data::SentencePieceDecode(o.tokenizer, tokens);
+    if (!decoded.ok()) return fail(std::string(decoded.status().message()), 1);
+    text = *decoded;
   }
   std::cout << ValidUtf8(text) << std::endl;
   return 0;

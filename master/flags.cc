@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/ids.h"
+#include "base/status_util.h"
 #include "channel/devices.h"
 #include "checkpoint/checkpoint.h"
 #include "master/checkpoint_flags.h"
@@ -104,6 +105,9 @@ absl::Status CheckValues(const Flags& f, const RunOptions& c) {
                               " (each head takes d-model / heads of it)"));
     }
     if (c.seq_len > 65536) return Bad(absl::StrCat("--seq-len must be at most 65536; got ", c.seq_len));
+    if (!c.tokenizer.empty()) RETURN_IF_ERROR(TextVocabOf(c).status());  // (a model it can read)
+  } else if (!c.tokenizer.empty()) {
+    return Bad("--tokenizer tokenises a text: give --dataset text:PATH too");
   }
   if (c.peak_tflops < 0) return Bad("--peak-tflops must be > 0 (or 0: not given)");
   if (!c.dataset.empty() && c.compare_local) {
@@ -412,10 +416,15 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
                   "files), cifar10:DIR (CIFAR-10's binary version) or imagefolder:DIR (JPEG/PNG files in "
                   "DIR/train/<class>/ and DIR/val/<class>/, or DIR/<class>/ alone, read from disk); the model is "
                   "a small CNN over the workers (1 to 4), ResNet50 for an image folder, or the --model stages; "
-                  "cross-entropy. Or text:PATH (a UTF-8 file, or a folder of .txt files): byte-level tokens, "
+                  "cross-entropy. Or text:PATH (a UTF-8 file, or a folder of .txt files): byte-level tokens (or "
+                  "--tokenizer's), "
                   "tokenised once into a file beside the checkpoints (or in the temporary directory), trained by "
                   "a GPT (--layers, --d-model, --heads, --seq-len) with the causal language-model loss; the "
                   "held-out tail (--val-fraction, default 0.05) gives the test loss and perplexity");
+  flags.AddString("tokenizer", &c.tokenizer,
+                  "with --dataset text:PATH: a SentencePiece model file (spm_train makes one) whose tokens the text "
+                  "is read as, its vocabulary the GPT's (default: bytes, vocabulary 256; line breaks are no tokens "
+                  "under a model); needs Debian's sentencepiece programs");
   flags.AddInt("layers", &c.layers, "with --dataset text:PATH: the GPT's decoder blocks");
   flags.AddInt("d-model", &c.d_model, "with --dataset text:PATH: the GPT's width (a multiple of --heads)");
   flags.AddInt("heads", &c.heads, "with --dataset text:PATH: the GPT's attention heads");
@@ -435,8 +444,11 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
                   "sgd, adam or adamw (Adam with decoupled weight decay, --weight-decay) (the ResNet50 demo: plain "
                   "SGD; --dataset text:PATH: adam)");
   flags.AddDouble("weight-decay", &c.weight_decay,
-                  "with --optimizer adamw: the decoupled weight decay, on every parameter (biases and norm weights "
-                  "included)");
+                  "with --optimizer adamw: the decoupled weight decay, on the parameters of two or more dimensions "
+                  "(weights and embeddings; biases and norm weights only with --decay-all)");
+  flags.AddBool("decay-all", &c.decay_all,
+                "with --optimizer adamw: every parameter decays, biases and norm weights too (LibTorch's AdamW "
+                "over one group; by default they do not, as in nanoGPT)");
   flags.AddDouble("momentum", &c.momentum, "SGD momentum with --model or --dataset");
   flags.AddString("lr-schedule", &c.lr_schedule,
                   "the learning rate by step after --warmup-steps: constant, cosine (half a cosine down to --min-lr "

@@ -12,6 +12,7 @@
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <stdexcept>
 #include <system_error>
 #include <thread>
@@ -55,9 +56,21 @@ std::string TokenCacheOf(const RunOptions& c) {
 
 int64_t TokensPerRow(const RunOptions& c) { return ReadsText(c) ? c.seq_len : 0; }
 
+absl::StatusOr<int64_t> TextVocabOf(const RunOptions& c) {
+  if (c.tokenizer.empty()) return 256;
+  // (Read once per model file: each read runs spm_export_vocab.)
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* vocabs = new std::map<std::string, int64_t>;  // (guarded by mu)
+  MutexLock lock(mu);
+  if (auto it = vocabs->find(c.tokenizer); it != vocabs->end()) return it->second;
+  ASSIGN_OR_RETURN(const int64_t vocab, data::SentencePieceVocab(c.tokenizer));
+  (*vocabs)[c.tokenizer] = vocab;
+  return vocab;
+}
+
 pipeline::StageSpec GptPart(const RunOptions& c, int64_t first, int64_t last) {
   shards::GptArgs a;
-  a.vocab = kTextVocab;
+  a.vocab = TextVocabOf(c).value_or(256);  // (the flags' check has read it)
   a.seq_len = c.seq_len;
   a.d_model = c.d_model;
   a.heads = c.heads;
@@ -69,7 +82,8 @@ pipeline::StageSpec GptPart(const RunOptions& c, int64_t first, int64_t last) {
 }
 
 double TrainFlopsPerToken(const RunOptions& c) {
-  return TrainsGpt(c) ? shards::GptTrainFlopsPerToken(kTextVocab, c.seq_len, c.d_model, c.layers) : 0;
+  return TrainsGpt(c) ? shards::GptTrainFlopsPerToken(TextVocabOf(c).value_or(256), c.seq_len, c.d_model, c.layers)
+                      : 0;
 }
 
 
@@ -85,6 +99,7 @@ data::SourceSpec SourceSpecOf(const RunOptions& c, bool train) {
   s.val_fraction = c.val_fraction;
   s.seq_len = c.seq_len;
   s.token_cache = TokenCacheOf(c);
+  s.tokenizer = c.tokenizer;
   // Listed once per run directory: a resumed run reads the listing.
   if (ReadsImageFolder(c) && !c.checkpoint_dir.empty()) {
     s.listing_cache = absl::StrCat(c.checkpoint_dir, "/imagefolder-", train ? "train" : "val", ".list");
@@ -153,7 +168,8 @@ absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const RunOptions& c, bool resu
       std::filesystem::create_directories(c.checkpoint_dir, ec);
     }
     // (Tokenised here first: the sources, and the workers', reuse it.)
-    ASSIGN_OR_RETURN(auto corpus, data::TextCorpus::Open(c.dataset.substr(std::strlen("text:")), TokenCacheOf(c)));
+    ASSIGN_OR_RETURN(auto corpus, data::TextCorpus::Open(c.dataset.substr(std::strlen("text:")), TokenCacheOf(c),
+                                                                   c.tokenizer));
     ASSIGN_OR_RETURN(sets->train, data::OpenSource(SourceSpecOf(c, true)));
     if (c.val_fraction > 0) {
       ASSIGN_OR_RETURN(sets->test, data::OpenSource(SourceSpecOf(c, false)));
@@ -162,8 +178,11 @@ absl::StatusOr<std::unique_ptr<Sets>> LoadDataset(const RunOptions& c, bool resu
       sets->no_test = "--val-fraction 0 holds none of the text out";
     }
     sets->shape = {c.seq_len};
-    sets->classes = kTextVocab;
-    sets->text = absl::StrCat(corpus->size(), " tokens (bytes: vocabulary ", kTextVocab, "; ",
+    sets->classes = corpus->vocab();
+    sets->text = absl::StrCat(corpus->size(), " tokens (",
+                              c.tokenizer.empty() ? std::string("bytes")
+                                                  : absl::StrCat("SentencePiece ", c.tokenizer),
+                              ": vocabulary ", corpus->vocab(), "; ",
                               corpus->reused_cache() ? "read from " : "written to ", TokenCacheOf(c), "), ",
                               sets->train->size(), " training windows of ", c.seq_len, " tokens an epoch",
                               c.val_fraction > 0 ? absl::StrCat(", ", sets->test->size(), " held-out windows (the last ",

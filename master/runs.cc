@@ -118,7 +118,10 @@ optim::OptimizerOptions OptimizerOf(const RunOptions& c) {
   schedule.min_lr = c.min_lr >= 0 ? c.min_lr : c.lr / 10;
   if (c.optimizer == "adam") return optim::OptimizerOptions::Adam(c.lr).set_schedule(schedule);
   if (c.optimizer == "adamw") {
-    return optim::OptimizerOptions::AdamW(c.lr).set_weight_decay(c.weight_decay).set_schedule(schedule);
+    return optim::OptimizerOptions::AdamW(c.lr)
+        .set_weight_decay(c.weight_decay)
+        .set_decay_all(c.decay_all)
+        .set_schedule(schedule);
   }
   const bool demo = c.dataset.empty() && c.model.empty();
   return optim::OptimizerOptions::SGD(c.lr).set_momentum(demo ? 0.0 : c.momentum).set_schedule(schedule);
@@ -300,6 +303,7 @@ checkpoint::RunIdentity IdentityOf(const RunOptions& c, int splits) {
                                                            ReadsImageFolder(c) ? " spread" : "")
                                             : "",
                            c.val_fraction > 0 ? absl::StrCat(" val-fraction=", c.val_fraction) : "",
+                           c.tokenizer.empty() ? "" : absl::StrCat(" tokenizer=", c.tokenizer),
                            // (ResNet50's is in its model's name.)
                            ReadsImageFolder(c) && !c.model.empty() ? absl::StrCat(" image-size=", c.image_size) : "");
   }
@@ -309,6 +313,7 @@ checkpoint::RunIdentity IdentityOf(const RunOptions& c, int splits) {
                                                                                   o.weight_decay)
                                                                    : absl::StrCat("sgd lr=", o.lr, " momentum=",
                                                                                   o.momentum);
+  if (o.kind == optim::OptimizerOptions::Kind::kAdamW && o.decay_all) absl::StrAppend(&id.optimizer, " decay-all");
   if (o.schedule.scheduled()) absl::StrAppend(&id.optimizer, " lr-schedule=", DescribeSchedule(o));
   id.schedule = c.schedule;
   id.micro_batches = splits;

@@ -102,7 +102,9 @@ struct RunOptions {
   // --dataset: epochs over a real dataset, the test accuracy after each.
   std::string dataset;     // fashion-mnist, idx:DIR, cifar10:DIR, imagefolder:DIR or text:PATH
   // --dataset text:PATH: the built-in GPT (shards/gpt.h) over byte tokens
-  // (vocabulary 256), windows of seq_len tokens.
+  // (vocabulary 256) or a SentencePiece model's (--tokenizer FILE),
+  // windows of seq_len tokens.
+  std::string tokenizer;
   int layers = 4;
   int d_model = 128;
   int heads = 4;
@@ -127,6 +129,7 @@ struct RunOptions {
   bool shuffle = true;
   std::string optimizer = "sgd";  // or adam, adamw
   double weight_decay = 0.1;       // AdamW's decoupled weight decay (--weight-decay)
+  bool decay_all = false;          // --decay-all: biases and norm weights decay too
   double momentum = 0.9;          // SGD's, with --dataset and --model
   // The learning rate by step (optim/lr_schedule.h): --lr-schedule
   // constant, cosine or linear after --warmup-steps, down to --min-lr
@@ -357,7 +360,8 @@ bool TrainsSmallCnn(const RunOptions& c);
 // without --model).
 bool ReadsText(const RunOptions& c);
 bool TrainsGpt(const RunOptions& c);
-constexpr int64_t kTextVocab = 256;  // byte-level tokens
+// The text's vocabulary: 256 (bytes), or --tokenizer's (read once).
+absl::StatusOr<int64_t> TextVocabOf(const RunOptions& c);
 // Parts [first, last) of the built-in GPT as one stage ("Gpt"); the
 // partitioner cuts its parts (embedding, --layers blocks, head) by their
 // measured cost, as ResNet50's blocks (PartitionStages).

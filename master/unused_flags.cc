@@ -50,7 +50,7 @@ std::string UnusedFlags(const std::set<std::string>& given, const RunOptions& c)
   if (!c.model.empty() && c.dataset.empty()) {
     unused({"image-size"}, "with --model and random data: the inputs are of --input-shape");
   }
-  if (c.optimizer != "adamw") unused({"weight-decay"}, "without --optimizer adamw");
+  if (c.optimizer != "adamw") unused({"weight-decay", "decay-all"}, "without --optimizer adamw");
   if (c.lr_schedule == "constant") unused({"min-lr", "decay-steps"}, "with --lr-schedule constant");
   if (c.optimizer == "adam" || c.optimizer == "adamw") {
     unused({"momentum"}, absl::StrCat("with --optimizer ", c.optimizer));

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <map>
 #include <sstream>
+#include <type_traits>
 
 #include <ATen/core/Dict.h>
 #include <ATen/ops/empty.h>
@@ -58,37 +59,89 @@ class LocalOptimizer {
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
 };
 
-// A LibTorch optimizer of type Base whose rate follows a schedule.
+// A LibTorch optimizer of type Base whose rate follows a schedule, or
+// whose decoupled weight decay (AdamW's) spares the parameters of fewer than
+// two dimensions, or both.
 // Thread-safety: as Base, one caller at a time (its owner's step, or a
 // checkpoint's save or load between steps).
 template <typename Base, typename BaseOptions>
-class Scheduled final : public Base, public ScheduledSteps {
+class Adjusted : public Base {
  public:
-  Scheduled(std::vector<at::Tensor> params, BaseOptions options, const LrSchedule& schedule)
-      : Base(std::move(params), options), lr_(options.lr()), schedule_(schedule) {}
+  Adjusted(std::vector<at::Tensor> params, BaseOptions options, const LrSchedule& schedule,
+           bool matrices_only)
+      : Base(std::move(params), options), lr_(options.lr()), schedule_(schedule),
+        matrices_only_(matrices_only) {}
 
   at::Tensor step(torch::optim::Optimizer::LossClosure closure = nullptr) override {
-    const double lr = ScheduledLr(lr_, schedule_, steps_);
-    for (auto& group : this->param_groups()) group.options().set_lr(lr);
-    at::Tensor loss = Base::step(std::move(closure));
+    if (schedule_.scheduled()) {
+      const double lr = ScheduledLr(lr_, schedule_, steps_);
+      for (auto& group : this->param_groups()) group.options().set_lr(lr);
+    }
+    at::Tensor loss = matrices_only_ ? StepDecayingMatricesOnly(std::move(closure))
+                                     : Base::step(std::move(closure));
     ++steps_;
     return loss;
   }
-  int64_t steps() const override { return steps_; }
-  void set_steps(int64_t steps) override { steps_ = steps; }
+
+ protected:
+  int64_t steps_ = 0;
 
  private:
+  // What AdamW does first for each parameter with a gradient (p *= 1 - lr x
+  // weight_decay), done here for the matrices only; then AdamW's step with
+  // no decay, and the groups' weight_decay as they were.
+  at::Tensor StepDecayingMatricesOnly(torch::optim::Optimizer::LossClosure closure) {
+    if constexpr (std::is_same_v<BaseOptions, torch::optim::AdamWOptions>) {
+      std::vector<double> decays;
+      {
+        at::NoGradGuard no_grad;
+        for (auto& group : this->param_groups()) {
+          auto& o = static_cast<torch::optim::AdamWOptions&>(group.options());
+          decays.push_back(o.weight_decay());
+          if (o.weight_decay() == 0) continue;
+          for (at::Tensor& p : group.params()) {
+            if (p.grad().defined() && p.dim() >= 2) p.mul_(1 - o.lr() * o.weight_decay());
+          }
+          o.weight_decay(0);
+        }
+      }
+      at::Tensor loss = Base::step(std::move(closure));
+      for (size_t g = 0; g < decays.size(); ++g) {
+        static_cast<torch::optim::AdamWOptions&>(this->param_groups()[g].options()).weight_decay(decays[g]);
+      }
+      return loss;
+    } else {
+      return Base::step(std::move(closure));  // (only AdamW is made so)
+    }
+  }
+
   const double lr_;  // the schedule's peak rate
   const LrSchedule schedule_;
-  int64_t steps_ = 0;
+  const bool matrices_only_;
 };
 
-// `options` made into an optimizer of type Base, scheduled where asked.
+// The same whose steps are counted for a schedule (ScheduledSteps).
+template <typename Base, typename BaseOptions>
+class Scheduled final : public Adjusted<Base, BaseOptions>, public ScheduledSteps {
+ public:
+  using Adjusted<Base, BaseOptions>::Adjusted;
+  int64_t steps() const override { return this->steps_; }
+  void set_steps(int64_t steps) override { this->steps_ = steps; }
+};
+
+// `options` made into an optimizer of type Base, scheduled where asked,
+// its decay on matrices only where asked (AdamW).
 template <typename Base, typename BaseOptions>
 std::unique_ptr<torch::optim::Optimizer> Make(std::vector<at::Tensor> params, const BaseOptions& options,
-                                              const LrSchedule& schedule) {
-  if (!schedule.scheduled()) return std::make_unique<Base>(std::move(params), options);
-  return std::make_unique<Scheduled<Base, BaseOptions>>(std::move(params), options, schedule);
+                                              const LrSchedule& schedule, bool matrices_only = false) {
+  if (schedule.scheduled()) {
+    return std::make_unique<Scheduled<Base, BaseOptions>>(std::move(params), options, schedule,
+                                                          matrices_only);
+  }
+  if (matrices_only) {
+    return std::make_unique<Adjusted<Base, BaseOptions>>(std::move(params), options, schedule, true);
+  }
+  return std::make_unique<Base>(std::move(params), options);
 }
 
 }  // namespace
@@ -109,6 +162,7 @@ c10::Dict<std::string, double> OptionsToDict(const OptimizerOptions& o) {
   d.insert("warmup_steps", static_cast<double>(o.schedule.warmup_steps));
   d.insert("decay_steps", static_cast<double>(o.schedule.decay_steps));
   d.insert("min_lr", o.schedule.min_lr);
+  d.insert("decay_all", o.decay_all ? 1.0 : 0.0);
   return d;
 }
 
@@ -148,7 +202,7 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const c10::impl::GenericD
                                            .eps(get("eps"))
                                            .weight_decay(get("weight_decay"))
                                            .amsgrad(get("amsgrad") != 0.0),
-                                       schedule);
+                                       schedule, get_or("decay_all", 0) == 0);
   }
   throw std::invalid_argument("unknown optimizer kind");
 }

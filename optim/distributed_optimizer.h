@@ -38,7 +38,8 @@ struct OptimizerOptions {
 
   static OptimizerOptions SGD(double lr) { return OptimizerOptions(Kind::kSGD, lr, 0.0); }
   static OptimizerOptions Adam(double lr) { return OptimizerOptions(Kind::kAdam, lr, 0.0); }
-  // AdamW's default weight decay is LibTorch's (0.01).
+  // AdamW's default weight decay is LibTorch's (0.01); it applies to
+  // parameters of two or more dimensions only unless set_decay_all(true).
   static OptimizerOptions AdamW(double lr) { return OptimizerOptions(Kind::kAdamW, lr, 1e-2); }
 
   OptimizerOptions& set_momentum(double v) { momentum = v; return *this; }
@@ -49,6 +50,7 @@ struct OptimizerOptions {
   OptimizerOptions& set_eps(double v) { eps = v; return *this; }
   OptimizerOptions& set_amsgrad(bool v) { amsgrad = v; return *this; }
   OptimizerOptions& set_schedule(const LrSchedule& v) { schedule = v; return *this; }
+  OptimizerOptions& set_decay_all(bool v) { decay_all = v; return *this; }
 
   Kind kind;
   double lr;
@@ -57,6 +59,11 @@ struct OptimizerOptions {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   bool amsgrad = false;
   LrSchedule schedule;  // the rate by step number (lr_schedule.h); constant by default
+  // AdamW only: whether biases and norm weights (every parameter of fewer
+  // than two dimensions) decay too, as in LibTorch's AdamW over one group.
+  // By default they do not, as in nanoGPT and Megatron: the same as two
+  // parameter groups, weight_decay on the matrices and 0 on the rest.
+  bool decay_all = false;
 
  private:
   OptimizerOptions(Kind k, double l, double wd) : kind(k), lr(l), weight_decay(wd) {}
@@ -69,7 +76,9 @@ struct OptimizerOptions {
 // ScheduledSteps: before each step it sets every group's rate to
 // ScheduledLr(lr, schedule, steps()), and its state dict carries steps() in
 // each parameter group as "scheduled_steps", so that loading it (a resume,
-// ZeRO-1's shares) goes on with the same rates.
+// ZeRO-1's shares) goes on with the same rates. AdamW without decay_all
+// decays the parameters of two or more dimensions itself and steps with no
+// decay (its state dict still says the weight_decay: one group holds all).
 c10::Dict<std::string, double> OptionsToDict(const OptimizerOptions& options);
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const c10::impl::GenericDict& options,
                                                        std::vector<at::Tensor> params);

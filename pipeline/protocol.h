@@ -292,11 +292,12 @@ struct OpenDataRequest {
   double val_fraction = 0;
   int64_t seq_len = 0;
   std::string token_cache;
+  std::string tokenizer;
   template <typename Fields>
   void Visit(Fields& f) {
     f("source", source)("dataset", dataset)("train", train)("rows", rows)("image_size", image_size)(
         "threads", threads)("seed", seed)("skip_bad_images", skip_bad_images)("listing_cache", listing_cache)(
-        "val_fraction", val_fraction)("seq_len", seq_len)("token_cache", token_cache);
+        "val_fraction", val_fraction)("seq_len", seq_len)("token_cache", token_cache)("tokenizer", tokenizer);
   }
 };
 

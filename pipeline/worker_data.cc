@@ -62,6 +62,7 @@ OpenDataRequest OpenRequestFor(int64_t source, const data::SourceSpec& s) {
   r.val_fraction = s.val_fraction;
   r.seq_len = s.seq_len;
   r.token_cache = s.token_cache;
+  r.tokenizer = s.tokenizer;
   return r;
 }
 
@@ -78,6 +79,7 @@ data::SourceSpec SpecOf(const OpenDataRequest& r) {
   s.val_fraction = r.val_fraction;
   s.seq_len = r.seq_len;
   s.token_cache = r.token_cache;
+  s.tokenizer = r.tokenizer;
   return s;
 }
 

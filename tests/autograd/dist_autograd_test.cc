@@ -231,9 +231,18 @@ void ExpectParity(const ParityCase& c) {
         local_params, torch::optim::SGDOptions(o.lr).momentum(o.momentum).dampening(o.dampening)
                           .weight_decay(o.weight_decay).nesterov(o.nesterov));
   } else if (o.kind == optim::OptimizerOptions::Kind::kAdamW) {
-    local_opt = std::make_unique<torch::optim::AdamW>(
-        local_params, torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps)
-                          .weight_decay(o.weight_decay));
+    // Without decay_all, as nanoGPT: two groups, the matrices decaying.
+    const auto adamw = torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps);
+    std::vector<at::Tensor> matrices, vectors;
+    for (const at::Tensor& p : local_params) (p.dim() >= 2 || o.decay_all ? matrices : vectors).push_back(p);
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(matrices, std::make_unique<torch::optim::AdamWOptions>(
+                                      torch::optim::AdamWOptions(adamw).weight_decay(o.weight_decay)));
+    if (!vectors.empty()) {
+      groups.emplace_back(vectors, std::make_unique<torch::optim::AdamWOptions>(
+                                       torch::optim::AdamWOptions(adamw).weight_decay(0)));
+    }
+    local_opt = std::make_unique<torch::optim::AdamW>(std::move(groups), adamw);
   } else {
     local_opt = std::make_unique<torch::optim::Adam>(
         local_params, torch::optim::AdamOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps)
@@ -248,7 +257,9 @@ void ExpectParity(const ParityCase& c) {
   for (size_t k = 0; k < data.size(); ++k) {
     local_opt->zero_grad();
     for (const auto& [x, t] : data[k]) at::mse_loss(local2->forward(local1->forward(x)), t).backward();
-    if (!c.lrs.empty()) local_opt->param_groups()[0].options().set_lr(c.lrs.at(k));
+    if (!c.lrs.empty()) {
+      for (auto& group : local_opt->param_groups()) group.options().set_lr(c.lrs.at(k));
+    }
     local_opt->step();
   }
 
@@ -323,8 +334,11 @@ TEST(Parity, AdamMatchesLocalTraining) {
   ExpectParity({optim::OptimizerOptions::Adam(0.01)});
 }
 
+// Biases and norm weights do not decay (the reference: two groups), unless
+// decay_all (one group).
 TEST(Parity, AdamWMatchesLocalTraining) {
-  ExpectParity({optim::OptimizerOptions::AdamW(0.01)});
+  ExpectParity({optim::OptimizerOptions::AdamW(0.01).set_weight_decay(0.1)});
+  ExpectParity({optim::OptimizerOptions::AdamW(0.01).set_weight_decay(0.1).set_decay_all(true)});
 }
 
 // Warm-up over two steps, then half a cosine down to min_lr at step 4:
@@ -388,6 +402,47 @@ TEST(LrSchedule, TheStepCountTravelsWithTheOptimizersState) {
   auto plain = optim::MakeOptimizer(c10::IValue(optim::OptionsToDict(optim::OptimizerOptions::SGD(1.0)))
                                         .toGenericDict(), {at::zeros({1})});
   EXPECT_EQ(dynamic_cast<optim::ScheduledSteps*>(plain.get()), nullptr);
+}
+
+// AdamW decays the parameters of two or more dimensions only, bitwise as
+// LibTorch's AdamW over two groups (weight_decay, and 0 for the rest), with
+// and without a schedule; with decay_all, as one group. Its state dict
+// still says the decay given.
+TEST(AdamW, DecaysMatricesOnlyAsTwoParameterGroupsDo) {
+  for (bool scheduled : {false, true}) {
+    for (bool decay_all : {false, true}) {
+      SCOPED_TRACE(absl::StrCat("scheduled ", scheduled, ", decay_all ", decay_all));
+      auto options = optim::OptimizerOptions::AdamW(0.1).set_weight_decay(0.5).set_decay_all(decay_all);
+      if (scheduled) options.set_schedule({optim::LrSchedule::Kind::kLinear, 1, 3, 0.01});
+      at::manual_seed(7);
+      at::Tensor w = at::randn({3, 4}), b = at::randn({4}), rw = w.clone(), rb = b.clone();
+      auto ours = optim::MakeOptimizer(c10::IValue(optim::OptionsToDict(options)).toGenericDict(), {w, b});
+      std::vector<torch::optim::OptimizerParamGroup> groups;
+      const auto adamw = torch::optim::AdamWOptions(0.1);
+      groups.emplace_back(std::vector<at::Tensor>{rw}, std::make_unique<torch::optim::AdamWOptions>(
+                                                           torch::optim::AdamWOptions(adamw).weight_decay(0.5)));
+      groups.emplace_back(std::vector<at::Tensor>{rb},
+                          std::make_unique<torch::optim::AdamWOptions>(
+                              torch::optim::AdamWOptions(adamw).weight_decay(decay_all ? 0.5 : 0.0)));
+      torch::optim::AdamW reference(std::move(groups), adamw);
+      for (int k = 0; k < 4; ++k) {
+        const at::Tensor gw = at::randn({3, 4}), gb = at::randn({4});
+        w.mutable_grad() = gw.clone();
+        b.mutable_grad() = gb.clone();
+        rw.mutable_grad() = gw.clone();
+        rb.mutable_grad() = gb.clone();
+        const double lr = scheduled ? optim::ScheduledLr(0.1, options.schedule, k) : 0.1;
+        for (auto& group : reference.param_groups()) group.options().set_lr(lr);
+        ours->step();
+        reference.step();
+        ASSERT_TRUE(at::equal(w, rw)) << "step " << k;
+        ASSERT_TRUE(at::equal(b, rb)) << "step " << k;
+      }
+      const c10::IValue state = optim::OptimizerStateDict(*ours);
+      const auto group = state.toGenericDict().at("param_groups").toList().get(0).toGenericDict();
+      EXPECT_DOUBLE_EQ(group.at("weight_decay").toDouble(), 0.5);
+    }
+  }
 }
 
 TEST(Parity, BatchNormStageMatchesLocalTrainingAndRunningStats) {

@@ -1,14 +1,17 @@
 // Text as byte-level tokens (data/text.h): the token file and its reuse,
 // the training windows drawn from (seed, epoch, row), the held-out tail,
-// and the errors for text that cannot train a language model.
+// and the errors for text that cannot train a language model; and as a
+// SentencePiece model's tokens (where Debian's sentencepiece is installed).
 #include "data/text.h"
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
 
 #include <ATen/ops/arange.h>
+#include <ATen/ops/equal.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -36,7 +39,9 @@ TEST(TextCorpus, TokensAreTheFilesBytesAndTheCacheIsReusedUntilTheTextChanges) {
   EXPECT_FALSE((*corpus)->reused_cache());
   const std::string want = "h\xC3\xA9llo\nsecond";  // name order, a newline between
   ASSERT_EQ((*corpus)->size(), static_cast<int64_t>(want.size()));
-  EXPECT_EQ(std::string(reinterpret_cast<const char*>((*corpus)->tokens()), want.size()), want);
+  std::string tokens;
+  for (int64_t i = 0; i < (*corpus)->size(); ++i) tokens += static_cast<char>((*corpus)->token(i));
+  EXPECT_EQ(tokens, want);
   EXPECT_EQ((*corpus)->vocab(), 256);
   auto again = TextCorpus::Open(dir + "/books", dir + "/tokens");
   ASSERT_TRUE(again.ok()) << again.status();
@@ -106,6 +111,80 @@ TEST(TextCorpus, TextThatCannotTrainIsAnErrorSayingWhy) {
   EXPECT_FALSE(long_windows.Get(at::arange(1), 1).ok());
   TextWindows no_tail(*tiny, {2, 0.1, 0}, false);
   EXPECT_THAT(Message(no_tail.Check()), HasSubstr("the held-out tail (--val-fraction)"));
+}
+
+// A model spm_train made of the text (the program of Debian's sentencepiece,
+// which --tokenizer also runs); "" where it is not installed.
+std::string TrainSentencePiece(const std::string& text, const std::string& prefix, int vocab) {
+  if (std::system("command -v spm_train >/dev/null 2>&1") != 0) return "";
+  const std::string command = "spm_train --input=" + text + " --model_prefix=" + prefix +
+                              " --vocab_size=" + std::to_string(vocab) + " --model_type=bpe --minloglevel=2";
+  if (std::system(command.c_str()) != 0) return "";
+  return prefix + ".model";
+}
+
+// With a SentencePiece model the tokens are its ids (int32 in the token
+// file), the vocabulary is its own, and the cache is written again when the
+// model changes; encode and decode go round; a file that is not a model,
+// or none, is an error naming it.
+TEST(TextCorpus, ASentencePieceModelsTokensAreReadAndTheModelIsPartOfTheCache) {
+  const std::string dir = TempPath("text_spm");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::string text;
+  for (int i = 0; i < 60; ++i) {
+    text += i % 3 == 0 ? "the master splits each batch into micro-batches.\n"
+                       : "a worker holds its shard of the model and sends activations on.\n";
+  }
+  Spit(dir + "/book.txt", text);
+  const std::string model = TrainSentencePiece(dir + "/book.txt", dir + "/spm", 100);
+  if (model.empty()) GTEST_SKIP() << "spm_train (Debian's sentencepiece) is not installed";
+  auto vocab = SentencePieceVocab(model);
+  ASSERT_TRUE(vocab.ok()) << vocab.status();
+  EXPECT_EQ(*vocab, 100);
+  auto corpus = TextCorpus::Open(dir + "/book.txt", dir + "/tokens", model);
+  ASSERT_TRUE(corpus.ok()) << corpus.status();
+  EXPECT_EQ((*corpus)->vocab(), 100);
+  EXPECT_EQ((*corpus)->tokenizer(), model);
+  EXPECT_FALSE((*corpus)->reused_cache());
+  // The first line's tokens, as spm_encode gives them; fewer than its bytes.
+  auto line = SentencePieceEncode(model, "the master splits each batch into micro-batches.");
+  ASSERT_TRUE(line.ok()) << line.status();
+  ASSERT_GT(line->size(), 2u);
+  EXPECT_LT(line->size(), 20u);  // (49 bytes)
+  for (size_t i = 0; i < line->size(); ++i) EXPECT_EQ((*corpus)->token(static_cast<int64_t>(i)), (*line)[i]) << i;
+  EXPECT_EQ(std::filesystem::file_size(dir + "/tokens"), static_cast<uintmax_t>((*corpus)->size()) * 4);
+  EXPECT_LT((*corpus)->size(), static_cast<int64_t>(text.size()) / 3);
+  auto back = SentencePieceDecode(model, *line);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, "the master splits each batch into micro-batches.");
+  // Windows of ids, their labels one further.
+  TextWindows windows(*corpus, {8, 0.0, 1}, true);
+  ASSERT_TRUE(windows.Check().ok());
+  auto batch = windows.Get(at::arange(3), 0);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  EXPECT_LT(batch->images.max().item<int64_t>(), 100);
+  EXPECT_TRUE(at::equal(batch->images.slice(1, 1), batch->labels.slice(1, 0, 7)));
+  // Reused with the same model; written again as bytes without it, and
+  // again under it.
+  EXPECT_TRUE((*TextCorpus::Open(dir + "/book.txt", dir + "/tokens", model))->reused_cache());
+  auto bytes = TextCorpus::Open(dir + "/book.txt", dir + "/tokens");
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_FALSE((*bytes)->reused_cache());
+  EXPECT_EQ((*bytes)->size(), static_cast<int64_t>(text.size()));
+  EXPECT_EQ((*bytes)->vocab(), 256);
+  auto again = TextCorpus::Open(dir + "/book.txt", dir + "/tokens", model);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE((*again)->reused_cache());
+  EXPECT_EQ((*again)->size(), (*corpus)->size());
+
+  // Not a model; no such file.
+  EXPECT_THAT(Message(TextCorpus::Open(dir + "/book.txt", dir + "/t2", dir + "/book.txt").status()),
+              HasSubstr("--tokenizer " + dir + "/book.txt: spm_export_vocab failed"));
+  EXPECT_THAT(Message(TextCorpus::Open(dir + "/book.txt", dir + "/t2", dir + "/book.txt").status()),
+              HasSubstr("is it a SentencePiece model?"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/t2"));
+  EXPECT_THAT(Message(SentencePieceVocab(dir + "/none.model").status()), HasSubstr("none.model: no such file"));
 }
 
 }  // namespace

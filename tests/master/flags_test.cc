@@ -605,7 +605,14 @@ TEST(MasterFlags, TextTrainsTheBuiltInGptSizedByItsFlags) {
   const optim::OptimizerOptions o = OptimizerOf(adamw->config);
   EXPECT_EQ(o.kind, optim::OptimizerOptions::Kind::kAdamW);
   EXPECT_DOUBLE_EQ(o.weight_decay, 0.1);
+  EXPECT_FALSE(o.decay_all);  // the matrices decay; biases and norm weights do not
   EXPECT_EQ(IdentityOf(adamw->config, 1).optimizer, "adamw lr=0.001 weight-decay=0.1");
+  auto all = ParseCommandLine({"--local", "--dataset", "text:book.txt", "--optimizer", "adamw", "--decay-all"});
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_TRUE(OptimizerOf(all->config).decay_all);
+  EXPECT_EQ(IdentityOf(all->config, 1).optimizer, "adamw lr=0.001 weight-decay=0.1 decay-all");
+  EXPECT_THAT(ParseCommandLine({"--local", "--decay-all"})->note,
+              HasSubstr("--decay-all without --optimizer adamw"));
   EXPECT_DOUBLE_EQ(
       OptimizerOf(ParseCommandLine({"--local", "--optimizer", "adamw", "--weight-decay", "0.02"})->config).weight_decay,
       0.02);

@@ -4,7 +4,8 @@
 // the held-out loss, perplexity and tokens a second everywhere it reports,
 // and says what is wrong with a text it cannot take; generate samples
 // text from the pipeline's checkpoint. A scripted language model of one's
-// own (--model) is cut at its blocks and trains on the text too.
+// own (--model) is cut at its blocks and trains on the text too. A
+// SentencePiece model (--tokenizer) gives the tokens in every program.
 #include <stdlib.h>
 
 #include <algorithm>
@@ -278,6 +279,87 @@ TEST(TextMaster, AScriptedLanguageModelIsCutAtItsBlocksAndTrainsAsInOneProcess) 
     EXPECT_NEAR(piped_test[e], local_test[e], 1e-4 * local_test[e]) << "epoch " << e + 1 << "\n" << out;
   }
   unsetenv("TMPDIR");
+}
+
+// --tokenizer: the text as a SentencePiece model's tokens (spm_train made
+// it), on the master and the workers alike; the GPT's vocabulary is the
+// model's; generate reads and writes text through it.
+TEST(TextMaster, ASentencePieceTokenizerTrainsOverWorkersAsInOneProcessAndGenerateSpeaksIt) {
+  if (std::system("command -v spm_train >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "spm_train (Debian's sentencepiece) is not installed";
+  }
+  const std::string text = WriteText("spm_text.txt");
+  const std::string dir = test_support::FreshDir("gpt_spm");
+  ASSERT_EQ(std::system(("spm_train --input=" + text + " --model_prefix=" + dir +
+                         "/spm --vocab_size=80 --model_type=bpe --minloglevel=2")
+                            .c_str()),
+            0);
+  const std::string model = dir + "/spm.model";
+  const std::vector<std::string> common = {"--dataset", "text:" + text, "--tokenizer", model, "--layers", "1",
+                                           "--d-model", "16", "--heads", "2", "--seq-len", "8", "--batch-size", "8",
+                                           "--epochs", "2", "--train-rows", "32", "--seed", "3"};
+  auto master = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), BinDir() + "/master");
+    args.insert(args.end(), common.begin(), common.end());
+    return args;
+  };
+  // (In one process the tokens go to the temporary directory.)
+  fs::create_directories(dir + "/tmp");
+  setenv("TMPDIR", (dir + "/tmp").c_str(), 1);
+  auto [local_code, local_out] =
+      RunProgram(master({"--local", "--threads", "1", "--splits", "2"}), absl::Seconds(180));
+  ASSERT_EQ(local_code, 0) << local_out;
+  EXPECT_THAT(local_out,
+              HasSubstr("tokens (SentencePiece " + model + ": vocabulary 80; written to " + dir + "/tmp/remora-"));
+  const std::vector<double> losses = EpochField(local_out, "train_loss");
+  ASSERT_EQ(losses.size(), 2u) << local_out;
+  EXPECT_LT(losses[0], std::log(80.0) + 0.3) << local_out;  // (ln 256 would be 5.5)
+  EXPECT_LT(losses[1], losses[0]) << local_out;
+
+  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+  auto workers = test_support::StartWorkers({"w1", "w2"}, addr, "gpt_spm");
+  auto [code, out] = RunProgram(master({"--workers", "w1,w2", "--listen", addr, "--splits", "2", "--checkpoint-dir",
+                                        dir + "/piped"}),
+                                absl::Seconds(180));
+  ASSERT_EQ(code, 0) << out;
+  for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
+  const std::vector<double> piped = EpochField(out, "train_loss");
+  ASSERT_EQ(piped.size(), 2u) << out;
+  for (size_t e = 0; e < 2; ++e) EXPECT_NEAR(piped[e], losses[e], 1e-4 * losses[e]) << "epoch " << e + 1 << "\n" << out;
+
+  auto generate = [&](std::vector<std::string> more) {
+    std::vector<std::string> argv = {BinDir() + "/generate", "--checkpoint-dir", dir + "/piped", "--prompt",
+                                     "the master", "--tokens", "12", "--seed", "1"};
+    argv.insert(argv.end(), more.begin(), more.end());
+    return RunProgram(argv, absl::Seconds(60));
+  };
+  auto [gen_code, sample] = generate({"--tokenizer", model});
+  ASSERT_EQ(gen_code, 0) << sample;
+  const std::string sampled = sample.substr(sample.find('\n') + 1);
+  EXPECT_EQ(sampled.substr(0, 10), "the master") << sample;
+  EXPECT_GT(sampled.size(), 14u) << sample;  // (12 tokens of pieces of words)
+  EXPECT_EQ(generate({"--tokenizer", model}).second, sample);
+  // Without the model, or with another file: what to give instead.
+  auto [bytes_code, bytes_out] = generate({});
+  EXPECT_EQ(bytes_code, 2) << bytes_out;
+  EXPECT_THAT(bytes_out, HasSubstr("reads a vocabulary of 80, not bytes: give the SentencePiece model"));
+  auto [other_code, other_out] = generate({"--tokenizer", text});
+  EXPECT_EQ(other_code, 2) << other_out;
+  EXPECT_THAT(other_out, HasSubstr("is it a SentencePiece model?"));
+
+  // master refuses a file that is not a model before it trains, and a
+  // tokenizer without a text.
+  fs::remove_all(dir + "/tmp");
+  fs::create_directories(dir + "/tmp");
+  auto [bad_code, bad_out] = RunProgram(
+      {BinDir() + "/master", "--local", "--dataset", "text:" + text, "--tokenizer", text}, absl::Seconds(60));
+  unsetenv("TMPDIR");
+  EXPECT_EQ(bad_code, 2) << bad_out;
+  EXPECT_THAT(bad_out, HasSubstr("--tokenizer " + text + ": spm_export_vocab failed"));
+  EXPECT_TRUE(fs::is_empty(dir + "/tmp"));
+  auto [alone_code, alone_out] = RunProgram({BinDir() + "/master", "--local", "--tokenizer", model}, absl::Seconds(60));
+  EXPECT_EQ(alone_code, 2) << alone_out;
+  EXPECT_THAT(alone_out, HasSubstr("--tokenizer tokenises a text: give --dataset text:PATH too"));
 }
 
 TEST(TextMaster, ATextItCannotTakeIsAClearError) {
