@@ -385,6 +385,10 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
                 "reproducible kernels in this process and on every worker, as PyTorch's "
                 "use_deterministic_algorithms (cuDNN's deterministic algorithms, no cuDNN benchmark, cuBLAS's "
                 "fixed workspace); operations without a deterministic kernel warn; GPU steps may be slower");
+  flags.AddBool("recompute", &c.recompute,
+                "activation recomputation: each stage's training forward pass keeps only its input and runs again "
+                "in its backward pass, for the same gradients with less memory held between the two (the summary's "
+                "peak saved activations) and a forward pass's time more; over workers (a pipeline, --replicas)");
   flags.AddBool("compare-local", &c.compare_local,
                 "also train --local --splits 1 in this process, batch by batch between the last "
                 "split count's batches, and print the ratio");

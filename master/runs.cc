@@ -660,7 +660,8 @@ absl::Status TrainElastic(Agent& agent, const RunOptions& c, const std::vector<p
           ck.resume = from;
           ASSIGN_OR_RETURN(ck.stages, checkpoint::LoadStageSpecs(*from));
         }
-        const std::vector<pipeline::StageSpec>& cut = first ? stages : ck.stages;
+        std::vector<pipeline::StageSpec> cut = first ? stages : ck.stages;
+        for (pipeline::StageSpec& s : cut) s.recompute = c.recompute;  // (a run's setting: no checkpoint has it)
         first = false;
         return attempt(now, ck, cut, &elastic);
       }));

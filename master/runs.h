@@ -83,6 +83,9 @@ struct RunOptions {
   // --deterministic: reproducible kernels here and on every worker
   // (runtime::UseDeterministicAlgorithms).
   bool deterministic = false;
+  // --recompute: each stage's training forward keeps only its input and
+  // runs again in the backward pass (pipeline::StageSpec::recompute).
+  bool recompute = false;
   std::string report, trace, timeline;
   // --tensorboard DIR: the scalars as TensorBoard event files; --curves
   // FILE.svg: the loss and accuracy curves drawn at the end.

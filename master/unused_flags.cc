@@ -59,8 +59,11 @@ std::string UnusedFlags(const std::set<std::string>& given, const RunOptions& c)
   }
   if (c.local) {
     // (This process trains the whole model: nothing is cut.)
-    unused({"workers", "spares", "replicas", "pipeline-stages", "schedule", "interleave", "partition", "split-at"},
+    unused({"workers", "spares", "replicas", "pipeline-stages", "schedule", "interleave", "partition", "split-at",
+            "recompute"},
            "with --local");
+  } else if (c.schedule == "ps") {
+    unused({"recompute"}, "with --mode ps: each worker runs the whole model's forward and backward at once");
   } else if (!c.split_at.empty()) {
     unused({"partition"}, "with --split-at: the split points given are the cut");
   } else if (!c.model.empty() && !c.sequential) {

@@ -171,7 +171,7 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(Agent& agent, Pipelin
     const StageSpec& s = o.stages[k];
     const std::string& w = o.workers[k % n];
     auto stage = agent.remote(w, MakeStageRequest::kFunction,
-                              EncodeCall(MakeStageRequest{s.kind, s.name, s.Payload(), k, s.device}));
+                              EncodeCall(MakeStageRequest{s.kind, s.name, s.Payload(), k, s.device, s.recompute}));
     if (!stage.ok()) {
       return Annotate(stage.status(), absl::StrCat("placing stage ", k, " on worker '", w, "'"));
     }

@@ -68,6 +68,11 @@ struct StageSpec {
   std::vector<c10::IValue> args;
   std::string script;
   std::string device;  // "" : the worker's home device (worker --device)
+  // Activation recomputation: each training forward pass keeps only its
+  // input and runs again in its backward pass (the same gradients; less
+  // memory held between the passes, a forward's time more). A run's
+  // setting (--recompute), not part of the model: checkpoints leave it out.
+  bool recompute = false;
 };
 
 // The module a spec describes, built in this process on `device` (what a

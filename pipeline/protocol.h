@@ -72,9 +72,10 @@ struct MakeStageRequest {
   c10::IValue payload;  // the type's arguments, a list
   int64_t index = 0;
   std::string device;
+  bool recompute = false;  // StageSpec::recompute
   template <typename Fields>
   void Visit(Fields& f) {
-    f("type", type)("name", name)("payload", payload)("index", index)("device", device);
+    f("type", type)("name", name)("payload", payload)("index", index)("device", device)("recompute", recompute);
   }
 };
 

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -319,13 +320,36 @@ TEST(TextMaster, ASentencePieceTokenizerTrainsOverWorkersAsInOneProcessAndGenera
   const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
   auto workers = test_support::StartWorkers({"w1", "w2"}, addr, "gpt_spm");
   auto [code, out] = RunProgram(master({"--workers", "w1,w2", "--listen", addr, "--splits", "2", "--checkpoint-dir",
-                                        dir + "/piped"}),
+                                        dir + "/piped", "--report", dir + "/plain.json"}),
                                 absl::Seconds(180));
   ASSERT_EQ(code, 0) << out;
   for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
   const std::vector<double> piped = EpochField(out, "train_loss");
   ASSERT_EQ(piped.size(), 2u) << out;
   for (size_t e = 0; e < 2; ++e) EXPECT_NEAR(piped[e], losses[e], 1e-4 * losses[e]) << "epoch " << e + 1 << "\n" << out;
+
+  // --recompute: the same losses to the last digit printed, with less
+  // held between the passes (the report's peaks, all stages together).
+  auto peaks = [](const std::string& report) {
+    int64_t sum = 0;
+    for (size_t at = report.find("\"peak_activation_bytes\": "); at != std::string::npos;
+         at = report.find("\"peak_activation_bytes\": ", at + 1)) {
+      sum += std::stoll(report.substr(at + std::strlen("\"peak_activation_bytes\": ")));
+    }
+    return sum;
+  };
+  const std::string again_addr = absl::StrCat("127.0.0.1:", FreePort());
+  workers = test_support::StartWorkers({"w1", "w2"}, again_addr, "gpt_spm_recompute");
+  auto [re_code, re_out] = RunProgram(master({"--workers", "w1,w2", "--listen", again_addr, "--splits", "2",
+                                              "--report", dir + "/recomputed.json", "--recompute"}),
+                                      absl::Seconds(180));
+  ASSERT_EQ(re_code, 0) << re_out;
+  for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
+  EXPECT_EQ(EpochField(re_out, "train_loss"), piped) << re_out;
+  EXPECT_EQ(EpochField(re_out, "test_loss"), EpochField(out, "test_loss")) << re_out;
+  const int64_t plain_peak = peaks(ReadFile(dir + "/plain.json")), re_peak = peaks(ReadFile(dir + "/recomputed.json"));
+  EXPECT_GT(plain_peak, 0);
+  EXPECT_LT(re_peak, plain_peak / 2) << re_peak << " bytes recomputed, " << plain_peak << " without";
 
   auto generate = [&](std::vector<std::string> more) {
     std::vector<std::string> argv = {BinDir() + "/generate", "--checkpoint-dir", dir + "/piped", "--prompt",
