@@ -39,7 +39,7 @@ set(REMORA_PUBLIC_HEADERS
     rpc/thread_pool.h rpc/tls.h
     runtime/compute_lane.h
     autograd/dist_autograd.h
-    optim/distributed_optimizer.h
+    optim/distributed_optimizer.h optim/lr_schedule.h
     data/datasets.h data/imagefolder.h data/source.h
     pipeline/fit.h pipeline/microbatch.h pipeline/partition.h pipeline/pipeline.h pipeline/schedule.h
     pipeline/stage.h pipeline/worker_data.h

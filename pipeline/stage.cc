@@ -5,18 +5,14 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <sstream>
 #include <limits>
 #include <stdexcept>
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/List.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/GradMode.h>
-#include <torch/csrc/autograd/autograd.h>
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/passes/inliner.h>
@@ -34,6 +30,7 @@
 #include "base/status_util.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/protocol.h"
+#include "pipeline/recompute.h"
 #include "pipeline/runner.h"
 #include "pipeline/worker_data.h"
 #include "rpc/agent.h"
@@ -56,8 +53,6 @@ StageTypes& Types() {
   static StageTypes* types = new StageTypes;  // never destroyed
   return *types;
 }
-
-c10::IValue MapTensors(const c10::IValue& value, const std::function<at::Tensor(const at::Tensor&)>& fn);
 
 // Whether `m`'s forward writes an argument in place (torchvision's
 // ReLU(inplace=True) first in a stage), or a view of one, here or in a
@@ -125,154 +120,6 @@ class ScriptStage final : public StageModule {
   torch::jit::Module m_;
   const bool writes_input_;  // WritesAnArgumentInPlace(m_)
 };
-
-// `value` with `fn` applied to every tensor inside (tuples and lists too).
-c10::IValue MapTensors(const c10::IValue& value, const std::function<at::Tensor(const at::Tensor&)>& fn) {
-  if (value.isTensor()) return fn(value.toTensor());
-  if (value.isTuple()) {
-    std::vector<c10::IValue> out;
-    for (const auto& e : value.toTupleRef().elements()) out.push_back(MapTensors(e, fn));
-    return c10::ivalue::Tuple::create(std::move(out));
-  }
-  if (value.isTensorList()) {
-    c10::List<at::Tensor> out;
-    const c10::List<at::Tensor> in = value.toTensorList();
-    for (size_t i = 0; i < in.size(); ++i) out.push_back(fn(in.get(i)));
-    return out;
-  }
-  return value;
-}
-
-// --- activation recomputation (--recompute) ---------------------------------
-
-// The tensors in `value`, in MapTensors' order; and `value` with them
-// replaced by `tensors`, in that order.
-std::vector<at::Tensor> TensorsIn(const c10::IValue& value) {
-  std::vector<at::Tensor> out;
-  MapTensors(value, [&out](const at::Tensor& t) {
-    out.push_back(t);
-    return t;
-  });
-  return out;
-}
-c10::IValue WithTensors(const c10::IValue& value, const std::vector<at::Tensor>& tensors) {
-  size_t next = 0;
-  return MapTensors(value, [&](const at::Tensor&) { return tensors.at(next++); });
-}
-
-// One recomputed forward pass: the module and its input's layout (what
-// the node keeps besides the input's tensors), and the output's layout
-// (set by the forward).
-struct RecomputedPass {
-  StageModule* module;
-  c10::IValue input;   // the layout: tensors replaced by empty ones
-  c10::IValue output;  // the same, of the output
-};
-
-// A stage's forward pass as one autograd node: the forward runs without
-// autograd's graph and the node keeps only the pass's inputs (and the CPU
-// generator's state); its backward runs the forward again with the graph
-// (the module's buffers put back afterwards: a batch norm counts the batch
-// once) and takes the gradients through it. torch.utils.checkpoint's
-// reentrant form, but with the parameters as inputs of the node, so that
-// their gradients reach the distributed autograd context as any leaf's do.
-class Recompute : public torch::autograd::Function<Recompute> {
- public:
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::TensorList inputs,
-                                                at::TensorList params, int64_t pass_address) {
-    auto* pass = reinterpret_cast<RecomputedPass*>(static_cast<intptr_t>(pass_address));
-    {
-      at::Generator generator = at::detail::getDefaultCPUGenerator();
-      std::lock_guard<std::mutex> rng_lock(generator.mutex());
-      ctx->saved_data["rng"] = generator.get_state();
-    }
-    ctx->saved_data["module"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(pass->module));
-    ctx->saved_data["input"] = pass->input;
-    ctx->save_for_backward(inputs.vec());
-    // (A copy: a module may write its input in place, which must stay
-    // as it came for the second pass.)
-    std::vector<at::Tensor> copies;
-    for (const at::Tensor& t : inputs) copies.push_back(t.clone());
-    const c10::IValue y = pass->module->Forward(WithTensors(pass->input, copies));
-    std::vector<at::Tensor> outputs = TensorsIn(y);
-    pass->output = MapTensors(y, [](const at::Tensor&) { return at::empty({0}); });
-    torch::autograd::variable_list integers;
-    for (const at::Tensor& t : outputs) {
-      if (!at::isFloatingType(t.scalar_type()) && !at::isComplexType(t.scalar_type())) integers.push_back(t);
-    }
-    if (!integers.empty()) ctx->mark_non_differentiable(integers);
-    return outputs;
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    auto* module = reinterpret_cast<StageModule*>(static_cast<intptr_t>(ctx->saved_data["module"].toInt()));
-    const std::vector<at::Tensor> saved = ctx->get_saved_variables();
-    std::vector<at::Tensor> inputs;
-    for (const at::Tensor& t : saved) inputs.push_back(t.detach().requires_grad_(t.requires_grad()));
-    const std::vector<at::Tensor> params = module->Parameters();
-    std::vector<at::Tensor> buffers;
-    {
-      at::NoGradGuard no_grad;
-      for (const at::Tensor& b : module->Buffers()) buffers.push_back(b.clone());
-    }
-    std::vector<at::Tensor> outputs;
-    {
-      // (The generator as the first pass found it, for dropout's masks;
-      // then as it was. CUDA's generators are not kept: a stage on a GPU
-      // that draws random numbers draws others the second time.)
-      at::Generator generator = at::detail::getDefaultCPUGenerator();
-      at::Tensor now;
-      {
-        std::lock_guard<std::mutex> rng_lock(generator.mutex());
-        now = generator.get_state();
-        generator.set_state(ctx->saved_data["rng"].toTensor());
-      }
-      at::AutoGradMode grad(true);
-      outputs = TensorsIn(module->Forward(WithTensors(ctx->saved_data["input"], inputs)));
-      std::lock_guard<std::mutex> rng_lock(generator.mutex());
-      generator.set_state(now);
-    }
-    {
-      at::NoGradGuard no_grad;
-      const std::vector<at::Tensor> live = module->Buffers();
-      for (size_t i = 0; i < live.size() && i < buffers.size(); ++i) live[i].copy_(buffers[i]);
-    }
-    std::vector<at::Tensor> roots, root_grads, wrt;
-    for (size_t i = 0; i < outputs.size() && i < grads.size(); ++i) {
-      if (grads[i].defined() && outputs[i].requires_grad()) {
-        roots.push_back(outputs[i]);
-        root_grads.push_back(grads[i]);
-      }
-    }
-    std::vector<size_t> where;  // the node's input each of wrt is
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      if (inputs[i].requires_grad()) wrt.push_back(inputs[i]), where.push_back(i);
-    }
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (params[i].requires_grad()) wrt.push_back(params[i]), where.push_back(inputs.size() + i);
-    }
-    // One gradient a node input (the inputs' tensors, the parameters, then
-    // the pass's address).
-    torch::autograd::variable_list out(inputs.size() + params.size() + 1);
-    if (roots.empty() || wrt.empty()) return out;
-    const auto found = torch::autograd::grad(roots, wrt, root_grads, /*retain_graph=*/false,
-                                             /*create_graph=*/false, /*allow_unused=*/true);
-    for (size_t k = 0; k < found.size(); ++k) out[where[k]] = found[k];
-    return out;
-  }
-};
-
-// `module`'s forward on `x` as a Recompute node.
-c10::IValue RecomputedForward(StageModule& module, const c10::IValue& x) {
-  RecomputedPass pass{&module, MapTensors(x, [](const at::Tensor&) { return at::empty({0}); }), c10::IValue()};
-  const std::vector<at::Tensor> inputs = TensorsIn(x);
-  const std::vector<at::Tensor> params = module.Parameters();
-  const torch::autograd::variable_list outputs =
-      Recompute::apply(at::TensorList(inputs), at::TensorList(params),
-                       static_cast<int64_t>(reinterpret_cast<intptr_t>(&pass)));
-  return WithTensors(pass.output, outputs);
-}
 
 // Saved activations per stage index in this process: the bytes that its
 // training forward passes allocated and are still alive (saved tensors,
