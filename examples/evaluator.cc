@@ -12,6 +12,12 @@
 // or with --once after the latest one. A checkpoint --output holds a score
 // of (on the same test images) is not evaluated again: a restarted
 // evaluator goes on where the last one stopped.
+//
+// A language model's run (--dataset text:PATH) is scored on the text's
+// held-out tail, windows of the training's --seq-len read with its
+// --tokenizer (both taken from the checkpoint): the mean cross-entropy of
+// a next token, its perplexity, and how often the next token is first
+// (and among the first five).
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +29,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <optional>
 #include <set>
@@ -50,6 +57,7 @@
 #include "checkpoint/checkpoint.h"
 #include "data/datasets.h"
 #include "data/imagefolder.h"
+#include "data/text.h"
 #include "examples/stock_worker.h"
 #include "pipeline/fit.h"
 #include "shards/stage_types.h"
@@ -68,6 +76,7 @@ struct Score {
   double accuracy = 0, loss = 0;
   double top5 = 0;  // a label among the five highest logits (with fewer than 5 classes: 1)
   int64_t skipped = 0;  // test images left out as unreadable (--skip-bad-images)
+  bool tokens = false;  // a language model's: the figures are a next token's
 };
 
 // Accuracy, top-5 accuracy and mean cross-entropy of `model` (stages
@@ -89,6 +98,12 @@ absl::StatusOr<Score> Evaluate(std::vector<std::unique_ptr<pipeline::StageModule
       for (auto& stage : model) x = stage->Forward(x);
       const at::Tensor logits = x.toTensor().cpu();
       const at::Tensor& labels = batch.labels;
+      if (labels.dim() == 2) {  // a language model's next tokens: [windows, T] against [windows, T, vocab]
+        ASSIGN_OR_RETURN(pipeline::Correct counted, pipeline::CountCorrect(logits, labels));
+        right += counted;
+        loss_sum += counted.loss_sum;
+        continue;
+      }
       if (logits.dim() != 2 || logits.size(0) != n) {
         return absl::InvalidArgumentError(absl::StrFormat(
             "the model's output for %d images has shape %s; the evaluator wants [%d, classes] (is --dataset "
@@ -102,7 +117,8 @@ absl::StatusOr<Score> Evaluate(std::vector<std::unique_ptr<pipeline::StageModule
     return StatusFromCurrentException("evaluating the model (is --dataset the training's, and --image-size?)");
   }
   if (right.rows == 0) return absl::InvalidArgumentError("evaluating the model: no test image could be read");
-  return Score{right.accuracy(), UnsignedNan(loss_sum / right.rows), right.top5_accuracy(), skipped};
+  return Score{right.accuracy(), UnsignedNan(loss_sum / right.counted()), right.top5_accuracy(), skipped,
+               right.items > 0};
 }
 
 // The flags.
@@ -113,9 +129,13 @@ struct Options {
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   double val_fraction = 0;
   bool once = false, skip_bad_images = false;
+  // A text's (master's defaults, unless the checkpoint records others).
+  int seq_len = 64;
+  std::string tokenizer;
 };
 
 bool ImageFolder(const Options& o) { return o.dataset.rfind("imagefolder:", 0) == 0; }
+bool Text(const Options& o) { return o.dataset.rfind("text:", 0) == 0; }
 
 // The value of `key` that the run which wrote `m` recorded in its model or
 // data identity ("image-size=128"), or nullopt.
@@ -139,6 +159,29 @@ bool TrainedOn(const checkpoint::Manifest& m, const std::string& dataset) {
 // once (`*noted`), when it trained at another image size (scoring at
 // another size can be meant).
 absl::Status CheckTrainedAs(const checkpoint::Checkpoint& ck, const Options& o, bool* noted) {
+  if (Text(o)) {
+    if (!TrainedOn(ck.manifest, o.dataset)) return absl::OkStatus();
+    int seq_len = 0;
+    if (auto v = Recorded(ck.manifest, "seq-len"); v && absl::SimpleAtoi(*v, &seq_len) && seq_len != o.seq_len) {
+      return absl::FailedPreconditionError(absl::StrCat(ck.dir, " was trained on windows of ", seq_len,
+                                                        " tokens; the evaluator's --seq-len is ", o.seq_len,
+                                                        ": leave --seq-len out (the training's is taken)"));
+    }
+    if (const std::string t = Recorded(ck.manifest, "tokenizer").value_or(""); t != o.tokenizer) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          ck.dir, " was trained on ", t.empty() ? std::string("bytes") : absl::StrCat("--tokenizer ", t),
+          "; the evaluator reads ", o.tokenizer.empty() ? std::string("bytes") : o.tokenizer,
+          ": leave --tokenizer out (the training's is taken)"));
+    }
+    double held = 0;
+    if (auto v = Recorded(ck.manifest, "val-fraction"); v && !absl::SimpleAtod(*v, &held)) held = -1;
+    if (std::abs(held - o.val_fraction) > 1e-9) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          ck.dir, " held ", absl::StrCat(held), " of the text out (--val-fraction); the evaluator's is ",
+          o.val_fraction, ", which scores other windows: leave --val-fraction out (the training's is taken)"));
+    }
+    return absl::OkStatus();
+  }
   if (!ImageFolder(o)) return absl::OkStatus();
   // (No val-fraction recorded by a run on the folder: none held out.)
   double held = 0;
@@ -168,6 +211,22 @@ absl::Status CheckTrainedAs(const checkpoint::Checkpoint& ck, const Options& o, 
 // val/ (or the training images --val-fraction holds out) read as it is
 // needed.
 absl::StatusOr<std::unique_ptr<data::Source>> OpenTestSet(const Options& o, data::Dataset* in_memory) {
+  if (Text(o)) {
+    // (Its tokens in a file of the evaluator's own, in the temporary
+    // directory: the job's beside its checkpoints may be written meanwhile.)
+    const std::string path = o.dataset.substr(std::strlen("text:"));
+    std::error_code ec;
+    const std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+    const std::string cache =
+        absl::StrCat(ec ? std::string("/tmp") : tmp.string(), "/remora-evaluator-",
+                     std::hash<std::string>()(absl::StrCat(path, "\n", o.tokenizer)) % 1000000007, ".tokens");
+    ASSIGN_OR_RETURN(std::shared_ptr<const data::TextCorpus> corpus, data::TextCorpus::Open(path, cache, o.tokenizer));
+    auto windows = std::make_unique<data::TextWindows>(std::move(corpus),
+                                                       data::TextWindowOptions{o.seq_len, o.val_fraction, 0},
+                                                       /*train=*/false);
+    RETURN_IF_ERROR(windows->Check());
+    return std::unique_ptr<data::Source>(std::move(windows));
+  }
   if (o.dataset.rfind("imagefolder:", 0) == 0) {
     data::ImageFolderOptions f;
     f.train = false;
@@ -211,6 +270,11 @@ std::vector<std::pair<std::string, std::string>> ScoreKey(const checkpoint::Chec
     key.emplace_back("image_size", absl::StrCat(o.image_size));
     key.emplace_back("val_fraction", JsonGeneral(o.val_fraction));
   }
+  if (Text(o)) {  // (what the held-out windows are)
+    key.emplace_back("seq_len", absl::StrCat(o.seq_len));
+    key.emplace_back("val_fraction", JsonGeneral(o.val_fraction));
+    key.emplace_back("tokenizer", JsonQuoted(o.tokenizer));
+  }
   return key;
 }
 
@@ -222,7 +286,8 @@ std::optional<Score> FindRecorded(const std::vector<std::string>& recorded, cons
   for (const std::string& line : recorded) {
     auto holds = [&line](const auto& kv) { return JsonValueText(line, kv.first) == kv.second; };
     if (std::all_of(key.begin(), key.end(), holds)) {
-      return Score{JsonNumber(line, "test_accuracy"), JsonNumber(line, "test_loss"), JsonNumber(line, "test_top5")};
+      return Score{JsonNumber(line, "test_accuracy"), JsonNumber(line, "test_loss"), JsonNumber(line, "test_top5"), 0,
+                   Text(o)};
     }
   }
   return std::nullopt;
@@ -233,8 +298,9 @@ std::optional<Score> FindRecorded(const std::vector<std::string>& recorded, cons
 absl::Status Record(const checkpoint::Checkpoint& ck, const Score& score, bool known, const Options& o,
                     int64_t rows, std::vector<std::string>* recorded) {
   const auto& m = ck.manifest;
-  std::printf("step=%lld epoch=%d test_accuracy=%.4f test_top5=%.4f test_loss=%.4f%s%s%s\n",
+  std::printf("step=%lld epoch=%d test_accuracy=%.4f test_top5=%.4f test_loss=%.4f%s%s%s%s\n",
               static_cast<long long>(m.step), m.epoch, score.accuracy, score.top5, score.loss,
+              score.tokens ? absl::StrFormat(" test_perplexity=%.3f", std::exp(score.loss)).c_str() : "",
               score.skipped > 0 ? absl::StrCat(" skipped_images=", score.skipped).c_str() : "",
               m.final ? " (final)" : "", known ? absl::StrCat(" (in ", o.output, " already)").c_str() : "");
   std::fflush(stdout);
@@ -244,12 +310,16 @@ absl::Status Record(const checkpoint::Checkpoint& ck, const Score& score, bool k
   std::string line = absl::StrFormat(
       "{\"step\": %d, \"epoch\": %d, \"batch\": %d, \"test_accuracy\": %s, \"test_top5\": %s, "
       "\"test_loss\": %s, \"final\": %s, \"checkpoint\": %s, \"created\": %s, \"dataset\": %s, "
-      "\"test_images\": %d%s%s}",
+      "\"test_images\": %d%s%s%s}",
       m.step, m.epoch, m.batch, JsonFixed(6, score.accuracy), JsonFixed(6, score.top5), JsonFixed(6, score.loss),
       m.final ? "true" : "false", JsonQuoted(ck.dir), JsonQuoted(m.created), JsonQuoted(o.dataset), rows,
       ImageFolder(o) ? absl::StrFormat(", \"image_size\": %d, \"val_fraction\": %s", o.image_size,
                                        JsonGeneral(o.val_fraction))
                      : "",
+      Text(o) ? absl::StrFormat(", \"test_perplexity\": %s, \"seq_len\": %d, \"val_fraction\": %s, \"tokenizer\": %s",
+                                JsonFixed(6, std::exp(score.loss)), o.seq_len, JsonGeneral(o.val_fraction),
+                                JsonQuoted(o.tokenizer))
+              : "",
       score.skipped > 0 ? absl::StrCat(", \"skipped_images\": ", score.skipped) : "");
   std::ofstream out(o.output, std::ios::app);
   out << line << "\n" << std::flush;
@@ -336,12 +406,19 @@ int Main(int argc, char** argv) {
   Options o;
   launch::FlagParser flags("evaluator",
                         "Follows a training job's checkpoints: evaluates each new one on the test set "
-                        "(no workers needed) and appends its accuracy and loss to a JSON-lines file.");
+                        "(no workers needed) and appends its accuracy and loss to a JSON-lines file; a language "
+                        "model's (text:PATH) on the text's held-out tail, with its perplexity.");
   flags.JoinsNoGroup();
   flags.AddString("checkpoint-dir", &o.dir, "the job's --checkpoint-dir (required)");
   flags.AddString("dataset", &o.dataset,
                   "fashion-mnist, idx:DIR, cifar10:DIR or imagefolder:DIR (its val/ folder, or what "
-                  "--val-fraction holds out): the test set (required)");
+                  "--val-fraction holds out), or text:PATH (the tail --val-fraction holds out): the test set "
+                  "(required)");
+  flags.AddInt("seq-len", &o.seq_len,
+               "with text:PATH: tokens a window (default: the training's, read from the checkpoint)");
+  flags.AddString("tokenizer", &o.tokenizer,
+                  "with text:PATH: the SentencePiece model the text is read with (default: the training's, read "
+                  "from the checkpoint; none: bytes)");
   flags.AddInt("image-size", &o.image_size,
                "with imagefolder: the size of the centre crops scored (default: the training's, read from the "
                "checkpoint, else master's default)");
@@ -350,7 +427,8 @@ int Main(int argc, char** argv) {
   flags.AddInt("data-threads", &o.data_threads, "with imagefolder: decoding threads");
   flags.AddDouble("val-fraction", &o.val_fraction,
                   "with imagefolder and no val/ folder: the fraction of the folder scored, the images training "
-                  "held out (default: the training's, read from the checkpoint)");
+                  "held out; with text:PATH, the text's tail scored (default: the training's, read from the "
+                  "checkpoint)");
   flags.AddString("output", &o.output,
                   "JSON-lines file to append to (default: CHECKPOINT_DIR/eval.jsonl; given one checkpoint's "
                   "directory, the job's eval.jsonl beside it)");
@@ -381,17 +459,55 @@ int Main(int argc, char** argv) {
     return fail(absl::StrCat("--threads must be at most ", launch::kMaxThreads, "; got ", o.threads), 2);
   }
   if (auto s = data::CheckDatasetName(o.dataset); !s.ok()) return fail(std::string(s.message()), 2);
-  if (o.dataset.rfind("text:", 0) == 0) {
-    return fail("--dataset text:PATH: the evaluator scores image classifiers; a GPT's held-out loss and perplexity "
-                "are on master's epoch lines and in its --report",
-                2);
-  }
   o.dataset = data::AbsoluteDatasetName(o.dataset);
   if (!(o.val_fraction >= 0 && o.val_fraction < 1)) return fail("--val-fraction must be in [0, 1)", 2);
-  if (o.val_fraction > 0 && o.dataset.rfind("imagefolder:", 0) != 0) {
-    return fail("--val-fraction is for --dataset imagefolder:DIR (the training's held-out images)", 2);
+  if (o.val_fraction > 0 && !ImageFolder(o) && !Text(o)) {
+    return fail("--val-fraction is for --dataset imagefolder:DIR or text:PATH (the training's held-out part)", 2);
   }
-  if (ImageFolder(o)) {
+  if (!Text(o)) {
+    std::vector<std::string> unused;
+    for (const char* f : {"seq-len", "tokenizer"}) {
+      if (flags.given().count(f)) unused.push_back(absl::StrCat("--", f));
+    }
+    if (!unused.empty()) {
+      std::printf("evaluator: note: %s without --dataset text:PATH (no effect)\n", absl::StrJoin(unused, ", ").c_str());
+    }
+  }
+  if (Text(o)) {
+    // The training's windows, held-out tail and tokens, where a checkpoint
+    // is there already and the flags leave them out; else master's
+    // defaults.
+    if (!flags.given().count("val-fraction")) o.val_fraction = 0.05;
+    if (auto ck = checkpoint::Latest(o.dir); ck.ok() && TrainedOn(ck->manifest, o.dataset)) {
+      std::vector<std::string> taken;
+      int seq_len = 0;
+      double held = 0;
+      if (auto v = Recorded(ck->manifest, "seq-len"); v && absl::SimpleAtoi(*v, &seq_len) &&
+                                                      !flags.given().count("seq-len")) {
+        o.seq_len = seq_len;
+        taken.push_back(absl::StrCat("--seq-len ", seq_len));
+      }
+      if (!flags.given().count("val-fraction")) {
+        auto v = Recorded(ck->manifest, "val-fraction");
+        o.val_fraction = v && absl::SimpleAtod(*v, &held) ? held : 0;
+        taken.push_back(absl::StrCat("--val-fraction ", v.value_or("0")));
+      }
+      if (auto v = Recorded(ck->manifest, "tokenizer"); v && !flags.given().count("tokenizer")) {
+        o.tokenizer = *v;
+        taken.push_back(absl::StrCat("--tokenizer ", *v));
+      }
+      if (!taken.empty()) {
+        std::printf("evaluator: %s, the training's (%s)\n", absl::StrJoin(taken, " ").c_str(),
+                    ck->manifest_path.c_str());
+      }
+    }
+    if (o.seq_len < 1) return fail("--seq-len must be 1 or more", 2);
+    if (o.val_fraction <= 0) {
+      return fail("a text's test set is its held-out tail: the run held none out (--val-fraction 0); give "
+                  "--val-fraction F to score the text's last F anyway",
+                  2);
+    }
+  } else if (ImageFolder(o)) {
     // The training's crop size and held-out fraction, where a checkpoint
     // is there already and the flags leave them out.
     if (auto ck = checkpoint::Latest(o.dir); ck.ok()) {
@@ -414,14 +530,15 @@ int Main(int argc, char** argv) {
                     ck->manifest_path.c_str());
       }
     }
-  } else {
+  }
+  if (!ImageFolder(o)) {
     std::vector<std::string> unused;
     for (const char* f : {"image-size", "data-threads", "skip-bad-images"}) {
       if (flags.given().count(f)) unused.push_back(absl::StrCat("--", f));
     }
     if (!unused.empty()) {
-      std::printf("evaluator: note: %s with an in-memory --dataset: for imagefolder:DIR (no effect)\n",
-                  absl::StrJoin(unused, ", ").c_str());
+      std::printf("evaluator: note: %s with %s: for imagefolder:DIR (no effect)\n", absl::StrJoin(unused, ", ").c_str(),
+                  Text(o) ? "--dataset text:PATH" : "an in-memory --dataset");
     }
   }
   if (auto s = data::CheckDatasetDir(o.dataset, o.val_fraction); !s.ok()) return fail(std::string(s.message()), 2);
@@ -461,8 +578,9 @@ int Main(int argc, char** argv) {
   const int64_t rows = o.test_rows > 0 ? std::min<int64_t>(o.test_rows, (*test)->size()) : (*test)->size();
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
-  std::printf("evaluator: following %s, %lld test images of %s; results to %s\n", o.dir.c_str(),
-              static_cast<long long>(rows), o.dataset.c_str(), o.output.c_str());
+  std::printf("evaluator: following %s, %lld %s of %s; results to %s\n", o.dir.c_str(),
+              static_cast<long long>(rows), Text(o) ? "held-out windows" : "test images", o.dataset.c_str(),
+              o.output.c_str());
   std::fflush(stdout);
   return Follow(o, **test, rows);
 }

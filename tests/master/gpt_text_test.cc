@@ -163,6 +163,24 @@ TEST(TextMaster, AGptTrainsOverWorkersAsInOneProcessAndReportsPerplexity) {
     EXPECT_NEAR(piped_test[e], test_losses[e], 1e-4 * test_losses[e]) << "epoch " << e + 1 << "\n" << out;
   }
   EXPECT_TRUE(fs::exists(piped_dir + "/ckpt/text.tokens"));
+  // The evaluator scores the final checkpoint on the held-out windows as
+  // the run's last epoch did, taking the windows' length and the held-out
+  // share from the checkpoint.
+  auto [eval_code, eval_out] = RunProgram({BinDir() + "/evaluator", "--checkpoint-dir", piped_dir + "/ckpt", "--dataset",
+                                           "text:" + text, "--once", "--threads", "1"},
+                                          absl::Seconds(60));
+  ASSERT_EQ(eval_code, 0) << eval_out;
+  EXPECT_THAT(eval_out, HasSubstr("evaluator: --seq-len 16 --val-fraction 0.05, the training's"));
+  const std::vector<double> scored = EpochField(eval_out, "test_loss", "step=");
+  ASSERT_EQ(scored.size(), 1u) << eval_out;
+  EXPECT_NEAR(scored[0], piped_test[1], 1e-4 * piped_test[1]) << eval_out;
+  EXPECT_NEAR(EpochField(eval_out, "test_perplexity", "step=")[0], std::exp(scored[0]), 1e-3 * std::exp(scored[0]));
+  EXPECT_THAT(ReadFile(piped_dir + "/ckpt/eval.jsonl"), HasSubstr("\"test_perplexity\": "));
+  auto [other_code, other_out] = RunProgram({BinDir() + "/evaluator", "--checkpoint-dir", piped_dir + "/ckpt",
+                                             "--dataset", "text:" + text, "--once", "--seq-len", "8"},
+                                            absl::Seconds(60));
+  EXPECT_EQ(other_code, 1) << other_out;
+  EXPECT_THAT(other_out, HasSubstr("was trained on windows of 16 tokens; the evaluator's --seq-len is 8"));
   const std::vector<double> piped_step_tests = EpochField(out, "test_loss", "step=");
   ASSERT_EQ(piped_step_tests.size(), 2u) << out;
   for (size_t k = 0; k < 2; ++k) EXPECT_NEAR(piped_step_tests[k], step_test_losses[k], 1e-4 * step_test_losses[k]);
@@ -357,6 +375,17 @@ TEST(TextMaster, ASentencePieceTokenizerTrainsOverWorkersAsInOneProcessAndGenera
     argv.insert(argv.end(), more.begin(), more.end());
     return RunProgram(argv, absl::Seconds(60));
   };
+  // The evaluator reads the held-out text with the run's tokenizer (from
+  // the checkpoint) and scores it as the run's last epoch did.
+  auto [eval_code, eval_out] = RunProgram(
+      {BinDir() + "/evaluator", "--checkpoint-dir", dir + "/piped", "--dataset", "text:" + text, "--once"},
+      absl::Seconds(60));
+  ASSERT_EQ(eval_code, 0) << eval_out;
+  EXPECT_THAT(eval_out, HasSubstr("--tokenizer " + model + ", the training's"));
+  ASSERT_EQ(EpochField(eval_out, "test_loss", "step=").size(), 1u) << eval_out;
+  EXPECT_NEAR(EpochField(eval_out, "test_loss", "step=")[0], EpochField(out, "test_loss")[1],
+              1e-4 * EpochField(out, "test_loss")[1])
+      << eval_out;
   auto [gen_code, sample] = generate({"--tokenizer", model});
   ASSERT_EQ(gen_code, 0) << sample;
   const std::string sampled = sample.substr(sample.find('\n') + 1);
