@@ -83,6 +83,10 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
                 "reproducible kernels in this process and on every worker, as PyTorch's "
                 "use_deterministic_algorithms (cuDNN's deterministic algorithms, no cuDNN benchmark, cuBLAS's "
                 "fixed workspace); operations without a deterministic kernel warn; GPU steps may be slower");
+  flags.AddDouble("clip-grad-norm", &c.clip_grad_norm,
+                  "clip each step's gradients to this norm over the whole model, as torch.nn.utils.clip_grad_norm_ "
+                  "(each worker's share of the squared norm goes to the pipeline's other workers; with --replicas "
+                  "after their sum); 0: no clipping. Not with --mode ps or --zero 1 yet");
   flags.AddBool("recompute", &c.recompute,
                 "activation recomputation: each stage's training forward pass keeps only its input and runs again "
                 "in its backward pass, for the same gradients with less memory held between the two (the summary's "

@@ -57,6 +57,7 @@ absl::Status CheckValues(const Flags& f, const RunOptions& c) {
     return Bad(absl::StrCat("--optimizer must be sgd, adam or adamw; got '", c.optimizer, "'"));
   }
   if (!(c.weight_decay >= 0)) return Bad("--weight-decay must be 0 or more");
+  if (!(c.clip_grad_norm >= 0)) return Bad("--clip-grad-norm must be 0 (no clipping) or more");
   if (c.epochs < 1) return Bad("--epochs must be >= 1");
   if (auto kind = optim::LrScheduleKindNamed(c.lr_schedule); !kind.ok()) {
     return Bad(absl::StrCat("--lr-schedule must be constant, cosine or linear; got '", c.lr_schedule, "'"));
@@ -420,6 +421,10 @@ absl::StatusOr<CommandLine> Check(Flags f) {
                             "cut it where --split-at says"));
   }
   if (c.zero != 0 && c.zero != 1) return Bad("--zero must be 0 or 1");
+  if (c.clip_grad_norm > 0 && !c.local && (line.ps_mode || (c.zero == 1 && c.replicas > 1))) {
+    return Bad(absl::StrCat("--clip-grad-norm with ", line.ps_mode ? "--mode ps" : "--zero 1",
+                            " is not built yet: clip in a pipeline (with --replicas, ZeRO-1 off) or --local"));
+  }
   if (auto s = launch::CheckAtLeast({{"replicas", c.replicas, 1},
                                      {"bucket-mb", c.bucket_mb, 1},
                                      {"collective-timeout", c.collective_timeout, 1}});

@@ -92,6 +92,7 @@ absl::StatusOr<std::unique_ptr<LocalRun>> LocalRun::Create(const RunOptions& c, 
   o.optimizer = OptimizerOf(c);
   o.micro_batches = splits;
   o.device = c.device;
+  o.clip_grad_norm = c.clip_grad_norm;
   ASSIGN_OR_RETURN(auto trainer, train::LocalTrainer::Create(std::move(o)));
   return std::unique_ptr<LocalRun>(new LocalRun(c, splits, std::move(trainer)));
 }
@@ -251,6 +252,7 @@ absl::StatusOr<std::unique_ptr<train::PipelineTrainer>> CreatePipeline(
   o.pipeline.loss = Loss(c);
   o.pipeline.optimizer = OptimizerOf(c);
   o.pipeline.seed = static_cast<uint64_t>(c.seed);
+  o.pipeline.clip_grad_norm = c.clip_grad_norm;
   o.replicas = c.replicas;
   o.bucket_bytes = int64_t{c.bucket_mb} << 20;
   o.overlap = c.overlap;
@@ -314,6 +316,7 @@ checkpoint::RunIdentity IdentityOf(const RunOptions& c, int splits) {
                                                                    : absl::StrCat("sgd lr=", o.lr, " momentum=",
                                                                                   o.momentum);
   if (o.kind == optim::OptimizerOptions::Kind::kAdamW && o.decay_all) absl::StrAppend(&id.optimizer, " decay-all");
+  if (c.clip_grad_norm > 0) absl::StrAppend(&id.optimizer, " clip-grad-norm=", c.clip_grad_norm);
   if (o.schedule.scheduled()) absl::StrAppend(&id.optimizer, " lr-schedule=", DescribeSchedule(o));
   id.schedule = c.schedule;
   id.micro_batches = splits;

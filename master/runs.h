@@ -133,6 +133,7 @@ struct RunOptions {
   std::string optimizer = "sgd";  // or adam, adamw
   double weight_decay = 0.1;       // AdamW's decoupled weight decay (--weight-decay)
   bool decay_all = false;          // --decay-all: biases and norm weights decay too
+  double clip_grad_norm = 0;       // --clip-grad-norm: the whole model's gradient norm at most this (0: off)
   double momentum = 0.9;          // SGD's, with --dataset and --model
   // The learning rate by step (optim/lr_schedule.h): --lr-schedule
   // constant, cosine or linear after --warmup-steps, down to --min-lr

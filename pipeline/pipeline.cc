@@ -6,8 +6,6 @@
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/List.h>
-#include <ATen/ops/cross_entropy_loss.h>
-#include <ATen/ops/mse_loss.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -20,75 +18,6 @@
 #include "pipeline/protocol.h"
 
 namespace remora::pipeline {
-
-namespace {
-
-// The process's named losses.
-struct LossTable {
-  absl::Mutex mu;
-  std::map<std::string, LossFn::Fn> fns ABSL_GUARDED_BY(mu);
-};
-
-LossTable& Losses() {
-  static LossTable* table = [] {
-    auto* t = new LossTable;  // never destroyed
-    MutexLock lock(t->mu);
-    t->fns["mse"] = [](const c10::IValue& out, const c10::IValue& target) {
-      return at::mse_loss(out.toTensor(), target.toTensor());
-    };
-    t->fns["cross_entropy"] = [](const c10::IValue& out, const c10::IValue& target) {
-      return at::cross_entropy_loss(out.toTensor(), target.toTensor());
-    };
-    // (CausalLmLoss: pipeline.h.)
-    t->fns["causal_lm"] = [](const c10::IValue& out, const c10::IValue& target) {
-      const at::Tensor logits = out.toTensor();
-      return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), target.toTensor().reshape({-1}));
-    };
-    return t;
-  }();
-  return *table;
-}
-
-}  // namespace
-
-LossFn LossFn::Named(const std::string& name) {
-  LossTable& table = Losses();
-  MutexLock lock(table.mu);
-  auto it = table.fns.find(name);
-  if (it == table.fns.end()) return LossFn();
-  LossFn loss(it->second);
-  loss.name_ = name;
-  return loss;
-}
-
-absl::StatusOr<at::Tensor> LossFn::Compute(const c10::IValue& output, const c10::IValue& target) const {
-  try {
-    return fn_(output, target);
-  } catch (...) {
-    auto shape = [](const c10::IValue& v) {
-      return v.isTensor() ? absl::StrCat("[", absl::StrJoin(v.toTensor().sizes(), ", "), "]") : v.tagKind();
-    };
-    return StatusFromCurrentException(absl::StrCat("the loss", name_.empty() ? "" : absl::StrCat(" '", name_, "'"),
-                                                   " of an output of ", shape(output), " against targets of ",
-                                                   shape(target)));
-  }
-}
-
-absl::Status RegisterLoss(const std::string& name, LossFn::Fn fn) {
-  if (name.empty() || !fn) return absl::InvalidArgumentError("RegisterLoss: a name and a function");
-  LossTable& table = Losses();
-  MutexLock lock(table.mu);
-  if (!table.fns.emplace(name, std::move(fn)).second) {
-    return absl::AlreadyExistsError(absl::StrCat("a loss named '", name, "' is already registered"));
-  }
-  return absl::OkStatus();
-}
-
-LossFn MseLoss() { return LossFn::Named("mse"); }
-LossFn CrossEntropyLoss() { return LossFn::Named("cross_entropy"); }
-LossFn CausalLmLoss() { return LossFn::Named("causal_lm"); }
-
-// --- the pipeline ----------------------------------------------------------------
 
 namespace {
 
@@ -151,6 +80,10 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(Agent& agent, Pipelin
         "workers, a count that divides ", S, ", or make the model one stage"));
   }
   if (!o.loss) return absl::InvalidArgumentError("pipeline: no loss function given");
+  if (!(o.clip_grad_norm >= 0) || (o.clip_grad_norm > 0 && o.loss.name().empty())) {
+    return absl::InvalidArgumentError("pipeline: clip_grad_norm must be 0 or more, and above 0 needs a named loss "
+                                      "(pipeline::RegisterLoss: the workers' step runners clip)");
+  }
   // What the master must have set up, checked before anything is placed.
   RETURN_IF_ERROR(dist_autograd::CheckEnabled(agent, "making a pipeline"));
   for (const std::string& w : o.workers) {
@@ -226,6 +159,7 @@ absl::Status Pipeline::MakeRunners() {
     r.order = FlatOrder(schedule_.actions[w]);
     for (int k = w; k < S; k += n) r.stages.push_back(stages_[k].ToIValue());
     r.loss = options_.loss.name();
+    r.clip_grad_norm = options_.clip_grad_norm;
     ASSIGN_OR_RETURN(WorkerInfo info, agent_.worker(workers_[w]));
     for (const RRef& o : optimizer_->owners()) {
       if (o.owner() == info.id) r.optimizer = o.ToIValue();

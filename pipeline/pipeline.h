@@ -220,6 +220,13 @@ struct PipelineOptions {
   // placed (SeedWorkers), so that dropout draws the same numbers in two
   // runs with the same seed.
   std::optional<uint64_t> seed;
+  // Above 0: each step's gradients are scaled so that their norm over the
+  // whole model (every stage) is at most this, as
+  // torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
+  // before the optimizer steps: each worker adds up its squared norm and
+  // sends it to the pipeline's other workers (one message to each a step).
+  // Needs a named loss (the step runners); with replicas, after their sum.
+  double clip_grad_norm = 0;
 };
 
 // Seeds the random generators (CPU and every CUDA device's) of each of

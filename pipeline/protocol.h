@@ -23,6 +23,22 @@
 
 namespace remora::pipeline {
 
+// --- worker -> worker: a step's gradient norm ---------------------------------
+
+// This worker's share of batch `context`'s squared gradient norm (the sum
+// over its parameters of each one's squared norm), to every other worker
+// of the pipeline (PipelineOptions::clip_grad_norm).
+struct GradNormRequest {
+  static constexpr char kFunction[] = "remora.pipeline.grad_norm";
+  int64_t runner = 0;
+  int64_t context = 0;
+  double squared = 0;
+  template <typename Fields>
+  void Visit(Fields& f) {
+    f("runner", runner)("context", context)("squared", squared);
+  }
+};
+
 // --- master -> worker: setting up --------------------------------------------
 
 // A step runner on a worker: its stages, its share of the schedule, the
@@ -36,10 +52,11 @@ struct MakeRunnerRequest {
   std::vector<c10::IValue> stages;  // RRefs of the stages this worker owns
   std::string loss;  // the registered loss's name
   c10::IValue optimizer;  // an RRef of this worker's optimizer, or None
+  double clip_grad_norm = 0;  // PipelineOptions::clip_grad_norm
   template <typename Fields>
   void Visit(Fields& f) {
     f("runner", runner)("stage_workers", stage_workers)("micro_batches", micro_batches)("order", order)(
-        "stages", stages)("loss", loss)("optimizer", optimizer);
+        "stages", stages)("loss", loss)("optimizer", optimizer)("clip_grad_norm", clip_grad_norm);
   }
 };
 

@@ -19,6 +19,7 @@
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
 #include "optim/distributed_optimizer.h"
+#include "pipeline/grad_clip.h"
 #include "pipeline/microbatch.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/protocol.h"
@@ -241,6 +242,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
 
   void Abandon(int64_t context) {
     if (evals_->Abandon(context)) return;
+    if (plan_->clip_grad_norm > 0) AbandonGradNorm(plan_->id, context);
     std::shared_ptr<Batch> b;
     {
       MutexLock lock(mu_);
@@ -251,6 +253,15 @@ class Runner : public std::enable_shared_from_this<Runner> {
   }
 
  private:
+  // The pipeline's other workers.
+  std::vector<std::string> Peers() const {
+    std::vector<std::string> peers;
+    for (const std::string& w : plan_->stage_workers) {
+      if (w != agent_.self().name && std::find(peers.begin(), peers.end(), w) == peers.end()) peers.push_back(w);
+    }
+    return peers;
+  }
+
   // Starts the queued batch whose turn it is, if any: none runs here and
   // the batch it waits for has ended.
   void StartReady() {
@@ -420,6 +431,15 @@ class Runner : public std::enable_shared_from_this<Runner> {
             absl::StrCat("summing the gradients over the replicas on worker '", agent_.self().name, "'"));
       }
     }
+    if (status.ok() && plan_->clip_grad_norm > 0) {
+      if (participant && participant->Steps()) {
+        status = absl::UnimplementedError(absl::StrCat(
+            "worker '", agent_.self().name, "': clipping the gradients with ZeRO-1's sharded optimizer is not "
+            "built yet: leave clip_grad_norm at 0, or ZeRO-1 off"));
+      } else {
+        status = ClipGradients(agent_, plan_->id, Peers(), b->context, plan_->clip_grad_norm).status();
+      }
+    }
     if (status.ok() && plan_->optimizer && !(participant && participant->Steps())) {
       status = optim::StepHere(agent_, *plan_->optimizer, b->context);
     }
@@ -505,6 +525,7 @@ c10::IValue MakeRunner(CallContext& ctx, const Args& a) {
   plan.id = r.runner;
   plan.stage_workers = r.stage_workers;
   plan.micro_batches = r.micro_batches;
+  plan.clip_grad_norm = r.clip_grad_norm;
   if (r.order.size() % 3 != 0) throw std::invalid_argument("make_runner: a flat list of triples");
   for (size_t i = 0; i < r.order.size(); i += 3) {
     plan.actions.push_back(LaneAction{-1, r.order[i], r.order[i + 1], r.order[i + 2] != 0});
@@ -560,6 +581,7 @@ absl::Status AttachToRunner(int64_t runner_id, std::shared_ptr<StepParticipant> 
 
 absl::Status RegisterRunnerFunctions(Registry& registry) {
   RETURN_IF_ERROR(registry.RegisterFunction(MakeRunnerRequest::kFunction, MakeRunner));
+  RETURN_IF_ERROR(RegisterGradNormFunction(registry));
   RETURN_IF_ERROR(registry.RegisterAsyncFunction(
       RunRequest::kFunction, [](CallContext& ctx, const Args& a) -> Future<c10::IValue> {
         const auto r = DecodeCallOrThrow<RunRequest>(a);

@@ -33,6 +33,7 @@ struct RunnerPlan {
   std::map<int64_t, LocalStage> stages;    // this worker's, by index
   LossFn loss;                             // empty unless the last stage is here
   std::optional<RRef> optimizer;           // this worker's LocalOptimizer
+  double clip_grad_norm = 0;               // PipelineOptions::clip_grad_norm
 
   int num_stages() const { return static_cast<int>(stage_workers.size()); }
   bool hosts(int64_t stage) const { return stages.count(stage) > 0; }

@@ -4,6 +4,7 @@
 
 #include <ATen/ops/empty.h>
 #include <c10/core/GradMode.h>
+#include <torch/nn/utils/clip_grad.h>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_util.h"
@@ -76,6 +77,7 @@ absl::StatusOr<double> LocalTrainer::Train(const at::Tensor& cpu_x, const at::Te
     }
     const int64_t s0 = trace::NowUs();
     phase = Phase::kStep;
+    if (options_.clip_grad_norm > 0) torch::nn::utils::clip_grad_norm_(optimizer_->parameters(), options_.clip_grad_norm);
     optimizer_->step();
     if (slices) slices("step", -1, s0, trace::NowUs());
   } catch (...) {

@@ -40,6 +40,9 @@ struct LocalOptions {
   optim::OptimizerOptions optimizer = optim::OptimizerOptions::SGD(0.05);
   int micro_batches = 1;  // a batch's gradient summed over this many parts, as a pipeline's
   std::string device = "cpu";
+  // Above 0: torch::nn::utils::clip_grad_norm_ over the whole model before
+  // each step (pipeline::PipelineOptions::clip_grad_norm's one process).
+  double clip_grad_norm = 0;
 };
 
 class LocalTrainer final : public Trainer {

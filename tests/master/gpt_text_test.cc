@@ -302,7 +302,9 @@ TEST(TextMaster, AScriptedLanguageModelIsCutAtItsBlocksAndTrainsAsInOneProcess) 
 
 // --tokenizer: the text as a SentencePiece model's tokens (spm_train made
 // it), on the master and the workers alike; the GPT's vocabulary is the
-// model's; generate reads and writes text through it.
+// model's; generate reads and writes text through it. The runs train with
+// AdamW (the matrices decaying) and the gradients clipped over the whole
+// model, in one process as over the workers.
 TEST(TextMaster, ASentencePieceTokenizerTrainsOverWorkersAsInOneProcessAndGenerateSpeaksIt) {
   if (std::system("command -v spm_train >/dev/null 2>&1") != 0) {
     GTEST_SKIP() << "spm_train (Debian's sentencepiece) is not installed";
@@ -316,7 +318,8 @@ TEST(TextMaster, ASentencePieceTokenizerTrainsOverWorkersAsInOneProcessAndGenera
   const std::string model = dir + "/spm.model";
   const std::vector<std::string> common = {"--dataset", "text:" + text, "--tokenizer", model, "--layers", "1",
                                            "--d-model", "16", "--heads", "2", "--seq-len", "8", "--batch-size", "8",
-                                           "--epochs", "2", "--train-rows", "32", "--seed", "3"};
+                                           "--epochs", "2", "--train-rows", "32", "--seed", "3",
+                                           "--optimizer", "adamw", "--clip-grad-norm", "0.5"};
   auto master = [&](std::vector<std::string> args) {
     args.insert(args.begin(), BinDir() + "/master");
     args.insert(args.end(), common.begin(), common.end());

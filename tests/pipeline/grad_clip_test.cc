@@ -1,0 +1,125 @@
+// Global gradient-norm clipping over a pipeline's workers
+// (PipelineOptions::clip_grad_norm, pipeline/grad_clip.h) against the same
+// model trained in one process with torch::nn::utils::clip_grad_norm_.
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/ops/mse_loss.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/sgd.h>
+
+#include "absl/strings/str_cat.h"
+#include "pipeline/pipeline.h"
+#include "shards/mlp.h"
+#include "tests/support/pipeline_fixtures.h"
+
+namespace remora::pipeline {
+namespace {
+
+using test_support::Mlp;
+using test_support::MlpSpec;
+using test_support::RelativeError;
+using ::testing::HasSubstr;
+using Workers = test_support::TestWorkers;
+
+// The MLP stages in one process, SGD with momentum, each step's gradients
+// clipped to `max_norm` over the whole model: the losses, the norms before
+// clipping, and each stage's state after the last step.
+struct Clipped {
+  std::vector<double> losses, norms;
+  std::vector<std::vector<at::Tensor>> state;
+};
+Clipped TrainLocally(const std::vector<shards::MLPStageOptions>& stages,
+                     const std::vector<std::pair<at::Tensor, at::Tensor>>& data, double max_norm) {
+  std::vector<torch::nn::Sequential> local;
+  std::vector<at::Tensor> params;
+  for (const auto& s : stages) {
+    local.push_back(shards::MakeMLPStage(s));
+    for (const auto& p : local.back()->parameters()) params.push_back(p);
+  }
+  torch::optim::SGD opt(params, torch::optim::SGDOptions(0.05).momentum(0.9));
+  Clipped run;
+  for (const auto& [x, t] : data) {
+    opt.zero_grad();
+    at::Tensor y = x;
+    for (auto& m : local) y = m->forward(y);
+    at::Tensor l = at::mse_loss(y, t);
+    l.backward();
+    run.norms.push_back(torch::nn::utils::clip_grad_norm_(params, max_norm));
+    opt.step();
+    run.losses.push_back(l.item<double>());
+  }
+  for (auto& m : local) run.state.push_back(shards::ModuleState(*m));
+  return run;
+}
+
+// Two and four stages over two workers (1F1B, interleaved), the norm
+// clipped in every step: the losses and parameters are one process's
+// (within rounding: each worker adds up its own share of the norm). The
+// same runs without clipping end elsewhere, so the clipping is what the
+// comparison checks.
+TEST(GradClip, APipelineClipsAsClipGradNormOverTheWholeModel) {
+  Workers workers;
+  const auto data = test_support::RandomBatches(4, 10, 8, 4);
+  const double max_norm = 0.05;
+  struct Case {
+    std::string schedule;
+    std::vector<shards::MLPStageOptions> stages;
+  };
+  const std::vector<Case> cases = {
+      {"1f1b", {Mlp(8, 16, 1), Mlp(16, 4, 2, false)}},
+      {"interleaved", {Mlp(8, 16, 1), Mlp(16, 12, 2), Mlp(12, 16, 3), Mlp(16, 4, 4, false)}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.schedule);
+    const Clipped local = TrainLocally(c.stages, data, max_norm);
+    for (double n : local.norms) EXPECT_GT(n, 2 * max_norm) << "every step is clipped";
+    for (double clip : {max_norm, 0.0}) {
+      PipelineOptions o;
+      for (const auto& s : c.stages) o.stages.push_back(MlpSpec(s));
+      o.workers = {"w1", "w2"};
+      o.schedule = c.schedule;
+      o.micro_batches = 4;
+      o.loss = MseLoss();
+      o.optimizer = optim::OptimizerOptions::SGD(0.05).set_momentum(0.9);
+      o.clip_grad_norm = clip;
+      auto pipe = Pipeline::Create(workers.master(), o);
+      ASSERT_TRUE(pipe.ok()) << pipe.status();
+      for (size_t i = 0; i < data.size(); ++i) {
+        auto loss = (*pipe)->train_step(data[i].first, data[i].second);
+        ASSERT_TRUE(loss.ok()) << loss.status();
+        if (clip > 0) EXPECT_NEAR(*loss, local.losses[i], 1e-5 * std::abs(local.losses[i])) << "step " << i;
+      }
+      double farthest = 0;
+      for (size_t k = 0; k < local.state.size(); ++k) {
+        auto state = (*pipe)->stage_state(static_cast<int>(k));
+        ASSERT_TRUE(state.ok()) << state.status();
+        ASSERT_EQ(state->size(), local.state[k].size());
+        for (size_t j = 0; j < state->size(); ++j) {
+          const double e = RelativeError((*state)[j], local.state[k][j]);
+          farthest = std::max(farthest, e);
+          if (clip > 0) EXPECT_LT(e, 1e-5) << "stage " << k << " tensor " << j;
+        }
+      }
+      if (clip == 0) EXPECT_GT(farthest, 1e-3) << "without clipping the run ends elsewhere";
+    }
+  }
+  for (const char* w : {"w1", "w2"}) {
+    EXPECT_EQ(workers.master().rpc_sync(w, "remora.autograd.num_contexts").value().toInt(), 0) << w;
+  }
+  PipelineOptions bad;
+  bad.stages = {MlpSpec(Mlp(8, 4, 1))};
+  bad.workers = {"w1"};
+  bad.loss = MseLoss();
+  bad.clip_grad_norm = -1;
+  EXPECT_THAT(std::string(Pipeline::Create(workers.master(), bad).status().message()),
+              HasSubstr("clip_grad_norm must be 0 or more"));
+}
+
+}  // namespace
+}  // namespace remora::pipeline
