@@ -205,10 +205,10 @@ absl::StatusOr<std::vector<int64_t>> ParseIds(const std::string& ids, int64_t vo
   return out;
 }
 
-// The ids of `files`' text, all lines of all files in turn.
-absl::StatusOr<std::vector<int64_t>> EncodeFiles(const std::string& model, const std::vector<std::string>& files,
-                                                 const std::string& near) {
-  ASSIGN_OR_RETURN(const int64_t vocab, SentencePieceVocab(model));
+// The ids of `files`' text, all lines of all files in turn, each checked
+// against the model's `vocab`.
+absl::StatusOr<std::vector<int64_t>> EncodeFiles(const std::string& model, int64_t vocab,
+                                                 const std::vector<std::string>& files, const std::string& near) {
   TempFile out(near, "spm-ids");
   if (out.path().empty()) return absl::InternalError("cannot make a temporary file for spm_encode's tokens");
   std::vector<std::string> argv = {"spm_encode", absl::StrCat("--model=", model), "--output_format=id",
@@ -247,7 +247,8 @@ absl::StatusOr<std::vector<int64_t>> SentencePieceEncode(const std::string& mode
   TempFile in("", "spm-text");
   if (in.path().empty()) return absl::InternalError("cannot make a temporary file for spm_encode");
   RETURN_IF_ERROR(WriteFile(in.path(), text));
-  return EncodeFiles(model, {in.path()}, "");
+  ASSIGN_OR_RETURN(const int64_t vocab, SentencePieceVocab(model));
+  return EncodeFiles(model, vocab, {in.path()}, "");
 }
 
 absl::StatusOr<std::string> SentencePieceDecode(const std::string& model, const std::vector<int64_t>& tokens) {
@@ -297,7 +298,7 @@ absl::StatusOr<std::shared_ptr<const TextCorpus>> TextCorpus::Open(const std::st
     } else {
       std::vector<std::string> names;
       for (const fs::path& f : files) names.push_back(f.string());
-      ASSIGN_OR_RETURN(const std::vector<int64_t> ids, EncodeFiles(tokenizer, names, cache));
+      ASSIGN_OR_RETURN(const std::vector<int64_t> ids, EncodeFiles(tokenizer, corpus->vocab_, names, cache));
       if (ids.empty()) {
         return absl::InvalidArgumentError(
             absl::StrCat("text ", path, " is no tokens under --tokenizer ", tokenizer, ": only white space?"));

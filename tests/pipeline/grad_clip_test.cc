@@ -1,21 +1,18 @@
 // Global gradient-norm clipping over a pipeline's workers
 // (PipelineOptions::clip_grad_norm, pipeline/grad_clip.h) against the same
-// model trained in one process with torch::nn::utils::clip_grad_norm_.
+// model trained in one process with torch::nn::utils::clip_grad_norm_
+// (test_support::TrainMlpLocally).
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include <ATen/ops/mse_loss.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <torch/nn/modules/container/sequential.h>
-#include <torch/nn/utils/clip_grad.h>
-#include <torch/optim/sgd.h>
 
 #include "absl/strings/str_cat.h"
 #include "pipeline/pipeline.h"
-#include "shards/mlp.h"
 #include "tests/support/pipeline_fixtures.h"
 
 namespace remora::pipeline {
@@ -26,37 +23,6 @@ using test_support::MlpSpec;
 using test_support::RelativeError;
 using ::testing::HasSubstr;
 using Workers = test_support::TestWorkers;
-
-// The MLP stages in one process, SGD with momentum, each step's gradients
-// clipped to `max_norm` over the whole model: the losses, the norms before
-// clipping, and each stage's state after the last step.
-struct Clipped {
-  std::vector<double> losses, norms;
-  std::vector<std::vector<at::Tensor>> state;
-};
-Clipped TrainLocally(const std::vector<shards::MLPStageOptions>& stages,
-                     const std::vector<std::pair<at::Tensor, at::Tensor>>& data, double max_norm) {
-  std::vector<torch::nn::Sequential> local;
-  std::vector<at::Tensor> params;
-  for (const auto& s : stages) {
-    local.push_back(shards::MakeMLPStage(s));
-    for (const auto& p : local.back()->parameters()) params.push_back(p);
-  }
-  torch::optim::SGD opt(params, torch::optim::SGDOptions(0.05).momentum(0.9));
-  Clipped run;
-  for (const auto& [x, t] : data) {
-    opt.zero_grad();
-    at::Tensor y = x;
-    for (auto& m : local) y = m->forward(y);
-    at::Tensor l = at::mse_loss(y, t);
-    l.backward();
-    run.norms.push_back(torch::nn::utils::clip_grad_norm_(params, max_norm));
-    opt.step();
-    run.losses.push_back(l.item<double>());
-  }
-  for (auto& m : local) run.state.push_back(shards::ModuleState(*m));
-  return run;
-}
 
 // Two and four stages over two workers (1F1B, interleaved), the norm
 // clipped in every step: the losses and parameters are one process's
@@ -77,7 +43,7 @@ TEST(GradClip, APipelineClipsAsClipGradNormOverTheWholeModel) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.schedule);
-    const Clipped local = TrainLocally(c.stages, data, max_norm);
+    const test_support::LocalRun local = test_support::TrainMlpLocally(c.stages, data, max_norm);
     for (double n : local.norms) EXPECT_GT(n, 2 * max_norm) << "every step is clipped";
     for (double clip : {max_norm, 0.0}) {
       PipelineOptions o;

@@ -10,6 +10,7 @@
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
 #include <gtest/gtest.h>
+#include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/sgd.h>
 
 #include "tests/support/test_functions.h"
@@ -72,7 +73,7 @@ double RelativeError(const at::Tensor& a, const at::Tensor& b) {
 }
 
 LocalRun TrainMlpLocally(const std::vector<shards::MLPStageOptions>& stages,
-                         const std::vector<std::pair<at::Tensor, at::Tensor>>& data) {
+                         const std::vector<std::pair<at::Tensor, at::Tensor>>& data, double clip_grad_norm) {
   std::vector<torch::nn::Sequential> local;
   std::vector<at::Tensor> params;
   for (const auto& s : stages) {
@@ -87,6 +88,7 @@ LocalRun TrainMlpLocally(const std::vector<shards::MLPStageOptions>& stages,
     for (auto& m : local) y = m->forward(y);
     at::Tensor l = at::mse_loss(y, t);
     l.backward();
+    if (clip_grad_norm > 0) run.norms.push_back(torch::nn::utils::clip_grad_norm_(params, clip_grad_norm));
     opt.step();
     run.losses.push_back(l.item<double>());
   }

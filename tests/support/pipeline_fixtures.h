@@ -59,13 +59,16 @@ double RelativeError(const at::Tensor& a, const at::Tensor& b);
 
 // The MLP stages trained in one process on whole batches, with MSE and
 // SGD (lr 0.05, momentum 0.9): each step's loss and, per stage, its
-// parameters then buffers after the last step.
+// parameters then buffers after the last step. With `clip_grad_norm`
+// above 0, each step's gradients are clipped to it over the whole model
+// (torch::nn::utils::clip_grad_norm_), whose norms before clipping are kept.
 struct LocalRun {
   std::vector<double> losses;
   std::vector<std::vector<at::Tensor>> state;
+  std::vector<double> norms;  // with clip_grad_norm
 };
 LocalRun TrainMlpLocally(const std::vector<shards::MLPStageOptions>& stages,
-                         const std::vector<std::pair<at::Tensor, at::Tensor>>& data);
+                         const std::vector<std::pair<at::Tensor, at::Tensor>>& data, double clip_grad_norm = 0);
 
 // A learnable toy IDX dataset in `dir` (master --dataset idx:DIR): class c
 // is a bright 6x6 square at one of ten places, on noise.
