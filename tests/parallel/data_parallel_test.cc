@@ -99,7 +99,9 @@ void ExpectParity(Agent& master, const std::vector<std::string>& workers, int re
                             " workers, overlap ", overlap));
   // 18 rows: the replicas' shares of a micro-batch differ by a row.
   const auto data = Data(3, 18, 6, 3);
-  auto [want_losses, want_state] = test_support::TrainMlpLocally(stages, data);
+  const test_support::LocalRun want = test_support::TrainMlpLocally(stages, data);
+  const std::vector<double>& want_losses = want.losses;
+  const std::vector<std::vector<at::Tensor>>& want_state = want.state;
   DataParallelOptions o;
   for (const auto& s : stages) {
     o.pipeline.stages.push_back(Spec(s));
