@@ -134,6 +134,10 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
   flags.AddInt("layers", &c.layers, "with --dataset text:PATH: the GPT's decoder blocks");
   flags.AddInt("d-model", &c.d_model, "with --dataset text:PATH: the GPT's width (a multiple of --heads)");
   flags.AddInt("heads", &c.heads, "with --dataset text:PATH: the GPT's attention heads");
+  flags.AddBool("tie-embeddings", &c.tie_embeddings,
+                "with --dataset text:PATH: the GPT's head is its token embedding's weight, as nanoGPT's (over "
+                "workers the first and the last stage each hold a copy, their gradients summed every step so they "
+                "stay equal); false: a head of its own");
   flags.AddInt("seq-len", &c.seq_len,
                "with --dataset text:PATH: tokens a training window (the GPT's context), each window's targets the "
                "tokens one further on");

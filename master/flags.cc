@@ -98,6 +98,13 @@ absl::Status CheckValues(const Flags& f, const RunOptions& c) {
     return Bad("--val-fraction holds images out of an image folder's training images (or the tail of a text): "
                "give --dataset imagefolder:DIR or text:PATH (the other datasets have their own test set)");
   }
+  if (c.tie_embeddings && f.given.count("tie-embeddings") && !TrainsGpt(c)) {
+    return Bad(absl::StrCat(
+        "--tie-embeddings ties the built-in GPT's token embedding and head (--dataset text:PATH without --model); ",
+        c.model.empty() ? "this run trains no GPT" : "a --model's stages are trained as they were written: tie its "
+                                                      "weights in the model itself (nanoGPT's lm_head.weight = "
+                                                      "wte.weight) and cut it as one stage, or leave the flag off"));
+  }
   if (ReadsText(c)) {
     RETURN_IF_ERROR(launch::CheckAtLeast(
         {{"layers", c.layers, 1}, {"d-model", c.d_model, 1}, {"heads", c.heads, 1}, {"seq-len", c.seq_len, 1}}));
@@ -424,6 +431,11 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   if (c.clip_grad_norm > 0 && !c.local && (line.ps_mode || (c.zero == 1 && c.replicas > 1))) {
     return Bad(absl::StrCat("--clip-grad-norm with ", line.ps_mode ? "--mode ps" : "--zero 1",
                             " is not built yet: clip in a pipeline (with --replicas, ZeRO-1 off) or --local"));
+  }
+  if (TrainsGpt(c) && c.tie_embeddings && !c.local && !line.ps_mode && c.zero == 1 && c.replicas > 1 &&
+      c.workers.size() > 1) {
+    return Bad("the GPT's tied embeddings (on by default) over several stages with --zero 1 are not built yet: add "
+               "--tie-embeddings=false, leave ZeRO-1 off, or give one worker per replica");
   }
   if (auto s = launch::CheckAtLeast({{"replicas", c.replicas, 1},
                                      {"bucket-mb", c.bucket_mb, 1},

@@ -78,6 +78,7 @@ pipeline::StageSpec GptPart(const RunOptions& c, int64_t first, int64_t last) {
   a.first = first;
   a.last = last;
   a.seed = c.seed;
+  a.tie = c.tie_embeddings ? 1 : 0;
   return pipeline::StageSpec::Registered(shards::GptArgs::kFunction, EncodeCall(a));
 }
 

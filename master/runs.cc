@@ -253,6 +253,10 @@ absl::StatusOr<std::unique_ptr<train::PipelineTrainer>> CreatePipeline(
   o.pipeline.optimizer = OptimizerOf(c);
   o.pipeline.seed = static_cast<uint64_t>(c.seed);
   o.pipeline.clip_grad_norm = c.clip_grad_norm;
+  if (TrainsGpt(c) && c.tie_embeddings && stages.size() > 1) {
+    o.pipeline.tied_first = shards::kGptTiedFirst;
+    o.pipeline.tied_last = shards::kGptTiedLast;
+  }
   o.replicas = c.replicas;
   o.bucket_bytes = int64_t{c.bucket_mb} << 20;
   o.overlap = c.overlap;
@@ -288,7 +292,7 @@ checkpoint::RunIdentity IdentityOf(const RunOptions& c, int splits) {
     id.model = TrainsSmallCnn(c) ? "small-cnn"
                : TrainsGpt(c)
                    ? absl::StrCat("gpt layers=", c.layers, " d-model=", c.d_model, " heads=", c.heads,
-                                  " seq-len=", c.seq_len)
+                                  " seq-len=", c.seq_len, c.tie_embeddings ? " tie-embeddings" : "")
                    : absl::StrCat("resnet50 image-size=", c.image_size);
   }
   if (c.dataset.empty()) {

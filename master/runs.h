@@ -112,6 +112,10 @@ struct RunOptions {
   int d_model = 128;
   int heads = 4;
   int seq_len = 64;
+  // --tie-embeddings: the GPT's head is its token embedding's weight (one
+  // parameter in one process; over workers a copy on each end, their
+  // gradients summed each step: pipeline::PipelineOptions::tied_first).
+  bool tie_embeddings = true;
   // A device's peak TFLOP/s for the model FLOPs utilisation of a GPT run
   // (--peak-tflops; 0: not given, none printed).
   double peak_tflops = 0;

@@ -30,9 +30,10 @@ std::string UnusedFlags(const std::set<std::string>& given, const RunOptions& c)
                         : "with an in-memory --dataset: they are for imagefolder:DIR");
   }
   if (!ReadsText(c)) {
-    unused({"layers", "d-model", "heads", "seq-len", "peak-tflops"}, "without --dataset text:PATH: they size the GPT");
+    unused({"layers", "d-model", "heads", "seq-len", "peak-tflops", "tie-embeddings"},
+           "without --dataset text:PATH: they size the GPT");
   } else if (!TrainsGpt(c)) {
-    unused({"layers", "d-model", "heads", "peak-tflops"}, "with --model: they size the built-in GPT");
+    unused({"layers", "d-model", "heads", "peak-tflops", "tie-embeddings"}, "with --model: they size the built-in GPT");
   }
   if (c.checkpoint_dir.empty()) {
     unused({"checkpoint-every", "keep", "checkpoint-background"}, "without --checkpoint-dir");

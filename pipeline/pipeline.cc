@@ -84,6 +84,12 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(Agent& agent, Pipelin
     return absl::InvalidArgumentError("pipeline: clip_grad_norm must be 0 or more, and above 0 needs a named loss "
                                       "(pipeline::RegisterLoss: the workers' step runners clip)");
   }
+  if (o.tied_first.empty() != o.tied_last.empty() || (!o.tied_first.empty() && (S < 2 || o.loss.name().empty()))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline: tied_first '", o.tied_first, "' and tied_last '", o.tied_last, "' name one weight held by the "
+        "first and the last stage: give both or neither, with two stages or more (one stage ties within its "
+        "module) and a named loss (pipeline::RegisterLoss: the workers' step runners sum the gradients)"));
+  }
   // What the master must have set up, checked before anything is placed.
   RETURN_IF_ERROR(dist_autograd::CheckEnabled(agent, "making a pipeline"));
   for (const std::string& w : o.workers) {
@@ -160,6 +166,8 @@ absl::Status Pipeline::MakeRunners() {
     for (int k = w; k < S; k += n) r.stages.push_back(stages_[k].ToIValue());
     r.loss = options_.loss.name();
     r.clip_grad_norm = options_.clip_grad_norm;
+    r.tied_first = options_.tied_first;
+    r.tied_last = options_.tied_last;
     ASSIGN_OR_RETURN(WorkerInfo info, agent_.worker(workers_[w]));
     for (const RRef& o : optimizer_->owners()) {
       if (o.owner() == info.id) r.optimizer = o.ToIValue();

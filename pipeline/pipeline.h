@@ -227,6 +227,16 @@ struct PipelineOptions {
   // sends it to the pipeline's other workers (one message to each a step).
   // Needs a named loss (the step runners); with replicas, after their sum.
   double clip_grad_norm = 0;
+  // Tied parameters: the first stage's parameter named `tied_first` and the
+  // last stage's named `tied_last` (their state_dict names, e.g. the
+  // built-in GPT's token embedding "embed.tokens.weight" and head
+  // "head.head.weight") are one weight held twice, built equal. Each step
+  // their gradients are summed (the first's plus the last's, one message
+  // each way between their two workers, at the batch's end) and both
+  // copies get the sum, so the optimizer keeps them bitwise equal; the
+  // norm of clip_grad_norm counts the weight once. Both empty: none. Needs
+  // a named loss and two stages or more (one stage ties within its module).
+  std::string tied_first, tied_last;
 };
 
 // Seeds the random generators (CPU and every CUDA device's) of each of

@@ -39,6 +39,24 @@ struct GradNormRequest {
   }
 };
 
+// --- worker -> worker: a tied weight's gradient -------------------------------
+
+// The gradient that batch `context` gave this worker's copy of the tied
+// weight (PipelineOptions::tied_first/tied_last) on stage `stage` (the
+// first stage or the last), to the worker of the other copy; None when
+// this copy got none.
+struct TiedGradRequest {
+  static constexpr char kFunction[] = "remora.pipeline.tied_grad";
+  int64_t runner = 0;
+  int64_t context = 0;
+  int64_t stage = 0;
+  c10::IValue grad;
+  template <typename Fields>
+  void Visit(Fields& f) {
+    f("runner", runner)("context", context)("stage", stage)("grad", grad);
+  }
+};
+
 // --- master -> worker: setting up --------------------------------------------
 
 // A step runner on a worker: its stages, its share of the schedule, the
@@ -53,10 +71,12 @@ struct MakeRunnerRequest {
   std::string loss;  // the registered loss's name
   c10::IValue optimizer;  // an RRef of this worker's optimizer, or None
   double clip_grad_norm = 0;  // PipelineOptions::clip_grad_norm
+  std::string tied_first, tied_last;  // PipelineOptions::tied_first, tied_last
   template <typename Fields>
   void Visit(Fields& f) {
     f("runner", runner)("stage_workers", stage_workers)("micro_batches", micro_batches)("order", order)(
-        "stages", stages)("loss", loss)("optimizer", optimizer)("clip_grad_norm", clip_grad_norm);
+        "stages", stages)("loss", loss)("optimizer", optimizer)("clip_grad_norm", clip_grad_norm)(
+        "tied_first", tied_first, kMayBeLeftOff)("tied_last", tied_last, kMayBeLeftOff);
   }
 };
 

@@ -19,7 +19,7 @@
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
 #include "optim/distributed_optimizer.h"
-#include "pipeline/grad_clip.h"
+#include "pipeline/batch_end.h"
 #include "pipeline/microbatch.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/protocol.h"
@@ -242,7 +242,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
 
   void Abandon(int64_t context) {
     if (evals_->Abandon(context)) return;
-    if (plan_->clip_grad_norm > 0) AbandonGradNorm(plan_->id, context);
+    if (plan_->clip_grad_norm > 0 || plan_->tied.any()) AbandonBatchEnd(plan_->id, context);
     std::shared_ptr<Batch> b;
     {
       MutexLock lock(mu_);
@@ -431,13 +431,23 @@ class Runner : public std::enable_shared_from_this<Runner> {
             absl::StrCat("summing the gradients over the replicas on worker '", agent_.self().name, "'"));
       }
     }
+    // (After the replicas' sum, which may have started during the backward
+    // passes: each copy then holds the replicas' sum of its own gradient.)
+    if (status.ok() && plan_->tied.any()) {
+      status = participant && participant->Steps()
+                   ? absl::UnimplementedError(absl::StrCat(
+                         "worker '", agent_.self().name, "': tied weights with ZeRO-1's sharded optimizer are not "
+                         "built yet: untie them (master --tie-embeddings=false), or ZeRO-1 off"))
+                   : SumTiedGradients(agent_, plan_->id, plan_->tied, b->context);
+    }
     if (status.ok() && plan_->clip_grad_norm > 0) {
       if (participant && participant->Steps()) {
         status = absl::UnimplementedError(absl::StrCat(
             "worker '", agent_.self().name, "': clipping the gradients with ZeRO-1's sharded optimizer is not "
             "built yet: leave clip_grad_norm at 0, or ZeRO-1 off"));
       } else {
-        status = ClipGradients(agent_, plan_->id, Peers(), b->context, plan_->clip_grad_norm).status();
+        status = ClipGradients(agent_, plan_->id, Peers(), b->context, plan_->clip_grad_norm, plan_->tied.last)
+                     .status();
       }
     }
     if (status.ok() && plan_->optimizer && !(participant && participant->Steps())) {
@@ -548,6 +558,22 @@ c10::IValue MakeRunner(CallContext& ctx, const Args& a) {
           "' (register it with pipeline::RegisterLoss in the worker program)"));
     }
   }
+  if (!r.tied_first.empty()) {
+    auto copy = [&](int64_t k, const std::string& name) -> at::Tensor {
+      auto it = plan.stages.find(k);
+      if (it == plan.stages.end()) return at::Tensor();
+      absl::StatusOr<at::Tensor> p = it->second.Parameter(name);
+      if (!p.ok()) {
+        throw std::invalid_argument(absl::StrCat("tying a weight on worker '", me, "': ", p.status().message()));
+      }
+      return *p;
+    };
+    plan.tied.first = copy(0, r.tied_first);
+    plan.tied.last = copy(last, r.tied_last);
+    plan.tied.first_worker = plan.stage_workers.front();
+    plan.tied.last_worker = plan.stage_workers.back();
+    plan.tied.last_stage = last;
+  }
   if (!r.optimizer.isNone()) {
     auto rref = RRef::FromIValue(r.optimizer);
     if (!rref.ok()) throw std::invalid_argument(std::string(rref.status().message()));
@@ -581,7 +607,7 @@ absl::Status AttachToRunner(int64_t runner_id, std::shared_ptr<StepParticipant> 
 
 absl::Status RegisterRunnerFunctions(Registry& registry) {
   RETURN_IF_ERROR(registry.RegisterFunction(MakeRunnerRequest::kFunction, MakeRunner));
-  RETURN_IF_ERROR(RegisterGradNormFunction(registry));
+  RETURN_IF_ERROR(RegisterBatchEndFunctions(registry));
   RETURN_IF_ERROR(registry.RegisterAsyncFunction(
       RunRequest::kFunction, [](CallContext& ctx, const Args& a) -> Future<c10::IValue> {
         const auto r = DecodeCallOrThrow<RunRequest>(a);

@@ -17,6 +17,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "pipeline/batch_end.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/stage.h"
 #include "rpc/agent.h"
@@ -34,6 +35,7 @@ struct RunnerPlan {
   LossFn loss;                             // empty unless the last stage is here
   std::optional<RRef> optimizer;           // this worker's LocalOptimizer
   double clip_grad_norm = 0;               // PipelineOptions::clip_grad_norm
+  TiedCopies tied;                         // PipelineOptions::tied_first/_last's copies here
 
   int num_stages() const { return static_cast<int>(stage_workers.size()); }
   bool hosts(int64_t stage) const { return stages.count(stage) > 0; }

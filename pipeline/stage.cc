@@ -23,6 +23,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
@@ -475,6 +476,21 @@ c10::IValue LocalStage::Eval(const c10::IValue& input, int64_t mb) const {
   HostedStage* h = object_->get<HostedStage>();
   MutexLock lock(object_->mutex());
   return h->stage->Forward(input, mb, -1, h->device, /*train=*/false, /*turn_held=*/true);
+}
+
+absl::StatusOr<at::Tensor> LocalStage::Parameter(const std::string& name) const {
+  HostedStage* h = object_->get<HostedStage>();
+  MutexLock lock(object_->mutex());
+  StageModule& m = h->stage->module();
+  const std::vector<at::Tensor> params = m.Parameters();
+  const std::vector<std::string> names = StateNames(m);
+  for (size_t i = 0; i < params.size() && i < names.size(); ++i) {
+    if (names[i] == name) return params[i];
+  }
+  return absl::NotFoundError(absl::StrCat(
+      h->stage->trace_label(), " has no parameter '", name, "'; its parameters: ",
+      absl::StrJoin(names.begin(), names.begin() + static_cast<std::ptrdiff_t>(std::min(names.size(), params.size())),
+                    ", ")));
 }
 
 int64_t LocalStage::index() const { return object_->get<HostedStage>()->stage->index(); }

@@ -142,6 +142,10 @@ class LocalStage {
   // The same forward pass in eval mode, without autograd.
   c10::IValue Eval(const c10::IValue& input, int64_t mb) const;
 
+  // The stage's parameter named `name` (its state_dict name); NotFound
+  // listing the names there are.
+  absl::StatusOr<at::Tensor> Parameter(const std::string& name) const;
+
   int64_t index() const;
   c10::Device device() const;
   // "stage K", as traces and action marks label it.

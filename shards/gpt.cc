@@ -5,11 +5,13 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/gelu.h>
+#include <ATen/ops/linear.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/softmax.h>
@@ -103,17 +105,28 @@ at::Tensor GptBlocksImpl::forward(const at::Tensor& x) {
   return h;
 }
 
-GptHeadImpl::GptHeadImpl(int64_t d_model, int64_t vocab, int64_t seed) {
+GptHeadImpl::GptHeadImpl(int64_t d_model, int64_t vocab, int64_t seed, bool tied, at::Tensor embedding)
+    : embedding_(std::move(embedding)) {
   if (d_model <= 0 || vocab <= 0) throw std::invalid_argument("GptHead: d_model and vocab must be positive");
   norm_ = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
+  if (embedding_.defined()) {
+    if (embedding_.sizes() != at::IntArrayRef{vocab, d_model}) {
+      throw std::invalid_argument("GptHead: the tied embedding is " + c10::str(embedding_.sizes()) +
+                                  ", not [vocab, d_model]");
+    }
+    return;
+  }
   head_ = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(d_model, vocab).bias(false)));
-  Init(*head_, static_cast<uint64_t>(seed) * 2 + 7);
+  // (Tied: drawn as GptEmbed draws its token table, the same shape.)
+  Init(*head_, static_cast<uint64_t>(seed) * 2 + (tied ? 0 : 7));
 }
 
-at::Tensor GptHeadImpl::forward(const at::Tensor& x) { return head_(norm_(x)); }
+at::Tensor GptHeadImpl::forward(const at::Tensor& x) {
+  return head_ ? head_(norm_(x)) : at::linear(norm_(x), embedding_);
+}
 
 GptImpl::GptImpl(int64_t vocab, int64_t seq_len, int64_t d_model, int64_t heads, int64_t layers, int64_t first,
-                 int64_t last, int64_t seed) {
+                 int64_t last, int64_t seed, bool tie) {
   if (layers < 0 || first < 0 || last > GptParts(layers) || first >= last) {
     throw std::invalid_argument("Gpt: parts [" + std::to_string(first) + ", " + std::to_string(last) +
                                 ") of a GPT of " + std::to_string(layers) + " blocks (" +
@@ -127,7 +140,10 @@ GptImpl::GptImpl(int64_t vocab, int64_t seq_len, int64_t d_model, int64_t heads,
     throw std::invalid_argument("Gpt: d_model " + std::to_string(d_model) + " must be a positive multiple of heads " +
                                 std::to_string(heads));
   }
-  if (last == GptParts(layers)) head_ = register_module("head", std::make_shared<GptHeadImpl>(d_model, vocab, seed));
+  if (last == GptParts(layers)) {
+    head_ = register_module("head", std::make_shared<GptHeadImpl>(
+                                        d_model, vocab, seed, tie, tie && embed_ ? embed_->token_weight() : at::Tensor()));
+  }
 }
 
 at::Tensor GptImpl::forward(const at::Tensor& x) {

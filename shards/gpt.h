@@ -11,10 +11,14 @@
 //     "GptEmbed"(vocab, seq_len, d_model, seed): tokens int64 [N, T] -> [N, T, D]
 //     "GptBlocks"(d_model, heads, first, last, seed): blocks [first, last)
 //     "GptHead"(d_model, vocab, seed): [N, T, D] -> logits [N, T, vocab]
-//     "Gpt"(first, last, vocab, seq_len, d_model, heads, layers, seed):
+//     "Gpt"(first, last, vocab, seq_len, d_model, heads, layers, seed, tie):
 //       parts [first, last) of the whole model's layers + 2 parts (0: the
 //       embedding, 1 .. layers: the blocks, layers + 1: the head), the same
-//       weights as the three above; what master cuts over its workers
+//       weights as the three above; what master cuts over its workers.
+//       With tie (left off: 0) the head's weight is the token embedding's:
+//       one parameter where both parts are in the stage, else the head's
+//       copy built equal to the embedding's (the pipeline keeps the copies
+//       equal: PipelineOptions::tied_first/tied_last, kGptTiedFirst/Last)
 //
 // Thread-safety: modules, used by one thread at a time (the stage's).
 #pragma once
@@ -35,6 +39,7 @@ class GptEmbedImpl : public torch::nn::Module {
   GptEmbedImpl(int64_t vocab, int64_t seq_len, int64_t d_model, int64_t seed);
   // tokens int64 [N, T], T <= seq_len (an error otherwise).
   at::Tensor forward(const at::Tensor& tokens);
+  const at::Tensor& token_weight() const { return tokens_->weight; }
 
  private:
   int64_t seq_len_;
@@ -65,12 +70,16 @@ class GptBlocksImpl : public torch::nn::Module {
 
 class GptHeadImpl : public torch::nn::Module {
  public:
-  GptHeadImpl(int64_t d_model, int64_t vocab, int64_t seed);
+  // `tied`: the weight is the token embedding's of a GptEmbed of the same
+  // seed: `embedding`, a parameter of another module, where given (the head
+  // then has no weight of its own); else a copy built equal to it.
+  GptHeadImpl(int64_t d_model, int64_t vocab, int64_t seed, bool tied = false, at::Tensor embedding = {});
   at::Tensor forward(const at::Tensor& x);
 
  private:
   torch::nn::LayerNorm norm_{nullptr};
-  torch::nn::Linear head_{nullptr};
+  torch::nn::Linear head_{nullptr};  // null where the weight is `embedding_`
+  at::Tensor embedding_;
 };
 
 // Parts [first, last) of a GPT of `layers` blocks (GptParts(layers) parts
@@ -79,7 +88,7 @@ class GptHeadImpl : public torch::nn::Module {
 class GptImpl : public torch::nn::Module {
  public:
   GptImpl(int64_t vocab, int64_t seq_len, int64_t d_model, int64_t heads, int64_t layers, int64_t first,
-          int64_t last, int64_t seed);
+          int64_t last, int64_t seed, bool tie = false);
   at::Tensor forward(const at::Tensor& x);
 
  private:
@@ -91,6 +100,11 @@ class GptImpl : public torch::nn::Module {
 // The parts a GPT of `layers` blocks is cut in: the embedding, the blocks
 // and the head.
 inline int64_t GptParts(int64_t layers) { return layers + 2; }
+
+// The state_dict names of a tied GPT's two copies of its token embedding,
+// on the stage of part 0 and on the stage of the head.
+inline constexpr char kGptTiedFirst[] = "embed.tokens.weight";
+inline constexpr char kGptTiedLast[] = "head.head.weight";
 
 // FLOPs of one training step per token of a GPT (forward and backward, 3x
 // the forward's multiply-adds x 2), counting its matrix products: the

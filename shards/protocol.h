@@ -90,10 +90,12 @@ struct GptArgs {
   int64_t heads = 1;
   int64_t layers = 0;
   int64_t seed = 0;
+  // 1: the head's weight is the token embedding's (GptImpl).
+  int64_t tie = 0;
   template <typename Fields>
   void Visit(Fields& f) {
     f("first", first)("last", last)("vocab", vocab)("seq_len", seq_len)("d_model", d_model)("heads", heads)(
-        "layers", layers)("seed", seed, kMayBeLeftOff);
+        "layers", layers)("seed", seed, kMayBeLeftOff)("tie", tie, kMayBeLeftOff);
   }
 };
 struct GptHeadArgs {

@@ -46,7 +46,8 @@ absl::Status RegisterStageTypes() {
     RETURN_IF_ERROR(pipeline::RegisterStageModule<GptImpl>(
         GptArgs::kFunction, [](const std::vector<c10::IValue>& a, c10::Device) {
           const auto r = DecodeCallOrThrow<GptArgs>(a);
-          return std::make_shared<GptImpl>(r.vocab, r.seq_len, r.d_model, r.heads, r.layers, r.first, r.last, r.seed);
+          return std::make_shared<GptImpl>(r.vocab, r.seq_len, r.d_model, r.heads, r.layers, r.first, r.last, r.seed,
+                                           r.tie != 0);
         }));
     RETURN_IF_ERROR(pipeline::RegisterStageModule<GptHeadImpl>(
         GptHeadArgs::kFunction, [](const std::vector<c10::IValue>& a, c10::Device) {

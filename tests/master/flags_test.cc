@@ -19,6 +19,7 @@
 #include "checkpoint/manifest.h"
 #include "launch/cli.h"
 #include "parallel/process_group.h"
+#include "shards/protocol.h"
 #include "tests/support/script_models.h"
 #include "tests/support/test_group.h"
 
@@ -591,6 +592,17 @@ TEST(MasterFlags, TextTrainsTheBuiltInGptSizedByItsFlags) {
   EXPECT_EQ(part.name, "Gpt");
   EXPECT_EQ(part.args.at(0).toInt(), 2);
   EXPECT_EQ(part.args.at(1).toInt(), 5);
+  // Tied embeddings unless told otherwise: in the model's identity, so a
+  // checkpoint of the other kind is not resumed.
+  EXPECT_TRUE(c.tie_embeddings);
+  EXPECT_EQ(DecodeCall<shards::GptArgs>(part.args).value().tie, 1);
+  EXPECT_THAT(IdentityOf(c, 1).model, HasSubstr(" tie-embeddings"));
+  auto untied = ParseCommandLine({"--local", "--dataset", "text:book.txt", "--tie-embeddings=false"});
+  ASSERT_TRUE(untied.ok()) << untied.status();
+  EXPECT_EQ(DecodeCall<shards::GptArgs>(GptPart(untied->config, 0, 6).args).value().tie, 0);
+  EXPECT_THAT(IdentityOf(untied->config, 1).model, Not(HasSubstr("tie")));
+  EXPECT_THAT(ParseCommandLine({"--local", "--dataset", "fashion-mnist", "--tie-embeddings=false"})->note,
+              HasSubstr("tie-embeddings without --dataset text:PATH"));
   auto split = ParseCommandLine({"--workers", "a,b", "--dataset", "text:book.txt", "--split-at", "2"});
   ASSERT_TRUE(split.ok()) << split.status();
   EXPECT_EQ(WholeModelStages(c).size(), 1u);
@@ -644,6 +656,9 @@ TEST(MasterFlags, TextTrainsTheBuiltInGptSizedByItsFlags) {
       {{"--workers", "a,b", "--dataset", "text:book.txt", "--partition", "tutorial"}, "--partition tutorial"},
       {{"--local", "--dataset", "text:book.txt", "--model", "m.pt"}, "cannot read the TorchScript file m.pt"},
       {{"--local", "--dataset", "text:book.txt", "--peak-tflops", "-1"}, "--peak-tflops"},
+      {{"--local", "--dataset", "fashion-mnist", "--tie-embeddings"}, "this run trains no GPT"},
+      {{"--workers", "a,b,c,d", "--replicas", "2", "--zero", "1", "--dataset", "text:book.txt"},
+       "tied embeddings (on by default) over several stages with --zero 1 are not built yet"},
       {{"--local", "--dataset", "fashion-mnist", "--val-fraction", "0.1"}, "--val-fraction"},
       {{"--local", "--optimizer", "lamb"}, "--optimizer must be sgd, adam or adamw; got 'lamb'"},
       {{"--local", "--optimizer", "adamw", "--weight-decay", "-1"}, "--weight-decay must be 0 or more"},

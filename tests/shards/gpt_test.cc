@@ -14,8 +14,10 @@
 #include <ATen/ops/randint.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/sgd.h>
 
+#include "parallel/data_parallel.h"
 #include "pipeline/pipeline.h"
 #include "shards/protocol.h"
 #include "tests/support/pipeline_fixtures.h"
@@ -129,6 +131,130 @@ TEST(Gpt, TrainsAsAPipelineWithTheCausalLmLossAsInOneProcess) {
     ASSERT_TRUE(loss.ok()) << loss.status();
     EXPECT_NEAR(*loss, want[i], 1e-5 * want[i]) << "step " << i;
   }
+}
+
+// Tied embeddings: in one module the head's weight is the embedding's (one
+// parameter); cut over workers each end holds a copy, built equal, whose
+// gradients the step runners sum, so the copies stay bitwise equal and
+// train as the one weight of one process (momentum SGD, the norm clipped
+// over the whole model counting the weight once), also as replicas.
+// Without the sum the copies drift apart.
+TEST(Gpt, TiedEmbeddingAndHeadTrainOverWorkersAsTheOneWeightOfOneProcess) {
+  constexpr int64_t kLayers = 2, kSeed = 5;
+  const int64_t parts = GptParts(kLayers);
+  const double max_norm = 0.3;
+  GptImpl whole(kVocab, kSeqLen, kDModel, kHeads, kLayers, 0, parts, kSeed, /*tie=*/true);
+  EXPECT_EQ(whole.parameters().size() + 1,
+            GptImpl(kVocab, kSeqLen, kDModel, kHeads, kLayers, 0, parts, kSeed).parameters().size());
+  test_support::TestWorkers workers(4);
+  std::vector<std::pair<at::Tensor, at::Tensor>> data;
+  for (int s = 0; s < 4; ++s) {
+    const at::Tensor window = Tokens(8, 20 + s);
+    data.emplace_back(window, at::roll(window, -1, 1));
+  }
+  torch::optim::SGD sgd(whole.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  std::vector<double> want;
+  for (const auto& [x, t] : data) {
+    sgd.zero_grad();
+    at::Tensor l = at::cross_entropy_loss(whole.forward(x).reshape({-1, kVocab}), t.reshape({-1}));
+    l.backward();
+    EXPECT_GT(torch::nn::utils::clip_grad_norm_(whole.parameters(), max_norm), 2 * max_norm) << "clipped";
+    sgd.step();
+    want.push_back(l.item<double>());
+  }
+  const at::Tensor want_weight = whole.named_parameters()[kGptTiedFirst];
+  auto part = [&](int64_t first, int64_t last) {
+    GptArgs a;
+    a.first = first;
+    a.last = last;
+    a.vocab = kVocab;
+    a.seq_len = kSeqLen;
+    a.d_model = kDModel;
+    a.heads = kHeads;
+    a.layers = kLayers;
+    a.seed = kSeed;
+    a.tie = 1;
+    return pipeline::StageSpec::Registered(GptArgs::kFunction, EncodeCall(a));
+  };
+  struct Case {
+    std::string schedule;
+    std::vector<int64_t> cuts;
+    bool tie;
+  };
+  for (const Case& c : {Case{"1f1b", {0, 2, parts}, true}, Case{"interleaved", {0, 1, 2, 3, parts}, true},
+                        Case{"1f1b", {0, 2, parts}, false}}) {
+    SCOPED_TRACE(c.schedule + (c.tie ? " tied" : " not summed"));
+    pipeline::PipelineOptions o;
+    for (size_t i = 0; i + 1 < c.cuts.size(); ++i) o.stages.push_back(part(c.cuts[i], c.cuts[i + 1]));
+    o.workers = {"w1", "w2"};
+    o.schedule = c.schedule;
+    o.micro_batches = 2;
+    o.loss = pipeline::LossFn::Named("causal_lm");
+    o.optimizer = optim::OptimizerOptions::SGD(0.05).set_momentum(0.9);
+    o.clip_grad_norm = max_norm;
+    if (c.tie) {
+      o.tied_first = kGptTiedFirst;
+      o.tied_last = kGptTiedLast;
+    }
+    auto pipe = pipeline::Pipeline::Create(workers.master(), o);
+    ASSERT_TRUE(pipe.ok()) << pipe.status();
+    for (size_t i = 0; i < data.size(); ++i) {
+      auto loss = (*pipe)->train_step(data[i].first, data[i].second);
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      if (c.tie) {
+        EXPECT_NEAR(*loss, want[i], 1e-5 * want[i]) << "step " << i;
+      }
+    }
+    auto first = (*pipe)->stage_state(0);
+    auto last = (*pipe)->stage_state(static_cast<int>(o.stages.size()) - 1);
+    ASSERT_TRUE(first.ok() && last.ok());
+    const at::Tensor embedding = first->front(), head = last->back();  // (the first and the last parameter)
+    ASSERT_EQ(head.sizes(), want_weight.sizes());
+    if (c.tie) {
+      EXPECT_TRUE(embedding.equal(head)) << "the copies stay bitwise equal";
+      EXPECT_LT(test_support::RelativeError(embedding, want_weight), 1e-5);
+    } else {
+      EXPECT_FALSE(embedding.equal(head)) << "without the sum each copy trains alone";
+    }
+  }
+  // Two replicas of two stages (the replicas' sum overlapping the backward
+  // passes): each copy gets the replicas' sum of its own gradient, then
+  // the copies' sum.
+  parallel::DataParallelOptions dp;
+  dp.pipeline.stages = {part(0, 2), part(2, parts)};
+  dp.pipeline.workers = {"w1", "w2", "w3", "w4"};
+  dp.pipeline.micro_batches = 2;
+  dp.pipeline.loss = pipeline::LossFn::Named("causal_lm");
+  dp.pipeline.optimizer = optim::OptimizerOptions::SGD(0.05).set_momentum(0.9);
+  dp.pipeline.clip_grad_norm = max_norm;
+  dp.pipeline.tied_first = kGptTiedFirst;
+  dp.pipeline.tied_last = kGptTiedLast;
+  dp.replicas = 2;
+  dp.overlap = true;
+  auto replicas = parallel::DataParallelPipeline::Create(workers.master(), dp);
+  ASSERT_TRUE(replicas.ok()) << replicas.status();
+  for (size_t i = 0; i < data.size(); ++i) {
+    auto loss = (*replicas)->train_step(data[i].first, data[i].second);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    EXPECT_NEAR(*loss, want[i], 1e-5 * want[i]) << "replicas, step " << i;
+  }
+  for (int r = 0; r < 2; ++r) {
+    const at::Tensor embedding = (*replicas)->replica(r).stage_state(0).value().front();
+    EXPECT_TRUE(embedding.equal((*replicas)->replica(r).stage_state(1).value().back())) << "replica " << r;
+    EXPECT_LT(test_support::RelativeError(embedding, want_weight), 1e-5) << "replica " << r;
+  }
+
+  pipeline::PipelineOptions bad;
+  bad.stages = {part(0, 2), part(2, parts)};
+  bad.workers = {"w1", "w2"};
+  bad.loss = pipeline::LossFn::Named("causal_lm");
+  bad.tied_first = kGptTiedFirst;
+  bad.tied_last = "head.nothing";
+  auto refused = pipeline::Pipeline::Create(workers.master(), bad);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("has no parameter 'head.nothing'"));
+  bad.tied_last = "";
+  EXPECT_THAT(std::string(pipeline::Pipeline::Create(workers.master(), bad).status().message()),
+              HasSubstr("give both or neither"));
 }
 
 }  // namespace
