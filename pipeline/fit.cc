@@ -158,7 +158,7 @@ absl::StatusOr<std::vector<EpochResult>> Fit(const TrainStep& train_step, const 
   return Fit(
       [&train_step](const at::Tensor& x, const at::Tensor& y) {
         absl::StatusOr<double> loss = train_step(x, y);
-        return StartedStep{[loss] { return loss; }, [] {}, /*ran=*/true};
+        return StartedStep{[loss] { return loss; }, [] {}, /*ran=*/true, nullptr};
       },
       count_correct, train, test, o, out);
 }
@@ -343,7 +343,9 @@ class Loop {
     trained_ += oldest.rows;
     ++step_;
     const double ended = Now();
-    if (o_.on_step) o_.on_step(StepRecord{e, step_, *loss, oldest.rows, ended - last_end_});
+    const double norm = oldest.step.grad_norm ? oldest.step.grad_norm() : -1;
+    if (o_.on_step) o_.on_step(StepRecord{e, step_, *loss, oldest.rows, ended - last_end_, norm});
+    if (norm >= 0) last_norm_ = norm;
     last_end_ = ended;
     Progress(b, ended);
     if (o_.after_step) {
@@ -366,9 +368,11 @@ class Loop {
     const std::string speed = o_.tokens_per_row > 0
                                   ? absl::StrFormat("%.0f tokens/s", rate * static_cast<double>(o_.tokens_per_row))
                                   : absl::StrFormat("%.0f images/s", rate);
+    // (With clipping, the last step's gradient norm before it.)
+    const std::string norm = last_norm_ >= 0 ? absl::StrFormat("  grad_norm=%.3g", last_norm_) : "";
     const std::string line =
-        absl::StrFormat("epoch %d/%d  %zu/%zu batches  loss=%.4f  %s  ETA %s", r_.epoch, o_.epochs, b + 1,
-                        batches_.size(), loss_sum_ / (b + 1), speed, Duration(in_call / done - in_call));
+        absl::StrFormat("epoch %d/%d  %zu/%zu batches  loss=%.4f%s  %s  ETA %s", r_.epoch, o_.epochs, b + 1,
+                        batches_.size(), loss_sum_ / (b + 1), norm, speed, Duration(in_call / done - in_call));
     if (o_.progress_bar) {
       out_ << "\r" << line << "   " << std::flush;
     } else if (done >= next_line_ && b + 1 < batches_.size()) {
@@ -438,6 +442,7 @@ class Loop {
   // When the epoch began (earlier where it counts FitOptions::gone_on) and
   // when this call began it.
   double t0_ = 0, call_t0_ = 0, last_end_ = 0, loss_sum_ = 0, next_line_ = 0;
+  double last_norm_ = -1;  // the last step's gradient norm before clipping, or -1
   // Images of the epoch trained by this call (and, going on after a
   // recovery, before it).
   int64_t trained_ = 0;

@@ -43,6 +43,7 @@ struct StepRecord {
   double loss = 0;
   int64_t rows = 0;
   double seconds = 0;  // since the step before it ended (or its epoch began)
+  double grad_norm = -1;  // before clipping (StartedStep::grad_norm); -1: not clipped
 };
 
 struct EpochResult;
@@ -154,6 +155,9 @@ struct StartedStep {
   std::function<absl::StatusOr<double>()> wait;
   std::function<void()> abandon;
   bool ran = false;
+  // After wait(): the gradients' norm before clipping (-1 without
+  // clipping); null: -1.
+  std::function<double()> grad_norm;
 };
 using StartTrainStep = std::function<StartedStep(const at::Tensor& x, const at::Tensor& y)>;
 using EvalStep = std::function<absl::StatusOr<at::Tensor>(const at::Tensor& x)>;  // logits [N, C]

@@ -393,8 +393,19 @@ absl::StatusOr<double> PendingStep::wait() {
   if (const int i = WaitForReplies(*agent_, workers_, replies_, abandon_, &status); i >= 0) {
     done_ = Annotate(status, where_(i));
   } else {
+    // (A reply is the loss, or [loss, gradient norm] with clipping; every
+    // replica's norm is the same: after their sum.)
     double loss = 0;
-    for (int i : loss_replies_) loss += replies_[i].wait()->toDouble();
+    for (int i : loss_replies_) {
+      const c10::IValue reply = *replies_[i].wait();
+      if (reply.isDouble()) {
+        loss += reply.toDouble();
+      } else {
+        const std::vector<double> pair = reply.toDoubleVector();  // (a tuple travels as a list)
+        loss += pair.at(0);
+        grad_norm_ = pair.at(1);
+      }
+    }
     done_ = loss;
   }
   if (over_) over_();

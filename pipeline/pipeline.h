@@ -135,6 +135,10 @@ class PendingStep {
   // that started it, as the master-centred protocol's steps do, or did not
   // start), so that a caller timing steps accounts it at once.
   bool over_at_start() const { return done_.has_value(); }
+  // After wait(): the whole model's gradient norm before clipping, as the
+  // workers measured it (PipelineOptions::clip_grad_norm); -1 without
+  // clipping.
+  double grad_norm() const { return grad_norm_; }
 
  private:
   explicit PendingStep(absl::StatusOr<double> loss) : done_(std::move(loss)) {}
@@ -147,6 +151,7 @@ class PendingStep {
   std::function<void()> abandon_;
   Where where_;
   std::function<void()> over_;
+  double grad_norm_ = -1;
 };
 
 // The requests `agent` and `workers` have sent so far, by kind

@@ -440,14 +440,17 @@ class Runner : public std::enable_shared_from_this<Runner> {
                          "built yet: untie them (master --tie-embeddings=false), or ZeRO-1 off"))
                    : SumTiedGradients(agent_, plan_->id, plan_->tied, b->context);
     }
+    std::optional<double> norm;  // with clipping: the gradients' norm before it
     if (status.ok() && plan_->clip_grad_norm > 0) {
       if (participant && participant->Steps()) {
         status = absl::UnimplementedError(absl::StrCat(
             "worker '", agent_.self().name, "': clipping the gradients with ZeRO-1's sharded optimizer is not "
             "built yet: leave clip_grad_norm at 0, or ZeRO-1 off"));
       } else {
-        status = ClipGradients(agent_, plan_->id, Peers(), b->context, plan_->clip_grad_norm, plan_->tied.last)
-                     .status();
+        absl::StatusOr<double> clipped =
+            ClipGradients(agent_, plan_->id, Peers(), b->context, plan_->clip_grad_norm, plan_->tied.last);
+        status = clipped.status();
+        if (clipped.ok()) norm = *clipped;
       }
     }
     if (status.ok() && plan_->optimizer && !(participant && participant->Steps())) {
@@ -463,6 +466,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
     if (b->loss_sum.defined()) {
       trace::Scope scope("loss reply", -1);  // (waits for the device)
       reply = b->loss_sum.item<double>();
+      if (norm) reply = std::vector<double>{reply.toDouble(), *norm};
     }
     // The last stage's passes end when the whole chain behind them has;
     // an error there (another worker's backward) fails this reply.

@@ -77,7 +77,9 @@ absl::StatusOr<double> LocalTrainer::Train(const at::Tensor& cpu_x, const at::Te
     }
     const int64_t s0 = trace::NowUs();
     phase = Phase::kStep;
-    if (options_.clip_grad_norm > 0) torch::nn::utils::clip_grad_norm_(optimizer_->parameters(), options_.clip_grad_norm);
+    if (options_.clip_grad_norm > 0) {
+      last_grad_norm_ = torch::nn::utils::clip_grad_norm_(optimizer_->parameters(), options_.clip_grad_norm);
+    }
     optimizer_->step();
     if (slices) slices("step", -1, s0, trace::NowUs());
   } catch (...) {
@@ -105,7 +107,8 @@ absl::StatusOr<at::Tensor> LocalTrainer::Eval(const at::Tensor& x) {
 pipeline::StartedStep LocalTrainer::StartStep(const at::Tensor& x, const at::Tensor& y) {
   // Trains now: the step is over when this returns.
   auto loss = std::make_shared<absl::StatusOr<double>>(Train(x, y, slices_));
-  return pipeline::StartedStep{[loss] { return *loss; }, [] {}, /*ran=*/true};
+  return pipeline::StartedStep{[loss] { return *loss; }, [] {}, /*ran=*/true,
+                               [norm = last_grad_norm_] { return norm; }};
 }
 
 absl::StatusOr<pipeline::Correct> LocalTrainer::CountCorrect(const at::Tensor& x, const at::Tensor& labels) {

@@ -56,6 +56,9 @@ class LocalTrainer final : public Trainer {
   // One step on (x, y); returns the batch's loss (the micro-batches' losses
   // weighted by their rows).
   absl::StatusOr<double> Train(const at::Tensor& x, const at::Tensor& y, const SliceFn& slices = nullptr);
+  // With clip_grad_norm: the last step's gradient norm before clipping;
+  // else -1.
+  double last_grad_norm() const { return last_grad_norm_; }
   // Where the steps that train::Fit starts (StartStep) spent their time.
   void set_slices(SliceFn slices) { slices_ = std::move(slices); }
   // The model's outputs for x, in eval mode without gradients (on the CPU).
@@ -75,6 +78,7 @@ class LocalTrainer final : public Trainer {
   std::vector<std::unique_ptr<pipeline::StageModule>> stages_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   SliceFn slices_;
+  double last_grad_norm_ = -1;
 };
 
 }  // namespace remora::train

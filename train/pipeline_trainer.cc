@@ -13,7 +13,8 @@ namespace {
 pipeline::StartedStep Started(pipeline::PendingStep pending) {
   const bool ran = pending.over_at_start();  // (the master-centred protocol's steps)
   auto step = std::make_shared<pipeline::PendingStep>(std::move(pending));
-  return pipeline::StartedStep{[step] { return step->wait(); }, [step] { step->abandon(); }, ran};
+  return pipeline::StartedStep{[step] { return step->wait(); }, [step] { step->abandon(); }, ran,
+                               [step] { return step->grad_norm(); }};
 }
 
 }  // namespace

@@ -33,9 +33,10 @@ void RunLog::Warn(const absl::Status& s) {
   warned_ = true;
 }
 
-void RunLog::Step(int64_t step, double loss, int64_t rows, double seconds) {
+void RunLog::Step(int64_t step, double loss, int64_t rows, double seconds, double grad_norm) {
   losses_.emplace_back(static_cast<double>(step), loss);
   Add("step/loss", step, loss);
+  if (grad_norm >= 0) Add("step/grad_norm", step, grad_norm);
   Add("step/seconds", step, seconds);
   if (seconds > 0) Add("step/images_per_second", step, rows / seconds);
   if (seconds > 0 && tokens_per_row_ > 0) Add("step/tokens_per_second", step, rows * tokens_per_row_ / seconds);
@@ -97,7 +98,7 @@ std::function<void(int64_t, const pipeline::Correct&)> EvalsInto(RunRecord& run)
 }
 
 void ReportTo(std::shared_ptr<RunLog> log, pipeline::FitOptions& f) {
-  f.on_step = [log](const pipeline::StepRecord& s) { log->Step(s.step, s.loss, s.rows, s.seconds); };
+  f.on_step = [log](const pipeline::StepRecord& s) { log->Step(s.step, s.loss, s.rows, s.seconds, s.grad_norm); };
   f.on_epoch = [log](const pipeline::EpochResult& e) { log->Epoch(e); };
 }
 

@@ -62,7 +62,8 @@ class RunLog {
   // (set_tokens_per_row) also step/tokens_per_second,
   // epoch/tokens_per_second and epoch/test_perplexity. A
   // failed write is said once (Open's `say`); training goes on.
-  void Step(int64_t step, double loss, int64_t rows, double seconds);
+  // With clipping (grad_norm >= 0) also step/grad_norm, the norm before it.
+  void Step(int64_t step, double loss, int64_t rows, double seconds, double grad_norm = -1);
   void Epoch(const pipeline::EpochResult& e);
   // The test set evaluated after `step` within an epoch: step/test_loss,
   // step/test_accuracy (a language model's: step/test_perplexity).

@@ -328,8 +328,9 @@ TEST(TextMaster, ASentencePieceTokenizerTrainsOverWorkersAsInOneProcessAndGenera
   // (In one process the tokens go to the temporary directory.)
   fs::create_directories(dir + "/tmp");
   setenv("TMPDIR", (dir + "/tmp").c_str(), 1);
-  auto [local_code, local_out] =
-      RunProgram(master({"--local", "--threads", "1", "--splits", "2"}), absl::Seconds(180));
+  const std::string local_board = dir + "/local_board", piped_board = dir + "/piped_board";
+  auto [local_code, local_out] = RunProgram(
+      master({"--local", "--threads", "1", "--splits", "2", "--tensorboard", local_board}), absl::Seconds(180));
   ASSERT_EQ(local_code, 0) << local_out;
   EXPECT_THAT(local_out,
               HasSubstr("tokens (SentencePiece " + model + ": vocabulary 80; written to " + dir + "/tmp/remora-"));
@@ -341,13 +342,25 @@ TEST(TextMaster, ASentencePieceTokenizerTrainsOverWorkersAsInOneProcessAndGenera
   const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
   auto workers = test_support::StartWorkers({"w1", "w2"}, addr, "gpt_spm");
   auto [code, out] = RunProgram(master({"--workers", "w1,w2", "--listen", addr, "--splits", "2", "--checkpoint-dir",
-                                        dir + "/piped", "--report", dir + "/plain.json"}),
+                                        dir + "/piped", "--report", dir + "/plain.json", "--tensorboard", piped_board}),
                                 absl::Seconds(180));
   ASSERT_EQ(code, 0) << out;
   for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
   const std::vector<double> piped = EpochField(out, "train_loss");
   ASSERT_EQ(piped.size(), 2u) << out;
   for (size_t e = 0; e < 2; ++e) EXPECT_NEAR(piped[e], losses[e], 1e-4 * losses[e]) << "epoch " << e + 1 << "\n" << out;
+  // Each step's gradient norm before clipping: in the progress lines and
+  // TensorBoard, the workers' the one process's.
+  EXPECT_THAT(out, HasSubstr(" grad_norm="));
+  EXPECT_THAT(local_out, HasSubstr(" grad_norm="));
+  const auto local_norms = test_support::ScalarsIn(local_board, "step/grad_norm");
+  const auto piped_norms = test_support::ScalarsIn(piped_board, "step/grad_norm");
+  ASSERT_EQ(local_norms.size(), 8u);  // (2 epochs of 32 rows in batches of 8)
+  ASSERT_EQ(piped_norms.size(), local_norms.size());
+  for (size_t i = 0; i < local_norms.size(); ++i) {
+    EXPECT_GT(local_norms[i].value, 0) << "step " << i + 1;
+    EXPECT_NEAR(piped_norms[i].value, local_norms[i].value, 1e-4 * local_norms[i].value) << "step " << i + 1;
+  }
 
   // --recompute: the same losses to the last digit printed, with less
   // held between the passes (the report's peaks, all stages together).

@@ -59,7 +59,7 @@ struct Recorder {
                                if (b == fail_batch) return absl::InternalError("the step failed");
                                return loss;
                              },
-                             [this, b] { log.push_back(absl::StrCat("abandon", b)); }, ran};
+                             [this, b] { log.push_back(absl::StrCat("abandon", b)); }, ran, nullptr};
         },
         [](const at::Tensor&, const at::Tensor&) -> absl::StatusOr<Correct> { return Correct{1, 2, 2}; },
         train, test, options, out);

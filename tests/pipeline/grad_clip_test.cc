@@ -1,5 +1,5 @@
 // Global gradient-norm clipping over a pipeline's workers
-// (PipelineOptions::clip_grad_norm, pipeline/grad_clip.h) against the same
+// (PipelineOptions::clip_grad_norm, pipeline/batch_end.h) against the same
 // model trained in one process with torch::nn::utils::clip_grad_norm_
 // (test_support::TrainMlpLocally).
 #include <algorithm>
@@ -59,7 +59,9 @@ TEST(GradClip, APipelineClipsAsClipGradNormOverTheWholeModel) {
       for (size_t i = 0; i < data.size(); ++i) {
         auto loss = (*pipe)->train_step(data[i].first, data[i].second);
         ASSERT_TRUE(loss.ok()) << loss.status();
-        if (clip > 0) EXPECT_NEAR(*loss, local.losses[i], 1e-5 * std::abs(local.losses[i])) << "step " << i;
+        if (clip > 0) {
+          EXPECT_NEAR(*loss, local.losses[i], 1e-5 * std::abs(local.losses[i])) << "step " << i;
+        }
       }
       double farthest = 0;
       for (size_t k = 0; k < local.state.size(); ++k) {
@@ -69,10 +71,14 @@ TEST(GradClip, APipelineClipsAsClipGradNormOverTheWholeModel) {
         for (size_t j = 0; j < state->size(); ++j) {
           const double e = RelativeError((*state)[j], local.state[k][j]);
           farthest = std::max(farthest, e);
-          if (clip > 0) EXPECT_LT(e, 1e-5) << "stage " << k << " tensor " << j;
+          if (clip > 0) {
+            EXPECT_LT(e, 1e-5) << "stage " << k << " tensor " << j;
+          }
         }
       }
-      if (clip == 0) EXPECT_GT(farthest, 1e-3) << "without clipping the run ends elsewhere";
+      if (clip == 0) {
+        EXPECT_GT(farthest, 1e-3) << "without clipping the run ends elsewhere";
+      }
     }
   }
   for (const char* w : {"w1", "w2"}) {
