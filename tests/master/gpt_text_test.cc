@@ -455,5 +455,114 @@ TEST(TextMaster, ATextItCannotTakeIsAClearError) {
   EXPECT_THAT(tiny_out, HasSubstr("--seq-len 64 needs 65 tokens"));
 }
 
+// Against PyTorch itself: nanoGPT's shape as docs/pipeline.md writes it,
+// scripted by Debian's python3-torch with its own initial weights, trained
+// by PyTorch in one process (AdamW, decay on the matrices only) on the
+// windows remora draws (its splitmix64 of seed, epoch and row, file order)
+// and by master --model over two workers: the first 10 losses agree.
+// Skips where python3-torch is absent.
+TEST(TextMaster, ANanoGptFromPyTorchTrainsOverWorkersAsPyTorchTrainsIt) {
+  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "no python3-torch (Debian's) to compare against";
+  }
+  const std::string text = WriteText("nanogpt_text.txt");
+  const std::string dir = test_support::FreshDir("nanogpt");
+  const std::string script = dir + "/parity.py";
+  std::ofstream(script) << R"PY(import math, sys, torch
+from torch import nn
+text, out, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+T, B, SEED, LR, WD, VAL = 16, 8, 3, 1e-3, 0.1, 0.05
+torch.set_num_threads(1)
+torch.manual_seed(0)
+
+class Block(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.ln1, self.ln2, self.heads = nn.LayerNorm(d), nn.LayerNorm(d), heads
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = [t.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+                   for t in self.qkv(self.ln1(x)).split(C, dim=2)]
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(C // self.heads)
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        y = (att.masked_fill(~mask, float("-inf")).softmax(-1) @ v).transpose(1, 2).reshape(B, T, C)
+        x = x + self.proj(y)
+        return x + self.mlp(self.ln2(x))
+
+class GPT(nn.Module):
+    def __init__(self, vocab=256, seq_len=16, d=32, heads=2, layers=2):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(seq_len, d)
+        self.blocks = nn.ModuleList([Block(d, heads) for _ in range(layers)])
+        self.ln_f, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+    def forward(self, idx):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.size(1), device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+model = GPT()
+torch.jit.script(model).save(out + "/gpt.pt")
+
+# remora's training windows: row r of epoch e starts where splitmix64 of
+# (seed, e, r) says, in the first (1 - val) of the tokens (data/text.cc).
+def mix(x):
+    M = (1 << 64) - 1
+    x = (x + 0x9E3779B97F4A7C15) & M
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & M
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & M
+    return x ^ (x >> 31)
+tokens = torch.tensor(list(open(text, "rb").read()), dtype=torch.long)
+end = len(tokens) - int(len(tokens) * VAL)
+span = end - T
+def window(r):
+    s = mix(SEED ^ mix(1 ^ mix(r))) % span
+    return tokens[s:s + T], tokens[s + 1:s + T + 1]
+
+decay = [p for p in model.parameters() if p.dim() >= 2]
+rest = [p for p in model.parameters() if p.dim() < 2]
+opt = torch.optim.AdamW([{"params": decay, "weight_decay": WD}, {"params": rest, "weight_decay": 0.0}], lr=LR)
+with open(out + "/losses.txt", "w") as f:
+    for step in range(steps):
+        xs, ys = zip(*[window(step * B + i) for i in range(B)])
+        x, y = torch.stack(xs), torch.stack(ys)
+        loss = nn.functional.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        f.write("%.9f\n" % loss.item())
+)PY";
+  auto [py_code, py_out] =
+      RunProgram({"/usr/bin/python3", script, text, dir, "10"}, absl::Seconds(120));
+  ASSERT_EQ(py_code, 0) << py_out;
+  std::vector<double> want;
+  for (absl::string_view line : absl::StrSplit(ReadFile(dir + "/losses.txt"), '\n', absl::SkipEmpty())) {
+    double v = 0;
+    ASSERT_TRUE(absl::SimpleAtod(line, &v)) << line;
+    want.push_back(v);
+  }
+  ASSERT_EQ(want.size(), 10u);
+
+  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+  auto workers = test_support::StartWorkers({"w1", "w2"}, addr, "nanogpt");
+  const std::string board = dir + "/board";
+  auto [code, out] = RunProgram(
+      {BinDir() + "/master", "--workers", "w1,w2", "--listen", addr, "--model", dir + "/gpt.pt", "--dataset",
+       "text:" + text, "--seq-len", "16", "--batch-size", "8", "--train-rows", "80", "--epochs", "1",
+       "--shuffle=false", "--optimizer", "adamw", "--weight-decay", "0.1", "--lr", "0.001", "--seed", "3",
+       "--val-fraction", "0.05", "--splits", "2", "--tensorboard", board, "--checkpoint-dir", dir + "/ckpt"},
+      absl::Seconds(180));
+  ASSERT_EQ(code, 0) << out;
+  for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
+  EXPECT_THAT(out, HasSubstr("over 2 workers"));
+  const auto losses = test_support::ScalarsIn(board, "step/loss");
+  ASSERT_EQ(losses.size(), want.size()) << out;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_NEAR(losses[i].value, want[i], 1e-5) << "step " << i + 1 << "\n" << out;
+  }
+}
+
 }  // namespace
 }  // namespace remora
