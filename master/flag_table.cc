@@ -87,6 +87,10 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
                   "clip each step's gradients to this norm over the whole model, as torch.nn.utils.clip_grad_norm_ "
                   "(each worker's share of the squared norm goes to the pipeline's other workers; with --replicas "
                   "after their sum); 0: no clipping. Not with --mode ps or --zero 1 yet");
+  flags.AddString("precision", &c.precision,
+                  "fp32, or bf16: every stage computes under bf16 autocast (matrix products in bf16; float32 "
+                  "parameters, optimizer state and loss) and activations and their gradients cross stage "
+                  "boundaries in bf16, half the bytes; --local too. Not with --mode ps yet");
   flags.AddBool("recompute", &c.recompute,
                 "activation recomputation: each stage's training forward pass keeps only its input and runs again "
                 "in its backward pass, for the same gradients with less memory held between the two (the summary's "

@@ -428,6 +428,12 @@ absl::StatusOr<CommandLine> Check(Flags f) {
                             "cut it where --split-at says"));
   }
   if (c.zero != 0 && c.zero != 1) return Bad("--zero must be 0 or 1");
+  if (c.precision != "fp32" && c.precision != "bf16") {
+    return Bad(absl::StrCat("--precision must be fp32 or bf16; got '", c.precision, "'"));
+  }
+  if (c.precision == "bf16" && !c.local && line.ps_mode) {
+    return Bad("--precision bf16 with --mode ps is not built yet: train a pipeline (with --replicas) or --local");
+  }
   if (c.clip_grad_norm > 0 && !c.local && (line.ps_mode || (c.zero == 1 && c.replicas > 1))) {
     return Bad(absl::StrCat("--clip-grad-norm with ", line.ps_mode ? "--mode ps" : "--zero 1",
                             " is not built yet: clip in a pipeline (with --replicas, ZeRO-1 off) or --local"));

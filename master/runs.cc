@@ -93,6 +93,7 @@ absl::StatusOr<std::unique_ptr<LocalRun>> LocalRun::Create(const RunOptions& c, 
   o.micro_batches = splits;
   o.device = c.device;
   o.clip_grad_norm = c.clip_grad_norm;
+  o.bf16 = c.precision == "bf16";
   ASSIGN_OR_RETURN(auto trainer, train::LocalTrainer::Create(std::move(o)));
   return std::unique_ptr<LocalRun>(new LocalRun(c, splits, std::move(trainer)));
 }
@@ -668,7 +669,10 @@ absl::Status TrainElastic(Agent& agent, const RunOptions& c, const std::vector<p
           ASSIGN_OR_RETURN(ck.stages, checkpoint::LoadStageSpecs(*from));
         }
         std::vector<pipeline::StageSpec> cut = first ? stages : ck.stages;
-        for (pipeline::StageSpec& s : cut) s.recompute = c.recompute;  // (a run's setting: no checkpoint has it)
+        for (pipeline::StageSpec& s : cut) {  // (a run's settings: no checkpoint has them)
+          s.recompute = c.recompute;
+          s.bf16 = c.precision == "bf16";
+        }
         first = false;
         return attempt(now, ck, cut, &elastic);
       }));

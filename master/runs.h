@@ -86,6 +86,9 @@ struct RunOptions {
   // --recompute: each stage's training forward keeps only its input and
   // runs again in the backward pass (pipeline::StageSpec::recompute).
   bool recompute = false;
+  // --precision fp32|bf16: bf16 autocast in every stage, activations and
+  // their gradients bf16 between stages (pipeline::StageSpec::bf16).
+  std::string precision = "fp32";
   std::string report, trace, timeline;
   // --tensorboard DIR: the scalars as TensorBoard event files; --curves
   // FILE.svg: the loss and accuracy curves drawn at the end.

@@ -16,6 +16,7 @@
 #include "pipeline/fit.h"
 #include "pipeline/microbatch.h"
 #include "pipeline/protocol.h"
+#include "pipeline/recompute.h"
 
 namespace remora::pipeline {
 
@@ -110,7 +111,7 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(Agent& agent, Pipelin
     const StageSpec& s = o.stages[k];
     const std::string& w = o.workers[k % n];
     auto stage = agent.remote(w, MakeStageRequest::kFunction,
-                              EncodeCall(MakeStageRequest{s.kind, s.name, s.Payload(), k, s.device, s.recompute}));
+                              EncodeCall(MakeStageRequest{s.kind, s.name, s.Payload(), k, s.device, s.recompute, s.bf16}));
     if (!stage.ok()) {
       return Annotate(stage.status(), absl::StrCat("placing stage ", k, " on worker '", w, "'"));
     }
@@ -501,7 +502,7 @@ absl::StatusOr<double> Pipeline::RunMicroBatches(const std::vector<c10::IValue>&
     ASSIGN_OR_RETURN(c10::IValue out, outs[i].wait());
     at::Tensor l;
     try {
-      l = options_.loss(out, ts[i]) * RowsShare(BatchRows(xs[i]), rows);
+      l = options_.loss(ToFloat32(out), ts[i]) * RowsShare(BatchRows(xs[i]), rows);
     } catch (...) {
       return StatusFromCurrentException(absl::StrCat(
           "the loss of micro-batch ", i, " (the last stage's output against the targets)"));

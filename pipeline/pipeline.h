@@ -73,6 +73,14 @@ struct StageSpec {
   // memory held between the passes, a forward's time more). A run's
   // setting (--recompute), not part of the model: checkpoints leave it out.
   bool recompute = false;
+  // Mixed precision: the stage computes under bf16 autocast (Bf16Autocast,
+  // pipeline/recompute.h: float32 parameters and optimizer state, matrix
+  // products in bf16) and its floating outputs leave it as bf16, so
+  // activations and their gradients cross stage boundaries in half the
+  // bytes (a stage takes its bf16 input on as float32); a loss takes the
+  // last stage's output as float32. A run's setting (--precision bf16),
+  // not part of the model.
+  bool bf16 = false;
 };
 
 // The module a spec describes, built in this process on `device` (what a

@@ -110,9 +110,11 @@ struct MakeStageRequest {
   int64_t index = 0;
   std::string device;
   bool recompute = false;  // StageSpec::recompute
+  bool bf16 = false;       // StageSpec::bf16
   template <typename Fields>
   void Visit(Fields& f) {
-    f("type", type)("name", name)("payload", payload)("index", index)("device", device)("recompute", recompute);
+    f("type", type)("name", name)("payload", payload)("index", index)("device", device)("recompute", recompute)(
+        "bf16", bf16, kMayBeLeftOff);
   }
 };
 

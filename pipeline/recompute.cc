@@ -7,11 +7,13 @@
 #include <vector>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/core/List.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/version.h>
 
 namespace remora::pipeline {
 namespace {
@@ -38,6 +40,7 @@ struct RecomputedPass {
   StageModule* module;
   c10::IValue input;   // the layout: tensors replaced by empty ones
   c10::IValue output;  // the same, of the output
+  bool bf16 = false;   // under Bf16Autocast
 };
 
 // A stage's forward pass as one autograd node: the forward runs without
@@ -59,6 +62,7 @@ class Recompute : public torch::autograd::Function<Recompute> {
     }
     ctx->saved_data["module"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(pass->module));
     ctx->saved_data["input"] = pass->input;
+    ctx->saved_data["bf16"] = pass->bf16;
     ctx->save_for_backward(inputs.vec());
     // (A copy: a module may write its input in place, which must stay
     // as it came for the second pass.)
@@ -100,6 +104,7 @@ class Recompute : public torch::autograd::Function<Recompute> {
         generator.set_state(ctx->saved_data["rng"].toTensor());
       }
       at::AutoGradMode grad(true);
+      Bf16Autocast autocast(ctx->saved_data["bf16"].toBool());  // (this thread is autograd's)
       outputs = TensorsIn(module->Forward(WithTensors(ctx->saved_data["input"], inputs)));
       std::lock_guard<std::mutex> rng_lock(generator.mutex());
       generator.set_state(now);
@@ -152,14 +157,77 @@ c10::IValue MapTensors(const c10::IValue& value, const std::function<at::Tensor(
   return value;
 }
 
-c10::IValue RecomputedForward(StageModule& module, const c10::IValue& x) {
-  RecomputedPass pass{&module, MapTensors(x, [](const at::Tensor&) { return at::empty({0}); }), c10::IValue()};
+c10::IValue RecomputedForward(StageModule& module, const c10::IValue& x, bool bf16) {
+  RecomputedPass pass{&module, MapTensors(x, [](const at::Tensor&) { return at::empty({0}); }), c10::IValue(),
+                      bf16};
+  Bf16Autocast autocast(bf16);
   const std::vector<at::Tensor> inputs = TensorsIn(x);
   const std::vector<at::Tensor> params = module.Parameters();
   const torch::autograd::variable_list outputs =
       Recompute::apply(at::TensorList(inputs), at::TensorList(params),
                        static_cast<int64_t>(reinterpret_cast<intptr_t>(&pass)));
   return WithTensors(pass.output, outputs);
+}
+
+// LibTorch 2.4 on names autocast's switches by device; 1.13 by function.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+Bf16Autocast::Bf16Autocast(bool on) : on_(on) {
+  if (!on_) return;
+  cpu_was_ = at::autocast::is_autocast_enabled(at::kCPU);
+  cuda_was_ = at::autocast::is_autocast_enabled(at::kCUDA);
+  cpu_dtype_was_ = at::autocast::get_autocast_dtype(at::kCPU);
+  cuda_dtype_was_ = at::autocast::get_autocast_dtype(at::kCUDA);
+  at::autocast::set_autocast_enabled(at::kCPU, true);
+  at::autocast::set_autocast_enabled(at::kCUDA, true);
+  at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+  at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+  at::autocast::increment_nesting();
+}
+
+Bf16Autocast::~Bf16Autocast() {
+  if (!on_) return;
+  // (The weights' bf16 copies are kept while autocast is on: dropped at
+  // the outermost end.)
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_autocast_enabled(at::kCPU, cpu_was_);
+  at::autocast::set_autocast_enabled(at::kCUDA, cuda_was_);
+  at::autocast::set_autocast_dtype(at::kCPU, cpu_dtype_was_);
+  at::autocast::set_autocast_dtype(at::kCUDA, cuda_dtype_was_);
+}
+#else
+Bf16Autocast::Bf16Autocast(bool on) : on_(on) {
+  if (!on_) return;
+  cpu_was_ = at::autocast::is_cpu_enabled();
+  cuda_was_ = at::autocast::is_enabled();
+  cpu_dtype_was_ = at::autocast::get_autocast_cpu_dtype();
+  cuda_dtype_was_ = at::autocast::get_autocast_gpu_dtype();
+  at::autocast::set_cpu_enabled(true);
+  at::autocast::set_enabled(true);
+  at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+  at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
+  at::autocast::increment_nesting();
+}
+
+Bf16Autocast::~Bf16Autocast() {
+  if (!on_) return;
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_cpu_enabled(cpu_was_);
+  at::autocast::set_enabled(cuda_was_);
+  at::autocast::set_autocast_cpu_dtype(cpu_dtype_was_);
+  at::autocast::set_autocast_gpu_dtype(cuda_dtype_was_);
+}
+#endif
+
+c10::IValue ToBf16(const c10::IValue& value) {
+  return MapTensors(value, [](const at::Tensor& t) {
+    return t.defined() && t.scalar_type() == at::kFloat ? t.to(at::kBFloat16) : t;
+  });
+}
+
+c10::IValue ToFloat32(const c10::IValue& value) {
+  return MapTensors(value, [](const at::Tensor& t) {
+    return t.defined() && t.scalar_type() == at::kBFloat16 ? t.to(at::kFloat) : t;
+  });
 }
 
 }  // namespace remora::pipeline

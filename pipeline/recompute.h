@@ -22,7 +22,35 @@
 
 namespace remora::pipeline {
 
-c10::IValue RecomputedForward(StageModule& module, const c10::IValue& x);
+// `bf16`: the forward passes (the first and the one in the backward pass)
+// run under Bf16Autocast.
+c10::IValue RecomputedForward(StageModule& module, const c10::IValue& x, bool bf16 = false);
+
+// Mixed precision (StageSpec::precision "bf16"): while it lives, this
+// thread's CPU and CUDA autocast compute in bfloat16, as
+// torch.autocast(device, dtype=torch.bfloat16) does: matrix products and
+// convolutions in bf16, norms, softmax and losses in float32, the
+// parameters float32 as they are (their gradients too). `on` false:
+// nothing changes. The thread's earlier state comes back when it ends.
+// Thread-compatible: one per thread, scoped.
+class Bf16Autocast {
+ public:
+  explicit Bf16Autocast(bool on);
+  ~Bf16Autocast();
+  Bf16Autocast(const Bf16Autocast&) = delete;
+  Bf16Autocast& operator=(const Bf16Autocast&) = delete;
+
+ private:
+  const bool on_;
+  bool cpu_was_ = false, cuda_was_ = false;
+  c10::ScalarType cpu_dtype_was_ = c10::ScalarType::BFloat16, cuda_dtype_was_ = c10::ScalarType::Half;
+};
+
+// `value` with its float32 tensors as bf16 (what crosses a stage boundary
+// under bf16: half the bytes, the gradient coming back in bf16 too), and
+// with its bf16 tensors as float32 (what a loss takes).
+c10::IValue ToBf16(const c10::IValue& value);
+c10::IValue ToFloat32(const c10::IValue& value);
 
 // `value` with `fn` applied to every tensor inside (tuples and lists too),
 // in order (what a stage's input and output may hold).

@@ -21,6 +21,7 @@
 #include "optim/distributed_optimizer.h"
 #include "pipeline/batch_end.h"
 #include "pipeline/microbatch.h"
+#include "pipeline/recompute.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/protocol.h"
 #include "pipeline/runner_plan.h"
@@ -373,7 +374,8 @@ class Runner : public std::enable_shared_from_this<Runner> {
             });
         return;
       }
-      absl::StatusOr<at::Tensor> computed = plan_->loss.Compute(y, b->targets.at(mb));
+      // (The loss in float32: a bf16 stage's output as float32.)
+      absl::StatusOr<at::Tensor> computed = plan_->loss.Compute(ToFloat32(y), b->targets.at(mb));
       if (!computed.ok()) {
         Fail(b, Annotate(computed.status(), absl::StrCat("stage ", stage, " on worker '", agent_.self().name,
                                                          "', micro-batch ", mb)));

@@ -12,6 +12,7 @@
 #include "base/status_util.h"
 #include "pipeline/fit.h"
 #include "pipeline/microbatch.h"
+#include "pipeline/recompute.h"
 #include "pipeline/protocol.h"
 #include "pipeline/runner_plan.h"
 #include "pipeline/worker_data.h"
@@ -222,6 +223,7 @@ void EvalRunner::Account(const std::shared_ptr<EvalBatch>& b, int64_t stage, int
   // Counting: how many of the micro-batch's rows the output gets right.
   at::Tensor right;
   if (stage + 1 == plan_->num_stages()) {
+    y = ToFloat32(y);  // (a bf16 stage's logits counted in float32)
     at::Tensor labels;
     {
       MutexLock lock(mu_);

@@ -183,15 +183,16 @@ class ActivationMeter {
 class Stage {
  public:
   // `recompute`: training forward passes keep only their input
-  // (RecomputedForward).
+  // (RecomputedForward); `bf16`: under Bf16Autocast, the outputs bf16.
   Stage(std::unique_ptr<StageModule> module, int64_t index, std::string label,
-        std::string worker, bool recompute = false)
+        std::string worker, bool recompute = false, bool bf16 = false)
       : module_(std::move(module)),
         index_(index),
         label_(std::move(label)),
         trace_label_(absl::StrCat("stage ", index_)),
         worker_(std::move(worker)),
-        recompute_(recompute) {}
+        recompute_(recompute),
+        bf16_(bf16) {}
 
   // `turn_held`: the caller holds the forward action's compute turn.
   c10::IValue Forward(const c10::IValue& arg, int64_t mb, int64_t context_id, c10::Device device,
@@ -215,7 +216,16 @@ class Stage {
       const bool metered = train && runtime::CpuBytesInUse() >= 0;
       std::optional<runtime::ScopedAllocationTag> tag;
       if (metered) tag.emplace(ActivationMeter::Get().NewTag(index_));
-      c10::IValue y = train && recompute_ ? RecomputedForward(*module_, x) : module_->Forward(x);
+      c10::IValue y;
+      {
+        // (What came in bf16 goes on as float32, as autocast would give
+        // an op outside its lists, e.g. CPU's layer norm in LibTorch 1.13;
+        // its gradient goes back in bf16.)
+        if (bf16_) x = ToFloat32(x);
+        Bf16Autocast autocast(bf16_);
+        y = train && recompute_ ? RecomputedForward(*module_, x, bf16_) : module_->Forward(x);
+      }
+      if (bf16_) y = ToBf16(y);
       // (A TorchScript graph may hand out outputs that require grad even
       // with grad mode off.)
       if (!train) return MapTensors(y, [](const at::Tensor& t) { return t.detach(); });
@@ -255,6 +265,7 @@ class Stage {
   const int64_t index_;
   const std::string label_, trace_label_, worker_;
   const bool recompute_;
+  const bool bf16_;
 };
 
 c10::Device DeviceOf(CallContext& ctx, const std::string& requested) {
@@ -321,7 +332,7 @@ std::shared_ptr<HostedStage> MakeStage(CallContext& ctx, const Args& a) {
   auto hosted = std::make_shared<HostedStage>();
   hosted->device = device;
   hosted->stage = std::make_unique<Stage>(BuildModule(r.type, r.name, r.payload, device, where),
-                                          r.index, r.name, WorkerName(ctx), r.recompute);
+                                          r.index, r.name, WorkerName(ctx), r.recompute, r.bf16);
   return hosted;
 }
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_util.h"
 #include "pipeline/microbatch.h"
+#include "pipeline/recompute.h"
 #include "runtime/trace.h"
 
 namespace remora::train {
@@ -45,6 +46,16 @@ LocalTrainer::LocalTrainer(LocalOptions options, std::vector<std::unique_ptr<pip
                                     std::move(params));
 }
 
+c10::IValue LocalTrainer::Forward(pipeline::StageModule& stage, const c10::IValue& x) const {
+  if (!options_.bf16) return stage.Forward(x);
+  c10::IValue y;
+  {
+    pipeline::Bf16Autocast autocast(true);
+    y = stage.Forward(pipeline::ToFloat32(x));
+  }
+  return pipeline::ToBf16(y);
+}
+
 absl::StatusOr<double> LocalTrainer::Train(const at::Tensor& cpu_x, const at::Tensor& cpu_y,
                                            const SliceFn& slices) {
   ASSIGN_OR_RETURN(auto xs, pipeline::SplitMicroBatches(cpu_x.to(device_), options_.micro_batches));
@@ -62,9 +73,9 @@ absl::StatusOr<double> LocalTrainer::Train(const at::Tensor& cpu_x, const at::Te
       c10::IValue out = xs[i];
       phase = Phase::kForward;
       at_mb = i;
-      for (at_stage = 0; at_stage < stages_.size(); ++at_stage) out = stages_[at_stage]->Forward(out);
+      for (at_stage = 0; at_stage < stages_.size(); ++at_stage) out = Forward(*stages_[at_stage], out);
       const int64_t f1 = trace::NowUs();
-      absl::StatusOr<at::Tensor> computed = options_.loss.Compute(out, ts[i]);
+      absl::StatusOr<at::Tensor> computed = options_.loss.Compute(pipeline::ToFloat32(out), ts[i]);
       if (!computed.ok()) return Annotate(computed.status(), absl::StrCat("local training, micro-batch ", i));
       at::Tensor l = *computed * pipeline::RowsShare(pipeline::BatchRows(xs[i]), rows);
       phase = Phase::kBackward;
@@ -97,8 +108,8 @@ absl::StatusOr<at::Tensor> LocalTrainer::Eval(const at::Tensor& x) {
   c10::IValue out = x.to(device_);
   try {
     for (auto& stage : stages_) stage->Train(false);
-    for (auto& stage : stages_) out = stage->Forward(out);
-    return out.toTensor().cpu();
+    for (auto& stage : stages_) out = Forward(*stage, out);
+    return pipeline::ToFloat32(out).toTensor().cpu();
   } catch (...) {
     return StatusFromCurrentException("local evaluation");
   }

@@ -43,6 +43,9 @@ struct LocalOptions {
   // Above 0: torch::nn::utils::clip_grad_norm_ over the whole model before
   // each step (pipeline::PipelineOptions::clip_grad_norm's one process).
   double clip_grad_norm = 0;
+  // Mixed precision as the pipeline's (pipeline::StageSpec::bf16): each
+  // stage under bf16 autocast, its outputs bf16, the loss float32.
+  bool bf16 = false;
 };
 
 class LocalTrainer final : public Trainer {
@@ -72,6 +75,8 @@ class LocalTrainer final : public Trainer {
 
  private:
   LocalTrainer(LocalOptions options, std::vector<std::unique_ptr<pipeline::StageModule>> stages);
+  // A stage's forward pass, under bf16 autocast with options_.bf16.
+  c10::IValue Forward(pipeline::StageModule& stage, const c10::IValue& x) const;
 
   const LocalOptions options_;
   const c10::Device device_;

@@ -657,6 +657,8 @@ TEST(MasterFlags, TextTrainsTheBuiltInGptSizedByItsFlags) {
       {{"--local", "--dataset", "text:book.txt", "--model", "m.pt"}, "cannot read the TorchScript file m.pt"},
       {{"--local", "--dataset", "text:book.txt", "--peak-tflops", "-1"}, "--peak-tflops"},
       {{"--local", "--dataset", "fashion-mnist", "--tie-embeddings"}, "this run trains no GPT"},
+      {{"--local", "--precision", "fp16"}, "--precision must be fp32 or bf16; got 'fp16'"},
+      {{"--workers", "a,b", "--mode", "ps", "--precision", "bf16"}, "--precision bf16 with --mode ps is not built yet"},
       {{"--workers", "a,b,c,d", "--replicas", "2", "--zero", "1", "--dataset", "text:book.txt"},
        "tied embeddings (on by default) over several stages with --zero 1 are not built yet"},
       {{"--local", "--dataset", "fashion-mnist", "--val-fraction", "0.1"}, "--val-fraction"},

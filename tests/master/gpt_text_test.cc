@@ -230,6 +230,20 @@ TEST(TextMaster, AGptTrainsOverWorkersAsInOneProcessAndReportsPerplexity) {
   const std::vector<double> ps_losses = EpochField(ps_out, "train_loss");
   ASSERT_EQ(ps_losses.size(), 2u) << ps_out;
   for (size_t e = 0; e < 2; ++e) EXPECT_NEAR(ps_losses[e], losses[e], 1e-4 * losses[e]) << ps_out;
+
+  // --precision bf16 over the workers: near the float32 run's losses (bf16
+  // rounds the matrix products and what crosses a boundary).
+  const std::string bf16_addr = absl::StrCat("127.0.0.1:", FreePort());
+  workers = test_support::StartWorkers({"w1", "w2"}, bf16_addr, "gpt_bf16");
+  auto [bf16_code, bf16_out] = RunProgram(
+      master({"--workers", "w1,w2", "--listen", bf16_addr, "--splits", "2", "--precision", "bf16", "--checkpoint-dir",
+              test_support::FreshDir("gpt_bf16") + "/ckpt"}),
+      absl::Seconds(180));
+  ASSERT_EQ(bf16_code, 0) << bf16_out;
+  for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
+  const std::vector<double> bf16_losses = EpochField(bf16_out, "train_loss");
+  ASSERT_EQ(bf16_losses.size(), 2u) << bf16_out;
+  for (size_t e = 0; e < 2; ++e) EXPECT_NEAR(bf16_losses[e], losses[e], 1e-2 * losses[e]) << bf16_out;
 }
 
 // A language model of one's own, as PyTorch scripts it (nanoGPT's shape:

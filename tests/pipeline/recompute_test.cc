@@ -1,7 +1,8 @@
 // Activation recomputation (pipeline::StageSpec::recompute) over real
 // worker processes: the same training as without it, and less held
 // between a stage's forward and backward passes (pipeline/stage.cc,
-// Recompute).
+// Recompute). And mixed precision (StageSpec::bf16, Bf16Autocast), which
+// shares its home (pipeline/recompute.h).
 #include <string>
 #include <vector>
 
@@ -9,9 +10,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/jit/api/module.h>
+#include <torch/nn/modules/linear.h>
 
 #include "absl/strings/str_cat.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/protocol.h"
+#include "pipeline/recompute.h"
+#include "train/local_trainer.h"
 #include "tests/support/pipeline_fixtures.h"
 #include "tests/support/script_models.h"
 
@@ -93,6 +98,80 @@ TEST(Pipeline, RecomputedStagesTrainAsWithoutAndHoldLess) {
   }
   for (const char* w : {"w1", "w2"}) {
     EXPECT_EQ(workers.master().rpc_sync(w, "remora.autograd.num_contexts").value().toInt(), 0) << w;
+  }
+}
+
+// Bf16Autocast: matrix products in bf16 while it lives (the parameters
+// stay float32), the thread as it was after; off changes nothing.
+TEST(Bf16, AutocastComputesMatrixProductsInBf16AndRestoresTheThread) {
+  torch::nn::Linear linear(4, 3);
+  const at::Tensor x = at::randn({2, 4});
+  {
+    Bf16Autocast on(true);
+    EXPECT_EQ(linear(x).scalar_type(), at::kBFloat16);
+    EXPECT_EQ(linear->weight.scalar_type(), at::kFloat);
+    {
+      Bf16Autocast nested_off(false);
+      EXPECT_EQ(linear(x).scalar_type(), at::kBFloat16);
+    }
+    EXPECT_EQ(linear(x).scalar_type(), at::kBFloat16);
+  }
+  EXPECT_EQ(linear(x).scalar_type(), at::kFloat);
+  const c10::IValue pair = c10::ivalue::Tuple::create({x, at::arange(3)});
+  const c10::IValue half = ToBf16(pair);
+  EXPECT_EQ(half.toTupleRef().elements()[0].toTensor().scalar_type(), at::kBFloat16);
+  EXPECT_EQ(half.toTupleRef().elements()[1].toTensor().scalar_type(), at::kLong);
+  EXPECT_EQ(ToFloat32(half).toTupleRef().elements()[0].toTensor().scalar_type(), at::kFloat);
+}
+
+// bf16 stages over workers: a stage's output leaves it in bf16 (half the
+// bytes across the boundary); the losses are one process's under the same
+// autocast and casts (train::LocalTrainer with bf16) to rounding, near the
+// float32 run's and not equal to them; with recomputation (the second
+// forward under autocast too) the same as without.
+TEST(Pipeline, Bf16StagesTrainAsOneProcessUnderAutocastAndSendBf16) {
+  Workers workers;
+  const auto data = test_support::RandomBatches(4, 16, 32, 4);
+  const std::vector<shards::MLPStageOptions> mlp = {Mlp(32, 64, 1), Mlp(64, 4, 2, false)};
+  train::LocalOptions lo;
+  for (const auto& s : mlp) lo.stages.push_back(MlpSpec(s));
+  lo.loss = MseLoss();
+  lo.optimizer = optim::OptimizerOptions::SGD(0.05).set_momentum(0.9);
+  lo.micro_batches = 4;
+  lo.bf16 = true;
+  auto local = train::LocalTrainer::Create(lo);
+  ASSERT_TRUE(local.ok()) << local.status();
+  std::vector<double> want;
+  for (const auto& [x, y] : data) want.push_back((*local)->Train(x, y).value());
+  const test_support::LocalRun fp32 = test_support::TrainMlpLocally(mlp, data);
+  for (bool recompute : {false, true}) {
+    SCOPED_TRACE(recompute ? "recomputed" : "kept");
+    PipelineOptions o;
+    for (const auto& s : mlp) o.stages.push_back(MlpSpec(s));
+    for (StageSpec& s : o.stages) {
+      s.bf16 = true;
+      s.recompute = recompute;
+    }
+    o.workers = {"w1", "w2"};
+    o.schedule = "1f1b";
+    o.micro_batches = 4;
+    o.loss = MseLoss();
+    o.optimizer = lo.optimizer;
+    auto pipe = Pipeline::Create(workers.master(), o);
+    ASSERT_TRUE(pipe.ok()) << pipe.status();
+    const c10::IValue out = (*pipe)->stages()[0]
+                                .rpc_sync(StageEvalRequest::kMethod, EncodeCall(StageEvalRequest{data[0].first, 0}))
+                                .value();
+    EXPECT_EQ(out.toTensor().scalar_type(), at::kBFloat16);
+    bool differs = false;
+    for (size_t i = 0; i < data.size(); ++i) {
+      const double loss = (*pipe)->train_step(data[i].first, data[i].second).value();
+      EXPECT_NEAR(loss, want[i], 1e-5 * std::abs(want[i])) << "step " << i;
+      EXPECT_NEAR(loss, fp32.losses[i], 2e-2 * std::abs(fp32.losses[i])) << "step " << i;
+      differs |= loss != fp32.losses[i];
+    }
+    EXPECT_TRUE(differs) << "bf16 rounds otherwise than float32";
+    EXPECT_EQ((*pipe)->stage_state(0).value().front().scalar_type(), at::kFloat) << "float32 parameters";
   }
 }
 
