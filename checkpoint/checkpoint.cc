@@ -11,6 +11,7 @@
 #include <ATen/core/Dict.h>
 #include <ATen/core/List.h>
 #include <ATen/ops/empty.h>
+#include <c10/core/GradMode.h>
 #include <google/protobuf/util/json_util.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
@@ -24,6 +25,7 @@
 #include "checkpoint/manifest.h"
 #include "checkpoint/protocol.h"
 #include "checkpoint/shard.h"
+#include "pipeline/protocol.h"
 #include "data/datasets.h"
 
 namespace remora::checkpoint {
@@ -153,6 +155,10 @@ absl::Status Checkpointer::Save(pipeline::Pipeline& pipe, const std::vector<pipe
   if (ec) return absl::InternalError(absl::StrCat("cannot make ", dir, ": ", ec.message()));
 
   wire::Manifest m = NewManifest(identity, state, final);
+  // A tied weight: stored once, with the first stage.
+  m.set_tied_first(pipe.tied_first());
+  m.set_tied_last(pipe.tied_last());
+  const int64_t last = pipe.num_stages() - 1;
 
   // Every owner writes its shard at once (or copies its state and writes
   // it in the background).
@@ -167,9 +173,17 @@ absl::Status Checkpointer::Save(pipeline::Pipeline& pipe, const std::vector<pipe
     shard->set_worker(workers[i]);
     for (int64_t k : indices) shard->add_stages(static_cast<int32_t>(k));
     paths.push_back(absl::StrCat(dir, "/", file));
-    pending.push_back(agent_.rpc_async(
-        workers[i], SaveShardRequest::kFunction,
-        EncodeCall(SaveShardRequest{paths.back(), indices, rrefs, OptimizerOf(pipe, workers[i]), background})));
+    SaveShardRequest save;
+    save.path = paths.back();
+    save.stages = indices;
+    save.stage_rrefs = rrefs;
+    save.optimizer = OptimizerOf(pipe, workers[i]);
+    save.background = background;
+    if (!pipe.tied_last().empty() && std::find(indices.begin(), indices.end(), last) != indices.end()) {
+      save.omit_stage = last;
+      save.omit_name = pipe.tied_last();
+    }
+    pending.push_back(agent_.rpc_async(workers[i], SaveShardRequest::kFunction, EncodeCall(save)));
   }
   const std::string failed = SaveFailed(state.step, dir);
   absl::StatusOr<std::vector<c10::IValue>> written = WaitAll(pending, [&workers](size_t i) {
@@ -363,14 +377,34 @@ absl::Status Restore(pipeline::Pipeline& pipe, const Checkpoint& ck) {
   for (size_t i = 0; i < workers.size(); ++i) {
     const ManifestShard& shard = m.shards[i];
     auto [indices, rrefs] = StagesOn(pipe, i);
-    pending.push_back(pipe.agent().rpc_async(
-        workers[i], LoadShardRequest::kFunction,
-        EncodeCall(LoadShardRequest{absl::StrCat(ck.dir, "/", shard.file), shard.bytes, shard.crc32, indices,
-                                    rrefs, OptimizerOf(pipe, workers[i])})));
+    LoadShardRequest load;
+    load.path = absl::StrCat(ck.dir, "/", shard.file);
+    load.bytes = shard.bytes;
+    load.crc32 = shard.crc32;
+    load.stages = indices;
+    load.stage_rrefs = rrefs;
+    load.optimizer = OptimizerOf(pipe, workers[i]);
+    if (!m.tied_last.empty()) {
+      load.omitted_stage = pipe.num_stages() - 1;
+      load.omitted_name = m.tied_last;
+    }
+    pending.push_back(pipe.agent().rpc_async(workers[i], LoadShardRequest::kFunction, EncodeCall(load)));
   }
   RETURN_IF_ERROR(WaitAll(pending, [&workers](size_t i) {
                     return absl::StrCat("restoring shard ", i, " on worker '", workers[i], "'");
                   }).status());
+  if (!m.tied_last.empty()) {
+    // The tied weight's last copy: the first stage's, as stored.
+    const std::string where = absl::StrCat("restoring the tied weight '", m.tied_last, "' of ", ck.manifest_path);
+    absl::StatusOr<c10::IValue> weight = pipe.stages().front().rpc_sync(
+        pipeline::StageParameterRequest::kMethod, EncodeCall(pipeline::StageParameterRequest{m.tied_first, {}}));
+    RETURN_IF_ERROR(Annotate(weight.status(), where));
+    RETURN_IF_ERROR(Annotate(pipe.stages().back()
+                                 .rpc_sync(pipeline::StageParameterRequest::kMethod,
+                                           EncodeCall(pipeline::StageParameterRequest{m.tied_last, *weight}))
+                                 .status(),
+                             where));
+  }
   return RestoreCpuGenerator(ck);
 }
 
@@ -411,6 +445,36 @@ absl::StatusOr<std::vector<std::vector<at::Tensor>>> ReadStageTensors(const Chec
   return out;
 }
 
+namespace {
+
+// The tied weight's last copy (Manifest::tied_last) set in `last` from the
+// first stage's saved tensors.
+absl::Status FillTied(const Checkpoint& ck, const std::vector<at::Tensor>& first,
+                      const std::vector<std::string>& first_names, pipeline::StageModule& last) {
+  const Manifest& m = ck.manifest;
+  const auto saved = std::find(first_names.begin(), first_names.end(), m.tied_first);
+  const std::vector<std::string> names = pipeline::StateNames(last);
+  const auto mine = std::find(names.begin(), names.end(), m.tied_last);
+  const std::vector<at::Tensor> params = last.Parameters();
+  const size_t at = static_cast<size_t>(mine - names.begin());
+  if (saved == first_names.end() || mine == names.end() || at >= params.size() ||
+      static_cast<size_t>(saved - first_names.begin()) >= first.size()) {
+    return absl::DataLossError(absl::StrCat(ck.manifest_path, ": the tied weight '", m.tied_first,
+                                            "' of stage 0 or its copy '", m.tied_last, "' in the last stage is not there"));
+  }
+  const at::Tensor& weight = first[static_cast<size_t>(saved - first_names.begin())];
+  if (weight.sizes() != params[at].sizes()) {
+    return absl::DataLossError(absl::StrCat(ck.manifest_path, ": the tied weight '", m.tied_first, "' is ",
+                                            c10::str(weight.sizes()), ", its copy '", m.tied_last, "' ",
+                                            c10::str(params[at].sizes())));
+  }
+  c10::NoGradGuard no_grad;
+  params[at].copy_(weight);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<std::unique_ptr<pipeline::StageModule>>> LoadModel(const Checkpoint& ck,
                                                                               c10::Device device) {
   ASSIGN_OR_RETURN(std::vector<pipeline::StageSpec> specs, LoadStageSpecs(ck));
@@ -420,7 +484,10 @@ absl::StatusOr<std::vector<std::unique_ptr<pipeline::StageModule>>> LoadModel(co
   for (size_t k = 0; k < specs.size(); ++k) {
     ASSIGN_OR_RETURN(auto stage, pipeline::BuildStage(specs[k], device));
     try {
-      pipeline::LoadState(*stage, tensors[k], absl::StrCat(ck.dir, ": stage ", k), names[k]);
+      const bool tied_here = !ck.manifest.tied_last.empty() && k + 1 == specs.size() && k > 0;
+      pipeline::LoadState(*stage, tensors[k], absl::StrCat(ck.dir, ": stage ", k), names[k],
+                          tied_here ? ck.manifest.tied_last : "");
+      if (tied_here) RETURN_IF_ERROR(FillTied(ck, tensors.front(), names.front(), *stage));
     } catch (...) {
       return StatusFromCurrentException("loading the checkpoint's parameters");
     }

@@ -127,6 +127,11 @@ struct Manifest {
   int replicas = 0;
   int checkpoint_every = 0;
   int keep = 0;  // 0: not recorded (an older manifest)
+  // A tied weight's names (pipeline::PipelineOptions::tied_first and
+  // tied_last; empty: none): stored once, as the first stage's tensor
+  // tied_first; the last stage's shard leaves tied_last out, and
+  // Restore and LoadModel give it the first stage's.
+  std::string tied_first, tied_last;
   std::vector<ManifestStage> stages;
   std::vector<ManifestShard> shards;
   std::string model_file;  // the stage specs (model.pt)

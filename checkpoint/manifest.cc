@@ -82,6 +82,8 @@ Manifest ManifestFromWire(const wire::Manifest& w) {
   m.replicas = w.replicas();
   m.checkpoint_every = w.checkpoint_every();
   m.keep = w.keep();
+  m.tied_first = w.tied_first();
+  m.tied_last = w.tied_last();
   for (const wire::CheckpointStage& s : w.stages()) {
     m.stages.push_back(ManifestStage{s.index(), s.kind(), s.name(), s.shard()});
   }
@@ -114,6 +116,8 @@ wire::Manifest ManifestToWire(const Manifest& m) {
   w.set_replicas(m.replicas);
   w.set_checkpoint_every(m.checkpoint_every);
   w.set_keep(m.keep);
+  w.set_tied_first(m.tied_first);
+  w.set_tied_last(m.tied_last);
   for (const ManifestStage& s : m.stages) {
     wire::CheckpointStage* o = w.add_stages();
     o->set_index(s.index);

@@ -28,10 +28,14 @@ struct SaveShardRequest {
   std::vector<c10::IValue> stage_rrefs;  // the stages, in the same order
   c10::IValue optimizer;  // an RRef of the worker's optimizer, or None
   bool background = false;
+  // A tensor left out: stage `omit_stage`'s named `omit_name` (the last
+  // stage's copy of a tied weight, Manifest::tied_last); -1: none.
+  int64_t omit_stage = -1;
+  std::string omit_name;
   template <typename Fields>
   void Visit(Fields& f) {
-    f("path", path)("stages", stages)("stage_rrefs", stage_rrefs)("optimizer", optimizer)("background",
-                                                                                          background);
+    f("path", path)("stages", stages)("stage_rrefs", stage_rrefs)("optimizer", optimizer)("background", background)(
+        "omit_stage", omit_stage, kMayBeLeftOff)("omit_name", omit_name, kMayBeLeftOff);
   }
 };
 
@@ -66,10 +70,15 @@ struct LoadShardRequest {
   std::vector<int64_t> stages;
   std::vector<c10::IValue> stage_rrefs;
   c10::IValue optimizer;  // or None
+  // The tensor SaveShardRequest left out, which stays as it is (Restore
+  // sets it after); -1: none.
+  int64_t omitted_stage = -1;
+  std::string omitted_name;
   template <typename Fields>
   void Visit(Fields& f) {
-    f("path", path)("bytes", bytes)("crc32", crc32)("stages", stages)("stage_rrefs", stage_rrefs)("optimizer",
-                                                                                                 optimizer);
+    f("path", path)("bytes", bytes)("crc32", crc32)("stages", stages)("stage_rrefs", stage_rrefs)(
+        "optimizer", optimizer)("omitted_stage", omitted_stage, kMayBeLeftOff)("omitted_name", omitted_name,
+                                                                               kMayBeLeftOff);
   }
 };
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -94,12 +95,22 @@ c10::IValue SaveShardFn(CallContext& ctx, const Args& a) {
   const std::string& path = r.path;
   Shard shard;
   shard.stages = r.stages;
-  for (const c10::IValue& stage : r.stage_rrefs) {
-    const c10::IValue object = LocalObject(stage, "stage");
-    shard.tensors.push_back(Call(ctx, object, "state").toTensorVector());
+  for (size_t i = 0; i < r.stage_rrefs.size(); ++i) {
+    const c10::IValue object = LocalObject(r.stage_rrefs[i], "stage");
+    std::vector<at::Tensor> tensors = Call(ctx, object, "state").toTensorVector();
     std::vector<std::string> names;
     const c10::IValue listed = Call(ctx, object, "state_names");
     for (const c10::IValue& n : listed.toListRef()) names.push_back(n.toStringRef());
+    if (i < r.stages.size() && r.stages[i] == r.omit_stage) {
+      // (Stored with another stage: a tied weight's last copy.)
+      const auto it = std::find(names.begin(), names.end(), r.omit_name);
+      const auto at = static_cast<size_t>(it - names.begin());
+      if (it != names.end() && at < tensors.size()) {
+        tensors.erase(tensors.begin() + static_cast<std::ptrdiff_t>(at));
+        names.erase(it);
+      }
+    }
+    shard.tensors.push_back(std::move(tensors));
     shard.names.push_back(std::move(names));
   }
   if (!r.optimizer.isNone()) shard.optimizer = Call(ctx, LocalObject(r.optimizer, "optimizer"), "save_state");
@@ -161,6 +172,7 @@ c10::IValue LoadShardFn(CallContext& ctx, const Args& a) {
     pipeline::LoadStateRequest load;
     load.tensors = shard->tensors[i];
     if (!shard->names.empty()) load.names = shard->names[i];
+    if (r.stages[i] == r.omitted_stage) load.missing = r.omitted_name;
     Call(ctx, LocalObject(stages[i], "stage"), pipeline::LoadStateRequest::kMethod, EncodeCall(load));
   }
   if (!r.optimizer.isNone()) {

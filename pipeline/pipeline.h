@@ -351,6 +351,9 @@ class Pipeline {
 
   const Schedule& schedule() const { return schedule_; }
   const std::vector<RRef>& stages() const { return stages_; }
+  // PipelineOptions::tied_first and tied_last (empty: none).
+  const std::string& tied_first() const { return options_.tied_first; }
+  const std::string& tied_last() const { return options_.tied_last; }
   const optim::DistributedOptimizer& optimizer() const { return *optimizer_; }
   // Where worker `worker`'s optimizer state lives when its own optimizer
   // does not hold it (ZeRO-1: the worker's gradient group, parallel/): an

@@ -263,9 +263,23 @@ struct LoadStateRequest {
   static constexpr char kMethod[] = "load_state";
   std::vector<at::Tensor> tensors;
   std::vector<std::string> names;  // or empty
+  std::string missing;  // with names: one the saved state may lack (kept as it is)
   template <typename Fields>
   void Visit(Fields& f) {
-    f("tensors", tensors)("names", names);
+    f("tensors", tensors)("names", names)("missing", missing, kMayBeLeftOff);
+  }
+};
+
+// One of the stage's parameters by name (its state_dict name): read
+// (`value` None; the reply is the tensor) or set (copied into it).
+struct StageParameterRequest {
+  static constexpr char kFunction[] = "remora.pipeline.Stage.parameter";
+  static constexpr char kMethod[] = "parameter";
+  std::string name;
+  c10::IValue value;
+  template <typename Fields>
+  void Visit(Fields& f) {
+    f("name", name)("value", value, kMayBeLeftOff);
   }
 };
 

@@ -424,17 +424,27 @@ std::vector<std::string> StateNames(StageModule& module) {
 }
 
 void LoadState(StageModule& module, const std::vector<at::Tensor>& state, const std::string& where,
-               const std::vector<std::string>& names) {
+               const std::vector<std::string>& names, const std::string& missing) {
   std::vector<at::Tensor> targets = module.Parameters();
-  const size_t num_parameters = targets.size();
+  size_t num_parameters = targets.size();
   for (const at::Tensor& b : module.Buffers()) targets.push_back(b);
+  std::vector<std::string> mine = names.empty() ? std::vector<std::string>() : StateNames(module);
+  if (!missing.empty() && !names.empty() && std::find(names.begin(), names.end(), missing) == names.end()) {
+    // (A tensor stored elsewhere: kept as it is.)
+    const auto it = std::find(mine.begin(), mine.end(), missing);
+    if (it != mine.end() && static_cast<size_t>(it - mine.begin()) < targets.size()) {
+      const size_t i = static_cast<size_t>(it - mine.begin());
+      targets.erase(targets.begin() + static_cast<std::ptrdiff_t>(i));
+      mine.erase(it);
+      if (i < num_parameters) --num_parameters;
+    }
+  }
   if (state.size() != targets.size()) {
     throw std::invalid_argument(absl::StrCat(
         where, ": the saved state has ", state.size(), " tensors; the stage has ", num_parameters,
         " parameters and ", targets.size() - num_parameters, " buffers (is it the same model?)"));
   }
   if (!names.empty()) {
-    const std::vector<std::string> mine = StateNames(module);
     for (size_t i = 0; i < mine.size() && i < names.size(); ++i) {
       if (names[i] != mine[i]) {
         throw std::invalid_argument(absl::StrCat(where, ": saved tensor ", i, " is '", names[i],
@@ -580,8 +590,30 @@ absl::Status RegisterFunctions(Registry& registry) {
        {LoadStateRequest::kMethod, [](Hosted& h, CallContext& ctx, const Args& a) -> c10::IValue {
           const auto r = DecodeCallOrThrow<LoadStateRequest>(a);
           LoadState(h.stage->module(), r.tensors,
-                    absl::StrCat("stage ", h.stage->index(), " on worker '", WorkerName(ctx), "'"), r.names);
+                    absl::StrCat("stage ", h.stage->index(), " on worker '", WorkerName(ctx), "'"), r.names,
+                    r.missing);
           return c10::IValue();
+        }},
+       {StageParameterRequest::kMethod, [](Hosted& h, CallContext& ctx, const Args& a) -> c10::IValue {
+          const auto r = DecodeCallOrThrow<StageParameterRequest>(a);
+          StageModule& m = h.stage->module();
+          const std::vector<at::Tensor> params = m.Parameters();
+          const std::vector<std::string> names = StateNames(m);
+          for (size_t i = 0; i < params.size() && i < names.size(); ++i) {
+            if (names[i] != r.name) continue;
+            if (r.value.isNone()) return params[i].detach().clone();
+            const at::Tensor v = r.value.toTensor();
+            if (v.sizes() != params[i].sizes()) {
+              throw std::invalid_argument(absl::StrCat("stage ", h.stage->index(), " on worker '", WorkerName(ctx),
+                                                       "': parameter '", r.name, "' is ", c10::str(params[i].sizes()),
+                                                       ", not ", c10::str(v.sizes())));
+            }
+            c10::NoGradGuard no_grad;
+            params[i].copy_(v);
+            return c10::IValue();
+          }
+          throw std::invalid_argument(absl::StrCat("stage ", h.stage->index(), " on worker '", WorkerName(ctx),
+                                                   "' has no parameter '", r.name, "'"));
         }}}));
   RETURN_IF_ERROR(registry.RegisterFunction(LayerCostsRequest::kFunction, LayerCosts));
   RETURN_IF_ERROR(RegisterRunnerFunctions(registry));

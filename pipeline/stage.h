@@ -121,8 +121,10 @@ absl::StatusOr<std::unique_ptr<StageModule>> LoadScriptStage(const std::string& 
 // returns them) into the module; throws std::invalid_argument naming
 // `where` when the count, a name (`names`, when given: StateNames' of the
 // saved module), a shape or a dtype differs.
+// `missing` (with names): a tensor the saved state may lack, kept as it
+// is (a tied weight stored with another stage).
 void LoadState(StageModule& module, const std::vector<at::Tensor>& state, const std::string& where,
-               const std::vector<std::string>& names = {});
+               const std::vector<std::string>& names = {}, const std::string& missing = "");
 
 // A stage hosted on this worker, as the step runner (pipeline/runner.h)
 // drives it: it holds the owner RRef, so the stage lives as long as this.

@@ -17,15 +17,20 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/sgd.h>
 
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/shard.h"
 #include "parallel/data_parallel.h"
 #include "pipeline/pipeline.h"
 #include "shards/protocol.h"
+#include "tests/support/master_runs.h"
 #include "tests/support/pipeline_fixtures.h"
 
 namespace remora::shards {
 namespace {
 
+using ::testing::Contains;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr int64_t kVocab = 64, kSeqLen = 16, kDModel = 32, kHeads = 4;
 
@@ -213,6 +218,31 @@ TEST(Gpt, TiedEmbeddingAndHeadTrainOverWorkersAsTheOneWeightOfOneProcess) {
     if (c.tie) {
       EXPECT_TRUE(embedding.equal(head)) << "the copies stay bitwise equal";
       EXPECT_LT(test_support::RelativeError(embedding, want_weight), 1e-5);
+      // A checkpoint stores the weight once (the last stage's shard leaves
+      // its copy out); restored into a new pipeline, and loaded into this
+      // process, the copy is the first stage's again.
+      const std::string dir = test_support::FreshDir("tied_" + c.schedule);
+      auto saver = checkpoint::Checkpointer::Create(workers.master(), dir, 1);
+      ASSERT_TRUE(saver.ok()) << saver.status();
+      checkpoint::TrainingState at;
+      at.step = static_cast<int64_t>(data.size());
+      ASSERT_TRUE((*saver)->Save(**pipe, o.stages, checkpoint::RunIdentity{}, at).ok());
+      auto ck = checkpoint::Latest(dir);
+      ASSERT_TRUE(ck.ok()) << ck.status();
+      EXPECT_EQ(ck->manifest.tied_last, kGptTiedLast);
+      const checkpoint::ManifestShard& shard = ck->manifest.shards.back();
+      auto saved = checkpoint::ReadShard(ck->dir + "/" + shard.file, shard.bytes, shard.crc32);
+      ASSERT_TRUE(saved.ok()) << saved.status();
+      EXPECT_THAT(saved->names.back(), Not(Contains(std::string(kGptTiedLast))));
+      EXPECT_THAT(saved->names.back(), Contains(std::string("head.norm.weight")));
+      auto again = pipeline::Pipeline::Create(workers.master(), o);
+      ASSERT_TRUE(again.ok()) << again.status();
+      ASSERT_TRUE(checkpoint::Restore(**again, *ck).ok());
+      const at::Tensor restored = (*again)->stage_state(static_cast<int>(o.stages.size()) - 1).value().back();
+      EXPECT_TRUE(restored.equal(embedding));
+      auto loaded = checkpoint::LoadModel(*ck, c10::kCPU);
+      ASSERT_TRUE(loaded.ok()) << loaded.status();
+      EXPECT_TRUE(loaded->back()->Parameters().back().equal(embedding));
     } else {
       EXPECT_FALSE(embedding.equal(head)) << "without the sum each copy trains alone";
     }
