@@ -82,7 +82,9 @@ void ExpectPipelineTrainsAlike(Agent& master, std::vector<StageSpec> stages, con
     EXPECT_NEAR(*loss, want[i], 1e-5 * std::abs(want[i])) << "step " << i;
   }
   // (Stage 0's weights got their gradient through stage 1's copy.)
-  if (first.defined()) EXPECT_LT(RelativeError((*pipe)->stage_state(0).value()[0], first), 1e-5);
+  if (first.defined()) {
+    EXPECT_LT(RelativeError((*pipe)->stage_state(0).value()[0], first), 1e-5);
+  }
   EXPECT_TRUE((*pipe)->eval_step(data[0].first).ok());
 }
 
