@@ -40,6 +40,12 @@
 #           protocol_one_worker_trace.json, protocol_local_trace.json: with
 #           the workers' copies and waits and the master's own slices); the
 #           rounds' ratios against the bounds go to OUTDIR/summary.txt
+#   lm      a GPT on the GPU (6 layers, d-model 256, 4 heads, seq-len 256,
+#           batch 32, on the repository's docs as text): over two `worker
+#           --device cuda:0` at --splits 4 against `master --local --device
+#           cuda:0`, in fp32 and --precision bf16; tokens/s and model FLOPs
+#           utilisation against --peak-tflops 989 (the H200's dense bf16) in
+#           lm_{fp32,bf16}.json and lm_local_{fp32,bf16}.json
 #   dp      data parallelism on the GPU: CudaProcessGroup.* and
 #           CudaDataParallel.* with REMORA_DEBUG=channels, then ResNet50
 #           (64x64) as --replicas 2 over two `worker --device cuda:0`
@@ -64,7 +70,7 @@
 set -uo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
 out=${1:-build-gpu/check}
-steps=${2:-build gpu bench demo protocol dp elastic all-tests}
+steps=${2:-build gpu bench demo protocol lm dp elastic all-tests}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 jobs=${REMORA_GPU_JOBS:-$(nproc)}
@@ -255,6 +261,23 @@ for n, tag in enumerate(["", "-2", "-3"], 1):
 PY
 }
 
+# The language model on the GPU: the pipeline against one process, fp32
+# and bf16, the same windows (issue 55's benchmark).
+step_lm() {
+  local rc=0 text=$out/lm_text.txt p
+  cat docs/*.md README.md >"$text"
+  local common=(--dataset "text:$text" --layers 6 --d-model 256 --heads 4 --seq-len 256 --batch-size 32
+                --epochs 1 --train-rows 2048 --peak-tflops 989 --splits 4)
+  for p in fp32 bf16; do
+    echo "== two GPU workers, $p"
+    two_gpu_workers 600 "${common[@]}" --precision "$p" --report "$out/lm_$p.json" || rc=1
+    echo "== one process, $p"
+    timeout -k 10 600 "$bin/master" --local --device cuda:0 "${common[@]}" --precision "$p" \
+      --report "$out/lm_local_$p.json" || rc=1
+  done
+  return $rc
+}
+
 # Data parallelism on the GPU: the c10d groups and the CUDA replica test,
 # their channels traced, then ResNet50 as two replicas on the two GPU
 # workers.
@@ -289,7 +312,7 @@ trap 'kill $(jobs -p) 2>/dev/null' EXIT
 [ -d .debs ] && { use_debs || exit 1; }
 for s in $steps; do
   if ! declare -F "step_$s" >/dev/null; then
-    echo "gpu_check: unknown step '$s' (build gpu bench demo protocol dp elastic all-tests)" >&2
+    echo "gpu_check: unknown step '$s' (build gpu bench demo protocol lm dp elastic all-tests)" >&2
     exit 2
   fi
   t0=$(date +%s)
