@@ -434,14 +434,9 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   if (c.precision == "bf16" && !c.local && line.ps_mode) {
     return Bad("--precision bf16 with --mode ps is not built yet: train a pipeline (with --replicas) or --local");
   }
-  if (c.clip_grad_norm > 0 && !c.local && (line.ps_mode || (c.zero == 1 && c.replicas > 1))) {
-    return Bad(absl::StrCat("--clip-grad-norm with ", line.ps_mode ? "--mode ps" : "--zero 1",
-                            " is not built yet: clip in a pipeline (with --replicas, ZeRO-1 off) or --local"));
-  }
-  if (TrainsGpt(c) && c.tie_embeddings && !c.local && !line.ps_mode && c.zero == 1 && c.replicas > 1 &&
-      c.workers.size() > 1) {
-    return Bad("the GPT's tied embeddings (on by default) over several stages with --zero 1 are not built yet: add "
-               "--tie-embeddings=false, leave ZeRO-1 off, or give one worker per replica");
+  if (c.clip_grad_norm > 0 && !c.local && line.ps_mode) {
+    return Bad("--clip-grad-norm with --mode ps is not built yet: clip in a pipeline (with --replicas, ZeRO-1 or "
+               "not) or --local");
   }
   if (auto s = launch::CheckAtLeast({{"replicas", c.replicas, 1},
                                      {"bucket-mb", c.bucket_mb, 1},
@@ -528,6 +523,36 @@ absl::StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& arg
   }
   flags.given = parser.given();
   return Check(std::move(flags));
+}
+
+// (The optimizer the flags give: runs.h.)
+optim::OptimizerOptions OptimizerOf(const RunOptions& c) {
+  optim::LrSchedule schedule;
+  schedule.kind = optim::LrScheduleKindNamed(c.lr_schedule).value_or(optim::LrSchedule::Kind::kConstant);
+  schedule.warmup_steps = c.warmup_steps;
+  schedule.decay_steps = c.decay_steps;
+  schedule.min_lr = c.min_lr >= 0 ? c.min_lr : c.lr / 10;
+  if (c.optimizer == "adam") return optim::OptimizerOptions::Adam(c.lr).set_schedule(schedule);
+  if (c.optimizer == "adamw") {
+    return optim::OptimizerOptions::AdamW(c.lr)
+        .set_weight_decay(c.weight_decay)
+        .set_decay_all(c.decay_all)
+        .set_schedule(schedule);
+  }
+  const bool demo = c.dataset.empty() && c.model.empty();
+  return optim::OptimizerOptions::SGD(c.lr).set_momentum(demo ? 0.0 : c.momentum).set_schedule(schedule);
+}
+
+std::string DescribeSchedule(const optim::OptimizerOptions& o) {
+  const optim::LrSchedule& s = o.schedule;
+  if (!s.scheduled()) return "";
+  std::string out = optim::LrScheduleName(s.kind);
+  if (s.warmup_steps > 0) absl::StrAppend(&out, " warmup-steps=", s.warmup_steps);
+  if (s.kind != optim::LrSchedule::Kind::kConstant) {
+    absl::StrAppend(&out, " min-lr=", s.min_lr, " decay-steps=",
+                    s.decay_steps > 0 ? absl::StrCat(s.decay_steps) : "the run's last");
+  }
+  return out;
 }
 
 }  // namespace remora::master

@@ -112,35 +112,6 @@ absl::Status LocalRun::Step(int b, const char* prefix) {
   return absl::OkStatus();
 }
 
-optim::OptimizerOptions OptimizerOf(const RunOptions& c) {
-  optim::LrSchedule schedule;
-  schedule.kind = optim::LrScheduleKindNamed(c.lr_schedule).value_or(optim::LrSchedule::Kind::kConstant);
-  schedule.warmup_steps = c.warmup_steps;
-  schedule.decay_steps = c.decay_steps;
-  schedule.min_lr = c.min_lr >= 0 ? c.min_lr : c.lr / 10;
-  if (c.optimizer == "adam") return optim::OptimizerOptions::Adam(c.lr).set_schedule(schedule);
-  if (c.optimizer == "adamw") {
-    return optim::OptimizerOptions::AdamW(c.lr)
-        .set_weight_decay(c.weight_decay)
-        .set_decay_all(c.decay_all)
-        .set_schedule(schedule);
-  }
-  const bool demo = c.dataset.empty() && c.model.empty();
-  return optim::OptimizerOptions::SGD(c.lr).set_momentum(demo ? 0.0 : c.momentum).set_schedule(schedule);
-}
-
-std::string DescribeSchedule(const optim::OptimizerOptions& o) {
-  const optim::LrSchedule& s = o.schedule;
-  if (!s.scheduled()) return "";
-  std::string out = optim::LrScheduleName(s.kind);
-  if (s.warmup_steps > 0) absl::StrAppend(&out, " warmup-steps=", s.warmup_steps);
-  if (s.kind != optim::LrSchedule::Kind::kConstant) {
-    absl::StrAppend(&out, " min-lr=", s.min_lr, " decay-steps=",
-                    s.decay_steps > 0 ? absl::StrCat(s.decay_steps) : "the run's last");
-  }
-  return out;
-}
-
 std::vector<pipeline::StageSpec> SmallCnnStages(const RunOptions& c) {
   const int n = static_cast<int>(c.workers.size());
   std::vector<pipeline::StageSpec> out;

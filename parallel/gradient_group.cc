@@ -215,12 +215,16 @@ class GradientGroup final : public pipeline::StepParticipant,
     if (++c.done[stage] == c.micro_batches) Launch(context, stage, c);
   }
 
-  // pipeline::StepParticipant: the sum (ZeRO-1: and the step) at the end
-  // of a step runner's batch.
+  // pipeline::StepParticipant: the sum at the end of a step runner's
+  // batch, and ZeRO-1's step after the runner's clipping.
   void Finish(int64_t context) override {
-    const int64_t buckets = Sum(context);
+    const int64_t buckets = Sum(context, /*step=*/false);
     MutexLock lock(mu_);
     last_buckets_ = buckets;
+  }
+  void Step(int64_t context) override {
+    auto dist = FindContext(context);
+    if (zero_) StepShard(*dist);
   }
   bool Steps() const override { return zero_; }
   int64_t LastBuckets() const {
@@ -229,8 +233,9 @@ class GradientGroup final : public pipeline::StepParticipant,
   }
 
   // Sums the context's gradients over the replicas (what has not started
-  // yet starts now) and writes them into the context; returns the buckets.
-  int64_t Sum(int64_t context) {
+  // yet starts now) and writes them into the context (ZeRO-1 with `step`:
+  // then steps); returns the buckets.
+  int64_t Sum(int64_t context, bool step = true) {
     PerContext c;
     {
       MutexLock lock(mu_);
@@ -259,7 +264,7 @@ class GradientGroup final : public pipeline::StepParticipant,
     if (!status.ok()) {
       throw std::runtime_error(absl::StrCat("worker '", agent_->self().name, "': ", status.message()));
     }
-    if (zero_) StepShard(*dist);
+    if (zero_ && step) StepShard(*dist);
     return static_cast<int64_t>(c.buckets.size());
   }
 

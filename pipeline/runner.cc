@@ -424,7 +424,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
                                    absl::StrCat("batch ", b->context, " on worker '", agent_.self().name, "'"));
     settle.reset();
     if (status.ok() && participant) {
-      // The replicas' gradient sum (ZeRO-1: and the step).
+      // The replicas' gradient sum.
       try {
         trace::Scope scope("allreduce", -1);
         participant->Finish(b->context);
@@ -435,27 +435,23 @@ class Runner : public std::enable_shared_from_this<Runner> {
     }
     // (After the replicas' sum, which may have started during the backward
     // passes: each copy then holds the replicas' sum of its own gradient.)
-    if (status.ok() && plan_->tied.any()) {
-      status = participant && participant->Steps()
-                   ? absl::UnimplementedError(absl::StrCat(
-                         "worker '", agent_.self().name, "': tied weights with ZeRO-1's sharded optimizer are not "
-                         "built yet: untie them (master --tie-embeddings=false), or ZeRO-1 off"))
-                   : SumTiedGradients(agent_, plan_->id, plan_->tied, b->context);
-    }
+    if (status.ok() && plan_->tied.any()) status = SumTiedGradients(agent_, plan_->id, plan_->tied, b->context);
     std::optional<double> norm;  // with clipping: the gradients' norm before it
     if (status.ok() && plan_->clip_grad_norm > 0) {
-      if (participant && participant->Steps()) {
-        status = absl::UnimplementedError(absl::StrCat(
-            "worker '", agent_.self().name, "': clipping the gradients with ZeRO-1's sharded optimizer is not "
-            "built yet: leave clip_grad_norm at 0, or ZeRO-1 off"));
-      } else {
-        absl::StatusOr<double> clipped =
-            ClipGradients(agent_, plan_->id, Peers(), b->context, plan_->clip_grad_norm, plan_->tied.last);
-        status = clipped.status();
-        if (clipped.ok()) norm = *clipped;
-      }
+      absl::StatusOr<double> clipped =
+          ClipGradients(agent_, plan_->id, Peers(), b->context, plan_->clip_grad_norm, plan_->tied.last);
+      status = clipped.status();
+      if (clipped.ok()) norm = *clipped;
     }
-    if (status.ok() && plan_->optimizer && !(participant && participant->Steps())) {
+    if (status.ok() && participant && participant->Steps()) {
+      // ZeRO-1: each replica steps its share of the parameters.
+      try {
+        participant->Step(b->context);
+      } catch (...) {
+        status = StatusFromCurrentException(
+            absl::StrCat("ZeRO-1's step on worker '", agent_.self().name, "'"));
+      }
+    } else if (status.ok() && plan_->optimizer) {
       status = optim::StepHere(agent_, *plan_->optimizer, b->context);
     }
     dist_autograd::ReleaseHere(agent_, b->context);

@@ -53,13 +53,18 @@ class StepParticipant {
   virtual ~StepParticipant() = default;
   // Before the batch's first action.
   virtual void Begin(int64_t context_id, int64_t micro_batches) = 0;
-  // After the batch's last action here, before the optimizer step; may
-  // block (on the other replicas). Throws on failure, naming the worker.
+  // After the batch's last action here, before the optimizer step: the
+  // replicas' gradient sum; may block (on the other replicas). Throws on
+  // failure, naming the worker.
   virtual void Finish(int64_t context_id) = 0;
+  // With Steps(): the optimizer's step, after Finish and what the runner
+  // does to the summed gradients (tied weights' sums, clipping). Throws
+  // on failure, naming the worker.
+  virtual void Step(int64_t context_id) = 0;
   // The batch failed: forget it.
   virtual void Discard(int64_t context_id) = 0;
-  // Whether Finish stepped the parameters itself (ZeRO-1): the runner then
-  // steps no optimizer of its own.
+  // Whether the participant steps the parameters itself (ZeRO-1: Step):
+  // the runner then steps no optimizer of its own.
   virtual bool Steps() const = 0;
 };
 

@@ -20,6 +20,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/shard.h"
 #include "parallel/data_parallel.h"
+#include "parallel/process_group.h"
 #include "pipeline/pipeline.h"
 #include "shards/protocol.h"
 #include "tests/support/master_runs.h"
@@ -248,30 +249,35 @@ TEST(Gpt, TiedEmbeddingAndHeadTrainOverWorkersAsTheOneWeightOfOneProcess) {
     }
   }
   // Two replicas of two stages (the replicas' sum overlapping the backward
-  // passes): each copy gets the replicas' sum of its own gradient, then
-  // the copies' sum.
-  parallel::DataParallelOptions dp;
-  dp.pipeline.stages = {part(0, 2), part(2, parts)};
-  dp.pipeline.workers = {"w1", "w2", "w3", "w4"};
-  dp.pipeline.micro_batches = 2;
-  dp.pipeline.loss = pipeline::LossFn::Named("causal_lm");
-  dp.pipeline.optimizer = optim::OptimizerOptions::SGD(0.05).set_momentum(0.9);
-  dp.pipeline.clip_grad_norm = max_norm;
-  dp.pipeline.tied_first = kGptTiedFirst;
-  dp.pipeline.tied_last = kGptTiedLast;
-  dp.replicas = 2;
-  dp.overlap = true;
-  auto replicas = parallel::DataParallelPipeline::Create(workers.master(), dp);
-  ASSERT_TRUE(replicas.ok()) << replicas.status();
-  for (size_t i = 0; i < data.size(); ++i) {
-    auto loss = (*replicas)->train_step(data[i].first, data[i].second);
-    ASSERT_TRUE(loss.ok()) << loss.status();
-    EXPECT_NEAR(*loss, want[i], 1e-5 * want[i]) << "replicas, step " << i;
-  }
-  for (int r = 0; r < 2; ++r) {
-    const at::Tensor embedding = (*replicas)->replica(r).stage_state(0).value().front();
-    EXPECT_TRUE(embedding.equal((*replicas)->replica(r).stage_state(1).value().back())) << "replica " << r;
-    EXPECT_LT(test_support::RelativeError(embedding, want_weight), 1e-5) << "replica " << r;
+  // passes), with ZeRO-1 or not: each copy gets the replicas' sum of its
+  // own gradient, then the copies' sum, then the step.
+  for (int zero : {0, 1}) {
+    SCOPED_TRACE(zero == 1 ? "replicas, ZeRO-1" : "replicas");
+    if (!parallel::HaveGloo()) continue;  // (the replicas' sums need it)
+    parallel::DataParallelOptions dp;
+    dp.pipeline.stages = {part(0, 2), part(2, parts)};
+    dp.pipeline.workers = {"w1", "w2", "w3", "w4"};
+    dp.pipeline.micro_batches = 2;
+    dp.pipeline.loss = pipeline::LossFn::Named("causal_lm");
+    dp.pipeline.optimizer = optim::OptimizerOptions::SGD(0.05).set_momentum(0.9);
+    dp.pipeline.clip_grad_norm = max_norm;
+    dp.pipeline.tied_first = kGptTiedFirst;
+    dp.pipeline.tied_last = kGptTiedLast;
+    dp.replicas = 2;
+    dp.overlap = true;
+    dp.zero = zero;
+    auto replicas = parallel::DataParallelPipeline::Create(workers.master(), dp);
+    ASSERT_TRUE(replicas.ok()) << replicas.status();
+    for (size_t i = 0; i < data.size(); ++i) {
+      auto loss = (*replicas)->train_step(data[i].first, data[i].second);
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      EXPECT_NEAR(*loss, want[i], 1e-5 * want[i]) << "replicas, step " << i;
+    }
+    for (int r = 0; r < 2; ++r) {
+      const at::Tensor embedding = (*replicas)->replica(r).stage_state(0).value().front();
+      EXPECT_TRUE(embedding.equal((*replicas)->replica(r).stage_state(1).value().back())) << "replica " << r;
+      EXPECT_LT(test_support::RelativeError(embedding, want_weight), 1e-5) << "replica " << r;
+    }
   }
 
   pipeline::PipelineOptions bad;
