@@ -86,7 +86,7 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
   flags.AddDouble("clip-grad-norm", &c.clip_grad_norm,
                   "clip each step's gradients to this norm over the whole model, as torch.nn.utils.clip_grad_norm_ "
                   "(each worker's share of the squared norm goes to the pipeline's other workers; with --replicas "
-                  "after their sum, ZeRO-1 or not); 0: no clipping. Not with --mode ps yet");
+                  "after their sum, ZeRO-1 or not; --mode ps: the servers' shares); 0: no clipping");
   flags.AddString("precision", &c.precision,
                   "fp32, or bf16: every stage computes under bf16 autocast (matrix products in bf16; float32 "
                   "parameters, optimizer state and loss) and activations and their gradients cross stage "

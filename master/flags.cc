@@ -434,10 +434,6 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   if (c.precision == "bf16" && !c.local && line.ps_mode) {
     return Bad("--precision bf16 with --mode ps is not built yet: train a pipeline (with --replicas) or --local");
   }
-  if (c.clip_grad_norm > 0 && !c.local && line.ps_mode) {
-    return Bad("--clip-grad-norm with --mode ps is not built yet: clip in a pipeline (with --replicas, ZeRO-1 or "
-               "not) or --local");
-  }
   if (auto s = launch::CheckAtLeast({{"replicas", c.replicas, 1},
                                      {"bucket-mb", c.bucket_mb, 1},
                                      {"collective-timeout", c.collective_timeout, 1}});

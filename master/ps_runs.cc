@@ -142,6 +142,7 @@ absl::Status TrainPs(Agent& agent, const RunOptions& c, const PsFlags& p,
   o.loss = c.model.empty() && c.dataset.empty() ? "mse" : ReadsText(c) ? "causal_lm" : "cross_entropy";
   o.optimizer = OptimizerOf(c);
   o.backup_workers = p.backup_workers;
+  o.clip_grad_norm = c.clip_grad_norm;
   o.device = c.device;
   const size_t computing = o.workers.size();
   ASSIGN_OR_RETURN(auto trainer, train::PsTrainer::Create(agent, o));

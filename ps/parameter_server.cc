@@ -6,6 +6,7 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Dict.h>
 #include <ATen/ops/tensor_split.h>
+#include <torch/nn/utils/clip_grad.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -391,13 +392,23 @@ absl::Status ParameterServer::Apply(const std::map<size_t, c10::IValue>& done, S
   const bool whole = report.rows == report.batch_rows;
   const double scale = static_cast<double>(report.batch_rows) / static_cast<double>(report.rows);
   report.loss = whole ? loss : loss * scale;
-  if (shards_ != nullptr) return shards_->Apply(round_, report.used, whole ? 1.0 : scale);
+  const double max_norm = options_.clip_grad_norm;
+  if (shards_ != nullptr) {
+    double clip = 1;
+    if (max_norm > 0) {
+      ASSIGN_OR_RETURN(report.grad_norm, shards_->GradNorm(round_, report.used, whole ? 1.0 : scale));
+      // As clip_grad_norm_: the coefficient in float, at most 1.
+      clip = std::min(1.0f, static_cast<float>(max_norm) / (static_cast<float>(report.grad_norm) + 1e-6f));
+    }
+    return shards_->Apply(round_, report.used, whole ? 1.0 : scale, clip);
+  }
   try {
     c10::NoGradGuard no_grad;
     for (size_t j = 0; j < params_.size(); ++j) {
       at::Tensor g = sum[j].to(params_[j].device());
       params_[j].mutable_grad() = whole ? g : g * scale;
     }
+    if (max_norm > 0) report.grad_norm = torch::nn::utils::clip_grad_norm_(params_, max_norm);
     optimizer_->step();
     for (at::Tensor& p : params_) p.mutable_grad() = at::Tensor();
   } catch (...) {

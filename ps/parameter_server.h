@@ -83,6 +83,10 @@ struct PsOptions {
   std::string loss = "cross_entropy";  // or "mse" (ps/replica.h)
   optim::OptimizerOptions optimizer = optim::OptimizerOptions::SGD(0.01);
   int backup_workers = 0;  // k, 0 <= k < workers
+  // Above 0: each step's gradients (the workers' mean) clipped to this
+  // norm over the whole model, as torch.nn.utils.clip_grad_norm_ (with
+  // servers: each shard's squared share asked for first, "norm").
+  double clip_grad_norm = 0;
   // Server processes holding a partition of the parameters each (not
   // among `workers`); empty: the parameters live in this process.
   std::vector<std::string> servers;
@@ -104,6 +108,7 @@ struct StepReport {
   int64_t pull_bytes = 0;  // parameters sent to workers
   int64_t push_bytes = 0;  // gradients received from the workers used
   int rounds = 1;          // > 1 when a lost worker made the step start again
+  double grad_norm = -1;   // with clip_grad_norm: the gradients' norm before clipping
 };
 
 class ParameterServer {

@@ -124,6 +124,22 @@ struct ShardApplyRequest {
   int64_t round = 0;
   std::vector<std::string> workers;
   double scale = 1;
+  double clip = 1;  // the clipping's coefficient (ShardNormRequest), applied after `scale`
+  template <typename Fields>
+  void Visit(Fields& f) {
+    f("round", round)("workers", workers)("scale", scale)("clip", clip, kMayBeLeftOff);
+  }
+};
+
+// The squared norm of the gradients "apply" would step with (the same
+// workers' pushes for the round, summed and scaled), over the shard's
+// parameters: its share of the whole model's norm, for clipping.
+struct ShardNormRequest {
+  static constexpr char kFunction[] = "remora.ps.Shard.norm";
+  static constexpr char kMethod[] = "norm";
+  int64_t round = 0;
+  std::vector<std::string> workers;
+  double scale = 1;
   template <typename Fields>
   void Visit(Fields& f) {
     f("round", round)("workers", workers)("scale", scale);

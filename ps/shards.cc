@@ -1,6 +1,7 @@
 #include "ps/shards.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <numeric>
 #include <stdexcept>
@@ -83,14 +84,12 @@ c10::IValue Push(Shard& s, const Args& a) {
   return true;
 }
 
-// ShardApplyRequest.
-c10::IValue Apply(Shard& s, const Args& a) {
-  const auto r = DecodeCallOrThrow<ShardApplyRequest>(a);
-  const int64_t round = r.round;
-  const double scale = r.scale;
+// The gradients of `workers` for `round`, summed in that order and scaled:
+// what a step applies.
+std::vector<at::Tensor> Summed(Shard& s, int64_t round, const std::vector<std::string>& workers, double scale) {
   std::vector<at::Tensor> sum(s.params.size());
   auto& got = s.pending[round];
-  for (const std::string& w : r.workers) {
+  for (const std::string& w : workers) {
     auto it = got.find(w);
     if (it == got.end()) {
       throw std::runtime_error(absl::StrCat(s.where, ": round ", round, " has no gradients from worker '",
@@ -98,11 +97,35 @@ c10::IValue Apply(Shard& s, const Args& a) {
     }
     for (size_t j = 0; j < sum.size(); ++j) sum[j] = sum[j].defined() ? sum[j] + it->second[j] : it->second[j];
   }
-  ComputeTurn turn;
   c10::NoGradGuard no_grad;
   for (size_t j = 0; j < s.params.size(); ++j) {
     at::Tensor g = sum[j].to(s.params[j].device());
-    s.params[j].mutable_grad() = scale == 1.0 ? g : g * scale;
+    sum[j] = scale == 1.0 ? g : g * scale;
+  }
+  return sum;
+}
+
+// ShardNormRequest.
+c10::IValue Norm(Shard& s, const Args& a) {
+  const auto r = DecodeCallOrThrow<ShardNormRequest>(a);
+  double squared = 0;
+  for (const at::Tensor& g : Summed(s, r.round, r.workers, r.scale)) {
+    const double n = g.norm().item<double>();  // (in the gradient's dtype, as PyTorch's)
+    squared += n * n;
+  }
+  return squared;
+}
+
+// ShardApplyRequest.
+c10::IValue Apply(Shard& s, const Args& a) {
+  const auto r = DecodeCallOrThrow<ShardApplyRequest>(a);
+  const int64_t round = r.round;
+  std::vector<at::Tensor> grads = Summed(s, round, r.workers, r.scale);
+  ComputeTurn turn;
+  c10::NoGradGuard no_grad;
+  for (size_t j = 0; j < s.params.size(); ++j) {
+    // (As clip_grad_norm_: the coefficient in the gradient's float.)
+    s.params[j].mutable_grad() = r.clip == 1.0 ? grads[j] : grads[j] * static_cast<float>(r.clip);
   }
   s.optimizer->step();
   for (at::Tensor& p : s.params) p.mutable_grad() = at::Tensor();
@@ -283,8 +306,19 @@ absl::StatusOr<std::vector<c10::IValue>> ShardSet::CallAll(const std::string& me
   });
 }
 
-absl::Status ShardSet::Apply(int64_t round, const std::vector<std::string>& workers, double scale) {
-  const std::vector<c10::IValue> args = EncodeCall(ShardApplyRequest{round, workers, scale});
+absl::StatusOr<double> ShardSet::GradNorm(int64_t round, const std::vector<std::string>& workers,
+                                          double scale) const {
+  const std::vector<c10::IValue> args = EncodeCall(ShardNormRequest{round, workers, scale});
+  ASSIGN_OR_RETURN(std::vector<c10::IValue> shares,
+                   CallAll(ShardNormRequest::kMethod, std::vector<std::vector<c10::IValue>>(shards_.size(), args),
+                           "taking its share of the gradients' norm"));
+  double squared = 0;
+  for (const c10::IValue& share : shares) squared += share.toDouble();  // (in shard order)
+  return std::sqrt(squared);
+}
+
+absl::Status ShardSet::Apply(int64_t round, const std::vector<std::string>& workers, double scale, double clip) {
+  const std::vector<c10::IValue> args = EncodeCall(ShardApplyRequest{round, workers, scale, clip});
   return CallAll(ShardApplyRequest::kMethod, std::vector<std::vector<c10::IValue>>(shards_.size(), args),
                  "applying the step")
       .status();
@@ -349,6 +383,7 @@ absl::Status RegisterShard(Registry& registry) {
                       [](Shard& s, const Args&) -> c10::IValue { return c10::List<at::Tensor>(Copies(s.params)); })},
        {ShardPushRequest::kMethod, Named("taking gradients", Push)},
        {ShardApplyRequest::kMethod, Named("applying a step", Apply)},
+       {ShardNormRequest::kMethod, Named("taking its share of the gradients' norm", Norm)},
        {"optimizer_state", Named("saving its optimizer state",
                                  [](Shard& s, const Args&) -> c10::IValue {
                                    return optim::SaveOptimizerState(*s.optimizer);

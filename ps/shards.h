@@ -7,7 +7,8 @@
 //   shard = remote(server, "remora.ps.Shard", {params, OptionsToDict(opt)})
 //   shard.rpc_async("pull")                        -> its parameters
 //   shard.rpc_async("push", {round, worker, grads}) -> kept (bool)
-//   shard.rpc_async("apply", {round, workers, scale})
+//   shard.rpc_async("norm", {round, workers, scale}) -> its squared share
+//   shard.rpc_async("apply", {round, workers, scale, clip})
 //   shard.rpc_async("state") -> (params, optimizer archive); "load" back
 //
 // Compute workers pull from and push to every shard themselves
@@ -81,8 +82,12 @@ class ShardSet {
   const std::vector<RRef>& shards() const { return shards_; }
 
   // Every shard steps with the gradients `workers` pushed for `round`,
-  // summed in that order and multiplied by `scale` (unless 1).
-  absl::Status Apply(int64_t round, const std::vector<std::string>& workers, double scale);
+  // summed in that order and multiplied by `scale` (unless 1), then by
+  // `clip` (unless 1: clipping's coefficient, in the gradients' float).
+  absl::Status Apply(int64_t round, const std::vector<std::string>& workers, double scale, double clip = 1);
+  // The norm over the whole model of the gradients Apply would step with
+  // (each shard's squared share, added in shard order): for clipping.
+  absl::StatusOr<double> GradNorm(int64_t round, const std::vector<std::string>& workers, double scale) const;
   // Each shard's parameters, as it holds them (CPU copies).
   absl::StatusOr<std::vector<std::vector<at::Tensor>>> Parameters() const;
   // Copies every shard's parameters into `params` (the model's, in order).

@@ -36,7 +36,8 @@ absl::StatusOr<ps::StepReport> PsTrainer::Reported(absl::StatusOr<ps::StepReport
 pipeline::StartedStep PsTrainer::Started(const absl::StatusOr<ps::StepReport>& r) {
   // The server waits for its workers within the step: it is over here.
   auto loss = std::make_shared<absl::StatusOr<double>>(r.ok() ? absl::StatusOr<double>(r->loss) : r.status());
-  return pipeline::StartedStep{[loss] { return *loss; }, [] {}, /*ran=*/true, nullptr};
+  return pipeline::StartedStep{[loss] { return *loss; }, [] {}, /*ran=*/true,
+                               [norm = r.ok() ? r->grad_norm : -1.0] { return norm; }};
 }
 
 pipeline::StartedStep PsTrainer::StartStep(const at::Tensor& x, const at::Tensor& y) { return Started(Train(x, y)); }

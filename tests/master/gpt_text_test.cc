@@ -399,6 +399,19 @@ TEST(TextMaster, ASentencePieceTokenizerTrainsOverWorkersAsInOneProcessAndGenera
   EXPECT_GT(plain_peak, 0);
   EXPECT_LT(re_peak, plain_peak / 2) << re_peak << " bytes recomputed, " << plain_peak << " without";
 
+  // The parameter server clips the workers' mean gradient alike (the
+  // server is this process: the tokens in the test's temporary directory).
+  const std::string ps_addr = absl::StrCat("127.0.0.1:", FreePort());
+  workers = test_support::StartWorkers({"w1", "w2"}, ps_addr, "gpt_spm_ps");
+  auto [ps_code, ps_out] =
+      RunProgram(master({"--workers", "w1,w2", "--listen", ps_addr, "--mode", "ps"}), absl::Seconds(180));
+  ASSERT_EQ(ps_code, 0) << ps_out;
+  for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
+  const std::vector<double> ps_losses = EpochField(ps_out, "train_loss");
+  ASSERT_EQ(ps_losses.size(), 2u) << ps_out;
+  for (size_t e = 0; e < 2; ++e) EXPECT_NEAR(ps_losses[e], losses[e], 1e-4 * losses[e]) << ps_out;
+  EXPECT_THAT(ps_out, HasSubstr(" grad_norm="));
+
   auto generate = [&](std::vector<std::string> more) {
     std::vector<std::string> argv = {BinDir() + "/generate", "--checkpoint-dir", dir + "/piped", "--prompt",
                                      "the master", "--tokens", "12", "--seed", "1"};

@@ -68,11 +68,21 @@ TEST(PsShards, PackedOptimizerStatesNameTheShardCount) {
 TEST(PsShards, SyncStepsEqualOneProcessWithTheParametersOnTheShards) {
   TestWorkers workers(4);
   const auto data = test_support::RandomBatches(4, 13, 8, 4);
-  const test_support::LocalRun local = test_support::TrainMlpLocally(kStages, data);
-  for (const auto& optimizer :
-       {optim::OptimizerOptions::SGD(0.05).set_momentum(0.9), optim::OptimizerOptions::Adam(0.01)}) {
+  // (The third case clips every step: each shard's squared share of the
+  // norm, then the coefficient, as clip_grad_norm_ in one process.)
+  struct Case {
+    optim::OptimizerOptions optimizer;
+    double clip;
+  };
+  for (const Case& c : {Case{optim::OptimizerOptions::SGD(0.05).set_momentum(0.9), 0},
+                        Case{optim::OptimizerOptions::Adam(0.01), 0},
+                        Case{optim::OptimizerOptions::SGD(0.05).set_momentum(0.9), 0.05}}) {
+    const optim::OptimizerOptions& optimizer = c.optimizer;
+    SCOPED_TRACE(c.clip > 0 ? "clipped" : "");
+    const test_support::LocalRun local = test_support::TrainMlpLocally(kStages, data, c.clip);
     ps::PsOptions whole = MlpServer({"w3", "w4"});
     whole.optimizer = optimizer;
+    whole.clip_grad_norm = c.clip;
     ps::PsOptions sharded = whole;
     sharded.servers = {"w1", "w2"};
     auto one = ps::ParameterServer::Create(workers.master(), whole);
@@ -93,6 +103,13 @@ TEST(PsShards, SyncStepsEqualOneProcessWithTheParametersOnTheShards) {
       EXPECT_LE(std::abs(b->loss - a->loss) / std::abs(a->loss), 1e-5) << "step " << s;
       if (optimizer.kind == optim::OptimizerOptions::Kind::kSGD) {
         EXPECT_LE(std::abs(b->loss - local.losses[s]) / std::abs(local.losses[s]), 1e-5) << "step " << s;
+      }
+      if (c.clip > 0) {
+        EXPECT_GT(b->grad_norm, c.clip) << "clipped";
+        EXPECT_NEAR(b->grad_norm, local.norms[s], 1e-5 * local.norms[s]) << "step " << s;
+        EXPECT_NEAR(a->grad_norm, local.norms[s], 1e-5 * local.norms[s]) << "step " << s;
+      } else {
+        EXPECT_EQ(b->grad_norm, -1);
       }
       EXPECT_THAT(b->used, ElementsAre("w3", "w4"));
       EXPECT_EQ(b->rows, 13);
