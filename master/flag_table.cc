@@ -90,7 +90,7 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
   flags.AddString("precision", &c.precision,
                   "fp32, or bf16: every stage computes under bf16 autocast (matrix products in bf16; float32 "
                   "parameters, optimizer state and loss) and activations and their gradients cross stage "
-                  "boundaries in bf16, half the bytes; --local too. Not with --mode ps yet");
+                  "boundaries in bf16, half the bytes; --local and --mode ps's workers too");
   flags.AddBool("recompute", &c.recompute,
                 "activation recomputation: each stage's training forward pass keeps only its input and runs again "
                 "in its backward pass, for the same gradients with less memory held between the two (the summary's "

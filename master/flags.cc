@@ -431,9 +431,7 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   if (c.precision != "fp32" && c.precision != "bf16") {
     return Bad(absl::StrCat("--precision must be fp32 or bf16; got '", c.precision, "'"));
   }
-  if (c.precision == "bf16" && !c.local && line.ps_mode) {
-    return Bad("--precision bf16 with --mode ps is not built yet: train a pipeline (with --replicas) or --local");
-  }
+
   if (auto s = launch::CheckAtLeast({{"replicas", c.replicas, 1},
                                      {"bucket-mb", c.bucket_mb, 1},
                                      {"collective-timeout", c.collective_timeout, 1}});

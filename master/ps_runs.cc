@@ -143,6 +143,7 @@ absl::Status TrainPs(Agent& agent, const RunOptions& c, const PsFlags& p,
   o.optimizer = OptimizerOf(c);
   o.backup_workers = p.backup_workers;
   o.clip_grad_norm = c.clip_grad_norm;
+  o.bf16 = c.precision == "bf16";
   o.device = c.device;
   const size_t computing = o.workers.size();
   ASSIGN_OR_RETURN(auto trainer, train::PsTrainer::Create(agent, o));

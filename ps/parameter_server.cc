@@ -70,6 +70,7 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(Agent& 
   MakeReplicaRequest made;
   made.stages = EncodeStages(options.stages).toListRef().vec();
   made.loss = options.loss;
+  made.bf16 = options.bf16;
   if (!options.servers.empty()) {
     ASSIGN_OR_RETURN(shards, ShardSet::Create(agent, options.servers, params, options.optimizer));
     for (size_t k = 0; k < shards->shards().size(); ++k) {

@@ -83,6 +83,9 @@ struct PsOptions {
   std::string loss = "cross_entropy";  // or "mse" (ps/replica.h)
   optim::OptimizerOptions optimizer = optim::OptimizerOptions::SGD(0.01);
   int backup_workers = 0;  // k, 0 <= k < workers
+  // Each worker's forward under bf16 autocast, bf16 between stages
+  // (pipeline::StageSpec::bf16's); the server steps float32 parameters.
+  bool bf16 = false;
   // Above 0: each step's gradients (the workers' mean) clipped to this
   // norm over the whole model, as torch.nn.utils.clip_grad_norm_ (with
   // servers: each shard's squared share asked for first, "norm").

@@ -41,9 +41,10 @@ struct MakeReplicaRequest {
   std::string loss;
   std::vector<c10::IValue> shards;  // RRefs, or empty without shards
   std::vector<c10::IValue> shard_params;  // a list of ints per shard
+  bool bf16 = false;  // PsOptions::bf16
   template <typename Fields>
   void Visit(Fields& f) {
-    f("stages", stages)("loss", loss)("shards", shards)("shard_params", shard_params);
+    f("stages", stages)("loss", loss)("shards", shards)("shard_params", shard_params)("bf16", bf16, kMayBeLeftOff);
   }
 };
 

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_util.h"
 #include "pipeline/microbatch.h"
+#include "pipeline/recompute.h"
 #include "pipeline/stage.h"
 #include "pipeline/worker_data.h"
 #include "ps/protocol.h"
@@ -38,6 +39,7 @@ struct Replica {
   // indices; empty when the server sends the parameters with each call.
   std::vector<RRef> shards;
   std::vector<std::vector<int64_t>> shard_params;
+  bool bf16 = false;  // each stage under bf16 autocast, bf16 between them
 };
 
 std::shared_ptr<Replica> MakeReplica(CallContext& ctx, const Args& a) {
@@ -49,6 +51,7 @@ std::shared_ptr<Replica> MakeReplica(CallContext& ctx, const Args& a) {
   auto loss = LossByName(request.loss);
   if (!loss.ok()) throw std::invalid_argument(absl::StrCat(r->where, ": ", loss.status().message()));
   r->loss = std::move(*loss);
+  r->bf16 = request.bf16;
   for (const pipeline::StageSpec& spec : *specs) {
     const c10::Device device(spec.device.empty() ? ctx.agent->options().device : spec.device);
     auto stage = pipeline::BuildStage(spec, device);
@@ -120,9 +123,20 @@ std::pair<std::vector<at::Tensor>, double> Gradients(Replica& r, const std::vect
   const c10::Device device = r.params[0].device();
   c10::IValue out = inputs.to(device);
   for (auto& stage : r.stages) stage->Train(true);
-  for (auto& stage : r.stages) out = stage->Forward(out);
-  at::Tensor loss =
-      r.loss(out, targets.to(device)) * pipeline::RowsShare(inputs.size(0), static_cast<double>(total_rows));
+  for (auto& stage : r.stages) {
+    if (!r.bf16) {
+      out = stage->Forward(out);
+      continue;
+    }
+    // (As a pipeline's bf16 stages: train::LocalTrainer does the same.)
+    {
+      pipeline::Bf16Autocast autocast(true);
+      out = stage->Forward(pipeline::ToFloat32(out));
+    }
+    out = pipeline::ToBf16(out);
+  }
+  at::Tensor loss = r.loss(pipeline::ToFloat32(out), targets.to(device)) *
+                    pipeline::RowsShare(inputs.size(0), static_cast<double>(total_rows));
   loss.backward();
   std::vector<at::Tensor> grads;
   for (at::Tensor& p : r.params) {

@@ -14,6 +14,7 @@
 #include "launch/local_group.h"
 #include "ps/parameter_server.h"
 #include "ps/replica.h"
+#include "train/local_trainer.h"
 #include "tests/ps/ps_fixtures.h"
 #include "tests/support/pipeline_fixtures.h"
 #include "tests/support/test_group.h"
@@ -57,6 +58,30 @@ TEST(Ps, SyncStepsEqualOneProcessOnTheWholeBatch) {
     EXPECT_EQ(r->push_bytes, 2 * param_bytes);  // and pushed a gradient of each
   }
   ExpectStateNear((*server)->stage_state().value(), local.state, "after 4 steps");
+
+  // --precision bf16: each worker's share under bf16 autocast, as one
+  // process computes two parts of the batch under it.
+  ps::PsOptions bf16 = MlpServer({"w1", "w2"});
+  bf16.bf16 = true;
+  auto half = ps::ParameterServer::Create(workers.master(), bf16);
+  ASSERT_TRUE(half.ok()) << half.status();
+  train::LocalOptions lo;
+  lo.stages = bf16.stages;
+  lo.loss = pipeline::LossFn::Named(bf16.loss);
+  lo.optimizer = bf16.optimizer;
+  lo.micro_batches = 2;  // (13 rows: 7 and 6, the workers' shares)
+  lo.bf16 = true;
+  auto one = train::LocalTrainer::Create(lo);
+  ASSERT_TRUE(one.ok()) << one.status();
+  bool differs = false;
+  for (size_t s = 0; s < data.size(); ++s) {
+    const double want = (*one)->Train(data[s].first, data[s].second).value();
+    auto r = (*half)->train_step(data[s].first, data[s].second);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_NEAR(r->loss, want, 1e-5 * std::abs(want)) << "bf16, step " << s;
+    differs |= r->loss != local.losses[s];
+  }
+  EXPECT_TRUE(differs) << "bf16 rounds otherwise than float32";
 }
 
 TEST(Ps, BadOptionsAreClearErrors) {
@@ -180,7 +205,9 @@ TEST(Ps, WithBackupWorkersAThrowingWorkerIsNotDroppedAsLost) {
   const auto bad = WithABadRowForW2(data[0]);
   auto r = (*server)->train_step(bad.first, bad.second);
   int step = 1;
-  if (r.ok()) EXPECT_THAT(r->used, ElementsAre("w1", "w3"));
+  if (r.ok()) {
+    EXPECT_THAT(r->used, ElementsAre("w1", "w3"));
+  }
   // (w2's error may come after the steps that do not wait for it.)
   for (; r.ok() && step < 50; ++step) {
     absl::SleepFor(absl::Milliseconds(20));
