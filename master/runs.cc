@@ -228,6 +228,9 @@ absl::StatusOr<std::unique_ptr<train::PipelineTrainer>> CreatePipeline(
   if (TrainsGpt(c) && c.tie_embeddings && stages.size() > 1) {
     o.pipeline.tied_first = shards::kGptTiedFirst;
     o.pipeline.tied_last = shards::kGptTiedLast;
+  } else if (auto tied = c.sequential ? c.sequential->Tied() : std::nullopt; tied && stages.size() > 1) {
+    o.pipeline.tied_first = tied->first;  // (a one-file model's own tie)
+    o.pipeline.tied_last = tied->second;
   }
   o.replicas = c.replicas;
   o.bucket_bytes = int64_t{c.bucket_mb} << 20;

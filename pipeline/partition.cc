@@ -118,6 +118,10 @@ std::string SequentialModel::layer_name(int i) const {
   return absl::StrCat(type_, " layer ", i);
 }
 
+std::optional<std::pair<std::string, std::string>> SequentialModel::Tied() const {
+  return cut_ ? cut_->Tied() : std::nullopt;
+}
+
 absl::StatusOr<int> SequentialModel::LayerNamed(const std::string& name) const {
   if (cut_) return cut_->LayerStartingAt(name);
   if (script_) {

@@ -27,7 +27,9 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/ivalue.h>
@@ -72,6 +74,12 @@ class SequentialModel {
   // For TorchScript: the type its forward returns, as TorchScript writes
   // it ("Tensor", "Tuple[Tensor, Tensor]"); empty for registered models.
   const std::string& output_type() const { return output_type_; }
+
+  // A parameter the TorchScript module holds under two paths, read in its
+  // first and in its last layers (ScriptCut::Tied: nanoGPT's tied
+  // embeddings): the first's path and the last's, for
+  // PipelineOptions::tied_first/tied_last when it is cut; else none.
+  std::optional<std::pair<std::string, std::string>> Tied() const;
 
   // Layers [first, last) as one stage: the registered type with the range,
   // or a TorchScript module made of those children.

@@ -48,6 +48,10 @@ struct ScriptCut::Graph {
   std::vector<Value*> crossing;
   std::vector<std::string> names;
   bool chain_of_children = false;
+  // A parameter held under two paths (nanoGPT's lm_head.weight =
+  // wte.weight): the path read in the first layers and the one read in the
+  // last (every cut lies between their reads); empty: none.
+  std::string tied_first, tied_last;
 };
 
 namespace {
@@ -242,6 +246,38 @@ absl::StatusOr<std::unique_ptr<ScriptCut>> ScriptCut::Make(const torch::jit::Mod
       }
     }
   }
+  // A parameter under two paths: cut only between the reads of the one
+  // and of the other, so that the first stage holds the one and the last
+  // the other (a pipeline ties the two copies: PipelineOptions::tied_first);
+  // any other aliasing keeps its readers in one stage.
+  std::map<const c10::TensorImpl*, std::vector<std::string>> aliases;
+  for (const auto& p : g->root.named_parameters()) aliases[p.value.unsafeGetTensorImpl()].push_back(p.name);
+  for (const auto& [impl, paths] : aliases) {
+    if (paths.size() < 2) continue;
+    std::vector<std::pair<int, int>> spans;  // per path: its first and last reader
+    for (const std::string& path : paths) {
+      int lo = n, hi = -1;
+      for (int i = 0; i < n; ++i) {
+        for (const std::string& r : g->reads[i]) {
+          if (overlap(r, path)) lo = std::min(lo, i), hi = std::max(hi, i);
+        }
+      }
+      spans.emplace_back(lo, hi);
+    }
+    const bool tie = paths.size() == 2 && g->tied_first.empty() && spans[0].second >= 0 && spans[1].second >= 0 &&
+                     (spans[0].second < spans[1].first || spans[1].second < spans[0].first);
+    if (tie) {
+      const int a = spans[0].second < spans[1].first ? 0 : 1;
+      g->tied_first = paths[a];
+      g->tied_last = paths[1 - a];
+      for (int b = 1; b <= spans[a].second; ++b) shared[b] = true;
+      for (int b = spans[1 - a].first + 1; b < n; ++b) shared[b] = true;
+    } else {
+      int lo = n, hi = -1;
+      for (const auto& [first, last] : spans) lo = std::min(lo, first), hi = std::max(hi, last);
+      for (int b = lo + 1; b <= hi; ++b) shared[b] = true;
+    }
+  }
   // The cut points: where exactly one value made before is used after, a
   // tensor, and no parameter or submodule is used on both sides.
   g->starts.push_back(0);
@@ -283,6 +319,11 @@ absl::StatusOr<std::unique_ptr<ScriptCut>> ScriptCut::Make(const torch::jit::Mod
 }
 
 bool ScriptCut::IsChainOfChildren() const { return graph_->chain_of_children; }
+
+std::optional<std::pair<std::string, std::string>> ScriptCut::Tied() const {
+  if (graph_->tied_first.empty()) return std::nullopt;
+  return std::make_pair(graph_->tied_first, graph_->tied_last);
+}
 
 absl::StatusOr<int> ScriptCut::LayerStartingAt(const std::string& name) const {
   const Graph& g = *graph_;

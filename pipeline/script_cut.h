@@ -27,7 +27,9 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -57,6 +59,12 @@ class ScriptCut {
   // another in their order, each on the previous one's output (an
   // nn.Sequential's forward; remora cuts such a model at its children).
   bool IsChainOfChildren() const;
+  // A parameter the module holds under two paths (nanoGPT's
+  // lm_head.weight = wte.weight), read in its first layers under the one
+  // and in its last under the other: the two paths. Every cut lies between
+  // their reads, so a pipeline's first stage holds the one and its last
+  // the other, which it ties (PipelineOptions::tied_first/tied_last).
+  std::optional<std::pair<std::string, std::string>> Tied() const;
 
   // The layer that begins with the call of submodule `name` (a dotted path,
   // "layer3" or "layer3.1"): what `--split-at layer3` cuts before. A name

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <limits>
 #include <stdexcept>
@@ -83,6 +84,17 @@ bool WritesAnArgumentInPlace(const torch::jit::Module& m) {
 }
 
 // A TorchScript module as a stage.
+// The named tensors of `list`, each tensor once (its first name).
+template <typename List>
+std::vector<torch::jit::Named<at::Tensor>> Unique(const List& list) {
+  std::vector<torch::jit::Named<at::Tensor>> out;
+  std::set<const c10::TensorImpl*> seen;
+  for (const auto& t : list) {
+    if (seen.insert(t.value.unsafeGetTensorImpl()).second) out.push_back(t);
+  }
+  return out;
+}
+
 class ScriptStage final : public StageModule {
  public:
   // Every parameter trains, whatever requires_grad it was saved with
@@ -99,21 +111,24 @@ class ScriptStage final : public StageModule {
       return t.is_leaf() && t.requires_grad() ? t.clone() : t;
     })));
   }
+  // (A tensor held under two paths, nanoGPT's lm_head.weight =
+  // wte.weight, is one parameter, under its first path: LibTorch lists it
+  // under each, and an optimizer would step it twice.)
   std::vector<at::Tensor> Parameters() override {
     std::vector<at::Tensor> out;
-    for (const at::Tensor& p : m_.parameters()) out.push_back(p);
+    for (const auto& p : Unique(m_.named_parameters())) out.push_back(p.value);
     return out;
   }
   std::vector<at::Tensor> Buffers() override {
     std::vector<at::Tensor> out;
-    for (const at::Tensor& b : m_.buffers()) out.push_back(b);
+    for (const auto& b : Unique(m_.named_buffers())) out.push_back(b.value);
     return out;
   }
   void Train(bool on) override { m_.train(on); }
   std::vector<std::string> Names() override {
     std::vector<std::string> names;
-    for (const auto& p : m_.named_parameters()) names.push_back(p.name);
-    for (const auto& b : m_.named_buffers()) names.push_back(b.name);
+    for (const auto& p : Unique(m_.named_parameters())) names.push_back(p.name);
+    for (const auto& b : Unique(m_.named_buffers())) names.push_back(b.name);
     return names;
   }
 

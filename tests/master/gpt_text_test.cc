@@ -486,18 +486,22 @@ TEST(TextMaster, ATextItCannotTakeIsAClearError) {
 // scripted by Debian's python3-torch with its own initial weights, trained
 // by PyTorch in one process (AdamW, decay on the matrices only) on the
 // windows remora draws (its splitmix64 of seed, epoch and row, file order)
-// and by master --model over two workers: the first 10 losses agree.
-// Skips where python3-torch is absent.
+// and by master --model over two workers: the first 10 losses agree. Also
+// with nanoGPT's tied embeddings (lm_head.weight = wte.weight): one
+// parameter under two paths, which --local steps once and the pipeline
+// cuts between, its two copies tied. Skips where python3-torch is absent.
 TEST(TextMaster, ANanoGptFromPyTorchTrainsOverWorkersAsPyTorchTrainsIt) {
   if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
     GTEST_SKIP() << "no python3-torch (Debian's) to compare against";
   }
   const std::string text = WriteText("nanogpt_text.txt");
-  const std::string dir = test_support::FreshDir("nanogpt");
-  const std::string script = dir + "/parity.py";
-  std::ofstream(script) << R"PY(import math, sys, torch
+  for (const std::string tie : {"untied", "tie"}) {
+    SCOPED_TRACE(tie);
+    const std::string dir = test_support::FreshDir("nanogpt_" + tie);
+    const std::string script = dir + "/parity.py";
+    std::ofstream(script) << R"PY(import math, sys, torch
 from torch import nn
-text, out, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+text, out, steps, tie = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "tie"
 T, B, SEED, LR, WD, VAL = 16, 8, 3, 1e-3, 0.1, 0.05
 torch.set_num_threads(1)
 torch.manual_seed(0)
@@ -531,6 +535,8 @@ class GPT(nn.Module):
         return self.head(self.ln_f(x))
 
 model = GPT()
+if tie:
+    model.head.weight = model.wte.weight  # nanoGPT's tied embeddings
 torch.jit.script(model).save(out + "/gpt.pt")
 
 # remora's training windows: row r of epoch e starts where splitmix64 of
@@ -561,33 +567,46 @@ with open(out + "/losses.txt", "w") as f:
         opt.step()
         f.write("%.9f\n" % loss.item())
 )PY";
-  auto [py_code, py_out] =
-      RunProgram({"/usr/bin/python3", script, text, dir, "10"}, absl::Seconds(120));
-  ASSERT_EQ(py_code, 0) << py_out;
-  std::vector<double> want;
-  for (absl::string_view line : absl::StrSplit(ReadFile(dir + "/losses.txt"), '\n', absl::SkipEmpty())) {
-    double v = 0;
-    ASSERT_TRUE(absl::SimpleAtod(line, &v)) << line;
-    want.push_back(v);
-  }
-  ASSERT_EQ(want.size(), 10u);
+    auto [py_code, py_out] =
+        RunProgram({"/usr/bin/python3", script, text, dir, "10", tie}, absl::Seconds(120));
+    ASSERT_EQ(py_code, 0) << py_out;
+    std::vector<double> want;
+    for (absl::string_view line : absl::StrSplit(ReadFile(dir + "/losses.txt"), '\n', absl::SkipEmpty())) {
+      double v = 0;
+      ASSERT_TRUE(absl::SimpleAtod(line, &v)) << line;
+      want.push_back(v);
+    }
+    ASSERT_EQ(want.size(), 10u);
 
-  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
-  auto workers = test_support::StartWorkers({"w1", "w2"}, addr, "nanogpt");
-  const std::string board = dir + "/board";
-  auto [code, out] = RunProgram(
-      {BinDir() + "/master", "--workers", "w1,w2", "--listen", addr, "--model", dir + "/gpt.pt", "--dataset",
-       "text:" + text, "--seq-len", "16", "--batch-size", "8", "--train-rows", "80", "--epochs", "1",
-       "--shuffle=false", "--optimizer", "adamw", "--weight-decay", "0.1", "--lr", "0.001", "--seed", "3",
-       "--val-fraction", "0.05", "--splits", "2", "--tensorboard", board, "--checkpoint-dir", dir + "/ckpt"},
-      absl::Seconds(180));
-  ASSERT_EQ(code, 0) << out;
-  for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
-  EXPECT_THAT(out, HasSubstr("over 2 workers"));
-  const auto losses = test_support::ScalarsIn(board, "step/loss");
-  ASSERT_EQ(losses.size(), want.size()) << out;
-  for (size_t i = 0; i < want.size(); ++i) {
-    EXPECT_NEAR(losses[i].value, want[i], 1e-5) << "step " << i + 1 << "\n" << out;
+    const std::vector<std::string> flags = {
+        "--model", dir + "/gpt.pt", "--dataset", "text:" + text, "--seq-len", "16", "--batch-size", "8",
+        "--train-rows", "80", "--epochs", "1", "--shuffle=false", "--optimizer", "adamw", "--weight-decay", "0.1",
+        "--lr", "0.001", "--seed", "3", "--val-fraction", "0.05", "--splits", "2"};
+    auto master = [&](std::vector<std::string> args) {
+      args.insert(args.begin(), BinDir() + "/master");
+      args.insert(args.end(), flags.begin(), flags.end());
+      return RunProgram(args, absl::Seconds(180));
+    };
+    auto expect_losses = [&](const std::string& board, const std::string& out) {
+      const auto losses = test_support::ScalarsIn(board, "step/loss");
+      ASSERT_EQ(losses.size(), want.size()) << out;
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_NEAR(losses[i].value, want[i], 1e-5) << "step " << i + 1 << "\n" << out;
+      }
+    };
+    const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+    auto workers = test_support::StartWorkers({"w1", "w2"}, addr, "nanogpt");
+    auto [code, out] = master({"--workers", "w1,w2", "--listen", addr, "--tensorboard", dir + "/board",
+                               "--checkpoint-dir", dir + "/ckpt"});
+    ASSERT_EQ(code, 0) << out;
+    for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
+    EXPECT_THAT(out, HasSubstr("over 2 workers"));
+    expect_losses(dir + "/board", out);
+    if (tie == "tie") {
+      auto [local_code, local_out] = master({"--local", "--threads", "1", "--tensorboard", dir + "/local_board"});
+      ASSERT_EQ(local_code, 0) << local_out;
+      expect_losses(dir + "/local_board", local_out);
+    }
   }
 }
 
