@@ -453,23 +453,19 @@ absl::Status FillTied(const Checkpoint& ck, const std::vector<at::Tensor>& first
                       const std::vector<std::string>& first_names, pipeline::StageModule& last) {
   const Manifest& m = ck.manifest;
   const auto saved = std::find(first_names.begin(), first_names.end(), m.tied_first);
-  const std::vector<std::string> names = pipeline::StateNames(last);
-  const auto mine = std::find(names.begin(), names.end(), m.tied_last);
-  const std::vector<at::Tensor> params = last.Parameters();
-  const size_t at = static_cast<size_t>(mine - names.begin());
-  if (saved == first_names.end() || mine == names.end() || at >= params.size() ||
-      static_cast<size_t>(saved - first_names.begin()) >= first.size()) {
+  absl::StatusOr<at::Tensor> copy = pipeline::ParameterNamed(last, m.tied_last, absl::StrCat(ck.dir, ": the last stage"));
+  if (saved == first_names.end() || !copy.ok() || static_cast<size_t>(saved - first_names.begin()) >= first.size()) {
     return absl::DataLossError(absl::StrCat(ck.manifest_path, ": the tied weight '", m.tied_first,
                                             "' of stage 0 or its copy '", m.tied_last, "' in the last stage is not there"));
   }
   const at::Tensor& weight = first[static_cast<size_t>(saved - first_names.begin())];
-  if (weight.sizes() != params[at].sizes()) {
+  if (weight.sizes() != copy->sizes()) {
     return absl::DataLossError(absl::StrCat(ck.manifest_path, ": the tied weight '", m.tied_first, "' is ",
                                             c10::str(weight.sizes()), ", its copy '", m.tied_last, "' ",
-                                            c10::str(params[at].sizes())));
+                                            c10::str(copy->sizes())));
   }
   c10::NoGradGuard no_grad;
-  params[at].copy_(weight);
+  copy->copy_(weight);
   return absl::OkStatus();
 }
 

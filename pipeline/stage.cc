@@ -514,19 +514,22 @@ c10::IValue LocalStage::Eval(const c10::IValue& input, int64_t mb) const {
   return h->stage->Forward(input, mb, -1, h->device, /*train=*/false, /*turn_held=*/true);
 }
 
+absl::StatusOr<at::Tensor> ParameterNamed(StageModule& module, const std::string& name, const std::string& where) {
+  const std::vector<at::Tensor> params = module.Parameters();
+  const std::vector<std::string> names = StateNames(module);
+  const size_t n = std::min(names.size(), params.size());
+  for (size_t i = 0; i < n; ++i) {
+    if (names[i] == name) return params[i];
+  }
+  return absl::NotFoundError(absl::StrCat(where, " has no parameter '", name, "'; its parameters: ",
+                                          absl::StrJoin(names.begin(), names.begin() + static_cast<std::ptrdiff_t>(n),
+                                                        ", ")));
+}
+
 absl::StatusOr<at::Tensor> LocalStage::Parameter(const std::string& name) const {
   HostedStage* h = object_->get<HostedStage>();
   MutexLock lock(object_->mutex());
-  StageModule& m = h->stage->module();
-  const std::vector<at::Tensor> params = m.Parameters();
-  const std::vector<std::string> names = StateNames(m);
-  for (size_t i = 0; i < params.size() && i < names.size(); ++i) {
-    if (names[i] == name) return params[i];
-  }
-  return absl::NotFoundError(absl::StrCat(
-      h->stage->trace_label(), " has no parameter '", name, "'; its parameters: ",
-      absl::StrJoin(names.begin(), names.begin() + static_cast<std::ptrdiff_t>(std::min(names.size(), params.size())),
-                    ", ")));
+  return ParameterNamed(h->stage->module(), name, h->stage->trace_label());
 }
 
 int64_t LocalStage::index() const { return object_->get<HostedStage>()->stage->index(); }
@@ -611,24 +614,18 @@ absl::Status RegisterFunctions(Registry& registry) {
         }},
        {StageParameterRequest::kMethod, [](Hosted& h, CallContext& ctx, const Args& a) -> c10::IValue {
           const auto r = DecodeCallOrThrow<StageParameterRequest>(a);
-          StageModule& m = h.stage->module();
-          const std::vector<at::Tensor> params = m.Parameters();
-          const std::vector<std::string> names = StateNames(m);
-          for (size_t i = 0; i < params.size() && i < names.size(); ++i) {
-            if (names[i] != r.name) continue;
-            if (r.value.isNone()) return params[i].detach().clone();
-            const at::Tensor v = r.value.toTensor();
-            if (v.sizes() != params[i].sizes()) {
-              throw std::invalid_argument(absl::StrCat("stage ", h.stage->index(), " on worker '", WorkerName(ctx),
-                                                       "': parameter '", r.name, "' is ", c10::str(params[i].sizes()),
-                                                       ", not ", c10::str(v.sizes())));
-            }
-            c10::NoGradGuard no_grad;
-            params[i].copy_(v);
-            return c10::IValue();
+          const std::string where = absl::StrCat("stage ", h.stage->index(), " on worker '", WorkerName(ctx), "'");
+          absl::StatusOr<at::Tensor> p = ParameterNamed(h.stage->module(), r.name, where);
+          if (!p.ok()) throw std::invalid_argument(std::string(p.status().message()));
+          if (r.value.isNone()) return p->detach().clone();
+          const at::Tensor v = r.value.toTensor();
+          if (v.sizes() != p->sizes()) {
+            throw std::invalid_argument(absl::StrCat(where, ": parameter '", r.name, "' is ", c10::str(p->sizes()),
+                                                     ", not ", c10::str(v.sizes())));
           }
-          throw std::invalid_argument(absl::StrCat("stage ", h.stage->index(), " on worker '", WorkerName(ctx),
-                                                   "' has no parameter '", r.name, "'"));
+          c10::NoGradGuard no_grad;
+          p->copy_(v);
+          return c10::IValue();
         }}}));
   RETURN_IF_ERROR(registry.RegisterFunction(LayerCostsRequest::kFunction, LayerCosts));
   RETURN_IF_ERROR(RegisterRunnerFunctions(registry));

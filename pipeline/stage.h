@@ -121,6 +121,10 @@ absl::StatusOr<std::unique_ptr<StageModule>> LoadScriptStage(const std::string& 
 // returns them) into the module; throws std::invalid_argument naming
 // `where` when the count, a name (`names`, when given: StateNames' of the
 // saved module), a shape or a dtype differs.
+// The parameter of `module` named `name` (its state_dict name); NotFound
+// naming `where` and listing the parameters' names.
+absl::StatusOr<at::Tensor> ParameterNamed(StageModule& module, const std::string& name, const std::string& where);
+
 // `missing` (with names): a tensor the saved state may lack, kept as it
 // is (a tied weight stored with another stage).
 void LoadState(StageModule& module, const std::vector<at::Tensor>& state, const std::string& where,
