@@ -61,6 +61,7 @@ KeptSteps KeepStepsUpTo(Run& run, int64_t from, int epoch) {
   run.batch_seconds.resize(kept);
   if (run.step_rows.size() > kept) run.step_rows.resize(kept);
   if (run.step_epochs.size() > kept) run.step_epochs.resize(kept);
+  if (run.losses.size() > kept) run.losses.resize(kept);
   if (run.data_wait_seconds.size() > kept) run.data_wait_seconds.resize(kept);
   return out;
 }

@@ -89,7 +89,13 @@ absl::StatusOr<double> LocalTrainer::Train(const at::Tensor& cpu_x, const at::Te
     const int64_t s0 = trace::NowUs();
     phase = Phase::kStep;
     if (options_.clip_grad_norm > 0) {
-      last_grad_norm_ = torch::nn::utils::clip_grad_norm_(optimizer_->parameters(), options_.clip_grad_norm);
+      // (Each group's own: Optimizer::parameters() warns on every call in
+      // LibTorch 1.13, and AdamW has two groups.)
+      std::vector<at::Tensor> params;
+      for (const auto& group : optimizer_->param_groups()) {
+        params.insert(params.end(), group.params().begin(), group.params().end());
+      }
+      last_grad_norm_ = torch::nn::utils::clip_grad_norm_(params, options_.clip_grad_norm);
     }
     optimizer_->step();
     if (slices) slices("step", -1, s0, trace::NowUs());

@@ -86,6 +86,7 @@ void ReportTo(RunRecord& run, pipeline::FitOptions& f) {
     run.batch_seconds.push_back(s.seconds);
     run.step_rows.push_back(s.rows);
     run.step_epochs.push_back(s.epoch);
+    run.losses.push_back(s.loss);
     if (next) next(s);
   };
 }

@@ -120,7 +120,7 @@ struct RunRecord {
   // for the next batch falls in the running one's); empty in other runs
   // (one process makes each batch before its clock starts).
   std::vector<double> data_wait_seconds;
-  std::vector<double> losses;
+  std::vector<double> losses;         // every batch's (every step's) loss
   // Each stage's peak saved activations (bytes; -1: not measured), every
   // replica's; pipeline runs only.
   struct StageMemory {
