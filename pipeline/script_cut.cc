@@ -43,9 +43,11 @@ struct ScriptCut::Graph {
   // The statements where layers begin, and the end: layer i is statements
   // [starts[i], starts[i + 1]).
   std::vector<int> starts;
-  // Per entry of starts: the one value that crosses into that statement
-  // (the forward's input at 0); at the end, the value the forward returns.
-  std::vector<Value*> crossing;
+  // Per entry of starts: the values that cross into that statement, in
+  // the order they were made (the forward's input at 0); at the end, the
+  // value the forward returns. A stage whose input or output is several
+  // takes or gives them as one tuple.
+  std::vector<std::vector<Value*>> crossing;
   std::vector<std::string> names;
   bool chain_of_children = false;
   // A parameter held under two paths (nanoGPT's lm_head.weight =
@@ -278,27 +280,31 @@ absl::StatusOr<std::unique_ptr<ScriptCut>> ScriptCut::Make(const torch::jit::Mod
       for (int b = lo + 1; b <= hi; ++b) shared[b] = true;
     }
   }
-  // The cut points: where exactly one value made before is used after, a
-  // tensor, and no parameter or submodule is used on both sides.
+  // The cut points: where every value made before and used after is a
+  // tensor (one or several: a residual stream beside a block's output, the
+  // token ids beside their embeddings), and no parameter or submodule is
+  // used on both sides.
   g->starts.push_back(0);
-  g->crossing.push_back(g->input);
+  g->crossing.push_back({g->input});
   for (int b = 1; b < n; ++b) {
     if (shared[b]) continue;
-    Value* only = nullptr;
-    int live = 0;
+    std::vector<Value*> live;
     for (const auto& [v, last] : last_use) {
-      if (made.at(v) < b && last >= b) {
-        ++live;
-        only = const_cast<Value*>(v);
-      }
+      if (made.at(v) < b && last >= b) live.push_back(const_cast<Value*>(v));
     }
-    if (live == 1 && only->type()->isSubtypeOf(*c10::TensorType::get())) {
-      g->starts.push_back(b);
-      g->crossing.push_back(only);
-    }
+    const bool tensors = std::all_of(live.begin(), live.end(), [](const Value* v) {
+      return v->type()->isSubtypeOf(*c10::TensorType::get());
+    });
+    if (live.empty() || !tensors) continue;
+    // (In the order they were made: the same order on every read.)
+    std::sort(live.begin(), live.end(), [&made](const Value* a, const Value* b) {
+      return std::make_pair(made.at(a), a->offset()) < std::make_pair(made.at(b), b->offset());
+    });
+    g->starts.push_back(b);
+    g->crossing.push_back(std::move(live));
   }
   g->starts.push_back(n);
-  g->crossing.push_back(returned);
+  g->crossing.push_back({returned});
   for (size_t l = 0; l + 1 < g->starts.size(); ++l) {
     // Its calls and operations (not the lists and tuples built for them);
     // where those are many, its calls alone.
@@ -345,7 +351,7 @@ absl::StatusOr<int> ScriptCut::LayerStartingAt(const std::string& name) const {
       const int layer = layer_of(i);
       if (g.starts[layer] == i) return layer;
       return absl::InvalidArgumentError(absl::StrCat(
-          "cannot cut ", g.label, " before ", name, ": more than one value crosses there (", name,
+          "cannot cut ", g.label, " before ", name, ": no cut point lies there, where a value that is no tensor crosses or a parameter is read on both sides (", name,
           " is called inside layer ", layer, ", ", g.names[layer], "); ", nearest(layer)));
     }
   }
@@ -427,9 +433,15 @@ absl::StatusOr<std::string> ScriptCut::Stage(int first, int last) const {
     auto graph = std::make_shared<torch::jit::Graph>();
     Value* self = graph->addInput("self");
     self->setType(stage.type());
-    Value* input = graph->addInput("x");
-    input->setType(g.crossing[first]->type());
-    std::unordered_map<Value*, Value*> env = {{g.crossing[first], input}, {g.self, self}};
+    // What crosses in: one argument each (a stage given a tuple takes its
+    // elements as its arguments).
+    const std::vector<Value*>& in = g.crossing[first];
+    std::unordered_map<Value*, Value*> env = {{g.self, self}};
+    for (size_t k = 0; k < in.size(); ++k) {
+      Value* input = graph->addInput(in.size() == 1 ? std::string("x") : absl::StrCat("x", k));
+      input->setType(in[k]->type());
+      env[in[k]] = input;
+    }
     std::function<Value*(Value*)> map = [&](Value* v) -> Value* {
       if (auto it = env.find(v); it != env.end()) return it->second;
       Node* maker = v->node();
@@ -450,7 +462,14 @@ absl::StatusOr<std::string> ScriptCut::Stage(int first, int last) const {
       Node* copy = graph->insertNode(graph->createClone(s, map));
       for (size_t k = 0; k < s->outputs().size(); ++k) env[s->output(k)] = copy->output(k);
     }
-    graph->registerOutput(map(g.crossing[last]));
+    const std::vector<Value*>& returns = g.crossing[last];
+    if (returns.size() == 1) {
+      graph->registerOutput(map(returns[0]));
+    } else {
+      std::vector<Value*> values;
+      for (Value* v : returns) values.push_back(map(v));
+      graph->registerOutput(graph->insertNode(graph->createTuple(values))->output());
+    }
     torch::jit::Function* forward = stage._ivalue()->compilation_unit()->create_function(
         c10::QualifiedName(*stage.type()->name(), "forward"), graph);
     stage.type()->addMethod(forward);

@@ -7,9 +7,10 @@
 // embeddings' sum before the blocks). ScriptCut reads that forward's graph,
 // with calls of the module's own methods (`_forward_impl`) and of its
 // nn.Sequential submodules inlined, as a list of top-level statements. A
-// cut point is a place between two statements where exactly one value
-// made before it is used after it, and that value is a tensor: what one
-// stage hands the next. The statements between two neighbouring cut points
+// cut point is a place between two statements where every value made
+// before it and used after it is a tensor: what one stage hands the next,
+// one tensor or several (a residual stream beside a block's output, token
+// ids beside their embeddings), given as a tuple and taken as arguments. The statements between two neighbouring cut points
 // are one layer. A stage of layers [first, last) is a TorchScript module of
 // its own that holds the submodules (and parameters) its statements use,
 // under their names in the whole model ("layer2.1.conv1.weight"), and
@@ -73,8 +74,9 @@ class ScriptCut {
   absl::StatusOr<int> LayerStartingAt(const std::string& name) const;
 
   // Layers [first, last) as a saved TorchScript module (the bytes
-  // torch.jit.save writes); its forward takes what layer `first` takes and
-  // returns what layer last - 1 gives.
+  // torch.jit.save writes); its forward takes what crosses into layer
+  // `first`, one argument a tensor, and returns what layer last - 1 gives
+  // on (several tensors as one tuple).
   absl::StatusOr<std::string> Stage(int first, int last) const;
 
  private:

@@ -12,9 +12,6 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <map>
-#include <memory>
-#include <tuple>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -30,11 +27,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "checkpoint/checkpoint.h"
-#include "checkpoint/shard.h"
 #include "launch/cli.h"
 #include "tests/support/master_runs.h"
-#include "tests/support/pipeline_fixtures.h"
 #include "tests/support/script_models.h"
 #include "tests/support/test_group.h"
 
@@ -44,42 +38,8 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-// `key` of each "epoch=E ..." line of `out` (NaN where a line lacks it).
-std::vector<double> EpochField(const std::string& out, const std::string& key, const char* prefix = "epoch=") {
-  std::vector<double> values;
-  for (absl::string_view line : absl::StrSplit(out, '\n')) {
-    if (!absl::ConsumePrefix(&line, prefix)) continue;
-    const size_t at = line.find(" " + key + "=");
-    double v = std::nan("");
-    if (at != absl::string_view::npos) {
-      absl::string_view rest = line.substr(at + key.size() + 2);
-      if (!absl::SimpleAtod(rest.substr(0, rest.find(' ')), &v)) v = std::nan("");
-    }
-    values.push_back(v);
-  }
-  return values;
-}
-
-// About 5 KB of English-like text: a few sentences in a seeded order.
-std::string WriteText(const std::string& name) {
-  const char* sentences[] = {"the pipeline sends activations to the next stage. ",
-                             "a worker holds its shard of the model. ",
-                             "gradients flow back through the distributed autograd engine. ",
-                             "the master splits each batch into micro-batches. "};
-  std::string text;
-  uint32_t x = 7;
-  while (text.size() < 5000) {
-    x = x * 1103515245u + 12345u;
-    text += sentences[(x >> 16) % 4];
-    if ((x >> 8) % 5 == 0) text += "\n";
-  }
-  const std::string path = TempPath(name);
-  std::ofstream(path, std::ios::binary) << text;
-  return path;
-}
-
 TEST(TextMaster, AGptTrainsOverWorkersAsInOneProcessAndReportsPerplexity) {
-  const std::string text = WriteText("gpt_text.txt");
+  const std::string text = test_support::WriteText("gpt_text.txt");
   const std::vector<std::string> common = {"--dataset", "text:" + text, "--layers", "2", "--d-model", "32",
                                            "--heads", "2", "--seq-len", "16", "--batch-size", "8", "--epochs", "2",
                                            "--train-rows", "48", "--seed", "5", "--lr-schedule", "cosine",
@@ -110,10 +70,10 @@ TEST(TextMaster, AGptTrainsOverWorkersAsInOneProcessAndReportsPerplexity) {
   // batches an epoch): the pipeline's and the parameter server's owners
   // below step by the same rates, or their losses would differ.
   EXPECT_THAT(local_out, HasSubstr("learning rate: cosine from 0.001 after 3 warm-up steps, down to 0.0001 at step 12"));
-  const std::vector<double> losses = EpochField(local_out, "train_loss");
-  const std::vector<double> test_losses = EpochField(local_out, "test_loss");
-  const std::vector<double> perplexity = EpochField(local_out, "test_perplexity");
-  const std::vector<double> tokens = EpochField(local_out, "tokens_per_second");
+  const std::vector<double> losses = test_support::EpochField(local_out, "train_loss");
+  const std::vector<double> test_losses = test_support::EpochField(local_out, "test_loss");
+  const std::vector<double> perplexity = test_support::EpochField(local_out, "test_perplexity");
+  const std::vector<double> tokens = test_support::EpochField(local_out, "tokens_per_second");
   ASSERT_EQ(losses.size(), 2u) << local_out;
   ASSERT_EQ(test_losses.size(), 2u);
   // From about ln 256 (every byte alike) down, and each epoch lower.
@@ -134,7 +94,7 @@ TEST(TextMaster, AGptTrainsOverWorkersAsInOneProcessAndReportsPerplexity) {
   EXPECT_EQ(test_support::ScalarsIn(tensorboard, "step/tokens_per_second").size(), 12u);
   // --eval-every 5: the held-out windows evaluated after steps 5 and 10
   // too, within the epochs.
-  const std::vector<double> step_test_losses = EpochField(local_out, "test_loss", "step=");
+  const std::vector<double> step_test_losses = test_support::EpochField(local_out, "test_loss", "step=");
   ASSERT_EQ(step_test_losses.size(), 2u) << local_out;
   EXPECT_THAT(local_out, HasSubstr("\nstep=5 test_accuracy="));
   EXPECT_THAT(local_out, HasSubstr("\nstep=10 test_accuracy="));
@@ -160,8 +120,8 @@ TEST(TextMaster, AGptTrainsOverWorkersAsInOneProcessAndReportsPerplexity) {
   // (interleaved).
   EXPECT_THAT(out, HasSubstr("measuring per-layer cost of Gpt"));
   EXPECT_THAT(out, HasSubstr("over 2 workers, 4 stages"));
-  const std::vector<double> piped = EpochField(out, "train_loss");
-  const std::vector<double> piped_test = EpochField(out, "test_loss");
+  const std::vector<double> piped = test_support::EpochField(out, "train_loss");
+  const std::vector<double> piped_test = test_support::EpochField(out, "test_loss");
   ASSERT_EQ(piped.size(), 2u) << out;
   ASSERT_EQ(piped_test.size(), 2u) << out;
   for (size_t e = 0; e < 2; ++e) {
@@ -177,17 +137,17 @@ TEST(TextMaster, AGptTrainsOverWorkersAsInOneProcessAndReportsPerplexity) {
                                           absl::Seconds(60));
   ASSERT_EQ(eval_code, 0) << eval_out;
   EXPECT_THAT(eval_out, HasSubstr("evaluator: --seq-len 16 --val-fraction 0.05, the training's"));
-  const std::vector<double> scored = EpochField(eval_out, "test_loss", "step=");
+  const std::vector<double> scored = test_support::EpochField(eval_out, "test_loss", "step=");
   ASSERT_EQ(scored.size(), 1u) << eval_out;
   EXPECT_NEAR(scored[0], piped_test[1], 1e-4 * piped_test[1]) << eval_out;
-  EXPECT_NEAR(EpochField(eval_out, "test_perplexity", "step=")[0], std::exp(scored[0]), 1e-3 * std::exp(scored[0]));
+  EXPECT_NEAR(test_support::EpochField(eval_out, "test_perplexity", "step=")[0], std::exp(scored[0]), 1e-3 * std::exp(scored[0]));
   EXPECT_THAT(ReadFile(piped_dir + "/ckpt/eval.jsonl"), HasSubstr("\"test_perplexity\": "));
   auto [other_code, other_out] = RunProgram({BinDir() + "/evaluator", "--checkpoint-dir", piped_dir + "/ckpt",
                                              "--dataset", "text:" + text, "--once", "--seq-len", "8"},
                                             absl::Seconds(60));
   EXPECT_EQ(other_code, 1) << other_out;
   EXPECT_THAT(other_out, HasSubstr("was trained on windows of 16 tokens; the evaluator's --seq-len is 8"));
-  const std::vector<double> piped_step_tests = EpochField(out, "test_loss", "step=");
+  const std::vector<double> piped_step_tests = test_support::EpochField(out, "test_loss", "step=");
   ASSERT_EQ(piped_step_tests.size(), 2u) << out;
   for (size_t k = 0; k < 2; ++k) EXPECT_NEAR(piped_step_tests[k], step_test_losses[k], 1e-4 * step_test_losses[k]);
 
@@ -233,7 +193,7 @@ TEST(TextMaster, AGptTrainsOverWorkersAsInOneProcessAndReportsPerplexity) {
   unsetenv("TMPDIR");
   ASSERT_EQ(ps_code, 0) << ps_out;
   for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
-  const std::vector<double> ps_losses = EpochField(ps_out, "train_loss");
+  const std::vector<double> ps_losses = test_support::EpochField(ps_out, "train_loss");
   ASSERT_EQ(ps_losses.size(), 2u) << ps_out;
   for (size_t e = 0; e < 2; ++e) EXPECT_NEAR(ps_losses[e], losses[e], 1e-4 * losses[e]) << ps_out;
 
@@ -247,140 +207,9 @@ TEST(TextMaster, AGptTrainsOverWorkersAsInOneProcessAndReportsPerplexity) {
       absl::Seconds(180));
   ASSERT_EQ(bf16_code, 0) << bf16_out;
   for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
-  const std::vector<double> bf16_losses = EpochField(bf16_out, "train_loss");
+  const std::vector<double> bf16_losses = test_support::EpochField(bf16_out, "train_loss");
   ASSERT_EQ(bf16_losses.size(), 2u) << bf16_out;
   for (size_t e = 0; e < 2; ++e) EXPECT_NEAR(bf16_losses[e], losses[e], 1e-2 * losses[e]) << bf16_out;
-}
-
-// Issue 55's parity check, every feature an LLM run uses at once: the
-// built-in GPT with tied embeddings, AdamW (no decay on biases and norm
-// weights), cosine warm-up and clipping, 4 micro-batches, over 20 steps:
-// cut over two workers (1F1B, two stages; interleaved, four) each step's
-// loss is one process's within 1e-6 and the held-out losses too; the
-// two cuts' final parameters are within 1e-6 of one another's (their
-// clipping norms sum the stages' shares in another order), and
-// --recompute changes nothing, bit for bit. Under --precision bf16 the pipeline is
-// within 0.1% of one process's autocast (what crosses a boundary is
-// rounded to bf16 there, not in one process).
-TEST(TextMaster, APipelineEqualsOneProcessStepByStepWithEveryLanguageModelFeature) {
-  const std::string text = WriteText("gpt_parity.txt");
-  const std::string dir = test_support::FreshDir("gpt_parity");
-  const std::vector<std::string> common = {
-      "--dataset", "text:" + text, "--layers", "2", "--d-model", "32", "--heads", "2", "--seq-len", "16",
-      "--batch-size", "8", "--epochs", "2", "--train-rows", "80", "--seed", "5", "--optimizer", "adamw",
-      "--lr-schedule", "cosine", "--warmup-steps", "4", "--clip-grad-norm", "0.5", "--deterministic",
-      "--splits", "4"};
-  // (Without --checkpoint-dir the tokens go to the temporary directory.)
-  setenv("TMPDIR", dir.c_str(), 1);
-  // One run's per-step losses (its --report) and held-out loss per epoch;
-  // `workers` empty: --local on one thread.
-  struct Result {
-    std::vector<double> losses, test_losses;
-    std::string out;
-  };
-  auto run = [&](const std::string& name, std::vector<std::string> flags) {
-    SCOPED_TRACE(name);
-    Result r;
-    const std::string report = dir + "/" + name + ".json";
-    std::vector<std::string> argv = {BinDir() + "/master", "--report", report};
-    argv.insert(argv.end(), common.begin(), common.end());
-    std::vector<std::unique_ptr<launch::Subprocess>> workers;
-    if (flags.front() == "--local") {
-      argv.insert(argv.end(), {"--threads", "1"});
-    } else {
-      const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
-      workers = test_support::StartWorkers({"w1", "w2"}, addr, "gpt_parity_" + name);
-      argv.insert(argv.end(), {"--workers", "w1,w2", "--listen", addr, "--checkpoint-dir", dir + "/" + name});
-    }
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    auto [code, out] = RunProgram(argv, absl::Seconds(180));
-    for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
-    EXPECT_EQ(code, 0) << out;
-    const auto losses = test_support::ReportLosses(ReadFile(report));
-    if (losses.size() == 1) r.losses = losses[0];
-    r.test_losses = EpochField(out, "test_loss");
-    r.out = out;
-    return r;
-  };
-  // The final checkpoint's parameters and buffers in stage order, named
-  // (a stage's names are its own: each cut numbers its blocks from 0).
-  using Named = std::vector<std::pair<std::string, at::Tensor>>;
-  auto final_tensors = [&](const std::string& name) {
-    std::map<int64_t, Named> stages;
-    Named all;
-    auto ck = checkpoint::Latest(dir + "/" + name);
-    if (!ck.ok()) {
-      ADD_FAILURE() << name << ": " << ck.status();
-      return all;
-    }
-    EXPECT_TRUE(ck->manifest.final);
-    for (const checkpoint::ManifestShard& shard : ck->manifest.shards) {
-      auto saved = checkpoint::ReadShard(ck->dir + "/" + shard.file, shard.bytes, shard.crc32);
-      if (!saved.ok()) {
-        ADD_FAILURE() << saved.status();
-        continue;
-      }
-      for (size_t k = 0; k < saved->stages.size(); ++k) {
-        for (size_t i = 0; i < saved->tensors[k].size(); ++i) {
-          stages[saved->stages[k]].emplace_back(saved->names[k][i], saved->tensors[k][i]);
-        }
-      }
-    }
-    for (auto& [stage, tensors] : stages) all.insert(all.end(), tensors.begin(), tensors.end());
-    return all;
-  };
-
-  const Result local = run("local", {"--local"});
-  ASSERT_EQ(local.losses.size(), 20u) << local.out;
-  EXPECT_THAT(local.out, HasSubstr("learning rate: cosine from 0.001 after 4 warm-up steps"));
-  EXPECT_THAT(local.out, ::testing::Not(HasSubstr("Warning")));  // (LibTorch's, once a step)
-  Named first;
-  for (const auto& [name, schedule, more] :
-       std::vector<std::tuple<std::string, std::string, std::vector<std::string>>>{
-           {"1f1b", "1f1b", {}}, {"interleaved", "interleaved", {}}, {"recompute", "1f1b", {"--recompute"}}}) {
-    std::vector<std::string> flags = {"--schedule", schedule};
-    flags.insert(flags.end(), more.begin(), more.end());
-    const Result piped = run(name, flags);
-    ASSERT_EQ(piped.losses.size(), local.losses.size()) << piped.out;
-    for (size_t i = 0; i < local.losses.size(); ++i) {
-      EXPECT_NEAR(piped.losses[i], local.losses[i], 1e-6) << name << ", step " << i + 1;
-    }
-    ASSERT_EQ(piped.test_losses.size(), 2u) << piped.out;
-    for (size_t e = 0; e < 2; ++e) EXPECT_NEAR(piped.test_losses[e], local.test_losses[e], 1e-6) << name;
-    EXPECT_THAT(piped.out, HasSubstr(schedule == "1f1b" ? "2 stages over 2 workers" : "4 stages over 2 workers"));
-    Named tensors = final_tensors(name);
-    auto named = [&tensors](const std::string& key) {
-      return std::count_if(tensors.begin(), tensors.end(), [&key](const auto& t) { return t.first == key; });
-    };
-    EXPECT_EQ(named("embed.tokens.weight"), 1);
-    EXPECT_EQ(named("head.head.weight"), 0) << "the tied weight is stored once";
-    if (first.empty()) {
-      first = std::move(tensors);
-      continue;
-    }
-    ASSERT_EQ(tensors.size(), first.size()) << name;
-    for (size_t i = 0; i < first.size(); ++i) {
-      const std::string& key = first[i].first;
-      ASSERT_EQ(tensors[i].first, key) << name;
-      if (name == "recompute") {
-        EXPECT_TRUE(tensors[i].second.equal(first[i].second)) << key << " differs from 1f1b's";
-      } else {  // (another cut sums the clipping norm's shares in another order)
-        EXPECT_LT(test_support::RelativeError(tensors[i].second, first[i].second), 1e-6) << name << ": " << key;
-      }
-    }
-  }
-
-  const Result local_bf16 = run("local_bf16", {"--local", "--precision", "bf16"});
-  const Result piped_bf16 = run("bf16", {"--schedule", "1f1b", "--precision", "bf16"});
-  ASSERT_EQ(local_bf16.losses.size(), 20u) << local_bf16.out;
-  ASSERT_EQ(piped_bf16.losses.size(), 20u) << piped_bf16.out;
-  double bf16_off = 0;
-  for (size_t i = 0; i < 20; ++i) {
-    EXPECT_NEAR(piped_bf16.losses[i], local_bf16.losses[i], 1e-3 * local_bf16.losses[i]) << "step " << i + 1;
-    bf16_off = std::max(bf16_off, std::abs(local_bf16.losses[i] - local.losses[i]));
-  }
-  unsetenv("TMPDIR");
-  EXPECT_GT(bf16_off, 1e-6) << "bf16 computes other numbers than fp32";
 }
 
 // A language model of one's own, as PyTorch scripts it (nanoGPT's shape:
@@ -412,7 +241,7 @@ TEST(TextMaster, AScriptedLanguageModelIsCutAtItsBlocksAndTrainsAsInOneProcess) 
 )");
   const std::string model = TempPath("scripted_gpt.pt");
   gpt.save(model);
-  const std::string text = WriteText("scripted_gpt.txt");
+  const std::string text = test_support::WriteText("scripted_gpt.txt");
   const std::string dir = test_support::FreshDir("scripted_gpt");
   const std::vector<std::string> common = {"--model", model, "--dataset", "text:" + text, "--seq-len", "16",
                                            "--batch-size", "8", "--epochs", "2", "--train-rows", "32", "--seed", "5",
@@ -426,7 +255,7 @@ TEST(TextMaster, AScriptedLanguageModelIsCutAtItsBlocksAndTrainsAsInOneProcess) 
   };
   auto [local_code, local_out] = RunProgram(master({"--local", "--threads", "1"}), absl::Seconds(180));
   ASSERT_EQ(local_code, 0) << local_out;
-  const std::vector<double> losses = EpochField(local_out, "train_loss");
+  const std::vector<double> losses = test_support::EpochField(local_out, "train_loss");
   ASSERT_EQ(losses.size(), 2u) << local_out;
   EXPECT_LT(losses[1], losses[0]) << local_out;
   EXPECT_THAT(local_out, HasSubstr("tokens/s"));
@@ -439,9 +268,9 @@ TEST(TextMaster, AScriptedLanguageModelIsCutAtItsBlocksAndTrainsAsInOneProcess) 
   // Its layers: the embeddings, each block, the head.
   EXPECT_THAT(out, HasSubstr("measuring per-layer cost of " + model));
   EXPECT_THAT(out, HasSubstr("over 2 workers, 2 stages"));
-  const std::vector<double> piped = EpochField(out, "train_loss");
-  const std::vector<double> piped_test = EpochField(out, "test_loss");
-  const std::vector<double> local_test = EpochField(local_out, "test_loss");
+  const std::vector<double> piped = test_support::EpochField(out, "train_loss");
+  const std::vector<double> piped_test = test_support::EpochField(out, "test_loss");
+  const std::vector<double> local_test = test_support::EpochField(local_out, "test_loss");
   ASSERT_EQ(piped.size(), 2u) << out;
   ASSERT_EQ(piped_test.size(), 2u) << out;
   for (size_t e = 0; e < 2; ++e) {
@@ -460,7 +289,7 @@ TEST(TextMaster, ASentencePieceTokenizerTrainsOverWorkersAsInOneProcessAndGenera
   if (std::system("command -v spm_train >/dev/null 2>&1") != 0) {
     GTEST_SKIP() << "spm_train (Debian's sentencepiece) is not installed";
   }
-  const std::string text = WriteText("spm_text.txt");
+  const std::string text = test_support::WriteText("spm_text.txt");
   const std::string dir = test_support::FreshDir("gpt_spm");
   ASSERT_EQ(std::system(("spm_train --input=" + text + " --model_prefix=" + dir +
                          "/spm --vocab_size=80 --model_type=bpe --minloglevel=2")
@@ -485,7 +314,7 @@ TEST(TextMaster, ASentencePieceTokenizerTrainsOverWorkersAsInOneProcessAndGenera
   ASSERT_EQ(local_code, 0) << local_out;
   EXPECT_THAT(local_out,
               HasSubstr("tokens (SentencePiece " + model + ": vocabulary 80; written to " + dir + "/tmp/remora-"));
-  const std::vector<double> losses = EpochField(local_out, "train_loss");
+  const std::vector<double> losses = test_support::EpochField(local_out, "train_loss");
   ASSERT_EQ(losses.size(), 2u) << local_out;
   EXPECT_LT(losses[0], std::log(80.0) + 0.3) << local_out;  // (ln 256 would be 5.5)
   EXPECT_LT(losses[1], losses[0]) << local_out;
@@ -497,7 +326,7 @@ TEST(TextMaster, ASentencePieceTokenizerTrainsOverWorkersAsInOneProcessAndGenera
                                 absl::Seconds(180));
   ASSERT_EQ(code, 0) << out;
   for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
-  const std::vector<double> piped = EpochField(out, "train_loss");
+  const std::vector<double> piped = test_support::EpochField(out, "train_loss");
   ASSERT_EQ(piped.size(), 2u) << out;
   for (size_t e = 0; e < 2; ++e) EXPECT_NEAR(piped[e], losses[e], 1e-4 * losses[e]) << "epoch " << e + 1 << "\n" << out;
   // Each step's gradient norm before clipping: in the progress lines and
@@ -532,8 +361,8 @@ TEST(TextMaster, ASentencePieceTokenizerTrainsOverWorkersAsInOneProcessAndGenera
                                       absl::Seconds(180));
   ASSERT_EQ(re_code, 0) << re_out;
   for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
-  EXPECT_EQ(EpochField(re_out, "train_loss"), piped) << re_out;
-  EXPECT_EQ(EpochField(re_out, "test_loss"), EpochField(out, "test_loss")) << re_out;
+  EXPECT_EQ(test_support::EpochField(re_out, "train_loss"), piped) << re_out;
+  EXPECT_EQ(test_support::EpochField(re_out, "test_loss"), test_support::EpochField(out, "test_loss")) << re_out;
   const int64_t plain_peak = peaks(ReadFile(dir + "/plain.json")), re_peak = peaks(ReadFile(dir + "/recomputed.json"));
   EXPECT_GT(plain_peak, 0);
   // (Under half when the machine is quiet; the peak moves with when a
@@ -548,7 +377,7 @@ TEST(TextMaster, ASentencePieceTokenizerTrainsOverWorkersAsInOneProcessAndGenera
       RunProgram(master({"--workers", "w1,w2", "--listen", ps_addr, "--mode", "ps"}), absl::Seconds(180));
   ASSERT_EQ(ps_code, 0) << ps_out;
   for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
-  const std::vector<double> ps_losses = EpochField(ps_out, "train_loss");
+  const std::vector<double> ps_losses = test_support::EpochField(ps_out, "train_loss");
   ASSERT_EQ(ps_losses.size(), 2u) << ps_out;
   for (size_t e = 0; e < 2; ++e) EXPECT_NEAR(ps_losses[e], losses[e], 1e-4 * losses[e]) << ps_out;
   EXPECT_THAT(ps_out, HasSubstr(" grad_norm="));
@@ -566,9 +395,9 @@ TEST(TextMaster, ASentencePieceTokenizerTrainsOverWorkersAsInOneProcessAndGenera
       absl::Seconds(60));
   ASSERT_EQ(eval_code, 0) << eval_out;
   EXPECT_THAT(eval_out, HasSubstr("--tokenizer " + model + ", the training's"));
-  ASSERT_EQ(EpochField(eval_out, "test_loss", "step=").size(), 1u) << eval_out;
-  EXPECT_NEAR(EpochField(eval_out, "test_loss", "step=")[0], EpochField(out, "test_loss")[1],
-              1e-4 * EpochField(out, "test_loss")[1])
+  ASSERT_EQ(test_support::EpochField(eval_out, "test_loss", "step=").size(), 1u) << eval_out;
+  EXPECT_NEAR(test_support::EpochField(eval_out, "test_loss", "step=")[0], test_support::EpochField(out, "test_loss")[1],
+              1e-4 * test_support::EpochField(out, "test_loss")[1])
       << eval_out;
   auto [gen_code, sample] = generate({"--tokenizer", model});
   ASSERT_EQ(gen_code, 0) << sample;
@@ -635,7 +464,7 @@ TEST(TextMaster, ANanoGptFromPyTorchTrainsOverWorkersAsPyTorchTrainsIt) {
   if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
     GTEST_SKIP() << "no python3-torch (Debian's) to compare against";
   }
-  const std::string text = WriteText("nanogpt_text.txt");
+  const std::string text = test_support::WriteText("nanogpt_text.txt");
   for (const std::string tie : {"untied", "tie"}) {
     SCOPED_TRACE(tie);
     const std::string dir = test_support::FreshDir("nanogpt_" + tie);

@@ -166,13 +166,14 @@ TEST(Partition, ModelsThatAreNotSequentialAreClearErrors) {
   EXPECT_EQ(residual->layer_name(2), "add");
   EXPECT_TRUE(residual->Check(at::randn({2, 4})).ok());
   // A module without children is cut at its operations, where no
-  // parameter is used on both sides.
+  // parameter is used on both sides and only tensors cross.
   torch::jit::Module flat = ScriptLinear(4, 2, 1, false);
   auto ops = SequentialModel::TorchScript(SaveToBytes(flat), "flat.pt");
   ASSERT_TRUE(ops.ok()) << ops.status();
-  ASSERT_EQ(ops->num_layers(), 2);
-  EXPECT_EQ(ops->layer_name(0), "t, matmul");
-  EXPECT_EQ(ops->layer_name(1), "add");
+  ASSERT_EQ(ops->num_layers(), 3);  // (the input and the transposed weight cross before the product)
+  EXPECT_EQ(ops->layer_name(0), "t");
+  EXPECT_EQ(ops->layer_name(1), "matmul");
+  EXPECT_EQ(ops->layer_name(2), "add");
   EXPECT_THAT(SequentialModel::TorchScript("not a zip", "junk.pt").status().message(),
               HasSubstr("cannot load TorchScript from junk.pt"));
   // Shapes that do not chain: layer 1 takes 8 features, the sample has 5.
@@ -188,14 +189,15 @@ TEST(Partition, ModelsThatAreNotSequentialAreClearErrors) {
 
 using Workers = test_support::TestWorkers;
 
-// One SGD step's losses for `steps` batches through the pipeline.
+// One SGD step's losses for `steps` batches through the pipeline (the
+// loss: cross-entropy over rows, or the loss registered as `loss`).
 std::vector<double> Train(Agent& agent, std::vector<StageSpec> stages, const at::Tensor& x,
-                          const at::Tensor& t, int steps) {
+                          const at::Tensor& t, int steps, const std::string& loss = "") {
   PipelineOptions o;
   o.stages = std::move(stages);
   o.workers = {"w1", "w2"};
   o.micro_batches = 4;
-  o.loss = CrossEntropyLoss();
+  o.loss = loss.empty() ? CrossEntropyLoss() : LossFn::Named(loss);
   o.optimizer = optim::OptimizerOptions::SGD(0.05);
   auto pipe = Pipeline::Create(agent, o);
   EXPECT_TRUE(pipe.ok()) << pipe.status();
@@ -338,8 +340,9 @@ torch::jit::Module ScriptGpt() {
   m.register_module("head", ScriptLinear(6, 11, 50, false));
   m.define(R"(def forward(self, idx):
   t = idx.size(1)
+  tok = self.wte.forward(idx)
   pos = torch.arange(t)
-  x = self.wte.forward(idx) + torch.embedding(self.wpe, pos)
+  x = tok + torch.embedding(self.wpe, pos)
   x = self.h0.forward(x)
   x = self.h1.forward(x)
   return self.head.forward(x)
@@ -355,7 +358,7 @@ at::Tensor Chain(const SequentialModel& model, const std::vector<int>& bounds, c
     auto spec = model.Stage(bounds[k], bounds[k + 1]);
     EXPECT_TRUE(spec.ok()) << spec.status();
     if (!spec.ok()) return at::Tensor();
-    y = LoadFromBytes(spec->script).forward({y});
+    y = LoadFromBytes(spec->script).forward(ScriptArgs(y));  // (a tuple: its tensors as arguments)
   }
   return y.toTensor();
 }
@@ -400,22 +403,38 @@ TEST(ScriptCut, SplitPointsAreNamedBySubmodulesAndACutInsideOneIsRefused) {
   EXPECT_THAT(inside, HasSubstr("the nearest cut points are before layer1.0 (layer 2) and before layer1.1 (layer 3)"));
   EXPECT_THAT(model.LayerNamed("layer9").status().message(),
               HasSubstr("calls no submodule named layer9; it can be cut before relu, layer1.0, layer1.1, fc"));
-  // The GPT: its embeddings are one layer (the tokens, their positions and
-  // the sum cross no cut), each block and the head one more.
+  // The GPT: a cut point wherever only tensors cross, one or several: not
+  // before wte (the position count, an int, crosses there), but before the
+  // position embedding (the token embeddings and the positions cross), the
+  // sum (both embeddings), each block and the head.
   torch::jit::Module gpt = ScriptGpt();
   auto cut = SequentialModel::TorchScript(SaveToBytes(gpt), "gpt.pt").value();
-  ASSERT_EQ(cut.num_layers(), 4);
-  EXPECT_EQ(cut.layer_name(1), "h0");
-  EXPECT_EQ(cut.layer_name(0), "wte");
+  std::vector<std::string> layers;
+  for (int i = 0; i < cut.num_layers(); ++i) layers.push_back(cut.layer_name(i));
+  EXPECT_EQ(layers, (std::vector<std::string>{"size, wte, arange", "embedding", "add", "h0", "h1", "head"}));
+  EXPECT_EQ(cut.LayerNamed("h0").value_or(-1), 3);
   EXPECT_THAT(cut.LayerNamed("wte").status().message(),
-              HasSubstr("more than one value crosses there (wte is called inside layer 0"));
+              HasSubstr("no cut point lies there, where a value that is no tensor crosses or a parameter is read on both "
+                        "sides (wte is called inside layer 0, size, wte, arange); the nearest cut points are before "
+                        "embedding (layer 1)"));
   const at::Tensor idx = at::randint(11, {3, 8}, at::kLong);
   ASSERT_TRUE(cut.Check(idx).ok()) << cut.Check(idx);
-  EXPECT_TRUE(at::equal(Chain(cut, {0, 1, 3, 4}, idx), gpt.forward({idx}).toTensor()));
+  const at::Tensor want = gpt.forward({idx}).toTensor();
+  for (const std::vector<int>& bounds : std::vector<std::vector<int>>{{0, 6}, {0, 1, 3, 6}, {0, 2, 6},
+                                                                       {0, 1, 2, 3, 4, 5, 6}}) {
+    EXPECT_TRUE(at::equal(Chain(cut, bounds, idx), want)) << ::testing::PrintToString(bounds);
+  }
+  // Stage 0 gives the token embeddings and the positions (an int64 tensor)
+  // as one tuple; stage 1 takes it.
   auto first = cut.Stage(0, 1).value();
+  torch::jit::Module stage0 = LoadFromBytes(first.script);
+  const c10::IValue handed = stage0.forward({idx});
+  ASSERT_TRUE(handed.isTuple());
+  ASSERT_EQ(handed.toTupleRef().elements().size(), 2u);
+  EXPECT_EQ(handed.toTupleRef().elements()[1].toTensor().scalar_type(), at::kLong);
   std::set<std::string> names;
-  for (const auto& p : LoadFromBytes(first.script).named_parameters()) names.insert(p.name);
-  EXPECT_EQ(names, (std::set<std::string>{"wte.weight", "wpe"}));
+  for (const auto& p : stage0.named_parameters()) names.insert(p.name);
+  EXPECT_EQ(names, (std::set<std::string>{"wte.weight"}));
 }
 
 TEST(ScriptCut, FormsItCannotCutAreClearErrors) {
@@ -464,6 +483,43 @@ TEST(ScriptCut, AResNetCutAtEveryBlockTrainsOverWorkersAsOneProcess) {
   const std::vector<double> got = Train(workers.master(), cut->stages, x, t, 3);
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << i;
+}
+
+// Several tensors across a cut, one without a gradient: the GPT cut
+// before its position embedding (the token embeddings and the int64
+// positions cross as one tuple), before the sum (both embeddings cross)
+// and before its first block: four stages over two workers train as one
+// process, with the causal language-model loss.
+TEST(ScriptCut, SeveralTensorsAcrossACutTrainOverWorkersAsOneProcess) {
+  Workers workers;
+  torch::jit::Module whole = ScriptGpt();
+  const std::string bytes = SaveToBytes(whole);
+  auto model = SequentialModel::TorchScript(bytes, "gpt.pt").value();
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const at::Tensor x = at::randint(11, {4, 8}, gen, at::TensorOptions(at::kLong));
+  const at::Tensor t = at::randint(11, {4, 8}, gen, at::TensorOptions(at::kLong));
+  torch::jit::Module local = LoadFromBytes(bytes);
+  std::vector<at::Tensor> params;
+  for (const at::Tensor& p : local.parameters()) params.push_back(p.requires_grad_(true));
+  torch::optim::SGD opt(params, torch::optim::SGDOptions(0.05));
+  std::vector<double> want;
+  for (int i = 0; i < 3; ++i) {
+    opt.zero_grad();
+    at::Tensor l = at::cross_entropy_loss(local.forward({x}).toTensor().reshape({-1, 11}), t.reshape({-1}));
+    l.backward();
+    opt.step();
+    want.push_back(l.item<double>());
+  }
+  PartitionOptions given;
+  given.split_at = {1, 2, 3};
+  given.stages_per_worker = 2;
+  auto cut = Partition(workers.master(), model, {"w1", "w2"}, given);
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  ASSERT_EQ(cut->stages.size(), 4u);
+  const std::vector<double> got = Train(workers.master(), cut->stages, x, t, 3, "causal_lm");
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << i;
+  EXPECT_LT(want.back(), want.front());
 }
 
 // torchvision's resnet18 exactly as a PyTorch user saves it, where Debian's

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <regex>
 
@@ -12,8 +13,10 @@
 #include <ATen/ops/max.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "checkpoint/checkpoint.h"
 #include "tests/support/test_group.h"
@@ -163,6 +166,38 @@ StageDifference CompareStages(const std::string& a_path, const std::string& b_pa
     }
   }
   return d;
+}
+
+std::vector<double> EpochField(const std::string& out, const std::string& key, const char* prefix) {
+  std::vector<double> values;
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    if (!absl::ConsumePrefix(&line, prefix)) continue;
+    const size_t at = line.find(" " + key + "=");
+    double v = std::nan("");
+    if (at != absl::string_view::npos) {
+      absl::string_view rest = line.substr(at + key.size() + 2);
+      if (!absl::SimpleAtod(rest.substr(0, rest.find(' ')), &v)) v = std::nan("");
+    }
+    values.push_back(v);
+  }
+  return values;
+}
+
+std::string WriteText(const std::string& name) {
+  const char* sentences[] = {"the pipeline sends activations to the next stage. ",
+                             "a worker holds its shard of the model. ",
+                             "gradients flow back through the distributed autograd engine. ",
+                             "the master splits each batch into micro-batches. "};
+  std::string text;
+  uint32_t x = 7;
+  while (text.size() < 5000) {
+    x = x * 1103515245u + 12345u;
+    text += sentences[(x >> 16) % 4];
+    if ((x >> 8) % 5 == 0) text += "\n";
+  }
+  const std::string path = TempPath(name);
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
 }
 
 }  // namespace remora::test_support

@@ -54,6 +54,14 @@ std::vector<std::unique_ptr<launch::Subprocess>> StartWorkers(const std::vector<
 std::vector<std::string> MasterArgv(const std::string& workers, const std::string& addr, const std::string& data,
                                     std::vector<std::string> more);
 
+// `key` of each "epoch=E ..." line of `out` (of each line that starts with
+// `prefix`); NaN where a line lacks it.
+std::vector<double> EpochField(const std::string& out, const std::string& key, const char* prefix = "epoch=");
+
+// About 5 KB of English-like text (a few sentences in a seeded order) in
+// TempPath(name); returns the path.
+std::string WriteText(const std::string& name);
+
 // The line of `output` that starts with `prefix` ("" when none).
 std::string LineStarting(const std::string& output, const std::string& prefix);
 
