@@ -1,0 +1,64 @@
+// One backward pass split in two, for zero-bubble schedules (Qi et al.,
+// "Zero Bubble Pipeline Parallelism"): B, the gradients of a stage's inputs
+// (what the previous stage waits for), then later W, the gradients of its
+// parameters, from what B kept (internal to pipeline/; not installed).
+//
+//   SplitBackward pass(outputs, output_grads, inputs, params);
+//   std::vector<at::Tensor> dx = pass.Inputs().value();    // B: send dx on
+//   ...                                                     // other work
+//   std::vector<at::Tensor> dw = pass.Weights().value();   // W
+//
+// B runs the part of the autograd graph that leads to the inputs. Where
+// that part meets the paths to the parameters (a matrix product's node,
+// whose weight gradient B leaves out) B keeps the gradient arriving there;
+// W runs from those kept gradients down to the parameters only, so a node
+// B ran computes its parameter-side outputs in W and nothing is computed
+// twice. B then W gives what one backward pass gives, bitwise, where each
+// parameter's gradient comes from one place. Where the graph does not
+// allow the split (a parameter reached through two such meeting points one
+// after the other, a stage that returns its input or a parameter), B runs
+// the whole backward pass and W hands out what it computed: split() says
+// which.
+//
+// Thread-safety: one thread at a time. Ownership: holds the graph (through
+// the outputs) and the kept gradients until W ends or it is destroyed.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/statusor.h"
+
+namespace remora::pipeline {
+
+class SplitBackward {
+ public:
+  // `grads`: one per output (the gradient arriving at it). `inputs` and
+  // `params` are leaves; those that need no gradient get none.
+  SplitBackward(std::vector<at::Tensor> outputs, std::vector<at::Tensor> grads, std::vector<at::Tensor> inputs,
+                std::vector<at::Tensor> params);
+  ~SplitBackward();
+  SplitBackward(const SplitBackward&) = delete;
+  SplitBackward& operator=(const SplitBackward&) = delete;
+
+  // B: the inputs' gradients, in order (undefined where none reaches).
+  // Once; an error names what failed.
+  absl::StatusOr<std::vector<at::Tensor>> Inputs();
+  // W: the parameters' gradients, in order (undefined where none
+  // reaches). Once, after Inputs; frees the graph.
+  absl::StatusOr<std::vector<at::Tensor>> Weights();
+
+  // Whether B and W are two passes (else B ran the whole backward).
+  bool split() const;
+  // Bytes of the gradients kept from B for W.
+  int64_t held_bytes() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace remora::pipeline

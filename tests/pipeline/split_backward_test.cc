@@ -1,0 +1,160 @@
+// A backward pass split in two (pipeline/split_backward.h): B, the inputs'
+// gradients, then W, the parameters', equal one backward pass bitwise on
+// every built-in stage type and on TorchScript stages; a graph that does not
+// split runs whole at B and still equals it.
+#include "pipeline/split_backward.h"
+
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/randint.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/randn_like.h>
+#include <gtest/gtest.h>
+#include <torch/autograd.h>
+#include <torch/csrc/jit/api/module.h>
+#include <torch/nn/module.h>
+#include <torch/utils.h>
+
+#include "pipeline/stage.h"
+#include "shards/cnn.h"
+#include "shards/gpt.h"
+#include "shards/mlp.h"
+#include "shards/resnet.h"
+#include "tests/support/script_models.h"
+
+namespace remora::pipeline {
+namespace {
+
+// A stage to split: its forward on the input (run twice, from the same
+// random state) and its parameters.
+struct Case {
+  std::string name;
+  std::function<at::Tensor(const at::Tensor&)> forward;
+  std::vector<at::Tensor> params;
+  at::Tensor input;
+  bool splits = true;  // whether B and W are two passes
+};
+
+// One backward pass against B then W, bitwise.
+void ExpectSplitEqualsWhole(const Case& c) {
+  SCOPED_TRACE(c.name);
+  const at::Tensor x = c.input.is_floating_point() ? c.input.detach().requires_grad_(true) : c.input;
+  torch::manual_seed(3);
+  const at::Tensor y = c.forward(x);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(9);
+  const at::Tensor g = at::randn(y.sizes(), gen, y.options());
+  std::vector<at::Tensor> wanted = c.params;
+  if (x.requires_grad()) wanted.insert(wanted.begin(), x);
+  const std::vector<at::Tensor> whole =
+      torch::autograd::grad({y}, wanted, {g}, /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
+
+  const at::Tensor x2 = c.input.is_floating_point() ? c.input.detach().requires_grad_(true) : c.input;
+  torch::manual_seed(3);
+  SplitBackward pass({c.forward(x2)}, {g}, {x2}, c.params);
+  EXPECT_EQ(pass.split(), c.splits);
+  EXPECT_FALSE(pass.Weights().ok()) << "W before B";
+  auto dx = pass.Inputs();
+  ASSERT_TRUE(dx.ok()) << dx.status();
+  ASSERT_EQ(dx->size(), 1u);
+  if (c.splits && x2.requires_grad()) EXPECT_GT(pass.held_bytes(), 0) << "B keeps what W needs";
+  auto dw = pass.Weights();
+  ASSERT_TRUE(dw.ok()) << dw.status();
+  EXPECT_FALSE(pass.Weights().ok()) << "W twice";
+  ASSERT_EQ(dw->size(), c.params.size());
+  size_t k = 0;
+  if (x2.requires_grad()) {
+    ASSERT_TRUE((*dx)[0].defined());
+    EXPECT_TRUE((*dx)[0].equal(whole[k++])) << "the input's gradient";
+  } else {
+    EXPECT_FALSE((*dx)[0].defined());
+  }
+  for (size_t p = 0; p < c.params.size(); ++p, ++k) {
+    ASSERT_EQ((*dw)[p].defined(), whole[k].defined()) << "parameter " << p;
+    if (whole[k].defined()) EXPECT_TRUE((*dw)[p].equal(whole[k])) << "parameter " << p;
+  }
+  // Nothing was accumulated into the parameters themselves.
+  for (const at::Tensor& p : c.params) EXPECT_FALSE(p.grad().defined());
+}
+
+template <typename M>
+Case ModuleCase(const std::string& name, std::shared_ptr<M> m, at::Tensor input) {
+  return Case{name, [m](const at::Tensor& x) { return m->forward(x); }, m->parameters(), std::move(input)};
+}
+
+TEST(SplitBackward, BThenWEqualsOneBackwardOnEveryBuiltInStageType) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
+  const auto floats = [&gen](std::vector<int64_t> shape) { return at::randn(shape, gen, at::TensorOptions()); };
+  std::vector<Case> cases;
+  cases.push_back(ModuleCase("SmallCnn", std::make_shared<shards::SmallCnnImpl>(0, shards::kSmallCnnBlocks, 2),
+                             floats({4, 1, 28, 28})));
+  cases.push_back(ModuleCase("ResNetShard (stem, two bottlenecks)", std::make_shared<shards::ResNetShardImpl>(0, 3, 2),
+                             floats({2, 3, 32, 32})));
+  cases.push_back(ModuleCase("ResNetShard (bottlenecks, head)",
+                             std::make_shared<shards::ResNetShardImpl>(14, shards::kResNetBlocks, 2),
+                             floats({2, 1024, 2, 2})));
+  shards::MLPStageOptions mlp;
+  mlp.in = 6;
+  mlp.out = 5;
+  mlp.batchnorm = true;
+  torch::nn::Sequential seq = shards::MakeMLPStage(mlp);
+  cases.push_back(Case{"MLP", [seq](const at::Tensor& x) mutable { return seq->forward(x); }, seq->parameters(),
+                       floats({4, 6})});
+  cases.push_back(ModuleCase("GptBlocks", std::make_shared<shards::GptBlocksImpl>(16, 4, 0, 2, 2), floats({2, 8, 16})));
+  cases.push_back(ModuleCase("GptHead", std::make_shared<shards::GptHeadImpl>(16, 32, 2), floats({2, 8, 16})));
+  // Token ids need no gradient: B has nothing to do, W is the whole pass.
+  cases.push_back(ModuleCase("GptEmbed", std::make_shared<shards::GptEmbedImpl>(32, 8, 16, 2),
+                             at::randint(32, {2, 8}, gen, at::TensorOptions(at::kLong))));
+  for (const Case& c : cases) ExpectSplitEqualsWhole(c);
+}
+
+TEST(SplitBackward, BThenWEqualsOneBackwardOnTorchScriptStages) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(4);
+  const std::vector<std::pair<torch::jit::Module, at::Tensor>> stages = {
+      {test_support::ScriptSmallCnn(10, 3), at::randn({2, 3, 8, 8}, gen, at::TensorOptions())},
+      {test_support::ScriptSequential({6, 8, 8, 3}, /*residual=*/true), at::randn({4, 6}, gen, at::TensorOptions())}};
+  for (const auto& [m, input] : stages) {
+    auto module = std::make_shared<torch::jit::Module>(m);
+    std::vector<at::Tensor> params;
+    for (const at::Tensor& p : module->parameters()) params.push_back(p.requires_grad_(true));
+    ExpectSplitEqualsWhole(Case{module->type()->name()->qualifiedName(),
+                                [module](const at::Tensor& x) { return module->forward({x}).toTensor(); }, params,
+                                input});
+  }
+}
+
+// A weight used twice in a row (h = x W, y = h W): its gradient arrives
+// through two nodes B runs, the second below the first, so the pass does
+// not split and B computes everything; the results are still one pass's.
+TEST(SplitBackward, AGraphThatDoesNotSplitRunsWholeAtB) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(6);
+  const at::Tensor w = at::randn({4, 4}, gen, at::TensorOptions()).requires_grad_(true);
+  const at::Tensor b = at::randn({4}, gen, at::TensorOptions()).requires_grad_(true);
+  Case twice{"twice", [w, b](const at::Tensor& x) { return at::mm(at::mm(x, w), w) + b; }, {w, b},
+             at::randn({3, 4}, gen, at::TensorOptions()), /*splits=*/false};
+  ExpectSplitEqualsWhole(twice);
+  // The same weights once each split.
+  const at::Tensor w2 = at::randn({4, 4}, gen, at::TensorOptions()).requires_grad_(true);
+  ExpectSplitEqualsWhole(Case{"once each", [w, w2, b](const at::Tensor& x) { return at::mm(at::mm(x, w), w2) + b; },
+                              {w, w2, b}, at::randn({3, 4}, gen, at::TensorOptions())});
+  // A stage that returns its input unchanged: not split, and the input's
+  // gradient is the one given.
+  const at::Tensor x = at::randn({3, 4}, gen, at::TensorOptions()).requires_grad_(true);
+  const at::Tensor g = at::randn({3, 4}, gen, at::TensorOptions());
+  SplitBackward same({x}, {g}, {x}, {w});
+  EXPECT_FALSE(same.split());
+  auto dx = same.Inputs();
+  ASSERT_TRUE(dx.ok()) << dx.status();
+  EXPECT_TRUE((*dx)[0].equal(g));
+  auto dw = same.Weights();
+  ASSERT_TRUE(dw.ok()) << dw.status();
+  EXPECT_FALSE((*dw)[0].defined());
+}
+
+}  // namespace
+}  // namespace remora::pipeline
