@@ -3,7 +3,7 @@
 // A SequentialModel is a list of layers, each taking the previous one's
 // output: a TorchScript nn.Sequential (its children are the layers), any
 // other scripted module (its forward's top-level statements, grouped
-// between the places where one tensor crosses: pipeline/script_cut.h), or
+// between the places where only tensors cross: pipeline/script_cut.h), or
 // a stage type registered in the worker programs whose first two arguments
 // are a layer range [first, last) (e.g. "ResNetShard"(first, last, seed)).
 // Partition cuts it into stages, either at explicit split points or

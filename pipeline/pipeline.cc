@@ -105,6 +105,11 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(Agent& agent, Pipelin
                    MakeSchedule(ResolveSchedule(o.schedule, n, S / n, o.micro_batches), n, S / n,
                                 o.micro_batches));
   RETURN_IF_ERROR(Simulate(schedule).status());
+  if (schedule.SplitsBackward()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "pipeline: schedule ", schedule.name, " splits each backward pass into B and W actions, which the step "
+        "runners do not run yet; use 1f1b or interleaved"));
+  }
   if (o.seed) RETURN_IF_ERROR(SeedWorkers(agent, o.workers, *o.seed));
   std::vector<RRef> stages;
   for (int k = 0; k < S; ++k) {

@@ -12,7 +12,16 @@
 namespace remora::pipeline {
 
 std::string Action::ToString() const {
-  return absl::StrCat(kind == kForward ? "F" : "B", micro_batch, "@", stage);
+  return absl::StrCat(kind == kForward ? "F" : kind == kBackward ? "B" : "W", micro_batch, "@", stage);
+}
+
+bool Schedule::SplitsBackward() const {
+  for (const auto& list : actions) {
+    for (const Action& a : list) {
+      if (a.kind == Action::kWeight) return true;
+    }
+  }
+  return false;
 }
 
 std::string Schedule::ToString() const {
@@ -34,6 +43,7 @@ namespace {
 
 Action F(int stage, int mb) { return Action{Action::kForward, stage, mb}; }
 Action B(int stage, int mb) { return Action{Action::kBackward, stage, mb}; }
+Action W(int stage, int mb) { return Action{Action::kWeight, stage, mb}; }
 
 // Every forward, ordered by (micro-batch, stage), then every backward,
 // ordered by (micro-batch, stage from the last).
@@ -58,6 +68,20 @@ std::vector<Action> OneFOneB(int s, int stages, int m) {
     out.push_back(B(s, i));
   }
   for (int i = std::max(0, m - warmup); i < m; ++i) out.push_back(B(s, i));
+  return out;
+}
+
+// ZB-H1 for stage `s` of `stages`: 1F1B's forwards and input backwards,
+// W(i) right after B(i + s) (micro-batches held: at most `stages`), the
+// rest after the last B.
+std::vector<Action> ZeroBubbleH1(int s, int stages, int m) {
+  std::vector<Action> out;
+  int next_w = 0;
+  for (const Action& a : OneFOneB(s, stages, m)) {
+    out.push_back(a);
+    if (a.kind == Action::kBackward && a.micro_batch >= s) out.push_back(W(s, next_w++));
+  }
+  while (next_w < m) out.push_back(W(s, next_w++));
   return out;
 }
 
@@ -108,6 +132,12 @@ absl::StatusOr<Schedule> MakeSchedule(const std::string& name, int workers,
           ": use the interleaved schedule for several stages per worker, or one stage each"));
     }
     for (int w = 0; w < workers; ++w) s.actions[w] = OneFOneB(w, workers, micro_batches);
+  } else if (name == "zb1p") {
+    if (stages_per_worker != 1) {
+      return absl::InvalidArgumentError(absl::StrCat("schedule zb1p runs one stage per worker, not ",
+                                                     stages_per_worker));
+    }
+    for (int w = 0; w < workers; ++w) s.actions[w] = ZeroBubbleH1(w, workers, micro_batches);
   } else if (name == "interleaved") {
     if (stages_per_worker < 2) {
       return absl::InvalidArgumentError(
@@ -153,10 +183,11 @@ absl::Status CheckActions(const Schedule& schedule) {
       }
     }
   }
-  if (static_cast<int>(seen.size()) != 2 * S * M) {
+  const int kinds = schedule.SplitsBackward() ? 3 : 2;
+  if (static_cast<int>(seen.size()) != kinds * S * M) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "schedule: ", seen.size(), " actions, but ", S, " stages x ", M,
-        " micro-batches need ", 2 * S * M));
+        "schedule: ", seen.size(), " actions, but ", S, " stages x ", M, " micro-batches need ", kinds * S * M,
+        kinds == 3 ? " (a forward, an input backward B and a weight backward W each)" : ""));
   }
   return absl::OkStatus();
 }
@@ -164,12 +195,24 @@ absl::Status CheckActions(const Schedule& schedule) {
 }  // namespace
 
 absl::StatusOr<Simulation> Simulate(const Schedule& schedule) {
+  return Simulate(schedule, ActionCosts{1, 1, schedule.SplitsBackward() ? 1 : 0});
+}
+
+absl::StatusOr<Simulation> Simulate(const Schedule& schedule, const ActionCosts& costs) {
   const int n = schedule.workers, S = schedule.stages, M = schedule.micro_batches;
   if (n < 1 || S < n || S % n != 0 || M < 1 || static_cast<int>(schedule.actions.size()) != n) {
     return absl::FailedPreconditionError("schedule: inconsistent worker, stage or micro-batch counts");
   }
+  const bool split = schedule.SplitsBackward();
+  if (costs.forward < 1 || costs.input < 1 || costs.weight < (split ? 1 : 0)) {
+    return absl::InvalidArgumentError("schedule: every action takes at least one time unit");
+  }
   RETURN_IF_ERROR(CheckActions(schedule));
-  // Unit-time simulation.
+  auto duration = [&](const Action& a) {
+    if (a.kind == Action::kForward) return costs.forward;
+    if (a.kind == Action::kWeight) return costs.weight;
+    return split ? costs.input : costs.input + costs.weight;
+  };
   std::map<std::tuple<int, int, int>, int> done_at;  // action -> end time
   auto ready = [&](const Action& a, int t) {
     auto at = [&](Action::Kind k, int s, int i) {
@@ -177,6 +220,7 @@ absl::StatusOr<Simulation> Simulate(const Schedule& schedule) {
       return it != done_at.end() && it->second <= t;
     };
     if (a.kind == Action::kForward) return a.stage == 0 || at(Action::kForward, a.stage - 1, a.micro_batch);
+    if (a.kind == Action::kWeight) return at(Action::kBackward, a.stage, a.micro_batch);
     if (a.stage == S - 1) return at(Action::kForward, a.stage, a.micro_batch);
     return at(Action::kBackward, a.stage + 1, a.micro_batch);
   };
@@ -185,8 +229,8 @@ absl::StatusOr<Simulation> Simulate(const Schedule& schedule) {
   sim.peak_in_flight.assign(S, 0);
   std::vector<int> in_flight(S, 0);
   std::vector<size_t> next(n, 0);
-  std::vector<int> busy_until(n, 0);
-  size_t remaining = 2 * static_cast<size_t>(S) * M;
+  std::vector<int> busy_until(n, 0), busy(n, 0);
+  size_t remaining = (split ? 3 : 2) * static_cast<size_t>(S) * M;
   for (int t = 0; remaining > 0; ++t) {
     bool running = false;
     for (int w = 0; w < n; ++w) {
@@ -197,15 +241,22 @@ absl::StatusOr<Simulation> Simulate(const Schedule& schedule) {
       if (next[w] >= schedule.actions[w].size()) continue;
       const Action& a = schedule.actions[w][next[w]];
       if (!ready(a, t)) continue;
-      done_at[{a.kind, a.stage, a.micro_batch}] = t + 1;
-      busy_until[w] = t + 1;
+      const int d = duration(a);
+      done_at[{a.kind, a.stage, a.micro_batch}] = t + d;
+      busy_until[w] = t + d;
+      busy[w] += d;
       ++next[w];
       --remaining;
       running = true;
+      // (Held from the forward to the end of the backward: its W where split.)
       int& f = in_flight[a.stage];
-      f += a.kind == Action::kForward ? 1 : -1;
+      if (a.kind == Action::kForward) {
+        ++f;
+      } else if (a.kind == (split ? Action::kWeight : Action::kBackward)) {
+        --f;
+      }
       sim.peak_in_flight[a.stage] = std::max(sim.peak_in_flight[a.stage], f);
-      sim.makespan = std::max(sim.makespan, t + 1);
+      sim.makespan = std::max(sim.makespan, t + d);
     }
     if (!running) {
       std::vector<std::string> stuck;
@@ -219,9 +270,7 @@ absl::StatusOr<Simulation> Simulate(const Schedule& schedule) {
           absl::StrJoin(stuck, ", "), ")"));
     }
   }
-  for (int w = 0; w < n; ++w) {
-    sim.idle[w] = sim.makespan - static_cast<int>(schedule.actions[w].size());
-  }
+  for (int w = 0; w < n; ++w) sim.idle[w] = sim.makespan - busy[w];
   return sim;
 }
 

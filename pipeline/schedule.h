@@ -18,6 +18,14 @@
 //                in groups of `workers` micro-batches, chunk by chunk; the
 //                fill and drain shrink by the stages per worker (two or more
 //                stages per worker; micro-batches a multiple of workers)
+//   zb1p         ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism"):
+//                1F1B with each backward split into B (the input's
+//                gradient, on the critical path) and W (the weights',
+//                which can wait); stage s runs W(i) after B(i + s), so it
+//                holds at most `stages` micro-batches (1F1B's peak, stage
+//                0's) and the W's fill the drain (one stage per worker).
+//                The runner does not run W actions yet: a schedule for the
+//                simulator and the planner only.
 //
 // Thread-safety: plain values.
 #pragma once
@@ -30,7 +38,9 @@
 namespace remora::pipeline {
 
 struct Action {
-  enum Kind { kForward, kBackward };
+  // kBackward is the whole backward pass, or in a schedule with kWeight
+  // actions only its input part (B); kWeight the weights' part (W).
+  enum Kind { kForward, kBackward, kWeight };
   Kind kind = kForward;
   int stage = 0;
   int micro_batch = 0;
@@ -38,7 +48,7 @@ struct Action {
   friend bool operator==(const Action& a, const Action& b) {
     return a.kind == b.kind && a.stage == b.stage && a.micro_batch == b.micro_batch;
   }
-  std::string ToString() const;  // "F3@1": forward of micro-batch 3 through stage 1
+  std::string ToString() const;  // "F3@1": forward of micro-batch 3 through stage 1; "B3@1", "W3@1"
 };
 
 struct Schedule {
@@ -49,6 +59,8 @@ struct Schedule {
   std::vector<std::vector<Action>> actions;  // per worker, in order
 
   int WorkerOf(int stage) const { return stage % workers; }
+  // Whether backward passes are split into B and W actions.
+  bool SplitsBackward() const;
   std::string ToString() const;  // one line per worker
 };
 
@@ -60,21 +72,33 @@ const std::vector<std::string>& ScheduleNames();
 absl::StatusOr<Schedule> MakeSchedule(const std::string& name, int workers,
                                       int stages_per_worker, int micro_batches);
 
-// What running a schedule with unit-time actions gives (each forward and
-// each backward of a stage takes 1; a worker runs one action at a time, in
-// its order, as soon as the action's inputs are ready).
+// What running a schedule gives (a worker runs one action at a time, in
+// its order, as soon as the action's inputs are ready: F(s, i) after
+// F(s - 1, i); B(s, i) after B(s + 1, i), or F(s, i) on the last stage;
+// W(s, i) after B(s, i)).
 struct Simulation {
   int makespan = 0;                // time units for the whole batch
   std::vector<int> idle;           // per worker: makespan - its busy time
   std::vector<int> peak_in_flight; // per stage: most micro-batches forwarded
-                                   // and not yet backwarded at once
+                                   // and not yet through their backward
+                                   // (their W, where split) at once
+};
+
+// How long actions take, in time units. A split schedule's B takes
+// `input` and its W `weight`; a whole backward pass takes both.
+struct ActionCosts {
+  int forward = 1;
+  int input = 1;
+  int weight = 1;
 };
 
 // Checks that every forward and backward of every (stage, micro-batch)
-// appears exactly once, on the stage's worker, and that the orders can run
-// (no worker waits forever: the dependencies F(s-1, i) -> F(s, i),
-// F(S-1, i) -> B(S-1, i) and B(s+1, i) -> B(s, i) are respected), and
-// simulates it. FailedPrecondition names the first problem.
+// appears exactly once (and its W, in a split schedule), on the stage's
+// worker, and that the orders can run (no worker waits forever: the
+// dependencies above are respected), and simulates it with each action
+// taking one unit. FailedPrecondition names the first problem.
 absl::StatusOr<Simulation> Simulate(const Schedule& schedule);
+// The same with actions taking `costs` (each at least 1).
+absl::StatusOr<Simulation> Simulate(const Schedule& schedule, const ActionCosts& costs);
 
 }  // namespace remora::pipeline

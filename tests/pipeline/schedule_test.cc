@@ -84,6 +84,37 @@ TEST(Schedule, EveryActionOnceOnItsStagesWorker) {
   }
 }
 
+// ZB-H1 (zb1p): with F, B and W each taking a unit (1F1B's whole backward
+// two), every worker idles S - 1 units a batch, a third of 1F1B's 3(S - 1),
+// and no stage holds more micro-batches than 1F1B's first stage (S).
+TEST(Schedule, ZeroBubbleH1CutsTheBubbleToAThirdAtOneFOneBsPeakMemory) {
+  const ActionCosts unit{1, 1, 1};
+  for (int S : {2, 3, 4}) {
+    for (int M : {4, 8}) {
+      SCOPED_TRACE(::testing::Message() << "S=" << S << " M=" << M);
+      const Schedule zb = MakeSchedule("zb1p", S, 1, M).value();
+      EXPECT_TRUE(zb.SplitsBackward());
+      EXPECT_FALSE(MakeSchedule("1f1b", S, 1, M).value().SplitsBackward());
+      auto z = Simulate(zb, unit);
+      auto o = Simulate(MakeSchedule("1f1b", S, 1, M).value(), unit);
+      ASSERT_TRUE(z.ok()) << z.status() << "\n" << zb.ToString();
+      ASSERT_TRUE(o.ok()) << o.status();
+      EXPECT_EQ(z->makespan, 3 * M + S - 1);
+      EXPECT_EQ(o->makespan, 3 * (M + S - 1));
+      for (int w = 0; w < S; ++w) {
+        EXPECT_EQ(z->idle[w], S - 1) << "worker " << w;
+        EXPECT_EQ(o->idle[w], 3 * (S - 1)) << "worker " << w;
+        EXPECT_LE(z->peak_in_flight[w], S) << "stage " << w;
+      }
+      EXPECT_EQ(o->peak_in_flight[0], S);
+      // Every W on its stage's worker after its own B (the simulator's
+      // dependencies), and with unit times as well.
+      EXPECT_TRUE(Simulate(zb).ok());
+    }
+  }
+  EXPECT_EQ(MakeSchedule("zb1p", 3, 1, 4).value().actions[2][6].ToString(), "W0@2");
+}
+
 TEST(Schedule, BadShapesAndNamesAreClearErrors) {
   auto one = MakeSchedule("1f1b", 2, 2, 4);
   ASSERT_FALSE(one.ok());
@@ -95,6 +126,9 @@ TEST(Schedule, BadShapesAndNamesAreClearErrors) {
   ASSERT_FALSE(unknown.ok());
   EXPECT_NE(unknown.status().message().find("gpipe, 1f1b, interleaved"), std::string::npos);
   EXPECT_FALSE(MakeSchedule("gpipe", 0, 1, 4).ok());
+  EXPECT_FALSE(MakeSchedule("zb1p", 2, 2, 4).ok());
+  // A W that takes no time is no action.
+  EXPECT_FALSE(Simulate(MakeSchedule("zb1p", 2, 1, 4).value(), ActionCosts{1, 1, 0}).ok());
 }
 
 TEST(Schedule, SimulateFindsOrdersThatCannotRunAndMissingActions) {
@@ -110,6 +144,19 @@ TEST(Schedule, SimulateFindsOrdersThatCannotRunAndMissingActions) {
   auto u = MakeSchedule("gpipe", 2, 1, 2).value();
   u.actions[0].push_back(u.actions[0].front());
   EXPECT_FALSE(Simulate(u).ok());
+  // A split schedule without one of its W's, and one whose W comes before
+  // its B.
+  auto v = MakeSchedule("zb1p", 2, 1, 2).value();
+  v.actions[1].pop_back();
+  auto missing = Simulate(v);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("a forward, an input backward B and a weight backward W each"),
+            std::string::npos)
+      << missing.status();
+  auto x = MakeSchedule("zb1p", 2, 1, 2).value();
+  auto& last = x.actions[1];  // F0 B0 F1 B1 W0 W1, made F0 B0 F1 W1 W0 B1
+  std::swap(last[3], last[5]);
+  EXPECT_FALSE(Simulate(x).ok()) << x.ToString();
 }
 
 }  // namespace
