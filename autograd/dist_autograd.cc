@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "autograd/container.h"
 #include "autograd/protocol.h"
+#include "autograd/split_backward.h"
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
 #include "runtime/action_mark.h"
@@ -265,6 +266,70 @@ Future<Empty> Deliver(Agent& agent, DistContext& context, const std::vector<at::
 
 }  // namespace
 
+namespace {
+
+// A pipeline stage's backward pass split in two (autograd/split_backward.h),
+// each part in its action's turn: B sends the received tensors' gradients
+// back at once; W, later, accumulates the parameters' in the context. The
+// future ends when both have and B's gradients are delivered.
+Future<Empty> RunSplitBackward(Agent& agent, std::shared_ptr<DistContext> context, std::vector<at::Tensor> roots,
+                               std::vector<at::Tensor> grads, const std::vector<at::Tensor>& leaves,
+                               bool retain_graph, const ActionMarkInfo& mark) {
+  std::vector<at::Tensor> received, params;
+  for (const at::Tensor& leaf : leaves) (context->Recv(leaf) ? received : params).push_back(leaf);
+  auto pass = std::make_shared<SplitBackward>(std::move(roots), std::move(grads), received, params);
+  Future<Empty> done(agent.executor());
+  Executor* executor = agent.lane();  // (every pass on one thread)
+  auto post = [executor](std::function<void()> fn) { executor->Schedule(std::move(fn)); };
+  auto part = [&agent, mark](const char* name, auto&& run) {
+    trace::SetMicroBatch(mark.action.micro_batch, mark.stage);
+    const int64_t start_us = trace::NowUs();
+    auto result = run();
+    trace::Record(name, trace::MicroBatch(), start_us, trace::NowUs(), trace::Stage());
+    return result.ok() ? result
+                       : decltype(result)(Annotate(result.status(), absl::StrCat("on worker '", agent.self().name,
+                                                                                "'")));
+  };
+  ComputeTurn::RunInTurn(
+      mark.action,
+      [&agent, context, pass, received = std::move(received), params = std::move(params), retain_graph, mark, done,
+       post, part]() mutable {
+        absl::StatusOr<std::vector<at::Tensor>> dx = part("backward", [&pass] { return pass->Inputs(); });
+        if (!dx.ok()) {
+          ComputeTurn::Skip(mark.action.Weight());
+          done.SetError(dx.status());
+          return;
+        }
+        Future<Empty> delivered = Deliver(agent, *context, received, *dx, retain_graph);
+        ComputeTurn::RunInTurn(
+            mark.action.Weight(),
+            [&agent, context, pass, params = std::move(params), mark, done, delivered, part]() mutable {
+              absl::StatusOr<std::vector<at::Tensor>> dw = part("weight", [&pass] { return pass->Weights(); });
+              if (!dw.ok()) {
+                done.SetError(dw.status());
+                return;
+              }
+              for (size_t i = 0; i < params.size(); ++i) {
+                if ((*dw)[i].defined()) context->AccumulateGrad(params[i], (*dw)[i]);
+              }
+              // The pass's gradients are in the context now.
+              if (MarkedBackwardHook hook = GetMarkedBackwardHook()) hook(context->id(), mark.action);
+              delivered.then([done](const absl::StatusOr<Empty>& r) mutable {
+                if (r.ok()) {
+                  done.SetValue(Empty{});
+                } else {
+                  done.SetError(r.status());
+                }
+              });
+            },
+            post);
+      },
+      post);
+  return done;
+}
+
+}  // namespace
+
 Future<Empty> RunBackward(Container& container, std::shared_ptr<DistContext> context,
                           std::vector<at::Tensor> roots, std::vector<at::Tensor> grads,
                           bool retain_graph) {
@@ -284,6 +349,10 @@ Future<Empty> RunBackward(Container& container, std::shared_ptr<DistContext> con
     }
     if (!status.ok()) return Future<Empty>::Ready(status);
     return Deliver(agent, *context, leaves, results, retain_graph);
+  }
+  if (mark->split) {
+    return RunSplitBackward(agent, std::move(context), std::move(roots), std::move(grads), leaves, retain_graph,
+                            *mark);
   }
   Future<Empty> done(agent.executor());
   Executor* executor = agent.lane();  // (every pass on one thread)

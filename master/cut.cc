@@ -39,8 +39,8 @@ absl::StatusOr<int> StagesPerWorker(const RunOptions& c, int num_layers) {
     per_worker = stages / n;
   } else if (per_worker == 0) {
     // Two halve the pipeline's fill and drain, where every stage gets a
-    // layer; 1f1b asked for by name runs one stage per worker.
-    per_worker = n >= 2 && num_layers >= 2 * n && c.schedule != "1f1b" ? 2 : 1;
+    // layer; 1f1b and zb1p asked for by name run one stage per worker.
+    per_worker = n >= 2 && num_layers >= 2 * n && c.schedule != "1f1b" && c.schedule != "zb1p" ? 2 : 1;
   }
   if (n * per_worker > num_layers) {
     // (--interleave or --split-at named only where given: its default is

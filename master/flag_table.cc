@@ -67,11 +67,13 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
   flags.AddInt("interleave", &c.interleave,
                "stages per worker: with 2, worker k of n also hosts stage k + n, which halves "
                "the pipeline's fill and drain (0: 2 with --partition balanced when every stage "
-               "gets a layer and --schedule is not 1f1b, else 1)");
+               "gets a layer and --schedule is not 1f1b or zb1p, else 1)");
   flags.AddString("schedule", &c.schedule,
                   "gpipe, 1f1b (one stage per worker), interleaved (several stages per worker, --splits a "
-                  "multiple of the workers) or auto: 1f1b with one stage per worker, else interleaved where "
-                  "--splits is a multiple of the workers, else gpipe");
+                  "multiple of the workers), zb1p (zero bubble, ZB-H1: 1F1B with each backward split into the "
+                  "input's gradient and the weights', the latter filling the drain; one stage per worker) or "
+                  "auto: 1f1b with one stage per worker, else interleaved where --splits is a multiple of the "
+                  "workers, else gpipe");
   flags.AddInt("threads", &c.threads,
                "intra-op threads of this process for --local, --compare-local and --mode ps (the "
                "master steps the model); a pipeline's master otherwise slices batches on 1 thread "

@@ -255,7 +255,7 @@ absl::Status CheckWorkers(const Flags& f, const RunOptions& c, bool ps_mode, boo
   }
   if (c.partition != "balanced" && c.partition != "tutorial") return Bad("--partition must be balanced or tutorial");
   if (c.interleave < 0) return Bad("--interleave must be >= 1, or 0 for the default");
-  if (c.interleave > 1 && (c.schedule == "1f1b" || c.schedule == "gpipe")) {
+  if (c.interleave > 1 && (c.schedule == "1f1b" || c.schedule == "gpipe" || c.schedule == "zb1p")) {
     return Bad(absl::StrCat("--interleave ", c.interleave, " puts several stages on each worker, which --schedule ",
                             c.schedule, " does not run: give --schedule interleaved (or auto), or no --interleave"));
   }

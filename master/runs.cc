@@ -189,6 +189,7 @@ absl::Status CollectAndMeasure(Agent& agent, const std::vector<std::string>& wor
     return absl::OkStatus();
   }
   if (absl::StatusOr<double> s = train::ScheduleBubble(schedule); s.ok()) b->schedule_fraction = *s;
+  b->schedule_split = schedule.SplitsBackward();
   std::printf("%s", train::FormatBubble(*b, workers).c_str());
   if (run.log != nullptr) run.log->AddBubble(*b, workers, run.first_step + b->steps + 1);
   run.bubble = *std::move(b);

@@ -23,11 +23,12 @@ namespace remora::pipeline {
 namespace {
 
 // A worker's actions as the wire carries them: [stage, micro-batch,
-// backward, stage, ...] (set_order and make_runner).
+// kind (0 F, 1 B, 2 W), stage, ...] (set_order and make_runner).
 std::vector<int64_t> FlatOrder(const std::vector<Action>& actions) {
   std::vector<int64_t> flat;
   for (const Action& a : actions) {
-    flat.insert(flat.end(), {a.stage, a.micro_batch, a.kind == Action::kBackward ? 1 : 0});
+    flat.insert(flat.end(), {a.stage, a.micro_batch,
+                             a.kind == Action::kWeight ? 2 : a.kind == Action::kBackward ? 1 : 0});
   }
   return flat;
 }
@@ -106,9 +107,20 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(Agent& agent, Pipelin
                                 o.micro_batches));
   RETURN_IF_ERROR(Simulate(schedule).status());
   if (schedule.SplitsBackward()) {
-    return absl::UnimplementedError(absl::StrCat(
-        "pipeline: schedule ", schedule.name, " splits each backward pass into B and W actions, which the step "
-        "runners do not run yet; use 1f1b or interleaved"));
+    // (Splitting needs the step runners; a recomputed stage's backward is
+    // one node that computes everything at B.)
+    if (o.loss.name().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pipeline: schedule ", schedule.name, " splits each backward pass into B and W, which the workers' step "
+          "runners run: give a loss registered by name (LossFn::Named), or use 1f1b"));
+    }
+    for (const StageSpec& s : o.stages) {
+      if (s.recompute) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "pipeline: schedule ", schedule.name, " with activation recomputation is not supported yet (a "
+            "recomputed stage would run its forward again for W): leave out --recompute, or use 1f1b"));
+      }
+    }
   }
   if (o.seed) RETURN_IF_ERROR(SeedWorkers(agent, o.workers, *o.seed));
   std::vector<RRef> stages;

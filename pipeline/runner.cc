@@ -360,7 +360,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
     const LocalStage& s = plan_->stages.at(stage);
     ContextIdGuard in_context(b->context);
     try {
-      c10::IValue y = s.Forward(x, mb, b->context);
+      c10::IValue y = s.Forward(x, mb, b->context, plan_->splits_backward());
       if (stage + 1 < num_stages()) {
         // Straight to the next stage's worker; recorded in the context.
         agent_.rpc_async(plan_->stage_workers[stage + 1], PushRequest::kFunction,
@@ -387,13 +387,15 @@ class Runner : public std::enable_shared_from_this<Runner> {
         MutexLock lock(mu_);
         b->loss_sum = b->loss_sum.defined() ? b->loss_sum + loss.detach() : loss.detach();
       }
+      const bool split = plan_->splits_backward();
       if (!loss.requires_grad()) {
         ComputeTurn::Skip(back);
+        if (split) ComputeTurn::Skip(back.Weight());
         return;
       }
-      // Its backward pass runs in the order's turn for `back`.
+      // Its backward pass runs in the order's turn for `back` (and W's).
       Future<Empty> pass = dist_autograd::backward_async(
-          agent_, b->context, {MarkAction(loss, ActionMarkInfo{back, s.label()})});
+          agent_, b->context, {MarkAction(loss, ActionMarkInfo{back, s.label(), split})});
       MutexLock lock(mu_);
       b->backwards.push_back(pass);
     } catch (...) {
@@ -540,7 +542,7 @@ c10::IValue MakeRunner(CallContext& ctx, const Args& a) {
   plan.clip_grad_norm = r.clip_grad_norm;
   if (r.order.size() % 3 != 0) throw std::invalid_argument("make_runner: a flat list of triples");
   for (size_t i = 0; i < r.order.size(); i += 3) {
-    plan.actions.push_back(LaneAction{-1, r.order[i], r.order[i + 1], r.order[i + 2] != 0});
+    plan.actions.push_back(LaneAction{-1, r.order[i], r.order[i + 1], r.order[i + 2] != 0, r.order[i + 2] == 2});
   }
   for (const c10::IValue& v : r.stages) {
     auto rref = RRef::FromIValue(v);

@@ -39,6 +39,13 @@ struct RunnerPlan {
 
   int num_stages() const { return static_cast<int>(stage_workers.size()); }
   bool hosts(int64_t stage) const { return stages.count(stage) > 0; }
+  // Whether the order splits backward passes into B and W (zb1p).
+  bool splits_backward() const {
+    for (const LaneAction& a : actions) {
+      if (a.weight) return true;
+    }
+    return false;
+  }
   // Throws std::invalid_argument unless stage `stage` is on worker `me`
   // (what a push names must be).
   void RequireHosted(int64_t stage, const std::string& me) const;

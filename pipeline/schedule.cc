@@ -35,7 +35,7 @@ std::string Schedule::ToString() const {
 }
 
 const std::vector<std::string>& ScheduleNames() {
-  static const auto* names = new std::vector<std::string>{"gpipe", "1f1b", "interleaved"};
+  static const auto* names = new std::vector<std::string>{"gpipe", "1f1b", "interleaved", "zb1p"};
   return *names;
 }
 

@@ -23,9 +23,8 @@
 //                gradient, on the critical path) and W (the weights',
 //                which can wait); stage s runs W(i) after B(i + s), so it
 //                holds at most `stages` micro-batches (1F1B's peak, stage
-//                0's) and the W's fill the drain (one stage per worker).
-//                The runner does not run W actions yet: a schedule for the
-//                simulator and the planner only.
+//                0's) and the W's fill the drain (one stage per worker;
+//                the step runners, with a named loss, run it).
 //
 // Thread-safety: plain values.
 #pragma once

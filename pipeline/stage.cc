@@ -210,8 +210,9 @@ class Stage {
         bf16_(bf16) {}
 
   // `turn_held`: the caller holds the forward action's compute turn.
+  // `split_backward`: the backward pass runs as B, then W in its own turn.
   c10::IValue Forward(const c10::IValue& arg, int64_t mb, int64_t context_id, c10::Device device,
-                      bool train, bool turn_held = false) {
+                      bool train, bool turn_held = false, bool split_backward = false) {
     try {
       c10::IValue x = MapTensors(ValueOrFetch(arg), [device](const at::Tensor& t) {
         return t.to(device);
@@ -244,15 +245,19 @@ class Stage {
       // (A TorchScript graph may hand out outputs that require grad even
       // with grad mode off.)
       if (!train) return MapTensors(y, [](const at::Tensor& t) { return t.detach(); });
-      const ActionMarkInfo mark{LaneAction{context_id, index_, mb, true}, trace_label_};
+      const ActionMarkInfo mark{LaneAction{context_id, index_, mb, true}, trace_label_, split_backward};
       bool needs_grad = false;
       y = MapTensors(y, [&mark, &needs_grad](const at::Tensor& t) {
         needs_grad |= t.requires_grad();
         return MarkAction(t, mark);
       });
       // No gradient flows back here (a first stage without parameters): its
-      // backward action will never come, and the order must not wait for it.
-      if (!needs_grad && context_id >= 0) ComputeTurn::Skip(mark.action);
+      // backward action (and W) will never come, and the order must not
+      // wait for it.
+      if (!needs_grad && context_id >= 0) {
+        ComputeTurn::Skip(mark.action);
+        if (split_backward) ComputeTurn::Skip(mark.action.Weight());
+      }
       tag.reset();
       if (metered) ActivationMeter::Get().Sample(index_);
       return y;
@@ -502,10 +507,11 @@ absl::StatusOr<LocalStage> LocalStage::Resolve(const RRef& rref) {
   return LocalStage(rref, object);
 }
 
-c10::IValue LocalStage::Forward(const c10::IValue& input, int64_t mb, int64_t context_id) const {
+c10::IValue LocalStage::Forward(const c10::IValue& input, int64_t mb, int64_t context_id,
+                                bool split_backward) const {
   HostedStage* h = object_->get<HostedStage>();
   MutexLock lock(object_->mutex());
-  return h->stage->Forward(input, mb, context_id, h->device, /*train=*/true, /*turn_held=*/true);
+  return h->stage->Forward(input, mb, context_id, h->device, /*train=*/true, /*turn_held=*/true, split_backward);
 }
 
 c10::IValue LocalStage::Eval(const c10::IValue& input, int64_t mb) const {
@@ -638,7 +644,7 @@ absl::Status RegisterFunctions(Registry& registry) {
         if (flat.size() % 3 != 0) throw std::invalid_argument("set_order: a flat list of triples");
         std::vector<LaneAction> order;
         for (size_t i = 0; i < flat.size(); i += 3) {
-          order.push_back(LaneAction{context_id, flat[i], flat[i + 1], flat[i + 2] != 0});
+          order.push_back(LaneAction{context_id, flat[i], flat[i + 1], flat[i + 2] != 0, flat[i + 2] == 2});
         }
         ComputeTurn::SetOrder(context_id, std::move(order));
         return c10::IValue();

@@ -142,9 +142,10 @@ class LocalStage {
   // The training forward pass of micro-batch `mb` of batch `context_id` (the
   // batch's autograd context id) on `input`, moved to the stage's device;
   // the caller holds the compute turn of that forward action. The outputs
-  // are marked for their backward action (runtime/action_mark.h). Throws
-  // with a message naming the stage, the worker and the micro-batch.
-  c10::IValue Forward(const c10::IValue& input, int64_t mb, int64_t context_id) const;
+  // are marked for their backward action (runtime/action_mark.h), split
+  // into B and W with `split_backward` (the schedule has W actions).
+  // Throws with a message naming the stage, the worker and the micro-batch.
+  c10::IValue Forward(const c10::IValue& input, int64_t mb, int64_t context_id, bool split_backward = false) const;
   // The same forward pass in eval mode, without autograd.
   c10::IValue Eval(const c10::IValue& input, int64_t mb) const;
 

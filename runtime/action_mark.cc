@@ -13,6 +13,7 @@ ActionMarkInfo InfoOf(const torch::autograd::AutogradContext& ctx) {
   info.action.micro_batch = data.at("mb").toInt();
   info.action.backward = true;
   info.stage = data.at("label").toStringRef();
+  info.split = data.at("split").toBool();
   return info;
 }
 
@@ -23,6 +24,7 @@ struct ActionMarkFn : public torch::autograd::Function<ActionMarkFn> {
     ctx->saved_data["stage"] = info.action.stage;
     ctx->saved_data["mb"] = info.action.micro_batch;
     ctx->saved_data["label"] = info.stage;
+    ctx->saved_data["split"] = info.split;
     return x.view_as(x);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,

@@ -20,6 +20,9 @@ namespace remora {
 struct ActionMarkInfo {
   LaneAction action;  // backward = true: the action a backward pass from here is
   std::string stage;  // the stage's label in traces, e.g. "stage 1"
+  // The pass is split (pipeline/split_backward.h): `action` computes the
+  // inputs' gradients (B), action.Weight() the parameters' (W), later.
+  bool split = false;
 };
 
 // `output` behind an identity node that carries `info` (returns `output`

@@ -16,14 +16,14 @@
 namespace remora {
 
 std::string LaneAction::ToString() const {
-  return absl::StrCat(backward ? "B" : "F", micro_batch, "@stage", stage);
+  return absl::StrCat(weight ? "W" : backward ? "B" : "F", micro_batch, "@stage", stage);
 }
 
 namespace {
 
-using Key = std::tuple<int64_t, int64_t, bool>;  // stage, micro-batch, backward
+using Key = std::tuple<int64_t, int64_t, int>;  // stage, micro-batch, F 0 / B 1 / W 2
 
-Key KeyOf(const LaneAction& a) { return {a.stage, a.micro_batch, a.backward}; }
+Key KeyOf(const LaneAction& a) { return {a.stage, a.micro_batch, a.weight ? 2 : a.backward ? 1 : 0}; }
 
 // One turn asked for: a thread waiting (sync) or a closure to post (async).
 struct Waiter {

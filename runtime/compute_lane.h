@@ -18,12 +18,17 @@ struct LaneAction {
   int64_t stage = -1;
   int64_t micro_batch = -1;
   bool backward = false;
+  // With backward: the weights' part (W) of a backward pass split in two;
+  // the other part (B, the input's gradient) is then the backward action.
+  bool weight = false;
 
   friend bool operator==(const LaneAction& a, const LaneAction& b) {
     return a.context_id == b.context_id && a.stage == b.stage && a.micro_batch == b.micro_batch &&
-           a.backward == b.backward;
+           a.backward == b.backward && a.weight == b.weight;
   }
-  std::string ToString() const;  // e.g. "F3@stage1", "B0@stage2"
+  // The W of this B.
+  LaneAction Weight() const { return LaneAction{context_id, stage, micro_batch, true, true}; }
+  std::string ToString() const;  // e.g. "F3@stage1", "B0@stage2", "W0@stage2"
 };
 
 // The process's compute lane. A worker process hosts pipeline stages and

@@ -21,12 +21,12 @@ std::string Label(const TimelineSlice& s) {
   return s.micro_batch >= 0 ? absl::StrCat(s.name, " mb", s.micro_batch) : s.name;
 }
 
-// Compute (forward, backward, eval, step, allreduce) on a track's first row;
+// Compute (forward, backward, its weight part, eval, step, allreduce) on a track's first row;
 // copies and waits ("input", "settle", "loss reply", the master's "take
 // batch", "send", "wait") on its second, which the SVG leaves out.
 bool IsCompute(const TimelineSlice& s) {
-  return s.name == "forward" || s.name == "backward" || s.name == "eval" || s.name == "step" ||
-         s.name == "allreduce";
+  return s.name == "forward" || s.name == "backward" || s.name == "weight" || s.name == "eval" ||
+         s.name == "step" || s.name == "allreduce";
 }
 
 // The length of the union of `spans` within [from, to).
@@ -157,7 +157,7 @@ absl::Status WriteTimelineSvg(const std::string& path, const std::vector<std::st
     std::string fill = "#999";
     if (s.micro_batch >= 0) {
       const int hue = static_cast<int>(360.0 * s.micro_batch / std::max(1, micro_batches));
-      fill = absl::StrFormat("hsl(%d,70%%,%d%%)", hue, s.name == "forward" ? 72 : 42);
+      fill = absl::StrFormat("hsl(%d,70%%,%d%%)", hue, s.name == "forward" ? 72 : s.name == "weight" ? 30 : 42);
     }
     out << absl::StrFormat(
         "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\" stroke=\"white\" "
@@ -166,7 +166,7 @@ absl::Status WriteTimelineSvg(const std::string& path, const std::vector<std::st
     if (w > 26 && s.micro_batch >= 0) {
       out << absl::StrFormat("<text x=\"%.1f\" y=\"%d\" fill=\"%s\">%s%d</text>\n", x + 3,
                              y + (kRow - 12) / 2 + 4, s.name == "forward" ? "black" : "white",
-                             s.name == "forward" ? "F" : "B", s.micro_batch);
+                             s.name == "forward" ? "F" : s.name == "weight" ? "W" : "B", s.micro_batch);
     }
   }
   // Time axis: about ten ticks at a round step.
@@ -255,8 +255,9 @@ std::string FormatBubble(const Bubble& b, const std::vector<std::string>& worker
   std::string out = absl::StrFormat("bubble: %.1f%% of each step idle over %d step%s after the first (%.3f s a step)",
                                     100 * b.fraction, b.steps, b.steps == 1 ? "" : "s", b.step_s);
   if (b.schedule_fraction >= 0) {
-    absl::StrAppendFormat(&out, "; the schedule alone leaves %.1f%% (forward and backward of equal time)",
-                          100 * b.schedule_fraction);
+    absl::StrAppendFormat(&out, "; the schedule alone leaves %.1f%% (%s of equal time)", 100 * b.schedule_fraction,
+                          b.schedule_split ? "forward, input backward B and weight backward W"
+                                           : "forward and backward");
   }
   out += "\n";
   for (size_t w = 0; w < b.workers.size(); ++w) {

@@ -65,6 +65,7 @@ struct Bubble {
   double fraction = 0;            // idle / (workers x step time): the step's bubble
   // What the schedule itself leaves idle (ScheduleBubble); -1: not known.
   double schedule_fraction = -1;
+  bool schedule_split = false;  // the schedule splits backward passes (B and W)
 };
 
 // Measures the bubble on tracks 0 .. workers - 1 of `slices` (later tracks,

@@ -169,19 +169,8 @@ TEST(Gpt, TiedEmbeddingAndHeadTrainOverWorkersAsTheOneWeightOfOneProcess) {
     want.push_back(l.item<double>());
   }
   const at::Tensor want_weight = whole.named_parameters()[kGptTiedFirst];
-  auto part = [&](int64_t first, int64_t last) {
-    GptArgs a;
-    a.first = first;
-    a.last = last;
-    a.vocab = kVocab;
-    a.seq_len = kSeqLen;
-    a.d_model = kDModel;
-    a.heads = kHeads;
-    a.layers = kLayers;
-    a.seed = kSeed;
-    a.tie = 1;
-    return pipeline::StageSpec::Registered(GptArgs::kFunction, EncodeCall(a));
-  };
+  const GptArgs shape = test_support::SmallGpt();  // (these sizes, seed 5, tied)
+  auto part = [&shape](int64_t first, int64_t last) { return test_support::GptPart(shape, first, last); };
   struct Case {
     std::string schedule;
     std::vector<int64_t> cuts;

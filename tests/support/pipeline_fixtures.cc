@@ -50,6 +50,24 @@ pipeline::StageSpec MlpSpec(const shards::MLPStageOptions& o) {
   return pipeline::StageSpec::Registered("MLPStage", {o.in, o.out, o.seed, o.relu});
 }
 
+shards::GptArgs SmallGpt() {
+  shards::GptArgs shape;
+  shape.vocab = 64;
+  shape.seq_len = 16;
+  shape.d_model = 32;
+  shape.heads = 4;
+  shape.layers = 2;
+  shape.seed = 5;
+  shape.tie = 1;
+  return shape;
+}
+
+pipeline::StageSpec GptPart(shards::GptArgs shape, int64_t first, int64_t last) {
+  shape.first = first;
+  shape.last = last;
+  return pipeline::StageSpec::Registered(shards::GptArgs::kFunction, EncodeCall(shape));
+}
+
 std::vector<std::pair<at::Tensor, at::Tensor>> RandomBatches(int steps, int rows, int in, int out) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(42);
   std::vector<std::pair<at::Tensor, at::Tensor>> data;

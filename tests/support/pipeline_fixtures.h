@@ -13,6 +13,7 @@
 
 #include "launch/local_group.h"
 #include "shards/mlp.h"
+#include "shards/protocol.h"
 #include "pipeline/pipeline.h"
 
 namespace remora::test_support {
@@ -43,6 +44,12 @@ class TestWorkers {
 
 shards::MLPStageOptions Mlp(int64_t in, int64_t out, int64_t seed, bool relu = true);
 pipeline::StageSpec MlpSpec(const shards::MLPStageOptions& o);  // "MLPStage"
+// The built-in GPT's parts [first, last) as one stage ("Gpt"), sized as
+// `shape` says (its first and last are these).
+pipeline::StageSpec GptPart(shards::GptArgs shape, int64_t first, int64_t last);
+// A small GPT's shape: vocabulary 64, windows of 16, d-model 32, 4 heads,
+// 2 layers, seed 5, embedding and head tied.
+shards::GptArgs SmallGpt();
 
 // `steps` (inputs [rows, in], targets [rows, out]) pairs, seeded.
 std::vector<std::pair<at::Tensor, at::Tensor>> RandomBatches(int steps, int rows, int in, int out);

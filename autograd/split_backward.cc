@@ -1,4 +1,4 @@
-#include "pipeline/split_backward.h"
+#include "autograd/split_backward.h"
 
 #include <algorithm>
 #include <map>
@@ -13,7 +13,7 @@
 
 #include "base/status_util.h"
 
-namespace remora::pipeline {
+namespace remora::dist_autograd {
 
 namespace {
 
@@ -319,4 +319,4 @@ absl::StatusOr<std::vector<at::Tensor>> SplitBackward::Weights() {
   return out;
 }
 
-}  // namespace remora::pipeline
+}  // namespace remora::dist_autograd

@@ -1,8 +1,8 @@
-// A backward pass split in two (pipeline/split_backward.h): B, the inputs'
+// A backward pass split in two (autograd/split_backward.h): B, the inputs'
 // gradients, then W, the parameters', equal one backward pass bitwise on
 // every built-in stage type and on TorchScript stages; a graph that does not
 // split runs whole at B and still equals it.
-#include "pipeline/split_backward.h"
+#include "autograd/split_backward.h"
 
 #include <functional>
 #include <string>
@@ -21,14 +21,13 @@
 #include <torch/nn/module.h>
 #include <torch/utils.h>
 
-#include "pipeline/stage.h"
 #include "shards/cnn.h"
 #include "shards/gpt.h"
 #include "shards/mlp.h"
 #include "shards/resnet.h"
 #include "tests/support/script_models.h"
 
-namespace remora::pipeline {
+namespace remora::dist_autograd {
 namespace {
 
 // A stage to split: its forward on the input (run twice, from the same
@@ -157,4 +156,4 @@ TEST(SplitBackward, AGraphThatDoesNotSplitRunsWholeAtB) {
 }
 
 }  // namespace
-}  // namespace remora::pipeline
+}  // namespace remora::dist_autograd

@@ -1,7 +1,7 @@
 // One backward pass split in two, for zero-bubble schedules (Qi et al.,
 // "Zero Bubble Pipeline Parallelism"): B, the gradients of a stage's inputs
 // (what the previous stage waits for), then later W, the gradients of its
-// parameters, from what B kept (internal to pipeline/; not installed).
+// parameters, from what B kept (internal to autograd/; not installed).
 //
 //   SplitBackward pass(outputs, output_grads, inputs, params);
 //   std::vector<at::Tensor> dx = pass.Inputs().value();    // B: send dx on
@@ -32,7 +32,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace remora::pipeline {
+namespace remora::dist_autograd {
 
 class SplitBackward {
  public:
@@ -61,4 +61,4 @@ class SplitBackward {
   std::unique_ptr<State> state_;
 };
 
-}  // namespace remora::pipeline
+}  // namespace remora::dist_autograd
