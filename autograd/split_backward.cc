@@ -6,6 +6,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include <ATen/TensorOperators.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
