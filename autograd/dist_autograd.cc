@@ -275,8 +275,12 @@ namespace {
 Future<Empty> RunSplitBackward(Agent& agent, std::shared_ptr<DistContext> context, std::vector<at::Tensor> roots,
                                std::vector<at::Tensor> grads, const std::vector<at::Tensor>& leaves,
                                bool retain_graph, const ActionMarkInfo& mark) {
+  // (A received tensor whose gradient an earlier pass sent back is one
+  // too: Deliver refuses it.)
   std::vector<at::Tensor> received, params;
-  for (const at::Tensor& leaf : leaves) (context->Recv(leaf) ? received : params).push_back(leaf);
+  for (const at::Tensor& leaf : leaves) {
+    (context->Recv(leaf) || context->RecvTaken(leaf) ? received : params).push_back(leaf);
+  }
   auto pass = std::make_shared<SplitBackward>(std::move(roots), std::move(grads), received, params);
   Future<Empty> done(agent.executor());
   Executor* executor = agent.lane();  // (every pass on one thread)
@@ -295,25 +299,39 @@ Future<Empty> RunSplitBackward(Agent& agent, std::shared_ptr<DistContext> contex
       [&agent, context, pass, received = std::move(received), params = std::move(params), retain_graph, mark, done,
        post, part]() mutable {
         absl::StatusOr<std::vector<at::Tensor>> dx = part("backward", [&pass] { return pass->Inputs(); });
+        std::optional<Future<Empty>> delivered;
+        if (dx.ok()) {
+          try {
+            delivered = Deliver(agent, *context, received, *dx, retain_graph);
+          } catch (...) {
+            dx = StatusFromCurrentException(absl::StrCat("sending B's gradients from worker '", agent.self().name, "'"));
+          }
+        }
         if (!dx.ok()) {
           ComputeTurn::Skip(mark.action.Weight());
           done.SetError(dx.status());
           return;
         }
-        Future<Empty> delivered = Deliver(agent, *context, received, *dx, retain_graph);
         ComputeTurn::RunInTurn(
             mark.action.Weight(),
-            [&agent, context, pass, params = std::move(params), mark, done, delivered, part]() mutable {
+            [&agent, context, pass, params = std::move(params), mark, done, delivered = *std::move(delivered),
+             part]() mutable {
               absl::StatusOr<std::vector<at::Tensor>> dw = part("weight", [&pass] { return pass->Weights(); });
               if (!dw.ok()) {
                 done.SetError(dw.status());
                 return;
               }
-              for (size_t i = 0; i < params.size(); ++i) {
-                if ((*dw)[i].defined()) context->AccumulateGrad(params[i], (*dw)[i]);
+              try {
+                for (size_t i = 0; i < params.size(); ++i) {
+                  if ((*dw)[i].defined()) context->AccumulateGrad(params[i], (*dw)[i]);
+                }
+                // The pass's gradients are in the context now.
+                if (MarkedBackwardHook hook = GetMarkedBackwardHook()) hook(context->id(), mark.action);
+              } catch (...) {
+                done.SetError(StatusFromCurrentException(
+                    absl::StrCat("adding W's gradients on worker '", agent.self().name, "'")));
+                return;
               }
-              // The pass's gradients are in the context now.
-              if (MarkedBackwardHook hook = GetMarkedBackwardHook()) hook(context->id(), mark.action);
               delivered.then([done](const absl::StatusOr<Empty>& r) mutable {
                 if (r.ok()) {
                   done.SetValue(Empty{});

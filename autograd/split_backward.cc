@@ -10,6 +10,7 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include "base/status_util.h"
@@ -125,7 +126,7 @@ void SplitBackward::State::Plan() {
   // (A stage that hands on its input or a parameter, or an output made
   // from another output: not split.)
   for (Node* r : root_nodes) {
-    if (parents.count(r)) return;
+    if (parents.count(r) || dynamic_cast<torch::autograd::AccumulateGrad*>(r) != nullptr) return;
   }
   std::unordered_set<Node*> targets;
   for (const at::Tensor& x : inputs) {

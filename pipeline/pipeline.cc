@@ -469,6 +469,11 @@ absl::Status Pipeline::step(int64_t context_id) { return optimizer_->step(contex
 absl::StatusOr<double> Pipeline::forward_backward(const c10::IValue& inputs,
                                                   const c10::IValue& targets, int64_t context_id,
                                                   int64_t total_rows) {
+  if (schedule_.SplitsBackward()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "pipeline: schedule ", schedule_.name, " splits backward passes, which only the workers' step runners run: "
+        "use train_step or start_train_step, not forward_backward"));
+  }
   const int m = schedule_.micro_batches;
   ASSIGN_OR_RETURN(std::vector<c10::IValue> xs, SplitMicroBatches(inputs, m));
   ASSIGN_OR_RETURN(std::vector<c10::IValue> ts, SplitMicroBatches(targets, m));
