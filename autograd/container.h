@@ -11,6 +11,8 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -19,6 +21,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
+#include "base/lines.h"
 #include "rpc/agent.h"
 #include "rpc/autograd_hooks.h"
 
@@ -73,9 +76,11 @@ class DistContext {
 
 class Container final : public AutogradHooks {
  public:
-  explicit Container(Agent* agent) : agent_(agent) {}
+  Container(Agent* agent, LineSink notes) : agent_(agent), notes_(std::move(notes)) {}
 
   Agent& agent() const { return *agent_; }
+  // Hands `line` to Enable's sink, once per `key` over the container's life.
+  void NoteOnce(const std::string& key, std::string_view line);
   // Ids with this worker's id in bits 48 and up.
   int64_t NewContextId();
   int64_t NewMessageId();
@@ -94,9 +99,11 @@ class Container final : public AutogradHooks {
   int64_t NextId();
 
   Agent* const agent_;
+  const LineSink notes_;
   std::atomic<int64_t> counter_{0};
   mutable absl::Mutex mu_;
   absl::flat_hash_map<int64_t, std::shared_ptr<DistContext>> contexts_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<std::string> noted_ ABSL_GUARDED_BY(mu_);
 };
 
 // The container installed on `agent`, or null.

@@ -17,6 +17,7 @@
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
 #include "runtime/action_mark.h"
+#include "runtime/allocator.h"
 #include "runtime/compute_lane.h"
 #include "runtime/trace.h"
 
@@ -298,7 +299,19 @@ Future<Empty> RunSplitBackward(Agent& agent, std::shared_ptr<DistContext> contex
       mark.action,
       [&agent, context, pass, received = std::move(received), params = std::move(params), retain_graph, mark, done,
        post, part]() mutable {
-        absl::StatusOr<std::vector<at::Tensor>> dx = part("backward", [&pass] { return pass->Inputs(); });
+        absl::StatusOr<std::vector<at::Tensor>> dx = part("backward", [&pass, &mark] {
+          std::optional<runtime::ScopedAllocationTag> held;  // (what B keeps for W, metered)
+          if (mark.hold_tag >= 0) held.emplace(mark.hold_tag);
+          return pass->Inputs();
+        });
+        if (dx.ok() && !pass->split()) {
+          if (Container* c = ContainerOf(&agent)) {
+            c->NoteOnce(absl::StrCat("whole ", mark.stage),
+                        absl::StrCat("worker '", agent.self().name, "': ", mark.stage, "'s backward pass does not "
+                                     "split into B and W (", pass->why_not_split(), "): B runs it whole and W has "
+                                     "nothing left to do, so its weight gradients fill no bubble; said once"));
+          }
+        }
         std::optional<Future<Empty>> delivered;
         if (dx.ok()) {
           try {
@@ -430,7 +443,15 @@ MarkedBackwardHook GetMarkedBackwardHook() {
   return slot.hook;
 }
 
-void Enable(Agent& agent) { agent.set_autograd(std::make_unique<Container>(&agent)); }
+void Enable(Agent& agent, LineSink notes) { agent.set_autograd(std::make_unique<Container>(&agent, std::move(notes))); }
+
+void Container::NoteOnce(const std::string& key, std::string_view line) {
+  {
+    MutexLock lock(mu_);
+    if (!noted_.insert(key).second) return;
+  }
+  Say(notes_, line);
+}
 
 absl::Status CheckEnabled(const Agent& agent, const std::string& before) {
   if (dynamic_cast<const Container*>(agent.autograd()) != nullptr) return absl::OkStatus();

@@ -28,6 +28,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "absl/status/statusor.h"
+#include "base/lines.h"
 #include "rpc/agent.h"
 #include "runtime/compute_lane.h"
 
@@ -36,8 +37,10 @@ namespace remora::dist_autograd {
 // Installs distributed autograd on `agent`. Call after Agent::Start and
 // before Join() on every participant. launch::StartLocalGroup does it for
 // its master and launch::WorkerMain for a worker; a master made with
-// Agent::Start (a cluster's) must call it itself.
-void Enable(Agent& agent);
+// Agent::Start (a cluster's) must call it itself. `notes`: where the
+// engine's notes go, each said once (a stage whose backward pass does not
+// split into B and W under a zero-bubble schedule); none by default.
+void Enable(Agent& agent, LineSink notes = {});
 
 // OK when Enable(agent) was called; else FailedPrecondition naming the
 // agent ("the master (agent 'master')" or "worker 'w1'") and what to call,

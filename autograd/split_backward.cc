@@ -51,6 +51,7 @@ Edge LeafEdge(const at::Tensor& t) {
 struct SplitBackward::State {
   std::vector<at::Tensor> outputs, grads, inputs, params;
   bool split = false;
+  std::string why_whole;  // why not split, once Plan ran
   bool inputs_done = false;
   bool weights_done = false;
   // The outputs' edges and gradients (those that need one).
@@ -126,16 +127,29 @@ void SplitBackward::State::Plan() {
   // (A stage that hands on its input or a parameter, or an output made
   // from another output: not split.)
   for (Node* r : root_nodes) {
-    if (parents.count(r) || dynamic_cast<torch::autograd::AccumulateGrad*>(r) != nullptr) return;
+    if (dynamic_cast<torch::autograd::AccumulateGrad*>(r) != nullptr) {
+      why_whole = "it returns a parameter or its input as they are";
+      return;
+    }
+    if (parents.count(r)) {
+      why_whole = "it returns an output made from another of its outputs";
+      return;
+    }
   }
   std::unordered_set<Node*> targets;
   for (const at::Tensor& x : inputs) {
     if (!x.defined() || !x.requires_grad()) continue;
-    if (x.grad_fn()) return;  // (inputs are leaves)
+    if (x.grad_fn()) {  // (inputs are leaves)
+      why_whole = "an input is not a leaf of its graph";
+      return;
+    }
     if (Edge e = LeafEdge(x); e.function) targets.insert(e.function.get());
   }
   for (Node* r : root_nodes) {
-    if (targets.count(r)) return;
+    if (targets.count(r)) {
+      why_whole = "it returns its input";
+      return;
+    }
   }
   // The nodes B runs: those from which an input is reached.
   std::unordered_set<Node*> to_inputs;
@@ -186,7 +200,10 @@ void SplitBackward::State::Plan() {
         Node* n = down.back();
         down.pop_back();
         if (!seen.insert(n).second) continue;
-        if (starts.count(n)) return;
+        if (starts.count(n)) {
+          why_whole = "a parameter's gradient flows through two nodes that B runs, one after the other";
+          return;
+        }
         for (const Edge& e : n->next_edges()) {
           if (e.function) down.push_back(e.function.get());
         }
@@ -219,6 +236,10 @@ SplitBackward::SplitBackward(std::vector<at::Tensor> outputs, std::vector<at::Te
 SplitBackward::~SplitBackward() { state_->Unhook(); }
 
 bool SplitBackward::split() const { return state_->split; }
+
+std::string SplitBackward::why_not_split() const {
+  return state_->split ? "" : state_->why_whole.empty() ? "no gradient reaches it" : state_->why_whole;
+}
 
 int64_t SplitBackward::held_bytes() const {
   int64_t bytes = 0;

@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -51,8 +52,10 @@ class SplitBackward {
   // reaches). Once, after Inputs; frees the graph.
   absl::StatusOr<std::vector<at::Tensor>> Weights();
 
-  // Whether B and W are two passes (else B ran the whole backward).
+  // Whether B and W are two passes (else B ran the whole backward), and
+  // why not, in words ("" when split).
   bool split() const;
+  std::string why_not_split() const;
   // Bytes of the gradients kept from B for W.
   int64_t held_bytes() const;
 

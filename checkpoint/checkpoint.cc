@@ -48,11 +48,19 @@ c10::IValue OptimizerOf(const pipeline::Pipeline& pipe, const std::string& worke
 std::pair<std::vector<int64_t>, std::vector<c10::IValue>> StagesOn(const pipeline::Pipeline& pipe, size_t i) {
   std::vector<int64_t> indices;
   std::vector<c10::IValue> rrefs;
-  for (int k = static_cast<int>(i); k < pipe.num_stages(); k += static_cast<int>(pipe.workers().size())) {
+  for (int k = 0; k < pipe.num_stages(); ++k) {
+    if (pipe.schedule().WorkerOf(k) != static_cast<int>(i)) continue;  // (k mod n, or zbv's V)
     indices.push_back(k);
     rrefs.push_back(pipe.stages()[k].ToIValue());
   }
   return {indices, rrefs};
+}
+
+// Each stage's shard: its worker's place in the pipeline.
+std::vector<int> ShardOf(const pipeline::Pipeline& pipe) {
+  std::vector<int> shard_of;
+  for (int k = 0; k < pipe.num_stages(); ++k) shard_of.push_back(pipe.schedule().WorkerOf(k));
+  return shard_of;
 }
 
 absl::StatusOr<Checkpoint> Open(const std::string& dir) {
@@ -190,7 +198,7 @@ absl::Status Checkpointer::Save(pipeline::Pipeline& pipe, const std::vector<pipe
     return absl::StrCat("saving shard ", i, " on worker '", workers[i], "'");
   });
   RETURN_IF_ERROR(Annotate(written.status(), failed));
-  RETURN_IF_ERROR(Annotate(WriteModel(stages, static_cast<int>(workers.size()), dir, &m), failed));
+  RETURN_IF_ERROR(Annotate(WriteModel(stages, ShardOf(pipe), dir, &m), failed));
   if (background) {
     auto p = std::make_unique<Pending>();
     p->dir = dir;
@@ -377,6 +385,13 @@ absl::Status Restore(pipeline::Pipeline& pipe, const Checkpoint& ck) {
   for (size_t i = 0; i < workers.size(); ++i) {
     const ManifestShard& shard = m.shards[i];
     auto [indices, rrefs] = StagesOn(pipe, i);
+    if (std::vector<int64_t>(shard.stages.begin(), shard.stages.end()) != indices) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint ", ck.manifest_path, " keeps stages ", absl::StrJoin(shard.stages, ", "), " in shard ", i,
+          ", but this run places stages ", absl::StrJoin(indices, ", "), " on its worker '", workers[i],
+          "' (schedule ", pipe.schedule().name, "): resume with the schedule the checkpoint was written under "
+          "(zbv places stages in a V, the others stage k on worker k mod n)"));
+    }
     LoadShardRequest load;
     load.path = absl::StrCat(ck.dir, "/", shard.file);
     load.bytes = shard.bytes;

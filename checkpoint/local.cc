@@ -63,7 +63,7 @@ absl::StatusOr<LocalSave> SaveLocal(const std::string& dir, const std::vector<pi
   s->set_bytes(static_cast<int64_t>(shard_bytes.size()));
   s->set_crc32(Crc32(shard_bytes));
   for (size_t k = 0; k < stages.size(); ++k) s->add_stages(static_cast<int32_t>(k));
-  RETURN_IF_ERROR(Annotate(WriteModel(stages, /*num_shards=*/1, step_dir, &m), failed));
+  RETURN_IF_ERROR(Annotate(WriteModel(stages, /*shard_of=*/{}, step_dir, &m), failed));
   // The commit: the manifest, last.
   RETURN_IF_ERROR(Annotate(CommitManifest(m, step_dir), failed));
   for (const std::string& old : PrunableDirs(root, keep)) {

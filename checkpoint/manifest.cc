@@ -141,7 +141,7 @@ wire::Manifest ManifestToWire(const Manifest& m) {
   return w;
 }
 
-absl::Status WriteModel(const std::vector<pipeline::StageSpec>& stages, int num_shards,
+absl::Status WriteModel(const std::vector<pipeline::StageSpec>& stages, const std::vector<int>& shard_of,
                         const std::string& dir, wire::Manifest* m) {
   // model.pt: [{kind, name, payload, device}], as LoadStageSpecs reads it.
   c10::impl::GenericList list(c10::AnyType::get());
@@ -157,7 +157,7 @@ absl::Status WriteModel(const std::vector<pipeline::StageSpec>& stages, int num_
     stage->set_index(static_cast<int32_t>(k));
     stage->set_kind(s.kind);
     stage->set_name(s.name);
-    stage->set_shard(static_cast<int32_t>(k % num_shards));
+    stage->set_shard(k < shard_of.size() ? shard_of[k] : 0);
   }
   const std::vector<char> pickled = torch::jit::pickle_save(list);
   const std::string bytes(pickled.begin(), pickled.end());

@@ -30,8 +30,8 @@ std::string SaveFailed(int64_t step, const std::string& step_dir);
 wire::Manifest NewManifest(const RunIdentity& identity, const TrainingState& state, bool final);
 
 // Writes model.pt (the stage specs) into `dir`, and lists the stages in
-// `m`, stage k in shard k mod `num_shards`.
-absl::Status WriteModel(const std::vector<pipeline::StageSpec>& stages, int num_shards,
+// `m`, stage k in shard `shard_of[k]` (0 for every stage when empty).
+absl::Status WriteModel(const std::vector<pipeline::StageSpec>& stages, const std::vector<int>& shard_of,
                         const std::string& dir, wire::Manifest* m);
 
 // The manifest as read, and back as written.

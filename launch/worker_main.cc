@@ -174,7 +174,7 @@ int WorkerMain(int argc, char** argv, const std::string& program,
     std::cerr << program << ": " << agent.status().message() << "\n";
     return 1;
   }
-  dist_autograd::Enable(**agent);
+  dist_autograd::Enable(**agent, LinesTo(std::cout));
   // Ctrl-C, a scheduler's or a supervisor's SIGTERM: said in a line, then
   // the process ends by the signal (the master finds this worker gone; a
   // supervisor restarts it). Declared after the agent: unhooked before it goes.

@@ -39,8 +39,12 @@ absl::StatusOr<int> StagesPerWorker(const RunOptions& c, int num_layers) {
     per_worker = stages / n;
   } else if (per_worker == 0) {
     // Two halve the pipeline's fill and drain, where every stage gets a
-    // layer; 1f1b and zb1p asked for by name run one stage per worker.
-    per_worker = n >= 2 && num_layers >= 2 * n && c.schedule != "1f1b" && c.schedule != "zb1p" ? 2 : 1;
+    // layer; 1f1b and zb1p asked for by name run one stage per worker,
+    // zbv two.
+    per_worker = c.schedule == "zbv" || (n >= 2 && num_layers >= 2 * n && c.schedule != "1f1b" &&
+                                         c.schedule != "zb1p")
+                     ? 2
+                     : 1;
   }
   if (n * per_worker > num_layers) {
     // (--interleave or --split-at named only where given: its default is
@@ -93,6 +97,7 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, c
   pipeline::PartitionOptions p;
   p.split_at = SplitPoints(c);
   ASSIGN_OR_RETURN(p.stages_per_worker, StagesPerWorker(c, model.num_layers()));
+  p.schedule = c.schedule;
   p.micro_batches = *std::max_element(c.splits.begin(), c.splits.end());
   if (p.split_at.empty()) {
     // One micro-batch of the largest split count, at most 16 rows.
@@ -126,7 +131,7 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, c
     // What each stage of a one-file model holds, by its layers' names.
     for (size_t k = 0; k + 1 < cut->bounds.size(); ++k) {
       const int first = cut->bounds[k], last = cut->bounds[k + 1];
-      std::cout << "  stage " << k << " on " << c.workers[k % c.workers.size()] << ": "
+      std::cout << "  stage " << k << " on " << c.workers[cut->placement[k]] << ": "
                 << model.layer_name(first)
                 << (last - first > 1 ? absl::StrCat(last - first > 2 ? " ... " : ", ", model.layer_name(last - 1))
                                      : std::string())

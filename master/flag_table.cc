@@ -67,11 +67,13 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
   flags.AddInt("interleave", &c.interleave,
                "stages per worker: with 2, worker k of n also hosts stage k + n, which halves "
                "the pipeline's fill and drain (0: 2 with --partition balanced when every stage "
-               "gets a layer and --schedule is not 1f1b or zb1p, else 1)");
+               "gets a layer and --schedule is not 1f1b or zb1p, and with zbv; else 1)");
   flags.AddString("schedule", &c.schedule,
                   "gpipe, 1f1b (one stage per worker), interleaved (several stages per worker, --splits a "
                   "multiple of the workers), zb1p (zero bubble, ZB-H1: 1F1B with each backward split into the "
-                  "input's gradient and the weights', the latter filling the drain; one stage per worker) or "
+                  "input's gradient and the weights', the latter filling the drain; one stage per worker), zbv "
+                  "(zero bubble, ZB-V: two stages per worker in a V, worker k hosting stage k and stage 2n-1-k, "
+                  "B and W split as in zb1p; nearly no idle time at 1F1B's activation memory) or "
                   "auto: 1f1b with one stage per worker, else interleaved where --splits is a multiple of the "
                   "workers, else gpipe");
   flags.AddInt("threads", &c.threads,

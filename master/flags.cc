@@ -259,6 +259,10 @@ absl::Status CheckWorkers(const Flags& f, const RunOptions& c, bool ps_mode, boo
     return Bad(absl::StrCat("--interleave ", c.interleave, " puts several stages on each worker, which --schedule ",
                             c.schedule, " does not run: give --schedule interleaved (or auto), or no --interleave"));
   }
+  if (c.schedule == "zbv" && c.interleave != 0 && c.interleave != 2) {
+    return Bad(absl::StrCat("--schedule zbv runs two stages per worker (a V: worker k hosts stage k and stage "
+                            "2 n - 1 - k), not --interleave ", c.interleave, ": leave --interleave out"));
+  }
   if (!ps_mode && !c.model.empty() && !c.sequential && c.scripts.size() % c.workers.size() != 0) {
     return Bad(absl::StrCat("--model has ", c.scripts.size(), " stages for ", c.workers.size(),
                             " workers: stage k runs on worker k mod n, so give a multiple of ",
@@ -280,9 +284,18 @@ absl::Status CheckWorkers(const Flags& f, const RunOptions& c, bool ps_mode, boo
         "has workers"));
   }
   if (!ps_mode && TrainsSmallCnn(c) &&
-      c.workers.size() > static_cast<size_t>(shards::kSmallCnnBlocks)) {
-    return Bad(absl::StrCat("--dataset's small CNN has ", shards::kSmallCnnBlocks,
-                            " blocks: give at most that many --workers"));
+      c.workers.size() * (c.schedule == "zbv" ? 2 : 1) > static_cast<size_t>(shards::kSmallCnnBlocks)) {
+    return Bad(absl::StrCat("--dataset's small CNN has ", shards::kSmallCnnBlocks, " blocks: give at most ",
+                            c.schedule == "zbv" ? absl::StrCat(shards::kSmallCnnBlocks / 2, " --workers for zbv's "
+                                                               "two stages per worker")
+                                                : "that many --workers"));
+  }
+  if (!ps_mode && c.schedule == "zbv" && !c.model.empty() && !c.sequential &&
+      c.scripts.size() != 2 * c.workers.size() / std::max(1, c.replicas)) {
+    const size_t per_pipeline = c.workers.size() / std::max(1, c.replicas);
+    return Bad(absl::StrCat("--schedule zbv runs two stages per worker (a V) and --model has ", c.scripts.size(),
+                            " stage files for ", per_pipeline, " workers per pipeline: give ", 2 * per_pipeline,
+                            " stage files, or a one-file model that the master cuts"));
   }
   if (c.partition == "tutorial" && (!c.model.empty() || TrainsGpt(c) || c.workers.size() != 2)) {
     return Bad("--partition tutorial splits ResNet50 in two: give exactly two --workers and no --model");
@@ -296,7 +309,11 @@ absl::Status CheckWorkers(const Flags& f, const RunOptions& c, bool ps_mode, boo
     const int layers = LayersToCut(c);
     auto per_worker = StagesPerWorker(c, layers);
     if (!per_worker.ok()) return Bad(std::string(per_worker.status().message()));
-    if (*per_worker > 1 && c.workers.size() == 1) {
+    if (c.schedule == "zbv" && *per_worker != 2) {
+      return Bad(absl::StrCat("--schedule zbv runs two stages per worker (a V), and --split-at makes ", *per_worker,
+                              " per worker: give 2 n - 1 split points for n workers per pipeline"));
+    }
+    if (*per_worker > 1 && c.workers.size() == 1 && c.schedule != "zbv") {
       // (--interleave, where given, sets the count: StagesPerWorker.)
       const char* flag = c.interleave > 0 ? "--interleave" : "--split-at";
       return Bad(absl::StrCat(*per_worker, " stages on the one worker of ", c.replicas > 1 ? "each" : "the",

@@ -113,7 +113,8 @@ absl::Status LocalRun::Step(int b, const char* prefix) {
 }
 
 std::vector<pipeline::StageSpec> SmallCnnStages(const RunOptions& c) {
-  const int n = static_cast<int>(c.workers.size());
+  // One stage per worker; zbv's V two.
+  const int n = static_cast<int>(c.workers.size()) * (c.schedule == "zbv" ? 2 : 1);
   std::vector<pipeline::StageSpec> out;
   for (int k = 0; k < n; ++k) {
     const int64_t first = shards::kSmallCnnBlocks * k / n, last = shards::kSmallCnnBlocks * (k + 1) / n;
@@ -420,9 +421,8 @@ absl::Status ReportMemory(parallel::DataParallelPipeline& pipe, const RunOptions
   for (int r = 0; r < pipe.replicas(); ++r) {
     pipeline::Pipeline& replica = pipe.replica(r);
     ASSIGN_OR_RETURN(const std::vector<int64_t> peaks, replica.peak_activation_bytes());
-    const std::vector<std::string>& workers = replica.workers();
     for (size_t k = 0; k < peaks.size(); ++k) {
-      run.stage_memory.push_back({r, static_cast<int>(k), workers[k % workers.size()], peaks[k]});
+      run.stage_memory.push_back({r, static_cast<int>(k), replica.worker_of(static_cast<int>(k)), peaks[k]});
     }
   }
   ASSIGN_OR_RETURN(run.optimizer_state_bytes, pipe.optimizer_state_bytes());

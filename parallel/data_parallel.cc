@@ -107,7 +107,8 @@ absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Crea
       const int S = replicas[r]->num_stages();
       for (int p = 0; p < P; ++p) {
         MakeGradientGroupRequest g;
-        for (int k = p; k < S; k += P) {
+        for (int k = 0; k < S; ++k) {
+          if (replicas[r]->schedule().WorkerOf(k) != p) continue;  // (k % P, or zbv's V)
           ASSIGN_OR_RETURN(std::vector<RRef> mine, optim::parameter_rrefs(replicas[r]->stages()[k]));
           c10::impl::GenericList list(c10::AnyType::get());
           for (const RRef& x : mine) list.push_back(x.ToIValue());
@@ -394,7 +395,9 @@ std::string DataParallelPipeline::Placement() const {
     const int S = replicas_[r]->num_stages();
     for (int p = 0; p < P; ++p) {
       std::vector<int> stages;
-      for (int k = p; k < S; k += P) stages.push_back(k);
+      for (int k = 0; k < S; ++k) {
+        if (replicas_[r]->schedule().WorkerOf(k) == p) stages.push_back(k);
+      }
       absl::StrAppendFormat(&out, "  %-12s %-8d %s\n", options_.pipeline.workers[r * P + p], r,
                             absl::StrJoin(stages, ", "));
     }

@@ -439,9 +439,13 @@ absl::StatusOr<Partitioning> Partition(Agent& agent, const SequentialModel& mode
       }
       for (size_t i = 0; i < costs.size(); ++i) p.layer_ms[i] += costs[i] / n;
     }
-    ASSIGN_OR_RETURN(p.bounds,
-                     InterleavedSplit(p.layer_ms, n, o.stages_per_worker, o.micro_batches));
+    if (o.schedule == "zbv") {
+      ASSIGN_OR_RETURN(p.bounds, BalancedSplit(p.layer_ms, parts));
+    } else {
+      ASSIGN_OR_RETURN(p.bounds, InterleavedSplit(p.layer_ms, n, o.stages_per_worker, o.micro_batches));
+    }
   }
+  p.placement = StagePlacement(o.schedule, n, o.stages_per_worker);
   for (int k = 0; k < parts; ++k) {
     ASSIGN_OR_RETURN(StageSpec s, model.Stage(p.bounds[k], p.bounds[k + 1]));
     p.stages.push_back(std::move(s));
@@ -457,7 +461,8 @@ std::string Partitioning::Describe(const std::vector<std::string>& workers) cons
   for (int w = 0; w < n; ++w) {
     double part = 0;
     std::vector<std::string> ranges;
-    for (int k = w; k + 1 < static_cast<int>(bounds.size()); k += n) {
+    for (int k = 0; k + 1 < static_cast<int>(bounds.size()); ++k) {
+      if (k < static_cast<int>(placement.size()) ? placement[k] != w : k % n != w) continue;
       for (int b = bounds[k]; b < bounds[k + 1] && b < static_cast<int>(layer_ms.size()); ++b) {
         part += layer_ms[b];
       }

@@ -12,7 +12,7 @@
 // share the machine, and layers suffer from that unequally), and the
 // layers are split to minimise the pipeline's estimated batch time. With
 // several stages per worker the placement is interleaved (stage k on
-// worker k mod n, Megatron-LM's virtual stages).
+// worker k mod n, Megatron-LM's virtual stages), or for zbv a V.
 //
 //   auto model = pipeline::SequentialModel::TorchScriptFile("model.pt").value();
 //   pipeline::PartitionOptions p;
@@ -113,6 +113,10 @@ struct PartitionOptions {
   // One micro-batch of inputs for the measurement (the first layer's input).
   c10::IValue sample;
   int micro_batches = 1;  // what the balance minimises the batch time for
+  // The schedule the stages will run under: zbv places them in a V
+  // (pipeline/schedule.h), where each worker's two stages are balanced
+  // against every other stage (BalancedSplit); others interleave.
+  std::string schedule;
   int repeats = 4;        // timings per layer; the fastest counts
 };
 
@@ -120,6 +124,7 @@ struct Partitioning {
   std::vector<int> bounds;        // stage k has layers [bounds[k], bounds[k + 1])
   std::vector<double> layer_ms;   // measured, averaged over the workers; empty with split_at
   std::vector<StageSpec> stages;
+  std::vector<int> placement;     // stage k's worker (StagePlacement)
   // One line per worker: its stages' layer ranges and share of the cost.
   std::string Describe(const std::vector<std::string>& workers) const;
 };

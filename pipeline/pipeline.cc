@@ -22,17 +22,6 @@ namespace remora::pipeline {
 
 namespace {
 
-// A worker's actions as the wire carries them: [stage, micro-batch,
-// kind (0 F, 1 B, 2 W), stage, ...] (set_order and make_runner).
-std::vector<int64_t> FlatOrder(const std::vector<Action>& actions) {
-  std::vector<int64_t> flat;
-  for (const Action& a : actions) {
-    flat.insert(flat.end(), {a.stage, a.micro_batch,
-                             a.kind == Action::kWeight ? 2 : a.kind == Action::kBackward ? 1 : 0});
-  }
-  return flat;
-}
-
 // The schedule `name` resolves to for this shape.
 std::string ResolveSchedule(const std::string& name, int workers, int per_worker, int m) {
   if (name != "auto") return name;
@@ -74,7 +63,8 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(Agent& agent, Pipelin
         "pipeline: ", S, " stages do not spread evenly over ", n,
         " workers (stage k runs on worker k mod ", n, "): give a multiple of ", n, " stages"));
   }
-  if (n == 1 && S > 1) {
+  const std::string schedule_name = ResolveSchedule(o.schedule, n, S / n, o.micro_batches);
+  if (n == 1 && S > 1 && schedule_name != "zbv") {
     // (Stage k's output goes to stage k + 1's worker as a call: one worker
     // would call itself, and its schedule would wait on itself.)
     return absl::InvalidArgumentError(absl::StrCat(
@@ -102,31 +92,21 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(Agent& agent, Pipelin
           "(launch::StartLocalGroup returns after it)"));
     }
   }
-  ASSIGN_OR_RETURN(Schedule schedule,
-                   MakeSchedule(ResolveSchedule(o.schedule, n, S / n, o.micro_batches), n, S / n,
-                                o.micro_batches));
+  ASSIGN_OR_RETURN(Schedule schedule, MakeSchedule(schedule_name, n, S / n, o.micro_batches));
   RETURN_IF_ERROR(Simulate(schedule).status());
   if (schedule.SplitsBackward()) {
-    // (Splitting needs the step runners; a recomputed stage's backward is
-    // one node that computes everything at B.)
+    // (Splitting needs the step runners.)
     if (o.loss.name().empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "pipeline: schedule ", schedule.name, " splits each backward pass into B and W, which the workers' step "
           "runners run: give a loss registered by name (LossFn::Named), or use 1f1b"));
-    }
-    for (const StageSpec& s : o.stages) {
-      if (s.recompute) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "pipeline: schedule ", schedule.name, " with activation recomputation is not supported yet (a "
-            "recomputed stage would run its forward again for W): leave out --recompute, or use 1f1b"));
-      }
     }
   }
   if (o.seed) RETURN_IF_ERROR(SeedWorkers(agent, o.workers, *o.seed));
   std::vector<RRef> stages;
   for (int k = 0; k < S; ++k) {
     const StageSpec& s = o.stages[k];
-    const std::string& w = o.workers[k % n];
+    const std::string& w = o.workers[schedule.WorkerOf(k)];
     auto stage = agent.remote(w, MakeStageRequest::kFunction,
                               EncodeCall(MakeStageRequest{s.kind, s.name, s.Payload(), k, s.device, s.recompute, s.bf16}));
     if (!stage.ok()) {
@@ -139,7 +119,7 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(Agent& agent, Pipelin
   for (int k = 0; k < S; ++k) {
     const absl::Status built = stages[k].WaitConfirmed();
     if (!built.ok()) {
-      return Annotate(built, absl::StrCat("placing stage ", k, " on worker '", o.workers[k % n], "'"));
+      return Annotate(built, absl::StrCat("placing stage ", k, " on worker '", o.workers[schedule.WorkerOf(k)], "'"));
     }
   }
   std::vector<RRef> params;
@@ -147,11 +127,11 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(Agent& agent, Pipelin
     // Also starts the stage's activation count afresh (stage indices repeat
     // across pipelines).
     if (auto r = stages[k].rpc_sync(ActivationBytesRequest::kMethod, EncodeCall(ActivationBytesRequest{true})); !r.ok()) {
-      return Annotate(r.status(), absl::StrCat("placing stage ", k, " on worker '", o.workers[k % n], "'"));
+      return Annotate(r.status(), absl::StrCat("placing stage ", k, " on worker '", o.workers[schedule.WorkerOf(k)], "'"));
     }
     auto p = optim::parameter_rrefs(stages[k]);
     if (!p.ok()) {
-      return Annotate(p.status(), absl::StrCat("stage ", k, " on worker '", o.workers[k % n], "'"));
+      return Annotate(p.status(), absl::StrCat("stage ", k, " on worker '", o.workers[schedule.WorkerOf(k)], "'"));
     }
     params.insert(params.end(), p->begin(), p->end());
   }
@@ -180,8 +160,10 @@ absl::Status Pipeline::MakeRunners() {
     r.runner = id;
     r.stage_workers = stage_workers;
     r.micro_batches = schedule_.micro_batches;
-    r.order = FlatOrder(schedule_.actions[w]);
-    for (int k = w; k < S; k += n) r.stages.push_back(stages_[k].ToIValue());
+    r.order = EncodeOrder(schedule_.actions[w]);
+    for (int k = 0; k < S; ++k) {
+      if (schedule_.WorkerOf(k) == w) r.stages.push_back(stages_[k].ToIValue());
+    }
     r.loss = options_.loss.name();
     r.clip_grad_norm = options_.clip_grad_norm;
     r.tied_first = options_.tied_first;
@@ -482,7 +464,7 @@ absl::StatusOr<double> Pipeline::forward_backward(const c10::IValue& inputs,
   std::vector<Future<c10::IValue>> told;
   for (size_t w = 0; w < workers_.size(); ++w) {
     told.push_back(agent_.rpc_async(workers_[w], SetOrderRequest::kFunction,
-                                    EncodeCall(SetOrderRequest{context_id, FlatOrder(schedule_.actions[w])})));
+                                    EncodeCall(SetOrderRequest{context_id, EncodeOrder(schedule_.actions[w])})));
   }
   RETURN_IF_ERROR(WaitAll(told, [this](size_t w) {
                     return absl::StrCat("sending the schedule to worker '", workers_[w], "'");

@@ -220,10 +220,12 @@ absl::Status RegisterLoss(const std::string& name, LossFn::Fn fn);
 
 struct PipelineOptions {
   std::vector<StageSpec> stages;
-  std::vector<std::string> workers;  // stage k runs on workers[k % workers.size()]
-  // gpipe, 1f1b, interleaved, or auto: interleaved with several stages per
-  // worker (when the micro-batches divide into groups of the worker
-  // count), else 1f1b.
+  // Stage k runs on workers[k % workers.size()], but in zbv's V
+  // (pipeline/schedule.h).
+  std::vector<std::string> workers;
+  // gpipe, 1f1b, interleaved, zb1p, zbv, or auto: interleaved with several
+  // stages per worker (when the micro-batches divide into groups of the
+  // worker count), else 1f1b.
   std::string schedule = "auto";
   int micro_batches = 4;
   LossFn loss;
@@ -300,7 +302,7 @@ class Pipeline {
   void StepOver(int64_t context_id) {
     if (context_id == last_started_) last_over_ = true;
   }
-  int last_worker() const { return (num_stages() - 1) % static_cast<int>(workers_.size()); }
+  int last_worker() const { return schedule_.WorkerOf(num_stages() - 1); }
   int64_t runner_id() const { return runner_id_; }
 
   // train_step in two parts, for data parallelism (parallel/): the batch's
@@ -369,7 +371,8 @@ class Pipeline {
   const std::vector<std::string>& workers() const { return workers_; }
   Agent& agent() const { return agent_; }
   int num_stages() const { return static_cast<int>(stages_.size()); }
-  const std::string& worker_of(int k) const { return workers_[k % workers_.size()]; }
+  // Stage k's worker (workers()[k % workers().size()] but in zbv's V).
+  const std::string& worker_of(int k) const { return workers_[schedule_.WorkerOf(k)]; }
 
  private:
   Pipeline(Agent& agent, PipelineOptions options, std::vector<std::string> workers,

@@ -14,12 +14,16 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <ATen/core/ivalue.h>
 
+#include "absl/strings/str_cat.h"
+#include "pipeline/schedule.h"
 #include "rpc/call.h"
+#include "runtime/compute_lane.h"
 
 namespace remora::pipeline {
 
@@ -57,6 +61,37 @@ struct TiedGradRequest {
   }
 };
 
+// A worker's actions as make_runner and set_order carry them: [stage,
+// micro-batch, kind (0 F, 1 B, 2 W), stage, ...].
+inline std::vector<int64_t> EncodeOrder(const std::vector<Action>& actions) {
+  std::vector<int64_t> flat;
+  for (const Action& a : actions) {
+    flat.insert(flat.end(), {a.stage, a.micro_batch,
+                             a.kind == Action::kWeight ? 2 : a.kind == Action::kBackward ? 1 : 0});
+  }
+  return flat;
+}
+
+// EncodeOrder's list as the compute lane's actions of batch `context_id`;
+// std::invalid_argument naming `call` for a list that is not one.
+inline std::vector<LaneAction> DecodeOrder(const std::vector<int64_t>& flat, int64_t context_id,
+                                           const char* call) {
+  if (flat.size() % 3 != 0) {
+    throw std::invalid_argument(absl::StrCat(call, ": order holds ", flat.size(),
+                                             " numbers, not triples of stage, micro-batch and kind"));
+  }
+  std::vector<LaneAction> order;
+  for (size_t i = 0; i < flat.size(); i += 3) {
+    const int64_t kind = flat[i + 2];
+    if (kind < 0 || kind > 2) {
+      throw std::invalid_argument(absl::StrCat(call, ": action ", i / 3, " of order has kind ", kind,
+                                               ", not 0 (forward), 1 (backward) or 2 (weights)"));
+    }
+    order.push_back(LaneAction{context_id, flat[i], flat[i + 1], kind != 0, kind == 2});
+  }
+  return order;
+}
+
 // --- master -> worker: setting up --------------------------------------------
 
 // A step runner on a worker: its stages, its share of the schedule, the
@@ -66,7 +101,7 @@ struct MakeRunnerRequest {
   int64_t runner = 0;
   std::vector<std::string> stage_workers;  // each stage's worker, in order
   int micro_batches = 0;
-  std::vector<int64_t> order;  // this worker's actions: stage, micro-batch, backward (0/1), ...
+  std::vector<int64_t> order;  // this worker's actions (EncodeOrder)
   std::vector<c10::IValue> stages;  // RRefs of the stages this worker owns
   std::string loss;  // the registered loss's name
   c10::IValue optimizer;  // an RRef of this worker's optimizer, or None

@@ -2,7 +2,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -13,7 +16,10 @@
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/custom_class.h>
 #include <torch/version.h>
+
+#include "autograd/split_backward.h"
 
 namespace remora::pipeline {
 namespace {
@@ -43,6 +49,12 @@ struct RecomputedPass {
   bool bf16 = false;   // under Bf16Autocast
 };
 
+// The recomputed pass of a split backward between its B and its W (kept
+// in the node's context: it goes with the node).
+struct HeldPass : torch::CustomClassHolder {
+  std::unique_ptr<dist_autograd::SplitBackward> pass;
+};
+
 // A stage's forward pass as one autograd node: the forward runs without
 // autograd's graph and the node keeps only the pass's inputs (and the CPU
 // generator's state); its backward runs the forward again with the graph
@@ -50,6 +62,12 @@ struct RecomputedPass {
 // once) and takes the gradients through it. torch.utils.checkpoint's
 // reentrant form, but with the parameters as inputs of the node, so that
 // their gradients reach the distributed autograd context as any leaf's do.
+//
+// Under a split backward (zero-bubble schedules) autograd runs the node
+// twice: for B, wanting only its inputs' gradients, and for W, wanting
+// only the parameters'. B runs the forward again, splits the backward of
+// that graph (autograd/split_backward.h) and keeps it in the node; W takes
+// the parameters' gradients from it: the forward is recomputed once.
 class Recompute : public torch::autograd::Function<Recompute> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::TensorList inputs,
@@ -83,9 +101,28 @@ class Recompute : public torch::autograd::Function<Recompute> {
                                                  torch::autograd::variable_list grads) {
     auto* module = reinterpret_cast<StageModule*>(static_cast<intptr_t>(ctx->saved_data["module"].toInt()));
     const std::vector<at::Tensor> saved = ctx->get_saved_variables();
+    const std::vector<at::Tensor> params = module->Parameters();
+    const size_t n = saved.size();
+    // One gradient a node input (the inputs' tensors, the parameters, then
+    // the pass's address).
+    torch::autograd::variable_list out(n + params.size() + 1);
+    bool want_inputs = false, want_params = false, params_need = false;
+    for (size_t i = 0; i < n; ++i) want_inputs |= ctx->needs_input_grad(i);
+    for (size_t i = 0; i < params.size(); ++i) {
+      want_params |= ctx->needs_input_grad(n + i);
+      params_need |= params[i].requires_grad();
+    }
+    if (auto held = ctx->saved_data.find("held"); held != ctx->saved_data.end()) {
+      // W of a split backward: the parameters' gradients of B's pass.
+      auto pass = held->second.toCapsule();
+      ctx->saved_data.erase("held");
+      auto dw = static_cast<HeldPass*>(pass.get())->pass->Weights();
+      if (!dw.ok()) throw std::runtime_error(std::string(dw.status().message()));
+      for (size_t i = 0; i < dw->size(); ++i) out[n + i] = (*dw)[i];
+      return out;
+    }
     std::vector<at::Tensor> inputs;
     for (const at::Tensor& t : saved) inputs.push_back(t.detach().requires_grad_(t.requires_grad()));
-    const std::vector<at::Tensor> params = module->Parameters();
     std::vector<at::Tensor> buffers;
     {
       at::NoGradGuard no_grad;
@@ -121,6 +158,18 @@ class Recompute : public torch::autograd::Function<Recompute> {
         root_grads.push_back(grads[i]);
       }
     }
+    if (roots.empty()) return out;
+    if (want_inputs && !want_params && params_need) {
+      // B of a split backward: the inputs' gradients now, the rest kept
+      // for W.
+      auto held = c10::make_intrusive<HeldPass>();
+      held->pass = std::make_unique<dist_autograd::SplitBackward>(roots, root_grads, inputs, params);
+      auto dx = held->pass->Inputs();
+      if (!dx.ok()) throw std::runtime_error(std::string(dx.status().message()));
+      for (size_t i = 0; i < n; ++i) out[i] = (*dx)[i];
+      ctx->saved_data["held"] = c10::IValue::make_capsule(std::move(held));
+      return out;
+    }
     std::vector<size_t> where;  // the node's input each of wrt is
     for (size_t i = 0; i < inputs.size(); ++i) {
       if (inputs[i].requires_grad()) wrt.push_back(inputs[i]), where.push_back(i);
@@ -128,10 +177,7 @@ class Recompute : public torch::autograd::Function<Recompute> {
     for (size_t i = 0; i < params.size(); ++i) {
       if (params[i].requires_grad()) wrt.push_back(params[i]), where.push_back(inputs.size() + i);
     }
-    // One gradient a node input (the inputs' tensors, the parameters, then
-    // the pass's address).
-    torch::autograd::variable_list out(inputs.size() + params.size() + 1);
-    if (roots.empty() || wrt.empty()) return out;
+    if (wrt.empty()) return out;
     const auto found = torch::autograd::grad(roots, wrt, root_grads, /*retain_graph=*/false,
                                              /*create_graph=*/false, /*allow_unused=*/true);
     for (size_t k = 0; k < found.size(); ++k) out[where[k]] = found[k];

@@ -393,9 +393,16 @@ class Runner : public std::enable_shared_from_this<Runner> {
         if (split) ComputeTurn::Skip(back.Weight());
         return;
       }
-      // Its backward pass runs in the order's turn for `back` (and W's).
-      Future<Empty> pass = dist_autograd::backward_async(
-          agent_, b->context, {MarkAction(loss, ActionMarkInfo{back, s.label(), split})});
+      // Its backward pass runs in the order's turn for `back` (and W's),
+      // what B keeps for W metered with the forward (the output's mark).
+      ActionMarkInfo info{back, s.label(), split};
+      MapTensors(y, [&info](const at::Tensor& t) {
+        if (info.hold_tag < 0 && t.requires_grad()) {
+          if (std::optional<ActionMarkInfo> m = MarkedAction(t)) info.hold_tag = m->hold_tag;
+        }
+        return t;
+      });
+      Future<Empty> pass = dist_autograd::backward_async(agent_, b->context, {MarkAction(loss, info)});
       MutexLock lock(mu_);
       b->backwards.push_back(pass);
     } catch (...) {
@@ -540,10 +547,7 @@ c10::IValue MakeRunner(CallContext& ctx, const Args& a) {
   plan.stage_workers = r.stage_workers;
   plan.micro_batches = r.micro_batches;
   plan.clip_grad_norm = r.clip_grad_norm;
-  if (r.order.size() % 3 != 0) throw std::invalid_argument("make_runner: a flat list of triples");
-  for (size_t i = 0; i < r.order.size(); i += 3) {
-    plan.actions.push_back(LaneAction{-1, r.order[i], r.order[i + 1], r.order[i + 2] != 0, r.order[i + 2] == 2});
-  }
+  plan.actions = DecodeOrder(r.order, -1, MakeRunnerRequest::kFunction);
   for (const c10::IValue& v : r.stages) {
     auto rref = RRef::FromIValue(v);
     if (!rref.ok()) throw std::invalid_argument(std::string(rref.status().message()));

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <tuple>
 
@@ -35,7 +36,7 @@ std::string Schedule::ToString() const {
 }
 
 const std::vector<std::string>& ScheduleNames() {
-  static const auto* names = new std::vector<std::string>{"gpipe", "1f1b", "interleaved", "zb1p"};
+  static const auto* names = new std::vector<std::string>{"gpipe", "1f1b", "interleaved", "zb1p", "zbv"};
   return *names;
 }
 
@@ -108,7 +109,97 @@ std::vector<Action> Interleaved(int w, int p, int v, int m) {
   return out;
 }
 
+// When each action ended: (kind, stage, micro-batch) -> end time.
+using EndTimes = std::map<std::tuple<int, int, int>, int>;
+
+// Whether what `a` needs has ended by time `t`, with `stages` stages:
+// F(s, i) after F(s - 1, i); B(s, i) after B(s + 1, i), or F(s, i) on the
+// last stage; W(s, i) after B(s, i).
+bool InputsReady(const Action& a, int stages, const EndTimes& done_at, int t) {
+  auto ended = [&](Action::Kind k, int s) {
+    auto it = done_at.find({k, s, a.micro_batch});
+    return it != done_at.end() && it->second <= t;
+  };
+  if (a.kind == Action::kForward) return a.stage == 0 || ended(Action::kForward, a.stage - 1);
+  if (a.kind == Action::kWeight) return ended(Action::kBackward, a.stage);
+  if (a.stage == stages - 1) return ended(Action::kForward, a.stage);
+  return ended(Action::kBackward, a.stage + 1);
+}
+
+// ZB-V for `workers` workers: worker w holds stages w and 2 workers - 1 - w.
+// The orders are what a run with unit F, B and W times does when each
+// free worker takes the first ready action of: a forward (its second
+// stage's, then its first's) while fewer than 2 workers micro-batches are
+// held between F and W, B (its first stage's, then its second's), W; or
+// with `forward_first` false, B before the forwards. Each stage's F, B and
+// W run in micro-batch order.
+absl::StatusOr<std::vector<std::vector<Action>>> ZeroBubbleV(int workers, int m, bool forward_first) {
+  const int n = workers, S = 2 * workers, limit = 2 * workers;
+  EndTimes done_at;
+  std::vector<int> next_f(S, 0), next_b(S, 0), next_w(S, 0), held(n, 0), free_at(n, 0);
+  std::vector<std::vector<Action>> out(n);
+  int remaining = 3 * S * m;
+  for (int t = 0; remaining > 0; ++t) {
+    bool moved = false;
+    for (int w = 0; w < n; ++w) {
+      if (free_at[w] > t) {
+        moved = true;
+        continue;
+      }
+      const int first = w, second = S - 1 - w;
+      std::optional<Action> pick;
+      auto backward = [&] {
+        for (int s : {first, second}) {
+          const int i = next_b[s];
+          if (!pick && i < next_f[s] && InputsReady(B(s, i), S, done_at, t)) pick = B(s, i);
+        }
+      };
+      auto forward = [&] {
+        for (int s : {second, first}) {
+          const int i = next_f[s];
+          if (!pick && i < m && held[w] < limit && InputsReady(F(s, i), S, done_at, t)) pick = F(s, i);
+        }
+      };
+      if (forward_first) forward();
+      backward();
+      forward();
+      for (int s : {first, second}) {  // W
+        const int i = next_w[s];
+        if (!pick && i < next_b[s] && InputsReady(W(s, i), S, done_at, t)) pick = W(s, i);
+      }
+      if (!pick) continue;
+      done_at[{pick->kind, pick->stage, pick->micro_batch}] = t + 1;
+      free_at[w] = t + 1;
+      out[w].push_back(*pick);
+      --remaining;
+      moved = true;
+      if (pick->kind == Action::kForward) {
+        ++next_f[pick->stage];
+        ++held[w];
+      } else if (pick->kind == Action::kBackward) {
+        ++next_b[pick->stage];
+      } else {
+        ++next_w[pick->stage];
+        --held[w];
+      }
+    }
+    if (!moved) {
+      return absl::InternalError(absl::StrCat("schedule zbv: no order found for ", workers, " workers and ", m,
+                                              " micro-batches (a bug: please report it)"));
+    }
+  }
+  return out;
+}
+
 }  // namespace
+
+std::vector<int> StagePlacement(const std::string& name, int workers, int stages_per_worker) {
+  std::vector<int> placement;
+  for (int k = 0; k < workers * stages_per_worker; ++k) {
+    placement.push_back(name == "zbv" && k >= workers ? 2 * workers - 1 - k : k % workers);
+  }
+  return placement;
+}
 
 absl::StatusOr<Schedule> MakeSchedule(const std::string& name, int workers,
                                       int stages_per_worker, int micro_batches) {
@@ -123,6 +214,7 @@ absl::StatusOr<Schedule> MakeSchedule(const std::string& name, int workers,
   s.stages = workers * stages_per_worker;
   s.micro_batches = micro_batches;
   s.actions.resize(workers);
+  s.placement = StagePlacement(name, workers, stages_per_worker);
   if (name == "gpipe") {
     for (int w = 0; w < workers; ++w) s.actions[w] = GPipe(w, workers, stages_per_worker, micro_batches);
   } else if (name == "1f1b") {
@@ -138,6 +230,19 @@ absl::StatusOr<Schedule> MakeSchedule(const std::string& name, int workers,
                                                      stages_per_worker));
     }
     for (int w = 0; w < workers; ++w) s.actions[w] = ZeroBubbleH1(w, workers, micro_batches);
+  } else if (name == "zbv") {
+    if (stages_per_worker != 2) {
+      return absl::InvalidArgumentError(absl::StrCat("schedule zbv runs two stages per worker (a V), not ",
+                                                     stages_per_worker));
+    }
+    // (Forwards first reach the floor, workers - 1 idle units, from
+    // 2 workers micro-batches on; below, B first is at times shorter.)
+    ASSIGN_OR_RETURN(s.actions, ZeroBubbleV(workers, micro_batches, true));
+    Schedule other = s;
+    ASSIGN_OR_RETURN(other.actions, ZeroBubbleV(workers, micro_batches, false));
+    ASSIGN_OR_RETURN(const Simulation a, Simulate(s));
+    ASSIGN_OR_RETURN(const Simulation b, Simulate(other));
+    if (b.makespan < a.makespan) s.actions = std::move(other.actions);
   } else if (name == "interleaved") {
     if (stages_per_worker < 2) {
       return absl::InvalidArgumentError(
@@ -200,8 +305,10 @@ absl::StatusOr<Simulation> Simulate(const Schedule& schedule) {
 
 absl::StatusOr<Simulation> Simulate(const Schedule& schedule, const ActionCosts& costs) {
   const int n = schedule.workers, S = schedule.stages, M = schedule.micro_batches;
-  if (n < 1 || S < n || S % n != 0 || M < 1 || static_cast<int>(schedule.actions.size()) != n) {
-    return absl::FailedPreconditionError("schedule: inconsistent worker, stage or micro-batch counts");
+  if (n < 1 || S < n || S % n != 0 || M < 1 || static_cast<int>(schedule.actions.size()) != n ||
+      !(schedule.placement.empty() || static_cast<int>(schedule.placement.size()) == S) ||
+      std::any_of(schedule.placement.begin(), schedule.placement.end(), [n](int w) { return w < 0 || w >= n; })) {
+    return absl::FailedPreconditionError("schedule: inconsistent worker, stage, micro-batch or placement counts");
   }
   const bool split = schedule.SplitsBackward();
   if (costs.forward < 1 || costs.input < 1 || costs.weight < (split ? 1 : 0)) {
@@ -213,17 +320,7 @@ absl::StatusOr<Simulation> Simulate(const Schedule& schedule, const ActionCosts&
     if (a.kind == Action::kWeight) return costs.weight;
     return split ? costs.input : costs.input + costs.weight;
   };
-  std::map<std::tuple<int, int, int>, int> done_at;  // action -> end time
-  auto ready = [&](const Action& a, int t) {
-    auto at = [&](Action::Kind k, int s, int i) {
-      auto it = done_at.find({k, s, i});
-      return it != done_at.end() && it->second <= t;
-    };
-    if (a.kind == Action::kForward) return a.stage == 0 || at(Action::kForward, a.stage - 1, a.micro_batch);
-    if (a.kind == Action::kWeight) return at(Action::kBackward, a.stage, a.micro_batch);
-    if (a.stage == S - 1) return at(Action::kForward, a.stage, a.micro_batch);
-    return at(Action::kBackward, a.stage + 1, a.micro_batch);
-  };
+  EndTimes done_at;
   Simulation sim;
   sim.idle.assign(n, 0);
   sim.peak_in_flight.assign(S, 0);
@@ -240,7 +337,7 @@ absl::StatusOr<Simulation> Simulate(const Schedule& schedule, const ActionCosts&
       }
       if (next[w] >= schedule.actions[w].size()) continue;
       const Action& a = schedule.actions[w][next[w]];
-      if (!ready(a, t)) continue;
+      if (!InputsReady(a, S, done_at, t)) continue;
       const int d = duration(a);
       done_at[{a.kind, a.stage, a.micro_batch}] = t + d;
       busy_until[w] = t + d;

@@ -7,7 +7,8 @@
 //   s.actions[0]  // worker 0: F0 F1 B0 F2 B1 ... B7 (stage 0)
 //
 // Stage k lives on worker k % workers (with several stages per worker:
-// Megatron-LM's interleaved "virtual" stages). The generators:
+// Megatron-LM's interleaved "virtual" stages), except in zbv's V. The
+// generators:
 //
 //   gpipe        every forward, then every backward (any stages per worker)
 //   1f1b         PipeDream-flush: stage s runs (stages - s - 1) warm-up
@@ -25,6 +26,18 @@
 //                holds at most `stages` micro-batches (1F1B's peak, stage
 //                0's) and the W's fill the drain (one stage per worker;
 //                the step runners, with a named loss, run it).
+//   zbv          ZB-V (the same paper): two stages per worker in a V,
+//                stage k and stage 2 workers - 1 - k on worker k, so that
+//                worker 0 holds the first and the last; the order is
+//                built by running the pipeline with unit F, B and W times,
+//                each worker taking the first ready of: a forward (the
+//                second leg's first) while it holds fewer than 2 workers
+//                micro-batches of its two half-size stages (1F1B's peak,
+//                on worker 0), B, W (or B before F where that ends
+//                sooner). From 2 workers micro-batches on, each worker
+//                idles workers - 1 units, what the first forward takes to
+//                reach the last worker, against 1F1B's 6 (workers - 1) in
+//                the same half-stage units. B and W as in zb1p.
 //
 // Thread-safety: plain values.
 #pragma once
@@ -56,8 +69,9 @@ struct Schedule {
   int stages = 0;  // workers * stages per worker
   int micro_batches = 0;
   std::vector<std::vector<Action>> actions;  // per worker, in order
+  std::vector<int> placement;                // stage k's worker; empty: k % workers
 
-  int WorkerOf(int stage) const { return stage % workers; }
+  int WorkerOf(int stage) const { return placement.empty() ? stage % workers : placement[stage]; }
   // Whether backward passes are split into B and W actions.
   bool SplitsBackward() const;
   std::string ToString() const;  // one line per worker
@@ -65,6 +79,10 @@ struct Schedule {
 
 // The schedule names MakeSchedule knows.
 const std::vector<std::string>& ScheduleNames();
+
+// Where schedule `name` places each of `workers * stages_per_worker`
+// stages: stage k on worker result[k] (k % workers but for zbv's V).
+std::vector<int> StagePlacement(const std::string& name, int workers, int stages_per_worker);
 
 // A schedule by name; InvalidArgument for unknown names and shapes the
 // generator does not take (with what to do instead).

@@ -140,8 +140,9 @@ class ScriptStage final : public StageModule {
 // Saved activations per stage index in this process: the bytes that its
 // training forward passes allocated and are still alive (saved tensors,
 // outputs), counted through allocation tags (runtime/allocator.h), summed
-// over micro-batches; the peak of that sum, taken as each forward pass
-// ends (the sum only grows then). -1 without the caching allocator.
+// over micro-batches, with what a split backward's B keeps for W (B runs
+// under its forward's tag); the peak of that sum, taken as each forward
+// pass ends. -1 without the caching allocator.
 // Thread-safe; process-wide, never destroyed.
 class ActivationMeter {
  public:
@@ -231,7 +232,8 @@ class Stage {
       trace::Scope scope(train ? "forward" : "eval", mb, trace_label_);
       const bool metered = train && runtime::CpuBytesInUse() >= 0;
       std::optional<runtime::ScopedAllocationTag> tag;
-      if (metered) tag.emplace(ActivationMeter::Get().NewTag(index_));
+      const int64_t tag_id = metered ? ActivationMeter::Get().NewTag(index_) : -1;
+      if (metered) tag.emplace(tag_id);
       c10::IValue y;
       {
         // (What came in bf16 goes on as float32, as autocast would give
@@ -245,7 +247,10 @@ class Stage {
       // (A TorchScript graph may hand out outputs that require grad even
       // with grad mode off.)
       if (!train) return MapTensors(y, [](const at::Tensor& t) { return t.detach(); });
-      const ActionMarkInfo mark{LaneAction{context_id, index_, mb, true}, trace_label_, split_backward};
+      ActionMarkInfo mark{LaneAction{context_id, index_, mb, true}, trace_label_, split_backward};
+      // (What B keeps for W is held until W, as the forward's activations
+      // are: metered with them.)
+      if (split_backward) mark.hold_tag = tag_id;
       bool needs_grad = false;
       y = MapTensors(y, [&mark, &needs_grad](const at::Tensor& t) {
         needs_grad |= t.requires_grad();
@@ -639,14 +644,7 @@ absl::Status RegisterFunctions(Registry& registry) {
   RETURN_IF_ERROR(registry.RegisterFunction(
       SetOrderRequest::kFunction, [](CallContext&, const Args& a) -> c10::IValue {
         const auto r = DecodeCallOrThrow<SetOrderRequest>(a);
-        const int64_t context_id = r.context;
-        const std::vector<int64_t>& flat = r.order;
-        if (flat.size() % 3 != 0) throw std::invalid_argument("set_order: a flat list of triples");
-        std::vector<LaneAction> order;
-        for (size_t i = 0; i < flat.size(); i += 3) {
-          order.push_back(LaneAction{context_id, flat[i], flat[i + 1], flat[i + 2] != 0, flat[i + 2] == 2});
-        }
-        ComputeTurn::SetOrder(context_id, std::move(order));
+        ComputeTurn::SetOrder(r.context, DecodeOrder(r.order, r.context, SetOrderRequest::kFunction));
         return c10::IValue();
       }));
   // The batch failed; what waits for its order runs as it comes.

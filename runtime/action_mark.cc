@@ -14,6 +14,7 @@ ActionMarkInfo InfoOf(const torch::autograd::AutogradContext& ctx) {
   info.action.backward = true;
   info.stage = data.at("label").toStringRef();
   info.split = data.at("split").toBool();
+  info.hold_tag = data.at("hold_tag").toInt();
   return info;
 }
 
@@ -25,6 +26,7 @@ struct ActionMarkFn : public torch::autograd::Function<ActionMarkFn> {
     ctx->saved_data["mb"] = info.action.micro_batch;
     ctx->saved_data["label"] = info.stage;
     ctx->saved_data["split"] = info.split;
+    ctx->saved_data["hold_tag"] = info.hold_tag;
     return x.view_as(x);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,

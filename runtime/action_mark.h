@@ -23,6 +23,10 @@ struct ActionMarkInfo {
   // The pass is split (pipeline/split_backward.h): `action` computes the
   // inputs' gradients (B), action.Weight() the parameters' (W), later.
   bool split = false;
+  // With `split`: the allocation tag (runtime/allocator.h) B runs under,
+  // the forward pass's, so that what it keeps for W counts with the
+  // stage's saved activations; -1: none.
+  int64_t hold_tag = -1;
 };
 
 // `output` behind an identity node that carries `info` (returns `output`

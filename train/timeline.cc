@@ -118,20 +118,24 @@ absl::Status WriteTimelineSvg(const std::string& path, const std::vector<std::st
       "<text x=\"%d\" y=\"20\" font-size=\"14\">remora pipeline timeline: %d micro-batches</text>\n",
       kLeft + kWidth + kRight, height, kLeft, micro_batches);
   // The legend: Fn forward and Bn backward of micro-batch n (a hue per
-  // micro-batch), the optimizer step, idle time.
+  // micro-batch; under a split backward B its input part and Wn its
+  // weights' part), the optimizer step, idle time.
   const int legend_y = 8;
   int legend_x = kLeft + 330;
-  for (const auto& [fill, text, label] :
-       std::vector<std::tuple<std::string, std::string, std::string>>{
-           {"hsl(0,70%,72%)", "F0", "forward of micro-batch 0"},
-           {"hsl(0,70%,42%)", "B0", "its backward"},
-           {"#999", "", "optimizer step, gradient sum"},
-           {"white", "", "idle"}}) {
+  const bool split =
+      std::any_of(slices.begin(), slices.end(), [](const TimelineSlice& s) { return s.name == "weight"; });
+  std::vector<std::tuple<std::string, std::string, std::string>> legend = {
+      {"hsl(0,70%,72%)", "F0", "forward of micro-batch 0"},
+      {"hsl(0,70%,42%)", "B0", split ? "its input's gradient" : "its backward"}};
+  if (split) legend.emplace_back("hsl(0,70%,30%)", "W0", "its weights' gradient");
+  legend.emplace_back("#999", "", "optimizer step, gradient sum");
+  legend.emplace_back("white", "", "idle");
+  for (const auto& [fill, text, label] : legend) {
     out << absl::StrFormat(
         "<rect x=\"%d\" y=\"%d\" width=\"22\" height=\"16\" fill=\"%s\" stroke=\"#999\" "
         "stroke-width=\"0.5\"/><text x=\"%d\" y=\"%d\" fill=\"%s\">%s</text>"
         "<text x=\"%d\" y=\"%d\">%s</text>\n",
-        legend_x, legend_y, fill, legend_x + 3, legend_y + 12, text == "B0" ? "white" : "black", text,
+        legend_x, legend_y, fill, legend_x + 3, legend_y + 12, text == "B0" || text == "W0" ? "white" : "black", text,
         legend_x + 27, legend_y + 12, label);
     legend_x += 40 + 6 * static_cast<int>(label.size());
   }

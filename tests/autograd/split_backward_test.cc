@@ -21,6 +21,7 @@
 #include <torch/nn/module.h>
 #include <torch/utils.h>
 
+#include "autograd/container.h"
 #include "shards/cnn.h"
 #include "shards/gpt.h"
 #include "shards/mlp.h"
@@ -57,6 +58,7 @@ void ExpectSplitEqualsWhole(const Case& c) {
   torch::manual_seed(3);
   SplitBackward pass({c.forward(x2)}, {g}, {x2}, c.params);
   EXPECT_EQ(pass.split(), c.splits);
+  EXPECT_EQ(pass.why_not_split().empty(), c.splits) << pass.why_not_split();
   EXPECT_FALSE(pass.Weights().ok()) << "W before B";
   auto dx = pass.Inputs();
   ASSERT_TRUE(dx.ok()) << dx.status();
@@ -143,6 +145,12 @@ TEST(SplitBackward, AGraphThatDoesNotSplitRunsWholeAtB) {
   Case twice{"twice", [w, b](const at::Tensor& x) { return at::mm(at::mm(x, w), w) + b; }, {w, b},
              at::randn({3, 4}, gen, at::TensorOptions()), /*splits=*/false};
   ExpectSplitEqualsWhole(twice);
+  {
+    const at::Tensor x = twice.input.detach().requires_grad_(true);
+    SplitBackward pass({twice.forward(x)}, {at::ones({3, 4})}, {x}, twice.params);
+    EXPECT_EQ(pass.why_not_split(),
+              "a parameter's gradient flows through two nodes that B runs, one after the other");
+  }
   // The same weights once each split.
   const at::Tensor w2 = at::randn({4, 4}, gen, at::TensorOptions()).requires_grad_(true);
   ExpectSplitEqualsWhole(Case{"once each", [w, w2, b](const at::Tensor& x) { return at::mm(at::mm(x, w), w2) + b; },
@@ -151,6 +159,7 @@ TEST(SplitBackward, AGraphThatDoesNotSplitRunsWholeAtB) {
   const at::Tensor given = at::randn({4, 4}, gen, at::TensorOptions());
   SplitBackward handed({w}, {given}, {}, {w, b});
   EXPECT_FALSE(handed.split());
+  EXPECT_EQ(handed.why_not_split(), "it returns a parameter or its input as they are");
   ASSERT_TRUE(handed.Inputs().ok());
   auto weights = handed.Weights();
   ASSERT_TRUE(weights.ok()) << weights.status();
@@ -162,12 +171,27 @@ TEST(SplitBackward, AGraphThatDoesNotSplitRunsWholeAtB) {
   const at::Tensor g = at::randn({3, 4}, gen, at::TensorOptions());
   SplitBackward same({x}, {g}, {x}, {w});
   EXPECT_FALSE(same.split());
+  EXPECT_EQ(same.why_not_split(), "it returns a parameter or its input as they are");
   auto dx = same.Inputs();
   ASSERT_TRUE(dx.ok()) << dx.status();
   EXPECT_TRUE((*dx)[0].equal(g));
   auto dw = same.Weights();
   ASSERT_TRUE(dw.ok()) << dw.status();
   EXPECT_FALSE((*dw)[0].defined());
+}
+
+// The engine's note of a stage that does not split (RunSplitBackward)
+// reaches Enable's sink once per stage, however many passes fall back.
+TEST(SplitBackward, AFallbackIsSaidOncePerStage) {
+  std::vector<std::string> lines;
+  Container container(nullptr, [&lines](std::string_view line) { lines.emplace_back(line); });
+  for (int pass = 0; pass < 3; ++pass) {
+    container.NoteOnce("whole stage 1", "stage 1 whole");
+    container.NoteOnce("whole stage 2", "stage 2 whole");
+  }
+  EXPECT_EQ(lines, (std::vector<std::string>{"stage 1 whole", "stage 2 whole"}));
+  Container silent(nullptr, LineSink());
+  silent.NoteOnce("whole stage 1", "dropped");  // (no sink: nothing, no crash)
 }
 
 }  // namespace

@@ -157,6 +157,13 @@ TEST(MasterFlags, CutsAndTopologiesThatDoNotFitAreErrors) {
        "--split-at 3,x names submodules, which only a one-file --model cut over several workers has"},
       {{"--workers", "a,b", "--split-at", "3,-1"}, "--split-at wants layer numbers like 8 or 5,9,14, or submodule"},
       {{"--workers", "a,b", "--split-at", "12,5,7"}, "must increase strictly"},
+      {{"--workers", "a,b", "--schedule", "zbv", "--interleave", "3"},
+       "--schedule zbv runs two stages per worker (a V: worker k hosts stage k and stage 2 n - 1 - k), not "
+       "--interleave 3"},
+      {{"--workers", "a,b", "--schedule", "zbv", "--split-at", "5"},
+       "--schedule zbv runs two stages per worker (a V), and --split-at makes 1 per worker"},
+      {{"--workers", "a,b,c", "--schedule", "zbv", "--dataset", "fashion-mnist"},
+       "small CNN has 4 blocks: give at most 2 --workers for zbv's two stages per worker"},
       {{"--workers", "a,b", "--split-at", "5,,9"}, "--split-at '5,,9' has an empty index"},
       {{"--workers", "a,b,c", "--split-at", "8"}, "--split-at makes 2 stages for 3 workers"},
       {{"--workers", "a,b", "--dataset", "fashion-mnist", "--split-at", "2"},

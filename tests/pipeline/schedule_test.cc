@@ -3,10 +3,18 @@
 // activations the formulas say.
 #include "pipeline/schedule.h"
 
+#include <algorithm>
+#include <string>
+
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include "pipeline/protocol.h"
 
 namespace remora::pipeline {
 namespace {
+
+using ::testing::HasSubstr;
 
 Simulation Sim(const std::string& name, int workers, int per_worker, int m) {
   auto s = MakeSchedule(name, workers, per_worker, m);
@@ -115,6 +123,51 @@ TEST(Schedule, ZeroBubbleH1CutsTheBubbleToAThirdAtOneFOneBsPeakMemory) {
   EXPECT_EQ(MakeSchedule("zb1p", 3, 1, 4).value().actions[2][6].ToString(), "W0@2");
 }
 
+TEST(Schedule, ZeroBubbleVIdlesOnlyWhileTheFirstForwardFillsAtOneFOneBsPeakMemory) {
+  // Units of half a 1F1B stage: a zbv worker's two stages are each half
+  // as long, so 1F1B's stage takes 2 units for F and 4 for its backward.
+  const ActionCosts unit{1, 1, 1}, whole{2, 2, 2};
+  for (int n : {1, 2, 3, 4, 6}) {
+    for (int M : {1, 2, 3, 4, 8, 16}) {
+      SCOPED_TRACE(::testing::Message() << n << " workers, M=" << M);
+      auto made = MakeSchedule("zbv", n, 2, M);
+      ASSERT_TRUE(made.ok()) << made.status();
+      const Schedule& v = *made;
+      EXPECT_TRUE(v.SplitsBackward());
+      // The V: worker w holds stage w and stage 2n - 1 - w; worker 0 the
+      // first and the last.
+      for (int k = 0; k < 2 * n; ++k) EXPECT_EQ(v.WorkerOf(k), k < n ? k : 2 * n - 1 - k) << "stage " << k;
+      auto z = Simulate(v, unit);
+      ASSERT_TRUE(z.ok()) << z.status() << "\n" << v.ToString();
+      EXPECT_TRUE(Simulate(v).ok());
+      // What a worker holds between a forward and its W, walking its order.
+      for (int w = 0; w < n; ++w) {
+        int held = 0, most = 0;
+        for (const Action& a : v.actions[w]) {
+          held += a.kind == Action::kForward ? 1 : a.kind == Action::kWeight ? -1 : 0;
+          most = std::max(most, held);
+        }
+        EXPECT_LE(most, 2 * n) << "worker " << w;  // 1F1B's worker 0: n whole stages
+      }
+      if (n == 1) continue;
+      auto o = Simulate(MakeSchedule("1f1b", n, 1, M).value(), whole);
+      ASSERT_TRUE(o.ok()) << o.status();
+      EXPECT_LT(z->makespan, o->makespan);
+      if (M >= 2 * n) {
+        // The floor: the last worker's first forward starts at n - 1.
+        EXPECT_EQ(z->makespan, 6 * M + n - 1);
+        for (int w = 0; w < n; ++w) {
+          EXPECT_EQ(z->idle[w], n - 1) << "worker " << w;
+          EXPECT_EQ(o->idle[w], 6 * (n - 1)) << "worker " << w;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(MakeSchedule("zbv", 2, 2, 4).value().actions[1].front().ToString(), "F0@1");
+  EXPECT_THAT(std::string(MakeSchedule("zbv", 2, 1, 4).status().message()),
+              HasSubstr("schedule zbv runs two stages per worker (a V), not 1"));
+}
+
 TEST(Schedule, BadShapesAndNamesAreClearErrors) {
   auto one = MakeSchedule("1f1b", 2, 2, 4);
   ASSERT_FALSE(one.ok());
@@ -157,6 +210,32 @@ TEST(Schedule, SimulateFindsOrdersThatCannotRunAndMissingActions) {
   auto& last = x.actions[1];  // F0 B0 F1 B1 W0 W1, made F0 B0 F1 W1 W0 B1
   std::swap(last[3], last[5]);
   EXPECT_FALSE(Simulate(x).ok()) << x.ToString();
+}
+
+// A worker's order as make_runner and set_order carry it, and back.
+TEST(Schedule, OrdersCrossTheWireAsTriplesAndBadOnesAreNamed) {
+  const Schedule zb = MakeSchedule("zbv", 2, 2, 4).value();
+  const std::vector<int64_t> flat = EncodeOrder(zb.actions[1]);
+  ASSERT_EQ(flat.size(), 3 * zb.actions[1].size());
+  const std::vector<LaneAction> lane = DecodeOrder(flat, 7, "remora.pipeline.set_order");
+  ASSERT_EQ(lane.size(), zb.actions[1].size());
+  for (size_t i = 0; i < lane.size(); ++i) {
+    const Action& a = zb.actions[1][i];
+    EXPECT_EQ(lane[i], (LaneAction{7, a.stage, a.micro_batch, a.kind != Action::kForward, a.kind == Action::kWeight}))
+        << a.ToString();
+  }
+  try {
+    DecodeOrder({1, 0}, -1, "remora.pipeline.make_runner");
+    ADD_FAILURE() << "two numbers decoded";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("remora.pipeline.make_runner: order holds 2 numbers, not triples"));
+  }
+  try {
+    DecodeOrder({1, 0, 0, 1, 0, 3}, -1, "remora.pipeline.set_order");
+    ADD_FAILURE() << "kind 3 decoded";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("action 1 of order has kind 3, not 0 (forward), 1 (backward) or 2 (weights)"));
+  }
 }
 
 }  // namespace

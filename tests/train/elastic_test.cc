@@ -297,12 +297,17 @@ TEST(Elastic, ALostParameterServerShardAndComputeWorkerAreReplaced) {
 // a liveness probe or gRPC's keepalive unanswered: the spare takes its
 // place and the job ends. The hung process, resumed, learns from the
 // master that its place is taken and exits 1 (for its supervisor to start
-// it again), instead of idling on.
+// it again), instead of idling on. The job runs ZB-V (w2 holds stages 1
+// and 2 of the V, split backward passes), and ends where one that lost
+// none ends.
 TEST(Elastic, AHungWorkerIsReplacedByASpare) {
   const std::string data = ToyData();
-  const std::string dir = FreshDir("elastic_hung");
-  Job job = StartJob("elastic_hung", {"w1", "w2", "s1"}, "w1,w2", data,
-                     {"--checkpoint-dir", dir, "--checkpoint-every", "3", "--max-restarts", "1", "--spares", "s1"});
+  const std::string dir = FreshDir("elastic_hung"), whole = FreshDir("elastic_hung_whole");
+  const std::vector<std::string> zbv = {"--schedule", "zbv", "--checkpoint-every", "3"};
+  ASSERT_TRUE(RunWhole(data, whole, zbv));
+  std::vector<std::string> flags = zbv;
+  flags.insert(flags.end(), {"--checkpoint-dir", dir, "--max-restarts", "1", "--spares", "s1"});
+  Job job = StartJob("elastic_hung", {"w1", "w2", "s1"}, "w1,w2", data, flags);
   ASSERT_TRUE(Reached(job, "checkpoint: step 6 "));
   job.workers[1]->Signal(SIGSTOP);
   const bool replaced = Reached(job, "elastic: spare 's1' takes the place of 'w2'");
@@ -332,6 +337,8 @@ TEST(Elastic, AHungWorkerIsReplacedByASpare) {
   if (at != std::string::npos) showed = std::atof(summary.c_str() + at + seen.size());
   EXPECT_GT(showed, 0.5) << summary;
   EXPECT_LT(showed, 30) << summary;
+  EXPECT_THAT(out, HasSubstr("schedule zbv: 4 stages over 2 workers"));
+  ExpectEndsEqual(data, whole, dir, zbv);
 }
 
 // A worker restarted on the port it had (a fixed --listen) is a new process

@@ -21,6 +21,7 @@ namespace remora::train {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string Slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -204,6 +205,14 @@ TEST(Timeline, RowsNameTheirStagesAndIdleShareWithALegend) {
   for (const char* part : {">worker1<", ">stage 0<", ">stage 1<", ">idle 33%<", ">idle 50%<", ">F0<", ">B0<",
                            "forward of micro-batch 0", "optimizer step"}) {
     EXPECT_THAT(svg, HasSubstr(part)) << part;
+  }
+  EXPECT_THAT(svg, Not(HasSubstr(">W0<")));
+  // A split backward's weight part has its own legend entry.
+  std::vector<TimelineSlice> split = TwoWorkersThreeSteps();
+  split.push_back({1, "weight", 0, 55, 58, "stage 1"});
+  ASSERT_TRUE(WriteTimelineSvg(path, {"worker1", "worker2"}, split, 1).ok());
+  for (const char* part : {">W0<", "its weights' gradient", "its input's gradient"}) {
+    EXPECT_THAT(Slurp(path), HasSubstr(part)) << part;
   }
   EXPECT_FALSE(WriteTimelineSvg("/nonexistent/dir/t.svg", {"w"}, {}, 1).ok());
 }
