@@ -10,9 +10,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/status_util.h"
 #include "pipeline/partition.h"
+#include "pipeline/planner.h"
 #include "shards/gpt.h"
 #include "shards/protocol.h"
 #include "shards/resnet.h"
@@ -92,6 +94,101 @@ int LayersToCut(const RunOptions& c) {
                         : shards::kResNetBlocks;
 }
 
+namespace {
+
+// One micro-batch of `rows` inputs for timing the layers.
+absl::StatusOr<c10::IValue> SampleOf(const RunOptions& c, int64_t rows) {
+  if (ReadsText(c)) return c10::IValue(at::zeros({rows, c.seq_len}, at::kLong));  // (the tokens' values cost alike)
+  ASSIGN_OR_RETURN(auto batch, MakeBatch(c, 0));
+  return c10::IValue(batch.first.slice(0, 0, std::min<int64_t>(rows, batch.first.size(0))).clone());
+}
+
+// Each layer's forward + backward in milliseconds at `sample`'s rows,
+// averaged over the workers (timed on all at once, as the partition does).
+absl::StatusOr<std::vector<double>> MeanLayerCosts(Agent& agent, const pipeline::SequentialModel& model,
+                                                   const RunOptions& c, const c10::IValue& sample) {
+  ASSIGN_OR_RETURN(auto measured, pipeline::MeasureLayers(agent, model, c.workers, sample, /*repeats=*/2));
+  std::vector<double> mean(model.num_layers(), 0.0);
+  for (const auto& worker : measured) {
+    for (size_t i = 0; i < worker.size() && i < mean.size(); ++i) mean[i] += worker[i] / measured.size();
+  }
+  return mean;
+}
+
+}  // namespace
+
+absl::Status PlanRun(Agent& agent, RunOptions& c, int64_t batch_rows) {
+  if (!c.plan_schedule && !c.plan_splits) return absl::OkStatus();
+  const pipeline::SequentialModel model = ModelToCut(c);
+  const int n = static_cast<int>(c.workers.size());
+  pipeline::PlanOptions o;
+  o.workers = n;
+  o.batch_rows = std::max<int64_t>(1, batch_rows / c.replicas);  // (one pipeline's)
+  if (c.plan_splits) {
+    // Micro-batches of two rows or more (batch norm needs two).
+    o.micro_batches.clear();
+    for (int m = 1; m <= 32 && 2 * m <= o.batch_rows; m *= 2) o.micro_batches.push_back(m);
+    if (o.micro_batches.empty()) o.micro_batches = {1};
+  } else {
+    o.micro_batches = c.splits;
+  }
+  if (c.plan_schedule || c.schedule == "auto") {
+    // --interleave given keeps to schedules of that many stages per worker.
+    o.schedules.clear();
+    for (const char* name : {"1f1b", "interleaved", "zb1p", "zbv"}) {
+      const int per_worker = std::string(name) == "interleaved" || std::string(name) == "zbv" ? 2 : 1;
+      // (B and W apart need the step runners: a named loss.)
+      const bool split = std::string(name) == "zb1p" || std::string(name) == "zbv";
+      if ((c.interleave == 0 || c.interleave == per_worker) && !(split && Loss(c).name().empty())) {
+        o.schedules.push_back(name);
+      }
+    }
+    if (o.schedules.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--interleave ", c.interleave, " with --schedule auto: the "
+                                                     "planner's schedules run 1 or 2 stages per worker; give --interleave 1 "
+                                                     "or 2, or name a --schedule"));
+    }
+  } else {
+    o.schedules = {c.schedule};
+  }
+  // Two micro-batch sizes (what the fewest and the most micro-batches
+  // give, within 4x of each other: the larger is timed too) and a crossing.
+  const int most = *std::max_element(o.micro_batches.begin(), o.micro_batches.end());
+  const int64_t small = std::max<int64_t>(1, std::min<int64_t>(16, o.batch_rows / most));
+  const int64_t large = std::min<int64_t>(o.batch_rows, 4 * small);
+  std::cout << "planning: timing each layer of " << model.label() << " (forward + backward) at " << small
+            << (large != small ? absl::StrCat(" and ", large) : std::string()) << " rows on "
+            << absl::StrJoin(c.workers, ", ") << " at once, and a crossing ..." << std::endl;
+  ASSIGN_OR_RETURN(const c10::IValue small_sample, SampleOf(c, small));
+  RETURN_IF_ERROR(model.Check(small_sample));
+  ASSIGN_OR_RETURN(const std::vector<double> at_small, MeanLayerCosts(agent, model, c, small_sample));
+  std::vector<pipeline::LayerCost> layers;
+  if (large != small) {
+    ASSIGN_OR_RETURN(const c10::IValue large_sample, SampleOf(c, large));
+    ASSIGN_OR_RETURN(const std::vector<double> at_large, MeanLayerCosts(agent, model, c, large_sample));
+    ASSIGN_OR_RETURN(layers, pipeline::FitLayerCosts(at_small, small, at_large, large));
+  } else {
+    for (double ms : at_small) layers.push_back({0.0, ms / static_cast<double>(small)});  // (one size: no fixed part)
+  }
+  if (n > 1) {
+    ASSIGN_OR_RETURN(o.crossing_ms, pipeline::MeasureCrossing(agent, c.workers[0], small_sample));
+  }
+  ASSIGN_OR_RETURN(const pipeline::Plan plan, pipeline::MakePlan(layers, o));
+  const pipeline::Candidate& best = plan.best();
+  std::cout << absl::StrFormat("plan (a crossing %.2f ms; F, B and W a third of each layer's time each):\n",
+                               o.crossing_ms)
+            << plan.Describe()
+            << absl::StrFormat("plan: --schedule %s --splits %d, predicted %.1f ms a step\n", best.schedule,
+                               best.micro_batches, best.step_ms)
+            << std::flush;
+  c.schedule = best.schedule;
+  c.splits = {best.micro_batches};
+  c.interleave = best.stages_per_worker;
+  c.split_at.assign(best.bounds.begin() + 1, best.bounds.end() - 1);
+  c.planned_step_ms = best.step_ms;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, const RunOptions& c) {
   const pipeline::SequentialModel model = ModelToCut(c);
   pipeline::PartitionOptions p;
@@ -102,12 +199,7 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, c
   if (p.split_at.empty()) {
     // One micro-batch of the largest split count, at most 16 rows.
     const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(16, c.batch_size / p.micro_batches));
-    if (ReadsText(c)) {
-      p.sample = at::zeros({rows, c.seq_len}, at::kLong);  // (the tokens' values cost alike)
-    } else {
-      ASSIGN_OR_RETURN(auto batch, MakeBatch(c, 0));
-      p.sample = batch.first.slice(0, 0, rows).clone();
-    }
+    ASSIGN_OR_RETURN(p.sample, SampleOf(c, rows));
     // Every worker times every layer at once: in the pipeline the stages run
     // side by side and share the machine's memory bandwidth and caches, and
     // layers suffer from that unequally (timed alone on one worker, the

@@ -46,8 +46,10 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
                "the step fails");
   flags.AddString("listen", &c.listen, "HOST:PORT where workers find the master (MASTER_ADDR/MASTER_PORT also work)");
   flags.AddString("splits", &f->splits,
-                  "micro-batches per batch: one count or a sweep (1,2,4,8); default 8, or 1 with one "
-                  "stage per replica (--replicas R over R workers) and with --mode ps");
+                  "micro-batches per batch: one count, a sweep (1,2,4,8), or auto (the count, and the "
+                  "schedule unless one is named, whose step the planner predicts fastest from the layers' "
+                  "times measured on the workers); default 8, or 1 with one stage per replica (--replicas R "
+                  "over R workers) and with --mode ps");
   flags.AddInt("batches", &c.batches, "batches per split count");
   flags.AddInt("batch-size", &f->batch_size,
                "images per batch, the whole batch: with --replicas R each replica trains 1/R of it "
@@ -74,7 +76,9 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
                   "input's gradient and the weights', the latter filling the drain; one stage per worker), zbv "
                   "(zero bubble, ZB-V: two stages per worker in a V, worker k hosting stage k and stage 2n-1-k, "
                   "B and W split as in zb1p; nearly no idle time at 1F1B's activation memory) or "
-                  "auto: 1f1b with one stage per worker, else interleaved where --splits is a multiple of the "
+                  "auto: given, the one of 1f1b, interleaved, zb1p and zbv whose step the planner predicts "
+                  "fastest from the layers' times measured on the workers (also with --splits auto); not given, "
+                  "1f1b with one stage per worker, else interleaved where --splits is a multiple of the "
                   "workers, else gpipe");
   flags.AddInt("threads", &c.threads,
                "intra-op threads of this process for --local, --compare-local and --mode ps (the "

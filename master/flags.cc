@@ -50,6 +50,35 @@ absl::StatusOr<std::vector<int>> ParseSplits(const std::string& text) {
   return out;
 }
 
+// --schedule auto (given) and --splits auto: the planner times the layers
+// of a model the master cuts itself; what it cannot plan, and what to give
+// instead. Empty when fine.
+std::string CheckPlanFlags(const RunOptions& c, const Flags& f, bool ps_mode, bool cut) {
+  if (!c.plan_schedule && !c.plan_splits) return "";
+  const std::string asked = c.plan_splits && c.plan_schedule ? "--schedule auto and --splits auto"
+                            : c.plan_splits                  ? "--splits auto"
+                                                             : "--schedule auto";
+  const std::string instead = c.plan_splits ? "give --splits N" : "name a --schedule";
+  const std::string why =
+      c.local   ? "--local trains in one process, with no pipeline to plan"
+      : ps_mode ? "--mode ps trains with a parameter server, not a pipeline"
+      : !cut    ? (c.model.empty() ? "the built-in small CNN's blocks are spread over the workers as they are"
+                                   : "--model's stage files are cut already")
+      : !c.split_at.empty() || !f.split_at.empty() ? "--split-at fixes the cut"
+      : c.partition == "tutorial"                  ? "--partition tutorial fixes the cut"
+      : !c.resume.empty()                          ? "--resume keeps the cut and schedule its checkpoint was written under"
+                                                   : "";
+  if (!why.empty()) {
+    return absl::StrCat(asked, c.plan_splits && c.plan_schedule ? " plan" : " plans", " a pipeline from its layers' measured times (ResNet50, the GPT of --dataset "
+                        "text:, a one-file --model), but ", why, ": ", instead);
+  }
+  if (c.plan_schedule && !c.plan_splits && c.splits.size() > 1) {
+    return absl::StrCat("--schedule auto plans one micro-batch count, and --splits ", f.splits,
+                        " sweeps several: give one --splits, or --splits auto");
+  }
+  return "";
+}
+
 // The numbers and choices that need no file and no other flag's meaning.
 absl::Status CheckValues(const Flags& f, const RunOptions& c) {
   if (f.given.count("batch-size") && f.batch_size < 1) return Bad("--batch-size must be >= 1");
@@ -363,8 +392,12 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   // replica by default, as DDP trains (micro-batches only pay in a pipeline).
   const bool one_stage_per_replica =
       c.replicas > 1 && c.all_workers.size() == static_cast<size_t>(c.replicas);
-  auto splits = ParseSplits(splits_given ? f.splits
-                                         : (line.ps_mode || one_stage_per_replica ? "1" : "8"));
+  // --splits auto: planned once the workers have timed the layers; the
+  // default stands in until then.
+  c.plan_splits = f.splits == "auto";
+  c.plan_schedule = f.given.count("schedule") > 0 && c.schedule == "auto";
+  auto splits = ParseSplits(splits_given && !c.plan_splits ? f.splits
+                                                          : (line.ps_mode || one_stage_per_replica ? "1" : "8"));
   if (!splits.ok()) return splits.status();
   c.splits = std::move(*splits);
   c.workers = c.all_workers;  // replica 0's (checked below)
@@ -501,6 +534,7 @@ absl::StatusOr<CommandLine> Check(Flags f) {
                             "'s batch norm needs 2 or more in each: give ", splits_fix, "--batch-size ", 2 * parts,
                             " or more (2 images x ", cut, ")"));
   }
+  if (auto e = CheckPlanFlags(c, f, line.ps_mode, cut); !e.empty()) return Bad(e);
   if (auto s = CheckCheckpoints(line, f.given); !s.ok()) return s;
   if (auto s = CheckElastic(line); !s.ok()) return s;
   if (c.replicas > 1 && (!line.security.token.empty() || line.security.tls.enabled()) &&

@@ -232,6 +232,7 @@ absl::StatusOr<std::vector<Run>> TrainOverWorkers(Agent& agent, RunPlan& line, c
                                                   Baseline& baseline) {
   const RunOptions& c = line.config;
   const Checkpointing& checkpoints = line.checkpoints;
+  if (auto s = PlanRun(agent, line.config, BatchRows(c, sets)); !s.ok()) return s;
   auto stages = ChooseStages(agent, line);
   if (!stages.ok()) return stages.status();
   // A directory that cannot be made fails now, before any training.
@@ -291,6 +292,10 @@ absl::StatusOr<std::vector<Run>> TrainOverWorkers(Agent& agent, RunPlan& line, c
     }
     auto run = TrainOverPipeline(agent, c, *stages, s, sets, Traced(c, last), after_batch, checkpoints);
     if (!run.ok()) return run.status();
+    if (c.planned_step_ms > 0) {
+      std::printf("plan: predicted %.1f ms a step, measured %.1f ms (the median step after the first)\n",
+                  c.planned_step_ms, 1000 * run->steady_seconds());
+    }
     run->tokens_per_row = TokensPerRow(c);  // (a text's: the report's and curves' tokens)
     PrintRun(*run, c);
     runs.push_back(std::move(*run));

@@ -68,6 +68,12 @@ struct RunOptions {
   std::vector<int> split_at;  // explicit cuts (--split-at): first layer of stages 1, 2, ...
   int interleave = 0;  // stages per worker; 0: 2 with balanced, 1 with tutorial
   std::string schedule = "auto";  // pipeline/schedule.h
+  // --schedule auto given, --splits auto: the planner (pipeline/planner.h)
+  // picks the schedule and the micro-batch count from the layers' measured
+  // costs (PlanRun), and its prediction is printed beside the measured step.
+  bool plan_schedule = false;
+  bool plan_splits = false;
+  double planned_step_ms = 0;  // set by PlanRun
   int threads = 0;  // --local's and --compare-local's training
   // --threads not given: --local and --compare-local on a CPU time a few
   // steps at each thread count first and train with the fastest
@@ -408,6 +414,12 @@ absl::StatusOr<int> StagesPerWorker(const RunOptions& c, int num_layers);
 // The layers PartitionStages cuts at: a one-file --model's children, the
 // GPT's parts (embedding, blocks, head) or ResNet50's blocks.
 int LayersToCut(const RunOptions& c);
+// --schedule auto and --splits auto: times every layer of the model to cut
+// at two micro-batch sizes and a boundary crossing, predicts each schedule
+// and micro-batch count (pipeline::MakePlan), prints the table and sets
+// `c`'s schedule, splits, stages per worker and cut to the fastest. OK and
+// nothing done when neither is asked for.
+absl::Status PlanRun(Agent& agent, RunOptions& c, int64_t batch_rows);
 // The stages of the ResNet50 demo, of the GPT or of a sequential --model,
 // cut by --partition / --split-at / --interleave and printed.
 absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, const RunOptions& c);

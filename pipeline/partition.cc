@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "base/status_util.h"
+#include "pipeline/protocol.h"
 #include "pipeline/script_cut.h"
 #include "pipeline/stage.h"
 
@@ -387,19 +388,18 @@ absl::StatusOr<std::vector<std::vector<double>>> MeasureLayers(
     return absl::InvalidArgumentError(
         "measuring layers needs a sample micro-batch of inputs (PartitionOptions::sample)");
   }
-  std::vector<std::string> kinds, names;
-  c10::impl::GenericList payloads(c10::AnyType::get());
+  LayerCostsRequest request;
   for (int i = 0; i < model.num_layers(); ++i) {
     ASSIGN_OR_RETURN(StageSpec layer, model.Stage(i, i + 1));
-    kinds.push_back(layer.kind);
-    names.push_back(layer.name);
-    payloads.push_back(layer.Payload());
+    request.kinds.push_back(layer.kind);
+    request.names.push_back(layer.name);
+    request.payloads.push_back(layer.Payload());
   }
-  const c10::IValue in = agent.local_rref(sample).ToIValue();
+  request.sample = agent.local_rref(sample).ToIValue();
+  request.repeats = repeats;
   std::vector<Future<c10::IValue>> pending;
   for (const auto& w : workers) {
-    pending.push_back(agent.rpc_async(w, "remora.pipeline.layer_costs",
-                                      {kinds, names, payloads, in, int64_t{repeats}},
+    pending.push_back(agent.rpc_async(w, LayerCostsRequest::kFunction, EncodeCall(request),
                                       CallOptions{absl::Minutes(10)}));
   }
   ASSIGN_OR_RETURN(std::vector<c10::IValue> costs, WaitAll(pending, [&](size_t w) {
@@ -408,6 +408,26 @@ absl::StatusOr<std::vector<std::vector<double>>> MeasureLayers(
   std::vector<std::vector<double>> out;
   for (const c10::IValue& c : costs) out.push_back(c.toDoubleVector());
   return out;
+}
+
+absl::StatusOr<double> MeasureCrossing(Agent& agent, const std::string& worker, const c10::IValue& sample,
+                                       int repeats) {
+  if (repeats < 1) return absl::InvalidArgumentError("measuring a crossing needs at least one round trip");
+  std::vector<double> ms;
+  for (int r = 0; r < repeats; ++r) {
+    LayerCostsRequest request;  // (no layers)
+    const absl::Time start = absl::Now();
+    request.sample = agent.local_rref(sample).ToIValue();
+    std::vector<Future<c10::IValue>> pending;
+    pending.push_back(
+        agent.rpc_async(worker, LayerCostsRequest::kFunction, EncodeCall(request), CallOptions{absl::Minutes(1)}));
+    RETURN_IF_ERROR(WaitAll(pending, [&](size_t) {
+                      return absl::StrCat("timing a crossing to worker '", worker, "'");
+                    }).status());
+    ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
 }
 
 absl::StatusOr<Partitioning> Partition(Agent& agent, const SequentialModel& model,

@@ -140,6 +140,13 @@ absl::StatusOr<std::vector<std::vector<double>>> MeasureLayers(
     Agent& agent, const SequentialModel& model, const std::vector<std::string>& workers,
     const c10::IValue& sample, int repeats = 4);
 
+// What a micro-batch's crossing from one worker to another costs, in
+// milliseconds: the median of `repeats` round trips to `worker` of a call
+// that carries `sample` (the layer-cost call with no layers: the worker
+// fetches the sample and answers at once).
+absl::StatusOr<double> MeasureCrossing(Agent& agent, const std::string& worker, const c10::IValue& sample,
+                                       int repeats = 7);
+
 // --- the arithmetic (no sockets) ----------------------------------------------------
 
 // Splits per-layer costs into `parts` contiguous ranges minimising the

@@ -322,6 +322,34 @@ TEST(MasterFlags, PsModeRefusesFlagsThatDoNotGoWithIt) {
   });
 }
 
+// --schedule auto given and --splits auto ask the planner, which times
+// the layers of a model the master cuts itself; elsewhere each says what
+// to give instead.
+TEST(MasterFlags, AutoSchedulesAndSplitsArePlannedWhereTheMasterCutsTheModel) {
+  auto splits = ParseCommandLine({"--workers", "a,b", "--splits", "auto"});
+  ASSERT_TRUE(splits.ok()) << splits.status();
+  EXPECT_TRUE(splits->config.plan_splits);
+  auto schedule = ParseCommandLine({"--workers", "a,b", "--schedule", "auto", "--splits", "4"});
+  ASSERT_TRUE(schedule.ok()) << schedule.status();
+  EXPECT_TRUE(schedule->config.plan_schedule);
+  EXPECT_FALSE(schedule->config.plan_splits);
+  EXPECT_THAT(schedule->config.splits, ElementsAre(4));
+  EXPECT_FALSE(ParseCommandLine({"--workers", "a,b"})->config.plan_schedule);  // (auto by default: the rule)
+  ExpectErrors({
+      {{"--local", "--splits", "auto"},
+       "--splits auto plans a pipeline from its layers' measured times (ResNet50, the GPT of --dataset text:, a "
+       "one-file --model), but --local trains in one process, with no pipeline to plan: give --splits N"},
+      {{"--workers", "a,b", "--dataset", "fashion-mnist", "--schedule", "auto"},
+       "but the built-in small CNN's blocks are spread over the workers as they are: name a --schedule"},
+      {{"--workers", "a,b", "--split-at", "5", "--schedule", "auto", "--splits", "auto"},
+       "--schedule auto and --splits auto plan a pipeline"},
+      {{"--workers", "a,b", "--split-at", "5", "--splits", "auto"}, "but --split-at fixes the cut: give --splits N"},
+      {{"--workers", "a,b", "--schedule", "auto", "--splits", "2,4"},
+       "--schedule auto plans one micro-batch count, and --splits 2,4 sweeps several: give one --splits, or "
+       "--splits auto"},
+  });
+}
+
 TEST(MasterFlags, DefaultsDependOnWhatIsTrained) {
   auto demo = ParseCommandLine({"--workers", "w1,w2"});
   ASSERT_TRUE(demo.ok()) << demo.status();

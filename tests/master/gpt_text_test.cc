@@ -12,6 +12,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -23,8 +24,10 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/jit/api/module.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "launch/cli.h"
@@ -278,6 +281,62 @@ TEST(TextMaster, AScriptedLanguageModelIsCutAtItsBlocksAndTrainsAsInOneProcess) 
     EXPECT_NEAR(piped_test[e], local_test[e], 1e-4 * local_test[e]) << "epoch " << e + 1 << "\n" << out;
   }
   unsetenv("TMPDIR");
+}
+
+// --splits auto: the master times the GPT's parts at two micro-batch sizes
+// and a crossing, predicts every schedule at every count, trains under the
+// fastest and prints the prediction beside the measured step; the planned
+// run's losses are one process's at the planned count.
+TEST(TextMaster, SplitsAutoPlansScheduleAndCountAndTrainsAsInOneProcess) {
+  const std::string text = test_support::WriteText("gpt_plan.txt");
+  const std::string dir = test_support::FreshDir("gpt_plan");
+  setenv("TMPDIR", dir.c_str(), 1);  // (the tokens)
+  const std::vector<std::string> common = {"--dataset", "text:" + text, "--layers", "2", "--d-model", "32",
+                                           "--heads", "2", "--seq-len", "16", "--batch-size", "8", "--epochs", "1",
+                                           "--train-rows", "48", "--seed", "5"};
+  auto master = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), BinDir() + "/master");
+    args.insert(args.end(), common.begin(), common.end());
+    return args;
+  };
+  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+  auto workers = test_support::StartWorkers({"w1", "w2"}, addr, "gpt_plan");
+  auto [code, out] = RunProgram(master({"--workers", "w1,w2", "--listen", addr, "--splits", "auto"}), absl::Seconds(180));
+  ASSERT_EQ(code, 0) << out;
+  for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
+  EXPECT_THAT(out, HasSubstr("planning: timing each layer of Gpt"));
+  EXPECT_THAT(out, HasSubstr("(forward + backward) at 2 and 8 rows on w1, w2 at once, and a crossing"));
+  // Four schedules at 1, 2 and 4 micro-batches (2 rows or more each), one
+  // of them chosen.
+  int rows = 0, chosen = 0;
+  for (const absl::string_view line : absl::StrSplit(out, '\n')) {
+    for (const char* name : {"1f1b", "interleaved", "zb1p", "zbv"}) {
+      for (int m : {1, 2, 4}) {
+        if (line.size() > 2 && absl::StartsWith(line.substr(2), absl::StrFormat("%-12s %6d ", name, m))) {
+          ++rows;
+          chosen += absl::StartsWith(line, "* ");
+        }
+      }
+    }
+  }
+  EXPECT_EQ(rows, 12) << out;
+  EXPECT_EQ(chosen, 1) << out;
+  const size_t at = out.find("plan: --schedule ");
+  ASSERT_NE(at, std::string::npos) << out;
+  char schedule[32] = {0};
+  int splits = 0;
+  ASSERT_EQ(std::sscanf(out.c_str() + at, "plan: --schedule %31s --splits %d", schedule, &splits), 2) << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("pipeline: splits=", splits, " (")));
+  EXPECT_THAT(out, HasSubstr("ms a step, measured "));
+  auto [local_code, local_out] =
+      RunProgram(master({"--local", "--threads", "1", "--splits", std::to_string(splits)}), absl::Seconds(180));
+  unsetenv("TMPDIR");
+  ASSERT_EQ(local_code, 0) << local_out;
+  const std::vector<double> piped = test_support::EpochField(out, "train_loss");
+  const std::vector<double> local = test_support::EpochField(local_out, "train_loss");
+  ASSERT_EQ(piped.size(), 1u) << out;
+  ASSERT_EQ(local.size(), 1u) << local_out;
+  EXPECT_NEAR(piped[0], local[0], 1e-4 * local[0]) << schedule << " at " << splits << "\n" << out;
 }
 
 // --tokenizer: the text as a SentencePiece model's tokens (spm_train made

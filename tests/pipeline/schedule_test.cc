@@ -1,6 +1,7 @@
 // Schedules as data, without sockets: every generator's orders hold each
 // action once, respect the dependencies, and have the bubble and the live
-// activations the formulas say.
+// activations the formulas say; the planner predicts steps from measured
+// times and picks the fastest schedule and micro-batch count.
 #include "pipeline/schedule.h"
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "pipeline/planner.h"
 #include "pipeline/protocol.h"
 
 namespace remora::pipeline {
@@ -236,6 +238,113 @@ TEST(Schedule, OrdersCrossTheWireAsTriplesAndBadOnesAreNamed) {
   } catch (const std::invalid_argument& e) {
     EXPECT_THAT(e.what(), HasSubstr("action 1 of order has kind 3, not 0 (forward), 1 (backward) or 2 (weights)"));
   }
+}
+
+// --- the planner (pipeline/planner.h) -------------------------------------------
+
+TEST(Planner, PredictGivesTheSimulatorsRunWithUnitTimes) {
+  for (const std::string name : {"gpipe", "1f1b", "interleaved", "zb1p", "zbv"}) {
+    const int per_worker = name == "interleaved" || name == "zbv" ? 2 : 1;
+    for (int n : {1, 2, 3, 4}) {
+      for (int m : {1, 2, 4, 8, 12}) {
+        absl::StatusOr<Schedule> s = MakeSchedule(name, n, per_worker, m);
+        if (!s.ok()) continue;  // (interleaved: m a multiple of n)
+        const Simulation sim = Simulate(*s).value();
+        const bool split = s->SplitsBackward();
+        const Timing t =
+            Predict(*s, std::vector<StageTimes>(s->stages, StageTimes{1, 1, split ? 1.0 : 0.0}), 0).value();
+        EXPECT_EQ(t.makespan_ms, sim.makespan) << name << " n=" << n << " m=" << m;
+        ASSERT_EQ(t.idle_ms.size(), sim.idle.size());
+        for (int w = 0; w < n; ++w) EXPECT_EQ(t.idle_ms[w], sim.idle[w]) << name << " n=" << n << " m=" << m;
+        EXPECT_EQ(t.peak_in_flight, sim.peak_in_flight) << name << " n=" << n << " m=" << m;
+      }
+    }
+  }
+}
+
+TEST(Planner, ACrossingDelaysEveryHopBetweenWorkersAndNoOtherAction) {
+  // One micro-batch, two workers: F on 0, crossing, F on 1, B on 1,
+  // crossing, B on 0.
+  const Schedule one = MakeSchedule("1f1b", 2, 1, 1).value();
+  const Timing t = Predict(one, {{2, 3, 0}, {2, 3, 0}}, 0.5).value();
+  EXPECT_DOUBLE_EQ(t.makespan_ms, 2 + 0.5 + 2 + 3 + 0.5 + 3);
+  EXPECT_DOUBLE_EQ(t.idle_ms[0], 11 - 5);
+  EXPECT_DOUBLE_EQ(t.bubble(), 6.0 * 2 / (11 * 2));
+  // zbv on one worker: both stages there, nothing crosses.
+  const Schedule v = MakeSchedule("zbv", 1, 2, 3).value();
+  EXPECT_DOUBLE_EQ(Predict(v, {{1, 1, 1}, {1, 1, 1}}, 100).value().makespan_ms, 2 * 3 * 3);
+  EXPECT_THAT(Predict(one, {{1, 1, 0}}, 0).status().message(), HasSubstr("1 stage times for the 2 stages"));
+  EXPECT_FALSE(Predict(one, {{1, 1, 0}, {1, 1, 0}}, -1).ok());
+}
+
+TEST(Planner, FitsALineThroughTwoTimingsAndNeverANegativeCost) {
+  const std::vector<LayerCost> fit = FitLayerCosts({3, 1}, 4, {9, 0.5}, 16).value();
+  ASSERT_EQ(fit.size(), 2u);
+  EXPECT_DOUBLE_EQ(fit[0].per_row_ms, 0.5);
+  EXPECT_DOUBLE_EQ(fit[0].fixed_ms, 1);
+  EXPECT_DOUBLE_EQ(fit[0].at(32), 17);
+  EXPECT_DOUBLE_EQ(fit[1].per_row_ms, 0);  // (cheaper at more rows: noise)
+  EXPECT_DOUBLE_EQ(fit[1].fixed_ms, 1);
+  EXPECT_THAT(FitLayerCosts({1}, 4, {1, 2}, 8).status().message(), HasSubstr("1 timings at 4 rows but 2 at 8"));
+  EXPECT_FALSE(FitLayerCosts({1}, 4, {2}, 4).ok());
+}
+
+TEST(Planner, FixedCostsPerActionChooseFewMicroBatchesAndRowCostsMany) {
+  PlanOptions o;
+  o.workers = 2;
+  o.batch_rows = 64;
+  o.micro_batches = {1, 2, 4, 8};
+  o.crossing_ms = 1;
+  // Each action mostly a fixed cost: more micro-batches only add to it.
+  const Plan fixed = MakePlan(std::vector<LayerCost>(8, LayerCost{10, 0.001}), o).value();
+  EXPECT_EQ(fixed.best().micro_batches, 1) << fixed.Describe();
+  // Costs in proportion to rows and nothing to cross: the most
+  // micro-batches, and the schedule that idles least; each schedule's
+  // steps shrink with more of them.
+  o.crossing_ms = 0;
+  const Plan rows = MakePlan(std::vector<LayerCost>(8, LayerCost{0, 0.1}), o).value();
+  EXPECT_EQ(rows.best().micro_batches, 8) << rows.Describe();
+  EXPECT_EQ(rows.best().schedule, "zbv") << rows.Describe();
+  for (const Candidate& c : rows.candidates) {
+    if (c.schedule == "interleaved" && c.micro_batches == 1) {
+      EXPECT_THAT(c.why_not, HasSubstr("do not divide into groups of 2"));
+      continue;
+    }
+    ASSERT_TRUE(c.why_not.empty()) << c.why_not;
+    EXPECT_LE(rows.best().step_ms, c.step_ms) << rows.Describe();
+    if (c.schedule == "1f1b" && c.micro_batches == 8) {
+      EXPECT_LT(rows.best().bubble, c.bubble);
+    }
+    if (c.micro_batches > 1 && !(c.schedule == "interleaved" && c.micro_batches == 2)) {
+      const Candidate& fewer = rows.candidates[&c - rows.candidates.data() - 1];
+      EXPECT_LT(c.step_ms, fewer.step_ms) << c.schedule << " at " << c.micro_batches;
+    }
+  }
+  // The cut is the balanced one: four stages of two layers each for zbv.
+  EXPECT_EQ(rows.best().bounds, (std::vector<int>{0, 2, 4, 6, 8}));
+  // Its busiest stage holds 3 micro-batches of 8 rows (each worker at most
+  // 2n = 4 over its two stages).
+  EXPECT_EQ(rows.best().peak_rows, 3 * 8) << rows.Describe();
+  EXPECT_THAT(rows.Describe(), HasSubstr("* zbv"));
+}
+
+TEST(Planner, PairsThatCannotRunSayWhyAndNoneAtAllIsAnError) {
+  PlanOptions o;
+  o.workers = 2;
+  o.batch_rows = 4;
+  o.micro_batches = {3, 8};
+  const Plan plan = MakePlan(std::vector<LayerCost>(3, LayerCost{1, 1}), o).value();
+  ASSERT_EQ(plan.candidates.size(), 8u);
+  // (zb1p: its W's fill 1F1B's drain.)
+  EXPECT_EQ(plan.best().schedule, "zb1p") << plan.Describe();
+  EXPECT_EQ(plan.best().micro_batches, 3);
+  const std::string table = plan.Describe();
+  EXPECT_THAT(table, HasSubstr("interleaved       3  cannot run: 4 stages need 4 layers; the model has 3"));
+  EXPECT_THAT(table, HasSubstr("1f1b              8  cannot run: more micro-batches than the batch's 4 rows"));
+  const absl::StatusOr<Plan> none = MakePlan({LayerCost{1, 1}}, o);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(none.status().message(), HasSubstr("no schedule and micro-batch count can run: 1f1b at 3 micro-batches: "
+                                                 "2 stages need 2 layers; the model has 1"));
 }
 
 }  // namespace

@@ -1,0 +1,238 @@
+#include "pipeline/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "base/status_util.h"
+#include "pipeline/partition.h"
+
+namespace remora::pipeline {
+
+double Timing::bubble() const {
+  double idle = 0;
+  for (double x : idle_ms) idle += x;
+  const double all = makespan_ms * static_cast<double>(idle_ms.size());
+  return all > 0 ? idle / all : 0;
+}
+
+absl::StatusOr<Timing> Predict(const Schedule& schedule, const std::vector<StageTimes>& stages,
+                               double crossing_ms) {
+  const int n = schedule.workers, S = schedule.stages;
+  if (static_cast<int>(stages.size()) != S) {
+    return absl::InvalidArgumentError(absl::StrCat("predict: ", stages.size(), " stage times for the ", S,
+                                                   " stages of schedule ", schedule.name));
+  }
+  for (const StageTimes& t : stages) {
+    if (t.forward_ms < 0 || t.input_ms < 0 || t.weight_ms < 0) {
+      return absl::InvalidArgumentError("predict: a stage time is negative");
+    }
+  }
+  if (crossing_ms < 0) return absl::InvalidArgumentError("predict: the crossing time is negative");
+  // The order's validity (every action once, on its stage's worker) is
+  // Simulate's to check; its unit-time run is cheap beside a step.
+  RETURN_IF_ERROR(Simulate(schedule).status());
+  const bool split = schedule.SplitsBackward();
+  auto duration = [&](const Action& a) {
+    const StageTimes& t = stages[a.stage];
+    if (a.kind == Action::kForward) return t.forward_ms;
+    if (a.kind == Action::kWeight) return t.weight_ms;
+    return split ? t.input_ms : t.input_ms + t.weight_ms;
+  };
+  std::map<std::tuple<int, int, int>, double> end;  // (kind, stage, micro-batch) -> when it ended
+  // When `a`'s input is there; none while the action making it has not
+  // been placed yet.
+  auto ready = [&](const Action& a) -> std::optional<double> {
+    auto after = [&](Action::Kind kind, int stage) -> std::optional<double> {
+      auto it = end.find({kind, stage, a.micro_batch});
+      if (it == end.end()) return std::nullopt;
+      const bool crosses = schedule.WorkerOf(stage) != schedule.WorkerOf(a.stage);
+      return it->second + (crosses ? crossing_ms : 0.0);
+    };
+    if (a.kind == Action::kForward) {
+      return a.stage == 0 ? std::optional<double>(0.0) : after(Action::kForward, a.stage - 1);
+    }
+    if (a.kind == Action::kWeight) return after(Action::kBackward, a.stage);
+    return a.stage == S - 1 ? after(Action::kForward, a.stage) : after(Action::kBackward, a.stage + 1);
+  };
+  // Each worker runs its order; an action's start depends only on its
+  // worker's previous action and its input, so workers can be advanced in
+  // any order as long as inputs are placed first.
+  Timing timing;
+  std::vector<size_t> next(n, 0);
+  std::vector<double> free_at(n, 0), busy(n, 0);
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (int w = 0; w < n; ++w) {
+      const std::vector<Action>& order = schedule.actions[w];
+      while (next[w] < order.size()) {
+        const Action& a = order[next[w]];
+        const std::optional<double> input = ready(a);
+        if (!input) break;
+        const double d = duration(a);
+        const double start = std::max(free_at[w], *input);
+        end[{a.kind, a.stage, a.micro_batch}] = start + d;
+        free_at[w] = start + d;
+        busy[w] += d;
+        timing.makespan_ms = std::max(timing.makespan_ms, start + d);
+        ++next[w];
+        moved = true;
+      }
+    }
+  }
+  // (Simulate ran the same orders to the end, so every action was placed.)
+  timing.idle_ms.resize(n);
+  for (int w = 0; w < n; ++w) timing.idle_ms[w] = timing.makespan_ms - busy[w];
+  // A stage's actions are all on its worker, in that worker's order, so
+  // the order gives what the stage holds over time.
+  timing.peak_in_flight.assign(S, 0);
+  std::vector<int> held(S, 0);
+  for (int w = 0; w < n; ++w) {
+    for (const Action& a : schedule.actions[w]) {
+      if (a.kind == Action::kForward) {
+        ++held[a.stage];
+      } else if (a.kind == (split ? Action::kWeight : Action::kBackward)) {
+        --held[a.stage];
+      }
+      timing.peak_in_flight[a.stage] = std::max(timing.peak_in_flight[a.stage], held[a.stage]);
+    }
+  }
+  return timing;
+}
+
+absl::StatusOr<std::vector<LayerCost>> FitLayerCosts(const std::vector<double>& ms_a, int64_t rows_a,
+                                                     const std::vector<double>& ms_b, int64_t rows_b) {
+  if (ms_a.size() != ms_b.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("fitting layer costs: ", ms_a.size(), " timings at ", rows_a,
+                                                   " rows but ", ms_b.size(), " at ", rows_b));
+  }
+  if (rows_a < 1 || rows_b < 1 || rows_a == rows_b) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fitting layer costs needs timings at two different positive row counts, not ", rows_a, " and ", rows_b));
+  }
+  std::vector<LayerCost> out;
+  for (size_t i = 0; i < ms_a.size(); ++i) {
+    LayerCost c;
+    c.per_row_ms = std::max(0.0, (ms_b[i] - ms_a[i]) / static_cast<double>(rows_b - rows_a));
+    // Through the timing at fewer rows (the smaller micro-batches whose
+    // fixed cost the fit is for).
+    const bool a_fewer = rows_a < rows_b;
+    const double ms = a_fewer ? ms_a[i] : ms_b[i];
+    c.fixed_ms = std::max(0.0, ms - c.per_row_ms * static_cast<double>(a_fewer ? rows_a : rows_b));
+    out.push_back(c);
+  }
+  return out;
+}
+
+namespace {
+
+// One schedule at one micro-batch count: cut, timed, or why it cannot run.
+Candidate Evaluate(const std::vector<LayerCost>& layers, const PlanOptions& o, const std::string& name, int m) {
+  Candidate c;
+  c.schedule = name;
+  c.micro_batches = m;
+  c.stages_per_worker = name == "interleaved" || name == "zbv" ? 2 : 1;
+  const int n = o.workers, parts = n * c.stages_per_worker;
+  if (m > o.batch_rows) {
+    c.why_not = absl::StrCat("more micro-batches than the batch's ", o.batch_rows, " rows");
+    return c;
+  }
+  if (parts > static_cast<int>(layers.size())) {
+    c.why_not = absl::StrCat(parts, " stages need ", parts, " layers; the model has ", layers.size());
+    return c;
+  }
+  absl::StatusOr<Schedule> schedule = MakeSchedule(name, n, c.stages_per_worker, m);
+  if (!schedule.ok()) {
+    c.why_not = std::string(schedule.status().message());
+    return c;
+  }
+  const int64_t rows = (o.batch_rows + m - 1) / m;
+  std::vector<double> costs;
+  for (const LayerCost& l : layers) costs.push_back(l.at(rows));
+  absl::StatusOr<std::vector<int>> bounds =
+      name == "zbv" ? BalancedSplit(costs, parts) : InterleavedSplit(costs, n, c.stages_per_worker, m);
+  if (!bounds.ok()) {
+    c.why_not = std::string(bounds.status().message());
+    return c;
+  }
+  c.bounds = *bounds;
+  std::vector<StageTimes> stages;
+  for (int k = 0; k < parts; ++k) {
+    double sum = 0;
+    for (int i = c.bounds[k]; i < c.bounds[k + 1]; ++i) sum += costs[i];
+    stages.push_back({sum / 3, sum / 3, sum / 3});
+  }
+  absl::StatusOr<Timing> t = Predict(*schedule, stages, o.crossing_ms);
+  if (!t.ok()) {
+    c.why_not = std::string(t.status().message());
+    return c;
+  }
+  c.step_ms = t->makespan_ms;
+  c.bubble = t->bubble();
+  c.peak_rows = rows * *std::max_element(t->peak_in_flight.begin(), t->peak_in_flight.end());
+  return c;
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> MakePlan(const std::vector<LayerCost>& layers, const PlanOptions& o) {
+  if (o.workers < 1 || o.batch_rows < 1 || layers.empty() || o.crossing_ms < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("plan: needs a worker, a row, a layer and a crossing time of 0 "
+                                                   "or more; got ", o.workers, " workers, ", o.batch_rows, " rows, ",
+                                                   layers.size(), " layers, ", o.crossing_ms, " ms"));
+  }
+  if (o.schedules.empty() || o.micro_batches.empty()) {
+    return absl::InvalidArgumentError("plan: no schedules or no micro-batch counts to choose from");
+  }
+  Plan plan;
+  for (const std::string& name : o.schedules) {
+    for (int m : o.micro_batches) {
+      if (m < 1) return absl::InvalidArgumentError(absl::StrCat("plan: ", m, " micro-batches"));
+      plan.candidates.push_back(Evaluate(layers, o, name, m));
+      const Candidate& c = plan.candidates.back();
+      if (!c.why_not.empty()) continue;
+      if (plan.chosen < 0) {
+        plan.chosen = static_cast<int>(plan.candidates.size()) - 1;
+        continue;
+      }
+      const Candidate& best = plan.best();
+      // Within a part in a million is a tie, which fewer micro-batches win.
+      const bool tie = std::abs(c.step_ms - best.step_ms) <= 1e-6 * best.step_ms;
+      if (tie ? c.micro_batches < best.micro_batches : c.step_ms < best.step_ms) {
+        plan.chosen = static_cast<int>(plan.candidates.size()) - 1;
+      }
+    }
+  }
+  if (plan.chosen < 0) {
+    std::vector<std::string> why;
+    for (const Candidate& c : plan.candidates) {
+      why.push_back(absl::StrCat(c.schedule, " at ", c.micro_batches, " micro-batches: ", c.why_not));
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("no schedule and micro-batch count can run: ", absl::StrJoin(why, "; ")));
+  }
+  return plan;
+}
+
+std::string Plan::Describe() const {
+  std::string out = absl::StrFormat("  %-12s %6s %12s %7s %10s\n", "schedule", "splits", "step (pred.)", "bubble",
+                                    "peak rows");
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const Candidate& c = candidates[i];
+    const char* mark = static_cast<int>(i) == chosen ? "*" : " ";
+    if (!c.why_not.empty()) {
+      absl::StrAppendFormat(&out, "%s %-12s %6d  cannot run: %s\n", mark, c.schedule, c.micro_batches, c.why_not);
+      continue;
+    }
+    absl::StrAppendFormat(&out, "%s %-12s %6d %9.1f ms %6.1f%% %10d\n", mark, c.schedule, c.micro_batches,
+                          c.step_ms, 100 * c.bubble, c.peak_rows);
+  }
+  return out;
+}
+
+}  // namespace remora::pipeline

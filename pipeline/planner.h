@@ -1,0 +1,120 @@
+// The schedule simulator as a planner: a step's time predicted for each
+// schedule and micro-batch count from what the model's layers cost, so
+// that `--schedule auto` and `--splits auto` pick the fastest.
+//
+//   // Each layer's forward + backward, timed at two micro-batch sizes:
+//   auto layers = pipeline::FitLayerCosts(ms_at_8_rows, 8, ms_at_32_rows, 32).value();
+//   pipeline::PlanOptions o;
+//   o.workers = 2;
+//   o.batch_rows = 64;
+//   o.schedules = {"1f1b", "zb1p"};
+//   o.micro_batches = {1, 2, 4, 8};
+//   o.crossing_ms = 0.4;
+//   pipeline::Plan plan = pipeline::MakePlan(layers, o).value();
+//   std::cout << plan.Describe();  // a table, the chosen row marked
+//   plan.best().schedule, plan.best().micro_batches, plan.best().bounds
+//
+// The model: a layer costs fixed_ms + per_row_ms x rows for a micro-batch
+// of `rows` (the fixed part is what small micro-batches waste: kernel
+// launches, dispatch, the runner's own work per action); a stage costs the
+// sum of its layers; of that, the forward is a third, the input's
+// gradient (B) a third and the weights' (W) a third (the split the
+// zero-bubble paper assumes); every activation or gradient that passes
+// from one worker to another arrives `crossing_ms` after it was made.
+// Each candidate is cut as Partition would cut it and run through
+// Predict. Candidates are the schedules at 1F1B's activation memory or
+// less per micro-batch (gpipe, which holds every micro-batch at once, is
+// not one unless named).
+//
+// Thread-safety: plain values and pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "pipeline/schedule.h"
+
+namespace remora::pipeline {
+
+// What one stage's actions take for one micro-batch, in milliseconds. A
+// schedule without W actions runs B and W as one backward.
+struct StageTimes {
+  double forward_ms = 0;
+  double input_ms = 0;   // B: the input's gradient
+  double weight_ms = 0;  // W: the parameters' gradients
+};
+
+// A schedule run with measured times.
+struct Timing {
+  double makespan_ms = 0;
+  std::vector<double> idle_ms;      // per worker: makespan - its busy time
+  std::vector<int> peak_in_flight;  // per stage, as Simulation's
+  double bubble() const;            // idle / (workers x makespan)
+};
+
+// Runs `schedule` (each worker its actions in order, each as soon as its
+// inputs are there) with stage k's actions taking `stages[k]`, an action
+// whose input was made on another worker starting no sooner than
+// `crossing_ms` after that. With every time 1 and no crossing it gives
+// Simulate's makespan and idle time. Errors as Simulate's, and
+// InvalidArgument for a stage count other than the schedule's or a
+// negative time.
+absl::StatusOr<Timing> Predict(const Schedule& schedule, const std::vector<StageTimes>& stages,
+                               double crossing_ms);
+
+// A layer's forward + backward for a micro-batch of `rows` rows.
+struct LayerCost {
+  double fixed_ms = 0;
+  double per_row_ms = 0;
+  double at(int64_t rows) const { return fixed_ms + per_row_ms * static_cast<double>(rows); }
+};
+
+// The line through each layer's two timings (`ms_a` at `rows_a` rows,
+// `ms_b` at `rows_b`), its slope and intercept kept at 0 or more (timing
+// noise can make a layer look cheaper at more rows). InvalidArgument for
+// lists of different lengths or row counts that are not two different
+// positive numbers.
+absl::StatusOr<std::vector<LayerCost>> FitLayerCosts(const std::vector<double>& ms_a, int64_t rows_a,
+                                                     const std::vector<double>& ms_b, int64_t rows_b);
+
+struct PlanOptions {
+  int workers = 1;
+  int64_t batch_rows = 1;  // a batch's rows (one replica's)
+  // Candidates: schedules by name (pipeline/schedule.h; interleaved and
+  // zbv place two stages on each worker) and micro-batch counts. A pair
+  // the schedule cannot run (too few layers for its stages, micro-batches
+  // that interleaved cannot group, more micro-batches than rows) is listed
+  // with why and not chosen.
+  std::vector<std::string> schedules = {"1f1b", "interleaved", "zb1p", "zbv"};
+  std::vector<int> micro_batches = {1, 2, 4, 8};
+  double crossing_ms = 0;
+};
+
+struct Candidate {
+  std::string schedule;
+  int micro_batches = 0;
+  int stages_per_worker = 1;
+  std::vector<int> bounds;   // stage k has layers [bounds[k], bounds[k + 1])
+  double step_ms = 0;        // predicted
+  double bubble = 0;         // predicted idle share
+  int64_t peak_rows = 0;     // most rows of activations a stage holds at once
+  std::string why_not;       // not empty: the pair cannot run (and was not timed)
+};
+
+struct Plan {
+  std::vector<Candidate> candidates;  // schedules x micro-batch counts, in the order given
+  int chosen = -1;                    // the fastest that can run (ties: fewer micro-batches)
+  const Candidate& best() const { return candidates[chosen]; }
+  // A table: schedule, micro-batches, predicted step and bubble, peak rows
+  // held, the chosen one marked; pairs that cannot run with why.
+  std::string Describe() const;
+};
+
+// Predicts every candidate pair for `layers` and picks the fastest.
+// InvalidArgument when no pair can run (saying why for each) or the
+// options are out of range.
+absl::StatusOr<Plan> MakePlan(const std::vector<LayerCost>& layers, const PlanOptions& options);
+
+}  // namespace remora::pipeline
