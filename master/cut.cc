@@ -150,6 +150,7 @@ absl::Status PlanRun(Agent& agent, RunOptions& c, int64_t batch_rows) {
     }
   } else {
     o.schedules = {c.schedule};
+    o.stages_per_worker = c.interleave;  // (0: the schedule's own)
   }
   // Two micro-batch sizes (what the fewest and the most micro-batches
   // give, within 4x of each other: the larger is timed too) and a crossing.

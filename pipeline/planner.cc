@@ -136,7 +136,7 @@ Candidate Evaluate(const std::vector<LayerCost>& layers, const PlanOptions& o, c
   Candidate c;
   c.schedule = name;
   c.micro_batches = m;
-  c.stages_per_worker = name == "interleaved" || name == "zbv" ? 2 : 1;
+  c.stages_per_worker = o.stages_per_worker > 0 ? o.stages_per_worker : name == "interleaved" || name == "zbv" ? 2 : 1;
   const int n = o.workers, parts = n * c.stages_per_worker;
   if (m > o.batch_rows) {
     c.why_not = absl::StrCat("more micro-batches than the batch's ", o.batch_rows, " rows");
@@ -181,7 +181,7 @@ Candidate Evaluate(const std::vector<LayerCost>& layers, const PlanOptions& o, c
 }  // namespace
 
 absl::StatusOr<Plan> MakePlan(const std::vector<LayerCost>& layers, const PlanOptions& o) {
-  if (o.workers < 1 || o.batch_rows < 1 || layers.empty() || o.crossing_ms < 0) {
+  if (o.workers < 1 || o.batch_rows < 1 || layers.empty() || o.crossing_ms < 0 || o.stages_per_worker < 0) {
     return absl::InvalidArgumentError(absl::StrCat("plan: needs a worker, a row, a layer and a crossing time of 0 "
                                                    "or more; got ", o.workers, " workers, ", o.batch_rows, " rows, ",
                                                    layers.size(), " layers, ", o.crossing_ms, " ms"));

@@ -89,6 +89,9 @@ struct PlanOptions {
   // with why and not chosen.
   std::vector<std::string> schedules = {"1f1b", "interleaved", "zb1p", "zbv"};
   std::vector<int> micro_batches = {1, 2, 4, 8};
+  // Stages per worker for every schedule; 0: two for interleaved and zbv,
+  // one for the others.
+  int stages_per_worker = 0;
   double crossing_ms = 0;
 };
 

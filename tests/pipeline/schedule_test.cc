@@ -341,6 +341,14 @@ TEST(Planner, PairsThatCannotRunSayWhyAndNoneAtAllIsAnError) {
   const std::string table = plan.Describe();
   EXPECT_THAT(table, HasSubstr("interleaved       3  cannot run: 4 stages need 4 layers; the model has 3"));
   EXPECT_THAT(table, HasSubstr("1f1b              8  cannot run: more micro-batches than the batch's 4 rows"));
+  // Stages per worker given: every schedule cut so (zbv takes only two).
+  o.micro_batches = {2};
+  o.stages_per_worker = 3;
+  const Plan three = MakePlan(std::vector<LayerCost>(6, LayerCost{1, 1}), o).value();
+  EXPECT_EQ(three.best().bounds.size(), 7u) << three.Describe();
+  EXPECT_THAT(three.Describe(), HasSubstr("zbv               2  cannot run: "));
+  o.stages_per_worker = 0;
+  o.micro_batches = {3, 8};
   const absl::StatusOr<Plan> none = MakePlan({LayerCost{1, 1}}, o);
   EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(none.status().message(), HasSubstr("no schedule and micro-batch count can run: 1f1b at 3 micro-batches: "
