@@ -87,6 +87,9 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
                "batch at 1, 2, 4, ... up to the cores and train with the fastest (printed); --threads 1 "
                "gives a pipeline's losses bit for bit; --mode ps: the cores");
   flags.AddBool("local", &c.local, "train in this process alone, no workers");
+  flags.AddBool("verbose", &f->verbose,
+                "print an error's TorchScript traceback whole (without it: PyTorch's message and the line "
+                "that failed)");
   flags.AddBool("deterministic", &c.deterministic,
                 "reproducible kernels in this process and on every worker, as PyTorch's "
                 "use_deterministic_algorithms (cuDNN's deterministic algorithms, no cuDNN benchmark, cuBLAS's "

@@ -28,6 +28,7 @@ struct Flags {
   std::string workers;
   std::string spares;
   bool insecure_collectives = false;  // --insecure-collectives
+  bool verbose = false;  // --verbose: errors with their TorchScript tracebacks whole
   std::string splits;  // empty: 8, or 1 with --mode ps
   std::string mode = "pipeline";
   std::string split_at;

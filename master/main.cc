@@ -15,6 +15,7 @@
 // the run is one call, master::RunMaster (master/run.h).
 #include <algorithm>
 #include <iostream>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -22,6 +23,7 @@
 #include "master/flags.h"
 #include "examples/stock_worker.h"
 #include "launch/cli.h"
+#include "launch/error_text.h"
 #include "launch/worker_main.h"
 #include "runtime/threads.h"
 #include "master/run.h"
@@ -39,13 +41,17 @@ int Main(int argc, char** argv) {
   int code = 0;
   if (!parser.Parse(argc, argv, &code)) return code;
   flags.given = parser.given();
+  const bool verbose = flags.verbose;
+  auto said = [verbose](const absl::Status& s) {
+    return verbose ? std::string(s.message()) : launch::WithoutTorchScriptTraceback(s.message());
+  };
   auto line = master::Check(std::move(flags));
   if (line.ok()) {  // (bad paths are bad flag values too: a supervisor does not restart for them)
     if (absl::Status paths = master::CheckPaths(line->config); !paths.ok()) line = paths;
     if (line.ok()) line->paths_checked = true;
   }
   if (!line.ok()) {
-    std::cerr << "master: " << line.status().message() << "\n";
+    std::cerr << "master: " << said(line.status()) << "\n";
     return 2;
   }
   // Training here on several threads (--local, --compare-local, --mode
@@ -65,7 +71,7 @@ int Main(int argc, char** argv) {
     s = StatusFromCurrentException("unexpected error (please report it)");
   }
   if (!s.ok()) {
-    std::cerr << "master: " << s.message() << "\n";
+    std::cerr << "master: " << said(s) << "\n";
     return 1;
   }
   return 0;

@@ -1,7 +1,8 @@
 // The master program's pieces in this process (master/runs.h): rows per
 // micro-batch for models with batch norm, stages per worker, the demo's
 // batches drawn alike on any thread count and made ahead, and what a
-// recovery keeps of the steps before its checkpoint.
+// recovery keeps of the steps before its checkpoint; a TorchScript error as
+// the program prints it.
 #include "master/runs.h"
 
 #include <sstream>
@@ -12,12 +13,15 @@
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "launch/error_text.h"
 #include "tests/support/script_models.h"
 #include "train/report.h"
 
@@ -31,6 +35,31 @@ pipeline::StageSpec ScriptSpec(const torch::jit::Module& m) {
   std::ostringstream bytes;
   m.save(bytes);
   return pipeline::StageSpec::TorchScript(bytes.str(), "test.pt");
+}
+
+// A stage's TorchScript error as master prints it without --verbose:
+// remora's words, PyTorch's message and the line it failed at, what
+// follows; the interpreter's traceback left out.
+TEST(ErrorText, ATorchScriptTracebackIsCutToPyTorchsMessageAndTheLine) {
+  torch::jit::Module fc = test_support::ScriptLinear(4, 5, 1, false);
+  std::string what;
+  try {
+    fc.forward({at::ones({2, 3})});
+  } catch (const std::exception& e) {
+    what = e.what();
+  }
+  ASSERT_THAT(what, HasSubstr("Traceback of TorchScript")) << what;
+  const std::string said = launch::WithoutTorchScriptTraceback(
+      absl::StrCat("stage 1 on worker 'w2': forward of micro-batch 0: ", what, "\nthe step failed"));
+  EXPECT_THAT(said, ::testing::StartsWith("stage 1 on worker 'w2': forward of micro-batch 0: RuntimeError: "))
+      << said;
+  EXPECT_THAT(said, HasSubstr("(2x3 and 4x5)")) << said;
+  EXPECT_THAT(said, HasSubstr("(at `")) << said;
+  EXPECT_THAT(said, HasSubstr("; --verbose shows the TorchScript traceback)\n")) << said;
+  EXPECT_THAT(said, ::testing::EndsWith("\nthe step failed")) << said;
+  EXPECT_THAT(said, ::testing::Not(HasSubstr("Traceback of"))) << said;
+  EXPECT_THAT(said, ::testing::Not(HasSubstr("<--- HERE"))) << said;
+  EXPECT_EQ(launch::WithoutTorchScriptTraceback("no traceback\nhere"), "no traceback\nhere");
 }
 
 // A model that normalises by batch statistics needs two rows in each part
