@@ -52,7 +52,9 @@ std::string WithoutTorchScriptTraceback(absl::string_view message) {
       if (absl::StrContains(line, "<--- HERE") && end > i + 1) {
         here = std::string(absl::StripAsciiWhitespace(lines[end - 1]));
       }
-      if (NamesAnError(line)) break;
+      // (A rethrown one names the interpreter's failure again: its own
+      // traceback follows.)
+      if (NamesAnError(line) && !absl::StrContains(line, kFailed)) break;
     }
     if (end == lines.size()) {  // (no message after it: leave it whole)
       out.emplace_back(lines[i]);
@@ -61,6 +63,8 @@ std::string WithoutTorchScriptTraceback(absl::string_view message) {
     out.push_back(absl::StrCat(before, lines[end], " (", here.empty() ? "" : absl::StrCat("at `", here, "`; "),
                                "--verbose shows the TorchScript traceback)"));
     i = end;
+    // (PyTorch's message ends in a newline: no empty line after it.)
+    if (i + 1 < lines.size() && lines[i + 1].empty()) ++i;
   }
   std::string said = absl::StrJoin(out, "\n");
   // (PyTorch's message ends in a newline, which a cut one need not keep.)

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -125,10 +126,13 @@ absl::Status PlanRun(Agent& agent, RunOptions& c, int64_t batch_rows) {
   o.workers = n;
   o.batch_rows = std::max<int64_t>(1, batch_rows / c.replicas);  // (one pipeline's)
   if (c.plan_splits) {
-    // Micro-batches of two rows or more (batch norm needs two).
-    o.micro_batches.clear();
-    for (int m = 1; m <= 32 && 2 * m <= o.batch_rows; m *= 2) o.micro_batches.push_back(m);
-    if (o.micro_batches.empty()) o.micro_batches = {1};
+    // 1, 2, 4, ... and n, 2n, 4n, ... (interleaved's rounds), at most 32
+    // micro-batches of two rows or more (batch norm needs two).
+    std::set<int> counts = {1};
+    for (int first : {1, n}) {
+      for (int m = first; m <= 32 && 2 * m <= o.batch_rows; m *= 2) counts.insert(m);
+    }
+    o.micro_batches.assign(counts.begin(), counts.end());
   } else {
     o.micro_batches = c.splits;
   }

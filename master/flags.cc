@@ -50,27 +50,35 @@ absl::StatusOr<std::vector<int>> ParseSplits(const std::string& text) {
   return out;
 }
 
-// --schedule auto (given) and --splits auto: the planner times the layers
-// of a model the master cuts itself; what it cannot plan, and what to give
-// instead. Empty when fine.
-std::string CheckPlanFlags(const RunOptions& c, const Flags& f, bool ps_mode, bool cut) {
+// --splits auto, and --schedule auto given, ask the planner, which times
+// the layers of a model the master cuts itself. --splits auto where it
+// cannot: what to give instead. --schedule auto there keeps its rule (as
+// before the planner): `plan_schedule` is cleared. Empty when fine.
+std::string CheckPlanFlags(RunOptions& c, const Flags& f, bool ps_mode, bool cut) {
   if (!c.plan_schedule && !c.plan_splits) return "";
-  const std::string asked = c.plan_splits && c.plan_schedule ? "--schedule auto and --splits auto"
-                            : c.plan_splits                  ? "--splits auto"
-                                                             : "--schedule auto";
-  const std::string instead = c.plan_splits ? "give --splits N" : "name a --schedule";
   const std::string why =
       c.local   ? "--local trains in one process, with no pipeline to plan"
       : ps_mode ? "--mode ps trains with a parameter server, not a pipeline"
-      : !cut    ? (c.model.empty() ? "the built-in small CNN's blocks are spread over the workers as they are"
-                                   : "--model's stage files are cut already")
+      : !cut    ? (!c.model.empty() && c.scripts.size() > 1 ? "--model's stage files are cut already"
+                   : !c.model.empty()                        ? "one worker per pipeline trains the model whole"
+                                                             : "the built-in small CNN's blocks are spread over "
+                                                               "the workers as they are")
       : !c.split_at.empty() || !f.split_at.empty() ? "--split-at fixes the cut"
       : c.partition == "tutorial"                  ? "--partition tutorial fixes the cut"
-      : !c.resume.empty()                          ? "--resume keeps the cut and schedule its checkpoint was written under"
-                                                   : "";
+      : !c.resume.empty() ? "--resume keeps the cut, schedule and count its checkpoint was written under"
+                          : "";
   if (!why.empty()) {
-    return absl::StrCat(asked, c.plan_splits && c.plan_schedule ? " plan" : " plans", " a pipeline from its layers' measured times (ResNet50, the GPT of --dataset "
-                        "text:, a one-file --model), but ", why, ": ", instead);
+    if (!c.plan_splits) {
+      c.plan_schedule = false;
+      return "";
+    }
+    return absl::StrCat("--splits auto plans a pipeline from its layers' measured times (ResNet50, the GPT of "
+                        "--dataset text:, a one-file --model cut over the workers), but ", why,
+                        ": give --splits N", c.plan_schedule ? " (and --schedule auto keeps its rule there)" : "");
+  }
+  if (c.interleave > 2 && (c.plan_schedule || c.schedule == "auto")) {
+    return absl::StrCat("--interleave ", c.interleave, ": the planner's schedules run one stage per worker (1f1b, "
+                        "zb1p) or two (interleaved, zbv); give --interleave 1 or 2, or name --schedule interleaved");
   }
   if (c.plan_schedule && !c.plan_splits && c.splits.size() > 1) {
     return absl::StrCat("--schedule auto plans one micro-batch count, and --splits ", f.splits,
@@ -392,12 +400,14 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   // replica by default, as DDP trains (micro-batches only pay in a pipeline).
   const bool one_stage_per_replica =
       c.replicas > 1 && c.all_workers.size() == static_cast<size_t>(c.replicas);
-  // --splits auto: planned once the workers have timed the layers; the
-  // default stands in until then.
+  // --splits auto: planned once the workers have timed the layers; one
+  // micro-batch stands in until then (what every count's checks below
+  // pass where any count can run).
   c.plan_splits = f.splits == "auto";
   c.plan_schedule = f.given.count("schedule") > 0 && c.schedule == "auto";
-  auto splits = ParseSplits(splits_given && !c.plan_splits ? f.splits
-                                                          : (line.ps_mode || one_stage_per_replica ? "1" : "8"));
+  auto splits = ParseSplits(c.plan_splits  ? "1"
+                            : splits_given ? f.splits
+                                           : (line.ps_mode || one_stage_per_replica ? "1" : "8"));
   if (!splits.ok()) return splits.status();
   c.splits = std::move(*splits);
   c.workers = c.all_workers;  // replica 0's (checked below)
@@ -499,7 +509,7 @@ absl::StatusOr<CommandLine> Check(Flags f) {
     if (auto s = CheckWorkers(f, c, line.ps_mode, cut); !s.ok()) return s;
   }
   // (After the workers: a topology that does not fit says so first.)
-  if (c.schedule == "interleaved" && !c.local && !c.workers.empty()) {
+  if (c.schedule == "interleaved" && !c.local && !c.workers.empty() && !c.plan_splits) {
     for (int s : c.splits) {
       if (s % static_cast<int>(c.workers.size()) != 0) {
         return Bad(absl::StrCat("--schedule interleaved runs micro-batches in rounds of one per worker: --splits ",
@@ -534,8 +544,9 @@ absl::StatusOr<CommandLine> Check(Flags f) {
                             "'s batch norm needs 2 or more in each: give ", splits_fix, "--batch-size ", 2 * parts,
                             " or more (2 images x ", cut, ")"));
   }
-  if (auto e = CheckPlanFlags(c, f, line.ps_mode, cut); !e.empty()) return Bad(e);
   if (auto s = CheckCheckpoints(line, f.given); !s.ok()) return s;
+  // (After --resume auto is resolved: a fresh directory resumes nothing.)
+  if (auto e = CheckPlanFlags(c, f, line.ps_mode, cut); !e.empty()) return Bad(e);
   if (auto s = CheckElastic(line); !s.ok()) return s;
   if (c.replicas > 1 && (!line.security.token.empty() || line.security.tls.enabled()) &&
       !f.insecure_collectives) {

@@ -233,6 +233,11 @@ absl::StatusOr<std::vector<Run>> TrainOverWorkers(Agent& agent, RunPlan& line, c
   const RunOptions& c = line.config;
   const Checkpointing& checkpoints = line.checkpoints;
   if (auto s = PlanRun(agent, line.config, BatchRows(c, sets)); !s.ok()) return s;
+  if (c.planned_step_ms > 0 && !c.checkpoint_dir.empty()) {
+    // (What the checkpoints record: the plan's schedule and count, with
+    // which the run resumes.)
+    line.checkpoints.identity = IdentityOf(c, c.splits[0]);
+  }
   auto stages = ChooseStages(agent, line);
   if (!stages.ok()) return stages.status();
   // A directory that cannot be made fails now, before any training.

@@ -118,12 +118,15 @@ absl::StatusOr<std::vector<LayerCost>> FitLayerCosts(const std::vector<double>& 
   std::vector<LayerCost> out;
   for (size_t i = 0; i < ms_a.size(); ++i) {
     LayerCost c;
-    c.per_row_ms = std::max(0.0, (ms_b[i] - ms_a[i]) / static_cast<double>(rows_b - rows_a));
-    // Through the timing at fewer rows (the smaller micro-batches whose
-    // fixed cost the fit is for).
     const bool a_fewer = rows_a < rows_b;
-    const double ms = a_fewer ? ms_a[i] : ms_b[i];
-    c.fixed_ms = std::max(0.0, ms - c.per_row_ms * static_cast<double>(a_fewer ? rows_a : rows_b));
+    const double few_ms = a_fewer ? ms_a[i] : ms_b[i], many_ms = a_fewer ? ms_b[i] : ms_a[i];
+    const double few = static_cast<double>(a_fewer ? rows_a : rows_b), many = static_cast<double>(a_fewer ? rows_b : rows_a);
+    c.per_row_ms = std::max(0.0, (many_ms - few_ms) / (many - few));
+    c.fixed_ms = few_ms - c.per_row_ms * few;
+    if (c.fixed_ms < 0) {  // (dearer per row than in all: through 0 instead)
+      c.fixed_ms = 0;
+      c.per_row_ms = std::max(0.0, many_ms) / many;
+    }
     out.push_back(c);
   }
   return out;
@@ -151,7 +154,7 @@ Candidate Evaluate(const std::vector<LayerCost>& layers, const PlanOptions& o, c
     c.why_not = std::string(schedule.status().message());
     return c;
   }
-  const int64_t rows = (o.batch_rows + m - 1) / m;
+  const double rows = static_cast<double>(o.batch_rows) / m;
   std::vector<double> costs;
   for (const LayerCost& l : layers) costs.push_back(l.at(rows));
   absl::StatusOr<std::vector<int>> bounds =
@@ -174,7 +177,7 @@ Candidate Evaluate(const std::vector<LayerCost>& layers, const PlanOptions& o, c
   }
   c.step_ms = t->makespan_ms;
   c.bubble = t->bubble();
-  c.peak_rows = rows * *std::max_element(t->peak_in_flight.begin(), t->peak_in_flight.end());
+  c.peak_rows = (o.batch_rows + m - 1) / m * *std::max_element(t->peak_in_flight.begin(), t->peak_in_flight.end());
   return c;
 }
 

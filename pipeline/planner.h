@@ -22,9 +22,10 @@
 // zero-bubble paper assumes); every activation or gradient that passes
 // from one worker to another arrives `crossing_ms` after it was made.
 // Each candidate is cut as Partition would cut it and run through
-// Predict. Candidates are the schedules at 1F1B's activation memory or
-// less per micro-batch (gpipe, which holds every micro-batch at once, is
-// not one unless named).
+// Predict. The default candidates hold about 1F1B's activations or a
+// little more (interleaved); gpipe, which holds every micro-batch at once,
+// is one only when named. A micro-batch is batch_rows / m rows (the
+// pipeline's are that, give or take one).
 //
 // Thread-safety: plain values and pure functions.
 #pragma once
@@ -57,8 +58,9 @@ struct Timing {
 // Runs `schedule` (each worker its actions in order, each as soon as its
 // inputs are there) with stage k's actions taking `stages[k]`, an action
 // whose input was made on another worker starting no sooner than
-// `crossing_ms` after that. With every time 1 and no crossing it gives
-// Simulate's makespan and idle time. Errors as Simulate's, and
+// `crossing_ms` after that. With F, B and W 1 (W 0 where the schedule does
+// not split backward passes) and no crossing it gives Simulate's makespan,
+// idle times and peaks. Errors as Simulate's, and
 // InvalidArgument for a stage count other than the schedule's or a
 // negative time.
 absl::StatusOr<Timing> Predict(const Schedule& schedule, const std::vector<StageTimes>& stages,
@@ -68,12 +70,14 @@ absl::StatusOr<Timing> Predict(const Schedule& schedule, const std::vector<Stage
 struct LayerCost {
   double fixed_ms = 0;
   double per_row_ms = 0;
-  double at(int64_t rows) const { return fixed_ms + per_row_ms * static_cast<double>(rows); }
+  double at(double rows) const { return fixed_ms + per_row_ms * rows; }
 };
 
 // The line through each layer's two timings (`ms_a` at `rows_a` rows,
-// `ms_b` at `rows_b`), its slope and intercept kept at 0 or more (timing
-// noise can make a layer look cheaper at more rows). InvalidArgument for
+// `ms_b` at `rows_b`). Timing noise can make a layer look cheaper at more
+// rows (then a fixed cost, the smaller count's timing) or dearer per row
+// than in all (then the line through 0 and the larger count's timing): its
+// slope and intercept are kept at 0 or more. InvalidArgument for
 // lists of different lengths or row counts that are not two different
 // positive numbers.
 absl::StatusOr<std::vector<LayerCost>> FitLayerCosts(const std::vector<double>& ms_a, int64_t rows_a,
@@ -102,7 +106,8 @@ struct Candidate {
   std::vector<int> bounds;   // stage k has layers [bounds[k], bounds[k + 1])
   double step_ms = 0;        // predicted
   double bubble = 0;         // predicted idle share
-  int64_t peak_rows = 0;     // most rows of activations a stage holds at once
+  int64_t peak_rows = 0;     // most rows of activations one stage holds at once (a worker
+                             // of interleaved or zbv hosts two stages)
   std::string why_not;       // not empty: the pair cannot run (and was not timed)
 };
 

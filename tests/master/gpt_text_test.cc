@@ -301,7 +301,9 @@ TEST(TextMaster, SplitsAutoPlansScheduleAndCountAndTrainsAsInOneProcess) {
   };
   const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
   auto workers = test_support::StartWorkers({"w1", "w2"}, addr, "gpt_plan");
-  auto [code, out] = RunProgram(master({"--workers", "w1,w2", "--listen", addr, "--splits", "auto"}), absl::Seconds(180));
+  auto [code, out] = RunProgram(
+      master({"--workers", "w1,w2", "--listen", addr, "--splits", "auto", "--checkpoint-dir", dir + "/ckpt"}),
+      absl::Seconds(180));
   ASSERT_EQ(code, 0) << out;
   for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
   EXPECT_THAT(out, HasSubstr("planning: timing each layer of Gpt"));
@@ -328,6 +330,17 @@ TEST(TextMaster, SplitsAutoPlansScheduleAndCountAndTrainsAsInOneProcess) {
   ASSERT_EQ(std::sscanf(out.c_str() + at, "plan: --schedule %31s --splits %d", schedule, &splits), 2) << out;
   EXPECT_THAT(out, HasSubstr(absl::StrCat("pipeline: splits=", splits, " (")));
   EXPECT_THAT(out, HasSubstr("ms a step, measured "));
+  // Its checkpoint records the plan: the run goes on under the schedule and
+  // count printed.
+  const std::string again_addr = absl::StrCat("127.0.0.1:", FreePort());
+  workers = test_support::StartWorkers({"w1", "w2"}, again_addr, "gpt_plan_resumed");
+  std::vector<std::string> resume = master({"--workers", "w1,w2", "--listen", again_addr, "--resume", dir + "/ckpt",
+                                            "--schedule", schedule, "--splits", std::to_string(splits)});
+  resume.insert(resume.end(), {"--epochs", "2"});
+  auto [resumed_code, resumed_out] = RunProgram(resume, absl::Seconds(180));
+  EXPECT_EQ(resumed_code, 0) << resumed_out;
+  for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
+  EXPECT_THAT(resumed_out, HasSubstr("epoch=2 train_loss=")) << resumed_out;
   auto [local_code, local_out] =
       RunProgram(master({"--local", "--threads", "1", "--splits", std::to_string(splits)}), absl::Seconds(180));
   unsetenv("TMPDIR");

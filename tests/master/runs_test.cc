@@ -55,11 +55,18 @@ TEST(ErrorText, ATorchScriptTracebackIsCutToPyTorchsMessageAndTheLine) {
       << said;
   EXPECT_THAT(said, HasSubstr("(2x3 and 4x5)")) << said;
   EXPECT_THAT(said, HasSubstr("(at `")) << said;
-  EXPECT_THAT(said, HasSubstr("; --verbose shows the TorchScript traceback)\n")) << said;
-  EXPECT_THAT(said, ::testing::EndsWith("\nthe step failed")) << said;
+  EXPECT_THAT(said, ::testing::EndsWith("; --verbose shows the TorchScript traceback)\nthe step failed")) << said;
   EXPECT_THAT(said, ::testing::Not(HasSubstr("Traceback of"))) << said;
   EXPECT_THAT(said, ::testing::Not(HasSubstr("<--- HERE"))) << said;
   EXPECT_EQ(launch::WithoutTorchScriptTraceback("no traceback\nhere"), "no traceback\nhere");
+  // Rethrown: the message that names the interpreter again is not the end.
+  EXPECT_EQ(launch::WithoutTorchScriptTraceback(absl::StrCat(
+                "at x: The following operation failed in the TorchScript interpreter.\nTraceback of TorchScript "
+                "(most recent call last):\n  y = f(x)\n      ~ <--- HERE\nRuntimeError: The following operation "
+                "failed in the TorchScript interpreter.\nTraceback of TorchScript (most recent call last):\n",
+                "def f(x):\n  return x.view(5)\n         ~~~~~~ <--- HERE\nRuntimeError: shape '[5]' is invalid\n")),
+            "at x: RuntimeError: shape '[5]' is invalid (at `return x.view(5)`; --verbose shows the TorchScript "
+            "traceback)");
 }
 
 // A model that normalises by batch statistics needs two rows in each part

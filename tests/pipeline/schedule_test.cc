@@ -285,6 +285,10 @@ TEST(Planner, FitsALineThroughTwoTimingsAndNeverANegativeCost) {
   EXPECT_DOUBLE_EQ(fit[0].at(32), 17);
   EXPECT_DOUBLE_EQ(fit[1].per_row_ms, 0);  // (cheaper at more rows: noise)
   EXPECT_DOUBLE_EQ(fit[1].fixed_ms, 1);
+  // Dearer per row than in all (a negative fixed cost): through 0.
+  const LayerCost steep = FitLayerCosts({9}, 16, {1}, 4).value()[0];
+  EXPECT_DOUBLE_EQ(steep.fixed_ms, 0);
+  EXPECT_DOUBLE_EQ(steep.per_row_ms, 9.0 / 16);
   EXPECT_THAT(FitLayerCosts({1}, 4, {1, 2}, 8).status().message(), HasSubstr("1 timings at 4 rows but 2 at 8"));
   EXPECT_FALSE(FitLayerCosts({1}, 4, {2}, 4).ok());
 }
