@@ -197,7 +197,9 @@ TEST(ZeroBubble, AZbvCheckpointResumesBitwiseAndOnlyUnderItsOwnPlacement) {
     losses.push_back((*pipe)->train_step(data[i].first, data[i].second).value());
     checkpoint::TrainingState at;
     at.step = static_cast<int64_t>(i + 1);
-    if (i == 1) ASSERT_TRUE((*saver)->Save(**pipe, four, id, at).ok());
+    if (i == 1) {
+      ASSERT_TRUE((*saver)->Save(**pipe, four, id, at).ok());
+    }
   }
   std::vector<at::Tensor> want;
   for (int k = 0; k < 4; ++k) {
