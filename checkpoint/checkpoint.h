@@ -302,3 +302,24 @@ absl::StatusOr<LocalSave> SaveLocal(const std::string& dir, const std::vector<pi
 absl::StatusOr<at::Tensor> ReadLocalOptimizer(const Checkpoint& ck);
 
 }  // namespace remora::checkpoint
+
+// --- Another layout (checkpoint/relayout.cc) --------------------------------
+namespace remora::checkpoint {
+
+// Writes `ck` again into `dir` (made; what it held is replaced) as a
+// checkpoint of `stages`, another cut of the same model with stage k on
+// pipeline worker placement[k]: every parameter, buffer and optimizer
+// entry is matched by its name in the whole model (TorchScript cuts and
+// the built-in models name them so), so a run resumes under another cut,
+// stage count or worker count (Restore the pipeline from what it returns).
+// The old stages and the new are built on the CPU here to list their
+// names; the shards are read here (one file system with the workers). A
+// worker's generators are the old worker's of the same place (the last
+// one's beyond the old count): dropout draws go on differently. NotFound
+// naming the tensors the new stages have and the checkpoint does not;
+// FailedPrecondition naming those it holds that no new stage has, and for
+// a checkpoint written before its tensors were named.
+absl::StatusOr<Checkpoint> Relayout(const Checkpoint& ck, const std::vector<pipeline::StageSpec>& stages,
+                                    const std::vector<int>& placement, const std::string& dir);
+
+}  // namespace remora::checkpoint

@@ -1,0 +1,253 @@
+// checkpoint::Relayout (checkpoint/checkpoint.h): a checkpoint written
+// again for another cut of the same model, every tensor and optimizer
+// entry matched by its name in the whole model.
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/List.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status_util.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/shard.h"
+
+namespace remora::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+using c10::impl::GenericDict;
+
+// A stage's tensor names (parameters then buffers, StateNames) and how
+// many of them are parameters: from the stage built on the CPU.
+struct StageNames {
+  std::vector<std::string> names;
+  size_t parameters = 0;
+};
+
+absl::StatusOr<std::vector<StageNames>> NamesOf(const std::vector<pipeline::StageSpec>& specs,
+                                                const std::string& which) {
+  std::vector<StageNames> out;
+  for (size_t k = 0; k < specs.size(); ++k) {
+    auto module = pipeline::BuildStage(specs[k], c10::Device(c10::kCPU));
+    RETURN_IF_ERROR(Annotate(module.status(), absl::StrCat("building ", which, " stage ", k, " to read its names")));
+    StageNames s;
+    s.names = pipeline::StateNames(**module);
+    s.parameters = (*module)->Parameters().size();
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+// Names, a few of them, for a message.
+std::string Some(const std::vector<std::string>& names) {
+  constexpr size_t kShown = 6;
+  std::vector<std::string> shown(names.begin(), names.begin() + std::min(names.size(), kShown));
+  std::string out = absl::StrCat("'", absl::StrJoin(shown, "', '"), "'");
+  if (names.size() > kShown) absl::StrAppend(&out, " and ", names.size() - kShown, " more");
+  return out;
+}
+
+// Everything a checkpoint holds, by name in the whole model.
+struct Named {
+  std::map<std::string, at::Tensor> tensors;      // parameters and buffers
+  std::map<std::string, c10::IValue> optimizer;  // a parameter's state-dict entry
+  bool has_optimizer = false;
+  c10::IValue group;  // the hyperparameters (one parameter group), "params" left to fill
+  std::vector<Shard> shards;  // their generators
+};
+
+absl::StatusOr<Named> ReadNamed(const Checkpoint& ck, const std::vector<StageNames>& stages) {
+  const Manifest& m = ck.manifest;
+  Named out;
+  for (size_t f = 0; f < m.shards.size(); ++f) {
+    const ManifestShard& s = m.shards[f];
+    const std::string path = absl::StrCat(ck.dir, "/", s.file);
+    ASSIGN_OR_RETURN(Shard shard, ReadShard(path, s.bytes, s.crc32));
+    if (shard.names.size() != shard.stages.size()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, " was saved before checkpoints named their tensors: resume it under the cut it was written "
+                "under (the same workers, no --split-at)"));
+    }
+    std::vector<std::string> parameters;  // the shard's, in the optimizer's numbering
+    for (size_t i = 0; i < shard.stages.size(); ++i) {
+      const int64_t k = shard.stages[i];
+      if (k < 0 || k >= static_cast<int64_t>(stages.size())) {
+        return absl::DataLossError(absl::StrCat(path, " holds stage ", k, "; the checkpoint has ", stages.size()));
+      }
+      if (shard.names[i].size() != shard.tensors[i].size()) {
+        return absl::DataLossError(absl::StrCat(path, ": stage ", k, " has ", shard.tensors[i].size(),
+                                                " tensors and ", shard.names[i].size(), " names"));
+      }
+      for (size_t j = 0; j < shard.names[i].size(); ++j) {
+        if (!out.tensors.emplace(shard.names[i][j], shard.tensors[i][j]).second) {
+          return absl::DataLossError(
+              absl::StrCat(path, ": the tensor '", shard.names[i][j], "' is held by two stages of ", ck.dir));
+        }
+      }
+      const StageNames& n = stages[static_cast<size_t>(k)];
+      parameters.insert(parameters.end(), n.names.begin(), n.names.begin() + static_cast<std::ptrdiff_t>(n.parameters));
+    }
+    if (f > 0 && shard.optimizer.isNone() != !out.has_optimizer) {
+      return absl::DataLossError(absl::StrCat(ck.dir, ": some shards hold optimizer state and others none"));
+    }
+    if (shard.optimizer.isNone()) {
+      out.shards.push_back(std::move(shard));
+      continue;
+    }
+    if (!shard.optimizer.isGenericDict()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, " holds its optimizer state as LibTorch's archive (written before state dicts): resume it under "
+                "the cut it was written under (the same workers, no --split-at)"));
+    }
+    const GenericDict dict = shard.optimizer.toGenericDict();
+    if (!dict.contains("state") || !dict.contains("param_groups") ||
+        dict.at("param_groups").toListRef().size() != 1) {
+      return absl::DataLossError(absl::StrCat(path, ": the optimizer state is not one parameter group's state dict"));
+    }
+    const GenericDict group = dict.at("param_groups").toListRef()[0].toGenericDict();
+    const size_t listed = group.at("params").toListRef().size();
+    if (listed != parameters.size()) {
+      return absl::DataLossError(absl::StrCat(path, ": the optimizer numbers ", listed,
+                                              " parameters; the shard's stages have ", parameters.size()));
+    }
+    const GenericDict state = dict.at("state").toGenericDict();
+    for (const auto& entry : state) {
+      const int64_t i = entry.key().toInt();
+      if (i < 0 || i >= static_cast<int64_t>(parameters.size())) {
+        return absl::DataLossError(absl::StrCat(path, ": optimizer state for parameter ", i, " of ",
+                                                parameters.size()));
+      }
+      out.optimizer[parameters[static_cast<size_t>(i)]] = entry.value();
+    }
+    if (!out.has_optimizer) out.group = group.copy();
+    out.has_optimizer = true;
+    out.shards.push_back(std::move(shard));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<Checkpoint> Relayout(const Checkpoint& ck, const std::vector<pipeline::StageSpec>& stages,
+                                    const std::vector<int>& placement, const std::string& dir) {
+  const Manifest& m = ck.manifest;
+  const int num_stages = static_cast<int>(stages.size());
+  if (stages.empty() || placement.size() != stages.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("relayout: ", stages.size(), " stages and ", placement.size(), " placements"));
+  }
+  const int num_workers = *std::max_element(placement.begin(), placement.end()) + 1;
+  for (int w = *std::min_element(placement.begin(), placement.end()) < 0 ? -1 : 0; w < num_workers; ++w) {
+    if (w < 0 || std::find(placement.begin(), placement.end(), w) == placement.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("relayout: placement ", absl::StrJoin(placement, ","),
+                                                     " leaves worker ", w, " of ", num_workers, " without a stage"));
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<pipeline::StageSpec> old_specs, LoadStageSpecs(ck));
+  ASSIGN_OR_RETURN(std::vector<StageNames> old_names, NamesOf(old_specs, "the checkpoint's"));
+  ASSIGN_OR_RETURN(std::vector<StageNames> new_names, NamesOf(stages, "the new"));
+  ASSIGN_OR_RETURN(Named saved, ReadNamed(ck, old_names));
+
+  // A tied weight (held under two names, stored once under the first):
+  // with two stages or more its last copy is left out of the last stage's
+  // file again; one stage holds it once, under the first name.
+  const bool tied = !m.tied_last.empty() && num_stages >= 2;
+  std::set<std::string> used;
+  std::vector<std::string> missing;
+  std::vector<Shard> shards(static_cast<size_t>(num_workers));
+  for (int w = 0; w < num_workers; ++w) {
+    Shard& shard = shards[static_cast<size_t>(w)];
+    c10::List<int64_t> params;
+    GenericDict state(c10::IntType::get(), c10::AnyType::get());
+    for (int k = 0; k < num_stages; ++k) {
+      if (placement[static_cast<size_t>(k)] != w) continue;
+      const StageNames& n = new_names[static_cast<size_t>(k)];
+      shard.stages.push_back(k);
+      shard.tensors.emplace_back();
+      shard.names.emplace_back();
+      for (size_t j = 0; j < n.names.size(); ++j) {
+        const std::string& name = n.names[j];
+        const bool omitted = tied && k == num_stages - 1 && name == m.tied_last;
+        if (!omitted) {
+          const auto it = saved.tensors.find(name);
+          if (it == saved.tensors.end()) {
+            missing.push_back(name);
+            continue;
+          }
+          shard.tensors.back().push_back(it->second);
+          shard.names.back().push_back(name);
+        }
+        used.insert(name);
+        if (j >= n.parameters || !saved.has_optimizer) continue;
+        const int64_t index = static_cast<int64_t>(params.size());
+        params.push_back(index);
+        auto entry = saved.optimizer.find(name);
+        if (entry == saved.optimizer.end() && name == m.tied_last) entry = saved.optimizer.find(m.tied_first);
+        if (entry != saved.optimizer.end()) state.insert(index, entry->second);
+      }
+    }
+    if (saved.has_optimizer) {
+      GenericDict group = saved.group.toGenericDict().copy();
+      group.insert_or_assign("params", params);
+      c10::impl::GenericList groups(c10::AnyType::get());
+      groups.push_back(group);
+      GenericDict dict(c10::StringType::get(), c10::AnyType::get());
+      dict.insert("state", state);
+      dict.insert("param_groups", groups);
+      shard.optimizer = dict;
+    }
+    // (A worker's generators: the old worker's of the same place, or the
+    // last one's where there are more workers now.)
+    const Shard& from = saved.shards[std::min(static_cast<size_t>(w), saved.shards.size() - 1)];
+    shard.rng = from.rng;
+    shard.cuda_rng = from.cuda_rng;
+  }
+  if (!missing.empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        "checkpoint ", ck.manifest_path, " holds no tensor named ", Some(missing),
+        ", which the new stages have: it is of another model, or of a stage type that names its tensors by "
+        "stage, not as the whole model does (resume it under the cut it was written under)"));
+  }
+  std::vector<std::string> extra;
+  for (const auto& [name, tensor] : saved.tensors) {
+    if (!used.count(name)) extra.push_back(name);
+  }
+  if (!extra.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", ck.manifest_path, " holds ", Some(extra),
+        ", which none of the new stages has: the new cut leaves part of the model out (cut the whole model)"));
+  }
+
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  fs::create_directories(dir, ec);
+  const std::string failed = absl::StrCat("writing checkpoint ", ck.dir, " again for ", num_stages,
+                                          " stages over ", num_workers, " workers in ", dir);
+  if (ec) return absl::InternalError(absl::StrCat(failed, ": cannot make the directory: ", ec.message()));
+  wire::Manifest w = ManifestToWire(m);
+  w.clear_stages();
+  w.clear_shards();
+  w.set_tied_first(tied ? m.tied_first : "");
+  w.set_tied_last(tied ? m.tied_last : "");
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string file = absl::StrCat("shard-", i, ".pt");
+    const std::string bytes = EncodeShard(shards[i]);
+    RETURN_IF_ERROR(Annotate(WriteFileAtomically(absl::StrCat(dir, "/", file), bytes), failed));
+    wire::CheckpointShard* s = w.add_shards();
+    s->set_file(file);
+    s->set_worker(i < m.shards.size() ? m.shards[i].worker : m.shards.back().worker);
+    s->set_bytes(static_cast<int64_t>(bytes.size()));
+    s->set_crc32(Crc32(bytes));
+    for (int64_t k : shards[i].stages) s->add_stages(static_cast<int32_t>(k));
+  }
+  RETURN_IF_ERROR(Annotate(WriteModel(stages, placement, dir, &w), failed));
+  RETURN_IF_ERROR(Annotate(CommitManifest(w, dir), failed));
+  return Latest(dir);
+}
+
+}  // namespace remora::checkpoint

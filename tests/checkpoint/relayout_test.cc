@@ -1,0 +1,189 @@
+// A checkpoint moved to another layout (checkpoint::Relayout): saved from
+// two stages over two workers, it goes on as four stages over two, then as
+// one stage on one worker, each continuing bitwise as an uninterrupted run
+// of that cut from the same state (Adam's moments and its schedule's step
+// count included); a cut of another model, or one that leaves part of the
+// model out, is an error naming the tensors.
+#include <filesystem>
+
+#include <ATen/ops/equal.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "checkpoint/checkpoint.h"
+#include "pipeline/partition.h"
+#include "tests/support/master_runs.h"
+#include "tests/support/pipeline_fixtures.h"
+#include "tests/support/script_models.h"
+
+namespace remora::checkpoint {
+namespace {
+
+using ::testing::HasSubstr;
+using test_support::FreshDir;
+
+constexpr int kLayers = 5;
+
+// The one-file model: five linear layers (l0 ... l4), cut at `bounds`.
+std::vector<pipeline::StageSpec> Cut(const pipeline::SequentialModel& model, const std::vector<int>& bounds) {
+  std::vector<pipeline::StageSpec> stages;
+  for (size_t k = 0; k + 1 < bounds.size(); ++k) stages.push_back(model.Stage(bounds[k], bounds[k + 1]).value());
+  return stages;
+}
+
+std::unique_ptr<pipeline::Pipeline> MakePipeline(Agent& master, const std::vector<pipeline::StageSpec>& stages,
+                                                 std::vector<std::string> workers) {
+  pipeline::PipelineOptions o;
+  o.stages = stages;
+  o.workers = std::move(workers);
+  o.schedule = stages.size() > o.workers.size() ? "interleaved" : "1f1b";
+  o.micro_batches = 2;
+  o.loss = pipeline::MseLoss();
+  o.optimizer = optim::OptimizerOptions::Adam(0.01).set_schedule({optim::LrSchedule::Kind::kCosine, 2, 10, 0.001});
+  auto pipe = pipeline::Pipeline::Create(master, o);
+  EXPECT_TRUE(pipe.ok()) << pipe.status();
+  return pipe.ok() ? std::move(*pipe) : nullptr;
+}
+
+// Every stage's parameters and buffers, in stage order: the whole model's.
+std::vector<at::Tensor> AllState(pipeline::Pipeline& pipe) {
+  std::vector<at::Tensor> out;
+  for (int k = 0; k < pipe.num_stages(); ++k) {
+    const std::vector<at::Tensor> state = pipe.stage_state(k).value();
+    out.insert(out.end(), state.begin(), state.end());
+  }
+  return out;
+}
+
+void ExpectSameState(const std::vector<at::Tensor>& got, const std::vector<at::Tensor>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t j = 0; j < want.size(); ++j) EXPECT_TRUE(at::equal(got[j], want[j])) << "tensor " << j;
+}
+
+TEST(Relayout, TwoStagesThenFourThenOneGoOnAsAnUninterruptedRunOfEachCut) {
+  test_support::TestWorkers workers;
+  torch::jit::Module whole = test_support::ScriptSequential({6, 8, 8, 8, 8, 3});
+  auto model = pipeline::SequentialModel::TorchScript(test_support::SaveToBytes(whole), "five.pt");
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_EQ(model->num_layers(), kLayers);
+  const auto data = test_support::RandomBatches(8, 10, 6, 3);
+  RunIdentity id;
+  id.model = "five";
+  id.micro_batches = 2;
+
+  // Uninterrupted: four stages over two workers, eight steps.
+  const std::vector<pipeline::StageSpec> four = Cut(*model, {0, 1, 2, 4, kLayers});
+  std::vector<double> want;
+  std::vector<at::Tensor> want_at_6, want_at_8;
+  {
+    auto pipe = MakePipeline(workers.master(), four, {"w1", "w2"});
+    ASSERT_NE(pipe, nullptr);
+    for (size_t i = 0; i < data.size(); ++i) {
+      want.push_back(pipe->train_step(data[i].first, data[i].second).value());
+      if (i == 5) want_at_6 = AllState(*pipe);
+    }
+    want_at_8 = AllState(*pipe);
+  }
+
+  // Two stages for three steps, saved; the same model from the same start.
+  const std::vector<pipeline::StageSpec> two = Cut(*model, {0, 3, kLayers});
+  const std::string dir = FreshDir("relayout");
+  auto saver = Checkpointer::Create(workers.master(), dir, /*keep=*/1);
+  ASSERT_TRUE(saver.ok()) << saver.status();
+  {
+    auto pipe = MakePipeline(workers.master(), two, {"w1", "w2"});
+    ASSERT_NE(pipe, nullptr);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(pipe->train_step(data[i].first, data[i].second).value(), want[i]) << "step " << i + 1;
+    }
+    TrainingState at;
+    at.step = 3;
+    ASSERT_TRUE((*saver)->Save(*pipe, two, id, at).ok());
+  }
+
+  // Written again for four stages (interleaved over two workers: stage k
+  // on worker k mod 2), resumed, three steps more, saved.
+  auto ck = Latest(dir);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  auto moved = Relayout(*ck, four, {0, 1, 0, 1}, FreshDir("relayout_four"));
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(moved->manifest.step, 3);
+  EXPECT_EQ(moved->manifest.stages.size(), 4u);
+  ASSERT_EQ(moved->manifest.shards.size(), 2u);
+  EXPECT_EQ(moved->manifest.shards[1].stages, (std::vector<int>{1, 3}));
+  EXPECT_TRUE(CheckMatches(*moved, id).ok());
+  const std::string dir4 = FreshDir("relayout_saved_four");
+  auto saver4 = Checkpointer::Create(workers.master(), dir4, /*keep=*/1);
+  ASSERT_TRUE(saver4.ok()) << saver4.status();
+  {
+    auto pipe = MakePipeline(workers.master(), four, {"w1", "w2"});
+    ASSERT_NE(pipe, nullptr);
+    const absl::Status restored = Restore(*pipe, *moved);
+    ASSERT_TRUE(restored.ok()) << restored;
+    for (size_t i = 3; i < 6; ++i) {
+      EXPECT_EQ(pipe->train_step(data[i].first, data[i].second).value(), want[i]) << "step " << i + 1;
+    }
+    ExpectSameState(AllState(*pipe), want_at_6);
+    TrainingState at;
+    at.step = 6;
+    ASSERT_TRUE((*saver4)->Save(*pipe, four, id, at).ok());
+  }
+
+  // Then as one stage on one worker: the whole model, two steps more.
+  auto ck4 = Latest(dir4);
+  ASSERT_TRUE(ck4.ok()) << ck4.status();
+  const std::vector<pipeline::StageSpec> one = Cut(*model, {0, kLayers});
+  auto whole_ck = Relayout(*ck4, one, {0}, FreshDir("relayout_one"));
+  ASSERT_TRUE(whole_ck.ok()) << whole_ck.status();
+  ASSERT_EQ(whole_ck->manifest.shards.size(), 1u);
+  {
+    auto pipe = MakePipeline(workers.master(), one, {"w2"});
+    ASSERT_NE(pipe, nullptr);
+    const absl::Status restored = Restore(*pipe, *whole_ck);
+    ASSERT_TRUE(restored.ok()) << restored;
+    for (size_t i = 6; i < 8; ++i) {
+      EXPECT_EQ(pipe->train_step(data[i].first, data[i].second).value(), want[i]) << "step " << i + 1;
+    }
+    ExpectSameState(AllState(*pipe), want_at_8);
+  }
+  // The evaluator's way reads the moved checkpoint as any other.
+  auto loaded = LoadModel(*whole_ck, c10::kCPU);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->size(), 1u);
+}
+
+TEST(Relayout, AnotherModelOrAPartOfTheModelIsAnErrorNamingTheTensors) {
+  test_support::TestWorkers workers;
+  torch::jit::Module whole = test_support::ScriptSequential({6, 8, 8, 8, 8, 3});
+  auto model = pipeline::SequentialModel::TorchScript(test_support::SaveToBytes(whole), "five.pt").value();
+  const std::vector<pipeline::StageSpec> two = Cut(model, {0, 3, kLayers});
+  const std::string dir = FreshDir("relayout_errors");
+  auto saver = Checkpointer::Create(workers.master(), dir, /*keep=*/1);
+  ASSERT_TRUE(saver.ok()) << saver.status();
+  {
+    auto pipe = MakePipeline(workers.master(), two, {"w1", "w2"});
+    ASSERT_NE(pipe, nullptr);
+    ASSERT_TRUE((*saver)->Save(*pipe, two, RunIdentity(), TrainingState()).ok());
+  }
+  const Checkpoint ck = Latest(dir).value();
+
+  // A model with a sixth layer: l5 is nowhere in the checkpoint.
+  torch::jit::Module six = test_support::ScriptSequential({6, 8, 8, 8, 8, 8, 3});
+  auto bigger = pipeline::SequentialModel::TorchScript(test_support::SaveToBytes(six), "six.pt").value();
+  auto other = Relayout(ck, Cut(bigger, {0, 3, 6}), {0, 1}, FreshDir("relayout_other"));
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(other.status().message()), HasSubstr("no tensor named 'l5.weight', 'l5.bias'"));
+
+  // The first three layers only: l3 and l4 would be lost.
+  auto part = Relayout(ck, Cut(model, {0, 1, 3}), {0, 1}, FreshDir("relayout_part"));
+  EXPECT_EQ(part.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(part.status().message()), HasSubstr("'l3.bias', 'l3.weight', 'l4.bias', 'l4.weight'"));
+
+  // A placement that leaves a worker without a stage.
+  auto gap = Relayout(ck, two, {0, 2}, FreshDir("relayout_gap"));
+  EXPECT_EQ(gap.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(gap.status().message()), HasSubstr("leaves worker 1 of 3 without a stage"));
+}
+
+}  // namespace
+}  // namespace remora::checkpoint
