@@ -46,7 +46,7 @@ absl::Status CheckCheckpointDirIsOurs(const RunOptions& c, bool derived) {
 }
 
 // The checkpoint flags, and with --resume the checkpoint itself.
-absl::Status CheckCheckpoints(CommandLine& line, const std::set<std::string>& given) {
+absl::Status CheckCheckpoints(CommandLine& line, const std::set<std::string>& given, bool cut) {
   RunOptions& c = line.config;
   RETURN_IF_ERROR(launch::CheckAtLeast(
       {{"checkpoint-every", c.checkpoint_every, 0}, {"train-rows", c.train_rows, 0}, {"keep", c.keep, 1}}));
@@ -96,14 +96,24 @@ absl::Status CheckCheckpoints(CommandLine& line, const std::set<std::string>& gi
   auto ck = checkpoint::Latest(c.resume);
   if (!ck.ok()) return ck.status();
   if (auto s = checkpoint::CheckMatches(*ck, line.checkpoints.identity); !s.ok()) return s;
-  if (!line.ps_mode && ck->manifest.shards.size() != c.workers.size()) {
-    return Bad(absl::StrCat("checkpoint ", ck->manifest_path, " has ", ck->manifest.shards.size(),
-                            " shards, one per pipeline worker: give ", ck->manifest.shards.size(),
-                            " workers per replica, not ", c.workers.size()));
+  const bool other_workers = !line.ps_mode && ck->manifest.shards.size() != c.workers.size();
+  if (cut && !line.ps_mode && (other_workers || !c.split_at.empty())) {
+    // Cut as the flags say; the checkpoint is written again for that cut
+    // once it is made (master/run.cc).
+    line.checkpoints.relayout = true;
+  } else {
+    if (other_workers) {
+      return Bad(absl::StrCat("checkpoint ", ck->manifest_path, " has ", ck->manifest.shards.size(),
+                              " shards, one per pipeline worker, and its stages were given cut (",
+                              c.model.empty() ? "the built-in small CNN's blocks" : "--model's stage files",
+                              "): give ", ck->manifest.shards.size(), " workers per replica, not ", c.workers.size(),
+                              " (a model the master cuts, ResNet50, the GPT or a one-file --model, resumes over "
+                              "any number)"));
+    }
+    auto stages = checkpoint::LoadStageSpecs(*ck);
+    if (!stages.ok()) return stages.status();
+    line.checkpoints.stages = std::move(*stages);
   }
-  auto stages = checkpoint::LoadStageSpecs(*ck);
-  if (!stages.ok()) return stages.status();
-  line.checkpoints.stages = std::move(*stages);
   // The run's checkpoint settings go on, unless the flags say otherwise
   // (a manifest from before they were recorded has keep 0).
   if (ck->manifest.keep > 0) {

@@ -104,18 +104,6 @@ absl::StatusOr<c10::IValue> SampleOf(const RunOptions& c, int64_t rows) {
   return c10::IValue(batch.first.slice(0, 0, std::min<int64_t>(rows, batch.first.size(0))).clone());
 }
 
-// Each layer's forward + backward in milliseconds at `sample`'s rows,
-// averaged over the workers (timed on all at once, as the partition does).
-absl::StatusOr<std::vector<double>> MeanLayerCosts(Agent& agent, const pipeline::SequentialModel& model,
-                                                   const RunOptions& c, const c10::IValue& sample) {
-  ASSIGN_OR_RETURN(auto measured, pipeline::MeasureLayers(agent, model, c.workers, sample, /*repeats=*/2));
-  std::vector<double> mean(model.num_layers(), 0.0);
-  for (const auto& worker : measured) {
-    for (size_t i = 0; i < worker.size() && i < mean.size(); ++i) mean[i] += worker[i] / measured.size();
-  }
-  return mean;
-}
-
 }  // namespace
 
 absl::Status PlanRun(Agent& agent, RunOptions& c, int64_t batch_rows) {
@@ -166,11 +154,11 @@ absl::Status PlanRun(Agent& agent, RunOptions& c, int64_t batch_rows) {
             << absl::StrJoin(c.workers, ", ") << " at once, and a crossing ..." << std::endl;
   ASSIGN_OR_RETURN(const c10::IValue small_sample, SampleOf(c, small));
   RETURN_IF_ERROR(model.Check(small_sample));
-  ASSIGN_OR_RETURN(const std::vector<double> at_small, MeanLayerCosts(agent, model, c, small_sample));
+  ASSIGN_OR_RETURN(const std::vector<double> at_small, pipeline::MeasureMeanLayers(agent, model, c.workers, small_sample, /*repeats=*/2));
   std::vector<pipeline::LayerCost> layers;
   if (large != small) {
     ASSIGN_OR_RETURN(const c10::IValue large_sample, SampleOf(c, large));
-    ASSIGN_OR_RETURN(const std::vector<double> at_large, MeanLayerCosts(agent, model, c, large_sample));
+    ASSIGN_OR_RETURN(const std::vector<double> at_large, pipeline::MeasureMeanLayers(agent, model, c.workers, large_sample, /*repeats=*/2));
     ASSIGN_OR_RETURN(layers, pipeline::FitLayerCosts(at_small, small, at_large, large));
   } else {
     for (double ms : at_small) layers.push_back({0.0, ms / static_cast<double>(small)});  // (one size: no fixed part)

@@ -65,7 +65,7 @@ std::string CheckPlanFlags(RunOptions& c, const Flags& f, bool ps_mode, bool cut
                                                                "the workers as they are")
       : !c.split_at.empty() || !f.split_at.empty() ? "--split-at fixes the cut"
       : c.partition == "tutorial"                  ? "--partition tutorial fixes the cut"
-      : !c.resume.empty() ? "--resume keeps the cut, schedule and count its checkpoint was written under"
+      : !c.resume.empty() ? "--resume keeps the schedule and count its checkpoint was written under"
                           : "";
   if (!why.empty()) {
     if (!c.plan_splits) {
@@ -544,7 +544,7 @@ absl::StatusOr<CommandLine> Check(Flags f) {
                             "'s batch norm needs 2 or more in each: give ", splits_fix, "--batch-size ", 2 * parts,
                             " or more (2 images x ", cut, ")"));
   }
-  if (auto s = CheckCheckpoints(line, f.given); !s.ok()) return s;
+  if (auto s = CheckCheckpoints(line, f.given, cut); !s.ok()) return s;
   // (After --resume auto is resolved: a fresh directory resumes nothing.)
   if (auto e = CheckPlanFlags(c, f, line.ps_mode, cut); !e.empty()) return Bad(e);
   if (auto s = CheckElastic(line); !s.ok()) return s;

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -21,6 +22,7 @@
 #include "autograd/dist_autograd.h"
 #include "base/status_util.h"
 #include "launch/interrupt.h"
+#include "pipeline/schedule.h"
 #include "rpc/agent.h"
 #include "runtime/allocator.h"
 #include "runtime/threads.h"
@@ -206,7 +208,7 @@ absl::Status JoinWorkers(Agent& agent, const RunOptions& c) {
 // cuts them.
 absl::StatusOr<std::vector<pipeline::StageSpec>> ChooseStages(Agent& agent, const RunPlan& line) {
   const RunOptions& c = line.config;
-  if (line.checkpoints.resume) {
+  if (line.checkpoints.resume && !line.checkpoints.relayout) {
     std::printf("resuming %zu stage%s from %s\n", line.checkpoints.stages.size(),
                 line.checkpoints.stages.size() == 1 ? "" : "s",
                 line.checkpoints.resume->dir.c_str());
@@ -216,6 +218,25 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> ChooseStages(Agent& agent, cons
   if (TrainsSmallCnn(c)) return SmallCnnStages(c);
   if (c.model.empty() || c.sequential) return PartitionStages(agent, c);
   return c.scripts;
+}
+
+// --resume under another cut: the checkpoint written again for `stages`
+// (checkpoint::Relayout) in --checkpoint-dir's relayout-step-N (replaced
+// by the next such resume), which the run then loads.
+absl::StatusOr<checkpoint::Checkpoint> MoveCheckpoint(const RunOptions& c, const checkpoint::Checkpoint& ck,
+                                                      const std::vector<pipeline::StageSpec>& stages) {
+  const int n = static_cast<int>(c.workers.size());
+  const std::vector<int> placement = pipeline::StagePlacement(c.schedule, n, static_cast<int>(stages.size()) / n);
+  const std::string dir =
+      (std::filesystem::path(c.checkpoint_dir) / ("relayout-" + std::filesystem::path(ck.dir).filename().string()))
+          .string();
+  auto moved = checkpoint::Relayout(ck, stages, placement, dir);
+  if (!moved.ok()) return Annotate(moved.status(), absl::StrCat("resuming ", ck.dir, " under another cut"));
+  const auto count = [](size_t k, const char* what) { return absl::StrCat(k, " ", what, k == 1 ? "" : "s"); };
+  std::printf("resuming %s (%s over %s) cut again: %s over %s, written to %s\n", ck.dir.c_str(),
+              count(ck.manifest.stages.size(), "stage").c_str(), count(ck.manifest.shards.size(), "worker").c_str(),
+              count(stages.size(), "stage").c_str(), count(c.workers.size(), "worker").c_str(), dir.c_str());
+  return moved;
 }
 
 // --compare-local: the local baseline, trained batch by batch between the
@@ -240,6 +261,11 @@ absl::StatusOr<std::vector<Run>> TrainOverWorkers(Agent& agent, RunPlan& line, c
   }
   auto stages = ChooseStages(agent, line);
   if (!stages.ok()) return stages.status();
+  if (line.checkpoints.relayout) {
+    auto moved = MoveCheckpoint(c, *line.checkpoints.resume, *stages);
+    if (!moved.ok()) return moved.status();
+    line.checkpoints.resume = std::move(*moved);
+  }
   // A directory that cannot be made fails now, before any training.
   if (auto s = train::Checkpoints(checkpoints.Target(c), c.checkpoint_every).Prepare(); !s.ok()) return s;
   std::vector<Run> runs;

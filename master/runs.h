@@ -181,6 +181,10 @@ struct Checkpointing {
   checkpoint::RunIdentity identity;
   std::optional<checkpoint::Checkpoint> resume;
   std::vector<pipeline::StageSpec> stages;  // resume's
+  // Resumed under another cut than the checkpoint's (other workers, or
+  // --split-at): the model is cut as the flags say, and the checkpoint is
+  // written again for that cut (checkpoint::Relayout) before it is loaded.
+  bool relayout = false;
 
   // Where the run saves (--checkpoint-dir, --keep; none when empty).
   train::SaveTarget Target(const RunOptions& c) const {

@@ -410,6 +410,18 @@ absl::StatusOr<std::vector<std::vector<double>>> MeasureLayers(
   return out;
 }
 
+absl::StatusOr<std::vector<double>> MeasureMeanLayers(Agent& agent, const SequentialModel& model,
+                                                      const std::vector<std::string>& workers,
+                                                      const c10::IValue& sample, int repeats) {
+  ASSIGN_OR_RETURN(auto measured, MeasureLayers(agent, model, workers, sample, repeats));
+  std::vector<double> mean(model.num_layers(), 0.0);
+  for (const auto& costs : measured) {
+    if (costs.size() != mean.size()) return absl::InternalError("workers measured different numbers of layers");
+    for (size_t i = 0; i < costs.size(); ++i) mean[i] += costs[i] / static_cast<double>(measured.size());
+  }
+  return mean;
+}
+
 absl::StatusOr<double> MeasureCrossing(Agent& agent, const std::string& worker, const c10::IValue& sample,
                                        int repeats) {
   if (repeats < 1) return absl::InvalidArgumentError("measuring a crossing needs at least one round trip");
@@ -451,14 +463,7 @@ absl::StatusOr<Partitioning> Partition(Agent& agent, const SequentialModel& mode
     ASSIGN_OR_RETURN(p.bounds, SplitAt(model.num_layers(), o.split_at, parts));
   } else {
     RETURN_IF_ERROR(model.Check(o.sample));
-    ASSIGN_OR_RETURN(auto measured, MeasureLayers(agent, model, workers, o.sample, o.repeats));
-    p.layer_ms.assign(model.num_layers(), 0.0);
-    for (const auto& costs : measured) {
-      if (costs.size() != p.layer_ms.size()) {
-        return absl::InternalError("workers measured different numbers of layers");
-      }
-      for (size_t i = 0; i < costs.size(); ++i) p.layer_ms[i] += costs[i] / n;
-    }
+    ASSIGN_OR_RETURN(p.layer_ms, MeasureMeanLayers(agent, model, workers, o.sample, o.repeats));
     if (o.schedule == "zbv") {
       ASSIGN_OR_RETURN(p.bounds, BalancedSplit(p.layer_ms, parts));
     } else {

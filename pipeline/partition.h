@@ -139,6 +139,10 @@ absl::StatusOr<Partitioning> Partition(Agent& agent, const SequentialModel& mode
 absl::StatusOr<std::vector<std::vector<double>>> MeasureLayers(
     Agent& agent, const SequentialModel& model, const std::vector<std::string>& workers,
     const c10::IValue& sample, int repeats = 4);
+// The same averaged over the workers: one cost per layer.
+absl::StatusOr<std::vector<double>> MeasureMeanLayers(Agent& agent, const SequentialModel& model,
+                                                      const std::vector<std::string>& workers,
+                                                      const c10::IValue& sample, int repeats = 4);
 
 // What a micro-batch's crossing from one worker to another costs, in
 // milliseconds: the median of `repeats` round trips to `worker` of a call

@@ -93,15 +93,15 @@ GptBlocksImpl::GptBlocksImpl(int64_t d_model, int64_t heads, int64_t first, int6
     throw std::invalid_argument("GptBlocks: blocks [" + std::to_string(first) + ", " + std::to_string(last) +
                                 ") is no range of blocks");
   }
-  blocks_ = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = first; i < last; ++i) {
-    blocks_->push_back(GptBlock(d_model, heads, static_cast<uint64_t>(seed) * 1000003u + static_cast<uint64_t>(i)));
+    blocks_.push_back(register_module(
+        std::to_string(i), GptBlock(d_model, heads, static_cast<uint64_t>(seed) * 1000003u + static_cast<uint64_t>(i))));
   }
 }
 
 at::Tensor GptBlocksImpl::forward(const at::Tensor& x) {
   at::Tensor h = x;
-  for (const auto& block : *blocks_) h = block->as<GptBlockImpl>()->forward(h);
+  for (GptBlock& block : blocks_) h = block->forward(h);
   return h;
 }
 

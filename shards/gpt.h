@@ -25,9 +25,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include <torch/nn/module.h>
-#include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
@@ -65,7 +66,10 @@ class GptBlocksImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);
 
  private:
-  torch::nn::ModuleList blocks_;
+  // Registered under their index in the whole model ("5.qkv.weight" for
+  // block 5 wherever the stage begins): a checkpoint moves to another cut
+  // by name (checkpoint::Relayout).
+  std::vector<GptBlock> blocks_;
 };
 
 class GptHeadImpl : public torch::nn::Module {
