@@ -1,7 +1,8 @@
 // master --resume under another cut, as a user runs it: the GPT (tied
 // embeddings, Adam) trained over two workers, resumed over three, then
 // over one, each run's losses equal to those of an uninterrupted run of
-// its own cut, step by step.
+// its own cut, step by step. Stages given cut (the small CNN's blocks)
+// resume over their own worker count only, and the error says so.
 #include <stdlib.h>
 
 #include <string>
@@ -10,8 +11,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
+
 #include "launch/cli.h"
 #include "tests/support/master_runs.h"
+#include "tests/support/pipeline_fixtures.h"
 #include "tests/support/test_group.h"
 
 namespace remora {
@@ -76,6 +80,27 @@ TEST(ResumeCut, AGptSavedOverTwoWorkersGoesOnOverThreeThenOneAsUninterruptedRuns
   ASSERT_EQ(resumed_one.size(), 6u) << over_one;
   for (size_t i = 0; i < 6; ++i) EXPECT_EQ(resumed_one[i], one[12 + i]) << "step " << 13 + i;
   unsetenv("TMPDIR");
+}
+
+TEST(ResumeCut, StagesGivenCutResumeOverTheirOwnWorkerCountOnly) {
+  const std::string dir = test_support::FreshDir("resume_given_cut");
+  test_support::WriteToyIdx(dir, 64, 32);  // two batches an epoch
+  const std::string ckpt = dir + "/ckpt";
+  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+  auto workers = test_support::StartWorkers({"w1", "w2"}, addr, "resume_given_cut");
+  auto [code, out] = RunProgram(test_support::MasterArgv("w1,w2", addr, dir, {"--epochs", "1", "--checkpoint-dir",
+                                                                               ckpt}),
+                                absl::Seconds(120));
+  ASSERT_EQ(code, 0) << out;
+  for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
+  // (Refused before any worker is waited for.)
+  auto [refused, why] = RunProgram(
+      test_support::MasterArgv("w1,w2,w3", absl::StrCat("127.0.0.1:", FreePort()), dir,
+                               {"--epochs", "2", "--resume", ckpt}),
+      absl::Seconds(60));
+  EXPECT_EQ(refused, 2) << why;
+  EXPECT_THAT(why, HasSubstr("its stages were given cut (the built-in small CNN's blocks): give 2 workers per "
+                             "replica, not 3"));
 }
 
 }  // namespace
