@@ -62,6 +62,7 @@
 #include "pipeline/fit.h"
 #include "shards/stage_types.h"
 #include "launch/cli.h"
+#include "launch/error_text.h"
 #include "launch/worker_main.h"
 #include "runtime/threads.h"
 
@@ -129,6 +130,7 @@ struct Options {
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   double val_fraction = 0;
   bool once = false, skip_bad_images = false;
+  bool verbose = false;  // TorchScript's interpreter traceback in errors
   // A text's (master's defaults, unless the checkpoint records others).
   int seq_len = 64;
   std::string tokenizer;
@@ -332,8 +334,8 @@ absl::Status Record(const checkpoint::Checkpoint& ck, const Score& score, bool k
 // `test` until the final one (or one: with --once, or given one
 // checkpoint's directory); returns the exit code.
 int Follow(const Options& o, const data::Source& test, int64_t rows) {
-  auto fail = [](const std::string& msg, int rc) {
-    std::cerr << "evaluator: " << msg << "\n";
+  auto fail = [&o](const std::string& msg, int rc) {
+    std::cerr << "evaluator: " << (o.verbose ? msg : launch::WithoutTorchScriptTraceback(msg)) << "\n";
     return rc;
   };
   // One checkpoint's directory (not the job's) gets no newer one: it is
@@ -438,10 +440,13 @@ int Main(int argc, char** argv) {
   flags.AddInt("batch-size", &o.batch_size, "test images per forward pass");
   flags.AddInt("test-rows", &o.test_rows, "evaluate the first N test images only (0: all)");
   flags.AddInt("threads", &o.threads, "intra-op threads");
+  flags.AddBool("verbose", &o.verbose,
+                "print a TorchScript error whole, with the interpreter's traceback (without: PyTorch's message and "
+                "the line it failed at)");
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
-  auto fail = [](const std::string& msg, int rc) {
-    std::cerr << "evaluator: " << msg << "\n";
+  auto fail = [&o](const std::string& msg, int rc) {
+    std::cerr << "evaluator: " << (o.verbose ? msg : launch::WithoutTorchScriptTraceback(msg)) << "\n";
     return rc;
   };
   if (o.dir.empty() || o.dataset.empty()) return fail("--checkpoint-dir and --dataset are required", 2);

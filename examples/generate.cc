@@ -31,6 +31,7 @@
 #include "checkpoint/checkpoint.h"
 #include "data/text.h"
 #include "launch/cli.h"
+#include "launch/error_text.h"
 #include "runtime/threads.h"
 #include "shards/gpt.h"
 #include "shards/protocol.h"
@@ -48,6 +49,7 @@ struct Options {
   int top_k = 0;
   int seed = 0;
   int threads = 1;
+  bool verbose = false;  // TorchScript's interpreter traceback in errors
 };
 
 // `bytes` with every byte that starts no valid UTF-8 character as U+FFFD.
@@ -129,10 +131,13 @@ int Main(int argc, char** argv) {
   flags.AddInt("top-k", &o.top_k, "draw among the K likeliest tokens only (0: all)");
   flags.AddInt("seed", &o.seed, "seed of the draws: the same flags and checkpoint give the same text");
   flags.AddInt("threads", &o.threads, "intra-op threads");
+  flags.AddBool("verbose", &o.verbose,
+                "print a TorchScript error whole, with the interpreter's traceback (without: PyTorch's message and "
+                "the line it failed at)");
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
-  auto fail = [](const std::string& msg, int rc) {
-    std::cerr << "generate: " << msg << "\n";
+  auto fail = [&o](const std::string& msg, int rc) {
+    std::cerr << "generate: " << (o.verbose ? msg : launch::WithoutTorchScriptTraceback(msg)) << "\n";
     return rc;
   };
   if (o.dir.empty()) return fail("--checkpoint-dir is required: the directory master --checkpoint-dir wrote", 2);
