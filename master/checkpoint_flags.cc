@@ -97,7 +97,9 @@ absl::Status CheckCheckpoints(CommandLine& line, const std::set<std::string>& gi
   if (!ck.ok()) return ck.status();
   if (auto s = checkpoint::CheckMatches(*ck, line.checkpoints.identity); !s.ok()) return s;
   const bool other_workers = !line.ps_mode && ck->manifest.shards.size() != c.workers.size();
-  if (cut && !line.ps_mode && (other_workers || !c.split_at.empty())) {
+  const bool other_stages =
+      c.interleave > 0 && ck->manifest.stages.size() != c.workers.size() * static_cast<size_t>(c.interleave);
+  if (cut && !line.ps_mode && (other_workers || other_stages || !c.split_at.empty())) {
     // Cut as the flags say; the checkpoint is written again for that cut
     // once it is made (master/run.cc).
     line.checkpoints.relayout = true;

@@ -23,7 +23,8 @@ absl::Status CheckCheckpointDirIsOurs(const RunOptions& c, bool derived = false)
 // The checkpoint flags, and with --resume the checkpoint itself (read into
 // line.checkpoints); `given`: the flags on the command line; `cut`: the
 // master cuts the model (ResNet50, the GPT, a one-file --model), so that
-// a checkpoint resumes over another worker count or --split-at.
+// a checkpoint resumes over another worker count, --interleave or
+// --split-at.
 absl::Status CheckCheckpoints(CommandLine& line, const std::set<std::string>& given, bool cut);
 // --max-restarts, --rejoin-timeout and --spares.
 absl::Status CheckElastic(const CommandLine& line);

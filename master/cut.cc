@@ -154,11 +154,13 @@ absl::Status PlanRun(Agent& agent, RunOptions& c, int64_t batch_rows) {
             << absl::StrJoin(c.workers, ", ") << " at once, and a crossing ..." << std::endl;
   ASSIGN_OR_RETURN(const c10::IValue small_sample, SampleOf(c, small));
   RETURN_IF_ERROR(model.Check(small_sample));
-  ASSIGN_OR_RETURN(const std::vector<double> at_small, pipeline::MeasureMeanLayers(agent, model, c.workers, small_sample, /*repeats=*/2));
+  ASSIGN_OR_RETURN(const std::vector<double> at_small,
+                   pipeline::MeasureMeanLayers(agent, model, c.workers, small_sample, /*repeats=*/2));
   std::vector<pipeline::LayerCost> layers;
   if (large != small) {
     ASSIGN_OR_RETURN(const c10::IValue large_sample, SampleOf(c, large));
-    ASSIGN_OR_RETURN(const std::vector<double> at_large, pipeline::MeasureMeanLayers(agent, model, c.workers, large_sample, /*repeats=*/2));
+    ASSIGN_OR_RETURN(const std::vector<double> at_large,
+                     pipeline::MeasureMeanLayers(agent, model, c.workers, large_sample, /*repeats=*/2));
     ASSIGN_OR_RETURN(layers, pipeline::FitLayerCosts(at_small, small, at_large, large));
   } else {
     for (double ms : at_small) layers.push_back({0.0, ms / static_cast<double>(small)});  // (one size: no fixed part)

@@ -213,8 +213,8 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
                 "state; they write the files meanwhile and the checkpoint is committed once they are (false: "
                 "the step waits for the files; the final checkpoint always does)");
   flags.AddString("resume", &c.resume,
-                  "go on from the latest checkpoint in this directory (the same flags as the run that wrote it; another "
-                  "worker count or --split-at cuts a model the master cuts again); "
+                  "go on from the latest checkpoint in this directory (the same flags as the run that wrote it; "
+                  "another worker count, --interleave or --split-at cuts a model the master cuts again); "
                   "auto: from the latest in --checkpoint-dir when there is one, else start fresh (for a "
                   "supervisor that restarts the job)");
   flags.AddInt("max-restarts", &c.max_restarts,

@@ -181,8 +181,8 @@ struct Checkpointing {
   checkpoint::RunIdentity identity;
   std::optional<checkpoint::Checkpoint> resume;
   std::vector<pipeline::StageSpec> stages;  // resume's
-  // Resumed under another cut than the checkpoint's (other workers, or
-  // --split-at): the model is cut as the flags say, and the checkpoint is
+  // Resumed under another cut than the checkpoint's (other workers,
+  // --interleave or --split-at): the model is cut as the flags say, and the checkpoint is
   // written again for that cut (checkpoint::Relayout) before it is loaded.
   bool relayout = false;
 

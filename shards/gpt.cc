@@ -94,8 +94,8 @@ GptBlocksImpl::GptBlocksImpl(int64_t d_model, int64_t heads, int64_t first, int6
                                 ") is no range of blocks");
   }
   for (int64_t i = first; i < last; ++i) {
-    blocks_.push_back(register_module(
-        std::to_string(i), GptBlock(d_model, heads, static_cast<uint64_t>(seed) * 1000003u + static_cast<uint64_t>(i))));
+    const uint64_t block_seed = static_cast<uint64_t>(seed) * 1000003u + static_cast<uint64_t>(i);
+    blocks_.push_back(register_module(std::to_string(i), GptBlock(d_model, heads, block_seed)));
   }
 }
 
