@@ -5,9 +5,9 @@
 #include <filesystem>
 #include <map>
 #include <set>
+#include <stdexcept>
 
 #include <ATen/core/Dict.h>
-#include <ATen/core/List.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -15,6 +15,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/shard.h"
+#include "optim/state_dict.h"
 
 namespace remora::checkpoint {
 namespace {
@@ -57,7 +58,7 @@ struct Named {
   std::map<std::string, at::Tensor> tensors;      // parameters and buffers
   std::map<std::string, c10::IValue> optimizer;  // a parameter's state-dict entry
   bool has_optimizer = false;
-  c10::IValue group;  // the hyperparameters (one parameter group), "params" left to fill
+  c10::IValue group;  // the one parameter group's options (its "params" are renumbered)
   std::vector<Shard> shards;  // their generators
 };
 
@@ -104,18 +105,18 @@ absl::StatusOr<Named> ReadNamed(const Checkpoint& ck, const std::vector<StageNam
           path, " holds its optimizer state as LibTorch's archive (written before state dicts): resume it under "
                 "the cut it was written under (the same workers, no --split-at)"));
     }
-    const GenericDict dict = shard.optimizer.toGenericDict();
-    if (!dict.contains("state") || !dict.contains("param_groups") ||
-        dict.at("param_groups").toListRef().size() != 1) {
-      return absl::DataLossError(absl::StrCat(path, ": the optimizer state is not one parameter group's state dict"));
+    GenericDict group(c10::StringType::get(), c10::AnyType::get());
+    try {
+      group = optim::OneParamGroup(shard.optimizer, path.c_str());
+    } catch (const std::invalid_argument& e) {
+      return absl::DataLossError(e.what());
     }
-    const GenericDict group = dict.at("param_groups").toListRef()[0].toGenericDict();
     const size_t listed = group.at("params").toListRef().size();
     if (listed != parameters.size()) {
       return absl::DataLossError(absl::StrCat(path, ": the optimizer numbers ", listed,
                                               " parameters; the shard's stages have ", parameters.size()));
     }
-    const GenericDict state = dict.at("state").toGenericDict();
+    const GenericDict state = shard.optimizer.toGenericDict().at("state").toGenericDict();
     for (const auto& entry : state) {
       const int64_t i = entry.key().toInt();
       if (i < 0 || i >= static_cast<int64_t>(parameters.size())) {
@@ -124,7 +125,7 @@ absl::StatusOr<Named> ReadNamed(const Checkpoint& ck, const std::vector<StageNam
       }
       out.optimizer[parameters[static_cast<size_t>(i)]] = entry.value();
     }
-    if (!out.has_optimizer) out.group = group.copy();
+    if (!out.has_optimizer) out.group = group;
     out.has_optimizer = true;
     out.shards.push_back(std::move(shard));
   }
@@ -162,7 +163,7 @@ absl::StatusOr<Checkpoint> Relayout(const Checkpoint& ck, const std::vector<pipe
   std::vector<Shard> shards(static_cast<size_t>(num_workers));
   for (int w = 0; w < num_workers; ++w) {
     Shard& shard = shards[static_cast<size_t>(w)];
-    c10::List<int64_t> params;
+    int64_t num_parameters = 0;  // the shard's, in its optimizer's numbering
     GenericDict state(c10::IntType::get(), c10::AnyType::get());
     for (int k = 0; k < num_stages; ++k) {
       if (placement[static_cast<size_t>(k)] != w) continue;
@@ -184,23 +185,13 @@ absl::StatusOr<Checkpoint> Relayout(const Checkpoint& ck, const std::vector<pipe
         }
         used.insert(name);
         if (j >= n.parameters || !saved.has_optimizer) continue;
-        const int64_t index = static_cast<int64_t>(params.size());
-        params.push_back(index);
+        const int64_t index = num_parameters++;
         auto entry = saved.optimizer.find(name);
         if (entry == saved.optimizer.end() && name == m.tied_last) entry = saved.optimizer.find(m.tied_first);
         if (entry != saved.optimizer.end()) state.insert(index, entry->second);
       }
     }
-    if (saved.has_optimizer) {
-      GenericDict group = saved.group.toGenericDict().copy();
-      group.insert_or_assign("params", params);
-      c10::impl::GenericList groups(c10::AnyType::get());
-      groups.push_back(group);
-      GenericDict dict(c10::StringType::get(), c10::AnyType::get());
-      dict.insert("state", state);
-      dict.insert("param_groups", groups);
-      shard.optimizer = dict;
-    }
+    if (saved.has_optimizer) shard.optimizer = optim::OneGroupStateDict(state, saved.group, num_parameters);
     // (A worker's generators: the old worker's of the same place, or the
     // last one's where there are more workers now.)
     const Shard& from = saved.shards[std::min(static_cast<size_t>(w), saved.shards.size() - 1)];

@@ -32,6 +32,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "optim/distributed_optimizer.h"
+#include "optim/state_dict.h"
 
 namespace remora::optim {
 namespace {
@@ -262,6 +263,33 @@ void LoadOptimizerState(torch::optim::Optimizer& optimizer, const at::Tensor& by
     return;
   }
   LoadOptimizerStateDict(optimizer, Unpickle(bytes));
+}
+
+GenericDict OneParamGroup(const c10::IValue& dict, const char* what) {
+  if (!dict.isGenericDict()) throw std::invalid_argument(absl::StrCat(what, ": the optimizer state is no dict"));
+  const GenericDict d = dict.toGenericDict();
+  if (!d.contains("state") || !d.contains("param_groups") || d.at("param_groups").toListRef().size() != 1) {
+    throw std::invalid_argument(absl::StrCat(what, ": the optimizer state is not one parameter group's state dict"));
+  }
+  const GenericDict group = d.at("param_groups").toListRef().front().toGenericDict();
+  if (!group.contains("params")) throw std::invalid_argument(absl::StrCat(what, ": its parameter group has no params"));
+  return group;
+}
+
+c10::IValue OneGroupStateDict(const GenericDict& state, const c10::IValue& options, int64_t n) {
+  GenericDict group(c10::StringType::get(), c10::AnyType::get());
+  if (!options.isNone()) {
+    for (const auto& e : options.toGenericDict()) group.insert(e.key(), e.value());
+  }
+  c10::List<int64_t> params;
+  for (int64_t i = 0; i < n; ++i) params.push_back(i);
+  group.insert_or_assign("params", params);
+  c10::impl::GenericList groups(c10::AnyType::get());
+  groups.push_back(group);
+  GenericDict out(c10::StringType::get(), c10::AnyType::get());
+  out.insert("state", state);
+  out.insert("param_groups", groups);
+  return out;
 }
 
 }  // namespace remora::optim

@@ -26,6 +26,7 @@
 #include "base/status_util.h"
 #include "optim/distributed_optimizer.h"
 #include "optim/protocol.h"
+#include "optim/state_dict.h"
 #include "parallel/process_group.h"
 #include "parallel/protocol.h"
 #include "pipeline/runner.h"
@@ -110,11 +111,11 @@ class GradientGroup final : public pipeline::StepParticipant,
       const int64_t j = next[q]++;
       if (shares[q].isNone()) continue;
       const auto share = shares[q].toGenericDict();
-      if (group_options.isNone()) group_options = share.at("param_groups").toListRef()[0];
+      if (group_options.isNone()) group_options = optim::OneParamGroup(shares[q], "consolidating ZeRO-1 shares");
       const auto share_state = share.at("state").toGenericDict();
       if (share_state.contains(j)) state.insert(static_cast<int64_t>(i), share_state.at(j));
     }
-    consolidated_ = StateDict(state, group_options, static_cast<int64_t>(zero_params_.size()));
+    consolidated_ = optim::OneGroupStateDict(state, group_options, static_cast<int64_t>(zero_params_.size()));
   }
 
   // save_state: the state Consolidate gathered (rank 0), once.
@@ -130,9 +131,8 @@ class GradientGroup final : public pipeline::StepParticipant,
   void LoadState(const c10::IValue& whole) {
     const auto d = whole.toGenericDict();
     const auto state = d.at("state").toGenericDict();
-    const auto groups = d.at("param_groups").toListRef();
-    const int64_t saved =
-        groups.empty() ? 0 : static_cast<int64_t>(groups[0].toGenericDict().at("params").toListRef().size());
+    const c10::impl::GenericDict group = optim::OneParamGroup(whole, "loading a ZeRO-1 group's state");
+    const int64_t saved = static_cast<int64_t>(group.at("params").toListRef().size());
     if (saved != static_cast<int64_t>(zero_params_.size())) {
       throw std::invalid_argument(absl::StrCat("the checkpoint's optimizer state covers ", saved,
                                                " parameters; this ZeRO-1 group has ", zero_params_.size()));
@@ -145,7 +145,7 @@ class GradientGroup final : public pipeline::StepParticipant,
       if (state.contains(static_cast<int64_t>(i))) share.insert(j, state.at(static_cast<int64_t>(i)));
       ++j;
     }
-    optim::LoadOptimizerStateDict(*zero_optimizer_, StateDict(share, groups[0], j));
+    optim::LoadOptimizerStateDict(*zero_optimizer_, optim::OneGroupStateDict(share, group, j));
   }
 
   // `t` where the group's collectives take it: on this member's CUDA
@@ -378,23 +378,6 @@ class GradientGroup final : public pipeline::StepParticipant,
   std::vector<int> zero_owner_;
   std::unique_ptr<torch::optim::Optimizer> zero_optimizer_;
   c10::IValue consolidated_;  // rank 0, between Consolidate and SaveState
-
-  // {"state": state, "param_groups": [options with params 0..n-1]}.
-  static c10::IValue StateDict(const c10::impl::GenericDict& state, const c10::IValue& options, int64_t n) {
-    c10::impl::GenericDict group(c10::StringType::get(), c10::AnyType::get());
-    if (!options.isNone()) {
-      for (const auto& e : options.toGenericDict()) group.insert(e.key(), e.value());
-    }
-    c10::List<int64_t> params;
-    for (int64_t i = 0; i < n; ++i) params.push_back(i);
-    group.insert_or_assign("params", params);
-    c10::impl::GenericList groups(c10::AnyType::get());
-    groups.push_back(group);
-    c10::impl::GenericDict out(c10::StringType::get(), c10::AnyType::get());
-    out.insert("state", state);
-    out.insert("param_groups", groups);
-    return out;
-  }
 };
 
 // The CUDA device index of the group's parameters (all on the same one:

@@ -40,6 +40,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using ::testing::Not;
+using test_support::AllStageState;
 using test_support::CompareStages;
 using test_support::FreshDir;
 using test_support::LineStarting;
@@ -232,15 +233,6 @@ std::unique_ptr<pipeline::Pipeline> MakePipeline(Agent& master, const std::vecto
   return pipe.ok() ? std::move(*pipe) : nullptr;
 }
 
-std::vector<at::Tensor> AllState(pipeline::Pipeline& pipe) {
-  std::vector<at::Tensor> out;
-  for (int k = 0; k < pipe.num_stages(); ++k) {
-    const std::vector<at::Tensor> state = pipe.stage_state(k).value();
-    out.insert(out.end(), state.begin(), state.end());
-  }
-  return out;
-}
-
 // Loads shard-0.pt of the pipeline above (worker w1: stage 0, the dropout
 // TorchScript stage `script`, and stage 2, a registered MLP) with Debian's
 // python3-torch, as a Python user would: the stage's state_dict into the
@@ -301,7 +293,7 @@ TEST(Checkpoint, AResumedPipelineEndsBitwiseEqualToOneThatNeverStopped) {
     const absl::Status saved = (*saver)->Save(*pipe, Stages(), id, At(static_cast<int64_t>(i + 1)));
     ASSERT_TRUE(saved.ok()) << saved;
   }
-  const std::vector<at::Tensor> want = AllState(*pipe);
+  const std::vector<at::Tensor> want = AllStageState(*pipe);
   EXPECT_EQ(CompleteSteps(dir), (std::vector<int64_t>{5, 6}));  // --keep 2
   const std::vector<std::vector<at::Tensor>> saved = ReadStageTensors(Latest(dir).value()).value();
   std::vector<at::Tensor> flat;
@@ -336,13 +328,13 @@ TEST(Checkpoint, AResumedPipelineEndsBitwiseEqualToOneThatNeverStopped) {
   EXPECT_EQ((*stages)[1].name, "MLPStage");
   auto resumed = MakePipeline(workers.master(), *stages);
   ASSERT_NE(resumed, nullptr);
-  const std::vector<at::Tensor> fresh = AllState(*resumed);
+  const std::vector<at::Tensor> fresh = AllStageState(*resumed);
   const absl::Status restored = Restore(*resumed, *ck);
   ASSERT_TRUE(restored.ok()) << restored;
-  EXPECT_FALSE(at::equal(AllState(*resumed)[2], fresh[2])) << "Restore loaded the trained weights";
+  EXPECT_FALSE(at::equal(AllStageState(*resumed)[2], fresh[2])) << "Restore loaded the trained weights";
   const double loss = resumed->train_step(data[5].first, data[5].second).value();
   EXPECT_EQ(loss, losses[5]);
-  const std::vector<at::Tensor> got = AllState(*resumed);
+  const std::vector<at::Tensor> got = AllStageState(*resumed);
   ASSERT_EQ(got.size(), want.size());
   for (size_t j = 0; j < want.size(); ++j) EXPECT_TRUE(at::equal(got[j], want[j])) << "tensor " << j;
 
@@ -388,7 +380,7 @@ TEST(Checkpoint, ABackgroundSaveHoldsItsStepsStateAndIsCommittedOnceWritten) {
   auto pipe = MakePipeline(workers.master(), Stages());
   ASSERT_NE(pipe, nullptr);
   ASSERT_TRUE(pipe->train_step(data[0].first, data[0].second).ok());
-  const std::vector<at::Tensor> at_step1 = AllState(*pipe);
+  const std::vector<at::Tensor> at_step1 = AllStageState(*pipe);
   absl::Status saved = (*saver)->Save(*pipe, Stages(), id, At(1), /*final=*/false, /*background=*/true);
   ASSERT_TRUE(saved.ok()) << saved;
   EXPECT_TRUE((*saver)->pending());
@@ -408,7 +400,7 @@ TEST(Checkpoint, ABackgroundSaveHoldsItsStepsStateAndIsCommittedOnceWritten) {
   const std::vector<std::vector<at::Tensor>> read = ReadStageTensors(Latest(dir).value()).value();
   std::vector<at::Tensor> flat;
   for (const auto& stage : read) flat.insert(flat.end(), stage.begin(), stage.end());
-  const std::vector<at::Tensor> now = AllState(*pipe);
+  const std::vector<at::Tensor> now = AllStageState(*pipe);
   ASSERT_EQ(flat.size(), at_step1.size());
   bool moved = false;
   for (size_t j = 0; j < flat.size(); ++j) {

@@ -4,7 +4,10 @@
 // of that cut from the same state (Adam's moments and its schedule's step
 // count included); a cut of another model, or one that leaves part of the
 // model out, is an error naming the tensors.
-#include <filesystem>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <ATen/ops/equal.h>
 #include <gmock/gmock.h>
@@ -20,6 +23,7 @@ namespace remora::checkpoint {
 namespace {
 
 using ::testing::HasSubstr;
+using test_support::AllStageState;
 using test_support::FreshDir;
 
 constexpr int kLayers = 5;
@@ -45,19 +49,30 @@ std::unique_ptr<pipeline::Pipeline> MakePipeline(Agent& master, const std::vecto
   return pipe.ok() ? std::move(*pipe) : nullptr;
 }
 
-// Every stage's parameters and buffers, in stage order: the whole model's.
-std::vector<at::Tensor> AllState(pipeline::Pipeline& pipe) {
-  std::vector<at::Tensor> out;
-  for (int k = 0; k < pipe.num_stages(); ++k) {
-    const std::vector<at::Tensor> state = pipe.stage_state(k).value();
-    out.insert(out.end(), state.begin(), state.end());
-  }
-  return out;
-}
-
 void ExpectSameState(const std::vector<at::Tensor>& got, const std::vector<at::Tensor>& want) {
   ASSERT_EQ(got.size(), want.size());
   for (size_t j = 0; j < want.size(); ++j) EXPECT_TRUE(at::equal(got[j], want[j])) << "tensor " << j;
+}
+
+using Batches = std::vector<std::pair<at::Tensor, at::Tensor>>;
+
+// A pipeline of `stages` over `workers` loaded from `ck`, trained on steps
+// [from, to) of `data`, each loss expected to be `want`'s and the state
+// after them `state`; returned (null when it could not be made or loaded).
+std::unique_ptr<pipeline::Pipeline> GoOn(Agent& master, const std::vector<pipeline::StageSpec>& stages,
+                                         std::vector<std::string> workers, const Checkpoint& ck,
+                                         const Batches& data, size_t from, size_t to,
+                                         const std::vector<double>& want, const std::vector<at::Tensor>& state) {
+  auto pipe = MakePipeline(master, stages, std::move(workers));
+  if (pipe == nullptr) return nullptr;
+  const absl::Status restored = Restore(*pipe, ck);
+  EXPECT_TRUE(restored.ok()) << restored;
+  if (!restored.ok()) return nullptr;
+  for (size_t i = from; i < to; ++i) {
+    EXPECT_EQ(pipe->train_step(data[i].first, data[i].second).value(), want[i]) << "step " << i + 1;
+  }
+  ExpectSameState(AllStageState(*pipe), state);
+  return pipe;
 }
 
 TEST(Relayout, TwoStagesThenFourThenOneGoOnAsAnUninterruptedRunOfEachCut) {
@@ -80,9 +95,9 @@ TEST(Relayout, TwoStagesThenFourThenOneGoOnAsAnUninterruptedRunOfEachCut) {
     ASSERT_NE(pipe, nullptr);
     for (size_t i = 0; i < data.size(); ++i) {
       want.push_back(pipe->train_step(data[i].first, data[i].second).value());
-      if (i == 5) want_at_6 = AllState(*pipe);
+      if (i == 5) want_at_6 = AllStageState(*pipe);
     }
-    want_at_8 = AllState(*pipe);
+    want_at_8 = AllStageState(*pipe);
   }
 
   // Two stages for three steps, saved; the same model from the same start.
@@ -116,14 +131,8 @@ TEST(Relayout, TwoStagesThenFourThenOneGoOnAsAnUninterruptedRunOfEachCut) {
   auto saver4 = Checkpointer::Create(workers.master(), dir4, /*keep=*/1);
   ASSERT_TRUE(saver4.ok()) << saver4.status();
   {
-    auto pipe = MakePipeline(workers.master(), four, {"w1", "w2"});
+    auto pipe = GoOn(workers.master(), four, {"w1", "w2"}, *moved, data, 3, 6, want, want_at_6);
     ASSERT_NE(pipe, nullptr);
-    const absl::Status restored = Restore(*pipe, *moved);
-    ASSERT_TRUE(restored.ok()) << restored;
-    for (size_t i = 3; i < 6; ++i) {
-      EXPECT_EQ(pipe->train_step(data[i].first, data[i].second).value(), want[i]) << "step " << i + 1;
-    }
-    ExpectSameState(AllState(*pipe), want_at_6);
     TrainingState at;
     at.step = 6;
     ASSERT_TRUE((*saver4)->Save(*pipe, four, id, at).ok());
@@ -136,16 +145,7 @@ TEST(Relayout, TwoStagesThenFourThenOneGoOnAsAnUninterruptedRunOfEachCut) {
   auto whole_ck = Relayout(*ck4, one, {0}, FreshDir("relayout_one"));
   ASSERT_TRUE(whole_ck.ok()) << whole_ck.status();
   ASSERT_EQ(whole_ck->manifest.shards.size(), 1u);
-  {
-    auto pipe = MakePipeline(workers.master(), one, {"w2"});
-    ASSERT_NE(pipe, nullptr);
-    const absl::Status restored = Restore(*pipe, *whole_ck);
-    ASSERT_TRUE(restored.ok()) << restored;
-    for (size_t i = 6; i < 8; ++i) {
-      EXPECT_EQ(pipe->train_step(data[i].first, data[i].second).value(), want[i]) << "step " << i + 1;
-    }
-    ExpectSameState(AllState(*pipe), want_at_8);
-  }
+  EXPECT_NE(GoOn(workers.master(), one, {"w2"}, *whole_ck, data, 6, 8, want, want_at_8), nullptr);
   // The evaluator's way reads the moved checkpoint as any other.
   auto loaded = LoadModel(*whole_ck, c10::kCPU);
   ASSERT_TRUE(loaded.ok()) << loaded.status();

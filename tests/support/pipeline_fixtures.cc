@@ -68,6 +68,15 @@ pipeline::StageSpec GptPart(shards::GptArgs shape, int64_t first, int64_t last) 
   return pipeline::StageSpec::Registered(shards::GptArgs::kFunction, EncodeCall(shape));
 }
 
+std::vector<at::Tensor> AllStageState(pipeline::Pipeline& pipe) {
+  std::vector<at::Tensor> out;
+  for (int k = 0; k < pipe.num_stages(); ++k) {
+    const std::vector<at::Tensor> state = pipe.stage_state(k).value();
+    out.insert(out.end(), state.begin(), state.end());
+  }
+  return out;
+}
+
 std::vector<std::pair<at::Tensor, at::Tensor>> RandomBatches(int steps, int rows, int in, int out) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(42);
   std::vector<std::pair<at::Tensor, at::Tensor>> data;

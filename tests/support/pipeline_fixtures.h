@@ -51,6 +51,10 @@ pipeline::StageSpec GptPart(shards::GptArgs shape, int64_t first, int64_t last);
 // 2 layers, seed 5, embedding and head tied.
 shards::GptArgs SmallGpt();
 
+// Every stage's parameters then buffers, stage by stage (the whole model's
+// state, for comparing runs).
+std::vector<at::Tensor> AllStageState(pipeline::Pipeline& pipe);
+
 // `steps` (inputs [rows, in], targets [rows, out]) pairs, seeded.
 std::vector<std::pair<at::Tensor, at::Tensor>> RandomBatches(int steps, int rows, int in, int out);
 
