@@ -143,11 +143,14 @@ absl::StatusOr<Checkpoint> Relayout(const Checkpoint& ck, const std::vector<pipe
         absl::StrCat("relayout: ", stages.size(), " stages and ", placement.size(), " placements"));
   }
   const int num_workers = *std::max_element(placement.begin(), placement.end()) + 1;
-  for (int w = *std::min_element(placement.begin(), placement.end()) < 0 ? -1 : 0; w < num_workers; ++w) {
-    if (w < 0 || std::find(placement.begin(), placement.end(), w) == placement.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("relayout: placement ", absl::StrJoin(placement, ","),
-                                                     " leaves worker ", w, " of ", num_workers, " without a stage"));
-    }
+  const std::set<int> placed(placement.begin(), placement.end());
+  if (*placed.begin() < 0 || static_cast<int>(placed.size()) != num_workers) {
+    int w = 0;
+    while (placed.count(w)) ++w;
+    return absl::InvalidArgumentError(absl::StrCat("relayout: placement ", absl::StrJoin(placement, ","),
+                                                   *placed.begin() < 0 ? " names a worker below 0"
+                                                                       : absl::StrCat(" leaves worker ", w, " of ",
+                                                                                      num_workers, " without a stage")));
   }
   ASSIGN_OR_RETURN(std::vector<pipeline::StageSpec> old_specs, LoadStageSpecs(ck));
   ASSIGN_OR_RETURN(std::vector<StageNames> old_names, NamesOf(old_specs, "the checkpoint's"));

@@ -182,8 +182,9 @@ struct Checkpointing {
   std::optional<checkpoint::Checkpoint> resume;
   std::vector<pipeline::StageSpec> stages;  // resume's
   // Resumed under another cut than the checkpoint's (other workers,
-  // --interleave or --split-at): the model is cut as the flags say, and the checkpoint is
-  // written again for that cut (checkpoint::Relayout) before it is loaded.
+  // --interleave or --split-at): the model is cut as the flags say, and
+  // the checkpoint is written again for that cut (checkpoint::Relayout)
+  // before it is loaded.
   bool relayout = false;
 
   // Where the run saves (--checkpoint-dir, --keep; none when empty).
