@@ -187,20 +187,6 @@ absl::StatusOr<StageSpec> SequentialModel::Stage(int first, int last) const {
 
 namespace {
 
-// "a Float tensor of shape [16, 3, 32, 32]"; a tuple's elements so.
-std::string Describe(const c10::IValue& v) {
-  if (v.isTensor()) {
-    const at::Tensor& t = v.toTensor();
-    return absl::StrCat("a ", c10::toString(t.scalar_type()), " tensor of shape ", c10::str(t.sizes()));
-  }
-  if (v.isTuple()) {
-    std::vector<std::string> parts;
-    for (const auto& e : v.toTupleRef().elements()) parts.push_back(Describe(e));
-    return absl::StrCat("(", absl::StrJoin(parts, ", "), ")");
-  }
-  return absl::StrCat("a ", v.tagKind());
-}
-
 // The last non-empty line of an error: PyTorch's own message, after the
 // TorchScript interpreter's traceback.
 std::string LastLine(absl::string_view message) {
@@ -252,7 +238,7 @@ absl::Status SequentialModel::Check(const c10::IValue& sample) const {
         if (cut_) type.reset();  // (the stage's own class, not the user's)
         return absl::InvalidArgumentError(absl::StrCat(
             label_, ": layer ", i, " ('", layer_name(i), "'", type ? absl::StrCat(", ", type->name()) : "",
-            ") does not take ", i == 0 ? "the input, " : "the previous layer's output, ", Describe(x), ": ",
+            ") does not take ", i == 0 ? "the input, " : "the previous layer's output, ", DescribeValue(x), ": ",
             LastLine(s.message())));
       }
     }

@@ -104,12 +104,19 @@ class ScriptStage final : public StageModule {
   }
   // A received input is a leaf that autograd will not let be written in
   // place: a stage that writes its input gets a copy, whose gradient
-  // flows back to the leaf.
+  // flows back to the leaf. Inputs that its forward does not take (too
+  // many or too few, or one of another type) are said with what the
+  // forward declares, in place of the interpreter's words.
   c10::IValue Forward(const c10::IValue& input) override {
-    if (!writes_input_ || !c10::GradMode::is_enabled()) return m_.forward(ScriptArgs(input));
-    return m_.forward(ScriptArgs(MapTensors(input, [](const at::Tensor& t) {
-      return t.is_leaf() && t.requires_grad() ? t.clone() : t;
-    })));
+    try {
+      if (!writes_input_ || !c10::GradMode::is_enabled()) return m_.forward(ScriptArgs(input));
+      return m_.forward(ScriptArgs(MapTensors(input, [](const at::Tensor& t) {
+        return t.is_leaf() && t.requires_grad() ? t.clone() : t;
+      })));
+    } catch (const std::exception&) {
+      if (std::string why = SignatureMismatch(ScriptArgs(input)); !why.empty()) throw std::invalid_argument(why);
+      throw;
+    }
   }
   // (A tensor held under two paths, nanoGPT's lm_head.weight =
   // wte.weight, is one parameter, under its first path: LibTorch lists it
@@ -133,6 +140,32 @@ class ScriptStage final : public StageModule {
   }
 
  private:
+  // Empty when `args` fit forward's declared inputs (self left out).
+  std::string SignatureMismatch(const std::vector<c10::IValue>& args) const {
+    const std::vector<c10::Argument>& declared = m_.get_method("forward").function().getSchema().arguments();
+    std::vector<std::string> wanted;
+    size_t required = 0;
+    for (size_t i = 1; i < declared.size(); ++i) {
+      wanted.push_back(absl::StrCat(declared[i].name(), ": ", declared[i].type()->annotation_str()));
+      if (!declared[i].default_value()) required = i;
+    }
+    const std::string signature = absl::StrCat("its forward(", absl::StrJoin(wanted, ", "), ")");
+    constexpr absl::string_view kWhatToDo =
+        " (a stage is given what the stage before it returns, a tuple as its elements: cut both from one "
+        "model, or make the two agree)";
+    if (args.size() > wanted.size() || args.size() < required) {
+      return absl::StrCat(signature, " takes ", wanted.size(), wanted.size() == 1 ? " input" : " inputs", ", not ",
+                          args.size(), kWhatToDo);
+    }
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (!args[i].type()->isSubtypeOf(*declared[i + 1].type())) {
+        return absl::StrCat(signature, " declares input ", i, " (", declared[i + 1].name(), ") ",
+                            declared[i + 1].type()->annotation_str(), ", not ", DescribeValue(args[i]), kWhatToDo);
+      }
+    }
+    return "";
+  }
+
   torch::jit::Module m_;
   const bool writes_input_;  // WritesAnArgumentInPlace(m_)
 };
@@ -214,10 +247,12 @@ class Stage {
   // `split_backward`: the backward pass runs as B, then W in its own turn.
   c10::IValue Forward(const c10::IValue& arg, int64_t mb, int64_t context_id, c10::Device device,
                       bool train, bool turn_held = false, bool split_backward = false) {
+    c10::IValue given;  // (what the stage was given, said when it fails)
     try {
       c10::IValue x = MapTensors(ValueOrFetch(arg), [device](const at::Tensor& t) {
         return t.to(device);
       });  // before taking the lane
+      given = x;
       std::optional<c10::AutoGradMode> grad_mode;
       if (!train) grad_mode.emplace(false);
       module_->Train(train);
@@ -269,7 +304,8 @@ class Stage {
     } catch (...) {
       absl::Status s = StatusFromCurrentException(
           absl::StrCat("stage ", index_, " (", label_, ") on worker '", worker_, "', ",
-                       train ? "forward" : "eval", " of micro-batch ", mb));
+                       train ? "forward" : "eval", " of micro-batch ", mb,
+                       given.isNone() ? "" : absl::StrCat(" given ", DescribeValue(given))));
       std::string message(s.message());
       // (LibTorch's batch norm on one row: say what made the row alone.)
       if (absl::StrContains(message, "Expected more than 1 value per channel when training")) {
@@ -429,6 +465,24 @@ std::vector<c10::IValue> ScriptArgs(const c10::IValue& input) {
   std::vector<c10::IValue> args;
   for (const auto& e : input.toTupleRef().elements()) args.push_back(e);
   return args;
+}
+
+std::string DescribeValue(const c10::IValue& v) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined()) return "an undefined tensor";
+    return absl::StrCat("a ", c10::toString(t.scalar_type()), " tensor of shape ", c10::str(t.sizes()));
+  }
+  if (v.isTuple()) {
+    std::vector<std::string> parts;
+    for (const auto& e : v.toTupleRef().elements()) parts.push_back(DescribeValue(e));
+    return absl::StrCat("(", absl::StrJoin(parts, ", "), ")");
+  }
+  if (v.isNone()) return "None";
+  if (v.isInt()) return absl::StrCat("the int ", v.toInt());
+  if (v.isDouble()) return absl::StrCat("the float ", v.toDouble());
+  if (v.isBool()) return v.toBool() ? "the bool True" : "the bool False";
+  return absl::StrCat("a ", v.tagKind());
 }
 
 std::vector<at::Tensor> StateTensors(StageModule& module) {

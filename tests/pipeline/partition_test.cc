@@ -12,6 +12,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <set>
 
 #include <ATen/TensorOperators.h>
@@ -30,6 +31,8 @@
 #include <torch/optim/sgd.h>
 
 #include "absl/strings/str_cat.h"
+#include "parallel/data_parallel.h"
+#include "parallel/process_group.h"
 #include "pipeline/script_cut.h"
 #include "pipeline/stage.h"
 #include "shards/cnn.h"
@@ -536,6 +539,58 @@ TEST(ScriptCut, SeveralTensorsAcrossACutTrainOverWorkersAsOneProcess) {
     }
   }
   EXPECT_LT(want.back(), want.front());
+}
+
+// The GPT cut before its position embedding (the token embeddings and the
+// int64 positions cross as one tuple) under zero-bubble ZB-H1, where the
+// backward pass is split in two, and as two replicas of that pipeline:
+// the same losses as 1F1B, bit for bit, and as one process.
+TEST(ScriptCut, SeveralTensorsAcrossACutTrainUnderZeroBubbleAndAsReplicas) {
+  Workers workers(4);
+  torch::jit::Module whole = ScriptGpt();
+  const std::string bytes = SaveToBytes(whole);
+  auto model = SequentialModel::TorchScript(bytes, "gpt.pt").value();
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  const at::Tensor x = at::randint(11, {8, 8}, gen, at::TensorOptions(at::kLong));
+  const at::Tensor t = at::randint(11, {8, 8}, gen, at::TensorOptions(at::kLong));
+  const std::vector<double> want = OneProcessLosses(bytes, x, t, 3);
+  PartitionOptions given;
+  given.split_at = {1};
+  auto cut = Partition(workers.master(), model, {"w1", "w2"}, given);
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  auto options = [&](const std::string& schedule, std::vector<std::string> names) {
+    PipelineOptions o;
+    o.stages = cut->stages;
+    o.workers = std::move(names);
+    o.micro_batches = 4;
+    o.schedule = schedule;
+    o.loss = LossFn::Named("causal_lm");
+    o.optimizer = optim::OptimizerOptions::SGD(0.05);
+    return o;
+  };
+  std::map<std::string, std::vector<double>> losses;
+  for (const std::string schedule : {"1f1b", "zb1p"}) {
+    auto pipe = Pipeline::Create(workers.master(), options(schedule, {"w1", "w2"}));
+    ASSERT_TRUE(pipe.ok()) << pipe.status();
+    for (size_t i = 0; i < want.size(); ++i) {
+      auto loss = (*pipe)->train_step(x, t);
+      ASSERT_TRUE(loss.ok()) << schedule << ": " << loss.status();
+      losses[schedule].push_back(*loss);
+    }
+  }
+  EXPECT_EQ(losses["zb1p"], losses["1f1b"]);
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(losses["zb1p"][i], want[i], 1e-5 * want[i]) << "step " << i;
+  if (!parallel::HaveGloo()) return;
+  parallel::DataParallelOptions dp;
+  dp.pipeline = options("zb1p", {"w1", "w2", "w3", "w4"});
+  dp.replicas = 2;
+  auto replicas = parallel::DataParallelPipeline::Create(workers.master(), dp);
+  ASSERT_TRUE(replicas.ok()) << replicas.status();
+  for (size_t i = 0; i < want.size(); ++i) {
+    auto loss = (*replicas)->train_step(x, t);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    EXPECT_NEAR(*loss, want[i], 1e-5 * want[i]) << "replicas, step " << i;
+  }
 }
 
 // torchvision's resnet18 exactly as a PyTorch user saves it, where Debian's
