@@ -626,6 +626,7 @@ absl::Status TrainElastic(Agent& agent, const RunOptions& c, const std::vector<p
   o.rejoin_timeout = absl::Seconds(c.rejoin_timeout);
   o.spares = c.spares;
   o.checkpoint_dir = c.checkpoint_dir;
+  o.resumed_from = checkpoints.resume;  // (a --resume cut again is in its own directory)
   train::Elastic elastic(agent, o, run.log);
   std::vector<std::string> workers = c.all_workers;
   bool first = true;

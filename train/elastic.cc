@@ -14,7 +14,10 @@ namespace remora::train {
 using pipeline::UnansweringWorkers;
 
 Elastic::Elastic(Agent& agent, ElasticOptions options, std::shared_ptr<RunLog> log)
-    : agent_(agent), options_(std::move(options)), free_spares_(options_.spares), log_(std::move(log)) {}
+    : agent_(agent), options_(std::move(options)), free_spares_(options_.spares), log_(std::move(log)) {
+  // (A resumed run's steps count on from its checkpoint's.)
+  if (options_.resumed_from) last_step_ = options_.resumed_from->state().step;
+}
 
 absl::Status Elastic::Run(std::vector<std::string>& workers, std::optional<checkpoint::Checkpoint> from,
                           std::ostream& out, const Attempt& attempt) {
@@ -48,7 +51,11 @@ absl::StatusOr<checkpoint::Checkpoint> Elastic::Recover(const absl::Status& fail
                                           restarts_ == 1 ? "y" : "ies", " (--max-restarts ",
                                           options_.max_restarts, "): giving up"));
   }
-  auto latest = checkpoint::Latest(options_.checkpoint_dir);
+  absl::StatusOr<checkpoint::Checkpoint> latest = checkpoint::Latest(options_.checkpoint_dir);
+  if (const auto& resumed = options_.resumed_from;
+      resumed && (!latest.ok() || latest->state().step <= resumed->state().step)) {
+    latest = *resumed;
+  }
   if (!latest.ok()) {
     return Annotate(failure, absl::StrCat("worker ", names, " lost, and there is nothing to go on from: ",
                                           latest.status().message(), "; giving up"));

@@ -56,6 +56,11 @@ struct ElasticOptions {
   std::vector<std::string> spares;
   // Where the run's checkpoints are (the latest complete one is restored).
   std::string checkpoint_dir;
+  // The checkpoint the run went on from, when it may not be the latest of
+  // checkpoint_dir (one from elsewhere, or written again for another cut
+  // beside the one it came from): a recovery goes on from it until the
+  // run has saved a later step.
+  std::optional<checkpoint::Checkpoint> resumed_from;
   // A worker that does not answer a probe within this is lost.
   absl::Duration probe_timeout = absl::Seconds(5);
 };

@@ -6,9 +6,11 @@
 // replicas (ZeRO-1) and with the parameter server; a worker restarted on its own port
 // rejoins as a new process; a job that loses more workers than
 // --max-restarts allows fails saying so; the flags' misuse is refused; a
-// worker that must be restarted fails the probe and exits.
+// worker that must be restarted fails the probe and exits; a job resumed
+// under another cut recovers from the checkpoint written for that cut.
 #include <algorithm>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -421,6 +423,56 @@ TEST(Elastic, ALossBeyondMaxRestartsFailsTheJobSayingSo) {
   EXPECT_THAT(out, HasSubstr("elastic: 'w2' is back"));
   EXPECT_THAT(out, HasSubstr("worker 'w2' lost after 1 recovery (--max-restarts 1): giving up"));
   EXPECT_EQ(job.workers[0]->Wait(absl::Seconds(30)).value_or(-1), 1) << "the master ends the group";
+}
+
+// master --resume under another cut (the GPT saved over two workers, resumed
+// over three), then w2 lost before the run saves a step of its own: the
+// directory's latest checkpoint is still the two-worker cut's, and the
+// recovery goes on from the one written again for three, ending as the
+// resumed run that lost nothing.
+TEST(Elastic, ALossAfterAResumeUnderAnotherCutGoesOnFromTheCheckpointCutAgain) {
+  const std::string text = test_support::WriteText("elastic_cut.txt");
+  const std::string dir = FreshDir("elastic_cut");
+  setenv("TMPDIR", dir.c_str(), 1);  // (the tokens)
+  const std::string ckpt = dir + "/ckpt", whole = dir + "/whole";
+  // Six steps an epoch (48 rows in batches of 8).
+  auto gpt = [&](int epochs, std::vector<std::string> more) {
+    std::vector<std::string> args = {"--dataset", "text:" + text, "--layers", "3", "--d-model", "32", "--heads", "2",
+                                     "--seq-len", "16", "--batch-size", "8", "--train-rows", "48", "--splits", "2",
+                                     "--schedule", "1f1b", "--seed", "5", "--threads", "1", "--epochs",
+                                     std::to_string(epochs)};
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+  };
+  auto [saved, saved_out] = test_support::RunPipeline(2, gpt(1, {"--checkpoint-dir", ckpt}));
+  ASSERT_EQ(saved, 0) << saved_out;
+  auto [resumed, resumed_out] = test_support::RunPipeline(3, gpt(20, {"--resume", ckpt, "--checkpoint-dir", whole}));
+  ASSERT_EQ(resumed, 0) << resumed_out;
+
+  Job job;
+  job.addr = absl::StrCat("127.0.0.1:", FreePort());
+  job.workers = StartWorkers({"w1", "w2", "w3"}, job.addr, "elastic_cut");
+  job.log = TempPath("elastic_cut_master.log");
+  std::vector<std::string> argv = {BinDir() + "/master", "--workers", "w1,w2,w3", "--listen", job.addr};
+  for (const std::string& a : gpt(20, {"--resume", ckpt, "--checkpoint-dir", ckpt, "--checkpoint-every", "1000",
+                                       "--max-restarts", "1", "--rejoin-timeout", "60"})) {
+    argv.push_back(a);
+  }
+  job.master = launch::Subprocess::Spawn(argv, job.log).value();
+  ASSERT_TRUE(Reached(job, "cut again: 3 stages over 3 workers"));
+  ASSERT_TRUE(RestartWhenAwaited(job, 1, "w2", "elastic_cut_again"));
+  const int code = job.master->Wait(absl::Seconds(200)).value_or(-1);
+  const std::string out = ReadFile(job.log);
+  ASSERT_EQ(code, 0) << out;
+  // Both attempts load the checkpoint written for three workers.
+  const std::string loaded = "resumed from " + ckpt + "/relayout-step-00000006: step 6";
+  const size_t first = out.find(loaded);
+  ASSERT_NE(first, std::string::npos) << out;
+  EXPECT_NE(out.find(loaded, first + 1), std::string::npos) << out;
+  EXPECT_THAT(out, HasSubstr("'w2' lost after step 6, back under its name; went on from step 6 (0 trained again"))
+      << out;
+  const StageDifference after = CompareStages(whole, ckpt);
+  EXPECT_TRUE(after.equal || after.largest < 1e-5) << after.largest;
 }
 
 }  // namespace
