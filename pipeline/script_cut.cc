@@ -363,7 +363,10 @@ absl::StatusOr<int> ScriptCut::LayerStartingAt(const std::string& name) const {
         return absl::InvalidArgumentError(absl::StrCat(
             "cannot cut ", g.label, " before ", name, ": it is used inside ",
             inside_call ? absl::StrCat("submodule ", g.calls[i])
-                        : absl::StrCat("a ", OperationName(g.statements[i]), " statement"),
+                        : absl::StrCat(absl::StrContains("aeiou", OperationName(g.statements[i]).substr(0, 1))
+                                           ? "an "
+                                           : "a ",
+                                       OperationName(g.statements[i]), " statement"),
             " (layer ", layer_of(i), ", ", g.names[layer_of(i)], "), which is cut whole; ", nearest(layer_of(i))));
       }
     }

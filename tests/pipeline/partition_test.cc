@@ -440,6 +440,41 @@ TEST(ScriptCut, SplitPointsAreNamedBySubmodulesAndACutInsideOneIsRefused) {
   EXPECT_EQ(names, (std::set<std::string>{"wte.weight"}));
 }
 
+// A cut named inside a branch or a loop of the forward: refused, naming
+// the statement and the layer it is in, with the nearest cut points; the
+// model is still cut around them and runs as the whole does.
+TEST(ScriptCut, ACutInsideABranchOrALoopIsRefusedNamingTheStatement) {
+  torch::jit::Module m("Branchy");
+  for (const char* child : {"first", "pos", "neg", "again", "last"}) {
+    m.register_module(child, test_support::ScriptLinear(4, 4, std::string(child).size(), false));
+  }
+  m.define(
+      "def forward(self, x):\n"
+      "  x = self.first.forward(x)\n"
+      "  if bool(x.sum() > 0):\n"
+      "    x = self.pos.forward(x)\n"
+      "  else:\n"
+      "    x = self.neg.forward(x)\n"
+      "  for _ in range(2):\n"
+      "    x = self.again.forward(x)\n"
+      "  return self.last.forward(x)\n");
+  auto model = SequentialModel::TorchScript(SaveToBytes(m), "branchy.pt");
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::string in_branch(model->LayerNamed("pos").status().message());
+  EXPECT_THAT(in_branch, HasSubstr("cannot cut branchy.pt before pos: it is used inside an if statement (layer "))
+      << in_branch;
+  EXPECT_THAT(in_branch, HasSubstr("), which is cut whole; the nearest cut points are before ")) << in_branch;
+  const std::string in_loop(model->LayerNamed("again").status().message());
+  EXPECT_THAT(in_loop, HasSubstr("cannot cut branchy.pt before again: it is used inside a loop statement (layer "))
+      << in_loop;
+  EXPECT_TRUE(model->LayerNamed("last").ok());
+  const at::Tensor x = at::randn({3, 4});
+  ASSERT_TRUE(model->Check(x).ok()) << model->Check(x);
+  std::vector<int> bounds;
+  for (int i = 0; i <= model->num_layers(); ++i) bounds.push_back(i);
+  EXPECT_TRUE(at::equal(Chain(*model, bounds, x), m.forward({x}).toTensor()));
+}
+
 TEST(ScriptCut, FormsItCannotCutAreClearErrors) {
   torch::jit::Module two("Two");
   two.register_module("fc", ScriptLinear(4, 4, 1, false));
