@@ -185,6 +185,31 @@ TEST(Master, RefusedWorkersFailTheMasterAtOnceNamingThemAndTheJoinedWorkerExits)
   }
 }
 
+// A stage that fails at its first step (stage 1 takes 8 features, stage 0
+// gives 16): master prints remora's words, what the stage was given and
+// PyTorch's message on one line, without the TorchScript interpreter's
+// traceback, which --verbose prints whole.
+TEST(Master, AFailedStageIsOneLineAndVerboseShowsTheTraceback) {
+  const std::string first = TempPath("failing_stage0.pt"), second = TempPath("failing_stage1.pt");
+  test_support::ScriptLinear(12, 16, 1, true).save(first);
+  test_support::ScriptLinear(8, 5, 2, false).save(second);
+  const std::vector<std::string> args = {"--model", first + "," + second, "--input-shape", "12", "--classes", "5",
+                                         "--batches", "1", "--batch-size", "8", "--splits", "2"};
+  auto [code, out] = test_support::RunPipeline(2, args, {}, /*worker_code=*/1);
+  EXPECT_EQ(code, 1) << out;
+  const std::string said = test_support::LineStarting(out, "master: ");
+  EXPECT_THAT(said, HasSubstr("on worker 'worker2', forward of micro-batch 0 given a Float tensor of shape [4, 16]: "
+                              "RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x16 and 8x5) (at `"))
+      << out;
+  EXPECT_THAT(said, HasSubstr("; --verbose shows the TorchScript traceback)")) << out;
+  EXPECT_THAT(out, Not(HasSubstr("Traceback of TorchScript"))) << out;
+  std::vector<std::string> verbose = args;
+  verbose.push_back("--verbose");
+  auto [verbose_code, verbose_out] = test_support::RunPipeline(2, verbose, {}, /*worker_code=*/1);
+  EXPECT_EQ(verbose_code, 1) << verbose_out;
+  EXPECT_THAT(verbose_out, HasSubstr("Traceback of TorchScript")) << verbose_out;
+}
+
 // messages_per_batch counts the batches' requests, not the checkpoints':
 // a run saving after every batch sends the same per batch as one that
 // never saves (save_shard and its RRefs' ChildAccepts once doubled it).
