@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "base/status_util.h"
+#include "pipeline/describe.h"
 #include "pipeline/protocol.h"
 #include "pipeline/script_cut.h"
 #include "pipeline/stage.h"

@@ -30,6 +30,7 @@
 #include "absl/synchronization/mutex.h"
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
+#include "pipeline/describe.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/protocol.h"
 #include "pipeline/recompute.h"

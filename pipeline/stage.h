@@ -110,11 +110,6 @@ absl::Status RegisterStageModule(
 // spreads into its elements, anything else is the one argument.
 std::vector<c10::IValue> ScriptArgs(const c10::IValue& input);
 
-// What a stage was given, for errors: "a Float tensor of shape [16, 3, 32,
-// 32]"; a tuple's elements so, in parentheses; "an int" and the like for
-// anything else.
-std::string DescribeValue(const c10::IValue& v);
-
 // Loads a TorchScript module from the bytes of a file saved with
 // torch.jit.save; InvalidArgument (naming `label`) when they are not one or
 // it has no forward method.
