@@ -131,5 +131,61 @@ TEST(ScriptStage, ACutBeforeAnInPlaceLayerTrainsAsTheWholeModelInOneProcess) {
   ExpectPipelineTrainsAlike(workers.master(), {*s0, *s1}, "1f1b", data, want, params[0]);
 }
 
+// Two stages over w1 and w2, two micro-batches, the MSE loss.
+PipelineOptions TwoOver(StageSpec a, StageSpec b) {
+  PipelineOptions o;
+  o.stages = {std::move(a), std::move(b)};
+  o.workers = {"w1", "w2"};
+  o.micro_batches = 2;
+  o.loss = MseLoss();
+  return o;
+}
+
+void ExpectError(const absl::Status& s, const std::vector<std::string>& parts) {
+  ASSERT_FALSE(s.ok());
+  for (const auto& p : parts) EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr(p));
+}
+
+// Several tensors across a cut that the next stage does not take: the
+// error names the stage, each element it was given and what its forward
+// declares, without the interpreter's traceback.
+TEST(Pipeline, InputsAStageDoesNotTakeAreNamedElementByElement) {
+  test_support::TestWorkers workers;
+  Agent& master = workers.master();
+  // Stage 0 hands on its output and each row's largest column (int64).
+  torch::jit::Module pair("Pair");
+  pair.register_module("fc", test_support::ScriptLinear(8, 16, 1, false));
+  pair.define("def forward(self, x):\n  y = self.fc.forward(x)\n  return y, torch.argmax(y, 1)\n");
+  const StageSpec two_out = StageSpec::TorchScript(test_support::SaveToBytes(pair), "pair.pt");
+  // One tensor only.
+  torch::jit::Module one = test_support::ScriptLinear(16, 4, 2, false);
+  auto one_in =
+      Pipeline::Create(master, TwoOver(two_out, StageSpec::TorchScript(test_support::SaveToBytes(one), "one.pt")));
+  ASSERT_TRUE(one_in.ok()) << one_in.status();
+  absl::Status s = (*one_in)->train_step(at::randn({4, 8}), at::randn({4, 4})).status();
+  ExpectError(s, {"stage 1 (one.pt) on worker 'w2', forward of micro-batch ",
+                  " given (a Float tensor of shape [2, 16], a Long tensor of shape [2]): its forward(x: Tensor) "
+                  "takes 1 input, not 2 (a stage is given what the stage before it returns"});
+  EXPECT_EQ(s.message().find("Traceback"), std::string::npos) << s.message();
+  // Two, the second declared a float.
+  torch::jit::Module scaled("Scaled");
+  scaled.register_module("fc", test_support::ScriptLinear(16, 4, 2, false));
+  scaled.define("def forward(self, x, scale: float):\n  return self.fc.forward(x) * scale\n");
+  auto typed = Pipeline::Create(
+      master, TwoOver(two_out, StageSpec::TorchScript(test_support::SaveToBytes(scaled), "scaled.pt")));
+  ASSERT_TRUE(typed.ok()) << typed.status();
+  ExpectError((*typed)->train_step(at::randn({4, 8}), at::randn({4, 4})).status(),
+              {"stage 1 (scaled.pt) on worker 'w2'", "its forward(x: Tensor, scale: float) declares input 1 "
+               "(scale) float, not a Long tensor of shape [2] (a stage is given"});
+  // A stage that takes both trains.
+  torch::jit::Module both("Both");
+  both.register_module("fc", test_support::ScriptLinear(16, 4, 2, false));
+  both.define("def forward(self, x, top):\n  return self.fc.forward(x) + top.unsqueeze(1).float()\n");
+  auto fine = Pipeline::Create(master,
+                               TwoOver(two_out, StageSpec::TorchScript(test_support::SaveToBytes(both), "both.pt")));
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  EXPECT_TRUE((*fine)->train_step(at::randn({4, 8}), at::randn({4, 4})).ok());
+}
+
 }  // namespace
 }  // namespace remora::pipeline

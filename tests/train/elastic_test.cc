@@ -435,7 +435,8 @@ TEST(Elastic, ALossAfterAResumeUnderAnotherCutGoesOnFromTheCheckpointCutAgain) {
   const std::string dir = FreshDir("elastic_cut");
   setenv("TMPDIR", dir.c_str(), 1);  // (the tokens)
   const std::string ckpt = dir + "/ckpt", whole = dir + "/whole";
-  // Six steps an epoch (48 rows in batches of 8).
+  // Six steps an epoch (48 rows in batches of 8); the resumed runs cut
+  // where --split-at says (a measured cut may differ between them).
   auto gpt = [&](int epochs, std::vector<std::string> more) {
     std::vector<std::string> args = {"--dataset", "text:" + text, "--layers", "3", "--d-model", "32", "--heads", "2",
                                      "--seq-len", "16", "--batch-size", "8", "--train-rows", "48", "--splits", "2",
@@ -446,7 +447,8 @@ TEST(Elastic, ALossAfterAResumeUnderAnotherCutGoesOnFromTheCheckpointCutAgain) {
   };
   auto [saved, saved_out] = test_support::RunPipeline(2, gpt(1, {"--checkpoint-dir", ckpt}));
   ASSERT_EQ(saved, 0) << saved_out;
-  auto [resumed, resumed_out] = test_support::RunPipeline(3, gpt(20, {"--resume", ckpt, "--checkpoint-dir", whole}));
+  auto [resumed, resumed_out] =
+      test_support::RunPipeline(3, gpt(20, {"--resume", ckpt, "--split-at", "2,3", "--checkpoint-dir", whole}));
   ASSERT_EQ(resumed, 0) << resumed_out;
 
   Job job;
@@ -454,8 +456,9 @@ TEST(Elastic, ALossAfterAResumeUnderAnotherCutGoesOnFromTheCheckpointCutAgain) {
   job.workers = StartWorkers({"w1", "w2", "w3"}, job.addr, "elastic_cut");
   job.log = TempPath("elastic_cut_master.log");
   std::vector<std::string> argv = {BinDir() + "/master", "--workers", "w1,w2,w3", "--listen", job.addr};
-  for (const std::string& a : gpt(20, {"--resume", ckpt, "--checkpoint-dir", ckpt, "--checkpoint-every", "1000",
-                                       "--max-restarts", "1", "--rejoin-timeout", "60"})) {
+  for (const std::string& a : gpt(20, {"--resume", ckpt, "--split-at", "2,3", "--checkpoint-dir", ckpt,
+                                       "--checkpoint-every", "1000", "--max-restarts", "1", "--rejoin-timeout",
+                                       "60"})) {
     argv.push_back(a);
   }
   job.master = launch::Subprocess::Spawn(argv, job.log).value();
