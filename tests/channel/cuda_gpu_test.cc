@@ -3,7 +3,10 @@
 // ResNet50 pipeline on GPU workers. Each test skips, saying why, where the
 // GPUs or the channel it needs are missing.
 #include <csignal>
+#include <fstream>
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorOperators.h>
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
@@ -20,6 +23,8 @@
 #include "channel/cuda/cuda_channel.h"
 #include "channel/devices.h"
 #include "rpc/message.h"
+#include "tests/support/master_runs.h"
+#include "tests/support/script_models.h"
 #include "tests/support/test_functions.h"
 #include "tests/support/test_group.h"
 
@@ -407,6 +412,80 @@ TEST(CudaGpu, ResNetPipelineOnGpuWorkersMatchesLocalTraining) {
   for (int b = 0; b < 3; ++b) {
     ASSERT_GT(loss(out, b), 0) << out;
     EXPECT_NEAR(loss(out, b), loss(local_out, b), 2e-2 * loss(local_out, b)) << "batch " << b;
+  }
+}
+
+// A scripted GPT cut where several tensors cross (the token ids, an integer
+// tensor without a gradient, beside the embeddings) on two GPU workers: the
+// tuple goes GPU to GPU over CUDA IPC, each element's gradient (where it
+// has one) comes back, and every epoch's losses are one process's on the
+// GPU.
+TEST(CudaGpu, SeveralTensorsAcrossACutTrainOnGpuWorkersAsInOneProcess) {
+  REMORA_REQUIRE_GPUS(1);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  torch::jit::Module wte("Embedding");
+  wte.register_parameter("weight", at::randn({256, 16}, gen, at::TensorOptions()) * 0.1, false);
+  wte.define("def forward(self, idx):\n  return torch.embedding(self.weight, idx)\n");
+  torch::jit::Module gpt("Gpt");
+  gpt.register_module("wte", wte);
+  gpt.register_parameter("wpe", at::randn({16, 16}, gen, at::TensorOptions()) * 0.1, false);
+  for (int i = 0; i < 2; ++i) {
+    torch::jit::Module block("Block");
+    block.register_module("mlp", test_support::ScriptLinear(16, 16, 60 + i, true));
+    block.define("def forward(self, x):\n  return x + self.mlp.forward(torch.layer_norm(x, [16]))\n");
+    gpt.register_module("h" + std::to_string(i), block);
+  }
+  gpt.register_module("head", test_support::ScriptLinear(16, 256, 70, false));
+  // The cut after wte leaves idx (for the positions) and tok to cross.
+  gpt.define(R"(def forward(self, idx):
+  tok = self.wte.forward(idx)
+  pos = torch.arange(idx.size(1), device=idx.device)
+  x = tok + torch.embedding(self.wpe, pos)
+  x = self.h0.forward(x)
+  x = self.h1.forward(x)
+  return self.head.forward(x)
+)");
+  const std::string model = TempPath("gpu_gpt.pt");
+  gpt.save(model);
+  const std::string text = test_support::WriteText("gpu_gpt.txt");
+  const std::string dir = test_support::FreshDir("gpu_gpt");
+  setenv("TMPDIR", dir.c_str(), 1);  // (the tokens)
+  const std::vector<std::string> common = {"--model", model, "--dataset", "text:" + text, "--seq-len", "16",
+                                           "--batch-size", "8", "--epochs", "2", "--train-rows", "32",
+                                           "--seed", "5", "--splits", "2", "--deterministic"};
+  auto master = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), kBin + "/master");
+    args.insert(args.end(), common.begin(), common.end());
+    return args;
+  };
+  auto [local_code, local_out] = RunProgram(master({"--local", "--device", "cuda:0"}), absl::Seconds(180));
+  ASSERT_EQ(local_code, 0) << local_out;
+  const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
+  setenv("REMORA_DEBUG", "channels", 1);  // the workers log their routes
+  std::vector<std::unique_ptr<launch::Subprocess>> workers;
+  for (const char* name : {"worker1", "worker2"}) {
+    workers.push_back(launch::Subprocess::Spawn({kBin + "/worker", "--name", name, "--master", addr,
+                                              "--device", "cuda:0"},
+                                             TempPath(std::string("gpu_gpt_") + name + ".log"))
+                          .value());
+  }
+  auto [code, out] = RunProgram(master({"--workers", "worker1,worker2", "--listen", addr, "--split-at", "1"}),
+                                absl::Seconds(180));
+  for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
+  unsetenv("REMORA_DEBUG");
+  unsetenv("TMPDIR");
+  ASSERT_EQ(code, 0) << out;
+  // Stage 1 begins with idx.size(1): the token ids cross beside tok.
+  EXPECT_THAT(out, HasSubstr("stage 1 on worker2: size, arange")) << out;
+  std::ifstream log(TempPath("gpu_gpt_worker1.log"));
+  const std::string worker_log((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(worker_log, HasSubstr("-> 'worker2': cuda:0 -> its cuda:0 via cuda_ipc")) << worker_log;
+  const std::vector<double> piped = test_support::EpochField(out, "train_loss");
+  const std::vector<double> local = test_support::EpochField(local_out, "train_loss");
+  ASSERT_EQ(piped.size(), 2u) << out;
+  ASSERT_EQ(local.size(), 2u) << local_out;
+  for (size_t e = 0; e < 2; ++e) {
+    EXPECT_NEAR(piped[e], local[e], 1e-4 * local[e]) << "epoch " << e + 1 << "\n" << out << "\n" << local_out;
   }
 }
 
