@@ -11,6 +11,7 @@
 #include <google/protobuf/util/json_util.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -179,12 +180,19 @@ absl::Status CommitManifest(const wire::Manifest& m, const std::string& dir) {
   return WriteFileAtomically(absl::StrCat(dir, "/", kManifestFile), json);
 }
 
-int64_t StepOf(const fs::path& p) {
+namespace {
+
+// N of a directory named `prefix`N, else -1.
+int64_t NumberAfter(const fs::path& p, absl::string_view prefix) {
   const std::string name = p.filename().string();
-  int64_t step = -1;
-  if (name.rfind("step-", 0) != 0 || !absl::SimpleAtoi(name.substr(5), &step)) return -1;
-  return step;
+  int64_t n = -1;
+  if (!absl::StartsWith(name, prefix) || !absl::SimpleAtoi(name.substr(prefix.size()), &n)) return -1;
+  return n;
 }
+
+}  // namespace
+
+int64_t StepOf(const fs::path& p) { return NumberAfter(p, "step-"); }
 
 std::vector<int64_t> CompleteSteps(const std::string& dir) {
   std::vector<int64_t> steps;
@@ -210,6 +218,10 @@ std::vector<std::string> PrunableDirs(const std::string& dir, int keep) {
     if (step >= 0 && (step < oldest_kept || (incomplete && step < newest))) {
       doomed.push_back(entry.path().string());
     }
+    // A checkpoint written again for another cut (relayout-step-N) goes
+    // with the step it was written from.
+    const int64_t moved = NumberAfter(entry.path(), "relayout-step-");
+    if (moved >= 0 && moved < oldest_kept) doomed.push_back(entry.path().string());
   }
   return doomed;
 }

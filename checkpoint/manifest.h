@@ -42,7 +42,9 @@ wire::Manifest ManifestToWire(const Manifest& m);
 absl::Status CommitManifest(const wire::Manifest& m, const std::string& dir);
 
 // The step directories in `dir` to remove so that `keep` complete
-// checkpoints remain: older ones, and incomplete ones older than the newest.
+// checkpoints remain: older ones, and incomplete ones older than the newest;
+// a relayout-step-N (the master's --resume under another cut) once step N
+// is among the older ones.
 std::vector<std::string> PrunableDirs(const std::string& dir, int keep);
 
 }  // namespace remora::checkpoint

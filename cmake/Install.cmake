@@ -23,6 +23,10 @@ foreach(name ${REMORA_INSTALL_LIBRARIES})
   set_target_properties(remora_${name} PROPERTIES EXPORT_NAME ${name})
   list(APPEND _remora_install_targets remora_${name})
 endforeach()
+# A program of one's own links libstdc++ first too (cmake/StdcxxFirst.cmake).
+if(REMORA_STDCXX_FIRST)
+  target_link_options(remora_base INTERFACE ${REMORA_STDCXX_FIRST})
+endif()
 install(TARGETS ${_remora_install_targets} EXPORT remoraTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(TARGETS worker master evaluator generate remora-launch rpc_demo rpc_bench collective_bench soak RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

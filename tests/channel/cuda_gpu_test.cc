@@ -449,6 +449,9 @@ TEST(CudaGpu, SeveralTensorsAcrossACutTrainOnGpuWorkersAsInOneProcess) {
   gpt.save(model);
   const std::string text = test_support::WriteText("gpu_gpt.txt");
   const std::string dir = test_support::FreshDir("gpu_gpt");
+  // (Named before TMPDIR changes: some GoogleTest releases' TempDir()
+  // follow it.)
+  const std::string worker1_log = TempPath("gpu_gpt_worker1.log"), worker2_log = TempPath("gpu_gpt_worker2.log");
   setenv("TMPDIR", dir.c_str(), 1);  // (the tokens)
   const std::vector<std::string> common = {"--model", model, "--dataset", "text:" + text, "--seq-len", "16",
                                            "--batch-size", "8", "--epochs", "2", "--train-rows", "32",
@@ -463,10 +466,10 @@ TEST(CudaGpu, SeveralTensorsAcrossACutTrainOnGpuWorkersAsInOneProcess) {
   const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
   setenv("REMORA_DEBUG", "channels", 1);  // the workers log their routes
   std::vector<std::unique_ptr<launch::Subprocess>> workers;
-  for (const char* name : {"worker1", "worker2"}) {
+  for (const auto& [name, log] : {std::pair{"worker1", worker1_log}, std::pair{"worker2", worker2_log}}) {
     workers.push_back(launch::Subprocess::Spawn({kBin + "/worker", "--name", name, "--master", addr,
                                               "--device", "cuda:0"},
-                                             TempPath(std::string("gpu_gpt_") + name + ".log"))
+                                             log)
                           .value());
   }
   auto [code, out] = RunProgram(master({"--workers", "worker1,worker2", "--listen", addr, "--split-at", "1"}),
@@ -477,7 +480,7 @@ TEST(CudaGpu, SeveralTensorsAcrossACutTrainOnGpuWorkersAsInOneProcess) {
   ASSERT_EQ(code, 0) << out;
   // Stage 1 begins with idx.size(1): the token ids cross beside tok.
   EXPECT_THAT(out, HasSubstr("stage 1 on worker2: size, arange")) << out;
-  std::ifstream log(TempPath("gpu_gpt_worker1.log"));
+  std::ifstream log(worker1_log);
   const std::string worker_log((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
   EXPECT_THAT(worker_log, HasSubstr("-> 'worker2': cuda:0 -> its cuda:0 via cuda_ipc")) << worker_log;
   const std::vector<double> piped = test_support::EpochField(out, "train_loss");

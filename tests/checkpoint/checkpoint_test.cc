@@ -644,8 +644,10 @@ TEST(CheckpointJob, AJobKilledMidEpochResumesAndEndsEqualToAnUninterruptedOne) {
 // a file is said to be one.
 TEST(Evaluator, AnOutputThatCannotBeWrittenFailsAtOnce) {
   const std::string dir = TempPath("evaluator_not_yet");
+  const std::string data = TempPath("evaluator_toy");
+  test_support::WriteToyIdx(data, 20, 10);
   for (const std::string& output : {std::string("/proc/none/eval.jsonl"), testing::TempDir()}) {
-    auto [code, out] = RunProgram({kBin + "/evaluator", "--checkpoint-dir", dir, "--dataset", "fashion-mnist",
+    auto [code, out] = RunProgram({kBin + "/evaluator", "--checkpoint-dir", dir, "--dataset", "idx:" + data,
                                    "--once", "--output", output});
     EXPECT_EQ(code, 2) << out;
     EXPECT_THAT(out, HasSubstr("cannot write --output " + output)) << out;
@@ -653,18 +655,18 @@ TEST(Evaluator, AnOutputThatCannotBeWrittenFailsAtOnce) {
   const std::string file = TempPath("evaluator_file");
   std::ofstream(file) << "x";
   auto [file_code, file_out] = RunProgram({kBin + "/evaluator", "--checkpoint-dir", file, "--dataset",
-                                           "fashion-mnist", "--once"});
+                                           "idx:" + data, "--once"});
   EXPECT_EQ(file_code, 2) << file_out;
   EXPECT_THAT(file_out, HasSubstr("--checkpoint-dir " + file + " is not a directory")) << file_out;
   // --once on a directory that is not there: a bad value, said before the
   // test set is read; without --once the evaluator waits for the job.
-  auto [code, out] = RunProgram({kBin + "/evaluator", "--checkpoint-dir", dir, "--dataset", "fashion-mnist", "--once"});
+  auto [code, out] = RunProgram({kBin + "/evaluator", "--checkpoint-dir", dir, "--dataset", "idx:" + data, "--once"});
   EXPECT_EQ(code, 2) << out;
   EXPECT_THAT(out, HasSubstr("--checkpoint-dir " + dir + " does not exist: --once evaluates")) << out;
   EXPECT_THAT(out, ::testing::Not(HasSubstr("following"))) << out;
   // Flags for image folders are named as without effect on in-memory data.
   std::filesystem::create_directories(dir);
-  auto [note_code, note_out] = RunProgram({kBin + "/evaluator", "--checkpoint-dir", dir, "--dataset", "fashion-mnist",
+  auto [note_code, note_out] = RunProgram({kBin + "/evaluator", "--checkpoint-dir", dir, "--dataset", "idx:" + data,
                                            "--once", "--image-size", "64", "--test-rows", "10"});
   EXPECT_EQ(note_code, 1) << note_out;
   EXPECT_THAT(note_out, HasSubstr("evaluator: note: --image-size with an in-memory --dataset")) << note_out;
@@ -675,10 +677,9 @@ TEST(Evaluator, AnOutputThatCannotBeWrittenFailsAtOnce) {
 // why the training images are wanted.
 TEST(Evaluator, ATestSetWithoutItsTrainingImagesSaysWhyTheyAreNeeded) {
   const std::string data = TempPath("evaluator_test_images_only");
-  std::filesystem::create_directories(data);
-  for (const char* name : {"t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}) {
-    std::filesystem::copy_file(std::string("/usr/share/datasets/fashion-mnist/") + name, data + "/" + name,
-                               std::filesystem::copy_options::overwrite_existing);
+  test_support::WriteToyIdx(data, 20, 10);
+  for (const char* name : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte"}) {
+    std::filesystem::remove(data + "/" + name);
   }
   std::filesystem::create_directories(TempPath("evaluator_none"));
   auto [code, out] = RunProgram({kBin + "/evaluator", "--checkpoint-dir", TempPath("evaluator_none"), "--dataset",

@@ -4,6 +4,9 @@
 // of that cut from the same state (Adam's moments and its schedule's step
 // count included); a cut of another model, or one that leaves part of the
 // model out, is an error naming the tensors.
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <utility>
@@ -14,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/manifest.h"
 #include "pipeline/partition.h"
 #include "tests/support/master_runs.h"
 #include "tests/support/pipeline_fixtures.h"
@@ -183,6 +187,21 @@ TEST(Relayout, AnotherModelOrAPartOfTheModelIsAnErrorNamingTheTensors) {
   auto gap = Relayout(ck, two, {0, 2}, FreshDir("relayout_gap"));
   EXPECT_EQ(gap.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(gap.status().message()), HasSubstr("leaves worker 1 of 3 without a stage"));
+}
+
+// A checkpoint written again for another cut (the master's
+// relayout-step-N) stays while step N is among the newest kept, and goes
+// with it.
+TEST(Relayout, AMovedCheckpointIsPrunedWithTheStepItWasWrittenFrom) {
+  const std::string dir = FreshDir("relayout_prune");
+  for (const char* name : {"step-00000006", "relayout-step-00000006", "step-00000012", "step-00000018"}) {
+    std::filesystem::create_directories(dir + "/" + name);
+    std::ofstream(dir + "/" + name + "/manifest.json") << "{}";
+  }
+  EXPECT_THAT(PrunableDirs(dir, 3), ::testing::IsEmpty());
+  std::vector<std::string> doomed = PrunableDirs(dir, 2);
+  std::sort(doomed.begin(), doomed.end());
+  EXPECT_THAT(doomed, ::testing::ElementsAre(dir + "/relayout-step-00000006", dir + "/step-00000006"));
 }
 
 }  // namespace
