@@ -222,7 +222,7 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> ChooseStages(Agent& agent, cons
 
 // --resume under another cut: the checkpoint written again for `stages`
 // (checkpoint::Relayout) in --checkpoint-dir's relayout-step-N (replaced
-// by the next such resume), which the run then loads.
+// by the next such resume, pruned with step N), which the run then loads.
 absl::StatusOr<checkpoint::Checkpoint> MoveCheckpoint(const RunOptions& c, const checkpoint::Checkpoint& ck,
                                                       const std::vector<pipeline::StageSpec>& stages) {
   const int n = static_cast<int>(c.workers.size());
