@@ -82,6 +82,37 @@ TEST(ResumeCut, AGptSavedOverTwoWorkersGoesOnOverThreeThenOneAsUninterruptedRuns
   unsetenv("TMPDIR");
 }
 
+// Another --interleave is another cut of the same workers: a GPT saved as
+// 2 stages over two workers (1F1B) goes on as 4 (interleaved), its steps
+// those of a run that never stopped (the schedule changes where the
+// gradients are summed, not what they are).
+TEST(ResumeCut, AnotherInterleaveCutsTheSameWorkersAgainAndGoesOnAsUninterrupted) {
+  const std::string text = test_support::WriteText("resume_interleave.txt");
+  const std::string dir = test_support::FreshDir("resume_interleave");
+  setenv("TMPDIR", dir.c_str(), 1);  // (the tokens)
+  const std::string ckpt = dir + "/ckpt";
+  auto run = [&](int epochs, const std::string& name, std::vector<std::string> more) {
+    std::vector<std::string> args = {"--dataset", "text:" + text, "--layers", "4", "--d-model", "32", "--heads",
+                                     "2", "--seq-len", "16", "--batch-size", "8", "--train-rows", "48",
+                                     "--splits", "2", "--seed", "5", "--epochs", std::to_string(epochs), "--report", dir + "/" + name + ".json"};
+    args.insert(args.end(), more.begin(), more.end());
+    auto [code, out] = test_support::RunPipeline(2, args);
+    EXPECT_EQ(code, 0) << name << "\n" << out;
+    return out;
+  };
+  run(2, "whole", {"--interleave", "1", "--split-at", "3"});
+  run(1, "saved", {"--interleave", "1", "--split-at", "3", "--checkpoint-dir", ckpt});
+  const std::string out = run(2, "resumed", {"--interleave", "2", "--split-at", "2,3,4", "--resume", ckpt});
+  unsetenv("TMPDIR");
+  EXPECT_THAT(out, HasSubstr("(2 stages over 2 workers) cut again: 4 stages over 2 workers")) << out;
+  EXPECT_THAT(out, HasSubstr("schedule interleaved")) << out;
+  const std::vector<double> whole = Losses(dir + "/whole.json");
+  const std::vector<double> resumed = Losses(dir + "/resumed.json");
+  ASSERT_EQ(whole.size(), 12u);
+  ASSERT_EQ(resumed.size(), 6u) << out;
+  test_support::ExpectSameLosses(resumed, std::vector<double>(whole.begin() + 6, whole.end()), "steps 7-12");
+}
+
 TEST(ResumeCut, StagesGivenCutResumeOverTheirOwnWorkerCountOnly) {
   const std::string dir = test_support::FreshDir("resume_given_cut");
   test_support::WriteToyIdx(dir, 64, 32);  // two batches an epoch
