@@ -5,8 +5,6 @@
 #include <csignal>
 #include <fstream>
 
-#include <ATen/CPUGeneratorImpl.h>
-#include <ATen/TensorOperators.h>
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
@@ -422,22 +420,8 @@ TEST(CudaGpu, ResNetPipelineOnGpuWorkersMatchesLocalTraining) {
 // GPU.
 TEST(CudaGpu, SeveralTensorsAcrossACutTrainOnGpuWorkersAsInOneProcess) {
   REMORA_REQUIRE_GPUS(1);
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
-  torch::jit::Module wte("Embedding");
-  wte.register_parameter("weight", at::randn({256, 16}, gen, at::TensorOptions()) * 0.1, false);
-  wte.define("def forward(self, idx):\n  return torch.embedding(self.weight, idx)\n");
-  torch::jit::Module gpt("Gpt");
-  gpt.register_module("wte", wte);
-  gpt.register_parameter("wpe", at::randn({16, 16}, gen, at::TensorOptions()) * 0.1, false);
-  for (int i = 0; i < 2; ++i) {
-    torch::jit::Module block("Block");
-    block.register_module("mlp", test_support::ScriptLinear(16, 16, 60 + i, true));
-    block.define("def forward(self, x):\n  return x + self.mlp.forward(torch.layer_norm(x, [16]))\n");
-    gpt.register_module("h" + std::to_string(i), block);
-  }
-  gpt.register_module("head", test_support::ScriptLinear(16, 256, 70, false));
   // The cut after wte leaves idx (for the positions) and tok to cross.
-  gpt.define(R"(def forward(self, idx):
+  torch::jit::Module gpt = test_support::ScriptByteGpt(R"(def forward(self, idx):
   tok = self.wte.forward(idx)
   pos = torch.arange(idx.size(1), device=idx.device)
   x = tok + torch.embedding(self.wpe, pos)

@@ -196,7 +196,7 @@ TEST(Relayout, AMovedCheckpointIsPrunedWithTheStepItWasWrittenFrom) {
   const std::string dir = FreshDir("relayout_prune");
   for (const char* name : {"step-00000006", "relayout-step-00000006", "step-00000012", "step-00000018"}) {
     std::filesystem::create_directories(dir + "/" + name);
-    std::ofstream(dir + "/" + name + "/manifest.json") << "{}";
+    std::ofstream(dir + "/" + name + "/" + kManifestFile) << "{}";
   }
   EXPECT_THAT(PrunableDirs(dir, 3), ::testing::IsEmpty());
   std::vector<std::string> doomed = PrunableDirs(dir, 2);

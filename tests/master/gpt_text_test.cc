@@ -17,9 +17,6 @@
 #include <string>
 #include <vector>
 
-#include <ATen/CPUGeneratorImpl.h>
-#include <ATen/TensorOperators.h>
-#include <ATen/ops/randn.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/jit/api/module.h>
@@ -221,21 +218,7 @@ TEST(TextMaster, AGptTrainsOverWorkersAsInOneProcessAndReportsPerplexity) {
 // the text as a one-file --model: the master cuts its forward at the
 // blocks and the pipeline's losses are one process's.
 TEST(TextMaster, AScriptedLanguageModelIsCutAtItsBlocksAndTrainsAsInOneProcess) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
-  torch::jit::Module wte("Embedding");
-  wte.register_parameter("weight", at::randn({256, 16}, gen, at::TensorOptions()) * 0.1, false);
-  wte.define("def forward(self, idx):\n  return torch.embedding(self.weight, idx)\n");
-  torch::jit::Module gpt("Gpt");
-  gpt.register_module("wte", wte);
-  gpt.register_parameter("wpe", at::randn({16, 16}, gen, at::TensorOptions()) * 0.1, false);
-  for (int i = 0; i < 2; ++i) {
-    torch::jit::Module block("Block");
-    block.register_module("mlp", test_support::ScriptLinear(16, 16, 60 + i, true));
-    block.define("def forward(self, x):\n  return x + self.mlp.forward(torch.layer_norm(x, [16]))\n");
-    gpt.register_module("h" + std::to_string(i), block);
-  }
-  gpt.register_module("head", test_support::ScriptLinear(16, 256, 70, false));
-  gpt.define(R"(def forward(self, idx):
+  torch::jit::Module gpt = test_support::ScriptByteGpt(R"(def forward(self, idx):
   pos = torch.arange(idx.size(1))
   x = self.wte.forward(idx) + torch.embedding(self.wpe, pos)
   x = self.h0.forward(x)

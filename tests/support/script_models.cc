@@ -36,6 +36,25 @@ torch::jit::Module ScriptSequential(const std::vector<int64_t>& widths, bool res
   return m;
 }
 
+torch::jit::Module ScriptByteGpt(const std::string& forward) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  torch::jit::Module wte("Embedding");
+  wte.register_parameter("weight", at::randn({256, 16}, gen, at::TensorOptions()) * 0.1, false);
+  wte.define("def forward(self, idx):\n  return torch.embedding(self.weight, idx)\n");
+  torch::jit::Module gpt("Gpt");
+  gpt.register_module("wte", wte);
+  gpt.register_parameter("wpe", at::randn({16, 16}, gen, at::TensorOptions()) * 0.1, false);
+  for (int i = 0; i < 2; ++i) {
+    torch::jit::Module block("Block");
+    block.register_module("mlp", ScriptLinear(16, 16, 60 + i, true));
+    block.define("def forward(self, x):\n  return x + self.mlp.forward(torch.layer_norm(x, [16]))\n");
+    gpt.register_module("h" + std::to_string(i), block);
+  }
+  gpt.register_module("head", ScriptLinear(16, 256, 70, false));
+  gpt.define(forward);
+  return gpt;
+}
+
 torch::jit::Module ScriptSmallCnn(int64_t classes, int64_t seed) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   torch::jit::Module m("Sequential");

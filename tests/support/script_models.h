@@ -27,6 +27,12 @@ torch::jit::Module ScriptSequential(const std::vector<int64_t>& widths, bool res
 // a linear layer to `classes`; weights drawn from `seed`.
 torch::jit::Module ScriptSmallCnn(int64_t classes, int64_t seed);
 
+// A small GPT over bytes: wte (256 x 16) and a wpe parameter (16 x 16),
+// blocks h0 and h1 (x + mlp(layer_norm(x))), a head to 256; weights drawn
+// from fixed seeds. `forward` is its forward's TorchScript source (where
+// the positions are made and added decides what crosses a cut).
+torch::jit::Module ScriptByteGpt(const std::string& forward);
+
 // A module's bytes as torch.jit.save writes them, and back.
 std::string SaveToBytes(torch::jit::Module& m);
 torch::jit::Module LoadFromBytes(const std::string& bytes);
