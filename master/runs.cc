@@ -287,6 +287,8 @@ checkpoint::RunIdentity IdentityOf(const RunOptions& c, int splits) {
                                             : "",
                            c.val_fraction > 0 ? absl::StrCat(" val-fraction=", c.val_fraction) : "",
                            c.tokenizer.empty() ? "" : absl::StrCat(" tokenizer=", c.tokenizer),
+                           // (The built-in GPT's is in its model's name.)
+                           ReadsText(c) && !c.model.empty() ? absl::StrCat(" seq-len=", c.seq_len) : "",
                            // (ResNet50's is in its model's name.)
                            ReadsImageFolder(c) && !c.model.empty() ? absl::StrCat(" image-size=", c.image_size) : "");
   }

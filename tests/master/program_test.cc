@@ -210,6 +210,47 @@ TEST(Master, AFailedStageIsOneLineAndVerboseShowsTheTraceback) {
   EXPECT_THAT(verbose_out, HasSubstr("Traceback of TorchScript")) << verbose_out;
 }
 
+// The evaluator meets a model that fails the way the master does
+// (Master.AFailedStageIsOneLineAndVerboseShowsTheTraceback): PyTorch's
+// message and line without the TorchScript traceback, which --verbose
+// shows. The model, a scripted GPT, trains in batches but fails on one row
+// at a time (its narrow needs a second row); the evaluator takes the
+// run's --seq-len from the checkpoint. (generate samples the built-in GPT
+// only: its stages are no TorchScript.)
+TEST(Evaluator, AFailedModelIsOneLineAndVerboseShowsTheTraceback) {
+  torch::jit::Module gpt = test_support::ScriptByteGpt(R"(def forward(self, idx):
+  pos = torch.arange(idx.size(1))
+  x = self.wte.forward(idx) + torch.embedding(self.wpe, pos)
+  x = self.h0.forward(x)
+  x = self.h1.forward(x)
+  return self.head.forward(x) + 0 * torch.narrow(x, 0, 1, 1).sum()
+)");
+  const std::string model = TempPath("failing_gpt.pt");
+  gpt.save(model);
+  const std::string text = test_support::WriteText("failing_gpt.txt");
+  const std::string dir = test_support::FreshDir("failing_gpt");
+  const std::string ckpt = dir + "/ckpt";
+  setenv("TMPDIR", dir.c_str(), 1);  // (the tokens)
+  auto [code, out] = test_support::RunPipeline(2, {"--model", model, "--dataset", "text:" + text, "--seq-len", "16",
+                                                   "--batch-size", "8", "--splits", "2", "--epochs", "1",
+                                                   "--train-rows", "16", "--checkpoint-dir", ckpt});
+  unsetenv("TMPDIR");
+  ASSERT_EQ(code, 0) << out;
+  std::vector<std::string> argv = {kBin + "/evaluator", "--checkpoint-dir", ckpt, "--dataset", "text:" + text,
+                                   "--once", "--batch-size", "1"};
+  auto [failed, said] = RunProgram(argv, absl::Seconds(60));
+  EXPECT_EQ(failed, 1) << said;
+  EXPECT_THAT(said, HasSubstr("evaluator: --seq-len 16")) << said;
+  const std::string line = test_support::LineStarting(said, "evaluator: the model of ");
+  EXPECT_THAT(line, HasSubstr("RuntimeError: start (1) + length (1) exceeds dimension size (1)")) << said;
+  EXPECT_THAT(line, HasSubstr("; --verbose shows the TorchScript traceback)")) << said;
+  EXPECT_THAT(said, Not(HasSubstr("Traceback of TorchScript"))) << said;
+  argv.push_back("--verbose");
+  auto [verbose_failed, verbose_said] = RunProgram(argv, absl::Seconds(60));
+  EXPECT_EQ(verbose_failed, 1) << verbose_said;
+  EXPECT_THAT(verbose_said, HasSubstr("Traceback of TorchScript")) << verbose_said;
+}
+
 // messages_per_batch counts the batches' requests, not the checkpoints':
 // a run saving after every batch sends the same per batch as one that
 // never saves (save_shard and its RRefs' ChildAccepts once doubled it).
