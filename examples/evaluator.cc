@@ -372,7 +372,8 @@ int Follow(const Options& o, const data::Source& test, int64_t rows) {
                    : model.ok() ? Evaluate(*model, test, rows, o.batch_size)
                                 : absl::StatusOr<Score>(model.status());
       if (!skip && model.ok() && !score.ok()) {
-        score = Annotate(score.status(), absl::StrCat("the model of ", ck->dir, " on ", o.dataset, "'s test images"));
+        score = Annotate(score.status(), absl::StrCat("the model of ", ck->dir, " on ", o.dataset,
+                                                      Text(o) ? "'s held-out windows" : "'s test images"));
       }
       if (!score.ok()) {
         if (once || std::filesystem::exists(ck->manifest_path)) return fail(std::string(score.status().message()), 1);
