@@ -487,26 +487,6 @@ TEST(ScriptCut, FormsItCannotCutAreClearErrors) {
   EXPECT_FALSE(ScriptCut::Make(ScriptResNet(), "resnet.pt").value()->IsChainOfChildren());
 }
 
-// The losses of `steps` SGD steps (lr 0.05) of the scripted model `bytes`
-// in this process on (x, t), cross-entropy over every row (and position:
-// the logits' last dimension is the classes').
-std::vector<double> OneProcessLosses(const std::string& bytes, const at::Tensor& x, const at::Tensor& t, int steps) {
-  torch::jit::Module local = LoadFromBytes(bytes);
-  std::vector<at::Tensor> params;
-  for (const at::Tensor& p : local.parameters()) params.push_back(p.requires_grad_(true));
-  torch::optim::SGD opt(params, torch::optim::SGDOptions(0.05));
-  std::vector<double> losses;
-  for (int i = 0; i < steps; ++i) {
-    opt.zero_grad();
-    const at::Tensor logits = local.forward({x}).toTensor();
-    at::Tensor l = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), t.reshape({-1}));
-    l.backward();
-    opt.step();
-    losses.push_back(l.item<double>());
-  }
-  return losses;
-}
-
 // `model` cut before its layers 1, 2 and 3 into four stages, two a worker.
 absl::StatusOr<Partitioning> FourStagesOverTwo(Agent& agent, const SequentialModel& model) {
   PartitionOptions given;
@@ -527,7 +507,7 @@ TEST(ScriptCut, AResNetCutAtEveryBlockTrainsOverWorkersAsOneProcess) {
   // returns NaN from LibTorch 2.6's convolution backward on this VM
   // (docs/cuda-and-libtorch2.md, "Known trap"); the workers stay as built.
   at::globalContext().setUserEnabledMkldnn(false);
-  const std::vector<double> want = OneProcessLosses(bytes, x, t, 3);
+  const std::vector<double> want = test_support::ScriptedLossesInOneProcess(bytes, x, t, 3);
   // Cut before the in-place ReLU and before each residual block: every
   // stage of the four begins at one.
   auto cut = FourStagesOverTwo(workers.master(), model);
@@ -551,7 +531,7 @@ TEST(ScriptCut, SeveralTensorsAcrossACutTrainOverWorkersAsOneProcess) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
   const at::Tensor x = at::randint(11, {4, 8}, gen, at::TensorOptions(at::kLong));
   const at::Tensor t = at::randint(11, {4, 8}, gen, at::TensorOptions(at::kLong));
-  const std::vector<double> want = OneProcessLosses(bytes, x, t, 3);
+  const std::vector<double> want = test_support::ScriptedLossesInOneProcess(bytes, x, t, 3);
   auto cut = FourStagesOverTwo(workers.master(), model);
   ASSERT_TRUE(cut.ok()) << cut.status();
   ASSERT_EQ(cut->stages.size(), 4u);
@@ -588,7 +568,7 @@ TEST(ScriptCut, SeveralTensorsAcrossACutTrainUnderZeroBubbleAndAsReplicas) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
   const at::Tensor x = at::randint(11, {8, 8}, gen, at::TensorOptions(at::kLong));
   const at::Tensor t = at::randint(11, {8, 8}, gen, at::TensorOptions(at::kLong));
-  const std::vector<double> want = OneProcessLosses(bytes, x, t, 3);
+  const std::vector<double> want = test_support::ScriptedLossesInOneProcess(bytes, x, t, 3);
   PartitionOptions given;
   given.split_at = {1};
   auto cut = Partition(workers.master(), model, {"w1", "w2"}, given);

@@ -5,9 +5,11 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/cross_entropy_loss.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/jit/serialization/import.h>
+#include <torch/optim/sgd.h>
 
 namespace remora::test_support {
 
@@ -87,6 +89,24 @@ std::string SaveToBytes(torch::jit::Module& m) {
 torch::jit::Module LoadFromBytes(const std::string& bytes) {
   std::istringstream in(bytes);
   return torch::jit::load(in);
+}
+
+std::vector<double> ScriptedLossesInOneProcess(const std::string& bytes, const at::Tensor& x, const at::Tensor& t,
+                                               int steps) {
+  torch::jit::Module local = LoadFromBytes(bytes);
+  std::vector<at::Tensor> params;
+  for (const at::Tensor& p : local.parameters()) params.push_back(p.requires_grad_(true));
+  torch::optim::SGD opt(params, torch::optim::SGDOptions(0.05));
+  std::vector<double> losses;
+  for (int i = 0; i < steps; ++i) {
+    opt.zero_grad();
+    const at::Tensor logits = local.forward({x}).toTensor();
+    at::Tensor l = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), t.reshape({-1}));
+    l.backward();
+    opt.step();
+    losses.push_back(l.item<double>());
+  }
+  return losses;
 }
 
 }  // namespace remora::test_support

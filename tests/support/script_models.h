@@ -33,6 +33,12 @@ torch::jit::Module ScriptSmallCnn(int64_t classes, int64_t seed);
 // the positions are made and added decides what crosses a cut).
 torch::jit::Module ScriptByteGpt(const std::string& forward);
 
+// The losses of `steps` SGD steps (lr 0.05) of the scripted model `bytes`
+// in this process on (x, t), cross-entropy over every row (and position:
+// the logits' last dimension is the classes').
+std::vector<double> ScriptedLossesInOneProcess(const std::string& bytes, const at::Tensor& x, const at::Tensor& t,
+                                               int steps);
+
 // A module's bytes as torch.jit.save writes them, and back.
 std::string SaveToBytes(torch::jit::Module& m);
 torch::jit::Module LoadFromBytes(const std::string& bytes);
