@@ -1,9 +1,9 @@
 // torchvision's models exactly as a PyTorch user saves them
 // (torch.jit.script(model).save(path)), cut by the master's partitioner
-// into 2 and into 4 stages over two workers and trained: every batch's
-// loss is one process's (`master --local --threads 1`, the same
-// micro-batches). Skipped where Debian's python3-torchvision is not
-// installed (`./run test` installs it).
+// into 2 and into 4 stages over two workers (and resnet18 by hand into 8)
+// and trained: every batch's loss is one process's (`master --local
+// --threads 1`, the same micro-batches). Skipped where Debian's
+// python3-torchvision is not installed (`./run test` installs it).
 #include <unistd.h>
 
 #include <cstdlib>
@@ -34,7 +34,10 @@ std::string SaveTorchvisionModel(const std::string& name, const std::string& arg
   return std::system(script.c_str()) == 0 ? path : "";
 }
 
-void TrainsOverWorkersAsInOneProcess(const std::string& name, const std::string& args) {
+// `cuts`: each a pipeline's extra flags and its stage count.
+using Cuts = std::vector<std::pair<std::vector<std::string>, int>>;
+
+void TrainsOverWorkersAsInOneProcess(const std::string& name, const std::string& args, const Cuts& cuts) {
   const std::string model = SaveTorchvisionModel(name, args);
   if (model.empty()) GTEST_SKIP() << "no python3-torchvision (apt-get install python3-torchvision)";
   // Random 32x32 images, batches of 8 in 2 micro-batches, 10 steps, SGD.
@@ -43,13 +46,13 @@ void TrainsOverWorkersAsInOneProcess(const std::string& name, const std::string&
   const std::vector<std::vector<double>> local = test_support::LocalLosses(common, name + "_local");
   ASSERT_EQ(local.size(), 1u);
   ASSERT_EQ(local[0].size(), 10u);
-  for (const char* interleave : {"1", "2"}) {
-    const std::string report = TempPath(absl::StrCat(name, "_", interleave, ".json"));
+  for (const auto& [flags, stages] : cuts) {
+    const std::string report = TempPath(absl::StrCat(name, "_", stages, ".json"));
     std::vector<std::string> args = common;
-    args.insert(args.end(), {"--interleave", interleave, "--report", report});
+    args.insert(args.end(), flags.begin(), flags.end());
+    args.insert(args.end(), {"--report", report});
     auto [code, out] = test_support::RunPipeline(2, args);
     ASSERT_EQ(code, 0) << out;
-    const int stages = interleave[0] == '1' ? 2 : 4;
     EXPECT_THAT(out, HasSubstr(absl::StrCat("over 2 workers, ", stages, " stages"))) << out;
     const std::vector<std::vector<double>> piped = test_support::ReportLosses(ReadFile(report));
     ASSERT_EQ(piped.size(), 1u) << out;
@@ -57,15 +60,23 @@ void TrainsOverWorkersAsInOneProcess(const std::string& name, const std::string&
   }
 }
 
-TEST(Torchvision, ResNet18AsSavedTrainsIn2And4StagesAsInOneProcess) {
-  TrainsOverWorkersAsInOneProcess("resnet18", "num_classes=10");
+// Also cut by hand where a stage begins with torchvision's in-place ReLU
+// (the stem's, applied to the received input) and at six of its eight
+// residual blocks: 8 stages, 4 a worker.
+TEST(Torchvision, ResNet18AsSavedTrainsIn2And4StagesAndCutAtItsBlocksAsInOneProcess) {
+  TrainsOverWorkersAsInOneProcess(
+      "resnet18", "num_classes=10",
+      {{{"--interleave", "1"}, 2},
+       {{"--interleave", "2"}, 4},
+       {{"--interleave", "4", "--split-at", "relu,layer1.1,layer2.0,layer2.1,layer3.0,layer3.1,layer4.0"}, 8}});
 }
 
 // Without its classifier's dropout: a worker draws its dropout masks from
 // a generator of its own, not the one process's (so with dropout the
 // pipeline's losses are its own, equal at 2 and at 4 stages).
 TEST(Torchvision, MobileNetV2AsSavedTrainsIn2And4StagesAsInOneProcess) {
-  TrainsOverWorkersAsInOneProcess("mobilenet_v2", "num_classes=10, dropout=0.0");
+  TrainsOverWorkersAsInOneProcess("mobilenet_v2", "num_classes=10, dropout=0.0",
+                                  {{{"--interleave", "1"}, 2}, {{"--interleave", "2"}, 4}});
 }
 
 }  // namespace
