@@ -20,7 +20,10 @@
 #include <ATen/core/Dict.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/core/List.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -281,6 +284,73 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return out.str();
 }
 
+namespace {
+
+// `v` with every list and dict made generic (elements of type Any), nested
+// ones too, so that LibTorch's pickler writes them as plain Python lists and
+// dicts rather than through torch.jit._pickle's build_intlist and friends.
+c10::IValue Untyped(const c10::IValue& v) {
+  if (v.isList()) {
+    c10::impl::GenericList out(c10::AnyType::get());
+    for (const c10::IValue& e : v.toListRef()) out.push_back(Untyped(e));
+    return out;
+  }
+  if (v.isGenericDict()) {
+    c10::impl::GenericDict out(c10::AnyType::get(), c10::AnyType::get());
+    for (const auto& e : v.toGenericDict()) out.insert(Untyped(e.key()), Untyped(e.value()));
+    return out;
+  }
+  if (v.isTuple()) {
+    std::vector<c10::IValue> elements;
+    for (const c10::IValue& e : v.toTupleRef().elements()) elements.push_back(Untyped(e));
+    return c10::ivalue::Tuple::create(std::move(elements));
+  }
+  return v;
+}
+
+// torch.save's zip format, as torch::jit::pickle_save writes it, but without
+// the type tags (torch.jit._pickle.restore_type_tag) LibTorch puts on every
+// list and dict: PyTorch 2.6 and later load with weights_only=True by default
+// and refuse those globals, so a tagged shard would need
+// torch.load(..., weights_only=False). Untagged, the archive names only what a
+// weights-only load allows (tensor rebuilds, storages, OrderedDict).
+std::string SaveForTorchLoad(const c10::IValue& value) {
+  std::vector<char> pickled;
+  torch::jit::Pickler pickler([&](const char* bytes, size_t n) { pickled.insert(pickled.end(), bytes, bytes + n); },
+                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr,
+                              /*memoized_class_types=*/nullptr, /*get_tensor_id=*/nullptr,
+                              /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(Untyped(value));
+  pickler.stop();
+  std::string out;
+  {
+    caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, size_t n) -> size_t {
+      out.append(static_cast<const char*>(bytes), n);
+      return n;
+    });
+    torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(), writer);
+    writer.writeEndOfFile();
+  }
+  return out;
+}
+
+// The elements of a list that was saved typed (List[int], List[Tensor]) or
+// untyped (as SaveForTorchLoad writes it).
+std::vector<int64_t> IntsOf(const c10::IValue& list) {
+  std::vector<int64_t> out;
+  for (const c10::IValue& e : list.toListRef()) out.push_back(e.toInt());
+  return out;
+}
+
+std::vector<at::Tensor> TensorsOf(const c10::IValue& list) {
+  std::vector<at::Tensor> out;
+  for (const c10::IValue& e : list.toListRef()) out.push_back(e.toTensor());
+  return out;
+}
+
+}  // namespace
+
 std::string EncodeShard(const Shard& shard) {
   if (!shard.names.empty() && shard.names.size() != shard.tensors.size()) {
     throw std::invalid_argument(absl::StrCat("checkpoint shard: ", shard.tensors.size(), " stages' tensors but ",
@@ -315,8 +385,7 @@ std::string EncodeShard(const Shard& shard) {
   d.insert("optimizer", shard.optimizer);
   d.insert("rng", shard.rng);
   d.insert("cuda_rng", c10::List<at::Tensor>(shard.cuda_rng));
-  const std::vector<char> bytes = torch::jit::pickle_save(d);
-  return std::string(bytes.begin(), bytes.end());
+  return SaveForTorchLoad(d);
 }
 
 absl::StatusOr<Shard> DecodeShard(const std::string& bytes, const std::string& label) {
@@ -329,9 +398,9 @@ absl::StatusOr<Shard> DecodeShard(const std::string& bytes, const std::string& l
                                                      " is not 1 or 2 (written by a newer remora?)"));
     }
     Shard shard;
-    shard.stages = d.at("stages").toIntVector();
+    shard.stages = IntsOf(d.at("stages"));
     if (format == 1) {
-      for (const c10::IValue& t : d.at("tensors").toListRef()) shard.tensors.push_back(t.toTensorVector());
+      for (const c10::IValue& t : d.at("tensors").toListRef()) shard.tensors.push_back(TensorsOf(t));
       // LibTorch's optimizer archive, as optim::LoadOptimizerState still takes.
       shard.optimizer = d.at("optimizer");
     } else {
@@ -349,7 +418,7 @@ absl::StatusOr<Shard> DecodeShard(const std::string& bytes, const std::string& l
     }
     shard.rng = d.at("rng").toTensor();
     // (Shards written before CUDA generators were saved lack the entry.)
-    if (d.contains("cuda_rng")) shard.cuda_rng = d.at("cuda_rng").toTensorVector();
+    if (d.contains("cuda_rng")) shard.cuda_rng = TensorsOf(d.at("cuda_rng"));
     if (shard.tensors.size() != shard.stages.size()) {
       return absl::DataLossError(absl::StrCat(label, ": ", shard.stages.size(), " stages but ",
                                               shard.tensors.size(), " tensor lists"));

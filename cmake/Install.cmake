@@ -45,7 +45,7 @@ set(REMORA_PUBLIC_HEADERS
     autograd/dist_autograd.h
     optim/distributed_optimizer.h optim/lr_schedule.h
     data/datasets.h data/imagefolder.h data/source.h
-    pipeline/fit.h pipeline/microbatch.h pipeline/partition.h pipeline/pipeline.h pipeline/schedule.h
+    pipeline/fit.h pipeline/microbatch.h pipeline/partition.h pipeline/pipeline.h pipeline/planner.h pipeline/schedule.h
     pipeline/stage.h pipeline/worker_data.h
     parallel/data_parallel.h parallel/process_group.h
     checkpoint/checkpoint.h

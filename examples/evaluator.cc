@@ -81,9 +81,10 @@ struct Score {
 };
 
 // Accuracy, top-5 accuracy and mean cross-entropy of `model` (stages
-// applied in turn) on the first `rows` rows of `set`.
+// applied in turn) on the first `rows` rows of `set`; `text`: the rows are
+// a language model's windows (for the hint on a failure).
 absl::StatusOr<Score> Evaluate(std::vector<std::unique_ptr<pipeline::StageModule>>& model,
-                               const data::Source& set, int64_t rows, int64_t batch_size) {
+                               const data::Source& set, int64_t rows, int64_t batch_size, bool text) {
   c10::NoGradGuard no_grad;
   pipeline::Correct right;
   double loss_sum = 0;
@@ -115,7 +116,8 @@ absl::StatusOr<Score> Evaluate(std::vector<std::unique_ptr<pipeline::StageModule
       loss_sum += at::cross_entropy_loss(logits, labels).item<double>() * n;
     }
   } catch (...) {
-    return StatusFromCurrentException("evaluating the model (is --dataset the training's, and --image-size?)");
+    return StatusFromCurrentException(text ? "evaluating the model (is --dataset the training's, and --seq-len?)"
+                                           : "evaluating the model (is --dataset the training's, and --image-size?)");
   }
   if (right.rows == 0) return absl::InvalidArgumentError("evaluating the model: no test image could be read");
   return Score{right.accuracy(), UnsignedNan(loss_sum / right.counted()), right.top5_accuracy(), skipped,
@@ -369,7 +371,7 @@ int Follow(const Options& o, const data::Source& test, int64_t rows) {
                         : checkpoint::LoadModel(*ck, c10::kCPU);
       auto score = known   ? absl::StatusOr<Score>(*known)
                    : again ? absl::StatusOr<Score>(done_score)
-                   : model.ok() ? Evaluate(*model, test, rows, o.batch_size)
+                   : model.ok() ? Evaluate(*model, test, rows, o.batch_size, Text(o))
                                 : absl::StatusOr<Score>(model.status());
       if (!skip && model.ok() && !score.ok()) {
         score = Annotate(score.status(), absl::StrCat("the model of ", ck->dir, " on ", o.dataset,

@@ -149,29 +149,49 @@ absl::Status PlanRun(Agent& agent, RunOptions& c, int64_t batch_rows) {
   const int most = *std::max_element(o.micro_batches.begin(), o.micro_batches.end());
   const int64_t small = std::max<int64_t>(1, std::min<int64_t>(16, o.batch_rows / most));
   const int64_t large = std::min<int64_t>(o.batch_rows, 4 * small);
-  std::cout << "planning: timing each layer of " << model.label() << " (forward + backward) at " << small
+  std::cout << "planning: timing each layer of " << model.label() << " (forward, B and W) at " << small
             << (large != small ? absl::StrCat(" and ", large) : std::string()) << " rows on "
             << absl::StrJoin(c.workers, ", ") << " at once, and a crossing ..." << std::endl;
   ASSIGN_OR_RETURN(const c10::IValue small_sample, SampleOf(c, small));
   RETURN_IF_ERROR(model.Check(small_sample));
-  ASSIGN_OR_RETURN(const std::vector<double> at_small,
+  ASSIGN_OR_RETURN(const pipeline::LayerTimes at_small,
                    pipeline::MeasureMeanLayers(agent, model, c.workers, small_sample, /*repeats=*/2));
+  pipeline::LayerTimes at_large = at_small;
   std::vector<pipeline::LayerCost> layers;
   if (large != small) {
     ASSIGN_OR_RETURN(const c10::IValue large_sample, SampleOf(c, large));
-    ASSIGN_OR_RETURN(const std::vector<double> at_large,
-                     pipeline::MeasureMeanLayers(agent, model, c.workers, large_sample, /*repeats=*/2));
+    ASSIGN_OR_RETURN(at_large, pipeline::MeasureMeanLayers(agent, model, c.workers, large_sample, /*repeats=*/2));
     ASSIGN_OR_RETURN(layers, pipeline::FitLayerCosts(at_small, small, at_large, large));
-  } else {
-    for (double ms : at_small) layers.push_back({0.0, ms / static_cast<double>(small)});  // (one size: no fixed part)
+  } else {  // (one size: no fixed part)
+    const std::vector<double> total = at_small.Total();
+    for (size_t i = 0; i < total.size(); ++i) {
+      pipeline::LayerCost l{0.0, total[i] / static_cast<double>(small)};
+      if (total[i] > 0) {
+        l.forward_share = at_small.forward_ms[i] / total[i];
+        l.input_share = at_small.input_ms[i] / total[i];
+      }
+      layers.push_back(l);
+    }
   }
+  // The parts' shares of every layer timed, for the table's heading.
+  double parts[3] = {0, 0, 0};
+  const pipeline::LayerTimes* timed[] = {&at_small, &at_large};
+  for (const pipeline::LayerTimes* t : timed) {
+    for (size_t i = 0; i < t->forward_ms.size(); ++i) {
+      parts[0] += t->forward_ms[i];
+      parts[1] += t->input_ms[i];
+      parts[2] += t->weight_ms[i];
+    }
+  }
+  const double all = std::max(1e-12, parts[0] + parts[1] + parts[2]);
   if (n > 1) {
     ASSIGN_OR_RETURN(o.crossing_ms, pipeline::MeasureCrossing(agent, c.workers[0], small_sample));
   }
   ASSIGN_OR_RETURN(const pipeline::Plan plan, pipeline::MakePlan(layers, o));
   const pipeline::Candidate& best = plan.best();
-  std::cout << absl::StrFormat("plan (a crossing %.2f ms; F, B and W a third of each layer's time each):\n",
-                               o.crossing_ms)
+  std::cout << absl::StrFormat("plan (a crossing %.2f ms; of the layers' time as timed, F %.0f%%, B %.0f%%, "
+                               "W %.0f%%):\n",
+                               o.crossing_ms, 100 * parts[0] / all, 100 * parts[1] / all, 100 * parts[2] / all)
             << plan.Describe()
             << absl::StrFormat("plan: --schedule %s --splits %d, predicted %.1f ms a step\n", best.schedule,
                                best.micro_batches, best.step_ms)

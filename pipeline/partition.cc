@@ -368,9 +368,9 @@ absl::StatusOr<std::vector<int>> SplitAt(int num_layers, const std::vector<int>&
 
 // --- Partition --------------------------------------------------------------------
 
-absl::StatusOr<std::vector<std::vector<double>>> MeasureLayers(
-    Agent& agent, const SequentialModel& model, const std::vector<std::string>& workers,
-    const c10::IValue& sample, int repeats) {
+absl::StatusOr<std::vector<LayerTimes>> MeasureLayers(Agent& agent, const SequentialModel& model,
+                                                      const std::vector<std::string>& workers,
+                                                      const c10::IValue& sample, int repeats) {
   if (sample.isNone()) {
     return absl::InvalidArgumentError(
         "measuring layers needs a sample micro-batch of inputs (PartitionOptions::sample)");
@@ -389,22 +389,36 @@ absl::StatusOr<std::vector<std::vector<double>>> MeasureLayers(
     pending.push_back(agent.rpc_async(w, LayerCostsRequest::kFunction, EncodeCall(request),
                                       CallOptions{absl::Minutes(10)}));
   }
-  ASSIGN_OR_RETURN(std::vector<c10::IValue> costs, WaitAll(pending, [&](size_t w) {
-                     return absl::StrCat("measuring the layers of ", model.label(), " on worker '", workers[w], "'");
-                   }));
-  std::vector<std::vector<double>> out;
-  for (const c10::IValue& c : costs) out.push_back(c.toDoubleVector());
+  const auto where = [&](size_t w) {
+    return absl::StrCat("measuring the layers of ", model.label(), " on worker '", workers[w], "'");
+  };
+  ASSIGN_OR_RETURN(std::vector<c10::IValue> replies, WaitAll(pending, where));
+  std::vector<LayerTimes> out;
+  for (size_t w = 0; w < replies.size(); ++w) {
+    absl::StatusOr<LayerCostsReply> r = DecodeTuple<LayerCostsReply>(replies[w]);
+    if (!r.ok()) return Annotate(r.status(), where(w));
+    const size_t n = static_cast<size_t>(model.num_layers());
+    if (r->forward_ms.size() != n || r->input_ms.size() != n || r->weight_ms.size() != n) {
+      return absl::InternalError(absl::StrCat(where(w), ": ", r->forward_ms.size(), " layers timed, not ", n));
+    }
+    out.push_back({std::move(r->forward_ms), std::move(r->input_ms), std::move(r->weight_ms)});
+  }
   return out;
 }
 
-absl::StatusOr<std::vector<double>> MeasureMeanLayers(Agent& agent, const SequentialModel& model,
-                                                      const std::vector<std::string>& workers,
-                                                      const c10::IValue& sample, int repeats) {
-  ASSIGN_OR_RETURN(auto measured, MeasureLayers(agent, model, workers, sample, repeats));
-  std::vector<double> mean(model.num_layers(), 0.0);
-  for (const auto& costs : measured) {
-    if (costs.size() != mean.size()) return absl::InternalError("workers measured different numbers of layers");
-    for (size_t i = 0; i < costs.size(); ++i) mean[i] += costs[i] / static_cast<double>(measured.size());
+absl::StatusOr<LayerTimes> MeasureMeanLayers(Agent& agent, const SequentialModel& model,
+                                             const std::vector<std::string>& workers, const c10::IValue& sample,
+                                             int repeats) {
+  ASSIGN_OR_RETURN(const std::vector<LayerTimes> measured, MeasureLayers(agent, model, workers, sample, repeats));
+  const size_t n = static_cast<size_t>(model.num_layers());
+  LayerTimes mean{std::vector<double>(n, 0.0), std::vector<double>(n, 0.0), std::vector<double>(n, 0.0)};
+  const double share = 1.0 / static_cast<double>(measured.size());
+  for (const LayerTimes& t : measured) {
+    for (size_t i = 0; i < n; ++i) {
+      mean.forward_ms[i] += t.forward_ms[i] * share;
+      mean.input_ms[i] += t.input_ms[i] * share;
+      mean.weight_ms[i] += t.weight_ms[i] * share;
+    }
   }
   return mean;
 }
@@ -450,7 +464,8 @@ absl::StatusOr<Partitioning> Partition(Agent& agent, const SequentialModel& mode
     ASSIGN_OR_RETURN(p.bounds, SplitAt(model.num_layers(), o.split_at, parts));
   } else {
     RETURN_IF_ERROR(model.Check(o.sample));
-    ASSIGN_OR_RETURN(p.layer_ms, MeasureMeanLayers(agent, model, workers, o.sample, o.repeats));
+    ASSIGN_OR_RETURN(const LayerTimes measured, MeasureMeanLayers(agent, model, workers, o.sample, o.repeats));
+    p.layer_ms = measured.Total();
     if (o.schedule == "zbv") {
       ASSIGN_OR_RETURN(p.bounds, BalancedSplit(p.layer_ms, parts));
     } else {

@@ -36,6 +36,7 @@
 
 #include "absl/status/statusor.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/planner.h"
 #include "rpc/agent.h"
 
 namespace torch::jit {
@@ -134,15 +135,16 @@ absl::StatusOr<Partitioning> Partition(Agent& agent, const SequentialModel& mode
                                        const std::vector<std::string>& workers,
                                        const PartitionOptions& options);
 
-// Per-layer cost (milliseconds of forward + backward) of `model` on
-// `sample`, measured on each of `workers` at once; one vector per worker.
-absl::StatusOr<std::vector<std::vector<double>>> MeasureLayers(
-    Agent& agent, const SequentialModel& model, const std::vector<std::string>& workers,
-    const c10::IValue& sample, int repeats = 4);
-// The same averaged over the workers: one cost per layer.
-absl::StatusOr<std::vector<double>> MeasureMeanLayers(Agent& agent, const SequentialModel& model,
+// Each layer's forward, input gradient (B) and weight gradients (W) of
+// `model` on `sample`, in milliseconds, measured on each of `workers` at
+// once (pipeline/layer_timing.h); one LayerTimes per worker.
+absl::StatusOr<std::vector<LayerTimes>> MeasureLayers(Agent& agent, const SequentialModel& model,
                                                       const std::vector<std::string>& workers,
                                                       const c10::IValue& sample, int repeats = 4);
+// The same averaged over the workers.
+absl::StatusOr<LayerTimes> MeasureMeanLayers(Agent& agent, const SequentialModel& model,
+                                             const std::vector<std::string>& workers, const c10::IValue& sample,
+                                             int repeats = 4);
 
 // What a micro-batch's crossing from one worker to another costs, in
 // milliseconds: the median of `repeats` round trips to `worker` of a call

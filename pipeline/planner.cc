@@ -132,6 +132,40 @@ absl::StatusOr<std::vector<LayerCost>> FitLayerCosts(const std::vector<double>& 
   return out;
 }
 
+std::vector<double> LayerTimes::Total() const {
+  std::vector<double> out;
+  for (size_t i = 0; i < forward_ms.size() && i < input_ms.size() && i < weight_ms.size(); ++i) {
+    out.push_back(forward_ms[i] + input_ms[i] + weight_ms[i]);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<LayerCost>> FitLayerCosts(const LayerTimes& a, int64_t rows_a, const LayerTimes& b,
+                                                     int64_t rows_b) {
+  for (const LayerTimes* t : {&a, &b}) {
+    const size_t n = t->forward_ms.size();
+    if (t->input_ms.size() != n || t->weight_ms.size() != n) {
+      return absl::InvalidArgumentError(absl::StrCat("fitting layer costs: ", n, " forward timings but ",
+                                                     t->input_ms.size(), " of B and ", t->weight_ms.size(), " of W"));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (t->forward_ms[i] < 0 || t->input_ms[i] < 0 || t->weight_ms[i] < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("fitting layer costs: layer ", i, " timed below 0 ms"));
+      }
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<LayerCost> out, FitLayerCosts(a.Total(), rows_a, b.Total(), rows_b));
+  for (size_t i = 0; i < out.size(); ++i) {
+    const double forward = a.forward_ms[i] + b.forward_ms[i], input = a.input_ms[i] + b.input_ms[i];
+    const double total = forward + input + a.weight_ms[i] + b.weight_ms[i];
+    if (total > 0) {
+      out[i].forward_share = forward / total;
+      out[i].input_share = input / total;
+    }
+  }
+  return out;
+}
+
 namespace {
 
 // One schedule at one micro-batch count: cut, timed, or why it cannot run.
@@ -164,11 +198,13 @@ Candidate Evaluate(const std::vector<LayerCost>& layers, const PlanOptions& o, c
     return c;
   }
   c.bounds = *bounds;
-  std::vector<StageTimes> stages;
+  std::vector<StageTimes> stages(parts);
   for (int k = 0; k < parts; ++k) {
-    double sum = 0;
-    for (int i = c.bounds[k]; i < c.bounds[k + 1]; ++i) sum += costs[i];
-    stages.push_back({sum / 3, sum / 3, sum / 3});
+    for (int i = c.bounds[k]; i < c.bounds[k + 1]; ++i) {
+      stages[k].forward_ms += costs[i] * layers[i].forward_share;
+      stages[k].input_ms += costs[i] * layers[i].input_share;
+      stages[k].weight_ms += costs[i] * layers[i].weight_share();
+    }
   }
   absl::StatusOr<Timing> t = Predict(*schedule, stages, o.crossing_ms);
   if (!t.ok()) {

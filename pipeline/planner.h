@@ -2,8 +2,9 @@
 // schedule and micro-batch count from what the model's layers cost, so
 // that `--schedule auto` and `--splits auto` pick the fastest.
 //
-//   // Each layer's forward + backward, timed at two micro-batch sizes:
-//   auto layers = pipeline::FitLayerCosts(ms_at_8_rows, 8, ms_at_32_rows, 32).value();
+//   // Each layer's F, B and W, timed at two micro-batch sizes
+//   // (pipeline::MeasureMeanLayers, pipeline/partition.h):
+//   auto layers = pipeline::FitLayerCosts(at_8_rows, 8, at_32_rows, 32).value();
 //   pipeline::PlanOptions o;
 //   o.workers = 2;
 //   o.batch_rows = 64;
@@ -17,9 +18,10 @@
 // The model: a layer costs fixed_ms + per_row_ms x rows for a micro-batch
 // of `rows` (the fixed part is what small micro-batches waste: kernel
 // launches, dispatch, the runner's own work per action); a stage costs the
-// sum of its layers; of that, the forward is a third, the input's
-// gradient (B) a third and the weights' (W) a third (the split the
-// zero-bubble paper assumes); every activation or gradient that passes
+// sum of its layers; of a layer's cost, the forward, the input's gradient
+// (B) and the weights' (W) each take the share they took when timed (a
+// third each, the split the zero-bubble paper assumes, where only totals
+// are given); every activation or gradient that passes
 // from one worker to another arrives `crossing_ms` after it was made.
 // Each candidate is cut as Partition would cut it and run through
 // Predict. The default candidates hold about 1F1B's activations or a
@@ -66,11 +68,28 @@ struct Timing {
 absl::StatusOr<Timing> Predict(const Schedule& schedule, const std::vector<StageTimes>& stages,
                                double crossing_ms);
 
-// A layer's forward + backward for a micro-batch of `rows` rows.
+// A layer's forward + backward for a micro-batch of `rows` rows, and the
+// shares of it that the forward (F) and the input's gradient (B) take; the
+// weights' gradients (W) take the rest.
 struct LayerCost {
   double fixed_ms = 0;
   double per_row_ms = 0;
+  double forward_share = 1.0 / 3;
+  double input_share = 1.0 / 3;
   double at(double rows) const { return fixed_ms + per_row_ms * rows; }
+  double weight_share() const {
+    const double rest = 1.0 - forward_share - input_share;
+    return rest > 0 ? rest : 0.0;  // (never below 0 by rounding)
+  }
+};
+
+// Each layer's F, B and W in milliseconds at one micro-batch size, as the
+// workers time them (remora.pipeline.layer_costs).
+struct LayerTimes {
+  std::vector<double> forward_ms;
+  std::vector<double> input_ms;
+  std::vector<double> weight_ms;
+  std::vector<double> Total() const;  // F + B + W, per layer
 };
 
 // The line through each layer's two timings (`ms_a` at `rows_a` rows,
@@ -82,6 +101,11 @@ struct LayerCost {
 // positive numbers.
 absl::StatusOr<std::vector<LayerCost>> FitLayerCosts(const std::vector<double>& ms_a, int64_t rows_a,
                                                      const std::vector<double>& ms_b, int64_t rows_b);
+// The same through each layer's totals, with its F and B shares those of
+// both timings together (a third each for a layer timed at 0). Also
+// InvalidArgument for parts of different lengths or below 0.
+absl::StatusOr<std::vector<LayerCost>> FitLayerCosts(const LayerTimes& a, int64_t rows_a, const LayerTimes& b,
+                                                     int64_t rows_b);
 
 struct PlanOptions {
   int workers = 1;

@@ -153,9 +153,9 @@ struct MakeStageRequest {
   }
 };
 
-// The milliseconds of forward + backward of each layer (a stage spec each),
-// each taking the previous one's output (the first takes `sample`, a value
-// or an RRef to one); the fastest of `repeats` runs counts.
+// Times each layer (a stage spec each), each taking the previous one's
+// output (the first takes `sample`, a value or an RRef to one); the fastest
+// of `repeats` runs counts. Replies with LayerCostsReply.
 struct LayerCostsRequest {
   static constexpr char kFunction[] = "remora.pipeline.layer_costs";
   std::vector<std::string> kinds;
@@ -166,6 +166,19 @@ struct LayerCostsRequest {
   template <typename Fields>
   void Visit(Fields& f) {
     f("kinds", kinds)("names", names)("payloads", payloads)("sample", sample)("repeats", repeats);
+  }
+};
+
+// Per layer, in milliseconds: its forward (F), its input's gradient (B) and
+// its parameters' gradients (W; 0 where B ran the whole backward).
+struct LayerCostsReply {
+  static constexpr char kFunction[] = "remora.pipeline.layer_costs (reply)";
+  std::vector<double> forward_ms;
+  std::vector<double> input_ms;
+  std::vector<double> weight_ms;
+  template <typename Fields>
+  void Visit(Fields& f) {
+    f("forward_ms", forward_ms)("input_ms", input_ms)("weight_ms", weight_ms);
   }
 };
 

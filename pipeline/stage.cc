@@ -8,7 +8,6 @@
 #include <optional>
 #include <set>
 #include <sstream>
-#include <limits>
 #include <stdexcept>
 
 #include <ATen/core/List.h>
@@ -17,7 +16,6 @@
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/passes/inliner.h>
-#include <torch/cuda.h>
 #include <torch/csrc/jit/serialization/import.h>
 
 #include "absl/base/thread_annotations.h"
@@ -31,6 +29,7 @@
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
 #include "pipeline/describe.h"
+#include "pipeline/layer_timing.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/protocol.h"
 #include "pipeline/recompute.h"
@@ -398,65 +397,35 @@ std::shared_ptr<HostedStage> MakeStage(CallContext& ctx, const Args& a) {
   return hosted;
 }
 
-// The sum of every floating-point tensor in `v`: what a timed backward pass
-// starts from.
-at::Tensor SumOfOutputs(const c10::IValue& v) {
-  at::Tensor total;
-  MapTensors(v, [&total](const at::Tensor& t) {
-    if (t.requires_grad()) total = total.defined() ? total + t.sum().cpu() : t.sum().cpu();
-    return t;
-  });
-  return total;
-}
-
-void Synchronize(c10::Device device) {
-  if (device.is_cuda()) torch::cuda::synchronize(device.index());
-}
-
 // remora.pipeline.layer_costs(kinds, names, payloads, sample, repeats): the
-// milliseconds of forward + backward of each layer (a stage spec each) on
-// this worker's home device, each layer taking the previous one's output
-// (the first takes `sample`); the fastest of `repeats` runs counts.
+// milliseconds of each layer's forward, input gradient (B) and weight
+// gradients (W) on this worker's home device (pipeline/layer_timing.h),
+// each layer taking the previous one's output (the first takes `sample`).
 c10::IValue LayerCosts(CallContext& ctx, const Args& a) {
   const auto r = DecodeCallOrThrow<LayerCostsRequest>(a);
-  const std::vector<std::string>& kinds = r.kinds;
-  const std::vector<std::string>& names = r.names;
-  const std::vector<c10::IValue>& payloads = r.payloads;
-  const int64_t repeats = std::max<int64_t>(1, r.repeats);
-  const c10::Device device = DeviceOf(ctx, "");
-  if (kinds.size() != names.size() || kinds.size() != payloads.size()) {
+  if (r.kinds.size() != r.names.size() || r.kinds.size() != r.payloads.size()) {
     throw std::invalid_argument("layer_costs: kinds, names and payloads differ in length");
   }
+  const c10::Device device = DeviceOf(ctx, "");
   c10::IValue x = MapTensors(ValueOrFetch(r.sample), [device](const at::Tensor& t) { return t.to(device); });
-  c10::List<double> costs;
-  for (size_t i = 0; i < kinds.size(); ++i) {
-    const std::string where = absl::StrCat("layer ", i, " (", names[i], ") on worker '",
-                                           WorkerName(ctx), "'");
-    std::unique_ptr<StageModule> layer = BuildModule(kinds[i], names[i], payloads[i], device, where);
+  LayerCostsReply reply;
+  for (size_t i = 0; i < r.kinds.size(); ++i) {
+    const std::string where = absl::StrCat("layer ", i, " (", r.names[i], ") on worker '", WorkerName(ctx), "'");
+    std::unique_ptr<StageModule> layer = BuildModule(r.kinds[i], r.names[i], r.payloads[i], device, where);
     layer->Train(true);
-    const c10::IValue in = MapTensors(x, [](const at::Tensor& t) {
-      return t.is_floating_point() ? t.detach().requires_grad_(true) : t;
-    });
-    double best = std::numeric_limits<double>::infinity();
-    c10::IValue out;
-    for (int64_t rep = 0; rep < repeats; ++rep) {
-      try {
-        Synchronize(device);
-        const int64_t t0 = trace::NowUs();
-        out = layer->Forward(in);
-        if (at::Tensor total = SumOfOutputs(out); total.defined()) total.backward();
-        Synchronize(device);
-        best = std::min(best, (trace::NowUs() - t0) / 1000.0);
-      } catch (...) {
-        absl::Status s = StatusFromCurrentException(absl::StrCat(
-            where, ": timing it on the previous layer's output failed"));
-        throw std::invalid_argument(std::string(s.message()));
-      }
+    LayerTiming t;
+    try {
+      t = TimeLayer(*layer, x, device, r.repeats);
+    } catch (...) {
+      absl::Status s = StatusFromCurrentException(absl::StrCat(where, ": timing it on the previous layer's output failed"));
+      throw std::invalid_argument(std::string(s.message()));
     }
-    costs.push_back(best);
-    x = MapTensors(out, [](const at::Tensor& t) { return t.detach(); });
+    reply.forward_ms.push_back(t.forward_ms);
+    reply.input_ms.push_back(t.input_ms);
+    reply.weight_ms.push_back(t.weight_ms);
+    x = std::move(t.output);
   }
-  return costs;
+  return EncodeTuple(reply);
 }
 
 }  // namespace

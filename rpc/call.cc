@@ -107,6 +107,29 @@ ArgReader& ArgReader::operator()(absl::string_view field, std::vector<int64_t>& 
   return *this;
 }
 
+ArgReader& ArgReader::operator()(absl::string_view field, std::vector<double>& out) {
+  const c10::IValue* v = Next(field);
+  if (v == nullptr) return *this;
+  if (v->isDoubleList()) {
+    out = v->toDoubleVector();
+    return *this;
+  }
+  if (v->isList()) {  // (an empty or generic list of numbers)
+    std::vector<double> doubles;
+    for (const c10::IValue& e : v->toListRef()) {
+      if (!e.isDouble() && !e.isInt()) {
+        Wrong(field, "a list of numbers", *v);
+        return *this;
+      }
+      doubles.push_back(e.isDouble() ? e.toDouble() : static_cast<double>(e.toInt()));
+    }
+    out = std::move(doubles);
+    return *this;
+  }
+  Wrong(field, "a list of numbers", *v);
+  return *this;
+}
+
 ArgReader& ArgReader::operator()(absl::string_view field, std::vector<std::string>& out) {
   const c10::IValue* v = Next(field);
   if (v == nullptr) return *this;

@@ -21,7 +21,7 @@
 // DecodeTuple), named for errors by their own kFunction.
 //
 // Field types: int64_t, int, double, bool, std::string, std::vector of
-// int64_t, std::string, at::Tensor or c10::IValue, at::Tensor, std::optional of
+// int64_t, double, std::string, at::Tensor or c10::IValue, at::Tensor, std::optional of
 // any of these (None when empty), and c10::IValue (anything, None included:
 // a value the callee interprets itself, like a stage's input or an RRef).
 //
@@ -67,6 +67,7 @@ class ArgReader {
   ArgReader& operator()(absl::string_view field, bool& out);
   ArgReader& operator()(absl::string_view field, std::string& out);
   ArgReader& operator()(absl::string_view field, std::vector<int64_t>& out);
+  ArgReader& operator()(absl::string_view field, std::vector<double>& out);
   ArgReader& operator()(absl::string_view field, std::vector<std::string>& out);
   ArgReader& operator()(absl::string_view field, at::Tensor& out);
   ArgReader& operator()(absl::string_view field, std::vector<at::Tensor>& out);

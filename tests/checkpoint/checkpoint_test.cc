@@ -235,12 +235,17 @@ std::unique_ptr<pipeline::Pipeline> MakePipeline(Agent& master, const std::vecto
 
 // Loads shard-0.pt of the pipeline above (worker w1: stage 0, the dropout
 // TorchScript stage `script`, and stage 2, a registered MLP) with Debian's
-// python3-torch, as a Python user would: the stage's state_dict into the
-// TorchScript module (strict), the optimizer's into torch.optim.Adam over
-// the shard's parameters in order, then one Adam step. Skipped where
-// /usr/bin/python3 has no torch.
-const char kLoadInPyTorch[] = R"(import sys, torch
+// python3-torch, as a Python user would: with torch.load's defaults (from
+// PyTorch 2.6 on, weights only, which refuses the torch.jit._pickle
+// globals LibTorch writes for typed lists and dicts; none is in the file),
+// the stage's state_dict into the TorchScript module (strict), the
+// optimizer's into torch.optim.Adam over the shard's parameters in order,
+// then one Adam step. Skipped where /usr/bin/python3 has no torch.
+const char kLoadInPyTorch[] = R"(import sys, torch, zipfile
 shard_path, script_path = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(shard_path) as z:
+    pickled = z.read([n for n in z.namelist() if n.endswith("/data.pkl")][0])
+assert b"torch.jit._pickle" not in pickled, "typed containers: a weights-only load refuses them"
 shard = torch.load(shard_path)
 assert shard["format"] == 2, shard["format"]
 assert shard["stages"] == [0, 2], shard["stages"]

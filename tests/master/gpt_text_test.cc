@@ -36,6 +36,7 @@ namespace remora {
 namespace {
 
 namespace fs = std::filesystem;
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 
 TEST(TextMaster, AGptTrainsOverWorkersAsInOneProcessAndReportsPerplexity) {
@@ -290,7 +291,8 @@ TEST(TextMaster, SplitsAutoPlansScheduleAndCountAndTrainsAsInOneProcess) {
   ASSERT_EQ(code, 0) << out;
   for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
   EXPECT_THAT(out, HasSubstr("planning: timing each layer of Gpt"));
-  EXPECT_THAT(out, HasSubstr("(forward + backward) at 2 and 8 rows on w1, w2 at once, and a crossing"));
+  EXPECT_THAT(out, HasSubstr("(forward, B and W) at 2 and 8 rows on w1, w2 at once, and a crossing"));
+  EXPECT_THAT(out, ContainsRegex("of the layers' time as timed, F [0-9]+%, B [0-9]+%, W [0-9]+%"));
   // Four schedules at 1, 2 and 4 micro-batches (2 rows or more each), one
   // of them chosen.
   int rows = 0, chosen = 0;

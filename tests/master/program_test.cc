@@ -243,6 +243,7 @@ TEST(Evaluator, AFailedModelIsOneLineAndVerboseShowsTheTraceback) {
   EXPECT_THAT(said, HasSubstr("evaluator: --seq-len 16")) << said;
   const std::string line = test_support::LineStarting(said, "evaluator: the model of ");
   EXPECT_THAT(line, HasSubstr("'s held-out windows: ")) << said;
+  EXPECT_THAT(line, HasSubstr("(is --dataset the training's, and --seq-len?)")) << said;  // (not --image-size)
   EXPECT_THAT(line, HasSubstr("RuntimeError: start (1) + length (1) exceeds dimension size (1)")) << said;
   EXPECT_THAT(line, HasSubstr("; --verbose shows the TorchScript traceback)")) << said;
   EXPECT_THAT(said, Not(HasSubstr("Traceback of TorchScript"))) << said;

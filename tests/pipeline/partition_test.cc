@@ -209,6 +209,31 @@ std::vector<double> Train(Agent& agent, std::vector<StageSpec> stages, const at:
   return losses;
 }
 
+TEST(Partition, EachLayersForwardBAndWAreTimedApartOnEveryWorker) {
+  Workers workers;
+  auto model = SequentialModel::TorchScript(ScriptSequential({64, 256, 256, 8}), "seq.pt").value();
+  const at::Tensor x = at::randn({64, 64});
+  const absl::StatusOr<std::vector<LayerTimes>> measured = MeasureLayers(workers.master(), model, {"w1", "w2"}, x, 2);
+  ASSERT_TRUE(measured.ok()) << measured.status();
+  ASSERT_EQ(measured->size(), 2u);
+  for (const LayerTimes& t : *measured) {
+    ASSERT_EQ(t.forward_ms.size(), 3u);
+    ASSERT_EQ(t.input_ms.size(), 3u);
+    ASSERT_EQ(t.weight_ms.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+      // Every layer is a linear map: B takes its input's gradient and W,
+      // later, its weights' (a layer whose backward did not split would
+      // run it whole in B and leave W nothing).
+      EXPECT_GT(t.forward_ms[i], 0) << i;
+      EXPECT_GT(t.input_ms[i], 0) << i;
+      EXPECT_GT(t.weight_ms[i], 0) << i;
+    }
+  }
+  const absl::StatusOr<LayerTimes> mean = MeasureMeanLayers(workers.master(), model, {"w1", "w2"}, x, 1);
+  ASSERT_TRUE(mean.ok()) << mean.status();
+  EXPECT_EQ(mean->Total().size(), 3u);
+}
+
 TEST(Partition, MeasuredAndExplicitCutsTrainLikeOneProcess) {
   Workers workers;
   const std::string bytes = ScriptSequential({6, 16, 16, 16, 16, 16, 16, 4});

@@ -293,6 +293,50 @@ TEST(Planner, FitsALineThroughTwoTimingsAndNeverANegativeCost) {
   EXPECT_FALSE(FitLayerCosts({1}, 4, {2}, 4).ok());
 }
 
+TEST(Planner, TimedPartsGiveEachLayersSharesOfForwardBAndW) {
+  // Layer 0: F 2, B 1, W 1 at 4 rows and F 4, B 2, W 2 at 8; layer 1 has
+  // no weights to take gradients of (W 0); layer 2 was timed at 0.
+  const LayerTimes at_4{{2, 1, 0}, {1, 3, 0}, {1, 0, 0}};
+  const LayerTimes at_8{{4, 2, 0}, {2, 6, 0}, {2, 0, 0}};
+  EXPECT_EQ(at_8.Total(), (std::vector<double>{8, 8, 0}));
+  const std::vector<LayerCost> fit = FitLayerCosts(at_4, 4, at_8, 8).value();
+  ASSERT_EQ(fit.size(), 3u);
+  EXPECT_DOUBLE_EQ(fit[0].per_row_ms, 1);  // (the line through the totals)
+  EXPECT_DOUBLE_EQ(fit[0].fixed_ms, 0);
+  EXPECT_DOUBLE_EQ(fit[0].forward_share, 0.5);
+  EXPECT_DOUBLE_EQ(fit[0].input_share, 0.25);
+  EXPECT_DOUBLE_EQ(fit[0].weight_share(), 0.25);
+  EXPECT_DOUBLE_EQ(fit[1].forward_share, 0.25);
+  EXPECT_DOUBLE_EQ(fit[1].weight_share(), 0);
+  EXPECT_DOUBLE_EQ(fit[2].forward_share, 1.0 / 3);  // (nothing timed: a third each)
+  EXPECT_THAT(FitLayerCosts(LayerTimes{{1}, {1}, {}}, 4, at_8, 8).status().message(),
+              HasSubstr("1 forward timings but 1 of B and 0 of W"));
+  EXPECT_THAT(FitLayerCosts(LayerTimes{{1}, {-1}, {1}}, 4, LayerTimes{{1}, {1}, {1}}, 8).status().message(),
+              HasSubstr("layer 0 timed below 0 ms"));
+}
+
+TEST(Planner, WeightGradientsTheZeroBubbleSchedulesCanMoveAreWhatTheyGain) {
+  // The same cost per layer, once with a third of it in W and once with
+  // none (a backward that does not split): 1F1B runs B and W as one
+  // backward and predicts the same step either way; ZB-H1 fills its
+  // bubble with W, so it gains only where there is W to move.
+  PlanOptions o;
+  o.workers = 2;
+  o.batch_rows = 16;
+  o.micro_batches = {4};
+  o.schedules = {"1f1b", "zb1p"};
+  LayerCost thirds{0, 0.75};
+  LayerCost no_w = thirds;
+  no_w.input_share = 2.0 / 3;
+  const Plan split = MakePlan(std::vector<LayerCost>(4, thirds), o).value();
+  const Plan whole = MakePlan(std::vector<LayerCost>(4, no_w), o).value();
+  ASSERT_EQ(split.candidates.size(), 2u);
+  EXPECT_NEAR(split.candidates[0].step_ms, whole.candidates[0].step_ms, 1e-9);
+  EXPECT_LT(split.candidates[1].step_ms, split.candidates[0].step_ms) << split.Describe();
+  EXPECT_LT(split.candidates[1].step_ms, whole.candidates[1].step_ms) << whole.Describe();
+  EXPECT_EQ(split.best().schedule, "zb1p");
+}
+
 TEST(Planner, FixedCostsPerActionChooseFewMicroBatchesAndRowCostsMany) {
   PlanOptions o;
   o.workers = 2;
