@@ -45,11 +45,12 @@ struct EveryKind {
   std::optional<int64_t> maybe;
   std::optional<at::Tensor> maybe_tensor;
   c10::IValue any;
+  std::vector<double> shares;
   template <typename Fields>
   void Visit(Fields& f) {
     f("id", id)("small", small)("share", share)("flag", flag)("name", name)("ints", ints)("names", names)(
         "tensor", tensor)("tensors", tensors)("values", values)("maybe", maybe)("maybe_tensor", maybe_tensor)(
-        "any", any);
+        "any", any)("shares", shares);
   }
 };
 
@@ -67,13 +68,14 @@ EveryKind Filled() {
   r.values = {c10::IValue(int64_t{5}), c10::IValue("x"), c10::IValue()};
   r.maybe = 9;
   r.any = c10::IValue(std::string("anything"));
+  r.shares = {0.5, 0.25};
   return r;
 }
 
 TEST(TypedCall, WhatOneSideEncodesTheOtherDecodesFieldForField) {
   const EveryKind sent = Filled();
   const std::vector<c10::IValue> args = EncodeCall(sent);
-  ASSERT_EQ(args.size(), 13u);
+  ASSERT_EQ(args.size(), 14u);
   absl::StatusOr<EveryKind> got = DecodeCall<EveryKind>(Args(args));
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->id, sent.id);
@@ -92,6 +94,7 @@ TEST(TypedCall, WhatOneSideEncodesTheOtherDecodesFieldForField) {
   EXPECT_EQ(got->maybe, std::optional<int64_t>(9));
   EXPECT_FALSE(got->maybe_tensor.has_value());  // (sent as None)
   EXPECT_EQ(got->any.toStringRef(), "anything");
+  EXPECT_EQ(got->shares, sent.shares);
 }
 
 TEST(TypedCall, EmptyListsAndAnIntForADoubleAreRead) {
@@ -102,9 +105,14 @@ TEST(TypedCall, EmptyListsAndAnIntForADoubleAreRead) {
   std::vector<c10::IValue> args = EncodeCall(sent);
   args[2] = c10::IValue(int64_t{2});  // an int where a double is wanted
   args[5] = c10::impl::GenericList(c10::AnyType::get());  // an untyped empty list
+  c10::impl::GenericList mixed(c10::AnyType::get());      // numbers, an int among them
+  mixed.push_back(1.5);
+  mixed.push_back(int64_t{2});
+  args[13] = mixed;
   absl::StatusOr<EveryKind> got = DecodeCall<EveryKind>(Args(args));
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->share, 2.0);
+  EXPECT_EQ(got->shares, (std::vector<double>{1.5, 2.0}));
   EXPECT_TRUE(got->ints.empty());
   EXPECT_TRUE(got->names.empty());
   EXPECT_TRUE(got->tensors.empty());
@@ -134,6 +142,11 @@ TEST(TypedCall, AnArgumentOfTheWrongTypeIsAnErrorNamingTheFieldAndBothTypes) {
   ASSERT_FALSE(got.ok());
   EXPECT_THAT(std::string(got.status().message()), HasSubstr("argument 6 ('names') must be a list of strings"));
   args = EncodeCall(Filled());
+  args[13] = c10::List<std::string>({"0.5"});
+  got = DecodeCall<EveryKind>(Args(args));
+  ASSERT_FALSE(got.ok());
+  EXPECT_THAT(std::string(got.status().message()), HasSubstr("argument 13 ('shares') must be a list of numbers"));
+  args = EncodeCall(Filled());
   args[1] = c10::IValue(int64_t{1} << 40);  // too large for an int
   got = DecodeCall<EveryKind>(Args(args));
   ASSERT_FALSE(got.ok());
@@ -146,7 +159,7 @@ TEST(TypedCall, AnArgumentMoreThanTheCallTakesIsAnError) {
   absl::StatusOr<EveryKind> got = DecodeCall<EveryKind>(Args(args));
   ASSERT_FALSE(got.ok());
   EXPECT_THAT(std::string(got.status().message()),
-              AllOf(HasSubstr("test.every_kind"), HasSubstr("14 arguments where 13 were expected")));
+              AllOf(HasSubstr("test.every_kind"), HasSubstr("15 arguments where 14 were expected")));
 }
 
 TEST(TypedCall, AReplysFieldsTravelAsATupleAndAnythingElseIsAnError) {
