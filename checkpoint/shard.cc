@@ -197,6 +197,69 @@ c10::IValue RemoveFn(CallContext&, const Args& a) {
   return c10::IValue();
 }
 
+// `v` with every list and dict made generic (elements of type Any), nested
+// ones too, so that LibTorch's pickler writes them as plain Python lists and
+// dicts rather than through torch.jit._pickle's build_intlist and friends.
+c10::IValue Untyped(const c10::IValue& v) {
+  if (v.isList()) {
+    c10::impl::GenericList out(c10::AnyType::get());
+    for (const c10::IValue& e : v.toListRef()) out.push_back(Untyped(e));
+    return out;
+  }
+  if (v.isGenericDict()) {
+    c10::impl::GenericDict out(c10::AnyType::get(), c10::AnyType::get());
+    for (const auto& e : v.toGenericDict()) out.insert(Untyped(e.key()), Untyped(e.value()));
+    return out;
+  }
+  if (v.isTuple()) {
+    std::vector<c10::IValue> elements;
+    for (const c10::IValue& e : v.toTupleRef().elements()) elements.push_back(Untyped(e));
+    return c10::ivalue::Tuple::create(std::move(elements));
+  }
+  return v;
+}
+
+// torch.save's zip format, as torch::jit::pickle_save writes it, but without
+// the type tags (torch.jit._pickle.restore_type_tag) LibTorch puts on every
+// list and dict: PyTorch 2.6 and later load with weights_only=True by default
+// and refuse those globals, so a tagged shard would need
+// torch.load(..., weights_only=False). Untagged, the archive names only what a
+// weights-only load allows (tensor rebuilds, storages, OrderedDict).
+std::string SaveForTorchLoad(const c10::IValue& value) {
+  std::vector<char> pickled;
+  torch::jit::Pickler pickler([&](const char* bytes, size_t n) { pickled.insert(pickled.end(), bytes, bytes + n); },
+                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr,
+                              /*memoized_class_types=*/nullptr, /*get_tensor_id=*/nullptr,
+                              /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(Untyped(value));
+  pickler.stop();
+  std::string out;
+  {
+    caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, size_t n) -> size_t {
+      out.append(static_cast<const char*>(bytes), n);
+      return n;
+    });
+    torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(), writer);
+    writer.writeEndOfFile();
+  }
+  return out;
+}
+
+// The elements of a list that was saved typed (List[int], List[Tensor]) or
+// untyped (as SaveForTorchLoad writes it).
+std::vector<int64_t> IntsOf(const c10::IValue& list) {
+  std::vector<int64_t> out;
+  for (const c10::IValue& e : list.toListRef()) out.push_back(e.toInt());
+  return out;
+}
+
+std::vector<at::Tensor> TensorsOf(const c10::IValue& list) {
+  std::vector<at::Tensor> out;
+  for (const c10::IValue& e : list.toListRef()) out.push_back(e.toTensor());
+  return out;
+}
+
 }  // namespace
 
 at::Tensor CpuGeneratorState() {
@@ -283,73 +346,6 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   if (in.bad()) return absl::DataLossError(absl::StrCat("cannot read ", path));
   return out.str();
 }
-
-namespace {
-
-// `v` with every list and dict made generic (elements of type Any), nested
-// ones too, so that LibTorch's pickler writes them as plain Python lists and
-// dicts rather than through torch.jit._pickle's build_intlist and friends.
-c10::IValue Untyped(const c10::IValue& v) {
-  if (v.isList()) {
-    c10::impl::GenericList out(c10::AnyType::get());
-    for (const c10::IValue& e : v.toListRef()) out.push_back(Untyped(e));
-    return out;
-  }
-  if (v.isGenericDict()) {
-    c10::impl::GenericDict out(c10::AnyType::get(), c10::AnyType::get());
-    for (const auto& e : v.toGenericDict()) out.insert(Untyped(e.key()), Untyped(e.value()));
-    return out;
-  }
-  if (v.isTuple()) {
-    std::vector<c10::IValue> elements;
-    for (const c10::IValue& e : v.toTupleRef().elements()) elements.push_back(Untyped(e));
-    return c10::ivalue::Tuple::create(std::move(elements));
-  }
-  return v;
-}
-
-// torch.save's zip format, as torch::jit::pickle_save writes it, but without
-// the type tags (torch.jit._pickle.restore_type_tag) LibTorch puts on every
-// list and dict: PyTorch 2.6 and later load with weights_only=True by default
-// and refuse those globals, so a tagged shard would need
-// torch.load(..., weights_only=False). Untagged, the archive names only what a
-// weights-only load allows (tensor rebuilds, storages, OrderedDict).
-std::string SaveForTorchLoad(const c10::IValue& value) {
-  std::vector<char> pickled;
-  torch::jit::Pickler pickler([&](const char* bytes, size_t n) { pickled.insert(pickled.end(), bytes, bytes + n); },
-                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr,
-                              /*memoized_class_types=*/nullptr, /*get_tensor_id=*/nullptr,
-                              /*tag_aggregates=*/false);
-  pickler.protocol();
-  pickler.pushIValue(Untyped(value));
-  pickler.stop();
-  std::string out;
-  {
-    caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, size_t n) -> size_t {
-      out.append(static_cast<const char*>(bytes), n);
-      return n;
-    });
-    torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(), writer);
-    writer.writeEndOfFile();
-  }
-  return out;
-}
-
-// The elements of a list that was saved typed (List[int], List[Tensor]) or
-// untyped (as SaveForTorchLoad writes it).
-std::vector<int64_t> IntsOf(const c10::IValue& list) {
-  std::vector<int64_t> out;
-  for (const c10::IValue& e : list.toListRef()) out.push_back(e.toInt());
-  return out;
-}
-
-std::vector<at::Tensor> TensorsOf(const c10::IValue& list) {
-  std::vector<at::Tensor> out;
-  for (const c10::IValue& e : list.toListRef()) out.push_back(e.toTensor());
-  return out;
-}
-
-}  // namespace
 
 std::string EncodeShard(const Shard& shard) {
   if (!shard.names.empty() && shard.names.size() != shard.tensors.size()) {

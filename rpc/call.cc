@@ -7,6 +7,25 @@
 
 namespace remora {
 
+namespace {
+
+// Reads list `v` into `out` when every element passes `is`, converting each
+// with `get`: a typed list, or a generic one (as an empty list arrives).
+// False, leaving `out` as it was, for anything else.
+template <typename T, typename Is, typename Get>
+bool ReadList(const c10::IValue& v, Is is, Get get, std::vector<T>& out) {
+  if (!v.isList()) return false;
+  std::vector<T> values;
+  for (const c10::IValue& e : v.toListRef()) {
+    if (!is(e)) return false;
+    values.push_back(get(e));
+  }
+  out = std::move(values);
+  return true;
+}
+
+}  // namespace
+
 void ThrowStatus(const absl::Status& status) { throw std::invalid_argument(std::string(status.message())); }
 
 const c10::IValue* ArgReader::Next(absl::string_view field) {
@@ -86,66 +105,31 @@ ArgReader& ArgReader::operator()(absl::string_view field, std::string& out) {
 
 ArgReader& ArgReader::operator()(absl::string_view field, std::vector<int64_t>& out) {
   const c10::IValue* v = Next(field);
-  if (v == nullptr) return *this;
-  if (v->isIntList()) {
-    out = v->toIntVector();
-    return *this;
+  auto is_int = [](const c10::IValue& e) { return e.isInt(); };
+  auto to_int = [](const c10::IValue& e) { return e.toInt(); };
+  if (v != nullptr && !ReadList(*v, is_int, to_int, out)) {
+    Wrong(field, "a list of ints", *v);
   }
-  if (v->isList()) {  // (an empty or generic list of ints)
-    std::vector<int64_t> ints;
-    for (const c10::IValue& e : v->toListRef()) {
-      if (!e.isInt()) {
-        Wrong(field, "a list of ints", *v);
-        return *this;
-      }
-      ints.push_back(e.toInt());
-    }
-    out = std::move(ints);
-    return *this;
-  }
-  Wrong(field, "a list of ints", *v);
   return *this;
 }
 
 ArgReader& ArgReader::operator()(absl::string_view field, std::vector<double>& out) {
   const c10::IValue* v = Next(field);
-  if (v == nullptr) return *this;
-  if (v->isDoubleList()) {
-    out = v->toDoubleVector();
-    return *this;
-  }
-  if (v->isList()) {  // (an empty or generic list of numbers)
-    std::vector<double> doubles;
-    for (const c10::IValue& e : v->toListRef()) {
-      if (!e.isDouble() && !e.isInt()) {
-        Wrong(field, "a list of numbers", *v);
-        return *this;
-      }
-      doubles.push_back(e.isDouble() ? e.toDouble() : static_cast<double>(e.toInt()));
-    }
-    out = std::move(doubles);
-    return *this;
-  }
-  Wrong(field, "a list of numbers", *v);
+  auto is_number = [](const c10::IValue& e) { return e.isDouble() || e.isInt(); };
+  auto to_double = [](const c10::IValue& e) {
+    return e.isDouble() ? e.toDouble() : static_cast<double>(e.toInt());
+  };
+  if (v != nullptr && !ReadList(*v, is_number, to_double, out)) Wrong(field, "a list of numbers", *v);
   return *this;
 }
 
 ArgReader& ArgReader::operator()(absl::string_view field, std::vector<std::string>& out) {
   const c10::IValue* v = Next(field);
-  if (v == nullptr) return *this;
-  if (!v->isList()) {
+  auto is_string = [](const c10::IValue& e) { return e.isString(); };
+  auto to_string = [](const c10::IValue& e) { return e.toStringRef(); };
+  if (v != nullptr && !ReadList(*v, is_string, to_string, out)) {
     Wrong(field, "a list of strings", *v);
-    return *this;
   }
-  std::vector<std::string> strings;
-  for (const c10::IValue& e : v->toListRef()) {
-    if (!e.isString()) {
-      Wrong(field, "a list of strings", *v);
-      return *this;
-    }
-    strings.push_back(e.toStringRef());
-  }
-  out = std::move(strings);
   return *this;
 }
 
@@ -162,24 +146,11 @@ ArgReader& ArgReader::operator()(absl::string_view field, at::Tensor& out) {
 
 ArgReader& ArgReader::operator()(absl::string_view field, std::vector<at::Tensor>& out) {
   const c10::IValue* v = Next(field);
-  if (v == nullptr) return *this;
-  if (v->isTensorList()) {
-    out = v->toTensorVector();
-    return *this;
+  auto is_tensor = [](const c10::IValue& e) { return e.isTensor(); };
+  auto to_tensor = [](const c10::IValue& e) { return e.toTensor(); };
+  if (v != nullptr && !ReadList(*v, is_tensor, to_tensor, out)) {
+    Wrong(field, "a list of tensors", *v);
   }
-  if (v->isList()) {  // (an empty or generic list of tensors)
-    std::vector<at::Tensor> tensors;
-    for (const c10::IValue& e : v->toListRef()) {
-      if (!e.isTensor()) {
-        Wrong(field, "a list of tensors", *v);
-        return *this;
-      }
-      tensors.push_back(e.toTensor());
-    }
-    out = std::move(tensors);
-    return *this;
-  }
-  Wrong(field, "a list of tensors", *v);
   return *this;
 }
 
