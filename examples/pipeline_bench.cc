@@ -9,6 +9,12 @@
 //
 //   pipeline_bench --stages 2 --micro-batches 1,2,8 --steps 200
 //   pipeline_bench --master-centred          # the earlier protocol, to compare
+//   pipeline_bench --micro-batches 1 --hops 100   # where a step's time goes
+//
+// --hops N traces N more steps at each count (runtime/trace.h: every
+// request's send, arrival, wait for the pool, every turn on the compute lane,
+// the passes) and prints the chain of one step: each event's median time
+// from the step's start and the gap from the event before it.
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
@@ -37,6 +43,7 @@
 #include "runtime/allocator.h"
 #include "runtime/threads.h"
 #include "runtime/trace.h"
+#include "train/protocol.h"
 
 namespace remora {
 namespace {
@@ -51,6 +58,7 @@ struct Config {
   int batch_size = 64;
   int hidden = 32;
   bool master_centred = false;
+  int hops = 0;
 };
 
 // Stage k of the model: MLPStage(in, out, seed, relu).
@@ -112,13 +120,78 @@ absl::StatusOr<std::vector<int>> CheckConfig(const Config& c) {
   }
   if (counts.empty()) return absl::InvalidArgumentError("--micro-batches is empty");
   RETURN_IF_ERROR(launch::CheckAtLeast(
-      {{"stages", c.stages, 2}, {"steps", c.steps, 1}, {"hidden", c.hidden, 1}, {"warmup", c.warmup, 0}}));
+      {{"stages", c.stages, 2}, {"steps", c.steps, 1}, {"hidden", c.hidden, 1}, {"warmup", c.warmup, 0},
+       {"hops", c.hops, 0}}));
   for (int m : counts) {
     if (m > c.batch_size) {
       return absl::InvalidArgumentError(absl::StrCat("--batch-size ", c.batch_size, " < ", m, " micro-batches"));
     }
   }
   return counts;
+}
+
+// A traced slice of one process.
+struct TracedSlice {
+  std::string process;
+  trace::Slice slice;
+};
+
+// The slices `names` recorded since their tracing began (their tracing
+// stopped), and this process's.
+absl::StatusOr<std::vector<TracedSlice>> CollectTraces(Agent& agent, const std::vector<std::string>& names) {
+  std::vector<TracedSlice> out;
+  trace::Enable(false);
+  for (trace::Slice& s : trace::Drain()) out.push_back({"master", std::move(s)});
+  for (const std::string& w : names) {
+    RETURN_IF_ERROR(
+        agent.rpc_sync(w, train::TraceEnableRequest::kFunction, EncodeCall(train::TraceEnableRequest{false}))
+            .status());
+    ASSIGN_OR_RETURN(c10::IValue slices, agent.rpc_sync(w, train::kTraceCollect));
+    if (!slices.isList()) return absl::InternalError(absl::StrCat("worker '", w, "' sent no list of slices"));
+    for (const c10::IValue& v : slices.toListRef()) {
+      ASSIGN_OR_RETURN(train::TraceSliceValue t, DecodeTuple<train::TraceSliceValue>(v));
+      out.push_back({w, trace::Slice{t.name, t.micro_batch, t.start_us, t.end_us, t.stage}});
+    }
+  }
+  return out;
+}
+
+// Prints the chain of a step: every slice's start and end as an event
+// ("bench1: recv remora.pipeline.push ["), numbered when it repeats within
+// a step, at its median time from the step's start over the `steps`
+// windows, in that order, with the gap from the event before.
+void PrintChain(const std::vector<TracedSlice>& slices, const std::vector<std::pair<int64_t, int64_t>>& steps,
+                int m) {
+  std::map<std::string, std::vector<double>> at;  // event -> offsets in the steps that had it
+  for (const auto& [t0, t1] : steps) {
+    std::vector<std::pair<int64_t, std::string>> events;
+    for (const TracedSlice& s : slices) {
+      if (s.slice.start_us < t0 || s.slice.start_us > t1) continue;
+      const std::string name = absl::StrCat(s.process, ": ", s.slice.name);
+      events.emplace_back(s.slice.start_us, name + " [");
+      events.emplace_back(s.slice.end_us, name + " ]");
+    }
+    events.emplace_back(t1, "master: step ends");
+    std::sort(events.begin(), events.end());
+    std::map<std::string, int> seen;
+    for (const auto& [t, name] : events) {
+      const int n = ++seen[name];
+      at[n == 1 ? name : absl::StrCat(name, " #", n)].push_back(static_cast<double>(t - t0));
+    }
+  }
+  std::vector<std::tuple<double, std::string, size_t>> chain;  // median offset, event, steps with it
+  for (auto& [name, offsets] : at) chain.emplace_back(Median(offsets), name, offsets.size());
+  std::sort(chain.begin(), chain.end());
+  std::printf("\nthe chain of a step at M=%d, over %zu traced steps (median us from the step's start):\n", m,
+              steps.size());
+  std::printf("%9s %8s %6s  %s\n", "at_us", "gap_us", "steps", "event ([ begins, ] ends)");
+  double before = 0;
+  for (const auto& [offset, name, count] : chain) {
+    std::printf("%9.0f %8.0f %6zu  %s\n", offset, offset - before, count, name.c_str());
+    before = offset;
+  }
+  std::printf("\n");
+  std::fflush(stdout);
 }
 
 // The pipeline over `names` at `m` micro-batches against one process: a
@@ -153,6 +226,24 @@ absl::Status Measure(Agent& agent, const Config& c, const std::vector<std::strin
   }
   auto after = (*pipe)->sent_messages();
   if (!after.ok()) return after.status();
+  std::vector<TracedSlice> traced;
+  std::vector<std::pair<int64_t, int64_t>> traced_steps;
+  if (c.hops > 0) {
+    for (const std::string& w : names) {
+      RETURN_IF_ERROR(
+          agent.rpc_sync(w, train::TraceEnableRequest::kFunction, EncodeCall(train::TraceEnableRequest{true}))
+              .status());
+      RETURN_IF_ERROR(agent.rpc_sync(w, train::kTraceCollect).status());  // (drops older slices)
+    }
+    trace::Drain();
+    trace::Enable(true);
+    for (int step = 0; step < c.hops; ++step) {
+      const int64_t t0 = trace::NowUs();
+      if (auto loss = (*pipe)->train_step(x, y); !loss.ok()) return loss.status();
+      traced_steps.emplace_back(t0, trace::NowUs());
+    }
+    ASSIGN_OR_RETURN(traced, CollectTraces(agent, names));
+  }
   int64_t requests = 0;
   for (const auto& [kind, n] : pipeline::MessagesBetween(before, *after)) requests += n;
   pipe->reset();
@@ -163,6 +254,7 @@ absl::Status Measure(Agent& agent, const Config& c, const std::vector<std::strin
   std::printf("%6d %4d %16.1f %16.1f %7.2fx %10.1f %26.1f\n", c.stages, m, 1 / step_s, 1 / *local,
               step_s / *local, static_cast<double>(requests) / c.steps, overhead_us);
   std::fflush(stdout);
+  if (c.hops > 0) PrintChain(traced, traced_steps, m);
   return absl::OkStatus();
 }
 
@@ -181,6 +273,8 @@ int Main(int argc, char** argv) {
   flags.AddInt("warmup", &c.warmup, "steps before the measured ones");
   flags.AddInt("batch-size", &c.batch_size, "rows per step");
   flags.AddInt("hidden", &c.hidden, "width of the hidden layers");
+  flags.AddInt("hops", &c.hops,
+               "trace this many more steps at each count and print where a step's time goes (0: none)");
   flags.AddBool("master-centred", &c.master_centred,
                 "an unnamed loss: the earlier protocol, with the master in the data path");
   int code = 0;

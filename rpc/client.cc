@@ -6,6 +6,7 @@
 #include "proto/rref.pb.h"
 #include "rpc/agent_impl.h"
 #include "rpc/auth.h"
+#include "runtime/trace.h"
 
 namespace remora {
 namespace {
@@ -242,16 +243,23 @@ Future<InMessage> Agent::Impl::SendTo(WorkerId dst, OutMessage message,
     return Future<InMessage>::Ready(absl::NotFoundError(absl::StrCat(
         "no worker with id ", dst, " in the group")));
   }
+  // Control messages are counted (and traced) by their request kind, calls by name.
+  const std::string& named = what == "control message" ? message.header.request().kind() : what;
   {
-    // Control messages are counted by their request kind, calls by name.
     MutexLock lock(sent_mu_);
-    ++sent_[what == "control message" ? message.header.request().kind() : what];
+    ++sent_[named];
   }
+  std::string traced;
+  const int64_t sent_us = trace::Enabled() ? trace::NowUs() : -1;
+  if (sent_us >= 0) traced = absl::StrCat("call ", named);
   Future<InMessage> raw =
       streams_ && blocking ? TransmitOnStream(*peer, std::move(message), timeout)
           : Transmit(peer->stub.get(), std::move(message), timeout, false, blocking, peer->route);
   Future<InMessage> annotated;
-  raw.then([annotated, peer, what, timeout, who = Who(peer->info.name)](const absl::StatusOr<InMessage>& r) mutable {
+  raw.then([annotated, peer, what, timeout, who = Who(peer->info.name), sent_us,
+            traced = std::move(traced)](const absl::StatusOr<InMessage>& r) mutable {
+    // Traced: from the send to the reply (or failure) here.
+    if (sent_us >= 0) trace::Record(traced, -1, sent_us, trace::NowUs());
     if (r.ok()) {
       annotated.Complete(r);
     } else if (r.status().code() == absl::StatusCode::kDeadlineExceeded) {

@@ -8,9 +8,20 @@
 #include "rpc/agent_impl.h"
 #include "rpc/auth.h"
 #include "rpc/request_checks.h"
+#include "runtime/trace.h"
 
 namespace remora {
 namespace {
+
+// A request's name in traces: a call's function, else its kind.
+std::string TracedName(const wire::Request& request) {
+  if (request.kind() == wire::CallRequest::descriptor()->full_name()) {
+    if (absl::StatusOr<wire::CallRequest> call = RequestBody<wire::CallRequest>(request); call.ok()) {
+      return call->function();
+    }
+  }
+  return request.kind();
+}
 
 // The reply slot of a unary call, shared by its reactor and the handler
 // working on the request.
@@ -130,7 +141,8 @@ grpc::ServerGenericBidiReactor* Agent::Impl::CreateReactor(
 void Agent::Impl::Dispatch(grpc::ByteBuffer buffer, std::shared_ptr<ReplySlot> slot) {
   incoming_.fetch_add(1);
   const bool own_thread = !cuda_->endpoint().gpus.empty() && CarriesCudaPayloads(buffer);
-  auto task = [this, buffer = std::move(buffer), slot = std::move(slot)]() mutable {
+  const int64_t arrived_us = trace::Enabled() ? trace::NowUs() : -1;
+  auto task = [this, buffer = std::move(buffer), slot = std::move(slot), arrived_us]() mutable {
     auto message = ParseMessage(buffer, shm_.get(), cuda_.get());
     if (!message.ok()) {
       const absl::Status refused = Annotate(message.status(), "bad request");
@@ -144,6 +156,11 @@ void Agent::Impl::Dispatch(grpc::ByteBuffer buffer, std::shared_ptr<ReplySlot> s
       return;
     }
     buffer.Clear();
+    // Traced: from the frame's arrival to its handler's start (the pool's
+    // queue, the payloads' receipt).
+    if (arrived_us >= 0) {
+      trace::Record(absl::StrCat("recv ", TracedName(message->header.request())), -1, arrived_us, trace::NowUs());
+    }
     const WorkerId from = static_cast<WorkerId>(message->header.request().from());
     Handle(std::move(*message), std::make_shared<Responder>(std::move(slot), this, from));
   };

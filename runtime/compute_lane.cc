@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/mutex_lock.h"
+#include "runtime/trace.h"
 
 namespace remora {
 
@@ -228,6 +229,13 @@ ComputeTurn::~ComputeTurn() {
 void ComputeTurn::RunInTurn(const LaneAction& action, std::function<void()> run,
                             const std::function<void(std::function<void()>)>& post) {
   auto* w = new Waiter;
+  if (trace::Enabled()) {
+    // Traced: from the ask to the run (the lane's turn, the executor's hop).
+    run = [run = std::move(run), asked_us = trace::NowUs(), action] {
+      trace::Record(absl::StrCat("turn ", action.ToString()), -1, asked_us, trace::NowUs());
+      run();
+    };
+  }
   w->run = std::move(run);
   w->post = post;
   Lane& lane = TheLane();

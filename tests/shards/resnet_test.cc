@@ -146,6 +146,12 @@ TEST(Master, PipelineLossesMatchLocalTraining) {
   // Copies and waits on each track's second row; the master's own track.
   EXPECT_THAT(tj, HasSubstr("\"name\": \"input\", \"cat\": \"input\", \"ph\": \"X\", \"pid\": 0, \"tid\": 1"));
   EXPECT_THAT(tj, HasSubstr("\"name\": \"master\""));
+  // Message hops there too: worker2's receipt of worker1's activations (to
+  // its handler's start), worker1's wait for its forward pass's turn.
+  EXPECT_THAT(tj, HasSubstr("\"name\": \"recv remora.pipeline.push\", \"cat\": \"recv remora.pipeline.push\", "
+                            "\"ph\": \"X\", \"pid\": 1, \"tid\": 1"));
+  EXPECT_THAT(tj, HasSubstr("\"name\": \"turn F0@stage0\", \"cat\": \"turn F0@stage0\", \"ph\": \"X\", \"pid\": 0"));
+  EXPECT_THAT(tj, HasSubstr("\"name\": \"call function 'remora.pipeline.push'\""));
   for (const char* slice : {"\"take batch\"", "\"send\"", "\"wait\"", "\"settle\"", "\"loss reply\""}) {
     EXPECT_THAT(tj, HasSubstr(slice)) << slice;
   }
