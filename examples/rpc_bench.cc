@@ -4,7 +4,9 @@
 // bulk_gbps (one-way payload rate of a large float tensor sent with rpc_sync
 // to a function that returns one element, on the channel it names) and
 // memcpy_gbps (a single-thread copy of the same tensor, measured in the same
-// run, as the yardstick); rpc_sync_on says whether the calls went on
+// run, as the yardstick); async_latency_us_median is the same round trip of
+// rpc_async, waited for (a unary gRPC call each, as the pipeline's pushes
+// and gradients travel); rpc_sync_on says whether the calls went on
 // long-lived streams (the default) or as unary calls (REMORA_STREAMS=0).
 // grpc_floor_us_median is the round trip of a bare
 // gRPC unary call to the same worker that gRPC answers itself on its own
@@ -203,15 +205,18 @@ absl::StatusOr<launch::LocalGroup> StartPeer(AgentOptions options, bool external
 }
 
 // Microseconds of `calls` small echo calls (after `warmup` untimed),
-// sorted.
-absl::StatusOr<std::vector<double>> MeasureLatency(Agent& agent, int warmup, int calls) {
+// sorted: rpc_sync's, or (`async`) rpc_async's waited for.
+absl::StatusOr<std::vector<double>> MeasureLatency(Agent& agent, int warmup, int calls, bool async = false) {
   const at::Tensor small = at::ones({4});
-  for (int i = 0; i < warmup; ++i) RETURN_IF_ERROR(agent.rpc_sync("peer", "echo", {small}).status());
+  auto call = [&] {
+    return async ? agent.rpc_async("peer", "echo", {small}).wait() : agent.rpc_sync("peer", "echo", {small});
+  };
+  for (int i = 0; i < warmup; ++i) RETURN_IF_ERROR(call().status());
   std::vector<double> us;
   us.reserve(calls);
   for (int i = 0; i < calls; ++i) {
     const absl::Time t0 = absl::Now();
-    auto r = agent.rpc_sync("peer", "echo", {small});
+    auto r = call();
     us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
     RETURN_IF_ERROR(r.status());
   }
@@ -264,8 +269,9 @@ absl::StatusOr<Bulk> MeasureBulk(Agent& agent, int bulk_mib, int bulk_calls, boo
   return b;
 }
 
-void PrintFigures(Agent& agent, const std::vector<double>& us, const std::vector<double>& floor_us, const Bulk& b,
-                  int bulk_calls, bool cuda, const std::string& peer_device) {
+void PrintFigures(Agent& agent, const std::vector<double>& us, const std::vector<double>& async_us,
+                  const std::vector<double>& floor_us, const Bulk& b, int bulk_calls, bool cuda,
+                  const std::string& peer_device) {
   // Streams (rpc/stream.h) carry rpc_sync unless REMORA_STREAMS=0.
   std::printf("rpc_sync_on=%s\n", agent.streams_opened() > 0 ? "streams" : "unary calls");
   std::printf("calls=%zu latency_us_p10=%.1f latency_us_p90=%.1f latency_us_p99=%.1f\n", us.size(),
@@ -278,6 +284,8 @@ void PrintFigures(Agent& agent, const std::vector<double>& us, const std::vector
     std::printf("grpc_floor_us_p10=%.1f grpc_floor_us_median=%.1f grpc_floor_us_p90=%.1f\n",
                 floor_us[floor_us.size() / 10], floor_us[floor_us.size() / 2], floor_us[floor_us.size() * 9 / 10]);
   }
+  std::printf("async_latency_us_p10=%.1f async_latency_us_median=%.1f async_latency_us_p90=%.1f\n",
+              async_us[async_us.size() / 10], async_us[async_us.size() / 2], async_us[async_us.size() * 9 / 10]);
   std::printf("latency_us_median=%.1f\n", us[us.size() / 2]);
   std::printf("channel=%s\n", b.channel.c_str());
   std::printf("bulk_gbps=%.2f\n", bulk_gbps);
@@ -376,12 +384,14 @@ int main(int argc, char** argv) {
     }
     return fail_group(us.status());
   }
+  auto async_us = MeasureLatency(agent, warmup, calls, /*async=*/true);
+  if (!async_us.ok()) return fail_group(async_us.status());
   std::vector<double> floor_us;
   if (!options.tls.enabled()) floor_us = GrpcFloor(agent.worker("peer")->address, agent.sync_spin(), warmup, calls);
   if (auto s = SweepSizes(agent, *sizes); !s.ok()) return fail_group(Annotate(s, "size sweep"));
   auto bulk = MeasureBulk(agent, bulk_mib, bulk_calls, *cuda);
   if (!bulk.ok()) return fail_group(bulk.status());
-  PrintFigures(agent, *us, floor_us, *bulk, bulk_calls, *cuda, peer_device);
+  PrintFigures(agent, *us, *async_us, floor_us, *bulk, bulk_calls, *cuda, peer_device);
   if (auto s = group->Shutdown(); !s.ok()) return fail(Annotate(s, "shutdown"), 1);
   return 0;
 }
