@@ -680,6 +680,7 @@ TEST(RpcBench, SweepsSizesAcrossTheThresholdAndNamesTheChannels) {
   EXPECT_THAT(out, HasSubstr("\nchannel=shm\n"));
   EXPECT_THAT(out, HasSubstr("\nbulk_gbps="));
   EXPECT_THAT(out, HasSubstr("\nmemcpy_gbps="));
+  EXPECT_THAT(out, HasSubstr("\nasync_latency_us_p10="));
 
   for (const auto& [sizes, text] : {std::pair{"4K,0", "--sizes: '0' is not a size"}, {"2048M", "1 byte to 1 GiB"},
                                     {"4K,,8K", "has an empty size"}}) {
@@ -687,6 +688,34 @@ TEST(RpcBench, SweepsSizesAcrossTheThresholdAndNamesTheChannels) {
     EXPECT_EQ(bad, 2) << bad_out;
     EXPECT_THAT(bad_out, HasSubstr(text));
   }
+}
+
+// pipeline_bench --hops traces a step's chain from the master's run call to
+// its replies: each message's send, arrival and wait for the pool, each
+// pass's wait for the compute lane, in the order they happen.
+TEST(PipelineBench, HopsPrintTheChainOfAStepInTheOrderItRuns) {
+  auto [code, out] = RunProgram({kBin + "/pipeline_bench", "--micro-batches", "1", "--steps", "4", "--warmup", "2",
+                                 "--hops", "6"},
+                                absl::Seconds(120));
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("the chain of a step at M=1, over 6 traced steps")) << out;
+  const std::vector<std::string> chain = {
+      "master: call function 'remora.pipeline.run' [", "bench1: recv remora.pipeline.run [",
+      "bench1: turn F0@stage0 [",                      "bench1: forward [",
+      "bench1: call function 'remora.pipeline.push' [", "bench2: recv remora.pipeline.push [",
+      "bench2: recv remora.pipeline.push ]",            "bench2: turn F0@stage1 ]",
+      "bench2: backward [",                            "bench2: call function 'remora.autograd.propagate' [",
+      "bench1: recv remora.autograd.propagate [",       "bench1: turn B0@stage0 ]",
+      "bench1: step ]",                                "master: step ends"};
+  size_t at = 0;
+  for (const std::string& event : chain) {
+    const size_t found = out.find(event, at);
+    ASSERT_NE(found, std::string::npos) << "'" << event << "' not after the events before it:\n" << out;
+    at = found + event.size();
+  }
+  auto [bad, bad_out] = RunProgram({kBin + "/pipeline_bench", "--hops", "-1"});
+  EXPECT_EQ(bad, 2) << bad_out;
+  EXPECT_THAT(bad_out, HasSubstr("--hops"));
 }
 
 }  // namespace
