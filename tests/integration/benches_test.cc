@@ -1,0 +1,75 @@
+// The benchmark programs run as a user runs them: rpc_bench and
+// pipeline_bench (their figures are not checked: timings are not asserted
+// in tests; what is checked is that they measure what they say).
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/time/time.h"
+#include "tests/support/test_group.h"
+
+namespace remora {
+namespace {
+
+using ::testing::HasSubstr;
+
+const std::string kBin = BinDir();
+
+// rpc_bench's figures are not checked (timings are not asserted in tests),
+// only that it measures what it says: sizes below the out-of-band threshold
+// travel inline, sizes from it on through shared memory, and the bulk line
+// names the channel.
+TEST(RpcBench, SweepsSizesAcrossTheThresholdAndNamesTheChannels) {
+  auto [code, out] = RunProgram({kBin + "/rpc_bench", "--calls", "100", "--warmup", "10",
+                                 "--bulk-mib", "2", "--bulk-calls", "2", "--sizes", "4K,64K,1M"},
+                                absl::Seconds(120));
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("size_bytes=4096 channel=inline calls=2000 gbps="));
+  EXPECT_THAT(out, HasSubstr("size_bytes=65536 channel=shm calls=2000 gbps="));
+  EXPECT_THAT(out, HasSubstr("size_bytes=1048576 channel=shm calls=256 gbps="));
+  EXPECT_THAT(out, HasSubstr("\nchannel=shm\n"));
+  EXPECT_THAT(out, HasSubstr("\nbulk_gbps="));
+  EXPECT_THAT(out, HasSubstr("\nmemcpy_gbps="));
+  EXPECT_THAT(out, HasSubstr("\nasync_latency_us_p10="));
+
+  for (const auto& [sizes, text] : {std::pair{"4K,0", "--sizes: '0' is not a size"}, {"2048M", "1 byte to 1 GiB"},
+                                    {"4K,,8K", "has an empty size"}}) {
+    auto [bad, bad_out] = RunProgram({kBin + "/rpc_bench", "--sizes", sizes});
+    EXPECT_EQ(bad, 2) << bad_out;
+    EXPECT_THAT(bad_out, HasSubstr(text));
+  }
+}
+
+// pipeline_bench --hops traces a step's chain from the master's run call to
+// its replies: each message's send, arrival and wait for the pool, each
+// pass's wait for the compute lane, in the order they happen.
+TEST(PipelineBench, HopsPrintTheChainOfAStepInTheOrderItRuns) {
+  auto [code, out] = RunProgram({kBin + "/pipeline_bench", "--micro-batches", "1", "--steps", "4", "--warmup", "2",
+                                 "--hops", "6"},
+                                absl::Seconds(120));
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("the chain of a step at M=1, over 6 traced steps")) << out;
+  const std::vector<std::string> chain = {
+      "master: call function 'remora.pipeline.run' [", "bench1: recv remora.pipeline.run [",
+      "bench1: turn F0@stage0 [",                      "bench1: forward [",
+      "bench1: call function 'remora.pipeline.push' [", "bench2: recv remora.pipeline.push [",
+      "bench2: recv remora.pipeline.push ]",            "bench2: turn F0@stage1 ]",
+      "bench2: backward [",                            "bench2: call function 'remora.autograd.propagate' [",
+      "bench1: recv remora.autograd.propagate [",       "bench1: turn B0@stage0 ]",
+      "bench1: step ]",                                "master: step ends"};
+  size_t at = 0;
+  for (const std::string& event : chain) {
+    const size_t found = out.find(event, at);
+    ASSERT_NE(found, std::string::npos) << "'" << event << "' not after the events before it:\n" << out;
+    at = found + event.size();
+  }
+  auto [bad, bad_out] = RunProgram({kBin + "/pipeline_bench", "--hops", "-1"});
+  EXPECT_EQ(bad, 2) << bad_out;
+  EXPECT_THAT(bad_out, HasSubstr("--hops"));
+}
+
+}  // namespace
+}  // namespace remora
