@@ -43,7 +43,7 @@
 #include "runtime/allocator.h"
 #include "runtime/threads.h"
 #include "runtime/trace.h"
-#include "train/protocol.h"
+#include "train/tracing.h"
 
 namespace remora {
 namespace {
@@ -143,14 +143,9 @@ absl::StatusOr<std::vector<TracedSlice>> CollectTraces(Agent& agent, const std::
   trace::Enable(false);
   for (trace::Slice& s : trace::Drain()) out.push_back({"master", std::move(s)});
   for (const std::string& w : names) {
-    RETURN_IF_ERROR(
-        agent.rpc_sync(w, train::TraceEnableRequest::kFunction, EncodeCall(train::TraceEnableRequest{false}))
-            .status());
-    ASSIGN_OR_RETURN(c10::IValue slices, agent.rpc_sync(w, train::kTraceCollect));
-    if (!slices.isList()) return absl::InternalError(absl::StrCat("worker '", w, "' sent no list of slices"));
-    for (const c10::IValue& v : slices.toListRef()) {
-      ASSIGN_OR_RETURN(train::TraceSliceValue t, DecodeTuple<train::TraceSliceValue>(v));
-      out.push_back({w, trace::Slice{t.name, t.micro_batch, t.start_us, t.end_us, t.stage}});
+    ASSIGN_OR_RETURN(std::vector<train::TraceSliceValue> slices, train::TakeTrace(agent, w));
+    for (train::TraceSliceValue& t : slices) {
+      out.push_back({w, trace::Slice{std::move(t.name), t.micro_batch, t.start_us, t.end_us, std::move(t.stage)}});
     }
   }
   return out;
@@ -229,12 +224,7 @@ absl::Status Measure(Agent& agent, const Config& c, const std::vector<std::strin
   std::vector<TracedSlice> traced;
   std::vector<std::pair<int64_t, int64_t>> traced_steps;
   if (c.hops > 0) {
-    for (const std::string& w : names) {
-      RETURN_IF_ERROR(
-          agent.rpc_sync(w, train::TraceEnableRequest::kFunction, EncodeCall(train::TraceEnableRequest{true}))
-              .status());
-      RETURN_IF_ERROR(agent.rpc_sync(w, train::kTraceCollect).status());  // (drops older slices)
-    }
+    train::StartTracing(agent, names);
     trace::Drain();
     trace::Enable(true);
     for (int step = 0; step < c.hops; ++step) {

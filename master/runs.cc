@@ -46,6 +46,7 @@
 #include "shards/resnet.h"
 #include "train/pipeline_trainer.h"
 #include "train/protocol.h"
+#include "train/tracing.h"
 
 namespace remora::master {
 
@@ -141,20 +142,11 @@ int64_t PausedBefore(const std::vector<std::pair<int64_t, int64_t>>& paused, int
 absl::Status CollectSlices(Agent& agent, const std::vector<std::string>& workers, int64_t start,
                            const std::vector<std::pair<int64_t, int64_t>>& paused, Run& run) {
   for (size_t w = 0; w < workers.size(); ++w) {
-    auto slices = agent.rpc_sync(workers[w], train::kTraceCollect);
-    agent.rpc_sync(workers[w], train::TraceEnableRequest::kFunction, EncodeCall(train::TraceEnableRequest{false}))
-        .IgnoreError();
-    if (!slices.ok()) return slices.status();
-    if (!slices->isList()) {
-      return absl::InternalError(absl::StrCat("worker '", workers[w], "' answered ", train::kTraceCollect, " with a ",
-                                              slices->tagKind(), ", not a list of slices"));
-    }
-    for (const c10::IValue& s : slices->toListRef()) {
-      absl::StatusOr<train::TraceSliceValue> t = DecodeTuple<train::TraceSliceValue>(s);
-      if (!t.ok()) return Annotate(t.status(), absl::StrCat("worker '", workers[w], "'"));
-      const int64_t skipped = PausedBefore(paused, t->start_us);
-      run.slices.push_back({static_cast<int>(w), t->name, t->micro_batch, t->start_us - start - skipped,
-                            t->end_us - start - skipped, t->stage});
+    ASSIGN_OR_RETURN(std::vector<train::TraceSliceValue> slices, train::TakeTrace(agent, workers[w]));
+    for (const train::TraceSliceValue& t : slices) {
+      const int64_t skipped = PausedBefore(paused, t.start_us);
+      run.slices.push_back({static_cast<int>(w), t.name, t.micro_batch, t.start_us - start - skipped,
+                            t.end_us - start - skipped, t.stage});
     }
   }
   return absl::OkStatus();
@@ -195,23 +187,6 @@ absl::Status CollectAndMeasure(Agent& agent, const std::vector<std::string>& wor
   if (run.log != nullptr) run.log->AddBubble(*b, workers, run.first_step + b->steps + 1);
   run.bubble = *std::move(b);
   return absl::OkStatus();
-}
-
-// Turns the workers' trace recorders on, their older slices dropped.
-void StartTracing(Agent& agent, const std::vector<std::string>& workers) {
-  for (const auto& w : workers) {
-    agent.rpc_sync(w, train::TraceEnableRequest::kFunction, EncodeCall(train::TraceEnableRequest{true}))
-        .IgnoreError();
-    agent.rpc_sync(w, train::kTraceCollect).IgnoreError();  // drop older slices
-  }
-}
-
-// Turns the workers' trace recorders off, keeping what they recorded.
-void StopTracing(Agent& agent, const std::vector<std::string>& workers) {
-  for (const auto& w : workers) {
-    agent.rpc_sync(w, train::TraceEnableRequest::kFunction, EncodeCall(train::TraceEnableRequest{false}))
-        .IgnoreError();
-  }
 }
 
 // The run's pipeline over the workers (stage k on worker k mod n), with
@@ -405,11 +380,11 @@ absl::Status FitPipeline(Agent& agent, const RunOptions& c, const std::vector<pi
                 c.data_on == "workers" ? " (a loss computed on the master needs the batches here)" : "");
   }
   run.schedule = trainer->pipeline().replica(0).schedule().name;
-  StartTracing(agent, c.workers);  // (the first kTracedSteps steps)
+  train::StartTracing(agent, c.workers);  // (the first kTracedSteps steps)
   const int64_t start = trace::NowUs();
   options.fit.on_step = [&agent, &c, steps = int64_t{0}, next = std::move(options.fit.on_step)](
                             const pipeline::StepRecord& s) mutable {
-    if (++steps == kTracedSteps) StopTracing(agent, c.workers);
+    if (++steps == kTracedSteps) train::StopTracing(agent, c.workers);
     if (next) next(s);
   };
   RETURN_IF_ERROR(train::Fit(*trainer, train, test, options, std::cout).status());  // (epochs merged as they end)
@@ -506,7 +481,7 @@ absl::Status TrainPipeline(Agent& agent, const RunOptions& c, const std::vector<
     KeepStepsUpTo(run, first);
     run.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - *run.last_step_end).count();
   }
-  StartTracing(agent, c.workers);  // (the first kTracedSteps batches)
+  train::StartTracing(agent, c.workers);  // (the first kTracedSteps batches)
   const int64_t start = trace::NowUs();
   std::vector<std::pair<int64_t, int64_t>> paused;  // after_batch's windows
   // Messages are counted over the batches after the first.
@@ -546,7 +521,7 @@ absl::Status TrainPipeline(Agent& agent, const RunOptions& c, const std::vector<
     const double seconds = (now - last_end) / 1e6;
     last_end = now;
     RecordBatch(run, s.b, loss, seconds, c.batch_size);
-    if (s.b + 1 - first == kTracedSteps) StopTracing(agent, c.workers);
+    if (s.b + 1 - first == kTracedSteps) train::StopTracing(agent, c.workers);
     run.last_step_end = std::chrono::steady_clock::now();
     run.data_wait_seconds.push_back(data_wait);
     data_wait = 0;

@@ -20,6 +20,7 @@
 #include "runtime/threads.h"
 #include "runtime/trace.h"
 #include "train/protocol.h"
+#include "train/tracing.h"
 
 namespace remora::train {
 namespace {
@@ -55,6 +56,36 @@ absl::Status RegisterDeterminism(Registry& r, LineSink say) {
 }
 
 }  // namespace
+
+void StartTracing(Agent& agent, const std::vector<std::string>& workers) {
+  for (const auto& w : workers) {
+    agent.rpc_sync(w, TraceEnableRequest::kFunction, EncodeCall(TraceEnableRequest{true})).IgnoreError();
+    agent.rpc_sync(w, kTraceCollect).IgnoreError();  // drop older slices
+  }
+}
+
+void StopTracing(Agent& agent, const std::vector<std::string>& workers) {
+  for (const auto& w : workers) {
+    agent.rpc_sync(w, TraceEnableRequest::kFunction, EncodeCall(TraceEnableRequest{false})).IgnoreError();
+  }
+}
+
+absl::StatusOr<std::vector<TraceSliceValue>> TakeTrace(Agent& agent, const std::string& worker) {
+  auto slices = agent.rpc_sync(worker, kTraceCollect);
+  StopTracing(agent, {worker});
+  if (!slices.ok()) return slices.status();
+  if (!slices->isList()) {
+    return absl::InternalError(absl::StrCat("worker '", worker, "' answered ", kTraceCollect, " with a ",
+                                            slices->tagKind(), ", not a list of slices"));
+  }
+  std::vector<TraceSliceValue> out;
+  for (const c10::IValue& s : slices->toListRef()) {
+    absl::StatusOr<TraceSliceValue> t = DecodeTuple<TraceSliceValue>(s);
+    if (!t.ok()) return Annotate(t.status(), absl::StrCat("worker '", worker, "'"));
+    out.push_back(*std::move(t));
+  }
+  return out;
+}
 
 absl::Status RegisterWorkerFunctions(Registry& registry, LineSink say) {
   RETURN_IF_ERROR(dist_autograd::RegisterFunctions(registry));
