@@ -25,11 +25,11 @@
 #include "rpc/agent.h"
 #include "rpc/autograd_hooks.h"
 
-namespace remora::dist_autograd {
+namespace remora::autograd {
 
 // Where a received tensor came from: the sender and the message.
 struct RecvInfo {
-  WorkerId from = kUnknownWorker;
+  base::WorkerId from = base::kUnknownWorker;
   int64_t message_id = 0;
   size_t index = 0;  // among the message's tensors that require grad
   size_t count = 0;  // how many the message carried
@@ -46,13 +46,13 @@ class DistContext {
   // The same, forgetting them (a backward pass without retain_graph frees
   // what they hold); `*taken_before` tells a message already taken.
   std::optional<std::vector<at::Tensor>> TakeSend(int64_t message_id, bool* taken_before);
-  void AddRecv(int64_t message_id, WorkerId from, const std::vector<at::Tensor>& tensors);
+  void AddRecv(int64_t message_id, base::WorkerId from, const std::vector<at::Tensor>& tensors);
   std::optional<RecvInfo> Recv(const at::Tensor& tensor) const;
   // The same, forgetting the tensor (its gradient has been sent back); a
   // later pass that reaches it again finds it in RecvTaken.
   std::optional<RecvInfo> TakeRecv(const at::Tensor& tensor);
   // The sender of a taken tensor, or nullopt.
-  std::optional<WorkerId> RecvTaken(const at::Tensor& tensor) const;
+  std::optional<base::WorkerId> RecvTaken(const at::Tensor& tensor) const;
 
   void AccumulateGrad(const at::Tensor& leaf, const at::Tensor& grad);
   // Replaces the gradient of `leaf` (parallel/: the replicas' sum).
@@ -69,16 +69,16 @@ class DistContext {
   absl::flat_hash_map<const void*, std::pair<at::Tensor, RecvInfo>> recvs_ ABSL_GUARDED_BY(mu_);
   // Taken received tensors, held weakly: their storage is freed, and their
   // addresses cannot be reused while the context lives.
-  absl::flat_hash_map<const void*, std::pair<c10::weak_intrusive_ptr<c10::TensorImpl>, WorkerId>>
+  absl::flat_hash_map<const void*, std::pair<c10::weak_intrusive_ptr<c10::TensorImpl>, base::WorkerId>>
       taken_recvs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<const void*, std::pair<at::Tensor, at::Tensor>> grads_ ABSL_GUARDED_BY(mu_);
 };
 
-class Container final : public AutogradHooks {
+class Container final : public rpc::AutogradHooks {
  public:
-  Container(Agent* agent, LineSink notes) : agent_(agent), notes_(std::move(notes)) {}
+  Container(rpc::Agent* agent, base::LineSink notes) : agent_(agent), notes_(std::move(notes)) {}
 
-  Agent& agent() const { return *agent_; }
+  rpc::Agent& agent() const { return *agent_; }
   // Hands `line` to Enable's sink, once per `key` over the container's life.
   void NoteOnce(const std::string& key, std::string_view line);
   // Ids with this worker's id in bits 48 and up.
@@ -91,15 +91,15 @@ class Container final : public AutogradHooks {
   int64_t size() const;
 
   // AutogradHooks.
-  int64_t RecordSend(int64_t context_id, WorkerId dst, std::vector<at::Tensor> tensors) override;
-  void RecordRecv(int64_t context_id, int64_t message_id, WorkerId from,
+  int64_t RecordSend(int64_t context_id, base::WorkerId dst, std::vector<at::Tensor> tensors) override;
+  void RecordRecv(int64_t context_id, int64_t message_id, base::WorkerId from,
                   const std::vector<at::Tensor>& tensors) override;
 
  private:
   int64_t NextId();
 
-  Agent* const agent_;
-  const LineSink notes_;
+  rpc::Agent* const agent_;
+  const base::LineSink notes_;
   std::atomic<int64_t> counter_{0};
   mutable absl::Mutex mu_;
   absl::flat_hash_map<int64_t, std::shared_ptr<DistContext>> contexts_ ABSL_GUARDED_BY(mu_);
@@ -107,15 +107,15 @@ class Container final : public AutogradHooks {
 };
 
 // The container installed on `agent`, or null.
-Container* ContainerOf(Agent* agent);
+Container* ContainerOf(rpc::Agent* agent);
 
 // The local step of a backward pass: runs this process's graph from `roots`
 // seeded with `grads`, accumulates leaf gradients in `context`, and sends
 // the gradients of received tensors back to their senders. Completes when
 // every worker downstream finished. `retain_graph` keeps the graph (here
 // and downstream) for another pass.
-Future<Empty> RunBackward(Container& container, std::shared_ptr<DistContext> context,
+rpc::Future<rpc::Empty> RunBackward(Container& container, std::shared_ptr<DistContext> context,
                           std::vector<at::Tensor> roots, std::vector<at::Tensor> grads,
                           bool retain_graph);
 
-}  // namespace remora::dist_autograd
+}  // namespace remora::autograd

@@ -19,19 +19,19 @@
 #include "runtime/action_mark.h"
 #include "runtime/allocator.h"
 #include "runtime/compute_lane.h"
-#include "runtime/trace.h"
+#include "trace/trace.h"
 
-namespace remora::dist_autograd {
+namespace remora::autograd {
 
 // --- DistContext -------------------------------------------------------------
 
 void DistContext::AddSend(int64_t message_id, std::vector<at::Tensor> tensors) {
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   sends_[message_id] = std::move(tensors);
 }
 
 std::optional<std::vector<at::Tensor>> DistContext::Send(int64_t message_id) const {
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   auto it = sends_.find(message_id);
   if (it == sends_.end()) return std::nullopt;
   return it->second;
@@ -39,7 +39,7 @@ std::optional<std::vector<at::Tensor>> DistContext::Send(int64_t message_id) con
 
 std::optional<std::vector<at::Tensor>> DistContext::TakeSend(int64_t message_id,
                                                              bool* taken_before) {
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   auto it = sends_.find(message_id);
   *taken_before = it == sends_.end() && taken_sends_.contains(message_id);
   if (it == sends_.end()) return std::nullopt;
@@ -49,9 +49,9 @@ std::optional<std::vector<at::Tensor>> DistContext::TakeSend(int64_t message_id,
   return out;
 }
 
-void DistContext::AddRecv(int64_t message_id, WorkerId from,
+void DistContext::AddRecv(int64_t message_id, base::WorkerId from,
                           const std::vector<at::Tensor>& tensors) {
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   for (size_t i = 0; i < tensors.size(); ++i) {
     recvs_[tensors[i].unsafeGetTensorImpl()] = {
         tensors[i], RecvInfo{from, message_id, i, tensors.size()}};
@@ -59,14 +59,14 @@ void DistContext::AddRecv(int64_t message_id, WorkerId from,
 }
 
 std::optional<RecvInfo> DistContext::Recv(const at::Tensor& tensor) const {
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   auto it = recvs_.find(tensor.unsafeGetTensorImpl());
   if (it == recvs_.end()) return std::nullopt;
   return it->second.second;
 }
 
 std::optional<RecvInfo> DistContext::TakeRecv(const at::Tensor& tensor) {
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   auto it = recvs_.find(tensor.unsafeGetTensorImpl());
   if (it == recvs_.end()) return std::nullopt;
   RecvInfo info = it->second.second;
@@ -76,8 +76,8 @@ std::optional<RecvInfo> DistContext::TakeRecv(const at::Tensor& tensor) {
   return info;
 }
 
-std::optional<WorkerId> DistContext::RecvTaken(const at::Tensor& tensor) const {
-  MutexLock lock(mu_);
+std::optional<base::WorkerId> DistContext::RecvTaken(const at::Tensor& tensor) const {
+  base::MutexLock lock(mu_);
   auto it = taken_recvs_.find(tensor.unsafeGetTensorImpl());
   if (it == taken_recvs_.end()) return std::nullopt;
   return it->second.second;
@@ -85,18 +85,18 @@ std::optional<WorkerId> DistContext::RecvTaken(const at::Tensor& tensor) const {
 
 void DistContext::AccumulateGrad(const at::Tensor& leaf, const at::Tensor& grad) {
   at::NoGradGuard no_grad;
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   auto [it, inserted] = grads_.try_emplace(leaf.unsafeGetTensorImpl(), leaf, grad);
   if (!inserted) it->second.second = it->second.second + grad;
 }
 
 void DistContext::SetGradient(const at::Tensor& leaf, const at::Tensor& grad) {
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   grads_.insert_or_assign(leaf.unsafeGetTensorImpl(), std::make_pair(leaf, grad));
 }
 
 std::vector<std::pair<at::Tensor, at::Tensor>> DistContext::Gradients() const {
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   std::vector<std::pair<at::Tensor, at::Tensor>> out;
   out.reserve(grads_.size());
   for (const auto& [key, entry] : grads_) out.push_back(entry);
@@ -104,7 +104,7 @@ std::vector<std::pair<at::Tensor, at::Tensor>> DistContext::Gradients() const {
 }
 
 at::Tensor DistContext::Gradient(const at::Tensor& leaf) const {
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   auto it = grads_.find(leaf.unsafeGetTensorImpl());
   return it == grads_.end() ? at::Tensor() : it->second.second;
 }
@@ -120,14 +120,14 @@ int64_t Container::NewContextId() { return NextId(); }
 int64_t Container::NewMessageId() { return NextId(); }
 
 std::shared_ptr<DistContext> Container::GetOrCreate(int64_t context_id) {
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   auto& slot = contexts_[context_id];
   if (!slot) slot = std::make_shared<DistContext>(context_id);
   return slot;
 }
 
 std::shared_ptr<DistContext> Container::Find(int64_t context_id) const {
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   auto it = contexts_.find(context_id);
   return it == contexts_.end() ? nullptr : it->second;
 }
@@ -135,7 +135,7 @@ std::shared_ptr<DistContext> Container::Find(int64_t context_id) const {
 void Container::Release(int64_t context_id) {
   agent_->forget_cuda_receives(context_id);  // its receives' failures, if any
   std::shared_ptr<DistContext> released;  // freed outside the lock
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   auto it = contexts_.find(context_id);
   if (it == contexts_.end()) return;
   released = std::move(it->second);
@@ -143,23 +143,23 @@ void Container::Release(int64_t context_id) {
 }
 
 int64_t Container::size() const {
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   return contexts_.size();
 }
 
-int64_t Container::RecordSend(int64_t context_id, WorkerId dst,
+int64_t Container::RecordSend(int64_t context_id, base::WorkerId dst,
                               std::vector<at::Tensor> tensors) {
   const int64_t message_id = NewMessageId();
   GetOrCreate(context_id)->AddSend(message_id, std::move(tensors));
   return message_id;
 }
 
-void Container::RecordRecv(int64_t context_id, int64_t message_id, WorkerId from,
+void Container::RecordRecv(int64_t context_id, int64_t message_id, base::WorkerId from,
                            const std::vector<at::Tensor>& tensors) {
   GetOrCreate(context_id)->AddRecv(message_id, from, tensors);
 }
 
-Container* ContainerOf(Agent* agent) {
+Container* ContainerOf(rpc::Agent* agent) {
   return agent == nullptr ? nullptr : dynamic_cast<Container*>(agent->autograd());
 }
 
@@ -204,10 +204,10 @@ namespace {
 
 // The local part of a backward pass, holding the compute turn: gradients of
 // `leaves` from `roots`. The slice is labelled with the marked action.
-absl::Status ComputeGradients(Agent& agent, const std::vector<at::Tensor>& roots,
+absl::Status ComputeGradients(rpc::Agent& agent, const std::vector<at::Tensor>& roots,
                               const std::vector<at::Tensor>& grads,
                               const std::vector<at::Tensor>& leaves, bool retain_graph,
-                              const std::optional<ActionMarkInfo>& mark,
+                              const std::optional<runtime::ActionMarkInfo>& mark,
                               std::vector<at::Tensor>* results) {
   if (mark) {
     trace::SetMicroBatch(mark->action.micro_batch, mark->stage);
@@ -219,7 +219,7 @@ absl::Status ComputeGradients(Agent& agent, const std::vector<at::Tensor>& roots
     *results = torch::autograd::grad(roots, leaves, grads, retain_graph,
                                      /*create_graph=*/false, /*allow_unused=*/true);
   } catch (...) {
-    return StatusFromCurrentException(absl::StrCat("backward on worker '", agent.self().name, "'"));
+    return base::StatusFromCurrentException(absl::StrCat("backward on worker '", agent.self().name, "'"));
   }
   // A mark deeper in the graph (models' own) may have told this thread more.
   trace::Record("backward", trace::MicroBatch(), start_us, trace::NowUs(), trace::Stage());
@@ -228,19 +228,19 @@ absl::Status ComputeGradients(Agent& agent, const std::vector<at::Tensor>& roots
 
 // Gradients of received tensors go back to their senders, per message;
 // the others accumulate in the context.
-Future<Empty> Deliver(Agent& agent, DistContext& context, const std::vector<at::Tensor>& leaves,
+rpc::Future<rpc::Empty> Deliver(rpc::Agent& agent, DistContext& context, const std::vector<at::Tensor>& leaves,
                       const std::vector<at::Tensor>& results, bool retain_graph) {
   for (size_t i = 0; i < leaves.size(); ++i) {
     if (!results[i].defined()) continue;
     if (auto from = context.RecvTaken(leaves[i])) {
-      return Future<Empty>::Ready(absl::FailedPreconditionError(absl::StrCat(
+      return rpc::Future<rpc::Empty>::Ready(absl::FailedPreconditionError(absl::StrCat(
           "backward on worker '", agent.self().name, "' reached a tensor received from worker '",
           agent.NameOf(*from), "' whose gradient an earlier pass already sent back, freeing "
           "its graph there: Trying to backward through the graph a second time (run the "
           "earlier passes with retain_graph=true)")));
     }
   }
-  std::map<std::pair<WorkerId, int64_t>, std::vector<at::Tensor>> outgoing;
+  std::map<std::pair<base::WorkerId, int64_t>, std::vector<at::Tensor>> outgoing;
   for (size_t i = 0; i < leaves.size(); ++i) {
     if (!results[i].defined()) continue;
     // Without retain_graph no later pass can reach this tensor again: the
@@ -254,15 +254,15 @@ Future<Empty> Deliver(Agent& agent, DistContext& context, const std::vector<at::
       context.AccumulateGrad(leaves[i], results[i]);
     }
   }
-  std::vector<Future<c10::IValue>> sent;
+  std::vector<rpc::Future<c10::IValue>> sent;
   for (auto& [key, grads_out] : outgoing) {
     // The receiver's backward queues its kernels behind the copies on the
     // GPU; whoever reads or applies the gradients settles first.
     sent.push_back(agent.rpc_async(agent.NameOf(key.first), PropagateRequest::kFunction,
-                                   EncodeCall(PropagateRequest{context.id(), key.second, grads_out, retain_graph}),
-                                   StreamOrdered(context.id())));
+                                   rpc::EncodeCall(PropagateRequest{context.id(), key.second, grads_out, retain_graph}),
+                                   rpc::StreamOrdered(context.id())));
   }
-  return WhenAll(sent);
+  return rpc::WhenAll(sent);
 }
 
 }  // namespace
@@ -273,9 +273,10 @@ namespace {
 // each part in its action's turn: B sends the received tensors' gradients
 // back at once; W, later, accumulates the parameters' in the context. The
 // future ends when both have and B's gradients are delivered.
-Future<Empty> RunSplitBackward(Agent& agent, std::shared_ptr<DistContext> context, std::vector<at::Tensor> roots,
-                               std::vector<at::Tensor> grads, const std::vector<at::Tensor>& leaves,
-                               bool retain_graph, const ActionMarkInfo& mark) {
+rpc::Future<rpc::Empty> RunSplitBackward(rpc::Agent& agent, std::shared_ptr<DistContext> context,
+                                         std::vector<at::Tensor> roots, std::vector<at::Tensor> grads,
+                                         const std::vector<at::Tensor>& leaves, bool retain_graph,
+                                         const runtime::ActionMarkInfo& mark) {
   // (A received tensor whose gradient an earlier pass sent back is one
   // too: Deliver refuses it.)
   std::vector<at::Tensor> received, params;
@@ -283,8 +284,8 @@ Future<Empty> RunSplitBackward(Agent& agent, std::shared_ptr<DistContext> contex
     (context->Recv(leaf) || context->RecvTaken(leaf) ? received : params).push_back(leaf);
   }
   auto pass = std::make_shared<SplitBackward>(std::move(roots), std::move(grads), received, params);
-  Future<Empty> done(agent.executor());
-  Executor* executor = agent.lane();  // (every pass on one thread)
+  rpc::Future<rpc::Empty> done(agent.executor());
+  rpc::Executor* executor = agent.lane();  // (every pass on one thread)
   auto post = [executor](std::function<void()> fn) { executor->Schedule(std::move(fn)); };
   auto part = [&agent, mark](const char* name, auto&& run) {
     trace::SetMicroBatch(mark.action.micro_batch, mark.stage);
@@ -292,10 +293,10 @@ Future<Empty> RunSplitBackward(Agent& agent, std::shared_ptr<DistContext> contex
     auto result = run();
     trace::Record(name, trace::MicroBatch(), start_us, trace::NowUs(), trace::Stage());
     return result.ok() ? result
-                       : decltype(result)(Annotate(result.status(), absl::StrCat("on worker '", agent.self().name,
+                       : decltype(result)(base::Annotate(result.status(), absl::StrCat("on worker '", agent.self().name,
                                                                                 "'")));
   };
-  ComputeTurn::RunInTurn(
+  runtime::ComputeTurn::RunInTurn(
       mark.action,
       [&agent, context, pass, received = std::move(received), params = std::move(params), retain_graph, mark, done,
        post, part]() mutable {
@@ -312,20 +313,21 @@ Future<Empty> RunSplitBackward(Agent& agent, std::shared_ptr<DistContext> contex
                                      "nothing left to do, so its weight gradients fill no bubble; said once"));
           }
         }
-        std::optional<Future<Empty>> delivered;
+        std::optional<rpc::Future<rpc::Empty>> delivered;
         if (dx.ok()) {
           try {
             delivered = Deliver(agent, *context, received, *dx, retain_graph);
           } catch (...) {
-            dx = StatusFromCurrentException(absl::StrCat("sending B's gradients from worker '", agent.self().name, "'"));
+            dx = base::StatusFromCurrentException(
+                absl::StrCat("sending B's gradients from worker '", agent.self().name, "'"));
           }
         }
         if (!dx.ok()) {
-          ComputeTurn::Skip(mark.action.Weight());
+          runtime::ComputeTurn::Skip(mark.action.Weight());
           done.SetError(dx.status());
           return;
         }
-        ComputeTurn::RunInTurn(
+        runtime::ComputeTurn::RunInTurn(
             mark.action.Weight(),
             [&agent, context, pass, params = std::move(params), mark, done, delivered = *std::move(delivered),
              part]() mutable {
@@ -341,13 +343,13 @@ Future<Empty> RunSplitBackward(Agent& agent, std::shared_ptr<DistContext> contex
                 // The pass's gradients are in the context now.
                 if (MarkedBackwardHook hook = GetMarkedBackwardHook()) hook(context->id(), mark.action);
               } catch (...) {
-                done.SetError(StatusFromCurrentException(
+                done.SetError(base::StatusFromCurrentException(
                     absl::StrCat("adding W's gradients on worker '", agent.self().name, "'")));
                 return;
               }
-              delivered.then([done](const absl::StatusOr<Empty>& r) mutable {
+              delivered.then([done](const absl::StatusOr<rpc::Empty>& r) mutable {
                 if (r.ok()) {
-                  done.SetValue(Empty{});
+                  done.SetValue(rpc::Empty{});
                 } else {
                   done.SetError(r.status());
                 }
@@ -361,33 +363,33 @@ Future<Empty> RunSplitBackward(Agent& agent, std::shared_ptr<DistContext> contex
 
 }  // namespace
 
-Future<Empty> RunBackward(Container& container, std::shared_ptr<DistContext> context,
+rpc::Future<rpc::Empty> RunBackward(Container& container, std::shared_ptr<DistContext> context,
                           std::vector<at::Tensor> roots, std::vector<at::Tensor> grads,
                           bool retain_graph) {
-  Agent& agent = container.agent();
+  rpc::Agent& agent = container.agent();
   std::vector<at::Tensor> leaves = CollectLeaves(roots);
-  if (leaves.empty()) return Future<Empty>::Ready(Empty{});
+  if (leaves.empty()) return rpc::Future<rpc::Empty>::Ready(rpc::Empty{});
   // A pipeline stage's output carries its action: the pass then runs in the
   // schedule's order, without a thread waiting for its turn.
-  std::optional<ActionMarkInfo> mark;
-  if (!roots.empty()) mark = MarkedAction(roots[0]);
+  std::optional<runtime::ActionMarkInfo> mark;
+  if (!roots.empty()) mark = runtime::MarkedAction(roots[0]);
   if (!mark) {
     std::vector<at::Tensor> results;
     absl::Status status;
     {
-      ComputeTurn compute;
+      runtime::ComputeTurn compute;
       status = ComputeGradients(agent, roots, grads, leaves, retain_graph, mark, &results);
     }
-    if (!status.ok()) return Future<Empty>::Ready(status);
+    if (!status.ok()) return rpc::Future<rpc::Empty>::Ready(status);
     return Deliver(agent, *context, leaves, results, retain_graph);
   }
   if (mark->split) {
     return RunSplitBackward(agent, std::move(context), std::move(roots), std::move(grads), leaves, retain_graph,
                             *mark);
   }
-  Future<Empty> done(agent.executor());
-  Executor* executor = agent.lane();  // (every pass on one thread)
-  ComputeTurn::RunInTurn(
+  rpc::Future<rpc::Empty> done(agent.executor());
+  rpc::Executor* executor = agent.lane();  // (every pass on one thread)
+  runtime::ComputeTurn::RunInTurn(
       mark->action,
       [&agent, context, roots = std::move(roots), grads = std::move(grads),
        leaves = std::move(leaves), retain_graph, mark, done]() mutable {
@@ -400,12 +402,12 @@ Future<Empty> RunBackward(Container& container, std::shared_ptr<DistContext> con
           done.SetError(status);
           return;
         }
-        Future<Empty> delivered = Deliver(agent, *context, leaves, results, retain_graph);
+        rpc::Future<rpc::Empty> delivered = Deliver(agent, *context, leaves, results, retain_graph);
         // The pass's gradients are in the context now.
         if (MarkedBackwardHook hook = GetMarkedBackwardHook()) hook(context->id(), mark->action);
-        delivered.then([done](const absl::StatusOr<Empty>& r) mutable {
+        delivered.then([done](const absl::StatusOr<rpc::Empty>& r) mutable {
               if (r.ok()) {
-                done.SetValue(Empty{});
+                done.SetValue(rpc::Empty{});
               } else {
                 done.SetError(r.status());
               }
@@ -433,32 +435,34 @@ HookSlot& TheHook() {
 
 void SetMarkedBackwardHook(MarkedBackwardHook hook) {
   HookSlot& slot = TheHook();
-  MutexLock lock(slot.mu);
+  base::MutexLock lock(slot.mu);
   slot.hook = std::move(hook);
 }
 
 MarkedBackwardHook GetMarkedBackwardHook() {
   HookSlot& slot = TheHook();
-  MutexLock lock(slot.mu);
+  base::MutexLock lock(slot.mu);
   return slot.hook;
 }
 
-void Enable(Agent& agent, LineSink notes) { agent.set_autograd(std::make_unique<Container>(&agent, std::move(notes))); }
+void Enable(rpc::Agent& agent, base::LineSink notes) {
+  agent.set_autograd(std::make_unique<Container>(&agent, std::move(notes)));
+}
 
 void Container::NoteOnce(const std::string& key, std::string_view line) {
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     if (!noted_.insert(key).second) return;
   }
-  Say(notes_, line);
+  base::Say(notes_, line);
 }
 
-absl::Status CheckEnabled(const Agent& agent, const std::string& before) {
+absl::Status CheckEnabled(const rpc::Agent& agent, const std::string& before) {
   if (dynamic_cast<const Container*>(agent.autograd()) != nullptr) return absl::OkStatus();
   const std::string who = agent.self().id == 0 ? absl::StrCat("the master (agent '", agent.self().name, "')")
                                                  : absl::StrCat("worker '", agent.self().name, "'");
   return absl::FailedPreconditionError(absl::StrCat(
-      "distributed autograd is not enabled on ", who, ": call dist_autograd::Enable(agent) (autograd/dist_autograd.h) "
+      "distributed autograd is not enabled on ", who, ": call autograd::Enable(agent) (autograd/dist_autograd.h) "
       "after Agent::Start", before.empty() ? " and before Join()" : absl::StrCat(", before Join() and before ", before),
       "; launch::StartLocalGroup and launch::WorkerMain call it for the agents they start"));
 }
@@ -467,7 +471,7 @@ namespace {
 
 // The container of the agent that serves a call; throws CheckEnabled's
 // error (inside a registered function: the caller's future fails with it).
-Container& Require(Agent* agent) {
+Container& Require(rpc::Agent* agent) {
   Container* c = ContainerOf(agent);
   if (c == nullptr) {
     if (agent == nullptr) throw std::runtime_error("distributed autograd: the call has no agent");
@@ -478,11 +482,11 @@ Container& Require(Agent* agent) {
 
 }  // namespace
 
-absl::Status RegisterFunctions(Registry& registry) {
+absl::Status RegisterFunctions(rpc::Registry& registry) {
   RETURN_IF_ERROR(registry.RegisterAsyncFunction(
       PropagateRequest::kFunction,
-      [](CallContext& ctx, const Args& args) -> Future<c10::IValue> {
-        auto request = DecodeCallOrThrow<PropagateRequest>(args);
+      [](rpc::CallContext& ctx, const rpc::Args& args) -> rpc::Future<c10::IValue> {
+        auto request = rpc::DecodeCallOrThrow<PropagateRequest>(args);
         Container& container = Require(ctx.agent);
         const int64_t context_id = request.context;
         const int64_t message_id = request.message;
@@ -524,9 +528,9 @@ absl::Status RegisterFunctions(Registry& registry) {
           // left from (device maps); autograd wants it on the tensor's.
           seeds.push_back(grads[i].to((*sent)[i].device()));
         }
-        Future<c10::IValue> done(ctx.agent->executor());
+        rpc::Future<c10::IValue> done(ctx.agent->executor());
         RunBackward(container, context, std::move(roots), std::move(seeds), retain_graph)
-            .then([done](const absl::StatusOr<Empty>& r) mutable {
+            .then([done](const absl::StatusOr<rpc::Empty>& r) mutable {
               if (r.ok()) {
                 done.SetValue(c10::IValue());
               } else {
@@ -536,13 +540,13 @@ absl::Status RegisterFunctions(Registry& registry) {
         return done;
       }));
   RETURN_IF_ERROR(registry.RegisterFunction(
-      ReleaseRequest::kFunction, [](CallContext& ctx, const Args& args) -> c10::IValue {
-        const int64_t context = DecodeCallOrThrow<ReleaseRequest>(args).context;
+      ReleaseRequest::kFunction, [](rpc::CallContext& ctx, const rpc::Args& args) -> c10::IValue {
+        const int64_t context = rpc::DecodeCallOrThrow<ReleaseRequest>(args).context;
         Require(ctx.agent).Release(context);
         return c10::IValue();
       }));
   RETURN_IF_ERROR(registry.RegisterFunction(
-      "remora.autograd.num_contexts", [](CallContext& ctx, const Args&) -> c10::IValue {
+      "remora.autograd.num_contexts", [](rpc::CallContext& ctx, const rpc::Args&) -> c10::IValue {
         return Require(ctx.agent).size();
       }));
   return absl::OkStatus();
@@ -551,32 +555,33 @@ absl::Status RegisterFunctions(Registry& registry) {
 namespace {
 
 // A fresh context id, or kNoContext when distributed autograd is not enabled.
-int64_t NewIdOrNone(Agent& agent) {
+int64_t NewIdOrNone(rpc::Agent& agent) {
   Container* container = ContainerOf(&agent);
-  return container == nullptr ? kNoContext : container->NewContextId();
+  return container == nullptr ? rpc::kNoContext : container->NewContextId();
 }
 
 }  // namespace
 
-Context::Context(Agent& agent)
+Context::Context(rpc::Agent& agent)
     : agent_(agent), status_(CheckEnabled(agent)), id_(NewIdOrNone(agent)), current_(id_) {
   if (Container* container = ContainerOf(&agent)) container->GetOrCreate(id_);
 }
 
 Context::~Context() {
   Container* container = ContainerOf(&agent_);
-  if (container == nullptr || id_ == kNoContext) return;
+  if (container == nullptr || id_ == rpc::kNoContext) return;
   container->Release(id_);
-  std::vector<std::pair<std::string, Future<c10::IValue>>> releases;
+  std::vector<std::pair<std::string, rpc::Future<c10::IValue>>> releases;
   for (const auto& w : agent_.workers()) {
     if (w.id == agent_.self().id) continue;
-    releases.emplace_back(w.name, agent_.rpc_async(w.name, ReleaseRequest::kFunction, EncodeCall(ReleaseRequest{id_})));
+    releases.emplace_back(w.name,
+                          agent_.rpc_async(w.name, ReleaseRequest::kFunction, rpc::EncodeCall(ReleaseRequest{id_})));
   }
   for (auto& [name, f] : releases) {
     auto r = f.wait();
     // One retry: releasing is idempotent.
     if (!r.ok() && r.status().code() == absl::StatusCode::kUnavailable) {
-      r = agent_.rpc_sync(name, ReleaseRequest::kFunction, EncodeCall(ReleaseRequest{id_}));
+      r = agent_.rpc_sync(name, ReleaseRequest::kFunction, rpc::EncodeCall(ReleaseRequest{id_}));
     }
     if (!r.ok()) {
       std::cerr << "remora: releasing autograd context " << id_ << " on worker '" << name
@@ -585,19 +590,19 @@ Context::~Context() {
   }
 }
 
-Future<Empty> backward_async(Agent& agent, int64_t context_id,
+rpc::Future<rpc::Empty> backward_async(rpc::Agent& agent, int64_t context_id,
                              const std::vector<at::Tensor>& roots, bool retain_graph) {
   Container* container = ContainerOf(&agent);
-  if (container == nullptr) return Future<Empty>::Ready(CheckEnabled(agent, "backward"));
+  if (container == nullptr) return rpc::Future<rpc::Empty>::Ready(CheckEnabled(agent, "backward"));
   auto context = container->Find(context_id);
   if (!context) {
-    return Future<Empty>::Ready(absl::NotFoundError(
+    return rpc::Future<rpc::Empty>::Ready(absl::NotFoundError(
         absl::StrCat("backward: unknown distributed autograd context ", context_id)));
   }
   std::vector<at::Tensor> seeds;
   for (const auto& r : roots) {
     if (!r.requires_grad()) {
-      return Future<Empty>::Ready(absl::InvalidArgumentError(
+      return rpc::Future<rpc::Empty>::Ready(absl::InvalidArgumentError(
           "backward: a root does not require grad (was it computed inside the context?)"));
     }
     seeds.push_back(at::ones_like(r));
@@ -605,13 +610,13 @@ Future<Empty> backward_async(Agent& agent, int64_t context_id,
   return RunBackward(*container, context, roots, std::move(seeds), retain_graph);
 }
 
-absl::Status backward(Agent& agent, int64_t context_id, const std::vector<at::Tensor>& roots,
+absl::Status backward(rpc::Agent& agent, int64_t context_id, const std::vector<at::Tensor>& roots,
                       bool retain_graph) {
   return backward_async(agent, context_id, roots, retain_graph).wait().status();
 }
 
 absl::StatusOr<std::vector<std::pair<at::Tensor, at::Tensor>>> get_gradients(
-    Agent& agent, int64_t context_id) {
+    rpc::Agent& agent, int64_t context_id) {
   Container* container = ContainerOf(&agent);
   if (container == nullptr) return CheckEnabled(agent);
   auto context = container->Find(context_id);
@@ -622,7 +627,7 @@ absl::StatusOr<std::vector<std::pair<at::Tensor, at::Tensor>>> get_gradients(
   return context->Gradients();
 }
 
-absl::StatusOr<at::Tensor> get_gradient(Agent& agent, int64_t context_id,
+absl::StatusOr<at::Tensor> get_gradient(rpc::Agent& agent, int64_t context_id,
                                         const at::Tensor& parameter) {
   Container* container = ContainerOf(&agent);
   if (container == nullptr) return CheckEnabled(agent);
@@ -634,26 +639,26 @@ absl::StatusOr<at::Tensor> get_gradient(Agent& agent, int64_t context_id,
   return context->Gradient(parameter);
 }
 
-absl::StatusOr<int64_t> NewContextId(Agent& agent) {
+absl::StatusOr<int64_t> NewContextId(rpc::Agent& agent) {
   Container* container = ContainerOf(&agent);
   if (container == nullptr) return CheckEnabled(agent);
   return container->NewContextId();
 }
 
-absl::Status EnsureContext(Agent& agent, int64_t context_id) {
+absl::Status EnsureContext(rpc::Agent& agent, int64_t context_id) {
   Container* container = ContainerOf(&agent);
   if (container == nullptr) return CheckEnabled(agent);
   container->GetOrCreate(context_id);
   return absl::OkStatus();
 }
 
-void ReleaseHere(Agent& agent, int64_t context_id) {
+void ReleaseHere(rpc::Agent& agent, int64_t context_id) {
   if (Container* container = ContainerOf(&agent)) container->Release(context_id);
 }
 
-int64_t num_contexts(Agent& agent) {
+int64_t num_contexts(rpc::Agent& agent) {
   Container* container = ContainerOf(&agent);
   return container == nullptr ? 0 : container->size();
 }
 
-}  // namespace remora::dist_autograd
+}  // namespace remora::autograd

@@ -1,12 +1,12 @@
 // Distributed autograd: backward across processes, as PyTorch's
 // torch.distributed.autograd does it (FAST mode).
 //
-//   dist_autograd::Enable(*agent);                  // every process, before Join()
+//   autograd::Enable(*agent);                  // every process, before Join()
 //   {
-//     dist_autograd::Context context(*agent);       // with dist_autograd.context()
+//     autograd::Context context(*agent);       // with dist_autograd.context()
 //     at::Tensor out = stage2.rpc_sync("forward", {stage1.remote("forward", {x})})->toTensor();
 //     at::Tensor loss = mse(out, target);
-//     dist_autograd::backward(*agent, context.id(), {loss});
+//     autograd::backward(*agent, context.id(), {loss});
 //     optimizer.step(context.id());
 //   }                                               // released on every worker
 //
@@ -32,7 +32,7 @@
 #include "rpc/agent.h"
 #include "runtime/compute_lane.h"
 
-namespace remora::dist_autograd {
+namespace remora::autograd {
 
 // Installs distributed autograd on `agent`. Call after Agent::Start and
 // before Join() on every participant. launch::StartLocalGroup does it for
@@ -40,18 +40,18 @@ namespace remora::dist_autograd {
 // Agent::Start (a cluster's) must call it itself. `notes`: where the
 // engine's notes go, each said once (a stage whose backward pass does not
 // split into B and W under a zero-bubble schedule); none by default.
-void Enable(Agent& agent, LineSink notes = {});
+void Enable(rpc::Agent& agent, base::LineSink notes = {});
 
 // OK when Enable(agent) was called; else FailedPrecondition naming the
 // agent ("the master (agent 'master')" or "worker 'w1'") and what to call,
 // `before` saying what needs it ("making a trainer"). What a trainer or a
 // pipeline checks up front, so that a master that forgot Enable gets this
 // error where it starts, not later in a step.
-absl::Status CheckEnabled(const Agent& agent, const std::string& before = "");
+absl::Status CheckEnabled(const rpc::Agent& agent, const std::string& before = "");
 
 // Registers the functions distributed autograd calls on peers
 // (remora.autograd.*). Every participant's registry needs them.
-absl::Status RegisterFunctions(Registry& registry);
+absl::Status RegisterFunctions(rpc::Registry& registry);
 
 // A distributed autograd context, current on this thread for its scope.
 // Context ids carry the creating worker's id in bits 48 and up. Destroying
@@ -65,7 +65,7 @@ absl::Status RegisterFunctions(Registry& registry);
 // from any thread. Ownership: borrows the agent, which must outlive it.
 class Context {
  public:
-  explicit Context(Agent& agent);
+  explicit Context(rpc::Agent& agent);
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
@@ -75,10 +75,10 @@ class Context {
   const absl::Status& status() const { return status_; }
 
  private:
-  Agent& agent_;
+  rpc::Agent& agent_;
   absl::Status status_;
   int64_t id_;
-  ContextIdGuard current_;
+  rpc::ContextIdGuard current_;
 };
 
 // For code that drives a context's lifetime itself (the pipeline's step
@@ -86,9 +86,9 @@ class Context {
 // state created anywhere (CheckEnabled's error without Enable); the context
 // on this process (created if absent); and releasing it on this process
 // only (no message).
-absl::StatusOr<int64_t> NewContextId(Agent& agent);
-absl::Status EnsureContext(Agent& agent, int64_t context_id);
-void ReleaseHere(Agent& agent, int64_t context_id);
+absl::StatusOr<int64_t> NewContextId(rpc::Agent& agent);
+absl::Status EnsureContext(rpc::Agent& agent, int64_t context_id);
+void ReleaseHere(rpc::Agent& agent, int64_t context_id);
 
 // Runs backward from `roots` (each seeded with ones) in context
 // `context_id`, across every worker the gradients reach. Returns when all
@@ -97,29 +97,29 @@ void ReleaseHere(Agent& agent, int64_t context_id);
 // unless `retain_graph`. A pass that reaches one graph twice (a tensor sent
 // in two messages of one context) needs retain_graph = true, and so does a
 // pass that another pass over the same graph follows.
-absl::Status backward(Agent& agent, int64_t context_id, const std::vector<at::Tensor>& roots,
+absl::Status backward(rpc::Agent& agent, int64_t context_id, const std::vector<at::Tensor>& roots,
                       bool retain_graph = false);
-Future<Empty> backward_async(Agent& agent, int64_t context_id,
+rpc::Future<rpc::Empty> backward_async(rpc::Agent& agent, int64_t context_id,
                              const std::vector<at::Tensor>& roots, bool retain_graph = false);
 
 // Parameter -> accumulated gradient, on this worker, for `context_id`.
 absl::StatusOr<std::vector<std::pair<at::Tensor, at::Tensor>>> get_gradients(
-    Agent& agent, int64_t context_id);
+    rpc::Agent& agent, int64_t context_id);
 
 // The accumulated gradient of `parameter` (undefined when none).
-absl::StatusOr<at::Tensor> get_gradient(Agent& agent, int64_t context_id,
+absl::StatusOr<at::Tensor> get_gradient(rpc::Agent& agent, int64_t context_id,
                                         const at::Tensor& parameter);
 
 // Contexts alive on this worker (zero after training, when all released).
-int64_t num_contexts(Agent& agent);
+int64_t num_contexts(rpc::Agent& agent);
 
 // Called on this process after a backward pass marked with a pipeline
 // action (runtime/action_mark.h) has added its gradients to context
 // `context_id`, on the thread that ran it; must not block (parallel/
 // launches the replicas' gradient all-reduce from here). One per process;
 // an empty function removes it. Thread-safe.
-using MarkedBackwardHook = std::function<void(int64_t context_id, const LaneAction& action)>;
+using MarkedBackwardHook = std::function<void(int64_t context_id, const runtime::LaneAction& action)>;
 void SetMarkedBackwardHook(MarkedBackwardHook hook);
 MarkedBackwardHook GetMarkedBackwardHook();
 
-}  // namespace remora::dist_autograd
+}  // namespace remora::autograd

@@ -14,7 +14,7 @@
 
 #include "rpc/call.h"
 
-namespace remora::dist_autograd {
+namespace remora::autograd {
 
 // The gradients of the tensors that message `message` of context `context`
 // sent (one per tensor, undefined where none reached it); the receiver runs
@@ -27,7 +27,7 @@ struct PropagateRequest {
   bool retain_graph = false;
   template <typename Fields>
   void Visit(Fields& f) {
-    f("context", context)("message", message)("grads", grads)("retain_graph", retain_graph, kMayBeLeftOff);
+    f("context", context)("message", message)("grads", grads)("retain_graph", retain_graph, rpc::kMayBeLeftOff);
   }
 };
 
@@ -41,4 +41,4 @@ struct ReleaseRequest {
   }
 };
 
-}  // namespace remora::dist_autograd
+}  // namespace remora::autograd

@@ -15,7 +15,7 @@
 
 #include "base/status_util.h"
 
-namespace remora::dist_autograd {
+namespace remora::autograd {
 
 namespace {
 
@@ -294,7 +294,7 @@ absl::StatusOr<std::vector<at::Tensor>> SplitBackward::Inputs() {
     for (size_t k = 0; k < wanted_params.size(); ++k) s.whole[wanted_params[k]] = got[wanted_inputs.size() + k];
   } catch (...) {
     s.Unhook();
-    return StatusFromCurrentException("the backward pass for the inputs' gradients (B)");
+    return base::StatusFromCurrentException("the backward pass for the inputs' gradients (B)");
   }
   s.Unhook();
   return out;
@@ -329,7 +329,7 @@ absl::StatusOr<std::vector<at::Tensor>> SplitBackward::Weights() {
         for (size_t k = 0; k < g.params.size(); ++k) out[g.params[k]] = got[k];
       }
     } catch (...) {
-      return StatusFromCurrentException("the backward pass for the parameters' gradients (W)");
+      return base::StatusFromCurrentException("the backward pass for the parameters' gradients (W)");
     }
   }
   // The graph and what B kept go.
@@ -342,4 +342,4 @@ absl::StatusOr<std::vector<at::Tensor>> SplitBackward::Weights() {
   return out;
 }
 
-}  // namespace remora::dist_autograd
+}  // namespace remora::autograd

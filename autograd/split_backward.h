@@ -33,7 +33,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace remora::dist_autograd {
+namespace remora::autograd {
 
 class SplitBackward {
  public:
@@ -64,4 +64,4 @@ class SplitBackward {
   std::unique_ptr<State> state_;
 };
 
-}  // namespace remora::dist_autograd
+}  // namespace remora::autograd

@@ -1,6 +1,6 @@
 #include "base/ids.h"
 
-namespace remora {
+namespace remora::base {
 namespace {
 
 bool IsNameChar(char c, bool allow_dot) {
@@ -22,4 +22,4 @@ bool IsValidName(const std::string& name, bool allow_dot) {
 bool IsValidWorkerName(const std::string& name) { return IsValidName(name, false); }
 bool IsValidRegisteredName(const std::string& name) { return IsValidName(name, true); }
 
-}  // namespace remora
+}  // namespace remora::base

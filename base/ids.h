@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace remora {
+namespace remora::base {
 
 using WorkerId = uint16_t;
 inline constexpr WorkerId kUnknownWorker = 0xFFFF;
@@ -69,4 +69,4 @@ bool IsValidWorkerName(const std::string& name);
 // of [A-Za-z0-9_.:-].
 bool IsValidRegisteredName(const std::string& name);
 
-}  // namespace remora
+}  // namespace remora::base

@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_format.h"
 
-namespace remora {
+namespace remora::base {
 
 // `v` with `digits` after the point, or null.
 inline std::string JsonFixed(int digits, double v) {
@@ -71,4 +71,4 @@ inline double JsonNumber(std::string_view line, std::string_view key) {
   return !text.empty() && end == text.c_str() + text.size() ? v : std::nan("");
 }
 
-}  // namespace remora
+}  // namespace remora::base

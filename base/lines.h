@@ -17,7 +17,7 @@
 #include <string>
 #include <string_view>
 
-namespace remora {
+namespace remora::base {
 
 // One line, without its '\n'. Empty: the lines are dropped.
 using LineSink = std::function<void(std::string_view line)>;
@@ -37,4 +37,4 @@ inline void Say(const LineSink& sink, std::string_view line) {
   if (sink) sink(line);
 }
 
-}  // namespace remora
+}  // namespace remora::base

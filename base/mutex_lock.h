@@ -12,7 +12,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 
-namespace remora {
+namespace remora::base {
 namespace mutex_lock_internal {
 
 // Mutex::lock() where Abseil has it, else Mutex::Lock(); likewise unlock.
@@ -52,6 +52,6 @@ class ABSL_SCOPED_LOCKABLE MutexLock {
   absl::Mutex& mu_;
 };
 
-}  // namespace remora
+}  // namespace remora::base
 
 #endif  // REMORA_RPC_MUTEX_LOCK_H_

@@ -11,7 +11,7 @@
 
 #include "absl/strings/match.h"
 
-namespace remora {
+namespace remora::base {
 
 absl::Status StatusFromCurrentException(const std::string& context) {
   try {
@@ -76,4 +76,4 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const std::st
   return bytes;
 }
 
-}  // namespace remora
+}  // namespace remora::base

@@ -28,7 +28,7 @@
     return REMORA_CONCAT(remora_statusor_, __LINE__).status();            \
   lhs = std::move(REMORA_CONCAT(remora_statusor_, __LINE__)).value()
 
-namespace remora {
+namespace remora::base {
 
 // Converts the exception currently being handled (call only inside a catch
 // block) into a status whose message starts with `context`.
@@ -49,4 +49,4 @@ absl::string_view WithoutLeadingWorker(absl::string_view message, absl::string_v
 // `what` names it for the user ("--token-file"; may be empty).
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const std::string& what = "");
 
-}  // namespace remora
+}  // namespace remora::base

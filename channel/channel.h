@@ -32,7 +32,7 @@
 #include "absl/status/statusor.h"
 #include "base/ids.h"
 
-namespace remora {
+namespace remora::channel {
 
 template <typename Descriptor>
 class Channel {
@@ -42,14 +42,14 @@ class Channel {
   // `payload` is contiguous; `dst_device` is the receiver's GPU it should
   // land on (CUDA channels), -1 for host memory. The descriptor's payload
   // index is left for the caller to set.
-  virtual std::optional<Descriptor> Send(WorkerId peer, const at::Tensor& payload,
+  virtual std::optional<Descriptor> Send(base::WorkerId peer, const at::Tensor& payload,
                                          int dst_device) = 0;
   // The `length` bytes `d` describes, from `peer`, as a uint8 tensor.
-  virtual absl::StatusOr<at::Tensor> Receive(WorkerId peer, const Descriptor& d,
+  virtual absl::StatusOr<at::Tensor> Receive(base::WorkerId peer, const Descriptor& d,
                                              uint64_t length) = 0;
-  virtual void Reclaim(WorkerId peer, const Descriptor& d) = 0;
-  virtual void Abandon(WorkerId peer, const Descriptor& d, const std::string& why) = 0;
+  virtual void Reclaim(base::WorkerId peer, const Descriptor& d) = 0;
+  virtual void Abandon(base::WorkerId peer, const Descriptor& d, const std::string& why) = 0;
   virtual void Stop() = 0;
 };
 
-}  // namespace remora
+}  // namespace remora::channel

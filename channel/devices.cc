@@ -8,7 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
-namespace remora {
+namespace remora::channel {
 
 bool CudaChannelBuilt() {
 #ifdef REMORA_WITH_CUDA
@@ -69,7 +69,7 @@ const char* CudaRouteName(CudaRoute route) {
   return "staged";
 }
 
-CudaRoute ChooseCudaRoute(const WorkerInfo& self, int src, const WorkerInfo& peer, int dst) {
+CudaRoute ChooseCudaRoute(const base::WorkerInfo& self, int src, const base::WorkerInfo& peer, int dst) {
   const auto& mine = self.cuda.gpus;
   const auto& theirs = peer.cuda.gpus;
   if (src < 0 || dst < 0 || static_cast<size_t>(src) >= mine.size() ||
@@ -110,7 +110,7 @@ bool LeaveReceiveToStream(StreamReceives mode, CudaRoute route, int64_t stream_g
 }
 
 absl::Status ValidateCudaPayload(const wire::CudaPayload& d, uint64_t length,
-                                 const WorkerInfo& sender, const CudaEndpoint& self) {
+                                 const base::WorkerInfo& sender, const base::CudaEndpoint& self) {
   auto bad = [&](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat("CUDA payload ", d.payload(), " from worker '",
                                                    sender.name, "': ", what));
@@ -171,7 +171,7 @@ absl::StatusOr<DeviceMapper> DeviceMapper::Create(const std::string& self, const
   m.self_ = self;
   m.map_to_peer_devices_ = map_to_peer_devices;
   for (const auto& [peer, entries] : maps) {
-    if (!IsValidWorkerName(peer) || peer == self) {
+    if (!base::IsValidWorkerName(peer) || peer == self) {
       return absl::InvalidArgumentError(absl::StrCat(
           "device_maps of '", self, "': '", peer, "' is not a peer's name"));
     }
@@ -200,7 +200,7 @@ absl::StatusOr<DeviceMapper> DeviceMapper::Create(const std::string& self, const
   return m;
 }
 
-absl::StatusOr<c10::Device> DeviceMapper::Map(c10::Device src, const WorkerInfo& peer) const {
+absl::StatusOr<c10::Device> DeviceMapper::Map(c10::Device src, const base::WorkerInfo& peer) const {
   if (src.is_cpu()) return src;
   if (!src.is_cuda()) {
     return absl::UnimplementedError(absl::StrCat(
@@ -245,4 +245,4 @@ std::vector<std::pair<c10::Device, c10::Device>> DeviceMapper::EntriesFor(
   return out;
 }
 
-}  // namespace remora
+}  // namespace remora::channel

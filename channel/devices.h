@@ -30,7 +30,7 @@
 #include "proto/channel.pb.h"
 #include "base/ids.h"
 
-namespace remora {
+namespace remora::channel {
 
 // What a build without the CUDA channel says when asked for it.
 inline constexpr char kNoCudaBuild[] =
@@ -71,7 +71,7 @@ const char* CudaRouteName(CudaRoute route);
 // in another process is CUDA IPC; different GPUs where both ends have NCCL
 // is NCCL; anything else (no CUDA channel on either end, an unknown device,
 // the same process) is staged through host memory.
-CudaRoute ChooseCudaRoute(const WorkerInfo& self, int src, const WorkerInfo& peer, int dst);
+CudaRoute ChooseCudaRoute(const base::WorkerInfo& self, int src, const base::WorkerInfo& peer, int dst);
 
 // Which receives of a stream-ordered call (CallOptions::stream_group) leave
 // their wait to the receiving stream on the GPU instead of the host.
@@ -101,7 +101,7 @@ bool LeaveReceiveToStream(StreamReceives mode, CudaRoute route, int64_t stream_g
 // advertised, before anything touches it: its sender, devices and GPU,
 // handle sizes, and that `length` bytes lie inside the described memory.
 absl::Status ValidateCudaPayload(const wire::CudaPayload& d, uint64_t length,
-                                 const WorkerInfo& sender, const CudaEndpoint& self);
+                                 const base::WorkerInfo& sender, const base::CudaEndpoint& self);
 
 // The device maps of one agent.
 //
@@ -123,7 +123,7 @@ class DeviceMapper {
   // the CPU. CUDA tensors: the map's entry, else the peer's home device when
   // map_to_peer_devices, else an error naming the device and the peer. A
   // destination GPU the peer does not have is an error too.
-  absl::StatusOr<c10::Device> Map(c10::Device src, const WorkerInfo& peer) const;
+  absl::StatusOr<c10::Device> Map(c10::Device src, const base::WorkerInfo& peer) const;
 
   // The entries for `peer` (for logs).
   std::vector<std::pair<c10::Device, c10::Device>> EntriesFor(const std::string& peer) const;
@@ -135,4 +135,4 @@ class DeviceMapper {
   bool map_to_peer_devices_ = false;
 };
 
-}  // namespace remora
+}  // namespace remora::channel

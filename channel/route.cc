@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_util.h"
 
-namespace remora {
+namespace remora::channel {
 
 std::string HostIdentity(const std::string& explicit_id) {
   if (!explicit_id.empty()) return explicit_id;
@@ -27,15 +27,15 @@ absl::Status CheckHostId(const std::string& id) {
   return absl::OkStatus();
 }
 
-bool SharesMemory(const WorkerInfo& self, const WorkerInfo& peer) {
+bool SharesMemory(const base::WorkerInfo& self, const base::WorkerInfo& peer) {
   return !self.host_id.empty() && self.host_id == peer.host_id && !self.shm.domain.empty() &&
          self.shm.domain == peer.shm.domain && self.shm.incarnation != peer.shm.incarnation;
 }
 
-Route SelectRoute(const WorkerInfo& self, const WorkerInfo& peer, ShmChannel* shm,
+Route SelectRoute(const base::WorkerInfo& self, const base::WorkerInfo& peer, ShmChannel* shm,
                   CudaChannel* cuda, size_t threshold) {
   Route route;
-  WorkerInfo me = self;
+  base::WorkerInfo me = self;
   me.shm = shm->endpoint();
   // The same host and domain, and not this very process (its own incarnation).
   if (SharesMemory(me, peer)) route.shm = shm;
@@ -46,7 +46,7 @@ Route SelectRoute(const WorkerInfo& self, const WorkerInfo& peer, ShmChannel* sh
 }
 
 absl::StatusOr<std::string> DescribeRoute(const Route& route, const DeviceMapper& devices,
-                                          const WorkerInfo& peer, c10::Device device) {
+                                          const base::WorkerInfo& peer, c10::Device device) {
   const char* cpu_way = route.shm != nullptr ? "shm" : "grpc";
   if (!device.is_cuda()) return std::string(cpu_way);
   ASSIGN_OR_RETURN(c10::Device dst, devices.Map(device, peer));
@@ -57,4 +57,4 @@ absl::StatusOr<std::string> DescribeRoute(const Route& route, const DeviceMapper
   return absl::StrCat("staged:", cpu_way);
 }
 
-}  // namespace remora
+}  // namespace remora::channel

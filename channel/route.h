@@ -28,7 +28,7 @@
 #include "channel/devices.h"
 #include "channel/shm/shm.h"
 
-namespace remora {
+namespace remora::channel {
 
 inline constexpr size_t kDefaultOobThresholdBytes = 64 * 1024;
 
@@ -37,7 +37,7 @@ struct Route {
   ShmChannel* shm = nullptr;  // null: CPU payloads go in the frame
   size_t threshold = kDefaultOobThresholdBytes;  // smaller ones always do
   CudaChannel* cuda = nullptr;  // null: CUDA payloads are staged
-  WorkerId peer = kUnknownWorker;
+  base::WorkerId peer = base::kUnknownWorker;
 };
 
 // This process's host identity, which every participant sends at
@@ -54,11 +54,11 @@ absl::Status CheckHostId(const std::string& id);
 // Whether `self` may send `peer` payloads through shared memory: the same
 // host identity (not empty), the same shared-memory domain (boot, PID
 // namespace, user; not empty) and another agent (incarnation).
-bool SharesMemory(const WorkerInfo& self, const WorkerInfo& peer);
+bool SharesMemory(const base::WorkerInfo& self, const base::WorkerInfo& peer);
 
 // The route from this process (`self`, whose shared-memory endpoint is
 // `shm`'s) to `peer`.
-Route SelectRoute(const WorkerInfo& self, const WorkerInfo& peer, ShmChannel* shm,
+Route SelectRoute(const base::WorkerInfo& self, const base::WorkerInfo& peer, ShmChannel* shm,
                   CudaChannel* cuda, size_t threshold);
 
 // What carries a tensor on `device` of this process to `peer` along
@@ -66,6 +66,6 @@ Route SelectRoute(const WorkerInfo& self, const WorkerInfo& peer, ShmChannel* sh
 // "nccl", or "staged:shm" / "staged:grpc"; or the device-map error that
 // sending one would give.
 absl::StatusOr<std::string> DescribeRoute(const Route& route, const DeviceMapper& devices,
-                                          const WorkerInfo& peer, c10::Device device);
+                                          const base::WorkerInfo& peer, c10::Device device);
 
-}  // namespace remora
+}  // namespace remora::channel

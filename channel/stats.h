@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-namespace remora {
+namespace remora::channel {
 
 // Shared memory between processes on one host (channel/shm/shm.h).
 struct ShmStats {
@@ -30,4 +30,4 @@ struct CudaStats {
   int64_t stream_ordered = 0;   // receives whose copy a stream waited for on the GPU
 };
 
-}  // namespace remora
+}  // namespace remora::channel

@@ -37,8 +37,8 @@ namespace fs = std::filesystem;
 // (ZeRO-1's gradient group), else its per-owner optimizer, else None (a
 // worker whose stages have no parameters has none).
 c10::IValue OptimizerOf(const pipeline::Pipeline& pipe, const std::string& worker) {
-  if (std::optional<RRef> holder = pipe.optimizer_state_holder(worker)) return holder->ToIValue();
-  for (const RRef& opt : pipe.optimizer().owners()) {
+  if (std::optional<rpc::RRef> holder = pipe.optimizer_state_holder(worker)) return holder->ToIValue();
+  for (const rpc::RRef& opt : pipe.optimizer().owners()) {
     if (opt.owner_name() == worker) return opt.ToIValue();
   }
   return c10::IValue();
@@ -116,7 +116,7 @@ TrainingState Checkpoint::state() const {
   return s;
 }
 
-absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(Agent& agent, std::string dir, int keep) {
+absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(rpc::Agent& agent, std::string dir, int keep) {
   if (keep < 1) return absl::InvalidArgumentError("checkpoints: keep at least 1");
   std::error_code ec;
   const fs::path abs = fs::absolute(dir, ec);
@@ -134,7 +134,7 @@ namespace {
 absl::StatusOr<int64_t> RecordWritten(const std::vector<c10::IValue>& written, Manifest& m) {
   int64_t total = 0;
   for (size_t i = 0; i < written.size(); ++i) {
-    ASSIGN_OR_RETURN(const ShardWrittenReply r, DecodeTuple<ShardWrittenReply>(written[i]));
+    ASSIGN_OR_RETURN(const ShardWrittenReply r, rpc::DecodeTuple<ShardWrittenReply>(written[i]));
     m.shards[i].bytes = r.bytes;
     m.shards[i].crc32 = r.crc32;
     total += r.bytes;
@@ -171,7 +171,7 @@ absl::Status Checkpointer::Save(pipeline::Pipeline& pipe, const std::vector<pipe
   // Every owner writes its shard at once (or copies its state and writes
   // it in the background).
   const std::vector<std::string>& workers = pipe.workers();
-  std::vector<Future<c10::IValue>> pending;
+  std::vector<rpc::Future<c10::IValue>> pending;
   std::vector<std::string> paths;
   for (size_t i = 0; i < workers.size(); ++i) {
     auto [indices, rrefs] = StagesOn(pipe, i);
@@ -191,14 +191,14 @@ absl::Status Checkpointer::Save(pipeline::Pipeline& pipe, const std::vector<pipe
       save.omit_stage = last;
       save.omit_name = pipe.tied_last();
     }
-    pending.push_back(agent_.rpc_async(workers[i], SaveShardRequest::kFunction, EncodeCall(save)));
+    pending.push_back(agent_.rpc_async(workers[i], SaveShardRequest::kFunction, rpc::EncodeCall(save)));
   }
   const std::string failed = SaveFailed(state.step, dir);
-  absl::StatusOr<std::vector<c10::IValue>> written = WaitAll(pending, [&workers](size_t i) {
+  absl::StatusOr<std::vector<c10::IValue>> written = rpc::WaitAll(pending, [&workers](size_t i) {
     return absl::StrCat("saving shard ", i, " on worker '", workers[i], "'");
   });
-  RETURN_IF_ERROR(Annotate(written.status(), failed));
-  RETURN_IF_ERROR(Annotate(WriteModel(stages, ShardOf(pipe), dir, &m), failed));
+  RETURN_IF_ERROR(base::Annotate(written.status(), failed));
+  RETURN_IF_ERROR(base::Annotate(WriteModel(stages, ShardOf(pipe), dir, &m), failed));
   if (background) {
     auto p = std::make_unique<Pending>();
     p->dir = dir;
@@ -206,15 +206,15 @@ absl::Status Checkpointer::Save(pipeline::Pipeline& pipe, const std::vector<pipe
     p->workers = workers;
     for (size_t i = 0; i < workers.size(); ++i) {
       p->written.push_back(
-          agent_.rpc_async(workers[i], ShardWrittenRequest::kFunction, EncodeCall(ShardWrittenRequest{paths[i]})));
+          agent_.rpc_async(workers[i], ShardWrittenRequest::kFunction, rpc::EncodeCall(ShardWrittenRequest{paths[i]})));
     }
     pending_ = std::move(p);
     return absl::OkStatus();
   }
   Manifest done = ManifestFromWire(m);
   absl::StatusOr<int64_t> total = RecordWritten(*written, done);
-  RETURN_IF_ERROR(Annotate(total.status(), failed));
-  return Annotate(Commit(done, dir, *total, workers), failed);
+  RETURN_IF_ERROR(base::Annotate(total.status(), failed));
+  return base::Annotate(Commit(done, dir, *total, workers), failed);
 }
 
 absl::Status Checkpointer::Commit(const Manifest& m, const std::string& dir, int64_t total,
@@ -240,23 +240,23 @@ absl::Status Checkpointer::Flush() {
   if (pending_ == nullptr) return absl::OkStatus();
   std::unique_ptr<Pending> p = std::move(pending_);
   const std::vector<std::string>& workers = p->workers;
-  absl::StatusOr<std::vector<c10::IValue>> written = WaitAll(p->written, [&workers](size_t i) {
+  absl::StatusOr<std::vector<c10::IValue>> written = rpc::WaitAll(p->written, [&workers](size_t i) {
     return absl::StrCat("writing shard ", i, " on worker '", workers[i], "'");
   });
   const std::string failed = SaveFailed(p->manifest.step, p->dir);
-  RETURN_IF_ERROR(Annotate(written.status(), failed));
+  RETURN_IF_ERROR(base::Annotate(written.status(), failed));
   absl::StatusOr<int64_t> total = RecordWritten(*written, p->manifest);
-  RETURN_IF_ERROR(Annotate(total.status(), failed));
-  return Annotate(Commit(p->manifest, p->dir, *total, workers), failed);
+  RETURN_IF_ERROR(base::Annotate(total.status(), failed));
+  return base::Annotate(Commit(p->manifest, p->dir, *total, workers), failed);
 }
 
 absl::Status Checkpointer::Prune(const std::vector<std::string>& workers) {
   std::error_code ec;
   for (const std::string& dir : PrunableDirs(dir_, keep_)) {
     fs::remove(fs::path(dir) / kManifestFile, ec);  // no longer a checkpoint
-    std::vector<Future<c10::IValue>> removing;
+    std::vector<rpc::Future<c10::IValue>> removing;
     for (const auto& w : workers) {
-      removing.push_back(agent_.rpc_async(w, RemoveRequest::kFunction, EncodeCall(RemoveRequest{dir})));
+      removing.push_back(agent_.rpc_async(w, RemoveRequest::kFunction, rpc::EncodeCall(RemoveRequest{dir})));
     }
     for (auto& r : removing) r.wait().IgnoreError();  // a file left behind is not a failure
     RemoveCheckpointFiles(dir, /*all=*/true);
@@ -363,7 +363,7 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> LoadStageSpecs(const Checkpoint
       specs.push_back(std::move(spec));
     }
   } catch (...) {
-    return StatusFromCurrentException(absl::StrCat(path, ": not a remora model file"));
+    return base::StatusFromCurrentException(absl::StrCat(path, ": not a remora model file"));
   }
   if (specs.size() != ck.manifest.stages.size()) {
     return absl::DataLossError(absl::StrCat(path, " has ", specs.size(), " stages; ", ck.manifest_path,
@@ -381,7 +381,7 @@ absl::Status Restore(pipeline::Pipeline& pipe, const Checkpoint& ck) {
         " shards (one per pipeline worker); this run has ", pipe.num_stages(), " stages over ",
         workers.size(), " workers: give ", m.shards.size(), " workers per replica"));
   }
-  std::vector<Future<c10::IValue>> pending;
+  std::vector<rpc::Future<c10::IValue>> pending;
   for (size_t i = 0; i < workers.size(); ++i) {
     const ManifestShard& shard = m.shards[i];
     auto [indices, rrefs] = StagesOn(pipe, i);
@@ -403,20 +403,20 @@ absl::Status Restore(pipeline::Pipeline& pipe, const Checkpoint& ck) {
       load.omitted_stage = pipe.num_stages() - 1;
       load.omitted_name = m.tied_last;
     }
-    pending.push_back(pipe.agent().rpc_async(workers[i], LoadShardRequest::kFunction, EncodeCall(load)));
+    pending.push_back(pipe.agent().rpc_async(workers[i], LoadShardRequest::kFunction, rpc::EncodeCall(load)));
   }
-  RETURN_IF_ERROR(WaitAll(pending, [&workers](size_t i) {
+  RETURN_IF_ERROR(rpc::WaitAll(pending, [&workers](size_t i) {
                     return absl::StrCat("restoring shard ", i, " on worker '", workers[i], "'");
                   }).status());
   if (!m.tied_last.empty()) {
     // The tied weight's last copy: the first stage's, as stored.
     const std::string where = absl::StrCat("restoring the tied weight '", m.tied_last, "' of ", ck.manifest_path);
     absl::StatusOr<c10::IValue> weight = pipe.stages().front().rpc_sync(
-        pipeline::StageParameterRequest::kMethod, EncodeCall(pipeline::StageParameterRequest{m.tied_first, {}}));
-    RETURN_IF_ERROR(Annotate(weight.status(), where));
-    RETURN_IF_ERROR(Annotate(pipe.stages().back()
+        pipeline::StageParameterRequest::kMethod, rpc::EncodeCall(pipeline::StageParameterRequest{m.tied_first, {}}));
+    RETURN_IF_ERROR(base::Annotate(weight.status(), where));
+    RETURN_IF_ERROR(base::Annotate(pipe.stages().back()
                                  .rpc_sync(pipeline::StageParameterRequest::kMethod,
-                                           EncodeCall(pipeline::StageParameterRequest{m.tied_last, *weight}))
+                                           rpc::EncodeCall(pipeline::StageParameterRequest{m.tied_last, *weight}))
                                  .status(),
                              where));
   }
@@ -430,7 +430,7 @@ absl::Status RestoreCpuGenerator(const Checkpoint& ck) {
   try {
     SetCpuGeneratorState(state);
   } catch (...) {
-    return StatusFromCurrentException(absl::StrCat(ck.manifest_path, ": master_rng"));
+    return base::StatusFromCurrentException(absl::StrCat(ck.manifest_path, ": master_rng"));
   }
   return absl::OkStatus();
 }
@@ -500,7 +500,7 @@ absl::StatusOr<std::vector<std::unique_ptr<pipeline::StageModule>>> LoadModel(co
                           tied_here ? ck.manifest.tied_last : "");
       if (tied_here) RETURN_IF_ERROR(FillTied(ck, tensors.front(), names.front(), *stage));
     } catch (...) {
-      return StatusFromCurrentException("loading the checkpoint's parameters");
+      return base::StatusFromCurrentException("loading the checkpoint's parameters");
     }
     stage->Train(false);
     model.push_back(std::move(stage));

@@ -156,7 +156,7 @@ class Checkpointer {
  public:
   // Makes `dir` if needed (an error says why it cannot); keeps the newest
   // `keep` (>= 1) checkpoints.
-  static absl::StatusOr<std::unique_ptr<Checkpointer>> Create(Agent& agent, std::string dir, int keep);
+  static absl::StatusOr<std::unique_ptr<Checkpointer>> Create(rpc::Agent& agent, std::string dir, int keep);
 
   // Saves `pipe` (the stages it was created from: `stages`) at `state` and
   // commits it; `final` marks the run's last checkpoint (an evaluator stops
@@ -191,10 +191,10 @@ class Checkpointer {
     std::string dir;
     Manifest manifest;
     std::vector<std::string> workers;
-    std::vector<Future<c10::IValue>> written;  // (bytes, crc32) per shard
+    std::vector<rpc::Future<c10::IValue>> written;  // (bytes, crc32) per shard
   };
 
-  Checkpointer(Agent& agent, std::string dir, int keep) : agent_(agent), dir_(std::move(dir)), keep_(keep) {}
+  Checkpointer(rpc::Agent& agent, std::string dir, int keep) : agent_(agent), dir_(std::move(dir)), keep_(keep) {}
   // Commits `m` in `dir` (the shards written, `total` bytes): the manifest,
   // then the bookkeeping and the pruning.
   absl::Status Commit(const Manifest& m, const std::string& dir, int64_t total,
@@ -203,7 +203,7 @@ class Checkpointer {
   // ones older than the newest.
   absl::Status Prune(const std::vector<std::string>& workers);
 
-  Agent& agent_;
+  rpc::Agent& agent_;
   const std::string dir_;
   const int keep_;
   std::string last_;
@@ -261,7 +261,7 @@ absl::StatusOr<std::vector<std::unique_ptr<pipeline::StageModule>>> LoadModel(co
 
 // Registers the worker side (remora.checkpoint.save_shard, load_shard,
 // remove) in a worker's registry.
-absl::Status RegisterFunctions(Registry& registry);
+absl::Status RegisterFunctions(rpc::Registry& registry);
 
 // Files: written to a temporary name beside `path`, fsynced, renamed over
 // `path`, the directory fsynced; the CRC-32 of bytes as 8 hex digits.

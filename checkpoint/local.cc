@@ -55,7 +55,7 @@ absl::StatusOr<LocalSave> SaveLocal(const std::string& dir, const std::vector<pi
   if (optimizer.defined()) shard.optimizer = optim::Unpickle(optimizer);
   shard.rng = CpuGeneratorState();
   const std::string shard_bytes = EncodeShard(shard);
-  RETURN_IF_ERROR(Annotate(WriteFileAtomically(absl::StrCat(step_dir, "/", kShardFile), shard_bytes), failed));
+  RETURN_IF_ERROR(base::Annotate(WriteFileAtomically(absl::StrCat(step_dir, "/", kShardFile), shard_bytes), failed));
   wire::Manifest m = NewManifest(identity, state, final);
   wire::CheckpointShard* s = m.add_shards();
   s->set_file(kShardFile);
@@ -63,9 +63,9 @@ absl::StatusOr<LocalSave> SaveLocal(const std::string& dir, const std::vector<pi
   s->set_bytes(static_cast<int64_t>(shard_bytes.size()));
   s->set_crc32(Crc32(shard_bytes));
   for (size_t k = 0; k < stages.size(); ++k) s->add_stages(static_cast<int32_t>(k));
-  RETURN_IF_ERROR(Annotate(WriteModel(stages, /*shard_of=*/{}, step_dir, &m), failed));
+  RETURN_IF_ERROR(base::Annotate(WriteModel(stages, /*shard_of=*/{}, step_dir, &m), failed));
   // The commit: the manifest, last.
-  RETURN_IF_ERROR(Annotate(CommitManifest(m, step_dir), failed));
+  RETURN_IF_ERROR(base::Annotate(CommitManifest(m, step_dir), failed));
   for (const std::string& old : PrunableDirs(root, keep)) {
     fs::remove(fs::path(old) / kManifestFile, ec);  // no longer a checkpoint
     RemoveCheckpointFiles(old, /*all=*/true);

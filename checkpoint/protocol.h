@@ -35,7 +35,7 @@ struct SaveShardRequest {
   template <typename Fields>
   void Visit(Fields& f) {
     f("path", path)("stages", stages)("stage_rrefs", stage_rrefs)("optimizer", optimizer)("background", background)(
-        "omit_stage", omit_stage, kMayBeLeftOff)("omit_name", omit_name, kMayBeLeftOff);
+        "omit_stage", omit_stage, rpc::kMayBeLeftOff)("omit_name", omit_name, rpc::kMayBeLeftOff);
   }
 };
 
@@ -77,8 +77,8 @@ struct LoadShardRequest {
   template <typename Fields>
   void Visit(Fields& f) {
     f("path", path)("bytes", bytes)("crc32", crc32)("stages", stages)("stage_rrefs", stage_rrefs)(
-        "optimizer", optimizer)("omitted_stage", omitted_stage, kMayBeLeftOff)("omitted_name", omitted_name,
-                                                                               kMayBeLeftOff);
+        "optimizer", optimizer)("omitted_stage", omitted_stage, rpc::kMayBeLeftOff)("omitted_name", omitted_name,
+                                                                               rpc::kMayBeLeftOff);
   }
 };
 

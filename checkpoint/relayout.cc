@@ -35,7 +35,8 @@ absl::StatusOr<std::vector<StageNames>> NamesOf(const std::vector<pipeline::Stag
   std::vector<StageNames> out;
   for (size_t k = 0; k < specs.size(); ++k) {
     auto module = pipeline::BuildStage(specs[k], c10::Device(c10::kCPU));
-    RETURN_IF_ERROR(Annotate(module.status(), absl::StrCat("building ", which, " stage ", k, " to read its names")));
+    RETURN_IF_ERROR(
+        base::Annotate(module.status(), absl::StrCat("building ", which, " stage ", k, " to read its names")));
     StageNames s;
     s.names = pipeline::StateNames(**module);
     s.parameters = (*module)->Parameters().size();
@@ -231,7 +232,7 @@ absl::StatusOr<Checkpoint> Relayout(const Checkpoint& ck, const std::vector<pipe
   for (size_t i = 0; i < shards.size(); ++i) {
     const std::string file = absl::StrCat("shard-", i, ".pt");
     const std::string bytes = EncodeShard(shards[i]);
-    RETURN_IF_ERROR(Annotate(WriteFileAtomically(absl::StrCat(dir, "/", file), bytes), failed));
+    RETURN_IF_ERROR(base::Annotate(WriteFileAtomically(absl::StrCat(dir, "/", file), bytes), failed));
     wire::CheckpointShard* s = w.add_shards();
     s->set_file(file);
     s->set_worker(i < m.shards.size() ? m.shards[i].worker : m.shards.back().worker);
@@ -239,8 +240,8 @@ absl::StatusOr<Checkpoint> Relayout(const Checkpoint& ck, const std::vector<pipe
     s->set_crc32(Crc32(bytes));
     for (int64_t k : shards[i].stages) s->add_stages(static_cast<int32_t>(k));
   }
-  RETURN_IF_ERROR(Annotate(WriteModel(stages, placement, dir, &w), failed));
-  RETURN_IF_ERROR(Annotate(CommitManifest(w, dir), failed));
+  RETURN_IF_ERROR(base::Annotate(WriteModel(stages, placement, dir, &w), failed));
+  RETURN_IF_ERROR(base::Annotate(CommitManifest(w, dir), failed));
   return Latest(dir);
 }
 

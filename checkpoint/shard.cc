@@ -53,7 +53,7 @@ absl::Status FsyncPath(const std::string& path, int flags) {
 
 // The local object behind an owner RRef argument, for a method call.
 c10::IValue LocalObject(const c10::IValue& v, const char* what) {
-  auto rref = RRef::FromIValue(v);
+  auto rref = rpc::RRef::FromIValue(v);
   if (!rref.ok() || !rref->is_owner()) {
     throw std::invalid_argument(absl::StrCat("checkpoint: the ", what, " RRef is not owned here"));
   }
@@ -62,9 +62,9 @@ c10::IValue LocalObject(const c10::IValue& v, const char* what) {
   return *value;
 }
 
-c10::IValue Call(CallContext& ctx, const c10::IValue& object, const std::string& method,
+c10::IValue Call(rpc::CallContext& ctx, const c10::IValue& object, const std::string& method,
                  std::vector<c10::IValue> args = {}) {
-  auto out = ctx.agent->registry().InvokeMethod(object, method, ctx, Args(std::move(args)));
+  auto out = ctx.agent->registry().InvokeMethod(object, method, ctx, rpc::Args(std::move(args)));
   if (!out.ok()) throw std::runtime_error(std::string(out.status().message()));
   return *out;
 }
@@ -93,8 +93,8 @@ BackgroundWrites& Background() {
 }
 
 // SaveShardRequest.
-c10::IValue SaveShardFn(CallContext& ctx, const Args& a) {
-  const auto r = DecodeCallOrThrow<SaveShardRequest>(a);
+c10::IValue SaveShardFn(rpc::CallContext& ctx, const rpc::Args& a) {
+  const auto r = rpc::DecodeCallOrThrow<SaveShardRequest>(a);
   const std::string& path = r.path;
   Shard shard;
   shard.stages = r.stages;
@@ -125,22 +125,22 @@ c10::IValue SaveShardFn(CallContext& ctx, const Args& a) {
     std::shared_future<Written> write =
         std::async(std::launch::async, [path, shard = std::move(shard)] { return WriteShard(path, shard); }).share();
     BackgroundWrites& writes = Background();
-    MutexLock lock(writes.mu);
+    base::MutexLock lock(writes.mu);
     writes.by_path[path] = std::move(write);
-    return EncodeTuple(ShardWrittenReply{-1, ""});
+    return rpc::EncodeTuple(ShardWrittenReply{-1, ""});
   }
   const Written written = WriteShard(path, shard);
   if (!written.ok()) throw std::runtime_error(std::string(written.status().message()));
-  return EncodeTuple(ShardWrittenReply{written->first, written->second});
+  return rpc::EncodeTuple(ShardWrittenReply{written->first, written->second});
 }
 
 // ShardWrittenRequest.
-c10::IValue ShardWrittenFn(CallContext&, const Args& a) {
-  const std::string path = DecodeCallOrThrow<ShardWrittenRequest>(a).path;
+c10::IValue ShardWrittenFn(rpc::CallContext&, const rpc::Args& a) {
+  const std::string path = rpc::DecodeCallOrThrow<ShardWrittenRequest>(a).path;
   BackgroundWrites& writes = Background();
   std::shared_future<Written> write;
   {
-    MutexLock lock(writes.mu);
+    base::MutexLock lock(writes.mu);
     auto it = writes.by_path.find(path);
     if (it == writes.by_path.end()) {
       throw std::invalid_argument(absl::StrCat("checkpoint: no shard is being written to ", path, " here"));
@@ -149,16 +149,16 @@ c10::IValue ShardWrittenFn(CallContext&, const Args& a) {
   }
   const Written written = write.get();
   {
-    MutexLock lock(writes.mu);
+    base::MutexLock lock(writes.mu);
     writes.by_path.erase(path);
   }
   if (!written.ok()) throw std::runtime_error(std::string(written.status().message()));
-  return EncodeTuple(ShardWrittenReply{written->first, written->second});
+  return rpc::EncodeTuple(ShardWrittenReply{written->first, written->second});
 }
 
 // LoadShardRequest.
-c10::IValue LoadShardFn(CallContext& ctx, const Args& a) {
-  const auto r = DecodeCallOrThrow<LoadShardRequest>(a);
+c10::IValue LoadShardFn(rpc::CallContext& ctx, const rpc::Args& a) {
+  const auto r = rpc::DecodeCallOrThrow<LoadShardRequest>(a);
   const std::string& path = r.path;
   auto shard = ReadShard(path, r.bytes, r.crc32);
   if (!shard.ok()) throw std::runtime_error(std::string(shard.status().message()));
@@ -176,7 +176,7 @@ c10::IValue LoadShardFn(CallContext& ctx, const Args& a) {
     load.tensors = shard->tensors[i];
     if (!shard->names.empty()) load.names = shard->names[i];
     if (r.stages[i] == r.omitted_stage) load.missing = r.omitted_name;
-    Call(ctx, LocalObject(stages[i], "stage"), pipeline::LoadStateRequest::kMethod, EncodeCall(load));
+    Call(ctx, LocalObject(stages[i], "stage"), pipeline::LoadStateRequest::kMethod, rpc::EncodeCall(load));
   }
   if (!r.optimizer.isNone()) {
     if (shard->optimizer.isNone()) {
@@ -184,7 +184,7 @@ c10::IValue LoadShardFn(CallContext& ctx, const Args& a) {
     }
     // (A local optimizer's, or a ZeRO-1 gradient group's: the same call.)
     Call(ctx, LocalObject(r.optimizer, "optimizer"), optim::LoadStateRequest::kMethod,
-         EncodeCall(optim::LoadStateRequest{shard->optimizer}));
+         rpc::EncodeCall(optim::LoadStateRequest{shard->optimizer}));
   }
   SetCpuGeneratorState(shard->rng);
   SetCudaGeneratorStates(shard->cuda_rng);
@@ -192,8 +192,8 @@ c10::IValue LoadShardFn(CallContext& ctx, const Args& a) {
 }
 
 // RemoveRequest.
-c10::IValue RemoveFn(CallContext&, const Args& a) {
-  RemoveCheckpointFiles(DecodeCallOrThrow<RemoveRequest>(a).dir, /*all=*/false);
+c10::IValue RemoveFn(rpc::CallContext&, const rpc::Args& a) {
+  RemoveCheckpointFiles(rpc::DecodeCallOrThrow<RemoveRequest>(a).dir, /*all=*/false);
   return c10::IValue();
 }
 
@@ -421,7 +421,7 @@ absl::StatusOr<Shard> DecodeShard(const std::string& bytes, const std::string& l
     }
     return shard;
   } catch (...) {
-    return StatusFromCurrentException(absl::StrCat(label, ": not a remora checkpoint shard"));
+    return base::StatusFromCurrentException(absl::StrCat(label, ": not a remora checkpoint shard"));
   }
 }
 
@@ -448,7 +448,7 @@ void RemoveCheckpointFiles(const std::string& dir, bool all) {
   std::filesystem::remove(dir, ec);  // only when empty
 }
 
-absl::Status RegisterFunctions(Registry& registry) {
+absl::Status RegisterFunctions(rpc::Registry& registry) {
   RETURN_IF_ERROR(registry.RegisterFunction(SaveShardRequest::kFunction, SaveShardFn));
   RETURN_IF_ERROR(registry.RegisterFunction(LoadShardRequest::kFunction, LoadShardFn));
   RETURN_IF_ERROR(registry.RegisterFunction(ShardWrittenRequest::kFunction, ShardWrittenFn));

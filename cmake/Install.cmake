@@ -5,7 +5,7 @@
 #   find_package(remora REQUIRED)      # CMAKE_PREFIX_PATH=P
 #   target_link_libraries(app PRIVATE remora::pipeline remora::examples)
 #
-# Targets (remora::<folder>): base proto runtime data channel rpc autograd
+# Targets (remora::<folder>): base proto trace runtime data channel rpc autograd
 # optim pipeline parallel checkpoint ps shards launch examples (examples: what the stock worker
 # registers, RegisterStockWorker). The public headers (listed below) keep
 # their folders under include/remora (#include "pipeline/pipeline.h"). The
@@ -16,7 +16,7 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(REMORA_INSTALL_LIBRARIES base proto runtime data channel rpc autograd optim pipeline parallel checkpoint ps shards
+set(REMORA_INSTALL_LIBRARIES base proto trace runtime data channel rpc autograd optim pipeline parallel checkpoint ps shards
     launch_env launch train examples)
 set(_remora_install_targets)
 foreach(name ${REMORA_INSTALL_LIBRARIES})

@@ -35,7 +35,7 @@ namespace {
 // The bytes of `path`, or of `path`.gz decompressed.
 absl::StatusOr<std::string> ReadMaybeGz(const std::string& path) {
   std::error_code ec;
-  if (fs::exists(path, ec)) return ReadWholeFile(path);
+  if (fs::exists(path, ec)) return base::ReadWholeFile(path);
   const std::string gz = path + ".gz";
   if (!fs::exists(gz, ec)) return absl::NotFoundError(gz);
   gzFile in = gzopen(gz.c_str(), "rb");
@@ -133,8 +133,8 @@ absl::StatusOr<Dataset> LoadCifar10(const std::string& dir, bool train) {
   std::vector<at::Tensor> images, labels;
   for (const auto& f : files) {
     const std::string path = (fs::path(dir) / f).string();
-    absl::StatusOr<std::string> read = ReadWholeFile(path);
-    if (!read.ok()) return Annotate(read.status(), "CIFAR-10's binary version (cifar-10-batches-bin)");
+    absl::StatusOr<std::string> read = base::ReadWholeFile(path);
+    if (!read.ok()) return base::Annotate(read.status(), "CIFAR-10's binary version (cifar-10-batches-bin)");
     std::string& bytes = *read;
     if (bytes.empty() || bytes.size() % kRecord != 0) {
       return absl::DataLossError(absl::StrCat(path, " holds ", bytes.size(),

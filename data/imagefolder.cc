@@ -248,7 +248,7 @@ class ImageFolder::Pool {
   }
   ~Pool() {
     {
-      MutexLock lock(mu_);
+      base::MutexLock lock(mu_);
       stop_ = true;
     }
     wake_.SignalAll();
@@ -262,12 +262,12 @@ class ImageFolder::Pool {
     job->n = n;
     job->fn = &fn;
     {
-      MutexLock lock(mu_);
+      base::MutexLock lock(mu_);
       jobs_.push_back(job);
     }
     wake_.SignalAll();
     Work(*job);
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     while (job->finished.load() != n) done_.Wait(&mu_);
   }
 
@@ -285,7 +285,7 @@ class ImageFolder::Pool {
     for (int64_t i; (i = job.next.fetch_add(1)) < job.n;) {
       (*job.fn)(i);
       if (job.finished.fetch_add(1) + 1 == job.n) {
-        MutexLock lock(mu_);
+        base::MutexLock lock(mu_);
         done_.SignalAll();
       }
     }
@@ -295,7 +295,7 @@ class ImageFolder::Pool {
     for (;;) {
       std::shared_ptr<Job> job;
       {
-        MutexLock lock(mu_);
+        base::MutexLock lock(mu_);
         for (;;) {
           while (!jobs_.empty() && jobs_.front()->next.load() >= jobs_.front()->n) jobs_.pop_front();
           if (stop_ || !jobs_.empty()) break;
@@ -395,7 +395,7 @@ absl::StatusOr<Batch> ImageFolder::Get(const at::Tensor& rows, int epoch) const 
       CropResize(scratch.rgb, width, height, box, static_cast<int>(out_w), static_cast<int>(out_h),
                  static_cast<int>(s), crop.flip, images + r * 3 * s * s, scratch.row);
     } catch (...) {
-      errors[r] = StatusFromCurrentException(absl::StrCat("decoding ", path));
+      errors[r] = base::StatusFromCurrentException(absl::StrCat("decoding ", path));
     }
   });
   std::vector<int64_t> labels, kept;
@@ -421,7 +421,7 @@ at::Tensor ImageFolder::BatchMemory(int64_t n) const {
   const int64_t s = options_.image_size;
   // No tensor but recent_'s own refers to the memory any more.
   auto unused = [](const at::Tensor& t) { return t.storage().use_count() == 1; };
-  MutexLock lock(recent_mu_);
+  base::MutexLock lock(recent_mu_);
   // Free memory of another batch size (an epoch's short last batch) is
   // not kept for later: only sizes in use stay held.
   recent_.erase(std::remove_if(recent_.begin(), recent_.end(),

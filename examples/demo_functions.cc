@@ -41,7 +41,7 @@ struct Affine {
 
 namespace {
 // The modules Scale and Affine.
-absl::Status RegisterModules(Registry& r);
+absl::Status RegisterModules(rpc::Registry& r);
 
 // The demo functions' arguments (rpc/call.h): what rpc_demo and the tests
 // pass as plain lists, as PyTorch's examples pass args=(...).
@@ -75,7 +75,7 @@ struct ScaleArgs {
   double factor = 1.0;
   template <typename Fields>
   void Visit(Fields& f) {
-    f("factor", factor, kMayBeLeftOff);
+    f("factor", factor, rpc::kMayBeLeftOff);
   }
 };
 struct AffineArgs {
@@ -85,17 +85,17 @@ struct AffineArgs {
   int64_t seed = 0;
   template <typename Fields>
   void Visit(Fields& f) {
-    f("in", in)("out", out)("seed", seed, kMayBeLeftOff);
+    f("in", in)("out", out)("seed", seed, rpc::kMayBeLeftOff);
   }
 };
 
-c10::IValue OneOf(const Args& a) { return DecodeCallOrThrow<OneValue>(a).x; }
+c10::IValue OneOf(const rpc::Args& a) { return rpc::DecodeCallOrThrow<OneValue>(a).x; }
 }  // namespace
 
-absl::Status RegisterDemoFunctions(Registry& r) {
-  RETURN_IF_ERROR(r.RegisterFunction("add", [](CallContext&, const Args& args) -> c10::IValue {
-    const auto [a, b] = DecodeCallOrThrow<TwoValues>(args);
-    if (a.isTensor() || b.isTensor()) return TensorOrFetch(a) + TensorOrFetch(b);
+absl::Status RegisterDemoFunctions(rpc::Registry& r) {
+  RETURN_IF_ERROR(r.RegisterFunction("add", [](rpc::CallContext&, const rpc::Args& args) -> c10::IValue {
+    const auto [a, b] = rpc::DecodeCallOrThrow<TwoValues>(args);
+    if (a.isTensor() || b.isTensor()) return rpc::TensorOrFetch(a) + rpc::TensorOrFetch(b);
     if (a.isInt() && b.isInt()) return a.toInt() + b.toInt();
     if (!(a.isInt() || a.isDouble()) || !(b.isInt() || b.isDouble())) {
       throw std::invalid_argument(absl::StrCat("add: adds numbers or tensors, not a ", a.tagKind(), " and a ",
@@ -103,15 +103,16 @@ absl::Status RegisterDemoFunctions(Registry& r) {
     }
     return a.toScalar().toDouble() + b.toScalar().toDouble();
   }));
-  RETURN_IF_ERROR(r.RegisterFunction("echo", [](CallContext&, const Args& a) -> c10::IValue { return OneOf(a); }));
-  RETURN_IF_ERROR(r.RegisterFunction("sink", [](CallContext&, const Args& a) -> c10::IValue {
-    return at::full({1}, static_cast<double>(DecodeCallOrThrow<SinkArgs>(a).x.numel()));
+  RETURN_IF_ERROR(
+      r.RegisterFunction("echo", [](rpc::CallContext&, const rpc::Args& a) -> c10::IValue { return OneOf(a); }));
+  RETURN_IF_ERROR(r.RegisterFunction("sink", [](rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
+    return at::full({1}, static_cast<double>(rpc::DecodeCallOrThrow<SinkArgs>(a).x.numel()));
   }));
-  RETURN_IF_ERROR(r.RegisterFunction("device_of", [](CallContext&, const Args& a) -> c10::IValue {
-    return TensorOrFetch(OneOf(a)).device().str();
+  RETURN_IF_ERROR(r.RegisterFunction("device_of", [](rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
+    return rpc::TensorOrFetch(OneOf(a)).device().str();
   }));
-  RETURN_IF_ERROR(r.RegisterFunction("rref_stats", [](CallContext& ctx, const Args&) -> c10::IValue {
-    RRefStats s = ctx.agent->rref_stats();
+  RETURN_IF_ERROR(r.RegisterFunction("rref_stats", [](rpc::CallContext& ctx, const rpc::Args&) -> c10::IValue {
+    rpc::RRefStats s = ctx.agent->rref_stats();
     c10::Dict<std::string, int64_t> d;
     d.insert("owners", s.owners);
     d.insert("forks", s.forks);
@@ -121,7 +122,7 @@ absl::Status RegisterDemoFunctions(Registry& r) {
     d.insert("pending_messages", s.pending_messages);
     return d;
   }));
-  RETURN_IF_ERROR(r.RegisterFunction("process_stats", [](CallContext&, const Args&) -> c10::IValue {
+  RETURN_IF_ERROR(r.RegisterFunction("process_stats", [](rpc::CallContext&, const rpc::Args&) -> c10::IValue {
     const runtime::ProcessStats s = runtime::ReadProcessStats();
     c10::Dict<std::string, int64_t> d;
     d.insert("pid", s.pid);
@@ -130,39 +131,39 @@ absl::Status RegisterDemoFunctions(Registry& r) {
     d.insert("rss_kb", s.rss_kb);
     return d;
   }));
-  RETURN_IF_ERROR(r.RegisterFunction("to_here", [](CallContext&, const Args& a) -> c10::IValue {
-    auto rref = RRef::FromIValue(OneOf(a));
+  RETURN_IF_ERROR(r.RegisterFunction("to_here", [](rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
+    auto rref = rpc::RRef::FromIValue(OneOf(a));
     if (!rref.ok()) throw std::invalid_argument(std::string(rref.status().message()));
     return Value(rref->to_here());
   }));
-  RETURN_IF_ERROR(r.RegisterFunction("make_rref", [](CallContext& ctx, const Args& a) -> c10::IValue {
+  RETURN_IF_ERROR(r.RegisterFunction("make_rref", [](rpc::CallContext& ctx, const rpc::Args& a) -> c10::IValue {
     return ctx.agent->local_rref(OneOf(a)).ToIValue();
   }));
-  RETURN_IF_ERROR(r.RegisterFunction("rref_add", [](CallContext&, const Args& args) -> c10::IValue {
-    const auto [a, b] = DecodeCallOrThrow<TwoValues>(args);
-    return TensorOrFetch(a) + TensorOrFetch(b);
+  RETURN_IF_ERROR(r.RegisterFunction("rref_add", [](rpc::CallContext&, const rpc::Args& args) -> c10::IValue {
+    const auto [a, b] = rpc::DecodeCallOrThrow<TwoValues>(args);
+    return rpc::TensorOrFetch(a) + rpc::TensorOrFetch(b);
   }));
 
   return RegisterModules(r);
 }
 
 namespace {
-absl::Status RegisterModules(Registry& r) {
+absl::Status RegisterModules(rpc::Registry& r) {
   RETURN_IF_ERROR(r.RegisterModule<Scale>(
       "Scale",
-      [](CallContext&, const Args& a) {
-        return std::make_shared<Scale>(Scale{DecodeCallOrThrow<ScaleArgs>(a).factor});
+      [](rpc::CallContext&, const rpc::Args& a) {
+        return std::make_shared<Scale>(Scale{rpc::DecodeCallOrThrow<ScaleArgs>(a).factor});
       },
       {{"forward",
-        [](Scale& s, CallContext&, const Args& a) -> c10::IValue {
-          return TensorOrFetch(OneOf(a)) * s.factor;
+        [](Scale& s, rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
+          return rpc::TensorOrFetch(OneOf(a)) * s.factor;
         }},
-       {"factor", [](Scale& s, CallContext&, const Args&) -> c10::IValue { return s.factor; }}}));
+       {"factor", [](Scale& s, rpc::CallContext&, const rpc::Args&) -> c10::IValue { return s.factor; }}}));
 
   RETURN_IF_ERROR(r.RegisterModule<Affine>(
       "Affine",
-      [](CallContext&, const Args& a) {
-        const auto r = DecodeCallOrThrow<AffineArgs>(a);
+      [](rpc::CallContext&, const rpc::Args& a) {
+        const auto r = rpc::DecodeCallOrThrow<AffineArgs>(a);
         const int64_t in = r.in, out = r.out;
         if (in <= 0 || out <= 0) throw std::invalid_argument("Affine: sizes must be positive");
         auto gen = at::make_generator<at::CPUGeneratorImpl>(r.seed);
@@ -172,15 +173,15 @@ absl::Status RegisterModules(Registry& r) {
         return m;
       },
       {{"forward",
-        [](Affine& m, CallContext&, const Args& a) -> c10::IValue {
-          return at::matmul(TensorOrFetch(OneOf(a)), m.weight.t()) + m.bias;
+        [](Affine& m, rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
+          return at::matmul(rpc::TensorOrFetch(OneOf(a)), m.weight.t()) + m.bias;
         }},
-       {"weight", [](Affine& m, CallContext&, const Args&) -> c10::IValue { return m.weight; }}}));
+       {"weight", [](Affine& m, rpc::CallContext&, const rpc::Args&) -> c10::IValue { return m.weight; }}}));
   return absl::OkStatus();
 }
 }  // namespace
 
-absl::Status RegisterDemoWorker(Registry& registry) {
+absl::Status RegisterDemoWorker(rpc::Registry& registry) {
   RETURN_IF_ERROR(RegisterStockWorker(registry));
   return RegisterDemoFunctions(registry);
 }

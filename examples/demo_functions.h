@@ -23,10 +23,10 @@ namespace remora::examples {
 
 // Registers the functions and modules above; fails if a name is already
 // taken.
-absl::Status RegisterDemoFunctions(Registry& registry);
+absl::Status RegisterDemoFunctions(rpc::Registry& registry);
 
 // The stock worker's registrations plus the demo functions.
-absl::Status RegisterDemoWorker(Registry& registry);
+absl::Status RegisterDemoWorker(rpc::Registry& registry);
 
 // True when argv asks for the worker role (`PROGRAM worker ...`).
 bool IsDemoWorker(int argc, char** argv);

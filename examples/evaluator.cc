@@ -116,11 +116,11 @@ absl::StatusOr<Score> Evaluate(std::vector<std::unique_ptr<pipeline::StageModule
       loss_sum += at::cross_entropy_loss(logits, labels).item<double>() * n;
     }
   } catch (...) {
-    return StatusFromCurrentException(text ? "evaluating the model (is --dataset the training's, and --seq-len?)"
+    return base::StatusFromCurrentException(text ? "evaluating the model (is --dataset the training's, and --seq-len?)"
                                            : "evaluating the model (is --dataset the training's, and --image-size?)");
   }
   if (right.rows == 0) return absl::InvalidArgumentError("evaluating the model: no test image could be read");
-  return Score{right.accuracy(), UnsignedNan(loss_sum / right.counted()), right.top5_accuracy(), skipped,
+  return Score{right.accuracy(), base::UnsignedNan(loss_sum / right.counted()), right.top5_accuracy(), skipped,
                right.items > 0};
 }
 
@@ -244,7 +244,7 @@ absl::StatusOr<std::unique_ptr<data::Source>> OpenTestSet(const Options& o, data
   auto sets = data::LoadNamed(o.dataset);
   if (absl::IsNotFound(sets.status())) {
     // (A test set alone is not enough: it is normalised as training did.)
-    return Annotate(sets.status(), "the evaluator reads the training images too, for the mean and deviation "
+    return base::Annotate(sets.status(), "the evaluator reads the training images too, for the mean and deviation "
                                    "training normalised with");
   }
   if (!sets.ok()) return sets.status();
@@ -266,18 +266,18 @@ std::vector<std::pair<std::string, std::string>> ScoreKey(const checkpoint::Chec
                                                           int64_t rows) {
   const auto& m = ck.manifest;
   std::vector<std::pair<std::string, std::string>> key = {{"step", absl::StrCat(m.step)},
-                                                          {"created", JsonQuoted(m.created)},
+                                                          {"created", base::JsonQuoted(m.created)},
                                                           {"final", m.final ? "true" : "false"},
-                                                          {"dataset", JsonQuoted(o.dataset)},
+                                                          {"dataset", base::JsonQuoted(o.dataset)},
                                                           {"test_images", absl::StrCat(rows)}};
   if (ImageFolder(o)) {  // (what the crops and the held-out images depend on)
     key.emplace_back("image_size", absl::StrCat(o.image_size));
-    key.emplace_back("val_fraction", JsonGeneral(o.val_fraction));
+    key.emplace_back("val_fraction", base::JsonGeneral(o.val_fraction));
   }
   if (Text(o)) {  // (what the held-out windows are)
     key.emplace_back("seq_len", absl::StrCat(o.seq_len));
-    key.emplace_back("val_fraction", JsonGeneral(o.val_fraction));
-    key.emplace_back("tokenizer", JsonQuoted(o.tokenizer));
+    key.emplace_back("val_fraction", base::JsonGeneral(o.val_fraction));
+    key.emplace_back("tokenizer", base::JsonQuoted(o.tokenizer));
   }
   return key;
 }
@@ -288,10 +288,10 @@ std::optional<Score> FindRecorded(const std::vector<std::string>& recorded, cons
                                   const Options& o, int64_t rows) {
   const auto key = ScoreKey(ck, o, rows);
   for (const std::string& line : recorded) {
-    auto holds = [&line](const auto& kv) { return JsonValueText(line, kv.first) == kv.second; };
+    auto holds = [&line](const auto& kv) { return base::JsonValueText(line, kv.first) == kv.second; };
     if (std::all_of(key.begin(), key.end(), holds)) {
-      return Score{JsonNumber(line, "test_accuracy"), JsonNumber(line, "test_loss"), JsonNumber(line, "test_top5"), 0,
-                   Text(o)};
+      return Score{base::JsonNumber(line, "test_accuracy"), base::JsonNumber(line, "test_loss"),
+                   base::JsonNumber(line, "test_top5"), 0, Text(o)};
     }
   }
   return std::nullopt;
@@ -315,14 +315,15 @@ absl::Status Record(const checkpoint::Checkpoint& ck, const Score& score, bool k
       "{\"step\": %d, \"epoch\": %d, \"batch\": %d, \"test_accuracy\": %s, \"test_top5\": %s, "
       "\"test_loss\": %s, \"final\": %s, \"checkpoint\": %s, \"created\": %s, \"dataset\": %s, "
       "\"test_images\": %d%s%s%s}",
-      m.step, m.epoch, m.batch, JsonFixed(6, score.accuracy), JsonFixed(6, score.top5), JsonFixed(6, score.loss),
-      m.final ? "true" : "false", JsonQuoted(ck.dir), JsonQuoted(m.created), JsonQuoted(o.dataset), rows,
+      m.step, m.epoch, m.batch, base::JsonFixed(6, score.accuracy), base::JsonFixed(6, score.top5),
+      base::JsonFixed(6, score.loss), m.final ? "true" : "false", base::JsonQuoted(ck.dir), base::JsonQuoted(m.created),
+      base::JsonQuoted(o.dataset), rows,
       ImageFolder(o) ? absl::StrFormat(", \"image_size\": %d, \"val_fraction\": %s", o.image_size,
-                                       JsonGeneral(o.val_fraction))
+                                       base::JsonGeneral(o.val_fraction))
                      : "",
       Text(o) ? absl::StrFormat(", \"test_perplexity\": %s, \"seq_len\": %d, \"val_fraction\": %s, \"tokenizer\": %s",
-                                JsonFixed(6, std::exp(score.loss)), o.seq_len, JsonGeneral(o.val_fraction),
-                                JsonQuoted(o.tokenizer))
+                                base::JsonFixed(6, std::exp(score.loss)), o.seq_len, base::JsonGeneral(o.val_fraction),
+                                base::JsonQuoted(o.tokenizer))
               : "",
       score.skipped > 0 ? absl::StrCat(", \"skipped_images\": ", score.skipped) : "");
   std::ofstream out(o.output, std::ios::app);
@@ -374,7 +375,7 @@ int Follow(const Options& o, const data::Source& test, int64_t rows) {
                    : model.ok() ? Evaluate(*model, test, rows, o.batch_size, Text(o))
                                 : absl::StatusOr<Score>(model.status());
       if (!skip && model.ok() && !score.ok()) {
-        score = Annotate(score.status(), absl::StrCat("the model of ", ck->dir, " on ", o.dataset,
+        score = base::Annotate(score.status(), absl::StrCat("the model of ", ck->dir, " on ", o.dataset,
                                                       Text(o) ? "'s held-out windows" : "'s test images"));
       }
       if (!score.ok()) {

@@ -92,7 +92,7 @@ absl::StatusOr<Model> LoadGpt(const checkpoint::Checkpoint& ck) {
         ", not master's built-in GPT: generate samples from a model trained with master --dataset text:PATH"));
   }
   Model m;
-  ASSIGN_OR_RETURN(m.shape, DecodeCall<shards::GptArgs>(specs.front().args));
+  ASSIGN_OR_RETURN(m.shape, rpc::DecodeCall<shards::GptArgs>(specs.front().args));
   ASSIGN_OR_RETURN(m.stages, checkpoint::LoadModel(ck, c10::kCPU));
   return m;
 }

@@ -42,7 +42,7 @@
 #include "rpc/agent.h"
 #include "runtime/allocator.h"
 #include "runtime/threads.h"
-#include "runtime/trace.h"
+#include "trace/trace.h"
 #include "train/tracing.h"
 
 namespace remora {
@@ -138,7 +138,7 @@ struct TracedSlice {
 
 // The slices `names` recorded since their tracing began (their tracing
 // stopped), and this process's.
-absl::StatusOr<std::vector<TracedSlice>> CollectTraces(Agent& agent, const std::vector<std::string>& names) {
+absl::StatusOr<std::vector<TracedSlice>> CollectTraces(rpc::Agent& agent, const std::vector<std::string>& names) {
   std::vector<TracedSlice> out;
   trace::Enable(false);
   for (trace::Slice& s : trace::Drain()) out.push_back({"master", std::move(s)});
@@ -191,8 +191,8 @@ void PrintChain(const std::vector<TracedSlice>& slices, const std::vector<std::p
 
 // The pipeline over `names` at `m` micro-batches against one process: a
 // line of figures.
-absl::Status Measure(Agent& agent, const Config& c, const std::vector<std::string>& names, int m, const at::Tensor& x,
-                     const at::Tensor& y) {
+absl::Status Measure(rpc::Agent& agent, const Config& c, const std::vector<std::string>& names, int m,
+                     const at::Tensor& x, const at::Tensor& y) {
   pipeline::PipelineOptions o;
   o.stages = Stages(c);
   o.workers = names;
@@ -278,17 +278,17 @@ int Main(int argc, char** argv) {
   const std::vector<int> counts = *checked;
   runtime::TuneAllocator();
   runtime::SetComputeThreads(1);
-  Registry registry;
+  rpc::Registry registry;
   if (auto s = examples::RegisterStockWorker(registry); !s.ok()) return fail(std::string(s.message()));
   std::vector<std::string> names;
   for (int k = 0; k < c.stages; ++k) names.push_back(absl::StrCat("bench", k + 1));
-  AgentOptions options;
+  rpc::AgentOptions options;
   options.name = "master";
   options.listen_address = "127.0.0.1:0";
   auto started = launch::StartLocalGroup(names, &registry, {"--threads", "1"}, options);
   if (!started.ok()) return fail(std::string(started.status().message()));
   launch::LocalGroup group = std::move(*started);
-  Agent& agent = *group.master;
+  rpc::Agent& agent = *group.master;
   auto die = [&](const absl::Status& s) {
     std::cerr << "pipeline_bench: " << s.message() << "\n";
     agent.Shutdown(/*graceful=*/false).IgnoreError();

@@ -78,7 +78,7 @@ std::vector<double> GrpcFloor(const std::string& address, absl::Duration spin, i
     call->Finish(&response, &status, nullptr);
     void* tag = nullptr;
     bool ok = false;
-    remora::NextPolling(&cq, spin, &tag, &ok);
+    remora::rpc::NextPolling(&cq, spin, &tag, &ok);
     if (i >= warmup) us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
   }
   cq.Shutdown();
@@ -117,7 +117,7 @@ absl::StatusOr<std::vector<int64_t>> ParseSizes(const std::string& text) {
 // the one-way rate of rpc_sync sending a byte tensor of that size to the
 // peer's `sink` (after one warm-up call), over enough calls to move 256 MiB
 // (20 to 2000 calls).
-absl::Status SweepSizes(remora::Agent& agent, const std::vector<int64_t>& sizes) {
+absl::Status SweepSizes(remora::rpc::Agent& agent, const std::vector<int64_t>& sizes) {
   for (int64_t size : sizes) {
     at::Tensor t = at::ones({size}, at::kByte);
     const int calls = static_cast<int>(std::clamp<int64_t>((int64_t{256} << 20) / size, 20, 2000));
@@ -142,8 +142,8 @@ absl::Status SweepSizes(remora::Agent& agent, const std::vector<int64_t>& sizes)
 
 // --rendezvous N: starts N local workers and times the group's forming
 // (their processes starting included), `runs` times; one line.
-int MeasureRendezvous(int workers, int runs, const remora::Registry& registry,
-                      const remora::AgentOptions& options) {
+int MeasureRendezvous(int workers, int runs, const remora::rpc::Registry& registry,
+                      const remora::rpc::AgentOptions& options) {
   std::vector<std::string> names;
   for (int i = 1; i <= workers; ++i) names.push_back(absl::StrCat("peer", i));
   std::vector<double> seconds;
@@ -177,26 +177,27 @@ absl::StatusOr<bool> CheckDevices(const std::string& device, const std::string& 
   const bool cuda = device == "cuda" || device == "cuda:0";
   if (device != "cpu" && !cuda) return absl::InvalidArgumentError("--device is cpu or cuda, not '" + device + "'");
   if (!cuda) return false;
-  absl::Status ok = CudaChannelBuilt() ? CheckLocalDevice(c10::Device(c10::kCUDA, 0))
-                                       : absl::FailedPreconditionError(kNoCudaBuild);
-  if (auto peer = ParseDevice(peer_device, "--peer-device"); !peer.ok() || !peer->is_cuda()) {
+  absl::Status ok = channel::CudaChannelBuilt() ? channel::CheckLocalDevice(c10::Device(c10::kCUDA, 0))
+                                       : absl::FailedPreconditionError(channel::kNoCudaBuild);
+  if (auto peer = channel::ParseDevice(peer_device, "--peer-device"); !peer.ok() || !peer->is_cuda()) {
     ok = peer.ok() ? absl::InvalidArgumentError("--peer-device must be cuda:N") : peer.status();
   }
-  if (!ok.ok()) return Annotate(ok, "--device cuda");
+  if (!ok.ok()) return base::Annotate(ok, "--device cuda");
   return true;
 }
 
 // The master and its worker 'peer': started here (`rpc_bench worker ...`),
 // or with `external` waited for at options.listen_address.
-absl::StatusOr<launch::LocalGroup> StartPeer(AgentOptions options, bool external,
-                                             const std::vector<std::string>& worker_args, const Registry* registry) {
+absl::StatusOr<launch::LocalGroup> StartPeer(rpc::AgentOptions options, bool external,
+                                             const std::vector<std::string>& worker_args,
+                                             const rpc::Registry* registry) {
   if (!external) {
     return launch::StartLocalGroup({"peer"}, registry, worker_args, options, examples::DemoWorkerProgram("rpc_bench"));
   }
   options.name = "master";
   options.is_master = true;
   options.workers = {"peer"};
-  ASSIGN_OR_RETURN(std::unique_ptr<Agent> master, Agent::Start(options, registry));
+  ASSIGN_OR_RETURN(std::unique_ptr<rpc::Agent> master, rpc::Agent::Start(options, registry));
   std::cerr << "rpc_bench: waiting for worker 'peer' at " << master->self().address << "\n";
   RETURN_IF_ERROR(master->Join());
   launch::LocalGroup group;
@@ -206,7 +207,7 @@ absl::StatusOr<launch::LocalGroup> StartPeer(AgentOptions options, bool external
 
 // Microseconds of `calls` small echo calls (after `warmup` untimed),
 // sorted: rpc_sync's, or (`async`) rpc_async's waited for.
-absl::StatusOr<std::vector<double>> MeasureLatency(Agent& agent, int warmup, int calls, bool async = false) {
+absl::StatusOr<std::vector<double>> MeasureLatency(rpc::Agent& agent, int warmup, int calls, bool async = false) {
   const at::Tensor small = at::ones({4});
   auto call = [&] {
     return async ? agent.rpc_async("peer", "echo", {small}).wait() : agent.rpc_sync("peer", "echo", {small});
@@ -234,7 +235,7 @@ struct Bulk {
 
 // `bulk_calls` calls sending a tensor of `bulk_mib` MiB (on cuda:0 with
 // `cuda`) to the peer's sink, after one untimed.
-absl::StatusOr<Bulk> MeasureBulk(Agent& agent, int bulk_mib, int bulk_calls, bool cuda) {
+absl::StatusOr<Bulk> MeasureBulk(rpc::Agent& agent, int bulk_mib, int bulk_calls, bool cuda) {
   Bulk b;
   const int64_t numel = int64_t{bulk_mib} * (1 << 20) / 4;
   at::Tensor big = at::rand({numel});
@@ -244,7 +245,7 @@ absl::StatusOr<Bulk> MeasureBulk(Agent& agent, int bulk_mib, int bulk_calls, boo
   const absl::Time t0 = absl::Now();
   for (int i = 0; i < bulk_calls; ++i) {
     auto r = agent.rpc_sync("peer", "sink", {big});
-    if (!r.ok()) return Annotate(r.status(), "bulk call failed");
+    if (!r.ok()) return base::Annotate(r.status(), "bulk call failed");
     if (r->toTensor().item<double>() != numel) {
       return absl::DataLossError(absl::StrCat("bulk call failed: the peer received ", r->toTensor().item<double>(),
                                               " elements of ", numel));
@@ -264,12 +265,12 @@ absl::StatusOr<Bulk> MeasureBulk(Agent& agent, int bulk_mib, int bulk_calls, boo
   }
   b.channel = agent.channel_to("peer", cuda ? "cuda:0" : "cpu").value_or("unknown");
   if (cuda) {
-    ASSIGN_OR_RETURN(b.d2d_gbps, MeasureDeviceCopyGbps(0, big.nbytes()));
+    ASSIGN_OR_RETURN(b.d2d_gbps, channel::MeasureDeviceCopyGbps(0, big.nbytes()));
   }
   return b;
 }
 
-void PrintFigures(Agent& agent, const std::vector<double>& us, const std::vector<double>& async_us,
+void PrintFigures(rpc::Agent& agent, const std::vector<double>& us, const std::vector<double>& async_us,
                   const std::vector<double>& floor_us, const Bulk& b, int bulk_calls, bool cuda,
                   const std::string& peer_device) {
   // Streams (rpc/stream.h) carry rpc_sync unless REMORA_STREAMS=0.
@@ -355,9 +356,9 @@ int main(int argc, char** argv) {
   }
   auto sizes = ParseSizes(sizes_flag);
   if (!sizes.ok()) return fail(sizes.status(), 2);
-  Registry registry;
+  rpc::Registry registry;
   if (auto s = examples::RegisterDemoWorker(registry); !s.ok()) return fail(s, 1);
-  AgentOptions options;
+  rpc::AgentOptions options;
   options.listen_address = listen;
   options.connect_timeout = absl::Seconds(connect_timeout);
   if (rendezvous > 0) return MeasureRendezvous(rendezvous, 3, registry, options);
@@ -369,7 +370,7 @@ int main(int argc, char** argv) {
   }
   auto group = StartPeer(options, external, worker_args, &registry);
   if (!group.ok()) return fail(group.status(), 1);
-  Agent& agent = *group->master;
+  rpc::Agent& agent = *group->master;
   // A failure from here ends the group: the peer is told why and exits.
   auto fail_group = [&fail, &agent](const absl::Status& s) {
     agent.Abort(s);
@@ -388,10 +389,10 @@ int main(int argc, char** argv) {
   if (!async_us.ok()) return fail_group(async_us.status());
   std::vector<double> floor_us;
   if (!options.tls.enabled()) floor_us = GrpcFloor(agent.worker("peer")->address, agent.sync_spin(), warmup, calls);
-  if (auto s = SweepSizes(agent, *sizes); !s.ok()) return fail_group(Annotate(s, "size sweep"));
+  if (auto s = SweepSizes(agent, *sizes); !s.ok()) return fail_group(base::Annotate(s, "size sweep"));
   auto bulk = MeasureBulk(agent, bulk_mib, bulk_calls, *cuda);
   if (!bulk.ok()) return fail_group(bulk.status());
   PrintFigures(agent, *us, *async_us, floor_us, *bulk, bulk_calls, *cuda, peer_device);
-  if (auto s = group->Shutdown(); !s.ok()) return fail(Annotate(s, "shutdown"), 1);
+  if (auto s = group->Shutdown(); !s.ok()) return fail(base::Annotate(s, "shutdown"), 1);
   return 0;
 }

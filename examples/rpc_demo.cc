@@ -28,14 +28,14 @@ T Check(absl::StatusOr<T> v, const char* what) {
 }
 
 // rpc_sync and rpc_async of a registered function on both workers.
-void Calls(remora::Agent& agent, const std::vector<std::string>& names) {
+void Calls(remora::rpc::Agent& agent, const std::vector<std::string>& names) {
   using namespace remora;
   at::Tensor x = at::ones({2, 3});
   auto sum = Check(agent.rpc_sync(names[0], "add", {x, x}), "rpc_sync add");
   std::cout << "rpc_sync(" << names[0] << ", add, ones+ones) sum = "
             << sum.toTensor().sum().item<double>() << "\n";
 
-  std::vector<Future<c10::IValue>> futures;
+  std::vector<rpc::Future<c10::IValue>> futures;
   for (int i = 0; i < 8; ++i) {
     futures.push_back(agent.rpc_async(names[i % 2], "add", {int64_t{i}, int64_t{i}}));
   }
@@ -48,15 +48,15 @@ void Calls(remora::Agent& agent, const std::vector<std::string>& names) {
 // The canonical pipeline, as in PyTorch's distributed pipeline example:
 // the master's input RRef goes to worker1's stage, whose result RRef goes
 // to worker2's stage; then a remote failure.
-void Pipeline(remora::Agent& agent, const std::vector<std::string>& names) {
+void Pipeline(remora::rpc::Agent& agent, const std::vector<std::string>& names) {
   using namespace remora;
-  RRef stage1 = Check(agent.remote(names[0], "Affine", {int64_t{8}, int64_t{16}, int64_t{1}}),
+  rpc::RRef stage1 = Check(agent.remote(names[0], "Affine", {int64_t{8}, int64_t{16}, int64_t{1}}),
                       "remote Affine");
-  RRef stage2 = Check(agent.remote(names[1], "Affine", {int64_t{16}, int64_t{4}, int64_t{2}}),
+  rpc::RRef stage2 = Check(agent.remote(names[1], "Affine", {int64_t{16}, int64_t{4}, int64_t{2}}),
                       "remote Affine");
   at::Tensor input = at::randn({5, 8});
-  RRef x_rref = agent.local_rref(input);
-  RRef y_rref = Check(stage1.remote("forward", {x_rref}), "stage1.remote(forward)");
+  rpc::RRef x_rref = agent.local_rref(input);
+  rpc::RRef y_rref = Check(stage1.remote("forward", {x_rref}), "stage1.remote(forward)");
   at::Tensor z = Check(stage2.rpc_sync("forward", {y_rref}), "stage2.rpc_sync(forward)").toTensor();
   at::Tensor w1 = Check(stage1.rpc_sync("weight"), "weight").toTensor();
   at::Tensor w2 = Check(stage2.rpc_sync("weight"), "weight").toTensor();
@@ -98,18 +98,18 @@ int main(int argc, char** argv) {
     std::cerr << "rpc_demo: --workers wants exactly two distinct names, e.g. worker1,worker2\n";
     return 2;
   }
-  Registry registry;
+  rpc::Registry registry;
   if (auto s = examples::RegisterDemoWorker(registry); !s.ok()) {
     std::cerr << "rpc_demo: " << s.message() << "\n";
     return 1;
   }
-  std::cout << "starting master and workers " << workers << " (" << TlsModeName(*tls) << ")\n";
-  AgentOptions options;
+  std::cout << "starting master and workers " << workers << " (" << rpc::TlsModeName(*tls) << ")\n";
+  rpc::AgentOptions options;
   options.tls = *tls;
   auto group = Check(launch::StartLocalGroup(names, &registry, tls_files.WorkerArgs(), options,
                                              examples::DemoWorkerProgram("rpc_demo")),
                      "starting the group");
-  Agent& agent = *group.master;
+  rpc::Agent& agent = *group.master;
   for (const auto& w : agent.workers()) {
     std::cout << "  id " << w.id << "  " << w.name << " at " << w.address << "\n";
   }

@@ -65,14 +65,14 @@ struct Config {
 // One process's figures at one moment.
 struct Figures {
   runtime::ProcessStats process;
-  RRefStats rrefs;
+  rpc::RRefStats rrefs;
   int64_t contexts = 0;
 };
 
 constexpr int kIn = 16;
 constexpr int kOut = 4;
 
-absl::StatusOr<Figures> WorkerFigures(Agent& agent, const std::string& worker) {
+absl::StatusOr<Figures> WorkerFigures(rpc::Agent& agent, const std::string& worker) {
   Figures f;
   ASSIGN_OR_RETURN(c10::IValue process, agent.rpc_sync(worker, "process_stats"));
   ASSIGN_OR_RETURN(c10::IValue rrefs, agent.rpc_sync(worker, "rref_stats"));
@@ -81,28 +81,28 @@ absl::StatusOr<Figures> WorkerFigures(Agent& agent, const std::string& worker) {
   for (const auto& e : process.toGenericDict()) p[e.key().toStringRef()] = e.value().toInt();
   for (const auto& e : rrefs.toGenericDict()) r[e.key().toStringRef()] = e.value().toInt();
   f.process = runtime::ProcessStats{p["pid"], p["threads"], p["fds"], p["rss_kb"]};
-  f.rrefs = RRefStats{r["owners"], r["forks"], r["live_users"], r["pending_users"],
+  f.rrefs = rpc::RRefStats{r["owners"], r["forks"], r["live_users"], r["pending_users"],
                       r["pending_children"], r["pending_messages"]};
   f.contexts = contexts.toInt();
   return f;
 }
 
-Figures MasterFigures(Agent& agent) {
+Figures MasterFigures(rpc::Agent& agent) {
   Figures f;
   f.process = runtime::ReadProcessStats();
   f.rrefs = agent.rref_stats();
-  f.contexts = dist_autograd::num_contexts(agent);
+  f.contexts = autograd::num_contexts(agent);
   return f;
 }
 
-std::string Tables(const RRefStats& s) {
+std::string Tables(const rpc::RRefStats& s) {
   return absl::StrCat("owners=", s.owners, " forks=", s.forks, " live_users=", s.live_users,
                       " pending_users=", s.pending_users,
                       " pending_children=", s.pending_children,
                       " pending_messages=", s.pending_messages);
 }
 
-bool SameTables(const RRefStats& a, const RRefStats& b) { return Tables(a) == Tables(b); }
+bool SameTables(const rpc::RRefStats& a, const rpc::RRefStats& b) { return Tables(a) == Tables(b); }
 
 std::string Mib(double mib) {
   char buf[32];
@@ -144,8 +144,8 @@ absl::StatusOr<std::vector<std::string>> CheckConfig(Config& c) {
 // with --external waited for at --listen.
 absl::StatusOr<launch::LocalGroup> StartGroup(const Config& c, const std::vector<std::string>& names,
                                               const launch::SecurityFiles& files, const launch::Security& security,
-                                              const Registry* registry) {
-  AgentOptions options;
+                                              const rpc::Registry* registry) {
+  rpc::AgentOptions options;
   options.name = "master";
   options.listen_address = c.listen;
   options.token = security.token;
@@ -159,8 +159,8 @@ absl::StatusOr<launch::LocalGroup> StartGroup(const Config& c, const std::vector
   launch::LocalGroup group;
   options.is_master = true;
   options.workers = names;
-  ASSIGN_OR_RETURN(group.master, Agent::Start(options, registry));
-  dist_autograd::Enable(*group.master);
+  ASSIGN_OR_RETURN(group.master, rpc::Agent::Start(options, registry));
+  autograd::Enable(*group.master);
   std::cout << "soak: master at " << group.master->self().address << " waiting for " << c.workers << std::endl;
   RETURN_IF_ERROR(group.master->Join());
   return group;
@@ -168,7 +168,7 @@ absl::StatusOr<launch::LocalGroup> StartGroup(const Config& c, const std::vector
 
 // The model: Linear(16, hidden) + ReLU on the first worker, Linear(hidden,
 // 4) on the second, as a 1F1B pipeline.
-absl::StatusOr<std::unique_ptr<pipeline::Pipeline>> MakePipeline(Agent& agent, const Config& c,
+absl::StatusOr<std::unique_ptr<pipeline::Pipeline>> MakePipeline(rpc::Agent& agent, const Config& c,
                                                                   const std::vector<std::string>& names) {
   pipeline::PipelineOptions o;
   o.stages = {pipeline::StageSpec::Registered("MLPStage", {int64_t{kIn}, int64_t{c.hidden}, int64_t{1}}),
@@ -198,7 +198,7 @@ std::vector<std::pair<at::Tensor, at::Tensor>> MakeData(const Config& c) {
 // returns before its last control messages do, and a snapshot taken in
 // between would differ from the other for no leak. Gives up waiting after
 // 10 s and returns what it sees, so that stuck messages still show.
-absl::Status Snapshot(Agent& agent, const std::vector<std::string>& names, std::map<std::string, Figures>* out) {
+absl::Status Snapshot(rpc::Agent& agent, const std::vector<std::string>& names, std::map<std::string, Figures>* out) {
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   while (true) {
     (*out)["master"] = MasterFigures(agent);
@@ -236,7 +236,7 @@ constexpr size_t kJudgedSteps = 50;
 
 // --warmup steps, the start figures, --steps timed steps (a progress line
 // every --progress), the end figures.
-absl::StatusOr<Trained> Train(pipeline::Pipeline& pipe, const Config& c, Agent& agent,
+absl::StatusOr<Trained> Train(pipeline::Pipeline& pipe, const Config& c, rpc::Agent& agent,
                               const std::vector<std::string>& names, std::map<std::string, Figures>* start,
                               std::map<std::string, Figures>* end) {
   const std::vector<std::pair<at::Tensor, at::Tensor>> data = MakeData(c);
@@ -256,7 +256,7 @@ absl::StatusOr<Trained> Train(pipeline::Pipeline& pipe, const Config& c, Agent& 
   const absl::Time t0 = absl::Now();
   for (int i = 0; i < c.steps; ++i) {
     absl::StatusOr<double> loss = step(c.warmup + i);
-    if (!loss.ok()) return Annotate(loss.status(), absl::StrCat("step ", c.warmup + i + 1));
+    if (!loss.ok()) return base::Annotate(loss.status(), absl::StrCat("step ", c.warmup + i + 1));
     if (c.warmup == 0 && i == 0) t.first_loss = *loss;
     t.last_loss = *loss;
     t.Add(*loss);
@@ -359,14 +359,14 @@ int Main(int argc, char** argv) {
   runtime::TuneAllocator();
   runtime::SetComputeThreads(1);
 
-  Registry registry;
+  rpc::Registry registry;
   if (auto s = examples::RegisterDemoWorker(registry); !s.ok()) return fail(s);
   auto group = StartGroup(c, *names, security_files, *security, &registry);
   if (!group.ok()) {  // (not a bad flag: the workers did not come, or could not start)
     std::cerr << "soak: " << group.status().message() << "\n";
     return 1;
   }
-  Agent& agent = *group->master;
+  rpc::Agent& agent = *group->master;
   auto die = [&](const absl::Status& s) {
     std::cerr << "soak: " << s.message() << "\n";
     agent.Shutdown(/*graceful=*/false).IgnoreError();

@@ -11,10 +11,10 @@
 
 namespace remora::examples {
 
-absl::Status RegisterStockWorker(Registry& registry) {
+absl::Status RegisterStockWorker(rpc::Registry& registry) {
   RETURN_IF_ERROR(shards::RegisterMLP(registry));
   RETURN_IF_ERROR(shards::RegisterResNet(registry));
-  RETURN_IF_ERROR(train::RegisterWorkerFunctions(registry, LinesTo(std::cout)));
+  RETURN_IF_ERROR(train::RegisterWorkerFunctions(registry, base::LinesTo(std::cout)));
   return shards::RegisterStageTypes();
 }
 

@@ -14,6 +14,6 @@ namespace remora::examples {
 
 // Everything the stock worker offers (above); fails if a name is already
 // taken.
-absl::Status RegisterStockWorker(Registry& registry);
+absl::Status RegisterStockWorker(rpc::Registry& registry);
 
 }  // namespace remora::examples

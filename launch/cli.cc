@@ -123,8 +123,8 @@ std::vector<std::string> TlsFiles::WorkerArgs() const {
   return out;
 }
 
-absl::StatusOr<TlsOptions> LoadTls(const TlsFiles& files) {
-  return LoadTlsFiles(files.cert, files.key, files.ca);
+absl::StatusOr<rpc::TlsOptions> LoadTls(const TlsFiles& files) {
+  return rpc::LoadTlsFiles(files.cert, files.key, files.ca);
 }
 
 absl::StatusOr<Security> LoadSecurity(const SecurityFiles& files) {
@@ -275,7 +275,7 @@ absl::StatusOr<std::string> LoadToken(const std::string& token_file) {
     }
     return token;
   }
-  ASSIGN_OR_RETURN(token, ReadWholeFile(token_file, "--token-file"));
+  ASSIGN_OR_RETURN(token, base::ReadWholeFile(token_file, "--token-file"));
   while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
   if (token.empty()) return absl::InvalidArgumentError(absl::StrCat("--token-file ", token_file, " is empty"));
   if (absl::StripAsciiWhitespace(token).empty()) {

@@ -40,7 +40,7 @@ struct SecurityFiles {
 // AgentOptions::token and AgentOptions::tls, loaded from SecurityFiles.
 struct Security {
   std::string token;
-  TlsOptions tls;
+  rpc::TlsOptions tls;
 };
 
 // Parses --name value and --name=value; --help prints the usage.
@@ -115,7 +115,7 @@ absl::StatusOr<std::string> LoadToken(const std::string& token_file);
 // AgentOptions::tls from the files of AddTlsFlags: all empty is plaintext;
 // an error names the flag and file that is missing, unreadable or not PEM,
 // or the flag that is missing beside another (a cert without its key).
-absl::StatusOr<TlsOptions> LoadTls(const TlsFiles& files);
+absl::StatusOr<rpc::TlsOptions> LoadTls(const TlsFiles& files);
 
 // LoadToken and LoadTls together; the first error wins.
 absl::StatusOr<Security> LoadSecurity(const SecurityFiles& files);

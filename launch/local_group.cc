@@ -42,8 +42,8 @@ absl::Status CheckWorkerAddresses(const std::vector<std::string>& names,
 
 }  // namespace
 
-absl::StatusOr<LocalGroup> StartLocalGroup(const std::vector<std::string>& names, const Registry* registry,
-                                           const std::vector<std::string>& extra_args, AgentOptions options,
+absl::StatusOr<LocalGroup> StartLocalGroup(const std::vector<std::string>& names, const rpc::Registry* registry,
+                                           const std::vector<std::string>& extra_args, rpc::AgentOptions options,
                                            const WorkerProgram& program) {
   LocalGroupOptions o;
   o.worker_args = extra_args;
@@ -52,7 +52,7 @@ absl::StatusOr<LocalGroup> StartLocalGroup(const std::vector<std::string>& names
   return StartLocalGroup(names, registry, o);
 }
 
-absl::StatusOr<LocalGroup> StartLocalGroup(const std::vector<std::string>& names, const Registry* registry,
+absl::StatusOr<LocalGroup> StartLocalGroup(const std::vector<std::string>& names, const rpc::Registry* registry,
                                            const LocalGroupOptions& o) {
   if (registry == nullptr) {
     return absl::InvalidArgumentError(
@@ -60,15 +60,15 @@ absl::StatusOr<LocalGroup> StartLocalGroup(const std::vector<std::string>& names
         "train::RegisterWorkerFunctions(registry) for a training group's master)");
   }
   RETURN_IF_ERROR(CheckWorkerAddresses(names, o.worker_addresses));
-  AgentOptions options = o.master;
+  rpc::AgentOptions options = o.master;
   if (options.name.empty()) options.name = "master";
   options.is_master = true;
   options.workers = names;
   LocalGroup group;
-  auto master = Agent::Start(options, registry);
+  auto master = rpc::Agent::Start(options, registry);
   if (!master.ok()) return master.status();
   group.master = std::move(*master);
-  dist_autograd::Enable(*group.master);
+  autograd::Enable(*group.master);
   const WorkerProgram& program = o.program;
   const bool beside = !absl::StartsWith(program.name, "/");
   const std::string worker_bin = beside ? SiblingProgram(program.name) : program.name;

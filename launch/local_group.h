@@ -9,7 +9,7 @@
 //   RETURN_IF_ERROR(group.Shutdown());  // or let it go: its destructor ends the group too
 //
 // The master it starts has distributed autograd enabled
-// (dist_autograd::Enable) and has joined: it is ready for a trainer.
+// (autograd::Enable) and has joined: it is ready for a trainer.
 #pragma once
 
 #include <memory>
@@ -37,7 +37,7 @@ struct LocalGroup {
   LocalGroup& operator=(LocalGroup&& other);
   ~LocalGroup();
 
-  std::unique_ptr<Agent> master;
+  std::unique_ptr<rpc::Agent> master;
   std::vector<std::unique_ptr<Subprocess>> workers;
   std::vector<std::string> names;  // workers[i] is worker names[i]
 
@@ -74,7 +74,7 @@ struct LocalGroupOptions {
   // by default 127.0.0.1 at a free port; "127.0.0.1:29500" (or
   // "0.0.0.0:29500") picks the port. The name defaults to "master";
   // is_master and workers are set by StartLocalGroup.
-  AgentOptions master;
+  rpc::AgentOptions master;
   // The program the workers run (default: `worker` beside this program).
   WorkerProgram program;
   // Where each worker listens, HOST:PORT (its --listen), in the order of
@@ -90,15 +90,15 @@ struct LocalGroupOptions {
 // program per name, and waits until they have all joined. A worker that
 // exits before the group formed fails it at once, naming the worker; the
 // workers already started are then stopped.
-absl::StatusOr<LocalGroup> StartLocalGroup(const std::vector<std::string>& names, const Registry* registry,
+absl::StatusOr<LocalGroup> StartLocalGroup(const std::vector<std::string>& names, const rpc::Registry* registry,
                                            const LocalGroupOptions& options);
 
 // The same, as it was called before LocalGroupOptions: `extra_args` are
 // LocalGroupOptions::worker_args, `options` the master's agent options.
 absl::StatusOr<LocalGroup> StartLocalGroup(const std::vector<std::string>& names,
-                                           const Registry* registry,
+                                           const rpc::Registry* registry,
                                            const std::vector<std::string>& extra_args = {},
-                                           AgentOptions options = {},
+                                           rpc::AgentOptions options = {},
                                            const WorkerProgram& program = {});
 
 }  // namespace remora::launch

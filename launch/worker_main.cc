@@ -71,14 +71,14 @@ void AddWorkerFlags(launch::FlagParser& flags, WorkerFlags* f) {
 
 // The agent's options from checked flags; an error is the line to print
 // (exit code 2).
-absl::StatusOr<AgentOptions> OptionsFrom(const WorkerFlags& f, const std::string& program) {
+absl::StatusOr<rpc::AgentOptions> OptionsFrom(const WorkerFlags& f, const std::string& program) {
   auto bad = [&program](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat(program, ": ", what));
   };
   auto security = launch::LoadSecurity(f.security);
   if (!security.ok()) return bad(security.status().message());
   if (f.name.empty()) return absl::InvalidArgumentError("worker: --name is required (e.g. --name worker1)");
-  if (!IsValidWorkerName(f.name) || f.name == "master") {
+  if (!base::IsValidWorkerName(f.name) || f.name == "master") {
     return bad(absl::StrCat("--name '", f.name, "': ",
                             f.name == "master" ? "the master's own name; pick another"
                                                : "use 1 to 128 characters of [A-Za-z0-9_:-]"));
@@ -91,9 +91,9 @@ absl::StatusOr<AgentOptions> OptionsFrom(const WorkerFlags& f, const std::string
                             " names port 0, which no master listens on: give the port the master prints in "
                             "'master listening on HOST:PORT'"));
   }
-  auto home = ParseDevice(f.device, "--device");
+  auto home = channel::ParseDevice(f.device, "--device");
   if (!home.ok()) return bad(home.status().message());
-  if (absl::Status s = CheckLocalDevice(*home); !s.ok()) {
+  if (absl::Status s = channel::CheckLocalDevice(*home); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("worker: --device ", s.message()));
   }
   auto maps = launch::ParseDeviceMapFlag(f.device_map.empty() ? (home->is_cuda() ? "auto" : "none") : f.device_map);
@@ -110,7 +110,7 @@ absl::StatusOr<AgentOptions> OptionsFrom(const WorkerFlags& f, const std::string
     return absl::InvalidArgumentError(absl::StrCat("worker: --threads and --rpc-threads must be at most ",
                                                    launch::kMaxThreads, "; got ", f.threads, " and ", f.rpc_threads));
   }
-  AgentOptions options;
+  rpc::AgentOptions options;
   options.name = f.name;
   options.master_address = f.master;
   options.listen_address = f.listen;
@@ -128,7 +128,7 @@ absl::StatusOr<AgentOptions> OptionsFrom(const WorkerFlags& f, const std::string
 
 // This machine's cores shared among the group's workers on this host (the
 // master mostly waits).
-int SharedThreads(Agent& agent) {
+int SharedThreads(rpc::Agent& agent) {
   int local_workers = 0;
   for (const auto& w : agent.workers()) local_workers += w.id != 0 && w.host_id == agent.self().host_id;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -138,7 +138,7 @@ int SharedThreads(Agent& agent) {
 }  // namespace
 
 int WorkerMain(int argc, char** argv, const std::string& program,
-               const std::function<absl::Status(Registry&)>& register_functions) {
+               const std::function<absl::Status(rpc::Registry&)>& register_functions) {
   WorkerFlags f;
   launch::FlagParser flags(program, "A remora worker: serves the master's calls until it ends the group.");
   AddWorkerFlags(flags, &f);
@@ -159,7 +159,7 @@ int WorkerMain(int argc, char** argv, const std::string& program,
   ps::SetComputeDelay(absl::Milliseconds(f.slow_ms));
   if (f.threads > 0) runtime::SetComputeThreads(f.threads);
 
-  Registry registry;
+  rpc::Registry registry;
   if (auto s = register_functions(registry); !s.ok()) {
     std::cerr << program << ": " << s << "\n";
     return 1;
@@ -169,12 +169,12 @@ int WorkerMain(int argc, char** argv, const std::string& program,
     std::cerr << program << ": " << s.message() << "\n";
     return 1;
   }
-  auto agent = Agent::Start(*options, &registry);
+  auto agent = rpc::Agent::Start(*options, &registry);
   if (!agent.ok()) {
     std::cerr << program << ": " << agent.status().message() << "\n";
     return 1;
   }
-  dist_autograd::Enable(**agent, LinesTo(std::cout));
+  autograd::Enable(**agent, base::LinesTo(std::cout));
   // Ctrl-C, a scheduler's or a supervisor's SIGTERM: said in a line, then
   // the process ends by the signal (the master finds this worker gone; a
   // supervisor restarts it). Declared after the agent: unhooked before it goes.
@@ -194,7 +194,7 @@ int WorkerMain(int argc, char** argv, const std::string& program,
   const int threads = f.threads > 0 ? f.threads : SharedThreads(**agent);
   if (f.threads == 0) runtime::SetComputeThreads(threads);
   std::cerr << program << " '" << f.name << "' (id " << (*agent)->self().id << ") serving at "
-            << (*agent)->self().address << " (" << TlsModeName(options->tls) << ") with " << threads
+            << (*agent)->self().address << " (" << rpc::TlsModeName(options->tls) << ") with " << threads
             << (threads == 1 ? " intra-op thread" : " intra-op threads") << ", shards on " << options->device << "\n";
   if (auto s = (*agent)->Shutdown(); !s.ok()) {
     std::cerr << program << ": " << s.message() << "\n";  // the message names this worker

@@ -23,7 +23,7 @@ namespace remora::launch {
 // normally, 1: an error, 2: bad flags). `program` names it in --help and
 // messages.
 int WorkerMain(int argc, char** argv, const std::string& program,
-               const std::function<absl::Status(Registry&)>& register_functions);
+               const std::function<absl::Status(rpc::Registry&)>& register_functions);
 
 // Ends the process with exit code `code` once stdout and stderr are
 // flushed, without running static destructors. The end of every remora

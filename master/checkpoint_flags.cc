@@ -155,7 +155,7 @@ absl::Status CheckElastic(const CommandLine& line) {
   }
   std::set<std::string> seen(c.all_workers.begin(), c.all_workers.end());
   for (const auto& s : c.spares) {
-    if (!IsValidWorkerName(s)) return Bad(absl::StrCat("--spares: invalid worker name '", s, "'"));
+    if (!base::IsValidWorkerName(s)) return Bad(absl::StrCat("--spares: invalid worker name '", s, "'"));
     if (!seen.insert(s).second) {
       return Bad(absl::StrCat("--spares: '", s, "' is named twice (in --workers or --spares); a spare holds no stage"));
     }

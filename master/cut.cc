@@ -106,7 +106,7 @@ absl::StatusOr<c10::IValue> SampleOf(const RunOptions& c, int64_t rows) {
 
 }  // namespace
 
-absl::Status PlanRun(Agent& agent, RunOptions& c, int64_t batch_rows) {
+absl::Status PlanRun(rpc::Agent& agent, RunOptions& c, int64_t batch_rows) {
   if (!c.plan_schedule && !c.plan_splits) return absl::OkStatus();
   const pipeline::SequentialModel model = ModelToCut(c);
   const int n = static_cast<int>(c.workers.size());
@@ -204,7 +204,7 @@ absl::Status PlanRun(Agent& agent, RunOptions& c, int64_t batch_rows) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, const RunOptions& c) {
+absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(rpc::Agent& agent, const RunOptions& c) {
   const pipeline::SequentialModel model = ModelToCut(c);
   pipeline::PartitionOptions p;
   p.split_at = SplitPoints(c);

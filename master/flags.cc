@@ -112,9 +112,9 @@ absl::Status CheckValues(const Flags& f, const RunOptions& c) {
   if (c.threads > launch::kMaxThreads) {
     return Bad(absl::StrCat("--threads must be at most ", launch::kMaxThreads, "; got ", c.threads));
   }
-  auto device = ParseDevice(c.device, "--device");
+  auto device = channel::ParseDevice(c.device, "--device");
   if (!device.ok()) return Bad(std::string(device.status().message()));
-  if (auto s = CheckLocalDevice(*device); !s.ok()) return Bad(std::string(s.message()));
+  if (auto s = channel::CheckLocalDevice(*device); !s.ok()) return Bad(std::string(s.message()));
   if (!(c.lr > 0)) return Bad(absl::StrCat("--lr must be > 0; got ", c.lr));
   for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"timeline", c.timeline},
                                    {"curves", c.curves}}) {
@@ -390,7 +390,7 @@ absl::StatusOr<CommandLine> Check(Flags f) {
   }
   std::set<std::string> named;
   for (const std::string& w : c.all_workers) {
-    if (!IsValidWorkerName(w)) {
+    if (!base::IsValidWorkerName(w)) {
       return Bad(absl::StrCat("--workers: invalid worker name '", w, "': use 1 to 128 characters of [A-Za-z0-9_:-]"));
     }
     if (w == "master") return Bad("--workers: 'master' is the master's own name; name the workers otherwise");

@@ -10,7 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "base/status_util.h"
 #include "runtime/threads.h"
-#include "runtime/trace.h"
+#include "trace/trace.h"
 #include "master/runs.h"
 
 namespace remora::master {

@@ -63,12 +63,12 @@ int Main(int argc, char** argv) {
     runtime::PreferPassiveOpenMpWaits(argv);
   }
   if (!line->note.empty()) std::cout << line->note << "\n";
-  Registry registry;  // what this process serves: the stock worker's (its stage types too)
+  rpc::Registry registry;  // what this process serves: the stock worker's (its stage types too)
   absl::Status s = examples::RegisterStockWorker(registry);
   try {
     if (s.ok()) s = master::RunMaster(*line, &registry);
   } catch (...) {  // (a bug: errors are statuses; never an abort)
-    s = StatusFromCurrentException("unexpected error (please report it)");
+    s = base::StatusFromCurrentException("unexpected error (please report it)");
   }
   if (!s.ok()) {
     std::cerr << "master: " << said(s) << "\n";

@@ -19,7 +19,7 @@
 #include "ps/parameter_server.h"
 #include "train/fit.h"
 #include "train/ps_trainer.h"
-#include "runtime/trace.h"
+#include "trace/trace.h"
 
 namespace remora::master {
 namespace {
@@ -54,12 +54,13 @@ std::string Counts(const std::map<std::string, int64_t>& m) {
 // "ps step=S used=w1,w2 dropped=w3 lost=none rows=R/B loss=L seconds=T pull_bytes=P push_bytes=Q"
 void PrintStep(const ps::StepReport& r, double seconds) {
   auto list = [](const std::vector<std::string>& v) { return v.empty() ? std::string("none") : absl::StrJoin(v, ","); };
-  std::printf("ps step=%lld used=%s dropped=%s lost=%s rows=%lld/%lld loss=%.6f seconds=%.3f "
-              "pull_bytes=%lld push_bytes=%lld%s\n",
-              static_cast<long long>(r.step), list(r.used).c_str(), list(r.dropped).c_str(),
-              list(r.lost).c_str(), static_cast<long long>(r.rows), static_cast<long long>(r.batch_rows),
-              UnsignedNan(r.loss), seconds, static_cast<long long>(r.pull_bytes), static_cast<long long>(r.push_bytes),
-              r.rounds > 1 ? absl::StrCat(" rounds=", r.rounds).c_str() : "");
+  std::printf(
+      "ps step=%lld used=%s dropped=%s lost=%s rows=%lld/%lld loss=%.6f seconds=%.3f "
+      "pull_bytes=%lld push_bytes=%lld%s\n",
+      static_cast<long long>(r.step), list(r.used).c_str(), list(r.dropped).c_str(), list(r.lost).c_str(),
+      static_cast<long long>(r.rows), static_cast<long long>(r.batch_rows), base::UnsignedNan(r.loss), seconds,
+      static_cast<long long>(r.pull_bytes), static_cast<long long>(r.push_bytes),
+      r.rounds > 1 ? absl::StrCat(" rounds=", r.rounds).c_str() : "");
   std::fflush(stdout);
 }
 
@@ -68,7 +69,7 @@ int ServerCount(const PsFlags& p) { return p.shards > 1 ? p.shards : 0; }
 
 // Where the parameters live and which workers compute, with the channel
 // the master reaches each over.
-void PrintPlacement(Agent& agent, const std::vector<ps::ShardPlacement>& shards,
+void PrintPlacement(rpc::Agent& agent, const std::vector<ps::ShardPlacement>& shards,
                     const std::vector<std::string>& workers) {
   auto route = [&agent](const std::string& w) {
     auto r = agent.channel_to(w);
@@ -130,7 +131,7 @@ std::string CheckPsFlags(const RunOptions& c, const PsFlags& p, bool ps_mode, bo
   return "";
 }
 
-absl::Status TrainPs(Agent& agent, const RunOptions& c, const PsFlags& p,
+absl::Status TrainPs(rpc::Agent& agent, const RunOptions& c, const PsFlags& p,
                      const std::vector<pipeline::StageSpec>& stages, const Sets& sets,
                      const Checkpointing* checkpoints, Run& run, train::Elastic* elastic) {
   ps::PsOptions o;

@@ -40,7 +40,7 @@ std::string CheckPsFlags(const RunOptions& c, const PsFlags& p, bool ps_mode, bo
 // `checkpoints` says (train/ps_trainer.h).
 // Into `run` (its log opened when not yet); each step is told to
 // `elastic` when set (TrainElastic's attempts).
-absl::Status TrainPs(Agent& agent, const RunOptions& c, const PsFlags& p,
+absl::Status TrainPs(rpc::Agent& agent, const RunOptions& c, const PsFlags& p,
                      const std::vector<pipeline::StageSpec>& stages, const Sets& sets,
                      const Checkpointing* checkpoints, Run& run, train::Elastic* elastic = nullptr);
 

@@ -167,9 +167,9 @@ absl::StatusOr<std::vector<Run>> TrainHere(const RunOptions& c, const Sets& sets
 
 // The master's agent, listening (workers may register from now on; Join
 // waits for them all).
-absl::StatusOr<std::unique_ptr<Agent>> StartMaster(const RunPlan& line, Registry& registry) {
+absl::StatusOr<std::unique_ptr<rpc::Agent>> StartMaster(const RunPlan& line, rpc::Registry& registry) {
   const RunOptions& c = line.config;
-  AgentOptions opts;
+  rpc::AgentOptions opts;
   opts.name = "master";
   opts.is_master = true;
   opts.listen_address = c.listen;
@@ -179,16 +179,16 @@ absl::StatusOr<std::unique_ptr<Agent>> StartMaster(const RunPlan& line, Registry
   opts.rpc_timeout = absl::Minutes(10);
   opts.token = line.security.token;
   opts.tls = line.security.tls;
-  auto agent = Agent::Start(opts, &registry);
+  auto agent = rpc::Agent::Start(opts, &registry);
   if (!agent.ok()) return agent.status();
-  dist_autograd::Enable(**agent);
-  std::cout << "master listening at " << (*agent)->self().address << " (" << TlsModeName(line.security.tls)
+  autograd::Enable(**agent);
+  std::cout << "master listening at " << (*agent)->self().address << " (" << rpc::TlsModeName(line.security.tls)
             << "), waiting for " << absl::StrJoin(opts.workers, ", ") << std::endl;
   return agent;
 }
 
 // Waits until every worker joined; lists them.
-absl::Status JoinWorkers(Agent& agent, const RunOptions& c) {
+absl::Status JoinWorkers(rpc::Agent& agent, const RunOptions& c) {
   RETURN_IF_ERROR(agent.Join());
   std::vector<std::string> names;
   for (const auto& w : agent.workers()) {
@@ -206,7 +206,7 @@ absl::Status JoinWorkers(Agent& agent, const RunOptions& c) {
 // model for the parameter server, the small CNN's, the TorchScript files,
 // or ResNet50's blocks or a sequential model's layers as the partition
 // cuts them.
-absl::StatusOr<std::vector<pipeline::StageSpec>> ChooseStages(Agent& agent, const RunPlan& line) {
+absl::StatusOr<std::vector<pipeline::StageSpec>> ChooseStages(rpc::Agent& agent, const RunPlan& line) {
   const RunOptions& c = line.config;
   if (line.checkpoints.resume && !line.checkpoints.relayout) {
     std::printf("resuming %zu stage%s from %s\n", line.checkpoints.stages.size(),
@@ -231,7 +231,7 @@ absl::StatusOr<checkpoint::Checkpoint> MoveCheckpoint(const RunOptions& c, const
       (std::filesystem::path(c.checkpoint_dir) / ("relayout-" + std::filesystem::path(ck.dir).filename().string()))
           .string();
   auto moved = checkpoint::Relayout(ck, stages, placement, dir);
-  if (!moved.ok()) return Annotate(moved.status(), absl::StrCat("resuming ", ck.dir, " under another cut"));
+  if (!moved.ok()) return base::Annotate(moved.status(), absl::StrCat("resuming ", ck.dir, " under another cut"));
   const auto count = [](size_t k, const char* what) { return absl::StrCat(k, " ", what, k == 1 ? "" : "s"); };
   std::printf("resuming %s (%s over %s) cut again: %s over %s, written to %s\n", ck.dir.c_str(),
               count(ck.manifest.stages.size(), "stage").c_str(), count(ck.manifest.shards.size(), "worker").c_str(),
@@ -249,7 +249,7 @@ struct Baseline {
 
 // Training over the workers: the parameter server's run, or each split
 // count's pipeline run.
-absl::StatusOr<std::vector<Run>> TrainOverWorkers(Agent& agent, RunPlan& line, const Sets& sets,
+absl::StatusOr<std::vector<Run>> TrainOverWorkers(rpc::Agent& agent, RunPlan& line, const Sets& sets,
                                                   Baseline& baseline) {
   const RunOptions& c = line.config;
   const Checkpointing& checkpoints = line.checkpoints;
@@ -410,7 +410,7 @@ void PrintBaseline(const Run& pipelined, const Run& local, const RunOptions& c) 
 
 }  // namespace
 
-absl::Status RunMaster(RunPlan& plan, Registry* registry) {
+absl::Status RunMaster(RunPlan& plan, rpc::Registry* registry) {
   const RunOptions& c = plan.config;
   runtime::TuneAllocator();
   runtime::InstallCachingCpuAllocator();
@@ -420,7 +420,7 @@ absl::Status RunMaster(RunPlan& plan, Registry* registry) {
   at::manual_seed(static_cast<uint64_t>(c.seed));
   if (c.deterministic) runtime::UseDeterministicAlgorithms();
 
-  std::unique_ptr<Agent> agent;
+  std::unique_ptr<rpc::Agent> agent;
   // Ctrl-C or a scheduler's SIGTERM ends the group too (declared after the
   // agent: unhooked before it goes).
   std::optional<launch::InterruptHook> interrupted;
@@ -472,7 +472,7 @@ absl::Status RunMaster(RunPlan& plan, Registry* registry) {
       runs = TrainOverWorkers(*agent, plan, **sets, baseline);
     }
   } catch (...) {
-    return fail(StatusFromCurrentException("unexpected error (please report it)"));
+    return fail(base::StatusFromCurrentException("unexpected error (please report it)"));
   }
   if (!runs.ok()) return fail(runs.status());
   if (auto s = WriteOutputs(*runs, c); !s.ok()) return fail(s);

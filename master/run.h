@@ -59,6 +59,6 @@ absl::Status CheckPaths(const RunOptions& c);
 // returned; the workers are shut down when it succeeds. `plan` is
 // completed as the run goes (a --model with --dataset takes the dataset's
 // input shape).
-absl::Status RunMaster(RunPlan& plan, Registry* registry);
+absl::Status RunMaster(RunPlan& plan, rpc::Registry* registry);
 
 }  // namespace remora::master

@@ -61,7 +61,7 @@ absl::StatusOr<int64_t> TextVocabOf(const RunOptions& c) {
   // (Read once per model file: each read runs spm_export_vocab.)
   static absl::Mutex mu(absl::kConstInit);
   static auto* vocabs = new std::map<std::string, int64_t>;  // (guarded by mu)
-  MutexLock lock(mu);
+  base::MutexLock lock(mu);
   if (auto it = vocabs->find(c.tokenizer); it != vocabs->end()) return it->second;
   ASSIGN_OR_RETURN(const int64_t vocab, data::SentencePieceVocab(c.tokenizer));
   (*vocabs)[c.tokenizer] = vocab;
@@ -79,7 +79,7 @@ pipeline::StageSpec GptPart(const RunOptions& c, int64_t first, int64_t last) {
   a.last = last;
   a.seed = c.seed;
   a.tie = c.tie_embeddings ? 1 : 0;
-  return pipeline::StageSpec::Registered(shards::GptArgs::kFunction, EncodeCall(a));
+  return pipeline::StageSpec::Registered(shards::GptArgs::kFunction, rpc::EncodeCall(a));
 }
 
 double TrainFlopsPerToken(const RunOptions& c) {
@@ -285,7 +285,7 @@ absl::StatusOr<std::pair<at::Tensor, at::Tensor>> MakeBatch(const RunOptions& c,
   at::Tensor one_hot = at::zeros({c.batch_size, kClasses}).scatter_(1, labels, 1.0);
   return std::pair{images, one_hot};
 } catch (...) {
-  return StatusFromCurrentException(absl::StrCat("making batch ", b));
+  return base::StatusFromCurrentException(absl::StrCat("making batch ", b));
 }
 
 BatchesAhead::BatchesAhead(const RunOptions& c, int first, int end, int ahead, int max_makers)
@@ -304,7 +304,7 @@ BatchesAhead::BatchesAhead(MakeFn make, int first, int end, int ahead, int max_m
 
 BatchesAhead::~BatchesAhead() {
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     stop_ = true;
   }
   for (std::thread& t : makers_) t.join();
@@ -314,7 +314,7 @@ void BatchesAhead::Make() {
   while (true) {
     int b;
     {
-      MutexLock lock(mu_);
+      base::MutexLock lock(mu_);
       // Room for one more: at most `ahead_` made or being made and not
       // taken.
       mu_.Await(absl::Condition(
@@ -327,7 +327,7 @@ void BatchesAhead::Make() {
       b = next_made_++;
     }
     auto batch = make_(b);  // (outside the lock: Take and the other makers go on)
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     if (!batch.ok()) {
       if (failed_.ok() || b < failed_at_) {
         failed_ = batch.status();
@@ -340,7 +340,7 @@ void BatchesAhead::Make() {
 }
 
 absl::StatusOr<std::pair<at::Tensor, at::Tensor>> BatchesAhead::Take(int b) {
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   if (b != next_taken_ || b >= end_) {
     return absl::InternalError(absl::StrCat("BatchesAhead: batch ", b, " taken, ", next_taken_, " was next"));
   }

@@ -22,13 +22,13 @@ absl::StatusOr<std::shared_ptr<train::RunLog>> OpenRunLog(const RunOptions& c, i
                        ? train::RunLog::Open("")
                        : train::RunLog::Open(
                              c.splits.size() > 1 ? absl::StrCat(c.tensorboard, "/splits-", splits) : c.tensorboard,
-                             LinesTo(std::cerr)));
+                             base::LinesTo(std::cerr)));
   log->set_tokens_per_row(TokensPerRow(c));
   return log;
 }
 
 void RecordBatch(Run& run, int b, double loss, double seconds, int64_t rows) {
-  loss = UnsignedNan(loss);
+  loss = base::UnsignedNan(loss);
   // (Said where the losses turn not finite: once for a run that diverged.)
   const bool first_not_finite = !std::isfinite(loss) && (run.losses.empty() || std::isfinite(run.losses.back()));
   run.AddBatch(b, loss, seconds, rows);

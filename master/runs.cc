@@ -38,7 +38,7 @@
 #include "base/status_util.h"
 #include "runtime/allocator.h"
 #include "runtime/threads.h"
-#include "runtime/trace.h"
+#include "trace/trace.h"
 #include "shards/stage_types.h"
 #include "shards/cnn.h"
 #include "shards/gpt.h"
@@ -139,7 +139,7 @@ int64_t PausedBefore(const std::vector<std::pair<int64_t, int64_t>>& paused, int
 // The workers' trace slices since `start` (trace::NowUs), into the run's
 // timeline; the windows in `paused` (--compare-local's local batches) are
 // left out of it. Stops the workers' tracing.
-absl::Status CollectSlices(Agent& agent, const std::vector<std::string>& workers, int64_t start,
+absl::Status CollectSlices(rpc::Agent& agent, const std::vector<std::string>& workers, int64_t start,
                            const std::vector<std::pair<int64_t, int64_t>>& paused, Run& run) {
   for (size_t w = 0; w < workers.size(); ++w) {
     ASSIGN_OR_RETURN(std::vector<train::TraceSliceValue> slices, train::TakeTrace(agent, workers[w]));
@@ -164,7 +164,7 @@ constexpr int64_t kTracedSteps = 100;
 // recorded for the report and printed. Where fewer than two steps were
 // traced, or an untraced run's slices cannot be collected, it says so and
 // the run goes on.
-absl::Status CollectAndMeasure(Agent& agent, const std::vector<std::string>& workers, int64_t start,
+absl::Status CollectAndMeasure(rpc::Agent& agent, const std::vector<std::string>& workers, int64_t start,
                                const std::vector<std::pair<int64_t, int64_t>>& paused,
                                const pipeline::Schedule& schedule, bool traced, Run& run) {
   const size_t before = run.slices.size();  // (an elastic run's earlier attempts')
@@ -192,7 +192,7 @@ absl::Status CollectAndMeasure(Agent& agent, const std::vector<std::string>& wor
 // The run's pipeline over the workers (stage k on worker k mod n), with
 // --replicas R copies of it, its schedule and placement printed.
 absl::StatusOr<std::unique_ptr<train::PipelineTrainer>> CreatePipeline(
-    Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages, int splits) {
+    rpc::Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages, int splits) {
   parallel::DataParallelOptions o;
   o.pipeline.stages = stages;
   o.pipeline.workers = c.all_workers;
@@ -338,7 +338,7 @@ absl::StatusOr<Run> FitLocal(const RunOptions& c, int splits, const data::Source
   return run;
 }
 
-absl::Status FitPipeline(Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
+absl::Status FitPipeline(rpc::Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
                          int splits, const data::Source& train, const data::Source& test, Run& run,
                          const Checkpointing* checkpoints, train::Elastic* elastic, bool traced) {
   ASSIGN_OR_RETURN(auto trainer, CreatePipeline(agent, c, stages, splits));
@@ -450,10 +450,10 @@ absl::StatusOr<int> ResumeBatches(train::Trainer& trainer, const Checkpointing* 
 
 }  // namespace
 
-absl::Status UseDeterministicAlgorithmsOn(Agent& agent, const std::vector<std::string>& workers) {
+absl::Status UseDeterministicAlgorithmsOn(rpc::Agent& agent, const std::vector<std::string>& workers) {
   for (const auto& w : workers) {
     if (absl::Status s = agent.rpc_sync(w, train::kUseDeterministicAlgorithms).status(); !s.ok()) {
-      return Annotate(s, absl::StrCat("--deterministic: worker '", w, "' could not switch to deterministic "
+      return base::Annotate(s, absl::StrCat("--deterministic: worker '", w, "' could not switch to deterministic "
                                       "algorithms (a worker program must register remora's worker functions)"));
     }
   }
@@ -461,7 +461,7 @@ absl::Status UseDeterministicAlgorithmsOn(Agent& agent, const std::vector<std::s
 }
 
 
-absl::Status TrainPipeline(Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
+absl::Status TrainPipeline(rpc::Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
                            int splits, bool traced, const std::function<void(int)>& after_batch, Run& run,
                            const Checkpointing* checkpoints, train::Elastic* elastic) {
   ASSIGN_OR_RETURN(auto trainer, CreatePipeline(agent, c, stages, splits));
@@ -596,7 +596,7 @@ absl::Status TrainPipeline(Agent& agent, const RunOptions& c, const std::vector<
   return CollectAndMeasure(agent, c.workers, start, paused, pipe->replica(0).schedule(), traced, run);
 }
 
-absl::Status TrainElastic(Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
+absl::Status TrainElastic(rpc::Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
                           const Checkpointing& checkpoints, Run& run, const Attempt& attempt) {
   train::ElasticOptions o;
   o.max_restarts = c.max_restarts;
@@ -642,9 +642,10 @@ absl::Status TrainElastic(Agent& agent, const RunOptions& c, const std::vector<p
   return absl::OkStatus();
 }
 
-absl::StatusOr<Run> TrainOverPipeline(Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
-                                      int splits, const Sets& sets, bool traced,
-                                      const std::function<void(int)>& after_batch, const Checkpointing& checkpoints) {
+absl::StatusOr<Run> TrainOverPipeline(rpc::Agent& agent, const RunOptions& c,
+                                      const std::vector<pipeline::StageSpec>& stages, int splits, const Sets& sets,
+                                      bool traced, const std::function<void(int)>& after_batch,
+                                      const Checkpointing& checkpoints) {
   Run run(splits);
   ASSIGN_OR_RETURN(run.log, OpenRunLog(c, splits));
   RETURN_IF_ERROR(TrainElastic(agent, c, stages, checkpoints, run,

@@ -405,7 +405,7 @@ absl::StatusOr<Run> FitLocal(const RunOptions& c, int splits, const data::Source
                              bool traced = false);
 // Into `run` (its log opened when not yet); each step is reported to
 // `elastic` when set.
-absl::Status FitPipeline(Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
+absl::Status FitPipeline(rpc::Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
                          int splits, const data::Source& train, const data::Source& test, Run& run,
                          const Checkpointing* checkpoints = nullptr, train::Elastic* elastic = nullptr,
                          bool traced = false);
@@ -424,13 +424,13 @@ int LayersToCut(const RunOptions& c);
 // and micro-batch count (pipeline::MakePlan), prints the table and sets
 // `c`'s schedule, splits, stages per worker and cut to the fastest. OK and
 // nothing done when neither is asked for.
-absl::Status PlanRun(Agent& agent, RunOptions& c, int64_t batch_rows);
+absl::Status PlanRun(rpc::Agent& agent, RunOptions& c, int64_t batch_rows);
 // The stages of the ResNet50 demo, of the GPT or of a sequential --model,
 // cut by --partition / --split-at / --interleave and printed.
-absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(Agent& agent, const RunOptions& c);
+absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(rpc::Agent& agent, const RunOptions& c);
 // `after_batch` (if set) runs after each batch, outside its timing. Into
 // `run`, as FitPipeline.
-absl::Status TrainPipeline(Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
+absl::Status TrainPipeline(rpc::Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
                            int splits, bool traced, const std::function<void(int)>& after_batch, Run& run,
                            const Checkpointing* checkpoints = nullptr, train::Elastic* elastic = nullptr);
 // One attempt of an elastic run: over the workers of `now`, from `ck`
@@ -443,7 +443,7 @@ using Attempt = std::function<absl::Status(const RunOptions& now, const Checkpoi
 // over the workers that replaced the lost ones, the stages cut as that
 // checkpoint was saved; each recovery is a line on the output, an entry in
 // run.recoveries and run/recoveries in run.log (open it first).
-absl::Status TrainElastic(Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
+absl::Status TrainElastic(rpc::Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
                           const Checkpointing& checkpoints, Run& run, const Attempt& attempt);
 // Appends the epochs a Fit returned to run.epochs, replacing those from
 // the first of them on (an attempt after a recovery goes on inside an
@@ -467,9 +467,10 @@ KeptSteps KeepStepsUpTo(Run& run, int64_t from, int epoch = 0);
 // FitPipeline with --dataset; with --max-restarts, recovered from the
 // latest checkpoint when a worker is lost (train/elastic.h), a line on the
 // output and an entry in the run's record for each recovery.
-absl::StatusOr<Run> TrainOverPipeline(Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
-                                      int splits, const Sets& sets, bool traced,
-                                      const std::function<void(int)>& after_batch, const Checkpointing& checkpoints);
+absl::StatusOr<Run> TrainOverPipeline(rpc::Agent& agent, const RunOptions& c,
+                                      const std::vector<pipeline::StageSpec>& stages, int splits, const Sets& sets,
+                                      bool traced, const std::function<void(int)>& after_batch,
+                                      const Checkpointing& checkpoints);
 // Fills run.stage_memory from every replica of `pipe` and prints
 // "  [replica R, ]stage K on W: peak saved activations X MiB" per stage,
 // then each replica's optimizer state.
@@ -483,6 +484,6 @@ absl::Status WriteReport(const std::string& path, bool local, const std::vector<
 
 // --deterministic on each of `workers` (runtime::UseDeterministicAlgorithms
 // there); an error names the worker that could not.
-absl::Status UseDeterministicAlgorithmsOn(Agent& agent, const std::vector<std::string>& workers);
+absl::Status UseDeterministicAlgorithmsOn(rpc::Agent& agent, const std::vector<std::string>& workers);
 
 }  // namespace remora::master

@@ -19,7 +19,7 @@
 #include "base/status_util.h"
 #include "optim/protocol.h"
 #include "runtime/compute_lane.h"
-#include "runtime/trace.h"
+#include "trace/trace.h"
 
 namespace remora::optim {
 namespace {
@@ -46,8 +46,8 @@ class LocalOptimizer {
   }
 
   // Steps with the gradients `context` accumulated here.
-  void Step(const dist_autograd::DistContext& context) {
-    ComputeTurn compute;
+  void Step(const autograd::DistContext& context) {
+    runtime::ComputeTurn compute;
     trace::Scope scope("step", -1);
     for (auto& p : params_) p.mutable_grad() = context.Gradient(p);
     optimizer_->step();
@@ -246,7 +246,7 @@ int64_t StateBytes(const torch::optim::Optimizer& optimizer) {
 std::vector<at::Tensor> OwnedParameters(const c10::IValue& rrefs, const std::string& who) {
   std::vector<at::Tensor> params;
   for (const c10::IValue& v : rrefs.toListRef()) {
-    auto rref = RRef::FromIValue(v);
+    auto rref = rpc::RRef::FromIValue(v);
     if (!rref.ok() || !rref->is_owner()) {
       throw std::invalid_argument(absl::StrCat(who, ": every parameter RRef must be owned here"));
     }
@@ -259,43 +259,43 @@ std::vector<at::Tensor> OwnedParameters(const c10::IValue& rrefs, const std::str
   return params;
 }
 
-absl::Status StepHere(Agent& agent, const RRef& optimizer, int64_t context_id) {
+absl::Status StepHere(rpc::Agent& agent, const rpc::RRef& optimizer, int64_t context_id) {
   if (!optimizer.is_owner()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "stepping an optimizer on worker '", agent.self().name, "': it lives on another worker"));
   }
   ASSIGN_OR_RETURN(c10::IValue value, optimizer.local_value());
-  RemoteObject* object = AsRemoteObject(value);
+  rpc::RemoteObject* object = rpc::AsRemoteObject(value);
   if (object == nullptr || object->type() != kLocalOptimizer) {
     return absl::InvalidArgumentError(absl::StrCat(
         "stepping an optimizer on worker '", agent.self().name, "': the RRef holds no ",
         kLocalOptimizer));
   }
-  auto* container = dist_autograd::ContainerOf(&agent);
-  if (container == nullptr) return dist_autograd::CheckEnabled(agent, "stepping an optimizer");
+  auto* container = autograd::ContainerOf(&agent);
+  if (container == nullptr) return autograd::CheckEnabled(agent, "stepping an optimizer");
   auto context = container->Find(context_id);
   if (!context) {
     return absl::NotFoundError(absl::StrCat("stepping the optimizer on worker '", agent.self().name,
                                             "': unknown distributed autograd context ", context_id));
   }
   // Gradients that came GPU to GPU: their copies must have completed.
-  RETURN_IF_ERROR(Annotate(agent.settle_cuda_receives(context_id),
+  RETURN_IF_ERROR(base::Annotate(agent.settle_cuda_receives(context_id),
                            absl::StrCat("stepping the optimizer on worker '", agent.self().name, "'")));
-  MutexLock lock(object->mutex());  // one method of the object at a time
+  base::MutexLock lock(object->mutex());  // one method of the object at a time
   try {
     object->get<LocalOptimizer>()->Step(*context);
   } catch (...) {
-    return StatusFromCurrentException(
+    return base::StatusFromCurrentException(
         absl::StrCat("the optimizer step on worker '", agent.self().name, "'"));
   }
   return absl::OkStatus();
 }
 
-absl::Status RegisterFunctions(Registry& registry) {
+absl::Status RegisterFunctions(rpc::Registry& registry) {
   return registry.RegisterModule<LocalOptimizer>(
       kLocalOptimizer,
-      [](CallContext& ctx, const Args& args) {
-        const auto r = DecodeCallOrThrow<MakeLocalOptimizerRequest>(args);
+      [](rpc::CallContext& ctx, const rpc::Args& args) {
+        const auto r = rpc::DecodeCallOrThrow<MakeLocalOptimizerRequest>(args);
         if (!r.options.isGenericDict()) {
           throw std::invalid_argument(absl::StrCat(kLocalOptimizer, ": 'options' must be a dict, got a ",
                                                    r.options.tagKind()));
@@ -306,20 +306,20 @@ absl::Status RegisterFunctions(Registry& registry) {
                                                 OwnedParameters(params, "LocalOptimizer"));
       },
       {{"state_bytes",
-        [](LocalOptimizer& opt, CallContext&, const Args&) -> c10::IValue { return opt.state_bytes(); }},
+        [](LocalOptimizer& opt, rpc::CallContext&, const rpc::Args&) -> c10::IValue { return opt.state_bytes(); }},
        {"save_state",
-        [](LocalOptimizer& opt, CallContext&, const Args&) -> c10::IValue { return opt.SaveState(); }},
+        [](LocalOptimizer& opt, rpc::CallContext&, const rpc::Args&) -> c10::IValue { return opt.SaveState(); }},
        {LoadStateRequest::kMethod,
-        [](LocalOptimizer& opt, CallContext&, const Args& args) -> c10::IValue {
-          opt.LoadState(DecodeCallOrThrow<LoadStateRequest>(args).state);
+        [](LocalOptimizer& opt, rpc::CallContext&, const rpc::Args& args) -> c10::IValue {
+          opt.LoadState(rpc::DecodeCallOrThrow<LoadStateRequest>(args).state);
           return c10::IValue();
         }},
-       {StepRequest::kMethod, [](LocalOptimizer& opt, CallContext& ctx, const Args& args) -> c10::IValue {
-          const int64_t context_id = DecodeCallOrThrow<StepRequest>(args).context;
-          auto* container = dist_autograd::ContainerOf(ctx.agent);
+       {StepRequest::kMethod, [](LocalOptimizer& opt, rpc::CallContext& ctx, const rpc::Args& args) -> c10::IValue {
+          const int64_t context_id = rpc::DecodeCallOrThrow<StepRequest>(args).context;
+          auto* container = autograd::ContainerOf(ctx.agent);
           if (container == nullptr) {
             throw std::runtime_error(ctx.agent == nullptr ? std::string("step: the call has no agent")
-                                                          : std::string(dist_autograd::CheckEnabled(
+                                                          : std::string(autograd::CheckEnabled(
                                                                 *ctx.agent, "stepping an optimizer").message()));
           }
           auto context = container->Find(context_id);
@@ -336,52 +336,52 @@ absl::Status RegisterFunctions(Registry& registry) {
 }
 
 absl::StatusOr<std::unique_ptr<DistributedOptimizer>> DistributedOptimizer::Create(
-    Agent& agent, const OptimizerOptions& options, const std::vector<RRef>& params) {
+    rpc::Agent& agent, const OptimizerOptions& options, const std::vector<rpc::RRef>& params) {
   if (params.empty()) return absl::InvalidArgumentError("DistributedOptimizer: no parameters");
   std::map<std::string, std::vector<c10::IValue>> by_owner;
-  for (const RRef& p : params) {
+  for (const rpc::RRef& p : params) {
     if (!p.valid()) return absl::InvalidArgumentError("DistributedOptimizer: an empty RRef");
     by_owner[p.owner_name()].push_back(p.ToIValue());
   }
-  std::vector<RRef> optimizers;
+  std::vector<rpc::RRef> optimizers;
   const c10::IValue dict(OptionsToDict(options));
   for (auto& [owner, list] : by_owner) {
-    ASSIGN_OR_RETURN(RRef opt, agent.remote(owner, kLocalOptimizer,
-                                            EncodeCall(MakeLocalOptimizerRequest{dict, std::move(list)})));
+    ASSIGN_OR_RETURN(rpc::RRef opt, agent.remote(owner, kLocalOptimizer,
+                                            rpc::EncodeCall(MakeLocalOptimizerRequest{dict, std::move(list)})));
     optimizers.push_back(opt);
   }
   // Surface construction errors now rather than at the first step.
-  for (RRef& opt : optimizers) {
-    RETURN_IF_ERROR(Annotate(opt.WaitConfirmed(), "creating the optimizer"));
+  for (rpc::RRef& opt : optimizers) {
+    RETURN_IF_ERROR(base::Annotate(opt.WaitConfirmed(), "creating the optimizer"));
   }
   return std::unique_ptr<DistributedOptimizer>(new DistributedOptimizer(std::move(optimizers)));
 }
 
 absl::StatusOr<int64_t> DistributedOptimizer::state_bytes() const {
-  std::vector<Future<c10::IValue>> pending;
-  for (const RRef& opt : optimizers_) pending.push_back(opt.rpc_async("state_bytes"));
-  ASSIGN_OR_RETURN(std::vector<c10::IValue> values, WaitAll(pending));
+  std::vector<rpc::Future<c10::IValue>> pending;
+  for (const rpc::RRef& opt : optimizers_) pending.push_back(opt.rpc_async("state_bytes"));
+  ASSIGN_OR_RETURN(std::vector<c10::IValue> values, rpc::WaitAll(pending));
   int64_t bytes = 0;
   for (const c10::IValue& v : values) bytes += v.toInt();
   return bytes;
 }
 
 absl::Status DistributedOptimizer::step(int64_t context_id) {
-  std::vector<Future<c10::IValue>> steps;
-  for (const RRef& opt : optimizers_) {
-    steps.push_back(opt.rpc_async(StepRequest::kMethod, EncodeCall(StepRequest{context_id})));
+  std::vector<rpc::Future<c10::IValue>> steps;
+  for (const rpc::RRef& opt : optimizers_) {
+    steps.push_back(opt.rpc_async(StepRequest::kMethod, rpc::EncodeCall(StepRequest{context_id})));
   }
-  return WaitAll(steps, [this](size_t i) {
+  return rpc::WaitAll(steps, [this](size_t i) {
            return absl::StrCat("stepping the optimizer on worker '", optimizers_[i].owner_name(), "'");
          }).status();
 }
 
-absl::StatusOr<std::vector<RRef>> parameter_rrefs(const RRef& module) {
+absl::StatusOr<std::vector<rpc::RRef>> parameter_rrefs(const rpc::RRef& module) {
   ASSIGN_OR_RETURN(c10::IValue list, module.rpc_sync("parameter_rrefs"));
   if (!list.isList()) return absl::InvalidArgumentError("parameter_rrefs did not return a list");
-  std::vector<RRef> out;
+  std::vector<rpc::RRef> out;
   for (const c10::IValue& v : list.toListRef()) {
-    ASSIGN_OR_RETURN(RRef r, RRef::FromIValue(v));
+    ASSIGN_OR_RETURN(rpc::RRef r, rpc::RRef::FromIValue(v));
     out.push_back(r);
   }
   return out;

@@ -123,19 +123,19 @@ int64_t StateBytes(const torch::optim::Optimizer& optimizer);
 
 // Registers remora.optim.LocalOptimizer, the per-owner optimizer. Every
 // worker's registry needs it.
-absl::Status RegisterFunctions(Registry& registry);
+absl::Status RegisterFunctions(rpc::Registry& registry);
 
 // On the owner of `optimizer` (one of DistributedOptimizer::owners()):
 // steps it with the gradients that context `context_id` accumulated in this
 // process, without a message (what a worker does at the end of its part of
 // a pipeline step, pipeline/runner.h). An error says what is wrong.
-absl::Status StepHere(Agent& agent, const RRef& optimizer, int64_t context_id);
+absl::Status StepHere(rpc::Agent& agent, const rpc::RRef& optimizer, int64_t context_id);
 
 class DistributedOptimizer {
  public:
   // `params`: RRefs to parameter tensors (owned by any workers).
   static absl::StatusOr<std::unique_ptr<DistributedOptimizer>> Create(
-      Agent& agent, const OptimizerOptions& options, const std::vector<RRef>& params);
+      rpc::Agent& agent, const OptimizerOptions& options, const std::vector<rpc::RRef>& params);
 
   // Steps every owner with the gradients of `context_id`; an error names the
   // worker that failed.
@@ -149,16 +149,16 @@ class DistributedOptimizer {
   // optimizer's state dict, OptimizerStateDict) and "load_state" (such a
   // dict, or SaveOptimizerState's or LibTorch's archive bytes) serve
   // checkpoints (checkpoint/).
-  const std::vector<RRef>& owners() const { return optimizers_; }
+  const std::vector<rpc::RRef>& owners() const { return optimizers_; }
 
  private:
-  explicit DistributedOptimizer(std::vector<RRef> optimizers)
+  explicit DistributedOptimizer(std::vector<rpc::RRef> optimizers)
       : optimizers_(std::move(optimizers)) {}
-  std::vector<RRef> optimizers_;  // one remora.optim.LocalOptimizer per owner
+  std::vector<rpc::RRef> optimizers_;  // one remora.optim.LocalOptimizer per owner
 };
 
 // The parameter RRefs of a module that lives on a worker: calls its
 // registered "parameter_rrefs" method (PyTorch example's parameter_rrefs).
-absl::StatusOr<std::vector<RRef>> parameter_rrefs(const RRef& module);
+absl::StatusOr<std::vector<rpc::RRef>> parameter_rrefs(const rpc::RRef& module);
 
 }  // namespace remora::optim

@@ -18,7 +18,7 @@
 #include "pipeline/microbatch.h"
 
 namespace remora::parallel {
-DataParallelPipeline::DataParallelPipeline(Agent& agent, DataParallelOptions options,
+DataParallelPipeline::DataParallelPipeline(rpc::Agent& agent, DataParallelOptions options,
                                            std::vector<std::unique_ptr<pipeline::Pipeline>> replicas,
                                            std::unique_ptr<StoreServer> store,
                                            std::vector<Member> members, std::string backend)
@@ -38,14 +38,14 @@ absl::Status DataParallelPipeline::CallGroups(
     const std::function<std::vector<c10::IValue>(const Member&)>& args_of, const std::string& what,
     std::vector<c10::IValue>* values) {
   std::vector<const Member*> called;
-  std::vector<Future<c10::IValue>> pending;
+  std::vector<rpc::Future<c10::IValue>> pending;
   for (const Member& m : members) {
     if (replica < 0 || m.replica == replica) {
       called.push_back(&m);
       pending.push_back(m.group.rpc_async(method, args_of(m)));
     }
   }
-  ASSIGN_OR_RETURN(std::vector<c10::IValue> replies, WaitAll(pending, [&](size_t i) {
+  ASSIGN_OR_RETURN(std::vector<c10::IValue> replies, rpc::WaitAll(pending, [&](size_t i) {
                      return absl::StrCat(what, " on worker '", called[i]->worker, "'");
                    }));
   if (values != nullptr) values->insert(values->end(), replies.begin(), replies.end());
@@ -73,9 +73,9 @@ absl::Status CheckOptions(const DataParallelOptions& o) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Create(
-    Agent& agent, DataParallelOptions o) {
+    rpc::Agent& agent, DataParallelOptions o) {
   RETURN_IF_ERROR(CheckOptions(o));
-  RETURN_IF_ERROR(dist_autograd::CheckEnabled(agent, "making a data-parallel pipeline"));
+  RETURN_IF_ERROR(autograd::CheckEnabled(agent, "making a data-parallel pipeline"));
   const int R = o.replicas;
   const int P = static_cast<int>(o.pipeline.workers.size()) / R;
   std::vector<std::unique_ptr<pipeline::Pipeline>> replicas;
@@ -86,7 +86,7 @@ absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Crea
     if (p.seed) *p.seed += static_cast<uint64_t>(r) * 1000003;
     auto pipe = pipeline::Pipeline::Create(agent, std::move(p));
     // (One pipeline is no replica to name.)
-    if (!pipe.ok()) return R > 1 ? Annotate(pipe.status(), absl::StrCat("replica ", r)) : pipe.status();
+    if (!pipe.ok()) return R > 1 ? base::Annotate(pipe.status(), absl::StrCat("replica ", r)) : pipe.status();
     replicas.push_back(std::move(*pipe));
   }
   std::unique_ptr<StoreServer> store;
@@ -109,9 +109,9 @@ absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Crea
         MakeGradientGroupRequest g;
         for (int k = 0; k < S; ++k) {
           if (replicas[r]->schedule().WorkerOf(k) != p) continue;  // (k % P, or zbv's V)
-          ASSIGN_OR_RETURN(std::vector<RRef> mine, optim::parameter_rrefs(replicas[r]->stages()[k]));
+          ASSIGN_OR_RETURN(std::vector<rpc::RRef> mine, optim::parameter_rrefs(replicas[r]->stages()[k]));
           c10::impl::GenericList list(c10::AnyType::get());
-          for (const RRef& x : mine) list.push_back(x.ToIValue());
+          for (const rpc::RRef& x : mine) list.push_back(x.ToIValue());
           g.stage_indices.push_back(k);
           g.stage_params.emplace_back(std::move(list));
         }
@@ -131,7 +131,7 @@ absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Crea
         m.worker = o.pipeline.workers[r * P + p];
         m.slot = p;
         m.replica = r;
-        ASSIGN_OR_RETURN(m.group, agent.remote(m.worker, MakeGradientGroupRequest::kFunction, EncodeCall(g)));
+        ASSIGN_OR_RETURN(m.group, agent.remote(m.worker, MakeGradientGroupRequest::kFunction, rpc::EncodeCall(g)));
         members.push_back(m);
       }
     }
@@ -157,7 +157,7 @@ absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Crea
       RETURN_IF_ERROR(CallGroups(
           members, -1, GroupAttachRequest::kMethod,
           [&replicas](const Member& m) -> std::vector<c10::IValue> {
-            return EncodeCall(GroupAttachRequest{replicas[m.replica]->runner_id()});
+            return rpc::EncodeCall(GroupAttachRequest{replicas[m.replica]->runner_id()});
           },
           "joining the gradient group to the step runner"));
     }
@@ -205,15 +205,15 @@ pipeline::PendingStep DataParallelPipeline::start_train_step(const pipeline::Wor
 
 pipeline::PendingStep DataParallelPipeline::StartOnReplicas(
     int64_t total_rows,
-    const std::function<absl::StatusOr<std::vector<Future<c10::IValue>>>(int, int64_t, int64_t)>& start) {
+    const std::function<absl::StatusOr<std::vector<rpc::Future<c10::IValue>>>(int, int64_t, int64_t)>& start) {
   const int R = replicas();
   // One call per worker of every replica, in one context (the replicas'
   // workers are distinct); each worker's runner sums its gradients with
   // the other replicas' and steps.
-  const absl::StatusOr<int64_t> made = dist_autograd::NewContextId(agent_);
+  const absl::StatusOr<int64_t> made = autograd::NewContextId(agent_);
   if (!made.ok()) return pipeline::PendingStep::Done(made.status());
   const int64_t context = *made;
-  std::vector<Future<c10::IValue>> replies;
+  std::vector<rpc::Future<c10::IValue>> replies;
   std::vector<std::string> owers;
   std::vector<std::pair<int, int>> who;  // (replica, worker index in it)
   std::vector<int> losses;               // the replies that carry a replica's loss
@@ -281,7 +281,7 @@ absl::StatusOr<double> DataParallelPipeline::train_step(const c10::IValue& input
     // (Nothing may escape this thread: an error becomes the replica's loss
     // or step status, and the step waits for every thread's Notify.)
     threads.emplace_back([&, r] {
-      dist_autograd::Context context(agent_);  // current on this thread
+      autograd::Context context(agent_);  // current on this thread
       ids[r] = context.id();
       const int64_t id = context.id();
       try {
@@ -289,12 +289,12 @@ absl::StatusOr<double> DataParallelPipeline::train_step(const c10::IValue& input
         if (s.ok()) {
           s = CallGroups(
               members_, r, GroupBeginRequest::kMethod,
-              [id, m](const Member&) -> std::vector<c10::IValue> { return EncodeCall(GroupBeginRequest{id, m}); },
+              [id, m](const Member&) -> std::vector<c10::IValue> { return rpc::EncodeCall(GroupBeginRequest{id, m}); },
               "starting the batch");
         }
         losses[r] = s.ok() ? replicas_[r]->forward_backward(xs[r], ts[r], context.id(), rows) : s;
       } catch (...) {
-        losses[r] = StatusFromCurrentException("the batch's forward and backward passes");
+        losses[r] = base::StatusFromCurrentException("the batch's forward and backward passes");
       }
       passed[r].Notify();
       go.WaitForNotification();
@@ -306,25 +306,27 @@ absl::StatusOr<double> DataParallelPipeline::train_step(const c10::IValue& input
         } else {
           for (const Member& mb : members_) {
             if (mb.replica == r) {
-              mb.group.rpc_async(GroupDiscardRequest::kMethod, EncodeCall(GroupDiscardRequest{{context.id()}}));
+              mb.group.rpc_async(GroupDiscardRequest::kMethod, rpc::EncodeCall(GroupDiscardRequest{{context.id()}}));
             }
           }
         }
       } catch (...) {
-        steps[r] = StatusFromCurrentException("the optimizer step");
+        steps[r] = base::StatusFromCurrentException("the optimizer step");
       }
     });
   }
   absl::Status status;
   for (int r = 0; r < R; ++r) {
     passed[r].WaitForNotification();
-    if (!losses[r].ok() && status.ok()) status = Annotate(losses[r].status(), absl::StrCat("replica ", r));
+    if (!losses[r].ok() && status.ok()) status = base::Annotate(losses[r].status(), absl::StrCat("replica ", r));
   }
   if (status.ok()) {
     std::vector<c10::IValue> buckets;
     status = CallGroups(
         members_, -1, GroupFinishRequest::kMethod,
-        [&ids](const Member& mb) -> std::vector<c10::IValue> { return EncodeCall(GroupFinishRequest{ids[mb.replica]}); },
+        [&ids](const Member& mb) -> std::vector<c10::IValue> {
+          return rpc::EncodeCall(GroupFinishRequest{ids[mb.replica]});
+        },
         "summing the replicas' gradients", &buckets);
     last_buckets_ = 0;
     for (const auto& b : buckets) last_buckets_ += b.toInt();
@@ -335,7 +337,7 @@ absl::StatusOr<double> DataParallelPipeline::train_step(const c10::IValue& input
   RETURN_IF_ERROR(status);
   double loss = 0;
   for (int r = 0; r < R; ++r) {
-    RETURN_IF_ERROR(Annotate(steps[r], absl::StrCat("the optimizer step of replica ", r)));
+    RETURN_IF_ERROR(base::Annotate(steps[r], absl::StrCat("the optimizer step of replica ", r)));
     loss += *losses[r];
   }
   return loss;

@@ -55,8 +55,8 @@ struct DataParallelOptions {
 class DataParallelPipeline {
  public:
   // Makes the replicas (pipeline::Pipeline::Create) and their gradient
-  // groups. FailedPrecondition when `agent` lacks dist_autograd::Enable.
-  static absl::StatusOr<std::unique_ptr<DataParallelPipeline>> Create(Agent& agent,
+  // groups. FailedPrecondition when `agent` lacks autograd::Enable.
+  static absl::StatusOr<std::unique_ptr<DataParallelPipeline>> Create(rpc::Agent& agent,
                                                                      DataParallelOptions options);
   ~DataParallelPipeline();
 
@@ -110,11 +110,11 @@ class DataParallelPipeline {
   // sends a replica's run calls; the PendingStep waits for them all.
   pipeline::PendingStep StartOnReplicas(
       int64_t total_rows,
-      const std::function<absl::StatusOr<std::vector<Future<c10::IValue>>>(int, int64_t, int64_t)>& start);
+      const std::function<absl::StatusOr<std::vector<rpc::Future<c10::IValue>>>(int, int64_t, int64_t)>& start);
   struct Member {
     std::string worker;
     int slot = 0, replica = 0;
-    RRef group;
+    rpc::RRef group;
   };
   // Calls `method` on the groups of `members` (of `replica` only, unless
   // it is -1) with args_of(member), all at once, and waits for every
@@ -125,12 +125,12 @@ class DataParallelPipeline {
       const std::function<std::vector<c10::IValue>(const Member&)>& args_of,
       const std::string& what, std::vector<c10::IValue>* values = nullptr);
 
-  DataParallelPipeline(Agent& agent, DataParallelOptions options,
+  DataParallelPipeline(rpc::Agent& agent, DataParallelOptions options,
                        std::vector<std::unique_ptr<pipeline::Pipeline>> replicas,
                        std::unique_ptr<StoreServer> store, std::vector<Member> members,
                        std::string backend);
 
-  Agent& agent_;
+  rpc::Agent& agent_;
   const DataParallelOptions options_;
   std::vector<std::unique_ptr<pipeline::Pipeline>> replicas_;
   std::unique_ptr<StoreServer> store_;

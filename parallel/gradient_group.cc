@@ -32,7 +32,7 @@
 #include "pipeline/runner.h"
 #include "rpc/agent.h"
 #include "runtime/compute_lane.h"
-#include "runtime/trace.h"
+#include "trace/trace.h"
 
 namespace remora::parallel {
 namespace {
@@ -48,7 +48,7 @@ struct Bucket {
 class GradientGroup final : public pipeline::StepParticipant,
                             public std::enable_shared_from_this<GradientGroup> {
  public:
-  GradientGroup(Agent* agent, std::unique_ptr<ProcessGroup> group, int64_t bucket_bytes,
+  GradientGroup(rpc::Agent* agent, std::unique_ptr<ProcessGroup> group, int64_t bucket_bytes,
                 bool overlap, std::map<int64_t, std::vector<at::Tensor>> stages)
       : agent_(agent),
         group_(std::move(group)),
@@ -201,14 +201,14 @@ class GradientGroup final : public pipeline::StepParticipant,
   }
 
   void Begin(int64_t context, int64_t micro_batches) override {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     contexts_[context].micro_batches = micro_batches;
   }
 
   // From the backward hook: stage `stage`'s pass of one micro-batch is in.
   void OnBackward(int64_t context, int64_t stage) {
     if (!overlap_ || stages_.count(stage) == 0) return;
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     auto it = contexts_.find(context);
     if (it == contexts_.end()) return;
     PerContext& c = it->second;
@@ -219,7 +219,7 @@ class GradientGroup final : public pipeline::StepParticipant,
   // batch, and ZeRO-1's step after the runner's clipping.
   void Finish(int64_t context) override {
     const int64_t buckets = Sum(context, /*step=*/false);
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     last_buckets_ = buckets;
   }
   void Step(int64_t context) override {
@@ -228,7 +228,7 @@ class GradientGroup final : public pipeline::StepParticipant,
   }
   bool Steps() const override { return zero_; }
   int64_t LastBuckets() const {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     return last_buckets_;
   }
 
@@ -238,7 +238,7 @@ class GradientGroup final : public pipeline::StepParticipant,
   int64_t Sum(int64_t context, bool step = true) {
     PerContext c;
     {
-      MutexLock lock(mu_);
+      base::MutexLock lock(mu_);
       auto it = contexts_.find(context);
       if (it == contexts_.end()) {
         throw std::invalid_argument(absl::StrCat("finish: context ", context, " was not begun"));
@@ -271,10 +271,10 @@ class GradientGroup final : public pipeline::StepParticipant,
   // ZeRO-1's step: this rank steps its share with the summed gradients,
   // then every rank's share is copied to the others (one broadcast per
   // owner).
-  void StepShard(const dist_autograd::DistContext& context) {
+  void StepShard(const autograd::DistContext& context) {
     const int rank = group_->options().rank;
     if (zero_optimizer_) {
-      ComputeTurn turn;
+      runtime::ComputeTurn turn;
       trace::Scope scope("step", -1);
       for (size_t i = 0; i < zero_params_.size(); ++i) {
         if (zero_owner_[i] == rank) zero_params_[i].mutable_grad() = context.Gradient(zero_params_[i]);
@@ -305,7 +305,7 @@ class GradientGroup final : public pipeline::StepParticipant,
   }
 
   void Discard(int64_t context) override {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     contexts_.erase(context);
   }
 
@@ -321,9 +321,9 @@ class GradientGroup final : public pipeline::StepParticipant,
     if (!s.ok()) throw std::runtime_error(std::string(s.message()));
   }
 
-  std::shared_ptr<dist_autograd::DistContext> FindContext(int64_t context) {
-    auto* container = dist_autograd::ContainerOf(agent_);
-    std::shared_ptr<dist_autograd::DistContext> c = container ? container->Find(context) : nullptr;
+  std::shared_ptr<autograd::DistContext> FindContext(int64_t context) {
+    auto* container = autograd::ContainerOf(agent_);
+    std::shared_ptr<autograd::DistContext> c = container ? container->Find(context) : nullptr;
     if (!c) throw std::invalid_argument(absl::StrCat("unknown distributed autograd context ", context));
     return c;
   }
@@ -363,7 +363,7 @@ class GradientGroup final : public pipeline::StepParticipant,
     flush();
   }
 
-  Agent* agent_;
+  rpc::Agent* agent_;
   const std::unique_ptr<ProcessGroup> group_;
   const int64_t bucket_bytes_;
   const bool overlap_;
@@ -410,11 +410,11 @@ Groups& TheGroups() {
   return *groups;
 }
 
-void OnMarkedBackward(int64_t context, const LaneAction& action) {
+void OnMarkedBackward(int64_t context, const runtime::LaneAction& action) {
   std::vector<std::shared_ptr<GradientGroup>> groups;
   {
     Groups& g = TheGroups();
-    MutexLock lock(g.mu);
+    base::MutexLock lock(g.mu);
     for (auto it = g.live.begin(); it != g.live.end();) {
       if (auto group = it->lock()) {
         groups.push_back(std::move(group));
@@ -429,12 +429,12 @@ void OnMarkedBackward(int64_t context, const LaneAction& action) {
 
 }  // namespace
 
-absl::Status RegisterFunctions(Registry& registry) {
-  dist_autograd::SetMarkedBackwardHook(OnMarkedBackward);
+absl::Status RegisterFunctions(rpc::Registry& registry) {
+  autograd::SetMarkedBackwardHook(OnMarkedBackward);
   return registry.RegisterModule<GradientGroup>(
       MakeGradientGroupRequest::kFunction,
-      [](CallContext& ctx, const Args& a) {
-        const auto r = DecodeCallOrThrow<MakeGradientGroupRequest>(a);
+      [](rpc::CallContext& ctx, const rpc::Args& a) {
+        const auto r = rpc::DecodeCallOrThrow<MakeGradientGroupRequest>(a);
         GroupOptions g;
         g.store_host = r.store_host;
         if (g.store_host.empty()) g.agent = ctx.agent;  // the master's keys, over the agents
@@ -475,27 +475,27 @@ absl::Status RegisterFunctions(Registry& registry) {
         group->Synchronize();
         if (r.zero) group->ShardOptimizer(r.optimizer_options.toGenericDict());
         Groups& all = TheGroups();
-        MutexLock lock(all.mu);
+        base::MutexLock lock(all.mu);
         all.live.push_back(group);
         return group;
       },
       {{GroupBeginRequest::kMethod,
-        [](GradientGroup& g, CallContext&, const Args& a) -> c10::IValue {
-          const auto r = DecodeCallOrThrow<GroupBeginRequest>(a);
+        [](GradientGroup& g, rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
+          const auto r = rpc::DecodeCallOrThrow<GroupBeginRequest>(a);
           g.Begin(r.context, r.micro_batches);
           return c10::IValue();
         }},
        {GroupFinishRequest::kMethod,
-        [](GradientGroup& g, CallContext&, const Args& a) -> c10::IValue {
-          const int64_t context = DecodeCallOrThrow<GroupFinishRequest>(a).context;
+        [](GradientGroup& g, rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
+          const int64_t context = rpc::DecodeCallOrThrow<GroupFinishRequest>(a).context;
           trace::Scope scope("allreduce", -1);
           return g.Sum(context);
         }},
        // Take part in that step runner's batches here (pipeline/runner.h);
        // the master stops calling begin and finish.
        {GroupAttachRequest::kMethod,
-        [](GradientGroup& g, CallContext& ctx, const Args& a) -> c10::IValue {
-          const int64_t runner = DecodeCallOrThrow<GroupAttachRequest>(a).runner;
+        [](GradientGroup& g, rpc::CallContext& ctx, const rpc::Args& a) -> c10::IValue {
+          const int64_t runner = rpc::DecodeCallOrThrow<GroupAttachRequest>(a).runner;
           absl::Status s = pipeline::AttachToRunner(runner, g.shared_from_this());
           if (!s.ok()) {
             throw std::invalid_argument(absl::StrCat("worker '", ctx.agent->self().name, "': ", s.message()));
@@ -503,27 +503,27 @@ absl::Status RegisterFunctions(Registry& registry) {
           return c10::IValue();
         }},
        {"last_buckets",
-        [](GradientGroup& g, CallContext&, const Args&) -> c10::IValue { return g.LastBuckets(); }},
-       {"backend",
-        [](GradientGroup& g, CallContext&, const Args&) -> c10::IValue { return g.Backend(); }},
+        [](GradientGroup& g, rpc::CallContext&, const rpc::Args&) -> c10::IValue { return g.LastBuckets(); }},
+       {"backend", [](GradientGroup& g, rpc::CallContext&, const rpc::Args&) -> c10::IValue { return g.Backend(); }},
        {"state_bytes",
-        [](GradientGroup& g, CallContext&, const Args&) -> c10::IValue { return g.StateBytes(); }},
+        [](GradientGroup& g, rpc::CallContext&, const rpc::Args&) -> c10::IValue { return g.StateBytes(); }},
        // ZeRO-1's checkpoints (checkpoint/checkpoint.h): consolidate() on
        // every rank, then save_state() on rank 0 gives the whole optimizer
        // state; load_state(that) on any rank keeps its share.
        {"consolidate",
-        [](GradientGroup& g, CallContext&, const Args&) -> c10::IValue {
+        [](GradientGroup& g, rpc::CallContext&, const rpc::Args&) -> c10::IValue {
           g.Consolidate();
           return c10::IValue();
         }},
-       {"save_state", [](GradientGroup& g, CallContext&, const Args&) -> c10::IValue { return g.SaveState(); }},
+       {"save_state",
+        [](GradientGroup& g, rpc::CallContext&, const rpc::Args&) -> c10::IValue { return g.SaveState(); }},
        {optim::LoadStateRequest::kMethod,
-        [](GradientGroup& g, CallContext&, const Args& a) -> c10::IValue {
-          g.LoadState(DecodeCallOrThrow<optim::LoadStateRequest>(a).state);
+        [](GradientGroup& g, rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
+          g.LoadState(rpc::DecodeCallOrThrow<optim::LoadStateRequest>(a).state);
           return c10::IValue();
         }},
-       {GroupDiscardRequest::kMethod, [](GradientGroup& g, CallContext&, const Args& a) -> c10::IValue {
-          g.Discard(DecodeCallOrThrow<GroupDiscardRequest>(a).context);
+       {GroupDiscardRequest::kMethod, [](GradientGroup& g, rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
+          g.Discard(rpc::DecodeCallOrThrow<GroupDiscardRequest>(a).context);
           return c10::IValue();
         }}});
 }

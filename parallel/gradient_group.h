@@ -54,6 +54,6 @@
 namespace remora::parallel {
 
 // Registers the GradientGroup module and installs the backward hook.
-absl::Status RegisterFunctions(Registry& registry);
+absl::Status RegisterFunctions(rpc::Registry& registry);
 
 }  // namespace remora::parallel

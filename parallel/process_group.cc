@@ -133,7 +133,7 @@ absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(const std::strin
     o.timeout = Millis(timeout);
     impl->store = c10::make_intrusive<c10d::TCPStore>(host, o);
   } catch (...) {
-    return StatusFromCurrentException(absl::StrCat("starting the collectives' TCPStore on ", host));
+    return base::StatusFromCurrentException(absl::StrCat("starting the collectives' TCPStore on ", host));
   }
   const int port = impl->store->getPort();
   return std::unique_ptr<StoreServer>(new StoreServer(host, port, std::move(impl)));
@@ -187,7 +187,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Join(const GroupOpti
     }
 #endif
   } catch (...) {
-    return StatusFromCurrentException(absl::StrCat(
+    return base::StatusFromCurrentException(absl::StrCat(
         "joining group '", g.name, "' as rank ", g.rank, " of ", g.size, " through ", where,
         " (did every member start within ",
         absl::FormatDuration(g.timeout), "?)"));
@@ -205,12 +205,12 @@ Collective ProcessGroup::AllReduceSum(at::Tensor tensor) {
         work->wait();
         return absl::OkStatus();
       } catch (...) {
-        return StatusFromCurrentException(
+        return base::StatusFromCurrentException(
             absl::StrCat(what, " (did a replica die, stall, or hold other shapes?)"));
       }
     });
   } catch (...) {
-    absl::Status s = StatusFromCurrentException(what);
+    absl::Status s = base::StatusFromCurrentException(what);
     return Collective([s] { return s; });
   }
 }
@@ -223,7 +223,7 @@ absl::Status ProcessGroup::Broadcast(at::Tensor tensor, int root) {
     impl_->With([&](auto& pg) { return pg.broadcast(tensors, o); })->wait();
     return absl::OkStatus();
   } catch (...) {
-    return StatusFromCurrentException(absl::StrCat("broadcast from rank ", root, " in ", Describe()));
+    return base::StatusFromCurrentException(absl::StrCat("broadcast from rank ", root, " in ", Describe()));
   }
 }
 

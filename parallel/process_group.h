@@ -46,9 +46,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
-namespace remora {
+namespace remora::rpc {
 class Agent;
-}  // namespace remora
+}  // namespace remora::rpc
 
 namespace remora::parallel {
 
@@ -88,7 +88,7 @@ struct GroupOptions {
   // group's agents (parallel/rpc_store.h: the token and TLS apply, no port
   // is opened), and Gloo listens on the agent's host; else a TCPStore at
   // store_host:store_port (StoreServer), Gloo on store_host.
-  Agent* agent = nullptr;
+  rpc::Agent* agent = nullptr;
 };
 
 // A collective in flight; Wait() once.

@@ -31,7 +31,7 @@ namespace remora::parallel {
 
 // Registers remora.store.* (set, get, add, delete, check, count) in the
 // registry of the process that hosts the keys: the master.
-absl::Status RegisterStoreFunctions(Registry& registry);
+absl::Status RegisterStoreFunctions(rpc::Registry& registry);
 
 // Removes the keys that start with `prefix` from this process's table.
 void ClearStoreKeys(const std::string& prefix);
@@ -39,7 +39,7 @@ void ClearStoreKeys(const std::string& prefix);
 class RpcStore final : public c10d::Store {
  public:
   // Keys are `prefix` + key in the table of member 0 (the master).
-  RpcStore(Agent* agent, std::string prefix);
+  RpcStore(rpc::Agent* agent, std::string prefix);
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override;
   std::vector<uint8_t> get(const std::string& key) override;
@@ -60,7 +60,7 @@ class RpcStore final : public c10d::Store {
   // call fails.
   c10::IValue Call(const std::string& function, std::vector<c10::IValue> args, const std::string& key);
 
-  Agent* const agent_;
+  rpc::Agent* const agent_;
   const std::string prefix_;
 };
 

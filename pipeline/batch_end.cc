@@ -20,7 +20,7 @@
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
 #include "pipeline/protocol.h"
-#include "runtime/trace.h"
+#include "trace/trace.h"
 
 namespace remora::pipeline {
 namespace {
@@ -49,7 +49,7 @@ Mail& TheMail() {
 
 void Post(Kind kind, int64_t runner, int64_t context, c10::IValue value) {
   Mail& mail = TheMail();
-  MutexLock lock(mail.mu);
+  base::MutexLock lock(mail.mu);
   mail.by_batch[{kind, runner, context}].values.push_back(std::move(value));
 }
 
@@ -59,7 +59,7 @@ absl::StatusOr<std::vector<c10::IValue>> Await(Kind kind, int64_t runner, int64_
                                                const std::string& where, const std::string& what) {
   Mail& mail = TheMail();
   const std::tuple<Kind, int64_t, int64_t> key{kind, runner, context};
-  MutexLock lock(mail.mu);
+  base::MutexLock lock(mail.mu);
   auto arrived = [&mail, &key, want]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mail.mu) {
     const Mail::Entry& e = mail.by_batch[key];
     return e.abandoned || e.values.size() >= want;
@@ -75,14 +75,14 @@ absl::StatusOr<std::vector<c10::IValue>> Await(Kind kind, int64_t runner, int64_
   return std::move(e.values);
 }
 
-std::shared_ptr<dist_autograd::DistContext> ContextHere(Agent& agent, int64_t context) {
-  auto* container = dist_autograd::ContainerOf(&agent);
+std::shared_ptr<autograd::DistContext> ContextHere(rpc::Agent& agent, int64_t context) {
+  auto* container = autograd::ContainerOf(&agent);
   return container != nullptr ? container->Find(context) : nullptr;
 }
 
 }  // namespace
 
-absl::Status SumTiedGradients(Agent& agent, int64_t runner, const TiedCopies& tied, int64_t context) {
+absl::Status SumTiedGradients(rpc::Agent& agent, int64_t runner, const TiedCopies& tied, int64_t context) {
   trace::Scope scope("tied", -1);
   const std::string where = absl::StrCat("summing the tied weight's gradients of batch ", context, " on worker '",
                                          agent.self().name, "'");
@@ -97,7 +97,7 @@ absl::Status SumTiedGradients(Agent& agent, int64_t runner, const TiedCopies& ti
     TiedGradRequest r{runner, context, first_here ? 0 : tied.last_stage,
                       mine.defined() ? c10::IValue(mine) : c10::IValue()};
     agent.rpc_async(first_here ? tied.last_worker : tied.first_worker, TiedGradRequest::kFunction,
-                    EncodeCall(r));
+                    rpc::EncodeCall(r));
     ASSIGN_OR_RETURN(std::vector<c10::IValue> came,
                      Await(Kind::kTiedGrad, runner, context, 1, where, "the other copy's gradients"));
     at::Tensor theirs = came.front().isTensor() ? came.front().toTensor() : at::Tensor();
@@ -121,7 +121,7 @@ absl::Status SumTiedGradients(Agent& agent, int64_t runner, const TiedCopies& ti
   return absl::OkStatus();
 }
 
-absl::StatusOr<double> ClipGradients(Agent& agent, int64_t runner, const std::vector<std::string>& peers,
+absl::StatusOr<double> ClipGradients(rpc::Agent& agent, int64_t runner, const std::vector<std::string>& peers,
                                      int64_t context, double max_norm, const at::Tensor& counted_elsewhere) {
   trace::Scope scope("clip", -1);
   const std::string where = absl::StrCat("clipping the gradients of batch ", context, " on worker '",
@@ -140,7 +140,7 @@ absl::StatusOr<double> ClipGradients(Agent& agent, int64_t runner, const std::ve
   }
   for (const std::string& peer : peers) {
     // (Not waited for: the peers' shares are what this worker waits for.)
-    agent.rpc_async(peer, GradNormRequest::kFunction, EncodeCall(GradNormRequest{runner, context, mine}));
+    agent.rpc_async(peer, GradNormRequest::kFunction, rpc::EncodeCall(GradNormRequest{runner, context, mine}));
   }
   ASSIGN_OR_RETURN(std::vector<c10::IValue> shares,
                    Await(Kind::kGradNorm, runner, context, peers.size(), where, "the other workers' shares of the norm"));
@@ -160,22 +160,23 @@ absl::StatusOr<double> ClipGradients(Agent& agent, int64_t runner, const std::ve
 
 void AbandonBatchEnd(int64_t runner, int64_t context) {
   Mail& mail = TheMail();
-  MutexLock lock(mail.mu);
+  base::MutexLock lock(mail.mu);
   for (Kind kind : {Kind::kGradNorm, Kind::kTiedGrad}) mail.by_batch[{kind, runner, context}].abandoned = true;
 }
 
-absl::Status RegisterBatchEndFunctions(Registry& registry) {
+absl::Status RegisterBatchEndFunctions(rpc::Registry& registry) {
   RETURN_IF_ERROR(
-      registry.RegisterFunction(GradNormRequest::kFunction, [](CallContext&, const Args& a) -> c10::IValue {
-        const auto r = DecodeCallOrThrow<GradNormRequest>(a);
+      registry.RegisterFunction(GradNormRequest::kFunction, [](rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
+        const auto r = rpc::DecodeCallOrThrow<GradNormRequest>(a);
         Post(Kind::kGradNorm, r.runner, r.context, r.squared);
         return c10::IValue();
       }));
-  return registry.RegisterFunction(TiedGradRequest::kFunction, [](CallContext&, const Args& a) -> c10::IValue {
-    auto r = DecodeCallOrThrow<TiedGradRequest>(a);
-    Post(Kind::kTiedGrad, r.runner, r.context, std::move(r.grad));
-    return c10::IValue();
-  });
+  return registry.RegisterFunction(TiedGradRequest::kFunction,
+                                   [](rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
+                                     auto r = rpc::DecodeCallOrThrow<TiedGradRequest>(a);
+                                     Post(Kind::kTiedGrad, r.runner, r.context, std::move(r.grad));
+                                     return c10::IValue();
+                                   });
 }
 
 }  // namespace remora::pipeline

@@ -47,14 +47,14 @@ struct TiedCopies {
 // (see above) and sets the sum on the copies here. An error (a context
 // unknown here, the other copy's gradient did not come or has another
 // shape, the batch abandoned) names the worker.
-absl::Status SumTiedGradients(Agent& agent, int64_t runner, const TiedCopies& tied, int64_t context);
+absl::Status SumTiedGradients(rpc::Agent& agent, int64_t runner, const TiedCopies& tied, int64_t context);
 
 // Clips batch `context`'s gradients here (see above); returns the whole
 // model's norm. `peers`: the pipeline's other workers. `counted_elsewhere`:
 // a parameter whose gradient another counts (a tied weight's last copy),
 // or undefined. An error (a context unknown here, a share that did not
 // come, the batch abandoned) names the worker.
-absl::StatusOr<double> ClipGradients(Agent& agent, int64_t runner, const std::vector<std::string>& peers,
+absl::StatusOr<double> ClipGradients(rpc::Agent& agent, int64_t runner, const std::vector<std::string>& peers,
                                      int64_t context, double max_norm, const at::Tensor& counted_elsewhere);
 
 // The batch was abandoned: a wait above for its messages returns an error,
@@ -63,6 +63,6 @@ void AbandonBatchEnd(int64_t runner, int64_t context);
 
 // Registers "remora.pipeline.grad_norm" and "remora.pipeline.tied_grad"
 // (what other workers send).
-absl::Status RegisterBatchEndFunctions(Registry& registry);
+absl::Status RegisterBatchEndFunctions(rpc::Registry& registry);
 
 }  // namespace remora::pipeline

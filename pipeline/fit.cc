@@ -287,7 +287,8 @@ class Loop {
       ReadAhead();  // the next batches are read while this one trains
       if (!batch.ok()) {
         DropStarted();
-        return Annotate(batch.status(), absl::StrCat("reading epoch ", e, ", batch ", b + 1, " of ", batches_.size()));
+        return base::Annotate(batch.status(),
+                              absl::StrCat("reading epoch ", e, ", batch ", b + 1, " of ", batches_.size()));
       }
       r_.skipped += batch->skipped;
       if (batch->labels.size(0) == 0) continue;  // every file of it skipped
@@ -329,9 +330,9 @@ class Loop {
     absl::StatusOr<double> loss = oldest.step.wait();
     if (!loss.ok()) {
       DropStarted();
-      return Annotate(loss.status(), absl::StrCat("epoch ", e, ", batch ", b + 1, " of ", batches_.size()));
+      return base::Annotate(loss.status(), absl::StrCat("epoch ", e, ", batch ", b + 1, " of ", batches_.size()));
     }
-    *loss = UnsignedNan(*loss);
+    *loss = base::UnsignedNan(*loss);
     if (!std::isfinite(*loss) && !said_not_finite_) {
       said_not_finite_ = true;  // (once: every later loss is likely the same)
       out_ << "fit: warning: the loss is " << *loss << " at epoch " << e << ", batch " << b + 1
@@ -352,7 +353,7 @@ class Loop {
       absl::Status s = o_.after_step(FitPosition{e, static_cast<int64_t>(b + 1), loss_sum_, r_.images, step_});
       if (!s.ok()) {
         DropStarted();
-        return Annotate(s, absl::StrCat("after epoch ", e, ", batch ", b + 1));
+        return base::Annotate(s, absl::StrCat("after epoch ", e, ", batch ", b + 1));
       }
     }
     return absl::OkStatus();
@@ -387,7 +388,7 @@ class Loop {
     const int e = r_.epoch;
     if (skipped_) {
       auto now = skipped_();
-      if (!now.ok()) return Annotate(now.status(), absl::StrCat("after epoch ", e));
+      if (!now.ok()) return base::Annotate(now.status(), absl::StrCat("after epoch ", e));
       const int64_t epoch_skipped = *now - skipped_before_;
       skipped_before_ = *now;
       r_.skipped += epoch_skipped;
@@ -406,7 +407,7 @@ class Loop {
     std::string tested;
     if (accuracy_) {  // else no test set
       auto accuracy = accuracy_();
-      if (!accuracy.ok()) return Annotate(accuracy.status(), absl::StrCat("evaluating after epoch ", e));
+      if (!accuracy.ok()) return base::Annotate(accuracy.status(), absl::StrCat("evaluating after epoch ", e));
       r_.evaluated = true;
       r_.test_accuracy = accuracy->accuracy();
       r_.test_top5 = accuracy->top5_accuracy();

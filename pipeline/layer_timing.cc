@@ -12,7 +12,7 @@
 #include "absl/status/status.h"
 #include "autograd/split_backward.h"
 #include "pipeline/recompute.h"
-#include "runtime/trace.h"
+#include "trace/trace.h"
 
 namespace remora::pipeline {
 namespace {
@@ -61,7 +61,7 @@ LayerTiming TimeLayer(StageModule& layer, const c10::IValue& input, c10::Device 
       std::vector<at::Tensor> grads;
       for (const at::Tensor& o : outputs) grads.push_back(at::ones_like(o));
       start = trace::NowUs();
-      dist_autograd::SplitBackward pass(std::move(outputs), std::move(grads), inputs, params);
+      autograd::SplitBackward pass(std::move(outputs), std::move(grads), inputs, params);
       absl::Status failed = pass.Inputs().status();
       Synchronize(device);
       input_ms = MsSince(start);

@@ -7,7 +7,7 @@
 //   t.forward_ms, t.input_ms, t.weight_ms  // the fastest of the runs, each
 //   t.output                               // the next layer's input
 //
-// B and W are dist_autograd::SplitBackward's two passes, as the step
+// B and W are autograd::SplitBackward's two passes, as the step
 // runners run them under zb1p and zbv; a layer whose graph does not split
 // runs its whole backward in B (W then 0), as it would there.
 //

@@ -27,7 +27,7 @@ struct LossTable {
 LossTable& Losses() {
   static LossTable* table = [] {
     auto* t = new LossTable;  // never destroyed
-    MutexLock lock(t->mu);
+    base::MutexLock lock(t->mu);
     t->fns["mse"] = [](const c10::IValue& out, const c10::IValue& target) {
       return at::mse_loss(out.toTensor(), target.toTensor());
     };
@@ -48,7 +48,7 @@ LossTable& Losses() {
 
 LossFn LossFn::Named(const std::string& name) {
   LossTable& table = Losses();
-  MutexLock lock(table.mu);
+  base::MutexLock lock(table.mu);
   auto it = table.fns.find(name);
   if (it == table.fns.end()) return LossFn();
   LossFn loss(it->second);
@@ -63,16 +63,16 @@ absl::StatusOr<at::Tensor> LossFn::Compute(const c10::IValue& output, const c10:
     auto shape = [](const c10::IValue& v) {
       return v.isTensor() ? absl::StrCat("[", absl::StrJoin(v.toTensor().sizes(), ", "), "]") : v.tagKind();
     };
-    return StatusFromCurrentException(absl::StrCat("the loss", name_.empty() ? "" : absl::StrCat(" '", name_, "'"),
-                                                   " of an output of ", shape(output), " against targets of ",
-                                                   shape(target)));
+    return base::StatusFromCurrentException(
+        absl::StrCat("the loss", name_.empty() ? "" : absl::StrCat(" '", name_, "'"), " of an output of ",
+                     shape(output), " against targets of ", shape(target)));
   }
 }
 
 absl::Status RegisterLoss(const std::string& name, LossFn::Fn fn) {
   if (name.empty() || !fn) return absl::InvalidArgumentError("RegisterLoss: a name and a function");
   LossTable& table = Losses();
-  MutexLock lock(table.mu);
+  base::MutexLock lock(table.mu);
   if (!table.fns.emplace(name, std::move(fn)).second) {
     return absl::AlreadyExistsError(absl::StrCat("a loss named '", name, "' is already registered"));
   }

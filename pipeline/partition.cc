@@ -77,7 +77,7 @@ absl::StatusOr<SequentialModel> SequentialModel::TorchScript(const std::string& 
     std::istringstream in(bytes);
     *module = torch::jit::load(in);
   } catch (...) {
-    return StatusFromCurrentException(absl::StrCat(
+    return base::StatusFromCurrentException(absl::StrCat(
         "cannot load TorchScript from ", label,
         " (save it with torch.jit.script(nn.Sequential(...)).save(path))"));
   }
@@ -181,7 +181,7 @@ absl::StatusOr<StageSpec> SequentialModel::Stage(int first, int last) const {
     stage.save(out);
     return StageSpec::TorchScript(out.str(), label);
   } catch (...) {
-    return StatusFromCurrentException(absl::StrCat(
+    return base::StatusFromCurrentException(absl::StrCat(
         "making a stage of ", label, " (does each layer's forward take the previous one's output?)"));
   }
 }
@@ -217,7 +217,7 @@ absl::Status SequentialModel::Check(const c10::IValue& sample) const {
       layers.push_back(torch::jit::load(in));
       layers.back().eval();
     } catch (...) {
-      return StatusFromCurrentException(absl::StrCat("loading layer ", i, " (", layer_name(i), ") of ", label_));
+      return base::StatusFromCurrentException(absl::StrCat("loading layer ", i, " (", layer_name(i), ") of ", label_));
     }
   }
   c10::IValue whole, chained = sample;
@@ -225,7 +225,7 @@ absl::Status SequentialModel::Check(const c10::IValue& sample) const {
     whole = m.forward(ScriptArgs(sample));
   } catch (...) {
     const absl::Status failed =
-        StatusFromCurrentException(absl::StrCat("the forward of ", label_, " on the sample input"));
+        base::StatusFromCurrentException(absl::StrCat("the forward of ", label_, " on the sample input"));
     // Name the layer that refuses its input, with the input's shape and
     // PyTorch's own line (which gives the shape the layer wants), not the
     // interpreter's traceback.
@@ -234,7 +234,7 @@ absl::Status SequentialModel::Check(const c10::IValue& sample) const {
       try {
         x = layers[i].forward(ScriptArgs(x));
       } catch (...) {
-        const absl::Status s = StatusFromCurrentException("");
+        const absl::Status s = base::StatusFromCurrentException("");
         auto type = layers[i].type()->name();
         if (cut_) type.reset();  // (the stage's own class, not the user's)
         return absl::InvalidArgumentError(absl::StrCat(
@@ -249,7 +249,7 @@ absl::Status SequentialModel::Check(const c10::IValue& sample) const {
     try {
       chained = layers[i].forward(ScriptArgs(chained));
     } catch (...) {
-      return StatusFromCurrentException(absl::StrCat(
+      return base::StatusFromCurrentException(absl::StrCat(
           "layer ", i, " ('", layer_name(i), "') of ", label_,
           " on the previous layer's output: the layers do not run one after another, so ",
           label_, " cannot be cut at them (export an nn.Sequential, or one file per stage)"));
@@ -368,7 +368,7 @@ absl::StatusOr<std::vector<int>> SplitAt(int num_layers, const std::vector<int>&
 
 // --- Partition --------------------------------------------------------------------
 
-absl::StatusOr<std::vector<LayerTimes>> MeasureLayers(Agent& agent, const SequentialModel& model,
+absl::StatusOr<std::vector<LayerTimes>> MeasureLayers(rpc::Agent& agent, const SequentialModel& model,
                                                       const std::vector<std::string>& workers,
                                                       const c10::IValue& sample, int repeats) {
   if (sample.isNone()) {
@@ -384,19 +384,19 @@ absl::StatusOr<std::vector<LayerTimes>> MeasureLayers(Agent& agent, const Sequen
   }
   request.sample = agent.local_rref(sample).ToIValue();
   request.repeats = repeats;
-  std::vector<Future<c10::IValue>> pending;
+  std::vector<rpc::Future<c10::IValue>> pending;
   for (const auto& w : workers) {
-    pending.push_back(agent.rpc_async(w, LayerCostsRequest::kFunction, EncodeCall(request),
-                                      CallOptions{absl::Minutes(10)}));
+    pending.push_back(agent.rpc_async(w, LayerCostsRequest::kFunction, rpc::EncodeCall(request),
+                                      rpc::CallOptions{absl::Minutes(10)}));
   }
   const auto where = [&](size_t w) {
     return absl::StrCat("measuring the layers of ", model.label(), " on worker '", workers[w], "'");
   };
-  ASSIGN_OR_RETURN(std::vector<c10::IValue> replies, WaitAll(pending, where));
+  ASSIGN_OR_RETURN(std::vector<c10::IValue> replies, rpc::WaitAll(pending, where));
   std::vector<LayerTimes> out;
   for (size_t w = 0; w < replies.size(); ++w) {
-    absl::StatusOr<LayerCostsReply> r = DecodeTuple<LayerCostsReply>(replies[w]);
-    if (!r.ok()) return Annotate(r.status(), where(w));
+    absl::StatusOr<LayerCostsReply> r = rpc::DecodeTuple<LayerCostsReply>(replies[w]);
+    if (!r.ok()) return base::Annotate(r.status(), where(w));
     const size_t n = static_cast<size_t>(model.num_layers());
     if (r->forward_ms.size() != n || r->input_ms.size() != n || r->weight_ms.size() != n) {
       return absl::InternalError(absl::StrCat(where(w), ": ", r->forward_ms.size(), " layers timed, not ", n));
@@ -406,7 +406,7 @@ absl::StatusOr<std::vector<LayerTimes>> MeasureLayers(Agent& agent, const Sequen
   return out;
 }
 
-absl::StatusOr<LayerTimes> MeasureMeanLayers(Agent& agent, const SequentialModel& model,
+absl::StatusOr<LayerTimes> MeasureMeanLayers(rpc::Agent& agent, const SequentialModel& model,
                                              const std::vector<std::string>& workers, const c10::IValue& sample,
                                              int repeats) {
   ASSIGN_OR_RETURN(const std::vector<LayerTimes> measured, MeasureLayers(agent, model, workers, sample, repeats));
@@ -423,7 +423,7 @@ absl::StatusOr<LayerTimes> MeasureMeanLayers(Agent& agent, const SequentialModel
   return mean;
 }
 
-absl::StatusOr<double> MeasureCrossing(Agent& agent, const std::string& worker, const c10::IValue& sample,
+absl::StatusOr<double> MeasureCrossing(rpc::Agent& agent, const std::string& worker, const c10::IValue& sample,
                                        int repeats) {
   if (repeats < 1) return absl::InvalidArgumentError("measuring a crossing needs at least one round trip");
   std::vector<double> ms;
@@ -431,10 +431,10 @@ absl::StatusOr<double> MeasureCrossing(Agent& agent, const std::string& worker, 
     LayerCostsRequest request;  // (no layers)
     const absl::Time start = absl::Now();
     request.sample = agent.local_rref(sample).ToIValue();
-    std::vector<Future<c10::IValue>> pending;
-    pending.push_back(
-        agent.rpc_async(worker, LayerCostsRequest::kFunction, EncodeCall(request), CallOptions{absl::Minutes(1)}));
-    RETURN_IF_ERROR(WaitAll(pending, [&](size_t) {
+    std::vector<rpc::Future<c10::IValue>> pending;
+    pending.push_back(agent.rpc_async(worker, LayerCostsRequest::kFunction, rpc::EncodeCall(request),
+                                      rpc::CallOptions{absl::Minutes(1)}));
+    RETURN_IF_ERROR(rpc::WaitAll(pending, [&](size_t) {
                       return absl::StrCat("timing a crossing to worker '", worker, "'");
                     }).status());
     ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
@@ -443,7 +443,7 @@ absl::StatusOr<double> MeasureCrossing(Agent& agent, const std::string& worker, 
   return ms[ms.size() / 2];
 }
 
-absl::StatusOr<Partitioning> Partition(Agent& agent, const SequentialModel& model,
+absl::StatusOr<Partitioning> Partition(rpc::Agent& agent, const SequentialModel& model,
                                        const std::vector<std::string>& workers,
                                        const PartitionOptions& o) {
   const int n = static_cast<int>(workers.size());

@@ -131,18 +131,18 @@ struct Partitioning {
 };
 
 // Cuts `model` into workers.size() * stages_per_worker stages.
-absl::StatusOr<Partitioning> Partition(Agent& agent, const SequentialModel& model,
+absl::StatusOr<Partitioning> Partition(rpc::Agent& agent, const SequentialModel& model,
                                        const std::vector<std::string>& workers,
                                        const PartitionOptions& options);
 
 // Each layer's forward, input gradient (B) and weight gradients (W) of
 // `model` on `sample`, in milliseconds, measured on each of `workers` at
 // once (pipeline/layer_timing.h); one LayerTimes per worker.
-absl::StatusOr<std::vector<LayerTimes>> MeasureLayers(Agent& agent, const SequentialModel& model,
+absl::StatusOr<std::vector<LayerTimes>> MeasureLayers(rpc::Agent& agent, const SequentialModel& model,
                                                       const std::vector<std::string>& workers,
                                                       const c10::IValue& sample, int repeats = 4);
 // The same averaged over the workers.
-absl::StatusOr<LayerTimes> MeasureMeanLayers(Agent& agent, const SequentialModel& model,
+absl::StatusOr<LayerTimes> MeasureMeanLayers(rpc::Agent& agent, const SequentialModel& model,
                                              const std::vector<std::string>& workers, const c10::IValue& sample,
                                              int repeats = 4);
 
@@ -150,7 +150,7 @@ absl::StatusOr<LayerTimes> MeasureMeanLayers(Agent& agent, const SequentialModel
 // milliseconds: the median of `repeats` round trips to `worker` of a call
 // that carries `sample` (the layer-cost call with no layers: the worker
 // fetches the sample and answers at once).
-absl::StatusOr<double> MeasureCrossing(Agent& agent, const std::string& worker, const c10::IValue& sample,
+absl::StatusOr<double> MeasureCrossing(rpc::Agent& agent, const std::string& worker, const c10::IValue& sample,
                                        int repeats = 7);
 
 // --- the arithmetic (no sockets) ----------------------------------------------------

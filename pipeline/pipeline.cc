@@ -31,8 +31,8 @@ std::string ResolveSchedule(const std::string& name, int workers, int per_worker
 
 }  // namespace
 
-Pipeline::Pipeline(Agent& agent, PipelineOptions options, std::vector<std::string> workers,
-                   std::vector<RRef> stages, Schedule schedule,
+Pipeline::Pipeline(rpc::Agent& agent, PipelineOptions options, std::vector<std::string> workers,
+                   std::vector<rpc::RRef> stages, Schedule schedule,
                    std::unique_ptr<optim::DistributedOptimizer> optimizer)
     : agent_(agent),
       options_(std::move(options)),
@@ -41,19 +41,19 @@ Pipeline::Pipeline(Agent& agent, PipelineOptions options, std::vector<std::strin
       schedule_(std::move(schedule)),
       optimizer_(std::move(optimizer)) {}
 
-absl::Status SeedWorkers(Agent& agent, const std::vector<std::string>& workers, uint64_t seed) {
-  std::vector<Future<c10::IValue>> seeded;
+absl::Status SeedWorkers(rpc::Agent& agent, const std::vector<std::string>& workers, uint64_t seed) {
+  std::vector<rpc::Future<c10::IValue>> seeded;
   for (size_t i = 0; i < workers.size(); ++i) {
     // Distinct per worker, and far from the run's own seed's neighbours.
     const uint64_t s = seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull * (i + 1);
     seeded.push_back(agent.rpc_async(workers[i], SeedRequest::kFunction,
-                                     EncodeCall(SeedRequest{static_cast<int64_t>(s & 0x7fffffffffffffffull)})));
+                                     rpc::EncodeCall(SeedRequest{static_cast<int64_t>(s & 0x7fffffffffffffffull)})));
   }
-  return WaitAll(seeded, [&workers](size_t i) { return absl::StrCat("seeding worker '", workers[i], "'"); })
+  return rpc::WaitAll(seeded, [&workers](size_t i) { return absl::StrCat("seeding worker '", workers[i], "'"); })
       .status();
 }
 
-absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(Agent& agent, PipelineOptions o) {
+absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(rpc::Agent& agent, PipelineOptions o) {
   const int n = static_cast<int>(o.workers.size());
   const int S = static_cast<int>(o.stages.size());
   if (n < 1) return absl::InvalidArgumentError("pipeline: no workers given");
@@ -83,9 +83,9 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(Agent& agent, Pipelin
         "module) and a named loss (pipeline::RegisterLoss: the workers' step runners sum the gradients)"));
   }
   // What the master must have set up, checked before anything is placed.
-  RETURN_IF_ERROR(dist_autograd::CheckEnabled(agent, "making a pipeline"));
+  RETURN_IF_ERROR(autograd::CheckEnabled(agent, "making a pipeline"));
   for (const std::string& w : o.workers) {
-    if (absl::StatusOr<WorkerInfo> info = agent.worker(w); !info.ok()) {
+    if (absl::StatusOr<base::WorkerInfo> info = agent.worker(w); !info.ok()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "pipeline: ", info.status().message(), ": name workers of the group of '", agent.self().name,
           "' (its AgentOptions::workers), and make the pipeline once Join() has returned "
@@ -103,14 +103,15 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(Agent& agent, Pipelin
     }
   }
   if (o.seed) RETURN_IF_ERROR(SeedWorkers(agent, o.workers, *o.seed));
-  std::vector<RRef> stages;
+  std::vector<rpc::RRef> stages;
   for (int k = 0; k < S; ++k) {
     const StageSpec& s = o.stages[k];
     const std::string& w = o.workers[schedule.WorkerOf(k)];
-    auto stage = agent.remote(w, MakeStageRequest::kFunction,
-                              EncodeCall(MakeStageRequest{s.kind, s.name, s.Payload(), k, s.device, s.recompute, s.bf16}));
+    auto stage =
+        agent.remote(w, MakeStageRequest::kFunction,
+                     rpc::EncodeCall(MakeStageRequest{s.kind, s.name, s.Payload(), k, s.device, s.recompute, s.bf16}));
     if (!stage.ok()) {
-      return Annotate(stage.status(), absl::StrCat("placing stage ", k, " on worker '", w, "'"));
+      return base::Annotate(stage.status(), absl::StrCat("placing stage ", k, " on worker '", w, "'"));
     }
     stages.push_back(*stage);
   }
@@ -119,19 +120,23 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(Agent& agent, Pipelin
   for (int k = 0; k < S; ++k) {
     const absl::Status built = stages[k].WaitConfirmed();
     if (!built.ok()) {
-      return Annotate(built, absl::StrCat("placing stage ", k, " on worker '", o.workers[schedule.WorkerOf(k)], "'"));
+      return base::Annotate(built,
+                            absl::StrCat("placing stage ", k, " on worker '", o.workers[schedule.WorkerOf(k)], "'"));
     }
   }
-  std::vector<RRef> params;
+  std::vector<rpc::RRef> params;
   for (int k = 0; k < S; ++k) {
     // Also starts the stage's activation count afresh (stage indices repeat
     // across pipelines).
-    if (auto r = stages[k].rpc_sync(ActivationBytesRequest::kMethod, EncodeCall(ActivationBytesRequest{true})); !r.ok()) {
-      return Annotate(r.status(), absl::StrCat("placing stage ", k, " on worker '", o.workers[schedule.WorkerOf(k)], "'"));
+    if (auto r = stages[k].rpc_sync(ActivationBytesRequest::kMethod, rpc::EncodeCall(ActivationBytesRequest{true}));
+        !r.ok()) {
+      return base::Annotate(r.status(),
+                            absl::StrCat("placing stage ", k, " on worker '", o.workers[schedule.WorkerOf(k)], "'"));
     }
     auto p = optim::parameter_rrefs(stages[k]);
     if (!p.ok()) {
-      return Annotate(p.status(), absl::StrCat("stage ", k, " on worker '", o.workers[schedule.WorkerOf(k)], "'"));
+      return base::Annotate(p.status(),
+                            absl::StrCat("stage ", k, " on worker '", o.workers[schedule.WorkerOf(k)], "'"));
     }
     params.insert(params.end(), p->begin(), p->end());
   }
@@ -154,7 +159,7 @@ absl::Status Pipeline::MakeRunners() {
   const int S = num_stages();
   std::vector<std::string> stage_workers;
   for (int k = 0; k < S; ++k) stage_workers.push_back(worker_of(k));
-  std::vector<Future<c10::IValue>> made;
+  std::vector<rpc::Future<c10::IValue>> made;
   for (int w = 0; w < n; ++w) {
     MakeRunnerRequest r;
     r.runner = id;
@@ -168,13 +173,13 @@ absl::Status Pipeline::MakeRunners() {
     r.clip_grad_norm = options_.clip_grad_norm;
     r.tied_first = options_.tied_first;
     r.tied_last = options_.tied_last;
-    ASSIGN_OR_RETURN(WorkerInfo info, agent_.worker(workers_[w]));
-    for (const RRef& o : optimizer_->owners()) {
+    ASSIGN_OR_RETURN(base::WorkerInfo info, agent_.worker(workers_[w]));
+    for (const rpc::RRef& o : optimizer_->owners()) {
       if (o.owner() == info.id) r.optimizer = o.ToIValue();
     }
-    made.push_back(agent_.rpc_async(workers_[w], MakeRunnerRequest::kFunction, EncodeCall(r)));
+    made.push_back(agent_.rpc_async(workers_[w], MakeRunnerRequest::kFunction, rpc::EncodeCall(r)));
   }
-  RETURN_IF_ERROR(WaitAll(made, [this](size_t w) {
+  RETURN_IF_ERROR(rpc::WaitAll(made, [this](size_t w) {
                     return absl::StrCat("starting the step runner on worker '", workers_[w], "'");
                   }).status());
   runner_id_ = id;
@@ -183,18 +188,18 @@ absl::Status Pipeline::MakeRunners() {
 
 Pipeline::~Pipeline() {
   if (runner_id_ < 0) return;
-  std::vector<Future<c10::IValue>> dropped;
+  std::vector<rpc::Future<c10::IValue>> dropped;
   for (const std::string& w : workers_) {
-    CallOptions quick;  // (a stopped worker must not hold this up for long)
+    rpc::CallOptions quick;  // (a stopped worker must not hold this up for long)
     quick.timeout = absl::Seconds(5);
     dropped.push_back(
-        agent_.rpc_async(w, DropRunnerRequest::kFunction, EncodeCall(DropRunnerRequest{runner_id_}), quick));
+        agent_.rpc_async(w, DropRunnerRequest::kFunction, rpc::EncodeCall(DropRunnerRequest{runner_id_}), quick));
   }
   // (A worker that is gone has nothing to drop.)
   for (auto& d : dropped) d.wait().status().IgnoreError();
 }
 
-absl::StatusOr<std::vector<Future<c10::IValue>>> Pipeline::StartStep(const c10::IValue& inputs,
+absl::StatusOr<std::vector<rpc::Future<c10::IValue>>> Pipeline::StartStep(const c10::IValue& inputs,
                                                                      const c10::IValue& targets,
                                                                      int64_t context_id,
                                                                      int64_t total_rows) {
@@ -215,7 +220,7 @@ absl::StatusOr<std::vector<Future<c10::IValue>>> Pipeline::StartStep(const c10::
   return SendRun(inputs, targets, c10::IValue(), context_id, total_rows);
 }
 
-absl::StatusOr<std::vector<Future<c10::IValue>>> Pipeline::StartStep(const WorkerRows& rows, int64_t context_id,
+absl::StatusOr<std::vector<rpc::Future<c10::IValue>>> Pipeline::StartStep(const WorkerRows& rows, int64_t context_id,
                                                                      int64_t total_rows) {
   if (!runs_on_workers()) {
     return absl::FailedPreconditionError(
@@ -230,11 +235,11 @@ absl::StatusOr<std::vector<Future<c10::IValue>>> Pipeline::StartStep(const Worke
   return SendRun(c10::IValue(), c10::IValue(), ToIValue(rows), context_id, total_rows);
 }
 
-std::vector<Future<c10::IValue>> Pipeline::SendRun(const c10::IValue& inputs, const c10::IValue& targets,
+std::vector<rpc::Future<c10::IValue>> Pipeline::SendRun(const c10::IValue& inputs, const c10::IValue& targets,
                                                    const c10::IValue& rows, int64_t context_id,
                                                    int64_t total_rows) {
   const int n = static_cast<int>(workers_.size());
-  std::vector<Future<c10::IValue>> replies;
+  std::vector<rpc::Future<c10::IValue>> replies;
   for (int w = 0; w < n; ++w) {
     RunRequest r;
     r.runner = runner_id_;
@@ -244,7 +249,7 @@ std::vector<Future<c10::IValue>> Pipeline::SendRun(const c10::IValue& inputs, co
     if (w == last_worker()) r.targets = targets;
     r.total_rows = total_rows;
     if (w == 0 || w == last_worker()) r.rows = rows;
-    replies.push_back(agent_.rpc_async(workers_[w], RunRequest::kFunction, EncodeCall(r)));
+    replies.push_back(agent_.rpc_async(workers_[w], RunRequest::kFunction, rpc::EncodeCall(r)));
   }
   last_started_ = context_id;
   last_over_ = false;
@@ -254,7 +259,7 @@ std::vector<Future<c10::IValue>> Pipeline::SendRun(const c10::IValue& inputs, co
 void Pipeline::AbandonStep(int64_t context_id) {
   // Not waited for: a dead worker must not delay the error.
   for (const std::string& w : workers_) {
-    agent_.rpc_async(w, AbandonRequest::kFunction, EncodeCall(AbandonRequest{runner_id_, context_id}));
+    agent_.rpc_async(w, AbandonRequest::kFunction, rpc::EncodeCall(AbandonRequest{runner_id_, context_id}));
   }
 }
 
@@ -265,8 +270,8 @@ namespace {
 // are pending, every `probe_every` each worker still owing one is probed
 // ("remora.pipeline.alive"), and one that does not answer within
 // `probe_timeout` (stopped, hung, cut off) is the failure, named.
-int FirstFailure(Agent& agent, const std::vector<std::string>& workers,
-                 std::vector<Future<c10::IValue>>& replies, absl::Status* status,
+int FirstFailure(rpc::Agent& agent, const std::vector<std::string>& workers,
+                 std::vector<rpc::Future<c10::IValue>>& replies, absl::Status* status,
                  absl::Duration probe_every, absl::Duration probe_timeout) {
   struct Outcome {
     absl::Mutex mu;
@@ -276,12 +281,12 @@ int FirstFailure(Agent& agent, const std::vector<std::string>& workers,
   };
   auto outcome = std::make_shared<Outcome>();
   {
-    MutexLock lock(outcome->mu);
+    base::MutexLock lock(outcome->mu);
     outcome->replied.assign(replies.size(), false);
   }
   for (size_t i = 0; i < replies.size(); ++i) {
     replies[i].then([outcome, i](const absl::StatusOr<c10::IValue>& r) {
-      MutexLock lock(outcome->mu);
+      base::MutexLock lock(outcome->mu);
       outcome->replied[i] = true;
       if (!r.ok() && outcome->first_failed < 0) {
         outcome->first_failed = static_cast<int>(i);
@@ -296,7 +301,7 @@ int FirstFailure(Agent& agent, const std::vector<std::string>& workers,
   for (;;) {
     std::vector<size_t> owing;
     {
-      MutexLock lock(outcome->mu);
+      base::MutexLock lock(outcome->mu);
       if (outcome->mu.AwaitWithTimeout(absl::Condition(settled, outcome.get()), probe_every)) {
         if (outcome->first_failed >= 0) *status = outcome->status;
         return outcome->first_failed;
@@ -307,8 +312,8 @@ int FirstFailure(Agent& agent, const std::vector<std::string>& workers,
     }
     // A worker that is stopped or hung answers nothing, and nothing else
     // would tell: probe those that still owe their reply.
-    std::vector<Future<c10::IValue>> probes;
-    CallOptions quick;
+    std::vector<rpc::Future<c10::IValue>> probes;
+    rpc::CallOptions quick;
     quick.timeout = probe_timeout;
     for (size_t i : owing) {
       probes.push_back(agent.rpc_async(workers[i], "remora.pipeline.alive", {}, quick));
@@ -329,7 +334,7 @@ int FirstFailure(Agent& agent, const std::vector<std::string>& workers,
 // to report. A worker that could not be reached (UNAVAILABLE: dead, cut
 // off) caused the others' failures, so its error wins when it comes within
 // `grace`; returns its index, else `first`.
-int RootFailure(std::vector<Future<c10::IValue>>& replies, int first, absl::Status* status,
+int RootFailure(std::vector<rpc::Future<c10::IValue>>& replies, int first, absl::Status* status,
                 absl::Duration grace) {
   if (status->code() == absl::StatusCode::kUnavailable) return first;
   const absl::Time deadline = absl::Now() + grace;
@@ -346,11 +351,11 @@ int RootFailure(std::vector<Future<c10::IValue>>& replies, int first, absl::Stat
 
 }  // namespace
 
-std::vector<std::string> UnansweringWorkers(Agent& agent, const std::vector<std::string>& workers,
+std::vector<std::string> UnansweringWorkers(rpc::Agent& agent, const std::vector<std::string>& workers,
                                             absl::Duration timeout) {
-  CallOptions quick;
+  rpc::CallOptions quick;
   quick.timeout = timeout;
-  std::vector<std::pair<std::string, Future<c10::IValue>>> probes;
+  std::vector<std::pair<std::string, rpc::Future<c10::IValue>>> probes;
   for (const auto& w : workers) {
     if (std::none_of(probes.begin(), probes.end(), [&w](const auto& p) { return p.first == w; })) {
       probes.emplace_back(w, agent.rpc_async(w, "remora.pipeline.alive", {}, quick));
@@ -363,8 +368,8 @@ std::vector<std::string> UnansweringWorkers(Agent& agent, const std::vector<std:
   return silent;
 }
 
-int WaitForReplies(Agent& agent, const std::vector<std::string>& workers,
-                   std::vector<Future<c10::IValue>>& replies, const std::function<void()>& abandon,
+int WaitForReplies(rpc::Agent& agent, const std::vector<std::string>& workers,
+                   std::vector<rpc::Future<c10::IValue>>& replies, const std::function<void()>& abandon,
                    absl::Status* status) {
   int failed = FirstFailure(agent, workers, replies, status, absl::Seconds(2), absl::Seconds(5));
   if (failed < 0) return -1;
@@ -374,8 +379,8 @@ int WaitForReplies(Agent& agent, const std::vector<std::string>& workers,
 
 PendingStep PendingStep::Done(absl::StatusOr<double> loss) { return PendingStep(std::move(loss)); }
 
-PendingStep::PendingStep(Agent& agent, std::vector<std::string> workers,
-                         std::vector<Future<c10::IValue>> replies, std::vector<int> loss_replies,
+PendingStep::PendingStep(rpc::Agent& agent, std::vector<std::string> workers,
+                         std::vector<rpc::Future<c10::IValue>> replies, std::vector<int> loss_replies,
                          std::function<void()> abandon, Where where, std::function<void()> over)
     : agent_(&agent),
       workers_(std::move(workers)),
@@ -391,7 +396,7 @@ absl::StatusOr<double> PendingStep::wait() {
   // batch only after it) is the step's.
   absl::Status status;
   if (const int i = WaitForReplies(*agent_, workers_, replies_, abandon_, &status); i >= 0) {
-    done_ = Annotate(status, where_(i));
+    done_ = base::Annotate(status, where_(i));
   } else {
     // (A reply is the loss, or [loss, gradient norm] with clipping; every
     // replica's norm is the same: after their sum.)
@@ -418,18 +423,18 @@ void PendingStep::abandon() {
 
 PendingStep Pipeline::start_train_step(const c10::IValue& inputs, const c10::IValue& targets) {
   if (!runs_on_workers()) return PendingStep::Done(train_step(inputs, targets));
-  const absl::StatusOr<int64_t> context = dist_autograd::NewContextId(agent_);
+  const absl::StatusOr<int64_t> context = autograd::NewContextId(agent_);
   if (!context.ok()) return PendingStep::Done(context.status());
   return Pending(*context, StartStep(inputs, targets, *context, BatchRows(inputs)));
 }
 
 PendingStep Pipeline::start_train_step(const WorkerRows& rows) {
-  const absl::StatusOr<int64_t> context = dist_autograd::NewContextId(agent_);
+  const absl::StatusOr<int64_t> context = autograd::NewContextId(agent_);
   if (!context.ok()) return PendingStep::Done(context.status());
   return Pending(*context, StartStep(rows, *context, rows.rows.defined() ? rows.rows.numel() : 0));
 }
 
-PendingStep Pipeline::Pending(int64_t context, absl::StatusOr<std::vector<Future<c10::IValue>>> replies) {
+PendingStep Pipeline::Pending(int64_t context, absl::StatusOr<std::vector<rpc::Future<c10::IValue>>> replies) {
   if (!replies.ok()) return PendingStep::Done(replies.status());
   return PendingStep(agent_, workers_, std::move(*replies), {last_worker()},
                      [this, context] { AbandonStep(context); },
@@ -439,7 +444,7 @@ PendingStep Pipeline::Pending(int64_t context, absl::StatusOr<std::vector<Future
 
 absl::StatusOr<double> Pipeline::train_step(const c10::IValue& inputs, const c10::IValue& targets) {
   if (runs_on_workers()) return start_train_step(inputs, targets).wait();
-  dist_autograd::Context context(agent_);
+  autograd::Context context(agent_);
   RETURN_IF_ERROR(context.status());
   ASSIGN_OR_RETURN(double loss, forward_backward(inputs, targets, context.id(), BatchRows(inputs)));
   RETURN_IF_ERROR(step(context.id()));
@@ -461,12 +466,12 @@ absl::StatusOr<double> Pipeline::forward_backward(const c10::IValue& inputs,
   ASSIGN_OR_RETURN(std::vector<c10::IValue> ts, SplitMicroBatches(targets, m));
   const double rows = static_cast<double>(total_rows);
   // Every worker learns its actions' order for this batch before any starts.
-  std::vector<Future<c10::IValue>> told;
+  std::vector<rpc::Future<c10::IValue>> told;
   for (size_t w = 0; w < workers_.size(); ++w) {
     told.push_back(agent_.rpc_async(workers_[w], SetOrderRequest::kFunction,
-                                    EncodeCall(SetOrderRequest{context_id, EncodeOrder(schedule_.actions[w])})));
+                                    rpc::EncodeCall(SetOrderRequest{context_id, EncodeOrder(schedule_.actions[w])})));
   }
-  RETURN_IF_ERROR(WaitAll(told, [this](size_t w) {
+  RETURN_IF_ERROR(rpc::WaitAll(told, [this](size_t w) {
                     return absl::StrCat("sending the schedule to worker '", workers_[w], "'");
                   }).status());
   absl::StatusOr<double> loss = RunMicroBatches(xs, ts, rows, context_id);
@@ -479,7 +484,7 @@ void Pipeline::AbandonOrder(int64_t context_id) {
   // one that cannot be told is the failure already being reported. (A late
   // message does nothing once a later batch's order is in place.)
   for (const std::string& w : workers_) {
-    agent_.rpc_async(w, AbandonOrderRequest::kFunction, EncodeCall(AbandonOrderRequest{context_id}));
+    agent_.rpc_async(w, AbandonOrderRequest::kFunction, rpc::EncodeCall(AbandonOrderRequest{context_id}));
   }
 }
 
@@ -491,28 +496,30 @@ absl::StatusOr<double> Pipeline::RunMicroBatches(const std::vector<c10::IValue>&
   // in their order. Stage k's output stays on its worker (an RRef) until
   // stage k + 1 fetches it; the last stage's comes here.
   const int S = num_stages();
-  std::vector<Future<c10::IValue>> outs;
+  std::vector<rpc::Future<c10::IValue>> outs;
   for (int i = 0; i < m; ++i) {
     c10::IValue y = agent_.local_rref(xs[i]);
     for (int s = 0; s + 1 < S; ++s) {
-      ASSIGN_OR_RETURN(RRef next, stages_[s].remote(StageForwardRequest::kMethod, EncodeCall(StageForwardRequest{y, i, context_id})));
+      ASSIGN_OR_RETURN(rpc::RRef next, stages_[s].remote(StageForwardRequest::kMethod,
+                                                         rpc::EncodeCall(StageForwardRequest{y, i, context_id})));
       y = next;
     }
-    outs.push_back(stages_[S - 1].rpc_async(StageForwardRequest::kMethod, EncodeCall(StageForwardRequest{y, i, context_id})));
+    outs.push_back(
+        stages_[S - 1].rpc_async(StageForwardRequest::kMethod, rpc::EncodeCall(StageForwardRequest{y, i, context_id})));
   }
   double loss = 0;
-  std::vector<Future<Empty>> backwards;
+  std::vector<rpc::Future<rpc::Empty>> backwards;
   for (int i = 0; i < m; ++i) {
     ASSIGN_OR_RETURN(c10::IValue out, outs[i].wait());
     at::Tensor l;
     try {
       l = options_.loss(ToFloat32(out), ts[i]) * RowsShare(BatchRows(xs[i]), rows);
     } catch (...) {
-      return StatusFromCurrentException(absl::StrCat(
+      return base::StatusFromCurrentException(absl::StrCat(
           "the loss of micro-batch ", i, " (the last stage's output against the targets)"));
     }
     loss += l.item<double>();
-    backwards.push_back(dist_autograd::backward_async(agent_, context_id, {l}));
+    backwards.push_back(autograd::backward_async(agent_, context_id, {l}));
   }
   for (auto& b : backwards) RETURN_IF_ERROR(b.wait().status());
   return loss;
@@ -522,9 +529,9 @@ absl::StatusOr<c10::IValue> Pipeline::EvalOnWorkers(const c10::IValue& inputs, c
                                                     const WorkerRows* rows) {
   const int64_t n = rows != nullptr ? rows->rows.numel() : BatchRows(inputs);
   const int m = std::min<int64_t>(schedule_.micro_batches, std::max<int64_t>(1, n));
-  ASSIGN_OR_RETURN(const int64_t id, dist_autograd::NewContextId(agent_));
+  ASSIGN_OR_RETURN(const int64_t id, autograd::NewContextId(agent_));
   const c10::IValue read = rows != nullptr ? ToIValue(*rows) : c10::IValue();
-  std::vector<Future<c10::IValue>> replies;
+  std::vector<rpc::Future<c10::IValue>> replies;
   for (int w = 0; w < static_cast<int>(workers_.size()); ++w) {
     EvalRequest r;
     r.runner = runner_id_;
@@ -533,12 +540,12 @@ absl::StatusOr<c10::IValue> Pipeline::EvalOnWorkers(const c10::IValue& inputs, c
     r.micro_batches = m;
     if (w == last_worker()) r.labels = labels;
     if (w == 0 || w == last_worker()) r.rows = read;
-    replies.push_back(agent_.rpc_async(workers_[w], EvalRequest::kFunction, EncodeCall(r)));
+    replies.push_back(agent_.rpc_async(workers_[w], EvalRequest::kFunction, rpc::EncodeCall(r)));
   }
   absl::Status status;
   if (const int w = WaitForReplies(agent_, workers_, replies, [&] { AbandonStep(id); }, &status);
       w >= 0) {
-    return Annotate(status, absl::StrCat("evaluating on worker '", workers_[w], "'"));
+    return base::Annotate(status, absl::StrCat("evaluating on worker '", workers_[w], "'"));
   }
   return replies[last_worker()].wait();
 }
@@ -548,7 +555,7 @@ namespace {
 // The last stage's worker's reply to an evaluation with labels: (top1,
 // top5, rows read).
 absl::StatusOr<Correct> CorrectOf(const c10::IValue& reply) {
-  ASSIGN_OR_RETURN(const EvalCorrectReply r, DecodeTuple<EvalCorrectReply>(reply));
+  ASSIGN_OR_RETURN(const EvalCorrectReply r, rpc::DecodeTuple<EvalCorrectReply>(reply));
   return Correct{r.top1, r.top5, r.rows, r.items, r.loss_sum};
 }
 
@@ -586,14 +593,15 @@ absl::StatusOr<c10::IValue> Pipeline::eval_step(const c10::IValue& inputs) {
   const int m = std::min<int64_t>(schedule_.micro_batches, std::max<int64_t>(1, BatchRows(inputs)));
   ASSIGN_OR_RETURN(std::vector<c10::IValue> xs, SplitMicroBatches(inputs, m));
   const int S = num_stages();
-  std::vector<Future<c10::IValue>> outs;
+  std::vector<rpc::Future<c10::IValue>> outs;
   for (int i = 0; i < m; ++i) {
     c10::IValue y = agent_.local_rref(xs[i]);
     for (int s = 0; s + 1 < S; ++s) {
-      ASSIGN_OR_RETURN(RRef next, stages_[s].remote(StageEvalRequest::kMethod, EncodeCall(StageEvalRequest{y, i})));
+      ASSIGN_OR_RETURN(rpc::RRef next,
+                       stages_[s].remote(StageEvalRequest::kMethod, rpc::EncodeCall(StageEvalRequest{y, i})));
       y = next;
     }
-    outs.push_back(stages_[S - 1].rpc_async(StageEvalRequest::kMethod, EncodeCall(StageEvalRequest{y, i})));
+    outs.push_back(stages_[S - 1].rpc_async(StageEvalRequest::kMethod, rpc::EncodeCall(StageEvalRequest{y, i})));
   }
   std::vector<c10::IValue> parts;
   for (auto& f : outs) {
@@ -604,23 +612,23 @@ absl::StatusOr<c10::IValue> Pipeline::eval_step(const c10::IValue& inputs) {
 }
 
 absl::StatusOr<std::vector<int64_t>> Pipeline::peak_activation_bytes(bool reset) {
-  std::vector<Future<c10::IValue>> pending;
-  for (const RRef& s : stages_) {
-    pending.push_back(s.rpc_async(ActivationBytesRequest::kMethod, EncodeCall(ActivationBytesRequest{reset})));
+  std::vector<rpc::Future<c10::IValue>> pending;
+  for (const rpc::RRef& s : stages_) {
+    pending.push_back(s.rpc_async(ActivationBytesRequest::kMethod, rpc::EncodeCall(ActivationBytesRequest{reset})));
   }
-  ASSIGN_OR_RETURN(std::vector<c10::IValue> values, WaitAll(pending));
+  ASSIGN_OR_RETURN(std::vector<c10::IValue> values, rpc::WaitAll(pending));
   std::vector<int64_t> out;
   for (const c10::IValue& v : values) out.push_back(v.toInt());
   return out;
 }
 
-absl::StatusOr<std::map<std::string, int64_t>> SentMessages(Agent& agent,
+absl::StatusOr<std::map<std::string, int64_t>> SentMessages(rpc::Agent& agent,
                                                             const std::vector<std::string>& workers) {
   constexpr char kAsk[] = "remora.pipeline.sent_messages";
-  std::vector<Future<c10::IValue>> asked;
+  std::vector<rpc::Future<c10::IValue>> asked;
   for (const std::string& w : workers) asked.push_back(agent.rpc_async(w, kAsk));
   std::map<std::string, int64_t> total = agent.sent_messages();
-  ASSIGN_OR_RETURN(std::vector<c10::IValue> counts, WaitAll(asked, [&workers](size_t w) {
+  ASSIGN_OR_RETURN(std::vector<c10::IValue> counts, rpc::WaitAll(asked, [&workers](size_t w) {
                      return absl::StrCat("counting the messages of worker '", workers[w], "'");
                    }));
   for (const c10::IValue& count : counts) {

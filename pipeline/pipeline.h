@@ -100,15 +100,15 @@ absl::StatusOr<std::vector<StageSpec>> TorchScriptStages(const std::string& mode
 // of the failure to report, its error in `status`: the first, unless a
 // worker that could not be reached (UNAVAILABLE: dead, cut off) fails
 // within 2 s more, which caused the others'. -1 when all succeeded.
-int WaitForReplies(Agent& agent, const std::vector<std::string>& workers,
-                   std::vector<Future<c10::IValue>>& replies, const std::function<void()>& abandon,
+int WaitForReplies(rpc::Agent& agent, const std::vector<std::string>& workers,
+                   std::vector<rpc::Future<c10::IValue>>& replies, const std::function<void()>& abandon,
                    absl::Status* status);
 
 // The workers of `workers` that do not answer a probe
 // ("remora.pipeline.alive") within `timeout`, each probed once, in parallel:
 // stopped, hung, cut off or gone, where a failed call alone does not tell
 // a lost worker from one whose own computation threw.
-std::vector<std::string> UnansweringWorkers(Agent& agent, const std::vector<std::string>& workers,
+std::vector<std::string> UnansweringWorkers(rpc::Agent& agent, const std::vector<std::string>& workers,
                                             absl::Duration timeout);
 
 // A training step started on the workers and not waited for yet
@@ -128,7 +128,7 @@ class PendingStep {
   // `replies[i]` owed by `workers[i]`; the loss is the sum of the replies
   // at `loss_replies`; `abandon` tells every worker to drop the step.
   // `over` runs once wait() has its outcome.
-  PendingStep(Agent& agent, std::vector<std::string> workers, std::vector<Future<c10::IValue>> replies,
+  PendingStep(rpc::Agent& agent, std::vector<std::string> workers, std::vector<rpc::Future<c10::IValue>> replies,
               std::vector<int> loss_replies, std::function<void()> abandon, Where where,
               std::function<void()> over);
 
@@ -152,9 +152,9 @@ class PendingStep {
   explicit PendingStep(absl::StatusOr<double> loss) : done_(std::move(loss)) {}
 
   std::optional<absl::StatusOr<double>> done_;
-  Agent* agent_ = nullptr;
+  rpc::Agent* agent_ = nullptr;
   std::vector<std::string> workers_;
-  std::vector<Future<c10::IValue>> replies_;
+  std::vector<rpc::Future<c10::IValue>> replies_;
   std::vector<int> loss_replies_;
   std::function<void()> abandon_;
   Where where_;
@@ -164,7 +164,7 @@ class PendingStep {
 
 // The requests `agent` and `workers` have sent so far, by kind
 // (Agent::sent_messages), summed; the calls that ask are left out.
-absl::StatusOr<std::map<std::string, int64_t>> SentMessages(Agent& agent,
+absl::StatusOr<std::map<std::string, int64_t>> SentMessages(rpc::Agent& agent,
                                                             const std::vector<std::string>& workers);
 // The requests sent between two such counts, by kind (kinds with none left
 // out).
@@ -257,16 +257,16 @@ struct PipelineOptions {
 // Seeds the random generators (CPU and every CUDA device's) of each of
 // `workers` from `seed` and its place in the list
 // ("remora.pipeline.seed"). An error names the worker.
-absl::Status SeedWorkers(Agent& agent, const std::vector<std::string>& workers, uint64_t seed);
+absl::Status SeedWorkers(rpc::Agent& agent, const std::vector<std::string>& workers, uint64_t seed);
 
 class Pipeline {
  public:
   // Places the stages on the workers and creates the optimizer; with a
   // named loss, also each worker's step runner (pipeline/runner.h). An
   // error names the stage and the worker that failed. FailedPrecondition,
-  // before anything is placed, when `agent` lacks dist_autograd::Enable or
+  // before anything is placed, when `agent` lacks autograd::Enable or
   // a worker is not in its group (not listed, or Join() not yet returned).
-  static absl::StatusOr<std::unique_ptr<Pipeline>> Create(Agent& agent, PipelineOptions options);
+  static absl::StatusOr<std::unique_ptr<Pipeline>> Create(rpc::Agent& agent, PipelineOptions options);
   ~Pipeline();
 
   // One training step on the batch; returns its loss (the whole batch's).
@@ -291,10 +291,10 @@ class Pipeline {
   // weighted loss. Each worker starts it once the step started before it
   // here has ended there. After a failure, AbandonStep tells every worker
   // to drop the batch.
-  absl::StatusOr<std::vector<Future<c10::IValue>>> StartStep(const c10::IValue& inputs,
+  absl::StatusOr<std::vector<rpc::Future<c10::IValue>>> StartStep(const c10::IValue& inputs,
                                                             const c10::IValue& targets,
                                                             int64_t context_id, int64_t total_rows);
-  absl::StatusOr<std::vector<Future<c10::IValue>>> StartStep(const WorkerRows& rows, int64_t context_id,
+  absl::StatusOr<std::vector<rpc::Future<c10::IValue>>> StartStep(const WorkerRows& rows, int64_t context_id,
                                                             int64_t total_rows);
   void AbandonStep(int64_t context_id);
   // The master has the outcome of step `context_id` (its replies, or the
@@ -352,7 +352,7 @@ class Pipeline {
   absl::StatusOr<int64_t> optimizer_state_bytes() const { return optimizer_->state_bytes(); }
 
   const Schedule& schedule() const { return schedule_; }
-  const std::vector<RRef>& stages() const { return stages_; }
+  const std::vector<rpc::RRef>& stages() const { return stages_; }
   // PipelineOptions::tied_first and tied_last (empty: none).
   const std::string& tied_first() const { return options_.tied_first; }
   const std::string& tied_last() const { return options_.tied_last; }
@@ -361,22 +361,22 @@ class Pipeline {
   // does not hold it (ZeRO-1: the worker's gradient group, parallel/): an
   // RRef with methods save_state and load_state, which checkpoints use
   // instead of the optimizer's. Set before training; none by default.
-  void set_optimizer_state_holder(const std::string& worker, RRef holder) {
+  void set_optimizer_state_holder(const std::string& worker, rpc::RRef holder) {
     state_holders_[worker] = std::move(holder);
   }
-  std::optional<RRef> optimizer_state_holder(const std::string& worker) const {
+  std::optional<rpc::RRef> optimizer_state_holder(const std::string& worker) const {
     auto it = state_holders_.find(worker);
-    return it == state_holders_.end() ? std::nullopt : std::optional<RRef>(it->second);
+    return it == state_holders_.end() ? std::nullopt : std::optional<rpc::RRef>(it->second);
   }
   const std::vector<std::string>& workers() const { return workers_; }
-  Agent& agent() const { return agent_; }
+  rpc::Agent& agent() const { return agent_; }
   int num_stages() const { return static_cast<int>(stages_.size()); }
   // Stage k's worker (workers()[k % workers().size()] but in zbv's V).
   const std::string& worker_of(int k) const { return workers_[schedule_.WorkerOf(k)]; }
 
  private:
-  Pipeline(Agent& agent, PipelineOptions options, std::vector<std::string> workers,
-           std::vector<RRef> stages, Schedule schedule,
+  Pipeline(rpc::Agent& agent, PipelineOptions options, std::vector<std::string> workers,
+           std::vector<rpc::RRef> stages, Schedule schedule,
            std::unique_ptr<optim::DistributedOptimizer> optimizer);
 
   // Gives every worker its step runner.
@@ -384,10 +384,10 @@ class Pipeline {
   // The batch's run call to every worker: `inputs` to stage 0's, `targets`
   // to the last stage's; or `rows` to both (the last stage's worker then
   // waits for the labels from stage 0's).
-  std::vector<Future<c10::IValue>> SendRun(const c10::IValue& inputs, const c10::IValue& targets,
+  std::vector<rpc::Future<c10::IValue>> SendRun(const c10::IValue& inputs, const c10::IValue& targets,
                                            const c10::IValue& rows, int64_t context_id, int64_t total_rows);
   // The PendingStep of step `context` started with `replies`.
-  PendingStep Pending(int64_t context, absl::StatusOr<std::vector<Future<c10::IValue>>> replies);
+  PendingStep Pending(int64_t context, absl::StatusOr<std::vector<rpc::Future<c10::IValue>>> replies);
   // eval_step on the workers' step runners: the last stage's worker's
   // reply (its outputs, or with `labels` its count of right answers).
   absl::StatusOr<c10::IValue> EvalOnWorkers(const c10::IValue& inputs, const c10::IValue& labels,
@@ -401,13 +401,13 @@ class Pipeline {
   // and a forward pass queued behind one of them would wait for ever).
   void AbandonOrder(int64_t context_id);
 
-  Agent& agent_;
+  rpc::Agent& agent_;
   const PipelineOptions options_;
   const std::vector<std::string> workers_;
-  std::vector<RRef> stages_;
+  std::vector<rpc::RRef> stages_;
   const Schedule schedule_;
   std::unique_ptr<optim::DistributedOptimizer> optimizer_;
-  std::map<std::string, RRef> state_holders_;  // see set_optimizer_state_holder
+  std::map<std::string, rpc::RRef> state_holders_;  // see set_optimizer_state_holder
   int64_t runner_id_ = -1;  // the workers' step runners, or -1: none
   int64_t last_started_ = -1;  // the context of the last step StartStep sent
   bool last_over_ = true;      // whether that step's outcome is known here

@@ -74,20 +74,20 @@ inline std::vector<int64_t> EncodeOrder(const std::vector<Action>& actions) {
 
 // EncodeOrder's list as the compute lane's actions of batch `context_id`;
 // std::invalid_argument naming `call` for a list that is not one.
-inline std::vector<LaneAction> DecodeOrder(const std::vector<int64_t>& flat, int64_t context_id,
+inline std::vector<runtime::LaneAction> DecodeOrder(const std::vector<int64_t>& flat, int64_t context_id,
                                            const char* call) {
   if (flat.size() % 3 != 0) {
     throw std::invalid_argument(absl::StrCat(call, ": order holds ", flat.size(),
                                              " numbers, not triples of stage, micro-batch and kind"));
   }
-  std::vector<LaneAction> order;
+  std::vector<runtime::LaneAction> order;
   for (size_t i = 0; i < flat.size(); i += 3) {
     const int64_t kind = flat[i + 2];
     if (kind < 0 || kind > 2) {
       throw std::invalid_argument(absl::StrCat(call, ": action ", i / 3, " of order has kind ", kind,
                                                ", not 0 (forward), 1 (backward) or 2 (weights)"));
     }
-    order.push_back(LaneAction{context_id, flat[i], flat[i + 1], kind != 0, kind == 2});
+    order.push_back(runtime::LaneAction{context_id, flat[i], flat[i + 1], kind != 0, kind == 2});
   }
   return order;
 }
@@ -111,7 +111,7 @@ struct MakeRunnerRequest {
   void Visit(Fields& f) {
     f("runner", runner)("stage_workers", stage_workers)("micro_batches", micro_batches)("order", order)(
         "stages", stages)("loss", loss)("optimizer", optimizer)("clip_grad_norm", clip_grad_norm)(
-        "tied_first", tied_first, kMayBeLeftOff)("tied_last", tied_last, kMayBeLeftOff);
+        "tied_first", tied_first, rpc::kMayBeLeftOff)("tied_last", tied_last, rpc::kMayBeLeftOff);
   }
 };
 
@@ -149,7 +149,7 @@ struct MakeStageRequest {
   template <typename Fields>
   void Visit(Fields& f) {
     f("type", type)("name", name)("payload", payload)("index", index)("device", device)("recompute", recompute)(
-        "bf16", bf16, kMayBeLeftOff);
+        "bf16", bf16, rpc::kMayBeLeftOff);
   }
 };
 
@@ -314,7 +314,7 @@ struct LoadStateRequest {
   std::string missing;  // with names: one the saved state may lack (kept as it is)
   template <typename Fields>
   void Visit(Fields& f) {
-    f("tensors", tensors)("names", names)("missing", missing, kMayBeLeftOff);
+    f("tensors", tensors)("names", names)("missing", missing, rpc::kMayBeLeftOff);
   }
 };
 
@@ -327,7 +327,7 @@ struct StageParameterRequest {
   c10::IValue value;
   template <typename Fields>
   void Visit(Fields& f) {
-    f("name", name)("value", value, kMayBeLeftOff);
+    f("name", name)("value", value, rpc::kMayBeLeftOff);
   }
 };
 

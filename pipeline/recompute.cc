@@ -52,7 +52,7 @@ struct RecomputedPass {
 // The recomputed pass of a split backward between its B and its W (kept
 // in the node's context: it goes with the node).
 struct HeldPass : torch::CustomClassHolder {
-  std::unique_ptr<dist_autograd::SplitBackward> pass;
+  std::unique_ptr<autograd::SplitBackward> pass;
 };
 
 // A stage's forward pass as one autograd node: the forward runs without
@@ -163,7 +163,7 @@ class Recompute : public torch::autograd::Function<Recompute> {
       // B of a split backward: the inputs' gradients now, the rest kept
       // for W.
       auto held = c10::make_intrusive<HeldPass>();
-      held->pass = std::make_unique<dist_autograd::SplitBackward>(roots, root_grads, inputs, params);
+      held->pass = std::make_unique<autograd::SplitBackward>(roots, root_grads, inputs, params);
       auto dx = held->pass->Inputs();
       if (!dx.ok()) throw std::runtime_error(std::string(dx.status().message()));
       for (size_t i = 0; i < n; ++i) out[i] = (*dx)[i];

@@ -30,14 +30,14 @@
 #include "rpc/agent.h"
 #include "runtime/action_mark.h"
 #include "runtime/compute_lane.h"
-#include "runtime/trace.h"
+#include "trace/trace.h"
 
 namespace remora::pipeline {
 namespace {
 
 // One batch on this worker. Guarded by its runner's mutex.
 struct Batch {
-  explicit Batch(int64_t c, Executor* executor) : context(c), done(executor) {}
+  explicit Batch(int64_t c, rpc::Executor* executor) : context(c), done(executor) {}
   const int64_t context;
   bool started = false;  // its actions are under way
   bool over = false;     // finished or failed: nothing more runs for it
@@ -56,8 +56,8 @@ struct Batch {
   bool targets_here = false;
   std::vector<std::tuple<int64_t, int64_t, c10::IValue>> awaiting;
   at::Tensor loss_sum;               // detached, on the last stage's device
-  std::vector<Future<Empty>> backwards;  // started here, from the losses
-  Future<c10::IValue> done;          // the reply to "run"
+  std::vector<rpc::Future<rpc::Empty>> backwards;  // started here, from the losses
+  rpc::Future<c10::IValue> done;          // the reply to "run"
 };
 
 // One pipeline's part on this worker (see runner.h). Owns its batches'
@@ -65,7 +65,7 @@ struct Batch {
 // Thread-safety: every method may be called from any thread.
 class Runner : public std::enable_shared_from_this<Runner> {
  public:
-  Runner(Agent& agent, RunnerPlan plan)
+  Runner(rpc::Agent& agent, RunnerPlan plan)
       : agent_(agent),
         plan_(std::make_shared<const RunnerPlan>(std::move(plan))),
         evals_(std::make_shared<EvalRunner>(agent, plan_)) {}
@@ -73,7 +73,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
   EvalRunner& evals() { return *evals_; }
 
   absl::Status Attach(std::shared_ptr<StepParticipant> participant) {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     if (participant_) {
       return absl::AlreadyExistsError(absl::StrCat("the step runner of pipeline ", plan_->id,
                                                    " on worker '", agent_.self().name,
@@ -94,7 +94,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
   // while): it is dropped.
   // With `data` (WorkerRows), stage 0's worker reads the batch itself and
   // sends the labels to the last stage's worker, which then gets none here.
-  Future<c10::IValue> Run(int64_t context, int64_t after, const c10::IValue& inputs,
+  rpc::Future<c10::IValue> Run(int64_t context, int64_t after, const c10::IValue& inputs,
                           const c10::IValue& targets, int64_t total_rows, const c10::IValue& data) {
     const int last = num_stages() - 1;
     const std::optional<WorkerRows> rows = WorkerRowsFrom(data);
@@ -104,7 +104,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
     std::vector<double> weights;
     // What each micro-batch's rows are a share of.
     double total = static_cast<double>(total_rows);
-    absl::Status status = dist_autograd::EnsureContext(agent_, context);
+    absl::Status status = autograd::EnsureContext(agent_, context);
     if (status.ok() && rows && hosts(0)) {
       absl::StatusOr<data::Batch> batch = ReadRows(agent_.self().name, rows->source, rows->rows, rows->epoch);
       status = batch.status();
@@ -139,16 +139,16 @@ class Runner : public std::enable_shared_from_this<Runner> {
     if (status.ok() && targets_come) status = SplitTargets(t, total, &ts, &weights);
     input.reset();
     if (!status.ok()) {
-      dist_autograd::ReleaseHere(agent_, context);
-      return Future<c10::IValue>::Ready(Annotate(status, absl::StrCat("worker '", agent_.self().name, "'")));
+      autograd::ReleaseHere(agent_, context);
+      return rpc::Future<c10::IValue>::Ready(base::Annotate(status, absl::StrCat("worker '", agent_.self().name, "'")));
     }
     std::shared_ptr<Batch> b;
     {
-      MutexLock lock(mu_);
+      base::MutexLock lock(mu_);
       b = BatchOf(context);
       if (b->over || context < latest_) {
-        dist_autograd::ReleaseHere(agent_, context);
-        return Future<c10::IValue>::Ready(absl::AbortedError(absl::StrCat(
+        autograd::ReleaseHere(agent_, context);
+        return rpc::Future<c10::IValue>::Ready(absl::AbortedError(absl::StrCat(
             "batch ", context, " was abandoned before it started on worker '", agent_.self().name, "'")));
       }
       b->queued = true;
@@ -163,10 +163,10 @@ class Runner : public std::enable_shared_from_this<Runner> {
     if (send_labels.defined()) {
       const std::string& to = plan_->stage_workers[last];
       agent_.rpc_async(to, TargetsRequest::kFunction,
-                       EncodeCall(TargetsRequest{plan_->id, context, send_labels, total}))
+                       rpc::EncodeCall(TargetsRequest{plan_->id, context, send_labels, total}))
           .then([self = shared_from_this(), b, to](const absl::StatusOr<c10::IValue>& r) {
             if (!r.ok()) {
-              self->Fail(b, Annotate(r.status(), absl::StrCat("worker '", self->agent_.self().name,
+              self->Fail(b, base::Annotate(r.status(), absl::StrCat("worker '", self->agent_.self().name,
                                                               "' sending the batch's labels to worker '", to,
                                                               "' (the last stage's)")));
             }
@@ -175,7 +175,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
     if (after < 0) {
       std::vector<std::shared_ptr<Batch>> older;
       {
-        MutexLock lock(mu_);
+        base::MutexLock lock(mu_);
         for (auto it = batches_.begin(); it != batches_.end() && it->first < context; ++it) {
           if (!it->second->over) older.push_back(it->second);
         }
@@ -193,12 +193,12 @@ class Runner : public std::enable_shared_from_this<Runner> {
     plan_->RequireHosted(stage, agent_.self().name);
     std::shared_ptr<Batch> b;
     {
-      MutexLock lock(mu_);
+      base::MutexLock lock(mu_);
       // A failed batch's: receiving it made its context here again (the
       // RPC layer records every message that carries gradients), which
       // nothing else would release.
       if (context < latest_ || (batches_.count(context) > 0 && batches_[context]->over)) {
-        dist_autograd::ReleaseHere(agent_, context);
+        autograd::ReleaseHere(agent_, context);
         return;
       }
       b = BatchOf(context);
@@ -222,7 +222,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
     std::shared_ptr<Batch> b;
     std::vector<std::tuple<int64_t, int64_t, c10::IValue>> awaiting;
     {
-      MutexLock lock(mu_);
+      base::MutexLock lock(mu_);
       if (context < latest_ || (batches_.count(context) > 0 && batches_[context]->over)) return;
       b = BatchOf(context);
       if (b->targets_here) return;  // given already
@@ -234,7 +234,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
       }
     }
     if (!status.ok()) {
-      const absl::Status failed = Annotate(status, absl::StrCat("worker '", agent_.self().name, "'"));
+      const absl::Status failed = base::Annotate(status, absl::StrCat("worker '", agent_.self().name, "'"));
       Fail(b, failed);
       throw std::invalid_argument(std::string(failed.message()));
     }
@@ -246,7 +246,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
     if (plan_->clip_grad_norm > 0 || plan_->tied.any()) AbandonBatchEnd(plan_->id, context);
     std::shared_ptr<Batch> b;
     {
-      MutexLock lock(mu_);
+      base::MutexLock lock(mu_);
       b = BatchOf(context);
     }
     Fail(b, absl::AbortedError(absl::StrCat(
@@ -270,7 +270,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
     std::vector<std::tuple<int64_t, int64_t, c10::IValue>> early;
     std::vector<c10::IValue> xs;
     {
-      MutexLock lock(mu_);
+      base::MutexLock lock(mu_);
       if (running_ >= 0) return;
       for (auto& [context, batch] : batches_) {
         if (batch->queued && !batch->over && batch->after <= last_ended_) {
@@ -288,14 +288,14 @@ class Runner : public std::enable_shared_from_this<Runner> {
       // failed batches' (and late pushes for them are dropped).
       batches_.erase(batches_.begin(), batches_.lower_bound(context));
       latest_ = context;
-      std::vector<LaneAction> order = plan_->actions;
-      for (LaneAction& a : order) a.context_id = context;
+      std::vector<runtime::LaneAction> order = plan_->actions;
+      for (runtime::LaneAction& a : order) a.context_id = context;
       // Under the lock, so that no push starts a forward pass before the
       // order is in place.
-      ComputeTurn::SetOrder(context, std::move(order));
+      runtime::ComputeTurn::SetOrder(context, std::move(order));
       std::weak_ptr<Runner> weak = weak_from_this();
-      Executor* executor = agent_.executor();
-      ComputeTurn::WhenOrderDone(context, [weak, b, executor] {
+      rpc::Executor* executor = agent_.executor();
+      runtime::ComputeTurn::WhenOrderDone(context, [weak, b, executor] {
         executor->Schedule([weak, b] {
           if (auto self = weak.lock()) self->Finish(b);
         });
@@ -310,7 +310,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
   // Batch `b` has ended here (stepped, or failed): the next may start.
   void Ended(const Batch& b) {
     {
-      MutexLock lock(mu_);
+      base::MutexLock lock(mu_);
       last_ended_ = std::max(last_ended_, b.context);
       if (running_ == b.context) running_ = -1;
     }
@@ -337,16 +337,16 @@ class Runner : public std::enable_shared_from_this<Runner> {
   // last stage's waits for the batch's targets.
   void StartForward(std::shared_ptr<Batch> b, int64_t stage, int64_t mb, c10::IValue x) {
     if (stage == num_stages() - 1) {
-      MutexLock lock(mu_);
+      base::MutexLock lock(mu_);
       if (!b->targets_here) {
         b->awaiting.emplace_back(stage, mb, std::move(x));
         return;
       }
     }
-    Executor* executor = agent_.lane();  // (every pass on one thread)
+    rpc::Executor* executor = agent_.lane();  // (every pass on one thread)
     std::shared_ptr<Runner> self = shared_from_this();
-    ComputeTurn::RunInTurn(
-        LaneAction{b->context, stage, mb, /*backward=*/false},
+    runtime::ComputeTurn::RunInTurn(
+        runtime::LaneAction{b->context, stage, mb, /*backward=*/false},
         [self, b, stage, mb, x = std::move(x)] { self->Forward(b, stage, mb, x); },
         [executor](std::function<void()> fn) { executor->Schedule(std::move(fn)); });
   }
@@ -354,21 +354,21 @@ class Runner : public std::enable_shared_from_this<Runner> {
   // Runs holding the forward action's turn.
   void Forward(const std::shared_ptr<Batch>& b, int64_t stage, int64_t mb, const c10::IValue& x) {
     {
-      MutexLock lock(mu_);
+      base::MutexLock lock(mu_);
       if (b->over) return;
     }
     const LocalStage& s = plan_->stages.at(stage);
-    ContextIdGuard in_context(b->context);
+    rpc::ContextIdGuard in_context(b->context);
     try {
       c10::IValue y = s.Forward(x, mb, b->context, plan_->splits_backward());
       if (stage + 1 < num_stages()) {
         // Straight to the next stage's worker; recorded in the context.
         agent_.rpc_async(plan_->stage_workers[stage + 1], PushRequest::kFunction,
-                         EncodeCall(PushRequest{plan_->id, b->context, stage + 1, mb, y}),
-                         StreamOrdered(b->context))
+                         rpc::EncodeCall(PushRequest{plan_->id, b->context, stage + 1, mb, y}),
+                         rpc::StreamOrdered(b->context))
             .then([self = shared_from_this(), b, stage, mb](const absl::StatusOr<c10::IValue>& r) {
               if (!r.ok()) {
-                self->Fail(b, Annotate(r.status(), absl::StrCat("pushing stage ", stage,
+                self->Fail(b, base::Annotate(r.status(), absl::StrCat("pushing stage ", stage,
                                                                 "'s output of micro-batch ", mb)));
               }
             });
@@ -377,45 +377,45 @@ class Runner : public std::enable_shared_from_this<Runner> {
       // (The loss in float32: a bf16 stage's output as float32.)
       absl::StatusOr<at::Tensor> computed = plan_->loss.Compute(ToFloat32(y), b->targets.at(mb));
       if (!computed.ok()) {
-        Fail(b, Annotate(computed.status(), absl::StrCat("stage ", stage, " on worker '", agent_.self().name,
+        Fail(b, base::Annotate(computed.status(), absl::StrCat("stage ", stage, " on worker '", agent_.self().name,
                                                          "', micro-batch ", mb)));
         return;
       }
       at::Tensor loss = *computed * b->weights.at(mb);
-      const LaneAction back{b->context, stage, mb, /*backward=*/true};
+      const runtime::LaneAction back{b->context, stage, mb, /*backward=*/true};
       {
-        MutexLock lock(mu_);
+        base::MutexLock lock(mu_);
         b->loss_sum = b->loss_sum.defined() ? b->loss_sum + loss.detach() : loss.detach();
       }
       const bool split = plan_->splits_backward();
       if (!loss.requires_grad()) {
-        ComputeTurn::Skip(back);
-        if (split) ComputeTurn::Skip(back.Weight());
+        runtime::ComputeTurn::Skip(back);
+        if (split) runtime::ComputeTurn::Skip(back.Weight());
         return;
       }
       // Its backward pass runs in the order's turn for `back` (and W's),
       // what B keeps for W metered with the forward (the output's mark).
-      ActionMarkInfo info{back, s.label(), split};
+      runtime::ActionMarkInfo info{back, s.label(), split};
       MapTensors(y, [&info](const at::Tensor& t) {
         if (info.hold_tag < 0 && t.requires_grad()) {
-          if (std::optional<ActionMarkInfo> m = MarkedAction(t)) info.hold_tag = m->hold_tag;
+          if (std::optional<runtime::ActionMarkInfo> m = runtime::MarkedAction(t)) info.hold_tag = m->hold_tag;
         }
         return t;
       });
-      Future<Empty> pass = dist_autograd::backward_async(agent_, b->context, {MarkAction(loss, info)});
-      MutexLock lock(mu_);
+      rpc::Future<rpc::Empty> pass = autograd::backward_async(agent_, b->context, {runtime::MarkAction(loss, info)});
+      base::MutexLock lock(mu_);
       b->backwards.push_back(pass);
     } catch (...) {
-      Fail(b, StatusFromCurrentException(
+      Fail(b, base::StatusFromCurrentException(
                   absl::StrCat("stage ", stage, " on worker '", agent_.self().name, "', micro-batch ", mb)));
     }
   }
 
   // Every action of the batch here has run: step, release, reply.
   void Finish(std::shared_ptr<Batch> b) {
-    std::vector<Future<Empty>> backwards;
+    std::vector<rpc::Future<rpc::Empty>> backwards;
     {
-      MutexLock lock(mu_);
+      base::MutexLock lock(mu_);
       if (b->over) return;
       b->over = true;
       backwards = std::move(b->backwards);
@@ -423,13 +423,13 @@ class Runner : public std::enable_shared_from_this<Runner> {
     }
     std::shared_ptr<StepParticipant> participant;
     {
-      MutexLock lock(mu_);
+      base::MutexLock lock(mu_);
       participant = participant_;
     }
     // Activations and gradients that came GPU to GPU: their copies must
     // have completed (and not failed) before the step uses them.
     std::optional<trace::Scope> settle(std::in_place, "settle", -1);
-    absl::Status status = Annotate(agent_.settle_cuda_receives(b->context),
+    absl::Status status = base::Annotate(agent_.settle_cuda_receives(b->context),
                                    absl::StrCat("batch ", b->context, " on worker '", agent_.self().name, "'"));
     settle.reset();
     if (status.ok() && participant) {
@@ -438,7 +438,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
         trace::Scope scope("allreduce", -1);
         participant->Finish(b->context);
       } catch (...) {
-        status = StatusFromCurrentException(
+        status = base::StatusFromCurrentException(
             absl::StrCat("summing the gradients over the replicas on worker '", agent_.self().name, "'"));
       }
     }
@@ -457,13 +457,13 @@ class Runner : public std::enable_shared_from_this<Runner> {
       try {
         participant->Step(b->context);
       } catch (...) {
-        status = StatusFromCurrentException(
+        status = base::StatusFromCurrentException(
             absl::StrCat("ZeRO-1's step on worker '", agent_.self().name, "'"));
       }
     } else if (status.ok() && plan_->optimizer) {
       status = optim::StepHere(agent_, *plan_->optimizer, b->context);
     }
-    dist_autograd::ReleaseHere(agent_, b->context);
+    autograd::ReleaseHere(agent_, b->context);
     Ended(*b);
     if (!status.ok()) {
       b->done.SetError(status);
@@ -477,7 +477,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
     }
     // The last stage's passes end when the whole chain behind them has;
     // an error there (another worker's backward) fails this reply.
-    WhenAll(backwards).then([done = b->done, reply](const absl::StatusOr<Empty>& r) mutable {
+    rpc::WhenAll(backwards).then([done = b->done, reply](const absl::StatusOr<rpc::Empty>& r) mutable {
       if (r.ok()) {
         done.SetValue(reply);
       } else {
@@ -488,7 +488,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
 
   void Fail(const std::shared_ptr<Batch>& b, absl::Status status) {
     {
-      MutexLock lock(mu_);
+      base::MutexLock lock(mu_);
       if (b->over) return;
       b->over = true;
       b->queued = false;
@@ -497,13 +497,13 @@ class Runner : public std::enable_shared_from_this<Runner> {
       b->inputs.clear();
       if (participant_) participant_->Discard(b->context);
     }
-    ComputeTurn::Abandon(b->context);
-    dist_autograd::ReleaseHere(agent_, b->context);
+    runtime::ComputeTurn::Abandon(b->context);
+    autograd::ReleaseHere(agent_, b->context);
     Ended(*b);
     b->done.SetError(std::move(status));
   }
 
-  Agent& agent_;
+  rpc::Agent& agent_;
   const std::shared_ptr<const RunnerPlan> plan_;
   const std::shared_ptr<EvalRunner> evals_;
   absl::Mutex mu_;
@@ -525,9 +525,9 @@ Runners& TheRunners() {
   return *runners;
 }
 
-std::shared_ptr<Runner> FindRunner(CallContext& ctx, int64_t id) {
+std::shared_ptr<Runner> FindRunner(rpc::CallContext& ctx, int64_t id) {
   Runners& runners = TheRunners();
-  MutexLock lock(runners.mu);
+  base::MutexLock lock(runners.mu);
   auto it = runners.by_id.find(id);
   if (it == runners.by_id.end()) {
     throw std::invalid_argument(absl::StrCat(
@@ -537,11 +537,11 @@ std::shared_ptr<Runner> FindRunner(CallContext& ctx, int64_t id) {
   return it->second;
 }
 
-c10::IValue MakeRunner(CallContext& ctx, const Args& a) {
+c10::IValue MakeRunner(rpc::CallContext& ctx, const rpc::Args& a) {
   if (ctx.agent == nullptr) throw std::runtime_error("make_runner needs an agent");
-  Agent& agent = *ctx.agent;
+  rpc::Agent& agent = *ctx.agent;
   const std::string& me = agent.self().name;
-  const auto r = DecodeCallOrThrow<MakeRunnerRequest>(a);
+  const auto r = rpc::DecodeCallOrThrow<MakeRunnerRequest>(a);
   RunnerPlan plan;
   plan.id = r.runner;
   plan.stage_workers = r.stage_workers;
@@ -549,7 +549,7 @@ c10::IValue MakeRunner(CallContext& ctx, const Args& a) {
   plan.clip_grad_norm = r.clip_grad_norm;
   plan.actions = DecodeOrder(r.order, -1, MakeRunnerRequest::kFunction);
   for (const c10::IValue& v : r.stages) {
-    auto rref = RRef::FromIValue(v);
+    auto rref = rpc::RRef::FromIValue(v);
     if (!rref.ok()) throw std::invalid_argument(std::string(rref.status().message()));
     auto stage = LocalStage::Resolve(*rref);
     if (!stage.ok()) {
@@ -583,13 +583,13 @@ c10::IValue MakeRunner(CallContext& ctx, const Args& a) {
     plan.tied.last_stage = last;
   }
   if (!r.optimizer.isNone()) {
-    auto rref = RRef::FromIValue(r.optimizer);
+    auto rref = rpc::RRef::FromIValue(r.optimizer);
     if (!rref.ok()) throw std::invalid_argument(std::string(rref.status().message()));
     plan.optimizer = *rref;
   }
   auto runner = std::make_shared<Runner>(agent, std::move(plan));
   Runners& runners = TheRunners();
-  MutexLock lock(runners.mu);
+  base::MutexLock lock(runners.mu);
   if (!runners.by_id.emplace(r.runner, std::move(runner)).second) {
     throw std::invalid_argument(absl::StrCat("worker '", me, "' already has a step runner for pipeline ",
                                              r.runner));
@@ -603,7 +603,7 @@ absl::Status AttachToRunner(int64_t runner_id, std::shared_ptr<StepParticipant> 
   std::shared_ptr<Runner> runner;
   {
     Runners& runners = TheRunners();
-    MutexLock lock(runners.mu);
+    base::MutexLock lock(runners.mu);
     auto it = runners.by_id.find(runner_id);
     if (it == runners.by_id.end()) {
       return absl::NotFoundError(absl::StrCat("no step runner for pipeline ", runner_id, " here"));
@@ -613,59 +613,59 @@ absl::Status AttachToRunner(int64_t runner_id, std::shared_ptr<StepParticipant> 
   return runner->Attach(std::move(participant));
 }
 
-absl::Status RegisterRunnerFunctions(Registry& registry) {
+absl::Status RegisterRunnerFunctions(rpc::Registry& registry) {
   RETURN_IF_ERROR(registry.RegisterFunction(MakeRunnerRequest::kFunction, MakeRunner));
   RETURN_IF_ERROR(RegisterBatchEndFunctions(registry));
   RETURN_IF_ERROR(registry.RegisterAsyncFunction(
-      RunRequest::kFunction, [](CallContext& ctx, const Args& a) -> Future<c10::IValue> {
-        const auto r = DecodeCallOrThrow<RunRequest>(a);
+      RunRequest::kFunction, [](rpc::CallContext& ctx, const rpc::Args& a) -> rpc::Future<c10::IValue> {
+        const auto r = rpc::DecodeCallOrThrow<RunRequest>(a);
         return FindRunner(ctx, r.runner)->Run(r.context, r.after, r.inputs, r.targets, r.total_rows, r.rows);
       }));
   RETURN_IF_ERROR(registry.RegisterFunction(
-      TargetsRequest::kFunction, [](CallContext& ctx, const Args& a) -> c10::IValue {
-        const auto r = DecodeCallOrThrow<TargetsRequest>(a);
+      TargetsRequest::kFunction, [](rpc::CallContext& ctx, const rpc::Args& a) -> c10::IValue {
+        const auto r = rpc::DecodeCallOrThrow<TargetsRequest>(a);
         FindRunner(ctx, r.runner)->Targets(r.context, r.labels, r.total_rows);
         return c10::IValue();
       }));
   RETURN_IF_ERROR(registry.RegisterFunction(
-      PushRequest::kFunction, [](CallContext& ctx, const Args& a) -> c10::IValue {
-        auto r = DecodeCallOrThrow<PushRequest>(a);
+      PushRequest::kFunction, [](rpc::CallContext& ctx, const rpc::Args& a) -> c10::IValue {
+        auto r = rpc::DecodeCallOrThrow<PushRequest>(a);
         FindRunner(ctx, r.runner)->Push(r.context, r.stage, r.micro_batch, std::move(r.value));
         return c10::IValue();
       }));
   RETURN_IF_ERROR(registry.RegisterAsyncFunction(
-      EvalRequest::kFunction, [](CallContext& ctx, const Args& a) -> Future<c10::IValue> {
-        const auto r = DecodeCallOrThrow<EvalRequest>(a);
+      EvalRequest::kFunction, [](rpc::CallContext& ctx, const rpc::Args& a) -> rpc::Future<c10::IValue> {
+        const auto r = rpc::DecodeCallOrThrow<EvalRequest>(a);
         return FindRunner(ctx, r.runner)->evals().Eval(r.eval, r.inputs, r.micro_batches, r.labels, r.rows);
       }));
   RETURN_IF_ERROR(registry.RegisterFunction(
-      EvalTargetsRequest::kFunction, [](CallContext& ctx, const Args& a) -> c10::IValue {
-        const auto r = DecodeCallOrThrow<EvalTargetsRequest>(a);
+      EvalTargetsRequest::kFunction, [](rpc::CallContext& ctx, const rpc::Args& a) -> c10::IValue {
+        const auto r = rpc::DecodeCallOrThrow<EvalTargetsRequest>(a);
         FindRunner(ctx, r.runner)->evals().Labels(r.eval, r.labels);
         return c10::IValue();
       }));
   RETURN_IF_ERROR(registry.RegisterFunction(
-      EvalPushRequest::kFunction, [](CallContext& ctx, const Args& a) -> c10::IValue {
-        auto r = DecodeCallOrThrow<EvalPushRequest>(a);
+      EvalPushRequest::kFunction, [](rpc::CallContext& ctx, const rpc::Args& a) -> c10::IValue {
+        auto r = rpc::DecodeCallOrThrow<EvalPushRequest>(a);
         FindRunner(ctx, r.runner)->evals().Push(r.context, r.stage, r.micro_batch, std::move(r.value));
         return c10::IValue();
       }));
   RETURN_IF_ERROR(registry.RegisterFunction(
-      AbandonRequest::kFunction, [](CallContext& ctx, const Args& a) -> c10::IValue {
-        const auto r = DecodeCallOrThrow<AbandonRequest>(a);
+      AbandonRequest::kFunction, [](rpc::CallContext& ctx, const rpc::Args& a) -> c10::IValue {
+        const auto r = rpc::DecodeCallOrThrow<AbandonRequest>(a);
         FindRunner(ctx, r.runner)->Abandon(r.context);
         return c10::IValue();
       }));
   RETURN_IF_ERROR(registry.RegisterFunction(
-      SeedRequest::kFunction, [](CallContext&, const Args& a) -> c10::IValue {
-        at::manual_seed(static_cast<uint64_t>(DecodeCallOrThrow<SeedRequest>(a).seed));
+      SeedRequest::kFunction, [](rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
+        at::manual_seed(static_cast<uint64_t>(rpc::DecodeCallOrThrow<SeedRequest>(a).seed));
         return c10::IValue();
       }));
   // alive(): answers at once (the master's probe of a worker it waits for),
   // with an error when this process must be restarted (Agent::restart_required):
   // elastic training then counts it as lost.
   RETURN_IF_ERROR(registry.RegisterFunction(
-      "remora.pipeline.alive", [](CallContext& ctx, const Args&) -> c10::IValue {
+      "remora.pipeline.alive", [](rpc::CallContext& ctx, const rpc::Args&) -> c10::IValue {
         if (ctx.agent != nullptr) {
           if (absl::Status why = ctx.agent->restart_required(); !why.ok()) {
             throw std::runtime_error(std::string(why.message()));
@@ -675,7 +675,7 @@ absl::Status RegisterRunnerFunctions(Registry& registry) {
       }));
   // sent_messages(): this process's requests sent, by kind (Agent::sent_messages).
   RETURN_IF_ERROR(registry.RegisterFunction(
-      "remora.pipeline.sent_messages", [](CallContext& ctx, const Args&) -> c10::IValue {
+      "remora.pipeline.sent_messages", [](rpc::CallContext& ctx, const rpc::Args&) -> c10::IValue {
         c10::Dict<std::string, int64_t> out;
         if (ctx.agent != nullptr) {
           for (const auto& [kind, n] : ctx.agent->sent_messages()) out.insert(kind, n);
@@ -683,11 +683,11 @@ absl::Status RegisterRunnerFunctions(Registry& registry) {
         return out;
       }));
   return registry.RegisterFunction(
-      DropRunnerRequest::kFunction, [](CallContext&, const Args& a) -> c10::IValue {
-        const int64_t id = DecodeCallOrThrow<DropRunnerRequest>(a).runner;
+      DropRunnerRequest::kFunction, [](rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
+        const int64_t id = rpc::DecodeCallOrThrow<DropRunnerRequest>(a).runner;
         Runners& runners = TheRunners();
         std::shared_ptr<Runner> dropped;  // freed outside the lock
-        MutexLock lock(runners.mu);
+        base::MutexLock lock(runners.mu);
         auto it = runners.by_id.find(id);
         if (it != runners.by_id.end()) {
           dropped = std::move(it->second);

@@ -75,6 +75,6 @@ absl::Status AttachToRunner(int64_t runner_id, std::shared_ptr<StepParticipant> 
 
 // Registers make_runner, run, push, eval, eval_push, abandon, drop_runner,
 // seed, alive and sent_messages (remora.pipeline.*) in a worker's registry.
-absl::Status RegisterRunnerFunctions(Registry& registry);
+absl::Status RegisterRunnerFunctions(rpc::Registry& registry);
 
 }  // namespace remora::pipeline

@@ -37,7 +37,7 @@ c10::IValue ToDevice(const c10::IValue& value, c10::Device device) {
 bool EvalRunner::Abandon(int64_t id) {
   std::shared_ptr<EvalBatch> eval;
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     if (auto it = evals_.find(id); it != evals_.end()) eval = it->second;
   }
   if (!eval) return false;
@@ -46,7 +46,7 @@ bool EvalRunner::Abandon(int64_t id) {
   return true;
 }
 
-Future<c10::IValue> EvalRunner::Eval(int64_t id, const c10::IValue& inputs, int m, const c10::IValue& labels,
+rpc::Future<c10::IValue> EvalRunner::Eval(int64_t id, const c10::IValue& inputs, int m, const c10::IValue& labels,
                                      const c10::IValue& rows) {
   const std::string& me = agent_.self().name;
   const int64_t last = plan_->num_stages() - 1;
@@ -75,17 +75,17 @@ Future<c10::IValue> EvalRunner::Eval(int64_t id, const c10::IValue& inputs, int 
     status = split.status();
   }
   if (!status.ok()) {
-    return Future<c10::IValue>::Ready(Annotate(status, absl::StrCat("worker '", me, "'")));
+    return rpc::Future<c10::IValue>::Ready(base::Annotate(status, absl::StrCat("worker '", me, "'")));
   }
   std::shared_ptr<EvalBatch> b;
   std::vector<std::tuple<int64_t, int64_t, c10::IValue>> early;
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     evals_.erase(evals_.begin(), evals_.lower_bound(id));
     latest_eval_ = id;
     b = EvalOf(id);
     if (b->over) {
-      return Future<c10::IValue>::Ready(absl::AbortedError(absl::StrCat(
+      return rpc::Future<c10::IValue>::Ready(absl::AbortedError(absl::StrCat(
           "evaluation ", id, " was abandoned before it started on worker '", me, "'")));
     }
     b->started = true;
@@ -103,16 +103,18 @@ Future<c10::IValue> EvalRunner::Eval(int64_t id, const c10::IValue& inputs, int 
     early = std::move(b->early);
   }
   if (!status.ok()) {
-    FailEval(b, Annotate(status, absl::StrCat("worker '", me, "'")));
+    FailEval(b, base::Annotate(status, absl::StrCat("worker '", me, "'")));
     return b->done;
   }
   if (send.defined()) {
     const std::string& to = plan_->stage_workers[last];
-    agent_.rpc_async(to, EvalTargetsRequest::kFunction, EncodeCall(EvalTargetsRequest{plan_->id, id, send}))
+    agent_.rpc_async(to, EvalTargetsRequest::kFunction, rpc::EncodeCall(EvalTargetsRequest{plan_->id, id, send}))
         .then([self = shared_from_this(), b, to, me](const absl::StatusOr<c10::IValue>& r) {
           if (!r.ok()) {
-            self->FailEval(b, Annotate(r.status(), absl::StrCat("worker '", me, "' sending the evaluation's labels "
-                                                                "to worker '", to, "' (the last stage's)")));
+            self->FailEval(b, base::Annotate(r.status(), absl::StrCat("worker '", me,
+                                                                      "' sending the evaluation's labels "
+                                                                      "to worker '",
+                                                                      to, "' (the last stage's)")));
           }
         });
   }
@@ -137,7 +139,7 @@ void EvalRunner::Labels(int64_t id, const at::Tensor& labels) {
   std::vector<std::pair<int64_t, c10::IValue>> uncounted;
   absl::Status status;
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     if (id < latest_eval_) return;
     b = EvalOf(id);
     if (b->over) return;
@@ -149,7 +151,7 @@ void EvalRunner::Labels(int64_t id, const at::Tensor& labels) {
     uncounted = std::move(b->uncounted);
   }
   if (!status.ok()) {
-    FailEval(b, Annotate(status, absl::StrCat("worker '", agent_.self().name, "'")));
+    FailEval(b, base::Annotate(status, absl::StrCat("worker '", agent_.self().name, "'")));
     return;
   }
   for (auto& [mb, y] : uncounted) Account(b, plan_->num_stages() - 1, mb, std::move(y));
@@ -159,7 +161,7 @@ void EvalRunner::Push(int64_t id, int64_t stage, int64_t mb, c10::IValue value) 
   plan_->RequireHosted(stage, agent_.self().name);
   std::shared_ptr<EvalBatch> b;
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     if (id < latest_eval_) return;
     b = EvalOf(id);
     if (b->over) return;
@@ -178,10 +180,10 @@ std::shared_ptr<EvalBatch> EvalRunner::EvalOf(int64_t id) {
 }
 
 void EvalRunner::StartEval(std::shared_ptr<EvalBatch> b, int64_t stage, int64_t mb, c10::IValue x) {
-  Executor* executor = agent_.lane();  // (every pass on one thread)
+  rpc::Executor* executor = agent_.lane();  // (every pass on one thread)
   std::shared_ptr<EvalRunner> self = shared_from_this();
-  ComputeTurn::RunInTurn(
-      LaneAction{-1, stage, mb, /*backward=*/false},
+  runtime::ComputeTurn::RunInTurn(
+      runtime::LaneAction{-1, stage, mb, /*backward=*/false},
       [self, b, stage, mb, x = std::move(x)] { self->EvalForward(b, stage, mb, x); },
       [executor](std::function<void()> fn) { executor->Schedule(std::move(fn)); });
 }
@@ -189,14 +191,14 @@ void EvalRunner::StartEval(std::shared_ptr<EvalBatch> b, int64_t stage, int64_t 
 void EvalRunner::EvalForward(const std::shared_ptr<EvalBatch>& b, int64_t stage, int64_t mb,
                  const c10::IValue& x) {
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     if (b->over) return;
   }
   c10::IValue y;
   try {
     y = plan_->stages.at(stage).Eval(x, mb);
   } catch (...) {
-    FailEval(b, StatusFromCurrentException(absl::StrCat(
+    FailEval(b, base::StatusFromCurrentException(absl::StrCat(
         "stage ", stage, " on worker '", agent_.self().name, "', eval of micro-batch ", mb)));
     return;
   }
@@ -207,11 +209,11 @@ void EvalRunner::EvalForward(const std::shared_ptr<EvalBatch>& b, int64_t stage,
     push.stage = stage + 1;
     push.micro_batch = mb;
     push.value = y;
-    agent_.rpc_async(plan_->stage_workers[stage + 1], EvalPushRequest::kFunction, EncodeCall(push),
-                     StreamOrdered(b->id))
+    agent_.rpc_async(plan_->stage_workers[stage + 1], EvalPushRequest::kFunction, rpc::EncodeCall(push),
+                     rpc::StreamOrdered(b->id))
         .then([self = shared_from_this(), b, stage, mb](const absl::StatusOr<c10::IValue>& r) {
           if (!r.ok()) {
-            self->FailEval(b, Annotate(r.status(), absl::StrCat("pushing stage ", stage,
+            self->FailEval(b, base::Annotate(r.status(), absl::StrCat("pushing stage ", stage,
                                                                 "'s eval output of micro-batch ", mb)));
           }
         });
@@ -226,7 +228,7 @@ void EvalRunner::Account(const std::shared_ptr<EvalBatch>& b, int64_t stage, int
     y = ToFloat32(y);  // (a bf16 stage's logits counted in float32)
     at::Tensor labels;
     {
-      MutexLock lock(mu_);
+      base::MutexLock lock(mu_);
       if (b->over) return;
       if (b->labels_come) {  // counted when the labels come
         b->uncounted.emplace_back(mb, std::move(y));
@@ -252,7 +254,7 @@ void EvalRunner::Account(const std::shared_ptr<EvalBatch>& b, int64_t stage, int
   bool by_rows = false;
   int64_t rows = 0;
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     if (b->over) return;
     by_rows = b->by_rows;
     rows = b->rows;
@@ -270,12 +272,13 @@ void EvalRunner::Account(const std::shared_ptr<EvalBatch>& b, int64_t stage, int
   const absl::Status settled = agent_.settle_cuda_receives(b->id);
   agent_.forget_cuda_receives(b->id);
   if (!settled.ok()) {
-    b->done.SetError(Annotate(settled, absl::StrCat("evaluation on worker '", agent_.self().name, "'")));
+    b->done.SetError(base::Annotate(settled, absl::StrCat("evaluation on worker '", agent_.self().name, "'")));
     return;
   }
   if (correct.defined()) {
     const Correct counts = CorrectFromCounts(correct.cpu(), by_rows ? rows : 0);
-    b->done.SetValue(EncodeTuple(EvalCorrectReply{counts.top1, counts.top5, counts.rows, counts.items, counts.loss_sum}));
+    b->done.SetValue(
+        rpc::EncodeTuple(EvalCorrectReply{counts.top1, counts.top5, counts.rows, counts.items, counts.loss_sum}));
     return;
   }
 
@@ -293,7 +296,7 @@ void EvalRunner::Account(const std::shared_ptr<EvalBatch>& b, int64_t stage, int
 
 void EvalRunner::FailEval(const std::shared_ptr<EvalBatch>& b, absl::Status status) {
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     if (b->over) return;
     b->over = true;
     b->early.clear();

@@ -30,10 +30,10 @@ struct RunnerPlan {
   int64_t id = 0;
   std::vector<std::string> stage_workers;  // stage k's worker
   int micro_batches = 1;
-  std::vector<LaneAction> actions;         // this worker's order (context_id unset)
+  std::vector<runtime::LaneAction> actions;         // this worker's order (context_id unset)
   std::map<int64_t, LocalStage> stages;    // this worker's, by index
   LossFn loss;                             // empty unless the last stage is here
-  std::optional<RRef> optimizer;           // this worker's LocalOptimizer
+  std::optional<rpc::RRef> optimizer;           // this worker's LocalOptimizer
   double clip_grad_norm = 0;               // PipelineOptions::clip_grad_norm
   TiedCopies tied;                         // PipelineOptions::tied_first/_last's copies here
 
@@ -41,7 +41,7 @@ struct RunnerPlan {
   bool hosts(int64_t stage) const { return stages.count(stage) > 0; }
   // Whether the order splits backward passes into B and W (zb1p).
   bool splits_backward() const {
-    for (const LaneAction& a : actions) {
+    for (const runtime::LaneAction& a : actions) {
       if (a.weight) return true;
     }
     return false;
@@ -60,7 +60,7 @@ c10::IValue ToDevice(const c10::IValue& value, c10::Device device);
 // One evaluation batch on this worker (forward only, no autograd).
 // Guarded by its EvalRunner's mutex.
 struct EvalBatch {
-  EvalBatch(int64_t i, Executor* executor) : id(i), done(executor) {}
+  EvalBatch(int64_t i, rpc::Executor* executor) : id(i), done(executor) {}
   const int64_t id;
   bool started = false;
   bool over = false;
@@ -82,7 +82,7 @@ struct EvalBatch {
   bool by_rows = false;
   int64_t rows = 0;  // labelled rows (the reply's, by_rows)
   int m = 0;
-  Future<c10::IValue> done;
+  rpc::Future<c10::IValue> done;
 };
 
 // The evaluation half of a step runner ("remora.pipeline.eval",
@@ -92,14 +92,14 @@ struct EvalBatch {
 // shared by its runner and the closures in flight; shares the plan.
 class EvalRunner : public std::enable_shared_from_this<EvalRunner> {
  public:
-  EvalRunner(Agent& agent, std::shared_ptr<const RunnerPlan> plan)
+  EvalRunner(rpc::Agent& agent, std::shared_ptr<const RunnerPlan> plan)
       : agent_(agent), plan_(std::move(plan)) {}
 
   // Evaluation `id` of `inputs` (on stage 0's worker) in `m` micro-batches:
   // the last stage's worker replies with the outputs merged (with `labels`:
   // with (top1, top5, rows read): pipeline/fit.h's Correct), the
   // others with None once their passes are done.
-  Future<c10::IValue> Eval(int64_t id, const c10::IValue& inputs, int m, const c10::IValue& labels,
+  rpc::Future<c10::IValue> Eval(int64_t id, const c10::IValue& inputs, int m, const c10::IValue& labels,
                            const c10::IValue& rows = c10::IValue());
   // The labels of evaluation `id`, from the worker of stage 0 that read
   // its rows (WorkerRows).
@@ -124,7 +124,7 @@ class EvalRunner : public std::enable_shared_from_this<EvalRunner> {
   absl::Status SetLabels(EvalBatch& b, const at::Tensor& labels) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailEval(const std::shared_ptr<EvalBatch>& b, absl::Status status);
 
-  Agent& agent_;
+  rpc::Agent& agent_;
   const std::shared_ptr<const RunnerPlan> plan_;
   absl::Mutex mu_;
   int64_t latest_eval_ ABSL_GUARDED_BY(mu_) = -1;

@@ -163,7 +163,7 @@ absl::StatusOr<std::unique_ptr<ScriptCut>> ScriptCut::Make(const torch::jit::Mod
     g->chain_of_children = ChainOfChildren(module, *g->graph);
     if (!g->chain_of_children) inline_calls(true);
   } catch (...) {
-    return StatusFromCurrentException(absl::StrCat("reading the forward of ", label));
+    return base::StatusFromCurrentException(absl::StrCat("reading the forward of ", label));
   }
 
   // Statements, attribute paths and where each value is made.
@@ -480,7 +480,7 @@ absl::StatusOr<std::string> ScriptCut::Stage(int first, int last) const {
     stage.save(out);
     return out.str();
   } catch (...) {
-    return StatusFromCurrentException(absl::StrCat("making a stage of layers [", first, ", ", last, ") of ",
+    return base::StatusFromCurrentException(absl::StrCat("making a stage of layers [", first, ", ", last, ") of ",
                                                    g.label));
   }
 }

@@ -40,7 +40,7 @@
 #include "runtime/action_mark.h"
 #include "runtime/allocator.h"
 #include "runtime/compute_lane.h"
-#include "runtime/trace.h"
+#include "trace/trace.h"
 
 namespace remora::pipeline {
 namespace {
@@ -186,7 +186,7 @@ class ActivationMeter {
 
   // A fresh tag for a forward pass of `stage`.
   int64_t NewTag(int64_t stage) {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     const int64_t tag = next_tag_++;
     stages_[stage].tags.push_back(tag);
     return tag;
@@ -194,7 +194,7 @@ class ActivationMeter {
 
   // Adds up what `stage`'s forward passes still hold; updates the peak.
   void Sample(int64_t stage) {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     Entry& e = stages_[stage];
     int64_t live = 0;
     std::vector<int64_t> alive;
@@ -209,7 +209,7 @@ class ActivationMeter {
 
   // The peak of `stage`; `reset` starts a new one.
   int64_t Peak(int64_t stage, bool reset) {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     Entry& e = stages_[stage];
     const int64_t peak = e.peak;
     if (reset) e.peak = 0;
@@ -249,18 +249,18 @@ class Stage {
                       bool train, bool turn_held = false, bool split_backward = false) {
     c10::IValue given;  // (what the stage was given, said when it fails)
     try {
-      c10::IValue x = MapTensors(ValueOrFetch(arg), [device](const at::Tensor& t) {
+      c10::IValue x = MapTensors(rpc::ValueOrFetch(arg), [device](const at::Tensor& t) {
         return t.to(device);
       });  // before taking the lane
       given = x;
       std::optional<c10::AutoGradMode> grad_mode;
       if (!train) grad_mode.emplace(false);
       module_->Train(train);
-      std::optional<ComputeTurn> turn;
+      std::optional<runtime::ComputeTurn> turn;
       if (turn_held) {
         // The step runner took the turn.
       } else if (train && context_id >= 0) {
-        turn.emplace(LaneAction{context_id, index_, mb, /*backward=*/false});
+        turn.emplace(runtime::LaneAction{context_id, index_, mb, /*backward=*/false});
       } else {
         turn.emplace();
       }
@@ -282,27 +282,27 @@ class Stage {
       // (A TorchScript graph may hand out outputs that require grad even
       // with grad mode off.)
       if (!train) return MapTensors(y, [](const at::Tensor& t) { return t.detach(); });
-      ActionMarkInfo mark{LaneAction{context_id, index_, mb, true}, trace_label_, split_backward};
+      runtime::ActionMarkInfo mark{runtime::LaneAction{context_id, index_, mb, true}, trace_label_, split_backward};
       // (What B keeps for W is held until W, as the forward's activations
       // are: metered with them.)
       if (split_backward) mark.hold_tag = tag_id;
       bool needs_grad = false;
       y = MapTensors(y, [&mark, &needs_grad](const at::Tensor& t) {
         needs_grad |= t.requires_grad();
-        return MarkAction(t, mark);
+        return runtime::MarkAction(t, mark);
       });
       // No gradient flows back here (a first stage without parameters): its
       // backward action (and W) will never come, and the order must not
       // wait for it.
       if (!needs_grad && context_id >= 0) {
-        ComputeTurn::Skip(mark.action);
-        if (split_backward) ComputeTurn::Skip(mark.action.Weight());
+        runtime::ComputeTurn::Skip(mark.action);
+        if (split_backward) runtime::ComputeTurn::Skip(mark.action.Weight());
       }
       tag.reset();
       if (metered) ActivationMeter::Get().Sample(index_);
       return y;
     } catch (...) {
-      absl::Status s = StatusFromCurrentException(
+      absl::Status s = base::StatusFromCurrentException(
           absl::StrCat("stage ", index_, " (", label_, ") on worker '", worker_, "', ",
                        train ? "forward" : "eval", " of micro-batch ", mb,
                        given.isNone() ? "" : absl::StrCat(" given ", DescribeValue(given))));
@@ -329,12 +329,12 @@ class Stage {
   const bool bf16_;
 };
 
-c10::Device DeviceOf(CallContext& ctx, const std::string& requested) {
+c10::Device DeviceOf(rpc::CallContext& ctx, const std::string& requested) {
   if (!requested.empty()) return c10::Device(requested);
   return ctx.agent != nullptr ? c10::Device(ctx.agent->options().device) : c10::Device(c10::kCPU);
 }
 
-std::string WorkerName(CallContext& ctx) {
+std::string WorkerName(rpc::CallContext& ctx) {
   return ctx.agent != nullptr ? ctx.agent->self().name : std::string("?");
 }
 
@@ -364,7 +364,7 @@ std::unique_ptr<StageModule> BuildModule(const std::string& kind, const std::str
   StageFactory factory;
   {
     StageTypes& types = Types();
-    MutexLock lock(types.mu);
+    base::MutexLock lock(types.mu);
     auto it = types.factories.find(name);
     if (it == types.factories.end()) {
       std::string known;
@@ -380,13 +380,13 @@ std::unique_ptr<StageModule> BuildModule(const std::string& kind, const std::str
   try {
     return factory(args, device);
   } catch (...) {
-    absl::Status s = StatusFromCurrentException(absl::StrCat(where, ": building it failed"));
+    absl::Status s = base::StatusFromCurrentException(absl::StrCat(where, ": building it failed"));
     throw std::invalid_argument(std::string(s.message()));
   }
 }
 
-std::shared_ptr<HostedStage> MakeStage(CallContext& ctx, const Args& a) {
-  const auto r = DecodeCallOrThrow<MakeStageRequest>(a);
+std::shared_ptr<HostedStage> MakeStage(rpc::CallContext& ctx, const rpc::Args& a) {
+  const auto r = rpc::DecodeCallOrThrow<MakeStageRequest>(a);
   const c10::Device device = DeviceOf(ctx, r.device);
   const std::string where = absl::StrCat("stage ", r.index, " (", r.name, ") on worker '",
                                          WorkerName(ctx), "'");
@@ -401,13 +401,13 @@ std::shared_ptr<HostedStage> MakeStage(CallContext& ctx, const Args& a) {
 // milliseconds of each layer's forward, input gradient (B) and weight
 // gradients (W) on this worker's home device (pipeline/layer_timing.h),
 // each layer taking the previous one's output (the first takes `sample`).
-c10::IValue LayerCosts(CallContext& ctx, const Args& a) {
-  const auto r = DecodeCallOrThrow<LayerCostsRequest>(a);
+c10::IValue LayerCosts(rpc::CallContext& ctx, const rpc::Args& a) {
+  const auto r = rpc::DecodeCallOrThrow<LayerCostsRequest>(a);
   if (r.kinds.size() != r.names.size() || r.kinds.size() != r.payloads.size()) {
     throw std::invalid_argument("layer_costs: kinds, names and payloads differ in length");
   }
   const c10::Device device = DeviceOf(ctx, "");
-  c10::IValue x = MapTensors(ValueOrFetch(r.sample), [device](const at::Tensor& t) { return t.to(device); });
+  c10::IValue x = MapTensors(rpc::ValueOrFetch(r.sample), [device](const at::Tensor& t) { return t.to(device); });
   LayerCostsReply reply;
   for (size_t i = 0; i < r.kinds.size(); ++i) {
     const std::string where = absl::StrCat("layer ", i, " (", r.names[i], ") on worker '", WorkerName(ctx), "'");
@@ -417,7 +417,8 @@ c10::IValue LayerCosts(CallContext& ctx, const Args& a) {
     try {
       t = TimeLayer(*layer, x, device, r.repeats);
     } catch (...) {
-      absl::Status s = StatusFromCurrentException(absl::StrCat(where, ": timing it on the previous layer's output failed"));
+      absl::Status s =
+          base::StatusFromCurrentException(absl::StrCat(where, ": timing it on the previous layer's output failed"));
       throw std::invalid_argument(std::string(s.message()));
     }
     reply.forward_ms.push_back(t.forward_ms);
@@ -425,7 +426,7 @@ c10::IValue LayerCosts(CallContext& ctx, const Args& a) {
     reply.weight_ms.push_back(t.weight_ms);
     x = std::move(t.output);
   }
-  return EncodeTuple(reply);
+  return rpc::EncodeTuple(reply);
 }
 
 }  // namespace
@@ -502,16 +503,16 @@ absl::StatusOr<std::unique_ptr<StageModule>> BuildStage(const StageSpec& spec, c
   try {
     return BuildModule(spec.kind, spec.name, spec.Payload(), device, spec.name);
   } catch (...) {
-    return StatusFromCurrentException(absl::StrCat("building stage ", spec.name));
+    return base::StatusFromCurrentException(absl::StrCat("building stage ", spec.name));
   }
 }
 
-absl::StatusOr<LocalStage> LocalStage::Resolve(const RRef& rref) {
+absl::StatusOr<LocalStage> LocalStage::Resolve(const rpc::RRef& rref) {
   if (!rref.is_owner()) {
     return absl::InvalidArgumentError("a step runner's stage must live on the runner's worker");
   }
   ASSIGN_OR_RETURN(c10::IValue value, rref.local_value());
-  RemoteObject* object = AsRemoteObject(value);
+  rpc::RemoteObject* object = rpc::AsRemoteObject(value);
   if (object == nullptr || object->type() != "remora.pipeline.Stage") {
     return absl::InvalidArgumentError("a step runner's stage RRef holds no remora.pipeline.Stage");
   }
@@ -521,13 +522,13 @@ absl::StatusOr<LocalStage> LocalStage::Resolve(const RRef& rref) {
 c10::IValue LocalStage::Forward(const c10::IValue& input, int64_t mb, int64_t context_id,
                                 bool split_backward) const {
   HostedStage* h = object_->get<HostedStage>();
-  MutexLock lock(object_->mutex());
+  base::MutexLock lock(object_->mutex());
   return h->stage->Forward(input, mb, context_id, h->device, /*train=*/true, /*turn_held=*/true, split_backward);
 }
 
 c10::IValue LocalStage::Eval(const c10::IValue& input, int64_t mb) const {
   HostedStage* h = object_->get<HostedStage>();
-  MutexLock lock(object_->mutex());
+  base::MutexLock lock(object_->mutex());
   return h->stage->Forward(input, mb, -1, h->device, /*train=*/false, /*turn_held=*/true);
 }
 
@@ -545,7 +546,7 @@ absl::StatusOr<at::Tensor> ParameterNamed(StageModule& module, const std::string
 
 absl::StatusOr<at::Tensor> LocalStage::Parameter(const std::string& name) const {
   HostedStage* h = object_->get<HostedStage>();
-  MutexLock lock(object_->mutex());
+  base::MutexLock lock(object_->mutex());
   return ParameterNamed(h->stage->module(), name, h->stage->trace_label());
 }
 
@@ -555,7 +556,7 @@ std::string LocalStage::label() const { return object_->get<HostedStage>()->stag
 
 absl::Status RegisterStageType(const std::string& name, StageFactory factory) {
   StageTypes& types = Types();
-  MutexLock lock(types.mu);
+  base::MutexLock lock(types.mu);
   if (!types.factories.emplace(name, std::move(factory)).second) {
     return absl::AlreadyExistsError(absl::StrCat("stage type '", name, "' is already registered"));
   }
@@ -570,7 +571,7 @@ absl::StatusOr<std::unique_ptr<StageModule>> LoadScriptStage(const std::string& 
     std::istringstream in(bytes);
     m = torch::jit::load(in, device);
   } catch (...) {
-    return StatusFromCurrentException(absl::StrCat(
+    return base::StatusFromCurrentException(absl::StrCat(
         "cannot load TorchScript from ", label,
         " (save it with torch.jit.script(module).save(path))"));
   }
@@ -581,22 +582,22 @@ absl::StatusOr<std::unique_ptr<StageModule>> LoadScriptStage(const std::string& 
   return std::unique_ptr<StageModule>(new ScriptStage(std::move(m)));
 }
 
-absl::Status RegisterFunctions(Registry& registry) {
+absl::Status RegisterFunctions(rpc::Registry& registry) {
   using Hosted = HostedStage;
   RETURN_IF_ERROR(registry.RegisterModule<Hosted>(
-      MakeStageRequest::kFunction, [](CallContext& ctx, const Args& a) { return MakeStage(ctx, a); },
+      MakeStageRequest::kFunction, [](rpc::CallContext& ctx, const rpc::Args& a) { return MakeStage(ctx, a); },
       {{StageForwardRequest::kMethod,
-        [](Hosted& h, CallContext&, const Args& a) -> c10::IValue {
-          const auto r = DecodeCallOrThrow<StageForwardRequest>(a);
+        [](Hosted& h, rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
+          const auto r = rpc::DecodeCallOrThrow<StageForwardRequest>(a);
           return h.stage->Forward(r.x, r.micro_batch, r.context, h.device, /*train=*/true);
         }},
        {StageEvalRequest::kMethod,
-        [](Hosted& h, CallContext&, const Args& a) -> c10::IValue {
-          const auto r = DecodeCallOrThrow<StageEvalRequest>(a);
+        [](Hosted& h, rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
+          const auto r = rpc::DecodeCallOrThrow<StageEvalRequest>(a);
           return h.stage->Forward(r.x, r.micro_batch, -1, h.device, /*train=*/false);
         }},
        {"parameter_rrefs",
-        [](Hosted& h, CallContext& ctx, const Args&) -> c10::IValue {
+        [](Hosted& h, rpc::CallContext& ctx, const rpc::Args&) -> c10::IValue {
           c10::impl::GenericList list(c10::AnyType::get());
           for (const auto& p : h.stage->module().Parameters()) {
             list.push_back(ctx.agent->local_rref(p).ToIValue());
@@ -604,33 +605,33 @@ absl::Status RegisterFunctions(Registry& registry) {
           return list;
         }},
        {"num_parameters",
-        [](Hosted& h, CallContext&, const Args&) -> c10::IValue {
+        [](Hosted& h, rpc::CallContext&, const rpc::Args&) -> c10::IValue {
           int64_t n = 0;
           for (const auto& p : h.stage->module().Parameters()) n += p.numel();
           return n;
         }},
        {ActivationBytesRequest::kMethod,
-        [](Hosted& h, CallContext&, const Args& a) -> c10::IValue {
-          const bool reset = DecodeCallOrThrow<ActivationBytesRequest>(a).reset;
+        [](Hosted& h, rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
+          const bool reset = rpc::DecodeCallOrThrow<ActivationBytesRequest>(a).reset;
           if (runtime::CpuBytesInUse() < 0 || !h.device.is_cpu()) return int64_t{-1};
           return ActivationMeter::Get().Peak(h.stage->index(), reset);
         }},
-       {"state", [](Hosted& h, CallContext&, const Args&) -> c10::IValue {
+       {"state", [](Hosted& h, rpc::CallContext&, const rpc::Args&) -> c10::IValue {
           return c10::List<at::Tensor>(StateTensors(h.stage->module()));
         }},
        {"state_names",
-        [](Hosted& h, CallContext&, const Args&) -> c10::IValue {
+        [](Hosted& h, rpc::CallContext&, const rpc::Args&) -> c10::IValue {
           return c10::List<std::string>(StateNames(h.stage->module()));
         }},
-       {LoadStateRequest::kMethod, [](Hosted& h, CallContext& ctx, const Args& a) -> c10::IValue {
-          const auto r = DecodeCallOrThrow<LoadStateRequest>(a);
+       {LoadStateRequest::kMethod, [](Hosted& h, rpc::CallContext& ctx, const rpc::Args& a) -> c10::IValue {
+          const auto r = rpc::DecodeCallOrThrow<LoadStateRequest>(a);
           LoadState(h.stage->module(), r.tensors,
                     absl::StrCat("stage ", h.stage->index(), " on worker '", WorkerName(ctx), "'"), r.names,
                     r.missing);
           return c10::IValue();
         }},
-       {StageParameterRequest::kMethod, [](Hosted& h, CallContext& ctx, const Args& a) -> c10::IValue {
-          const auto r = DecodeCallOrThrow<StageParameterRequest>(a);
+       {StageParameterRequest::kMethod, [](Hosted& h, rpc::CallContext& ctx, const rpc::Args& a) -> c10::IValue {
+          const auto r = rpc::DecodeCallOrThrow<StageParameterRequest>(a);
           const std::string where = absl::StrCat("stage ", h.stage->index(), " on worker '", WorkerName(ctx), "'");
           absl::StatusOr<at::Tensor> p = ParameterNamed(h.stage->module(), r.name, where);
           if (!p.ok()) throw std::invalid_argument(std::string(p.status().message()));
@@ -648,15 +649,15 @@ absl::Status RegisterFunctions(Registry& registry) {
   RETURN_IF_ERROR(RegisterRunnerFunctions(registry));
   RETURN_IF_ERROR(RegisterDataFunctions(registry));
   RETURN_IF_ERROR(registry.RegisterFunction(
-      SetOrderRequest::kFunction, [](CallContext&, const Args& a) -> c10::IValue {
-        const auto r = DecodeCallOrThrow<SetOrderRequest>(a);
-        ComputeTurn::SetOrder(r.context, DecodeOrder(r.order, r.context, SetOrderRequest::kFunction));
+      SetOrderRequest::kFunction, [](rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
+        const auto r = rpc::DecodeCallOrThrow<SetOrderRequest>(a);
+        runtime::ComputeTurn::SetOrder(r.context, DecodeOrder(r.order, r.context, SetOrderRequest::kFunction));
         return c10::IValue();
       }));
   // The batch failed; what waits for its order runs as it comes.
   return registry.RegisterFunction(
-      AbandonOrderRequest::kFunction, [](CallContext&, const Args& a) -> c10::IValue {
-        ComputeTurn::Abandon(DecodeCallOrThrow<AbandonOrderRequest>(a).context);
+      AbandonOrderRequest::kFunction, [](rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
+        runtime::ComputeTurn::Abandon(rpc::DecodeCallOrThrow<AbandonOrderRequest>(a).context);
         return c10::IValue();
       });
 }

@@ -137,7 +137,7 @@ class LocalStage {
  public:
   // The stage behind `rref`, which must be an owner RRef of a
   // "remora.pipeline.Stage" in this process.
-  static absl::StatusOr<LocalStage> Resolve(const RRef& rref);
+  static absl::StatusOr<LocalStage> Resolve(const rpc::RRef& rref);
 
   // The training forward pass of micro-batch `mb` of batch `context_id` (the
   // batch's autograd context id) on `input`, moved to the stage's device;
@@ -159,15 +159,15 @@ class LocalStage {
   std::string label() const;
 
  private:
-  LocalStage(RRef rref, RemoteObject* object) : rref_(std::move(rref)), object_(object) {}
-  RRef rref_;
-  RemoteObject* object_;  // held by rref_
+  LocalStage(rpc::RRef rref, rpc::RemoteObject* object) : rref_(std::move(rref)), object_(object) {}
+  rpc::RRef rref_;
+  rpc::RemoteObject* object_;  // held by rref_
 };
 
 // Registers the stage wrapper, the schedule-order function
 // ("remora.pipeline.set_order") and the per-layer timing that the
 // partitioner asks for ("remora.pipeline.layer_costs", pipeline/partition.h)
 // in a worker's registry.
-absl::Status RegisterFunctions(Registry& registry);
+absl::Status RegisterFunctions(rpc::Registry& registry);
 
 }  // namespace remora::pipeline

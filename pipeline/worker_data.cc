@@ -45,7 +45,7 @@ std::shared_ptr<Opened> Find(const std::string& worker, int64_t id) {
   return it == t.by_id.end() ? nullptr : it->second;
 }
 
-std::string WorkerName(CallContext& ctx) { return ctx.agent != nullptr ? ctx.agent->self().name : "?"; }
+std::string WorkerName(rpc::CallContext& ctx) { return ctx.agent != nullptr ? ctx.agent->self().name : "?"; }
 
 // The open call for `spec`, and the spec it asks for.
 OpenDataRequest OpenRequestFor(int64_t source, const data::SourceSpec& s) {
@@ -90,25 +90,25 @@ std::atomic<int64_t> next_id{(absl::ToUnixMicros(absl::Now()) & 0xffffffffff) <<
 }  // namespace
 
 c10::IValue ToIValue(const WorkerRows& r) {
-  return EncodeTuple(WorkerRowsValue{WorkerRowsValue::kFunction, r.source, r.rows, r.epoch});
+  return rpc::EncodeTuple(WorkerRowsValue{WorkerRowsValue::kFunction, r.source, r.rows, r.epoch});
 }
 
 std::optional<WorkerRows> WorkerRowsFrom(const c10::IValue& v) {
   if (!v.isTuple()) return std::nullopt;
-  const absl::StatusOr<WorkerRowsValue> r = DecodeTuple<WorkerRowsValue>(v);
+  const absl::StatusOr<WorkerRowsValue> r = rpc::DecodeTuple<WorkerRowsValue>(v);
   if (!r.ok() || r->tag != WorkerRowsValue::kFunction) return std::nullopt;
   return WorkerRows{r->source, r->rows, r->epoch};
 }
 
-absl::StatusOr<std::unique_ptr<WorkerData>> WorkerData::Open(Agent& agent, std::vector<std::string> workers,
+absl::StatusOr<std::unique_ptr<WorkerData>> WorkerData::Open(rpc::Agent& agent, std::vector<std::string> workers,
                                                             const data::SourceSpec& spec, int64_t rows) {
   const int64_t id = next_id++;
   // Listing a large image folder takes a while on a cold disk.
-  CallOptions slow;
+  rpc::CallOptions slow;
   slow.timeout = absl::Minutes(30);
-  std::vector<Future<c10::IValue>> opened;
+  std::vector<rpc::Future<c10::IValue>> opened;
   for (const std::string& w : workers) {
-    opened.push_back(agent.rpc_async(w, OpenDataRequest::kFunction, EncodeCall(OpenRequestFor(id, spec)), slow));
+    opened.push_back(agent.rpc_async(w, OpenDataRequest::kFunction, rpc::EncodeCall(OpenRequestFor(id, spec)), slow));
   }
   // Owns the workers' sources from here: an error below closes them, once
   // every open has answered (a close must not overtake its open).
@@ -118,7 +118,7 @@ absl::StatusOr<std::unique_ptr<WorkerData>> WorkerData::Open(Agent& agent, std::
     absl::StatusOr<c10::IValue> n = opened[i].wait();
     if (!first.ok()) continue;
     if (!n.ok()) {
-      first = Annotate(n.status(), absl::StrCat("opening ", spec.dataset, " on worker '", workers[i],
+      first = base::Annotate(n.status(), absl::StrCat("opening ", spec.dataset, " on worker '", workers[i],
                                                 "', which reads the rows it trains on (give it the same files "
                                                 "at the same path, or --data-on master)"));
     } else if (!n->isInt()) {
@@ -138,7 +138,7 @@ absl::StatusOr<std::unique_ptr<WorkerData>> WorkerData::Open(Agent& agent, std::
 WorkerData::~WorkerData() {
   // Not waited for: a worker that is gone must not hold the master up.
   for (const std::string& w : workers_) {
-    if (!agent_.IsLost(w)) agent_.rpc_async(w, CloseDataRequest::kFunction, EncodeCall(CloseDataRequest{{id_}}));
+    if (!agent_.IsLost(w)) agent_.rpc_async(w, CloseDataRequest::kFunction, rpc::EncodeCall(CloseDataRequest{{id_}}));
   }
 }
 
@@ -148,7 +148,7 @@ absl::StatusOr<int64_t> WorkerData::skipped(
   for (const std::string& w : workers_) {
     if (!agent_.IsLost(w)) {
       absl::StatusOr<c10::IValue> n =
-          agent_.rpc_sync(w, DataSkippedRequest::kFunction, EncodeCall(DataSkippedRequest{id_}));
+          agent_.rpc_sync(w, DataSkippedRequest::kFunction, rpc::EncodeCall(DataSkippedRequest{id_}));
       if (n.ok() && !n->isInt()) {
         n = absl::InternalError(absl::StrCat("worker '", w, "' answered ", DataSkippedRequest::kFunction,
                                              " with a ", n->tagKind(), ", not a count"));
@@ -156,7 +156,7 @@ absl::StatusOr<int64_t> WorkerData::skipped(
       if (n.ok()) {
         last_skipped_[w] = n->toInt();
       } else if (!lost || !lost(w, n.status())) {
-        return Annotate(n.status(), absl::StrCat("asking worker '", w, "' for its skipped images"));
+        return base::Annotate(n.status(), absl::StrCat("asking worker '", w, "' for its skipped images"));
       }
     }
     total += last_skipped_[w];
@@ -172,16 +172,16 @@ absl::StatusOr<data::Batch> ReadRows(const std::string& worker, int64_t source, 
                                             " (the master opens it before the first step)"));
   }
   absl::StatusOr<data::Batch> batch = opened->source->Get(rows, epoch);
-  if (!batch.ok()) return Annotate(batch.status(), absl::StrCat("reading a batch on worker '", worker, "'"));
+  if (!batch.ok()) return base::Annotate(batch.status(), absl::StrCat("reading a batch on worker '", worker, "'"));
   opened->skipped += batch->skipped;
   return batch;
 }
 
-absl::Status RegisterDataFunctions(Registry& registry) {
+absl::Status RegisterDataFunctions(rpc::Registry& registry) {
   // open(id, spec): opens the source; replies with its rows.
   RETURN_IF_ERROR(registry.RegisterFunction(
-      OpenDataRequest::kFunction, [](CallContext& ctx, const Args& a) -> c10::IValue {
-        const auto r = DecodeCallOrThrow<OpenDataRequest>(a);
+      OpenDataRequest::kFunction, [](rpc::CallContext& ctx, const rpc::Args& a) -> c10::IValue {
+        const auto r = rpc::DecodeCallOrThrow<OpenDataRequest>(a);
         const data::SourceSpec spec = SpecOf(r);
         auto source = data::OpenSource(spec);
         if (!source.ok()) {
@@ -201,8 +201,8 @@ absl::Status RegisterDataFunctions(Registry& registry) {
       }));
   // skipped(id): the rows left out so far.
   RETURN_IF_ERROR(registry.RegisterFunction(
-      DataSkippedRequest::kFunction, [](CallContext& ctx, const Args& a) -> c10::IValue {
-        const int64_t source = DecodeCallOrThrow<DataSkippedRequest>(a).source;
+      DataSkippedRequest::kFunction, [](rpc::CallContext& ctx, const rpc::Args& a) -> c10::IValue {
+        const int64_t source = rpc::DecodeCallOrThrow<DataSkippedRequest>(a).source;
         std::shared_ptr<Opened> opened = Find(WorkerName(ctx), source);
         if (!opened) {
           throw std::invalid_argument(
@@ -211,18 +211,19 @@ absl::Status RegisterDataFunctions(Registry& registry) {
         return opened->skipped.load();
       }));
   // close(id)
-  return registry.RegisterFunction(CloseDataRequest::kFunction, [](CallContext& ctx, const Args& a) -> c10::IValue {
-    const int64_t source = DecodeCallOrThrow<CloseDataRequest>(a).source;
-    std::shared_ptr<Opened> closed;  // freed outside the lock
-    Table& t = TheTable();
-    absl::MutexLock lock(&t.mu);
-    auto it = t.by_id.find(Key(WorkerName(ctx), source));
-    if (it != t.by_id.end()) {
-      closed = std::move(it->second);
-      t.by_id.erase(it);
-    }
-    return c10::IValue();
-  });
+  return registry.RegisterFunction(CloseDataRequest::kFunction,
+                                   [](rpc::CallContext& ctx, const rpc::Args& a) -> c10::IValue {
+                                     const int64_t source = rpc::DecodeCallOrThrow<CloseDataRequest>(a).source;
+                                     std::shared_ptr<Opened> closed;  // freed outside the lock
+                                     Table& t = TheTable();
+                                     absl::MutexLock lock(&t.mu);
+                                     auto it = t.by_id.find(Key(WorkerName(ctx), source));
+                                     if (it != t.by_id.end()) {
+                                       closed = std::move(it->second);
+                                       t.by_id.erase(it);
+                                     }
+                                     return c10::IValue();
+                                   });
 }
 
 }  // namespace remora::pipeline

@@ -47,7 +47,7 @@ class WorkerData {
   // Opens `spec` on each of `workers`; every one must find `rows` rows
   // (what the master's own listing has), else the error names the worker
   // and both counts.
-  static absl::StatusOr<std::unique_ptr<WorkerData>> Open(Agent& agent, std::vector<std::string> workers,
+  static absl::StatusOr<std::unique_ptr<WorkerData>> Open(rpc::Agent& agent, std::vector<std::string> workers,
                                                          const data::SourceSpec& spec, int64_t rows);
   ~WorkerData();
   WorkerData(const WorkerData&) = delete;
@@ -65,10 +65,10 @@ class WorkerData {
       const std::function<bool(const std::string& worker, const absl::Status& why)>& lost = nullptr) const;
 
  private:
-  WorkerData(Agent& agent, std::vector<std::string> workers, int64_t id, int64_t rows)
+  WorkerData(rpc::Agent& agent, std::vector<std::string> workers, int64_t id, int64_t rows)
       : agent_(agent), workers_(std::move(workers)), id_(id), rows_(rows) {}
 
-  Agent& agent_;
+  rpc::Agent& agent_;
   const std::vector<std::string> workers_;
   const int64_t id_;
   const int64_t rows_;
@@ -82,7 +82,7 @@ absl::StatusOr<data::Batch> ReadRows(const std::string& worker, int64_t source, 
                                      int epoch);
 
 // Registers remora.data.open, skipped and close in a worker's registry.
-absl::Status RegisterDataFunctions(Registry& registry);
+absl::Status RegisterDataFunctions(rpc::Registry& registry);
 
 // (source, rows, epoch) as one call argument, and back (nullopt for None).
 c10::IValue ToIValue(const WorkerRows& rows);

@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "proto/agent.pb.h"
 
-namespace remora {
+namespace remora::wire {
 
 // A request whose body is `body`.
 inline wire::Request MakeRequest(const google::protobuf::Message& body) {
@@ -42,4 +42,4 @@ absl::StatusOr<Body> RequestBody(const wire::Request& request) {
   return body;
 }
 
-}  // namespace remora
+}  // namespace remora::wire

@@ -20,7 +20,7 @@ namespace {
 
 // Whether worker `name` answers a liveness probe: a failed call alone does
 // not tell a lost worker from one whose own computation threw.
-bool Answers(Agent& agent, const std::string& name) {
+bool Answers(rpc::Agent& agent, const std::string& name) {
   return pipeline::UnansweringWorkers(agent, {name}, absl::Seconds(5)).empty();
 }
 
@@ -32,7 +32,7 @@ int64_t Bytes(const std::vector<at::Tensor>& ts) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(Agent& agent, PsOptions options) {
+absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(rpc::Agent& agent, PsOptions options) {
   const int n = static_cast<int>(options.workers.size());
   if (n == 0) return absl::InvalidArgumentError("parameter server: no workers");
   if (options.backup_workers < 0 || options.backup_workers >= n) {
@@ -54,13 +54,13 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(Agent& 
   try {
     device = c10::Device(options.device);
   } catch (...) {
-    return StatusFromCurrentException(absl::StrCat("parameter server: device '", options.device, "'"));
+    return base::StatusFromCurrentException(absl::StrCat("parameter server: device '", options.device, "'"));
   }
   std::vector<std::unique_ptr<pipeline::StageModule>> model;
   std::vector<at::Tensor> params;
   for (size_t k = 0; k < options.stages.size(); ++k) {
     auto stage = pipeline::BuildStage(options.stages[k], device);
-    if (!stage.ok()) return Annotate(stage.status(), absl::StrCat("parameter server: stage ", k));
+    if (!stage.ok()) return base::Annotate(stage.status(), absl::StrCat("parameter server: stage ", k));
     for (const at::Tensor& p : (*stage)->Parameters()) params.push_back(p);
     model.push_back(std::move(*stage));
   }
@@ -78,21 +78,21 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(Agent& 
       made.shard_params.emplace_back(c10::List<int64_t>(shards->placement()[k].params));
     }
   }
-  const std::vector<c10::IValue> replica_args = EncodeCall(made);
+  const std::vector<c10::IValue> replica_args = rpc::EncodeCall(made);
   if (options.seed) RETURN_IF_ERROR(pipeline::SeedWorkers(agent, options.workers, *options.seed));
   std::vector<Slot> slots(n);
   for (int i = 0; i < n; ++i) {
     slots[i].name = options.workers[i];
     auto replica = agent.remote(options.workers[i], MakeReplicaRequest::kFunction, replica_args);
     if (!replica.ok()) {
-      return Annotate(replica.status(), absl::StrCat("parameter server: placing the replica on worker '",
+      return base::Annotate(replica.status(), absl::StrCat("parameter server: placing the replica on worker '",
                                                      options.workers[i], "'"));
     }
     slots[i].replica = std::move(*replica);
   }
-  std::vector<Future<c10::IValue>> shapes;
+  std::vector<rpc::Future<c10::IValue>> shapes;
   for (int i = 0; i < n; ++i) shapes.push_back(slots[i].replica.rpc_async("shapes"));
-  ASSIGN_OR_RETURN(std::vector<c10::IValue> got, WaitAll(shapes, [&options](size_t i) {
+  ASSIGN_OR_RETURN(std::vector<c10::IValue> got, rpc::WaitAll(shapes, [&options](size_t i) {
                      return absl::StrCat("parameter server: building the replica on worker '", options.workers[i], "'");
                    }));
   for (int i = 0; i < n; ++i) {
@@ -111,7 +111,7 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(Agent& 
                           std::move(shards)));
 }
 
-ParameterServer::ParameterServer(Agent& agent, PsOptions options,
+ParameterServer::ParameterServer(rpc::Agent& agent, PsOptions options,
                                  std::vector<std::unique_ptr<pipeline::StageModule>> model,
                                  std::vector<at::Tensor> params, std::vector<Slot> slots,
                                  std::unique_ptr<ShardSet> shards)
@@ -149,7 +149,7 @@ bool ParameterServer::Lost(const std::string& name, const absl::Status& why) {
 
 absl::Status ParameterServer::CheckServers(size_t i, const absl::Status& status) const {
   if (shards_ == nullptr) return absl::OkStatus();
-  return Annotate(shards_->Check(),
+  return base::Annotate(shards_->Check(),
                   absl::StrCat("after worker '", slots_[i].name, "' failed (", status.message(), ")"));
 }
 
@@ -172,15 +172,15 @@ absl::Status ParameterServer::Failed(size_t i, const absl::Status& failure, cons
   // still answer: its computation is stuck.)
   const bool unreached = failure.code() == absl::StatusCode::kDeadlineExceeded ||
                          failure.code() == absl::StatusCode::kUnavailable;
-  if (unreached || !Answers(agent_, slot.name)) return Annotate(Lose(i, failure), where);
+  if (unreached || !Answers(agent_, slot.name)) return base::Annotate(Lose(i, failure), where);
   // A server that is gone fails the calls of workers that are not.
-  RETURN_IF_ERROR(Annotate(CheckServers(i, failure), where));
+  RETURN_IF_ERROR(base::Annotate(CheckServers(i, failure), where));
   const std::string who = absl::StrCat("worker '", slot.name, "'");
   return absl::Status(failure.code(),
                       absl::StrCat(where, ": ", who, " failed computing its share of ",
                                    slot.call_step >= step_first_round_ ? "the batch" : "an earlier step's batch", " (",
                                    slot.rows, " rows) and still answers, so it is not dropped as lost: ",
-                                   WithoutLeadingWorker(failure.message(), who)));
+                                   base::WithoutLeadingWorker(failure.message(), who)));
 }
 
 namespace {
@@ -196,7 +196,7 @@ bool Changed(Waiting* w) { return *w->completions != w->seen; }
 
 int64_t ParameterServer::WaitForCompletion(int64_t seen) {
   Signal& s = *signal_;
-  MutexLock lock(s.mu);
+  base::MutexLock lock(s.mu);
   Waiting w{&s.completions, seen};
   s.mu.Await(absl::Condition(&Changed, &w));
   return s.completions;
@@ -232,11 +232,11 @@ std::vector<size_t> ParameterServer::Send(const Batch& batch, int64_t round, Ste
         rows != nullptr ? pipeline::ToIValue({rows->source, xs[j], rows->epoch}) : c10::IValue(xs[j]);
     const c10::IValue y = rows != nullptr ? c10::IValue() : c10::IValue(ys[j]);
     slot.call = shards_ != nullptr ? slot.replica.rpc_async(ComputeShardedRequest::kMethod,
-                                                            EncodeCall(ComputeShardedRequest{round, x, y, total}))
+                                                            rpc::EncodeCall(ComputeShardedRequest{round, x, y, total}))
                                    : slot.replica.rpc_async(ComputeRequest::kMethod,
-                                                            EncodeCall(ComputeRequest{snapshot, x, y, total}));
+                                                            rpc::EncodeCall(ComputeRequest{snapshot, x, y, total}));
     slot.call.then([signal = signal_](const absl::StatusOr<c10::IValue>&) {
-      MutexLock lock(signal->mu);
+      base::MutexLock lock(signal->mu);
       ++signal->completions;
     });
     report->pull_bytes += param_bytes;
@@ -298,7 +298,7 @@ absl::StatusOr<bool> ParameterServer::AwaitRound(const std::vector<size_t>& sent
       }
       RETURN_IF_ERROR(Failed(i, r.status(), where));
       if (options_.backup_workers == 0) {
-        return Annotate(r.status(), absl::StrCat(where, ": worker '", s.name,
+        return base::Annotate(r.status(), absl::StrCat(where, ": worker '", s.name,
                                                  "' failed (without --backup-workers every worker's "
                                                  "gradient is needed; restart it and resume from the "
                                                  "last checkpoint)"));
@@ -343,7 +343,7 @@ absl::StatusOr<StepReport> ParameterServer::Step(const Batch& batch, StepReport 
   const std::string where = absl::StrCat("parameter server, step ", report.step);
   int64_t seen = 0;
   {
-    MutexLock lock(signal_->mu);
+    base::MutexLock lock(signal_->mu);
     seen = signal_->completions;
   }
   std::map<size_t, c10::IValue> done;  // slot -> (grads, loss), this round's
@@ -359,7 +359,7 @@ absl::StatusOr<StepReport> ParameterServer::Step(const Batch& batch, StepReport 
     // over the workers left (the round's gradients are dropped).
   }
   if (static_cast<int>(done.size()) < needed) return TooFew(static_cast<int>(live_workers().size()), needed, where);
-  RETURN_IF_ERROR(Annotate(Apply(done, report), where));
+  RETURN_IF_ERROR(base::Annotate(Apply(done, report), where));
   step_ = report.step;
   return report;
 }
@@ -371,8 +371,8 @@ absl::Status ParameterServer::Apply(const std::map<size_t, c10::IValue>& done, S
   std::vector<at::Tensor> sum(params_.size());
   double loss = 0;
   for (const auto& [i, value] : done) {
-    absl::StatusOr<ComputeReply> reply = DecodeTuple<ComputeReply>(value);
-    if (!reply.ok()) return Annotate(reply.status(), absl::StrCat("worker '", slots_[i].name, "'"));
+    absl::StatusOr<ComputeReply> reply = rpc::DecodeTuple<ComputeReply>(value);
+    if (!reply.ok()) return base::Annotate(reply.status(), absl::StrCat("worker '", slots_[i].name, "'"));
     loss += reply->loss;
     report.rows += slots_[i].rows;
     report.push_bytes += parameter_bytes();  // a gradient of every parameter
@@ -413,13 +413,13 @@ absl::Status ParameterServer::Apply(const std::map<size_t, c10::IValue>& done, S
     optimizer_->step();
     for (at::Tensor& p : params_) p.mutable_grad() = at::Tensor();
   } catch (...) {
-    return StatusFromCurrentException("the optimizer step");
+    return base::StatusFromCurrentException("the optimizer step");
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<at::Tensor> ParameterServer::eval(const at::Tensor& inputs) {
-  if (shards_ != nullptr) RETURN_IF_ERROR(Annotate(shards_->Gather(params_), "parameter server: evaluating"));
+  if (shards_ != nullptr) RETURN_IF_ERROR(base::Annotate(shards_->Gather(params_), "parameter server: evaluating"));
   c10::NoGradGuard no_grad;
   try {
     c10::IValue out = inputs.to(params_[0].device());
@@ -427,12 +427,12 @@ absl::StatusOr<at::Tensor> ParameterServer::eval(const at::Tensor& inputs) {
     for (auto& stage : model_) out = stage->Forward(out);
     return out.toTensor().cpu();
   } catch (...) {
-    return StatusFromCurrentException("parameter server: evaluating the model");
+    return base::StatusFromCurrentException("parameter server: evaluating the model");
   }
 }
 
 absl::StatusOr<std::vector<std::vector<at::Tensor>>> ParameterServer::stage_state() {
-  if (shards_ != nullptr) RETURN_IF_ERROR(Annotate(shards_->Gather(params_), "parameter server: saving"));
+  if (shards_ != nullptr) RETURN_IF_ERROR(base::Annotate(shards_->Gather(params_), "parameter server: saving"));
   std::vector<std::vector<at::Tensor>> out;
   for (const auto& stage : model_) out.push_back(pipeline::StateTensors(*stage));
   return out;
@@ -468,9 +468,10 @@ absl::Status ParameterServer::Load(const std::vector<std::vector<at::Tensor>>& s
       optim::LoadOptimizerState(*optimizer_, optimizer);
     }
   } catch (...) {
-    return StatusFromCurrentException("parameter server: loading the saved state");
+    return base::StatusFromCurrentException("parameter server: loading the saved state");
   }
-  if (shards_ != nullptr) RETURN_IF_ERROR(Annotate(shards_->Load(params_, optimizer), "parameter server: resuming"));
+  if (shards_ != nullptr)
+    RETURN_IF_ERROR(base::Annotate(shards_->Load(params_, optimizer), "parameter server: resuming"));
   step_ = steps_done;
   return absl::OkStatus();
 }

@@ -119,7 +119,7 @@ class ParameterServer {
   // Builds the model here and a replica on every worker (checking that
   // its parameters have the model's shapes) and creates the optimizer. An
   // error names the worker that failed.
-  static absl::StatusOr<std::unique_ptr<ParameterServer>> Create(Agent& agent, PsOptions options);
+  static absl::StatusOr<std::unique_ptr<ParameterServer>> Create(rpc::Agent& agent, PsOptions options);
   // Waits for the workers' calls still in flight (stragglers'): with
   // shards until they end; without, up to 10 s each, and marks a worker
   // whose call failed and that does not answer (Failed) lost, so that the
@@ -174,9 +174,9 @@ class ParameterServer {
   // One worker, as seen from the training thread.
   struct Slot {
     std::string name;
-    RRef replica;
+    rpc::RRef replica;
     bool busy = false;          // `call` not yet settled
-    Future<c10::IValue> call;   // its latest compute call
+    rpc::Future<c10::IValue> call;   // its latest compute call
     int64_t call_step = 0;      // the step (round) it belongs to
     int64_t rows = 0;
     bool lost = false;
@@ -191,7 +191,7 @@ class ParameterServer {
     int64_t size() const { return rows != nullptr ? rows->rows.numel() : inputs.size(0); }
   };
 
-  ParameterServer(Agent& agent, PsOptions options, std::vector<std::unique_ptr<pipeline::StageModule>> model,
+  ParameterServer(rpc::Agent& agent, PsOptions options, std::vector<std::unique_ptr<pipeline::StageModule>> model,
                   std::vector<at::Tensor> params, std::vector<Slot> slots, std::unique_ptr<ShardSet> shards);
 
   // The step on `batch`, checked: rounds until enough gradient sets came,
@@ -228,7 +228,7 @@ class ParameterServer {
   // the count now.
   int64_t WaitForCompletion(int64_t seen);
 
-  Agent& agent_;
+  rpc::Agent& agent_;
   const PsOptions options_;
   std::vector<std::unique_ptr<pipeline::StageModule>> model_;
   std::vector<at::Tensor> params_;  // the model's, in order

@@ -44,7 +44,7 @@ struct MakeReplicaRequest {
   bool bf16 = false;  // PsOptions::bf16
   template <typename Fields>
   void Visit(Fields& f) {
-    f("stages", stages)("loss", loss)("shards", shards)("shard_params", shard_params)("bf16", bf16, kMayBeLeftOff);
+    f("stages", stages)("loss", loss)("shards", shards)("shard_params", shard_params)("bf16", bf16, rpc::kMayBeLeftOff);
   }
 };
 
@@ -128,7 +128,7 @@ struct ShardApplyRequest {
   double clip = 1;  // the clipping's coefficient (ShardNormRequest), applied after `scale`
   template <typename Fields>
   void Visit(Fields& f) {
-    f("round", round)("workers", workers)("scale", scale)("clip", clip, kMayBeLeftOff);
+    f("round", round)("workers", workers)("scale", scale)("clip", clip, rpc::kMayBeLeftOff);
   }
 };
 

@@ -22,7 +22,7 @@
 #include "ps/shards.h"
 #include "rpc/agent.h"
 #include "runtime/compute_lane.h"
-#include "runtime/trace.h"
+#include "trace/trace.h"
 
 namespace remora::ps {
 namespace {
@@ -37,15 +37,15 @@ struct Replica {
   pipeline::LossFn loss;
   // With --ps-shards: the shards (ps/shards.h) and each one's parameter
   // indices; empty when the server sends the parameters with each call.
-  std::vector<RRef> shards;
+  std::vector<rpc::RRef> shards;
   std::vector<std::vector<int64_t>> shard_params;
   bool bf16 = false;  // each stage under bf16 autocast, bf16 between them
 };
 
-std::shared_ptr<Replica> MakeReplica(CallContext& ctx, const Args& a) {
+std::shared_ptr<Replica> MakeReplica(rpc::CallContext& ctx, const rpc::Args& a) {
   auto r = std::make_shared<Replica>();
   r->where = absl::StrCat("the parameter server's replica on worker '", ctx.agent->self().name, "'");
-  const auto request = DecodeCallOrThrow<MakeReplicaRequest>(a);
+  const auto request = rpc::DecodeCallOrThrow<MakeReplicaRequest>(a);
   auto specs = DecodeStageList(request.stages);
   if (!specs.ok()) throw std::invalid_argument(absl::StrCat(r->where, ": ", specs.status().message()));
   auto loss = LossByName(request.loss);
@@ -62,7 +62,7 @@ std::shared_ptr<Replica> MakeReplica(CallContext& ctx, const Args& a) {
   if (r->params.empty()) throw std::invalid_argument(absl::StrCat(r->where, ": the model has no parameters"));
   if (!request.shards.empty()) {
     for (const c10::IValue& v : request.shards) {
-      auto rref = RRef::FromIValue(v);
+      auto rref = rpc::RRef::FromIValue(v);
       if (!rref.ok()) throw std::invalid_argument(absl::StrCat(r->where, ": ", rref.status().message()));
       r->shards.push_back(std::move(*rref));
     }
@@ -107,7 +107,7 @@ std::pair<std::vector<at::Tensor>, double> Gradients(Replica& r, const std::vect
     throw std::invalid_argument(absl::StrCat(r.where, ": got ", params.size(), " parameters; the model has ",
                                              r.params.size()));
   }
-  ComputeTurn turn;
+  runtime::ComputeTurn turn;
   trace::Scope scope("ps compute", -1);
   {
     c10::NoGradGuard no_grad;
@@ -149,7 +149,7 @@ std::pair<std::vector<at::Tensor>, double> Gradients(Replica& r, const std::vect
 
 // A call's share of the batch: the inputs and targets it carries, or the
 // rows this worker reads itself (pipeline::WorkerRows; targets None).
-std::pair<at::Tensor, at::Tensor> Share(Replica& r, CallContext& ctx, const c10::IValue& inputs,
+std::pair<at::Tensor, at::Tensor> Share(Replica& r, rpc::CallContext& ctx, const c10::IValue& inputs,
                                         const c10::IValue& targets) {
   std::optional<pipeline::WorkerRows> rows = pipeline::WorkerRowsFrom(inputs);
   if (!rows) return {inputs.toTensor(), targets.toTensor()};
@@ -162,16 +162,17 @@ std::pair<at::Tensor, at::Tensor> Share(Replica& r, CallContext& ctx, const c10:
 }
 
 // ComputeRequest -> ComputeReply.
-c10::IValue Compute(Replica& r, CallContext& ctx, const Args& a) {
-  const auto request = DecodeCallOrThrow<ComputeRequest>(a);
+c10::IValue Compute(Replica& r, rpc::CallContext& ctx, const rpc::Args& a) {
+  const auto request = rpc::DecodeCallOrThrow<ComputeRequest>(a);
   SlowDown();
   auto [inputs, targets] = Share(r, ctx, request.inputs, request.targets);
   auto [grads, loss] = Gradients(r, request.params, inputs, targets, request.total_rows);
-  return EncodeTuple(ComputeReply{std::move(grads), loss});
+  return rpc::EncodeTuple(ComputeReply{std::move(grads), loss});
 }
 
 // Waits for every shard's reply to `calls`; an error names the server.
-std::vector<c10::IValue> WaitForShards(Replica& r, std::vector<Future<c10::IValue>>& calls, const std::string& what) {
+std::vector<c10::IValue> WaitForShards(Replica& r, std::vector<rpc::Future<c10::IValue>>& calls,
+                                       const std::string& what) {
   std::vector<c10::IValue> out;
   for (size_t k = 0; k < calls.size(); ++k) {
     auto got = calls[k].wait();
@@ -187,12 +188,12 @@ std::vector<c10::IValue> WaitForShards(Replica& r, std::vector<Future<c10::IValu
 // ComputeShardedRequest -> ComputeReply (no gradients): pulls the
 // parameters from every shard, computes, and pushes each shard the
 // gradients of its parameters for the round.
-c10::IValue ComputeSharded(Replica& r, CallContext& ctx, const Args& a) {
-  const auto request = DecodeCallOrThrow<ComputeShardedRequest>(a);
+c10::IValue ComputeSharded(Replica& r, rpc::CallContext& ctx, const rpc::Args& a) {
+  const auto request = rpc::DecodeCallOrThrow<ComputeShardedRequest>(a);
   if (r.shards.empty()) throw std::invalid_argument(absl::StrCat(r.where, ": it has no shards to pull from"));
   SlowDown();
-  std::vector<Future<c10::IValue>> pulls;
-  for (const RRef& shard : r.shards) pulls.push_back(shard.rpc_async("pull"));
+  std::vector<rpc::Future<c10::IValue>> pulls;
+  for (const rpc::RRef& shard : r.shards) pulls.push_back(shard.rpc_async("pull"));
   const std::vector<c10::IValue> pulled = WaitForShards(r, pulls, "pulling the parameters from");
   std::vector<at::Tensor> params(r.params.size());
   for (size_t k = 0; k < pulled.size(); ++k) {
@@ -206,23 +207,23 @@ c10::IValue ComputeSharded(Replica& r, CallContext& ctx, const Args& a) {
   }
   auto [inputs, targets] = Share(r, ctx, request.inputs, request.targets);
   auto [grads, loss] = Gradients(r, params, inputs, targets, request.total_rows);
-  std::vector<Future<c10::IValue>> pushes;
+  std::vector<rpc::Future<c10::IValue>> pushes;
   for (size_t k = 0; k < r.shards.size(); ++k) {
     ShardPushRequest push{request.round, ctx.agent->self().name, {}};
     for (int64_t i : r.shard_params[k]) push.grads.push_back(grads[i]);
-    pushes.push_back(r.shards[k].rpc_async(ShardPushRequest::kMethod, EncodeCall(push)));
+    pushes.push_back(r.shards[k].rpc_async(ShardPushRequest::kMethod, rpc::EncodeCall(push)));
   }
   WaitForShards(r, pushes, "pushing the gradients to");
-  return EncodeTuple(ComputeReply{{}, loss});
+  return rpc::EncodeTuple(ComputeReply{{}, loss});
 }
 
 // A compute method whose exception names the replica.
-Registry::TypedMethod<Replica> Computing(c10::IValue (*fn)(Replica&, CallContext&, const Args&)) {
-  return [fn](Replica& r, CallContext& ctx, const Args& a) -> c10::IValue {
+rpc::Registry::TypedMethod<Replica> Computing(c10::IValue (*fn)(Replica&, rpc::CallContext&, const rpc::Args&)) {
+  return [fn](Replica& r, rpc::CallContext& ctx, const rpc::Args& a) -> c10::IValue {
     try {
       return fn(r, ctx, a);
     } catch (...) {
-      absl::Status s = StatusFromCurrentException(absl::StrCat(r.where, ": computing gradients"));
+      absl::Status s = base::StatusFromCurrentException(absl::StrCat(r.where, ": computing gradients"));
       throw std::runtime_error(std::string(s.message()));
     }
   };
@@ -238,7 +239,7 @@ absl::StatusOr<pipeline::LossFn> LossByName(const std::string& name) {
 
 c10::IValue EncodeStages(const std::vector<pipeline::StageSpec>& stages) {
   c10::impl::GenericList list(c10::AnyType::get());
-  for (const auto& s : stages) list.push_back(EncodeTuple(StageSpecValue{s.kind, s.name, s.Payload(), s.device}));
+  for (const auto& s : stages) list.push_back(rpc::EncodeTuple(StageSpecValue{s.kind, s.name, s.Payload(), s.device}));
   return list;
 }
 
@@ -254,8 +255,8 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> DecodeStageList(c10::ArrayRef<c
   std::vector<pipeline::StageSpec> specs;
   try {
     for (const c10::IValue& e : encoded) {
-      absl::StatusOr<StageSpecValue> t = DecodeTuple<StageSpecValue>(e);
-      if (!t.ok()) return Annotate(t.status(), "the parameter server's stage specs");
+      absl::StatusOr<StageSpecValue> t = rpc::DecodeTuple<StageSpecValue>(e);
+      if (!t.ok()) return base::Annotate(t.status(), "the parameter server's stage specs");
       pipeline::StageSpec spec;
       if (t->kind == "script" && t->payload.isTensor()) {
         const at::Tensor b = t->payload.toTensor().contiguous();
@@ -271,7 +272,7 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> DecodeStageList(c10::ArrayRef<c
       specs.push_back(std::move(spec));
     }
   } catch (...) {
-    return StatusFromCurrentException("the parameter server's stage specs");
+    return base::StatusFromCurrentException("the parameter server's stage specs");
   }
   if (specs.empty()) return absl::InvalidArgumentError("the parameter server's model has no stages");
   return specs;
@@ -283,13 +284,13 @@ void SetComputeDelay(absl::Duration delay) {
 
 absl::Duration ComputeDelay() { return absl::Microseconds(compute_delay_us.load(std::memory_order_relaxed)); }
 
-absl::Status RegisterFunctions(Registry& registry) {
+absl::Status RegisterFunctions(rpc::Registry& registry) {
   RETURN_IF_ERROR(RegisterShard(registry));
   return registry.RegisterModule<Replica>(
       MakeReplicaRequest::kFunction, MakeReplica,
       {{ComputeRequest::kMethod, Computing(Compute)},
        {ComputeShardedRequest::kMethod, Computing(ComputeSharded)},
-       {"shapes", [](Replica& r, CallContext&, const Args&) -> c10::IValue {
+       {"shapes", [](Replica& r, rpc::CallContext&, const rpc::Args&) -> c10::IValue {
           c10::impl::GenericList out(c10::ListType::ofInts());
           for (const at::Tensor& p : r.params) out.push_back(c10::List<int64_t>(p.sizes().vec()));
           return out;

@@ -70,6 +70,6 @@ absl::Duration ComputeDelay();
 // Registers "remora.ps.Replica" (methods "compute", "compute_sharded" and
 // "shapes": the parameters' shapes, checked by the server) and
 // "remora.ps.Shard" (ps/shards.h) in a worker's registry.
-absl::Status RegisterFunctions(Registry& registry);
+absl::Status RegisterFunctions(rpc::Registry& registry);
 
 }  // namespace remora::ps

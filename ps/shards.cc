@@ -57,12 +57,12 @@ void CheckShapes(const Shard& s, const std::vector<at::Tensor>& ts, const std::s
   }
 }
 
-std::shared_ptr<Shard> MakeShard(CallContext& ctx, const Args& a) {
+std::shared_ptr<Shard> MakeShard(rpc::CallContext& ctx, const rpc::Args& a) {
   auto s = std::make_shared<Shard>();
   s->where = absl::StrCat("the parameter-server shard on worker '", ctx.agent->self().name, "'");
   const c10::Device device(ctx.agent->options().device);
   c10::NoGradGuard no_grad;
-  const auto r = DecodeCallOrThrow<MakeShardRequest>(a);
+  const auto r = rpc::DecodeCallOrThrow<MakeShardRequest>(a);
   for (const at::Tensor& t : r.params) {
     s->params.push_back(t.detach().to(device).clone().requires_grad_(true));
   }
@@ -76,8 +76,8 @@ std::shared_ptr<Shard> MakeShard(CallContext& ctx, const Args& a) {
 }
 
 // ShardPushRequest.
-c10::IValue Push(Shard& s, const Args& a) {
-  auto r = DecodeCallOrThrow<ShardPushRequest>(a);
+c10::IValue Push(Shard& s, const rpc::Args& a) {
+  auto r = rpc::DecodeCallOrThrow<ShardPushRequest>(a);
   if (r.round <= s.applied) return false;  // late: that round was applied without it
   CheckShapes(s, r.grads, absl::StrCat("the gradients of worker '", r.worker, "'"));
   s.pending[r.round][r.worker] = std::move(r.grads);
@@ -106,8 +106,8 @@ std::vector<at::Tensor> Summed(Shard& s, int64_t round, const std::vector<std::s
 }
 
 // ShardNormRequest.
-c10::IValue Norm(Shard& s, const Args& a) {
-  const auto r = DecodeCallOrThrow<ShardNormRequest>(a);
+c10::IValue Norm(Shard& s, const rpc::Args& a) {
+  const auto r = rpc::DecodeCallOrThrow<ShardNormRequest>(a);
   double squared = 0;
   for (const at::Tensor& g : Summed(s, r.round, r.workers, r.scale)) {
     const double n = g.norm().item<double>();  // (in the gradient's dtype, as PyTorch's)
@@ -117,11 +117,11 @@ c10::IValue Norm(Shard& s, const Args& a) {
 }
 
 // ShardApplyRequest.
-c10::IValue Apply(Shard& s, const Args& a) {
-  const auto r = DecodeCallOrThrow<ShardApplyRequest>(a);
+c10::IValue Apply(Shard& s, const rpc::Args& a) {
+  const auto r = rpc::DecodeCallOrThrow<ShardApplyRequest>(a);
   const int64_t round = r.round;
   std::vector<at::Tensor> grads = Summed(s, round, r.workers, r.scale);
-  ComputeTurn turn;
+  runtime::ComputeTurn turn;
   c10::NoGradGuard no_grad;
   for (size_t j = 0; j < s.params.size(); ++j) {
     // (As clip_grad_norm_: the coefficient in the gradient's float.)
@@ -135,8 +135,8 @@ c10::IValue Apply(Shard& s, const Args& a) {
 }
 
 // ShardLoadRequest.
-c10::IValue Load(Shard& s, const Args& a) {
-  const auto r = DecodeCallOrThrow<ShardLoadRequest>(a);
+c10::IValue Load(Shard& s, const rpc::Args& a) {
+  const auto r = rpc::DecodeCallOrThrow<ShardLoadRequest>(a);
   const std::vector<at::Tensor>& params = r.params;
   CheckShapes(s, params, "the saved parameters");
   c10::NoGradGuard no_grad;
@@ -147,12 +147,13 @@ c10::IValue Load(Shard& s, const Args& a) {
 }
 
 // Wraps a shard method: an exception's message names the shard.
-Registry::TypedMethod<Shard> Named(const std::string& what, c10::IValue (*fn)(Shard&, const Args&)) {
-  return [what, fn](Shard& s, CallContext&, const Args& a) -> c10::IValue {
+rpc::Registry::TypedMethod<Shard> Named(const std::string& what, c10::IValue (*fn)(Shard&, const rpc::Args&)) {
+  return [what, fn](Shard& s, rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
     try {
       return fn(s, a);
     } catch (...) {
-      throw std::runtime_error(std::string(StatusFromCurrentException(absl::StrCat(s.where, ": ", what)).message()));
+      throw std::runtime_error(
+          std::string(base::StatusFromCurrentException(absl::StrCat(s.where, ": ", what)).message()));
     }
   };
 }
@@ -249,19 +250,19 @@ absl::StatusOr<std::vector<at::Tensor>> UnpackShardStates(const at::Tensor& reco
       for (int i = 0; i < k; ++i) out[i] = optim::PickleBytes(states[i]);
     }
   } catch (...) {
-    return StatusFromCurrentException("reading the shards' optimizer states");
+    return base::StatusFromCurrentException("reading the shards' optimizer states");
   }
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(Agent& agent, const std::vector<std::string>& servers,
+absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(rpc::Agent& agent, const std::vector<std::string>& servers,
                                                            const std::vector<at::Tensor>& params,
                                                            const optim::OptimizerOptions& optimizer) {
   std::vector<int64_t> bytes;
   for (const at::Tensor& p : params) bytes.push_back(Bytes(p));
   const auto parts = PartitionByBytes(bytes, static_cast<int>(servers.size()));
   std::vector<ShardPlacement> placement(servers.size());
-  std::vector<RRef> shards;
+  std::vector<rpc::RRef> shards;
   const c10::IValue options(optim::OptionsToDict(optimizer));  // (each shard's request holds a copy)
   for (size_t k = 0; k < servers.size(); ++k) {
     placement[k].server = servers[k];
@@ -276,9 +277,10 @@ absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(Agent& agent, const s
           "parameter server: ", servers.size(), " shards for a model of ", params.size(),
           " parameter tensors leave server '", servers[k], "' none: give at most ", params.size(), " shards"));
     }
-    auto shard = agent.remote(servers[k], MakeShardRequest::kFunction, EncodeCall(MakeShardRequest{Copies(mine), options}));
+    auto shard =
+        agent.remote(servers[k], MakeShardRequest::kFunction, rpc::EncodeCall(MakeShardRequest{Copies(mine), options}));
     if (!shard.ok()) {
-      return Annotate(shard.status(), absl::StrCat("parameter server: placing shard ", k, " on server '",
+      return base::Annotate(shard.status(), absl::StrCat("parameter server: placing shard ", k, " on server '",
                                                    servers[k], "'"));
     }
     shards.push_back(std::move(*shard));
@@ -294,12 +296,12 @@ absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(Agent& agent, const s
 
 absl::StatusOr<std::vector<c10::IValue>> ShardSet::CallAll(const std::string& method,
                                                            const std::vector<std::vector<c10::IValue>>& args,
-                                                           const std::string& what, CallOptions options) const {
-  std::vector<Future<c10::IValue>> calls;
+                                                           const std::string& what, rpc::CallOptions options) const {
+  std::vector<rpc::Future<c10::IValue>> calls;
   for (size_t k = 0; k < shards_.size(); ++k) {
     calls.push_back(shards_[k].rpc_async(method, args.empty() ? std::vector<c10::IValue>{} : args[k], options));
   }
-  return WaitAll(calls, [&](size_t k) {
+  return rpc::WaitAll(calls, [&](size_t k) {
     return absl::StrCat("parameter server '", placement_[k].server, "' (shard ", k, ") failed ", what,
                         "; its parameters live there only, so the job cannot go on: restart it and resume "
                         "from the last checkpoint");
@@ -308,7 +310,7 @@ absl::StatusOr<std::vector<c10::IValue>> ShardSet::CallAll(const std::string& me
 
 absl::StatusOr<double> ShardSet::GradNorm(int64_t round, const std::vector<std::string>& workers,
                                           double scale) const {
-  const std::vector<c10::IValue> args = EncodeCall(ShardNormRequest{round, workers, scale});
+  const std::vector<c10::IValue> args = rpc::EncodeCall(ShardNormRequest{round, workers, scale});
   ASSIGN_OR_RETURN(std::vector<c10::IValue> shares,
                    CallAll(ShardNormRequest::kMethod, std::vector<std::vector<c10::IValue>>(shards_.size(), args),
                            "taking its share of the gradients' norm"));
@@ -318,7 +320,7 @@ absl::StatusOr<double> ShardSet::GradNorm(int64_t round, const std::vector<std::
 }
 
 absl::Status ShardSet::Apply(int64_t round, const std::vector<std::string>& workers, double scale, double clip) {
-  const std::vector<c10::IValue> args = EncodeCall(ShardApplyRequest{round, workers, scale, clip});
+  const std::vector<c10::IValue> args = rpc::EncodeCall(ShardApplyRequest{round, workers, scale, clip});
   return CallAll(ShardApplyRequest::kMethod, std::vector<std::vector<c10::IValue>>(shards_.size(), args),
                  "applying the step")
       .status();
@@ -365,31 +367,31 @@ absl::Status ShardSet::Load(const std::vector<at::Tensor>& params, const at::Ten
     for (int64_t i : placement_[k].params) mine.push_back(params[i]);
     ShardLoadRequest load{Copies(mine), std::nullopt};
     if (archives[k].defined()) load.optimizer = archives[k];
-    args.push_back(EncodeCall(load));
+    args.push_back(rpc::EncodeCall(load));
   }
   return CallAll(ShardLoadRequest::kMethod, args, "loading the saved state").status();
 }
 
 absl::Status ShardSet::Check() const {
-  CallOptions o;
+  rpc::CallOptions o;
   o.timeout = absl::Seconds(4);
   return CallAll("ping", {}, "to answer", o).status();
 }
 
-absl::Status RegisterShard(Registry& registry) {
+absl::Status RegisterShard(rpc::Registry& registry) {
   return registry.RegisterModule<Shard>(
       MakeShardRequest::kFunction, MakeShard,
-      {{"pull", Named("sending its parameters",
-                      [](Shard& s, const Args&) -> c10::IValue { return c10::List<at::Tensor>(Copies(s.params)); })},
+      {{"pull",
+        Named("sending its parameters",
+              [](Shard& s, const rpc::Args&) -> c10::IValue { return c10::List<at::Tensor>(Copies(s.params)); })},
        {ShardPushRequest::kMethod, Named("taking gradients", Push)},
        {ShardApplyRequest::kMethod, Named("applying a step", Apply)},
        {ShardNormRequest::kMethod, Named("taking its share of the gradients' norm", Norm)},
-       {"optimizer_state", Named("saving its optimizer state",
-                                 [](Shard& s, const Args&) -> c10::IValue {
-                                   return optim::SaveOptimizerState(*s.optimizer);
-                                 })},
+       {"optimizer_state",
+        Named("saving its optimizer state",
+              [](Shard& s, const rpc::Args&) -> c10::IValue { return optim::SaveOptimizerState(*s.optimizer); })},
        {ShardLoadRequest::kMethod, Named("loading the saved state", Load)},
-       {"ping", Named("answering", [](Shard& s, const Args&) -> c10::IValue {
+       {"ping", Named("answering", [](Shard& s, const rpc::Args&) -> c10::IValue {
           return static_cast<int64_t>(s.params.size());
         })}});
 }

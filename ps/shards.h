@@ -73,13 +73,13 @@ class ShardSet {
   // Places on each of `servers` a shard holding its partition of `params`
   // (their current values) with an optimizer of `optimizer` over it. An
   // error names the server that failed.
-  static absl::StatusOr<std::unique_ptr<ShardSet>> Create(Agent& agent, const std::vector<std::string>& servers,
+  static absl::StatusOr<std::unique_ptr<ShardSet>> Create(rpc::Agent& agent, const std::vector<std::string>& servers,
                                                           const std::vector<at::Tensor>& params,
                                                           const optim::OptimizerOptions& optimizer);
 
   const std::vector<ShardPlacement>& placement() const { return placement_; }
   // The shards, in placement()'s order (what a replica pulls from).
-  const std::vector<RRef>& shards() const { return shards_; }
+  const std::vector<rpc::RRef>& shards() const { return shards_; }
 
   // Every shard steps with the gradients `workers` pushed for `round`,
   // summed in that order and multiplied by `scale` (unless 1), then by
@@ -101,20 +101,20 @@ class ShardSet {
   absl::Status Check() const;
 
  private:
-  ShardSet(std::vector<ShardPlacement> placement, std::vector<RRef> shards)
+  ShardSet(std::vector<ShardPlacement> placement, std::vector<rpc::RRef> shards)
       : placement_(std::move(placement)), shards_(std::move(shards)) {}
 
   // Calls `method` on every shard at once; waits for all. The error names
   // the server and says that the job cannot go on without it.
   absl::StatusOr<std::vector<c10::IValue>> CallAll(const std::string& method,
                                                    const std::vector<std::vector<c10::IValue>>& args,
-                                                   const std::string& what, CallOptions options = {}) const;
+                                                   const std::string& what, rpc::CallOptions options = {}) const;
 
   std::vector<ShardPlacement> placement_;
-  std::vector<RRef> shards_;
+  std::vector<rpc::RRef> shards_;
 };
 
 // Registers "remora.ps.Shard" in a worker's registry.
-absl::Status RegisterShard(Registry& registry);
+absl::Status RegisterShard(rpc::Registry& registry);
 
 }  // namespace remora::ps

@@ -11,7 +11,7 @@
 #include "proto/rref.pb.h"
 #include "rpc/agent_impl.h"
 
-namespace remora {
+namespace remora::rpc {
 namespace {
 
 // `option`, unless the environment sets `variable` to 0 for this process:
@@ -32,11 +32,12 @@ absl::Duration SyncSpin(const AgentOptions& options) {
   return options.sync_spin;
 }
 
-CudaChannel::Options CudaOptions(const AgentOptions& options) {
-  CudaChannel::Options o;
+channel::CudaChannel::Options CudaOptions(const AgentOptions& options) {
+  channel::CudaChannel::Options o;
   o.enabled = OnUnlessEnvOff(options.cuda_channel, "REMORA_CUDA_CHANNEL");
   o.timeout = options.rpc_timeout;
-  absl::StatusOr<StreamReceives> mode = ParseStreamReceives(std::getenv("REMORA_CUDA_STREAM_RECEIVES"));
+  absl::StatusOr<channel::StreamReceives> mode =
+      channel::ParseStreamReceives(std::getenv("REMORA_CUDA_STREAM_RECEIVES"));
   if (mode.ok()) {
     o.stream_receives = *mode;
   } else {
@@ -52,13 +53,13 @@ Agent::Impl::Impl(Agent* agent)
       sync_spin_(SyncSpin(agent->options_)),
       streams_(OnUnlessEnvOff(agent->options_.streams, "REMORA_STREAMS")),
       pool_(std::make_unique<ThreadPool>(agent->options_.num_threads)),
-      shm_(std::make_unique<ShmChannel>(ShmChannel::Options{
+      shm_(std::make_unique<channel::ShmChannel>(channel::ShmChannel::Options{
           OnUnlessEnvOff(agent->options_.shared_memory, "REMORA_SHM"),
           agent->options_.shm_max_bytes})),
       channel_credentials_(MakeChannelCredentials(agent->options_.tls)),
-      cuda_(std::make_unique<CudaChannel>(
+      cuda_(std::make_unique<channel::CudaChannel>(
           CudaOptions(agent->options_),
-          [this](WorkerId peer, wire::Request request, absl::Duration timeout) {
+          [this](base::WorkerId peer, wire::Request request, absl::Duration timeout) {
             return SendAndWait(peer, std::move(request), timeout);
           })) {}
 
@@ -73,17 +74,17 @@ namespace {
 
 // The options' names and TLS files, checked.
 absl::Status CheckOptions(const AgentOptions& options) {
-  if (!IsValidWorkerName(options.name)) {
+  if (!base::IsValidWorkerName(options.name)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "invalid name '", options.name, "': use 1 to 128 characters of [A-Za-z0-9_:-]"));
   }
   if (absl::Status s = CheckTlsOptions(options.tls); !s.ok()) {
-    return Annotate(s, absl::StrCat("'", options.name, "'"));
+    return base::Annotate(s, absl::StrCat("'", options.name, "'"));
   }
   if (!options.is_master) return absl::OkStatus();
   std::set<std::string> seen;
   for (const auto& w : options.workers) {
-    if (!IsValidWorkerName(w)) {
+    if (!base::IsValidWorkerName(w)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "invalid worker name '", w, "': use 1 to 128 characters of [A-Za-z0-9_:-]"));
     }
@@ -93,7 +94,7 @@ absl::Status CheckOptions(const AgentOptions& options) {
     }
     if (!seen.insert(w).second) return absl::InvalidArgumentError(absl::StrCat("duplicate worker name '", w, "'"));
   }
-  if (options.workers.size() >= kUnknownWorker) return absl::InvalidArgumentError("too many workers");
+  if (options.workers.size() >= base::kUnknownWorker) return absl::InvalidArgumentError("too many workers");
   return absl::OkStatus();
 }
 
@@ -131,17 +132,17 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options,
     options.host_id = env != nullptr ? env : "";
   }
   if (!options.host_id.empty()) {
-    if (absl::Status s = CheckHostId(options.host_id); !s.ok()) {
-      return Annotate(s, absl::StrCat("'", options.name, "' (--host-id or REMORA_HOST_ID)"));
+    if (absl::Status s = channel::CheckHostId(options.host_id); !s.ok()) {
+      return base::Annotate(s, absl::StrCat("'", options.name, "' (--host-id or REMORA_HOST_ID)"));
     }
   }
-  auto home = ParseDevice(options.device, absl::StrCat("the device of '", options.name, "'"));
+  auto home = channel::ParseDevice(options.device, absl::StrCat("the device of '", options.name, "'"));
   if (!home.ok()) return home.status();
-  if (absl::Status s = CheckLocalDevice(*home); !s.ok()) {
-    return Annotate(s, absl::StrCat("'", options.name, "'"));
+  if (absl::Status s = channel::CheckLocalDevice(*home); !s.ok()) {
+    return base::Annotate(s, absl::StrCat("'", options.name, "'"));
   }
-  auto devices = DeviceMapper::Create(options.name, options.device_maps,
-                                      options.map_to_peer_devices, LocalGpuCount());
+  auto devices = channel::DeviceMapper::Create(options.name, options.device_maps,
+                                      options.map_to_peer_devices, channel::LocalGpuCount());
   if (!devices.ok()) return devices.status();
   std::unique_ptr<Agent> agent(new Agent(std::move(options), registry));
   agent->impl_ = std::make_unique<Impl>(agent.get());
@@ -152,7 +153,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options,
   }
   agent->impl_->devices_ = std::move(*devices);
   agent->self_.name = agent->options_.name;
-  agent->self_.host_id = HostIdentity(agent->options_.host_id);
+  agent->self_.host_id = channel::HostIdentity(agent->options_.host_id);
   agent->self_.shm = agent->impl_->shm_->endpoint();
   agent->self_.cuda = agent->impl_->cuda_->endpoint();
   agent->self_.device = home->str();
@@ -179,14 +180,14 @@ absl::StatusOr<std::string> Agent::channel_to(const std::string& name,
                                               const std::string& device) const {
   auto id = impl_->Resolve(name);
   if (!id.ok()) return id.status();
-  ASSIGN_OR_RETURN(c10::Device d, ParseDevice(device, "channel_to"));
+  ASSIGN_OR_RETURN(c10::Device d, channel::ParseDevice(device, "channel_to"));
   const Peer& peer = *impl_->FindPeer(*id);
-  return DescribeRoute(peer.route, impl_->devices_, peer.info, d);
+  return channel::DescribeRoute(peer.route, impl_->devices_, peer.info, d);
 }
 
-ShmStats Agent::shm_stats() const { return impl_->shm_->stats(); }
+channel::ShmStats Agent::shm_stats() const { return impl_->shm_->stats(); }
 
-CudaStats Agent::cuda_stats() const { return impl_->cuda_->stats(); }
+channel::CudaStats Agent::cuda_stats() const { return impl_->cuda_->stats(); }
 
 absl::Status Agent::settle_cuda_receives(int64_t group) {
   return impl_->cuda_->Settle(group, absl::Now() + options_.rpc_timeout);
@@ -217,11 +218,11 @@ int64_t Agent::active_calls() const {
 }
 
 std::map<std::string, int64_t> Agent::sent_messages() const {
-  MutexLock lock(impl_->sent_mu_);
+  base::MutexLock lock(impl_->sent_mu_);
   return impl_->sent_;
 }
 
-Future<Empty> Agent::Impl::SendControl(WorkerId dst, wire::Request request) {
+Future<Empty> Agent::Impl::SendControl(base::WorkerId dst, wire::Request request) {
   Future<Empty> done;
   auto attempt = std::make_shared<std::function<void(int)>>();
   *attempt = [this, dst, request, done, attempt](int tries) mutable {
@@ -259,7 +260,7 @@ absl::StatusOr<c10::IValue> Agent::rpc_sync(const std::string& to, const std::st
   if (!impl_->joined_.HasBeenNotified()) {
     return absl::FailedPreconditionError("call Join() before making calls");
   }
-  ASSIGN_OR_RETURN(WorkerId dst, impl_->Resolve(to));
+  ASSIGN_OR_RETURN(base::WorkerId dst, impl_->Resolve(to));
   wire::CallRequest call;
   call.set_function(function);
   return impl_->Call(dst, std::move(call), std::move(args), nullptr, options, {}, true).wait();
@@ -283,7 +284,7 @@ absl::StatusOr<RRef> Agent::remote(const std::string& to, const std::string& fun
   if (!impl_->joined_.HasBeenNotified()) {
     return absl::FailedPreconditionError("call Join() before making calls");
   }
-  ASSIGN_OR_RETURN(WorkerId dst, impl_->Resolve(to));
+  ASSIGN_OR_RETURN(base::WorkerId dst, impl_->Resolve(to));
   auto user = rrefs_->CreateUserForRemote(dst);
   wire::CallRequest call;
   call.set_function(function);
@@ -327,14 +328,14 @@ Future<c10::IValue> Agent::Impl::Fetch(const UserRRef& rref, CallOptions options
   *fetch.mutable_rref_id() = ToWire(rref.rref_id());
   *fetch.mutable_fork_id() = ToWire(rref.fork_id());
   OutMessage m;
-  *m.header.mutable_request() = MakeRequest(fetch);
+  *m.header.mutable_request() = wire::MakeRequest(fetch);
   m.header.mutable_request()->set_from(agent_->self_.id);
   if (CurrentContextId() != kNoContext) {
     m.header.mutable_request()->mutable_autograd()->set_context_id(CurrentContextId());
   }
   const absl::Duration timeout =
       options.timeout > absl::ZeroDuration() ? options.timeout : agent_->options_.rpc_timeout;
-  const WorkerId owner = rref.owner();
+  const base::WorkerId owner = rref.owner();
   SendTo(owner, std::move(m), timeout, blocking, "to_here")
       .then([this, owner, result](const absl::StatusOr<InMessage>& reply) {
         CompleteWithReply(reply, owner, result);
@@ -431,4 +432,4 @@ absl::StatusOr<RRef> RRef::remote(const std::string& method, std::vector<c10::IV
   return agent->impl().RemoteOnRRef(*this, method, std::move(args), options);
 }
 
-}  // namespace remora
+}  // namespace remora::rpc

@@ -51,7 +51,7 @@ namespace grpc {
 class CompletionQueue;
 }  // namespace grpc
 
-namespace remora {
+namespace remora::rpc {
 
 class DispatchTable;
 
@@ -190,7 +190,7 @@ class Agent final {
   // How long rpc_sync polls for a reply before sleeping (AgentOptions::sync_spin
   // or REMORA_SYNC_SPIN_US).
   absl::Duration sync_spin() const;
-  const WorkerInfo& self() const { return self_; }
+  const base::WorkerInfo& self() const { return self_; }
   // The channel that carries large tensors on `device` of this process to
   // `name`: for CPU tensors "shm" or "grpc"; for CUDA tensors "cuda_ipc",
   // "nccl", or "staged:shm" / "staged:grpc" (copied through host memory),
@@ -198,9 +198,9 @@ class Agent final {
   absl::StatusOr<std::string> channel_to(const std::string& name,
                                          const std::string& device = "cpu") const;
   // Shared-memory counters (segments, reads, writes) of this agent.
-  ShmStats shm_stats() const;
+  channel::ShmStats shm_stats() const;
   // CUDA channel counters, and why the channel is off here (empty when on).
-  CudaStats cuda_stats() const;
+  channel::CudaStats cuda_stats() const;
   std::string cuda_disabled_reason() const;
   // Waits, for at most the rpc_timeout, until the copies of the CUDA
   // tensors received here so far in stream group `group`
@@ -213,8 +213,8 @@ class Agent final {
   // The group is over: drops the failure settle_cuda_receives reports for
   // it (distributed autograd calls it when it releases a context).
   void forget_cuda_receives(int64_t group);
-  std::vector<WorkerInfo> workers() const;
-  absl::StatusOr<WorkerInfo> worker(const std::string& name) const;
+  std::vector<base::WorkerInfo> workers() const;
+  absl::StatusOr<base::WorkerInfo> worker(const std::string& name) const;
   const AgentOptions& options() const { return options_; }
   const Registry& registry() const { return *registry_; }
   // The pool that runs handlers and callbacks (for futures of async work).
@@ -309,8 +309,8 @@ class Agent final {
   // --- names -----------------------------------------------------------
   // The name of member `id` ("worker#7" when unknown), and whether `id` is
   // a member of the group.
-  std::string NameOf(WorkerId id) const;
-  bool IsKnown(WorkerId id) const;
+  std::string NameOf(base::WorkerId id) const;
+  bool IsKnown(base::WorkerId id) const;
 
   // Internal to rpc/ and the subsystems that register request kinds: the
   // implementation (rpc/agent_impl.h), which sends control messages.
@@ -322,11 +322,11 @@ class Agent final {
 
   AgentOptions options_;
   const Registry* registry_;
-  WorkerInfo self_;
+  base::WorkerInfo self_;
   int port_ = 0;
   std::shared_ptr<RRefContext> rrefs_;
   std::unique_ptr<AutogradHooks> autograd_;  // before impl_: outlives the pool
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace remora
+}  // namespace remora::rpc

@@ -43,7 +43,7 @@
 #include "rpc/tls_credentials.h"
 #include "rpc/thread_pool.h"
 
-namespace remora {
+namespace remora::rpc {
 
 // The gRPC method of unary calls; streams use kStreamMethod (rpc/stream.h).
 inline constexpr char kUnaryMethod[] = "/remora.Agent/Call";
@@ -65,10 +65,10 @@ int64_t ContextOf(const wire::Request& r);
 
 // A member of the group as this agent reaches it.
 struct Peer {
-  WorkerInfo info;
+  base::WorkerInfo info;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<grpc::GenericStub> stub;
-  Route route;  // how large payloads reach it
+  channel::Route route;  // how large payloads reach it
   // Streams to it that no rpc_sync is using (AgentOptions::streams), at
   // most kMaxIdleStreams: a burst of callers does not keep its streams.
   // Taken inside Impl::calls_mu_ (GiveBack) and Impl::mu_ (CancelOutgoing),
@@ -112,9 +112,9 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   // group member `dst`, retrying transport failures (control messages are
   // idempotent); an error reply completes the future with an error naming
   // `dst`. How a subsystem sends the request kinds it registered.
-  Future<Empty> SendControl(WorkerId dst, wire::Request request) override;
-  std::string NameOf(WorkerId id) const override { return agent_->NameOf(id); }
-  bool IsKnown(WorkerId id) const override { return agent_->IsKnown(id); }
+  Future<Empty> SendControl(base::WorkerId dst, wire::Request request) override;
+  std::string NameOf(base::WorkerId id) const override { return agent_->NameOf(id); }
+  bool IsKnown(base::WorkerId id) const override { return agent_->IsKnown(id); }
 
   // --- calls on RRefs (agent.cc), for RRef's methods ------------------------
   // Runs `method` of the module `rref` holds on its owner; with `result`,
@@ -140,8 +140,8 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   // CheckSender.
   absl::Status CheckMember(const wire::Request& request);
   // Responder::Server.
-  void SendReply(ReplySlot& slot, WorkerId to, OutMessage message) override;
-  absl::Status EncodeReplyValue(WorkerId to, int64_t context_id, const c10::IValue& value,
+  void SendReply(ReplySlot& slot, base::WorkerId to, OutMessage message) override;
+  absl::Status EncodeReplyValue(base::WorkerId to, int64_t context_id, const c10::IValue& value,
                                 OutMessage* message) override;
   const std::string& server_name() const override { return agent_->self_.name; }
 
@@ -150,7 +150,7 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   // thread, or on this thread before returning when `blocking`.
   Future<InMessage> Transmit(grpc::GenericStub* stub, OutMessage message,
                              absl::Duration timeout, bool wait_for_ready,
-                             bool blocking = false, const Route& route = {});
+                             bool blocking = false, const channel::Route& route = {});
   // Sends a request on a stream to `peer` (see rpc/stream.h) and waits for
   // the reply on this thread: what Transmit does when `blocking`.
   Future<InMessage> TransmitOnStream(const Peer& peer, OutMessage message,
@@ -158,17 +158,17 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   // Serializes `message` for `route` and registers the call; null once the
   // agent is stopping (the payloads are taken back). The caller sends
   // call->request, then calls FillAll(route, *fills).
-  ClientCall* NewCall(OutMessage message, const Route& route, std::vector<ShmFill>* fills);
+  ClientCall* NewCall(OutMessage message, const channel::Route& route, std::vector<ShmFill>* fills);
   // Sends `call` (from NewCall) as a unary call, as Transmit does.
   Future<InMessage> SendUnary(grpc::GenericStub* stub, ClientCall* call, absl::Duration timeout,
-                              bool wait_for_ready, bool blocking, const Route& route,
+                              bool wait_for_ready, bool blocking, const channel::Route& route,
                               std::vector<ShmFill>& fills);
   // Completes `call` with its reply (call->response, when `status` is OK)
   // or `status`, and forgets it.
-  void FinishCall(ClientCall* call, WorkerId peer, const absl::Status& status);
+  void FinishCall(ClientCall* call, base::WorkerId peer, const absl::Status& status);
   // Finishes `call` here, or on a thread of its own when its reply carries
   // CUDA payloads (see RunOwnThread).
-  void FinishCallOffGrpc(ClientCall* call, WorkerId peer, const absl::Status& status);
+  void FinishCallOffGrpc(ClientCall* call, base::WorkerId peer, const absl::Status& status);
   // An idle stream to `peer`, or a new one; registered as in use (null once
   // the agent is stopping).
   std::unique_ptr<SyncStream> TakeStream(const Peer& peer);
@@ -177,12 +177,12 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   void GiveBack(const Peer& peer, std::unique_ptr<SyncStream> stream, bool reusable);
   // Sends a request to a group member; errors name it and `what` (e.g.
   // "function 'add'").
-  Future<InMessage> SendTo(WorkerId dst, OutMessage message, absl::Duration timeout,
+  Future<InMessage> SendTo(base::WorkerId dst, OutMessage message, absl::Duration timeout,
                            bool blocking = false, const std::string& what = "control message");
   // Sends `request` (from MakeRequest) to `dst` and waits for the reply.
-  absl::Status SendAndWait(WorkerId dst, wire::Request request, absl::Duration timeout);
+  absl::Status SendAndWait(base::WorkerId dst, wire::Request request, absl::Duration timeout);
   // Turns a reply into a value (decoding RRefs) and completes `result`.
-  void CompleteWithReply(const absl::StatusOr<InMessage>& reply, WorkerId from,
+  void CompleteWithReply(const absl::StatusOr<InMessage>& reply, base::WorkerId from,
                          Future<c10::IValue> result);
   absl::Status ErrorFromReply(const wire::Response& response) const;
   // How messages name the peer `name`: "the master" (the book's id 0; before
@@ -190,44 +190,44 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   std::string Who(const std::string& name) const;
   // Runs `call` (a CallRequest) on `dst`: encodes the arguments and `self`,
   // records autograd, sends, and decodes the reply into the result.
-  Future<c10::IValue> Call(WorkerId dst, wire::CallRequest call,
+  Future<c10::IValue> Call(base::WorkerId dst, wire::CallRequest call,
                            std::vector<c10::IValue> args, const c10::IValue* self,
                            CallOptions options, c10::intrusive_ptr<UserRRef> result,
                            bool blocking = false);
   // Distributed autograd bookkeeping for a message received from / sent to
   // a peer (see rpc/autograd_hooks.h).
-  absl::Status RecordRecv(const wire::AutogradMeta& meta, WorkerId from,
+  absl::Status RecordRecv(const wire::AutogradMeta& meta, base::WorkerId from,
                           const std::vector<at::Tensor>& grad_tensors);
-  void RecordSend(int64_t context_id, WorkerId dst, std::vector<at::Tensor> grad_tensors,
+  void RecordSend(int64_t context_id, base::WorkerId dst, std::vector<at::Tensor> grad_tensors,
                   wire::AutogradMeta* meta);
 
   // --- the address book (rendezvous.cc) ------------------------------------
   // Whether an id belongs to the group (for rpc/request_checks.h).
   struct Membership {
     const Agent* agent;
-    bool operator()(WorkerId id) const { return agent->IsKnown(id); }
+    bool operator()(base::WorkerId id) const { return agent->IsKnown(id); }
   };
-  absl::StatusOr<WorkerId> Resolve(const std::string& name) const;
-  const Peer* FindPeer(WorkerId id) const;
+  absl::StatusOr<base::WorkerId> Resolve(const std::string& name) const;
+  const Peer* FindPeer(base::WorkerId id) const;
   // Lets `ctx` send CUDA tensors to `to` (device maps, destinations in `m`).
-  void SetDevices(WorkerId to, OutMessage* m, EncodeContext* ctx) const;
+  void SetDevices(base::WorkerId to, OutMessage* m, EncodeContext* ctx) const;
   // How large payloads reach `id` (inline when unknown).
-  Route RouteTo(WorkerId id) const;
-  void SetBook(std::vector<WorkerInfo> book);
+  channel::Route RouteTo(base::WorkerId id) const;
+  void SetBook(std::vector<base::WorkerInfo> book);
   // A member's new incarnation (a rejoin): its peer is replaced (the old
   // one is kept, unused, for calls that still hold it) and its shared
   // memory allowed in place of the old process's.
-  void UpdatePeer(const WorkerInfo& info);
+  void UpdatePeer(const base::WorkerInfo& info);
   // A peer for `info`: its channel, stub and route.
-  std::unique_ptr<Peer> MakePeer(const WorkerInfo& info) const;
+  std::unique_ptr<Peer> MakePeer(const base::WorkerInfo& info) const;
   // Master: tells every member but `info`'s and the lost ones that `info`
   // rejoined, waiting up to `timeout` for each (a member that does not
   // answer is left to the failure detection of the run).
-  void AnnounceRejoin(const WorkerInfo& info, absl::Duration timeout);
+  void AnnounceRejoin(const base::WorkerInfo& info, absl::Duration timeout);
   // Sends request `body` to every member but this agent, `except` and the
   // lost ones, and waits up to `timeout` for each; best effort: a member
   // that does not answer is gone, or the run's failure detection's to find.
-  void TellMembers(const google::protobuf::Message& body, WorkerId except, absl::Duration timeout);
+  void TellMembers(const google::protobuf::Message& body, base::WorkerId except, absl::Duration timeout);
   void HandleJoin(const wire::JoinRequest& join, std::shared_ptr<Responder> responder);
   // Master, before the group forms: a process that tried to join was
   // refused (`who`: its name or address), and why: a name not expected or
@@ -261,7 +261,7 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   // Master: a worker's Ping, from the process `incarnation`; an error when
   // that process is no longer the group's `from` (declared lost, or
   // superseded by a new process under its name).
-  absl::Status CheckPing(WorkerId from, const wire::Ping& ping);
+  absl::Status CheckPing(base::WorkerId from, const wire::Ping& ping);
   void CancelOutgoing();
   void Stop();
   // Runs `task` on a thread of its own, or here once Stop() has begun. For
@@ -279,11 +279,11 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   const absl::Duration sync_spin_;  // see AgentOptions::sync_spin
   const bool streams_;              // see AgentOptions::streams
   std::unique_ptr<ThreadPool> pool_;
-  std::unique_ptr<ShmChannel> shm_;
+  std::unique_ptr<channel::ShmChannel> shm_;
   // Plaintext or TLS (AgentOptions::tls), for every channel to a peer.
   const std::shared_ptr<grpc::ChannelCredentials> channel_credentials_;
-  std::unique_ptr<CudaChannel> cuda_;
-  DeviceMapper devices_;  // set in Start, then read-only
+  std::unique_ptr<channel::CudaChannel> cuda_;
+  channel::DeviceMapper devices_;  // set in Start, then read-only
   // Request kinds and their handlers; filled before the server starts
   // (and by Agent::requests() before Join), then read-only.
   DispatchTable requests_;
@@ -303,7 +303,7 @@ class Agent::Impl final : public grpc::CallbackGenericService,
 
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);  // index = id
-  std::map<std::string, WorkerId> ids_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, base::WorkerId> ids_ ABSL_GUARDED_BY(mu_);
   // Peers replaced by a rejoin: kept, since calls may still hold them.
   std::vector<std::unique_ptr<Peer>> retired_peers_ ABSL_GUARDED_BY(mu_);
 
@@ -311,9 +311,9 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   struct Joiner {
     std::string address;
     std::string host_id;
-    ShmEndpoint shm;
+    base::ShmEndpoint shm;
     std::shared_ptr<Responder> responder;
-    CudaEndpoint cuda;
+    base::CudaEndpoint cuda;
     std::string device;
   };
   absl::Mutex join_mu_;
@@ -324,7 +324,7 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   bool gave_up_ ABSL_GUARDED_BY(join_mu_) = false;
   absl::Status stop_joining_ ABSL_GUARDED_BY(join_mu_);  // Agent::StopJoining's why
   int gave_up_signal_ ABSL_GUARDED_BY(join_mu_) = 0;  // EndJoining's: a signal stopped the master
-  std::vector<WorkerInfo> book_ ABSL_GUARDED_BY(join_mu_);
+  std::vector<base::WorkerInfo> book_ ABSL_GUARDED_BY(join_mu_);
   // Refused joiners (who -> why), before the group formed.
   std::map<std::string, std::string> refused_ ABSL_GUARDED_BY(join_mu_);
   // Second processes under a registered name (address -> name), before the
@@ -362,4 +362,4 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   std::shared_ptr<OwnThreads> own_threads_ = std::make_shared<OwnThreads>();
 };
 
-}  // namespace remora
+}  // namespace remora::rpc

@@ -1,6 +1,6 @@
 #include "rpc/auth.h"
 
-namespace remora {
+namespace remora::rpc {
 
 void AttachToken(grpc::ClientContext* context, const std::string& token) {
   if (!token.empty()) context->AddMetadata(kTokenHeader, token);
@@ -19,4 +19,4 @@ bool TokenMatches(const grpc::GenericCallbackServerContext& call, const std::str
   return diff == 0;
 }
 
-}  // namespace remora
+}  // namespace remora::rpc

@@ -12,7 +12,7 @@
 #include <grpcpp/client_context.h>
 #include <grpcpp/generic/async_generic_service.h>
 
-namespace remora {
+namespace remora::rpc {
 
 // The metadata key that carries the token, on streams and unary calls alike.
 inline constexpr char kTokenHeader[] = "remora-token";
@@ -25,4 +25,4 @@ void AttachToken(grpc::ClientContext* context, const std::string& token);
 // differs.
 bool TokenMatches(const grpc::GenericCallbackServerContext& call, const std::string& want);
 
-}  // namespace remora
+}  // namespace remora::rpc

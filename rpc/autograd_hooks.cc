@@ -1,6 +1,6 @@
 #include "rpc/autograd_hooks.h"
 
-namespace remora {
+namespace remora::rpc {
 namespace {
 thread_local int64_t current_context = kNoContext;
 }  // namespace
@@ -13,4 +13,4 @@ ContextIdGuard::ContextIdGuard(int64_t context_id) : previous_(current_context) 
 
 ContextIdGuard::~ContextIdGuard() { current_context = previous_; }
 
-}  // namespace remora
+}  // namespace remora::rpc

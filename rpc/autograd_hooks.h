@@ -15,7 +15,7 @@
 
 #include "base/ids.h"
 
-namespace remora {
+namespace remora::rpc {
 
 inline constexpr int64_t kNoContext = -1;
 
@@ -24,11 +24,11 @@ class AutogradHooks {
   virtual ~AutogradHooks() = default;
   // `tensors` (requiring grad, in message order) leave for `dst` in context
   // `context_id`. Returns the message id of the recorded send.
-  virtual int64_t RecordSend(int64_t context_id, WorkerId dst,
+  virtual int64_t RecordSend(int64_t context_id, base::WorkerId dst,
                              std::vector<at::Tensor> tensors) = 0;
   // `tensors` (requiring grad, in message order) arrived from `from` in
   // message `message_id` of context `context_id`.
-  virtual void RecordRecv(int64_t context_id, int64_t message_id, WorkerId from,
+  virtual void RecordRecv(int64_t context_id, int64_t message_id, base::WorkerId from,
                           const std::vector<at::Tensor>& tensors) = 0;
 };
 
@@ -47,4 +47,4 @@ class ContextIdGuard {
   int64_t previous_;
 };
 
-}  // namespace remora
+}  // namespace remora::rpc

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace remora {
+namespace remora::rpc {
 
 namespace {
 
@@ -204,4 +204,4 @@ ArgWriter& ArgWriter::operator()(absl::string_view, const std::vector<c10::IValu
   return *this;
 }
 
-}  // namespace remora
+}  // namespace remora::rpc

@@ -42,7 +42,7 @@
 #include "absl/strings/string_view.h"
 #include "rpc/registry.h"
 
-namespace remora {
+namespace remora::rpc {
 
 // Throws std::invalid_argument with `status`'s message.
 [[noreturn]] void ThrowStatus(const absl::Status& status);
@@ -196,4 +196,4 @@ absl::StatusOr<Reply> DecodeTuple(const c10::IValue& value) {
   return DecodeCall<Reply>(value.toTupleRef().elements().asArrayRef());
 }
 
-}  // namespace remora
+}  // namespace remora::rpc

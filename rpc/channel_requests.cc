@@ -7,7 +7,7 @@
 #include "base/status_util.h"
 #include "rpc/agent_impl.h"
 
-namespace remora {
+namespace remora::rpc {
 
 absl::Status RegisterChannelRequests(Agent::Impl* impl) {
   DispatchTable& t = impl->requests_;
@@ -28,7 +28,7 @@ absl::Status RegisterChannelRequests(Agent::Impl* impl) {
 }
 
 void Agent::Impl::LogCudaChannels(const Peer& p) const {
-  const int gpus = LocalGpuCount();
+  const int gpus = channel::LocalGpuCount();
   if (gpus > 0 && !cuda_->disabled_reason().empty()) {
     std::cerr << "remora: '" << agent_->self_.name << "': CUDA channel off ("
               << cuda_->disabled_reason() << ")\n";
@@ -39,8 +39,8 @@ void Agent::Impl::LogCudaChannels(const Peer& p) const {
     if (!dst.ok()) continue;  // unmapped: sending would fail, and say so
     std::cerr << "remora: '" << agent_->self_.name << "' -> '" << p.info.name << "': "
               << src.str() << " -> its " << dst->str() << " via "
-              << DescribeRoute(p.route, devices_, p.info, src).value_or("?") << "\n";
+              << channel::DescribeRoute(p.route, devices_, p.info, src).value_or("?") << "\n";
   }
 }
 
-}  // namespace remora
+}  // namespace remora::rpc

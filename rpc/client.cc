@@ -6,9 +6,9 @@
 #include "proto/rref.pb.h"
 #include "rpc/agent_impl.h"
 #include "rpc/auth.h"
-#include "runtime/trace.h"
+#include "trace/trace.h"
 
-namespace remora {
+namespace remora::rpc {
 namespace {
 
 absl::Status FromGrpc(const grpc::Status& s) {
@@ -68,7 +68,7 @@ int64_t ContextOf(const wire::Request& r) {
                                                             : kNoContext;
 }
 
-ClientCall* Agent::Impl::NewCall(OutMessage message, const Route& route,
+ClientCall* Agent::Impl::NewCall(OutMessage message, const channel::Route& route,
                                  std::vector<ShmFill>* fills) {
   auto* call = new ClientCall;
   // Filled once the request is on its way (by the caller); the call may
@@ -76,7 +76,7 @@ ClientCall* Agent::Impl::NewCall(OutMessage message, const Route& route,
   call->request = SerializeMessage(std::move(message), route, fills, &call->cuda_sent);
   for (const auto& f : *fills) call->sent.push_back(f.descriptor);
   {
-    MutexLock lock(calls_mu_);
+    base::MutexLock lock(calls_mu_);
     if (!stopped_) {
       calls_.insert(call);
       outgoing_.fetch_add(1);
@@ -90,7 +90,7 @@ ClientCall* Agent::Impl::NewCall(OutMessage message, const Route& route,
   return nullptr;
 }
 
-void Agent::Impl::FinishCall(ClientCall* call, WorkerId peer, const absl::Status& status) {
+void Agent::Impl::FinishCall(ClientCall* call, base::WorkerId peer, const absl::Status& status) {
   absl::StatusOr<InMessage> result =
       status.ok() ? ParseMessage(call->response, shm_.get(), cuda_.get(), peer) : status;
   // A failed call may never have been read: take its segments back.
@@ -100,7 +100,7 @@ void Agent::Impl::FinishCall(ClientCall* call, WorkerId peer, const absl::Status
   }
   Future<InMessage> done = call->done;
   {
-    MutexLock lock(calls_mu_);
+    base::MutexLock lock(calls_mu_);
     calls_.erase(call);
   }
   delete call;
@@ -108,7 +108,7 @@ void Agent::Impl::FinishCall(ClientCall* call, WorkerId peer, const absl::Status
   done.Complete(std::move(result));
 }
 
-void Agent::Impl::FinishCallOffGrpc(ClientCall* call, WorkerId peer,
+void Agent::Impl::FinishCallOffGrpc(ClientCall* call, base::WorkerId peer,
                                     const absl::Status& status) {
   // Only processes that offer GPUs get replies with CUDA payloads.
   if (status.ok() && !cuda_->endpoint().gpus.empty() && CarriesCudaPayloads(call->response)) {
@@ -119,7 +119,7 @@ void Agent::Impl::FinishCallOffGrpc(ClientCall* call, WorkerId peer,
 
 Future<InMessage> Agent::Impl::Transmit(grpc::GenericStub* stub, OutMessage message,
                                         absl::Duration timeout, bool wait_for_ready,
-                                        bool blocking, const Route& route) {
+                                        bool blocking, const channel::Route& route) {
   std::vector<ShmFill> fills;
   ClientCall* call = NewCall(std::move(message), route, &fills);
   if (call == nullptr) {
@@ -130,14 +130,14 @@ Future<InMessage> Agent::Impl::Transmit(grpc::GenericStub* stub, OutMessage mess
 
 Future<InMessage> Agent::Impl::SendUnary(grpc::GenericStub* stub, ClientCall* call,
                                          absl::Duration timeout, bool wait_for_ready,
-                                         bool blocking, const Route& route,
+                                         bool blocking, const channel::Route& route,
                                          std::vector<ShmFill>& fills) {
   Future<InMessage> done = call->done;
   call->context = std::make_unique<grpc::ClientContext>();
   call->context->set_deadline(DeadlineIn(timeout));
   call->context->set_wait_for_ready(wait_for_ready);
   AttachToken(call->context.get(), agent_->options_.token);
-  const WorkerId peer = route.peer;
+  const base::WorkerId peer = route.peer;
   if (!blocking) {
     stub->UnaryCall(call->context.get(), kUnaryMethod, grpc::StubOptions(), &call->request,
                     &call->response, [this, call, peer](grpc::Status status) {
@@ -177,7 +177,7 @@ std::unique_ptr<SyncStream> Agent::Impl::TakeStream(const Peer& peer) {
   std::unique_ptr<SyncStream> stream;
   while (true) {
     {
-      MutexLock lock(peer.stream_mu);
+      base::MutexLock lock(peer.stream_mu);
       if (peer.idle_streams.empty()) break;
       stream = std::move(peer.idle_streams.back());
       peer.idle_streams.pop_back();
@@ -189,7 +189,7 @@ std::unique_ptr<SyncStream> Agent::Impl::TakeStream(const Peer& peer) {
     stream = SyncStream::Open(peer.stub.get(), agent_->options_.token);
     streams_opened_.fetch_add(1);
   }
-  MutexLock lock(calls_mu_);
+  base::MutexLock lock(calls_mu_);
   if (stopped_) return nullptr;
   streams_in_use_.insert(stream.get());
   return stream;
@@ -199,10 +199,10 @@ void Agent::Impl::GiveBack(const Peer& peer, std::unique_ptr<SyncStream> stream,
   {
     // Under calls_mu_ throughout, so that CancelOutgoing, once it set
     // stopped_, finds every idle stream there is.
-    MutexLock lock(calls_mu_);
+    base::MutexLock lock(calls_mu_);
     streams_in_use_.erase(stream.get());
     if (reusable && !stopped_) {
-      MutexLock stream_lock(peer.stream_mu);
+      base::MutexLock stream_lock(peer.stream_mu);
       if (peer.idle_streams.size() < kMaxIdleStreams) {
         peer.idle_streams.push_back(std::move(stream));
         return;
@@ -214,7 +214,7 @@ void Agent::Impl::GiveBack(const Peer& peer, std::unique_ptr<SyncStream> stream,
 
 Future<InMessage> Agent::Impl::TransmitOnStream(const Peer& peer, OutMessage message,
                                                 absl::Duration timeout) {
-  const Route& route = peer.route;
+  const channel::Route& route = peer.route;
   std::vector<ShmFill> fills;
   ClientCall* call = NewCall(std::move(message), route, &fills);
   if (call == nullptr) {
@@ -235,7 +235,7 @@ Future<InMessage> Agent::Impl::TransmitOnStream(const Peer& peer, OutMessage mes
   return done;
 }
 
-Future<InMessage> Agent::Impl::SendTo(WorkerId dst, OutMessage message,
+Future<InMessage> Agent::Impl::SendTo(base::WorkerId dst, OutMessage message,
                                       absl::Duration timeout, bool blocking,
                                       const std::string& what) {
   const Peer* peer = FindPeer(dst);
@@ -246,7 +246,7 @@ Future<InMessage> Agent::Impl::SendTo(WorkerId dst, OutMessage message,
   // Control messages are counted (and traced) by their request kind, calls by name.
   const std::string& named = what == "control message" ? message.header.request().kind() : what;
   {
-    MutexLock lock(sent_mu_);
+    base::MutexLock lock(sent_mu_);
     ++sent_[named];
   }
   std::string traced;
@@ -266,7 +266,7 @@ Future<InMessage> Agent::Impl::SendTo(WorkerId dst, OutMessage message,
       annotated.SetError(absl::DeadlineExceededError(absl::StrCat(
           what, " on ", who, " timed out after ", absl::FormatDuration(timeout))));
     } else {
-      annotated.SetError(Annotate(r.status(), absl::StrCat(what, " on ", who, " at ", peer->info.address,
+      annotated.SetError(base::Annotate(r.status(), absl::StrCat(what, " on ", who, " at ", peer->info.address,
                                                            " failed in transport (is it running?)")));
     }
   });
@@ -281,7 +281,7 @@ absl::Status Agent::Impl::ErrorFromReply(const wire::Response& response) const {
   }
   const std::string who = Who(e.worker());
   return absl::Status(static_cast<absl::StatusCode>(code),
-                      absl::StrCat(who, ": ", WithoutLeadingWorker(e.message(), who)));
+                      absl::StrCat(who, ": ", base::WithoutLeadingWorker(e.message(), who)));
 }
 
 std::string Agent::Impl::Who(const std::string& name) const {
@@ -292,7 +292,7 @@ std::string Agent::Impl::Who(const std::string& name) const {
   return absl::StrCat("worker '", name, "'");
 }
 
-void Agent::Impl::CompleteWithReply(const absl::StatusOr<InMessage>& reply, WorkerId from,
+void Agent::Impl::CompleteWithReply(const absl::StatusOr<InMessage>& reply, base::WorkerId from,
                                     Future<c10::IValue> result) {
   if (!reply.ok()) {
     result.SetError(reply.status());
@@ -310,7 +310,7 @@ void Agent::Impl::CompleteWithReply(const absl::StatusOr<InMessage>& reply, Work
   absl::Status recorded =
       value.ok() ? RecordRecv(response.autograd(), from, grad_tensors) : value.status();
   if (!recorded.ok()) {
-    result.SetError(Annotate(recorded,
+    result.SetError(base::Annotate(recorded,
                              absl::StrCat("bad reply from worker '", agent_->NameOf(from), "'")));
     return;
   }
@@ -328,7 +328,7 @@ void Agent::Impl::CompleteWithReply(const absl::StatusOr<InMessage>& reply, Work
   });
 }
 
-Future<c10::IValue> Agent::Impl::Call(WorkerId dst, wire::CallRequest call,
+Future<c10::IValue> Agent::Impl::Call(base::WorkerId dst, wire::CallRequest call,
                                       std::vector<c10::IValue> args, const c10::IValue* self,
                                       CallOptions options,
                                       c10::intrusive_ptr<UserRRef> result_rref,
@@ -354,7 +354,7 @@ Future<c10::IValue> Agent::Impl::Call(WorkerId dst, wire::CallRequest call,
   }
   if (status.ok() && self != nullptr) status = EncodeValue(*self, ctx, call.mutable_self());
   if (!status.ok()) {
-    result.SetError(Annotate(status, absl::StrCat("encoding the arguments of '",
+    result.SetError(base::Annotate(status, absl::StrCat("encoding the arguments of '",
                                                   call.function(), "'")));
     return result;
   }
@@ -372,7 +372,7 @@ Future<c10::IValue> Agent::Impl::Call(WorkerId dst, wire::CallRequest call,
   return result;
 }
 
-absl::Status Agent::Impl::RecordRecv(const wire::AutogradMeta& meta, WorkerId from,
+absl::Status Agent::Impl::RecordRecv(const wire::AutogradMeta& meta, base::WorkerId from,
                                      const std::vector<at::Tensor>& grad_tensors) {
   if (grad_tensors.empty() || meta.message_id() == 0) return absl::OkStatus();
   AutogradHooks* hooks = agent_->autograd_.get();
@@ -384,7 +384,7 @@ absl::Status Agent::Impl::RecordRecv(const wire::AutogradMeta& meta, WorkerId fr
   return absl::OkStatus();
 }
 
-void Agent::Impl::RecordSend(int64_t context_id, WorkerId dst,
+void Agent::Impl::RecordSend(int64_t context_id, base::WorkerId dst,
                              std::vector<at::Tensor> grad_tensors, wire::AutogradMeta* meta) {
   if (context_id == kNoContext) return;
   meta->set_context_id(context_id);
@@ -393,7 +393,7 @@ void Agent::Impl::RecordSend(int64_t context_id, WorkerId dst,
   meta->set_message_id(hooks->RecordSend(context_id, dst, std::move(grad_tensors)));
 }
 
-absl::Status Agent::Impl::SendAndWait(WorkerId dst, wire::Request request,
+absl::Status Agent::Impl::SendAndWait(base::WorkerId dst, wire::Request request,
                                       absl::Duration timeout) {
   OutMessage m;
   request.set_from(agent_->self_.id);
@@ -404,4 +404,4 @@ absl::Status Agent::Impl::SendAndWait(WorkerId dst, wire::Request request,
   return absl::OkStatus();
 }
 
-}  // namespace remora
+}  // namespace remora::rpc

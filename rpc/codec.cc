@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_util.h"
 
-namespace remora {
+namespace remora::rpc {
 namespace {
 
 constexpr int32_t kUndefinedTensor = -1;
@@ -175,9 +175,9 @@ absl::Status CheckedSizes(const wire::TensorMeta& meta, std::vector<int64_t>* si
 // The device a tensor message names (none: the CPU), checked to exist here.
 absl::StatusOr<std::optional<c10::Device>> DeviceOf(const wire::TensorMeta& meta) {
   if (meta.device().empty()) return std::optional<c10::Device>();
-  ASSIGN_OR_RETURN(c10::Device device, ParseDevice(meta.device(), "tensor"));
+  ASSIGN_OR_RETURN(c10::Device device, channel::ParseDevice(meta.device(), "tensor"));
   if (!device.is_cpu()) {
-    if (absl::Status s = CheckLocalDevice(device); !s.ok()) {
+    if (absl::Status s = channel::CheckLocalDevice(device); !s.ok()) {
       return absl::FailedPreconditionError(absl::StrCat("a tensor for ", device.str(), " arrived, but ",
                                                         s.message(), "; fix the sender's device map"));
     }
@@ -232,7 +232,7 @@ absl::StatusOr<at::Tensor> DecodeTensor(const wire::TensorMeta& meta,
     try {
       t = t.to(*device);  // staged through host memory
     } catch (...) {
-      return StatusFromCurrentException(absl::StrCat("copying a tensor to ", device->str()));
+      return base::StatusFromCurrentException(absl::StrCat("copying a tensor to ", device->str()));
     }
   }
   if (meta.requires_grad()) {
@@ -267,7 +267,7 @@ absl::StatusOr<at::Tensor> ViewBytesAs(const at::Tensor& bytes, c10::ScalarType 
     if (flat.numel() == 0) return at::empty(sizes, bytes.options().dtype(dtype));
     return flat.view(dtype).view(sizes);
   } catch (...) {
-    return StatusFromCurrentException(absl::StrCat(
+    return base::StatusFromCurrentException(absl::StrCat(
         "viewing ", bytes.numel(), " payload bytes as ", c10::toString(dtype)));
   }
 }
@@ -340,7 +340,7 @@ absl::StatusOr<c10::IValue> DecodeValue(const wire::Value& v, DecodeContext& ctx
       try {
         return c10::IValue(c10::Device(v.device()));
       } catch (...) {
-        return StatusFromCurrentException("device");
+        return base::StatusFromCurrentException("device");
       }
     }
     case wire::Value::kTensor: {
@@ -398,4 +398,4 @@ absl::StatusOr<c10::IValue> DecodeValue(const wire::Value& v, DecodeContext& ctx
   return absl::InvalidArgumentError("value: no kind set");
 }
 
-}  // namespace remora
+}  // namespace remora::rpc

@@ -24,14 +24,14 @@
 #include "base/ids.h"
 #include "proto/common.pb.h"
 
-namespace remora {
+namespace remora::rpc {
 
 // What the codec needs from the RRef layer. Implemented by RRefContext.
 class RRefHooks {
  public:
   virtual ~RRefHooks() = default;
   // Prepares `rref` for sending to worker `dst` (creates and records a fork).
-  virtual absl::Status ForkForSend(const c10::IValue& rref, WorkerId dst,
+  virtual absl::Status ForkForSend(const c10::IValue& rref, base::WorkerId dst,
                                    wire::RRefMeta* out) = 0;
   // Turns a received RRef into a local RRef value. When the receiver must
   // wait for the owner to confirm it before using it, a future to wait on is
@@ -42,7 +42,7 @@ class RRefHooks {
 
 // Serialization state of one message being built.
 struct EncodeContext {
-  WorkerId dst = kUnknownWorker;
+  base::WorkerId dst = base::kUnknownWorker;
   RRefHooks* rrefs = nullptr;
   std::vector<at::Tensor>* payloads = nullptr;  // where tensors go
   // When set, receives every tensor that requires grad, as given (with its
@@ -50,8 +50,8 @@ struct EncodeContext {
   std::vector<at::Tensor>* grad_tensors = nullptr;
   // CUDA tensors: where they land on `peer` (the receiver). Without these,
   // a CUDA tensor is an error.
-  const DeviceMapper* devices = nullptr;
-  const WorkerInfo* peer = nullptr;
+  const channel::DeviceMapper* devices = nullptr;
+  const base::WorkerInfo* peer = nullptr;
   // By payload index: the receiver's GPU for CUDA payloads (-1 otherwise);
   // see OutMessage::cuda_destinations.
   std::vector<int>* cuda_destinations = nullptr;
@@ -77,4 +77,4 @@ absl::StatusOr<c10::IValue> DecodeValue(const wire::Value& value,
 absl::StatusOr<at::Tensor> ViewBytesAs(const at::Tensor& bytes, c10::ScalarType dtype,
                                        at::IntArrayRef sizes);
 
-}  // namespace remora
+}  // namespace remora::rpc

@@ -42,14 +42,14 @@
 #include "rpc/message.h"
 #include "rpc/responder.h"
 
-namespace remora {
+namespace remora::rpc {
 
 // A request as its handler receives it: the sender, the parsed body, and
 // the whole message (its header's autograd metadata, and the payloads that
 // the body's tensors refer to).
 template <typename Body>
 struct Incoming {
-  WorkerId from = kUnknownWorker;
+  base::WorkerId from = base::kUnknownWorker;
   Body body;
   InMessage message;
 };
@@ -70,9 +70,9 @@ class DispatchTable {
   absl::Status Register(F handler, bool before_join = false) {
     Handler raw = [handler = std::move(handler)](InMessage message,
                                                  std::shared_ptr<Responder> responder) {
-      auto body = RequestBody<Body>(message.header.request());
+      auto body = wire::RequestBody<Body>(message.header.request());
       if (!body.ok()) return responder->ReplyError(body.status());
-      Incoming<Body> in{static_cast<WorkerId>(message.header.request().from()),
+      Incoming<Body> in{static_cast<base::WorkerId>(message.header.request().from()),
                         std::move(*body), std::move(message)};
       handler(std::move(in), std::move(responder));
     };
@@ -81,14 +81,14 @@ class DispatchTable {
 
   // The entry of `kind`, or null.
   const Entry* Find(const std::string& kind) const {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     auto it = entries_.find(kind);
     return it == entries_.end() ? nullptr : &it->second;
   }
 
  private:
   absl::Status Add(const std::string& kind, Entry entry) {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     if (!entries_.emplace(kind, std::move(entry)).second) {
       return absl::AlreadyExistsError(
           absl::StrCat("request kind '", kind, "' already has a handler"));
@@ -101,4 +101,4 @@ class DispatchTable {
   absl::node_hash_map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace remora
+}  // namespace remora::rpc

@@ -29,7 +29,7 @@
 #include "base/status_util.h"
 #include "rpc/thread_pool.h"
 
-namespace remora {
+namespace remora::rpc {
 
 // The value type of futures that carry no value.
 struct Empty {};
@@ -58,7 +58,7 @@ class Future {
   bool Complete(absl::StatusOr<T> result) {
     std::vector<Callback> callbacks;
     {
-      MutexLock lock(state_->mu);
+      base::MutexLock lock(state_->mu);
       if (state_->result.has_value()) return false;
       state_->result = std::move(result);
       callbacks.swap(state_->callbacks);
@@ -68,20 +68,20 @@ class Future {
   }
 
   bool ready() const {
-    MutexLock lock(state_->mu);
+    base::MutexLock lock(state_->mu);
     return state_->result.has_value();
   }
 
   // Blocks until completed; returns the result (a copy).
   absl::StatusOr<T> wait() const {
-    MutexLock lock(state_->mu);
+    base::MutexLock lock(state_->mu);
     state_->mu.Await(absl::Condition(&HasValue, &state_->result));
     return *state_->result;
   }
 
   // Blocks at most `timeout`; DEADLINE_EXCEEDED when still pending.
   absl::StatusOr<T> wait_for(absl::Duration timeout) const {
-    MutexLock lock(state_->mu);
+    base::MutexLock lock(state_->mu);
     if (!state_->mu.AwaitWithTimeout(
             absl::Condition(&HasValue, &state_->result), timeout)) {
       return absl::DeadlineExceededError("future not completed in time");
@@ -92,7 +92,7 @@ class Future {
   // Runs `cb(result)` once completed, on the executor.
   void then(Callback cb) const {
     {
-      MutexLock lock(state_->mu);
+      base::MutexLock lock(state_->mu);
       if (!state_->result.has_value()) {
         state_->callbacks.push_back(std::move(cb));
         return;
@@ -122,7 +122,7 @@ class Future {
     auto run = [state, cb = std::move(cb)]() {
       const absl::StatusOr<T>* result;
       {
-        MutexLock lock(state->mu);
+        base::MutexLock lock(state->mu);
         result = &*state->result;  // never changes once set
       }
       // (A callback that throws must not end the process: on a pool
@@ -160,7 +160,7 @@ Future<Empty> WhenAll(const std::vector<Future<T>>& futures,
   };
   auto counter = std::make_shared<Counter>();
   {
-    MutexLock lock(counter->mu);
+    base::MutexLock lock(counter->mu);
     counter->left = futures.size();
   }
   for (const auto& f : futures) {
@@ -168,7 +168,7 @@ Future<Empty> WhenAll(const std::vector<Future<T>>& futures,
       absl::Status done_status;
       bool done = false;
       {
-        MutexLock lock(counter->mu);
+        base::MutexLock lock(counter->mu);
         if (!r.ok() && counter->first_error.ok()) counter->first_error = r.status();
         done = --counter->left == 0;
         done_status = counter->first_error;
@@ -198,7 +198,7 @@ absl::StatusOr<std::vector<T>> WaitAll(const std::vector<Future<T>>& futures,
   for (size_t i = 0; i < futures.size(); ++i) {
     absl::StatusOr<T> r = futures[i].wait();
     if (!r.ok()) {
-      if (first.ok()) first = what ? Annotate(r.status(), what(i)) : r.status();
+      if (first.ok()) first = what ? base::Annotate(r.status(), what(i)) : r.status();
     } else if (first.ok()) {
       values.push_back(*std::move(r));
     }
@@ -207,4 +207,4 @@ absl::StatusOr<std::vector<T>> WaitAll(const std::vector<Future<T>>& futures,
   return values;
 }
 
-}  // namespace remora
+}  // namespace remora::rpc

@@ -19,7 +19,7 @@
 #include "base/status_util.h"
 #include "runtime/buffer_cache.h"
 
-namespace remora {
+namespace remora::rpc {
 namespace {
 
 void DeleteTensor(void* tensor) { delete static_cast<at::Tensor*>(tensor); }
@@ -118,14 +118,14 @@ class SliceReader {
 
 }  // namespace
 
-void FillAll(const Route& route, std::vector<ShmFill>& fills) {
+void FillAll(const channel::Route& route, std::vector<ShmFill>& fills) {
   for (auto& f : fills) {
     route.shm->Fill(f.descriptor, f.payload);
     f.payload = at::Tensor();
   }
 }
 
-grpc::ByteBuffer SerializeMessage(OutMessage message, const Route& route,
+grpc::ByteBuffer SerializeMessage(OutMessage message, const channel::Route& route,
                                   std::vector<ShmFill>* fills,
                                   std::vector<wire::CudaPayload>* cuda_sent) {
   std::vector<bool> out_of_band(message.payloads.size(), false);
@@ -271,8 +271,8 @@ bool CarriesCudaPayloads(const grpc::ByteBuffer& buffer) {
   return header.ok() && !header->cuda_payloads().empty();
 }
 
-absl::StatusOr<InMessage> ParseMessage(const grpc::ByteBuffer& buffer, ShmChannel* shm,
-                                       CudaChannel* cuda, WorkerId from) {
+absl::StatusOr<InMessage> ParseMessage(const grpc::ByteBuffer& buffer, channel::ShmChannel* shm,
+                                       channel::CudaChannel* cuda, base::WorkerId from) {
   ASSIGN_OR_RETURN(SliceReader reader, ReaderOf(buffer));
   InMessage message;
   RETURN_IF_ERROR(ReadHeader(reader, &message.header));
@@ -305,7 +305,7 @@ absl::StatusOr<InMessage> ParseMessage(const grpc::ByteBuffer& buffer, ShmChanne
       return absl::InvalidArgumentError(
           "frame: it carries CUDA payloads, but this process has no CUDA channel");
     }
-    if (from == kUnknownWorker) from = static_cast<WorkerId>(message.header.request().from());
+    if (from == base::kUnknownWorker) from = static_cast<base::WorkerId>(message.header.request().from());
   }
   uint64_t total = 0;
   for (int i = 0; i < sizes.size(); ++i) {
@@ -330,7 +330,7 @@ absl::StatusOr<InMessage> ParseMessage(const grpc::ByteBuffer& buffer, ShmChanne
     for (int k = i; k < sizes.size(); ++k) {
       if (cuda_of[k] != nullptr) cuda->Abandon(from, *cuda_of[k], std::string(why.message()));
     }
-    return Annotate(why, "frame");
+    return base::Annotate(why, "frame");
   };
   message.payloads.reserve(sizes.size());
   for (int i = 0; i < sizes.size(); ++i) {
@@ -353,4 +353,4 @@ absl::StatusOr<InMessage> ParseMessage(const grpc::ByteBuffer& buffer, ShmChanne
   return message;
 }
 
-}  // namespace remora
+}  // namespace remora::rpc

@@ -24,7 +24,7 @@
 #include "channel/route.h"
 #include "channel/shm/shm.h"
 
-namespace remora {
+namespace remora::rpc {
 
 // Payloads up to this size are copied into the header's slice instead of
 // getting a slice of their own.
@@ -64,12 +64,12 @@ struct ShmFill {
 // FillAll(route, *fills) and keeps the descriptors to reclaim if the call
 // fails. Without, they are copied before this returns. CUDA payloads used
 // are appended to `cuda_sent` (to reclaim if the call fails).
-grpc::ByteBuffer SerializeMessage(OutMessage message, const Route& route = {},
+grpc::ByteBuffer SerializeMessage(OutMessage message, const channel::Route& route = {},
                                   std::vector<ShmFill>* fills = nullptr,
                                   std::vector<wire::CudaPayload>* cuda_sent = nullptr);
 
 // Copies every reserved payload in; keeps only the descriptors in `fills`.
-void FillAll(const Route& route, std::vector<ShmFill>& fills);
+void FillAll(const channel::Route& route, std::vector<ShmFill>& fills);
 
 // Parses and checks a frame: the header must parse and the sizes of the
 // in-frame payloads must add up to exactly the bytes that follow it.
@@ -77,8 +77,8 @@ void FillAll(const Route& route, std::vector<ShmFill>& fills);
 // `cuda` as coming from worker `from` (default: the request's sender); a
 // frame that has some is refused when the channel is null.
 absl::StatusOr<InMessage> ParseMessage(const grpc::ByteBuffer& buffer,
-                                       ShmChannel* shm = nullptr, CudaChannel* cuda = nullptr,
-                                       WorkerId from = kUnknownWorker);
+                                       channel::ShmChannel* shm = nullptr, channel::CudaChannel* cuda = nullptr,
+                                       base::WorkerId from = base::kUnknownWorker);
 
 // The header of a frame alone, payloads not read: what a frame that
 // ParseMessage refused asked for. An error when the header does not parse.
@@ -97,4 +97,4 @@ absl::StatusOr<uint64_t> UntagFrame(grpc::ByteBuffer* message);
 // which callers keep off threads that other transfers may need.
 bool CarriesCudaPayloads(const grpc::ByteBuffer& buffer);
 
-}  // namespace remora
+}  // namespace remora::rpc

@@ -8,7 +8,7 @@
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
 
-namespace remora {
+namespace remora::rpc {
 
 const c10::IValue& Args::operator[](size_t i) const {
   if (i >= values_.size()) {
@@ -24,7 +24,7 @@ RemoteObject* AsRemoteObject(const c10::IValue& value) {
 }
 
 absl::Status Registry::CheckNewName(const std::string& name) const {
-  if (!IsValidRegisteredName(name)) {
+  if (!base::IsValidRegisteredName(name)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "invalid registered name '", name,
         "': use 1 to 128 characters of [A-Za-z0-9_.:-]"));
@@ -54,7 +54,7 @@ absl::Status Registry::RegisterModuleType(const std::string& name, Factory facto
                                           std::map<std::string, Method> methods) {
   RETURN_IF_ERROR(CheckNewName(name));
   for (const auto& [method, fn] : methods) {
-    if (!IsValidRegisteredName(method)) {
+    if (!base::IsValidRegisteredName(method)) {
       return absl::InvalidArgumentError(
           absl::StrCat("module '", name, "': invalid method name '", method, "'"));
     }
@@ -74,7 +74,7 @@ Future<c10::IValue> Registry::Invoke(const std::string& name, CallContext& ctx,
     try {
       return it->second(ctx, args);
     } catch (...) {
-      return Result::Ready(StatusFromCurrentException(absl::StrCat("function '", name, "'")));
+      return Result::Ready(base::StatusFromCurrentException(absl::StrCat("function '", name, "'")));
     }
   }
   if (auto it = modules_.find(name); it != modules_.end()) {
@@ -88,7 +88,7 @@ Future<c10::IValue> Registry::Invoke(const std::string& name, CallContext& ctx,
           c10::make_intrusive<RemoteObject>(name, std::move(object))));
     } catch (...) {
       return Result::Ready(
-          StatusFromCurrentException(absl::StrCat("constructing module '", name, "'")));
+          base::StatusFromCurrentException(absl::StrCat("constructing module '", name, "'")));
     }
   }
   // (remora's own names come with the training group's functions: the
@@ -124,12 +124,12 @@ absl::StatusOr<c10::IValue> Registry::InvokeMethod(const c10::IValue& object,
                                             ")"));
   }
   try {
-    MutexLock lock(obj->mutex());
+    base::MutexLock lock(obj->mutex());
     return m->second(obj->get<void>(), ctx, args);
   } catch (...) {
-    return StatusFromCurrentException(
+    return base::StatusFromCurrentException(
         absl::StrCat("method '", obj->type(), ".", method, "'"));
   }
 }
 
-}  // namespace remora
+}  // namespace remora::rpc

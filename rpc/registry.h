@@ -28,7 +28,7 @@
 #include "rpc/future.h"
 #include "base/ids.h"
 
-namespace remora {
+namespace remora::rpc {
 
 class Agent;
 
@@ -36,7 +36,7 @@ class Agent;
 // and who called.
 struct CallContext {
   Agent* agent = nullptr;
-  WorkerInfo caller;
+  base::WorkerInfo caller;
 };
 
 // A call's arguments. operator[] is bounds-checked: a missing argument
@@ -142,4 +142,4 @@ class Registry {
   std::map<std::string, ModuleType> modules_;
 };
 
-}  // namespace remora
+}  // namespace remora::rpc

@@ -14,7 +14,7 @@
 #include "base/status_util.h"
 #include "rpc/agent_impl.h"
 
-namespace remora {
+namespace remora::rpc {
 
 namespace {
 
@@ -24,32 +24,32 @@ bool DebugChannels() {
   return env != nullptr && std::string(env).find("channels") != std::string::npos;
 }
 
-void ToWire(const ShmEndpoint& e, wire::ShmEndpoint* w) {
+void ToWire(const base::ShmEndpoint& e, wire::ShmEndpoint* w) {
   w->set_domain(e.domain);
   w->set_pid(e.pid);
   w->set_incarnation(e.incarnation);
 }
 
-ShmEndpoint FromWire(const wire::ShmEndpoint& w) {
-  return ShmEndpoint{w.domain(), w.pid(), w.incarnation()};
+base::ShmEndpoint FromWire(const wire::ShmEndpoint& w) {
+  return base::ShmEndpoint{w.domain(), w.pid(), w.incarnation()};
 }
 
-void ToWire(const CudaEndpoint& e, wire::CudaEndpoint* w) {
+void ToWire(const base::CudaEndpoint& e, wire::CudaEndpoint* w) {
   for (const auto& g : e.gpus) w->add_gpus(g);
   w->set_nccl(e.nccl);
   w->set_incarnation(e.incarnation);
 }
 
-CudaEndpoint FromWire(const wire::CudaEndpoint& w) {
-  return CudaEndpoint{{w.gpus().begin(), w.gpus().end()}, w.nccl(), w.incarnation()};
+base::CudaEndpoint FromWire(const wire::CudaEndpoint& w) {
+  return base::CudaEndpoint{{w.gpus().begin(), w.gpus().end()}, w.nccl(), w.incarnation()};
 }
 
-WorkerInfo FromWire(const wire::WorkerEntry& e) {
-  return WorkerInfo{static_cast<WorkerId>(e.id()), e.name(), e.address(), e.host_id(), FromWire(e.shm()),
+base::WorkerInfo FromWire(const wire::WorkerEntry& e) {
+  return base::WorkerInfo{static_cast<base::WorkerId>(e.id()), e.name(), e.address(), e.host_id(), FromWire(e.shm()),
                     FromWire(e.cuda()), e.device().empty() ? "cpu" : e.device()};
 }
 
-void ToWire(const WorkerInfo& w, wire::WorkerEntry* e) {
+void ToWire(const base::WorkerInfo& w, wire::WorkerEntry* e) {
   e->set_id(w.id);
   e->set_name(w.name);
   e->set_address(w.address);
@@ -71,7 +71,7 @@ absl::Status RegisterRendezvousRequests(Agent::Impl* impl) {
   RETURN_IF_ERROR(impl->requests_.Register<wire::PeerLost>(
       [impl](Incoming<wire::PeerLost> in, std::shared_ptr<Responder> r) {
         if (in.from != 0) return r->ReplyError(absl::PermissionDeniedError("only the master announces a lost worker"));
-        impl->rrefs()->ForgetPeer(static_cast<WorkerId>(in.body.id()),
+        impl->rrefs()->ForgetPeer(static_cast<base::WorkerId>(in.body.id()),
                                   absl::UnavailableError(absl::StrCat("worker '", impl->NameOf(in.body.id()),
                                                                       "' is lost (the master said so)")));
         r->Reply(OutMessage{});
@@ -94,7 +94,7 @@ void Agent::Impl::HandleJoin(const wire::JoinRequest& join,
         "'", agent_->self_.name, "' is a worker, not the master; point --master at the master")));
   }
   const std::string who = absl::StrCat("'", join.name(), "' at ", join.address());
-  if (!IsValidWorkerName(join.name())) {
+  if (!base::IsValidWorkerName(join.name())) {
     NoteRefused(who, "invalid worker name");
     return responder->ReplyError(absl::InvalidArgumentError(absl::StrCat(
         "invalid worker name '", join.name(),
@@ -108,10 +108,10 @@ void Agent::Impl::HandleJoin(const wire::JoinRequest& join,
         absl::StrJoin(opts.workers, ","), ")")));
   }
   std::vector<std::shared_ptr<Responder>> to_answer;
-  std::vector<WorkerInfo> book;
-  std::optional<WorkerInfo> rejoined;
+  std::vector<base::WorkerInfo> book;
+  std::optional<base::WorkerInfo> rejoined;
   {
-    MutexLock lock(join_mu_);
+    base::MutexLock lock(join_mu_);
     auto it = joiners_.find(join.name());
     // Another process than the one registered under the name (a restart
     // may reuse the address, a fixed --listen port: not the incarnation).
@@ -123,7 +123,7 @@ void Agent::Impl::HandleJoin(const wire::JoinRequest& join,
                                             FromWire(join.cuda()), join.device()};
       for (auto& w : book_) {
         if (w.name != join.name()) continue;
-        w = WorkerInfo{w.id, w.name, j.address, j.host_id, j.shm, j.cuda, j.device};
+        w = base::WorkerInfo{w.id, w.name, j.address, j.host_id, j.shm, j.cuda, j.device};
         rejoined = w;
       }
       rejoining_.insert(join.name());
@@ -174,7 +174,7 @@ void Agent::Impl::HandleJoin(const wire::JoinRequest& join,
         book_.back().id = 0;
         for (size_t i = 0; i < opts.workers.size(); ++i) {
           const Joiner& j = joiners_[opts.workers[i]];
-          book_.push_back(WorkerInfo{static_cast<WorkerId>(i + 1), opts.workers[i],
+          book_.push_back(base::WorkerInfo{static_cast<base::WorkerId>(i + 1), opts.workers[i],
                                      j.address, j.host_id, j.shm, j.cuda, j.device});
         }
         book = book_;
@@ -203,17 +203,17 @@ void Agent::Impl::HandleJoin(const wire::JoinRequest& join,
     r->Reply(std::move(m));
   }
   if (rejoined) {
-    MutexLock lock(join_mu_);
+    base::MutexLock lock(join_mu_);
     lost_.erase(rejoined->name);
     rejoining_.erase(rejoined->name);
   }
 }
 
-void Agent::Impl::UpdatePeer(const WorkerInfo& info) {
+void Agent::Impl::UpdatePeer(const base::WorkerInfo& info) {
   std::unique_ptr<Peer> peer = MakePeer(info);
-  std::vector<ShmEndpoint> endpoints;
+  std::vector<base::ShmEndpoint> endpoints;
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     if (info.id >= peers_.size() || !peers_[info.id] || peers_[info.id]->info.name != info.name) return;
     retired_peers_.push_back(std::move(peers_[info.id]));
     peers_[info.id] = std::move(peer);
@@ -225,18 +225,18 @@ void Agent::Impl::UpdatePeer(const WorkerInfo& info) {
   cuda_->UpdatePeer(info);
 }
 
-void Agent::Impl::AnnounceRejoin(const WorkerInfo& info, absl::Duration timeout) {
+void Agent::Impl::AnnounceRejoin(const base::WorkerInfo& info, absl::Duration timeout) {
   wire::PeerRejoined body;
   ToWire(info, body.mutable_worker());
   TellMembers(body, info.id, timeout);
 }
 
-void Agent::Impl::TellMembers(const google::protobuf::Message& body, WorkerId except, absl::Duration timeout) {
+void Agent::Impl::TellMembers(const google::protobuf::Message& body, base::WorkerId except, absl::Duration timeout) {
   std::vector<Future<InMessage>> replies;
   for (const auto& w : agent_->workers()) {
     if (w.id == agent_->self_.id || w.id == except || agent_->IsLost(w.name)) continue;
     OutMessage m;
-    *m.header.mutable_request() = MakeRequest(body);
+    *m.header.mutable_request() = wire::MakeRequest(body);
     m.header.mutable_request()->set_from(agent_->self_.id);
     replies.push_back(SendTo(w.id, std::move(m), timeout));
   }
@@ -245,10 +245,10 @@ void Agent::Impl::TellMembers(const google::protobuf::Message& body, WorkerId ex
 
 absl::Status Agent::MarkLost(const std::string& name) {
   if (!options_.is_master) return absl::FailedPreconditionError("MarkLost: only the master tracks lost workers");
-  ASSIGN_OR_RETURN(WorkerId id, impl_->Resolve(name));
+  ASSIGN_OR_RETURN(base::WorkerId id, impl_->Resolve(name));
   if (id == self_.id) return absl::InvalidArgumentError("MarkLost: the master cannot lose itself");
   {
-    MutexLock lock(impl_->join_mu_);
+    base::MutexLock lock(impl_->join_mu_);
     impl_->lost_.insert(name);
   }
   // Nothing here or on the other members waits on it any more.
@@ -261,7 +261,7 @@ absl::Status Agent::MarkLost(const std::string& name) {
 }
 
 absl::Status Agent::AwaitRejoin(const std::string& name, absl::Duration timeout) {
-  MutexLock lock(impl_->join_mu_);
+  base::MutexLock lock(impl_->join_mu_);
   if (!impl_->lost_.count(name)) return absl::OkStatus();
   auto back = [this, &name]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(impl_->join_mu_) {
     return impl_->lost_.count(name) == 0;
@@ -273,12 +273,12 @@ absl::Status Agent::AwaitRejoin(const std::string& name, absl::Duration timeout)
 }
 
 bool Agent::IsLost(const std::string& name) const {
-  MutexLock lock(impl_->join_mu_);
+  base::MutexLock lock(impl_->join_mu_);
   return impl_->lost_.count(name) > 0;
 }
 
 void Agent::Impl::NoteRefused(const std::string& who, const std::string& why) {
-  MutexLock lock(join_mu_);
+  base::MutexLock lock(join_mu_);
   if (!formed_) refused_[who] = why;
 }
 
@@ -286,7 +286,7 @@ absl::Status Agent::Impl::GiveUpJoining(const absl::Status& why, bool hint) {
   const AgentOptions& opts = agent_->options_;
   std::vector<std::string> missing, refused;
   {
-    MutexLock lock(join_mu_);
+    base::MutexLock lock(join_mu_);
     if (formed_) return absl::OkStatus();
     for (const auto& w : opts.workers) {
       if (!joiners_.count(w)) missing.push_back(w);
@@ -313,7 +313,7 @@ absl::Status Agent::Impl::GiveUpJoining(const absl::Status& why, bool hint) {
 bool Agent::Impl::EndJoining(const std::string& text, int signal) {
   std::vector<std::shared_ptr<Responder>> waiting;
   {
-    MutexLock lock(join_mu_);
+    base::MutexLock lock(join_mu_);
     if (formed_) return false;
     gave_up_ = true;
     gave_up_signal_ = signal;
@@ -327,8 +327,8 @@ bool Agent::Impl::EndJoining(const std::string& text, int signal) {
   return true;
 }
 
-absl::StatusOr<WorkerId> Agent::Impl::Resolve(const std::string& name) const {
-  MutexLock lock(mu_);
+absl::StatusOr<base::WorkerId> Agent::Impl::Resolve(const std::string& name) const {
+  base::MutexLock lock(mu_);
   auto it = ids_.find(name);
   if (it == ids_.end()) {
     std::vector<std::string> names;
@@ -339,30 +339,30 @@ absl::StatusOr<WorkerId> Agent::Impl::Resolve(const std::string& name) const {
   return it->second;
 }
 
-const Peer* Agent::Impl::FindPeer(WorkerId id) const {
-  MutexLock lock(mu_);
+const Peer* Agent::Impl::FindPeer(base::WorkerId id) const {
+  base::MutexLock lock(mu_);
   return id < peers_.size() ? peers_[id].get() : nullptr;
 }
 
-std::unique_ptr<Peer> Agent::Impl::MakePeer(const WorkerInfo& w) const {
+std::unique_ptr<Peer> Agent::Impl::MakePeer(const base::WorkerInfo& w) const {
   grpc::ChannelArguments args;
   ApplyChannelArgs(args, agent_->options_.max_message_bytes);
   auto peer = std::make_unique<Peer>();
   peer->info = w;
   peer->channel = grpc::CreateCustomChannel(w.address, channel_credentials_, args);
   peer->stub = std::make_unique<grpc::GenericStub>(peer->channel);
-  peer->route = SelectRoute(agent_->self_, w, shm_.get(), cuda_.get(), agent_->options_.oob_threshold_bytes);
+  peer->route = channel::SelectRoute(agent_->self_, w, shm_.get(), cuda_.get(), agent_->options_.oob_threshold_bytes);
   return peer;
 }
 
-void Agent::Impl::SetBook(std::vector<WorkerInfo> book) {
+void Agent::Impl::SetBook(std::vector<base::WorkerInfo> book) {
   std::vector<std::unique_ptr<Peer>> peers(book.size());
   for (const auto& w : book) {
     if (w.id < book.size()) peers[w.id] = MakePeer(w);
   }
   // Segments are mapped only from peers of this host (a process in another
   // network namespace, or with another --host-id, is another host).
-  std::vector<ShmEndpoint> endpoints;
+  std::vector<base::ShmEndpoint> endpoints;
   for (const auto& w : book) {
     if (w.host_id == agent_->self_.host_id) endpoints.push_back(w.shm);
   }
@@ -379,9 +379,9 @@ void Agent::Impl::SetBook(std::vector<WorkerInfo> book) {
       LogCudaChannels(*p);
     }
   }
-  WorkerId self_id = kUnknownWorker;
+  base::WorkerId self_id = base::kUnknownWorker;
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     if (!peers_.empty()) return;  // set once
     peers_ = std::move(peers);
     for (const auto& p : peers_) {
@@ -395,22 +395,22 @@ void Agent::Impl::SetBook(std::vector<WorkerInfo> book) {
   joined_.Notify();
 }
 
-void Agent::Impl::SetDevices(WorkerId to, OutMessage* m, EncodeContext* ctx) const {
+void Agent::Impl::SetDevices(base::WorkerId to, OutMessage* m, EncodeContext* ctx) const {
   const Peer* p = FindPeer(to);
   ctx->devices = &devices_;
   ctx->peer = p != nullptr ? &p->info : nullptr;
   ctx->cuda_destinations = &m->cuda_destinations;
 }
 
-Route Agent::Impl::RouteTo(WorkerId id) const {
+channel::Route Agent::Impl::RouteTo(base::WorkerId id) const {
   const Peer* p = FindPeer(id);
-  return p != nullptr ? p->route : Route{};
+  return p != nullptr ? p->route : channel::Route{};
 }
 
 namespace {
 
 // What a worker tells the master when it asks to join.
-wire::JoinRequest JoinRequestOf(const WorkerInfo& self) {
+wire::JoinRequest JoinRequestOf(const base::WorkerInfo& self) {
   wire::JoinRequest join;
   join.set_name(self.name);
   join.set_address(self.address);
@@ -422,8 +422,8 @@ wire::JoinRequest JoinRequestOf(const WorkerInfo& self) {
 }
 
 // The address book in the master's answer to a join.
-std::vector<WorkerInfo> BookFrom(const wire::Response& response) {
-  std::vector<WorkerInfo> book;
+std::vector<base::WorkerInfo> BookFrom(const wire::Response& response) {
+  std::vector<base::WorkerInfo> book;
   for (const auto& e : response.workers()) book.push_back(FromWire(e));
   return book;
 }
@@ -444,25 +444,25 @@ absl::Status Agent::Join() {
   bool named_taken = false;  // the last answer: the name is a live member's
   while (absl::Now() < deadline) {
     OutMessage m;
-    *m.header.mutable_request() = MakeRequest(JoinRequestOf(self_));
-    m.header.mutable_request()->set_from(kUnknownWorker);
+    *m.header.mutable_request() = wire::MakeRequest(JoinRequestOf(self_));
+    m.header.mutable_request()->set_from(base::kUnknownWorker);
     auto reply = impl_->Transmit(&stub, std::move(m), deadline - absl::Now(), true).wait();
     if (reply.ok() && reply->header.response().has_error()) {
       const absl::Status reason = impl_->ErrorFromReply(reply->header.response());
       const int signal = reply->header.response().error().signal();
       if (signal > 0) {  // the master was stopped by a signal before the group formed
         {
-          MutexLock lock(impl_->abort_mu_);
+          base::MutexLock lock(impl_->abort_mu_);
           impl_->abort_signal_ = signal;
         }
-        return Annotate(reason, absl::StrCat("worker '", self_.name, "' joining the master at ",
+        return base::Annotate(reason, absl::StrCat("worker '", self_.name, "' joining the master at ",
                                              options_.master_address));
       }
       if (reason.code() == absl::StatusCode::kAborted) {  // accepted; another member kept the group from forming
-        return Annotate(reason, absl::StrCat("worker '", self_.name, "' was accepted by the master at ",
+        return base::Annotate(reason, absl::StrCat("worker '", self_.name, "' was accepted by the master at ",
                                              options_.master_address));
       }
-      absl::Status error = Annotate(reason, refused);
+      absl::Status error = base::Annotate(reason, refused);
       if (error.code() != absl::StatusCode::kUnavailable) return error;
       if (last.ok() || last.code() != absl::StatusCode::kUnavailable || last.message() != error.message()) {
         std::cerr << "remora: worker '" << self_.name << "': " << error.message()
@@ -475,7 +475,7 @@ absl::Status Agent::Join() {
       continue;
     }
     if (reply.ok()) {
-      std::vector<WorkerInfo> book = BookFrom(reply->header.response());
+      std::vector<base::WorkerInfo> book = BookFrom(reply->header.response());
       bool found = false;
       for (const auto& w : book) found |= w.name == self_.name;
       if (!found) return absl::InternalError("the address book does not list this worker");
@@ -484,7 +484,7 @@ absl::Status Agent::Join() {
     }
     last = reply.status();
     named_taken = false;
-    if (last.code() == absl::StatusCode::kUnauthenticated) return Annotate(last, refused);
+    if (last.code() == absl::StatusCode::kUnauthenticated) return base::Annotate(last, refused);
     if (last.code() != absl::StatusCode::kUnavailable) break;
     absl::SleepFor(absl::Milliseconds(200));
   }
@@ -500,8 +500,8 @@ absl::Status Agent::Join() {
     // does not wait reports the last connection error (refused, or a TLS
     // handshake that failed: "Socket closed").
     OutMessage m;
-    *m.header.mutable_request() = MakeRequest(wire::Ping());
-    m.header.mutable_request()->set_from(kUnknownWorker);
+    *m.header.mutable_request() = wire::MakeRequest(wire::Ping());
+    m.header.mutable_request()->set_from(base::kUnknownWorker);
     auto probe = impl_->Transmit(&stub, std::move(m), absl::Seconds(1), false).wait();
     if (!probe.ok()) last = probe.status();
   }
@@ -525,7 +525,7 @@ absl::Status Agent::Join() {
 absl::Status Agent::Impl::JoinAsMaster() {
   const AgentOptions& options = agent_->options_;
   if (options.workers.empty()) {
-    WorkerInfo me = agent_->self_;
+    base::WorkerInfo me = agent_->self_;
     me.id = 0;
     SetBook({me});
     return absl::OkStatus();
@@ -536,7 +536,7 @@ absl::Status Agent::Impl::JoinAsMaster() {
   bool settled = false, formed = false;
   absl::Status stopped;
   {
-    MutexLock lock(join_mu_);
+    base::MutexLock lock(join_mu_);
     const absl::Time start = absl::Now(), deadline = start + options.connect_timeout;
     const absl::Condition over(
         +[](Impl* i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(i->join_mu_) {
@@ -576,29 +576,29 @@ absl::Status Agent::Impl::JoinAsMaster() {
 }
 
 void Agent::StopJoining(const absl::Status& why) {
-  MutexLock lock(impl_->join_mu_);
+  base::MutexLock lock(impl_->join_mu_);
   if (!why.ok() && !impl_->formed_ && impl_->stop_joining_.ok()) impl_->stop_joining_ = why;
 }
 
-std::vector<WorkerInfo> Agent::workers() const {
-  MutexLock lock(impl_->mu_);
-  std::vector<WorkerInfo> out;
+std::vector<base::WorkerInfo> Agent::workers() const {
+  base::MutexLock lock(impl_->mu_);
+  std::vector<base::WorkerInfo> out;
   for (const auto& p : impl_->peers_) {
     if (p) out.push_back(p->info);
   }
   return out;
 }
 
-absl::StatusOr<WorkerInfo> Agent::worker(const std::string& name) const {
-  ASSIGN_OR_RETURN(WorkerId id, impl_->Resolve(name));
+absl::StatusOr<base::WorkerInfo> Agent::worker(const std::string& name) const {
+  ASSIGN_OR_RETURN(base::WorkerId id, impl_->Resolve(name));
   return impl_->FindPeer(id)->info;
 }
 
-std::string Agent::NameOf(WorkerId id) const {
+std::string Agent::NameOf(base::WorkerId id) const {
   if (const Peer* p = impl_->FindPeer(id)) return p->info.name;
   return absl::StrCat("worker#", id);
 }
 
-bool Agent::IsKnown(WorkerId id) const { return impl_->FindPeer(id) != nullptr; }
+bool Agent::IsKnown(base::WorkerId id) const { return impl_->FindPeer(id) != nullptr; }
 
-}  // namespace remora
+}  // namespace remora::rpc

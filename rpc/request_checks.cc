@@ -3,19 +3,19 @@
 #include "absl/strings/str_cat.h"
 #include "rpc/rref_context.h"
 
-namespace remora {
+namespace remora::rpc {
 
 absl::Status CheckSender(const wire::Request& request, IsGroupMember member) {
-  if (request.from() > kUnknownWorker || !member(static_cast<WorkerId>(request.from()))) {
+  if (request.from() > base::kUnknownWorker || !member(static_cast<base::WorkerId>(request.from()))) {
     return absl::PermissionDeniedError(
         absl::StrCat("request from unknown worker id ", request.from()));
   }
   return absl::OkStatus();
 }
 
-absl::Status CheckIds(const char* what, std::initializer_list<GloballyUniqueId> ids,
+absl::Status CheckIds(const char* what, std::initializer_list<base::GloballyUniqueId> ids,
                       IsGroupMember member) {
-  for (const GloballyUniqueId& id : ids) {
+  for (const base::GloballyUniqueId& id : ids) {
     if (!member(id.worker)) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": id ", id.ToString(),
                                                      " names worker id ", id.worker,
@@ -37,7 +37,7 @@ absl::Status CheckContext(const wire::Request& request, IsGroupMember member) {
         "unknown distributed autograd context id 0: gradient message id ",
         request.autograd().message_id(), " without a context"));
   }
-  if (id < 0 || creator >= kUnknownWorker || !member(static_cast<WorkerId>(creator))) {
+  if (id < 0 || creator >= base::kUnknownWorker || !member(static_cast<base::WorkerId>(creator))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "unknown distributed autograd context id ", id, ": no worker of the group (id ", creator,
         ") created it"));
@@ -45,8 +45,8 @@ absl::Status CheckContext(const wire::Request& request, IsGroupMember member) {
   return absl::OkStatus();
 }
 
-absl::Status CheckCall(const wire::CallRequest& call, WorkerId from) {
-  if (!IsValidRegisteredName(call.function())) {
+absl::Status CheckCall(const wire::CallRequest& call, base::WorkerId from) {
+  if (!base::IsValidRegisteredName(call.function())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "invalid ", call.has_self() ? "method" : "function", " name '",
         call.function().substr(0, 64), call.function().size() > 64 ? "...' (" : "' (",
@@ -55,13 +55,13 @@ absl::Status CheckCall(const wire::CallRequest& call, WorkerId from) {
   return CheckResultRRef(call, from);
 }
 
-absl::Status CheckResultRRef(const wire::CallRequest& call, WorkerId from) {
+absl::Status CheckResultRRef(const wire::CallRequest& call, base::WorkerId from) {
   if (!call.has_result_rref()) return absl::OkStatus();
-  const RRefId id = FromWire(call.result_rref());
+  const base::RRefId id = FromWire(call.result_rref());
   if (id.worker != from || FromWire(call.result_fork()) != id) {
     return absl::InvalidArgumentError("remote(): the result RRef id must be the caller's");
   }
   return absl::OkStatus();
 }
 
-}  // namespace remora
+}  // namespace remora::rpc

@@ -19,7 +19,7 @@
 #include "rpc/message.h"
 #include "rpc/stream.h"
 
-namespace remora {
+namespace remora::rpc {
 
 class Responder {
  public:
@@ -29,16 +29,16 @@ class Responder {
     virtual ~Server() = default;
     // Serializes `message` for the route to `to`, sends it on `slot`, and
     // takes back out-of-band payloads the caller will never read.
-    virtual void SendReply(ReplySlot& slot, WorkerId to, OutMessage message) = 0;
+    virtual void SendReply(ReplySlot& slot, base::WorkerId to, OutMessage message) = 0;
     // Encodes `value` into `message` as the reply to `to`, recording the
     // send in distributed autograd context `context_id` (or none).
-    virtual absl::Status EncodeReplyValue(WorkerId to, int64_t context_id,
+    virtual absl::Status EncodeReplyValue(base::WorkerId to, int64_t context_id,
                                           const c10::IValue& value, OutMessage* message) = 0;
     // This worker's name, for errors.
     virtual const std::string& server_name() const = 0;
   };
 
-  Responder(std::shared_ptr<ReplySlot> slot, Server* server, WorkerId to)
+  Responder(std::shared_ptr<ReplySlot> slot, Server* server, base::WorkerId to)
       : slot_(std::move(slot)), server_(server), to_(to) {}
   ~Responder();
   Responder(const Responder&) = delete;
@@ -50,7 +50,7 @@ class Responder {
   // An empty reply when `status` is OK, else the error.
   void ReplyStatus(const absl::Status& status);
   void ReplyValue(absl::StatusOr<c10::IValue> value);
-  WorkerId to() const { return to_; }
+  base::WorkerId to() const { return to_; }
   // The distributed autograd context the reply belongs to (a context id,
   // kNoContext when none).
   void set_context(int64_t context_id) { context_id_ = context_id; }
@@ -58,9 +58,9 @@ class Responder {
  private:
   std::shared_ptr<ReplySlot> slot_;
   Server* server_;
-  WorkerId to_;
+  base::WorkerId to_;
   int64_t context_id_ = kNoContext;
   bool replied_ = false;
 };
 
-}  // namespace remora
+}  // namespace remora::rpc

@@ -11,17 +11,17 @@
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
 
-namespace remora {
+namespace remora::rpc {
 
-wire::Guid ToWire(const GloballyUniqueId& id) {
+wire::Guid ToWire(const base::GloballyUniqueId& id) {
   wire::Guid g;
   g.set_worker(id.worker);
   g.set_local(id.local);
   return g;
 }
 
-GloballyUniqueId FromWire(const wire::Guid& id) {
-  return GloballyUniqueId{static_cast<WorkerId>(id.worker()), id.local()};
+base::GloballyUniqueId FromWire(const wire::Guid& id) {
+  return base::GloballyUniqueId{static_cast<base::WorkerId>(id.worker()), id.local()};
 }
 
 const c10::TypePtr RRefImpl::type() const {
@@ -34,13 +34,13 @@ Agent* RRefImpl::agent() const {
 }
 
 WaitTicket::WaitTicket(std::shared_ptr<Count> count) : count_(std::move(count)) {
-  MutexLock lock(count_->mu);
+  base::MutexLock lock(count_->mu);
   ++count_->waiting;
 }
 
 void WaitTicket::Done() {
   if (done_.exchange(true)) return;
-  MutexLock lock(count_->mu);
+  base::MutexLock lock(count_->mu);
   --count_->waiting;
 }
 
@@ -48,7 +48,7 @@ void OwnerRRef::Abandon(const absl::Status& why) {
   value_.Complete(absl::Status(why.code(), absl::StrCat("RRef ", rref_id().ToString(), ": ", why.message())));
   std::vector<std::function<void()>> dropped;
   {
-    MutexLock lock(lanes_mu_);
+    base::MutexLock lock(lanes_mu_);
     abandoned_ = true;
     for (auto& [key, lane] : lanes_) {
       for (auto& [seq, fn] : lane.waiting) dropped.push_back(std::move(fn));
@@ -58,7 +58,7 @@ void OwnerRRef::Abandon(const absl::Status& why) {
   dropped.clear();  // outside the lock: each call's responder answers as it goes
 }
 
-void OwnerRRef::RunInOrder(WorkerId caller, const ForkId& lane_id, uint64_t seq,
+void OwnerRRef::RunInOrder(base::WorkerId caller, const base::ForkId& lane_id, uint64_t seq,
                            std::function<void()> fn, absl::Duration gap_timeout,
                            absl::Time now) {
   if (seq == 0) return fn();
@@ -66,7 +66,7 @@ void OwnerRRef::RunInOrder(WorkerId caller, const ForkId& lane_id, uint64_t seq,
   bool late = false;
   std::function<void()> dropped;  // destroyed on return, outside the lock
   {
-    MutexLock lock(lanes_mu_);
+    base::MutexLock lock(lanes_mu_);
     Lane& lane = lanes_[key];
     late = seq < lane.next;  // its turn was skipped (see the header)
     if (!late && seq == lane.next && !lane.running) {
@@ -91,7 +91,7 @@ void OwnerRRef::RunInOrder(WorkerId caller, const ForkId& lane_id, uint64_t seq,
   if (late) return fn();  // late, but not lost
   while (fn) {
     fn();
-    MutexLock lock(lanes_mu_);
+    base::MutexLock lock(lanes_mu_);
     Lane& lane = lanes_[key];
     ++lane.next;
     auto it = lane.waiting.find(lane.next);
@@ -106,7 +106,7 @@ void OwnerRRef::RunInOrder(WorkerId caller, const ForkId& lane_id, uint64_t seq,
   }
 }
 
-UserRRef::UserRRef(WorkerId owner, std::string owner_name, RRefId id, ForkId fork,
+UserRRef::UserRRef(base::WorkerId owner, std::string owner_name, base::RRefId id, base::ForkId fork,
                    std::shared_ptr<RRefContext> ctx)
     : RRefImpl(owner, std::move(owner_name), id, ctx),
       fork_id_(fork),
@@ -123,17 +123,17 @@ void UserRRef::Confirm(absl::Status status) {
   }
 }
 
-RRefContext::RRefContext(WorkerId self, Agent* agent, ControlChannel* channel,
+RRefContext::RRefContext(base::WorkerId self, Agent* agent, ControlChannel* channel,
                          Executor* executor)
     : self_(self), agent_(agent), channel_(channel), executor_(executor) {}
 
 Agent* RRefContext::agent() const {
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   return detached_ ? nullptr : agent_;
 }
 
-GloballyUniqueId RRefContext::NewId() {
-  return GloballyUniqueId{self_, next_id_.fetch_add(1, std::memory_order_relaxed)};
+base::GloballyUniqueId RRefContext::NewId() {
+  return base::GloballyUniqueId{self_, next_id_.fetch_add(1, std::memory_order_relaxed)};
 }
 
 c10::intrusive_ptr<OwnerRRef> RRefContext::CreateLocal(c10::IValue value) {
@@ -143,21 +143,21 @@ c10::intrusive_ptr<OwnerRRef> RRefContext::CreateLocal(c10::IValue value) {
   return rref;
 }
 
-c10::intrusive_ptr<UserRRef> RRefContext::CreateUserForRemote(WorkerId owner) {
-  const RRefId id = NewId();
+c10::intrusive_ptr<UserRRef> RRefContext::CreateUserForRemote(base::WorkerId owner) {
+  const base::RRefId id = NewId();
   auto user = c10::make_intrusive<UserRRef>(owner, channel_->NameOf(owner), id, id,
                                             shared_from_this());
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   pending_users_[id] = user;
   live_users_[id] = user.get();
   return user;
 }
 
-c10::intrusive_ptr<OwnerRRef> RRefContext::GetOrCreateOwner(const RRefId& id) {
+c10::intrusive_ptr<OwnerRRef> RRefContext::GetOrCreateOwner(const base::RRefId& id) {
   c10::intrusive_ptr<OwnerRRef> owner;
   absl::Status abandoned;
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     auto& slot = owners_[id];
     if (!slot) {
       slot = c10::make_intrusive<OwnerRRef>(self_, channel_->NameOf(self_), id,
@@ -171,34 +171,34 @@ c10::intrusive_ptr<OwnerRRef> RRefContext::GetOrCreateOwner(const RRefId& id) {
   return owner;
 }
 
-c10::intrusive_ptr<OwnerRRef> RRefContext::FindOwner(const RRefId& id) {
-  MutexLock lock(mu_);
+c10::intrusive_ptr<OwnerRRef> RRefContext::FindOwner(const base::RRefId& id) {
+  base::MutexLock lock(mu_);
   auto it = owners_.find(id);
   return it == owners_.end() ? c10::intrusive_ptr<OwnerRRef>() : it->second;
 }
 
-bool RRefContext::KnowsOwnValue(const RRefId& id) const {
-  MutexLock lock(mu_);
+bool RRefContext::KnowsOwnValue(const base::RRefId& id) const {
+  base::MutexLock lock(mu_);
   // A remote() this worker made to itself has a user (fork id = rref id)
   // before its owner exists.
   return owners_.contains(id) || live_users_.contains(id) || pending_users_.contains(id);
 }
 
-void RRefContext::AddFork(const RRefId& id, const ForkId& fork) {
-  MutexLock lock(mu_);
+void RRefContext::AddFork(const base::RRefId& id, const base::ForkId& fork) {
+  base::MutexLock lock(mu_);
   forks_[id].insert(fork);
 }
 
-bool RRefContext::HasFork(const RRefId& id, const ForkId& fork) const {
-  MutexLock lock(mu_);
+bool RRefContext::HasFork(const base::RRefId& id, const base::ForkId& fork) const {
+  base::MutexLock lock(mu_);
   auto it = forks_.find(id);
   return it != forks_.end() && it->second.contains(fork);
 }
 
-absl::Status RRefContext::DeleteFork(const RRefId& id, const ForkId& fork) {
+absl::Status RRefContext::DeleteFork(const base::RRefId& id, const base::ForkId& fork) {
   c10::intrusive_ptr<OwnerRRef> freed;  // destroyed outside the lock
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     auto it = forks_.find(id);
     // Unknown forks are already deleted: deletes are idempotent.
     if (it == forks_.end() || it->second.erase(fork) == 0) return absl::OkStatus();
@@ -213,19 +213,19 @@ absl::Status RRefContext::DeleteFork(const RRefId& id, const ForkId& fork) {
   return absl::OkStatus();
 }
 
-void RRefContext::AcceptChild(const ForkId& fork) {
+void RRefContext::AcceptChild(const base::ForkId& fork) {
   c10::intrusive_ptr<RRefImpl> child;  // may be the last reference: dropped unlocked
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   auto it = pending_children_.find(fork);
   if (it == pending_children_.end()) return;  // idempotent
   child = std::move(it->second.rref);
   pending_children_.erase(it);
 }
 
-void RRefContext::FinishPendingUser(const ForkId& fork, absl::Status status) {
+void RRefContext::FinishPendingUser(const base::ForkId& fork, absl::Status status) {
   c10::intrusive_ptr<UserRRef> user;  // may be the last reference: dropped unlocked
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     auto it = pending_users_.find(fork);
     if (it == pending_users_.end()) return;
     user = std::move(it->second);
@@ -234,11 +234,11 @@ void RRefContext::FinishPendingUser(const ForkId& fork, absl::Status status) {
   user->Confirm(std::move(status));
 }
 
-void RRefContext::ForgetPeer(WorkerId peer, const absl::Status& why) {
+void RRefContext::ForgetPeer(base::WorkerId peer, const absl::Status& why) {
   std::vector<c10::intrusive_ptr<UserRRef>> unconfirmed;  // confirmed (and maybe dropped) unlocked
   std::vector<c10::intrusive_ptr<RRefImpl>> children;     // likewise dropped unlocked
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     for (auto it = pending_children_.begin(); it != pending_children_.end();) {
       if (it->second.to == peer || it->second.rref->owner() == peer) {
         children.push_back(std::move(it->second.rref));
@@ -261,19 +261,19 @@ void RRefContext::ForgetPeer(WorkerId peer, const absl::Status& why) {
 
 void RRefContext::OnUserDestroyed(const UserRRef& user) {
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     if (live_users_.erase(user.fork_id()) == 0 || detached_) return;
   }
   wire::UserDelete del;
   *del.mutable_rref_id() = ToWire(user.rref_id());
   *del.mutable_fork_id() = ToWire(user.fork_id());
-  wire::Request request = MakeRequest(del);
+  wire::Request request = wire::MakeRequest(del);
   Send(user.owner(), std::move(request));
 }
 
-Future<Empty> RRefContext::Send(WorkerId dst, wire::Request request) {
+Future<Empty> RRefContext::Send(base::WorkerId dst, wire::Request request) {
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     ++pending_messages_;
   }
   request.set_from(self_);
@@ -284,7 +284,7 @@ Future<Empty> RRefContext::Send(WorkerId dst, wire::Request request) {
   Future<Empty> done;  // inline: bookkeeping only
   sent.then([self, done](const absl::StatusOr<Empty>& r) mutable {
     {
-      MutexLock lock(self->mu_);
+      base::MutexLock lock(self->mu_);
       --self->pending_messages_;
     }
     done.Complete(r);
@@ -292,7 +292,7 @@ Future<Empty> RRefContext::Send(WorkerId dst, wire::Request request) {
   return done;
 }
 
-absl::Status RRefContext::ForkForSend(const c10::IValue& value, WorkerId dst,
+absl::Status RRefContext::ForkForSend(const c10::IValue& value, base::WorkerId dst,
                                       wire::RRefMeta* out) {
   auto* impl = dynamic_cast<RRefImpl*>(value.toRRef().get());
   if (impl == nullptr) {
@@ -302,12 +302,12 @@ absl::Status RRefContext::ForkForSend(const c10::IValue& value, WorkerId dst,
   if (!channel_->IsKnown(dst)) {
     return absl::InvalidArgumentError(absl::StrCat("cannot send an RRef to unknown worker ", dst));
   }
-  const ForkId fork = NewId();
+  const base::ForkId fork = NewId();
   if (rref->isOwner()) {
     if (impl->owner() != self_) {
       return absl::InternalError("owner RRef of another worker");
     }
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     auto& slot = owners_[rref->rref_id()];
     if (!slot) slot = c10::static_intrusive_pointer_cast<OwnerRRef>(rref);
     // Sent to itself: the receiver gets the owner RRef back, no new user.
@@ -317,10 +317,10 @@ absl::Status RRefContext::ForkForSend(const c10::IValue& value, WorkerId dst,
     if (user->confirmed().ready()) {
       auto confirmed = user->confirmed().wait();
       if (!confirmed.ok()) {
-        return Annotate(confirmed.status(), "cannot send a failed RRef");
+        return base::Annotate(confirmed.status(), "cannot send a failed RRef");
       }
     }
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     pending_children_[fork] = PendingChild{rref, dst};
   }
   out->set_owner(rref->owner());
@@ -332,15 +332,15 @@ absl::Status RRefContext::ForkForSend(const c10::IValue& value, WorkerId dst,
 
 absl::StatusOr<c10::IValue> RRefContext::Receive(const wire::RRefMeta& meta,
                                                  std::vector<Future<Empty>>* pending) {
-  const WorkerId owner = static_cast<WorkerId>(meta.owner());
-  const WorkerId parent = static_cast<WorkerId>(meta.parent());
-  if (meta.owner() > kUnknownWorker || meta.parent() > kUnknownWorker ||
+  const base::WorkerId owner = static_cast<base::WorkerId>(meta.owner());
+  const base::WorkerId parent = static_cast<base::WorkerId>(meta.parent());
+  if (meta.owner() > base::kUnknownWorker || meta.parent() > base::kUnknownWorker ||
       !channel_->IsKnown(owner) || !channel_->IsKnown(parent)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "RRef names unknown workers (owner ", meta.owner(), ", parent ", meta.parent(), ")"));
   }
-  const RRefId id = FromWire(meta.rref_id());
-  const ForkId fork = FromWire(meta.fork_id());
+  const base::RRefId id = FromWire(meta.rref_id());
+  const base::ForkId fork = FromWire(meta.fork_id());
   if (!channel_->IsKnown(id.worker) || !channel_->IsKnown(fork.worker)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "RRef with an invalid id ", id.ToString(), " / fork ", fork.ToString(),
@@ -362,7 +362,7 @@ absl::StatusOr<c10::IValue> RRefContext::Receive(const wire::RRefMeta& meta,
       // "phantom fork"); the parent only needs to know it arrived.
       wire::ChildAccept child;
       *child.mutable_fork_id() = meta.fork_id();
-      wire::Request accept = MakeRequest(child);
+      wire::Request accept = wire::MakeRequest(child);
       Send(parent, std::move(accept));
     }
     return c10::IValue(c10::intrusive_ptr<c10::RRefInterface>(rref));
@@ -371,7 +371,7 @@ absl::StatusOr<c10::IValue> RRefContext::Receive(const wire::RRefMeta& meta,
   auto user = c10::make_intrusive<UserRRef>(owner, channel_->NameOf(owner), id, fork,
                                             shared_from_this());
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     live_users_[fork] = user.get();
   }
   if (parent == owner) {
@@ -379,24 +379,24 @@ absl::StatusOr<c10::IValue> RRefContext::Receive(const wire::RRefMeta& meta,
     user->Confirm(absl::OkStatus());
   } else {
     {
-      MutexLock lock(mu_);
+      base::MutexLock lock(mu_);
       pending_users_[fork] = user;
     }
     wire::ForkRequest fork_request;
     *fork_request.mutable_rref_id() = meta.rref_id();
     *fork_request.mutable_fork_id() = meta.fork_id();
-    wire::Request request = MakeRequest(fork_request);
+    wire::Request request = wire::MakeRequest(fork_request);
     auto self = shared_from_this();
     Send(owner, std::move(request))
         .then([self, fork, parent, owner](const absl::StatusOr<Empty>& r) {
           self->FinishPendingUser(
               fork, r.ok() ? absl::OkStatus()
-                           : Annotate(r.status(), absl::StrCat(
+                           : base::Annotate(r.status(), absl::StrCat(
                                  "telling owner '", self->channel_->NameOf(owner),
                                  "' about an RRef fork")));
           wire::ChildAccept child;
           *child.mutable_fork_id() = ToWire(fork);
-          wire::Request accept = MakeRequest(child);
+          wire::Request accept = wire::MakeRequest(child);
           self->Send(parent, std::move(accept));
         });
     if (pending != nullptr) pending->push_back(user->confirmed());
@@ -405,14 +405,14 @@ absl::StatusOr<c10::IValue> RRefContext::Receive(const wire::RRefMeta& meta,
 }
 
 void RRefContext::ReleaseAllUsers() {
-  std::vector<std::pair<WorkerId, wire::Request>> deletes;
+  std::vector<std::pair<base::WorkerId, wire::Request>> deletes;
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     for (const auto& [fork, user] : live_users_) {
       wire::UserDelete del;
       *del.mutable_rref_id() = ToWire(user->rref_id());
       *del.mutable_fork_id() = ToWire(fork);
-      wire::Request request = MakeRequest(del);
+      wire::Request request = wire::MakeRequest(del);
       deletes.emplace_back(user->owner(), std::move(request));
     }
     live_users_.clear();
@@ -425,7 +425,7 @@ bool RRefContext::drained() const {
 }
 
 absl::Status RRefContext::WaitDrained(absl::Duration timeout) {
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   auto is_drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return drained(); };
   if (!mu_.AwaitWithTimeout(absl::Condition(&is_drained), timeout)) {
     // The members still owing an answer, by name: whom to look at.
@@ -442,19 +442,19 @@ absl::Status RRefContext::WaitDrained(absl::Duration timeout) {
 }
 
 bool RRefContext::detached() const {
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   return detached_;
 }
 
 void RRefContext::Detach() {
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   detached_ = true;
 }
 
 void RRefContext::AbandonWaiting(const absl::Status& why) {
   std::vector<c10::intrusive_ptr<OwnerRRef>> owners;
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     abandoned_ = why;
     for (const auto& [id, owner] : owners_) owners.push_back(owner);
   }
@@ -467,7 +467,7 @@ std::shared_ptr<WaitTicket> RRefContext::StartWaiting() {
 
 bool RRefContext::AwaitNoneWaiting(absl::Duration timeout) {
   WaitTicket::Count& count = *waiting_;
-  MutexLock lock(count.mu);
+  base::MutexLock lock(count.mu);
   auto none = [&count]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(count.mu) { return count.waiting == 0; };
   return count.mu.AwaitWithTimeout(absl::Condition(&none), timeout);
 }
@@ -475,10 +475,10 @@ bool RRefContext::AwaitNoneWaiting(absl::Duration timeout) {
 RRefStats RRefContext::stats() const {
   RRefStats s;
   {
-    MutexLock lock(waiting_->mu);
+    base::MutexLock lock(waiting_->mu);
     s.waiting_requests = waiting_->waiting;
   }
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   s.owners = owners_.size();
   for (const auto& [id, forks] : forks_) s.forks += forks.size();
   s.live_users = live_users_.size();
@@ -488,4 +488,4 @@ RRefStats RRefContext::stats() const {
   return s;
 }
 
-}  // namespace remora
+}  // namespace remora::rpc

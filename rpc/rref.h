@@ -30,7 +30,7 @@
 #include "base/ids.h"
 #include "rpc/future.h"
 
-namespace remora {
+namespace remora::rpc {
 
 class Agent;
 class RRefContext;
@@ -38,12 +38,12 @@ class RRefContext;
 // Common base of owner and user RRefs; what an RRef IValue holds.
 class RRefImpl : public c10::RRefInterface {
  public:
-  RRefImpl(WorkerId owner, std::string owner_name, RRefId id,
+  RRefImpl(base::WorkerId owner, std::string owner_name, base::RRefId id,
            std::weak_ptr<RRefContext> ctx)
       : owner_(owner), owner_name_(std::move(owner_name)), rref_id_(id),
         weak_ctx_(std::move(ctx)) {}
 
-  const RRefId& rref_id() const { return rref_id_; }
+  const base::RRefId& rref_id() const { return rref_id_; }
   c10::worker_id_t owner() const override { return owner_; }
   std::string ownerName() const override { return owner_name_; }
   const c10::TypePtr type() const override;
@@ -51,9 +51,9 @@ class RRefImpl : public c10::RRefInterface {
   Agent* agent() const;
 
  private:
-  const WorkerId owner_;
+  const base::WorkerId owner_;
   const std::string owner_name_;
-  const RRefId rref_id_;
+  const base::RRefId rref_id_;
   const std::weak_ptr<RRefContext> weak_ctx_;
 };
 
@@ -106,8 +106,8 @@ class RRef {
   bool is_owner() const { return impl_->isOwner(); }
   // The owner's name and id.
   std::string owner_name() const { return impl_->ownerName(); }
-  WorkerId owner() const { return impl_->owner(); }
-  const RRefId& id() const { return impl_->rref_id(); }
+  base::WorkerId owner() const { return impl_->owner(); }
+  const base::RRefId& id() const { return impl_->rref_id(); }
   // True once the owner confirmed this user (always true on the owner).
   bool confirmed_by_owner() const { return impl_->confirmedByOwner(); }
   // Waits until the owner confirmed this user: OK once the value exists
@@ -150,4 +150,4 @@ class RRef {
   c10::intrusive_ptr<RRefImpl> impl_;
 };
 
-}  // namespace remora
+}  // namespace remora::rpc

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "rpc/agent.h"
 
-namespace remora {
+namespace remora::rpc {
 
 at::Tensor TensorOrFetch(const c10::IValue& value) {
   if (value.isTensor()) return value.toTensor();
@@ -32,4 +32,4 @@ c10::IValue ValueOrFetch(const c10::IValue& value) {
   return std::move(*fetched);
 }
 
-}  // namespace remora
+}  // namespace remora::rpc

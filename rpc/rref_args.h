@@ -8,7 +8,7 @@
 
 #include <ATen/core/ivalue.h>
 
-namespace remora {
+namespace remora::rpc {
 
 // The tensor an argument holds, fetching it first when it is an RRef.
 // Throws with a clear message otherwise.
@@ -18,4 +18,4 @@ at::Tensor TensorOrFetch(const c10::IValue& value);
 // RRef.
 c10::IValue ValueOrFetch(const c10::IValue& value);
 
-}  // namespace remora
+}  // namespace remora::rpc

@@ -47,7 +47,7 @@
 #include "base/ids.h"
 #include "rpc/rref.h"
 
-namespace remora {
+namespace remora::rpc {
 
 class Agent;
 class RRefContext;
@@ -85,7 +85,7 @@ class WaitTicket {
 // The owner's side: the value itself, possibly still being made.
 class OwnerRRef final : public RRefImpl {
  public:
-  OwnerRRef(WorkerId owner, std::string owner_name, RRefId id,
+  OwnerRRef(base::WorkerId owner, std::string owner_name, base::RRefId id,
             std::weak_ptr<RRefContext> ctx, Executor* executor)
       : RRefImpl(owner, std::move(owner_name), id, std::move(ctx)), value_(executor) {}
 
@@ -104,7 +104,7 @@ class OwnerRRef final : public RRefImpl {
   // `gap_timeout` (the caller has given up on the missing one by then), the
   // next arrival on the lane skips the gap and the waiting calls run in
   // order. A call that arrives after its turn was skipped runs at once.
-  void RunInOrder(WorkerId caller, const ForkId& lane, uint64_t seq, std::function<void()> fn,
+  void RunInOrder(base::WorkerId caller, const base::ForkId& lane, uint64_t seq, std::function<void()> fn,
                   absl::Duration gap_timeout = absl::Seconds(60), absl::Time now = absl::Now());
 
   // When the owner stops: a value still being made fails with `why` (the
@@ -122,21 +122,21 @@ class OwnerRRef final : public RRefImpl {
 
   Future<c10::IValue> value_;
   absl::Mutex lanes_mu_;
-  absl::flat_hash_map<std::pair<WorkerId, ForkId>, Lane> lanes_ ABSL_GUARDED_BY(lanes_mu_);
+  absl::flat_hash_map<std::pair<base::WorkerId, base::ForkId>, Lane> lanes_ ABSL_GUARDED_BY(lanes_mu_);
   bool abandoned_ ABSL_GUARDED_BY(lanes_mu_) = false;  // Abandon ran: nothing parks
 };
 
 // A user's side: one fork of a value that lives on `owner`.
 class UserRRef final : public RRefImpl {
  public:
-  UserRRef(WorkerId owner, std::string owner_name, RRefId id, ForkId fork,
+  UserRRef(base::WorkerId owner, std::string owner_name, base::RRefId id, base::ForkId fork,
            std::shared_ptr<RRefContext> ctx);
   ~UserRRef() override;
 
   bool isOwner() const override { return false; }
   bool confirmedByOwner() const override { return confirmed_.ready(); }
 
-  const ForkId& fork_id() const { return fork_id_; }
+  const base::ForkId& fork_id() const { return fork_id_; }
   // Completes when the owner confirmed this user; an error when creating the
   // value failed (remote()) or the owner could not be told (fork).
   const Future<Empty>& confirmed() const { return confirmed_; }
@@ -147,7 +147,7 @@ class UserRRef final : public RRefImpl {
 
  private:
   std::atomic<uint64_t> call_seq_{0};
-  const ForkId fork_id_;
+  const base::ForkId fork_id_;
   const std::shared_ptr<RRefContext> ctx_;
   Future<Empty> confirmed_;
 };
@@ -158,52 +158,52 @@ class ControlChannel {
   virtual ~ControlChannel() = default;
   // Sends `request` to `dst`, retrying transport failures; the future holds
   // the outcome.
-  virtual Future<Empty> SendControl(WorkerId dst, wire::Request request) = 0;
+  virtual Future<Empty> SendControl(base::WorkerId dst, wire::Request request) = 0;
   // The name of worker `id` (for RRef owner names and messages).
-  virtual std::string NameOf(WorkerId id) const = 0;
+  virtual std::string NameOf(base::WorkerId id) const = 0;
   // Whether `id` is a member of the group.
-  virtual bool IsKnown(WorkerId id) const = 0;
+  virtual bool IsKnown(base::WorkerId id) const = 0;
 };
 
 class RRefContext final : public RRefHooks,
                           public std::enable_shared_from_this<RRefContext> {
  public:
-  RRefContext(WorkerId self, Agent* agent, ControlChannel* channel, Executor* executor);
+  RRefContext(base::WorkerId self, Agent* agent, ControlChannel* channel, Executor* executor);
 
-  WorkerId self() const { return self_; }
+  base::WorkerId self() const { return self_; }
   // Null once detached.
   Agent* agent() const;
   Executor* executor() const { return executor_; }
 
   // A new globally unique id created by this worker.
-  GloballyUniqueId NewId();
+  base::GloballyUniqueId NewId();
 
   // --- creating RRefs --------------------------------------------------
   // An owner RRef over a value this process holds (PyTorch's RRef(value)).
   c10::intrusive_ptr<OwnerRRef> CreateLocal(c10::IValue value);
   // The user for a remote() to `owner`, pending until the owner confirms.
-  c10::intrusive_ptr<UserRRef> CreateUserForRemote(WorkerId owner);
+  c10::intrusive_ptr<UserRRef> CreateUserForRemote(base::WorkerId owner);
 
   // --- owner side ------------------------------------------------------
   // The owner RRef `id`, made as a placeholder (value pending) when absent.
-  c10::intrusive_ptr<OwnerRRef> GetOrCreateOwner(const RRefId& id);
+  c10::intrusive_ptr<OwnerRRef> GetOrCreateOwner(const base::RRefId& id);
   // The owner RRef `id`, or null.
-  c10::intrusive_ptr<OwnerRRef> FindOwner(const RRefId& id);
-  void AddFork(const RRefId& id, const ForkId& fork);
-  bool HasFork(const RRefId& id, const ForkId& fork) const;
+  c10::intrusive_ptr<OwnerRRef> FindOwner(const base::RRefId& id);
+  void AddFork(const base::RRefId& id, const base::ForkId& fork);
+  bool HasFork(const base::RRefId& id, const base::ForkId& fork) const;
   // Records that user `fork` of `id` is gone; frees the value after the last.
-  absl::Status DeleteFork(const RRefId& id, const ForkId& fork);
+  absl::Status DeleteFork(const base::RRefId& id, const base::ForkId& fork);
 
   // --- user / parent side ----------------------------------------------
-  void AcceptChild(const ForkId& fork);
+  void AcceptChild(const base::ForkId& fork);
   // The owner answered about user `fork` (remote() reply or fork request):
   // confirms it, or stores the error on it.
-  void FinishPendingUser(const ForkId& fork, absl::Status status);
+  void FinishPendingUser(const base::ForkId& fork, absl::Status status);
   // Called by ~UserRRef: tells the owner, unless already released.
   void OnUserDestroyed(const UserRRef& user);
 
   // --- codec hooks -----------------------------------------------------
-  absl::Status ForkForSend(const c10::IValue& rref, WorkerId dst,
+  absl::Status ForkForSend(const c10::IValue& rref, base::WorkerId dst,
                            wire::RRefMeta* out) override;
   absl::StatusOr<c10::IValue> Receive(const wire::RRefMeta& meta,
                                       std::vector<Future<Empty>>* pending) override;
@@ -214,7 +214,7 @@ class RRefContext final : public RRefHooks,
   // Member `peer` is gone for good (Agent::MarkLost): forks sent to it or
   // of its values are no longer waited for, and users of its values that it
   // never confirmed fail with `why`, so that draining does not wait for it.
-  void ForgetPeer(WorkerId peer, const absl::Status& why);
+  void ForgetPeer(base::WorkerId peer, const absl::Status& why);
   // Waits until no control message, pending user or pending child remains.
   absl::Status WaitDrained(absl::Duration timeout);
   // After this, destroyed users send nothing (the group is gone).
@@ -237,30 +237,30 @@ class RRefContext final : public RRefHooks,
  private:
   // Whether value `id`, created by this worker, still exists here (or is
   // still being made by a remote() to itself).
-  bool KnowsOwnValue(const RRefId& id) const;
+  bool KnowsOwnValue(const base::RRefId& id) const;
   // Sends a control message and counts it until it completes.
-  Future<Empty> Send(WorkerId dst, wire::Request request);
+  Future<Empty> Send(base::WorkerId dst, wire::Request request);
   bool drained() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const WorkerId self_;
+  const base::WorkerId self_;
   Agent* const agent_;
   ControlChannel* const channel_;
   Executor* const executor_;
   std::atomic<uint64_t> next_id_{1};
 
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<RRefId, c10::intrusive_ptr<OwnerRRef>> owners_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<RRefId, absl::flat_hash_set<ForkId>> forks_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<ForkId, c10::intrusive_ptr<UserRRef>> pending_users_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<base::RRefId, c10::intrusive_ptr<OwnerRRef>> owners_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<base::RRefId, absl::flat_hash_set<base::ForkId>> forks_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<base::ForkId, c10::intrusive_ptr<UserRRef>> pending_users_ ABSL_GUARDED_BY(mu_);
   // Forks of users sent on, until the receiver accepts them: the RRef and
   // where it went.
   struct PendingChild {
     c10::intrusive_ptr<RRefImpl> rref;
-    WorkerId to = kUnknownWorker;
+    base::WorkerId to = base::kUnknownWorker;
   };
-  absl::flat_hash_map<ForkId, PendingChild> pending_children_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<base::ForkId, PendingChild> pending_children_ ABSL_GUARDED_BY(mu_);
   // Users alive here, not yet deleted (raw: each removes itself when destroyed).
-  absl::flat_hash_map<ForkId, const UserRRef*> live_users_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<base::ForkId, const UserRRef*> live_users_ ABSL_GUARDED_BY(mu_);
   int64_t pending_messages_ ABSL_GUARDED_BY(mu_) = 0;
   bool detached_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status abandoned_ ABSL_GUARDED_BY(mu_);  // AbandonWaiting's reason, once it ran
@@ -269,7 +269,7 @@ class RRefContext final : public RRefHooks,
   const std::shared_ptr<WaitTicket::Count> waiting_ = std::make_shared<WaitTicket::Count>();
 };
 
-wire::Guid ToWire(const GloballyUniqueId& id);
-GloballyUniqueId FromWire(const wire::Guid& id);
+wire::Guid ToWire(const base::GloballyUniqueId& id);
+base::GloballyUniqueId FromWire(const wire::Guid& id);
 
-}  // namespace remora
+}  // namespace remora::rpc

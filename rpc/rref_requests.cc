@@ -8,13 +8,13 @@
 #include "rpc/agent_impl.h"
 #include "rpc/request_checks.h"
 
-namespace remora {
+namespace remora::rpc {
 namespace {
 
 // The owner RRef of a remote()'s result, whose id CheckResultRRef accepted;
 // its creator is its first user.
 c10::intrusive_ptr<OwnerRRef> CreateResultOwner(RRefContext& rrefs, const wire::CallRequest& call) {
-  const RRefId id = FromWire(call.result_rref());
+  const base::RRefId id = FromWire(call.result_rref());
   c10::intrusive_ptr<OwnerRRef> owner = rrefs.GetOrCreateOwner(id);
   rrefs.AddFork(id, id);
   return owner;
@@ -26,12 +26,12 @@ absl::Status DecodeCall(const wire::CallRequest& call, DecodeContext& ctx, std::
   args->reserve(call.args_size());
   for (const auto& a : call.args()) {
     auto v = DecodeValue(a, ctx);
-    if (!v.ok()) return Annotate(v.status(), "decoding the arguments");
+    if (!v.ok()) return base::Annotate(v.status(), "decoding the arguments");
     args->push_back(std::move(*v));
   }
   if (!call.has_self()) return absl::OkStatus();
   auto v = DecodeValue(call.self(), ctx);
-  if (!v.ok()) return Annotate(v.status(), "decoding the RRef");
+  if (!v.ok()) return base::Annotate(v.status(), "decoding the RRef");
   auto* owner = v->isRRef() ? dynamic_cast<OwnerRRef*>(v->toRRef().get()) : nullptr;
   if (owner == nullptr) return absl::InvalidArgumentError("a method call must target an RRef owned by the callee");
   *self = c10::intrusive_ptr<OwnerRRef>::unsafe_reclaim_from_nonowning(owner);
@@ -43,12 +43,12 @@ absl::Status DecodeCall(const wire::CallRequest& call, DecodeContext& ctx, std::
 // in `result_rref` and replies only success or the error. `waiting`, the
 // ticket of a method call that waited on `self` (or null), is done once the
 // call has been answered with `self`'s error or before the method runs.
-void RunCall(Agent::Impl* impl, WorkerId from, const std::shared_ptr<Responder>& responder,
+void RunCall(Agent::Impl* impl, base::WorkerId from, const std::shared_ptr<Responder>& responder,
              const c10::intrusive_ptr<OwnerRRef>& result_rref, int64_t context_id, std::vector<c10::IValue> args,
              const std::string& function, const c10::intrusive_ptr<OwnerRRef>& self, WaitTicket* waiting) {
   Agent* const agent = impl->agent_;
   ContextIdGuard in_context(context_id);
-  CallContext cctx{agent, WorkerInfo{}};
+  CallContext cctx{agent, base::WorkerInfo{}};
   if (const Peer* p = impl->FindPeer(from)) cctx.caller = p->info;
   Future<c10::IValue> out;
   const Args call_args(std::move(args));
@@ -77,7 +77,7 @@ void HandleCall(Agent::Impl* impl, Incoming<wire::CallRequest> in,
   InMessage& message = in.message;
   const wire::Request& request = message.header.request();
   const wire::CallRequest& call = in.body;
-  const WorkerId from = in.from;
+  const base::WorkerId from = in.from;
   Agent* const agent = impl->agent_;
   RRefContext& rrefs = *impl->rrefs();
   const Agent::Impl::Membership member{agent};
@@ -113,7 +113,7 @@ void HandleCall(Agent::Impl* impl, Incoming<wire::CallRequest> in,
               self_rref](WaitTicket* waiting) mutable {
     RunCall(impl, from, responder, result_rref, context_id, std::move(args), function, self_rref, waiting);
   };
-  const ForkId lane = call.has_caller_fork() ? FromWire(call.caller_fork()) : ForkId{};
+  const base::ForkId lane = call.has_caller_fork() ? FromWire(call.caller_fork()) : base::ForkId{};
   const uint64_t seq = call.seq();
   const absl::Duration gap = agent->options().rpc_timeout;
   // A method call waits on its owner from here (for the value, for its turn
@@ -124,7 +124,7 @@ void HandleCall(Agent::Impl* impl, Incoming<wire::CallRequest> in,
                      waiting](const absl::StatusOr<Empty>& confirmed) mutable {
     if (!confirmed.ok()) {
       if (result_rref) result_rref->SetValue(confirmed.status());
-      return responder->ReplyError(Annotate(confirmed.status(), "an RRef argument"));
+      return responder->ReplyError(base::Annotate(confirmed.status(), "an RRef argument"));
     }
     if (!self_rref) return run(nullptr);
     if (!waiting) waiting = impl->rrefs()->StartWaiting();
@@ -149,8 +149,8 @@ void HandleCall(Agent::Impl* impl, Incoming<wire::CallRequest> in,
 void HandleFetch(Agent::Impl* impl, const Incoming<wire::FetchRequest>& in,
                  std::shared_ptr<Responder> responder) {
   const wire::Request& request = in.message.header.request();
-  const RRefId id = FromWire(in.body.rref_id());
-  const WorkerId from = in.from;
+  const base::RRefId id = FromWire(in.body.rref_id());
+  const base::WorkerId from = in.from;
   if (absl::Status s = CheckContext(request, Agent::Impl::Membership{impl->agent_}); !s.ok()) {
     return responder->ReplyError(s);
   }
@@ -160,7 +160,7 @@ void HandleFetch(Agent::Impl* impl, const Incoming<wire::FetchRequest>& in,
   if (!owner) {
     // The value's remote() has not arrived yet. Wait for it when the asker
     // is a known user: its creator, or a fork the owner recorded.
-    const ForkId fork = FromWire(in.body.fork_id());
+    const base::ForkId fork = FromWire(in.body.fork_id());
     const bool known_user = (id.worker == from && fork == id) || rrefs.HasFork(id, fork);
     if (!known_user || id.worker == impl->agent_->self().id) {
       return responder->ReplyError(absl::NotFoundError(absl::StrCat(
@@ -180,12 +180,12 @@ void HandleFetch(Agent::Impl* impl, const Incoming<wire::FetchRequest>& in,
 
 void FailRefusedRemote(Agent::Impl* impl, const wire::Request& request, const absl::Status& why) {
   if (request.kind() != wire::CallRequest::descriptor()->full_name()) return;
-  absl::StatusOr<wire::CallRequest> call = RequestBody<wire::CallRequest>(request);
+  absl::StatusOr<wire::CallRequest> call = wire::RequestBody<wire::CallRequest>(request);
   if (!call.ok() || !call->has_result_rref()) return;
   // Only a member's own id: nobody could ever delete an owner made for
   // anyone else.
   if (!impl->CheckMember(request).ok()) return;
-  if (!CheckResultRRef(*call, static_cast<WorkerId>(request.from())).ok()) return;
+  if (!CheckResultRRef(*call, static_cast<base::WorkerId>(request.from())).ok()) return;
   CreateResultOwner(*impl->rrefs(), *call)->SetValue(why);
 }
 
@@ -201,8 +201,8 @@ absl::Status RegisterRRefRequests(Agent::Impl* impl) {
       }));
   RETURN_IF_ERROR(t.Register<wire::ForkRequest>(
       [impl](Incoming<wire::ForkRequest> in, std::shared_ptr<Responder> r) {
-        const RRefId id = FromWire(in.body.rref_id());
-        const ForkId fork = FromWire(in.body.fork_id());
+        const base::RRefId id = FromWire(in.body.rref_id());
+        const base::ForkId fork = FromWire(in.body.fork_id());
         if (absl::Status s = CheckIds("fork request", {id, fork},
                                       Agent::Impl::Membership{impl->agent_});
             !s.ok()) {
@@ -224,4 +224,4 @@ absl::Status RegisterRRefRequests(Agent::Impl* impl) {
       });
 }
 
-}  // namespace remora
+}  // namespace remora::rpc

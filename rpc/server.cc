@@ -8,15 +8,15 @@
 #include "rpc/agent_impl.h"
 #include "rpc/auth.h"
 #include "rpc/request_checks.h"
-#include "runtime/trace.h"
+#include "trace/trace.h"
 
-namespace remora {
+namespace remora::rpc {
 namespace {
 
 // A request's name in traces: a call's function, else its kind.
 std::string TracedName(const wire::Request& request) {
   if (request.kind() == wire::CallRequest::descriptor()->full_name()) {
-    if (absl::StatusOr<wire::CallRequest> call = RequestBody<wire::CallRequest>(request); call.ok()) {
+    if (absl::StatusOr<wire::CallRequest> call = wire::RequestBody<wire::CallRequest>(request); call.ok()) {
       return call->function();
     }
   }
@@ -34,13 +34,13 @@ class UnaryReplySlot final : public ReplySlot {
   // Finishes the call with `status` and no reply message.
   bool Fail(grpc::Status status);
   void Detach() {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     call_ = nullptr;
   }
 
  private:
   ServerCall* Claim() {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     if (finished_ || call_ == nullptr) return nullptr;
     finished_ = true;
     return call_;
@@ -121,7 +121,7 @@ grpc::ServerGenericBidiReactor* Agent::Impl::CreateReactor(
                                    "missing or wrong remora token (REMORA_TOKEN / --token-file)"));
   }
   if (!stream) return new ServerCall(this);
-  MutexLock lock(server_streams_mu_);
+  base::MutexLock lock(server_streams_mu_);
   if (server_streams_closed_) {
     return new Reject(grpc::Status(grpc::StatusCode::UNAVAILABLE, absl::StrCat(
         "worker '", agent_->self_.name, "' is shutting down")));
@@ -131,7 +131,7 @@ grpc::ServerGenericBidiReactor* Agent::Impl::CreateReactor(
         Dispatch(std::move(frame), std::move(slot));
       },
       [this](const std::shared_ptr<ServerStream::State>& state) {
-        MutexLock lock(server_streams_mu_);
+        base::MutexLock lock(server_streams_mu_);
         server_streams_.erase(state);
       });
   server_streams_.insert(reactor->state());
@@ -145,14 +145,14 @@ void Agent::Impl::Dispatch(grpc::ByteBuffer buffer, std::shared_ptr<ReplySlot> s
   auto task = [this, buffer = std::move(buffer), slot = std::move(slot), arrived_us]() mutable {
     auto message = ParseMessage(buffer, shm_.get(), cuda_.get());
     if (!message.ok()) {
-      const absl::Status refused = Annotate(message.status(), "bad request");
+      const absl::Status refused = base::Annotate(message.status(), "bad request");
       // A remote() refused here (a payload that could not be received) never
       // reaches its handler; its result RRef still has to hold the refusal.
       if (auto header = ReadFrameHeader(buffer); header.ok()) {
         FailRefusedRemote(this, header->request(), refused);
       }
       buffer.Clear();
-      Responder(std::move(slot), this, kUnknownWorker).ReplyError(refused);
+      Responder(std::move(slot), this, base::kUnknownWorker).ReplyError(refused);
       return;
     }
     buffer.Clear();
@@ -161,7 +161,7 @@ void Agent::Impl::Dispatch(grpc::ByteBuffer buffer, std::shared_ptr<ReplySlot> s
     if (arrived_us >= 0) {
       trace::Record(absl::StrCat("recv ", TracedName(message->header.request())), -1, arrived_us, trace::NowUs());
     }
-    const WorkerId from = static_cast<WorkerId>(message->header.request().from());
+    const base::WorkerId from = static_cast<base::WorkerId>(message->header.request().from());
     Handle(std::move(*message), std::make_shared<Responder>(std::move(slot), this, from));
   };
   // A request with CUDA payloads is received (and handled) on a thread of
@@ -195,10 +195,10 @@ absl::Status Agent::Impl::CheckMember(const wire::Request& request) {
 // ---------------------------------------------------------------------------
 // Responder.
 
-void Agent::Impl::SendReply(ReplySlot& slot, WorkerId to, OutMessage message) {
+void Agent::Impl::SendReply(ReplySlot& slot, base::WorkerId to, OutMessage message) {
   std::vector<ShmFill> fills;
   std::vector<wire::CudaPayload> cuda_sent;
-  const Route route = RouteTo(to);
+  const channel::Route route = RouteTo(to);
   const bool sent = slot.Reply(SerializeMessage(std::move(message), route, &fills, &cuda_sent));
   FillAll(route, fills);  // the caller copies out meanwhile
   if (!sent) {
@@ -208,7 +208,7 @@ void Agent::Impl::SendReply(ReplySlot& slot, WorkerId to, OutMessage message) {
   incoming_.fetch_sub(1);
 }
 
-absl::Status Agent::Impl::EncodeReplyValue(WorkerId to, int64_t context_id,
+absl::Status Agent::Impl::EncodeReplyValue(base::WorkerId to, int64_t context_id,
                                            const c10::IValue& value, OutMessage* m) {
   std::vector<at::Tensor> grad_tensors;
   EncodeContext ctx{to, rrefs(), &m->payloads, &grad_tensors};
@@ -251,8 +251,8 @@ void Responder::ReplyValue(absl::StatusOr<c10::IValue> value) {
   if (!value.ok()) return ReplyError(value.status());
   OutMessage m;
   absl::Status s = server_->EncodeReplyValue(to_, context_id_, *value, &m);
-  if (!s.ok()) return ReplyError(Annotate(s, "sending the result"));
+  if (!s.ok()) return ReplyError(base::Annotate(s, "sending the result"));
   Reply(std::move(m));
 }
 
-}  // namespace remora
+}  // namespace remora::rpc

@@ -15,7 +15,7 @@
 #include "base/status_util.h"
 #include "rpc/agent_impl.h"
 
-namespace remora {
+namespace remora::rpc {
 
 void Agent::Impl::HandleProbe(const wire::ShutdownProbe& probe,
                               std::shared_ptr<Responder> responder) {
@@ -28,14 +28,14 @@ void Agent::Impl::HandleProbe(const wire::ShutdownProbe& probe,
   responder->Reply(std::move(m));
 }
 
-absl::Status Agent::Impl::CheckPing(WorkerId from, const wire::Ping& ping) {
+absl::Status Agent::Impl::CheckPing(base::WorkerId from, const wire::Ping& ping) {
   if (!agent_->options_.is_master || ping.incarnation() == 0) return absl::OkStatus();
-  for (const WorkerInfo& w : agent_->workers()) {
+  for (const base::WorkerInfo& w : agent_->workers()) {
     if (w.id != from) continue;
     const bool superseded = w.shm.incarnation != ping.incarnation();
     bool lost;
     {
-      MutexLock lock(join_mu_);
+      base::MutexLock lock(join_mu_);
       // (A rejoining process is in the book and still lost until its join
       // is answered: it is not the one told to go.)
       lost = lost_.count(w.name) > 0 && rejoining_.count(w.name) == 0;
@@ -66,7 +66,7 @@ absl::Status RegisterShutdownRequests(Agent::Impl* impl) {
           return r->ReplyError(absl::PermissionDeniedError("only the master ends the group"));
         }
         if (!in.body.error().empty()) {
-          MutexLock lock(impl->abort_mu_);
+          base::MutexLock lock(impl->abort_mu_);
           impl->abort_error_ = in.body.error();
           impl->abort_signal_ = in.body.signal();
         }
@@ -77,13 +77,13 @@ absl::Status RegisterShutdownRequests(Agent::Impl* impl) {
 
 void Agent::Impl::RunOwnThread(std::function<void()> task) {
   {
-    MutexLock lock(own_threads_->mu);
+    base::MutexLock lock(own_threads_->mu);
     if (!own_threads_->closed) {
       ++own_threads_->running;
       try {
         std::thread([state = own_threads_, task] {
           task();
-          MutexLock lock(state->mu);
+          base::MutexLock lock(state->mu);
           --state->running;
         }).detach();
         return;
@@ -98,7 +98,7 @@ void Agent::Impl::RunOwnThread(std::function<void()> task) {
 // Stops RunOwnThread from starting threads and waits for those running.
 void Agent::Impl::JoinOwnThreads() {
   OwnThreads& state = *own_threads_;
-  MutexLock lock(state.mu);
+  base::MutexLock lock(state.mu);
   state.closed = true;
   auto done = [&state]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.mu) { return state.running == 0; };
   state.mu.Await(absl::Condition(&done));
@@ -106,7 +106,7 @@ void Agent::Impl::JoinOwnThreads() {
 
 void Agent::Impl::CancelOutgoing() {
   {
-    MutexLock lock(calls_mu_);
+    base::MutexLock lock(calls_mu_);
     stopped_ = true;
     for (ClientCall* c : calls_) {
       if (c->context) c->context->TryCancel();
@@ -116,10 +116,10 @@ void Agent::Impl::CancelOutgoing() {
   // Idle streams go now; the callers of those in use give them back.
   std::vector<std::unique_ptr<SyncStream>> idle;
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     for (const auto& p : peers_) {
       if (p == nullptr) continue;
-      MutexLock stream_lock(p->stream_mu);
+      base::MutexLock stream_lock(p->stream_mu);
       for (auto& s : p->idle_streams) idle.push_back(std::move(s));
       p->idle_streams.clear();
     }
@@ -130,7 +130,7 @@ void Agent::Impl::CancelOutgoing() {
   cuda_->Stop();
   shm_->Stop();  // replies still going out travel in their frames
   {
-    MutexLock lock(calls_mu_);
+    base::MutexLock lock(calls_mu_);
     auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(calls_mu_) { return calls_.empty(); };
     calls_mu_.AwaitWithTimeout(absl::Condition(&none), absl::Seconds(10));
   }
@@ -158,7 +158,7 @@ void Agent::Impl::Stop() {
   // wait for them. A request being handled still gets its reply first.
   std::vector<std::shared_ptr<ServerStream::State>> server_streams;
   {
-    MutexLock lock(server_streams_mu_);
+    base::MutexLock lock(server_streams_mu_);
     server_streams_closed_ = true;
     server_streams.assign(server_streams_.begin(), server_streams_.end());
   }
@@ -197,7 +197,7 @@ absl::Status Agent::WaitForShutdown() {
     ping.set_address(self_.address);
     ping.set_incarnation(self_.shm.incarnation);
     OutMessage m;
-    *m.header.mutable_request() = MakeRequest(ping);
+    *m.header.mutable_request() = wire::MakeRequest(ping);
     m.header.mutable_request()->set_from(self_.id);
     auto reply = impl_->SendTo(0, std::move(m), period).wait();
     if (reply.ok() && reply->header.response().has_error()) {
@@ -216,7 +216,7 @@ absl::Status Agent::WaitForShutdown() {
           "); the group is gone, stopping"));
     }
   }
-  MutexLock lock(impl_->abort_mu_);
+  base::MutexLock lock(impl_->abort_mu_);
   if (impl_->abort_signal_ > 0) {
     return absl::CancelledError(absl::StrCat("worker '", self_.name, "': the master '", NameOf(0),
                                              "' was stopped and ended the group: ", impl_->abort_error_));
@@ -229,25 +229,25 @@ absl::Status Agent::WaitForShutdown() {
 }
 
 int Agent::group_ended_by_signal() const {
-  MutexLock lock(impl_->abort_mu_);
+  base::MutexLock lock(impl_->abort_mu_);
   return impl_->abort_signal_;
 }
 
 void Agent::RequireRestart(const absl::Status& why) {
   if (why.ok()) return;
-  MutexLock lock(impl_->abort_mu_);
+  base::MutexLock lock(impl_->abort_mu_);
   if (impl_->restart_.ok()) impl_->restart_ = why;
 }
 
 absl::Status Agent::restart_required() const {
   absl::Status why;
   {
-    MutexLock lock(impl_->abort_mu_);
+    base::MutexLock lock(impl_->abort_mu_);
     why = impl_->restart_;
   }
   if (why.ok() && impl_->cuda_) why = impl_->cuda_->Stuck();
   if (why.ok()) return why;
-  return Annotate(why, absl::StrCat("worker '", self_.name, "' must be restarted"));
+  return base::Annotate(why, absl::StrCat("worker '", self_.name, "' must be restarted"));
 }
 
 void Agent::Abort(const absl::Status& why) {
@@ -288,7 +288,7 @@ absl::Status Agent::Shutdown(bool graceful) {
       status = WaitForShutdown();
     } else {
       const absl::Time deadline = absl::Now() + options_.shutdown_timeout;
-      std::vector<WorkerInfo> others;
+      std::vector<base::WorkerInfo> others;
       for (const auto& w : workers()) {
         if (w.id != self_.id && !IsLost(w.name)) others.push_back(w);  // (the lost are gone)
       }
@@ -311,7 +311,7 @@ absl::Status Agent::Shutdown(bool graceful) {
           wire::ShutdownProbe probe;
           probe.set_release_users(release);
           OutMessage m;
-          *m.header.mutable_request() = MakeRequest(probe);
+          *m.header.mutable_request() = wire::MakeRequest(probe);
           m.header.mutable_request()->set_from(self_.id);
           replies.push_back(impl_->SendTo(w.id, std::move(m), deadline - absl::Now()));
         }
@@ -361,4 +361,4 @@ absl::Status Agent::Shutdown(bool graceful) {
   return status;
 }
 
-}  // namespace remora
+}  // namespace remora::rpc

@@ -9,7 +9,7 @@
 #include "rpc/message.h"
 #include "base/mutex_lock.h"
 
-namespace remora {
+namespace remora::rpc {
 namespace {
 
 // The ops of a SyncStream, as completion-queue tags (one bit each).
@@ -167,7 +167,7 @@ class ServerStream::State {
   // nothing when the stream is ending: its caller has had its status (a
   // request handled now could run after the caller was told it failed).
   std::optional<grpc::ByteBuffer> TakeRequest() {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     if (ending_) return std::nullopt;
     handling_ = true;
     grpc::ByteBuffer frame = std::move(in_);
@@ -177,7 +177,7 @@ class ServerStream::State {
 
   // The reply to the request in hand.
   bool Write(grpc::ByteBuffer frame) {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     handling_ = false;
     if (reactor_ == nullptr || finished_) return false;
     out_ = std::move(frame);
@@ -187,7 +187,7 @@ class ServerStream::State {
   }
 
   void OnWriteDone(bool ok) {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     writing_ = false;
     out_.Clear();
     if (!ok) EndLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the caller is gone"), false);
@@ -196,19 +196,19 @@ class ServerStream::State {
   }
 
   void StartFirstRead() {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     reactor_->StartRead(&in_);
   }
 
   // Ends the stream with `status`: at once, or, when `graceful`, once the
   // request in hand has had its reply written.
   void End(const grpc::Status& status, bool graceful) {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     EndLocked(status, graceful);
   }
 
   void Detach() {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     reactor_ = nullptr;
   }
 
@@ -310,4 +310,4 @@ void ServerStream::OnDone() {
   delete this;
 }
 
-}  // namespace remora
+}  // namespace remora::rpc

@@ -34,7 +34,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
-namespace remora {
+namespace remora::rpc {
 
 // The gRPC method of streams (unary calls use "/remora.Agent/Call").
 inline constexpr char kStreamMethod[] = "/remora.Agent/Stream";
@@ -137,4 +137,4 @@ class ServerStream final : public grpc::ServerGenericBidiReactor {
   std::shared_ptr<State> state_;
 };
 
-}  // namespace remora
+}  // namespace remora::rpc

@@ -7,10 +7,10 @@
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
 
-namespace remora {
+namespace remora::rpc {
 
 void ReportEscapedException(const char* where) {
-  const absl::Status status = StatusFromCurrentException(where);
+  const absl::Status status = base::StatusFromCurrentException(where);
   std::cerr << "remora: " << status.message()
             << " (caught before it could end the process; what it was to complete is left undone, "
                "and the caller's timeout reports it: this is a bug, please report it)"
@@ -32,9 +32,9 @@ ThreadPool::ThreadPool(int num_threads) {
 ThreadPool::~ThreadPool() { Stop(); }
 
 void ThreadPool::Stop() {
-  MutexLock stop(stop_mu_);
+  base::MutexLock stop(stop_mu_);
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     stopping_ = true;
   }
   for (auto& t : threads_) {
@@ -43,17 +43,17 @@ void ThreadPool::Stop() {
 }
 
 void ThreadPool::Schedule(std::function<void()> task) {
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   queue_.push_back(std::move(task));
 }
 
 void ThreadPool::Lane::Schedule(std::function<void()> task) {
-  MutexLock lock(pool_->mu_);
+  base::MutexLock lock(pool_->mu_);
   pool_->lane_queue_.push_back(std::move(task));
 }
 
 int ThreadPool::busy() const {
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   return running_ + static_cast<int>(queue_.size() + lane_queue_.size());
 }
 
@@ -70,7 +70,7 @@ void ThreadPool::Loop(bool lane) {
   while (true) {
     std::function<void()> task;
     {
-      MutexLock lock(mu_);
+      base::MutexLock lock(mu_);
       auto ready = [this, lane]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
         return !(lane ? lane_queue_ : queue_).empty() || DrainedLocked();
       };
@@ -90,9 +90,9 @@ void ThreadPool::Loop(bool lane) {
       ReportEscapedException(lane ? "a task on the agent's lane threw" : "a task on the agent's thread pool threw");
     }
     task = nullptr;  // destroy captures outside the lock
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     --running_;
   }
 }
 
-}  // namespace remora
+}  // namespace remora::rpc

@@ -19,7 +19,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 
-namespace remora {
+namespace remora::rpc {
 
 // Reports the exception being handled (call only inside a catch block)
 // that a task or a future's callback let escape, on stderr, naming
@@ -90,4 +90,4 @@ class ThreadPool final : public Executor {
   absl::Mutex stop_mu_;  // one Stop joins at a time
 };
 
-}  // namespace remora
+}  // namespace remora::rpc

@@ -18,7 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_util.h"
 
-namespace remora {
+namespace remora::rpc {
 namespace {
 
 bool HasPemBlock(const std::string& pem, const char* label) {
@@ -132,7 +132,7 @@ absl::StatusOr<TlsOptions> LoadTlsFiles(const std::string& cert_file, const std:
                         File{key_file, "--tls-key", &tls.key_pem, nullptr},
                         File{ca_file, "--tls-ca", &tls.ca_pem, "CERTIFICATE"}}) {
     if (f.path.empty()) continue;
-    auto text = ReadWholeFile(f.path, f.flag);
+    auto text = base::ReadWholeFile(f.path, f.flag);
     if (!text.ok()) return text.status();
     const bool ok = f.label ? HasPemBlock(*text, f.label) : HasPrivateKey(*text);
     if (!ok) {
@@ -146,7 +146,7 @@ absl::StatusOr<TlsOptions> LoadTlsFiles(const std::string& cert_file, const std:
   // program starts anything.)
   if (!cert_file.empty()) {
     RETURN_IF_ERROR(
-        Annotate(CheckTlsOptions(tls), absl::StrCat("--tls-cert ", cert_file, " with --tls-key ", key_file)));
+        base::Annotate(CheckTlsOptions(tls), absl::StrCat("--tls-cert ", cert_file, " with --tls-key ", key_file)));
   }
   return tls;
 }
@@ -186,4 +186,4 @@ std::string TlsHint(const TlsOptions& tls) {
       "its address, or (mutual TLS) a peer without a certificate from the CA fails like this");
 }
 
-}  // namespace remora
+}  // namespace remora::rpc

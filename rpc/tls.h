@@ -30,7 +30,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace remora {
+namespace remora::rpc {
 
 struct TlsOptions {
   // PEM text of this process's certificate (chain) and its private key.
@@ -66,4 +66,4 @@ std::string TlsModeName(const TlsOptions& tls);
 // mismatch with the peer looks like.
 std::string TlsHint(const TlsOptions& tls);
 
-}  // namespace remora
+}  // namespace remora::rpc

@@ -11,11 +11,11 @@
 
 #include "rpc/tls.h"
 
-namespace remora {
+namespace remora::rpc {
 
 // Credentials for this process's server and for its channels to peers.
 // Call CheckTlsOptions first.
 std::shared_ptr<grpc::ServerCredentials> MakeServerCredentials(const TlsOptions& tls);
 std::shared_ptr<grpc::ChannelCredentials> MakeChannelCredentials(const TlsOptions& tls);
 
-}  // namespace remora
+}  // namespace remora::rpc

@@ -2,7 +2,7 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
-namespace remora {
+namespace remora::runtime {
 namespace {
 
 ActionMarkInfo InfoOf(const torch::autograd::AutogradContext& ctx) {
@@ -48,4 +48,4 @@ std::optional<ActionMarkInfo> MarkedAction(const at::Tensor& root) {
   return InfoOf(node->ctx_);
 }
 
-}  // namespace remora
+}  // namespace remora::runtime

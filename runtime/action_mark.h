@@ -15,7 +15,7 @@
 
 #include "runtime/compute_lane.h"
 
-namespace remora {
+namespace remora::runtime {
 
 struct ActionMarkInfo {
   LaneAction action;  // backward = true: the action a backward pass from here is
@@ -36,4 +36,4 @@ at::Tensor MarkAction(const at::Tensor& output, const ActionMarkInfo& info);
 // The mark directly on `root`'s grad_fn, if it has one.
 std::optional<ActionMarkInfo> MarkedAction(const at::Tensor& root);
 
-}  // namespace remora
+}  // namespace remora::runtime

@@ -43,7 +43,7 @@ class BufferCache {
     void* data = nullptr;
     size_t capacity = n;
     {
-      MutexLock lock(mu_);
+      base::MutexLock lock(mu_);
       auto it = free_.lower_bound(n);
       if (it != free_.end() && it->first <= 2 * n) {
         capacity = it->first;
@@ -68,7 +68,7 @@ class BufferCache {
   }
 
   void GiveBackFree() {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     for (auto& [capacity, data] : free_) free(data);
     free_.clear();
     cached_ = 0;
@@ -76,7 +76,7 @@ class BufferCache {
 
   void Release(void* data, size_t capacity) {
     {
-      MutexLock lock(mu_);
+      base::MutexLock lock(mu_);
       if (cached_ + capacity <= kMaxCachedBytes) {
         free_.emplace(capacity, data);
         cached_ += capacity;

@@ -12,9 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/mutex_lock.h"
-#include "runtime/trace.h"
+#include "trace/trace.h"
 
-namespace remora {
+namespace remora::runtime {
 
 std::string LaneAction::ToString() const {
   return absl::StrCat(weight ? "W" : backward ? "B" : "F", micro_batch, "@stage", stage);
@@ -171,7 +171,7 @@ void Start(Waiter* w) {
     Waiter* next;
     std::function<void()> done;
     {
-      MutexLock lock(lane.mu);
+      base::MutexLock lock(lane.mu);
       next = lane.Release(owned->order);
       done = lane.TakeDone();
     }
@@ -192,7 +192,7 @@ ComputeTurn::ComputeTurn() {
   Waiter w;
   Waiter* start;
   {
-    MutexLock lock(lane.mu);
+    base::MutexLock lock(lane.mu);
     start = lane.Enqueue(&w, nullptr);
     Await(lane, w);
   }
@@ -205,7 +205,7 @@ ComputeTurn::ComputeTurn(const LaneAction& action) {
   Waiter w;
   Waiter* start;
   {
-    MutexLock lock(lane.mu);
+    base::MutexLock lock(lane.mu);
     start = lane.Enqueue(&w, &action);
     Await(lane, w);
   }
@@ -218,7 +218,7 @@ ComputeTurn::~ComputeTurn() {
   Waiter* next;
   std::function<void()> done;
   {
-    MutexLock lock(lane.mu);
+    base::MutexLock lock(lane.mu);
     next = lane.Release(order_);
     done = lane.TakeDone();
   }
@@ -241,7 +241,7 @@ void ComputeTurn::RunInTurn(const LaneAction& action, std::function<void()> run,
   Lane& lane = TheLane();
   Waiter* start;
   {
-    MutexLock lock(lane.mu);
+    base::MutexLock lock(lane.mu);
     start = lane.Enqueue(w, &action);
   }
   Start(start);
@@ -252,7 +252,7 @@ void ComputeTurn::Skip(const LaneAction& action) {
   Waiter* start;
   std::function<void()> done;
   {
-    MutexLock lock(lane.mu);
+    base::MutexLock lock(lane.mu);
     start = lane.Skip(action);
     done = lane.TakeDone();
   }
@@ -264,7 +264,7 @@ bool ComputeTurn::WhenOrderDone(int64_t context_id, std::function<void()> done) 
   Lane& lane = TheLane();
   std::function<void()> now;
   {
-    MutexLock lock(lane.mu);
+    base::MutexLock lock(lane.mu);
     if (!lane.WhenDone(context_id, std::move(done))) return false;
     now = lane.TakeDone();
   }
@@ -276,7 +276,7 @@ void ComputeTurn::Abandon(int64_t context_id) {
   Lane& lane = TheLane();
   Waiter* start;
   {
-    MutexLock lock(lane.mu);
+    base::MutexLock lock(lane.mu);
     start = lane.Abandon(context_id);
   }
   Start(start);
@@ -286,7 +286,7 @@ void ComputeTurn::SetOrder(int64_t context_id, std::vector<LaneAction> order) {
   Lane& lane = TheLane();
   Waiter* start;
   {
-    MutexLock lock(lane.mu);
+    base::MutexLock lock(lane.mu);
     start = lane.SetOrder(context_id, std::move(order));
   }
   Start(start);
@@ -294,8 +294,8 @@ void ComputeTurn::SetOrder(int64_t context_id, std::vector<LaneAction> order) {
 
 int64_t ComputeTurn::Queued() {
   Lane& lane = TheLane();
-  MutexLock lock(lane.mu);
+  base::MutexLock lock(lane.mu);
   return lane.Queued();
 }
 
-}  // namespace remora
+}  // namespace remora::runtime

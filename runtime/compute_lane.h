@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace remora {
+namespace remora::runtime {
 
 // One action of a pipeline schedule as the lane sees it: the forward or
 // backward pass of micro-batch `micro_batch` through stage `stage`, in
@@ -93,4 +93,4 @@ class ComputeTurn {
   uint64_t order_ = 0;  // the order (its generation) it was granted in as the next action; 0: none
 };
 
-}  // namespace remora
+}  // namespace remora::runtime

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Checks remora's layout (docs/architecture.md): every quoted #include
 # points to the file's own folder or to a folder on a lower layer, never up
-# or sideways, and no source file is longer than 700 lines. Prints each
-# offence and exits 1 when there is one.
+# or sideways; no source file is longer than 700 lines; and every library
+# header declares what it declares in the namespace named after its folder
+# (remora::<folder>, or one nested in it; proto/'s is remora::wire, the
+# protobuf package's; a block that only forward-declares another
+# namespace's classes is allowed). Prints each offence and exits 1
+# when there is one.
 #
 #   scripts/check_layout.sh [REPO]     (default: this script's repository)
 set -euo pipefail
@@ -11,6 +15,7 @@ cd "${1:-$(dirname "$(readlink -f "$0")")/..}"
 # The layers, bottom up; folders on one line are one layer and must not
 # include each other.
 LAYERS=("base proto"
+        "trace"
         "runtime data"
         "channel"
         "rpc"
@@ -31,6 +36,28 @@ for i in "${!LAYERS[@]}"; do
   for folder in ${LAYERS[$i]}; do rank[$folder]=$i; done
 done
 
+# check_namespaces HEADER NAME: prints each top-level namespace block of
+# HEADER that is neither remora::NAME (or within it) nor forward
+# declarations only; fails when there is one.
+check_namespaces() {
+  awk -v want="remora::$2" '
+    /^namespace [A-Za-z_:]+ [{]/ {
+      if (depth == 0) { name = $2; fwd = 1; start = FNR } else { fwd = 0 }
+      depth++; next
+    }
+    /^namespace [{]/ { fwd = 0; depth++; next }
+    /^[}]  \/\/ namespace/ {
+      depth--
+      if (depth == 0 && name != want && index(name, want "::") != 1 && !fwd) {
+        printf "%s:%d: declares in namespace %s; a header in this folder declares in %s\n", FILENAME, start, name, want
+        failed = 1
+      }
+      next
+    }
+    depth > 0 && !/^(class|struct) [A-Za-z_]+;$/ && !/^[[:space:]]*$/ && !/^[[:space:]]*\/\// { fwd = 0 }
+    END { exit failed }' "$1"
+}
+
 bad=0
 while IFS= read -r file; do
   top=${file%%/*}
@@ -40,6 +67,12 @@ while IFS= read -r file; do
     echo "$file: $lines lines (at most $MAX_LINES: split it by concern)"
     bad=1
   fi
+  # (Not the tests, nor the example of a user's own program.)
+  case "$file" in
+    tests/* | examples/custom_model/*) ;;
+    proto/*.h) check_namespaces "$file" wire || bad=1 ;;  # the protobuf package's
+    *.h) check_namespaces "$file" "$top" || bad=1 ;;
+  esac
   while IFS= read -r inc; do
     target=${inc%%/*}
     [ "$target" = "$inc" ] && continue            # "foo.pb.h" style, generated
@@ -57,4 +90,4 @@ if [ $bad -ne 0 ]; then
   echo "check_layout: FAILED" >&2
   exit 1
 fi
-echo "check_layout: every include points down; no source file over $MAX_LINES lines"
+echo "check_layout: every include points down; every library header is in its folder's namespace; no source file over $MAX_LINES lines"

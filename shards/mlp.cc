@@ -41,18 +41,18 @@ std::vector<at::Tensor> ModuleState(torch::nn::Module& module) {
   return out;
 }
 
-c10::IValue ParameterRRefs(CallContext& ctx, torch::nn::Module& module) {
+c10::IValue ParameterRRefs(rpc::CallContext& ctx, torch::nn::Module& module) {
   c10::impl::GenericList list(c10::AnyType::get());
   for (const auto& p : module.parameters()) list.push_back(ctx.agent->local_rref(p).ToIValue());
   return list;
 }
 
-absl::Status RegisterMLP(Registry& registry) {
+absl::Status RegisterMLP(rpc::Registry& registry) {
   using Stage = torch::nn::SequentialImpl;
   RETURN_IF_ERROR(registry.RegisterModule<Stage>(
       MLPStageArgs::kFunction,
-      [](CallContext&, const Args& a) {
-        const auto r = DecodeCallOrThrow<MLPStageArgs>(a);
+      [](rpc::CallContext&, const rpc::Args& a) {
+        const auto r = rpc::DecodeCallOrThrow<MLPStageArgs>(a);
         MLPStageOptions o;
         o.in = r.in;
         o.out = r.out;
@@ -63,21 +63,20 @@ absl::Status RegisterMLP(Registry& registry) {
         return MakeMLPStage(o).ptr();
       },
       {{"forward",
-        [](Stage& m, CallContext&, const Args& a) -> c10::IValue {
-          at::Tensor x = TensorOrFetch(DecodeCallOrThrow<ModuleForwardArgs>(a).x);  // before taking the compute lane
-          ComputeTurn compute;
+        [](Stage& m, rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
+          at::Tensor x =
+              rpc::TensorOrFetch(rpc::DecodeCallOrThrow<ModuleForwardArgs>(a).x);  // before taking the compute lane
+          runtime::ComputeTurn compute;
           return m.forward(x);
         }},
        {"parameter_rrefs",
-        [](Stage& m, CallContext& ctx, const Args&) -> c10::IValue {
-          return ParameterRRefs(ctx, m);
-        }},
+        [](Stage& m, rpc::CallContext& ctx, const rpc::Args&) -> c10::IValue { return ParameterRRefs(ctx, m); }},
        {"state",
-        [](Stage& m, CallContext&, const Args&) -> c10::IValue {
+        [](Stage& m, rpc::CallContext&, const rpc::Args&) -> c10::IValue {
           return c10::List<at::Tensor>(ModuleState(m));
         }},
-       {"train", [](Stage& m, CallContext&, const Args& a) -> c10::IValue {
-          m.train(DecodeCallOrThrow<ModuleTrainArgs>(a).on);
+       {"train", [](Stage& m, rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
+          m.train(rpc::DecodeCallOrThrow<ModuleTrainArgs>(a).on);
           return c10::IValue();
         }}}));
   return absl::OkStatus();

@@ -27,10 +27,10 @@ torch::nn::Sequential MakeMLPStage(const MLPStageOptions& options);
 // Parameters then buffers, in registration order (what state() returns).
 std::vector<at::Tensor> ModuleState(torch::nn::Module& module);
 
-absl::Status RegisterMLP(Registry& registry);
+absl::Status RegisterMLP(rpc::Registry& registry);
 
 // Every parameter of `module` as an RRef owned by this worker (for a
 // module's "parameter_rrefs" method).
-c10::IValue ParameterRRefs(CallContext& ctx, torch::nn::Module& module);
+c10::IValue ParameterRRefs(rpc::CallContext& ctx, torch::nn::Module& module);
 
 }  // namespace remora::shards

@@ -27,8 +27,8 @@ struct MLPStageArgs {
   bool batchnorm = false;
   template <typename Fields>
   void Visit(Fields& f) {
-    f("in", in)("out", out)("seed", seed, kMayBeLeftOff)("relu", relu, kMayBeLeftOff)("batchnorm", batchnorm,
-                                                                                       kMayBeLeftOff);
+    f("in", in)("out", out)("seed", seed, rpc::kMayBeLeftOff)("relu", relu, rpc::kMayBeLeftOff)("batchnorm", batchnorm,
+                                                                                       rpc::kMayBeLeftOff);
   }
 };
 
@@ -42,7 +42,7 @@ struct BlocksArgs {
   std::string device;  // "" : the worker's home device
   template <typename Fields>
   void Visit(Fields& f) {
-    f("first", first)("last", last)("seed", seed, kMayBeLeftOff)("device", device, kMayBeLeftOff);
+    f("first", first)("last", last)("seed", seed, rpc::kMayBeLeftOff)("device", device, rpc::kMayBeLeftOff);
   }
 };
 struct SmallCnnArgs : BlocksArgs {
@@ -63,7 +63,7 @@ struct GptEmbedArgs {
   int64_t seed = 0;
   template <typename Fields>
   void Visit(Fields& f) {
-    f("vocab", vocab)("seq_len", seq_len)("d_model", d_model)("seed", seed, kMayBeLeftOff);
+    f("vocab", vocab)("seq_len", seq_len)("d_model", d_model)("seed", seed, rpc::kMayBeLeftOff);
   }
 };
 struct GptBlocksArgs {
@@ -75,7 +75,7 @@ struct GptBlocksArgs {
   int64_t seed = 0;
   template <typename Fields>
   void Visit(Fields& f) {
-    f("d_model", d_model)("heads", heads)("first", first)("last", last)("seed", seed, kMayBeLeftOff);
+    f("d_model", d_model)("heads", heads)("first", first)("last", last)("seed", seed, rpc::kMayBeLeftOff);
   }
 };
 // (first and last first: the partitioner cuts a type whose arguments
@@ -95,7 +95,7 @@ struct GptArgs {
   template <typename Fields>
   void Visit(Fields& f) {
     f("first", first)("last", last)("vocab", vocab)("seq_len", seq_len)("d_model", d_model)("heads", heads)(
-        "layers", layers)("seed", seed, kMayBeLeftOff)("tie", tie, kMayBeLeftOff);
+        "layers", layers)("seed", seed, rpc::kMayBeLeftOff)("tie", tie, rpc::kMayBeLeftOff);
   }
 };
 struct GptHeadArgs {
@@ -105,7 +105,7 @@ struct GptHeadArgs {
   int64_t seed = 0;
   template <typename Fields>
   void Visit(Fields& f) {
-    f("d_model", d_model)("vocab", vocab)("seed", seed, kMayBeLeftOff);
+    f("d_model", d_model)("vocab", vocab)("seed", seed, rpc::kMayBeLeftOff);
   }
 };
 
@@ -117,7 +117,7 @@ struct ModuleForwardArgs {
   int64_t micro_batch = -1;
   template <typename Fields>
   void Visit(Fields& f) {
-    f("x", x)("micro_batch", micro_batch, kMayBeLeftOff);
+    f("x", x)("micro_batch", micro_batch, rpc::kMayBeLeftOff);
   }
 };
 
@@ -127,7 +127,7 @@ struct ModuleTrainArgs {
   bool on = true;
   template <typename Fields>
   void Visit(Fields& f) {
-    f("on", on, kMayBeLeftOff);
+    f("on", on, rpc::kMayBeLeftOff);
   }
 };
 

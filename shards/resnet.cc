@@ -18,7 +18,7 @@
 #include "base/status_util.h"
 #include "rpc/rref_args.h"
 #include "runtime/compute_lane.h"
-#include "runtime/trace.h"
+#include "trace/trace.h"
 #include "shards/mlp.h"
 #include "shards/protocol.h"
 
@@ -135,7 +135,7 @@ struct TraceMark : public torch::autograd::Function<TraceMark> {
 };
 
 // Where shards constructed by this call live: the agent's home device.
-c10::Device HomeDevice(const CallContext& ctx) {
+c10::Device HomeDevice(const rpc::CallContext& ctx) {
   return ctx.agent != nullptr ? c10::Device(ctx.agent->options().device) : c10::Device(c10::kCPU);
 }
 
@@ -178,21 +178,21 @@ at::Tensor ResNetShardImpl::forward(at::Tensor x) {
 
 std::vector<int> TutorialSplit() { return {0, 8, kResNetBlocks}; }
 
-absl::Status RegisterResNet(Registry& registry) {
+absl::Status RegisterResNet(rpc::Registry& registry) {
   return registry.RegisterModule<ResNetShardImpl>(
       ResNetShardArgs::kFunction,
-      [](CallContext& ctx, const Args& a) {
-        const auto r = DecodeCallOrThrow<ResNetShardArgs>(a);
+      [](rpc::CallContext& ctx, const rpc::Args& a) {
+        const auto r = rpc::DecodeCallOrThrow<ResNetShardArgs>(a);
         const c10::Device device = r.device.empty() ? HomeDevice(ctx) : c10::Device(r.device);
         return std::make_shared<ResNetShardImpl>(static_cast<int>(r.first), static_cast<int>(r.last), r.seed,
                                                  device);
       },
       {{"forward",
-        [](ResNetShardImpl& m, CallContext&, const Args& a) -> c10::IValue {
-          const auto r = DecodeCallOrThrow<ModuleForwardArgs>(a);
+        [](ResNetShardImpl& m, rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
+          const auto r = rpc::DecodeCallOrThrow<ModuleForwardArgs>(a);
           const int64_t mb = r.micro_batch;
-          at::Tensor x = TensorOrFetch(r.x);  // before taking the compute lane
-          ComputeTurn compute;
+          at::Tensor x = rpc::TensorOrFetch(r.x);  // before taking the compute lane
+          runtime::ComputeTurn compute;
           const std::string stage = absl::StrCat("blocks [", m.first(), ", ", m.last(), ")");
           trace::Scope scope("forward", mb, stage);
           at::Tensor y = m.forward(x);
@@ -200,10 +200,10 @@ absl::Status RegisterResNet(Registry& registry) {
           return y;
         }},
        {"parameter_rrefs",
-        [](ResNetShardImpl& m, CallContext& ctx, const Args&) -> c10::IValue {
+        [](ResNetShardImpl& m, rpc::CallContext& ctx, const rpc::Args&) -> c10::IValue {
           return ParameterRRefs(ctx, m);
         }},
-       {"num_parameters", [](ResNetShardImpl& m, CallContext&, const Args&) -> c10::IValue {
+       {"num_parameters", [](ResNetShardImpl& m, rpc::CallContext&, const rpc::Args&) -> c10::IValue {
           int64_t n = 0;
           for (const auto& p : m.parameters()) n += p.numel();
           return n;

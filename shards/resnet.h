@@ -58,6 +58,6 @@ class ResNetShardImpl : public torch::nn::Module {
 // torchvision's two-part split: stem + layer1 + layer2 | layer3 + layer4 + head.
 std::vector<int> TutorialSplit();
 
-absl::Status RegisterResNet(Registry& registry);
+absl::Status RegisterResNet(rpc::Registry& registry);
 
 }  // namespace remora::shards

@@ -13,7 +13,7 @@ namespace remora::train {
 
 using pipeline::UnansweringWorkers;
 
-Elastic::Elastic(Agent& agent, ElasticOptions options, std::shared_ptr<RunLog> log)
+Elastic::Elastic(rpc::Agent& agent, ElasticOptions options, std::shared_ptr<RunLog> log)
     : agent_(agent), options_(std::move(options)), free_spares_(options_.spares), log_(std::move(log)) {
   // (A resumed run's steps count on from its checkpoint's.)
   if (options_.resumed_from) last_step_ = options_.resumed_from->state().step;
@@ -47,7 +47,7 @@ absl::StatusOr<checkpoint::Checkpoint> Elastic::Recover(const absl::Status& fail
   if (lost.empty()) return failure;  // every worker answers: not a loss to recover from
   const std::string names = absl::StrCat("'", absl::StrJoin(lost, "', '"), "'");
   if (restarts_ >= options_.max_restarts) {
-    return Annotate(failure, absl::StrCat("worker ", names, " lost after ", restarts_, " recover",
+    return base::Annotate(failure, absl::StrCat("worker ", names, " lost after ", restarts_, " recover",
                                           restarts_ == 1 ? "y" : "ies", " (--max-restarts ",
                                           options_.max_restarts, "): giving up"));
   }
@@ -57,7 +57,7 @@ absl::StatusOr<checkpoint::Checkpoint> Elastic::Recover(const absl::Status& fail
     latest = *resumed;
   }
   if (!latest.ok()) {
-    return Annotate(failure, absl::StrCat("worker ", names, " lost, and there is nothing to go on from: ",
+    return base::Annotate(failure, absl::StrCat("worker ", names, " lost, and there is nothing to go on from: ",
                                           latest.status().message(), "; giving up"));
   }
   for (const std::string& skipped : latest->passed_over) {

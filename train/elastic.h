@@ -72,7 +72,7 @@ class Elastic {
                                              const std::optional<checkpoint::Checkpoint>& from)>;
 
   // `log` (may be null) gets run/recoveries at each recovery.
-  Elastic(Agent& agent, ElasticOptions options, std::shared_ptr<RunLog> log = nullptr);
+  Elastic(rpc::Agent& agent, ElasticOptions options, std::shared_ptr<RunLog> log = nullptr);
 
   // Runs `attempt` over `workers` (resumed from `from`), and again after
   // each recovery, until one succeeds or the run cannot recover. Each
@@ -95,7 +95,7 @@ class Elastic {
   // once it registered again.
   absl::StatusOr<std::string> Replace(const std::string& lost, std::ostream& out);
 
-  Agent& agent_;
+  rpc::Agent& agent_;
   const ElasticOptions options_;
   std::vector<std::string> free_spares_;
   // Workers whose place a spare took: once one registers again, it stands by.

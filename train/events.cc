@@ -131,7 +131,7 @@ absl::Status EventWriter::Flush() {
 
 absl::StatusOr<std::vector<ScalarEvent>> ReadScalars(const std::string& path, std::string* version,
                                                      std::vector<int64_t>* restarts) {
-  ASSIGN_OR_RETURN(const std::string bytes, ReadWholeFile(path));
+  ASSIGN_OR_RETURN(const std::string bytes, base::ReadWholeFile(path));
   std::vector<ScalarEvent> out;
   size_t at = 0;
   while (at < bytes.size()) {

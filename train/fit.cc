@@ -82,7 +82,7 @@ absl::Status Resume(Trainer& trainer, const checkpoint::Checkpoint& ck,
   if (!identity.model.empty()) RETURN_IF_ERROR(checkpoint::CheckMatches(ck, identity));
   const double t0 = Now();
   const absl::StatusOr<int64_t> bytes = trainer.Load(ck);
-  if (!bytes.ok()) return Annotate(bytes.status(), absl::StrCat("resuming from ", ck.dir));
+  if (!bytes.ok()) return base::Annotate(bytes.status(), absl::StrCat("resuming from ", ck.dir));
   const checkpoint::TrainingState s = ck.state();
   out << "resumed from " << ck.dir << ": step " << s.step;
   if (s.epoch > 0) out << ", epoch " << s.epoch << " after batch " << s.batch;
@@ -118,7 +118,7 @@ absl::StatusOr<std::vector<pipeline::EpochResult>> Fit(Trainer& trainer, const d
             : pipeline::Accuracy(
                   [&trainer](const at::Tensor& x, const at::Tensor& y) { return trainer.CountCorrect(x, y); },
                   test, f.eval_batch_size);
-    if (!tested.ok()) return Annotate(tested.status(), absl::StrCat("evaluating after step ", p.step));
+    if (!tested.ok()) return base::Annotate(tested.status(), absl::StrCat("evaluating after step ", p.step));
     if (f.progress_bar) out << "\n";
     out << absl::StrFormat("step=%d test_accuracy=%.4f test_top5=%.4f test_loss=%.4f%s seconds=%.1f\n", p.step,
                            tested->accuracy(), tested->top5_accuracy(), tested->loss(),

@@ -10,7 +10,7 @@
 #include "base/status_util.h"
 #include "pipeline/microbatch.h"
 #include "pipeline/recompute.h"
-#include "runtime/trace.h"
+#include "trace/trace.h"
 
 namespace remora::train {
 
@@ -25,12 +25,12 @@ absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(LocalOptions 
   try {
     device = c10::Device(options.device);  // throws for a bad name
   } catch (...) {
-    return StatusFromCurrentException(absl::StrCat("local training: device '", options.device, "'"));
+    return base::StatusFromCurrentException(absl::StrCat("local training: device '", options.device, "'"));
   }
   std::vector<std::unique_ptr<pipeline::StageModule>> stages;
   for (size_t k = 0; k < options.stages.size(); ++k) {
     auto stage = pipeline::BuildStage(options.stages[k], device);
-    if (!stage.ok()) return Annotate(stage.status(), absl::StrCat("building stage ", k, " here"));
+    if (!stage.ok()) return base::Annotate(stage.status(), absl::StrCat("building stage ", k, " here"));
     stages.push_back(std::move(*stage));
   }
   return std::unique_ptr<LocalTrainer>(new LocalTrainer(std::move(options), std::move(stages)));
@@ -76,7 +76,7 @@ absl::StatusOr<double> LocalTrainer::Train(const at::Tensor& cpu_x, const at::Te
       for (at_stage = 0; at_stage < stages_.size(); ++at_stage) out = Forward(*stages_[at_stage], out);
       const int64_t f1 = trace::NowUs();
       absl::StatusOr<at::Tensor> computed = options_.loss.Compute(pipeline::ToFloat32(out), ts[i]);
-      if (!computed.ok()) return Annotate(computed.status(), absl::StrCat("local training, micro-batch ", i));
+      if (!computed.ok()) return base::Annotate(computed.status(), absl::StrCat("local training, micro-batch ", i));
       at::Tensor l = *computed * pipeline::RowsShare(pipeline::BatchRows(xs[i]), rows);
       phase = Phase::kBackward;
       l.backward();
@@ -104,7 +104,7 @@ absl::StatusOr<double> LocalTrainer::Train(const at::Tensor& cpu_x, const at::Te
                               : phase == Phase::kBackward ? absl::StrCat(", the backward pass of micro-batch ", at_mb)
                               : phase == Phase::kStep     ? ", the optimizer's step"
                                                           : "";
-    return StatusFromCurrentException(absl::StrCat("local training", where));
+    return base::StatusFromCurrentException(absl::StrCat("local training", where));
   }
   return loss;
 }
@@ -117,7 +117,7 @@ absl::StatusOr<at::Tensor> LocalTrainer::Eval(const at::Tensor& x) {
     for (auto& stage : stages_) out = Forward(*stage, out);
     return pipeline::ToFloat32(out).toTensor().cpu();
   } catch (...) {
-    return StatusFromCurrentException("local evaluation");
+    return base::StatusFromCurrentException("local evaluation");
   }
 }
 
@@ -145,7 +145,7 @@ absl::StatusOr<Saved> LocalTrainer::Save(const SaveTarget& target, const checkpo
   try {
     optimizer = optim::SaveOptimizerState(*optimizer_);
   } catch (...) {
-    return StatusFromCurrentException("saving the optimizer's state");
+    return base::StatusFromCurrentException("saving the optimizer's state");
   }
   ASSIGN_OR_RETURN(checkpoint::LocalSave saved,
                    checkpoint::SaveLocal(target.dir, options_.stages, tensors, names, optimizer, target.identity,
@@ -171,7 +171,7 @@ absl::StatusOr<int64_t> LocalTrainer::Load(const checkpoint::Checkpoint& ck) {
     }
     if (optimizer.defined()) optim::LoadOptimizerState(*optimizer_, optimizer);
   } catch (...) {
-    return StatusFromCurrentException(absl::StrCat("loading ", ck.dir));
+    return base::StatusFromCurrentException(absl::StrCat("loading ", ck.dir));
   }
   RETURN_IF_ERROR(checkpoint::RestoreCpuGenerator(ck));  // dropout draws here
   return bytes;

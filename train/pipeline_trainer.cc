@@ -19,10 +19,10 @@ pipeline::StartedStep Started(pipeline::PendingStep pending) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(Agent& agent,
+absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(rpc::Agent& agent,
                                                                          parallel::DataParallelOptions options) {
   // (Checked here first, so that the error names the call the user made.)
-  RETURN_IF_ERROR(dist_autograd::CheckEnabled(agent, "making a trainer (train::PipelineTrainer::Create)"));
+  RETURN_IF_ERROR(autograd::CheckEnabled(agent, "making a trainer (train::PipelineTrainer::Create)"));
   std::vector<pipeline::StageSpec> stages = options.pipeline.stages;
   ASSIGN_OR_RETURN(auto pipe, parallel::DataParallelPipeline::Create(agent, std::move(options)));
   return std::unique_ptr<PipelineTrainer>(new PipelineTrainer(agent, std::move(stages), std::move(pipe)));
@@ -89,7 +89,7 @@ absl::StatusOr<std::optional<Saved>> PipelineTrainer::CommitSaved(bool wait) {
 
 absl::StatusOr<int64_t> PipelineTrainer::Load(const checkpoint::Checkpoint& ck) {
   for (int r = 0; r < pipe_->replicas(); ++r) {
-    RETURN_IF_ERROR(Annotate(checkpoint::Restore(pipe_->replica(r), ck), absl::StrCat("resuming replica ", r)));
+    RETURN_IF_ERROR(base::Annotate(checkpoint::Restore(pipe_->replica(r), ck), absl::StrCat("resuming replica ", r)));
   }
   int64_t bytes = 0;
   for (const auto& shard : ck.manifest.shards) bytes += shard.bytes;

@@ -33,9 +33,9 @@ namespace remora::train {
 class PipelineTrainer final : public Trainer, private RowsSteps {
  public:
   // Creates the pipeline and its replicas on the workers. FailedPrecondition
-  // naming the call when `agent` lacks dist_autograd::Enable (a master made
+  // naming the call when `agent` lacks autograd::Enable (a master made
   // with Agent::Start; launch::StartLocalGroup's has it).
-  static absl::StatusOr<std::unique_ptr<PipelineTrainer>> Create(Agent& agent,
+  static absl::StatusOr<std::unique_ptr<PipelineTrainer>> Create(rpc::Agent& agent,
                                                                  parallel::DataParallelOptions options);
   // From now on each replica's stage 0 worker reads its share of every
   // training batch from `train` itself (the master sends row numbers), and
@@ -61,7 +61,7 @@ class PipelineTrainer final : public Trainer, private RowsSteps {
   RowsSteps* rows() override { return train_data_ != nullptr ? this : nullptr; }
 
  private:
-  PipelineTrainer(Agent& agent, std::vector<pipeline::StageSpec> stages,
+  PipelineTrainer(rpc::Agent& agent, std::vector<pipeline::StageSpec> stages,
                   std::unique_ptr<parallel::DataParallelPipeline> pipe)
       : agent_(agent), stages_(std::move(stages)), pipe_(std::move(pipe)) {}
 
@@ -69,7 +69,7 @@ class PipelineTrainer final : public Trainer, private RowsSteps {
   absl::StatusOr<pipeline::Correct> CountCorrectRows(const at::Tensor& rows) override;
   absl::StatusOr<int64_t> skipped() override { return train_data_->skipped(); }
 
-  Agent& agent_;
+  rpc::Agent& agent_;
   const std::vector<pipeline::StageSpec> stages_;  // what the pipeline was made from
   std::unique_ptr<parallel::DataParallelPipeline> pipe_;
   std::unique_ptr<checkpoint::Checkpointer> saver_;  // made by the first Save

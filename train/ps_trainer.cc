@@ -5,11 +5,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_util.h"
-#include "runtime/trace.h"
+#include "trace/trace.h"
 
 namespace remora::train {
 
-absl::StatusOr<std::unique_ptr<PsTrainer>> PsTrainer::Create(Agent& agent, ps::PsOptions options) {
+absl::StatusOr<std::unique_ptr<PsTrainer>> PsTrainer::Create(rpc::Agent& agent, ps::PsOptions options) {
   std::vector<pipeline::StageSpec> stages = options.stages;
   ASSIGN_OR_RETURN(auto server, ps::ParameterServer::Create(agent, std::move(options)));
   return std::unique_ptr<PsTrainer>(new PsTrainer(agent, std::move(stages), std::move(server)));

@@ -30,7 +30,7 @@ namespace remora::train {
 
 class PsTrainer final : public Trainer, private RowsSteps {
  public:
-  static absl::StatusOr<std::unique_ptr<PsTrainer>> Create(Agent& agent, ps::PsOptions options);
+  static absl::StatusOr<std::unique_ptr<PsTrainer>> Create(rpc::Agent& agent, ps::PsOptions options);
 
   // From now on every worker reads its share of each training batch from
   // `train` itself (opened on each; every one must find `train_rows` rows;
@@ -56,7 +56,7 @@ class PsTrainer final : public Trainer, private RowsSteps {
   RowsSteps* rows() override { return train_data_ != nullptr ? this : nullptr; }
 
  private:
-  PsTrainer(Agent& agent, std::vector<pipeline::StageSpec> stages, std::unique_ptr<ps::ParameterServer> server)
+  PsTrainer(rpc::Agent& agent, std::vector<pipeline::StageSpec> stages, std::unique_ptr<ps::ParameterServer> server)
       : agent_(agent), stages_(std::move(stages)), server_(std::move(server)) {}
 
   // `r`, given to on_step_ (with the seconds since `t0`) when it is a report.
@@ -72,7 +72,7 @@ class PsTrainer final : public Trainer, private RowsSteps {
         [this](const std::string& w, const absl::Status& why) { return server_->Lost(w, why); });
   }
 
-  Agent& agent_;
+  rpc::Agent& agent_;
   const std::vector<pipeline::StageSpec> stages_;
   std::unique_ptr<ps::ParameterServer> server_;
   StepFn on_step_;

@@ -14,7 +14,7 @@
 
 namespace remora::train {
 
-absl::StatusOr<std::shared_ptr<RunLog>> RunLog::Open(const std::string& dir, LineSink say) {
+absl::StatusOr<std::shared_ptr<RunLog>> RunLog::Open(const std::string& dir, base::LineSink say) {
   auto log = std::make_shared<RunLog>();
   log->say_ = std::move(say);
   if (dir.empty()) return log;
@@ -29,7 +29,7 @@ void RunLog::Add(const std::string& tag, int64_t step, double value) {
 
 void RunLog::Warn(const absl::Status& s) {
   if (s.ok() || warned_) return;
-  Say(say_, absl::StrCat("remora: TensorBoard events: ", s.message(), " (training goes on)"));
+  base::Say(say_, absl::StrCat("remora: TensorBoard events: ", s.message(), " (training goes on)"));
   warned_ = true;
 }
 
@@ -134,12 +134,12 @@ double MedianAfterFirst(const std::vector<double>& all) {
 std::string BubbleJson(const Bubble& b) {
   std::vector<std::string> workers;
   for (const WorkerTime& w : b.workers) {
-    workers.push_back(absl::StrCat("{\"busy_seconds\": ", JsonFixed(6, w.busy_s),
-                                   ", \"idle_seconds\": ", JsonFixed(6, w.idle_s), "}"));
+    workers.push_back(absl::StrCat("{\"busy_seconds\": ", base::JsonFixed(6, w.busy_s),
+                                   ", \"idle_seconds\": ", base::JsonFixed(6, w.idle_s), "}"));
   }
-  return absl::StrCat("{\"steps\": ", b.steps, ", \"step_seconds\": ", JsonFixed(6, b.step_s),
-                      ", \"fraction\": ", JsonFixed(6, b.fraction), ", \"schedule_fraction\": ",
-                      b.schedule_fraction < 0 ? std::string("null") : JsonFixed(6, b.schedule_fraction),
+  return absl::StrCat("{\"steps\": ", b.steps, ", \"step_seconds\": ", base::JsonFixed(6, b.step_s),
+                      ", \"fraction\": ", base::JsonFixed(6, b.fraction), ", \"schedule_fraction\": ",
+                      b.schedule_fraction < 0 ? std::string("null") : base::JsonFixed(6, b.schedule_fraction),
                       ", \"workers\": [", absl::StrJoin(workers, ", "), "]}");
 }
 
@@ -178,23 +178,23 @@ absl::Status WriteReport(const std::string& path, const std::string& mode, const
   for (size_t i = 0; i < runs.size(); ++i) {
     const RunRecord& r = runs[i];
     std::vector<std::string> losses;
-    for (double l : r.losses) losses.push_back(JsonGeneral(l));
+    for (double l : r.losses) losses.push_back(base::JsonGeneral(l));
     std::vector<std::string> batch_seconds, data_waits;
-    for (double b : r.batch_seconds) batch_seconds.push_back(JsonFixed(6, b));
-    for (double w : r.data_wait_seconds) data_waits.push_back(JsonFixed(6, w));
+    for (double b : r.batch_seconds) batch_seconds.push_back(base::JsonFixed(6, b));
+    for (double w : r.data_wait_seconds) data_waits.push_back(base::JsonFixed(6, w));
     out << (i ? ", " : "") << "{\"splits\": " << r.splits << ", \"schedule\": \"" << r.schedule
-        << "\", \"seconds\": " << JsonFixed(6, r.seconds)
-        << ", \"steady_batch_seconds\": " << JsonFixed(6, r.steady_seconds())
+        << "\", \"seconds\": " << base::JsonFixed(6, r.seconds)
+        << ", \"steady_batch_seconds\": " << base::JsonFixed(6, r.steady_seconds())
         << ", \"images_per_second\": "
-        << JsonFixed(4, r.images() > 0 ? r.images() / r.seconds : NAN);
+        << base::JsonFixed(4, r.images() > 0 ? r.images() / r.seconds : NAN);
     if (r.tokens_per_row > 0) {
       out << ", \"tokens_per_second\": "
-          << JsonFixed(2, r.images() > 0 ? r.images() * static_cast<double>(r.tokens_per_row) / r.seconds : NAN);
+          << base::JsonFixed(2, r.images() > 0 ? r.images() * static_cast<double>(r.tokens_per_row) / r.seconds : NAN);
     }
     out << ", \"batch_seconds\": ["
         << absl::StrJoin(batch_seconds, ", ") << "]";
     if (!data_waits.empty()) {
-      out << ", \"steady_data_wait_seconds\": " << JsonFixed(6, r.steady_data_wait_seconds())
+      out << ", \"steady_data_wait_seconds\": " << base::JsonFixed(6, r.steady_data_wait_seconds())
           << ", \"data_wait_seconds\": [" << absl::StrJoin(data_waits, ", ") << "]";
     }
     out << ", \"losses\": ["
@@ -222,33 +222,33 @@ absl::Status WriteReport(const std::string& path, const std::string& mode, const
     for (size_t e = 0; e < r.epochs.size(); ++e) {
       const auto& x = r.epochs[e];
       out << (e ? ", " : "") << "{\"epoch\": " << x.epoch << ", \"train_loss\": "
-          << JsonFixed(6, x.train_loss) << ", \"test_accuracy\": "
-          << (x.evaluated ? JsonFixed(6, x.test_accuracy) : "null") << ", \"test_top5\": "
-          << (x.evaluated ? JsonFixed(6, x.test_top5) : "null") << ", \"test_loss\": "
-          << (x.evaluated ? JsonFixed(6, x.test_loss) : "null");
+          << base::JsonFixed(6, x.train_loss) << ", \"test_accuracy\": "
+          << (x.evaluated ? base::JsonFixed(6, x.test_accuracy) : "null") << ", \"test_top5\": "
+          << (x.evaluated ? base::JsonFixed(6, x.test_top5) : "null") << ", \"test_loss\": "
+          << (x.evaluated ? base::JsonFixed(6, x.test_loss) : "null");
       if (r.tokens_per_row > 0) {
-        out << ", \"test_perplexity\": " << (x.evaluated ? JsonFixed(6, std::exp(x.test_loss)) : "null");
+        out << ", \"test_perplexity\": " << (x.evaluated ? base::JsonFixed(6, std::exp(x.test_loss)) : "null");
       }
       out << ", \"seconds\": "
-          << JsonFixed(3, x.seconds) << ", \"skipped_images\": " << x.skipped << "}";
+          << base::JsonFixed(3, x.seconds) << ", \"skipped_images\": " << x.skipped << "}";
     }
     out << "], \"step_evals\": [";
     for (size_t k = 0; k < r.step_evals.size(); ++k) {
       const auto& [step, x] = r.step_evals[k];
-      out << (k ? ", " : "") << "{\"step\": " << step << ", \"test_accuracy\": " << JsonFixed(6, x.accuracy())
-          << ", \"test_loss\": " << JsonFixed(6, x.loss());
-      if (r.tokens_per_row > 0) out << ", \"test_perplexity\": " << JsonFixed(6, std::exp(x.loss()));
+      out << (k ? ", " : "") << "{\"step\": " << step << ", \"test_accuracy\": " << base::JsonFixed(6, x.accuracy())
+          << ", \"test_loss\": " << base::JsonFixed(6, x.loss());
+      if (r.tokens_per_row > 0) out << ", \"test_perplexity\": " << base::JsonFixed(6, std::exp(x.loss()));
       out << "}";
     }
     out << "], \"recoveries\": [";
     for (size_t k = 0; k < r.recoveries.size(); ++k) {
       const Recovery& x = r.recoveries[k];
       out << (k ? ", " : "") << "{\"lost\": \"" << x.lost << "\", \"replacement\": \"" << x.replacement
-          << "\", \"detected_after_seconds\": " << JsonFixed(3, x.detected_after)
-          << ", \"seconds_to_detect\": " << JsonFixed(3, x.seconds_to_detect)
+          << "\", \"detected_after_seconds\": " << base::JsonFixed(3, x.detected_after)
+          << ", \"seconds_to_detect\": " << base::JsonFixed(3, x.seconds_to_detect)
           << ", \"failed_at_step\": " << x.failed_at << ", \"restored_step\": " << x.restored_step
           << ", \"steps_redone\": " << x.steps_redone() << ", \"seconds_lost\": "
-          << (x.seconds_lost < 0 ? std::string("null") : JsonFixed(3, x.seconds_lost)) << "}";
+          << (x.seconds_lost < 0 ? std::string("null") : base::JsonFixed(3, x.seconds_lost)) << "}";
     }
     out << "]}";
   }

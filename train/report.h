@@ -54,7 +54,7 @@ class RunLog {
   // Event files in `dir` (made if needed; an error when it cannot be);
   // "" : none, only the curves' points. A write that fails later is said
   // once to `say`.
-  static absl::StatusOr<std::shared_ptr<RunLog>> Open(const std::string& dir, LineSink say = nullptr);
+  static absl::StatusOr<std::shared_ptr<RunLog>> Open(const std::string& dir, base::LineSink say = nullptr);
 
   // step/loss, step/seconds, step/images_per_second; at an epoch's end
   // epoch/train_loss, epoch/test_accuracy, epoch/test_top5,
@@ -88,7 +88,7 @@ class RunLog {
 
   std::unique_ptr<EventWriter> events_;  // null without a directory
   std::vector<std::pair<double, double>> losses_, accuracy_;
-  LineSink say_;
+  base::LineSink say_;
   bool warned_ = false;
   int64_t tokens_per_row_ = 0;
 };

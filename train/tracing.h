@@ -16,13 +16,13 @@
 namespace remora::train {
 
 // Turns `workers`' trace recorders on, their older slices dropped.
-void StartTracing(Agent& agent, const std::vector<std::string>& workers);
+void StartTracing(rpc::Agent& agent, const std::vector<std::string>& workers);
 
 // Turns `workers`' trace recorders off, keeping what they recorded.
-void StopTracing(Agent& agent, const std::vector<std::string>& workers);
+void StopTracing(rpc::Agent& agent, const std::vector<std::string>& workers);
 
 // What `worker` recorded since its tracing started (or its slices were
 // last taken); its tracing stops. An error names the worker.
-absl::StatusOr<std::vector<TraceSliceValue>> TakeTrace(Agent& agent, const std::string& worker);
+absl::StatusOr<std::vector<TraceSliceValue>> TakeTrace(rpc::Agent& agent, const std::string& worker);
 
 }  // namespace remora::train

@@ -18,7 +18,7 @@
 #include "ps/replica.h"
 #include "rpc/agent.h"
 #include "runtime/threads.h"
-#include "runtime/trace.h"
+#include "trace/trace.h"
 #include "train/protocol.h"
 #include "train/tracing.h"
 
@@ -26,15 +26,16 @@ namespace remora::train {
 namespace {
 
 // TraceEnableRequest, and kTraceCollect's TraceSliceValues.
-absl::Status RegisterTraceFunctions(Registry& r) {
-  RETURN_IF_ERROR(r.RegisterFunction(TraceEnableRequest::kFunction, [](CallContext&, const Args& a) -> c10::IValue {
-    trace::Enable(DecodeCallOrThrow<TraceEnableRequest>(a).on);
-    return c10::IValue();
-  }));
-  return r.RegisterFunction(kTraceCollect, [](CallContext&, const Args&) -> c10::IValue {
+absl::Status RegisterTraceFunctions(rpc::Registry& r) {
+  RETURN_IF_ERROR(
+      r.RegisterFunction(TraceEnableRequest::kFunction, [](rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
+        trace::Enable(rpc::DecodeCallOrThrow<TraceEnableRequest>(a).on);
+        return c10::IValue();
+      }));
+  return r.RegisterFunction(kTraceCollect, [](rpc::CallContext&, const rpc::Args&) -> c10::IValue {
     c10::impl::GenericList out(c10::AnyType::get());
     for (const auto& s : trace::Drain()) {
-      out.push_back(EncodeTuple(TraceSliceValue{s.name, s.micro_batch, s.start_us, s.end_us, s.stage}));
+      out.push_back(rpc::EncodeTuple(TraceSliceValue{s.name, s.micro_batch, s.start_us, s.end_us, s.stage}));
     }
     return out;
   });
@@ -42,13 +43,13 @@ absl::Status RegisterTraceFunctions(Registry& r) {
 
 // use_deterministic_algorithms(): the master's --deterministic, here
 // (runtime::UseDeterministicAlgorithms); says so on the first call.
-absl::Status RegisterDeterminism(Registry& r, LineSink say) {
+absl::Status RegisterDeterminism(rpc::Registry& r, base::LineSink say) {
   auto said = std::make_shared<std::atomic<bool>>(false);
   return r.RegisterFunction(kUseDeterministicAlgorithms,
-                            [said, say = std::move(say)](CallContext& ctx, const Args&) -> c10::IValue {
+                            [said, say = std::move(say)](rpc::CallContext& ctx, const rpc::Args&) -> c10::IValue {
                               runtime::UseDeterministicAlgorithms();
                               if (!said->exchange(true)) {
-                                Say(say, absl::StrCat("worker '", ctx.agent->self().name,
+                                base::Say(say, absl::StrCat("worker '", ctx.agent->self().name,
                                                       "': deterministic algorithms (the master's --deterministic)"));
                               }
                               return c10::IValue();
@@ -57,20 +58,20 @@ absl::Status RegisterDeterminism(Registry& r, LineSink say) {
 
 }  // namespace
 
-void StartTracing(Agent& agent, const std::vector<std::string>& workers) {
+void StartTracing(rpc::Agent& agent, const std::vector<std::string>& workers) {
   for (const auto& w : workers) {
-    agent.rpc_sync(w, TraceEnableRequest::kFunction, EncodeCall(TraceEnableRequest{true})).IgnoreError();
+    agent.rpc_sync(w, TraceEnableRequest::kFunction, rpc::EncodeCall(TraceEnableRequest{true})).IgnoreError();
     agent.rpc_sync(w, kTraceCollect).IgnoreError();  // drop older slices
   }
 }
 
-void StopTracing(Agent& agent, const std::vector<std::string>& workers) {
+void StopTracing(rpc::Agent& agent, const std::vector<std::string>& workers) {
   for (const auto& w : workers) {
-    agent.rpc_sync(w, TraceEnableRequest::kFunction, EncodeCall(TraceEnableRequest{false})).IgnoreError();
+    agent.rpc_sync(w, TraceEnableRequest::kFunction, rpc::EncodeCall(TraceEnableRequest{false})).IgnoreError();
   }
 }
 
-absl::StatusOr<std::vector<TraceSliceValue>> TakeTrace(Agent& agent, const std::string& worker) {
+absl::StatusOr<std::vector<TraceSliceValue>> TakeTrace(rpc::Agent& agent, const std::string& worker) {
   auto slices = agent.rpc_sync(worker, kTraceCollect);
   StopTracing(agent, {worker});
   if (!slices.ok()) return slices.status();
@@ -80,15 +81,15 @@ absl::StatusOr<std::vector<TraceSliceValue>> TakeTrace(Agent& agent, const std::
   }
   std::vector<TraceSliceValue> out;
   for (const c10::IValue& s : slices->toListRef()) {
-    absl::StatusOr<TraceSliceValue> t = DecodeTuple<TraceSliceValue>(s);
-    if (!t.ok()) return Annotate(t.status(), absl::StrCat("worker '", worker, "'"));
+    absl::StatusOr<TraceSliceValue> t = rpc::DecodeTuple<TraceSliceValue>(s);
+    if (!t.ok()) return base::Annotate(t.status(), absl::StrCat("worker '", worker, "'"));
     out.push_back(*std::move(t));
   }
   return out;
 }
 
-absl::Status RegisterWorkerFunctions(Registry& registry, LineSink say) {
-  RETURN_IF_ERROR(dist_autograd::RegisterFunctions(registry));
+absl::Status RegisterWorkerFunctions(rpc::Registry& registry, base::LineSink say) {
+  RETURN_IF_ERROR(autograd::RegisterFunctions(registry));
   RETURN_IF_ERROR(optim::RegisterFunctions(registry));
   RETURN_IF_ERROR(pipeline::RegisterFunctions(registry));
   RETURN_IF_ERROR(parallel::RegisterFunctions(registry));

@@ -23,6 +23,6 @@ namespace remora::train {
 // Registers the above; an error when a name is taken already. What the
 // functions have to say (the first use_deterministic_algorithms: "worker
 // 'w1': deterministic algorithms ...") goes to `say` (none: nowhere).
-absl::Status RegisterWorkerFunctions(Registry& registry, LineSink say = nullptr);
+absl::Status RegisterWorkerFunctions(rpc::Registry& registry, base::LineSink say = nullptr);
 
 }  // namespace remora::train

@@ -16,7 +16,7 @@
 
 #include "channel/cuda/nccl_comm.h"
 
-namespace remora {
+namespace remora::channel {
 
 class CudaChannel::Impl {
  public:
@@ -27,35 +27,35 @@ class CudaChannel::Impl {
   void Stop();
 
   bool stopping() {
-    MutexLock lock(queue_mu_);
+    base::MutexLock lock(queue_mu_);
     return stopping_;
   }
 
   // --- group -----------------------------------------------------------
 
-  void SetGroup(const WorkerInfo& self, const std::vector<WorkerInfo>& book);
-  void UpdatePeer(const WorkerInfo& peer);
+  void SetGroup(const base::WorkerInfo& self, const std::vector<base::WorkerInfo>& book);
+  void UpdatePeer(const base::WorkerInfo& peer);
 
-  absl::StatusOr<WorkerInfo> Peer(WorkerId id);
+  absl::StatusOr<base::WorkerInfo> Peer(base::WorkerId id);
 
-  CudaRoute RouteTo(WorkerId peer, int src, int dst);
+  CudaRoute RouteTo(base::WorkerId peer, int src, int dst);
 
   // --- sending ---------------------------------------------------------
 
-  std::optional<wire::CudaPayload> Send(WorkerId peer, const at::Tensor& payload, int dst);
+  std::optional<wire::CudaPayload> Send(base::WorkerId peer, const at::Tensor& payload, int dst);
 
-  absl::StatusOr<std::optional<wire::CudaPayload>> SendIpc(WorkerId peer, const at::Tensor& payload,
+  absl::StatusOr<std::optional<wire::CudaPayload>> SendIpc(base::WorkerId peer, const at::Tensor& payload,
                                                           int src, int dst);
 
-  absl::StatusOr<std::optional<wire::CudaPayload>> SendNccl(WorkerId peer, const at::Tensor& payload,
+  absl::StatusOr<std::optional<wire::CudaPayload>> SendNccl(base::WorkerId peer, const at::Tensor& payload,
                                                            int src, int dst);
 
   // The communicator for transfers to `peer` from `src` to its `dst`:
   // created (and announced to the peer) by the first caller, ready on return.
-  absl::StatusOr<std::shared_ptr<Comm>> SendComm(WorkerId peer, int src, int dst);
+  absl::StatusOr<std::shared_ptr<Comm>> SendComm(base::WorkerId peer, int src, int dst);
 
   // A communicator's fixed parts; its lane starts once it has a unique id.
-  std::shared_ptr<Comm> NewComm(WorkerId peer, std::string peer_name, int src, int dst,
+  std::shared_ptr<Comm> NewComm(base::WorkerId peer, std::string peer_name, int src, int dst,
                                 uint64_t generation, bool sending);
 
   // Creates the stream of `c` and starts its lane as `rank` of `id`.
@@ -65,18 +65,18 @@ class CudaChannel::Impl {
   // Both ends form the communicator concurrently, on their lanes.
   absl::Status InitSender(Comm& c);
 
-  void Reclaim(WorkerId peer, const wire::CudaPayload& d);
+  void Reclaim(base::WorkerId peer, const wire::CudaPayload& d);
 
   // --- receiving -------------------------------------------------------
 
-  void Abandon(WorkerId peer, const wire::CudaPayload& d, const std::string& why);
+  void Abandon(base::WorkerId peer, const wire::CudaPayload& d, const std::string& why);
 
-  absl::StatusOr<at::Tensor> Receive(WorkerId from, const wire::CudaPayload& d, uint64_t length);
+  absl::StatusOr<at::Tensor> Receive(base::WorkerId from, const wire::CudaPayload& d, uint64_t length);
 
-  absl::Status ReceiveIpc(const WorkerInfo& peer, const wire::CudaPayload& d, uint64_t length,
+  absl::Status ReceiveIpc(const base::WorkerInfo& peer, const wire::CudaPayload& d, uint64_t length,
                           at::Tensor& out);
 
-  absl::Status ReceiveNccl(const WorkerInfo& peer, const wire::CudaPayload& d, uint64_t length,
+  absl::Status ReceiveNccl(const base::WorkerInfo& peer, const wire::CudaPayload& d, uint64_t length,
                            at::Tensor& out);
 
   // --- stream-ordered receives (see cuda_channel.h) ---------------------
@@ -87,7 +87,7 @@ class CudaChannel::Impl {
     uint64_t seq = 0;
     int64_t group = 0;             // the descriptor's stream_group
     cudaEvent_t done = nullptr;    // recorded after the copy; owned
-    WorkerId peer = 0;
+    base::WorkerId peer = 0;
     uint64_t buffer = 0;           // CUDA IPC: the sender's, released once done,
     uint64_t incarnation = 0;      //   to this process of it
     std::shared_ptr<Opened> mem;   // CUDA IPC: the mapping the copy reads
@@ -119,22 +119,22 @@ class CudaChannel::Impl {
 
   // --- control requests ------------------------------------------------
 
-  absl::Status OnNcclSetup(WorkerId from, const wire::NcclSetup& setup);
+  absl::Status OnNcclSetup(base::WorkerId from, const wire::NcclSetup& setup);
 
-  void OnNcclAbort(WorkerId from, const wire::NcclAbort& abort);
+  void OnNcclAbort(base::WorkerId from, const wire::NcclAbort& abort);
 
-  void OnRelease(WorkerId from, const wire::CudaRelease& release);
+  void OnRelease(base::WorkerId from, const wire::CudaRelease& release);
 
   Stats stats();
 
-  const CudaEndpoint& endpoint() const { return self_ep_; }
+  const base::CudaEndpoint& endpoint() const { return self_ep_; }
   const std::string& disabled_reason() const { return disabled_; }
 
  private:
   // What the channel holds for an IPC payload until the receiver is done.
   struct Held {
     at::Tensor tensor;
-    WorkerId peer;
+    base::WorkerId peer;
     IpcEvent* event;
     absl::Time since;
     bool orphaned;  // its call failed
@@ -143,7 +143,7 @@ class CudaChannel::Impl {
   // Decides what this process offers: its GPUs, unless something is missing.
   void Probe();
 
-  void Warn(WorkerId peer, const absl::Status& why);
+  void Warn(base::WorkerId peer, const absl::Status& why);
 
   absl::StatusOr<IpcEvent*> TakeEvent(int device);
 
@@ -162,7 +162,7 @@ class CudaChannel::Impl {
 
   // Tells `peer`'s process `incarnation` (dropped when the peer is another
   // process by then) that its IPC buffer is free.
-  void QueueRelease(WorkerId peer, uint64_t incarnation, uint64_t buffer);
+  void QueueRelease(base::WorkerId peer, uint64_t incarnation, uint64_t buffer);
 
   // Tells the other end of `c` that it is gone (best effort).
   void QueueAbort(const Comm& c) ABSL_NO_THREAD_SAFETY_ANALYSIS;
@@ -180,7 +180,7 @@ class CudaChannel::Impl {
 
   const Options options_;
   const Control control_;
-  CudaEndpoint self_ep_;
+  base::CudaEndpoint self_ep_;
   std::string disabled_;
   absl::Notification group_set_;
 
@@ -189,15 +189,15 @@ class CudaChannel::Impl {
 
   // Lock order: a Comm's mu before mu_ or queue_mu_; open_mu_ before mu_.
   absl::Mutex mu_;
-  WorkerInfo self_ ABSL_GUARDED_BY(mu_);
-  std::map<WorkerId, WorkerInfo> peers_ ABSL_GUARDED_BY(mu_);
-  std::set<WorkerId> warned_ ABSL_GUARDED_BY(mu_);
+  base::WorkerInfo self_ ABSL_GUARDED_BY(mu_);
+  std::map<base::WorkerId, base::WorkerInfo> peers_ ABSL_GUARDED_BY(mu_);
+  std::set<base::WorkerId> warned_ ABSL_GUARDED_BY(mu_);
   // NCCL, sending: by (peer, src, dst); receiving: by (peer, src, dst, generation).
-  std::map<std::tuple<WorkerId, int, int>, std::shared_ptr<Comm>> send_comms_ ABSL_GUARDED_BY(mu_);
-  std::map<std::tuple<WorkerId, int, int>, uint64_t> generations_ ABSL_GUARDED_BY(mu_);
-  std::map<std::tuple<WorkerId, int, int>, std::pair<absl::Time, absl::Status>> broken_until_
+  std::map<std::tuple<base::WorkerId, int, int>, std::shared_ptr<Comm>> send_comms_ ABSL_GUARDED_BY(mu_);
+  std::map<std::tuple<base::WorkerId, int, int>, uint64_t> generations_ ABSL_GUARDED_BY(mu_);
+  std::map<std::tuple<base::WorkerId, int, int>, std::pair<absl::Time, absl::Status>> broken_until_
       ABSL_GUARDED_BY(mu_);
-  std::map<std::tuple<WorkerId, int, int, uint64_t>, std::shared_ptr<Comm>> recv_comms_
+  std::map<std::tuple<base::WorkerId, int, int, uint64_t>, std::shared_ptr<Comm>> recv_comms_
       ABSL_GUARDED_BY(mu_);
   // CUDA IPC, sending: buffers held until released; the event pool.
   std::map<uint64_t, Held> held_ ABSL_GUARDED_BY(mu_);
@@ -213,8 +213,8 @@ class CudaChannel::Impl {
   bool stopping_ ABSL_GUARDED_BY(queue_mu_) = false;
   bool wake_ ABSL_GUARDED_BY(queue_mu_) = false;
   bool in_flight_ ABSL_GUARDED_BY(queue_mu_) = false;  // NCCL sends or stream-ordered receives
-  std::map<std::pair<WorkerId, uint64_t>, std::vector<uint64_t>> releases_ ABSL_GUARDED_BY(queue_mu_);
-  std::vector<std::pair<WorkerId, wire::Request>> outbox_ ABSL_GUARDED_BY(queue_mu_);
+  std::map<std::pair<base::WorkerId, uint64_t>, std::vector<uint64_t>> releases_ ABSL_GUARDED_BY(queue_mu_);
+  std::vector<std::pair<base::WorkerId, wire::Request>> outbox_ ABSL_GUARDED_BY(queue_mu_);
 
   // Stream-ordered receives, oldest first (by seq). One poll at a time
   // (the background thread's or a Settle's): it alone destroys events.
@@ -228,4 +228,4 @@ class CudaChannel::Impl {
   std::thread background_;
 };
 
-}  // namespace remora
+}  // namespace remora::channel

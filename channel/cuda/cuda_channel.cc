@@ -6,7 +6,7 @@
 
 #include "channel/cuda/channel_impl.h"
 
-namespace remora {
+namespace remora::channel {
 
 static_assert(sizeof(cudaIpcMemHandle_t) == kCudaIpcHandleBytes, "CUDA IPC handle size");
 static_assert(sizeof(cudaIpcEventHandle_t) == kCudaIpcHandleBytes, "CUDA IPC handle size");
@@ -23,7 +23,7 @@ CudaChannel::Impl::~Impl() {
   decltype(send_comms_) send_comms;
   decltype(recv_comms_) recv_comms;
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     send_comms.swap(send_comms_);
     recv_comms.swap(recv_comms_);
   }
@@ -31,7 +31,7 @@ CudaChannel::Impl::~Impl() {
   recv_comms.clear();
   std::deque<Pending> pending;
   {
-    MutexLock lock(pending_mu_);
+    base::MutexLock lock(pending_mu_);
     pending.swap(pending_);
   }
   for (Pending& p : pending) {
@@ -40,7 +40,7 @@ CudaChannel::Impl::~Impl() {
     cudaEventDestroy(p.done);  // freed once complete
   }
   pending.clear();
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   held_.clear();
   opened_.clear();
   for (auto& [key, event] : opened_events_) cudaEventDestroy(event);
@@ -53,26 +53,26 @@ CudaChannel::Impl::~Impl() {
 
 void CudaChannel::Impl::Stop() {
   {
-    MutexLock lock(queue_mu_);
+    base::MutexLock lock(queue_mu_);
     if (stopping_) return;
     stopping_ = true;
   }
   if (background_.joinable()) background_.join();
   std::vector<std::shared_ptr<Comm>> comms;
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     for (auto& [k, c] : send_comms_) comms.push_back(c);
     for (auto& [k, c] : recv_comms_) comms.push_back(c);
   }
   for (auto& c : comms) {
-    MutexLock lock(c->mu);
+    base::MutexLock lock(c->mu);
     c->FailLocked("the agent is shutting down");
   }
 }
 
-void CudaChannel::Impl::SetGroup(const WorkerInfo& self, const std::vector<WorkerInfo>& book) {
+void CudaChannel::Impl::SetGroup(const base::WorkerInfo& self, const std::vector<base::WorkerInfo>& book) {
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     self_ = self;
     self_.cuda = self_ep_;
     peers_.clear();
@@ -83,10 +83,10 @@ void CudaChannel::Impl::SetGroup(const WorkerInfo& self, const std::vector<Worke
   if (!group_set_.HasBeenNotified()) group_set_.Notify();
 }
 
-void CudaChannel::Impl::UpdatePeer(const WorkerInfo& peer) {
+void CudaChannel::Impl::UpdatePeer(const base::WorkerInfo& peer) {
   std::vector<std::shared_ptr<Comm>> stale;  // failed outside mu_ (a Comm's mu comes first)
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     if (peer.name == self_.name) return;
     peers_[peer.id] = peer;
     warned_.erase(peer.id);
@@ -111,16 +111,16 @@ void CudaChannel::Impl::UpdatePeer(const WorkerInfo& peer) {
     }
   }
   for (auto& c : stale) {
-    MutexLock lock(c->mu);
+    base::MutexLock lock(c->mu);
     c->FailLocked(absl::StrCat("worker '", peer.name, "' was replaced by a new process"));
   }
 }
 
-absl::StatusOr<WorkerInfo> CudaChannel::Impl::Peer(WorkerId id) {
+absl::StatusOr<base::WorkerInfo> CudaChannel::Impl::Peer(base::WorkerId id) {
   if (!group_set_.WaitForNotificationWithTimeout(options_.timeout)) {
     return absl::UnavailableError("the CUDA channel has no group yet (rendezvous not done)");
   }
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   auto it = peers_.find(id);
   if (it == peers_.end()) {
     return absl::PermissionDeniedError(absl::StrCat("CUDA payload from unknown worker #", id));
@@ -128,14 +128,14 @@ absl::StatusOr<WorkerInfo> CudaChannel::Impl::Peer(WorkerId id) {
   return it->second;
 }
 
-CudaRoute CudaChannel::Impl::RouteTo(WorkerId peer, int src, int dst) {
-  MutexLock lock(mu_);
+CudaRoute CudaChannel::Impl::RouteTo(base::WorkerId peer, int src, int dst) {
+  base::MutexLock lock(mu_);
   auto it = peers_.find(peer);
   if (it == peers_.end()) return CudaRoute::kStaged;
   return ChooseCudaRoute(self_, src, it->second, dst);
 }
 
-std::optional<wire::CudaPayload> CudaChannel::Impl::Send(WorkerId peer, const at::Tensor& payload, int dst) {
+std::optional<wire::CudaPayload> CudaChannel::Impl::Send(base::WorkerId peer, const at::Tensor& payload, int dst) {
   if (!payload.is_cuda() || payload.nbytes() == 0 || !payload.is_contiguous() || stopping()) {
     return std::nullopt;
   }
@@ -158,49 +158,50 @@ std::optional<wire::CudaPayload> CudaChannel::Impl::Send(WorkerId peer, const at
   return *d;
 }
 
-void CudaChannel::Impl::Reclaim(WorkerId peer, const wire::CudaPayload& d) {
+void CudaChannel::Impl::Reclaim(base::WorkerId peer, const wire::CudaPayload& d) {
   if (d.channel() == wire::CudaPayload::CUDA_IPC) {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     if (auto it = held_.find(d.buffer()); it != held_.end()) it->second.orphaned = true;
     return;
   }
   // NCCL: the receiver may never post this receive; give it a short grace.
   std::shared_ptr<Comm> c;
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     auto it = send_comms_.find(std::make_tuple(peer, d.src_device(), d.dst_device()));
     if (it == send_comms_.end() || it->second->generation != d.generation()) return;
     c = it->second;
   }
-  MutexLock lock(c->mu);
+  base::MutexLock lock(c->mu);
   const absl::Time soon = absl::Now() + std::min(options_.timeout, absl::Seconds(5));
   for (auto& f : c->in_flight) {
     if (f.seq == d.seq()) f.deadline = std::min(f.deadline, soon);
   }
 }
 
-void CudaChannel::Impl::Abandon(WorkerId peer, const wire::CudaPayload& d, const std::string& why) {
+void CudaChannel::Impl::Abandon(base::WorkerId peer, const wire::CudaPayload& d, const std::string& why) {
   if (d.channel() == wire::CudaPayload::CUDA_IPC) {
     QueueRelease(peer, d.incarnation(), d.buffer());
     return;
   }
   std::shared_ptr<Comm> c;
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     auto it = recv_comms_.find(
         std::make_tuple(peer, d.src_device(), d.dst_device(), d.generation()));
     if (it == recv_comms_.end()) return;
     c = it->second;
   }
-  MutexLock lock(c->mu);
+  base::MutexLock lock(c->mu);
   if (d.seq() < c->next_post || c->posted.count(d.seq()) > 0) return;  // on its way
   if (c->FailLocked(absl::StrCat("transfer ", d.seq(), " cannot be received (", why, ")"))) {
     QueueAbort(*c);
   }
 }
 
-absl::StatusOr<at::Tensor> CudaChannel::Impl::Receive(WorkerId from, const wire::CudaPayload& d, uint64_t length) {
-  ASSIGN_OR_RETURN(WorkerInfo peer, Peer(from));
+absl::StatusOr<at::Tensor> CudaChannel::Impl::Receive(base::WorkerId from, const wire::CudaPayload& d,
+                                                      uint64_t length) {
+  ASSIGN_OR_RETURN(base::WorkerInfo peer, Peer(from));
   if (stopping()) return absl::CancelledError("the agent is shutting down");
   RETURN_IF_ERROR(ValidateCudaPayload(d, length, peer, self_ep_));
   const int dst = d.dst_device();
@@ -245,7 +246,7 @@ bool CudaChannel::Impl::LeaveToStream(int device, Pending& p) {
   }
   stream_ordered_.fetch_add(1);
   {
-    MutexLock lock(pending_mu_);
+    base::MutexLock lock(pending_mu_);
     p.seq = next_pending_++;
     pending_.push_back(std::move(p));
   }
@@ -263,9 +264,9 @@ bool CudaChannel::Impl::PollReceives() {
   std::vector<Pending> now;
   bool left = false;
   {
-    MutexLock poll(poll_mu_);
+    base::MutexLock poll(poll_mu_);
     {
-      MutexLock lock(pending_mu_);
+      base::MutexLock lock(pending_mu_);
       now.assign(pending_.begin(), pending_.end());
     }
     if (now.empty()) return false;
@@ -296,7 +297,7 @@ bool CudaChannel::Impl::PollReceives() {
               p.what, ": the copy did not complete within ", absl::FormatDuration(options_.timeout),
               " (is the sender alive?)"));
           if (p.comm != nullptr) {
-            MutexLock lock(p.comm->mu);  // aborting it ends the transfer's kernel
+            base::MutexLock lock(p.comm->mu);  // aborting it ends the transfer's kernel
             if (p.comm->FailLocked(std::string(s.message()))) QueueAbort(*p.comm);
           }
         }
@@ -304,7 +305,7 @@ bool CudaChannel::Impl::PollReceives() {
       }
       if (!s.ok() && !p.late) failed.emplace_back(p.group, std::move(s));
     }
-    MutexLock lock(pending_mu_);
+    base::MutexLock lock(pending_mu_);
     for (auto& [group, s] : failed) {
       auto& slot = failures_[group];
       if (slot.first.ok()) slot = {std::move(s), t};
@@ -340,7 +341,7 @@ absl::Status CudaChannel::Impl::StuckLocked() const {
 }
 
 absl::Status CudaChannel::Impl::Stuck() {
-  MutexLock lock(pending_mu_);
+  base::MutexLock lock(pending_mu_);
   return StuckLocked();
 }
 
@@ -352,7 +353,7 @@ absl::Status CudaChannel::Impl::Settle(int64_t group, absl::Time deadline) {
     return it == failures_.end() ? absl::OkStatus() : it->second.first;
   };
   {
-    MutexLock lock(pending_mu_);
+    base::MutexLock lock(pending_mu_);
     mark = next_pending_;
     if (pending_.empty() || !failure().ok()) return failure();
   }
@@ -360,7 +361,7 @@ absl::Status CudaChannel::Impl::Settle(int64_t group, absl::Time deadline) {
   while (true) {
     PollReceives();
     {
-      MutexLock lock(pending_mu_);
+      base::MutexLock lock(pending_mu_);
       RETURN_IF_ERROR(failure());
       RETURN_IF_ERROR(StuckLocked());
       auto first = std::find_if(pending_.begin(), pending_.end(), [&](const Pending& p) {
@@ -378,7 +379,7 @@ absl::Status CudaChannel::Impl::Settle(int64_t group, absl::Time deadline) {
 }
 
 void CudaChannel::Impl::Forget(int64_t group) {
-  MutexLock lock(pending_mu_);
+  base::MutexLock lock(pending_mu_);
   failures_.erase(group);
 }
 
@@ -390,7 +391,7 @@ CudaChannel::Stats CudaChannel::Impl::stats() {
   s.nccl_receives = nccl_receives_.load();
   s.aborted = aborted_.load();
   s.stream_ordered = stream_ordered_.load();
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   s.held_buffers = static_cast<int64_t>(held_.size());
   s.opened_handles = static_cast<int64_t>(opened_.size());
   for (const auto& [k, c] : send_comms_) s.communicators += !c->failed;
@@ -432,10 +433,10 @@ void CudaChannel::Impl::Probe() {
   self_ep_.gpus = std::move(gpus);
 }
 
-void CudaChannel::Impl::Warn(WorkerId peer, const absl::Status& why) {
+void CudaChannel::Impl::Warn(base::WorkerId peer, const absl::Status& why) {
   std::string name, self;
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     if (!warned_.insert(peer).second) return;
     name = peers_.count(peer) ? peers_[peer].name : absl::StrCat("#", peer);
     self = self_.name;
@@ -445,16 +446,16 @@ void CudaChannel::Impl::Warn(WorkerId peer, const absl::Status& why) {
 }
 
 void CudaChannel::Impl::Wake() {
-  MutexLock lock(queue_mu_);
+  base::MutexLock lock(queue_mu_);
   wake_ = true;
 }
 
 void CudaChannel::Impl::Background() {
   while (true) {
     decltype(releases_) releases;
-    std::vector<std::pair<WorkerId, wire::Request>> outbox;
+    std::vector<std::pair<base::WorkerId, wire::Request>> outbox;
     {
-      MutexLock lock(queue_mu_);
+      base::MutexLock lock(queue_mu_);
       auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_) {
         return wake_ || stopping_;
       };
@@ -467,14 +468,14 @@ void CudaChannel::Impl::Background() {
     }
     for (auto& [to, buffers] : releases) {
       const auto& [peer, incarnation] = to;
-      MutexLock lock(mu_);
+      base::MutexLock lock(mu_);
       auto it = peers_.find(peer);
       // Buffer numbers are per process: none of the peer's next one's.
       if (it == peers_.end() || it->second.cuda.incarnation != incarnation) continue;
       wire::CudaRelease release;
       release.mutable_buffers()->Add(buffers.begin(), buffers.end());
       release.set_incarnation(incarnation);
-      outbox.emplace_back(peer, MakeRequest(release));
+      outbox.emplace_back(peer, wire::MakeRequest(release));
     }
     for (auto& [peer, request] : outbox) {
       control_(peer, std::move(request), absl::Seconds(10)).IgnoreError();
@@ -482,7 +483,7 @@ void CudaChannel::Impl::Background() {
     bool in_flight = PollSends();
     if (PollReceives()) in_flight = true;
     ReclaimStale();
-    MutexLock lock(queue_mu_);
+    base::MutexLock lock(queue_mu_);
     in_flight_ = in_flight;
   }
 }
@@ -493,46 +494,46 @@ CudaChannel::CudaChannel(Options options, Control control)
     : impl_(std::make_unique<Impl>(options, std::move(control))) {}
 CudaChannel::~CudaChannel() = default;
 
-const CudaEndpoint& CudaChannel::endpoint() const { return impl_->endpoint(); }
+const base::CudaEndpoint& CudaChannel::endpoint() const { return impl_->endpoint(); }
 const std::string& CudaChannel::disabled_reason() const { return impl_->disabled_reason(); }
 
-void CudaChannel::SetGroup(const WorkerInfo& self, const std::vector<WorkerInfo>& book) {
+void CudaChannel::SetGroup(const base::WorkerInfo& self, const std::vector<base::WorkerInfo>& book) {
   impl_->SetGroup(self, book);
 }
 
-void CudaChannel::UpdatePeer(const WorkerInfo& peer) { impl_->UpdatePeer(peer); }
+void CudaChannel::UpdatePeer(const base::WorkerInfo& peer) { impl_->UpdatePeer(peer); }
 
-CudaRoute CudaChannel::RouteTo(WorkerId peer, int src, int dst) const {
+CudaRoute CudaChannel::RouteTo(base::WorkerId peer, int src, int dst) const {
   return impl_->RouteTo(peer, src, dst);
 }
 
-std::optional<wire::CudaPayload> CudaChannel::Send(WorkerId peer, const at::Tensor& payload,
+std::optional<wire::CudaPayload> CudaChannel::Send(base::WorkerId peer, const at::Tensor& payload,
                                                    int dst) {
   return impl_->Send(peer, payload, dst);
 }
 
-void CudaChannel::Reclaim(WorkerId peer, const wire::CudaPayload& d) { impl_->Reclaim(peer, d); }
+void CudaChannel::Reclaim(base::WorkerId peer, const wire::CudaPayload& d) { impl_->Reclaim(peer, d); }
 
-void CudaChannel::Abandon(WorkerId peer, const wire::CudaPayload& d, const std::string& why) {
+void CudaChannel::Abandon(base::WorkerId peer, const wire::CudaPayload& d, const std::string& why) {
   impl_->Abandon(peer, d, why);
 }
 
 void CudaChannel::Stop() { impl_->Stop(); }
 
-absl::StatusOr<at::Tensor> CudaChannel::Receive(WorkerId peer, const wire::CudaPayload& d,
+absl::StatusOr<at::Tensor> CudaChannel::Receive(base::WorkerId peer, const wire::CudaPayload& d,
                                                 uint64_t length) {
   return impl_->Receive(peer, d, length);
 }
 
-absl::Status CudaChannel::OnNcclSetup(WorkerId from, const wire::NcclSetup& setup) {
+absl::Status CudaChannel::OnNcclSetup(base::WorkerId from, const wire::NcclSetup& setup) {
   return impl_->OnNcclSetup(from, setup);
 }
 
-void CudaChannel::OnNcclAbort(WorkerId from, const wire::NcclAbort& abort) {
+void CudaChannel::OnNcclAbort(base::WorkerId from, const wire::NcclAbort& abort) {
   impl_->OnNcclAbort(from, abort);
 }
 
-void CudaChannel::OnRelease(WorkerId from, const wire::CudaRelease& release) {
+void CudaChannel::OnRelease(base::WorkerId from, const wire::CudaRelease& release) {
   impl_->OnRelease(from, release);
 }
 
@@ -576,4 +577,4 @@ absl::StatusOr<double> MeasureDeviceCopyGbps(int device, size_t bytes, int reps)
   return static_cast<double>(bytes) / (best_ms / 1e3) / 1e9;
 }
 
-}  // namespace remora
+}  // namespace remora::channel

@@ -94,7 +94,7 @@
 #include "channel/devices.h"
 #include "proto/agent.pb.h"
 
-namespace remora {
+namespace remora::channel {
 
 // Both ends of the CUDA channel for one agent.
 //
@@ -125,7 +125,7 @@ class CudaChannel final : public Channel<wire::CudaPayload> {
   // Sends a control request (NcclSetup, NcclAbort, CudaRelease) to `peer`
   // and waits for its reply; an error reply is an error.
   using Control =
-      std::function<absl::Status(WorkerId peer, wire::Request request, absl::Duration timeout)>;
+      std::function<absl::Status(base::WorkerId peer, wire::Request request, absl::Duration timeout)>;
 
   CudaChannel(Options options, Control control);
   ~CudaChannel() override;
@@ -134,37 +134,37 @@ class CudaChannel final : public Channel<wire::CudaPayload> {
 
   // This process's GPUs as peers should see them; no GPUs when the channel
   // is off, and then disabled_reason() says why.
-  const CudaEndpoint& endpoint() const;
+  const base::CudaEndpoint& endpoint() const;
   const std::string& disabled_reason() const;
 
   // The group, once rendezvous is done. Receiving waits for it.
-  void SetGroup(const WorkerInfo& self, const std::vector<WorkerInfo>& book);
+  void SetGroup(const base::WorkerInfo& self, const std::vector<base::WorkerInfo>& book);
   // A member's new process (elastic rejoin, same id): its endpoint
   // replaces the old one; the old process's NCCL communicators fail and
   // are forgotten (the next transfer sets one up with the new process),
   // and IPC buffers it never released are freed after reclaim_after.
-  void UpdatePeer(const WorkerInfo& peer);
+  void UpdatePeer(const base::WorkerInfo& peer);
 
   // How a tensor on this process's GPU `src` reaches GPU `dst` of `peer`.
-  CudaRoute RouteTo(WorkerId peer, int src, int dst) const;
+  CudaRoute RouteTo(base::WorkerId peer, int src, int dst) const;
 
   // Sending (before the frame leaves): starts moving `payload` (contiguous,
   // on a GPU of this process) towards GPU `dst` of `peer` and describes it
   // (payload index left 0). nullopt: stage it through host memory instead
   // (no route, or the route failed; failures are logged once per peer).
-  std::optional<wire::CudaPayload> Send(WorkerId peer, const at::Tensor& payload,
+  std::optional<wire::CudaPayload> Send(base::WorkerId peer, const at::Tensor& payload,
                                         int dst) override;
 
   // The call that carried `d` failed: it may never be received. NCCL: the
   // communicator is aborted unless the transfer completes shortly. IPC: the
   // buffer is freed after reclaim_after unless released before.
-  void Reclaim(WorkerId peer, const wire::CudaPayload& d) override;
+  void Reclaim(base::WorkerId peer, const wire::CudaPayload& d) override;
 
   // Receiving side: the payload `d` from `peer` will not be received (its
   // frame failed at or before it). IPC: the sender's buffer is released.
   // NCCL: the communicator fails now (later transfers could never be
   // posted) rather than after the timeout. Nothing if it was received.
-  void Abandon(WorkerId peer, const wire::CudaPayload& d, const std::string& why) override;
+  void Abandon(base::WorkerId peer, const wire::CudaPayload& d, const std::string& why) override;
 
   // Receiving: checks `d` (from `peer`, `length` bytes), waits for the bytes
   // and returns them as a uint8 tensor on GPU d.dst_device() of this
@@ -173,7 +173,7 @@ class CudaChannel final : public Channel<wire::CudaPayload> {
   // current stream of that device on this thread (the device's default
   // stream, which every thread shares unless one sets another), and for
   // the host once Settle of its group has returned OK.
-  absl::StatusOr<at::Tensor> Receive(WorkerId peer, const wire::CudaPayload& d,
+  absl::StatusOr<at::Tensor> Receive(base::WorkerId peer, const wire::CudaPayload& d,
                                      uint64_t length) override;
 
   // Waits on the host, until `deadline`, for the copies of the
@@ -196,9 +196,9 @@ class CudaChannel final : public Channel<wire::CudaPayload> {
   void Stop() override;
 
   // Control requests from peers.
-  absl::Status OnNcclSetup(WorkerId from, const wire::NcclSetup& setup);
-  void OnNcclAbort(WorkerId from, const wire::NcclAbort& abort);
-  void OnRelease(WorkerId from, const wire::CudaRelease& release);
+  absl::Status OnNcclSetup(base::WorkerId from, const wire::NcclSetup& setup);
+  void OnNcclAbort(base::WorkerId from, const wire::NcclAbort& abort);
+  void OnRelease(base::WorkerId from, const wire::CudaRelease& release);
 
   Stats stats() const;
 
@@ -213,4 +213,4 @@ class CudaChannel final : public Channel<wire::CudaPayload> {
 // rpc_bench --device cuda. An error in builds without the channel.
 absl::StatusOr<double> MeasureDeviceCopyGbps(int device, size_t bytes, int reps = 5);
 
-}  // namespace remora
+}  // namespace remora::channel

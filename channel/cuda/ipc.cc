@@ -5,10 +5,11 @@
 // receive: once the background thread sees the copy done).
 #include "channel/cuda/channel_impl.h"
 
-namespace remora {
+namespace remora::channel {
 
-absl::StatusOr<std::optional<wire::CudaPayload>> CudaChannel::Impl::SendIpc(WorkerId peer, const at::Tensor& payload,
-                                                        int src, int dst) {
+absl::StatusOr<std::optional<wire::CudaPayload>> CudaChannel::Impl::SendIpc(base::WorkerId peer,
+                                                                            const at::Tensor& payload, int src,
+                                                                            int dst) {
   DeviceGuard guard(src);
   AddressRangeFn range = AddressRange();
   if (range == nullptr) {
@@ -56,7 +57,7 @@ absl::StatusOr<std::optional<wire::CudaPayload>> CudaChannel::Impl::SendIpc(Work
   d.set_event_id(ev->id);
   d.set_gpu(self_ep_.gpus[src]);
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     const uint64_t id = next_buffer_++;
     held_[id] = Held{payload, peer, ev, absl::Now(), false};
     d.set_buffer(id);
@@ -65,7 +66,7 @@ absl::StatusOr<std::optional<wire::CudaPayload>> CudaChannel::Impl::SendIpc(Work
   return std::optional<wire::CudaPayload>(std::move(d));
 }
 
-absl::Status CudaChannel::Impl::ReceiveIpc(const WorkerInfo& peer, const wire::CudaPayload& d, uint64_t length,
+absl::Status CudaChannel::Impl::ReceiveIpc(const base::WorkerInfo& peer, const wire::CudaPayload& d, uint64_t length,
                         at::Tensor& out) {
   const int dst = d.dst_device();
   const std::string what = absl::StrCat("CUDA IPC payload from '", peer.name, "'");
@@ -101,9 +102,9 @@ absl::Status CudaChannel::Impl::ReceiveIpc(const WorkerInfo& peer, const wire::C
   return absl::OkStatus();
 }
 
-void CudaChannel::Impl::OnRelease(WorkerId from, const wire::CudaRelease& release) {
+void CudaChannel::Impl::OnRelease(base::WorkerId from, const wire::CudaRelease& release) {
   if (release.incarnation() != self_ep_.incarnation) return;  // meant for an older process
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   for (uint64_t id : release.buffers()) {
     auto it = held_.find(id);
     if (it == held_.end() || it->second.peer != from) continue;
@@ -114,7 +115,7 @@ void CudaChannel::Impl::OnRelease(WorkerId from, const wire::CudaRelease& releas
 
 absl::StatusOr<IpcEvent*> CudaChannel::Impl::TakeEvent(int device) {
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     for (auto& e : events_) {
       if (!e->busy && e->device == device) {
         e->busy = true;
@@ -132,22 +133,22 @@ absl::StatusOr<IpcEvent*> CudaChannel::Impl::TakeEvent(int device) {
     return CudaFailure("cudaIpcGetEventHandle", err);
   }
   e->busy = true;
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   e->id = events_.size() + 1;
   events_.push_back(std::move(e));
   return events_.back().get();
 }
 
 void CudaChannel::Impl::ReturnEvent(IpcEvent* e) {
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   e->busy = false;
 }
 
 absl::StatusOr<std::shared_ptr<Opened>> CudaChannel::Impl::Open(const wire::CudaPayload& d) {
   const auto key = std::make_pair(d.incarnation(), d.base());
-  MutexLock lock(open_mu_);
+  base::MutexLock lock(open_mu_);
   {
-    MutexLock l(mu_);
+    base::MutexLock l(mu_);
     auto it = opened_.find(key);
     if (it != opened_.end() && it->second->handle == d.mem_handle()) {
       it->second->last_used = absl::Now();
@@ -169,7 +170,7 @@ absl::StatusOr<std::shared_ptr<Opened>> CudaChannel::Impl::Open(const wire::Cuda
       mem->bytes = std::min<uint64_t>(mem->bytes, size - (reinterpret_cast<uintptr_t>(mem->ptr) - base));
     }
   }
-  MutexLock l(mu_);
+  base::MutexLock l(mu_);
   mem->last_used = absl::Now();
   opened_[key] = mem;
   return mem;
@@ -177,7 +178,7 @@ absl::StatusOr<std::shared_ptr<Opened>> CudaChannel::Impl::Open(const wire::Cuda
 
 absl::StatusOr<cudaEvent_t> CudaChannel::Impl::OpenEvent(const wire::CudaPayload& d) {
   const auto key = std::make_pair(d.incarnation(), d.event_id());
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   if (auto it = opened_events_.find(key); it != opened_events_.end()) return it->second;
   cudaIpcEventHandle_t handle;
   std::memcpy(&handle, d.event_handle().data(), sizeof(handle));
@@ -188,7 +189,7 @@ absl::StatusOr<cudaEvent_t> CudaChannel::Impl::OpenEvent(const wire::CudaPayload
 }
 
 absl::StatusOr<cudaStream_t> CudaChannel::Impl::CopyStream(int device) {
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   if (auto it = copy_streams_.find(device); it != copy_streams_.end()) return it->second;
   cudaStream_t stream;
   REMORA_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
@@ -197,8 +198,8 @@ absl::StatusOr<cudaStream_t> CudaChannel::Impl::CopyStream(int device) {
   return stream;
 }
 
-void CudaChannel::Impl::QueueRelease(WorkerId peer, uint64_t incarnation, uint64_t buffer) {
-  MutexLock lock(queue_mu_);
+void CudaChannel::Impl::QueueRelease(base::WorkerId peer, uint64_t incarnation, uint64_t buffer) {
+  base::MutexLock lock(queue_mu_);
   releases_[{peer, incarnation}].push_back(buffer);
   wake_ = true;
 }
@@ -210,7 +211,7 @@ void CudaChannel::Impl::ReclaimStale() {
   // close mappings unused for reclaim_after. Receives still copying hold
   // their own reference; the last one closes it.
   std::vector<std::shared_ptr<Opened>> idle;  // closed outside the lock
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   for (auto it = opened_.begin(); it != opened_.end();) {
     if (now - it->second->last_used > options_.reclaim_after) {
       idle.push_back(std::move(it->second));
@@ -233,4 +234,4 @@ void CudaChannel::Impl::ReclaimStale() {
     }
   }
 }
-}  // namespace remora
+}  // namespace remora::channel

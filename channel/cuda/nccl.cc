@@ -4,16 +4,17 @@
 // failure on either end aborts both (NcclAbort).
 #include "channel/cuda/channel_impl.h"
 
-namespace remora {
+namespace remora::channel {
 
-absl::StatusOr<std::optional<wire::CudaPayload>> CudaChannel::Impl::SendNccl(WorkerId peer, const at::Tensor& payload,
-                                                         int src, int dst) {
+absl::StatusOr<std::optional<wire::CudaPayload>> CudaChannel::Impl::SendNccl(base::WorkerId peer,
+                                                                             const at::Tensor& payload, int src,
+                                                                             int dst) {
   ASSIGN_OR_RETURN(std::shared_ptr<Comm> c, SendComm(peer, src, dst));
   DeviceGuard guard(src);
   // The lane posts the send after the work that produced the tensor; the
   // frame leaves at once (the receiver's ncclRecv needs it).
   ASSIGN_OR_RETURN(cudaEvent_t after, LibTorchEvent(src));
-  MutexLock lock(c->mu);
+  base::MutexLock lock(c->mu);
   if (c->state != Comm::State::kReady) {
     if (after != nullptr) cudaEventDestroy(after);
     return c->ErrorLocked();
@@ -34,13 +35,13 @@ absl::StatusOr<std::optional<wire::CudaPayload>> CudaChannel::Impl::SendNccl(Wor
   return std::optional<wire::CudaPayload>(std::move(d));
 }
 
-absl::StatusOr<std::shared_ptr<Comm>> CudaChannel::Impl::SendComm(WorkerId peer, int src, int dst) {
+absl::StatusOr<std::shared_ptr<Comm>> CudaChannel::Impl::SendComm(base::WorkerId peer, int src, int dst) {
   const auto key = std::make_tuple(peer, src, dst);
   std::shared_ptr<Comm> c;
   std::shared_ptr<Comm> replaced;  // a failed one, destroyed (lane joined) outside mu_
   bool create = false;
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     if (auto b = broken_until_.find(key); b != broken_until_.end()) {
       if (absl::Now() < b->second.first) return b->second.second;
       broken_until_.erase(b);
@@ -58,21 +59,21 @@ absl::StatusOr<std::shared_ptr<Comm>> CudaChannel::Impl::SendComm(WorkerId peer,
     absl::Status s = InitSender(*c);
     if (!s.ok()) {
       {
-        MutexLock lock(c->mu);
+        base::MutexLock lock(c->mu);
         c->FailLocked(std::string(s.message()));
       }
       // Do not retry on every message: stage for a while.
-      MutexLock lock(mu_);
+      base::MutexLock lock(mu_);
       broken_until_[key] = {absl::Now() + absl::Seconds(30), s};
       return s;
     }
   }
-  MutexLock lock(c->mu);
+  base::MutexLock lock(c->mu);
   RETURN_IF_ERROR(c->WaitReadyLocked(absl::Now() + options_.timeout));
   return c;
 }
 
-std::shared_ptr<Comm> CudaChannel::Impl::NewComm(WorkerId peer, std::string peer_name, int src, int dst,
+std::shared_ptr<Comm> CudaChannel::Impl::NewComm(base::WorkerId peer, std::string peer_name, int src, int dst,
                               uint64_t generation, bool sending) {
   auto c = std::make_shared<Comm>();
   c->peer = peer;
@@ -107,19 +108,19 @@ absl::Status CudaChannel::Impl::InitSender(Comm& c) {
   setup.set_dst_device(c.dst);
   setup.set_generation(c.generation);
   setup.set_incarnation(self_ep_.incarnation);
-  absl::Status s = control_(c.peer, MakeRequest(setup), options_.timeout);
+  absl::Status s = control_(c.peer, wire::MakeRequest(setup), options_.timeout);
   if (!s.ok()) {
     return absl::UnavailableError(absl::StrCat("setting up ", c.Describe(), ": ", s.message()));
   }
   return absl::OkStatus();
 }
 
-absl::Status CudaChannel::Impl::ReceiveNccl(const WorkerInfo& peer, const wire::CudaPayload& d, uint64_t length,
+absl::Status CudaChannel::Impl::ReceiveNccl(const base::WorkerInfo& peer, const wire::CudaPayload& d, uint64_t length,
                          at::Tensor& out) {
   const absl::Time deadline = absl::Now() + options_.timeout;
   std::shared_ptr<Comm> c;
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     auto key = std::make_tuple(peer.id, d.src_device(), d.dst_device(), d.generation());
     auto found = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return recv_comms_.count(key) > 0; };
     mu_.AwaitWithDeadline(absl::Condition(&found), deadline);
@@ -136,7 +137,7 @@ absl::Status CudaChannel::Impl::ReceiveNccl(const WorkerInfo& peer, const wire::
   ASSIGN_OR_RETURN(cudaEvent_t after, LibTorchEvent(d.dst_device()));
   cudaEvent_t done = nullptr;
   {
-    MutexLock lock(c->mu);
+    base::MutexLock lock(c->mu);
     absl::Status s = c->WaitReadyLocked(deadline);
     if (s.ok() && (d.seq() < c->next_post || c->jobs.count(d.seq()) > 0 ||
                    c->posted.count(d.seq()) > 0)) {
@@ -180,7 +181,7 @@ absl::Status CudaChannel::Impl::ReceiveNccl(const WorkerInfo& peer, const wire::
                              [&] { return c->Failure(); });  // the lane watches NCCL's errors
   cudaEventDestroy(done);
   if (s.code() == absl::StatusCode::kDeadlineExceeded) {
-    MutexLock lock(c->mu);
+    base::MutexLock lock(c->mu);
     c->FailLocked(absl::StrCat("transfer ", d.seq(), " did not complete within ",
                                absl::FormatDuration(options_.timeout),
                                " (is the sender alive?)"));
@@ -190,8 +191,8 @@ absl::Status CudaChannel::Impl::ReceiveNccl(const WorkerInfo& peer, const wire::
   return s;
 }
 
-absl::Status CudaChannel::Impl::OnNcclSetup(WorkerId from, const wire::NcclSetup& setup) {
-  ASSIGN_OR_RETURN(WorkerInfo peer, Peer(from));
+absl::Status CudaChannel::Impl::OnNcclSetup(base::WorkerId from, const wire::NcclSetup& setup) {
+  ASSIGN_OR_RETURN(base::WorkerInfo peer, Peer(from));
   if (self_ep_.gpus.empty()) {
     return absl::FailedPreconditionError(absl::StrCat("NCCL set-up: this process has no CUDA channel (",
                                                  disabled_, ")"));
@@ -219,7 +220,7 @@ absl::Status CudaChannel::Impl::OnNcclSetup(WorkerId from, const wire::NcclSetup
   RETURN_IF_ERROR(StartComm(*c, id, /*rank=*/1));
   std::vector<std::shared_ptr<Comm>> older;
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     // A newer generation means the sender gave up on the older ones.
     for (auto it = recv_comms_.begin(); it != recv_comms_.end();) {
       const auto& [p, s, d, g] = it->first;
@@ -233,16 +234,16 @@ absl::Status CudaChannel::Impl::OnNcclSetup(WorkerId from, const wire::NcclSetup
     recv_comms_[std::make_tuple(from, c->src, c->dst, c->generation)] = c;
   }
   for (auto& o : older) {
-    MutexLock lock(o->mu);
+    base::MutexLock lock(o->mu);
     o->FailLocked("the sender opened a newer communicator");
   }
   return absl::OkStatus();
 }
 
-void CudaChannel::Impl::OnNcclAbort(WorkerId from, const wire::NcclAbort& abort) {
+void CudaChannel::Impl::OnNcclAbort(base::WorkerId from, const wire::NcclAbort& abort) {
   std::shared_ptr<Comm> c;
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     if (abort.from_receiver()) {
       auto it = send_comms_.find(std::make_tuple(from, abort.src_device(), abort.dst_device()));
       if (it != send_comms_.end() && it->second->generation == abort.generation()) c = it->second;
@@ -253,7 +254,7 @@ void CudaChannel::Impl::OnNcclAbort(WorkerId from, const wire::NcclAbort& abort)
     }
   }
   if (!c) return;
-  MutexLock lock(c->mu);
+  base::MutexLock lock(c->mu);
   if (c->FailLocked(absl::StrCat("the other end aborted it: ", abort.reason()))) {
     aborted_.fetch_add(1);
   }
@@ -267,22 +268,22 @@ void CudaChannel::Impl::QueueAbort(const Comm& c) ABSL_NO_THREAD_SAFETY_ANALYSIS
   a.set_generation(c.generation);
   a.set_reason(c.error);
   a.set_from_receiver(!c.sending);
-  MutexLock lock(queue_mu_);
-  outbox_.emplace_back(c.peer, MakeRequest(a));
+  base::MutexLock lock(queue_mu_);
+  outbox_.emplace_back(c.peer, wire::MakeRequest(a));
   wake_ = true;
 }
 
 bool CudaChannel::Impl::PollSends() {
   std::vector<std::shared_ptr<Comm>> comms;
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     for (auto& [k, c] : send_comms_) {
       if (!c->failed) comms.push_back(c);
     }
   }
   bool any = false;
   for (auto& c : comms) {
-    MutexLock lock(c->mu);
+    base::MutexLock lock(c->mu);
     if (c->state == Comm::State::kFailed) continue;
     while (!c->in_flight.empty()) {
       Comm::InFlight& f = c->in_flight.front();
@@ -308,4 +309,4 @@ bool CudaChannel::Impl::PollSends() {
   }
   return any;
 }
-}  // namespace remora
+}  // namespace remora::channel

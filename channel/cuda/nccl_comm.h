@@ -5,7 +5,7 @@
 
 #include "channel/cuda/util.h"
 
-namespace remora {
+namespace remora::channel {
 
 // One NCCL communicator: one direction (sender rank 0 -> receiver rank 1),
 // one device pair, one generation.
@@ -23,7 +23,7 @@ namespace remora {
 // Shared by the channel's tables and the threads using it; the lane thread
 // holds no reference and is joined by the destructor.
 struct Comm {
-  WorkerId peer = kUnknownWorker;
+  base::WorkerId peer = base::kUnknownWorker;
   std::string peer_name;
   int src = 0, dst = 0;     // sender's and receiver's device ordinals
   uint64_t generation = 0;
@@ -96,7 +96,7 @@ struct Comm {
 
   // ErrorLocked once it failed, else OK.
   absl::Status Failure() ABSL_LOCKS_EXCLUDED(mu) {
-    MutexLock lock(mu);
+    base::MutexLock lock(mu);
     return state == State::kFailed ? ErrorLocked() : absl::OkStatus();
   }
 
@@ -122,11 +122,11 @@ struct Comm {
 
   ~Comm() {
     {
-      MutexLock lock(mu);
+      base::MutexLock lock(mu);
       stop = true;
     }
     if (lane.joinable()) lane.join();  // it aborts the communicator
-    MutexLock lock(mu);
+    base::MutexLock lock(mu);
     DeviceGuard guard(device);
     DropEventsLocked();
     ReleaseStream(stream);
@@ -179,7 +179,7 @@ struct Comm {
     cudaFree(nullptr);
     ncclComm_t ended = nullptr;
     {
-      MutexLock lock(mu);
+      base::MutexLock lock(mu);
       RunLocked(id, rank);
       ended = comm;
       comm = nullptr;
@@ -273,4 +273,4 @@ struct Comm {
   }
 };
 
-}  // namespace remora
+}  // namespace remora::channel

@@ -5,44 +5,44 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace remora {
+namespace remora::channel {
 
 class CudaChannel::Impl {
  public:
-  CudaEndpoint endpoint;
+  base::CudaEndpoint endpoint;
   std::string reason = kNoCudaBuild;
 };
 
 CudaChannel::CudaChannel(Options, Control) : impl_(std::make_unique<Impl>()) {}
 CudaChannel::~CudaChannel() = default;
 
-const CudaEndpoint& CudaChannel::endpoint() const { return impl_->endpoint; }
+const base::CudaEndpoint& CudaChannel::endpoint() const { return impl_->endpoint; }
 const std::string& CudaChannel::disabled_reason() const { return impl_->reason; }
-void CudaChannel::SetGroup(const WorkerInfo&, const std::vector<WorkerInfo>&) {}
-void CudaChannel::UpdatePeer(const WorkerInfo&) {}
-CudaRoute CudaChannel::RouteTo(WorkerId, int, int) const { return CudaRoute::kStaged; }
+void CudaChannel::SetGroup(const base::WorkerInfo&, const std::vector<base::WorkerInfo>&) {}
+void CudaChannel::UpdatePeer(const base::WorkerInfo&) {}
+CudaRoute CudaChannel::RouteTo(base::WorkerId, int, int) const { return CudaRoute::kStaged; }
 
-std::optional<wire::CudaPayload> CudaChannel::Send(WorkerId, const at::Tensor&, int) {
+std::optional<wire::CudaPayload> CudaChannel::Send(base::WorkerId, const at::Tensor&, int) {
   return std::nullopt;
 }
 
-void CudaChannel::Reclaim(WorkerId, const wire::CudaPayload&) {}
+void CudaChannel::Reclaim(base::WorkerId, const wire::CudaPayload&) {}
 
-void CudaChannel::Abandon(WorkerId, const wire::CudaPayload&, const std::string&) {}
+void CudaChannel::Abandon(base::WorkerId, const wire::CudaPayload&, const std::string&) {}
 
-absl::StatusOr<at::Tensor> CudaChannel::Receive(WorkerId peer, const wire::CudaPayload& d,
+absl::StatusOr<at::Tensor> CudaChannel::Receive(base::WorkerId peer, const wire::CudaPayload& d,
                                                 uint64_t) {
   return absl::FailedPreconditionError(absl::StrCat(
       "CUDA payload ", d.payload(), " from worker #", peer, ": ", kNoCudaBuild));
 }
 
-absl::Status CudaChannel::OnNcclSetup(WorkerId, const wire::NcclSetup&) {
+absl::Status CudaChannel::OnNcclSetup(base::WorkerId, const wire::NcclSetup&) {
   return absl::FailedPreconditionError(absl::StrCat("NCCL set-up: ", kNoCudaBuild));
 }
 
 void CudaChannel::Stop() {}
-void CudaChannel::OnNcclAbort(WorkerId, const wire::NcclAbort&) {}
-void CudaChannel::OnRelease(WorkerId, const wire::CudaRelease&) {}
+void CudaChannel::OnNcclAbort(base::WorkerId, const wire::NcclAbort&) {}
+void CudaChannel::OnRelease(base::WorkerId, const wire::CudaRelease&) {}
 CudaChannel::Stats CudaChannel::stats() const { return {}; }
 absl::Status CudaChannel::Settle(int64_t, absl::Time) { return absl::OkStatus(); }
 void CudaChannel::Forget(int64_t) {}
@@ -52,4 +52,4 @@ absl::StatusOr<double> MeasureDeviceCopyGbps(int, size_t, int) {
   return absl::FailedPreconditionError(kNoCudaBuild);
 }
 
-}  // namespace remora
+}  // namespace remora::channel

@@ -43,7 +43,7 @@
 #error "remora's CUDA channel needs NCCL >= 2.14 (non-blocking communicators)"
 #endif
 
-namespace remora {
+namespace remora::channel {
 
 inline std::string CudaText(cudaError_t e) {
   return absl::StrCat(cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
@@ -235,4 +235,4 @@ struct IpcEvent {
   bool busy = false;
 };
 
-}  // namespace remora
+}  // namespace remora::channel

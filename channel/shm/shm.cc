@@ -18,7 +18,7 @@
 #include "base/status_util.h"
 #include "runtime/buffer_cache.h"
 
-namespace remora {
+namespace remora::channel {
 namespace {
 
 constexpr uint64_t kMagic = 0x52454d4f52415348ULL;  // "REMORASH": a remora segment
@@ -150,7 +150,7 @@ std::optional<wire::ShmPayload> ShmChannel::Reserve(size_t n) {
   Segment* seg = nullptr;
   uint64_t id = 0, seq = 0;
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     const absl::Time now = absl::Now();
     size_t best_capacity = 0;
     for (size_t i = 0; i < segments_.size(); ++i) {
@@ -212,7 +212,7 @@ std::optional<wire::ShmPayload> ShmChannel::Reserve(size_t n) {
 void ShmChannel::Fill(const wire::ShmPayload& d, const at::Tensor& payload) {
   Segment* seg;
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     if (d.incarnation() != self_.incarnation || d.segment() >= segments_.size()) return;
     seg = segments_[d.segment()].get();
   }
@@ -226,7 +226,7 @@ void ShmChannel::Fill(const wire::ShmPayload& d, const at::Tensor& payload) {
     std::memcpy(seg->data + off, src + off, len);
     seg->header->written.store(off + len, std::memory_order_release);
   }
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   seg->ready_since = absl::Now();
   seg->header->word.store(Word(d.seq(), kReady), std::memory_order_release);
   if (seg->reclaim_when_filled) {
@@ -241,18 +241,18 @@ std::optional<wire::ShmPayload> ShmChannel::Write(const at::Tensor& payload) {
   return d;
 }
 
-std::optional<wire::ShmPayload> ShmChannel::Send(WorkerId peer, const at::Tensor& payload,
+std::optional<wire::ShmPayload> ShmChannel::Send(base::WorkerId peer, const at::Tensor& payload,
                                                   int dst_device) {
   return Write(payload);
 }
 
-absl::StatusOr<at::Tensor> ShmChannel::Receive(WorkerId peer, const wire::ShmPayload& d,
+absl::StatusOr<at::Tensor> ShmChannel::Receive(base::WorkerId peer, const wire::ShmPayload& d,
                                                uint64_t length) {
   return Read(d, length, [](size_t n) { return runtime::AllocateReceiveBuffer(n); });
 }
 
 void ShmChannel::Reclaim(const wire::ShmPayload& d) {
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   if (d.incarnation() != self_.incarnation || d.segment() >= segments_.size()) return;
   Segment* seg = segments_[d.segment()].get();
   uint64_t expect = Word(d.seq(), kReady);
@@ -264,7 +264,7 @@ absl::StatusOr<std::shared_ptr<ShmChannel::Mapping>> ShmChannel::Map(
     const wire::ShmPayload& d) {
   const auto key = std::make_pair(d.incarnation(), d.segment());
   {
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     // A request sent right after rendezvous may come before this process
     // has the group's membership: wait for it rather than refuse a member.
     if (!members_known_) {
@@ -315,7 +315,7 @@ absl::StatusOr<std::shared_ptr<ShmChannel::Mapping>> ShmChannel::Map(
     return absl::InvalidArgumentError(absl::StrCat(
         "shared-memory segment ", path, " does not match its descriptor"));
   }
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   if (!allowed_.contains(d.incarnation())) {
     return absl::UnavailableError("the sender left the group while its payload was read");
   }
@@ -387,8 +387,8 @@ absl::StatusOr<at::Tensor> ShmChannel::Read(const wire::ShmPayload& d, uint64_t 
   return out;
 }
 
-void ShmChannel::Allow(const std::vector<ShmEndpoint>& peers) {
-  MutexLock lock(mu_);
+void ShmChannel::Allow(const std::vector<base::ShmEndpoint>& peers) {
+  base::MutexLock lock(mu_);
   members_known_ = true;
   allowed_.clear();
   for (const auto& p : peers) {
@@ -400,7 +400,7 @@ void ShmChannel::Allow(const std::vector<ShmEndpoint>& peers) {
 }
 
 ShmChannel::Stats ShmChannel::stats() const {
-  MutexLock lock(mu_);
+  base::MutexLock lock(mu_);
   Stats s;
   s.segments = static_cast<int64_t>(segments_.size());
   s.segment_bytes = static_cast<int64_t>(total_bytes_);
@@ -413,4 +413,4 @@ ShmChannel::Stats ShmChannel::stats() const {
   return s;
 }
 
-}  // namespace remora
+}  // namespace remora::channel

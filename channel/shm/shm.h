@@ -52,7 +52,7 @@
 #include "channel/stats.h"
 #include "proto/channel.pb.h"
 
-namespace remora {
+namespace remora::channel {
 
 // Copies n bytes, on LibTorch's intra-op threads when n is large.
 void ParallelMemcpy(void* dst, const void* src, size_t n);
@@ -98,7 +98,7 @@ class ShmChannel final : public Channel<wire::ShmPayload> {
   ShmChannel& operator=(const ShmChannel&) = delete;
 
   // This process's endpoint: domain, pid, incarnation.
-  const ShmEndpoint& endpoint() const { return self_; }
+  const base::ShmEndpoint& endpoint() const { return self_; }
 
   // Sending, first step: claims a free segment for `n` bytes and describes
   // it (payload index left 0). nullopt when the segment budget is spent or
@@ -128,19 +128,19 @@ class ShmChannel final : public Channel<wire::ShmPayload> {
                                   const std::function<absl::StatusOr<at::Tensor>(size_t)>& allocate);
 
   // Channel (see above).
-  std::optional<wire::ShmPayload> Send(WorkerId peer, const at::Tensor& payload,
+  std::optional<wire::ShmPayload> Send(base::WorkerId peer, const at::Tensor& payload,
                                        int dst_device) override;
-  absl::StatusOr<at::Tensor> Receive(WorkerId peer, const wire::ShmPayload& d,
+  absl::StatusOr<at::Tensor> Receive(base::WorkerId peer, const wire::ShmPayload& d,
                                      uint64_t length) override;
-  void Reclaim(WorkerId peer, const wire::ShmPayload& d) override { Reclaim(d); }
-  void Abandon(WorkerId peer, const wire::ShmPayload& d, const std::string& why) override {}
+  void Reclaim(base::WorkerId peer, const wire::ShmPayload& d) override { Reclaim(d); }
+  void Abandon(base::WorkerId peer, const wire::ShmPayload& d, const std::string& why) override {}
   void Stop() override { stopped_.store(true); }
 
   // Peers whose segments may be mapped: exactly `peers` from now on; the
   // mappings of every other process are dropped. Until the first Allow, a
   // payload waits up to 10 s for it (a request may arrive before this
   // process has read the group's membership at rendezvous).
-  void Allow(const std::vector<ShmEndpoint>& peers);
+  void Allow(const std::vector<base::ShmEndpoint>& peers);
 
   Stats stats() const;
 
@@ -151,7 +151,7 @@ class ShmChannel final : public Channel<wire::ShmPayload> {
   absl::StatusOr<std::shared_ptr<Mapping>> Map(const wire::ShmPayload& d);
 
   const Options options_;
-  ShmEndpoint self_;
+  base::ShmEndpoint self_;
 
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<Segment>> segments_ ABSL_GUARDED_BY(mu_);
@@ -167,4 +167,4 @@ class ShmChannel final : public Channel<wire::ShmPayload> {
   std::atomic<bool> stopped_{false};
 };
 
-}  // namespace remora
+}  // namespace remora::channel

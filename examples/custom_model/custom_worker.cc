@@ -20,10 +20,10 @@ struct TinyNetArgs {
   }
 };
 
-absl::Status Register(remora::Registry& registry) {
+absl::Status Register(remora::rpc::Registry& registry) {
   static const absl::Status registered = remora::pipeline::RegisterStageModule<TinyNetImpl>(
       TinyNetArgs::kFunction, [](const std::vector<c10::IValue>& a, c10::Device) {
-        const auto r = remora::DecodeCallOrThrow<TinyNetArgs>(a);
+        const auto r = remora::rpc::DecodeCallOrThrow<TinyNetArgs>(a);
         return std::make_shared<TinyNetImpl>(r.in, r.out, r.relu);
       });
   if (!registered.ok()) return registered;

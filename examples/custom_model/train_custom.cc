@@ -36,13 +36,13 @@ data::Dataset Toy(int64_t rows) {
 // checkpoint `resume` when it is not empty.
 absl::Status Train(const std::string& checkpoint_dir, const std::string& resume) {
   // 1. The master's own functions, registered before its agent starts.
-  Registry registry;
+  rpc::Registry registry;
   RETURN_IF_ERROR(train::RegisterWorkerFunctions(registry));
 
   // 2. The master (this process) and four workers beside it: the program
   // custom_worker from this program's directory. StartLocalGroup enables
   // distributed autograd on the master and returns once all have joined.
-  // (A cluster: Agent::Start, dist_autograd::Enable, Join; see below.)
+  // (A cluster: Agent::Start, autograd::Enable, Join; see below.)
   // Ports of your choice: g.master.listen_address = "127.0.0.1:29500" and
   // g.worker_addresses = {"127.0.0.1:29501", ...} (one per worker); by
   // default free ones.

@@ -44,7 +44,7 @@ shards::MLPStageOptions Stage(int64_t in, int64_t out, int64_t seed, bool relu, 
   return o;
 }
 
-RRef RemoteStage(Agent& agent, const std::string& worker, const shards::MLPStageOptions& o) {
+rpc::RRef RemoteStage(rpc::Agent& agent, const std::string& worker, const shards::MLPStageOptions& o) {
   return agent
       .remote(worker, "MLPStage", {o.in, o.out, o.seed, o.relu, o.batchnorm})
       .value();
@@ -52,19 +52,19 @@ RRef RemoteStage(Agent& agent, const std::string& worker, const shards::MLPStage
 
 TEST(DistAutograd, ContextIdsCarryTheWorkerIdAndAreCurrent) {
   Group g(1);
-  EXPECT_EQ(CurrentContextId(), kNoContext);
+  EXPECT_EQ(rpc::CurrentContextId(), rpc::kNoContext);
   {
-    dist_autograd::Context outer(g.worker(1));
+    autograd::Context outer(g.worker(1));
     EXPECT_EQ(outer.id() >> 48, 1);
-    EXPECT_EQ(CurrentContextId(), outer.id());
+    EXPECT_EQ(rpc::CurrentContextId(), outer.id());
     {
-      dist_autograd::Context inner(g.master());
+      autograd::Context inner(g.master());
       EXPECT_EQ(inner.id() >> 48, 0);
-      EXPECT_EQ(CurrentContextId(), inner.id());
+      EXPECT_EQ(rpc::CurrentContextId(), inner.id());
     }
-    EXPECT_EQ(CurrentContextId(), outer.id());
+    EXPECT_EQ(rpc::CurrentContextId(), outer.id());
   }
-  EXPECT_EQ(CurrentContextId(), kNoContext);
+  EXPECT_EQ(rpc::CurrentContextId(), rpc::kNoContext);
 }
 
 // As in PyTorch: backward frees the graph on every worker it ran on, unless
@@ -72,24 +72,24 @@ TEST(DistAutograd, ContextIdsCarryTheWorkerIdAndAreCurrent) {
 TEST(DistAutograd, RetainGraphKeepsTheRemoteGraphForAnotherPass) {
   Group g(1);
   const auto o = Stage(4, 3, 21, false);
-  RRef stage = RemoteStage(g.master(), "w1", o);
+  rpc::RRef stage = RemoteStage(g.master(), "w1", o);
   const at::Tensor x = at::randn({5, 4});
   {
-    dist_autograd::Context context(g.master());
+    autograd::Context context(g.master());
     at::Tensor out = stage.rpc_sync("forward", {x}).value().toTensor().sum();
-    ASSERT_TRUE(dist_autograd::backward(g.master(), context.id(), {out}, true).ok());
-    const auto once = dist_autograd::get_gradients(g.worker(1), context.id()).value();
+    ASSERT_TRUE(autograd::backward(g.master(), context.id(), {out}, true).ok());
+    const auto once = autograd::get_gradients(g.worker(1), context.id()).value();
     ASSERT_FALSE(once.empty());
     std::vector<at::Tensor> first;
     for (const auto& [param, grad] : once) first.push_back(grad.clone());
-    ASSERT_TRUE(dist_autograd::backward(g.master(), context.id(), {out}).ok());
-    const auto twice = dist_autograd::get_gradients(g.worker(1), context.id()).value();
+    ASSERT_TRUE(autograd::backward(g.master(), context.id(), {out}).ok());
+    const auto twice = autograd::get_gradients(g.worker(1), context.id()).value();
     ASSERT_EQ(twice.size(), first.size());
     for (size_t i = 0; i < first.size(); ++i) {
       EXPECT_LT(RelativeError(twice[i].second, 2 * first[i]), 1e-6);
     }
     // The second pass did not retain it: a third reaches freed buffers on w1.
-    absl::Status third = dist_autograd::backward(g.master(), context.id(), {out});
+    absl::Status third = autograd::backward(g.master(), context.id(), {out});
     EXPECT_FALSE(third.ok());
     EXPECT_THAT(std::string(third.message()), HasSubstr("w1"));
     EXPECT_THAT(std::string(third.message()), HasSubstr("second time"));
@@ -99,22 +99,22 @@ TEST(DistAutograd, RetainGraphKeepsTheRemoteGraphForAnotherPass) {
 TEST(DistAutograd, GradientsFlowThroughRRefsAndToHere) {
   Group g(2);
   const auto o1 = Stage(4, 3, 11, true), o2 = Stage(3, 2, 12, false);
-  RRef s1 = RemoteStage(g.master(), "w1", o1);
-  RRef s2 = RemoteStage(g.master(), "w2", o2);
+  rpc::RRef s1 = RemoteStage(g.master(), "w1", o1);
+  rpc::RRef s2 = RemoteStage(g.master(), "w2", o2);
   at::Tensor x = at::randn({5, 4});
   auto local1 = shards::MakeMLPStage(o1), local2 = shards::MakeMLPStage(o2);
   local2->forward(local1->forward(x)).sum().backward();
 
-  dist_autograd::Context context(g.master());
-  RRef x_rref = g.master().local_rref(x);
-  RRef y = s1.remote("forward", {x_rref}).value();  // stays on w1
+  autograd::Context context(g.master());
+  rpc::RRef x_rref = g.master().local_rref(x);
+  rpc::RRef y = s1.remote("forward", {x_rref}).value();  // stays on w1
   at::Tensor out = s2.rpc_sync("forward", {y}).value().toTensor();  // w2 fetches y from w1
   ASSERT_TRUE(out.requires_grad());
-  ASSERT_TRUE(dist_autograd::backward(g.master(), context.id(), {out.sum()}).ok());
+  ASSERT_TRUE(autograd::backward(g.master(), context.id(), {out.sum()}).ok());
 
   // Each worker holds the gradients of its own parameters, not .grad.
   for (auto [agent, local] : {std::pair{&g.worker(1), &local1}, std::pair{&g.worker(2), &local2}}) {
-    auto grads = dist_autograd::get_gradients(*agent, context.id()).value();
+    auto grads = autograd::get_gradients(*agent, context.id()).value();
     ASSERT_EQ(grads.size(), 2u) << agent->self().name;
     for (const auto& [param, grad] : grads) EXPECT_FALSE(param.grad().defined());
     auto params = (*local)->parameters();
@@ -129,14 +129,14 @@ TEST(DistAutograd, GradientsFlowThroughRRefsAndToHere) {
       EXPECT_TRUE(matched);
     }
   }
-  EXPECT_TRUE(dist_autograd::get_gradients(g.master(), context.id()).value().empty());
+  EXPECT_TRUE(autograd::get_gradients(g.master(), context.id()).value().empty());
 }
 
 TEST(DistAutograd, ConcurrentMicroBatchesSumTheirGradients) {
   Group g(2);
   const auto o1 = Stage(6, 5, 21, true), o2 = Stage(5, 3, 22, false);
-  RRef s1 = RemoteStage(g.master(), "w1", o1);
-  RRef s2 = RemoteStage(g.master(), "w2", o2);
+  rpc::RRef s1 = RemoteStage(g.master(), "w1", o1);
+  rpc::RRef s2 = RemoteStage(g.master(), "w2", o2);
   auto local1 = shards::MakeMLPStage(o1), local2 = shards::MakeMLPStage(o2);
   std::vector<at::Tensor> xs;
   for (int i = 0; i < 6; ++i) xs.push_back(at::randn({3, 6}));
@@ -144,20 +144,20 @@ TEST(DistAutograd, ConcurrentMicroBatchesSumTheirGradients) {
 
   int64_t id;
   {
-    dist_autograd::Context context(g.master());
+    autograd::Context context(g.master());
     id = context.id();
-    std::vector<Future<c10::IValue>> outs;
+    std::vector<rpc::Future<c10::IValue>> outs;
     for (const auto& x : xs) {
-      RRef y = s1.remote("forward", {g.master().local_rref(x)}).value();
+      rpc::RRef y = s1.remote("forward", {g.master().local_rref(x)}).value();
       outs.push_back(s2.rpc_async("forward", {y}));
     }
-    std::vector<Future<Empty>> backwards;
+    std::vector<rpc::Future<rpc::Empty>> backwards;
     for (auto& f : outs) {
       at::Tensor out = f.wait().value().toTensor();
-      backwards.push_back(dist_autograd::backward_async(g.master(), id, {out.pow(2).sum()}));
+      backwards.push_back(autograd::backward_async(g.master(), id, {out.pow(2).sum()}));
     }
     for (auto& b : backwards) ASSERT_TRUE(b.wait().ok());
-    auto grads = dist_autograd::get_gradients(g.worker(1), id).value();
+    auto grads = autograd::get_gradients(g.worker(1), id).value();
     ASSERT_EQ(grads.size(), 2u);
     for (const auto& [param, grad] : grads) {
       for (const auto& p : local1->parameters()) {
@@ -168,32 +168,32 @@ TEST(DistAutograd, ConcurrentMicroBatchesSumTheirGradients) {
     }
   }
   // Leaving the context released it on every worker.
-  for (Agent* a : g.all()) EXPECT_EQ(dist_autograd::num_contexts(*a), 0) << a->self().name;
+  for (rpc::Agent* a : g.all()) EXPECT_EQ(autograd::num_contexts(*a), 0) << a->self().name;
 }
 
 TEST(DistAutograd, FailingStageFailsBackwardWithItsNameAndKeepsServing) {
   Group g(2);
-  RRef s1 = RemoteStage(g.master(), "w1", Stage(4, 4, 1, true));
-  RRef bad = g.master().remote("w2", "BackwardFails", {std::string("stage exploded")}).value();
+  rpc::RRef s1 = RemoteStage(g.master(), "w1", Stage(4, 4, 1, true));
+  rpc::RRef bad = g.master().remote("w2", "BackwardFails", {std::string("stage exploded")}).value();
   {
-    dist_autograd::Context context(g.master());
-    RRef y = s1.remote("forward", {g.master().local_rref(at::randn({2, 4}))}).value();
+    autograd::Context context(g.master());
+    rpc::RRef y = s1.remote("forward", {g.master().local_rref(at::randn({2, 4}))}).value();
     at::Tensor out = bad.rpc_sync("forward", {y}).value().toTensor();
-    absl::Status s = dist_autograd::backward(g.master(), context.id(), {out.sum()});
+    absl::Status s = autograd::backward(g.master(), context.id(), {out.sum()});
     ASSERT_FALSE(s.ok());
     EXPECT_THAT(std::string(s.message()), HasSubstr("worker 'w2'"));
     EXPECT_THAT(std::string(s.message()), HasSubstr("stage exploded"));
   }
-  for (Agent* a : g.all()) EXPECT_EQ(dist_autograd::num_contexts(*a), 0) << a->self().name;
+  for (rpc::Agent* a : g.all()) EXPECT_EQ(autograd::num_contexts(*a), 0) << a->self().name;
   EXPECT_EQ(g.master().rpc_sync("w2", "add", {int64_t{1}, int64_t{2}}).value().toInt(), 3);
 }
 
 TEST(DistAutograd, BackwardErrorsAreClear) {
   Group g(1);
-  EXPECT_EQ(dist_autograd::backward(g.master(), 12345, {at::randn({1}).set_requires_grad(true)}).code(),
+  EXPECT_EQ(autograd::backward(g.master(), 12345, {at::randn({1}).set_requires_grad(true)}).code(),
             absl::StatusCode::kNotFound);
-  dist_autograd::Context context(g.master());
-  EXPECT_EQ(dist_autograd::backward(g.master(), context.id(), {at::randn({1})}).code(),
+  autograd::Context context(g.master());
+  EXPECT_EQ(autograd::backward(g.master(), context.id(), {at::randn({1})}).code(),
             absl::StatusCode::kInvalidArgument);
   auto unknown = g.master().rpc_sync("w1", "remora.autograd.propagate",
                                      {context.id(), int64_t{99}, c10::List<at::Tensor>()});
@@ -201,7 +201,7 @@ TEST(DistAutograd, BackwardErrorsAreClear) {
               HasSubstr(absl::StrCat("unknown distributed autograd context ", context.id())));
   // Once w1 took part in the context, a bad message id is named as such.
   ASSERT_TRUE(g.master().rpc_sync("w1", "echo", {at::randn({2}).set_requires_grad(true)}).ok());
-  ASSERT_EQ(dist_autograd::num_contexts(g.worker(1)), 1);
+  ASSERT_EQ(autograd::num_contexts(g.worker(1)), 1);
   auto bad = g.master().rpc_sync("w1", "remora.autograd.propagate",
                                  {context.id(), int64_t{99}, c10::List<at::Tensor>()});
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("no message 99"));
@@ -263,38 +263,38 @@ void ExpectParity(const ParityCase& c) {
     local_opt->step();
   }
 
-  Registry registry;
+  rpc::Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
   auto group = launch::StartLocalGroup({"worker1", "worker2"}, &registry);
   ASSERT_TRUE(group.ok()) << group.status();
-  Agent& master = *group->master;
+  rpc::Agent& master = *group->master;
   {
-    RRef s1 = RemoteStage(master, "worker1", o1);
-    RRef s2 = RemoteStage(master, "worker2", o2);
-    std::vector<RRef> params = optim::parameter_rrefs(s1).value();
-    std::vector<RRef> params2 = optim::parameter_rrefs(s2).value();
+    rpc::RRef s1 = RemoteStage(master, "worker1", o1);
+    rpc::RRef s2 = RemoteStage(master, "worker2", o2);
+    std::vector<rpc::RRef> params = optim::parameter_rrefs(s1).value();
+    std::vector<rpc::RRef> params2 = optim::parameter_rrefs(s2).value();
     params.insert(params.end(), params2.begin(), params2.end());
     auto opt = optim::DistributedOptimizer::Create(master, c.options, params);
     ASSERT_TRUE(opt.ok()) << opt.status();
     for (const auto& step : data) {
-      dist_autograd::Context context(master);
-      std::vector<Future<c10::IValue>> outs;
+      autograd::Context context(master);
+      std::vector<rpc::Future<c10::IValue>> outs;
       for (const auto& [x, t] : step) {
-        RRef y = s1.remote("forward", {master.local_rref(x)}).value();
+        rpc::RRef y = s1.remote("forward", {master.local_rref(x)}).value();
         outs.push_back(s2.rpc_async("forward", {y}));
       }
       std::vector<at::Tensor> losses;
-      std::vector<Future<Empty>> backwards;
+      std::vector<rpc::Future<rpc::Empty>> backwards;
       for (int m = 0; m < kMicroBatches; ++m) {
         auto out = outs[m].wait();
         ASSERT_TRUE(out.ok()) << out.status();
         losses.push_back(at::mse_loss(out->toTensor(), step[m].second));
         if (c.concurrent_backward) {
-          backwards.push_back(dist_autograd::backward_async(master, context.id(), {losses.back()}));
+          backwards.push_back(autograd::backward_async(master, context.id(), {losses.back()}));
         }
       }
       if (!c.concurrent_backward) {
-        backwards.push_back(dist_autograd::backward_async(master, context.id(), losses));
+        backwards.push_back(autograd::backward_async(master, context.id(), losses));
       }
       for (auto& b : backwards) ASSERT_TRUE(b.wait().ok()) << b.wait().status();
       ASSERT_TRUE((*opt)->step(context.id()).ok());

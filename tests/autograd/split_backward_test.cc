@@ -29,7 +29,7 @@
 #include "shards/resnet.h"
 #include "tests/support/script_models.h"
 
-namespace remora::dist_autograd {
+namespace remora::autograd {
 namespace {
 
 // A stage to split: its forward on the input (run twice, from the same
@@ -202,9 +202,9 @@ TEST(SplitBackward, AFallbackIsSaidOncePerStage) {
     container.NoteOnce("whole stage 2", "stage 2 whole");
   }
   EXPECT_EQ(lines, (std::vector<std::string>{"stage 1 whole", "stage 2 whole"}));
-  Container silent(nullptr, LineSink());
+  Container silent(nullptr, base::LineSink());
   silent.NoteOnce("whole stage 1", "dropped");  // (no sink: nothing, no crash)
 }
 
 }  // namespace
-}  // namespace remora::dist_autograd
+}  // namespace remora::autograd

@@ -49,15 +49,15 @@ std::string Message(const absl::Status& s) { return std::string(s.message()); }
 
 #define REMORA_REQUIRE_GPUS(n)                                                              \
   do {                                                                                      \
-    if (LocalGpuCount() < (n)) {                                                            \
+    if (channel::LocalGpuCount() < (n)) {                                                            \
       GTEST_SKIP() << "needs " << (n) << " GPU(s); this process's LibTorch sees "           \
-                   << LocalGpuCount();                                                      \
+                   << channel::LocalGpuCount();                                                      \
     }                                                                                       \
   } while (0)
 
 #define REMORA_REQUIRE_CHANNEL()                                                            \
   do {                                                                                      \
-    if (!CudaChannelBuilt()) GTEST_SKIP() << kNoCudaBuild;                                  \
+    if (!channel::CudaChannelBuilt()) GTEST_SKIP() << channel::kNoCudaBuild;                                  \
   } while (0)
 
 // Waits until `done()` or 20 s (what happens in the background, e.g. a
@@ -84,7 +84,7 @@ TEST(CudaGpu, UnmappedCudaTensorFailsAtSendTimeNamingDeviceAndPeer) {
 
 TEST(CudaGpu, AgentsInOneProcessStageThroughHostMemory) {
   REMORA_REQUIRE_GPUS(1);
-  AgentOptions opts;
+  rpc::AgentOptions opts;
   opts.device = "cuda:0";
   opts.map_to_peer_devices = true;
   Group g(1, opts);
@@ -99,7 +99,7 @@ TEST(CudaGpu, AgentsInOneProcessStageThroughHostMemory) {
 
 TEST(CudaGpu, MappedToTheCpuArrivesOnTheCpu) {
   REMORA_REQUIRE_GPUS(1);
-  AgentOptions opts;
+  rpc::AgentOptions opts;
   opts.device_maps["w1"]["cuda:0"] = "cpu";
   Group g(1, opts);
   at::Tensor x = at::randn({64}, at::TensorOptions().device(Cuda(0)));
@@ -108,12 +108,12 @@ TEST(CudaGpu, MappedToTheCpuArrivesOnTheCpu) {
 
 TEST(CudaGpu, ShardsLiveOnTheirWorkersDevice) {
   REMORA_REQUIRE_GPUS(1);
-  AgentOptions opts;
+  rpc::AgentOptions opts;
   opts.device = "cuda:0";
   opts.map_to_peer_devices = true;
   Group g(1, opts);
-  RRef head = g.master().remote("w1", "ResNetShard", {int64_t{17}, int64_t{18}, int64_t{0}}).value();
-  RRef y = head.remote("forward", {at::randn({2, 2048, 4, 4})}).value();  // a CPU input
+  rpc::RRef head = g.master().remote("w1", "ResNetShard", {int64_t{17}, int64_t{18}, int64_t{0}}).value();
+  rpc::RRef y = head.remote("forward", {at::randn({2, 2048, 4, 4})}).value();  // a CPU input
   EXPECT_EQ(g.master().rpc_sync("w1", "device_of", {y}).value().toStringRef(), "cuda:0");
   auto out = y.to_here();
   ASSERT_TRUE(out.ok()) << out.status();
@@ -123,10 +123,10 @@ TEST(CudaGpu, ShardsLiveOnTheirWorkersDevice) {
 
 // This process as the master on cuda:0 and one `test_worker` process "w1" on
 // `device`, where the master's cuda:0 maps.
-absl::StatusOr<launch::LocalGroup> StartWorkerOn(const Registry& registry, const std::string& device,
+absl::StatusOr<launch::LocalGroup> StartWorkerOn(const rpc::Registry& registry, const std::string& device,
                                               absl::Duration rpc_timeout = absl::Seconds(60),
                                               std::vector<std::string> env = {}) {
-  AgentOptions opts;
+  rpc::AgentOptions opts;
   opts.device = "cuda:0";
   opts.device_maps["w1"]["cuda:0"] = device;
   opts.rpc_timeout = rpc_timeout;
@@ -158,14 +158,14 @@ at::Tensor FullBehindProducts(double value) {
 // where only NCCL's receives wait on the GPU).
 void ExpectSentAfterItsProducer(const std::string& device, const std::string& channel, bool stream_ordered,
                                 const std::string& stream_receives = "1") {
-  Registry registry;
+  rpc::Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
   std::vector<std::string> env;
   if (!stream_receives.empty()) env.push_back("REMORA_CUDA_STREAM_RECEIVES=" + stream_receives);
   const bool on_gpu = stream_receives == "1" || (stream_receives.empty() && channel == "nccl");
   auto group = StartWorkerOn(registry, device, absl::Seconds(60), env);
   ASSERT_TRUE(group.ok()) << group.status();
-  Agent& master = *group->master;
+  rpc::Agent& master = *group->master;
   ASSERT_EQ(master.channel_to("w1", "cuda:0").value(), channel) << master.cuda_disabled_reason();
   const auto on0 = at::TensorOptions().device(Cuda(0));
   for (int round = 1; round <= 3; ++round) {
@@ -179,7 +179,8 @@ void ExpectSentAfterItsProducer(const std::string& device, const std::string& ch
           << "the transfer read the tensor before its producer wrote it";
       continue;
     }
-    auto r = master.rpc_sync("w1", "settled_sum", {FullBehindProducts(value), int64_t{round}}, StreamOrdered(round));
+    auto r =
+        master.rpc_sync("w1", "settled_sum", {FullBehindProducts(value), int64_t{round}}, rpc::StreamOrdered(round));
     ASSERT_TRUE(r.ok()) << r.status();
     const auto t = r->toTupleRef().elements();
     EXPECT_DOUBLE_EQ(t[0].toDouble(), value * (1 << 22)) << "the sum read the tensor before the copy";
@@ -195,15 +196,15 @@ void ExpectSentAfterItsProducer(const std::string& device, const std::string& ch
 TEST(CudaGpu, IpcBetweenProcessesOnOneGpu) {
   REMORA_REQUIRE_CHANNEL();
   REMORA_REQUIRE_GPUS(1);
-  Registry registry;
+  rpc::Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
   auto group = StartWorkerOn(registry, "cuda:0");
   ASSERT_TRUE(group.ok()) << group.status();
-  Agent& master = *group->master;
+  rpc::Agent& master = *group->master;
   ASSERT_EQ(master.channel_to("w1", "cuda:0").value(), "cuda_ipc")
       << master.cuda_disabled_reason();
   std::vector<at::Tensor> xs;
-  std::vector<Future<c10::IValue>> ys;
+  std::vector<rpc::Future<c10::IValue>> ys;
   for (int i = 0; i < 8; ++i) {
     xs.push_back(at::randn({1 << 20}, at::TensorOptions().device(Cuda(0))));  // 4 MiB
     ys.push_back(master.rpc_async("w1", "echo", {xs.back()}));
@@ -218,7 +219,7 @@ TEST(CudaGpu, IpcBetweenProcessesOnOneGpu) {
   at::Tensor view = xs[0].narrow(0, 1000, 4096);
   EXPECT_TRUE(at::equal(master.rpc_sync("w1", "echo", {view}).value().toTensor(), view));
   EXPECT_EQ(master.rpc_sync("w1", "device_of", {xs[0]}).value().toStringRef(), "cuda:0");
-  CudaChannel::Stats s = master.cuda_stats();
+  channel::CudaChannel::Stats s = master.cuda_stats();
   EXPECT_GE(s.ipc_sends, 9);
   EXPECT_GE(s.ipc_receives, 9);  // the echoes came back the same way
   EXPECT_TRUE(Eventually([&] { return master.cuda_stats().held_buffers == 0; }))
@@ -285,14 +286,14 @@ TEST(CudaGpu, StreamOrderedNcclQueuesBehindTheTransferAndSettles) {
 TEST(CudaGpu, NcclBetweenTwoGpusKeepsTransfersInOrder) {
   REMORA_REQUIRE_CHANNEL();
   REMORA_REQUIRE_GPUS(2);
-  Registry registry;
+  rpc::Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
   auto group = StartWorkerOn(registry, "cuda:1");
   ASSERT_TRUE(group.ok()) << group.status();
-  Agent& master = *group->master;
+  rpc::Agent& master = *group->master;
   ASSERT_EQ(master.channel_to("w1", "cuda:0").value(), "nccl") << master.cuda_disabled_reason();
   std::vector<at::Tensor> xs;
-  std::vector<Future<c10::IValue>> ys;
+  std::vector<rpc::Future<c10::IValue>> ys;
   for (int i = 0; i < 32; ++i) {
     // Different sizes: a receive posted out of order would not match.
     xs.push_back(at::randn({1000 + 977 * i}, at::TensorOptions().device(Cuda(0))));
@@ -316,11 +317,11 @@ TEST(CudaGpu, NcclBetweenTwoGpusKeepsTransfersInOrder) {
 TEST(CudaGpu, NcclFirstMessageWithSeveralTensorsDoesNotWait) {
   REMORA_REQUIRE_CHANNEL();
   REMORA_REQUIRE_GPUS(2);
-  Registry registry;
+  rpc::Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
   auto group = StartWorkerOn(registry, "cuda:1", absl::Seconds(30));
   ASSERT_TRUE(group.ok()) << group.status();
-  Agent& master = *group->master;
+  rpc::Agent& master = *group->master;
   const auto on0 = at::TensorOptions().device(Cuda(0));
   const std::vector<at::Tensor> xs = {at::randn({1 << 20}, on0), at::randn({4096}, on0),
                                       at::randn({3, 5}, on0)};
@@ -344,11 +345,11 @@ TEST(CudaGpu, NcclFirstMessageWithSeveralTensorsDoesNotWait) {
 TEST(CudaGpu, NcclToAWorkerThatDiedFailsTheCallInsteadOfHanging) {
   REMORA_REQUIRE_CHANNEL();
   REMORA_REQUIRE_GPUS(2);
-  Registry registry;
+  rpc::Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
   auto group = StartWorkerOn(registry, "cuda:1", absl::Seconds(20));
   ASSERT_TRUE(group.ok()) << group.status();
-  Agent& master = *group->master;
+  rpc::Agent& master = *group->master;
   at::Tensor x = at::randn({1 << 20}, at::TensorOptions().device(Cuda(0)));
   ASSERT_TRUE(master.rpc_sync("w1", "sink", {x}).ok());  // the communicator exists
   group->workers[0]->Signal(SIGKILL);

@@ -34,10 +34,10 @@ const c10::Device kCpu(c10::kCPU);
 c10::Device Cuda(int i) { return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)); }
 
 // A participant as the address book would list it.
-WorkerInfo Info(WorkerId id, const std::string& name, const std::string& host, uint32_t pid,
+base::WorkerInfo Info(base::WorkerId id, const std::string& name, const std::string& host, uint32_t pid,
                 std::vector<std::string> gpus, bool nccl = true,
                 const std::string& device = "cpu") {
-  WorkerInfo w;
+  base::WorkerInfo w;
   w.id = id;
   w.name = name;
   w.host_id = host;
@@ -54,42 +54,42 @@ std::string Message(const absl::Status& s) { return std::string(s.message()); }
 // --- devices ---------------------------------------------------------------
 
 TEST(Devices, ParseTakesCpuAndIndexedCudaOnly) {
-  EXPECT_EQ(ParseDevice("cpu", "x").value(), kCpu);
-  EXPECT_EQ(ParseDevice("cuda:0", "x").value(), Cuda(0));
-  EXPECT_EQ(ParseDevice("cuda:12", "x").value(), Cuda(12));
+  EXPECT_EQ(channel::ParseDevice("cpu", "x").value(), kCpu);
+  EXPECT_EQ(channel::ParseDevice("cuda:0", "x").value(), Cuda(0));
+  EXPECT_EQ(channel::ParseDevice("cuda:12", "x").value(), Cuda(12));
   for (const char* bad : {"cuda", "gpu", "cuda:-1", "cuda:01", "cuda:x", "", "CPU", "cuda:1:2"}) {
-    auto d = ParseDevice(bad, "--device");
+    auto d = channel::ParseDevice(bad, "--device");
     EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_THAT(Message(d.status()), HasSubstr("--device")) << bad;
   }
 }
 
 TEST(Devices, CheckLocalDeviceSaysWhatIsMissing) {
-  EXPECT_TRUE(CheckLocalDevice(kCpu).ok());
-  const int gpus = LocalGpuCount();
-  absl::Status s = CheckLocalDevice(Cuda(gpus));  // one past the last GPU
+  EXPECT_TRUE(channel::CheckLocalDevice(kCpu).ok());
+  const int gpus = channel::LocalGpuCount();
+  absl::Status s = channel::CheckLocalDevice(Cuda(gpus));  // one past the last GPU
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(Message(s), HasSubstr(absl::StrCat("cuda:", gpus, " is not available")));
   if (gpus == 0) {
     EXPECT_THAT(Message(s), HasSubstr("LibTorch has no CUDA"));
   } else {
     EXPECT_THAT(Message(s), HasSubstr(absl::StrCat("sees ", gpus, " GPU(s)")));
-    EXPECT_TRUE(CheckLocalDevice(Cuda(0)).ok());
+    EXPECT_TRUE(channel::CheckLocalDevice(Cuda(0)).ok());
   }
 }
 
 // --- device maps -----------------------------------------------------------
 
 TEST(DeviceMaps, CpuTensorsAlwaysLandOnTheCpu) {
-  auto m = DeviceMapper::Create("me", {}, /*map_to_peer_devices=*/true, /*local_gpus=*/0);
+  auto m = channel::DeviceMapper::Create("me", {}, /*map_to_peer_devices=*/true, /*local_gpus=*/0);
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->Map(kCpu, Info(1, "w1", "h", 1, {}, true, "cuda:0")).value(), kCpu);
 }
 
 TEST(DeviceMaps, AnUnmappedCudaTensorIsAnErrorNamingDeviceAndPeer) {
-  auto m = DeviceMapper::Create("me", {{"w2", {{"cuda:0", "cuda:0"}}}}, false, /*local_gpus=*/2);
+  auto m = channel::DeviceMapper::Create("me", {{"w2", {{"cuda:0", "cuda:0"}}}}, false, /*local_gpus=*/2);
   ASSERT_TRUE(m.ok()) << m.status();
-  const WorkerInfo w2 = Info(2, "w2", "h", 2, {"GPU-a", "GPU-b"});
+  const base::WorkerInfo w2 = Info(2, "w2", "h", 2, {"GPU-a", "GPU-b"});
   EXPECT_EQ(m->Map(Cuda(0), w2).value(), Cuda(0));
   auto unmapped = m->Map(Cuda(1), w2);
   EXPECT_EQ(unmapped.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -102,20 +102,20 @@ TEST(DeviceMaps, AnUnmappedCudaTensorIsAnErrorNamingDeviceAndPeer) {
 }
 
 TEST(DeviceMaps, EntriesWinOverPeerHomeDevices) {
-  auto m = DeviceMapper::Create("me", {{"w2", {{"cuda:1", "cpu"}}}}, /*map_to_peer_devices=*/true,
+  auto m = channel::DeviceMapper::Create("me", {{"w2", {{"cuda:1", "cpu"}}}}, /*map_to_peer_devices=*/true,
                                 2);
   ASSERT_TRUE(m.ok()) << m.status();
-  const WorkerInfo w2 = Info(2, "w2", "h", 2, {"GPU-a", "GPU-b"}, true, "cuda:1");
+  const base::WorkerInfo w2 = Info(2, "w2", "h", 2, {"GPU-a", "GPU-b"}, true, "cuda:1");
   EXPECT_EQ(m->Map(Cuda(0), w2).value(), Cuda(1));  // its home device
   EXPECT_EQ(m->Map(Cuda(1), w2).value(), kCpu);     // the entry
-  const WorkerInfo master = Info(0, "master", "h", 9, {});
+  const base::WorkerInfo master = Info(0, "master", "h", 9, {});
   EXPECT_EQ(m->Map(Cuda(0), master).value(), kCpu);  // the master trains on the CPU
   ASSERT_EQ(m->EntriesFor("w2").size(), 1u);
   EXPECT_TRUE(m->EntriesFor("nobody").empty());
 }
 
 TEST(DeviceMaps, AGpuThePeerDoesNotHaveIsAnError) {
-  auto m = DeviceMapper::Create("me", {{"w2", {{"cuda:0", "cuda:3"}}}}, false, 1);
+  auto m = channel::DeviceMapper::Create("me", {{"w2", {{"cuda:0", "cuda:3"}}}}, false, 1);
   ASSERT_TRUE(m.ok()) << m.status();
   auto r = m->Map(Cuda(0), Info(2, "w2", "h", 2, {"GPU-a"}));
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -127,8 +127,8 @@ TEST(DeviceMaps, AGpuThePeerDoesNotHaveIsAnError) {
 }
 
 TEST(DeviceMaps, CreateRejectsBadEntries) {
-  auto check = [](const DeviceMapper::Maps& maps, int gpus, const std::string& text) {
-    auto m = DeviceMapper::Create("me", maps, false, gpus);
+  auto check = [](const channel::DeviceMapper::Maps& maps, int gpus, const std::string& text) {
+    auto m = channel::DeviceMapper::Create("me", maps, false, gpus);
     EXPECT_FALSE(m.ok()) << text;
     EXPECT_THAT(Message(m.status()), HasSubstr(text));
   };
@@ -167,56 +167,56 @@ TEST(DeviceMapFlag, ParsesAutoNoneAndEntries) {
 // --- channel choice ----------------------------------------------------------
 
 TEST(CudaRoutes, ChosenFromTheEndpointsExchangedAtRendezvous) {
-  const WorkerInfo a = Info(1, "a", "host1", 100, {"GPU-0", "GPU-1"});
-  const WorkerInfo same_gpu = Info(2, "b", "host1", 200, {"GPU-0"});
-  const WorkerInfo other_gpu = Info(3, "c", "host1", 300, {"GPU-1", "GPU-0"});
-  const WorkerInfo remote = Info(4, "d", "host2", 100, {"GPU-9"});
-  const WorkerInfo no_nccl = Info(5, "e", "host1", 500, {"GPU-1"}, /*nccl=*/false);
-  const WorkerInfo no_channel = Info(6, "f", "host1", 600, {});
-  WorkerInfo same_process = Info(7, "g", "host1", 100, {"GPU-0"});
+  const base::WorkerInfo a = Info(1, "a", "host1", 100, {"GPU-0", "GPU-1"});
+  const base::WorkerInfo same_gpu = Info(2, "b", "host1", 200, {"GPU-0"});
+  const base::WorkerInfo other_gpu = Info(3, "c", "host1", 300, {"GPU-1", "GPU-0"});
+  const base::WorkerInfo remote = Info(4, "d", "host2", 100, {"GPU-9"});
+  const base::WorkerInfo no_nccl = Info(5, "e", "host1", 500, {"GPU-1"}, /*nccl=*/false);
+  const base::WorkerInfo no_channel = Info(6, "f", "host1", 600, {});
+  base::WorkerInfo same_process = Info(7, "g", "host1", 100, {"GPU-0"});
 
-  EXPECT_EQ(ChooseCudaRoute(a, 0, same_gpu, 0), CudaRoute::kIpc);        // one GPU, two processes
-  EXPECT_EQ(ChooseCudaRoute(a, 1, same_gpu, 0), CudaRoute::kNccl);       // GPU-1 -> GPU-0
-  EXPECT_EQ(ChooseCudaRoute(a, 0, other_gpu, 1), CudaRoute::kIpc);       // ordinals differ, UUIDs match
-  EXPECT_EQ(ChooseCudaRoute(a, 0, other_gpu, 0), CudaRoute::kNccl);
-  EXPECT_EQ(ChooseCudaRoute(a, 0, remote, 0), CudaRoute::kNccl);         // across hosts
-  EXPECT_EQ(ChooseCudaRoute(a, 0, no_nccl, 0), CudaRoute::kStaged);      // different GPU, no NCCL
-  EXPECT_EQ(ChooseCudaRoute(a, 1, no_nccl, 0), CudaRoute::kIpc);         // same GPU needs no NCCL
-  EXPECT_EQ(ChooseCudaRoute(a, 0, no_channel, 0), CudaRoute::kStaged);   // peer without a channel
-  EXPECT_EQ(ChooseCudaRoute(a, 0, same_process, 0), CudaRoute::kStaged); // IPC cannot open its own
-  EXPECT_EQ(ChooseCudaRoute(a, 2, same_gpu, 0), CudaRoute::kStaged);     // no such local GPU
-  EXPECT_EQ(ChooseCudaRoute(a, 0, same_gpu, 1), CudaRoute::kStaged);     // no such peer GPU
-  EXPECT_EQ(ChooseCudaRoute(no_channel, 0, a, 0), CudaRoute::kStaged);
-  EXPECT_STREQ(CudaRouteName(CudaRoute::kIpc), "cuda_ipc");
-  EXPECT_STREQ(CudaRouteName(CudaRoute::kNccl), "nccl");
-  EXPECT_STREQ(CudaRouteName(CudaRoute::kStaged), "staged");
+  EXPECT_EQ(channel::ChooseCudaRoute(a, 0, same_gpu, 0), channel::CudaRoute::kIpc);        // one GPU, two processes
+  EXPECT_EQ(channel::ChooseCudaRoute(a, 1, same_gpu, 0), channel::CudaRoute::kNccl);       // GPU-1 -> GPU-0
+  EXPECT_EQ(channel::ChooseCudaRoute(a, 0, other_gpu, 1), channel::CudaRoute::kIpc);  // ordinals differ, UUIDs match
+  EXPECT_EQ(channel::ChooseCudaRoute(a, 0, other_gpu, 0), channel::CudaRoute::kNccl);
+  EXPECT_EQ(channel::ChooseCudaRoute(a, 0, remote, 0), channel::CudaRoute::kNccl);         // across hosts
+  EXPECT_EQ(channel::ChooseCudaRoute(a, 0, no_nccl, 0), channel::CudaRoute::kStaged);      // different GPU, no NCCL
+  EXPECT_EQ(channel::ChooseCudaRoute(a, 1, no_nccl, 0), channel::CudaRoute::kIpc);         // same GPU needs no NCCL
+  EXPECT_EQ(channel::ChooseCudaRoute(a, 0, no_channel, 0), channel::CudaRoute::kStaged);   // peer without a channel
+  EXPECT_EQ(channel::ChooseCudaRoute(a, 0, same_process, 0), channel::CudaRoute::kStaged); // IPC cannot open its own
+  EXPECT_EQ(channel::ChooseCudaRoute(a, 2, same_gpu, 0), channel::CudaRoute::kStaged);     // no such local GPU
+  EXPECT_EQ(channel::ChooseCudaRoute(a, 0, same_gpu, 1), channel::CudaRoute::kStaged);     // no such peer GPU
+  EXPECT_EQ(channel::ChooseCudaRoute(no_channel, 0, a, 0), channel::CudaRoute::kStaged);
+  EXPECT_STREQ(channel::CudaRouteName(channel::CudaRoute::kIpc), "cuda_ipc");
+  EXPECT_STREQ(channel::CudaRouteName(channel::CudaRoute::kNccl), "nccl");
+  EXPECT_STREQ(channel::CudaRouteName(channel::CudaRoute::kStaged), "staged");
 }
 
 // By default only NCCL's receives (between GPUs) wait on the GPU; a call
 // without a stream group always waits on the host.
 TEST(CudaRoutes, StreamReceivesWaitOnTheGpuBetweenGpusByDefault) {
-  ASSERT_EQ(ParseStreamReceives(nullptr).value(), StreamReceives::kBetweenGpus);
-  ASSERT_EQ(ParseStreamReceives("").value(), StreamReceives::kBetweenGpus);
-  ASSERT_EQ(ParseStreamReceives("0").value(), StreamReceives::kNever);
-  ASSERT_EQ(ParseStreamReceives("1").value(), StreamReceives::kAlways);
-  auto bad = ParseStreamReceives("yes");
+  ASSERT_EQ(channel::ParseStreamReceives(nullptr).value(), channel::StreamReceives::kBetweenGpus);
+  ASSERT_EQ(channel::ParseStreamReceives("").value(), channel::StreamReceives::kBetweenGpus);
+  ASSERT_EQ(channel::ParseStreamReceives("0").value(), channel::StreamReceives::kNever);
+  ASSERT_EQ(channel::ParseStreamReceives("1").value(), channel::StreamReceives::kAlways);
+  auto bad = channel::ParseStreamReceives("yes");
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("REMORA_CUDA_STREAM_RECEIVES='yes'"));
 
-  const auto mode = StreamReceives::kBetweenGpus;
-  EXPECT_TRUE(LeaveReceiveToStream(mode, CudaRoute::kNccl, 7));
-  EXPECT_FALSE(LeaveReceiveToStream(mode, CudaRoute::kIpc, 7));  // one GPU: the host waits
-  EXPECT_FALSE(LeaveReceiveToStream(mode, CudaRoute::kNccl, 0));  // not a stream-ordered call
-  EXPECT_TRUE(LeaveReceiveToStream(StreamReceives::kAlways, CudaRoute::kIpc, 7));
-  EXPECT_FALSE(LeaveReceiveToStream(StreamReceives::kAlways, CudaRoute::kStaged, 7));
-  EXPECT_FALSE(LeaveReceiveToStream(StreamReceives::kNever, CudaRoute::kNccl, 7));
+  const auto mode = channel::StreamReceives::kBetweenGpus;
+  EXPECT_TRUE(channel::LeaveReceiveToStream(mode, channel::CudaRoute::kNccl, 7));
+  EXPECT_FALSE(channel::LeaveReceiveToStream(mode, channel::CudaRoute::kIpc, 7));  // one GPU: the host waits
+  EXPECT_FALSE(channel::LeaveReceiveToStream(mode, channel::CudaRoute::kNccl, 0));  // not a stream-ordered call
+  EXPECT_TRUE(channel::LeaveReceiveToStream(channel::StreamReceives::kAlways, channel::CudaRoute::kIpc, 7));
+  EXPECT_FALSE(channel::LeaveReceiveToStream(channel::StreamReceives::kAlways, channel::CudaRoute::kStaged, 7));
+  EXPECT_FALSE(channel::LeaveReceiveToStream(channel::StreamReceives::kNever, channel::CudaRoute::kNccl, 7));
 }
 
 // --- descriptors -------------------------------------------------------------
 
 struct Descriptors {
-  WorkerInfo sender = Info(1, "w1", "host1", 100, {"GPU-0", "GPU-1"});
-  CudaEndpoint receiver{{"GPU-1", "GPU-0"}, true, 42};
+  base::WorkerInfo sender = Info(1, "w1", "host1", 100, {"GPU-0", "GPU-1"});
+  base::CudaEndpoint receiver{{"GPU-1", "GPU-0"}, true, 42};
 
   wire::CudaPayload Ipc() const {
     wire::CudaPayload d;
@@ -224,8 +224,8 @@ struct Descriptors {
     d.set_src_device(0);
     d.set_dst_device(1);  // GPU-0 here
     d.set_incarnation(sender.cuda.incarnation);
-    d.set_mem_handle(std::string(kCudaIpcHandleBytes, 'm'));
-    d.set_event_handle(std::string(kCudaIpcHandleBytes, 'e'));
+    d.set_mem_handle(std::string(channel::kCudaIpcHandleBytes, 'm'));
+    d.set_event_handle(std::string(channel::kCudaIpcHandleBytes, 'e'));
     d.set_base(0x7f0000000000);
     d.set_alloc_bytes(1 << 20);
     d.set_offset(4096);
@@ -249,16 +249,16 @@ struct Descriptors {
 
 TEST(CudaPayloads, GoodDescriptorsPass) {
   Descriptors t;
-  EXPECT_TRUE(ValidateCudaPayload(t.Ipc(), 1 << 19, t.sender, t.receiver).ok());
-  EXPECT_TRUE(ValidateCudaPayload(t.Ipc(), (1 << 20) - 4096, t.sender, t.receiver).ok());
-  EXPECT_TRUE(ValidateCudaPayload(t.Nccl(), 1 << 19, t.sender, t.receiver).ok());
+  EXPECT_TRUE(channel::ValidateCudaPayload(t.Ipc(), 1 << 19, t.sender, t.receiver).ok());
+  EXPECT_TRUE(channel::ValidateCudaPayload(t.Ipc(), (1 << 20) - 4096, t.sender, t.receiver).ok());
+  EXPECT_TRUE(channel::ValidateCudaPayload(t.Nccl(), 1 << 19, t.sender, t.receiver).ok());
 }
 
 TEST(CudaPayloads, BadDescriptorsAreRefusedBeforeAnythingTouchesThem) {
   Descriptors t;
   auto expect = [&](const wire::CudaPayload& d, uint64_t length, absl::StatusCode code,
                     const std::string& text) {
-    absl::Status s = ValidateCudaPayload(d, length, t.sender, t.receiver);
+    absl::Status s = channel::ValidateCudaPayload(d, length, t.sender, t.receiver);
     EXPECT_EQ(s.code(), code) << text << ": " << s;
     EXPECT_THAT(Message(s), HasSubstr(text));
   };
@@ -279,7 +279,7 @@ TEST(CudaPayloads, BadDescriptorsAreRefusedBeforeAnythingTouchesThem) {
   d.set_mem_handle("short");
   expect(d, 16, invalid, "malformed IPC handle");
   d = t.Ipc();
-  d.set_event_handle(std::string(kCudaIpcHandleBytes + 1, 'e'));
+  d.set_event_handle(std::string(channel::kCudaIpcHandleBytes + 1, 'e'));
   expect(d, 16, invalid, "malformed IPC handle");
   d = t.Ipc();
   d.set_base(0);
@@ -305,65 +305,65 @@ TEST(CudaPayloads, BadDescriptorsAreRefusedBeforeAnythingTouchesThem) {
   d = t.Nccl();
   d.set_channel(static_cast<wire::CudaPayload::Channel>(7));
   expect(d, 16, invalid, "unknown channel");
-  WorkerInfo unregistered = t.sender;
+  base::WorkerInfo unregistered = t.sender;
   unregistered.cuda.incarnation = 0;
-  EXPECT_EQ(ValidateCudaPayload(t.Nccl(), 16, unregistered, t.receiver).code(),
+  EXPECT_EQ(channel::ValidateCudaPayload(t.Nccl(), 16, unregistered, t.receiver).code(),
             absl::StatusCode::kPermissionDenied);
 }
 
 // --- frames --------------------------------------------------------------------
 
 TEST(CudaFrame, CudaPayloadsNeedAChannelAndGoodIndices) {
-  OutMessage m;
+  rpc::OutMessage m;
   m.header.mutable_request()->set_from(1);
   m.payloads = {at::zeros({64}, at::kByte)};
   m.header.add_cuda_payloads()->set_payload(0);
   // The frame then claims payload 0 is not in it: 64 bytes too many.
-  auto none = ParseMessage(SerializeMessage(m), nullptr, nullptr);
+  auto none = rpc::ParseMessage(rpc::SerializeMessage(m), nullptr, nullptr);
   EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Message(none.status()), HasSubstr("CUDA payloads"));
 
-  OutMessage out_of_range;
+  rpc::OutMessage out_of_range;
   out_of_range.header.add_cuda_payloads()->set_payload(3);
-  auto r = ParseMessage(SerializeMessage(out_of_range));
+  auto r = rpc::ParseMessage(rpc::SerializeMessage(out_of_range));
   EXPECT_THAT(Message(r.status()), HasSubstr("out of range or repeated"));
 
-  OutMessage twice;
+  rpc::OutMessage twice;
   twice.payloads = {at::zeros({8}, at::kByte)};
   twice.header.add_cuda_payloads()->set_payload(0);
   twice.header.add_cuda_payloads()->set_payload(0);
-  EXPECT_THAT(Message(ParseMessage(SerializeMessage(twice)).status()),
+  EXPECT_THAT(Message(rpc::ParseMessage(rpc::SerializeMessage(twice)).status()),
               HasSubstr("out of range or repeated"));
 
-  OutMessage both;
+  rpc::OutMessage both;
   both.payloads = {at::zeros({8}, at::kByte)};
   both.header.add_shm_payloads()->set_payload(0);
   both.header.add_cuda_payloads()->set_payload(0);
-  ShmChannel shm{ShmChannel::Options{}};
-  EXPECT_EQ(ParseMessage(SerializeMessage(both), &shm).status().code(),
+  channel::ShmChannel shm{channel::ShmChannel::Options{}};
+  EXPECT_EQ(rpc::ParseMessage(rpc::SerializeMessage(both), &shm).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
 // The agent receives frames that list CUDA payloads on threads of their
 // own; telling them apart reads the header alone.
 TEST(CudaFrame, CarriesCudaPayloadsReadsTheHeader) {
-  OutMessage plain;
+  rpc::OutMessage plain;
   plain.payloads = {at::zeros({64}, at::kByte)};
-  EXPECT_FALSE(CarriesCudaPayloads(SerializeMessage(plain)));
-  OutMessage cuda;
+  EXPECT_FALSE(rpc::CarriesCudaPayloads(rpc::SerializeMessage(plain)));
+  rpc::OutMessage cuda;
   cuda.payloads = {at::zeros({64}, at::kByte)};
   cuda.header.add_cuda_payloads()->set_payload(0);
-  EXPECT_TRUE(CarriesCudaPayloads(SerializeMessage(cuda)));
+  EXPECT_TRUE(rpc::CarriesCudaPayloads(rpc::SerializeMessage(cuda)));
   grpc::Slice junk(std::string("\xff\xff\xff\x7f not a frame"));
-  EXPECT_FALSE(CarriesCudaPayloads(grpc::ByteBuffer(&junk, 1)));
-  EXPECT_FALSE(CarriesCudaPayloads(grpc::ByteBuffer()));
+  EXPECT_FALSE(rpc::CarriesCudaPayloads(grpc::ByteBuffer(&junk, 1)));
+  EXPECT_FALSE(rpc::CarriesCudaPayloads(grpc::ByteBuffer()));
 }
 
 TEST(CudaFrame, ADescriptorFromAStrangerOrForAMissingGpuIsRefused) {
-  CudaChannel channel(CudaChannel::Options{}, nullptr);
-  WorkerInfo self = Info(0, "me", "host1", 1, channel.endpoint().gpus);
+  channel::CudaChannel channel(channel::CudaChannel::Options{}, nullptr);
+  base::WorkerInfo self = Info(0, "me", "host1", 1, channel.endpoint().gpus);
   self.cuda = channel.endpoint();
-  const WorkerInfo peer = Info(1, "w1", "host1", 2, {"GPU-x"});
+  const base::WorkerInfo peer = Info(1, "w1", "host1", 2, {"GPU-x"});
   channel.SetGroup(self, {self, peer});
   Descriptors t;
   wire::CudaPayload d = t.Nccl();
@@ -374,33 +374,33 @@ TEST(CudaFrame, ADescriptorFromAStrangerOrForAMissingGpuIsRefused) {
   EXPECT_FALSE(got.ok());
   auto stranger = channel.Receive(9, t.Nccl(), 64);
   EXPECT_FALSE(stranger.ok());
-  if (CudaChannelBuilt()) {
+  if (channel::CudaChannelBuilt()) {
     EXPECT_THAT(Message(got.status()), HasSubstr("not one of this process's"));
     EXPECT_EQ(stranger.status().code(), absl::StatusCode::kPermissionDenied);
   } else {
-    EXPECT_THAT(Message(got.status()), HasSubstr(kNoCudaBuild));
+    EXPECT_THAT(Message(got.status()), HasSubstr(channel::kNoCudaBuild));
   }
 }
 
 // --- the channel without GPUs -------------------------------------------------
 
 TEST(CudaChannel, OffersNoGpusWhereThereAreNoneAndSaysWhy) {
-  CudaChannel off(CudaChannel::Options{/*enabled=*/false}, nullptr);
+  channel::CudaChannel off(channel::CudaChannel::Options{/*enabled=*/false}, nullptr);
   EXPECT_TRUE(off.endpoint().gpus.empty());
   EXPECT_FALSE(off.disabled_reason().empty());
-  CudaChannel channel(CudaChannel::Options{}, nullptr);
-  EXPECT_EQ(channel.RouteTo(5, 0, 0), CudaRoute::kStaged);  // nobody known yet
-  if (!CudaChannelBuilt()) {
-    EXPECT_EQ(channel.disabled_reason(), kNoCudaBuild);
+  channel::CudaChannel channel(channel::CudaChannel::Options{}, nullptr);
+  EXPECT_EQ(channel.RouteTo(5, 0, 0), channel::CudaRoute::kStaged);  // nobody known yet
+  if (!channel::CudaChannelBuilt()) {
+    EXPECT_EQ(channel.disabled_reason(), channel::kNoCudaBuild);
     EXPECT_THAT(off.disabled_reason(), HasSubstr("rebuild"));
   } else {
     EXPECT_THAT(off.disabled_reason(), HasSubstr("turned off"));
     EXPECT_NE(channel.endpoint().incarnation, 0u);
   }
-  if (LocalGpuCount() == 0) {
+  if (channel::LocalGpuCount() == 0) {
     EXPECT_TRUE(channel.endpoint().gpus.empty());
     EXPECT_FALSE(channel.disabled_reason().empty());
-    if (CudaChannelBuilt()) {
+    if (channel::CudaChannelBuilt()) {
       EXPECT_THAT(channel.disabled_reason(), HasSubstr("LibTorch has no CUDA"));
     }
   }
@@ -411,19 +411,19 @@ TEST(CudaChannel, OffersNoGpusWhereThereAreNoneAndSaysWhy) {
 }
 
 TEST(CudaChannel, WithoutTheBuildEveryEntryPointSaysRebuild) {
-  CudaChannel channel(CudaChannel::Options{}, nullptr);
-  auto d2d = MeasureDeviceCopyGbps(0, 1 << 20);
-  if (CudaChannelBuilt()) {
-    if (LocalGpuCount() == 0) {
+  channel::CudaChannel channel(channel::CudaChannel::Options{}, nullptr);
+  auto d2d = channel::MeasureDeviceCopyGbps(0, 1 << 20);
+  if (channel::CudaChannelBuilt()) {
+    if (channel::LocalGpuCount() == 0) {
       EXPECT_THAT(Message(d2d.status()), HasSubstr("no GPU cuda:0"));
     }
     GTEST_SKIP() << "this build has the CUDA channel; the stub's messages are checked in "
                     "builds without it (cmake -DREMORA_CUDA=OFF)";
   }
-  EXPECT_EQ(Message(d2d.status()), kNoCudaBuild);
-  EXPECT_THAT(Message(channel.OnNcclSetup(1, wire::NcclSetup())), HasSubstr(kNoCudaBuild));
+  EXPECT_EQ(Message(d2d.status()), channel::kNoCudaBuild);
+  EXPECT_THAT(Message(channel.OnNcclSetup(1, wire::NcclSetup())), HasSubstr(channel::kNoCudaBuild));
   EXPECT_THAT(Message(channel.Receive(1, wire::CudaPayload(), 8).status()),
-              HasSubstr(kNoCudaBuild));
+              HasSubstr(channel::kNoCudaBuild));
 }
 
 // --- the codec -------------------------------------------------------------------
@@ -439,9 +439,9 @@ TEST(CudaCodec, ATensorMeantForAGpuThisProcessLacksIsAClearError) {
   v.mutable_tensor()->add_sizes(16);
   v.mutable_tensor()->set_payload(0);
   v.mutable_tensor()->set_device("cuda:0");
-  DecodeContext ctx{nullptr, &payloads};
-  auto got = DecodeValue(v, ctx);
-  if (LocalGpuCount() == 0) {
+  rpc::DecodeContext ctx{nullptr, &payloads};
+  auto got = rpc::DecodeValue(v, ctx);
+  if (channel::LocalGpuCount() == 0) {
     EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition);
     EXPECT_THAT(Message(got.status()), HasSubstr("a tensor for cuda:0 arrived"));
     EXPECT_THAT(Message(got.status()), HasSubstr("fix the sender's device map"));
@@ -451,17 +451,17 @@ TEST(CudaCodec, ATensorMeantForAGpuThisProcessLacksIsAClearError) {
     EXPECT_TRUE(at::equal(got->toTensor().cpu(), x));
   }
   v.mutable_tensor()->set_device("gpu:0");
-  EXPECT_EQ(DecodeValue(v, ctx).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(rpc::DecodeValue(v, ctx).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // --- agents ------------------------------------------------------------------------
 
 TEST(CudaAgents, EndpointsAndHomeDevicesAreExchangedAtRendezvous) {
   Group g(2);
-  for (Agent* a : g.all()) {
+  for (rpc::Agent* a : g.all()) {
     EXPECT_EQ(a->self().device, "cpu");
     for (const auto& w : a->workers()) {
-      Agent* owner = w.name == "master" ? &g.master() : &g.worker(w.name == "w1" ? 1 : 2);
+      rpc::Agent* owner = w.name == "master" ? &g.master() : &g.worker(w.name == "w1" ? 1 : 2);
       EXPECT_EQ(w.device, "cpu");
       EXPECT_EQ(w.cuda.incarnation, owner->self().cuda.incarnation) << w.name;
       EXPECT_EQ(w.cuda.gpus, owner->self().cuda.gpus) << w.name;
@@ -471,7 +471,7 @@ TEST(CudaAgents, EndpointsAndHomeDevicesAreExchangedAtRendezvous) {
 }
 
 TEST(CudaAgents, ChannelToExplainsCudaTensors) {
-  AgentOptions opts;
+  rpc::AgentOptions opts;
   Group g(1, opts);
   EXPECT_EQ(g.master().channel_to("w1").value(), "shm");
   auto unmapped = g.master().channel_to("w1", "cuda:0");
@@ -483,7 +483,7 @@ TEST(CudaAgents, ChannelToExplainsCudaTensors) {
 }
 
 TEST(CudaAgents, MapToPeerDevicesStagesToACpuPeer) {
-  AgentOptions opts;
+  rpc::AgentOptions opts;
   opts.map_to_peer_devices = true;
   Group g(1, opts);
   // w1's home is the CPU: a CUDA tensor would be copied to the host and
@@ -492,22 +492,22 @@ TEST(CudaAgents, MapToPeerDevicesStagesToACpuPeer) {
 }
 
 TEST(CudaAgents, StartRefusesDevicesThisProcessLacks) {
-  if (LocalGpuCount() > 0) GTEST_SKIP() << "this machine has a GPU: CudaGpu.* cover it";
-  Registry registry;
-  AgentOptions opts;
+  if (channel::LocalGpuCount() > 0) GTEST_SKIP() << "this machine has a GPU: CudaGpu.* cover it";
+  rpc::Registry registry;
+  rpc::AgentOptions opts;
   opts.name = "w1";
   opts.device = "cuda:0";
-  auto a = Agent::Start(opts, &registry);
+  auto a = rpc::Agent::Start(opts, &registry);
   EXPECT_EQ(a.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(Message(a.status()), HasSubstr("cuda:0 is not available"));
   opts.device = "cpu";
   opts.device_maps["w2"]["cuda:0"] = "cuda:0";
-  auto b = Agent::Start(opts, &registry);
+  auto b = rpc::Agent::Start(opts, &registry);
   EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(Message(b.status()), HasSubstr("device_maps[\"w2\"][\"cuda:0\"]"));
   opts.device_maps.clear();
   opts.device = "tpu:0";
-  EXPECT_EQ(Agent::Start(opts, &registry).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(rpc::Agent::Start(opts, &registry).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CudaPrograms, WorkerAndBenchRefuseAGpuTheyDoNotHave) {
@@ -518,14 +518,14 @@ TEST(CudaPrograms, WorkerAndBenchRefuseAGpuTheyDoNotHave) {
       RunProgram({kBin + "/worker", "--name", "w1", "--device-map", "w2/cuda:0"});
   EXPECT_EQ(map, 2);
   EXPECT_THAT(map_out, HasSubstr("--device-map"));
-  if (LocalGpuCount() > 0) GTEST_SKIP() << "this machine has a GPU: CudaGpu.* cover it";
+  if (channel::LocalGpuCount() > 0) GTEST_SKIP() << "this machine has a GPU: CudaGpu.* cover it";
   auto [gpu, gpu_out] = RunProgram({kBin + "/worker", "--name", "w1", "--device", "cuda:0"});
   EXPECT_EQ(gpu, 2);
   EXPECT_THAT(gpu_out, HasSubstr("--device cuda:0 is not available"));
   EXPECT_THAT(gpu_out, HasSubstr("LibTorch has no CUDA"));
   auto [bench, bench_out] = RunProgram({kBin + "/rpc_bench", "--device", "cuda"});
   EXPECT_EQ(bench, 2);
-  EXPECT_THAT(bench_out, HasSubstr(CudaChannelBuilt() ? "LibTorch has no CUDA" : kNoCudaBuild));
+  EXPECT_THAT(bench_out, HasSubstr(channel::CudaChannelBuilt() ? "LibTorch has no CUDA" : channel::kNoCudaBuild));
   auto [master, master_out] =
       RunProgram({kBin + "/master", "--local", "--device", "cuda:0", "--splits", "1"});
   EXPECT_EQ(master, 2);

@@ -44,8 +44,8 @@ at::Tensor Alloc(size_t n) { return at::empty({static_cast<int64_t>(n)}, at::kBy
 
 // Two channels in one process that may read each other's segments.
 struct Pair {
-  ShmChannel a{ShmChannel::Options{}};
-  ShmChannel b{ShmChannel::Options{}};
+  channel::ShmChannel a{channel::ShmChannel::Options{}};
+  channel::ShmChannel b{channel::ShmChannel::Options{}};
   Pair() {
     a.Allow({b.endpoint()});
     b.Allow({a.endpoint()});
@@ -53,11 +53,11 @@ struct Pair {
 };
 
 TEST(ShmChannel, OffersItselfOnThisHost) {
-  ShmChannel c{ShmChannel::Options{}};
+  channel::ShmChannel c{channel::ShmChannel::Options{}};
   EXPECT_FALSE(c.endpoint().domain.empty());
-  EXPECT_EQ(c.endpoint().domain, ShmDomain());
-  EXPECT_NE(c.endpoint().incarnation, ShmChannel(ShmChannel::Options{}).endpoint().incarnation);
-  ShmChannel off{ShmChannel::Options{/*enabled=*/false}};
+  EXPECT_EQ(c.endpoint().domain, channel::ShmDomain());
+  EXPECT_NE(c.endpoint().incarnation, channel::ShmChannel(channel::ShmChannel::Options{}).endpoint().incarnation);
+  channel::ShmChannel off{channel::ShmChannel::Options{/*enabled=*/false}};
   EXPECT_TRUE(off.endpoint().domain.empty());
   EXPECT_FALSE(off.Write(at::rand({1 << 16})).has_value());
 }
@@ -136,9 +136,9 @@ TEST(ShmChannel, TheReaderCopiesWhileTheSenderFills) {
 }
 
 TEST(ShmChannel, ASenderThatNeverFillsFailsTheReadInTime) {
-  ShmChannel::Options quick;
+  channel::ShmChannel::Options quick;
   quick.stall_timeout = absl::Milliseconds(200);
-  ShmChannel a{ShmChannel::Options{}}, b{quick};
+  channel::ShmChannel a{channel::ShmChannel::Options{}}, b{quick};
   b.Allow({a.endpoint()});
   auto d = a.Reserve(1 << 20);
   ASSERT_TRUE(d.has_value());
@@ -169,7 +169,7 @@ TEST(ShmChannel, ASenderThatEndedOrAStopFailsTheReadAtOnce) {
   ASSERT_EQ(waitpid(child, nullptr, 0), child);  // (a process that has ended)
   // The sender as the group knows it, now that process (the segment stays
   // mapped: the same incarnation).
-  ShmEndpoint ended = p.a.endpoint();
+  base::ShmEndpoint ended = p.a.endpoint();
   ended.pid = static_cast<uint32_t>(child);
   p.b.Allow({ended});
   wire::ShmPayload from_ended = *d;
@@ -191,7 +191,7 @@ TEST(ShmChannel, ASenderThatEndedOrAStopFailsTheReadAtOnce) {
 
 TEST(ShmChannel, RefusesStrangersAndBadDescriptors) {
   Pair p;
-  ShmChannel stranger{ShmChannel::Options{}};
+  channel::ShmChannel stranger{channel::ShmChannel::Options{}};
   at::Tensor x = at::rand({1 << 18});
   auto from_stranger = stranger.Write(Bytes(x));
   ASSERT_TRUE(from_stranger.has_value());
@@ -228,8 +228,8 @@ TEST(ShmChannel, RefusesStrangersAndBadDescriptors) {
 }
 
 TEST(ShmChannel, StaysWithinItsBudgetAndForgetsPeersThatLeft) {
-  ShmChannel a{ShmChannel::Options{true, size_t{2} << 20}};
-  ShmChannel b{ShmChannel::Options{}};
+  channel::ShmChannel a{channel::ShmChannel::Options{true, size_t{2} << 20}};
+  channel::ShmChannel b{channel::ShmChannel::Options{}};
   b.Allow({a.endpoint()});
   auto d1 = a.Write(at::zeros({1 << 20}, at::kByte));
   auto d2 = a.Write(at::zeros({1 << 20}, at::kByte));
@@ -245,22 +245,22 @@ TEST(ShmChannel, StaysWithinItsBudgetAndForgetsPeersThatLeft) {
 
 TEST(ShmFrame, LargePayloadsLeaveTheFrameAndComeBack) {
   Pair p;
-  OutMessage m;
+  rpc::OutMessage m;
   m.header.mutable_request()->set_from(3);
   at::Tensor small = at::arange(100, at::kFloat);
   at::Tensor big = at::rand({100000});  // 400 KB
   m.payloads = {Bytes(small), Bytes(big)};
-  std::vector<ShmFill> fills;
-  grpc::ByteBuffer frame = SerializeMessage(m, Route{&p.a, 64 << 10}, &fills);
+  std::vector<rpc::ShmFill> fills;
+  grpc::ByteBuffer frame = rpc::SerializeMessage(m, channel::Route{&p.a, 64 << 10}, &fills);
   ASSERT_EQ(fills.size(), 1u);
   EXPECT_EQ(fills[0].descriptor.payload(), 1u);
   EXPECT_LT(frame.Length(), 4096u);  // only the small payload is in the frame
 
   // The receiver may start before the sender fills in: it copies as the
   // bytes arrive.
-  absl::StatusOr<InMessage> in;
-  std::thread receiver([&] { in = ParseMessage(frame, &p.b); });
-  FillAll(Route{&p.a, 64 << 10}, fills);
+  absl::StatusOr<rpc::InMessage> in;
+  std::thread receiver([&] { in = rpc::ParseMessage(frame, &p.b); });
+  rpc::FillAll(channel::Route{&p.a, 64 << 10}, fills);
   receiver.join();
   ASSERT_TRUE(in.ok()) << in.status();
   ASSERT_EQ(in->payloads.size(), 2u);
@@ -269,17 +269,17 @@ TEST(ShmFrame, LargePayloadsLeaveTheFrameAndComeBack) {
   EXPECT_EQ(in->header.request().from(), 3u);
 
   // A receiver without the channel refuses such a frame clearly.
-  grpc::ByteBuffer again = SerializeMessage(m, Route{&p.a, 64 << 10});
-  auto refused = ParseMessage(again, nullptr);
+  grpc::ByteBuffer again = rpc::SerializeMessage(m, channel::Route{&p.a, 64 << 10});
+  auto refused = rpc::ParseMessage(again, nullptr);
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("shared-memory"));
 }
 
 TEST(ShmFrame, BadIndicesAreRejected) {
   Pair p;
-  OutMessage m;
+  rpc::OutMessage m;
   m.payloads = {at::zeros({1 << 17}, at::kByte)};
   m.header.add_shm_payloads()->set_payload(5);  // names no payload
-  auto r = ParseMessage(SerializeMessage(m), &p.b);
+  auto r = rpc::ParseMessage(rpc::SerializeMessage(m), &p.b);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -303,7 +303,7 @@ TEST(ShmAgents, PeersInOneProcessUseSharedMemory) {
 }
 
 TEST(ShmAgents, TurnedOffMeansGrpc) {
-  AgentOptions opts;
+  rpc::AgentOptions opts;
   opts.shared_memory = false;
   Group g(1, opts);
   EXPECT_EQ(g.master().channel_to("w1").value(), "grpc");
@@ -315,7 +315,7 @@ TEST(ShmAgents, TurnedOffMeansGrpc) {
 }
 
 TEST(ShmAgents, ThresholdIsConfigurable) {
-  AgentOptions opts;
+  rpc::AgentOptions opts;
   opts.oob_threshold_bytes = 1024;
   Group g(1, opts);
   ASSERT_TRUE(g.master().rpc_sync("w1", "echo", {at::ones({1024})}).ok());  // 4 KiB
@@ -327,63 +327,63 @@ TEST(ShmAgents, ThresholdIsConfigurable) {
 TEST(HostIdentity, HoldsTheNetworkNamespaceUnlessGivenExplicitly) {
   char net[128] = {0};
   ASSERT_GT(readlink("/proc/self/ns/net", net, sizeof(net) - 1), 0);
-  const std::string detected = HostIdentity();
-  EXPECT_THAT(detected, HasSubstr(BootId()));
+  const std::string detected = channel::HostIdentity();
+  EXPECT_THAT(detected, HasSubstr(channel::BootId()));
   EXPECT_THAT(detected, ::testing::EndsWith(absl::StrCat("/", net)));
-  EXPECT_EQ(HostIdentity("rack4-box7"), "rack4-box7");
-  EXPECT_TRUE(CheckHostId("rack4-box7").ok());
-  EXPECT_THAT(CheckHostId("two words").message(), HasSubstr("without spaces"));
-  EXPECT_FALSE(CheckHostId("").ok());
-  EXPECT_FALSE(CheckHostId(std::string(256, 'x')).ok());
+  EXPECT_EQ(channel::HostIdentity("rack4-box7"), "rack4-box7");
+  EXPECT_TRUE(channel::CheckHostId("rack4-box7").ok());
+  EXPECT_THAT(channel::CheckHostId("two words").message(), HasSubstr("without spaces"));
+  EXPECT_FALSE(channel::CheckHostId("").ok());
+  EXPECT_FALSE(channel::CheckHostId(std::string(256, 'x')).ok());
 }
 
 TEST(HostIdentity, SharedMemoryOnlyBetweenEqualHostsAndDomains) {
-  WorkerInfo a, b;
+  base::WorkerInfo a, b;
   a.host_id = b.host_id = "host/boot/net:[1]";
-  a.shm = ShmEndpoint{"boot/pid:[2]/uid0", 10, 1};
-  b.shm = ShmEndpoint{"boot/pid:[2]/uid0", 11, 2};
-  EXPECT_TRUE(SharesMemory(a, b));
-  WorkerInfo other_netns = b;
+  a.shm = base::ShmEndpoint{"boot/pid:[2]/uid0", 10, 1};
+  b.shm = base::ShmEndpoint{"boot/pid:[2]/uid0", 11, 2};
+  EXPECT_TRUE(channel::SharesMemory(a, b));
+  base::WorkerInfo other_netns = b;
   other_netns.host_id = "host/boot/net:[3]";
-  EXPECT_FALSE(SharesMemory(a, other_netns));
-  WorkerInfo unknown = b;
+  EXPECT_FALSE(channel::SharesMemory(a, other_netns));
+  base::WorkerInfo unknown = b;
   unknown.host_id.clear();
-  EXPECT_FALSE(SharesMemory(unknown, unknown));
-  WorkerInfo other_domain = b;
+  EXPECT_FALSE(channel::SharesMemory(unknown, unknown));
+  base::WorkerInfo other_domain = b;
   other_domain.shm.domain = "boot/pid:[4]/uid0";
-  EXPECT_FALSE(SharesMemory(a, other_domain));
-  WorkerInfo off = b;
+  EXPECT_FALSE(channel::SharesMemory(a, other_domain));
+  base::WorkerInfo off = b;
   off.shm.domain.clear();
-  EXPECT_FALSE(SharesMemory(off, off));
-  EXPECT_FALSE(SharesMemory(a, a));  // the same agent: its own incarnation
+  EXPECT_FALSE(channel::SharesMemory(off, off));
+  EXPECT_FALSE(channel::SharesMemory(a, a));  // the same agent: its own incarnation
   // The route follows the same rule.
-  ShmChannel shm{ShmChannel::Options{}};
-  WorkerInfo self;
+  channel::ShmChannel shm{channel::ShmChannel::Options{}};
+  base::WorkerInfo self;
   self.host_id = "h1";
-  WorkerInfo peer;
+  base::WorkerInfo peer;
   peer.host_id = "h1";
-  peer.shm = ShmChannel(ShmChannel::Options{}).endpoint();
+  peer.shm = channel::ShmChannel(channel::ShmChannel::Options{}).endpoint();
   if (shm.endpoint().domain.empty()) GTEST_SKIP() << "no sealed memfd segments on this kernel";
-  EXPECT_EQ(SelectRoute(self, peer, &shm, nullptr, 1024).shm, &shm);
+  EXPECT_EQ(channel::SelectRoute(self, peer, &shm, nullptr, 1024).shm, &shm);
   peer.host_id = "h2";
-  EXPECT_EQ(SelectRoute(self, peer, &shm, nullptr, 1024).shm, nullptr);
+  EXPECT_EQ(channel::SelectRoute(self, peer, &shm, nullptr, 1024).shm, nullptr);
 }
 
 // Agents in one process given different host ids talk through gRPC, as
 // separate hosts do; those with the same id through shared memory.
 TEST(ShmAgents, AnotherHostIdMeansGrpc) {
-  Registry registry;
+  rpc::Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
-  AgentOptions m = MasterOptions({"w1", "w2"});
+  rpc::AgentOptions m = MasterOptions({"w1", "w2"});
   m.host_id = "host-a";
-  auto master = Agent::Start(m, &registry).value();
-  std::vector<std::unique_ptr<Agent>> workers;
+  auto master = rpc::Agent::Start(m, &registry).value();
+  std::vector<std::unique_ptr<rpc::Agent>> workers;
   for (const char* host : {"host-b", "host-a"}) {
-    AgentOptions w;
+    rpc::AgentOptions w;
     w.name = absl::StrCat("w", workers.size() + 1);
     w.master_address = master->self().address;
     w.host_id = host;
-    workers.push_back(Agent::Start(w, &registry).value());
+    workers.push_back(rpc::Agent::Start(w, &registry).value());
   }
   std::vector<std::thread> joins;
   for (auto& w : workers) joins.emplace_back([&w] { EXPECT_TRUE(w->Join().ok()); });
@@ -405,9 +405,9 @@ TEST(ShmAgents, AnotherHostIdMeansGrpc) {
   for (auto& w : workers) stops.emplace_back([&w] { EXPECT_TRUE(w->Shutdown().ok()); });
   EXPECT_TRUE(master->Shutdown().ok());
   for (auto& t : stops) t.join();
-  AgentOptions bad = MasterOptions({"w1"});
+  rpc::AgentOptions bad = MasterOptions({"w1"});
   bad.host_id = "a b";
-  EXPECT_THAT(Agent::Start(bad, &registry).status().message(), HasSubstr("--host-id"));
+  EXPECT_THAT(rpc::Agent::Start(bad, &registry).status().message(), HasSubstr("--host-id"));
 }
 
 int CountRemoraFilesInDevShm() {
@@ -423,24 +423,24 @@ int CountRemoraFilesInDevShm() {
 // once it is gone, killed or not.
 TEST(ShmAgents, RealWorkersExchangeActivationsThroughSegments) {
   const int files_before = CountRemoraFilesInDevShm();
-  Registry registry;
+  rpc::Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
   auto group = launch::StartLocalGroup({"worker1", "worker2"}, &registry, {}, {}, "test_worker");
   ASSERT_TRUE(group.ok()) << group.status();
-  Agent& master = *group->master;
+  rpc::Agent& master = *group->master;
   EXPECT_EQ(master.channel_to("worker1").value(), "shm");
   {
     // worker2 fetches worker1's 2 MiB outputs with to_here(): worker to
     // worker through shared memory; the master's input and result too.
-    RRef s1 = master.remote("worker1", "Affine", {int64_t{512}, int64_t{512}, int64_t{3}}).value();
-    RRef s2 = master.remote("worker2", "Affine", {int64_t{512}, int64_t{512}, int64_t{4}}).value();
+    rpc::RRef s1 = master.remote("worker1", "Affine", {int64_t{512}, int64_t{512}, int64_t{3}}).value();
+    rpc::RRef s2 = master.remote("worker2", "Affine", {int64_t{512}, int64_t{512}, int64_t{4}}).value();
     at::Tensor w1 = s1.rpc_sync("weight").value().toTensor();
     at::Tensor w2 = s2.rpc_sync("weight").value().toTensor();
     std::vector<at::Tensor> inputs;
-    std::vector<Future<c10::IValue>> outs;
+    std::vector<rpc::Future<c10::IValue>> outs;
     for (int i = 0; i < 8; ++i) {
       inputs.push_back(at::randn({1024, 512}));
-      RRef y = s1.remote("forward", {master.local_rref(inputs.back())}).value();
+      rpc::RRef y = s1.remote("forward", {master.local_rref(inputs.back())}).value();
       outs.push_back(s2.rpc_async("forward", {y}));
     }
     for (int i = 0; i < 8; ++i) {

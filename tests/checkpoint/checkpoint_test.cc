@@ -218,7 +218,7 @@ std::vector<pipeline::StageSpec> Stages() {
           test_support::MlpSpec(Mlp(12, 16, 3)), test_support::MlpSpec(Mlp(16, 4, 4, false))};
 }
 
-std::unique_ptr<pipeline::Pipeline> MakePipeline(Agent& master, const std::vector<pipeline::StageSpec>& stages,
+std::unique_ptr<pipeline::Pipeline> MakePipeline(rpc::Agent& master, const std::vector<pipeline::StageSpec>& stages,
                                                  const std::string& schedule = "interleaved") {
   pipeline::PipelineOptions o;
   o.stages = stages;

@@ -39,7 +39,7 @@ std::vector<pipeline::StageSpec> Cut(const pipeline::SequentialModel& model, con
   return stages;
 }
 
-std::unique_ptr<pipeline::Pipeline> MakePipeline(Agent& master, const std::vector<pipeline::StageSpec>& stages,
+std::unique_ptr<pipeline::Pipeline> MakePipeline(rpc::Agent& master, const std::vector<pipeline::StageSpec>& stages,
                                                  std::vector<std::string> workers) {
   pipeline::PipelineOptions o;
   o.stages = stages;
@@ -63,7 +63,7 @@ using Batches = std::vector<std::pair<at::Tensor, at::Tensor>>;
 // A pipeline of `stages` over `workers` loaded from `ck`, trained on steps
 // [from, to) of `data`, each loss expected to be `want`'s and the state
 // after them `state`; returned (null when it could not be made or loaded).
-std::unique_ptr<pipeline::Pipeline> GoOn(Agent& master, const std::vector<pipeline::StageSpec>& stages,
+std::unique_ptr<pipeline::Pipeline> GoOn(rpc::Agent& master, const std::vector<pipeline::StageSpec>& stages,
                                          std::vector<std::string> workers, const Checkpoint& ck,
                                          const Batches& data, size_t from, size_t to,
                                          const std::vector<double>& want, const std::vector<at::Tensor>& state) {

@@ -29,7 +29,7 @@ namespace {
 // Thread-compatible; the message must outlive it.
 class Builder : public WireValues {
  public:
-  explicit Builder(OutMessage* m) : m_(m) {}
+  explicit Builder(rpc::OutMessage* m) : m_(m) {}
 
   wire::Value Tensor(const at::Tensor& t, bool requires_grad = false) {
     wire::Value v;
@@ -42,20 +42,20 @@ class Builder : public WireValues {
     return v;
   }
  private:
-  OutMessage* m_;
+  rpc::OutMessage* m_;
 };
 
-OutMessage Request(uint32_t from = 0) {
-  OutMessage m;
+rpc::OutMessage Request(uint32_t from = 0) {
+  rpc::OutMessage m;
   m.header.mutable_request()->set_from(from);
   return m;
 }
 
-std::map<std::string, OutMessage> Seeds() {
+std::map<std::string, rpc::OutMessage> Seeds() {
   using B = Builder;
-  std::map<std::string, OutMessage> seeds;
+  std::map<std::string, rpc::OutMessage> seeds;
   {
-    OutMessage m = Request();
+    rpc::OutMessage m = Request();
     wire::CallRequest call_body;
     auto* call = &call_body;
     call->set_function("echo");
@@ -75,7 +75,7 @@ std::map<std::string, OutMessage> Seeds() {
     seeds["call_scalars"] = std::move(m);
   }
   {
-    OutMessage m = Request();
+    rpc::OutMessage m = Request();
     B b(&m);
     wire::CallRequest call_body;
     auto* call = &call_body;
@@ -93,7 +93,7 @@ std::map<std::string, OutMessage> Seeds() {
     seeds["call_tensors"] = std::move(m);
   }
   {
-    OutMessage m = Request();
+    rpc::OutMessage m = Request();
     B b(&m);
     wire::CallRequest call_body;
     auto* call = &call_body;
@@ -107,7 +107,7 @@ std::map<std::string, OutMessage> Seeds() {
     seeds["call_autograd"] = std::move(m);
   }
   {
-    OutMessage m = Request();
+    rpc::OutMessage m = Request();
     B b(&m);
     wire::CallRequest call_body;
     auto* call = &call_body;
@@ -131,7 +131,7 @@ std::map<std::string, OutMessage> Seeds() {
   {
     // A method call through a user RRef, with RRef arguments: one the owner
     // sent (confirmed at once), one forwarded by a third worker (pending).
-    OutMessage m = Request(2);
+    rpc::OutMessage m = Request(2);
     wire::CallRequest call_body;
     auto* call = &call_body;
     call->set_function("forward");
@@ -144,7 +144,7 @@ std::map<std::string, OutMessage> Seeds() {
     seeds["call_method_with_rrefs"] = std::move(m);
   }
   {
-    OutMessage m = Request(0);
+    rpc::OutMessage m = Request(0);
     B b(&m);
     wire::CallRequest call_body;
     auto* call = &call_body;
@@ -157,30 +157,30 @@ std::map<std::string, OutMessage> Seeds() {
     seeds["call_remote"] = std::move(m);
   }
   {
-    OutMessage m = Request(0);
+    rpc::OutMessage m = Request(0);
     B::SetBody(m.header.mutable_request(), B::Fetch(B::Guid(0, 40), B::Guid(0, 40)));
     m.header.mutable_request()->mutable_autograd()->set_context_id(7);
     seeds["fetch"] = std::move(m);
   }
   {
-    OutMessage m = Request(2);
+    rpc::OutMessage m = Request(2);
     B::SetBody(m.header.mutable_request(), B::Fork(B::Guid(0, 40), B::Guid(3, 41)));
     seeds["fork"] = std::move(m);
   }
   {
-    OutMessage m = Request(3);
+    rpc::OutMessage m = Request(3);
     wire::ChildAccept accept;
     *accept.mutable_fork_id() = B::Guid(1, 42);
     B::SetBody(m.header.mutable_request(), accept);
     seeds["child_accept"] = std::move(m);
   }
   {
-    OutMessage m = Request(3);
+    rpc::OutMessage m = Request(3);
     B::SetBody(m.header.mutable_request(), B::Delete(B::Guid(0, 40), B::Guid(3, 41)));
     seeds["user_delete"] = std::move(m);
   }
   {
-    OutMessage m = Request(remora::kUnknownWorker);
+    rpc::OutMessage m = Request(remora::base::kUnknownWorker);
     wire::JoinRequest join;
     join.set_name("worker1");
     join.set_address("127.0.0.1:40001");
@@ -189,24 +189,24 @@ std::map<std::string, OutMessage> Seeds() {
     seeds["join"] = std::move(m);
   }
   {
-    OutMessage m = Request(0);
+    rpc::OutMessage m = Request(0);
     wire::ShutdownProbe probe;
     probe.set_release_users(true);
     B::SetBody(m.header.mutable_request(), probe);
     seeds["probe"] = std::move(m);
   }
   {
-    OutMessage m = Request(0);
+    rpc::OutMessage m = Request(0);
     B::SetBody(m.header.mutable_request(), wire::ShutdownFinish());
     seeds["finish"] = std::move(m);
   }
   {
-    OutMessage m = Request(2);
+    rpc::OutMessage m = Request(2);
     B::SetBody(m.header.mutable_request(), wire::Ping());
     seeds["ping"] = std::move(m);
   }
   {
-    OutMessage m;
+    rpc::OutMessage m;
     B b(&m);
     *m.header.mutable_response()->mutable_value() =
         B::List(wire::ELEM_ANY, {b.Tensor(at::ones({3, 2}), true),
@@ -216,7 +216,7 @@ std::map<std::string, OutMessage> Seeds() {
     seeds["response_value"] = std::move(m);
   }
   {
-    OutMessage m;
+    rpc::OutMessage m;
     auto* e = m.header.mutable_response()->mutable_error();
     e->set_code(5);
     e->set_message("no function or module named 'x'");
@@ -224,7 +224,7 @@ std::map<std::string, OutMessage> Seeds() {
     seeds["response_error"] = std::move(m);
   }
   {
-    OutMessage m;
+    rpc::OutMessage m;
     auto* r = m.header.mutable_response();
     for (int i = 0; i < 3; ++i) {
       auto* w = r->add_workers();
@@ -237,15 +237,15 @@ std::map<std::string, OutMessage> Seeds() {
     seeds["response_address_book"] = std::move(m);
   }
   {
-    OutMessage m;
+    rpc::OutMessage m;
     m.header.mutable_response()->set_active(3);
     seeds["response_probe"] = std::move(m);
   }
   return seeds;
 }
 
-std::string FrameBytes(OutMessage m) {
-  grpc::ByteBuffer buffer = SerializeMessage(std::move(m));
+std::string FrameBytes(rpc::OutMessage m) {
+  grpc::ByteBuffer buffer = rpc::SerializeMessage(std::move(m));
   std::vector<grpc::Slice> slices;
   std::string out;
   if (buffer.Dump(&slices).ok()) {

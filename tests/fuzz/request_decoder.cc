@@ -17,27 +17,27 @@ namespace {
 
 // The group as the decoding worker sees it: workers 0..kGroupSize-1; control
 // messages "succeed" at once and go nowhere. Stateless, so thread-safe.
-class FakeChannel final : public ControlChannel {
+class FakeChannel final : public rpc::ControlChannel {
  public:
-  Future<Empty> SendControl(WorkerId dst, wire::Request request) override {
-    return Future<Empty>::Ready(Empty{});
+  rpc::Future<rpc::Empty> SendControl(base::WorkerId dst, wire::Request request) override {
+    return rpc::Future<rpc::Empty>::Ready(rpc::Empty{});
   }
-  std::string NameOf(WorkerId id) const override { return absl::StrCat("worker", id); }
-  bool IsKnown(WorkerId id) const override { return id < kGroupSize; }
+  std::string NameOf(base::WorkerId id) const override { return absl::StrCat("worker", id); }
+  bool IsKnown(base::WorkerId id) const override { return id < kGroupSize; }
 };
 
 // The channel's membership, as rpc/request_checks.h asks for it.
 auto Member(const FakeChannel& channel) {
-  return [&channel](WorkerId id) { return channel.IsKnown(id); };
+  return [&channel](base::WorkerId id) { return channel.IsKnown(id); };
 }
 
 // Every id names a member of the group (rpc/request_checks.h).
 absl::Status CheckIds(const FakeChannel& channel, std::initializer_list<wire::Guid> ids) {
   for (const wire::Guid& g : ids) {
-    if (g.worker() > kUnknownWorker) {
+    if (g.worker() > base::kUnknownWorker) {
       return absl::InvalidArgumentError(absl::StrCat("id of worker ", g.worker(), " out of range"));
     }
-    RETURN_IF_ERROR(remora::CheckIds("request", {FromWire(g)}, Member(channel)));
+    RETURN_IF_ERROR(remora::rpc::CheckIds("request", {rpc::FromWire(g)}, Member(channel)));
   }
   return absl::OkStatus();
 }
@@ -50,51 +50,51 @@ bool Is(const wire::Request& r) {
 // Parses the body as a `Body`, as the dispatch table does (rpc/dispatch.h).
 template <typename Body>
 absl::Status Parses(const wire::Request& r) {
-  return RequestBody<Body>(r).status();
+  return wire::RequestBody<Body>(r).status();
 }
 
 // What the agent checks before it acts on a request, then decoding every
 // value as its handlers would.
-absl::Status DecodeRequest(const wire::Request& r, DecodeContext& ctx,
+absl::Status DecodeRequest(const wire::Request& r, rpc::DecodeContext& ctx,
                            const FakeChannel& channel) {
   // A joining worker has no id yet: the agent handles joins before
   // CheckSender (and only on the master).
   if (Is<wire::JoinRequest>(r)) {
-    ASSIGN_OR_RETURN(wire::JoinRequest join, RequestBody<wire::JoinRequest>(r));
-    return IsValidWorkerName(join.name()) ? absl::OkStatus()
+    ASSIGN_OR_RETURN(wire::JoinRequest join, wire::RequestBody<wire::JoinRequest>(r));
+    return base::IsValidWorkerName(join.name()) ? absl::OkStatus()
                                           : absl::InvalidArgumentError("invalid worker name");
   }
-  RETURN_IF_ERROR(CheckSender(r, Member(channel)));
-  RETURN_IF_ERROR(CheckContext(r, Member(channel)));
+  RETURN_IF_ERROR(rpc::CheckSender(r, Member(channel)));
+  RETURN_IF_ERROR(rpc::CheckContext(r, Member(channel)));
   if (Is<wire::CallRequest>(r)) {
-    ASSIGN_OR_RETURN(wire::CallRequest call, RequestBody<wire::CallRequest>(r));
-    RETURN_IF_ERROR(CheckCall(call, static_cast<WorkerId>(r.from())));
+    ASSIGN_OR_RETURN(wire::CallRequest call, wire::RequestBody<wire::CallRequest>(r));
+    RETURN_IF_ERROR(rpc::CheckCall(call, static_cast<base::WorkerId>(r.from())));
     for (const auto& arg : call.args()) {
-      auto v = DecodeValue(arg, ctx);
-      if (!v.ok()) return Annotate(v.status(), "decoding the arguments");
+      auto v = rpc::DecodeValue(arg, ctx);
+      if (!v.ok()) return base::Annotate(v.status(), "decoding the arguments");
     }
     if (call.has_self()) {
-      auto v = DecodeValue(call.self(), ctx);
-      if (!v.ok()) return Annotate(v.status(), "decoding the RRef");
+      auto v = rpc::DecodeValue(call.self(), ctx);
+      if (!v.ok()) return base::Annotate(v.status(), "decoding the RRef");
       if (!v->isRRef()) return absl::InvalidArgumentError("a method call must target an RRef");
     }
     if (call.has_caller_fork()) RETURN_IF_ERROR(CheckIds(channel, {call.caller_fork()}));
     return absl::OkStatus();
   }
   if (Is<wire::FetchRequest>(r)) {
-    ASSIGN_OR_RETURN(wire::FetchRequest f, RequestBody<wire::FetchRequest>(r));
+    ASSIGN_OR_RETURN(wire::FetchRequest f, wire::RequestBody<wire::FetchRequest>(r));
     return CheckIds(channel, {f.rref_id(), f.fork_id()});
   }
   if (Is<wire::ForkRequest>(r)) {
-    ASSIGN_OR_RETURN(wire::ForkRequest f, RequestBody<wire::ForkRequest>(r));
+    ASSIGN_OR_RETURN(wire::ForkRequest f, wire::RequestBody<wire::ForkRequest>(r));
     return CheckIds(channel, {f.rref_id(), f.fork_id()});
   }
   if (Is<wire::ChildAccept>(r)) {
-    ASSIGN_OR_RETURN(wire::ChildAccept a, RequestBody<wire::ChildAccept>(r));
+    ASSIGN_OR_RETURN(wire::ChildAccept a, wire::RequestBody<wire::ChildAccept>(r));
     return CheckIds(channel, {a.fork_id()});
   }
   if (Is<wire::UserDelete>(r)) {
-    ASSIGN_OR_RETURN(wire::UserDelete d, RequestBody<wire::UserDelete>(r));
+    ASSIGN_OR_RETURN(wire::UserDelete d, wire::RequestBody<wire::UserDelete>(r));
     return CheckIds(channel, {d.rref_id(), d.fork_id()});
   }
   if (Is<wire::ShutdownProbe>(r)) return Parses<wire::ShutdownProbe>(r);
@@ -107,17 +107,17 @@ absl::Status DecodeRequest(const wire::Request& r, DecodeContext& ctx,
   return absl::InvalidArgumentError("unknown request kind");
 }
 
-absl::Status DecodeResponse(const wire::Response& r, DecodeContext& ctx) {
+absl::Status DecodeResponse(const wire::Response& r, rpc::DecodeContext& ctx) {
   if (r.has_error()) {
     if (r.error().code() <= 0) return absl::InvalidArgumentError("error without a code");
     return absl::OkStatus();
   }
   for (const auto& w : r.workers()) {
-    if (!IsValidWorkerName(w.name())) return absl::InvalidArgumentError("invalid worker name");
+    if (!base::IsValidWorkerName(w.name())) return absl::InvalidArgumentError("invalid worker name");
   }
   if (r.has_value()) {
-    auto v = DecodeValue(r.value(), ctx);
-    if (!v.ok()) return Annotate(v.status(), "decoding the reply");
+    auto v = rpc::DecodeValue(r.value(), ctx);
+    if (!v.ok()) return base::Annotate(v.status(), "decoding the reply");
   }
   return absl::OkStatus();
 }
@@ -125,13 +125,13 @@ absl::Status DecodeResponse(const wire::Response& r, DecodeContext& ctx) {
 }  // namespace
 
 absl::Status DecodeRequestFrame(const grpc::ByteBuffer& frame) {
-  auto message = ParseMessage(frame);
+  auto message = rpc::ParseMessage(frame);
   if (!message.ok()) return message.status();
   FakeChannel channel;
-  auto rrefs = std::make_shared<RRefContext>(kSelf, nullptr, &channel, nullptr);
-  std::vector<Future<Empty>> pending;
+  auto rrefs = std::make_shared<rpc::RRefContext>(kSelf, nullptr, &channel, nullptr);
+  std::vector<rpc::Future<rpc::Empty>> pending;
   std::vector<at::Tensor> grad_tensors;
-  DecodeContext ctx{rrefs.get(), &message->payloads, &pending, &grad_tensors};
+  rpc::DecodeContext ctx{rrefs.get(), &message->payloads, &pending, &grad_tensors};
   const wire::Header& header = message->header;
   if (header.has_request() == header.has_response()) {
     return absl::InvalidArgumentError("a frame holds exactly one of request and response");

@@ -84,12 +84,12 @@ TEST(WorkerProgram, ExitsWithAClearMessageWhenTheMasterNeverAppears) {
 }
 
 TEST(WorkerProgram, HonoursMasterAddrAndPort) {
-  Registry registry;
+  rpc::Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
   const int port = FreePort();
-  AgentOptions m = MasterOptions({"w1"});
+  rpc::AgentOptions m = MasterOptions({"w1"});
   m.listen_address = absl::StrCat("127.0.0.1:", port);
-  auto master = Agent::Start(m, &registry).value();
+  auto master = rpc::Agent::Start(m, &registry).value();
   auto worker = launch::Subprocess::Spawn({kBin + "/test_worker", "--name", "w1"}, "",
                                           {"MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", port)})
                     .value();
@@ -100,22 +100,22 @@ TEST(WorkerProgram, HonoursMasterAddrAndPort) {
 }
 
 TEST(MultiProcess, PipelineAndRRefsAcrossRealWorkers) {
-  Registry registry;
+  rpc::Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
   auto group = launch::StartLocalGroup({"worker1", "worker2"}, &registry, {}, {}, "test_worker");
   ASSERT_TRUE(group.ok()) << group.status();
-  Agent& master = *group->master;
+  rpc::Agent& master = *group->master;
   {
-    RRef s1 = master.remote("worker1", "Affine", {int64_t{8}, int64_t{6}, int64_t{3}}).value();
-    RRef s2 = master.remote("worker2", "Affine", {int64_t{6}, int64_t{2}, int64_t{4}}).value();
+    rpc::RRef s1 = master.remote("worker1", "Affine", {int64_t{8}, int64_t{6}, int64_t{3}}).value();
+    rpc::RRef s2 = master.remote("worker2", "Affine", {int64_t{6}, int64_t{2}, int64_t{4}}).value();
     at::Tensor w1 = s1.rpc_sync("weight").value().toTensor();
     at::Tensor w2 = s2.rpc_sync("weight").value().toTensor();
-    std::vector<Future<c10::IValue>> outs;
+    std::vector<rpc::Future<c10::IValue>> outs;
     std::vector<at::Tensor> inputs;
     for (int i = 0; i < 200; ++i) {
       inputs.push_back(at::randn({3, 8}));
-      RRef x = master.local_rref(inputs.back());
-      RRef y = s1.remote("forward", {x}).value();
+      rpc::RRef x = master.local_rref(inputs.back());
+      rpc::RRef y = s1.remote("forward", {x}).value();
       outs.push_back(s2.rpc_async("forward", {y}));
     }
     for (int i = 0; i < 200; ++i) {
@@ -149,9 +149,9 @@ TEST(MultiProcess, PipelineAndRRefsAcrossRealWorkers) {
 }
 
 TEST(MultiProcess, DuplicateWorkerNameExitsWithAnError) {
-  Registry registry;
-  AgentOptions m = MasterOptions({"w1", "w2"});
-  auto master = Agent::Start(m, &registry).value();
+  rpc::Registry registry;
+  rpc::AgentOptions m = MasterOptions({"w1", "w2"});
+  auto master = rpc::Agent::Start(m, &registry).value();
   const std::string addr = master->self().address;
   // Two processes claim "w1"; whichever registers second is refused.
   std::vector<std::unique_ptr<launch::Subprocess>> twins;
@@ -193,8 +193,8 @@ TEST(MultiProcess, DuplicateWorkerNameExitsWithAnError) {
 // registers (here: a flag it does not know), fails at once naming it,
 // instead of waiting for the connect timeout and advising to start it.
 TEST(MultiProcess, ALocalGroupWhoseWorkerCannotStartFailsAtOnceNamingIt) {
-  Registry registry;
-  AgentOptions options;
+  rpc::Registry registry;
+  rpc::AgentOptions options;
   options.connect_timeout = absl::Seconds(60);
   auto missing = launch::StartLocalGroup({"w1"}, &registry, {}, options, "no_such_worker");
   ASSERT_FALSE(missing.ok());
@@ -251,9 +251,9 @@ TEST(Master, MasterCentredStepsAreTimedAsTheyRun) {
 }
 
 TEST(Failure, WorkerExitsNonZeroWhenTheMasterIsGone) {
-  Registry registry;
-  AgentOptions m = MasterOptions({"w1"});
-  auto master = Agent::Start(m, &registry).value();
+  rpc::Registry registry;
+  rpc::AgentOptions m = MasterOptions({"w1"});
+  auto master = rpc::Agent::Start(m, &registry).value();
   const std::string out = absl::StrCat(testing::TempDir(), "/remora_", getpid(), "_gone.txt");
   auto worker = launch::Subprocess::Spawn(
                     {kBin + "/worker", "--name", "w1", "--master", master->self().address}, out)
@@ -269,7 +269,7 @@ TEST(Failure, WorkerExitsNonZeroWhenTheMasterIsGone) {
 }
 
 TEST(Failure, KilledWorkerFailsPendingCallsQuicklyWithItsName) {
-  Registry registry;
+  rpc::Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
   auto group = launch::StartLocalGroup({"worker1"}, &registry, {}, {}, "test_worker");
   ASSERT_TRUE(group.ok()) << group.status();
@@ -298,11 +298,11 @@ TEST(Failure, KilledWorkerFailsPendingCallsQuicklyWithItsName) {
 }
 
 TEST(Security, WorkerProgramUsesTheTokenFile) {
-  Registry registry;
+  rpc::Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
-  AgentOptions m = MasterOptions({"w1"});
+  rpc::AgentOptions m = MasterOptions({"w1"});
   m.token = "group-secret";
-  auto master = Agent::Start(m, &registry).value();
+  auto master = rpc::Agent::Start(m, &registry).value();
   const std::string good = TempPath("good.token"), bad = TempPath("bad.token");
   std::ofstream(good) << "group-secret\n";
   std::ofstream(bad) << "not-the-secret\n";
@@ -327,24 +327,24 @@ TEST(Security, WorkerProgramUsesTheTokenFile) {
 
 TEST(Security, WorkerProgramsTalkMutualTls) {
   const TestPki pki = MakeTestPki("mp");
-  Registry registry;
+  rpc::Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
-  AgentOptions options;
+  rpc::AgentOptions options;
   options.tls = pki.tls();
   auto group =
       launch::StartLocalGroup({"worker1", "worker2"}, &registry, pki.files().WorkerArgs(), options,
                               "test_worker");
   ASSERT_TRUE(group.ok()) << group.status();
-  Agent& master = *group->master;
+  rpc::Agent& master = *group->master;
   EXPECT_EQ(master.rpc_sync("worker1", "add", {int64_t{2}, int64_t{3}}).value().toInt(), 5);
   {
     // worker2 fetches worker1's result: a TLS connection between two workers.
-    RRef s1 = master.remote("worker1", "Affine", {int64_t{4}, int64_t{3}, int64_t{1}}).value();
-    RRef s2 = master.remote("worker2", "Affine", {int64_t{3}, int64_t{2}, int64_t{2}}).value();
+    rpc::RRef s1 = master.remote("worker1", "Affine", {int64_t{4}, int64_t{3}, int64_t{1}}).value();
+    rpc::RRef s2 = master.remote("worker2", "Affine", {int64_t{3}, int64_t{2}, int64_t{2}}).value();
     at::Tensor w1 = s1.rpc_sync("weight").value().toTensor();
     at::Tensor w2 = s2.rpc_sync("weight").value().toTensor();
     at::Tensor x = at::randn({2, 4});
-    RRef y = s1.remote("forward", {master.local_rref(x)}).value();
+    rpc::RRef y = s1.remote("forward", {master.local_rref(x)}).value();
     auto z = s2.rpc_sync("forward", {y});
     ASSERT_TRUE(z.ok()) << z.status();
     EXPECT_TRUE(at::allclose(z->toTensor(), at::matmul(at::matmul(x, w1.t()), w2.t()), 1e-5,
@@ -353,10 +353,10 @@ TEST(Security, WorkerProgramsTalkMutualTls) {
   EXPECT_TRUE(group->Shutdown().ok());  // every worker exits 0
 
   // A plaintext worker program cannot join a TLS master, and says why.
-  AgentOptions m = MasterOptions({"w1"});
+  rpc::AgentOptions m = MasterOptions({"w1"});
   m.tls = pki.tls();
   m.connect_timeout = absl::Seconds(5);
-  auto tls_master = Agent::Start(m, &registry).value();
+  auto tls_master = rpc::Agent::Start(m, &registry).value();
   auto [code, out] = RunProgram({kBin + "/worker", "--name", "w1", "--master",
                                  tls_master->self().address, "--connect-timeout", "2"});
   EXPECT_EQ(code, 1);
@@ -415,11 +415,11 @@ size_t WriteRaw(int port, const std::string& bytes) {
 }
 
 TEST(Robustness, WorkerSurvivesRandomBytesAndGarbageCalls) {
-  Registry registry;
+  rpc::Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
   auto group = launch::StartLocalGroup({"worker1"}, &registry, {}, {}, "test_worker");
   ASSERT_TRUE(group.ok()) << group.status();
-  Agent& master = *group->master;
+  rpc::Agent& master = *group->master;
   const std::string address = master.worker("worker1").value().address;
   const int port = std::stoi(address.substr(address.rfind(':') + 1));
   std::mt19937_64 rng(20240611);
@@ -465,7 +465,7 @@ TEST(Robustness, WorkerSurvivesRandomBytesAndGarbageCalls) {
       continue;
     }
     grpc::Slice slice(*reply);
-    auto parsed = ParseMessage(grpc::ByteBuffer(&slice, 1));
+    auto parsed = rpc::ParseMessage(grpc::ByteBuffer(&slice, 1));
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_TRUE(parsed->header.response().has_error());
     ++error_replies;
@@ -477,7 +477,7 @@ TEST(Robustness, WorkerSurvivesRandomBytesAndGarbageCalls) {
   // The worker still serves, RRefs included, and shuts down cleanly.
   EXPECT_EQ(master.rpc_sync("worker1", "add", {int64_t{20}, int64_t{22}}).value().toInt(), 42);
   {
-    RRef r = master.remote("worker1", "echo", {at::randn({4})}).value();
+    rpc::RRef r = master.remote("worker1", "echo", {at::randn({4})}).value();
     EXPECT_TRUE(r.to_here().ok());
   }
   EXPECT_TRUE(group->workers[0]->running());
@@ -514,15 +514,15 @@ std::set<int> ListeningPorts(pid_t pid) {
 grpc::StatusCode CallWithoutToken(int port) {
   auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
   grpc::GenericStub stub(channel);
-  OutMessage m;
+  rpc::OutMessage m;
   wire::CallRequest call;
   call.set_function("remora.pipeline.alive");
-  *m.header.mutable_request() = MakeRequest(call);
+  *m.header.mutable_request() = wire::MakeRequest(call);
   m.header.mutable_request()->set_from(0);
-  grpc::ByteBuffer request = SerializeMessage(std::move(m)), response;
+  grpc::ByteBuffer request = rpc::SerializeMessage(std::move(m)), response;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  Future<grpc::Status> done;
+  rpc::Future<grpc::Status> done;
   stub.UnaryCall(&ctx, "/remora.Agent/Call", grpc::StubOptions(), &request, &response,
                  [done](grpc::Status st) mutable { done.SetValue(st); });
   return done.wait().value().error_code();
@@ -582,11 +582,11 @@ TEST(Security, EveryPortOfAJobWithATokenRefusesACallWithoutIt) {
 }
 
 TEST(Load, TenThousandConcurrentCallsToOneWorkerAllComplete) {
-  Registry registry;
+  rpc::Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
   auto group = launch::StartLocalGroup({"worker1"}, &registry, {}, {}, "test_worker");
   ASSERT_TRUE(group.ok()) << group.status();
-  std::vector<Future<c10::IValue>> futures;
+  std::vector<rpc::Future<c10::IValue>> futures;
   futures.reserve(10000);
   for (int64_t i = 0; i < 10000; ++i) {
     futures.push_back(group->master->rpc_async("worker1", "add", {i, int64_t{1}}));
@@ -600,14 +600,14 @@ TEST(Load, TenThousandConcurrentCallsToOneWorkerAllComplete) {
 }
 
 TEST(Restart, WorkerRejoinsANewMasterOnTheSamePortAtOnce) {
-  Registry registry;
+  rpc::Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
   const int port = FreePort();
   for (int round = 0; round < 2; ++round) {
-    AgentOptions m = MasterOptions({"w1"});
+    rpc::AgentOptions m = MasterOptions({"w1"});
     m.listen_address = absl::StrCat("127.0.0.1:", port);
     m.connect_timeout = absl::Seconds(20);
-    auto master = Agent::Start(m, &registry);
+    auto master = rpc::Agent::Start(m, &registry);
     ASSERT_TRUE(master.ok()) << "round " << round << ": " << master.status();
     auto worker = launch::Subprocess::Spawn({kBin + "/test_worker", "--name", "w1", "--master",
                                           (*master)->self().address})

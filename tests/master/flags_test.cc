@@ -630,11 +630,11 @@ TEST(MasterFlags, TextTrainsTheBuiltInGptSizedByItsFlags) {
   // Tied embeddings unless told otherwise: in the model's identity, so a
   // checkpoint of the other kind is not resumed.
   EXPECT_TRUE(c.tie_embeddings);
-  EXPECT_EQ(DecodeCall<shards::GptArgs>(part.args).value().tie, 1);
+  EXPECT_EQ(rpc::DecodeCall<shards::GptArgs>(part.args).value().tie, 1);
   EXPECT_THAT(IdentityOf(c, 1).model, HasSubstr(" tie-embeddings"));
   auto untied = ParseCommandLine({"--local", "--dataset", "text:book.txt", "--tie-embeddings=false"});
   ASSERT_TRUE(untied.ok()) << untied.status();
-  EXPECT_EQ(DecodeCall<shards::GptArgs>(GptPart(untied->config, 0, 6).args).value().tie, 0);
+  EXPECT_EQ(rpc::DecodeCall<shards::GptArgs>(GptPart(untied->config, 0, 6).args).value().tie, 0);
   EXPECT_THAT(IdentityOf(untied->config, 1).model, Not(HasSubstr("tie")));
   EXPECT_THAT(ParseCommandLine({"--local", "--dataset", "fashion-mnist", "--tie-embeddings=false"})->note,
               HasSubstr("tie-embeddings without --dataset text:PATH"));

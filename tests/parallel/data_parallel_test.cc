@@ -92,7 +92,7 @@ DataParallelOptions TwoPlainReplicas() {
 // Trains `stages` with `replicas` replicas over `workers` and compares
 // with one process: losses, every replica's parameters, replicas equal.
 // `device`: the stages' (default: the workers' home device).
-void ExpectParity(Agent& master, const std::vector<std::string>& workers, int replicas,
+void ExpectParity(rpc::Agent& master, const std::vector<std::string>& workers, int replicas,
                   const std::vector<shards::MLPStageOptions>& stages, const std::string& schedule,
                   bool overlap, const std::string& device = "", double tolerance = 1e-5) {
   SCOPED_TRACE(absl::StrCat(schedule, ", ", replicas, " replicas over ", workers.size(),
@@ -146,7 +146,7 @@ void ExpectParity(Agent& master, const std::vector<std::string>& workers, int re
 // the group's calls (a group with a token: the store's calls carry it);
 // two members meet through it and sum, with no store port of their own.
 TEST(RpcStore, MembersMeetThroughTheMastersKeysOverTheirAgents) {
-  AgentOptions secured;
+  rpc::AgentOptions secured;
   secured.token = "a-token";
   Group g(2, secured);
   RpcStore a(&g.worker(1), "t/"), b(&g.worker(2), "t/");
@@ -308,12 +308,12 @@ TEST(DataParallel, BadTopologiesAndMismatchedReplicasAreClearErrors) {
   auto pa = pipeline::Pipeline::Create(workers.master(), a).value();
   auto pb = pipeline::Pipeline::Create(workers.master(), b).value();
   auto store = StoreServer::Start("127.0.0.1").value();
-  std::vector<RRef> groups;
+  std::vector<rpc::RRef> groups;
   int rank = 0;
   for (auto* p : {pa.get(), pb.get()}) {
     c10::impl::GenericList list(c10::AnyType::get());
-    const std::vector<RRef> mine = optim::parameter_rrefs(p->stages()[0]).value();
-    for (const RRef& x : mine) list.push_back(x.ToIValue());
+    const std::vector<rpc::RRef> mine = optim::parameter_rrefs(p->stages()[0]).value();
+    for (const rpc::RRef& x : mine) list.push_back(x.ToIValue());
     parallel::MakeGradientGroupRequest g;
     g.store_host = store->host();
     g.store_port = store->port();
@@ -325,11 +325,12 @@ TEST(DataParallel, BadTopologiesAndMismatchedReplicasAreClearErrors) {
     g.overlap = true;
     g.stage_indices = {0};
     g.stage_params = {list};
-    groups.push_back(
-        workers.master().remote(p->worker_of(0), parallel::MakeGradientGroupRequest::kFunction, EncodeCall(g)).value());
+    groups.push_back(workers.master()
+                         .remote(p->worker_of(0), parallel::MakeGradientGroupRequest::kFunction, rpc::EncodeCall(g))
+                         .value());
   }
   auto made = groups[1].rpc_sync(parallel::GroupDiscardRequest::kMethod,
-                                 EncodeCall(parallel::GroupDiscardRequest{{-1}}));
+                                 rpc::EncodeCall(parallel::GroupDiscardRequest{{-1}}));
   ASSERT_FALSE(made.ok());
   EXPECT_THAT(made.status().message(), HasSubstr("worker 'w2'"));
   EXPECT_THAT(made.status().message(), HasSubstr("every replica must build the same stages"));
@@ -411,7 +412,7 @@ TEST(DataParallel, AReplicaThatDiesFailsTheStepWithinTheTimeout) {
 // (or a build without NCCL groups) sum over Gloo in host memory instead.
 TEST(CudaProcessGroup, MembersOnGpusSumOverNcclOrOverGlooWhenTheyShareOne) {
   if (!HaveGloo()) GTEST_SKIP() << "built without Gloo";
-  const int gpus = LocalGpuCount();
+  const int gpus = channel::LocalGpuCount();
   if (gpus == 0) GTEST_SKIP() << "no GPU here";
   auto store = StoreServer::Start("127.0.0.1");
   ASSERT_TRUE(store.ok()) << store.status();
@@ -454,7 +455,7 @@ TEST(CudaProcessGroup, MembersOnGpusSumOverNcclOrOverGlooWhenTheyShareOne) {
 // same).
 TEST(CudaDataParallel, ReplicasOfACudaStageMatchOneProcess) {
   if (!HaveGloo()) GTEST_SKIP() << "built without Gloo";
-  if (LocalGpuCount() == 0) GTEST_SKIP() << "no GPU here";
+  if (channel::LocalGpuCount() == 0) GTEST_SKIP() << "no GPU here";
   // Workers on the GPU, as users start them: their activations go to each
   // other's cuda:0 (worker --device-map auto), to the master's CPU.
   Workers workers(4, "worker", {"--device", "cuda:0"});

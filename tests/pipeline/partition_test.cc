@@ -194,7 +194,7 @@ using Workers = test_support::TestWorkers;
 
 // One SGD step's losses for `steps` batches through the pipeline (the
 // loss: cross-entropy over rows, or the loss registered as `loss`).
-std::vector<double> Train(Agent& agent, std::vector<StageSpec> stages, const at::Tensor& x,
+std::vector<double> Train(rpc::Agent& agent, std::vector<StageSpec> stages, const at::Tensor& x,
                           const at::Tensor& t, int steps, const std::string& loss = "") {
   PipelineOptions o;
   o.stages = std::move(stages);
@@ -513,7 +513,7 @@ TEST(ScriptCut, FormsItCannotCutAreClearErrors) {
 }
 
 // `model` cut before its layers 1, 2 and 3 into four stages, two a worker.
-absl::StatusOr<Partitioning> FourStagesOverTwo(Agent& agent, const SequentialModel& model) {
+absl::StatusOr<Partitioning> FourStagesOverTwo(rpc::Agent& agent, const SequentialModel& model) {
   PartitionOptions given;
   given.split_at = {1, 2, 3};
   given.stages_per_worker = 2;

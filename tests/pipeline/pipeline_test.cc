@@ -472,9 +472,9 @@ TEST(Pipeline, StepsStartedAheadTrainAsStepsRunOneByOne) {
     SCOPED_TRACE("the second batch's calls sent before the first's");
     auto pipe = Pipeline::Create(workers.master(), o);
     ASSERT_TRUE(pipe.ok()) << pipe.status();
-    Agent& master = workers.master();
-    const int64_t first = dist_autograd::NewContextId(master).value();
-    const int64_t second = dist_autograd::NewContextId(master).value();
+    rpc::Agent& master = workers.master();
+    const int64_t first = autograd::NewContextId(master).value();
+    const int64_t second = autograd::NewContextId(master).value();
     // As StartStep sends it.
     auto run = [&](const std::string& w, int64_t context, int64_t after, int i) {
       pipeline::RunRequest r;
@@ -484,12 +484,12 @@ TEST(Pipeline, StepsStartedAheadTrainAsStepsRunOneByOne) {
       if (w == "w1") r.inputs = data[i].first;
       if (w == "w2") r.targets = data[i].second;
       r.total_rows = 12;
-      return master.rpc_async(w, pipeline::RunRequest::kFunction, EncodeCall(r));
+      return master.rpc_async(w, pipeline::RunRequest::kFunction, rpc::EncodeCall(r));
     };
-    std::vector<Future<c10::IValue>> later = {run("w1", second, first, 1), run("w2", second, first, 1)};
+    std::vector<rpc::Future<c10::IValue>> later = {run("w1", second, first, 1), run("w2", second, first, 1)};
     absl::SleepFor(absl::Milliseconds(300));
     EXPECT_FALSE(later[0].ready() || later[1].ready()) << "the second batch ran before the first came";
-    std::vector<Future<c10::IValue>> earlier = {run("w1", first, -1, 0), run("w2", first, -1, 0)};
+    std::vector<rpc::Future<c10::IValue>> earlier = {run("w1", first, -1, 0), run("w2", first, -1, 0)};
     std::vector<double> losses;
     for (auto* replies : {&earlier, &later}) {
       for (auto& r : *replies) ASSERT_TRUE(r.wait().ok()) << r.wait().status();
@@ -533,7 +533,7 @@ TEST(Pipeline, AFailedStepWithTheNextStartedFailsAloneAndLeavesNothingWaiting) {
 
 TEST(Pipeline, BadStagesAreClearErrorsNamingTheStageAndTheWorker) {
   Workers workers;
-  Agent& master = workers.master();
+  rpc::Agent& master = workers.master();
   const StageSpec good = Spec(Mlp(8, 16, 1));
   ExpectError(Pipeline::Create(master, TwoStages(good, StageSpec::TorchScript("not a zip", "bad.pt")))
                   .status(),
@@ -573,7 +573,7 @@ TEST(Pipeline, BadStagesAreClearErrorsNamingTheStageAndTheWorker) {
 // nothing is left waiting for the compute lane on either worker.
 TEST(Pipeline, AFailedBatchLeavesNothingWaitingOnTheWorkers) {
   Workers workers(2, "test_worker");  // for lane_queued
-  Agent& master = workers.master();
+  rpc::Agent& master = workers.master();
   PipelineOptions o = TwoStagesIn1F1B(Spec(Mlp(8, 16, 1)), Spec(Mlp(8, 4, 2, false)));  // 16 != 8
   auto pipe = Pipeline::Create(master, o);
   ASSERT_TRUE(pipe.ok()) << pipe.status();
@@ -646,7 +646,7 @@ TEST(Pipeline, AStalledOrDeadWorkerFailsTheStepWithinTenSecondsNamingIt) {
 
 TEST(Pipeline, BadOptionsAreClearErrors) {
   Workers workers;
-  Agent& master = workers.master();
+  rpc::Agent& master = workers.master();
   const StageSpec a = Spec(Mlp(8, 8, 1));
   PipelineOptions three = TwoStages(a, a);
   three.stages.push_back(a);

@@ -120,7 +120,7 @@ TEST(Pipeline, EveryPassOnAWorkerRunsOnItsLaneThread) {
     const auto threads = PassThreadsOf(workers, w, &passes);
     EXPECT_EQ(passes, (std::set<std::string>{"backward", "forward"})) << w;
     ASSERT_EQ(threads.size(), 1u) << w;
-    EXPECT_EQ(threads[0].first, ThreadPool::kLaneThreadName) << w;
+    EXPECT_EQ(threads[0].first, rpc::ThreadPool::kLaneThreadName) << w;
   }
 }
 
@@ -134,7 +134,7 @@ TEST(Pipeline, WithTheLaneOffPassesRunOnThePoolsThreads) {
   for (const char* w : {"w1", "w2"}) {
     const auto threads = PassThreadsOf(workers, w);
     ASSERT_FALSE(threads.empty()) << w;
-    for (const auto& [name, id] : threads) EXPECT_EQ(name, ThreadPool::kThreadName) << w << " " << id;
+    for (const auto& [name, id] : threads) EXPECT_EQ(name, rpc::ThreadPool::kThreadName) << w << " " << id;
   }
 }
 

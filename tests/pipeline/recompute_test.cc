@@ -159,9 +159,11 @@ TEST(Pipeline, Bf16StagesTrainAsOneProcessUnderAutocastAndSendBf16) {
     o.optimizer = lo.optimizer;
     auto pipe = Pipeline::Create(workers.master(), o);
     ASSERT_TRUE(pipe.ok()) << pipe.status();
-    const c10::IValue out = (*pipe)->stages()[0]
-                                .rpc_sync(StageEvalRequest::kMethod, EncodeCall(StageEvalRequest{data[0].first, 0}))
-                                .value();
+    const c10::IValue out =
+        (*pipe)
+            ->stages()[0]
+            .rpc_sync(StageEvalRequest::kMethod, rpc::EncodeCall(StageEvalRequest{data[0].first, 0}))
+            .value();
     EXPECT_EQ(out.toTensor().scalar_type(), at::kBFloat16);
     bool differs = false;
     for (size_t i = 0; i < data.size(); ++i) {

@@ -219,11 +219,12 @@ TEST(Schedule, OrdersCrossTheWireAsTriplesAndBadOnesAreNamed) {
   const Schedule zb = MakeSchedule("zbv", 2, 2, 4).value();
   const std::vector<int64_t> flat = EncodeOrder(zb.actions[1]);
   ASSERT_EQ(flat.size(), 3 * zb.actions[1].size());
-  const std::vector<LaneAction> lane = DecodeOrder(flat, 7, "remora.pipeline.set_order");
+  const std::vector<runtime::LaneAction> lane = DecodeOrder(flat, 7, "remora.pipeline.set_order");
   ASSERT_EQ(lane.size(), zb.actions[1].size());
   for (size_t i = 0; i < lane.size(); ++i) {
     const Action& a = zb.actions[1][i];
-    EXPECT_EQ(lane[i], (LaneAction{7, a.stage, a.micro_batch, a.kind != Action::kForward, a.kind == Action::kWeight}))
+    EXPECT_EQ(lane[i],
+              (runtime::LaneAction{7, a.stage, a.micro_batch, a.kind != Action::kForward, a.kind == Action::kWeight}))
         << a.ToString();
   }
   try {

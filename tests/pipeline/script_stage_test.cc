@@ -65,7 +65,7 @@ std::vector<double> TrainHere(const std::vector<std::string>& bytes, const Batch
 // `stages` over workers w1, w2 trained on `data` as TrainHere trains them:
 // each step's loss within 1e-5 of `want`'s; stage 0's first parameter
 // after them as `first` (when given) has it.
-void ExpectPipelineTrainsAlike(Agent& master, std::vector<StageSpec> stages, const std::string& schedule,
+void ExpectPipelineTrainsAlike(rpc::Agent& master, std::vector<StageSpec> stages, const std::string& schedule,
                                const Batches& data, const std::vector<double>& want, const at::Tensor& first) {
   PipelineOptions o;
   o.stages = std::move(stages);
@@ -151,7 +151,7 @@ void ExpectError(const absl::Status& s, const std::vector<std::string>& parts) {
 // declares, without the interpreter's traceback.
 TEST(Pipeline, InputsAStageDoesNotTakeAreNamedElementByElement) {
   test_support::TestWorkers workers;
-  Agent& master = workers.master();
+  rpc::Agent& master = workers.master();
   // Stage 0 hands on its output and each row's largest column (int64).
   torch::jit::Module pair("Pair");
   pair.register_module("fc", test_support::ScriptLinear(8, 16, 1, false));

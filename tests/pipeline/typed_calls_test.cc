@@ -74,9 +74,9 @@ EveryKind Filled() {
 
 TEST(TypedCall, WhatOneSideEncodesTheOtherDecodesFieldForField) {
   const EveryKind sent = Filled();
-  const std::vector<c10::IValue> args = EncodeCall(sent);
+  const std::vector<c10::IValue> args = rpc::EncodeCall(sent);
   ASSERT_EQ(args.size(), 14u);
-  absl::StatusOr<EveryKind> got = DecodeCall<EveryKind>(Args(args));
+  absl::StatusOr<EveryKind> got = rpc::DecodeCall<EveryKind>(rpc::Args(args));
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->id, sent.id);
   EXPECT_EQ(got->small, sent.small);
@@ -102,14 +102,14 @@ TEST(TypedCall, EmptyListsAndAnIntForADoubleAreRead) {
   sent.ints.clear();
   sent.names.clear();
   sent.tensors.clear();
-  std::vector<c10::IValue> args = EncodeCall(sent);
+  std::vector<c10::IValue> args = rpc::EncodeCall(sent);
   args[2] = c10::IValue(int64_t{2});  // an int where a double is wanted
   args[5] = c10::impl::GenericList(c10::AnyType::get());  // an untyped empty list
   c10::impl::GenericList mixed(c10::AnyType::get());      // numbers, an int among them
   mixed.push_back(1.5);
   mixed.push_back(int64_t{2});
   args[13] = mixed;
-  absl::StatusOr<EveryKind> got = DecodeCall<EveryKind>(Args(args));
+  absl::StatusOr<EveryKind> got = rpc::DecodeCall<EveryKind>(rpc::Args(args));
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->share, 2.0);
   EXPECT_EQ(got->shares, (std::vector<double>{1.5, 2.0}));
@@ -119,9 +119,9 @@ TEST(TypedCall, EmptyListsAndAnIntForADoubleAreRead) {
 }
 
 TEST(TypedCall, AMissingArgumentIsAnErrorNamingTheCallAndTheField) {
-  std::vector<c10::IValue> args = EncodeCall(Filled());
+  std::vector<c10::IValue> args = rpc::EncodeCall(Filled());
   args.resize(4);
-  absl::StatusOr<EveryKind> got = DecodeCall<EveryKind>(Args(args));
+  absl::StatusOr<EveryKind> got = rpc::DecodeCall<EveryKind>(rpc::Args(args));
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(got.status().message()),
@@ -130,33 +130,33 @@ TEST(TypedCall, AMissingArgumentIsAnErrorNamingTheCallAndTheField) {
 }
 
 TEST(TypedCall, AnArgumentOfTheWrongTypeIsAnErrorNamingTheFieldAndBothTypes) {
-  std::vector<c10::IValue> args = EncodeCall(Filled());
+  std::vector<c10::IValue> args = rpc::EncodeCall(Filled());
   args[7] = c10::IValue("not a tensor");
-  absl::StatusOr<EveryKind> got = DecodeCall<EveryKind>(Args(args));
+  absl::StatusOr<EveryKind> got = rpc::DecodeCall<EveryKind>(rpc::Args(args));
   ASSERT_FALSE(got.ok());
   EXPECT_THAT(std::string(got.status().message()),
               AllOf(HasSubstr("test.every_kind: argument 7 ('tensor') must be a tensor, got a String")));
-  args = EncodeCall(Filled());
+  args = rpc::EncodeCall(Filled());
   args[6] = c10::List<int64_t>({1, 2});
-  got = DecodeCall<EveryKind>(Args(args));
+  got = rpc::DecodeCall<EveryKind>(rpc::Args(args));
   ASSERT_FALSE(got.ok());
   EXPECT_THAT(std::string(got.status().message()), HasSubstr("argument 6 ('names') must be a list of strings"));
-  args = EncodeCall(Filled());
+  args = rpc::EncodeCall(Filled());
   args[13] = c10::List<std::string>({"0.5"});
-  got = DecodeCall<EveryKind>(Args(args));
+  got = rpc::DecodeCall<EveryKind>(rpc::Args(args));
   ASSERT_FALSE(got.ok());
   EXPECT_THAT(std::string(got.status().message()), HasSubstr("argument 13 ('shares') must be a list of numbers"));
-  args = EncodeCall(Filled());
+  args = rpc::EncodeCall(Filled());
   args[1] = c10::IValue(int64_t{1} << 40);  // too large for an int
-  got = DecodeCall<EveryKind>(Args(args));
+  got = rpc::DecodeCall<EveryKind>(rpc::Args(args));
   ASSERT_FALSE(got.ok());
   EXPECT_THAT(std::string(got.status().message()), HasSubstr("argument 1 ('small') is 1099511627776, out of range"));
 }
 
 TEST(TypedCall, AnArgumentMoreThanTheCallTakesIsAnError) {
-  std::vector<c10::IValue> args = EncodeCall(Filled());
+  std::vector<c10::IValue> args = rpc::EncodeCall(Filled());
   args.emplace_back(int64_t{1});
-  absl::StatusOr<EveryKind> got = DecodeCall<EveryKind>(Args(args));
+  absl::StatusOr<EveryKind> got = rpc::DecodeCall<EveryKind>(rpc::Args(args));
   ASSERT_FALSE(got.ok());
   EXPECT_THAT(std::string(got.status().message()),
               AllOf(HasSubstr("test.every_kind"), HasSubstr("15 arguments where 14 were expected")));
@@ -164,12 +164,12 @@ TEST(TypedCall, AnArgumentMoreThanTheCallTakesIsAnError) {
 
 TEST(TypedCall, AReplysFieldsTravelAsATupleAndAnythingElseIsAnError) {
   const pipeline::EvalCorrectReply sent{7, 9, 12};
-  absl::StatusOr<pipeline::EvalCorrectReply> got = DecodeTuple<pipeline::EvalCorrectReply>(EncodeTuple(sent));
+  absl::StatusOr<pipeline::EvalCorrectReply> got = rpc::DecodeTuple<pipeline::EvalCorrectReply>(rpc::EncodeTuple(sent));
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->top1, 7);
   EXPECT_EQ(got->top5, 9);
   EXPECT_EQ(got->rows, 12);
-  got = DecodeTuple<pipeline::EvalCorrectReply>(c10::IValue(int64_t{3}));
+  got = rpc::DecodeTuple<pipeline::EvalCorrectReply>(c10::IValue(int64_t{3}));
   ASSERT_FALSE(got.ok());
   EXPECT_THAT(std::string(got.status().message()), HasSubstr("remora.pipeline.eval (reply): a Int where a tuple of its fields was expected"));
 }
@@ -190,11 +190,11 @@ TEST(PipelineCalls, WorkerRowsTravelTaggedAndAnUntaggedTupleIsNotRows) {
 // the caller's error, naming the call and the field, before the worker looks
 // for a runner or a source.
 TEST(PipelineCalls, ACallThatDoesNotMatchItsStructFailsNamingTheCallAndTheField) {
-  Registry registry;
+  rpc::Registry registry;
   ASSERT_TRUE(pipeline::RegisterFunctions(registry).ok());
-  CallContext ctx;
+  rpc::CallContext ctx;
   auto call = [&](const std::string& name, std::vector<c10::IValue> args) {
-    return registry.Invoke(name, ctx, Args(std::move(args))).wait_for(absl::Seconds(5));
+    return registry.Invoke(name, ctx, rpc::Args(std::move(args))).wait_for(absl::Seconds(5));
   };
   // push(runner, context, stage, micro_batch, value) with a tensor for the stage.
   absl::StatusOr<c10::IValue> r = call(pipeline::PushRequest::kFunction,
@@ -204,7 +204,7 @@ TEST(PipelineCalls, ACallThatDoesNotMatchItsStructFailsNamingTheCallAndTheField)
               HasSubstr("remora.pipeline.push: argument 2 ('stage') must be an int, got a Tensor"));
   // run with the last field left off, as an older master would send it.
   pipeline::RunRequest run;
-  std::vector<c10::IValue> args = EncodeCall(run);
+  std::vector<c10::IValue> args = rpc::EncodeCall(run);
   args.pop_back();
   r = call(pipeline::RunRequest::kFunction, args);
   ASSERT_FALSE(r.ok());

@@ -64,7 +64,7 @@ struct Trained {
   std::vector<std::vector<at::Tensor>> states;
 };
 
-Trained Train(Agent& agent, const PipelineOptions& o) {
+Trained Train(rpc::Agent& agent, const PipelineOptions& o) {
   Trained t;
   auto pipe = Pipeline::Create(agent, o);
   EXPECT_TRUE(pipe.ok()) << pipe.status();

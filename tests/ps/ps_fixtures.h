@@ -50,12 +50,12 @@ inline void ExpectStateNear(const std::vector<std::vector<at::Tensor>>& got,
 
 // A master in this process and worker programs w1, w2, ... with their own
 // flags each.
-inline launch::LocalGroup StartWorkers(Registry* registry, const std::vector<std::vector<std::string>>& args) {
+inline launch::LocalGroup StartWorkers(rpc::Registry* registry, const std::vector<std::vector<std::string>>& args) {
   std::vector<std::string> names;
   for (size_t i = 0; i < args.size(); ++i) names.push_back(absl::StrCat("w", i + 1));
   launch::LocalGroup group;
-  AgentOptions o = MasterOptions(names);
-  group.master = std::move(Agent::Start(o, registry).value());
+  rpc::AgentOptions o = MasterOptions(names);
+  group.master = std::move(rpc::Agent::Start(o, registry).value());
   for (size_t i = 0; i < args.size(); ++i) {
     std::vector<std::string> argv = {kBin + "/worker", "--name", names[i], "--master",
                                      group.master->self().address, "--threads", "1"};

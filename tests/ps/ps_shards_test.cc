@@ -172,7 +172,7 @@ TEST(PsShards, StateAndOptimizerRecordLoadIntoFreshShards) {
 // behind while the shards step with the first two; its late pushes are
 // discarded.
 TEST(PsShards, BackupWorkersGoOnWithoutTheSlowedWorker) {
-  Registry registry;
+  rpc::Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
   launch::LocalGroup group = StartWorkers(&registry, {{}, {}, {}, {}, {"--slow-ms", "3000"}});
   ps::PsOptions o = MlpServer({"w3", "w4", "w5"}, 1);

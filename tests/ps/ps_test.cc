@@ -109,7 +109,7 @@ TEST(Ps, BadOptionsAreClearErrors) {
 // those rows); the slow worker, still busy, is not sent the next step's
 // share, and its late reply changes nothing.
 TEST(Ps, BackupWorkersGoOnWithoutTheSlowedWorker) {
-  Registry registry;
+  rpc::Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
   launch::LocalGroup group = StartWorkers(&registry, {{}, {}, {"--slow-ms", "4000"}});
   auto server = ps::ParameterServer::Create(*group.master, MlpServer({"w1", "w2", "w3"}, 1));

@@ -42,7 +42,7 @@ using ::testing::HasSubstr;
 
 TEST(Agent, AddressBookHasStableIdsEverywhere) {
   Group g(2);
-  for (Agent* a : g.all()) {
+  for (rpc::Agent* a : g.all()) {
     auto book = a->workers();
     ASSERT_EQ(book.size(), 3u);
     EXPECT_EQ(book[0].name, "master");
@@ -99,7 +99,7 @@ TEST(Agent, UnknownDestinationOrFunctionIsAClearError) {
 
 TEST(Agent, PerCallTimeoutFailsTheCall) {
   Group g(1);
-  CallOptions opts;
+  rpc::CallOptions opts;
   opts.timeout = absl::Milliseconds(200);
   const absl::Time start = absl::Now();
   auto r = g.master().rpc_sync("w1", "sleep_ms", {int64_t{1500}}, opts);
@@ -117,7 +117,7 @@ TEST(Agent, PerCallTimeoutFailsTheCall) {
 // quick replies, replies after the polling ended, and timeouts.
 TEST(Agent, SyncCallsWorkWithAndWithoutPolling) {
   for (absl::Duration spin : {absl::ZeroDuration(), absl::Microseconds(200), absl::Seconds(1)}) {
-    AgentOptions base;
+    rpc::AgentOptions base;
     base.sync_spin = spin;
     Group g(1, base);
     EXPECT_EQ(g.master().sync_spin(), spin);
@@ -126,7 +126,7 @@ TEST(Agent, SyncCallsWorkWithAndWithoutPolling) {
     EXPECT_EQ(quick->toInt(), 5);
     auto slow = g.master().rpc_sync("w1", "sleep_ms", {int64_t{30}});
     EXPECT_TRUE(slow.ok()) << slow.status();
-    CallOptions opts;
+    rpc::CallOptions opts;
     opts.timeout = absl::Milliseconds(100);
     auto late = g.master().rpc_sync("w1", "sleep_ms", {int64_t{400}}, opts);
     EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
@@ -152,7 +152,7 @@ TEST(Agent, RpcSyncReusesStreamsAndDropsOneThatTimedOut) {
   }
   EXPECT_EQ(g.master().streams_opened(), 1);
 
-  CallOptions opts;
+  rpc::CallOptions opts;
   opts.timeout = absl::Milliseconds(100);
   auto late = g.master().rpc_sync("w1", "sleep_ms", {int64_t{300}}, opts);
   EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
@@ -198,8 +198,8 @@ TEST(Agent, RpcSyncReusesStreamsAndDropsOneThatTimedOut) {
 // and remote() stay unary.
 TEST(Agent, RRefRpcSyncAndToHereWaitOnStreams) {
   Group g(1);
-  RRef m = g.master().remote("w1", "Scale", {2.0}).value();
-  RRef v = g.master().remote("w1", "echo", {int64_t{7}}).value();
+  rpc::RRef m = g.master().remote("w1", "Scale", {2.0}).value();
+  rpc::RRef v = g.master().remote("w1", "echo", {int64_t{7}}).value();
   EXPECT_EQ(g.master().streams_opened(), 0);
   for (int i = 0; i < 10; ++i) {
     auto y = m.rpc_sync("forward", {at::ones({2})});
@@ -219,7 +219,7 @@ TEST(Agent, RRefRpcSyncAndToHereWaitOnStreams) {
 // every call as a unary gRPC call. Large requests and replies pass on
 // streams too.
 TEST(Agent, StreamsCanBeTurnedOffAndCarryLargeMessages) {
-  AgentOptions no_streams;
+  rpc::AgentOptions no_streams;
   no_streams.streams = false;
   {
     Group g(1, no_streams);
@@ -228,7 +228,7 @@ TEST(Agent, StreamsCanBeTurnedOffAndCarryLargeMessages) {
     EXPECT_EQ(r->toInt(), 5);
     EXPECT_EQ(g.master().streams_opened(), 0);
   }
-  AgentOptions inline_only;
+  rpc::AgentOptions inline_only;
   inline_only.shared_memory = false;  // tensors travel in the messages
   Group g(1, inline_only);
   at::Tensor big = at::rand({1 << 22});  // 16 MiB
@@ -240,9 +240,9 @@ TEST(Agent, StreamsCanBeTurnedOffAndCarryLargeMessages) {
 
 TEST(Agent, CallbacksNeverRunOnGrpcThreads) {
   Group g(1);
-  std::vector<Future<std::string>> names;
+  std::vector<rpc::Future<std::string>> names;
   for (int i = 0; i < 20; ++i) {
-    Future<std::string> name;
+    rpc::Future<std::string> name;
     g.master().rpc_async("w1", "echo", {int64_t{i}}).then(
         [name](const absl::StatusOr<c10::IValue>&) mutable {
           char buf[32] = {0};
@@ -251,12 +251,12 @@ TEST(Agent, CallbacksNeverRunOnGrpcThreads) {
         });
     names.push_back(name);
   }
-  for (auto& n : names) EXPECT_EQ(n.wait().value(), ThreadPool::kThreadName);
+  for (auto& n : names) EXPECT_EQ(n.wait().value(), rpc::ThreadPool::kThreadName);
 }
 
 TEST(Agent, ManyConcurrentAsyncCallsAllComplete) {
   Group g(1);
-  std::vector<Future<c10::IValue>> futures;
+  std::vector<rpc::Future<c10::IValue>> futures;
   for (int64_t i = 0; i < 3000; ++i) {
     futures.push_back(g.master().rpc_async("w1", "add", {i, int64_t{1}}));
   }
@@ -290,7 +290,7 @@ TEST(Agent, RemoteReturnsAtOnceAndToHereWaitsForTheValue) {
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(390));
   // The owner's confirmation travels apart from the fetched value.
   EXPECT_TRUE(rref->impl()->isOwner() ||
-              static_cast<UserRRef*>(rref->impl().get())->confirmed().wait_for(absl::Seconds(5)).ok());
+              static_cast<rpc::UserRRef*>(rref->impl().get())->confirmed().wait_for(absl::Seconds(5)).ok());
   EXPECT_TRUE(rref->confirmed_by_owner());
 }
 
@@ -306,7 +306,7 @@ TEST(Agent, CreationErrorIsRaisedByToHere) {
 
 TEST(Agent, LocalValueOnlyOnTheOwner) {
   Group g(1);
-  RRef local = g.master().local_rref(c10::IValue(int64_t{7}));
+  rpc::RRef local = g.master().local_rref(c10::IValue(int64_t{7}));
   EXPECT_TRUE(local.is_owner());
   EXPECT_EQ(local.local_value().value().toInt(), 7);
   EXPECT_EQ(local.to_here().value().toInt(), 7);
@@ -320,11 +320,11 @@ TEST(Agent, RRefPassedToAThirdProcessIsFetchedFromItsOwner) {
   Group g(2);
   at::Tensor x = at::randn({5});
   // The value does not exist yet when w2 asks for it: the owner waits.
-  RRef slow = g.master().remote("w1", "sleep_ms", {int64_t{300}}).value();
+  rpc::RRef slow = g.master().remote("w1", "sleep_ms", {int64_t{300}}).value();
   auto v = g.master().rpc_sync("w2", "to_here", {slow});
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_EQ(v->toInt(), 300);
-  RRef held = g.master().remote("w1", "echo", {x}).value();
+  rpc::RRef held = g.master().remote("w1", "echo", {x}).value();
   auto y = g.master().rpc_sync("w2", "rref_add", {held, x});
   ASSERT_TRUE(y.ok()) << y.status();
   EXPECT_TRUE(at::allclose(y->toTensor(), x + x));
@@ -332,14 +332,14 @@ TEST(Agent, RRefPassedToAThirdProcessIsFetchedFromItsOwner) {
 
 TEST(Agent, CanonicalPipelineMatchesLocalComputation) {
   Group g(2);
-  RRef s1 = g.master().remote("w1", "Affine", {int64_t{6}, int64_t{5}, int64_t{1}}).value();
-  RRef s2 = g.master().remote("w2", "Affine", {int64_t{5}, int64_t{3}, int64_t{2}}).value();
+  rpc::RRef s1 = g.master().remote("w1", "Affine", {int64_t{6}, int64_t{5}, int64_t{1}}).value();
+  rpc::RRef s2 = g.master().remote("w2", "Affine", {int64_t{5}, int64_t{3}, int64_t{2}}).value();
   at::Tensor w1 = s1.rpc_sync("weight").value().toTensor();
   at::Tensor w2 = s2.rpc_sync("weight").value().toTensor();
   for (int step = 0; step < 5; ++step) {
     at::Tensor x = at::randn({4, 6});
-    RRef x_rref = g.master().local_rref(x);
-    RRef y_rref = s1.remote("forward", {x_rref}).value();
+    rpc::RRef x_rref = g.master().local_rref(x);
+    rpc::RRef y_rref = s1.remote("forward", {x_rref}).value();
     EXPECT_EQ(y_rref.owner_name(), "w1");
     auto z = s2.rpc_async("forward", {y_rref}).wait();
     ASSERT_TRUE(z.ok()) << z.status();
@@ -350,11 +350,11 @@ TEST(Agent, CanonicalPipelineMatchesLocalComputation) {
 
 TEST(Agent, MethodErrorsAreClear) {
   Group g(1);
-  RRef m = g.master().remote("w1", "Scale", {2.0}).value();
+  rpc::RRef m = g.master().remote("w1", "Scale", {2.0}).value();
   auto bad = m.rpc_sync("nope");
   ASSERT_EQ(bad.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("forward"));
-  RRef not_module = g.master().remote("w1", "echo", {int64_t{1}}).value();
+  rpc::RRef not_module = g.master().remote("w1", "echo", {int64_t{1}}).value();
   auto nm = not_module.rpc_sync("forward", {at::ones({1})});
   EXPECT_EQ(nm.status().code(), absl::StatusCode::kInvalidArgument);
   auto y = m.rpc_sync("forward", {at::ones({2})});
@@ -366,14 +366,14 @@ TEST(Agent, MethodErrorsAreClear) {
 TEST(Agent, ThousandsOfRRefsLeaveEveryOwnerTableEmpty) {
   Group g(2);
   {
-    std::vector<RRef> keep;
-    std::vector<Future<c10::IValue>> pending;
+    std::vector<rpc::RRef> keep;
+    std::vector<rpc::Future<c10::IValue>> pending;
     for (int64_t i = 0; i < 1500; ++i) {
       // remote on w1, forked to w2 which fetches it from w1.
-      RRef r = g.master().remote("w1", "echo", {i}).value();
+      rpc::RRef r = g.master().remote("w1", "echo", {i}).value();
       pending.push_back(g.master().rpc_async("w2", "to_here", {r}));
       // the master's own value, forked to w1.
-      RRef local = g.master().local_rref(c10::IValue(i));
+      rpc::RRef local = g.master().local_rref(c10::IValue(i));
       pending.push_back(g.master().rpc_async("w1", "to_here", {local}));
       // an RRef created by w2 and returned to the master.
       pending.push_back(g.master().rpc_async("w2", "make_rref", {i}));
@@ -383,10 +383,10 @@ TEST(Agent, ThousandsOfRRefsLeaveEveryOwnerTableEmpty) {
     for (auto& f : pending) {
       auto v = f.wait().value();
       if (v.isRRef()) {
-        EXPECT_EQ(RRef::FromIValue(v).value().owner_name(), "w2");
+        EXPECT_EQ(rpc::RRef::FromIValue(v).value().owner_name(), "w2");
       }
     }
-    RRefStats w1 = g.worker(1).rref_stats();
+    rpc::RRefStats w1 = g.worker(1).rref_stats();
     EXPECT_GE(w1.owners, 15);  // the kept ones at least
   }
   std::string why;
@@ -394,36 +394,36 @@ TEST(Agent, ThousandsOfRRefsLeaveEveryOwnerTableEmpty) {
 }
 
 TEST(Rendezvous, InvalidNamesAreRejected) {
-  Registry registry;
-  AgentOptions o;
+  rpc::Registry registry;
+  rpc::AgentOptions o;
   o.name = "bad name";
-  EXPECT_EQ(Agent::Start(o, &registry).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(rpc::Agent::Start(o, &registry).status().code(), absl::StatusCode::kInvalidArgument);
   o.name = std::string(129, 'a');
-  EXPECT_EQ(Agent::Start(o, &registry).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(rpc::Agent::Start(o, &registry).status().code(), absl::StatusCode::kInvalidArgument);
   o.name = "master";
   o.is_master = true;
   o.workers = {"w1", "w1"};
-  auto dup = Agent::Start(o, &registry);
+  auto dup = rpc::Agent::Start(o, &registry);
   ASSERT_FALSE(dup.ok());
   EXPECT_THAT(std::string(dup.status().message()), HasSubstr("duplicate"));
   o.workers = {"w1", "no/slash"};
-  EXPECT_FALSE(Agent::Start(o, &registry).ok());
+  EXPECT_FALSE(rpc::Agent::Start(o, &registry).ok());
 }
 
 // A worker agent named `name`, started (not joined) for `master`'s group.
-std::unique_ptr<Agent> StartWorker(Registry& registry, const Agent& master, const std::string& name) {
-  AgentOptions w;
+std::unique_ptr<rpc::Agent> StartWorker(rpc::Registry& registry, const rpc::Agent& master, const std::string& name) {
+  rpc::AgentOptions w;
   w.name = name;
   w.master_address = master.self().address;
   w.connect_timeout = absl::Seconds(20);
-  return Agent::Start(w, &registry).value();
+  return rpc::Agent::Start(w, &registry).value();
 }
 
 // Shuts `workers` down (each waiting on a thread of its own) and then the
 // master, gracefully; every one must succeed.
-void ShutdownAll(Agent& master, const std::vector<Agent*>& workers) {
+void ShutdownAll(rpc::Agent& master, const std::vector<rpc::Agent*>& workers) {
   std::vector<std::thread> waits;
-  for (Agent* w : workers) waits.emplace_back([w] { EXPECT_TRUE(w->Shutdown().ok()); });
+  for (rpc::Agent* w : workers) waits.emplace_back([w] { EXPECT_TRUE(w->Shutdown().ok()); });
   EXPECT_TRUE(master.Shutdown().ok());
   for (auto& t : waits) t.join();
 }
@@ -431,11 +431,11 @@ void ShutdownAll(Agent& master, const std::vector<Agent*>& workers) {
 // A master of w1 and w2 and the two workers, started with `registry` and
 // joined.
 struct Joined {
-  std::unique_ptr<Agent> master, w1, w2;
+  std::unique_ptr<rpc::Agent> master, w1, w2;
 };
-Joined StartAndJoin(Registry& registry) {
+Joined StartAndJoin(rpc::Registry& registry) {
   Joined g;
-  g.master = Agent::Start(MasterOptions({"w1", "w2"}), &registry).value();
+  g.master = rpc::Agent::Start(MasterOptions({"w1", "w2"}), &registry).value();
   g.w1 = StartWorker(registry, *g.master, "w1");
   g.w2 = StartWorker(registry, *g.master, "w2");
   std::thread j1([&] { EXPECT_TRUE(g.w1->Join().ok()); });
@@ -447,9 +447,9 @@ Joined StartAndJoin(Registry& registry) {
 }
 
 TEST(Rendezvous, DuplicateAndUnknownWorkerNamesAreRejected) {
-  Registry registry;
-  AgentOptions m = MasterOptions({"w1", "w2"});
-  auto master = Agent::Start(m, &registry).value();
+  rpc::Registry registry;
+  rpc::AgentOptions m = MasterOptions({"w1", "w2"});
+  auto master = rpc::Agent::Start(m, &registry).value();
   auto start_worker = [&](const std::string& name) { return StartWorker(registry, *master, name); };
   // Two agents claim "w1"; whichever registers second is refused.
   auto first = start_worker("w1");
@@ -457,7 +457,7 @@ TEST(Rendezvous, DuplicateAndUnknownWorkerNamesAreRejected) {
   absl::Notification refused;
   absl::Status statuses[2];
   std::thread joins[2];
-  Agent* twins[2] = {first.get(), second.get()};
+  rpc::Agent* twins[2] = {first.get(), second.get()};
   for (int i = 0; i < 2; ++i) {
     joins[i] = std::thread([&, i] {
       statuses[i] = twins[i]->Join();
@@ -490,20 +490,20 @@ TEST(Rendezvous, DuplicateAndUnknownWorkerNamesAreRejected) {
 // takes its id, and the master and the other worker reach it, large
 // payloads included (shared memory allows the new process).
 TEST(Rendezvous, ALostWorkersNewProcessTakesItsPlaceAndEveryMemberReachesIt) {
-  Registry registry;
+  rpc::Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
   Joined g = StartAndJoin(registry);
-  std::unique_ptr<Agent>& master = g.master;
-  std::unique_ptr<Agent>& w1 = g.w1;
-  std::unique_ptr<Agent>& w2 = g.w2;
-  const WorkerId id = master->worker("w2")->id;
+  std::unique_ptr<rpc::Agent>& master = g.master;
+  std::unique_ptr<rpc::Agent>& w1 = g.w1;
+  std::unique_ptr<rpc::Agent>& w2 = g.w2;
+  const base::WorkerId id = master->worker("w2")->id;
 
   // Early: w2 still answers, so its would-be successor is kept waiting.
-  AgentOptions early_options;
+  rpc::AgentOptions early_options;
   early_options.name = "w2";
   early_options.master_address = master->self().address;
   early_options.connect_timeout = absl::Seconds(1);
-  auto early = Agent::Start(early_options, &registry).value();
+  auto early = rpc::Agent::Start(early_options, &registry).value();
   absl::Status kept = early->Join();
   EXPECT_EQ(kept.code(), absl::StatusCode::kDeadlineExceeded) << kept;
   EXPECT_THAT(std::string(kept.message()), HasSubstr("a live worker of the group holds the name"));
@@ -538,12 +538,12 @@ TEST(Rendezvous, ALostWorkersNewProcessTakesItsPlaceAndEveryMemberReachesIt) {
 // A lost worker that does not come back: AwaitRejoin says so, and the
 // graceful shutdown does not wait for it.
 TEST(Rendezvous, AWorkerThatDoesNotComeBackIsNamedAndShutdownGoesOnWithoutIt) {
-  Registry registry;
+  rpc::Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
   Joined g = StartAndJoin(registry);
-  std::unique_ptr<Agent>& master = g.master;
-  std::unique_ptr<Agent>& w1 = g.w1;
-  std::unique_ptr<Agent>& w2 = g.w2;
+  std::unique_ptr<rpc::Agent>& master = g.master;
+  std::unique_ptr<rpc::Agent>& w1 = g.w1;
+  std::unique_ptr<rpc::Agent>& w2 = g.w2;
   w2->Shutdown(/*graceful=*/false).IgnoreError();
   ASSERT_TRUE(master->MarkLost("w2").ok());
   absl::Status gone = master->AwaitRejoin("w2", absl::Milliseconds(300));
@@ -560,10 +560,10 @@ TEST(Rendezvous, AWorkerThatDoesNotComeBackIsNamedAndShutdownGoesOnWithoutIt) {
 // or been refused, names the refused one and why, and tells the worker
 // that joined that the group did not form.
 TEST(Rendezvous, TheMasterStopsWaitingOnceEachExpectedWorkerJoinedOrWasRefused) {
-  Registry registry;
-  AgentOptions m = MasterOptions({"w1", "w2"});
+  rpc::Registry registry;
+  rpc::AgentOptions m = MasterOptions({"w1", "w2"});
   m.connect_timeout = absl::Seconds(60);
-  auto master = Agent::Start(m, &registry).value();
+  auto master = rpc::Agent::Start(m, &registry).value();
   auto start_worker = [&](const std::string& name) { return StartWorker(registry, *master, name); };
   auto w1 = start_worker("w1");
   absl::Status w1_status;
@@ -583,18 +583,18 @@ TEST(Rendezvous, TheMasterStopsWaitingOnceEachExpectedWorkerJoinedOrWasRefused) 
 }
 
 TEST(Rendezvous, WorkerStartedBeforeMasterRetriesUntilItAppears) {
-  Registry registry;
+  rpc::Registry registry;
   const int port = FreePort();
-  AgentOptions w;
+  rpc::AgentOptions w;
   w.name = "w1";
   w.master_address = absl::StrCat("127.0.0.1:", port);
   w.connect_timeout = absl::Seconds(20);
-  auto worker = Agent::Start(w, &registry).value();
+  auto worker = rpc::Agent::Start(w, &registry).value();
   std::thread join([&] { EXPECT_TRUE(worker->Join().ok()); });
   absl::SleepFor(absl::Milliseconds(700));
-  AgentOptions m = MasterOptions({"w1"});
+  rpc::AgentOptions m = MasterOptions({"w1"});
   m.listen_address = absl::StrCat("127.0.0.1:", port);
-  auto master = Agent::Start(m, &registry).value();
+  auto master = rpc::Agent::Start(m, &registry).value();
   EXPECT_TRUE(master->Join().ok());
   join.join();
   std::thread stop([&] { EXPECT_TRUE(worker->Shutdown().ok()); });
@@ -603,40 +603,40 @@ TEST(Rendezvous, WorkerStartedBeforeMasterRetriesUntilItAppears) {
 }
 
 TEST(Rendezvous, TimeoutsGiveClearErrors) {
-  Registry registry;
-  AgentOptions w;
+  rpc::Registry registry;
+  rpc::AgentOptions w;
   w.name = "w1";
   w.master_address = absl::StrCat("127.0.0.1:", FreePort());
   w.connect_timeout = absl::Seconds(1);
-  auto worker = Agent::Start(w, &registry).value();
+  auto worker = rpc::Agent::Start(w, &registry).value();
   const absl::Time start = absl::Now();
   absl::Status s = worker->Join();
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(std::string(s.message()), HasSubstr("unreachable"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 
-  AgentOptions m = MasterOptions({"w1", "w2"});
+  rpc::AgentOptions m = MasterOptions({"w1", "w2"});
   m.connect_timeout = absl::Seconds(1);
-  auto master = Agent::Start(m, &registry).value();
+  auto master = rpc::Agent::Start(m, &registry).value();
   absl::Status ms = master->Join();
   EXPECT_EQ(ms.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(std::string(ms.message()), HasSubstr("w1, w2"));
 }
 
 TEST(Security, TokenIsRequiredOnEveryCall) {
-  AgentOptions opts;
+  rpc::AgentOptions opts;
   opts.token = "s3cret-token";
   Group g(1, opts);
   EXPECT_EQ(g.master().rpc_sync("w1", "add", {int64_t{1}, int64_t{2}}).value().toInt(), 3);
 
   // A worker with the wrong token cannot join.
-  Registry registry;
-  AgentOptions intruder;
+  rpc::Registry registry;
+  rpc::AgentOptions intruder;
   intruder.name = "w1";
   intruder.master_address = g.master().self().address;
   intruder.token = "guess";
   intruder.connect_timeout = absl::Seconds(5);
-  auto agent = Agent::Start(intruder, &registry).value();
+  auto agent = rpc::Agent::Start(intruder, &registry).value();
   absl::Status s = agent->Join();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated) << s;
 
@@ -645,18 +645,18 @@ TEST(Security, TokenIsRequiredOnEveryCall) {
   auto channel = grpc::CreateChannel(g.worker(1).self().address, grpc::InsecureChannelCredentials());
   grpc::GenericStub stub(channel);
   for (const std::string& token : {std::string(), std::string("wrong"), std::string("s3cret-toke")}) {
-    OutMessage m;
+    rpc::OutMessage m;
     m.header.mutable_request()->set_from(0);
     wire::CallRequest sleep;
     sleep.set_function("sleep_ms");
     sleep.add_args()->set_i(1);
-    *m.header.mutable_request() = MakeRequest(sleep);
+    *m.header.mutable_request() = wire::MakeRequest(sleep);
     m.header.mutable_request()->set_from(0);
-    grpc::ByteBuffer request = SerializeMessage(std::move(m)), response;
+    grpc::ByteBuffer request = rpc::SerializeMessage(std::move(m)), response;
     grpc::ClientContext ctx;
     if (!token.empty()) ctx.AddMetadata("remora-token", token);
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    Future<grpc::Status> done;
+    rpc::Future<grpc::Status> done;
     stub.UnaryCall(&ctx, "/remora.Agent/Call", grpc::StubOptions(), &request, &response,
                    [done](grpc::Status st) mutable { done.SetValue(st); });
     grpc::Status st = done.wait().value();
@@ -668,22 +668,22 @@ TEST(Security, TokenIsRequiredOnEveryCall) {
 
 TEST(Shutdown, ReleasesOutstandingRRefsEverywhere) {
   Group g(2);
-  RRef a = g.master().remote("w1", "echo", {at::ones({3})}).value();
-  RRef b = g.master().remote("w2", "Scale", {3.0}).value();
+  rpc::RRef a = g.master().remote("w1", "echo", {at::ones({3})}).value();
+  rpc::RRef b = g.master().remote("w2", "Scale", {3.0}).value();
   ASSERT_TRUE(a.to_here().ok());
   ASSERT_TRUE(g.master().rpc_sync("w2", "to_here", {a}).ok());
   EXPECT_GE(g.worker(1).rref_stats().owners, 1);
   ASSERT_TRUE(g.Shutdown().ok());
   // The handles are still alive here; the owners freed the values anyway.
-  for (Agent* agent : g.all()) {
-    RRefStats s = agent->rref_stats();
+  for (rpc::Agent* agent : g.all()) {
+    rpc::RRefStats s = agent->rref_stats();
     EXPECT_EQ(s.owners, 0) << agent->self().name;
     EXPECT_EQ(s.forks, 0) << agent->self().name;
   }
 }
 
 TEST(Shutdown, StuckCallBecomesAnErrorNotAHang) {
-  AgentOptions opts;
+  rpc::AgentOptions opts;
   opts.shutdown_timeout = absl::Seconds(1);
   Group g(1, opts);
   auto slow = g.master().rpc_async("w1", "sleep_ms", {int64_t{2500}});

@@ -28,12 +28,12 @@ class BadInput : public ::testing::Test, protected WireValues {
   BadInput() : group_(2), client_(group_.worker(1).self().address) {}
 
   // Worker w1's id (the master is 0).
-  WorkerId w1() { return group_.worker(1).self().id; }
+  base::WorkerId w1() { return group_.worker(1).self().id; }
 
   // A call frame from the master to w1.
-  static OutMessage Call(const std::string& function, std::vector<wire::Value> args = {},
+  static rpc::OutMessage Call(const std::string& function, std::vector<wire::Value> args = {},
                          std::vector<at::Tensor> payloads = {}) {
-    OutMessage m;
+    rpc::OutMessage m;
     m.header.mutable_request()->set_from(0);
     wire::CallRequest call;
     call.set_function(function);
@@ -57,7 +57,7 @@ class BadInput : public ::testing::Test, protected WireValues {
 
   // Sends `m` to w1 and expects an error reply from w1 that contains `text`
   // within `timeout`.
-  void ExpectError(OutMessage m, const std::string& text,
+  void ExpectError(rpc::OutMessage m, const std::string& text,
                    absl::Duration timeout = absl::Seconds(10)) {
     ExpectErrorBytes(RawClient::FrameBytes(std::move(m)), text, timeout);
   }
@@ -73,7 +73,7 @@ class BadInput : public ::testing::Test, protected WireValues {
     ExpectServing();
   }
   // Sends `m` to w1 and expects a reply without an error.
-  InMessage ExpectOk(OutMessage m) {
+  rpc::InMessage ExpectOk(rpc::OutMessage m) {
     auto reply = client_.Call(std::move(m));
     EXPECT_TRUE(reply.ok()) << reply.status();
     if (!reply.ok()) return {};
@@ -97,18 +97,18 @@ const int32_t kLong = static_cast<int32_t>(at::kLong);
 
 TEST_F(BadInput, UnknownFunctionModuleAndMethodNames) {
   ExpectError(Call("no_such_function"), "no function or module named 'no_such_function'");
-  Agent& master = group_.master();
+  rpc::Agent& master = group_.master();
   auto module = master.remote("w1", "NoSuchModule", {int64_t{1}}).value();
   auto fetched = module.to_here();
   ASSERT_FALSE(fetched.ok());
   EXPECT_THAT(std::string(fetched.status().message()), HasSubstr("'NoSuchModule'"));
-  RRef affine = master.remote("w1", "Affine", {int64_t{2}, int64_t{2}}).value();
+  rpc::RRef affine = master.remote("w1", "Affine", {int64_t{2}, int64_t{2}}).value();
   auto method = affine.rpc_sync("no_such_method");
   ASSERT_FALSE(method.ok());
   EXPECT_THAT(std::string(method.status().message()), HasSubstr("has no method 'no_such_method'"));
   ExpectServing();
   // A method call on a value that is not a module.
-  RRef tensor = master.remote("w1", "echo", {at::ones({2})}).value();
+  rpc::RRef tensor = master.remote("w1", "echo", {at::ones({2})}).value();
   auto not_module = tensor.rpc_sync("forward", {at::ones({2})});
   ASSERT_FALSE(not_module.ok());
   EXPECT_THAT(std::string(not_module.status().message()), HasSubstr("does not hold a module"));
@@ -120,22 +120,22 @@ TEST_F(BadInput, InvalidNames) {
   ExpectError(Call("bad name!"), "invalid function name 'bad name!'");
   ExpectError(Call(std::string("a\0b", 3)), "invalid function name");
   // A megabyte-long name is refused without echoing it back.
-  OutMessage huge = Call(std::string(1 << 20, 'x'));
+  rpc::OutMessage huge = Call(std::string(1 << 20, 'x'));
   auto reply = client_.Call(std::move(huge));
   ASSERT_TRUE(reply.ok()) << reply.status();
   ASSERT_TRUE(reply->header.response().has_error());
   EXPECT_THAT(reply->header.response().error().message(), HasSubstr("(1048576 bytes)"));
   EXPECT_LT(reply->header.response().error().message().size(), 400u);
   // Join requests go to the master only, and name valid workers.
-  OutMessage join;
-  join.header.mutable_request()->set_from(kUnknownWorker);
+  rpc::OutMessage join;
+  join.header.mutable_request()->set_from(base::kUnknownWorker);
   wire::JoinRequest bad_name;
   bad_name.set_name("bad name");
   SetBody(join.header.mutable_request(), bad_name);
   ExpectError(std::move(join), "is a worker, not the master");
   RawClient to_master(group_.master().self().address);
-  OutMessage bad_join;
-  bad_join.header.mutable_request()->set_from(kUnknownWorker);
+  rpc::OutMessage bad_join;
+  bad_join.header.mutable_request()->set_from(base::kUnknownWorker);
   SetBody(bad_join.header.mutable_request(), bad_name);
   auto refused = to_master.Call(std::move(bad_join));
   ASSERT_TRUE(refused.ok()) << refused.status();
@@ -153,12 +153,12 @@ TEST_F(BadInput, WrongArgumentCountsAndTypes) {
   ExpectError(Call("remora.autograd.propagate", {Str("a"), Str("b"), Str("c")}),
               "remora.autograd.propagate");
   ExpectError(Call("rref_add", {Int(1), Int(2)}), "expected a tensor or an RRef to one");
-  Agent& master = group_.master();
-  RRef affine = master.remote("w1", "Affine", {std::string("four"), int64_t{2}}).value();
+  rpc::Agent& master = group_.master();
+  rpc::RRef affine = master.remote("w1", "Affine", {std::string("four"), int64_t{2}}).value();
   auto created = affine.to_here();
   ASSERT_FALSE(created.ok());
   EXPECT_THAT(std::string(created.status().message()), HasSubstr("constructing module 'Affine'"));
-  RRef good = master.remote("w1", "Affine", {int64_t{3}, int64_t{2}}).value();
+  rpc::RRef good = master.remote("w1", "Affine", {int64_t{3}, int64_t{2}}).value();
   auto wrong_shape = good.rpc_sync("forward", {at::ones({5, 7})});
   ASSERT_FALSE(wrong_shape.ok());
   auto no_args = good.rpc_sync("forward");
@@ -189,7 +189,7 @@ TEST_F(BadInput, TensorDescriptorsThatDoNotMatchTheirBytes) {
   ExpectError(Call("echo", {Tensor(kLong, {1}, 0, /*requires_grad=*/true)}, {Bytes(8)}),
               "only floating point tensors can require grad");
   // The same descriptor with the right bytes works.
-  InMessage ok = ExpectOk(Call("echo", {Tensor(kFloat, {2, 3})}, {Bytes(24)}));
+  rpc::InMessage ok = ExpectOk(Call("echo", {Tensor(kFloat, {2, 3})}, {Bytes(24)}));
   EXPECT_EQ(ok.header.response().value().tensor().sizes_size(), 2);
 }
 
@@ -213,22 +213,22 @@ TEST_F(BadInput, BrokenFrames) {
   ExpectErrorBytes("", "too short");
   // A header without a request body, a response sent as a request, a kind
   // no subsystem registered, and a body that is not its kind's message.
-  OutMessage empty;
+  rpc::OutMessage empty;
   empty.header.mutable_request()->set_from(0);
   ExpectError(std::move(empty), "unknown request kind ''");
-  OutMessage response;
+  rpc::OutMessage response;
   response.header.mutable_response()->mutable_value()->set_i(1);
   ExpectError(std::move(response), "unknown request kind ''");
-  OutMessage unknown;
+  rpc::OutMessage unknown;
   unknown.header.mutable_request()->set_from(0);
   unknown.header.mutable_request()->set_kind("remora.wire.NoSuchRequest");
   ExpectError(std::move(unknown), "unknown request kind 'remora.wire.NoSuchRequest'");
-  OutMessage garbled = Call("echo");
+  rpc::OutMessage garbled = Call("echo");
   garbled.header.mutable_request()->set_body("\xff\xff\xff");
   ExpectError(std::move(garbled), "malformed body of a remora.wire.CallRequest request");
   // Senders that are not in the group.
   for (uint32_t from : {77u, 65535u, 65536u + 1u, 0xffffffffu}) {
-    OutMessage m = Call("add", {Int(1), Int(2)});
+    rpc::OutMessage m = Call("add", {Int(1), Int(2)});
     m.header.mutable_request()->set_from(from);
     ExpectError(std::move(m), "request from unknown worker id");
   }
@@ -239,14 +239,14 @@ TEST_F(BadInput, UnknownRRefIds) {
   for (const auto& [rref, fork] : {std::pair{Guid(w1(), 123456), Guid(w1(), 123456)},
                                    std::pair{Guid(0, 99999), Guid(0, 88888)},
                                    std::pair{Guid(999, 1), Guid(999, 1)}}) {
-    OutMessage m;
+    rpc::OutMessage m;
     m.header.mutable_request()->set_from(0);
     SetBody(m.header.mutable_request(), Fetch(rref, fork));
     ExpectError(std::move(m), "to_here: no RRef");
   }
   // A method call on an RRef w1 should own but does not.
-  OutMessage self_call = Call("forward", {Tensor(kFloat, {1})}, {Bytes(4)});
-  wire::CallRequest forward = RequestBody<wire::CallRequest>(self_call.header.request()).value();
+  rpc::OutMessage self_call = Call("forward", {Tensor(kFloat, {1})}, {Bytes(4)});
+  wire::CallRequest forward = wire::RequestBody<wire::CallRequest>(self_call.header.request()).value();
   auto* self = forward.mutable_self()->mutable_rref();
   self->set_owner(w1());
   *self->mutable_rref_id() = Guid(w1(), 777777);
@@ -265,16 +265,16 @@ TEST_F(BadInput, UnknownRRefIds) {
     ExpectError(Call("echo", {v}), "decoding the arguments");
   }
   // Fork requests naming workers outside the group.
-  OutMessage fork;
+  rpc::OutMessage fork;
   fork.header.mutable_request()->set_from(0);
   SetBody(fork.header.mutable_request(), Fork(Guid(4242, 1), Guid(0, 2)));
   ExpectError(std::move(fork), "fork request: id G(4242,1) names worker id 4242");
   // Deleting or accepting unknown users is harmless (both are idempotent).
-  OutMessage del;
+  rpc::OutMessage del;
   del.header.mutable_request()->set_from(0);
   SetBody(del.header.mutable_request(), Delete(Guid(0, 31337), Guid(0, 31338)));
   ExpectOk(std::move(del));
-  OutMessage accept;
+  rpc::OutMessage accept;
   accept.header.mutable_request()->set_from(0);
   wire::ChildAccept child;
   *child.mutable_fork_id() = Guid(3, 4);
@@ -293,8 +293,8 @@ TEST_F(BadInput, UnknownRRefIds) {
 TEST_F(BadInput, RefusedRemoteLeavesAnRRefThatFailsItsLaterUsers) {
   // Makes the call in `m` a remote() from the master whose result is
   // G(0, local).
-  auto remote = [](OutMessage m, uint64_t local) {
-    wire::CallRequest call = RequestBody<wire::CallRequest>(m.header.request()).value();
+  auto remote = [](rpc::OutMessage m, uint64_t local) {
+    wire::CallRequest call = wire::RequestBody<wire::CallRequest>(m.header.request()).value();
     *call.mutable_result_rref() = Guid(0, local);
     *call.mutable_result_fork() = Guid(0, local);
     SetBody(m.header.mutable_request(), call);
@@ -312,13 +312,13 @@ TEST_F(BadInput, RefusedRemoteLeavesAnRRefThatFailsItsLaterUsers) {
       {6000002,
        RawClient::FrameBytes(remote(Call("echo", {Tensor(kFloat, {2, 3})}, {Bytes(23)}), 6000002)),
        "payload bytes do not match"});
-  OutMessage in_no_context = remote(Call("echo", {Int(1)}), 6000003);
+  rpc::OutMessage in_no_context = remote(Call("echo", {Int(1)}), 6000003);
   in_no_context.header.mutable_request()->mutable_autograd()->set_context_id((999LL << 48) | 5);
   refused.push_back({6000003, RawClient::FrameBytes(std::move(in_no_context)),
                      "unknown distributed autograd context id"});
   // A method call on an RRef that w1 should own but does not.
-  OutMessage on_missing = remote(Call("forward"), 6000004);
-  wire::CallRequest forward = RequestBody<wire::CallRequest>(on_missing.header.request()).value();
+  rpc::OutMessage on_missing = remote(Call("forward"), 6000004);
+  wire::CallRequest forward = wire::RequestBody<wire::CallRequest>(on_missing.header.request()).value();
   *forward.mutable_self() = RRefValue(w1(), Guid(w1(), 777777), Guid(0, 777778), 0);
   SetBody(on_missing.header.mutable_request(), forward);
   refused.push_back({6000004, RawClient::FrameBytes(std::move(on_missing)),
@@ -339,20 +339,20 @@ TEST_F(BadInput, RefusedRemoteLeavesAnRRefThatFailsItsLaterUsers) {
     SCOPED_TRACE(r.error);
     ExpectErrorBytes(r.frame, r.error);
     // Each later user gets the creation error well before its deadline.
-    OutMessage fetch;
+    rpc::OutMessage fetch;
     fetch.header.mutable_request()->set_from(0);
     SetBody(fetch.header.mutable_request(), Fetch(Guid(0, r.local), Guid(0, r.local)));
     ExpectError(std::move(fetch), r.error, absl::Seconds(5));
-    OutMessage method = Call("forward", {Tensor(kFloat, {1})}, {Bytes(4)});
-    wire::CallRequest call = RequestBody<wire::CallRequest>(method.header.request()).value();
+    rpc::OutMessage method = Call("forward", {Tensor(kFloat, {1})}, {Bytes(4)});
+    wire::CallRequest call = wire::RequestBody<wire::CallRequest>(method.header.request()).value();
     *call.mutable_self() = RRefValue(w1(), Guid(0, r.local), Guid(0, r.local + 500000), 0);
     SetBody(method.header.mutable_request(), call);
     ExpectError(std::move(method), r.error, absl::Seconds(5));
   }
   // A result id that is not the caller's own gets no owner at all.
   const int64_t owners = group_.worker(1).rref_stats().owners;
-  OutMessage not_own = remote(Call("echo", {Int(1)}), 6000006);
-  wire::CallRequest stolen = RequestBody<wire::CallRequest>(not_own.header.request()).value();
+  rpc::OutMessage not_own = remote(Call("echo", {Int(1)}), 6000006);
+  wire::CallRequest stolen = wire::RequestBody<wire::CallRequest>(not_own.header.request()).value();
   *stolen.mutable_result_rref() = Guid(w1(), 6000006);
   *stolen.mutable_result_fork() = Guid(w1(), 6000006);
   SetBody(not_own.header.mutable_request(), stolen);
@@ -360,7 +360,7 @@ TEST_F(BadInput, RefusedRemoteLeavesAnRRefThatFailsItsLaterUsers) {
   EXPECT_EQ(group_.worker(1).rref_stats().owners, owners);
   // The creator's user deletes free the failed values.
   for (const Refused& r : refused) {
-    OutMessage del;
+    rpc::OutMessage del;
     del.header.mutable_request()->set_from(0);
     SetBody(del.header.mutable_request(), Delete(Guid(0, r.local), Guid(0, r.local)));
     ExpectOk(std::move(del));
@@ -385,15 +385,15 @@ bool WaitUntil(const std::function<bool()>& done) {
 // that overtakes it likewise.
 TEST_F(BadInput, CallsThatOvertakeTheRemoteCreatingTheirRRefWaitForItAndRun) {
   const uint64_t module = 6100001, tensor = 6100002;  // G(0, module), G(0, tensor)
-  OutMessage method = Call("forward", {Tensor(kFloat, {1, 2})}, {at::ones({1, 2})});
-  wire::CallRequest call = RequestBody<wire::CallRequest>(method.header.request()).value();
+  rpc::OutMessage method = Call("forward", {Tensor(kFloat, {1, 2})}, {at::ones({1, 2})});
+  wire::CallRequest call = wire::RequestBody<wire::CallRequest>(method.header.request()).value();
   *call.mutable_self() = RRefValue(w1(), Guid(0, module), Guid(0, module), 0);
   SetBody(method.header.mutable_request(), call);
-  OutMessage fetch;
+  rpc::OutMessage fetch;
   fetch.header.mutable_request()->set_from(0);
   SetBody(fetch.header.mutable_request(), Fetch(Guid(0, tensor), Guid(0, tensor)));
   RawClient other(group_.worker(1).self().address);
-  absl::StatusOr<InMessage> method_reply, fetch_reply;
+  absl::StatusOr<rpc::InMessage> method_reply, fetch_reply;
   std::atomic<int> answered{0};
   std::thread early_method([&] {
     method_reply = client_.Call(std::move(method), absl::Seconds(20));
@@ -407,8 +407,8 @@ TEST_F(BadInput, CallsThatOvertakeTheRemoteCreatingTheirRRefWaitForItAndRun) {
   EXPECT_TRUE(WaitUntil([&] { return group_.worker(1).rref_stats().owners >= 2; }));
   EXPECT_EQ(answered.load(), 0) << "answered before their values existed";
   // The remote()s that create the two values.
-  auto remote = [](OutMessage m, uint64_t local) {
-    wire::CallRequest make = RequestBody<wire::CallRequest>(m.header.request()).value();
+  auto remote = [](rpc::OutMessage m, uint64_t local) {
+    wire::CallRequest make = wire::RequestBody<wire::CallRequest>(m.header.request()).value();
     *make.mutable_result_rref() = Guid(0, local);
     *make.mutable_result_fork() = Guid(0, local);
     SetBody(m.header.mutable_request(), make);
@@ -432,7 +432,7 @@ TEST_F(BadInput, CallsThatOvertakeTheRemoteCreatingTheirRRefWaitForItAndRun) {
   ASSERT_EQ(fetch_reply->payloads.size(), 1u);
   EXPECT_TRUE(at::equal(fetch_reply->payloads[0].view(at::kFloat), at::ones({3})));
   for (uint64_t local : {module, tensor}) {
-    OutMessage del;
+    rpc::OutMessage del;
     del.header.mutable_request()->set_from(0);
     SetBody(del.header.mutable_request(), Delete(Guid(0, local), Guid(0, local)));
     ExpectOk(std::move(del));
@@ -450,10 +450,10 @@ TEST_F(BadInput, CallsThatOvertakeTheRemoteCreatingTheirRRefWaitForItAndRun) {
 TEST(RRefOwner, StoppingAnswersCallsWaitingForAValueThatNeverCame) {
   using W = WireValues;
   Group group(1);
-  Agent& w1 = group.worker(1);
+  rpc::Agent& w1 = group.worker(1);
   const uint64_t never = 6200001, never_fetched = 6200002, made = 6200003;  // G(0, ...)
   auto call_on = [&](uint64_t local, uint64_t seq) {
-    OutMessage m;
+    rpc::OutMessage m;
     m.header.mutable_request()->set_from(0);
     wire::CallRequest call;
     call.set_function("forward");
@@ -467,7 +467,7 @@ TEST(RRefOwner, StoppingAnswersCallsWaitingForAValueThatNeverCame) {
   };
   // The value of G(0, made) exists; a call on it with seq 2 waits for seq 1.
   {
-    OutMessage remote;
+    rpc::OutMessage remote;
     remote.header.mutable_request()->set_from(0);
     wire::CallRequest make;
     make.set_function("Affine");
@@ -479,14 +479,14 @@ TEST(RRefOwner, StoppingAnswersCallsWaitingForAValueThatNeverCame) {
     auto reply = RawClient(w1.self().address).Call(std::move(remote));
     ASSERT_TRUE(reply.ok() && !reply->header.response().has_error());
   }
-  OutMessage fetch;
+  rpc::OutMessage fetch;
   fetch.header.mutable_request()->set_from(0);
   W::SetBody(fetch.header.mutable_request(), W::Fetch(W::Guid(0, never_fetched), W::Guid(0, never_fetched)));
-  std::vector<OutMessage> requests;
+  std::vector<rpc::OutMessage> requests;
   requests.push_back(call_on(never, 0));
   requests.push_back(std::move(fetch));
   requests.push_back(call_on(made, 2));
-  std::vector<absl::StatusOr<InMessage>> replies(requests.size());
+  std::vector<absl::StatusOr<rpc::InMessage>> replies(requests.size());
   std::atomic<int> answered{0};
   std::vector<std::thread> callers;
   for (size_t k = 0; k < requests.size(); ++k) {
@@ -519,13 +519,13 @@ TEST(RRefOwner, StoppingAnswersCallsWaitingForAValueThatNeverCame) {
 }
 
 TEST_F(BadInput, DoubleDeleteOfAnRRefUserFreesNothingTwice) {
-  Agent& master = group_.master();
-  RRef value = master.remote("w1", "echo", {at::ones({3})}).value();
+  rpc::Agent& master = group_.master();
+  rpc::RRef value = master.remote("w1", "echo", {at::ones({3})}).value();
   ASSERT_TRUE(value.to_here().ok());
   // A second user of the value that the owner knows of (as after a fork).
-  const wire::Guid rref = ToWire(value.id());
+  const wire::Guid rref = rpc::ToWire(value.id());
   const wire::Guid extra = Guid(0, 4000000);
-  OutMessage fork;
+  rpc::OutMessage fork;
   fork.header.mutable_request()->set_from(0);
   SetBody(fork.header.mutable_request(), Fork(rref, extra));
   ExpectOk(std::move(fork));
@@ -533,7 +533,7 @@ TEST_F(BadInput, DoubleDeleteOfAnRRefUserFreesNothingTwice) {
   // That user is deleted twice: the second delete changes nothing, and the
   // master's own user still reaches the value.
   for (int i = 0; i < 2; ++i) {
-    OutMessage del;
+    rpc::OutMessage del;
     del.header.mutable_request()->set_from(0);
     SetBody(del.header.mutable_request(), Delete(rref, extra));
     ExpectOk(std::move(del));
@@ -543,7 +543,7 @@ TEST_F(BadInput, DoubleDeleteOfAnRRefUserFreesNothingTwice) {
   auto again = value.to_here();
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->toTensor().numel(), 3);
-  value = RRef();  // the real delete frees the value
+  value = rpc::RRef();  // the real delete frees the value
   std::string why;
   EXPECT_TRUE(group_.WaitTablesEmpty(absl::Seconds(20), &why)) << why;
   ExpectServing();
@@ -553,12 +553,12 @@ TEST_F(BadInput, UnknownAutogradContextIds) {
   // Tensors that require grad, in a context no worker of the group created.
   for (int64_t context : {int64_t{-7}, int64_t{0}, (int64_t{999} << 48) | 5,
                           std::numeric_limits<int64_t>::max()}) {
-    OutMessage m = Call("echo", {Tensor(kFloat, {2}, 0, true)}, {Bytes(8)});
+    rpc::OutMessage m = Call("echo", {Tensor(kFloat, {2}, 0, true)}, {Bytes(8)});
     m.header.mutable_request()->mutable_autograd()->set_context_id(context);
     m.header.mutable_request()->mutable_autograd()->set_message_id(12);
     ExpectError(std::move(m), "unknown distributed autograd context id");
     if (context == 0) continue;  // 0 means "no context" without a message id
-    OutMessage fetch;
+    rpc::OutMessage fetch;
     fetch.header.mutable_request()->set_from(0);
     fetch.header.mutable_request()->mutable_autograd()->set_context_id(context);
     SetBody(fetch.header.mutable_request(), Fetch(Guid(0, 1), Guid(0, 1)));
@@ -570,14 +570,14 @@ TEST_F(BadInput, UnknownAutogradContextIds) {
   *grads.mutable_list()->add_items() = Tensor(kFloat, {2});
   ExpectError(Call("remora.autograd.propagate", {Int(123), Int(4), grads}, {Bytes(8)}),
               "unknown distributed autograd context 123");
-  EXPECT_EQ(dist_autograd::num_contexts(group_.worker(1)), 0);
+  EXPECT_EQ(autograd::num_contexts(group_.worker(1)), 0);
   // A gradient message for a real context but a message it never recorded.
   {
-    dist_autograd::Context context(group_.master());
+    autograd::Context context(group_.master());
     at::Tensor x = at::ones({2});
     x.set_requires_grad(true);
     ASSERT_TRUE(group_.master().rpc_sync("w1", "add", {x, at::ones({2})}).ok());
-    EXPECT_EQ(dist_autograd::num_contexts(group_.worker(1)), 1);
+    EXPECT_EQ(autograd::num_contexts(group_.worker(1)), 1);
     ExpectError(Call("remora.autograd.propagate", {Int(context.id()), Int(987654), grads},
                      {Bytes(8)}),
                 "recorded no message 987654");

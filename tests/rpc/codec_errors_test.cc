@@ -46,15 +46,15 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr WorkerId kDst = 3;
+constexpr base::WorkerId kDst = 3;
 
 // --- unsupported values -----------------------------------------------------
 
 absl::Status EncodeAlone(const c10::IValue& v) {
   std::vector<at::Tensor> payloads;
-  EncodeContext ectx{kDst, nullptr, &payloads};
+  rpc::EncodeContext ectx{kDst, nullptr, &payloads};
   wire::Value wv;
-  return EncodeValue(v, ectx, &wv);
+  return rpc::EncodeValue(v, ectx, &wv);
 }
 
 struct Holder : torch::CustomClassHolder {};
@@ -78,10 +78,10 @@ TEST(CodecErrors, UnsupportedValuesAreErrors) {
 
 TEST(CodecErrors, BytesThatDoNotFitTheDtypeAreAnError) {
   // 6 bytes are one and a half floats.
-  auto v = ViewBytesAs(at::zeros({6}, at::kByte), at::kFloat, {2});
+  auto v = rpc::ViewBytesAs(at::zeros({6}, at::kByte), at::kFloat, {2});
   EXPECT_FALSE(v.ok());
   EXPECT_THAT(std::string(v.status().message()), HasSubstr("viewing 6 payload bytes as Float"));
-  auto empty = ViewBytesAs(at::zeros({0}, at::kByte), at::kFloat, {0, 3});
+  auto empty = rpc::ViewBytesAs(at::zeros({0}, at::kByte), at::kFloat, {0, 3});
   ASSERT_TRUE(empty.ok()) << empty.status();
   EXPECT_EQ(empty->sizes(), (std::vector<int64_t>{0, 3}));
 }
@@ -93,9 +93,9 @@ TEST(CodecErrors, SparseTensorIsAnError) {
 }
 
 TEST(CodecErrors, TensorWithoutPayloadListIsAnError) {
-  EncodeContext ectx{kDst, nullptr, nullptr};
+  rpc::EncodeContext ectx{kDst, nullptr, nullptr};
   wire::Value wv;
-  EXPECT_EQ(EncodeValue(at::ones({1}), ectx, &wv).code(),
+  EXPECT_EQ(rpc::EncodeValue(at::ones({1}), ectx, &wv).code(),
             absl::StatusCode::kInternal);
 }
 
@@ -104,8 +104,8 @@ TEST(CodecErrors, TensorWithoutPayloadListIsAnError) {
 class CodecDecodeError : public ::testing::Test {
  protected:
   absl::StatusOr<c10::IValue> Decode(const wire::Value& v) {
-    DecodeContext dctx{nullptr, &payloads_, nullptr};
-    return DecodeValue(v, dctx);
+    rpc::DecodeContext dctx{nullptr, &payloads_, nullptr};
+    return rpc::DecodeValue(v, dctx);
   }
   // A tensor value of `dtype` and `sizes` naming payload `payload`.
   static wire::Value TensorValue(int32_t dtype, std::vector<int64_t> sizes,
@@ -181,8 +181,8 @@ TEST_F(CodecDecodeError, PayloadIndexOutOfRange) {
   ExpectInvalid(Decode(TensorValue(static_cast<int32_t>(at::kFloat), {1}, 0xFFFFFFFF)),
                 "does not exist");
   // No payload list at all.
-  DecodeContext none{nullptr, nullptr, nullptr};
-  auto v = DecodeValue(TensorValue(static_cast<int32_t>(at::kFloat), {1}), none);
+  rpc::DecodeContext none{nullptr, nullptr, nullptr};
+  auto v = rpc::DecodeValue(TensorValue(static_cast<int32_t>(at::kFloat), {1}), none);
   EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -274,13 +274,13 @@ TEST_F(CodecDecodeError, ErrorsInsideContainersPropagate) {
 // where they come from).
 TEST(Annotate, SaysTheWorkerOnce) {
   const absl::Status inner = absl::InternalError("worker 'w1': worker 'w1': reading a batch: bad file");
-  EXPECT_EQ(Annotate(inner, "the training step on worker 'w1'").message(),
+  EXPECT_EQ(base::Annotate(inner, "the training step on worker 'w1'").message(),
             "the training step on worker 'w1': reading a batch: bad file");
-  EXPECT_EQ(Annotate(inner, "the training step on worker 'w2'").message(),
+  EXPECT_EQ(base::Annotate(inner, "the training step on worker 'w2'").message(),
             "the training step on worker 'w2': worker 'w1': worker 'w1': reading a batch: bad file");
-  EXPECT_EQ(Annotate(absl::InternalError("worker 'w1' hosts no stage 3"), "on worker 'w1'").message(),
+  EXPECT_EQ(base::Annotate(absl::InternalError("worker 'w1' hosts no stage 3"), "on worker 'w1'").message(),
             "on worker 'w1': worker 'w1' hosts no stage 3");
-  EXPECT_EQ(Annotate(inner, "epoch 1").message(), "epoch 1: worker 'w1': worker 'w1': reading a batch: bad file");
+  EXPECT_EQ(base::Annotate(inner, "epoch 1").message(), "epoch 1: worker 'w1': worker 'w1': reading a batch: bad file");
 }
 
 }  // namespace

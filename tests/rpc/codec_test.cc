@@ -47,12 +47,12 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr WorkerId kDst = 3;
+constexpr base::WorkerId kDst = 3;
 
 // What came out of one trip through the frame path.
 struct Received {
   std::vector<c10::IValue> values;
-  InMessage message;  // header and the raw payloads
+  rpc::InMessage message;  // header and the raw payloads
 };
 
 size_t SliceCount(const grpc::ByteBuffer& buffer) {
@@ -66,29 +66,29 @@ size_t SliceCount(const grpc::ByteBuffer& buffer) {
 // `piece` bytes.
 absl::StatusOr<Received> RoundTrip(const std::vector<c10::IValue>& values,
                                    size_t piece = 0) {
-  OutMessage out;
+  rpc::OutMessage out;
   out.header.mutable_request()->set_from(1);
   wire::CallRequest call;
   call.set_function("f");
-  EncodeContext ectx{kDst, nullptr, &out.payloads};
+  rpc::EncodeContext ectx{kDst, nullptr, &out.payloads};
   for (const auto& v : values) {
-    absl::Status s = EncodeValue(v, ectx, call.add_args());
+    absl::Status s = rpc::EncodeValue(v, ectx, call.add_args());
     if (!s.ok()) return s;
   }
-  *out.header.mutable_request() = MakeRequest(call);
+  *out.header.mutable_request() = wire::MakeRequest(call);
   out.header.mutable_request()->set_from(1);
-  grpc::ByteBuffer buffer = SerializeMessage(std::move(out));
+  grpc::ByteBuffer buffer = rpc::SerializeMessage(std::move(out));
   if (piece > 0) buffer = Reslice(buffer, piece);
-  absl::StatusOr<InMessage> in = ParseMessage(buffer);
+  absl::StatusOr<rpc::InMessage> in = rpc::ParseMessage(buffer);
   if (!in.ok()) return in.status();
   Received r;
   r.message = *std::move(in);
-  DecodeContext dctx{nullptr, &r.message.payloads, nullptr};
+  rpc::DecodeContext dctx{nullptr, &r.message.payloads, nullptr};
   absl::StatusOr<wire::CallRequest> received =
-      RequestBody<wire::CallRequest>(r.message.header.request());
+      wire::RequestBody<wire::CallRequest>(r.message.header.request());
   if (!received.ok()) return received.status();
   for (const auto& arg : received->args()) {
-    absl::StatusOr<c10::IValue> v = DecodeValue(arg, dctx);
+    absl::StatusOr<c10::IValue> v = rpc::DecodeValue(arg, dctx);
     if (!v.ok()) return v.status();
     r.values.push_back(*std::move(v));
   }
@@ -175,9 +175,9 @@ c10::IValue MakeRRef(c10::worker_id_t owner) {
 }
 
 // Records what the codec asks of the RRef layer.
-class FakeHooks : public RRefHooks {
+class FakeHooks : public rpc::RRefHooks {
  public:
-  absl::Status ForkForSend(const c10::IValue& rref, WorkerId dst,
+  absl::Status ForkForSend(const c10::IValue& rref, base::WorkerId dst,
                            wire::RRefMeta* out) override {
     if (!fork_status.ok()) return fork_status;
     ++forks;
@@ -190,15 +190,15 @@ class FakeHooks : public RRefHooks {
     return absl::OkStatus();
   }
   absl::StatusOr<c10::IValue> Receive(
-      const wire::RRefMeta& meta, std::vector<Future<Empty>>* pending) override {
+      const wire::RRefMeta& meta, std::vector<rpc::Future<rpc::Empty>>* pending) override {
     received.push_back(meta);
-    if (pending != nullptr) pending->push_back(Future<Empty>());
+    if (pending != nullptr) pending->push_back(rpc::Future<rpc::Empty>());
     return MakeRRef(static_cast<c10::worker_id_t>(meta.owner()));
   }
 
   absl::Status fork_status;
   int forks = 0;
-  WorkerId last_dst = kUnknownWorker;
+  base::WorkerId last_dst = base::kUnknownWorker;
   std::vector<wire::RRefMeta> received;
 };
 
@@ -306,7 +306,7 @@ TEST_P(CodecDtype, BytesViewedAsTheDtypeShareTheirStorage) {
   const at::Tensor t = Sample(GetParam());
   const at::Tensor bytes =
       at::from_blob(t.data_ptr(), {static_cast<int64_t>(t.nbytes())}, at::kByte).clone();
-  auto v = ViewBytesAs(bytes, GetParam(), t.sizes());
+  auto v = rpc::ViewBytesAs(bytes, GetParam(), t.sizes());
   ASSERT_TRUE(v.ok()) << v.status();
   ExpectSameTensor(*v, t);
   EXPECT_EQ(v->data_ptr(), bytes.data_ptr());
@@ -358,10 +358,10 @@ TEST(Codec, RoundTripsLargeTensorBeyondOneSlice) {
   ASSERT_EQ(t.nbytes(), size_t{32} << 20);
 
   // As serialized: the payload is a slice of its own, after the header's.
-  OutMessage out;
-  EncodeContext ectx{kDst, nullptr, &out.payloads};
-  ASSERT_TRUE(EncodeValue(t, ectx, out.header.mutable_response()->mutable_value()).ok());
-  const grpc::ByteBuffer buffer = SerializeMessage(std::move(out));
+  rpc::OutMessage out;
+  rpc::EncodeContext ectx{kDst, nullptr, &out.payloads};
+  ASSERT_TRUE(rpc::EncodeValue(t, ectx, out.header.mutable_response()->mutable_value()).ok());
+  const grpc::ByteBuffer buffer = rpc::SerializeMessage(std::move(out));
   EXPECT_GE(SliceCount(buffer), 2u);
 
   // Parsed as is, copied into a single fresh slice, and copied into odd-sized
@@ -369,12 +369,12 @@ TEST(Codec, RoundTripsLargeTensorBeyondOneSlice) {
   for (size_t piece : {size_t{0}, size_t{64} << 20, size_t{1000003}}) {
     SCOPED_TRACE(piece);
     const grpc::ByteBuffer b = piece == 0 ? buffer : Reslice(buffer, piece);
-    auto in = ParseMessage(b);
+    auto in = rpc::ParseMessage(b);
     ASSERT_TRUE(in.ok()) << in.status();
     ASSERT_EQ(in->payloads.size(), 1u);
     EXPECT_EQ(in->header.payload_sizes(0), t.nbytes());
-    DecodeContext dctx{nullptr, &in->payloads, nullptr};
-    auto v = DecodeValue(in->header.response().value(), dctx);
+    rpc::DecodeContext dctx{nullptr, &in->payloads, nullptr};
+    auto v = rpc::DecodeValue(in->header.response().value(), dctx);
     ASSERT_TRUE(v.ok()) << v.status();
     ExpectSameTensor(v->toTensor(), t);
   }
@@ -399,19 +399,19 @@ TEST(Codec, LargeSliceViewSendsOnlyItsOwnBytes) {
   // Beyond kInlinePayloadBytes, so the payload gets its own zero-copy slice.
   const at::Tensor base = at::arange(1 << 20, at::kDouble).reshape({1024, 1024});
   const at::Tensor view = base.narrow(0, 512, 256);  // rows 512..767
-  ASSERT_GT(view.nbytes(), kInlinePayloadBytes);
-  OutMessage out;
-  EncodeContext ectx{kDst, nullptr, &out.payloads};
-  ASSERT_TRUE(EncodeValue(view, ectx, out.header.mutable_response()->mutable_value()).ok());
+  ASSERT_GT(view.nbytes(), rpc::kInlinePayloadBytes);
+  rpc::OutMessage out;
+  rpc::EncodeContext ectx{kDst, nullptr, &out.payloads};
+  ASSERT_TRUE(rpc::EncodeValue(view, ectx, out.header.mutable_response()->mutable_value()).ok());
   ASSERT_EQ(out.payloads.size(), 1u);
   EXPECT_EQ(out.payloads[0].nbytes(), view.nbytes());
-  const grpc::ByteBuffer buffer = SerializeMessage(std::move(out));
+  const grpc::ByteBuffer buffer = rpc::SerializeMessage(std::move(out));
   EXPECT_LT(buffer.Length(), base.nbytes() / 2);
-  auto in = ParseMessage(Reslice(buffer, 1 << 16));
+  auto in = rpc::ParseMessage(Reslice(buffer, 1 << 16));
   ASSERT_TRUE(in.ok()) << in.status();
   EXPECT_EQ(in->header.payload_sizes(0), view.nbytes());
-  DecodeContext dctx{nullptr, &in->payloads, nullptr};
-  auto v = DecodeValue(in->header.response().value(), dctx);
+  rpc::DecodeContext dctx{nullptr, &in->payloads, nullptr};
+  auto v = rpc::DecodeValue(in->header.response().value(), dctx);
   ASSERT_TRUE(v.ok()) << v.status();
   ExpectSameTensor(v->toTensor(), view);
   EXPECT_EQ(v->toTensor()[0][0].item<double>(), 512.0 * 1024);
@@ -606,35 +606,35 @@ TEST(Codec, ManyValuesAcrossTinySlicesMatchOneSlice) {
 // --- RRefs ------------------------------------------------------------------
 
 TEST(Codec, RRefWithoutHooksIsAnError) {
-  OutMessage out;
-  EncodeContext ectx{kDst, nullptr, &out.payloads};
+  rpc::OutMessage out;
+  rpc::EncodeContext ectx{kDst, nullptr, &out.payloads};
   wire::Value wv;
-  absl::Status s = EncodeValue(MakeRRef(2), ectx, &wv);
+  absl::Status s = rpc::EncodeValue(MakeRRef(2), ectx, &wv);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
 
   wire::Value rref;
   rref.mutable_rref()->set_owner(2);
-  DecodeContext dctx{nullptr, &out.payloads, nullptr};
-  auto v = DecodeValue(rref, dctx);
+  rpc::DecodeContext dctx{nullptr, &out.payloads, nullptr};
+  auto v = rpc::DecodeValue(rref, dctx);
   EXPECT_EQ(v.status().code(), absl::StatusCode::kFailedPrecondition) << v.status();
 }
 
 TEST(Codec, RRefsGoThroughTheHooks) {
   FakeHooks hooks;
-  OutMessage out;
-  EncodeContext ectx{kDst, &hooks, &out.payloads};
+  rpc::OutMessage out;
+  rpc::EncodeContext ectx{kDst, &hooks, &out.payloads};
   c10::impl::GenericList list(c10::AnyType::get());
   list.push_back(MakeRRef(5));
   list.push_back(c10::IValue(int64_t{1}));
-  ASSERT_TRUE(EncodeValue(list, ectx, out.header.mutable_response()->mutable_value()).ok());
+  ASSERT_TRUE(rpc::EncodeValue(list, ectx, out.header.mutable_response()->mutable_value()).ok());
   EXPECT_EQ(hooks.forks, 1);
   EXPECT_EQ(hooks.last_dst, kDst);
 
-  auto in = ParseMessage(SerializeMessage(std::move(out)));
+  auto in = rpc::ParseMessage(rpc::SerializeMessage(std::move(out)));
   ASSERT_TRUE(in.ok()) << in.status();
-  std::vector<Future<Empty>> pending;
-  DecodeContext dctx{&hooks, &in->payloads, &pending};
-  auto v = DecodeValue(in->header.response().value(), dctx);
+  std::vector<rpc::Future<rpc::Empty>> pending;
+  rpc::DecodeContext dctx{&hooks, &in->payloads, &pending};
+  auto v = rpc::DecodeValue(in->header.response().value(), dctx);
   ASSERT_TRUE(v.ok()) << v.status();
   ASSERT_EQ(hooks.received.size(), 1u);
   EXPECT_EQ(hooks.received[0].owner(), 5u);
@@ -649,11 +649,11 @@ TEST(Codec, ForkErrorsPropagate) {
   FakeHooks hooks;
   hooks.fork_status = absl::UnavailableError("owner is gone");
   std::vector<at::Tensor> payloads;
-  EncodeContext ectx{kDst, &hooks, &payloads};
+  rpc::EncodeContext ectx{kDst, &hooks, &payloads};
   c10::impl::GenericDict generic(c10::StringType::get(), c10::AnyType::get());
   generic.insert(c10::IValue("r"), MakeRRef(2));
   wire::Value wv;
-  absl::Status s = EncodeValue(generic, ectx, &wv);
+  absl::Status s = rpc::EncodeValue(generic, ectx, &wv);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("owner is gone"));
 }

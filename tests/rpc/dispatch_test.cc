@@ -21,14 +21,14 @@ namespace {
 using ::testing::HasSubstr;
 
 // A Responder::Server that keeps what would be sent.
-class FakeServer final : public Responder::Server {
+class FakeServer final : public rpc::Responder::Server {
  public:
-  void SendReply(ReplySlot& slot, WorkerId to, OutMessage message) override {
+  void SendReply(rpc::ReplySlot& slot, base::WorkerId to, rpc::OutMessage message) override {
     replies.push_back(std::move(message));
     reply_to.push_back(to);
   }
-  absl::Status EncodeReplyValue(WorkerId to, int64_t context_id, const c10::IValue& value,
-                                OutMessage* message) override {
+  absl::Status EncodeReplyValue(base::WorkerId to, int64_t context_id, const c10::IValue& value,
+                                rpc::OutMessage* message) override {
     if (!value.isInt()) return absl::UnimplementedError("the fake encodes ints only");
     message->header.mutable_response()->mutable_value()->set_i(value.toInt());
     return absl::OkStatus();
@@ -36,59 +36,59 @@ class FakeServer final : public Responder::Server {
   const std::string& server_name() const override { return name; }
 
   std::string name = "fake";
-  std::vector<OutMessage> replies;
-  std::vector<WorkerId> reply_to;
+  std::vector<rpc::OutMessage> replies;
+  std::vector<base::WorkerId> reply_to;
 };
 
 // A reply slot that is never used (FakeServer keeps the replies).
-class NoSlot final : public ReplySlot {
+class NoSlot final : public rpc::ReplySlot {
  public:
   bool Reply(grpc::ByteBuffer) override { return true; }
 };
 
 // `body` as a received message from worker `from`.
-InMessage Received(const google::protobuf::Message& body, WorkerId from) {
-  InMessage m;
-  *m.header.mutable_request() = MakeRequest(body);
+rpc::InMessage Received(const google::protobuf::Message& body, base::WorkerId from) {
+  rpc::InMessage m;
+  *m.header.mutable_request() = wire::MakeRequest(body);
   m.header.mutable_request()->set_from(from);
   return m;
 }
 
 // Runs the handler that `table` has for `message`'s kind.
-void Serve(const DispatchTable& table, InMessage message, FakeServer* server) {
-  const WorkerId from = static_cast<WorkerId>(message.header.request().from());
-  const DispatchTable::Entry* entry = table.Find(message.header.request().kind());
+void Serve(const rpc::DispatchTable& table, rpc::InMessage message, FakeServer* server) {
+  const base::WorkerId from = static_cast<base::WorkerId>(message.header.request().from());
+  const rpc::DispatchTable::Entry* entry = table.Find(message.header.request().kind());
   ASSERT_NE(entry, nullptr) << message.header.request().kind();
   entry->handler(std::move(message),
-                 std::make_shared<Responder>(std::make_shared<NoSlot>(), server, from));
+                 std::make_shared<rpc::Responder>(std::make_shared<NoSlot>(), server, from));
 }
 
 TEST(RequestKinds, MakeRequestNamesTheBodysMessageAndRequestBodyReadsItBack) {
   wire::FetchRequest fetch;
   fetch.mutable_rref_id()->set_worker(2);
   fetch.mutable_rref_id()->set_local(7);
-  const wire::Request r = MakeRequest(fetch);
+  const wire::Request r = wire::MakeRequest(fetch);
   EXPECT_EQ(r.kind(), "remora.wire.FetchRequest");
-  auto back = RequestBody<wire::FetchRequest>(r);
+  auto back = wire::RequestBody<wire::FetchRequest>(r);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->rref_id().local(), 7u);
   // Another kind, or bytes that do not parse, are errors that say so.
-  auto wrong = RequestBody<wire::ForkRequest>(r);
+  auto wrong = wire::RequestBody<wire::ForkRequest>(r);
   EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(wrong.status().message()),
               HasSubstr("'remora.wire.FetchRequest' is not a remora.wire.ForkRequest"));
   wire::Request garbled = r;
   garbled.set_body("\xff\xff\xff");
-  EXPECT_THAT(std::string(RequestBody<wire::FetchRequest>(garbled).status().message()),
+  EXPECT_THAT(std::string(wire::RequestBody<wire::FetchRequest>(garbled).status().message()),
               HasSubstr("malformed body of a remora.wire.FetchRequest request"));
 }
 
 TEST(DispatchTable, RunsTheHandlerOfEachKindWithItsParsedBody) {
-  DispatchTable table;
+  rpc::DispatchTable table;
   std::atomic<int> forks{0}, deletes{0};
   ASSERT_TRUE(table
                   .Register<wire::ForkRequest>(
-                      [&](Incoming<wire::ForkRequest> in, std::shared_ptr<Responder> r) {
+                      [&](rpc::Incoming<wire::ForkRequest> in, std::shared_ptr<rpc::Responder> r) {
                         EXPECT_EQ(in.from, 3);
                         EXPECT_EQ(in.body.fork_id().local(), 41u);
                         ++forks;
@@ -97,7 +97,7 @@ TEST(DispatchTable, RunsTheHandlerOfEachKindWithItsParsedBody) {
                   .ok());
   ASSERT_TRUE(table
                   .Register<wire::UserDelete>(
-                      [&](Incoming<wire::UserDelete>, std::shared_ptr<Responder> r) {
+                      [&](rpc::Incoming<wire::UserDelete>, std::shared_ptr<rpc::Responder> r) {
                         ++deletes;
                         r->ReplyStatus(absl::OkStatus());
                       })
@@ -118,9 +118,9 @@ TEST(DispatchTable, RunsTheHandlerOfEachKindWithItsParsedBody) {
 }
 
 TEST(DispatchTable, AKindHasOneHandler) {
-  DispatchTable table;
-  auto handler = [](Incoming<wire::ChildAccept>, std::shared_ptr<Responder> r) {
-    r->Reply(OutMessage{});
+  rpc::DispatchTable table;
+  auto handler = [](rpc::Incoming<wire::ChildAccept>, std::shared_ptr<rpc::Responder> r) {
+    r->Reply(rpc::OutMessage{});
   };
   ASSERT_TRUE(table.Register<wire::ChildAccept>(handler).ok());
   absl::Status again = table.Register<wire::ChildAccept>(handler);
@@ -129,18 +129,18 @@ TEST(DispatchTable, AKindHasOneHandler) {
 }
 
 TEST(DispatchTable, AMalformedBodyIsAnErrorReplyAndTheHandlerNeverRuns) {
-  DispatchTable table;
+  rpc::DispatchTable table;
   bool ran = false;
   ASSERT_TRUE(table
                   .Register<wire::CallRequest>(
-                      [&](Incoming<wire::CallRequest>, std::shared_ptr<Responder> r) {
+                      [&](rpc::Incoming<wire::CallRequest>, std::shared_ptr<rpc::Responder> r) {
                         ran = true;
-                        r->Reply(OutMessage{});
+                        r->Reply(rpc::OutMessage{});
                       })
                   .ok());
   FakeServer server;
   server.name = "w7";
-  InMessage m = Received(wire::CallRequest(), 1);
+  rpc::InMessage m = Received(wire::CallRequest(), 1);
   m.header.mutable_request()->set_body("\x0a\xff");  // a string field whose length runs off
   Serve(table, std::move(m), &server);
   EXPECT_FALSE(ran);
@@ -152,9 +152,9 @@ TEST(DispatchTable, AMalformedBodyIsAnErrorReplyAndTheHandlerNeverRuns) {
 }
 
 TEST(DispatchTable, AResponderDroppedWithoutAReplyAnswersWithAnError) {
-  DispatchTable table;
+  rpc::DispatchTable table;
   ASSERT_TRUE(
-      table.Register<wire::Ping>([](Incoming<wire::Ping>, std::shared_ptr<Responder>) {}).ok());
+      table.Register<wire::Ping>([](rpc::Incoming<wire::Ping>, std::shared_ptr<rpc::Responder>) {}).ok());
   FakeServer server;
   Serve(table, Received(wire::Ping(), 2), &server);
   ASSERT_EQ(server.replies.size(), 1u);
@@ -167,16 +167,16 @@ TEST(DispatchTable, AResponderDroppedWithoutAReplyAnswersWithAnError) {
 // its message.
 TEST(DispatchTable, ASubsystemAddsARequestKindToRealAgents) {
   std::atomic<int> served{0};
-  Group g(2, {}, [&served](Agent& agent) {
+  Group g(2, {}, [&served](rpc::Agent& agent) {
     ASSERT_TRUE(agent.requests()
                     .Register<wire::Guid>(
-                        [&served, &agent](Incoming<wire::Guid> in, std::shared_ptr<Responder> r) {
+                        [&served, &agent](rpc::Incoming<wire::Guid> in, std::shared_ptr<rpc::Responder> r) {
                           ++served;
                           if (in.body.local() == 0) {
                             return r->ReplyError(absl::InvalidArgumentError(
                                 absl::StrCat("no id from ", agent.NameOf(in.from))));
                           }
-                          r->Reply(OutMessage{});
+                          r->Reply(rpc::OutMessage{});
                         })
                     .ok());
   });
@@ -184,13 +184,14 @@ TEST(DispatchTable, ASubsystemAddsARequestKindToRealAgents) {
   id.set_worker(0);
   id.set_local(5);
   for (int w = 1; w <= 2; ++w) {
-    absl::StatusOr<Empty> done = g.master().impl().SendControl(g.worker(w).self().id, MakeRequest(id)).wait();
+    absl::StatusOr<rpc::Empty> done =
+        g.master().impl().SendControl(g.worker(w).self().id, wire::MakeRequest(id)).wait();
     EXPECT_TRUE(done.ok()) << done.status();
   }
   EXPECT_EQ(served.load(), 2);
   // Its errors reach the sender naming the worker, as any request's do.
-  absl::StatusOr<Empty> refused =
-      g.worker(1).impl().SendControl(g.worker(2).self().id, MakeRequest(wire::Guid())).wait();
+  absl::StatusOr<rpc::Empty> refused =
+      g.worker(1).impl().SendControl(g.worker(2).self().id, wire::MakeRequest(wire::Guid())).wait();
   ASSERT_FALSE(refused.ok());
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("worker 'w2'"));
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("no id from w1"));

@@ -42,10 +42,10 @@ struct Record {
   std::string thread_name ABSL_GUARDED_BY(mu);
   absl::StatusOr<int> result ABSL_GUARDED_BY(mu) = absl::UnknownError("unset");
 
-  Future<int>::Callback Callback() {
+  rpc::Future<int>::Callback Callback() {
     return [this](const absl::StatusOr<int>& r) {
       std::string name = CurrentThreadName();
-      MutexLock lock(mu);
+      base::MutexLock lock(mu);
       ++calls;
       thread = std::this_thread::get_id();
       thread_name = name;
@@ -53,24 +53,24 @@ struct Record {
     };
   }
   int Calls() {
-    MutexLock lock(mu);
+    base::MutexLock lock(mu);
     return calls;
   }
   void AwaitCalls(int n) {
-    MutexLock lock(mu);
+    base::MutexLock lock(mu);
     auto reached = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu) { return calls >= n; };
     ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&reached), absl::Seconds(5)));
   }
 };
 
 TEST(Future, StartsPending) {
-  Future<int> f;
+  rpc::Future<int> f;
   EXPECT_FALSE(f.ready());
   EXPECT_EQ(f.executor(), nullptr);
 }
 
 TEST(Future, CompletesExactlyOnceWithValue) {
-  Future<int> f;
+  rpc::Future<int> f;
   EXPECT_TRUE(f.SetValue(1));
   EXPECT_TRUE(f.ready());
   EXPECT_FALSE(f.SetValue(2));
@@ -82,7 +82,7 @@ TEST(Future, CompletesExactlyOnceWithValue) {
 }
 
 TEST(Future, CompletesExactlyOnceWithError) {
-  Future<std::string> f;
+  rpc::Future<std::string> f;
   EXPECT_TRUE(f.SetError(absl::NotFoundError("first")));
   EXPECT_FALSE(f.SetValue("value"));
   EXPECT_FALSE(f.SetError(absl::InternalError("second")));
@@ -92,7 +92,7 @@ TEST(Future, CompletesExactlyOnceWithError) {
 }
 
 TEST(Future, SetErrorWithOkBecomesAnError) {
-  Future<int> f;
+  rpc::Future<int> f;
   EXPECT_TRUE(f.SetError(absl::OkStatus()));
   auto r = f.wait();
   EXPECT_FALSE(r.ok());
@@ -100,8 +100,8 @@ TEST(Future, SetErrorWithOkBecomesAnError) {
 }
 
 TEST(Future, CopiesShareOneState) {
-  Future<int> a;
-  Future<int> b = a;
+  rpc::Future<int> a;
+  rpc::Future<int> b = a;
   EXPECT_TRUE(b.SetValue(5));
   EXPECT_TRUE(a.ready());
   EXPECT_FALSE(a.SetValue(6));
@@ -109,7 +109,7 @@ TEST(Future, CopiesShareOneState) {
 }
 
 TEST(Future, WaitBlocksUntilAnotherThreadCompletes) {
-  Future<int> f;
+  rpc::Future<int> f;
   std::atomic<bool> set{false};
   std::thread t([&] {
     absl::SleepFor(absl::Milliseconds(30));
@@ -124,7 +124,7 @@ TEST(Future, WaitBlocksUntilAnotherThreadCompletes) {
 }
 
 TEST(Future, WaitReturnsTheError) {
-  Future<int> f;
+  rpc::Future<int> f;
   std::thread t([&] { f.SetError(absl::UnavailableError("down")); });
   auto r = f.wait();
   t.join();
@@ -133,7 +133,7 @@ TEST(Future, WaitReturnsTheError) {
 }
 
 TEST(Future, WaitForTimesOutOnPendingFuture) {
-  Future<int> f;
+  rpc::Future<int> f;
   const absl::Time start = absl::Now();
   auto r = f.wait_for(absl::Milliseconds(50));
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(45));
@@ -147,7 +147,7 @@ TEST(Future, WaitForTimesOutOnPendingFuture) {
 }
 
 TEST(Future, WaitForReturnsOnceCompleted) {
-  Future<int> f;
+  rpc::Future<int> f;
   std::thread t([&] {
     absl::SleepFor(absl::Milliseconds(20));
     f.SetValue(8);
@@ -157,12 +157,12 @@ TEST(Future, WaitForReturnsOnceCompleted) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(*r, 8);
   // And with an error.
-  Future<int> e = Future<int>::Ready(absl::AbortedError("x"));
+  rpc::Future<int> e = rpc::Future<int>::Ready(absl::AbortedError("x"));
   EXPECT_EQ(e.wait_for(absl::Seconds(1)).status().code(), absl::StatusCode::kAborted);
 }
 
 TEST(Future, ThenBeforeAndAfterCompletionRunOnceInlineWithoutExecutor) {
-  Future<int> f;
+  rpc::Future<int> f;
   Record before, after;
   f.then(before.Callback());
   EXPECT_EQ(before.Calls(), 0);
@@ -173,54 +173,54 @@ TEST(Future, ThenBeforeAndAfterCompletionRunOnceInlineWithoutExecutor) {
   f.SetValue(8);  // no effect
   EXPECT_EQ(before.Calls(), 1);
   EXPECT_EQ(after.Calls(), 1);
-  MutexLock lock(before.mu);
+  base::MutexLock lock(before.mu);
   EXPECT_EQ(before.thread, std::this_thread::get_id());
   EXPECT_EQ(*before.result, 7);
 }
 
 TEST(Future, ThenSeesTheError) {
-  Future<int> f;
+  rpc::Future<int> f;
   Record rec;
   f.then(rec.Callback());
   f.SetError(absl::PermissionDeniedError("no"));
-  MutexLock lock(rec.mu);
+  base::MutexLock lock(rec.mu);
   EXPECT_EQ(rec.result.status().code(), absl::StatusCode::kPermissionDenied);
 }
 
 TEST(Future, ThenRunsOnExecutorThreadsOnly) {
   Record before, after, late;
   {
-    ThreadPool pool(2);
-    Future<int> f(&pool);
+    rpc::ThreadPool pool(2);
+    rpc::Future<int> f(&pool);
     EXPECT_EQ(f.executor(), &pool);
     f.then(before.Callback());
     f.SetValue(3);  // completed on this (the test's) thread
     f.then(after.Callback());
     // Completed by a thread that is neither the test's nor the pool's.
-    Future<int> g(&pool);
+    rpc::Future<int> g(&pool);
     g.then(late.Callback());
     std::thread other([&] { g.SetValue(4); });
     other.join();
   }  // the pool runs every scheduled task before it joins
   for (Record* r : {&before, &after, &late}) {
-    MutexLock lock(r->mu);
+    base::MutexLock lock(r->mu);
     EXPECT_EQ(r->calls, 1);
     EXPECT_NE(r->thread, std::this_thread::get_id());
-    EXPECT_EQ(r->thread_name, ThreadPool::kThreadName);
+    EXPECT_EQ(r->thread_name, rpc::ThreadPool::kThreadName);
   }
-  MutexLock lock(late.mu);
+  base::MutexLock lock(late.mu);
   EXPECT_EQ(*late.result, 4);
 }
 
 TEST(Future, ThenAfterCompletionDoesNotRunOnCallerWithExecutor) {
   Record rec;  // outlives the pool
-  ThreadPool pool(1);
-  auto f = Future<int>::Ready(9, &pool);
+  rpc::ThreadPool pool(1);
+  auto f = rpc::Future<int>::Ready(9, &pool);
   f.then(rec.Callback());
   rec.AwaitCalls(1);
-  MutexLock lock(rec.mu);
+  base::MutexLock lock(rec.mu);
   EXPECT_NE(rec.thread, std::this_thread::get_id());
-  EXPECT_EQ(rec.thread_name, ThreadPool::kThreadName);
+  EXPECT_EQ(rec.thread_name, rpc::ThreadPool::kThreadName);
   EXPECT_EQ(*rec.result, 9);
 }
 
@@ -228,16 +228,16 @@ TEST(Future, CallbackKeepsStateAliveAfterFutureIsGone) {
   Record rec;
   {
     absl::Notification block;  // outlives the pool, which waits on it
-    ThreadPool pool(1);
+    rpc::ThreadPool pool(1);
     pool.Schedule([&] { block.WaitForNotification(); });  // hold the pool
     {
-      Future<int> f(&pool);
+      rpc::Future<int> f(&pool);
       f.then(rec.Callback());
       f.SetValue(11);
     }  // every copy of the future is gone; the callback is still queued
     block.Notify();
   }
-  MutexLock lock(rec.mu);
+  base::MutexLock lock(rec.mu);
   EXPECT_EQ(rec.calls, 1);
   EXPECT_EQ(*rec.result, 11);
 }
@@ -245,7 +245,7 @@ TEST(Future, CallbackKeepsStateAliveAfterFutureIsGone) {
 TEST(Future, RacingCompletersExactlyOneWins) {
   constexpr int kThreads = 8;
   for (int round = 0; round < 50; ++round) {
-    Future<int> f;
+    rpc::Future<int> f;
     std::atomic<int> wins{0};
     std::atomic<int> callbacks{0};
     std::atomic<int> seen{-1};
@@ -287,17 +287,17 @@ TEST(Future, RacingCompletersExactlyOneWins) {
 }
 
 TEST(Future, ReadyIsCompleted) {
-  auto ok = Future<int>::Ready(5);
+  auto ok = rpc::Future<int>::Ready(5);
   EXPECT_TRUE(ok.ready());
   EXPECT_FALSE(ok.SetValue(6));
   EXPECT_EQ(*ok.wait(), 5);
 
-  auto err = Future<int>::Ready(absl::CancelledError("c"));
+  auto err = rpc::Future<int>::Ready(absl::CancelledError("c"));
   EXPECT_TRUE(err.ready());
   EXPECT_EQ(err.wait().status().code(), absl::StatusCode::kCancelled);
 
-  ThreadPool pool(1);
-  auto with_executor = Future<Empty>::Ready(Empty{}, &pool);
+  rpc::ThreadPool pool(1);
+  auto with_executor = rpc::Future<rpc::Empty>::Ready(rpc::Empty{}, &pool);
   EXPECT_EQ(with_executor.executor(), &pool);
   EXPECT_TRUE(with_executor.wait().ok());
 }
@@ -305,14 +305,14 @@ TEST(Future, ReadyIsCompleted) {
 // --- WhenAll ----------------------------------------------------------------
 
 TEST(WhenAll, EmptyIsReady) {
-  auto all = WhenAll(std::vector<Future<int>>{});
+  auto all = rpc::WhenAll(std::vector<rpc::Future<int>>{});
   EXPECT_TRUE(all.ready());
   EXPECT_TRUE(all.wait().ok());
 }
 
 TEST(WhenAll, CompletesOnlyAfterEveryInput) {
-  std::vector<Future<int>> fs(3);
-  auto all = WhenAll(fs);
+  std::vector<rpc::Future<int>> fs(3);
+  auto all = rpc::WhenAll(fs);
   EXPECT_FALSE(all.ready());
   fs[1].SetValue(1);
   fs[0].SetValue(0);
@@ -323,15 +323,15 @@ TEST(WhenAll, CompletesOnlyAfterEveryInput) {
 }
 
 TEST(WhenAll, OverReadyFutures) {
-  std::vector<Future<int>> fs = {Future<int>::Ready(1), Future<int>::Ready(2)};
-  auto all = WhenAll(fs);
+  std::vector<rpc::Future<int>> fs = {rpc::Future<int>::Ready(1), rpc::Future<int>::Ready(2)};
+  auto all = rpc::WhenAll(fs);
   EXPECT_TRUE(all.ready());
   EXPECT_TRUE(all.wait().ok());
 }
 
 TEST(WhenAll, ErrorWaitsForTheRestThenPropagates) {
-  std::vector<Future<int>> fs(3);
-  auto all = WhenAll(fs);
+  std::vector<rpc::Future<int>> fs(3);
+  auto all = rpc::WhenAll(fs);
   fs[0].SetError(absl::DataLossError("first failure"));
   EXPECT_FALSE(all.ready());  // an error does not short-circuit
   fs[1].SetError(absl::InternalError("second failure"));
@@ -345,8 +345,8 @@ TEST(WhenAll, ErrorWaitsForTheRestThenPropagates) {
 
 TEST(WhenAll, CompletedFromManyThreads) {
   constexpr int kInputs = 64;
-  std::vector<Future<int>> fs(kInputs);
-  auto all = WhenAll(fs);
+  std::vector<rpc::Future<int>> fs(kInputs);
+  auto all = rpc::WhenAll(fs);
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
@@ -369,11 +369,11 @@ TEST(WhenAll, ResultCallbacksRunOnItsExecutor) {
   std::string name;
   std::thread::id id;
   {
-    ThreadPool pool(1);
-    std::vector<Future<int>> fs(2);
-    auto all = WhenAll(fs, &pool);
+    rpc::ThreadPool pool(1);
+    std::vector<rpc::Future<int>> fs(2);
+    auto all = rpc::WhenAll(fs, &pool);
     EXPECT_EQ(all.executor(), &pool);
-    all.then([&](const absl::StatusOr<Empty>& r) {
+    all.then([&](const absl::StatusOr<rpc::Empty>& r) {
       name = CurrentThreadName();
       id = std::this_thread::get_id();
       EXPECT_TRUE(r.ok());
@@ -384,7 +384,7 @@ TEST(WhenAll, ResultCallbacksRunOnItsExecutor) {
     EXPECT_TRUE(all.wait_for(absl::Seconds(5)).ok());
   }
   EXPECT_EQ(calls.load(), 1);
-  EXPECT_EQ(name, ThreadPool::kThreadName);
+  EXPECT_EQ(name, rpc::ThreadPool::kThreadName);
   EXPECT_NE(id, std::this_thread::get_id());
 }
 
@@ -393,7 +393,7 @@ TEST(WhenAll, ResultCallbacksRunOnItsExecutor) {
 TEST(ThreadPool, DestructorRunsEveryScheduledTask) {
   std::atomic<int> ran{0};
   {
-    ThreadPool pool(2);
+    rpc::ThreadPool pool(2);
     for (int i = 0; i < 100; ++i) pool.Schedule([&] { ++ran; });
   }
   EXPECT_EQ(ran.load(), 100);
@@ -403,7 +403,7 @@ TEST(ThreadPool, TasksMayScheduleMoreTasks) {
   std::atomic<int> ran{0};
   {
     absl::Notification done;  // outlives the pool
-    ThreadPool pool(1);
+    rpc::ThreadPool pool(1);
     pool.Schedule([&] {
       ++ran;
       pool.Schedule([&] {
@@ -422,12 +422,12 @@ TEST(ThreadPool, TheLaneRunsItsTasksInOrderOnOneThreadOfItsOwn) {
   std::set<std::thread::id> threads;
   std::set<std::string> names;
   absl::Notification done;
-  ThreadPool pool(4);
+  rpc::ThreadPool pool(4);
   for (int i = 0; i < 50; ++i) {
     pool.lane()->Schedule([&, i] {
       char name[16] = {};
       pthread_getname_np(pthread_self(), name, sizeof(name));
-      MutexLock lock(mu);
+      base::MutexLock lock(mu);
       order.push_back(i);
       threads.insert(std::this_thread::get_id());
       names.insert(name);
@@ -435,12 +435,12 @@ TEST(ThreadPool, TheLaneRunsItsTasksInOrderOnOneThreadOfItsOwn) {
     });
   }
   ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  MutexLock lock(mu);
+  base::MutexLock lock(mu);
   std::vector<int> expected(50);
   std::iota(expected.begin(), expected.end(), 0);
   EXPECT_EQ(order, expected);
   EXPECT_EQ(threads.size(), 1u);
-  EXPECT_EQ(names, std::set<std::string>{ThreadPool::kLaneThreadName});
+  EXPECT_EQ(names, std::set<std::string>{rpc::ThreadPool::kLaneThreadName});
   EXPECT_EQ(threads.count(std::this_thread::get_id()), 0u);
 }
 
@@ -449,7 +449,7 @@ TEST(ThreadPool, TheLaneRunsItsTasksInOrderOnOneThreadOfItsOwn) {
 TEST(ThreadPool, StopRunsWhatThePoolAndTheLaneScheduleOnEachOther) {
   std::atomic<int> ran{0};
   {
-    ThreadPool pool(2);
+    rpc::ThreadPool pool(2);
     for (int i = 0; i < 20; ++i) {
       pool.Schedule([&] {
         ++ran;
@@ -469,7 +469,7 @@ TEST(ThreadPool, StopRunsWhatThePoolAndTheLaneScheduleOnEachOther) {
 
 TEST(ThreadPool, BusyCountsQueuedAndRunningTasks) {
   absl::Notification release, started;  // outlive the pool
-  ThreadPool pool(1);
+  rpc::ThreadPool pool(1);
   pool.Schedule([&] {
     started.Notify();
     release.WaitForNotification();
@@ -487,16 +487,16 @@ TEST(ThreadPool, ATaskOrCallbackThatThrowsIsReportedAndEverythingGoesOn) {
   testing::internal::CaptureStderr();
   std::atomic<int> ran{0};
   {
-    ThreadPool pool(1);
+    rpc::ThreadPool pool(1);
     pool.Schedule([] { throw std::runtime_error("task bug"); });
     pool.lane()->Schedule([] { throw std::logic_error("lane bug"); });
-    Future<int> on_pool(&pool);
+    rpc::Future<int> on_pool(&pool);
     on_pool.then([](const absl::StatusOr<int>&) { throw std::runtime_error("callback bug"); });
     on_pool.SetValue(1);
     pool.Schedule([&ran] { ++ran; });
     pool.lane()->Schedule([&ran] { ++ran; });
   }
-  Future<int> inline_callbacks;
+  rpc::Future<int> inline_callbacks;
   inline_callbacks.then([](const absl::StatusOr<int>&) { throw std::runtime_error("inline bug"); });
   inline_callbacks.then([&ran](const absl::StatusOr<int>&) { ++ran; });
   EXPECT_TRUE(inline_callbacks.SetValue(2));

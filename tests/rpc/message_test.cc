@@ -68,7 +68,7 @@ std::string FrameBytes(const std::vector<uint64_t>& sizes, const std::string& bo
 }
 
 void ExpectFrameError(const grpc::ByteBuffer& b, const std::string& substr) {
-  auto in = ParseMessage(b);
+  auto in = rpc::ParseMessage(b);
   EXPECT_EQ(in.status().code(), absl::StatusCode::kInvalidArgument) << in.status();
   EXPECT_THAT(std::string(in.status().message()), HasSubstr(substr));
 }
@@ -76,7 +76,7 @@ void ExpectFrameError(const grpc::ByteBuffer& b, const std::string& substr) {
 TEST(Frame, HandBuiltFrameParses) {
   // The control for the error cases: two payloads, split across slices.
   const std::string bytes = FrameBytes({2, 3}, "abcde");
-  auto in = ParseMessage(BufferOf(bytes));
+  auto in = rpc::ParseMessage(BufferOf(bytes));
   ASSERT_TRUE(in.ok()) << in.status();
   EXPECT_EQ(in->header.request().from(), 9u);
   ASSERT_EQ(in->payloads.size(), 2u);
@@ -85,7 +85,7 @@ TEST(Frame, HandBuiltFrameParses) {
   EXPECT_EQ(in->payloads[1].scalar_type(), at::kByte);
   EXPECT_EQ(in->payloads[1].dim(), 1);
 
-  auto split = ParseMessage(Reslice(BufferOf(bytes), 1));
+  auto split = rpc::ParseMessage(Reslice(BufferOf(bytes), 1));
   ASSERT_TRUE(split.ok()) << split.status();
   EXPECT_EQ(std::string(static_cast<const char*>(split->payloads[1].data_ptr()), 3), "cde");
 }
@@ -97,7 +97,7 @@ TEST(Frame, TooShort) {
 }
 
 TEST(Frame, UninitializedBuffer) {
-  auto in = ParseMessage(grpc::ByteBuffer());
+  auto in = rpc::ParseMessage(grpc::ByteBuffer());
   EXPECT_EQ(in.status().code(), absl::StatusCode::kInvalidArgument) << in.status();
 }
 
@@ -107,28 +107,28 @@ TEST(Frame, UninitializedBuffer) {
 TEST(Frame, TaggedFrameGivesBackIdAndFrame) {
   const std::string bytes = FrameBytes({2, 3}, "abcde");
   for (size_t piece : {size_t{1}, size_t{3}, size_t{8}, size_t{1000}}) {
-    grpc::ByteBuffer message = Reslice(TagFrame(0x0102030405060708ULL, BufferOf(bytes)), piece);
-    auto id = UntagFrame(&message);
+    grpc::ByteBuffer message = Reslice(rpc::TagFrame(0x0102030405060708ULL, BufferOf(bytes)), piece);
+    auto id = rpc::UntagFrame(&message);
     ASSERT_TRUE(id.ok()) << id.status();
     EXPECT_EQ(*id, 0x0102030405060708ULL);
-    auto in = ParseMessage(message);
+    auto in = rpc::ParseMessage(message);
     ASSERT_TRUE(in.ok()) << "slices of " << piece << ": " << in.status();
     EXPECT_EQ(std::string(static_cast<const char*>(in->payloads[1].data_ptr()), 3), "cde");
   }
-  grpc::ByteBuffer empty_frame = TagFrame(7, grpc::ByteBuffer());
-  EXPECT_EQ(UntagFrame(&empty_frame).value(), 7u);
+  grpc::ByteBuffer empty_frame = rpc::TagFrame(7, grpc::ByteBuffer());
+  EXPECT_EQ(rpc::UntagFrame(&empty_frame).value(), 7u);
   EXPECT_EQ(empty_frame.Length(), 0u);
 }
 
 TEST(Frame, UntagRefusesShortMessages) {
   for (const std::string& bytes : {std::string(), std::string("1234567")}) {
     grpc::ByteBuffer message = Reslice(BufferOf(bytes), 2);
-    auto id = UntagFrame(&message);
+    auto id = rpc::UntagFrame(&message);
     EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument) << id.status();
     EXPECT_THAT(std::string(id.status().message()), HasSubstr("too short"));
   }
   grpc::ByteBuffer invalid;
-  EXPECT_FALSE(UntagFrame(&invalid).ok());
+  EXPECT_FALSE(rpc::UntagFrame(&invalid).ok());
 }
 
 TEST(Frame, HeaderLengthBeyondBuffer) {

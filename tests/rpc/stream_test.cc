@@ -44,7 +44,7 @@ using ::testing::HasSubstr;
 // two ends of rpc/stream.h without an agent around them.
 class StreamServer final : public grpc::CallbackGenericService {
  public:
-  explicit StreamServer(ServerStream::Dispatch dispatch) : dispatch_(std::move(dispatch)) {
+  explicit StreamServer(rpc::ServerStream::Dispatch dispatch) : dispatch_(std::move(dispatch)) {
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -60,33 +60,33 @@ class StreamServer final : public grpc::CallbackGenericService {
   }
 
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext*) override {
-    auto* stream = new ServerStream(dispatch_, [this](const std::shared_ptr<ServerStream::State>& s) {
-      MutexLock lock(mu_);
+    auto* stream = new rpc::ServerStream(dispatch_, [this](const std::shared_ptr<rpc::ServerStream::State>& s) {
+      base::MutexLock lock(mu_);
       open_.erase(s);
     });
-    MutexLock lock(mu_);
+    base::MutexLock lock(mu_);
     open_.insert(stream->state());
     return stream;
   }
 
   void CloseAll(const grpc::Status& status) {
-    std::vector<std::shared_ptr<ServerStream::State>> open;
+    std::vector<std::shared_ptr<rpc::ServerStream::State>> open;
     {
-      MutexLock lock(mu_);
+      base::MutexLock lock(mu_);
       open.assign(open_.begin(), open_.end());
     }
-    for (const auto& s : open) ServerStream::Close(s, status);
+    for (const auto& s : open) rpc::ServerStream::Close(s, status);
   }
 
-  std::unique_ptr<SyncStream> Open() { return SyncStream::Open(stub_.get(), ""); }
+  std::unique_ptr<rpc::SyncStream> Open() { return rpc::SyncStream::Open(stub_.get(), ""); }
 
  private:
-  const ServerStream::Dispatch dispatch_;
+  const rpc::ServerStream::Dispatch dispatch_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<grpc::GenericStub> stub_;
   absl::Mutex mu_;
-  std::set<std::shared_ptr<ServerStream::State>> open_ ABSL_GUARDED_BY(mu_);
+  std::set<std::shared_ptr<rpc::ServerStream::State>> open_ ABSL_GUARDED_BY(mu_);
 };
 
 grpc::ByteBuffer Bytes(const std::string& s) {
@@ -105,19 +105,19 @@ std::string String(const grpc::ByteBuffer& b) {
 // Requests a handler holds on to, to answer (or drop) when the test says.
 struct HeldRequests {
   absl::Mutex mu;
-  std::vector<std::pair<std::string, std::shared_ptr<ReplySlot>>> held ABSL_GUARDED_BY(mu);
-  ServerStream::Dispatch Dispatch() {
-    return [this](grpc::ByteBuffer frame, std::shared_ptr<ReplySlot> slot) {
-      MutexLock lock(mu);
+  std::vector<std::pair<std::string, std::shared_ptr<rpc::ReplySlot>>> held ABSL_GUARDED_BY(mu);
+  rpc::ServerStream::Dispatch Dispatch() {
+    return [this](grpc::ByteBuffer frame, std::shared_ptr<rpc::ReplySlot> slot) {
+      base::MutexLock lock(mu);
       held.emplace_back(String(frame), std::move(slot));
     };
   }
   size_t count() {
-    MutexLock lock(mu);
+    base::MutexLock lock(mu);
     return held.size();
   }
   bool WaitFor(size_t n) {
-    MutexLock lock(mu);
+    base::MutexLock lock(mu);
     auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return held.size() >= n; };
     return mu.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
   }
@@ -126,7 +126,7 @@ struct HeldRequests {
 const absl::Duration kNoSpin = absl::ZeroDuration();
 
 TEST(Stream, CallsGoOneAfterAnotherOnOneStream) {
-  StreamServer server([](grpc::ByteBuffer frame, std::shared_ptr<ReplySlot> slot) {
+  StreamServer server([](grpc::ByteBuffer frame, std::shared_ptr<rpc::ReplySlot> slot) {
     slot->Reply(Bytes(String(frame) + "!"));
   });
   auto stream = server.Open();
@@ -181,7 +181,7 @@ TEST(Stream, CloseAnswersTheRequestInHandThenEndsTheStream) {
   EXPECT_TRUE(handler.WaitFor(1));
   server.CloseAll(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stopping"));
   {
-    MutexLock lock(handler.mu);
+    base::MutexLock lock(handler.mu);
     if (handler.held.empty()) {
       stream->Cancel();  // fails the call below instead of hanging the test
     } else {
@@ -199,7 +199,7 @@ TEST(Stream, CloseAnswersTheRequestInHandThenEndsTheStream) {
 // A request dropped without a reply fails its call instead of leaving the
 // caller waiting for its deadline.
 TEST(Stream, RequestDroppedWithoutAReplyFailsTheCall) {
-  StreamServer server([](grpc::ByteBuffer, std::shared_ptr<ReplySlot>) {});
+  StreamServer server([](grpc::ByteBuffer, std::shared_ptr<rpc::ReplySlot>) {});
   auto stream = server.Open();
   const absl::Time start = absl::Now();
   auto r = stream->Call(Bytes("x"), nullptr, absl::Now() + absl::Seconds(30), kNoSpin);

@@ -34,38 +34,38 @@ const TestPki& OtherPki() {
 // Owns its agent and registry; calls() may be read from any thread.
 class CountingMaster {
  public:
-  explicit CountingMaster(AgentOptions options) {
+  explicit CountingMaster(rpc::AgentOptions options) {
     EXPECT_TRUE(registry_
                     .RegisterFunction("count",
-                                      [this](CallContext&, const Args&) -> c10::IValue {
+                                      [this](rpc::CallContext&, const rpc::Args&) -> c10::IValue {
                                         return int64_t{++calls_};
                                       })
                     .ok());
     options.name = "master";
     options.is_master = true;
-    agent_ = Agent::Start(options, &registry_).value();
+    agent_ = rpc::Agent::Start(options, &registry_).value();
     EXPECT_TRUE(agent_->Join().ok());
   }
   ~CountingMaster() { EXPECT_TRUE(agent_->Shutdown().ok()); }
 
-  Agent& agent() { return *agent_; }
+  rpc::Agent& agent() { return *agent_; }
   int calls() const { return calls_.load(); }
 
   // The frame of a call to "count" as the master itself would send it.
-  static OutMessage CountCall() {
-    OutMessage m;
+  static rpc::OutMessage CountCall() {
+    rpc::OutMessage m;
     m.header.mutable_request()->set_from(0);
     wire::CallRequest count;
     count.set_function("count");
-    *m.header.mutable_request() = MakeRequest(count);
+    *m.header.mutable_request() = wire::MakeRequest(count);
     m.header.mutable_request()->set_from(0);
     return m;
   }
 
  private:
-  Registry registry_;
+  rpc::Registry registry_;
   std::atomic<int> calls_{0};
-  std::unique_ptr<Agent> agent_;
+  std::unique_ptr<rpc::Agent> agent_;
 };
 
 std::string Read(const std::string& path) { return ReadFile(path); }
@@ -81,19 +81,19 @@ std::shared_ptr<grpc::ChannelCredentials> ClientCredentials(const std::string& r
 }
 
 TEST(Tls, MutualTlsGroupRunsCallsAndRRefs) {
-  AgentOptions base;
+  rpc::AgentOptions base;
   base.tls = Pki().tls();
   Group group(2, base);
-  Agent& master = group.master();
+  rpc::Agent& master = group.master();
   EXPECT_EQ(master.rpc_sync("w1", "add", {int64_t{40}, int64_t{2}}).value().toInt(), 42);
   {
-    RRef s1 = master.remote("w1", "Affine", {int64_t{5}, int64_t{4}, int64_t{1}}).value();
-    RRef s2 = master.remote("w2", "Affine", {int64_t{4}, int64_t{3}, int64_t{2}}).value();
+    rpc::RRef s1 = master.remote("w1", "Affine", {int64_t{5}, int64_t{4}, int64_t{1}}).value();
+    rpc::RRef s2 = master.remote("w2", "Affine", {int64_t{4}, int64_t{3}, int64_t{2}}).value();
     at::Tensor w1 = s1.rpc_sync("weight").value().toTensor();
     at::Tensor w2 = s2.rpc_sync("weight").value().toTensor();
     at::Tensor x = at::randn({2, 5});
     // worker2 fetches worker1's result from worker1: a TLS call between workers.
-    RRef y = s1.remote("forward", {master.local_rref(x)}).value();
+    rpc::RRef y = s1.remote("forward", {master.local_rref(x)}).value();
     auto z = s2.rpc_sync("forward", {y});
     ASSERT_TRUE(z.ok()) << z.status();
     EXPECT_TRUE(at::allclose(z->toTensor(), at::matmul(at::matmul(x, w1.t()), w2.t()), 1e-5,
@@ -104,7 +104,7 @@ TEST(Tls, MutualTlsGroupRunsCallsAndRRefs) {
 }
 
 TEST(Tls, ClientsWithoutACertificateFromTheCaAreRefusedAndNothingRuns) {
-  AgentOptions options;
+  rpc::AgentOptions options;
   options.tls = Pki().tls();
   CountingMaster master(options);
   const std::string address = master.agent().self().address;
@@ -139,7 +139,7 @@ TEST(Tls, ClientsWithoutACertificateFromTheCaAreRefusedAndNothingRuns) {
 }
 
 TEST(Tls, ServerFromAnotherCaIsRefusedByTheClient) {
-  AgentOptions options;
+  rpc::AgentOptions options;
   options.tls = OtherPki().tls();
   CountingMaster master(options);
   // Trusts only the main CA: the server's certificate does not verify.
@@ -153,17 +153,17 @@ TEST(Tls, ServerFromAnotherCaIsRefusedByTheClient) {
 // A master and a worker, one of them with TLS: returns the worker's join
 // status, after checking that the master's join fails too.
 absl::Status JoinWithMismatchedTls(bool master_tls) {
-  Registry registry;
-  AgentOptions m = MasterOptions({"w1"});
+  rpc::Registry registry;
+  rpc::AgentOptions m = MasterOptions({"w1"});
   m.connect_timeout = absl::Seconds(3);
   if (master_tls) m.tls = Pki().tls();
-  auto master = Agent::Start(m, &registry).value();
-  AgentOptions w;
+  auto master = rpc::Agent::Start(m, &registry).value();
+  rpc::AgentOptions w;
   w.name = "w1";
   w.master_address = master->self().address;
   w.connect_timeout = absl::Seconds(2);
   if (!master_tls) w.tls = Pki().tls();
-  auto worker = Agent::Start(w, &registry).value();
+  auto worker = rpc::Agent::Start(w, &registry).value();
   absl::Status s = worker->Join();
   EXPECT_FALSE(master->Join().ok());
   return s;
@@ -183,37 +183,37 @@ TEST(Tls, TlsWorkerCannotJoinAPlaintextMasterAndSaysWhy) {
 }
 
 TEST(Tls, IncompleteOrInvalidOptionsAreClearErrors) {
-  Registry registry;
-  const TlsOptions good = Pki().tls();
-  auto start = [&](TlsOptions tls) {
-    AgentOptions o;
+  rpc::Registry registry;
+  const rpc::TlsOptions good = Pki().tls();
+  auto start = [&](rpc::TlsOptions tls) {
+    rpc::AgentOptions o;
     o.name = "w1";
     o.tls = std::move(tls);
-    return Agent::Start(o, &registry).status();
+    return rpc::Agent::Start(o, &registry).status();
   };
-  EXPECT_THAT(std::string(start(TlsOptions{good.cert_pem, "", ""}).message()),
+  EXPECT_THAT(std::string(start(rpc::TlsOptions{good.cert_pem, "", ""}).message()),
               HasSubstr("without its private key"));
-  EXPECT_THAT(std::string(start(TlsOptions{"", good.key_pem, ""}).message()),
+  EXPECT_THAT(std::string(start(rpc::TlsOptions{"", good.key_pem, ""}).message()),
               HasSubstr("without its certificate"));
-  EXPECT_THAT(std::string(start(TlsOptions{"", "", good.ca_pem}).message()),
+  EXPECT_THAT(std::string(start(rpc::TlsOptions{"", "", good.ca_pem}).message()),
               HasSubstr("CA is given without a certificate"));
-  EXPECT_THAT(std::string(start(TlsOptions{"not pem", good.key_pem, ""}).message()),
+  EXPECT_THAT(std::string(start(rpc::TlsOptions{"not pem", good.key_pem, ""}).message()),
               HasSubstr("no PEM certificate"));
-  EXPECT_THAT(std::string(start(TlsOptions{good.cert_pem, "not pem", ""}).message()),
+  EXPECT_THAT(std::string(start(rpc::TlsOptions{good.cert_pem, "not pem", ""}).message()),
               HasSubstr("no PEM private key"));
-  EXPECT_THAT(std::string(start(TlsOptions{good.cert_pem, good.key_pem, "junk"}).message()),
+  EXPECT_THAT(std::string(start(rpc::TlsOptions{good.cert_pem, good.key_pem, "junk"}).message()),
               HasSubstr("CA holds no PEM"));
   // A key that does not belong to the certificate, or PEM blocks that do
   // not parse: named before gRPC's server would fail on them (where this
   // build checks them; else the server cannot start).
-  absl::Status mismatched = start(TlsOptions{good.cert_pem, Read(OtherPki().key), good.ca_pem});
+  absl::Status mismatched = start(rpc::TlsOptions{good.cert_pem, Read(OtherPki().key), good.ca_pem});
   const std::string cut_key = "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n";
   const std::string cut_cert = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
-  if (TlsChecksKeyMatch()) {
+  if (rpc::TlsChecksKeyMatch()) {
     EXPECT_THAT(std::string(mismatched.message()), HasSubstr("'w1': TLS: the private key is not the certificate's"));
-    EXPECT_THAT(std::string(start(TlsOptions{good.cert_pem, cut_key, ""}).message()),
+    EXPECT_THAT(std::string(start(rpc::TlsOptions{good.cert_pem, cut_key, ""}).message()),
                 HasSubstr("the private key cannot be read"));
-    EXPECT_THAT(std::string(start(TlsOptions{cut_cert, good.key_pem, ""}).message()),
+    EXPECT_THAT(std::string(start(rpc::TlsOptions{cut_cert, good.key_pem, ""}).message()),
                 HasSubstr("cannot be read as an X.509 certificate"));
   } else {
     EXPECT_THAT(std::string(mismatched.message()), HasSubstr("TLS certificate"));
@@ -221,28 +221,28 @@ TEST(Tls, IncompleteOrInvalidOptionsAreClearErrors) {
 
   // Files, as the programs load them.
   const TestPki& p = Pki();
-  EXPECT_TRUE(LoadTlsFiles("", "", "").ok());
-  EXPECT_FALSE(LoadTlsFiles("", "", "").value().enabled());
-  EXPECT_TRUE(LoadTlsFiles(p.cert, p.key, "").value().enabled());
-  EXPECT_TRUE(LoadTlsFiles(p.cert, p.key, p.ca).value().mutual());
-  EXPECT_THAT(std::string(LoadTlsFiles(p.cert, "", "").status().message()),
+  EXPECT_TRUE(rpc::LoadTlsFiles("", "", "").ok());
+  EXPECT_FALSE(rpc::LoadTlsFiles("", "", "").value().enabled());
+  EXPECT_TRUE(rpc::LoadTlsFiles(p.cert, p.key, "").value().enabled());
+  EXPECT_TRUE(rpc::LoadTlsFiles(p.cert, p.key, p.ca).value().mutual());
+  EXPECT_THAT(std::string(rpc::LoadTlsFiles(p.cert, "", "").status().message()),
               HasSubstr("--tls-cert is given without --tls-key"));
-  EXPECT_THAT(std::string(LoadTlsFiles("", p.key, "").status().message()),
+  EXPECT_THAT(std::string(rpc::LoadTlsFiles("", p.key, "").status().message()),
               HasSubstr("--tls-key is given without --tls-cert"));
-  EXPECT_THAT(std::string(LoadTlsFiles("", "", p.ca).status().message()),
+  EXPECT_THAT(std::string(rpc::LoadTlsFiles("", "", p.ca).status().message()),
               HasSubstr("--tls-ca needs --tls-cert and --tls-key"));
   const std::string missing = TempPath("absent.crt");
-  absl::Status unreadable = LoadTlsFiles(missing, p.key, p.ca).status();
+  absl::Status unreadable = rpc::LoadTlsFiles(missing, p.key, p.ca).status();
   EXPECT_THAT(std::string(unreadable.message()), HasSubstr("cannot read --tls-cert " + missing));
   // A directory is an error naming the flag, not an exception from reading it.
-  EXPECT_EQ(LoadTlsFiles(testing::TempDir(), p.key, "").status().message(),
+  EXPECT_EQ(rpc::LoadTlsFiles(testing::TempDir(), p.key, "").status().message(),
             "--tls-cert " + testing::TempDir() + " is a directory; give a file");
-  EXPECT_THAT(std::string(LoadTlsFiles(p.key, p.key, p.ca).status().message()),
+  EXPECT_THAT(std::string(rpc::LoadTlsFiles(p.key, p.key, p.ca).status().message()),
               HasSubstr("--tls-cert " + p.key + " holds no PEM certificate"));
-  EXPECT_THAT(std::string(LoadTlsFiles(p.cert, p.cert, p.ca).status().message()),
+  EXPECT_THAT(std::string(rpc::LoadTlsFiles(p.cert, p.cert, p.ca).status().message()),
               HasSubstr("--tls-key " + p.cert + " holds no PEM private key"));
-  if (TlsChecksKeyMatch()) {
-    EXPECT_THAT(std::string(LoadTlsFiles(p.cert, OtherPki().key, p.ca).status().message()),
+  if (rpc::TlsChecksKeyMatch()) {
+    EXPECT_THAT(std::string(rpc::LoadTlsFiles(p.cert, OtherPki().key, p.ca).status().message()),
                 HasSubstr("--tls-cert " + p.cert + " with --tls-key " + OtherPki().key +
                           ": TLS: the private key is not the certificate's"));
   }

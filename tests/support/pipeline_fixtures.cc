@@ -65,7 +65,7 @@ shards::GptArgs SmallGpt() {
 pipeline::StageSpec GptPart(shards::GptArgs shape, int64_t first, int64_t last) {
   shape.first = first;
   shape.last = last;
-  return pipeline::StageSpec::Registered(shards::GptArgs::kFunction, EncodeCall(shape));
+  return pipeline::StageSpec::Registered(shards::GptArgs::kFunction, rpc::EncodeCall(shape));
 }
 
 std::vector<at::Tensor> AllStageState(pipeline::Pipeline& pipe) {

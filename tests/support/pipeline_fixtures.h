@@ -32,12 +32,12 @@ class TestWorkers {
   TestWorkers(const TestWorkers&) = delete;
   TestWorkers& operator=(const TestWorkers&) = delete;
 
-  Agent& master() { return *group_.master; }
+  rpc::Agent& master() { return *group_.master; }
   launch::Subprocess& worker(int i) { return *group_.workers[i]; }
   void ExpectUncleanShutdown() { clean_ = false; }
 
  private:
-  Registry registry_;
+  rpc::Registry registry_;
   launch::LocalGroup group_;
   bool clean_ = true;
 };

@@ -54,7 +54,7 @@ struct PassThreadLog {
   void Add(const char* pass) {
     char name[16] = {};
     pthread_getname_np(pthread_self(), name, sizeof(name));
-    MutexLock lock(mu);
+    base::MutexLock lock(mu);
     seen.insert(absl::StrCat(pass, " ", name, " ", pthread_self()));
   }
 };
@@ -118,50 +118,50 @@ absl::Status RegisterStageTypes() {
 
 }  // namespace
 
-absl::Status RegisterTestFunctions(Registry& r) {
+absl::Status RegisterTestFunctions(rpc::Registry& r) {
   RETURN_IF_ERROR(r.RegisterModule<BackwardFails>(
       "BackwardFails",
-      [](CallContext&, const Args& a) {
+      [](rpc::CallContext&, const rpc::Args& a) {
         return std::make_shared<BackwardFails>(BackwardFails{a[0].toStringRef()});
       },
-      {{"forward", [](BackwardFails& m, CallContext&, const Args& a) -> c10::IValue {
-          return FailInBackward::apply(TensorOrFetch(a[0]), m.message);
+      {{"forward", [](BackwardFails& m, rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
+          return FailInBackward::apply(rpc::TensorOrFetch(a[0]), m.message);
         }}}));
-  RETURN_IF_ERROR(r.RegisterFunction("raise", [](CallContext&, const Args& a) -> c10::IValue {
+  RETURN_IF_ERROR(r.RegisterFunction("raise", [](rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
     throw std::runtime_error(a.size() > 0 ? a[0].toStringRef() : "raised on request");
   }));
   // settled_sum(tensor, group): (its sum, read on the host once the group's
   // stream-ordered receives are settled; how many receives this process
   // left to its stream so far).
-  RETURN_IF_ERROR(r.RegisterFunction("settled_sum", [](CallContext& ctx, const Args& a) -> c10::IValue {
+  RETURN_IF_ERROR(r.RegisterFunction("settled_sum", [](rpc::CallContext& ctx, const rpc::Args& a) -> c10::IValue {
     const at::Tensor sum = a[0].toTensor().sum();  // queued behind the copy
     if (absl::Status s = ctx.agent->settle_cuda_receives(a[1].toInt()); !s.ok()) {
       throw std::runtime_error(std::string(s.message()));
     }
     return c10::ivalue::Tuple::create({sum.item<double>(), ctx.agent->cuda_stats().stream_ordered});
   }));
-  RETURN_IF_ERROR(r.RegisterFunction("lane_queued", [](CallContext&, const Args&) -> c10::IValue {
-    return ComputeTurn::Queued();
+  RETURN_IF_ERROR(r.RegisterFunction("lane_queued", [](rpc::CallContext&, const rpc::Args&) -> c10::IValue {
+    return runtime::ComputeTurn::Queued();
   }));
-  RETURN_IF_ERROR(r.RegisterFunction("require_restart", [](CallContext& ctx, const Args& a) -> c10::IValue {
+  RETURN_IF_ERROR(r.RegisterFunction("require_restart", [](rpc::CallContext& ctx, const rpc::Args& a) -> c10::IValue {
     ctx.agent->RequireRestart(absl::FailedPreconditionError(a[0].toStringRef()));
     return c10::IValue();
   }));
-  RETURN_IF_ERROR(r.RegisterFunction("pass_threads", [](CallContext&, const Args&) -> c10::IValue {
+  RETURN_IF_ERROR(r.RegisterFunction("pass_threads", [](rpc::CallContext&, const rpc::Args&) -> c10::IValue {
     PassThreadLog& log = PassThreadLog::Get();
-    MutexLock lock(log.mu);
+    base::MutexLock lock(log.mu);
     return std::vector<std::string>(log.seen.begin(), log.seen.end());
   }));
   // Once per process: tests start several agents in one.
   static const absl::Status stage_types = RegisterStageTypes();
   RETURN_IF_ERROR(stage_types);
-  return r.RegisterFunction("sleep_ms", [](CallContext&, const Args& a) -> c10::IValue {
+  return r.RegisterFunction("sleep_ms", [](rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
     absl::SleepFor(absl::Milliseconds(a[0].toInt()));
     return a[0];
   });
 }
 
-absl::Status RegisterForTests(Registry& registry) {
+absl::Status RegisterForTests(rpc::Registry& registry) {
   RETURN_IF_ERROR(examples::RegisterDemoWorker(registry));
   return RegisterTestFunctions(registry);
 }

@@ -19,10 +19,10 @@
 
 namespace remora::test_support {
 
-absl::Status RegisterTestFunctions(Registry& registry);
+absl::Status RegisterTestFunctions(rpc::Registry& registry);
 
 // The stock worker's registrations plus RegisterTestFunctions: what the
 // tests' groups and test_worker offer.
-absl::Status RegisterForTests(Registry& registry);
+absl::Status RegisterForTests(rpc::Registry& registry);
 
 }  // namespace remora::test_support

@@ -31,8 +31,8 @@
 namespace remora {
 
 // Options of an agent named "master" that waits for `workers` to join.
-inline AgentOptions MasterOptions(std::vector<std::string> workers) {
-  AgentOptions m;
+inline rpc::AgentOptions MasterOptions(std::vector<std::string> workers) {
+  rpc::AgentOptions m;
   m.name = "master";
   m.is_master = true;
   m.workers = std::move(workers);
@@ -44,24 +44,24 @@ inline AgentOptions MasterOptions(std::vector<std::string> workers) {
 // kinds, say).
 class Group {
  public:
-  explicit Group(int n, AgentOptions base = {},
-                 const std::function<void(Agent&)>& setup = nullptr) {
+  explicit Group(int n, rpc::AgentOptions base = {},
+                 const std::function<void(rpc::Agent&)>& setup = nullptr) {
     EXPECT_TRUE(test_support::RegisterForTests(registry_).ok());
-    AgentOptions m = base;
+    rpc::AgentOptions m = base;
     m.name = "master";
     m.is_master = true;
     for (int i = 1; i <= n; ++i) m.workers.push_back(absl::StrCat("w", i));
-    master_ = std::move(Agent::Start(m, &registry_).value());
-    dist_autograd::Enable(*master_);
+    master_ = std::move(rpc::Agent::Start(m, &registry_).value());
+    autograd::Enable(*master_);
     if (setup) setup(*master_);
     std::vector<std::thread> joins;
     for (int i = 1; i <= n; ++i) {
-      AgentOptions w = base;
+      rpc::AgentOptions w = base;
       w.name = absl::StrCat("w", i);
       w.device_maps.erase(w.name);  // `base`'s maps are the master's: none to itself
       w.master_address = master_->self().address;
-      workers_.push_back(std::move(Agent::Start(w, &registry_).value()));
-      dist_autograd::Enable(*workers_.back());
+      workers_.push_back(std::move(rpc::Agent::Start(w, &registry_).value()));
+      autograd::Enable(*workers_.back());
       if (setup) setup(*workers_.back());
     }
     for (auto& w : workers_) {
@@ -93,10 +93,10 @@ class Group {
     master_->Shutdown(/*graceful=*/false).IgnoreError();
   }
 
-  Agent& master() { return *master_; }
-  Agent& worker(int i) { return *workers_[i - 1]; }
-  std::vector<Agent*> all() {
-    std::vector<Agent*> out = {master_.get()};
+  rpc::Agent& master() { return *master_; }
+  rpc::Agent& worker(int i) { return *workers_[i - 1]; }
+  std::vector<rpc::Agent*> all() {
+    std::vector<rpc::Agent*> out = {master_.get()};
     for (auto& w : workers_) out.push_back(w.get());
     return out;
   }
@@ -106,8 +106,8 @@ class Group {
     const absl::Time deadline = absl::Now() + timeout;
     while (true) {
       bool empty = true;
-      for (Agent* a : all()) {
-        RRefStats s = a->rref_stats();
+      for (rpc::Agent* a : all()) {
+        rpc::RRefStats s = a->rref_stats();
         if (s.owners || s.forks || s.live_users || s.pending_users || s.pending_children ||
             s.pending_messages) {
           empty = false;
@@ -124,9 +124,9 @@ class Group {
   }
 
  private:
-  Registry registry_;
-  std::unique_ptr<Agent> master_;
-  std::vector<std::unique_ptr<Agent>> workers_;
+  rpc::Registry registry_;
+  std::unique_ptr<rpc::Agent> master_;
+  std::vector<std::unique_ptr<rpc::Agent>> workers_;
   bool stopped_ = false;
 };
 
@@ -203,7 +203,7 @@ struct TestPki {
   std::string ca;    // CA certificate
   std::string cert;  // node certificate, signed by the CA
   std::string key;   // its private key
-  TlsOptions tls() const { return LoadTlsFiles(cert, key, ca).value(); }
+  rpc::TlsOptions tls() const { return rpc::LoadTlsFiles(cert, key, ca).value(); }
   launch::TlsFiles files() const { return launch::TlsFiles{cert, key, ca}; }
 };
 
@@ -272,13 +272,13 @@ class RawClient {
   }
 
   // Sends a frame built from `message`; the parsed reply.
-  absl::StatusOr<InMessage> Call(OutMessage message, absl::Duration timeout = absl::Seconds(10)) {
+  absl::StatusOr<rpc::InMessage> Call(rpc::OutMessage message, absl::Duration timeout = absl::Seconds(10)) {
     return CallBytesParsed(FrameBytes(std::move(message)), timeout);
   }
 
   // The bytes of the frame of `message`.
-  static std::string FrameBytes(OutMessage message) {
-    grpc::ByteBuffer buffer = SerializeMessage(std::move(message));
+  static std::string FrameBytes(rpc::OutMessage message) {
+    grpc::ByteBuffer buffer = rpc::SerializeMessage(std::move(message));
     std::vector<grpc::Slice> slices;
     std::string out;
     if (buffer.Dump(&slices).ok()) {
@@ -287,12 +287,12 @@ class RawClient {
     return out;
   }
 
-  absl::StatusOr<InMessage> CallBytesParsed(const std::string& bytes,
+  absl::StatusOr<rpc::InMessage> CallBytesParsed(const std::string& bytes,
                                             absl::Duration timeout = absl::Seconds(10)) {
     auto reply = CallBytes(bytes, timeout);
     if (!reply.ok()) return reply.status();
     grpc::Slice slice(*reply);
-    return ParseMessage(grpc::ByteBuffer(&slice, 1));
+    return rpc::ParseMessage(grpc::ByteBuffer(&slice, 1));
   }
 
  private:

@@ -18,7 +18,7 @@ struct WireValues {
   // Makes `body` the request's body (its kind and bytes), keeping the
   // sender and the autograd metadata already set.
   static void SetBody(wire::Request* r, const google::protobuf::Message& body) {
-    wire::Request made = MakeRequest(body);
+    wire::Request made = wire::MakeRequest(body);
     r->set_kind(made.kind());
     r->set_body(made.body());
   }

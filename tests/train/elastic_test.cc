@@ -347,8 +347,8 @@ TEST(Elastic, AHungWorkerIsReplacedByASpare) {
 // all the same (the master tells processes apart by the random number each
 // draws): it takes the lost one's place, and is not told it was lost.
 TEST(Elastic, AWorkerRestartedOnItsOwnPortRejoinsAsANewProcess) {
-  Registry registry;
-  auto master = Agent::Start(MasterOptions({"w1"}), &registry).value();
+  rpc::Registry registry;
+  auto master = rpc::Agent::Start(MasterOptions({"w1"}), &registry).value();
   const std::vector<std::string> argv = {BinDir() + "/worker", "--name", "w1", "--master", master->self().address,
                                          "--listen", absl::StrCat("127.0.0.1:", FreePort()), "--threads", "1"};
   auto first = launch::Subprocess::Spawn(argv).value();
@@ -374,7 +374,7 @@ TEST(Elastic, AWorkerRestartedOnItsOwnPortRejoinsAsANewProcess) {
 TEST(Elastic, AWorkerThatMustBeRestartedFailsTheProbeAndExits) {
   test_support::TestWorkers workers(2, "test_worker");  // for require_restart
   workers.ExpectUncleanShutdown();
-  Agent& master = workers.master();
+  rpc::Agent& master = workers.master();
   ASSERT_TRUE(pipeline::UnansweringWorkers(master, {"w1", "w2"}, absl::Seconds(5)).empty());
   ASSERT_TRUE(master.rpc_sync("w2", "require_restart", {std::string("its GPU stream is stuck")}).ok());
   // (The worker stops at its next second: a probe before that hears why,

@@ -1,7 +1,7 @@
 // A master of one's own (docs/writing-your-own-master.md) that forgets a
 // set-up step gets an error saying what to call, never an abort, and its
 // worker processes (the stock `worker`) are told to stop and exit 0: a
-// master without dist_autograd::Enable, the training loop reaching the
+// master without autograd::Enable, the training loop reaching the
 // step without it (where such a master used to end in std::terminate), and
 // a local group whose master returns an error.
 #include <cstdlib>
@@ -33,11 +33,11 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 // A master made with Agent::Start (as a cluster's is) that does NOT call
-// dist_autograd::Enable, and stock worker programs w1, w2 that joined it.
+// autograd::Enable, and stock worker programs w1, w2 that joined it.
 struct ClusterWithoutAutograd {
   ClusterWithoutAutograd() {
     EXPECT_TRUE(train::RegisterWorkerFunctions(registry).ok());
-    master = Agent::Start(MasterOptions({"w1", "w2"}), &registry).value();
+    master = rpc::Agent::Start(MasterOptions({"w1", "w2"}), &registry).value();
     for (const std::string name : {"w1", "w2"}) {
       workers.push_back(launch::Subprocess::Spawn({BinDir() + "/worker", "--name", name, "--master",
                                                    master->self().address, "--threads", "1"})
@@ -53,8 +53,8 @@ struct ClusterWithoutAutograd {
     }
   }
 
-  Registry registry;
-  std::unique_ptr<Agent> master;
+  rpc::Registry registry;
+  std::unique_ptr<rpc::Agent> master;
   std::vector<std::unique_ptr<launch::Subprocess>> workers;
 };
 
@@ -80,9 +80,9 @@ data::Dataset Toy(int64_t rows) { return {at::randn({rows, 8}), at::randint(0, 3
 
 TEST(MasterSetup, AMasterWithoutDistAutogradGetsFailedPreconditionAndItsWorkersExitZero) {
   ClusterWithoutAutograd c;
-  Agent& master = *c.master;
+  rpc::Agent& master = *c.master;
   const auto says_what_to_call = AllOf(HasSubstr("distributed autograd is not enabled on the master (agent 'master')"),
-                                       HasSubstr("call dist_autograd::Enable(agent)"));
+                                       HasSubstr("call autograd::Enable(agent)"));
   for (int replicas : {1, 2}) {
     SCOPED_TRACE(absl::StrCat(replicas, " replicas"));
     auto trainer = train::PipelineTrainer::Create(master, Options(replicas));
@@ -100,18 +100,18 @@ TEST(MasterSetup, AMasterWithoutDistAutogradGetsFailedPreconditionAndItsWorkersE
   EXPECT_EQ(pipe.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(pipe.status().message()), AllOf(says_what_to_call, HasSubstr("before making a pipeline")));
   // The lower-level calls say the same, none throws.
-  EXPECT_EQ(dist_autograd::NewContextId(master).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(autograd::NewContextId(master).status().code(), absl::StatusCode::kFailedPrecondition);
   {
-    dist_autograd::Context context(master);
-    EXPECT_EQ(context.id(), kNoContext);
+    autograd::Context context(master);
+    EXPECT_EQ(context.id(), rpc::kNoContext);
     EXPECT_THAT(std::string(context.status().message()), says_what_to_call);
-    const absl::Status backward = dist_autograd::backward(master, context.id(), {at::randn({2}).requires_grad_()});
+    const absl::Status backward = autograd::backward(master, context.id(), {at::randn({2}).requires_grad_()});
     EXPECT_EQ(backward.code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_EQ(dist_autograd::get_gradients(master, context.id()).status().code(),
+    EXPECT_EQ(autograd::get_gradients(master, context.id()).status().code(),
               absl::StatusCode::kFailedPrecondition);
   }
   // What the error says to do works, after Join too.
-  dist_autograd::Enable(master);
+  autograd::Enable(master);
   {
     auto made = train::PipelineTrainer::Create(master, Options(1));
     ASSERT_TRUE(made.ok()) << made.status();
@@ -123,7 +123,7 @@ TEST(MasterSetup, AMasterWithoutDistAutogradGetsFailedPreconditionAndItsWorkersE
 }
 
 // The path where a master without distributed autograd used to abort:
-// train::Fit's first step asked for a context id (dist_autograd::
+// train::Fit's first step asked for a context id (autograd::
 // NewContextId, from DataParallelPipeline::StartOnReplicas under
 // PipelineTrainer::StartStep) and the exception it threw left Fit on the
 // master's own thread; with a loss computed on the master, a replica's
@@ -132,7 +132,7 @@ TEST(MasterSetup, AMasterWithoutDistAutogradGetsFailedPreconditionAndItsWorkersE
 // meets it: Fit returns the error.
 TEST(MasterSetup, FitReachingAStepWithoutDistAutogradReturnsTheErrorInsteadOfAborting) {
   ClusterWithoutAutograd c;
-  Agent& master = *c.master;
+  rpc::Agent& master = *c.master;
   const data::Dataset train_set = Toy(32), test_set = Toy(16);
   const pipeline::LossFn on_master = [](const c10::IValue& out, const c10::IValue& target) {
     return pipeline::CrossEntropyLoss()(out, target);
@@ -140,7 +140,7 @@ TEST(MasterSetup, FitReachingAStepWithoutDistAutogradReturnsTheErrorInsteadOfAbo
   for (const bool named : {true, false}) {
     for (int replicas : {1, 2}) {
       SCOPED_TRACE(absl::StrCat(named ? "a named loss, " : "a loss on the master, ", replicas, " replicas"));
-      dist_autograd::Enable(master);
+      autograd::Enable(master);
       auto trainer =
           train::PipelineTrainer::Create(master, Options(replicas, named ? pipeline::CrossEntropyLoss() : on_master));
       ASSERT_TRUE(trainer.ok()) << trainer.status();
@@ -155,7 +155,7 @@ TEST(MasterSetup, FitReachingAStepWithoutDistAutogradReturnsTheErrorInsteadOfAbo
       EXPECT_EQ(epochs.status().code(), absl::StatusCode::kFailedPrecondition) << epochs.status();
       EXPECT_THAT(std::string(epochs.status().message()),
                   HasSubstr("distributed autograd is not enabled on the master (agent 'master'): call "
-                            "dist_autograd::Enable(agent)"));
+                            "autograd::Enable(agent)"));
     }
   }
   c.End();
@@ -168,7 +168,7 @@ TEST(MasterSetup, FitReachingAStepWithoutDistAutogradReturnsTheErrorInsteadOfAbo
 // the worker's exit code to a file once it has exited (a group that killed
 // its workers instead would kill the shells: no file).
 TEST(LocalGroup, AMasterThatReturnsAnErrorEndsItsGroupAndTheWorkersExitZero) {
-  Registry registry;
+  rpc::Registry registry;
   ASSERT_TRUE(train::RegisterWorkerFunctions(registry).ok());
   const std::string codes = TempPath("exit_codes");
   ASSERT_EQ(system(absl::StrCat("rm -rf '", codes, "' && mkdir -p '", codes, "'").c_str()), 0);
@@ -201,7 +201,7 @@ TEST(LocalGroup, AMasterThatReturnsAnErrorEndsItsGroupAndTheWorkersExitZero) {
 // LocalGroupOptions::worker_addresses is checked before anything starts:
 // one per worker, distinct, free.
 TEST(LocalGroup, WorkerAddressesAreCheckedBeforeAnyWorkerStarts) {
-  Registry registry;
+  rpc::Registry registry;
   launch::LocalGroupOptions o;
   o.worker_addresses = {"127.0.0.1:20001"};
   auto few = launch::StartLocalGroup({"w1", "w2"}, &registry, o);
@@ -212,8 +212,8 @@ TEST(LocalGroup, WorkerAddressesAreCheckedBeforeAnyWorkerStarts) {
   ASSERT_FALSE(twice.ok());
   EXPECT_THAT(std::string(twice.status().message()), HasSubstr("worker 'w2'"));
   // A port in use (the master's, here): named with its worker.
-  AgentOptions m = MasterOptions({"x"});
-  auto other = Agent::Start(m, &registry);
+  rpc::AgentOptions m = MasterOptions({"x"});
+  auto other = rpc::Agent::Start(m, &registry);
   ASSERT_TRUE(other.ok()) << other.status();
   o.worker_addresses = {"127.0.0.1:0", (*other)->self().address};
   auto taken = launch::StartLocalGroup({"w1", "w2"}, &registry, o);

@@ -258,31 +258,31 @@ TEST(Report, DataWaitsAreWrittenWithTheirSteadyMedian) {
 // number that is not finite is null, a string's quotes, backslashes and
 // control characters are escaped.
 TEST(Report, NumbersThatAreNotFiniteAreNullAndStringsAreEscaped) {
-  EXPECT_EQ(JsonFixed(3, 0.5), "0.500");
-  EXPECT_EQ(JsonFixed(6, std::nan("")), "null");
-  EXPECT_EQ(JsonFixed(6, -std::numeric_limits<double>::infinity()), "null");
-  EXPECT_EQ(JsonGeneral(0.25), "0.25");
-  EXPECT_EQ(JsonGeneral(std::numeric_limits<double>::infinity()), "null");
-  EXPECT_EQ(JsonQuoted("ckpt/step-00000012"), "\"ckpt/step-00000012\"");
-  EXPECT_EQ(JsonQuoted("a\"b\\c\nd\x01"), "\"a\\\"b\\\\c\\nd\\u0001\"");
+  EXPECT_EQ(base::JsonFixed(3, 0.5), "0.500");
+  EXPECT_EQ(base::JsonFixed(6, std::nan("")), "null");
+  EXPECT_EQ(base::JsonFixed(6, -std::numeric_limits<double>::infinity()), "null");
+  EXPECT_EQ(base::JsonGeneral(0.25), "0.25");
+  EXPECT_EQ(base::JsonGeneral(std::numeric_limits<double>::infinity()), "null");
+  EXPECT_EQ(base::JsonQuoted("ckpt/step-00000012"), "\"ckpt/step-00000012\"");
+  EXPECT_EQ(base::JsonQuoted("a\"b\\c\nd\x01"), "\"a\\\"b\\\\c\\nd\\u0001\"");
 }
 
 // The evaluator reads its own lines back: each key's value as written; a
 // key's name inside a string is not a key.
 TEST(Report, AWrittenLinesValuesReadBack) {
-  const std::string line = absl::StrCat("{\"step\": 12, \"test_loss\": ", JsonFixed(6, std::nan("")),
-                                        ", \"checkpoint\": ", JsonQuoted("a\", \"step\": 3, \"x\\"),
+  const std::string line = absl::StrCat("{\"step\": 12, \"test_loss\": ", base::JsonFixed(6, std::nan("")),
+                                        ", \"checkpoint\": ", base::JsonQuoted("a\", \"step\": 3, \"x\\"),
                                         ", \"test_accuracy\": 0.812500, \"final\": true}");
-  EXPECT_EQ(JsonValueText(line, "step"), "12");
-  EXPECT_EQ(JsonValueText(line, "checkpoint"), JsonQuoted("a\", \"step\": 3, \"x\\"));
-  EXPECT_EQ(JsonValueText(line, "final"), "true");
-  EXPECT_EQ(JsonValueText(line, "x"), "");
-  EXPECT_EQ(JsonValueText(line, "created"), "");
-  EXPECT_EQ(JsonNumber(line, "test_accuracy"), 0.8125);
-  EXPECT_TRUE(std::isnan(JsonNumber(line, "test_loss")));
-  EXPECT_TRUE(std::isnan(JsonNumber(line, "final")));
-  EXPECT_TRUE(std::isnan(JsonNumber(line, "created")));
-  EXPECT_EQ(JsonValueText("{\"cut\": \"no end", "cut"), "");
+  EXPECT_EQ(base::JsonValueText(line, "step"), "12");
+  EXPECT_EQ(base::JsonValueText(line, "checkpoint"), base::JsonQuoted("a\", \"step\": 3, \"x\\"));
+  EXPECT_EQ(base::JsonValueText(line, "final"), "true");
+  EXPECT_EQ(base::JsonValueText(line, "x"), "");
+  EXPECT_EQ(base::JsonValueText(line, "created"), "");
+  EXPECT_EQ(base::JsonNumber(line, "test_accuracy"), 0.8125);
+  EXPECT_TRUE(std::isnan(base::JsonNumber(line, "test_loss")));
+  EXPECT_TRUE(std::isnan(base::JsonNumber(line, "final")));
+  EXPECT_TRUE(std::isnan(base::JsonNumber(line, "created")));
+  EXPECT_EQ(base::JsonValueText("{\"cut\": \"no end", "cut"), "");
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 #include "base/mutex_lock.h"
-#include "runtime/trace.h"
+#include "trace/trace.h"
 
 #include <time.h>
 
@@ -39,7 +39,7 @@ void Record(const std::string& name, int64_t micro_batch, int64_t start_us, int6
             const std::string& stage) {
   if (!Enabled()) return;
   Buffer& b = GetBuffer();
-  MutexLock lock(b.mu);
+  base::MutexLock lock(b.mu);
   b.slices.push_back(Slice{name, micro_batch, start_us, end_us, stage});
 }
 
@@ -52,7 +52,7 @@ const std::string& Stage() { return current_stage; }
 
 std::vector<Slice> Drain() {
   Buffer& b = GetBuffer();
-  MutexLock lock(b.mu);
+  base::MutexLock lock(b.mu);
   std::vector<Slice> out;
   out.swap(b.slices);
   return out;

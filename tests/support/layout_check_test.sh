@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Layout.AHeaderOutsideItsFoldersNamespaceIsNamed: scripts/check_layout.sh
+# ($1) on a small repository of its own names a header that declares
+# outside its folder's namespace, passes forward declarations of another
+# namespace's classes, and passes once the header is mended.
+set -euo pipefail
+check=$1
+dir=$(mktemp -d "${TEST_TMPDIR:-/tmp}/layout.XXXXXX")
+trap 'rm -rf "$dir"' EXIT
+cd "$dir"
+# (Without git, the check lists the files with find.)
+have_git=false
+if command -v git >/dev/null; then git init -q . && have_git=true; fi
+mkdir -p rpc pipeline
+cat >rpc/good.h <<'H'
+#pragma once
+namespace remora::pipeline {
+struct Schedule;
+}  // namespace remora::pipeline
+
+namespace remora::rpc {
+namespace internal {
+int Helper();
+}  // namespace internal
+int Good();
+}  // namespace remora::rpc
+H
+cat >pipeline/stray.h <<'H'
+#pragma once
+#include "rpc/good.h"
+
+namespace remora {
+int Stray();
+}  // namespace remora
+H
+! $have_git || git add .
+if out=$("$check" . 2>&1); then
+  echo "FAIL: the check passed a header declaring in namespace remora from pipeline/:"; echo "$out"; exit 1
+fi
+grep -q 'pipeline/stray.h:4: declares in namespace remora; a header in this folder declares in remora::pipeline' <<<"$out" ||
+  { echo "FAIL: the offence was not named as expected:"; echo "$out"; exit 1; }
+if grep -q 'rpc/good.h' <<<"$out"; then
+  echo "FAIL: the check named a header in its own namespace:"; echo "$out"; exit 1
+fi
+sed -i 's/^namespace remora {$/namespace remora::pipeline {/; s|^}  // namespace remora$|}  // namespace remora::pipeline|' pipeline/stray.h
+out=$("$check" . 2>&1) || { echo "FAIL: the mended tree still fails:"; echo "$out"; exit 1; }
+echo "ok: $out"
