@@ -7,7 +7,7 @@
 #
 # Targets (remora::<folder>): base proto trace runtime data channel rpc autograd
 # optim pipeline parallel checkpoint ps shards launch examples (examples: what the stock worker
-# registers, RegisterStockWorker). The public headers (listed below) keep
+# registers, RegisterStockWorker). The public headers (public-headers.txt) keep
 # their folders under include/remora (#include "pipeline/pipeline.h"). The
 # package finds the same dependencies (LibTorch, gRPC, protobuf, Abseil,
 # zlib, and the CUDA toolkit and NCCL when the channel has them) with the
@@ -30,37 +30,16 @@ endif()
 install(TARGETS ${_remora_install_targets} EXPORT remoraTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(TARGETS worker master evaluator generate remora-launch rpc_demo rpc_bench collective_bench soak RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-# The public headers: what a user's program includes, and what those
-# include. They include only the C++ standard library, LibTorch and Abseil
-# (never protobuf's generated headers, grpcpp, CUDA or NCCL, nor the
-# channels' or the agent's internals); scripts/package_check.sh compiles
-# each alone, installed, with poisoned protobuf/gRPC/CUDA headers first on
-# the include path. A header added here must keep that true.
-set(REMORA_PUBLIC_HEADERS
-    base/ids.h base/lines.h base/mutex_lock.h base/status_util.h
-    channel/stats.h
-    rpc/agent.h rpc/autograd_hooks.h rpc/call.h rpc/future.h rpc/registry.h rpc/rref.h rpc/rref_args.h
-    rpc/thread_pool.h rpc/tls.h
-    runtime/compute_lane.h
-    autograd/dist_autograd.h
-    optim/distributed_optimizer.h optim/lr_schedule.h
-    data/datasets.h data/imagefolder.h data/source.h
-    pipeline/fit.h pipeline/microbatch.h pipeline/partition.h pipeline/pipeline.h pipeline/planner.h pipeline/schedule.h
-    pipeline/stage.h pipeline/worker_data.h
-    parallel/data_parallel.h parallel/process_group.h
-    checkpoint/checkpoint.h
-    ps/parameter_server.h ps/shards.h
-    shards/cnn.h shards/mlp.h shards/resnet.h shards/stage_types.h
-    launch/cli.h launch/cluster_env.h launch/local_group.h launch/program_path.h launch/worker_main.h
-    train/curves.h train/elastic.h train/events.h train/fit.h train/local_trainer.h train/pipeline_trainer.h train/ps_trainer.h
-    train/report.h train/timeline.h train/trainer.h train/worker_functions.h
-    examples/stock_worker.h)
+# The public headers are those public-headers.txt lists (it says what they
+# may include); every other header is internal.
+file(STRINGS ${PROJECT_SOURCE_DIR}/public-headers.txt REMORA_PUBLIC_HEADERS REGEX "^[^#].*[.]h$")
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/public-headers.txt)
 foreach(header ${REMORA_PUBLIC_HEADERS})
   get_filename_component(_remora_header_dir ${header} DIRECTORY)
   install(FILES ${PROJECT_SOURCE_DIR}/${header}
           DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/remora/${_remora_header_dir})
 endforeach()
-# The list, installed beside the package, for the check above.
+# The list, installed beside the package, for scripts/package_check.sh.
 string(REPLACE ";" "\n" _remora_header_lines "${REMORA_PUBLIC_HEADERS}")
 file(GENERATE OUTPUT ${CMAKE_BINARY_DIR}/remora-public-headers.txt CONTENT "${_remora_header_lines}\n")
 

@@ -5,8 +5,10 @@
 # header declares what it declares in the namespace named after its folder
 # (remora::<folder>, or one nested in it; proto/'s is remora::wire, the
 # protobuf package's; a block that only forward-declares another
-# namespace's classes is allowed). Prints each offence and exits 1
-# when there is one.
+# namespace's classes is allowed); and every header public-headers.txt
+# lists (where the repository has one) exists and includes only headers
+# of ours that the list names too. Prints each offence and exits 1 when
+# there is one.
 #
 #   scripts/check_layout.sh [REPO]     (default: this script's repository)
 set -euo pipefail
@@ -86,8 +88,29 @@ while IFS= read -r file; do
 done < <(git ls-files -- '*.h' '*.cc' 2>/dev/null ||
          find . \( -name '*.h' -o -name '*.cc' \) -not -path './build*' | sed 's#^\./##')
 
+# The public headers: each exists and includes no internal header of ours.
+if [ -f public-headers.txt ]; then
+  declare -A public
+  mapfile -t listed < <(grep -v '^#' public-headers.txt | grep -v '^[[:space:]]*$')
+  for header in "${listed[@]}"; do public[$header]=1; done
+  for header in "${listed[@]}"; do
+    if [ ! -f "$header" ]; then
+      echo "public-headers.txt lists $header, which does not exist"
+      bad=1
+      continue
+    fi
+    while IFS= read -r inc; do
+      [ -n "${rank[${inc%%/*}]+x}" ] || continue  # not one of ours
+      if [ -z "${public[$inc]+x}" ]; then
+        echo "$header includes \"$inc\": a public header includes only the public ones (public-headers.txt)"
+        bad=1
+      fi
+    done < <(sed -n 's/^#include "\([^"]*\)".*/\1/p' "$header")
+  done
+fi
+
 if [ $bad -ne 0 ]; then
   echo "check_layout: FAILED" >&2
   exit 1
 fi
-echo "check_layout: every include points down; every library header is in its folder's namespace; no source file over $MAX_LINES lines"
+echo "check_layout: every include points down; every library header is in its folder's namespace; public headers include only public ones; no source file over $MAX_LINES lines"
