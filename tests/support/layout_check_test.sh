@@ -5,12 +5,7 @@
 # namespace's classes, and passes once the header is mended.
 set -euo pipefail
 check=$1
-dir=$(mktemp -d "${TEST_TMPDIR:-/tmp}/layout.XXXXXX")
-trap 'rm -rf "$dir"' EXIT
-cd "$dir"
-# (Without git, the check lists the files with find.)
-have_git=false
-if command -v git >/dev/null; then git init -q . && have_git=true; fi
+source "$(dirname "$(readlink -f "$0")")/layout_fixture.sh"
 mkdir -p rpc pipeline
 cat >rpc/good.h <<'H'
 #pragma once

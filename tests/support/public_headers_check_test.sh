@@ -6,11 +6,7 @@
 # is not.
 set -euo pipefail
 check=$1
-dir=$(mktemp -d "${TEST_TMPDIR:-/tmp}/public.XXXXXX")
-trap 'rm -rf "$dir"' EXIT
-cd "$dir"
-have_git=false
-if command -v git >/dev/null; then git init -q . && have_git=true; fi
+source "$(dirname "$(readlink -f "$0")")/layout_fixture.sh"
 mkdir -p rpc pipeline
 printf '#pragma once\nnamespace remora::rpc {\nint Internal();\n}  // namespace remora::rpc\n' >rpc/internal.h
 cat >pipeline/api.h <<'H'
