@@ -59,7 +59,7 @@
 #include "data/imagefolder.h"
 #include "data/text.h"
 #include "examples/stock_worker.h"
-#include "pipeline/fit.h"
+#include "pipeline/accuracy.h"
 #include "shards/stage_types.h"
 #include "launch/cli.h"
 #include "launch/error_text.h"

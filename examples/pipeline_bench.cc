@@ -216,7 +216,7 @@ absl::Status Measure(rpc::Agent& agent, const Config& c, const std::vector<std::
       before = *sent;
     }
     const int64_t t0 = trace::NowUs();
-    if (auto loss = (*pipe)->train_step(x, y); !loss.ok()) return loss.status();
+    if (auto loss = (*pipe)->start_train_step(x, y).wait(); !loss.ok()) return loss.status();
     if (step >= c.warmup) seconds.push_back((trace::NowUs() - t0) / 1e6);
   }
   auto after = (*pipe)->sent_messages();
@@ -229,7 +229,7 @@ absl::Status Measure(rpc::Agent& agent, const Config& c, const std::vector<std::
     trace::Enable(true);
     for (int step = 0; step < c.hops; ++step) {
       const int64_t t0 = trace::NowUs();
-      if (auto loss = (*pipe)->train_step(x, y); !loss.ok()) return loss.status();
+      if (auto loss = (*pipe)->start_train_step(x, y).wait(); !loss.ok()) return loss.status();
       traced_steps.emplace_back(t0, trace::NowUs());
     }
     ASSIGN_OR_RETURN(traced, CollectTraces(agent, names));

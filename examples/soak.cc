@@ -242,7 +242,7 @@ absl::StatusOr<Trained> Train(pipeline::Pipeline& pipe, const Config& c, rpc::Ag
   const std::vector<std::pair<at::Tensor, at::Tensor>> data = MakeData(c);
   auto step = [&](int i) -> absl::StatusOr<double> {
     const auto& [x, y] = data[i % data.size()];
-    return pipe.train_step(x, y);
+    return pipe.start_train_step(x, y).wait();
   };
   Trained t;
   for (int i = 0; i < c.warmup; ++i) {

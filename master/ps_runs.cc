@@ -15,7 +15,6 @@
 #include "checkpoint/checkpoint.h"
 #include "shards/cnn.h"
 #include "shards/resnet.h"
-#include "pipeline/fit.h"
 #include "ps/parameter_server.h"
 #include "train/fit.h"
 #include "train/ps_trainer.h"
@@ -186,9 +185,9 @@ absl::Status TrainPs(rpc::Agent& agent, const RunOptions& c, const PsFlags& p,
       ASSIGN_OR_RETURN(auto batch, MakeBatch(c, b));
       const auto& [x, y] = batch;
       const int64_t t0 = trace::NowUs();
-      ASSIGN_OR_RETURN(ps::StepReport r, trainer->Train(x, y));
+      ASSIGN_OR_RETURN(const double loss, trainer->StartStep(x, y).wait());
       const double seconds = (trace::NowUs() - t0) / 1e6;
-      RecordBatch(run, b, r.loss, seconds, x.size(0));
+      RecordBatch(run, b, loss, seconds, x.size(0));
       if (elastic != nullptr) elastic->StepDone(b + 1);
       RETURN_IF_ERROR(saves.MaybeSave(*trainer, {b + 1, 0, b + 1, 0, 0, run.losses}, b + 1 == c.batches, std::cout));
     }
@@ -198,7 +197,7 @@ absl::Status TrainPs(rpc::Agent& agent, const RunOptions& c, const PsFlags& p,
     train::ReportTo(run, f.fit);
     f.on_eval = train::EvalsInto(run);
     if (elastic != nullptr) {
-      f.fit.on_step = [elastic, next = std::move(f.fit.on_step)](const pipeline::StepRecord& s) {
+      f.fit.on_step = [elastic, next = std::move(f.fit.on_step)](const train::StepRecord& s) {
         if (next) next(s);
         elastic->StepDone(s.step);
       };
@@ -212,7 +211,7 @@ absl::Status TrainPs(rpc::Agent& agent, const RunOptions& c, const PsFlags& p,
     } else {
       std::printf("data: read on the master\n");
     }
-    ASSIGN_OR_RETURN(std::vector<pipeline::EpochResult> epochs,
+    ASSIGN_OR_RETURN(std::vector<train::EpochResult> epochs,
                      train::Fit(*trainer, *sets.train, *sets.test, f, std::cout));
     MergeEpochs(run, epochs);
   }

@@ -66,11 +66,11 @@ KeptSteps KeepStepsUpTo(Run& run, int64_t from, int epoch) {
   return out;
 }
 
-void MergeEpochs(Run& run, const std::vector<pipeline::EpochResult>& epochs) {
+void MergeEpochs(Run& run, const std::vector<train::EpochResult>& epochs) {
   if (!epochs.empty()) {
     const int from = epochs.front().epoch;
     run.epochs.erase(std::remove_if(run.epochs.begin(), run.epochs.end(),
-                                    [from](const pipeline::EpochResult& e) { return e.epoch >= from; }),
+                                    [from](const train::EpochResult& e) { return e.epoch >= from; }),
                      run.epochs.end());
   }
   run.epochs.insert(run.epochs.end(), epochs.begin(), epochs.end());

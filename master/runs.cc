@@ -103,10 +103,10 @@ absl::Status LocalRun::Step(int b, const char* prefix) {
   ASSIGN_OR_RETURN(auto batch, MakeBatch(c_, b));
   auto& [inputs, targets] = batch;
   const int64_t t0 = trace::NowUs();
-  ASSIGN_OR_RETURN(double loss,
-                   trainer_->Train(inputs, targets, [this](const char* what, int64_t mb, int64_t s, int64_t e) {
-                     run_.slices.push_back({0, what, mb, s - start_, e - start_, ""});
-                   }));
+  trainer_->set_slices([this](const char* what, int64_t mb, int64_t s, int64_t e) {
+    run_.slices.push_back({0, what, mb, s - start_, e - start_, ""});
+  });
+  ASSIGN_OR_RETURN(double loss, trainer_->StartStep(inputs, targets).wait());
   const double seconds = (trace::NowUs() - t0) / 1e6;
   std::printf("%s", prefix);
   RecordBatch(run_, b, loss, seconds, inputs.size(0));
@@ -350,12 +350,12 @@ absl::Status FitPipeline(rpc::Agent& agent, const RunOptions& c, const std::vect
   options.on_eval = train::EvalsInto(run);
   // Each epoch is kept as it ends (an attempt that fails later loses
   // none); a recovery's time counts in the epoch it goes on in.
-  options.fit.on_step = [elastic, &run, next = std::move(options.fit.on_step)](const pipeline::StepRecord& s) {
+  options.fit.on_step = [elastic, &run, next = std::move(options.fit.on_step)](const train::StepRecord& s) {
     run.last_step_end = std::chrono::steady_clock::now();
     if (next) next(s);
     if (elastic != nullptr) elastic->StepDone(s.step);
   };
-  options.fit.on_epoch = [&run, next = std::move(options.fit.on_epoch)](const pipeline::EpochResult& e) {
+  options.fit.on_epoch = [&run, next = std::move(options.fit.on_epoch)](const train::EpochResult& e) {
     MergeEpochs(run, {e});
     if (next) next(e);
   };
@@ -363,7 +363,7 @@ absl::Status FitPipeline(rpc::Agent& agent, const RunOptions& c, const std::vect
     const checkpoint::TrainingState from = checkpoints->resume->state();
     if (GoesOnAfterAFailure(run, from.step)) {
       const KeptSteps kept = KeepStepsUpTo(run, from.step, from.epoch);
-      options.fit.gone_on = pipeline::FitOptions::GoneOn{
+      options.fit.gone_on = train::FitOptions::GoneOn{
           *run.last_step_end - std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                    std::chrono::duration<double>(kept.discarded_seconds)),
           kept.epoch_seconds_before, kept.epoch_images_before};
@@ -383,7 +383,7 @@ absl::Status FitPipeline(rpc::Agent& agent, const RunOptions& c, const std::vect
   train::StartTracing(agent, c.workers);  // (the first kTracedSteps steps)
   const int64_t start = trace::NowUs();
   options.fit.on_step = [&agent, &c, steps = int64_t{0}, next = std::move(options.fit.on_step)](
-                            const pipeline::StepRecord& s) mutable {
+                            const train::StepRecord& s) mutable {
     if (++steps == kTracedSteps) train::StopTracing(agent, c.workers);
     if (next) next(s);
   };
@@ -494,7 +494,7 @@ absl::Status TrainPipeline(rpc::Agent& agent, const RunOptions& c, const std::ve
   // checkpoint, a pause or the first count of messages.
   struct Started {
     int b;
-    pipeline::PendingStep step;
+    pipeline::StartedStep step;
   };
   std::optional<Started> started;
   int64_t last_end = trace::NowUs();
@@ -566,7 +566,7 @@ absl::Status TrainPipeline(rpc::Agent& agent, const RunOptions& c, const std::ve
     record("take batch", b, made);
     data_wait += (trace::NowUs() - made) / 1e6;
     const int64_t sent = trace::NowUs();
-    pipeline::PendingStep step = pipe->start_train_step(images, one_hot);
+    pipeline::StartedStep step = pipe->start_train_step(images, one_hot);
     record("send", b, sent);
     if (step.over_at_start()) {
       // It ran within the call (or failed to start): the one before ended

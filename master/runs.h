@@ -24,7 +24,6 @@
 #include "data/source.h"
 #include "shards/resnet.h"
 #include "optim/distributed_optimizer.h"
-#include "pipeline/fit.h"
 #include "parallel/data_parallel.h"
 #include "pipeline/partition.h"
 #include "pipeline/pipeline.h"
@@ -448,7 +447,7 @@ absl::Status TrainElastic(rpc::Agent& agent, const RunOptions& c, const std::vec
 // Appends the epochs a Fit returned to run.epochs, replacing those from
 // the first of them on (an attempt after a recovery goes on inside an
 // epoch), and sums run.seconds over them.
-void MergeEpochs(Run& run, const std::vector<pipeline::EpochResult>& epochs);
+void MergeEpochs(Run& run, const std::vector<train::EpochResult>& epochs);
 // Whether this run goes on from step `from` after a failure in this
 // process (an elastic recovery: it trained before); else (its first
 // attempt) notes that it begins after `from` (run.first_step).

@@ -16,6 +16,7 @@
 #include "parallel/protocol.h"
 #include "parallel/rpc_store.h"
 #include "pipeline/microbatch.h"
+#include "pipeline/pending_step.h"
 
 namespace remora::parallel {
 DataParallelPipeline::DataParallelPipeline(rpc::Agent& agent, DataParallelOptions options,
@@ -169,14 +170,14 @@ absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Crea
   return pipe;
 }
 
-pipeline::PendingStep DataParallelPipeline::start_train_step(const c10::IValue& inputs,
+pipeline::StartedStep DataParallelPipeline::start_train_step(const c10::IValue& inputs,
                                                              const c10::IValue& targets) {
   const int R = replicas();
   if (R == 1) return replicas_[0]->start_train_step(inputs, targets);
-  if (!replicas_[0]->runs_on_workers()) return pipeline::PendingStep::Done(train_step(inputs, targets));
+  if (!replicas_[0]->runs_on_workers()) return pipeline::StartedStep::Done(TrainHere(inputs, targets));
   absl::StatusOr<std::pair<std::vector<c10::IValue>, std::vector<c10::IValue>>> shares =
       Shares(inputs, targets);
-  if (!shares.ok()) return pipeline::PendingStep::Done(shares.status());
+  if (!shares.ok()) return pipeline::StartedStep::Done(shares.status());
   const std::vector<c10::IValue>& xs = shares->first;
   const std::vector<c10::IValue>& ts = shares->second;
   return StartOnReplicas(pipeline::BatchRows(inputs), [&](int r, int64_t context, int64_t total) {
@@ -184,26 +185,26 @@ pipeline::PendingStep DataParallelPipeline::start_train_step(const c10::IValue& 
   });
 }
 
-pipeline::PendingStep DataParallelPipeline::start_train_step(const pipeline::WorkerRows& rows) {
+pipeline::StartedStep DataParallelPipeline::start_train_step(const pipeline::WorkerRows& rows) {
   const int R = replicas();
   if (R == 1) return replicas_[0]->start_train_step(rows);
-  if (!rows.rows.defined()) return pipeline::PendingStep::Done(absl::InvalidArgumentError("no rows"));
+  if (!rows.rows.defined()) return pipeline::StartedStep::Done(absl::InvalidArgumentError("no rows"));
   const int64_t n = rows.rows.numel();
   const int m = replicas_[0]->schedule().micro_batches;
   if (n < static_cast<int64_t>(m) * R) {
-    return pipeline::PendingStep::Done(absl::InvalidArgumentError(absl::StrCat(
+    return pipeline::StartedStep::Done(absl::InvalidArgumentError(absl::StrCat(
         "a batch of ", n, " rows gives a replica fewer than its ", m, " micro-batches: give at least ", m * R,
         " rows")));
   }
   absl::StatusOr<std::vector<c10::IValue>> shares = pipeline::SplitMicroBatches(rows.rows, R);
-  if (!shares.ok()) return pipeline::PendingStep::Done(shares.status());
+  if (!shares.ok()) return pipeline::StartedStep::Done(shares.status());
   return StartOnReplicas(n, [&](int r, int64_t context, int64_t total) {
     return replicas_[r]->StartStep(pipeline::WorkerRows{rows.source, (*shares)[r].toTensor(), rows.epoch},
                                    context, total);
   });
 }
 
-pipeline::PendingStep DataParallelPipeline::StartOnReplicas(
+pipeline::StartedStep DataParallelPipeline::StartOnReplicas(
     int64_t total_rows,
     const std::function<absl::StatusOr<std::vector<rpc::Future<c10::IValue>>>(int, int64_t, int64_t)>& start) {
   const int R = replicas();
@@ -211,7 +212,7 @@ pipeline::PendingStep DataParallelPipeline::StartOnReplicas(
   // workers are distinct); each worker's runner sums its gradients with
   // the other replicas' and steps.
   const absl::StatusOr<int64_t> made = autograd::NewContextId(agent_);
-  if (!made.ok()) return pipeline::PendingStep::Done(made.status());
+  if (!made.ok()) return pipeline::StartedStep::Done(made.status());
   const int64_t context = *made;
   std::vector<rpc::Future<c10::IValue>> replies;
   std::vector<std::string> owers;
@@ -221,7 +222,7 @@ pipeline::PendingStep DataParallelPipeline::StartOnReplicas(
     auto part = start(r, context, total_rows);
     if (!part.ok()) {
       for (auto& replica : replicas_) replica->AbandonStep(context);
-      return pipeline::PendingStep::Done(part.status());
+      return pipeline::StartedStep::Done(part.status());
     }
     for (size_t w = 0; w < part->size(); ++w) {
       if (static_cast<int>(w) == replicas_[r]->last_worker()) losses.push_back(static_cast<int>(replies.size()));
@@ -230,7 +231,7 @@ pipeline::PendingStep DataParallelPipeline::StartOnReplicas(
       who.emplace_back(r, static_cast<int>(w));
     }
   }
-  return pipeline::PendingStep(
+  return pipeline::Started(pipeline::PendingStep(
       agent_, std::move(owers), std::move(replies), std::move(losses),
       [this, context] {
         for (auto& replica : replicas_) replica->AbandonStep(context);
@@ -241,7 +242,7 @@ pipeline::PendingStep DataParallelPipeline::StartOnReplicas(
       },
       [this, context] {
         for (auto& replica : replicas_) replica->StepOver(context);
-      });
+      }));
 }
 
 absl::StatusOr<std::pair<std::vector<c10::IValue>, std::vector<c10::IValue>>> DataParallelPipeline::Shares(
@@ -261,10 +262,8 @@ absl::StatusOr<std::pair<std::vector<c10::IValue>, std::vector<c10::IValue>>> Da
   return std::make_pair(std::move(xs), std::move(ts));
 }
 
-absl::StatusOr<double> DataParallelPipeline::train_step(const c10::IValue& inputs,
-                                                        const c10::IValue& targets) {
+absl::StatusOr<double> DataParallelPipeline::TrainHere(const c10::IValue& inputs, const c10::IValue& targets) {
   const int R = replicas();
-  if (R == 1 || replicas_[0]->runs_on_workers()) return start_train_step(inputs, targets).wait();
   ASSIGN_OR_RETURN(auto shares, Shares(inputs, targets));
   const std::vector<c10::IValue>& xs = shares.first;
   const std::vector<c10::IValue>& ts = shares.second;

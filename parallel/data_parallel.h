@@ -8,9 +8,9 @@
 //   o.replicas = 2;                        // replica r: workers [r*P, (r+1)*P)
 //   auto dp = parallel::DataParallelPipeline::Create(agent, o).value();
 //   std::cout << dp->Placement();
-//   double loss = dp->train_step(inputs, targets).value();
+//   double loss = dp->start_train_step(inputs, targets).wait().value();
 //
-// train_step gives replica r its contiguous share of the batch's rows (so
+// A step gives replica r its contiguous share of the batch's rows (so
 // no row is seen twice and their union is the batch), runs the replicas'
 // forward and backward passes side by side, sums the gradients of each
 // stage over its replicas (each micro-batch's loss weighted by its share of
@@ -60,16 +60,14 @@ class DataParallelPipeline {
                                                                      DataParallelOptions options);
   ~DataParallelPipeline();
 
-  // One step on the whole batch; returns its loss.
-  absl::StatusOr<double> train_step(const c10::IValue& inputs, const c10::IValue& targets);
-  // train_step without waiting for its end (Pipeline::start_train_step):
-  // with step runners the next step may be started before this one is
-  // waited for.
-  pipeline::PendingStep start_train_step(const c10::IValue& inputs, const c10::IValue& targets);
+  // Starts one step on the whole batch (Pipeline::start_train_step): with
+  // step runners the next step may be started before this one is waited
+  // for.
+  pipeline::StartedStep start_train_step(const c10::IValue& inputs, const c10::IValue& targets);
   // The same for a batch that each replica's stage 0 worker reads itself,
   // its share of `rows` (pipeline/worker_data.h: the source opened on
   // every replica's stage 0 worker).
-  pipeline::PendingStep start_train_step(const pipeline::WorkerRows& rows);
+  pipeline::StartedStep start_train_step(const pipeline::WorkerRows& rows);
   // Forward only, through replica 0.
   absl::StatusOr<c10::IValue> eval_step(const c10::IValue& inputs);
   // How many rows replica 0 classifies right (Pipeline::eval_correct).
@@ -106,9 +104,13 @@ class DataParallelPipeline {
   // when a share has fewer rows than a replica's micro-batches.
   absl::StatusOr<std::pair<std::vector<c10::IValue>, std::vector<c10::IValue>>> Shares(
       const c10::IValue& inputs, const c10::IValue& targets) const;
+  // A step run from here, replica by replica (an unnamed loss, computed on
+  // this process): forward and backward passes, the gradients summed, every
+  // replica stepped; its loss.
+  absl::StatusOr<double> TrainHere(const c10::IValue& inputs, const c10::IValue& targets);
   // One step in one new context: start(replica, context, total_rows)
-  // sends a replica's run calls; the PendingStep waits for them all.
-  pipeline::PendingStep StartOnReplicas(
+  // sends a replica's run calls; the step waits for them all.
+  pipeline::StartedStep StartOnReplicas(
       int64_t total_rows,
       const std::function<absl::StatusOr<std::vector<rpc::Future<c10::IValue>>>(int, int64_t, int64_t)>& start);
   struct Member {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <map>
+#include <memory>
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/List.h>
@@ -13,8 +14,9 @@
 #include "autograd/dist_autograd.h"
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
-#include "pipeline/fit.h"
+#include "pipeline/accuracy.h"
 #include "pipeline/microbatch.h"
+#include "pipeline/pending_step.h"
 #include "pipeline/protocol.h"
 #include "pipeline/recompute.h"
 
@@ -421,17 +423,24 @@ void PendingStep::abandon() {
   if (!done_ && abandon_) abandon_();
 }
 
-PendingStep Pipeline::start_train_step(const c10::IValue& inputs, const c10::IValue& targets) {
-  if (!runs_on_workers()) return PendingStep::Done(train_step(inputs, targets));
-  const absl::StatusOr<int64_t> context = autograd::NewContextId(agent_);
-  if (!context.ok()) return PendingStep::Done(context.status());
-  return Pending(*context, StartStep(inputs, targets, *context, BatchRows(inputs)));
+StartedStep Started(PendingStep pending) {
+  if (pending.over_at_start()) return StartedStep::Done(pending.wait());
+  auto step = std::make_shared<PendingStep>(std::move(pending));
+  return StartedStep([step] { return step->wait(); }, [step] { step->abandon(); }, /*over_at_start=*/false,
+                     [step] { return step->grad_norm(); });
 }
 
-PendingStep Pipeline::start_train_step(const WorkerRows& rows) {
+StartedStep Pipeline::start_train_step(const c10::IValue& inputs, const c10::IValue& targets) {
+  if (!runs_on_workers()) return StartedStep::Done(TrainHere(inputs, targets));
   const absl::StatusOr<int64_t> context = autograd::NewContextId(agent_);
-  if (!context.ok()) return PendingStep::Done(context.status());
-  return Pending(*context, StartStep(rows, *context, rows.rows.defined() ? rows.rows.numel() : 0));
+  if (!context.ok()) return StartedStep::Done(context.status());
+  return Started(Pending(*context, StartStep(inputs, targets, *context, BatchRows(inputs))));
+}
+
+StartedStep Pipeline::start_train_step(const WorkerRows& rows) {
+  const absl::StatusOr<int64_t> context = autograd::NewContextId(agent_);
+  if (!context.ok()) return StartedStep::Done(context.status());
+  return Started(Pending(*context, StartStep(rows, *context, rows.rows.defined() ? rows.rows.numel() : 0)));
 }
 
 PendingStep Pipeline::Pending(int64_t context, absl::StatusOr<std::vector<rpc::Future<c10::IValue>>> replies) {
@@ -442,8 +451,7 @@ PendingStep Pipeline::Pending(int64_t context, absl::StatusOr<std::vector<rpc::F
                      [this, context] { StepOver(context); });
 }
 
-absl::StatusOr<double> Pipeline::train_step(const c10::IValue& inputs, const c10::IValue& targets) {
-  if (runs_on_workers()) return start_train_step(inputs, targets).wait();
+absl::StatusOr<double> Pipeline::TrainHere(const c10::IValue& inputs, const c10::IValue& targets) {
   autograd::Context context(agent_);
   RETURN_IF_ERROR(context.status());
   ASSIGN_OR_RETURN(double loss, forward_backward(inputs, targets, context.id(), BatchRows(inputs)));
@@ -459,7 +467,7 @@ absl::StatusOr<double> Pipeline::forward_backward(const c10::IValue& inputs,
   if (schedule_.SplitsBackward()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "pipeline: schedule ", schedule_.name, " splits backward passes, which only the workers' step runners run: "
-        "use train_step or start_train_step, not forward_backward"));
+        "use start_train_step, not forward_backward"));
   }
   const int m = schedule_.micro_batches;
   ASSIGN_OR_RETURN(std::vector<c10::IValue> xs, SplitMicroBatches(inputs, m));

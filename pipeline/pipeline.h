@@ -11,10 +11,10 @@
 //   o.loss = pipeline::MseLoss();
 //   o.optimizer = optim::OptimizerOptions::SGD(0.05);
 //   auto pipe = pipeline::Pipeline::Create(*agent, o).value();
-//   double loss = pipe->train_step(inputs, targets).value();
+//   double loss = pipe->start_train_step(inputs, targets).wait().value();
 //   c10::IValue outputs = pipe->eval_step(inputs).value();
 //
-// train_step cuts the batch into micro-batches (pipeline/microbatch.h),
+// A training step cuts the batch into micro-batches (pipeline/microbatch.h),
 // tells every worker its actions' order for the batch (pipeline/schedule.h),
 // starts every micro-batch's forward pass (each worker runs them in its
 // order), computes each micro-batch's loss on this process as its output
@@ -25,8 +25,7 @@
 // step on the whole batch with that loss. eval_step runs forward only (eval
 // mode, no autograd context, no gradients kept) and returns the outputs.
 //
-// Thread-safety: one step at a time (train_step and eval_step are not
-// concurrent). Ownership: the pipeline holds the RRefs to its stages and the
+// Thread-safety: one thread drives it (its steps and evaluations). Ownership: the pipeline holds the RRefs to its stages and the
 // optimizer; they are freed on the workers when it is destroyed.
 #pragma once
 
@@ -44,10 +43,15 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "optim/distributed_optimizer.h"
-#include "pipeline/fit.h"
+#include "pipeline/accuracy.h"
 #include "pipeline/schedule.h"
+#include "pipeline/step.h"
 #include "pipeline/worker_data.h"
 #include "rpc/agent.h"
+
+namespace remora::parallel {
+class DataParallelPipeline;
+}  // namespace remora::parallel
 
 namespace remora::pipeline {
 
@@ -111,56 +115,8 @@ int WaitForReplies(rpc::Agent& agent, const std::vector<std::string>& workers,
 std::vector<std::string> UnansweringWorkers(rpc::Agent& agent, const std::vector<std::string>& workers,
                                             absl::Duration timeout);
 
-// A training step started on the workers and not waited for yet
-// (Pipeline::start_train_step, DataParallelPipeline::start_train_step).
-// The master may start the next step before waiting for this one: each
-// worker runs its batches in the order they were started.
-//
-// Thread-safety: one thread at a time. Ownership: holds the replies; the
-// pipeline that started it must outlive it. A step never waited for still
-// runs to its end on the workers (or is dropped there by abandon()).
-class PendingStep {
- public:
-  // Where a failure of the reply owed by worker i is reported from.
-  using Where = std::function<std::string(int i)>;
-  // A step already over (run on this process, or failed to start).
-  static PendingStep Done(absl::StatusOr<double> loss);
-  // `replies[i]` owed by `workers[i]`; the loss is the sum of the replies
-  // at `loss_replies`; `abandon` tells every worker to drop the step.
-  // `over` runs once wait() has its outcome.
-  PendingStep(rpc::Agent& agent, std::vector<std::string> workers, std::vector<rpc::Future<c10::IValue>> replies,
-              std::vector<int> loss_replies, std::function<void()> abandon, Where where,
-              std::function<void()> over);
+class PendingStep;  // (pipeline/pending_step.h, internal)
 
-  // Blocks until the step has ended on every worker (WaitForReplies) and
-  // returns its loss, or the failure to report (the others told to drop
-  // the step). Called once.
-  absl::StatusOr<double> wait();
-  // Tells the workers to drop the step, not waiting for them (after an
-  // earlier step failed).
-  void abandon();
-  // The step was over when it was returned (Done: it ran within the call
-  // that started it, as the master-centred protocol's steps do, or did not
-  // start), so that a caller timing steps accounts it at once.
-  bool over_at_start() const { return done_.has_value(); }
-  // After wait(): the whole model's gradient norm before clipping, as the
-  // workers measured it (PipelineOptions::clip_grad_norm); -1 without
-  // clipping.
-  double grad_norm() const { return grad_norm_; }
-
- private:
-  explicit PendingStep(absl::StatusOr<double> loss) : done_(std::move(loss)) {}
-
-  std::optional<absl::StatusOr<double>> done_;
-  rpc::Agent* agent_ = nullptr;
-  std::vector<std::string> workers_;
-  std::vector<rpc::Future<c10::IValue>> replies_;
-  std::vector<int> loss_replies_;
-  std::function<void()> abandon_;
-  Where where_;
-  std::function<void()> over_;
-  double grad_norm_ = -1;
-};
 
 // The requests `agent` and `workers` have sent so far, by kind
 // (Agent::sent_messages), summed; the calls that ask are left out.
@@ -269,52 +225,21 @@ class Pipeline {
   static absl::StatusOr<std::unique_ptr<Pipeline>> Create(rpc::Agent& agent, PipelineOptions options);
   ~Pipeline();
 
-  // One training step on the batch; returns its loss (the whole batch's).
-  // With a named loss: one call per worker (the inputs to stage 0's, the
-  // targets to the last stage's), the workers do the rest (runner.h).
-  absl::StatusOr<double> train_step(const c10::IValue& inputs, const c10::IValue& targets);
-  // train_step without waiting for the step's end: with step runners, the
-  // call goes to every worker and returns; the next step may be started
-  // before this one is waited for (the workers queue it behind this one).
-  // Otherwise the step runs here first.
-  PendingStep start_train_step(const c10::IValue& inputs, const c10::IValue& targets);
+  // Starts one training step on the batch; wait() on what it returns
+  // gives the step's loss (the whole batch's). With a named loss (step
+  // runners): one call per worker (the inputs to stage 0's, the targets to
+  // the last stage's), the workers do the rest (runner.h), and the next
+  // step may be started before this one is waited for (the workers queue
+  // it behind this one). Otherwise the step runs here, within the call
+  // (over_at_start()).
+  StartedStep start_train_step(const c10::IValue& inputs, const c10::IValue& targets);
   // The same for a batch that stage 0's worker reads itself
   // (pipeline/worker_data.h); needs step runners.
-  PendingStep start_train_step(const WorkerRows& rows);
-  // Whether train_step runs the step protocol (a named loss).
+  StartedStep start_train_step(const WorkerRows& rows);
+  // Whether the workers run the step protocol (a named loss), and the id
+  // their step runners have (the `runner` of a RunRequest, runner.h).
   bool runs_on_workers() const { return runner_id_ >= 0; }
-  // The step protocol in parts, for data parallelism (parallel/): starts
-  // the batch's `run` call on every worker, in context `context_id`, each
-  // micro-batch's loss weighted by its rows / `total_rows` (the whole
-  // batch's, of which `inputs` may be one replica's share); the replies in
-  // worker order, the last stage's worker's (last_worker()) carrying the
-  // weighted loss. Each worker starts it once the step started before it
-  // here has ended there. After a failure, AbandonStep tells every worker
-  // to drop the batch.
-  absl::StatusOr<std::vector<rpc::Future<c10::IValue>>> StartStep(const c10::IValue& inputs,
-                                                            const c10::IValue& targets,
-                                                            int64_t context_id, int64_t total_rows);
-  absl::StatusOr<std::vector<rpc::Future<c10::IValue>>> StartStep(const WorkerRows& rows, int64_t context_id,
-                                                            int64_t total_rows);
-  void AbandonStep(int64_t context_id);
-  // The master has the outcome of step `context_id` (its replies, or the
-  // failure it reported): the next StartStep waits for no earlier step.
-  void StepOver(int64_t context_id) {
-    if (context_id == last_started_) last_over_ = true;
-  }
-  int last_worker() const { return schedule_.WorkerOf(num_stages() - 1); }
   int64_t runner_id() const { return runner_id_; }
-
-  // train_step in two parts, for data parallelism (parallel/): the batch's
-  // forward and backward passes in distributed autograd context
-  // `context_id` (the gradients stay in the context on the workers), each
-  // micro-batch's loss weighted by its rows / `total_rows` (the rows of the
-  // whole batch, of which `inputs` may be one replica's share); returns
-  // the weighted loss. Then step() steps the optimizer with the context's
-  // gradients.
-  absl::StatusOr<double> forward_backward(const c10::IValue& inputs, const c10::IValue& targets,
-                                          int64_t context_id, int64_t total_rows);
-  absl::Status step(int64_t context_id);
 
   // The model's outputs for `inputs`, forward only (with step runners: one
   // call per worker, outputs pushed worker to worker, the last stage's
@@ -378,6 +303,39 @@ class Pipeline {
   Pipeline(rpc::Agent& agent, PipelineOptions options, std::vector<std::string> workers,
            std::vector<rpc::RRef> stages, Schedule schedule,
            std::unique_ptr<optim::DistributedOptimizer> optimizer);
+
+  // The step in parts, for data parallelism (parallel::DataParallelPipeline,
+  // a friend, drives its replicas with them).
+  friend class parallel::DataParallelPipeline;
+  // The step on the workers' runners: starts the batch's `run` call on
+  // every worker, in context `context_id`, each micro-batch's loss weighted
+  // by its rows / `total_rows` (the whole batch's, of which `inputs` may be
+  // one replica's share); the replies in worker order, the last stage's
+  // worker's (last_worker()) carrying the weighted loss. Each worker starts
+  // it once the step started before it here has ended there. After a
+  // failure, AbandonStep tells every worker to drop the batch.
+  absl::StatusOr<std::vector<rpc::Future<c10::IValue>>> StartStep(const c10::IValue& inputs,
+                                                                  const c10::IValue& targets,
+                                                                  int64_t context_id, int64_t total_rows);
+  absl::StatusOr<std::vector<rpc::Future<c10::IValue>>> StartStep(const WorkerRows& rows, int64_t context_id,
+                                                                  int64_t total_rows);
+  void AbandonStep(int64_t context_id);
+  // The master has the outcome of step `context_id` (its replies, or the
+  // failure it reported): the next StartStep waits for no earlier step.
+  void StepOver(int64_t context_id) {
+    if (context_id == last_started_) last_over_ = true;
+  }
+  int last_worker() const { return schedule_.WorkerOf(num_stages() - 1); }
+  // The step run from here (an unnamed loss: the master-centred protocol):
+  // the batch's forward and backward passes in distributed autograd context
+  // `context_id` (the gradients stay in the context on the workers), each
+  // micro-batch's loss weighted by its rows / `total_rows`; returns the
+  // weighted loss. Then step() steps the optimizer with the context's
+  // gradients. TrainHere is both, in a context of its own.
+  absl::StatusOr<double> forward_backward(const c10::IValue& inputs, const c10::IValue& targets,
+                                          int64_t context_id, int64_t total_rows);
+  absl::Status step(int64_t context_id);
+  absl::StatusOr<double> TrainHere(const c10::IValue& inputs, const c10::IValue& targets);
 
   // Gives every worker its step runner.
   absl::Status MakeRunners();

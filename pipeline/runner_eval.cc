@@ -10,7 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
-#include "pipeline/fit.h"
+#include "pipeline/accuracy.h"
 #include "pipeline/microbatch.h"
 #include "pipeline/recompute.h"
 #include "pipeline/protocol.h"

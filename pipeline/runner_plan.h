@@ -97,7 +97,7 @@ class EvalRunner : public std::enable_shared_from_this<EvalRunner> {
 
   // Evaluation `id` of `inputs` (on stage 0's worker) in `m` micro-batches:
   // the last stage's worker replies with the outputs merged (with `labels`:
-  // with (top1, top5, rows read): pipeline/fit.h's Correct), the
+  // with (top1, top5, rows read): pipeline/accuracy.h's Correct), the
   // others with None once their passes are done.
   rpc::Future<c10::IValue> Eval(int64_t id, const c10::IValue& inputs, int m, const c10::IValue& labels,
                            const c10::IValue& rows = c10::IValue());

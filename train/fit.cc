@@ -1,21 +1,34 @@
 #include "train/fit.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <filesystem>
+#include <future>
 #include <string>
 #include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/numbers.h"
 #include "base/status_util.h"
+#include "data/datasets.h"
 
 namespace remora::train {
 namespace {
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+double Seconds(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(t.time_since_epoch()).count();
+}
+
+double Now() { return Seconds(std::chrono::steady_clock::now()); }
+
+// "12s", "3m05s".
+std::string Duration(double s) {
+  const int total = static_cast<int>(s + 0.5);
+  return total >= 60 ? absl::StrFormat("%dm%02ds", total / 60, total % 60) : absl::StrCat(total, "s");
 }
 
 // "12.3 MiB", or "4.5 KiB" below a MiB.
@@ -24,9 +37,298 @@ std::string Size(int64_t bytes) {
   return absl::StrFormat("%.1f MiB", bytes / 1048576.0);
 }
 
-checkpoint::TrainingState StateAt(const pipeline::FitPosition& p) {
+checkpoint::TrainingState StateAt(const FitPosition& p) {
   return {p.step, p.epoch, p.batch, p.loss_sum, p.images, {}};
 }
+
+// Reads a batch's rows (here, or only names them where a worker reads them).
+using RowReader = std::function<absl::StatusOr<data::Batch>(const at::Tensor& rows, int epoch)>;
+// Starts the step of a batch read (its rows and epoch too).
+using BatchStarter = std::function<StartedStep(const data::Batch& batch, const at::Tensor& rows, int epoch)>;
+// Measures the test set's accuracy (empty: there is no test set).
+using AccuracyOf = std::function<absl::StatusOr<pipeline::Correct>()>;
+// Runs after every step with the position after it (a checkpoint, an
+// evaluation); an error stops the fit.
+using AfterStep = std::function<absl::Status(const FitPosition&)>;
+// Whether the step after `step` must wait until `step` is over and its
+// AfterStep has run (it saves or evaluates).
+using SettleAfter = std::function<bool(int64_t step)>;
+
+// One Fit call's loop: the options, the steps taken, and the epoch under
+// way.
+// Used by the calling thread only (reads ahead run on threads of their own
+// and touch only their rows).
+class Loop {
+ public:
+  Loop(int64_t train_size, const RowReader& read_rows, const BatchStarter& start_step,
+       const std::function<absl::StatusOr<int64_t>()>& skipped, const AccuracyOf& accuracy,
+       const AfterStep& after_step, const SettleAfter& settle_after, const FitOptions& o, std::ostream& out)
+      : train_size_(train_size),
+        read_rows_(read_rows),
+        start_step_(start_step),
+        skipped_(skipped),
+        accuracy_(accuracy),
+        after_step_(after_step),
+        settle_after_(settle_after),
+        o_(o),
+        out_(out),
+        step_(o.start.step) {}
+
+  absl::StatusOr<std::vector<EpochResult>> Run() {
+    if (o_.epochs < 1 || o_.batch_size < 1 || o_.prefetch < 0) {
+      return absl::InvalidArgumentError("fit: epochs and batch size must be at least 1, prefetch at least 0");
+    }
+    if (skipped_) {
+      ASSIGN_OR_RETURN(skipped_before_, skipped_());
+    }
+    std::vector<EpochResult> results;
+    for (int e = std::max(1, o_.start.epoch); e <= o_.epochs; ++e) {
+      ASSIGN_OR_RETURN(const bool trained, TrainEpoch(e));
+      if (!trained) continue;
+      RETURN_IF_ERROR(EndEpoch());
+      if (o_.on_epoch) o_.on_epoch(r_);
+      results.push_back(r_);
+    }
+    if (results.empty() && o_.start.step > 0) {  // (resumed)
+      out_ << "fit: resumed at the run's end (epoch " << o_.start.epoch << " of --epochs " << o_.epochs
+           << "): nothing left to train (give more --epochs to train on)\n"
+           << std::flush;
+    }
+    return results;
+  }
+
+ private:
+  // A step started and not yet waited for.
+  struct Started {
+    size_t batch;
+    int64_t rows;
+    StartedStep step;
+  };
+
+  // Trains epoch e's batches (from the resumed position in the resumed
+  // epoch); false when there was none left to train (a run resumed after
+  // the epoch's last batch, which reported the epoch then).
+  absl::StatusOr<bool> TrainEpoch(int e) {
+    const bool resumed = e == o_.start.epoch;
+    batches_ = data::EpochBatches(train_size_, o_.batch_size, o_.shuffle, o_.seed, e);
+    if (!batches_.empty() && batches_.back().size(0) < o_.min_batch_rows) {
+      if (!said_dropped_ && batches_.size() > 1) {
+        said_dropped_ = true;  // (the same each epoch)
+        out_ << "fit: the last batch of each epoch, " << batches_.back().size(0) << " of " << train_size_
+             << " rows, is left out: its micro-batches need at least " << o_.min_batch_rows << " rows\n"
+             << std::flush;
+      }
+      batches_.pop_back();
+    }
+    if (batches_.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("fit: ", train_size_,
+                                                     " training rows make no batch of ", o_.min_batch_rows));
+    }
+    if (resumed && o_.start.batch > static_cast<int64_t>(batches_.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("fit: resuming at batch ", o_.start.batch, " of epoch ", e,
+                                                     ", which has ", batches_.size(), " batches"));
+    }
+    first_ = resumed ? static_cast<size_t>(o_.start.batch) : 0;
+    if (resumed && first_ == batches_.size() && first_ > 0) return false;
+    r_ = EpochResult{};
+    r_.epoch = e;
+    r_.images = resumed ? o_.start.images : 0;
+    loss_sum_ = resumed ? o_.start.loss_sum : 0;
+    next_line_ = 0;
+    call_t0_ = last_end_ = Now();
+    t0_ = call_t0_;
+    trained_ = 0;
+    if (o_.gone_on && !counted_loss_) {  // (the first epoch this call trains)
+      counted_loss_ = true;
+      t0_ = std::min(t0_, Seconds(o_.gone_on->lost_since));
+      if (resumed) {
+        t0_ -= o_.gone_on->epoch_seconds_before;
+        trained_ = o_.gone_on->epoch_images_before;
+      }
+    }
+    read_.clear();
+    next_read_ = first_;
+    for (size_t b = first_; b < batches_.size(); ++b) {
+      // The step before this one (step_ + started_.size()) may need the
+      // workers to itself until after_step has run.
+      if (!started_.empty() && settle_after_ && settle_after_(step_ + static_cast<int64_t>(started_.size()))) {
+        while (!started_.empty()) RETURN_IF_ERROR(FinishOldest());
+      }
+      ReadAhead();
+      absl::StatusOr<data::Batch> batch = read_.front().get();
+      read_.pop_front();
+      ReadAhead();  // the next batches are read while this one trains
+      if (!batch.ok()) {
+        DropStarted();
+        return base::Annotate(batch.status(),
+                              absl::StrCat("reading epoch ", e, ", batch ", b + 1, " of ", batches_.size()));
+      }
+      r_.skipped += batch->skipped;
+      if (batch->labels.size(0) == 0) continue;  // every file of it skipped
+      started_.push_back(Started{b, batch->labels.size(0), start_step_(*batch, batches_[b], e)});
+      // One step ahead: the one before this is waited for now (a step
+      // that ran within its start at once).
+      while (started_.size() > 1 || (!started_.empty() && started_.back().step.over_at_start())) {
+        RETURN_IF_ERROR(FinishOldest());
+      }
+    }
+    while (!started_.empty()) RETURN_IF_ERROR(FinishOldest());
+    r_.seconds = Now() - t0_;
+    return true;
+  }
+
+  // Batches read ahead (o_.prefetch of them while a step runs), in order
+  // from batch next_read_.
+  void ReadAhead() {
+    while (next_read_ < batches_.size() && static_cast<int>(read_.size()) <= o_.prefetch) {
+      read_.push_back(std::async(o_.prefetch > 0 ? std::launch::async : std::launch::deferred,
+                                 [read_rows = &read_rows_, rows = batches_[next_read_], e = r_.epoch] {
+                                   return (*read_rows)(rows, e);
+                                 }));
+      ++next_read_;
+    }
+  }
+
+  void DropStarted() {
+    for (auto& s : started_) s.step.abandon();
+    started_.clear();
+  }
+
+  // Waits for the oldest step started and accounts for it.
+  absl::Status FinishOldest() {
+    Started oldest = std::move(started_.front());
+    started_.pop_front();
+    const size_t b = oldest.batch;
+    const int e = r_.epoch;
+    absl::StatusOr<double> loss = oldest.step.wait();
+    if (!loss.ok()) {
+      DropStarted();
+      return base::Annotate(loss.status(), absl::StrCat("epoch ", e, ", batch ", b + 1, " of ", batches_.size()));
+    }
+    *loss = base::UnsignedNan(*loss);
+    if (!std::isfinite(*loss) && !said_not_finite_) {
+      said_not_finite_ = true;  // (once: every later loss is likely the same)
+      out_ << "fit: warning: the loss is " << *loss << " at epoch " << e << ", batch " << b + 1
+           << ": the training diverged (a lower --lr?); it goes on\n"
+           << std::flush;
+    }
+    loss_sum_ += *loss;
+    r_.images += oldest.rows;
+    trained_ += oldest.rows;
+    ++step_;
+    const double ended = Now();
+    const double norm = oldest.step.grad_norm();
+    if (o_.on_step) o_.on_step(StepRecord{e, step_, *loss, oldest.rows, ended - last_end_, norm});
+    if (norm >= 0) last_norm_ = norm;
+    last_end_ = ended;
+    Progress(b, ended);
+    if (after_step_) {
+      absl::Status s = after_step_(FitPosition{e, static_cast<int64_t>(b + 1), loss_sum_, r_.images, step_});
+      if (!s.ok()) {
+        DropStarted();
+        return base::Annotate(s, absl::StrCat("after epoch ", e, ", batch ", b + 1));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // The progress line after batch b: redrawn in place, or every tenth of
+  // the epoch.
+  void Progress(size_t b, double now) {
+    const double done = static_cast<double>(b + 1 - first_) / (batches_.size() - first_);
+    const double elapsed = now - t0_, in_call = now - call_t0_;
+    // (Rows of a text are windows of tokens: the tokens a second then.)
+    const double rate = trained_ / std::max(elapsed, 1e-9);
+    const std::string speed = o_.tokens_per_row > 0
+                                  ? absl::StrFormat("%.0f tokens/s", rate * static_cast<double>(o_.tokens_per_row))
+                                  : absl::StrFormat("%.0f images/s", rate);
+    // (With clipping, the last step's gradient norm before it.)
+    const std::string norm = last_norm_ >= 0 ? absl::StrFormat("  grad_norm=%.3g", last_norm_) : "";
+    const std::string line =
+        absl::StrFormat("epoch %d/%d  %zu/%zu batches  loss=%.4f%s  %s  ETA %s", r_.epoch, o_.epochs, b + 1,
+                        batches_.size(), loss_sum_ / (b + 1), norm, speed, Duration(in_call / done - in_call));
+    if (o_.progress_bar) {
+      out_ << "\r" << line << "   " << std::flush;
+    } else if (done >= next_line_ && b + 1 < batches_.size()) {
+      out_ << line << "\n" << std::flush;
+      next_line_ += 0.1;
+    }
+  }
+
+  // The epoch's rows left out where they were read, its loss, its test
+  // accuracy and its line.
+  absl::Status EndEpoch() {
+    const int e = r_.epoch;
+    if (skipped_) {
+      auto now = skipped_();
+      if (!now.ok()) return base::Annotate(now.status(), absl::StrCat("after epoch ", e));
+      const int64_t epoch_skipped = *now - skipped_before_;
+      skipped_before_ = *now;
+      r_.skipped += epoch_skipped;
+      r_.images -= epoch_skipped;
+      trained_ -= epoch_skipped;
+    }
+    if (r_.images <= 0 && r_.skipped > 0) {
+      // (Its loss would print as 0: a perfect fit to the eye.)
+      return absl::FailedPreconditionError(absl::StrCat(
+          "epoch ", e, " trained no image: all ", r_.skipped,
+          " of its images were skipped as unreadable (--skip-bad-images); check the dataset's files"));
+    }
+    r_.trained = trained_;
+    r_.train_loss = loss_sum_ / batches_.size();
+    if (o_.progress_bar) out_ << "\n";
+    std::string tested;
+    if (accuracy_) {  // else no test set
+      auto accuracy = accuracy_();
+      if (!accuracy.ok()) return base::Annotate(accuracy.status(), absl::StrCat("evaluating after epoch ", e));
+      r_.evaluated = true;
+      r_.test_accuracy = accuracy->accuracy();
+      r_.test_top5 = accuracy->top5_accuracy();
+      r_.test_loss = accuracy->loss();
+      tested = absl::StrFormat(" test_accuracy=%.4f test_top5=%.4f test_loss=%.4f", r_.test_accuracy, r_.test_top5,
+                               r_.test_loss);
+      if (o_.tokens_per_row > 0) absl::StrAppendFormat(&tested, " test_perplexity=%.3f", std::exp(r_.test_loss));
+    }
+    const double rows_per_second = trained_ / std::max(r_.seconds, 1e-9);
+    out_ << absl::StrFormat("epoch=%d train_loss=%.4f%s seconds=%.1f images_per_second=%.0f%s%s\n", e,
+                            r_.train_loss, tested, r_.seconds, rows_per_second,
+                            o_.tokens_per_row > 0
+                                ? absl::StrFormat(" tokens_per_second=%.0f", rows_per_second * o_.tokens_per_row)
+                                : "",
+                            r_.skipped > 0 ? absl::StrCat(" skipped_images=", r_.skipped) : "")
+         << std::flush;
+    return absl::OkStatus();
+  }
+
+  const int64_t train_size_;
+  const RowReader& read_rows_;
+  const BatchStarter& start_step_;
+  const std::function<absl::StatusOr<int64_t>()>& skipped_;
+  const AccuracyOf& accuracy_;
+  const AfterStep& after_step_;
+  const SettleAfter& settle_after_;
+  const FitOptions& o_;
+  std::ostream& out_;
+  int64_t step_;
+  int64_t skipped_before_ = 0;
+  // The epoch under way.
+  std::vector<at::Tensor> batches_;
+  size_t first_ = 0;  // the first batch this call trains
+  EpochResult r_;
+  // When the epoch began (earlier where it counts FitOptions::gone_on) and
+  // when this call began it.
+  double t0_ = 0, call_t0_ = 0, last_end_ = 0, loss_sum_ = 0, next_line_ = 0;
+  double last_norm_ = -1;  // the last step's gradient norm before clipping, or -1
+  // Images of the epoch trained by this call (and, going on after a
+  // recovery, before it).
+  int64_t trained_ = 0;
+  bool counted_loss_ = false;  // whether an epoch counts FitOptions::gone_on already
+  bool said_not_finite_ = false;
+  bool said_dropped_ = false;
+  std::deque<std::future<absl::StatusOr<data::Batch>>> read_;
+  size_t next_read_ = 0;
+  std::deque<Started> started_;
+};
 
 }  // namespace
 
@@ -90,34 +392,38 @@ absl::Status Resume(Trainer& trainer, const checkpoint::Checkpoint& ck,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<pipeline::EpochResult>> Fit(Trainer& trainer, const data::Source& train,
-                                                       const data::Source& test, const TrainOptions& o,
-                                                       std::ostream& out) {
-  pipeline::FitOptions f = o.fit;
+absl::StatusOr<std::vector<EpochResult>> Fit(Trainer& trainer, const data::Source& train, const data::Source& test,
+                                             const TrainOptions& o, std::ostream& out) {
+  FitOptions f = o.fit;
   const Checkpoints checkpoints(o.checkpoints, o.checkpoint_every);
   RETURN_IF_ERROR(checkpoints.Prepare());
-  pipeline::FitPosition last;
+  FitPosition last;
   if (o.resume) {
     RETURN_IF_ERROR(Resume(trainer, *o.resume, o.checkpoints.identity, out));
     const checkpoint::TrainingState s = o.resume->state();
-    f.start = pipeline::FitPosition{s.epoch, s.batch, s.epoch_loss_sum, s.epoch_images, s.step};
+    f.start = FitPosition{s.epoch, s.batch, s.epoch_loss_sum, s.epoch_images, s.step};
     last = f.start;
   }
   RowsSteps* rows = trainer.rows();
+  // The test set's accuracy, counted on the rows the workers read or on
+  // batches read here (empty: there is no test set).
+  const AccuracyOf accuracy = test.size() == 0 ? AccuracyOf(nullptr) : [&]() -> absl::StatusOr<pipeline::Correct> {
+    if (rows != nullptr) {
+      return pipeline::Accuracy([rows](const at::Tensor& r) { return rows->CountCorrectRows(r); }, test.size(),
+                                f.eval_batch_size);
+    }
+    return pipeline::Accuracy(
+        [&trainer](const at::Tensor& x, const at::Tensor& y) { return trainer.CountCorrect(x, y); }, test,
+        f.eval_batch_size);
+  };
   const bool evaluates = o.eval_every > 0 && test.size() > 0;
   auto eval_due = [&o, evaluates](int64_t step) { return evaluates && step % o.eval_every == 0; };
-  f.after_step = [&](const pipeline::FitPosition& p) {
+  const AfterStep after_step = [&](const FitPosition& p) {
     last = p;
     RETURN_IF_ERROR(checkpoints.MaybeSave(trainer, StateAt(p), /*final=*/false, out));
     if (!eval_due(p.step)) return absl::OkStatus();
     const double t0 = Now();
-    const absl::StatusOr<pipeline::Correct> tested =
-        rows != nullptr
-            ? pipeline::Accuracy([rows](const at::Tensor& r) { return rows->CountCorrectRows(r); }, test.size(),
-                                 f.eval_batch_size)
-            : pipeline::Accuracy(
-                  [&trainer](const at::Tensor& x, const at::Tensor& y) { return trainer.CountCorrect(x, y); },
-                  test, f.eval_batch_size);
+    const absl::StatusOr<pipeline::Correct> tested = accuracy();
     if (!tested.ok()) return base::Annotate(tested.status(), absl::StrCat("evaluating after step ", p.step));
     if (f.progress_bar) out << "\n";
     out << absl::StrFormat("step=%d test_accuracy=%.4f test_top5=%.4f test_loss=%.4f%s seconds=%.1f\n", p.step,
@@ -131,20 +437,29 @@ absl::StatusOr<std::vector<pipeline::EpochResult>> Fit(Trainer& trainer, const d
   };
   // A step that saves or evaluates must not have the next one started
   // before it.
-  f.settle_after = [&checkpoints, eval_due](int64_t step) { return checkpoints.Due(step, false) || eval_due(step); };
-  std::vector<pipeline::EpochResult> epochs;
+  const SettleAfter settle_after = [&checkpoints, eval_due](int64_t step) {
+    return checkpoints.Due(step, false) || eval_due(step);
+  };
+  std::vector<EpochResult> epochs;
   if (rows != nullptr) {
-    ASSIGN_OR_RETURN(
-        epochs, pipeline::FitRows([rows](const at::Tensor& r, int e) { return rows->StartRowsStep(r, e); },
-                                  train.size(),
-                                  [rows](const at::Tensor& r) { return rows->CountCorrectRows(r); },
-                                  test.size(), [rows] { return rows->skipped(); }, f, out));
+    // The workers read the rows: only their numbers are sent.
+    f.prefetch = 0;  // (nothing to read here)
+    const RowReader names = [](const at::Tensor& r, int) -> absl::StatusOr<data::Batch> {
+      return data::Batch{{}, r, 0};
+    };
+    const BatchStarter start = [rows](const data::Batch&, const at::Tensor& r, int e) {
+      return rows->StartRowsStep(r, e);
+    };
+    const std::function<absl::StatusOr<int64_t>()> skipped = [rows] { return rows->skipped(); };
+    ASSIGN_OR_RETURN(epochs,
+                     Loop(train.size(), names, start, skipped, accuracy, after_step, settle_after, f, out).Run());
   } else {
-    ASSIGN_OR_RETURN(
-        epochs,
-        pipeline::Fit([&trainer](const at::Tensor& x, const at::Tensor& y) { return trainer.StartStep(x, y); },
-                      [&trainer](const at::Tensor& x, const at::Tensor& y) { return trainer.CountCorrect(x, y); },
-                      train, test, f, out));
+    const RowReader read = [&train](const at::Tensor& r, int e) { return train.Get(r, e); };
+    const BatchStarter start = [&trainer](const data::Batch& b, const at::Tensor&, int) {
+      return trainer.StartStep(b.images, b.labels);
+    };
+    ASSIGN_OR_RETURN(epochs,
+                     Loop(train.size(), read, start, nullptr, accuracy, after_step, settle_after, f, out).Run());
   }
   // (A run resumed from its final checkpoint that trained nothing more has
   // it already: no line says it was saved again.)

@@ -10,13 +10,24 @@
 //   o.resume = checkpoint::Latest("/ckpt").value();   // to go on
 //   auto epochs = train::Fit(*trainer, train_set, test_set, o, std::cout);
 //
-// Output: Fit's progress and epoch lines (pipeline/fit.h), and
+// Output: a progress line every tenth of an epoch (or one redrawn in
+// place), "epoch=E train_loss=L test_accuracy=A test_top5=T test_loss=X
+// seconds=S images_per_second=I" after each epoch (without the test
+// figures where nothing was evaluated), "fit: ..." notes on what it leaves
+// out, and
 // "resumed from DIR: step N, epoch E after batch B (X MiB loaded in S s)",
 // "checkpoint: step N in DIR (X MiB, S s[, final])" (KiB below a MiB).
+//
+// Each batch's step is started before the last one is waited for, so that
+// no worker idles between batches; except after a step that saves a
+// checkpoint or evaluates (which must see the state after that step alone)
+// and a step over at its start (StartedStep::over_at_start), accounted for
+// at once.
 //
 // Thread-safety: runs on the calling thread, which drives the trainer.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -27,15 +38,96 @@
 #include "absl/status/statusor.h"
 #include "checkpoint/checkpoint.h"
 #include "data/source.h"
-#include "pipeline/fit.h"
+#include "pipeline/accuracy.h"
 #include "train/trainer.h"
 
 namespace remora::train {
 
+// Where a run is: the epoch (from 1), the next batch of it, that epoch's
+// loss sum and images so far, and the steps taken in all.
+struct FitPosition {
+  int epoch = 1;
+  int64_t batch = 0;
+  double loss_sum = 0;
+  int64_t images = 0;
+  int64_t step = 0;
+};
+
+// One training step as Fit accounted for it (FitOptions::on_step).
+struct StepRecord {
+  int epoch = 0;
+  int64_t step = 0;    // steps taken in all, this one included
+  double loss = 0;
+  int64_t rows = 0;
+  double seconds = 0;  // since the step before it ended (or its epoch began)
+  double grad_norm = -1;  // before clipping (StartedStep::grad_norm); -1: not clipped
+};
+
+// One epoch as Fit reports it.
+struct EpochResult {
+  int epoch = 0;             // from 1
+  double train_loss = 0;     // mean over the epoch's batches
+  bool evaluated = false;    // whether there was a test set to measure the two below on
+  double test_accuracy = 0;  // fraction of the test set classified right (top-1)
+  double test_top5 = 0;      // fraction whose label is among the five highest logits
+  double test_loss = 0;      // mean cross-entropy of a label of the test set (a token's, for a language model)
+  // Training time of the epoch (evaluation not included; an epoch gone on
+  // with after a failure, FitOptions::gone_on, counts the failure's).
+  double seconds = 0;
+  int64_t images = 0;   // trained in the epoch (a resumed epoch's before the resume too)
+  int64_t trained = 0;  // of them, trained by this call or since the epoch began (the images/s figures)
+  int64_t skipped = 0;  // rows left out because their file could not be read
+};
+
+// How Fit goes over the training set and what it reports.
+struct FitOptions {
+  int epochs = 3;
+  int64_t batch_size = 64;
+  // A last batch with fewer rows is dropped (a pipeline needs at least one
+  // row per micro-batch, a model with batch norm two).
+  int64_t min_batch_rows = 1;
+  bool shuffle = true;  // a permutation per epoch from (seed, epoch); else file order
+  uint64_t seed = 0;
+  int64_t eval_batch_size = 1000;
+  // A progress line redrawn in place (for a terminal); otherwise a plain
+  // line every tenth of an epoch.
+  bool progress_bar = false;
+  // Where to start: a resumed run's position (the epochs before
+  // start.epoch are not run; its batches before start.batch neither).
+  FitPosition start;
+  // Set where this process goes on from `start` after a failure (an
+  // elastic recovery), so that the failure's time counts: the time since
+  // `lost_since` (the steps trained again and the recovery) in the first
+  // epoch this call trains, and, where that is the epoch at `start`,
+  // `epoch_seconds_before` (this process's steps of it before `start`) too,
+  // their `epoch_images_before` then counted as trained. Unset: a run resumed in a new
+  // process counts from this call.
+  struct GoneOn {
+    std::chrono::steady_clock::time_point lost_since;
+    double epoch_seconds_before = 0;
+    // The images of those steps (fewer than start's where this process
+    // began within the epoch: a run resumed in it from a checkpoint).
+    int64_t epoch_images_before = 0;
+  };
+  std::optional<GoneOn> gone_on;
+  // Called after every step (before its checkpoint), and after every
+  // epoch's evaluation: what a run reports as it goes (TensorBoard event
+  // files).
+  std::function<void(const StepRecord&)> on_step;
+  std::function<void(const EpochResult&)> on_epoch;
+  // Batches read ahead on other threads while a step runs (a source that
+  // reads files, data/imagefolder.h); 0: each read when it is needed.
+  int prefetch = 0;
+  // A language model's tokens a row (rows are windows of text): the epoch
+  // line then gives tokens_per_second and test_perplexity (exp of the
+  // test loss) too. 0: not one.
+  int64_t tokens_per_row = 0;
+};
+
 struct TrainOptions {
   // Epochs, batch size, shuffling, progress, per-step and per-epoch
-  // reports (its `start`, `after_step` and `settle_after` are Fit's own).
-  pipeline::FitOptions fit;
+  // reports (its `start` is Fit's own: set from `resume`).
+  FitOptions fit;
   // Checkpoints (none when checkpoints.dir is empty): every
   // `checkpoint_every` steps (0: only the final one) and at the end.
   SaveTarget checkpoints;
@@ -82,8 +174,7 @@ absl::Status Resume(Trainer& trainer, const checkpoint::Checkpoint& ck,
 // whose workers read, rows of it), evaluating on `test` after each; saves
 // and resumes as `o` says. An error names the epoch and batch, or the
 // checkpoint.
-absl::StatusOr<std::vector<pipeline::EpochResult>> Fit(Trainer& trainer, const data::Source& train,
-                                                       const data::Source& test, const TrainOptions& o,
-                                                       std::ostream& out);
+absl::StatusOr<std::vector<EpochResult>> Fit(Trainer& trainer, const data::Source& train, const data::Source& test,
+                                             const TrainOptions& o, std::ostream& out);
 
 }  // namespace remora::train

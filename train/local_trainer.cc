@@ -56,8 +56,8 @@ c10::IValue LocalTrainer::Forward(pipeline::StageModule& stage, const c10::IValu
   return pipeline::ToBf16(y);
 }
 
-absl::StatusOr<double> LocalTrainer::Train(const at::Tensor& cpu_x, const at::Tensor& cpu_y,
-                                           const SliceFn& slices) {
+absl::StatusOr<double> LocalTrainer::RunStep(const at::Tensor& cpu_x, const at::Tensor& cpu_y) {
+  const SliceFn& slices = slices_;
   ASSIGN_OR_RETURN(auto xs, pipeline::SplitMicroBatches(cpu_x.to(device_), options_.micro_batches));
   ASSIGN_OR_RETURN(auto ts, pipeline::SplitMicroBatches(cpu_y.to(device_), options_.micro_batches));
   const double rows = static_cast<double>(cpu_x.size(0));
@@ -121,11 +121,10 @@ absl::StatusOr<at::Tensor> LocalTrainer::Eval(const at::Tensor& x) {
   }
 }
 
-pipeline::StartedStep LocalTrainer::StartStep(const at::Tensor& x, const at::Tensor& y) {
+StartedStep LocalTrainer::StartStep(const at::Tensor& x, const at::Tensor& y) {
   // Trains now: the step is over when this returns.
-  auto loss = std::make_shared<absl::StatusOr<double>>(Train(x, y, slices_));
-  return pipeline::StartedStep{[loss] { return *loss; }, [] {}, /*ran=*/true,
-                               [norm = last_grad_norm_] { return norm; }};
+  absl::StatusOr<double> loss = RunStep(x, y);
+  return StartedStep::Done(std::move(loss), last_grad_norm_);
 }
 
 absl::StatusOr<pipeline::Correct> LocalTrainer::CountCorrect(const at::Tensor& x, const at::Tensor& labels) {

@@ -10,7 +10,7 @@
 //   o.loss = pipeline::LossFn::Named("cross_entropy");
 //   o.optimizer = optim::OptimizerOptions::SGD(0.05).set_momentum(0.9);
 //   auto t = train::LocalTrainer::Create(std::move(o)).value();
-//   double loss = t->Train(x, y).value();
+//   double loss = t->StartStep(x, y).wait().value();
 //
 // Thread-safety: not thread-safe; one thread drives it. Owns its modules
 // and optimizer.
@@ -56,18 +56,17 @@ class LocalTrainer final : public Trainer {
   // Where a step spent its time (microseconds on trace::NowUs's clock):
   // "forward"/"backward" of micro-batch mb, "step" (mb -1).
   using SliceFn = std::function<void(const char* what, int64_t mb, int64_t start_us, int64_t end_us)>;
-  // One step on (x, y); returns the batch's loss (the micro-batches' losses
-  // weighted by their rows).
-  absl::StatusOr<double> Train(const at::Tensor& x, const at::Tensor& y, const SliceFn& slices = nullptr);
   // With clip_grad_norm: the last step's gradient norm before clipping;
   // else -1.
   double last_grad_norm() const { return last_grad_norm_; }
-  // Where the steps that train::Fit starts (StartStep) spent their time.
+  // Where the steps started from now on (StartStep) spend their time.
   void set_slices(SliceFn slices) { slices_ = std::move(slices); }
   // The model's outputs for x, in eval mode without gradients (on the CPU).
   absl::StatusOr<at::Tensor> Eval(const at::Tensor& x);
 
-  pipeline::StartedStep StartStep(const at::Tensor& x, const at::Tensor& y) override;
+  // One step on (x, y), run within the call (over_at_start()); its loss
+  // is the batch's (the micro-batches' losses weighted by their rows).
+  StartedStep StartStep(const at::Tensor& x, const at::Tensor& y) override;
   absl::StatusOr<pipeline::Correct> CountCorrect(const at::Tensor& x, const at::Tensor& labels) override;
   absl::StatusOr<Saved> Save(const SaveTarget& target, const checkpoint::TrainingState& state,
                              bool final) override;
@@ -75,6 +74,8 @@ class LocalTrainer final : public Trainer {
 
  private:
   LocalTrainer(LocalOptions options, std::vector<std::unique_ptr<pipeline::StageModule>> stages);
+  // The step StartStep runs.
+  absl::StatusOr<double> RunStep(const at::Tensor& x, const at::Tensor& y);
   // A stage's forward pass, under bf16 autocast with options_.bf16.
   c10::IValue Forward(pipeline::StageModule& stage, const c10::IValue& x) const;
 

@@ -7,17 +7,6 @@
 #include "base/status_util.h"
 
 namespace remora::train {
-namespace {
-
-// A step the pipeline started, waited for (or dropped) later.
-pipeline::StartedStep Started(pipeline::PendingStep pending) {
-  const bool ran = pending.over_at_start();  // (the master-centred protocol's steps)
-  auto step = std::make_shared<pipeline::PendingStep>(std::move(pending));
-  return pipeline::StartedStep{[step] { return step->wait(); }, [step] { step->abandon(); }, ran,
-                               [step] { return step->grad_norm(); }};
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(rpc::Agent& agent,
                                                                          parallel::DataParallelOptions options) {
@@ -46,16 +35,16 @@ absl::Status PipelineTrainer::ReadOnWorkers(const data::SourceSpec& train, int64
   return absl::OkStatus();
 }
 
-pipeline::StartedStep PipelineTrainer::StartStep(const at::Tensor& x, const at::Tensor& y) {
-  return Started(pipe_->start_train_step(x, y));
+StartedStep PipelineTrainer::StartStep(const at::Tensor& x, const at::Tensor& y) {
+  return pipe_->start_train_step(x, y);
 }
 
 absl::StatusOr<pipeline::Correct> PipelineTrainer::CountCorrect(const at::Tensor& x, const at::Tensor& labels) {
   return pipe_->eval_correct(x, labels);
 }
 
-pipeline::StartedStep PipelineTrainer::StartRowsStep(const at::Tensor& rows, int epoch) {
-  return Started(pipe_->start_train_step(train_data_->Rows(rows, epoch)));
+StartedStep PipelineTrainer::StartRowsStep(const at::Tensor& rows, int epoch) {
+  return pipe_->start_train_step(train_data_->Rows(rows, epoch));
 }
 
 absl::StatusOr<pipeline::Correct> PipelineTrainer::CountCorrectRows(const at::Tensor& rows) {

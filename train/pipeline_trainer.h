@@ -50,7 +50,7 @@ class PipelineTrainer final : public Trainer, private RowsSteps {
 
   parallel::DataParallelPipeline& pipeline() { return *pipe_; }
 
-  pipeline::StartedStep StartStep(const at::Tensor& x, const at::Tensor& y) override;
+  StartedStep StartStep(const at::Tensor& x, const at::Tensor& y) override;
   absl::StatusOr<pipeline::Correct> CountCorrect(const at::Tensor& x, const at::Tensor& labels) override;
   absl::StatusOr<Saved> Save(const SaveTarget& target, const checkpoint::TrainingState& state,
                              bool final) override;
@@ -65,7 +65,7 @@ class PipelineTrainer final : public Trainer, private RowsSteps {
                   std::unique_ptr<parallel::DataParallelPipeline> pipe)
       : agent_(agent), stages_(std::move(stages)), pipe_(std::move(pipe)) {}
 
-  pipeline::StartedStep StartRowsStep(const at::Tensor& rows, int epoch) override;
+  StartedStep StartRowsStep(const at::Tensor& rows, int epoch) override;
   absl::StatusOr<pipeline::Correct> CountCorrectRows(const at::Tensor& rows) override;
   absl::StatusOr<int64_t> skipped() override { return train_data_->skipped(); }
 

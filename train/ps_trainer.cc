@@ -23,26 +23,22 @@ absl::Status PsTrainer::ReadOnWorkers(const data::SourceSpec& train, int64_t tra
   return absl::OkStatus();
 }
 
-absl::StatusOr<ps::StepReport> PsTrainer::Train(const at::Tensor& x, const at::Tensor& y) {
-  const int64_t t0 = trace::NowUs();
-  return Reported(server_->train_step(x, y), t0);
-}
-
 absl::StatusOr<ps::StepReport> PsTrainer::Reported(absl::StatusOr<ps::StepReport> r, int64_t t0) {
   if (r.ok() && on_step_) on_step_(*r, (trace::NowUs() - t0) / 1e6);
   return r;
 }
 
-pipeline::StartedStep PsTrainer::Started(const absl::StatusOr<ps::StepReport>& r) {
+StartedStep PsTrainer::Started(const absl::StatusOr<ps::StepReport>& r) {
   // The server waits for its workers within the step: it is over here.
-  auto loss = std::make_shared<absl::StatusOr<double>>(r.ok() ? absl::StatusOr<double>(r->loss) : r.status());
-  return pipeline::StartedStep{[loss] { return *loss; }, [] {}, /*ran=*/true,
-                               [norm = r.ok() ? r->grad_norm : -1.0] { return norm; }};
+  return StartedStep::Done(r.ok() ? absl::StatusOr<double>(r->loss) : r.status(), r.ok() ? r->grad_norm : -1.0);
 }
 
-pipeline::StartedStep PsTrainer::StartStep(const at::Tensor& x, const at::Tensor& y) { return Started(Train(x, y)); }
+StartedStep PsTrainer::StartStep(const at::Tensor& x, const at::Tensor& y) {
+  const int64_t t0 = trace::NowUs();
+  return Started(Reported(server_->train_step(x, y), t0));
+}
 
-pipeline::StartedStep PsTrainer::StartRowsStep(const at::Tensor& rows, int epoch) {
+StartedStep PsTrainer::StartRowsStep(const at::Tensor& rows, int epoch) {
   const int64_t t0 = trace::NowUs();
   return Started(Reported(server_->train_step(train_data_->Rows(rows, epoch)), t0));
 }

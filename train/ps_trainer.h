@@ -44,11 +44,11 @@ class PsTrainer final : public Trainer, private RowsSteps {
   using StepFn = std::function<void(const ps::StepReport& report, double seconds)>;
   void set_on_step(StepFn fn) { on_step_ = std::move(fn); }
 
-  // One step; its report (the loss, who took part, the bytes moved).
-  absl::StatusOr<ps::StepReport> Train(const at::Tensor& x, const at::Tensor& y);
   ps::ParameterServer& server() { return *server_; }
 
-  pipeline::StartedStep StartStep(const at::Tensor& x, const at::Tensor& y) override;
+  // One step, over within the call (the server waits for its workers);
+  // its report (the loss, who took part, the bytes moved) goes to on_step.
+  StartedStep StartStep(const at::Tensor& x, const at::Tensor& y) override;
   absl::StatusOr<pipeline::Correct> CountCorrect(const at::Tensor& x, const at::Tensor& labels) override;
   absl::StatusOr<Saved> Save(const SaveTarget& target, const checkpoint::TrainingState& state,
                              bool final) override;
@@ -62,8 +62,8 @@ class PsTrainer final : public Trainer, private RowsSteps {
   // `r`, given to on_step_ (with the seconds since `t0`) when it is a report.
   absl::StatusOr<ps::StepReport> Reported(absl::StatusOr<ps::StepReport> r, int64_t t0);
   // A step that is over (the server waits within it) as a started step.
-  static pipeline::StartedStep Started(const absl::StatusOr<ps::StepReport>& r);
-  pipeline::StartedStep StartRowsStep(const at::Tensor& rows, int epoch) override;
+  static StartedStep Started(const absl::StatusOr<ps::StepReport>& r);
+  StartedStep StartRowsStep(const at::Tensor& rows, int epoch) override;
   absl::StatusOr<pipeline::Correct> CountCorrectRows(const at::Tensor& rows) override;
   // (A worker that fails to answer is lost, as in a step, when backup
   // workers allow it.)

@@ -42,7 +42,7 @@ void RunLog::Step(int64_t step, double loss, int64_t rows, double seconds, doubl
   if (seconds > 0 && tokens_per_row_ > 0) Add("step/tokens_per_second", step, rows * tokens_per_row_ / seconds);
 }
 
-void RunLog::Epoch(const pipeline::EpochResult& e) {
+void RunLog::Epoch(const EpochResult& e) {
   Add("epoch/train_loss", e.epoch, e.train_loss);
   if (e.evaluated) {
     accuracy_.emplace_back(e.epoch, e.test_accuracy);
@@ -80,9 +80,9 @@ void RunLog::AddBubble(const Bubble& b, const std::vector<std::string>& workers,
   if (events_ != nullptr) Warn(events_->Flush());
 }
 
-void ReportTo(RunRecord& run, pipeline::FitOptions& f) {
+void ReportTo(RunRecord& run, FitOptions& f) {
   if (run.log != nullptr) ReportTo(run.log, f);
-  f.on_step = [&run, next = std::move(f.on_step)](const pipeline::StepRecord& s) {
+  f.on_step = [&run, next = std::move(f.on_step)](const StepRecord& s) {
     run.batch_seconds.push_back(s.seconds);
     run.step_rows.push_back(s.rows);
     run.step_epochs.push_back(s.epoch);
@@ -98,9 +98,9 @@ std::function<void(int64_t, const pipeline::Correct&)> EvalsInto(RunRecord& run)
   };
 }
 
-void ReportTo(std::shared_ptr<RunLog> log, pipeline::FitOptions& f) {
-  f.on_step = [log](const pipeline::StepRecord& s) { log->Step(s.step, s.loss, s.rows, s.seconds, s.grad_norm); };
-  f.on_epoch = [log](const pipeline::EpochResult& e) { log->Epoch(e); };
+void ReportTo(std::shared_ptr<RunLog> log, FitOptions& f) {
+  f.on_step = [log](const StepRecord& s) { log->Step(s.step, s.loss, s.rows, s.seconds, s.grad_norm); };
+  f.on_epoch = [log](const EpochResult& e) { log->Epoch(e); };
 }
 
 void RunRecord::AddBatch(int b, double loss, double batch_time, int64_t rows) {
@@ -163,7 +163,7 @@ absl::Status WriteCurves(const std::string& path, const std::vector<RunRecord>& 
       continue;
     }
     Series s{name, {}};
-    for (const pipeline::EpochResult& e : r.epochs) {
+    for (const EpochResult& e : r.epochs) {
       if (e.evaluated) s.points.emplace_back(e.epoch, std::exp(e.test_loss));
     }
     perplexity.series.push_back(std::move(s));

@@ -25,7 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "base/lines.h"
-#include "pipeline/fit.h"
+#include "train/fit.h"
 #include "train/events.h"
 #include "train/timeline.h"
 
@@ -64,7 +64,7 @@ class RunLog {
   // failed write is said once (Open's `say`); training goes on.
   // With clipping (grad_norm >= 0) also step/grad_norm, the norm before it.
   void Step(int64_t step, double loss, int64_t rows, double seconds, double grad_norm = -1);
-  void Epoch(const pipeline::EpochResult& e);
+  void Epoch(const EpochResult& e);
   // The test set evaluated after `step` within an epoch: step/test_loss,
   // step/test_accuracy (a language model's: step/test_perplexity).
   void Evaluated(int64_t step, const pipeline::Correct& tested);
@@ -99,7 +99,7 @@ struct RunRecord;
 std::function<void(int64_t step, const pipeline::Correct& tested)> EvalsInto(RunRecord& run);
 
 // Sets `f` to report every step and epoch to `log`.
-void ReportTo(std::shared_ptr<RunLog> log, pipeline::FitOptions& f);
+void ReportTo(std::shared_ptr<RunLog> log, FitOptions& f);
 
 // One run: of N batches (a demo or benchmark) or of epochs over a dataset.
 struct RunRecord {
@@ -131,7 +131,7 @@ struct RunRecord {
   };
   std::vector<StageMemory> stage_memory;
   std::vector<int64_t> optimizer_state_bytes;  // per replica; pipeline runs only
-  std::vector<pipeline::EpochResult> epochs;   // runs over a dataset
+  std::vector<EpochResult> epochs;   // runs over a dataset
   // The test set evaluated within epochs (TrainOptions::eval_every):
   // the step after which, and what it measured.
   std::vector<std::pair<int64_t, pipeline::Correct>> step_evals;
@@ -163,7 +163,7 @@ struct RunRecord {
 // Sets `f` to report every step and epoch to run.log (when set), and to
 // record every step's time in run.batch_seconds (steady_seconds: the
 // median step after the first). `run` must outlive the training.
-void ReportTo(RunRecord& run, pipeline::FitOptions& f);
+void ReportTo(RunRecord& run, FitOptions& f);
 
 // The runs as JSON: {"mode": mode, "runs": [{"splits", "schedule",
 // "seconds", "steady_batch_seconds", "images_per_second",

@@ -4,7 +4,7 @@
 // evaluation, checkpoint cadence and resume on it, once for all of them.
 //
 //   std::unique_ptr<train::Trainer> t = ...;   // PipelineTrainer, LocalTrainer
-//   pipeline::StartedStep s = t->StartStep(x, y);
+//   train::StartedStep s = t->StartStep(x, y);
 //   double loss = s.wait().value();
 //   pipeline::Correct right = t->CountCorrect(test_x, test_y).value();  // .top1, .top5
 //
@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -21,9 +22,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "checkpoint/checkpoint.h"
-#include "pipeline/fit.h"
+#include "pipeline/accuracy.h"
+#include "pipeline/step.h"
 
 namespace remora::train {
+
+// The one handle every trainer's step returns (pipeline/step.h).
+using pipeline::StartedStep;
 
 // Where a run's checkpoints go (a run's --checkpoint-dir, --keep) and what
 // they record of the run (a resume checks it).
@@ -52,7 +57,7 @@ class RowsSteps {
  public:
   virtual ~RowsSteps() = default;
   // A training step over rows `rows` (int64 [n]) of the training set.
-  virtual pipeline::StartedStep StartRowsStep(const at::Tensor& rows, int epoch) = 0;
+  virtual StartedStep StartRowsStep(const at::Tensor& rows, int epoch) = 0;
   // Of rows `rows` of the test set: how many classified right (top-1,
   // top-5) of how many read.
   virtual absl::StatusOr<pipeline::Correct> CountCorrectRows(const at::Tensor& rows) = 0;
@@ -67,7 +72,7 @@ class Trainer {
   // Starts a training step on the batch (x, y): forward, loss (averaged
   // over the batch's rows), backward and the optimizer's step. `wait`
   // gives the loss; the next step may be started before it is called.
-  virtual pipeline::StartedStep StartStep(const at::Tensor& x, const at::Tensor& y) = 0;
+  virtual StartedStep StartStep(const at::Tensor& x, const at::Tensor& y) = 0;
   // How many rows of `x` the model (in eval mode, without gradients)
   // classifies as `labels` says (top-1 and top-5).
   virtual absl::StatusOr<pipeline::Correct> CountCorrect(const at::Tensor& x, const at::Tensor& labels) = 0;

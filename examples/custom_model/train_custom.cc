@@ -18,9 +18,8 @@
 #include "data/source.h"             // data::InMemory (data/datasets.h: data::Dataset)
 #include "launch/local_group.h"      // launch::StartLocalGroup, LocalGroupOptions
 #include "parallel/data_parallel.h"  // parallel::DataParallelOptions
-#include "pipeline/fit.h"            // pipeline::FitOptions (TrainOptions::fit), StepRecord
 #include "pipeline/pipeline.h"       // pipeline::StageSpec, CrossEntropyLoss
-#include "train/fit.h"               // train::TrainOptions, train::Fit
+#include "train/fit.h"               // train::TrainOptions, train::Fit, train::StepRecord
 #include "train/pipeline_trainer.h"  // train::PipelineTrainer
 #include "train/worker_functions.h"  // train::RegisterWorkerFunctions
 
@@ -70,7 +69,7 @@ absl::Status Train(const std::string& checkpoint_dir, const std::string& resume)
   t.fit.epochs = 3;
   t.fit.batch_size = 32;
   t.fit.min_batch_rows = 8;  // a row per micro-batch of each replica
-  t.fit.on_step = [](const pipeline::StepRecord& r) {
+  t.fit.on_step = [](const train::StepRecord& r) {
     std::printf("step=%lld loss=%.9g\n", static_cast<long long>(r.step), r.loss);
   };
   t.checkpoints = {checkpoint_dir, /*keep=*/10, {"tiny-net 8-32-2", "toy 256/32", "sgd 0.05 0.9", "1f1b", 4, 2}};

@@ -294,7 +294,7 @@ TEST(Checkpoint, AResumedPipelineEndsBitwiseEqualToOneThatNeverStopped) {
   ASSERT_NE(pipe, nullptr);
   std::vector<double> losses;
   for (size_t i = 0; i < data.size(); ++i) {
-    losses.push_back(pipe->train_step(data[i].first, data[i].second).value());
+    losses.push_back(pipe->start_train_step(data[i].first, data[i].second).wait().value());
     const absl::Status saved = (*saver)->Save(*pipe, Stages(), id, At(static_cast<int64_t>(i + 1)));
     ASSERT_TRUE(saved.ok()) << saved;
   }
@@ -337,7 +337,7 @@ TEST(Checkpoint, AResumedPipelineEndsBitwiseEqualToOneThatNeverStopped) {
   const absl::Status restored = Restore(*resumed, *ck);
   ASSERT_TRUE(restored.ok()) << restored;
   EXPECT_FALSE(at::equal(AllStageState(*resumed)[2], fresh[2])) << "Restore loaded the trained weights";
-  const double loss = resumed->train_step(data[5].first, data[5].second).value();
+  const double loss = resumed->start_train_step(data[5].first, data[5].second).wait().value();
   EXPECT_EQ(loss, losses[5]);
   const std::vector<at::Tensor> got = AllStageState(*resumed);
   ASSERT_EQ(got.size(), want.size());
@@ -365,7 +365,7 @@ TEST(Checkpoint, AResumedPipelineEndsBitwiseEqualToOneThatNeverStopped) {
   ASSERT_NE(moved, nullptr);
   ASSERT_TRUE(Restore(*moved, *ck).ok());
   ASSERT_TRUE(moved->eval_step(data[0].first).ok());
-  EXPECT_NE(moved->train_step(data[5].first, data[5].second).value(), losses[5]);
+  EXPECT_NE(moved->start_train_step(data[5].first, data[5].second).wait().value(), losses[5]);
 }
 
 // In the background (Save's `background`), a save waits only for the
@@ -384,12 +384,12 @@ TEST(Checkpoint, ABackgroundSaveHoldsItsStepsStateAndIsCommittedOnceWritten) {
   ASSERT_TRUE(saver.ok()) << saver.status();
   auto pipe = MakePipeline(workers.master(), Stages());
   ASSERT_NE(pipe, nullptr);
-  ASSERT_TRUE(pipe->train_step(data[0].first, data[0].second).ok());
+  ASSERT_TRUE(pipe->start_train_step(data[0].first, data[0].second).wait().ok());
   const std::vector<at::Tensor> at_step1 = AllStageState(*pipe);
   absl::Status saved = (*saver)->Save(*pipe, Stages(), id, At(1), /*final=*/false, /*background=*/true);
   ASSERT_TRUE(saved.ok()) << saved;
   EXPECT_TRUE((*saver)->pending());
-  ASSERT_TRUE(pipe->train_step(data[1].first, data[1].second).ok());
+  ASSERT_TRUE(pipe->start_train_step(data[1].first, data[1].second).wait().ok());
   EXPECT_TRUE(CompleteSteps(dir).empty());  // committed by Poll or Flush only
   absl::StatusOr<bool> committed = false;
   for (const absl::Time deadline = absl::Now() + absl::Seconds(30);
@@ -416,7 +416,7 @@ TEST(Checkpoint, ABackgroundSaveHoldsItsStepsStateAndIsCommittedOnceWritten) {
 
   saved = (*saver)->Save(*pipe, Stages(), id, At(2), /*final=*/false, /*background=*/true);
   ASSERT_TRUE(saved.ok()) << saved;
-  ASSERT_TRUE(pipe->train_step(data[2].first, data[2].second).ok());
+  ASSERT_TRUE(pipe->start_train_step(data[2].first, data[2].second).wait().ok());
   saved = (*saver)->Save(*pipe, Stages(), id, At(3), /*final=*/true, /*background=*/true);
   ASSERT_TRUE(saved.ok()) << saved;
   EXPECT_FALSE((*saver)->pending());
@@ -435,7 +435,7 @@ TEST(Checkpoint, CorruptOrMismatchedCheckpointsAreClearErrors) {
   auto pipe = MakePipeline(workers.master(), Stages());
   ASSERT_NE(pipe, nullptr);
   const auto data = test_support::RandomBatches(1, 10, 8, 4);
-  pipe->train_step(data[0].first, data[0].second).value();
+  pipe->start_train_step(data[0].first, data[0].second).wait().value();
   ASSERT_TRUE(saver->Save(*pipe, Stages(), RunIdentity{}, At(1)).ok());
   Checkpoint ck = Latest(dir).value();
   EXPECT_EQ(ck.manifest.shards.size(), 2u);

@@ -73,7 +73,7 @@ std::unique_ptr<pipeline::Pipeline> GoOn(rpc::Agent& master, const std::vector<p
   EXPECT_TRUE(restored.ok()) << restored;
   if (!restored.ok()) return nullptr;
   for (size_t i = from; i < to; ++i) {
-    EXPECT_EQ(pipe->train_step(data[i].first, data[i].second).value(), want[i]) << "step " << i + 1;
+    EXPECT_EQ(pipe->start_train_step(data[i].first, data[i].second).wait().value(), want[i]) << "step " << i + 1;
   }
   ExpectSameState(AllStageState(*pipe), state);
   return pipe;
@@ -98,7 +98,7 @@ TEST(Relayout, TwoStagesThenFourThenOneGoOnAsAnUninterruptedRunOfEachCut) {
     auto pipe = MakePipeline(workers.master(), four, {"w1", "w2"});
     ASSERT_NE(pipe, nullptr);
     for (size_t i = 0; i < data.size(); ++i) {
-      want.push_back(pipe->train_step(data[i].first, data[i].second).value());
+      want.push_back(pipe->start_train_step(data[i].first, data[i].second).wait().value());
       if (i == 5) want_at_6 = AllStageState(*pipe);
     }
     want_at_8 = AllStageState(*pipe);
@@ -113,7 +113,7 @@ TEST(Relayout, TwoStagesThenFourThenOneGoOnAsAnUninterruptedRunOfEachCut) {
     auto pipe = MakePipeline(workers.master(), two, {"w1", "w2"});
     ASSERT_NE(pipe, nullptr);
     for (size_t i = 0; i < 3; ++i) {
-      EXPECT_EQ(pipe->train_step(data[i].first, data[i].second).value(), want[i]) << "step " << i + 1;
+      EXPECT_EQ(pipe->start_train_step(data[i].first, data[i].second).wait().value(), want[i]) << "step " << i + 1;
     }
     TrainingState at;
     at.step = 3;

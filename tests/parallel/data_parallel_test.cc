@@ -118,7 +118,7 @@ void ExpectParity(rpc::Agent& master, const std::vector<std::string>& workers, i
   auto dp = DataParallelPipeline::Create(master, o);
   ASSERT_TRUE(dp.ok()) << dp.status();
   for (size_t i = 0; i < data.size(); ++i) {
-    auto loss = (*dp)->train_step(data[i].first, data[i].second);
+    auto loss = (*dp)->start_train_step(data[i].first, data[i].second).wait();
     ASSERT_TRUE(loss.ok()) << loss.status();
     EXPECT_NEAR(*loss, want_losses[i], tolerance * want_losses[i]) << "step " << i;
   }
@@ -297,7 +297,7 @@ TEST(DataParallel, BadTopologiesAndMismatchedReplicasAreClearErrors) {
   o.pipeline.micro_batches = 4;
   auto dp = DataParallelPipeline::Create(workers.master(), o);
   ASSERT_TRUE(dp.ok()) << dp.status();
-  auto small = (*dp)->train_step(at::randn({6, 6}), at::randn({6, 3}));
+  auto small = (*dp)->start_train_step(at::randn({6, 6}), at::randn({6, 3})).wait();
   EXPECT_THAT(small.status().message(), HasSubstr("give at least 8 rows"));
   // Replicas whose stages differ (here made by hand): an error naming the
   // worker when the groups are made, not a hang.
@@ -365,11 +365,11 @@ TEST(DataParallel, AStepSendsOneCallPerWorkerAndNoPerStepRounds) {
     auto dp = DataParallelPipeline::Create(workers.master(), o);
     ASSERT_TRUE(dp.ok()) << dp.status();
     const auto data = Data(4, 16, 6, 3);
-    ASSERT_TRUE((*dp)->train_step(data[0].first, data[0].second).ok());
+    ASSERT_TRUE((*dp)->start_train_step(data[0].first, data[0].second).wait().ok());
     auto before = (*dp)->sent_messages();
     ASSERT_TRUE(before.ok()) << before.status();
     for (int i = 1; i < 4; ++i) {
-      auto loss = (*dp)->train_step(data[i].first, data[i].second);
+      auto loss = (*dp)->start_train_step(data[i].first, data[i].second).wait();
       ASSERT_TRUE(loss.ok()) << loss.status();
     }
     auto after = (*dp)->sent_messages();
@@ -394,11 +394,11 @@ TEST(DataParallel, AReplicaThatDiesFailsTheStepWithinTheTimeout) {
   auto dp = DataParallelPipeline::Create(workers.master(), o);
   ASSERT_TRUE(dp.ok()) << dp.status();
   const auto data = Data(1, 8, 6, 3);
-  ASSERT_TRUE((*dp)->train_step(data[0].first, data[0].second).ok());
+  ASSERT_TRUE((*dp)->start_train_step(data[0].first, data[0].second).wait().ok());
   workers.worker(1).Signal(SIGKILL);
   ASSERT_TRUE(workers.worker(1).Wait(absl::Seconds(10)).ok());
   const absl::Time start = absl::Now();
-  auto loss = (*dp)->train_step(data[0].first, data[0].second);
+  auto loss = (*dp)->start_train_step(data[0].first, data[0].second).wait();
   ASSERT_FALSE(loss.ok());
   EXPECT_THAT(loss.status().message(), HasSubstr("w2"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(15));

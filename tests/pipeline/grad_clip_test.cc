@@ -57,7 +57,7 @@ TEST(GradClip, APipelineClipsAsClipGradNormOverTheWholeModel) {
       auto pipe = Pipeline::Create(workers.master(), o);
       ASSERT_TRUE(pipe.ok()) << pipe.status();
       for (size_t i = 0; i < data.size(); ++i) {
-        auto loss = (*pipe)->train_step(data[i].first, data[i].second);
+        auto loss = (*pipe)->start_train_step(data[i].first, data[i].second).wait();
         ASSERT_TRUE(loss.ok()) << loss.status();
         if (clip > 0) {
           EXPECT_NEAR(*loss, local.losses[i], 1e-5 * std::abs(local.losses[i])) << "step " << i;

@@ -205,7 +205,7 @@ std::vector<double> Train(rpc::Agent& agent, std::vector<StageSpec> stages, cons
   auto pipe = Pipeline::Create(agent, o);
   EXPECT_TRUE(pipe.ok()) << pipe.status();
   std::vector<double> losses;
-  for (int i = 0; pipe.ok() && i < steps; ++i) losses.push_back((*pipe)->train_step(x, t).value());
+  for (int i = 0; pipe.ok() && i < steps; ++i) losses.push_back((*pipe)->start_train_step(x, t).wait().value());
   return losses;
 }
 
@@ -573,7 +573,7 @@ TEST(ScriptCut, SeveralTensorsAcrossACutTrainOverWorkersAsOneProcess) {
     auto pipe = Pipeline::Create(workers.master(), o);
     ASSERT_TRUE(pipe.ok()) << pipe.status();
     for (size_t i = 0; i < want.size(); ++i) {
-      auto loss = (*pipe)->train_step(x, t);
+      auto loss = (*pipe)->start_train_step(x, t).wait();
       ASSERT_TRUE(loss.ok()) << loss.status();
       EXPECT_NEAR(*loss, want[i], 1e-5 * want[i]) << "step " << i;
     }
@@ -613,7 +613,7 @@ TEST(ScriptCut, SeveralTensorsAcrossACutTrainUnderZeroBubbleAndAsReplicas) {
     auto pipe = Pipeline::Create(workers.master(), options(schedule, {"w1", "w2"}));
     ASSERT_TRUE(pipe.ok()) << pipe.status();
     for (size_t i = 0; i < want.size(); ++i) {
-      auto loss = (*pipe)->train_step(x, t);
+      auto loss = (*pipe)->start_train_step(x, t).wait();
       ASSERT_TRUE(loss.ok()) << schedule << ": " << loss.status();
       losses[schedule].push_back(*loss);
     }
@@ -627,7 +627,7 @@ TEST(ScriptCut, SeveralTensorsAcrossACutTrainUnderZeroBubbleAndAsReplicas) {
   auto replicas = parallel::DataParallelPipeline::Create(workers.master(), dp);
   ASSERT_TRUE(replicas.ok()) << replicas.status();
   for (size_t i = 0; i < want.size(); ++i) {
-    auto loss = (*replicas)->train_step(x, t);
+    auto loss = (*replicas)->start_train_step(x, t).wait();
     ASSERT_TRUE(loss.ok()) << loss.status();
     EXPECT_NEAR(*loss, want[i], 1e-5 * want[i]) << "replicas, step " << i;
   }

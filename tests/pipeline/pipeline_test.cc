@@ -80,7 +80,7 @@ TEST(Pipeline, RegisteredStagesMatchOneProcessUnderEverySchedule) {
     ASSERT_TRUE(pipe.ok()) << pipe.status();
     EXPECT_EQ((*pipe)->schedule().name, c.schedule);
     for (size_t i = 0; i < data.size(); ++i) {
-      auto loss = (*pipe)->train_step(data[i].first, data[i].second);
+      auto loss = (*pipe)->start_train_step(data[i].first, data[i].second).wait();
       ASSERT_TRUE(loss.ok()) << loss.status();
       EXPECT_NEAR(*loss, local_losses[i], 1e-5 * std::abs(local_losses[i])) << "step " << i;
     }
@@ -142,7 +142,7 @@ TEST(Pipeline, TorchScriptStagesTrainAndMatchOneProcess) {
     auto pipe = Pipeline::Create(workers.master(), o);
     ASSERT_TRUE(pipe.ok()) << pipe.status();
     for (size_t i = 0; i < data.size(); ++i) {
-      auto loss = (*pipe)->train_step(data[i].first, data[i].second);
+      auto loss = (*pipe)->start_train_step(data[i].first, data[i].second).wait();
       ASSERT_TRUE(loss.ok()) << loss.status();
       EXPECT_NEAR(*loss, local_losses[i], 1e-5 * std::abs(local_losses[i])) << "step " << i;
     }
@@ -188,7 +188,7 @@ TEST(Pipeline, AFirstStageWithoutParametersDoesNotStallTheSchedule) {
     auto pipe = Pipeline::Create(workers.master(), o);
     ASSERT_TRUE(pipe.ok()) << pipe.status();
     for (const auto& [x, t] : data) {
-      auto loss = (*pipe)->train_step(x, t);
+      auto loss = (*pipe)->start_train_step(x, t).wait();
       ASSERT_TRUE(loss.ok()) << loss.status();
       EXPECT_TRUE(std::isfinite(*loss));
     }
@@ -214,7 +214,7 @@ TEST(Pipeline, OneFOneBBoundsSavedActivationsAndGPipeDoesNot) {
     auto pipe = Pipeline::Create(workers.master(), o);
     ASSERT_TRUE(pipe.ok()) << pipe.status();
     for (int step = 0; step < 2; ++step) {
-      ASSERT_TRUE((*pipe)->train_step(at::randn({512, 64}), at::randn({512, 8})).ok());
+      ASSERT_TRUE((*pipe)->start_train_step(at::randn({512, 64}), at::randn({512, 8})).wait().ok());
     }
     auto p = (*pipe)->peak_activation_bytes();
     ASSERT_TRUE(p.ok()) << p.status();
@@ -274,7 +274,7 @@ TEST(Pipeline, RowsReadOnStageZerosWorkerTrainAsBatchesSentByTheMaster) {
     for (int step = 0; step <= kSteps; ++step) {
       auto batch = (*here)->Get(rows_of(step), 1);
       ASSERT_TRUE(batch.ok()) << batch.status();
-      auto loss = (*sent)->train_step(batch->images, batch->labels);
+      auto loss = (*sent)->start_train_step(batch->images, batch->labels).wait();
       ASSERT_TRUE(loss.ok()) << loss.status();
       want.push_back(*loss);
     }
@@ -336,10 +336,10 @@ TEST(Pipeline, AnUnnamedLossKeepsTheMasterCentredProtocol) {
   ASSERT_TRUE(pipe.ok()) << pipe.status();
   EXPECT_FALSE((*pipe)->runs_on_workers());
   const auto data = Data(3, 16, 8, 4);
-  ASSERT_TRUE((*pipe)->train_step(data[0].first, data[0].second).ok());
+  ASSERT_TRUE((*pipe)->start_train_step(data[0].first, data[0].second).wait().ok());
   auto before = (*pipe)->sent_messages();
   ASSERT_TRUE(before.ok()) << before.status();
-  for (int i = 1; i < 3; ++i) ASSERT_TRUE((*pipe)->train_step(data[i].first, data[i].second).ok());
+  for (int i = 1; i < 3; ++i) ASSERT_TRUE((*pipe)->start_train_step(data[i].first, data[i].second).wait().ok());
   auto after = (*pipe)->sent_messages();
   ASSERT_TRUE(after.ok()) << after.status();
   int64_t total = 0;
@@ -458,10 +458,10 @@ TEST(Pipeline, StepsStartedAheadTrainAsStepsRunOneByOne) {
     SCOPED_TRACE("all four started, then waited for");
     auto pipe = Pipeline::Create(workers.master(), o);
     ASSERT_TRUE(pipe.ok()) << pipe.status();
-    std::vector<PendingStep> started;
+    std::vector<StartedStep> started;
     for (const auto& [x, t] : data) started.push_back((*pipe)->start_train_step(x, t));
     std::vector<double> losses;
-    for (PendingStep& s : started) {
+    for (StartedStep& s : started) {
       auto loss = s.wait();
       ASSERT_TRUE(loss.ok()) << loss.status();
       losses.push_back(*loss);
@@ -497,7 +497,7 @@ TEST(Pipeline, StepsStartedAheadTrainAsStepsRunOneByOne) {
     }
     // The pipeline's own steps follow them.
     for (int i = 2; i < 4; ++i) {
-      auto loss = (*pipe)->train_step(data[i].first, data[i].second);
+      auto loss = (*pipe)->start_train_step(data[i].first, data[i].second).wait();
       ASSERT_TRUE(loss.ok()) << loss.status();
       losses.push_back(*loss);
     }
@@ -518,13 +518,13 @@ TEST(Pipeline, AFailedStepWithTheNextStartedFailsAloneAndLeavesNothingWaiting) {
   ASSERT_TRUE(pipe.ok()) << pipe.status();
   const auto data = Data(2, 8, 8, 4);
   // Targets of 3 columns: the loss fails on w2, after w1's forward passes.
-  PendingStep bad = (*pipe)->start_train_step(data[0].first, at::randn({8, 3}));
-  PendingStep good = (*pipe)->start_train_step(data[1].first, data[1].second);
+  StartedStep bad = (*pipe)->start_train_step(data[0].first, at::randn({8, 3}));
+  StartedStep good = (*pipe)->start_train_step(data[1].first, data[1].second);
   ExpectError(bad.wait().status(), {"stage 1 on worker 'w2', micro-batch ", ": the loss 'mse' of an output of [",
                                     " against targets of [", ", 3]"});
   auto loss = good.wait();
   ASSERT_TRUE(loss.ok()) << loss.status();
-  EXPECT_TRUE((*pipe)->train_step(data[0].first, data[0].second).ok());
+  EXPECT_TRUE((*pipe)->start_train_step(data[0].first, data[0].second).wait().ok());
   for (const char* w : {"w1", "w2"}) {
     EXPECT_EQ(workers.master().rpc_sync(w, "lane_queued").value().toInt(), 0) << w;
     EXPECT_EQ(workers.master().rpc_sync(w, "remora.autograd.num_contexts").value().toInt(), 0) << w;
@@ -548,9 +548,9 @@ TEST(Pipeline, BadStagesAreClearErrorsNamingTheStageAndTheWorker) {
   // Shapes that do not fit: stage 0 gives 16 features, stage 1 takes 8.
   auto pipe = Pipeline::Create(master, TwoStages(good, Spec(Mlp(8, 4, 2, false))));
   ASSERT_TRUE(pipe.ok()) << pipe.status();
-  ExpectError((*pipe)->train_step(at::randn({4, 8}), at::randn({4, 4})).status(),
+  ExpectError((*pipe)->start_train_step(at::randn({4, 8}), at::randn({4, 4})).wait().status(),
               {"stage 1", "w2", "forward of micro-batch", " given a Float tensor of shape [2, 16]: "});
-  ExpectError((*pipe)->train_step(at::randn({1, 8}), at::randn({1, 4})).status(),
+  ExpectError((*pipe)->start_train_step(at::randn({1, 8}), at::randn({1, 4})).wait().status(),
               {"1 rows cannot be split into 2"});
   // A batch norm given a micro-batch of one row: LibTorch's error, and
   // what made the row alone.
@@ -558,13 +558,13 @@ TEST(Pipeline, BadStagesAreClearErrorsNamingTheStageAndTheWorker) {
   normed.batchnorm = true;
   auto one_row = Pipeline::Create(master, TwoStages(good, Spec(normed)));
   ASSERT_TRUE(one_row.ok()) << one_row.status();
-  ExpectError((*one_row)->train_step(at::randn({3, 8}), at::randn({3, 4})).status(),
+  ExpectError((*one_row)->start_train_step(at::randn({3, 8}), at::randn({3, 4})).wait().status(),
               {"stage 1", "w2", "Expected more than 1 value per channel", "a micro-batch of one row reached a batch "
                "norm", "--skip-bad-images"});
   // The workers keep serving: a good pipeline trains on them.
   auto fine = Pipeline::Create(master, TwoStages(good, Spec(Mlp(16, 4, 2, false))));
   ASSERT_TRUE(fine.ok()) << fine.status();
-  EXPECT_TRUE((*fine)->train_step(at::randn({4, 8}), at::randn({4, 4})).ok());
+  EXPECT_TRUE((*fine)->start_train_step(at::randn({4, 8}), at::randn({4, 4})).wait().ok());
 }
 
 // A batch that fails in stage 1 never sends the backward passes that its
@@ -577,7 +577,7 @@ TEST(Pipeline, AFailedBatchLeavesNothingWaitingOnTheWorkers) {
   PipelineOptions o = TwoStagesIn1F1B(Spec(Mlp(8, 16, 1)), Spec(Mlp(8, 4, 2, false)));  // 16 != 8
   auto pipe = Pipeline::Create(master, o);
   ASSERT_TRUE(pipe.ok()) << pipe.status();
-  EXPECT_FALSE((*pipe)->train_step(at::randn({8, 8}), at::randn({8, 4})).ok());
+  EXPECT_FALSE((*pipe)->start_train_step(at::randn({8, 8}), at::randn({8, 4})).wait().ok());
   // What `function` on worker `w` counts, polled every 100 ms for up to
   // `tries` times until it is 0 (-1 when a call fails).
   auto settles_at = [&master](const char* w, const char* function, int tries) {
@@ -610,11 +610,11 @@ TEST(Pipeline, AStalledOrDeadWorkerFailsTheStepWithinTenSecondsNamingIt) {
   ASSERT_TRUE(pipe.ok()) << pipe.status();
   const auto data = Data(1, 64, 8, 4);
   const auto& [x, t] = data[0];
-  ASSERT_TRUE((*pipe)->train_step(x, t).ok());
+  ASSERT_TRUE((*pipe)->start_train_step(x, t).wait().ok());
 
   workers.worker(1).Signal(SIGSTOP);
   absl::Time start = absl::Now();
-  auto stalled = (*pipe)->train_step(x, t);
+  auto stalled = (*pipe)->start_train_step(x, t).wait();
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   ASSERT_FALSE(stalled.ok());
   EXPECT_NE(stalled.status().message().find("w2"), std::string::npos) << stalled.status();
@@ -630,13 +630,13 @@ TEST(Pipeline, AStalledOrDeadWorkerFailsTheStepWithinTenSecondsNamingIt) {
     if (answered < 2) absl::SleepFor(absl::Milliseconds(100));
   }
   ASSERT_EQ(answered, 2) << "w2 does not answer after SIGCONT";
-  auto again = (*pipe)->train_step(x, t);
+  auto again = (*pipe)->start_train_step(x, t).wait();
   EXPECT_TRUE(again.ok()) << again.status();
 
   workers.worker(1).Signal(SIGKILL);
   ASSERT_TRUE(workers.worker(1).Wait(absl::Seconds(10)).ok());
   start = absl::Now();
-  auto dead = (*pipe)->train_step(x, t);
+  auto dead = (*pipe)->start_train_step(x, t).wait();
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   ASSERT_FALSE(dead.ok());
   EXPECT_NE(dead.status().message().find("w2"), std::string::npos) << dead.status();

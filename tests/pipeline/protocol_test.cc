@@ -50,11 +50,11 @@ TEST(Pipeline, AStepSendsOneCallPerWorkerAndOnePushEachWayPerBoundary) {
     ASSERT_TRUE(pipe.ok()) << pipe.status();
     ASSERT_TRUE((*pipe)->runs_on_workers());
     const auto data = test_support::RandomBatches(kSteps + 1, 16, 8, 4);
-    ASSERT_TRUE((*pipe)->train_step(data[0].first, data[0].second).ok());
+    ASSERT_TRUE((*pipe)->start_train_step(data[0].first, data[0].second).wait().ok());
     auto before = (*pipe)->sent_messages();
     ASSERT_TRUE(before.ok()) << before.status();
     for (int i = 1; i <= kSteps; ++i) {
-      auto loss = (*pipe)->train_step(data[i].first, data[i].second);
+      auto loss = (*pipe)->start_train_step(data[i].first, data[i].second).wait();
       ASSERT_TRUE(loss.ok()) << loss.status();
     }
     auto after = (*pipe)->sent_messages();
@@ -104,7 +104,7 @@ void TrainFourPassThreadsStages(Workers& workers) {
   ASSERT_TRUE(pipe.ok()) << pipe.status();
   ASSERT_TRUE((*pipe)->runs_on_workers());
   for (const auto& [x, y] : test_support::RandomBatches(4, 16, 6, 6)) {
-    auto loss = (*pipe)->train_step(x, y);
+    auto loss = (*pipe)->start_train_step(x, y).wait();
     ASSERT_TRUE(loss.ok()) << loss.status();
   }
 }

@@ -60,7 +60,7 @@ TEST(Pipeline, RecomputedStagesTrainAsWithoutAndHoldLess) {
         auto pipe = Pipeline::Create(workers.master(), o);
         ASSERT_TRUE(pipe.ok()) << pipe.status();
         for (const auto& [x, y] : data) {
-          auto loss = (*pipe)->train_step(x, y);
+          auto loss = (*pipe)->start_train_step(x, y).wait();
           ASSERT_TRUE(loss.ok()) << loss.status();
           losses[recompute].push_back(*loss);
         }
@@ -142,7 +142,7 @@ TEST(Pipeline, Bf16StagesTrainAsOneProcessUnderAutocastAndSendBf16) {
   auto local = train::LocalTrainer::Create(lo);
   ASSERT_TRUE(local.ok()) << local.status();
   std::vector<double> want;
-  for (const auto& [x, y] : data) want.push_back((*local)->Train(x, y).value());
+  for (const auto& [x, y] : data) want.push_back((*local)->StartStep(x, y).wait().value());
   const test_support::LocalRun fp32 = test_support::TrainMlpLocally(mlp, data);
   for (bool recompute : {false, true}) {
     SCOPED_TRACE(recompute ? "recomputed" : "kept");
@@ -167,7 +167,7 @@ TEST(Pipeline, Bf16StagesTrainAsOneProcessUnderAutocastAndSendBf16) {
     EXPECT_EQ(out.toTensor().scalar_type(), at::kBFloat16);
     bool differs = false;
     for (size_t i = 0; i < data.size(); ++i) {
-      const double loss = (*pipe)->train_step(data[i].first, data[i].second).value();
+      const double loss = (*pipe)->start_train_step(data[i].first, data[i].second).wait().value();
       EXPECT_NEAR(loss, want[i], 1e-5 * std::abs(want[i])) << "step " << i;
       EXPECT_NEAR(loss, fp32.losses[i], 2e-2 * std::abs(fp32.losses[i])) << "step " << i;
       differs |= loss != fp32.losses[i];

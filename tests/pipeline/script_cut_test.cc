@@ -77,7 +77,7 @@ TEST(ScriptCut, AnAttentionMaskCrossesACutBesideTheResidualStream) {
   auto pipe = Pipeline::Create(workers.master(), o);
   ASSERT_TRUE(pipe.ok()) << pipe.status();
   for (size_t i = 0; i < want.size(); ++i) {
-    auto loss = (*pipe)->train_step(x, t);
+    auto loss = (*pipe)->start_train_step(x, t).wait();
     ASSERT_TRUE(loss.ok()) << loss.status();
     EXPECT_NEAR(*loss, want[i], 1e-5 * want[i]) << "step " << i;
   }

@@ -77,7 +77,7 @@ void ExpectPipelineTrainsAlike(rpc::Agent& master, std::vector<StageSpec> stages
   auto pipe = Pipeline::Create(master, o);
   ASSERT_TRUE(pipe.ok()) << pipe.status();
   for (size_t i = 0; i < data.size(); ++i) {
-    auto loss = (*pipe)->train_step(data[i].first, data[i].second);
+    auto loss = (*pipe)->start_train_step(data[i].first, data[i].second).wait();
     ASSERT_TRUE(loss.ok()) << loss.status();
     EXPECT_NEAR(*loss, want[i], 1e-5 * std::abs(want[i])) << "step " << i;
   }
@@ -162,7 +162,7 @@ TEST(Pipeline, InputsAStageDoesNotTakeAreNamedElementByElement) {
   auto one_in =
       Pipeline::Create(master, TwoOver(two_out, StageSpec::TorchScript(test_support::SaveToBytes(one), "one.pt")));
   ASSERT_TRUE(one_in.ok()) << one_in.status();
-  absl::Status s = (*one_in)->train_step(at::randn({4, 8}), at::randn({4, 4})).status();
+  absl::Status s = (*one_in)->start_train_step(at::randn({4, 8}), at::randn({4, 4})).wait().status();
   ExpectError(s, {"stage 1 (one.pt) on worker 'w2', forward of micro-batch ",
                   " given (a Float tensor of shape [2, 16], a Long tensor of shape [2]): its forward(x: Tensor) "
                   "takes 1 input, not 2 (a stage is given what the stage before it returns"});
@@ -174,7 +174,7 @@ TEST(Pipeline, InputsAStageDoesNotTakeAreNamedElementByElement) {
   auto typed = Pipeline::Create(
       master, TwoOver(two_out, StageSpec::TorchScript(test_support::SaveToBytes(scaled), "scaled.pt")));
   ASSERT_TRUE(typed.ok()) << typed.status();
-  ExpectError((*typed)->train_step(at::randn({4, 8}), at::randn({4, 4})).status(),
+  ExpectError((*typed)->start_train_step(at::randn({4, 8}), at::randn({4, 4})).wait().status(),
               {"stage 1 (scaled.pt) on worker 'w2'", "its forward(x: Tensor, scale: float) declares input 1 "
                "(scale) float, not a Long tensor of shape [2] (a stage is given"});
   // A stage that takes both trains.
@@ -184,7 +184,7 @@ TEST(Pipeline, InputsAStageDoesNotTakeAreNamedElementByElement) {
   auto fine = Pipeline::Create(master,
                                TwoOver(two_out, StageSpec::TorchScript(test_support::SaveToBytes(both), "both.pt")));
   ASSERT_TRUE(fine.ok()) << fine.status();
-  EXPECT_TRUE((*fine)->train_step(at::randn({4, 8}), at::randn({4, 4})).ok());
+  EXPECT_TRUE((*fine)->start_train_step(at::randn({4, 8}), at::randn({4, 4})).wait().ok());
 }
 
 }  // namespace

@@ -70,7 +70,7 @@ Trained Train(rpc::Agent& agent, const PipelineOptions& o) {
   EXPECT_TRUE(pipe.ok()) << pipe.status();
   if (!pipe.ok()) return t;
   for (const auto& [x, y] : Windows()) {
-    auto loss = (*pipe)->train_step(x, y);
+    auto loss = (*pipe)->start_train_step(x, y).wait();
     EXPECT_TRUE(loss.ok()) << loss.status();
     if (!loss.ok()) return t;
     t.losses.push_back(*loss);
@@ -116,7 +116,7 @@ TEST(ZeroBubble, Zb1pTrainsBitForBitAsOneFOneB) {
     auto replicas = parallel::DataParallelPipeline::Create(workers.master(), dp);
     ASSERT_TRUE(replicas.ok()) << replicas.status();
     for (const auto& [x, y] : Windows()) {
-      auto loss = (*replicas)->train_step(x, y);
+      auto loss = (*replicas)->start_train_step(x, y).wait();
       ASSERT_TRUE(loss.ok()) << loss.status();
       losses[z].push_back(*loss);
     }
@@ -160,7 +160,7 @@ TEST(ZeroBubble, ZbvTrainsBitForBitAsOneFOneBOverTwiceTheWorkers) {
   EXPECT_THAT((*replicas)->Placement(), HasSubstr("w3           1        0, 3"));
   std::vector<double> losses;
   for (const auto& [x, y] : Windows()) {
-    auto loss = (*replicas)->train_step(x, y);
+    auto loss = (*replicas)->start_train_step(x, y).wait();
     ASSERT_TRUE(loss.ok()) << loss.status();
     losses.push_back(*loss);
   }
@@ -194,7 +194,7 @@ TEST(ZeroBubble, AZbvCheckpointResumesBitwiseAndOnlyUnderItsOwnPlacement) {
   ASSERT_TRUE(pipe.ok()) << pipe.status();
   std::vector<double> losses;
   for (size_t i = 0; i < data.size(); ++i) {
-    losses.push_back((*pipe)->train_step(data[i].first, data[i].second).value());
+    losses.push_back((*pipe)->start_train_step(data[i].first, data[i].second).wait().value());
     checkpoint::TrainingState at;
     at.step = static_cast<int64_t>(i + 1);
     if (i == 1) {
@@ -216,7 +216,7 @@ TEST(ZeroBubble, AZbvCheckpointResumesBitwiseAndOnlyUnderItsOwnPlacement) {
   ASSERT_TRUE(resumed.ok()) << resumed.status();
   const absl::Status restored = checkpoint::Restore(**resumed, *ck);
   ASSERT_TRUE(restored.ok()) << restored;
-  EXPECT_EQ((*resumed)->train_step(data[2].first, data[2].second).value(), losses[2]);
+  EXPECT_EQ((*resumed)->start_train_step(data[2].first, data[2].second).wait().value(), losses[2]);
   std::vector<at::Tensor> got;
   for (int k = 0; k < 4; ++k) {
     const std::vector<at::Tensor> state = (*resumed)->stage_state(k).value();
@@ -253,7 +253,7 @@ TEST(ZeroBubble, WhatBKeepsForWCountsAsSavedActivations) {
     auto pipe = Pipeline::Create(workers.master(), o);
     ASSERT_TRUE(pipe.ok()) << pipe.status();
     for (const auto& [x, y] : test_support::RandomBatches(2, 512, 64, 1024)) {
-      ASSERT_TRUE((*pipe)->train_step(x, y).ok());
+      ASSERT_TRUE((*pipe)->start_train_step(x, y).wait().ok());
     }
     auto p = (*pipe)->peak_activation_bytes();
     ASSERT_TRUE(p.ok()) << p.status();

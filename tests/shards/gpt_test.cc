@@ -133,7 +133,7 @@ TEST(Gpt, TrainsAsAPipelineWithTheCausalLmLossAsInOneProcess) {
   auto pipe = pipeline::Pipeline::Create(workers.master(), o);
   ASSERT_TRUE(pipe.ok()) << pipe.status();
   for (size_t i = 0; i < data.size(); ++i) {
-    auto loss = (*pipe)->train_step(data[i].first, data[i].second);
+    auto loss = (*pipe)->start_train_step(data[i].first, data[i].second).wait();
     ASSERT_TRUE(loss.ok()) << loss.status();
     EXPECT_NEAR(*loss, want[i], 1e-5 * want[i]) << "step " << i;
   }
@@ -194,7 +194,7 @@ TEST(Gpt, TiedEmbeddingAndHeadTrainOverWorkersAsTheOneWeightOfOneProcess) {
     auto pipe = pipeline::Pipeline::Create(workers.master(), o);
     ASSERT_TRUE(pipe.ok()) << pipe.status();
     for (size_t i = 0; i < data.size(); ++i) {
-      auto loss = (*pipe)->train_step(data[i].first, data[i].second);
+      auto loss = (*pipe)->start_train_step(data[i].first, data[i].second).wait();
       ASSERT_TRUE(loss.ok()) << loss.status();
       if (c.tie) {
         EXPECT_NEAR(*loss, want[i], 1e-5 * want[i]) << "step " << i;
@@ -258,7 +258,7 @@ TEST(Gpt, TiedEmbeddingAndHeadTrainOverWorkersAsTheOneWeightOfOneProcess) {
     auto replicas = parallel::DataParallelPipeline::Create(workers.master(), dp);
     ASSERT_TRUE(replicas.ok()) << replicas.status();
     for (size_t i = 0; i < data.size(); ++i) {
-      auto loss = (*replicas)->train_step(data[i].first, data[i].second);
+      auto loss = (*replicas)->start_train_step(data[i].first, data[i].second).wait();
       ASSERT_TRUE(loss.ok()) << loss.status();
       EXPECT_NEAR(*loss, want[i], 1e-5 * want[i]) << "replicas, step " << i;
     }

@@ -83,7 +83,7 @@ TrainOptions Options(const std::string& dir, std::map<int64_t, double>* losses) 
   o.fit.batch_size = 16;
   o.fit.seed = 7;
   o.fit.min_batch_rows = 2;
-  o.fit.on_step = [losses](const pipeline::StepRecord& r) { (*losses)[r.step] = r.loss; };
+  o.fit.on_step = [losses](const train::StepRecord& r) { (*losses)[r.step] = r.loss; };
   o.checkpoints = SaveTarget{dir, 10, Identity()};
   o.checkpoint_every = 4;
   return o;
@@ -220,10 +220,10 @@ TEST(LocalTrainer, BadOptionsAreClearErrors) {
 TEST(LocalTrainer, AFailedStepNamesTheStageOrTheLossAndItsShapes) {
   auto trainer = Tiny();
   ASSERT_NE(trainer, nullptr);
-  auto wrong_width = trainer->Train(at::randn({4, 5}), at::randint(0, 3, {4}, at::kLong));
+  auto wrong_width = trainer->StartStep(at::randn({4, 5}), at::randint(0, 3, {4}, at::kLong)).wait();
   ASSERT_FALSE(wrong_width.ok());
   EXPECT_THAT(wrong_width.status().message(), HasSubstr("local training, stage 0, micro-batch 0: "));
-  auto wrong_class = trainer->Train(at::randn({4, 8}), at::full({4}, 7, at::kLong));
+  auto wrong_class = trainer->StartStep(at::randn({4, 8}), at::full({4}, 7, at::kLong)).wait();
   ASSERT_FALSE(wrong_class.ok());
   EXPECT_THAT(wrong_class.status().message(),
               HasSubstr("local training, micro-batch 0: the loss 'cross_entropy' of an output of [2, 3] against "

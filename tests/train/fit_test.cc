@@ -1,0 +1,240 @@
+// train::Fit's loop, without sockets, on a trainer of the test's own: each
+// batch's step is started before the last one is waited for, except
+// before a checkpoint; a failed step drops the one started after it; what
+// it leaves out and a loss that is not finite are said; resumed and
+// recovered epochs count their images and time.
+#include "train/fit.h"
+
+#include <chrono>
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <ATen/ops/arange.h>
+#include <ATen/ops/zeros.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace remora::train {
+namespace {
+
+// 10 rows in batches of 2, file order, one epoch; each step's start, wait,
+// accounting (on_step), abandon and save logged.
+class Recorder : public Trainer {
+ public:
+  data::Dataset train{at::zeros({10, 1}), at::arange(10)};
+  data::Dataset test{at::zeros({2, 1}), at::arange(2)};
+  TrainOptions o;
+  std::vector<std::string> log;
+  int fail_batch = -1;          // (by its first row / 2)
+  bool over_at_start = false;   // steps that run within their start
+  double loss = 1.0;            // every step's
+  std::ostringstream out;
+
+  Recorder() {
+    o.fit.epochs = 1;
+    o.fit.batch_size = 2;
+    o.fit.shuffle = false;
+  }
+
+  absl::StatusOr<std::vector<EpochResult>> Run() {
+    TrainOptions logged = o;
+    logged.fit.on_step = [this, next = o.fit.on_step](const StepRecord& s) {
+      log.push_back(absl::StrCat("step", s.step));
+      if (next) next(s);
+    };
+    return Fit(*this, data::InMemory(train), data::InMemory(test), logged, out);
+  }
+
+  StartedStep StartStep(const at::Tensor&, const at::Tensor& y) override {
+    const int b = static_cast<int>(y[0].item<int64_t>() / 2);
+    log.push_back(absl::StrCat("start", b));
+    return StartedStep(
+        [this, b]() -> absl::StatusOr<double> {
+          log.push_back(absl::StrCat("wait", b));
+          if (b == fail_batch) return absl::InternalError("the step failed");
+          return loss;
+        },
+        [this, b] { log.push_back(absl::StrCat("abandon", b)); }, over_at_start);
+  }
+  absl::StatusOr<pipeline::Correct> CountCorrect(const at::Tensor&, const at::Tensor&) override {
+    return pipeline::Correct{1, 2, 2};
+  }
+  absl::StatusOr<Saved> Save(const SaveTarget& target, const checkpoint::TrainingState& state, bool) override {
+    log.push_back(absl::StrCat("save", state.step));
+    return Saved{target.dir, 1, state.step, false};
+  }
+  absl::StatusOr<int64_t> Load(const checkpoint::Checkpoint&) override {
+    return absl::UnimplementedError("not in this test");
+  }
+};
+
+TEST(Fit, StartsEachStepBeforeWaitingForTheLastExceptBeforeACheckpoint) {
+  Recorder r;
+  r.o.checkpoints.dir = testing::TempDir() + "/fit_checkpoints";
+  r.o.checkpoint_every = 3;
+  auto epochs = r.Run();
+  ASSERT_TRUE(epochs.ok()) << epochs.status();
+  EXPECT_EQ(r.log, (std::vector<std::string>{"start0", "start1", "wait0", "step1", "start2", "wait1", "step2",
+                                             "wait2", "step3", "save3", "start3", "start4", "wait3", "step4",
+                                             "wait4", "step5", "save5"}));
+  ASSERT_EQ(epochs->size(), 1u);
+  EXPECT_DOUBLE_EQ((*epochs)[0].train_loss, 1.0);
+  EXPECT_EQ((*epochs)[0].images, 10);
+  EXPECT_DOUBLE_EQ((*epochs)[0].test_accuracy, 0.5);
+  EXPECT_DOUBLE_EQ((*epochs)[0].test_top5, 1.0);
+  EXPECT_NE(r.out.str().find("test_accuracy=0.5000 test_top5=1.0000 "), std::string::npos) << r.out.str();
+}
+
+// A step over at its start is accounted for at once: its time and its
+// checkpoint do not wait for the next step's start (whose work would
+// otherwise be timed as this step's, and the last step's as nothing).
+TEST(Fit, AStepOverAtItsStartIsAccountedForAtOnce) {
+  Recorder r;
+  r.over_at_start = true;
+  std::vector<double> seconds;
+  r.o.fit.on_step = [&seconds](const StepRecord& s) { seconds.push_back(s.seconds); };
+  ASSERT_TRUE(r.Run().ok());
+  EXPECT_EQ(r.log, (std::vector<std::string>{"start0", "wait0", "step1", "start1", "wait1", "step2", "start2",
+                                             "wait2", "step3", "start3", "wait3", "step4", "start4", "wait4",
+                                             "step5"}));
+  EXPECT_EQ(seconds.size(), 5u);
+}
+
+// What a run should not pass over in silence: a last batch too small for
+// its micro-batches (left out), a loss that is not finite (the training
+// diverged), a run resumed at its end (nothing to train).
+TEST(Fit, SaysWhatItLeavesOutAndALossThatIsNotFinite) {
+  Recorder r;
+  r.o.fit.batch_size = 4;  // 4, 4 and 2 rows
+  r.o.fit.min_batch_rows = 3;
+  r.loss = std::nan("");
+  auto epochs = r.Run();
+  ASSERT_TRUE(epochs.ok()) << epochs.status();
+  EXPECT_EQ((*epochs)[0].images, 8);
+  EXPECT_NE(r.out.str().find("fit: the last batch of each epoch, 2 of 10 rows, is left out: its micro-batches "
+                             "need at least 3 rows"),
+            std::string::npos)
+      << r.out.str();
+  EXPECT_NE(r.out.str().find("fit: warning: the loss is nan at epoch 1, batch 1: the training diverged"),
+            std::string::npos)
+      << r.out.str();
+  EXPECT_EQ(r.out.str().find("batch 2: the training diverged"), std::string::npos) << "said once";
+  // The NaN a diverged run computes has its sign bit set: not written.
+  Recorder negative;
+  negative.loss = -std::nan("");
+  ASSERT_TRUE(negative.Run().ok());
+  EXPECT_NE(negative.out.str().find("the loss is nan at epoch 1"), std::string::npos) << negative.out.str();
+  EXPECT_NE(negative.out.str().find("epoch=1 train_loss=nan "), std::string::npos) << negative.out.str();
+  EXPECT_EQ(negative.out.str().find("-nan"), std::string::npos) << negative.out.str();
+  Recorder at_end;
+  at_end.o.fit.start = FitPosition{1, 5, 5.0, 10, 5};
+  auto none = at_end.Run();
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->empty());
+  EXPECT_NE(at_end.out.str().find("fit: resumed at the run's end (epoch 1 of --epochs 1): nothing left to train"),
+            std::string::npos)
+      << at_end.out.str();
+}
+
+// Without a test set (an image folder with no val/): no evaluation, and
+// the epoch line has no test figures.
+TEST(Fit, AnEmptyTestSetIsNotEvaluated) {
+  Recorder r;
+  r.test = data::Dataset{at::zeros({0, 1}), at::zeros({0}, at::kLong)};
+  auto epochs = r.Run();
+  ASSERT_TRUE(epochs.ok()) << epochs.status();
+  ASSERT_EQ(epochs->size(), 1u);
+  EXPECT_FALSE((*epochs)[0].evaluated);
+  EXPECT_NE(r.out.str().find("epoch=1 train_loss=1.0000 seconds="), std::string::npos) << r.out.str();
+  EXPECT_EQ(r.out.str().find("test_"), std::string::npos) << r.out.str();
+  Recorder with_test;
+  EXPECT_TRUE(with_test.Run().value()[0].evaluated);
+}
+
+// A run resumed after the last batch of an epoch (it ended there, and is
+// now given more epochs) goes on with the next epoch, without a line for
+// the one reported before.
+TEST(Fit, AResumedRunAfterAnEpochsLastBatchGoesOnWithTheNext) {
+  Recorder r;
+  r.o.fit.epochs = 2;
+  r.o.fit.start = FitPosition{1, 5, 5.0, 10, 5};
+  auto epochs = r.Run();
+  ASSERT_TRUE(epochs.ok()) << epochs.status();
+  ASSERT_EQ(epochs->size(), 1u);
+  EXPECT_EQ((*epochs)[0].epoch, 2);
+  EXPECT_EQ(r.out.str().find("epoch=1 "), std::string::npos) << r.out.str();
+  EXPECT_NE(r.out.str().find("epoch=2 "), std::string::npos) << r.out.str();
+  EXPECT_EQ(r.log.back(), "step10");
+}
+
+// Resumed mid-epoch: the epoch counts all its images, of which this run
+// trained the rest (what images/s is figured from, here and in master's
+// splits line).
+TEST(Fit, AResumedEpochCountsTheImagesThisRunTrainedApart) {
+  Recorder r;
+  r.o.fit.start = FitPosition{1, 2, 2.0, 4, 2};
+  auto epochs = r.Run();
+  ASSERT_TRUE(epochs.ok()) << epochs.status();
+  ASSERT_EQ(epochs->size(), 1u);
+  EXPECT_EQ((*epochs)[0].images, 10);
+  EXPECT_EQ((*epochs)[0].trained, 6);
+  EXPECT_EQ(r.log.front(), "start2");
+}
+
+// Gone on with in the same process after a failure (an elastic
+// recovery): the failure's time (since lost_since) counts in the first
+// epoch trained, with the resumed epoch's seconds before the checkpoint,
+// and its images before it count as trained; when the resumed epoch had
+// ended at the checkpoint, the next epoch holds the failure's time.
+TEST(Fit, AnEpochGoneOnWithAfterAFailureCountsTheFailuresTime) {
+  const auto lost_since = std::chrono::steady_clock::now() - std::chrono::seconds(3);
+  Recorder mid;
+  mid.o.fit.start = FitPosition{1, 2, 2.0, 4, 2};
+  mid.o.fit.gone_on = FitOptions::GoneOn{lost_since, 1.5, 4};
+  auto epochs = mid.Run();
+  ASSERT_TRUE(epochs.ok()) << epochs.status();
+  ASSERT_EQ(epochs->size(), 1u);
+  EXPECT_GE((*epochs)[0].seconds, 4.5);
+  EXPECT_LT((*epochs)[0].seconds, 60);
+  EXPECT_EQ((*epochs)[0].images, 10);
+  EXPECT_EQ((*epochs)[0].trained, 10);
+  // A process that began within the epoch (resumed from a checkpoint at
+  // its first step) trained one step of it before the failure: only that
+  // step's images count with its time (the others', and their time, were
+  // the earlier process's).
+  Recorder late;
+  late.o.fit.start = FitPosition{1, 2, 2.0, 4, 2};
+  late.o.fit.gone_on = FitOptions::GoneOn{lost_since, 0.5, 2};
+  epochs = late.Run();
+  ASSERT_TRUE(epochs.ok()) << epochs.status();
+  ASSERT_EQ(epochs->size(), 1u);
+  EXPECT_EQ((*epochs)[0].images, 10);
+  EXPECT_EQ((*epochs)[0].trained, 8);
+  Recorder ended;
+  ended.o.fit.epochs = 3;
+  ended.o.fit.start = FitPosition{1, 5, 5.0, 10, 5};
+  ended.o.fit.gone_on = FitOptions::GoneOn{lost_since, 1.5, 10};
+  epochs = ended.Run();
+  ASSERT_TRUE(epochs.ok()) << epochs.status();
+  ASSERT_EQ(epochs->size(), 2u);
+  EXPECT_GE((*epochs)[0].seconds, 3.0);  // epoch 2: the failure's time, not epoch 1's before it
+  EXPECT_LT((*epochs)[0].seconds, 4.5);
+  EXPECT_EQ((*epochs)[0].trained, 10);
+  EXPECT_LT((*epochs)[1].seconds, 3.0);  // epoch 3: its own
+}
+
+TEST(Fit, AFailedStepDropsTheStepStartedAfterIt) {
+  Recorder r;
+  r.fail_batch = 1;
+  auto epochs = r.Run();
+  ASSERT_FALSE(epochs.ok());
+  EXPECT_NE(epochs.status().message().find("epoch 1, batch 2 of 5"), std::string::npos) << epochs.status();
+  EXPECT_EQ(r.log, (std::vector<std::string>{"start0", "start1", "wait0", "step1", "start2", "wait1",
+                                             "abandon2"}));
+}
+
+}  // namespace
+}  // namespace remora::train
