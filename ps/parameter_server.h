@@ -8,11 +8,15 @@
 //   o.workers = {"worker1", "worker2"};
 //   o.loss = "cross_entropy";
 //   o.optimizer = optim::OptimizerOptions::SGD(0.01).set_momentum(0.9);
-//   auto server = ps::ParameterServer::Create(*agent, o).value();
-//   ps::StepReport r = server->train_step(images, labels).value();
-//   // or each worker reads its share itself (a pipeline::WorkerData opened
-//   // on every worker; the master sends row numbers):
-//   r = server->train_step(data->Rows(rows, epoch)).value();
+//   auto trainer = train::PsTrainer::Create(*agent, o).value();
+//   trainer->set_on_step([](const ps::StepReport& r, double seconds) { ... });
+//   double loss = trainer->StartStep(images, labels).wait().value();
+//   // or each worker reads its share itself (PsTrainer::ReadOnWorkers; the
+//   // master sends row numbers). train::Fit runs the epochs.
+//
+// Steps are taken through train::PsTrainer, a train::Trainer like every
+// other way of training; the server itself serves its state (save, load,
+// eval, who is live).
 //
 // Synchronous by default: the batch's rows are shared out contiguously
 // (tensor_split) among the workers, each loss weighted by its rows over
@@ -50,7 +54,7 @@
 // a dropped straggler): when a worker's call fails, the servers are
 // checked first.
 //
-// Thread-safety: one train_step (or eval) at a time; the completion
+// Thread-safety: one step (or eval) at a time; the completion
 // signal the calls' callbacks share is thread-safe. Ownership: the server
 // owns its model and optimizer (or its ShardSet) and holds RRefs to the
 // workers' replicas (freed on the workers when it is destroyed); the agent
@@ -74,6 +78,10 @@
 #include "pipeline/stage.h"
 #include "ps/shards.h"
 #include "rpc/agent.h"
+
+namespace remora::train {
+class PsTrainer;
+}  // namespace remora::train
 
 namespace remora::ps {
 
@@ -126,13 +134,6 @@ class ParameterServer {
   // agent's shutdown waits for nothing of it.
   ~ParameterServer();
 
-  // One step on the batch (see above).
-  absl::StatusOr<StepReport> train_step(const at::Tensor& inputs, const at::Tensor& targets);
-  // The same where each worker reads its share of the rows itself, from a
-  // source opened on every worker (pipeline::WorkerData::Open over
-  // live_workers()); shared out as above, by rows.
-  absl::StatusOr<StepReport> train_step(const pipeline::WorkerRows& rows);
-
   // The model's outputs for `inputs`, in eval mode, in this process.
   absl::StatusOr<at::Tensor> eval(const at::Tensor& inputs);
 
@@ -166,6 +167,15 @@ class ParameterServer {
   int64_t steps() const { return step_; }
 
  private:
+  friend class train::PsTrainer;  // takes the steps
+
+  // One step on the batch (see above).
+  absl::StatusOr<StepReport> train_step(const at::Tensor& inputs, const at::Tensor& targets);
+  // The same where each worker reads its share of the rows itself, from a
+  // source opened on every worker (pipeline::WorkerData::Open over
+  // live_workers()); shared out as above, by rows.
+  absl::StatusOr<StepReport> train_step(const pipeline::WorkerRows& rows);
+
   // Shared with the calls' callbacks, which may outlive the server.
   struct Signal {
     absl::Mutex mu;

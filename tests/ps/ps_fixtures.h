@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <regex>
 #include <string>
 #include <utility>
@@ -16,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "launch/local_group.h"
 #include "ps/parameter_server.h"
+#include "train/ps_trainer.h"
 #include "tests/support/pipeline_fixtures.h"
 #include "tests/support/test_group.h"
 
@@ -34,6 +36,24 @@ inline ps::PsOptions MlpServer(const std::vector<std::string>& workers, int back
   o.optimizer = optim::OptimizerOptions::SGD(0.05).set_momentum(0.9);  // TrainMlpLocally's
   o.backup_workers = backup;
   return o;
+}
+
+// A parameter server as master --mode ps drives it: through a
+// train::PsTrainer (its server() for the rest).
+inline absl::StatusOr<std::unique_ptr<train::PsTrainer>> Server(rpc::Agent& agent, ps::PsOptions options) {
+  return train::PsTrainer::Create(agent, std::move(options));
+}
+
+// One step through the trainer; the report it gave on_step, or the
+// step's error.
+inline absl::StatusOr<ps::StepReport> Step(train::PsTrainer& trainer, const at::Tensor& x, const at::Tensor& y) {
+  std::optional<ps::StepReport> report;
+  trainer.set_on_step([&report](const ps::StepReport& r, double) { report = r; });
+  const absl::Status status = trainer.StartStep(x, y).wait().status();
+  trainer.set_on_step(nullptr);
+  if (!status.ok()) return status;
+  if (!report) return absl::InternalError("the step ended without a report");
+  return *report;
 }
 
 inline void ExpectStateNear(const std::vector<std::vector<at::Tensor>>& got,

@@ -85,20 +85,20 @@ TEST(PsShards, SyncStepsEqualOneProcessWithTheParametersOnTheShards) {
     whole.clip_grad_norm = c.clip;
     ps::PsOptions sharded = whole;
     sharded.servers = {"w1", "w2"};
-    auto one = ps::ParameterServer::Create(workers.master(), whole);
+    auto one = ps_fixtures::Server(workers.master(), whole);
     ASSERT_TRUE(one.ok()) << one.status();
-    auto server = ps::ParameterServer::Create(workers.master(), sharded);
+    auto server = ps_fixtures::Server(workers.master(), sharded);
     ASSERT_TRUE(server.ok()) << server.status();
-    const auto placement = (*server)->placement();
+    const auto placement = (*server)->server().placement();
     ASSERT_EQ(placement.size(), 2u);
     EXPECT_EQ(placement[0].server, "w1");
     EXPECT_THAT(placement[0].params, ElementsAre(0));        // the 8x16 weights: 512 bytes
     EXPECT_THAT(placement[1].params, ElementsAre(1, 2, 3));  // 64 + 256 + 16 bytes
-    EXPECT_EQ(placement[0].bytes + placement[1].bytes, (*server)->parameter_bytes());
-    const auto before = (*server)->stage_state().value();
+    EXPECT_EQ(placement[0].bytes + placement[1].bytes, (*server)->server().parameter_bytes());
+    const auto before = (*server)->server().stage_state().value();
     for (size_t s = 0; s < data.size(); ++s) {
-      auto a = (*one)->train_step(data[s].first, data[s].second);
-      auto b = (*server)->train_step(data[s].first, data[s].second);
+      auto a = ps_fixtures::Step(**one, data[s].first, data[s].second);
+      auto b = ps_fixtures::Step(**server, data[s].first, data[s].second);
       ASSERT_TRUE(a.ok() && b.ok()) << a.status() << " / " << b.status();
       EXPECT_LE(std::abs(b->loss - a->loss) / std::abs(a->loss), 1e-5) << "step " << s;
       if (optimizer.kind == optim::OptimizerOptions::Kind::kSGD) {
@@ -113,20 +113,20 @@ TEST(PsShards, SyncStepsEqualOneProcessWithTheParametersOnTheShards) {
       }
       EXPECT_THAT(b->used, ElementsAre("w3", "w4"));
       EXPECT_EQ(b->rows, 13);
-      EXPECT_EQ(b->pull_bytes, 2 * (*server)->parameter_bytes());
-      EXPECT_EQ(b->push_bytes, 2 * (*server)->parameter_bytes());
+      EXPECT_EQ(b->pull_bytes, 2 * (*server)->server().parameter_bytes());
+      EXPECT_EQ(b->push_bytes, 2 * (*server)->server().parameter_bytes());
     }
     // The shards hold the trained parameters: each its partition.
-    auto held = (*server)->shard_parameters();
+    auto held = (*server)->server().shard_parameters();
     ASSERT_TRUE(held.ok()) << held.status();
     ASSERT_EQ(held->size(), 2u);
     ASSERT_EQ((*held)[0].size(), 1u);
     ASSERT_EQ((*held)[1].size(), 3u);
     EXPECT_FALSE(at::equal((*held)[0][0], before[0][0]));  // stepped there
-    const auto state = (*server)->stage_state().value();  // gathered from the shards
+    const auto state = (*server)->server().stage_state().value();  // gathered from the shards
     EXPECT_TRUE(at::equal((*held)[0][0], state[0][0]));
     EXPECT_TRUE(at::equal((*held)[1][2], state[1][1]));  // parameter 3: the second stage's bias
-    ExpectStateNear(state, (*one)->stage_state().value(), "sharded vs the server in the master");
+    ExpectStateNear(state, (*one)->server().stage_state().value(), "sharded vs the server in the master");
     if (optimizer.kind == optim::OptimizerOptions::Kind::kSGD) {
       ExpectStateNear(state, local.state, "sharded vs one process");
     }
@@ -141,30 +141,30 @@ TEST(PsShards, StateAndOptimizerRecordLoadIntoFreshShards) {
   ps::PsOptions o = MlpServer({"w3"});
   o.optimizer = optim::OptimizerOptions::Adam(0.01);
   o.servers = {"w1", "w2"};
-  auto server = ps::ParameterServer::Create(workers.master(), o);
+  auto server = ps_fixtures::Server(workers.master(), o);
   ASSERT_TRUE(server.ok()) << server.status();
   const auto data = test_support::RandomBatches(3, 8, 8, 4);
-  for (int s = 0; s < 2; ++s) ASSERT_TRUE((*server)->train_step(data[s].first, data[s].second).ok());
-  const auto state = (*server)->stage_state().value();
-  const at::Tensor record = (*server)->optimizer_state().value();
+  for (int s = 0; s < 2; ++s) ASSERT_TRUE(ps_fixtures::Step(**server, data[s].first, data[s].second).ok());
+  const auto state = (*server)->server().stage_state().value();
+  const at::Tensor record = (*server)->server().optimizer_state().value();
   EXPECT_EQ(ps::SavedShards(record), 2);
-  auto resumed = ps::ParameterServer::Create(workers.master(), o);
+  auto resumed = ps_fixtures::Server(workers.master(), o);
   ASSERT_TRUE(resumed.ok()) << resumed.status();
-  ASSERT_TRUE((*resumed)->Load(state, record).ok());
-  auto a = (*server)->train_step(data[2].first, data[2].second);
-  auto b = (*resumed)->train_step(data[2].first, data[2].second);
+  ASSERT_TRUE((*resumed)->server().Load(state, record).ok());
+  auto a = ps_fixtures::Step(**server, data[2].first, data[2].second);
+  auto b = ps_fixtures::Step(**resumed, data[2].first, data[2].second);
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(a->loss, b->loss);
-  ExpectStateNear((*resumed)->stage_state().value(), (*server)->stage_state().value(), "resumed");
+  ExpectStateNear((*resumed)->server().stage_state().value(), (*server)->server().stage_state().value(), "resumed");
   ps::PsOptions in_master = o;
   in_master.servers.clear();
-  auto single = ps::ParameterServer::Create(workers.master(), in_master);
+  auto single = ps_fixtures::Server(workers.master(), in_master);
   ASSERT_TRUE(single.ok()) << single.status();
-  EXPECT_THAT((*single)->Load(state, record).message(), HasSubstr("resume with --ps-shards 2"));
+  EXPECT_THAT((*single)->server().Load(state, record).message(), HasSubstr("resume with --ps-shards 2"));
   ps::PsOptions three = o;
   three.servers = {"w1", "w2", "w3"};
   three.workers = {"w3"};
-  EXPECT_THAT(ps::ParameterServer::Create(workers.master(), three).status().message(),
+  EXPECT_THAT(ps_fixtures::Server(workers.master(), three).status().message(),
               HasSubstr("'w3' is named twice"));
 }
 
@@ -177,15 +177,15 @@ TEST(PsShards, BackupWorkersGoOnWithoutTheSlowedWorker) {
   launch::LocalGroup group = StartWorkers(&registry, {{}, {}, {}, {}, {"--slow-ms", "3000"}});
   ps::PsOptions o = MlpServer({"w3", "w4", "w5"}, 1);
   o.servers = {"w1", "w2"};
-  auto server = ps::ParameterServer::Create(*group.master, o);
+  auto server = ps_fixtures::Server(*group.master, o);
   ASSERT_TRUE(server.ok()) << server.status();
   const auto data = test_support::RandomBatches(2, 12, 8, 4);
-  auto first = (*server)->train_step(data[0].first, data[0].second);
+  auto first = ps_fixtures::Step(**server, data[0].first, data[0].second);
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_THAT(first->used, ElementsAre("w3", "w4"));
   EXPECT_THAT(first->dropped, ElementsAre("w5"));
   EXPECT_EQ(first->rows, 8);
-  auto second = (*server)->train_step(data[1].first, data[1].second);
+  auto second = ps_fixtures::Step(**server, data[1].first, data[1].second);
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_THAT(second->dropped, ElementsAre("w5"));  // still busy with step 1
   EXPECT_EQ(second->rows, 12);
@@ -193,12 +193,12 @@ TEST(PsShards, BackupWorkersGoOnWithoutTheSlowedWorker) {
       kStages, {{data[0].first.slice(0, 0, 8), data[0].second.slice(0, 0, 8)}, data[1]});
   EXPECT_LE(std::abs(first->loss - local.losses[0]) / local.losses[0], 1e-5);
   EXPECT_LE(std::abs(second->loss - local.losses[1]) / local.losses[1], 1e-5);
-  ExpectStateNear((*server)->stage_state().value(), local.state, "after the steps without w5");
+  ExpectStateNear((*server)->server().stage_state().value(), local.state, "after the steps without w5");
   absl::SleepFor(absl::Seconds(3.5));  // w5's late pushes for step 1 reach the shards
-  auto third = (*server)->train_step(data[1].first, data[1].second);
+  auto third = ps_fixtures::Step(**server, data[1].first, data[1].second);
   ASSERT_TRUE(third.ok()) << third.status();
   EXPECT_TRUE(third->lost.empty());
-  EXPECT_THAT((*server)->live_workers(), ElementsAre("w3", "w4", "w5"));
+  EXPECT_THAT((*server)->server().live_workers(), ElementsAre("w3", "w4", "w5"));
   server->reset();
   EXPECT_TRUE(group.Shutdown(absl::Seconds(60)).ok());
 }
@@ -210,14 +210,14 @@ TEST(PsShards, AKilledServerFailsTheStepNamingIt) {
   workers.ExpectUncleanShutdown();  // w2 is killed
   ps::PsOptions o = MlpServer({"w3", "w4"}, 1);
   o.servers = {"w1", "w2"};
-  auto server = ps::ParameterServer::Create(workers.master(), o);
+  auto server = ps_fixtures::Server(workers.master(), o);
   ASSERT_TRUE(server.ok()) << server.status();
   const auto data = test_support::RandomBatches(1, 8, 8, 4);
-  ASSERT_TRUE((*server)->train_step(data[0].first, data[0].second).ok());
+  ASSERT_TRUE(ps_fixtures::Step(**server, data[0].first, data[0].second).ok());
   workers.worker(1).Signal(SIGKILL);
   ASSERT_TRUE(workers.worker(1).Wait(absl::Seconds(10)).ok());
   const absl::Time t0 = absl::Now();
-  auto r = (*server)->train_step(data[0].first, data[0].second);
+  auto r = ps_fixtures::Step(**server, data[0].first, data[0].second);
   const double seconds = absl::ToDoubleSeconds(absl::Now() - t0);
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(r.status().message(), HasSubstr("parameter server 'w2' (shard 1)"));

@@ -40,13 +40,13 @@ using ps_fixtures::StartWorkers;
 
 TEST(Ps, SyncStepsEqualOneProcessOnTheWholeBatch) {
   TestWorkers workers(2);
-  auto server = ps::ParameterServer::Create(workers.master(), MlpServer({"w1", "w2"}));
+  auto server = ps_fixtures::Server(workers.master(), MlpServer({"w1", "w2"}));
   ASSERT_TRUE(server.ok()) << server.status();
   const auto data = test_support::RandomBatches(4, 13, 8, 4);  // 13 rows: shares of 7 and 6
   const test_support::LocalRun local = test_support::TrainMlpLocally(kStages, data);
-  const int64_t param_bytes = (*server)->parameter_bytes();
+  const int64_t param_bytes = (*server)->server().parameter_bytes();
   for (size_t s = 0; s < data.size(); ++s) {
-    auto r = (*server)->train_step(data[s].first, data[s].second);
+    auto r = ps_fixtures::Step(**server, data[s].first, data[s].second);
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->step, static_cast<int64_t>(s + 1));
     EXPECT_LE(std::abs(r->loss - local.losses[s]) / std::abs(local.losses[s]), 1e-5)
@@ -57,13 +57,13 @@ TEST(Ps, SyncStepsEqualOneProcessOnTheWholeBatch) {
     EXPECT_EQ(r->pull_bytes, 2 * param_bytes);  // every worker pulled every parameter
     EXPECT_EQ(r->push_bytes, 2 * param_bytes);  // and pushed a gradient of each
   }
-  ExpectStateNear((*server)->stage_state().value(), local.state, "after 4 steps");
+  ExpectStateNear((*server)->server().stage_state().value(), local.state, "after 4 steps");
 
   // --precision bf16: each worker's share under bf16 autocast, as one
   // process computes two parts of the batch under it.
   ps::PsOptions bf16 = MlpServer({"w1", "w2"});
   bf16.bf16 = true;
-  auto half = ps::ParameterServer::Create(workers.master(), bf16);
+  auto half = ps_fixtures::Server(workers.master(), bf16);
   ASSERT_TRUE(half.ok()) << half.status();
   train::LocalOptions lo;
   lo.stages = bf16.stages;
@@ -76,7 +76,7 @@ TEST(Ps, SyncStepsEqualOneProcessOnTheWholeBatch) {
   bool differs = false;
   for (size_t s = 0; s < data.size(); ++s) {
     const double want = (*one)->StartStep(data[s].first, data[s].second).wait().value();
-    auto r = (*half)->train_step(data[s].first, data[s].second);
+    auto r = ps_fixtures::Step(**half, data[s].first, data[s].second);
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_NEAR(r->loss, want, 1e-5 * std::abs(want)) << "bf16, step " << s;
     differs |= r->loss != local.losses[s];
@@ -86,20 +86,20 @@ TEST(Ps, SyncStepsEqualOneProcessOnTheWholeBatch) {
 
 TEST(Ps, BadOptionsAreClearErrors) {
   TestWorkers workers(2);
-  auto too_many = ps::ParameterServer::Create(workers.master(), MlpServer({"w1", "w2"}, /*backup=*/2));
+  auto too_many = ps_fixtures::Server(workers.master(), MlpServer({"w1", "w2"}, /*backup=*/2));
   ASSERT_FALSE(too_many.ok());
   EXPECT_THAT(too_many.status().message(), HasSubstr("0 <= k < n"));
   ps::PsOptions bad_loss = MlpServer({"w1", "w2"});
   bad_loss.loss = "hinge";
-  EXPECT_THAT(ps::ParameterServer::Create(workers.master(), bad_loss).status().message(),
+  EXPECT_THAT(ps_fixtures::Server(workers.master(), bad_loss).status().message(),
               HasSubstr("unknown loss 'hinge'"));
   ps::PsOptions bad_type = MlpServer({"w1", "w2"});
   bad_type.stages = {pipeline::StageSpec::Registered("NoSuchStage", {})};
-  EXPECT_FALSE(ps::ParameterServer::Create(workers.master(), bad_type).ok());
-  auto server = ps::ParameterServer::Create(workers.master(), MlpServer({"w1", "w2"}));
+  EXPECT_FALSE(ps_fixtures::Server(workers.master(), bad_type).ok());
+  auto server = ps_fixtures::Server(workers.master(), MlpServer({"w1", "w2"}));
   ASSERT_TRUE(server.ok()) << server.status();
   const auto data = test_support::RandomBatches(1, 1, 8, 4);  // one row for two workers
-  EXPECT_THAT((*server)->train_step(data[0].first, data[0].second).status().message(),
+  EXPECT_THAT(ps_fixtures::Step(**server, data[0].first, data[0].second).status().message(),
               HasSubstr("at least one row per worker"));
 }
 
@@ -112,15 +112,15 @@ TEST(Ps, BackupWorkersGoOnWithoutTheSlowedWorker) {
   rpc::Registry registry;
   ASSERT_TRUE(test_support::RegisterForTests(registry).ok());
   launch::LocalGroup group = StartWorkers(&registry, {{}, {}, {"--slow-ms", "4000"}});
-  auto server = ps::ParameterServer::Create(*group.master, MlpServer({"w1", "w2", "w3"}, 1));
+  auto server = ps_fixtures::Server(*group.master, MlpServer({"w1", "w2", "w3"}, 1));
   ASSERT_TRUE(server.ok()) << server.status();
   const auto data = test_support::RandomBatches(2, 12, 8, 4);
-  auto first = (*server)->train_step(data[0].first, data[0].second);
+  auto first = ps_fixtures::Step(**server, data[0].first, data[0].second);
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_THAT(first->used, ElementsAre("w1", "w2"));
   EXPECT_THAT(first->dropped, ElementsAre("w3"));
   EXPECT_EQ(first->rows, 8);
-  auto second = (*server)->train_step(data[1].first, data[1].second);
+  auto second = ps_fixtures::Step(**server, data[1].first, data[1].second);
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_THAT(second->used, ElementsAre("w1", "w2"));
   EXPECT_THAT(second->dropped, ElementsAre("w3"));  // still busy with step 1
@@ -130,15 +130,15 @@ TEST(Ps, BackupWorkersGoOnWithoutTheSlowedWorker) {
       kStages, {{data[0].first.slice(0, 0, 8), data[0].second.slice(0, 0, 8)}, data[1]});
   EXPECT_LE(std::abs(first->loss - local.losses[0]) / local.losses[0], 1e-5);
   EXPECT_LE(std::abs(second->loss - local.losses[1]) / local.losses[1], 1e-5);
-  ExpectStateNear((*server)->stage_state().value(), local.state, "after the steps without w3");
+  ExpectStateNear((*server)->server().stage_state().value(), local.state, "after the steps without w3");
   // Training goes on; w3's late replies are ignored.
   for (int s = 0; s < 3; ++s) {
-    auto r = (*server)->train_step(data[1].first, data[1].second);
+    auto r = ps_fixtures::Step(**server, data[1].first, data[1].second);
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_THAT(r->used, ElementsAre("w1", "w2"));
     EXPECT_TRUE(r->lost.empty());
   }
-  EXPECT_THAT((*server)->live_workers(), ElementsAre("w1", "w2", "w3"));
+  EXPECT_THAT((*server)->server().live_workers(), ElementsAre("w1", "w2", "w3"));
   server->reset();
   EXPECT_TRUE(group.Shutdown(absl::Seconds(60)).ok());
 }
@@ -146,13 +146,13 @@ TEST(Ps, BackupWorkersGoOnWithoutTheSlowedWorker) {
 TEST(Ps, AKilledWorkerFailsTheStepNamingIt) {
   TestWorkers workers(2);
   workers.ExpectUncleanShutdown();  // w2 is killed
-  auto server = ps::ParameterServer::Create(workers.master(), MlpServer({"w1", "w2"}));
+  auto server = ps_fixtures::Server(workers.master(), MlpServer({"w1", "w2"}));
   ASSERT_TRUE(server.ok()) << server.status();
   const auto data = test_support::RandomBatches(1, 8, 8, 4);
-  ASSERT_TRUE((*server)->train_step(data[0].first, data[0].second).ok());
+  ASSERT_TRUE(ps_fixtures::Step(**server, data[0].first, data[0].second).ok());
   workers.worker(1).Signal(SIGKILL);
   ASSERT_TRUE(workers.worker(1).Wait(absl::Seconds(10)).ok());
-  auto r = (*server)->train_step(data[0].first, data[0].second);
+  auto r = ps_fixtures::Step(**server, data[0].first, data[0].second);
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(r.status().message(), HasSubstr("worker 'w2' failed"));
   workers.master().Shutdown(/*graceful=*/false).IgnoreError();
@@ -177,18 +177,18 @@ ps::PsOptions ThrowingServer(const std::vector<std::string>& workers, int backup
 // trains over every worker, and all exit 0 at the end (TestWorkers checks).
 TEST(Ps, AWorkerWhoseComputationThrowsFailsTheStepAndStays) {
   TestWorkers workers(3, "test_worker");  // for "ThrowsAbove"
-  auto server = ps::ParameterServer::Create(workers.master(), ThrowingServer({"w1", "w2", "w3"}, 0));
+  auto server = ps_fixtures::Server(workers.master(), ThrowingServer({"w1", "w2", "w3"}, 0));
   ASSERT_TRUE(server.ok()) << server.status();
   const auto data = test_support::RandomBatches(1, 12, 8, 4);
   const auto bad = WithABadRowForW2(data[0]);
-  auto r = (*server)->train_step(bad.first, bad.second);
+  auto r = ps_fixtures::Step(**server, bad.first, bad.second);
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(r.status().message(), HasSubstr("step 1: worker 'w2' failed computing its share of the batch "
                                               "(4 rows) and still answers"));
   EXPECT_THAT(r.status().message(), HasSubstr("an input above 100 in magnitude"));
-  EXPECT_THAT((*server)->live_workers(), ElementsAre("w1", "w2", "w3"));
+  EXPECT_THAT((*server)->server().live_workers(), ElementsAre("w1", "w2", "w3"));
   EXPECT_FALSE(workers.master().IsLost("w2"));
-  auto next = (*server)->train_step(data[0].first, data[0].second);
+  auto next = ps_fixtures::Step(**server, data[0].first, data[0].second);
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_THAT(next->used, ElementsAre("w1", "w2", "w3"));
   EXPECT_TRUE(next->lost.empty());
@@ -199,11 +199,11 @@ TEST(Ps, AWorkerWhoseComputationThrowsFailsTheStepAndStays) {
 // dropped, and training goes on over all three.
 TEST(Ps, WithBackupWorkersAThrowingWorkerIsNotDroppedAsLost) {
   TestWorkers workers(3, "test_worker");  // for "ThrowsAbove"
-  auto server = ps::ParameterServer::Create(workers.master(), ThrowingServer({"w1", "w2", "w3"}, 1));
+  auto server = ps_fixtures::Server(workers.master(), ThrowingServer({"w1", "w2", "w3"}, 1));
   ASSERT_TRUE(server.ok()) << server.status();
   const auto data = test_support::RandomBatches(1, 12, 8, 4);
   const auto bad = WithABadRowForW2(data[0]);
-  auto r = (*server)->train_step(bad.first, bad.second);
+  auto r = ps_fixtures::Step(**server, bad.first, bad.second);
   int step = 1;
   if (r.ok()) {
     EXPECT_THAT(r->used, ElementsAre("w1", "w3"));
@@ -211,7 +211,7 @@ TEST(Ps, WithBackupWorkersAThrowingWorkerIsNotDroppedAsLost) {
   // (w2's error may come after the steps that do not wait for it.)
   for (; r.ok() && step < 50; ++step) {
     absl::SleepFor(absl::Milliseconds(20));
-    r = (*server)->train_step(data[0].first, data[0].second);
+    r = ps_fixtures::Step(**server, data[0].first, data[0].second);
   }
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(r.status().message(),
@@ -219,9 +219,9 @@ TEST(Ps, WithBackupWorkersAThrowingWorkerIsNotDroppedAsLost) {
                                   : absl::StrCat("step ", step, ": worker 'w2' failed computing its share of an "
                                                  "earlier step's batch (4 rows) and still answers")));
   EXPECT_THAT(r.status().message(), HasSubstr("an input above 100 in magnitude"));
-  EXPECT_THAT((*server)->live_workers(), ElementsAre("w1", "w2", "w3"));
+  EXPECT_THAT((*server)->server().live_workers(), ElementsAre("w1", "w2", "w3"));
   for (int s = 0; s < 3; ++s) {
-    auto next = (*server)->train_step(data[0].first, data[0].second);
+    auto next = ps_fixtures::Step(**server, data[0].first, data[0].second);
     ASSERT_TRUE(next.ok()) << next.status();
     EXPECT_TRUE(next->lost.empty());
   }
@@ -233,16 +233,16 @@ TEST(Ps, WithBackupWorkersAThrowingWorkerIsNotDroppedAsLost) {
 // when its connection attempt does, and the step that sees it reports it
 // (the first, unless w1 and w2 answer before it fails). Returns that
 // step's lost workers (none after 200 steps).
-std::vector<std::string> TrainUntilW3IsLost(TestWorkers& workers, ps::ParameterServer& server,
+std::vector<std::string> TrainUntilW3IsLost(TestWorkers& workers, train::PsTrainer& server,
                                             const std::pair<at::Tensor, at::Tensor>& batch) {
-  if (auto first = server.train_step(batch.first, batch.second); !first.ok()) {
+  if (auto first = ps_fixtures::Step(server, batch.first, batch.second); !first.ok()) {
     ADD_FAILURE() << first.status();
     return {};
   }
   workers.worker(2).Signal(SIGKILL);
   EXPECT_TRUE(workers.worker(2).Wait(absl::Seconds(10)).ok());
   for (int s = 0; s < 200; ++s) {
-    auto r = server.train_step(batch.first, batch.second);
+    auto r = ps_fixtures::Step(server, batch.first, batch.second);
     if (!r.ok()) {
       ADD_FAILURE() << r.status();
       return {};
@@ -257,18 +257,18 @@ std::vector<std::string> TrainUntilW3IsLost(TestWorkers& workers, ps::ParameterS
 TEST(Ps, WithBackupWorkersALostWorkerIsDroppedUntilTooFewAreLeft) {
   TestWorkers workers(3);
   workers.ExpectUncleanShutdown();  // w3 and w2 are killed
-  auto server = ps::ParameterServer::Create(workers.master(), MlpServer({"w1", "w2", "w3"}, 1));
+  auto server = ps_fixtures::Server(workers.master(), MlpServer({"w1", "w2", "w3"}, 1));
   ASSERT_TRUE(server.ok()) << server.status();
   const auto data = test_support::RandomBatches(1, 12, 8, 4);
   EXPECT_THAT(TrainUntilW3IsLost(workers, **server, data[0]), ElementsAre("w3"));
-  auto next = (*server)->train_step(data[0].first, data[0].second);
+  auto next = ps_fixtures::Step(**server, data[0].first, data[0].second);
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(next->rows, 12);  // w1 and w2 share the batch
   EXPECT_TRUE(next->lost.empty() && next->dropped.empty());
-  EXPECT_THAT((*server)->live_workers(), ElementsAre("w1", "w2"));
+  EXPECT_THAT((*server)->server().live_workers(), ElementsAre("w1", "w2"));
   workers.worker(1).Signal(SIGKILL);
   ASSERT_TRUE(workers.worker(1).Wait(absl::Seconds(10)).ok());
-  auto failed = (*server)->train_step(data[0].first, data[0].second);
+  auto failed = ps_fixtures::Step(**server, data[0].first, data[0].second);
   ASSERT_FALSE(failed.ok());
   EXPECT_THAT(failed.status().message(), HasSubstr("only 1 of 3 workers are left"));
   EXPECT_THAT(failed.status().message(), HasSubstr("'w2'"));
@@ -283,7 +283,7 @@ TEST(Ps, WithBackupWorkersALostWorkerIsDroppedUntilTooFewAreLeft) {
 TEST(Ps, ALostWorkerIsLeftOutOfTheGracefulShutdown) {
   TestWorkers workers(3);
   workers.ExpectUncleanShutdown();  // w3 is killed
-  auto server = ps::ParameterServer::Create(workers.master(), MlpServer({"w1", "w2", "w3"}, 1));
+  auto server = ps_fixtures::Server(workers.master(), MlpServer({"w1", "w2", "w3"}, 1));
   ASSERT_TRUE(server.ok()) << server.status();
   const auto data = test_support::RandomBatches(1, 12, 8, 4);
   EXPECT_THAT(TrainUntilW3IsLost(workers, **server, data[0]), ElementsAre("w3"));
@@ -306,7 +306,7 @@ TEST(Ps, ALostWorkerIsLeftOutOfTheGracefulShutdown) {
 TEST(Ps, CheckpointsHoldTheServersModelAndResume) {
   TestWorkers workers(2);
   ps::PsOptions o = MlpServer({"w1", "w2"});
-  auto server = ps::ParameterServer::Create(workers.master(), o);
+  auto server = ps_fixtures::Server(workers.master(), o);
   ASSERT_TRUE(server.ok()) << server.status();
   const auto data = test_support::RandomBatches(3, 8, 8, 4);
   const std::string dir = TempPath("ps_ckpt");
@@ -314,9 +314,9 @@ TEST(Ps, CheckpointsHoldTheServersModelAndResume) {
   id.model = "mlp";
   id.schedule = "ps";
   for (int s = 0; s < 2; ++s) {
-    ASSERT_TRUE((*server)->train_step(data[s].first, data[s].second).ok());
-    auto saved = checkpoint::SaveLocal(dir, o.stages, (*server)->stage_state().value(), (*server)->stage_names(),
-                                       (*server)->optimizer_state().value(),
+    ASSERT_TRUE(ps_fixtures::Step(**server, data[s].first, data[s].second).ok());
+    auto saved = checkpoint::SaveLocal(dir, o.stages, (*server)->server().stage_state().value(), (*server)->server().stage_names(),
+                                       (*server)->server().optimizer_state().value(),
                                        id, {s + 1, 0, s + 1, 0, 0, {}}, s == 1, /*keep=*/1);
     ASSERT_TRUE(saved.ok()) << saved.status();
   }
@@ -324,8 +324,8 @@ TEST(Ps, CheckpointsHoldTheServersModelAndResume) {
   // A shard that cannot be written (its name taken by a directory): the
   // error says which checkpoint failed and that step 2's is still the latest.
   std::filesystem::create_directories(dir + "/step-00000003/shard-0.pt/taken");
-  auto failed = checkpoint::SaveLocal(dir, o.stages, (*server)->stage_state().value(), (*server)->stage_names(),
-                                      (*server)->optimizer_state().value(), id, {3, 0, 3, 0, 0, {}}, false, 1);
+  auto failed = checkpoint::SaveLocal(dir, o.stages, (*server)->server().stage_state().value(), (*server)->server().stage_names(),
+                                      (*server)->server().optimizer_state().value(), id, {3, 0, 3, 0, 0, {}}, false, 1);
   EXPECT_FALSE(failed.ok());
   EXPECT_THAT(std::string(failed.status().message()),
               HasSubstr("checkpoint of step 3 in " + std::filesystem::path(dir).lexically_normal().string() +
@@ -344,7 +344,7 @@ TEST(Ps, CheckpointsHoldTheServersModelAndResume) {
   EXPECT_EQ((*specs)[1].args[1].toInt(), 4);
   auto tensors = checkpoint::ReadStageTensors(*ck);
   ASSERT_TRUE(tensors.ok()) << tensors.status();
-  const auto state = (*server)->stage_state().value();
+  const auto state = (*server)->server().stage_state().value();
   ASSERT_EQ(tensors->size(), state.size());
   for (size_t k = 0; k < state.size(); ++k) {
     ASSERT_EQ((*tensors)[k].size(), state[k].size());
@@ -354,16 +354,16 @@ TEST(Ps, CheckpointsHoldTheServersModelAndResume) {
   auto optimizer = checkpoint::ReadLocalOptimizer(*ck);
   ASSERT_TRUE(optimizer.ok()) << optimizer.status();
   EXPECT_TRUE(optimizer->defined());
-  auto resumed = ps::ParameterServer::Create(workers.master(), o);
+  auto resumed = ps_fixtures::Server(workers.master(), o);
   ASSERT_TRUE(resumed.ok()) << resumed.status();
-  ASSERT_TRUE((*resumed)->Load(*tensors, *optimizer, /*steps_done=*/2).ok());
-  auto a = (*server)->train_step(data[2].first, data[2].second);
-  auto b = (*resumed)->train_step(data[2].first, data[2].second);
+  ASSERT_TRUE((*resumed)->server().Load(*tensors, *optimizer, /*steps_done=*/2).ok());
+  auto a = ps_fixtures::Step(**server, data[2].first, data[2].second);
+  auto b = ps_fixtures::Step(**resumed, data[2].first, data[2].second);
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(a->loss, b->loss);
   EXPECT_EQ(a->step, 3);
   EXPECT_EQ(b->step, 3) << "the resumed server numbers its steps on from the checkpoint's";
-  ExpectStateNear((*resumed)->stage_state().value(), (*server)->stage_state().value(), "resumed");
+  ExpectStateNear((*resumed)->server().stage_state().value(), (*server)->server().stage_state().value(), "resumed");
 }
 
 // master --mode ps trains the small CNN on a dataset like one process on

@@ -127,7 +127,7 @@ TEST(MasterSetup, AMasterWithoutDistAutogradGetsFailedPreconditionAndItsWorkersE
 // NewContextId, from DataParallelPipeline::StartOnReplicas under
 // PipelineTrainer::StartStep) and the exception it threw left Fit on the
 // master's own thread; with a loss computed on the master, a replica's
-// thread (DataParallelPipeline::train_step) threw it. Trainers check it
+// thread (DataParallelPipeline::TrainHere) threw it. Trainers check it
 // when they are made now; here it is taken away after, so that the step
 // meets it: Fit returns the error.
 TEST(MasterSetup, FitReachingAStepWithoutDistAutogradReturnsTheErrorInsteadOfAborting) {
