@@ -194,14 +194,10 @@ absl::Status TrainPs(rpc::Agent& agent, const RunOptions& c, const PsFlags& p,
   } else {
     // Each computing worker needs at least one row of every batch.
     train::TrainOptions f = TrainOptionsOf(c, 1, static_cast<int64_t>(computing), checkpoints);
-    train::ReportTo(run, f.fit);
-    f.on_eval = train::EvalsInto(run);
-    if (elastic != nullptr) {
-      f.fit.on_step = [elastic, next = std::move(f.fit.on_step)](const train::StepRecord& s) {
-        if (next) next(s);
-        elastic->StepDone(s.step);
-      };
-    }
+    train::RunRecorder recorder(run);
+    train::FitFunctions supervised;  // (tells the elastic supervisor of every step)
+    if (elastic != nullptr) supervised.step = [elastic](const train::StepRecord& s) { elastic->StepDone(s.step); };
+    f.observers = {&recorder, &supervised};
     if (c.data_on == "workers") {
       // Each worker reads its share of every batch; the test set is read
       // here, where the model is evaluated.

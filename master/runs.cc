@@ -230,6 +230,33 @@ absl::StatusOr<std::unique_ptr<train::PipelineTrainer>> CreatePipeline(
   return trainer;
 }
 
+// What a pipeline's run of epochs does beside recording its steps: keeps
+// each epoch in the run as it ends (an attempt that fails later loses
+// none), marks when the last step ended (a recovery's time counts in the
+// epoch it goes on in), tells the elastic supervisor (when there is one)
+// of every step, and stops the workers' tracing after kTracedSteps steps.
+// Used on Fit's thread; borrows all it is given.
+class FitWatch final : public train::FitObserver {
+ public:
+  FitWatch(rpc::Agent& agent, const std::vector<std::string>& workers, Run& run, train::Elastic* elastic)
+      : agent_(agent), workers_(workers), run_(run), elastic_(elastic) {}
+
+  absl::Status AfterStep(const train::StepRecord& s) override {
+    if (++steps_ == kTracedSteps) train::StopTracing(agent_, workers_);
+    run_.last_step_end = std::chrono::steady_clock::now();
+    if (elastic_ != nullptr) elastic_->StepDone(s.step);
+    return absl::OkStatus();
+  }
+  void EpochEnded(const train::EpochResult& e) override { MergeEpochs(run_, {e}); }
+
+ private:
+  rpc::Agent& agent_;
+  const std::vector<std::string>& workers_;
+  Run& run_;
+  train::Elastic* elastic_;
+  int64_t steps_ = 0;
+};
+
 }  // namespace
 
 checkpoint::RunIdentity IdentityOf(const RunOptions& c, int splits) {
@@ -331,8 +358,8 @@ absl::StatusOr<Run> FitLocal(const RunOptions& c, int splits, const data::Source
   }
   ASSIGN_OR_RETURN(run.log, OpenRunLog(c, splits));
   train::TrainOptions options = TrainOptionsOf(c, splits, splits, nullptr);
-  train::ReportTo(run, options.fit);
-  options.on_eval = train::EvalsInto(run);
+  train::RunRecorder recorder(run);
+  options.observers = {&recorder};
   ASSIGN_OR_RETURN(run.epochs, train::Fit(local->trainer(), train, test, options, std::cout));
   for (const auto& e : run.epochs) run.seconds += e.seconds;
   return run;
@@ -346,19 +373,9 @@ absl::Status FitPipeline(rpc::Agent& agent, const RunOptions& c, const std::vect
     ASSIGN_OR_RETURN(run.log, OpenRunLog(c, splits));
   }
   train::TrainOptions options = TrainOptionsOf(c, splits, splits * c.replicas, checkpoints);
-  train::ReportTo(run, options.fit);
-  options.on_eval = train::EvalsInto(run);
-  // Each epoch is kept as it ends (an attempt that fails later loses
-  // none); a recovery's time counts in the epoch it goes on in.
-  options.fit.on_step = [elastic, &run, next = std::move(options.fit.on_step)](const train::StepRecord& s) {
-    run.last_step_end = std::chrono::steady_clock::now();
-    if (next) next(s);
-    if (elastic != nullptr) elastic->StepDone(s.step);
-  };
-  options.fit.on_epoch = [&run, next = std::move(options.fit.on_epoch)](const train::EpochResult& e) {
-    MergeEpochs(run, {e});
-    if (next) next(e);
-  };
+  train::RunRecorder recorder(run);
+  FitWatch watch(agent, c.workers, run, elastic);
+  options.observers = {&recorder, &watch};
   if (checkpoints != nullptr && checkpoints->resume) {
     const checkpoint::TrainingState from = checkpoints->resume->state();
     if (GoesOnAfterAFailure(run, from.step)) {
@@ -380,13 +397,8 @@ absl::Status FitPipeline(rpc::Agent& agent, const RunOptions& c, const std::vect
                 c.data_on == "workers" ? " (a loss computed on the master needs the batches here)" : "");
   }
   run.schedule = trainer->pipeline().replica(0).schedule().name;
-  train::StartTracing(agent, c.workers);  // (the first kTracedSteps steps)
+  train::StartTracing(agent, c.workers);  // (the first kTracedSteps steps: FitWatch stops it)
   const int64_t start = trace::NowUs();
-  options.fit.on_step = [&agent, &c, steps = int64_t{0}, next = std::move(options.fit.on_step)](
-                            const train::StepRecord& s) mutable {
-    if (++steps == kTracedSteps) train::StopTracing(agent, c.workers);
-    if (next) next(s);
-  };
   RETURN_IF_ERROR(train::Fit(*trainer, train, test, options, std::cout).status());  // (epochs merged as they end)
   RETURN_IF_ERROR(ReportMemory(trainer->pipeline(), c, run));
   // (The evaluations between epochs are on the workers' tracks too.)

@@ -62,7 +62,8 @@ class Loop {
  public:
   Loop(int64_t train_size, const RowReader& read_rows, const BatchStarter& start_step,
        const std::function<absl::StatusOr<int64_t>()>& skipped, const AccuracyOf& accuracy,
-       const AfterStep& after_step, const SettleAfter& settle_after, const FitOptions& o, std::ostream& out)
+       const AfterStep& after_step, const SettleAfter& settle_after, const std::vector<FitObserver*>& observers,
+       const FitOptions& o, std::ostream& out)
       : train_size_(train_size),
         read_rows_(read_rows),
         start_step_(start_step),
@@ -70,6 +71,7 @@ class Loop {
         accuracy_(accuracy),
         after_step_(after_step),
         settle_after_(settle_after),
+        observers_(observers),
         o_(o),
         out_(out),
         step_(o.start.step) {}
@@ -86,7 +88,7 @@ class Loop {
       ASSIGN_OR_RETURN(const bool trained, TrainEpoch(e));
       if (!trained) continue;
       RETURN_IF_ERROR(EndEpoch());
-      if (o_.on_epoch) o_.on_epoch(r_);
+      for (FitObserver* observer : observers_) observer->EpochEnded(r_);
       results.push_back(r_);
     }
     if (results.empty() && o_.start.step > 0) {  // (resumed)
@@ -218,7 +220,13 @@ class Loop {
     ++step_;
     const double ended = Now();
     const double norm = oldest.step.grad_norm();
-    if (o_.on_step) o_.on_step(StepRecord{e, step_, *loss, oldest.rows, ended - last_end_, norm});
+    const StepRecord record{e, step_, *loss, oldest.rows, ended - last_end_, norm};
+    for (FitObserver* observer : observers_) {
+      if (absl::Status s = observer->AfterStep(record); !s.ok()) {
+        DropStarted();
+        return base::Annotate(s, absl::StrCat("after epoch ", e, ", batch ", b + 1));
+      }
+    }
     if (norm >= 0) last_norm_ = norm;
     last_end_ = ended;
     Progress(b, ended);
@@ -307,6 +315,7 @@ class Loop {
   const AccuracyOf& accuracy_;
   const AfterStep& after_step_;
   const SettleAfter& settle_after_;
+  const std::vector<FitObserver*>& observers_;
   const FitOptions& o_;
   std::ostream& out_;
   int64_t step_;
@@ -432,13 +441,17 @@ absl::StatusOr<std::vector<EpochResult>> Fit(Trainer& trainer, const data::Sourc
                                                 : "",
                            Now() - t0)
         << std::flush;
-    if (o.on_eval) o.on_eval(p.step, *tested);
+    for (FitObserver* observer : o.observers) observer->Evaluated(p.step, *tested);
     return absl::OkStatus();
   };
-  // A step that saves or evaluates must not have the next one started
-  // before it.
-  const SettleAfter settle_after = [&checkpoints, eval_due](int64_t step) {
-    return checkpoints.Due(step, false) || eval_due(step);
+  // A step that saves or evaluates (or that an observer must see alone)
+  // must not have the next one started before it.
+  const SettleAfter settle_after = [&checkpoints, eval_due, &o](int64_t step) {
+    if (checkpoints.Due(step, false) || eval_due(step)) return true;
+    for (const FitObserver* observer : o.observers) {
+      if (observer->Settles(step)) return true;
+    }
+    return false;
   };
   std::vector<EpochResult> epochs;
   if (rows != nullptr) {
@@ -452,14 +465,16 @@ absl::StatusOr<std::vector<EpochResult>> Fit(Trainer& trainer, const data::Sourc
     };
     const std::function<absl::StatusOr<int64_t>()> skipped = [rows] { return rows->skipped(); };
     ASSIGN_OR_RETURN(epochs,
-                     Loop(train.size(), names, start, skipped, accuracy, after_step, settle_after, f, out).Run());
+                     Loop(train.size(), names, start, skipped, accuracy, after_step, settle_after, o.observers, f, out)
+                         .Run());
   } else {
     const RowReader read = [&train](const at::Tensor& r, int e) { return train.Get(r, e); };
     const BatchStarter start = [&trainer](const data::Batch& b, const at::Tensor&, int) {
       return trainer.StartStep(b.images, b.labels);
     };
     ASSIGN_OR_RETURN(epochs,
-                     Loop(train.size(), read, start, nullptr, accuracy, after_step, settle_after, f, out).Run());
+                     Loop(train.size(), read, start, nullptr, accuracy, after_step, settle_after, o.observers, f, out)
+                         .Run());
   }
   // (A run resumed from its final checkpoint that trained nothing more has
   // it already: no line says it was saved again.)

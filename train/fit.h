@@ -8,6 +8,9 @@
 //   o.fit.epochs = 3;
 //   o.checkpoints.dir = "/ckpt";  o.checkpoint_every = 100;
 //   o.resume = checkpoint::Latest("/ckpt").value();   // to go on
+//   train::FitFunctions print;  // or an observer of one's own
+//   print.step = [](const train::StepRecord& r) { std::cout << r.loss << "\n"; };
+//   o.observers = {&print};
 //   auto epochs = train::Fit(*trainer, train_set, test_set, o, std::cout);
 //
 // Output: a progress line every tenth of an epoch (or one redrawn in
@@ -53,7 +56,7 @@ struct FitPosition {
   int64_t step = 0;
 };
 
-// One training step as Fit accounted for it (FitOptions::on_step).
+// One training step as Fit accounted for it (FitObserver::AfterStep).
 struct StepRecord {
   int epoch = 0;
   int64_t step = 0;    // steps taken in all, this one included
@@ -110,11 +113,6 @@ struct FitOptions {
     int64_t epoch_images_before = 0;
   };
   std::optional<GoneOn> gone_on;
-  // Called after every step (before its checkpoint), and after every
-  // epoch's evaluation: what a run reports as it goes (TensorBoard event
-  // files).
-  std::function<void(const StepRecord&)> on_step;
-  std::function<void(const EpochResult&)> on_epoch;
   // Batches read ahead on other threads while a step runs (a source that
   // reads files, data/imagefolder.h); 0: each read when it is needed.
   int prefetch = 0;
@@ -122,6 +120,48 @@ struct FitOptions {
   // line then gives tokens_per_second and test_perplexity (exp of the
   // test loss) too. 0: not one.
   int64_t tokens_per_row = 0;
+};
+
+// Sees a Fit as it goes: what a run keeps or reports beside training (its
+// record, TensorBoard's event files, a supervisor's count of steps, the
+// workers' tracing). Fit calls its observers on its own thread, in the
+// order given, after its own accounting of each step and before the
+// step's checkpoint and evaluation; it does not own them.
+class FitObserver {
+ public:
+  virtual ~FitObserver() = default;
+
+  // Whether the step after `step` may start only once `step` has ended and
+  // every AfterStep has run for it (Fit otherwise starts each step before
+  // the one before it ends): for an observer that must see the state
+  // after `step` alone.
+  virtual bool Settles(int64_t step) const { return false; }
+  // After each step. An error stops the fit (naming the step).
+  virtual absl::Status AfterStep(const StepRecord& step) { return absl::OkStatus(); }
+  // After an evaluation within an epoch (TrainOptions::eval_every).
+  virtual void Evaluated(int64_t step, const pipeline::Correct& tested) {}
+  // After each epoch, its evaluation included.
+  virtual void EpochEnded(const EpochResult& epoch) {}
+};
+
+// An observer made of functions, each of which may be empty: a few lines
+// of one's own without a class of one's own.
+class FitFunctions final : public FitObserver {
+ public:
+  std::function<void(const StepRecord&)> step;
+  std::function<void(int64_t step, const pipeline::Correct& tested)> evaluated;
+  std::function<void(const EpochResult&)> epoch;
+
+  absl::Status AfterStep(const StepRecord& s) override {
+    if (step) step(s);
+    return absl::OkStatus();
+  }
+  void Evaluated(int64_t at, const pipeline::Correct& tested) override {
+    if (evaluated) evaluated(at, tested);
+  }
+  void EpochEnded(const EpochResult& e) override {
+    if (epoch) epoch(e);
+  }
 };
 
 struct TrainOptions {
@@ -137,10 +177,11 @@ struct TrainOptions {
   std::optional<checkpoint::Checkpoint> resume;
   // Every `eval_every` steps (0: only after each epoch) the test set is
   // evaluated within the epoch too: "step=S test_accuracy=A test_top5=T
-  // test_loss=X[ test_perplexity=P] seconds=E" on `out` and `on_eval`
-  // called (a run's TensorBoard); the step after it starts only then.
+  // test_loss=X[ test_perplexity=P] seconds=E" on `out` and each
+  // observer's Evaluated called; the step after it starts only then.
   int64_t eval_every = 0;
-  std::function<void(int64_t step, const pipeline::Correct& tested)> on_eval;
+  // Borrowed; each must outlive the Fit call.
+  std::vector<FitObserver*> observers;
 };
 
 // A run's checkpoint cadence on a trainer, for loops of their own (a run of

@@ -80,27 +80,21 @@ void RunLog::AddBubble(const Bubble& b, const std::vector<std::string>& workers,
   if (events_ != nullptr) Warn(events_->Flush());
 }
 
-void ReportTo(RunRecord& run, FitOptions& f) {
-  if (run.log != nullptr) ReportTo(run.log, f);
-  f.on_step = [&run, next = std::move(f.on_step)](const StepRecord& s) {
-    run.batch_seconds.push_back(s.seconds);
-    run.step_rows.push_back(s.rows);
-    run.step_epochs.push_back(s.epoch);
-    run.losses.push_back(s.loss);
-    if (next) next(s);
-  };
+absl::Status RunRecorder::AfterStep(const StepRecord& s) {
+  run_.batch_seconds.push_back(s.seconds);
+  run_.step_rows.push_back(s.rows);
+  run_.step_epochs.push_back(s.epoch);
+  run_.losses.push_back(s.loss);
+  return run_.log != nullptr ? run_.log->AfterStep(s) : absl::OkStatus();
 }
 
-std::function<void(int64_t, const pipeline::Correct&)> EvalsInto(RunRecord& run) {
-  return [&run](int64_t step, const pipeline::Correct& tested) {
-    run.step_evals.emplace_back(step, tested);
-    if (run.log != nullptr) run.log->Evaluated(step, tested);
-  };
+void RunRecorder::Evaluated(int64_t step, const pipeline::Correct& tested) {
+  run_.step_evals.emplace_back(step, tested);
+  if (run_.log != nullptr) run_.log->Evaluated(step, tested);
 }
 
-void ReportTo(std::shared_ptr<RunLog> log, FitOptions& f) {
-  f.on_step = [log](const StepRecord& s) { log->Step(s.step, s.loss, s.rows, s.seconds, s.grad_norm); };
-  f.on_epoch = [log](const EpochResult& e) { log->Epoch(e); };
+void RunRecorder::EpochEnded(const EpochResult& e) {
+  if (run_.log != nullptr) run_.log->EpochEnded(e);
 }
 
 void RunRecord::AddBatch(int b, double loss, double batch_time, int64_t rows) {

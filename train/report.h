@@ -2,9 +2,10 @@
 // points of its curves (RunLog); at the end, its record (RunRecord) as a
 // JSON report, a summary's figures and SVG curves.
 //
-//   auto log = train::RunLog::Open("runs/a").value();   // "" : no event files
-//   train::ReportTo(log, options.fit);                   // every step and epoch
-//   train::RunRecord run;  run.log = log;
+//   train::RunRecord run;
+//   run.log = train::RunLog::Open("runs/a").value();     // "" : no event files
+//   train::RunRecorder recorder(run);                    // every step and epoch
+//   options.observers = {&recorder};
 //   run.epochs = train::Fit(...).value();
 //   RETURN_IF_ERROR(train::WriteReport("report.json", "pipeline", {run}));
 //
@@ -49,7 +50,9 @@ struct Recovery {
   int64_t steps_redone() const { return failed_at - restored_step; }
 };
 
-class RunLog {
+// TensorBoard's event files of a run and the points of its curves; a
+// FitObserver of a Fit (or fed by a loop of one's own).
+class RunLog final : public FitObserver {
  public:
   // Event files in `dir` (made if needed; an error when it cannot be);
   // "" : none, only the curves' points. A write that fails later is said
@@ -67,7 +70,13 @@ class RunLog {
   void Epoch(const EpochResult& e);
   // The test set evaluated after `step` within an epoch: step/test_loss,
   // step/test_accuracy (a language model's: step/test_perplexity).
-  void Evaluated(int64_t step, const pipeline::Correct& tested);
+  void Evaluated(int64_t step, const pipeline::Correct& tested) override;
+  // (As an observer: Step and Epoch of each.)
+  absl::Status AfterStep(const StepRecord& s) override {
+    Step(s.step, s.loss, s.rows, s.seconds, s.grad_norm);
+    return absl::OkStatus();
+  }
+  void EpochEnded(const EpochResult& e) override { Epoch(e); }
   // A language model's tokens a row (its window); 0: not one.
   void set_tokens_per_row(int64_t tokens) { tokens_per_row_ = tokens; }
   // A recovery that goes on after step `restored`: a restart mark at the
@@ -92,14 +101,6 @@ class RunLog {
   bool warned_ = false;
   int64_t tokens_per_row_ = 0;
 };
-
-struct RunRecord;
-// What train::TrainOptions::on_eval calls to keep an evaluation within an
-// epoch in `run` and its log.
-std::function<void(int64_t step, const pipeline::Correct& tested)> EvalsInto(RunRecord& run);
-
-// Sets `f` to report every step and epoch to `log`.
-void ReportTo(std::shared_ptr<RunLog> log, FitOptions& f);
 
 // One run: of N batches (a demo or benchmark) or of epochs over a dataset.
 struct RunRecord {
@@ -160,10 +161,23 @@ struct RunRecord {
   double steady_data_wait_seconds() const;
 };
 
-// Sets `f` to report every step and epoch to run.log (when set), and to
-// record every step's time in run.batch_seconds (steady_seconds: the
-// median step after the first). `run` must outlive the training.
-void ReportTo(RunRecord& run, FitOptions& f);
+// Keeps a Fit's steps in `run` (every step's time in batch_seconds, so
+// that steady_seconds is the median step after the first; its rows, epoch
+// and loss) and its evaluations within epochs (step_evals), and reports
+// every step, evaluation and epoch to run.log when set. The epochs
+// themselves are the caller's to keep (Fit returns them). `run` must
+// outlive it; used on Fit's thread.
+class RunRecorder final : public FitObserver {
+ public:
+  explicit RunRecorder(RunRecord& run) : run_(run) {}
+
+  absl::Status AfterStep(const StepRecord& s) override;
+  void Evaluated(int64_t step, const pipeline::Correct& tested) override;
+  void EpochEnded(const EpochResult& e) override;
+
+ private:
+  RunRecord& run_;
+};
 
 // The runs as JSON: {"mode": mode, "runs": [{"splits", "schedule",
 // "seconds", "steady_batch_seconds", "images_per_second",

@@ -69,9 +69,11 @@ absl::Status Train(const std::string& checkpoint_dir, const std::string& resume)
   t.fit.epochs = 3;
   t.fit.batch_size = 32;
   t.fit.min_batch_rows = 8;  // a row per micro-batch of each replica
-  t.fit.on_step = [](const train::StepRecord& r) {
+  train::FitFunctions print;  // (or an observer class of one's own: train::FitObserver)
+  print.step = [](const train::StepRecord& r) {
     std::printf("step=%lld loss=%.9g\n", static_cast<long long>(r.step), r.loss);
   };
+  t.observers = {&print};
   t.checkpoints = {checkpoint_dir, /*keep=*/10, {"tiny-net 8-32-2", "toy 256/32", "sgd 0.05 0.9", "1f1b", 4, 2}};
   t.checkpoint_every = 4;
   if (!resume.empty()) {

@@ -214,12 +214,11 @@ TEST(Runs, ABatchThatCannotBeMadeIsAnErrorOfTake) {
 // all skipped) does not reach back into the one before.
 TEST(Runs, ARecoveryKeepsTheStepsBeforeItsCheckpointAndCountsItsEpochs) {
   master::Run run;
-  train::FitOptions f;
-  train::ReportTo(run, f);
+  train::RunRecorder recorder(run);
   // Epoch 1: steps 1-3; epoch 2: steps 4-6 (its batch 0 took no step, so
   // a checkpoint at step 5 says batch 3 of epoch 2).
   for (int64_t step = 1; step <= 6; ++step) {
-    f.on_step(train::StepRecord{step <= 3 ? 1 : 2, step, 0.5, 10 * step, 1.0 * step});
+    ASSERT_TRUE(recorder.AfterStep(train::StepRecord{step <= 3 ? 1 : 2, step, 0.5, 10 * step, 1.0 * step}).ok());
   }
   const KeptSteps kept = KeepStepsUpTo(run, 5, 2);
   EXPECT_DOUBLE_EQ(kept.epoch_seconds_before, 4 + 5);

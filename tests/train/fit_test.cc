@@ -21,7 +21,7 @@ namespace remora::train {
 namespace {
 
 // 10 rows in batches of 2, file order, one epoch; each step's start, wait,
-// accounting (on_step), abandon and save logged.
+// accounting (an observer's AfterStep), abandon and save logged.
 class Recorder : public Trainer {
  public:
   data::Dataset train{at::zeros({10, 1}), at::arange(10)};
@@ -41,10 +41,9 @@ class Recorder : public Trainer {
 
   absl::StatusOr<std::vector<EpochResult>> Run() {
     TrainOptions logged = o;
-    logged.fit.on_step = [this, next = o.fit.on_step](const StepRecord& s) {
-      log.push_back(absl::StrCat("step", s.step));
-      if (next) next(s);
-    };
+    FitFunctions steps;
+    steps.step = [this](const StepRecord& s) { log.push_back(absl::StrCat("step", s.step)); };
+    logged.observers.insert(logged.observers.begin(), &steps);
     return Fit(*this, data::InMemory(train), data::InMemory(test), logged, out);
   }
 
@@ -88,6 +87,51 @@ TEST(Fit, StartsEachStepBeforeWaitingForTheLastExceptBeforeACheckpoint) {
   EXPECT_NE(r.out.str().find("test_accuracy=0.5000 test_top5=1.0000 "), std::string::npos) << r.out.str();
 }
 
+// An observer that settles a step sees it alone (the next step starts
+// after its AfterStep), is told of the evaluations within and after each
+// epoch, and stops the fit with an error that names the step.
+class Watcher final : public FitObserver {
+ public:
+  explicit Watcher(std::vector<std::string>& log) : log_(log) {}
+  int64_t settle = -1, fail = -1;
+
+  bool Settles(int64_t step) const override { return step == settle; }
+  absl::Status AfterStep(const StepRecord& s) override {
+    log_.push_back(absl::StrCat("watch", s.step));
+    if (s.step == fail) return absl::InternalError("the observer failed");
+    return absl::OkStatus();
+  }
+  void Evaluated(int64_t step, const pipeline::Correct& tested) override {
+    log_.push_back(absl::StrCat("eval", step, "/", tested.rows));
+  }
+  void EpochEnded(const EpochResult& e) override { log_.push_back(absl::StrCat("epoch", e.epoch)); }
+
+ private:
+  std::vector<std::string>& log_;
+};
+
+TEST(Fit, ObserversSeeEachStepEvaluationAndEpochAndMaySettleOrStopIt) {
+  Recorder r;
+  Watcher watch(r.log);
+  watch.settle = 2;
+  r.o.eval_every = 4;
+  r.o.observers = {&watch};
+  ASSERT_TRUE(r.Run().ok());
+  EXPECT_EQ(r.log, (std::vector<std::string>{"start0", "start1", "wait0", "step1", "watch1", "wait1", "step2",
+                                             "watch2", "start2", "start3", "wait2", "step3", "watch3", "wait3",
+                                             "step4", "watch4", "eval4/2", "start4", "wait4", "step5", "watch5",
+                                             "epoch1"}));
+  Recorder failing;
+  Watcher stop(failing.log);
+  stop.fail = 2;
+  failing.o.observers = {&stop};
+  auto epochs = failing.Run();
+  ASSERT_FALSE(epochs.ok());
+  EXPECT_EQ(epochs.status().message(), "after epoch 1, batch 2: the observer failed");
+  EXPECT_EQ(failing.log, (std::vector<std::string>{"start0", "start1", "wait0", "step1", "watch1", "start2",
+                                                   "wait1", "step2", "watch2", "abandon2"}));
+}
+
 // A step over at its start is accounted for at once: its time and its
 // checkpoint do not wait for the next step's start (whose work would
 // otherwise be timed as this step's, and the last step's as nothing).
@@ -95,7 +139,9 @@ TEST(Fit, AStepOverAtItsStartIsAccountedForAtOnce) {
   Recorder r;
   r.over_at_start = true;
   std::vector<double> seconds;
-  r.o.fit.on_step = [&seconds](const StepRecord& s) { seconds.push_back(s.seconds); };
+  FitFunctions timing;
+  timing.step = [&seconds](const StepRecord& s) { seconds.push_back(s.seconds); };
+  r.o.observers = {&timing};
   ASSERT_TRUE(r.Run().ok());
   EXPECT_EQ(r.log, (std::vector<std::string>{"start0", "wait0", "step1", "start1", "wait1", "step2", "start2",
                                              "wait2", "step3", "start3", "wait3", "step4", "start4", "wait4",

@@ -77,13 +77,23 @@ checkpoint::RunIdentity Identity(const std::string& model = "tiny mlp") {
 }
 
 // 2 epochs of 6 batches; every step's loss by its number.
-TrainOptions Options(const std::string& dir, std::map<int64_t, double>* losses) {
+// Every step's loss by its number.
+class LossesByStep final : public FitObserver {
+ public:
+  std::map<int64_t, double> by_step;
+  absl::Status AfterStep(const StepRecord& r) override {
+    by_step[r.step] = r.loss;
+    return absl::OkStatus();
+  }
+};
+
+TrainOptions Options(const std::string& dir, LossesByStep* losses) {
   TrainOptions o;
   o.fit.epochs = 2;
   o.fit.batch_size = 16;
   o.fit.seed = 7;
   o.fit.min_batch_rows = 2;
-  o.fit.on_step = [losses](const train::StepRecord& r) { (*losses)[r.step] = r.loss; };
+  o.observers = {losses};
   o.checkpoints = SaveTarget{dir, 10, Identity()};
   o.checkpoint_every = 4;
   return o;
@@ -93,14 +103,14 @@ TEST(TrainFit, SavesEveryNStepsAndAtTheEnd) {
   const data::Dataset train = Rows(96, 1), test = Rows(32, 2);
   const std::string dir = TempPath("train_fit_cadence");
   std::filesystem::remove_all(dir);
-  std::map<int64_t, double> losses;
+  LossesByStep losses;
   std::ostringstream out;
   auto trainer = Tiny();
   ASSERT_NE(trainer, nullptr);
   auto epochs = Fit(*trainer, data::InMemory(train), data::InMemory(test), Options(dir, &losses), out);
   ASSERT_TRUE(epochs.ok()) << epochs.status();
   ASSERT_EQ(epochs->size(), 2u);
-  EXPECT_EQ(losses.size(), 12u);
+  EXPECT_EQ(losses.by_step.size(), 12u);
   EXPECT_THAT(checkpoint::CompleteSteps(dir), ElementsAre(4, 8, 12));
   EXPECT_THAT(out.str(), HasSubstr("checkpoint: step 8 in "));
   EXPECT_THAT(out.str(), HasSubstr(", final)"));
@@ -130,7 +140,7 @@ TEST(TrainFit, AResumeGoesOnBitwiseLikeTheRunThatNeverStopped) {
   const data::Dataset train = Rows(96, 1), test = Rows(32, 2);
   const std::string dir = TempPath("train_fit_resume");
   std::filesystem::remove_all(dir);
-  std::map<int64_t, double> whole, resumed;
+  LossesByStep whole, resumed;
   std::ostringstream out;
   auto first = Tiny();
   ASSERT_NE(first, nullptr);
@@ -148,10 +158,10 @@ TEST(TrainFit, AResumeGoesOnBitwiseLikeTheRunThatNeverStopped) {
   auto epochs = Fit(*second, data::InMemory(train), data::InMemory(test), o, out);
   ASSERT_TRUE(epochs.ok()) << epochs.status();
   EXPECT_THAT(out.str(), HasSubstr("resumed from " + ck->dir + ": step 8, epoch 2 after batch 2"));
-  ASSERT_EQ(resumed.size(), 4u);
-  for (const auto& [step, loss] : resumed) {
-    ASSERT_TRUE(whole.count(step)) << step;
-    EXPECT_EQ(loss, whole[step]) << "step " << step;
+  ASSERT_EQ(resumed.by_step.size(), 4u);
+  for (const auto& [step, loss] : resumed.by_step) {
+    ASSERT_TRUE(whole.by_step.count(step)) << step;
+    EXPECT_EQ(loss, whole.by_step[step]) << "step " << step;
   }
   const at::Tensor probe = Rows(5, 3).images;
   auto a = first->Eval(probe), b = second->Eval(probe);
@@ -166,7 +176,7 @@ TEST(TrainFit, ACheckpointOfAnotherRunIsRefusedNamingWhatDiffers) {
   const data::Dataset train = Rows(96, 1), test = Rows(32, 2);
   const std::string dir = TempPath("train_fit_other");
   std::filesystem::remove_all(dir);
-  std::map<int64_t, double> losses;
+  LossesByStep losses;
   std::ostringstream out;
   auto trainer = Tiny();
   ASSERT_NE(trainer, nullptr);
@@ -178,26 +188,26 @@ TEST(TrainFit, ACheckpointOfAnotherRunIsRefusedNamingWhatDiffers) {
 
   o.checkpoints.identity = Identity("another model");
   o.resume = *ck;
-  losses.clear();
+  losses.by_step.clear();
   auto r = Fit(*trainer, data::InMemory(train), data::InMemory(test), o, out);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(r.status().message(), HasSubstr("another model"));
-  EXPECT_TRUE(losses.empty()) << "no step may run before the checkpoint is refused";
+  EXPECT_TRUE(losses.by_step.empty()) << "no step may run before the checkpoint is refused";
 }
 
 TEST(TrainFit, ACheckpointDirectoryThatCannotBeMadeFailsBeforeAnyStep) {
   const data::Dataset train = Rows(32, 1), test = Rows(8, 2);
   const std::string file = TempPath("train_fit_a_file");
   std::ofstream(file) << "not a directory";
-  std::map<int64_t, double> losses;
+  LossesByStep losses;
   std::ostringstream out;
   auto trainer = Tiny();
   ASSERT_NE(trainer, nullptr);
   auto r = Fit(*trainer, data::InMemory(train), data::InMemory(test), Options(file + "/ckpt", &losses), out);
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(r.status().message(), HasSubstr("cannot make the checkpoint directory"));
-  EXPECT_TRUE(losses.empty());
+  EXPECT_TRUE(losses.by_step.empty());
 }
 
 TEST(LocalTrainer, BadOptionsAreClearErrors) {
