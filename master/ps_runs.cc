@@ -18,7 +18,6 @@
 #include "ps/parameter_server.h"
 #include "train/fit.h"
 #include "train/ps_trainer.h"
-#include "trace/trace.h"
 
 namespace remora::master {
 namespace {
@@ -170,27 +169,28 @@ absl::Status TrainPs(rpc::Agent& agent, const RunOptions& c, const PsFlags& p,
   }
   run.schedule = "ps";
   if (c.dataset.empty()) {
-    const train::Checkpoints saves(checkpoints != nullptr ? checkpoints->Target(c) : train::SaveTarget{},
-                                   c.checkpoint_every);
-    RETURN_IF_ERROR(saves.Prepare());
-    int first = 0;
-    if (checkpoints != nullptr && checkpoints->resume) {
-      RETURN_IF_ERROR(train::Resume(*trainer, *checkpoints->resume, checkpoints->identity, std::cout));
-      run.losses = checkpoints->resume->state().losses;
-      first = static_cast<int>(checkpoints->resume->state().step);
-      // (A recovery goes on from an earlier batch: the later ones' times go.)
-      KeepStepsUpTo(run, first);
+    train::TrainOptions f;
+    f.fit.batch_run = true;
+    f.fit.batch_size = c.batch_size;
+    int first = 0;  // the next batch
+    if (checkpoints != nullptr) {
+      f.checkpoints = checkpoints->Target(c);
+      f.checkpoint_every = c.checkpoint_every;
+      f.resume = checkpoints->resume;
+      if (f.resume) {
+        run.losses = f.resume->state().losses;
+        first = static_cast<int>(f.resume->state().step);
+        // (A recovery goes on from an earlier batch: the later ones' times go.)
+        KeepStepsUpTo(run, first);
+      }
     }
-    for (int b = first; b < c.batches; ++b) {
-      ASSIGN_OR_RETURN(auto batch, MakeBatch(c, b));
-      const auto& [x, y] = batch;
-      const int64_t t0 = trace::NowUs();
-      ASSIGN_OR_RETURN(const double loss, trainer->StartStep(x, y).wait());
-      const double seconds = (trace::NowUs() - t0) / 1e6;
-      RecordBatch(run, b, loss, seconds, x.size(0));
-      if (elastic != nullptr) elastic->StepDone(b + 1);
-      RETURN_IF_ERROR(saves.MaybeSave(*trainer, {b + 1, 0, b + 1, 0, 0, run.losses}, b + 1 == c.batches, std::cout));
-    }
+    train::FitFunctions batches;  // (each batch's line and record; the elastic supervisor told)
+    batches.step = [&run, elastic](const train::StepRecord& s) {
+      RecordBatch(run, static_cast<int>(s.step - 1), s.loss, s.seconds, s.rows);
+      if (elastic != nullptr) elastic->StepDone(s.step);
+    };
+    f.observers = {&batches};
+    RETURN_IF_ERROR(train::Fit(*trainer, DemoBatches(c, first), *data::NoRows(), f, std::cout).status());
   } else {
     // Each computing worker needs at least one row of every batch.
     train::TrainOptions f = TrainOptionsOf(c, 1, static_cast<int64_t>(computing), checkpoints);

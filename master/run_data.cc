@@ -364,6 +364,22 @@ absl::StatusOr<std::pair<at::Tensor, at::Tensor>> BatchesAhead::Take(int b) {
   return batch;
 }
 
+DemoBatches::DemoBatches(const RunOptions& c, int first)
+    : batch_size_(c.batch_size), batches_(c.batches), ahead_(c, first, c.batches) {}
+
+absl::StatusOr<data::Batch> DemoBatches::Get(const at::Tensor& rows, int /*epoch*/) const {
+  const int64_t n = rows.numel();
+  const int64_t from = n > 0 ? rows.reshape({-1})[0].item<int64_t>() : -1;
+  if (n != batch_size_ || from < 0 || from % batch_size_ != 0 || from / batch_size_ >= batches_) {
+    return absl::InvalidArgumentError(absl::StrCat("the demo's batches: ", n, " rows from row ", from,
+                                                   " asked for; they come as whole batches of ", batch_size_,
+                                                   " rows (a batch run's, in order)"));
+  }
+  base::MutexLock lock(mu_);
+  ASSIGN_OR_RETURN(auto batch, ahead_.Take(static_cast<int>(from / batch_size_)));
+  return data::Batch{std::move(batch.first), std::move(batch.second), 0};
+}
+
 std::string Sets::Describe() const {
   if (!text.empty()) return text;
   const std::string in_classes =

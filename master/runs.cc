@@ -451,14 +451,148 @@ void RecordMessages(const std::map<std::string, int64_t>& before, const std::map
   std::printf("messages_per_batch=%g (%s)\n", total, line.c_str());
 }
 
-// With `checkpoints` resuming: loads the checkpoint into `trainer` and the
-// losses so far into `run`; returns the next batch (0 without).
-absl::StatusOr<int> ResumeBatches(train::Trainer& trainer, const Checkpointing* checkpoints, Run& run) {
-  if (checkpoints == nullptr || !checkpoints->resume) return 0;
-  RETURN_IF_ERROR(train::Resume(trainer, *checkpoints->resume, checkpoints->identity, std::cout));
-  run.losses = checkpoints->resume->state().losses;
-  return static_cast<int>(checkpoints->resume->state().step);
-}
+// A trainer's steps and saves (train::Fit's calls) passed on to `inner`,
+// with the requests its saves and their commits send counted apart once
+// `counting` is on, so that a batch's count leaves them out. Used on
+// Fit's thread; borrows `inner`.
+class SavesCountedApart final : public train::Trainer {
+ public:
+  explicit SavesCountedApart(train::PipelineTrainer& inner) : inner_(inner) {}
+
+  train::StartedStep StartStep(const at::Tensor& x, const at::Tensor& y) override { return inner_.StartStep(x, y); }
+  absl::StatusOr<pipeline::Correct> CountCorrect(const at::Tensor& x, const at::Tensor& labels) override {
+    return inner_.CountCorrect(x, labels);
+  }
+  absl::StatusOr<train::Saved> Save(const train::SaveTarget& target, const checkpoint::TrainingState& state,
+                                    bool final) override {
+    ASSIGN_OR_RETURN(auto before, Count());
+    absl::StatusOr<train::Saved> saved = inner_.Save(target, state, final);
+    RETURN_IF_ERROR(Apart(before));
+    return saved;
+  }
+  absl::StatusOr<int64_t> Load(const checkpoint::Checkpoint& ck) override { return inner_.Load(ck); }
+  absl::StatusOr<std::optional<train::Saved>> CommitSaved(bool wait) override {
+    if (!inner_.save_pending()) return inner_.CommitSaved(wait);  // (nothing to send)
+    ASSIGN_OR_RETURN(auto before, Count());
+    absl::StatusOr<std::optional<train::Saved>> committed = inner_.CommitSaved(wait);
+    RETURN_IF_ERROR(Apart(before));
+    return committed;
+  }
+
+  void set_counting(bool on) { counting_ = on; }
+  // The requests sent by saves while counting, by kind.
+  const std::map<std::string, int64_t>& saves() const { return saves_; }
+
+ private:
+  absl::StatusOr<std::map<std::string, int64_t>> Count() {
+    if (!counting_) return std::map<std::string, int64_t>{};
+    return inner_.pipeline().sent_messages();
+  }
+  absl::Status Apart(const std::map<std::string, int64_t>& before) {
+    if (!counting_) return absl::OkStatus();
+    ASSIGN_OR_RETURN(auto after, inner_.pipeline().sent_messages());
+    for (const auto& [kind, n] : pipeline::MessagesBetween(before, after)) saves_[kind] += n;
+    return absl::OkStatus();
+  }
+
+  train::PipelineTrainer& inner_;
+  bool counting_ = false;
+  std::map<std::string, int64_t> saves_;
+};
+
+// What the demo's run of batches does beside training them (train::Fit's
+// batch run steps them): each batch's line and record (RecordBatch) with
+// the time waited for batches to be made; the master's own trace slices
+// ("take batch", "send", "wait", on the track after the workers'); the
+// workers' tracing stopped after kTracedSteps batches; the elastic
+// supervisor told of each batch; `after_batch` after each one (its time
+// out of the batches' and the trace's); and the requests a batch sends,
+// counted from the end of the first batch this call trains (its saves'
+// left out). Used on Fit's thread; borrows all it is given.
+class BatchWatch final : public train::FitObserver {
+ public:
+  BatchWatch(rpc::Agent& agent, const RunOptions& c, SavesCountedApart& trainer,
+             parallel::DataParallelPipeline& pipe, int first, bool traced, int64_t start,
+             const std::function<void(int)>& after_batch, Run& run, train::Elastic* elastic)
+      : agent_(agent),
+        c_(c),
+        trainer_(trainer),
+        pipe_(pipe),
+        first_(first),
+        traced_(traced),
+        start_(start),
+        after_batch_(after_batch),
+        run_(run),
+        elastic_(elastic),
+        count_messages_(c.batches - first > 1) {}
+
+  bool Settles(int64_t step) const override {
+    // (Messages are counted from the state after the first batch alone.)
+    return static_cast<bool>(after_batch_) || (count_messages_ && step == first_ + 1);
+  }
+  void Spent(int64_t step, const char* phase, std::chrono::steady_clock::time_point begin,
+             std::chrono::steady_clock::time_point end) override {
+    const int64_t from = MicrosOf(begin), to = MicrosOf(end);
+    if (std::string_view(phase) == "take batch") data_wait_ += (to - from) / 1e6;
+    if (!traced_) return;
+    const int64_t skipped = start_ + PausedBefore(paused_, from);  // (as CollectSlices)
+    run_.slices.push_back({static_cast<int>(c_.workers.size()), phase, -1, from - skipped, to - skipped,
+                           absl::StrCat("batch ", step - 1)});
+  }
+  absl::Status AfterStep(const train::StepRecord& s) override {
+    const int b = static_cast<int>(s.step - 1);
+    RecordBatch(run_, b, s.loss, s.seconds, s.rows);
+    if (b + 1 - first_ == kTracedSteps) train::StopTracing(agent_, c_.workers);
+    run_.last_step_end = std::chrono::steady_clock::now();
+    run_.data_wait_seconds.push_back(data_wait_);
+    data_wait_ = 0;
+    if (elastic_ != nullptr) elastic_->StepDone(s.step);
+    if (after_batch_) {
+      const int64_t p0 = trace::NowUs();
+      after_batch_(b);
+      paused_.emplace_back(p0, trace::NowUs());
+    }
+    if (count_messages_ && b == first_) {
+      ASSIGN_OR_RETURN(sent_before_, pipe_.sent_messages());
+      trainer_.set_counting(true);
+    }
+    return absl::OkStatus();
+  }
+
+  // After the run: the requests a batch sent, its saves' left out, into
+  // the run and a line.
+  absl::Status CountMessages() {
+    if (!count_messages_) return absl::OkStatus();
+    ASSIGN_OR_RETURN(auto sent_after, pipe_.sent_messages());
+    for (const auto& [kind, n] : trainer_.saves()) sent_after[kind] -= n;
+    RecordMessages(sent_before_, sent_after, c_.batches - first_ - 1, run_);
+    return absl::OkStatus();
+  }
+  // When after_batch ran (trace::NowUs's), for the trace.
+  const std::vector<std::pair<int64_t, int64_t>>& paused() const { return paused_; }
+
+ private:
+  static int64_t MicrosOf(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+  }
+
+  rpc::Agent& agent_;
+  const RunOptions& c_;
+  SavesCountedApart& trainer_;
+  parallel::DataParallelPipeline& pipe_;
+  const int first_;
+  const bool traced_;
+  const int64_t start_;
+  const std::function<void(int)>& after_batch_;
+  Run& run_;
+  train::Elastic* const elastic_;
+  const bool count_messages_;
+  // Seconds waited for batches to be made since the last batch ended: a
+  // wait for the next batch counts in the time of the one running then.
+  double data_wait_ = 0;
+  std::vector<std::pair<int64_t, int64_t>> paused_;
+  std::map<std::string, int64_t> sent_before_;
+};
 
 }  // namespace
 
@@ -477,15 +611,27 @@ absl::Status TrainPipeline(rpc::Agent& agent, const RunOptions& c, const std::ve
                            int splits, bool traced, const std::function<void(int)>& after_batch, Run& run,
                            const Checkpointing* checkpoints, train::Elastic* elastic) {
   ASSIGN_OR_RETURN(auto trainer, CreatePipeline(agent, c, stages, splits));
-  parallel::DataParallelPipeline* pipe = &trainer->pipeline();
+  parallel::DataParallelPipeline& pipe = trainer->pipeline();
   if (run.log == nullptr) {
     ASSIGN_OR_RETURN(run.log, OpenRunLog(c, splits));
   }
-  run.schedule = pipe->replica(0).schedule().name;
-  const train::Checkpoints saves(checkpoints != nullptr ? checkpoints->Target(c) : train::SaveTarget{},
-                                 c.checkpoint_every);
-  RETURN_IF_ERROR(saves.Prepare());
-  ASSIGN_OR_RETURN(const int first, ResumeBatches(*trainer, checkpoints, run));  // the next batch
+  run.schedule = pipe.replica(0).schedule().name;
+  train::TrainOptions options;
+  options.fit.batch_run = true;
+  options.fit.batch_size = c.batch_size;
+  int first = 0;  // the next batch
+  if (checkpoints != nullptr) {
+    options.checkpoints = checkpoints->Target(c);
+    options.checkpoint_every = c.checkpoint_every;
+    if (checkpoints->resume) {
+      // (Loaded before the trace starts.)
+      RETURN_IF_ERROR(train::Resume(*trainer, *checkpoints->resume, checkpoints->identity, std::cout));
+      options.resume = checkpoints->resume;
+      options.resume_loaded = true;
+      run.losses = checkpoints->resume->state().losses;
+      first = static_cast<int>(checkpoints->resume->state().step);
+    }
+  }
   // (A recovery goes on from an earlier batch: the later ones' times go,
   // and the time since the last one ended, the failure's, counts in the
   // run's; their times stay in it too.)
@@ -495,117 +641,14 @@ absl::Status TrainPipeline(rpc::Agent& agent, const RunOptions& c, const std::ve
   }
   train::StartTracing(agent, c.workers);  // (the first kTracedSteps batches)
   const int64_t start = trace::NowUs();
-  std::vector<std::pair<int64_t, int64_t>> paused;  // after_batch's windows
-  // Messages are counted over the batches after the first.
-  const bool count_messages = c.batches - first > 1;
-  std::map<std::string, int64_t> sent_before, sent_saving;
-  // Each batch's step is sent before the last one is waited for, so that
-  // the workers do not idle while this process makes the next batch; a
-  // batch's time is from the end of the one before it to its own. The
-  // state after a batch is settled (nothing sent after it) before a
-  // checkpoint, a pause or the first count of messages.
-  struct Started {
-    int b;
-    pipeline::StartedStep step;
-  };
-  std::optional<Started> started;
-  int64_t last_end = trace::NowUs();
-  // Seconds waited for batches to be made since the last batch ended: a
-  // wait for the next batch counts in the time of the one running then.
-  double data_wait = 0;
-  // The master's own slices, on the track after the workers'.
-  const int master_track = static_cast<int>(c.workers.size());
-  auto record = [&](const char* what, int b, int64_t since) {
-    if (!traced) return;
-    const int64_t skipped = start + PausedBefore(paused, since);  // (as CollectSlices)
-    run.slices.push_back({master_track, what, -1, since - skipped, trace::NowUs() - skipped,
-                          absl::StrCat("batch ", b)});
-  };
-  // `ended`: when the step ended, where that was before this call.
-  auto finish = [&](std::optional<int64_t> ended = std::nullopt) -> absl::Status {
-    Started s = std::move(*started);
-    started.reset();
-    const int64_t waited = trace::NowUs();
-    absl::StatusOr<double> loss_or = s.step.wait();
-    record("wait", s.b, waited);
-    ASSIGN_OR_RETURN(double loss, std::move(loss_or));
-    const int64_t now = ended.value_or(trace::NowUs());
-    const double seconds = (now - last_end) / 1e6;
-    last_end = now;
-    RecordBatch(run, s.b, loss, seconds, c.batch_size);
-    if (s.b + 1 - first == kTracedSteps) train::StopTracing(agent, c.workers);
-    run.last_step_end = std::chrono::steady_clock::now();
-    run.data_wait_seconds.push_back(data_wait);
-    data_wait = 0;
-    if (elastic != nullptr) elastic->StepDone(s.b + 1);
-    // A checkpoint's requests (its save and commit) are not a batch's: kept
-    // out of messages_per_batch.
-    const bool final = s.b + 1 == c.batches;
-    const bool saving = count_messages && s.b > first && (saves.Due(s.b + 1, final) || trainer->save_pending());
-    std::map<std::string, int64_t> before_save;
-    if (saving) {
-      ASSIGN_OR_RETURN(before_save, pipe->sent_messages());
-    }
-    RETURN_IF_ERROR(saves.MaybeSave(*trainer, {s.b + 1, 0, s.b + 1, 0, 0, run.losses}, final, std::cout));
-    if (saving) {
-      ASSIGN_OR_RETURN(auto after_save, pipe->sent_messages());
-      for (const auto& [kind, n] : pipeline::MessagesBetween(before_save, after_save)) sent_saving[kind] += n;
-    }
-    if (after_batch) {
-      const int64_t p0 = trace::NowUs();
-      after_batch(s.b);
-      paused.emplace_back(p0, trace::NowUs());
-    }
-    if (count_messages && s.b == first) {
-      ASSIGN_OR_RETURN(sent_before, pipe->sent_messages());
-    }
-    last_end = trace::NowUs();
-    return absl::OkStatus();
-  };
-  BatchesAhead batches(c, first, c.batches);  // made while the ones before are sent and run
-  auto settles_after = [&](int b) {
-    return after_batch || (count_messages && b == first) || saves.Due(b + 1, b + 1 == c.batches);
-  };
-  for (int b = first; b < c.batches; ++b) {
-    if (started && settles_after(started->b)) RETURN_IF_ERROR(finish());
-    const int64_t made = trace::NowUs();
-    auto batch = batches.Take(b);
-    if (!batch.ok()) {
-      if (started) started->step.abandon();
-      return batch.status();
-    }
-    auto& [images, one_hot] = *batch;
-    record("take batch", b, made);
-    data_wait += (trace::NowUs() - made) / 1e6;
-    const int64_t sent = trace::NowUs();
-    pipeline::StartedStep step = pipe->start_train_step(images, one_hot);
-    record("send", b, sent);
-    if (step.over_at_start()) {
-      // It ran within the call (or failed to start): the one before ended
-      // before it began, and it is accounted now, not with the next.
-      const int64_t ran_until = trace::NowUs();
-      if (started) RETURN_IF_ERROR(finish(sent));
-      last_end = sent;
-      started = Started{b, std::move(step)};
-      RETURN_IF_ERROR(finish(ran_until));
-      continue;
-    }
-    if (started) {
-      if (absl::Status s = finish(); !s.ok()) {
-        step.abandon();
-        return s;
-      }
-    }
-    started = Started{b, std::move(step)};
-  }
-  if (started) RETURN_IF_ERROR(finish());
-  if (count_messages) {
-    ASSIGN_OR_RETURN(auto sent_after, pipe->sent_messages());
-    for (const auto& [kind, n] : sent_saving) sent_after[kind] -= n;
-    RecordMessages(sent_before, sent_after, c.batches - first - 1, run);
-  }
-  RETURN_IF_ERROR(ReportMemory(*pipe, c, run));
-  return CollectAndMeasure(agent, c.workers, start, paused, pipe->replica(0).schedule(), traced, run);
+  SavesCountedApart counted(*trainer);
+  BatchWatch watch(agent, c, counted, pipe, first, traced, start, after_batch, run, elastic);
+  options.observers = {&watch};
+  const DemoBatches batches(c, first);  // made while the ones before are sent and run
+  RETURN_IF_ERROR(train::Fit(counted, batches, *data::NoRows(), options, std::cout).status());
+  RETURN_IF_ERROR(watch.CountMessages());
+  RETURN_IF_ERROR(ReportMemory(pipe, c, run));
+  return CollectAndMeasure(agent, c.workers, start, watch.paused(), pipe.replica(0).schedule(), traced, run);
 }
 
 absl::Status TrainElastic(rpc::Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,

@@ -264,6 +264,28 @@ class BatchesAhead {
   // are.
   std::vector<std::thread> makers_;
 };
+// The demo's (or a --model run's) c.batches batches of MakeBatch as a
+// training set for train::Fit's batch runs (FitOptions::batch_run): batch
+// b is rows [b * c.batch_size, (b + 1) * c.batch_size), made ahead from
+// batch `first` (BatchesAhead).
+//
+// Thread-safety: Get is to be asked for whole batches in order from
+// `first` (Fit's way with prefetch 0); another row range is an error
+// naming it. `c` must outlive it.
+class DemoBatches final : public data::Source {
+ public:
+  DemoBatches(const RunOptions& c, int first);
+
+  int64_t size() const override { return batches_ * batch_size_; }
+  absl::StatusOr<data::Batch> Get(const at::Tensor& rows, int epoch) const override;
+
+ private:
+  const int64_t batch_size_;
+  const int64_t batches_;
+  mutable absl::Mutex mu_;
+  // (Made ahead while Fit waits for steps; Get takes them.)
+  mutable BatchesAhead ahead_ ABSL_GUARDED_BY(mu_);
+};
 pipeline::LossFn Loss(const RunOptions& c);
 void PrintBatch(int b, double loss, double seconds);
 // Batch b's loss and time: into `run`, its log, and a line on the output.
@@ -427,8 +449,9 @@ absl::Status PlanRun(rpc::Agent& agent, RunOptions& c, int64_t batch_rows);
 // The stages of the ResNet50 demo, of the GPT or of a sequential --model,
 // cut by --partition / --split-at / --interleave and printed.
 absl::StatusOr<std::vector<pipeline::StageSpec>> PartitionStages(rpc::Agent& agent, const RunOptions& c);
-// `after_batch` (if set) runs after each batch, outside its timing. Into
-// `run`, as FitPipeline.
+// The demo's (or a --model run's) c.batches batches over the workers, as
+// train::Fit's batch run of DemoBatches: `after_batch` (if set) runs
+// after each batch, outside its timing. Into `run`, as FitPipeline.
 absl::Status TrainPipeline(rpc::Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
                            int splits, bool traced, const std::function<void(int)>& after_batch, Run& run,
                            const Checkpointing* checkpoints = nullptr, train::Elastic* elastic = nullptr);

@@ -6,6 +6,7 @@
 #include <deque>
 #include <filesystem>
 #include <future>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -37,9 +38,22 @@ std::string Size(int64_t bytes) {
   return absl::StrFormat("%.1f MiB", bytes / 1048576.0);
 }
 
-checkpoint::TrainingState StateAt(const FitPosition& p) {
-  return {p.step, p.epoch, p.batch, p.loss_sum, p.images, {}};
-}
+using Clock = std::chrono::steady_clock;
+
+// Every step's loss, which a batch run's checkpoints keep (from the
+// resumed checkpoint's on).
+class Losses final : public FitObserver {
+ public:
+  explicit Losses(std::vector<double> before) : losses_(std::move(before)) {}
+  absl::Status AfterStep(const StepRecord& s) override {
+    losses_.push_back(s.loss);
+    return absl::OkStatus();
+  }
+  const std::vector<double>& losses() const { return losses_; }
+
+ private:
+  std::vector<double> losses_;
+};
 
 // Reads a batch's rows (here, or only names them where a worker reads them).
 using RowReader = std::function<absl::StatusOr<data::Batch>(const at::Tensor& rows, int epoch)>;
@@ -48,8 +62,8 @@ using BatchStarter = std::function<StartedStep(const data::Batch& batch, const a
 // Measures the test set's accuracy (empty: there is no test set).
 using AccuracyOf = std::function<absl::StatusOr<pipeline::Correct>()>;
 // Runs after every step with the position after it (a checkpoint, an
-// evaluation); an error stops the fit.
-using AfterStep = std::function<absl::Status(const FitPosition&)>;
+// evaluation); `last`: the run's last step. An error stops the fit.
+using AfterStep = std::function<absl::Status(const FitPosition&, bool last)>;
 // Whether the step after `step` must wait until `step` is over and its
 // AfterStep has run (it saves or evaluates).
 using SettleAfter = std::function<bool(int64_t step)>;
@@ -91,7 +105,10 @@ class Loop {
       for (FitObserver* observer : observers_) observer->EpochEnded(r_);
       results.push_back(r_);
     }
-    if (results.empty() && o_.start.step > 0) {  // (resumed)
+    if (results.empty() && o_.start.step > 0 && o_.batch_run) {
+      out_ << "fit: resumed after the run's last batch (step " << o_.start.step << "): nothing left to train\n"
+           << std::flush;
+    } else if (results.empty() && o_.start.step > 0) {  // (resumed)
       out_ << "fit: resumed at the run's end (epoch " << o_.start.epoch << " of --epochs " << o_.epochs
            << "): nothing left to train (give more --epochs to train on)\n"
            << std::flush;
@@ -156,23 +173,40 @@ class Loop {
       if (!started_.empty() && settle_after_ && settle_after_(step_ + static_cast<int64_t>(started_.size()))) {
         while (!started_.empty()) RETURN_IF_ERROR(FinishOldest());
       }
+      const int64_t next = step_ + static_cast<int64_t>(started_.size()) + 1;  // its step, if it has rows
       ReadAhead();
+      const Clock::time_point taking = Clock::now();
       absl::StatusOr<data::Batch> batch = read_.front().get();
       read_.pop_front();
       ReadAhead();  // the next batches are read while this one trains
+      Tell(next, "take batch", taking);
       if (!batch.ok()) {
         DropStarted();
-        return base::Annotate(batch.status(),
-                              absl::StrCat("reading epoch ", e, ", batch ", b + 1, " of ", batches_.size()));
+        return base::Annotate(batch.status(), absl::StrCat("reading ", BatchName(b)));
       }
       r_.skipped += batch->skipped;
       if (batch->labels.size(0) == 0) continue;  // every file of it skipped
-      started_.push_back(Started{b, batch->labels.size(0), start_step_(*batch, batches_[b], e)});
-      // One step ahead: the one before this is waited for now (a step
-      // that ran within its start at once).
-      while (started_.size() > 1 || (!started_.empty() && started_.back().step.over_at_start())) {
-        RETURN_IF_ERROR(FinishOldest());
+      const Clock::time_point sending = Clock::now();
+      StartedStep step = start_step_(*batch, batches_[b], e);
+      Tell(next, "send", sending);
+      if (step.over_at_start()) {
+        // It ran within the call (or failed to start): the step before it
+        // ended when the call began, and it is accounted for at once.
+        const double ran_until = Now();
+        if (!started_.empty()) {
+          if (absl::Status s = FinishOldest(Seconds(sending)); !s.ok()) {
+            step.abandon();
+            return s;
+          }
+        }
+        last_end_ = Seconds(sending);
+        started_.push_back(Started{b, batch->labels.size(0), std::move(step)});
+        RETURN_IF_ERROR(FinishOldest(ran_until));
+        continue;
       }
+      started_.push_back(Started{b, batch->labels.size(0), std::move(step)});
+      // One step ahead: the one before this is waited for now.
+      while (started_.size() > 1) RETURN_IF_ERROR(FinishOldest());
     }
     while (!started_.empty()) RETURN_IF_ERROR(FinishOldest());
     r_.seconds = Now() - t0_;
@@ -196,19 +230,41 @@ class Loop {
     started_.clear();
   }
 
-  // Waits for the oldest step started and accounts for it.
-  absl::Status FinishOldest() {
+  // "epoch E, batch B of N" for batch b of the epoch under way (a batch
+  // run's "batch B of N").
+  std::string BatchName(size_t b) const {
+    const std::string batch = absl::StrCat("batch ", b + 1, " of ", batches_.size());
+    return o_.batch_run ? batch : absl::StrCat("epoch ", r_.epoch, ", ", batch);
+  }
+
+  // Abandons the steps started and says where `s` stopped the fit.
+  absl::Status Stopped(const absl::Status& s, const std::string& where) {
+    DropStarted();
+    return base::Annotate(s, where);
+  }
+
+  // Tells the observers of the time from `begin` to now on `step`.
+  void Tell(int64_t step, const char* phase, Clock::time_point begin) {
+    if (observers_.empty()) return;
+    const Clock::time_point end = Clock::now();
+    for (FitObserver* observer : observers_) observer->Spent(step, phase, begin, end);
+  }
+
+  // Waits for the oldest step started and accounts for it: it ended at
+  // `ended` where that is given (Now() otherwise).
+  absl::Status FinishOldest(std::optional<double> ended = std::nullopt) {
     Started oldest = std::move(started_.front());
     started_.pop_front();
     const size_t b = oldest.batch;
     const int e = r_.epoch;
+    const Clock::time_point waiting = Clock::now();
     absl::StatusOr<double> loss = oldest.step.wait();
+    Tell(step_ + 1, "wait", waiting);
     if (!loss.ok()) {
-      DropStarted();
-      return base::Annotate(loss.status(), absl::StrCat("epoch ", e, ", batch ", b + 1, " of ", batches_.size()));
+      return Stopped(loss.status(), BatchName(b));
     }
     *loss = base::UnsignedNan(*loss);
-    if (!std::isfinite(*loss) && !said_not_finite_) {
+    if (!std::isfinite(*loss) && !said_not_finite_ && !o_.batch_run) {
       said_not_finite_ = true;  // (once: every later loss is likely the same)
       out_ << "fit: warning: the loss is " << *loss << " at epoch " << e << ", batch " << b + 1
            << ": the training diverged (a lower --lr?); it goes on\n"
@@ -218,31 +274,30 @@ class Loop {
     r_.images += oldest.rows;
     trained_ += oldest.rows;
     ++step_;
-    const double ended = Now();
+    const double end = ended.value_or(Now());
     const double norm = oldest.step.grad_norm();
-    const StepRecord record{e, step_, *loss, oldest.rows, ended - last_end_, norm};
+    const StepRecord record{e, step_, *loss, oldest.rows, end - last_end_, norm};
+    const std::string where =
+        o_.batch_run ? absl::StrCat("after batch ", b + 1) : absl::StrCat("after epoch ", e, ", batch ", b + 1);
     for (FitObserver* observer : observers_) {
-      if (absl::Status s = observer->AfterStep(record); !s.ok()) {
-        DropStarted();
-        return base::Annotate(s, absl::StrCat("after epoch ", e, ", batch ", b + 1));
-      }
+      if (absl::Status s = observer->AfterStep(record); !s.ok()) return Stopped(s, where);
     }
     if (norm >= 0) last_norm_ = norm;
-    last_end_ = ended;
-    Progress(b, ended);
+    Progress(b, end);
     if (after_step_) {
-      absl::Status s = after_step_(FitPosition{e, static_cast<int64_t>(b + 1), loss_sum_, r_.images, step_});
-      if (!s.ok()) {
-        DropStarted();
-        return base::Annotate(s, absl::StrCat("after epoch ", e, ", batch ", b + 1));
-      }
+      const bool last = b + 1 == batches_.size() && e == o_.epochs;
+      absl::Status s = after_step_(FitPosition{e, static_cast<int64_t>(b + 1), loss_sum_, r_.images, step_}, last);
+      if (!s.ok()) return Stopped(s, where);
     }
+    // (What ran after the step counts in no step's time.)
+    last_end_ = Now();
     return absl::OkStatus();
   }
 
   // The progress line after batch b: redrawn in place, or every tenth of
   // the epoch.
   void Progress(size_t b, double now) {
+    if (o_.batch_run) return;  // (an observer says what it will)
     const double done = static_cast<double>(b + 1 - first_) / (batches_.size() - first_);
     const double elapsed = now - t0_, in_call = now - call_t0_;
     // (Rows of a text are windows of tokens: the tokens a second then.)
@@ -297,6 +352,7 @@ class Loop {
                                r_.test_loss);
       if (o_.tokens_per_row > 0) absl::StrAppendFormat(&tested, " test_perplexity=%.3f", std::exp(r_.test_loss));
     }
+    if (o_.batch_run) return absl::OkStatus();
     const double rows_per_second = trained_ / std::max(r_.seconds, 1e-9);
     out_ << absl::StrFormat("epoch=%d train_loss=%.4f%s seconds=%.1f images_per_second=%.0f%s%s\n", e,
                             r_.train_loss, tested, r_.seconds, rows_per_second,
@@ -404,15 +460,31 @@ absl::Status Resume(Trainer& trainer, const checkpoint::Checkpoint& ck,
 absl::StatusOr<std::vector<EpochResult>> Fit(Trainer& trainer, const data::Source& train, const data::Source& test,
                                              const TrainOptions& o, std::ostream& out) {
   FitOptions f = o.fit;
+  if (f.batch_run) {  // (one pass, in order, and no lines of its own)
+    f.epochs = 1;
+    f.shuffle = false;
+    f.progress_bar = false;
+  }
   const Checkpoints checkpoints(o.checkpoints, o.checkpoint_every);
   RETURN_IF_ERROR(checkpoints.Prepare());
   FitPosition last;
   if (o.resume) {
-    RETURN_IF_ERROR(Resume(trainer, *o.resume, o.checkpoints.identity, out));
+    if (!o.resume_loaded) RETURN_IF_ERROR(Resume(trainer, *o.resume, o.checkpoints.identity, out));
     const checkpoint::TrainingState s = o.resume->state();
-    f.start = FitPosition{s.epoch, s.batch, s.epoch_loss_sum, s.epoch_images, s.step};
+    // (A batch run's checkpoint says epoch 0: its step is its next batch.)
+    f.start = f.batch_run ? FitPosition{1, s.step, 0, 0, s.step}
+                          : FitPosition{s.epoch, s.batch, s.epoch_loss_sum, s.epoch_images, s.step};
     last = f.start;
   }
+  // A batch run's checkpoints keep every step's loss; its observers see
+  // each step after they are counted.
+  Losses losses(f.batch_run && o.resume ? o.resume->state().losses : std::vector<double>{});
+  std::vector<FitObserver*> observers = o.observers;
+  if (f.batch_run) observers.insert(observers.begin(), &losses);
+  auto state_at = [&f, &losses](const FitPosition& p) -> checkpoint::TrainingState {
+    if (f.batch_run) return {p.step, 0, p.step, 0, 0, losses.losses()};
+    return {p.step, p.epoch, p.batch, p.loss_sum, p.images, {}};
+  };
   RowsSteps* rows = trainer.rows();
   // The test set's accuracy, counted on the rows the workers read or on
   // batches read here (empty: there is no test set).
@@ -427,9 +499,10 @@ absl::StatusOr<std::vector<EpochResult>> Fit(Trainer& trainer, const data::Sourc
   };
   const bool evaluates = o.eval_every > 0 && test.size() > 0;
   auto eval_due = [&o, evaluates](int64_t step) { return evaluates && step % o.eval_every == 0; };
-  const AfterStep after_step = [&](const FitPosition& p) {
+  const AfterStep after_step = [&](const FitPosition& p, bool last_step) {
     last = p;
-    RETURN_IF_ERROR(checkpoints.MaybeSave(trainer, StateAt(p), /*final=*/false, out));
+    // (The run's last step is saved once, as the final checkpoint, below.)
+    if (!last_step) RETURN_IF_ERROR(checkpoints.MaybeSave(trainer, state_at(p), /*final=*/false, out));
     if (!eval_due(p.step)) return absl::OkStatus();
     const double t0 = Now();
     const absl::StatusOr<pipeline::Correct> tested = accuracy();
@@ -441,14 +514,14 @@ absl::StatusOr<std::vector<EpochResult>> Fit(Trainer& trainer, const data::Sourc
                                                 : "",
                            Now() - t0)
         << std::flush;
-    for (FitObserver* observer : o.observers) observer->Evaluated(p.step, *tested);
+    for (FitObserver* observer : observers) observer->Evaluated(p.step, *tested);
     return absl::OkStatus();
   };
   // A step that saves or evaluates (or that an observer must see alone)
   // must not have the next one started before it.
-  const SettleAfter settle_after = [&checkpoints, eval_due, &o](int64_t step) {
+  const SettleAfter settle_after = [&checkpoints, eval_due, &observers](int64_t step) {
     if (checkpoints.Due(step, false) || eval_due(step)) return true;
-    for (const FitObserver* observer : o.observers) {
+    for (const FitObserver* observer : observers) {
       if (observer->Settles(step)) return true;
     }
     return false;
@@ -465,7 +538,7 @@ absl::StatusOr<std::vector<EpochResult>> Fit(Trainer& trainer, const data::Sourc
     };
     const std::function<absl::StatusOr<int64_t>()> skipped = [rows] { return rows->skipped(); };
     ASSIGN_OR_RETURN(epochs,
-                     Loop(train.size(), names, start, skipped, accuracy, after_step, settle_after, o.observers, f, out)
+                     Loop(train.size(), names, start, skipped, accuracy, after_step, settle_after, observers, f, out)
                          .Run());
   } else {
     const RowReader read = [&train](const at::Tensor& r, int e) { return train.Get(r, e); };
@@ -473,13 +546,13 @@ absl::StatusOr<std::vector<EpochResult>> Fit(Trainer& trainer, const data::Sourc
       return trainer.StartStep(b.images, b.labels);
     };
     ASSIGN_OR_RETURN(epochs,
-                     Loop(train.size(), read, start, nullptr, accuracy, after_step, settle_after, o.observers, f, out)
+                     Loop(train.size(), read, start, nullptr, accuracy, after_step, settle_after, observers, f, out)
                          .Run());
   }
   // (A run resumed from its final checkpoint that trained nothing more has
   // it already: no line says it was saved again.)
   const bool saved_already = o.resume && o.resume->manifest.final && last.step == o.resume->state().step;
-  if (!saved_already) RETURN_IF_ERROR(checkpoints.MaybeSave(trainer, StateAt(last), /*final=*/true, out));
+  if (!saved_already) RETURN_IF_ERROR(checkpoints.MaybeSave(trainer, state_at(last), /*final=*/true, out));
   return epochs;
 }
 

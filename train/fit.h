@@ -62,7 +62,11 @@ struct StepRecord {
   int64_t step = 0;    // steps taken in all, this one included
   double loss = 0;
   int64_t rows = 0;
-  double seconds = 0;  // since the step before it ended (or its epoch began)
+  // Since the step before it ended and what ran after that one was over
+  // (observers, a checkpoint, an evaluation), or since its epoch began. A
+  // step that ran within the call that started it (StartedStep::
+  // over_at_start) ended the one before it when that call began.
+  double seconds = 0;
   double grad_norm = -1;  // before clipping (StartedStep::grad_norm); -1: not clipped
 };
 
@@ -120,6 +124,14 @@ struct FitOptions {
   // line then gives tokens_per_second and test_perplexity (exp of the
   // test loss) too. 0: not one.
   int64_t tokens_per_row = 0;
+  // A run of batches, not of epochs (the demo's `--batches N`): the
+  // training set is gone over once, in order, its steps numbered from 1
+  // (epochs and shuffling do not apply); its checkpoints say epoch 0 and
+  // keep every step's loss (checkpoint::TrainingState), and a resume goes
+  // on at the step after the checkpoint's. Fit then writes no progress,
+  // epoch or diverged-loss lines of its own: an observer writes what the
+  // program shows.
+  bool batch_run = false;
 };
 
 // Sees a Fit as it goes: what a run keeps or reports beside training (its
@@ -136,7 +148,15 @@ class FitObserver {
   // the one before it ends): for an observer that must see the state
   // after `step` alone.
   virtual bool Settles(int64_t step) const { return false; }
-  // After each step. An error stops the fit (naming the step).
+  // Where Fit's thread spent time on step `step` (from 1), for a trace:
+  // `phase` is "take batch" (its batch read, or waited for where it was
+  // read ahead), "send" (the call that starts the step) or "wait" (for its
+  // end). Times are steady_clock's (CLOCK_MONOTONIC, trace::NowUs's).
+  virtual void Spent(int64_t step, const char* phase, std::chrono::steady_clock::time_point begin,
+                     std::chrono::steady_clock::time_point end) {}
+  // After each step. An error stops the fit (naming the step). The time
+  // observers, checkpoints and evaluations take after a step counts in
+  // neither its StepRecord::seconds nor the next one's.
   virtual absl::Status AfterStep(const StepRecord& step) { return absl::OkStatus(); }
   // After an evaluation within an epoch (TrainOptions::eval_every).
   virtual void Evaluated(int64_t step, const pipeline::Correct& tested) {}
@@ -165,8 +185,8 @@ class FitFunctions final : public FitObserver {
 };
 
 struct TrainOptions {
-  // Epochs, batch size, shuffling, progress, per-step and per-epoch
-  // reports (its `start` is Fit's own: set from `resume`).
+  // Epochs (or a run of batches), batch size, shuffling and progress
+  // lines (its `start` is Fit's own: set from `resume`).
   FitOptions fit;
   // Checkpoints (none when checkpoints.dir is empty): every
   // `checkpoint_every` steps (0: only the final one) and at the end.
@@ -175,6 +195,10 @@ struct TrainOptions {
   // A checkpoint of this run to go on from: loaded into the trainer first
   // (checked against checkpoints.identity when that names a model).
   std::optional<checkpoint::Checkpoint> resume;
+  // Whether `resume` is in the trainer already (train::Resume, called
+  // before Fit so that the load is not in the run's trace): Fit goes on
+  // from its state without loading it again.
+  bool resume_loaded = false;
   // Every `eval_every` steps (0: only after each epoch) the test set is
   // evaluated within the epoch too: "step=S test_accuracy=A test_top5=T
   // test_loss=X[ test_perplexity=P] seconds=E" on `out` and each

@@ -31,6 +31,7 @@ class Recorder : public Trainer {
   int fail_batch = -1;          // (by its first row / 2)
   bool over_at_start = false;   // steps that run within their start
   double loss = 1.0;            // every step's
+  std::vector<checkpoint::TrainingState> saved;
   std::ostringstream out;
 
   Recorder() {
@@ -63,6 +64,7 @@ class Recorder : public Trainer {
   }
   absl::StatusOr<Saved> Save(const SaveTarget& target, const checkpoint::TrainingState& state, bool) override {
     log.push_back(absl::StrCat("save", state.step));
+    saved.push_back(state);
     return Saved{target.dir, 1, state.step, false};
   }
   absl::StatusOr<int64_t> Load(const checkpoint::Checkpoint&) override {
@@ -270,6 +272,83 @@ TEST(Fit, AnEpochGoneOnWithAfterAFailureCountsTheFailuresTime) {
   EXPECT_LT((*epochs)[0].seconds, 4.5);
   EXPECT_EQ((*epochs)[0].trained, 10);
   EXPECT_LT((*epochs)[1].seconds, 3.0);  // epoch 3: its own
+}
+
+// A run of batches (the demo's): the set gone over once, in order, its
+// steps numbered from 1; its checkpoints say epoch 0 and keep every
+// step's loss; the run's last step saved once, as the final checkpoint; a
+// resume goes on at the batch after the checkpoint's with the losses
+// before it; no progress or epoch lines.
+TEST(Fit, ABatchRunKeepsItsLossesInItsCheckpointsAndGoesOnFromThem) {
+  Recorder r;
+  r.o.fit.batch_run = true;
+  r.o.fit.epochs = 3;      // (one pass all the same)
+  r.o.fit.shuffle = true;  // (in order all the same)
+  r.o.checkpoints.dir = testing::TempDir() + "/fit_batch_run";
+  r.o.checkpoint_every = 5;
+  auto epochs = r.Run();
+  ASSERT_TRUE(epochs.ok()) << epochs.status();
+  EXPECT_EQ(r.log, (std::vector<std::string>{"start0", "start1", "wait0", "step1", "start2", "wait1", "step2",
+                                             "start3", "wait2", "step3", "start4", "wait3", "step4", "wait4",
+                                             "step5", "save5"}));
+  ASSERT_EQ(r.saved.size(), 1u);
+  EXPECT_EQ(r.saved[0].epoch, 0);
+  EXPECT_EQ(r.saved[0].batch, 5);
+  EXPECT_EQ(r.saved[0].losses, std::vector<double>(5, 1.0));
+  EXPECT_EQ(r.out.str().find("epoch"), std::string::npos) << r.out.str();
+  EXPECT_EQ(r.out.str().find("batches"), std::string::npos) << r.out.str();
+  EXPECT_NE(r.out.str().find("checkpoint: step 5 in "), std::string::npos) << r.out.str();
+
+  Recorder resumed;
+  resumed.o.fit.batch_run = true;
+  resumed.o.checkpoints.dir = testing::TempDir() + "/fit_batch_run_resumed";
+  checkpoint::Checkpoint ck;
+  ck.dir = "a checkpoint of step 2";
+  ck.manifest.step = 2;
+  ck.manifest.batch = 2;
+  ck.manifest.losses = {3.0, 2.0};
+  resumed.o.resume = ck;
+  resumed.o.resume_loaded = true;  // (the Recorder cannot load one)
+  resumed.loss = 0.5;
+  epochs = resumed.Run();
+  ASSERT_TRUE(epochs.ok()) << epochs.status();
+  EXPECT_EQ(resumed.log.front(), "start2");
+  EXPECT_EQ(resumed.log.back(), "save5");
+  ASSERT_EQ(resumed.saved.size(), 1u);
+  EXPECT_EQ(resumed.saved[0].losses, (std::vector<double>{3.0, 2.0, 0.5, 0.5, 0.5}));
+  EXPECT_EQ(resumed.out.str().find("resumed from"), std::string::npos) << "loaded before: " << resumed.out.str();
+
+  Recorder failing;
+  failing.o.fit.batch_run = true;
+  failing.fail_batch = 3;
+  epochs = failing.Run();
+  ASSERT_FALSE(epochs.ok());
+  EXPECT_EQ(epochs.status().message(), "batch 4 of 5: the step failed");
+}
+
+// Observers are told where the loop's time went on each step, in order:
+// its batch taken, its step sent, the wait for its end.
+class Phases final : public FitObserver {
+ public:
+  explicit Phases(std::vector<std::string>& log) : log_(log) {}
+  void Spent(int64_t step, const char* phase, std::chrono::steady_clock::time_point begin,
+             std::chrono::steady_clock::time_point end) override {
+    log_.push_back(absl::StrCat(phase, "/", step, begin <= end ? "" : " (ends before it begins)"));
+  }
+
+ private:
+  std::vector<std::string>& log_;
+};
+
+TEST(Fit, ObserversAreToldWhereEachStepsTimeWent) {
+  Recorder r;
+  r.o.fit.batch_size = 4;  // three steps (rows 0-3, 4-7, 8-9: the Recorder's batches 0, 2 and 4)
+  Phases phases(r.log);
+  r.o.observers = {&phases};
+  ASSERT_TRUE(r.Run().ok());
+  EXPECT_EQ(r.log, (std::vector<std::string>{"take batch/1", "start0", "send/1", "take batch/2", "start2",
+                                             "send/2", "wait0", "wait/1", "step1", "take batch/3", "start4",
+                                             "send/3", "wait2", "wait/2", "step2", "wait4", "wait/3", "step3"}));
 }
 
 TEST(Fit, AFailedStepDropsTheStepStartedAfterIt) {
