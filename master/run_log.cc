@@ -1,7 +1,8 @@
 // What the master's runs report as they go: TensorBoard event files
 // (--tensorboard), the batch lines, and the record of a run that goes on
-// after a failure (its epochs and step times); and at the end, the
-// summary table (a GPT's tokens a second and FLOPs too) and the report.
+// after a failure (its epochs and step times), each stage's peak memory;
+// and at the end, the summary table (a GPT's tokens a second and FLOPs
+// too) and the report.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -120,6 +121,29 @@ void PrintSummary(const std::vector<Run>& runs, const RunOptions& c) {
 absl::Status WriteReport(const std::string& path, bool local, const std::vector<Run>& runs, const RunOptions& c) {
   return train::WriteReport(path, local ? "local" : c.schedule == "ps" ? "ps" : "pipeline",  // --mode ps sets "ps"
                             runs);
+}
+
+absl::Status ReportMemory(parallel::DataParallelPipeline& pipe, const RunOptions& c, Run& run) {
+  run.stage_memory.clear();
+  for (int r = 0; r < pipe.replicas(); ++r) {
+    pipeline::Pipeline& replica = pipe.replica(r);
+    ASSIGN_OR_RETURN(const std::vector<int64_t> peaks, replica.peak_activation_bytes());
+    for (size_t k = 0; k < peaks.size(); ++k) {
+      run.stage_memory.push_back({r, static_cast<int>(k), replica.worker_of(static_cast<int>(k)), peaks[k]});
+    }
+  }
+  ASSIGN_OR_RETURN(run.optimizer_state_bytes, pipe.optimizer_state_bytes());
+  for (const Run::StageMemory& m : run.stage_memory) {
+    const std::string peak = m.bytes < 0 ? "not measured (a GPU stage, or REMORA_MALLOC=default)"
+                                         : absl::StrFormat("%.1f MiB", m.bytes / 1048576.0);
+    std::printf("  %sstage %d on %s: peak saved activations %s\n",
+                pipe.replicas() > 1 ? absl::StrCat("replica ", m.replica, ", ").c_str() : "", m.stage,
+                m.worker.c_str(), peak.c_str());
+  }
+  for (size_t r = 0; r < run.optimizer_state_bytes.size() && c.replicas > 1; ++r) {
+    std::printf("  replica %zu: optimizer state %.2f MiB\n", r, run.optimizer_state_bytes[r] / 1048576.0);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace remora::master
