@@ -7,7 +7,7 @@
 //   o.max_restarts = 3;  o.spares = {"spare1"};  o.checkpoint_dir = "/ckpt";
 //   train::Elastic elastic(agent, o);
 //   std::vector<std::string> workers = {"w1", "w2"};
-//   absl::Status s = elastic.Run(workers, std::nullopt, std::cout,
+//   absl::Status s = elastic.Run(workers, std::nullopt, out,
 //       [&](const std::vector<std::string>& ws, const std::optional<checkpoint::Checkpoint>& from) {
 //         ... build the trainer over `ws`, resume `from`, train; call elastic.StepDone(step) after each step
 //       });

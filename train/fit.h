@@ -9,9 +9,9 @@
 //   o.checkpoints.dir = "/ckpt";  o.checkpoint_every = 100;
 //   o.resume = checkpoint::Latest("/ckpt").value();   // to go on
 //   train::FitFunctions print;  // or an observer of one's own
-//   print.step = [](const train::StepRecord& r) { std::cout << r.loss << "\n"; };
+//   print.step = [&out](const train::StepRecord& r) { out << r.loss << "\n"; };
 //   o.observers = {&print};
-//   auto epochs = train::Fit(*trainer, train_set, test_set, o, std::cout);
+//   auto epochs = train::Fit(*trainer, train_set, test_set, o, out);
 //
 // Output: a progress line every tenth of an epoch (or one redrawn in
 // place), "epoch=E train_loss=L test_accuracy=A test_top5=T test_loss=X

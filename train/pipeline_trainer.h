@@ -7,7 +7,7 @@
 //   parallel::DataParallelOptions o;  // stages, workers, loss, optimizer, replicas
 //   auto t = train::PipelineTrainer::Create(agent, std::move(o)).value();
 //   RETURN_IF_ERROR(t->ReadOnWorkers(train_spec, n_train, test_spec, n_test));  // optional
-//   auto epochs = train::Fit(*t, train, test, options, std::cout);
+//   auto epochs = train::Fit(*t, train, test, options, out);
 //
 // Thread-safety: one thread drives it (the training loop). Owns the
 // pipeline and the workers' opened sets; borrows the agent, which must

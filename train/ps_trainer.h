@@ -7,7 +7,7 @@
 //   auto t = train::PsTrainer::Create(agent, ps_options).value();
 //   t->set_on_step([](const ps::StepReport& r, double seconds) { ... });
 //   t->ReadOnWorkers(train_spec, train.size(), test);   // optional: see there
-//   auto epochs = train::Fit(*t, train, test, options, std::cout);
+//   auto epochs = train::Fit(*t, train, test, options, out);
 //
 // Thread-safety: one thread drives it (the training loop). Owns the
 // server; borrows the agent, which must outlive it.

@@ -6,7 +6,7 @@
 //
 //   train::Bubble b = train::MeasureBubble(run.slices, workers.size()).value();
 //   b.schedule_fraction = train::ScheduleBubble(schedule).value();
-//   std::cout << train::FormatBubble(b, workers);
+//   out << train::FormatBubble(b, workers);
 //
 // Thread-compatible: functions over values the caller owns.
 #pragma once
