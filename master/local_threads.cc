@@ -56,7 +56,7 @@ absl::StatusOr<ThreadChoice> FastestLocalThreads(const RunOptions& c, int splits
   auto step = [&](int n) -> absl::StatusOr<double> {
     runtime::SetComputeThreads(n);
     const int64_t s = trace::NowUs();
-    RETURN_IF_ERROR(probe->trainer().StartStep(px, py).wait().status());
+    RETURN_IF_ERROR(probe->trainer().StartStep({px, py}).wait().status());
     return (trace::NowUs() - s) / 1e6;
   };
   // A cold step first (allocations, caches), then one warm step at each

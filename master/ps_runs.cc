@@ -169,21 +169,9 @@ absl::Status TrainPs(rpc::Agent& agent, const RunOptions& c, const PsFlags& p,
   }
   run.schedule = "ps";
   if (c.dataset.empty()) {
-    train::TrainOptions f;
-    f.fit.batch_run = true;
-    f.fit.batch_size = c.batch_size;
-    int first = 0;  // the next batch
-    if (checkpoints != nullptr) {
-      f.checkpoints = checkpoints->Target(c);
-      f.checkpoint_every = c.checkpoint_every;
-      f.resume = checkpoints->resume;
-      if (f.resume) {
-        run.losses = f.resume->state().losses;
-        first = static_cast<int>(f.resume->state().step);
-        // (A recovery goes on from an earlier batch: the later ones' times go.)
-        KeepStepsUpTo(run, first);
-      }
-    }
+    auto [f, first] = StartBatchRun(c, checkpoints, run);
+    // (A recovery goes on from an earlier batch: the later ones' times go.)
+    if (f.resume) KeepStepsUpTo(run, first);
     train::FitFunctions batches;  // (each batch's line and record; the elastic supervisor told)
     batches.step = [&run, elastic](const train::StepRecord& s) {
       RecordBatch(run, static_cast<int>(s.step - 1), s.loss, s.seconds, s.rows);

@@ -399,4 +399,19 @@ std::string Sets::Describe() const {
                       c10::str(c10::IntArrayRef(shape)), in_classes, not_read);
 }
 
+BatchRunStart StartBatchRun(const RunOptions& c, const Checkpointing* checkpoints, Run& run) {
+  BatchRunStart b;
+  b.options.fit.batch_run = true;
+  b.options.fit.batch_size = c.batch_size;
+  if (checkpoints == nullptr) return b;
+  b.options.checkpoints = checkpoints->Target(c);
+  b.options.checkpoint_every = c.checkpoint_every;
+  b.options.resume = checkpoints->resume;
+  if (b.options.resume) {
+    run.losses = b.options.resume->state().losses;
+    b.first = static_cast<int>(b.options.resume->state().step);
+  }
+  return b;
+}
+
 }  // namespace remora::master

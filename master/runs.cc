@@ -106,7 +106,7 @@ absl::Status LocalRun::Step(int b, const char* prefix) {
   trainer_->set_slices([this](const char* what, int64_t mb, int64_t s, int64_t e) {
     run_.slices.push_back({0, what, mb, s - start_, e - start_, ""});
   });
-  ASSIGN_OR_RETURN(double loss, trainer_->StartStep(inputs, targets).wait());
+  ASSIGN_OR_RETURN(double loss, trainer_->StartStep({inputs, targets}).wait());
   const double seconds = (trace::NowUs() - t0) / 1e6;
   std::printf("%s", prefix);
   RecordBatch(run_, b, loss, seconds, inputs.size(0));
@@ -436,7 +436,7 @@ class SavesCountedApart final : public train::Trainer {
  public:
   explicit SavesCountedApart(train::PipelineTrainer& inner) : inner_(inner) {}
 
-  train::StartedStep StartStep(const at::Tensor& x, const at::Tensor& y) override { return inner_.StartStep(x, y); }
+  train::StartedStep StartStep(const train::StepBatch& batch) override { return inner_.StartStep(batch); }
   absl::StatusOr<pipeline::Correct> CountCorrect(const at::Tensor& x, const at::Tensor& labels) override {
     return inner_.CountCorrect(x, labels);
   }
@@ -593,21 +593,11 @@ absl::Status TrainPipeline(rpc::Agent& agent, const RunOptions& c, const std::ve
     ASSIGN_OR_RETURN(run.log, OpenRunLog(c, splits));
   }
   run.schedule = pipe.replica(0).schedule().name;
-  train::TrainOptions options;
-  options.fit.batch_run = true;
-  options.fit.batch_size = c.batch_size;
-  int first = 0;  // the next batch
-  if (checkpoints != nullptr) {
-    options.checkpoints = checkpoints->Target(c);
-    options.checkpoint_every = c.checkpoint_every;
-    if (checkpoints->resume) {
-      // (Loaded before the trace starts.)
-      RETURN_IF_ERROR(train::Resume(*trainer, *checkpoints->resume, checkpoints->identity, std::cout));
-      options.resume = checkpoints->resume;
-      options.resume_loaded = true;
-      run.losses = checkpoints->resume->state().losses;
-      first = static_cast<int>(checkpoints->resume->state().step);
-    }
+  auto [options, first] = StartBatchRun(c, checkpoints, run);
+  if (options.resume) {
+    // (Loaded before the trace starts.)
+    RETURN_IF_ERROR(train::Resume(*trainer, *options.resume, checkpoints->identity, std::cout));
+    options.resume_loaded = true;
   }
   // (A recovery goes on from an earlier batch: the later ones' times go,
   // and the time since the last one ended, the failure's, counts in the

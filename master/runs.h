@@ -286,6 +286,16 @@ class DemoBatches final : public data::Source {
   // (Made ahead while Fit waits for steps; Get takes them.)
   mutable BatchesAhead ahead_ ABSL_GUARDED_BY(mu_);
 };
+// The demo's run of batches as train::Fit's batch run (FitOptions::
+// batch_run): c's batch size, `checkpoints`' target, cadence and resume
+// (null: none). A resumed run keeps the checkpoint's losses in `run` and
+// goes on at batch `first`; the caller loads the checkpoint or leaves it
+// to Fit.
+struct BatchRunStart {
+  train::TrainOptions options;
+  int first = 0;  // the next batch
+};
+BatchRunStart StartBatchRun(const RunOptions& c, const Checkpointing* checkpoints, Run& run);
 pipeline::LossFn Loss(const RunOptions& c);
 void PrintBatch(int b, double loss, double seconds);
 // Batch b's loss and time: into `run`, its log, and a line on the output.

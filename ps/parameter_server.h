@@ -10,7 +10,7 @@
 //   o.optimizer = optim::OptimizerOptions::SGD(0.01).set_momentum(0.9);
 //   auto trainer = train::PsTrainer::Create(*agent, o).value();
 //   trainer->set_on_step([](const ps::StepReport& r, double seconds) { ... });
-//   double loss = trainer->StartStep(images, labels).wait().value();
+//   double loss = trainer->StartStep({images, labels}).wait().value();
 //   // or each worker reads its share itself (PsTrainer::ReadOnWorkers; the
 //   // master sends row numbers). train::Fit runs the epochs.
 //

@@ -485,7 +485,7 @@ absl::StatusOr<std::vector<EpochResult>> Fit(Trainer& trainer, const data::Sourc
     if (f.batch_run) return {p.step, 0, p.step, 0, 0, losses.losses()};
     return {p.step, p.epoch, p.batch, p.loss_sum, p.images, {}};
   };
-  RowsSteps* rows = trainer.rows();
+  WorkersRead* rows = trainer.rows();
   // The test set's accuracy, counted on the rows the workers read or on
   // batches read here (empty: there is no test set).
   const AccuracyOf accuracy = test.size() == 0 ? AccuracyOf(nullptr) : [&]() -> absl::StatusOr<pipeline::Correct> {
@@ -533,8 +533,8 @@ absl::StatusOr<std::vector<EpochResult>> Fit(Trainer& trainer, const data::Sourc
     const RowReader names = [](const at::Tensor& r, int) -> absl::StatusOr<data::Batch> {
       return data::Batch{{}, r, 0};
     };
-    const BatchStarter start = [rows](const data::Batch&, const at::Tensor& r, int e) {
-      return rows->StartRowsStep(r, e);
+    const BatchStarter start = [&trainer](const data::Batch&, const at::Tensor& r, int e) {
+      return trainer.StartStep(StepBatch::Rows(r, e));
     };
     const std::function<absl::StatusOr<int64_t>()> skipped = [rows] { return rows->skipped(); };
     ASSIGN_OR_RETURN(epochs,
@@ -543,7 +543,7 @@ absl::StatusOr<std::vector<EpochResult>> Fit(Trainer& trainer, const data::Sourc
   } else {
     const RowReader read = [&train](const at::Tensor& r, int e) { return train.Get(r, e); };
     const BatchStarter start = [&trainer](const data::Batch& b, const at::Tensor&, int) {
-      return trainer.StartStep(b.images, b.labels);
+      return trainer.StartStep({b.images, b.labels});
     };
     ASSIGN_OR_RETURN(epochs,
                      Loop(train.size(), read, start, nullptr, accuracy, after_step, settle_after, observers, f, out)

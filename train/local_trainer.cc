@@ -121,9 +121,13 @@ absl::StatusOr<at::Tensor> LocalTrainer::Eval(const at::Tensor& x) {
   }
 }
 
-StartedStep LocalTrainer::StartStep(const at::Tensor& x, const at::Tensor& y) {
+StartedStep LocalTrainer::StartStep(const StepBatch& batch) {
+  if (batch.is_rows()) {
+    return StartedStep::Done(absl::FailedPreconditionError(
+        "local trainer: a step over row numbers, but it reads no data itself: pass the batch's tensors"));
+  }
   // Trains now: the step is over when this returns.
-  absl::StatusOr<double> loss = RunStep(x, y);
+  absl::StatusOr<double> loss = RunStep(batch.x, batch.y);
   return StartedStep::Done(std::move(loss), last_grad_norm_);
 }
 

@@ -10,7 +10,7 @@
 //   o.loss = pipeline::LossFn::Named("cross_entropy");
 //   o.optimizer = optim::OptimizerOptions::SGD(0.05).set_momentum(0.9);
 //   auto t = train::LocalTrainer::Create(std::move(o)).value();
-//   double loss = t->StartStep(x, y).wait().value();
+//   double loss = t->StartStep({x, y}).wait().value();
 //
 // Thread-safety: not thread-safe; one thread drives it. Owns its modules
 // and optimizer.
@@ -66,7 +66,7 @@ class LocalTrainer final : public Trainer {
 
   // One step on (x, y), run within the call (over_at_start()); its loss
   // is the batch's (the micro-batches' losses weighted by their rows).
-  StartedStep StartStep(const at::Tensor& x, const at::Tensor& y) override;
+  StartedStep StartStep(const StepBatch& batch) override;
   absl::StatusOr<pipeline::Correct> CountCorrect(const at::Tensor& x, const at::Tensor& labels) override;
   absl::StatusOr<Saved> Save(const SaveTarget& target, const checkpoint::TrainingState& state,
                              bool final) override;

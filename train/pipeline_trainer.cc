@@ -35,16 +35,18 @@ absl::Status PipelineTrainer::ReadOnWorkers(const data::SourceSpec& train, int64
   return absl::OkStatus();
 }
 
-StartedStep PipelineTrainer::StartStep(const at::Tensor& x, const at::Tensor& y) {
-  return pipe_->start_train_step(x, y);
+StartedStep PipelineTrainer::StartStep(const StepBatch& batch) {
+  if (!batch.is_rows()) return pipe_->start_train_step(batch.x, batch.y);
+  if (train_data_ == nullptr) {
+    return StartedStep::Done(absl::FailedPreconditionError(
+        "pipeline trainer: a step over row numbers, but its workers read no data: call ReadOnWorkers first, "
+        "or pass the batch's tensors"));
+  }
+  return pipe_->start_train_step(train_data_->Rows(batch.rows, batch.epoch));
 }
 
 absl::StatusOr<pipeline::Correct> PipelineTrainer::CountCorrect(const at::Tensor& x, const at::Tensor& labels) {
   return pipe_->eval_correct(x, labels);
-}
-
-StartedStep PipelineTrainer::StartRowsStep(const at::Tensor& rows, int epoch) {
-  return pipe_->start_train_step(train_data_->Rows(rows, epoch));
 }
 
 absl::StatusOr<pipeline::Correct> PipelineTrainer::CountCorrectRows(const at::Tensor& rows) {

@@ -30,7 +30,7 @@
 
 namespace remora::train {
 
-class PipelineTrainer final : public Trainer, private RowsSteps {
+class PipelineTrainer final : public Trainer, private WorkersRead {
  public:
   // Creates the pipeline and its replicas on the workers. FailedPrecondition
   // naming the call when `agent` lacks autograd::Enable (a master made
@@ -50,7 +50,7 @@ class PipelineTrainer final : public Trainer, private RowsSteps {
 
   parallel::DataParallelPipeline& pipeline() { return *pipe_; }
 
-  StartedStep StartStep(const at::Tensor& x, const at::Tensor& y) override;
+  StartedStep StartStep(const StepBatch& batch) override;
   absl::StatusOr<pipeline::Correct> CountCorrect(const at::Tensor& x, const at::Tensor& labels) override;
   absl::StatusOr<Saved> Save(const SaveTarget& target, const checkpoint::TrainingState& state,
                              bool final) override;
@@ -58,14 +58,13 @@ class PipelineTrainer final : public Trainer, private RowsSteps {
   absl::StatusOr<std::optional<Saved>> CommitSaved(bool wait) override;
   // Whether a save made in the background waits to be committed.
   bool save_pending() const { return saver_ != nullptr && saver_->pending(); }
-  RowsSteps* rows() override { return train_data_ != nullptr ? this : nullptr; }
+  WorkersRead* rows() override { return train_data_ != nullptr ? this : nullptr; }
 
  private:
   PipelineTrainer(rpc::Agent& agent, std::vector<pipeline::StageSpec> stages,
                   std::unique_ptr<parallel::DataParallelPipeline> pipe)
       : agent_(agent), stages_(std::move(stages)), pipe_(std::move(pipe)) {}
 
-  StartedStep StartRowsStep(const at::Tensor& rows, int epoch) override;
   absl::StatusOr<pipeline::Correct> CountCorrectRows(const at::Tensor& rows) override;
   absl::StatusOr<int64_t> skipped() override { return train_data_->skipped(); }
 

@@ -33,14 +33,15 @@ StartedStep PsTrainer::Started(const absl::StatusOr<ps::StepReport>& r) {
   return StartedStep::Done(r.ok() ? absl::StatusOr<double>(r->loss) : r.status(), r.ok() ? r->grad_norm : -1.0);
 }
 
-StartedStep PsTrainer::StartStep(const at::Tensor& x, const at::Tensor& y) {
+StartedStep PsTrainer::StartStep(const StepBatch& batch) {
   const int64_t t0 = trace::NowUs();
-  return Started(Reported(server_->train_step(x, y), t0));
-}
-
-StartedStep PsTrainer::StartRowsStep(const at::Tensor& rows, int epoch) {
-  const int64_t t0 = trace::NowUs();
-  return Started(Reported(server_->train_step(train_data_->Rows(rows, epoch)), t0));
+  if (!batch.is_rows()) return Started(Reported(server_->train_step(batch.x, batch.y), t0));
+  if (train_data_ == nullptr) {
+    return StartedStep::Done(absl::FailedPreconditionError(
+        "parameter-server trainer: a step over row numbers, but its workers read no data: call ReadOnWorkers "
+        "first, or pass the batch's tensors"));
+  }
+  return Started(Reported(server_->train_step(train_data_->Rows(batch.rows, batch.epoch)), t0));
 }
 
 absl::StatusOr<pipeline::Correct> PsTrainer::CountCorrectRows(const at::Tensor& rows) {

@@ -28,7 +28,7 @@
 
 namespace remora::train {
 
-class PsTrainer final : public Trainer, private RowsSteps {
+class PsTrainer final : public Trainer, private WorkersRead {
  public:
   static absl::StatusOr<std::unique_ptr<PsTrainer>> Create(rpc::Agent& agent, ps::PsOptions options);
 
@@ -48,12 +48,12 @@ class PsTrainer final : public Trainer, private RowsSteps {
 
   // One step, over within the call (the server waits for its workers);
   // its report (the loss, who took part, the bytes moved) goes to on_step.
-  StartedStep StartStep(const at::Tensor& x, const at::Tensor& y) override;
+  StartedStep StartStep(const StepBatch& batch) override;
   absl::StatusOr<pipeline::Correct> CountCorrect(const at::Tensor& x, const at::Tensor& labels) override;
   absl::StatusOr<Saved> Save(const SaveTarget& target, const checkpoint::TrainingState& state,
                              bool final) override;
   absl::StatusOr<int64_t> Load(const checkpoint::Checkpoint& ck) override;
-  RowsSteps* rows() override { return train_data_ != nullptr ? this : nullptr; }
+  WorkersRead* rows() override { return train_data_ != nullptr ? this : nullptr; }
 
  private:
   PsTrainer(rpc::Agent& agent, std::vector<pipeline::StageSpec> stages, std::unique_ptr<ps::ParameterServer> server)
@@ -63,7 +63,6 @@ class PsTrainer final : public Trainer, private RowsSteps {
   absl::StatusOr<ps::StepReport> Reported(absl::StatusOr<ps::StepReport> r, int64_t t0);
   // A step that is over (the server waits within it) as a started step.
   static StartedStep Started(const absl::StatusOr<ps::StepReport>& r);
-  StartedStep StartRowsStep(const at::Tensor& rows, int epoch) override;
   absl::StatusOr<pipeline::Correct> CountCorrectRows(const at::Tensor& rows) override;
   // (A worker that fails to answer is lost, as in a step, when backup
   // workers allow it.)

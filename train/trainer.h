@@ -4,7 +4,7 @@
 // evaluation, checkpoint cadence and resume on it, once for all of them.
 //
 //   std::unique_ptr<train::Trainer> t = ...;   // PipelineTrainer, LocalTrainer
-//   train::StartedStep s = t->StartStep(x, y);
+//   train::StartedStep s = t->StartStep({x, y});
 //   double loss = s.wait().value();
 //   pipeline::Correct right = t->CountCorrect(test_x, test_y).value();  // .top1, .top5
 //
@@ -51,13 +51,24 @@ struct Saved {
   bool pending = false;  // written in the background: CommitSaved commits it
 };
 
-// Steps over batches that the trainer's own workers read (the master sends
-// row numbers, pipeline/worker_data.h); see Trainer::rows().
-class RowsSteps {
+// What a training step trains on: a batch held here (x, y), or, for a
+// trainer whose own workers read the data (Trainer::rows()), the numbers
+// of the training set's rows they read (the master sends only those,
+// pipeline/worker_data.h).
+struct StepBatch {
+  at::Tensor x;    // the inputs
+  at::Tensor y;    // the targets
+  at::Tensor rows;  // or int64 [n]: rows of the training set (x, y undefined)
+  int epoch = 0;    // the epoch the rows are read in (their augmentation)
+
+  static StepBatch Rows(at::Tensor rows, int epoch) { return StepBatch{{}, {}, std::move(rows), epoch}; }
+  bool is_rows() const { return rows.defined(); }
+};
+
+// What a trainer whose workers read the data also does (Trainer::rows()).
+class WorkersRead {
  public:
-  virtual ~RowsSteps() = default;
-  // A training step over rows `rows` (int64 [n]) of the training set.
-  virtual StartedStep StartRowsStep(const at::Tensor& rows, int epoch) = 0;
+  virtual ~WorkersRead() = default;
   // Of rows `rows` of the test set: how many classified right (top-1,
   // top-5) of how many read.
   virtual absl::StatusOr<pipeline::Correct> CountCorrectRows(const at::Tensor& rows) = 0;
@@ -69,10 +80,11 @@ class Trainer {
  public:
   virtual ~Trainer() = default;
 
-  // Starts a training step on the batch (x, y): forward, loss (averaged
-  // over the batch's rows), backward and the optimizer's step. `wait`
-  // gives the loss; the next step may be started before it is called.
-  virtual StartedStep StartStep(const at::Tensor& x, const at::Tensor& y) = 0;
+  // Starts a training step on the batch: forward, loss (averaged over the
+  // batch's rows), backward and the optimizer's step. `wait` gives the
+  // loss; the next step may be started before it is called. Rows are
+  // refused (FailedPrecondition, at wait) by a trainer without rows().
+  virtual StartedStep StartStep(const StepBatch& batch) = 0;
   // How many rows of `x` the model (in eval mode, without gradients)
   // classifies as `labels` says (top-1 and top-5).
   virtual absl::StatusOr<pipeline::Correct> CountCorrect(const at::Tensor& x, const at::Tensor& labels) = 0;
@@ -88,9 +100,9 @@ class Trainer {
   // (with `wait`, waiting for them): what it committed, or nullopt when
   // nothing was ready (or none is pending).
   virtual absl::StatusOr<std::optional<Saved>> CommitSaved(bool /*wait*/) { return std::nullopt; }
-  // The steps over rows that its workers read, when it reads that way
-  // (null: the batches are read here and passed to StartStep).
-  virtual RowsSteps* rows() { return nullptr; }
+  // Its workers read the data, when they do (StartStep takes rows then;
+  // null: the batches are read here and passed to StartStep).
+  virtual WorkersRead* rows() { return nullptr; }
 };
 
 }  // namespace remora::train

@@ -142,7 +142,7 @@ TEST(Pipeline, Bf16StagesTrainAsOneProcessUnderAutocastAndSendBf16) {
   auto local = train::LocalTrainer::Create(lo);
   ASSERT_TRUE(local.ok()) << local.status();
   std::vector<double> want;
-  for (const auto& [x, y] : data) want.push_back((*local)->StartStep(x, y).wait().value());
+  for (const auto& [x, y] : data) want.push_back((*local)->StartStep({x, y}).wait().value());
   const test_support::LocalRun fp32 = test_support::TrainMlpLocally(mlp, data);
   for (bool recompute : {false, true}) {
     SCOPED_TRACE(recompute ? "recomputed" : "kept");

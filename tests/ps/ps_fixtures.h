@@ -49,7 +49,7 @@ inline absl::StatusOr<std::unique_ptr<train::PsTrainer>> Server(rpc::Agent& agen
 inline absl::StatusOr<ps::StepReport> Step(train::PsTrainer& trainer, const at::Tensor& x, const at::Tensor& y) {
   std::optional<ps::StepReport> report;
   trainer.set_on_step([&report](const ps::StepReport& r, double) { report = r; });
-  const absl::Status status = trainer.StartStep(x, y).wait().status();
+  const absl::Status status = trainer.StartStep({x, y}).wait().status();
   trainer.set_on_step(nullptr);
   if (!status.ok()) return status;
   if (!report) return absl::InternalError("the step ended without a report");

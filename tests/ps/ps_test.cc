@@ -75,7 +75,7 @@ TEST(Ps, SyncStepsEqualOneProcessOnTheWholeBatch) {
   ASSERT_TRUE(one.ok()) << one.status();
   bool differs = false;
   for (size_t s = 0; s < data.size(); ++s) {
-    const double want = (*one)->StartStep(data[s].first, data[s].second).wait().value();
+    const double want = (*one)->StartStep({data[s].first, data[s].second}).wait().value();
     auto r = ps_fixtures::Step(**half, data[s].first, data[s].second);
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_NEAR(r->loss, want, 1e-5 * std::abs(want)) << "bf16, step " << s;

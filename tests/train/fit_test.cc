@@ -48,8 +48,8 @@ class Recorder : public Trainer {
     return Fit(*this, data::InMemory(train), data::InMemory(test), logged, out);
   }
 
-  StartedStep StartStep(const at::Tensor&, const at::Tensor& y) override {
-    const int b = static_cast<int>(y[0].item<int64_t>() / 2);
+  StartedStep StartStep(const StepBatch& batch) override {
+    const int b = static_cast<int>(batch.y[0].item<int64_t>() / 2);
     log.push_back(absl::StrCat("start", b));
     return StartedStep(
         [this, b]() -> absl::StatusOr<double> {

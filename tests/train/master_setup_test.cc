@@ -116,7 +116,7 @@ TEST(MasterSetup, AMasterWithoutDistAutogradGetsFailedPreconditionAndItsWorkersE
     auto made = train::PipelineTrainer::Create(master, Options(1));
     ASSERT_TRUE(made.ok()) << made.status();
     const data::Dataset batch = Toy(8);
-    auto loss = (*made)->StartStep(batch.images, batch.labels).wait();
+    auto loss = (*made)->StartStep({batch.images, batch.labels}).wait();
     ASSERT_TRUE(loss.ok()) << loss.status();
   }
   c.End();

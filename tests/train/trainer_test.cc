@@ -230,10 +230,10 @@ TEST(LocalTrainer, BadOptionsAreClearErrors) {
 TEST(LocalTrainer, AFailedStepNamesTheStageOrTheLossAndItsShapes) {
   auto trainer = Tiny();
   ASSERT_NE(trainer, nullptr);
-  auto wrong_width = trainer->StartStep(at::randn({4, 5}), at::randint(0, 3, {4}, at::kLong)).wait();
+  auto wrong_width = trainer->StartStep({at::randn({4, 5}), at::randint(0, 3, {4}, at::kLong)}).wait();
   ASSERT_FALSE(wrong_width.ok());
   EXPECT_THAT(wrong_width.status().message(), HasSubstr("local training, stage 0, micro-batch 0: "));
-  auto wrong_class = trainer->StartStep(at::randn({4, 8}), at::full({4}, 7, at::kLong)).wait();
+  auto wrong_class = trainer->StartStep({at::randn({4, 8}), at::full({4}, 7, at::kLong)}).wait();
   ASSERT_FALSE(wrong_class.ok());
   EXPECT_THAT(wrong_class.status().message(),
               HasSubstr("local training, micro-batch 0: the loss 'cross_entropy' of an output of [2, 3] against "
