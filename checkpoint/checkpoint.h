@@ -285,7 +285,7 @@ struct LocalSave {
 // ReadStageTensors read it like any checkpoint: one shard, shard-0.pt
 // (recorded as written by `owner`), holding every stage's `tensors`
 // (parameters then buffers) by their `names` (pipeline::StateNames),
-// `optimizer` (optim::SaveOptimizerState's bytes or ps::PackShardStates',
+// `optimizer` (optim::SaveOptimizerState's bytes or ps::PackPartitionStates',
 // or undefined) and this process's CPU generator; model.pt; the manifest,
 // written last. Then keeps the newest `keep` (>= 1) checkpoints in `dir`.
 // An error names the file that failed; the previous checkpoint stays the

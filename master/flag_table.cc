@@ -14,12 +14,13 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
                   "workers r*P .. r*P + P - 1");
   flags.AddString("mode", &f->mode,
                   "pipeline (the model cut into stages over the workers) or ps (a parameter server: "
-                  "the master, or --ps-shards servers, hold the model and optimizer; every step each worker pulls the "
+                  "the master, or --ps-partitions servers, hold the model and optimizer; every step each worker pulls the "
                   "parameters and pushes the gradient of its share of the batch; see "
                   "docs/parameter-server.md)");
-  flags.AddInt("ps-shards", &f->ps.shards,
+  flags.AddInt("ps-partitions", &f->ps.partitions,
                "with --mode ps: K server processes holding a partition of the parameters and its "
                "optimizer each: the first K --workers (0 or 1: the master holds them)");
+  flags.AddInt("ps-shards", &f->ps.partitions, "the former name of --ps-partitions");
   flags.AddInt("backup-workers", &f->ps.backup_workers,
                "with --mode ps: k; each step goes on with the first n - k gradient sets and drops "
                "the stragglers' (0: synchronous, equal to one process on the whole batch); the summary counts "

@@ -62,21 +62,21 @@ void PrintStep(const ps::StepReport& r, double seconds) {
   std::fflush(stdout);
 }
 
-// How many of --workers are servers: K for --ps-shards K >= 2, else none.
-int ServerCount(const PsFlags& p) { return p.shards > 1 ? p.shards : 0; }
+// How many of --workers are servers: K for --ps-partitions K >= 2, else none.
+int ServerCount(const PsFlags& p) { return p.partitions > 1 ? p.partitions : 0; }
 
 // Where the parameters live and which workers compute, with the channel
 // the master reaches each over.
-void PrintPlacement(rpc::Agent& agent, const std::vector<ps::ShardPlacement>& shards,
+void PrintPlacement(rpc::Agent& agent, const std::vector<ps::PartitionPlacement>& partitions,
                     const std::vector<std::string>& workers) {
   auto route = [&agent](const std::string& w) {
     auto r = agent.channel_to(w);
     return r.ok() ? *r : std::string("?");
   };
-  for (size_t k = 0; k < shards.size(); ++k) {
-    std::printf("  %s: server of shard %zu, %zu parameter tensors, %.1f KiB; tensors over %s\n",
-                shards[k].server.c_str(), k, shards[k].params.size(), shards[k].bytes / 1024.0,
-                route(shards[k].server).c_str());
+  for (size_t k = 0; k < partitions.size(); ++k) {
+    std::printf("  %s: server of partition %zu, %zu parameter tensors, %.1f KiB; tensors over %s\n",
+                partitions[k].server.c_str(), k, partitions[k].params.size(), partitions[k].bytes / 1024.0,
+                route(partitions[k].server).c_str());
   }
   for (const auto& w : workers) {
     std::printf("  %s: computes; tensors over %s\n", w.c_str(), route(w).c_str());
@@ -89,8 +89,8 @@ void PrintPlacement(rpc::Agent& agent, const std::vector<ps::ShardPlacement>& sh
 std::string CheckPsFlags(const RunOptions& c, const PsFlags& p, bool ps_mode, bool splits_given,
                          int pipeline_stages) {
   if (!ps_mode) {
-    return p.shards != 0 || p.backup_workers != 0 || p.step_lines
-               ? "--ps-shards, --backup-workers and --ps-step-lines go with --mode ps"
+    return p.partitions != 0 || p.backup_workers != 0 || p.step_lines
+               ? "--ps-partitions, --backup-workers and --ps-step-lines go with --mode ps"
                : "";
   }
   if (c.local) return "--mode ps trains over workers: not with --local (which trains in this process)";
@@ -105,16 +105,16 @@ std::string CheckPsFlags(const RunOptions& c, const PsFlags& p, bool ps_mode, bo
   if (c.compare_local || !c.trace.empty() || !c.timeline.empty()) {
     return "--compare-local, --trace and --timeline are the pipeline's: not with --mode ps";
   }
-  if (p.shards < 0) {
-    return absl::StrCat("--ps-shards ", p.shards, ": give 0 or 1 (the master holds the model and optimizer) "
+  if (p.partitions < 0) {
+    return absl::StrCat("--ps-partitions ", p.partitions, ": give 0 or 1 (the master holds the model and optimizer) "
                         "or K >= 2 (the first K --workers hold a partition each)");
   }
   const int servers = ServerCount(p);
   const int all = static_cast<int>(c.all_workers.size());
   if (servers >= all) {
-    return absl::StrCat("--ps-shards ", p.shards, " with ", all, " --workers: the first ", p.shards,
+    return absl::StrCat("--ps-partitions ", p.partitions, " with ", all, " --workers: the first ", p.partitions,
                         " workers are the servers and at least one more must compute: give at most ",
-                        all - 1, " shards or more --workers");
+                        all - 1, " partitions or more --workers");
   }
   const int n = all - servers;
   const std::string computing = servers > 0 ? " compute workers (the --workers after the servers)" : " --workers";

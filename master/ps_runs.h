@@ -20,7 +20,7 @@ namespace remora::master {
 
 // The parameter-server flags.
 struct PsFlags {
-  int shards = 0;          // --ps-shards: server processes, the first K --workers (0 or 1: the master)
+  int partitions = 0;          // --ps-partitions: server processes, the first K --workers (0 or 1: the master)
   int backup_workers = 0;  // --backup-workers k
   bool step_lines = false;  // --ps-step-lines: a line per step
 };

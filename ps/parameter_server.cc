@@ -45,7 +45,7 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(rpc::Ag
         std::find(options.workers.begin(), options.workers.end(), server) != options.workers.end()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "parameter server: '", server, "' is named twice among the servers and workers: give each "
-          "process one role (a server holds a shard, a worker computes)"));
+          "process one role (a server holds a partition, a worker computes)"));
     }
   }
   RETURN_IF_ERROR(LossByName(options.loss).status());
@@ -65,17 +65,17 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(rpc::Ag
     model.push_back(std::move(*stage));
   }
   if (params.empty()) return absl::InvalidArgumentError("parameter server: the model has no parameters");
-  // The shards, if any; a replica on every worker, then its shapes, checked.
-  std::unique_ptr<ShardSet> shards;
+  // The partitions, if any; a replica on every worker, then its shapes, checked.
+  std::unique_ptr<PartitionSet> partitions;
   MakeReplicaRequest made;
   made.stages = EncodeStages(options.stages).toListRef().vec();
   made.loss = options.loss;
   made.bf16 = options.bf16;
   if (!options.servers.empty()) {
-    ASSIGN_OR_RETURN(shards, ShardSet::Create(agent, options.servers, params, options.optimizer));
-    for (size_t k = 0; k < shards->shards().size(); ++k) {
-      made.shards.push_back(shards->shards()[k].ToIValue());
-      made.shard_params.emplace_back(c10::List<int64_t>(shards->placement()[k].params));
+    ASSIGN_OR_RETURN(partitions, PartitionSet::Create(agent, options.servers, params, options.optimizer));
+    for (size_t k = 0; k < partitions->partitions().size(); ++k) {
+      made.partitions.push_back(partitions->partitions()[k].ToIValue());
+      made.partition_params.emplace_back(c10::List<int64_t>(partitions->placement()[k].params));
     }
   }
   const std::vector<c10::IValue> replica_args = rpc::EncodeCall(made);
@@ -108,32 +108,32 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(rpc::Ag
   }
   return std::unique_ptr<ParameterServer>(
       new ParameterServer(agent, std::move(options), std::move(model), std::move(params), std::move(slots),
-                          std::move(shards)));
+                          std::move(partitions)));
 }
 
 ParameterServer::ParameterServer(rpc::Agent& agent, PsOptions options,
                                  std::vector<std::unique_ptr<pipeline::StageModule>> model,
                                  std::vector<at::Tensor> params, std::vector<Slot> slots,
-                                 std::unique_ptr<ShardSet> shards)
+                                 std::unique_ptr<PartitionSet> partitions)
     : agent_(agent), options_(std::move(options)), model_(std::move(model)), params_(std::move(params)),
-      shards_(std::move(shards)), slots_(std::move(slots)), signal_(std::make_shared<Signal>()) {
-  if (shards_ == nullptr) {
+      partitions_(std::move(partitions)), slots_(std::move(slots)), signal_(std::make_shared<Signal>()) {
+  if (partitions_ == nullptr) {
     optimizer_ = optim::MakeOptimizer(c10::IValue(optim::OptionsToDict(options_.optimizer)).toGenericDict(),
                                       params_);
   }
 }
 
 ParameterServer::~ParameterServer() {
-  // With shards, a straggler's call still in flight pulls from and pushes
-  // to the shards: let it finish (each call is bounded by the agent's RPC
+  // With partitions, a straggler's call still in flight pulls from and pushes
+  // to the partitions: let it finish (each call is bounded by the agent's RPC
   // timeout), so that a shutdown right after does not cut it off midway.
   // Without, a call to a worker that died would hold the agent's shutdown
   // (its request's RRef fork is never accepted) until the worker is lost.
   for (size_t i = 0; i < slots_.size(); ++i) {
     if (!slots_[i].busy) continue;
-    const absl::Status s = shards_ != nullptr ? slots_[i].call.wait().status()
+    const absl::Status s = partitions_ != nullptr ? slots_[i].call.wait().status()
                                               : slots_[i].call.wait_for(absl::Seconds(10)).status();
-    if (!s.ok() && shards_ == nullptr) Failed(i, s, "parameter server, shutting down").IgnoreError();
+    if (!s.ok() && partitions_ == nullptr) Failed(i, s, "parameter server, shutting down").IgnoreError();
   }
 }
 
@@ -148,8 +148,8 @@ bool ParameterServer::Lost(const std::string& name, const absl::Status& why) {
 }
 
 absl::Status ParameterServer::CheckServers(size_t i, const absl::Status& status) const {
-  if (shards_ == nullptr) return absl::OkStatus();
-  return base::Annotate(shards_->Check(),
+  if (partitions_ == nullptr) return absl::OkStatus();
+  return base::Annotate(partitions_->Check(),
                   absl::StrCat("after worker '", slots_[i].name, "' failed (", status.message(), ")"));
 }
 
@@ -209,9 +209,9 @@ std::vector<size_t> ParameterServer::Send(const Batch& batch, int64_t round, Ste
   }
   // One snapshot of the parameters for every worker: the optimizer steps
   // them in place while a straggler's call may still be on its way. With
-  // shards, the workers pull the parameters from them.
+  // partitions, the workers pull the parameters from them.
   std::vector<at::Tensor> snapshot;
-  if (shards_ == nullptr) {
+  if (partitions_ == nullptr) {
     c10::NoGradGuard no_grad;
     for (const at::Tensor& p : params_) snapshot.push_back(p.detach().to(c10::kCPU).clone());
   }
@@ -231,8 +231,8 @@ std::vector<size_t> ParameterServer::Send(const Batch& batch, int64_t round, Ste
     const c10::IValue x =
         rows != nullptr ? pipeline::ToIValue({rows->source, xs[j], rows->epoch}) : c10::IValue(xs[j]);
     const c10::IValue y = rows != nullptr ? c10::IValue() : c10::IValue(ys[j]);
-    slot.call = shards_ != nullptr ? slot.replica.rpc_async(ComputeShardedRequest::kMethod,
-                                                            rpc::EncodeCall(ComputeShardedRequest{round, x, y, total}))
+    slot.call = partitions_ != nullptr ? slot.replica.rpc_async(ComputePartitionedRequest::kMethod,
+                                                            rpc::EncodeCall(ComputePartitionedRequest{round, x, y, total}))
                                    : slot.replica.rpc_async(ComputeRequest::kMethod,
                                                             rpc::EncodeCall(ComputeRequest{snapshot, x, y, total}));
     slot.call.then([signal = signal_](const absl::StatusOr<c10::IValue>&) {
@@ -377,7 +377,7 @@ absl::Status ParameterServer::Apply(const std::map<size_t, c10::IValue>& done, S
     report.rows += slots_[i].rows;
     report.push_bytes += parameter_bytes();  // a gradient of every parameter
     report.used.push_back(slots_[i].name);
-    if (shards_ != nullptr) continue;  // the worker pushed them to the shards
+    if (partitions_ != nullptr) continue;  // the worker pushed them to the partitions
     const std::vector<at::Tensor>& grads = reply->grads;
     if (grads.size() != params_.size()) {
       return absl::DataLossError(absl::StrCat("worker '", slots_[i].name, "' sent ", grads.size(),
@@ -394,14 +394,14 @@ absl::Status ParameterServer::Apply(const std::map<size_t, c10::IValue>& done, S
   const double scale = static_cast<double>(report.batch_rows) / static_cast<double>(report.rows);
   report.loss = whole ? loss : loss * scale;
   const double max_norm = options_.clip_grad_norm;
-  if (shards_ != nullptr) {
+  if (partitions_ != nullptr) {
     double clip = 1;
     if (max_norm > 0) {
-      ASSIGN_OR_RETURN(report.grad_norm, shards_->GradNorm(round_, report.used, whole ? 1.0 : scale));
+      ASSIGN_OR_RETURN(report.grad_norm, partitions_->GradNorm(round_, report.used, whole ? 1.0 : scale));
       // As clip_grad_norm_: the coefficient in float, at most 1.
       clip = std::min(1.0f, static_cast<float>(max_norm) / (static_cast<float>(report.grad_norm) + 1e-6f));
     }
-    return shards_->Apply(round_, report.used, whole ? 1.0 : scale, clip);
+    return partitions_->Apply(round_, report.used, whole ? 1.0 : scale, clip);
   }
   try {
     c10::NoGradGuard no_grad;
@@ -419,7 +419,7 @@ absl::Status ParameterServer::Apply(const std::map<size_t, c10::IValue>& done, S
 }
 
 absl::StatusOr<at::Tensor> ParameterServer::eval(const at::Tensor& inputs) {
-  if (shards_ != nullptr) RETURN_IF_ERROR(base::Annotate(shards_->Gather(params_), "parameter server: evaluating"));
+  if (partitions_ != nullptr) RETURN_IF_ERROR(base::Annotate(partitions_->Gather(params_), "parameter server: evaluating"));
   c10::NoGradGuard no_grad;
   try {
     c10::IValue out = inputs.to(params_[0].device());
@@ -432,7 +432,7 @@ absl::StatusOr<at::Tensor> ParameterServer::eval(const at::Tensor& inputs) {
 }
 
 absl::StatusOr<std::vector<std::vector<at::Tensor>>> ParameterServer::stage_state() {
-  if (shards_ != nullptr) RETURN_IF_ERROR(base::Annotate(shards_->Gather(params_), "parameter server: saving"));
+  if (partitions_ != nullptr) RETURN_IF_ERROR(base::Annotate(partitions_->Gather(params_), "parameter server: saving"));
   std::vector<std::vector<at::Tensor>> out;
   for (const auto& stage : model_) out.push_back(pipeline::StateTensors(*stage));
   return out;
@@ -445,7 +445,7 @@ std::vector<std::vector<std::string>> ParameterServer::stage_names() const {
 }
 
 absl::StatusOr<at::Tensor> ParameterServer::optimizer_state() const {
-  if (shards_ != nullptr) return shards_->OptimizerState();
+  if (partitions_ != nullptr) return partitions_->OptimizerState();
   return optim::SaveOptimizerState(*optimizer_);
 }
 
@@ -459,30 +459,30 @@ absl::Status ParameterServer::Load(const std::vector<std::vector<at::Tensor>>& s
     for (size_t k = 0; k < stages.size(); ++k) {
       pipeline::LoadState(*model_[k], stages[k], absl::StrCat("parameter server, stage ", k));
     }
-    if (shards_ == nullptr && optimizer.defined()) {
-      if (const int k = SavedShards(optimizer); k > 0) {
+    if (partitions_ == nullptr && optimizer.defined()) {
+      if (const int k = SavedPartitions(optimizer); k > 0) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "parameter server: the saved optimizer state comes from ", k, " parameter-server shards: resume "
-            "with --ps-shards ", k, " (the partition of the optimizer's state follows the number of shards)"));
+            "parameter server: the saved optimizer state comes from ", k, " parameter-server partitions: resume "
+            "with --ps-partitions ", k, " (the optimizer's state is split as the parameters are)"));
       }
       optim::LoadOptimizerState(*optimizer_, optimizer);
     }
   } catch (...) {
     return base::StatusFromCurrentException("parameter server: loading the saved state");
   }
-  if (shards_ != nullptr)
-    RETURN_IF_ERROR(base::Annotate(shards_->Load(params_, optimizer), "parameter server: resuming"));
+  if (partitions_ != nullptr)
+    RETURN_IF_ERROR(base::Annotate(partitions_->Load(params_, optimizer), "parameter server: resuming"));
   step_ = steps_done;
   return absl::OkStatus();
 }
 
-std::vector<ShardPlacement> ParameterServer::placement() const {
-  return shards_ != nullptr ? shards_->placement() : std::vector<ShardPlacement>{};
+std::vector<PartitionPlacement> ParameterServer::placement() const {
+  return partitions_ != nullptr ? partitions_->placement() : std::vector<PartitionPlacement>{};
 }
 
-absl::StatusOr<std::vector<std::vector<at::Tensor>>> ParameterServer::shard_parameters() const {
-  if (shards_ == nullptr) return absl::FailedPreconditionError("parameter server: no shards (no servers given)");
-  return shards_->Parameters();
+absl::StatusOr<std::vector<std::vector<at::Tensor>>> ParameterServer::partition_parameters() const {
+  if (partitions_ == nullptr) return absl::FailedPreconditionError("parameter server: no partitions (no servers given)");
+  return partitions_->Parameters();
 }
 
 std::vector<std::string> ParameterServer::live_workers() const {

@@ -44,19 +44,19 @@
 // processes on one host through shared memory (channel/shm), else in the
 // gRPC messages.
 //
-// With `servers` (master --ps-shards K >= 2) the parameters live on those
-// server processes instead, partitioned by bytes (ps/shards.h): the
-// workers pull from and push to the shards directly, and this process
+// With `servers` (master --ps-partitions K >= 2) the parameters live on those
+// server processes instead, partitioned by bytes (ps/partitions.h): the
+// workers pull from and push to the partitions directly, and this process
 // sends the rows, learns which gradient sets came first (as above) and
-// tells the shards whose gradients to apply. It keeps a copy of the model
+// tells the partitions whose gradients to apply. It keeps a copy of the model
 // that eval, stage_state and Load bring up to date from (or send to) the
-// shards. A server whose call fails fails the step naming it (it is never
+// partitions. A server whose call fails fails the step naming it (it is never
 // a dropped straggler): when a worker's call fails, the servers are
 // checked first.
 //
 // Thread-safety: one step (or eval) at a time; the completion
 // signal the calls' callbacks share is thread-safe. Ownership: the server
-// owns its model and optimizer (or its ShardSet) and holds RRefs to the
+// owns its model and optimizer (or its PartitionSet) and holds RRefs to the
 // workers' replicas (freed on the workers when it is destroyed); the agent
 // must outlive it.
 #pragma once
@@ -76,7 +76,7 @@
 #include "optim/distributed_optimizer.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/stage.h"
-#include "ps/shards.h"
+#include "ps/partitions.h"
 #include "rpc/agent.h"
 
 namespace remora::train {
@@ -96,7 +96,7 @@ struct PsOptions {
   bool bf16 = false;
   // Above 0: each step's gradients (the workers' mean) clipped to this
   // norm over the whole model, as torch.nn.utils.clip_grad_norm_ (with
-  // servers: each shard's squared share asked for first, "norm").
+  // servers: each partition's squared share asked for first, "norm").
   double clip_grad_norm = 0;
   // Server processes holding a partition of the parameters each (not
   // among `workers`); empty: the parameters live in this process.
@@ -129,7 +129,7 @@ class ParameterServer {
   // error names the worker that failed.
   static absl::StatusOr<std::unique_ptr<ParameterServer>> Create(rpc::Agent& agent, PsOptions options);
   // Waits for the workers' calls still in flight (stragglers'): with
-  // shards until they end; without, up to 10 s each, and marks a worker
+  // partitions until they end; without, up to 10 s each, and marks a worker
   // whose call failed and that does not answer (Failed) lost, so that the
   // agent's shutdown waits for nothing of it.
   ~ParameterServer();
@@ -138,9 +138,9 @@ class ParameterServer {
   absl::StatusOr<at::Tensor> eval(const at::Tensor& inputs);
 
   // Per stage, its parameters then buffers (copies on the CPU); the
-  // optimizer's state (optim::SaveOptimizerState's bytes; with shards,
-  // theirs packed, ps/shards.h); and their reverse (an error when the
-  // saved optimizer state comes from another number of shards). Load's
+  // optimizer's state (optim::SaveOptimizerState's bytes; with partitions,
+  // theirs packed, ps/partitions.h); and their reverse (an error when the
+  // saved optimizer state comes from another number of partitions). Load's
   // `steps_done` is the steps the saved state had taken: the next step is
   // numbered steps_done + 1, as in the run that saved it.
   absl::StatusOr<std::vector<std::vector<at::Tensor>>> stage_state();
@@ -151,9 +151,9 @@ class ParameterServer {
                     int64_t steps_done = 0);
 
   // With servers: which holds which parameters (empty without); and each
-  // shard's parameters as it holds them.
-  std::vector<ShardPlacement> placement() const;
-  absl::StatusOr<std::vector<std::vector<at::Tensor>>> shard_parameters() const;
+  // partition's parameters as it holds them.
+  std::vector<PartitionPlacement> placement() const;
+  absl::StatusOr<std::vector<std::vector<at::Tensor>>> partition_parameters() const;
 
   // Workers not lost so far, in --workers order.
   std::vector<std::string> live_workers() const;
@@ -202,7 +202,7 @@ class ParameterServer {
   };
 
   ParameterServer(rpc::Agent& agent, PsOptions options, std::vector<std::unique_ptr<pipeline::StageModule>> model,
-                  std::vector<at::Tensor> params, std::vector<Slot> slots, std::unique_ptr<ShardSet> shards);
+                  std::vector<at::Tensor> params, std::vector<Slot> slots, std::unique_ptr<PartitionSet> partitions);
 
   // The step on `batch`, checked: rounds until enough gradient sets came,
   // then the optimizer's step.
@@ -242,8 +242,8 @@ class ParameterServer {
   const PsOptions options_;
   std::vector<std::unique_ptr<pipeline::StageModule>> model_;
   std::vector<at::Tensor> params_;  // the model's, in order
-  std::unique_ptr<torch::optim::Optimizer> optimizer_;  // null with shards_
-  std::unique_ptr<ShardSet> shards_;  // null without servers
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;  // null with partitions_
+  std::unique_ptr<PartitionSet> partitions_;  // null without servers
   std::vector<Slot> slots_;
   std::shared_ptr<Signal> signal_;
   int64_t step_ = 0;

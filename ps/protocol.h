@@ -1,6 +1,6 @@
 // The parameter server's calls, one struct each (rpc/call.h): the replica
-// module each worker holds (ps/replica.h) and the shards that hold the
-// parameters with --ps-shards (ps/shards.h). Both sides encode and decode
+// module each worker holds (ps/replica.h) and the partitions that hold the
+// parameters with --ps-partitions (ps/partitions.h). Both sides encode and decode
 // through these structs; a call that does not match is an error naming the
 // call and the field.
 //
@@ -34,17 +34,17 @@ struct StageSpecValue {
 // --- the replica, on each worker ---------------------------------------------------
 
 // The module: a copy of the model built from its stage specs, with the loss
-// by name; with shards, their RRefs and each one's parameter indices.
+// by name; with partitions, their RRefs and each one's parameter indices.
 struct MakeReplicaRequest {
   static constexpr char kFunction[] = "remora.ps.Replica";
   std::vector<c10::IValue> stages;  // StageSpecValue tuples
   std::string loss;
-  std::vector<c10::IValue> shards;  // RRefs, or empty without shards
-  std::vector<c10::IValue> shard_params;  // a list of ints per shard
+  std::vector<c10::IValue> partitions;  // RRefs, or empty without partitions
+  std::vector<c10::IValue> partition_params;  // a list of ints per partition
   bool bf16 = false;  // PsOptions::bf16
   template <typename Fields>
   void Visit(Fields& f) {
-    f("stages", stages)("loss", loss)("shards", shards)("shard_params", shard_params)("bf16", bf16, rpc::kMayBeLeftOff);
+    f("stages", stages)("loss", loss)("partitions", partitions)("partition_params", partition_params)("bf16", bf16, rpc::kMayBeLeftOff);
   }
 };
 
@@ -64,11 +64,11 @@ struct ComputeRequest {
   }
 };
 
-// "compute_sharded": the same with the parameters pulled from the shards,
+// "compute_partitioned": the same with the parameters pulled from the partitions,
 // and the gradients pushed to them for `round`.
-struct ComputeShardedRequest {
-  static constexpr char kFunction[] = "remora.ps.Replica.compute_sharded";
-  static constexpr char kMethod[] = "compute_sharded";
+struct ComputePartitionedRequest {
+  static constexpr char kFunction[] = "remora.ps.Replica.compute_partitioned";
+  static constexpr char kMethod[] = "compute_partitioned";
   int64_t round = 0;
   c10::IValue inputs;
   c10::IValue targets;
@@ -79,7 +79,7 @@ struct ComputeShardedRequest {
   }
 };
 
-// What both compute calls answer (grads empty when pushed to the shards).
+// What both compute calls answer (grads empty when pushed to the partitions).
 struct ComputeReply {
   static constexpr char kFunction[] = "remora.ps.Replica.compute (reply)";
   std::vector<at::Tensor> grads;
@@ -90,11 +90,11 @@ struct ComputeReply {
   }
 };
 
-// --- the shards, on the servers -------------------------------------------------------
+// --- the partitions, on the servers -------------------------------------------------------
 
-// The module: a shard holding copies of `params` with an optimizer over them.
-struct MakeShardRequest {
-  static constexpr char kFunction[] = "remora.ps.Shard";
+// The module: a partition holding copies of `params` with an optimizer over them.
+struct MakePartitionRequest {
+  static constexpr char kFunction[] = "remora.ps.Partition";
   std::vector<at::Tensor> params;
   c10::IValue optimizer_options;  // optim::OptionsToDict's
   template <typename Fields>
@@ -103,10 +103,10 @@ struct MakeShardRequest {
   }
 };
 
-// "push": a worker's gradients of this shard's parameters for `round`;
+// "push": a worker's gradients of this partition's parameters for `round`;
 // replies whether they were kept (false when late: that round was applied).
-struct ShardPushRequest {
-  static constexpr char kFunction[] = "remora.ps.Shard.push";
+struct PartitionPushRequest {
+  static constexpr char kFunction[] = "remora.ps.Partition.push";
   static constexpr char kMethod[] = "push";
   int64_t round = 0;
   std::string worker;
@@ -119,13 +119,13 @@ struct ShardPushRequest {
 
 // "apply": steps with the gradients `workers` pushed for `round`, summed in
 // that order and multiplied by `scale`.
-struct ShardApplyRequest {
-  static constexpr char kFunction[] = "remora.ps.Shard.apply";
+struct PartitionApplyRequest {
+  static constexpr char kFunction[] = "remora.ps.Partition.apply";
   static constexpr char kMethod[] = "apply";
   int64_t round = 0;
   std::vector<std::string> workers;
   double scale = 1;
-  double clip = 1;  // the clipping's coefficient (ShardNormRequest), applied after `scale`
+  double clip = 1;  // the clipping's coefficient (PartitionNormRequest), applied after `scale`
   template <typename Fields>
   void Visit(Fields& f) {
     f("round", round)("workers", workers)("scale", scale)("clip", clip, rpc::kMayBeLeftOff);
@@ -133,10 +133,10 @@ struct ShardApplyRequest {
 };
 
 // The squared norm of the gradients "apply" would step with (the same
-// workers' pushes for the round, summed and scaled), over the shard's
+// workers' pushes for the round, summed and scaled), over the partition's
 // parameters: its share of the whole model's norm, for clipping.
-struct ShardNormRequest {
-  static constexpr char kFunction[] = "remora.ps.Shard.norm";
+struct PartitionNormRequest {
+  static constexpr char kFunction[] = "remora.ps.Partition.norm";
   static constexpr char kMethod[] = "norm";
   int64_t round = 0;
   std::vector<std::string> workers;
@@ -149,8 +149,8 @@ struct ShardNormRequest {
 
 // "load": the parameters' saved values and the optimizer's saved state
 // (optim::SaveOptimizerState's archive), when there is one.
-struct ShardLoadRequest {
-  static constexpr char kFunction[] = "remora.ps.Shard.load";
+struct PartitionLoadRequest {
+  static constexpr char kFunction[] = "remora.ps.Partition.load";
   static constexpr char kMethod[] = "load";
   std::vector<at::Tensor> params;
   std::optional<at::Tensor> optimizer;

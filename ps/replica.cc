@@ -19,7 +19,7 @@
 #include "pipeline/stage.h"
 #include "pipeline/worker_data.h"
 #include "ps/protocol.h"
-#include "ps/shards.h"
+#include "ps/partitions.h"
 #include "rpc/agent.h"
 #include "runtime/compute_lane.h"
 #include "trace/trace.h"
@@ -35,10 +35,10 @@ struct Replica {
   std::vector<std::unique_ptr<pipeline::StageModule>> stages;
   std::vector<at::Tensor> params;  // every stage's, in order
   pipeline::LossFn loss;
-  // With --ps-shards: the shards (ps/shards.h) and each one's parameter
+  // With --ps-partitions: the partitions (ps/partitions.h) and each one's parameter
   // indices; empty when the server sends the parameters with each call.
-  std::vector<rpc::RRef> shards;
-  std::vector<std::vector<int64_t>> shard_params;
+  std::vector<rpc::RRef> partitions;
+  std::vector<std::vector<int64_t>> partition_params;
   bool bf16 = false;  // each stage under bf16 autocast, bf16 between them
 };
 
@@ -60,31 +60,31 @@ std::shared_ptr<Replica> MakeReplica(rpc::CallContext& ctx, const rpc::Args& a) 
     r->stages.push_back(std::move(*stage));
   }
   if (r->params.empty()) throw std::invalid_argument(absl::StrCat(r->where, ": the model has no parameters"));
-  if (!request.shards.empty()) {
-    for (const c10::IValue& v : request.shards) {
+  if (!request.partitions.empty()) {
+    for (const c10::IValue& v : request.partitions) {
       auto rref = rpc::RRef::FromIValue(v);
       if (!rref.ok()) throw std::invalid_argument(absl::StrCat(r->where, ": ", rref.status().message()));
-      r->shards.push_back(std::move(*rref));
+      r->partitions.push_back(std::move(*rref));
     }
-    for (const c10::IValue& v : request.shard_params) {
+    for (const c10::IValue& v : request.partition_params) {
       if (!v.isIntList()) {
-        throw std::invalid_argument(absl::StrCat(r->where, ": a shard's parameter indices are a ", v.tagKind(),
+        throw std::invalid_argument(absl::StrCat(r->where, ": a partition's parameter indices are a ", v.tagKind(),
                                                  ", not a list of ints"));
       }
-      r->shard_params.push_back(v.toIntVector());
+      r->partition_params.push_back(v.toIntVector());
     }
     size_t count = 0;
-    for (const auto& indices : r->shard_params) {
+    for (const auto& indices : r->partition_params) {
       for (int64_t i : indices) {
         if (i < 0 || i >= static_cast<int64_t>(r->params.size())) {
-          throw std::invalid_argument(absl::StrCat(r->where, ": a shard holds parameter ", i, " of ",
+          throw std::invalid_argument(absl::StrCat(r->where, ": a partition holds parameter ", i, " of ",
                                                    r->params.size()));
         }
       }
       count += indices.size();
     }
-    if (r->shards.size() != r->shard_params.size() || count != r->params.size()) {
-      throw std::invalid_argument(absl::StrCat(r->where, ": ", r->shards.size(), " shards holding ", count,
+    if (r->partitions.size() != r->partition_params.size() || count != r->params.size()) {
+      throw std::invalid_argument(absl::StrCat(r->where, ": ", r->partitions.size(), " partitions holding ", count,
                                                " parameters for a model of ", r->params.size()));
     }
   }
@@ -170,14 +170,14 @@ c10::IValue Compute(Replica& r, rpc::CallContext& ctx, const rpc::Args& a) {
   return rpc::EncodeTuple(ComputeReply{std::move(grads), loss});
 }
 
-// Waits for every shard's reply to `calls`; an error names the server.
-std::vector<c10::IValue> WaitForShards(Replica& r, std::vector<rpc::Future<c10::IValue>>& calls,
+// Waits for every partition's reply to `calls`; an error names the server.
+std::vector<c10::IValue> WaitForPartitions(Replica& r, std::vector<rpc::Future<c10::IValue>>& calls,
                                        const std::string& what) {
   std::vector<c10::IValue> out;
   for (size_t k = 0; k < calls.size(); ++k) {
     auto got = calls[k].wait();
     if (!got.ok()) {
-      throw std::runtime_error(absl::StrCat(r.where, ": ", what, " parameter server '", r.shards[k].owner_name(),
+      throw std::runtime_error(absl::StrCat(r.where, ": ", what, " parameter server '", r.partitions[k].owner_name(),
                                             "': ", got.status().message()));
     }
     out.push_back(*got);
@@ -185,35 +185,35 @@ std::vector<c10::IValue> WaitForShards(Replica& r, std::vector<rpc::Future<c10::
   return out;
 }
 
-// ComputeShardedRequest -> ComputeReply (no gradients): pulls the
-// parameters from every shard, computes, and pushes each shard the
+// ComputePartitionedRequest -> ComputeReply (no gradients): pulls the
+// parameters from every partition, computes, and pushes each partition the
 // gradients of its parameters for the round.
-c10::IValue ComputeSharded(Replica& r, rpc::CallContext& ctx, const rpc::Args& a) {
-  const auto request = rpc::DecodeCallOrThrow<ComputeShardedRequest>(a);
-  if (r.shards.empty()) throw std::invalid_argument(absl::StrCat(r.where, ": it has no shards to pull from"));
+c10::IValue ComputePartitioned(Replica& r, rpc::CallContext& ctx, const rpc::Args& a) {
+  const auto request = rpc::DecodeCallOrThrow<ComputePartitionedRequest>(a);
+  if (r.partitions.empty()) throw std::invalid_argument(absl::StrCat(r.where, ": it has no partitions to pull from"));
   SlowDown();
   std::vector<rpc::Future<c10::IValue>> pulls;
-  for (const rpc::RRef& shard : r.shards) pulls.push_back(shard.rpc_async("pull"));
-  const std::vector<c10::IValue> pulled = WaitForShards(r, pulls, "pulling the parameters from");
+  for (const rpc::RRef& partition : r.partitions) pulls.push_back(partition.rpc_async("pull"));
+  const std::vector<c10::IValue> pulled = WaitForPartitions(r, pulls, "pulling the parameters from");
   std::vector<at::Tensor> params(r.params.size());
   for (size_t k = 0; k < pulled.size(); ++k) {
     const std::vector<at::Tensor> part = pulled[k].toTensorVector();
-    if (part.size() != r.shard_params[k].size()) {
-      throw std::runtime_error(absl::StrCat(r.where, ": parameter server '", r.shards[k].owner_name(), "' sent ",
-                                            part.size(), " parameters; its shard holds ",
-                                            r.shard_params[k].size()));
+    if (part.size() != r.partition_params[k].size()) {
+      throw std::runtime_error(absl::StrCat(r.where, ": parameter server '", r.partitions[k].owner_name(), "' sent ",
+                                            part.size(), " parameters; its partition holds ",
+                                            r.partition_params[k].size()));
     }
-    for (size_t j = 0; j < part.size(); ++j) params[r.shard_params[k][j]] = part[j];
+    for (size_t j = 0; j < part.size(); ++j) params[r.partition_params[k][j]] = part[j];
   }
   auto [inputs, targets] = Share(r, ctx, request.inputs, request.targets);
   auto [grads, loss] = Gradients(r, params, inputs, targets, request.total_rows);
   std::vector<rpc::Future<c10::IValue>> pushes;
-  for (size_t k = 0; k < r.shards.size(); ++k) {
-    ShardPushRequest push{request.round, ctx.agent->self().name, {}};
-    for (int64_t i : r.shard_params[k]) push.grads.push_back(grads[i]);
-    pushes.push_back(r.shards[k].rpc_async(ShardPushRequest::kMethod, rpc::EncodeCall(push)));
+  for (size_t k = 0; k < r.partitions.size(); ++k) {
+    PartitionPushRequest push{request.round, ctx.agent->self().name, {}};
+    for (int64_t i : r.partition_params[k]) push.grads.push_back(grads[i]);
+    pushes.push_back(r.partitions[k].rpc_async(PartitionPushRequest::kMethod, rpc::EncodeCall(push)));
   }
-  WaitForShards(r, pushes, "pushing the gradients to");
+  WaitForPartitions(r, pushes, "pushing the gradients to");
   return rpc::EncodeTuple(ComputeReply{{}, loss});
 }
 
@@ -285,11 +285,11 @@ void SetComputeDelay(absl::Duration delay) {
 absl::Duration ComputeDelay() { return absl::Microseconds(compute_delay_us.load(std::memory_order_relaxed)); }
 
 absl::Status RegisterFunctions(rpc::Registry& registry) {
-  RETURN_IF_ERROR(RegisterShard(registry));
+  RETURN_IF_ERROR(RegisterPartition(registry));
   return registry.RegisterModule<Replica>(
       MakeReplicaRequest::kFunction, MakeReplica,
       {{ComputeRequest::kMethod, Computing(Compute)},
-       {ComputeShardedRequest::kMethod, Computing(ComputeSharded)},
+       {ComputePartitionedRequest::kMethod, Computing(ComputePartitioned)},
        {"shapes", [](Replica& r, rpc::CallContext&, const rpc::Args&) -> c10::IValue {
           c10::impl::GenericList out(c10::ListType::ofInts());
           for (const at::Tensor& p : r.params) out.push_back(c10::List<int64_t>(p.sizes().vec()));

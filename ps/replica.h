@@ -21,14 +21,14 @@
 // parameter the loss does not reach) and the weighted loss. The replica's
 // buffers (BatchNorm's running statistics) are its own and are not sent.
 //
-// With parameter-server shards (ps/shards.h) the factory also takes the
-// shards' RRefs and each one's parameter indices, and
+// With parameter-server partitions (ps/partitions.h) the factory also takes the
+// partitions' RRefs and each one's parameter indices, and
 //
-//   replica.rpc_async("compute_sharded", ComputeShardedRequest{round, inputs, targets, total_rows})
+//   replica.rpc_async("compute_partitioned", ComputePartitionedRequest{round, inputs, targets, total_rows})
 //       -> ComputeReply{no grads, weighted loss}
 //
-// pulls the parameters from every shard itself, computes as above and
-// pushes each shard the gradients of its parameters for `round`; an error
+// pulls the parameters from every partition itself, computes as above and
+// pushes each partition the gradients of its parameters for `round`; an error
 // names the server a pull or push failed on.
 //
 // Thread-safety: a replica's methods run one at a time (the registry holds
@@ -67,9 +67,9 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> DecodeStageList(c10::ArrayRef<c
 void SetComputeDelay(absl::Duration delay);
 absl::Duration ComputeDelay();
 
-// Registers "remora.ps.Replica" (methods "compute", "compute_sharded" and
+// Registers "remora.ps.Replica" (methods "compute", "compute_partitioned" and
 // "shapes": the parameters' shapes, checked by the server) and
-// "remora.ps.Shard" (ps/shards.h) in a worker's registry.
+// "remora.ps.Partition" (ps/partitions.h) in a worker's registry.
 absl::Status RegisterFunctions(rpc::Registry& registry);
 
 }  // namespace remora::ps

@@ -2,7 +2,7 @@
 # Parameter server (master --mode ps) against data parallelism (--replicas
 # n) on the small CNN and Fashion-MNIST, with the same workers on the same
 # cores, and a deliberately slowed worker with and without --backup-workers;
-# or (WHICH=shards) the server in the master against --ps-shards 2, with two
+# or (WHICH=partitions) the server in the master against --ps-partitions 2, with two
 # compute workers each. Each configuration runs REPS times, the
 # configurations alternating, so that all meet the same minutes of a
 # machine whose speed drifts.
@@ -47,9 +47,9 @@ run() {
 
 for rep in $(seq 1 "$REPS"); do
   echo "# repetition $rep"
-  if [ "$WHICH" = shards ]; then
+  if [ "$WHICH" = partitions ] || [ "$WHICH" = shards ]; then
     run "ps K=1 (master), 2 compute" 2 0 --mode ps
-    run "ps K=2 (w1,w2), 2 compute" 4 0 --mode ps --ps-shards 2
+    run "ps K=2 (w1,w2), 2 compute" 4 0 --mode ps --ps-partitions 2
     continue
   fi
   for n in 1 2 4; do

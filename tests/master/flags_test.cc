@@ -309,11 +309,11 @@ TEST(MasterFlags, PsModeRefusesFlagsThatDoNotGoWithIt) {
   ExpectErrors({
       {{"--mode", "ps", "--workers", "a,b", "--replicas", "2"}, "not with --replicas"},
       {{"--mode", "ps", "--workers", "a,b", "--backup-workers", "2"}, "give 0 <= k < n"},
-      {{"--mode", "ps", "--workers", "a,b", "--ps-shards", "2"}, "at least one more must compute"},
-      {{"--mode", "ps", "--workers", "a,b", "--ps-shards", "-1"}, "--ps-shards -1: give 0 or 1"},
-      {{"--mode", "ps", "--workers", "a,b,c", "--ps-shards", "2", "--backup-workers", "1"},
+      {{"--mode", "ps", "--workers", "a,b", "--ps-partitions", "2"}, "at least one more must compute"},
+      {{"--mode", "ps", "--workers", "a,b", "--ps-partitions", "-1"}, "--ps-partitions -1: give 0 or 1"},
+      {{"--mode", "ps", "--workers", "a,b,c", "--ps-partitions", "2", "--backup-workers", "1"},
        "--backup-workers 1 with 1 compute workers"},
-      {{"--mode", "ps", "--local", "--ps-shards", "2"}, "not with --local"},
+      {{"--mode", "ps", "--local", "--ps-partitions", "2"}, "not with --local"},
       {{"--mode", "ps", "--workers", "a,b", "--splits", "4"}, "--splits"},
       {{"--mode", "ps", "--local"}, "not with --local"},
       {{"--workers", "a,b", "--backup-workers", "1"}, "go with --mode ps"},
@@ -371,12 +371,12 @@ TEST(MasterFlags, DefaultsDependOnWhatIsTrained) {
                    0.001);
   EXPECT_DOUBLE_EQ(ParseCommandLine({"--local", "--optimizer", "adam", "--lr", "0.03"})->config.lr, 0.03);
 
-  auto ps = ParseCommandLine({"--mode", "ps", "--workers", "a,b,c", "--ps-shards", "2", "--lr", "0.2"});
+  auto ps = ParseCommandLine({"--mode", "ps", "--workers", "a,b,c", "--ps-partitions", "2", "--lr", "0.2"});
   ASSERT_TRUE(ps.ok()) << ps.status();
   EXPECT_TRUE(ps->ps_mode);
   EXPECT_EQ(ps->config.schedule, "ps");
   EXPECT_THAT(ps->config.splits, ElementsAre(1));
-  EXPECT_EQ(ps->ps.shards, 2);
+  EXPECT_EQ(ps->ps.partitions, 2);
   EXPECT_DOUBLE_EQ(ps->config.lr, 0.2);
 }
 

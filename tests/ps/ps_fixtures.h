@@ -1,4 +1,4 @@
-// What the parameter server's suites share (ps_test.cc, ps_shards_test.cc):
+// What the parameter server's suites share (ps_test.cc, ps_partitions_test.cc):
 // the MLP the servers train, a state comparison, and ways to start real
 // worker and master programs.
 #pragma once

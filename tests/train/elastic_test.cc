@@ -274,7 +274,7 @@ TEST(Elastic, AReplicaLostInDataParallelismIsReplacedAndTheJobEndsEqual) {
 TEST(Elastic, ALostParameterServerShardAndComputeWorkerAreReplaced) {
   const std::string data = ToyData();
   const std::string whole = FreshDir("elastic_ps_whole"), elastic = FreshDir("elastic_ps_ckpt");
-  const std::vector<std::string> flags = {"--mode", "ps", "--ps-shards", "2", "--checkpoint-every", "3",
+  const std::vector<std::string> flags = {"--mode", "ps", "--ps-partitions", "2", "--checkpoint-every", "3",
                                           "--lr-schedule", "linear", "--warmup-steps", "2"};
   const std::vector<std::string> names = {"a", "b", "w1", "w2"};
   ASSERT_TRUE(RunWhole(data, whole, flags, names));

@@ -1,4 +1,4 @@
-#include "ps/shards.h"
+#include "ps/partitions.h"
 
 #include <algorithm>
 #include <cmath>
@@ -26,8 +26,8 @@ namespace {
 int64_t Bytes(const at::Tensor& t) { return static_cast<int64_t>(t.numel() * t.element_size()); }
 
 // A partition of the parameters, as one server holds it.
-struct Shard {
-  std::string where;  // "the parameter-server shard on worker 'w1'"
+struct Partition {
+  std::string where;  // "the parameter-server partition on worker 'w1'"
   std::vector<at::Tensor> params;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   int64_t applied = 0;  // the last round applied
@@ -42,8 +42,8 @@ std::vector<at::Tensor> Copies(const std::vector<at::Tensor>& ts) {
   return out;
 }
 
-// Checks that `ts` match the shard's parameters' count and shapes.
-void CheckShapes(const Shard& s, const std::vector<at::Tensor>& ts, const std::string& what) {
+// Checks that `ts` match the partition's parameters' count and shapes.
+void CheckShapes(const Partition& s, const std::vector<at::Tensor>& ts, const std::string& what) {
   if (ts.size() != s.params.size()) {
     throw std::invalid_argument(absl::StrCat(s.where, ": ", what, " holds ", ts.size(), " tensors for its ",
                                              s.params.size(), " parameters"));
@@ -57,12 +57,12 @@ void CheckShapes(const Shard& s, const std::vector<at::Tensor>& ts, const std::s
   }
 }
 
-std::shared_ptr<Shard> MakeShard(rpc::CallContext& ctx, const rpc::Args& a) {
-  auto s = std::make_shared<Shard>();
-  s->where = absl::StrCat("the parameter-server shard on worker '", ctx.agent->self().name, "'");
+std::shared_ptr<Partition> MakePartition(rpc::CallContext& ctx, const rpc::Args& a) {
+  auto s = std::make_shared<Partition>();
+  s->where = absl::StrCat("the parameter-server partition on worker '", ctx.agent->self().name, "'");
   const c10::Device device(ctx.agent->options().device);
   c10::NoGradGuard no_grad;
-  const auto r = rpc::DecodeCallOrThrow<MakeShardRequest>(a);
+  const auto r = rpc::DecodeCallOrThrow<MakePartitionRequest>(a);
   for (const at::Tensor& t : r.params) {
     s->params.push_back(t.detach().to(device).clone().requires_grad_(true));
   }
@@ -75,9 +75,9 @@ std::shared_ptr<Shard> MakeShard(rpc::CallContext& ctx, const rpc::Args& a) {
   return s;
 }
 
-// ShardPushRequest.
-c10::IValue Push(Shard& s, const rpc::Args& a) {
-  auto r = rpc::DecodeCallOrThrow<ShardPushRequest>(a);
+// PartitionPushRequest.
+c10::IValue Push(Partition& s, const rpc::Args& a) {
+  auto r = rpc::DecodeCallOrThrow<PartitionPushRequest>(a);
   if (r.round <= s.applied) return false;  // late: that round was applied without it
   CheckShapes(s, r.grads, absl::StrCat("the gradients of worker '", r.worker, "'"));
   s.pending[r.round][r.worker] = std::move(r.grads);
@@ -86,7 +86,7 @@ c10::IValue Push(Shard& s, const rpc::Args& a) {
 
 // The gradients of `workers` for `round`, summed in that order and scaled:
 // what a step applies.
-std::vector<at::Tensor> Summed(Shard& s, int64_t round, const std::vector<std::string>& workers, double scale) {
+std::vector<at::Tensor> Summed(Partition& s, int64_t round, const std::vector<std::string>& workers, double scale) {
   std::vector<at::Tensor> sum(s.params.size());
   auto& got = s.pending[round];
   for (const std::string& w : workers) {
@@ -105,9 +105,9 @@ std::vector<at::Tensor> Summed(Shard& s, int64_t round, const std::vector<std::s
   return sum;
 }
 
-// ShardNormRequest.
-c10::IValue Norm(Shard& s, const rpc::Args& a) {
-  const auto r = rpc::DecodeCallOrThrow<ShardNormRequest>(a);
+// PartitionNormRequest.
+c10::IValue Norm(Partition& s, const rpc::Args& a) {
+  const auto r = rpc::DecodeCallOrThrow<PartitionNormRequest>(a);
   double squared = 0;
   for (const at::Tensor& g : Summed(s, r.round, r.workers, r.scale)) {
     const double n = g.norm().item<double>();  // (in the gradient's dtype, as PyTorch's)
@@ -116,9 +116,9 @@ c10::IValue Norm(Shard& s, const rpc::Args& a) {
   return squared;
 }
 
-// ShardApplyRequest.
-c10::IValue Apply(Shard& s, const rpc::Args& a) {
-  const auto r = rpc::DecodeCallOrThrow<ShardApplyRequest>(a);
+// PartitionApplyRequest.
+c10::IValue Apply(Partition& s, const rpc::Args& a) {
+  const auto r = rpc::DecodeCallOrThrow<PartitionApplyRequest>(a);
   const int64_t round = r.round;
   std::vector<at::Tensor> grads = Summed(s, round, r.workers, r.scale);
   runtime::ComputeTurn turn;
@@ -134,9 +134,9 @@ c10::IValue Apply(Shard& s, const rpc::Args& a) {
   return c10::IValue();
 }
 
-// ShardLoadRequest.
-c10::IValue Load(Shard& s, const rpc::Args& a) {
-  const auto r = rpc::DecodeCallOrThrow<ShardLoadRequest>(a);
+// PartitionLoadRequest.
+c10::IValue Load(Partition& s, const rpc::Args& a) {
+  const auto r = rpc::DecodeCallOrThrow<PartitionLoadRequest>(a);
   const std::vector<at::Tensor>& params = r.params;
   CheckShapes(s, params, "the saved parameters");
   c10::NoGradGuard no_grad;
@@ -146,9 +146,9 @@ c10::IValue Load(Shard& s, const rpc::Args& a) {
   return c10::IValue();
 }
 
-// Wraps a shard method: an exception's message names the shard.
-rpc::Registry::TypedMethod<Shard> Named(const std::string& what, c10::IValue (*fn)(Shard&, const rpc::Args&)) {
-  return [what, fn](Shard& s, rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
+// Wraps a partition method: an exception's message names the partition.
+rpc::Registry::TypedMethod<Partition> Named(const std::string& what, c10::IValue (*fn)(Partition&, const rpc::Args&)) {
+  return [what, fn](Partition& s, rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
     try {
       return fn(s, a);
     } catch (...) {
@@ -175,7 +175,7 @@ std::vector<std::vector<int64_t>> PartitionByBytes(const std::vector<int64_t>& b
   return out;
 }
 
-at::Tensor PackShardStates(const std::vector<at::Tensor>& states) {
+at::Tensor PackPartitionStates(const std::vector<at::Tensor>& states) {
   c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
   d.insert("ps_shards", static_cast<int64_t>(states.size()));
   c10::impl::GenericList list(c10::AnyType::get());
@@ -186,13 +186,13 @@ at::Tensor PackShardStates(const std::vector<at::Tensor>& states) {
 
 namespace {
 
-// A record read once: how many shards' states it holds (0: a single
+// A record read once: how many partitions' states it holds (0: a single
 // server's own state) and where they are: a pickled dict
 // ({"ps_shards": k, "shards": [...]}), or for records written before
 // optimizer states were state dicts, a LibTorch archive holding
 // "ps_shards" and "shard_<i>". Throws for bytes that are neither.
 struct Record {
-  int shards = 0;
+  int partitions = 0;
   c10::IValue dict;
   std::unique_ptr<torch::serialize::InputArchive> archive;
 };
@@ -203,18 +203,18 @@ Record ReadRecord(const at::Tensor& bytes) {
     r.archive = std::make_unique<torch::serialize::InputArchive>();
     optim::ReadArchive(bytes, *r.archive);
     at::Tensor k;
-    if (r.archive->try_read("ps_shards", k)) r.shards = static_cast<int>(k.item<int64_t>());
+    if (r.archive->try_read("ps_shards", k)) r.partitions = static_cast<int>(k.item<int64_t>());
     return r;
   }
   const c10::IValue v = optim::Unpickle(bytes);
   if (v.isGenericDict() && v.toGenericDict().contains("ps_shards")) {
-    r.shards = static_cast<int>(v.toGenericDict().at("ps_shards").toInt());
+    r.partitions = static_cast<int>(v.toGenericDict().at("ps_shards").toInt());
     r.dict = v;
   }
   return r;
 }
 
-// The record read; an empty one (0 shards) for undefined or unreadable bytes.
+// The record read; an empty one (0 partitions) for undefined or unreadable bytes.
 Record ReadRecordOrNone(const at::Tensor& bytes) {
   if (!bytes.defined()) return Record{};
   try {
@@ -226,44 +226,44 @@ Record ReadRecordOrNone(const at::Tensor& bytes) {
 
 }  // namespace
 
-int SavedShards(const at::Tensor& record) { return ReadRecordOrNone(record).shards; }
+int SavedPartitions(const at::Tensor& record) { return ReadRecordOrNone(record).partitions; }
 
-absl::StatusOr<std::vector<at::Tensor>> UnpackShardStates(const at::Tensor& record, int k) {
+absl::StatusOr<std::vector<at::Tensor>> UnpackPartitionStates(const at::Tensor& record, int k) {
   const Record r = ReadRecordOrNone(record);
-  const int saved = r.shards;
+  const int saved = r.partitions;
   if (saved != k) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the checkpoint's optimizer state comes from ",
-        saved == 0 ? std::string("a parameter server in the master (--ps-shards 0 or 1)")
-                   : absl::StrCat(saved, " parameter-server shards (--ps-shards ", saved, ")"),
-        ", not ", k, " shards: resume with --ps-shards ", saved == 0 ? 1 : saved,
-        " (the partition of the optimizer's state follows the number of shards)"));
+        saved == 0 ? std::string("a parameter server in the master (--ps-partitions 0 or 1)")
+                   : absl::StrCat(saved, " parameter-server partitions (--ps-partitions ", saved, ")"),
+        ", not ", k, " partitions: resume with --ps-partitions ", saved == 0 ? 1 : saved,
+        " (the optimizer's state is split as the parameters are)"));
   }
   std::vector<at::Tensor> out(k);
   try {
     if (r.archive != nullptr) {
       for (int i = 0; i < k; ++i) r.archive->read(absl::StrCat("shard_", i), out[i]);
     } else {
-      const c10::IValue shards = r.dict.toGenericDict().at("shards");
-      const c10::ArrayRef<c10::IValue> states = shards.toListRef();
+      const c10::IValue partitions = r.dict.toGenericDict().at("shards");
+      const c10::ArrayRef<c10::IValue> states = partitions.toListRef();
       if (static_cast<int>(states.size()) != k) throw std::invalid_argument("a record of the wrong length");
       for (int i = 0; i < k; ++i) out[i] = optim::PickleBytes(states[i]);
     }
   } catch (...) {
-    return base::StatusFromCurrentException("reading the shards' optimizer states");
+    return base::StatusFromCurrentException("reading the partitions' optimizer states");
   }
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(rpc::Agent& agent, const std::vector<std::string>& servers,
+absl::StatusOr<std::unique_ptr<PartitionSet>> PartitionSet::Create(rpc::Agent& agent, const std::vector<std::string>& servers,
                                                            const std::vector<at::Tensor>& params,
                                                            const optim::OptimizerOptions& optimizer) {
   std::vector<int64_t> bytes;
   for (const at::Tensor& p : params) bytes.push_back(Bytes(p));
   const auto parts = PartitionByBytes(bytes, static_cast<int>(servers.size()));
-  std::vector<ShardPlacement> placement(servers.size());
-  std::vector<rpc::RRef> shards;
-  const c10::IValue options(optim::OptionsToDict(optimizer));  // (each shard's request holds a copy)
+  std::vector<PartitionPlacement> placement(servers.size());
+  std::vector<rpc::RRef> partitions;
+  const c10::IValue options(optim::OptionsToDict(optimizer));  // (each partition's request holds a copy)
   for (size_t k = 0; k < servers.size(); ++k) {
     placement[k].server = servers[k];
     placement[k].params = parts[k];
@@ -274,124 +274,124 @@ absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(rpc::Agent& agent, co
     }
     if (mine.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "parameter server: ", servers.size(), " shards for a model of ", params.size(),
-          " parameter tensors leave server '", servers[k], "' none: give at most ", params.size(), " shards"));
+          "parameter server: ", servers.size(), " partitions for a model of ", params.size(),
+          " parameter tensors leave server '", servers[k], "' none: give at most ", params.size(), " partitions"));
     }
-    auto shard =
-        agent.remote(servers[k], MakeShardRequest::kFunction, rpc::EncodeCall(MakeShardRequest{Copies(mine), options}));
-    if (!shard.ok()) {
-      return base::Annotate(shard.status(), absl::StrCat("parameter server: placing shard ", k, " on server '",
+    auto partition =
+        agent.remote(servers[k], MakePartitionRequest::kFunction, rpc::EncodeCall(MakePartitionRequest{Copies(mine), options}));
+    if (!partition.ok()) {
+      return base::Annotate(partition.status(), absl::StrCat("parameter server: placing partition ", k, " on server '",
                                                    servers[k], "'"));
     }
-    shards.push_back(std::move(*shard));
+    partitions.push_back(std::move(*partition));
   }
-  // The first calls through the shards may overtake their creation: the
-  // server holds them until the shard exists, or fails them with the error
+  // The first calls through the partitions may overtake their creation: the
+  // server holds them until the partition exists, or fails them with the error
   // that refused it.
-  auto set = std::unique_ptr<ShardSet>(new ShardSet(std::move(placement), std::move(shards)));
-  RETURN_IF_ERROR(set->CallAll("ping", {}, "building its shard").status());
+  auto set = std::unique_ptr<PartitionSet>(new PartitionSet(std::move(placement), std::move(partitions)));
+  RETURN_IF_ERROR(set->CallAll("ping", {}, "building its partition").status());
   return set;
 }
 
 
-absl::StatusOr<std::vector<c10::IValue>> ShardSet::CallAll(const std::string& method,
+absl::StatusOr<std::vector<c10::IValue>> PartitionSet::CallAll(const std::string& method,
                                                            const std::vector<std::vector<c10::IValue>>& args,
                                                            const std::string& what, rpc::CallOptions options) const {
   std::vector<rpc::Future<c10::IValue>> calls;
-  for (size_t k = 0; k < shards_.size(); ++k) {
-    calls.push_back(shards_[k].rpc_async(method, args.empty() ? std::vector<c10::IValue>{} : args[k], options));
+  for (size_t k = 0; k < partitions_.size(); ++k) {
+    calls.push_back(partitions_[k].rpc_async(method, args.empty() ? std::vector<c10::IValue>{} : args[k], options));
   }
   return rpc::WaitAll(calls, [&](size_t k) {
-    return absl::StrCat("parameter server '", placement_[k].server, "' (shard ", k, ") failed ", what,
+    return absl::StrCat("parameter server '", placement_[k].server, "' (partition ", k, ") failed ", what,
                         "; its parameters live there only, so the job cannot go on: restart it and resume "
                         "from the last checkpoint");
   });
 }
 
-absl::StatusOr<double> ShardSet::GradNorm(int64_t round, const std::vector<std::string>& workers,
+absl::StatusOr<double> PartitionSet::GradNorm(int64_t round, const std::vector<std::string>& workers,
                                           double scale) const {
-  const std::vector<c10::IValue> args = rpc::EncodeCall(ShardNormRequest{round, workers, scale});
+  const std::vector<c10::IValue> args = rpc::EncodeCall(PartitionNormRequest{round, workers, scale});
   ASSIGN_OR_RETURN(std::vector<c10::IValue> shares,
-                   CallAll(ShardNormRequest::kMethod, std::vector<std::vector<c10::IValue>>(shards_.size(), args),
+                   CallAll(PartitionNormRequest::kMethod, std::vector<std::vector<c10::IValue>>(partitions_.size(), args),
                            "taking its share of the gradients' norm"));
   double squared = 0;
-  for (const c10::IValue& share : shares) squared += share.toDouble();  // (in shard order)
+  for (const c10::IValue& share : shares) squared += share.toDouble();  // (in partition order)
   return std::sqrt(squared);
 }
 
-absl::Status ShardSet::Apply(int64_t round, const std::vector<std::string>& workers, double scale, double clip) {
-  const std::vector<c10::IValue> args = rpc::EncodeCall(ShardApplyRequest{round, workers, scale, clip});
-  return CallAll(ShardApplyRequest::kMethod, std::vector<std::vector<c10::IValue>>(shards_.size(), args),
+absl::Status PartitionSet::Apply(int64_t round, const std::vector<std::string>& workers, double scale, double clip) {
+  const std::vector<c10::IValue> args = rpc::EncodeCall(PartitionApplyRequest{round, workers, scale, clip});
+  return CallAll(PartitionApplyRequest::kMethod, std::vector<std::vector<c10::IValue>>(partitions_.size(), args),
                  "applying the step")
       .status();
 }
 
-absl::StatusOr<std::vector<std::vector<at::Tensor>>> ShardSet::Parameters() const {
+absl::StatusOr<std::vector<std::vector<at::Tensor>>> PartitionSet::Parameters() const {
   ASSIGN_OR_RETURN(std::vector<c10::IValue> got, CallAll("pull", {}, "sending its parameters"));
   std::vector<std::vector<at::Tensor>> out;
   for (size_t k = 0; k < got.size(); ++k) {
     out.push_back(got[k].toTensorVector());
     if (out.back().size() != placement_[k].params.size()) {
       return absl::DataLossError(absl::StrCat("parameter server '", placement_[k].server, "' sent ",
-                                              out.back().size(), " parameters; its shard holds ",
+                                              out.back().size(), " parameters; its partition holds ",
                                               placement_[k].params.size()));
     }
   }
   return out;
 }
 
-absl::Status ShardSet::Gather(std::vector<at::Tensor>& params) const {
-  ASSIGN_OR_RETURN(auto shards, Parameters());
+absl::Status PartitionSet::Gather(std::vector<at::Tensor>& params) const {
+  ASSIGN_OR_RETURN(auto partitions, Parameters());
   c10::NoGradGuard no_grad;
-  for (size_t k = 0; k < shards.size(); ++k) {
-    for (size_t j = 0; j < shards[k].size(); ++j) params[placement_[k].params[j]].copy_(shards[k][j]);
+  for (size_t k = 0; k < partitions.size(); ++k) {
+    for (size_t j = 0; j < partitions[k].size(); ++j) params[placement_[k].params[j]].copy_(partitions[k][j]);
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<at::Tensor> ShardSet::OptimizerState() const {
+absl::StatusOr<at::Tensor> PartitionSet::OptimizerState() const {
   ASSIGN_OR_RETURN(std::vector<c10::IValue> got, CallAll("optimizer_state", {}, "sending its optimizer state"));
   std::vector<at::Tensor> archives;
   for (const c10::IValue& v : got) archives.push_back(v.toTensor());
-  return PackShardStates(archives);
+  return PackPartitionStates(archives);
 }
 
-absl::Status ShardSet::Load(const std::vector<at::Tensor>& params, const at::Tensor& optimizer) {
-  std::vector<at::Tensor> archives(shards_.size());
+absl::Status PartitionSet::Load(const std::vector<at::Tensor>& params, const at::Tensor& optimizer) {
+  std::vector<at::Tensor> archives(partitions_.size());
   if (optimizer.defined()) {
-    ASSIGN_OR_RETURN(archives, UnpackShardStates(optimizer, static_cast<int>(shards_.size())));
+    ASSIGN_OR_RETURN(archives, UnpackPartitionStates(optimizer, static_cast<int>(partitions_.size())));
   }
   std::vector<std::vector<c10::IValue>> args;
-  for (size_t k = 0; k < shards_.size(); ++k) {
+  for (size_t k = 0; k < partitions_.size(); ++k) {
     std::vector<at::Tensor> mine;
     for (int64_t i : placement_[k].params) mine.push_back(params[i]);
-    ShardLoadRequest load{Copies(mine), std::nullopt};
+    PartitionLoadRequest load{Copies(mine), std::nullopt};
     if (archives[k].defined()) load.optimizer = archives[k];
     args.push_back(rpc::EncodeCall(load));
   }
-  return CallAll(ShardLoadRequest::kMethod, args, "loading the saved state").status();
+  return CallAll(PartitionLoadRequest::kMethod, args, "loading the saved state").status();
 }
 
-absl::Status ShardSet::Check() const {
+absl::Status PartitionSet::Check() const {
   rpc::CallOptions o;
   o.timeout = absl::Seconds(4);
   return CallAll("ping", {}, "to answer", o).status();
 }
 
-absl::Status RegisterShard(rpc::Registry& registry) {
-  return registry.RegisterModule<Shard>(
-      MakeShardRequest::kFunction, MakeShard,
+absl::Status RegisterPartition(rpc::Registry& registry) {
+  return registry.RegisterModule<Partition>(
+      MakePartitionRequest::kFunction, MakePartition,
       {{"pull",
         Named("sending its parameters",
-              [](Shard& s, const rpc::Args&) -> c10::IValue { return c10::List<at::Tensor>(Copies(s.params)); })},
-       {ShardPushRequest::kMethod, Named("taking gradients", Push)},
-       {ShardApplyRequest::kMethod, Named("applying a step", Apply)},
-       {ShardNormRequest::kMethod, Named("taking its share of the gradients' norm", Norm)},
+              [](Partition& s, const rpc::Args&) -> c10::IValue { return c10::List<at::Tensor>(Copies(s.params)); })},
+       {PartitionPushRequest::kMethod, Named("taking gradients", Push)},
+       {PartitionApplyRequest::kMethod, Named("applying a step", Apply)},
+       {PartitionNormRequest::kMethod, Named("taking its share of the gradients' norm", Norm)},
        {"optimizer_state",
         Named("saving its optimizer state",
-              [](Shard& s, const rpc::Args&) -> c10::IValue { return optim::SaveOptimizerState(*s.optimizer); })},
-       {ShardLoadRequest::kMethod, Named("loading the saved state", Load)},
-       {"ping", Named("answering", [](Shard& s, const rpc::Args&) -> c10::IValue {
+              [](Partition& s, const rpc::Args&) -> c10::IValue { return optim::SaveOptimizerState(*s.optimizer); })},
+       {PartitionLoadRequest::kMethod, Named("loading the saved state", Load)},
+       {"ping", Named("answering", [](Partition& s, const rpc::Args&) -> c10::IValue {
           return static_cast<int64_t>(s.params.size());
         })}});
 }
