@@ -24,7 +24,7 @@
 #include "base/status_util.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/protocol.h"
-#include "checkpoint/shard.h"
+#include "checkpoint/owner_file.h"
 #include "pipeline/protocol.h"
 #include "data/datasets.h"
 
@@ -56,11 +56,11 @@ std::pair<std::vector<int64_t>, std::vector<c10::IValue>> StagesOn(const pipelin
   return {indices, rrefs};
 }
 
-// Each stage's shard: its worker's place in the pipeline.
-std::vector<int> ShardOf(const pipeline::Pipeline& pipe) {
-  std::vector<int> shard_of;
-  for (int k = 0; k < pipe.num_stages(); ++k) shard_of.push_back(pipe.schedule().WorkerOf(k));
-  return shard_of;
+// Each stage's owner file: its worker's place in the pipeline.
+std::vector<int> FileOf(const pipeline::Pipeline& pipe) {
+  std::vector<int> file_of;
+  for (int k = 0; k < pipe.num_stages(); ++k) file_of.push_back(pipe.schedule().WorkerOf(k));
+  return file_of;
 }
 
 absl::StatusOr<Checkpoint> Open(const std::string& dir) {
@@ -84,8 +84,8 @@ absl::StatusOr<Checkpoint> Open(const std::string& dir) {
     return absl::InvalidArgumentError(absl::StrCat(ck.manifest_path, ": format ", m.format,
                                                    " is not ", kFormat, " (written by another remora?)"));
   }
-  if (m.shards.empty() || m.stages.empty()) {
-    return absl::DataLossError(absl::StrCat(ck.manifest_path, " lists no shards or no stages"));
+  if (m.files.empty() || m.stages.empty()) {
+    return absl::DataLossError(absl::StrCat(ck.manifest_path, " lists no owner files or no stages"));
   }
   // (A run goes on from here: a position before any run's start is no
   // checkpoint remora wrote.)
@@ -95,9 +95,9 @@ absl::StatusOr<Checkpoint> Open(const std::string& dir) {
                                             " is no position of a run (edited by hand?)"));
   }
   for (const ManifestStage& stage : m.stages) {
-    if (stage.shard < 0 || stage.shard >= static_cast<int>(m.shards.size())) {
+    if (stage.owner < 0 || stage.owner >= static_cast<int>(m.files.size())) {
       return absl::DataLossError(absl::StrCat(ck.manifest_path, ": stage ", stage.index,
-                                              " names shard ", stage.shard, " of ", m.shards.size()));
+                                              " names owner file ", stage.owner, " of ", m.files.size()));
     }
   }
   return ck;
@@ -129,14 +129,14 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(rpc::Agent& a
 
 namespace {
 
-// Each shard's size and CRC-32 as its owner replied (a ShardWrittenReply
-// per shard, in order) into `m`; returns their bytes in all.
+// Each owner file's size and CRC-32 as its owner replied (an OwnerFileWrittenReply
+// per owner file, in order) into `m`; returns their bytes in all.
 absl::StatusOr<int64_t> RecordWritten(const std::vector<c10::IValue>& written, Manifest& m) {
   int64_t total = 0;
   for (size_t i = 0; i < written.size(); ++i) {
-    ASSIGN_OR_RETURN(const ShardWrittenReply r, rpc::DecodeTuple<ShardWrittenReply>(written[i]));
-    m.shards[i].bytes = r.bytes;
-    m.shards[i].crc32 = r.crc32;
+    ASSIGN_OR_RETURN(const OwnerFileWrittenReply r, rpc::DecodeTuple<OwnerFileWrittenReply>(written[i]));
+    m.files[i].bytes = r.bytes;
+    m.files[i].crc32 = r.crc32;
     total += r.bytes;
   }
   return total;
@@ -168,20 +168,20 @@ absl::Status Checkpointer::Save(pipeline::Pipeline& pipe, const std::vector<pipe
   m.set_tied_last(pipe.tied_last());
   const int64_t last = pipe.num_stages() - 1;
 
-  // Every owner writes its shard at once (or copies its state and writes
+  // Every owner writes its owner file at once (or copies its state and writes
   // it in the background).
   const std::vector<std::string>& workers = pipe.workers();
   std::vector<rpc::Future<c10::IValue>> pending;
   std::vector<std::string> paths;
   for (size_t i = 0; i < workers.size(); ++i) {
     auto [indices, rrefs] = StagesOn(pipe, i);
-    const std::string file = absl::StrCat("shard-", i, ".pt");
-    wire::CheckpointShard* shard = m.add_shards();
-    shard->set_file(file);
-    shard->set_worker(workers[i]);
-    for (int64_t k : indices) shard->add_stages(static_cast<int32_t>(k));
+    const std::string file = absl::StrCat("owner-", i, ".pt");
+    wire::CheckpointFile* owned = m.add_files();
+    owned->set_file(file);
+    owned->set_worker(workers[i]);
+    for (int64_t k : indices) owned->add_stages(static_cast<int32_t>(k));
     paths.push_back(absl::StrCat(dir, "/", file));
-    SaveShardRequest save;
+    SaveOwnerFileRequest save;
     save.path = paths.back();
     save.stages = indices;
     save.stage_rrefs = rrefs;
@@ -191,14 +191,14 @@ absl::Status Checkpointer::Save(pipeline::Pipeline& pipe, const std::vector<pipe
       save.omit_stage = last;
       save.omit_name = pipe.tied_last();
     }
-    pending.push_back(agent_.rpc_async(workers[i], SaveShardRequest::kFunction, rpc::EncodeCall(save)));
+    pending.push_back(agent_.rpc_async(workers[i], SaveOwnerFileRequest::kFunction, rpc::EncodeCall(save)));
   }
   const std::string failed = SaveFailed(state.step, dir);
   absl::StatusOr<std::vector<c10::IValue>> written = rpc::WaitAll(pending, [&workers](size_t i) {
-    return absl::StrCat("saving shard ", i, " on worker '", workers[i], "'");
+    return absl::StrCat("saving owner file ", i, " on worker '", workers[i], "'");
   });
   RETURN_IF_ERROR(base::Annotate(written.status(), failed));
-  RETURN_IF_ERROR(base::Annotate(WriteModel(stages, ShardOf(pipe), dir, &m), failed));
+  RETURN_IF_ERROR(base::Annotate(WriteModel(stages, FileOf(pipe), dir, &m), failed));
   if (background) {
     auto p = std::make_unique<Pending>();
     p->dir = dir;
@@ -206,7 +206,7 @@ absl::Status Checkpointer::Save(pipeline::Pipeline& pipe, const std::vector<pipe
     p->workers = workers;
     for (size_t i = 0; i < workers.size(); ++i) {
       p->written.push_back(
-          agent_.rpc_async(workers[i], ShardWrittenRequest::kFunction, rpc::EncodeCall(ShardWrittenRequest{paths[i]})));
+          agent_.rpc_async(workers[i], OwnerFileWrittenRequest::kFunction, rpc::EncodeCall(OwnerFileWrittenRequest{paths[i]})));
     }
     pending_ = std::move(p);
     return absl::OkStatus();
@@ -241,7 +241,7 @@ absl::Status Checkpointer::Flush() {
   std::unique_ptr<Pending> p = std::move(pending_);
   const std::vector<std::string>& workers = p->workers;
   absl::StatusOr<std::vector<c10::IValue>> written = rpc::WaitAll(p->written, [&workers](size_t i) {
-    return absl::StrCat("writing shard ", i, " on worker '", workers[i], "'");
+    return absl::StrCat("writing owner file ", i, " on worker '", workers[i], "'");
   });
   const std::string failed = SaveFailed(p->manifest.step, p->dir);
   RETURN_IF_ERROR(base::Annotate(written.status(), failed));
@@ -375,27 +375,27 @@ absl::StatusOr<std::vector<pipeline::StageSpec>> LoadStageSpecs(const Checkpoint
 absl::Status Restore(pipeline::Pipeline& pipe, const Checkpoint& ck) {
   const Manifest& m = ck.manifest;
   const std::vector<std::string>& workers = pipe.workers();
-  if (static_cast<int>(m.stages.size()) != pipe.num_stages() || m.shards.size() != workers.size()) {
+  if (static_cast<int>(m.stages.size()) != pipe.num_stages() || m.files.size() != workers.size()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint ", ck.manifest_path, " holds ", m.stages.size(), " stages in ", m.shards.size(),
-        " shards (one per pipeline worker); this run has ", pipe.num_stages(), " stages over ",
-        workers.size(), " workers: give ", m.shards.size(), " workers per replica"));
+        "checkpoint ", ck.manifest_path, " holds ", m.stages.size(), " stages in ", m.files.size(),
+        " owner files (one per pipeline worker); this run has ", pipe.num_stages(), " stages over ",
+        workers.size(), " workers: give ", m.files.size(), " workers per replica"));
   }
   std::vector<rpc::Future<c10::IValue>> pending;
   for (size_t i = 0; i < workers.size(); ++i) {
-    const ManifestShard& shard = m.shards[i];
+    const ManifestFile& owned = m.files[i];
     auto [indices, rrefs] = StagesOn(pipe, i);
-    if (std::vector<int64_t>(shard.stages.begin(), shard.stages.end()) != indices) {
+    if (std::vector<int64_t>(owned.stages.begin(), owned.stages.end()) != indices) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint ", ck.manifest_path, " keeps stages ", absl::StrJoin(shard.stages, ", "), " in shard ", i,
+          "checkpoint ", ck.manifest_path, " keeps stages ", absl::StrJoin(owned.stages, ", "), " in owner file ", i,
           ", but this run places stages ", absl::StrJoin(indices, ", "), " on its worker '", workers[i],
           "' (schedule ", pipe.schedule().name, "): resume with the schedule the checkpoint was written under "
           "(zbv places stages in a V, the others stage k on worker k mod n)"));
     }
-    LoadShardRequest load;
-    load.path = absl::StrCat(ck.dir, "/", shard.file);
-    load.bytes = shard.bytes;
-    load.crc32 = shard.crc32;
+    LoadOwnerFileRequest load;
+    load.path = absl::StrCat(ck.dir, "/", owned.file);
+    load.bytes = owned.bytes;
+    load.crc32 = owned.crc32;
     load.stages = indices;
     load.stage_rrefs = rrefs;
     load.optimizer = OptimizerOf(pipe, workers[i]);
@@ -403,10 +403,10 @@ absl::Status Restore(pipeline::Pipeline& pipe, const Checkpoint& ck) {
       load.omitted_stage = pipe.num_stages() - 1;
       load.omitted_name = m.tied_last;
     }
-    pending.push_back(pipe.agent().rpc_async(workers[i], LoadShardRequest::kFunction, rpc::EncodeCall(load)));
+    pending.push_back(pipe.agent().rpc_async(workers[i], LoadOwnerFileRequest::kFunction, rpc::EncodeCall(load)));
   }
   RETURN_IF_ERROR(rpc::WaitAll(pending, [&workers](size_t i) {
-                    return absl::StrCat("restoring shard ", i, " on worker '", workers[i], "'");
+                    return absl::StrCat("restoring owner file ", i, " on worker '", workers[i], "'");
                   }).status());
   if (!m.tied_last.empty()) {
     // The tied weight's last copy: the first stage's, as stored.
@@ -441,21 +441,21 @@ absl::StatusOr<std::vector<std::vector<at::Tensor>>> ReadStageTensors(const Chec
   std::vector<std::vector<at::Tensor>> out(m.stages.size());
   if (names != nullptr) names->assign(m.stages.size(), {});
   std::vector<bool> seen(m.stages.size(), false);
-  for (const ManifestShard& s : m.shards) {
-    ASSIGN_OR_RETURN(Shard shard, ReadShard(absl::StrCat(ck.dir, "/", s.file), s.bytes, s.crc32));
-    for (size_t i = 0; i < shard.stages.size(); ++i) {
-      const int64_t k = shard.stages[i];
+  for (const ManifestFile& s : m.files) {
+    ASSIGN_OR_RETURN(OwnerFile owned, ReadOwnerFile(absl::StrCat(ck.dir, "/", s.file), s.bytes, s.crc32));
+    for (size_t i = 0; i < owned.stages.size(); ++i) {
+      const int64_t k = owned.stages[i];
       if (k < 0 || k >= static_cast<int64_t>(m.stages.size()) || seen[k]) {
         return absl::DataLossError(absl::StrCat(ck.dir, "/", s.file, " holds stage ", k,
-                                                ", which is out of range or in another shard too"));
+                                                ", which is out of range or in another owner file too"));
       }
       seen[k] = true;
-      out[k] = std::move(shard.tensors[i]);
-      if (names != nullptr && !shard.names.empty()) (*names)[k] = std::move(shard.names[i]);
+      out[k] = std::move(owned.tensors[i]);
+      if (names != nullptr && !owned.names.empty()) (*names)[k] = std::move(owned.names[i]);
     }
   }
   for (size_t k = 0; k < m.stages.size(); ++k) {
-    if (!seen[k]) return absl::DataLossError(absl::StrCat(ck.manifest_path, ": no shard holds stage ", k));
+    if (!seen[k]) return absl::DataLossError(absl::StrCat(ck.manifest_path, ": no owner file holds stage ", k));
   }
   return out;
 }

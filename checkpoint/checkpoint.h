@@ -1,4 +1,4 @@
-// Checkpoints of a pipeline's training: sharded by owner, committed
+// Checkpoints of a pipeline's training: a file per owner, committed
 // atomically, resumable, and readable without workers.
 //
 //   auto saver = checkpoint::Checkpointer::Create(agent, "/ckpt", /*keep=*/3).value();
@@ -13,13 +13,13 @@
 //   RETURN_IF_ERROR(checkpoint::Restore(*pipe, ck));
 //   // continue from ck.manifest.step
 //
-// Layout: DIR/step-00000120/ holds one shard per pipeline worker position
-// (shard-<i>.pt: the stages k with k mod P == i, their parameters and
+// Layout: DIR/step-00000120/ holds one owner file per pipeline worker position
+// (owner-<i>.pt: the stages k with k mod P == i, their parameters and
 // buffers, the owner's optimizer state and its CPU generator state;
 // torch.load reads it), model.pt (the stage specs: registered type and
 // arguments, or the TorchScript bytes) and manifest.json (proto/
 // checkpoint.proto as JSON: step, position in the data, the run's
-// identity, every file's size and CRC-32). Each owner writes its shard
+// identity, every file's size and CRC-32). Each owner writes its file
 // itself, where the master says (a shared file system, or a directory of
 // the same path on each host); every file is written to a temporary name,
 // fsynced and renamed, and the master writes the manifest last: a
@@ -31,13 +31,13 @@
 // owner to copy its state in memory: the owners encode and write their
 // files on threads of their own while training goes on, and Poll (after
 // any later step), Flush or the next Save commits the manifest once every
-// shard is written. The commit stays atomic: until then the previous
+// owner file is written. The commit stays atomic: until then the previous
 // checkpoint is the latest.
 //
 // With data parallelism, replica 0's pipeline is saved (every replica
 // holds the same parameters and optimizer state) and every replica is
 // restored from it. With ZeRO-1 a worker's optimizer state is the whole
-// of its gradient group's shards, gathered before the save
+// of its gradient group's shares, gathered before the save
 // (DataParallelPipeline::ConsolidateOptimizerState) and saved as a
 // worker's own optimizer's would be; each replica's group keeps its share
 // when it is loaded (Pipeline::optimizer_state_holder).
@@ -86,18 +86,18 @@ struct TrainingState {
   std::vector<double> losses;  // every step's loss (batch runs)
 };
 
-// One stage of a checkpoint's model: what it is built from and which shard
+// One stage of a checkpoint's model: what it is built from and which owner file
 // holds its tensors.
 struct ManifestStage {
   int index = 0;
   std::string kind;  // "type" or "script" (pipeline::StageSpec)
   std::string name;
-  int shard = 0;     // index into Manifest::shards
+  int owner = 0;     // index into Manifest::files
 };
 
 // One owner's file: its stages' parameters and buffers, its optimizer state
 // and its random generator's state.
-struct ManifestShard {
+struct ManifestFile {
   std::string file;    // relative to the checkpoint's directory
   std::string worker;  // the worker that wrote it
   std::vector<int> stages;
@@ -129,11 +129,11 @@ struct Manifest {
   int keep = 0;  // 0: not recorded (an older manifest)
   // A tied weight's names (pipeline::PipelineOptions::tied_first and
   // tied_last; empty: none): stored once, as the first stage's tensor
-  // tied_first; the last stage's shard leaves tied_last out, and
+  // tied_first; the last stage's owner file leaves tied_last out, and
   // Restore and LoadModel give it the first stage's.
   std::string tied_first, tied_last;
   std::vector<ManifestStage> stages;
-  std::vector<ManifestShard> shards;
+  std::vector<ManifestFile> files;
   std::string model_file;  // the stage specs (model.pt)
   std::string model_crc32;
   std::string master_rng;  // the master's CPU generator state
@@ -167,12 +167,12 @@ class Checkpointer {
   absl::Status Save(pipeline::Pipeline& pipe, const std::vector<pipeline::StageSpec>& stages,
                     const RunIdentity& identity, const TrainingState& state, bool final = false,
                     bool background = false);
-  // Commits a background save whose shards are all written: true when it
+  // Commits a background save whose owner files are all written: true when it
   // committed one now (last() and last_bytes() are it), false when none is
-  // pending or a shard is still being written. An error names the worker
+  // pending or an owner file is still being written. An error names the worker
   // whose write failed; the previous checkpoint stays the latest.
   absl::StatusOr<bool> Poll();
-  // Waits for a background save's shards and commits it (none: OK).
+  // Waits for a background save's owner files and commits it (none: OK).
   absl::Status Flush();
   // Whether a background save awaits its commit.
   bool pending() const { return pending_ != nullptr; }
@@ -185,17 +185,17 @@ class Checkpointer {
   int64_t last_step() const { return last_manifest_.step; }
 
  private:
-  // A background save: its manifest (without the shards' sizes and CRCs)
-  // and each owner's shard_written call.
+  // A background save: its manifest (without the owner files' sizes and CRCs)
+  // and each owner's owner_file_written call.
   struct Pending {
     std::string dir;
     Manifest manifest;
     std::vector<std::string> workers;
-    std::vector<rpc::Future<c10::IValue>> written;  // (bytes, crc32) per shard
+    std::vector<rpc::Future<c10::IValue>> written;  // (bytes, crc32) per owner file
   };
 
   Checkpointer(rpc::Agent& agent, std::string dir, int keep) : agent_(agent), dir_(std::move(dir)), keep_(keep) {}
-  // Commits `m` in `dir` (the shards written, `total` bytes): the manifest,
+  // Commits `m` in `dir` (the owner files written, `total` bytes): the manifest,
   // then the bookkeeping and the pruning.
   absl::Status Commit(const Manifest& m, const std::string& dir, int64_t total,
                       const std::vector<std::string>& workers);
@@ -235,7 +235,7 @@ absl::Status CheckMatches(const Checkpoint& ck, const RunIdentity& identity);
 // The stages the checkpoint was saved from (model.pt, checked).
 absl::StatusOr<std::vector<pipeline::StageSpec>> LoadStageSpecs(const Checkpoint& ck);
 
-// Loads the checkpoint into `pipe`: shard i into the pipeline's worker i
+// Loads the checkpoint into `pipe`: owner file i into the pipeline's worker i
 // (its stages' tensors, its optimizer state, its generator), and this
 // process's CPU generator. Each worker checks its file's size and CRC-32;
 // an error names the file and the worker.
@@ -247,9 +247,9 @@ absl::Status Restore(pipeline::Pipeline& pipe, const Checkpoint& ck);
 // manifest.
 absl::Status RestoreCpuGenerator(const Checkpoint& ck);
 
-// Every stage's parameters then buffers, read from the shards in this
+// Every stage's parameters then buffers, read from the owner files in this
 // process (for an evaluator: no workers needed), checked; with `names`,
-// their names too (none for a stage saved before shards named them).
+// their names too (none for a stage saved before owner files named them).
 absl::StatusOr<std::vector<std::vector<at::Tensor>>> ReadStageTensors(
     const Checkpoint& ck, std::vector<std::vector<std::string>>* names = nullptr);
 
@@ -259,7 +259,7 @@ absl::StatusOr<std::vector<std::vector<at::Tensor>>> ReadStageTensors(
 absl::StatusOr<std::vector<std::unique_ptr<pipeline::StageModule>>> LoadModel(const Checkpoint& ck,
                                                                               c10::Device device);
 
-// Registers the worker side (remora.checkpoint.save_shard, load_shard,
+// Registers the worker side (remora.checkpoint.save_owner_file, load_owner_file,
 // remove) in a worker's registry.
 absl::Status RegisterFunctions(rpc::Registry& registry);
 
@@ -282,7 +282,7 @@ struct LocalSave {
 
 // Saves stages whose tensors this process holds (a parameter server's
 // model, ps/) in the format above, so that Latest, LoadStageSpecs and
-// ReadStageTensors read it like any checkpoint: one shard, shard-0.pt
+// ReadStageTensors read it like any checkpoint: one owner file, owner-0.pt
 // (recorded as written by `owner`), holding every stage's `tensors`
 // (parameters then buffers) by their `names` (pipeline::StateNames),
 // `optimizer` (optim::SaveOptimizerState's bytes or ps::PackPartitionStates',
@@ -297,7 +297,7 @@ absl::StatusOr<LocalSave> SaveLocal(const std::string& dir, const std::vector<pi
                                     const TrainingState& state, bool final, int keep,
                                     const std::string& owner = "master");
 
-// The optimizer state of a one-shard checkpoint (SaveLocal's), checked;
+// The optimizer state of a one-file checkpoint (SaveLocal's), checked;
 // undefined when it holds none.
 absl::StatusOr<at::Tensor> ReadLocalOptimizer(const Checkpoint& ck);
 
@@ -313,7 +313,7 @@ namespace remora::checkpoint {
 // the built-in models name them so), so a run resumes under another cut,
 // stage count or worker count (Restore the pipeline from what it returns).
 // The old stages and the new are built on the CPU here to list their
-// names; the shards are read here (one file system with the workers). A
+// names; the owner files are read here (one file system with the workers). A
 // worker's generators are the old worker's of the same place (the last
 // one's beyond the old count): dropout draws go on differently. NotFound
 // naming the tensors the new stages have and the checkpoint does not;

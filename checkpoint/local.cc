@@ -18,7 +18,7 @@
 #include "base/status_util.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/manifest.h"
-#include "checkpoint/shard.h"
+#include "checkpoint/owner_file.h"
 #include "optim/distributed_optimizer.h"
 
 namespace remora::checkpoint {
@@ -26,7 +26,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr char kShardFile[] = "shard-0.pt";
+constexpr char kOwnerFile[] = "owner-0.pt";
 
 }  // namespace
 
@@ -48,42 +48,42 @@ absl::StatusOr<LocalSave> SaveLocal(const std::string& dir, const std::vector<pi
   fs::create_directories(step_dir, ec);
   if (ec) return absl::InternalError(absl::StrCat(failed, ": cannot make the directory: ", ec.message()));
 
-  Shard shard;
-  for (size_t k = 0; k < stages.size(); ++k) shard.stages.push_back(static_cast<int64_t>(k));
-  shard.tensors = tensors;
-  shard.names = names;
-  if (optimizer.defined()) shard.optimizer = optim::Unpickle(optimizer);
-  shard.rng = CpuGeneratorState();
-  const std::string shard_bytes = EncodeShard(shard);
-  RETURN_IF_ERROR(base::Annotate(WriteFileAtomically(absl::StrCat(step_dir, "/", kShardFile), shard_bytes), failed));
+  OwnerFile owned;
+  for (size_t k = 0; k < stages.size(); ++k) owned.stages.push_back(static_cast<int64_t>(k));
+  owned.tensors = tensors;
+  owned.names = names;
+  if (optimizer.defined()) owned.optimizer = optim::Unpickle(optimizer);
+  owned.rng = CpuGeneratorState();
+  const std::string file_bytes = EncodeOwnerFile(owned);
+  RETURN_IF_ERROR(base::Annotate(WriteFileAtomically(absl::StrCat(step_dir, "/", kOwnerFile), file_bytes), failed));
   wire::Manifest m = NewManifest(identity, state, final);
-  wire::CheckpointShard* s = m.add_shards();
-  s->set_file(kShardFile);
+  wire::CheckpointFile* s = m.add_files();
+  s->set_file(kOwnerFile);
   s->set_worker(owner);
-  s->set_bytes(static_cast<int64_t>(shard_bytes.size()));
-  s->set_crc32(Crc32(shard_bytes));
+  s->set_bytes(static_cast<int64_t>(file_bytes.size()));
+  s->set_crc32(Crc32(file_bytes));
   for (size_t k = 0; k < stages.size(); ++k) s->add_stages(static_cast<int32_t>(k));
-  RETURN_IF_ERROR(base::Annotate(WriteModel(stages, /*shard_of=*/{}, step_dir, &m), failed));
+  RETURN_IF_ERROR(base::Annotate(WriteModel(stages, /*file_of=*/{}, step_dir, &m), failed));
   // The commit: the manifest, last.
   RETURN_IF_ERROR(base::Annotate(CommitManifest(m, step_dir), failed));
   for (const std::string& old : PrunableDirs(root, keep)) {
     fs::remove(fs::path(old) / kManifestFile, ec);  // no longer a checkpoint
     RemoveCheckpointFiles(old, /*all=*/true);
   }
-  return LocalSave{step_dir, static_cast<int64_t>(shard_bytes.size())};
+  return LocalSave{step_dir, static_cast<int64_t>(file_bytes.size())};
 }
 
 absl::StatusOr<at::Tensor> ReadLocalOptimizer(const Checkpoint& ck) {
-  if (ck.manifest.shards.size() != 1) {
+  if (ck.manifest.files.size() != 1) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint ", ck.manifest_path, " has ", ck.manifest.shards.size(),
-        " shards: it was saved by a pipeline, not by a parameter server (resume it without --mode ps)"));
+        "checkpoint ", ck.manifest_path, " has ", ck.manifest.files.size(),
+        " owner files: it was saved by a pipeline, not by a parameter server (resume it without --mode ps)"));
   }
-  const ManifestShard& s = ck.manifest.shards[0];
-  ASSIGN_OR_RETURN(Shard shard, ReadShard(absl::StrCat(ck.dir, "/", s.file), s.bytes, s.crc32));
-  if (shard.optimizer.isNone()) return at::Tensor();
+  const ManifestFile& s = ck.manifest.files[0];
+  ASSIGN_OR_RETURN(OwnerFile owned, ReadOwnerFile(absl::StrCat(ck.dir, "/", s.file), s.bytes, s.crc32));
+  if (owned.optimizer.isNone()) return at::Tensor();
   // A state dict as the bytes the parameter server loads (format 1: its archive).
-  return shard.optimizer.isTensor() ? shard.optimizer.toTensor() : optim::PickleBytes(shard.optimizer);
+  return owned.optimizer.isTensor() ? owned.optimizer.toTensor() : optim::PickleBytes(owned.optimizer);
 }
 
 }  // namespace remora::checkpoint

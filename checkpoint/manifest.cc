@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_util.h"
-#include "checkpoint/shard.h"
+#include "checkpoint/owner_file.h"
 
 namespace remora::checkpoint {
 namespace {
@@ -86,10 +86,10 @@ Manifest ManifestFromWire(const wire::Manifest& w) {
   m.tied_first = w.tied_first();
   m.tied_last = w.tied_last();
   for (const wire::CheckpointStage& s : w.stages()) {
-    m.stages.push_back(ManifestStage{s.index(), s.kind(), s.name(), s.shard()});
+    m.stages.push_back(ManifestStage{s.index(), s.kind(), s.name(), s.owner()});
   }
-  for (const wire::CheckpointShard& s : w.shards()) {
-    m.shards.push_back(ManifestShard{s.file(), s.worker(), {s.stages().begin(), s.stages().end()},
+  for (const wire::CheckpointFile& s : w.files()) {
+    m.files.push_back(ManifestFile{s.file(), s.worker(), {s.stages().begin(), s.stages().end()},
                                      s.bytes(), s.crc32()});
   }
   m.model_file = w.model_file();
@@ -124,10 +124,10 @@ wire::Manifest ManifestToWire(const Manifest& m) {
     o->set_index(s.index);
     o->set_kind(s.kind);
     o->set_name(s.name);
-    o->set_shard(s.shard);
+    o->set_owner(s.owner);
   }
-  for (const ManifestShard& s : m.shards) {
-    wire::CheckpointShard* o = w.add_shards();
+  for (const ManifestFile& s : m.files) {
+    wire::CheckpointFile* o = w.add_files();
     o->set_file(s.file);
     o->set_worker(s.worker);
     for (int k : s.stages) o->add_stages(k);
@@ -142,7 +142,7 @@ wire::Manifest ManifestToWire(const Manifest& m) {
   return w;
 }
 
-absl::Status WriteModel(const std::vector<pipeline::StageSpec>& stages, const std::vector<int>& shard_of,
+absl::Status WriteModel(const std::vector<pipeline::StageSpec>& stages, const std::vector<int>& file_of,
                         const std::string& dir, wire::Manifest* m) {
   // model.pt: [{kind, name, payload, device}], as LoadStageSpecs reads it.
   c10::impl::GenericList list(c10::AnyType::get());
@@ -158,7 +158,7 @@ absl::Status WriteModel(const std::vector<pipeline::StageSpec>& stages, const st
     stage->set_index(static_cast<int32_t>(k));
     stage->set_kind(s.kind);
     stage->set_name(s.name);
-    stage->set_shard(k < shard_of.size() ? shard_of[k] : 0);
+    stage->set_owner(k < file_of.size() ? file_of[k] : 0);
   }
   const std::vector<char> pickled = torch::jit::pickle_save(list);
   const std::string bytes(pickled.begin(), pickled.end());

@@ -1,4 +1,4 @@
-// What Checkpointer::Save (a pipeline's shards, written by the workers) and
+// What Checkpointer::Save (a pipeline's owner files, written by the workers) and
 // SaveLocal (stages held in this process: the parameter server) share: the
 // step directories, the manifest's fields, model.pt, the commit and the
 // choice of checkpoints to prune. Internal to checkpoint/.
@@ -26,12 +26,12 @@ std::string StepDir(const std::string& dir, int64_t step);
 std::string SaveFailed(int64_t step, const std::string& step_dir);
 
 // A manifest of `identity` at `state`, created now, with this process's
-// CPU generator state; shards and stages are added by the caller.
+// CPU generator state; owner files and stages are added by the caller.
 wire::Manifest NewManifest(const RunIdentity& identity, const TrainingState& state, bool final);
 
 // Writes model.pt (the stage specs) into `dir`, and lists the stages in
-// `m`, stage k in shard `shard_of[k]` (0 for every stage when empty).
-absl::Status WriteModel(const std::vector<pipeline::StageSpec>& stages, const std::vector<int>& shard_of,
+// `m`, stage k in owner file `file_of[k]` (0 for every stage when empty).
+absl::Status WriteModel(const std::vector<pipeline::StageSpec>& stages, const std::vector<int>& file_of,
                         const std::string& dir, wire::Manifest* m);
 
 // The manifest as read, and back as written.

@@ -1,6 +1,6 @@
 // The checkpoint's calls from the master to each pipeline worker, one struct
-// each (rpc/call.h): save this worker's shard, wait for a background write,
-// load a shard, remove a checkpoint's files. Both sides encode and decode
+// each (rpc/call.h): save this worker's owner file, wait for a background write,
+// load an owner file, remove a checkpoint's files. Both sides encode and decode
 // through these structs; a call that does not match is an error naming the
 // call and the field.
 //
@@ -18,11 +18,11 @@
 namespace remora::checkpoint {
 
 // This worker's stages, optimizer and random generators, written
-// atomically to `path`; replies ShardWrittenReply. With `background` it
+// atomically to `path`; replies OwnerFileWrittenReply. With `background` it
 // replies (-1, "") once the state is copied, and the file is written on a
-// thread of its own (ShardWrittenRequest waits for it).
-struct SaveShardRequest {
-  static constexpr char kFunction[] = "remora.checkpoint.save_shard";
+// thread of its own (OwnerFileWrittenRequest waits for it).
+struct SaveOwnerFileRequest {
+  static constexpr char kFunction[] = "remora.checkpoint.save_owner_file";
   std::string path;
   std::vector<int64_t> stages;  // the stages' indices
   std::vector<c10::IValue> stage_rrefs;  // the stages, in the same order
@@ -40,8 +40,8 @@ struct SaveShardRequest {
 };
 
 // The file a save wrote: its size and CRC-32 (hex).
-struct ShardWrittenReply {
-  static constexpr char kFunction[] = "remora.checkpoint.save_shard (reply)";
+struct OwnerFileWrittenReply {
+  static constexpr char kFunction[] = "remora.checkpoint.save_owner_file (reply)";
   int64_t bytes = 0;
   std::string crc32;
   template <typename Fields>
@@ -51,9 +51,9 @@ struct ShardWrittenReply {
 };
 
 // Waits for the background write of `path` that a save started; replies
-// ShardWrittenReply, or the write's error.
-struct ShardWrittenRequest {
-  static constexpr char kFunction[] = "remora.checkpoint.shard_written";
+// OwnerFileWrittenReply, or the write's error.
+struct OwnerFileWrittenRequest {
+  static constexpr char kFunction[] = "remora.checkpoint.owner_file_written";
   std::string path;
   template <typename Fields>
   void Visit(Fields& f) {
@@ -62,15 +62,15 @@ struct ShardWrittenRequest {
 };
 
 // The reverse of a save, after checking the file's size and CRC-32.
-struct LoadShardRequest {
-  static constexpr char kFunction[] = "remora.checkpoint.load_shard";
+struct LoadOwnerFileRequest {
+  static constexpr char kFunction[] = "remora.checkpoint.load_owner_file";
   std::string path;
   int64_t bytes = 0;
   std::string crc32;
   std::vector<int64_t> stages;
   std::vector<c10::IValue> stage_rrefs;
   c10::IValue optimizer;  // or None
-  // The tensor SaveShardRequest left out, which stays as it is (Restore
+  // The tensor SaveOwnerFileRequest left out, which stays as it is (Restore
   // sets it after); -1: none.
   int64_t omitted_stage = -1;
   std::string omitted_name;
@@ -82,7 +82,7 @@ struct LoadShardRequest {
   }
 };
 
-// Removes a checkpoint's shard files (and their temporaries) from `dir`,
+// Removes a checkpoint's owner files (and their temporaries) from `dir`,
 // then `dir` if it is empty.
 struct RemoveRequest {
   static constexpr char kFunction[] = "remora.checkpoint.remove";

@@ -14,7 +14,7 @@
 #include "base/status_util.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/manifest.h"
-#include "checkpoint/shard.h"
+#include "checkpoint/owner_file.h"
 #include "optim/state_dict.h"
 
 namespace remora::checkpoint {
@@ -60,64 +60,64 @@ struct Named {
   std::map<std::string, c10::IValue> optimizer;  // a parameter's state-dict entry
   bool has_optimizer = false;
   c10::IValue group;  // the one parameter group's options (its "params" are renumbered)
-  std::vector<Shard> shards;  // their generators
+  std::vector<OwnerFile> files;  // their generators
 };
 
 absl::StatusOr<Named> ReadNamed(const Checkpoint& ck, const std::vector<StageNames>& stages) {
   const Manifest& m = ck.manifest;
   Named out;
-  for (size_t f = 0; f < m.shards.size(); ++f) {
-    const ManifestShard& s = m.shards[f];
+  for (size_t f = 0; f < m.files.size(); ++f) {
+    const ManifestFile& s = m.files[f];
     const std::string path = absl::StrCat(ck.dir, "/", s.file);
-    ASSIGN_OR_RETURN(Shard shard, ReadShard(path, s.bytes, s.crc32));
-    if (shard.names.size() != shard.stages.size()) {
+    ASSIGN_OR_RETURN(OwnerFile owned, ReadOwnerFile(path, s.bytes, s.crc32));
+    if (owned.names.size() != owned.stages.size()) {
       return absl::FailedPreconditionError(absl::StrCat(
           path, " was saved before checkpoints named their tensors: resume it under the cut it was written "
                 "under (the same workers, no --split-at)"));
     }
-    std::vector<std::string> parameters;  // the shard's, in the optimizer's numbering
-    for (size_t i = 0; i < shard.stages.size(); ++i) {
-      const int64_t k = shard.stages[i];
+    std::vector<std::string> parameters;  // the owner file's, in the optimizer's numbering
+    for (size_t i = 0; i < owned.stages.size(); ++i) {
+      const int64_t k = owned.stages[i];
       if (k < 0 || k >= static_cast<int64_t>(stages.size())) {
         return absl::DataLossError(absl::StrCat(path, " holds stage ", k, "; the checkpoint has ", stages.size()));
       }
-      if (shard.names[i].size() != shard.tensors[i].size()) {
-        return absl::DataLossError(absl::StrCat(path, ": stage ", k, " has ", shard.tensors[i].size(),
-                                                " tensors and ", shard.names[i].size(), " names"));
+      if (owned.names[i].size() != owned.tensors[i].size()) {
+        return absl::DataLossError(absl::StrCat(path, ": stage ", k, " has ", owned.tensors[i].size(),
+                                                " tensors and ", owned.names[i].size(), " names"));
       }
-      for (size_t j = 0; j < shard.names[i].size(); ++j) {
-        if (!out.tensors.emplace(shard.names[i][j], shard.tensors[i][j]).second) {
+      for (size_t j = 0; j < owned.names[i].size(); ++j) {
+        if (!out.tensors.emplace(owned.names[i][j], owned.tensors[i][j]).second) {
           return absl::DataLossError(
-              absl::StrCat(path, ": the tensor '", shard.names[i][j], "' is held by two stages of ", ck.dir));
+              absl::StrCat(path, ": the tensor '", owned.names[i][j], "' is held by two stages of ", ck.dir));
         }
       }
       const StageNames& n = stages[static_cast<size_t>(k)];
       parameters.insert(parameters.end(), n.names.begin(), n.names.begin() + static_cast<std::ptrdiff_t>(n.parameters));
     }
-    if (f > 0 && shard.optimizer.isNone() != !out.has_optimizer) {
-      return absl::DataLossError(absl::StrCat(ck.dir, ": some shards hold optimizer state and others none"));
+    if (f > 0 && owned.optimizer.isNone() != !out.has_optimizer) {
+      return absl::DataLossError(absl::StrCat(ck.dir, ": some owner files hold optimizer state and others none"));
     }
-    if (shard.optimizer.isNone()) {
-      out.shards.push_back(std::move(shard));
+    if (owned.optimizer.isNone()) {
+      out.files.push_back(std::move(owned));
       continue;
     }
-    if (!shard.optimizer.isGenericDict()) {
+    if (!owned.optimizer.isGenericDict()) {
       return absl::FailedPreconditionError(absl::StrCat(
           path, " holds its optimizer state as LibTorch's archive (written before state dicts): resume it under "
                 "the cut it was written under (the same workers, no --split-at)"));
     }
     GenericDict group(c10::StringType::get(), c10::AnyType::get());
     try {
-      group = optim::OneParamGroup(shard.optimizer, path.c_str());
+      group = optim::OneParamGroup(owned.optimizer, path.c_str());
     } catch (const std::invalid_argument& e) {
       return absl::DataLossError(e.what());
     }
     const size_t listed = group.at("params").toListRef().size();
     if (listed != parameters.size()) {
       return absl::DataLossError(absl::StrCat(path, ": the optimizer numbers ", listed,
-                                              " parameters; the shard's stages have ", parameters.size()));
+                                              " parameters; the owner file's stages have ", parameters.size()));
     }
-    const GenericDict state = shard.optimizer.toGenericDict().at("state").toGenericDict();
+    const GenericDict state = owned.optimizer.toGenericDict().at("state").toGenericDict();
     for (const auto& entry : state) {
       const int64_t i = entry.key().toInt();
       if (i < 0 || i >= static_cast<int64_t>(parameters.size())) {
@@ -128,7 +128,7 @@ absl::StatusOr<Named> ReadNamed(const Checkpoint& ck, const std::vector<StageNam
     }
     if (!out.has_optimizer) out.group = group;
     out.has_optimizer = true;
-    out.shards.push_back(std::move(shard));
+    out.files.push_back(std::move(owned));
   }
   return out;
 }
@@ -164,17 +164,17 @@ absl::StatusOr<Checkpoint> Relayout(const Checkpoint& ck, const std::vector<pipe
   const bool tied = !m.tied_last.empty() && num_stages >= 2;
   std::set<std::string> used;
   std::vector<std::string> missing;
-  std::vector<Shard> shards(static_cast<size_t>(num_workers));
+  std::vector<OwnerFile> files(static_cast<size_t>(num_workers));
   for (int w = 0; w < num_workers; ++w) {
-    Shard& shard = shards[static_cast<size_t>(w)];
-    int64_t num_parameters = 0;  // the shard's, in its optimizer's numbering
+    OwnerFile& owned = files[static_cast<size_t>(w)];
+    int64_t num_parameters = 0;  // the owner file's, in its optimizer's numbering
     GenericDict state(c10::IntType::get(), c10::AnyType::get());
     for (int k = 0; k < num_stages; ++k) {
       if (placement[static_cast<size_t>(k)] != w) continue;
       const StageNames& n = new_names[static_cast<size_t>(k)];
-      shard.stages.push_back(k);
-      shard.tensors.emplace_back();
-      shard.names.emplace_back();
+      owned.stages.push_back(k);
+      owned.tensors.emplace_back();
+      owned.names.emplace_back();
       for (size_t j = 0; j < n.names.size(); ++j) {
         const std::string& name = n.names[j];
         const bool omitted = tied && k == num_stages - 1 && name == m.tied_last;
@@ -184,8 +184,8 @@ absl::StatusOr<Checkpoint> Relayout(const Checkpoint& ck, const std::vector<pipe
             missing.push_back(name);
             continue;
           }
-          shard.tensors.back().push_back(it->second);
-          shard.names.back().push_back(name);
+          owned.tensors.back().push_back(it->second);
+          owned.names.back().push_back(name);
         }
         used.insert(name);
         if (j >= n.parameters || !saved.has_optimizer) continue;
@@ -195,12 +195,12 @@ absl::StatusOr<Checkpoint> Relayout(const Checkpoint& ck, const std::vector<pipe
         if (entry != saved.optimizer.end()) state.insert(index, entry->second);
       }
     }
-    if (saved.has_optimizer) shard.optimizer = optim::OneGroupStateDict(state, saved.group, num_parameters);
+    if (saved.has_optimizer) owned.optimizer = optim::OneGroupStateDict(state, saved.group, num_parameters);
     // (A worker's generators: the old worker's of the same place, or the
     // last one's where there are more workers now.)
-    const Shard& from = saved.shards[std::min(static_cast<size_t>(w), saved.shards.size() - 1)];
-    shard.rng = from.rng;
-    shard.cuda_rng = from.cuda_rng;
+    const OwnerFile& from = saved.files[std::min(static_cast<size_t>(w), saved.files.size() - 1)];
+    owned.rng = from.rng;
+    owned.cuda_rng = from.cuda_rng;
   }
   if (!missing.empty()) {
     return absl::NotFoundError(absl::StrCat(
@@ -226,19 +226,19 @@ absl::StatusOr<Checkpoint> Relayout(const Checkpoint& ck, const std::vector<pipe
   if (ec) return absl::InternalError(absl::StrCat(failed, ": cannot make the directory: ", ec.message()));
   wire::Manifest w = ManifestToWire(m);
   w.clear_stages();
-  w.clear_shards();
+  w.clear_files();
   w.set_tied_first(tied ? m.tied_first : "");
   w.set_tied_last(tied ? m.tied_last : "");
-  for (size_t i = 0; i < shards.size(); ++i) {
-    const std::string file = absl::StrCat("shard-", i, ".pt");
-    const std::string bytes = EncodeShard(shards[i]);
+  for (size_t i = 0; i < files.size(); ++i) {
+    const std::string file = absl::StrCat("owner-", i, ".pt");
+    const std::string bytes = EncodeOwnerFile(files[i]);
     RETURN_IF_ERROR(base::Annotate(WriteFileAtomically(absl::StrCat(dir, "/", file), bytes), failed));
-    wire::CheckpointShard* s = w.add_shards();
+    wire::CheckpointFile* s = w.add_files();
     s->set_file(file);
-    s->set_worker(i < m.shards.size() ? m.shards[i].worker : m.shards.back().worker);
+    s->set_worker(i < m.files.size() ? m.files[i].worker : m.files.back().worker);
     s->set_bytes(static_cast<int64_t>(bytes.size()));
     s->set_crc32(Crc32(bytes));
-    for (int64_t k : shards[i].stages) s->add_stages(static_cast<int32_t>(k));
+    for (int64_t k : files[i].stages) s->add_stages(static_cast<int32_t>(k));
   }
   RETURN_IF_ERROR(base::Annotate(WriteModel(stages, placement, dir, &w), failed));
   RETURN_IF_ERROR(base::Annotate(CommitManifest(w, dir), failed));

@@ -96,7 +96,7 @@ absl::Status CheckCheckpoints(CommandLine& line, const std::set<std::string>& gi
   auto ck = checkpoint::Latest(c.resume);
   if (!ck.ok()) return ck.status();
   if (auto s = checkpoint::CheckMatches(*ck, line.checkpoints.identity); !s.ok()) return s;
-  const bool other_workers = !line.ps_mode && ck->manifest.shards.size() != c.workers.size();
+  const bool other_workers = !line.ps_mode && ck->manifest.files.size() != c.workers.size();
   const bool other_stages =
       c.interleave > 0 && ck->manifest.stages.size() != c.workers.size() * static_cast<size_t>(c.interleave);
   if (cut && !line.ps_mode && (other_workers || other_stages || !c.split_at.empty())) {
@@ -105,10 +105,10 @@ absl::Status CheckCheckpoints(CommandLine& line, const std::set<std::string>& gi
     line.checkpoints.relayout = true;
   } else {
     if (other_workers) {
-      return Bad(absl::StrCat("checkpoint ", ck->manifest_path, " has ", ck->manifest.shards.size(),
-                              " shards, one per pipeline worker, and its stages were given cut (",
+      return Bad(absl::StrCat("checkpoint ", ck->manifest_path, " has ", ck->manifest.files.size(),
+                              " owner files, one per pipeline worker, and its stages were given cut (",
                               c.model.empty() ? "the built-in small CNN's blocks" : "--model's stage files",
-                              "): give ", ck->manifest.shards.size(), " workers per replica, not ", c.workers.size(),
+                              "): give ", ck->manifest.files.size(), " workers per replica, not ", c.workers.size(),
                               " (a model the master cuts, ResNet50, the GPT or a one-file --model, resumes over "
                               "any number)"));
     }

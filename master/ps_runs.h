@@ -36,7 +36,7 @@ std::string CheckPsFlags(const RunOptions& c, const PsFlags& p, bool ps_mode, bo
 // every demo batch, a line for each step that lost a worker (every step
 // with --ps-step-lines), and a summary: steps, median step time, bytes
 // pulled and pushed per step, each worker's dropped and lost steps. Saves
-// (checkpoint::SaveLocal's one-shard checkpoints) and resumes as
+// (checkpoint::SaveLocal's one-file checkpoints) and resumes as
 // `checkpoints` says (train/ps_trainer.h).
 // Into `run` (its log opened when not yet); each step is told to
 // `elastic` when set (TrainElastic's attempts).

@@ -234,7 +234,7 @@ absl::StatusOr<checkpoint::Checkpoint> MoveCheckpoint(const RunOptions& c, const
   if (!moved.ok()) return base::Annotate(moved.status(), absl::StrCat("resuming ", ck.dir, " under another cut"));
   const auto count = [](size_t k, const char* what) { return absl::StrCat(k, " ", what, k == 1 ? "" : "s"); };
   std::printf("resuming %s (%s over %s) cut again: %s over %s, written to %s\n", ck.dir.c_str(),
-              count(ck.manifest.stages.size(), "stage").c_str(), count(ck.manifest.shards.size(), "worker").c_str(),
+              count(ck.manifest.stages.size(), "stage").c_str(), count(ck.manifest.files.size(), "worker").c_str(),
               count(stages.size(), "stage").c_str(), count(c.workers.size(), "worker").c_str(), dir.c_str());
   return moved;
 }

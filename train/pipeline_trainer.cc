@@ -60,7 +60,7 @@ absl::StatusOr<Saved> PipelineTrainer::Save(const SaveTarget& target, const chec
     saver_dir_ = target.dir;
   }
   // (ZeRO-1: every replica's share of the optimizer state goes to replica
-  // 0's gradient groups first, which the shards then save.)
+  // 0's gradient groups first, whose workers' files then hold it.)
   RETURN_IF_ERROR(pipe_->ConsolidateOptimizerState());
   RETURN_IF_ERROR(saver_->Save(pipe_->replica(0), stages_, target.identity, state, final, target.background));
   if (saver_->pending()) return Saved{saver_dir_, 0, state.step, /*pending=*/true};
@@ -83,7 +83,7 @@ absl::StatusOr<int64_t> PipelineTrainer::Load(const checkpoint::Checkpoint& ck) 
     RETURN_IF_ERROR(base::Annotate(checkpoint::Restore(pipe_->replica(r), ck), absl::StrCat("resuming replica ", r)));
   }
   int64_t bytes = 0;
-  for (const auto& shard : ck.manifest.shards) bytes += shard.bytes;
+  for (const auto& file : ck.manifest.files) bytes += file.bytes;
   return bytes * pipe_->replicas();
 }
 

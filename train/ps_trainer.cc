@@ -70,7 +70,7 @@ absl::StatusOr<int64_t> PsTrainer::Load(const checkpoint::Checkpoint& ck) {
   ASSIGN_OR_RETURN(at::Tensor optimizer, checkpoint::ReadLocalOptimizer(ck));
   RETURN_IF_ERROR(server_->Load(tensors, optimizer, ck.state().step));
   // (The replicas' dropout draws from their workers' generators, which a
-  // one-shard checkpoint does not hold; this process's is restored.)
+  // one-file checkpoint does not hold; this process's is restored.)
   RETURN_IF_ERROR(checkpoint::RestoreCpuGenerator(ck));
   int64_t bytes = optimizer.defined() ? optimizer.nbytes() : 0;
   for (const auto& stage : tensors) {

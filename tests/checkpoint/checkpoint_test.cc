@@ -1,4 +1,4 @@
-// Checkpoints: atomic files and CRC-32, shards, the manifest and which
+// Checkpoints: atomic files and CRC-32, owner files, the manifest and which
 // checkpoint is the latest, pruning; with real worker processes, a pipeline
 // resumed from a checkpoint ends bitwise equal to one that never stopped
 // (dropout included: the workers' generators are saved), corrupt and
@@ -27,7 +27,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
-#include "checkpoint/shard.h"
+#include "checkpoint/owner_file.h"
 #include "proto/checkpoint.pb.h"
 #include "tests/support/master_runs.h"
 #include "tests/support/pipeline_fixtures.h"
@@ -77,55 +77,55 @@ TEST(CheckpointFiles, AtomicWriteReplacesTheFileAndLeavesNoTemporary) {
   EXPECT_EQ(Crc32(""), "00000000");
 }
 
-TEST(CheckpointFiles, ShardsRoundTripAndCorruptionIsNamed) {
-  Shard shard;
-  shard.stages = {1, 3};
-  shard.tensors = {{at::randn({3, 4}), at::randn({4})}, {at::randn({2})}};
-  shard.names = {{"fc.weight", "fc.bias"}, {"bn.running_mean"}};
-  shard.rng = at::detail::getDefaultCPUGenerator().get_state();
-  shard.cuda_rng = CudaGeneratorStates();  // one per device on a GPU machine; none here
-  const std::string bytes = EncodeShard(shard);
-  auto back = DecodeShard(bytes, "x.pt");
+TEST(CheckpointFiles, OwnerFilesRoundTripAndCorruptionIsNamed) {
+  OwnerFile owned;
+  owned.stages = {1, 3};
+  owned.tensors = {{at::randn({3, 4}), at::randn({4})}, {at::randn({2})}};
+  owned.names = {{"fc.weight", "fc.bias"}, {"bn.running_mean"}};
+  owned.rng = at::detail::getDefaultCPUGenerator().get_state();
+  owned.cuda_rng = CudaGeneratorStates();  // one per device on a GPU machine; none here
+  const std::string bytes = EncodeOwnerFile(owned);
+  auto back = DecodeOwnerFile(bytes, "x.pt");
   ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(back->stages, shard.stages);
+  EXPECT_EQ(back->stages, owned.stages);
   ASSERT_EQ(back->tensors.size(), 2u);
-  EXPECT_TRUE(at::equal(back->tensors[0][0], shard.tensors[0][0]));
-  EXPECT_TRUE(at::equal(back->tensors[1][0], shard.tensors[1][0]));
-  EXPECT_EQ(back->names, shard.names);
+  EXPECT_TRUE(at::equal(back->tensors[0][0], owned.tensors[0][0]));
+  EXPECT_TRUE(at::equal(back->tensors[1][0], owned.tensors[1][0]));
+  EXPECT_EQ(back->names, owned.names);
   EXPECT_TRUE(back->optimizer.isNone());
-  EXPECT_EQ(EncodeShard(*back), bytes) << "the same state, the same bytes";
-  EXPECT_TRUE(at::equal(back->rng, shard.rng));
-  // The CUDA generators' states travel in the shard too, and load back
+  EXPECT_EQ(EncodeOwnerFile(*back), bytes) << "the same state, the same bytes";
+  EXPECT_TRUE(at::equal(back->rng, owned.rng));
+  // The CUDA generators' states travel in the owner file too, and load back
   // into the generators (on a machine without GPUs, two made-up states
   // travel, and setting them sets nothing).
-  ASSERT_EQ(back->cuda_rng.size(), shard.cuda_rng.size());
-  if (shard.cuda_rng.empty()) {
-    shard.cuda_rng = {at::randint(255, {16}).to(at::kByte), at::randint(255, {16}).to(at::kByte)};
+  ASSERT_EQ(back->cuda_rng.size(), owned.cuda_rng.size());
+  if (owned.cuda_rng.empty()) {
+    owned.cuda_rng = {at::randint(255, {16}).to(at::kByte), at::randint(255, {16}).to(at::kByte)};
   }
-  auto with_cuda = DecodeShard(EncodeShard(shard), "y.pt");
+  auto with_cuda = DecodeOwnerFile(EncodeOwnerFile(owned), "y.pt");
   ASSERT_TRUE(with_cuda.ok()) << with_cuda.status();
-  ASSERT_EQ(with_cuda->cuda_rng.size(), shard.cuda_rng.size());
-  for (size_t i = 0; i < shard.cuda_rng.size(); ++i) {
-    EXPECT_TRUE(at::equal(with_cuda->cuda_rng[i], shard.cuda_rng[i])) << "device " << i;
+  ASSERT_EQ(with_cuda->cuda_rng.size(), owned.cuda_rng.size());
+  for (size_t i = 0; i < owned.cuda_rng.size(); ++i) {
+    EXPECT_TRUE(at::equal(with_cuda->cuda_rng[i], owned.cuda_rng[i])) << "device " << i;
   }
   SetCudaGeneratorStates(with_cuda->cuda_rng);
   const std::vector<at::Tensor> now = CudaGeneratorStates();
-  for (size_t i = 0; i < now.size(); ++i) EXPECT_TRUE(at::equal(now[i], shard.cuda_rng[i])) << "device " << i;
+  for (size_t i = 0; i < now.size(); ++i) EXPECT_TRUE(at::equal(now[i], owned.cuda_rng[i])) << "device " << i;
 
-  auto garbage = DecodeShard("not a shard", "x.pt");
+  auto garbage = DecodeOwnerFile("not an owner file", "x.pt");
   EXPECT_FALSE(garbage.ok());
-  EXPECT_THAT(std::string(garbage.status().message()), HasSubstr("x.pt: not a remora checkpoint shard"));
+  EXPECT_THAT(std::string(garbage.status().message()), HasSubstr("x.pt: not a remora checkpoint owner file"));
 
-  const std::string path = FreshDir("shard") + "/shard-0.pt";
+  const std::string path = FreshDir("owner file") + "/owner-0.pt";
   ASSERT_TRUE(WriteFileAtomically(path, bytes).ok());
-  EXPECT_TRUE(ReadShard(path, static_cast<int64_t>(bytes.size()), Crc32(bytes)).ok());
-  auto short_file = ReadShard(path, static_cast<int64_t>(bytes.size()) + 1, Crc32(bytes));
+  EXPECT_TRUE(ReadOwnerFile(path, static_cast<int64_t>(bytes.size()), Crc32(bytes)).ok());
+  auto short_file = ReadOwnerFile(path, static_cast<int64_t>(bytes.size()) + 1, Crc32(bytes));
   EXPECT_EQ(short_file.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(std::string(short_file.status().message()), HasSubstr(path));
   std::string flipped = bytes;
   flipped[flipped.size() / 2] ^= 0x5a;
   Overwrite(path, flipped);
-  auto corrupt = ReadShard(path, static_cast<int64_t>(bytes.size()), Crc32(bytes));
+  auto corrupt = ReadOwnerFile(path, static_cast<int64_t>(bytes.size()), Crc32(bytes));
   EXPECT_EQ(corrupt.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(std::string(corrupt.status().message()), HasSubstr("the file is corrupt"));
 }
@@ -137,17 +137,19 @@ TEST(CheckpointFiles, TheLatestIsTheNewestWithAManifest) {
   wire::Manifest m;
   m.set_format(1);
   m.set_step(4);
-  m.add_shards()->set_file("shard-0.pt");
-  m.add_stages()->set_shard(0);
+  m.add_files()->set_file("owner-0.pt");
+  m.add_stages()->set_owner(0);
   const std::string json =
       "{\"format\": 1, \"step\": 4, \"shards\": [{\"file\": \"shard-0.pt\"}], \"stages\": [{\"shard\": 0}]}";
   fs::create_directories(dir + "/step-00000004");
   Overwrite(dir + "/step-00000004/manifest.json", json);
   fs::create_directories(dir + "/step-00000008");  // a save that crashed: no manifest
-  Overwrite(dir + "/step-00000008/shard-0.pt", "partial");
+  Overwrite(dir + "/step-00000008/owner-0.pt", "partial");
   auto latest = Latest(dir);
   ASSERT_TRUE(latest.ok()) << latest.status();
   EXPECT_EQ(latest->manifest.step, 4);
+  ASSERT_EQ(latest->manifest.files.size(), 1u);
+  EXPECT_EQ(latest->manifest.files[0].file, "shard-0.pt");  // (an older manifest's keys read)
   EXPECT_EQ(CompleteSteps(dir), std::vector<int64_t>{4});
   EXPECT_EQ(Latest(dir + "/step-00000004")->manifest.step, 4);  // a checkpoint's own directory
 
@@ -233,30 +235,30 @@ std::unique_ptr<pipeline::Pipeline> MakePipeline(rpc::Agent& master, const std::
   return pipe.ok() ? std::move(*pipe) : nullptr;
 }
 
-// Loads shard-0.pt of the pipeline above (worker w1: stage 0, the dropout
+// Loads owner-0.pt of the pipeline above (worker w1: stage 0, the dropout
 // TorchScript stage `script`, and stage 2, a registered MLP) with Debian's
 // python3-torch, as a Python user would: with torch.load's defaults (from
 // PyTorch 2.6 on, weights only, which refuses the torch.jit._pickle
 // globals LibTorch writes for typed lists and dicts; none is in the file),
 // the stage's state_dict into the TorchScript module (strict), the
-// optimizer's into torch.optim.Adam over the shard's parameters in order,
+// optimizer's into torch.optim.Adam over the owner file's parameters in order,
 // then one Adam step. Skipped where /usr/bin/python3 has no torch.
 const char kLoadInPyTorch[] = R"(import sys, torch, zipfile
-shard_path, script_path = sys.argv[1], sys.argv[2]
-with zipfile.ZipFile(shard_path) as z:
+file_path, script_path = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(file_path) as z:
     pickled = z.read([n for n in z.namelist() if n.endswith("/data.pkl")][0])
 assert b"torch.jit._pickle" not in pickled, "typed containers: a weights-only load refuses them"
-shard = torch.load(shard_path)
-assert shard["format"] == 2, shard["format"]
-assert shard["stages"] == [0, 2], shard["stages"]
-stage0, stage2 = shard["state_dicts"]
+owned = torch.load(file_path)
+assert owned["format"] == 2, owned["format"]
+assert owned["stages"] == [0, 2], owned["stages"]
+stage0, stage2 = owned["state_dicts"]
 m = torch.jit.load(script_path)
 m.load_state_dict(stage0)
 assert torch.equal(m.weight, stage0["weight"])
 assert list(stage2.keys()) == ["0.weight", "0.bias"], list(stage2.keys())
 params = list(m.parameters()) + [torch.nn.Parameter(t.clone()) for t in stage2.values()]
 opt = torch.optim.Adam(params, lr=0.01)
-opt.load_state_dict(shard["optimizer"])
+opt.load_state_dict(owned["optimizer"])
 assert len(opt.state) == len(params), len(opt.state)
 assert float(opt.state[params[1]]["step"]) == 6.0, opt.state[params[1]]["step"]
 for p in params:
@@ -265,16 +267,16 @@ opt.step()
 print("loaded in PyTorch", torch.__version__)
 )";
 
-void CheckShardInPyTorch(const std::string& shard, const std::string& script_bytes) {
+void CheckOwnerFileInPyTorch(const std::string& owned, const std::string& script_bytes) {
   if (RunProgram({"/usr/bin/python3", "-c", "import torch"}).first != 0) {
-    std::printf("(no python3-torch: the shard is not opened in PyTorch)\n");
+    std::printf("(no python3-torch: the owner file is not opened in PyTorch)\n");
     return;
   }
   const std::string script = TempPath("dropout.pt");
-  const std::string code = TempPath("load_shard.py");
+  const std::string code = TempPath("load_owner_file.py");
   Overwrite(script, script_bytes);
   Overwrite(code, kLoadInPyTorch);
-  const auto [rc, out] = RunProgram({"/usr/bin/python3", code, shard, script}, absl::Seconds(120));
+  const auto [rc, out] = RunProgram({"/usr/bin/python3", code, owned, script}, absl::Seconds(120));
   EXPECT_EQ(rc, 0) << out;
   EXPECT_THAT(out, HasSubstr("loaded in PyTorch"));
 }
@@ -349,14 +351,14 @@ TEST(Checkpoint, AResumedPipelineEndsBitwiseEqualToOneThatNeverStopped) {
   auto saver2 = Checkpointer::Create(workers.master(), again, /*keep=*/1);
   ASSERT_TRUE(saver2.ok()) << saver2.status();
   ASSERT_TRUE((*saver2)->Save(*resumed, *stages, id, At(6)).ok());
-  for (const char* file : {"shard-0.pt", "shard-1.pt"}) {
+  for (const char* file : {"owner-0.pt", "owner-1.pt"}) {
     const std::string a = ReadFile(absl::StrCat(dir, "/step-00000006/", file)).value();
     const std::string b = ReadFile(absl::StrCat(again, "/step-00000006/", file)).value();
     EXPECT_TRUE(a == b) << file << " differs between the runs (" << a.size() << " and " << b.size() << " bytes)";
   }
-  // PyTorch opens a shard: each stage's state_dict by name, the optimizer's
+  // PyTorch opens an owner file: each stage's state_dict by name, the optimizer's
   // in PyTorch's layout.
-  CheckShardInPyTorch(absl::StrCat(dir, "/step-00000006/shard-0.pt"), Stages()[0].script);
+  CheckOwnerFileInPyTorch(absl::StrCat(dir, "/step-00000006/owner-0.pt"), Stages()[0].script);
 
   // With w1's generator moved on (an eval pass draws dropout masks), the
   // same step gives another loss: the equality above needs the saved
@@ -370,7 +372,7 @@ TEST(Checkpoint, AResumedPipelineEndsBitwiseEqualToOneThatNeverStopped) {
 
 // In the background (Save's `background`), a save waits only for the
 // owners to copy their state: training goes on while they write, the
-// checkpoint is committed (its manifest written) only once every shard is,
+// checkpoint is committed (its manifest written) only once every owner file is,
 // and it holds the state of its own step, not a later one's. The next save
 // finishes it first; a final save is never in the background.
 TEST(Checkpoint, ABackgroundSaveHoldsItsStepsStateAndIsCommittedOnceWritten) {
@@ -423,9 +425,9 @@ TEST(Checkpoint, ABackgroundSaveHoldsItsStepsStateAndIsCommittedOnceWritten) {
   EXPECT_EQ(CompleteSteps(dir), (std::vector<int64_t>{1, 2, 3}));
   EXPECT_TRUE(Latest(dir).value().manifest.final);
   // A worker asked for a write it never started says so.
-  auto unknown = workers.master().rpc_sync("w1", "remora.checkpoint.shard_written", {dir + "/nothing.pt"});
+  auto unknown = workers.master().rpc_sync("w1", "remora.checkpoint.owner_file_written", {dir + "/nothing.pt"});
   ASSERT_FALSE(unknown.ok());
-  EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("no shard is being written to"));
+  EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("no owner file is being written to"));
 }
 
 TEST(Checkpoint, CorruptOrMismatchedCheckpointsAreClearErrors) {
@@ -438,18 +440,18 @@ TEST(Checkpoint, CorruptOrMismatchedCheckpointsAreClearErrors) {
   pipe->start_train_step(data[0].first, data[0].second).wait().value();
   ASSERT_TRUE(saver->Save(*pipe, Stages(), RunIdentity{}, At(1)).ok());
   Checkpoint ck = Latest(dir).value();
-  EXPECT_EQ(ck.manifest.shards.size(), 2u);
-  EXPECT_EQ(ck.manifest.shards[1].worker, "w2");
-  EXPECT_EQ(ck.manifest.stages[2].shard, 0);  // stage 2 on w1 again
+  EXPECT_EQ(ck.manifest.files.size(), 2u);
+  EXPECT_EQ(ck.manifest.files[1].worker, "w2");
+  EXPECT_EQ(ck.manifest.stages[2].owner, 0);  // stage 2 on w1 again
 
-  // A flipped byte in w2's shard: the error names the file and the worker.
-  const std::string shard = ck.dir + "/shard-1.pt";
-  std::string bytes = ReadFile(shard).value();
+  // A flipped byte in w2's owner file: the error names the file and the worker.
+  const std::string owned = ck.dir + "/owner-1.pt";
+  std::string bytes = ReadFile(owned).value();
   bytes[bytes.size() / 3] ^= 0x11;
-  Overwrite(shard, bytes);
+  Overwrite(owned, bytes);
   auto s = Restore(*pipe, ck);
   EXPECT_FALSE(s.ok());
-  EXPECT_THAT(std::string(s.message()), HasSubstr("shard-1.pt has CRC-32"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("owner-1.pt has CRC-32"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("worker 'w2'"));
 
   // A pipeline of another shape: refused before anything is loaded.
@@ -458,7 +460,7 @@ TEST(Checkpoint, CorruptOrMismatchedCheckpointsAreClearErrors) {
   ASSERT_NE(two, nullptr);
   auto shape = Restore(*two, ck);
   EXPECT_EQ(shape.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(shape.message()), HasSubstr("holds 4 stages in 2 shards"));
+  EXPECT_THAT(std::string(shape.message()), HasSubstr("holds 4 stages in 2 owner files"));
 
   // A manifest edited to a step before any run's start: refused, not
   // trained on from step -5 (nor pruned around by --keep).

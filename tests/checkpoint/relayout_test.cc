@@ -128,8 +128,8 @@ TEST(Relayout, TwoStagesThenFourThenOneGoOnAsAnUninterruptedRunOfEachCut) {
   ASSERT_TRUE(moved.ok()) << moved.status();
   EXPECT_EQ(moved->manifest.step, 3);
   EXPECT_EQ(moved->manifest.stages.size(), 4u);
-  ASSERT_EQ(moved->manifest.shards.size(), 2u);
-  EXPECT_EQ(moved->manifest.shards[1].stages, (std::vector<int>{1, 3}));
+  ASSERT_EQ(moved->manifest.files.size(), 2u);
+  EXPECT_EQ(moved->manifest.files[1].stages, (std::vector<int>{1, 3}));
   EXPECT_TRUE(CheckMatches(*moved, id).ok());
   const std::string dir4 = FreshDir("relayout_saved_four");
   auto saver4 = Checkpointer::Create(workers.master(), dir4, /*keep=*/1);
@@ -148,7 +148,7 @@ TEST(Relayout, TwoStagesThenFourThenOneGoOnAsAnUninterruptedRunOfEachCut) {
   const std::vector<pipeline::StageSpec> one = Cut(*model, {0, kLayers});
   auto whole_ck = Relayout(*ck4, one, {0}, FreshDir("relayout_one"));
   ASSERT_TRUE(whole_ck.ok()) << whole_ck.status();
-  ASSERT_EQ(whole_ck->manifest.shards.size(), 1u);
+  ASSERT_EQ(whole_ck->manifest.files.size(), 1u);
   EXPECT_NE(GoOn(workers.master(), one, {"w2"}, *whole_ck, data, 6, 8, want, want_at_8), nullptr);
   // The evaluator's way reads the moved checkpoint as any other.
   auto loaded = LoadModel(*whole_ck, c10::kCPU);

@@ -17,7 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/shard.h"
+#include "checkpoint/owner_file.h"
 #include "launch/cli.h"
 #include "tests/support/master_runs.h"
 #include "tests/support/pipeline_fixtures.h"
@@ -90,8 +90,8 @@ TEST(TextMaster, APipelineEqualsOneProcessStepByStepWithEveryLanguageModelFeatur
       return all;
     }
     EXPECT_TRUE(ck->manifest.final);
-    for (const checkpoint::ManifestShard& shard : ck->manifest.shards) {
-      auto saved = checkpoint::ReadShard(ck->dir + "/" + shard.file, shard.bytes, shard.crc32);
+    for (const checkpoint::ManifestFile& file : ck->manifest.files) {
+      auto saved = checkpoint::ReadOwnerFile(ck->dir + "/" + file.file, file.bytes, file.crc32);
       if (!saved.ok()) {
         ADD_FAILURE() << saved.status();
         continue;

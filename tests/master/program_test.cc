@@ -255,7 +255,7 @@ TEST(Evaluator, AFailedModelIsOneLineAndVerboseShowsTheTraceback) {
 
 // messages_per_batch counts the batches' requests, not the checkpoints':
 // a run saving after every batch sends the same per batch as one that
-// never saves (save_shard and its RRefs' ChildAccepts once doubled it).
+// never saves (save_owner_file and its RRefs' ChildAccepts once doubled it).
 TEST(Master, MessagesPerBatchLeaveCheckpointsOut) {
   const std::string model = TempPath("messages_model.pt");
   test_support::ScriptSequential({12, 16, 16, 5}).save(model);
@@ -289,7 +289,7 @@ TEST(Master, MessagesPerBatchLeaveCheckpointsOut) {
   ASSERT_NE(line.find('('), std::string::npos) << line;
   ASSERT_NE(plain_line.find('('), std::string::npos) << plain_line;
   EXPECT_EQ(kinds(line), kinds(plain_line)) << line << "\n" << plain_line;
-  EXPECT_THAT(ReadFile(report), Not(HasSubstr("remora.checkpoint.save_shard")));
+  EXPECT_THAT(ReadFile(report), Not(HasSubstr("remora.checkpoint.save_owner_file")));
 }
 
 }  // namespace

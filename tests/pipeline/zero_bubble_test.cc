@@ -176,7 +176,7 @@ TEST(ZeroBubble, ZbvTrainsBitForBitAsOneFOneBOverTwiceTheWorkers) {
 }
 
 // A zbv run (w1 holds stages 0 and 3, and with them both copies of the
-// tied embedding) resumes from its checkpoint bit for bit; its shards keep
+// tied embedding) resumes from its checkpoint bit for bit; its owner files keep
 // the V's stages, and restoring them into the interleaved placement is
 // refused naming both.
 TEST(ZeroBubble, AZbvCheckpointResumesBitwiseAndOnlyUnderItsOwnPlacement) {
@@ -209,9 +209,9 @@ TEST(ZeroBubble, AZbvCheckpointResumesBitwiseAndOnlyUnderItsOwnPlacement) {
   pipe->reset();
   auto ck = checkpoint::Latest(dir);
   ASSERT_TRUE(ck.ok()) << ck.status();
-  ASSERT_EQ(ck->manifest.shards.size(), 2u);
-  EXPECT_EQ(ck->manifest.shards[0].stages, (std::vector<int>{0, 3}));
-  EXPECT_EQ(ck->manifest.shards[1].stages, (std::vector<int>{1, 2}));
+  ASSERT_EQ(ck->manifest.files.size(), 2u);
+  EXPECT_EQ(ck->manifest.files[0].stages, (std::vector<int>{0, 3}));
+  EXPECT_EQ(ck->manifest.files[1].stages, (std::vector<int>{1, 2}));
   auto resumed = Pipeline::Create(workers.master(), Options(four, {"w1", "w2"}, "zbv"));
   ASSERT_TRUE(resumed.ok()) << resumed.status();
   const absl::Status restored = checkpoint::Restore(**resumed, *ck);
@@ -227,7 +227,7 @@ TEST(ZeroBubble, AZbvCheckpointResumesBitwiseAndOnlyUnderItsOwnPlacement) {
   auto interleaved = Pipeline::Create(workers.master(), Options(four, {"w1", "w2"}, "interleaved"));
   ASSERT_TRUE(interleaved.ok()) << interleaved.status();
   EXPECT_THAT(std::string(checkpoint::Restore(**interleaved, *ck).message()),
-              AllOf(HasSubstr("keeps stages 0, 3 in shard 0, but this run places stages 0, 2 on its worker 'w1'"),
+              AllOf(HasSubstr("keeps stages 0, 3 in owner file 0, but this run places stages 0, 2 on its worker 'w1'"),
                     HasSubstr("resume with the schedule the checkpoint was written under")));
 }
 

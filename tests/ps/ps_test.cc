@@ -321,9 +321,9 @@ TEST(Ps, CheckpointsHoldTheServersModelAndResume) {
     ASSERT_TRUE(saved.ok()) << saved.status();
   }
   EXPECT_THAT(checkpoint::CompleteSteps(dir), ElementsAre(2));  // keep=1 pruned step 1
-  // A shard that cannot be written (its name taken by a directory): the
+  // An owner file that cannot be written (its name taken by a directory): the
   // error says which checkpoint failed and that step 2's is still the latest.
-  std::filesystem::create_directories(dir + "/step-00000003/shard-0.pt/taken");
+  std::filesystem::create_directories(dir + "/step-00000003/owner-0.pt/taken");
   auto failed = checkpoint::SaveLocal(dir, o.stages, (*server)->server().stage_state().value(), (*server)->server().stage_names(),
                                       (*server)->server().optimizer_state().value(), id, {3, 0, 3, 0, 0, {}}, false, 1);
   EXPECT_FALSE(failed.ok());
@@ -336,7 +336,7 @@ TEST(Ps, CheckpointsHoldTheServersModelAndResume) {
   ASSERT_TRUE(ck.ok()) << ck.status();
   EXPECT_EQ(ck->manifest.step, 2);
   EXPECT_TRUE(ck->manifest.final);
-  EXPECT_EQ(ck->manifest.shards[0].worker, "master");
+  EXPECT_EQ(ck->manifest.files[0].worker, "master");
   auto specs = checkpoint::LoadStageSpecs(*ck);
   ASSERT_TRUE(specs.ok()) << specs.status();
   ASSERT_EQ(specs->size(), 2u);

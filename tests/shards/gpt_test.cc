@@ -18,7 +18,7 @@
 #include <torch/optim/sgd.h>
 
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/shard.h"
+#include "checkpoint/owner_file.h"
 #include "parallel/data_parallel.h"
 #include "parallel/process_group.h"
 #include "pipeline/pipeline.h"
@@ -220,8 +220,8 @@ TEST(Gpt, TiedEmbeddingAndHeadTrainOverWorkersAsTheOneWeightOfOneProcess) {
       auto ck = checkpoint::Latest(dir);
       ASSERT_TRUE(ck.ok()) << ck.status();
       EXPECT_EQ(ck->manifest.tied_last, kGptTiedLast);
-      const checkpoint::ManifestShard& shard = ck->manifest.shards.back();
-      auto saved = checkpoint::ReadShard(ck->dir + "/" + shard.file, shard.bytes, shard.crc32);
+      const checkpoint::ManifestFile& last = ck->manifest.files.back();
+      auto saved = checkpoint::ReadOwnerFile(ck->dir + "/" + last.file, last.bytes, last.crc32);
       ASSERT_TRUE(saved.ok()) << saved.status();
       EXPECT_THAT(saved->names.back(), Not(Contains(std::string(kGptTiedLast))));
       EXPECT_THAT(saved->names.back(), Contains(std::string("head.norm.weight")));

@@ -18,10 +18,10 @@ namespace remora::checkpoint {
 // In the file (format 2) a dict: "stages"; "state_dicts", per stage its
 // tensors by name (PyTorch's state_dict() keys, parameters then buffers);
 // "optimizer", the owner's optimizer state dict (PyTorch's layout, its
-// parameters numbered through the shard's stages in order) or None; "rng"
+// parameters numbered through the owner file's stages in order) or None; "rng"
 // and "cuda_rng". Format 1 (unnamed lists, LibTorch's optimizer archive)
 // is read too. The same state gives the same bytes.
-struct Shard {
+struct OwnerFile {
   std::vector<int64_t> stages;                   // the pipeline's stage indices
   std::vector<std::vector<at::Tensor>> tensors;  // per stage: parameters then buffers
   std::vector<std::vector<std::string>> names;   // per stage, the tensors' names (format 1: none)
@@ -32,12 +32,12 @@ struct Shard {
   std::vector<at::Tensor> cuda_rng;              // each of its CUDA devices' generator state
 };
 
-std::string EncodeShard(const Shard& shard);
-// InvalidArgument/DataLoss naming `label` for bytes that are not a shard.
-absl::StatusOr<Shard> DecodeShard(const std::string& bytes, const std::string& label);
-// The shard at `path`, after checking its size and CRC-32 against the
+std::string EncodeOwnerFile(const OwnerFile& owned);
+// InvalidArgument/DataLoss naming `label` for bytes that are not an owner file.
+absl::StatusOr<OwnerFile> DecodeOwnerFile(const std::string& bytes, const std::string& label);
+// The owner file at `path`, after checking its size and CRC-32 against the
 // manifest's; DataLoss naming the file when they differ.
-absl::StatusOr<Shard> ReadShard(const std::string& path, int64_t bytes, const std::string& crc32);
+absl::StatusOr<OwnerFile> ReadOwnerFile(const std::string& path, int64_t bytes, const std::string& crc32);
 
 // This process's CPU generator state, and setting it (throws for a state
 // that is not one).
@@ -49,7 +49,7 @@ void SetCpuGeneratorState(const at::Tensor& state);
 std::vector<at::Tensor> CudaGeneratorStates();
 void SetCudaGeneratorStates(const std::vector<at::Tensor>& states);
 
-// Removes the shard files (all files with `all`) and their temporaries
+// Removes the owner files (all files with `all`) and their temporaries
 // from a checkpoint's directory, then the directory if it is empty.
 void RemoveCheckpointFiles(const std::string& dir, bool all);
 

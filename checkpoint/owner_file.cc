@@ -1,5 +1,5 @@
-// The worker side of checkpoints (remora.checkpoint.save_shard,
-// shard_written, load_shard, remove) and the files they write: atomic writes, CRC-32, the shard's
+// The worker side of checkpoints (remora.checkpoint.save_owner_file,
+// owner_file_written, load_owner_file, remove) and the files they write: atomic writes, CRC-32, the owner file's
 // encoding (torch.save's format: a dict of lists of tensors).
 #include <fcntl.h>
 #include <unistd.h>
@@ -32,7 +32,7 @@
 #include "base/status_util.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/protocol.h"
-#include "checkpoint/shard.h"
+#include "checkpoint/owner_file.h"
 #include "optim/protocol.h"
 #include "pipeline/protocol.h"
 
@@ -69,20 +69,20 @@ c10::IValue Call(rpc::CallContext& ctx, const c10::IValue& object, const std::st
   return *out;
 }
 
-// A shard's file as written: its size and CRC-32.
+// An owner file as written: its size and CRC-32.
 using Written = absl::StatusOr<std::pair<int64_t, std::string>>;
 
-// Encodes `shard` and writes it atomically to `path`.
-Written WriteShard(const std::string& path, const Shard& shard) {
-  const std::string bytes = EncodeShard(shard);
+// Encodes `owned` and writes it atomically to `path`.
+Written WriteOwnerFile(const std::string& path, const OwnerFile& owned) {
+  const std::string bytes = EncodeOwnerFile(owned);
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
   RETURN_IF_ERROR(WriteFileAtomically(path, bytes));
   return std::make_pair(static_cast<int64_t>(bytes.size()), Crc32(bytes));
 }
 
-// This process's shards being written in the background, by path: started
-// by save_shard, waited for (and forgotten) by shard_written.
+// This process's owner files being written in the background, by path: started
+// by save_owner_file, waited for (and forgotten) by owner_file_written.
 struct BackgroundWrites {
   absl::Mutex mu;
   std::map<std::string, std::shared_future<Written>> by_path ABSL_GUARDED_BY(mu);
@@ -92,12 +92,12 @@ BackgroundWrites& Background() {
   return *writes;
 }
 
-// SaveShardRequest.
-c10::IValue SaveShardFn(rpc::CallContext& ctx, const rpc::Args& a) {
-  const auto r = rpc::DecodeCallOrThrow<SaveShardRequest>(a);
+// SaveOwnerFileRequest.
+c10::IValue SaveOwnerFileFn(rpc::CallContext& ctx, const rpc::Args& a) {
+  const auto r = rpc::DecodeCallOrThrow<SaveOwnerFileRequest>(a);
   const std::string& path = r.path;
-  Shard shard;
-  shard.stages = r.stages;
+  OwnerFile owned;
+  owned.stages = r.stages;
   for (size_t i = 0; i < r.stage_rrefs.size(); ++i) {
     const c10::IValue object = LocalObject(r.stage_rrefs[i], "stage");
     std::vector<at::Tensor> tensors = Call(ctx, object, "state").toTensorVector();
@@ -113,37 +113,37 @@ c10::IValue SaveShardFn(rpc::CallContext& ctx, const rpc::Args& a) {
         names.erase(it);
       }
     }
-    shard.tensors.push_back(std::move(tensors));
-    shard.names.push_back(std::move(names));
+    owned.tensors.push_back(std::move(tensors));
+    owned.names.push_back(std::move(names));
   }
-  if (!r.optimizer.isNone()) shard.optimizer = Call(ctx, LocalObject(r.optimizer, "optimizer"), "save_state");
-  shard.rng = CpuGeneratorState();
-  shard.cuda_rng = CudaGeneratorStates();
+  if (!r.optimizer.isNone()) owned.optimizer = Call(ctx, LocalObject(r.optimizer, "optimizer"), "save_state");
+  owned.rng = CpuGeneratorState();
+  owned.cuda_rng = CudaGeneratorStates();
   if (r.background) {
     // The state above is copies (StateTensors, the optimizer's state dict):
     // training may go on while they are written.
     std::shared_future<Written> write =
-        std::async(std::launch::async, [path, shard = std::move(shard)] { return WriteShard(path, shard); }).share();
+        std::async(std::launch::async, [path, owned = std::move(owned)] { return WriteOwnerFile(path, owned); }).share();
     BackgroundWrites& writes = Background();
     base::MutexLock lock(writes.mu);
     writes.by_path[path] = std::move(write);
-    return rpc::EncodeTuple(ShardWrittenReply{-1, ""});
+    return rpc::EncodeTuple(OwnerFileWrittenReply{-1, ""});
   }
-  const Written written = WriteShard(path, shard);
+  const Written written = WriteOwnerFile(path, owned);
   if (!written.ok()) throw std::runtime_error(std::string(written.status().message()));
-  return rpc::EncodeTuple(ShardWrittenReply{written->first, written->second});
+  return rpc::EncodeTuple(OwnerFileWrittenReply{written->first, written->second});
 }
 
-// ShardWrittenRequest.
-c10::IValue ShardWrittenFn(rpc::CallContext&, const rpc::Args& a) {
-  const std::string path = rpc::DecodeCallOrThrow<ShardWrittenRequest>(a).path;
+// OwnerFileWrittenRequest.
+c10::IValue OwnerFileWrittenFn(rpc::CallContext&, const rpc::Args& a) {
+  const std::string path = rpc::DecodeCallOrThrow<OwnerFileWrittenRequest>(a).path;
   BackgroundWrites& writes = Background();
   std::shared_future<Written> write;
   {
     base::MutexLock lock(writes.mu);
     auto it = writes.by_path.find(path);
     if (it == writes.by_path.end()) {
-      throw std::invalid_argument(absl::StrCat("checkpoint: no shard is being written to ", path, " here"));
+      throw std::invalid_argument(absl::StrCat("checkpoint: no owner file is being written to ", path, " here"));
     }
     write = it->second;
   }
@@ -153,41 +153,41 @@ c10::IValue ShardWrittenFn(rpc::CallContext&, const rpc::Args& a) {
     writes.by_path.erase(path);
   }
   if (!written.ok()) throw std::runtime_error(std::string(written.status().message()));
-  return rpc::EncodeTuple(ShardWrittenReply{written->first, written->second});
+  return rpc::EncodeTuple(OwnerFileWrittenReply{written->first, written->second});
 }
 
-// LoadShardRequest.
-c10::IValue LoadShardFn(rpc::CallContext& ctx, const rpc::Args& a) {
-  const auto r = rpc::DecodeCallOrThrow<LoadShardRequest>(a);
+// LoadOwnerFileRequest.
+c10::IValue LoadOwnerFileFn(rpc::CallContext& ctx, const rpc::Args& a) {
+  const auto r = rpc::DecodeCallOrThrow<LoadOwnerFileRequest>(a);
   const std::string& path = r.path;
-  auto shard = ReadShard(path, r.bytes, r.crc32);
-  if (!shard.ok()) throw std::runtime_error(std::string(shard.status().message()));
-  if (shard->stages != r.stages) {
-    throw std::invalid_argument(absl::StrCat(path, " holds stages ", c10::str(shard->stages), ", not ",
+  auto owned = ReadOwnerFile(path, r.bytes, r.crc32);
+  if (!owned.ok()) throw std::runtime_error(std::string(owned.status().message()));
+  if (owned->stages != r.stages) {
+    throw std::invalid_argument(absl::StrCat(path, " holds stages ", c10::str(owned->stages), ", not ",
                                              c10::str(r.stages)));
   }
   const std::vector<c10::IValue>& stages = r.stage_rrefs;
-  if (stages.size() != shard->tensors.size()) {
-    throw std::invalid_argument(absl::StrCat(path, " holds ", shard->tensors.size(), " stages' state, not ",
+  if (stages.size() != owned->tensors.size()) {
+    throw std::invalid_argument(absl::StrCat(path, " holds ", owned->tensors.size(), " stages' state, not ",
                                              stages.size()));
   }
   for (size_t i = 0; i < stages.size(); ++i) {
     pipeline::LoadStateRequest load;
-    load.tensors = shard->tensors[i];
-    if (!shard->names.empty()) load.names = shard->names[i];
+    load.tensors = owned->tensors[i];
+    if (!owned->names.empty()) load.names = owned->names[i];
     if (r.stages[i] == r.omitted_stage) load.missing = r.omitted_name;
     Call(ctx, LocalObject(stages[i], "stage"), pipeline::LoadStateRequest::kMethod, rpc::EncodeCall(load));
   }
   if (!r.optimizer.isNone()) {
-    if (shard->optimizer.isNone()) {
+    if (owned->optimizer.isNone()) {
       throw std::invalid_argument(absl::StrCat(path, " holds no optimizer state"));
     }
     // (A local optimizer's, or a ZeRO-1 gradient group's: the same call.)
     Call(ctx, LocalObject(r.optimizer, "optimizer"), optim::LoadStateRequest::kMethod,
-         rpc::EncodeCall(optim::LoadStateRequest{shard->optimizer}));
+         rpc::EncodeCall(optim::LoadStateRequest{owned->optimizer}));
   }
-  SetCpuGeneratorState(shard->rng);
-  SetCudaGeneratorStates(shard->cuda_rng);
+  SetCpuGeneratorState(owned->rng);
+  SetCudaGeneratorStates(owned->cuda_rng);
   return c10::IValue();
 }
 
@@ -222,7 +222,7 @@ c10::IValue Untyped(const c10::IValue& v) {
 // torch.save's zip format, as torch::jit::pickle_save writes it, but without
 // the type tags (torch.jit._pickle.restore_type_tag) LibTorch puts on every
 // list and dict: PyTorch 2.6 and later load with weights_only=True by default
-// and refuse those globals, so a tagged shard would need
+// and refuse those globals, so a tagged owner file would need
 // torch.load(..., weights_only=False). Untagged, the archive names only what a
 // weights-only load allows (tensor rebuilds, storages, OrderedDict).
 std::string SaveForTorchLoad(const c10::IValue& value) {
@@ -347,58 +347,58 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return out.str();
 }
 
-std::string EncodeShard(const Shard& shard) {
-  if (!shard.names.empty() && shard.names.size() != shard.tensors.size()) {
-    throw std::invalid_argument(absl::StrCat("checkpoint shard: ", shard.tensors.size(), " stages' tensors but ",
-                                             shard.names.size(), " stages' names"));
+std::string EncodeOwnerFile(const OwnerFile& owned) {
+  if (!owned.names.empty() && owned.names.size() != owned.tensors.size()) {
+    throw std::invalid_argument(absl::StrCat("checkpoint owner file: ", owned.tensors.size(), " stages' tensors but ",
+                                             owned.names.size(), " stages' names"));
   }
   c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
   d.insert("format", int64_t{2});
-  d.insert("stages", c10::List<int64_t>(shard.stages));
+  d.insert("stages", c10::List<int64_t>(owned.stages));
   c10::impl::GenericList state_dicts(c10::AnyType::get());
-  for (size_t k = 0; k < shard.tensors.size(); ++k) {
-    const auto& tensors = shard.tensors[k];
-    std::vector<std::string> names;  // numbered when the shard names none
-    if (shard.names.empty()) {
+  for (size_t k = 0; k < owned.tensors.size(); ++k) {
+    const auto& tensors = owned.tensors[k];
+    std::vector<std::string> names;  // numbered when the owner file names none
+    if (owned.names.empty()) {
       for (size_t i = 0; i < tensors.size(); ++i) names.push_back(absl::StrCat(i));
     } else {
-      names = shard.names[k];
+      names = owned.names[k];
     }
     if (names.size() != tensors.size()) {
-      throw std::invalid_argument(absl::StrCat("checkpoint shard: stage ", shard.stages[k], " has ",
+      throw std::invalid_argument(absl::StrCat("checkpoint owner file: stage ", owned.stages[k], " has ",
                                                tensors.size(), " tensors but ", names.size(), " names"));
     }
     c10::Dict<std::string, at::Tensor> state;
     for (size_t i = 0; i < tensors.size(); ++i) {
       if (!state.insert(names[i], tensors[i]).second) {
-        throw std::invalid_argument(absl::StrCat("checkpoint shard: stage ", shard.stages[k],
+        throw std::invalid_argument(absl::StrCat("checkpoint owner file: stage ", owned.stages[k],
                                                  " names two tensors '", names[i], "'"));
       }
     }
     state_dicts.push_back(state);
   }
   d.insert("state_dicts", state_dicts);
-  d.insert("optimizer", shard.optimizer);
-  d.insert("rng", shard.rng);
-  d.insert("cuda_rng", c10::List<at::Tensor>(shard.cuda_rng));
+  d.insert("optimizer", owned.optimizer);
+  d.insert("rng", owned.rng);
+  d.insert("cuda_rng", c10::List<at::Tensor>(owned.cuda_rng));
   return SaveForTorchLoad(d);
 }
 
-absl::StatusOr<Shard> DecodeShard(const std::string& bytes, const std::string& label) {
+absl::StatusOr<OwnerFile> DecodeOwnerFile(const std::string& bytes, const std::string& label) {
   try {
     const c10::IValue v = torch::jit::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
     const c10::impl::GenericDict d = v.toGenericDict();
     const int64_t format = d.at("format").toInt();
     if (format != 1 && format != 2) {
-      return absl::InvalidArgumentError(absl::StrCat(label, ": shard format ", format,
+      return absl::InvalidArgumentError(absl::StrCat(label, ": owner file format ", format,
                                                      " is not 1 or 2 (written by a newer remora?)"));
     }
-    Shard shard;
-    shard.stages = IntsOf(d.at("stages"));
+    OwnerFile owned;
+    owned.stages = IntsOf(d.at("stages"));
     if (format == 1) {
-      for (const c10::IValue& t : d.at("tensors").toListRef()) shard.tensors.push_back(TensorsOf(t));
+      for (const c10::IValue& t : d.at("tensors").toListRef()) owned.tensors.push_back(TensorsOf(t));
       // LibTorch's optimizer archive, as optim::LoadOptimizerState still takes.
-      shard.optimizer = d.at("optimizer");
+      owned.optimizer = d.at("optimizer");
     } else {
       for (const c10::IValue& sd : d.at("state_dicts").toListRef()) {
         std::vector<at::Tensor> tensors;
@@ -407,25 +407,25 @@ absl::StatusOr<Shard> DecodeShard(const std::string& bytes, const std::string& l
           names.push_back(entry.key().toStringRef());
           tensors.push_back(entry.value().toTensor());
         }
-        shard.tensors.push_back(std::move(tensors));
-        shard.names.push_back(std::move(names));
+        owned.tensors.push_back(std::move(tensors));
+        owned.names.push_back(std::move(names));
       }
-      shard.optimizer = d.at("optimizer");
+      owned.optimizer = d.at("optimizer");
     }
-    shard.rng = d.at("rng").toTensor();
-    // (Shards written before CUDA generators were saved lack the entry.)
-    if (d.contains("cuda_rng")) shard.cuda_rng = TensorsOf(d.at("cuda_rng"));
-    if (shard.tensors.size() != shard.stages.size()) {
-      return absl::DataLossError(absl::StrCat(label, ": ", shard.stages.size(), " stages but ",
-                                              shard.tensors.size(), " tensor lists"));
+    owned.rng = d.at("rng").toTensor();
+    // (Owner files written before CUDA generators were saved lack the entry.)
+    if (d.contains("cuda_rng")) owned.cuda_rng = TensorsOf(d.at("cuda_rng"));
+    if (owned.tensors.size() != owned.stages.size()) {
+      return absl::DataLossError(absl::StrCat(label, ": ", owned.stages.size(), " stages but ",
+                                              owned.tensors.size(), " tensor lists"));
     }
-    return shard;
+    return owned;
   } catch (...) {
-    return base::StatusFromCurrentException(absl::StrCat(label, ": not a remora checkpoint shard"));
+    return base::StatusFromCurrentException(absl::StrCat(label, ": not a remora checkpoint owner file"));
   }
 }
 
-absl::StatusOr<Shard> ReadShard(const std::string& path, int64_t bytes, const std::string& crc32) {
+absl::StatusOr<OwnerFile> ReadOwnerFile(const std::string& path, int64_t bytes, const std::string& crc32) {
   ASSIGN_OR_RETURN(std::string data, ReadFile(path));
   if (static_cast<int64_t>(data.size()) != bytes) {
     return absl::DataLossError(absl::StrCat(path, " has ", data.size(), " bytes; the manifest says ", bytes,
@@ -435,23 +435,25 @@ absl::StatusOr<Shard> ReadShard(const std::string& path, int64_t bytes, const st
     return absl::DataLossError(absl::StrCat(path, " has CRC-32 ", crc, "; the manifest says ", crc32,
                                             ": the file is corrupt"));
   }
-  return DecodeShard(data, path);
+  return DecodeOwnerFile(data, path);
 }
 
 void RemoveCheckpointFiles(const std::string& dir, bool all) {
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    const bool shard = name.rfind("shard-", 0) == 0 || name.rfind(".shard-", 0) == 0;
-    if (all || shard) std::filesystem::remove(entry.path(), ec);
+    // (Older checkpoints' files, and their temporaries, began with "shard-".)
+    bool owners = false;
+    for (const char* prefix : {"owner-", ".owner-", "shard-", ".shard-"}) owners = owners || name.rfind(prefix, 0) == 0;
+    if (all || owners) std::filesystem::remove(entry.path(), ec);
   }
   std::filesystem::remove(dir, ec);  // only when empty
 }
 
 absl::Status RegisterFunctions(rpc::Registry& registry) {
-  RETURN_IF_ERROR(registry.RegisterFunction(SaveShardRequest::kFunction, SaveShardFn));
-  RETURN_IF_ERROR(registry.RegisterFunction(LoadShardRequest::kFunction, LoadShardFn));
-  RETURN_IF_ERROR(registry.RegisterFunction(ShardWrittenRequest::kFunction, ShardWrittenFn));
+  RETURN_IF_ERROR(registry.RegisterFunction(SaveOwnerFileRequest::kFunction, SaveOwnerFileFn));
+  RETURN_IF_ERROR(registry.RegisterFunction(LoadOwnerFileRequest::kFunction, LoadOwnerFileFn));
+  RETURN_IF_ERROR(registry.RegisterFunction(OwnerFileWrittenRequest::kFunction, OwnerFileWrittenFn));
   return registry.RegisterFunction(RemoveRequest::kFunction, RemoveFn);
 }
 
