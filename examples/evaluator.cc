@@ -1,6 +1,6 @@
 // evaluator: follows a training job's checkpoints and reports the model's
 // test accuracy and loss at each, without any worker (it rebuilds the
-// whole model from the shards, checkpoint/checkpoint.h).
+// whole model from the owner files, checkpoint/checkpoint.h).
 //
 //   master --workers w1,w2 --dataset fashion-mnist --checkpoint-dir /ckpt --checkpoint-every 200 &
 //   evaluator --checkpoint-dir /ckpt --dataset fashion-mnist

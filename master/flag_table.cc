@@ -205,7 +205,7 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
                 "with --dataset imagefolder:DIR: leave unreadable image files out of their batch (counted "
                 "on the epoch line) instead of failing the run naming the file");
   flags.AddString("checkpoint-dir", &c.checkpoint_dir,
-                  "save checkpoints here (each worker writes its shard; a shared or same-path directory)");
+                  "save checkpoints here (each worker writes its owner file; a shared or same-path directory)");
   flags.AddInt("checkpoint-every", &c.checkpoint_every,
                "with --checkpoint-dir: save every N steps (0: only when training ends)");
   flags.AddInt("keep", &c.keep, "with --checkpoint-dir: how many checkpoints to keep");

@@ -188,7 +188,7 @@ Future<Empty> WhenAll(const std::vector<Future<T>>& futures,
 // Fan-out's other half: waits for every future in `futures` — all of them,
 // also after one failed, so that no call is left running — and returns
 // their values in order, or the error of the first (in order) that failed,
-// prefixed by `what(i)` when given (e.g. "saving shard 1 on worker 'w2'").
+// prefixed by `what(i)` when given (e.g. "saving owner file 1 on worker 'w2'").
 template <typename T>
 absl::StatusOr<std::vector<T>> WaitAll(const std::vector<Future<T>>& futures,
                                        const std::function<std::string(size_t)>& what = nullptr) {

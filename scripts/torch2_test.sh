@@ -47,7 +47,7 @@ debian_root_run "$root" REMORA_BUILD_DIR=/build /bin/bash -c '
     # the layout change alike. One local ResNet50 step tells; if it dies,
     # the tests whose programs train a convolution (ResNet50 or the CNN)
     # are left out, loudly.
-    conv_trainers="^(Master[.]|RemoraLaunch[.]ThreeRanks|CheckpointJob[.]|Ps(Shards)?[.]Master|NetNamespaces[.](ThreeHosts|ACutLink)|ImageFolderMaster[.](TrainsLocallyAndOverWorkersAlike|AFolderWithoutVal))"
+    conv_trainers="^(Master[.]|RemoraLaunch[.]ThreeRanks|CheckpointJob[.]|Ps(Partitions)?[.]Master|NetNamespaces[.](ThreeHosts|ACutLink)|ImageFolderMaster[.](TrainsLocallyAndOverWorkersAlike|AFolderWithoutVal))"
     if ! /build/bin/master --local --splits 2 --batches 1 --image-size 64 --batch-size 8 \
          >/build/probe.log 2>&1; then
       echo "torch2_test: WARNING: LibTorch 2.6 here cannot train a convolution" \

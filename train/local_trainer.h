@@ -3,7 +3,7 @@
 // optimizer the workers would use (optim::MakeOptimizer). The baseline a
 // pipeline is compared with (master --local, --compare-local), and a
 // Trainer like any other: train::Fit runs it, with checkpoints in the
-// one-shard format (checkpoint::SaveLocal) that an evaluator reads.
+// one-file format (checkpoint::SaveLocal) that an evaluator reads.
 //
 //   train::LocalOptions o;
 //   o.stages = {pipeline::StageSpec::Registered("SmallCnn", {0, 4, 0})};

@@ -57,7 +57,7 @@ absl::StatusOr<pipeline::Correct> PsTrainer::CountCorrect(const at::Tensor& x, c
 
 absl::StatusOr<Saved> PsTrainer::Save(const SaveTarget& target, const checkpoint::TrainingState& state,
                                       bool final) {
-  ASSIGN_OR_RETURN(auto tensors, server_->stage_state());  // gathered from the shards, if any
+  ASSIGN_OR_RETURN(auto tensors, server_->stage_state());  // gathered from the partitions, if any
   ASSIGN_OR_RETURN(at::Tensor optimizer, server_->optimizer_state());
   ASSIGN_OR_RETURN(checkpoint::LocalSave saved,
                    checkpoint::SaveLocal(target.dir, stages_, tensors, server_->stage_names(), optimizer,

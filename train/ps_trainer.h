@@ -1,7 +1,7 @@
 // A parameter server (ps/parameter_server.h) as a Trainer: the model and
-// optimizer in this process (or its server shards), the workers pulling
+// optimizer in this process (or its server partitions), the workers pulling
 // the parameters and pushing their shares' gradients every step; its
-// checkpoints are one-shard ones (checkpoint::SaveLocal) that an evaluator
+// checkpoints are one-file ones (checkpoint::SaveLocal) that an evaluator
 // follows.
 //
 //   auto t = train::PsTrainer::Create(agent, ps_options).value();

@@ -472,7 +472,7 @@ TEST(MasterFlags, ACheckpointDirOfAnEarlierRunIsRefusedUnlessResumedFrom) {
     const std::string error = ErrorOf({"--workers", "a,b", "--checkpoint-dir", dir, "--resume", from});
     EXPECT_THAT(error, ::testing::Not(HasSubstr("already holds checkpoints"))) << from;
     EXPECT_THAT(error, ::testing::Not(HasSubstr("holds later ones"))) << from;
-    EXPECT_THAT(error, HasSubstr("lists no shards")) << from;
+    EXPECT_THAT(error, HasSubstr("lists no owner files")) << from;
   }
   // From an older step of it: the later ones would outrank the new run's.
   EXPECT_THAT(ErrorOf({"--workers", "a,b", "--checkpoint-dir", dir, "--resume", dir + "/step-00000400"}),

@@ -268,10 +268,10 @@ TEST(Elastic, AReplicaLostInDataParallelismIsReplacedAndTheJobEndsEqual) {
 }
 
 // The parameter server over two server processes: server b is SIGKILLed
-// after the checkpoint of step 6 and the spare takes its shard (restored
+// after the checkpoint of step 6 and the spare takes its partition (restored
 // from the checkpoint); then compute worker w2 after step 15, started
 // again under its name. The job ends where one that lost none ends.
-TEST(Elastic, ALostParameterServerShardAndComputeWorkerAreReplaced) {
+TEST(Elastic, ALostParameterServerPartitionAndComputeWorkerAreReplaced) {
   const std::string data = ToyData();
   const std::string whole = FreshDir("elastic_ps_whole"), elastic = FreshDir("elastic_ps_ckpt");
   const std::vector<std::string> flags = {"--mode", "ps", "--ps-partitions", "2", "--checkpoint-every", "3",
@@ -289,7 +289,7 @@ TEST(Elastic, ALostParameterServerShardAndComputeWorkerAreReplaced) {
   const std::string out = ReadFile(job.log);
   ASSERT_EQ(code, 0) << out;
   EXPECT_THAT(out, HasSubstr("elastic: spare 's1' takes the place of 'b'"));
-  EXPECT_THAT(out, HasSubstr("s1: server of shard 1"));
+  EXPECT_THAT(out, HasSubstr("s1: server of partition 1"));
   EXPECT_THAT(out, HasSubstr("elastic: 'w2' is back"));
   for (size_t i : {0, 2, 3, 4}) EXPECT_EQ(job.workers[i]->Wait(absl::Seconds(30)).value_or(-1), 0) << "worker " << i;
   ExpectEndsEqual(data, whole, elastic, flags, names);
