@@ -129,6 +129,20 @@ class Loop {
   // the epoch's last batch, which reported the epoch then).
   absl::StatusOr<bool> TrainEpoch(int e) {
     const bool resumed = e == o_.start.epoch;
+    RETURN_IF_ERROR(CutEpoch(e, resumed));
+    first_ = resumed ? static_cast<size_t>(o_.start.batch) : 0;
+    if (resumed && first_ == batches_.size() && first_ > 0) return false;
+    BeginEpoch(e, resumed);
+    for (size_t b = first_; b < batches_.size(); ++b) RETURN_IF_ERROR(TrainBatch(b, e));
+    while (!started_.empty()) RETURN_IF_ERROR(FinishOldest());
+    r_.seconds = Now() - t0_;
+    return true;
+  }
+
+  // Epoch e's batches into batches_, the last left out when it is smaller
+  // than a step takes (said once); an error when none is left, or when
+  // the resumed position is past them.
+  absl::Status CutEpoch(int e, bool resumed) {
     batches_ = data::EpochBatches(train_size_, o_.batch_size, o_.shuffle, o_.seed, e);
     if (!batches_.empty() && batches_.back().size(0) < o_.min_batch_rows) {
       if (!said_dropped_ && batches_.size() > 1) {
@@ -147,8 +161,13 @@ class Loop {
       return absl::InvalidArgumentError(absl::StrCat("fit: resuming at batch ", o_.start.batch, " of epoch ", e,
                                                      ", which has ", batches_.size(), " batches"));
     }
-    first_ = resumed ? static_cast<size_t>(o_.start.batch) : 0;
-    if (resumed && first_ == batches_.size() && first_ > 0) return false;
+    return absl::OkStatus();
+  }
+
+  // The epoch's result, sums and clocks at its start (a resumed epoch's
+  // from the checkpoint; a run gone on after a failure counts the time
+  // since it was lost and the epoch's kept steps).
+  void BeginEpoch(int e, bool resumed) {
     r_ = EpochResult{};
     r_.epoch = e;
     r_.images = resumed ? o_.start.images : 0;
@@ -167,50 +186,50 @@ class Loop {
     }
     read_.clear();
     next_read_ = first_;
-    for (size_t b = first_; b < batches_.size(); ++b) {
-      // The step before this one (step_ + started_.size()) may need the
-      // workers to itself until after_step has run.
-      if (!started_.empty() && settle_after_ && settle_after_(step_ + static_cast<int64_t>(started_.size()))) {
-        while (!started_.empty()) RETURN_IF_ERROR(FinishOldest());
-      }
-      const int64_t next = step_ + static_cast<int64_t>(started_.size()) + 1;  // its step, if it has rows
-      ReadAhead();
-      const Clock::time_point taking = Clock::now();
-      absl::StatusOr<data::Batch> batch = read_.front().get();
-      read_.pop_front();
-      ReadAhead();  // the next batches are read while this one trains
-      Tell(next, "take batch", taking);
-      if (!batch.ok()) {
-        DropStarted();
-        return base::Annotate(batch.status(), absl::StrCat("reading ", BatchName(b)));
-      }
-      r_.skipped += batch->skipped;
-      if (batch->labels.size(0) == 0) continue;  // every file of it skipped
-      const Clock::time_point sending = Clock::now();
-      StartedStep step = start_step_(*batch, batches_[b], e);
-      Tell(next, "send", sending);
-      if (step.over_at_start()) {
-        // It ran within the call (or failed to start): the step before it
-        // ended when the call began, and it is accounted for at once.
-        const double ran_until = Now();
-        if (!started_.empty()) {
-          if (absl::Status s = FinishOldest(Seconds(sending)); !s.ok()) {
-            step.abandon();
-            return s;
-          }
-        }
-        last_end_ = Seconds(sending);
-        started_.push_back(Started{b, batch->labels.size(0), std::move(step)});
-        RETURN_IF_ERROR(FinishOldest(ran_until));
-        continue;
-      }
-      started_.push_back(Started{b, batch->labels.size(0), std::move(step)});
-      // One step ahead: the one before this is waited for now.
-      while (started_.size() > 1) RETURN_IF_ERROR(FinishOldest());
+  }
+
+  // Takes batch b (read ahead) and starts its step, one step ahead of the
+  // one waited for; a step over within its start is accounted for at once.
+  absl::Status TrainBatch(size_t b, int e) {
+    // The step before this one (step_ + started_.size()) may need the
+    // workers to itself until after_step has run.
+    if (!started_.empty() && settle_after_ && settle_after_(step_ + static_cast<int64_t>(started_.size()))) {
+      while (!started_.empty()) RETURN_IF_ERROR(FinishOldest());
     }
-    while (!started_.empty()) RETURN_IF_ERROR(FinishOldest());
-    r_.seconds = Now() - t0_;
-    return true;
+    const int64_t next = step_ + static_cast<int64_t>(started_.size()) + 1;  // its step, if it has rows
+    ReadAhead();
+    const Clock::time_point taking = Clock::now();
+    absl::StatusOr<data::Batch> batch = read_.front().get();
+    read_.pop_front();
+    ReadAhead();  // the next batches are read while this one trains
+    Tell(next, "take batch", taking);
+    if (!batch.ok()) {
+      DropStarted();
+      return base::Annotate(batch.status(), absl::StrCat("reading ", BatchName(b)));
+    }
+    r_.skipped += batch->skipped;
+    if (batch->labels.size(0) == 0) return absl::OkStatus();  // every file of it skipped
+    const Clock::time_point sending = Clock::now();
+    StartedStep step = start_step_(*batch, batches_[b], e);
+    Tell(next, "send", sending);
+    if (step.over_at_start()) {
+      // It ran within the call (or failed to start): the step before it
+      // ended when the call began, and it is accounted for at once.
+      const double ran_until = Now();
+      if (!started_.empty()) {
+        if (absl::Status s = FinishOldest(Seconds(sending)); !s.ok()) {
+          step.abandon();
+          return s;
+        }
+      }
+      last_end_ = Seconds(sending);
+      started_.push_back(Started{b, batch->labels.size(0), std::move(step)});
+      return FinishOldest(ran_until);
+    }
+    started_.push_back(Started{b, batch->labels.size(0), std::move(step)});
+    // One step ahead: the one before this is waited for now.
+    while (started_.size() > 1) RETURN_IF_ERROR(FinishOldest());
+    return absl::OkStatus();
   }
 
   // Batches read ahead (o_.prefetch of them while a step runs), in order
@@ -457,6 +476,69 @@ absl::Status Resume(Trainer& trainer, const checkpoint::Checkpoint& ck,
   return absl::OkStatus();
 }
 
+namespace {
+
+// The test set's accuracy, counted on the rows the trainer's workers read
+// or on batches read here (null: there is no test set).
+AccuracyOf TestAccuracy(Trainer& trainer, const data::Source& test, int64_t eval_batch_size) {
+  if (test.size() == 0) return nullptr;
+  WorkersRead* rows = trainer.rows();
+  return [&trainer, rows, &test, eval_batch_size]() -> absl::StatusOr<pipeline::Correct> {
+    if (rows != nullptr) {
+      return pipeline::Accuracy([rows](const at::Tensor& r) { return rows->CountCorrectRows(r); }, test.size(),
+                                eval_batch_size);
+    }
+    return pipeline::Accuracy(
+        [&trainer](const at::Tensor& x, const at::Tensor& y) { return trainer.CountCorrect(x, y); }, test,
+        eval_batch_size);
+  };
+}
+
+// The evaluation after step `step`: its line on `out`; the observers told.
+absl::Status Evaluate(int64_t step, const AccuracyOf& accuracy, const FitOptions& f,
+                      const std::vector<FitObserver*>& observers, std::ostream& out) {
+  const double t0 = Now();
+  const absl::StatusOr<pipeline::Correct> tested = accuracy();
+  if (!tested.ok()) return base::Annotate(tested.status(), absl::StrCat("evaluating after step ", step));
+  if (f.progress_bar) out << "\n";
+  out << absl::StrFormat("step=%d test_accuracy=%.4f test_top5=%.4f test_loss=%.4f%s seconds=%.1f\n", step,
+                         tested->accuracy(), tested->top5_accuracy(), tested->loss(),
+                         f.tokens_per_row > 0 ? absl::StrFormat(" test_perplexity=%.3f", std::exp(tested->loss()))
+                                              : "",
+                         Now() - t0)
+      << std::flush;
+  for (FitObserver* observer : observers) observer->Evaluated(step, *tested);
+  return absl::OkStatus();
+}
+
+// The loop over `train`'s batches: their row numbers sent to the workers
+// that read them (Trainer::rows()), or the batches read here.
+absl::StatusOr<std::vector<EpochResult>> RunLoop(Trainer& trainer, const data::Source& train,
+                                                 const AccuracyOf& accuracy, const AfterStep& after_step,
+                                                 const SettleAfter& settle_after,
+                                                 const std::vector<FitObserver*>& observers, FitOptions f,
+                                                 std::ostream& out) {
+  WorkersRead* rows = trainer.rows();
+  if (rows == nullptr) {
+    const RowReader read = [&train](const at::Tensor& r, int e) { return train.Get(r, e); };
+    const BatchStarter start = [&trainer](const data::Batch& b, const at::Tensor&, int) {
+      return trainer.StartStep({b.images, b.labels});
+    };
+    return Loop(train.size(), read, start, nullptr, accuracy, after_step, settle_after, observers, f, out).Run();
+  }
+  f.prefetch = 0;  // (nothing to read here)
+  const RowReader names = [](const at::Tensor& r, int) -> absl::StatusOr<data::Batch> {
+    return data::Batch{{}, r, 0};
+  };
+  const BatchStarter start = [&trainer](const data::Batch&, const at::Tensor& r, int e) {
+    return trainer.StartStep(StepBatch::Rows(r, e));
+  };
+  const std::function<absl::StatusOr<int64_t>()> skipped = [rows] { return rows->skipped(); };
+  return Loop(train.size(), names, start, skipped, accuracy, after_step, settle_after, observers, f, out).Run();
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<EpochResult>> Fit(Trainer& trainer, const data::Source& train, const data::Source& test,
                                              const TrainOptions& o, std::ostream& out) {
   FitOptions f = o.fit;
@@ -485,37 +567,13 @@ absl::StatusOr<std::vector<EpochResult>> Fit(Trainer& trainer, const data::Sourc
     if (f.batch_run) return {p.step, 0, p.step, 0, 0, losses.losses()};
     return {p.step, p.epoch, p.batch, p.loss_sum, p.images, {}};
   };
-  WorkersRead* rows = trainer.rows();
-  // The test set's accuracy, counted on the rows the workers read or on
-  // batches read here (empty: there is no test set).
-  const AccuracyOf accuracy = test.size() == 0 ? AccuracyOf(nullptr) : [&]() -> absl::StatusOr<pipeline::Correct> {
-    if (rows != nullptr) {
-      return pipeline::Accuracy([rows](const at::Tensor& r) { return rows->CountCorrectRows(r); }, test.size(),
-                                f.eval_batch_size);
-    }
-    return pipeline::Accuracy(
-        [&trainer](const at::Tensor& x, const at::Tensor& y) { return trainer.CountCorrect(x, y); }, test,
-        f.eval_batch_size);
-  };
-  const bool evaluates = o.eval_every > 0 && test.size() > 0;
-  auto eval_due = [&o, evaluates](int64_t step) { return evaluates && step % o.eval_every == 0; };
+  const AccuracyOf accuracy = TestAccuracy(trainer, test, f.eval_batch_size);
+  auto eval_due = [&o, &accuracy](int64_t step) { return accuracy && o.eval_every > 0 && step % o.eval_every == 0; };
   const AfterStep after_step = [&](const FitPosition& p, bool last_step) {
     last = p;
     // (The run's last step is saved once, as the final checkpoint, below.)
     if (!last_step) RETURN_IF_ERROR(checkpoints.MaybeSave(trainer, state_at(p), /*final=*/false, out));
-    if (!eval_due(p.step)) return absl::OkStatus();
-    const double t0 = Now();
-    const absl::StatusOr<pipeline::Correct> tested = accuracy();
-    if (!tested.ok()) return base::Annotate(tested.status(), absl::StrCat("evaluating after step ", p.step));
-    if (f.progress_bar) out << "\n";
-    out << absl::StrFormat("step=%d test_accuracy=%.4f test_top5=%.4f test_loss=%.4f%s seconds=%.1f\n", p.step,
-                           tested->accuracy(), tested->top5_accuracy(), tested->loss(),
-                           f.tokens_per_row > 0 ? absl::StrFormat(" test_perplexity=%.3f", std::exp(tested->loss()))
-                                                : "",
-                           Now() - t0)
-        << std::flush;
-    for (FitObserver* observer : observers) observer->Evaluated(p.step, *tested);
-    return absl::OkStatus();
+    return eval_due(p.step) ? Evaluate(p.step, accuracy, f, observers, out) : absl::OkStatus();
   };
   // A step that saves or evaluates (or that an observer must see alone)
   // must not have the next one started before it.
@@ -526,29 +584,8 @@ absl::StatusOr<std::vector<EpochResult>> Fit(Trainer& trainer, const data::Sourc
     }
     return false;
   };
-  std::vector<EpochResult> epochs;
-  if (rows != nullptr) {
-    // The workers read the rows: only their numbers are sent.
-    f.prefetch = 0;  // (nothing to read here)
-    const RowReader names = [](const at::Tensor& r, int) -> absl::StatusOr<data::Batch> {
-      return data::Batch{{}, r, 0};
-    };
-    const BatchStarter start = [&trainer](const data::Batch&, const at::Tensor& r, int e) {
-      return trainer.StartStep(StepBatch::Rows(r, e));
-    };
-    const std::function<absl::StatusOr<int64_t>()> skipped = [rows] { return rows->skipped(); };
-    ASSIGN_OR_RETURN(epochs,
-                     Loop(train.size(), names, start, skipped, accuracy, after_step, settle_after, observers, f, out)
-                         .Run());
-  } else {
-    const RowReader read = [&train](const at::Tensor& r, int e) { return train.Get(r, e); };
-    const BatchStarter start = [&trainer](const data::Batch& b, const at::Tensor&, int) {
-      return trainer.StartStep({b.images, b.labels});
-    };
-    ASSIGN_OR_RETURN(epochs,
-                     Loop(train.size(), read, start, nullptr, accuracy, after_step, settle_after, observers, f, out)
-                         .Run());
-  }
+  ASSIGN_OR_RETURN(std::vector<EpochResult> epochs,
+                   RunLoop(trainer, train, accuracy, after_step, settle_after, observers, f, out));
   // (A run resumed from its final checkpoint that trained nothing more has
   // it already: no line says it was saved again.)
   const bool saved_already = o.resume && o.resume->manifest.final && last.step == o.resume->state().step;

@@ -58,7 +58,7 @@ struct Saved {
 struct StepBatch {
   at::Tensor x;    // the inputs
   at::Tensor y;    // the targets
-  at::Tensor rows;  // or int64 [n]: rows of the training set (x, y undefined)
+  at::Tensor rows{};  // or int64 [n]: rows of the training set (x, y undefined)
   int epoch = 0;    // the epoch the rows are read in (their augmentation)
 
   static StepBatch Rows(at::Tensor rows, int epoch) { return StepBatch{{}, {}, std::move(rows), epoch}; }
