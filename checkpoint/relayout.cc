@@ -133,12 +133,10 @@ absl::StatusOr<Named> ReadNamed(const Checkpoint& ck, const std::vector<StageNam
   return out;
 }
 
-}  // namespace
-
-absl::StatusOr<Checkpoint> Relayout(const Checkpoint& ck, const std::vector<pipeline::StageSpec>& stages,
-                                    const std::vector<int>& placement, const std::string& dir) {
-  const Manifest& m = ck.manifest;
-  const int num_stages = static_cast<int>(stages.size());
+// The number of workers `placement` spreads `stages` over; an error when
+// the lists differ in length, a worker is below 0 or one is left without
+// a stage.
+absl::StatusOr<int> WorkersOf(const std::vector<pipeline::StageSpec>& stages, const std::vector<int>& placement) {
   if (stages.empty() || placement.size() != stages.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("relayout: ", stages.size(), " stages and ", placement.size(), " placements"));
@@ -153,70 +151,100 @@ absl::StatusOr<Checkpoint> Relayout(const Checkpoint& ck, const std::vector<pipe
                                                                        : absl::StrCat(" leaves worker ", w, " of ",
                                                                                       num_workers, " without a stage")));
   }
-  ASSIGN_OR_RETURN(std::vector<pipeline::StageSpec> old_specs, LoadStageSpecs(ck));
-  ASSIGN_OR_RETURN(std::vector<StageNames> old_names, NamesOf(old_specs, "the checkpoint's"));
-  ASSIGN_OR_RETURN(std::vector<StageNames> new_names, NamesOf(stages, "the new"));
-  ASSIGN_OR_RETURN(Named saved, ReadNamed(ck, old_names));
+  return num_workers;
+}
 
-  // A tied weight (held under two names, stored once under the first):
-  // with two stages or more its last copy is left out of the last stage's
-  // file again; one stage holds it once, under the first name.
-  const bool tied = !m.tied_last.empty() && num_stages >= 2;
+// The saved tensors and optimizer state dealt out to the new owners'
+// files by name: the names each took (`used`) and those it lacked.
+struct Dealt {
+  std::vector<OwnerFile> files;
   std::set<std::string> used;
   std::vector<std::string> missing;
-  std::vector<OwnerFile> files(static_cast<size_t>(num_workers));
-  for (int w = 0; w < num_workers; ++w) {
-    OwnerFile& owned = files[static_cast<size_t>(w)];
-    int64_t num_parameters = 0;  // the owner file's, in its optimizer's numbering
-    GenericDict state(c10::IntType::get(), c10::AnyType::get());
-    for (int k = 0; k < num_stages; ++k) {
-      if (placement[static_cast<size_t>(k)] != w) continue;
-      const StageNames& n = new_names[static_cast<size_t>(k)];
-      owned.stages.push_back(k);
-      owned.tensors.emplace_back();
-      owned.names.emplace_back();
-      for (size_t j = 0; j < n.names.size(); ++j) {
-        const std::string& name = n.names[j];
-        const bool omitted = tied && k == num_stages - 1 && name == m.tied_last;
-        if (!omitted) {
-          const auto it = saved.tensors.find(name);
-          if (it == saved.tensors.end()) {
-            missing.push_back(name);
-            continue;
-          }
-          owned.tensors.back().push_back(it->second);
-          owned.names.back().push_back(name);
+};
+
+// Worker w's file under the new cut. A tied weight (held under two names,
+// stored once under the first) is left out of the last stage's file.
+void Deal(const Named& saved, const Manifest& m, const std::vector<StageNames>& new_names,
+          const std::vector<int>& placement, bool tied, int w, Dealt& out) {
+  const int num_stages = static_cast<int>(new_names.size());
+  OwnerFile& owned = out.files[static_cast<size_t>(w)];
+  int64_t num_parameters = 0;  // the owner file's, in its optimizer's numbering
+  GenericDict state(c10::IntType::get(), c10::AnyType::get());
+  for (int k = 0; k < num_stages; ++k) {
+    if (placement[static_cast<size_t>(k)] != w) continue;
+    const StageNames& n = new_names[static_cast<size_t>(k)];
+    owned.stages.push_back(k);
+    owned.tensors.emplace_back();
+    owned.names.emplace_back();
+    for (size_t j = 0; j < n.names.size(); ++j) {
+      const std::string& name = n.names[j];
+      const bool omitted = tied && k == num_stages - 1 && name == m.tied_last;
+      if (!omitted) {
+        const auto it = saved.tensors.find(name);
+        if (it == saved.tensors.end()) {
+          out.missing.push_back(name);
+          continue;
         }
-        used.insert(name);
-        if (j >= n.parameters || !saved.has_optimizer) continue;
-        const int64_t index = num_parameters++;
-        auto entry = saved.optimizer.find(name);
-        if (entry == saved.optimizer.end() && name == m.tied_last) entry = saved.optimizer.find(m.tied_first);
-        if (entry != saved.optimizer.end()) state.insert(index, entry->second);
+        owned.tensors.back().push_back(it->second);
+        owned.names.back().push_back(name);
       }
+      out.used.insert(name);
+      if (j >= n.parameters || !saved.has_optimizer) continue;
+      const int64_t index = num_parameters++;
+      auto entry = saved.optimizer.find(name);
+      if (entry == saved.optimizer.end() && name == m.tied_last) entry = saved.optimizer.find(m.tied_first);
+      if (entry != saved.optimizer.end()) state.insert(index, entry->second);
     }
-    if (saved.has_optimizer) owned.optimizer = optim::OneGroupStateDict(state, saved.group, num_parameters);
-    // (A worker's generators: the old worker's of the same place, or the
-    // last one's where there are more workers now.)
-    const OwnerFile& from = saved.files[std::min(static_cast<size_t>(w), saved.files.size() - 1)];
-    owned.rng = from.rng;
-    owned.cuda_rng = from.cuda_rng;
   }
-  if (!missing.empty()) {
+  if (saved.has_optimizer) owned.optimizer = optim::OneGroupStateDict(state, saved.group, num_parameters);
+  // (A worker's generators: the old worker's of the same place, or the
+  // last one's where there are more workers now.)
+  const OwnerFile& from = saved.files[std::min(static_cast<size_t>(w), saved.files.size() - 1)];
+  owned.rng = from.rng;
+  owned.cuda_rng = from.cuda_rng;
+}
+
+// An error when the new stages name a tensor the checkpoint lacks, or
+// leave one of its tensors out.
+absl::Status CheckEveryTensorDealt(const Checkpoint& ck, const Named& saved, const Dealt& dealt) {
+  if (!dealt.missing.empty()) {
     return absl::NotFoundError(absl::StrCat(
-        "checkpoint ", ck.manifest_path, " holds no tensor named ", Some(missing),
+        "checkpoint ", ck.manifest_path, " holds no tensor named ", Some(dealt.missing),
         ", which the new stages have: it is of another model, or of a stage type that names its tensors by "
         "stage, not as the whole model does (resume it under the cut it was written under)"));
   }
   std::vector<std::string> extra;
   for (const auto& [name, tensor] : saved.tensors) {
-    if (!used.count(name)) extra.push_back(name);
+    if (!dealt.used.count(name)) extra.push_back(name);
   }
   if (!extra.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint ", ck.manifest_path, " holds ", Some(extra),
         ", which none of the new stages has: the new cut leaves part of the model out (cut the whole model)"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Checkpoint> Relayout(const Checkpoint& ck, const std::vector<pipeline::StageSpec>& stages,
+                                    const std::vector<int>& placement, const std::string& dir) {
+  const Manifest& m = ck.manifest;
+  const int num_stages = static_cast<int>(stages.size());
+  ASSIGN_OR_RETURN(const int num_workers, WorkersOf(stages, placement));
+  ASSIGN_OR_RETURN(std::vector<pipeline::StageSpec> old_specs, LoadStageSpecs(ck));
+  ASSIGN_OR_RETURN(std::vector<StageNames> old_names, NamesOf(old_specs, "the checkpoint's"));
+  ASSIGN_OR_RETURN(std::vector<StageNames> new_names, NamesOf(stages, "the new"));
+  ASSIGN_OR_RETURN(Named saved, ReadNamed(ck, old_names));
+
+  // A tied weight: with two stages or more its last copy is left out of
+  // the last stage's file again; one stage holds it once, under the first
+  // name.
+  const bool tied = !m.tied_last.empty() && num_stages >= 2;
+  Dealt dealt;
+  dealt.files.resize(static_cast<size_t>(num_workers));
+  for (int w = 0; w < num_workers; ++w) Deal(saved, m, new_names, placement, tied, w, dealt);
+  RETURN_IF_ERROR(CheckEveryTensorDealt(ck, saved, dealt));
 
   std::error_code ec;
   fs::remove_all(dir, ec);
@@ -229,16 +257,16 @@ absl::StatusOr<Checkpoint> Relayout(const Checkpoint& ck, const std::vector<pipe
   w.clear_files();
   w.set_tied_first(tied ? m.tied_first : "");
   w.set_tied_last(tied ? m.tied_last : "");
-  for (size_t i = 0; i < files.size(); ++i) {
+  for (size_t i = 0; i < dealt.files.size(); ++i) {
     const std::string file = absl::StrCat("owner-", i, ".pt");
-    const std::string bytes = EncodeOwnerFile(files[i]);
+    const std::string bytes = EncodeOwnerFile(dealt.files[i]);
     RETURN_IF_ERROR(base::Annotate(WriteFileAtomically(absl::StrCat(dir, "/", file), bytes), failed));
     wire::CheckpointFile* s = w.add_files();
     s->set_file(file);
     s->set_worker(i < m.files.size() ? m.files[i].worker : m.files.back().worker);
     s->set_bytes(static_cast<int64_t>(bytes.size()));
     s->set_crc32(Crc32(bytes));
-    for (int64_t k : files[i].stages) s->add_stages(static_cast<int32_t>(k));
+    for (int64_t k : dealt.files[i].stages) s->add_stages(static_cast<int32_t>(k));
   }
   RETURN_IF_ERROR(base::Annotate(WriteModel(stages, placement, dir, &w), failed));
   RETURN_IF_ERROR(base::Annotate(CommitManifest(w, dir), failed));

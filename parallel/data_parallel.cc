@@ -71,6 +71,56 @@ absl::Status CheckOptions(const DataParallelOptions& o) {
   return absl::OkStatus();
 }
 
+// The o.replicas copies of o.pipeline, replica r over workers r*P ..
+// r*P + P - 1, each with seeds of its own (their dropout masks differ).
+absl::StatusOr<std::vector<std::unique_ptr<pipeline::Pipeline>>> MakeReplicas(rpc::Agent& agent,
+                                                                           const DataParallelOptions& o) {
+  const int R = o.replicas;
+  const int P = static_cast<int>(o.pipeline.workers.size()) / R;
+  std::vector<std::unique_ptr<pipeline::Pipeline>> replicas;
+  for (int r = 0; r < R; ++r) {
+    pipeline::PipelineOptions p = o.pipeline;
+    p.workers.assign(o.pipeline.workers.begin() + r * P, o.pipeline.workers.begin() + (r + 1) * P);
+    if (p.seed) *p.seed += static_cast<uint64_t>(r) * 1000003;
+    auto pipe = pipeline::Pipeline::Create(agent, std::move(p));
+    // (One pipeline is no replica to name.)
+    if (!pipe.ok()) return R > 1 ? base::Annotate(pipe.status(), absl::StrCat("replica ", r)) : pipe.status();
+    replicas.push_back(std::move(*pipe));
+  }
+  return replicas;
+}
+
+// What makes replica r's member of gradient group `p` (its worker in
+// place p): the parameters of the stages that worker holds, and the
+// group's settings; the groups meet at `store` (null: over the agents)
+// under names that begin with `prefix`.
+absl::StatusOr<MakeGradientGroupRequest> GroupRequest(pipeline::Pipeline& replica, int r, int p,
+                                                      const DataParallelOptions& o, const StoreServer* store,
+                                                      const std::string& prefix) {
+  MakeGradientGroupRequest g;
+  for (int k = 0; k < replica.num_stages(); ++k) {
+    if (replica.schedule().WorkerOf(k) != p) continue;  // (k % P, or zbv's V)
+    ASSIGN_OR_RETURN(std::vector<rpc::RRef> mine, optim::parameter_rrefs(replica.stages()[k]));
+    c10::impl::GenericList list(c10::AnyType::get());
+    for (const rpc::RRef& x : mine) list.push_back(x.ToIValue());
+    g.stage_indices.push_back(k);
+    g.stage_params.emplace_back(std::move(list));
+  }
+  if (store != nullptr) {
+    g.store_host = store->host();
+    g.store_port = store->port();
+  }
+  g.name = absl::StrCat(prefix, "-slot", p);
+  g.rank = r;
+  g.size = o.replicas;
+  g.timeout_ms = absl::ToInt64Milliseconds(o.timeout);
+  g.bucket_bytes = o.bucket_bytes;
+  g.overlap = o.overlap;
+  g.zero = o.zero == 1 && o.replicas > 1;
+  g.optimizer_options = optim::OptionsToDict(o.pipeline.optimizer);
+  return g;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Create(
@@ -79,17 +129,7 @@ absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Crea
   RETURN_IF_ERROR(autograd::CheckEnabled(agent, "making a data-parallel pipeline"));
   const int R = o.replicas;
   const int P = static_cast<int>(o.pipeline.workers.size()) / R;
-  std::vector<std::unique_ptr<pipeline::Pipeline>> replicas;
-  for (int r = 0; r < R; ++r) {
-    pipeline::PipelineOptions p = o.pipeline;
-    p.workers.assign(o.pipeline.workers.begin() + r * P, o.pipeline.workers.begin() + (r + 1) * P);
-    // Each replica's workers their own seeds (their dropout masks differ).
-    if (p.seed) *p.seed += static_cast<uint64_t>(r) * 1000003;
-    auto pipe = pipeline::Pipeline::Create(agent, std::move(p));
-    // (One pipeline is no replica to name.)
-    if (!pipe.ok()) return R > 1 ? base::Annotate(pipe.status(), absl::StrCat("replica ", r)) : pipe.status();
-    replicas.push_back(std::move(*pipe));
-  }
+  ASSIGN_OR_RETURN(std::vector<std::unique_ptr<pipeline::Pipeline>> replicas, MakeReplicas(agent, o));
   std::unique_ptr<StoreServer> store;
   std::vector<Member> members;
   std::string backend;
@@ -105,29 +145,8 @@ absl::StatusOr<std::unique_ptr<DataParallelPipeline>> DataParallelPipeline::Crea
     static std::atomic<int64_t> next_id{0};
     prefix = absl::StrCat("remora-dp-", agent.self().name, "-", getpid(), "-", next_id++);
     for (int r = 0; r < R; ++r) {
-      const int S = replicas[r]->num_stages();
       for (int p = 0; p < P; ++p) {
-        MakeGradientGroupRequest g;
-        for (int k = 0; k < S; ++k) {
-          if (replicas[r]->schedule().WorkerOf(k) != p) continue;  // (k % P, or zbv's V)
-          ASSIGN_OR_RETURN(std::vector<rpc::RRef> mine, optim::parameter_rrefs(replicas[r]->stages()[k]));
-          c10::impl::GenericList list(c10::AnyType::get());
-          for (const rpc::RRef& x : mine) list.push_back(x.ToIValue());
-          g.stage_indices.push_back(k);
-          g.stage_params.emplace_back(std::move(list));
-        }
-        if (store) {
-          g.store_host = store->host();
-          g.store_port = store->port();
-        }
-        g.name = absl::StrCat(prefix, "-slot", p);
-        g.rank = r;
-        g.size = R;
-        g.timeout_ms = absl::ToInt64Milliseconds(o.timeout);
-        g.bucket_bytes = o.bucket_bytes;
-        g.overlap = o.overlap;
-        g.zero = o.zero == 1 && R > 1;
-        g.optimizer_options = optim::OptionsToDict(o.pipeline.optimizer);
+        ASSIGN_OR_RETURN(MakeGradientGroupRequest g, GroupRequest(*replicas[r], r, p, o, store.get(), prefix));
         Member m;
         m.worker = o.pipeline.workers[r * P + p];
         m.slot = p;

@@ -55,7 +55,11 @@ absl::Status SeedWorkers(rpc::Agent& agent, const std::vector<std::string>& work
       .status();
 }
 
-absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(rpc::Agent& agent, PipelineOptions o) {
+namespace {
+
+// The schedule `o` asks for, resolved, after checking what `o` holds
+// alone (worker and stage counts, the loss, clipping, a tied weight).
+absl::StatusOr<std::string> CheckedSchedule(const PipelineOptions& o) {
   const int n = static_cast<int>(o.workers.size());
   const int S = static_cast<int>(o.stages.size());
   if (n < 1) return absl::InvalidArgumentError("pipeline: no workers given");
@@ -65,7 +69,7 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(rpc::Agent& agent, Pi
         "pipeline: ", S, " stages do not spread evenly over ", n,
         " workers (stage k runs on worker k mod ", n, "): give a multiple of ", n, " stages"));
   }
-  const std::string schedule_name = ResolveSchedule(o.schedule, n, S / n, o.micro_batches);
+  std::string schedule_name = ResolveSchedule(o.schedule, n, S / n, o.micro_batches);
   if (n == 1 && S > 1 && schedule_name != "zbv") {
     // (Stage k's output goes to stage k + 1's worker as a call: one worker
     // would call itself, and its schedule would wait on itself.)
@@ -84,7 +88,12 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(rpc::Agent& agent, Pi
         "first and the last stage: give both or neither, with two stages or more (one stage ties within its "
         "module) and a named loss (pipeline::RegisterLoss: the workers' step runners sum the gradients)"));
   }
-  // What the master must have set up, checked before anything is placed.
+  return schedule_name;
+}
+
+// What the master must have set up, checked before anything is placed:
+// distributed autograd, and every worker of `o` in its group.
+absl::Status CheckSetUp(rpc::Agent& agent, const PipelineOptions& o) {
   RETURN_IF_ERROR(autograd::CheckEnabled(agent, "making a pipeline"));
   for (const std::string& w : o.workers) {
     if (absl::StatusOr<base::WorkerInfo> info = agent.worker(w); !info.ok()) {
@@ -94,17 +103,18 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(rpc::Agent& agent, Pi
           "(launch::StartLocalGroup returns after it)"));
     }
   }
-  ASSIGN_OR_RETURN(Schedule schedule, MakeSchedule(schedule_name, n, S / n, o.micro_batches));
-  RETURN_IF_ERROR(Simulate(schedule).status());
-  if (schedule.SplitsBackward()) {
-    // (Splitting needs the step runners.)
-    if (o.loss.name().empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "pipeline: schedule ", schedule.name, " splits each backward pass into B and W, which the workers' step "
-          "runners run: give a loss registered by name (LossFn::Named), or use 1f1b"));
-    }
-  }
-  if (o.seed) RETURN_IF_ERROR(SeedWorkers(agent, o.workers, *o.seed));
+  return absl::OkStatus();
+}
+
+// Each stage of `o` built on its worker under `schedule`; a stage that
+// fails to build (a file that does not load) fails here, with its own
+// error, before any call is made on it.
+absl::StatusOr<std::vector<rpc::RRef>> PlaceStages(rpc::Agent& agent, const PipelineOptions& o,
+                                                   const Schedule& schedule) {
+  const int S = static_cast<int>(o.stages.size());
+  auto where = [&](int k) {
+    return absl::StrCat("placing stage ", k, " on worker '", o.workers[schedule.WorkerOf(k)], "'");
+  };
   std::vector<rpc::RRef> stages;
   for (int k = 0; k < S; ++k) {
     const StageSpec& s = o.stages[k];
@@ -112,29 +122,41 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(rpc::Agent& agent, Pi
     auto stage =
         agent.remote(w, MakeStageRequest::kFunction,
                      rpc::EncodeCall(MakeStageRequest{s.kind, s.name, s.Payload(), k, s.device, s.recompute, s.bf16}));
-    if (!stage.ok()) {
-      return base::Annotate(stage.status(), absl::StrCat("placing stage ", k, " on worker '", w, "'"));
-    }
+    if (!stage.ok()) return base::Annotate(stage.status(), where(k));
     stages.push_back(*stage);
   }
-  // A stage that failed to build (a file that does not load) fails here,
-  // with its own error, before any call is made on it.
   for (int k = 0; k < S; ++k) {
-    const absl::Status built = stages[k].WaitConfirmed();
-    if (!built.ok()) {
-      return base::Annotate(built,
-                            absl::StrCat("placing stage ", k, " on worker '", o.workers[schedule.WorkerOf(k)], "'"));
-    }
+    if (const absl::Status built = stages[k].WaitConfirmed(); !built.ok()) return base::Annotate(built, where(k));
   }
-  std::vector<rpc::RRef> params;
   for (int k = 0; k < S; ++k) {
     // Also starts the stage's activation count afresh (stage indices repeat
     // across pipelines).
     if (auto r = stages[k].rpc_sync(ActivationBytesRequest::kMethod, rpc::EncodeCall(ActivationBytesRequest{true}));
         !r.ok()) {
-      return base::Annotate(r.status(),
-                            absl::StrCat("placing stage ", k, " on worker '", o.workers[schedule.WorkerOf(k)], "'"));
+      return base::Annotate(r.status(), where(k));
     }
+  }
+  return stages;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(rpc::Agent& agent, PipelineOptions o) {
+  const int n = static_cast<int>(o.workers.size());
+  const int S = static_cast<int>(o.stages.size());
+  ASSIGN_OR_RETURN(const std::string schedule_name, CheckedSchedule(o));
+  RETURN_IF_ERROR(CheckSetUp(agent, o));
+  ASSIGN_OR_RETURN(Schedule schedule, MakeSchedule(schedule_name, n, S / n, o.micro_batches));
+  RETURN_IF_ERROR(Simulate(schedule).status());
+  if (schedule.SplitsBackward() && o.loss.name().empty()) {  // (splitting needs the step runners)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline: schedule ", schedule.name, " splits each backward pass into B and W, which the workers' step "
+        "runners run: give a loss registered by name (LossFn::Named), or use 1f1b"));
+  }
+  if (o.seed) RETURN_IF_ERROR(SeedWorkers(agent, o.workers, *o.seed));
+  ASSIGN_OR_RETURN(std::vector<rpc::RRef> stages, PlaceStages(agent, o, schedule));
+  std::vector<rpc::RRef> params;
+  for (int k = 0; k < S; ++k) {
     auto p = optim::parameter_rrefs(stages[k]);
     if (!p.ok()) {
       return base::Annotate(p.status(),

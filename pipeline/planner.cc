@@ -21,12 +21,14 @@ double Timing::bubble() const {
   return all > 0 ? idle / all : 0;
 }
 
-absl::StatusOr<Timing> Predict(const Schedule& schedule, const std::vector<StageTimes>& stages,
-                               double crossing_ms) {
-  const int n = schedule.workers, S = schedule.stages;
-  if (static_cast<int>(stages.size()) != S) {
-    return absl::InvalidArgumentError(absl::StrCat("predict: ", stages.size(), " stage times for the ", S,
-                                                   " stages of schedule ", schedule.name));
+namespace {
+
+// An error for times that do not fit the schedule (a count other than its
+// stages', a negative one) or for a schedule Simulate refuses.
+absl::Status CheckTimes(const Schedule& schedule, const std::vector<StageTimes>& stages, double crossing_ms) {
+  if (static_cast<int>(stages.size()) != schedule.stages) {
+    return absl::InvalidArgumentError(absl::StrCat("predict: ", stages.size(), " stage times for the ",
+                                                   schedule.stages, " stages of schedule ", schedule.name));
   }
   for (const StageTimes& t : stages) {
     if (t.forward_ms < 0 || t.input_ms < 0 || t.weight_ms < 0) {
@@ -36,7 +38,33 @@ absl::StatusOr<Timing> Predict(const Schedule& schedule, const std::vector<Stage
   if (crossing_ms < 0) return absl::InvalidArgumentError("predict: the crossing time is negative");
   // The order's validity (every action once, on its stage's worker) is
   // Simulate's to check; its unit-time run is cheap beside a step.
-  RETURN_IF_ERROR(Simulate(schedule).status());
+  return Simulate(schedule).status();
+}
+
+// The most micro-batches each stage holds at once. A stage's actions are
+// all on its worker, in that worker's order, so the order gives what the
+// stage holds over time (until its backward, or its W where it splits).
+std::vector<int> PeakInFlight(const Schedule& schedule, bool split) {
+  std::vector<int> peak(schedule.stages, 0), held(schedule.stages, 0);
+  for (int w = 0; w < schedule.workers; ++w) {
+    for (const Action& a : schedule.actions[w]) {
+      if (a.kind == Action::kForward) {
+        ++held[a.stage];
+      } else if (a.kind == (split ? Action::kWeight : Action::kBackward)) {
+        --held[a.stage];
+      }
+      peak[a.stage] = std::max(peak[a.stage], held[a.stage]);
+    }
+  }
+  return peak;
+}
+
+}  // namespace
+
+absl::StatusOr<Timing> Predict(const Schedule& schedule, const std::vector<StageTimes>& stages,
+                               double crossing_ms) {
+  const int n = schedule.workers, S = schedule.stages;
+  RETURN_IF_ERROR(CheckTimes(schedule, stages, crossing_ms));
   const bool split = schedule.SplitsBackward();
   auto duration = [&](const Action& a) {
     const StageTimes& t = stages[a.stage];
@@ -88,20 +116,7 @@ absl::StatusOr<Timing> Predict(const Schedule& schedule, const std::vector<Stage
   // (Simulate ran the same orders to the end, so every action was placed.)
   timing.idle_ms.resize(n);
   for (int w = 0; w < n; ++w) timing.idle_ms[w] = timing.makespan_ms - busy[w];
-  // A stage's actions are all on its worker, in that worker's order, so
-  // the order gives what the stage holds over time.
-  timing.peak_in_flight.assign(S, 0);
-  std::vector<int> held(S, 0);
-  for (int w = 0; w < n; ++w) {
-    for (const Action& a : schedule.actions[w]) {
-      if (a.kind == Action::kForward) {
-        ++held[a.stage];
-      } else if (a.kind == (split ? Action::kWeight : Action::kBackward)) {
-        --held[a.stage];
-      }
-      timing.peak_in_flight[a.stage] = std::max(timing.peak_in_flight[a.stage], held[a.stage]);
-    }
-  }
+  timing.peak_in_flight = PeakInFlight(schedule, split);
   return timing;
 }
 

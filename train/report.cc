@@ -165,86 +165,115 @@ absl::Status WriteCurves(const std::string& path, const std::vector<RunRecord>& 
   return WriteCurvesSvg(path, {loss, accuracy, perplexity});
 }
 
+namespace {
+
+// A run's epochs as the report's JSON list (without brackets).
+void WriteEpochs(std::ostream& out, const RunRecord& r) {
+  for (size_t e = 0; e < r.epochs.size(); ++e) {
+    const auto& x = r.epochs[e];
+    out << (e ? ", " : "") << "{\"epoch\": " << x.epoch << ", \"train_loss\": "
+        << base::JsonFixed(6, x.train_loss) << ", \"test_accuracy\": "
+        << (x.evaluated ? base::JsonFixed(6, x.test_accuracy) : "null") << ", \"test_top5\": "
+        << (x.evaluated ? base::JsonFixed(6, x.test_top5) : "null") << ", \"test_loss\": "
+        << (x.evaluated ? base::JsonFixed(6, x.test_loss) : "null");
+    if (r.tokens_per_row > 0) {
+      out << ", \"test_perplexity\": " << (x.evaluated ? base::JsonFixed(6, std::exp(x.test_loss)) : "null");
+    }
+    out << ", \"seconds\": "
+        << base::JsonFixed(3, x.seconds) << ", \"skipped_images\": " << x.skipped << "}";
+  }
+}
+
+// A run's evaluations within epochs and its recoveries, as the report's
+// JSON lists (without brackets).
+void WriteStepEvals(std::ostream& out, const RunRecord& r) {
+  for (size_t k = 0; k < r.step_evals.size(); ++k) {
+    const auto& [step, x] = r.step_evals[k];
+    out << (k ? ", " : "") << "{\"step\": " << step << ", \"test_accuracy\": " << base::JsonFixed(6, x.accuracy())
+        << ", \"test_loss\": " << base::JsonFixed(6, x.loss());
+    if (r.tokens_per_row > 0) out << ", \"test_perplexity\": " << base::JsonFixed(6, std::exp(x.loss()));
+    out << "}";
+  }
+}
+void WriteRecoveries(std::ostream& out, const RunRecord& r) {
+  for (size_t k = 0; k < r.recoveries.size(); ++k) {
+    const Recovery& x = r.recoveries[k];
+    out << (k ? ", " : "") << "{\"lost\": \"" << x.lost << "\", \"replacement\": \"" << x.replacement
+        << "\", \"detected_after_seconds\": " << base::JsonFixed(3, x.detected_after)
+        << ", \"seconds_to_detect\": " << base::JsonFixed(3, x.seconds_to_detect)
+        << ", \"failed_at_step\": " << x.failed_at << ", \"restored_step\": " << x.restored_step
+        << ", \"steps_redone\": " << x.steps_redone() << ", \"seconds_lost\": "
+        << (x.seconds_lost < 0 ? std::string("null") : base::JsonFixed(3, x.seconds_lost)) << "}";
+  }
+}
+
+// A run's stages' peak memory and its messages per batch (by kind), as
+// the report's JSON writes them.
+void WriteStagesAndMessages(std::ostream& out, const RunRecord& r) {
+  out << ", \"stages\": [";
+  for (size_t k = 0; k < r.stage_memory.size(); ++k) {
+    const RunRecord::StageMemory& m = r.stage_memory[k];
+    out << (k ? ", " : "") << "{\"replica\": " << m.replica << ", \"stage\": " << m.stage
+        << ", \"worker\": \"" << m.worker << "\", \"peak_activation_bytes\": "
+        << (m.bytes < 0 ? std::string("null") : std::to_string(m.bytes)) << "}";
+  }
+  out << "]";
+  if (r.messages_per_batch.empty()) return;
+  double total = 0;
+  std::vector<std::string> kinds;
+  for (const auto& [kind, n] : r.messages_per_batch) {
+    total += n;
+    kinds.push_back(absl::StrFormat("\"%s\": %g", absl::StrReplaceAll(kind, {{"'", ""}}), n));
+  }
+  out << ", \"messages_per_batch\": {\"total\": " << absl::StrFormat("%g", total)
+      << ", \"by_kind\": {" << absl::StrJoin(kinds, ", ") << "}}";
+}
+
+// One run as the report's JSON object.
+void WriteRun(std::ostream& out, const RunRecord& r) {
+  std::vector<std::string> losses;
+  for (double l : r.losses) losses.push_back(base::JsonGeneral(l));
+  std::vector<std::string> batch_seconds, data_waits;
+  for (double b : r.batch_seconds) batch_seconds.push_back(base::JsonFixed(6, b));
+  for (double w : r.data_wait_seconds) data_waits.push_back(base::JsonFixed(6, w));
+  out << "{\"splits\": " << r.splits << ", \"schedule\": \"" << r.schedule
+      << "\", \"seconds\": " << base::JsonFixed(6, r.seconds)
+      << ", \"steady_batch_seconds\": " << base::JsonFixed(6, r.steady_seconds())
+      << ", \"images_per_second\": "
+      << base::JsonFixed(4, r.images() > 0 ? r.images() / r.seconds : NAN);
+  if (r.tokens_per_row > 0) {
+    out << ", \"tokens_per_second\": "
+        << base::JsonFixed(2, r.images() > 0 ? r.images() * static_cast<double>(r.tokens_per_row) / r.seconds : NAN);
+  }
+  out << ", \"batch_seconds\": ["
+      << absl::StrJoin(batch_seconds, ", ") << "]";
+  if (!data_waits.empty()) {
+    out << ", \"steady_data_wait_seconds\": " << base::JsonFixed(6, r.steady_data_wait_seconds())
+        << ", \"data_wait_seconds\": [" << absl::StrJoin(data_waits, ", ") << "]";
+  }
+  out << ", \"losses\": ["
+      << absl::StrJoin(losses, ", ") << "]";
+  WriteStagesAndMessages(out, r);
+  if (r.bubble.has_value()) out << ", \"bubble\": " << BubbleJson(*r.bubble);
+  out << ", \"optimizer_state_bytes\": [" << absl::StrJoin(r.optimizer_state_bytes, ", ")
+      << "], \"epochs\": [";
+  WriteEpochs(out, r);
+  out << "], \"step_evals\": [";
+  WriteStepEvals(out, r);
+  out << "], \"recoveries\": [";
+  WriteRecoveries(out, r);
+  out << "]}";
+}
+
+}  // namespace
+
 absl::Status WriteReport(const std::string& path, const std::string& mode, const std::vector<RunRecord>& runs) {
   std::ofstream out(path);
   if (!out) return absl::InvalidArgumentError(absl::StrCat("cannot write the report ", path));
   out << "{\"mode\": \"" << mode << "\", \"runs\": [";
   for (size_t i = 0; i < runs.size(); ++i) {
-    const RunRecord& r = runs[i];
-    std::vector<std::string> losses;
-    for (double l : r.losses) losses.push_back(base::JsonGeneral(l));
-    std::vector<std::string> batch_seconds, data_waits;
-    for (double b : r.batch_seconds) batch_seconds.push_back(base::JsonFixed(6, b));
-    for (double w : r.data_wait_seconds) data_waits.push_back(base::JsonFixed(6, w));
-    out << (i ? ", " : "") << "{\"splits\": " << r.splits << ", \"schedule\": \"" << r.schedule
-        << "\", \"seconds\": " << base::JsonFixed(6, r.seconds)
-        << ", \"steady_batch_seconds\": " << base::JsonFixed(6, r.steady_seconds())
-        << ", \"images_per_second\": "
-        << base::JsonFixed(4, r.images() > 0 ? r.images() / r.seconds : NAN);
-    if (r.tokens_per_row > 0) {
-      out << ", \"tokens_per_second\": "
-          << base::JsonFixed(2, r.images() > 0 ? r.images() * static_cast<double>(r.tokens_per_row) / r.seconds : NAN);
-    }
-    out << ", \"batch_seconds\": ["
-        << absl::StrJoin(batch_seconds, ", ") << "]";
-    if (!data_waits.empty()) {
-      out << ", \"steady_data_wait_seconds\": " << base::JsonFixed(6, r.steady_data_wait_seconds())
-          << ", \"data_wait_seconds\": [" << absl::StrJoin(data_waits, ", ") << "]";
-    }
-    out << ", \"losses\": ["
-        << absl::StrJoin(losses, ", ") << "], \"stages\": [";
-    for (size_t k = 0; k < r.stage_memory.size(); ++k) {
-      const RunRecord::StageMemory& m = r.stage_memory[k];
-      out << (k ? ", " : "") << "{\"replica\": " << m.replica << ", \"stage\": " << m.stage
-          << ", \"worker\": \"" << m.worker << "\", \"peak_activation_bytes\": "
-          << (m.bytes < 0 ? std::string("null") : std::to_string(m.bytes)) << "}";
-    }
-    out << "]";
-    if (!r.messages_per_batch.empty()) {
-      double total = 0;
-      std::vector<std::string> kinds;
-      for (const auto& [kind, n] : r.messages_per_batch) {
-        total += n;
-        kinds.push_back(absl::StrFormat("\"%s\": %g", absl::StrReplaceAll(kind, {{"'", ""}}), n));
-      }
-      out << ", \"messages_per_batch\": {\"total\": " << absl::StrFormat("%g", total)
-          << ", \"by_kind\": {" << absl::StrJoin(kinds, ", ") << "}}";
-    }
-    if (r.bubble.has_value()) out << ", \"bubble\": " << BubbleJson(*r.bubble);
-    out << ", \"optimizer_state_bytes\": [" << absl::StrJoin(r.optimizer_state_bytes, ", ")
-        << "], \"epochs\": [";
-    for (size_t e = 0; e < r.epochs.size(); ++e) {
-      const auto& x = r.epochs[e];
-      out << (e ? ", " : "") << "{\"epoch\": " << x.epoch << ", \"train_loss\": "
-          << base::JsonFixed(6, x.train_loss) << ", \"test_accuracy\": "
-          << (x.evaluated ? base::JsonFixed(6, x.test_accuracy) : "null") << ", \"test_top5\": "
-          << (x.evaluated ? base::JsonFixed(6, x.test_top5) : "null") << ", \"test_loss\": "
-          << (x.evaluated ? base::JsonFixed(6, x.test_loss) : "null");
-      if (r.tokens_per_row > 0) {
-        out << ", \"test_perplexity\": " << (x.evaluated ? base::JsonFixed(6, std::exp(x.test_loss)) : "null");
-      }
-      out << ", \"seconds\": "
-          << base::JsonFixed(3, x.seconds) << ", \"skipped_images\": " << x.skipped << "}";
-    }
-    out << "], \"step_evals\": [";
-    for (size_t k = 0; k < r.step_evals.size(); ++k) {
-      const auto& [step, x] = r.step_evals[k];
-      out << (k ? ", " : "") << "{\"step\": " << step << ", \"test_accuracy\": " << base::JsonFixed(6, x.accuracy())
-          << ", \"test_loss\": " << base::JsonFixed(6, x.loss());
-      if (r.tokens_per_row > 0) out << ", \"test_perplexity\": " << base::JsonFixed(6, std::exp(x.loss()));
-      out << "}";
-    }
-    out << "], \"recoveries\": [";
-    for (size_t k = 0; k < r.recoveries.size(); ++k) {
-      const Recovery& x = r.recoveries[k];
-      out << (k ? ", " : "") << "{\"lost\": \"" << x.lost << "\", \"replacement\": \"" << x.replacement
-          << "\", \"detected_after_seconds\": " << base::JsonFixed(3, x.detected_after)
-          << ", \"seconds_to_detect\": " << base::JsonFixed(3, x.seconds_to_detect)
-          << ", \"failed_at_step\": " << x.failed_at << ", \"restored_step\": " << x.restored_step
-          << ", \"steps_redone\": " << x.steps_redone() << ", \"seconds_lost\": "
-          << (x.seconds_lost < 0 ? std::string("null") : base::JsonFixed(3, x.seconds_lost)) << "}";
-    }
-    out << "]}";
+    out << (i ? ", " : "");
+    WriteRun(out, runs[i]);
   }
   out << "]}\n";
   return out.good() ? absl::OkStatus() : absl::DataLossError("writing the report failed");

@@ -102,24 +102,15 @@ absl::Status WriteChromeTrace(const std::string& path, const std::vector<std::st
   return out.good() ? absl::OkStatus() : absl::DataLossError("writing the trace failed");
 }
 
-absl::Status WriteTimelineSvg(const std::string& path, const std::vector<std::string>& tracks,
-                              const std::vector<TimelineSlice>& slices, int micro_batches) {
-  std::ofstream out(path);
-  if (!out) return absl::InvalidArgumentError(absl::StrCat("cannot write --timeline ", path));
-  constexpr int kLeft = 130, kWidth = 1100, kRow = 56, kTop = 40, kRight = 110;
-  int64_t end = 1;
-  for (const auto& s : slices) end = std::max(end, s.end_us);
-  const double scale = double(kWidth) / end;
-  const int height = kTop + kRow * static_cast<int>(tracks.size()) + 70;
-  out << absl::StrFormat(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
-      "font-family=\"sans-serif\" font-size=\"11\">\n"
-      "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
-      "<text x=\"%d\" y=\"20\" font-size=\"14\">remora pipeline timeline: %d micro-batches</text>\n",
-      kLeft + kWidth + kRight, height, kLeft, micro_batches);
-  // The legend: Fn forward and Bn backward of micro-batch n (a hue per
-  // micro-batch; under a split backward B its input part and Wn its
-  // weights' part), the optimizer step, idle time.
+namespace {
+
+// The picture's margins, width and rows, in pixels.
+constexpr int kLeft = 130, kWidth = 1100, kRow = 56, kTop = 40, kRight = 110;
+
+// The legend: Fn forward and Bn backward of micro-batch n (a hue per
+// micro-batch; under a split backward B its input part and Wn its
+// weights' part), the optimizer step, idle time.
+void WriteLegend(std::ostream& out, const std::vector<TimelineSlice>& slices) {
   const int legend_y = 8;
   int legend_x = kLeft + 330;
   const bool split =
@@ -139,7 +130,11 @@ absl::Status WriteTimelineSvg(const std::string& path, const std::vector<std::st
         legend_x + 27, legend_y + 12, label);
     legend_x += 40 + 6 * static_cast<int>(label.size());
   }
-  // Each row's idle share of the measured steps (where two were traced).
+}
+
+// A row per track: its worker, its stages and its idle share of the
+// measured steps (where two were traced).
+void WriteRows(std::ostream& out, const std::vector<std::string>& tracks, const std::vector<TimelineSlice>& slices) {
   absl::StatusOr<Bubble> bubble = MeasureBubble(slices, static_cast<int>(tracks.size()));
   const std::vector<std::string> stages = StagesOf(slices, tracks.size());
   for (size_t t = 0; t < tracks.size(); ++t) {
@@ -153,8 +148,14 @@ absl::Status WriteTimelineSvg(const std::string& path, const std::vector<std::st
                              y + kRow / 2 + 4, 100 * bubble->workers[t].idle_fraction());
     }
   }
+}
+
+// Each compute slice as a block on its row, labelled F, B or W and its
+// micro-batch where it is wide enough.
+void WriteBlocks(std::ostream& out, size_t tracks, const std::vector<TimelineSlice>& slices, double scale,
+                 int micro_batches) {
   for (const auto& s : slices) {
-    if (!IsCompute(s) || s.track >= static_cast<int>(tracks.size())) continue;
+    if (!IsCompute(s) || s.track >= static_cast<int>(tracks)) continue;
     const int y = kTop + kRow * s.track + 6;
     const double x = kLeft + s.start_us * scale;
     const double w = std::max(1.0, (s.end_us - s.start_us) * scale);
@@ -173,7 +174,10 @@ absl::Status WriteTimelineSvg(const std::string& path, const std::vector<std::st
                              s.name == "forward" ? "F" : s.name == "weight" ? "W" : "B", s.micro_batch);
     }
   }
-  // Time axis: about ten ticks at a round step.
+}
+
+// The time axis under `tracks` rows: about ten ticks at a round step.
+void WriteAxis(std::ostream& out, size_t tracks, int64_t end, double scale) {
   const int64_t steps[] = {1000, 2000, 5000, 10000, 20000, 50000, 100000, 200000, 500000,
                            1000000, 2000000, 5000000, 10000000, 20000000};
   int64_t step = steps[0];
@@ -181,7 +185,7 @@ absl::Status WriteTimelineSvg(const std::string& path, const std::vector<std::st
     step = s;
     if (end / s <= 10) break;
   }
-  const int axis = kTop + kRow * static_cast<int>(tracks.size()) + 8;
+  const int axis = kTop + kRow * static_cast<int>(tracks) + 8;
   out << absl::StrFormat("<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>\n",
                          kLeft, axis, kLeft + kWidth, axis);
   for (int64_t t = 0; t <= end; t += step) {
@@ -191,6 +195,28 @@ absl::Status WriteTimelineSvg(const std::string& path, const std::vector<std::st
         "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%g s</text>\n",
         x, axis, x, axis + 5, x, axis + 18, t / 1e6);
   }
+}
+
+}  // namespace
+
+absl::Status WriteTimelineSvg(const std::string& path, const std::vector<std::string>& tracks,
+                              const std::vector<TimelineSlice>& slices, int micro_batches) {
+  std::ofstream out(path);
+  if (!out) return absl::InvalidArgumentError(absl::StrCat("cannot write --timeline ", path));
+  int64_t end = 1;
+  for (const auto& s : slices) end = std::max(end, s.end_us);
+  const double scale = double(kWidth) / end;
+  const int height = kTop + kRow * static_cast<int>(tracks.size()) + 70;
+  out << absl::StrFormat(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+      "font-family=\"sans-serif\" font-size=\"11\">\n"
+      "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
+      "<text x=\"%d\" y=\"20\" font-size=\"14\">remora pipeline timeline: %d micro-batches</text>\n",
+      kLeft + kWidth + kRight, height, kLeft, micro_batches);
+  WriteLegend(out, slices);
+  WriteRows(out, tracks, slices);
+  WriteBlocks(out, tracks.size(), slices, scale, micro_batches);
+  WriteAxis(out, tracks.size(), end, scale);
   out << "</svg>\n";
   return out.good() ? absl::OkStatus() : absl::DataLossError("writing the timeline failed");
 }

@@ -208,7 +208,7 @@ TEST(Gpt, TiedEmbeddingAndHeadTrainOverWorkersAsTheOneWeightOfOneProcess) {
     if (c.tie) {
       EXPECT_TRUE(embedding.equal(head)) << "the copies stay bitwise equal";
       EXPECT_LT(test_support::RelativeError(embedding, want_weight), 1e-5);
-      // A checkpoint stores the weight once (the last stage's shard leaves
+      // A checkpoint stores the weight once (the last stage's owner file leaves
       // its copy out); restored into a new pipeline, and loaded into this
       // process, the copy is the first stage's again.
       const std::string dir = test_support::FreshDir("tied_" + c.schedule);
@@ -220,8 +220,8 @@ TEST(Gpt, TiedEmbeddingAndHeadTrainOverWorkersAsTheOneWeightOfOneProcess) {
       auto ck = checkpoint::Latest(dir);
       ASSERT_TRUE(ck.ok()) << ck.status();
       EXPECT_EQ(ck->manifest.tied_last, kGptTiedLast);
-      const checkpoint::ManifestFile& last = ck->manifest.files.back();
-      auto saved = checkpoint::ReadOwnerFile(ck->dir + "/" + last.file, last.bytes, last.crc32);
+      const checkpoint::ManifestFile& tail_file = ck->manifest.files.back();
+      auto saved = checkpoint::ReadOwnerFile(ck->dir + "/" + tail_file.file, tail_file.bytes, tail_file.crc32);
       ASSERT_TRUE(saved.ok()) << saved.status();
       EXPECT_THAT(saved->names.back(), Not(Contains(std::string(kGptTiedLast))));
       EXPECT_THAT(saved->names.back(), Contains(std::string("head.norm.weight")));
