@@ -269,6 +269,94 @@ rpc::Future<rpc::Empty> Deliver(rpc::Agent& agent, DistContext& context, const s
 
 namespace {
 
+// Hands a closure to an executor (see runtime::ComputeTurn::RunInTurn).
+using Post = std::function<void(std::function<void()>)>;
+
+// Runs `run`, one part of a split pass, as `name` in traces; its error
+// names the worker.
+template <typename Run>
+auto RunPart(rpc::Agent& agent, const runtime::ActionMarkInfo& mark, const char* name, Run&& run) {
+  trace::SetMicroBatch(mark.action.micro_batch, mark.stage);
+  const int64_t start_us = trace::NowUs();
+  auto result = run();
+  trace::Record(name, trace::MicroBatch(), start_us, trace::NowUs(), trace::Stage());
+  return result.ok() ? result
+                     : decltype(result)(base::Annotate(result.status(), absl::StrCat("on worker '", agent.self().name,
+                                                                              "'")));
+}
+
+// W, in its turn: accumulates the parameters' gradients in the context;
+// `done` ends when that has and B's gradients are `delivered`.
+void RunWeights(rpc::Agent& agent, const std::shared_ptr<DistContext>& context,
+                const std::shared_ptr<SplitBackward>& pass, const std::vector<at::Tensor>& params,
+                const runtime::ActionMarkInfo& mark, rpc::Future<rpc::Empty> done,
+                const rpc::Future<rpc::Empty>& delivered) {
+  absl::StatusOr<std::vector<at::Tensor>> dw = RunPart(agent, mark, "weight", [&pass] { return pass->Weights(); });
+  if (!dw.ok()) {
+    done.SetError(dw.status());
+    return;
+  }
+  try {
+    for (size_t i = 0; i < params.size(); ++i) {
+      if ((*dw)[i].defined()) context->AccumulateGrad(params[i], (*dw)[i]);
+    }
+    // The pass's gradients are in the context now.
+    if (MarkedBackwardHook hook = GetMarkedBackwardHook()) hook(context->id(), mark.action);
+  } catch (...) {
+    done.SetError(base::StatusFromCurrentException(
+        absl::StrCat("adding W's gradients on worker '", agent.self().name, "'")));
+    return;
+  }
+  delivered.then([done](const absl::StatusOr<rpc::Empty>& r) mutable {
+    if (r.ok()) {
+      done.SetValue(rpc::Empty{});
+    } else {
+      done.SetError(r.status());
+    }
+  });
+}
+
+// B, in its turn: computes the received tensors' gradients and sends them
+// back, then puts W in its turn (or skips W's turn and fails `done`).
+void RunInputs(rpc::Agent& agent, const std::shared_ptr<DistContext>& context,
+               const std::shared_ptr<SplitBackward>& pass, const std::vector<at::Tensor>& received,
+               std::vector<at::Tensor> params, bool retain_graph, const runtime::ActionMarkInfo& mark,
+               rpc::Future<rpc::Empty> done, const Post& post) {
+  absl::StatusOr<std::vector<at::Tensor>> dx = RunPart(agent, mark, "backward", [&pass, &mark] {
+    std::optional<runtime::ScopedAllocationTag> held;  // (what B keeps for W, metered)
+    if (mark.hold_tag >= 0) held.emplace(mark.hold_tag);
+    return pass->Inputs();
+  });
+  if (dx.ok() && !pass->split()) {
+    if (Container* c = ContainerOf(&agent)) {
+      c->NoteOnce(absl::StrCat("whole ", mark.stage),
+                  absl::StrCat("worker '", agent.self().name, "': ", mark.stage, "'s backward pass does not "
+                               "split into B and W (", pass->why_not_split(), "): B runs it whole and W has "
+                               "nothing left to do, so its weight gradients fill no bubble; said once"));
+    }
+  }
+  std::optional<rpc::Future<rpc::Empty>> delivered;
+  if (dx.ok()) {
+    try {
+      delivered = Deliver(agent, *context, received, *dx, retain_graph);
+    } catch (...) {
+      dx = base::StatusFromCurrentException(
+          absl::StrCat("sending B's gradients from worker '", agent.self().name, "'"));
+    }
+  }
+  if (!dx.ok()) {
+    runtime::ComputeTurn::Skip(mark.action.Weight());
+    done.SetError(dx.status());
+    return;
+  }
+  runtime::ComputeTurn::RunInTurn(
+      mark.action.Weight(),
+      [&agent, context, pass, params = std::move(params), mark, done, delivered = *std::move(delivered)]() mutable {
+        RunWeights(agent, context, pass, params, mark, done, delivered);
+      },
+      post);
+}
+
 // A pipeline stage's backward pass split in two (autograd/split_backward.h),
 // each part in its action's turn: B sends the received tensors' gradients
 // back at once; W, later, accumulates the parameters' in the context. The
@@ -286,76 +374,12 @@ rpc::Future<rpc::Empty> RunSplitBackward(rpc::Agent& agent, std::shared_ptr<Dist
   auto pass = std::make_shared<SplitBackward>(std::move(roots), std::move(grads), received, params);
   rpc::Future<rpc::Empty> done(agent.executor());
   rpc::Executor* executor = agent.lane();  // (every pass on one thread)
-  auto post = [executor](std::function<void()> fn) { executor->Schedule(std::move(fn)); };
-  auto part = [&agent, mark](const char* name, auto&& run) {
-    trace::SetMicroBatch(mark.action.micro_batch, mark.stage);
-    const int64_t start_us = trace::NowUs();
-    auto result = run();
-    trace::Record(name, trace::MicroBatch(), start_us, trace::NowUs(), trace::Stage());
-    return result.ok() ? result
-                       : decltype(result)(base::Annotate(result.status(), absl::StrCat("on worker '", agent.self().name,
-                                                                                "'")));
-  };
+  Post post = [executor](std::function<void()> fn) { executor->Schedule(std::move(fn)); };
   runtime::ComputeTurn::RunInTurn(
       mark.action,
       [&agent, context, pass, received = std::move(received), params = std::move(params), retain_graph, mark, done,
-       post, part]() mutable {
-        absl::StatusOr<std::vector<at::Tensor>> dx = part("backward", [&pass, &mark] {
-          std::optional<runtime::ScopedAllocationTag> held;  // (what B keeps for W, metered)
-          if (mark.hold_tag >= 0) held.emplace(mark.hold_tag);
-          return pass->Inputs();
-        });
-        if (dx.ok() && !pass->split()) {
-          if (Container* c = ContainerOf(&agent)) {
-            c->NoteOnce(absl::StrCat("whole ", mark.stage),
-                        absl::StrCat("worker '", agent.self().name, "': ", mark.stage, "'s backward pass does not "
-                                     "split into B and W (", pass->why_not_split(), "): B runs it whole and W has "
-                                     "nothing left to do, so its weight gradients fill no bubble; said once"));
-          }
-        }
-        std::optional<rpc::Future<rpc::Empty>> delivered;
-        if (dx.ok()) {
-          try {
-            delivered = Deliver(agent, *context, received, *dx, retain_graph);
-          } catch (...) {
-            dx = base::StatusFromCurrentException(
-                absl::StrCat("sending B's gradients from worker '", agent.self().name, "'"));
-          }
-        }
-        if (!dx.ok()) {
-          runtime::ComputeTurn::Skip(mark.action.Weight());
-          done.SetError(dx.status());
-          return;
-        }
-        runtime::ComputeTurn::RunInTurn(
-            mark.action.Weight(),
-            [&agent, context, pass, params = std::move(params), mark, done, delivered = *std::move(delivered),
-             part]() mutable {
-              absl::StatusOr<std::vector<at::Tensor>> dw = part("weight", [&pass] { return pass->Weights(); });
-              if (!dw.ok()) {
-                done.SetError(dw.status());
-                return;
-              }
-              try {
-                for (size_t i = 0; i < params.size(); ++i) {
-                  if ((*dw)[i].defined()) context->AccumulateGrad(params[i], (*dw)[i]);
-                }
-                // The pass's gradients are in the context now.
-                if (MarkedBackwardHook hook = GetMarkedBackwardHook()) hook(context->id(), mark.action);
-              } catch (...) {
-                done.SetError(base::StatusFromCurrentException(
-                    absl::StrCat("adding W's gradients on worker '", agent.self().name, "'")));
-                return;
-              }
-              delivered.then([done](const absl::StatusOr<rpc::Empty>& r) mutable {
-                if (r.ok()) {
-                  done.SetValue(rpc::Empty{});
-                } else {
-                  done.SetError(r.status());
-                }
-              });
-            },
-            post);
+       post]() mutable {
+        RunInputs(agent, context, pass, received, std::move(params), retain_graph, mark, done, post);
       },
       post);
   return done;

@@ -46,6 +46,133 @@ Edge LeafEdge(const at::Tensor& t) {
   return torch::autograd::impl::gradient_edge(t);
 }
 
+// The graph below some outputs' edges, as Plan walks it.
+struct Graph {
+  std::unordered_map<Node*, std::vector<Node*>> parents;  // each node's in it
+  std::unordered_set<Node*> nodes;
+  std::unordered_set<Node*> root_nodes;  // the outputs' nodes
+};
+
+// Walks the graph below `roots`, noting an owning pointer to each of its
+// nodes in `refs`.
+Graph WalkGraph(const torch::autograd::edge_list& roots, std::unordered_map<Node*, NodeRef>* refs) {
+  Graph g;
+  std::vector<Node*> stack;
+  for (const Edge& e : roots) {
+    if (e.function) stack.push_back(e.function.get()), g.root_nodes.insert(e.function.get());
+  }
+  for (const Edge& e : roots) {
+    if (e.function) refs->emplace(e.function.get(), e.function);
+  }
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    if (!g.nodes.insert(n).second) continue;
+    for (const Edge& e : n->next_edges()) {
+      if (!e.function) continue;
+      g.parents[e.function.get()].push_back(n);
+      refs->emplace(e.function.get(), e.function);
+      stack.push_back(e.function.get());
+    }
+  }
+  return g;
+}
+
+// False, saying why in `why`, when an output's node rules a split out.
+bool RootsAllowSplit(const Graph& g, std::string* why) {
+  for (Node* r : g.root_nodes) {
+    if (dynamic_cast<torch::autograd::AccumulateGrad*>(r) != nullptr) {
+      *why = "it returns a parameter or its input as they are";
+      return false;
+    }
+    if (g.parents.count(r)) {
+      *why = "it returns an output made from another of its outputs";
+      return false;
+    }
+  }
+  return true;
+}
+
+// Collects the nodes the inputs' gradients arrive at in `targets`; false,
+// saying why in `why`, when the inputs rule a split out.
+bool FindInputTargets(const std::vector<at::Tensor>& inputs, const std::unordered_set<Node*>& root_nodes,
+                      std::unordered_set<Node*>* targets, std::string* why) {
+  for (const at::Tensor& x : inputs) {
+    if (!x.defined() || !x.requires_grad()) continue;
+    if (x.grad_fn()) {  // (inputs are leaves)
+      *why = "an input is not a leaf of its graph";
+      return false;
+    }
+    if (Edge e = LeafEdge(x); e.function) targets->insert(e.function.get());
+  }
+  for (Node* r : root_nodes) {
+    if (targets->count(r)) {
+      *why = "it returns its input";
+      return false;
+    }
+  }
+  return true;
+}
+
+// The nodes from which one of `targets` is reached.
+std::unordered_set<Node*> NodesAbove(const std::unordered_set<Node*>& targets,
+                                     const std::unordered_map<Node*, std::vector<Node*>>& parents) {
+  std::unordered_set<Node*> above;
+  std::vector<Node*> stack;
+  for (Node* t : targets) {
+    if (parents.count(t)) stack.insert(stack.end(), parents.at(t).begin(), parents.at(t).end());
+  }
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    if (!above.insert(n).second) continue;
+    if (parents.count(n)) stack.insert(stack.end(), parents.at(n).begin(), parents.at(n).end());
+  }
+  return above;
+}
+
+// A parameter's starts, sorted: walking up from its node `leaf` over nodes
+// B does not run, the first nodes B does run, or an output's node.
+std::vector<Node*> StartsAbove(Node* leaf, const std::unordered_set<Node*>& to_inputs, Graph* g) {
+  std::vector<Node*> starts;
+  std::unordered_set<Node*> seen;
+  std::vector<Node*> up = g->parents[leaf];
+  while (!up.empty()) {
+    Node* n = up.back();
+    up.pop_back();
+    if (!seen.insert(n).second) continue;
+    if (to_inputs.count(n) || g->root_nodes.count(n)) {
+      starts.push_back(n);
+    } else if (g->parents.count(n)) {
+      up.insert(up.end(), g->parents[n].begin(), g->parents[n].end());
+    }
+  }
+  std::sort(starts.begin(), starts.end());
+  return starts;
+}
+
+// Whether another of a group's `group_starts` is reached from one of them.
+bool StartReachesAnother(const std::vector<Node*>& group_starts) {
+  const std::unordered_set<Node*> starts(group_starts.begin(), group_starts.end());
+  for (Node* s : group_starts) {
+    std::unordered_set<Node*> seen;
+    std::vector<Node*> down;
+    for (const Edge& e : s->next_edges()) {
+      if (e.function) down.push_back(e.function.get());
+    }
+    while (!down.empty()) {
+      Node* n = down.back();
+      down.pop_back();
+      if (!seen.insert(n).second) continue;
+      if (starts.count(n)) return true;
+      for (const Edge& e : n->next_edges()) {
+        if (e.function) down.push_back(e.function.get());
+      }
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 struct SplitBackward::State {
@@ -92,27 +219,7 @@ void SplitBackward::State::Plan() {
     root_grads.push_back(grads[i]);
   }
   // The graph below the outputs, and each node's parents in it.
-  std::unordered_map<Node*, std::vector<Node*>> parents;
-  std::unordered_set<Node*> nodes;
-  std::vector<Node*> stack;
-  std::unordered_set<Node*> root_nodes;
-  for (const Edge& e : roots) {
-    if (e.function) stack.push_back(e.function.get()), root_nodes.insert(e.function.get());
-  }
-  for (const Edge& e : roots) {
-    if (e.function) refs.emplace(e.function.get(), e.function);
-  }
-  while (!stack.empty()) {
-    Node* n = stack.back();
-    stack.pop_back();
-    if (!nodes.insert(n).second) continue;
-    for (const Edge& e : n->next_edges()) {
-      if (!e.function) continue;
-      parents[e.function.get()].push_back(n);
-      refs.emplace(e.function.get(), e.function);
-      stack.push_back(e.function.get());
-    }
-  }
+  Graph graph = WalkGraph(roots, &refs);
   // (Only the starts' are kept, once known.)
   struct KeepStartRefs {
     State* s;
@@ -126,62 +233,18 @@ void SplitBackward::State::Plan() {
   } keep_start_refs{this};
   // (A stage that hands on its input or a parameter, or an output made
   // from another output: not split.)
-  for (Node* r : root_nodes) {
-    if (dynamic_cast<torch::autograd::AccumulateGrad*>(r) != nullptr) {
-      why_whole = "it returns a parameter or its input as they are";
-      return;
-    }
-    if (parents.count(r)) {
-      why_whole = "it returns an output made from another of its outputs";
-      return;
-    }
-  }
+  if (!RootsAllowSplit(graph, &why_whole)) return;
   std::unordered_set<Node*> targets;
-  for (const at::Tensor& x : inputs) {
-    if (!x.defined() || !x.requires_grad()) continue;
-    if (x.grad_fn()) {  // (inputs are leaves)
-      why_whole = "an input is not a leaf of its graph";
-      return;
-    }
-    if (Edge e = LeafEdge(x); e.function) targets.insert(e.function.get());
-  }
-  for (Node* r : root_nodes) {
-    if (targets.count(r)) {
-      why_whole = "it returns its input";
-      return;
-    }
-  }
+  if (!FindInputTargets(inputs, graph.root_nodes, &targets, &why_whole)) return;
   // The nodes B runs: those from which an input is reached.
-  std::unordered_set<Node*> to_inputs;
-  for (Node* t : targets) {
-    if (parents.count(t)) stack.insert(stack.end(), parents[t].begin(), parents[t].end());
-  }
-  while (!stack.empty()) {
-    Node* n = stack.back();
-    stack.pop_back();
-    if (!to_inputs.insert(n).second) continue;
-    if (parents.count(n)) stack.insert(stack.end(), parents[n].begin(), parents[n].end());
-  }
+  const std::unordered_set<Node*> to_inputs = NodesAbove(targets, graph.parents);
   // Each parameter's starts: walking up from it over nodes B does not run,
   // the first nodes B does run, or an output's node.
   std::map<std::vector<Node*>, size_t> group_of;
   for (size_t p = 0; p < params.size(); ++p) {
     const Edge e = LeafEdge(params[p]);
-    if (!e.function || !nodes.count(e.function.get())) continue;  // (no gradient reaches it)
-    std::vector<Node*> starts;
-    std::unordered_set<Node*> seen;
-    std::vector<Node*> up = parents[e.function.get()];
-    while (!up.empty()) {
-      Node* n = up.back();
-      up.pop_back();
-      if (!seen.insert(n).second) continue;
-      if (to_inputs.count(n) || root_nodes.count(n)) {
-        starts.push_back(n);
-      } else if (parents.count(n)) {
-        up.insert(up.end(), parents[n].begin(), parents[n].end());
-      }
-    }
-    std::sort(starts.begin(), starts.end());
+    if (!e.function || !graph.nodes.count(e.function.get())) continue;  // (no gradient reaches it)
+    const std::vector<Node*> starts = StartsAbove(e.function.get(), to_inputs, &graph);
     auto [it, added] = group_of.emplace(starts, groups.size());
     if (added) groups.push_back(Group{{}, starts});
     groups[it->second].params.push_back(p);
@@ -189,25 +252,9 @@ void SplitBackward::State::Plan() {
   // A start from which another start of its group is reached would hand W
   // the gradient arriving there twice (once kept, once computed again).
   for (const Group& g : groups) {
-    const std::unordered_set<Node*> starts(g.starts.begin(), g.starts.end());
-    for (Node* s : g.starts) {
-      std::unordered_set<Node*> seen;
-      std::vector<Node*> down;
-      for (const Edge& e : s->next_edges()) {
-        if (e.function) down.push_back(e.function.get());
-      }
-      while (!down.empty()) {
-        Node* n = down.back();
-        down.pop_back();
-        if (!seen.insert(n).second) continue;
-        if (starts.count(n)) {
-          why_whole = "a parameter's gradient flows through two nodes that B runs, one after the other";
-          return;
-        }
-        for (const Edge& e : n->next_edges()) {
-          if (e.function) down.push_back(e.function.get());
-        }
-      }
+    if (StartReachesAnother(g.starts)) {
+      why_whole = "a parameter's gradient flows through two nodes that B runs, one after the other";
+      return;
     }
   }
   // The outputs' own gradients where an output's node starts a group

@@ -58,9 +58,87 @@ void CmykToRgb(const JSAMPLE* cmyk, int width, uint8_t* rgb) {
   }
 }
 
+// Sets the smallest of libjpeg's scales 1/8, 1/4, 1/2 and 1 that keeps
+// the image at least min_width x min_height (none asked: the whole size).
+// libjpeg-turbo's other scales (3/8, 5/8 ...) run its plain C inverse
+// DCTs, and 5/8 to 7/8 take longer than the whole size with SIMD
+// (measured: 500x375 photos, 0.8-1.1 ms against 0.67 ms).
+void ChooseJpegScale(jpeg_decompress_struct* cinfo, int min_width, int min_height) {
+  for (unsigned n = (min_width > 0 || min_height > 0) ? 1 : 8; n <= 8; n *= 2) {
+    cinfo->scale_num = n;
+    cinfo->scale_denom = 8;
+    jpeg_calc_output_dimensions(cinfo);
+    if (static_cast<int>(cinfo->output_width) >= min_width &&
+        static_cast<int>(cinfo->output_height) >= min_height) {
+      break;
+    }
+  }
+}
+
+// The rows and columns of a started decompression to decode.
+struct JpegWindow {
+  JDIMENSION x, w, y, h;
+};
+
+// The region in decoded pixels, widened by the margin (the whole image
+// when no region is asked); columns go out to whole blocks
+// (jpeg_crop_scanline moves the left edge down to one).
+JpegWindow CropJpeg(jpeg_decompress_struct* cinfo, const Region& region, int margin) {
+  JpegWindow win{0, cinfo->output_width, 0, cinfo->output_height};
+  if (region.w <= 0 || region.h <= 0) return win;
+  const double sx = static_cast<double>(cinfo->output_width) / cinfo->image_width;
+  const double sy = static_cast<double>(cinfo->output_height) / cinfo->image_height;
+  const long left = std::max(0L, static_cast<long>(region.x * sx) - margin);
+  const long top = std::max(0L, static_cast<long>(region.y * sy) - margin);
+  const long right = std::min(static_cast<long>(cinfo->output_width),
+                              static_cast<long>(std::ceil((region.x + region.w) * sx)) + margin);
+  const long bottom = std::min(static_cast<long>(cinfo->output_height),
+                               static_cast<long>(std::ceil((region.y + region.h) * sy)) + margin);
+  if (right > left && bottom > top) {
+    win.x = static_cast<JDIMENSION>(left);
+    win.w = static_cast<JDIMENSION>(right - left);
+    win.y = static_cast<JDIMENSION>(top);
+    win.h = static_cast<JDIMENSION>(bottom - top);
+    if (win.x > 0 || win.w < cinfo->output_width) jpeg_crop_scanline(cinfo, &win.x, &win.w);
+  }
+  return win;
+}
+
+// Reads the window's rows into `out` (sized here), converting CMYK rows,
+// and ends the decompression; the rows below the window are not
+// decompressed.
+void ReadJpegRows(jpeg_decompress_struct* cinfo, const JpegWindow& win, bool cmyk, Rgb* out) {
+  out->x0 = static_cast<int>(win.x);
+  out->y0 = static_cast<int>(win.y);
+  out->width = static_cast<int>(cinfo->output_width);  // the cropped width, after jpeg_crop_scanline
+  out->height = static_cast<int>(win.h);
+  out->pixels.resize(static_cast<size_t>(out->width) * out->height * 3);
+  // A CMYK row is read into libjpeg's own memory (freed with cinfo: no
+  // C++ object here), then converted.
+  JSAMPARRAY cmyk_row = cmyk ? (*cinfo->mem->alloc_sarray)(reinterpret_cast<j_common_ptr>(cinfo), JPOOL_IMAGE,
+                                                         cinfo->output_width * 4, 1)
+                             : nullptr;
+  if (win.y > 0) jpeg_skip_scanlines(cinfo, win.y);
+  for (JDIMENSION row_index = 0; row_index < win.h; ++row_index) {
+    JSAMPROW row = out->pixels.data() + static_cast<size_t>(row_index) * out->width * 3;
+    if (!cmyk) {
+      jpeg_read_scanlines(cinfo, &row, 1);
+      continue;
+    }
+    jpeg_read_scanlines(cinfo, cmyk_row, 1);
+    CmykToRgb(cmyk_row[0], out->width, row);
+  }
+  if (cinfo->output_scanline < cinfo->output_height) {
+    jpeg_abort_decompress(cinfo);
+  } else {
+    jpeg_finish_decompress(cinfo);
+  }
+}
+
 // Decodes into `out` (or, with `header_only`, sets its size alone);
 // false with `message` set on an error. No C++ object is made between
-// setjmp and the last libjpeg call.
+// setjmp and the last libjpeg call (the helpers above make none either:
+// libjpeg's errors long-jump back here through them).
 bool DecodeJpegInto(const std::string& bytes, int min_width, int min_height, bool header_only,
                     const Region& region, int margin, Rgb* out, char* message) {
   jpeg_decompress_struct cinfo;
@@ -88,68 +166,12 @@ bool DecodeJpegInto(const std::string& bytes, int min_width, int min_height, boo
   const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
   cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
   cinfo.dct_method = JDCT_ISLOW;  // exact, and the same on every machine
-  // The smallest of 1/8, 1/4, 1/2 and 1 that keeps the image at least
-  // min_width x min_height (none asked: the whole size). libjpeg-turbo's
-  // other scales (3/8, 5/8 ...) run its plain C inverse DCTs, and 5/8 to
-  // 7/8 take longer than the whole size with SIMD (measured: 500x375
-  // photos, 0.8-1.1 ms against 0.67 ms).
-  for (unsigned n = (min_width > 0 || min_height > 0) ? 1 : 8; n <= 8; n *= 2) {
-    cinfo.scale_num = n;
-    cinfo.scale_denom = 8;
-    jpeg_calc_output_dimensions(&cinfo);
-    if (static_cast<int>(cinfo.output_width) >= min_width && static_cast<int>(cinfo.output_height) >= min_height) {
-      break;
-    }
-  }
+  ChooseJpegScale(&cinfo, min_width, min_height);
   jpeg_start_decompress(&cinfo);
   out->full_width = static_cast<int>(cinfo.output_width);
   out->full_height = static_cast<int>(cinfo.output_height);
-  // The region in decoded pixels, widened by the margin; columns go out to
-  // whole blocks (jpeg_crop_scanline moves the left edge down to one).
-  JDIMENSION x = 0, w = cinfo.output_width, y = 0, h = cinfo.output_height;
-  if (region.w > 0 && region.h > 0) {
-    const double sx = static_cast<double>(cinfo.output_width) / cinfo.image_width;
-    const double sy = static_cast<double>(cinfo.output_height) / cinfo.image_height;
-    const long left = std::max(0L, static_cast<long>(region.x * sx) - margin);
-    const long top = std::max(0L, static_cast<long>(region.y * sy) - margin);
-    const long right = std::min(static_cast<long>(cinfo.output_width),
-                                static_cast<long>(std::ceil((region.x + region.w) * sx)) + margin);
-    const long bottom = std::min(static_cast<long>(cinfo.output_height),
-                                 static_cast<long>(std::ceil((region.y + region.h) * sy)) + margin);
-    if (right > left && bottom > top) {
-      x = static_cast<JDIMENSION>(left);
-      w = static_cast<JDIMENSION>(right - left);
-      y = static_cast<JDIMENSION>(top);
-      h = static_cast<JDIMENSION>(bottom - top);
-      if (x > 0 || w < cinfo.output_width) jpeg_crop_scanline(&cinfo, &x, &w);
-    }
-  }
-  out->x0 = static_cast<int>(x);
-  out->y0 = static_cast<int>(y);
-  out->width = static_cast<int>(cinfo.output_width);  // the cropped width, after jpeg_crop_scanline
-  out->height = static_cast<int>(h);
-  out->pixels.resize(static_cast<size_t>(out->width) * out->height * 3);
-  // A CMYK row is read into libjpeg's own memory (freed with cinfo: no
-  // C++ object here), then converted.
-  JSAMPARRAY cmyk_row = cmyk ? (*cinfo.mem->alloc_sarray)(reinterpret_cast<j_common_ptr>(&cinfo), JPOOL_IMAGE,
-                                                        cinfo.output_width * 4, 1)
-                             : nullptr;
-  if (y > 0) jpeg_skip_scanlines(&cinfo, y);
-  for (JDIMENSION row_index = 0; row_index < h; ++row_index) {
-    JSAMPROW row = out->pixels.data() + static_cast<size_t>(row_index) * out->width * 3;
-    if (!cmyk) {
-      jpeg_read_scanlines(&cinfo, &row, 1);
-      continue;
-    }
-    jpeg_read_scanlines(&cinfo, cmyk_row, 1);
-    CmykToRgb(cmyk_row[0], out->width, row);
-  }
-  // The rows below the region are not decompressed.
-  if (cinfo.output_scanline < cinfo.output_height) {
-    jpeg_abort_decompress(&cinfo);
-  } else {
-    jpeg_finish_decompress(&cinfo);
-  }
+  const JpegWindow win = CropJpeg(&cinfo, region, margin);
+  ReadJpegRows(&cinfo, win, cmyk, out);
   jpeg_destroy_decompress(&cinfo);
   return true;
 }

@@ -236,6 +236,39 @@ void CropResize(const Rgb& rgb, int width, int height, const Region& box, int ou
   }
 }
 
+// Reads, decodes, crops and resizes the image at `path` (row `id` of the
+// listing) into `dst`, 3 x s x s floats for s = options.image_size.
+absl::Status MakeImage(const std::string& path, int64_t id, int epoch, const ImageFolderOptions& options,
+                       Scratch& scratch, float* dst) {
+  const int64_t s = options.image_size;
+  RETURN_IF_ERROR(ReadFileInto(path, &scratch.bytes));
+  ASSIGN_OR_RETURN(const auto size, ImageSize(scratch.bytes, path));
+  const int width = size.first, height = size.second;
+  TrainingCrop crop;
+  int64_t out_w = s, out_h = s;
+  if (options.train) {
+    crop = DrawTrainingCrop(width, height, options.seed, epoch, id);
+  } else {
+    // The short side to s / 0.875 (256 for 224), then the centre s x s.
+    const int64_t target = std::llround(static_cast<double>(s) / 0.875);
+    const double scale = static_cast<double>(target) / std::min(width, height);
+    out_w = std::max<int64_t>(s, std::llround(width * scale));
+    out_h = std::max<int64_t>(s, std::llround(height * scale));
+    crop.box = {0, 0, static_cast<double>(width), static_cast<double>(height)};
+  }
+  const Region& box = crop.box;
+  // Decode no larger than the crop needs (JPEG's DCT scaling).
+  const int min_w = static_cast<int>(std::min<double>(width, std::ceil(out_w * width / box.w)));
+  const int min_h = static_cast<int>(std::min<double>(height, std::ceil(out_h * height / box.h)));
+  // Only the rows and columns the crop reads (its filter's reach around it).
+  const double reach = std::max(box.w / out_w, box.h / out_h);
+  RETURN_IF_ERROR(DecodeImageInto(scratch.bytes, path, min_w, min_h, box,
+                                  static_cast<int>(std::ceil(std::max(reach, 1.0))) + 2, &scratch.rgb));
+  CropResize(scratch.rgb, width, height, box, static_cast<int>(out_w), static_cast<int>(out_h),
+             static_cast<int>(s), crop.flip, dst, scratch.row);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 // Runs ForEach's jobs on its threads and the caller's. Thread-safe; jobs
@@ -358,42 +391,7 @@ absl::StatusOr<Batch> ImageFolder::Get(const at::Tensor& rows, int epoch) const 
     const int64_t id = ids[r];
     const std::string path = absl::StrCat(root_, "/", listing_.files[id]);
     try {
-      if (absl::Status read = ReadFileInto(path, &scratch.bytes); !read.ok()) {
-        errors[r] = read;
-        return;
-      }
-      auto size = ImageSize(scratch.bytes, path);
-      if (!size.ok()) {
-        errors[r] = size.status();
-        return;
-      }
-      const int width = size->first, height = size->second;
-      TrainingCrop crop;
-      int64_t out_w = s, out_h = s;
-      if (options_.train) {
-        crop = DrawTrainingCrop(width, height, options_.seed, epoch, id);
-      } else {
-        // The short side to s / 0.875 (256 for 224), then the centre s x s.
-        const int64_t target = std::llround(static_cast<double>(s) / 0.875);
-        const double scale = static_cast<double>(target) / std::min(width, height);
-        out_w = std::max<int64_t>(s, std::llround(width * scale));
-        out_h = std::max<int64_t>(s, std::llround(height * scale));
-        crop.box = {0, 0, static_cast<double>(width), static_cast<double>(height)};
-      }
-      const Region& box = crop.box;
-      // Decode no larger than the crop needs (JPEG's DCT scaling).
-      const int min_w = static_cast<int>(std::min<double>(width, std::ceil(out_w * width / box.w)));
-      const int min_h = static_cast<int>(std::min<double>(height, std::ceil(out_h * height / box.h)));
-      // Only the rows and columns the crop reads (its filter's reach around it).
-      const double reach = std::max(box.w / out_w, box.h / out_h);
-      if (absl::Status decoded = DecodeImageInto(scratch.bytes, path, min_w, min_h, box,
-                                                 static_cast<int>(std::ceil(std::max(reach, 1.0))) + 2, &scratch.rgb);
-          !decoded.ok()) {
-        errors[r] = decoded;
-        return;
-      }
-      CropResize(scratch.rgb, width, height, box, static_cast<int>(out_w), static_cast<int>(out_h),
-                 static_cast<int>(s), crop.flip, images + r * 3 * s * s, scratch.row);
+      errors[r] = MakeImage(path, id, epoch, options_, scratch, images + r * 3 * s * s);
     } catch (...) {
       errors[r] = base::StatusFromCurrentException(absl::StrCat("decoding ", path));
     }

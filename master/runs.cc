@@ -82,37 +82,6 @@ std::vector<pipeline::StageSpec> WholeModelStages(const RunOptions& c) {
                                                           int64_t{c.seed}})};
 }
 
-LocalRun::LocalRun(const RunOptions& c, int splits, std::unique_ptr<train::LocalTrainer> trainer)
-    : c_(c), run_(splits), trainer_(std::move(trainer)), start_(trace::NowUs()) {}
-
-absl::StatusOr<std::unique_ptr<LocalRun>> LocalRun::Create(const RunOptions& c, int splits) {
-  RETURN_IF_ERROR(shards::RegisterStageTypes());
-  train::LocalOptions o;
-  o.stages = WholeModelStages(c);
-  o.loss = Loss(c);
-  o.optimizer = OptimizerOf(c);
-  o.micro_batches = splits;
-  o.device = c.device;
-  o.clip_grad_norm = c.clip_grad_norm;
-  o.bf16 = c.precision == "bf16";
-  ASSIGN_OR_RETURN(auto trainer, train::LocalTrainer::Create(std::move(o)));
-  return std::unique_ptr<LocalRun>(new LocalRun(c, splits, std::move(trainer)));
-}
-
-absl::Status LocalRun::Step(int b, const char* prefix) {
-  ASSIGN_OR_RETURN(auto batch, MakeBatch(c_, b));
-  auto& [inputs, targets] = batch;
-  const int64_t t0 = trace::NowUs();
-  trainer_->set_slices([this](const char* what, int64_t mb, int64_t s, int64_t e) {
-    run_.slices.push_back({0, what, mb, s - start_, e - start_, ""});
-  });
-  ASSIGN_OR_RETURN(double loss, trainer_->StartStep({inputs, targets}).wait());
-  const double seconds = (trace::NowUs() - t0) / 1e6;
-  std::printf("%s", prefix);
-  RecordBatch(run_, b, loss, seconds, inputs.size(0));
-  return absl::OkStatus();
-}
-
 std::vector<pipeline::StageSpec> SmallCnnStages(const RunOptions& c) {
   // One stage per worker; zbv's V two.
   const int n = static_cast<int>(c.workers.size()) * (c.schedule == "zbv" ? 2 : 1);
@@ -403,13 +372,6 @@ absl::Status FitPipeline(rpc::Agent& agent, const RunOptions& c, const std::vect
   RETURN_IF_ERROR(ReportMemory(trainer->pipeline(), c, run));
   // (The evaluations between epochs are on the workers' tracks too.)
   return CollectAndMeasure(agent, c.workers, start, {}, trainer->pipeline().replica(0).schedule(), traced, run);
-}
-
-absl::StatusOr<Run> TrainLocal(const RunOptions& c, int splits) {
-  ASSIGN_OR_RETURN(auto trainer, LocalRun::Create(c, splits));
-  ASSIGN_OR_RETURN(trainer->run().log, OpenRunLog(c, splits));
-  for (int b = 0; b < c.batches; ++b) RETURN_IF_ERROR(trainer->Step(b));
-  return std::move(trainer->run());
 }
 
 namespace {

@@ -427,105 +427,113 @@ void OnMarkedBackward(int64_t context, const runtime::LaneAction& action) {
   for (auto& group : groups) group->OnBackward(context, action.stage);
 }
 
+// Makes a member of a gradient group (MakeGradientGroupRequest) and joins
+// its process group.
+std::shared_ptr<GradientGroup> MakeGradientGroup(rpc::CallContext& ctx, const rpc::Args& a) {
+  const auto r = rpc::DecodeCallOrThrow<MakeGradientGroupRequest>(a);
+  GroupOptions g;
+  g.store_host = r.store_host;
+  if (g.store_host.empty()) g.agent = ctx.agent;  // the master's keys, over the agents
+  g.store_port = r.store_port;
+  g.name = r.name;
+  g.rank = r.rank;
+  g.size = r.size;
+  g.timeout = absl::Milliseconds(r.timeout_ms);
+  std::map<int64_t, std::vector<at::Tensor>> stages;
+  const std::vector<int64_t>& indices = r.stage_indices;
+  const std::vector<c10::IValue>& lists = r.stage_params;
+  if (indices.size() != lists.size()) {
+    throw std::invalid_argument("GradientGroup: stage indices and parameter lists differ");
+  }
+  for (size_t i = 0; i < indices.size(); ++i) {
+    stages[indices[i]] = optim::OwnedParameters(lists[i], "GradientGroup");
+  }
+  g.cuda_device = CudaDeviceOf(stages, ctx.agent->self().name);
+  auto joined = ProcessGroup::Join(g);
+  if (!joined.ok()) {
+    throw std::runtime_error(absl::StrCat("worker '", ctx.agent->self().name, "': ",
+                                          joined.status().message()));
+  }
+  if (g.cuda_device >= 0 && !(*joined)->on_device() && g.rank == 0) {
+    std::cerr << "remora: " << (*joined)->Describe() << ": the CUDA stages' gradients are "
+              << "summed in host memory over Gloo ("
+              << (HaveNcclGroups() ? "two members share a GPU, and NCCL needs one per member"
+                                   : "this build's LibTorch has no NCCL groups")
+              << ")\n";
+  }
+  if (r.zero && !r.optimizer_options.isGenericDict()) {
+    throw std::invalid_argument(absl::StrCat(MakeGradientGroupRequest::kFunction,
+                                             ": 'optimizer_options' must be a dict with 'zero', got a ",
+                                             r.optimizer_options.tagKind()));
+  }
+  auto group = std::make_shared<GradientGroup>(ctx.agent, std::move(*joined), r.bucket_bytes, r.overlap,
+                                               std::move(stages));
+  group->Synchronize();
+  if (r.zero) group->ShardOptimizer(r.optimizer_options.toGenericDict());
+  Groups& all = TheGroups();
+  base::MutexLock lock(all.mu);
+  all.live.push_back(group);
+  return group;
+}
+
+// The methods of a gradient group, by name.
+std::map<std::string, rpc::Registry::TypedMethod<GradientGroup>> GroupMethods() {
+  return {{GroupBeginRequest::kMethod,
+           [](GradientGroup& g, rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
+             const auto r = rpc::DecodeCallOrThrow<GroupBeginRequest>(a);
+             g.Begin(r.context, r.micro_batches);
+             return c10::IValue();
+           }},
+          {GroupFinishRequest::kMethod,
+           [](GradientGroup& g, rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
+             const int64_t context = rpc::DecodeCallOrThrow<GroupFinishRequest>(a).context;
+             trace::Scope scope("allreduce", -1);
+             return g.Sum(context);
+           }},
+          // Take part in that step runner's batches here (pipeline/runner.h);
+          // the master stops calling begin and finish.
+          {GroupAttachRequest::kMethod,
+           [](GradientGroup& g, rpc::CallContext& ctx, const rpc::Args& a) -> c10::IValue {
+             const int64_t runner = rpc::DecodeCallOrThrow<GroupAttachRequest>(a).runner;
+             absl::Status s = pipeline::AttachToRunner(runner, g.shared_from_this());
+             if (!s.ok()) {
+               throw std::invalid_argument(absl::StrCat("worker '", ctx.agent->self().name, "': ", s.message()));
+             }
+             return c10::IValue();
+           }},
+          {"last_buckets",
+           [](GradientGroup& g, rpc::CallContext&, const rpc::Args&) -> c10::IValue { return g.LastBuckets(); }},
+          {"backend",
+           [](GradientGroup& g, rpc::CallContext&, const rpc::Args&) -> c10::IValue { return g.Backend(); }},
+          {"state_bytes",
+           [](GradientGroup& g, rpc::CallContext&, const rpc::Args&) -> c10::IValue { return g.StateBytes(); }},
+          // ZeRO-1's checkpoints (checkpoint/checkpoint.h): consolidate() on
+          // every rank, then save_state() on rank 0 gives the whole optimizer
+          // state; load_state(that) on any rank keeps its share.
+          {"consolidate",
+           [](GradientGroup& g, rpc::CallContext&, const rpc::Args&) -> c10::IValue {
+             g.Consolidate();
+             return c10::IValue();
+           }},
+          {"save_state",
+           [](GradientGroup& g, rpc::CallContext&, const rpc::Args&) -> c10::IValue { return g.SaveState(); }},
+          {optim::LoadStateRequest::kMethod,
+           [](GradientGroup& g, rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
+             g.LoadState(rpc::DecodeCallOrThrow<optim::LoadStateRequest>(a).state);
+             return c10::IValue();
+           }},
+          {GroupDiscardRequest::kMethod, [](GradientGroup& g, rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
+             g.Discard(rpc::DecodeCallOrThrow<GroupDiscardRequest>(a).context);
+             return c10::IValue();
+           }}};
+}
+
 }  // namespace
 
 absl::Status RegisterFunctions(rpc::Registry& registry) {
   autograd::SetMarkedBackwardHook(OnMarkedBackward);
-  return registry.RegisterModule<GradientGroup>(
-      MakeGradientGroupRequest::kFunction,
-      [](rpc::CallContext& ctx, const rpc::Args& a) {
-        const auto r = rpc::DecodeCallOrThrow<MakeGradientGroupRequest>(a);
-        GroupOptions g;
-        g.store_host = r.store_host;
-        if (g.store_host.empty()) g.agent = ctx.agent;  // the master's keys, over the agents
-        g.store_port = r.store_port;
-        g.name = r.name;
-        g.rank = r.rank;
-        g.size = r.size;
-        g.timeout = absl::Milliseconds(r.timeout_ms);
-        std::map<int64_t, std::vector<at::Tensor>> stages;
-        const std::vector<int64_t>& indices = r.stage_indices;
-        const std::vector<c10::IValue>& lists = r.stage_params;
-        if (indices.size() != lists.size()) {
-          throw std::invalid_argument("GradientGroup: stage indices and parameter lists differ");
-        }
-        for (size_t i = 0; i < indices.size(); ++i) {
-          stages[indices[i]] = optim::OwnedParameters(lists[i], "GradientGroup");
-        }
-        g.cuda_device = CudaDeviceOf(stages, ctx.agent->self().name);
-        auto joined = ProcessGroup::Join(g);
-        if (!joined.ok()) {
-          throw std::runtime_error(absl::StrCat("worker '", ctx.agent->self().name, "': ",
-                                                joined.status().message()));
-        }
-        if (g.cuda_device >= 0 && !(*joined)->on_device() && g.rank == 0) {
-          std::cerr << "remora: " << (*joined)->Describe() << ": the CUDA stages' gradients are "
-                    << "summed in host memory over Gloo ("
-                    << (HaveNcclGroups() ? "two members share a GPU, and NCCL needs one per member"
-                                         : "this build's LibTorch has no NCCL groups")
-                    << ")\n";
-        }
-        if (r.zero && !r.optimizer_options.isGenericDict()) {
-          throw std::invalid_argument(absl::StrCat(MakeGradientGroupRequest::kFunction,
-                                                   ": 'optimizer_options' must be a dict with 'zero', got a ",
-                                                   r.optimizer_options.tagKind()));
-        }
-        auto group = std::make_shared<GradientGroup>(ctx.agent, std::move(*joined), r.bucket_bytes, r.overlap,
-                                                     std::move(stages));
-        group->Synchronize();
-        if (r.zero) group->ShardOptimizer(r.optimizer_options.toGenericDict());
-        Groups& all = TheGroups();
-        base::MutexLock lock(all.mu);
-        all.live.push_back(group);
-        return group;
-      },
-      {{GroupBeginRequest::kMethod,
-        [](GradientGroup& g, rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
-          const auto r = rpc::DecodeCallOrThrow<GroupBeginRequest>(a);
-          g.Begin(r.context, r.micro_batches);
-          return c10::IValue();
-        }},
-       {GroupFinishRequest::kMethod,
-        [](GradientGroup& g, rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
-          const int64_t context = rpc::DecodeCallOrThrow<GroupFinishRequest>(a).context;
-          trace::Scope scope("allreduce", -1);
-          return g.Sum(context);
-        }},
-       // Take part in that step runner's batches here (pipeline/runner.h);
-       // the master stops calling begin and finish.
-       {GroupAttachRequest::kMethod,
-        [](GradientGroup& g, rpc::CallContext& ctx, const rpc::Args& a) -> c10::IValue {
-          const int64_t runner = rpc::DecodeCallOrThrow<GroupAttachRequest>(a).runner;
-          absl::Status s = pipeline::AttachToRunner(runner, g.shared_from_this());
-          if (!s.ok()) {
-            throw std::invalid_argument(absl::StrCat("worker '", ctx.agent->self().name, "': ", s.message()));
-          }
-          return c10::IValue();
-        }},
-       {"last_buckets",
-        [](GradientGroup& g, rpc::CallContext&, const rpc::Args&) -> c10::IValue { return g.LastBuckets(); }},
-       {"backend", [](GradientGroup& g, rpc::CallContext&, const rpc::Args&) -> c10::IValue { return g.Backend(); }},
-       {"state_bytes",
-        [](GradientGroup& g, rpc::CallContext&, const rpc::Args&) -> c10::IValue { return g.StateBytes(); }},
-       // ZeRO-1's checkpoints (checkpoint/checkpoint.h): consolidate() on
-       // every rank, then save_state() on rank 0 gives the whole optimizer
-       // state; load_state(that) on any rank keeps its share.
-       {"consolidate",
-        [](GradientGroup& g, rpc::CallContext&, const rpc::Args&) -> c10::IValue {
-          g.Consolidate();
-          return c10::IValue();
-        }},
-       {"save_state",
-        [](GradientGroup& g, rpc::CallContext&, const rpc::Args&) -> c10::IValue { return g.SaveState(); }},
-       {optim::LoadStateRequest::kMethod,
-        [](GradientGroup& g, rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
-          g.LoadState(rpc::DecodeCallOrThrow<optim::LoadStateRequest>(a).state);
-          return c10::IValue();
-        }},
-       {GroupDiscardRequest::kMethod, [](GradientGroup& g, rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
-          g.Discard(rpc::DecodeCallOrThrow<GroupDiscardRequest>(a).context);
-          return c10::IValue();
-        }}});
+  return registry.RegisterModule<GradientGroup>(MakeGradientGroupRequest::kFunction, MakeGradientGroup,
+                                                GroupMethods());
 }
 
 }  // namespace remora::parallel

@@ -55,6 +55,77 @@ struct HeldPass : torch::CustomClassHolder {
   std::unique_ptr<autograd::SplitBackward> pass;
 };
 
+// Puts into `out`, after the `n` inputs' places, the gradients that
+// `held_value` (ctx's "held", which it drops) holds.
+void TakeHeldWeights(torch::autograd::AutogradContext* ctx,
+                     c10::IValue held_value, size_t n,
+                     torch::autograd::variable_list& out) {
+  // W of a split backward: the parameters' gradients of B's pass.
+  auto pass = held_value.toCapsule();
+  ctx->saved_data.erase("held");
+  auto dw = static_cast<HeldPass*>(pass.get())->pass->Weights();
+  if (!dw.ok()) throw std::runtime_error(std::string(dw.status().message()));
+  for (size_t i = 0; i < dw->size(); ++i) out[n + i] = (*dw)[i];
+}
+
+// Runs `module`'s forward again on `inputs` with autograd's graph, as the
+// first pass ran it (`ctx`'s generator state and bf16), and puts the
+// module's buffers back afterwards; returns the output's tensors.
+std::vector<at::Tensor> RerunForward(torch::autograd::AutogradContext* ctx,
+                                     StageModule* module,
+                                     const std::vector<at::Tensor>& inputs) {
+  std::vector<at::Tensor> buffers;
+  {
+    at::NoGradGuard no_grad;
+    for (const at::Tensor& b : module->Buffers()) buffers.push_back(b.clone());
+  }
+  std::vector<at::Tensor> outputs;
+  {
+    // (The generator as the first pass found it, for dropout's masks;
+    // then as it was. CUDA's generators are not kept: a stage on a GPU
+    // that draws random numbers draws others the second time.)
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    at::Tensor now;
+    {
+      std::lock_guard<std::mutex> rng_lock(generator.mutex());
+      now = generator.get_state();
+      generator.set_state(ctx->saved_data["rng"].toTensor());
+    }
+    at::AutoGradMode grad(true);
+    Bf16Autocast autocast(ctx->saved_data["bf16"].toBool());  // (this thread is autograd's)
+    outputs = TensorsIn(module->Forward(WithTensors(ctx->saved_data["input"], inputs)));
+    std::lock_guard<std::mutex> rng_lock(generator.mutex());
+    generator.set_state(now);
+  }
+  {
+    at::NoGradGuard no_grad;
+    const std::vector<at::Tensor> live = module->Buffers();
+    for (size_t i = 0; i < live.size() && i < buffers.size(); ++i) live[i].copy_(buffers[i]);
+  }
+  return outputs;
+}
+
+// Puts into `out` the gradients of `roots` (given `root_grads`) with
+// respect to those of `inputs` and `params` that require them.
+void GradientsOfAll(const std::vector<at::Tensor>& roots,
+                    const std::vector<at::Tensor>& root_grads,
+                    const std::vector<at::Tensor>& inputs,
+                    const std::vector<at::Tensor>& params,
+                    torch::autograd::variable_list& out) {
+  std::vector<at::Tensor> wrt;
+  std::vector<size_t> where;  // the node's input each of wrt is
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].requires_grad()) wrt.push_back(inputs[i]), where.push_back(i);
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].requires_grad()) wrt.push_back(params[i]), where.push_back(inputs.size() + i);
+  }
+  if (wrt.empty()) return;
+  const auto found = torch::autograd::grad(roots, wrt, root_grads, /*retain_graph=*/false,
+                                           /*create_graph=*/false, /*allow_unused=*/true);
+  for (size_t k = 0; k < found.size(); ++k) out[where[k]] = found[k];
+}
+
 // A stage's forward pass as one autograd node: the forward runs without
 // autograd's graph and the node keeps only the pass's inputs (and the CPU
 // generator's state); its backward runs the forward again with the graph
@@ -113,45 +184,13 @@ class Recompute : public torch::autograd::Function<Recompute> {
       params_need |= params[i].requires_grad();
     }
     if (auto held = ctx->saved_data.find("held"); held != ctx->saved_data.end()) {
-      // W of a split backward: the parameters' gradients of B's pass.
-      auto pass = held->second.toCapsule();
-      ctx->saved_data.erase("held");
-      auto dw = static_cast<HeldPass*>(pass.get())->pass->Weights();
-      if (!dw.ok()) throw std::runtime_error(std::string(dw.status().message()));
-      for (size_t i = 0; i < dw->size(); ++i) out[n + i] = (*dw)[i];
+      TakeHeldWeights(ctx, held->second, n, out);
       return out;
     }
     std::vector<at::Tensor> inputs;
     for (const at::Tensor& t : saved) inputs.push_back(t.detach().requires_grad_(t.requires_grad()));
-    std::vector<at::Tensor> buffers;
-    {
-      at::NoGradGuard no_grad;
-      for (const at::Tensor& b : module->Buffers()) buffers.push_back(b.clone());
-    }
-    std::vector<at::Tensor> outputs;
-    {
-      // (The generator as the first pass found it, for dropout's masks;
-      // then as it was. CUDA's generators are not kept: a stage on a GPU
-      // that draws random numbers draws others the second time.)
-      at::Generator generator = at::detail::getDefaultCPUGenerator();
-      at::Tensor now;
-      {
-        std::lock_guard<std::mutex> rng_lock(generator.mutex());
-        now = generator.get_state();
-        generator.set_state(ctx->saved_data["rng"].toTensor());
-      }
-      at::AutoGradMode grad(true);
-      Bf16Autocast autocast(ctx->saved_data["bf16"].toBool());  // (this thread is autograd's)
-      outputs = TensorsIn(module->Forward(WithTensors(ctx->saved_data["input"], inputs)));
-      std::lock_guard<std::mutex> rng_lock(generator.mutex());
-      generator.set_state(now);
-    }
-    {
-      at::NoGradGuard no_grad;
-      const std::vector<at::Tensor> live = module->Buffers();
-      for (size_t i = 0; i < live.size() && i < buffers.size(); ++i) live[i].copy_(buffers[i]);
-    }
-    std::vector<at::Tensor> roots, root_grads, wrt;
+    const std::vector<at::Tensor> outputs = RerunForward(ctx, module, inputs);
+    std::vector<at::Tensor> roots, root_grads;
     for (size_t i = 0; i < outputs.size() && i < grads.size(); ++i) {
       if (grads[i].defined() && outputs[i].requires_grad()) {
         roots.push_back(outputs[i]);
@@ -170,17 +209,7 @@ class Recompute : public torch::autograd::Function<Recompute> {
       ctx->saved_data["held"] = c10::IValue::make_capsule(std::move(held));
       return out;
     }
-    std::vector<size_t> where;  // the node's input each of wrt is
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      if (inputs[i].requires_grad()) wrt.push_back(inputs[i]), where.push_back(i);
-    }
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (params[i].requires_grad()) wrt.push_back(params[i]), where.push_back(inputs.size() + i);
-    }
-    if (wrt.empty()) return out;
-    const auto found = torch::autograd::grad(roots, wrt, root_grads, /*retain_graph=*/false,
-                                             /*create_graph=*/false, /*allow_unused=*/true);
-    for (size_t k = 0; k < found.size(); ++k) out[where[k]] = found[k];
+    GradientsOfAll(roots, root_grads, inputs, params, out);
     return out;
   }
 };

@@ -105,27 +105,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
     // What each micro-batch's rows are a share of.
     double total = static_cast<double>(total_rows);
     absl::Status status = autograd::EnsureContext(agent_, context);
-    if (status.ok() && rows && hosts(0)) {
-      absl::StatusOr<data::Batch> batch = ReadRows(agent_.self().name, rows->source, rows->rows, rows->epoch);
-      status = batch.status();
-      if (batch.ok()) {
-        const int64_t asked = rows->rows.numel(), read = asked - batch->skipped;
-        if (read < plan_->micro_batches) {
-          status = absl::FailedPreconditionError(absl::StrCat(
-              batch->skipped, " of the batch's ", asked, " files could not be read (--skip-bad-images), leaving ",
-              read, " rows for ", plan_->micro_batches, " micro-batches: replace the files or give fewer --splits"));
-        }
-        // Files left out: this share's micro-batches are weighted by the
-        // rows read, so that the replicas' weights still sum to one.
-        if (read > 0) total = static_cast<double>(total_rows) * read / asked;
-        x = std::move(batch->images);
-        if (hosts(last)) {
-          t = std::move(batch->labels);
-        } else {
-          send_labels = std::move(batch->labels);
-        }
-      }
-    }
+    if (status.ok() && rows && hosts(0)) status = ReadBatch(*rows, total_rows, &x, &t, &send_labels, &total);
     // The whole batch goes to the stage's device at once, before the
     // micro-batches are cut from it (while an earlier batch may still run).
     std::optional<trace::Scope> input;
@@ -172,19 +152,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
             }
           });
     }
-    if (after < 0) {
-      std::vector<std::shared_ptr<Batch>> older;
-      {
-        base::MutexLock lock(mu_);
-        for (auto it = batches_.begin(); it != batches_.end() && it->first < context; ++it) {
-          if (!it->second->over) older.push_back(it->second);
-        }
-      }
-      for (const auto& o : older) {
-        Fail(o, absl::AbortedError(absl::StrCat("batch ", o->context, " on worker '", agent_.self().name,
-                                                "' was given up by the master")));
-      }
-    }
+    if (after < 0) FailOlder(context);
     StartReady();
     return b->done;
   }
@@ -254,6 +222,45 @@ class Runner : public std::enable_shared_from_this<Runner> {
   }
 
  private:
+  // Reads the batch's `rows` here: images to `x`, labels to `t` or `send_labels`.
+  absl::Status ReadBatch(const WorkerRows& rows, int64_t total_rows, c10::IValue* x, c10::IValue* t,
+                         at::Tensor* send_labels, double* total) const {
+    absl::StatusOr<data::Batch> batch = ReadRows(agent_.self().name, rows.source, rows.rows, rows.epoch);
+    if (!batch.ok()) return batch.status();
+    absl::Status status;
+    const int64_t asked = rows.rows.numel(), read = asked - batch->skipped;
+    if (read < plan_->micro_batches) {
+      status = absl::FailedPreconditionError(absl::StrCat(
+          batch->skipped, " of the batch's ", asked, " files could not be read (--skip-bad-images), leaving ",
+          read, " rows for ", plan_->micro_batches, " micro-batches: replace the files or give fewer --splits"));
+    }
+    // Files left out: this share's micro-batches are weighted by the
+    // rows read, so that the replicas' weights still sum to one.
+    if (read > 0) *total = static_cast<double>(total_rows) * read / asked;
+    *x = std::move(batch->images);
+    if (hosts(num_stages() - 1)) {
+      *t = std::move(batch->labels);
+    } else {
+      *send_labels = std::move(batch->labels);
+    }
+    return status;
+  }
+
+  // Fails the batches before `context` still here (the master gave them up).
+  void FailOlder(int64_t context) {
+    std::vector<std::shared_ptr<Batch>> older;
+    {
+      base::MutexLock lock(mu_);
+      for (auto it = batches_.begin(); it != batches_.end() && it->first < context; ++it) {
+        if (!it->second->over) older.push_back(it->second);
+      }
+    }
+    for (const auto& o : older) {
+      Fail(o, absl::AbortedError(absl::StrCat("batch ", o->context, " on worker '", agent_.self().name,
+                                              "' was given up by the master")));
+    }
+  }
+
   // The pipeline's other workers.
   std::vector<std::string> Peers() const {
     std::vector<std::string> peers;
@@ -597,6 +604,17 @@ c10::IValue MakeRunner(rpc::CallContext& ctx, const rpc::Args& a) {
   return c10::IValue();
 }
 
+// Registers `Request`'s function, which `handle` runs on the request's runner.
+template <typename Request, typename Handle>
+absl::Status RegisterRunnerCall(rpc::Registry& registry, Handle handle) {
+  return registry.RegisterFunction(
+      Request::kFunction, [handle](rpc::CallContext& ctx, const rpc::Args& a) -> c10::IValue {
+        auto r = rpc::DecodeCallOrThrow<Request>(a);
+        handle(*FindRunner(ctx, r.runner), r);
+        return c10::IValue();
+      });
+}
+
 }  // namespace
 
 absl::Status AttachToRunner(int64_t runner_id, std::shared_ptr<StepParticipant> participant) {
@@ -621,41 +639,23 @@ absl::Status RegisterRunnerFunctions(rpc::Registry& registry) {
         const auto r = rpc::DecodeCallOrThrow<RunRequest>(a);
         return FindRunner(ctx, r.runner)->Run(r.context, r.after, r.inputs, r.targets, r.total_rows, r.rows);
       }));
-  RETURN_IF_ERROR(registry.RegisterFunction(
-      TargetsRequest::kFunction, [](rpc::CallContext& ctx, const rpc::Args& a) -> c10::IValue {
-        const auto r = rpc::DecodeCallOrThrow<TargetsRequest>(a);
-        FindRunner(ctx, r.runner)->Targets(r.context, r.labels, r.total_rows);
-        return c10::IValue();
-      }));
-  RETURN_IF_ERROR(registry.RegisterFunction(
-      PushRequest::kFunction, [](rpc::CallContext& ctx, const rpc::Args& a) -> c10::IValue {
-        auto r = rpc::DecodeCallOrThrow<PushRequest>(a);
-        FindRunner(ctx, r.runner)->Push(r.context, r.stage, r.micro_batch, std::move(r.value));
-        return c10::IValue();
-      }));
+  RETURN_IF_ERROR(RegisterRunnerCall<TargetsRequest>(
+      registry, [](Runner& runner, TargetsRequest& r) { runner.Targets(r.context, r.labels, r.total_rows); }));
+  RETURN_IF_ERROR(RegisterRunnerCall<PushRequest>(registry, [](Runner& runner, PushRequest& r) {
+    runner.Push(r.context, r.stage, r.micro_batch, std::move(r.value));
+  }));
   RETURN_IF_ERROR(registry.RegisterAsyncFunction(
       EvalRequest::kFunction, [](rpc::CallContext& ctx, const rpc::Args& a) -> rpc::Future<c10::IValue> {
         const auto r = rpc::DecodeCallOrThrow<EvalRequest>(a);
         return FindRunner(ctx, r.runner)->evals().Eval(r.eval, r.inputs, r.micro_batches, r.labels, r.rows);
       }));
-  RETURN_IF_ERROR(registry.RegisterFunction(
-      EvalTargetsRequest::kFunction, [](rpc::CallContext& ctx, const rpc::Args& a) -> c10::IValue {
-        const auto r = rpc::DecodeCallOrThrow<EvalTargetsRequest>(a);
-        FindRunner(ctx, r.runner)->evals().Labels(r.eval, r.labels);
-        return c10::IValue();
-      }));
-  RETURN_IF_ERROR(registry.RegisterFunction(
-      EvalPushRequest::kFunction, [](rpc::CallContext& ctx, const rpc::Args& a) -> c10::IValue {
-        auto r = rpc::DecodeCallOrThrow<EvalPushRequest>(a);
-        FindRunner(ctx, r.runner)->evals().Push(r.context, r.stage, r.micro_batch, std::move(r.value));
-        return c10::IValue();
-      }));
-  RETURN_IF_ERROR(registry.RegisterFunction(
-      AbandonRequest::kFunction, [](rpc::CallContext& ctx, const rpc::Args& a) -> c10::IValue {
-        const auto r = rpc::DecodeCallOrThrow<AbandonRequest>(a);
-        FindRunner(ctx, r.runner)->Abandon(r.context);
-        return c10::IValue();
-      }));
+  RETURN_IF_ERROR(RegisterRunnerCall<EvalTargetsRequest>(
+      registry, [](Runner& runner, EvalTargetsRequest& r) { runner.evals().Labels(r.eval, r.labels); }));
+  RETURN_IF_ERROR(RegisterRunnerCall<EvalPushRequest>(registry, [](Runner& runner, EvalPushRequest& r) {
+    runner.evals().Push(r.context, r.stage, r.micro_batch, std::move(r.value));
+  }));
+  RETURN_IF_ERROR(RegisterRunnerCall<AbandonRequest>(
+      registry, [](Runner& runner, AbandonRequest& r) { runner.Abandon(r.context); }));
   RETURN_IF_ERROR(registry.RegisterFunction(
       SeedRequest::kFunction, [](rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
         at::manual_seed(static_cast<uint64_t>(rpc::DecodeCallOrThrow<SeedRequest>(a).seed));

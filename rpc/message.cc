@@ -216,6 +216,48 @@ absl::StatusOr<SliceReader> ReaderOf(const grpc::ByteBuffer& buffer) {
   return SliceReader(std::move(slices));
 }
 
+// Indexes the frame's shared-memory payloads by payload (null: not one).
+absl::Status IndexShmPayloads(const wire::Header& header, const channel::ShmChannel* shm,
+                              std::vector<const wire::ShmPayload*>* shm_of) {
+  for (const auto& d : header.shm_payloads()) {
+    if (d.payload() >= shm_of->size() || (*shm_of)[d.payload()] != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "frame: shared-memory payload index ", d.payload(), " is out of range or repeated"));
+    }
+    (*shm_of)[d.payload()] = &d;
+  }
+  if (!header.shm_payloads().empty() && shm == nullptr) {
+    return absl::InvalidArgumentError(
+        "frame: it carries shared-memory payloads, but the sender is not on this host "
+        "or shared memory is off here");
+  }
+  return absl::OkStatus();
+}
+
+// Checks the inline payloads' sizes against the bytes after the header.
+absl::Status CheckInlineSizes(const google::protobuf::RepeatedField<uint64_t>& sizes,
+                              const std::vector<const wire::ShmPayload*>& shm_of,
+                              const std::vector<const wire::CudaPayload*>& cuda_of,
+                              size_t remaining) {
+  uint64_t total = 0;
+  for (int i = 0; i < sizes.size(); ++i) {
+    if (shm_of[i] != nullptr || cuda_of[i] != nullptr) continue;
+    const uint64_t n = sizes[i];
+    if (n > remaining || total + n > remaining) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "frame: payload sizes exceed the ", remaining,
+          " bytes received"));
+    }
+    total += n;
+  }
+  if (total != remaining) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("frame: payload sizes add up to ", total, " but ",
+                     remaining, " bytes follow the header"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 grpc::ByteBuffer TagFrame(uint64_t id, const grpc::ByteBuffer& frame) {
@@ -279,18 +321,7 @@ absl::StatusOr<InMessage> ParseMessage(const grpc::ByteBuffer& buffer, channel::
 
   const auto& sizes = message.header.payload_sizes();
   std::vector<const wire::ShmPayload*> shm_of(sizes.size(), nullptr);
-  for (const auto& d : message.header.shm_payloads()) {
-    if (d.payload() >= shm_of.size() || shm_of[d.payload()] != nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "frame: shared-memory payload index ", d.payload(), " is out of range or repeated"));
-    }
-    shm_of[d.payload()] = &d;
-  }
-  if (!message.header.shm_payloads().empty() && shm == nullptr) {
-    return absl::InvalidArgumentError(
-        "frame: it carries shared-memory payloads, but the sender is not on this host "
-        "or shared memory is off here");
-  }
+  RETURN_IF_ERROR(IndexShmPayloads(message.header, shm, &shm_of));
   std::vector<const wire::CudaPayload*> cuda_of(sizes.size(), nullptr);
   for (const auto& d : message.header.cuda_payloads()) {
     if (d.payload() >= cuda_of.size() || cuda_of[d.payload()] != nullptr ||
@@ -307,22 +338,7 @@ absl::StatusOr<InMessage> ParseMessage(const grpc::ByteBuffer& buffer, channel::
     }
     if (from == base::kUnknownWorker) from = static_cast<base::WorkerId>(message.header.request().from());
   }
-  uint64_t total = 0;
-  for (int i = 0; i < sizes.size(); ++i) {
-    if (shm_of[i] != nullptr || cuda_of[i] != nullptr) continue;
-    const uint64_t n = sizes[i];
-    if (n > reader.remaining() || total + n > reader.remaining()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "frame: payload sizes exceed the ", reader.remaining(),
-          " bytes received"));
-    }
-    total += n;
-  }
-  if (total != reader.remaining()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("frame: payload sizes add up to ", total, " but ",
-                     reader.remaining(), " bytes follow the header"));
-  }
+  RETURN_IF_ERROR(CheckInlineSizes(sizes, shm_of, cuda_of, reader.remaining()));
   // A payload that fails leaves the frame's later CUDA payloads unreceived:
   // the channel lets their senders know at once (an NCCL transfer that is
   // never posted would hold up the ones after it until they time out).

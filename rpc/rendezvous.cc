@@ -59,6 +59,110 @@ void ToWire(const base::WorkerInfo& w, wire::WorkerEntry* e) {
   e->set_device(w.device);
 }
 
+// Why the master refuses `join` at once (OK when it does not).
+absl::Status CheckJoinRequest(Agent::Impl& impl, const wire::JoinRequest& join) {
+  const AgentOptions& opts = impl.agent_->options();
+  if (!opts.is_master) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "'", impl.agent_->self().name, "' is a worker, not the master; point --master at the master"));
+  }
+  const std::string who = absl::StrCat("'", join.name(), "' at ", join.address());
+  if (!base::IsValidWorkerName(join.name())) {
+    impl.NoteRefused(who, "invalid worker name");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "invalid worker name '", join.name(),
+        "': use 1 to 128 characters of [A-Za-z0-9_:-]"));
+  }
+  if (join.name() == opts.name ||
+      std::find(opts.workers.begin(), opts.workers.end(), join.name()) == opts.workers.end()) {
+    impl.NoteRefused(who, absl::StrCat("not in --workers (", absl::StrJoin(opts.workers, ","), ")"));
+    return absl::NotFoundError(absl::StrCat(
+        "worker '", join.name(), "' is not one of the workers this master expects (",
+        absl::StrJoin(opts.workers, ","), ")"));
+  }
+  return absl::OkStatus();
+}
+
+// A join under a registered name: a lost worker's rejoin, or a refusal.
+absl::Status HandleRegisteredName(Agent::Impl& impl, const wire::JoinRequest& join,
+                                  std::map<std::string, Agent::Impl::Joiner>::iterator it,
+                                  std::optional<base::WorkerInfo>* rejoined,
+                                  std::vector<base::WorkerInfo>* book)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(impl.join_mu_) {
+  // Another process than the one registered under the name (a restart
+  // may reuse the address, a fixed --listen port: not the incarnation).
+  const bool other_process = it != impl.joiners_.end() && (it->second.address != join.address() ||
+                                                           it->second.shm.incarnation != join.shm().incarnation());
+  if (impl.formed_ && other_process && impl.lost_.count(join.name()) && !impl.rejoining_.count(join.name())) {
+    // A lost worker's new process (Agent::MarkLost): it takes the id.
+    const Agent::Impl::Joiner& j = it->second = Agent::Impl::Joiner{
+        join.address(), join.host_id(), FromWire(join.shm()), nullptr, FromWire(join.cuda()), join.device()};
+    for (auto& w : impl.book_) {
+      if (w.name != join.name()) continue;
+      w = base::WorkerInfo{w.id, w.name, j.address, j.host_id, j.shm, j.cuda, j.device};
+      *rejoined = w;
+    }
+    impl.rejoining_.insert(join.name());
+    *book = impl.book_;
+  } else if (impl.formed_ && other_process) {
+    // Perhaps a lost worker's new process, come before the master found
+    // the loss: it retries until then (or its connect timeout). Said
+    // once per address here: a second worker given a taken name by
+    // mistake shows in the master's log too.
+    if (impl.told_waiting_.insert(join.address()).second) {
+      std::cerr << absl::StrCat("remora: a process at ", join.address(), " asks to join as '", join.name(),
+                                "', which is alive at ", it->second.address,
+                                ": it waits to take the name's place once that one is lost\n");
+    }
+    return absl::UnavailableError(absl::StrCat(
+        "worker '", join.name(), "' of the group at ", it->second.address,
+        " is alive; a new process under its name is taken once the master finds that one lost"));
+  } else if (it != impl.joiners_.end() && it->second.address != join.address()) {
+    // Not counted as refused: the worker of that name is here (the
+    // second one is told, and exits).
+    if (!impl.formed_) impl.duplicates_[join.address()] = join.name();
+    return absl::AlreadyExistsError(absl::StrCat(
+        "duplicate worker name '", join.name(), "': already registered from ",
+        it->second.address, "; give each worker its own --name"));
+  }
+  return absl::OkStatus();
+}
+
+// Registers `join` (the last forms the group), or answers a retried one.
+absl::Status AdmitJoiner(Agent::Impl& impl, const wire::JoinRequest& join,
+                         std::map<std::string, Agent::Impl::Joiner>::iterator it,
+                         const std::shared_ptr<Responder>& responder,
+                         std::vector<std::shared_ptr<Responder>>* to_answer,
+                         std::vector<base::WorkerInfo>* book)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(impl.join_mu_) {
+  const AgentOptions& opts = impl.agent_->options();
+  if (impl.formed_) {
+    if (it == impl.joiners_.end()) {
+      return absl::FailedPreconditionError("the group has already formed");
+    }
+    to_answer->push_back(responder);  // a retried join: answer again
+    *book = impl.book_;
+  } else {
+    impl.joiners_[join.name()] = Agent::Impl::Joiner{join.address(), join.host_id(), FromWire(join.shm()),
+                                                     responder, FromWire(join.cuda()), join.device()};
+    if (impl.joiners_.size() == opts.workers.size()) {
+      impl.formed_ = true;
+      impl.book_.push_back(impl.agent_->self());
+      impl.book_.back().id = 0;
+      for (size_t i = 0; i < opts.workers.size(); ++i) {
+        const Agent::Impl::Joiner& j = impl.joiners_[opts.workers[i]];
+        impl.book_.push_back(base::WorkerInfo{static_cast<base::WorkerId>(i + 1), opts.workers[i],
+                                              j.address, j.host_id, j.shm, j.cuda, j.device});
+      }
+      *book = impl.book_;
+      for (auto& [name, j] : impl.joiners_) {
+        to_answer->push_back(std::move(j.responder));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 
@@ -88,67 +192,16 @@ absl::Status RegisterRendezvousRequests(Agent::Impl* impl) {
 
 void Agent::Impl::HandleJoin(const wire::JoinRequest& join,
                              std::shared_ptr<Responder> responder) {
-  const AgentOptions& opts = agent_->options_;
-  if (!opts.is_master) {
-    return responder->ReplyError(absl::FailedPreconditionError(absl::StrCat(
-        "'", agent_->self_.name, "' is a worker, not the master; point --master at the master")));
-  }
-  const std::string who = absl::StrCat("'", join.name(), "' at ", join.address());
-  if (!base::IsValidWorkerName(join.name())) {
-    NoteRefused(who, "invalid worker name");
-    return responder->ReplyError(absl::InvalidArgumentError(absl::StrCat(
-        "invalid worker name '", join.name(),
-        "': use 1 to 128 characters of [A-Za-z0-9_:-]")));
-  }
-  if (join.name() == opts.name ||
-      std::find(opts.workers.begin(), opts.workers.end(), join.name()) == opts.workers.end()) {
-    NoteRefused(who, absl::StrCat("not in --workers (", absl::StrJoin(opts.workers, ","), ")"));
-    return responder->ReplyError(absl::NotFoundError(absl::StrCat(
-        "worker '", join.name(), "' is not one of the workers this master expects (",
-        absl::StrJoin(opts.workers, ","), ")")));
-  }
+  const absl::Status invalid = CheckJoinRequest(*this, join);
+  if (!invalid.ok()) return responder->ReplyError(invalid);
   std::vector<std::shared_ptr<Responder>> to_answer;
   std::vector<base::WorkerInfo> book;
   std::optional<base::WorkerInfo> rejoined;
   {
     base::MutexLock lock(join_mu_);
     auto it = joiners_.find(join.name());
-    // Another process than the one registered under the name (a restart
-    // may reuse the address, a fixed --listen port: not the incarnation).
-    const bool other_process = it != joiners_.end() && (it->second.address != join.address() ||
-                                                         it->second.shm.incarnation != join.shm().incarnation());
-    if (formed_ && other_process && lost_.count(join.name()) && !rejoining_.count(join.name())) {
-      // A lost worker's new process (Agent::MarkLost): it takes the id.
-      const Joiner& j = it->second = Joiner{join.address(), join.host_id(), FromWire(join.shm()), nullptr,
-                                            FromWire(join.cuda()), join.device()};
-      for (auto& w : book_) {
-        if (w.name != join.name()) continue;
-        w = base::WorkerInfo{w.id, w.name, j.address, j.host_id, j.shm, j.cuda, j.device};
-        rejoined = w;
-      }
-      rejoining_.insert(join.name());
-      book = book_;
-    } else if (formed_ && other_process) {
-      // Perhaps a lost worker's new process, come before the master found
-      // the loss: it retries until then (or its connect timeout). Said
-      // once per address here: a second worker given a taken name by
-      // mistake shows in the master's log too.
-      if (told_waiting_.insert(join.address()).second) {
-        std::cerr << absl::StrCat("remora: a process at ", join.address(), " asks to join as '", join.name(),
-                                  "', which is alive at ", it->second.address,
-                                  ": it waits to take the name's place once that one is lost\n");
-      }
-      return responder->ReplyError(absl::UnavailableError(absl::StrCat(
-          "worker '", join.name(), "' of the group at ", it->second.address,
-          " is alive; a new process under its name is taken once the master finds that one lost")));
-    } else if (it != joiners_.end() && it->second.address != join.address()) {
-      // Not counted as refused: the worker of that name is here (the
-      // second one is told, and exits).
-      if (!formed_) duplicates_[join.address()] = join.name();
-      return responder->ReplyError(absl::AlreadyExistsError(absl::StrCat(
-          "duplicate worker name '", join.name(), "': already registered from ",
-          it->second.address, "; give each worker its own --name")));
-    }
+    const absl::Status taken = HandleRegisteredName(*this, join, it, &rejoined, &book);
+    if (!taken.ok()) return responder->ReplyError(taken);
     if (gave_up_ && gave_up_signal_ > 0) {
       return responder->ReplyError(
           absl::CancelledError(absl::StrCat("the master was stopped by a signal (", strsignal(gave_up_signal_),
@@ -158,31 +211,8 @@ void Agent::Impl::HandleJoin(const wire::JoinRequest& join,
     if (gave_up_) {
       return responder->ReplyError(absl::DeadlineExceededError("the master gave up forming the group"));
     }
-    if (formed_) {
-      if (it == joiners_.end()) {
-        return responder->ReplyError(
-            absl::FailedPreconditionError("the group has already formed"));
-      }
-      to_answer.push_back(responder);  // a retried join: answer again
-      book = book_;
-    } else {
-      joiners_[join.name()] = Joiner{join.address(), join.host_id(), FromWire(join.shm()),
-                                     responder, FromWire(join.cuda()), join.device()};
-      if (joiners_.size() == opts.workers.size()) {
-        formed_ = true;
-        book_.push_back(agent_->self_);
-        book_.back().id = 0;
-        for (size_t i = 0; i < opts.workers.size(); ++i) {
-          const Joiner& j = joiners_[opts.workers[i]];
-          book_.push_back(base::WorkerInfo{static_cast<base::WorkerId>(i + 1), opts.workers[i],
-                                     j.address, j.host_id, j.shm, j.cuda, j.device});
-        }
-        book = book_;
-        for (auto& [name, j] : joiners_) {
-          to_answer.push_back(std::move(j.responder));
-        }
-      }
-    }
+    const absl::Status refused = AdmitJoiner(*this, join, it, responder, &to_answer, &book);
+    if (!refused.ok()) return responder->ReplyError(refused);
   }
   if (book.empty()) return;  // answered when the last worker joins
   if (rejoined) {
@@ -428,6 +458,44 @@ std::vector<base::WorkerInfo> BookFrom(const wire::Response& response) {
   return book;
 }
 
+// Why worker `name` could not join by --connect-timeout (`last`: the last error).
+absl::Status JoinTimedOut(Agent::Impl& impl, grpc::Channel& channel, grpc::GenericStub* stub,
+                          const AgentOptions& options, const std::string& name, bool named_taken,
+                          absl::Status last) {
+  if (named_taken) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "worker '", name, "' could not join the group at master ", options.master_address, " within ",
+        absl::FormatDuration(options.connect_timeout), ": a live worker of the group holds the name '",
+        name, "' (give this one its own --name, or stop that one first) [", last.ToString(), "]"));
+  }
+  const bool reached = channel.GetState(false) == GRPC_CHANNEL_READY;
+  if (!reached) {
+    // Waiting for the channel hides why it never connected; one call that
+    // does not wait reports the last connection error (refused, or a TLS
+    // handshake that failed: "Socket closed").
+    OutMessage m;
+    *m.header.mutable_request() = wire::MakeRequest(wire::Ping());
+    m.header.mutable_request()->set_from(base::kUnknownWorker);
+    auto probe = impl.Transmit(stub, std::move(m), absl::Seconds(1), false).wait();
+    if (!probe.ok()) last = probe.status();
+  }
+  // (A host name that does not resolve is not a TLS matter: said as such.)
+  const bool unresolved = absl::StrContains(last.message(), "DNS resolution failed") ||
+                          absl::StrContains(last.message(), "Domain name not found") ||
+                          absl::StrContains(last.message(), "Name or service not known");
+  const std::string host = options.master_address.substr(0, options.master_address.rfind(':'));
+  return absl::DeadlineExceededError(absl::StrCat(
+      "worker '", name, "' could not join the group at master ",
+      options.master_address, " within ", absl::FormatDuration(options.connect_timeout),
+      reached      ? ": the master is up but the group did not form (are all workers started?)"
+      : unresolved ? absl::StrCat(": the host name '", host, "' does not resolve (check --master or MASTER_ADDR; "
+                                  "an IP address needs no name service)")
+                   : absl::StrCat(": the master is unreachable (is it running? check --master or "
+                                  "MASTER_ADDR/MASTER_PORT; ",
+                                  TlsHint(options.tls), ")"),
+      last.ok() ? "" : absl::StrCat(" [", last.ToString(), "]")));
+}
+
 }  // namespace
 
 absl::Status Agent::Join() {
@@ -488,38 +556,7 @@ absl::Status Agent::Join() {
     if (last.code() != absl::StatusCode::kUnavailable) break;
     absl::SleepFor(absl::Milliseconds(200));
   }
-  if (named_taken) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "worker '", self_.name, "' could not join the group at master ", options_.master_address, " within ",
-        absl::FormatDuration(options_.connect_timeout), ": a live worker of the group holds the name '",
-        self_.name, "' (give this one its own --name, or stop that one first) [", last.ToString(), "]"));
-  }
-  const bool reached = channel->GetState(false) == GRPC_CHANNEL_READY;
-  if (!reached) {
-    // Waiting for the channel hides why it never connected; one call that
-    // does not wait reports the last connection error (refused, or a TLS
-    // handshake that failed: "Socket closed").
-    OutMessage m;
-    *m.header.mutable_request() = wire::MakeRequest(wire::Ping());
-    m.header.mutable_request()->set_from(base::kUnknownWorker);
-    auto probe = impl_->Transmit(&stub, std::move(m), absl::Seconds(1), false).wait();
-    if (!probe.ok()) last = probe.status();
-  }
-  // (A host name that does not resolve is not a TLS matter: said as such.)
-  const bool unresolved = absl::StrContains(last.message(), "DNS resolution failed") ||
-                          absl::StrContains(last.message(), "Domain name not found") ||
-                          absl::StrContains(last.message(), "Name or service not known");
-  const std::string host = options_.master_address.substr(0, options_.master_address.rfind(':'));
-  return absl::DeadlineExceededError(absl::StrCat(
-      "worker '", self_.name, "' could not join the group at master ",
-      options_.master_address, " within ", absl::FormatDuration(options_.connect_timeout),
-      reached      ? ": the master is up but the group did not form (are all workers started?)"
-      : unresolved ? absl::StrCat(": the host name '", host, "' does not resolve (check --master or MASTER_ADDR; "
-                                  "an IP address needs no name service)")
-                   : absl::StrCat(": the master is unreachable (is it running? check --master or "
-                                  "MASTER_ADDR/MASTER_PORT; ",
-                                  TlsHint(options_.tls), ")"),
-      last.ok() ? "" : absl::StrCat(" [", last.ToString(), "]")));
+  return JoinTimedOut(*impl_, *channel, &stub, options_, self_.name, named_taken, std::move(last));
 }
 
 absl::Status Agent::Impl::JoinAsMaster() {

@@ -189,25 +189,79 @@ struct Comm {
     if (ended != nullptr) ncclCommAbort(ended);
   }
 
-  // The lane's work until the communicator fails or the Comm goes.
-  void RunLocked(const ncclUniqueId& id, int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (EndedLocked()) return;
+  // Forms the communicator as `rank` of two; false (the Comm failed or
+  // ended) if it did not form.
+  bool FormLocked(const ncclUniqueId& id, int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     const absl::Time init_deadline = absl::Now() + timeout;
     ncclConfig_t config = NonBlockingConfig();
     ncclResult_t r = ncclCommInitRankConfig(&comm, 2, id, rank, &config);
     if (r != ncclSuccess && r != ncclInProgress) {
       comm = nullptr;
       FailFromLaneLocked(absl::StrCat("ncclCommInitRankConfig: ", NcclText(r)));
-      return;
+      return false;
     }
     r = SettleLocked(r, init_deadline);
-    if (EndedLocked()) return;
+    if (EndedLocked()) return false;
     if (r != ncclSuccess) {
       FailFromLaneLocked(r == ncclInProgress
                              ? NotFormed()
                              : absl::StrCat("forming the communicator: ", NcclText(r)));
-      return;
+      return false;
     }
+    return true;
+  }
+
+  // Runs transfer `seq` on the stream and records its event; false (the
+  // Comm failed or ended) if it could not.
+  bool TransferLocked(uint64_t seq, Job job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    cudaError_t e = cudaSuccess;
+    if (job.after != nullptr) {
+      e = cudaStreamWaitEvent(stream, job.after, 0);
+      cudaEventDestroy(job.after);
+      if (e != cudaSuccess) {
+        FailFromLaneLocked(absl::StrCat("ordering transfer ", seq, ": ", CudaText(e)));
+        return false;
+      }
+    }
+    KeepForStream(job.tensor, stream, device);
+    const size_t bytes = job.tensor.nbytes();
+    ncclResult_t r = sending ? ncclSend(job.tensor.data_ptr(), bytes, ncclUint8, 1, comm, stream)
+                             : ncclRecv(job.tensor.data_ptr(), bytes, ncclUint8, 0, comm, stream);
+    r = SettleLocked(r, job.deadline);
+    if (EndedLocked()) return false;
+    if (r != ncclSuccess) {
+      FailFromLaneLocked(
+          r == ncclInProgress
+              ? absl::StrCat(sending ? "the receiver did not take transfer "
+                                     : "the sender did not send transfer ",
+                             seq, " within ", absl::FormatDuration(timeout))
+              : absl::StrCat(sending ? "ncclSend " : "ncclRecv ", seq, ": ", NcclText(r)));
+      return false;
+    }
+    cudaEvent_t done = nullptr;
+    e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventRecord(done, stream);
+    if (e != cudaSuccess) {
+      if (done != nullptr) cudaEventDestroy(done);
+      FailFromLaneLocked(absl::StrCat("recording transfer ", seq, "'s event: ", CudaText(e)));
+      return false;
+    }
+    ++next_post;
+    if (sending) {
+      for (auto& f : in_flight) {
+        if (f.seq == seq) std::swap(f.done, done);
+      }
+      if (done != nullptr) cudaEventDestroy(done);  // reclaimed meanwhile
+    } else {
+      posted[seq] = done;
+    }
+    return true;
+  }
+
+  // The lane's work until the communicator fails or the Comm goes.
+  void RunLocked(const ncclUniqueId& id, int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (EndedLocked()) return;
+    if (!FormLocked(id, rank)) return;
     state = State::kReady;
     auto next = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
       return EndedLocked() || (!jobs.empty() && jobs.begin()->first == next_post);
@@ -228,47 +282,7 @@ struct Comm {
       const uint64_t seq = next_post;
       Job job = std::move(jobs.begin()->second);
       jobs.erase(jobs.begin());
-      cudaError_t e = cudaSuccess;
-      if (job.after != nullptr) {
-        e = cudaStreamWaitEvent(stream, job.after, 0);
-        cudaEventDestroy(job.after);
-        if (e != cudaSuccess) {
-          FailFromLaneLocked(absl::StrCat("ordering transfer ", seq, ": ", CudaText(e)));
-          return;
-        }
-      }
-      KeepForStream(job.tensor, stream, device);
-      const size_t bytes = job.tensor.nbytes();
-      r = sending ? ncclSend(job.tensor.data_ptr(), bytes, ncclUint8, 1, comm, stream)
-                  : ncclRecv(job.tensor.data_ptr(), bytes, ncclUint8, 0, comm, stream);
-      r = SettleLocked(r, job.deadline);
-      if (EndedLocked()) return;
-      if (r != ncclSuccess) {
-        FailFromLaneLocked(
-            r == ncclInProgress
-                ? absl::StrCat(sending ? "the receiver did not take transfer "
-                                       : "the sender did not send transfer ",
-                               seq, " within ", absl::FormatDuration(timeout))
-                : absl::StrCat(sending ? "ncclSend " : "ncclRecv ", seq, ": ", NcclText(r)));
-        return;
-      }
-      cudaEvent_t done = nullptr;
-      e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
-      if (e == cudaSuccess) e = cudaEventRecord(done, stream);
-      if (e != cudaSuccess) {
-        if (done != nullptr) cudaEventDestroy(done);
-        FailFromLaneLocked(absl::StrCat("recording transfer ", seq, "'s event: ", CudaText(e)));
-        return;
-      }
-      ++next_post;
-      if (sending) {
-        for (auto& f : in_flight) {
-          if (f.seq == seq) std::swap(f.done, done);
-        }
-        if (done != nullptr) cudaEventDestroy(done);  // reclaimed meanwhile
-      } else {
-        posted[seq] = done;
-      }
+      if (!TransferLocked(seq, std::move(job))) return;
     }
   }
 };

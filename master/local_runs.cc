@@ -1,7 +1,11 @@
-// --local's thread count, measured (FastestLocalThreads, master/runs.h).
+// Training in this process (--local, --compare-local): LocalRun, TrainLocal
+// (the demo's batches through train::Fit), and --local's thread count,
+// measured (FastestLocalThreads). See master/runs.h.
 #include <ATen/ops/narrow.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <iostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -10,10 +14,82 @@
 #include "absl/strings/str_format.h"
 #include "base/status_util.h"
 #include "runtime/threads.h"
+#include "shards/stage_types.h"
 #include "trace/trace.h"
 #include "master/runs.h"
 
 namespace remora::master {
+
+LocalRun::LocalRun(const RunOptions& c, int splits, std::unique_ptr<train::LocalTrainer> trainer)
+    : c_(c), run_(splits), trainer_(std::move(trainer)), start_(trace::NowUs()) {}
+
+absl::StatusOr<std::unique_ptr<LocalRun>> LocalRun::Create(const RunOptions& c, int splits) {
+  RETURN_IF_ERROR(shards::RegisterStageTypes());
+  train::LocalOptions o;
+  o.stages = WholeModelStages(c);
+  o.loss = Loss(c);
+  o.optimizer = OptimizerOf(c);
+  o.micro_batches = splits;
+  o.device = c.device;
+  o.clip_grad_norm = c.clip_grad_norm;
+  o.bf16 = c.precision == "bf16";
+  ASSIGN_OR_RETURN(auto trainer, train::LocalTrainer::Create(std::move(o)));
+  return std::unique_ptr<LocalRun>(new LocalRun(c, splits, std::move(trainer)));
+}
+
+absl::Status LocalRun::Step(int b, const char* prefix) {
+  ASSIGN_OR_RETURN(auto batch, MakeBatch(c_, b));
+  auto& [inputs, targets] = batch;
+  const int64_t t0 = trace::NowUs();
+  trainer_->set_slices([this](const char* what, int64_t mb, int64_t s, int64_t e) {
+    run_.slices.push_back({0, what, mb, s - start_, e - start_, ""});
+  });
+  ASSIGN_OR_RETURN(double loss, trainer_->StartStep({inputs, targets}).wait());
+  const double seconds = (trace::NowUs() - t0) / 1e6;
+  std::printf("%s", prefix);
+  RecordBatch(run_, b, loss, seconds, inputs.size(0));
+  return absl::OkStatus();
+}
+
+namespace {
+
+// The demo's batches made in Fit's own thread when it asks for them (with
+// Fit's prefetch 0, before a step's time starts): a local run's compute
+// threads share the cores with no batch maker, as they did when --local
+// looped over the batches itself. Asked for in order, whole batches.
+class LocalDemoBatches final : public data::Source {
+ public:
+  explicit LocalDemoBatches(const RunOptions& c) : c_(c) {}
+
+  int64_t size() const override { return int64_t{c_.batches} * c_.batch_size; }
+  absl::StatusOr<data::Batch> Get(const at::Tensor& rows, int /*epoch*/) const override {
+    const int64_t from = rows.numel() > 0 ? rows.reshape({-1})[0].item<int64_t>() : 0;
+    ASSIGN_OR_RETURN(auto batch, MakeBatch(c_, static_cast<int>(from / c_.batch_size)));
+    return data::Batch{std::move(batch.first), std::move(batch.second), 0};
+  }
+
+ private:
+  const RunOptions& c_;
+};
+
+}  // namespace
+
+absl::StatusOr<Run> TrainLocal(const RunOptions& c, int splits) {
+  ASSIGN_OR_RETURN(auto local, LocalRun::Create(c, splits));
+  Run& run = local->run();
+  ASSIGN_OR_RETURN(run.log, OpenRunLog(c, splits));
+  local->trainer().set_slices([&run, start = trace::NowUs()](const char* what, int64_t mb, int64_t s, int64_t e) {
+    run.slices.push_back({0, what, mb, s - start, e - start, ""});
+  });
+  train::TrainOptions options = StartBatchRun(c, nullptr, run).options;
+  train::FitFunctions batches;  // (each batch's line and record)
+  batches.step = [&run](const train::StepRecord& s) {
+    RecordBatch(run, static_cast<int>(s.step - 1), s.loss, s.seconds, s.rows);
+  };
+  options.observers = {&batches};
+  RETURN_IF_ERROR(train::Fit(local->trainer(), LocalDemoBatches(c), *data::NoRows(), options, std::cout).status());
+  return std::move(run);
+}
 
 std::string ThreadChoice::Describe() const {
   auto count = [](int n) { return absl::StrCat(n, n == 1 ? " thread" : " threads"); };
