@@ -22,7 +22,6 @@
 #include "pipeline/stage.h"
 #include "data/datasets.h"
 #include "data/source.h"
-#include "shards/resnet.h"
 #include "optim/distributed_optimizer.h"
 #include "parallel/data_parallel.h"
 #include "pipeline/partition.h"

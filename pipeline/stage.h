@@ -30,7 +30,9 @@
 #include <vector>
 
 #include <ATen/core/ivalue.h>
-#include <torch/nn/module.h>
+// (No torch/nn header: WrapModule and RegisterStageModule are templates on
+// the module's type, whose own header brings torch::nn. Left out, a source
+// that includes this header compiles in about half the time.)
 
 #include "absl/status/statusor.h"
 #include "rpc/agent.h"

@@ -6,6 +6,7 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Dict.h>
 #include <ATen/ops/tensor_split.h>
+#include <torch/types.h>  // (the torch:: functions clip_grad.h calls)
 #include <torch/nn/utils/clip_grad.h>
 
 #include "absl/strings/str_cat.h"

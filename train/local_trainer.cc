@@ -4,6 +4,7 @@
 
 #include <ATen/ops/empty.h>
 #include <c10/core/GradMode.h>
+#include <torch/types.h>  // (the torch:: functions clip_grad.h calls)
 #include <torch/nn/utils/clip_grad.h>
 
 #include "absl/strings/str_cat.h"

@@ -14,6 +14,7 @@
 #include <ATen/ops/randint.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <torch/types.h>  // (the torch:: functions clip_grad.h calls)
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/sgd.h>
 

@@ -10,6 +10,7 @@
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
 #include <gtest/gtest.h>
+#include <torch/types.h>  // (the torch:: functions clip_grad.h calls)
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/sgd.h>
 
