@@ -5,6 +5,7 @@
 #include <optional>
 #include <unordered_set>
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/core/List.h>
 #include <ATen/ops/ones_like.h>
 #include <torch/csrc/autograd/autograd.h>

@@ -5,6 +5,7 @@
 #include <sstream>
 #include <type_traits>
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/core/Dict.h>
 #include <ATen/ops/empty.h>
 #include <torch/optim/adam.h>

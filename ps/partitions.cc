@@ -6,6 +6,7 @@
 #include <numeric>
 #include <stdexcept>
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/List.h>
 #include <ATen/ops/empty.h>

@@ -8,6 +8,7 @@
 #include <thread>
 #include <utility>
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/List.h>
 #include <ATen/ops/zeros_like.h>

@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
