@@ -10,9 +10,9 @@
 
 #include <ATen/core/Dict.h>
 #include <ATen/Context.h>
+#include <ATen/TensorOperators.h>
 #include <ATen/core/List.h>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "autograd/dist_autograd.h"

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <utility>
 
+#include <ATen/TensorOperators.h>
 #include <ATen/ops/argmax.h>
 #include <ATen/ops/eq.h>
 #include <ATen/ops/sum.h>
