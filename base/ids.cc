@@ -1,5 +1,7 @@
 #include "base/ids.h"
 
+#include <random>
+
 namespace remora::base {
 namespace {
 
@@ -21,5 +23,12 @@ bool IsValidName(const std::string& name, bool allow_dot) {
 
 bool IsValidWorkerName(const std::string& name) { return IsValidName(name, false); }
 bool IsValidRegisteredName(const std::string& name) { return IsValidName(name, true); }
+
+uint64_t RandomIncarnation() {
+  std::random_device rd;
+  uint64_t v = 0;
+  while (v == 0) v = (uint64_t{rd()} << 32) ^ rd();
+  return v;
+}
 
 }  // namespace remora::base

@@ -20,6 +20,10 @@ struct ShmEndpoint {
   uint64_t incarnation = 0;  // random per agent: tells restarts apart
 };
 
+// A random, non-zero 64-bit number: an agent's incarnation in its
+// endpoints (above and below), new at every start.
+uint64_t RandomIncarnation();
+
 // A process's GPUs as peers see them (channel/cuda/cuda_channel.h).
 struct CudaEndpoint {
   std::vector<std::string> gpus;  // UUIDs by device ordinal; empty: no CUDA channel

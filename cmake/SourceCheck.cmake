@@ -1,12 +1,15 @@
-# remora_source_check(<target>): every remora source (libraries, programs,
-# tests, the fuzz harness; the CUDA channel or its stub, as this build has
-# it) compiled syntax only into the object library <target>, which is not
-# part of `all` and which nothing links. It gets the usage requirements of
+# remora_source_check(<target> [BATCHED]): every remora source (libraries,
+# programs, tests, the fuzz harness; the CUDA channel or its stub, as this
+# build has it) compiled syntax only into the object library <target>, which
+# is not part of `all` and which nothing links. Each source alone, or with
+# BATCHED the libraries' sources in the unity build's batches
+# (cmake/Unity.cmake; the programs and tests still alone). It gets the usage requirements of
 # remora's dependencies (headers, definitions), not LibTorch's: the caller
 # adds the LibTorch headers and the flags it checks with. Used by
 # TorchApiCheck.cmake (another LibTorch's headers) and
 # ThreadSafetyCheck.cmake (clang's thread-safety analysis).
 function(remora_source_check target)
+  cmake_parse_arguments(PARSE_ARGV 1 arg "BATCHED" "" "")
   if(NOT REMORA_BUILD_TESTS)
     message(FATAL_ERROR "${target} checks the tests too: it needs REMORA_BUILD_TESTS=ON")
   endif()
@@ -20,7 +23,16 @@ function(remora_source_check target)
   else()
     list(FILTER sources EXCLUDE REGEX "/channel/cuda/(cuda_channel|ipc|nccl)\\.cc$")
   endif()
+  if(arg_BATCHED)
+    get_property(batched GLOBAL PROPERTY REMORA_UNITY_BATCHED)
+    get_property(units GLOBAL PROPERTY REMORA_UNITY_UNITS)
+    list(REMOVE_ITEM sources ${batched})
+    list(APPEND sources ${units})
+  endif()
   add_library(${target} OBJECT EXCLUDE_FROM_ALL ${sources})
+  if(arg_BATCHED AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    target_compile_options(${target} PRIVATE -Wno-subobject-linkage)  # (cmake/Unity.cmake)
+  endif()
   target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR})
   target_compile_options(${target} PRIVATE -fsyntax-only)
   # (Syntax only: the corpus path needs no value, and one with the

@@ -6,7 +6,10 @@
 # torch/ (the run script unpacks Debian's packages of LibTorch 2.x there).
 # Every remora source, the channel's LibTorch-CUDA code (REMORA_TORCH_CUDA)
 # and the GPU tests included, is then compiled against those headers,
-# syntax only, into the target remora_torch_api_check
+# syntax only (the libraries' sources in the unity build's batches, one
+# parse of LibTorch's headers a batch, as the build compiles them; each
+# source alone is what the thread-safety check compiles), into the target
+# remora_torch_api_check
 # (not part of `all`: nothing links it, since the libraries are not
 # unpacked). The headers it reads are listed in each object's .d file; the
 # run script fails the check when one of them came from the LibTorch of this
@@ -17,7 +20,7 @@ if(NOT EXISTS "${_remora_check_include}/ATen/ATen.h")
 endif()
 
 include(${CMAKE_CURRENT_LIST_DIR}/SourceCheck.cmake)
-remora_source_check(remora_torch_api_check)
+remora_source_check(remora_torch_api_check BATCHED)
 # Ahead of every other directory, this build's LibTorch included.
 target_include_directories(remora_torch_api_check SYSTEM BEFORE PRIVATE
   ${_remora_check_include} ${_remora_check_include}/torch/csrc/api/include)

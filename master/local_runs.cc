@@ -21,7 +21,13 @@
 namespace remora::master {
 
 LocalRun::LocalRun(const RunOptions& c, int splits, std::unique_ptr<train::LocalTrainer> trainer)
-    : c_(c), run_(splits), trainer_(std::move(trainer)), start_(trace::NowUs()) {}
+    : c_(c), run_(splits), trainer_(std::move(trainer)), start_(trace::NowUs()) {
+  // Every step's slices (forward, backward, step) go into the run, on the
+  // run's clock, whether Step or TrainLocal drives the trainer.
+  trainer_->set_slices([this](const char* what, int64_t mb, int64_t s, int64_t e) {
+    run_.slices.push_back({0, what, mb, s - start_, e - start_, ""});
+  });
+}
 
 absl::StatusOr<std::unique_ptr<LocalRun>> LocalRun::Create(const RunOptions& c, int splits) {
   RETURN_IF_ERROR(shards::RegisterStageTypes());
@@ -41,9 +47,6 @@ absl::Status LocalRun::Step(int b, const char* prefix) {
   ASSIGN_OR_RETURN(auto batch, MakeBatch(c_, b));
   auto& [inputs, targets] = batch;
   const int64_t t0 = trace::NowUs();
-  trainer_->set_slices([this](const char* what, int64_t mb, int64_t s, int64_t e) {
-    run_.slices.push_back({0, what, mb, s - start_, e - start_, ""});
-  });
   ASSIGN_OR_RETURN(double loss, trainer_->StartStep({inputs, targets}).wait());
   const double seconds = (trace::NowUs() - t0) / 1e6;
   std::printf("%s", prefix);
@@ -78,9 +81,6 @@ absl::StatusOr<Run> TrainLocal(const RunOptions& c, int splits) {
   ASSIGN_OR_RETURN(auto local, LocalRun::Create(c, splits));
   Run& run = local->run();
   ASSIGN_OR_RETURN(run.log, OpenRunLog(c, splits));
-  local->trainer().set_slices([&run, start = trace::NowUs()](const char* what, int64_t mb, int64_t s, int64_t e) {
-    run.slices.push_back({0, what, mb, s - start, e - start, ""});
-  });
   train::TrainOptions options = StartBatchRun(c, nullptr, run).options;
   train::FitFunctions batches;  // (each batch's line and record)
   batches.step = [&run](const train::StepRecord& s) {

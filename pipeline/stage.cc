@@ -334,10 +334,6 @@ c10::Device DeviceOf(rpc::CallContext& ctx, const std::string& requested) {
   return ctx.agent != nullptr ? c10::Device(ctx.agent->options().device) : c10::Device(c10::kCPU);
 }
 
-std::string WorkerName(rpc::CallContext& ctx) {
-  return ctx.agent != nullptr ? ctx.agent->self().name : std::string("?");
-}
-
 // A stage and the device it computes on (the spec's, else the worker's home
 // device).
 struct HostedStage {
@@ -389,11 +385,11 @@ std::shared_ptr<HostedStage> MakeStage(rpc::CallContext& ctx, const rpc::Args& a
   const auto r = rpc::DecodeCallOrThrow<MakeStageRequest>(a);
   const c10::Device device = DeviceOf(ctx, r.device);
   const std::string where = absl::StrCat("stage ", r.index, " (", r.name, ") on worker '",
-                                         WorkerName(ctx), "'");
+                                         ctx.worker_name(), "'");
   auto hosted = std::make_shared<HostedStage>();
   hosted->device = device;
   hosted->stage = std::make_unique<Stage>(BuildModule(r.type, r.name, r.payload, device, where),
-                                          r.index, r.name, WorkerName(ctx), r.recompute, r.bf16);
+                                          r.index, r.name, ctx.worker_name(), r.recompute, r.bf16);
   return hosted;
 }
 
@@ -410,7 +406,7 @@ c10::IValue LayerCosts(rpc::CallContext& ctx, const rpc::Args& a) {
   c10::IValue x = MapTensors(rpc::ValueOrFetch(r.sample), [device](const at::Tensor& t) { return t.to(device); });
   LayerCostsReply reply;
   for (size_t i = 0; i < r.kinds.size(); ++i) {
-    const std::string where = absl::StrCat("layer ", i, " (", r.names[i], ") on worker '", WorkerName(ctx), "'");
+    const std::string where = absl::StrCat("layer ", i, " (", r.names[i], ") on worker '", ctx.worker_name(), "'");
     std::unique_ptr<StageModule> layer = BuildModule(r.kinds[i], r.names[i], r.payloads[i], device, where);
     layer->Train(true);
     LayerTiming t;
@@ -626,13 +622,13 @@ absl::Status RegisterFunctions(rpc::Registry& registry) {
        {LoadStateRequest::kMethod, [](Hosted& h, rpc::CallContext& ctx, const rpc::Args& a) -> c10::IValue {
           const auto r = rpc::DecodeCallOrThrow<LoadStateRequest>(a);
           LoadState(h.stage->module(), r.tensors,
-                    absl::StrCat("stage ", h.stage->index(), " on worker '", WorkerName(ctx), "'"), r.names,
+                    absl::StrCat("stage ", h.stage->index(), " on worker '", ctx.worker_name(), "'"), r.names,
                     r.missing);
           return c10::IValue();
         }},
        {StageParameterRequest::kMethod, [](Hosted& h, rpc::CallContext& ctx, const rpc::Args& a) -> c10::IValue {
           const auto r = rpc::DecodeCallOrThrow<StageParameterRequest>(a);
-          const std::string where = absl::StrCat("stage ", h.stage->index(), " on worker '", WorkerName(ctx), "'");
+          const std::string where = absl::StrCat("stage ", h.stage->index(), " on worker '", ctx.worker_name(), "'");
           absl::StatusOr<at::Tensor> p = ParameterNamed(h.stage->module(), r.name, where);
           if (!p.ok()) throw std::invalid_argument(std::string(p.status().message()));
           if (r.value.isNone()) return p->detach().clone();

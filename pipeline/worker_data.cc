@@ -45,8 +45,6 @@ std::shared_ptr<Opened> Find(const std::string& worker, int64_t id) {
   return it == t.by_id.end() ? nullptr : it->second;
 }
 
-std::string WorkerName(rpc::CallContext& ctx) { return ctx.agent != nullptr ? ctx.agent->self().name : "?"; }
-
 // The open call for `spec`, and the spec it asks for.
 OpenDataRequest OpenRequestFor(int64_t source, const data::SourceSpec& s) {
   OpenDataRequest r;
@@ -185,7 +183,7 @@ absl::Status RegisterDataFunctions(rpc::Registry& registry) {
         const data::SourceSpec spec = SpecOf(r);
         auto source = data::OpenSource(spec);
         if (!source.ok()) {
-          throw std::invalid_argument(absl::StrCat("worker '", WorkerName(ctx), "': ", source.status().message()));
+          throw std::invalid_argument(absl::StrCat("worker '", ctx.worker_name(), "': ", source.status().message()));
         }
         auto opened = std::make_shared<Opened>();
         opened->source = std::move(*source);
@@ -193,20 +191,20 @@ absl::Status RegisterDataFunctions(rpc::Registry& registry) {
         Table& t = TheTable();
         {
           absl::MutexLock lock(&t.mu);
-          if (t.by_id.emplace(Key(WorkerName(ctx), r.source), opened).second) return rows;
+          if (t.by_id.emplace(Key(ctx.worker_name(), r.source), opened).second) return rows;
         }
         // (`opened` is freed outside the lock.)
         throw std::invalid_argument(
-            absl::StrCat("worker '", WorkerName(ctx), "' has data source ", r.source, " open already"));
+            absl::StrCat("worker '", ctx.worker_name(), "' has data source ", r.source, " open already"));
       }));
   // skipped(id): the rows left out so far.
   RETURN_IF_ERROR(registry.RegisterFunction(
       DataSkippedRequest::kFunction, [](rpc::CallContext& ctx, const rpc::Args& a) -> c10::IValue {
         const int64_t source = rpc::DecodeCallOrThrow<DataSkippedRequest>(a).source;
-        std::shared_ptr<Opened> opened = Find(WorkerName(ctx), source);
+        std::shared_ptr<Opened> opened = Find(ctx.worker_name(), source);
         if (!opened) {
           throw std::invalid_argument(
-              absl::StrCat("worker '", WorkerName(ctx), "' has no data source ", source));
+              absl::StrCat("worker '", ctx.worker_name(), "' has no data source ", source));
         }
         return opened->skipped.load();
       }));
@@ -217,7 +215,7 @@ absl::Status RegisterDataFunctions(rpc::Registry& registry) {
                                      std::shared_ptr<Opened> closed;  // freed outside the lock
                                      Table& t = TheTable();
                                      absl::MutexLock lock(&t.mu);
-                                     auto it = t.by_id.find(Key(WorkerName(ctx), source));
+                                     auto it = t.by_id.find(Key(ctx.worker_name(), source));
                                      if (it != t.by_id.end()) {
                                        closed = std::move(it->second);
                                        t.by_id.erase(it);

@@ -7,8 +7,11 @@
 #include "absl/strings/str_join.h"
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
+#include "rpc/agent.h"
 
 namespace remora::rpc {
+
+std::string CallContext::worker_name() const { return agent != nullptr ? agent->self().name : "?"; }
 
 const c10::IValue& Args::operator[](size_t i) const {
   if (i >= values_.size()) {

@@ -37,6 +37,10 @@ class Agent;
 struct CallContext {
   Agent* agent = nullptr;
   base::WorkerInfo caller;
+
+  // The serving worker's name, for messages; "?" without an agent (a
+  // function called directly, as tests do).
+  std::string worker_name() const;
 };
 
 // A call's arguments. operator[] is bounds-checked: a missing argument

@@ -12,7 +12,7 @@ namespace remora::train {
 namespace {
 
 constexpr double kPanelWidth = 420, kPanelHeight = 260;
-constexpr double kLeft = 56, kRight = 12, kTop = 28, kBottom = 40;
+constexpr double kPanelLeft = 56, kPanelRight = 12, kPanelTop = 28, kPanelBottom = 40;
 constexpr const char* kColours[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"};
 
 std::string Escape(const std::string& text) {
@@ -33,23 +33,23 @@ std::string DrawPanel(const Panel& p, double x0) {
   }
   if (xmax == xmin) xmax = xmin + 1;
   if (ymax == ymin) ymax = ymin + 1;
-  const double w = kPanelWidth - kLeft - kRight, h = kPanelHeight - kTop - kBottom;
-  auto px = [&](double x) { return x0 + kLeft + (x - xmin) / (xmax - xmin) * w; };
-  auto py = [&](double y) { return kTop + (1 - (y - ymin) / (ymax - ymin)) * h; };
+  const double w = kPanelWidth - kPanelLeft - kPanelRight, h = kPanelHeight - kPanelTop - kPanelBottom;
+  auto px = [&](double x) { return x0 + kPanelLeft + (x - xmin) / (xmax - xmin) * w; };
+  auto py = [&](double y) { return kPanelTop + (1 - (y - ymin) / (ymax - ymin)) * h; };
   std::string svg = absl::StrFormat(
       "<text x=\"%.1f\" y=\"18\" font-weight=\"bold\">%s</text>\n"
       "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#999\"/>\n",
-      x0 + kLeft, Escape(p.title), x0 + kLeft, kTop, w, h);
+      x0 + kPanelLeft, Escape(p.title), x0 + kPanelLeft, kPanelTop, w, h);
   // The axes' ends, and the x axis's label.
-  absl::StrAppendFormat(&svg, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", x0 + kLeft - 4,
-                        kTop + 10, Number(ymax));
-  absl::StrAppendFormat(&svg, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", x0 + kLeft - 4,
-                        kTop + h, Number(ymin));
-  absl::StrAppendFormat(&svg, "<text x=\"%.1f\" y=\"%.1f\">%s</text>\n", x0 + kLeft, kTop + h + 16, Number(xmin));
-  absl::StrAppendFormat(&svg, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", x0 + kLeft + w,
-                        kTop + h + 16, Number(xmax));
+  absl::StrAppendFormat(&svg, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", x0 + kPanelLeft - 4,
+                        kPanelTop + 10, Number(ymax));
+  absl::StrAppendFormat(&svg, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", x0 + kPanelLeft - 4,
+                        kPanelTop + h, Number(ymin));
+  absl::StrAppendFormat(&svg, "<text x=\"%.1f\" y=\"%.1f\">%s</text>\n", x0 + kPanelLeft, kPanelTop + h + 16, Number(xmin));
+  absl::StrAppendFormat(&svg, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", x0 + kPanelLeft + w,
+                        kPanelTop + h + 16, Number(xmax));
   absl::StrAppendFormat(&svg, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n",
-                        x0 + kLeft + w / 2, kTop + h + 32, Escape(p.x_label));
+                        x0 + kPanelLeft + w / 2, kPanelTop + h + 32, Escape(p.x_label));
   for (size_t i = 0; i < p.series.size(); ++i) {
     const Series& s = p.series[i];
     const char* colour = kColours[i % std::size(kColours)];
@@ -65,7 +65,7 @@ std::string DrawPanel(const Panel& p, double x0) {
     }
     if (!s.name.empty()) {
       absl::StrAppendFormat(&svg, "<text x=\"%.1f\" y=\"%.1f\" fill=\"%s\" text-anchor=\"end\">%s</text>\n",
-                            x0 + kLeft + w - 4, kTop + 14 + 14 * i, colour, Escape(s.name));
+                            x0 + kPanelLeft + w - 4, kPanelTop + 14 + 14 * i, colour, Escape(s.name));
     }
   }
   return svg;

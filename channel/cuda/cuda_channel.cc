@@ -12,7 +12,7 @@ static_assert(sizeof(cudaIpcMemHandle_t) == kCudaIpcHandleBytes, "CUDA IPC handl
 static_assert(sizeof(cudaIpcEventHandle_t) == kCudaIpcHandleBytes, "CUDA IPC handle size");
 
 CudaChannel::Impl::Impl(Options options, Control control) : options_(options), control_(std::move(control)) {
-  self_ep_.incarnation = RandomIncarnation();
+  self_ep_.incarnation = base::RandomIncarnation();
   Probe();
   if (!self_ep_.gpus.empty()) background_ = std::thread([this] { Background(); });
 }

@@ -17,7 +17,6 @@
 #include <deque>
 #include <iostream>
 #include <map>
-#include <random>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -111,13 +110,6 @@ inline std::string UuidText(const cudaUUID_t& uuid) {
   return absl::StrFormat(
       "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
       b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
-}
-
-inline uint64_t RandomIncarnation() {
-  std::random_device rd;
-  uint64_t v = 0;
-  while (v == 0) v = (uint64_t{rd()} << 32) ^ rd();
-  return v;
 }
 
 // An event on LibTorch's current stream of `device` (current on this

@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <random>
 #include <thread>
 
 #include <ATen/Parallel.h>
@@ -54,13 +53,6 @@ bool Ended(int64_t pid) {
   const size_t paren = line.rfind(')');  // (the name may hold spaces and parentheses)
   return paren != std::string::npos && paren + 2 < line.size() &&
          (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
-}
-
-uint64_t RandomIncarnation() {
-  std::random_device rd;
-  uint64_t v = 0;
-  while (v == 0) v = (uint64_t{rd()} << 32) ^ rd();
-  return v;
 }
 
 size_t RoundUpPow2(size_t n) {
@@ -133,7 +125,7 @@ struct ShmChannel::Mapping {
 
 ShmChannel::ShmChannel(Options options) : options_(options) {
   self_.pid = static_cast<uint32_t>(getpid());
-  self_.incarnation = RandomIncarnation();
+  self_.incarnation = base::RandomIncarnation();
   // Offer shared memory only where memfd segments can be made and sealed.
   if (!options_.enabled) return;
   const int probe = memfd_create("remora-probe", MFD_CLOEXEC | MFD_ALLOW_SEALING);

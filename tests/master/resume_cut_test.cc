@@ -78,7 +78,11 @@ TEST(ResumeCut, AGptSavedOverTwoWorkersGoesOnOverThreeThenOneAsUninterruptedRuns
   EXPECT_THAT(over_one, HasSubstr("(3 stages over 3 workers) cut again: 1 stage over 1 worker"));
   const std::vector<double> resumed_one = Losses(dir + "/resumed_one.json");
   ASSERT_EQ(resumed_one.size(), 6u) << over_one;
-  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(resumed_one[i], one[12 + i]) << "step " << 13 + i;
+  // It goes on from the three stages' state after step 12, which is one
+  // worker's to rounding only (above): equal to rounding too. (Bit for bit
+  // on some CPUs, not on all: the rounding shows or not by step 18.)
+  test_support::ExpectSameLosses(resumed_one, std::vector<double>(one.begin() + 12, one.end()),
+                                 "as one worker's steps 13-18");
   unsetenv("TMPDIR");
 }
 
