@@ -3,8 +3,9 @@
 # build has it) compiled syntax only into the object library <target>, which
 # is not part of `all` and which nothing links. Each source alone, or with
 # BATCHED the libraries' sources in the unity build's batches
-# (cmake/Unity.cmake; the programs and tests still alone). It gets the usage requirements of
-# remora's dependencies (headers, definitions), not LibTorch's: the caller
+# (cmake/Unity.cmake; the programs and tests still alone). It gets the
+# usage requirements of remora's dependencies (headers, definitions), not
+# LibTorch's: the caller
 # adds the LibTorch headers and the flags it checks with. Used by
 # TorchApiCheck.cmake (another LibTorch's headers) and
 # ThreadSafetyCheck.cmake (clang's thread-safety analysis).

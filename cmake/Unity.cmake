@@ -16,8 +16,9 @@
 #
 # Per-source compilation stays where it checks something: the thread-safety
 # analysis compiles every source alone (cmake/SourceCheck.cmake), so a
-# source that leans on an include of its batch-mate is caught there. Sources with properties of their own (compile
-# options or definitions) and generated ones are left out of the batches.
+# source that leans on an include of its batch-mate is caught there.
+# Sources with properties of their own (compile options or definitions)
+# and generated ones are left out of the batches.
 # Names at file scope in the sources of one library must differ (the batch
 # is one translation unit). -DREMORA_UNITY_BUILD=OFF compiles each source
 # alone.
