@@ -28,6 +28,7 @@
 #include "runtime/threads.h"
 #include "train/report.h"
 #include "train/timeline.h"
+#include "train/tracing.h"
 
 namespace remora::master {
 namespace {
@@ -199,7 +200,7 @@ absl::Status JoinWorkers(rpc::Agent& agent, const RunOptions& c) {
               << (spare ? ")\n" : "\n");
   }
   // Before anything runs there (a balanced partition measures layers).
-  return c.deterministic ? UseDeterministicAlgorithmsOn(agent, names) : absl::OkStatus();
+  return c.deterministic ? train::UseDeterministicAlgorithmsOn(agent, names) : absl::OkStatus();
 }
 
 // The stages: the checkpoint's (the cut it was saved from), the whole

@@ -108,11 +108,11 @@ int64_t PausedBefore(const std::vector<std::pair<int64_t, int64_t>>& paused, int
 // The workers' trace slices since `start` (trace::NowUs), into the run's
 // timeline; the windows in `paused` (--compare-local's local batches) are
 // left out of it. Stops the workers' tracing.
-absl::Status CollectSlices(rpc::Agent& agent, const std::vector<std::string>& workers, int64_t start,
+absl::Status CollectSlices(train::PipelineTrainer& trainer, int64_t start,
                            const std::vector<std::pair<int64_t, int64_t>>& paused, Run& run) {
-  for (size_t w = 0; w < workers.size(); ++w) {
-    ASSIGN_OR_RETURN(std::vector<train::TraceSliceValue> slices, train::TakeTrace(agent, workers[w]));
-    for (const train::TraceSliceValue& t : slices) {
+  ASSIGN_OR_RETURN(const auto traces, trainer.TakeTraces());
+  for (size_t w = 0; w < traces.size(); ++w) {
+    for (const train::TraceSliceValue& t : traces[w]) {
       const int64_t skipped = PausedBefore(paused, t.start_us);
       run.slices.push_back({static_cast<int>(w), t.name, t.micro_batch, t.start_us - start - skipped,
                             t.end_us - start - skipped, t.stage});
@@ -133,12 +133,12 @@ constexpr int64_t kTracedSteps = 100;
 // recorded for the report and printed. Where fewer than two steps were
 // traced, or an untraced run's slices cannot be collected, it says so and
 // the run goes on.
-absl::Status CollectAndMeasure(rpc::Agent& agent, const std::vector<std::string>& workers, int64_t start,
+absl::Status CollectAndMeasure(train::PipelineTrainer& trainer, const std::vector<std::string>& workers, int64_t start,
                                const std::vector<std::pair<int64_t, int64_t>>& paused,
                                const pipeline::Schedule& schedule, bool traced, Run& run) {
   const size_t before = run.slices.size();  // (an elastic run's earlier attempts')
   absl::StatusOr<train::Bubble> b;
-  if (absl::Status collected = CollectSlices(agent, workers, start, paused, run); !collected.ok()) {
+  if (absl::Status collected = CollectSlices(trainer, start, paused, run); !collected.ok()) {
     if (traced) return collected;
     b = collected;
   } else {
@@ -207,11 +207,11 @@ absl::StatusOr<std::unique_ptr<train::PipelineTrainer>> CreatePipeline(
 // Used on Fit's thread; borrows all it is given.
 class FitWatch final : public train::FitObserver {
  public:
-  FitWatch(rpc::Agent& agent, const std::vector<std::string>& workers, Run& run, train::Elastic* elastic)
-      : agent_(agent), workers_(workers), run_(run), elastic_(elastic) {}
+  FitWatch(train::PipelineTrainer& traced, Run& run, train::Elastic* elastic)
+      : traced_(traced), run_(run), elastic_(elastic) {}
 
   absl::Status AfterStep(const train::StepRecord& s) override {
-    if (++steps_ == kTracedSteps) train::StopTracing(agent_, workers_);
+    if (++steps_ == kTracedSteps) traced_.StopTracing();
     run_.last_step_end = std::chrono::steady_clock::now();
     if (elastic_ != nullptr) elastic_->StepDone(s.step);
     return absl::OkStatus();
@@ -219,8 +219,7 @@ class FitWatch final : public train::FitObserver {
   void EpochEnded(const train::EpochResult& e) override { MergeEpochs(run_, {e}); }
 
  private:
-  rpc::Agent& agent_;
-  const std::vector<std::string>& workers_;
+  train::PipelineTrainer& traced_;
   Run& run_;
   train::Elastic* elastic_;
   int64_t steps_ = 0;
@@ -343,7 +342,7 @@ absl::Status FitPipeline(rpc::Agent& agent, const RunOptions& c, const std::vect
   }
   train::TrainOptions options = TrainOptionsOf(c, splits, splits * c.replicas, checkpoints);
   train::RunRecorder recorder(run);
-  FitWatch watch(agent, c.workers, run, elastic);
+  FitWatch watch(*trainer, run, elastic);
   options.observers = {&recorder, &watch};
   if (checkpoints != nullptr && checkpoints->resume) {
     const checkpoint::TrainingState from = checkpoints->resume->state();
@@ -366,12 +365,12 @@ absl::Status FitPipeline(rpc::Agent& agent, const RunOptions& c, const std::vect
                 c.data_on == "workers" ? " (a loss computed on the master needs the batches here)" : "");
   }
   run.schedule = trainer->pipeline().replica(0).schedule().name;
-  train::StartTracing(agent, c.workers);  // (the first kTracedSteps steps: FitWatch stops it)
+  trainer->StartTracing();  // (the first kTracedSteps steps: FitWatch stops it)
   const int64_t start = trace::NowUs();
   RETURN_IF_ERROR(train::Fit(*trainer, train, test, options, std::cout).status());  // (epochs merged as they end)
   RETURN_IF_ERROR(ReportMemory(trainer->pipeline(), c, run));
   // (The evaluations between epochs are on the workers' tracks too.)
-  return CollectAndMeasure(agent, c.workers, start, {}, trainer->pipeline().replica(0).schedule(), traced, run);
+  return CollectAndMeasure(*trainer, c.workers, start, {}, trainer->pipeline().replica(0).schedule(), traced, run);
 }
 
 namespace {
@@ -418,6 +417,7 @@ class SavesCountedApart final : public train::Trainer {
     return committed;
   }
 
+  train::PipelineTrainer& inner() { return inner_; }
   void set_counting(bool on) { counting_ = on; }
   // The requests sent by saves while counting, by kind.
   const std::map<std::string, int64_t>& saves() const { return saves_; }
@@ -450,13 +450,11 @@ class SavesCountedApart final : public train::Trainer {
 // left out). Used on Fit's thread; borrows all it is given.
 class BatchWatch final : public train::FitObserver {
  public:
-  BatchWatch(rpc::Agent& agent, const RunOptions& c, SavesCountedApart& trainer,
-             parallel::DataParallelPipeline& pipe, int first, bool traced, int64_t start,
+  BatchWatch(const RunOptions& c, SavesCountedApart& trainer, int first, bool traced, int64_t start,
              const std::function<void(int)>& after_batch, Run& run, train::Elastic* elastic)
-      : agent_(agent),
-        c_(c),
+      : c_(c),
         trainer_(trainer),
-        pipe_(pipe),
+        pipe_(trainer.inner().pipeline()),
         first_(first),
         traced_(traced),
         start_(start),
@@ -481,7 +479,7 @@ class BatchWatch final : public train::FitObserver {
   absl::Status AfterStep(const train::StepRecord& s) override {
     const int b = static_cast<int>(s.step - 1);
     RecordBatch(run_, b, s.loss, s.seconds, s.rows);
-    if (b + 1 - first_ == kTracedSteps) train::StopTracing(agent_, c_.workers);
+    if (b + 1 - first_ == kTracedSteps) trainer_.inner().StopTracing();
     run_.last_step_end = std::chrono::steady_clock::now();
     run_.data_wait_seconds.push_back(data_wait_);
     data_wait_ = 0;
@@ -515,7 +513,6 @@ class BatchWatch final : public train::FitObserver {
     return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
   }
 
-  rpc::Agent& agent_;
   const RunOptions& c_;
   SavesCountedApart& trainer_;
   parallel::DataParallelPipeline& pipe_;
@@ -534,17 +531,6 @@ class BatchWatch final : public train::FitObserver {
 };
 
 }  // namespace
-
-absl::Status UseDeterministicAlgorithmsOn(rpc::Agent& agent, const std::vector<std::string>& workers) {
-  for (const auto& w : workers) {
-    if (absl::Status s = agent.rpc_sync(w, train::kUseDeterministicAlgorithms).status(); !s.ok()) {
-      return base::Annotate(s, absl::StrCat("--deterministic: worker '", w, "' could not switch to deterministic "
-                                      "algorithms (a worker program must register remora's worker functions)"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 
 absl::Status TrainPipeline(rpc::Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
                            int splits, bool traced, const std::function<void(int)>& after_batch, Run& run,
@@ -568,16 +554,16 @@ absl::Status TrainPipeline(rpc::Agent& agent, const RunOptions& c, const std::ve
     KeepStepsUpTo(run, first);
     run.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - *run.last_step_end).count();
   }
-  train::StartTracing(agent, c.workers);  // (the first kTracedSteps batches)
+  trainer->StartTracing();  // (the first kTracedSteps batches)
   const int64_t start = trace::NowUs();
   SavesCountedApart counted(*trainer);
-  BatchWatch watch(agent, c, counted, pipe, first, traced, start, after_batch, run, elastic);
+  BatchWatch watch(c, counted, first, traced, start, after_batch, run, elastic);
   options.observers = {&watch};
   const DemoBatches batches(c, first);  // made while the ones before are sent and run
   RETURN_IF_ERROR(train::Fit(counted, batches, *data::NoRows(), options, std::cout).status());
   RETURN_IF_ERROR(watch.CountMessages());
   RETURN_IF_ERROR(ReportMemory(pipe, c, run));
-  return CollectAndMeasure(agent, c.workers, start, watch.paused(), pipe.replica(0).schedule(), traced, run);
+  return CollectAndMeasure(*trainer, c.workers, start, watch.paused(), pipe.replica(0).schedule(), traced, run);
 }
 
 absl::Status TrainElastic(rpc::Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
@@ -588,10 +574,11 @@ absl::Status TrainElastic(rpc::Agent& agent, const RunOptions& c, const std::vec
   o.spares = c.spares;
   o.checkpoint_dir = c.checkpoint_dir;
   o.resumed_from = checkpoints.resume;  // (a --resume cut again is in its own directory)
+  o.deterministic = c.deterministic;  // (the first workers were switched when they joined)
   train::Elastic elastic(agent, o, run.log);
   std::vector<std::string> workers = c.all_workers;
   bool first = true;
-  RETURN_IF_ERROR(elastic.Run(
+  RETURN_IF_ERROR(elastic.Supervise(
       workers, std::nullopt, std::cout,
       [&](const std::vector<std::string>& ws, const std::optional<checkpoint::Checkpoint>& from) -> absl::Status {
         RunOptions now = c;  // over the workers of this attempt
@@ -599,9 +586,6 @@ absl::Status TrainElastic(rpc::Agent& agent, const RunOptions& c, const std::vec
         now.workers.assign(ws.begin(), ws.begin() + static_cast<std::ptrdiff_t>(c.workers.size()));
         Checkpointing ck = checkpoints;
         if (!first) {  // a recovery: from the latest checkpoint, cut as it was saved
-          // (A worker that came back is a new process; the first attempt's
-          // were switched when they joined.)
-          if (c.deterministic) RETURN_IF_ERROR(UseDeterministicAlgorithmsOn(agent, ws));
           ck.resume = from;
           ASSIGN_OR_RETURN(ck.stages, checkpoint::LoadStageSpecs(*from));
         }

@@ -513,8 +513,4 @@ void PrintSummary(const std::vector<Run>& runs, const RunOptions& c);
 // "pipeline".
 absl::Status WriteReport(const std::string& path, bool local, const std::vector<Run>& runs, const RunOptions& c);
 
-// --deterministic on each of `workers` (runtime::UseDeterministicAlgorithms
-// there); an error names the worker that could not.
-absl::Status UseDeterministicAlgorithmsOn(rpc::Agent& agent, const std::vector<std::string>& workers);
-
 }  // namespace remora::master

@@ -329,7 +329,7 @@ absl::Status RegisterFunctions(rpc::Registry& registry) {
           }
           // Gradients that came GPU to GPU: their copies must have completed.
           if (absl::Status s = ctx.agent->settle_cuda_receives(context_id); !s.ok()) {
-            throw std::runtime_error(absl::StrCat("step on worker '", ctx.agent->self().name, "': ", s.message()));
+            throw std::runtime_error(absl::StrCat("step on worker '", ctx.worker_name(), "': ", s.message()));
           }
           opt.Step(*context);
           return c10::IValue();

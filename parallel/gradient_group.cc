@@ -448,10 +448,10 @@ std::shared_ptr<GradientGroup> MakeGradientGroup(rpc::CallContext& ctx, const rp
   for (size_t i = 0; i < indices.size(); ++i) {
     stages[indices[i]] = optim::OwnedParameters(lists[i], "GradientGroup");
   }
-  g.cuda_device = CudaDeviceOf(stages, ctx.agent->self().name);
+  g.cuda_device = CudaDeviceOf(stages, ctx.worker_name());
   auto joined = ProcessGroup::Join(g);
   if (!joined.ok()) {
-    throw std::runtime_error(absl::StrCat("worker '", ctx.agent->self().name, "': ",
+    throw std::runtime_error(absl::StrCat("worker '", ctx.worker_name(), "': ",
                                           joined.status().message()));
   }
   if (g.cuda_device >= 0 && !(*joined)->on_device() && g.rank == 0) {
@@ -497,7 +497,7 @@ std::map<std::string, rpc::Registry::TypedMethod<GradientGroup>> GroupMethods() 
              const int64_t runner = rpc::DecodeCallOrThrow<GroupAttachRequest>(a).runner;
              absl::Status s = pipeline::AttachToRunner(runner, g.shared_from_this());
              if (!s.ok()) {
-               throw std::invalid_argument(absl::StrCat("worker '", ctx.agent->self().name, "': ", s.message()));
+               throw std::invalid_argument(absl::StrCat("worker '", ctx.worker_name(), "': ", s.message()));
              }
              return c10::IValue();
            }},

@@ -538,7 +538,7 @@ std::shared_ptr<Runner> FindRunner(rpc::CallContext& ctx, int64_t id) {
   auto it = runners.by_id.find(id);
   if (it == runners.by_id.end()) {
     throw std::invalid_argument(absl::StrCat(
-        "worker '", ctx.agent->self().name, "' has no step runner for pipeline ", id,
+        "worker '", ctx.worker_name(), "' has no step runner for pipeline ", id,
         " (was the pipeline created by this group's master?)"));
   }
   return it->second;

@@ -60,7 +60,7 @@ void CheckShapes(const Partition& s, const std::vector<at::Tensor>& ts, const st
 
 std::shared_ptr<Partition> MakePartition(rpc::CallContext& ctx, const rpc::Args& a) {
   auto s = std::make_shared<Partition>();
-  s->where = absl::StrCat("the parameter-server partition on worker '", ctx.agent->self().name, "'");
+  s->where = absl::StrCat("the parameter-server partition on worker '", ctx.worker_name(), "'");
   const c10::Device device(ctx.agent->options().device);
   c10::NoGradGuard no_grad;
   const auto r = rpc::DecodeCallOrThrow<MakePartitionRequest>(a);

@@ -45,7 +45,7 @@ struct Replica {
 
 std::shared_ptr<Replica> MakeReplica(rpc::CallContext& ctx, const rpc::Args& a) {
   auto r = std::make_shared<Replica>();
-  r->where = absl::StrCat("the parameter server's replica on worker '", ctx.agent->self().name, "'");
+  r->where = absl::StrCat("the parameter server's replica on worker '", ctx.worker_name(), "'");
   const auto request = rpc::DecodeCallOrThrow<MakeReplicaRequest>(a);
   auto specs = DecodeStageList(request.stages);
   if (!specs.ok()) throw std::invalid_argument(absl::StrCat(r->where, ": ", specs.status().message()));
@@ -154,7 +154,7 @@ std::pair<at::Tensor, at::Tensor> Share(Replica& r, rpc::CallContext& ctx, const
                                         const c10::IValue& targets) {
   std::optional<pipeline::WorkerRows> rows = pipeline::WorkerRowsFrom(inputs);
   if (!rows) return {inputs.toTensor(), targets.toTensor()};
-  absl::StatusOr<data::Batch> b = pipeline::ReadRows(ctx.agent->self().name, rows->source, rows->rows, rows->epoch);
+  absl::StatusOr<data::Batch> b = pipeline::ReadRows(ctx.worker_name(), rows->source, rows->rows, rows->epoch);
   if (!b.ok()) throw std::runtime_error(absl::StrCat(r.where, ": ", b.status().message()));
   if (b->labels.size(0) == 0) {
     throw std::runtime_error(absl::StrCat(r.where, ": none of its ", rows->rows.numel(), " rows could be read"));
@@ -210,7 +210,7 @@ c10::IValue ComputePartitioned(Replica& r, rpc::CallContext& ctx, const rpc::Arg
   auto [grads, loss] = Gradients(r, params, inputs, targets, request.total_rows);
   std::vector<rpc::Future<c10::IValue>> pushes;
   for (size_t k = 0; k < r.partitions.size(); ++k) {
-    PartitionPushRequest push{request.round, ctx.agent->self().name, {}};
+    PartitionPushRequest push{request.round, ctx.worker_name(), {}};
     for (int64_t i : r.partition_params[k]) push.grads.push_back(grads[i]);
     pushes.push_back(r.partitions[k].rpc_async(PartitionPushRequest::kMethod, rpc::EncodeCall(push)));
   }

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "base/status_util.h"
 #include "pipeline/pipeline.h"
+#include "train/tracing.h"
 
 namespace remora::train {
 
@@ -19,8 +20,8 @@ Elastic::Elastic(rpc::Agent& agent, ElasticOptions options, std::shared_ptr<RunL
   if (options_.resumed_from) last_step_ = options_.resumed_from->state().step;
 }
 
-absl::Status Elastic::Run(std::vector<std::string>& workers, std::optional<checkpoint::Checkpoint> from,
-                          std::ostream& out, const Attempt& attempt) {
+absl::Status Elastic::Supervise(std::vector<std::string>& workers, std::optional<checkpoint::Checkpoint> from,
+                                std::ostream& out, const Attempt& attempt) {
   while (true) {
     absl::Status s = attempt(workers, from);
     if (s.ok()) return s;
@@ -75,6 +76,7 @@ absl::StatusOr<checkpoint::Checkpoint> Elastic::Recover(const absl::Status& fail
       return absl::Status(replacement.status().code(),
                           absl::StrCat(replacement.status().message(), "; it was lost at: ", failure.message()));
     }
+    if (options_.deterministic) RETURN_IF_ERROR(UseDeterministicAlgorithmsOn(agent_, {*replacement}));
     std::replace(workers.begin(), workers.end(), name, *replacement);
     Recovery r;
     r.lost = name;

@@ -7,7 +7,7 @@
 //   o.max_restarts = 3;  o.spares = {"spare1"};  o.checkpoint_dir = "/ckpt";
 //   train::Elastic elastic(agent, o);
 //   std::vector<std::string> workers = {"w1", "w2"};
-//   absl::Status s = elastic.Run(workers, std::nullopt, out,
+//   absl::Status s = elastic.Supervise(workers, std::nullopt, out,
 //       [&](const std::vector<std::string>& ws, const std::optional<checkpoint::Checkpoint>& from) {
 //         ... build the trainer over `ws`, resume `from`, train; call elastic.StepDone(step) after each step
 //       });
@@ -63,6 +63,10 @@ struct ElasticOptions {
   std::optional<checkpoint::Checkpoint> resumed_from;
   // A worker that does not answer a probe within this is lost.
   absl::Duration probe_timeout = absl::Seconds(5);
+  // master --deterministic: each worker that takes a lost one's place (a
+  // new process, or a spare) is switched to deterministic algorithms
+  // before the next attempt, as the first workers were when they joined.
+  bool deterministic = false;
 };
 
 class Elastic {
@@ -77,8 +81,8 @@ class Elastic {
   // Runs `attempt` over `workers` (resumed from `from`), and again after
   // each recovery, until one succeeds or the run cannot recover. Each
   // recovery is a line on `out`. `workers` ends as the last attempt's.
-  absl::Status Run(std::vector<std::string>& workers, std::optional<checkpoint::Checkpoint> from,
-                   std::ostream& out, const Attempt& attempt);
+  absl::Status Supervise(std::vector<std::string>& workers, std::optional<checkpoint::Checkpoint> from,
+                         std::ostream& out, const Attempt& attempt);
 
   // The attempt completed step `step` (counted from the run's start).
   void StepDone(int64_t step);

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "autograd/dist_autograd.h"
 #include "base/status_util.h"
+#include "train/tracing.h"
 
 namespace remora::train {
 
@@ -15,6 +16,19 @@ absl::StatusOr<std::unique_ptr<PipelineTrainer>> PipelineTrainer::Create(rpc::Ag
   std::vector<pipeline::StageSpec> stages = options.pipeline.stages;
   ASSIGN_OR_RETURN(auto pipe, parallel::DataParallelPipeline::Create(agent, std::move(options)));
   return std::unique_ptr<PipelineTrainer>(new PipelineTrainer(agent, std::move(stages), std::move(pipe)));
+}
+
+void PipelineTrainer::StartTracing() { train::StartTracing(agent_, pipe_->replica(0).workers()); }
+
+void PipelineTrainer::StopTracing() { train::StopTracing(agent_, pipe_->replica(0).workers()); }
+
+absl::StatusOr<std::vector<std::vector<TraceSliceValue>>> PipelineTrainer::TakeTraces() {
+  std::vector<std::vector<TraceSliceValue>> traces;
+  for (const std::string& w : pipe_->replica(0).workers()) {
+    ASSIGN_OR_RETURN(std::vector<TraceSliceValue> slices, train::TakeTrace(agent_, w));
+    traces.push_back(std::move(slices));
+  }
+  return traces;
 }
 
 absl::Status PipelineTrainer::ReadOnWorkers(const data::SourceSpec& train, int64_t train_rows,

@@ -26,6 +26,7 @@
 #include "parallel/data_parallel.h"
 #include "pipeline/worker_data.h"
 #include "rpc/agent.h"
+#include "train/protocol.h"
 #include "train/trainer.h"
 
 namespace remora::train {
@@ -49,6 +50,15 @@ class PipelineTrainer final : public Trainer, private WorkersRead {
   const std::vector<std::string>& readers() const { return readers_; }
 
   parallel::DataParallelPipeline& pipeline() { return *pipe_; }
+
+  // The trace recorders (train/tracing.h) of replica 0's workers, whose
+  // slices draw one pipeline's timeline and measure its bubble: turned on
+  // (older slices dropped), turned off, and what each recorded since, in
+  // the order of the pipeline's workers (their tracing stops). An error
+  // names the worker.
+  void StartTracing();
+  void StopTracing();
+  absl::StatusOr<std::vector<std::vector<TraceSliceValue>>> TakeTraces();
 
   StartedStep StartStep(const StepBatch& batch) override;
   absl::StatusOr<pipeline::Correct> CountCorrect(const at::Tensor& x, const at::Tensor& labels) override;

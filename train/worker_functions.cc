@@ -49,7 +49,7 @@ absl::Status RegisterDeterminism(rpc::Registry& r, base::LineSink say) {
                             [said, say = std::move(say)](rpc::CallContext& ctx, const rpc::Args&) -> c10::IValue {
                               runtime::UseDeterministicAlgorithms();
                               if (!said->exchange(true)) {
-                                base::Say(say, absl::StrCat("worker '", ctx.agent->self().name,
+                                base::Say(say, absl::StrCat("worker '", ctx.worker_name(),
                                                       "': deterministic algorithms (the master's --deterministic)"));
                               }
                               return c10::IValue();
@@ -63,6 +63,16 @@ void StartTracing(rpc::Agent& agent, const std::vector<std::string>& workers) {
     agent.rpc_sync(w, TraceEnableRequest::kFunction, rpc::EncodeCall(TraceEnableRequest{true})).IgnoreError();
     agent.rpc_sync(w, kTraceCollect).IgnoreError();  // drop older slices
   }
+}
+
+absl::Status UseDeterministicAlgorithmsOn(rpc::Agent& agent, const std::vector<std::string>& workers) {
+  for (const auto& w : workers) {
+    if (absl::Status s = agent.rpc_sync(w, kUseDeterministicAlgorithms).status(); !s.ok()) {
+      return base::Annotate(s, absl::StrCat("--deterministic: worker '", w, "' could not switch to deterministic "
+                                            "algorithms (a worker program must register remora's worker functions)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 void StopTracing(rpc::Agent& agent, const std::vector<std::string>& workers) {

@@ -160,8 +160,11 @@ TEST(Elastic, FlagsAreCheckedBeforeAnyWorkerIsWaitedFor) {
 TEST(Elastic, AJobThatLosesWorkersGoesOnAndEndsEqualToOneThatLostNone) {
   const std::string data = ToyData();
   const std::string whole = FreshDir("elastic_whole"), elastic = FreshDir("elastic_ckpt");
-  // (30 epochs of 10 steps: time for the restarts in between.)
-  const std::vector<std::string> saves = {"--checkpoint-every", "3", "--keep", "2", "--epochs", "30"};
+  // (30 epochs of 10 steps: time for the restarts in between. With
+  // --deterministic, each worker that takes a lost one's place is switched
+  // as the first ones were.)
+  const std::vector<std::string> saves = {"--checkpoint-every", "3", "--keep", "2", "--epochs", "30",
+                                          "--deterministic"};
   ASSERT_TRUE(RunWhole(data, whole, saves));
   const std::string report = TempPath("elastic_report.json"), board = FreshDir("elastic_tensorboard");
   std::vector<std::string> flags = saves;
@@ -189,6 +192,9 @@ TEST(Elastic, AJobThatLosesWorkersGoesOnAndEndsEqualToOneThatLostNone) {
   EXPECT_THAT(out, HasSubstr("elastic: 's1' is back"));
   EXPECT_THAT(out, HasSubstr("elastic: recovery 3 of 3: going on over w2,s1 from the checkpoint of step "));
   EXPECT_THAT(out, HasSubstr("checkpoint: step 300 in " + elastic));
+  // w2 came back as a new process and took w1's place: switched too.
+  EXPECT_THAT(ReadFile(TempPath("elastic_w2_again_w2.log")),
+              HasSubstr("worker 'w2': deterministic algorithms (the master's --deterministic)"));
   // Each recovery's steps to train again: from its checkpoint to the step
   // after which the worker was lost (the count once read 0 every time).
   const std::regex lost("elastic: lost [^\n]* after step ([0-9]+) ");
