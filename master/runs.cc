@@ -110,13 +110,12 @@ int64_t PausedBefore(const std::vector<std::pair<int64_t, int64_t>>& paused, int
 // left out of it. Stops the workers' tracing.
 absl::Status CollectSlices(train::PipelineTrainer& trainer, int64_t start,
                            const std::vector<std::pair<int64_t, int64_t>>& paused, Run& run) {
-  ASSIGN_OR_RETURN(const auto traces, trainer.TakeTraces());
-  for (size_t w = 0; w < traces.size(); ++w) {
-    for (const train::TraceSliceValue& t : traces[w]) {
-      const int64_t skipped = PausedBefore(paused, t.start_us);
-      run.slices.push_back({static_cast<int>(w), t.name, t.micro_batch, t.start_us - start - skipped,
-                            t.end_us - start - skipped, t.stage});
-    }
+  ASSIGN_OR_RETURN(std::vector<train::TimelineSlice> slices, trainer.TakeTraces(start));
+  for (train::TimelineSlice& t : slices) {
+    const int64_t skipped = PausedBefore(paused, start + t.start_us);
+    t.start_us -= skipped;
+    t.end_us -= skipped;
+    run.slices.push_back(std::move(t));
   }
   return absl::OkStatus();
 }

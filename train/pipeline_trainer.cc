@@ -22,13 +22,17 @@ void PipelineTrainer::StartTracing() { train::StartTracing(agent_, pipe_->replic
 
 void PipelineTrainer::StopTracing() { train::StopTracing(agent_, pipe_->replica(0).workers()); }
 
-absl::StatusOr<std::vector<std::vector<TraceSliceValue>>> PipelineTrainer::TakeTraces() {
-  std::vector<std::vector<TraceSliceValue>> traces;
-  for (const std::string& w : pipe_->replica(0).workers()) {
-    ASSIGN_OR_RETURN(std::vector<TraceSliceValue> slices, train::TakeTrace(agent_, w));
-    traces.push_back(std::move(slices));
+absl::StatusOr<std::vector<TimelineSlice>> PipelineTrainer::TakeTraces(int64_t start_us) {
+  const std::vector<std::string>& workers = pipe_->replica(0).workers();
+  std::vector<TimelineSlice> timeline;
+  for (size_t k = 0; k < workers.size(); ++k) {
+    ASSIGN_OR_RETURN(std::vector<TraceSliceValue> slices, train::TakeTrace(agent_, workers[k]));
+    for (TraceSliceValue& t : slices) {
+      timeline.push_back({static_cast<int>(k), std::move(t.name), t.micro_batch, t.start_us - start_us,
+                          t.end_us - start_us, std::move(t.stage)});
+    }
   }
-  return traces;
+  return timeline;
 }
 
 absl::Status PipelineTrainer::ReadOnWorkers(const data::SourceSpec& train, int64_t train_rows,

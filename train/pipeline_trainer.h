@@ -26,7 +26,7 @@
 #include "parallel/data_parallel.h"
 #include "pipeline/worker_data.h"
 #include "rpc/agent.h"
-#include "train/protocol.h"
+#include "train/timeline.h"
 #include "train/trainer.h"
 
 namespace remora::train {
@@ -53,12 +53,13 @@ class PipelineTrainer final : public Trainer, private WorkersRead {
 
   // The trace recorders (train/tracing.h) of replica 0's workers, whose
   // slices draw one pipeline's timeline and measure its bubble: turned on
-  // (older slices dropped), turned off, and what each recorded since, in
-  // the order of the pipeline's workers (their tracing stops). An error
+  // (older slices dropped), turned off, and what they recorded since, as
+  // a timeline (track k: the pipeline's k-th worker; times since
+  // `start_us`, a trace::NowUs). Taking stops their tracing; an error
   // names the worker.
   void StartTracing();
   void StopTracing();
-  absl::StatusOr<std::vector<std::vector<TraceSliceValue>>> TakeTraces();
+  absl::StatusOr<std::vector<TimelineSlice>> TakeTraces(int64_t start_us);
 
   StartedStep StartStep(const StepBatch& batch) override;
   absl::StatusOr<pipeline::Correct> CountCorrect(const at::Tensor& x, const at::Tensor& labels) override;
