@@ -126,15 +126,16 @@ absl::Status CollectSlices(train::PipelineTrainer& trainer, int64_t start,
 // collecting reply).
 constexpr int64_t kTracedSteps = 100;
 
-// The workers' slices of a pipeline run (its first kTracedSteps steps),
-// collected into run.slices where the run is `traced` (--trace,
-// --timeline), and its bubble (train/timeline.h) beside its schedule's,
-// recorded for the report and printed. Where fewer than two steps were
+// The workers' slices of a pipeline run (its first kTracedSteps steps;
+// replica 0's), collected into run.slices where the run is `traced`
+// (--trace, --timeline), and its bubble (train/timeline.h) beside its
+// schedule's, recorded for the report and printed. Where fewer than two steps were
 // traced, or an untraced run's slices cannot be collected, it says so and
 // the run goes on.
-absl::Status CollectAndMeasure(train::PipelineTrainer& trainer, const std::vector<std::string>& workers, int64_t start,
-                               const std::vector<std::pair<int64_t, int64_t>>& paused,
-                               const pipeline::Schedule& schedule, bool traced, Run& run) {
+absl::Status CollectAndMeasure(train::PipelineTrainer& trainer, int64_t start,
+                               const std::vector<std::pair<int64_t, int64_t>>& paused, bool traced, Run& run) {
+  const std::vector<std::string>& workers = trainer.pipeline().replica(0).workers();
+  const pipeline::Schedule& schedule = trainer.pipeline().replica(0).schedule();
   const size_t before = run.slices.size();  // (an elastic run's earlier attempts')
   absl::StatusOr<train::Bubble> b;
   if (absl::Status collected = CollectSlices(trainer, start, paused, run); !collected.ok()) {
@@ -369,7 +370,7 @@ absl::Status FitPipeline(rpc::Agent& agent, const RunOptions& c, const std::vect
   RETURN_IF_ERROR(train::Fit(*trainer, train, test, options, std::cout).status());  // (epochs merged as they end)
   RETURN_IF_ERROR(ReportMemory(trainer->pipeline(), c, run));
   // (The evaluations between epochs are on the workers' tracks too.)
-  return CollectAndMeasure(*trainer, c.workers, start, {}, trainer->pipeline().replica(0).schedule(), traced, run);
+  return CollectAndMeasure(*trainer, start, {}, traced, run);
 }
 
 namespace {
@@ -562,7 +563,7 @@ absl::Status TrainPipeline(rpc::Agent& agent, const RunOptions& c, const std::ve
   RETURN_IF_ERROR(train::Fit(counted, batches, *data::NoRows(), options, std::cout).status());
   RETURN_IF_ERROR(watch.CountMessages());
   RETURN_IF_ERROR(ReportMemory(pipe, c, run));
-  return CollectAndMeasure(*trainer, c.workers, start, watch.paused(), pipe.replica(0).schedule(), traced, run);
+  return CollectAndMeasure(*trainer, start, watch.paused(), traced, run);
 }
 
 absl::Status TrainElastic(rpc::Agent& agent, const RunOptions& c, const std::vector<pipeline::StageSpec>& stages,
