@@ -14,13 +14,13 @@ option(REMORA_PCH "Precompile LibTorch's core headers once and reuse them in eve
 # and executables with -fPIE, and GCC rejects a header precompiled with the
 # other, so there are two: remora_channel's for the libraries, worker's for the
 # executables.
-set(_remora_pch_headers <ATen/core/Tensor.h> <ATen/core/ivalue.h> <ATen/TensorOperators.h>)
+set(REMORA_TORCH_PCH_HEADERS <ATen/core/Tensor.h> <ATen/core/ivalue.h> <ATen/TensorOperators.h>)
 function(remora_torch_pch)
   if(NOT REMORA_PCH)
     return()
   endif()
-  target_precompile_headers(remora_channel PRIVATE ${_remora_pch_headers})
-  target_precompile_headers(worker PRIVATE ${_remora_pch_headers})
+  target_precompile_headers(remora_channel PRIVATE ${REMORA_TORCH_PCH_HEADERS})
+  target_precompile_headers(worker PRIVATE ${REMORA_TORCH_PCH_HEADERS})
   foreach(dir ${ARGN})
     get_property(targets DIRECTORY ${dir} PROPERTY BUILDSYSTEM_TARGETS)
     foreach(target ${targets})
@@ -36,7 +36,13 @@ function(remora_torch_pch)
       elseif(type STREQUAL "STATIC_LIBRARY")
         target_precompile_headers(${target} REUSE_FROM remora_channel)
       elseif(type STREQUAL "EXECUTABLE")
-        target_precompile_headers(${target} REUSE_FROM worker)
+        # The test programs reuse the tests' own header (tests/CMakeLists.txt).
+        get_target_property(test_pch ${target} REMORA_TEST_PCH)
+        if(NOT test_pch)
+          target_precompile_headers(${target} REUSE_FROM worker)
+        elseif(NOT target STREQUAL "remora_test_pch")
+          target_precompile_headers(${target} REUSE_FROM remora_test_pch)
+        endif()
         # The header was precompiled with worker's definitions, among them
         # remora_channel's and remora_data's public ones, which a program
         # that links neither (launch_test, the RPC tests) lacks; GCC then
