@@ -11,7 +11,7 @@ endforeach()
 execute_process(COMMAND "${REMORA_SUITES_EXE}" --gtest_list_tests
                 WORKING_DIRECTORY "${REMORA_SUITES_WORKDIR}"
                 OUTPUT_VARIABLE listing ERROR_VARIABLE listing_errors
-                RESULT_VARIABLE rc TIMEOUT 60)
+                RESULT_VARIABLE rc TIMEOUT 180)  # LibTorch starting on a busy machine
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "listing the tests of ${REMORA_SUITES_EXE} failed (${rc}):\n"
           "${listing}${listing_errors}")
