@@ -1,0 +1,34 @@
+# Programs and tests in the build tree start on a copy of LibTorch's
+# libtorch_cpu that names only the libraries it uses (cmake/trim_torch.sh):
+# on Debian 12 a process then loads 38 of them for LibTorch, not 286, and
+# starts in about half the CPU time (docs/testing-and-ci.md, "Where the test
+# suite's time goes"). The copy, DIR/torch-trimmed/<soname>, comes first in
+# the build tree's RUNPATH; the loader takes it for the soname, and
+# libtorch.so's own reference to it finds it loaded. Installed programs
+# keep the system's library (install drops the build tree's RUNPATH).
+#
+# Needs patchelf (./run installs it); without it, or for a LibTorch that
+# uses all it names or finds its libraries relative to itself (PyTorch's
+# wheels), nothing changes. -DREMORA_TRIM_TORCH=OFF turns it off (the
+# compile-only trees do).
+option(REMORA_TRIM_TORCH "Start programs in the build tree on a copy of libtorch_cpu without the libraries it never uses" ON)
+if(REMORA_TRIM_TORCH)
+  find_program(REMORA_PATCHELF patchelf)
+  find_library(REMORA_TORCH_CPU_LIBRARY torch_cpu HINTS "${TORCH_INSTALL_PREFIX}/lib")
+  if(NOT REMORA_PATCHELF)
+    message(STATUS "remora: no patchelf: programs load libtorch_cpu with every library it names")
+  elseif(REMORA_TORCH_CPU_LIBRARY)
+    set(_remora_trim_dir "${CMAKE_BINARY_DIR}/torch-trimmed")
+    execute_process(
+      COMMAND "${CMAKE_CURRENT_LIST_DIR}/trim_torch.sh" "${REMORA_TORCH_CPU_LIBRARY}" "${_remora_trim_dir}"
+      RESULT_VARIABLE _remora_trim_rc OUTPUT_VARIABLE _remora_trim_out ERROR_VARIABLE _remora_trim_err
+      OUTPUT_STRIP_TRAILING_WHITESPACE)
+    if(_remora_trim_rc EQUAL 0)
+      string(REGEX REPLACE ":.*" "" _remora_trim_out "${_remora_trim_out}")
+      message(STATUS "remora: build tree's programs load ${_remora_trim_out}")
+      list(PREPEND CMAKE_BUILD_RPATH "${_remora_trim_dir}")
+    else()
+      message(STATUS "remora: libtorch_cpu used as it is: ${_remora_trim_out}${_remora_trim_err}")
+    endif()
+  endif()
+endif()
