@@ -10,7 +10,6 @@
 #include <cstring>
 #include <random>
 #include <fstream>
-#include <iterator>
 #include <sstream>
 #include <thread>
 
@@ -23,9 +22,7 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "launch/local_group.h"
 #include "proto/request.h"
@@ -40,7 +37,6 @@ namespace remora {
 namespace {
 
 using ::testing::HasSubstr;
-using ::testing::Not;
 
 const std::string kBin = BinDir();
 
@@ -68,42 +64,6 @@ TEST(WorkerProgram, HelpAndBadFlags) {
     EXPECT_EQ(code, 2) << out;
     EXPECT_THAT(out, HasSubstr(text)) << out;
   }
-}
-
-// Where the build made a copy of libtorch_cpu without the libraries it never
-// uses (cmake/TrimTorch.cmake), the programs and tests of the build tree
-// load that copy, and none of the dropped libraries.
-TEST(WorkerProgram, LoadsTheTrimmedLibTorchWhereTheBuildMadeOne) {
-  const std::string dir = kBin + "/../torch-trimmed";
-  std::ifstream dropped_file(dir + "/.dropped");
-  if (!dropped_file) GTEST_SKIP() << "no " << dir << " (REMORA_TRIM_TORCH off, or nothing to drop)";
-  std::string dropped;
-  std::getline(dropped_file, dropped);
-  // "<soname> without the N libraries ...: libA libB ..."
-  const size_t colon = dropped.rfind(": ");
-  ASSERT_NE(colon, std::string::npos) << dropped;
-  const std::vector<std::string> gone = absl::StrSplit(dropped.substr(colon + 2), ' ', absl::SkipEmpty());
-  ASSERT_FALSE(gone.empty()) << dropped;
-  const std::string copy = std::filesystem::canonical(dir).string() + "/" + dropped.substr(0, dropped.find(' '));
-
-  // This test program, from its own memory map.
-  std::ifstream maps_file("/proc/self/maps");
-  const std::string maps((std::istreambuf_iterator<char>(maps_file)), std::istreambuf_iterator<char>());
-  EXPECT_THAT(maps, HasSubstr(copy));
-  // The worker program, as the loader resolves it.
-  auto [code, ldd] = RunProgram({"/usr/bin/ldd", kBin + "/worker"});
-  ASSERT_EQ(code, 0) << ldd;
-  EXPECT_THAT(ldd, HasSubstr("=> " + copy + " "));
-  // OpenCV and FFmpeg (Debian 12's) were loaded for libtorch_cpu alone; a
-  // dropped library that another one needs (libnuma) stays.
-  for (const std::string& library : gone) {
-    if (!absl::StartsWith(library, "libopencv_") && !absl::StartsWith(library, "libav")) continue;
-    EXPECT_THAT(maps, Not(HasSubstr("/" + library))) << library;
-    EXPECT_THAT(ldd, Not(HasSubstr(library + " "))) << library;
-  }
-  // And it runs.
-  auto [help, help_out] = RunProgram({kBin + "/worker", "--help"});
-  EXPECT_EQ(help, 0) << help_out;
 }
 
 TEST(WorkerProgram, ExitsWithAClearMessageWhenTheMasterNeverAppears) {

@@ -1,13 +1,16 @@
 // The master program's failures as a user meets them: --help and bad
 // command lines (each flag's checks are tested in this process,
-// flags_test.cc), a busy port, workers refused or never coming.
+// flags_test.cc), a busy port, workers refused or never coming; and the
+// LibTorch that the build tree's programs load.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -64,6 +67,43 @@ TEST(Master, HelpBadFlagsAndMissingWorkersGiveTheirExitCodes) {
   std::ofstream(file) << "x";
   check({"--local", "--tensorboard", file}, 2,
         "--tensorboard " + file + ": cannot write into it (a file of that name exists)");
+}
+
+// Where the build made a copy of libtorch_cpu without the libraries it never
+// uses (cmake/TrimTorch.cmake), the programs and tests of the build tree
+// load that copy, and not what only libtorch_cpu needed.
+TEST(Programs, LoadTheTrimmedLibTorchWhereTheBuildMadeOne) {
+  const std::string dir = kBin + "/../torch-trimmed";
+  std::ifstream dropped_file(dir + "/.dropped");
+  if (!dropped_file) GTEST_SKIP() << "no " << dir << " (REMORA_TRIM_TORCH off, or nothing to drop)";
+  std::string dropped;
+  std::getline(dropped_file, dropped);
+  // "<soname> without the N libraries ...: libA libB ..."
+  const size_t colon = dropped.rfind(": ");
+  ASSERT_NE(colon, std::string::npos) << dropped;
+  const std::vector<std::string> gone = absl::StrSplit(dropped.substr(colon + 2), ' ', absl::SkipEmpty());
+  ASSERT_FALSE(gone.empty()) << dropped;
+  const std::string copy = std::filesystem::canonical(dir).string() + "/" + dropped.substr(0, dropped.find(' '));
+
+  // This test program, from its own memory map; the programs, as the
+  // loader resolves them.
+  std::ifstream maps_file("/proc/self/maps");
+  const std::string maps((std::istreambuf_iterator<char>(maps_file)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(maps, HasSubstr(copy));
+  for (const char* program : {"master", "worker"}) {
+    auto [code, ldd] = RunProgram({"/usr/bin/ldd", kBin + "/" + program});
+    ASSERT_EQ(code, 0) << ldd;
+    EXPECT_THAT(ldd, HasSubstr("=> " + copy + " ")) << program;
+    // Debian 12's OpenCV and FFmpeg were loaded for libtorch_cpu alone; a
+    // dropped library that another one needs too (libnuma) stays.
+    for (const std::string& library : gone) {
+      if (!absl::StartsWith(library, "libopencv_") && !absl::StartsWith(library, "libav")) continue;
+      EXPECT_THAT(maps, Not(HasSubstr("/" + library))) << library;
+      EXPECT_THAT(ldd, Not(HasSubstr(library + " "))) << program << ": " << library;
+    }
+    auto [help, help_out] = RunProgram({kBin + "/" + program, "--help"});
+    EXPECT_EQ(help, 0) << help_out;
+  }
 }
 
 // A --listen port in use is found before the dataset is loaded, in
