@@ -12,13 +12,14 @@
 # wheels), nothing changes. -DREMORA_TRIM_TORCH=OFF turns it off (the
 # compile-only trees do).
 option(REMORA_TRIM_TORCH "Start programs in the build tree on a copy of libtorch_cpu without the libraries it never uses" ON)
+set(_remora_trim_dir "${CMAKE_BINARY_DIR}/torch-trimmed")
+set(_remora_trimmed OFF)
 if(REMORA_TRIM_TORCH)
   find_program(REMORA_PATCHELF patchelf)
   find_library(REMORA_TORCH_CPU_LIBRARY torch_cpu HINTS "${TORCH_INSTALL_PREFIX}/lib")
   if(NOT REMORA_PATCHELF)
     message(STATUS "remora: no patchelf: programs load libtorch_cpu with every library it names")
   elseif(REMORA_TORCH_CPU_LIBRARY)
-    set(_remora_trim_dir "${CMAKE_BINARY_DIR}/torch-trimmed")
     execute_process(
       COMMAND "${CMAKE_CURRENT_LIST_DIR}/trim_torch.sh" "${REMORA_TORCH_CPU_LIBRARY}" "${_remora_trim_dir}"
       RESULT_VARIABLE _remora_trim_rc OUTPUT_VARIABLE _remora_trim_out ERROR_VARIABLE _remora_trim_err
@@ -27,8 +28,13 @@ if(REMORA_TRIM_TORCH)
       string(REGEX REPLACE ":.*" "" _remora_trim_out "${_remora_trim_out}")
       message(STATUS "remora: build tree's programs load ${_remora_trim_out}")
       list(PREPEND CMAKE_BUILD_RPATH "${_remora_trim_dir}")
+      set(_remora_trimmed ON)
     else()
       message(STATUS "remora: libtorch_cpu used as it is: ${_remora_trim_out}${_remora_trim_err}")
     endif()
   endif()
+endif()
+if(NOT _remora_trimmed)
+  # (A copy from an earlier configuration would no longer be loaded.)
+  file(REMOVE_RECURSE "${_remora_trim_dir}")
 endif()

@@ -17,6 +17,10 @@ set -euo pipefail
 lib=$(readlink -f "$1")
 dir=$2
 soname=$(patchelf --print-soname "$lib")
+if [ -z "$soname" ]; then
+  echo "$lib has no soname; used as it is"
+  exit 1
+fi
 source_id="$lib $(stat -c '%s %Y' "$lib")"
 if [ -f "$dir/$soname" ] && [ "$(cat "$dir/.source" 2>/dev/null)" = "$source_id" ]; then
   cat "$dir/.dropped"
