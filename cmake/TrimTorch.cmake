@@ -16,12 +16,31 @@ set(_remora_trim_dir "${CMAKE_BINARY_DIR}/torch-trimmed")
 set(_remora_trimmed OFF)
 if(REMORA_TRIM_TORCH)
   find_program(REMORA_PATCHELF patchelf)
-  find_library(REMORA_TORCH_CPU_LIBRARY torch_cpu HINTS "${TORCH_INSTALL_PREFIX}/lib")
+  # The file LibTorch's own target links (find_library could find another
+  # one first, in /usr/local/lib).
+  set(_remora_torch_cpu "")
+  if(TARGET torch_cpu)
+    get_target_property(_remora_configs torch_cpu IMPORTED_CONFIGURATIONS)
+    foreach(_remora_config IN LISTS _remora_configs ITEMS "")
+      if(_remora_config)
+        get_target_property(_remora_location torch_cpu IMPORTED_LOCATION_${_remora_config})
+      else()
+        get_target_property(_remora_location torch_cpu IMPORTED_LOCATION)
+      endif()
+      if(_remora_location)
+        set(_remora_torch_cpu "${_remora_location}")
+        break()
+      endif()
+    endforeach()
+  endif()
   if(NOT REMORA_PATCHELF)
     message(STATUS "remora: no patchelf: programs load libtorch_cpu with every library it names")
-  elseif(REMORA_TORCH_CPU_LIBRARY)
+  elseif(NOT _remora_torch_cpu)
+    message(STATUS "remora: LibTorch has no torch_cpu target with a file: nothing to trim")
+  else()
+    set(_remora_trim "${CMAKE_CURRENT_LIST_DIR}/trim_torch.sh")
     execute_process(
-      COMMAND "${CMAKE_CURRENT_LIST_DIR}/trim_torch.sh" "${REMORA_TORCH_CPU_LIBRARY}" "${_remora_trim_dir}"
+      COMMAND "${_remora_trim}" "${_remora_torch_cpu}" "${_remora_trim_dir}"
       RESULT_VARIABLE _remora_trim_rc OUTPUT_VARIABLE _remora_trim_out ERROR_VARIABLE _remora_trim_err
       OUTPUT_STRIP_TRAILING_WHITESPACE)
     if(_remora_trim_rc EQUAL 0)
@@ -29,6 +48,11 @@ if(REMORA_TRIM_TORCH)
       message(STATUS "remora: build tree's programs load ${_remora_trim_out}")
       list(PREPEND CMAKE_BUILD_RPATH "${_remora_trim_dir}")
       set(_remora_trimmed ON)
+      # Every build checks it again (quickly, by the file's size, times and
+      # inode): a LibTorch upgraded under this tree gets a new copy, or none,
+      # never an old one beside its new libtorch.so.
+      add_custom_target(remora_torch_trimmed ALL
+        COMMAND "${_remora_trim}" "${_remora_torch_cpu}" "${_remora_trim_dir}" refresh VERBATIM)
     else()
       message(STATUS "remora: libtorch_cpu used as it is: ${_remora_trim_out}${_remora_trim_err}")
     endif()
