@@ -45,17 +45,20 @@ rm -rf "$dir"
 # PyTorch's wheels do) would not find them from a copy elsewhere.
 [ -z "$(patchelf --print-rpath "$lib")" ] || none "$lib has a search path of its own"
 
+# symbols FLAG FILE: the dynamic symbols of FILE that nm's FLAG selects,
+# without versions, sorted.
+symbols() { nm -D "$1" "$2" | awk '{print $NF}' | sed 's/@.*//' | sort -u; }
 undefined=$(mktemp)
 trap 'rm -f "$undefined"' EXIT
-nm -D --undefined-only "$lib" | awk '{print $NF}' | sed 's/@.*//' | sort -u >"$undefined"
+symbols --undefined-only "$lib" >"$undefined"
+loaded=$(ldd "$lib")
 declare -A path
 while read -r name file; do path[$name]=$file; done \
-  < <(ldd "$lib" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}')
+  < <(awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' <<<"$loaded")
 unused=()
 for name in $(patchelf --print-needed "$lib"); do
   [ -n "${path[$name]:-}" ] || continue  # not found here: kept
-  used=$(nm -D --defined-only "${path[$name]}" | awk '{print $NF}' | sed 's/@.*//' | sort -u |
-         comm -12 - "$undefined" | wc -l)
+  used=$(symbols --defined-only "${path[$name]}" | comm -12 - "$undefined" | wc -l)
   [ "$used" -gt 0 ] || unused+=("$name")
 done
 [ ${#unused[@]} -gt 0 ] || none "$lib uses every library it names"
@@ -73,7 +76,7 @@ if grep -Eq 'undefined symbol|not found' <<<"$resolved"; then
 fi
 mv "$dir/$soname.partial" "$dir/$soname"
 echo "$soname without the ${#unused[@]} libraries it names and never uses" \
-     "($(ldd "$lib" | wc -l) libraries loaded -> $(ldd "$dir/$soname" | wc -l)): ${unused[*]}" \
+     "($(wc -l <<<"$loaded") libraries loaded -> $(ldd "$dir/$soname" | wc -l)): ${unused[*]}" \
   | tee "$dir/.dropped"
 echo "$soname" >"$dir/.soname"
 echo "$source_id" >"$dir/.source"
