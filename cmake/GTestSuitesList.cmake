@@ -1,38 +1,80 @@
-# Writes REMORA_SUITES_OUT: one add_test that runs every GoogleTest suite
-# of REMORA_SUITES_EXE, listed by its --gtest_list_tests
-# (cmake/GTestSuites.cmake).
+# Writes REMORA_SUITES_OUT: the ctest tests of the test program
+# REMORA_SUITES_EXE, from its own listing (each test with the source file
+# it is in) and REMORA_SUITES_PLAN, its sources' entries joined with ","
+# ("name:SUITES:cost", "name:EACH:cost"; cmake/GTestSuites.cmake).
 # Run with cmake -P after a build, or included by ctest (PRE_TEST).
-foreach(var REMORA_SUITES_EXE REMORA_SUITES_OUT REMORA_SUITES_WORKDIR REMORA_SUITES_TIMEOUT
-        REMORA_SUITES_COST)
+cmake_policy(VERSION 3.16)  # (if(IN_LIST))
+foreach(var REMORA_SUITES_EXE REMORA_SUITES_OUT REMORA_SUITES_WORKDIR REMORA_SUITES_PLAN)
   if(NOT DEFINED ${var})
     message(FATAL_ERROR "GTestSuitesList.cmake: ${var} is not set")
   endif()
 endforeach()
-execute_process(COMMAND "${REMORA_SUITES_EXE}" --gtest_list_tests
+set(_json "${REMORA_SUITES_OUT}.listing.json")
+file(REMOVE "${_json}")
+execute_process(COMMAND "${REMORA_SUITES_EXE}" --gtest_list_tests "--gtest_output=json:${_json}"
                 WORKING_DIRECTORY "${REMORA_SUITES_WORKDIR}"
-                OUTPUT_VARIABLE listing ERROR_VARIABLE listing_errors
-                RESULT_VARIABLE rc TIMEOUT 180)  # LibTorch starting on a busy machine
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "listing the tests of ${REMORA_SUITES_EXE} failed (${rc}):\n"
-          "${listing}${listing_errors}")
+                OUTPUT_VARIABLE _listing ERROR_VARIABLE _errors
+                RESULT_VARIABLE _rc TIMEOUT 180)  # LibTorch starting on a busy machine
+if(NOT _rc EQUAL 0 OR NOT EXISTS "${_json}")
+  message(FATAL_ERROR "listing the tests of ${REMORA_SUITES_EXE} failed (${_rc}):\n"
+          "${_listing}${_errors}")
 endif()
-# A suite's line is its name and a dot at the start of the line (a typed or
-# parameterized one adds a comment); its tests' lines are indented.
-string(REGEX MATCHALL "(^|\n)[^ \n#]+\\." suite_lines "${listing}")
-if(NOT suite_lines)
-  message(FATAL_ERROR "${REMORA_SUITES_EXE} lists no GoogleTest suite:\n${listing}")
-endif()
-set(filter "")
-foreach(line IN LISTS suite_lines)
-  string(STRIP "${line}" suite)
-  string(REGEX REPLACE "\\.$" "" suite "${suite}")
-  if(filter)
-    string(APPEND filter ":")
-  endif()
-  string(APPEND filter "${suite}.*")
+file(READ "${_json}" _text)
+
+string(REPLACE "," ";" _plan "${REMORA_SUITES_PLAN}")
+set(_sources "")
+foreach(_entry IN LISTS _plan)
+  string(REPLACE ":" ";" _parts "${_entry}")
+  list(GET _parts 0 _name)
+  list(GET _parts 1 _mode_${_name})
+  list(GET _parts 2 _cost_${_name})
+  set(_suites_${_name} "")
+  list(APPEND _sources ${_name})
 endforeach()
-# One test for the whole executable, named by its filter ("Codec.*:Frame.*").
-file(WRITE "${REMORA_SUITES_OUT}"
-     "add_test([==[${filter}]==] [==[${REMORA_SUITES_EXE}]==] [==[--gtest_filter=${filter}]==])\n"
-     "set_tests_properties([==[${filter}]==] PROPERTIES WORKING_DIRECTORY "
-     "[==[${REMORA_SUITES_WORKDIR}]==] TIMEOUT ${REMORA_SUITES_TIMEOUT} COST ${REMORA_SUITES_COST})\n")
+
+set(_exe "[==[${REMORA_SUITES_EXE}]==]")
+set(_dir "[==[${REMORA_SUITES_WORKDIR}]==]")
+set(_script "")
+string(JSON _suite_count LENGTH "${_text}" testsuites)
+if(_suite_count EQUAL 0)
+  message(FATAL_ERROR "${REMORA_SUITES_EXE} lists no GoogleTest test:\n${_listing}")
+endif()
+math(EXPR _last_suite "${_suite_count} - 1")
+foreach(_i RANGE ${_last_suite})
+  string(JSON _suite_json GET "${_text}" testsuites ${_i})
+  string(JSON _suite GET "${_suite_json}" name)
+  string(JSON _test_count LENGTH "${_suite_json}" testsuite)
+  math(EXPR _last_test "${_test_count} - 1")
+  foreach(_j RANGE ${_last_test})
+    string(JSON _test GET "${_suite_json}" testsuite ${_j} name)
+    string(JSON _file GET "${_suite_json}" testsuite ${_j} file)
+    get_filename_component(_source "${_file}" NAME_WE)
+    if(NOT DEFINED _mode_${_source})
+      message(FATAL_ERROR "${_suite}.${_test} of ${REMORA_SUITES_EXE} is in ${_file}, which is not "
+              "one of the program's sources (${_sources}): give its source a remora_test() line")
+    endif()
+    if(_mode_${_source} STREQUAL "SUITES")
+      if(NOT "${_suite}.*" IN_LIST _suites_${_source})
+        list(APPEND _suites_${_source} "${_suite}.*")
+      endif()
+    else()
+      set(_name "[==[${_suite}.${_test}]==]")
+      string(APPEND _script
+             "add_test(${_name} ${_exe} [==[--gtest_filter=${_suite}.${_test}]==])\n"
+             "set_tests_properties(${_name} PROPERTIES WORKING_DIRECTORY ${_dir} TIMEOUT 300 "
+             "COST ${_cost_${_source}} SKIP_REGULAR_EXPRESSION [==[\\[  SKIPPED \\]]==])\n")
+    endif()
+  endforeach()
+endforeach()
+# One test for each SUITES source, named by its filter ("Codec.*:Frame.*").
+foreach(_source IN LISTS _sources)
+  if(_suites_${_source})
+    list(JOIN _suites_${_source} ":" _filter)
+    string(APPEND _script
+           "add_test([==[${_filter}]==] ${_exe} [==[--gtest_filter=${_filter}]==])\n"
+           "set_tests_properties([==[${_filter}]==] PROPERTIES WORKING_DIRECTORY ${_dir} TIMEOUT 300 "
+           "COST ${_cost_${_source}})\n")
+  endif()
+endforeach()
+file(WRITE "${REMORA_SUITES_OUT}" "${_script}")
+file(REMOVE "${_json}")

@@ -26,7 +26,8 @@ option(REMORA_UNITY_BUILD "Compile each library's sources in batches of REMORA_U
 set(REMORA_UNITY_BATCH 6 CACHE STRING "Sources per batch of a unity build")
 
 # remora_unity_build(<directories...>): batches the sources of every static
-# library defined in those directories. The batches are written and
+# library and every test program (tests/CMakeLists.txt, remora_test())
+# defined in those directories. The batches are written and
 # recorded (global properties REMORA_UNITY_UNITS, the batch files, and
 # REMORA_UNITY_BATCHED, the sources in them) even when REMORA_UNITY_BUILD is
 # OFF: the LibTorch 2.14 check compiles them (cmake/TorchApiCheck.cmake).
@@ -35,7 +36,8 @@ function(remora_unity_build)
     get_property(targets DIRECTORY ${dir} PROPERTY BUILDSYSTEM_TARGETS)
     foreach(target ${targets})
       get_target_property(type ${target} TYPE)
-      if(type STREQUAL "STATIC_LIBRARY")
+      get_target_property(test_program ${target} REMORA_TEST_PCH)
+      if(type STREQUAL "STATIC_LIBRARY" OR (type STREQUAL "EXECUTABLE" AND test_program))
         _remora_unity_target(${target})
       endif()
     endforeach()

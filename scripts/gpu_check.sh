@@ -141,7 +141,7 @@ step_build() {
     -DTorch_DIR="$torch_dir" || return 1
   local targets=${REMORA_GPU_TARGETS:-}
   [ "$targets" = gpu ] &&
-    targets="worker master rpc_bench collective_bench cuda_test cuda_gpu_test data_parallel_test"
+    targets="worker master rpc_bench collective_bench channel_tests cuda_gpu_test parallel_tests"
   # shellcheck disable=SC2086  # a list of target names
   cmake --build "$build" -j "$jobs" ${targets:+--target $targets} || return 1
   # Which CUDA runtime, NCCL, LibTorch and protobuf the programs load (one

@@ -38,7 +38,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-const std::string kBin = BinDir();
 
 c10::Device Cuda(int i) { return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)); }
 
@@ -367,7 +366,7 @@ TEST(CudaGpu, ResNetPipelineOnGpuWorkersMatchesLocalTraining) {
   std::vector<std::unique_ptr<launch::Subprocess>> workers;
   setenv("REMORA_DEBUG", "channels", 1);  // the workers log their routes
   for (const char* name : {"worker1", "worker2"}) {
-    workers.push_back(launch::Subprocess::Spawn({kBin + "/worker", "--name", name, "--master", addr,
+    workers.push_back(launch::Subprocess::Spawn({BinDir() + "/worker", "--name", name, "--master", addr,
                                               "--device", "cuda:0"},
                                              TempPath(std::string(name) + ".log"))
                           .value());
@@ -383,7 +382,7 @@ TEST(CudaGpu, ResNetPipelineOnGpuWorkersMatchesLocalTraining) {
   // the deterministic ones.
   const std::vector<std::string> small = {"--batches", "3", "--batch-size", "16", "--image-size",
                                           "64",        "--splits",  "2",  "--deterministic"};
-  std::vector<std::string> argv = {kBin + "/master", "--workers", "worker1,worker2",
+  std::vector<std::string> argv = {BinDir() + "/master", "--workers", "worker1,worker2",
                                    "--listen", addr, "--report", TempPath("gpu.json")};
   argv.insert(argv.end(), small.begin(), small.end());
   auto [code, out] = RunProgram(argv, absl::Seconds(240));
@@ -396,7 +395,7 @@ TEST(CudaGpu, ResNetPipelineOnGpuWorkersMatchesLocalTraining) {
   const std::string worker_log((std::istreambuf_iterator<char>(log)),
                                std::istreambuf_iterator<char>());
   EXPECT_THAT(worker_log, HasSubstr("-> 'worker2': cuda:0 -> its cuda:0 via cuda_ipc"));
-  std::vector<std::string> local = {kBin + "/master", "--local", "--device", "cuda:0"};
+  std::vector<std::string> local = {BinDir() + "/master", "--local", "--device", "cuda:0"};
   local.insert(local.end(), small.begin(), small.end());
   auto [local_code, local_out] = RunProgram(local, absl::Seconds(240));
   ASSERT_EQ(local_code, 0) << local_out;
@@ -442,7 +441,7 @@ TEST(CudaGpu, SeveralTensorsAcrossACutTrainOnGpuWorkersAsInOneProcess) {
                                            "--batch-size", "8", "--epochs", "2", "--train-rows", "32",
                                            "--seed", "5", "--splits", "2", "--deterministic"};
   auto master = [&](std::vector<std::string> args) {
-    args.insert(args.begin(), kBin + "/master");
+    args.insert(args.begin(), BinDir() + "/master");
     args.insert(args.end(), common.begin(), common.end());
     return args;
   };
@@ -452,7 +451,7 @@ TEST(CudaGpu, SeveralTensorsAcrossACutTrainOnGpuWorkersAsInOneProcess) {
   setenv("REMORA_DEBUG", "channels", 1);  // the workers log their routes
   std::vector<std::unique_ptr<launch::Subprocess>> workers;
   for (const auto& [name, log] : {std::pair{"worker1", worker1_log}, std::pair{"worker2", worker2_log}}) {
-    workers.push_back(launch::Subprocess::Spawn({kBin + "/worker", "--name", name, "--master", addr,
+    workers.push_back(launch::Subprocess::Spawn({BinDir() + "/worker", "--name", name, "--master", addr,
                                               "--device", "cuda:0"},
                                              log)
                           .value());

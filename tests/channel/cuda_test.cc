@@ -28,7 +28,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-const std::string kBin = BinDir();
 
 const c10::Device kCpu(c10::kCPU);
 c10::Device Cuda(int i) { return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)); }
@@ -511,23 +510,23 @@ TEST(CudaAgents, StartRefusesDevicesThisProcessLacks) {
 }
 
 TEST(CudaPrograms, WorkerAndBenchRefuseAGpuTheyDoNotHave) {
-  auto [bad, bad_out] = RunProgram({kBin + "/worker", "--name", "w1", "--device", "gpu"});
+  auto [bad, bad_out] = RunProgram({BinDir() + "/worker", "--name", "w1", "--device", "gpu"});
   EXPECT_EQ(bad, 2);
   EXPECT_THAT(bad_out, HasSubstr("'gpu' is not a device"));
   auto [map, map_out] =
-      RunProgram({kBin + "/worker", "--name", "w1", "--device-map", "w2/cuda:0"});
+      RunProgram({BinDir() + "/worker", "--name", "w1", "--device-map", "w2/cuda:0"});
   EXPECT_EQ(map, 2);
   EXPECT_THAT(map_out, HasSubstr("--device-map"));
   if (channel::LocalGpuCount() > 0) GTEST_SKIP() << "this machine has a GPU: CudaGpu.* cover it";
-  auto [gpu, gpu_out] = RunProgram({kBin + "/worker", "--name", "w1", "--device", "cuda:0"});
+  auto [gpu, gpu_out] = RunProgram({BinDir() + "/worker", "--name", "w1", "--device", "cuda:0"});
   EXPECT_EQ(gpu, 2);
   EXPECT_THAT(gpu_out, HasSubstr("--device cuda:0 is not available"));
   EXPECT_THAT(gpu_out, HasSubstr("LibTorch has no CUDA"));
-  auto [bench, bench_out] = RunProgram({kBin + "/rpc_bench", "--device", "cuda"});
+  auto [bench, bench_out] = RunProgram({BinDir() + "/rpc_bench", "--device", "cuda"});
   EXPECT_EQ(bench, 2);
   EXPECT_THAT(bench_out, HasSubstr(channel::CudaChannelBuilt() ? "LibTorch has no CUDA" : channel::kNoCudaBuild));
   auto [master, master_out] =
-      RunProgram({kBin + "/master", "--local", "--device", "cuda:0", "--splits", "1"});
+      RunProgram({BinDir() + "/master", "--local", "--device", "cuda:0", "--splits", "1"});
   EXPECT_EQ(master, 2);
   EXPECT_THAT(master_out, HasSubstr("cuda:0 is not available"));
 }

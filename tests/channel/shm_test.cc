@@ -34,7 +34,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-const std::string kBin = BinDir();
 
 at::Tensor Bytes(const at::Tensor& t) {
   return at::from_blob(t.data_ptr(), {static_cast<int64_t>(t.nbytes())}, at::kByte);

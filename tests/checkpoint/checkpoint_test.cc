@@ -49,7 +49,6 @@ using test_support::Mlp;
 using test_support::StageDifference;
 using test_support::StartWorkers;
 
-const std::string kBin = BinDir();
 
 TrainingState At(int64_t step) {
   TrainingState s;
@@ -495,7 +494,7 @@ TEST(CheckpointJob, AJobKilledMidEpochResumesAndEndsEqualToAnUninterruptedOne) {
   std::string whole_out;
   {
     const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
-    auto evaluator = launch::Subprocess::Spawn({kBin + "/evaluator", "--checkpoint-dir", whole, "--dataset",
+    auto evaluator = launch::Subprocess::Spawn({BinDir() + "/evaluator", "--checkpoint-dir", whole, "--dataset",
                                              "idx:" + data, "--poll-ms", "50", "--timeout", "200",
                                              "--threads", "1"},
                                             TempPath("ckpt_evaluator.log"))
@@ -543,7 +542,7 @@ TEST(CheckpointJob, AJobKilledMidEpochResumesAndEndsEqualToAnUninterruptedOne) {
     EXPECT_LE(step30, 2);
     for (int run = 0; run < 2; ++run) {
       auto [one_code, one_out] =
-          RunProgram({kBin + "/evaluator", "--checkpoint-dir", whole + "/step-00000012", "--dataset", "idx:" + data,
+          RunProgram({BinDir() + "/evaluator", "--checkpoint-dir", whole + "/step-00000012", "--dataset", "idx:" + data,
                       "--threads", "1"}, absl::Seconds(60));
       EXPECT_EQ(one_code, 0) << one_out;
       EXPECT_THAT(one_out, HasSubstr("step=12 epoch=2 ")) << one_out;
@@ -555,7 +554,7 @@ TEST(CheckpointJob, AJobKilledMidEpochResumesAndEndsEqualToAnUninterruptedOne) {
     // A restarted evaluator (--once: the latest) reports the final score it
     // finds there, without a second line.
     auto [again_code, again_out] = RunProgram(
-        {kBin + "/evaluator", "--checkpoint-dir", whole, "--dataset", "idx:" + data, "--once", "--threads", "1"},
+        {BinDir() + "/evaluator", "--checkpoint-dir", whole, "--dataset", "idx:" + data, "--once", "--threads", "1"},
         absl::Seconds(60));
     EXPECT_EQ(again_code, 0) << again_out;
     EXPECT_THAT(again_out, HasSubstr("step=30 epoch=3 " + epoch3.substr(acc, 20))) << again_out;
@@ -638,7 +637,7 @@ TEST(CheckpointJob, AJobKilledMidEpochResumesAndEndsEqualToAnUninterruptedOne) {
   // worker is waited for; nothing is written.
   const std::vector<int64_t> before = CompleteSteps(broken);
   auto [code, out] = RunProgram(
-      {kBin + "/master", "--workers", "x1,x2", "--dataset", "idx:" + data, "--epochs", "3", "--batch-size", "64",
+      {BinDir() + "/master", "--workers", "x1,x2", "--dataset", "idx:" + data, "--epochs", "3", "--batch-size", "64",
        "--splits", "2", "--resume", broken, "--connect-timeout", "1"});
   EXPECT_EQ(code, 2) << out;
   EXPECT_THAT(out, HasSubstr("manifest.json is of another run: the data was"));
@@ -654,26 +653,26 @@ TEST(Evaluator, AnOutputThatCannotBeWrittenFailsAtOnce) {
   const std::string data = TempPath("evaluator_toy");
   test_support::WriteToyIdx(data, 20, 10);
   for (const std::string& output : {std::string("/proc/none/eval.jsonl"), testing::TempDir()}) {
-    auto [code, out] = RunProgram({kBin + "/evaluator", "--checkpoint-dir", dir, "--dataset", "idx:" + data,
+    auto [code, out] = RunProgram({BinDir() + "/evaluator", "--checkpoint-dir", dir, "--dataset", "idx:" + data,
                                    "--once", "--output", output});
     EXPECT_EQ(code, 2) << out;
     EXPECT_THAT(out, HasSubstr("cannot write --output " + output)) << out;
   }
   const std::string file = TempPath("evaluator_file");
   std::ofstream(file) << "x";
-  auto [file_code, file_out] = RunProgram({kBin + "/evaluator", "--checkpoint-dir", file, "--dataset",
+  auto [file_code, file_out] = RunProgram({BinDir() + "/evaluator", "--checkpoint-dir", file, "--dataset",
                                            "idx:" + data, "--once"});
   EXPECT_EQ(file_code, 2) << file_out;
   EXPECT_THAT(file_out, HasSubstr("--checkpoint-dir " + file + " is not a directory")) << file_out;
   // --once on a directory that is not there: a bad value, said before the
   // test set is read; without --once the evaluator waits for the job.
-  auto [code, out] = RunProgram({kBin + "/evaluator", "--checkpoint-dir", dir, "--dataset", "idx:" + data, "--once"});
+  auto [code, out] = RunProgram({BinDir() + "/evaluator", "--checkpoint-dir", dir, "--dataset", "idx:" + data, "--once"});
   EXPECT_EQ(code, 2) << out;
   EXPECT_THAT(out, HasSubstr("--checkpoint-dir " + dir + " does not exist: --once evaluates")) << out;
   EXPECT_THAT(out, ::testing::Not(HasSubstr("following"))) << out;
   // Flags for image folders are named as without effect on in-memory data.
   std::filesystem::create_directories(dir);
-  auto [note_code, note_out] = RunProgram({kBin + "/evaluator", "--checkpoint-dir", dir, "--dataset", "idx:" + data,
+  auto [note_code, note_out] = RunProgram({BinDir() + "/evaluator", "--checkpoint-dir", dir, "--dataset", "idx:" + data,
                                            "--once", "--image-size", "64", "--test-rows", "10"});
   EXPECT_EQ(note_code, 1) << note_out;
   EXPECT_THAT(note_out, HasSubstr("evaluator: note: --image-size with an in-memory --dataset")) << note_out;
@@ -689,7 +688,7 @@ TEST(Evaluator, ATestSetWithoutItsTrainingImagesSaysWhyTheyAreNeeded) {
     std::filesystem::remove(data + "/" + name);
   }
   std::filesystem::create_directories(TempPath("evaluator_none"));
-  auto [code, out] = RunProgram({kBin + "/evaluator", "--checkpoint-dir", TempPath("evaluator_none"), "--dataset",
+  auto [code, out] = RunProgram({BinDir() + "/evaluator", "--checkpoint-dir", TempPath("evaluator_none"), "--dataset",
                                  "idx:" + data, "--once"});
   EXPECT_EQ(code, 1) << out;
   EXPECT_THAT(out, HasSubstr("the evaluator reads the training images too")) << out;

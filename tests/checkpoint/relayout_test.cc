@@ -39,7 +39,7 @@ std::vector<pipeline::StageSpec> Cut(const pipeline::SequentialModel& model, con
   return stages;
 }
 
-std::unique_ptr<pipeline::Pipeline> MakePipeline(rpc::Agent& master, const std::vector<pipeline::StageSpec>& stages,
+std::unique_ptr<pipeline::Pipeline> PipelineOn(rpc::Agent& master, const std::vector<pipeline::StageSpec>& stages,
                                                  std::vector<std::string> workers) {
   pipeline::PipelineOptions o;
   o.stages = stages;
@@ -67,7 +67,7 @@ std::unique_ptr<pipeline::Pipeline> GoOn(rpc::Agent& master, const std::vector<p
                                          std::vector<std::string> workers, const Checkpoint& ck,
                                          const Batches& data, size_t from, size_t to,
                                          const std::vector<double>& want, const std::vector<at::Tensor>& state) {
-  auto pipe = MakePipeline(master, stages, std::move(workers));
+  auto pipe = PipelineOn(master, stages, std::move(workers));
   if (pipe == nullptr) return nullptr;
   const absl::Status restored = Restore(*pipe, ck);
   EXPECT_TRUE(restored.ok()) << restored;
@@ -95,7 +95,7 @@ TEST(Relayout, TwoStagesThenFourThenOneGoOnAsAnUninterruptedRunOfEachCut) {
   std::vector<double> want;
   std::vector<at::Tensor> want_at_6, want_at_8;
   {
-    auto pipe = MakePipeline(workers.master(), four, {"w1", "w2"});
+    auto pipe = PipelineOn(workers.master(), four, {"w1", "w2"});
     ASSERT_NE(pipe, nullptr);
     for (size_t i = 0; i < data.size(); ++i) {
       want.push_back(pipe->start_train_step(data[i].first, data[i].second).wait().value());
@@ -110,7 +110,7 @@ TEST(Relayout, TwoStagesThenFourThenOneGoOnAsAnUninterruptedRunOfEachCut) {
   auto saver = Checkpointer::Create(workers.master(), dir, /*keep=*/1);
   ASSERT_TRUE(saver.ok()) << saver.status();
   {
-    auto pipe = MakePipeline(workers.master(), two, {"w1", "w2"});
+    auto pipe = PipelineOn(workers.master(), two, {"w1", "w2"});
     ASSERT_NE(pipe, nullptr);
     for (size_t i = 0; i < 3; ++i) {
       EXPECT_EQ(pipe->start_train_step(data[i].first, data[i].second).wait().value(), want[i]) << "step " << i + 1;
@@ -165,7 +165,7 @@ TEST(Relayout, AnotherModelOrAPartOfTheModelIsAnErrorNamingTheTensors) {
   auto saver = Checkpointer::Create(workers.master(), dir, /*keep=*/1);
   ASSERT_TRUE(saver.ok()) << saver.status();
   {
-    auto pipe = MakePipeline(workers.master(), two, {"w1", "w2"});
+    auto pipe = PipelineOn(workers.master(), two, {"w1", "w2"});
     ASSERT_NE(pipe, nullptr);
     ASSERT_TRUE((*saver)->Save(*pipe, two, RunIdentity(), TrainingState()).ok());
   }

@@ -16,7 +16,6 @@ namespace remora::fuzz {
 namespace {
 
 const std::string kCorpus = REMORA_FUZZ_CORPUS;
-const std::string kBin = BinDir();
 
 std::map<std::string, std::string> ReadDir(const std::string& dir) {
   std::map<std::string, std::string> files;
@@ -44,7 +43,7 @@ TEST(FuzzCorpus, EverySeedDecodesInOneSliceAndInMany) {
 
 TEST(FuzzCorpus, CheckedInSeedsAreTheGeneratorsOutput) {
   const std::string dir = TempPath("corpus");
-  auto [code, out] = RunProgram({kBin + "/make_fuzz_corpus", "--out", dir});
+  auto [code, out] = RunProgram({BinDir() + "/make_fuzz_corpus", "--out", dir});
   ASSERT_EQ(code, 0) << out;
   const auto made = ReadDir(dir), checked_in = ReadDir(kCorpus);
   ASSERT_EQ(made.size(), checked_in.size())

@@ -16,14 +16,13 @@ namespace {
 
 using ::testing::HasSubstr;
 
-const std::string kBin = BinDir();
 
 // rpc_bench's figures are not checked (timings are not asserted in tests),
 // only that it measures what it says: sizes below the out-of-band threshold
 // travel inline, sizes from it on through shared memory, and the bulk line
 // names the channel.
 TEST(RpcBench, SweepsSizesAcrossTheThresholdAndNamesTheChannels) {
-  auto [code, out] = RunProgram({kBin + "/rpc_bench", "--calls", "100", "--warmup", "10",
+  auto [code, out] = RunProgram({BinDir() + "/rpc_bench", "--calls", "100", "--warmup", "10",
                                  "--bulk-mib", "2", "--bulk-calls", "2", "--sizes", "4K,64K,1M"},
                                 absl::Seconds(120));
   ASSERT_EQ(code, 0) << out;
@@ -37,7 +36,7 @@ TEST(RpcBench, SweepsSizesAcrossTheThresholdAndNamesTheChannels) {
 
   for (const auto& [sizes, text] : {std::pair{"4K,0", "--sizes: '0' is not a size"}, {"2048M", "1 byte to 1 GiB"},
                                     {"4K,,8K", "has an empty size"}}) {
-    auto [bad, bad_out] = RunProgram({kBin + "/rpc_bench", "--sizes", sizes});
+    auto [bad, bad_out] = RunProgram({BinDir() + "/rpc_bench", "--sizes", sizes});
     EXPECT_EQ(bad, 2) << bad_out;
     EXPECT_THAT(bad_out, HasSubstr(text));
   }
@@ -47,7 +46,7 @@ TEST(RpcBench, SweepsSizesAcrossTheThresholdAndNamesTheChannels) {
 // its replies: each message's send, arrival and wait for the pool, each
 // pass's wait for the compute lane, in the order they happen.
 TEST(PipelineBench, HopsPrintTheChainOfAStepInTheOrderItRuns) {
-  auto [code, out] = RunProgram({kBin + "/pipeline_bench", "--micro-batches", "1", "--steps", "4", "--warmup", "2",
+  auto [code, out] = RunProgram({BinDir() + "/pipeline_bench", "--micro-batches", "1", "--steps", "4", "--warmup", "2",
                                  "--hops", "6"},
                                 absl::Seconds(120));
   ASSERT_EQ(code, 0) << out;
@@ -66,7 +65,7 @@ TEST(PipelineBench, HopsPrintTheChainOfAStepInTheOrderItRuns) {
     ASSERT_NE(found, std::string::npos) << "'" << event << "' not after the events before it:\n" << out;
     at = found + event.size();
   }
-  auto [bad, bad_out] = RunProgram({kBin + "/pipeline_bench", "--hops", "-1"});
+  auto [bad, bad_out] = RunProgram({BinDir() + "/pipeline_bench", "--hops", "-1"});
   EXPECT_EQ(bad, 2) << bad_out;
   EXPECT_THAT(bad_out, HasSubstr("--hops"));
 }

@@ -25,8 +25,7 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-const std::string kBin = BinDir();
-const std::string kLaunch = kBin + "/remora-launch";
+const std::string kLaunch = BinDir() + "/remora-launch";
 
 // remora-launch with exactly `env` as its environment (env -i), plus
 // this process's LD_LIBRARY_PATH: where the libraries live on a machine
@@ -74,7 +73,7 @@ TEST(Subprocess, TheChildGetsTheEnvironmentEntriesOnTopOfOurs) {
 // tell it from a worker whose master was stopped (which exits 128 + it).
 TEST(Worker, ASignalIsSaidAndTheWorkerExitsWith128PlusIt) {
   const std::string log = TempPath("signalled_worker.log");
-  auto worker = launch::Subprocess::Spawn({kBin + "/worker", "--name", "w1", "--master",
+  auto worker = launch::Subprocess::Spawn({BinDir() + "/worker", "--name", "w1", "--master",
                                            absl::StrCat("127.0.0.1:", FreePort()), "--connect-timeout", "60"},
                                           log)
                     .value();
@@ -94,12 +93,12 @@ TEST(Master, ASignalEndsTheGroupAndTheWorkersExitAtOnce) {
   const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
   std::vector<std::unique_ptr<launch::Subprocess>> workers;
   for (const std::string name : {"w1", "w2"}) {
-    workers.push_back(launch::Subprocess::Spawn({kBin + "/worker", "--name", name, "--master", addr, "--threads", "1"},
+    workers.push_back(launch::Subprocess::Spawn({BinDir() + "/worker", "--name", name, "--master", addr, "--threads", "1"},
                                              TempPath(name + "_interrupted.log"))
                           .value());
   }
   const std::string log = TempPath("interrupted_master.log");
-  auto master = launch::Subprocess::Spawn({kBin + "/master", "--workers", "w1,w2", "--listen", addr, "--batches",
+  auto master = launch::Subprocess::Spawn({BinDir() + "/master", "--workers", "w1,w2", "--listen", addr, "--batches",
                                         "1000", "--batch-size", "8", "--image-size", "32", "--splits", "2"},
                                        log)
                     .value();
@@ -130,7 +129,7 @@ TEST(Master, ASignalEndsTheGroupAndTheWorkersExitAtOnce) {
 // background job).
 TEST(Master, ALocalRunStoppedByASignalSaysSoAndEndsByIt) {
   const std::string log = TempPath("interrupted_local.log");
-  auto master = launch::Subprocess::Spawn({"/bin/sh", "-c", "trap '' INT; exec \"$0\" \"$@\"", kBin + "/master",
+  auto master = launch::Subprocess::Spawn({"/bin/sh", "-c", "trap '' INT; exec \"$0\" \"$@\"", BinDir() + "/master",
                                            "--local", "--batches", "1000", "--batch-size", "8", "--image-size",
                                            "32", "--splits", "1", "--threads", "1"},
                                           log)
@@ -148,11 +147,11 @@ TEST(Master, ALocalRunStoppedByASignalSaysSoAndEndsByIt) {
 // they exited 1, as after a master's failure, and were restarted).
 TEST(Master, ASignalBeforeTheGroupFormedEndsTheJoinedWorkersAsStopped) {
   const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
-  auto worker = launch::Subprocess::Spawn({kBin + "/worker", "--name", "w1", "--master", addr, "--threads", "1"},
+  auto worker = launch::Subprocess::Spawn({BinDir() + "/worker", "--name", "w1", "--master", addr, "--threads", "1"},
                                           TempPath("early_signal_w1.log"))
                     .value();
   const std::string log = TempPath("early_signal_master.log");
-  auto master = launch::Subprocess::Spawn({kBin + "/master", "--workers", "w1,w2", "--listen", addr, "--batches",
+  auto master = launch::Subprocess::Spawn({BinDir() + "/master", "--workers", "w1,w2", "--listen", addr, "--batches",
                                            "1", "--batch-size", "8", "--image-size", "32", "--splits", "2",
                                            "--connect-timeout", "120"},
                                           log)

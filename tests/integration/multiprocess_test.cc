@@ -38,14 +38,13 @@ namespace {
 
 using ::testing::HasSubstr;
 
-const std::string kBin = BinDir();
 
 TEST(WorkerProgram, HelpAndBadFlags) {
-  auto [help, help_out] = RunProgram({kBin + "/worker", "--help"});
+  auto [help, help_out] = RunProgram({BinDir() + "/worker", "--help"});
   EXPECT_EQ(help, 0);
   EXPECT_THAT(help_out, HasSubstr("--name"));
   EXPECT_THAT(help_out, HasSubstr("--master"));
-  auto [no_name, no_name_out] = RunProgram({kBin + "/worker"});
+  auto [no_name, no_name_out] = RunProgram({BinDir() + "/worker"});
   EXPECT_EQ(no_name, 2);
   EXPECT_THAT(no_name_out, HasSubstr("--name is required"));
   const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
@@ -58,7 +57,7 @@ TEST(WorkerProgram, HelpAndBadFlags) {
       {{"--name", "w1", "--token-file", testing::TempDir()}, "is a directory; give a file"},
   };
   for (const auto& [args, text] : bad) {
-    std::vector<std::string> argv = {kBin + "/worker"};
+    std::vector<std::string> argv = {BinDir() + "/worker"};
     argv.insert(argv.end(), args.begin(), args.end());
     auto [code, out] = RunProgram(argv);
     EXPECT_EQ(code, 2) << out;
@@ -68,7 +67,7 @@ TEST(WorkerProgram, HelpAndBadFlags) {
 
 TEST(WorkerProgram, ExitsWithAClearMessageWhenTheMasterNeverAppears) {
   const absl::Time start = absl::Now();
-  auto [code, out] = RunProgram({kBin + "/worker", "--name", "w1", "--master",
+  auto [code, out] = RunProgram({BinDir() + "/worker", "--name", "w1", "--master",
                                  absl::StrCat("127.0.0.1:", FreePort()), "--connect-timeout",
                                  "2"});
   EXPECT_EQ(code, 1);
@@ -76,7 +75,7 @@ TEST(WorkerProgram, ExitsWithAClearMessageWhenTheMasterNeverAppears) {
   EXPECT_THAT(out, HasSubstr("unreachable"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(15));
   // A host name that does not resolve is said to be one (not a TLS hint).
-  auto [dns, dns_out] = RunProgram({kBin + "/worker", "--name", "w1", "--master", "no-such-host.invalid:29500",
+  auto [dns, dns_out] = RunProgram({BinDir() + "/worker", "--name", "w1", "--master", "no-such-host.invalid:29500",
                                     "--connect-timeout", "2"});
   EXPECT_EQ(dns, 1);
   EXPECT_THAT(dns_out, HasSubstr("the host name 'no-such-host.invalid' does not resolve")) << dns_out;
@@ -90,7 +89,7 @@ TEST(WorkerProgram, HonoursMasterAddrAndPort) {
   rpc::AgentOptions m = MasterOptions({"w1"});
   m.listen_address = absl::StrCat("127.0.0.1:", port);
   auto master = rpc::Agent::Start(m, &registry).value();
-  auto worker = launch::Subprocess::Spawn({kBin + "/test_worker", "--name", "w1"}, "",
+  auto worker = launch::Subprocess::Spawn({BinDir() + "/test_worker", "--name", "w1"}, "",
                                           {"MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", port)})
                     .value();
   ASSERT_TRUE(master->Join().ok());
@@ -158,7 +157,7 @@ TEST(MultiProcess, DuplicateWorkerNameExitsWithAnError) {
   std::vector<std::string> outputs;
   for (int i = 0; i < 2; ++i) {
     outputs.push_back(TempPath(absl::StrCat("twin", i, ".txt")));
-    twins.push_back(launch::Subprocess::Spawn({kBin + "/worker", "--name", "w1", "--master", addr},
+    twins.push_back(launch::Subprocess::Spawn({BinDir() + "/worker", "--name", "w1", "--master", addr},
                                            outputs.back())
                         .value());
   }
@@ -173,13 +172,13 @@ TEST(MultiProcess, DuplicateWorkerNameExitsWithAnError) {
   ASSERT_GE(refused, 0) << "neither w1 was refused";
   EXPECT_EQ(twins[refused]->Wait(absl::Seconds(1)).value(), 1);
   EXPECT_THAT(ReadFile(outputs[refused]), HasSubstr("duplicate worker name 'w1'"));
-  auto second = launch::Subprocess::Spawn({kBin + "/worker", "--name", "w2", "--master", addr}).value();
+  auto second = launch::Subprocess::Spawn({BinDir() + "/worker", "--name", "w2", "--master", addr}).value();
   ASSERT_TRUE(master->Join().ok());
   // Once the group formed, a third "w1" waits for the live one to be lost
   // (an elastic restart may come before the loss is found), says so at
   // once, and at its timeout names the cause.
   auto [late, late_out] = RunProgram(
-      {kBin + "/worker", "--name", "w1", "--master", addr, "--connect-timeout", "2"}, absl::Seconds(30));
+      {BinDir() + "/worker", "--name", "w1", "--master", addr, "--connect-timeout", "2"}, absl::Seconds(30));
   EXPECT_EQ(late, 1) << late_out;
   EXPECT_THAT(late_out, HasSubstr("is alive; a new process under its name is taken once the master finds"));
   EXPECT_THAT(late_out, HasSubstr("a second worker started by mistake needs its own --name"));
@@ -218,7 +217,7 @@ TEST(Master, DeterministicReachesEveryWorkerAndKeepsThePipelinesLosses) {
   auto workers = test_support::StartWorkers({"w1", "w2", "w3"}, addr, "deterministic");
   const std::vector<std::string> args = {"--batches", "2", "--batch-size", "8", "--image-size", "32",
                                          "--splits", "2", "--deterministic"};
-  std::vector<std::string> argv = {kBin + "/master", "--workers", "w1,w2", "--spares", "w3", "--max-restarts", "1",
+  std::vector<std::string> argv = {BinDir() + "/master", "--workers", "w1,w2", "--spares", "w3", "--max-restarts", "1",
                                    "--checkpoint-dir", test_support::FreshDir("deterministic_ckpt"), "--listen", addr,
                                    "--report", TempPath("deterministic.json")};
   argv.insert(argv.end(), args.begin(), args.end());
@@ -256,7 +255,7 @@ TEST(Failure, WorkerExitsNonZeroWhenTheMasterIsGone) {
   auto master = rpc::Agent::Start(m, &registry).value();
   const std::string out = absl::StrCat(testing::TempDir(), "/remora_", getpid(), "_gone.txt");
   auto worker = launch::Subprocess::Spawn(
-                    {kBin + "/worker", "--name", "w1", "--master", master->self().address}, out)
+                    {BinDir() + "/worker", "--name", "w1", "--master", master->self().address}, out)
                     .value();
   ASSERT_TRUE(master->Join().ok());
   const absl::Time start = absl::Now();
@@ -306,17 +305,17 @@ TEST(Security, WorkerProgramUsesTheTokenFile) {
   const std::string good = TempPath("good.token"), bad = TempPath("bad.token");
   std::ofstream(good) << "group-secret\n";
   std::ofstream(bad) << "not-the-secret\n";
-  auto [missing, missing_out] = RunProgram({kBin + "/worker", "--name", "w1", "--token-file",
+  auto [missing, missing_out] = RunProgram({BinDir() + "/worker", "--name", "w1", "--token-file",
                                             TempPath("absent.token")});
   EXPECT_EQ(missing, 2);
   EXPECT_THAT(missing_out, HasSubstr("cannot read --token-file"));
-  auto worker = launch::Subprocess::Spawn({kBin + "/test_worker", "--name", "w1", "--master",
+  auto worker = launch::Subprocess::Spawn({BinDir() + "/test_worker", "--name", "w1", "--master",
                                         master->self().address, "--token-file", good})
                     .value();
   ASSERT_TRUE(master->Join().ok());
   // A worker with the wrong token is refused. (Before the group formed it
   // would also end the master's wait: Master.RefusedWorkersFail...)
-  auto [code, out] = RunProgram({kBin + "/worker", "--name", "w1", "--master",
+  auto [code, out] = RunProgram({BinDir() + "/worker", "--name", "w1", "--master",
                                  master->self().address, "--token-file", bad});
   EXPECT_EQ(code, 1);
   EXPECT_THAT(out, HasSubstr("token"));
@@ -357,19 +356,19 @@ TEST(Security, WorkerProgramsTalkMutualTls) {
   m.tls = pki.tls();
   m.connect_timeout = absl::Seconds(5);
   auto tls_master = rpc::Agent::Start(m, &registry).value();
-  auto [code, out] = RunProgram({kBin + "/worker", "--name", "w1", "--master",
+  auto [code, out] = RunProgram({BinDir() + "/worker", "--name", "w1", "--master",
                                  tls_master->self().address, "--connect-timeout", "2"});
   EXPECT_EQ(code, 1);
   EXPECT_THAT(out, HasSubstr("this process talks plaintext"));
   // Half-specified or unreadable TLS flags: exit 2 before anything starts.
-  auto [half, half_out] = RunProgram({kBin + "/worker", "--name", "w1", "--tls-key", pki.key});
+  auto [half, half_out] = RunProgram({BinDir() + "/worker", "--name", "w1", "--tls-key", pki.key});
   EXPECT_EQ(half, 2);
   EXPECT_THAT(half_out, HasSubstr("--tls-key is given without --tls-cert"));
-  auto [ca_only, ca_only_out] = RunProgram({kBin + "/worker", "--name", "w1", "--tls-ca", pki.ca});
+  auto [ca_only, ca_only_out] = RunProgram({BinDir() + "/worker", "--name", "w1", "--tls-ca", pki.ca});
   EXPECT_EQ(ca_only, 2);
   EXPECT_THAT(ca_only_out, HasSubstr("--tls-ca needs --tls-cert and --tls-key"));
   auto [unreadable, unreadable_out] =
-      RunProgram({kBin + "/worker", "--name", "w1", "--tls-cert", TempPath("absent.crt"),
+      RunProgram({BinDir() + "/worker", "--name", "w1", "--tls-cert", TempPath("absent.crt"),
                   "--tls-key", pki.key, "--tls-ca", pki.ca});
   EXPECT_EQ(unreadable, 2);
   EXPECT_THAT(unreadable_out, HasSubstr("cannot read --tls-cert"));
@@ -377,7 +376,7 @@ TEST(Security, WorkerProgramsTalkMutualTls) {
 
 TEST(RpcDemo, RunsOverMutualTls) {
   const TestPki pki = MakeTestPki("demo");
-  auto [code, out] = RunProgram({kBin + "/rpc_demo", "--tls-cert", pki.cert, "--tls-key", pki.key,
+  auto [code, out] = RunProgram({BinDir() + "/rpc_demo", "--tls-cert", pki.cert, "--tls-key", pki.key,
                                  "--tls-ca", pki.ca},
                                 absl::Seconds(120));
   EXPECT_EQ(code, 0) << out;
@@ -546,13 +545,13 @@ TEST(Security, EveryPortOfAJobWithATokenRefusesACallWithoutIt) {
     std::vector<std::string> logs;
     for (const std::string name : {"w1", "w2"}) {
       logs.push_back(TempPath(absl::StrCat("job_", name, replicas, ".log")));
-      workers.push_back(launch::Subprocess::Spawn({kBin + "/worker", "--name", name, "--master", addr, "--threads",
+      workers.push_back(launch::Subprocess::Spawn({BinDir() + "/worker", "--name", name, "--master", addr, "--threads",
                                                    "1", "--token-file", token},
                                                   logs.back())
                             .value());
     }
     const std::string log = TempPath(absl::StrCat("job_master", replicas, ".log"));
-    std::vector<std::string> argv = {kBin + "/master", "--workers", "w1,w2", "--listen", addr, "--token-file", token,
+    std::vector<std::string> argv = {BinDir() + "/master", "--workers", "w1,w2", "--listen", addr, "--token-file", token,
                                      "--dataset", "idx:" + data, "--epochs", "15", "--batch-size", "32",
                                      "--threads", "1"};
     if (replicas) argv.insert(argv.end(), {"--replicas", "2", "--insecure-collectives"});
@@ -609,7 +608,7 @@ TEST(Restart, WorkerRejoinsANewMasterOnTheSamePortAtOnce) {
     m.connect_timeout = absl::Seconds(20);
     auto master = rpc::Agent::Start(m, &registry);
     ASSERT_TRUE(master.ok()) << "round " << round << ": " << master.status();
-    auto worker = launch::Subprocess::Spawn({kBin + "/test_worker", "--name", "w1", "--master",
+    auto worker = launch::Subprocess::Spawn({BinDir() + "/test_worker", "--name", "w1", "--master",
                                           (*master)->self().address})
                       .value();
     ASSERT_TRUE((*master)->Join().ok()) << "round " << round;
@@ -632,34 +631,34 @@ TEST(Soak, TrainingStepsLeaveNoTablesContextsOrThreadsBehind) {
 #else
   const std::string rss_bound = "64", steps = "300";
 #endif
-  auto [code, out] = RunProgram({kBin + "/soak", "--steps", steps, "--progress", "100",
+  auto [code, out] = RunProgram({BinDir() + "/soak", "--steps", steps, "--progress", "100",
                                  "--max-rss-growth-mib", rss_bound},
                                 absl::Seconds(240));
   EXPECT_EQ(code, 0) << out;
   EXPECT_THAT(out, HasSubstr("soak: OK"));
   EXPECT_THAT(out, HasSubstr("soak1 end: rss_mib="));
   EXPECT_THAT(out, HasSubstr("master growth: rss_mib="));
-  auto [help, help_out] = RunProgram({kBin + "/soak", "--help"});
+  auto [help, help_out] = RunProgram({BinDir() + "/soak", "--help"});
   EXPECT_EQ(help, 0);
   EXPECT_THAT(help_out, HasSubstr("--steps"));
-  auto [bad, bad_out] = RunProgram({kBin + "/soak", "--workers", "a,b,c"});
+  auto [bad, bad_out] = RunProgram({BinDir() + "/soak", "--workers", "a,b,c"});
   EXPECT_EQ(bad, 2);
   EXPECT_THAT(bad_out, HasSubstr("--workers wants two distinct names"));
-  auto [bad_lr, bad_lr_out] = RunProgram({kBin + "/soak", "--lr", "-1"});  // before any worker starts
+  auto [bad_lr, bad_lr_out] = RunProgram({BinDir() + "/soak", "--lr", "-1"});  // before any worker starts
   EXPECT_EQ(bad_lr, 2);
   EXPECT_THAT(bad_lr_out, HasSubstr("--lr must be > 0; got -1"));
-  auto [few, few_out] = RunProgram({kBin + "/soak", "--steps", "5", "--warmup", "1"});
+  auto [few, few_out] = RunProgram({BinDir() + "/soak", "--steps", "5", "--warmup", "1"});
   EXPECT_EQ(few, 0) << few_out;  // (too few steps to judge the loss by: not a failure)
   EXPECT_THAT(few_out, HasSubstr("loss not judged: 6 steps, fewer than 50"));
 }
 
 TEST(RpcDemo, RunsEndToEnd) {
-  auto [code, out] = RunProgram({kBin + "/rpc_demo"}, absl::Seconds(120));
+  auto [code, out] = RunProgram({BinDir() + "/rpc_demo"}, absl::Seconds(120));
   EXPECT_EQ(code, 0) << out;
   EXPECT_THAT(out, HasSubstr("matches local computation: yes"));
   EXPECT_THAT(out, HasSubstr("shut down cleanly"));
   // It starts its group itself: no master address or group secret to give.
-  auto [help_code, help] = RunProgram({kBin + "/rpc_demo", "--help"});
+  auto [help_code, help] = RunProgram({BinDir() + "/rpc_demo", "--help"});
   EXPECT_EQ(help_code, 0);
   EXPECT_THAT(help, HasSubstr("REMORA_SHM=0"));
   EXPECT_THAT(help, ::testing::Not(HasSubstr("MASTER_ADDR")));

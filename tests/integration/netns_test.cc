@@ -26,7 +26,6 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-const std::string kBin = BinDir();
 constexpr char kIp[] = "/sbin/ip";
 constexpr int kRanks = 3;
 
@@ -117,7 +116,7 @@ class NetNamespaces : public ::testing::Test {
                                      "MASTER_PORT=29500",
                                      "REMORA_DEBUG=channels"};
     argv.insert(argv.end(), env.begin(), env.end());
-    argv.push_back(kBin + "/remora-launch");
+    argv.push_back(BinDir() + "/remora-launch");
     argv.insert(argv.end(), args.begin(), args.end());
     if (ranks_.size() <= static_cast<size_t>(rank)) ranks_.resize(rank + 1);
     ranks_[rank] = launch::Subprocess::Spawn(argv, Output(rank)).value();

@@ -33,12 +33,11 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-const std::string kBin = BinDir();
 
 // The program's side of its flags: --help, exit code 2 for a bad command
 // line with the message on stderr, 1 for workers that never register.
 TEST(Master, HelpBadFlagsAndMissingWorkersGiveTheirExitCodes) {
-  const std::string m = kBin + "/master";
+  const std::string m = BinDir() + "/master";
   auto check = [&](std::vector<std::string> argv, int want, const std::string& text) {
     argv.insert(argv.begin(), m);
     auto [code, out] = RunProgram(argv, absl::Seconds(60));
@@ -84,7 +83,7 @@ std::string LoadedFrom(const std::string& text, const std::string& soname) {
 // load that copy, and not what only libtorch_cpu needed.
 TEST(Programs, LoadTheTrimmedLibTorchWhereTheBuildMadeOne) {
   const std::string maps = ReadFile("/proc/self/maps");
-  const std::string dir = kBin + "/../torch-trimmed";
+  const std::string dir = BinDir() + "/../torch-trimmed";
   std::ifstream dropped_file(dir + "/.dropped");
   if (!dropped_file) {
 #ifdef REMORA_TRIM_TORCH_ON
@@ -119,11 +118,11 @@ TEST(Programs, LoadTheTrimmedLibTorchWhereTheBuildMadeOne) {
   EXPECT_EQ(LoadedFrom(maps, soname), copy);
   for (const std::string& file : only_for_torch) EXPECT_THAT(maps, Not(HasSubstr(file)));
   for (const char* program : {"master", "worker"}) {
-    auto [code, ldd] = RunProgram({"/usr/bin/ldd", kBin + "/" + program});
+    auto [code, ldd] = RunProgram({"/usr/bin/ldd", BinDir() + "/" + program});
     ASSERT_EQ(code, 0) << ldd;
     EXPECT_EQ(LoadedFrom(ldd, soname), copy) << program << ":\n" << ldd;
     for (const std::string& file : only_for_torch) EXPECT_THAT(ldd, Not(HasSubstr(file))) << program;
-    auto [help, help_out] = RunProgram({kBin + "/" + program, "--help"});
+    auto [help, help_out] = RunProgram({BinDir() + "/" + program, "--help"});
     EXPECT_EQ(help, 0) << help_out;
   }
 }
@@ -138,7 +137,7 @@ TEST(Programs, LoadTheTrimmedLibTorchWhereTheBuildMadeOne) {
 TEST(Master, LocalWithoutThreadsTrainsOnTheFastestCountMeasuredHere) {
   const std::string model = TempPath("threads_model.pt");
   test_support::ScriptSequential({12, 16, 16, 5}).save(model);
-  const std::vector<std::string> run = {kBin + "/master", "--local", "--model", model, "--input-shape", "12",
+  const std::vector<std::string> run = {BinDir() + "/master", "--local", "--model", model, "--input-shape", "12",
                                         "--classes", "5", "--batches", "3", "--batch-size", "32", "--splits", "1"};
   auto with_env = [&run](std::vector<std::string> env) {
     env.insert(env.begin(), "/usr/bin/env");
@@ -191,10 +190,10 @@ TEST(Master, ABusyListenPortFailsBeforeTheDatasetLoads) {
   socklen_t len = sizeof(a);
   ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
   const std::string addr = absl::StrCat("127.0.0.1:", ntohs(a.sin_port));
-  auto [code, out] = RunProgram({kBin + "/master", "--workers", "worker1", "--listen", addr, "--dataset",
+  auto [code, out] = RunProgram({BinDir() + "/master", "--workers", "worker1", "--listen", addr, "--dataset",
                                  "idx:" + data},
                                 absl::Seconds(60));
-  auto [wcode, wout] = RunProgram({kBin + "/worker", "--name", "w1", "--listen", addr, "--connect-timeout", "1"});
+  auto [wcode, wout] = RunProgram({BinDir() + "/worker", "--name", "w1", "--listen", addr, "--connect-timeout", "1"});
   close(fd);
   EXPECT_EQ(code, 1) << out;
   EXPECT_THAT(out, HasSubstr("--listen " + addr + ": the port is in use"));
@@ -218,15 +217,15 @@ TEST(Master, RefusedWorkersFailTheMasterAtOnceNamingThemAndTheJoinedWorkerExits)
   for (const Case& c : {Case{"wroker2", token, "'wroker2' at "}, Case{"worker2", wrong, "wrong token"}}) {
     SCOPED_TRACE(c.want);
     const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
-    auto worker1 = launch::Subprocess::Spawn({kBin + "/worker", "--name", "worker1", "--master", addr,
+    auto worker1 = launch::Subprocess::Spawn({BinDir() + "/worker", "--name", "worker1", "--master", addr,
                                            "--token-file", token},
                                           TempPath("worker1.log"));
-    auto worker2 = launch::Subprocess::Spawn({kBin + "/worker", "--name", c.name, "--master", addr,
+    auto worker2 = launch::Subprocess::Spawn({BinDir() + "/worker", "--name", c.name, "--master", addr,
                                            "--token-file", c.token},
                                           TempPath("worker2.log"));
     ASSERT_TRUE(worker1.ok() && worker2.ok());
     const absl::Time start = absl::Now();
-    auto [code, out] = RunProgram({kBin + "/master", "--workers", "worker1,worker2", "--listen", addr,
+    auto [code, out] = RunProgram({BinDir() + "/master", "--workers", "worker1,worker2", "--listen", addr,
                                    "--token-file", token, "--connect-timeout", "60"},
                                   absl::Seconds(90));
     EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "the master waited out --connect-timeout";
@@ -298,7 +297,7 @@ TEST(Evaluator, AFailedModelIsOneLineAndVerboseShowsTheTraceback) {
                                                    "--train-rows", "16", "--checkpoint-dir", ckpt});
   unsetenv("TMPDIR");
   ASSERT_EQ(code, 0) << out;
-  std::vector<std::string> argv = {kBin + "/evaluator", "--checkpoint-dir", ckpt, "--dataset", "text:" + text,
+  std::vector<std::string> argv = {BinDir() + "/evaluator", "--checkpoint-dir", ckpt, "--dataset", "text:" + text,
                                    "--once", "--batch-size", "1"};
   auto [failed, said] = RunProgram(argv, absl::Seconds(60));
   EXPECT_EQ(failed, 1) << said;

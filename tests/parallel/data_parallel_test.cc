@@ -32,7 +32,6 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-const std::string kBin = BinDir();
 
 TEST(ProcessGroup, MembersSumAndBroadcastThroughTheStore) {
   if (!HaveGloo()) GTEST_SKIP() << "built without Gloo";
@@ -471,16 +470,16 @@ TEST(CudaDataParallel, ReplicasOfACudaStageMatchOneProcess) {
 TEST(CollectiveBench, PrintsAllReduceBandwidthBesideMemcpy) {
   if (!HaveGloo()) GTEST_SKIP() << "built without Gloo";
   auto [code, out] = RunProgram(
-      {kBin + "/collective_bench", "--ranks", "2", "--reps", "1"}, absl::Seconds(120));
+      {BinDir() + "/collective_bench", "--ranks", "2", "--reps", "1"}, absl::Seconds(120));
   ASSERT_EQ(code, 0) << out;
   EXPECT_THAT(out, HasSubstr("allreduce_ms"));
   EXPECT_THAT(out, HasSubstr("     2        64Mi"));
   for (const char* ranks : {"1", "2,,4"}) {
-    auto [bad, message] = RunProgram({kBin + "/collective_bench", "--ranks", ranks}, absl::Seconds(30));
+    auto [bad, message] = RunProgram({BinDir() + "/collective_bench", "--ranks", ranks}, absl::Seconds(30));
     EXPECT_EQ(bad, 2);
     EXPECT_THAT(message, HasSubstr("--ranks wants counts in 2..16"));
   }
-  auto [internal, internal_out] = RunProgram({kBin + "/collective_bench", "--rank", "1"}, absl::Seconds(30));
+  auto [internal, internal_out] = RunProgram({BinDir() + "/collective_bench", "--rank", "1"}, absl::Seconds(30));
   EXPECT_EQ(internal, 2);
   EXPECT_THAT(internal_out, HasSubstr("--rank and --store go together"));
 }

@@ -371,13 +371,6 @@ PipelineOptions TwoStagesIn1F1B(StageSpec a, StageSpec b) {
   return o;
 }
 
-void ExpectError(const absl::Status& s, const std::vector<std::string>& parts) {
-  ASSERT_FALSE(s.ok());
-  for (const auto& p : parts) {
-    EXPECT_NE(s.message().find(p), std::string::npos) << "'" << p << "' not in: " << s.message();
-  }
-}
-
 // eval_correct: the labels go to the last stage's worker, which counts the rows its outputs get right
 // and replies with the counts alone, the ones the outputs give here. An output that is not
 // [rows, classes] is an error naming the stage and the worker.

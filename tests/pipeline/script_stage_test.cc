@@ -17,6 +17,7 @@
 #include "pipeline/pipeline.h"
 #include "tests/support/pipeline_fixtures.h"
 #include "tests/support/script_models.h"
+#include "tests/support/test_group.h"
 
 namespace remora::pipeline {
 namespace {
@@ -139,11 +140,6 @@ PipelineOptions TwoOver(StageSpec a, StageSpec b) {
   o.micro_batches = 2;
   o.loss = MseLoss();
   return o;
-}
-
-void ExpectError(const absl::Status& s, const std::vector<std::string>& parts) {
-  ASSERT_FALSE(s.ok());
-  for (const auto& p : parts) EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr(p));
 }
 
 // Several tensors across a cut that the next stage does not take: the

@@ -64,7 +64,7 @@ struct Trained {
   std::vector<std::vector<at::Tensor>> states;
 };
 
-Trained Train(rpc::Agent& agent, const PipelineOptions& o) {
+Trained TrainWith(rpc::Agent& agent, const PipelineOptions& o) {
   Trained t;
   auto pipe = Pipeline::Create(agent, o);
   EXPECT_TRUE(pipe.ok()) << pipe.status();
@@ -99,8 +99,8 @@ TEST(ZeroBubble, Zb1pTrainsBitForBitAsOneFOneB) {
            {{Part(0, 2), Part(2, parts)}, {"w1", "w2"}},
            {{Part(0, 1), Part(1, 2), Part(2, parts)}, {"w1", "w2", "w3"}}}) {
     SCOPED_TRACE(::testing::Message() << stages.size() << " stages");
-    const Trained one_f_one_b = Train(workers.master(), Options(stages, names, "1f1b"));
-    const Trained zero_bubble = Train(workers.master(), Options(stages, names, "zb1p"));
+    const Trained one_f_one_b = TrainWith(workers.master(), Options(stages, names, "1f1b"));
+    const Trained zero_bubble = TrainWith(workers.master(), Options(stages, names, "zb1p"));
     ASSERT_EQ(one_f_one_b.losses.size(), 3u);
     ExpectBitwise(zero_bubble, one_f_one_b);
   }
@@ -138,8 +138,8 @@ TEST(ZeroBubble, ZbvTrainsBitForBitAsOneFOneBOverTwiceTheWorkers) {
     SCOPED_TRACE(::testing::Message() << "clip_grad_norm " << clip);
     PipelineOptions v = Options(stages, {"w1", "w2"}, "zbv"), one = Options(stages, {"w1", "w2", "w3", "w4"}, "1f1b");
     v.clip_grad_norm = one.clip_grad_norm = clip;
-    const Trained zero_bubble = Train(workers.master(), v);
-    const Trained one_f_one_b = Train(workers.master(), one);
+    const Trained zero_bubble = TrainWith(workers.master(), v);
+    const Trained one_f_one_b = TrainWith(workers.master(), one);
     ASSERT_EQ(one_f_one_b.losses.size(), 3u);
     if (clip == 0) {
       ExpectBitwise(zero_bubble, one_f_one_b);
@@ -166,7 +166,7 @@ TEST(ZeroBubble, ZbvTrainsBitForBitAsOneFOneBOverTwiceTheWorkers) {
   }
   // The same batches as one pipeline of the V: the replicas' mean of the
   // halves' gradients differs from the whole's in its last bits only.
-  const Trained whole = Train(workers.master(), [&] {
+  const Trained whole = TrainWith(workers.master(), [&] {
     PipelineOptions o = Options(stages, {"w1", "w2"}, "zbv");
     o.clip_grad_norm = 0;
     return o;
@@ -279,20 +279,20 @@ TEST(ZeroBubble, RecomputedStagesSplitTheirBackwardAndTrainAsOneFOneB) {
     return o;
   };
   const std::vector<StageSpec> two = {Part(0, 2), Part(2, parts)};
-  ExpectBitwise(Train(workers.master(), recomputed(Options(two, {"w1", "w2"}, "zb1p"))),
-                Train(workers.master(), recomputed(Options(two, {"w1", "w2"}, "1f1b"))));
+  ExpectBitwise(TrainWith(workers.master(), recomputed(Options(two, {"w1", "w2"}, "zb1p"))),
+                TrainWith(workers.master(), recomputed(Options(two, {"w1", "w2"}, "1f1b"))));
   const std::vector<StageSpec> four = {Part(0, 1), Part(1, 2), Part(2, 3), Part(3, parts)};
   PipelineOptions v = recomputed(Options(four, {"w1", "w2"}, "zbv"));
   PipelineOptions one = recomputed(Options(four, {"w1", "w2", "w3", "w4"}, "1f1b"));
   v.clip_grad_norm = one.clip_grad_norm = 0;
-  const Trained zero_bubble = Train(workers.master(), v);
-  const Trained one_f_one_b = Train(workers.master(), one);
+  const Trained zero_bubble = TrainWith(workers.master(), v);
+  const Trained one_f_one_b = TrainWith(workers.master(), one);
   ASSERT_EQ(one_f_one_b.losses.size(), 3u);
   ExpectBitwise(zero_bubble, one_f_one_b);
   // And as without recomputation (bit for bit: LibTorch's modules).
   PipelineOptions plain = Options(four, {"w1", "w2"}, "zbv");
   plain.clip_grad_norm = 0;
-  ExpectBitwise(zero_bubble, Train(workers.master(), plain));
+  ExpectBitwise(zero_bubble, TrainWith(workers.master(), plain));
 }
 
 TEST(ZeroBubble, WhatZeroBubbleSchedulesDoNotRunAreClearErrors) {

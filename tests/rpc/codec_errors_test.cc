@@ -46,13 +46,13 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr base::WorkerId kDst = 3;
+constexpr base::WorkerId kDestination = 3;
 
 // --- unsupported values -----------------------------------------------------
 
 absl::Status EncodeAlone(const c10::IValue& v) {
   std::vector<at::Tensor> payloads;
-  rpc::EncodeContext ectx{kDst, nullptr, &payloads};
+  rpc::EncodeContext ectx{kDestination, nullptr, &payloads};
   wire::Value wv;
   return rpc::EncodeValue(v, ectx, &wv);
 }
@@ -93,7 +93,7 @@ TEST(CodecErrors, SparseTensorIsAnError) {
 }
 
 TEST(CodecErrors, TensorWithoutPayloadListIsAnError) {
-  rpc::EncodeContext ectx{kDst, nullptr, nullptr};
+  rpc::EncodeContext ectx{kDestination, nullptr, nullptr};
   wire::Value wv;
   EXPECT_EQ(rpc::EncodeValue(at::ones({1}), ectx, &wv).code(),
             absl::StatusCode::kInternal);

@@ -47,7 +47,7 @@ class NoSlot final : public rpc::ReplySlot {
 };
 
 // `body` as a received message from worker `from`.
-rpc::InMessage Received(const google::protobuf::Message& body, base::WorkerId from) {
+rpc::InMessage Inbound(const google::protobuf::Message& body, base::WorkerId from) {
   rpc::InMessage m;
   *m.header.mutable_request() = wire::MakeRequest(body);
   m.header.mutable_request()->set_from(from);
@@ -105,8 +105,8 @@ TEST(DispatchTable, RunsTheHandlerOfEachKindWithItsParsedBody) {
   FakeServer server;
   wire::ForkRequest fork;
   fork.mutable_fork_id()->set_local(41);
-  Serve(table, Received(fork, 3), &server);
-  Serve(table, Received(wire::UserDelete(), 3), &server);
+  Serve(table, Inbound(fork, 3), &server);
+  Serve(table, Inbound(wire::UserDelete(), 3), &server);
   EXPECT_EQ(forks.load(), 1);
   EXPECT_EQ(deletes.load(), 1);
   ASSERT_EQ(server.replies.size(), 2u);
@@ -140,7 +140,7 @@ TEST(DispatchTable, AMalformedBodyIsAnErrorReplyAndTheHandlerNeverRuns) {
                   .ok());
   FakeServer server;
   server.name = "w7";
-  rpc::InMessage m = Received(wire::CallRequest(), 1);
+  rpc::InMessage m = Inbound(wire::CallRequest(), 1);
   m.header.mutable_request()->set_body("\x0a\xff");  // a string field whose length runs off
   Serve(table, std::move(m), &server);
   EXPECT_FALSE(ran);
@@ -156,7 +156,7 @@ TEST(DispatchTable, AResponderDroppedWithoutAReplyAnswersWithAnError) {
   ASSERT_TRUE(
       table.Register<wire::Ping>([](rpc::Incoming<wire::Ping>, std::shared_ptr<rpc::Responder>) {}).ok());
   FakeServer server;
-  Serve(table, Received(wire::Ping(), 2), &server);
+  Serve(table, Inbound(wire::Ping(), 2), &server);
   ASSERT_EQ(server.replies.size(), 1u);
   EXPECT_THAT(server.replies[0].header.response().error().message(),
               HasSubstr("dropped without a reply"));

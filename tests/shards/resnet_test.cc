@@ -37,7 +37,6 @@ using test_support::ReportLosses;
 using test_support::ReportNumbers;
 using test_support::RunPipeline;
 
-const std::string kBin = BinDir();
 
 int64_t NumParameters(torch::nn::Module& m) {
   int64_t n = 0;
@@ -88,7 +87,7 @@ TEST(Master, PipelineLossesMatchLocalTraining) {
   EXPECT_THAT(out, HasSubstr("batch=1 loss="));
   EXPECT_THAT(out, HasSubstr("splits=2 seconds="));
   EXPECT_THAT(out, HasSubstr("speedup"));
-  std::vector<std::string> local_args = {kBin + "/master", "--local", "--threads", "1",
+  std::vector<std::string> local_args = {BinDir() + "/master", "--local", "--threads", "1",
                                          "--report", local};
   local_args.insert(local_args.end(), args.begin(), args.end());
   auto [lcode, lout] = RunProgram(local_args, absl::Seconds(240));
@@ -366,7 +365,7 @@ TEST(Master, DatasetEpochsReportTestAccuracyAndMatchLocalTraining) {
                                          "--batch-size", "32", "--splits", "2"};
   const std::string local_report = TempPath("toy_local.json");
   const std::string local_trace = TempPath("toy_local_trace.json");
-  std::vector<std::string> local_argv = {kBin + "/master", "--local", "--threads", "1", "--report",
+  std::vector<std::string> local_argv = {BinDir() + "/master", "--local", "--threads", "1", "--report",
                                          local_report, "--trace", local_trace};
   local_argv.insert(local_argv.end(), args.begin(), args.end());
   auto [local_code, local_out] = RunProgram(local_argv, absl::Seconds(240));
@@ -432,14 +431,14 @@ TEST(Master, DatasetEpochsReportTestAccuracyAndMatchLocalTraining) {
   }
   // Fewer training images than --batch-size: the header counts the batch
   // that is trained, not --batch-size.
-  auto [few_code, few_out] = RunProgram({kBin + "/master", "--local", "--threads", "1", "--dataset", "idx:" + dir,
+  auto [few_code, few_out] = RunProgram({BinDir() + "/master", "--local", "--threads", "1", "--dataset", "idx:" + dir,
                                          "--train-rows", "10", "--batch-size", "64", "--splits", "4"});
   EXPECT_EQ(few_code, 0) << few_out;
   EXPECT_THAT(few_out, HasSubstr("local: splits=4 (4 micro-batches of ~2 images)")) << few_out;
   // A dataset that is not there is a clear error before the master listens (a bad flag value: 2).
   for (const auto& [dataset, says] : {std::array<std::string, 2>{"idx:" + TempPath("none"), "none does not exist"},
                                       {"cifar10:/dev/null", "cifar10:/dev/null: /dev/null is not a directory"}}) {
-    auto [bad, bad_out] = RunProgram({kBin + "/master", "--workers", "w1,w2", "--dataset", dataset});
+    auto [bad, bad_out] = RunProgram({BinDir() + "/master", "--workers", "w1,w2", "--dataset", dataset});
     EXPECT_EQ(bad, 2) << bad_out;
     EXPECT_THAT(bad_out, ::testing::AllOf(HasSubstr(says), Not(HasSubstr("master listening"))));
   }
@@ -514,7 +513,7 @@ TEST(Master, AOneFileModelWithADatasetTakesTheDatasetsShape) {
   EXPECT_THAT(out, HasSubstr("test_accuracy="));
   EXPECT_THAT(out, HasSubstr(" test_top5="));
   // Found once the dataset is loaded, before any worker is waited for.
-  std::vector<std::string> contradicting = {kBin + "/master", "--workers", "worker1,worker2", "--listen",
+  std::vector<std::string> contradicting = {BinDir() + "/master", "--workers", "worker1,worker2", "--listen",
                                             absl::StrCat("127.0.0.1:", FreePort()), "--input-shape",
                                             "3,32,32"};
   contradicting.insert(contradicting.end(), args.begin(), args.end());
@@ -584,11 +583,11 @@ TEST(Master, AFailedMasterEndsItsGroupAndTheWorkersExitWithItsError) {
   const std::string addr = absl::StrCat("127.0.0.1:", FreePort());
   std::vector<std::unique_ptr<launch::Subprocess>> workers;
   for (const std::string name : {"worker1", "worker2"}) {
-    workers.push_back(launch::Subprocess::Spawn({kBin + "/worker", "--name", name, "--master", addr},
+    workers.push_back(launch::Subprocess::Spawn({BinDir() + "/worker", "--name", name, "--master", addr},
                                              TempPath(name + "_misfit.log"))
                           .value());
   }
-  auto [code, out] = RunProgram({kBin + "/master", "--workers", "worker1,worker2", "--listen", addr,
+  auto [code, out] = RunProgram({BinDir() + "/master", "--workers", "worker1,worker2", "--listen", addr,
                                  "--model", dir, "--input-shape", "12", "--classes", "5", "--batches",
                                  "2", "--batch-size", "8", "--splits", "2"},
                                 absl::Seconds(120));

@@ -20,6 +20,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "autograd/dist_autograd.h"
@@ -166,6 +167,14 @@ inline const std::string& BinDir() {
     return sibling.empty() ? std::string(".") : sibling.substr(0, sibling.size() - 1);
   }();
   return dir;
+}
+
+// Expects `s` to be an error whose message holds each of `parts`.
+inline void ExpectError(const absl::Status& s, const std::vector<std::string>& parts) {
+  ASSERT_FALSE(s.ok());
+  for (const auto& p : parts) {
+    EXPECT_NE(s.message().find(p), std::string::npos) << "'" << p << "' not in: " << s.message();
+  }
 }
 
 // A file name under the test's temporary directory, unique to this process.

@@ -59,7 +59,7 @@ struct ClusterWithoutAutograd {
 };
 
 // Two MLP stages over w1 and w2, or (replicas 2) one stage per replica.
-parallel::DataParallelOptions Options(int replicas, pipeline::LossFn loss = pipeline::CrossEntropyLoss()) {
+parallel::DataParallelOptions SetupOptions(int replicas, pipeline::LossFn loss = pipeline::CrossEntropyLoss()) {
   parallel::DataParallelOptions o;
   if (replicas == 1) {
     o.pipeline.stages = {pipeline::StageSpec::Registered("MLPStage", {int64_t{8}, int64_t{16}, int64_t{1}}),
@@ -85,17 +85,17 @@ TEST(MasterSetup, AMasterWithoutDistAutogradGetsFailedPreconditionAndItsWorkersE
                                        HasSubstr("call autograd::Enable(agent)"));
   for (int replicas : {1, 2}) {
     SCOPED_TRACE(absl::StrCat(replicas, " replicas"));
-    auto trainer = train::PipelineTrainer::Create(master, Options(replicas));
+    auto trainer = train::PipelineTrainer::Create(master, SetupOptions(replicas));
     ASSERT_FALSE(trainer.ok());
     EXPECT_EQ(trainer.status().code(), absl::StatusCode::kFailedPrecondition);
     EXPECT_THAT(std::string(trainer.status().message()),
                 AllOf(says_what_to_call, HasSubstr("before making a trainer (train::PipelineTrainer::Create)")));
   }
-  auto dp = parallel::DataParallelPipeline::Create(master, Options(2));
+  auto dp = parallel::DataParallelPipeline::Create(master, SetupOptions(2));
   ASSERT_FALSE(dp.ok());
   EXPECT_EQ(dp.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(dp.status().message()), says_what_to_call);
-  auto pipe = pipeline::Pipeline::Create(master, Options(1).pipeline);
+  auto pipe = pipeline::Pipeline::Create(master, SetupOptions(1).pipeline);
   ASSERT_FALSE(pipe.ok());
   EXPECT_EQ(pipe.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(pipe.status().message()), AllOf(says_what_to_call, HasSubstr("before making a pipeline")));
@@ -113,7 +113,7 @@ TEST(MasterSetup, AMasterWithoutDistAutogradGetsFailedPreconditionAndItsWorkersE
   // What the error says to do works, after Join too.
   autograd::Enable(master);
   {
-    auto made = train::PipelineTrainer::Create(master, Options(1));
+    auto made = train::PipelineTrainer::Create(master, SetupOptions(1));
     ASSERT_TRUE(made.ok()) << made.status();
     const data::Dataset batch = Toy(8);
     auto loss = (*made)->StartStep({batch.images, batch.labels}).wait();
@@ -142,7 +142,7 @@ TEST(MasterSetup, FitReachingAStepWithoutDistAutogradReturnsTheErrorInsteadOfAbo
       SCOPED_TRACE(absl::StrCat(named ? "a named loss, " : "a loss on the master, ", replicas, " replicas"));
       autograd::Enable(master);
       auto trainer =
-          train::PipelineTrainer::Create(master, Options(replicas, named ? pipeline::CrossEntropyLoss() : on_master));
+          train::PipelineTrainer::Create(master, SetupOptions(replicas, named ? pipeline::CrossEntropyLoss() : on_master));
       ASSERT_TRUE(trainer.ok()) << trainer.status();
       master.set_autograd(nullptr);
       train::TrainOptions t;
@@ -182,7 +182,7 @@ TEST(LocalGroup, AMasterThatReturnsAnErrorEndsItsGroupAndTheWorkersExitZero) {
     ASSIGN_OR_RETURN(launch::LocalGroup group, launch::StartLocalGroup({"w1", "w2"}, &registry, o));
     EXPECT_EQ(group.master->worker("w1").value().address, o.worker_addresses[0]);
     EXPECT_EQ(group.master->worker("w2").value().address, o.worker_addresses[1]);
-    parallel::DataParallelOptions bad = Options(1);
+    parallel::DataParallelOptions bad = SetupOptions(1);
     bad.pipeline.stages[1] = pipeline::StageSpec::Registered("NoSuchStage");
     ASSIGN_OR_RETURN(auto trainer, train::PipelineTrainer::Create(*group.master, std::move(bad)));
     return absl::OkStatus();
