@@ -53,10 +53,15 @@ foreach(_i RANGE ${_last_suite})
       message(FATAL_ERROR "${_suite}.${_test} of ${REMORA_SUITES_EXE} is in ${_file}, which is not "
               "one of the program's sources (${_sources}): give its source a remora_test() line")
     endif()
+    string(MAKE_C_IDENTIFIER "${_suite}" _id)
+    if(NOT _source IN_LIST _sources_of_${_id})
+      list(APPEND _sources_of_${_id} ${_source})
+    endif()
     if(_mode_${_source} STREQUAL "SUITES")
-      if(NOT "${_suite}.*" IN_LIST _suites_${_source})
-        list(APPEND _suites_${_source} "${_suite}.*")
+      if(NOT "${_suite}" IN_LIST _suites_${_source})
+        list(APPEND _suites_${_source} "${_suite}")
       endif()
+      list(APPEND _tests_${_source}_${_id} "${_suite}.${_test}")
     else()
       set(_name "[==[${_suite}.${_test}]==]")
       string(APPEND _script
@@ -66,13 +71,28 @@ foreach(_i RANGE ${_last_suite})
     endif()
   endforeach()
 endforeach()
-# One test for each SUITES source, named by its filter ("Codec.*:Frame.*").
+# One test for each SUITES source, named by its suites ("Codec.*:Frame.*")
+# and run with that filter, except that a suite with tests in another
+# source too is given as this source's tests one by one.
 foreach(_source IN LISTS _sources)
-  if(_suites_${_source})
-    list(JOIN _suites_${_source} ":" _filter)
+  set(_names "")
+  set(_filters "")
+  foreach(_suite IN LISTS _suites_${_source})
+    string(MAKE_C_IDENTIFIER "${_suite}" _id)
+    list(APPEND _names "${_suite}.*")
+    list(LENGTH _sources_of_${_id} _shared)
+    if(_shared GREATER 1)
+      list(APPEND _filters ${_tests_${_source}_${_id}})
+    else()
+      list(APPEND _filters "${_suite}.*")
+    endif()
+  endforeach()
+  if(_names)
+    list(JOIN _names ":" _name)
+    list(JOIN _filters ":" _filter)
     string(APPEND _script
-           "add_test([==[${_filter}]==] ${_exe} [==[--gtest_filter=${_filter}]==])\n"
-           "set_tests_properties([==[${_filter}]==] PROPERTIES WORKING_DIRECTORY ${_dir} TIMEOUT 300 "
+           "add_test([==[${_name}]==] ${_exe} [==[--gtest_filter=${_filter}]==])\n"
+           "set_tests_properties([==[${_name}]==] PROPERTIES WORKING_DIRECTORY ${_dir} TIMEOUT 300 "
            "COST ${_cost_${_source}})\n")
   endif()
 endforeach()
