@@ -26,8 +26,9 @@ option(REMORA_UNITY_BUILD "Compile each library's sources in batches of REMORA_U
 set(REMORA_UNITY_BATCH 6 CACHE STRING "Sources per batch of a unity build")
 
 # remora_unity_build(<directories...>): batches the sources of every static
-# library and every test program (tests/CMakeLists.txt, remora_test())
-# defined in those directories. The batches are written and
+# library, and of every target whose property REMORA_UNITY is ON (the test
+# programs, tests/CMakeLists.txt; the fuzz target), defined in those
+# directories. The batches are written and
 # recorded (global properties REMORA_UNITY_UNITS, the batch files, and
 # REMORA_UNITY_BATCHED, the sources in them) even when REMORA_UNITY_BUILD is
 # OFF: the LibTorch 2.14 check compiles them (cmake/TorchApiCheck.cmake).
@@ -36,8 +37,8 @@ function(remora_unity_build)
     get_property(targets DIRECTORY ${dir} PROPERTY BUILDSYSTEM_TARGETS)
     foreach(target ${targets})
       get_target_property(type ${target} TYPE)
-      get_target_property(test_program ${target} REMORA_TEST_PCH)
-      if(type STREQUAL "STATIC_LIBRARY" OR (type STREQUAL "EXECUTABLE" AND test_program))
+      get_target_property(unity ${target} REMORA_UNITY)
+      if(type STREQUAL "STATIC_LIBRARY" OR unity)
         _remora_unity_target(${target})
       endif()
     endforeach()
