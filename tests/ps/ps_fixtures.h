@@ -23,8 +23,6 @@
 
 namespace remora::ps_fixtures {
 
-inline const std::string kBin = BinDir();
-
 inline const std::vector<shards::MLPStageOptions> kStages = {test_support::Mlp(8, 16, 1),
                                                              test_support::Mlp(16, 4, 2, /*relu=*/false)};
 
@@ -77,7 +75,7 @@ inline launch::LocalGroup StartWorkers(rpc::Registry* registry, const std::vecto
   rpc::AgentOptions o = MasterOptions(names);
   group.master = std::move(rpc::Agent::Start(o, registry).value());
   for (size_t i = 0; i < args.size(); ++i) {
-    std::vector<std::string> argv = {kBin + "/worker", "--name", names[i], "--master",
+    std::vector<std::string> argv = {BinDir() + "/worker", "--name", names[i], "--master",
                                      group.master->self().address, "--threads", "1"};
     argv.insert(argv.end(), args[i].begin(), args[i].end());
     group.workers.push_back(launch::Subprocess::Spawn(argv).value());
@@ -106,14 +104,14 @@ struct PsPrograms {
   explicit PsPrograms(int n) {
     for (int i = 1; i <= n; ++i) {
       names.push_back(absl::StrCat("worker", i));
-      workers.push_back(launch::Subprocess::Spawn({kBin + "/worker", "--name", names.back(), "--master", addr,
+      workers.push_back(launch::Subprocess::Spawn({BinDir() + "/worker", "--name", names.back(), "--master", addr,
                                                 "--threads", "1"},
                                                TempPath(absl::StrCat(names.back(), ".log")))
                             .value());
     }
   }
   std::vector<std::string> MasterArgv(const std::vector<std::string>& master_args) const {
-    std::vector<std::string> argv = {kBin + "/master", "--mode", "ps", "--workers", absl::StrJoin(names, ","),
+    std::vector<std::string> argv = {BinDir() + "/master", "--mode", "ps", "--workers", absl::StrJoin(names, ","),
                                      "--listen", addr};
     argv.insert(argv.end(), master_args.begin(), master_args.end());
     return argv;

@@ -31,7 +31,6 @@ using test_support::RelativeError;
 using test_support::TestWorkers;
 using ps_fixtures::ExpectResumeGoesOn;
 using ps_fixtures::ExpectStateNear;
-using ps_fixtures::kBin;
 using ps_fixtures::kStages;
 using ps_fixtures::MlpServer;
 using ps_fixtures::ReportEpochs;
@@ -373,7 +372,7 @@ TEST(Ps, MasterProgramTrainsADatasetLikeOneProcess) {
   test_support::WriteToyIdx(dir, 320, 100);
   const std::vector<std::string> args = {"--dataset", "idx:" + dir, "--epochs", "2", "--batch-size", "32"};
   const std::string local_report = TempPath("ps_local.json");
-  std::vector<std::string> local_argv = {kBin + "/master", "--local", "--threads", "1", "--splits", "1",
+  std::vector<std::string> local_argv = {BinDir() + "/master", "--local", "--threads", "1", "--splits", "1",
                                          "--report", local_report};
   local_argv.insert(local_argv.end(), args.begin(), args.end());
   auto [local_code, local_out] = RunProgram(local_argv, absl::Seconds(240));
