@@ -23,8 +23,11 @@ void TuneAllocator();
 // blocks of 1 MiB and more are kept after use and handed out again for the
 // same size, so that training steps, which allocate the same activations
 // every step, stop paying a page fault per 4 KiB of every large tensor
-// (measured: about half of a ResNet50 step was kernel time before). Keeps at
-// most `max_cached_bytes` of free blocks. Call once, before any tensor work.
+// (measured: about half of a ResNet50 step was kernel time before). Blocks
+// of 2 MiB and more are mappings of their own on transparent huge pages
+// (madvise; nothing changes where the kernel has them off), so that even
+// their first use faults once per 2 MiB. Keeps at most `max_cached_bytes`
+// of free blocks. Call once, before any tensor work.
 void InstallCachingCpuAllocator(size_t max_cached_bytes = size_t{8} << 30);
 
 // Bytes of LibTorch CPU tensors alive now, as the caching allocator counts
