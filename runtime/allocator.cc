@@ -90,7 +90,7 @@ class CachingCpuAllocator final : public c10::Allocator {
       }
     }
     if (base == nullptr) {
-      base = total >= kHugeMin ? MapHuge(total) : nullptr;
+      base = total >= kHugeMin && kMapHuge ? MapHuge(total) : nullptr;
       const bool mapped = base != nullptr;
       // (As LibTorch's own CPU allocator says it: a c10::Error naming the
       // size, which the layers above turn into a status.)
@@ -114,6 +114,13 @@ class CachingCpuAllocator final : public c10::Allocator {
   // once per 2 MiB, not once per 4 KiB (a ResNet50 step's first pass over
   // its parameters, gradients and activations faulted 80,000 times).
   static constexpr size_t kHugeMin = size_t{2} << 20;
+#if defined(__SANITIZE_ADDRESS__)
+  // (Under AddressSanitizer every block stays its allocator's, redzones
+  // and all: an overrun of a large tensor is still caught.)
+  static constexpr bool kMapHuge = false;
+#else
+  static constexpr bool kMapHuge = true;
+#endif
   struct Header {
     size_t size;  // header included
     const CachingCpuAllocator* owner;
