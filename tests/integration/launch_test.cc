@@ -276,9 +276,13 @@ TEST(RemoraLaunch, EachRankGetsItsRoleUnderTorchrunAndSlurm) {
   EXPECT_THAT(s0_out, HasSubstr("rank 0 of 4 (slurm, node localhost, local rank 0)"));
   EXPECT_THAT(s0_out, HasSubstr("--listen 127.0.0.1:29500 --workers worker1,worker2,worker3"));
   EXPECT_THAT(s0_out, HasSubstr("REMORA_HOST_ID=box7"));
-  auto [s3, s3_out] = Launch(env(env(slurm, "SLURM_PROCID=3"), "SLURM_LOCALID=3"), {"--dry-run"});
+  // The role runs with glibc's heap on huge pages, unless glibc's tunables are given.
+  EXPECT_THAT(s0_out, HasSubstr("\nGLIBC_TUNABLES=glibc.malloc.hugetlb=1\n"));
+  auto [s3, s3_out] = Launch(
+      env(env(env(slurm, "SLURM_PROCID=3"), "SLURM_LOCALID=3"), "GLIBC_TUNABLES=glibc.malloc.check=0"), {"--dry-run"});
   EXPECT_EQ(s3, 0) << s3_out;
   EXPECT_THAT(s3_out, HasSubstr("--name worker3 --master 127.0.0.1:29500 --listen 127.0.0.1:0"));
+  EXPECT_THAT(s3_out, Not(HasSubstr("GLIBC_TUNABLES")));
 }
 
 TEST(RemoraLaunch, TheMastersAddressMustBeThisHostsAndNeverTheWildcardUnasked) {
