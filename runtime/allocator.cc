@@ -4,6 +4,7 @@
 
 #include <malloc.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
@@ -144,7 +145,12 @@ class CachingCpuAllocator final : public c10::Allocator {
     madvise(base, length, MADV_HUGEPAGE);
     return base;
   }
-  static size_t PageRound(size_t bytes) { return (bytes + 4095) & ~size_t{4095}; }
+  // (The system's page: 64 KiB on some ARM machines, where a 4 KiB
+  // rounding would leave each mapping's trimmed tail behind.)
+  static size_t PageRound(size_t bytes) {
+    static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    return (bytes + page - 1) / page * page;
+  }
 
   static void Release(void* data) {
     void* base = static_cast<char*>(data) - kHeader;
