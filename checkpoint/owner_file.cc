@@ -1,6 +1,8 @@
 // The worker side of checkpoints (remora.checkpoint.save_owner_file,
 // owner_file_written, load_owner_file, remove) and the files they write: atomic writes, CRC-32, the owner file's
 // encoding (torch.save's format: a dict of lists of tensors).
+#include "checkpoint/owner_file.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -32,7 +34,6 @@
 #include "base/status_util.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/protocol.h"
-#include "checkpoint/owner_file.h"
 #include "optim/protocol.h"
 #include "pipeline/protocol.h"
 

@@ -14,6 +14,8 @@
 // addresses) and Python's `optimizer.load_state_dict(torch.load(...))`
 // takes it. Parameters are numbered in the optimizer's order, as PyTorch
 // numbers them.
+#include "optim/state_dict.h"
+
 #include <cstring>
 #include <sstream>
 #include <string>
@@ -32,7 +34,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "optim/distributed_optimizer.h"
-#include "optim/state_dict.h"
 
 namespace remora::optim {
 namespace {
@@ -116,7 +117,6 @@ void LoadAdamOptions(const GenericDict& g, AdamOptions& o) {
   if (g.contains("weight_decay")) o.weight_decay(g.at("weight_decay").toDouble());
   if (g.contains("amsgrad")) o.amsgrad(g.at("amsgrad").toBool());
 }
-
 
 }  // namespace
 

@@ -1,6 +1,8 @@
 // The public Agent and RRef methods: starting an agent, calls, remote()
 // and RRef operations, and what an agent reports about itself. The work is
 // done by Agent::Impl (rpc/agent_impl.h, one file per concern).
+#include "rpc/agent.h"
+
 #include <cstdlib>
 #include <iostream>
 #include <set>

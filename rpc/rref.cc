@@ -1,3 +1,5 @@
+#include "rpc/rref.h"
+
 #include "rpc/rref_context.h"
 
 #include <set>

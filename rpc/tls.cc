@@ -1,3 +1,5 @@
+#include "rpc/tls.h"
+
 #include "rpc/tls_credentials.h"
 
 #include <memory>

@@ -5,10 +5,11 @@
 # header declares what it declares in the namespace named after its folder
 # (remora::<folder>, or one nested in it; proto/'s is remora::wire, the
 # protobuf package's; a block that only forward-declares another
-# namespace's classes is allowed); and every header public-headers.txt
-# lists (where the repository has one) exists and includes only headers
-# of ours that the list names too. Prints each offence and exits 1 when
-# there is one.
+# namespace's classes is allowed); every source whose folder has a header
+# of its name includes that header first; and every header
+# public-headers.txt lists (where the repository has one) exists and
+# includes only headers of ours that the list names too. Prints each
+# offence and exits 1 when there is one.
 #
 #   scripts/check_layout.sh [REPO]     (default: this script's repository)
 set -euo pipefail
@@ -75,6 +76,15 @@ while IFS= read -r file; do
     proto/*.h) check_namespaces "$file" wire || bad=1 ;;  # the protobuf package's
     *.h) check_namespaces "$file" "$top" || bad=1 ;;
   esac
+  # A source includes its own header first, so that compiling the source
+  # alone (./run thread-safety) proves the header compiles alone.
+  if [ "${file%.cc}" != "$file" ] && [ -f "${file%.cc}.h" ]; then
+    first=$(sed -n 's/^#include \(.*\)/\1/p' "$file" | head -1)
+    if [ "$first" != "\"${file%.cc}.h\"" ]; then
+      echo "$file: its first #include is ${first:-none}; include \"${file%.cc}.h\" first"
+      bad=1
+    fi
+  fi
   while IFS= read -r inc; do
     target=${inc%%/*}
     [ "$target" = "$inc" ] && continue            # "foo.pb.h" style, generated
@@ -113,4 +123,4 @@ if [ $bad -ne 0 ]; then
   echo "check_layout: FAILED" >&2
   exit 1
 fi
-echo "check_layout: every include points down; every library header is in its folder's namespace; public headers include only public ones; no source file over $MAX_LINES lines"
+echo "check_layout: every include points down; every library header is in its folder's namespace; every source includes its own header first; public headers include only public ones; no source file over $MAX_LINES lines"

@@ -1,4 +1,3 @@
-#include "base/mutex_lock.h"
 #include "trace/trace.h"
 
 #include <time.h>
@@ -6,6 +5,7 @@
 #include <atomic>
 
 #include "absl/synchronization/mutex.h"
+#include "base/mutex_lock.h"
 
 namespace remora::trace {
 namespace {

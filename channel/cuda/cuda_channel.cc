@@ -2,6 +2,8 @@
 // parts of CudaChannel::Impl that IPC and NCCL share (channel_impl.h lists
 // the files). Compiled only with REMORA_WITH_CUDA; REMORA_TORCH_CUDA adds
 // LibTorch's CUDA stream API.
+#include "channel/cuda/cuda_channel.h"
+
 #include <iostream>
 
 #include "channel/cuda/channel_impl.h"

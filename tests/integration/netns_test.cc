@@ -261,13 +261,15 @@ TEST_F(NetNamespaces, MutualTlsWithEachHostsIpAddressInItsCertificate) {
 // say why.
 TEST_F(NetNamespaces, AMasterCertificateForAnotherNameIsRefusedWithAClearMessage) {
   const ClusterPki pki = MakeClusterPki();
-  // The workers give up after 12 s, the master after 20: a master that is
-  // slow to listen (under the sanitizers it took over 5 s) is still
-  // listening when they do, so their last error is the certificate's.
+  // The workers start once the master listens and give up after 3 s, the
+  // master 12 s after it listened: it still listens when they do, however
+  // slow they are to start (seconds, under the sanitizers), so their last
+  // error is the certificate's.
   StartRank(0, With(With(kTrain, TlsFlags(pki, pki.wrong_cert, pki.wrong_key)),
-                    {"--connect-timeout", "20"}));
+                    {"--connect-timeout", "12"}));
+  ASSERT_TRUE(WaitForOutput(0, "master listening at", absl::Seconds(60))) << ReadFile(Output(0));
   for (int r = 1; r < kRanks; ++r) {
-    StartRank(r, With(TlsFlags(pki, pki.certs[r], pki.keys[r]), {"--connect-timeout", "12"}));
+    StartRank(r, With(TlsFlags(pki, pki.certs[r], pki.keys[r]), {"--connect-timeout", "3"}));
   }
   for (int r = 0; r < kRanks; ++r) {
     EXPECT_GT(Wait(r, absl::Seconds(60)), 0) << "rank " << r << ":\n" << ReadFile(Output(r));
