@@ -7,11 +7,11 @@
 # and WORK/test.log; the times to WORK/times.txt and the console.
 #
 # The root is made afresh each run (debootstrap, a few minutes, not timed)
-# and removed at the end unless --keep is given. /proc, /dev and /sys are
-# mounted in it, in a private mount namespace (they vanish with the
-# script, however it ends). A chroot cannot make network namespaces, so
-# the NetNamespaces.* tests skip there, saying why; everything else runs as
-# on a machine of its own, on this machine's cores. Needs root.
+# and removed at the end unless --keep is given. The root is a mount point
+# of its own (so that `ip netns` works in it, for the NetNamespaces.*
+# tests), with /proc, /dev and /sys mounted, all in a private mount
+# namespace (they vanish with the script, however it ends): everything
+# runs as on a machine of its own, on this machine's cores. Needs root.
 #
 # usage: scripts/bare_machine.sh [--keep] [WORK]   (default /var/tmp/remora-bare)
 set -euo pipefail
@@ -27,26 +27,29 @@ say() { echo "bare_machine: $*" | tee -a "$work/times.txt"; }
 
 rm -rf --one-file-system "$work"
 mkdir -p "$work"
-$keep || trap 'umount -R "$root/proc" "$root/dev" "$root/sys" 2>/dev/null; rm -rf --one-file-system "$root"' EXIT
+$keep || trap 'umount -R "$root" 2>/dev/null; rm -rf --one-file-system "$root"' EXIT
 debian_root_make bookworm "$root"
+mount --bind "$root" "$root"
 debian_root_mount "$root"
 mkdir -p "$root/sys" && mount -t sysfs sysfs "$root/sys"
 debian_root_run "$root" /bin/bash -c 'apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q git ca-certificates' \
   >"$work/setup.log" 2>&1 || { tail -20 "$work/setup.log"; exit 1; }
 git clone -q "$src" "$root/root/remora"
-say "$(git -C "$root/root/remora" log -1 --format='%h %s' | cut -c1-80), $(nproc) cores, $(date -u +%FT%TZ)"
+say "commit $(git -C "$root/root/remora" log -1 --format=%h), Debian $(cat "$root/etc/debian_version"), $(nproc) cores, $(date -u +%FT%TZ)"
 
-# run_timed NAME COMMAND: COMMAND in the clone, inside the root; its wall
-# time and exit code.
+# run_timed NAME COMMAND: COMMAND in the clone, inside the root, its
+# output's lines stamped with the time (WORK/NAME.log); its wall time and
+# exit code.
 run_timed() {
   local name=$1 start rc=0
   shift
   start=$(date +%s%N)
-  debian_root_run "$root" /bin/bash -c "cd /root/remora && $*" >"$work/$name.log" 2>&1 || rc=$?
+  debian_root_run "$root" /bin/bash -c "cd /root/remora && $*" 2>&1 |
+    while IFS= read -r line; do printf '%(%H:%M:%S)T %s\n' -1 "$line"; done >"$work/$name.log" || rc=$?
   say "$(printf '%-12s %6d s, exit %d' "$*" $((($(date +%s%N) - start) / 1000000000)) "$rc")"
   return $rc
 }
 run_timed demo ./run demo || { tail -30 "$work/demo.log"; exit 1; }
-grep -E '^(splits|  *[0-9]|local)' "$work/demo.log" | head -12 || true
+grep -E '^[0-9:]{8}  +[0-9]+ ' "$work/demo.log" | tee -a "$work/times.txt" || true
 run_timed test ./run test || { tail -30 "$work/test.log"; exit 1; }
 grep -E 'tests passed|Total Test time|executions' "$work/test.log" | tee -a "$work/times.txt" || true
