@@ -93,7 +93,6 @@ fi
   echo 'set(CMAKE_CXX_FLAGS "${CMAKE_CXX_FLAGS} ${TORCH_CXX_FLAGS}")'
   echo 'file(GLOB sources ${CMAKE_CURRENT_SOURCE_DIR}/*.cc)'
   echo 'add_library(headers OBJECT ${sources})'
-  echo 'target_compile_options(headers PRIVATE -fsyntax-only)'
   echo 'target_link_libraries(headers PRIVATE remora::examples)'
 } >"$headers/CMakeLists.txt"
 n=0
