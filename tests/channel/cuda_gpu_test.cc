@@ -460,7 +460,7 @@ TEST(CudaGpu, SeveralTensorsAcrossACutTrainOnGpuWorkersAsInOneProcess) {
                                 absl::Seconds(180));
   for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
   unsetenv("REMORA_DEBUG");
-  unsetenv("TMPDIR");
+  RestoreTmpdir();
   ASSERT_EQ(code, 0) << out;
   // Stage 1 begins with idx.size(1): the token ids cross beside tok.
   EXPECT_THAT(out, HasSubstr("stage 1 on worker2: size, arange")) << out;

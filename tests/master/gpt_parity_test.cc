@@ -155,7 +155,7 @@ TEST(TextMaster, APipelineEqualsOneProcessStepByStepWithEveryLanguageModelFeatur
     EXPECT_NEAR(piped_bf16.losses[i], local_bf16.losses[i], 1e-3 * local_bf16.losses[i]) << "step " << i + 1;
     bf16_off = std::max(bf16_off, std::abs(local_bf16.losses[i] - local.losses[i]));
   }
-  unsetenv("TMPDIR");
+  RestoreTmpdir();
   EXPECT_GT(bf16_off, 1e-6) << "bf16 computes other numbers than fp32";
 }
 

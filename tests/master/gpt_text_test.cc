@@ -60,7 +60,7 @@ TEST(TextMaster, AGptTrainsOverWorkersAsInOneProcessAndReportsPerplexity) {
       RunProgram(master({"--local", "--threads", "1", "--splits", "2", "--tensorboard", tensorboard, "--report",
                          local_report, "--peak-tflops", "1", "--curves", curves}),
                  absl::Seconds(180));
-  unsetenv("TMPDIR");
+  RestoreTmpdir();
   ASSERT_EQ(local_code, 0) << local_out;
   // The text tokenised once; 5% held out.
   EXPECT_THAT(local_out, HasSubstr("tokens (bytes: vocabulary 256; written to " + local_dir + "/remora-"));
@@ -191,7 +191,7 @@ TEST(TextMaster, AGptTrainsOverWorkersAsInOneProcessAndReportsPerplexity) {
   workers = test_support::StartWorkers({"w1", "w2"}, ps_addr, "gpt_ps");
   auto [ps_code, ps_out] = RunProgram(master({"--workers", "w1,w2", "--listen", ps_addr, "--mode", "ps"}),
                                       absl::Seconds(180));
-  unsetenv("TMPDIR");
+  RestoreTmpdir();
   ASSERT_EQ(ps_code, 0) << ps_out;
   for (auto& w : workers) EXPECT_EQ(w->Wait(absl::Seconds(30)).value_or(-1), 0);
   const std::vector<double> ps_losses = test_support::EpochField(ps_out, "train_loss");
@@ -264,7 +264,7 @@ TEST(TextMaster, AScriptedLanguageModelIsCutAtItsBlocksAndTrainsAsInOneProcess) 
     EXPECT_NEAR(piped[e], losses[e], 1e-4 * losses[e]) << "epoch " << e + 1 << "\n" << out;
     EXPECT_NEAR(piped_test[e], local_test[e], 1e-4 * local_test[e]) << "epoch " << e + 1 << "\n" << out;
   }
-  unsetenv("TMPDIR");
+  RestoreTmpdir();
 }
 
 // --splits auto: the master times the GPT's parts at two micro-batch sizes
@@ -328,7 +328,7 @@ TEST(TextMaster, SplitsAutoPlansScheduleAndCountAndTrainsAsInOneProcess) {
   EXPECT_THAT(resumed_out, HasSubstr("epoch=2 train_loss=")) << resumed_out;
   auto [local_code, local_out] =
       RunProgram(master({"--local", "--threads", "1", "--splits", std::to_string(splits)}), absl::Seconds(180));
-  unsetenv("TMPDIR");
+  RestoreTmpdir();
   ASSERT_EQ(local_code, 0) << local_out;
   const std::vector<double> piped = test_support::EpochField(out, "train_loss");
   const std::vector<double> local = test_support::EpochField(local_out, "train_loss");
@@ -476,7 +476,7 @@ TEST(TextMaster, ASentencePieceTokenizerTrainsOverWorkersAsInOneProcessAndGenera
   fs::create_directories(dir + "/tmp");
   auto [bad_code, bad_out] = RunProgram(
       {BinDir() + "/master", "--local", "--dataset", "text:" + text, "--tokenizer", text}, absl::Seconds(60));
-  unsetenv("TMPDIR");
+  RestoreTmpdir();
   EXPECT_EQ(bad_code, 2) << bad_out;
   EXPECT_THAT(bad_out, HasSubstr("--tokenizer " + text + ": spm_export_vocab failed"));
   std::string left;  // (what a failed run left behind, by name)
@@ -506,7 +506,7 @@ TEST(TextMaster, ATextItCannotTakeIsAClearError) {
   auto [tiny_code, tiny_out] =
       RunProgram({BinDir() + "/master", "--local", "--threads", "1", "--dataset", "text:" + tiny, "--seq-len", "64"},
                  absl::Seconds(60));
-  unsetenv("TMPDIR");
+  RestoreTmpdir();
   EXPECT_EQ(tiny_code, 1) << tiny_out;
   EXPECT_THAT(tiny_out, HasSubstr("--seq-len 64 needs 65 tokens"));
 }

@@ -295,7 +295,7 @@ TEST(Evaluator, AFailedModelIsOneLineAndVerboseShowsTheTraceback) {
   auto [code, out] = test_support::RunPipeline(2, {"--model", model, "--dataset", "text:" + text, "--seq-len", "16",
                                                    "--batch-size", "8", "--splits", "2", "--epochs", "1",
                                                    "--train-rows", "16", "--checkpoint-dir", ckpt});
-  unsetenv("TMPDIR");
+  RestoreTmpdir();
   ASSERT_EQ(code, 0) << out;
   std::vector<std::string> argv = {BinDir() + "/evaluator", "--checkpoint-dir", ckpt, "--dataset", "text:" + text,
                                    "--once", "--batch-size", "1"};

@@ -83,7 +83,7 @@ TEST(ResumeCut, AGptSavedOverTwoWorkersGoesOnOverThreeThenOneAsUninterruptedRuns
   // on some CPUs, not on all: the rounding shows or not by step 18.)
   test_support::ExpectSameLosses(resumed_one, std::vector<double>(one.begin() + 12, one.end()),
                                  "as one worker's steps 13-18");
-  unsetenv("TMPDIR");
+  RestoreTmpdir();
 }
 
 // Another --interleave is another cut of the same workers: a GPT saved as
@@ -107,7 +107,7 @@ TEST(ResumeCut, AnotherInterleaveCutsTheSameWorkersAgainAndGoesOnAsUninterrupted
   run(2, "whole", {"--interleave", "1", "--split-at", "3"});
   run(1, "saved", {"--interleave", "1", "--split-at", "3", "--checkpoint-dir", ckpt});
   const std::string out = run(2, "resumed", {"--interleave", "2", "--split-at", "2,3,4", "--resume", ckpt});
-  unsetenv("TMPDIR");
+  RestoreTmpdir();
   EXPECT_THAT(out, HasSubstr("(2 stages over 2 workers) cut again: 4 stages over 2 workers")) << out;
   EXPECT_THAT(out, HasSubstr("schedule interleaved")) << out;
   const std::vector<double> whole = Losses(dir + "/whole.json");

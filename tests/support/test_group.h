@@ -205,6 +205,20 @@ inline std::pair<int, std::string> RunProgram(const std::vector<std::string>& ar
   return {*code, ReadFile(out)};
 }
 
+// The TMPDIR the test program started with (./run test points it into the
+// build tree, so that the programs' token caches land there). A test that
+// points it elsewhere for the programs it starts puts it back with
+// RestoreTmpdir(), not unsetenv: those started later would write to /tmp.
+inline const std::string kStartTmpdir = getenv("TMPDIR") != nullptr ? getenv("TMPDIR") : "";
+
+inline void RestoreTmpdir() {
+  if (kStartTmpdir.empty()) {
+    unsetenv("TMPDIR");
+  } else {
+    setenv("TMPDIR", kStartTmpdir.c_str(), 1);
+  }
+}
+
 // A certificate authority and one certificate it signed, made with the
 // openssl CLI: the certificate names 127.0.0.1 and localhost and serves as
 // server and client certificate (each process of a group is both).
