@@ -28,15 +28,8 @@ namespace remora {
 int Stray();
 }  // namespace remora
 H
-! $have_git || git add .
-if out=$("$check" . 2>&1); then
-  echo "FAIL: the check passed a header declaring in namespace remora from pipeline/:"; echo "$out"; exit 1
-fi
-grep -q 'pipeline/stray.h:4: declares in namespace remora; a header in this folder declares in remora::pipeline' <<<"$out" ||
-  { echo "FAIL: the offence was not named as expected:"; echo "$out"; exit 1; }
-if grep -q 'rpc/good.h' <<<"$out"; then
-  echo "FAIL: the check named a header in its own namespace:"; echo "$out"; exit 1
-fi
+check_refuses "a header declaring in namespace remora from pipeline/" \
+  'pipeline/stray.h:4: declares in namespace remora; a header in this folder declares in remora::pipeline'
+check_leaves_out 'rpc/good.h' "a header in its own namespace"
 sed -i 's/^namespace remora {$/namespace remora::pipeline {/; s|^}  // namespace remora$|}  // namespace remora::pipeline|' pipeline/stray.h
-out=$("$check" . 2>&1) || { echo "FAIL: the mended tree still fails:"; echo "$out"; exit 1; }
-echo "ok: $out"
+check_passes "the mended tree"

@@ -28,15 +28,8 @@ cat >rpc/codec_impl.cc <<'C'
 
 #include "rpc/codec.h"
 C
-! $have_git || git add .
-if out=$("$check" . 2>&1); then
-  echo "FAIL: the check passed a source including <string> before its own header:"; echo "$out"; exit 1
-fi
-grep -q 'rpc/codec.cc: its first #include is <string>; include "rpc/codec.h" first' <<<"$out" ||
-  { echo "FAIL: the offence was not named as expected:"; echo "$out"; exit 1; }
-if grep -q 'codec_impl' <<<"$out"; then
-  echo "FAIL: the check named a source that has no header of its name:"; echo "$out"; exit 1
-fi
+check_refuses "a source including <string> before its own header" \
+  'rpc/codec.cc: its first #include is <string>; include "rpc/codec.h" first'
+check_leaves_out 'codec_impl' "a source that has no header of its name"
 printf '#include "rpc/codec.h"\n\n#include <string>\n\nnamespace remora::rpc {\nint Codec() { return 1; }\n}  // namespace remora::rpc\n' >rpc/codec.cc
-out=$("$check" . 2>&1) || { echo "FAIL: the mended tree still fails:"; echo "$out"; exit 1; }
-echo "ok: $out"
+check_passes "the mended tree"
