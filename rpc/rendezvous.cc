@@ -568,20 +568,23 @@ absl::Status Agent::Impl::JoinAsMaster() {
     return absl::OkStatus();
   }
   // Until the group forms, or every expected worker has joined or been
-  // refused (nothing more will come), or the timeout; every 10 s a line
-  // says who is still awaited.
+  // refused (nothing more will come), or the timeout; every 10 s (a
+  // quarter of a shorter timeout, at least 1 s) a line says who is still
+  // awaited.
   bool settled = false, formed = false;
   absl::Status stopped;
   {
     base::MutexLock lock(join_mu_);
     const absl::Time start = absl::Now(), deadline = start + options.connect_timeout;
+    const absl::Duration every =
+        std::min(absl::Seconds(10), std::max(absl::Seconds(1), options.connect_timeout / 4));
     const absl::Condition over(
         +[](Impl* i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(i->join_mu_) {
           return i->formed_ || !i->stop_joining_.ok() ||
                  i->joiners_.size() + i->refused_.size() >= i->agent_->options_.workers.size();
         },
         this);
-    while (!(settled = join_mu_.AwaitWithTimeout(over, std::min(absl::Seconds(10), deadline - absl::Now()))) &&
+    while (!(settled = join_mu_.AwaitWithTimeout(over, std::min(every, deadline - absl::Now()))) &&
            absl::Now() < deadline) {
       std::vector<std::string> missing;
       for (const auto& w : options.workers) {

@@ -153,10 +153,11 @@ TEST(Master, ASignalBeforeTheGroupFormedEndsTheJoinedWorkersAsStopped) {
   const std::string log = TempPath("early_signal_master.log");
   auto master = launch::Subprocess::Spawn({BinDir() + "/master", "--workers", "w1,w2", "--listen", addr, "--batches",
                                            "1", "--batch-size", "8", "--image-size", "32", "--splits", "2",
-                                           "--connect-timeout", "120"},
+                                           "--connect-timeout", "16"},
                                           log)
                     .value();
-  // (The master says who it still waits for every 10 s.)
+  // (The master says who it still waits for every quarter of its
+  // --connect-timeout, 4 s here.)
   AwaitOutput(*master, log, "1 of 2 registered", absl::Seconds(60), absl::Milliseconds(50));
   ASSERT_TRUE(master->running()) << ReadFile(log);
   master->Signal(SIGTERM);

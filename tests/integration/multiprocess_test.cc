@@ -255,7 +255,8 @@ TEST(Failure, WorkerExitsNonZeroWhenTheMasterIsGone) {
   auto master = rpc::Agent::Start(m, &registry).value();
   const std::string out = absl::StrCat(testing::TempDir(), "/remora_", getpid(), "_gone.txt");
   auto worker = launch::Subprocess::Spawn(
-                    {BinDir() + "/worker", "--name", "w1", "--master", master->self().address}, out)
+                    {BinDir() + "/worker", "--name", "w1", "--master", master->self().address, "--master-timeout", "3"},
+                    out)
                     .value();
   ASSERT_TRUE(master->Join().ok());
   const absl::Time start = absl::Now();
@@ -263,7 +264,7 @@ TEST(Failure, WorkerExitsNonZeroWhenTheMasterIsGone) {
   auto code = worker->Wait(absl::Seconds(30));
   ASSERT_TRUE(code.ok());
   EXPECT_EQ(*code, 1);
-  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));  // --master-timeout 3
   EXPECT_THAT(ReadFile(out), HasSubstr("has not answered"));
 }
 

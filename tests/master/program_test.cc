@@ -54,9 +54,10 @@ TEST(Master, HelpBadFlagsAndMissingWorkersGiveTheirExitCodes) {
   check({"--workers", "a", "--bogus"}, 2, "unknown flag --bogus; see master --help");
   check({"--workers", "a", "--splitz", "2"}, 2, "unknown flag --splitz (did you mean --splits?)");
   check({"--local", "--splits", "0"}, 2, "master: --splits wants positive integers");
-  // Waiting, it says every 10 s whom it waits for.
-  check({"--workers", "ghost", "--listen", absl::StrCat("127.0.0.1:", FreePort()), "--connect-timeout", "11"}, 1,
-        "remora: master: waiting for ghost (0 of 1 registered; 10s of --connect-timeout 11s)");
+  // Waiting, it says every 10 s whom it waits for (every quarter of a
+  // shorter --connect-timeout, at least every second).
+  check({"--workers", "ghost", "--listen", absl::StrCat("127.0.0.1:", FreePort()), "--connect-timeout", "4"}, 1,
+        "remora: master: waiting for ghost (0 of 1 registered; 1s of --connect-timeout 4s)");
   // An output file that cannot be written fails before training, not after,
   // as a bad flag value (2: a supervisor does not restart the job for it).
   check({"--local", "--report", "/proc/none/r.json"}, 2, "--report /proc/none/r.json: cannot write there");
