@@ -39,64 +39,86 @@ for i in "${!LAYERS[@]}"; do
   for folder in ${LAYERS[$i]}; do rank[$folder]=$i; done
 done
 
-# check_namespaces HEADER NAME: prints each top-level namespace block of
-# HEADER that is neither remora::NAME (or within it) nor forward
-# declarations only; fails when there is one.
-check_namespaces() {
-  awk -v want="remora::$2" '
-    /^namespace [A-Za-z_:]+ [{]/ {
-      if (depth == 0) { name = $2; fwd = 1; start = FNR } else { fwd = 0 }
-      depth++; next
+# check_files: reads file names, one a line, and checks each of ours in
+# one awk process (a handful of processes a file cost about 12 s here:
+# each fork is dear on this VM). For each: its length; for a library
+# header, that each top-level namespace block is remora::FOLDER (or
+# within it) or forward declarations only; for a source with a header of
+# its name, that it includes that header first; that each quoted include
+# of ours points to its own folder or one below. Prints each offence;
+# fails when there is one.
+check_files() {
+  local ranks="" folder
+  for folder in "${!rank[@]}"; do ranks+="$folder=${rank[$folder]} "; done
+  awk -v ranks="$ranks" -v max="$MAX_LINES" '
+    BEGIN {
+      n = split(ranks, pairs, " ")
+      for (i = 1; i <= n; i++) { split(pairs[i], kv, "="); rank[kv[1]] = kv[2] }
     }
-    /^namespace [{]/ { fwd = 0; depth++; next }
-    /^[}]  \/\/ namespace/ {
-      depth--
-      if (depth == 0 && name != want && index(name, want "::") != 1 && !fwd) {
-        printf "%s:%d: declares in namespace %s; a header in this folder declares in %s\n", FILENAME, start, name, want
-        failed = 1
+    { check($0) }
+    END { exit failed }
+
+    function check(file,   top, want, line, lines, depth, name, fwd, start, ns, first, incs, inc, target, own, probe) {
+      top = file; sub(/\/.*/, "", top)
+      if (!(top in rank)) return
+      # (Not the tests, nor examples/custom_model, a program as a user
+      # writes one; proto/ declares in remora::wire, the protobuf package.)
+      want = ""
+      if (file ~ /\.h$/ && file !~ /^tests\// && file !~ /^examples\/custom_model\//) {
+        want = (file ~ /^proto\//) ? "remora::wire" : "remora::" top
       }
-      next
-    }
-    depth > 0 && !/^(class|struct) [A-Za-z_]+;$/ && !/^[[:space:]]*$/ && !/^[[:space:]]*\/\// { fwd = 0 }
-    END { exit failed }' "$1"
+      lines = 0; depth = 0; ns = ""; first = ""; incs = ""
+      while ((getline line < file) > 0) {
+        lines++
+        if (line ~ /^#include /) {
+          if (first == "") first = substr(line, 10)
+          if (line ~ /^#include "[^"]*"/) {
+            inc = line; sub(/^#include "/, "", inc); sub(/".*/, "", inc)
+            target = inc; sub(/\/.*/, "", target)
+            if (target != inc && (target in rank) && target != top && rank[target] + 0 >= rank[top] + 0) {
+              incs = incs file " includes \"" inc "\": " top "/ may include only folders below it\n"
+            }
+          }
+          continue
+        }
+        if (want == "") continue
+        if (line ~ /^namespace [A-Za-z_:]+ [{]/) {
+          if (depth == 0) { split(line, w, " "); name = w[2]; fwd = 1; start = lines } else { fwd = 0 }
+          depth++
+        } else if (line ~ /^namespace [{]/) {
+          fwd = 0; depth++
+        } else if (line ~ /^[}]  \/\/ namespace/) {
+          depth--
+          if (depth == 0 && name != want && index(name, want "::") != 1 && !fwd) {
+            ns = ns sprintf("%s:%d: declares in namespace %s; a header in this folder declares in %s\n", file, start, name, want)
+          }
+        } else if (depth > 0 && line !~ /^(class|struct) [A-Za-z_]+;$/ && line !~ /^[[:space:]]*$/ &&
+                   line !~ /^[[:space:]]*\/\//) {
+          fwd = 0
+        }
+      }
+      close(file)
+      if (lines > max) { print file ": " lines " lines (at most " max ": split it by concern)"; failed = 1 }
+      if (ns != "") { printf "%s", ns; failed = 1 }
+      # A source includes its own header first, so that compiling the
+      # source alone (./run thread-safety) proves the header compiles alone.
+      if (file ~ /\.cc$/) {
+        own = file; sub(/\.cc$/, ".h", own)
+        if ((getline probe < own) >= 0) {
+          close(own)
+          if (first != "\"" own "\"") {
+            print file ": its first #include is " (first == "" ? "none" : first) "; include \"" own "\" first"
+            failed = 1
+          }
+        }
+      }
+      if (incs != "") { printf "%s", incs; failed = 1 }
+    }'
 }
 
 bad=0
-while IFS= read -r file; do
-  top=${file%%/*}
-  [ -n "${rank[$top]+x}" ] || continue
-  lines=$(wc -l <"$file")
-  if [ "$lines" -gt "$MAX_LINES" ]; then
-    echo "$file: $lines lines (at most $MAX_LINES: split it by concern)"
-    bad=1
-  fi
-  # (Not the tests, nor the example of a user's own program.)
-  case "$file" in
-    tests/* | examples/custom_model/*) ;;
-    proto/*.h) check_namespaces "$file" wire || bad=1 ;;  # the protobuf package's
-    *.h) check_namespaces "$file" "$top" || bad=1 ;;
-  esac
-  # A source includes its own header first, so that compiling the source
-  # alone (./run thread-safety) proves the header compiles alone.
-  if [ "${file%.cc}" != "$file" ] && [ -f "${file%.cc}.h" ]; then
-    first=$(sed -n 's/^#include \(.*\)/\1/p' "$file" | head -1)
-    if [ "$first" != "\"${file%.cc}.h\"" ]; then
-      echo "$file: its first #include is ${first:-none}; include \"${file%.cc}.h\" first"
-      bad=1
-    fi
-  fi
-  while IFS= read -r inc; do
-    target=${inc%%/*}
-    [ "$target" = "$inc" ] && continue            # "foo.pb.h" style, generated
-    [ -n "${rank[$target]+x}" ] || continue        # not one of ours (absl/...)
-    [ "$target" = "$top" ] && continue
-    if [ "${rank[$target]}" -ge "${rank[$top]}" ]; then
-      echo "$file includes \"$inc\": $top/ may include only folders below it"
-      bad=1
-    fi
-  done < <(sed -n 's/^#include "\([^"]*\)".*/\1/p' "$file")
-done < <(git ls-files -- '*.h' '*.cc' 2>/dev/null ||
-         find . \( -name '*.h' -o -name '*.cc' \) -not -path './build*' | sed 's#^\./##')
+check_files < <(git ls-files -- '*.h' '*.cc' 2>/dev/null ||
+                find . \( -name '*.h' -o -name '*.cc' \) -not -path './build*' | sed 's#^\./##') || bad=1
 
 # The public headers: each exists and includes no internal header of ours.
 if [ -f public-headers.txt ]; then
