@@ -58,7 +58,7 @@ check_files() {
     { check($0) }
     END { exit failed }
 
-    function check(file,   top, want, line, lines, depth, name, fwd, start, ns, first, incs, inc, target, own, probe) {
+    function check(file,   top, want, line, lines, depth, name, fwd, start, ns, first, incs, inc, target, own, probe, w) {
       top = file; sub(/\/.*/, "", top)
       if (!(top in rank)) return
       # (Not the tests, nor examples/custom_model, a program as a user
