@@ -31,7 +31,10 @@ TestWorkers::TestWorkers(int n, const launch::WorkerProgram& program,
 }
 
 TestWorkers::~TestWorkers() {
-  absl::Status s = group_.Shutdown();
+  // After an unclean end the test has often shut the master down itself,
+  // so nothing can tell the workers left to stop and they would wait out
+  // their 10 s without a master: they get a second, then are killed.
+  absl::Status s = group_.Shutdown(clean_ ? absl::Seconds(30) : absl::Seconds(1));
   if (clean_) {
     EXPECT_TRUE(s.ok()) << s;
   }

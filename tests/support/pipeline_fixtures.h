@@ -20,7 +20,8 @@ namespace remora::test_support {
 
 // Workers w1 .. wn (the stock worker, one intra-op thread each) and a
 // master in this process. The destructor shuts the group down and expects
-// it to go cleanly, unless the test killed a worker (ExpectUncleanShutdown).
+// it to go cleanly, unless the test killed a worker (ExpectUncleanShutdown:
+// then the workers still running are killed after a second).
 class TestWorkers {
  public:
   // `program`: the workers' program, "worker" or "test_worker" (which
