@@ -309,7 +309,7 @@ TEST(PsPartitions, MasterProgramFailsWithinTenSecondsWhenAServerIsKilled) {
   ASSERT_TRUE(code.ok()) << ReadFile(log) << StacksOf(master->pid());
   EXPECT_NE(*code, 0);
   EXPECT_LT(seconds, 10) << ReadFile(log);
-  EXPECT_THAT(ReadFile(log), HasSubstr("parameter server 'worker2'"));
+  EXPECT_THAT(ReadFile(log), HasSubstr("parameter server 'worker2'")) << "the master's exit code: " << *code;
 }  // the other workers are killed with `programs`
 
 }  // namespace
