@@ -279,6 +279,11 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   const absl::Duration sync_spin_;  // see AgentOptions::sync_spin
   const bool streams_;              // see AgentOptions::streams
   std::unique_ptr<ThreadPool> pool_;
+  // The pool after Stop: stopped, but kept until this object goes (after
+  // the peers' channels), since futures made before the stop still name it
+  // as their executor and a reply that gRPC delivers late (a peer killed
+  // mid-call) schedules their callbacks on it; there they are dropped.
+  std::unique_ptr<ThreadPool> stopped_pool_;
   std::unique_ptr<channel::ShmChannel> shm_;
   // Plaintext or TLS (AgentOptions::tls), for every channel to a peer.
   const std::shared_ptr<grpc::ChannelCredentials> channel_credentials_;

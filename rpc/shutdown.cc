@@ -174,7 +174,7 @@ void Agent::Impl::Stop() {
   // Runs what is queued and joins before the pointer goes: a task that
   // runs meanwhile may still ask the agent for its executor.
   if (pool_) pool_->Stop();
-  pool_.reset();
+  if (pool_) stopped_pool_ = std::move(pool_);  // (executor() is null from now on)
   if (server_) server_->Wait();
   server_.reset();
 }
