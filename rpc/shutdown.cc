@@ -173,8 +173,10 @@ void Agent::Impl::Stop() {
   JoinOwnThreads();
   // Runs what is queued and joins before the pointer goes: a task that
   // runs meanwhile may still ask the agent for its executor.
-  if (pool_) pool_->Stop();
-  if (pool_) stopped_pool_ = std::move(pool_);  // (executor() is null from now on)
+  if (pool_) {
+    pool_->Stop();
+    stopped_pool_ = std::move(pool_);  // (executor() is null from now on)
+  }
   if (server_) server_->Wait();
   server_.reset();
 }
