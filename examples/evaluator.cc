@@ -578,7 +578,7 @@ int Main(int argc, char** argv) {
   }
   // (Several threads sleep while they wait, not spin, beside a training
   // job: this may start the program again, before anything is opened.)
-  if (o.threads > 1) runtime::PreferPassiveOpenMpWaits(argv);
+  if (o.threads > 1) runtime::PreferSleepingComputeWaits(argv);
   runtime::SetComputeThreads(o.threads);
   if (auto s = shards::RegisterStageTypes(); !s.ok()) return fail(std::string(s.message()), 1);
   data::Dataset in_memory;

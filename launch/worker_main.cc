@@ -148,7 +148,7 @@ int WorkerMain(int argc, char** argv, const std::string& program,
   // (this may start the program again, before anything is opened). The
   // default (the cores shared among the machine's workers) is known only
   // once the group forms, too late for that: it keeps OpenMP's policy.
-  if (f.threads > 1) runtime::PreferPassiveOpenMpWaits(argv);
+  if (f.threads > 1) runtime::PreferSleepingComputeWaits(argv);
   auto options = OptionsFrom(f, program);
   if (!options.ok()) {
     std::cerr << options.status().message() << "\n";

@@ -107,6 +107,7 @@ std::string ThreadChoice::Describe() const {
 namespace {
 constexpr int64_t kProbeRows = 32;
 constexpr double kLargeStepSeconds = 0.25;
+constexpr double kShortStepSeconds = 0.05;
 }  // namespace
 
 absl::StatusOr<ThreadChoice> FastestLocalThreads(const RunOptions& c, int splits, const at::Tensor& x,
@@ -129,8 +130,18 @@ absl::StatusOr<ThreadChoice> FastestLocalThreads(const RunOptions& c, int splits
   // batch, where a few rows would favour fewer threads.
   const int64_t rows = x.size(0), few = std::min<int64_t>(rows, std::max<int64_t>(kProbeRows, 2 * splits));
   at::Tensor px = x.narrow(0, 0, few), py = y.narrow(0, 0, few);
-  auto step = [&](int n) -> absl::StatusOr<double> {
-    runtime::SetComputeThreads(n);
+  int current = counts.front();  // (the count the pools were last set to)
+  runtime::SetComputeThreads(current);
+  // One step at `n` threads, timed. With `settle`, a switch of count is
+  // followed by a step that is not timed: the first parallel regions after
+  // it start (or wake) the new team, which a run at one count pays once,
+  // not every step; a short step would be timed with that cost in it.
+  auto step = [&](int n, bool settle = false) -> absl::StatusOr<double> {
+    if (n != current) {
+      runtime::SetComputeThreads(n);
+      current = n;
+      if (settle) RETURN_IF_ERROR(probe->trainer().StartStep({px, py}).wait().status());
+    }
     const int64_t s = trace::NowUs();
     RETURN_IF_ERROR(probe->trainer().StartStep({px, py}).wait().status());
     return (trace::NowUs() - s) / 1e6;
@@ -157,15 +168,21 @@ absl::StatusOr<ThreadChoice> FastestLocalThreads(const RunOptions& c, int splits
   for (size_t k = 0; k < counts.size(); ++k) {
     if (warm[k] <= 1.5 * fastest_warm || warm[k] - fastest_warm < 0.2) left.push_back(k);
   }
-  // The counts left, a step each in turn (so that a machine whose speed
-  // drifts meets them all alike), for a second at least; medians compared.
+  // The counts left in turn (so that a machine whose speed drifts meets
+  // them all alike), for a second at least; medians compared. Short steps
+  // go in blocks of four after a settling step, so that each block runs on
+  // a team already awake, as a whole run at that count does.
   if (left.size() > 1) {
+    const bool short_steps = fastest_warm < kShortStepSeconds;
+    const int block = short_steps ? 4 : 1;
     double spent = 0;
     for (int round = 0; round < 25 && (round < 1 || spent < 1.0); ++round) {
       for (size_t k : left) {
-        ASSIGN_OR_RETURN(const double t, step(counts[k]));
-        times[k].push_back(t);
-        spent += t;
+        for (int i = 0; i < block; ++i) {
+          ASSIGN_OR_RETURN(const double t, step(counts[k], short_steps));
+          times[k].push_back(t);
+          spent += t;
+        }
       }
     }
   }

@@ -60,7 +60,7 @@ int Main(int argc, char** argv) {
   const master::RunOptions& c = line->config;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if ((c.local || c.compare_local || c.coordinator_threads > 1) && (c.threads_auto ? cores : c.threads) > 1) {
-    runtime::PreferPassiveOpenMpWaits(argv);
+    runtime::PreferSleepingComputeWaits(argv);
   }
   if (!line->note.empty()) std::cout << line->note << "\n";
   rpc::Registry registry;  // what this process serves: the stock worker's (its stage types too)

@@ -343,10 +343,13 @@ struct ThreadChoice {
 // trainer at `splits` and the same batch (`x`, `y`; only its first 32
 // rows, or 2 per micro-batch, where a cold step on those takes 0.25 s or
 // more: a large model's operations share alike at either size, and its
-// whole batch may take seconds a step). One cold step, then
-// a warm step at each count (a count whose warm step takes 1.5x the
-// fastest's and 0.2 s more is ruled out), then the counts left a step each in turn for at
-// least a second (at most 25 rounds), the lowest median chosen. LibTorch's
+// whole batch may take seconds a step). One cold step, then a warm step
+// at each count (a count whose warm step takes 1.5x the fastest's and
+// 0.2 s more is ruled out), then the counts left in turn for at least a
+// second (at most 25 rounds), the lowest median chosen: a step each, or,
+// where a warm step takes under 50 ms, blocks of four after an untimed
+// step at the new count (a team just resized or woken costs a short step
+// a good part of its time, which a run at one count pays once). LibTorch's
 // intra-op pool and OpenBLAS's are set together
 // (runtime::SetComputeThreads), so neither oversubscribes the other; the
 // process is left at the choice. The run's own model and generators are

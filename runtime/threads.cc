@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
@@ -21,13 +22,21 @@ void SetComputeThreads(int n) {
   }
 }
 
-void PreferPassiveOpenMpWaits(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
-  if (setenv("OMP_WAIT_POLICY", "PASSIVE", /*overwrite=*/0) != 0) return;
+void PreferSleepingComputeWaits(char** argv) {
+  bool set = false;
+  constexpr std::pair<const char*, const char*> kWaits[] = {{"OMP_WAIT_POLICY", "PASSIVE"},
+                                                            {"OPENBLAS_THREAD_TIMEOUT", "4"}};
+  for (const auto& [name, value] : kWaits) {
+    if (std::getenv(name) != nullptr) continue;
+    if (setenv(name, value, /*overwrite=*/0) != 0) return;
+    set = true;
+  }
+  if (!set) return;
   execv("/proc/self/exe", argv);
-  // (Still here: the program runs on with OpenMP's own policy.)
-  std::fprintf(stderr, "remora: note: could not restart %s with OMP_WAIT_POLICY=PASSIVE (%s); LibTorch's "
-               "threads spin while they wait\n", argv[0], std::strerror(errno));
+  // (Still here: the program runs on with the libraries' own waits.)
+  std::fprintf(stderr, "remora: note: could not restart %s with OMP_WAIT_POLICY=PASSIVE and "
+               "OPENBLAS_THREAD_TIMEOUT=4 (%s); LibTorch's and OpenBLAS's threads spin while they wait\n",
+               argv[0], std::strerror(errno));
 }
 
 void UseDeterministicAlgorithms() {

@@ -138,8 +138,9 @@ TEST(Programs, LoadTheTrimmedLibTorchWhereTheBuildMadeOne) {
 // --local without --threads times the first batch at each thread count
 // (the cores, halved down to 1) and trains with the fastest, saying what
 // each took; several threads then sleep while they wait
-// (OMP_WAIT_POLICY=PASSIVE, set by starting the program again), unless the
-// user chose a policy. --threads N is used as given, unmeasured.
+// (OMP_WAIT_POLICY=PASSIVE and OPENBLAS_THREAD_TIMEOUT=4, set by starting
+// the program again), unless the user chose a setting. --threads N is used
+// as given, unmeasured.
 TEST(Master, LocalWithoutThreadsTrainsOnTheFastestCountMeasuredHere) {
   const std::string model = TempPath("threads_model.pt");
   test_support::ScriptSequential({12, 16, 16, 5}).save(model);
@@ -150,7 +151,8 @@ TEST(Master, LocalWithoutThreadsTrainsOnTheFastestCountMeasuredHere) {
     env.insert(env.end(), run.begin(), run.end());
     return env;
   };
-  auto [code, out] = RunProgram(with_env({"-u", "OMP_WAIT_POLICY"}), absl::Seconds(120));
+  auto [code, out] =
+      RunProgram(with_env({"-u", "OMP_WAIT_POLICY", "-u", "OPENBLAS_THREAD_TIMEOUT"}), absl::Seconds(120));
   ASSERT_EQ(code, 0) << out;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   int chosen = 0;
@@ -170,11 +172,11 @@ TEST(Master, LocalWithoutThreadsTrainsOnTheFastestCountMeasuredHere) {
   // Both ends of the range were timed; several threads sleep while waiting.
   EXPECT_THAT(out, HasSubstr(absl::StrCat("(the fastest here: ", cores, " threads ")));
   EXPECT_THAT(out, HasSubstr(", 1 thread "));
-  EXPECT_THAT(out, HasSubstr("OMP_WAIT_POLICY=PASSIVE"));
-  // A policy of the user's own is kept (the program is not started again).
+  EXPECT_THAT(out, HasSubstr("OMP_WAIT_POLICY=PASSIVE, OPENBLAS_THREAD_TIMEOUT=4;"));
+  // A setting of the user's own is kept (the other is still set).
   auto [active_code, active] = RunProgram(with_env({"OMP_WAIT_POLICY=active"}), absl::Seconds(120));
   ASSERT_EQ(active_code, 0) << active;
-  EXPECT_THAT(active, HasSubstr("OMP_WAIT_POLICY=active"));
+  EXPECT_THAT(active, HasSubstr("OMP_WAIT_POLICY=active, OPENBLAS_THREAD_TIMEOUT=4;"));
   // Given, the count is used as it is.
   std::vector<std::string> given = run;
   given.insert(given.end(), {"--threads", "1"});
