@@ -376,7 +376,7 @@ int RootFailure(std::vector<rpc::Future<c10::IValue>>& replies, int first, absl:
 }  // namespace
 
 std::vector<std::string> UnansweringWorkers(rpc::Agent& agent, const std::vector<std::string>& workers,
-                                            absl::Duration timeout) {
+                                            absl::Duration timeout, std::vector<absl::Status>* why) {
   rpc::CallOptions quick;
   quick.timeout = timeout;
   std::vector<std::pair<std::string, rpc::Future<c10::IValue>>> probes;
@@ -387,7 +387,10 @@ std::vector<std::string> UnansweringWorkers(rpc::Agent& agent, const std::vector
   }
   std::vector<std::string> silent;
   for (auto& [name, reply] : probes) {
-    if (!reply.wait().ok()) silent.push_back(name);
+    const absl::StatusOr<c10::IValue>& answer = reply.wait();
+    if (answer.ok()) continue;
+    silent.push_back(name);
+    if (why != nullptr) why->push_back(answer.status());
   }
   return silent;
 }

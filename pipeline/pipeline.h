@@ -111,9 +111,10 @@ int WaitForReplies(rpc::Agent& agent, const std::vector<std::string>& workers,
 // The workers of `workers` that do not answer a probe
 // ("remora.pipeline.alive") within `timeout`, each probed once, in parallel:
 // stopped, hung, cut off or gone, where a failed call alone does not tell
-// a lost worker from one whose own computation threw.
+// a lost worker from one whose own computation threw. With `why`, each
+// one's probe's failure is added to it, in the same order.
 std::vector<std::string> UnansweringWorkers(rpc::Agent& agent, const std::vector<std::string>& workers,
-                                            absl::Duration timeout);
+                                            absl::Duration timeout, std::vector<absl::Status>* why = nullptr);
 
 class PendingStep;  // (pipeline/pending_step.h, internal)
 

@@ -44,7 +44,8 @@ absl::StatusOr<checkpoint::Checkpoint> Elastic::Recover(const absl::Status& fail
                                                         std::vector<std::string>& workers, std::ostream& out) {
   failed_at_time_ = absl::Now();
   if (options_.max_restarts <= 0) return failure;
-  const std::vector<std::string> lost = UnansweringWorkers(agent_, workers, options_.probe_timeout);
+  std::vector<absl::Status> why_lost;
+  const std::vector<std::string> lost = UnansweringWorkers(agent_, workers, options_.probe_timeout, &why_lost);
   if (lost.empty()) return failure;  // every worker answers: not a loss to recover from
   const std::string names = absl::StrCat("'", absl::StrJoin(lost, "', '"), "'");
   if (restarts_ >= options_.max_restarts) {
@@ -67,8 +68,14 @@ absl::StatusOr<checkpoint::Checkpoint> Elastic::Recover(const absl::Status& fail
   }
   ++restarts_;
   const int64_t restored = latest->state().step;
-  out << absl::StrFormat("elastic: lost %s after step %d (%s)\n", names, last_step_, failure.message())
-      << std::flush;
+  out << absl::StrFormat("elastic: lost %s after step %d (%s)\n", names, last_step_, failure.message());
+  // (Why each counts as lost: the step's failure names one worker; a second
+  // one lost at once is told apart from a false alarm by its probe's answer.)
+  for (size_t i = 0; i < lost.size(); ++i) {
+    out << absl::StrFormat("elastic: '%s' counts as lost: its probe (%s at most) failed: %s\n", lost[i],
+                           absl::FormatDuration(options_.probe_timeout), why_lost[i].message());
+  }
+  out << std::flush;
   for (const std::string& name : lost) {
     RETURN_IF_ERROR(agent_.MarkLost(name));
     auto replacement = Replace(name, out);

@@ -334,6 +334,11 @@ TEST(Elastic, AHungWorkerIsReplacedByASpare) {
   EXPECT_THAT(out, ::testing::AnyOf(HasSubstr("did not answer a liveness probe"),
                                     HasSubstr("keepalive watchdog timeout")));
   EXPECT_THAT(out, HasSubstr("elastic: lost 'w2' after step "));
+  // Each worker counted lost says why (here its probe timed out, or found
+  // the connection gone).
+  EXPECT_THAT(out, HasSubstr("elastic: 'w2' counts as lost: its probe (5s at most) failed: function "
+                             "'remora.pipeline.alive' on worker 'w2' at 127.0.0.1:"));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("elastic: 'w1' counts as lost")));
   EXPECT_THAT(out, HasSubstr("elastic: spare 's1' takes the place of 'w2'"));
   EXPECT_THAT(out, HasSubstr("checkpoint: step 30 in " + dir));
   // The summary says how long the hang took to show: at least the probe's
