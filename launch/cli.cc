@@ -455,6 +455,7 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(1);  // the parent died already
+    signal(SIGPIPE, SIG_DFL);  // (ignored here once a process group is joined; an ignore is inherited)
     if (!output.empty()) {
       int fd = open(output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       if (fd < 0) _exit(126);

@@ -1,5 +1,7 @@
 #include "parallel/process_group.h"
 
+#include <signal.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <utility>
@@ -47,6 +49,14 @@ std::string ProcessGroup::Describe() const {
 #if REMORA_WITH_GLOO
 
 namespace {
+
+// See ProcessGroup::Join: a write to a dead peer is an error, not the end
+// of the process. A handler the program installed is left as it is.
+void IgnoreBrokenPipes() {
+  struct sigaction now = {};
+  if (sigaction(SIGPIPE, nullptr, &now) != 0 || now.sa_handler != SIG_DFL) return;
+  signal(SIGPIPE, SIG_IGN);
+}
 
 std::chrono::milliseconds Millis(absl::Duration d) {
   return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
@@ -148,6 +158,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Join(const GroupOpti
     return absl::InvalidArgumentError(
         absl::StrCat("group '", g.name, "': rank ", g.rank, " of ", g.size, " is out of range"));
   }
+  IgnoreBrokenPipes();
   auto impl = std::make_unique<Impl>();
   const std::string where =
       g.agent != nullptr ? absl::StrCat("'", g.agent->NameOf(0), "' over the agents")

@@ -104,6 +104,14 @@ class Collective {
 
 class ProcessGroup {
  public:
+  // Joins the group (every member must, within options.timeout). The
+  // process then ignores SIGPIPE, unless it has a handler of its own:
+  // Gloo writes to its peers with writev, which raises SIGPIPE on a
+  // connection whose peer died, and the signal's default action ends the
+  // process at once and in silence, where the collective would fail with
+  // an error naming the peer (Python ignores SIGPIPE, so PyTorch's users
+  // never meet this). Programs this process starts through
+  // launch::Subprocess get the default action back.
   static absl::StatusOr<std::unique_ptr<ProcessGroup>> Join(const GroupOptions& options);
   ~ProcessGroup();
 

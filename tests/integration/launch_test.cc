@@ -68,6 +68,25 @@ TEST(Subprocess, TheChildGetsTheEnvironmentEntriesOnTopOfOurs) {
   EXPECT_THAT(bad.status().message(), HasSubstr("'NO_EQUALS_SIGN' is not NAME=VALUE"));
 }
 
+// A process that joined a process group ignores SIGPIPE
+// (ProcessGroup::Join); a program it starts gets the default action back.
+TEST(Subprocess, TheChildGetsSigpipesDefaultAction) {
+  const std::string out = testing::TempDir() + "/spawn_sigpipe.txt";
+  struct sigaction before = {};
+  ASSERT_EQ(sigaction(SIGPIPE, nullptr, &before), 0);
+  signal(SIGPIPE, SIG_IGN);
+  auto child = launch::Subprocess::Spawn({"/bin/sh", "-c", "grep '^SigIgn:' /proc/self/status"}, out);
+  sigaction(SIGPIPE, &before, nullptr);
+  ASSERT_TRUE(child.ok()) << child.status();
+  ASSERT_EQ((*child)->Wait(absl::Seconds(30)).value_or(-1), 0);
+  std::ifstream f(out);
+  std::string label, mask;
+  f >> label >> mask;
+  ASSERT_EQ(label, "SigIgn:");
+  const uint64_t ignored = std::stoull(mask, nullptr, 16);
+  EXPECT_EQ(ignored & (uint64_t{1} << (SIGPIPE - 1)), 0u) << mask;
+}
+
 // A worker told to stop (SIGTERM from a scheduler, Ctrl-C) says so and
 // ends by the signal (a shell says 128 + it), so that a supervisor can
 // tell it from a worker whose master was stopped (which exits 128 + it).

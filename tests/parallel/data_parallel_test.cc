@@ -33,6 +33,8 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 
+void CountPipes(int) {}
+
 TEST(ProcessGroup, MembersSumAndBroadcastThroughTheStore) {
   if (!HaveGloo()) GTEST_SKIP() << "built without Gloo";
   auto store = StoreServer::Start("127.0.0.1");
@@ -60,6 +62,17 @@ TEST(ProcessGroup, MembersSumAndBroadcastThroughTheStore) {
     EXPECT_TRUE(at::equal(sums[r], at::full({5}, 3.0f)));
     EXPECT_TRUE(at::equal(copies[r], at::full({3}, 10.0f)));
   }
+  // Members ignore SIGPIPE (Gloo's writes to a dead peer are errors, not
+  // the silent end of the process); a handler of the program's own stays.
+  struct sigaction now = {};
+  ASSERT_EQ(sigaction(SIGPIPE, nullptr, &now), 0);
+  EXPECT_EQ(now.sa_handler, SIG_IGN);
+  signal(SIGPIPE, CountPipes);
+  auto solo = ProcessGroup::Join({(*store)->host(), (*store)->port(), "solo", 0, 1});
+  ASSERT_TRUE(solo.ok()) << solo.status();
+  ASSERT_EQ(sigaction(SIGPIPE, nullptr, &now), 0);
+  EXPECT_EQ(now.sa_handler, &CountPipes);
+  signal(SIGPIPE, SIG_DFL);
   // A member whose peer never comes: an error after the timeout, naming the group.
   GroupOptions alone{(*store)->host(), (*store)->port(), "lonely", 0, 2, absl::Milliseconds(500)};
   auto lonely = ProcessGroup::Join(alone);
