@@ -140,12 +140,9 @@ absl::Status ChooseLocalThreads(RunOptions& c, const Sets& sets) {
   ASSIGN_OR_RETURN(const ThreadChoice choice, FastestLocalThreads(c, splits, x, y));
   c.threads = choice.threads;
   at::manual_seed(static_cast<uint64_t>(c.seed));
-  const char* policy = std::getenv("OMP_WAIT_POLICY");
-  const char* blas_spin = std::getenv("OPENBLAS_THREAD_TIMEOUT");
-  std::printf("local: %s; OMP_WAIT_POLICY=%s, OPENBLAS_THREAD_TIMEOUT=%s; --threads N sets the count, and "
-              "--threads 1 gives the losses of a pipeline of one-thread workers bit for bit\n",
-              choice.Describe().c_str(), policy != nullptr ? policy : "(OpenMP's default)",
-              blas_spin != nullptr ? blas_spin : "(OpenBLAS's default)");
+  std::printf("local: %s; %s; --threads N sets the count, and --threads 1 gives the losses of a pipeline of "
+              "one-thread workers bit for bit\n",
+              choice.Describe().c_str(), runtime::ComputeWaits().c_str());
   return absl::OkStatus();
 }
 

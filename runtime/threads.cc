@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <utility>
+#include <string>
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
@@ -22,21 +22,41 @@ void SetComputeThreads(int n) {
   }
 }
 
+namespace {
+
+// What PreferSleepingComputeWaits sets, and what a log says of one unset.
+struct Wait {
+  const char* name;
+  const char* value;
+  const char* unset;
+};
+constexpr Wait kWaits[] = {{"OMP_WAIT_POLICY", "PASSIVE", "(OpenMP's default)"},
+                           {"OPENBLAS_THREAD_TIMEOUT", "4", "(OpenBLAS's default)"}};
+
+}  // namespace
+
 void PreferSleepingComputeWaits(char** argv) {
   bool set = false;
-  constexpr std::pair<const char*, const char*> kWaits[] = {{"OMP_WAIT_POLICY", "PASSIVE"},
-                                                            {"OPENBLAS_THREAD_TIMEOUT", "4"}};
-  for (const auto& [name, value] : kWaits) {
-    if (std::getenv(name) != nullptr) continue;
-    if (setenv(name, value, /*overwrite=*/0) != 0) return;
+  for (const Wait& w : kWaits) {
+    if (std::getenv(w.name) != nullptr) continue;
+    if (setenv(w.name, w.value, /*overwrite=*/0) != 0) return;
     set = true;
   }
   if (!set) return;
   execv("/proc/self/exe", argv);
   // (Still here: the program runs on with the libraries' own waits.)
-  std::fprintf(stderr, "remora: note: could not restart %s with OMP_WAIT_POLICY=PASSIVE and "
-               "OPENBLAS_THREAD_TIMEOUT=4 (%s); LibTorch's and OpenBLAS's threads spin while they wait\n",
-               argv[0], std::strerror(errno));
+  const int error = errno;
+  std::fprintf(stderr, "remora: note: could not restart %s with %s (%s); LibTorch's and OpenBLAS's threads "
+               "spin while they wait\n", argv[0], ComputeWaits().c_str(), std::strerror(error));
+}
+
+std::string ComputeWaits() {
+  std::string line;
+  for (const Wait& w : kWaits) {
+    const char* value = std::getenv(w.name);
+    line += std::string(line.empty() ? "" : ", ") + w.name + "=" + (value != nullptr ? value : w.unset);
+  }
+  return line;
 }
 
 void UseDeterministicAlgorithms() {

@@ -3,6 +3,8 @@
 // Thread-safety: call from one thread (main), not while tensors are computed.
 #pragma once
 
+#include <string>
+
 namespace remora::runtime {
 
 // Sets this process's compute threads: LibTorch's intra-op threads and, when
@@ -31,6 +33,11 @@ void SetComputeThreads(int n);
 // 2-core VM, which is why one-thread processes do not call it); it returns
 // once both are in place, or when that fails (said on stderr).
 void PreferSleepingComputeWaits(char** argv);
+
+// The two settings above as this process has them, for a log line:
+// "OMP_WAIT_POLICY=PASSIVE, OPENBLAS_THREAD_TIMEOUT=4", each one not set
+// named as its library's default.
+std::string ComputeWaits();
 
 // Makes LibTorch choose reproducible kernels, as PyTorch's
 // torch.use_deterministic_algorithms(True, warn_only=True) with cuDNN's
