@@ -5,9 +5,11 @@
 // to a function that returns one element, on the channel it names) and
 // memcpy_gbps (a single-thread copy of the same tensor, measured in the same
 // run, as the yardstick); async_latency_us_median is the same round trip of
-// rpc_async, waited for (a unary gRPC call each, as the pipeline's pushes
-// and gradients travel); rpc_sync_on says whether the calls went on
-// long-lived streams (the default) or as unary calls (REMORA_STREAMS=0).
+// rpc_async, waited for (as the pipeline's pushes and gradients travel);
+// rpc_sync_on says whether the calls went on long-lived streams (the
+// default) or as unary calls (REMORA_STREAMS=0), rpc_async_on whether
+// rpc_async went on the local link (the default on one host) or as unary
+// gRPC calls (REMORA_LINKS=0).
 // grpc_floor_us_median is the round trip of a bare
 // gRPC unary call to the same worker that gRPC answers itself on its own
 // thread (a method remora does not serve): what the transport costs before
@@ -275,6 +277,8 @@ void PrintFigures(rpc::Agent& agent, const std::vector<double>& us, const std::v
                   const std::string& peer_device) {
   // Streams (rpc/stream.h) carry rpc_sync unless REMORA_STREAMS=0.
   std::printf("rpc_sync_on=%s\n", agent.streams_opened() > 0 ? "streams" : "unary calls");
+  // Local links (rpc/link.h) carry rpc_async on one host unless REMORA_LINKS=0.
+  std::printf("rpc_async_on=%s\n", agent.calls_on_links() > 0 ? "link" : "unary calls");
   std::printf("calls=%zu latency_us_p10=%.1f latency_us_p90=%.1f latency_us_p99=%.1f\n", us.size(),
               us[us.size() / 10], us[us.size() * 9 / 10], us[us.size() * 99 / 100]);
   std::printf("bulk_bytes=%.0f bulk_calls=%d bulk_seconds=%.3f channel=%s\n", b.bytes, bulk_calls, b.seconds,

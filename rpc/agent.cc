@@ -54,6 +54,7 @@ Agent::Impl::Impl(Agent* agent)
     : agent_(agent),
       sync_spin_(SyncSpin(agent->options_)),
       streams_(OnUnlessEnvOff(agent->options_.streams, "REMORA_STREAMS")),
+      local_links_(OnUnlessEnvOff(agent->options_.local_links, "REMORA_LINKS")),
       pool_(std::make_unique<ThreadPool>(agent->options_.num_threads)),
       shm_(std::make_unique<channel::ShmChannel>(channel::ShmChannel::Options{
           OnUnlessEnvOff(agent->options_.shared_memory, "REMORA_SHM"),
@@ -175,6 +176,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options,
   agent->port_ = port;
   const std::string& listen = agent->options_.listen_address;
   agent->self_.address = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
+  agent->impl_->ListenForLinks();
   return agent;
 }
 
@@ -218,6 +220,8 @@ int64_t Agent::streams_opened() const { return impl_->streams_opened_.load(); }
 int64_t Agent::active_calls() const {
   return impl_->incoming_.load() + impl_->outgoing_.load();
 }
+
+int64_t Agent::calls_on_links() const { return impl_->calls_on_links_.load(); }
 
 std::map<std::string, int64_t> Agent::sent_messages() const {
   base::MutexLock lock(impl_->sent_mu_);

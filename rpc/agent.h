@@ -121,6 +121,12 @@ struct AgentOptions {
   // False (or REMORA_STREAMS=0): unary calls only. Asynchronous calls are
   // always unary.
   bool streams = true;
+  // Calls that do not wait on their own thread (rpc_async, remote, control
+  // messages, replies to them) to a peer on this host travel on a local
+  // link (rpc/link.h: a Unix-domain socket, read by one thread on each
+  // end) instead of a unary gRPC call, when both ends use shared memory
+  // and neither uses TLS. False (or REMORA_LINKS=0): gRPC only.
+  bool local_links = true;
   // TLS or mutual TLS for this agent's server and its channels (see
   // rpc/tls.h); empty: plaintext. Every member of a group must use the same
   // mode and certificates from the same CA.
@@ -239,6 +245,8 @@ class Agent final {
   std::map<std::string, int64_t> sent_messages() const;
   // Streams this agent opened for rpc_sync (AgentOptions::streams), ever.
   int64_t streams_opened() const;
+  // Calls this agent sent on local links (AgentOptions::local_links), ever.
+  int64_t calls_on_links() const;
 
   // The request kinds this agent serves (rpc/dispatch.h). A subsystem above
   // rpc/ registers its own kinds here; call before Join().

@@ -36,6 +36,7 @@
 #include "proto/rref.pb.h"
 #include "rpc/agent.h"
 #include "rpc/dispatch.h"
+#include "rpc/link.h"
 #include "rpc/message.h"
 #include "rpc/responder.h"
 #include "rpc/rref_context.h"
@@ -75,6 +76,14 @@ struct Peer {
   // never the other way round.
   mutable absl::Mutex stream_mu;
   mutable std::vector<std::unique_ptr<SyncStream>> idle_streams ABSL_GUARDED_BY(stream_mu);
+  // The local link to it (rpc/link.h), once connected; null before, and
+  // for good once a connect failed (calls go over gRPC). A link that
+  // closed is replaced at the next call, and kept in `closed_links`: its
+  // reader may be the very thread asking.
+  mutable absl::Mutex link_mu;
+  mutable std::shared_ptr<LinkClient> link ABSL_GUARDED_BY(link_mu);
+  mutable bool link_refused ABSL_GUARDED_BY(link_mu) = false;
+  mutable std::vector<std::shared_ptr<LinkClient>> closed_links ABSL_GUARDED_BY(link_mu);
 };
 
 // One outgoing call in flight, unary or on a stream.
@@ -151,6 +160,17 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   Future<InMessage> Transmit(grpc::GenericStub* stub, OutMessage message,
                              absl::Duration timeout, bool wait_for_ready,
                              bool blocking = false, const channel::Route& route = {});
+  // Starts the local links' server (AgentOptions::local_links), when
+  // this agent can use links; once the server listens and self_ is set.
+  void ListenForLinks();
+  // The local link to `peer`, connected on first use; null when calls to
+  // it go over gRPC (another host, links off here, or its connect failed).
+  std::shared_ptr<LinkClient> LinkTo(const Peer& peer);
+  // Sends a request on `link`, as Transmit does on gRPC (never blocking).
+  Future<InMessage> TransmitOnLink(LinkClient& link, const Peer& peer, OutMessage message,
+                                   absl::Duration timeout);
+  // Fails every call in flight on a local link (the agent is stopping).
+  void CloseLinks();
   // Sends a request on a stream to `peer` (see rpc/stream.h) and waits for
   // the reply on this thread: what Transmit does when `blocking`.
   Future<InMessage> TransmitOnStream(const Peer& peer, OutMessage message,
@@ -263,6 +283,14 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   // superseded by a new process under its name).
   absl::Status CheckPing(base::WorkerId from, const wire::Ping& ping);
   void CancelOutgoing();
+  // Ends this agent's idle streams (rpc/stream.h) to its peers.
+  void DropIdleStreams();
+  // The unary gRPC calls this agent's server has open (from the reactor's
+  // creation to gRPC's OnDone, its reply sent), and a wait until none is,
+  // or `deadline`.
+  void UnaryCallOpened();
+  void UnaryCallDone();
+  void AwaitUnaryCallsDone(absl::Time deadline);
   void Stop();
   // Runs `task` on a thread of its own, or here once Stop() has begun. For
   // frames with CUDA payloads: receiving them waits for their transfers,
@@ -278,6 +306,7 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   Agent* const agent_;
   const absl::Duration sync_spin_;  // see AgentOptions::sync_spin
   const bool streams_;              // see AgentOptions::streams
+  const bool local_links_;          // AgentOptions::local_links, unless REMORA_LINKS=0
   std::unique_ptr<ThreadPool> pool_;
   // The pool after Stop: stopped, but kept until this object goes (after
   // the peers' channels), since futures made before the stop still name it
@@ -293,6 +322,13 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   // (and by Agent::requests() before Join), then read-only.
   DispatchTable requests_;
   std::unique_ptr<grpc::Server> server_;
+  absl::Mutex unary_calls_mu_;
+  int64_t unary_calls_ ABSL_GUARDED_BY(unary_calls_mu_) = 0;  // see UnaryCallOpened
+  // Local links (AgentOptions::local_links): whether this agent calls on
+  // them, and its server for its peers' (null when off or not listening).
+  bool links_ = false;
+  std::unique_ptr<LinkServer> link_server_;
+  std::atomic<int64_t> calls_on_links_{0};
   std::atomic<int64_t> incoming_{0};
   std::atomic<int64_t> outgoing_{0};
 

@@ -10,7 +10,11 @@ bool TokenMatches(const grpc::GenericCallbackServerContext& call, const std::str
   if (want.empty()) return true;
   auto it = call.client_metadata().find(kTokenHeader);
   if (it == call.client_metadata().end()) return false;
-  const grpc::string_ref& got = it->second;
+  return TokenEquals(std::string_view(it->second.data(), it->second.size()), want);
+}
+
+bool TokenEquals(std::string_view got, const std::string& want) {
+  if (want.empty()) return true;
   // No early exit on a mismatch.
   unsigned char diff = got.size() != want.size();
   for (size_t i = 0; i < want.size(); ++i) {

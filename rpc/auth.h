@@ -8,6 +8,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include <grpcpp/client_context.h>
 #include <grpcpp/generic/async_generic_service.h>
@@ -24,5 +25,8 @@ void AttachToken(grpc::ClientContext* context, const std::string& token);
 // time that depends on `want`'s length only, not on where a wrong token
 // differs.
 bool TokenMatches(const grpc::GenericCallbackServerContext& call, const std::string& want);
+// The same for a token `got` that came another way (a local link's hello,
+// rpc/link.h).
+bool TokenEquals(std::string_view got, const std::string& want);
 
 }  // namespace remora::rpc

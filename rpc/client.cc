@@ -235,6 +235,80 @@ Future<InMessage> Agent::Impl::TransmitOnStream(const Peer& peer, OutMessage mes
   return done;
 }
 
+void Agent::Impl::ListenForLinks() {
+  // Where peers of this host can use them: shared memory on (the link's
+  // name comes from its endpoint) and no TLS (a link has no certificates;
+  // the token it checks is all a plaintext call has too).
+  const AgentOptions& o = agent_->options_;
+  const base::WorkerInfo& self = agent_->self_;
+  if (!local_links_ || o.tls.enabled() || self.shm.domain.empty()) {
+    return;
+  }
+  auto server = LinkServer::Listen(LinkName(self.shm), o.token,
+                                   [this](grpc::ByteBuffer frame, std::shared_ptr<ReplySlot> slot) {
+                                     Dispatch(std::move(frame), std::move(slot));
+                                   });
+  // Not listening (the abstract name taken?) is no error: peers use gRPC.
+  if (!server.ok()) return;
+  link_server_ = std::move(*server);
+  links_ = true;
+}
+
+std::shared_ptr<LinkClient> Agent::Impl::LinkTo(const Peer& peer) {
+  if (!links_ || peer.route.shm == nullptr) return nullptr;
+  base::MutexLock lock(peer.link_mu);
+  if (peer.link != nullptr && peer.link->alive()) return peer.link;
+  if (peer.link_refused) return nullptr;
+  if (peer.link != nullptr) peer.closed_links.push_back(std::move(peer.link));
+  auto link = LinkClient::Connect(LinkName(peer.info.shm), agent_->options_.token, absl::Seconds(2));
+  if (!link.ok()) {
+    // Not listening (links off there, or another network namespace under
+    // the same --host-id), gone, or refusing this agent's token: gRPC
+    // from now on, which says why a call fails.
+    peer.link_refused = true;
+    return nullptr;
+  }
+  peer.link = std::move(*link);
+  return peer.link;
+}
+
+Future<InMessage> Agent::Impl::TransmitOnLink(LinkClient& link, const Peer& peer,
+                                              OutMessage message, absl::Duration timeout) {
+  const channel::Route& route = peer.route;
+  std::vector<ShmFill> fills;
+  ClientCall* call = NewCall(std::move(message), route, &fills);
+  if (call == nullptr) {
+    return Future<InMessage>::Ready(absl::CancelledError("the agent is shutting down"));
+  }
+  calls_on_links_.fetch_add(1);
+  Future<InMessage> done = call->done;
+  const base::WorkerId to = peer.info.id;
+  link.Send(call->request, absl::Now() + timeout,
+            [this, call, to](absl::StatusOr<grpc::ByteBuffer> reply) {
+              if (reply.ok()) call->response = std::move(*reply);
+              FinishCallOffGrpc(call, to, reply.status());
+            });
+  FillAll(route, fills);  // `call` may be gone: the fills are ours
+  return done;
+}
+
+void Agent::Impl::CloseLinks() {
+  std::vector<std::shared_ptr<LinkClient>> links;
+  {
+    base::MutexLock lock(mu_);
+    for (const auto* peers : {&peers_, &retired_peers_}) {
+      for (const auto& p : *peers) {
+        if (p == nullptr) continue;
+        base::MutexLock link_lock(p->link_mu);
+        p->link_refused = true;  // no new links
+        if (p->link != nullptr) links.push_back(p->link);
+      }
+    }
+  }
+  // Outside the locks: the calls' failures run their callbacks here.
+  for (const auto& l : links) l->Close(absl::CancelledError("the agent is shutting down"));
+}
+
 Future<InMessage> Agent::Impl::SendTo(base::WorkerId dst, OutMessage message,
                                       absl::Duration timeout, bool blocking,
                                       const std::string& what) {
@@ -252,8 +326,12 @@ Future<InMessage> Agent::Impl::SendTo(base::WorkerId dst, OutMessage message,
   std::string traced;
   const int64_t sent_us = trace::Enabled() ? trace::NowUs() : -1;
   if (sent_us >= 0) traced = absl::StrCat("call ", named);
+  // A caller that waits on its own thread polls a stream for the reply;
+  // others go on the local link when there is one.
+  std::shared_ptr<LinkClient> link = streams_ && blocking ? nullptr : LinkTo(*peer);
   Future<InMessage> raw =
       streams_ && blocking ? TransmitOnStream(*peer, std::move(message), timeout)
+      : link != nullptr    ? TransmitOnLink(*link, *peer, std::move(message), timeout)
           : Transmit(peer->stub.get(), std::move(message), timeout, false, blocking, peer->route);
   Future<InMessage> annotated;
   raw.then([annotated, peer, what, timeout, who = Who(peer->info.name), sent_us,

@@ -59,6 +59,7 @@ class ServerCall final : public grpc::ServerGenericBidiReactor {
  public:
   explicit ServerCall(Agent::Impl* impl)
       : impl_(impl), slot_(std::make_shared<UnaryReplySlot>(this)) {
+    impl_->UnaryCallOpened();
     StartRead(&request_);
   }
   void OnReadDone(bool ok) override {
@@ -73,6 +74,7 @@ class ServerCall final : public grpc::ServerGenericBidiReactor {
   }
   void OnDone() override {
     slot_->Detach();
+    impl_->UnaryCallDone();
     delete this;
   }
 

@@ -104,16 +104,23 @@ void Agent::Impl::JoinOwnThreads() {
   state.mu.Await(absl::Condition(&done));
 }
 
-void Agent::Impl::CancelOutgoing() {
-  {
-    base::MutexLock lock(calls_mu_);
-    stopped_ = true;
-    for (ClientCall* c : calls_) {
-      if (c->context) c->context->TryCancel();
-    }
-    for (SyncStream* s : streams_in_use_) s->Cancel();
-  }
-  // Idle streams go now; the callers of those in use give them back.
+void Agent::Impl::UnaryCallOpened() {
+  base::MutexLock lock(unary_calls_mu_);
+  ++unary_calls_;
+}
+
+void Agent::Impl::UnaryCallDone() {
+  base::MutexLock lock(unary_calls_mu_);
+  --unary_calls_;
+}
+
+void Agent::Impl::AwaitUnaryCallsDone(absl::Time deadline) {
+  base::MutexLock lock(unary_calls_mu_);
+  auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(unary_calls_mu_) { return unary_calls_ == 0; };
+  unary_calls_mu_.AwaitWithDeadline(absl::Condition(&none), deadline);
+}
+
+void Agent::Impl::DropIdleStreams() {
   std::vector<std::unique_ptr<SyncStream>> idle;
   {
     base::MutexLock lock(mu_);
@@ -124,7 +131,21 @@ void Agent::Impl::CancelOutgoing() {
       p->idle_streams.clear();
     }
   }
-  idle.clear();
+  idle.clear();  // each cancelled, and waited for until gRPC let go of it
+}
+
+void Agent::Impl::CancelOutgoing() {
+  {
+    base::MutexLock lock(calls_mu_);
+    stopped_ = true;
+    for (ClientCall* c : calls_) {
+      if (c->context) c->context->TryCancel();
+    }
+    for (SyncStream* s : streams_in_use_) s->Cancel();
+  }
+  CloseLinks();  // their calls fail here
+  // Idle streams go now; the callers of those in use give them back.
+  DropIdleStreams();
   // A reply still receiving CUDA payloads stays in calls_ until its
   // transfers end: stopping the channel ends them now.
   cuda_->Stop();
@@ -166,8 +187,18 @@ void Agent::Impl::Stop() {
     ServerStream::Close(s, grpc::Status(grpc::StatusCode::UNAVAILABLE, absl::StrCat(
                                "worker '", agent_->self_.name, "' is shutting down")));
   }
+  // Local links likewise: the requests being handled get their replies
+  // (for as long as gRPC's shutdown waits), then every link closes.
+  if (link_server_) link_server_->Stop(absl::Seconds(2));
   if (server_) {
-    server_->Shutdown(DeadlineIn(absl::Seconds(2)));
+    // gRPC's Shutdown waits, up to its deadline, for each connection to end
+    // gracefully, and a caller whose connection sits idle (its calls all on
+    // local links, its process not ending yet) does not answer: a group in
+    // one process took 2 s more to stop. So the unary calls still being
+    // answered are waited for here (their streams closed above, likewise),
+    // for as long, and the server stops at once after them.
+    AwaitUnaryCallsDone(absl::Now() + absl::Seconds(2));
+    server_->Shutdown(DeadlineIn(absl::ZeroDuration()));
   }
   CancelOutgoing();  // stops the CUDA channel too: waiting receives fail
   JoinOwnThreads();

@@ -33,6 +33,8 @@ TEST(RpcBench, SweepsSizesAcrossTheThresholdAndNamesTheChannels) {
   EXPECT_THAT(out, HasSubstr("\nbulk_gbps="));
   EXPECT_THAT(out, HasSubstr("\nmemcpy_gbps="));
   EXPECT_THAT(out, HasSubstr("\nasync_latency_us_p10="));
+  // The worker beside it is on this host: rpc_async takes the local link.
+  EXPECT_THAT(out, HasSubstr("\nrpc_async_on=link\n"));
 
   for (const auto& [sizes, text] : {std::pair{"4K,0", "--sizes: '0' is not a size"}, {"2048M", "1 byte to 1 GiB"},
                                     {"4K,,8K", "has an empty size"}}) {

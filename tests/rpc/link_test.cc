@@ -1,0 +1,280 @@
+// The two ends of rpc/link.h without an agent around them, and the agent's
+// use of links: which calls take them, and what happens when a link cannot
+// be had or breaks.
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "base/mutex_lock.h"
+#include "rpc/agent.h"
+#include "rpc/link.h"
+#include "tests/support/test_group.h"
+
+namespace remora {
+namespace link_test {  // unity builds: the helpers' names stay this file's
+namespace {
+
+using ::testing::HasSubstr;
+
+grpc::ByteBuffer Frame(const std::string& bytes) {
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+std::string Bytes(const grpc::ByteBuffer& frame) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(frame.Dump(&slices).ok());
+  std::string out;
+  for (const auto& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return out;
+}
+
+// A name no other test process uses.
+std::string UniqueName() {
+  base::ShmEndpoint e;
+  e.pid = static_cast<uint32_t>(getpid());
+  e.incarnation = base::RandomIncarnation();
+  return rpc::LinkName(e);
+}
+
+// The requests a server received, and their reply slots, for the test to
+// answer when and how it likes.
+struct Inbox {
+  absl::Mutex mu;
+  std::vector<std::string> frames ABSL_GUARDED_BY(mu);
+  std::vector<std::shared_ptr<rpc::ReplySlot>> slots ABSL_GUARDED_BY(mu);
+
+  rpc::LinkServer::Dispatch dispatch() {
+    return [this](grpc::ByteBuffer frame, std::shared_ptr<rpc::ReplySlot> slot) {
+      base::MutexLock lock(mu);
+      frames.push_back(Bytes(frame));
+      slots.push_back(std::move(slot));
+    };
+  }
+  void AwaitCount(size_t n) {
+    base::MutexLock lock(mu);
+    auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return frames.size() >= n; };
+    mu.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
+  }
+};
+
+// One call's outcome, waited for.
+struct Outcome {
+  absl::Notification done;
+  absl::StatusOr<std::string> reply = absl::UnknownError("no reply yet");
+  rpc::LinkClient::Done callback() {
+    return [this](absl::StatusOr<grpc::ByteBuffer> r) {
+      reply = r.ok() ? absl::StatusOr<std::string>(Bytes(*r)) : r.status();
+      done.Notify();
+    };
+  }
+  bool Wait() { return done.WaitForNotificationWithTimeout(absl::Seconds(10)); }
+};
+
+TEST(LocalLink, RepliesFindTheirCallsInAnyOrder) {
+  const std::string name = UniqueName();
+  Inbox inbox;
+  auto server = rpc::LinkServer::Listen(name, "", inbox.dispatch());
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = rpc::LinkClient::Connect(name, "", absl::Seconds(5));
+  ASSERT_TRUE(client.ok()) << client.status();
+  // An empty frame, a short one (held inline by gRPC's slices) and 8 MiB.
+  const std::vector<std::string> sent = {"", "abc", std::string(8 << 20, 'x')};
+  std::vector<Outcome> outcomes(sent.size());
+  for (size_t i = 0; i < sent.size(); ++i) {
+    (*client)->Send(Frame(sent[i]), absl::Now() + absl::Seconds(30), outcomes[i].callback());
+  }
+  inbox.AwaitCount(sent.size());
+  {
+    base::MutexLock lock(inbox.mu);
+    ASSERT_EQ(inbox.frames.size(), sent.size());
+    for (size_t i = 0; i < sent.size(); ++i) EXPECT_EQ(inbox.frames[i], sent[i]);
+    // Answered last to first, each with its request backwards.
+    for (size_t i = sent.size(); i-- > 0;) {
+      EXPECT_TRUE(inbox.slots[i]->Reply(Frame(std::string(sent[i].rbegin(), sent[i].rend()))));
+      EXPECT_FALSE(inbox.slots[i]->Reply(Frame("again")));  // one reply per call
+    }
+  }
+  for (size_t i = 0; i < sent.size(); ++i) {
+    ASSERT_TRUE(outcomes[i].Wait());
+    ASSERT_TRUE(outcomes[i].reply.ok()) << outcomes[i].reply.status();
+    EXPECT_EQ(*outcomes[i].reply, std::string(sent[i].rbegin(), sent[i].rend()));
+  }
+}
+
+TEST(LocalLink, AWrongTokenOrNoServerIsRefusedAtConnect) {
+  const std::string name = UniqueName();
+  EXPECT_FALSE(rpc::LinkClient::Connect(name, "", absl::Seconds(1)).ok());  // nobody listens
+  Inbox inbox;
+  auto server = rpc::LinkServer::Listen(name, "secret", inbox.dispatch());
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto wrong = rpc::LinkClient::Connect(name, "guess", absl::Seconds(5));
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_THAT(std::string(wrong.status().message()), HasSubstr("refused"));
+  EXPECT_FALSE(rpc::LinkClient::Connect(name, "", absl::Seconds(5)).ok());
+  EXPECT_TRUE(rpc::LinkClient::Connect(name, "secret", absl::Seconds(5)).ok());
+  // A second server cannot take the same name.
+  EXPECT_FALSE(rpc::LinkServer::Listen(name, "", inbox.dispatch()).ok());
+}
+
+TEST(LocalLink, CallsInFlightFailWhenTheServerGoesAndPastTheirDeadline) {
+  const std::string name = UniqueName();
+  Inbox inbox;
+  auto server = rpc::LinkServer::Listen(name, "", inbox.dispatch());
+  ASSERT_TRUE(server.ok());
+  auto client = rpc::LinkClient::Connect(name, "", absl::Seconds(5));
+  ASSERT_TRUE(client.ok());
+  Outcome late, unanswered;
+  const absl::Time start = absl::Now();
+  (*client)->Send(Frame("late"), start + absl::Milliseconds(300), late.callback());
+  (*client)->Send(Frame("never"), start + absl::Seconds(60), unanswered.callback());
+  inbox.AwaitCount(2);
+  ASSERT_TRUE(late.Wait());
+  EXPECT_EQ(late.reply.status().code(), absl::StatusCode::kDeadlineExceeded) << late.reply.status();
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(300));
+  EXPECT_FALSE(unanswered.done.HasBeenNotified());
+  // A reply after the deadline is dropped; the link still works.
+  {
+    base::MutexLock lock(inbox.mu);
+    inbox.slots[0]->Reply(Frame("too late"));
+  }
+  EXPECT_TRUE((*client)->alive());
+  // The server stops without answering (a process that ended): the call
+  // fails at once, not at its deadline, and so does every later one.
+  (*server)->Stop(absl::ZeroDuration());
+  ASSERT_TRUE(unanswered.Wait());
+  EXPECT_EQ(unanswered.reply.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  EXPECT_FALSE((*client)->alive());
+  Outcome after;
+  (*client)->Send(Frame("after"), absl::Now() + absl::Seconds(60), after.callback());
+  ASSERT_TRUE(after.Wait());
+  EXPECT_FALSE(after.reply.ok());
+  base::MutexLock lock(inbox.mu);
+  EXPECT_FALSE(inbox.slots[1]->Reply(Frame("gone")));  // the link is closed
+}
+
+// A server that says hello as a link server does, takes the first
+// request, and then writes only the first bytes of a reply record: a peer
+// stopped (SIGSTOP) in the middle of writing.
+TEST(LocalLink, APeerStoppedMidReplyHoldsUpNoDeadline) {
+  const std::string name = UniqueName();
+  const int listener = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, name.data(), name.size());
+  const socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size());
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), len), 0);
+  ASSERT_EQ(listen(listener, 1), 0);
+  std::thread server([listener] {
+    const int fd = accept(listener, nullptr, nullptr);
+    char record[24];
+    ASSERT_EQ(read(fd, record, sizeof(record)), 24);  // the hello, no token
+    const uint32_t hello_ok[6] = {0x524c4b02, 0, 0, 0, 0, 0};
+    ASSERT_EQ(write(fd, hello_ok, sizeof(hello_ok)), 24);
+    ASSERT_GE(read(fd, record, sizeof(record)), 1);  // the request
+    ASSERT_EQ(write(fd, "\x04\x4b\x4c\x52", 4), 4);  // a reply's first bytes, then nothing
+    absl::SleepFor(absl::Seconds(2));
+    close(fd);
+  });
+  auto client = rpc::LinkClient::Connect(name, "", absl::Seconds(5));
+  ASSERT_TRUE(client.ok()) << client.status();
+  Outcome outcome;
+  const absl::Time start = absl::Now();
+  (*client)->Send(Frame("q"), start + absl::Milliseconds(300), outcome.callback());
+  ASSERT_TRUE(outcome.Wait());
+  EXPECT_EQ(outcome.reply.status().code(), absl::StatusCode::kDeadlineExceeded) << outcome.reply.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  server.join();
+  close(listener);
+}
+
+TEST(LocalLink, StopWaitsForTheRepliesInHand) {
+  const std::string name = UniqueName();
+  Inbox inbox;
+  auto server = rpc::LinkServer::Listen(name, "", inbox.dispatch());
+  ASSERT_TRUE(server.ok());
+  auto client = rpc::LinkClient::Connect(name, "", absl::Seconds(5));
+  ASSERT_TRUE(client.ok());
+  Outcome answered;
+  (*client)->Send(Frame("q"), absl::Now() + absl::Seconds(60), answered.callback());
+  inbox.AwaitCount(1);
+  std::thread late_reply([&inbox] {
+    absl::SleepFor(absl::Milliseconds(200));
+    base::MutexLock lock(inbox.mu);
+    inbox.slots[0]->Reply(Frame("a"));
+  });
+  (*server)->Stop(absl::Seconds(5));
+  late_reply.join();
+  ASSERT_TRUE(answered.Wait());
+  ASSERT_TRUE(answered.reply.ok()) << answered.reply.status();
+  EXPECT_EQ(*answered.reply, "a");
+  EXPECT_FALSE(rpc::LinkClient::Connect(name, "", absl::Seconds(1)).ok());  // no new links
+}
+
+TEST(LocalLink, TheAgentSendsAsynchronousCallsOnLinks) {
+  Group g(2);
+  const int64_t before = g.master().calls_on_links();
+  auto r = g.master().rpc_async("w1", "add", {int64_t{2}, int64_t{3}}).wait();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->toInt(), 5);
+  EXPECT_GT(g.master().calls_on_links(), before);
+  // rpc_sync keeps its pooled streams.
+  const int64_t async_calls = g.master().calls_on_links();
+  auto s = g.master().rpc_sync("w2", "add", {int64_t{1}, int64_t{1}});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(g.master().calls_on_links(), async_calls);
+  // A worker calls another on its link too.
+  auto nested = g.worker(1).rpc_async("w2", "add", {int64_t{4}, int64_t{4}}).wait();
+  ASSERT_TRUE(nested.ok()) << nested.status();
+  EXPECT_EQ(nested->toInt(), 8);
+  EXPECT_GT(g.worker(1).calls_on_links(), 0);
+}
+
+TEST(LocalLink, AnIdleRpcSyncStreamDoesNotHoldUpTheShutdown) {
+  // The master's rpc_sync leaves a stream to w1 idle; the shutdown's own
+  // messages then go on links, and w1 stops while that stream is still
+  // open. Its server closes the stream: the read waiting on it for the
+  // next request must not hold the server's shutdown to its 2 s deadline.
+  auto g = std::make_unique<Group>(1);
+  auto s = g->master().rpc_sync("w1", "add", {int64_t{1}, int64_t{1}});
+  ASSERT_TRUE(s.ok()) << s.status();
+  const absl::Time start = absl::Now();
+  g.reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+}
+
+TEST(LocalLink, OffByOptionCallsGoOverGrpc) {
+  rpc::AgentOptions off;
+  off.local_links = false;
+  Group g(1, off);
+  auto r = g.master().rpc_async("w1", "add", {int64_t{2}, int64_t{3}}).wait();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(g.master().calls_on_links(), 0);
+}
+
+TEST(LocalLink, ATokenTravelsOnTheLink) {
+  rpc::AgentOptions secret;
+  secret.token = "s3cret";
+  Group g(1, secret);
+  auto r = g.master().rpc_async("w1", "add", {int64_t{2}, int64_t{3}}).wait();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->toInt(), 5);
+  EXPECT_GT(g.master().calls_on_links(), 0);
+}
+
+}  // namespace
+}  // namespace link_test
+}  // namespace remora
