@@ -178,7 +178,8 @@ TEST(LocalLink, APeerStoppedMidReplyHoldsUpNoDeadline) {
   const socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size());
   ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), len), 0);
   ASSERT_EQ(listen(listener, 1), 0);
-  std::thread server([listener] {
+  absl::Notification test_over;
+  std::thread server([listener, &test_over] {
     const int fd = accept(listener, nullptr, nullptr);
     char record[24];
     ASSERT_EQ(read(fd, record, sizeof(record)), 24);  // the hello, no token
@@ -186,7 +187,7 @@ TEST(LocalLink, APeerStoppedMidReplyHoldsUpNoDeadline) {
     ASSERT_EQ(write(fd, hello_ok, sizeof(hello_ok)), 24);
     ASSERT_GE(read(fd, record, sizeof(record)), 1);  // the request
     ASSERT_EQ(write(fd, "\x04\x4b\x4c\x52", 4), 4);  // a reply's first bytes, then nothing
-    absl::SleepFor(absl::Seconds(2));
+    test_over.WaitForNotificationWithTimeout(absl::Seconds(10));
     close(fd);
   });
   auto client = rpc::LinkClient::Connect(name, "", absl::Seconds(5));
@@ -197,6 +198,7 @@ TEST(LocalLink, APeerStoppedMidReplyHoldsUpNoDeadline) {
   ASSERT_TRUE(outcome.Wait());
   EXPECT_EQ(outcome.reply.status().code(), absl::StatusCode::kDeadlineExceeded) << outcome.reply.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  test_over.Notify();
   server.join();
   close(listener);
 }
