@@ -554,16 +554,29 @@ absl::Status RegisterFunctions(rpc::Registry& registry) {
           seeds.push_back(grads[i].to((*sent)[i].device()));
         }
         rpc::Future<c10::IValue> done(ctx.agent->executor());
-        RunBackward(container, context, std::move(roots), std::move(seeds), retain_graph)
-            .then([done](const absl::StatusOr<rpc::Empty>& r) mutable {
-              if (r.ok()) {
-                done.SetValue(c10::IValue());
-              } else {
-                done.SetError(r.status());
-              }
-            });
+        // A pass that is not a pipeline action's waits here for its turn on
+        // the compute lane: not on a local link's reader (a prompt call).
+        const bool waits = !roots.empty() && !runtime::MarkedAction(roots[0]).has_value();
+        auto run = [&container, context, roots = std::move(roots), seeds = std::move(seeds), retain_graph,
+                    done]() mutable {
+          RunBackward(container, context, std::move(roots), std::move(seeds), retain_graph)
+              .then([done](const absl::StatusOr<rpc::Empty>& r) mutable {
+                if (r.ok()) {
+                  done.SetValue(c10::IValue());
+                } else {
+                  done.SetError(r.status());
+                }
+              });
+        };
+        if (ctx.prompt && waits) {
+          ctx.agent->executor()->Schedule(std::move(run));
+        } else {
+          run();
+        }
         return done;
       }));
+  // Its pass queues itself on the compute lane (see above).
+  RETURN_IF_ERROR(registry.MarkPrompt(PropagateRequest::kFunction));
   RETURN_IF_ERROR(registry.RegisterFunction(
       ReleaseRequest::kFunction, [](rpc::CallContext& ctx, const rpc::Args& args) -> c10::IValue {
         const int64_t context = rpc::DecodeCallOrThrow<ReleaseRequest>(args).context;

@@ -654,6 +654,12 @@ absl::Status RegisterRunnerFunctions(rpc::Registry& registry) {
   RETURN_IF_ERROR(RegisterRunnerCall<EvalPushRequest>(registry, [](Runner& runner, EvalPushRequest& r) {
     runner.evals().Push(r.context, r.stage, r.micro_batch, std::move(r.value));
   }));
+  // Each queues its work on the compute lane and returns: they run where
+  // a local link receives them (rpc::Registry::MarkPrompt).
+  for (const char* prompt : {PushRequest::kFunction, TargetsRequest::kFunction, EvalPushRequest::kFunction,
+                             EvalTargetsRequest::kFunction}) {
+    RETURN_IF_ERROR(registry.MarkPrompt(prompt));
+  }
   RETURN_IF_ERROR(RegisterRunnerCall<AbandonRequest>(
       registry, [](Runner& runner, AbandonRequest& r) { runner.Abandon(r.context); }));
   RETURN_IF_ERROR(registry.RegisterFunction(

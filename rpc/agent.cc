@@ -55,6 +55,7 @@ Agent::Impl::Impl(Agent* agent)
       sync_spin_(SyncSpin(agent->options_)),
       streams_(OnUnlessEnvOff(agent->options_.streams, "REMORA_STREAMS")),
       local_links_(OnUnlessEnvOff(agent->options_.local_links, "REMORA_LINKS")),
+      prompt_here_(OnUnlessEnvOff(true, "REMORA_PROMPT")),
       pool_(std::make_unique<ThreadPool>(agent->options_.num_threads)),
       shm_(std::make_unique<channel::ShmChannel>(channel::ShmChannel::Options{
           OnUnlessEnvOff(agent->options_.shared_memory, "REMORA_SHM"),

@@ -139,9 +139,13 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   // --- server (server.cc) ------------------------------------------------
   grpc::ServerGenericBidiReactor* CreateReactor(
       grpc::GenericCallbackServerContext* ctx) override;
-  // Entry point of every request (on a gRPC thread): parse, then handle on
-  // the pool (or a thread of its own for CUDA payloads).
+  // Entry point of every request (on a gRPC thread or a local link's
+  // reader): parse, then handle on the pool (or a thread of its own for
+  // CUDA payloads; or here, for a prompt function on a link's reader).
   void Dispatch(grpc::ByteBuffer buffer, std::shared_ptr<ReplySlot> slot);
+  // Whether `buffer` is a call of a prompt function (Registry::MarkPrompt),
+  // not a method's.
+  bool IsPromptCall(const grpc::ByteBuffer& buffer) const;
   // Looks the request's kind up in `requests_` and runs its handler.
   void Handle(InMessage message, std::shared_ptr<Responder> responder);
   // The request's sender is a member of the group: waits up to
@@ -307,6 +311,7 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   const absl::Duration sync_spin_;  // see AgentOptions::sync_spin
   const bool streams_;              // see AgentOptions::streams
   const bool local_links_;          // AgentOptions::local_links, unless REMORA_LINKS=0
+  const bool prompt_here_;          // Registry::MarkPrompt is heeded, unless REMORA_PROMPT=0
   std::unique_ptr<ThreadPool> pool_;
   // The pool after Stop: stopped, but kept until this object goes (after
   // the peers' channels), since futures made before the stop still name it

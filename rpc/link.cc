@@ -122,6 +122,10 @@ socklen_t Address(const std::string& name, sockaddr_un* addr) {
 
 }  // namespace
 
+thread_local bool on_link_reader = false;
+
+bool OnLinkReader() { return on_link_reader; }
+
 std::string LinkName(const base::ShmEndpoint& e) {
   return absl::StrFormat("%cremora-link-%u-%016x", '\0', e.pid, e.incarnation);
 }
@@ -374,6 +378,7 @@ void LinkServer::AcceptLoop() {
 }
 
 void LinkServer::Serve(std::shared_ptr<Conn> conn) {
+  on_link_reader = true;
   // The hello: the caller's token, within a second of connecting.
   Record r;
   std::string token;

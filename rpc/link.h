@@ -52,6 +52,10 @@
 
 namespace remora::rpc {
 
+// Whether this thread is a link server's reader: requests for prompt
+// functions (Registry::MarkPrompt) run on it.
+bool OnLinkReader();
+
 // The abstract socket name of the link server of the agent with shared
 // memory endpoint `e` (its leading NUL included).
 std::string LinkName(const base::ShmEndpoint& e);

@@ -66,6 +66,16 @@ absl::Status Registry::RegisterModuleType(const std::string& name, Factory facto
   return absl::OkStatus();
 }
 
+absl::Status Registry::MarkPrompt(const std::string& name) {
+  if (functions_.count(name) == 0) {
+    return absl::NotFoundError(absl::StrCat("no function '", name, "' to mark prompt"));
+  }
+  prompt_.insert(name);
+  return absl::OkStatus();
+}
+
+bool Registry::IsPrompt(const std::string& name) const { return prompt_.count(name) > 0; }
+
 bool Registry::Contains(const std::string& name) const {
   return functions_.count(name) > 0 || modules_.count(name) > 0;
 }

@@ -16,6 +16,7 @@
 
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,6 +38,11 @@ class Agent;
 struct CallContext {
   Agent* agent = nullptr;
   base::WorkerInfo caller;
+  // True when a prompt function (Registry::MarkPrompt) runs on the thread
+  // that received its request (a local link's reader): it must not wait
+  // there, for another message least of all. Work that might wait goes to
+  // agent->executor().
+  bool prompt = false;
 
   // The serving worker's name, for messages; "?" without an agent (a
   // function called directly, as tests do).
@@ -122,6 +128,16 @@ class Registry {
 
   bool Contains(const std::string& name) const;
 
+  // Marks function `name` (registered already) as prompt: it never waits,
+  // for another message or a lock held across one; it queues its work
+  // (on the compute lane, say) and returns, or completes its future later.
+  // A request for it that arrives on a local link (rpc/link.h) runs on the
+  // link's reader thread instead of going to the pool: one thread hop less
+  // on the way of a pipeline's activations and gradients. NotFound when
+  // there is no such function. Call before the agent starts.
+  absl::Status MarkPrompt(const std::string& name);
+  bool IsPrompt(const std::string& name) const;
+
   // Runs function `name`, or constructs module type `name` (the result is a
   // RemoteObject capsule). Exceptions become errors. The future is ready on
   // return unless `name` is an async function.
@@ -143,6 +159,7 @@ class Registry {
   absl::Status CheckNewName(const std::string& name) const;
 
   std::map<std::string, AsyncFunction> functions_;
+  std::set<std::string> prompt_;  // functions marked prompt
   std::map<std::string, ModuleType> modules_;
 };
 

@@ -6,6 +6,7 @@
 #include "base/status_util.h"
 #include "proto/rref.pb.h"
 #include "rpc/agent_impl.h"
+#include "rpc/link.h"
 #include "rpc/request_checks.h"
 
 namespace remora::rpc {
@@ -49,6 +50,7 @@ void RunCall(Agent::Impl* impl, base::WorkerId from, const std::shared_ptr<Respo
   Agent* const agent = impl->agent_;
   ContextIdGuard in_context(context_id);
   CallContext cctx{agent, base::WorkerInfo{}};
+  cctx.prompt = OnLinkReader();  // (Dispatch runs only prompt functions there)
   if (const Peer* p = impl->FindPeer(from)) cctx.caller = p->info;
   Future<c10::IValue> out;
   const Args call_args(std::move(args));

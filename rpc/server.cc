@@ -143,6 +143,8 @@ grpc::ServerGenericBidiReactor* Agent::Impl::CreateReactor(
 void Agent::Impl::Dispatch(grpc::ByteBuffer buffer, std::shared_ptr<ReplySlot> slot) {
   incoming_.fetch_add(1);
   const bool own_thread = !cuda_->endpoint().gpus.empty() && CarriesCudaPayloads(buffer);
+  // A call of a prompt function runs where a local link received it.
+  const bool here = prompt_here_ && !own_thread && OnLinkReader() && IsPromptCall(buffer);
   const int64_t arrived_us = trace::Enabled() ? trace::NowUs() : -1;
   auto task = [this, buffer = std::move(buffer), slot = std::move(slot), arrived_us]() mutable {
     auto message = ParseMessage(buffer, shm_.get(), cuda_.get());
@@ -169,7 +171,15 @@ void Agent::Impl::Dispatch(grpc::ByteBuffer buffer, std::shared_ptr<ReplySlot> s
   // A request with CUDA payloads is received (and handled) on a thread of
   // its own, not on the pool (see RunOwnThread).
   if (own_thread) return RunOwnThread(std::move(task));
+  if (here) return task();
   pool_->Schedule(std::move(task));
+}
+
+bool Agent::Impl::IsPromptCall(const grpc::ByteBuffer& buffer) const {
+  absl::StatusOr<wire::Header> header = ReadFrameHeader(buffer);
+  if (!header.ok() || header->request().kind() != wire::CallRequest::descriptor()->full_name()) return false;
+  absl::StatusOr<wire::CallRequest> call = wire::RequestBody<wire::CallRequest>(header->request());
+  return call.ok() && !call->has_self() && agent_->registry().IsPrompt(call->function());
 }
 
 void Agent::Impl::Handle(InMessage message, std::shared_ptr<Responder> responder) {

@@ -258,6 +258,22 @@ TEST(LocalLink, AnIdleRpcSyncStreamDoesNotHoldUpTheShutdown) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(1));
 }
 
+TEST(LocalLink, PromptFunctionsRunWhereTheLinkReceivesThem) {
+  Group g(1);
+  auto prompt = g.master().rpc_async("w1", "prompt").wait();
+  ASSERT_TRUE(prompt.ok()) << prompt.status();
+  EXPECT_TRUE(prompt->toBool());
+  auto other = g.master().rpc_async("w1", "not_prompt").wait();
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_FALSE(other->toBool());
+  // Over gRPC (rpc_sync's stream) every function runs on the pool.
+  auto over_grpc = g.master().rpc_sync("w1", "prompt");
+  ASSERT_TRUE(over_grpc.ok()) << over_grpc.status();
+  EXPECT_FALSE(over_grpc->toBool());
+  rpc::Registry registry;
+  EXPECT_EQ(registry.MarkPrompt("nothing").code(), absl::StatusCode::kNotFound);
+}
+
 TEST(LocalLink, OffByOptionCallsGoOverGrpc) {
   rpc::AgentOptions off;
   off.local_links = false;

@@ -152,6 +152,15 @@ absl::Status RegisterTestFunctions(rpc::Registry& r) {
     base::MutexLock lock(log.mu);
     return std::vector<std::string>(log.seen.begin(), log.seen.end());
   }));
+  // prompt() / not_prompt(): whether the call ran as a prompt function on
+  // the thread that received it (CallContext::prompt); only the first is
+  // marked prompt.
+  for (const char* name : {"prompt", "not_prompt"}) {
+    RETURN_IF_ERROR(r.RegisterFunction(name, [](rpc::CallContext& ctx, const rpc::Args&) -> c10::IValue {
+      return ctx.prompt;
+    }));
+  }
+  RETURN_IF_ERROR(r.MarkPrompt("prompt"));
   // Once per process: tests start several agents in one.
   static const absl::Status stage_types = RegisterStageTypes();
   RETURN_IF_ERROR(stage_types);
