@@ -505,76 +505,71 @@ Container& Require(rpc::Agent* agent) {
   return *c;
 }
 
+// remora.autograd.propagate: the gradients of a message this process sent, from its receiver.
+rpc::Future<c10::IValue> HandlePropagate(rpc::CallContext& ctx, const rpc::Args& args) {
+  auto request = rpc::DecodeCallOrThrow<PropagateRequest>(args);
+  Container& container = Require(ctx.agent);
+  const int64_t context_id = request.context;
+  const int64_t message_id = request.message;
+  std::vector<at::Tensor> grads = std::move(request.grads);
+  const bool retain_graph = request.retain_graph;
+  auto context = container.Find(context_id);
+  if (!context) throw std::invalid_argument(absl::StrCat("unknown distributed autograd context ", context_id));
+  // Without retain_graph the pass frees the graph behind the sent
+  // tensors, and the context lets go of them too.
+  bool taken_before = false;
+  auto sent = retain_graph ? context->Send(message_id)
+                           : context->TakeSend(message_id, &taken_before);
+  if (!sent && taken_before) {
+    throw std::invalid_argument(absl::StrCat(
+        "gradients for message ", message_id, " of context ", context_id,
+        " came a second time, after the first pass freed its graph: Trying to backward "
+        "through the graph a second time (run the earlier passes with retain_graph=true)"));
+  }
+  if (!sent) throw std::invalid_argument(absl::StrCat("context ", context_id, " recorded no message ", message_id));
+  if (grads.size() != sent->size()) {
+    throw std::invalid_argument(absl::StrCat("message ", message_id, " sent ", sent->size(),
+                                             " tensors but ", grads.size(),
+                                             " gradients came back"));
+  }
+  std::vector<at::Tensor> roots, seeds;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    if (!grads[i].sizes().equals((*sent)[i].sizes())) {
+      throw std::invalid_argument("gradient shape does not match the sent tensor");
+    }
+    roots.push_back((*sent)[i]);
+    // A gradient may come back on another device than the tensor
+    // left from (device maps); autograd wants it on the tensor's.
+    seeds.push_back(grads[i].to((*sent)[i].device()));
+  }
+  rpc::Future<c10::IValue> done(ctx.agent->executor());
+  // A pass that is not a pipeline action's waits here for its turn on
+  // the compute lane: not on a local link's reader (a prompt call).
+  const bool waits = !roots.empty() && !runtime::MarkedAction(roots[0]).has_value();
+  auto run = [&container, context, roots = std::move(roots), seeds = std::move(seeds), retain_graph,
+              done]() mutable {
+    RunBackward(container, context, std::move(roots), std::move(seeds), retain_graph)
+        .then([done](const absl::StatusOr<rpc::Empty>& r) mutable {
+          if (r.ok()) {
+            done.SetValue(c10::IValue());
+          } else {
+            done.SetError(r.status());
+          }
+        });
+  };
+  if (ctx.prompt && waits) {
+    ctx.agent->executor()->Schedule(std::move(run));
+  } else {
+    run();
+  }
+  return done;
+}
+
 }  // namespace
 
 absl::Status RegisterFunctions(rpc::Registry& registry) {
-  RETURN_IF_ERROR(registry.RegisterAsyncFunction(
-      PropagateRequest::kFunction,
-      [](rpc::CallContext& ctx, const rpc::Args& args) -> rpc::Future<c10::IValue> {
-        auto request = rpc::DecodeCallOrThrow<PropagateRequest>(args);
-        Container& container = Require(ctx.agent);
-        const int64_t context_id = request.context;
-        const int64_t message_id = request.message;
-        std::vector<at::Tensor> grads = std::move(request.grads);
-        const bool retain_graph = request.retain_graph;
-        auto context = container.Find(context_id);
-        if (!context) {
-          throw std::invalid_argument(
-              absl::StrCat("unknown distributed autograd context ", context_id));
-        }
-        // Without retain_graph the pass frees the graph behind the sent
-        // tensors, and the context lets go of them too.
-        bool taken_before = false;
-        auto sent = retain_graph ? context->Send(message_id)
-                                 : context->TakeSend(message_id, &taken_before);
-        if (!sent && taken_before) {
-          throw std::invalid_argument(absl::StrCat(
-              "gradients for message ", message_id, " of context ", context_id,
-              " came a second time, after the first pass freed its graph: Trying to backward "
-              "through the graph a second time (run the earlier passes with retain_graph=true)"));
-        }
-        if (!sent) {
-          throw std::invalid_argument(absl::StrCat("context ", context_id,
-                                                   " recorded no message ", message_id));
-        }
-        if (grads.size() != sent->size()) {
-          throw std::invalid_argument(absl::StrCat("message ", message_id, " sent ", sent->size(),
-                                                   " tensors but ", grads.size(),
-                                                   " gradients came back"));
-        }
-        std::vector<at::Tensor> roots, seeds;
-        for (size_t i = 0; i < grads.size(); ++i) {
-          if (!grads[i].defined()) continue;
-          if (!grads[i].sizes().equals((*sent)[i].sizes())) {
-            throw std::invalid_argument("gradient shape does not match the sent tensor");
-          }
-          roots.push_back((*sent)[i]);
-          // A gradient may come back on another device than the tensor
-          // left from (device maps); autograd wants it on the tensor's.
-          seeds.push_back(grads[i].to((*sent)[i].device()));
-        }
-        rpc::Future<c10::IValue> done(ctx.agent->executor());
-        // A pass that is not a pipeline action's waits here for its turn on
-        // the compute lane: not on a local link's reader (a prompt call).
-        const bool waits = !roots.empty() && !runtime::MarkedAction(roots[0]).has_value();
-        auto run = [&container, context, roots = std::move(roots), seeds = std::move(seeds), retain_graph,
-                    done]() mutable {
-          RunBackward(container, context, std::move(roots), std::move(seeds), retain_graph)
-              .then([done](const absl::StatusOr<rpc::Empty>& r) mutable {
-                if (r.ok()) {
-                  done.SetValue(c10::IValue());
-                } else {
-                  done.SetError(r.status());
-                }
-              });
-        };
-        if (ctx.prompt && waits) {
-          ctx.agent->executor()->Schedule(std::move(run));
-        } else {
-          run();
-        }
-        return done;
-      }));
+  RETURN_IF_ERROR(registry.RegisterAsyncFunction(PropagateRequest::kFunction, HandlePropagate));
   // Its pass queues itself on the compute lane (see above).
   RETURN_IF_ERROR(registry.MarkPrompt(PropagateRequest::kFunction));
   RETURN_IF_ERROR(registry.RegisterFunction(

@@ -86,12 +86,11 @@ class Runner : public std::enable_shared_from_this<Runner> {
   int num_stages() const { return plan_->num_stages(); }
   bool hosts(int64_t stage) const { return plan_->hosts(stage); }
 
-  // Batch `context`, to start once batch `after` (the master's previous
-  // one) has ended here: the master may send a batch's call while the one
-  // before it still runs, and calls may arrive in any order. `after` -1:
-  // the master waits for no batch before this one, so any older one still
-  // here is one whose abandon was lost (sent to a worker cut off for a
-  // while): it is dropped.
+  // Batch `context`, to start once batch `after` (the master's previous one) has ended
+  // here: the master may send a batch's call while the one before it still runs, and
+  // calls may arrive in any order. `after` -1: the master waits for no batch before this
+  // one, so any older one still here is one whose abandon was lost (sent to a worker cut
+  // off for a while): it is dropped.
   // With `data` (WorkerRows), stage 0's worker reads the batch itself and
   // sends the labels to the last stage's worker, which then gets none here.
   rpc::Future<c10::IValue> Run(int64_t context, int64_t after, const c10::IValue& inputs,
@@ -604,15 +603,17 @@ c10::IValue MakeRunner(rpc::CallContext& ctx, const rpc::Args& a) {
   return c10::IValue();
 }
 
-// Registers `Request`'s function, which `handle` runs on the request's runner.
+// Registers `Request`'s function, which `handle` runs on the request's runner; `prompt`
+// when `handle` only queues work on the compute lane (rpc::Registry::MarkPrompt).
 template <typename Request, typename Handle>
-absl::Status RegisterRunnerCall(rpc::Registry& registry, Handle handle) {
-  return registry.RegisterFunction(
+absl::Status RegisterRunnerCall(rpc::Registry& registry, Handle handle, bool prompt = false) {
+  RETURN_IF_ERROR(registry.RegisterFunction(
       Request::kFunction, [handle](rpc::CallContext& ctx, const rpc::Args& a) -> c10::IValue {
         auto r = rpc::DecodeCallOrThrow<Request>(a);
         handle(*FindRunner(ctx, r.runner), r);
         return c10::IValue();
-      });
+      }));
+  return prompt ? registry.MarkPrompt(Request::kFunction) : absl::OkStatus();
 }
 
 }  // namespace
@@ -640,26 +641,20 @@ absl::Status RegisterRunnerFunctions(rpc::Registry& registry) {
         return FindRunner(ctx, r.runner)->Run(r.context, r.after, r.inputs, r.targets, r.total_rows, r.rows);
       }));
   RETURN_IF_ERROR(RegisterRunnerCall<TargetsRequest>(
-      registry, [](Runner& runner, TargetsRequest& r) { runner.Targets(r.context, r.labels, r.total_rows); }));
+      registry, [](Runner& runner, TargetsRequest& r) { runner.Targets(r.context, r.labels, r.total_rows); }, true));
   RETURN_IF_ERROR(RegisterRunnerCall<PushRequest>(registry, [](Runner& runner, PushRequest& r) {
     runner.Push(r.context, r.stage, r.micro_batch, std::move(r.value));
-  }));
+  }, true));
   RETURN_IF_ERROR(registry.RegisterAsyncFunction(
       EvalRequest::kFunction, [](rpc::CallContext& ctx, const rpc::Args& a) -> rpc::Future<c10::IValue> {
         const auto r = rpc::DecodeCallOrThrow<EvalRequest>(a);
         return FindRunner(ctx, r.runner)->evals().Eval(r.eval, r.inputs, r.micro_batches, r.labels, r.rows);
       }));
   RETURN_IF_ERROR(RegisterRunnerCall<EvalTargetsRequest>(
-      registry, [](Runner& runner, EvalTargetsRequest& r) { runner.evals().Labels(r.eval, r.labels); }));
+      registry, [](Runner& runner, EvalTargetsRequest& r) { runner.evals().Labels(r.eval, r.labels); }, true));
   RETURN_IF_ERROR(RegisterRunnerCall<EvalPushRequest>(registry, [](Runner& runner, EvalPushRequest& r) {
     runner.evals().Push(r.context, r.stage, r.micro_batch, std::move(r.value));
-  }));
-  // Each queues its work on the compute lane and returns: they run where
-  // a local link receives them (rpc::Registry::MarkPrompt).
-  for (const char* prompt : {PushRequest::kFunction, TargetsRequest::kFunction, EvalPushRequest::kFunction,
-                             EvalTargetsRequest::kFunction}) {
-    RETURN_IF_ERROR(registry.MarkPrompt(prompt));
-  }
+  }, true));
   RETURN_IF_ERROR(RegisterRunnerCall<AbandonRequest>(
       registry, [](Runner& runner, AbandonRequest& r) { runner.Abandon(r.context); }));
   RETURN_IF_ERROR(registry.RegisterFunction(
@@ -667,9 +662,8 @@ absl::Status RegisterRunnerFunctions(rpc::Registry& registry) {
         at::manual_seed(static_cast<uint64_t>(rpc::DecodeCallOrThrow<SeedRequest>(a).seed));
         return c10::IValue();
       }));
-  // alive(): answers at once (the master's probe of a worker it waits for),
-  // with an error when this process must be restarted (Agent::restart_required):
-  // elastic training then counts it as lost.
+  // alive(): answers at once (the master's probe of a worker it waits for), with an error
+  // when this process must be restarted (Agent::restart_required): then it counts as lost.
   RETURN_IF_ERROR(registry.RegisterFunction(
       "remora.pipeline.alive", [](rpc::CallContext& ctx, const rpc::Args&) -> c10::IValue {
         if (ctx.agent != nullptr) {

@@ -74,7 +74,8 @@ class StepParticipant {
 absl::Status AttachToRunner(int64_t runner_id, std::shared_ptr<StepParticipant> participant);
 
 // Registers make_runner, run, push, eval, eval_push, abandon, drop_runner,
-// seed, alive and sent_messages (remora.pipeline.*) in a worker's registry.
+// seed and alive (remora.pipeline.*) in a worker's registry; push, targets,
+// eval_push and eval_targets as prompt (rpc::Registry::MarkPrompt).
 absl::Status RegisterRunnerFunctions(rpc::Registry& registry);
 
 }  // namespace remora::pipeline
