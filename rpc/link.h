@@ -29,8 +29,10 @@
 // fails.
 //
 // Thread-safety: all methods may be called from any thread. Ownership: the
-// agent owns its LinkServer and, per peer, its LinkClient (shared with the
-// calls in flight through their callbacks' captures of the agent only).
+// agent owns its LinkServer, and per peer its LinkClient (a shared_ptr: a
+// sender holds it while it writes; a closed one is kept until the agent
+// goes, since its reader may be the thread that finds it closed). Each
+// object joins its own threads when destroyed.
 #pragma once
 
 #include <atomic>
