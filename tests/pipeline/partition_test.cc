@@ -531,6 +531,12 @@ TEST(ScriptCut, AResNetCutAtEveryBlockTrainsOverWorkersAsOneProcess) {
   // The reference convolves without oneDNN: Debian 13's oneDNN 3.7.2
   // returns NaN from LibTorch 2.6's convolution backward on this VM
   // (docs/cuda-and-libtorch2.md, "Known trap"); the workers stay as built.
+  // Set back when the test ends: later tests in this process (the bf16
+  // pipeline's) need oneDNN's rounding.
+  struct RestoreMkldnn {
+    bool was = at::globalContext().userEnabledMkldnn();
+    ~RestoreMkldnn() { at::globalContext().setUserEnabledMkldnn(was); }
+  } restore_mkldnn;
   at::globalContext().setUserEnabledMkldnn(false);
   const std::vector<double> want = test_support::ScriptedLossesInOneProcess(bytes, x, t, 3);
   // Cut before the in-place ReLU and before each residual block: every
