@@ -20,6 +20,7 @@
 #include "base/mutex_lock.h"
 #include "rpc/agent.h"
 #include "rpc/link.h"
+#include "tests/support/slices.h"
 #include "tests/support/test_group.h"
 
 namespace remora {
@@ -27,19 +28,6 @@ namespace link_test {  // unity builds: the helpers' names stay this file's
 namespace {
 
 using ::testing::HasSubstr;
-
-grpc::ByteBuffer Frame(const std::string& bytes) {
-  grpc::Slice slice(bytes);
-  return grpc::ByteBuffer(&slice, 1);
-}
-
-std::string Bytes(const grpc::ByteBuffer& frame) {
-  std::vector<grpc::Slice> slices;
-  EXPECT_TRUE(frame.Dump(&slices).ok());
-  std::string out;
-  for (const auto& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  return out;
-}
 
 // A name no other test process uses.
 std::string UniqueName() {
@@ -59,7 +47,7 @@ struct Inbox {
   rpc::LinkServer::Dispatch dispatch() {
     return [this](grpc::ByteBuffer frame, std::shared_ptr<rpc::ReplySlot> slot) {
       base::MutexLock lock(mu);
-      frames.push_back(Bytes(frame));
+      frames.push_back(StringOf(frame));
       slots.push_back(std::move(slot));
     };
   }
@@ -70,13 +58,31 @@ struct Inbox {
   }
 };
 
+// A link server on a fresh name handing its requests to `inbox`, and a
+// client connected to it (null, the failure reported, when either failed).
+struct Linked {
+  std::string name = UniqueName();
+  std::unique_ptr<rpc::LinkServer> server;
+  std::shared_ptr<rpc::LinkClient> client;
+
+  explicit Linked(Inbox& inbox) {
+    auto s = rpc::LinkServer::Listen(name, "", inbox.dispatch());
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (!s.ok()) return;
+    server = std::move(*s);
+    auto c = rpc::LinkClient::Connect(name, "", absl::Seconds(5));
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (c.ok()) client = std::move(*c);
+  }
+};
+
 // One call's outcome, waited for.
 struct Outcome {
   absl::Notification done;
   absl::StatusOr<std::string> reply = absl::UnknownError("no reply yet");
   rpc::LinkClient::Done callback() {
     return [this](absl::StatusOr<grpc::ByteBuffer> r) {
-      reply = r.ok() ? absl::StatusOr<std::string>(Bytes(*r)) : r.status();
+      reply = r.ok() ? absl::StatusOr<std::string>(StringOf(*r)) : r.status();
       done.Notify();
     };
   }
@@ -84,17 +90,14 @@ struct Outcome {
 };
 
 TEST(LocalLink, RepliesFindTheirCallsInAnyOrder) {
-  const std::string name = UniqueName();
   Inbox inbox;
-  auto server = rpc::LinkServer::Listen(name, "", inbox.dispatch());
-  ASSERT_TRUE(server.ok()) << server.status();
-  auto client = rpc::LinkClient::Connect(name, "", absl::Seconds(5));
-  ASSERT_TRUE(client.ok()) << client.status();
+  Linked link(inbox);
+  ASSERT_NE(link.client, nullptr);
   // An empty frame, a short one (held inline by gRPC's slices) and 8 MiB.
   const std::vector<std::string> sent = {"", "abc", std::string(8 << 20, 'x')};
   std::vector<Outcome> outcomes(sent.size());
   for (size_t i = 0; i < sent.size(); ++i) {
-    (*client)->Send(Frame(sent[i]), absl::Now() + absl::Seconds(30), outcomes[i].callback());
+    link.client->Send(BufferOf(sent[i]), absl::Now() + absl::Seconds(30), outcomes[i].callback());
   }
   inbox.AwaitCount(sent.size());
   {
@@ -103,8 +106,8 @@ TEST(LocalLink, RepliesFindTheirCallsInAnyOrder) {
     for (size_t i = 0; i < sent.size(); ++i) EXPECT_EQ(inbox.frames[i], sent[i]);
     // Answered last to first, each with its request backwards.
     for (size_t i = sent.size(); i-- > 0;) {
-      EXPECT_TRUE(inbox.slots[i]->Reply(Frame(std::string(sent[i].rbegin(), sent[i].rend()))));
-      EXPECT_FALSE(inbox.slots[i]->Reply(Frame("again")));  // one reply per call
+      EXPECT_TRUE(inbox.slots[i]->Reply(BufferOf(std::string(sent[i].rbegin(), sent[i].rend()))));
+      EXPECT_FALSE(inbox.slots[i]->Reply(BufferOf("again")));  // one reply per call
     }
   }
   for (size_t i = 0; i < sent.size(); ++i) {
@@ -130,16 +133,13 @@ TEST(LocalLink, AWrongTokenOrNoServerIsRefusedAtConnect) {
 }
 
 TEST(LocalLink, CallsInFlightFailWhenTheServerGoesAndPastTheirDeadline) {
-  const std::string name = UniqueName();
   Inbox inbox;
-  auto server = rpc::LinkServer::Listen(name, "", inbox.dispatch());
-  ASSERT_TRUE(server.ok());
-  auto client = rpc::LinkClient::Connect(name, "", absl::Seconds(5));
-  ASSERT_TRUE(client.ok());
+  Linked link(inbox);
+  ASSERT_NE(link.client, nullptr);
   Outcome late, unanswered;
   const absl::Time start = absl::Now();
-  (*client)->Send(Frame("late"), start + absl::Milliseconds(300), late.callback());
-  (*client)->Send(Frame("never"), start + absl::Seconds(60), unanswered.callback());
+  link.client->Send(BufferOf("late"), start + absl::Milliseconds(300), late.callback());
+  link.client->Send(BufferOf("never"), start + absl::Seconds(60), unanswered.callback());
   inbox.AwaitCount(2);
   ASSERT_TRUE(late.Wait());
   EXPECT_EQ(late.reply.status().code(), absl::StatusCode::kDeadlineExceeded) << late.reply.status();
@@ -148,22 +148,22 @@ TEST(LocalLink, CallsInFlightFailWhenTheServerGoesAndPastTheirDeadline) {
   // A reply after the deadline is dropped; the link still works.
   {
     base::MutexLock lock(inbox.mu);
-    inbox.slots[0]->Reply(Frame("too late"));
+    inbox.slots[0]->Reply(BufferOf("too late"));
   }
-  EXPECT_TRUE((*client)->alive());
+  EXPECT_TRUE(link.client->alive());
   // The server stops without answering (a process that ended): the call
   // fails at once, not at its deadline, and so does every later one.
-  (*server)->Stop(absl::ZeroDuration());
+  link.server->Stop(absl::ZeroDuration());
   ASSERT_TRUE(unanswered.Wait());
   EXPECT_EQ(unanswered.reply.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_LT(absl::Now() - start, absl::Seconds(30));
-  EXPECT_FALSE((*client)->alive());
+  EXPECT_FALSE(link.client->alive());
   Outcome after;
-  (*client)->Send(Frame("after"), absl::Now() + absl::Seconds(60), after.callback());
+  link.client->Send(BufferOf("after"), absl::Now() + absl::Seconds(60), after.callback());
   ASSERT_TRUE(after.Wait());
   EXPECT_FALSE(after.reply.ok());
   base::MutexLock lock(inbox.mu);
-  EXPECT_FALSE(inbox.slots[1]->Reply(Frame("gone")));  // the link is closed
+  EXPECT_FALSE(inbox.slots[1]->Reply(BufferOf("gone")));  // the link is closed
 }
 
 // A server that says hello as a link server does, takes the first
@@ -194,7 +194,7 @@ TEST(LocalLink, APeerStoppedMidReplyHoldsUpNoDeadline) {
   ASSERT_TRUE(client.ok()) << client.status();
   Outcome outcome;
   const absl::Time start = absl::Now();
-  (*client)->Send(Frame("q"), start + absl::Milliseconds(300), outcome.callback());
+  (*client)->Send(BufferOf("q"), start + absl::Milliseconds(300), outcome.callback());
   ASSERT_TRUE(outcome.Wait());
   EXPECT_EQ(outcome.reply.status().code(), absl::StatusCode::kDeadlineExceeded) << outcome.reply.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(1));
@@ -204,26 +204,23 @@ TEST(LocalLink, APeerStoppedMidReplyHoldsUpNoDeadline) {
 }
 
 TEST(LocalLink, StopWaitsForTheRepliesInHand) {
-  const std::string name = UniqueName();
   Inbox inbox;
-  auto server = rpc::LinkServer::Listen(name, "", inbox.dispatch());
-  ASSERT_TRUE(server.ok());
-  auto client = rpc::LinkClient::Connect(name, "", absl::Seconds(5));
-  ASSERT_TRUE(client.ok());
+  Linked link(inbox);
+  ASSERT_NE(link.client, nullptr);
   Outcome answered;
-  (*client)->Send(Frame("q"), absl::Now() + absl::Seconds(60), answered.callback());
+  link.client->Send(BufferOf("q"), absl::Now() + absl::Seconds(60), answered.callback());
   inbox.AwaitCount(1);
   std::thread late_reply([&inbox] {
     absl::SleepFor(absl::Milliseconds(200));
     base::MutexLock lock(inbox.mu);
-    inbox.slots[0]->Reply(Frame("a"));
+    inbox.slots[0]->Reply(BufferOf("a"));
   });
-  (*server)->Stop(absl::Seconds(5));
+  link.server->Stop(absl::Seconds(5));
   late_reply.join();
   ASSERT_TRUE(answered.Wait());
   ASSERT_TRUE(answered.reply.ok()) << answered.reply.status();
   EXPECT_EQ(*answered.reply, "a");
-  EXPECT_FALSE(rpc::LinkClient::Connect(name, "", absl::Seconds(1)).ok());  // no new links
+  EXPECT_FALSE(rpc::LinkClient::Connect(link.name, "", absl::Seconds(1)).ok());  // no new links
 }
 
 TEST(LocalLink, TheAgentSendsAsynchronousCallsOnLinks) {

@@ -47,11 +47,6 @@ using ::testing::HasSubstr;
 
 // --- frame errors -----------------------------------------------------------
 
-grpc::ByteBuffer BufferOf(const std::string& bytes) {
-  grpc::Slice slice(bytes.data(), bytes.size());
-  return grpc::ByteBuffer(&slice, 1);
-}
-
 std::string Le32(uint32_t n) {
   std::string s(4, '\0');
   for (int i = 0; i < 4; ++i) s[i] = static_cast<char>((n >> (8 * i)) & 0xFF);

@@ -30,6 +30,7 @@
 #include "base/mutex_lock.h"
 #include "rpc/stream.h"
 #include "examples/stock_worker.h"
+#include "tests/support/slices.h"
 #include "tests/support/test_group.h"
 
 #include <grpcpp/generic/generic_stub.h>
@@ -89,19 +90,6 @@ class StreamServer final : public grpc::CallbackGenericService {
   std::set<std::shared_ptr<rpc::ServerStream::State>> open_ ABSL_GUARDED_BY(mu_);
 };
 
-grpc::ByteBuffer Bytes(const std::string& s) {
-  grpc::Slice slice(s.data(), s.size());
-  return grpc::ByteBuffer(&slice, 1);
-}
-
-std::string String(const grpc::ByteBuffer& b) {
-  std::vector<grpc::Slice> slices;
-  EXPECT_TRUE(b.Dump(&slices).ok());
-  std::string s;
-  for (const auto& slice : slices) s.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-  return s;
-}
-
 // Requests a handler holds on to, to answer (or drop) when the test says.
 struct HeldRequests {
   absl::Mutex mu;
@@ -109,7 +97,7 @@ struct HeldRequests {
   rpc::ServerStream::Dispatch Dispatch() {
     return [this](grpc::ByteBuffer frame, std::shared_ptr<rpc::ReplySlot> slot) {
       base::MutexLock lock(mu);
-      held.emplace_back(String(frame), std::move(slot));
+      held.emplace_back(StringOf(frame), std::move(slot));
     };
   }
   size_t count() {
@@ -127,15 +115,15 @@ const absl::Duration kNoSpin = absl::ZeroDuration();
 
 TEST(Stream, CallsGoOneAfterAnotherOnOneStream) {
   StreamServer server([](grpc::ByteBuffer frame, std::shared_ptr<rpc::ReplySlot> slot) {
-    slot->Reply(Bytes(String(frame) + "!"));
+    slot->Reply(BufferOf(StringOf(frame) + "!"));
   });
   auto stream = server.Open();
   for (int i = 0; i < 100; ++i) {
     bool sent = false;
-    auto reply = stream->Call(Bytes(absl::StrCat("call ", i)), [&sent] { sent = true; },
+    auto reply = stream->Call(BufferOf(absl::StrCat("call ", i)), [&sent] { sent = true; },
                               absl::Now() + absl::Seconds(10), i % 2 ? kNoSpin : absl::Microseconds(200));
     ASSERT_TRUE(reply.ok()) << reply.status();
-    EXPECT_EQ(String(*reply), absl::StrCat("call ", i, "!"));
+    EXPECT_EQ(StringOf(*reply), absl::StrCat("call ", i, "!"));
     EXPECT_TRUE(sent);
     EXPECT_TRUE(stream->usable());
   }
@@ -146,11 +134,11 @@ TEST(Stream, TimedOutOrCancelledCallLeavesTheStreamUnusable) {
   StreamServer server(handler.Dispatch());
   auto stream = server.Open();
   const absl::Time start = absl::Now();
-  auto late = stream->Call(Bytes("a"), nullptr, absl::Now() + absl::Milliseconds(100), kNoSpin);
+  auto late = stream->Call(BufferOf("a"), nullptr, absl::Now() + absl::Milliseconds(100), kNoSpin);
   EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   EXPECT_FALSE(stream->usable());
-  EXPECT_EQ(stream->Call(Bytes("b"), nullptr, absl::Now() + absl::Seconds(1), kNoSpin)
+  EXPECT_EQ(stream->Call(BufferOf("b"), nullptr, absl::Now() + absl::Seconds(1), kNoSpin)
                 .status()
                 .code(),
             absl::StatusCode::kFailedPrecondition);
@@ -161,7 +149,7 @@ TEST(Stream, TimedOutOrCancelledCallLeavesTheStreamUnusable) {
     handler.WaitFor(held + 1);
     other->Cancel();
   });
-  auto cancelled = other->Call(Bytes("c"), nullptr, absl::Now() + absl::Seconds(60), kNoSpin);
+  auto cancelled = other->Call(BufferOf("c"), nullptr, absl::Now() + absl::Seconds(60), kNoSpin);
   canceller.join();
   EXPECT_EQ(cancelled.status().code(), absl::StatusCode::kCancelled) << cancelled.status();
   EXPECT_FALSE(other->usable());
@@ -176,7 +164,7 @@ TEST(Stream, CloseAnswersTheRequestInHandThenEndsTheStream) {
   auto stream = server.Open();
   absl::StatusOr<grpc::ByteBuffer> reply;
   std::thread caller([&] {
-    reply = stream->Call(Bytes("q"), nullptr, absl::Now() + absl::Seconds(10), kNoSpin);
+    reply = stream->Call(BufferOf("q"), nullptr, absl::Now() + absl::Seconds(10), kNoSpin);
   });
   EXPECT_TRUE(handler.WaitFor(1));
   server.CloseAll(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stopping"));
@@ -185,12 +173,12 @@ TEST(Stream, CloseAnswersTheRequestInHandThenEndsTheStream) {
     if (handler.held.empty()) {
       stream->Cancel();  // fails the call below instead of hanging the test
     } else {
-      EXPECT_TRUE(handler.held[0].second->Reply(Bytes("answer")));
+      EXPECT_TRUE(handler.held[0].second->Reply(BufferOf("answer")));
     }
   }
   caller.join();
   ASSERT_TRUE(reply.ok()) << reply.status();
-  EXPECT_EQ(String(*reply), "answer");
+  EXPECT_EQ(StringOf(*reply), "answer");
   const absl::Time until = absl::Now() + absl::Seconds(5);
   while (stream->usable() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
   EXPECT_FALSE(stream->usable());
@@ -202,7 +190,7 @@ TEST(Stream, RequestDroppedWithoutAReplyFailsTheCall) {
   StreamServer server([](grpc::ByteBuffer, std::shared_ptr<rpc::ReplySlot>) {});
   auto stream = server.Open();
   const absl::Time start = absl::Now();
-  auto r = stream->Call(Bytes("x"), nullptr, absl::Now() + absl::Seconds(30), kNoSpin);
+  auto r = stream->Call(BufferOf("x"), nullptr, absl::Now() + absl::Seconds(30), kNoSpin);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal) << r.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
 }

@@ -1,5 +1,6 @@
-// gRPC byte buffers cut differently from how they were sent, for tests of
-// code that must not care where one slice ends and the next begins.
+// gRPC byte buffers for tests: made from and read into strings, and cut
+// differently from how they were sent, for tests of code that must not
+// care where one slice ends and the next begins.
 #pragma once
 
 #include <algorithm>
@@ -11,16 +12,26 @@
 
 namespace remora {
 
+// `bytes` as a buffer of one slice.
+inline grpc::ByteBuffer BufferOf(const std::string& bytes) {
+  grpc::Slice slice(bytes.data(), bytes.size());
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// The bytes of `buffer`, its slices joined.
+inline std::string StringOf(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(buffer.Dump(&slices).ok());
+  std::string flat;
+  for (const auto& s : slices) flat.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return flat;
+}
+
 // Copies `buffer` into fresh slices of `piece` bytes each (the last one may
 // be shorter), so that nothing received aliases what was sent and payloads
 // may span slices.
 inline grpc::ByteBuffer Reslice(const grpc::ByteBuffer& buffer, size_t piece) {
-  std::vector<grpc::Slice> in;
-  EXPECT_TRUE(buffer.Dump(&in).ok());
-  std::string flat;
-  for (const auto& s : in) {
-    flat.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  }
+  const std::string flat = StringOf(buffer);
   std::vector<grpc::Slice> out;
   for (size_t at = 0; at < flat.size(); at += piece) {
     out.emplace_back(flat.data() + at, std::min(piece, flat.size() - at));
