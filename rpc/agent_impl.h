@@ -287,8 +287,6 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   // superseded by a new process under its name).
   absl::Status CheckPing(base::WorkerId from, const wire::Ping& ping);
   void CancelOutgoing();
-  // Ends this agent's idle streams (rpc/stream.h) to its peers.
-  void DropIdleStreams();
   // The unary gRPC calls this agent's server has open (from the reactor's
   // creation to gRPC's OnDone, its reply sent), and a wait until none is,
   // or `deadline`.
@@ -329,9 +327,9 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   std::unique_ptr<grpc::Server> server_;
   absl::Mutex unary_calls_mu_;
   int64_t unary_calls_ ABSL_GUARDED_BY(unary_calls_mu_) = 0;  // see UnaryCallOpened
-  // Local links (AgentOptions::local_links): whether this agent calls on
-  // them, and its server for its peers' (null when off or not listening).
-  bool links_ = false;
+  // Local links (AgentOptions::local_links): the server for its peers'
+  // (set in Start, then read-only). Null when off or not listening, and
+  // then this agent calls on none either.
   std::unique_ptr<LinkServer> link_server_;
   std::atomic<int64_t> calls_on_links_{0};
   std::atomic<int64_t> incoming_{0};

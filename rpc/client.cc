@@ -251,11 +251,10 @@ void Agent::Impl::ListenForLinks() {
   // Not listening (the abstract name taken?) is no error: peers use gRPC.
   if (!server.ok()) return;
   link_server_ = std::move(*server);
-  links_ = true;
 }
 
 std::shared_ptr<LinkClient> Agent::Impl::LinkTo(const Peer& peer) {
-  if (!links_ || peer.route.shm == nullptr) return nullptr;
+  if (link_server_ == nullptr || peer.route.shm == nullptr) return nullptr;
   base::MutexLock lock(peer.link_mu);
   if (peer.link != nullptr && peer.link->alive()) return peer.link;
   if (peer.link_refused) return nullptr;

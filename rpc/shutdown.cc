@@ -120,20 +120,6 @@ void Agent::Impl::AwaitUnaryCallsDone(absl::Time deadline) {
   unary_calls_mu_.AwaitWithDeadline(absl::Condition(&none), deadline);
 }
 
-void Agent::Impl::DropIdleStreams() {
-  std::vector<std::unique_ptr<SyncStream>> idle;
-  {
-    base::MutexLock lock(mu_);
-    for (const auto& p : peers_) {
-      if (p == nullptr) continue;
-      base::MutexLock stream_lock(p->stream_mu);
-      for (auto& s : p->idle_streams) idle.push_back(std::move(s));
-      p->idle_streams.clear();
-    }
-  }
-  idle.clear();  // each cancelled, and waited for until gRPC let go of it
-}
-
 void Agent::Impl::CancelOutgoing() {
   {
     base::MutexLock lock(calls_mu_);
@@ -145,7 +131,17 @@ void Agent::Impl::CancelOutgoing() {
   }
   CloseLinks();  // their calls fail here
   // Idle streams go now; the callers of those in use give them back.
-  DropIdleStreams();
+  std::vector<std::unique_ptr<SyncStream>> idle;
+  {
+    base::MutexLock lock(mu_);
+    for (const auto& p : peers_) {
+      if (p == nullptr) continue;
+      base::MutexLock stream_lock(p->stream_mu);
+      for (auto& s : p->idle_streams) idle.push_back(std::move(s));
+      p->idle_streams.clear();
+    }
+  }
+  idle.clear();
   // A reply still receiving CUDA payloads stays in calls_ until its
   // transfers end: stopping the channel ends them now.
   cuda_->Stop();
