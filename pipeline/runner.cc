@@ -8,7 +8,6 @@
 #include <utility>
 #include <vector>
 
-#include <ATen/core/Dict.h>
 #include <ATen/Context.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/List.h>
@@ -323,6 +322,11 @@ class Runner : public std::enable_shared_from_this<Runner> {
     StartReady();
   }
 
+  bool Over(const Batch& b) {
+    base::MutexLock lock(mu_);
+    return b.over;
+  }
+
   std::shared_ptr<Batch> BatchOf(int64_t context) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto& slot = batches_[context];
     if (!slot) slot = std::make_shared<Batch>(context, agent_.executor());
@@ -359,10 +363,7 @@ class Runner : public std::enable_shared_from_this<Runner> {
 
   // Runs holding the forward action's turn.
   void Forward(const std::shared_ptr<Batch>& b, int64_t stage, int64_t mb, const c10::IValue& x) {
-    {
-      base::MutexLock lock(mu_);
-      if (b->over) return;
-    }
+    if (Over(*b)) return;
     const LocalStage& s = plan_->stages.at(stage);
     rpc::ContextIdGuard in_context(b->context);
     try {
@@ -378,6 +379,9 @@ class Runner : public std::enable_shared_from_this<Runner> {
                                                                 "'s output of micro-batch ", mb)));
               }
             });
+        // Failed while this pass ran: recording the push made the context
+        // here anew after Fail (which marks it over first) released it.
+        if (Over(*b)) autograd::ReleaseHere(agent_, b->context);
         return;
       }
       // (The loss in float32: a bf16 stage's output as float32.)
@@ -661,26 +665,6 @@ absl::Status RegisterRunnerFunctions(rpc::Registry& registry) {
       SeedRequest::kFunction, [](rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
         at::manual_seed(static_cast<uint64_t>(rpc::DecodeCallOrThrow<SeedRequest>(a).seed));
         return c10::IValue();
-      }));
-  // alive(): answers at once (the master's probe of a worker it waits for), with an error
-  // when this process must be restarted (Agent::restart_required): then it counts as lost.
-  RETURN_IF_ERROR(registry.RegisterFunction(
-      "remora.pipeline.alive", [](rpc::CallContext& ctx, const rpc::Args&) -> c10::IValue {
-        if (ctx.agent != nullptr) {
-          if (absl::Status why = ctx.agent->restart_required(); !why.ok()) {
-            throw std::runtime_error(std::string(why.message()));
-          }
-        }
-        return c10::IValue();
-      }));
-  // sent_messages(): this process's requests sent, by kind (Agent::sent_messages).
-  RETURN_IF_ERROR(registry.RegisterFunction(
-      "remora.pipeline.sent_messages", [](rpc::CallContext& ctx, const rpc::Args&) -> c10::IValue {
-        c10::Dict<std::string, int64_t> out;
-        if (ctx.agent != nullptr) {
-          for (const auto& [kind, n] : ctx.agent->sent_messages()) out.insert(kind, n);
-        }
-        return out;
       }));
   return registry.RegisterFunction(
       DropRunnerRequest::kFunction, [](rpc::CallContext&, const rpc::Args& a) -> c10::IValue {

@@ -73,8 +73,8 @@ class StepParticipant {
 // NotFound for an unknown runner, AlreadyExists when it has one.
 absl::Status AttachToRunner(int64_t runner_id, std::shared_ptr<StepParticipant> participant);
 
-// Registers make_runner, run, push, eval, eval_push, abandon, drop_runner,
-// seed and alive (remora.pipeline.*) in a worker's registry; push, targets,
+// Registers make_runner, run, push, targets, eval, eval_targets, eval_push,
+// abandon, drop_runner and seed (remora.pipeline.*) in a worker's registry; push, targets,
 // eval_push and eval_targets as prompt (rpc::Registry::MarkPrompt).
 absl::Status RegisterRunnerFunctions(rpc::Registry& registry);
 

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include <ATen/core/Dict.h>
 #include <ATen/core/List.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/GradMode.h>
@@ -578,6 +579,47 @@ absl::StatusOr<std::unique_ptr<StageModule>> LoadScriptStage(const std::string& 
   return std::unique_ptr<StageModule>(new ScriptStage(std::move(m)));
 }
 
+namespace {
+
+// The schedule's order functions (set_order, abandon_order) and the
+// master's probes (alive, sent_messages).
+absl::Status RegisterOrderAndProbes(rpc::Registry& registry) {
+  RETURN_IF_ERROR(registry.RegisterFunction(
+      SetOrderRequest::kFunction, [](rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
+        const auto r = rpc::DecodeCallOrThrow<SetOrderRequest>(a);
+        runtime::ComputeTurn::SetOrder(r.context, DecodeOrder(r.order, r.context, SetOrderRequest::kFunction));
+        return c10::IValue();
+      }));
+  // alive(): answers at once (the master's probe of a worker it waits for), with an error
+  // when this process must be restarted (Agent::restart_required): then it counts as lost.
+  RETURN_IF_ERROR(registry.RegisterFunction(
+      "remora.pipeline.alive", [](rpc::CallContext& ctx, const rpc::Args&) -> c10::IValue {
+        if (ctx.agent != nullptr) {
+          if (absl::Status why = ctx.agent->restart_required(); !why.ok()) {
+            throw std::runtime_error(std::string(why.message()));
+          }
+        }
+        return c10::IValue();
+      }));
+  // sent_messages(): this process's requests sent, by kind (Agent::sent_messages).
+  RETURN_IF_ERROR(registry.RegisterFunction(
+      "remora.pipeline.sent_messages", [](rpc::CallContext& ctx, const rpc::Args&) -> c10::IValue {
+        c10::Dict<std::string, int64_t> out;
+        if (ctx.agent != nullptr) {
+          for (const auto& [kind, n] : ctx.agent->sent_messages()) out.insert(kind, n);
+        }
+        return out;
+      }));
+  // The batch failed; what waits for its order runs as it comes.
+  return registry.RegisterFunction(
+      AbandonOrderRequest::kFunction, [](rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
+        runtime::ComputeTurn::Abandon(rpc::DecodeCallOrThrow<AbandonOrderRequest>(a).context);
+        return c10::IValue();
+      });
+}
+
+}  // namespace
+
 absl::Status RegisterFunctions(rpc::Registry& registry) {
   using Hosted = HostedStage;
   RETURN_IF_ERROR(registry.RegisterModule<Hosted>(
@@ -644,18 +686,7 @@ absl::Status RegisterFunctions(rpc::Registry& registry) {
   RETURN_IF_ERROR(registry.RegisterFunction(LayerCostsRequest::kFunction, LayerCosts));
   RETURN_IF_ERROR(RegisterRunnerFunctions(registry));
   RETURN_IF_ERROR(RegisterDataFunctions(registry));
-  RETURN_IF_ERROR(registry.RegisterFunction(
-      SetOrderRequest::kFunction, [](rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
-        const auto r = rpc::DecodeCallOrThrow<SetOrderRequest>(a);
-        runtime::ComputeTurn::SetOrder(r.context, DecodeOrder(r.order, r.context, SetOrderRequest::kFunction));
-        return c10::IValue();
-      }));
-  // The batch failed; what waits for its order runs as it comes.
-  return registry.RegisterFunction(
-      AbandonOrderRequest::kFunction, [](rpc::CallContext&, const rpc::Args& a) -> c10::IValue {
-        runtime::ComputeTurn::Abandon(rpc::DecodeCallOrThrow<AbandonOrderRequest>(a).context);
-        return c10::IValue();
-      });
+  return RegisterOrderAndProbes(registry);
 }
 
 }  // namespace remora::pipeline

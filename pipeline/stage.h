@@ -167,9 +167,11 @@ class LocalStage {
 };
 
 // Registers the stage wrapper, the schedule-order function
-// ("remora.pipeline.set_order") and the per-layer timing that the
-// partitioner asks for ("remora.pipeline.layer_costs", pipeline/partition.h)
-// in a worker's registry.
+// ("remora.pipeline.set_order"), the per-layer timing that the
+// partitioner asks for ("remora.pipeline.layer_costs", pipeline/partition.h),
+// the step runner's functions (pipeline/runner.h) and the master's probes
+// ("remora.pipeline.alive", "remora.pipeline.sent_messages") in a worker's
+// registry.
 absl::Status RegisterFunctions(rpc::Registry& registry);
 
 }  // namespace remora::pipeline

@@ -105,7 +105,29 @@ class ThrowsAbove final : public pipeline::StageModule {
   double limit_;
 };
 
+// x * w (w: `width` halves), each forward pass `ms` milliseconds long: a
+// pass that is still running when its batch fails elsewhere.
+class SlowScale final : public pipeline::StageModule {
+ public:
+  SlowScale(int64_t ms, int64_t width) : ms_(ms), w_(at::full({width}, 0.5).requires_grad_()) {}
+  c10::IValue Forward(const c10::IValue& input) override {
+    absl::SleepFor(absl::Milliseconds(ms_));
+    return input.toTensor() * w_;
+  }
+  std::vector<at::Tensor> Parameters() override { return {w_}; }
+  std::vector<at::Tensor> Buffers() override { return {}; }
+  void Train(bool) override {}
+
+ private:
+  int64_t ms_;
+  at::Tensor w_;
+};
+
 absl::Status RegisterStageTypes() {
+  RETURN_IF_ERROR(pipeline::RegisterStageType(
+      "SlowScale", [](const std::vector<c10::IValue>& a, c10::Device) -> std::unique_ptr<pipeline::StageModule> {
+        return std::make_unique<SlowScale>(a.at(0).toInt(), a.at(1).toInt());
+      }));
   RETURN_IF_ERROR(pipeline::RegisterStageType(
       "PassThreads", [](const std::vector<c10::IValue>& a, c10::Device) -> std::unique_ptr<pipeline::StageModule> {
         return std::make_unique<PassThreads>(a.at(0).toInt());

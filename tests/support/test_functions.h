@@ -9,6 +9,8 @@
 //   pass_threads(): the threads that ran stage type "PassThreads"(width)'s
 //                   passes, as "forward|backward <name> <id>"; that stage
 //                   computes x * w
+//   stage type "SlowScale"(ms, width): x * w (`width` halves), each
+//                   forward pass sleeping `ms` milliseconds first
 //   stage type "ThrowsAbove"(limit): passes its input through, and throws
 //                   when a value's magnitude is above `limit`
 //   module "BackwardFails"(message): forward(x or RRef x) passes x
