@@ -16,6 +16,7 @@
 // the passes) and prints the chain of one step: each event's median time
 // from the step's start and the gap from the event before it.
 #include <algorithm>
+#include <cstring>
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -59,6 +60,8 @@ struct Config {
   int hidden = 32;
   bool master_centred = false;
   int hops = 0;
+  std::string worker_cpus;
+  int cold_mib = 0;
 };
 
 // Stage k of the model: MLPStage(in, out, seed, relu).
@@ -77,9 +80,12 @@ double Median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-// Seconds per step (median) of the model trained in this process.
+// Seconds per step (median) of the model trained in this process; with
+// `touch_mib`, each step timed after that much other memory traffic (a
+// process's caches as it finds them when others ran on its core).
 absl::StatusOr<double> LocalStepSeconds(const Config& c, int m, const at::Tensor& x,
-                                        const at::Tensor& y) {
+                                        const at::Tensor& y, int touch_mib = 0) {
+  std::vector<char> other(static_cast<size_t>(touch_mib) << 20);
   std::vector<std::unique_ptr<pipeline::StageModule>> stages;
   std::vector<at::Tensor> params;
   for (const auto& spec : Stages(c)) {
@@ -93,6 +99,7 @@ absl::StatusOr<double> LocalStepSeconds(const Config& c, int m, const at::Tensor
   ASSIGN_OR_RETURN(auto ys, pipeline::SplitMicroBatches(y, m));
   std::vector<double> seconds;
   for (int step = 0; step < c.warmup + c.steps; ++step) {
+    if (!other.empty()) std::memset(other.data(), step, other.size());
     const int64_t t0 = trace::NowUs();
     sgd.zero_grad();
     for (int i = 0; i < m; ++i) {
@@ -121,7 +128,7 @@ absl::StatusOr<std::vector<int>> CheckConfig(const Config& c) {
   if (counts.empty()) return absl::InvalidArgumentError("--micro-batches is empty");
   RETURN_IF_ERROR(launch::CheckAtLeast(
       {{"stages", c.stages, 2}, {"steps", c.steps, 1}, {"hidden", c.hidden, 1}, {"warmup", c.warmup, 0},
-       {"hops", c.hops, 0}}));
+       {"hops", c.hops, 0}, {"cold-mib", c.cold_mib, 0}}));
   for (int m : counts) {
     if (m > c.batch_size) {
       return absl::InvalidArgumentError(absl::StrCat("--batch-size ", c.batch_size, " < ", m, " micro-batches"));
@@ -267,6 +274,12 @@ int Main(int argc, char** argv) {
                "trace this many more steps at each count and print where a step's time goes (0: none)");
   flags.AddBool("master-centred", &c.master_centred,
                 "an unnamed loss: the earlier protocol, with the master in the data path");
+  flags.AddInt("cold-mib", &c.cold_mib,
+               "also time one process's step at M=1 after this many MiB of other memory traffic, beside "
+               "back to back (the caches a pass finds after other processes ran; 0: not)");
+  flags.AddString("worker-cpus", &c.worker_cpus,
+                  "the workers' --cpus: auto pins each to its share of this machine's cores (default: "
+                  "none, the system places them)");
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
   auto fail = [](const std::string& message) {
@@ -285,7 +298,9 @@ int Main(int argc, char** argv) {
   rpc::AgentOptions options;
   options.name = "master";
   options.listen_address = "127.0.0.1:0";
-  auto started = launch::StartLocalGroup(names, &registry, {"--threads", "1"}, options);
+  std::vector<std::string> worker_args = {"--threads", "1"};
+  if (!c.worker_cpus.empty()) worker_args.insert(worker_args.end(), {"--cpus", c.worker_cpus});
+  auto started = launch::StartLocalGroup(names, &registry, worker_args, options);
   if (!started.ok()) return fail(std::string(started.status().message()));
   launch::LocalGroup group = std::move(*started);
   rpc::Agent& agent = *group.master;
@@ -297,6 +312,12 @@ int Main(int argc, char** argv) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
   const at::Tensor x = at::randn({c.batch_size, kIn}, gen, at::TensorOptions());
   const at::Tensor y = at::randn({c.batch_size, kOut}, gen, at::TensorOptions());
+  if (c.cold_mib > 0) {
+    auto warm = LocalStepSeconds(c, 1, x, y), cold = LocalStepSeconds(c, 1, x, y, c.cold_mib);
+    if (!warm.ok() || !cold.ok()) return die(!warm.ok() ? warm.status() : cold.status());
+    std::printf("one process's step at M=1: %.1f us back to back, %.1f us after %d MiB of other memory traffic "
+                "(%.2fx)\n", *warm * 1e6, *cold * 1e6, c.cold_mib, *cold / *warm);
+  }
   std::printf("%6s %4s %16s %16s %8s %10s %26s\n", "stages", "M", "steps_per_s", "local_steps_per_s",
               "ratio", "requests", "overhead_us_per_mb_boundary");
   for (int m : counts) {

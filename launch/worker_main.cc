@@ -15,12 +15,14 @@
 
 #include "autograd/dist_autograd.h"
 #include "base/ids.h"
+#include "base/status_util.h"
 #include "channel/devices.h"
 #include "ps/replica.h"
 #include "launch/cli.h"
 #include "launch/interrupt.h"
 #include "rpc/agent.h"
 #include "runtime/allocator.h"
+#include "runtime/cpus.h"
 #include "runtime/threads.h"
 
 namespace remora::launch {
@@ -35,6 +37,7 @@ struct WorkerFlags {
   std::string device = "cpu";
   std::string device_map;
   std::string host_id;
+  std::string cpus;
   int threads = 0;
   int rpc_threads = 16;
   int connect_timeout_s = 60;
@@ -50,6 +53,10 @@ void AddWorkerFlags(launch::FlagParser& flags, WorkerFlags* f) {
   flags.AddInt("threads", &f->threads,
                "intra-op threads for LibTorch; 0: this machine's cores divided by the workers "
                "it runs (never oversubscribed)");
+  flags.AddString("cpus", &f->cpus,
+                  "the cores this worker's threads run on: a list such as 0-3,8, or auto (this host's cores "
+                  "shared among the group's workers on it, in worker order); --threads then defaults to "
+                  "their number (default: none, the system places the threads)");
   flags.AddInt("rpc-threads", &f->rpc_threads, "threads that run incoming calls");
   flags.AddInt("connect-timeout", &f->connect_timeout_s, "seconds to keep trying to reach the master");
   flags.AddInt("master-timeout", &f->master_timeout_s,
@@ -135,6 +142,26 @@ int SharedThreads(rpc::Agent& agent) {
   return std::max(1, cores / std::max(1, local_workers));
 }
 
+// Pins this process to the cores --cpus names, kept in `cpus` (left empty
+// without --cpus). 'auto' is a share of the host's cores, known once the
+// group has formed: before then (`agent` null) it pins nothing.
+absl::Status PinToCpus(const WorkerFlags& f, const rpc::Agent* agent, std::vector<int>* cpus) {
+  if (f.cpus.empty() || (f.cpus == "auto" && agent == nullptr)) return absl::OkStatus();
+  if (f.cpus == "auto") {
+    std::vector<base::WorkerId> local;  // the workers on this host
+    for (const auto& w : agent->workers()) {
+      if (w.id != 0 && w.host_id == agent->self().host_id) local.push_back(w.id);
+    }
+    std::sort(local.begin(), local.end());
+    const int index = static_cast<int>(std::find(local.begin(), local.end(), agent->self().id) - local.begin());
+    *cpus = runtime::ShareOfCpus(runtime::AllowedCpus(), index, static_cast<int>(local.size()));
+    if (cpus->empty()) return absl::InternalError("--cpus auto: this worker is not among the group's on its host");
+  } else {
+    ASSIGN_OR_RETURN(*cpus, runtime::ParseCpuList(f.cpus, runtime::AllowedCpus()));
+  }
+  return runtime::PinProcessToCpus(*cpus);
+}
+
 }  // namespace
 
 int WorkerMain(int argc, char** argv, const std::string& program,
@@ -152,6 +179,11 @@ int WorkerMain(int argc, char** argv, const std::string& program,
   auto options = OptionsFrom(f, program);
   if (!options.ok()) {
     std::cerr << options.status().message() << "\n";
+    return 2;
+  }
+  std::vector<int> cpus;
+  if (absl::Status s = PinToCpus(f, nullptr, &cpus); !s.ok()) {
+    std::cerr << program << ": " << s.message() << "\n";
     return 2;
   }
   runtime::TuneAllocator();
@@ -191,11 +223,17 @@ int WorkerMain(int argc, char** argv, const std::string& program,
     const int signal = (*agent)->group_ended_by_signal();
     return signal > 0 ? 128 + signal : 1;
   }
-  const int threads = f.threads > 0 ? f.threads : SharedThreads(**agent);
+  if (absl::Status s = PinToCpus(f, agent->get(), &cpus); !s.ok()) {
+    std::cerr << program << ": " << s.message() << " (the threads run where the system puts them)\n";
+    cpus.clear();
+  }
+  const int threads = f.threads > 0 ? f.threads : cpus.empty() ? SharedThreads(**agent) : static_cast<int>(cpus.size());
   if (f.threads == 0) runtime::SetComputeThreads(threads);
   std::cerr << program << " '" << f.name << "' (id " << (*agent)->self().id << ") serving at "
             << (*agent)->self().address << " (" << rpc::TlsModeName(options->tls) << ") with " << threads
-            << (threads == 1 ? " intra-op thread" : " intra-op threads") << ", shards on " << options->device << "\n";
+            << (threads == 1 ? " intra-op thread" : " intra-op threads")
+            << (cpus.empty() ? "" : absl::StrCat(cpus.size() == 1 ? " on core " : " on cores ", runtime::CpuListText(cpus))) << ", shards on "
+            << options->device << "\n";
   if (auto s = (*agent)->Shutdown(); !s.ok()) {
     std::cerr << program << ": " << s.message() << "\n";  // the message names this worker
     // (A master stopped by a signal: this worker exits as stopped by it

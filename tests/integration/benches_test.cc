@@ -72,5 +72,22 @@ TEST(PipelineBench, HopsPrintTheChainOfAStepInTheOrderItRuns) {
   EXPECT_THAT(bad_out, HasSubstr("--hops"));
 }
 
+// --worker-cpus auto pins each worker to its share of the cores (they say
+// which); --cold-mib times one process's step with cold caches beside warm.
+TEST(PipelineBench, PinsItsWorkersAndTimesAColdStepWhenAsked) {
+  auto [code, out] = RunProgram({BinDir() + "/pipeline_bench", "--micro-batches", "1", "--steps", "4", "--warmup", "2",
+                                 "--worker-cpus", "auto", "--cold-mib", "8"},
+                                absl::Seconds(120));
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("worker 'bench1' (id 1) serving at")) << out;
+  EXPECT_THAT(out, HasSubstr("with 1 intra-op thread on core")) << out;
+  EXPECT_THAT(out, HasSubstr("one process's step at M=1: ")) << out;
+  EXPECT_THAT(out, HasSubstr(" us after 8 MiB of other memory traffic (")) << out;
+  auto [bad, bad_out] = RunProgram({BinDir() + "/pipeline_bench", "--worker-cpus", "9999", "--steps", "1"},
+                                   absl::Seconds(60));
+  EXPECT_NE(bad, 0) << bad_out;
+  EXPECT_THAT(bad_out, HasSubstr("--cpus '9999': core 9999 is not one this process may run on")) << bad_out;
+}
+
 }  // namespace
 }  // namespace remora

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -14,7 +15,11 @@
 #include <torch/version.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "runtime/cpus.h"
 #include "tests/support/master_runs.h"
 #include "tests/support/pipeline_fixtures.h"
 #include "tests/support/test_group.h"
@@ -45,6 +50,21 @@ std::pair<int, std::string> Launch(const std::vector<std::string>& env,
 
 // Subprocess::Spawn's `env`: the child gets the entries (one replacing
 // this process's own variable of that name), this process keeps its own.
+// Cpus_allowed_list of each thread of process `pid`.
+std::vector<std::string> ThreadCpus(pid_t pid) {
+  std::vector<std::string> out;
+  std::error_code error;
+  for (const auto& task : std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"), error)) {
+    std::ifstream status(task.path() / "status");
+    for (std::string line; std::getline(status, line);) {
+      if (absl::StartsWith(line, "Cpus_allowed_list:")) {
+        out.emplace_back(absl::StripAsciiWhitespace(line.substr(line.find(':') + 1)));
+      }
+    }
+  }
+  return out;
+}
+
 TEST(Subprocess, TheChildGetsTheEnvironmentEntriesOnTopOfOurs) {
   const std::string dir = testing::TempDir();
   const std::string out = dir + "/spawn_env.txt";
@@ -101,6 +121,27 @@ TEST(Worker, ASignalIsSaidAndTheWorkerExitsWith128PlusIt) {
   EXPECT_EQ(worker->Wait(absl::Seconds(30)).value_or(-1), 128 + SIGTERM) << ReadFile(log);
   EXPECT_TRUE(worker->killed_by_signal());
   EXPECT_THAT(ReadFile(log), HasSubstr("worker 'w1': stopped by a signal (Terminated); exiting"));
+}
+
+// --cpus auto: each worker on this host pins every one of its threads to
+// its share of the cores, in worker order, once the group has formed.
+TEST(Worker, CpusAutoPinsEveryThreadOfEachWorkerToItsShareOfTheCores) {
+  test_support::TestWorkers workers(2, "worker", {"--cpus", "auto"});
+  const std::vector<int> all = runtime::AllowedCpus();
+  for (int i = 0; i < 2; ++i) {
+    const std::string share = runtime::CpuListText(runtime::ShareOfCpus(all, i, 2));
+    // (The worker pins once its own Join returns: polled for up to 10 s.)
+    std::vector<std::string> seen;
+    for (int tries = 0; tries < 100; ++tries) {
+      seen = ThreadCpus(workers.worker(i).pid());
+      if (!seen.empty() && std::all_of(seen.begin(), seen.end(), [&](const std::string& c) { return c == share; })) {
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    EXPECT_THAT(seen, ::testing::Each(share)) << "w" << i + 1;
+    EXPECT_GT(seen.size(), 1u);
+  }
 }
 
 // Ctrl-C (SIGINT) on a master ends its group: the workers are told and

@@ -54,6 +54,7 @@ TEST(WorkerProgram, HelpAndBadFlags) {
       {{"--name", "bad name", "--connect-timeout", "1"}, "--name 'bad name': use 1 to 128 characters"},
       {{"--name", "master"}, "the master's own name"},
       {{"--name", "w1", "--rpc-threads", "5000"}, "--rpc-threads must be at most 1024"},
+      {{"--name", "w1", "--cpus", "0-"}, "--cpus '0-': '0-' is not a core or a range of cores"},
       {{"--name", "w1", "--token-file", testing::TempDir()}, "is a directory; give a file"},
   };
   for (const auto& [args, text] : bad) {
