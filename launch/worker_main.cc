@@ -171,19 +171,20 @@ int WorkerMain(int argc, char** argv, const std::string& program,
   AddWorkerFlags(flags, &f);
   int code = 0;
   if (!flags.Parse(argc, argv, &code)) return code;
-  // Several intra-op threads given: they sleep while they wait, not spin
-  // (this may start the program again, before anything is opened). The
-  // default (the cores shared among the machine's workers) is known only
-  // once the group forms, too late for that: it keeps OpenMP's policy.
-  if (f.threads > 1) runtime::PreferSleepingComputeWaits(argv);
+  std::vector<int> cpus;  // (a list pinned now, 'auto' once the group has formed)
+  if (absl::Status s = PinToCpus(f, nullptr, &cpus); !s.ok()) {
+    std::cerr << program << ": " << s.message() << "\n";
+    return 2;
+  }
+  // Several intra-op threads given, or cores for them: they sleep while
+  // they wait, not spin (this may start the program again, before anything
+  // is opened). The default (the cores shared among the machine's workers)
+  // is known only once the group forms, too late for that: it keeps
+  // OpenMP's policy.
+  if (f.threads > 1 || (f.threads == 0 && cpus.size() > 1)) runtime::PreferSleepingComputeWaits(argv);
   auto options = OptionsFrom(f, program);
   if (!options.ok()) {
     std::cerr << options.status().message() << "\n";
-    return 2;
-  }
-  std::vector<int> cpus;
-  if (absl::Status s = PinToCpus(f, nullptr, &cpus); !s.ok()) {
-    std::cerr << program << ": " << s.message() << "\n";
     return 2;
   }
   runtime::TuneAllocator();
@@ -223,7 +224,7 @@ int WorkerMain(int argc, char** argv, const std::string& program,
     const int signal = (*agent)->group_ended_by_signal();
     return signal > 0 ? 128 + signal : 1;
   }
-  if (absl::Status s = PinToCpus(f, agent->get(), &cpus); !s.ok()) {
+  if (absl::Status s = f.cpus == "auto" ? PinToCpus(f, agent->get(), &cpus) : absl::OkStatus(); !s.ok()) {
     std::cerr << program << ": " << s.message() << " (the threads run where the system puts them)\n";
     cpus.clear();
   }
