@@ -62,6 +62,7 @@ struct Config {
   int hops = 0;
   std::string worker_cpus;
   int cold_mib = 0;
+  int busy_poll_us = 0;
 };
 
 // Stage k of the model: MLPStage(in, out, seed, relu).
@@ -128,7 +129,8 @@ absl::StatusOr<std::vector<int>> CheckConfig(const Config& c) {
   if (counts.empty()) return absl::InvalidArgumentError("--micro-batches is empty");
   RETURN_IF_ERROR(launch::CheckAtLeast(
       {{"stages", c.stages, 2}, {"steps", c.steps, 1}, {"hidden", c.hidden, 1}, {"warmup", c.warmup, 0},
-       {"hops", c.hops, 0}, {"cold-mib", c.cold_mib, 0}}));
+       {"hops", c.hops, 0}, {"cold-mib", c.cold_mib, 0},
+       {"busy-poll-us", c.busy_poll_us, 0}}));
   for (int m : counts) {
     if (m > c.batch_size) {
       return absl::InvalidArgumentError(absl::StrCat("--batch-size ", c.batch_size, " < ", m, " micro-batches"));
@@ -277,6 +279,8 @@ int Main(int argc, char** argv) {
   flags.AddInt("cold-mib", &c.cold_mib,
                "also time one process's step at M=1 after this many MiB of other memory traffic, beside "
                "back to back (the caches a pass finds after other processes ran; 0: not)");
+  flags.AddInt("busy-poll-us", &c.busy_poll_us,
+               "the workers' and this process's --busy-poll-us (rpc::AgentOptions::busy_poll; 0: off)");
   flags.AddString("worker-cpus", &c.worker_cpus,
                   "the workers' --cpus: auto pins each to its share of this machine's cores (default: "
                   "none, the system places them)");
@@ -300,6 +304,8 @@ int Main(int argc, char** argv) {
   options.listen_address = "127.0.0.1:0";
   std::vector<std::string> worker_args = {"--threads", "1"};
   if (!c.worker_cpus.empty()) worker_args.insert(worker_args.end(), {"--cpus", c.worker_cpus});
+  if (c.busy_poll_us > 0) worker_args.insert(worker_args.end(), {"--busy-poll-us", absl::StrCat(c.busy_poll_us)});
+  options.busy_poll = absl::Microseconds(c.busy_poll_us);
   auto started = launch::StartLocalGroup(names, &registry, worker_args, options);
   if (!started.ok()) return fail(std::string(started.status().message()));
   launch::LocalGroup group = std::move(*started);

@@ -43,6 +43,7 @@ struct WorkerFlags {
   int connect_timeout_s = 60;
   int master_timeout_s = 10;
   int slow_ms = 0;
+  int busy_poll_us = 0;
   launch::SecurityFiles security;
 };
 
@@ -57,6 +58,10 @@ void AddWorkerFlags(launch::FlagParser& flags, WorkerFlags* f) {
                   "the cores this worker's threads run on: a list such as 0-3,8, or auto (this host's cores "
                   "shared among the group's workers on it, in worker order); --threads then defaults to "
                   "their number (default: none, the system places the threads)");
+  flags.AddInt("busy-poll-us", &f->busy_poll_us,
+               "microseconds the threads that wait for peers' messages (local links' readers, the compute "
+               "lane) keep looking before they sleep, at most 10000: lower latency for cores spent "
+               "(REMORA_BUSY_POLL_US sets it too)");
   flags.AddInt("rpc-threads", &f->rpc_threads, "threads that run incoming calls");
   flags.AddInt("connect-timeout", &f->connect_timeout_s, "seconds to keep trying to reach the master");
   flags.AddInt("master-timeout", &f->master_timeout_s,
@@ -109,9 +114,14 @@ absl::StatusOr<rpc::AgentOptions> OptionsFrom(const WorkerFlags& f, const std::s
                              {"rpc-threads", f.rpc_threads, 1},
                              {"connect-timeout", f.connect_timeout_s, 1},
                              {"slow-ms", f.slow_ms, 0},
+                             {"busy-poll-us", f.busy_poll_us, 0},
                              {"master-timeout", f.master_timeout_s, 0}});
       !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("worker: ", s.message()));
+  }
+  if (absl::Microseconds(f.busy_poll_us) > rpc::kMaxBusyPoll) {
+    return bad(absl::StrCat("--busy-poll-us ", f.busy_poll_us, " is above ",
+                            absl::ToInt64Microseconds(rpc::kMaxBusyPoll), " (10 ms)"));
   }
   if (f.threads > launch::kMaxThreads || f.rpc_threads > launch::kMaxThreads) {
     return absl::InvalidArgumentError(absl::StrCat("worker: --threads and --rpc-threads must be at most ",
@@ -130,6 +140,7 @@ absl::StatusOr<rpc::AgentOptions> OptionsFrom(const WorkerFlags& f, const std::s
   options.host_id = f.host_id;
   options.device_maps = maps->maps;
   options.map_to_peer_devices = maps->to_peer_devices;
+  options.busy_poll = absl::Microseconds(f.busy_poll_us);
   return options;
 }
 

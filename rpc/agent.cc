@@ -3,6 +3,7 @@
 // done by Agent::Impl (rpc/agent_impl.h, one file per concern).
 #include "rpc/agent.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <set>
@@ -34,6 +35,16 @@ absl::Duration SyncSpin(const AgentOptions& options) {
   return options.sync_spin;
 }
 
+// AgentOptions::busy_poll, unless REMORA_BUSY_POLL_US gives microseconds.
+absl::Duration BusyPoll(const AgentOptions& options) {
+  const char* env = std::getenv("REMORA_BUSY_POLL_US");
+  int us = 0;
+  if (env != nullptr && absl::SimpleAtoi(env, &us) && us >= 0) {
+    return std::min(absl::Microseconds(us), kMaxBusyPoll);
+  }
+  return options.busy_poll;
+}
+
 channel::CudaChannel::Options CudaOptions(const AgentOptions& options) {
   channel::CudaChannel::Options o;
   o.enabled = OnUnlessEnvOff(options.cuda_channel, "REMORA_CUDA_CHANNEL");
@@ -56,7 +67,8 @@ Agent::Impl::Impl(Agent* agent)
       streams_(OnUnlessEnvOff(agent->options_.streams, "REMORA_STREAMS")),
       local_links_(OnUnlessEnvOff(agent->options_.local_links, "REMORA_LINKS")),
       prompt_here_(OnUnlessEnvOff(true, "REMORA_PROMPT")),
-      pool_(std::make_unique<ThreadPool>(agent->options_.num_threads)),
+      busy_poll_(BusyPoll(agent->options_)),
+      pool_(std::make_unique<ThreadPool>(agent->options_.num_threads, busy_poll_)),
       shm_(std::make_unique<channel::ShmChannel>(channel::ShmChannel::Options{
           OnUnlessEnvOff(agent->options_.shared_memory, "REMORA_SHM"),
           agent->options_.shm_max_bytes})),
@@ -84,6 +96,11 @@ absl::Status CheckOptions(const AgentOptions& options) {
   }
   if (absl::Status s = CheckTlsOptions(options.tls); !s.ok()) {
     return base::Annotate(s, absl::StrCat("'", options.name, "'"));
+  }
+  if (options.busy_poll < absl::ZeroDuration() || options.busy_poll > kMaxBusyPoll) {
+    return absl::InvalidArgumentError(absl::StrCat("'", options.name, "': busy_poll ",
+                                                   absl::FormatDuration(options.busy_poll), " is not within 0 and ",
+                                                   absl::FormatDuration(kMaxBusyPoll)));
   }
   if (!options.is_master) return absl::OkStatus();
   std::set<std::string> seen;

@@ -61,6 +61,8 @@ class DispatchTable;
 bool NextPolling(grpc::CompletionQueue* cq, absl::Duration spin, void** tag, bool* ok);
 
 inline constexpr char kDefaultMasterAddress[] = "127.0.0.1:29500";
+// The longest AgentOptions::busy_poll.
+inline constexpr absl::Duration kMaxBusyPoll = absl::Milliseconds(10);
 
 struct AgentOptions {
   // This participant's name: 1 to 128 characters of [A-Za-z0-9_:-].
@@ -127,6 +129,18 @@ struct AgentOptions {
   // end) instead of a unary gRPC call, when both ends use shared memory
   // and neither uses TLS. False (or REMORA_LINKS=0): gRPC only.
   bool local_links = true;
+  // How long the threads that wait for a peer's messages keep looking for
+  // the next one before they sleep: the local links' readers and the
+  // compute lane (each yields its core while it looks). A message to a
+  // thread that is awake skips the wake-up (on a VM, a halted vCPU's): on
+  // the 2-core VM, pipeline_bench's boundary with each worker pinned
+  // (--cpus auto) took 123-171 us a micro-batch at M=8 with 1 ms against
+  // 261-280 us without, 477-508 us against 750-852 at M=1
+  // (docs/measurements.md, "Busy-polling"). It costs the cores it spins
+  // on: for hosts with cores to spare beside their workers' compute (as
+  // NCCL's proxy threads spend one). Zero (the default): threads sleep at
+  // once. At most kMaxBusyPoll; environment: REMORA_BUSY_POLL_US.
+  absl::Duration busy_poll = absl::ZeroDuration();
   // TLS or mutual TLS for this agent's server and its channels (see
   // rpc/tls.h); empty: plaintext. Every member of a group must use the same
   // mode and certificates from the same CA.

@@ -310,6 +310,7 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   const bool streams_;              // see AgentOptions::streams
   const bool local_links_;          // AgentOptions::local_links, unless REMORA_LINKS=0
   const bool prompt_here_;          // Registry::MarkPrompt is heeded, unless REMORA_PROMPT=0
+  const absl::Duration busy_poll_;  // see AgentOptions::busy_poll
   std::unique_ptr<ThreadPool> pool_;
   // The pool after Stop: stopped, but kept until this object goes (after
   // the peers' channels), since futures made before the stop still name it

@@ -244,10 +244,10 @@ void Agent::Impl::ListenForLinks() {
   if (!local_links_ || o.tls.enabled() || self.shm.domain.empty()) {
     return;
   }
-  auto server = LinkServer::Listen(LinkName(self.shm), o.token,
-                                   [this](grpc::ByteBuffer frame, std::shared_ptr<ReplySlot> slot) {
-                                     Dispatch(std::move(frame), std::move(slot));
-                                   });
+  auto server = LinkServer::Listen(
+      LinkName(self.shm), o.token,
+      [this](grpc::ByteBuffer frame, std::shared_ptr<ReplySlot> slot) { Dispatch(std::move(frame), std::move(slot)); },
+      busy_poll_);
   // Not listening (the abstract name taken?) is no error: peers use gRPC.
   if (!server.ok()) return;
   link_server_ = std::move(*server);
@@ -259,7 +259,7 @@ std::shared_ptr<LinkClient> Agent::Impl::LinkTo(const Peer& peer) {
   if (peer.link != nullptr && peer.link->alive()) return peer.link;
   if (peer.link_refused) return nullptr;
   if (peer.link != nullptr) peer.closed_links.push_back(std::move(peer.link));
-  auto link = LinkClient::Connect(LinkName(peer.info.shm), agent_->options_.token, absl::Seconds(2));
+  auto link = LinkClient::Connect(LinkName(peer.info.shm), agent_->options_.token, absl::Seconds(2), busy_poll_);
   if (!link.ok()) {
     // Not listening (links off there, or another network namespace under
     // the same --host-id), gone, or refusing this agent's token: gRPC

@@ -1,6 +1,7 @@
 #include "rpc/link.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/un.h>
@@ -111,6 +112,21 @@ bool ReadFrame(int fd, uint64_t length, grpc::ByteBuffer* out) {
   return true;
 }
 
+// Looks for bytes on `fd` for up to `how_long`, yielding the core between
+// looks, so that a record that comes meanwhile finds this thread awake
+// (AgentOptions::busy_poll). Returns early on bytes, the end or an error,
+// which the read that follows sees.
+void PollBusily(int fd, absl::Duration how_long) {
+  if (how_long <= absl::ZeroDuration()) return;
+  const absl::Time until = absl::Now() + how_long;
+  char byte;
+  while (absl::Now() < until) {
+    const ssize_t got = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (got >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return;
+    sched_yield();
+  }
+}
+
 // `name` as an abstract socket address.
 socklen_t Address(const std::string& name, sockaddr_un* addr) {
   *addr = {};
@@ -135,7 +151,8 @@ std::string LinkName(const base::ShmEndpoint& e) {
 
 absl::StatusOr<std::shared_ptr<LinkClient>> LinkClient::Connect(const std::string& name,
                                                                 const std::string& token,
-                                                                absl::Duration timeout) {
+                                                                absl::Duration timeout,
+                                                                absl::Duration busy_poll) {
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::UnavailableError(Errno("socket"));
   sockaddr_un addr;
@@ -154,7 +171,7 @@ absl::StatusOr<std::shared_ptr<LinkClient>> LinkClient::Connect(const std::strin
   if (!ReadAll(fd, &r, sizeof(r)) || r.kind != kHelloOk || r.length != 0) {
     return fail("the hello was refused (a wrong token?)");
   }
-  std::shared_ptr<LinkClient> link(new LinkClient(fd));
+  std::shared_ptr<LinkClient> link(new LinkClient(fd, busy_poll));
   link->reader_ = std::thread([l = link.get()] { l->ReadLoop(); });
   return link;
 }
@@ -241,6 +258,7 @@ void LinkClient::ReadLoop() {
   absl::Time next_expiry = absl::Now() + absl::Milliseconds(100);
   while (true) {
     Record r;
+    PollBusily(fd_, busy_poll_);
     if (!Receive(&r, sizeof(r), &next_expiry)) {
       Close(absl::UnavailableError("the local link closed (did the process end?)"));
       return;
@@ -338,7 +356,8 @@ class LinkServer::Slot final : public ReplySlot {
 
 absl::StatusOr<std::unique_ptr<LinkServer>> LinkServer::Listen(const std::string& name,
                                                                std::string token,
-                                                               Dispatch dispatch) {
+                                                               Dispatch dispatch,
+                                                               absl::Duration busy_poll) {
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::UnavailableError(Errno("socket"));
   sockaddr_un addr;
@@ -348,7 +367,7 @@ absl::StatusOr<std::unique_ptr<LinkServer>> LinkServer::Listen(const std::string
     close(fd);
     return s;
   }
-  std::unique_ptr<LinkServer> server(new LinkServer(fd, std::move(token), std::move(dispatch)));
+  std::unique_ptr<LinkServer> server(new LinkServer(fd, std::move(token), std::move(dispatch), busy_poll));
   server->acceptor_ = std::thread([s = server.get()] { s->AcceptLoop(); });
   return server;
 }
@@ -399,6 +418,7 @@ void LinkServer::Serve(std::shared_ptr<Conn> conn) {
   }
   while (true) {
     grpc::ByteBuffer frame;
+    PollBusily(conn->fd, busy_poll_);
     if (!ReadAll(conn->fd, &r, sizeof(r)) || r.kind != kRequest || r.length > kMaxFrameBytes ||
         !ReadFrame(conn->fd, r.length, &frame) || stopping_.load()) {
       return conn->Close();

@@ -71,9 +71,12 @@ class LinkClient {
   // Connects to the link server at `name` and says hello with `token`;
   // an error when nothing listens there, or the server refused the hello
   // or did not answer it within `timeout`.
+  // `busy_poll`: how long the reader, between replies, keeps looking for
+  // the next one (yielding the core) before it sleeps in poll().
   static absl::StatusOr<std::shared_ptr<LinkClient>> Connect(const std::string& name,
                                                              const std::string& token,
-                                                             absl::Duration timeout);
+                                                             absl::Duration timeout,
+                                                             absl::Duration busy_poll = absl::ZeroDuration());
   // Fails the calls still in flight (Cancelled) and joins the reader.
   ~LinkClient();
   LinkClient(const LinkClient&) = delete;
@@ -94,7 +97,7 @@ class LinkClient {
     absl::Time deadline;
     Done done;
   };
-  explicit LinkClient(int fd) : fd_(fd) {}
+  LinkClient(int fd, absl::Duration busy_poll) : fd_(fd), busy_poll_(busy_poll) {}
   void ReadLoop();
   // Reads exactly `n` bytes, failing the calls past their deadline (checked
   // when `*next_expiry` has come) while it waits; false when the link
@@ -104,6 +107,7 @@ class LinkClient {
   void Expire(absl::Time now);
 
   const int fd_;
+  const absl::Duration busy_poll_;
   std::atomic<bool> closed_{false};
   absl::Mutex write_mu_;  // one record on the socket at a time
   absl::Mutex mu_;
@@ -121,9 +125,12 @@ class LinkServer {
 
   // Listens on `name`; every hello must carry `token` (none when empty).
   // A caller refused (a wrong token) is closed without a word: it goes
-  // over gRPC, whose refusal says why.
+  // over gRPC, whose refusal says why. `busy_poll`: how long each link's
+  // reader, between requests, keeps looking for the next one (yielding the
+  // core) before it sleeps.
   static absl::StatusOr<std::unique_ptr<LinkServer>> Listen(const std::string& name,
-                                                            std::string token, Dispatch dispatch);
+                                                            std::string token, Dispatch dispatch,
+                                                            absl::Duration busy_poll = absl::ZeroDuration());
   ~LinkServer();  // Stop(absl::ZeroDuration())
   LinkServer(const LinkServer&) = delete;
   LinkServer& operator=(const LinkServer&) = delete;
@@ -137,14 +144,15 @@ class LinkServer {
  private:
   struct Conn;
   class Slot;
-  LinkServer(int fd, std::string token, Dispatch dispatch)
-      : fd_(fd), token_(std::move(token)), dispatch_(std::move(dispatch)) {}
+  LinkServer(int fd, std::string token, Dispatch dispatch, absl::Duration busy_poll)
+      : fd_(fd), token_(std::move(token)), dispatch_(std::move(dispatch)), busy_poll_(busy_poll) {}
   void AcceptLoop();
   void Serve(std::shared_ptr<Conn> conn);
 
   const int fd_;
   const std::string token_;
   const Dispatch dispatch_;
+  const absl::Duration busy_poll_;
   std::atomic<bool> stopping_{false};
   absl::Mutex mu_;
   std::vector<std::shared_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);

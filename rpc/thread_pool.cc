@@ -1,9 +1,11 @@
 #include "rpc/thread_pool.h"
 
 #include <pthread.h>
+#include <sched.h>
 
 #include <iostream>
 
+#include "absl/time/clock.h"
 #include "base/mutex_lock.h"
 #include "base/status_util.h"
 
@@ -17,7 +19,7 @@ void ReportEscapedException(const char* where) {
             << std::endl;
 }
 
-ThreadPool::ThreadPool(int num_threads) {
+ThreadPool::ThreadPool(int num_threads, absl::Duration lane_spin) : lane_spin_(lane_spin) {
   if (num_threads < 1) num_threads = 1;
   threads_.reserve(num_threads + 1);
   for (int i = 0; i <= num_threads; ++i) {
@@ -50,6 +52,7 @@ void ThreadPool::Schedule(std::function<void()> task) {
 void ThreadPool::Lane::Schedule(std::function<void()> task) {
   base::MutexLock lock(pool_->mu_);
   pool_->lane_queue_.push_back(std::move(task));
+  pool_->lane_pending_.fetch_add(1, std::memory_order_release);
 }
 
 int ThreadPool::busy() const {
@@ -67,8 +70,15 @@ bool ThreadPool::DrainedLocked() const {
 }
 
 void ThreadPool::Loop(bool lane) {
+  const bool spins = lane && lane_spin_ > absl::ZeroDuration();
   while (true) {
     std::function<void()> task;
+    if (spins && lane_pending_.load(std::memory_order_acquire) == 0) {
+      // Busy-polls for the next task, so that whoever schedules it wakes no
+      // sleeping thread; yields, so that the thread bringing it can run here.
+      const absl::Time until = absl::Now() + lane_spin_;
+      while (lane_pending_.load(std::memory_order_acquire) == 0 && absl::Now() < until) sched_yield();
+    }
     {
       base::MutexLock lock(mu_);
       auto ready = [this, lane]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
@@ -82,6 +92,7 @@ void ThreadPool::Loop(bool lane) {
       std::deque<std::function<void()>>& queue = lane ? lane_queue_ : queue_;
       task = std::move(queue.front());
       queue.pop_front();
+      if (lane) lane_pending_.fetch_sub(1, std::memory_order_relaxed);
       ++running_;
     }
     try {

@@ -10,6 +10,7 @@
 // (ReportEscapedException) and the thread runs the next task.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -18,6 +19,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace remora::rpc {
 
@@ -42,7 +44,9 @@ class ThreadPool final : public Executor {
   // The lane thread's name.
   static constexpr char kLaneThreadName[] = "remora-lane";
 
-  explicit ThreadPool(int num_threads);
+  // `lane_spin`: how long the lane, once idle, keeps looking for its next
+  // task (yielding the core) before it sleeps (AgentOptions::busy_poll).
+  explicit ThreadPool(int num_threads, absl::Duration lane_spin = absl::ZeroDuration());
   ~ThreadPool() override;
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -85,6 +89,10 @@ class ThreadPool final : public Executor {
   int running_ ABSL_GUARDED_BY(mu_) = 0;  // on the threads and the lane
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool exiting_ ABSL_GUARDED_BY(mu_) = false;  // drained: every thread leaves
+  const absl::Duration lane_spin_;
+  // The lane's tasks not yet taken (lane_queue_'s size, read without mu_
+  // by the spinning lane).
+  std::atomic<int64_t> lane_pending_{0};
   Lane lane_{this};
   std::vector<std::thread> threads_;  // the lane's last
   absl::Mutex stop_mu_;  // one Stop joins at a time

@@ -55,6 +55,7 @@ TEST(WorkerProgram, HelpAndBadFlags) {
       {{"--name", "master"}, "the master's own name"},
       {{"--name", "w1", "--rpc-threads", "5000"}, "--rpc-threads must be at most 1024"},
       {{"--name", "w1", "--cpus", "0-"}, "--cpus '0-': '0-' is not a core or a range of cores"},
+      {{"--name", "w1", "--busy-poll-us", "20000"}, "--busy-poll-us 20000 is above 10000 (10 ms)"},
       {{"--name", "w1", "--token-file", testing::TempDir()}, "is a directory; give a file"},
   };
   for (const auto& [args, text] : bad) {

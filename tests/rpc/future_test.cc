@@ -444,6 +444,31 @@ TEST(ThreadPool, TheLaneRunsItsTasksInOrderOnOneThreadOfItsOwn) {
   EXPECT_EQ(threads.count(std::this_thread::get_id()), 0u);
 }
 
+// A lane that busy-polls for its next task (AgentOptions::busy_poll) runs
+// what comes while it polls and what comes after it went to sleep, in
+// order, and does not hold up the pool's stop beyond its poll.
+TEST(ThreadPool, ABusyPollingLaneRunsItsTasksInOrderAndStops) {
+  absl::Mutex mu;
+  std::vector<int> order;
+  auto pool = std::make_unique<rpc::ThreadPool>(2, absl::Milliseconds(5));
+  for (int i = 0; i < 20; ++i) {
+    // Every fourth task after a gap longer than the poll: the lane slept.
+    if (i % 4 == 0) absl::SleepFor(absl::Milliseconds(i % 8 == 0 ? 1 : 12));
+    pool->lane()->Schedule([&mu, &order, i] {
+      base::MutexLock lock(mu);
+      order.push_back(i);
+    });
+  }
+  const absl::Time start = absl::Now();
+  pool->Stop();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  base::MutexLock lock(mu);
+  std::vector<int> expected(20);
+  std::iota(expected.begin(), expected.end(), 0);
+  EXPECT_EQ(order, expected);
+  EXPECT_EQ(pool->busy(), 0);
+}
+
 // What the pool's tasks schedule on the lane, and the lane's on the pool,
 // still runs when the pool stops: whichever side drains first.
 TEST(ThreadPool, StopRunsWhatThePoolAndTheLaneScheduleOnEachOther) {

@@ -290,6 +290,34 @@ TEST(LocalLink, ATokenTravelsOnTheLink) {
   EXPECT_GT(g.master().calls_on_links(), 0);
 }
 
+// AgentOptions::busy_poll: the links' readers and the lanes look for the
+// next message before they sleep. Calls that come while they look and
+// after they slept are answered, and the group stops at once; an
+// out-of-range setting is refused, named.
+TEST(LocalLink, BusyPollingAgentsAnswerAndStopAtOnce) {
+  rpc::AgentOptions busy;
+  busy.busy_poll = absl::Milliseconds(2);
+  auto g = std::make_unique<Group>(2, busy);
+  for (int i = 0; i < 20; ++i) {
+    if (i % 5 == 0) absl::SleepFor(absl::Milliseconds(10));  // past the poll: the readers slept
+    auto r = g->master().rpc_async(i % 2 == 0 ? "w1" : "w2", "add", {int64_t{i}, int64_t{1}}).wait();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->toInt(), i + 1);
+  }
+  EXPECT_GE(g->master().calls_on_links(), 20);
+  const absl::Time start = absl::Now();
+  g.reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+
+  rpc::Registry registry;
+  rpc::AgentOptions too_long;
+  too_long.name = "w9";
+  too_long.busy_poll = absl::Milliseconds(20);
+  auto refused = rpc::Agent::Start(too_long, &registry);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("'w9': busy_poll 20ms is not within 0 and 10ms"));
+}
+
 }  // namespace
 }  // namespace link_test
 }  // namespace remora
