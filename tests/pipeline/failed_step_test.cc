@@ -131,6 +131,9 @@ TEST(Pipeline, AStalledOrDeadWorkerFailsTheStepWithinTenSecondsNamingIt) {
   ASSERT_TRUE((*pipe)->start_train_step(x, t).wait().ok());
 
   workers.worker(1).Signal(SIGSTOP);
+  // (Stopped before the step starts: on a busy machine w2's link reader,
+  // woken by the step's first message, could otherwise serve it first.)
+  ASSERT_TRUE(AwaitStopped(workers.worker(1).pid()));
   absl::Time start = absl::Now();
   auto stalled = (*pipe)->start_train_step(x, t).wait();
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -167,6 +168,29 @@ inline const std::string& BinDir() {
     return sibling.empty() ? std::string(".") : sibling.substr(0, sibling.size() - 1);
   }();
   return dir;
+}
+
+// Waits until every thread of process `pid` has stopped (a SIGSTOP sent
+// to it takes effect thread by thread, and a thread woken by a message
+// may run on a while first), for up to `timeout`; false if they have not.
+inline bool AwaitStopped(pid_t pid, absl::Duration timeout = absl::Seconds(10)) {
+  const absl::Time until = absl::Now() + timeout;
+  while (true) {
+    bool all = true, any = false;
+    std::error_code error;
+    for (const auto& task : std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"), error)) {
+      std::ifstream stat(task.path() / "stat");
+      std::string line;
+      std::getline(stat, line);
+      const size_t name_end = line.rfind(')');  // the state follows the command's name
+      if (name_end == std::string::npos || name_end + 2 >= line.size()) continue;
+      any = true;
+      all = all && (line[name_end + 2] == 'T' || line[name_end + 2] == 't');
+    }
+    if (any && all) return true;
+    if (absl::Now() >= until) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
 }
 
 // Expects `s` to be an error whose message holds each of `parts`.

@@ -318,6 +318,7 @@ TEST(Elastic, AHungWorkerIsReplacedByASpare) {
   Job job = StartJob("elastic_hung", {"w1", "w2", "s1"}, "w1,w2", data, flags);
   ASSERT_TRUE(Reached(job, "checkpoint: step 6 "));
   job.workers[1]->Signal(SIGSTOP);
+  EXPECT_TRUE(AwaitStopped(job.workers[1]->pid()));
   const bool replaced = Reached(job, "elastic: spare 's1' takes the place of 'w2'");
   job.workers[1]->Signal(SIGCONT);
   const int hung_code = job.workers[1]->Wait(absl::Seconds(30)).value_or(-1);
