@@ -27,22 +27,12 @@ bool OnUnlessEnvOff(bool option, const char* variable) {
   return option && !(env != nullptr && std::string(env) == "0");
 }
 
-// AgentOptions::sync_spin, unless REMORA_SYNC_SPIN_US gives microseconds.
-absl::Duration SyncSpin(const AgentOptions& options) {
-  const char* env = std::getenv("REMORA_SYNC_SPIN_US");
+// `option`, unless environment `variable` gives microseconds (0 or more).
+absl::Duration MicrosecondsUnlessEnv(absl::Duration option, const char* variable) {
+  const char* env = std::getenv(variable);
   int us = 0;
   if (env != nullptr && absl::SimpleAtoi(env, &us) && us >= 0) return absl::Microseconds(us);
-  return options.sync_spin;
-}
-
-// AgentOptions::busy_poll, unless REMORA_BUSY_POLL_US gives microseconds.
-absl::Duration BusyPoll(const AgentOptions& options) {
-  const char* env = std::getenv("REMORA_BUSY_POLL_US");
-  int us = 0;
-  if (env != nullptr && absl::SimpleAtoi(env, &us) && us >= 0) {
-    return std::min(absl::Microseconds(us), kMaxBusyPoll);
-  }
-  return options.busy_poll;
+  return option;
 }
 
 channel::CudaChannel::Options CudaOptions(const AgentOptions& options) {
@@ -63,11 +53,11 @@ channel::CudaChannel::Options CudaOptions(const AgentOptions& options) {
 
 Agent::Impl::Impl(Agent* agent)
     : agent_(agent),
-      sync_spin_(SyncSpin(agent->options_)),
+      sync_spin_(MicrosecondsUnlessEnv(agent->options_.sync_spin, "REMORA_SYNC_SPIN_US")),
       streams_(OnUnlessEnvOff(agent->options_.streams, "REMORA_STREAMS")),
       local_links_(OnUnlessEnvOff(agent->options_.local_links, "REMORA_LINKS")),
       prompt_here_(OnUnlessEnvOff(true, "REMORA_PROMPT")),
-      busy_poll_(BusyPoll(agent->options_)),
+      busy_poll_(std::min(MicrosecondsUnlessEnv(agent->options_.busy_poll, "REMORA_BUSY_POLL_US"), kMaxBusyPoll)),
       pool_(std::make_unique<ThreadPool>(agent->options_.num_threads, busy_poll_)),
       shm_(std::make_unique<channel::ShmChannel>(channel::ShmChannel::Options{
           OnUnlessEnvOff(agent->options_.shared_memory, "REMORA_SHM"),

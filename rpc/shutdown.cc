@@ -141,7 +141,7 @@ void Agent::Impl::CancelOutgoing() {
       p->idle_streams.clear();
     }
   }
-  idle.clear();
+  idle.clear();  // each cancelled, and waited for until gRPC let go of it
   // A reply still receiving CUDA payloads stays in calls_ until its
   // transfers end: stopping the channel ends them now.
   cuda_->Stop();

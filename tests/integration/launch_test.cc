@@ -15,13 +15,12 @@
 #include <torch/version.h>
 #include <gtest/gtest.h>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "runtime/cpus.h"
 #include "tests/support/master_runs.h"
 #include "tests/support/pipeline_fixtures.h"
+#include "tests/support/proc.h"
 #include "tests/support/test_group.h"
 
 namespace remora {
@@ -50,21 +49,6 @@ std::pair<int, std::string> Launch(const std::vector<std::string>& env,
 
 // Subprocess::Spawn's `env`: the child gets the entries (one replacing
 // this process's own variable of that name), this process keeps its own.
-// Cpus_allowed_list of each thread of process `pid`.
-std::vector<std::string> ThreadCpus(pid_t pid) {
-  std::vector<std::string> out;
-  std::error_code error;
-  for (const auto& task : std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"), error)) {
-    std::ifstream status(task.path() / "status");
-    for (std::string line; std::getline(status, line);) {
-      if (absl::StartsWith(line, "Cpus_allowed_list:")) {
-        out.emplace_back(absl::StripAsciiWhitespace(line.substr(line.find(':') + 1)));
-      }
-    }
-  }
-  return out;
-}
-
 TEST(Subprocess, TheChildGetsTheEnvironmentEntriesOnTopOfOurs) {
   const std::string dir = testing::TempDir();
   const std::string out = dir + "/spawn_env.txt";
@@ -133,7 +117,10 @@ TEST(Worker, CpusAutoPinsEveryThreadOfEachWorkerToItsShareOfTheCores) {
     // (The worker pins once its own Join returns: polled for up to 10 s.)
     std::vector<std::string> seen;
     for (int tries = 0; tries < 100; ++tries) {
-      seen = ThreadCpus(workers.worker(i).pid());
+      seen.clear();
+      for (const auto& [tid, cpus] : test_support::ThreadStatus(workers.worker(i).pid(), "Cpus_allowed_list:")) {
+        seen.push_back(cpus);
+      }
       if (!seen.empty() && std::all_of(seen.begin(), seen.end(), [&](const std::string& c) { return c == share; })) {
         break;
       }

@@ -2,10 +2,10 @@
 // cores, and a whole process pinned, its running threads as well.
 #include "runtime/cpus.h"
 
-#include <dirent.h>
+#include <unistd.h>
 
 #include <condition_variable>
-#include <fstream>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -14,10 +14,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
+#include "tests/support/proc.h"
 
 namespace remora::runtime {
 namespace {
@@ -70,23 +68,7 @@ TEST(Cpus, SharesAreConsecutiveAndEvenAndRoundRobinBeyondTheCores) {
 }
 
 // Cpus_allowed_list of each thread of this process, by thread id.
-std::vector<std::pair<int, std::string>> ThreadCpus() {
-  std::vector<std::pair<int, std::string>> out;
-  DIR* dir = opendir("/proc/self/task");
-  while (dirent* e = dir != nullptr ? readdir(dir) : nullptr) {
-    int tid = 0;
-    if (!absl::SimpleAtoi(e->d_name, &tid)) continue;
-    std::ifstream status(absl::StrCat("/proc/self/task/", tid, "/status"));
-    for (std::string line; std::getline(status, line);) {
-      absl::string_view rest = line;
-      if (absl::ConsumePrefix(&rest, "Cpus_allowed_list:")) {
-        out.emplace_back(tid, std::string(absl::StripAsciiWhitespace(rest)));
-      }
-    }
-  }
-  if (dir != nullptr) closedir(dir);
-  return out;
-}
+std::map<int, std::string> ThreadCpus() { return test_support::ThreadStatus(getpid(), "Cpus_allowed_list:"); }
 
 TEST(Cpus, PinningMovesEveryRunningThreadAndThoseStartedLater) {
   const std::vector<int> all = AllowedCpus();

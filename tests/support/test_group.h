@@ -7,9 +7,9 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -22,12 +22,14 @@
 #include <gtest/gtest.h>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "autograd/dist_autograd.h"
 #include "launch/cli.h"
 #include "rpc/agent.h"
 #include "rpc/message.h"
+#include "tests/support/proc.h"
 #include "tests/support/test_functions.h"
 
 namespace remora {
@@ -176,18 +178,10 @@ inline const std::string& BinDir() {
 inline bool AwaitStopped(pid_t pid, absl::Duration timeout = absl::Seconds(10)) {
   const absl::Time until = absl::Now() + timeout;
   while (true) {
-    bool all = true, any = false;
-    std::error_code error;
-    for (const auto& task : std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"), error)) {
-      std::ifstream stat(task.path() / "stat");
-      std::string line;
-      std::getline(stat, line);
-      const size_t name_end = line.rfind(')');  // the state follows the command's name
-      if (name_end == std::string::npos || name_end + 2 >= line.size()) continue;
-      any = true;
-      all = all && (line[name_end + 2] == 'T' || line[name_end + 2] == 't');
-    }
-    if (any && all) return true;
+    const std::map<int, std::string> states = test_support::ThreadStatus(pid, "State:");
+    bool all = !states.empty();  // "T (stopped)", or "t (tracing stop)"
+    for (const auto& [tid, state] : states) all = all && (absl::StartsWith(state, "T") || absl::StartsWith(state, "t"));
+    if (all) return true;
     if (absl::Now() >= until) return false;
     absl::SleepFor(absl::Milliseconds(5));
   }
