@@ -113,9 +113,11 @@ Container* ContainerOf(rpc::Agent* agent);
 // seeded with `grads`, accumulates leaf gradients in `context`, and sends
 // the gradients of received tensors back to their senders. Completes when
 // every worker downstream finished. `retain_graph` keeps the graph (here
-// and downstream) for another pass.
+// and downstream) for another pass. The future's callbacks run on
+// `callbacks` (null: inline on the thread that completes it, for short
+// bookkeeping only; on a pipeline action's pass, the compute lane).
 rpc::Future<rpc::Empty> RunBackward(Container& container, std::shared_ptr<DistContext> context,
                           std::vector<at::Tensor> roots, std::vector<at::Tensor> grads,
-                          bool retain_graph);
+                          bool retain_graph, rpc::Executor* callbacks);
 
 }  // namespace remora::autograd

@@ -365,7 +365,7 @@ void RunInputs(rpc::Agent& agent, const std::shared_ptr<DistContext>& context,
 rpc::Future<rpc::Empty> RunSplitBackward(rpc::Agent& agent, std::shared_ptr<DistContext> context,
                                          std::vector<at::Tensor> roots, std::vector<at::Tensor> grads,
                                          const std::vector<at::Tensor>& leaves, bool retain_graph,
-                                         const runtime::ActionMarkInfo& mark) {
+                                         const runtime::ActionMarkInfo& mark, rpc::Executor* callbacks) {
   // (A received tensor whose gradient an earlier pass sent back is one
   // too: Deliver refuses it.)
   std::vector<at::Tensor> received, params;
@@ -373,7 +373,7 @@ rpc::Future<rpc::Empty> RunSplitBackward(rpc::Agent& agent, std::shared_ptr<Dist
     (context->Recv(leaf) || context->RecvTaken(leaf) ? received : params).push_back(leaf);
   }
   auto pass = std::make_shared<SplitBackward>(std::move(roots), std::move(grads), received, params);
-  rpc::Future<rpc::Empty> done(agent.executor());
+  rpc::Future<rpc::Empty> done(callbacks);
   rpc::Executor* executor = agent.lane();  // (every pass on one thread)
   Post post = [executor](std::function<void()> fn) { executor->Schedule(std::move(fn)); };
   runtime::ComputeTurn::RunInTurn(
@@ -390,7 +390,7 @@ rpc::Future<rpc::Empty> RunSplitBackward(rpc::Agent& agent, std::shared_ptr<Dist
 
 rpc::Future<rpc::Empty> RunBackward(Container& container, std::shared_ptr<DistContext> context,
                           std::vector<at::Tensor> roots, std::vector<at::Tensor> grads,
-                          bool retain_graph) {
+                          bool retain_graph, rpc::Executor* callbacks) {
   rpc::Agent& agent = container.agent();
   std::vector<at::Tensor> leaves = CollectLeaves(roots);
   if (leaves.empty()) return rpc::Future<rpc::Empty>::Ready(rpc::Empty{});
@@ -410,9 +410,9 @@ rpc::Future<rpc::Empty> RunBackward(Container& container, std::shared_ptr<DistCo
   }
   if (mark->split) {
     return RunSplitBackward(agent, std::move(context), std::move(roots), std::move(grads), leaves, retain_graph,
-                            *mark);
+                            *mark, callbacks);
   }
-  rpc::Future<rpc::Empty> done(agent.executor());
+  rpc::Future<rpc::Empty> done(callbacks);
   rpc::Executor* executor = agent.lane();  // (every pass on one thread)
   runtime::ComputeTurn::RunInTurn(
       mark->action,
@@ -549,7 +549,10 @@ rpc::Future<c10::IValue> HandlePropagate(rpc::CallContext& ctx, const rpc::Args&
   const bool waits = !roots.empty() && !runtime::MarkedAction(roots[0]).has_value();
   auto run = [&container, context, roots = std::move(roots), seeds = std::move(seeds), retain_graph,
               done]() mutable {
-    RunBackward(container, context, std::move(roots), std::move(seeds), retain_graph)
+    // (Its callback only completes `done`, whose own run on the pool: the
+    // ack leaves without a second trip through the pool's queue, ahead of
+    // whatever the pass's end put there, as the batch's step.)
+    RunBackward(container, context, std::move(roots), std::move(seeds), retain_graph, /*callbacks=*/nullptr)
         .then([done](const absl::StatusOr<rpc::Empty>& r) mutable {
           if (r.ok()) {
             done.SetValue(c10::IValue());
@@ -640,7 +643,7 @@ rpc::Future<rpc::Empty> backward_async(rpc::Agent& agent, int64_t context_id,
     }
     seeds.push_back(at::ones_like(r));
   }
-  return RunBackward(*container, context, roots, std::move(seeds), retain_graph);
+  return RunBackward(*container, context, roots, std::move(seeds), retain_graph, agent.executor());
 }
 
 absl::Status backward(rpc::Agent& agent, int64_t context_id, const std::vector<at::Tensor>& roots,

@@ -4,7 +4,9 @@
 // in this process (one thread), micro-batch by micro-batch, for comparison.
 // Per micro-batch count it prints steps per second of both, the requests
 // sent per step, and the overhead per micro-batch per stage boundary: the
-// step time beyond one process's, divided by M (S - 1). With a small
+// step time beyond one process's, divided by M (S - 1); then the median
+// round trip of a small rpc_sync to the first worker, measured right after,
+// and the overhead over it (the yardstick: at most 2x at M=8, 4x at M=1). With a small
 // --hidden the compute is negligible and the overhead is the protocol's.
 //
 //   pipeline_bench --stages 2 --micro-batches 1,2,8 --steps 200
@@ -26,6 +28,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/mse_loss.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/randn.h>
 #include <torch/optim/sgd.h>
 
@@ -63,6 +66,7 @@ struct Config {
   std::string worker_cpus;
   int cold_mib = 0;
   int busy_poll_us = 0;
+  int round_trips = 1000;
 };
 
 // Stage k of the model: MLPStage(in, out, seed, relu).
@@ -130,7 +134,7 @@ absl::StatusOr<std::vector<int>> CheckConfig(const Config& c) {
   RETURN_IF_ERROR(launch::CheckAtLeast(
       {{"stages", c.stages, 2}, {"steps", c.steps, 1}, {"hidden", c.hidden, 1}, {"warmup", c.warmup, 0},
        {"hops", c.hops, 0}, {"cold-mib", c.cold_mib, 0},
-       {"busy-poll-us", c.busy_poll_us, 0}}));
+       {"busy-poll-us", c.busy_poll_us, 0}, {"round-trips", c.round_trips, 1}}));
   for (int m : counts) {
     if (m > c.batch_size) {
       return absl::InvalidArgumentError(absl::StrCat("--batch-size ", c.batch_size, " < ", m, " micro-batches"));
@@ -198,6 +202,21 @@ void PrintChain(const std::vector<TracedSlice>& slices, const std::vector<std::p
   std::fflush(stdout);
 }
 
+// The median round trip (us) of `calls` small rpc_sync calls to `to`: a
+// 4-element tensor to the workers' liveness probe, a function run on their
+// pool as rpc_bench's echo (latency_us_median) is; the yardstick of the
+// boundary's overhead, measured beside it.
+absl::StatusOr<double> RoundTripUs(rpc::Agent& agent, const std::string& to, int calls) {
+  const at::Tensor small = at::ones({4});
+  std::vector<double> us;
+  for (int i = 0; i < calls + calls / 10; ++i) {
+    const int64_t t0 = trace::NowUs();
+    RETURN_IF_ERROR(agent.rpc_sync(to, "remora.pipeline.alive", {small}).status());
+    if (i >= calls / 10) us.push_back(static_cast<double>(trace::NowUs() - t0));
+  }
+  return Median(us);
+}
+
 // The pipeline over `names` at `m` micro-batches against one process: a
 // line of figures.
 absl::Status Measure(rpc::Agent& agent, const Config& c, const std::vector<std::string>& names, int m,
@@ -250,8 +269,9 @@ absl::Status Measure(rpc::Agent& agent, const Config& c, const std::vector<std::
   if (!local.ok()) return local.status();
   const double step_s = Median(seconds);
   const double overhead_us = (step_s - *local) * 1e6 / (m * (c.stages - 1));
-  std::printf("%6d %4d %16.1f %16.1f %7.2fx %10.1f %26.1f\n", c.stages, m, 1 / step_s, 1 / *local,
-              step_s / *local, static_cast<double>(requests) / c.steps, overhead_us);
+  ASSIGN_OR_RETURN(const double rtt_us, RoundTripUs(agent, names[0], c.round_trips));
+  std::printf("%6d %4d %16.1f %16.1f %7.2fx %10.1f %26.1f %8.1f %17.2f\n", c.stages, m, 1 / step_s, 1 / *local,
+              step_s / *local, static_cast<double>(requests) / c.steps, overhead_us, rtt_us, overhead_us / rtt_us);
   std::fflush(stdout);
   if (c.hops > 0) PrintChain(traced, traced_steps, m);
   return absl::OkStatus();
@@ -263,8 +283,9 @@ int Main(int argc, char** argv) {
       "pipeline_bench",
       "Trains --stages stages of a small MLP on as many local workers (one thread each) and\n"
       "the same model in this process (one thread), at each micro-batch count, and prints\n"
-      "steps per second of both, the requests per step and the overhead per micro-batch per\n"
-      "stage boundary (the step time beyond one process's, over M (S - 1)).");
+      "steps per second of both, the requests per step, the overhead per micro-batch per\n"
+      "stage boundary (the step time beyond one process's, over M (S - 1)), and that overhead\n"
+      "over a small rpc_sync's round trip to a worker, measured right after (rtt_us).");
   flags.StartsItsOwnGroup();
   flags.AddInt("stages", &c.stages, "pipeline stages, one per worker (>= 2)");
   flags.AddString("micro-batches", &c.micro_batches, "micro-batch counts to measure, e.g. 1,2,8");
@@ -281,6 +302,9 @@ int Main(int argc, char** argv) {
                "back to back (the caches a pass finds after other processes ran; 0: not)");
   flags.AddInt("busy-poll-us", &c.busy_poll_us,
                "the workers' and this process's --busy-poll-us (rpc::AgentOptions::busy_poll; 0: off)");
+  flags.AddInt("round-trips", &c.round_trips,
+               "small rpc_sync calls to the first worker after each count's steps, whose median round trip "
+               "(rtt_us) the overhead is also given over");
   flags.AddString("worker-cpus", &c.worker_cpus,
                   "the workers' --cpus: auto pins each to its share of this machine's cores (default: "
                   "none, the system places them)");
@@ -324,8 +348,8 @@ int Main(int argc, char** argv) {
     std::printf("one process's step at M=1: %.1f us back to back, %.1f us after %d MiB of other memory traffic "
                 "(%.2fx)\n", *warm * 1e6, *cold * 1e6, c.cold_mib, *cold / *warm);
   }
-  std::printf("%6s %4s %16s %16s %8s %10s %26s\n", "stages", "M", "steps_per_s", "local_steps_per_s",
-              "ratio", "requests", "overhead_us_per_mb_boundary");
+  std::printf("%6s %4s %16s %16s %8s %10s %26s %8s %17s\n", "stages", "M", "steps_per_s", "local_steps_per_s",
+              "ratio", "requests", "overhead_us_per_mb_boundary", "rtt_us", "overhead_over_rtt");
   for (int m : counts) {
     if (auto s = Measure(agent, c, names, m, x, y); !s.ok()) return die(s);
   }

@@ -210,6 +210,7 @@ void Agent::forget_cuda_receives(int64_t group) { impl_->cuda_->Forget(group); }
 std::string Agent::cuda_disabled_reason() const { return impl_->cuda_->disabled_reason(); }
 
 Executor* Agent::executor() const { return impl_->pool_.get(); }
+absl::Duration Agent::busy_poll() const { return impl_->busy_poll_; }
 Executor* Agent::lane() const {
   static const bool lane = OnUnlessEnvOff(true, "REMORA_LANE");
   if (!impl_->pool_) return nullptr;

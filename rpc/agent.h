@@ -239,6 +239,10 @@ class Agent final {
   const Registry& registry() const { return *registry_; }
   // The pool that runs handlers and callbacks (for futures of async work).
   Executor* executor() const;
+  // How long this agent's threads busy-poll before they sleep
+  // (AgentOptions::busy_poll, or REMORA_BUSY_POLL_US): also how long a
+  // caller waiting for replies may poll for them (rpc::PollForOutcome).
+  absl::Duration busy_poll() const;
   // The pool's lane (ThreadPool::lane): one thread that runs the actions of
   // the compute lane (runtime/compute_lane.h) that are given their turn
   // without a thread waiting for it, a pipeline's forward and backward

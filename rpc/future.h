@@ -13,6 +13,8 @@
 // callback holds it.
 #pragma once
 
+#include <sched.h>
+
 #include <functional>
 #include <memory>
 #include <string>
@@ -183,6 +185,38 @@ Future<Empty> WhenAll(const std::vector<Future<T>>& futures,
     });
   }
   return all;
+}
+
+// What PollForOutcome found.
+inline constexpr int kAllSucceeded = -1;
+inline constexpr int kStillPending = -2;
+
+// Busy-polls `futures` (yielding the core) for up to `spin`, for a caller
+// that would otherwise sleep on replies due within microseconds
+// (AgentOptions::busy_poll): the index of the first seen failed (its error
+// in `*failure`), kAllSucceeded once every one has completed without
+// failing, or kStillPending when `spin` ran out first (at once when it is
+// not positive).
+template <typename T>
+int PollForOutcome(const std::vector<Future<T>>& futures, absl::Duration spin, absl::Status* failure) {
+  if (spin <= absl::ZeroDuration()) return kStillPending;
+  std::vector<bool> done(futures.size(), false);
+  size_t left = futures.size();
+  const absl::Time until = absl::Now() + spin;
+  while (true) {
+    for (size_t i = 0; i < futures.size(); ++i) {
+      if (done[i] || !futures[i].ready()) continue;
+      if (absl::StatusOr<T> r = futures[i].wait(); !r.ok()) {
+        *failure = r.status();
+        return static_cast<int>(i);
+      }
+      done[i] = true;
+      --left;
+    }
+    if (left == 0) return kAllSucceeded;
+    if (absl::Now() >= until) return kStillPending;
+    sched_yield();
+  }
 }
 
 // Fan-out's other half: waits for every future in `futures` — all of them,

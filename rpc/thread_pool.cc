@@ -19,7 +19,7 @@ void ReportEscapedException(const char* where) {
             << std::endl;
 }
 
-ThreadPool::ThreadPool(int num_threads, absl::Duration lane_spin) : lane_spin_(lane_spin) {
+ThreadPool::ThreadPool(int num_threads, absl::Duration spin) : spin_(spin) {
   if (num_threads < 1) num_threads = 1;
   threads_.reserve(num_threads + 1);
   for (int i = 0; i <= num_threads; ++i) {
@@ -35,6 +35,7 @@ ThreadPool::~ThreadPool() { Stop(); }
 
 void ThreadPool::Stop() {
   base::MutexLock stop(stop_mu_);
+  stop_asked_.store(true, std::memory_order_release);
   {
     base::MutexLock lock(mu_);
     stopping_ = true;
@@ -47,6 +48,7 @@ void ThreadPool::Stop() {
 void ThreadPool::Schedule(std::function<void()> task) {
   base::MutexLock lock(mu_);
   queue_.push_back(std::move(task));
+  pending_.fetch_add(1, std::memory_order_release);
 }
 
 void ThreadPool::Lane::Schedule(std::function<void()> task) {
@@ -69,16 +71,25 @@ bool ThreadPool::DrainedLocked() const {
   return exiting_ || (stopping_ && running_ == 0 && queue_.empty() && lane_queue_.empty());
 }
 
+void ThreadPool::Spin(bool lane) {
+  std::atomic<int64_t>& pending = lane ? lane_pending_ : pending_;
+  if (pending.load(std::memory_order_acquire) > 0) return;
+  // (One pool thread spins at a time: the others sleep at once.)
+  if (!lane && pool_spinning_.exchange(true, std::memory_order_acq_rel)) return;
+  // Yields, so that the thread bringing the task can run on this core.
+  const absl::Time until = absl::Now() + spin_;
+  while (pending.load(std::memory_order_acquire) == 0 && !stop_asked_.load(std::memory_order_acquire) &&
+         absl::Now() < until) {
+    sched_yield();
+  }
+  if (!lane) pool_spinning_.store(false, std::memory_order_release);
+}
+
 void ThreadPool::Loop(bool lane) {
-  const bool spins = lane && lane_spin_ > absl::ZeroDuration();
+  const bool spins = spin_ > absl::ZeroDuration();
   while (true) {
     std::function<void()> task;
-    if (spins && lane_pending_.load(std::memory_order_acquire) == 0) {
-      // Busy-polls for the next task, so that whoever schedules it wakes no
-      // sleeping thread; yields, so that the thread bringing it can run here.
-      const absl::Time until = absl::Now() + lane_spin_;
-      while (lane_pending_.load(std::memory_order_acquire) == 0 && absl::Now() < until) sched_yield();
-    }
+    if (spins) Spin(lane);
     {
       base::MutexLock lock(mu_);
       auto ready = [this, lane]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
@@ -92,7 +103,7 @@ void ThreadPool::Loop(bool lane) {
       std::deque<std::function<void()>>& queue = lane ? lane_queue_ : queue_;
       task = std::move(queue.front());
       queue.pop_front();
-      if (lane) lane_pending_.fetch_sub(1, std::memory_order_relaxed);
+      (lane ? lane_pending_ : pending_).fetch_sub(1, std::memory_order_relaxed);
       ++running_;
     }
     try {

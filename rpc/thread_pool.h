@@ -44,9 +44,11 @@ class ThreadPool final : public Executor {
   // The lane thread's name.
   static constexpr char kLaneThreadName[] = "remora-lane";
 
-  // `lane_spin`: how long the lane, once idle, keeps looking for its next
-  // task (yielding the core) before it sleeps (AgentOptions::busy_poll).
-  explicit ThreadPool(int num_threads, absl::Duration lane_spin = absl::ZeroDuration());
+  // `spin`: how long the lane, and one of the pool's threads at a time,
+  // once idle keep looking for their next task (yielding the core) before
+  // they sleep (AgentOptions::busy_poll), so that a task scheduled finds a
+  // thread awake.
+  explicit ThreadPool(int num_threads, absl::Duration spin = absl::ZeroDuration());
   ~ThreadPool() override;
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -81,6 +83,10 @@ class ThreadPool final : public Executor {
   // Runs the pool's queue, or the lane's (`lane`), until the pool stops
   // with nothing left to run anywhere.
   void Loop(bool lane);
+  // Before the lane (`lane`) or a pool thread sleeps: busy-polls for up to
+  // spin_ until its queue has a task (the pool's, only while no other pool
+  // thread does).
+  void Spin(bool lane);
   bool DrainedLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
@@ -89,10 +95,13 @@ class ThreadPool final : public Executor {
   int running_ ABSL_GUARDED_BY(mu_) = 0;  // on the threads and the lane
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool exiting_ ABSL_GUARDED_BY(mu_) = false;  // drained: every thread leaves
-  const absl::Duration lane_spin_;
-  // The lane's tasks not yet taken (lane_queue_'s size, read without mu_
-  // by the spinning lane).
+  const absl::Duration spin_;
+  // The tasks not yet taken (queue_'s and lane_queue_'s sizes, read without
+  // mu_ by the spinning threads), and whether a pool thread spins.
+  std::atomic<int64_t> pending_{0};
   std::atomic<int64_t> lane_pending_{0};
+  std::atomic<bool> pool_spinning_{false};
+  std::atomic<bool> stop_asked_{false};  // Stop() was called: spinners stop spinning
   Lane lane_{this};
   std::vector<std::thread> threads_;  // the lane's last
   absl::Mutex stop_mu_;  // one Stop joins at a time

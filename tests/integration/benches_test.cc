@@ -14,6 +14,7 @@
 namespace remora {
 namespace {
 
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 
 
@@ -49,9 +50,14 @@ TEST(RpcBench, SweepsSizesAcrossTheThresholdAndNamesTheChannels) {
 // pass's wait for the compute lane, in the order they happen.
 TEST(PipelineBench, HopsPrintTheChainOfAStepInTheOrderItRuns) {
   auto [code, out] = RunProgram({BinDir() + "/pipeline_bench", "--micro-batches", "1", "--steps", "4", "--warmup", "2",
-                                 "--hops", "6"},
+                                 "--hops", "6", "--round-trips", "20"},
                                 absl::Seconds(120));
   ASSERT_EQ(code, 0) << out;
+  // The figures' line ends with the round trip measured beside them and
+  // the overhead over it.
+  EXPECT_THAT(out, ContainsRegex("overhead_us_per_mb_boundary +rtt_us overhead_over_rtt\n +2 +1 .* "
+                                 "[0-9]+\\.[0-9] +[0-9]+\\.[0-9][0-9]\n"))
+      << out;
   EXPECT_THAT(out, HasSubstr("the chain of a step at M=1, over 6 traced steps")) << out;
   const std::vector<std::string> chain = {
       "master: call function 'remora.pipeline.run' [", "bench1: recv remora.pipeline.run [",
@@ -70,6 +76,9 @@ TEST(PipelineBench, HopsPrintTheChainOfAStepInTheOrderItRuns) {
   auto [bad, bad_out] = RunProgram({BinDir() + "/pipeline_bench", "--hops", "-1"});
   EXPECT_EQ(bad, 2) << bad_out;
   EXPECT_THAT(bad_out, HasSubstr("--hops"));
+  auto [no_calls, no_calls_out] = RunProgram({BinDir() + "/pipeline_bench", "--round-trips", "0"});
+  EXPECT_EQ(no_calls, 2) << no_calls_out;
+  EXPECT_THAT(no_calls_out, HasSubstr("--round-trips"));
 }
 
 // --worker-cpus auto pins each worker to its share of the cores (they say

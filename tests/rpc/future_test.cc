@@ -3,9 +3,12 @@
 #include "rpc/future.h"
 
 #include <pthread.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <set>
@@ -18,12 +21,14 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "base/mutex_lock.h"
 #include "rpc/thread_pool.h"
+#include "tests/support/proc.h"
 
 namespace remora {
 namespace {
@@ -466,6 +471,61 @@ TEST(ThreadPool, ABusyPollingLaneRunsItsTasksInOrderAndStops) {
   std::vector<int> expected(20);
   std::iota(expected.begin(), expected.end(), 0);
   EXPECT_EQ(order, expected);
+  EXPECT_EQ(pool->busy(), 0);
+}
+
+// PollForOutcome, how a caller busy-polls replies: still pending at once
+// without a spin, or while one is; all succeeded once every one has come
+// (one of them late); a failure's index and error as soon as it is seen.
+TEST(Future, PollForOutcomeSaysAllSucceededAFailureOrStillPending) {
+  std::vector<rpc::Future<int>> replies(3);
+  absl::Status failure;
+  EXPECT_EQ(rpc::PollForOutcome(replies, absl::ZeroDuration(), &failure), rpc::kStillPending);
+  replies[0].SetValue(1);
+  replies[2].SetValue(3);
+  EXPECT_EQ(rpc::PollForOutcome(replies, absl::Milliseconds(5), &failure), rpc::kStillPending);
+  std::thread late([reply = replies[1]]() mutable {
+    absl::SleepFor(absl::Milliseconds(20));
+    reply.SetValue(2);
+  });
+  EXPECT_EQ(rpc::PollForOutcome(replies, absl::Seconds(30), &failure), rpc::kAllSucceeded);
+  late.join();
+  EXPECT_TRUE(failure.ok());
+  std::vector<rpc::Future<int>> some_failed(2);
+  some_failed[1].SetError(absl::DataLossError("lost on the way"));
+  EXPECT_EQ(rpc::PollForOutcome(some_failed, absl::Seconds(30), &failure), 1);
+  EXPECT_EQ(failure, absl::DataLossError("lost on the way"));
+}
+
+// A busy-polling pool keeps one idle thread spinning, so that a task
+// scheduled finds it awake, never more than one (the others sleep); it runs
+// every task, and stops at once though a thread spins.
+TEST(ThreadPool, OneIdleThreadOfABusyPollingPoolSpinsAndItStopsAtOnce) {
+  auto pool = std::make_unique<rpc::ThreadPool>(4, absl::Seconds(30));
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 50; ++i) pool->Schedule([&ran] { ++ran; });
+  for (int i = 0; i < 1000 && ran.load() < 50; ++i) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_EQ(ran.load(), 50);
+  int most = 0, samples_with_one = 0;
+  for (int sample = 0; sample < 20; ++sample) {
+    absl::SleepFor(absl::Milliseconds(5));
+    const std::map<int, std::string> names = test_support::ThreadStatus(getpid(), "Name:");
+    const std::map<int, std::string> states = test_support::ThreadStatus(getpid(), "State:");
+    int spinning = 0;  // pool threads running or runnable (a sleeper shows S)
+    for (const auto& [tid, name] : names) {
+      auto state = states.find(tid);
+      if (name == rpc::ThreadPool::kThreadName && state != states.end() && absl::StartsWith(state->second, "R")) {
+        ++spinning;
+      }
+    }
+    most = std::max(most, spinning);
+    if (spinning == 1) ++samples_with_one;
+  }
+  EXPECT_LE(most, 1);
+  EXPECT_GT(samples_with_one, 0) << "no pool thread was seen spinning";
+  const absl::Time start = absl::Now();
+  pool->Stop();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "Stop waited for the spin (30 s) to run out";
   EXPECT_EQ(pool->busy(), 0);
 }
 
