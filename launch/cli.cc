@@ -293,6 +293,15 @@ absl::Status CheckAtLeast(std::initializer_list<AtLeast> bounds) {
   return absl::OkStatus();
 }
 
+absl::Status CheckBusyPollFlag(int64_t microseconds, int64_t most_us) {
+  RETURN_IF_ERROR(CheckAtLeast({{"busy-poll-us", microseconds, 0}}));
+  if (microseconds > most_us) {
+    return absl::InvalidArgumentError(absl::StrCat("--busy-poll-us ", microseconds, " is above ", most_us, " (",
+                                                   most_us / 1000, " ms)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckAddress(const std::string& address, const std::string& flag) {
   auto colon = address.rfind(':');
   int port = -1;

@@ -60,8 +60,8 @@ void AddWorkerFlags(launch::FlagParser& flags, WorkerFlags* f) {
                   "their number (default: none, the system places the threads)");
   flags.AddInt("busy-poll-us", &f->busy_poll_us,
                "microseconds the threads that wait for peers' messages (local links' readers, the compute "
-               "lane) keep looking before they sleep, at most 10000: lower latency for cores spent "
-               "(REMORA_BUSY_POLL_US sets it too)");
+               "lane, one idle thread of the pool) keep looking before they sleep, at most 10000: lower "
+               "latency for cores spent (REMORA_BUSY_POLL_US sets it too)");
   flags.AddInt("rpc-threads", &f->rpc_threads, "threads that run incoming calls");
   flags.AddInt("connect-timeout", &f->connect_timeout_s, "seconds to keep trying to reach the master");
   flags.AddInt("master-timeout", &f->master_timeout_s,
@@ -114,14 +114,12 @@ absl::StatusOr<rpc::AgentOptions> OptionsFrom(const WorkerFlags& f, const std::s
                              {"rpc-threads", f.rpc_threads, 1},
                              {"connect-timeout", f.connect_timeout_s, 1},
                              {"slow-ms", f.slow_ms, 0},
-                             {"busy-poll-us", f.busy_poll_us, 0},
                              {"master-timeout", f.master_timeout_s, 0}});
       !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("worker: ", s.message()));
   }
-  if (absl::Microseconds(f.busy_poll_us) > rpc::kMaxBusyPoll) {
-    return bad(absl::StrCat("--busy-poll-us ", f.busy_poll_us, " is above ",
-                            absl::ToInt64Microseconds(rpc::kMaxBusyPoll), " (10 ms)"));
+  if (auto s = CheckBusyPollFlag(f.busy_poll_us, absl::ToInt64Microseconds(rpc::kMaxBusyPoll)); !s.ok()) {
+    return bad(s.message());
   }
   if (f.threads > launch::kMaxThreads || f.rpc_threads > launch::kMaxThreads) {
     return absl::InvalidArgumentError(absl::StrCat("worker: --threads and --rpc-threads must be at most ",
@@ -171,6 +169,20 @@ absl::Status PinToCpus(const WorkerFlags& f, const rpc::Agent* agent, std::vecto
     ASSIGN_OR_RETURN(*cpus, runtime::ParseCpuList(f.cpus, runtime::AllowedCpus()));
   }
   return runtime::PinProcessToCpus(*cpus);
+}
+
+// "worker 'w1' (id 1) serving at HOST:PORT (plaintext) with 2 intra-op
+// threads on cores 0-1, busy-polling 1000 us, shards on cpu".
+std::string ServingLine(const std::string& program, const std::string& name, const rpc::Agent& agent, int threads,
+                        const std::vector<int>& cpus) {
+  std::string line = absl::StrCat(program, " '", name, "' (id ", agent.self().id, ") serving at ",
+                                  agent.self().address, " (", rpc::TlsModeName(agent.options().tls), ") with ",
+                                  threads, threads == 1 ? " intra-op thread" : " intra-op threads");
+  if (!cpus.empty()) absl::StrAppend(&line, cpus.size() == 1 ? " on core " : " on cores ", runtime::CpuListText(cpus));
+  if (agent.busy_poll() > absl::ZeroDuration()) {
+    absl::StrAppend(&line, ", busy-polling ", absl::ToInt64Microseconds(agent.busy_poll()), " us");
+  }
+  return absl::StrCat(line, ", shards on ", agent.options().device);
 }
 
 }  // namespace
@@ -241,11 +253,7 @@ int WorkerMain(int argc, char** argv, const std::string& program,
   }
   const int threads = f.threads > 0 ? f.threads : cpus.empty() ? SharedThreads(**agent) : static_cast<int>(cpus.size());
   if (f.threads == 0) runtime::SetComputeThreads(threads);
-  std::cerr << program << " '" << f.name << "' (id " << (*agent)->self().id << ") serving at "
-            << (*agent)->self().address << " (" << rpc::TlsModeName(options->tls) << ") with " << threads
-            << (threads == 1 ? " intra-op thread" : " intra-op threads")
-            << (cpus.empty() ? "" : absl::StrCat(cpus.size() == 1 ? " on core " : " on cores ", runtime::CpuListText(cpus))) << ", shards on "
-            << options->device << "\n";
+  std::cerr << ServingLine(program, f.name, **agent, threads, cpus) << "\n";
   if (auto s = (*agent)->Shutdown(); !s.ok()) {
     std::cerr << program << ": " << s.message() << "\n";  // the message names this worker
     // (A master stopped by a signal: this worker exits as stopped by it

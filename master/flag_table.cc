@@ -119,6 +119,10 @@ void AddFlags(launch::FlagParser& flags, Flags* f) {
                   "DIR/splits-N per count. View with: tensorboard --logdir DIR");
   flags.AddString("curves", &c.curves, "write the training loss and test accuracy curves as an SVG file");
   flags.AddInt("connect-timeout", &c.connect_timeout, "seconds to wait for all workers to register");
+  flags.AddInt("busy-poll-us", &c.busy_poll_us,
+               "microseconds the master's threads that wait for the workers' messages and replies keep "
+               "looking before they sleep, at most 10000 (as worker --busy-poll-us; REMORA_BUSY_POLL_US "
+               "sets it too): a step's replies found sooner for a core spent");
   flags.AddString("device", &c.device,
                   "where --local and --compare-local train: cpu or cuda:N (workers choose their "
                   "own with worker --device)");

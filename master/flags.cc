@@ -21,6 +21,7 @@
 #include "checkpoint/checkpoint.h"
 #include "master/checkpoint_flags.h"
 #include "optim/lr_schedule.h"
+#include "rpc/agent.h"
 #include "data/datasets.h"
 #include "shards/cnn.h"
 #include "shards/resnet.h"
@@ -108,6 +109,7 @@ absl::Status CheckValues(const Flags& f, const RunOptions& c) {
                                         {"batch-size", c.batch_size, 1},
                                         {"threads", c.threads, 1},
                                         {"connect-timeout", c.connect_timeout, 1}}));
+  RETURN_IF_ERROR(launch::CheckBusyPollFlag(c.busy_poll_us, absl::ToInt64Microseconds(rpc::kMaxBusyPoll)));
   if (c.image_size < 16 || c.image_size > 1024) return Bad("--image-size must be in [16, 1024]");
   if (c.threads > launch::kMaxThreads) {
     return Bad(absl::StrCat("--threads must be at most ", launch::kMaxThreads, "; got ", c.threads));

@@ -176,6 +176,7 @@ absl::StatusOr<std::unique_ptr<rpc::Agent>> StartMaster(const RunPlan& line, rpc
   opts.workers = c.all_workers;
   opts.workers.insert(opts.workers.end(), c.spares.begin(), c.spares.end());  // (they stand by)
   opts.connect_timeout = absl::Seconds(c.connect_timeout);
+  opts.busy_poll = absl::Microseconds(c.busy_poll_us);
   opts.rpc_timeout = absl::Minutes(10);
   opts.token = line.security.token;
   opts.tls = line.security.tls;
@@ -183,6 +184,9 @@ absl::StatusOr<std::unique_ptr<rpc::Agent>> StartMaster(const RunPlan& line, rpc
   if (!agent.ok()) return agent.status();
   autograd::Enable(**agent);
   std::cout << "master listening at " << (*agent)->self().address << " (" << rpc::TlsModeName(line.security.tls)
+            << ((*agent)->busy_poll() > absl::ZeroDuration()
+                    ? absl::StrCat(", busy-polling ", absl::ToInt64Microseconds((*agent)->busy_poll()), " us")
+                    : "")
             << "), waiting for " << absl::StrJoin(opts.workers, ", ") << std::endl;
   return agent;
 }

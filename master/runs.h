@@ -98,6 +98,7 @@ struct RunOptions {
   // FILE.svg: the loss and accuracy curves drawn at the end.
   std::string tensorboard, curves;
   int connect_timeout = 60;
+  int busy_poll_us = 0;  // --busy-poll-us: the master's rpc::AgentOptions::busy_poll
   std::string device = "cpu";  // --local and --compare-local train here
   // --model: TorchScript stages trained on random data of this shape.
   std::string model;

@@ -61,7 +61,7 @@ std::string UnusedFlags(const std::set<std::string>& given, const RunOptions& c)
   if (c.local) {
     // (This process trains the whole model: nothing is cut.)
     unused({"workers", "spares", "replicas", "pipeline-stages", "schedule", "interleave", "partition", "split-at",
-            "recompute"},
+            "recompute", "busy-poll-us"},
            "with --local");
   } else if (c.schedule == "ps") {
     unused({"recompute"}, "with --mode ps: each worker runs the whole model's forward and backward at once");

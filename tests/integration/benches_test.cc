@@ -81,15 +81,16 @@ TEST(PipelineBench, HopsPrintTheChainOfAStepInTheOrderItRuns) {
   EXPECT_THAT(no_calls_out, HasSubstr("--round-trips"));
 }
 
-// --worker-cpus auto pins each worker to its share of the cores (they say
-// which); --cold-mib times one process's step with cold caches beside warm.
+// --worker-cpus auto pins each worker to its share of the cores, and
+// --busy-poll-us makes them busy-poll (they say both); --cold-mib times one
+// process's step with cold caches beside warm.
 TEST(PipelineBench, PinsItsWorkersAndTimesAColdStepWhenAsked) {
   auto [code, out] = RunProgram({BinDir() + "/pipeline_bench", "--micro-batches", "1", "--steps", "4", "--warmup", "2",
-                                 "--worker-cpus", "auto", "--cold-mib", "8"},
+                                 "--worker-cpus", "auto", "--cold-mib", "8", "--busy-poll-us", "200"},
                                 absl::Seconds(120));
   ASSERT_EQ(code, 0) << out;
   EXPECT_THAT(out, HasSubstr("worker 'bench1' (id 1) serving at")) << out;
-  EXPECT_THAT(out, HasSubstr("with 1 intra-op thread on core")) << out;
+  EXPECT_THAT(out, ContainsRegex("with 1 intra-op thread on core [0-9]+, busy-polling 200 us, shards on cpu")) << out;
   EXPECT_THAT(out, HasSubstr("one process's step at M=1: ")) << out;
   EXPECT_THAT(out, HasSubstr(" us after 8 MiB of other memory traffic (")) << out;
   auto [bad, bad_out] = RunProgram({BinDir() + "/pipeline_bench", "--worker-cpus", "9999", "--steps", "1"},

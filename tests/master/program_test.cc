@@ -361,5 +361,28 @@ TEST(Master, MessagesPerBatchLeaveCheckpointsOut) {
   EXPECT_THAT(ReadFile(report), Not(HasSubstr("remora.checkpoint.save_owner_file")));
 }
 
+// --busy-poll-us on the master and its workers (each says so) changes when
+// threads sleep, not what they compute: the same losses as without.
+TEST(Master, BusyPollingMasterAndWorkersTrainAsWithout) {
+  const std::string model = TempPath("busy_poll_model.pt");
+  test_support::ScriptSequential({12, 16, 16, 5}).save(model);
+  std::vector<std::vector<double>> losses;
+  for (const bool busy : {false, true}) {
+    const std::string report = TempPath(busy ? "busy_poll_report.json" : "sleeping_report.json");
+    const std::vector<std::string> args = {"--model", model, "--input-shape", "12", "--classes", "5", "--batches", "4",
+                                           "--batch-size", "8", "--splits", "2", "--report", report};
+    std::vector<std::string> common;
+    if (busy) common = {"--busy-poll-us", "1000"};
+    auto [code, out] = test_support::RunPipeline(2, args, common);
+    ASSERT_EQ(code, 0) << out;
+    EXPECT_EQ(absl::StrContains(out, "(plaintext, busy-polling 1000 us), waiting for"), busy) << out;
+    const std::vector<std::vector<double>> runs = test_support::ReportLosses(ReadFile(report));
+    ASSERT_EQ(runs.size(), 1u) << out;
+    losses.push_back(runs[0]);
+  }
+  ASSERT_EQ(losses[0].size(), 4u);
+  test_support::ExpectSameLosses(losses[1], losses[0], "busy-polling");
+}
+
 }  // namespace
 }  // namespace remora
