@@ -130,16 +130,18 @@ struct AgentOptions {
   // and neither uses TLS. False (or REMORA_LINKS=0): gRPC only.
   bool local_links = true;
   // How long the threads that wait for a peer's messages keep looking for
-  // the next one before they sleep: the local links' readers and the
-  // compute lane (each yields its core while it looks). A message to a
-  // thread that is awake skips the wake-up (on a VM, a halted vCPU's): on
-  // the 2-core VM, pipeline_bench's boundary with each worker pinned
-  // (--cpus auto) took 123-171 us a micro-batch at M=8 with 1 ms against
-  // 261-280 us without, 477-508 us against 750-852 at M=1
-  // (docs/measurements.md, "Busy-polling"). It costs the cores it spins
-  // on: for hosts with cores to spare beside their workers' compute (as
-  // NCCL's proxy threads spend one). Zero (the default): threads sleep at
-  // once. At most kMaxBusyPoll; environment: REMORA_BUSY_POLL_US.
+  // the next one before they sleep: the local links' readers, the compute
+  // lane and one idle pool thread at a time (each yields its core while it
+  // looks); a pipeline's master polls its step's replies as long. A
+  // message to a thread that is awake skips the wake-up (on a VM, a halted
+  // vCPU's): on the 2-core VM, pipeline_bench's boundary with each worker
+  // pinned (--cpus auto) and every process polling 1 ms took 86-102 us a
+  // micro-batch at M=8 and 215-301 us at M=1, against 238-245 and 703-735
+  // us without, three pairs (docs/measurements.md, "Busy-polling reaches
+  // the pool and the master"). It costs the cores it spins on: for hosts
+  // with cores to spare beside their workers' compute (as NCCL's proxy
+  // threads spend one). Zero (the default): threads sleep at once. At most
+  // kMaxBusyPoll; environment: REMORA_BUSY_POLL_US.
   absl::Duration busy_poll = absl::ZeroDuration();
   // TLS or mutual TLS for this agent's server and its channels (see
   // rpc/tls.h); empty: plaintext. Every member of a group must use the same
