@@ -324,7 +324,7 @@ Future<InMessage> Agent::Impl::SendTo(base::WorkerId dst, OutMessage message,
   }
   std::string traced;
   const int64_t sent_us = trace::Enabled() ? trace::NowUs() : -1;
-  if (sent_us >= 0) traced = absl::StrCat("call ", named);
+  if (sent_us >= 0) traced = absl::StrCat("call ", named, " to ", peer->info.name);
   // A caller that waits on its own thread polls a stream for the reply;
   // others go on the local link when there is one.
   std::shared_ptr<LinkClient> link = streams_ && blocking ? nullptr : LinkTo(*peer);

@@ -59,14 +59,21 @@ TEST(PipelineBench, HopsPrintTheChainOfAStepInTheOrderItRuns) {
                                  "[0-9]+\\.[0-9] +[0-9]+\\.[0-9][0-9]\n"))
       << out;
   EXPECT_THAT(out, HasSubstr("the chain of a step at M=1, over 6 traced steps")) << out;
-  const std::vector<std::string> chain = {
-      "master: call function 'remora.pipeline.run' [", "bench1: recv remora.pipeline.run [",
-      "bench1: turn F0@stage0 [",                      "bench1: forward [",
-      "bench1: call function 'remora.pipeline.push' [", "bench2: recv remora.pipeline.push [",
-      "bench2: recv remora.pipeline.push ]",            "bench2: turn F0@stage1 ]",
-      "bench2: backward [",                            "bench2: call function 'remora.autograd.propagate' [",
-      "bench1: recv remora.autograd.propagate [",       "bench1: turn B0@stage0 ]",
-      "bench1: step ]",                                "master: step ends"};
+  // (Each call names where it went.)
+  const std::vector<std::string> chain = {"master: call function 'remora.pipeline.run' to bench1 [",
+                                          "bench1: recv remora.pipeline.run [",
+                                          "bench1: turn F0@stage0 [",
+                                          "bench1: forward [",
+                                          "bench1: call function 'remora.pipeline.push' to bench2 [",
+                                          "bench2: recv remora.pipeline.push [",
+                                          "bench2: recv remora.pipeline.push ]",
+                                          "bench2: turn F0@stage1 ]",
+                                          "bench2: backward [",
+                                          "bench2: call function 'remora.autograd.propagate' to bench1 [",
+                                          "bench1: recv remora.autograd.propagate [",
+                                          "bench1: turn B0@stage0 ]",
+                                          "bench1: step ]",
+                                          "master: step ends"};
   size_t at = 0;
   for (const std::string& event : chain) {
     const size_t found = out.find(event, at);

@@ -150,7 +150,7 @@ TEST(Master, PipelineLossesMatchLocalTraining) {
   EXPECT_THAT(tj, HasSubstr("\"name\": \"recv remora.pipeline.push\", \"cat\": \"recv remora.pipeline.push\", "
                             "\"ph\": \"X\", \"pid\": 1, \"tid\": 1"));
   EXPECT_THAT(tj, HasSubstr("\"name\": \"turn F0@stage0\", \"cat\": \"turn F0@stage0\", \"ph\": \"X\", \"pid\": 0"));
-  EXPECT_THAT(tj, HasSubstr("\"name\": \"call function 'remora.pipeline.push'\""));
+  EXPECT_THAT(tj, HasSubstr("\"name\": \"call function 'remora.pipeline.push' to worker2\""));
   for (const char* slice : {"\"take batch\"", "\"send\"", "\"wait\"", "\"settle\"", "\"loss reply\""}) {
     EXPECT_THAT(tj, HasSubstr(slice)) << slice;
   }
