@@ -113,9 +113,10 @@ Container* ContainerOf(rpc::Agent* agent);
 // seeded with `grads`, accumulates leaf gradients in `context`, and sends
 // the gradients of received tensors back to their senders. Completes when
 // every worker downstream finished. `retain_graph` keeps the graph (here
-// and downstream) for another pass. The future's callbacks run on
-// `callbacks` (null: inline on the thread that completes it, for short
-// bookkeeping only; on a pipeline action's pass, the compute lane).
+// and downstream) for another pass. A pipeline action's pass (its root
+// marked, runtime/action_mark.h) returns a future whose callbacks run on
+// `callbacks`; null: inline, on the lane or the pool thread that completes
+// it, for short bookkeeping only. Other passes' futures run them inline.
 rpc::Future<rpc::Empty> RunBackward(Container& container, std::shared_ptr<DistContext> context,
                           std::vector<at::Tensor> roots, std::vector<at::Tensor> grads,
                           bool retain_graph, rpc::Executor* callbacks);

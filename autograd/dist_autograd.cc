@@ -549,9 +549,9 @@ rpc::Future<c10::IValue> HandlePropagate(rpc::CallContext& ctx, const rpc::Args&
   const bool waits = !roots.empty() && !runtime::MarkedAction(roots[0]).has_value();
   auto run = [&container, context, roots = std::move(roots), seeds = std::move(seeds), retain_graph,
               done]() mutable {
-    // (Its callback only completes `done`, whose own run on the pool: the
-    // ack leaves without a second trip through the pool's queue, ahead of
-    // whatever the pass's end put there, as the batch's step.)
+    // (Its callback only completes `done`, whose own callbacks run on the
+    // pool: the ack leaves without a second trip through the pool's queue,
+    // ahead of whatever the pass's end put there, as the batch's step.)
     RunBackward(container, context, std::move(roots), std::move(seeds), retain_graph, /*callbacks=*/nullptr)
         .then([done](const absl::StatusOr<rpc::Empty>& r) mutable {
           if (r.ok()) {

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 
@@ -142,6 +143,22 @@ absl::StatusOr<int64_t> RecordWritten(const std::vector<c10::IValue>& written, M
   return total;
 }
 
+// Waits for every one of `replies` (`workers[i]` owes `replies[i]`) and
+// returns their values, or the first failure, named by `what(i)`. A worker
+// that stops answering meanwhile (stopped or hung: a local link has no
+// keepalive, and the call's timeout is minutes) is found by the step's
+// probes (pipeline::WaitForReplies) within seconds, for elastic recovery
+// to replace.
+absl::StatusOr<std::vector<c10::IValue>> WaitProbing(rpc::Agent& agent, const std::vector<std::string>& workers,
+                                                     std::vector<rpc::Future<c10::IValue>>& replies,
+                                                     const std::function<std::string(size_t)>& what) {
+  absl::Status status;
+  if (const int i = pipeline::WaitForReplies(agent, workers, replies, [] {}, &status); i >= 0) {
+    return base::Annotate(status, what(static_cast<size_t>(i)));
+  }
+  return rpc::WaitAll(replies, what);
+}
+
 }  // namespace
 
 absl::Status Checkpointer::Save(pipeline::Pipeline& pipe, const std::vector<pipeline::StageSpec>& stages,
@@ -194,7 +211,7 @@ absl::Status Checkpointer::Save(pipeline::Pipeline& pipe, const std::vector<pipe
     pending.push_back(agent_.rpc_async(workers[i], SaveOwnerFileRequest::kFunction, rpc::EncodeCall(save)));
   }
   const std::string failed = SaveFailed(state.step, dir);
-  absl::StatusOr<std::vector<c10::IValue>> written = rpc::WaitAll(pending, [&workers](size_t i) {
+  absl::StatusOr<std::vector<c10::IValue>> written = WaitProbing(agent_, workers, pending, [&workers](size_t i) {
     return absl::StrCat("saving owner file ", i, " on worker '", workers[i], "'");
   });
   RETURN_IF_ERROR(base::Annotate(written.status(), failed));
@@ -240,7 +257,7 @@ absl::Status Checkpointer::Flush() {
   if (pending_ == nullptr) return absl::OkStatus();
   std::unique_ptr<Pending> p = std::move(pending_);
   const std::vector<std::string>& workers = p->workers;
-  absl::StatusOr<std::vector<c10::IValue>> written = rpc::WaitAll(p->written, [&workers](size_t i) {
+  absl::StatusOr<std::vector<c10::IValue>> written = WaitProbing(agent_, workers, p->written, [&workers](size_t i) {
     return absl::StrCat("writing owner file ", i, " on worker '", workers[i], "'");
   });
   const std::string failed = SaveFailed(p->manifest.step, p->dir);
@@ -405,7 +422,7 @@ absl::Status Restore(pipeline::Pipeline& pipe, const Checkpoint& ck) {
     }
     pending.push_back(pipe.agent().rpc_async(workers[i], LoadOwnerFileRequest::kFunction, rpc::EncodeCall(load)));
   }
-  RETURN_IF_ERROR(rpc::WaitAll(pending, [&workers](size_t i) {
+  RETURN_IF_ERROR(WaitProbing(pipe.agent(), workers, pending, [&workers](size_t i) {
                     return absl::StrCat("restoring owner file ", i, " on worker '", workers[i], "'");
                   }).status());
   if (!m.tied_last.empty()) {

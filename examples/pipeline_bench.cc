@@ -135,6 +135,9 @@ absl::StatusOr<std::vector<int>> CheckConfig(const Config& c) {
       {{"stages", c.stages, 2}, {"steps", c.steps, 1}, {"hidden", c.hidden, 1}, {"warmup", c.warmup, 0},
        {"hops", c.hops, 0}, {"cold-mib", c.cold_mib, 0},
        {"busy-poll-us", c.busy_poll_us, 0}, {"round-trips", c.round_trips, 1}}));
+  if (c.round_trips > 1000000) {
+    return absl::InvalidArgumentError(absl::StrCat("--round-trips ", c.round_trips, " is above 1000000"));
+  }
   for (int m : counts) {
     if (m > c.batch_size) {
       return absl::InvalidArgumentError(absl::StrCat("--batch-size ", c.batch_size, " < ", m, " micro-batches"));
@@ -204,8 +207,9 @@ void PrintChain(const std::vector<TracedSlice>& slices, const std::vector<std::p
 
 // The median round trip (us) of `calls` small rpc_sync calls to `to`: a
 // 4-element tensor to the workers' liveness probe, a function run on their
-// pool as rpc_bench's echo (latency_us_median) is; the yardstick of the
-// boundary's overhead, measured beside it.
+// pool as rpc_bench's echo (latency_us_median) is, on gRPC's streams (the
+// pipeline's messages go on local links); the yardstick of the boundary's
+// overhead, measured beside it.
 absl::StatusOr<double> RoundTripUs(rpc::Agent& agent, const std::string& to, int calls) {
   const at::Tensor small = at::ones({4});
   std::vector<double> us;

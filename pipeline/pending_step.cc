@@ -29,8 +29,8 @@ int FirstFailure(rpc::Agent& agent, const std::vector<std::string>& workers,
                  absl::Duration probe_every, absl::Duration probe_timeout) {
   // (Replies due within microseconds are looked for before this thread
   // sleeps, where the agent busy-polls.)
-  if (const int polled = rpc::PollForOutcome(replies, agent.busy_poll(), status); polled != rpc::kStillPending) {
-    return polled;
+  if (const int polled = rpc::PollForOutcome(replies, agent.busy_poll(), status); polled != rpc::kPollStillPending) {
+    return polled == rpc::kPollAllSucceeded ? -1 : polled;
   }
   struct Outcome {
     absl::Mutex mu;
@@ -81,7 +81,7 @@ int FirstFailure(rpc::Agent& agent, const std::vector<std::string>& workers,
       if (auto r = probes[k].wait(); !r.ok()) {
         *status = absl::DeadlineExceededError(absl::StrCat(
             "worker '", workers[owing[k]], "' did not answer a liveness probe within ",
-            absl::FormatDuration(probe_timeout), " while the step waited for it (is it stopped, "
+            absl::FormatDuration(probe_timeout), " while its reply was awaited (is it stopped, "
             "hung or cut off?): ", r.status().message()));
         return static_cast<int>(owing[k]);
       }

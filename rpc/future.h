@@ -187,19 +187,19 @@ Future<Empty> WhenAll(const std::vector<Future<T>>& futures,
   return all;
 }
 
-// What PollForOutcome found.
-inline constexpr int kAllSucceeded = -1;
-inline constexpr int kStillPending = -2;
+// What PollForOutcome found, beside a failed future's index.
+inline constexpr int kPollAllSucceeded = -1;
+inline constexpr int kPollStillPending = -2;
 
 // Busy-polls `futures` (yielding the core) for up to `spin`, for a caller
 // that would otherwise sleep on replies due within microseconds
-// (AgentOptions::busy_poll): the index of the first seen failed (its error
-// in `*failure`), kAllSucceeded once every one has completed without
-// failing, or kStillPending when `spin` ran out first (at once when it is
-// not positive).
+// (AgentOptions::busy_poll): the index of a failed one (the lowest of those
+// a look finds failed; its error in `*failure`), kPollAllSucceeded once
+// every one has completed without failing, or kPollStillPending when
+// `spin` ran out first (at once when it is not positive).
 template <typename T>
 int PollForOutcome(const std::vector<Future<T>>& futures, absl::Duration spin, absl::Status* failure) {
-  if (spin <= absl::ZeroDuration()) return kStillPending;
+  if (spin <= absl::ZeroDuration()) return kPollStillPending;
   std::vector<bool> done(futures.size(), false);
   size_t left = futures.size();
   const absl::Time until = absl::Now() + spin;
@@ -213,8 +213,8 @@ int PollForOutcome(const std::vector<Future<T>>& futures, absl::Duration spin, a
       done[i] = true;
       --left;
     }
-    if (left == 0) return kAllSucceeded;
-    if (absl::Now() >= until) return kStillPending;
+    if (left == 0) return kPollAllSucceeded;
+    if (absl::Now() >= until) return kPollStillPending;
     sched_yield();
   }
 }

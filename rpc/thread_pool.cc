@@ -71,29 +71,37 @@ bool ThreadPool::DrainedLocked() const {
   return exiting_ || (stopping_ && running_ == 0 && queue_.empty() && lane_queue_.empty());
 }
 
-void ThreadPool::Spin(bool lane) {
+bool ThreadPool::Spin(bool lane) {
   std::atomic<int64_t>& pending = lane ? lane_pending_ : pending_;
-  if (pending.load(std::memory_order_acquire) > 0) return;
-  // (One pool thread spins at a time: the others sleep at once.)
-  if (!lane && pool_spinning_.exchange(true, std::memory_order_acq_rel)) return;
+  if (pending.load(std::memory_order_acquire) > 0) return false;
+  if (!lane) {
+    // One pool thread spins at a time; the others sleep at once.
+    base::MutexLock lock(mu_);
+    if (pool_spinners_ > 0 || !queue_.empty() || stopping_) return false;
+    ++pool_spinners_;
+  }
   // Yields, so that the thread bringing the task can run on this core.
   const absl::Time until = absl::Now() + spin_;
   while (pending.load(std::memory_order_acquire) == 0 && !stop_asked_.load(std::memory_order_acquire) &&
          absl::Now() < until) {
     sched_yield();
   }
-  if (!lane) pool_spinning_.store(false, std::memory_order_release);
+  return !lane;
 }
 
 void ThreadPool::Loop(bool lane) {
   const bool spins = spin_ > absl::ZeroDuration();
   while (true) {
     std::function<void()> task;
-    if (spins) Spin(lane);
+    const bool spun = spins && Spin(lane);
     {
       base::MutexLock lock(mu_);
+      // (No longer spinning: the sleepers' condition counts this thread
+      // out again, and the unlock that follows re-checks it.)
+      if (spun) --pool_spinners_;
       auto ready = [this, lane]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-        return !(lane ? lane_queue_ : queue_).empty() || DrainedLocked();
+        const bool waiting = lane ? !lane_queue_.empty() : queue_.size() > static_cast<size_t>(pool_spinners_);
+        return waiting || DrainedLocked();
       };
       mu_.Await(absl::Condition(&ready));
       if (DrainedLocked()) {  // stopping, and nothing left anywhere

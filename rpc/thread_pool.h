@@ -47,7 +47,8 @@ class ThreadPool final : public Executor {
   // `spin`: how long the lane, and one of the pool's threads at a time,
   // once idle keep looking for their next task (yielding the core) before
   // they sleep (AgentOptions::busy_poll), so that a task scheduled finds a
-  // thread awake.
+  // thread awake: while one spins, a task scheduled wakes no sleeping
+  // thread unless more are waiting than spinners to take them.
   explicit ThreadPool(int num_threads, absl::Duration spin = absl::ZeroDuration());
   ~ThreadPool() override;
   ThreadPool(const ThreadPool&) = delete;
@@ -84,9 +85,10 @@ class ThreadPool final : public Executor {
   // with nothing left to run anywhere.
   void Loop(bool lane);
   // Before the lane (`lane`) or a pool thread sleeps: busy-polls for up to
-  // spin_ until its queue has a task (the pool's, only while no other pool
-  // thread does).
-  void Spin(bool lane);
+  // spin_ until its queue has a task; a pool thread only while no other
+  // does. True when this pool thread spun (counted in pool_spinners_,
+  // which its caller takes back under mu_).
+  bool Spin(bool lane) ABSL_LOCKS_EXCLUDED(mu_);
   bool DrainedLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
@@ -96,11 +98,13 @@ class ThreadPool final : public Executor {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool exiting_ ABSL_GUARDED_BY(mu_) = false;  // drained: every thread leaves
   const absl::Duration spin_;
+  // Pool threads spinning (0 or 1): the sleeping ones wake only for tasks
+  // beyond what the spinner takes.
+  int pool_spinners_ ABSL_GUARDED_BY(mu_) = 0;
   // The tasks not yet taken (queue_'s and lane_queue_'s sizes, read without
-  // mu_ by the spinning threads), and whether a pool thread spins.
+  // mu_ by the spinning threads).
   std::atomic<int64_t> pending_{0};
   std::atomic<int64_t> lane_pending_{0};
-  std::atomic<bool> pool_spinning_{false};
   std::atomic<bool> stop_asked_{false};  // Stop() was called: spinners stop spinning
   Lane lane_{this};
   std::vector<std::thread> threads_;  // the lane's last

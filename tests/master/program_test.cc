@@ -361,8 +361,9 @@ TEST(Master, MessagesPerBatchLeaveCheckpointsOut) {
   EXPECT_THAT(ReadFile(report), Not(HasSubstr("remora.checkpoint.save_owner_file")));
 }
 
-// --busy-poll-us on the master and its workers (each says so) changes when
-// threads sleep, not what they compute: the same losses as without.
+// --busy-poll-us on the master and its workers changes when threads sleep,
+// not what they compute: the same losses as without (the master says it
+// polls; the workers' line is checked in tests/integration/benches_test.cc).
 TEST(Master, BusyPollingMasterAndWorkersTrainAsWithout) {
   const std::string model = TempPath("busy_poll_model.pt");
   test_support::ScriptSequential({12, 16, 16, 5}).save(model);

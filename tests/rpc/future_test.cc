@@ -480,15 +480,15 @@ TEST(ThreadPool, ABusyPollingLaneRunsItsTasksInOrderAndStops) {
 TEST(Future, PollForOutcomeSaysAllSucceededAFailureOrStillPending) {
   std::vector<rpc::Future<int>> replies(3);
   absl::Status failure;
-  EXPECT_EQ(rpc::PollForOutcome(replies, absl::ZeroDuration(), &failure), rpc::kStillPending);
+  EXPECT_EQ(rpc::PollForOutcome(replies, absl::ZeroDuration(), &failure), rpc::kPollStillPending);
   replies[0].SetValue(1);
   replies[2].SetValue(3);
-  EXPECT_EQ(rpc::PollForOutcome(replies, absl::Milliseconds(5), &failure), rpc::kStillPending);
+  EXPECT_EQ(rpc::PollForOutcome(replies, absl::Milliseconds(5), &failure), rpc::kPollStillPending);
   std::thread late([reply = replies[1]]() mutable {
     absl::SleepFor(absl::Milliseconds(20));
     reply.SetValue(2);
   });
-  EXPECT_EQ(rpc::PollForOutcome(replies, absl::Seconds(30), &failure), rpc::kAllSucceeded);
+  EXPECT_EQ(rpc::PollForOutcome(replies, absl::Seconds(30), &failure), rpc::kPollAllSucceeded);
   late.join();
   EXPECT_TRUE(failure.ok());
   std::vector<rpc::Future<int>> some_failed(2);
@@ -504,22 +504,33 @@ TEST(ThreadPool, OneIdleThreadOfABusyPollingPoolSpinsAndItStopsAtOnce) {
   auto pool = std::make_unique<rpc::ThreadPool>(4, absl::Seconds(30));
   std::atomic<int> ran{0};
   for (int i = 0; i < 50; ++i) pool->Schedule([&ran] { ++ran; });
-  for (int i = 0; i < 1000 && ran.load() < 50; ++i) absl::SleepFor(absl::Milliseconds(1));
+  for (int i = 0; i < 1000 && (ran.load() < 50 || pool->busy() > 0); ++i) absl::SleepFor(absl::Milliseconds(1));
   ASSERT_EQ(ran.load(), 50);
-  int most = 0, samples_with_one = 0;
-  for (int sample = 0; sample < 20; ++sample) {
-    absl::SleepFor(absl::Milliseconds(5));
+  // Pool threads running or runnable (a sleeper shows S): a thread counts
+  // as spinning when it shows so in two samples in a row (not one that was
+  // on its way to sleep when a sample was taken).
+  auto running = [] {
     const std::map<int, std::string> names = test_support::ThreadStatus(getpid(), "Name:");
     const std::map<int, std::string> states = test_support::ThreadStatus(getpid(), "State:");
-    int spinning = 0;  // pool threads running or runnable (a sleeper shows S)
+    std::set<int> tids;
     for (const auto& [tid, name] : names) {
       auto state = states.find(tid);
       if (name == rpc::ThreadPool::kThreadName && state != states.end() && absl::StartsWith(state->second, "R")) {
-        ++spinning;
+        tids.insert(tid);
       }
     }
+    return tids;
+  };
+  int most = 0, samples_with_one = 0;
+  std::set<int> before = running();
+  for (int sample = 0; sample < 20; ++sample) {
+    absl::SleepFor(absl::Milliseconds(5));
+    const std::set<int> now = running();
+    int spinning = 0;
+    for (int tid : now) spinning += before.count(tid);
     most = std::max(most, spinning);
     if (spinning == 1) ++samples_with_one;
+    before = now;
   }
   EXPECT_LE(most, 1);
   EXPECT_GT(samples_with_one, 0) << "no pool thread was seen spinning";
