@@ -134,7 +134,8 @@ absl::StatusOr<std::vector<int>> CheckConfig(const Config& c) {
   RETURN_IF_ERROR(launch::CheckAtLeast(
       {{"stages", c.stages, 2}, {"steps", c.steps, 1}, {"hidden", c.hidden, 1}, {"warmup", c.warmup, 0},
        {"hops", c.hops, 0}, {"cold-mib", c.cold_mib, 0},
-       {"busy-poll-us", c.busy_poll_us, 0}, {"round-trips", c.round_trips, 1}}));
+       {"round-trips", c.round_trips, 1}}));
+  RETURN_IF_ERROR(launch::CheckBusyPollFlag(c.busy_poll_us, absl::ToInt64Microseconds(rpc::kMaxBusyPoll)));
   if (c.round_trips > 1000000) {
     return absl::InvalidArgumentError(absl::StrCat("--round-trips ", c.round_trips, " is above 1000000"));
   }

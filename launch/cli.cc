@@ -302,6 +302,11 @@ absl::Status CheckBusyPollFlag(int64_t microseconds, int64_t most_us) {
   return absl::OkStatus();
 }
 
+std::string BusyPollingNote(absl::Duration busy_poll) {
+  if (busy_poll <= absl::ZeroDuration()) return "";
+  return absl::StrCat(", busy-polling ", absl::ToInt64Microseconds(busy_poll), " us");
+}
+
 absl::Status CheckAddress(const std::string& address, const std::string& flag) {
   auto colon = address.rfind(':');
   int port = -1;

@@ -134,6 +134,9 @@ absl::Status CheckAtLeast(std::initializer_list<AtLeast> bounds);
 // --busy-poll-us (rpc::AgentOptions::busy_poll): 0 to `most_us`
 // microseconds (rpc::kMaxBusyPoll's), else the error naming the flag.
 absl::Status CheckBusyPollFlag(int64_t microseconds, int64_t most_us);
+// ", busy-polling N us" where `busy_poll` is positive (an agent's
+// rpc::AgentOptions::busy_poll, as a program's start line says it), else "".
+std::string BusyPollingNote(absl::Duration busy_poll);
 // Whether this process could listen on HOST:PORT now (binds a socket and
 // closes it): a port in use is an error naming `flag` before a program
 // spends time loading data. Port 0, or a host that does not resolve here,

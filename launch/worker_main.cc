@@ -179,10 +179,7 @@ std::string ServingLine(const std::string& program, const std::string& name, con
                                   agent.self().address, " (", rpc::TlsModeName(agent.options().tls), ") with ",
                                   threads, threads == 1 ? " intra-op thread" : " intra-op threads");
   if (!cpus.empty()) absl::StrAppend(&line, cpus.size() == 1 ? " on core " : " on cores ", runtime::CpuListText(cpus));
-  if (agent.busy_poll() > absl::ZeroDuration()) {
-    absl::StrAppend(&line, ", busy-polling ", absl::ToInt64Microseconds(agent.busy_poll()), " us");
-  }
-  return absl::StrCat(line, ", shards on ", agent.options().device);
+  return absl::StrCat(line, BusyPollingNote(agent.busy_poll()), ", shards on ", agent.options().device);
 }
 
 }  // namespace

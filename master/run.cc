@@ -184,10 +184,8 @@ absl::StatusOr<std::unique_ptr<rpc::Agent>> StartMaster(const RunPlan& line, rpc
   if (!agent.ok()) return agent.status();
   autograd::Enable(**agent);
   std::cout << "master listening at " << (*agent)->self().address << " (" << rpc::TlsModeName(line.security.tls)
-            << ((*agent)->busy_poll() > absl::ZeroDuration()
-                    ? absl::StrCat(", busy-polling ", absl::ToInt64Microseconds((*agent)->busy_poll()), " us")
-                    : "")
-            << "), waiting for " << absl::StrJoin(opts.workers, ", ") << std::endl;
+            << launch::BusyPollingNote((*agent)->busy_poll()) << "), waiting for "
+            << absl::StrJoin(opts.workers, ", ") << std::endl;
   return agent;
 }
 

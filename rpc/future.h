@@ -13,8 +13,6 @@
 // callback holds it.
 #pragma once
 
-#include <sched.h>
-
 #include <functional>
 #include <memory>
 #include <string>
@@ -28,6 +26,7 @@
 #include "absl/time/time.h"
 #include "absl/types/optional.h"
 #include "base/mutex_lock.h"
+#include "base/spin.h"
 #include "base/status_util.h"
 #include "rpc/thread_pool.h"
 
@@ -199,24 +198,24 @@ inline constexpr int kPollStillPending = -2;
 // `spin` ran out first (at once when it is not positive).
 template <typename T>
 int PollForOutcome(const std::vector<Future<T>>& futures, absl::Duration spin, absl::Status* failure) {
-  if (spin <= absl::ZeroDuration()) return kPollStillPending;
   std::vector<bool> done(futures.size(), false);
   size_t left = futures.size();
-  const absl::Time until = absl::Now() + spin;
-  while (true) {
+  int outcome = kPollStillPending;
+  base::SpinUntil(spin, [&] {
     for (size_t i = 0; i < futures.size(); ++i) {
       if (done[i] || !futures[i].ready()) continue;
       if (absl::StatusOr<T> r = futures[i].wait(); !r.ok()) {
         *failure = r.status();
-        return static_cast<int>(i);
+        outcome = static_cast<int>(i);
+        return true;
       }
       done[i] = true;
       --left;
     }
-    if (left == 0) return kPollAllSucceeded;
-    if (absl::Now() >= until) return kPollStillPending;
-    sched_yield();
-  }
+    if (left == 0) outcome = kPollAllSucceeded;
+    return left == 0;
+  });
+  return outcome;
 }
 
 // Fan-out's other half: waits for every future in `futures` — all of them,

@@ -1,7 +1,6 @@
 #include "rpc/link.h"
 
 #include <poll.h>
-#include <sched.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/un.h>
@@ -17,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "base/mutex_lock.h"
+#include "base/spin.h"
 #include "rpc/auth.h"
 
 namespace remora::rpc {
@@ -117,14 +117,11 @@ bool ReadFrame(int fd, uint64_t length, grpc::ByteBuffer* out) {
 // (AgentOptions::busy_poll). Returns early on bytes, the end or an error,
 // which the read that follows sees.
 void PollBusily(int fd, absl::Duration how_long) {
-  if (how_long <= absl::ZeroDuration()) return;
-  const absl::Time until = absl::Now() + how_long;
-  char byte;
-  while (absl::Now() < until) {
+  base::SpinUntil(how_long, [fd] {
+    char byte;
     const ssize_t got = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (got >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return;
-    sched_yield();
-  }
+    return got >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+  });
 }
 
 // `name` as an abstract socket address.

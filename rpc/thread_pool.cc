@@ -1,12 +1,12 @@
 #include "rpc/thread_pool.h"
 
 #include <pthread.h>
-#include <sched.h>
 
 #include <iostream>
 
 #include "absl/time/clock.h"
 #include "base/mutex_lock.h"
+#include "base/spin.h"
 #include "base/status_util.h"
 
 namespace remora::rpc {
@@ -80,12 +80,9 @@ bool ThreadPool::Spin(bool lane) {
     if (pool_spinners_ > 0 || !queue_.empty() || stopping_) return false;
     ++pool_spinners_;
   }
-  // Yields, so that the thread bringing the task can run on this core.
-  const absl::Time until = absl::Now() + spin_;
-  while (pending.load(std::memory_order_acquire) == 0 && !stop_asked_.load(std::memory_order_acquire) &&
-         absl::Now() < until) {
-    sched_yield();
-  }
+  base::SpinUntil(spin_, [&] {
+    return pending.load(std::memory_order_acquire) > 0 || stop_asked_.load(std::memory_order_acquire);
+  });
   return !lane;
 }
 
