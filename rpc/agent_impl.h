@@ -77,12 +77,15 @@ struct Peer {
   mutable absl::Mutex stream_mu;
   mutable std::vector<std::unique_ptr<SyncStream>> idle_streams ABSL_GUARDED_BY(stream_mu);
   // The local link to it (rpc/link.h), once connected; null before, and
-  // for good once a connect failed (calls go over gRPC). A link that
+  // for good once a connect was refused (calls go over gRPC). A link that
   // closed is replaced at the next call, and kept in `closed_links`: its
-  // reader may be the very thread asking.
+  // reader may be the very thread asking. A peer that did not answer the
+  // hello (stopped, say, which its keepalive closed the link for) is asked
+  // again from `link_retry_at` on, gRPC carrying its calls meanwhile.
   mutable absl::Mutex link_mu;
   mutable std::shared_ptr<LinkClient> link ABSL_GUARDED_BY(link_mu);
   mutable bool link_refused ABSL_GUARDED_BY(link_mu) = false;
+  mutable absl::Time link_retry_at ABSL_GUARDED_BY(link_mu) = absl::InfinitePast();
   mutable std::vector<std::shared_ptr<LinkClient>> closed_links ABSL_GUARDED_BY(link_mu);
 };
 

@@ -11,6 +11,10 @@
 namespace remora::rpc {
 namespace {
 
+// How long a peer that did not answer a link's hello goes over gRPC
+// before a link is tried again.
+constexpr absl::Duration kLinkRetryAfter = absl::Seconds(5);
+
 absl::Status FromGrpc(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
@@ -257,9 +261,14 @@ std::shared_ptr<LinkClient> Agent::Impl::LinkTo(const Peer& peer) {
   if (link_server_ == nullptr || peer.route.shm == nullptr) return nullptr;
   base::MutexLock lock(peer.link_mu);
   if (peer.link != nullptr && peer.link->alive()) return peer.link;
-  if (peer.link_refused) return nullptr;
+  if (peer.link_refused || absl::Now() < peer.link_retry_at) return nullptr;
   if (peer.link != nullptr) peer.closed_links.push_back(std::move(peer.link));
   auto link = LinkClient::Connect(LinkName(peer.info.shm), agent_->options_.token, absl::Seconds(2), busy_poll_);
+  if (absl::IsDeadlineExceeded(link.status())) {
+    // There but silent (stopped, hung): gRPC for now, a link again later.
+    peer.link_retry_at = absl::Now() + kLinkRetryAfter;
+    return nullptr;
+  }
   if (!link.ok()) {
     // Not listening (links off there, or another network namespace under
     // the same --host-id), gone, or refusing this agent's token: gRPC

@@ -28,6 +28,8 @@ enum Kind : uint32_t {
   kHelloOk = 0x524c4b02,  // server -> client, empty
   kRequest = 0x524c4b03,  // body: a request frame
   kReply = 0x524c4b04,    // body: the reply frame of call `id`
+  kPing = 0x524c4b05,     // client -> server, empty: the keepalive's, `id` its number
+  kPong = 0x524c4b06,     // server -> client, empty: the answer to ping `id`
 };
 
 struct Record {
@@ -45,8 +47,9 @@ constexpr uint64_t kMaxTokenBytes = 4096;
 
 std::string Errno(const char* what) { return absl::StrCat(what, ": ", std::strerror(errno)); }
 
-// Writes the whole of `iov` (sendmsg: no SIGPIPE on a closed link).
-bool SendAll(int fd, std::vector<iovec> iov) {
+// Writes the whole of `iov` (sendmsg: no SIGPIPE on a closed link),
+// counting the bytes in `*sent` as they go when it is given.
+bool SendAll(int fd, std::vector<iovec> iov, std::atomic<uint64_t>* sent) {
   size_t first = 0;
   while (first < iov.size()) {
     msghdr msg{};
@@ -57,6 +60,7 @@ bool SendAll(int fd, std::vector<iovec> iov) {
       if (errno == EINTR) continue;
       return false;
     }
+    if (sent != nullptr) sent->fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
     size_t left = static_cast<size_t>(n);
     while (first < iov.size() && left >= iov[first].iov_len) left -= iov[first++].iov_len;
     if (left > 0) {
@@ -69,7 +73,7 @@ bool SendAll(int fd, std::vector<iovec> iov) {
 
 // Writes a record: its header and `frame` (or `body`).
 bool WriteRecord(int fd, Kind kind, uint64_t id, const grpc::ByteBuffer* frame,
-                 const std::string& body = {}) {
+                 const std::string& body = {}, std::atomic<uint64_t>* sent = nullptr) {
   Record r;
   r.kind = kind;
   r.id = id;
@@ -86,7 +90,7 @@ bool WriteRecord(int fd, Kind kind, uint64_t id, const grpc::ByteBuffer* frame,
     r.length = body.size();
   }
   iov[0] = {&r, sizeof(r)};
-  return SendAll(fd, std::move(iov));
+  return SendAll(fd, std::move(iov), sent);
 }
 
 // Reads exactly `n` bytes; false at the end of the stream or on an error.
@@ -162,7 +166,9 @@ absl::StatusOr<std::shared_ptr<LinkClient>> LinkClient::Connect(const std::strin
   if (!WriteRecord(fd, kHello, 0, nullptr, token)) return fail(Errno("hello"));
   pollfd p{fd, POLLIN, 0};
   if (poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout))) != 1) {
-    return fail("no answer to the hello");
+    close(fd);  // a process that is there but does not answer: stopped, or hung
+    return absl::DeadlineExceededError(
+        absl::StrCat("no answer to the hello within ", absl::FormatDuration(timeout)));
   }
   Record r;
   if (!ReadAll(fd, &r, sizeof(r)) || r.kind != kHelloOk || r.length != 0) {
@@ -195,7 +201,7 @@ void LinkClient::Send(const grpc::ByteBuffer& frame, absl::Time deadline, Done d
   bool written;
   {
     base::MutexLock lock(write_mu_);
-    written = WriteRecord(fd_, kRequest, id, &frame);
+    written = WriteRecord(fd_, kRequest, id, &frame, {}, &sent_bytes_);
   }
   // Fails this call too, unless the reader already did.
   if (!written) Close(absl::UnavailableError(Errno("the local link broke while sending")));
@@ -229,6 +235,44 @@ void LinkClient::Expire(absl::Time now) {
   for (auto& d : expired) d(absl::DeadlineExceededError("deadline exceeded on the local link"));
 }
 
+void LinkClient::WatchPeer(absl::Time now) {
+  bool owed;
+  {
+    base::MutexLock lock(mu_);
+    owed = !pending_.empty();
+  }
+  if (!owed) {  // an idle link is not watched: a peer may sleep as long as it likes
+    heard_ = now;
+    ping_sent_ = absl::InfiniteFuture();
+    return;
+  }
+  if (ping_sent_ != absl::InfiniteFuture()) {
+    if (now - ping_sent_ < kKeepaliveTimeout) return;
+    return Close(absl::UnavailableError(absl::StrCat(
+        "the peer at the other end of the local link answered no keepalive ping within ",
+        absl::FormatDuration(kKeepaliveTimeout), " (is its process stopped or hung?)")));
+  }
+  if (now - heard_ < kKeepaliveTime) return;
+  // A request being written holds the socket: ping once it is through. A
+  // write that takes bytes is a peer that reads; one that takes none for
+  // as long as a ping may go unanswered is a peer that does not.
+  if (!write_mu_.TryLock()) {
+    if (const uint64_t sent = sent_bytes_.load(std::memory_order_relaxed); sent != sent_seen_) {
+      sent_seen_ = sent;
+      heard_ = now;
+    } else if (now - heard_ >= kKeepaliveTime + kKeepaliveTimeout) {
+      Close(absl::UnavailableError(absl::StrCat(
+          "the peer at the other end of the local link took no byte of a request for ",
+          absl::FormatDuration(now - heard_), " (is its process stopped or hung?)")));
+    }
+    return;
+  }
+  const bool written = WriteRecord(fd_, kPing, ++pings_, nullptr);
+  write_mu_.Unlock();
+  if (!written) return Close(absl::UnavailableError(Errno("the local link broke while sending a keepalive ping")));
+  ping_sent_ = now;
+}
+
 bool LinkClient::Receive(void* out, size_t n, absl::Time* next_expiry) {
   auto* p = static_cast<char*>(out);
   while (n > 0) {
@@ -236,6 +280,8 @@ bool LinkClient::Receive(void* out, size_t n, absl::Time* next_expiry) {
     // nothing is, so that a peer that stops mid-record holds up no deadline.
     const ssize_t got = recv(fd_, p, n, MSG_DONTWAIT);
     if (got > 0) {
+      heard_ = absl::Now();  // the peer is alive: the keepalive waits again
+      ping_sent_ = absl::InfiniteFuture();
       p += got;
       n -= static_cast<size_t>(got);
       continue;
@@ -243,6 +289,7 @@ bool LinkClient::Receive(void* out, size_t n, absl::Time* next_expiry) {
     if (got == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return false;
     if (const absl::Time now = absl::Now(); now >= *next_expiry) {
       Expire(now);
+      WatchPeer(now);
       *next_expiry = now + absl::Milliseconds(100);
     }
     pollfd wait{fd_, POLLIN, 0};
@@ -260,6 +307,7 @@ void LinkClient::ReadLoop() {
       Close(absl::UnavailableError("the local link closed (did the process end?)"));
       return;
     }
+    if (r.kind == kPong && r.length == 0) continue;  // (Receive took note)
     grpc::ByteBuffer reply;
     bool read = r.kind == kReply && r.length <= kMaxFrameBytes;
     if (read) {
@@ -298,9 +346,9 @@ struct LinkServer::Conn {
   explicit Conn(int fd) : fd(fd) {}
   ~Conn() { close(fd); }
 
-  bool Write(uint64_t id, const grpc::ByteBuffer& frame) {
+  bool Write(Kind kind, uint64_t id, const grpc::ByteBuffer* frame) {
     base::MutexLock lock(write_mu);
-    return !closed && WriteRecord(fd, kReply, id, &frame);
+    return !closed && WriteRecord(fd, kind, id, frame);
   }
   void Close() {
     base::MutexLock lock(write_mu);
@@ -340,7 +388,7 @@ class LinkServer::Slot final : public ReplySlot {
   }
   bool Reply(grpc::ByteBuffer frame) override {
     if (replied_.exchange(true)) return false;
-    const bool written = conn_->Write(id_, frame);
+    const bool written = conn_->Write(kReply, id_, &frame);
     conn_->Answered();
     return written;
   }
@@ -416,8 +464,13 @@ void LinkServer::Serve(std::shared_ptr<Conn> conn) {
   while (true) {
     grpc::ByteBuffer frame;
     PollBusily(conn->fd, busy_poll_);
-    if (!ReadAll(conn->fd, &r, sizeof(r)) || r.kind != kRequest || r.length > kMaxFrameBytes ||
-        !ReadFrame(conn->fd, r.length, &frame) || stopping_.load()) {
+    if (!ReadAll(conn->fd, &r, sizeof(r))) return conn->Close();
+    if (r.kind == kPing && r.length == 0) {  // the caller's keepalive: answered here, at once
+      if (!conn->Write(kPong, r.id, nullptr)) return conn->Close();
+      continue;
+    }
+    if (r.kind != kRequest || r.length > kMaxFrameBytes || !ReadFrame(conn->fd, r.length, &frame) ||
+        stopping_.load()) {
       return conn->Close();
     }
     dispatch_(std::move(frame), std::make_shared<Slot>(conn, r.id));

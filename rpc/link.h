@@ -23,7 +23,12 @@
 // travel in any order, matched by call id. When the callee's process ends,
 // its sockets close with it and the calls in flight fail at once;
 // deadlines are checked by the caller's reader at least every 100 ms,
-// also while it waits for the rest of a record.
+// also while it waits for the rest of a record. A peer that is alive but
+// stopped (SIGSTOP), hung or paused keeps its socket open; the caller's
+// reader finds it as gRPC's keepalive does: while calls are in flight and
+// nothing has come for kKeepaliveTime, it sends a ping, which the peer's
+// reader answers at once; no answer (or, while a write is stuck, no byte
+// taken) within kKeepaliveTimeout more closes the link and fails its calls.
 // Anything a link cannot do (another host, TLS, a peer without a link
 // server) goes over gRPC as before: the agent falls back on a connect that
 // fails.
@@ -65,12 +70,19 @@ std::string LinkName(const base::ShmEndpoint& e);
 // The caller's end of a link to one peer.
 class LinkClient {
  public:
+  // The keepalive's timing: the same as remora's gRPC channels
+  // (rpc/client.cc), so that a stopped peer fails a call on a link as soon
+  // as one on gRPC.
+  static constexpr absl::Duration kKeepaliveTime = absl::Seconds(1);
+  static constexpr absl::Duration kKeepaliveTimeout = absl::Seconds(2);
+
   // Runs once per call with its reply frame or why it failed.
   using Done = std::function<void(absl::StatusOr<grpc::ByteBuffer>)>;
 
   // Connects to the link server at `name` and says hello with `token`;
-  // an error when nothing listens there, or the server refused the hello
-  // or did not answer it within `timeout`.
+  // an error when nothing listens there or the server refused the hello
+  // (Unavailable), or did not answer it within `timeout` (DeadlineExceeded:
+  // its process may be stopped, and may answer later).
   // `busy_poll`: how long the reader, between replies, keeps looking for
   // the next one (yielding the core) before it sleeps in poll().
   static absl::StatusOr<std::shared_ptr<LinkClient>> Connect(const std::string& name,
@@ -105,6 +117,10 @@ class LinkClient {
   bool Receive(void* out, size_t n, absl::Time* next_expiry);
   // Fails the calls past their deadline.
   void Expire(absl::Time now);
+  // The keepalive, run by the reader while it waits for bytes: pings a
+  // quiet peer that owes replies, and closes the link when it does not
+  // answer in time.
+  void WatchPeer(absl::Time now);
 
   const int fd_;
   const absl::Duration busy_poll_;
@@ -114,6 +130,16 @@ class LinkClient {
   absl::flat_hash_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::Status closed_why_ ABSL_GUARDED_BY(mu_);
+  // Bytes of requests written so far: a write that is stuck on a peer
+  // that takes none tells the keepalive so.
+  std::atomic<uint64_t> sent_bytes_{0};
+  // The keepalive's state, the reader's alone: when a byte last came, when
+  // the unanswered ping went (InfiniteFuture when none), the pings sent,
+  // and sent_bytes_ as the reader last saw it.
+  absl::Time heard_ = absl::Now();
+  absl::Time ping_sent_ = absl::InfiniteFuture();
+  uint64_t pings_ = 0;
+  uint64_t sent_seen_ = 0;
   std::thread reader_;
 };
 

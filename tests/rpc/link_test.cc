@@ -166,31 +166,53 @@ TEST(LocalLink, CallsInFlightFailWhenTheServerGoesAndPastTheirDeadline) {
   EXPECT_FALSE(inbox.slots[1]->Reply(BufferOf("gone")));  // the link is closed
 }
 
-// A server that says hello as a link server does, takes the first
-// request, and then writes only the first bytes of a reply record: a peer
-// stopped (SIGSTOP) in the middle of writing.
+// A link server written by hand, on a thread: it says hello as a real one
+// does, takes the first request's header if `take_request`, then writes
+// `then` and reads nothing more until the test is over: a peer stopped
+// (SIGSTOP) or hung there.
+class StoppedPeer {
+ public:
+  StoppedPeer(bool take_request, std::string then) : name_(UniqueName()) {
+    listener_ = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, name_.data(), name_.size());
+    const socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name_.size());
+    EXPECT_EQ(bind(listener_, reinterpret_cast<sockaddr*>(&addr), len), 0);
+    EXPECT_EQ(listen(listener_, 1), 0);
+    thread_ = std::thread([this, take_request, then = std::move(then)] {
+      const int fd = accept(listener_, nullptr, nullptr);
+      char record[24];
+      EXPECT_EQ(read(fd, record, sizeof(record)), 24);  // the hello, no token
+      const uint32_t hello_ok[6] = {0x524c4b02, 0, 0, 0, 0, 0};
+      EXPECT_EQ(write(fd, hello_ok, sizeof(hello_ok)), 24);
+      if (take_request) {
+        EXPECT_GE(read(fd, record, sizeof(record)), 1);
+      }
+      if (!then.empty()) {
+        EXPECT_EQ(write(fd, then.data(), then.size()), static_cast<ssize_t>(then.size()));
+      }
+      over_.WaitForNotificationWithTimeout(absl::Seconds(30));
+      close(fd);
+    });
+  }
+  ~StoppedPeer() {
+    over_.Notify();
+    thread_.join();
+    close(listener_);
+  }
+  const std::string& name() const { return name_; }
+
+ private:
+  const std::string name_;
+  int listener_ = -1;
+  absl::Notification over_;
+  std::thread thread_;
+};
+
 TEST(LocalLink, APeerStoppedMidReplyHoldsUpNoDeadline) {
-  const std::string name = UniqueName();
-  const int listener = socket(AF_UNIX, SOCK_STREAM, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, name.data(), name.size());
-  const socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size());
-  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), len), 0);
-  ASSERT_EQ(listen(listener, 1), 0);
-  absl::Notification test_over;
-  std::thread server([listener, &test_over] {
-    const int fd = accept(listener, nullptr, nullptr);
-    char record[24];
-    ASSERT_EQ(read(fd, record, sizeof(record)), 24);  // the hello, no token
-    const uint32_t hello_ok[6] = {0x524c4b02, 0, 0, 0, 0, 0};
-    ASSERT_EQ(write(fd, hello_ok, sizeof(hello_ok)), 24);
-    ASSERT_GE(read(fd, record, sizeof(record)), 1);  // the request
-    ASSERT_EQ(write(fd, "\x04\x4b\x4c\x52", 4), 4);  // a reply's first bytes, then nothing
-    test_over.WaitForNotificationWithTimeout(absl::Seconds(10));
-    close(fd);
-  });
-  auto client = rpc::LinkClient::Connect(name, "", absl::Seconds(5));
+  StoppedPeer peer(/*take_request=*/true, "\x04\x4b\x4c\x52");  // a reply's first bytes
+  auto client = rpc::LinkClient::Connect(peer.name(), "", absl::Seconds(5));
   ASSERT_TRUE(client.ok()) << client.status();
   Outcome outcome;
   const absl::Time start = absl::Now();
@@ -198,9 +220,68 @@ TEST(LocalLink, APeerStoppedMidReplyHoldsUpNoDeadline) {
   ASSERT_TRUE(outcome.Wait());
   EXPECT_EQ(outcome.reply.status().code(), absl::StatusCode::kDeadlineExceeded) << outcome.reply.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(1));
-  test_over.Notify();
-  server.join();
-  close(listener);
+}
+
+// The keepalive: a call whose deadline is a minute away fails within
+// seconds when its peer stops answering anything, also its pings; the link
+// closes, as when the process ends.
+TEST(LocalLink, ACallToAPeerThatAnswersNoPingFailsWithinSeconds) {
+  StoppedPeer peer(/*take_request=*/true, "");
+  auto client = rpc::LinkClient::Connect(peer.name(), "", absl::Seconds(5));
+  ASSERT_TRUE(client.ok()) << client.status();
+  Outcome outcome;
+  const absl::Time start = absl::Now();
+  (*client)->Send(BufferOf("q"), start + absl::Seconds(60), outcome.callback());
+  ASSERT_TRUE(outcome.done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(outcome.reply.status().code(), absl::StatusCode::kUnavailable) << outcome.reply.status();
+  EXPECT_THAT(outcome.reply.status().message(),
+              HasSubstr("answered no keepalive ping within 2s (is its process stopped or hung?)"));
+  EXPECT_GE(took, rpc::LinkClient::kKeepaliveTime + rpc::LinkClient::kKeepaliveTimeout);
+  EXPECT_LT(took, absl::Seconds(20));
+  EXPECT_FALSE((*client)->alive());
+}
+
+// A request too large for the socket's buffer, to a peer that reads
+// nothing: the write is stuck, no ping can go, and the call fails as
+// soon as one would have gone unanswered; the writer is let go.
+TEST(LocalLink, AWriteStuckOnAPeerThatReadsNothingFailsWithinSeconds) {
+  StoppedPeer peer(/*take_request=*/false, "");
+  auto client = rpc::LinkClient::Connect(peer.name(), "", absl::Seconds(5));
+  ASSERT_TRUE(client.ok()) << client.status();
+  Outcome outcome;
+  const absl::Time start = absl::Now();
+  std::thread writer([&client, &outcome, start] {
+    (*client)->Send(BufferOf(std::string(16 << 20, 'x')), start + absl::Seconds(60), outcome.callback());
+  });
+  const bool failed = outcome.done.WaitForNotificationWithTimeout(absl::Seconds(30));
+  if (!failed) (*client)->Close(absl::CancelledError("the test gave up"));  // lets the writer go
+  writer.join();
+  ASSERT_TRUE(failed) << "the stuck write held its call for 30 s";
+  EXPECT_EQ(outcome.reply.status().code(), absl::StatusCode::kUnavailable) << outcome.reply.status();
+  EXPECT_THAT(outcome.reply.status().message(), HasSubstr("took no byte of a request for"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+}
+
+// A peer that is alive but slow to reply answers the pings meanwhile: its
+// call outlives the keepalive's timeout and gets its reply.
+TEST(LocalLink, ASlowButLivePeerKeepsItsCallsPastTheKeepalive) {
+  Inbox inbox;
+  Linked link(inbox);
+  ASSERT_NE(link.client, nullptr);
+  Outcome slow;
+  link.client->Send(BufferOf("q"), absl::Now() + absl::Seconds(60), slow.callback());
+  inbox.AwaitCount(1);
+  absl::SleepFor(rpc::LinkClient::kKeepaliveTime + rpc::LinkClient::kKeepaliveTimeout + absl::Seconds(1));
+  EXPECT_FALSE(slow.done.HasBeenNotified()) << slow.reply.status();
+  {
+    base::MutexLock lock(inbox.mu);
+    inbox.slots[0]->Reply(BufferOf("at last"));
+  }
+  ASSERT_TRUE(slow.Wait());
+  ASSERT_TRUE(slow.reply.ok()) << slow.reply.status();
+  EXPECT_EQ(*slow.reply, "at last");
+  EXPECT_TRUE(link.client->alive());
 }
 
 TEST(LocalLink, StopWaitsForTheRepliesInHand) {
