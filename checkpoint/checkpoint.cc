@@ -145,8 +145,8 @@ absl::StatusOr<int64_t> RecordWritten(const std::vector<c10::IValue>& written, M
 
 // Waits for every one of `replies` (`workers[i]` owes `replies[i]`) and
 // returns their values, or the first failure, named by `what(i)`. A worker
-// that stops answering meanwhile (stopped or hung: a local link has no
-// keepalive, and the call's timeout is minutes) is found by the step's
+// that stops answering meanwhile (stopped, or hung in a handler, which no
+// keepalive sees; the call's timeout is minutes) is found by the step's
 // probes (pipeline::WaitForReplies) within seconds, for elastic recovery
 // to replace.
 absl::StatusOr<std::vector<c10::IValue>> WaitProbing(rpc::Agent& agent, const std::vector<std::string>& workers,

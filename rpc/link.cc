@@ -241,8 +241,9 @@ void LinkClient::WatchPeer(absl::Time now) {
     base::MutexLock lock(mu_);
     owed = !pending_.empty();
   }
-  if (!owed) {  // an idle link is not watched: a peer may sleep as long as it likes
-    heard_ = now;
+  if (heard_ || !owed) {  // bytes came since the last look; or nothing is owed,
+    heard_ = false;         // and a peer may then sleep as long as it likes
+    quiet_since_ = now;
     ping_sent_ = absl::InfiniteFuture();
     return;
   }
@@ -252,25 +253,34 @@ void LinkClient::WatchPeer(absl::Time now) {
         "the peer at the other end of the local link answered no keepalive ping within ",
         absl::FormatDuration(kKeepaliveTimeout), " (is its process stopped or hung?)")));
   }
-  if (now - heard_ < kKeepaliveTime) return;
-  // A request being written holds the socket: ping once it is through. A
-  // write that takes bytes is a peer that reads; one that takes none for
-  // as long as a ping may go unanswered is a peer that does not.
-  if (!write_mu_.TryLock()) {
-    if (const uint64_t sent = sent_bytes_.load(std::memory_order_relaxed); sent != sent_seen_) {
-      sent_seen_ = sent;
-      heard_ = now;
-    } else if (now - heard_ >= kKeepaliveTime + kKeepaliveTimeout) {
-      Close(absl::UnavailableError(absl::StrCat(
-          "the peer at the other end of the local link took no byte of a request for ",
-          absl::FormatDuration(now - heard_), " (is its process stopped or hung?)")));
+  if (now - quiet_since_ < kKeepaliveTime) return;
+  // A request being written holds the socket, and a full socket takes no
+  // ping: ping once there is room. A write that takes bytes is a peer that
+  // reads; none taken for as long as a ping may go unanswered is a peer
+  // that does not.
+  ssize_t sent = -1;
+  if (write_mu_.TryLock()) {
+    Record ping;
+    ping.kind = kPing;
+    ping.id = ++pings_;
+    sent = send(fd_, &ping, sizeof(ping), MSG_NOSIGNAL | MSG_DONTWAIT);  // (a record this small goes whole)
+    write_mu_.Unlock();
+    if (sent == static_cast<ssize_t>(sizeof(ping))) {
+      ping_sent_ = now;
+      return;
     }
-    return;
+    if (sent >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      return Close(absl::UnavailableError(Errno("the local link broke while sending a keepalive ping")));
+    }
   }
-  const bool written = WriteRecord(fd_, kPing, ++pings_, nullptr);
-  write_mu_.Unlock();
-  if (!written) return Close(absl::UnavailableError(Errno("the local link broke while sending a keepalive ping")));
-  ping_sent_ = now;
+  if (const uint64_t taken = sent_bytes_.load(std::memory_order_relaxed); taken != sent_seen_) {
+    sent_seen_ = taken;
+    quiet_since_ = now;
+  } else if (now - quiet_since_ >= kKeepaliveTime + kKeepaliveTimeout) {
+    Close(absl::UnavailableError(absl::StrCat(
+        "the peer at the other end of the local link took no byte of a request for ",
+        absl::FormatDuration(now - quiet_since_), " (is its process stopped or hung?)")));
+  }
 }
 
 bool LinkClient::Receive(void* out, size_t n, absl::Time* next_expiry) {
@@ -280,8 +290,7 @@ bool LinkClient::Receive(void* out, size_t n, absl::Time* next_expiry) {
     // nothing is, so that a peer that stops mid-record holds up no deadline.
     const ssize_t got = recv(fd_, p, n, MSG_DONTWAIT);
     if (got > 0) {
-      heard_ = absl::Now();  // the peer is alive: the keepalive waits again
-      ping_sent_ = absl::InfiniteFuture();
+      heard_ = true;  // the peer is alive (WatchPeer takes note)
       p += got;
       n -= static_cast<size_t>(got);
       continue;

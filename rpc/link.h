@@ -133,10 +133,12 @@ class LinkClient {
   // Bytes of requests written so far: a write that is stuck on a peer
   // that takes none tells the keepalive so.
   std::atomic<uint64_t> sent_bytes_{0};
-  // The keepalive's state, the reader's alone: when a byte last came, when
+  // The keepalive's state, the reader's alone: whether bytes came since it
+  // last looked (every 100 ms while it waits), since when none have, when
   // the unanswered ping went (InfiniteFuture when none), the pings sent,
   // and sent_bytes_ as the reader last saw it.
-  absl::Time heard_ = absl::Now();
+  bool heard_ = false;
+  absl::Time quiet_since_ = absl::Now();
   absl::Time ping_sent_ = absl::InfiniteFuture();
   uint64_t pings_ = 0;
   uint64_t sent_seen_ = 0;

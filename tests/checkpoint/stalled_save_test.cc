@@ -1,7 +1,8 @@
 // A checkpoint waits for its workers' owner files with the step's liveness
-// probes: a worker stopped meanwhile (a local link has no keepalive, and a
-// call's own timeout is minutes) fails the save within seconds, naming it,
-// so that elastic recovery can put a spare in its place.
+// probes: a worker stopped meanwhile (a call's own timeout is minutes)
+// fails the save within seconds, naming it, so that elastic recovery can
+// put a spare in its place. (The local link's keepalive finds a stopped
+// process too; the probes also find one whose handlers hang.)
 #include <signal.h>
 
 #include <string>

@@ -140,8 +140,8 @@ TEST(Pipeline, AStalledOrDeadWorkerFailsTheStepWithinTenSecondsNamingIt) {
   ASSERT_FALSE(stalled.ok());
   EXPECT_NE(stalled.status().message().find("w2"), std::string::npos) << stalled.status();
   workers.worker(1).Signal(SIGCONT);
-  // gRPC's keepalive may have closed the master's link to w2 during the
-  // stall, and a link opened meanwhile (the kernel accepts connections for
+  // A keepalive (gRPC's, or the local link's) may have closed the master's
+  // connection to w2 during the stall, and a link opened meanwhile (the kernel accepts connections for
   // a stopped process) can fail its first call: the next batch is sent once
   // w2 answers twice in a row on a live link (a loaded CI machine took
   // seconds).

@@ -330,14 +330,14 @@ TEST(Elastic, AHungWorkerIsReplacedByASpare) {
   EXPECT_EQ(hung_code, 1);
   EXPECT_THAT(ReadFile(TempPath("elastic_hung_w2.log")), HasSubstr("the master declared worker 'w2' at 127.0.0.1:"));
   EXPECT_THAT(ReadFile(TempPath("elastic_hung_w2.log")), HasSubstr(" lost: this process is no longer in the group"));
-  // Found as a hang, not a crash: by the step's liveness probe or by
-  // gRPC's keepalive, whichever fires first.
+  // Found as a hang, not a crash: by the step's liveness probe, gRPC's
+  // keepalive or the local link's, whichever fires first.
   EXPECT_THAT(out, ::testing::AnyOf(HasSubstr("did not answer a liveness probe"),
-                                    HasSubstr("keepalive watchdog timeout")));
+                                    HasSubstr("keepalive watchdog timeout"),
+                                    HasSubstr("answered no keepalive ping")));
   EXPECT_THAT(out, HasSubstr("elastic: lost 'w2' after step "));
-  // Each worker counted lost says why: here its probe timed out (on the
-  // local link, which has no keepalive), or found the connection gone
-  // (gRPC's keepalive closed it first).
+  // Each worker counted lost says why: here its probe timed out, or found
+  // the connection gone (gRPC's keepalive or the link's closed it first).
   const std::string probe_failed =
       "elastic: 'w2' counts as lost: its probe (5s at most) failed: function 'remora.pipeline.alive' on worker 'w2' ";
   EXPECT_THAT(out, ::testing::AnyOf(HasSubstr(probe_failed + "timed out after 5s"),
