@@ -49,6 +49,13 @@
 #   dp      data parallelism on the GPU: CudaProcessGroup.* and
 #           CudaDataParallel.* with REMORA_DEBUG=channels, then ResNet50
 #           (64x64) as --replicas 2 over two `worker --device cuda:0`
+#   zb      issue 58's benchmark: the built-in GPT (8 layers, d-model 256,
+#           windows of 256, batches of 32) over two `worker --device
+#           cuda:0` at --splits 4 under 1f1b, zb1p and zbv, three rounds
+#           (each in another order); zb_<schedule>[-2,-3].json, and in
+#           summary.txt each schedule's steady batch against 1F1B's (the
+#           issue's bound: 0.90x) and its measured bubble beside the
+#           schedule's own
 #   elastic  master --max-restarts with `worker --device cuda:0`s: one is
 #           SIGKILLed after a checkpoint and a spare takes its place, then
 #           (a new process, its CUDA channel set up anew) the same name
@@ -59,6 +66,9 @@
 # and a line per step, with its exit code and seconds, to OUTDIR/summary.txt.
 # Exits non-zero when a step failed (the later ones still run, except after
 # a failed build).
+# REMORA_GPU_CHECK_DEVICE (default cuda:0) is the device of the workers and
+# one-process runs of the steps that train (cpu: to try a step's script
+# where there is no GPU, against any build/bin linked as build-gpu/bin).
 # REMORA_GPU_TORCH_DIR names LibTorch's CMake directory instead of asking
 # Python (REMORA_GPU_PYTHON, default python3, else /opt/torch/.venv's);
 # REMORA_GPU_JOBS the build's parallelism (default: all cores);
@@ -70,7 +80,8 @@
 set -uo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
 out=${1:-build-gpu/check}
-steps=${2:-build gpu bench demo protocol lm dp elastic all-tests}
+steps=${2:-build gpu bench demo protocol lm zb dp elastic all-tests}
+device=${REMORA_GPU_CHECK_DEVICE:-cuda:0}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 jobs=${REMORA_GPU_JOBS:-$(nproc)}
@@ -176,7 +187,7 @@ gpu_workers() {
   local port=29671 rc=0 n=$1 seconds=$2 i names= pids=()
   shift 2
   for i in $(seq 1 "$n"); do
-    "$bin/worker" --name "worker$i" --device cuda:0 --master "127.0.0.1:$port" --connect-timeout 30 & pids+=($!)
+    "$bin/worker" --name "worker$i" --device "$device" --master "127.0.0.1:$port" --connect-timeout 30 & pids+=($!)
     names=${names:+$names,}worker$i
   done
   timeout -k 10 "$seconds" "$bin/master" --workers "$names" --listen "127.0.0.1:$port" \
@@ -193,7 +204,7 @@ two_gpu_workers() { gpu_workers 2 "$@"; }
 step_demo() {
   local rc=0
   two_gpu_workers 300 --splits 1,2,4,8 --batches 2 --report "$out/demo_report.json" || rc=1
-  timeout -k 10 120 "$bin/master" --local --device cuda:0 --splits 1,8 --batches 2 || rc=1
+  timeout -k 10 120 "$bin/master" --local --device "$device" --splits 1,8 --batches 2 || rc=1
   return $rc
 }
 
@@ -209,7 +220,7 @@ step_protocol() {
     two_gpu_workers 300 --partition tutorial --splits 1,8 --batches $n \
       --report "$out/protocol_report$tag.json" || rc=1
     echo "== one process (round $round of 3)"
-    timeout -k 10 180 "$bin/master" --local --device cuda:0 --splits 1,8 --batches $n \
+    timeout -k 10 180 "$bin/master" --local --device "$device" --splits 1,8 --batches $n \
       --report "$out/protocol_local$tag.json" || rc=1
   done
   echo "== the step protocol at --splits 1, traced (open in https://ui.perfetto.dev)"
@@ -229,7 +240,7 @@ step_protocol() {
   REMORA_STEP_PROTOCOL=master two_gpu_workers 300 --partition tutorial --splits 1,8 --batches $n \
     --report "$out/protocol_master_report.json" || rc=1
   echo "== one process at --splits 1, traced"
-  timeout -k 10 120 "$bin/master" --local --device cuda:0 --splits 1 --batches 8 \
+  timeout -k 10 120 "$bin/master" --local --device "$device" --splits 1 --batches 8 \
     --trace "$out/protocol_local_trace.json" || rc=1
   protocol_summary | while IFS= read -r line; do log "protocol: $line"; done
   return $rc
@@ -272,10 +283,57 @@ step_lm() {
     echo "== two GPU workers, $p"
     two_gpu_workers 600 "${common[@]}" --precision "$p" --report "$out/lm_$p.json" || rc=1
     echo "== one process, $p"
-    timeout -k 10 600 "$bin/master" --local --device cuda:0 "${common[@]}" --precision "$p" \
+    timeout -k 10 600 "$bin/master" --local --device "$device" "${common[@]}" --precision "$p" \
       --report "$out/lm_local_$p.json" || rc=1
   done
   return $rc
+}
+
+# Issue 58's benchmark on the GPU: the built-in GPT, whose stages balance,
+# over two GPU workers at --splits 4 under 1F1B, zb1p and zbv (four stages
+# in a V), three rounds each in another order (this host's speed moves
+# between minutes); zb_summary sets them side by side.
+step_zb() {
+  local rc=0 text=$out/zb_text.txt round tag s
+  local orders=("1f1b zb1p zbv" "zb1p zbv 1f1b" "zbv 1f1b zb1p")
+  cat docs/*.md README.md >"$text"
+  local common=(--dataset "text:$text" --layers 8 --d-model 256 --heads 4 --seq-len 256 --batch-size 32
+                --epochs 1 --train-rows 1024 --seed 5 --splits 4)
+  for round in 1 2 3; do
+    tag=
+    [ "$round" -gt 1 ] && tag=-$round
+    for s in ${orders[$((round - 1))]}; do
+      echo "== $s (round $round of 3)"
+      two_gpu_workers 300 "${common[@]}" --schedule "$s" --report "$out/zb_$s$tag.json" || rc=1
+    done
+  done
+  zb_summary | while IFS= read -r line; do log "zb: $line"; done
+  return $rc
+}
+
+# Each round's schedules side by side: the steady batch, its ratio to
+# 1F1B's in the same round against the issue's bound (0.90x for zb1p and
+# zbv), and the measured bubble beside what the schedule alone leaves.
+zb_summary() {
+  py - "$out" <<'PY'
+import json, sys
+out = sys.argv[1]
+print("round schedule steady_batch_s vs_1f1b bound verdict bubble schedule_bubble")
+for n, tag in enumerate(["", "-2", "-3"], 1):
+    runs = {}
+    for s in ("1f1b", "zb1p", "zbv"):
+        try:
+            runs[s] = json.load(open(f"{out}/zb_{s}{tag}.json"))["runs"][0]
+        except (OSError, ValueError, KeyError, IndexError) as e:
+            print(f"{n} {s} no figures: {e}")
+    base = runs.get("1f1b", {}).get("steady_batch_seconds")
+    for s, r in runs.items():
+        t, b = r["steady_batch_seconds"], r.get("bubble", {})
+        ratio = t / base if base else float("nan")
+        verdict = "-" if s == "1f1b" or not base else ("met" if ratio <= 0.90 else "MISSED")
+        print(f"{n} {s} {t:.4f} {ratio:.2f}x {'-' if s == '1f1b' else '0.90'} {verdict} "
+              f"{b.get('fraction', float('nan')):.1%} {b.get('schedule_fraction', float('nan')):.1%}")
+PY
 }
 
 # Data parallelism on the GPU: the c10d groups and the CUDA replica test,
@@ -293,7 +351,7 @@ step_dp() {
 # Elastic recovery with the stages on the GPU: a spare, then a restart
 # under the lost name (whose process is new: its CUDA channel too).
 step_elastic() {
-  REMORA_BUILD_DIR=$build REMORA_ELASTIC_DEVICE=cuda:0 timeout -k 10 300 \
+  REMORA_BUILD_DIR=$build REMORA_ELASTIC_DEVICE=$device timeout -k 10 300 \
     scripts/measure_elastic.sh 1 "resnet-spare resnet-restart"
 }
 
@@ -312,7 +370,7 @@ trap 'kill $(jobs -p) 2>/dev/null' EXIT
 [ -d .debs ] && { use_debs || exit 1; }
 for s in $steps; do
   if ! declare -F "step_$s" >/dev/null; then
-    echo "gpu_check: unknown step '$s' (build gpu bench demo protocol lm dp elastic all-tests)" >&2
+    echo "gpu_check: unknown step '$s' (build gpu bench demo protocol lm zb dp elastic all-tests)" >&2
     exit 2
   fi
   t0=$(date +%s)
