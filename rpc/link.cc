@@ -264,13 +264,15 @@ void LinkClient::WatchPeer(absl::Time now) {
     ping.kind = kPing;
     ping.id = ++pings_;
     sent = send(fd_, &ping, sizeof(ping), MSG_NOSIGNAL | MSG_DONTWAIT);  // (a record this small goes whole)
+    const int send_errno = errno;  // (before the unlock, which may make a call of its own)
     write_mu_.Unlock();
     if (sent == static_cast<ssize_t>(sizeof(ping))) {
       ping_sent_ = now;
       return;
     }
-    if (sent >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-      return Close(absl::UnavailableError(Errno("the local link broke while sending a keepalive ping")));
+    if (sent >= 0 || (send_errno != EAGAIN && send_errno != EWOULDBLOCK && send_errno != EINTR)) {
+      return Close(absl::UnavailableError(absl::StrCat("the local link broke while sending a keepalive ping: ",
+                                                       sent >= 0 ? "a part of it went" : std::strerror(send_errno))));
     }
   }
   if (const uint64_t taken = sent_bytes_.load(std::memory_order_relaxed); taken != sent_seen_) {
