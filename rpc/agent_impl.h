@@ -314,12 +314,9 @@ class Agent::Impl final : public grpc::CallbackGenericService,
   const bool local_links_;          // AgentOptions::local_links, unless REMORA_LINKS=0
   const bool prompt_here_;          // Registry::MarkPrompt is heeded, unless REMORA_PROMPT=0
   const absl::Duration busy_poll_;  // see AgentOptions::busy_poll
+  // Until Stop, which hands it to RetireForGood (futures made before the
+  // stop still name it as their executor).
   std::unique_ptr<ThreadPool> pool_;
-  // The pool after Stop: stopped, but kept until this object goes (after
-  // the peers' channels), since futures made before the stop still name it
-  // as their executor and a reply that gRPC delivers late (a peer killed
-  // mid-call) schedules their callbacks on it; there they are dropped.
-  std::unique_ptr<ThreadPool> stopped_pool_;
   std::unique_ptr<channel::ShmChannel> shm_;
   // Plaintext or TLS (AgentOptions::tls), for every channel to a peer.
   const std::shared_ptr<grpc::ChannelCredentials> channel_credentials_;

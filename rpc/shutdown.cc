@@ -8,10 +8,13 @@
 #include <memory>
 #include <system_error>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "base/mutex_lock.h"
 #include "base/status_util.h"
 #include "rpc/agent_impl.h"
 
@@ -153,6 +156,27 @@ void Agent::Impl::CancelOutgoing() {
   }
 }
 
+namespace {
+
+// A stopped agent's pool, kept for the rest of the process: futures made
+// before the stop name it (or its lane) as their executor, and one may be
+// completed or given a callback after the agent is gone (a reply that
+// gRPC delivers late, from a peer killed mid-call; a caller that keeps a
+// future). A stopped pool drops what is scheduled on it, as its comment
+// says; freed, it would be a use after free. Each is a few KB and no
+// thread.
+void RetireForGood(std::unique_ptr<ThreadPool> pool) {
+  struct Retired {
+    absl::Mutex mu;
+    std::vector<std::unique_ptr<ThreadPool>> pools ABSL_GUARDED_BY(mu);
+  };
+  static Retired* const retired = new Retired;  // never destroyed (see above)
+  base::MutexLock lock(retired->mu);
+  retired->pools.push_back(std::move(pool));
+}
+
+}  // namespace
+
 void Agent::Impl::Stop() {
   if (agent_->rrefs_) {
     agent_->rrefs_->Detach();
@@ -202,7 +226,7 @@ void Agent::Impl::Stop() {
   // runs meanwhile may still ask the agent for its executor.
   if (pool_) {
     pool_->Stop();
-    stopped_pool_ = std::move(pool_);  // (executor() is null from now on)
+    RetireForGood(std::move(pool_));  // (executor() is null from now on)
   }
   if (server_) server_->Wait();
   server_.reset();
