@@ -53,8 +53,9 @@ void ApplyChannelArgs(const std::function<void(const char*, int)>& set, int max_
     // with the earlier 5 s / 5 s (tests/integration/netns_test.cc; the
     // issue asks for 10 s). The peer's gRPC answers pings on its own
     // threads, whatever its handlers do.
-    set(GRPC_ARG_KEEPALIVE_TIME_MS, 1000);
-    set(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
+    // (A local link's keepalive keeps the same time, rpc/link.h.)
+    set(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(absl::ToInt64Milliseconds(LinkClient::kKeepaliveTime)));
+    set(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(absl::ToInt64Milliseconds(LinkClient::kKeepaliveTimeout)));
     set(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   }
 }

@@ -28,8 +28,8 @@ enum Kind : uint32_t {
   kHelloOk = 0x524c4b02,  // server -> client, empty
   kRequest = 0x524c4b03,  // body: a request frame
   kReply = 0x524c4b04,    // body: the reply frame of call `id`
-  kPing = 0x524c4b05,     // client -> server, empty: the keepalive's, `id` its number
-  kPong = 0x524c4b06,     // server -> client, empty: the answer to ping `id`
+  kPing = 0x524c4b05,     // client -> server, empty: the keepalive's
+  kPong = 0x524c4b06,     // server -> client, empty: the answer to a ping
 };
 
 struct Record {
@@ -262,7 +262,6 @@ void LinkClient::WatchPeer(absl::Time now) {
   if (write_mu_.TryLock()) {
     Record ping;
     ping.kind = kPing;
-    ping.id = ++pings_;
     sent = send(fd_, &ping, sizeof(ping), MSG_NOSIGNAL | MSG_DONTWAIT);  // (a record this small goes whole)
     const int send_errno = errno;  // (before the unlock, which may make a call of its own)
     write_mu_.Unlock();
@@ -477,7 +476,7 @@ void LinkServer::Serve(std::shared_ptr<Conn> conn) {
     PollBusily(conn->fd, busy_poll_);
     if (!ReadAll(conn->fd, &r, sizeof(r))) return conn->Close();
     if (r.kind == kPing && r.length == 0) {  // the caller's keepalive: answered here, at once
-      if (!conn->Write(kPong, r.id, nullptr)) return conn->Close();
+      if (!conn->Write(kPong, 0, nullptr)) return conn->Close();
       continue;
     }
     if (r.kind != kRequest || r.length > kMaxFrameBytes || !ReadFrame(conn->fd, r.length, &frame) ||

@@ -70,9 +70,8 @@ std::string LinkName(const base::ShmEndpoint& e);
 // The caller's end of a link to one peer.
 class LinkClient {
  public:
-  // The keepalive's timing: the same as remora's gRPC channels
-  // (rpc/client.cc), so that a stopped peer fails a call on a link as soon
-  // as one on gRPC.
+  // The keepalive's timing, remora's gRPC channels' too (rpc/client.cc),
+  // so that a stopped peer fails a call on a link as soon as one on gRPC.
   static constexpr absl::Duration kKeepaliveTime = absl::Seconds(1);
   static constexpr absl::Duration kKeepaliveTimeout = absl::Seconds(2);
 
@@ -135,12 +134,11 @@ class LinkClient {
   std::atomic<uint64_t> sent_bytes_{0};
   // The keepalive's state, the reader's alone: whether bytes came since it
   // last looked (every 100 ms while it waits), since when none have, when
-  // the unanswered ping went (InfiniteFuture when none), the pings sent,
-  // and sent_bytes_ as the reader last saw it.
+  // the unanswered ping went (InfiniteFuture when none), and sent_bytes_
+  // as the reader last saw it.
   bool heard_ = false;
   absl::Time quiet_since_ = absl::Now();
   absl::Time ping_sent_ = absl::InfiniteFuture();
-  uint64_t pings_ = 0;
   uint64_t sent_seen_ = 0;
   std::thread reader_;
 };

@@ -51,6 +51,11 @@ struct Inbox {
       slots.push_back(std::move(slot));
     };
   }
+  // Replies `text` to request `i`; false when its slot says it could not.
+  bool Reply(size_t i, const std::string& text) {
+    base::MutexLock lock(mu);
+    return slots[i]->Reply(BufferOf(text));
+  }
   void AwaitCount(size_t n) {
     base::MutexLock lock(mu);
     auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return frames.size() >= n; };
@@ -146,10 +151,7 @@ TEST(LocalLink, CallsInFlightFailWhenTheServerGoesAndPastTheirDeadline) {
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(300));
   EXPECT_FALSE(unanswered.done.HasBeenNotified());
   // A reply after the deadline is dropped; the link still works.
-  {
-    base::MutexLock lock(inbox.mu);
-    inbox.slots[0]->Reply(BufferOf("too late"));
-  }
+  inbox.Reply(0, "too late");
   EXPECT_TRUE(link.client->alive());
   // The server stops without answering (a process that ended): the call
   // fails at once, not at its deadline, and so does every later one.
@@ -162,8 +164,7 @@ TEST(LocalLink, CallsInFlightFailWhenTheServerGoesAndPastTheirDeadline) {
   link.client->Send(BufferOf("after"), absl::Now() + absl::Seconds(60), after.callback());
   ASSERT_TRUE(after.Wait());
   EXPECT_FALSE(after.reply.ok());
-  base::MutexLock lock(inbox.mu);
-  EXPECT_FALSE(inbox.slots[1]->Reply(BufferOf("gone")));  // the link is closed
+  EXPECT_FALSE(inbox.Reply(1, "gone"));  // the link is closed
 }
 
 // A link server written by hand, on a thread: it says hello as a real one
@@ -274,10 +275,7 @@ TEST(LocalLink, ASlowButLivePeerKeepsItsCallsPastTheKeepalive) {
   inbox.AwaitCount(1);
   absl::SleepFor(rpc::LinkClient::kKeepaliveTime + rpc::LinkClient::kKeepaliveTimeout + absl::Seconds(1));
   EXPECT_FALSE(slow.done.HasBeenNotified()) << slow.reply.status();
-  {
-    base::MutexLock lock(inbox.mu);
-    inbox.slots[0]->Reply(BufferOf("at last"));
-  }
+  inbox.Reply(0, "at last");
   ASSERT_TRUE(slow.Wait());
   ASSERT_TRUE(slow.reply.ok()) << slow.reply.status();
   EXPECT_EQ(*slow.reply, "at last");
@@ -293,8 +291,7 @@ TEST(LocalLink, StopWaitsForTheRepliesInHand) {
   inbox.AwaitCount(1);
   std::thread late_reply([&inbox] {
     absl::SleepFor(absl::Milliseconds(200));
-    base::MutexLock lock(inbox.mu);
-    inbox.slots[0]->Reply(BufferOf("a"));
+    inbox.Reply(0, "a");
   });
   link.server->Stop(absl::Seconds(5));
   late_reply.join();
