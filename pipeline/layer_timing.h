@@ -3,7 +3,8 @@
 // the planner (remora.pipeline.layer_costs; pipeline/planner.h). Internal
 // to pipeline/ (not installed).
 //
-//   LayerTiming t = TimeLayer(*layer, input, device, /*repeats=*/2);
+//   LayerTiming t = TimeLayer(*layer, input, device, /*repeats=*/2,
+//                             /*input_needs_grad=*/true);
 //   t.forward_ms, t.input_ms, t.weight_ms  // the fastest of the runs, each
 //   t.output                               // the next layer's input
 //
@@ -32,7 +33,12 @@ struct LayerTiming {
 
 // Runs `layer` (in training mode) on `input` `repeats` times (at least
 // once), its backward from the sum of its floating-point outputs, and
-// keeps the fastest of each part. Throws what the layer throws.
-LayerTiming TimeLayer(StageModule& layer, const c10::IValue& input, c10::Device device, int64_t repeats);
+// keeps the fastest of each part. With `input_needs_grad` the input's
+// floating-point tensors are leaves that need a gradient, as a stage
+// receives them from the one before; without (a model's first layer, fed
+// the batch as a pipeline's first stage is) no input's gradient is
+// computed, B is 0 and W the whole backward. Throws what the layer throws.
+LayerTiming TimeLayer(StageModule& layer, const c10::IValue& input, c10::Device device, int64_t repeats,
+                      bool input_needs_grad);
 
 }  // namespace remora::pipeline

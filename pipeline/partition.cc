@@ -467,7 +467,14 @@ absl::StatusOr<Partitioning> Partition(rpc::Agent& agent, const SequentialModel&
     ASSIGN_OR_RETURN(const LayerTimes measured, MeasureMeanLayers(agent, model, workers, o.sample, o.repeats));
     p.layer_ms = measured.Total();
     if (o.schedule == "zbv") {
-      ASSIGN_OR_RETURN(p.bounds, BalancedSplit(p.layer_ms, parts));
+      // (Each worker hosts two stages of the V: cut where the schedule,
+      // run with these times, is predicted to end first.)
+      ASSIGN_OR_RETURN(const Schedule v, MakeSchedule(o.schedule, n, o.stages_per_worker, o.micro_batches));
+      std::vector<StageTimes> layers;
+      for (size_t i = 0; i < p.layer_ms.size(); ++i) {
+        layers.push_back({measured.forward_ms[i], measured.input_ms[i], measured.weight_ms[i]});
+      }
+      ASSIGN_OR_RETURN(p.bounds, PredictedSplit(v, layers, /*crossing_ms=*/0));
     } else {
       ASSIGN_OR_RETURN(p.bounds, InterleavedSplit(p.layer_ms, n, o.stages_per_worker, o.micro_batches));
     }

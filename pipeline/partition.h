@@ -115,8 +115,8 @@ struct PartitionOptions {
   c10::IValue sample;
   int micro_batches = 1;  // what the balance minimises the batch time for
   // The schedule the stages will run under: zbv places them in a V
-  // (pipeline/schedule.h), where each worker's two stages are balanced
-  // against every other stage (BalancedSplit); others interleave.
+  // (pipeline/schedule.h) and cuts where the schedule is predicted to end
+  // first with the measured times (PredictedSplit); others interleave.
   std::string schedule;
   int repeats = 4;        // timings per layer; the fastest counts
 };

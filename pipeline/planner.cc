@@ -120,6 +120,43 @@ absl::StatusOr<Timing> Predict(const Schedule& schedule, const std::vector<Stage
   return timing;
 }
 
+absl::StatusOr<std::vector<int>> PredictedSplit(const Schedule& schedule, const std::vector<StageTimes>& layers,
+                                                double crossing_ms) {
+  std::vector<double> totals;
+  for (const StageTimes& l : layers) totals.push_back(l.forward_ms + l.input_ms + l.weight_ms);
+  ASSIGN_OR_RETURN(std::vector<int> bounds, BalancedSplit(totals, schedule.stages));
+  const auto step_ms = [&](const std::vector<int>& b) -> absl::StatusOr<double> {
+    std::vector<StageTimes> stages(schedule.stages);
+    for (int k = 0; k < schedule.stages; ++k) {
+      for (int i = b[k]; i < b[k + 1]; ++i) {
+        stages[k].forward_ms += layers[i].forward_ms;
+        stages[k].input_ms += layers[i].input_ms;
+        stages[k].weight_ms += layers[i].weight_ms;
+      }
+    }
+    ASSIGN_OR_RETURN(const Timing t, Predict(schedule, stages, crossing_ms));
+    return t.makespan_ms;
+  };
+  ASSIGN_OR_RETURN(double best_ms, step_ms(bounds));
+  // (Each round takes the best single move; the step gets strictly
+  // shorter every round, so the climb ends.)
+  for (bool moved = true; moved;) {
+    moved = false;
+    std::vector<int> best_bounds;
+    for (int k = 1; k < schedule.stages; ++k) {
+      for (const int by : {-1, 1}) {
+        std::vector<int> b = bounds;
+        b[k] += by;
+        if (b[k] <= b[k - 1] || b[k] >= b[k + 1]) continue;
+        ASSIGN_OR_RETURN(const double ms, step_ms(b));
+        if (ms < best_ms * (1 - 1e-9)) best_ms = ms, best_bounds = std::move(b);
+      }
+    }
+    if (!best_bounds.empty()) bounds = std::move(best_bounds), moved = true;
+  }
+  return bounds;
+}
+
 absl::StatusOr<std::vector<LayerCost>> FitLayerCosts(const std::vector<double>& ms_a, int64_t rows_a,
                                                      const std::vector<double>& ms_b, int64_t rows_b) {
   if (ms_a.size() != ms_b.size()) {
@@ -205,9 +242,14 @@ Candidate Evaluate(const std::vector<LayerCost>& layers, const PlanOptions& o, c
   }
   const double rows = static_cast<double>(o.batch_rows) / m;
   std::vector<double> costs;
-  for (const LayerCost& l : layers) costs.push_back(l.at(rows));
-  absl::StatusOr<std::vector<int>> bounds =
-      name == "zbv" ? BalancedSplit(costs, parts) : InterleavedSplit(costs, n, c.stages_per_worker, m);
+  std::vector<StageTimes> layer_times;
+  for (const LayerCost& l : layers) {
+    costs.push_back(l.at(rows));
+    layer_times.push_back({costs.back() * l.forward_share, costs.back() * l.input_share,
+                           costs.back() * l.weight_share()});
+  }
+  absl::StatusOr<std::vector<int>> bounds = name == "zbv" ? PredictedSplit(*schedule, layer_times, o.crossing_ms)
+                                                          : InterleavedSplit(costs, n, c.stages_per_worker, m);
   if (!bounds.ok()) {
     c.why_not = std::string(bounds.status().message());
     return c;

@@ -68,6 +68,17 @@ struct Timing {
 absl::StatusOr<Timing> Predict(const Schedule& schedule, const std::vector<StageTimes>& stages,
                                double crossing_ms);
 
+// The cut of layers whose F, B and W are `layers` (one StageTimes per
+// layer) into `schedule`'s stages that its predicted step (Predict) finds
+// shortest: from the cut that balances the stages (BalancedSplit of the
+// layers' totals), one bound at a time moves a layer across while the
+// prediction improves. Where a worker hosts several stages (zbv's V) the
+// stages balanced one by one can leave one worker busier than the others;
+// the prediction sees workers, dependencies and the split backward.
+// Returns the stages + 1 bounds; errors as BalancedSplit's and Predict's.
+absl::StatusOr<std::vector<int>> PredictedSplit(const Schedule& schedule, const std::vector<StageTimes>& layers,
+                                                double crossing_ms);
+
 // A layer's forward + backward for a micro-batch of `rows` rows, and the
 // shares of it that the forward (F) and the input's gradient (B) take; the
 // weights' gradients (W) take the rest.

@@ -397,7 +397,8 @@ std::shared_ptr<HostedStage> MakeStage(rpc::CallContext& ctx, const rpc::Args& a
 // remora.pipeline.layer_costs(kinds, names, payloads, sample, repeats): the
 // milliseconds of each layer's forward, input gradient (B) and weight
 // gradients (W) on this worker's home device (pipeline/layer_timing.h),
-// each layer taking the previous one's output (the first takes `sample`).
+// each layer taking the previous one's output (the first takes `sample`,
+// which, as a pipeline's batch, needs no gradient).
 c10::IValue LayerCosts(rpc::CallContext& ctx, const rpc::Args& a) {
   const auto r = rpc::DecodeCallOrThrow<LayerCostsRequest>(a);
   if (r.kinds.size() != r.names.size() || r.kinds.size() != r.payloads.size()) {
@@ -412,7 +413,7 @@ c10::IValue LayerCosts(rpc::CallContext& ctx, const rpc::Args& a) {
     layer->Train(true);
     LayerTiming t;
     try {
-      t = TimeLayer(*layer, x, device, r.repeats);
+      t = TimeLayer(*layer, x, device, r.repeats, /*input_needs_grad=*/i > 0);
     } catch (...) {
       absl::Status s =
           base::StatusFromCurrentException(absl::StrCat(where, ": timing it on the previous layer's output failed"));

@@ -10,6 +10,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "pipeline/partition.h"
 #include "pipeline/planner.h"
 #include "pipeline/protocol.h"
 
@@ -276,6 +277,47 @@ TEST(Planner, ACrossingDelaysEveryHopBetweenWorkersAndNoOtherAction) {
   EXPECT_DOUBLE_EQ(Predict(v, {{1, 1, 1}, {1, 1, 1}}, 100).value().makespan_ms, 2 * 3 * 3);
   EXPECT_THAT(Predict(one, {{1, 1, 0}}, 0).status().message(), HasSubstr("1 stage times for the 2 stages"));
   EXPECT_FALSE(Predict(one, {{1, 1, 0}, {1, 1, 0}}, -1).ok());
+}
+
+// The predicted step of `schedule` with layers [bounds[k], bounds[k + 1])
+// as stage k, each layer's F, B and W a third of `costs`.
+double StepOfCut(const Schedule& schedule, const std::vector<double>& costs, const std::vector<int>& bounds) {
+  std::vector<StageTimes> stages(schedule.stages);
+  for (int k = 0; k < schedule.stages; ++k) {
+    for (int i = bounds[k]; i < bounds[k + 1]; ++i) {
+      stages[k] = {stages[k].forward_ms + costs[i] / 3, stages[k].input_ms + costs[i] / 3,
+                   stages[k].weight_ms + costs[i] / 3};
+    }
+  }
+  return Predict(schedule, stages, 0).value().makespan_ms;
+}
+
+TEST(Planner, AVsCutBalancesWorkersWhereBalancedStagesLeaveOneBusier) {
+  // Stages balanced one by one, [4] [1 4] [2 3] [3], put 10 on the middle
+  // worker of zbv's V (stages 1 and 2) and 7 on the other; [4 1] [4]
+  // [2 3] [3] puts 9 and 8.
+  const std::vector<double> costs = {4, 1, 4, 2, 3, 3};
+  const Schedule v = MakeSchedule("zbv", 2, 2, 4).value();
+  std::vector<StageTimes> layers;
+  for (double c : costs) layers.push_back({c / 3, c / 3, c / 3});
+  const std::vector<int> balanced = BalancedSplit(costs, 4).value();
+  ASSERT_EQ(balanced, (std::vector<int>{0, 1, 3, 5, 6}));
+  const std::vector<int> cut = PredictedSplit(v, layers, 0).value();
+  EXPECT_EQ(cut, (std::vector<int>{0, 2, 3, 5, 6}));
+  EXPECT_LT(StepOfCut(v, costs, cut), 0.95 * StepOfCut(v, costs, balanced));
+  // No cut one layer from it is predicted shorter, and on uniform layers
+  // it stays the balanced one.
+  const double best = StepOfCut(v, costs, cut);
+  for (int k = 1; k < 4; ++k) {
+    for (int by : {-1, 1}) {
+      std::vector<int> b = cut;
+      b[k] += by;
+      if (b[k] > b[k - 1] && b[k] < b[k + 1]) EXPECT_GE(StepOfCut(v, costs, b), best) << k << " " << by;
+    }
+  }
+  const std::vector<StageTimes> even(8, StageTimes{1, 1, 1});
+  EXPECT_EQ(PredictedSplit(v, even, 0).value(), (std::vector<int>{0, 2, 4, 6, 8}));
+  EXPECT_FALSE(PredictedSplit(v, std::vector<StageTimes>(3, StageTimes{1, 1, 1}), 0).ok());  // (4 stages)
 }
 
 TEST(Planner, FitsALineThroughTwoTimingsAndNeverANegativeCost) {
