@@ -69,12 +69,14 @@ absl::StatusOr<Timing> Predict(const Schedule& schedule, const std::vector<Stage
                                double crossing_ms);
 
 // The cut of layers whose F, B and W are `layers` (one StageTimes per
-// layer) into `schedule`'s stages that its predicted step (Predict) finds
-// shortest: from the cut that balances the stages (BalancedSplit of the
-// layers' totals), one bound at a time moves a layer across while the
-// prediction improves. Where a worker hosts several stages (zbv's V) the
-// stages balanced one by one can leave one worker busier than the others;
-// the prediction sees workers, dependencies and the split backward.
+// layer) into `schedule`'s stages whose predicted step (Predict) is
+// shortest. Where a worker hosts several stages (zbv's V) the stages
+// balanced one by one (BalancedSplit) can leave one worker busier than the
+// others; the prediction sees workers, dependencies and the split
+// backward. Every cut is tried where there are at most a few thousand;
+// beyond, from the balanced cut, runs of neighbouring bounds move a layer
+// at a time while the prediction improves (within 3% of the best cut on
+// random layers).
 // Returns the stages + 1 bounds; errors as BalancedSplit's and Predict's.
 absl::StatusOr<std::vector<int>> PredictedSplit(const Schedule& schedule, const std::vector<StageTimes>& layers,
                                                 double crossing_ms);
