@@ -24,7 +24,7 @@ double Timing::bubble() const {
 namespace {
 
 // An error for times that do not fit the schedule (a count other than its
-// stages', a negative one) or for a schedule Simulate refuses.
+// stages', a negative one). (Predict also asks Simulate about the order.)
 absl::Status CheckTimes(const Schedule& schedule, const std::vector<StageTimes>& stages, double crossing_ms) {
   if (static_cast<int>(stages.size()) != schedule.stages) {
     return absl::InvalidArgumentError(absl::StrCat("predict: ", stages.size(), " stage times for the ",
@@ -36,9 +36,7 @@ absl::Status CheckTimes(const Schedule& schedule, const std::vector<StageTimes>&
     }
   }
   if (crossing_ms < 0) return absl::InvalidArgumentError("predict: the crossing time is negative");
-  // The order's validity (every action once, on its stage's worker) is
-  // Simulate's to check; its unit-time run is cheap beside a step.
-  return Simulate(schedule).status();
+  return absl::OkStatus();
 }
 
 // The most micro-batches each stage holds at once. A stage's actions are
@@ -59,12 +57,10 @@ std::vector<int> PeakInFlight(const Schedule& schedule, bool split) {
   return peak;
 }
 
-}  // namespace
-
-absl::StatusOr<Timing> Predict(const Schedule& schedule, const std::vector<StageTimes>& stages,
-                               double crossing_ms) {
+// Predict's run, of a schedule Simulate accepted and times CheckTimes
+// accepted.
+Timing RunOrders(const Schedule& schedule, const std::vector<StageTimes>& stages, double crossing_ms) {
   const int n = schedule.workers, S = schedule.stages;
-  RETURN_IF_ERROR(CheckTimes(schedule, stages, crossing_ms));
   const bool split = schedule.SplitsBackward();
   auto duration = [&](const Action& a) {
     const StageTimes& t = stages[a.stage];
@@ -120,6 +116,30 @@ absl::StatusOr<Timing> Predict(const Schedule& schedule, const std::vector<Stage
   return timing;
 }
 
+// Stage k's times: the sum of `layers` [bounds[k], bounds[k + 1]).
+std::vector<StageTimes> SumStages(const std::vector<StageTimes>& layers, const std::vector<int>& bounds) {
+  std::vector<StageTimes> stages(bounds.size() - 1);
+  for (size_t k = 0; k + 1 < bounds.size(); ++k) {
+    for (int i = bounds[k]; i < bounds[k + 1]; ++i) {
+      stages[k].forward_ms += layers[i].forward_ms;
+      stages[k].input_ms += layers[i].input_ms;
+      stages[k].weight_ms += layers[i].weight_ms;
+    }
+  }
+  return stages;
+}
+
+}  // namespace
+
+absl::StatusOr<Timing> Predict(const Schedule& schedule, const std::vector<StageTimes>& stages,
+                               double crossing_ms) {
+  RETURN_IF_ERROR(CheckTimes(schedule, stages, crossing_ms));
+  // The order's validity (every action once, on its stage's worker) is
+  // Simulate's to check; its unit-time run is cheap beside a step.
+  RETURN_IF_ERROR(Simulate(schedule).status());
+  return RunOrders(schedule, stages, crossing_ms);
+}
+
 namespace {
 
 // Up to this many cuts PredictedSplit tries every one (a few ms: ResNet50's
@@ -144,17 +164,12 @@ absl::StatusOr<std::vector<int>> PredictedSplit(const Schedule& schedule, const 
   std::vector<double> totals;
   for (const StageTimes& l : layers) totals.push_back(l.forward_ms + l.input_ms + l.weight_ms);
   ASSIGN_OR_RETURN(std::vector<int> bounds, BalancedSplit(totals, schedule.stages));
+  // (The order is checked once, not for each of up to thousands of cuts.)
+  RETURN_IF_ERROR(Simulate(schedule).status());
   const auto step_ms = [&](const std::vector<int>& b) -> absl::StatusOr<double> {
-    std::vector<StageTimes> stages(schedule.stages);
-    for (int k = 0; k < schedule.stages; ++k) {
-      for (int i = b[k]; i < b[k + 1]; ++i) {
-        stages[k].forward_ms += layers[i].forward_ms;
-        stages[k].input_ms += layers[i].input_ms;
-        stages[k].weight_ms += layers[i].weight_ms;
-      }
-    }
-    ASSIGN_OR_RETURN(const Timing t, Predict(schedule, stages, crossing_ms));
-    return t.makespan_ms;
+    const std::vector<StageTimes> stages = SumStages(layers, b);
+    RETURN_IF_ERROR(CheckTimes(schedule, stages, crossing_ms));
+    return RunOrders(schedule, stages, crossing_ms).makespan_ms;
   };
   ASSIGN_OR_RETURN(double best_ms, step_ms(bounds));
   const int n = static_cast<int>(layers.size()), parts = schedule.stages;
@@ -294,15 +309,7 @@ Candidate Evaluate(const std::vector<LayerCost>& layers, const PlanOptions& o, c
     return c;
   }
   c.bounds = *bounds;
-  std::vector<StageTimes> stages(parts);
-  for (int k = 0; k < parts; ++k) {
-    for (int i = c.bounds[k]; i < c.bounds[k + 1]; ++i) {
-      stages[k].forward_ms += costs[i] * layers[i].forward_share;
-      stages[k].input_ms += costs[i] * layers[i].input_share;
-      stages[k].weight_ms += costs[i] * layers[i].weight_share();
-    }
-  }
-  absl::StatusOr<Timing> t = Predict(*schedule, stages, o.crossing_ms);
+  absl::StatusOr<Timing> t = Predict(*schedule, SumStages(layer_times, c.bounds), o.crossing_ms);
   if (!t.ok()) {
     c.why_not = std::string(t.status().message());
     return c;
