@@ -173,6 +173,24 @@ bool StartReachesAnother(const std::vector<Node*>& group_starts) {
   return false;
 }
 
+// Whether a node B runs is worth leaving its parameters' gradients to W:
+// a convolution's or a matrix product's, whose weight gradient is a
+// product of its own. Other nodes (a normalization's, whose weight
+// gradients come from the reductions its input gradient needs anyway; a
+// TorchScript graph's fused node, which computes every gradient whenever
+// it runs) would run again in W for almost nothing: B computes theirs.
+bool DefersWell(Node* n) {
+  std::string name = n->name();
+  if (const size_t colons = name.rfind("::"); colons != std::string::npos) name = name.substr(colons + 2);
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (const size_t b = name.find("backward"); b != std::string::npos) name.resize(b);
+  const auto ends_with = [&name](std::string_view tail) {
+    return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  return name.find("conv") != std::string::npos || name.find("linear") != std::string::npos ||
+         name == "matmul" || ends_with("mm") || ends_with("mv");
+}
+
 }  // namespace
 
 struct SplitBackward::State {
@@ -186,9 +204,12 @@ struct SplitBackward::State {
   variable_list root_grads;
   // W: parameters whose gradients come from the same nodes are computed in
   // one pass from those nodes (`starts`), with the gradients B kept there.
+  // A group none of whose starts DefersWell, all of them nodes B runs, is
+  // computed in B (`in_b`).
   struct Group {
     std::vector<size_t> params;
     std::vector<Node*> starts;
+    bool in_b = false;
   };
   std::vector<Group> groups;
   std::unordered_map<Node*, variable_list> kept;
@@ -226,6 +247,7 @@ void SplitBackward::State::Plan() {
     ~KeepStartRefs() {
       std::unordered_map<Node*, NodeRef> starts;
       for (const Group& g : s->groups) {
+        if (g.in_b) continue;
         for (Node* n : g.starts) starts.emplace(n, s->refs.at(n));
       }
       s->refs = s->split ? std::move(starts) : std::unordered_map<Node*, NodeRef>();
@@ -246,13 +268,17 @@ void SplitBackward::State::Plan() {
     if (!e.function || !graph.nodes.count(e.function.get())) continue;  // (no gradient reaches it)
     const std::vector<Node*> starts = StartsAbove(e.function.get(), to_inputs, &graph);
     auto [it, added] = group_of.emplace(starts, groups.size());
-    if (added) groups.push_back(Group{{}, starts});
+    if (added) {
+      const bool in_b = std::all_of(starts.begin(), starts.end(),
+                                    [&to_inputs](Node* n) { return to_inputs.count(n) && !DefersWell(n); });
+      groups.push_back(Group{{}, starts, in_b});
+    }
     groups[it->second].params.push_back(p);
   }
   // A start from which another start of its group is reached would hand W
   // the gradient arriving there twice (once kept, once computed again).
   for (const Group& g : groups) {
-    if (StartReachesAnother(g.starts)) {
+    if (!g.in_b && StartReachesAnother(g.starts)) {
       why_whole = "a parameter's gradient flows through two nodes that B runs, one after the other";
       return;
     }
@@ -320,6 +346,13 @@ absl::StatusOr<std::vector<at::Tensor>> SplitBackward::Inputs() {
     }
   } else {
     for (const State::Group& g : s.groups) {
+      if (g.in_b) {
+        for (size_t p : g.params) {
+          wanted.push_back(LeafEdge(s.params[p]));
+          wanted_params.push_back(p);
+        }
+        continue;
+      }
       for (Node* n : g.starts) {
         if (s.kept.count(n)) continue;  // (an output's node: its gradient is given)
         auto hook = std::make_unique<KeepGradients>(&s.kept[n]);
@@ -357,6 +390,7 @@ absl::StatusOr<std::vector<at::Tensor>> SplitBackward::Weights() {
   if (s.split) {
     try {
       for (const State::Group& g : s.groups) {
+        if (g.in_b) continue;  // (B computed them)
         torch::autograd::edge_list roots;
         variable_list grads;
         for (Node* n : g.starts) {

@@ -19,7 +19,10 @@
 #include <gtest/gtest.h>
 #include <torch/autograd.h>
 #include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/autograd/function_hook.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
 #include <torch/utils.h>
 
 #include "autograd/container.h"
@@ -40,6 +43,9 @@ struct Case {
   std::vector<at::Tensor> params;
   at::Tensor input;
   bool splits = true;  // whether B and W are two passes
+  // Whether B keeps gradients for W (a product's weight is left to W); a
+  // TorchScript graph's fused node computes every gradient in B.
+  bool kept = true;
 };
 
 // One backward pass against B then W, bitwise.
@@ -64,7 +70,7 @@ void ExpectSplitEqualsWhole(const Case& c) {
   auto dx = pass.Inputs();
   ASSERT_TRUE(dx.ok()) << dx.status();
   ASSERT_EQ(dx->size(), 1u);
-  if (c.splits && x2.requires_grad()) {
+  if (c.splits && c.kept && x2.requires_grad()) {
     EXPECT_GT(pass.held_bytes(), 0) << "B keeps what W needs";
   }
   auto dw = pass.Weights();
@@ -141,10 +147,58 @@ TEST(SplitBackward, BThenWEqualsOneBackwardOnTorchScriptStages) {
       module->forward({input.detach().requires_grad_(true)}).toTensor().sum().backward();
     }
     for (const at::Tensor& p : params) p.mutable_grad() = at::Tensor();
+    // (What the executor fused into one node runs once, in B: whether W
+    // has work left depends on what it fused.)
     ExpectSplitEqualsWhole(Case{module->type()->name()->qualifiedName(),
                                 [module](const at::Tensor& x) { return module->forward({x}).toTensor(); }, params,
-                                input});
+                                input, /*splits=*/true, /*kept=*/false});
   }
+}
+
+// Counts the times a node runs.
+class CountRuns : public torch::autograd::FunctionPreHook {
+ public:
+  explicit CountRuns(int* runs) : runs_(runs) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    ++*runs_;
+    return grads;
+  }
+
+ private:
+  int* runs_;
+};
+
+// A matrix product's weight gradient is left to W, so its node runs in B
+// (the input's part) and again in W (the weight's); a normalization's
+// weights come from the reductions its input's gradient needs anyway, so
+// B computes them and its node runs once.
+TEST(SplitBackward, OnlyProductsLeaveTheirWeightsToW) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(8);
+  torch::nn::Linear linear(6, 6);
+  torch::nn::LayerNorm norm(torch::nn::LayerNormOptions({6}));
+  const at::Tensor x = at::randn({4, 6}, gen, at::TensorOptions()).requires_grad_(true);
+  const at::Tensor y = norm->forward(linear->forward(x));
+  int norm_runs = 0, product_runs = 0;
+  y.grad_fn()->add_pre_hook(std::make_unique<CountRuns>(&norm_runs));
+  torch::autograd::Node* product = y.grad_fn()->next_edges()[0].function.get();
+  ASSERT_NE(product, nullptr);
+  product->add_pre_hook(std::make_unique<CountRuns>(&product_runs));
+  std::vector<at::Tensor> params = linear->parameters();
+  for (const at::Tensor& p : norm->parameters()) params.push_back(p);
+  SplitBackward pass({y}, {at::ones({4, 6})}, {x}, params);
+  ASSERT_TRUE(pass.split()) << pass.why_not_split();
+  ASSERT_TRUE(pass.Inputs().ok());
+  EXPECT_EQ(norm_runs, 1);
+  EXPECT_EQ(product_runs, 1);
+  EXPECT_GT(pass.held_bytes(), 0) << "B keeps the product's gradient for W";
+  auto dw = pass.Weights();
+  ASSERT_TRUE(dw.ok()) << dw.status();
+  EXPECT_EQ(norm_runs, 1) << "the normalization's weights came from B";
+  EXPECT_EQ(product_runs, 2) << "the product's weights came from W";
+  for (const at::Tensor& g : *dw) EXPECT_TRUE(g.defined());
+  ExpectSplitEqualsWhole(Case{"Linear, LayerNorm",
+                              [linear, norm](const at::Tensor& in) mutable { return norm->forward(linear->forward(in)); },
+                              params, x.detach()});
 }
 
 // A weight used twice in a row (h = x W, y = h W): its gradient arrives
