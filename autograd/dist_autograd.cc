@@ -199,10 +199,6 @@ std::vector<at::Tensor> CollectLeaves(const std::vector<at::Tensor>& roots) {
   return leaves;
 }
 
-}  // namespace
-
-namespace {
-
 // The local part of a backward pass, holding the compute turn: gradients of
 // `leaves` from `roots`. The slice is labelled with the marked action.
 absl::Status ComputeGradients(rpc::Agent& agent, const std::vector<at::Tensor>& roots,
@@ -265,10 +261,6 @@ rpc::Future<rpc::Empty> Deliver(rpc::Agent& agent, DistContext& context, const s
   }
   return rpc::WhenAll(sent);
 }
-
-}  // namespace
-
-namespace {
 
 // Hands a closure to an executor (see runtime::ComputeTurn::RunInTurn).
 using Post = std::function<void(std::function<void()>)>;
@@ -350,6 +342,9 @@ void RunInputs(rpc::Agent& agent, const std::shared_ptr<DistContext>& context,
     done.SetError(dx.status());
     return;
   }
+  // A failed delivery (a pass further back failed) fails the pass now, not
+  // after W, whose turn may wait behind actions that the failure stopped.
+  delivered->then([done](const absl::StatusOr<rpc::Empty>& r) mutable { if (!r.ok()) done.SetError(r.status()); });
   runtime::ComputeTurn::RunInTurn(
       mark.action.Weight(),
       [&agent, context, pass, params = std::move(params), mark, done, delivered = *std::move(delivered)]() mutable {

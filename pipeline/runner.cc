@@ -413,6 +413,12 @@ class Runner : public std::enable_shared_from_this<Runner> {
         return t;
       });
       rpc::Future<rpc::Empty> pass = autograd::backward_async(agent_, b->context, {runtime::MarkAction(loss, info)});
+      // A pass that fails (here or on a stage it reached) fails the batch
+      // now: the stages before it wait for gradients that will not come,
+      // and this worker's later actions for their forwards.
+      pass.then([self = shared_from_this(), b](const absl::StatusOr<rpc::Empty>& r) {
+        if (!r.ok()) self->Fail(b, r.status());
+      });
       base::MutexLock lock(mu_);
       b->backwards.push_back(pass);
     } catch (...) {

@@ -2,13 +2,19 @@
 // trains), within seconds when a worker stalls or dies, and leaving nothing
 // behind on the workers (no pass waiting for the compute lane, no autograd
 // context), also when the failure comes while a pass still runs.
+#include <chrono>
 #include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
 #include <string>
 #include <vector>
 
 #include <ATen/ops/randn.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "pipeline/pipeline.h"
 #include "tests/support/pipeline_fixtures.h"
@@ -114,6 +120,52 @@ TEST(Pipeline, ABatchAbandonedWhileAPassRunsLeavesNoContextBehind) {
   for (const char* w : {"w1", "w2"}) {
     EXPECT_EQ(SettlesAt(workers.master(), w, "remora.autograd.num_contexts", 50), 0)
         << "autograd contexts left on " << w;
+  }
+}
+
+// `step`'s end, or a failure and the process's end when it takes over
+// `seconds` (a step that never ends would hang the test binary).
+absl::StatusOr<double> WaitAtMost(StartedStep& step, int seconds, const std::string& what) {
+  auto waited = std::async(std::launch::async, [&step] { return step.wait(); });
+  if (waited.wait_for(std::chrono::seconds(seconds)) != std::future_status::ready) {
+    ADD_FAILURE() << what << ": the step did not end within " << seconds << " s";
+    std::fflush(nullptr);
+    std::_Exit(1);
+  }
+  return waited.get();
+}
+
+// A backward pass that throws, on any stage under every schedule, fails
+// its step with the stage's message (not a hang: under interleaved and
+// with a batch norm's recomputation, 2026-12-08, the step never ended),
+// and leaves nothing waiting on the workers.
+TEST(Pipeline, ABackwardThatThrowsFailsTheStepUnderEverySchedule) {
+  Workers workers(2, "test_worker");  // for FailsInBackward, lane_queued
+  const auto data = Data(1, 8, 8, 8);
+  for (const auto& [schedule, stages] : std::vector<std::pair<std::string, int>>{
+           {"1f1b", 2}, {"zb1p", 2}, {"interleaved", 4}, {"zbv", 4}}) {
+    for (int failing = 0; failing < stages; ++failing) {
+      const std::string what = absl::StrCat(schedule, ", stage ", failing, " of ", stages, " fails");
+      SCOPED_TRACE(what);
+      PipelineOptions o = TwoStagesIn1F1B(Spec(Mlp(8, 8, 1)), Spec(Mlp(8, 8, 2, false)));
+      o.stages.clear();
+      for (int k = 0; k < stages; ++k) {
+        o.stages.push_back(k == failing ? StageSpec::Registered("FailsInBackward", {std::string("no way back"),
+                                                                                    int64_t{8}})
+                                        : StageSpec::Registered("SlowScale", {int64_t{0}, int64_t{8}}));
+      }
+      o.schedule = schedule;
+      auto pipe = Pipeline::Create(workers.master(), o);
+      ASSERT_TRUE(pipe.ok()) << pipe.status();
+      StartedStep step = (*pipe)->start_train_step(data[0].first, data[0].second);
+      absl::StatusOr<double> loss = WaitAtMost(step, 60, what);
+      ASSERT_FALSE(loss.ok());
+      EXPECT_THAT(std::string(loss.status().message()), ::testing::HasSubstr("no way back"));
+      for (const char* w : {"w1", "w2"}) {
+        EXPECT_EQ(SettlesAt(workers.master(), w, "lane_queued", 200), 0) << w;
+        EXPECT_EQ(SettlesAt(workers.master(), w, "remora.autograd.num_contexts", 50), 0) << w;
+      }
+    }
   }
 }
 

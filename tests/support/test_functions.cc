@@ -105,6 +105,23 @@ class ThrowsAbove final : public pipeline::StageModule {
   double limit_;
 };
 
+// x * w (w: `width` halves), whose backward pass throws `message`.
+class FailsInBackward final : public pipeline::StageModule {
+ public:
+  FailsInBackward(std::string message, int64_t width)
+      : message_(std::move(message)), w_(at::full({width}, 0.5).requires_grad_()) {}
+  c10::IValue Forward(const c10::IValue& input) override {
+    return FailInBackward::apply(input.toTensor() * w_, message_);
+  }
+  std::vector<at::Tensor> Parameters() override { return {w_}; }
+  std::vector<at::Tensor> Buffers() override { return {}; }
+  void Train(bool) override {}
+
+ private:
+  std::string message_;
+  at::Tensor w_;
+};
+
 // x * w (w: `width` halves), each forward pass `ms` milliseconds long: a
 // pass that is still running when its batch fails elsewhere.
 class SlowScale final : public pipeline::StageModule {
@@ -131,6 +148,10 @@ absl::Status RegisterStageTypes() {
   RETURN_IF_ERROR(pipeline::RegisterStageType(
       "PassThreads", [](const std::vector<c10::IValue>& a, c10::Device) -> std::unique_ptr<pipeline::StageModule> {
         return std::make_unique<PassThreads>(a.at(0).toInt());
+      }));
+  RETURN_IF_ERROR(pipeline::RegisterStageType(
+      "FailsInBackward", [](const std::vector<c10::IValue>& a, c10::Device) -> std::unique_ptr<pipeline::StageModule> {
+        return std::make_unique<FailsInBackward>(a.at(0).toStringRef(), a.at(1).toInt());
       }));
   return pipeline::RegisterStageType(
       "ThrowsAbove", [](const std::vector<c10::IValue>& a, c10::Device) -> std::unique_ptr<pipeline::StageModule> {

@@ -13,6 +13,8 @@
 //                   forward pass sleeping `ms` milliseconds first
 //   stage type "ThrowsAbove"(limit): passes its input through, and throws
 //                   when a value's magnitude is above `limit`
+//   stage type "FailsInBackward"(message, width): x * w (`width` halves);
+//                   its backward pass throws `message`
 //   module "BackwardFails"(message): forward(x or RRef x) passes x
 //                   through; its backward throws `message`
 #pragma once
