@@ -173,22 +173,18 @@ bool StartReachesAnother(const std::vector<Node*>& group_starts) {
   return false;
 }
 
-// Whether a node B runs is worth leaving its parameters' gradients to W:
-// a convolution's or a matrix product's, whose weight gradient is a
-// product of its own. Other nodes (a normalization's, whose weight
-// gradients come from the reductions its input gradient needs anyway; a
-// TorchScript graph's fused node, which computes every gradient whenever
-// it runs) would run again in W for almost nothing: B computes theirs.
-bool DefersWell(Node* n) {
+// Whether a node computes its parameters' gradients from what its input's
+// gradient computes anyway, or all of its gradients whenever it runs: a
+// normalization's (batch, layer, group norm: the weights' gradients are
+// the reductions the input's gradient needs) or a TorchScript graph's
+// fused node. Run again in W it would redo most of its work there, so B
+// computes its parameters' gradients. Any other node (a convolution's, a
+// matrix product's, an elementwise scale's, a recomputed stage's) leaves
+// them to W.
+bool WeightsComeWithTheInput(Node* n) {
   std::string name = n->name();
-  if (const size_t colons = name.rfind("::"); colons != std::string::npos) name = name.substr(colons + 2);
   std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
-  if (const size_t b = name.find("backward"); b != std::string::npos) name.resize(b);
-  const auto ends_with = [&name](std::string_view tail) {
-    return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
-  };
-  return name.find("conv") != std::string::npos || name.find("linear") != std::string::npos ||
-         name == "matmul" || ends_with("mm") || ends_with("mv");
+  return name.find("norm") != std::string::npos || name.find("differentiablegraph") != std::string::npos;
 }
 
 }  // namespace
@@ -204,7 +200,7 @@ struct SplitBackward::State {
   variable_list root_grads;
   // W: parameters whose gradients come from the same nodes are computed in
   // one pass from those nodes (`starts`), with the gradients B kept there.
-  // A group none of whose starts DefersWell, all of them nodes B runs, is
+  // A group whose starts all run in B and have WeightsComeWithTheInput is
   // computed in B (`in_b`).
   struct Group {
     std::vector<size_t> params;
@@ -270,7 +266,7 @@ void SplitBackward::State::Plan() {
     auto [it, added] = group_of.emplace(starts, groups.size());
     if (added) {
       const bool in_b = std::all_of(starts.begin(), starts.end(),
-                                    [&to_inputs](Node* n) { return to_inputs.count(n) && !DefersWell(n); });
+                                    [&to_inputs](Node* n) { return to_inputs.count(n) && WeightsComeWithTheInput(n); });
       groups.push_back(Group{{}, starts, in_b});
     }
     groups[it->second].params.push_back(p);

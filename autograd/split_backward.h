@@ -9,15 +9,15 @@
 //   std::vector<at::Tensor> dw = pass.Weights().value();   // W
 //
 // B runs the part of the autograd graph that leads to the inputs. Where
-// that part meets a convolution's or a matrix product's path to its
-// weights, B leaves the weights' gradient out and keeps the gradient
-// arriving at the node; W later runs from those kept gradients down to the
-// parameters only. At any other meeting point (a normalization's node,
-// whose weights' gradients come from the reductions its input's gradient
-// needs anyway; a TorchScript graph's fused node, which computes every
-// gradient whenever it runs) W would redo most of B's work, so B computes
-// those parameters' gradients itself: on ResNet50's blocks B + W took 13%
-// more than one pass when W ran every meeting point again, 4-5% since.
+// that part meets a path to some parameters (a convolution's or a matrix
+// product's node), B leaves those parameters' gradients out and keeps the
+// gradient arriving at the node; W later runs from those kept gradients
+// down to the parameters only. At a normalization's node (whose weights'
+// gradients come from the reductions its input's gradient needs anyway)
+// or a TorchScript graph's fused node (which computes every gradient
+// whenever it runs) W would redo most of B's work, so B computes those
+// parameters' gradients itself: on ResNet50's blocks B + W took 13% more
+// than one pass when W ran the batch norms again, 4-5% since.
 // B then W gives what one backward pass gives, bitwise, where each
 // parameter's gradient comes from one place. Where the graph does not
 // allow the split (a parameter reached through two products one after the

@@ -97,11 +97,11 @@ std::vector<at::Tensor> RerunForward(torch::autograd::AutogradContext* ctx,
     std::lock_guard<std::mutex> rng_lock(generator.mutex());
     generator.set_state(now);
   }
-  {
-    at::NoGradGuard no_grad;
-    const std::vector<at::Tensor> live = module->Buffers();
-    for (size_t i = 0; i < live.size() && i < buffers.size(); ++i) live[i].copy_(buffers[i]);
-  }
+  // (In place but unseen by autograd: the graph just made saved a batch
+  // norm's running statistics, and a copy_ into them would fail its
+  // backward as a change after the save.)
+  const std::vector<at::Tensor> live = module->Buffers();
+  for (size_t i = 0; i < live.size() && i < buffers.size(); ++i) live[i].set_data(buffers[i]);
   return outputs;
 }
 

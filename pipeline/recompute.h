@@ -6,8 +6,9 @@
 //   c10::IValue y = RecomputedForward(module, x);  // instead of module.Forward(x)
 //
 // The same values and gradients as module.Forward(x) (bit for bit for
-// LibTorch modules; TorchScript's executor may round differently when it
-// runs a graph without autograd), with less held until the backward pass.
+// LibTorch modules and, on a CPU, TorchScript ones; on CUDA TorchScript's
+// executor may round differently when it runs a graph without autograd),
+// with less held until the backward pass.
 //
 // Thread-safety: the node's backward uses `module` without a lock: the
 // caller keeps the module alive until then and runs nothing else on it at

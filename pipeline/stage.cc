@@ -17,6 +17,7 @@
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/passes/inliner.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/csrc/jit/serialization/import.h>
 
 #include "absl/base/thread_annotations.h"
@@ -100,15 +101,21 @@ class ScriptStage final : public StageModule {
  public:
   // Every parameter trains, whatever requires_grad it was saved with
   // (modules scripted in C++ or loaded for inference come without it).
-  explicit ScriptStage(torch::jit::Module m) : m_(std::move(m)), writes_input_(WritesAnArgumentInPlace(m_)) {
+  ScriptStage(torch::jit::Module m, bool on_cpu)
+      : m_(std::move(m)), writes_input_(WritesAnArgumentInPlace(m_)), as_written_(on_cpu) {
     for (const at::Tensor& p : m_.parameters()) p.requires_grad_(true);
   }
   // A received input is a leaf that autograd will not let be written in
   // place: a stage that writes its input gets a copy, whose gradient
   // flows back to the leaf. Inputs that its forward does not take (too
   // many or too few, or one of another type) are said with what the
-  // forward declares, in place of the interpreter's words.
+  // forward declares, in place of the interpreter's words. On a CPU the
+  // graph runs as written (every run: one plan): the executor's
+  // optimisations fuse nothing there, and each differentiable subgraph
+  // they form is one autograd node computing all its gradients, which
+  // leaves W (zero-bubble schedules) none of its weights'.
   c10::IValue Forward(const c10::IValue& input) override {
+    torch::jit::GraphOptimizerEnabledGuard as_written(!as_written_ && torch::jit::getGraphExecutorOptimize());
     try {
       if (!writes_input_ || !c10::GradMode::is_enabled()) return m_.forward(ScriptArgs(input));
       return m_.forward(ScriptArgs(MapTensors(input, [](const at::Tensor& t) {
@@ -169,6 +176,7 @@ class ScriptStage final : public StageModule {
 
   torch::jit::Module m_;
   const bool writes_input_;  // WritesAnArgumentInPlace(m_)
+  const bool as_written_;    // the graph runs unoptimised (on a CPU)
 };
 
 // Saved activations per stage index in this process: the bytes that its
@@ -258,8 +266,7 @@ class Stage {
       if (!train) grad_mode.emplace(false);
       module_->Train(train);
       std::optional<runtime::ComputeTurn> turn;
-      if (turn_held) {
-        // The step runner took the turn.
+      if (turn_held) {  // (the step runner took the turn)
       } else if (train && context_id >= 0) {
         turn.emplace(runtime::LaneAction{context_id, index_, mb, /*backward=*/false});
       } else {
@@ -577,7 +584,7 @@ absl::StatusOr<std::unique_ptr<StageModule>> LoadScriptStage(const std::string& 
     return absl::InvalidArgumentError(
         absl::StrCat("the TorchScript module ", label, " has no forward method"));
   }
-  return std::unique_ptr<StageModule>(new ScriptStage(std::move(m)));
+  return std::unique_ptr<StageModule>(new ScriptStage(std::move(m), device.is_cpu()));
 }
 
 namespace {
