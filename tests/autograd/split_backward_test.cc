@@ -172,7 +172,7 @@ class CountRuns : public torch::autograd::FunctionPreHook {
 // (the input's part) and again in W (the weight's); a normalization's
 // weights come from the reductions its input's gradient needs anyway, so
 // B computes them and its node runs once.
-TEST(SplitBackward, OnlyProductsLeaveTheirWeightsToW) {
+TEST(SplitBackward, NormalizationsWeightsComeFromBAndProductsFromW) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(8);
   torch::nn::Linear linear(6, 6);
   torch::nn::LayerNorm norm(torch::nn::LayerNormOptions({6}));
