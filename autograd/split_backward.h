@@ -20,8 +20,8 @@
 // than one pass when W ran the batch norms again, 4-5% since.
 // B then W gives what one backward pass gives, bitwise, where each
 // parameter's gradient comes from one place. Where the graph does not
-// allow the split (a parameter reached through two products one after the
-// other, a stage that returns its input or a parameter), B runs the whole
+// allow the split (a parameter reached through two nodes B runs, one after
+// the other; a stage that returns its input or a parameter), B runs the whole
 // backward pass and W hands out what it computed: split() says which.
 //
 // Thread-safety: one thread at a time. Ownership: holds the graph (through
