@@ -10,11 +10,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/jit/api/module.h>
-#include <torch/csrc/autograd/autograd.h>
 #include <torch/nn/modules/linear.h>
 
 #include "absl/strings/str_cat.h"
-#include "autograd/split_backward.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/protocol.h"
 #include "pipeline/recompute.h"
@@ -22,6 +20,7 @@
 #include "train/local_trainer.h"
 #include "tests/support/pipeline_fixtures.h"
 #include "tests/support/script_models.h"
+#include "tests/support/split_checks.h"
 
 namespace remora::pipeline {
 namespace {
@@ -111,27 +110,10 @@ TEST(Recompute, ARecomputedStageLeavesItsWeightsToW) {
   auto built = BuildStage(MlpSpec(options), c10::Device(c10::kCPU));
   ASSERT_TRUE(built.ok()) << built.status();
   StageModule* stage = built->get();
-  const at::Tensor x = at::randn({4, 6});
-  const at::Tensor g = at::randn({4, 5});
-  std::vector<at::Tensor> params = stage->Parameters();
-  // One backward pass through the recomputed node.
-  const at::Tensor x1 = x.detach().requires_grad_(true);
-  std::vector<at::Tensor> wanted = params;
-  wanted.push_back(x1);
-  const std::vector<at::Tensor> whole =
-      torch::autograd::grad({RecomputedForward(*stage, x1).toTensor()}, wanted, {g});
-  // B then W.
-  const at::Tensor x2 = x.detach().requires_grad_(true);
-  autograd::SplitBackward pass({RecomputedForward(*stage, x2).toTensor()}, {g}, {x2}, params);
-  ASSERT_TRUE(pass.split()) << pass.why_not_split();
-  auto dx = pass.Inputs();
-  ASSERT_TRUE(dx.ok()) << dx.status();
-  EXPECT_GT(pass.held_bytes(), 0) << "B keeps the gradient at the recomputed node for W";
-  auto dw = pass.Weights();
-  ASSERT_TRUE(dw.ok()) << dw.status();
-  ASSERT_EQ(dw->size(), params.size());
-  for (size_t p = 0; p < params.size(); ++p) EXPECT_TRUE((*dw)[p].equal(whole[p])) << "parameter " << p;
-  EXPECT_TRUE((*dx)[0].equal(whole.back()));
+  test_support::ExpectSplitEqualsWhole(test_support::SplitCase{
+      "a recomputed MLP stage with a batch norm",
+      [stage](const at::Tensor& x) { return RecomputedForward(*stage, x).toTensor(); }, stage->Parameters(),
+      at::randn({4, 6})});
 }
 
 // Bf16Autocast: matrix products in bf16 while it lives (the parameters
